@@ -1,0 +1,148 @@
+"""Expert routing: which experts each token of each sequence picks at each MoE layer.
+
+`Routing` holds top-k ids and gate weights per (sequence, position, MoE layer); `load_routing`
+builds one from a workload's routing config (real ESFT trace or fitted synthetic generator).
+`CausalRouting` is the only view planners get: a layer's routing is revealed at its gate op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.errors import TraceError
+from core.spec import ModelSpec, Workload
+from core.types import RoutingSource
+
+
+@dataclass(frozen=True)
+class Routing:
+    expert_ids: np.ndarray  # [S, P, L, k] int16: S sequences, P positions, L MoE layers, top-k
+    gate_weights: np.ndarray  # [S, P, L, k] float32: router probability of each chosen expert
+    n_experts: int
+    description: str = ""  # where it came from, for summaries
+
+    def __post_init__(self) -> None:
+        assert self.expert_ids.shape == self.gate_weights.shape, "ids and weights disagree"
+        assert self.expert_ids.ndim == 4, "expected [S, P, L, k]"
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.expert_ids.shape[0])
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.expert_ids.shape[1])
+
+    @property
+    def n_moe_layers(self) -> int:
+        return int(self.expert_ids.shape[2])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.expert_ids.shape[3])
+
+    def check_fits(self, model: ModelSpec, workload: Workload) -> None:
+        """Reject a routing whose shape disagrees with the model or is too small for the workload."""
+        want = (len(model.moe_layers), model.n_experts, model.top_k)
+        have = (self.n_moe_layers, self.n_experts, self.top_k)
+        if want != have:
+            raise TraceError(
+                f"routing ({self.description}) has (moe_layers, experts, top_k) = {have}, "
+                f"model {model.name} needs {want}; pick routing that matches the model"
+            )
+        if self.n_sequences < workload.n_sequences or self.n_positions < workload.seq_positions:
+            raise TraceError(
+                f"routing ({self.description}) covers {self.n_sequences} sequences x "
+                f"{self.n_positions} positions; the workload needs {workload.n_sequences} x "
+                f"{workload.seq_positions}"
+            )
+
+    def step_slice(self, step: int, workload: Workload) -> slice:
+        """Positions processed at a step: the prompt at step 0, one token after."""
+        if step == 0:
+            return slice(0, workload.prompt_len)
+        p = workload.prompt_len + step - 1
+        return slice(p, p + 1)
+
+    def batch_ids(self, step: int, moe_idx: int, batch: int, workload: Workload) -> np.ndarray:
+        """[T, k] expert ids of batch `batch`'s tokens at one step and MoE layer (T = bs * tokens)."""
+        bs = workload.batch_size
+        seqs = slice(batch * bs, (batch + 1) * bs)
+        ids = self.expert_ids[seqs, self.step_slice(step, workload), moe_idx]
+        return ids.reshape(-1, self.top_k)
+
+    def counts(self, workload: Workload) -> np.ndarray:
+        """[steps, L, n_batches, E] int32: tokens each expert receives per step, layer and batch."""
+        n, bs, e = workload.n_batches, workload.batch_size, self.n_experts
+        out = np.zeros((workload.n_steps, self.n_moe_layers, n, e), dtype=np.int32)
+        for step in range(workload.n_steps):
+            ids = self.expert_ids[: n * bs, self.step_slice(step, workload)]  # [S, t, L, k]
+            ids = ids.reshape(n, -1, self.n_moe_layers, self.top_k)  # [n, bs*t, L, k]
+            flat = (
+                np.arange(self.n_moe_layers)[None, None, :, None] * n + np.arange(n)[:, None, None, None]
+            ) * e + ids.astype(np.int64)
+            out[step] = np.bincount(flat.ravel(), minlength=self.n_moe_layers * n * e).reshape(
+                self.n_moe_layers, n, e
+            )
+        return out
+
+
+def load_routing(model: ModelSpec, workload: Workload) -> Routing:
+    """Routing for a workload, from the source its config names; checked against the model."""
+    cfg = workload.routing
+    if cfg.source == RoutingSource.TRACE:
+        from core.traces import esft_routing
+
+        routing = esft_routing(model, workload)
+    elif cfg.source == RoutingSource.SYNTHETIC:
+        from core.synthetic import synthetic_routing
+
+        routing = synthetic_routing(model, workload)
+    else:
+        raise TraceError(
+            "workload.routing.source=live needs the real executor (the model's own gate); "
+            "use trace or synthetic in the simulator"
+        )
+    routing.check_fits(model, workload)
+    return routing
+
+
+@dataclass
+class GateView:
+    """What a planner learns when a batch's gate runs."""
+
+    ids: np.ndarray  # [T, k] expert ids per token of the batch
+    counts: np.ndarray  # [E] tokens per expert
+
+
+@dataclass
+class CausalRouting:
+    """The planners' only window on routing: layer l of batch b is seen at its gate op.
+
+    `at_gate` records the gate op id so `core.schedule.validate` can check that every expert
+    compute of that batch depends on it. `source` answers a (step, moe_idx, batch) query: it
+    replays a `Routing`, or in the real executor's live mode blocks until the gate has run.
+    """
+
+    source: Callable[[int, int, int], GateView]
+    n_experts: int
+    top_k: int
+    revealed: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (step, moe, batch) -> gate op
+
+    @classmethod
+    def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
+        counts = routing.counts(workload)
+
+        def source(step: int, moe_idx: int, batch: int) -> GateView:
+            return GateView(routing.batch_ids(step, moe_idx, batch, workload), counts[step, moe_idx, batch])
+
+        return cls(source, routing.n_experts, routing.top_k)
+
+    def at_gate(self, gate_op: int, step: int, moe_idx: int, batch: int) -> GateView:
+        key = (step, moe_idx, batch)
+        assert key not in self.revealed, f"routing {key} revealed twice"
+        self.revealed[key] = gate_op
+        return self.source(step, moe_idx, batch)

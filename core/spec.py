@@ -1,0 +1,508 @@
+"""Frozen domain specs: the model (`ModelSpec`), the machine (`HardwareSpec`) and the workload.
+
+Built from plain dicts (resolved hydra YAML) or, for models, from a Hugging Face `config.json`.
+Every validation error names the field and what would fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+from core.types import Activation, OpKind, Resource, RoutingSource, Tier
+
+GB = 1e9
+GIB = 2**30
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+            raise ConfigError(
+                f"{type(obj).__name__}.{name} must be a positive number, got {value!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # Hugging Face model_type this spec maps to (mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers)
+    n_layers: int  # decoder layers
+    moe_layers: tuple[int, ...]  # indices of the layers whose FFN is a routed MoE
+    hidden_size: int  # d_model
+    expert_ffn_size: int  # intermediate size of one routed expert
+    n_experts: int  # routed experts per MoE layer
+    top_k: int  # experts chosen per token
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (GQA)
+    head_dim: int  # per-head dimension
+    vocab_size: int
+    dtype_bytes: int = 2  # bytes per weight / KV element (bf16 = 2)
+    activation: Activation = Activation.SWIGLU
+    dense_ffn_size: int = 0  # intermediate size of the FFN of non-MoE layers
+    shared_ffn_size: int = 0  # total intermediate size of shared experts in each MoE layer
+    kv_dim: int = 0  # KV elements cached per token per layer; 0 = 2 * n_kv_heads * head_dim
+    attn_params: int = 0  # attention weights per layer; 0 = derive from the GQA shape (MLA overrides)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 1e6
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
+        _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
+        object.__setattr__(self, "activation", Activation(self.activation))
+        object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
+        if self.top_k > self.n_experts:
+            raise ConfigError(
+                f"model {self.name}: top_k={self.top_k} exceeds n_experts={self.n_experts}; "
+                "set model.top_k <= model.n_experts"
+            )
+        if not self.moe_layers:
+            raise ConfigError(f"model {self.name}: moe_layers is empty; list at least one layer")
+        bad = [i for i in self.moe_layers if not 0 <= i < self.n_layers]
+        if bad or len(set(self.moe_layers)) != len(self.moe_layers):
+            raise ConfigError(
+                f"model {self.name}: moe_layers {list(self.moe_layers)} must be distinct "
+                f"indices in [0, {self.n_layers})"
+            )
+        if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
+            raise ConfigError(
+                f"model {self.name}: layers without experts need dense_ffn_size > 0"
+            )
+
+    # ---- sizes -------------------------------------------------------------------------
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices per FFN: gate/up/down for SwiGLU, in/out for ReLU."""
+        return 3 if self.activation == Activation.SWIGLU else 2
+
+    @property
+    def expert_params(self) -> int:
+        return self.ffn_matrices * self.hidden_size * self.expert_ffn_size
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.expert_params * self.dtype_bytes
+
+    @property
+    def attn_param_count(self) -> int:
+        if self.attn_params:
+            return self.attn_params + self.hidden_size
+        q_o = 2 * self.hidden_size * self.n_heads * self.head_dim
+        k_v = 2 * self.hidden_size * self.n_kv_heads * self.head_dim
+        return q_o + k_v + self.hidden_size  # + input RMSNorm
+
+    @property
+    def attn_bytes(self) -> int:
+        return self.attn_param_count * self.dtype_bytes
+
+    @property
+    def gate_bytes(self) -> int:
+        """Router + post-attention norm of one MoE layer."""
+        return (self.hidden_size * self.n_experts + self.hidden_size) * self.dtype_bytes
+
+    @property
+    def dense_ffn_bytes(self) -> int:
+        return (self.ffn_matrices * self.hidden_size * self.dense_ffn_size + self.hidden_size) * self.dtype_bytes
+
+    @property
+    def shared_ffn_bytes(self) -> int:
+        return self.ffn_matrices * self.hidden_size * self.shared_ffn_size * self.dtype_bytes
+
+    @property
+    def embed_bytes(self) -> int:
+        return self.vocab_size * self.hidden_size * self.dtype_bytes
+
+    @property
+    def head_bytes(self) -> int:
+        return (self.vocab_size * self.hidden_size + self.hidden_size) * self.dtype_bytes
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        return self.kv_dim or 2 * self.n_kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token in one layer."""
+        return self.kv_elems_per_token * self.dtype_bytes
+
+    def is_moe(self, layer: int) -> bool:
+        return layer in self._moe_set
+
+    @property
+    def _moe_set(self) -> frozenset[int]:
+        return frozenset(self.moe_layers)
+
+    def moe_index(self, layer: int) -> int:
+        """Position of `layer` among the MoE layers (the routing trace's layer axis)."""
+        return self.moe_layers.index(layer)
+
+    def layer_bytes(self, layer: int) -> int:
+        """All weights of one decoder layer."""
+        if self.is_moe(layer):
+            ffn = self.gate_bytes + self.n_experts * self.expert_bytes + self.shared_ffn_bytes
+        else:
+            ffn = self.dense_ffn_bytes
+        return self.attn_bytes + ffn
+
+    @property
+    def total_bytes(self) -> int:
+        layers = sum(self.layer_bytes(i) for i in range(self.n_layers))
+        return layers + self.embed_bytes + self.head_bytes
+
+    # ---- flops (2 per multiply-add) --------------------------------------------------------
+    def attention_flops(self, tokens: int, context: int) -> float:
+        proj = 2.0 * (self.attn_param_count - self.hidden_size) * tokens
+        scores = 4.0 * self.n_heads * self.head_dim * tokens * context
+        return proj + scores
+
+    def gate_flops(self, tokens: int) -> float:
+        return 2.0 * self.hidden_size * self.n_experts * tokens
+
+    def expert_flops(self, tokens: int) -> float:
+        return 2.0 * self.expert_params * tokens
+
+    def ffn_flops(self, tokens: int, layer: int) -> float:
+        size = self.shared_ffn_size if self.is_moe(layer) else self.dense_ffn_size
+        return 2.0 * self.ffn_matrices * self.hidden_size * size * tokens
+
+    def head_flops(self, tokens: int) -> float:
+        return 2.0 * self.vocab_size * self.hidden_size * tokens
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "model") -> ModelSpec:
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {unknown}; valid: {sorted(known)}")
+        if "moe_layers" not in d and "n_layers" in d:
+            d["moe_layers"] = tuple(range(int(d["n_layers"])))
+        missing = [f.name for f in fields(cls) if f.name not in d and _has_no_default(cls, f.name)]
+        if missing:
+            raise ConfigError(f"{where}: missing field(s) {missing}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face `config.json` (file or checkpoint directory)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: no such file; point at a checkpoint directory with a config.json") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}: not valid JSON ({e})") from None
+        return hf_config_to_spec(cfg, name or p.parent.name, where=str(p))
+
+
+def _has_no_default(cls: type, name: str) -> bool:
+    from dataclasses import MISSING
+
+    f = {f.name: f for f in fields(cls)}[name]
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
+    """Map the Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 and Switch `config.json` layouts to a spec."""
+    family = cfg.get("model_type", "")
+
+    def get(key: str, default: Any = None) -> Any:
+        if key in cfg:
+            return cfg[key]
+        if default is None:
+            raise ConfigError(f"{where}: model_type {family!r} needs field {key!r}")
+        return default
+
+    dtype_bytes = _DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
+    common: dict[str, Any] = dict(name=name, family=family, dtype_bytes=dtype_bytes)
+    if family in ("mixtral", "olmoe"):
+        n = get("num_hidden_layers")
+        heads = get("num_attention_heads")
+        return ModelSpec(
+            **common,
+            n_layers=n,
+            moe_layers=tuple(range(n)),
+            hidden_size=get("hidden_size"),
+            expert_ffn_size=get("intermediate_size"),
+            n_experts=get("num_local_experts") if family == "mixtral" else get("num_experts"),
+            top_k=get("num_experts_per_tok"),
+            n_heads=heads,
+            n_kv_heads=get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
+            vocab_size=get("vocab_size"),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=cfg.get("rope_theta", 1e6),
+        )
+    if family == "qwen2_moe":
+        n = get("num_hidden_layers")
+        heads = get("num_attention_heads")
+        step = cfg.get("decoder_sparse_step", 1)
+        dense_only = set(cfg.get("mlp_only_layers", []))
+        moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
+        return ModelSpec(
+            **common,
+            n_layers=n,
+            moe_layers=moe,
+            hidden_size=get("hidden_size"),
+            expert_ffn_size=get("moe_intermediate_size"),
+            n_experts=get("num_experts"),
+            top_k=get("num_experts_per_tok"),
+            n_heads=heads,
+            n_kv_heads=get("num_key_value_heads", heads),
+            head_dim=get("hidden_size") // heads,
+            vocab_size=get("vocab_size"),
+            dense_ffn_size=cfg.get("intermediate_size", 0),
+            shared_ffn_size=cfg.get("shared_expert_intermediate_size", 0),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 1e6),
+        )
+    if family == "deepseek_v2":
+        n = get("num_hidden_layers")
+        heads = get("num_attention_heads")
+        first_dense = cfg.get("first_k_dense_replace", 0)
+        freq = cfg.get("moe_layer_freq", 1)
+        moe = tuple(i for i in range(first_dense, n) if i % freq == 0)
+        hidden = get("hidden_size")
+        rope, nope = get("qk_rope_head_dim"), get("qk_nope_head_dim")
+        v_dim, kv_rank = get("v_head_dim"), get("kv_lora_rank")
+        q_rank = cfg.get("q_lora_rank")
+        q_params = hidden * heads * (nope + rope) if not q_rank else hidden * q_rank + q_rank * heads * (nope + rope)
+        mla = q_params + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        return ModelSpec(
+            **common,
+            n_layers=n,
+            moe_layers=moe,
+            hidden_size=hidden,
+            expert_ffn_size=get("moe_intermediate_size"),
+            n_experts=get("n_routed_experts"),
+            top_k=get("num_experts_per_tok"),
+            n_heads=heads,
+            n_kv_heads=heads,
+            head_dim=v_dim,
+            vocab_size=get("vocab_size"),
+            dense_ffn_size=cfg.get("intermediate_size", 0),
+            shared_ffn_size=cfg.get("n_shared_experts", 0) * get("moe_intermediate_size"),
+            kv_dim=kv_rank + rope,  # MLA caches the compressed latent + the RoPE key
+            attn_params=mla,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 1e4),
+        )
+    if family == "switch_transformers":
+        # Encoder stack of the encoder-decoder: every `encoder_sparse_step`-th block is sparse
+        # (blocks 1, 3, ..., 11 for switch-base), as in the replication paper's encoder-only runs.
+        n = get("num_layers")
+        step = get("encoder_sparse_step", 2)
+        return ModelSpec(
+            **common,
+            n_layers=n,
+            moe_layers=tuple(i for i in range(n) if i % step == step - 1),
+            hidden_size=get("d_model"),
+            expert_ffn_size=get("d_ff"),
+            n_experts=get("num_experts"),
+            top_k=1,
+            n_heads=get("num_heads"),
+            n_kv_heads=get("num_heads"),
+            head_dim=get("d_kv"),
+            vocab_size=get("vocab_size"),
+            activation=Activation.RELU,
+            dense_ffn_size=get("d_ff"),
+            rms_norm_eps=cfg.get("layer_norm_epsilon", 1e-6),
+        )
+    raise ConfigError(
+        f"{where}: model_type {family!r} is not supported; "
+        "supported: mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth_bytes_per_s: float  # sustained bandwidth
+    latency_s: float = 0.0  # fixed cost per transfer
+
+    def time_s(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth_bytes_per_s + self.latency_s
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    peak_flops_per_s: float  # dense bf16 peak the kernels reach
+    mem_bw_bytes_per_s: float  # memory bandwidth for weight/KV reads
+    kernel_overhead_s: float = 0.0  # fixed launch cost per op
+    # Calibrated tables: op kind -> ((flops, seconds), ...) sorted by flops. They replace the
+    # roofline for that kind (see core.cost).
+    time_tables: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    memory_bytes: Mapping[Tier, int]  # capacity per tier (GPU: usable by the model)
+    gpu: ComputeSpec
+    cpu: ComputeSpec
+    links: Mapping[Resource, LinkSpec]  # h2d, d2h, disk, disk_write (+ p2p)
+    n_gpus: int = 1  # GPUs (or concurrent GPU lanes) for expert parallelism
+    sources: Mapping[str, str] = field(default_factory=dict)  # where each number comes from
+
+    def __post_init__(self) -> None:
+        for tier in Tier:
+            cap = self.memory_bytes.get(tier)
+            if cap is None or not cap > 0:
+                raise ConfigError(
+                    f"hardware {self.name}: memory.{tier} must be a positive capacity, got {cap!r}"
+                )
+        for res in (Resource.H2D, Resource.D2H, Resource.DISK):
+            if res not in self.links:
+                raise ConfigError(f"hardware {self.name}: links.{res} is missing")
+        for res, link in self.links.items():
+            if not link.bandwidth_bytes_per_s > 0:
+                raise ConfigError(
+                    f"hardware {self.name}: links.{res}.bandwidth must be positive, got {link.bandwidth_bytes_per_s!r}"
+                )
+            if link.latency_s < 0:
+                raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
+        for dev in ("gpu", "cpu"):
+            c: ComputeSpec = getattr(self, dev)
+            for f_ in ("peak_flops_per_s", "mem_bw_bytes_per_s"):
+                if not getattr(c, f_) > 0:
+                    raise ConfigError(f"hardware {self.name}: {dev}.{f_} must be positive")
+        if self.n_gpus < 1:
+            raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
+
+    def link(self, res: Resource) -> LinkSpec:
+        if res == Resource.DISK_WRITE and res not in self.links:
+            return self.links[Resource.DISK]
+        if res == Resource.P2P and res not in self.links:
+            return self.links[Resource.H2D]
+        return self.links[res]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HardwareSpec:
+        """From the YAML layout: memory_gb, gpu/cpu {tflops, mem_bw_gbps, overhead_us}, links {gbps, latency_us}."""
+        name = str(d.get("name", "hardware"))
+        try:
+            mem = {Tier(k): int(float(v) * GB) for k, v in dict(d["memory_gb"]).items()}
+            links = {}
+            for k, v in dict(d["links"]).items():
+                links[Resource(k)] = LinkSpec(float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6)
+
+            def comp(c: Mapping[str, Any]) -> ComputeSpec:
+                tables = {
+                    str(kind): tuple((float(x), float(y)) for x, y in pts)
+                    for kind, pts in dict(c.get("time_tables") or {}).items()
+                }
+                for kind in tables:
+                    OpKind(kind)
+                return ComputeSpec(
+                    float(c["tflops"]) * 1e12,
+                    float(c["mem_bw_gbps"]) * GB,
+                    float(c.get("overhead_us", 0)) * 1e-6,
+                    tables,
+                )
+
+            return cls(
+                name=name,
+                memory_bytes=mem,
+                gpu=comp(d["gpu"]),
+                cpu=comp(d["cpu"]),
+                links=links,
+                n_gpus=int(d.get("n_gpus", 1)),
+                sources={str(k): str(v) for k, v in dict(d.get("sources") or {}).items()},
+            )
+        except KeyError as e:
+            raise ConfigError(f"hardware {name}: missing field {e.args[0]!r}") from None
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"hardware {name}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    source: RoutingSource = RoutingSource.SYNTHETIC
+    trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/
+    tasks: tuple[str, ...] = ()  # ESFT tasks to draw sequences from (empty = all)
+    exclude_tasks: tuple[str, ...] = ()  # tasks held out (e.g. the prefetcher's training split)
+    skew: float = 1.0  # synthetic: Zipf exponent of per-layer expert popularity
+    layer_corr: float = 0.5  # synthetic: probability a token follows the layer transition table
+    reuse: float = 0.25  # synthetic: probability an expert repeats the previous token's
+    hot_experts: int = 0  # synthetic: if > 0, these many experts are boosted to `hot_share`
+    hot_share: float = 0.0  # synthetic: share of selections the hot experts take
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", RoutingSource(self.source))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))
+        for f_ in ("layer_corr", "reuse", "hot_share"):
+            v = getattr(self, f_)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"workload.routing.{f_} must be in [0, 1], got {v}")
+        if self.skew < 0:
+            raise ConfigError(f"workload.routing.skew must be >= 0, got {self.skew}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch_size: int  # sequences per batch
+    n_batches: int  # batches per group (Klotski's / FlexGen's n)
+    prompt_len: int  # prompt tokens per sequence
+    gen_len: int  # generated tokens per sequence (step 0 = prefill emits the first)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f_ in ("batch_size", "n_batches", "prompt_len", "gen_len"):
+            v = getattr(self, f_)
+            if not (isinstance(v, int) and v > 0):
+                raise ConfigError(f"workload.{f_} must be a positive integer, got {v!r}")
+
+    @property
+    def n_sequences(self) -> int:
+        return self.batch_size * self.n_batches
+
+    @property
+    def n_steps(self) -> int:
+        """Forward passes: the prefill, then one decode step per further generated token."""
+        return self.gen_len
+
+    @property
+    def seq_positions(self) -> int:
+        """Token positions that pass through the model (the last generated token is not fed)."""
+        return self.prompt_len + self.gen_len - 1
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.n_sequences * self.gen_len
+
+    def step_tokens(self, step: int) -> int:
+        """Tokens per sequence processed at `step`."""
+        return self.prompt_len if step == 0 else 1
+
+    def step_context(self, step: int) -> int:
+        """Attention context length (keys per query) at `step`."""
+        return self.prompt_len if step == 0 else self.prompt_len + step
+
+    def with_(self, **kw: Any) -> Workload:
+        from dataclasses import replace
+
+        return replace(self, **kw)

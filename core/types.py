@@ -1,0 +1,99 @@
+"""Enumerations shared by every part of moepipe: memory tiers, physical resources, op kinds,
+tensor kinds and the well-known logical stream names.
+
+Strings are the enum values, so they read well in YAML, parquet and Chrome traces.
+"""
+
+from enum import StrEnum
+
+
+class Tier(StrEnum):
+    """A memory tier that holds weights, KV cache or activations."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    DISK = "disk"
+
+
+class Resource(StrEnum):
+    """A physical resource that executes ops one at a time (per device index)."""
+
+    GPU = "gpu"  # GPU compute (one per device)
+    CPU = "cpu"  # CPU compute
+    H2D = "h2d"  # host -> device link (PCIe)
+    D2H = "d2h"  # device -> host link
+    DISK = "disk"  # disk -> host reads
+    DISK_WRITE = "disk_write"  # host -> disk writes (KV spill)
+    P2P = "p2p"  # GPU <-> GPU link (expert parallelism)
+    NONE = "none"  # bookkeeping ops (free) that occupy no resource
+
+
+class OpKind(StrEnum):
+    LOAD = "load"  # weight transfer between tiers
+    FREE = "free"  # release memory, zero duration
+    ATTENTION = "compute-attention"
+    GATE = "compute-gate"
+    EXPERT = "compute-expert"  # one routed expert over some tokens
+    FFN = "compute-ffn"  # dense FFN or shared experts
+    HEAD = "compute-head"  # final norm + LM head
+    KV_LOAD = "kv-load"
+    KV_STORE = "kv-store"
+    DISPATCH = "dispatch"  # expert-parallel all-to-all: tokens to devices
+    COMBINE = "combine"  # expert-parallel all-to-all: results back
+
+
+COMPUTE_KINDS = frozenset(
+    {OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD}
+)
+TRANSFER_KINDS = frozenset(
+    {OpKind.LOAD, OpKind.KV_LOAD, OpKind.KV_STORE, OpKind.DISPATCH, OpKind.COMBINE}
+)
+
+
+class Tensor(StrEnum):
+    """What an op moves or reads; lets metrics and the real executor tell loads apart."""
+
+    NONE = "none"
+    ATTENTION = "attention"  # q/k/v/o projections + input norm of one layer
+    GATE = "gate"  # post-attention norm + router of one MoE layer
+    EXPERT = "expert"  # one routed expert of one layer
+    FFN = "ffn"  # dense FFN, or the shared experts of an MoE layer
+    EMBED = "embed"  # token embedding
+    HEAD = "head"  # final norm + LM head
+    KV = "kv"
+    HIDDEN = "hidden"
+
+
+class Stream(StrEnum):
+    """Well-known logical stream names. Planners may add indexed ones (e.g. ``compute1``)."""
+
+    COMPUTE = "compute"
+    CPU_COMPUTE = "cpu_compute"
+    WEIGHTS = "weights"  # weight prefetch (host -> device)
+    EXPERTS = "experts"  # on-demand expert loads (host -> device)
+    DISK = "disk"  # disk -> host reads
+    KV_LOAD = "kv_load"
+    KV_STORE = "kv_store"
+    KV_SPILL = "kv_spill"  # host -> disk
+    MEMORY = "memory"  # frees
+
+
+class Activation(StrEnum):
+    SWIGLU = "swiglu"
+    RELU = "relu"
+
+
+class RoutingSource(StrEnum):
+    TRACE = "trace"
+    SYNTHETIC = "synthetic"
+    LIVE = "live"
+
+
+LINK_OF = {
+    (Tier.DISK, Tier.CPU): Resource.DISK,
+    (Tier.CPU, Tier.GPU): Resource.H2D,
+    (Tier.GPU, Tier.CPU): Resource.D2H,
+    (Tier.CPU, Tier.DISK): Resource.DISK_WRITE,
+    (Tier.GPU, Tier.GPU): Resource.P2P,
+}
+"""The physical resource a transfer from one tier to another occupies."""
