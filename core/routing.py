@@ -90,14 +90,26 @@ class Routing:
         return out
 
 
+ESFT_SHAPE = (26, 64, 6)  # MoE layers, routed experts, top-k of the ESFT DeepSeek-V2-Lite trace
+
+
+def resolve_source(model: ModelSpec, source: RoutingSource) -> RoutingSource:
+    """`auto` means the real trace for models of its shape and the synthetic generator otherwise."""
+    if source != RoutingSource.AUTO:
+        return source
+    shape = (len(model.moe_layers), model.n_experts, model.top_k)
+    return RoutingSource.TRACE if shape == ESFT_SHAPE else RoutingSource.SYNTHETIC
+
+
 def load_routing(model: ModelSpec, workload: Workload) -> Routing:
     """Routing for a workload, from the source its config names; checked against the model."""
     cfg = workload.routing
-    if cfg.source == RoutingSource.TRACE:
+    source = resolve_source(model, cfg.source)
+    if source == RoutingSource.TRACE:
         from core.traces import esft_routing
 
         routing = esft_routing(model, workload)
-    elif cfg.source == RoutingSource.SYNTHETIC:
+    elif source == RoutingSource.SYNTHETIC:
         from core.synthetic import synthetic_routing
 
         routing = synthetic_routing(model, workload)
@@ -131,6 +143,7 @@ class CausalRouting:
     n_experts: int
     top_k: int
     revealed: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (step, moe, batch) -> gate op
+    peeked: bool = False  # an oracle looked ahead: outputs are labelled as an upper bound
 
     @classmethod
     def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
@@ -145,4 +158,9 @@ class CausalRouting:
         key = (step, moe_idx, batch)
         assert key not in self.revealed, f"routing {key} revealed twice"
         self.revealed[key] = gate_op
+        return self.source(step, moe_idx, batch)
+
+    def peek(self, step: int, moe_idx: int, batch: int) -> GateView:
+        """Look at routing before its gate ran: for oracle upper bounds only (labelled as such)."""
+        self.peeked = True
         return self.source(step, moe_idx, batch)

@@ -346,6 +346,9 @@ class ComputeSpec:
     peak_flops_per_s: float  # dense bf16 peak the kernels reach
     mem_bw_bytes_per_s: float  # memory bandwidth for weight/KV reads
     kernel_overhead_s: float = 0.0  # fixed launch cost per op
+    # Per op kind overhead replacing kernel_overhead_s (an eager attention launches dozens of
+    # kernels; one expert GEMM a handful).
+    kind_overhead_s: Mapping[str, float] = field(default_factory=dict)
     # Calibrated tables: op kind -> ((flops, seconds), ...) sorted by flops. They replace the
     # roofline for that kind (see core.cost).
     time_tables: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
@@ -410,10 +413,15 @@ class HardwareSpec:
                 }
                 for kind in tables:
                     OpKind(kind)
+                kind_overhead = {
+                    str(OpKind(k)): float(v) * 1e-6
+                    for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
+                }
                 return ComputeSpec(
                     float(c["tflops"]) * 1e12,
                     float(c["mem_bw_gbps"]) * GB,
                     float(c.get("overhead_us", 0)) * 1e-6,
+                    kind_overhead,
                     tables,
                 )
 

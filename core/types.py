@@ -84,6 +84,7 @@ class Activation(StrEnum):
 
 
 class RoutingSource(StrEnum):
+    AUTO = "auto"  # the real trace when its shape fits the model, else synthetic
     TRACE = "trace"
     SYNTHETIC = "synthetic"
     LIVE = "live"

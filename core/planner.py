@@ -1,0 +1,30 @@
+"""The planner contract: a planner turns (model, hardware, workload, causal routing) into ops.
+
+Planners live in `planners/` and register by name; executors only see this Protocol, so either
+executor drives any planner without importing `planners/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from core.cost import CostModel
+from core.routing import CausalRouting
+from core.schedule import ScheduleBuilder
+from core.spec import HardwareSpec, ModelSpec, Workload
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: Workload
+    routing: CausalRouting  # reveals a layer's routing only at its gate op
+    cost: CostModel  # the cost model's times, for planners that size themselves (Klotski's n)
+
+
+class Planner(Protocol):
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        """Emit the whole run's ops into `out`, in program order."""
+        ...

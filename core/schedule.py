@@ -1,0 +1,270 @@
+"""The schedule IR: ops on streams with deps and memory effects, and its validator.
+
+A planner emits ops through a `ScheduleBuilder` in program order; both executors run the result
+with the same semantics (DESIGN.md): a stream is a FIFO; an op starts when its stream reaches it,
+its deps are done and the memory it allocates is free; it frees memory when it ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.errors import CapacityError, ScheduleError
+from core.types import COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
+
+_ANY = -1  # "no layer / batch / expert" and "all batches of the group"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    id: int  # position in the schedule; deps always name smaller ids
+    kind: OpKind
+    stream: str  # logical stream name (a key of Schedule.streams)
+    step: int = 0  # 0 = prefill, s >= 1 = decode step s
+    layer: int = _ANY  # decoder layer
+    batch: int = _ANY  # batch in the group; -1 = all batches (expert-wise compute)
+    expert: int = _ANY  # routed expert id
+    tensor: Tensor = Tensor.NONE  # what is moved / computed on
+    nbytes: int = 0  # bytes moved (transfers)
+    tokens: int = 0  # tokens computed (compute ops)
+    flops: float = 0.0  # floating-point ops (compute ops)
+    touch_bytes: int = 0  # bytes a compute op reads from its device memory (weights + KV)
+    src: Tier | None = None  # transfer source tier
+    dst: Tier | None = None  # transfer destination tier
+    alloc_tier: Tier | None = None  # memory taken when the op starts ...
+    alloc_bytes: int = 0  # ... this many bytes
+    free_tier: Tier | None = None  # memory released when the op ends ...
+    free_bytes: int = 0  # ... this many bytes
+    deps: tuple[int, ...] = ()  # ops that must be done before this one starts
+
+    def label(self) -> str:
+        parts = [f"op {self.id} {self.kind}"]
+        if self.tensor != Tensor.NONE:
+            parts.append(str(self.tensor))
+        for name in ("step", "layer", "batch", "expert"):
+            v = getattr(self, name)
+            if v != _ANY:
+                parts.append(f"{name}={v}")
+        return " ".join(parts) + f" on {self.stream}"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    resource: Resource  # the physical resource the stream's ops occupy
+    device: int = 0  # which GPU (expert parallelism); 0 for single-device runs
+
+    @property
+    def resource_id(self) -> str:
+        """Resources are per device: 'gpu', 'gpu:1', 'h2d:1' ..."""
+        return str(self.resource) if self.device == 0 else f"{self.resource}:{self.device}"
+
+
+@dataclass
+class Schedule:
+    ops: list[Op]
+    streams: dict[str, StreamSpec]
+    capacity_bytes: dict[Tier, int]  # memory of each tier
+    resident_bytes: dict[Tier, int]  # held for the whole run (weights placed there, KV cache)
+    meta: dict[str, Any] = field(default_factory=dict)  # planner, params, n, placement, labels
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def resource_of(self, op: Op) -> str:
+        return self.streams[op.stream].resource_id
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The ops as numpy columns (computed once): what the cost model, simulator and trace read."""
+        cols = self.meta.get("_columns")
+        if cols is not None and len(cols["kind"]) == len(self.ops):
+            return cols
+        ops = self.ops
+        n = len(ops)
+        stream_names = list(self.streams)
+        stream_idx = {s: i for i, s in enumerate(stream_names)}
+        tier_idx = {None: -1, **{t: i for i, t in enumerate(Tier)}}
+        kinds = list(OpKind)
+        kind_idx = {k: i for i, k in enumerate(kinds)}
+        rows = [
+            (kind_idx[o.kind], stream_idx[o.stream], o.nbytes, o.flops, o.touch_bytes,
+             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes)
+            for o in ops
+        ]  # fmt: skip
+        arr = np.array(rows, dtype=np.float64).reshape(n, 9)
+        cols = {
+            "kind": arr[:, 0].astype(np.int16),  # index into list(OpKind)
+            "stream": arr[:, 1].astype(np.int16),  # index into list(self.streams)
+            "nbytes": arr[:, 2].astype(np.int64),
+            "flops": arr[:, 3],
+            "touch_bytes": arr[:, 4],
+            "alloc_tier": arr[:, 5].astype(np.int8),  # index into list(Tier), -1 = none
+            "alloc_bytes": arr[:, 6].astype(np.int64),
+            "free_tier": arr[:, 7].astype(np.int8),
+            "free_bytes": arr[:, 8].astype(np.int64),
+        }
+        self.meta["_columns"] = cols
+        return cols
+
+
+class ScheduleBuilder:
+    """Collects a planner's ops in program order and hands each to an optional sink.
+
+    The sink lets the real executor start ops while the planner is still planning (live
+    routing: the planner blocks in `CausalRouting.at_gate` until the gate has run).
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: Mapping[Tier, int],
+        sink: Callable[[Op], None] | None = None,
+    ) -> None:
+        self.ops: list[Op] = []
+        self.streams: dict[str, StreamSpec] = {}
+        self.capacity_bytes = dict(capacity_bytes)
+        self.resident_bytes: dict[Tier, int] = {t: 0 for t in Tier}
+        self.meta: dict[str, Any] = {}
+        self._sink = sink
+
+    def stream(self, name: str, resource: Resource, device: int = 0) -> str:
+        spec = StreamSpec(str(name), Resource(resource), device)
+        old = self.streams.setdefault(spec.name, spec)
+        assert old == spec, f"stream {name} redefined"
+        return spec.name
+
+    def reserve(self, tier: Tier, nbytes: int) -> None:
+        """Hold memory for the whole run (resident weights, a KV cache kept on that tier)."""
+        self.resident_bytes[tier] += int(nbytes)
+
+    def add(self, kind: OpKind, stream: str, deps: Iterable[int | None] = (), **fields: Any) -> int:
+        assert stream in self.streams, f"unknown stream {stream}"
+        op = Op(
+            id=len(self.ops),
+            kind=kind,
+            stream=stream,
+            deps=tuple(d for d in deps if d is not None),
+            **fields,
+        )
+        self.ops.append(op)
+        if self._sink is not None:
+            self._sink(op)
+        return op.id
+
+    def build(self) -> Schedule:
+        return Schedule(self.ops, self.streams, self.capacity_bytes, self.resident_bytes, self.meta)
+
+
+def validate(schedule: Schedule) -> None:
+    """Reject a schedule either executor could not run; raise naming the first bad op.
+
+    Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
+    kind, memory never exceeds a tier, every expert compute depends on its batch's gate (planners
+    are causal), and an instant-completion run of the streams finishes (no op waits forever
+    for memory that only a later op frees).
+    """
+    streams = schedule.streams
+    for t in Tier:
+        if schedule.resident_bytes.get(t, 0) > schedule.capacity_bytes[t]:
+            raise CapacityError(
+                f"resident {t} memory {schedule.resident_bytes[t] / 1e9:.2f} GB exceeds the "
+                f"{t} capacity {schedule.capacity_bytes[t] / 1e9:.2f} GB"
+            )
+    gates: dict[tuple[int, int], dict[int, int]] = {}  # (step, layer) -> batch -> gate op
+    for i, op in enumerate(schedule.ops):
+        if op.id != i:
+            raise ScheduleError(f"{op.label()}: id must equal its position {i}")
+        if op.stream not in streams:
+            raise ScheduleError(f"{op.label()}: stream {op.stream!r} is not declared")
+        for d in op.deps:
+            if not 0 <= d < i:
+                raise ScheduleError(f"{op.label()}: dep {d} must name an earlier op")
+        res = streams[op.stream].resource
+        if op.kind in COMPUTE_KINDS and res not in (Resource.GPU, Resource.CPU):
+            raise ScheduleError(f"{op.label()}: compute op on {res}, needs gpu or cpu")
+        if op.kind in (OpKind.LOAD, OpKind.KV_LOAD, OpKind.KV_STORE):
+            if op.src is None or op.dst is None:
+                raise ScheduleError(f"{op.label()}: transfer needs src and dst tiers")
+            link = LINK_OF.get((op.src, op.dst))
+            if link != res:
+                raise ScheduleError(
+                    f"{op.label()}: {op.src}->{op.dst} runs on {link}, stream is on {res}"
+                )
+        for tier, nbytes in ((op.alloc_tier, op.alloc_bytes), (op.free_tier, op.free_bytes)):
+            if nbytes < 0 or (nbytes > 0 and tier is None):
+                raise ScheduleError(f"{op.label()}: memory effect needs a tier and bytes >= 0")
+        if op.alloc_bytes:
+            assert op.alloc_tier is not None
+            room = schedule.capacity_bytes[op.alloc_tier] - schedule.resident_bytes[op.alloc_tier]
+            if op.alloc_bytes > room:
+                raise CapacityError(
+                    f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {op.alloc_tier}, "
+                    f"only {room / 1e9:.3f} GB is not resident"
+                )
+        if op.kind == OpKind.GATE:
+            gates.setdefault((op.step, op.layer), {})[op.batch] = op.id
+    for op in schedule.ops:
+        if op.kind != OpKind.EXPERT:
+            continue
+        layer_gates = gates.get((op.step, op.layer), {})
+        need = (
+            list(layer_gates.values()) if op.batch == _ANY else [layer_gates.get(op.batch, -1)]
+        )
+        missing = [g for g in need if g not in op.deps]
+        if not need or missing:
+            raise ScheduleError(
+                f"{op.label()}: an expert compute must depend on the gate op(s) of the batches "
+                f"it serves (planners are causal); missing {missing or 'gate'}"
+            )
+    _check_finishes(schedule)
+
+
+def _check_finishes(schedule: Schedule) -> None:
+    """Run streams with zero-duration ops; if none can move while ops remain, name them."""
+    queues: dict[str, deque[Op]] = {name: deque() for name in schedule.streams}
+    for op in schedule.ops:
+        queues[op.stream].append(op)
+    free = {t: schedule.capacity_bytes[t] - schedule.resident_bytes[t] for t in Tier}
+    done = bytearray(len(schedule.ops))
+    remaining = len(schedule.ops)
+    progress = True
+    while remaining and progress:
+        progress = False
+        for q in queues.values():
+            while q:
+                op = q[0]
+                if not all(done[d] for d in op.deps):
+                    break
+                if op.alloc_bytes and free[op.alloc_tier] < op.alloc_bytes:  # type: ignore[index]
+                    break
+                if op.alloc_bytes:
+                    free[op.alloc_tier] -= op.alloc_bytes  # type: ignore[index]
+                if op.free_bytes:
+                    free[op.free_tier] += op.free_bytes  # type: ignore[index]
+                done[op.id] = 1
+                remaining -= 1
+                progress = True
+                q.popleft()
+    if remaining:
+        raise ScheduleError("schedule can never finish: " + describe_stuck(schedule, done, free))
+
+
+def describe_stuck(schedule: Schedule, done: bytearray | list[bool], free: Mapping[Tier, int]) -> str:
+    """Name the op at the head of each blocked stream and what it waits for."""
+    heads: dict[str, Op] = {}
+    for op in schedule.ops:
+        if not done[op.id] and op.stream not in heads:
+            heads[op.stream] = op
+    parts = []
+    for op in heads.values():
+        waits = [f"op {d}" for d in op.deps if not done[d]]
+        if op.alloc_bytes and op.alloc_tier is not None and free[op.alloc_tier] < op.alloc_bytes:
+            waits.append(
+                f"{op.alloc_bytes} B of {op.alloc_tier} ({free[op.alloc_tier]} B free)"
+            )
+        parts.append(f"{op.label()} waits for {', '.join(waits) or 'its stream'}")
+    return "; ".join(parts)

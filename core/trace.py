@@ -1,0 +1,168 @@
+"""The one trace schema both executors write, its Chrome/Perfetto export, and run metrics.
+
+A trace is a pandas DataFrame with one row per op (`TRACE_COLUMNS`). `summarize` turns a
+schedule + trace into the `summary.json` metrics of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.schedule import Schedule
+from core.spec import Workload
+from core.types import Tier
+
+TRACE_COLUMNS = [
+    "source",  # sim | real
+    "op_id",
+    "kind",
+    "stream",
+    "resource",
+    "step",
+    "layer",
+    "batch",
+    "expert",
+    "tensor",
+    "bytes",
+    "tokens",
+    "start_s",
+    "end_s",
+]
+
+
+def make_trace(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray, source: str) -> pd.DataFrame:
+    """One row per op, in op order."""
+    ops = schedule.ops
+    assert len(start_s) == len(end_s) == len(ops)
+    res = {name: s.resource_id for name, s in schedule.streams.items()}
+    cols: dict[str, Any] = {
+        "source": pd.Categorical([source] * len(ops)),
+        "op_id": np.arange(len(ops), dtype=np.int64),
+        "kind": pd.Categorical([str(o.kind) for o in ops]),
+        "stream": pd.Categorical([o.stream for o in ops]),
+        "resource": pd.Categorical([res[o.stream] for o in ops]),
+        "step": np.fromiter((o.step for o in ops), np.int32, len(ops)),
+        "layer": np.fromiter((o.layer for o in ops), np.int32, len(ops)),
+        "batch": np.fromiter((o.batch for o in ops), np.int32, len(ops)),
+        "expert": np.fromiter((o.expert for o in ops), np.int32, len(ops)),
+        "tensor": pd.Categorical([str(o.tensor) for o in ops]),
+        "bytes": np.fromiter((o.nbytes for o in ops), np.int64, len(ops)),
+        "tokens": np.fromiter((o.tokens for o in ops), np.int64, len(ops)),
+        "start_s": np.asarray(start_s, dtype=np.float64),
+        "end_s": np.asarray(end_s, dtype=np.float64),
+    }
+    return pd.DataFrame(cols, columns=TRACE_COLUMNS)
+
+
+def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:
+    """Chrome trace-event JSON: one process per source, one thread per stream, op fields in args.
+
+    Opens in ui.perfetto.dev. Zero-length ops (frees) are instant events.
+    """
+    events: list[dict[str, Any]] = []
+    for pid, df in enumerate(traces, start=1):
+        if df.empty:
+            continue
+        source = str(df["source"].iloc[0])
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": source}})
+        streams = list(dict.fromkeys(df["stream"].astype(str)))
+        tids = {s: i + 1 for i, s in enumerate(streams)}
+        for s, tid in tids.items():
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": s}}
+            )
+        recs = df.to_dict("records")
+        for r in recs:
+            name = r["kind"] if r["tensor"] == "none" else f"{r['kind']} {r['tensor']}"
+            args = {k: _jsonable(r[k]) for k in TRACE_COLUMNS if k not in ("start_s", "end_s")}
+            ts = r["start_s"] * 1e6
+            dur = (r["end_s"] - r["start_s"]) * 1e6
+            ev = {"name": name, "cat": r["kind"], "pid": pid, "tid": tids[str(r["stream"])], "ts": ts, "args": args}
+            if dur > 0:
+                ev.update(ph="X", dur=dur)
+            else:
+                ev.update(ph="i", s="t")
+            events.append(ev)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v if isinstance(v, int | float | str) else str(v)
+
+
+def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
+    Path(path).write_text(json.dumps(to_chrome(traces)))
+
+
+def busy_s(trace: pd.DataFrame) -> dict[str, float]:
+    """Seconds each resource spends running ops (resources run one op at a time)."""
+    dur = trace["end_s"] - trace["start_s"]
+    out = dur.groupby(trace["resource"].astype(str), observed=True).sum()
+    return {str(k): float(v) for k, v in out.items() if k != "none"}
+
+
+def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
+    """Peak memory per tier: resident + the allocations live at any instant.
+
+    At equal times frees come first, as in both executors (an allocation waits for the free).
+    """
+    out: dict[str, int] = {}
+    ops = schedule.ops
+    start = trace["start_s"].to_numpy()
+    end = trace["end_s"].to_numpy()
+    for tier in Tier:
+        alloc = np.fromiter((o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops))
+        free = np.fromiter((o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops))
+        a, f = alloc > 0, free > 0
+        times = np.concatenate([end[f], start[a]])
+        deltas = np.concatenate([-free[f], alloc[a]])
+        order = np.lexsort((deltas, times))  # frees (negative) before allocs at equal time
+        live = np.cumsum(deltas[order]) if len(order) else np.zeros(1, np.int64)
+        out[str(tier)] = int(schedule.resident_bytes.get(tier, 0) + max(0, int(live.max(initial=0))))
+    return out
+
+
+def summarize(
+    schedule: Schedule,
+    trace: pd.DataFrame,
+    workload: Workload,
+    **labels: Any,
+) -> dict[str, Any]:
+    """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first."""
+    makespan = float(trace["end_s"].max()) if len(trace) else 0.0
+    prefill = float(trace.loc[trace["step"] == 0, "end_s"].max()) if len(trace) else 0.0
+    busy = busy_s(trace)
+    gpu_busy = busy.get("gpu", 0.0)
+    lower = max(busy.values()) if busy else 0.0
+    moved = trace[trace["bytes"] > 0].groupby(trace["resource"].astype(str), observed=True)["bytes"].sum()
+    tokens = workload.tokens_generated
+    return {
+        **labels,
+        "batch_size": workload.batch_size,
+        "n_batches": workload.n_batches,
+        "prompt_len": workload.prompt_len,
+        "gen_len": workload.gen_len,
+        "tokens_generated": tokens,
+        "makespan_s": makespan,
+        "prefill_s": prefill,
+        "decode_s": makespan - prefill,
+        "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
+        "busy_s": busy,
+        "gpu_bubble_s": makespan - gpu_busy,
+        "gpu_bubble_frac": (makespan - gpu_busy) / makespan if makespan > 0 else 0.0,
+        "lower_bound_s": lower,
+        "efficiency": lower / makespan if makespan > 0 else 0.0,
+        "bytes_moved": {str(k): int(v) for k, v in moved.items()},
+        "peak_bytes": peak_bytes(schedule, trace),
+        "ops": len(trace),
+    }

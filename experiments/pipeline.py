@@ -1,0 +1,98 @@
+"""Wiring without hydra: plan a run with a registered planner, execute it, summarise, write it.
+
+`experiments.run` (hydra) and the benchmarks call these; tests call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.cost import CostModel
+from core.planner import PlanContext
+from core.routing import CausalRouting, Routing, load_routing
+from core.schedule import Schedule, ScheduleBuilder, validate
+from core.spec import HardwareSpec, ModelSpec, Workload
+from core.trace import make_trace, summarize, write_chrome
+from planners.registry import make_planner
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: Workload
+    planner: str  # registry name
+    params: dict[str, Any] = field(default_factory=dict)
+    executor: str = "sim"
+
+
+@dataclass
+class RunResult:
+    schedule: Schedule
+    trace: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
+    """Plan with replayed routing and validate."""
+    causal = routing if isinstance(routing, CausalRouting) else CausalRouting.replay(routing, spec.workload)
+    cost = CostModel(spec.hardware)
+    ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
+    builder = ScheduleBuilder(spec.hardware.memory_bytes)
+    make_planner(spec.planner, spec.params).plan(ctx, builder)
+    builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
+    schedule = builder.build()
+    validate(schedule)
+    return schedule
+
+
+def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
+    from sim.executor import simulate
+
+    routing = routing if routing is not None else load_routing(spec.model, spec.workload)
+    schedule = build_schedule(spec, routing)
+    start, end = simulate(schedule, CostModel(spec.hardware))
+    trace = make_trace(schedule, start, end, source="sim")
+    return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+
+
+def summary_of(spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str) -> dict[str, Any]:
+    meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
+    planner_label = spec.planner + (" (oracle upper bound)" if schedule.meta.get("oracle") else "")
+    return summarize(
+        schedule,
+        trace,
+        spec.workload,
+        planner=spec.planner,
+        planner_label=planner_label,
+        params=dict(spec.params),
+        executor=spec.executor,
+        model=spec.model.name,
+        hardware=spec.hardware.name,
+        routing=routing_desc,
+        plan=meta,
+    )
+
+
+def write_run(out_dir: str | Path, result: RunResult) -> None:
+    """trace.parquet, trace.json (Chrome), then summary.json last and atomically: a run directory
+    counts as finished only once summary.json exists."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result.trace.to_parquet(out / "trace.parquet", index=False)
+    write_chrome(out / "trace.json", [result.trace])
+    atomic_write_json(out / "summary.json", result.summary)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(tmp, path)

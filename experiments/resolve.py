@@ -1,0 +1,56 @@
+"""Turn a resolved hydra config into frozen core objects, once, at the boundary.
+
+Every mistake becomes a `ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from core.errors import ConfigError
+from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from experiments.pipeline import RunSpec
+
+EXECUTORS = ("sim", "real")
+
+
+def to_dict(node: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)  # type: ignore[return-value]
+
+
+def model_spec(cfg: DictConfig) -> ModelSpec:
+    d = to_dict(cfg.model)
+    hf = d.pop("hf_config", None)
+    if hf:
+        return ModelSpec.from_hf_config(hf, name=d.get("name"))
+    return ModelSpec.from_dict(d, where=f"model {d.get('name', '?')}")
+
+
+def workload(cfg: DictConfig) -> Workload:
+    d = to_dict(cfg.workload)
+    routing = d.pop("routing", {}) or {}
+    try:
+        rc = RoutingConfig(**routing)
+    except TypeError as e:
+        raise ConfigError(f"workload.routing: {e}") from None
+    try:
+        return Workload(**d, routing=rc)
+    except TypeError as e:
+        raise ConfigError(f"workload: {e}") from None
+
+
+def run_spec(cfg: DictConfig) -> RunSpec:
+    executor = str(cfg.executor.name)
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
+    planner = to_dict(cfg.planner)
+    return RunSpec(
+        model=model_spec(cfg),
+        hardware=HardwareSpec.from_dict(to_dict(cfg.hardware)),
+        workload=workload(cfg),
+        planner=str(planner["name"]),
+        params=dict(planner.get("params") or {}),
+        executor=executor,
+    )

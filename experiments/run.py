@@ -1,0 +1,65 @@
+"""One run: plan a workload with a planner, execute it (simulator or real), write the run dir.
+
+Usage:
+    python -m experiments.run model=mixtral-8x7b hardware=rtx3090-env1 workload=paper \
+        planner=flexgen workload.n_batches=15 executor=sim
+    python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
+
+Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from core.errors import MoepipeError
+from experiments.pipeline import simulate_run, write_run
+from experiments.resolve import run_spec
+
+log = logging.getLogger(__name__)
+
+
+def execute(cfg: DictConfig, out_dir: Path) -> dict:
+    spec = run_spec(cfg)
+    if (out_dir / "summary.json").exists() and cfg.get("skip_finished", True):
+        log.info("%s already finished; skipping", out_dir)
+        import json
+
+        return json.loads((out_dir / "summary.json").read_text())
+    if spec.executor == "sim":
+        result = simulate_run(spec)
+    else:
+        from experiments.real_run import real_run  # torch is imported only for real runs
+
+        result = real_run(spec, cfg)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_run(out_dir, result)
+    s = result.summary
+    log.info(
+        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%%, efficiency %.3f -> %s",
+        s["planner_label"], s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
+        100 * s["gpu_bubble_frac"], s["efficiency"], out_dir,
+    )  # fmt: skip
+    return s
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        execute(cfg, out_dir)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        shutil.rmtree(out_dir / ".partial", ignore_errors=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Building blocks every planner shares: emitting weight loads through the tiers, attention with
+its KV traffic, gates, expert and FFN computes, and the LM head, with the right sizes, flops and
+memory effects. Planners decide *order and overlap*; this file knows *what* each op costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.planner import PlanContext
+from core.routing import GateView
+from core.schedule import ScheduleBuilder
+from core.types import OpKind, Resource, Stream, Tensor, Tier
+from planners.placement import Placement, greedy_placement
+
+
+@dataclass
+class Emitter:
+    """Wraps a builder with the model/placement arithmetic. One per plan() call."""
+
+    ctx: PlanContext
+    out: ScheduleBuilder
+    placement: Placement
+    last_kv_store: dict[tuple[int, int], int] = field(default_factory=dict)  # (layer, batch) -> op
+    gate_ops: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (step, layer) -> gates by batch
+
+    def __post_init__(self) -> None:
+        b = self.out
+        self.compute = b.stream(Stream.COMPUTE, Resource.GPU)
+        self.weights = b.stream(Stream.WEIGHTS, Resource.H2D)
+        self.disk = b.stream(Stream.DISK, Resource.DISK)
+        self.kv_load_stream = b.stream(Stream.KV_LOAD, Resource.H2D)
+        self.kv_store_stream = b.stream(Stream.KV_STORE, Resource.D2H)
+        for tier, nbytes in self.placement.resident_bytes.items():
+            b.reserve(tier, nbytes)
+        b.meta["placement"] = self.placement.summary()
+
+    # ---- sizes ------------------------------------------------------------------------
+    @property
+    def model(self):  # type: ignore[no-untyped-def]
+        return self.ctx.model
+
+    @property
+    def bs(self) -> int:
+        return self.ctx.workload.batch_size
+
+    def tensor_tier(self, tensor: Tensor, layer: int) -> Tier:
+        if tensor == Tensor.EXPERT:
+            return self.placement.experts[layer]
+        return self.placement.dense
+
+    def tensor_bytes(self, tensor: Tensor, layer: int) -> int:
+        m = self.model
+        if tensor == Tensor.ATTENTION:
+            return m.attn_bytes
+        if tensor == Tensor.GATE:
+            return m.gate_bytes
+        if tensor == Tensor.EXPERT:
+            return m.expert_bytes
+        if tensor == Tensor.FFN:
+            return m.shared_ffn_bytes if m.is_moe(layer) else m.dense_ffn_bytes
+        if tensor == Tensor.HEAD:
+            return m.head_bytes
+        raise AssertionError(tensor)
+
+    def streamed(self, tensor: Tensor, layer: int) -> bool:
+        """True when the tensor must be loaded to the GPU before use (and freed after)."""
+        return self.tensor_tier(tensor, layer) != Tier.GPU and self.tensor_bytes(tensor, layer) > 0
+
+    # ---- loads --------------------------------------------------------------------------
+    def load(
+        self,
+        tensor: Tensor,
+        step: int,
+        layer: int,
+        expert: int = -1,
+        stream: str | None = None,
+        deps: tuple[int | None, ...] = (),
+    ) -> int | None:
+        """Bring one weight unit to the GPU; returns the op its users depend on (None if resident)."""
+        if not self.streamed(tensor, layer):
+            return None
+        nbytes = self.tensor_bytes(tensor, layer)
+        tier = self.tensor_tier(tensor, layer)
+        common = dict(step=step, layer=layer, expert=expert, tensor=tensor, nbytes=nbytes)
+        if tier == Tier.DISK:
+            read = self.out.add(
+                OpKind.LOAD, self.disk, deps, src=Tier.DISK, dst=Tier.CPU,
+                alloc_tier=Tier.CPU, alloc_bytes=nbytes, **common,
+            )  # fmt: skip
+            return self.out.add(
+                OpKind.LOAD, stream or self.weights, (read,), src=Tier.CPU, dst=Tier.GPU,
+                alloc_tier=Tier.GPU, alloc_bytes=nbytes, free_tier=Tier.CPU, free_bytes=nbytes, **common,
+            )  # fmt: skip
+        return self.out.add(
+            OpKind.LOAD, stream or self.weights, deps, src=Tier.CPU, dst=Tier.GPU,
+            alloc_tier=Tier.GPU, alloc_bytes=nbytes, **common,
+        )  # fmt: skip
+
+    def free(self, tensor: Tensor, step: int, layer: int, deps: tuple[int | None, ...], expert: int = -1) -> int | None:
+        """Release a streamed unit once `deps` are done (a zero-time op on the compute stream)."""
+        if not self.streamed(tensor, layer):
+            return None
+        return self.out.add(
+            OpKind.FREE, self.compute, deps, step=step, layer=layer, expert=expert, tensor=tensor,
+            free_tier=Tier.GPU, free_bytes=self.tensor_bytes(tensor, layer),
+        )  # fmt: skip
+
+    def free_kwargs(self, tensor: Tensor, layer: int, last_use: bool) -> dict[str, object]:
+        """Memory effect for the op that last uses a streamed unit: it frees it at its end."""
+        if last_use and self.streamed(tensor, layer):
+            return dict(free_tier=Tier.GPU, free_bytes=self.tensor_bytes(tensor, layer))
+        return {}
+
+    # ---- attention and KV ----------------------------------------------------------------
+    def kv_offloaded(self, layer: int) -> bool:
+        return self.placement.kv[layer] != Tier.GPU
+
+    def kv_load(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...] = ()) -> int | None:
+        """Load a batch's past KV of one layer to the GPU (decode steps, KV kept on CPU)."""
+        if step == 0 or not self.kv_offloaded(layer):
+            return None
+        wl = self.ctx.workload
+        past = self.bs * (wl.step_context(step) - 1) * self.model.kv_bytes_per_token
+        buf = self.bs * wl.step_context(step) * self.model.kv_bytes_per_token
+        prev = self.last_kv_store.get((layer, batch))
+        return self.out.add(
+            OpKind.KV_LOAD, self.kv_load_stream, (*deps, prev), step=step, layer=layer, batch=batch,
+            tensor=Tensor.KV, nbytes=past, src=Tier.CPU, dst=Tier.GPU, alloc_tier=Tier.GPU, alloc_bytes=buf,
+        )  # fmt: skip
+
+    def attention(
+        self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
+    ) -> int:
+        wl, m = self.ctx.workload, self.model
+        tokens = self.bs * wl.step_tokens(step)
+        context = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
+        kv_read = int(self.bs * wl.step_context(step) * m.kv_bytes_per_token)
+        extra: dict[str, object] = {}
+        if step == 0 and self.kv_offloaded(layer):  # the new KV is built in a GPU buffer
+            extra = dict(alloc_tier=Tier.GPU, alloc_bytes=self.bs * wl.prompt_len * m.kv_bytes_per_token)
+        extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
+        return self.out.add(
+            OpKind.ATTENTION, self.compute, deps, step=step, layer=layer, batch=batch,
+            tensor=Tensor.ATTENTION, tokens=tokens, flops=m.attention_flops(tokens, int(context)),
+            touch_bytes=m.attn_bytes + kv_read, **extra,
+        )  # fmt: skip
+
+    def kv_store(self, step: int, layer: int, batch: int, attn: int) -> int | None:
+        """Write the batch's new KV back to CPU and release its GPU buffer."""
+        if not self.kv_offloaded(layer):
+            return None
+        wl, m = self.ctx.workload, self.model
+        new = self.bs * wl.step_tokens(step) * m.kv_bytes_per_token
+        buf = self.bs * (wl.prompt_len if step == 0 else wl.step_context(step)) * m.kv_bytes_per_token
+        op = self.out.add(
+            OpKind.KV_STORE, self.kv_store_stream, (attn,), step=step, layer=layer, batch=batch,
+            tensor=Tensor.KV, nbytes=new, src=Tier.GPU, dst=Tier.CPU, free_tier=Tier.GPU, free_bytes=buf,
+        )  # fmt: skip
+        self.last_kv_store[(layer, batch)] = op
+        return op
+
+    # ---- MoE and FFN -------------------------------------------------------------------------
+    def gate(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> tuple[int, GateView]:
+        """Run the router for one batch; the only place a planner learns that batch's routing."""
+        m = self.model
+        tokens = self.bs * self.ctx.workload.step_tokens(step)
+        op = self.out.add(
+            OpKind.GATE, self.compute, deps, step=step, layer=layer, batch=batch, tensor=Tensor.GATE,
+            tokens=tokens, flops=m.gate_flops(tokens), touch_bytes=m.gate_bytes,
+            **self.free_kwargs(Tensor.GATE, layer, last_batch),
+        )  # fmt: skip
+        view = self.ctx.routing.at_gate(op, step, m.moe_index(layer), batch)
+        gates = self.gate_ops.setdefault((step, layer), [])
+        assert len(gates) == batch, "gates of a layer run in batch order"
+        gates.append(op)
+        return op, view
+
+    def expert(
+        self, step: int, layer: int, batch: int, expert: int, tokens: int, deps: tuple[int | None, ...], last_use: bool
+    ) -> int:
+        """One routed expert over `tokens` tokens (batch -1: the tokens of all batches).
+
+        Depends on the gate(s) that routed those tokens: planners are causal.
+        """
+        m = self.model
+        gates = self.gate_ops[(step, layer)]
+        deps = (*deps, *(gates if batch == -1 else gates[batch : batch + 1]))
+        return self.out.add(
+            OpKind.EXPERT, self.compute, deps, step=step, layer=layer, batch=batch, expert=expert,
+            tensor=Tensor.EXPERT, tokens=tokens, flops=m.expert_flops(tokens), touch_bytes=m.expert_bytes,
+            **self.free_kwargs(Tensor.EXPERT, layer, last_use),
+        )  # fmt: skip
+
+    def ffn(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> int | None:
+        """Dense FFN (non-MoE layer) or shared experts (MoE layer) for one batch."""
+        m = self.model
+        nbytes = self.tensor_bytes(Tensor.FFN, layer)
+        if nbytes == 0:
+            return None
+        tokens = self.bs * self.ctx.workload.step_tokens(step)
+        return self.out.add(
+            OpKind.FFN, self.compute, deps, step=step, layer=layer, batch=batch, tensor=Tensor.FFN,
+            tokens=tokens, flops=m.ffn_flops(tokens, layer), touch_bytes=nbytes,
+            **self.free_kwargs(Tensor.FFN, layer, last_batch),
+        )  # fmt: skip
+
+    def head(self, step: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> int:
+        """Final norm + LM head on the last position of each sequence."""
+        m = self.model
+        return self.out.add(
+            OpKind.HEAD, self.compute, deps, step=step, batch=batch, tensor=Tensor.HEAD,
+            tokens=self.bs, flops=m.head_flops(self.bs), touch_bytes=m.head_bytes,
+            **self.free_kwargs(Tensor.HEAD, -1, last_batch),
+        )  # fmt: skip
+
+
+def standard_placement(ctx: PlanContext, kv_sequences: int, layers_in_flight: int) -> Placement:
+    """Greedy placement with GPU room for `layers_in_flight` streamed layers and KV buffers."""
+    m, wl = ctx.model, ctx.workload
+    layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
+    kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
+    act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
+    staging = 2 * m.n_experts * m.expert_bytes
+    return greedy_placement(
+        m,
+        ctx.hardware,
+        kv_sequences=kv_sequences,
+        kv_tokens=wl.prompt_len + wl.gen_len,
+        working_bytes=layers_in_flight * layer_max + m.head_bytes + kv_buf,
+        activation_bytes=act,
+        cpu_staging_bytes=staging,
+    )

@@ -1,0 +1,127 @@
+"""Greedy per-layer placement of weights and KV cache across GPU, CPU and disk.
+
+Dense parts (embeddings, attention, gates, dense/shared FFNs) go to the GPU if they fit after
+the planner's working set, else to CPU; then the KV cache layer by layer (GPU, then CPU); then
+experts layer by layer (GPU, then CPU, then disk). CPU keeps a staging area for disk reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import CapacityError
+from core.spec import HardwareSpec, ModelSpec
+from core.types import Tier
+
+
+@dataclass(frozen=True)
+class Placement:
+    dense: Tier  # embeddings, attention, gates, dense and shared FFNs, LM head
+    kv: tuple[Tier, ...]  # per layer: where the KV cache lives
+    experts: tuple[Tier, ...]  # per layer: where that layer's routed experts live
+    resident_bytes: dict[Tier, int]  # what the placement holds for the whole run
+    working_bytes: int  # GPU memory kept free for streamed weights / KV buffers
+    kv_bytes_per_layer: int  # KV cache of all sequences in one layer
+
+    def summary(self) -> dict[str, object]:
+        def count(xs: tuple[Tier, ...]) -> dict[str, int]:
+            return {str(t): xs.count(t) for t in Tier if xs.count(t)}
+
+        return {
+            "dense": str(self.dense),
+            "kv_layers": count(self.kv),
+            "expert_layers": count(self.experts),
+            "resident_gb": {str(k): round(v / 1e9, 3) for k, v in self.resident_bytes.items()},
+            "working_gb": round(self.working_bytes / 1e9, 3),
+        }
+
+
+def dense_bytes(model: ModelSpec) -> int:
+    per_layer = sum(
+        model.attn_bytes
+        + (model.gate_bytes + model.shared_ffn_bytes if model.is_moe(i) else model.dense_ffn_bytes)
+        for i in range(model.n_layers)
+    )
+    return per_layer + model.embed_bytes + model.head_bytes
+
+
+def greedy_placement(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    kv_sequences: int,
+    kv_tokens: int,
+    working_bytes: int,
+    activation_bytes: int = 0,
+    cpu_staging_bytes: int = 0,
+) -> Placement:
+    """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each."""
+    cap = dict(hw.memory_bytes)
+    gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
+    if gpu_free < 0:
+        raise CapacityError(
+            f"GPU memory {cap[Tier.GPU] / 1e9:.2f} GB is smaller than the working set "
+            f"{(working_bytes + activation_bytes) / 1e9:.2f} GB (streamed weights + activations); "
+            "use a smaller batch or fewer batches"
+        )
+    cpu_free = cap[Tier.CPU] - cpu_staging_bytes
+    disk_free = cap[Tier.DISK]
+    total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
+    if total > gpu_free + max(cpu_free, 0) + disk_free:
+        raise CapacityError(
+            f"model {model.name} ({model.total_bytes / 1e9:.1f} GB weights + KV) does not fit in "
+            f"GPU + CPU + disk ({(gpu_free + cpu_free + disk_free) / 1e9:.1f} GB free); "
+            "add memory or shrink the workload"
+        )
+
+    dense = dense_bytes(model)
+    resident = {Tier.GPU: activation_bytes, Tier.CPU: 0, Tier.DISK: 0}
+    if dense <= gpu_free:
+        dense_tier = Tier.GPU
+        gpu_free -= dense
+    elif dense <= cpu_free:
+        dense_tier = Tier.CPU
+        cpu_free -= dense
+    else:
+        raise CapacityError(
+            f"model {model.name}: attention/gate/embedding weights ({dense / 1e9:.1f} GB) fit "
+            "neither GPU nor CPU memory"
+        )
+    resident[dense_tier] += dense
+
+    kv_layer = kv_sequences * kv_tokens * model.kv_bytes_per_token
+    kv: list[Tier] = []
+    for _ in range(model.n_layers):
+        if kv_layer <= gpu_free:
+            kv.append(Tier.GPU)
+            gpu_free -= kv_layer
+        elif kv_layer <= cpu_free:
+            kv.append(Tier.CPU)
+            cpu_free -= kv_layer
+        else:
+            raise CapacityError(
+                f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
+                f"({kv_layer * model.n_layers / 1e9:.1f} GB) cannot fit in GPU + CPU memory; "
+                "reduce batch_size, n_batches or the sequence length"
+            )
+        resident[kv[-1]] += kv_layer
+
+    layer_experts = model.n_experts * model.expert_bytes
+    experts: list[Tier] = []
+    for layer in range(model.n_layers):
+        if not model.is_moe(layer):
+            experts.append(dense_tier)
+            continue
+        for tier, room in ((Tier.GPU, gpu_free), (Tier.CPU, cpu_free), (Tier.DISK, disk_free)):
+            if layer_experts <= room:
+                break
+        else:  # pragma: no cover - excluded by the total check above
+            raise CapacityError(f"layer {layer}'s experts fit nowhere")
+        experts.append(tier)
+        resident[tier] += layer_experts
+        if tier == Tier.GPU:
+            gpu_free -= layer_experts
+        elif tier == Tier.CPU:
+            cpu_free -= layer_experts
+        else:
+            disk_free -= layer_experts
+    return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
