@@ -56,23 +56,23 @@ def greedy_placement(
 ) -> Placement:
     """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each."""
     cap = dict(hw.memory_bytes)
+    cpu_free = cap[Tier.CPU] - cpu_staging_bytes
+    disk_free = cap[Tier.DISK]
+    total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
+    if total > cap[Tier.GPU] + max(cpu_free, 0) + disk_free:
+        raise CapacityError(
+            f"model {model.name} ({model.total_bytes / 1e9:.1f} GB weights + KV) does not fit in "
+            f"GPU + CPU + disk ({(cap[Tier.GPU] + cpu_free + disk_free) / 1e9:.1f} GB); "
+            "add memory or shrink the workload"
+        )
+
     gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
     if gpu_free < 0:
         raise CapacityError(
             f"GPU memory {cap[Tier.GPU] / 1e9:.2f} GB is smaller than the working set "
-            f"{(working_bytes + activation_bytes) / 1e9:.2f} GB (streamed weights + activations); "
+            f"{(working_bytes + activation_bytes) / 1e9:.2f} GB (streamed weights, KV cache buffers, activations); "
             "use a smaller batch or fewer batches"
         )
-    cpu_free = cap[Tier.CPU] - cpu_staging_bytes
-    disk_free = cap[Tier.DISK]
-    total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
-    if total > gpu_free + max(cpu_free, 0) + disk_free:
-        raise CapacityError(
-            f"model {model.name} ({model.total_bytes / 1e9:.1f} GB weights + KV) does not fit in "
-            f"GPU + CPU + disk ({(gpu_free + cpu_free + disk_free) / 1e9:.1f} GB free); "
-            "add memory or shrink the workload"
-        )
-
     dense = dense_bytes(model)
     resident = {Tier.GPU: activation_bytes, Tier.CPU: 0, Tier.DISK: 0}
     if dense <= gpu_free:
@@ -125,3 +125,32 @@ def greedy_placement(
         else:
             disk_free -= layer_experts
     return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
+
+
+def klotski_placement(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    kv_sequences: int,
+    kv_tokens: int,
+    stream_bytes: int,
+    activation_bytes: int,
+    window_layers: int,
+) -> Placement:
+    """Klotski's placement (paper §6.1): GPU room for one layer of experts (the transfer space)
+    plus the streamed non-expert units (`stream_bytes`), then `greedy_placement`'s order.
+
+    CPU memory goes to weights before any staging: when the experts do not all fit in RAM, a
+    rolling window of `window_layers` expert layers is kept in CPU memory and the disk stream
+    reads ahead into it (the planner issues those reads). KV has no disk path, so KV that does
+    not fit the GPU takes CPU before experts do (the experts spill to disk instead).
+    """
+    layer_experts = model.n_experts * model.expert_bytes
+    transfer = layer_experts + stream_bytes
+    kv_total = kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
+    cpu_room = hw.memory_bytes[Tier.CPU] - kv_total
+    weights_fit_ram = model.total_bytes <= cpu_room + hw.memory_bytes[Tier.GPU] - transfer - activation_bytes
+    staging = 0 if weights_fit_ram else window_layers * layer_experts
+    return greedy_placement(
+        model, hw, kv_sequences, kv_tokens, working_bytes=transfer,
+        activation_bytes=activation_bytes, cpu_staging_bytes=staging,
+    )  # fmt: skip

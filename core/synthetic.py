@@ -1,0 +1,525 @@
+"""Synthetic expert routing fitted to real traces, and the routing statistics used to fit it.
+
+`synthetic_routing` draws top-k experts per token with per-layer Zipf popularity (+ optional hot
+experts), inter-layer correlation (a sparse transition table keyed by the previous layer's top-1)
+and temporal reuse (repeat the previous token's expert). `routing_stats` computes the metrics of
+`../shared/traces/README.md`; `fit_synthetic` / `fit_to_counts` pick generator parameters from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from core.errors import ConfigError
+from core.routing import Routing
+from core.spec import ModelSpec, RoutingConfig, Workload
+
+log = logging.getLogger(__name__)
+
+_Q = 1 << 16  # resolution of the popularity lookup tables (16 random bits)
+_Q_TR = 1 << 10  # resolution of the transition lookup tables (10 of 16 random bits)
+FANOUT = 2  # a transition-table row has FANOUT * k successors ...
+DECAY = 0.5  # ... with weights proportional to DECAY ** rank
+GATE_LOGIT_STD = (
+    1.03  # router logits ~ N(0, std): top-6 of 64 then hold ~0.37 probability, as in ESFT
+)
+_GATE_POOL = 4096  # distinct gate-weight vectors drawn per routing
+CHUNK_SEQS = 32  # sequences generated together (bounds the working set)
+
+
+# ---- generator -------------------------------------------------------------------------------
+
+
+def popularity(cfg: RoutingConfig, n_layers: int, n_experts: int, seed: int) -> np.ndarray:
+    """[L, E] per-layer selection probabilities: Zipf(skew) over a random expert order per layer."""
+    rng = np.random.default_rng([seed, 1])
+    zipf = 1.0 / np.arange(1, n_experts + 1) ** cfg.skew  # [E] by rank
+    zipf /= zipf.sum()
+    if cfg.hot_experts > 0:
+        h = min(cfg.hot_experts, n_experts)
+        hot, cold = zipf[:h], zipf[h:]
+        zipf = np.concatenate(
+            [hot / hot.sum() * cfg.hot_share, cold / max(cold.sum(), 1e-300) * (1 - cfg.hot_share)]
+        )
+        if h == n_experts:
+            zipf = hot / hot.sum()
+    perm = np.argsort(rng.random((n_layers, n_experts)), axis=1)  # [L, E] rank -> expert
+    pop = np.empty((n_layers, n_experts))
+    np.put_along_axis(pop, perm, np.broadcast_to(zipf, pop.shape), axis=1)
+    return pop
+
+
+def transition_tables(pop: np.ndarray, top_k: int, seed: int) -> np.ndarray:
+    """[L, E, E] row e of layer l: distribution of layer l's expert given top-1 e at layer l-1.
+
+    Each row has FANOUT*k successors drawn by popularity (so the layer's marginal stays close
+    to its popularity), weighted DECAY**rank so every row has a clear favourite.
+    """
+    n_layers, n_experts = pop.shape
+    m = min(n_experts, FANOUT * top_k)
+    rng = np.random.default_rng([seed, 2])
+    gumbel = -np.log(-np.log(rng.random((n_layers, n_experts, n_experts))))
+    keys = (
+        np.log(np.maximum(pop, 1e-300))[:, None, :] + gumbel
+    )  # [L, E, E] sampling w/o replacement
+    succ = np.argsort(-keys, axis=2)[:, :, :m]  # [L, E, m]
+    table = np.zeros((n_layers, n_experts, n_experts))
+    np.put_along_axis(table, succ, np.broadcast_to(DECAY ** np.arange(m), succ.shape), axis=2)
+    return table / table.sum(axis=2, keepdims=True)
+
+
+def _lut(prob: np.ndarray, q: int) -> np.ndarray:
+    """[..., q] int16 inverse-CDF lookup table: lut[u] for u uniform in [0, q) draws from prob."""
+    e = prob.shape[-1]
+    cdf = np.cumsum(prob.reshape(-1, e), axis=1)  # [R, E]
+    cdf /= cdf[:, -1:]
+    row = np.arange(len(cdf))[:, None]
+    # one searchsorted for all rows: offsetting row r by r keeps the flattened CDFs sorted
+    u = (np.arange(q) + 0.5) / q  # [q]
+    out = np.searchsorted((cdf + row).ravel(), (u + row).ravel()).reshape(-1, q) - row * e
+    return np.minimum(out, e - 1).astype(np.int16).reshape(*prob.shape[:-1], q)
+
+
+def gate_pool(n_experts: int, top_k: int, seed: int) -> np.ndarray:
+    """[G, k] float32 descending top-k softmax probabilities of random router logits."""
+    rng = np.random.default_rng([seed, 3])
+    logits = rng.normal(0.0, GATE_LOGIT_STD, (_GATE_POOL, n_experts))
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return -np.sort(-p, axis=1)[:, :top_k].astype(np.float32)
+
+
+def _dedupe(
+    ids: np.ndarray, redraw: Callable[[np.ndarray, int], np.ndarray], n_experts: int
+) -> None:
+    """Make each row of ids [N, k] distinct in place: redraw later duplicate slots, then shift."""
+    k = ids.shape[1]
+    for j in range(1, k):
+        rows = np.flatnonzero((ids[:, j : j + 1] == ids[:, :j]).any(axis=1))
+        for attempt in range(2 + j):
+            if rows.size == 0:
+                break
+            # redraw twice from the slot's own distribution, then step to the next expert id:
+            # j + 1 steps always reach one the row does not use yet
+            ids[rows, j] = redraw(rows, j) if attempt < 2 else (ids[rows, j] + 1) % n_experts
+            rows = rows[(ids[rows, j : j + 1] == ids[rows, :j]).any(axis=1)]
+        assert rows.size == 0
+
+
+@dataclass(frozen=True)
+class _Tables:
+    pop_lut: np.ndarray  # [L, Q] int16 popularity draws
+    trans_lut: np.ndarray  # [L, E*Q_TR] int16 transition draws, row e at e*Q_TR
+    gates: np.ndarray  # [G, k] float32 gate-weight vectors
+    corr_thr: int  # 16-bit threshold: u < corr_thr follows the transition table
+    reuse_thr: int  # 16-bit threshold: u < reuse_thr repeats the previous token
+    layer_corr: float
+
+
+def generate(
+    cfg: RoutingConfig,
+    n_sequences: int,
+    n_positions: int,
+    n_layers: int,
+    n_experts: int,
+    top_k: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """([S, P, L, k] int16 expert ids, [S, P, L, k] float32 gate weights); slot 0 is the top-1.
+
+    Blocks of CHUNK_SEQS sequences are drawn independently (each from its own stream, so a
+    sequence does not depend on how many others are asked for) to keep the work in cache.
+    """
+    if top_k > n_experts:
+        raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}")
+    pop = popularity(cfg, n_layers, n_experts, seed)  # [L, E]
+    tables = _Tables(
+        pop_lut=_lut(pop, _Q),
+        trans_lut=_lut(transition_tables(pop, top_k, seed), _Q_TR).reshape(n_layers, -1),
+        gates=gate_pool(n_experts, top_k, seed),
+        corr_thr=round(cfg.layer_corr * _Q) if n_layers > 1 else 0,
+        reuse_thr=round(cfg.reuse * _Q),
+        layer_corr=cfg.layer_corr,
+    )
+    ids = np.empty((n_sequences, n_positions, n_layers, top_k), np.int16)
+    weights = np.empty((n_sequences, n_positions, n_layers, top_k), np.float32)
+    for c, s0 in enumerate(range(0, n_sequences, CHUNK_SEQS)):
+        s1 = min(s0 + CHUNK_SEQS, n_sequences)
+        rng = np.random.default_rng([seed, 4, c])
+        if s1 - s0 == CHUNK_SEQS:
+            _chunk(tables, ids[s0:s1], weights[s0:s1], n_experts, rng)
+        else:  # a short last block is drawn full-size and cut, so sequences match any S
+            part_ids = np.empty((CHUNK_SEQS, *ids.shape[1:]), np.int16)
+            part_w = np.empty((CHUNK_SEQS, *ids.shape[1:]), np.float32)
+            _chunk(tables, part_ids, part_w, n_experts, rng)
+            ids[s0:s1], weights[s0:s1] = part_ids[: s1 - s0], part_w[: s1 - s0]
+    return ids, weights
+
+
+def _chunk(
+    t: _Tables, out: np.ndarray, weights: np.ndarray, n_experts: int, rng: np.random.Generator
+) -> None:
+    """Fill out [S, P, L, k] ids and weights of a few sequences, layer by layer.
+
+    Works on [P, S*k] arrays (positions first, so the reuse fill is a row-wise running max);
+    each random decision is 16 bits of one raw 64-bit draw per slot.
+    """
+    s, p, n_layers, k = out.shape
+    n = s * k  # columns: (sequence, slot)
+    prev = np.zeros((p, n), np.int32)  # [P, S*k] experts at the previous layer
+    pos_dtype = np.int16 if p < 2**15 else np.int32
+    pos = np.arange(p, dtype=pos_dtype)[:, None]  # [P, 1]
+    col = np.arange(n)[None, :]  # [1, S*k]
+    wide = {1: np.int16, 2: np.int32, 4: np.int64}.get(k)  # a token's k slots as one element
+    for layer in range(n_layers):
+        raw = rng.bit_generator.random_raw(p * n).view(np.uint16).reshape(p, n, 4)
+        cand = np.take(t.pop_lut[layer], raw[..., 0])  # [P, S*k]
+        corr = layer > 0 and t.corr_thr > 0
+        if corr:
+            idx = prev * _Q_TR  # [P, S*k] slot j follows the row of slot j's expert one layer up
+            idx += raw[..., 1] >> 6
+            np.copyto(cand, np.take(t.trans_lut[layer], idx), where=raw[..., 2] < t.corr_thr)
+        cur = cand
+        if t.reuse_thr:
+            # temporal reuse: a slot that is not fresh repeats the same slot of the previous token
+            fresh = raw[..., 3] >= t.reuse_thr
+            fresh[0] = True
+            src = np.multiply(fresh, pos, dtype=pos_dtype)  # [P, S*k]
+            np.maximum.accumulate(src, axis=0, out=src)  # last fresh position at or before p
+            cur = np.take(cand, src.astype(np.intp) * n + col)
+
+        prev_tok = prev.reshape(p * s, k)  # [P*S, k]
+
+        def redraw(
+            rows: np.ndarray,
+            j: int,
+            layer: int = layer,
+            corr: bool = corr,
+            prev_tok: np.ndarray = prev_tok,
+        ) -> np.ndarray:
+            u = rng.integers(0, _Q, (2, rows.size))
+            from_pop = t.pop_lut[layer][u[0]]
+            if not corr:
+                return from_pop
+            tr = t.trans_lut[layer][prev_tok[rows, j] * _Q_TR + (u[1] >> 6)]
+            return np.where(u[1] % 64 < t.layer_corr * 64, tr, from_pop)
+
+        tokens = cur.reshape(p * s, k)  # view: [P*S, k]
+        _dedupe(tokens, redraw, n_experts)
+        if wide is None:
+            out[:, :, layer] = tokens.reshape(p, s, k).transpose(1, 0, 2)
+        else:
+            out.view(wide)[:, :, layer, 0] = tokens.view(wide)[:, 0].reshape(p, s).T
+        prev = cur.astype(np.int32)
+    pick = rng.bit_generator.random_raw((s * p * n_layers + 3) // 4).view(np.uint16)
+    pick = (pick[: s * p * n_layers] % len(t.gates)).astype(np.intp)
+    weights[:] = np.take(t.gates, pick, axis=0).reshape(s, p, n_layers, k)
+
+
+def synthetic_routing(model: ModelSpec, workload: Workload) -> Routing:
+    """Generated routing shaped for the model and workload, seeded by workload.seed."""
+    cfg = workload.routing
+    ids, w = generate(
+        cfg,
+        workload.n_sequences,
+        workload.seq_positions,
+        len(model.moe_layers),
+        model.n_experts,
+        model.top_k,
+        workload.seed,
+    )
+    desc = (
+        f"synthetic skew={cfg.skew:g} layer_corr={cfg.layer_corr:g} reuse={cfg.reuse:g}"
+        + (f" hot={cfg.hot_experts}@{cfg.hot_share:g}" if cfg.hot_experts else "")
+        + f" seed={workload.seed}"
+    )
+    return Routing(ids, w, model.n_experts, desc)
+
+
+# ---- statistics (definitions: ../shared/traces/README.md, "Metric definitions") ---------------
+
+
+def _summary(x: np.ndarray) -> dict[str, float]:
+    return {"mean": float(np.mean(x)), "min": float(np.min(x)), "max": float(np.max(x))}
+
+
+def _khot(ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """[T, E] float32 membership of each expert in each token's top-k set (ids [T, k])."""
+    out = np.zeros((ids.shape[0], n_experts), np.float32)
+    np.put_along_axis(out, ids, 1.0, axis=1)
+    return out
+
+
+def routing_stats(
+    expert_ids: np.ndarray,
+    gate_weights: np.ndarray,
+    n_experts: int,
+    seq_key: np.ndarray,
+    test_mask: np.ndarray,
+    set_predictor: bool = True,
+) -> dict[str, Any]:
+    """Routing metrics of a token stream, keyed as in `stats.json`.
+
+    expert_ids, gate_weights: [T, L, k] tokens in sequence order; seq_key [T]: equal values mark
+    tokens of one sequence (consecutive); test_mask [T]: held-out tokens for the predictors.
+    set_predictor=False skips set_recall / set_pop_recall (the slow part) while fitting.
+    """
+    ids = expert_ids.astype(np.int64)
+    t, n_layers, k = ids.shape
+    e = n_experts
+    test = np.asarray(test_mask, bool)
+    train = ~test
+    same_seq = seq_key[1:] == seq_key[:-1]  # [T-1] token t+1 continues token t's sequence
+    top1 = np.take_along_axis(ids, gate_weights.argmax(-1)[..., None], -1)[..., 0]  # [T, L]
+    counts = np.zeros((n_layers, e))
+    reuse_hits = 0
+    acc, pop_acc, in_set, recall, pop_recall = [], [], [], [], []
+    nxt = _khot(ids[:, 0], e)  # [T, E]
+    for layer in range(n_layers):
+        cur = nxt
+        counts[layer] = cur.sum(0)
+        hit = np.take_along_axis(cur[:-1], ids[1:, layer], axis=1)  # [T-1, k] in previous set?
+        reuse_hits += int(hit[same_seq].sum())
+        if layer == n_layers - 1:
+            break
+        nxt = _khot(ids[:, layer + 1], e)
+        a, b = top1[:, layer], top1[:, layer + 1]
+        table = np.zeros((e, e), np.int64)  # [E, E] train successor counts
+        np.add.at(table, (a[train], b[train]), 1)
+        pred = table.argmax(1)[a[test]]  # [T_test]
+        acc.append(np.mean(pred == b[test]))
+        pop_acc.append(np.mean(np.bincount(b[train], minlength=e).argmax() == b[test]))
+        in_set.append(np.mean(nxt[test, pred]))
+        if not set_predictor:
+            continue
+        co = cur[train].T @ nxt[train]  # [E, E] co-occurrence
+        top = np.argsort(-(cur[test] @ co), axis=1)[:, :k]  # [T_test, k]
+        recall.append(np.take_along_axis(nxt[test], top, 1).sum(1).mean() / k)
+        pop_top = np.argsort(-nxt[train].sum(0))[:k]
+        pop_recall.append(nxt[test][:, pop_top].sum(1).mean() / k)
+    max_mean = counts.max(1) / counts.mean(1)  # [L]
+    top_share = np.sort(counts, 1)[:, ::-1][:, : max(1, e // 4)].sum(1) / counts.sum(1)
+    wsum = gate_weights.sum(-1)
+    out: dict[str, Any] = {
+        "tokens": int(t),
+        "layers": int(n_layers),
+        "experts": int(e),
+        "top_k": int(k),
+        "train_tokens": int(train.sum()),
+        "test_tokens": int(test.sum()),
+        "max_over_mean_load": {
+            "min": float(max_mean.min()),
+            "median": float(np.median(max_mean)),
+            "max": float(max_mean.max()),
+            "argmax_layer_index": int(max_mean.argmax()),
+        },
+        "top25pct_experts_share": {
+            "min": float(top_share.min()),
+            "median": float(np.median(top_share)),
+            "max": float(top_share.max()),
+        },
+        "prev_token_reuse_same_layer": reuse_hits / max(1, int(same_seq.sum()) * n_layers * k),
+        "random_set_recall": k / e,
+        "gate_weight_sum_topk": _summary(wsum),
+        "per_layer_max_over_mean": [round(float(x), 2) for x in max_mean],
+    }
+    if n_layers > 1 and test.any() and train.any():
+        out |= {
+            "top1_acc": _summary(np.array(acc)),
+            "top1_pop_acc": _summary(np.array(pop_acc)),
+            "top1_in_next_set": _summary(np.array(in_set)),
+            "per_pair_top1_acc": [round(float(x), 3) for x in acc],
+        }
+        if set_predictor:
+            out |= {
+                "set_recall": _summary(np.array(recall)),
+                "set_pop_recall": _summary(np.array(pop_recall)),
+                "per_pair_set_recall": [round(float(x), 3) for x in recall],
+            }
+    return out
+
+
+def stats_of(
+    routing_ids: np.ndarray,
+    gate_weights: np.ndarray,
+    n_experts: int,
+    test_every: int = 5,
+    set_predictor: bool = True,
+) -> dict[str, Any]:
+    """`routing_stats` of [S, P, L, k] routing: sequences with index % test_every == 0 held out."""
+    s, p, n_layers, k = routing_ids.shape
+    seq = np.repeat(np.arange(s), p)  # [S*P]
+    return routing_stats(
+        routing_ids.reshape(s * p, n_layers, k),
+        gate_weights.reshape(s * p, n_layers, k),
+        n_experts,
+        seq,
+        seq % test_every == 0,
+        set_predictor,
+    )
+
+
+# ---- fitting ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyntheticFit:
+    routing: RoutingConfig  # fitted generator parameters (source=synthetic)
+    target: dict[str, float]  # statistics aimed at
+    achieved: dict[str, float]  # the generator's statistics at the fitted parameters
+
+
+def headline(stats: dict[str, Any]) -> dict[str, float]:
+    """The statistics the fit matches (flattened from a `routing_stats` dict)."""
+    out = {
+        "max_over_mean_median": stats["max_over_mean_load"]["median"],
+        "top25pct_share_median": stats["top25pct_experts_share"]["median"],
+        "prev_token_reuse": stats["prev_token_reuse_same_layer"],
+    }
+    for key in ("top1_acc", "top1_in_next_set", "set_recall"):
+        if key in stats:
+            out[key] = stats[key]["mean"]
+    return out
+
+
+def _bisect(f: Any, target: float, lo: float, hi: float, steps: int) -> float:
+    """x in [lo, hi] with increasing f(x) closest to target (clamped to the ends)."""
+    f_lo, f_hi = f(lo), f(hi)
+    if target <= f_lo:
+        return lo
+    if target >= f_hi:
+        return hi
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _with(cfg: RoutingConfig, name: str, value: float) -> RoutingConfig:
+    kw: dict[str, Any] = {name: value}
+    return replace(cfg, **kw)
+
+
+def fit_synthetic(
+    target: dict[str, Any],
+    model_shape: tuple[int, int, int],
+    hot_experts: int = 0,
+    hot_share: float = 0.0,
+    n_sequences: int = CHUNK_SEQS,
+    n_positions: int = 160,
+    seed: int = 0,
+    rounds: int = 2,
+) -> SyntheticFit:
+    """Fit skew, layer_corr and reuse so the generator matches a target's headline statistics.
+
+    target: a `routing_stats` dict or a `headline` dict (max_over_mean_median, top1_acc,
+    prev_token_reuse). model_shape: (MoE layers, experts, top-k). Coordinate bisection on a
+    fixed-seed sample (common random numbers keep each statistic monotone in its parameter);
+    `achieved` is measured on a fresh, larger sample with every layer of the model.
+    """
+    want = headline(target) if "max_over_mean_load" in target else dict(target)
+    n_layers, n_experts, top_k = model_shape
+    fit_layers = min(n_layers, 8)  # the statistics are per-layer averages: 8 layers suffice
+    cfg = RoutingConfig(
+        skew=1.0, layer_corr=0.5, reuse=0.2, hot_experts=hot_experts, hot_share=hot_share
+    )
+
+    def measure(c: RoutingConfig, field: str) -> float:
+        ids, w = generate(c, n_sequences, n_positions, fit_layers, n_experts, top_k, seed)
+        return float(headline(stats_of(ids, w, n_experts, set_predictor=False))[field])
+
+    plan = [("skew", "max_over_mean_median", 3.0)]
+    if "top1_acc" in want and n_layers > 1:
+        plan.append(("layer_corr", "top1_acc", 1.0))
+    if "prev_token_reuse" in want:
+        plan.append(("reuse", "prev_token_reuse", 0.95))
+    for r in range(rounds):
+        for param, stat, hi in plan:
+            steps = 7 if r == 0 else 6
+            x = _bisect(
+                lambda v, c=cfg, p=param, s=stat: measure(_with(c, p, v), s),
+                want[stat],
+                0.0,
+                hi,
+                steps,
+            )
+            cfg = _with(cfg, param, round(x, 3))
+    ids, w = generate(cfg, 2 * n_sequences, 2 * n_positions, n_layers, n_experts, top_k, seed + 1)
+    achieved = headline(stats_of(ids, w, n_experts))
+    log.info("fit %s -> %s", want, cfg)
+    return SyntheticFit(cfg, {k: float(v) for k, v in want.items()}, achieved)
+
+
+def counts_stats(counts: np.ndarray) -> dict[str, float]:
+    """Headline popularity statistics of aggregate selection counts [E] or [..., E]."""
+    c = np.asarray(counts, float).reshape(-1, np.shape(counts)[-1])  # [rows, E]
+    e = c.shape[1]
+    max_mean = c.max(1) / c.mean(1)
+    share = np.sort(c, 1)[:, ::-1][:, : max(1, e // 4)].sum(1) / c.sum(1)
+    return {
+        "max_over_mean_median": float(np.median(max_mean)),
+        "max_over_mean_min": float(max_mean.min()),
+        "max_over_mean_max": float(max_mean.max()),
+        "top25pct_share_median": float(np.median(share)),
+    }
+
+
+def fit_to_counts(
+    counts: np.ndarray,
+    top_k: int,
+    layer_corr: float = 0.0,
+    reuse: float = 0.0,
+    hot_experts: int = 0,
+    n_tokens: int = 20000,
+    seed: int = 0,
+) -> SyntheticFit:
+    """Fit skew to aggregate counts [E] or [rows, E] (rows: layers, domains...): median max/mean.
+
+    With hot_experts > 0 the hot share is first set to what the hottest experts take in the
+    counts, then skew is fitted. Correlation and reuse are not visible in counts; pass them.
+    """
+    c = np.asarray(counts, float)
+    if (
+        c.ndim == 0
+        or c.shape[-1] < 2
+        or not (c >= 0).all()
+        or not (c.reshape(-1, c.shape[-1]).sum(1) > 0).all()
+    ):
+        raise ConfigError(
+            f"counts must be non-negative [E] or [..., E] with E >= 2, got shape {c.shape}"
+        )
+    rows = c.reshape(-1, c.shape[-1])
+    e = rows.shape[1]
+    want = counts_stats(rows)
+    hot_share = 0.0
+    if hot_experts > 0:
+        hot_share = float(np.mean(np.sort(rows, 1)[:, ::-1][:, :hot_experts].sum(1) / rows.sum(1)))
+    n_rows = min(len(rows), 8)
+
+    def measure(cfg: RoutingConfig) -> dict[str, float]:
+        ids, _ = generate(cfg, CHUNK_SEQS, n_tokens // CHUNK_SEQS, n_rows, e, top_k, seed)
+        sel = np.zeros((n_rows, e))
+        for layer in range(n_rows):
+            sel[layer] = np.bincount(ids[:, :, layer].ravel(), minlength=e)
+        return counts_stats(sel)
+
+    base = RoutingConfig(
+        layer_corr=layer_corr, reuse=reuse, hot_experts=hot_experts, hot_share=hot_share
+    )
+    skew = _bisect(
+        lambda x: measure(replace(base, skew=x))["max_over_mean_median"],
+        want["max_over_mean_median"],
+        0.0,
+        3.0,
+        12,
+    )
+    cfg = replace(base, skew=round(skew, 3), hot_share=round(hot_share, 3))
+    return SyntheticFit(cfg, want, measure(cfg))

@@ -1,0 +1,287 @@
+"""Real routing trace: DeepSeek ESFT-vanilla-lite (26 MoE layers, 64 experts, top-6), 33,279 tokens.
+
+`load_esft` reads `<trace_dir>/esft-dsv2lite/esft_routing.npz`; `esft_routing` cuts a workload's
+sequences out of its token stream; `convert_esft` rebuilds the npz from the upstream text files
+(see `../shared/traces/README.md` for provenance and both formats).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tarfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import TraceError
+from core.routing import Routing
+from core.spec import ModelSpec, Workload
+
+log = logging.getLogger(__name__)
+
+TRACE_NAME = "esft-dsv2lite"
+TRACE_FILE = "esft_routing.npz"
+N_LAYERS = 26  # MoE layers (model layers 1..26; layer 0 is dense)
+N_EXPERTS = 64  # routed experts per layer
+TOP_K = 6
+_ARRAYS = ("expert_ids", "gate_weights", "task", "seq_id", "pos", "task_names")
+_FIX = "pass workload.routing.trace_dir=... or rebuild it with python -m experiments.convert_traces"
+
+
+@dataclass(frozen=True)
+class EsftTrace:
+    expert_ids: np.ndarray  # [T, L, k] uint8: T tokens in (task, seq_id, pos) order, L=26, k=6
+    gate_weights: np.ndarray  # [T, L, k] float32: softmax probability of each chosen expert
+    task: np.ndarray  # [T] uint8: index into task_names
+    seq_id: np.ndarray  # [T] int32: sequence number within its task
+    pos: np.ndarray  # [T] int32: token position within its sequence
+    task_names: tuple[str, ...]  # intent, law, summary, translation
+    path: str = ""  # file it was read from
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.expert_ids.shape[0])
+
+    @property
+    def seq_key(self) -> np.ndarray:
+        """[T] int64 label unique per (task, sequence): equal labels = same sequence."""
+        return self.task.astype(np.int64) * (1 << 32) + self.seq_id.astype(np.int64)
+
+
+def trace_path(trace_dir: str | Path = "../shared/traces") -> Path:
+    """The npz under `trace_dir`; a relative `trace_dir` is taken relative to the cwd."""
+    return (Path.cwd() / Path(trace_dir)).resolve() / TRACE_NAME / TRACE_FILE
+
+
+def load_esft(trace_dir: str | Path = "../shared/traces") -> EsftTrace:
+    """Read and validate the ESFT trace (cached per file and modification time)."""
+    path = trace_path(trace_dir)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file; {_FIX}") from None
+    return _load_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=2)
+def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [a for a in _ARRAYS if a not in z.files]
+            if missing:
+                raise TraceError(f"{path}: corrupt trace, missing array(s) {missing}; {_FIX}")
+            arrs = {a: z[a] for a in _ARRAYS}
+    except TraceError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise TraceError(f"{path}: not a readable npz ({type(e).__name__}: {e}); {_FIX}") from None
+    trace = EsftTrace(
+        expert_ids=arrs["expert_ids"],
+        gate_weights=arrs["gate_weights"],
+        task=arrs["task"],
+        seq_id=arrs["seq_id"],
+        pos=arrs["pos"],
+        task_names=tuple(str(t) for t in np.atleast_1d(arrs["task_names"])),
+        path=path,
+    )
+    _validate(trace)
+    for a in (trace.expert_ids, trace.gate_weights, trace.task, trace.seq_id, trace.pos):
+        a.flags.writeable = False  # shared by every caller through the cache
+    log.info("loaded %s: %d tokens", path, trace.n_tokens)
+    return trace
+
+
+def _validate(tr: EsftTrace) -> None:
+    def bad(what: str) -> TraceError:
+        return TraceError(f"{tr.path}: corrupt trace, {what}; {_FIX}")
+
+    ids, w = tr.expert_ids, tr.gate_weights
+    if ids.ndim != 3 or ids.shape[1:] != (N_LAYERS, TOP_K):
+        raise bad(f"expert_ids has shape {ids.shape}, expected [T, {N_LAYERS}, {TOP_K}]")
+    if w.shape != ids.shape:
+        raise bad(f"gate_weights has shape {w.shape}, expert_ids {ids.shape}")
+    t = ids.shape[0]
+    if t == 0:
+        raise bad("it holds no tokens")
+    for name in ("task", "seq_id", "pos"):
+        if getattr(tr, name).shape != (t,):
+            raise bad(f"{name} has shape {getattr(tr, name).shape}, expected ({t},)")
+    if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= N_EXPERTS:
+        raise bad(f"expert_ids must be integers in [0, {N_EXPERTS})")
+    if int(tr.task.max()) >= len(tr.task_names):
+        raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
+
+
+# ---- workload routing -------------------------------------------------------------------------
+
+
+def select_tokens(trace: EsftTrace, tasks: tuple[str, ...], exclude: tuple[str, ...]) -> np.ndarray:
+    """[T'] token indices of the chosen tasks, in (task, seq_id, pos) order."""
+    names = trace.task_names
+    unknown = [t for t in (*tasks, *exclude) if t not in names]
+    if unknown:
+        raise TraceError(
+            f"workload.routing.tasks/exclude_tasks name unknown task(s) {unknown}; "
+            f"trace {TRACE_NAME} has {list(names)}"
+        )
+    keep = set(tasks or names) - set(exclude)
+    mask = np.isin(trace.task, [names.index(t) for t in sorted(keep)])
+    if not mask.any():
+        raise TraceError(
+            f"workload.routing selects no tokens (tasks={list(tasks)}, "
+            f"exclude_tasks={list(exclude)}); keep at least one of {list(names)}"
+        )
+    idx = np.flatnonzero(mask)
+    order = np.lexsort((trace.pos[idx], trace.seq_id[idx], trace.task[idx]))
+    return idx[order]
+
+
+def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
+    """Workload sequences cut as consecutive windows of the selected tokens' stream.
+
+    Real sequences are taken in turn (starting at sequence `seed % n`) and concatenated, so a
+    window that outgrows one sequence continues with the next; the stream wraps when exhausted.
+    """
+    have = (N_LAYERS, N_EXPERTS, TOP_K)
+    want = (len(model.moe_layers), model.n_experts, model.top_k)
+    if want != have:
+        raise TraceError(
+            f"trace {TRACE_NAME} has ({have[0]} layers, {have[1]} experts, top-{have[2]}); "
+            f"model {model.name} has {want}; use workload.routing.source=synthetic for this model"
+        )
+    cfg = workload.routing
+    trace = load_esft(cfg.trace_dir)
+    idx = select_tokens(trace, cfg.tasks, cfg.exclude_tasks)  # [T']
+    key = trace.seq_key[idx]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])  # first token of each sequence
+    first = int(starts[workload.seed % len(starts)])
+    stream = np.roll(idx, -first)  # [T'] rotated to start at a sequence boundary
+    s, p = workload.n_sequences, workload.seq_positions
+    need = s * p
+    wraps = (need - 1) // len(stream)
+    take = stream[np.arange(need) % len(stream)]  # [S*P]
+    ids = trace.expert_ids[take].astype(np.int16).reshape(s, p, N_LAYERS, TOP_K)
+    w = trace.gate_weights[take].astype(np.float32).reshape(s, p, N_LAYERS, TOP_K)
+    tasks = ",".join(sorted(set(cfg.tasks or trace.task_names) - set(cfg.exclude_tasks)))
+    desc = (
+        f"trace {TRACE_NAME} [{tasks}] {len(stream)} tokens in {len(starts)} sequences, "
+        f"start seq {workload.seed % len(starts)}, wrapped {wraps}x"
+    )
+    return Routing(ids, w, N_EXPERTS, desc)
+
+
+# ---- converter from the upstream text files -----------------------------------------------------
+
+_LAYER_FILE = re.compile(r"(?:^|/)(?P<task>[^/]+)/expert_weights_(?P<layer>\d+)\.txt$")
+
+
+def _read_sources(src: Path) -> dict[str, dict[int, str]]:
+    """task -> layer (1-based) -> file text, from a directory tree or a .tar(.gz)."""
+    found: dict[str, dict[int, str]] = {}
+
+    def add(name: str, text: str) -> None:
+        m = _LAYER_FILE.search(name.replace("\\", "/"))
+        if m:
+            found.setdefault(m["task"], {})[int(m["layer"])] = text
+
+    if src.is_dir():
+        for f in sorted(src.rglob("expert_weights_*.txt")):
+            add(f.relative_to(src).as_posix(), f.read_text())
+    elif src.is_file():
+        try:
+            with tarfile.open(src) as tar:
+                for mem in tar.getmembers():
+                    if mem.isfile() and _LAYER_FILE.search(mem.name):
+                        fh = tar.extractfile(mem)
+                        assert fh is not None
+                        add(mem.name, fh.read().decode())
+        except (tarfile.TarError, OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+            raise TraceError(f"{src}: not a readable tar archive ({e})") from None
+    else:
+        raise TraceError(f"{src}: no such file or directory")
+    if not found:
+        raise TraceError(f"{src}: no <task>/expert_weights_<layer>.txt files found")
+    return found
+
+
+def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """One sequence: ([n, k] ids, [n, k] weights) from `ids... \\t\\t weights...`."""
+    parts = text.split("\t\t")
+    if len(parts) != 2:
+        raise TraceError(
+            f"{where}: expected '<ids>\\t\\t<weights>', found {len(parts) - 1} separators"
+        )
+    try:
+        ids = np.array(parts[0].split("\t"), dtype=np.int64)
+        w = np.array(parts[1].split("\t"), dtype=np.float32)
+    except ValueError as e:
+        raise TraceError(f"{where}: {e}") from None
+    if len(ids) != len(w) or len(ids) % top_k:
+        raise TraceError(
+            f"{where}: {len(ids)} ids and {len(w)} weights; need equal multiples of {top_k}"
+        )
+    return ids.reshape(-1, top_k), w.reshape(-1, top_k)
+
+
+def convert_esft(
+    src: str | Path, out_npz: str | Path, n_experts: int = N_EXPERTS, top_k: int = TOP_K
+) -> Path:
+    """Upstream `<task>/expert_weights_{1..L}.txt` (directory or tarball) -> the npz layout."""
+    src, out = Path(src), Path(out_npz)
+    found = _read_sources(src)
+    tasks = sorted(found)
+    n_layers = max(max(layers) for layers in found.values())
+    ids_all: list[np.ndarray] = []  # per sequence [n, L, k]
+    w_all: list[np.ndarray] = []
+    task_all: list[np.ndarray] = []
+    seq_all: list[np.ndarray] = []
+    pos_all: list[np.ndarray] = []
+    for ti, task in enumerate(tasks):
+        missing = sorted(set(range(1, n_layers + 1)) - set(found[task]))
+        if missing:
+            raise TraceError(f"{src}: task {task} lacks expert_weights_{missing}.txt")
+        per_layer = [
+            found[task][layer].rstrip("\n").split("\n") for layer in range(1, n_layers + 1)
+        ]
+        n_lines = {len(lines) for lines in per_layer}
+        if len(n_lines) != 1:
+            raise TraceError(f"{src}: task {task} layer files have different line counts {n_lines}")
+        for line in range(len(per_layer[0])):
+            layer_ids: list[np.ndarray] = []  # per layer [n, k]
+            layer_w: list[np.ndarray] = []
+            for li, lines in enumerate(per_layer):
+                where = f"{src}: {task}/expert_weights_{li + 1}.txt line {line + 1}"
+                ids, w = _parse_line(lines[line], where, top_k)
+                if layer_ids and len(ids) != len(layer_ids[0]):
+                    raise TraceError(f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}")
+                layer_ids.append(ids)
+                layer_w.append(w)
+            n = len(layer_ids[0])
+            ids_all.append(np.stack(layer_ids, axis=1))  # [n, L, k]
+            w_all.append(np.stack(layer_w, axis=1))
+            task_all.append(np.full(n, ti, np.uint8))
+            seq_all.append(np.full(n, line, np.int32))
+            pos_all.append(np.arange(n, dtype=np.int32))
+    expert_ids = np.concatenate(ids_all)
+    if expert_ids.min() < 0 or expert_ids.max() >= n_experts:
+        raise TraceError(f"{src}: expert ids outside [0, {n_experts})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out,
+        expert_ids=expert_ids.astype(np.uint8),
+        gate_weights=np.concatenate(w_all),
+        task=np.concatenate(task_all),
+        seq_id=np.concatenate(seq_all),
+        pos=np.concatenate(pos_all),
+        task_names=np.array(tasks),
+        model_layer=np.arange(1, n_layers + 1, dtype=np.int16),
+        num_experts=np.int16(n_experts),
+        top_k=np.int16(top_k),
+    )
+    log.info("wrote %s: %d tokens, %d tasks", out, len(expert_ids), len(tasks))
+    return out

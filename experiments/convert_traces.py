@@ -1,0 +1,37 @@
+"""Convert the upstream ESFT routing logs to moepipe's `esft_routing.npz` layout.
+
+SRC is a directory holding `<task>/expert_weights_<layer>.txt` files, or the upstream tarball.
+
+Usage:
+    python -m experiments.convert_traces ../shared/traces/esft-dsv2lite/original/esft_expert_scores_original.tar.gz out.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core.errors import MoepipeError
+from core.traces import convert_esft
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.convert_traces", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument(
+        "src", help="directory of <task>/expert_weights_<layer>.txt, or a .tar.gz of it"
+    )
+    ap.add_argument("out", help="output .npz path")
+    args = ap.parse_args(argv)
+    try:
+        out = convert_esft(args.src, args.out)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Routing statistics of the real ESFT trace beside the fitted synthetic generator's, and the
+Mixtral generator fitted to the OLMoE repository's aggregate Mixtral counts.
+
+Prints both tables and writes them (with the fitted parameters) to routing_stats.json.
+
+Usage:
+    python -m experiments.routing_stats [--trace-dir ../shared/traces] [--out routing_stats.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import MoepipeError, TraceError
+from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
+from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
+
+ROWS = (
+    "max_over_mean_median",
+    "top25pct_share_median",
+    "prev_token_reuse",
+    "top1_acc",
+    "top1_in_next_set",
+    "set_recall",
+)
+
+
+def esft_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
+    trace = load_esft(trace_dir)
+    real = routing_stats(
+        trace.expert_ids, trace.gate_weights, N_EXPERTS, trace.seq_key, trace.seq_id % 5 == 0
+    )
+    fit = fit_synthetic(real, (N_LAYERS, N_EXPERTS, TOP_K), seed=seed)
+    ids, w = generate(fit.routing, 60, 543, N_LAYERS, N_EXPERTS, TOP_K, seed)  # ~ trace-sized
+    synth = stats_of(ids, w, N_EXPERTS)
+    return {"params": _params(fit.routing), "real": real, "synthetic": synth}
+
+
+def mixtral_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
+    path = Path(trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz"
+    try:
+        with np.load(path) as z:
+            counts = z["mixtral_counts_topk"]  # [domains, layers, 8]
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file; pass --trace-dir") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise TraceError(f"{path}: unreadable or lacks mixtral_counts_topk ({e})") from None
+    fit = fit_to_counts(counts, top_k=2, seed=seed)
+    return {"params": _params(fit.routing), "real": fit.target, "synthetic": fit.achieved}
+
+
+def _params(cfg: Any) -> dict[str, float]:
+    return {k: getattr(cfg, k) for k in ("skew", "layer_corr", "reuse", "hot_experts", "hot_share")}
+
+
+def _table(title: str, real: dict[str, float], synth: dict[str, float]) -> str:
+    lines = [title, f"  {'statistic':<24}{'real':>10}{'synthetic':>12}"]
+    for key in real:
+        if key in synth:
+            lines.append(f"  {key:<24}{real[key]:>10.3f}{synth[key]:>12.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.routing_stats", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--trace-dir", default="../shared/traces", help="folder holding esft-dsv2lite/")
+    ap.add_argument("--out", default="routing_stats.json")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        esft = esft_comparison(args.trace_dir, args.seed)
+        mix = mixtral_comparison(args.trace_dir, args.seed)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    real, synth = headline(esft["real"]), headline(esft["synthetic"])
+    print(_table(f"ESFT-vanilla-lite (26 x 64, top-6) vs synthetic {esft['params']}", real, synth))
+    print()
+    print(
+        _table(
+            f"Mixtral aggregate counts (top-2 of 8) vs synthetic {mix['params']}",
+            mix["real"],
+            mix["synthetic"],
+        )
+    )
+    Path(args.out).write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,591 @@
+"""Hugging Face-layout checkpoints for the real executor: tensor names, writing and loading.
+
+`unit_layout(spec)` is the one table of which tensors (HF name, shape) make up each unit a
+schedule moves (a layer's attention, its gate, one expert, ...). `write_checkpoint` writes seeded
+random weights in that layout with the family's real `config.json` fields; `load_checkpoint`
+validates a directory and indexes its tensors (file, dtype, shape, byte offset).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from core.errors import ConfigError
+from core.spec import ModelSpec
+from core.types import Activation, Tensor
+
+CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+_TORCH_DTYPE = {4: torch.float32, 2: torch.bfloat16}
+_HF_DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+ST_CODE = {v: k for k, v in ST_DTYPES.items()}
+
+
+def torch_dtype(spec: ModelSpec) -> torch.dtype:
+    """The weight dtype of a spec: 4 bytes = float32, 2 bytes = bfloat16."""
+    try:
+        return _TORCH_DTYPE[spec.dtype_bytes]
+    except KeyError:
+        raise ConfigError(
+            f"model {spec.name}: dtype_bytes={spec.dtype_bytes} has no real-executor dtype; "
+            "use 4 (float32) or 2 (bfloat16)"
+        ) from None
+
+
+# ---- units and names ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    """A group of weights a schedule loads, frees and computes with as one piece."""
+
+    kind: Tensor  # ATTENTION, GATE, EXPERT, FFN (dense, or the shared experts), EMBED, HEAD
+    layer: int = -1  # decoder layer; -1 for embed/head
+    expert: int = -1  # routed expert index; -1 unless kind is EXPERT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Tensor(self.kind))
+
+    def __str__(self) -> str:
+        if self.layer < 0:
+            return str(self.kind)
+        suffix = str(self.expert) if self.kind == Tensor.EXPERT else ""
+        return f"L{self.layer}.{self.kind}{suffix}"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    hf_name: str  # name in the safetensors files
+    shape: tuple[int, ...]  # [out, in] for projections (torch Linear layout)
+
+
+@dataclass(frozen=True)
+class _Names:
+    """HF name templates of one family; `{i}` layer, `{e}` expert, `{w}` matrix name."""
+
+    embed: str
+    final_norm: str
+    lm_head: str
+    attn: Mapping[str, str]  # our key -> template
+    post_norm: str
+    router: str
+    expert: str
+    expert_mats: Mapping[str, str]  # our key (w1/w3/w2 or wi/wo) -> HF matrix name
+    dense: str
+    dense_mats: Mapping[str, str]
+    shared: str = ""  # "" = the family has no shared experts
+    shared_gate: str = ""  # Qwen's sigmoid gate on the shared expert
+
+
+def _names(family: str) -> _Names:
+    swiglu = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    if family == "switch_transformers":
+        # Decoder-only use of the encoder stack's names: block i = layer i; layer.0 is
+        # self-attention, layer.1 the (sparse or dense) feed-forward.
+        b = "encoder.block.{i}.layer."
+        relu = {"wi": "wi", "wo": "wo"}
+        return _Names(
+            embed="shared.weight",
+            final_norm="encoder.final_layer_norm.weight",
+            lm_head="lm_head.weight",
+            attn={"input_norm": b + "0.layer_norm.weight"}
+            | {x: b + f"0.SelfAttention.{x}.weight" for x in "qkvo"},
+            post_norm=b + "1.layer_norm.weight",
+            router=b + "1.mlp.router.classifier.weight",
+            expert=b + "1.mlp.experts.expert_{e}.{w}.weight",
+            expert_mats=relu,
+            dense=b + "1.mlp.{w}.weight",
+            dense_mats=relu,
+        )
+    b = "model.layers.{i}."
+    attn = {"input_norm": b + "input_layernorm.weight"}
+    attn |= {x: b + f"self_attn.{x}_proj.weight" for x in "qkvo"}
+    common: dict[str, Any] = dict(
+        embed="model.embed_tokens.weight",
+        final_norm="model.norm.weight",
+        lm_head="lm_head.weight",
+        attn=attn,
+        post_norm=b + "post_attention_layernorm.weight",
+        dense=b + "mlp.{w}.weight",
+        dense_mats=swiglu,
+    )
+    if family == "mixtral":
+        mats = {"w1": "w1", "w3": "w3", "w2": "w2"}
+        moe = b + "block_sparse_moe."
+        return _Names(
+            **common,
+            router=moe + "gate.weight",
+            expert=moe + "experts.{e}.{w}.weight",
+            expert_mats=mats,
+        )
+    moe = dict(
+        router=b + "mlp.gate.weight", expert=b + "mlp.experts.{e}.{w}.weight", expert_mats=swiglu
+    )
+    if family == "olmoe":
+        return _Names(**common, **moe)
+    if family == "qwen2_moe":
+        common["attn"] = attn | {f"{x}_bias": b + f"self_attn.{x}_proj.bias" for x in "qkv"}
+        shared = dict(
+            shared=b + "mlp.shared_expert.{w}.weight",
+            shared_gate=b + "mlp.shared_expert_gate.weight",
+        )
+        return _Names(**common, **moe, **shared)
+    if family == "deepseek_v2":
+        return _Names(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
+    raise ConfigError(
+        f"model family {family!r} has no real-executor layout; "
+        "use mixtral, qwen2_moe, olmoe, deepseek_v2 or switch_transformers"
+    )
+
+
+def _ffn(
+    template: str, mats: Mapping[str, str], i: int, h: int, f: int, **kw: int
+) -> dict[str, TensorSpec]:
+    """One FFN's matrices: up-projections [F, H] (w1, w3, wi), down-projection [H, F] (w2, wo)."""
+    out = {}
+    for key, hf in mats.items():
+        shape = (h, f) if key in ("w2", "wo") else (f, h)
+        out[key] = TensorSpec(template.format(i=i, w=hf, **kw), shape)
+    return out
+
+
+def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
+    """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
+
+    Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen); gate `post_norm
+    router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus `post_norm`
+    for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head `norm lm_head`.
+    DeepSeek-V2 uses GQA projections in place of MLA (see real.model).
+    """
+    n = _names(spec.family)
+    h, v, d = spec.hidden_size, spec.vocab_size, spec.head_dim
+    q_dim, kv_dim = spec.n_heads * d, spec.n_kv_heads * d
+    attn_shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
+    attn_shapes |= {"o": (h, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
+    out: dict[Unit, dict[str, TensorSpec]] = {
+        Unit(Tensor.EMBED): {"embed": TensorSpec(n.embed, (v, h))}
+    }
+    for i in range(spec.n_layers):
+        out[Unit(Tensor.ATTENTION, i)] = {
+            k: TensorSpec(t.format(i=i), attn_shapes[k]) for k, t in n.attn.items()
+        }
+        post_norm = {"post_norm": TensorSpec(n.post_norm.format(i=i), (h,))}
+        if not spec.is_moe(i):
+            ffn = _ffn(n.dense, n.dense_mats, i, h, spec.dense_ffn_size)
+            out[Unit(Tensor.FFN, i)] = post_norm | ffn
+            continue
+        router = {"router": TensorSpec(n.router.format(i=i), (spec.n_experts, h))}
+        out[Unit(Tensor.GATE, i)] = post_norm | router
+        for e in range(spec.n_experts):
+            out[Unit(Tensor.EXPERT, i, e)] = _ffn(
+                n.expert, n.expert_mats, i, h, spec.expert_ffn_size, e=e
+            )
+        if spec.shared_ffn_size:
+            if not n.shared:
+                raise ConfigError(
+                    f"model {spec.name}: family {spec.family} has no shared experts; set shared_ffn_size: 0"
+                )
+            shared = _ffn(n.shared, n.dense_mats, i, h, spec.shared_ffn_size)
+            if n.shared_gate:
+                shared["shared_gate"] = TensorSpec(n.shared_gate.format(i=i), (1, h))
+            out[Unit(Tensor.FFN, i)] = shared
+    out[Unit(Tensor.HEAD)] = {
+        "norm": TensorSpec(n.final_norm, (h,)),
+        "lm_head": TensorSpec(n.lm_head, (v, h)),
+    }
+    return out
+
+
+# ---- config.json --------------------------------------------------------------------------
+
+
+def _mla_dims(spec: ModelSpec) -> dict[str, Any]:
+    """DeepSeek-V2 MLA sizes in DeepSeek-V2-Lite's proportions to head_dim (128: 128/64/512)."""
+    d = spec.head_dim
+    return dict(
+        qk_nope_head_dim=d,
+        qk_rope_head_dim=d // 2,
+        v_head_dim=d,
+        kv_lora_rank=4 * d,
+        q_lora_rank=None,
+    )
+
+
+def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
+    """kv_dim and attn_params core.spec derives from `_mla_dims` (so the spec round-trips)."""
+    m, h, heads = _mla_dims(spec), spec.hidden_size, spec.n_heads
+    nope, rope, v_dim, rank = (
+        m["qk_nope_head_dim"],
+        m["qk_rope_head_dim"],
+        m["v_head_dim"],
+        m["kv_lora_rank"],
+    )
+    params = (
+        h * heads * (nope + rope)
+        + h * (rank + rope)
+        + rank * heads * (nope + v_dim)
+        + heads * v_dim * h
+    )
+    return dict(kv_dim=rank + rope, attn_params=params)
+
+
+def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
+    """The family's real `config.json` fields for `spec` (inverse of core.spec.hf_config_to_spec)."""
+    fam, n, moe = spec.family, spec.n_layers, list(spec.moe_layers)
+    dense = [i for i in range(n) if i not in spec.moe_layers]
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"model {spec.name}: a {fam} config.json cannot express {what}")
+
+    cfg: dict[str, Any] = dict(
+        model_type=fam,
+        vocab_size=spec.vocab_size,
+        torch_dtype=_HF_DTYPE_NAME[torch_dtype(spec)],
+        tie_word_embeddings=False,
+    )
+    llama = dict(
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=n,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_theta=spec.rope_theta,
+        num_experts_per_tok=spec.top_k,
+        max_position_embeddings=4096,
+    )
+    need(spec.activation == Activation.SWIGLU or fam == "switch_transformers", "ReLU experts")
+    need(fam == "switch_transformers" or spec.activation == Activation.SWIGLU, "SwiGLU experts")
+    if fam in ("mixtral", "olmoe"):
+        need(not dense, f"dense layers {dense} (every layer is MoE)")
+        need(not spec.shared_ffn_size, "shared experts")
+        need(not spec.kv_dim and not spec.attn_params, "kv_dim/attn_params overrides")
+        experts = "num_local_experts" if fam == "mixtral" else "num_experts"
+        cfg |= llama | {experts: spec.n_experts, "intermediate_size": spec.expert_ffn_size}
+        cfg |= {
+            "head_dim": spec.head_dim,
+            "architectures": ["MixtralForCausalLM" if fam == "mixtral" else "OlmoeForCausalLM"],
+        }
+        if fam == "olmoe":
+            cfg["norm_topk_prob"] = norm_topk_prob
+        return cfg
+    if fam == "qwen2_moe":
+        need(spec.head_dim * spec.n_heads == spec.hidden_size, "head_dim != hidden_size / n_heads")
+        need(not spec.kv_dim and not spec.attn_params, "kv_dim/attn_params overrides")
+        cfg |= llama | dict(
+            architectures=["Qwen2MoeForCausalLM"],
+            num_experts=spec.n_experts,
+            moe_intermediate_size=spec.expert_ffn_size,
+            shared_expert_intermediate_size=spec.shared_ffn_size,
+            decoder_sparse_step=1,
+            mlp_only_layers=dense,
+            norm_topk_prob=norm_topk_prob,
+        )
+        if spec.dense_ffn_size:
+            cfg["intermediate_size"] = spec.dense_ffn_size
+        return cfg
+    if fam == "deepseek_v2":
+        first = moe[0]
+        need(
+            moe == list(range(first, n)),
+            f"moe_layers {moe} (MoE layers are first_k_dense_replace..n-1)",
+        )
+        need(spec.n_kv_heads == spec.n_heads, "n_kv_heads != n_heads")
+        need(
+            spec.shared_ffn_size % spec.expert_ffn_size == 0,
+            "shared_ffn_size not a multiple of expert_ffn_size",
+        )
+        need(
+            (spec.kv_dim, spec.attn_params) == tuple(_mla_spec_fields(spec).values()),
+            "kv_dim/attn_params other than the MLA sizes of head_dim",
+        )
+        cfg |= (
+            llama
+            | _mla_dims(spec)
+            | dict(
+                architectures=["DeepseekV2ForCausalLM"],
+                n_routed_experts=spec.n_experts,
+                n_shared_experts=spec.shared_ffn_size // spec.expert_ffn_size,
+                moe_intermediate_size=spec.expert_ffn_size,
+                first_k_dense_replace=first,
+                moe_layer_freq=1,
+                topk_method="greedy",
+                scoring_func="softmax",
+                routed_scaling_factor=1.0,
+                norm_topk_prob=norm_topk_prob,
+            )
+        )
+        if spec.dense_ffn_size:
+            cfg["intermediate_size"] = spec.dense_ffn_size
+        return cfg
+    if fam == "switch_transformers":
+        step = 2 if len(moe) < 2 else moe[1] - moe[0]
+        need(
+            moe == [i for i in range(n) if i % step == step - 1],
+            f"moe_layers {moe} (every encoder_sparse_step-th block)",
+        )
+        need(
+            spec.top_k == 1 and spec.n_kv_heads == spec.n_heads,
+            "top_k != 1 or n_kv_heads != n_heads",
+        )
+        need(
+            spec.dense_ffn_size == spec.expert_ffn_size,
+            "dense_ffn_size != expert_ffn_size (one d_ff)",
+        )
+        need(spec.activation == Activation.RELU, "SwiGLU experts")
+        return cfg | dict(
+            architectures=["SwitchTransformersForConditionalGeneration"],
+            d_model=spec.hidden_size,
+            d_ff=spec.expert_ffn_size,
+            d_kv=spec.head_dim,
+            num_heads=spec.n_heads,
+            num_layers=n,
+            num_decoder_layers=n,
+            num_experts=spec.n_experts,
+            encoder_sparse_step=step,
+            decoder_sparse_step=step,
+            layer_norm_epsilon=spec.rms_norm_eps,
+            rope_theta=spec.rope_theta,  # ours: Switch uses relative position buckets, we use RoPE
+        )
+    _names(fam)  # raises the unsupported-family error
+    raise AssertionError(fam)
+
+
+# ---- model configs with overrides ---------------------------------------------------------
+
+
+def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
+    """`conf/model/<model>.yaml` with field overrides, keeping derived fields consistent.
+
+    Unless given: head_dim = hidden_size // n_heads when either changes; n_kv_heads follows n_heads
+    where it equalled it; moe_layers keep the family's pattern for a new n_layers; shared and
+    Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params follow head_dim.
+    """
+    path = CONF_MODEL_DIR / f"{model}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml"))
+        raise ConfigError(f"{path}: no such model config; choose one of {have}")
+    base = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    d = {k: v for k, v in vars(base).items()} | dict(overrides)
+    given = set(overrides)
+    if {"hidden_size", "n_heads"} & given and "head_dim" not in given:
+        d["head_dim"] = d["hidden_size"] // d["n_heads"]
+    if "n_heads" in given and "n_kv_heads" not in given and base.n_kv_heads == base.n_heads:
+        d["n_kv_heads"] = d["n_heads"]
+    if "n_layers" in given and "moe_layers" not in given:
+        d["moe_layers"] = _moe_pattern(base, d["n_layers"])
+    if "expert_ffn_size" in given:
+        ratio = d["expert_ffn_size"] / base.expert_ffn_size
+        if "shared_ffn_size" not in given:
+            d["shared_ffn_size"] = round(base.shared_ffn_size * ratio)
+        if "dense_ffn_size" not in given and base.family == "switch_transformers":
+            d["dense_ffn_size"] = d["expert_ffn_size"]
+    spec = ModelSpec.from_dict(d, where=f"{path} with overrides {dict(overrides)}")
+    if spec.family == "deepseek_v2" and not {"kv_dim", "attn_params"} & given:
+        spec = replace(spec, **_mla_spec_fields(spec))
+    return spec
+
+
+def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
+    dense = [i for i in range(base.n_layers) if not base.is_moe(i)]
+    if base.family == "deepseek_v2":
+        return tuple(range(min(base.moe_layers), n))
+    if base.family == "switch_transformers":
+        step = base.moe_layers[1] - base.moe_layers[0] if len(base.moe_layers) > 1 else 2
+        return tuple(i for i in range(n) if i % step == step - 1)
+    return tuple(i for i in range(n) if i not in dense)
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def _init(
+    key: str, shape: tuple[int, ...], spec: ModelSpec, g: torch.Generator, scale: float
+) -> torch.Tensor:
+    """Seeded weights that keep activations O(1): std 1/sqrt(fan_in); residual-stream outputs
+    (o, w2, wo) shrunk by sqrt(2 * n_layers); router logits of std ~1 so routing is spread out."""
+    if key.endswith("norm"):
+        return torch.ones(shape)
+    x = torch.randn(shape, generator=g)
+    if key == "embed":
+        return x * scale
+    if key.endswith("_bias"):
+        return x * 0.02 * scale
+    std = scale / math.sqrt(shape[-1])
+    if key in ("o", "w2", "wo"):
+        std /= math.sqrt(2 * spec.n_layers)
+    return x * std
+
+
+def write_checkpoint(
+    spec: ModelSpec,
+    out_dir: str | Path,
+    seed: int = 0,
+    scale: float = 1.0,
+    shard_bytes: int = 2 * 2**30,
+    norm_topk_prob: bool = False,
+) -> Path:
+    """Write `config.json` and seeded random weights (sharded past `shard_bytes`) to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = spec_to_hf_config(spec, norm_topk_prob)
+    dtype = torch_dtype(spec)
+    g = torch.Generator().manual_seed(seed)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for tensors in unit_layout(spec).values():
+        for key, ts in tensors.items():
+            t = _init(key, ts.shape, spec, g, scale).to(dtype).contiguous()
+            if size and size + t.nbytes > shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][ts.hf_name] = t
+            size += t.nbytes
+    for stale in [*out.glob("model*.safetensors"), out / INDEX_FILE]:
+        stale.unlink(missing_ok=True)
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out / SINGLE_FILE), metadata=meta)
+    else:
+        weight_map, total = {}, 0
+        for j, shard in enumerate(shards):
+            name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / name), metadata=meta)
+            weight_map |= dict.fromkeys(shard, name)
+            total += sum(t.nbytes for t in shard.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path  # safetensors file holding the tensor
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # byte offset of the tensor's data from the start of the file
+    nbytes: int
+
+
+def _read_header(path: Path) -> dict[str, TensorEntry]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise ConfigError(
+                f"{path}: truncated safetensors file ({size} bytes, header cut off); re-copy the checkpoint"
+            )
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(
+                f"{path}: corrupt safetensors header; re-copy the checkpoint"
+            ) from None
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        if 8 + n + end > size:
+            raise ConfigError(
+                f"{path}: truncated safetensors file: tensor {name} ends at byte {8 + n + end} "
+                f"but the file has {size} bytes; re-copy the checkpoint"
+            )
+        if meta["dtype"] not in ST_DTYPES:
+            raise ConfigError(
+                f"{path}: tensor {name} has dtype {meta['dtype']}; supported: {sorted(ST_DTYPES)}"
+            )
+        out[name] = TensorEntry(
+            path, ST_DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + start, end - start
+        )
+    return out
+
+
+def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
+    """Validate a checkpoint directory; return its spec and HF tensor name -> where its bytes are.
+
+    Raises a one-line ConfigError naming the missing directory, config.json or shard, a truncated
+    file, or a tensor whose shape/dtype disagrees with config.json.
+    """
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        raise ConfigError(
+            f"{d}: no such checkpoint directory; write one with python -m real.make_checkpoint"
+        )
+    spec = ModelSpec.from_hf_config(d)
+    if (d / INDEX_FILE).is_file():
+        try:
+            files = sorted(set(json.loads((d / INDEX_FILE).read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            raise ConfigError(
+                f"{d / INDEX_FILE}: not a safetensors index (needs a weight_map)"
+            ) from None
+    elif (d / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
+    index: dict[str, TensorEntry] = {}
+    for f in files:
+        index |= _read_header(d / f)
+    dtype = torch_dtype(spec)
+    for tensors in unit_layout(spec).values():
+        for ts in tensors.values():
+            e = index.get(ts.hf_name)
+            if e is None:
+                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}")
+            if e.shape != ts.shape:
+                raise ConfigError(
+                    f"{e.file}: tensor {ts.hf_name} has shape {list(e.shape)}, config.json "
+                    f"expects {list(ts.shape)}"
+                )
+            if e.dtype != dtype:
+                raise ConfigError(
+                    f"{e.file}: tensor {ts.hf_name} is {e.dtype}, config.json says {dtype}"
+                )
+    return spec, index
+
+
+def read_tensor(entry: TensorEntry) -> torch.Tensor:
+    """One tensor's bytes from its file (a plain buffered read)."""
+    with open(entry.file, "rb") as f:
+        f.seek(entry.offset)
+        buf = bytearray(f.read(entry.nbytes))
+    if len(buf) != entry.nbytes:
+        raise OSError(
+            f"{entry.file}: short read at byte {entry.offset} ({len(buf)} of {entry.nbytes})"
+        )
+    return torch.frombuffer(buf, dtype=torch.uint8).view(entry.dtype).reshape(entry.shape)
+
+
+def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, torch.Tensor]]]:
+    """Every unit's tensors in RAM under our short keys (the in-memory reference's weights)."""
+    spec, index = load_checkpoint(ckpt_dir)
+    units = {
+        unit: {key: read_tensor(index[ts.hf_name]) for key, ts in tensors.items()}
+        for unit, tensors in unit_layout(spec).items()
+    }
+    return spec, units
+
+
+def hf_config(ckpt_dir: str | Path) -> dict[str, Any]:
+    """The raw config.json (for fields the spec does not carry, like norm_topk_prob)."""
+    return json.loads((Path(ckpt_dir) / "config.json").read_text())

@@ -1,0 +1,304 @@
+"""One MoE decoder in PyTorch, split into the pieces a schedule runs separately.
+
+`Model` holds only hyperparameters; its methods are pure functions of explicit weights (one unit's
+dict, see real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
+`reference_generate` is the plain in-memory forward every executor is compared against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from core.routing import Routing
+from core.spec import ModelSpec
+from core.types import Activation, Tensor
+from real.checkpoint import Unit, hf_config, load_units, torch_dtype
+
+# Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
+# Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
+# L MoE layers, N routing-trace positions.
+#
+# Substitutions (documented, deliberate): DeepSeek-V2 runs GQA attention over q/k/v/o_proj with
+# the spec's heads instead of MLA; Switch runs as a causal decoder with RoPE and 1/sqrt(D) scaling
+# instead of T5's relative position buckets, and without expert capacity dropping; OLMoE has no
+# q/k norms.
+
+Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """HF-style rotate-half RoPE. x [B, Hx, S, D], positions [S]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Preallocated keys and values, one [B, Hkv, M, D] tensor each per decoder layer."""
+
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def allocate(
+        cls, spec: ModelSpec, batch: int, max_len: int, device: str | torch.device = "cpu"
+    ) -> KVCache:
+        shape = (batch, spec.n_kv_heads, max_len, spec.head_dim)
+        dtype = torch_dtype(spec)
+        new = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * spec.n_layers)]
+        return cls(tuple(new[::2]), tuple(new[1::2]))
+
+
+@dataclass(frozen=True)
+class Model:
+    spec: ModelSpec
+    # Renormalise the top-k router weights to sum to 1 (config.json norm_topk_prob; Mixtral's
+    # softmax over the chosen logits always sums to 1).
+    renormalize: bool = False
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, spec: ModelSpec) -> Model:
+        return cls(spec, bool(hf_config(ckpt_dir).get("norm_topk_prob", False)))
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def embed(self, w: Weights, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, S] -> hidden [B, S, H]."""
+        return F.embedding(tokens, w["embed"])
+
+    def attention(
+        self, layer: int, w: Weights, hidden: torch.Tensor, kv: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Input norm + causal GQA self-attention + residual; writes this step's keys/values into
+        `kv` at `positions` [S] (consecutive). hidden [B, S, H] -> [B, S, H]."""
+        s = self.spec
+        b, n, _ = hidden.shape
+        x = rms_norm(hidden, w["input_norm"], s.rms_norm_eps)  # [B, S, H]
+
+        def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
+            y = F.linear(x, w[key], w.get(f"{key}_bias"))
+            return y.view(b, n, n_heads, s.head_dim).transpose(1, 2)
+
+        q = rope(heads("q", s.n_heads), positions, s.rope_theta)  # [B, Hq, S, D]
+        k = rope(heads("k", s.n_kv_heads), positions, s.rope_theta)  # [B, Hkv, S, D]
+        v = heads("v", s.n_kv_heads)
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        assert end - start == n, "positions must be consecutive"
+        kv.k[layer][:, :, start:end] = k
+        kv.v[layer][:, :, start:end] = v
+        rep = s.n_heads // s.n_kv_heads
+        keys = kv.k[layer][:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
+        values = kv.v[layer][:, :, :end].repeat_interleave(rep, dim=1)
+        # [S, end]: query at position p sees keys 0..p
+        mask = positions[:, None].to(keys.device) >= torch.arange(end, device=keys.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, Hq, S, D]
+        out = out.transpose(1, 2).reshape(b, n, s.n_heads * s.head_dim)
+        return hidden + F.linear(out, w["o"])
+
+    def gate(
+        self,
+        layer: int,
+        w: Weights,
+        hidden: torch.Tensor,
+        forced_ids: torch.Tensor | None = None,
+        forced_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Post-attention norm + router of an MoE layer.
+
+        hidden [B, S, H] -> (normed [T, H], topk_ids [T, k] int64, topk_weights [T, k] float32).
+        Live: the router's own top-k. Replay: `forced_ids` [T, k] are used; `forced_weights`
+        [T, k] too when given, else the router's probabilities at the forced ids.
+        """
+        assert self.spec.is_moe(layer), f"layer {layer} has no gate"
+        x = rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps).flatten(0, 1)  # [T, H]
+        logits = F.linear(x, w["router"]).float()  # [T, E]
+        k = self.spec.top_k
+        if forced_ids is None:
+            ids = logits.topk(k, dim=-1).indices
+        else:
+            ids = forced_ids.to(logits.device).long()
+        if forced_weights is not None:
+            return x, ids, forced_weights.to(logits.device).float()
+        if self.spec.family == "mixtral":  # softmax over the chosen logits
+            return x, ids, torch.softmax(logits.gather(-1, ids), dim=-1)
+        weights = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return x, ids, weights
+
+    def expert(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
+        """One routed expert over some tokens: x [n, H] -> [n, H]."""
+        return self._ffn(w, x)
+
+    def shared_ffn(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
+        """Shared experts of an MoE layer (Qwen: times a sigmoid gate): normed [T, H] -> [T, H]."""
+        y = self._ffn(w, x)
+        if "shared_gate" in w:
+            y = torch.sigmoid(F.linear(x, w["shared_gate"])) * y  # [T, 1] * [T, H]
+        return y
+
+    def dense_ffn(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        """Post-attention norm + dense FFN + residual of a non-MoE layer: [B, S, H] -> [B, S, H]."""
+        return hidden + self._ffn(w, rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps))
+
+    def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on each sequence's last token: [B, S, H] -> logits [B, V] float32."""
+        x = rms_norm(hidden[:, -1], w["norm"], self.spec.rms_norm_eps)  # [B, H]
+        return F.linear(x, w["lm_head"]).float()
+
+    def _ffn(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.activation == Activation.RELU:
+            return F.linear(F.relu(F.linear(x, w["wi"])), w["wo"])
+        return F.linear(F.silu(F.linear(x, w["w1"])) * F.linear(x, w["w3"]), w["w2"])
+
+
+# ---- combining routed experts (order-independent, so any schedule gives identical bits) ------
+
+
+def expert_tokens(topk_ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (token, slot) pairs chose expert e: topk_ids [T, k] -> (rows [n], slots [n])."""
+    rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+    return rows, slots
+
+
+def new_slots(normed: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Per-(token, slot) expert outputs to fill: [T, k, H] zeros."""
+    return normed.new_zeros(normed.shape[0], top_k, normed.shape[1])
+
+
+def put_expert(
+    slots: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor, y: torch.Tensor
+) -> None:
+    """Store one expert's outputs y [n, H] at its (token, slot) pairs. Each pair has one writer."""
+    slots[rows, slot] = y.to(slots.device)
+
+
+def moe_output(
+    hidden: torch.Tensor,
+    slots: torch.Tensor,
+    topk_weights: torch.Tensor,
+    shared: torch.Tensor | None,
+) -> torch.Tensor:
+    """hidden [B, S, H] + sum_k weight * slots[:, k] (+ shared [T, H]) -> [B, S, H]."""
+    w = topk_weights.to(slots.dtype)[..., None]  # [T, k, 1]
+    routed = (slots * w).sum(1)  # [T, H]
+    if shared is not None:
+        routed = routed + shared
+    return hidden + routed.view_as(hidden)
+
+
+# ---- the in-memory reference --------------------------------------------------------------
+
+
+def forward_step(
+    model: Model,
+    units: Mapping[Unit, Weights],
+    tokens: torch.Tensor,
+    kv: KVCache,
+    start: int,
+    forced: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward pass over tokens [B, S] at positions start..start+S-1.
+
+    forced: (ids, weights) [B, S, L, k] to replay. Returns (logits [B, V], the routing used:
+    ids [B, S, L, k] int64 and weights [B, S, L, k] float32).
+    """
+    s = model.spec
+    b, n = tokens.shape
+    positions = torch.arange(start, start + n)
+    hidden = model.embed(units[Unit(Tensor.EMBED)], tokens)  # [B, S, H]
+    used_ids, used_w = [], []
+    for layer in range(s.n_layers):
+        hidden = model.attention(layer, units[Unit(Tensor.ATTENTION, layer)], hidden, kv, positions)
+        if not s.is_moe(layer):
+            hidden = model.dense_ffn(units[Unit(Tensor.FFN, layer)], hidden)
+            continue
+        fi = fw = None
+        if forced is not None:
+            m = s.moe_index(layer)
+            fi, fw = forced[0][:, :, m].reshape(b * n, -1), forced[1][:, :, m].reshape(b * n, -1)
+        normed, ids, weights = model.gate(layer, units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
+        slots = new_slots(normed, s.top_k)
+        for e in range(s.n_experts):
+            rows, slot = expert_tokens(ids, e)
+            if len(rows):
+                y = model.expert(units[Unit(Tensor.EXPERT, layer, e)], normed[rows])  # [n, H]
+                put_expert(slots, rows, slot, y)
+        shared = None
+        if s.shared_ffn_size:
+            shared = model.shared_ffn(units[Unit(Tensor.FFN, layer)], normed)
+        hidden = moe_output(hidden, slots, weights, shared)
+        used_ids.append(ids.view(b, n, -1))
+        used_w.append(weights.view(b, n, -1))
+    logits = model.head(units[Unit(Tensor.HEAD)], hidden)
+    return logits, torch.stack(used_ids, dim=2), torch.stack(used_w, dim=2)
+
+
+def _generate(
+    ckpt_dir: str | Path, prompt_tokens: torch.Tensor, gen_len: int, forced_routing: Routing | None
+) -> tuple[torch.Tensor, torch.Tensor, Routing]:
+    spec, units = load_units(ckpt_dir)
+    model = Model.from_checkpoint(ckpt_dir, spec)
+    b, p = prompt_tokens.shape
+    kv = KVCache.allocate(spec, b, p + gen_len)
+    forced_ids = forced_w = None
+    if forced_routing is not None:
+        forced_ids = torch.from_numpy(forced_routing.expert_ids[:b].astype("int64"))  # [B, N, L, k]
+        forced_w = torch.from_numpy(forced_routing.gate_weights[:b])
+    tokens, ids, ws = [], [], []
+    step_in, start = prompt_tokens.long(), 0
+    with torch.inference_mode():
+        for _ in range(gen_len):
+            n = step_in.shape[1]
+            forced = None
+            if forced_ids is not None and forced_w is not None:
+                forced = (forced_ids[:, start : start + n], forced_w[:, start : start + n])
+            logits, step_ids, step_w = forward_step(model, units, step_in, kv, start, forced)
+            ids.append(step_ids)
+            ws.append(step_w)
+            next_tok = logits.argmax(-1)  # [B]
+            tokens.append(next_tok)
+            start += n
+            step_in = next_tok[:, None]
+    routing = Routing(
+        torch.cat(ids, 1).numpy().astype("int16"),
+        torch.cat(ws, 1).numpy(),
+        spec.n_experts,
+        f"live routing of {ckpt_dir}",
+    )
+    return torch.stack(tokens, dim=1), logits, routing
+
+
+def reference_generate(
+    ckpt_dir: str | Path,
+    prompt_tokens: torch.Tensor,
+    gen_len: int,
+    forced_routing: Routing | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding with every weight in RAM: step 0 prefills prompt_tokens [B, P] and emits the
+    first token, then gen_len-1 decode steps. Returns (tokens [B, gen_len], last logits [B, V]).
+
+    forced_routing replays a trace (expert_ids/gate_weights [>=B, >=P+gen_len-1, L, k]) instead
+    of the router's own choice.
+    """
+    tokens, logits, _ = _generate(ckpt_dir, prompt_tokens, gen_len, forced_routing)
+    return tokens, logits
+
+
+def live_routing(ckpt_dir: str | Path, prompt_tokens: torch.Tensor, gen_len: int) -> Routing:
+    """The routing reference_generate chooses itself ([B, P+gen_len-1, L, k]), e.g. to replay."""
+    return _generate(ckpt_dir, prompt_tokens, gen_len, None)[2]

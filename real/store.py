@@ -1,0 +1,383 @@
+"""Tiered weight store of the real executor: disk (O_DIRECT), host RAM, a fixed-capacity device pool.
+
+`build_offload(ckpt_dir)` converts a safetensors checkpoint once into one flat file with every unit
+(real.checkpoint.Unit) at a 4096-aligned offset, so a unit is one O_DIRECT read into an aligned
+(pinned on CUDA) buffer. `TieredStore` moves units disk -> host -> device; each unit is one
+contiguous buffer whose tensors are views under the short keys real.model takes.
+Every operation is synchronous and thread-safe, and any I/O error raises (no retries).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from core.errors import CapacityError, ConfigError, MoepipeError
+from core.types import Tensor, Tier
+from real.checkpoint import ST_CODE, ST_DTYPES, Unit, load_checkpoint, unit_layout
+
+log = logging.getLogger(__name__)
+
+ALIGN = 4096  # unit offsets and read sizes: O_DIRECT needs block-aligned offset, length, buffer
+TENSOR_ALIGN = 64  # tensors inside a unit start at multiples of this (dtype and SIMD alignment)
+OFFLOAD_DIR = "offload"
+DATA_FILE = "units.bin"
+MANIFEST = "units.json"
+_READ_CHUNK = 0x7FFFF000  # Linux caps one read at this many bytes (a multiple of ALIGN)
+
+Weights = Mapping[str, torch.Tensor]
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class UnitRecord:
+    """Where one unit lives in the offload file and how its buffer splits into tensors."""
+
+    unit: Unit
+    offset: int  # byte offset in units.bin, a multiple of ALIGN
+    nbytes: int  # bytes read and held per copy (payload padded to ALIGN)
+    # (key, dtype, shape, byte offset in the unit) per tensor
+    tensors: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
+
+
+# ---- conversion ---------------------------------------------------------------------------
+
+
+def _sources(ckpt_dir: Path) -> dict[str, list[int]]:
+    """Checkpoint files -> [size, mtime_ns], to notice a checkpoint rewritten after conversion."""
+    files = [ckpt_dir / "config.json", *sorted(ckpt_dir.glob("model*.safetensors"))]
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+
+
+def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Convert a checkpoint to the offload layout (once; reused while the checkpoint is unchanged)."""
+    ckpt = Path(ckpt_dir)
+    out = Path(out_dir) if out_dir is not None else ckpt / OFFLOAD_DIR
+    spec, index = load_checkpoint(ckpt)
+    sources = _sources(ckpt)
+    manifest_path = out / MANIFEST
+    if manifest_path.is_file() and json.loads(manifest_path.read_text()).get("sources") == sources:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    records, pos = [], 0
+    tmp = out / (DATA_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        for unit, tensors in unit_layout(spec).items():
+            entries, size = [], 0
+            for key, ts in tensors.items():
+                e = index[ts.hf_name]
+                size = _round_up(size, TENSOR_ALIGN)
+                entries.append((key, e, size))
+                size += e.nbytes
+            buf = bytearray(_round_up(size, ALIGN))
+            for _, e, off in entries:
+                with open(e.file, "rb") as src:
+                    src.seek(e.offset)
+                    buf[off : off + e.nbytes] = src.read(e.nbytes)
+            f.write(buf)
+            tensor_meta = [[k, ST_CODE[e.dtype], list(e.shape), off] for k, e, off in entries]
+            records.append(
+                {
+                    "kind": str(unit.kind),
+                    "layer": unit.layer,
+                    "expert": unit.expert,
+                    "offset": pos,
+                    "nbytes": len(buf),
+                    "tensors": tensor_meta,
+                }
+            )
+            pos += len(buf)
+    os.replace(tmp, out / DATA_FILE)
+    manifest = {
+        "version": 1,
+        "align": ALIGN,
+        "model": spec.name,
+        "sources": sources,
+        "units": records,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    log.info(
+        "converted %s to the offload layout in %s (%d units, %d bytes)",
+        ckpt,
+        out,
+        len(records),
+        pos,
+    )
+    return out
+
+
+def read_manifest(offload_dir: str | Path) -> dict[Unit, UnitRecord]:
+    path = Path(offload_dir) / MANIFEST
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: missing offload manifest; run real.store.build_offload on the checkpoint"
+        )
+    out = {}
+    for r in json.loads(path.read_text())["units"]:
+        unit = Unit(Tensor(r["kind"]), r["layer"], r["expert"])
+        tensors = tuple((k, ST_DTYPES[dt], tuple(shape), off) for k, dt, shape, off in r["tensors"])
+        out[unit] = UnitRecord(unit, r["offset"], r["nbytes"], tensors)
+    return out
+
+
+# ---- disk ---------------------------------------------------------------------------------
+
+
+def aligned_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
+    """A uint8 CPU buffer of nbytes starting on an ALIGN boundary (pinned if asked)."""
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    skip = (-raw.data_ptr()) % ALIGN
+    return raw[skip : skip + nbytes]
+
+
+class DiskReader:
+    """Reads byte ranges of one file with O_DIRECT (page cache bypassed) into aligned buffers.
+
+    Where the filesystem refuses O_DIRECT (tmpfs) it logs one warning and reads buffered.
+    """
+
+    def __init__(self, path: str | Path, direct: bool = True) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(
+                f"{self.path}: missing offload data file; rebuild it with build_offload"
+            )
+        self.direct = direct and hasattr(os, "O_DIRECT")
+        self.fd = -1
+        if self.direct:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+                os.preadv(self.fd, [memoryview(aligned_empty(ALIGN).numpy())], 0)  # probe
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                if self.fd >= 0:
+                    os.close(self.fd)
+                self.direct = False
+                log.warning(
+                    "%s: O_DIRECT unsupported on this filesystem (tmpfs?); reading through the page "
+                    "cache, so reads show RAM, not disk, bandwidth",
+                    self.path,
+                )
+        if not self.direct:
+            self.fd = os.open(self.path, os.O_RDONLY)
+
+    def read_into(self, buf: torch.Tensor, offset: int) -> None:
+        """Fill buf (uint8, ALIGN-aligned address and length) from the file at offset."""
+        assert buf.data_ptr() % ALIGN == 0 and buf.numel() % ALIGN == 0 and offset % ALIGN == 0
+        view = memoryview(buf.numpy())
+        done, n = 0, buf.numel()
+        while done < n:
+            chunk = view[done : min(n, done + _READ_CHUNK)]
+            got = os.preadv(self.fd, [chunk], offset + done)
+            if got == 0:
+                raise OSError(
+                    f"{self.path}: file ends at byte {offset + done}, reading {n} bytes at {offset}; "
+                    "the offload file is truncated, rebuild it"
+                )
+            done += got
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# ---- tiers --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pool:
+    """Capacity accounting and resident buffers of one memory tier (guarded by the store's lock)."""
+
+    name: str
+    capacity_bytes: float
+    used_bytes: int = 0  # reserved by resident and in-flight units
+    buffers: dict[Unit, torch.Tensor] = field(default_factory=dict)  # unit -> contiguous uint8
+    filled: set[Unit] = field(default_factory=set)  # units whose bytes have arrived
+    busy: set[Unit] = field(default_factory=set)  # units being read or copied right now
+
+
+class TieredStore:
+    """Units move disk -> host (`read_disk`) -> device pool (`to_device`) and leave by `evict`.
+
+    The device pool is GPU memory on CUDA, else RAM; its capacity is enforced by accounting (the
+    caching allocator does the placement). On CUDA, host buffers are pinned and `to_device`
+    enqueues the copy on `stream` with non_blocking=True: wait on that stream (an event) before
+    reading the tensors, and `record_stream` them if another stream uses them before `free`.
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: str | Path,
+        device_capacity_bytes: int,
+        host_capacity_bytes: int | None = None,
+        device: str | torch.device | None = None,
+        offload_dir: str | Path | None = None,
+        direct: bool = True,
+    ) -> None:
+        self.offload_dir = build_offload(ckpt_dir, offload_dir)
+        self.records = read_manifest(self.offload_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._pin = self.device.type == "cuda"
+        self.disk = DiskReader(self.offload_dir / DATA_FILE, direct)
+        self.host = _Pool(
+            "host tier", float("inf") if host_capacity_bytes is None else host_capacity_bytes
+        )
+        self.pool = _Pool("device pool", device_capacity_bytes)
+        self._cv = threading.Condition()
+
+    # ---- queries ----------------------------------------------------------------------------
+    def unit_bytes(self, unit: Unit) -> int:
+        """Bytes one copy of the unit takes in a tier (payload padded to ALIGN)."""
+        return self._record(unit).nbytes
+
+    def resident(self, unit: Unit, tier: Tier) -> Weights | None:
+        """The unit's tensors in a tier if they have arrived there, else None."""
+        pool = self._pool(tier)
+        with self._cv:
+            buf = pool.buffers.get(unit) if unit in pool.filled else None
+        return None if buf is None else self._views(unit, buf)
+
+    # ---- operations -------------------------------------------------------------------------
+    def read_disk(self, unit: Unit) -> Weights:
+        """Read a unit from disk into the host tier (one O_DIRECT read); host tensors."""
+        rec = self._record(unit)
+        if not self._reserve(self.host, unit, rec.nbytes):
+            return self._views(unit, self.host.buffers[unit])
+        try:
+            buf = aligned_empty(rec.nbytes, pin=self._pin)
+            self.disk.read_into(buf, rec.offset)
+        except BaseException:
+            self._release(self.host, unit, rec.nbytes)
+            raise
+        self._arrive(self.host, unit, buf)
+        return self._views(unit, buf)
+
+    def alloc(self, unit: Unit) -> Weights:
+        """Reserve the unit's space in the device pool (contents undefined until `to_device`)."""
+        rec = self._record(unit)
+        with self._cv:
+            if unit in self.pool.buffers:
+                return self._views(unit, self.pool.buffers[unit])
+            self._check_fits(self.pool, unit, rec.nbytes)
+            self.pool.used_bytes += rec.nbytes
+            self.pool.buffers[unit] = torch.empty(rec.nbytes, dtype=torch.uint8, device=self.device)
+            return self._views(unit, self.pool.buffers[unit])
+
+    def to_device(self, unit: Unit, stream: torch.cuda.Stream | None = None) -> Weights:
+        """Copy a host-resident unit into the device pool (allocating unless `alloc`ed); device tensors."""
+        with self._cv:
+            src = self.host.buffers.get(unit) if unit in self.host.filled else None
+        if src is None:
+            raise MoepipeError(
+                f"to_device({unit}): the unit is not in the host tier; read_disk it first"
+            )
+        self.alloc(unit)
+        with self._cv:
+            while unit in self.pool.busy:
+                self._cv.wait()
+            if unit in self.pool.filled:
+                return self._views(unit, self.pool.buffers[unit])
+            self.pool.busy.add(unit)
+            dst = self.pool.buffers[unit]
+        try:
+            if stream is not None and self.device.type == "cuda":
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            else:
+                dst.copy_(src, non_blocking=self.device.type == "cuda")
+        finally:
+            with self._cv:
+                self.pool.busy.discard(unit)
+                self._cv.notify_all()
+        self._arrive(self.pool, unit, dst)
+        return self._views(unit, dst)
+
+    def free(self, unit: Unit) -> None:
+        """Release the unit's space in the device pool."""
+        self.evict(unit, Tier.GPU)
+
+    def evict(self, unit: Unit, tier: Tier) -> None:
+        """Drop the unit's copy in the host tier (Tier.CPU) or device pool (Tier.GPU)."""
+        pool = self._pool(tier)
+        with self._cv:
+            while unit in pool.busy:
+                self._cv.wait()
+            if unit not in pool.buffers:
+                raise MoepipeError(f"evict({unit}, {tier}): the unit is not in the {pool.name}")
+            del pool.buffers[unit]
+            pool.filled.discard(unit)
+            pool.used_bytes -= self._record(unit).nbytes
+
+    def close(self) -> None:
+        self.disk.close()
+
+    # ---- internals --------------------------------------------------------------------------
+    def _record(self, unit: Unit) -> UnitRecord:
+        try:
+            return self.records[unit]
+        except KeyError:
+            raise MoepipeError(f"unit {unit} is not in this model ({self.offload_dir})") from None
+
+    def _pool(self, tier: Tier) -> _Pool:
+        if tier == Tier.DISK:
+            raise MoepipeError("the disk tier holds every unit; evict from Tier.CPU or Tier.GPU")
+        return self.pool if tier == Tier.GPU else self.host
+
+    def _views(self, unit: Unit, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        for key, dtype, shape, off in self._record(unit).tensors:
+            n = dtype.itemsize * int(torch.Size(shape).numel())
+            out[key] = buf[off : off + n].view(dtype).view(shape)
+        return out
+
+    def _check_fits(self, pool: _Pool, unit: Unit, nbytes: int) -> None:
+        if pool.used_bytes + nbytes <= pool.capacity_bytes:
+            return
+        if pool is self.pool and unit.layer >= 0:
+            layer = sum(self.records[u].nbytes for u in pool.buffers if u.layer == unit.layer)
+            what = f"layer {unit.layer}'s working set of {layer + nbytes} bytes"
+        else:
+            what = f"{unit} of {nbytes} bytes"
+        raise CapacityError(
+            f"{pool.name} of {int(pool.capacity_bytes)} bytes too small for {what} "
+            f"({unit} needs {nbytes} bytes, {pool.used_bytes} in use by {len(pool.buffers)} units); "
+            "free units first or raise the capacity"
+        )
+
+    def _reserve(self, pool: _Pool, unit: Unit, nbytes: int) -> bool:
+        """Claim space for a load; False if the unit is (or, once a concurrent load ends, is) there."""
+        with self._cv:
+            while unit in pool.busy:
+                self._cv.wait()
+            if unit in pool.buffers:
+                return False
+            self._check_fits(pool, unit, nbytes)
+            pool.used_bytes += nbytes
+            pool.busy.add(unit)
+            return True
+
+    def _release(self, pool: _Pool, unit: Unit, nbytes: int) -> None:
+        with self._cv:
+            pool.used_bytes -= nbytes
+            pool.busy.discard(unit)
+            self._cv.notify_all()
+
+    def _arrive(self, pool: _Pool, unit: Unit, buf: torch.Tensor) -> None:
+        with self._cv:
+            pool.buffers[unit] = buf
+            pool.filled.add(unit)
+            pool.busy.discard(unit)
+            self._cv.notify_all()

@@ -1,0 +1,51 @@
+"""Shared fixtures: the round-number `tiny` model/hardware/workload from conf/, and helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from core.routing import Routing
+from core.spec import HardwareSpec, ModelSpec, Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def conf(group: str, name: str) -> dict:
+    return yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())
+
+
+def model_from_conf(name: str) -> ModelSpec:
+    return ModelSpec.from_dict(conf("model", name))
+
+
+def hardware_from_conf(name: str) -> HardwareSpec:
+    return HardwareSpec.from_dict(conf("hardware", name))
+
+
+def random_routing(model: ModelSpec, workload: Workload, seed: int = 0) -> Routing:
+    """Uniform random distinct top-k experts per token: a routing independent of core.synthetic."""
+    rng = np.random.default_rng(seed)
+    shape = (workload.n_sequences, workload.seq_positions, len(model.moe_layers), model.n_experts)
+    ids = np.argsort(rng.random(shape), axis=-1)[..., : model.top_k].astype(np.int16)
+    weights = np.full(ids.shape, 1.0 / model.top_k, dtype=np.float32)
+    return Routing(ids, weights, model.n_experts, f"uniform random seed {seed}")
+
+
+@pytest.fixture
+def tiny_model() -> ModelSpec:
+    return model_from_conf("tiny")
+
+
+@pytest.fixture
+def tiny_hw() -> HardwareSpec:
+    return hardware_from_conf("tiny")
+
+
+@pytest.fixture
+def tiny_workload() -> Workload:
+    return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)

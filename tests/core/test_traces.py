@@ -1,0 +1,209 @@
+"""The real ESFT routing trace: loading, validation errors, workload windows, and the converter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import TraceError
+from core.routing import load_routing
+from core.spec import ModelSpec, RoutingConfig, Workload
+from core.traces import TRACE_FILE, TRACE_NAME, convert_esft, esft_routing, load_esft
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def traces_dir() -> Path:
+    d = (REPO / ".." / "shared" / "traces").resolve()
+    if not (d / TRACE_NAME / TRACE_FILE).exists():
+        pytest.skip("../shared/traces is absent")
+    return d
+
+
+def model(
+    layers: int = 26, experts: int = 64, top_k: int = 6, name: str = "dsv2lite-like"
+) -> ModelSpec:
+    return ModelSpec(
+        name=name, family="deepseek_v2", n_layers=layers, moe_layers=tuple(range(layers)),
+        hidden_size=64, expert_ffn_size=32, n_experts=experts, top_k=top_k,
+        n_heads=2, n_kv_heads=2, head_dim=32, vocab_size=100,
+    )  # fmt: skip
+
+
+def workload(
+    trace_dir: Path, bs: int = 2, n: int = 2, prompt: int = 8, gen: int = 3, **routing: object
+) -> Workload:
+    cfg = RoutingConfig(source="trace", trace_dir=str(trace_dir), **routing)  # type: ignore[arg-type]
+    return Workload(batch_size=bs, n_batches=n, prompt_len=prompt, gen_len=gen, routing=cfg)
+
+
+def test_load_shapes(traces_dir: Path) -> None:
+    tr = load_esft(traces_dir)
+    assert tr.expert_ids.shape == (33279, 26, 6)
+    assert tr.gate_weights.shape == tr.expert_ids.shape
+    assert tr.task_names == ("intent", "law", "summary", "translation")
+    assert len(np.unique(tr.seq_key)) == 127 + 33 + 13 + 40
+
+
+def test_relative_trace_dir_resolves_against_cwd(
+    traces_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(traces_dir.parent)
+    assert load_esft("traces").n_tokens == 33279
+
+
+def test_windows_continue_into_next_sequence(traces_dir: Path) -> None:
+    """intent sequences have 47..88 tokens, so 4 windows of 40 positions span several of them."""
+    tr = load_esft(traces_dir)
+    wl = workload(traces_dir, bs=2, n=2, prompt=40, gen=1, tasks=("intent",))
+    r = esft_routing(model(), wl)
+    assert r.expert_ids.shape == (4, 40, 26, 6) and r.expert_ids.dtype == np.int16
+    intent = np.flatnonzero(tr.task == 0)[:160]  # already in (seq_id, pos) order
+    assert len(np.unique(tr.seq_id[intent])) > 2
+    np.testing.assert_array_equal(r.expert_ids, tr.expert_ids[intent].reshape(4, 40, 26, 6))
+    np.testing.assert_array_equal(r.gate_weights, tr.gate_weights[intent].reshape(4, 40, 26, 6))
+    assert "wrapped 0x" in r.description
+    r.check_fits(model(), wl)
+
+
+def test_wraps_and_excludes(traces_dir: Path) -> None:
+    tr = load_esft(traces_dir)
+    n_summary = int((tr.task == 2).sum())
+    wl = workload(traces_dir, bs=10, n=2, prompt=1000, gen=1, tasks=("summary",))
+    r = esft_routing(model(), wl)
+    assert f"wrapped {(20 * 1000 - 1) // n_summary}x" in r.description
+    only = workload(traces_dir, exclude_tasks=("intent", "law", "translation"))
+    np.testing.assert_array_equal(
+        esft_routing(model(), only).expert_ids,
+        esft_routing(model(), workload(traces_dir, tasks=("summary",))).expert_ids,
+    )
+
+
+def test_seed_rotates_start_sequence(traces_dir: Path) -> None:
+    tr = load_esft(traces_dir)
+    r0 = esft_routing(model(), workload(traces_dir, tasks=("law",)))
+    r1 = esft_routing(model(), workload(traces_dir, tasks=("law",)).with_(seed=1))
+    first_of_seq1 = np.flatnonzero((tr.task == 1) & (tr.seq_id == 1))[0]
+    np.testing.assert_array_equal(r1.expert_ids[0, 0], tr.expert_ids[first_of_seq1])
+    assert not np.array_equal(r0.expert_ids, r1.expert_ids)
+    np.testing.assert_array_equal(
+        r0.expert_ids, esft_routing(model(), workload(traces_dir, tasks=("law",))).expert_ids
+    )
+
+
+def test_shape_mismatch_names_both_shapes(traces_dir: Path) -> None:
+    with pytest.raises(
+        TraceError, match=r"\(26 layers, 64 experts, top-6\).*mixtral-8x7b has \(32, 8, 2\)"
+    ):
+        esft_routing(model(32, 8, 2, "mixtral-8x7b"), workload(traces_dir))
+
+
+def test_unknown_task(traces_dir: Path) -> None:
+    with pytest.raises(TraceError, match="unknown task.*'chess'.*intent"):
+        esft_routing(model(), workload(traces_dir, tasks=("chess",)))
+    with pytest.raises(TraceError, match="selects no tokens"):
+        esft_routing(model(), workload(traces_dir, tasks=("law",), exclude_tasks=("law",)))
+
+
+def test_load_routing_dispatches_to_trace(traces_dir: Path) -> None:
+    r = load_routing(model(), workload(traces_dir))
+    assert r.n_experts == 64 and r.top_k == 6
+
+
+def test_missing_file_names_file_and_fix(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=rf"{tmp_path}.*{TRACE_FILE}.*workload.routing.trace_dir"):
+        load_esft(tmp_path)
+
+
+def _write(tmp_path: Path, **arrays: np.ndarray) -> Path:
+    d = tmp_path / TRACE_NAME
+    d.mkdir(exist_ok=True)
+    np.savez(d / TRACE_FILE, **arrays)
+    return tmp_path
+
+
+def _good(t: int = 5) -> dict[str, np.ndarray]:
+    return dict(
+        expert_ids=np.zeros((t, 26, 6), np.uint8), gate_weights=np.zeros((t, 26, 6), np.float32),
+        task=np.zeros(t, np.uint8), seq_id=np.zeros(t, np.int32), pos=np.arange(t, dtype=np.int32),
+        task_names=np.array(["intent"]),
+    )  # fmt: skip
+
+
+def test_corrupt_files(tmp_path: Path) -> None:
+    d = tmp_path / TRACE_NAME
+    d.mkdir()
+    (d / TRACE_FILE).write_bytes(b"not a zip at all")
+    with pytest.raises(TraceError, match=rf"{TRACE_FILE}: not a readable npz"):
+        load_esft(tmp_path)
+    arrays = _good()
+    del arrays["pos"]
+    with pytest.raises(TraceError, match=r"missing array\(s\) \['pos'\]"):
+        load_esft(_write(tmp_path, **arrays))
+    with pytest.raises(TraceError, match=r"expert_ids has shape \(5, 26, 4\)"):
+        load_esft(_write(tmp_path, **(_good() | {"expert_ids": np.zeros((5, 26, 4), np.uint8)})))
+    with pytest.raises(TraceError, match=r"seq_id has shape \(4,\)"):
+        load_esft(_write(tmp_path, **(_good() | {"seq_id": np.zeros(4, np.int32)})))
+    assert load_esft(_write(tmp_path, **_good())).n_tokens == 5
+
+
+def test_converter_small_directory(tmp_path: Path) -> None:
+    """Two tasks, two layers; one sequence of 2 tokens and one of 1 token per task."""
+    src = tmp_path / "expert_scores"
+    for task, base in (("b", 10), ("a", 20)):
+        (src / task).mkdir(parents=True)
+        for layer in (1, 2):
+            ids = [list(range(base + layer, base + layer + 12)), list(range(6))]
+            w = [[0.1] * 12, [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]]
+            lines = [
+                "\t".join(map(str, i)) + "\t\t" + "\t".join(f"{x:.4f}" for x in ww)
+                for i, ww in zip(ids, w, strict=True)
+            ]
+            (src / task / f"expert_weights_{layer}.txt").write_text("\n".join(lines) + "\n")
+    out = convert_esft(tmp_path, tmp_path / "out.npz")
+    z = np.load(out)
+    assert list(z["task_names"]) == ["a", "b"]
+    assert z["expert_ids"].shape == (6, 2, 6)
+    np.testing.assert_array_equal(z["task"], [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(z["seq_id"], [0, 0, 1, 0, 0, 1])
+    np.testing.assert_array_equal(z["pos"], [0, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(z["expert_ids"][1, 1], range(28, 34))  # task a, token 1, layer 2
+    assert z["gate_weights"][2, 0, 0] == np.float32(0.5)
+
+
+def test_converter_rejects_mismatched_layers(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "expert_weights_1.txt").write_text(
+        "\t".join(["1"] * 6) + "\t\t" + "\t".join(["0.1"] * 6) + "\n"
+    )
+    (tmp_path / "t" / "expert_weights_2.txt").write_text(
+        "\t".join(["1"] * 12) + "\t\t" + "\t".join(["0.1"] * 12) + "\n"
+    )
+    with pytest.raises(TraceError, match=r"expert_weights_2.txt line 1: 2 tokens, layer 1 has 1"):
+        convert_esft(tmp_path, tmp_path / "o.npz")
+    with pytest.raises(TraceError, match="no such file"):
+        convert_esft(tmp_path / "nope", tmp_path / "o.npz")
+
+
+def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.convert_traces import main
+
+    assert main([str(tmp_path / "nope.tar.gz"), str(tmp_path / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope.tar.gz" in err and err.count("\n") == 1
+
+
+def test_converter_reproduces_shipped_npz(traces_dir: Path, tmp_path: Path) -> None:
+    """The upstream tarball converts to exactly the shipped arrays (values, dtypes, keys)."""
+    tarball = traces_dir / TRACE_NAME / "original" / "esft_expert_scores_original.tar.gz"
+    if not tarball.exists():
+        pytest.skip("original tarball absent")
+    new = np.load(convert_esft(tarball, tmp_path / "esft.npz"))
+    old = np.load(traces_dir / TRACE_NAME / TRACE_FILE)
+    assert sorted(new.files) == sorted(old.files)
+    for key in old.files:
+        assert new[key].dtype == old[key].dtype, key
+        np.testing.assert_array_equal(new[key], old[key], err_msg=key)

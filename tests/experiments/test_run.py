@@ -1,0 +1,93 @@
+"""`python -m experiments.run` end to end: the run directory, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from core.trace import TRACE_COLUMNS
+from tests.conftest import ROOT, SHARED_TRACES
+
+TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
+
+
+def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.run", *args, f"hydra.run.dir={tmp_path}/run",
+         f"hydra.sweep.dir={tmp_path}/sweep"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_run_writes_the_run_directory(tmp_path):
+    r = run([*TINY, "planner=flexgen"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "run"
+    for f in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):
+        assert (out / f).exists(), f
+    s = json.loads((out / "summary.json").read_text())
+    for key in (
+        "planner", "executor", "model", "hardware", "batch_size", "n_batches", "prompt_len", "gen_len",
+        "tokens_generated", "makespan_s", "prefill_s", "decode_s", "throughput_tok_s", "busy_s",
+        "gpu_bubble_s", "lower_bound_s", "efficiency", "bytes_moved", "peak_bytes", "ops",
+    ):  # fmt: skip
+        assert key in s, key
+    assert s["tokens_generated"] == 2 * 2 * 3
+    assert s["throughput_tok_s"] == pytest.approx(s["tokens_generated"] / s["makespan_s"])
+    trace = pd.read_parquet(out / "trace.parquet")
+    assert list(trace.columns) == TRACE_COLUMNS and len(trace) == s["ops"]
+    chrome = json.loads((out / "trace.json").read_text())
+    names = {e["args"]["name"] for e in chrome["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"sim"}
+    threads = {e["args"]["name"] for e in chrome["traceEvents"] if e.get("name") == "thread_name"}
+    assert threads == set(trace["stream"].astype(str))
+
+
+def test_sweep_runs_every_planner(tmp_path):
+    r = run(["-m", *TINY, "planner=sequential,flexgen"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["planner=nope"], "Could not find 'planner/nope'"),
+        (["hardware.links.h2d.gbps=-1"], "links.h2d.bandwidth must be positive"),
+        (["hardware.memory_gb.gpu=0"], "memory.gpu must be a positive capacity"),
+        (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
+        (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),
+        (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
+        (["workload.prompt_len=4000000", "hardware.memory_gb.disk=1000"], "KV cache"),
+        (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, message, tmp_path):
+    r = run([*TINY, "planner=flexgen", *args], tmp_path)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_missing_trace_file_is_named(tmp_path):
+    r = run(
+        ["model=deepseek-v2-lite", "hardware=h200", "workload=tiny", "planner=flexgen",
+         f"workload.routing.trace_dir={tmp_path}/nowhere"],
+        tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "nowhere" in r.stderr and "esft_routing.npz" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_routing_of_the_wrong_shape_is_rejected(tmp_path):
+    r = run([*TINY, "planner=flexgen", "workload.routing.source=trace"], tmp_path)
+    assert r.returncode == 2
+    assert "(26" in r.stderr and "tiny" in r.stderr, r.stderr

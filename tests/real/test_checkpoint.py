@@ -1,0 +1,200 @@
+"""Checkpoints: config.json round-trips to the same ModelSpec for every conf/model, HF tensor
+names, sharding, the make_checkpoint CLI, and one-line errors naming the bad file or tensor."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from core.errors import ConfigError
+from core.spec import ModelSpec, hf_config_to_spec
+from core.types import Tensor
+from real import make_checkpoint
+from real.checkpoint import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    Unit,
+    load_checkpoint,
+    reduced_spec,
+    spec_to_hf_config,
+    unit_layout,
+    write_checkpoint,
+)
+from tests.real.conftest import ALL_MODELS, small_overrides
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_hf_config_round_trip_full_size(name):
+    spec = reduced_spec(name)
+    assert hf_config_to_spec(spec_to_hf_config(spec), spec.name) == spec
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_checkpoint_round_trip_reduced(name, small_ckpt):
+    """The written directory reads back (config.json and every tensor's shape) to the same spec."""
+    spec = reduced_spec(name, **small_overrides(name))
+    loaded, index = load_checkpoint(small_ckpt(name))
+    assert loaded == ModelSpec(**{**vars(spec), "name": name})
+    n_tensors = sum(len(t) for t in unit_layout(spec).values())
+    assert len(index) == n_tensors
+
+
+def test_qwen_dense_layers_round_trip(tmp_path):
+    spec = reduced_spec(
+        "qwen1.5-moe-a2.7b",
+        **small_overrides("qwen1.5-moe-a2.7b"),
+        moe_layers=[0, 2],
+        dense_ffn_size=48,
+    )
+    write_checkpoint(spec, tmp_path / "q")
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert cfg["mlp_only_layers"] == [1] and cfg["intermediate_size"] == 48
+    assert load_checkpoint(tmp_path / "q")[0].moe_layers == (0, 2)
+
+
+def test_mixtral_hf_names(mixtral_tiny):
+    cfg = json.loads((mixtral_tiny / "config.json").read_text())
+    assert cfg["model_type"] == "mixtral" and cfg["num_local_experts"] == 8
+    assert cfg["num_experts_per_tok"] == 2 and cfg["intermediate_size"] == 256
+    _, index = load_checkpoint(mixtral_tiny)
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.1.block_sparse_moe.gate.weight",
+        "model.layers.2.block_sparse_moe.experts.7.w3.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ]:
+        assert name in index, name
+    assert index["model.layers.1.block_sparse_moe.experts.0.w2.weight"].shape == (128, 256)
+    assert index["model.layers.0.self_attn.k_proj.weight"].shape == (2 * 32, 128)
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (
+            "qwen1.5-moe-a2.7b",
+            [
+                "model.layers.0.mlp.shared_expert_gate.weight",
+                "model.layers.0.mlp.shared_expert.up_proj.weight",
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.mlp.experts.3.gate_proj.weight",
+            ],
+        ),
+        (
+            "deepseek-v2-lite",
+            [
+                "model.layers.0.mlp.down_proj.weight",
+                "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                "model.layers.2.mlp.gate.weight",
+            ],
+        ),
+        (
+            "olmoe-1b-7b",
+            ["model.layers.2.mlp.experts.15.down_proj.weight", "model.layers.0.mlp.gate.weight"],
+        ),
+        (
+            "switch-base-128",
+            [
+                "shared.weight",
+                "encoder.block.0.layer.1.mlp.wi.weight",
+                "encoder.block.1.layer.1.mlp.router.classifier.weight",
+                "encoder.block.3.layer.1.mlp.experts.expert_7.wo.weight",
+                "encoder.final_layer_norm.weight",
+            ],
+        ),
+    ],
+)
+def test_family_hf_names(name, expected, small_ckpt):
+    _, index = load_checkpoint(small_ckpt(name))
+    for hf in expected:
+        assert hf in index, hf
+
+
+def test_sharded_checkpoint_and_missing_shard(tmp_path):
+    spec = reduced_spec("mixtral-tiny")
+    d = write_checkpoint(spec, tmp_path / "sh", shard_bytes=2**20)
+    weight_map = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    assert len(shards) > 3 and not (d / SINGLE_FILE).exists()
+    _, index = load_checkpoint(d)
+    assert {e.file.name for e in index.values()} == set(shards)
+    (d / shards[1]).unlink()
+    with pytest.raises(ConfigError, match=shards[1]):
+        load_checkpoint(d)
+
+
+def test_missing_dir_and_config(tmp_path, mixtral_tiny):
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        load_checkpoint(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="config.json"):
+        load_checkpoint(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text((mixtral_tiny / "config.json").read_text())
+    with pytest.raises(ConfigError, match=SINGLE_FILE):
+        load_checkpoint(tmp_path / "empty")
+
+
+def test_truncated_file_names_the_file(tmp_path):
+    d = write_checkpoint(reduced_spec("tiny"), tmp_path / "t")
+    f = d / SINGLE_FILE
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(ConfigError, match=rf"{f}: truncated.*lm_head|{f}: truncated"):
+        load_checkpoint(d)
+    f.write_bytes(b"\x10\x00")
+    with pytest.raises(ConfigError, match=rf"{f}: truncated"):
+        load_checkpoint(d)
+
+
+def test_wrong_shape_names_tensor_and_shapes(tmp_path):
+    d = write_checkpoint(reduced_spec("tiny"), tmp_path / "w")
+    tensors = load_file(d / SINGLE_FILE)
+    name = "model.layers.1.block_sparse_moe.experts.2.w1.weight"
+    tensors[name] = torch.zeros(64, 64, dtype=torch.bfloat16)
+    save_file(tensors, d / SINGLE_FILE)
+    with pytest.raises(
+        ConfigError, match=rf"tensor {name} has shape \[64, 64\], config.json expects \[128, 64\]"
+    ):
+        load_checkpoint(d)
+
+
+def test_cli_writes_reduced_checkpoint(tmp_path, capsys):
+    rc = make_checkpoint.main(
+        [
+            "model=olmoe-1b-7b",
+            f"out={tmp_path / 'o'}",
+            "seed=3",
+            "hidden_size=64",
+            "n_layers=2",
+            "expert_ffn_size=32",
+            "n_experts=8",
+            "top_k=2",
+            "vocab_size=100",
+        ]
+    )
+    assert rc == 0 and "wrote" in capsys.readouterr().out
+    spec, _ = load_checkpoint(tmp_path / "o")
+    assert (spec.family, spec.hidden_size, spec.n_layers, spec.n_experts, spec.head_dim) == (
+        "olmoe",
+        64,
+        2,
+        8,
+        4,
+    )  # 64 // 16 heads
+    assert spec.moe_layers == (0, 1)
+    assert (Unit(Tensor.EXPERT, 1, 7) in unit_layout(spec)) and (
+        Unit(Tensor.EXPERT, 1, 8) not in unit_layout(spec)
+    )
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert make_checkpoint.main(["model=nope", f"out={tmp_path}"]) == 2
+    assert make_checkpoint.main(["model=tiny", f"out={tmp_path}", "bogus_field=1"]) == 2
+    assert make_checkpoint.main(["model=tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+    assert "bogus_field" in err[1] and "out=" in err[2]

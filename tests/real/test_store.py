@@ -1,0 +1,158 @@
+"""The tiered store: O_DIRECT reads return the checkpoint's bytes, capacities are enforced with
+errors that name the sizes, units move and leave tiers as asked, concurrent loads are safe."""
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.errors import CapacityError, MoepipeError
+from core.types import Tensor, Tier
+from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
+from real.store import ALIGN, DATA_FILE, DiskReader, TieredStore, aligned_empty, build_offload
+
+
+@pytest.fixture
+def store(mixtral_tiny, tmp_path):
+    s = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    yield s
+    s.close()
+
+
+def test_offload_layout_is_aligned_and_reused(store, mixtral_tiny, tmp_path):
+    assert all(r.offset % ALIGN == 0 and r.nbytes % ALIGN == 0 for r in store.records.values())
+    data = tmp_path / "off" / DATA_FILE
+    mtime = data.stat().st_mtime_ns
+    build_offload(mixtral_tiny, tmp_path / "off")
+    assert data.stat().st_mtime_ns == mtime  # converted once
+
+
+def test_direct_read_equals_plain_read_and_checkpoint(store, mixtral_tiny):
+    spec, index = load_checkpoint(mixtral_tiny)
+    layout = unit_layout(spec)
+    if os.uname().sysname == "Linux":
+        logging.getLogger(__name__).info("O_DIRECT in use: %s", store.disk.direct)
+    for unit in [Unit(Tensor.EXPERT, 2, 5), Unit(Tensor.ATTENTION, 0), Unit(Tensor.HEAD)]:
+        got = store.read_disk(unit)
+        rec = store.records[unit]
+        with open(store.disk.path, "rb") as f:
+            f.seek(rec.offset)
+            plain = f.read(rec.nbytes)
+        buf = store.host.buffers[unit]
+        assert buf.data_ptr() % ALIGN == 0
+        assert bytes(buf.numpy()) == plain
+        for key, ts in layout[unit].items():
+            assert torch.equal(got[key], read_tensor(index[ts.hf_name])), (unit, key)
+
+
+def test_tmpfs_falls_back_with_one_warning(caplog):
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm")
+    path = shm / f"moepipe-test-{os.getpid()}.bin"
+    path.write_bytes(bytes(range(256)) * 32)
+    try:
+        with caplog.at_level(logging.WARNING, logger="real.store"):
+            r = DiskReader(path)
+        buf = aligned_empty(2 * ALIGN)
+        r.read_into(buf, 0)
+        assert bytes(buf.numpy()) == path.read_bytes()
+        if not r.direct:
+            assert sum("O_DIRECT unsupported" in m for m in caplog.messages) == 1
+        r.close()
+    finally:
+        path.unlink()
+
+
+def test_truncated_offload_file_raises(mixtral_tiny, tmp_path):
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    last = max(store.records.values(), key=lambda r: r.offset)
+    os.truncate(store.disk.path, last.offset + ALIGN)
+    with pytest.raises(OSError, match=rf"{DATA_FILE}: file ends at byte"):
+        store.read_disk(last.unit)
+    assert store.host.used_bytes == 0  # the failed read gave its space back
+    store.close()
+
+
+def test_device_pool_too_small_names_sizes(mixtral_tiny, tmp_path):
+    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1, offload_dir=tmp_path / "off")
+    attn, gate = Unit(Tensor.ATTENTION, 1), Unit(Tensor.GATE, 1)
+    cap = probe.unit_bytes(attn) + probe.unit_bytes(gate) - 1
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=cap, offload_dir=tmp_path / "off")
+    store.read_disk(attn)
+    store.read_disk(gate)
+    store.to_device(attn)
+    need = store.unit_bytes(attn) + store.unit_bytes(gate)
+    with pytest.raises(
+        CapacityError,
+        match=rf"device pool of {cap} bytes too small for layer 1's working set of {need} bytes",
+    ):
+        store.to_device(gate)
+    store.free(attn)
+    assert store.to_device(gate)["router"].shape == (8, 128)
+    store.close()
+    probe.close()
+
+
+def test_host_capacity_and_tier_moves(mixtral_tiny, tmp_path):
+    unit = Unit(Tensor.EXPERT, 0, 0)
+    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1, offload_dir=tmp_path / "off")
+    n = probe.unit_bytes(unit)
+    store = TieredStore(
+        mixtral_tiny, device_capacity_bytes=n, host_capacity_bytes=n, offload_dir=tmp_path / "off"
+    )
+    with pytest.raises(MoepipeError, match="not in the host tier"):
+        store.to_device(unit)
+    host = store.read_disk(unit)
+    with pytest.raises(CapacityError, match=f"host tier of {n} bytes too small"):
+        store.read_disk(Unit(Tensor.EXPERT, 0, 1))
+    dev = store.to_device(unit)
+    assert all(torch.equal(host[k], dev[k]) for k in host)
+    assert dev["w1"].data_ptr() != host["w1"].data_ptr()
+    store.evict(unit, Tier.CPU)
+    assert store.resident(unit, Tier.CPU) is None and store.resident(unit, Tier.GPU) is not None
+    store.evict(unit, Tier.GPU)
+    with pytest.raises(MoepipeError, match="not in the device pool"):
+        store.free(unit)
+    assert store.pool.used_bytes == 0 and store.host.used_bytes == 0
+    store.close()
+    probe.close()
+
+
+def test_concurrent_loads_of_the_same_units(store):
+    units = [Unit(Tensor.EXPERT, layer, e) for layer in range(4) for e in range(8)]
+    errors = []
+
+    def worker():
+        try:
+            for u in units:
+                store.read_disk(u)
+                store.to_device(u)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert store.host.used_bytes == store.pool.used_bytes == sum(store.unit_bytes(u) for u in units)
+
+
+@pytest.mark.gpu
+def test_cuda_pinned_host_and_stream_copy(mixtral_tiny, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    unit = Unit(Tensor.EXPERT, 1, 3)
+    host = store.read_disk(unit)
+    assert host["w1"].is_pinned()
+    stream = torch.cuda.Stream()
+    dev = store.to_device(unit, stream)
+    stream.synchronize()
+    assert dev["w1"].is_cuda and torch.equal(dev["w1"].cpu(), host["w1"])
+    store.close()

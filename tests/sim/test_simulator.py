@@ -1,0 +1,135 @@
+"""Hand-worked simulator cases on round numbers: 1 GB/s links, 1 TFLOP/s GPU, no latency."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.cost import CostModel
+from core.errors import ScheduleError
+from core.schedule import ScheduleBuilder, validate
+from core.spec import HardwareSpec
+from core.types import OpKind, Resource, Tier
+from sim.executor import simulate
+
+GB = 10**9
+
+
+def hw(latency_us: float = 0.0, gpu_gb: float = 1.0) -> HardwareSpec:
+    return HardwareSpec.from_dict(
+        {
+            "name": "round",
+            "memory_gb": {"gpu": gpu_gb, "cpu": 4, "disk": 100},
+            "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0},
+            "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+            "links": {
+                "h2d": {"gbps": 1.0, "latency_us": latency_us},
+                "d2h": {"gbps": 1.0},
+                "disk": {"gbps": 0.5},
+            },
+        }
+    )
+
+
+def run(b: ScheduleBuilder, h: HardwareSpec):
+    s = b.build()
+    validate(s)
+    return simulate(s, CostModel(h))
+
+
+def load(b: ScheduleBuilder, stream: str, nbytes: int, deps=(), alloc: bool = False) -> int:
+    extra = dict(alloc_tier=Tier.GPU, alloc_bytes=nbytes) if alloc else {}
+    return b.add(OpKind.LOAD, stream, deps, src=Tier.CPU, dst=Tier.GPU, nbytes=nbytes, **extra)
+
+
+def test_one_load_takes_bytes_over_bandwidth_plus_latency():
+    """0.5 GB over 1 GB/s with 100 us latency: 0.5 s + 0.0001 s."""
+    h = hw(latency_us=100)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    load(b, "w", GB // 2)
+    start, end = run(b, h)
+    assert start[0] == 0.0
+    assert end[0] == pytest.approx(0.5001)
+
+
+def test_load_overlaps_compute_on_another_resource():
+    """A 1 s load and a 1 s compute (1 TFLOP at 1 TFLOP/s) on different resources: makespan 1 s."""
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    load(b, "w", GB)
+    b.add(OpKind.FFN, "c", flops=1e12)
+    start, end = run(b, h)
+    assert end.max() == pytest.approx(1.0)
+    assert start[1] == 0.0
+
+
+def test_two_streams_on_one_link_serialize():
+    """Two 1 GB loads on two streams sharing h2d: the second starts when the first ends (1 s, 2 s)."""
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("weights", Resource.H2D)
+    b.stream("experts", Resource.H2D)
+    load(b, "weights", GB)
+    load(b, "experts", GB)
+    start, end = run(b, h)
+    assert sorted(end) == pytest.approx([1.0, 2.0])
+    assert max(start) == pytest.approx(1.0)
+
+
+def test_compute_waits_for_its_dependency():
+    """compute depends on a 1 s load, takes 0.5 s: ends at 1.5 s."""
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    a = load(b, "w", GB)
+    b.add(OpKind.FFN, "c", deps=(a,), flops=0.5e12)
+    start, end = run(b, h)
+    assert (start[1], end[1]) == pytest.approx((1.0, 1.5))
+
+
+def test_load_waits_for_memory():
+    """GPU holds 1 GB. Load A (0.6 GB, 0.6 s) is freed by a 1 s compute; load B (0.6 GB) on another
+    stream must wait for that free at 1.6 s, then takes 0.6 s: ends at 2.2 s."""
+    h = hw(gpu_gb=1.0)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w1", Resource.H2D)
+    b.stream("w2", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    a = load(b, "w1", 6 * GB // 10, alloc=True)
+    b.add(OpKind.FFN, "c", deps=(a,), flops=1e12, free_tier=Tier.GPU, free_bytes=6 * GB // 10)
+    load(b, "w2", 6 * GB // 10, alloc=True)
+    start, end = run(b, h)
+    assert start[2] == pytest.approx(1.6)
+    assert end[2] == pytest.approx(2.2)
+
+
+def test_memory_deadlock_names_the_stuck_ops():
+    """Stream w loads 0.6 GB twice; the first is freed only by a compute that needs the second."""
+    h = hw(gpu_gb=1.0)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    a = load(b, "w", 6 * GB // 10, alloc=True)
+    c = load(b, "w", 6 * GB // 10, alloc=True)
+    b.add(OpKind.FFN, "c", deps=(a, c), flops=1e9, free_tier=Tier.GPU, free_bytes=12 * GB // 10)
+    with pytest.raises(ScheduleError, match=r"op 1 load .* waits for 600000000 B of gpu"):
+        validate(b.build())
+    with pytest.raises(ScheduleError, match="op 2 compute-ffn"):
+        simulate(b.build(), CostModel(h))
+
+
+def test_same_schedule_same_times():
+    h = hw(latency_us=3)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    prev = None
+    for i in range(20):
+        a = load(b, "w", (i + 1) * 10**7, deps=(prev,))
+        prev = b.add(OpKind.FFN, "c", deps=(a,), flops=1e10 * (i % 3))
+    s1, e1 = run(b, h)
+    s2, e2 = run(b, h)
+    assert (s1 == s2).all() and (e1 == e2).all()
