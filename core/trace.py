@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.balance import balance_metrics
 from core.schedule import Schedule
 from core.spec import Workload
 from core.types import Tier
@@ -146,6 +147,8 @@ def summarize(
     lower = max(busy.values()) if busy else 0.0
     moved = trace[trace["bytes"] > 0].groupby(trace["resource"].astype(str), observed=True)["bytes"].sum()
     tokens = workload.tokens_generated
+    ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
+    balance = balance_metrics(trace, int(ep["n_devices"])) if ep else {}
     return {
         **labels,
         "batch_size": workload.batch_size,
@@ -165,4 +168,5 @@ def summarize(
         "bytes_moved": {str(k): int(v) for k, v in moved.items()},
         "peak_bytes": peak_bytes(schedule, trace),
         "ops": len(trace),
+        **balance,
     }

@@ -76,7 +76,14 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
     # Flatten ops into tuples once: attribute access on dataclasses dominates otherwise.
     cols = schedule.columns()
     specs = list(schedule.streams.values())
-    stream_locks = [None if s.resource == Resource.NONE else locks[s.resource_id] for s in specs]
+    # A resource only one stream uses needs no lock: the stream's FIFO already serialises it.
+    users: dict[str, int] = {}
+    for s in specs:
+        users[s.resource_id] = users.get(s.resource_id, 0) + 1
+    stream_locks = [
+        None if s.resource == Resource.NONE or users[s.resource_id] == 1 else locks[s.resource_id]
+        for s in specs
+    ]
     free_kind = list(OpKind).index(OpKind.FREE)
     lock_of = [None if k == free_kind else stream_locks[s] for k, s in zip(cols["kind"].tolist(), cols["stream"].tolist(), strict=True)]
     per_stream: list[list[tuple[Any, ...]]] = [[] for _ in specs]

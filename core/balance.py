@@ -1,0 +1,69 @@
+"""Expert-parallel balance metrics, computed from a trace: per (step, layer, batch) and device,
+the tokens and busy seconds of its expert computes.
+
+- balancedness = sum over layers of mean device tokens / sum of max device tokens (vLLM's EPLB
+  log; 1 = perfect);
+- utilisation = expert busy seconds of all devices / (G x the expert phases' spans), where a
+  phase spans from the first expert op of a (step, layer, batch) to its last on any device;
+- device_busy_frac = each device's compute busy seconds / makespan.
+
+Usage:
+    m = balance_metrics(trace, n_devices=8)   # -> summary.json fields
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.types import OpKind, Resource
+
+KEYS = ["step", "layer", "batch"]
+
+
+def device_of(resource: pd.Series) -> np.ndarray:
+    """'gpu' -> 0, 'gpu:3' -> 3."""
+    parts = resource.astype(str).str.partition(":")[2]
+    return np.where(parts == "", 0, parts).astype(np.int64)
+
+
+def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
+    """One row per (step, layer, batch, device): expert `tokens` and `busy_s`, plus the phase's
+    `start_s` / `end_s` (first start / last end of its expert ops on any device)."""
+    ex = trace[(trace["kind"].astype(str) == str(OpKind.EXPERT)) & trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
+    ex = ex.assign(device=device_of(ex["resource"]), busy_s=ex["end_s"] - ex["start_s"])
+    per = ex.groupby([*KEYS, "device"], observed=True)[["tokens", "busy_s"]].sum()
+    phases = ex.groupby(KEYS, observed=True).agg(start_s=("start_s", "min"), end_s=("end_s", "max"))
+    full = pd.MultiIndex.from_tuples(
+        [(*k, d) for k in phases.index for d in range(n_devices)], names=[*KEYS, "device"]
+    )  # devices with no expert op in a phase count as idle with zero tokens
+    per = per.reindex(full, fill_value=0).reset_index()
+    return per.merge(phases.reset_index(), on=KEYS)
+
+
+def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
+    loads = device_loads(trace, n_devices)
+    if loads.empty:
+        return {}
+    g = loads.groupby(KEYS, observed=True)
+    tok_mean, tok_max = g["tokens"].mean(), g["tokens"].max()
+    busy = g["busy_s"].sum()
+    span = g["end_s"].first() - g["start_s"].first()
+    by_layer = pd.DataFrame({"mean": tok_mean, "max": tok_max, "busy": busy, "span": span}).groupby("layer").sum()
+    makespan = float(trace["end_s"].max())
+    comp = trace[trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
+    dev_busy = (comp["end_s"] - comp["start_s"]).groupby(device_of(comp["resource"])).sum()
+    return {
+        "n_devices": n_devices,
+        "balancedness": float(tok_mean.sum() / tok_max.sum()) if tok_max.sum() else 1.0,
+        "utilisation": float(busy.sum() / (n_devices * span.sum())) if span.sum() > 0 else 0.0,
+        "max_over_mean_load": float((tok_max / tok_mean.where(tok_mean > 0)).mean()),
+        "expert_phase_s": float(span.sum()),
+        "balancedness_per_layer": {int(k): round(float(r["mean"] / r["max"]), 4) for k, r in by_layer.iterrows() if r["max"]},
+        "utilisation_per_layer": {
+            int(k): round(float(r["busy"] / (n_devices * r["span"])), 4) for k, r in by_layer.iterrows() if r["span"] > 0
+        },
+        "device_busy_frac": [round(float(dev_busy.get(d, 0.0)) / makespan, 4) if makespan else 0.0 for d in range(n_devices)],
+    }

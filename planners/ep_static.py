@@ -1,0 +1,42 @@
+"""`ep_static`: the expert-parallel baseline: expert e lives on device e % G, no replicas.
+
+A layer lasts as long as the device whose experts drew the most tokens (planners/expert_parallel.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.planner import PlanContext
+from core.routing import GateView
+from core.schedule import ScheduleBuilder
+from planners.expert_parallel import EPParams, EPRunner, Layout, resolve_layout
+from planners.registry import register
+
+
+@dataclass(frozen=True)
+class EPStaticParams(EPParams):
+    replica_slots: int = 0  # the baseline places no replicas
+
+
+class RoundRobin:
+    def __init__(self, layout: Layout) -> None:
+        self.slots = layout.round_robin()
+
+    def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        return self.slots, ()
+
+    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+        pass
+
+
+@register("ep_static", EPStaticParams)
+class EPStatic:
+    def __init__(self, params: EPStaticParams) -> None:
+        self.params = params
+
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        layout = resolve_layout(self.params, ctx)
+        EPRunner(ctx, out, layout).plan(RoundRobin(layout))

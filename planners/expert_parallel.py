@@ -1,0 +1,293 @@
+"""Expert-parallel execution shared by the replication planners (`ep_static`, `eplb`,
+`predictive_replication`, `oracle_replication`): they differ only in which experts each device
+holds for each (batch, layer): a `SlotPolicy`.
+
+Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink port is
+`p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic). Every
+device holds `slots_per_device` expert copies per MoE layer; all weights stay resident. Dense
+work (attention, gate, shared experts, head) runs on device 0; at each MoE layer the tokens
+are dispatched to the devices holding their experts, a replicated expert's tokens split evenly
+over its copies, and results are combined back, so a layer lasts as long as its busiest device.
+A copy whose expert changes is refilled from a device holding it (a GPU->GPU load on `p2p:d`)
+after the slot's previous user is done and once the policy's information exists: behind
+earlier layers, not on the critical path unless it is late. Iteration t = (step, batch).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from core.errors import CapacityError, ConfigError
+from core.planner import PlanContext
+from core.routing import GateView
+from core.schedule import ScheduleBuilder
+from core.types import OpKind, Resource, Stream, Tensor, Tier
+from planners.common import Emitter, standard_placement
+
+
+@dataclass(frozen=True)
+class EPParams:
+    n_devices: int = 0  # G compute devices; 0 = hardware.n_gpus
+    lanes: bool = False  # True: the G devices are concurrent lanes on one GPU (no all-to-all)
+    replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
+    replicas: int = -1  # redundant copies per layer to place; -1 = fill every slot
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Resolved device layout of one run."""
+
+    n_devices: int  # G
+    n_experts: int  # E
+    home_slots: int  # ceil(E / G): slots for the experts a device owns
+    replica_slots: int  # extra slots per device
+    replicas: int  # redundant copies per layer actually placed (<= G * replica_slots)
+    lanes: bool
+
+    @property
+    def slots_per_device(self) -> int:
+        return self.home_slots + self.replica_slots
+
+    def round_robin(self) -> np.ndarray:
+        """[G, K] expert e on device e % G; replica slots empty (-1)."""
+        slots = np.full((self.n_devices, self.slots_per_device), -1, dtype=np.int64)
+        for e in range(self.n_experts):
+            slots[e % self.n_devices, e // self.n_devices] = e
+        return slots
+
+
+def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
+    g = p.n_devices or ctx.hardware.n_gpus
+    e = ctx.model.n_experts
+    if not 1 <= g <= e:
+        raise ConfigError(f"planner n_devices={g} must be in [1, {e}] (the model's experts); lower n_devices")
+    if p.replica_slots < 0:
+        raise ConfigError(f"planner replica_slots={p.replica_slots} must be >= 0")
+    replicas = g * p.replica_slots if p.replicas < 0 else p.replicas
+    if replicas > g * p.replica_slots:
+        raise ConfigError(
+            f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
+            f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
+        )
+    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes)
+
+
+class SlotPolicy(Protocol):
+    """Decides each device's expert copies; sees routing only through `observe` (causal)."""
+
+    def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        """[G, K] expert ids (-1 empty) for iteration t, MoE layer `moe`, and the ops whose
+        routing the decision used (the copies it triggers wait for them)."""
+        ...
+
+    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+        """Iteration t's routing at MoE layer `moe`, revealed by its gate op."""
+        ...
+
+
+def read_load(path: str, n_layers: int, n_experts: int, who: str) -> np.ndarray:
+    """A .npy [MoE layers, experts] load matrix (e.g. token counts of a training split)."""
+    try:
+        load = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{who} initial_load {path}: cannot read a .npy array ({e})") from None
+    if load.shape != (n_layers, n_experts):
+        raise ConfigError(
+            f"{who} initial_load {path}: load matrix has shape {load.shape}, the model needs "
+            f"[{n_layers} MoE layers, {n_experts} experts]"
+        )
+    return load.astype(np.float64)
+
+
+def home_slots(layout: Layout, load: np.ndarray | None) -> np.ndarray:
+    """[G, K] homes: round-robin, or with a load [E] EPLB's balanced packing of one copy per
+    expert (needs G | E); replica slots empty."""
+    from planners.eplb_algo import balanced_packing
+
+    if load is None or layout.n_experts % layout.n_devices:
+        return layout.round_robin()
+    pack, rank = balanced_packing(np.asarray(load, dtype=np.float64)[None], layout.n_devices)
+    slots = np.full((layout.n_devices, layout.slots_per_device), -1, dtype=np.int64)
+    slots[pack[0], rank[0]] = np.arange(layout.n_experts)
+    return slots
+
+
+def replicate_onto(load: np.ndarray, layout: Layout, homes: np.ndarray | None = None) -> np.ndarray:
+    """[G, K] slots: homes (default round-robin) plus `layout.replicas` copies given to the largest
+    per-copy load (EPLB's greedy), each placed on the lightest device with a free slot (preferring
+    one without that expert), so the predicted device loads are as even as homes allow. load [E]."""
+    from planners.eplb_algo import replicate_experts
+
+    slots = layout.round_robin() if homes is None else homes.copy()
+    g, e = layout.n_devices, layout.n_experts
+    load = np.asarray(load, dtype=np.float64)
+    cnt = replicate_experts(load[None], e + layout.replicas)[2][0]  # [E] copies per expert
+    per_copy = load / cnt
+    dev_load = np.array([per_copy[row[row >= 0]].sum() for row in slots])  # [G]
+    free = np.full(g, layout.home_slots)  # next free slot index per device
+    extra = [ex for ex in np.argsort(-per_copy, kind="stable") for _ in range(cnt[ex] - 1)]
+    for ex in extra:
+        open_ = np.flatnonzero(free < layout.slots_per_device)
+        fresh = [d for d in open_ if ex not in slots[d]]
+        cand = np.array(fresh) if fresh else open_
+        d = int(cand[np.argmin(dev_load[cand])])
+        slots[d, free[d]] = ex
+        free[d] += 1
+        dev_load[d] += per_copy[ex]
+    return slots
+
+
+def split_tokens(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its copies.
+
+    slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
+    """
+    g, e = slots.shape[0], len(counts)
+    dev = np.repeat(np.arange(g), slots.shape[1])
+    ids = slots.ravel()
+    keep = ids >= 0
+    dev, ids = dev[keep], ids[keep]
+    copies = np.bincount(ids, minlength=e)  # [E]
+    if (copies[counts > 0] == 0).any():
+        missing = np.flatnonzero((copies == 0) & (counts > 0)).tolist()
+        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
+    order = np.argsort(ids, kind="stable")
+    rank = np.empty_like(ids)
+    rank[order] = np.arange(len(ids)) - np.searchsorted(ids[order], ids[order])  # copy index of each slot
+    share = counts[ids] // copies[ids] + (rank < counts[ids] % copies[ids])
+    out = np.zeros((g, e), dtype=np.int64)
+    np.add.at(out, (dev, ids), share)
+    return out
+
+
+@dataclass
+class EPRunner:
+    """Emits a whole run for one policy. `plan` is the planner's body."""
+
+    ctx: PlanContext
+    out: ScheduleBuilder
+    layout: Layout
+    resident: dict[int, np.ndarray] = field(default_factory=dict)  # moe -> [G, K] slots now filled
+    layer_done: dict[int, tuple[int, ...]] = field(default_factory=dict)  # moe -> ops ending its last use
+    n_copies: int = 0  # replica copies emitted
+
+    def __post_init__(self) -> None:
+        m, lay, b = self.ctx.model, self.layout, self.out
+        self.em = Emitter(self.ctx, b, standard_placement(self.ctx, kv_sequences=self.ctx.workload.batch_size, layers_in_flight=0))
+        if any(t != Tier.GPU for t in self.em.placement.experts):
+            raise CapacityError(f"expert parallelism keeps every expert resident; {m.name}'s experts do not fit GPU memory")
+        replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
+        b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
+        self.compute = [self.em.compute] + [b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)]
+        self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        b.meta["ep"] = dict(
+            n_devices=lay.n_devices, lanes=lay.lanes, replica_slots=lay.replica_slots, replicas=lay.replicas,
+            slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
+        )  # fmt: skip
+
+    def plan(self, policy: SlotPolicy) -> None:
+        m, wl = self.ctx.model, self.ctx.workload
+        last: tuple[int, ...] = ()
+        t = 0
+        for step in range(wl.n_steps):
+            for batch in range(wl.n_batches):
+                for layer in range(m.n_layers):
+                    attn = self.dense(OpKind.ATTENTION, step, layer, batch, last)
+                    if m.is_moe(layer):
+                        last = self.moe_layer(policy, t, step, layer, batch, attn)
+                    else:
+                        last = tuple(self.dense(OpKind.FFN, step, layer, batch, attn)) or tuple(attn)
+                last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
+                t += 1
+        self.out.meta["ep"]["copies"] = self.n_copies
+
+    def dense(self, kind: OpKind, step: int, layer: int, batch: int, deps: tuple[int, ...] | list[int]) -> list[int]:
+        """Data-parallel dense work: device d runs attention / FFN / head for its share of the
+        batch's sequences, reading its own copy of the weights. Returns the ops (one per busy device)."""
+        m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
+        per_seq = wl.step_tokens(step)
+        ops = []
+        for d in range(lay.n_devices):
+            seqs = wl.batch_size // lay.n_devices + (d < wl.batch_size % lay.n_devices)
+            if not seqs:
+                continue
+            tokens = seqs * per_seq
+            if kind == OpKind.ATTENTION:
+                ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
+                flops = m.attention_flops(tokens, int(ctx_len))
+                touch, tensor = m.attn_bytes + seqs * wl.step_context(step) * m.kv_bytes_per_token, Tensor.ATTENTION
+            elif kind == OpKind.FFN:
+                touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer), Tensor.FFN
+                if not touch:
+                    return []
+                flops = m.ffn_flops(tokens, layer)
+            else:
+                tokens, flops, touch, tensor = seqs, m.head_flops(seqs), m.head_bytes, Tensor.HEAD
+            ops.append(self.out.add(kind, self.compute[d], deps, step=step, layer=layer, batch=batch, tensor=tensor,
+                                    tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
+        return ops
+
+    def refill(self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int) -> list[tuple[int, ...]]:
+        """Copy ops bringing each device's slots to `slots`; returns per device the ops to wait for."""
+        m = self.ctx.model
+        old = self.resident.get(moe)
+        if old is None:  # the first placement is loaded before the run, like the home experts
+            self.resident[moe] = slots.copy()
+            return [() for _ in range(self.layout.n_devices)]
+        waits: list[tuple[int, ...]] = []
+        deps = (*after, *self.layer_done.get(moe, ()))
+        for d in range(self.layout.n_devices):
+            need = Counter(int(e) for e in slots[d] if e >= 0) - Counter(int(e) for e in old[d] if e >= 0)
+            ops = []
+            for e in sorted(need.elements()):
+                ops.append(self.out.add(
+                    OpKind.LOAD, self.copies[d], deps, step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+                    nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU,
+                ))  # fmt: skip
+            self.n_copies += len(ops)
+            waits.append(tuple(ops))
+        self.resident[moe] = slots.copy()
+        return waits
+
+    def moe_layer(self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]) -> tuple[int, ...]:
+        m, lay, b = self.ctx.model, self.layout, self.out
+        moe = m.moe_index(layer)
+        slots, used = policy.place(t, moe)
+        assert slots.shape == (lay.n_devices, lay.slots_per_device), slots.shape
+        copy_waits = self.refill(moe, slots, used, step, layer)
+        # The router runs with attention on every device; one gate op (device 0, after all of
+        # them) stands for the batch's routing becoming known.
+        gate, view = self.em.gate(step, layer, batch, tuple(attn), last_batch=True)
+        policy.observe(t, moe, view, gate)
+        tokens = split_tokens(slots, np.asarray(view.counts, dtype=np.int64))  # [G, E]
+        act_bytes = m.hidden_size * m.dtype_bytes
+        ends: list[int] = []
+        common = dict(step=step, layer=layer, batch=batch)
+        for d in range(lay.n_devices):
+            n_d = int(tokens[d].sum())
+            prev: int | None = gate
+            remote = n_d * (lay.n_devices - 1) // lay.n_devices  # all-to-all: tokens from other devices
+            if not lay.lanes and remote:
+                prev = b.add(OpKind.DISPATCH, self.dispatch[d], (gate,), tokens=remote, nbytes=remote * act_bytes,
+                             tensor=Tensor.HIDDEN, **common)  # fmt: skip
+            for e in np.flatnonzero(tokens[d]):
+                n = int(tokens[d, e])
+                prev = b.add(
+                    OpKind.EXPERT, self.compute[d], (prev, gate, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
+                    tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes, **common,
+                )  # fmt: skip
+            if not lay.lanes and remote:
+                prev = b.add(OpKind.COMBINE, self.combine[d], (prev,), tokens=remote, nbytes=remote * act_bytes,
+                             tensor=Tensor.HIDDEN, **common)  # fmt: skip
+            if prev != gate:
+                ends.append(prev)  # type: ignore[arg-type]
+        done = (gate, *ends, *self.dense(OpKind.FFN, step, layer, batch, (gate,)))  # shared experts
+        # a slot is refilled only after this layer and its previous copy are done
+        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
+        return done

@@ -1,0 +1,138 @@
+"""`predictive_replication`: the replication paper's idea (MoE-MPMC) as a planner: predict each
+MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
+overload into the replica slots (EPLB's greedy over fixed round-robin homes), split each
+expert's real tokens evenly over its copies, and prefetch the changed copies before the layer.
+
+Predictors (pluggable, causal):
+- `last`: the previous iteration's loads at that layer;
+- `ema`: an exponential average of past iterations' loads (`ema_alpha` on the newest);
+- `layer_corr`: this iteration's loads at the previous layer pushed through a layer-to-layer
+  transition table learned from past iterations (Lina/Klotski-style correlation), falling back
+  to `ema` at the first layer and before the table has data. Its copies can only start at the
+  previous layer's gate: one layer of lead time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import ConfigError
+from core.planner import PlanContext
+from core.routing import GateView
+from core.schedule import ScheduleBuilder
+from planners.expert_parallel import (
+    EPParams,
+    EPRunner,
+    Layout,
+    home_slots,
+    read_load,
+    replicate_onto,
+    resolve_layout,
+)
+from planners.registry import register
+
+PREDICTORS = ("last", "ema", "layer_corr")
+
+
+@dataclass(frozen=True)
+class PredictiveParams(EPParams):
+    predictor: str = "layer_corr"  # one of PREDICTORS
+    ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
+    table: str = ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
+    initial_load: str = ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
+
+    def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ConfigError(f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ConfigError(f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]")
+
+
+def read_table(path: str, n_layers: int, n_experts: int) -> np.ndarray:
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"predictive_replication table {path}: cannot read a .npy array ({e})") from None
+    if table.shape != (n_layers, n_experts, n_experts):
+        raise ConfigError(
+            f"predictive_replication table {path}: shape {table.shape}, the model needs "
+            f"[{n_layers} MoE layers, {n_experts}, {n_experts}]"
+        )
+    return table.astype(np.float64)
+
+
+def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """[L, E, E] counts of (layer l-1 expert, layer l expert) pairs per token, each token's k x k
+    pairs weighted 1/k; ids [T, L, k]. Row l = 0 stays zero. What `table` files hold."""
+    t, n_layers, k = ids.shape
+    out = np.zeros((n_layers, n_experts, n_experts))
+    for layer in range(1, n_layers):
+        prev, cur = ids[:, layer - 1].astype(np.int64), ids[:, layer].astype(np.int64)
+        np.add.at(out[layer], (np.repeat(prev, k, axis=1).ravel(), np.tile(cur, (1, k)).ravel()), 1.0 / k)
+    return out
+
+
+class LoadPredictor:
+    """Keeps what the gates revealed; `predict` returns a load [E] and the gate ops it used."""
+
+    def __init__(self, p: PredictiveParams, n_layers: int, n_experts: int) -> None:
+        self.p = p
+        self.ema = np.zeros((n_layers, n_experts))  # [L, E]
+        self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
+        self.trans = np.zeros((n_layers, n_experts, n_experts))  # [L, E, E] layer l-1 expert -> layer l expert
+        if p.table:
+            self.trans += read_table(p.table, n_layers, n_experts)
+        self.ids: dict[int, np.ndarray] = {}  # moe -> [T, k] this iteration's ids so far
+        self.gate_of: dict[tuple[int, int], int] = {}  # (t, moe) -> gate op
+
+    def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        if self.p.predictor == "layer_corr" and moe > 0 and self.trans[moe].sum() > 0:
+            counts = np.bincount(self.ids[moe - 1].ravel(), minlength=self.ema.shape[1])  # [E] at layer moe-1
+            rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
+            rows /= rows.sum(1, keepdims=True)
+            return counts @ rows, (self.gate_of[(t, moe - 1)],)
+        if t == 0 or not self.seen[moe]:
+            return np.ones(self.ema.shape[1]), ()
+        return self.ema[moe].copy(), (self.gate_of[(t - 1, moe)],)
+
+    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+        counts = np.asarray(view.counts, dtype=np.float64)
+        a = 1.0 if self.p.predictor == "last" or not self.seen[moe] else self.p.ema_alpha
+        self.ema[moe] = a * counts + (1 - a) * self.ema[moe]
+        self.seen[moe] = True
+        self.gate_of[(t, moe)] = gate_op
+        ids = np.asarray(view.ids, dtype=np.int64)  # [T, k]
+        if moe > 0 and self.p.predictor == "layer_corr":
+            prev = self.ids[moe - 1]  # [T, k] same tokens, previous layer
+            k = ids.shape[1]
+            np.add.at(self.trans[moe], (np.repeat(prev, k, axis=1).ravel(), np.tile(ids, (1, k)).ravel()), 1.0 / k)
+        self.ids[moe] = ids
+
+
+class PredictedReplicas:
+    def __init__(self, layout: Layout, predictor: LoadPredictor, homes: list[np.ndarray]) -> None:
+        self.layout, self.predictor, self.homes = layout, predictor, homes
+
+    def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        load, used = self.predictor.predict(t, moe)
+        return replicate_onto(load, self.layout, self.homes[moe]), used
+
+    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+        self.predictor.observe(t, moe, view, gate_op)
+
+
+@register("predictive_replication", PredictiveParams)
+class PredictiveReplication:
+    def __init__(self, params: PredictiveParams) -> None:
+        self.params = params
+
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        layout = resolve_layout(self.params, ctx)
+        n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
+        predictor = LoadPredictor(self.params, n_layers, e)
+        init = read_load(self.params.initial_load, n_layers, e, "predictive_replication") if self.params.initial_load else None
+        homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
+        out.meta["predictor"] = self.params.predictor
+        EPRunner(ctx, out, layout).plan(PredictedReplicas(layout, predictor, homes))
