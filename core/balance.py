@@ -32,7 +32,10 @@ def device_of(resource: pd.Series) -> np.ndarray:
 def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     """One row per (step, layer, batch, device): expert `tokens` and `busy_s`, plus the phase's
     `start_s` / `end_s` (first start / last end of its expert ops on any device)."""
-    ex = trace[(trace["kind"].astype(str) == str(OpKind.EXPERT)) & trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
+    ex = trace[
+        (trace["kind"].astype(str) == str(OpKind.EXPERT))
+        & trace["resource"].astype(str).str.startswith(str(Resource.GPU))
+    ]
     ex = ex.assign(device=device_of(ex["resource"]), busy_s=ex["end_s"] - ex["start_s"])
     per = ex.groupby([*KEYS, "device"], observed=True)[["tokens", "busy_s"]].sum()
     phases = ex.groupby(KEYS, observed=True).agg(start_s=("start_s", "min"), end_s=("end_s", "max"))
@@ -51,7 +54,11 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
     tok_mean, tok_max = g["tokens"].mean(), g["tokens"].max()
     busy = g["busy_s"].sum()
     span = g["end_s"].first() - g["start_s"].first()
-    by_layer = pd.DataFrame({"mean": tok_mean, "max": tok_max, "busy": busy, "span": span}).groupby("layer").sum()
+    by_layer = (
+        pd.DataFrame({"mean": tok_mean, "max": tok_max, "busy": busy, "span": span})
+        .groupby("layer")
+        .sum()
+    )
     makespan = float(trace["end_s"].max())
     comp = trace[trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
     dev_busy = (comp["end_s"] - comp["start_s"]).groupby(device_of(comp["resource"])).sum()
@@ -61,9 +68,18 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
         "utilisation": float(busy.sum() / (n_devices * span.sum())) if span.sum() > 0 else 0.0,
         "max_over_mean_load": float((tok_max / tok_mean.where(tok_mean > 0)).mean()),
         "expert_phase_s": float(span.sum()),
-        "balancedness_per_layer": {int(k): round(float(r["mean"] / r["max"]), 4) for k, r in by_layer.iterrows() if r["max"]},
-        "utilisation_per_layer": {
-            int(k): round(float(r["busy"] / (n_devices * r["span"])), 4) for k, r in by_layer.iterrows() if r["span"] > 0
+        "balancedness_per_layer": {
+            int(k): round(float(r["mean"] / r["max"]), 4)
+            for k, r in by_layer.iterrows()
+            if r["max"]
         },
-        "device_busy_frac": [round(float(dev_busy.get(d, 0.0)) / makespan, 4) if makespan else 0.0 for d in range(n_devices)],
+        "utilisation_per_layer": {
+            int(k): round(float(r["busy"] / (n_devices * r["span"])), 4)
+            for k, r in by_layer.iterrows()
+            if r["span"] > 0
+        },
+        "device_busy_frac": [
+            round(float(dev_busy.get(d, 0.0)) / makespan, 4) if makespan else 0.0
+            for d in range(n_devices)
+        ],
     }

@@ -53,16 +53,22 @@ class CostModel:
             for r in set(res[cols["kind"] == ki]):
                 sel = (cols["kind"] == ki) & (res == r)
                 if kind in COMPUTE_KINDS:
-                    out[sel] = self._compute_vec(Resource(r), kind, cols["flops"][sel], cols["touch_bytes"][sel])
+                    out[sel] = self._compute_vec(
+                        Resource(r), kind, cols["flops"][sel], cols["touch_bytes"][sel]
+                    )
                 else:
                     link = self.hw.link(Resource(r))
                     out[sel] = cols["nbytes"][sel] / link.bandwidth_bytes_per_s + link.latency_s
         return out
 
-    def _compute_vec(self, device: Resource, kind: OpKind, flops: np.ndarray, touch: np.ndarray) -> np.ndarray:
+    def _compute_vec(
+        self, device: Resource, kind: OpKind, flops: np.ndarray, touch: np.ndarray
+    ) -> np.ndarray:
         spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
         if spec.time_tables.get(str(kind)):
-            return np.array([self.compute_s(device, kind, f, t) for f, t in zip(flops, touch, strict=True)])
+            return np.array(
+                [self.compute_s(device, kind, f, t) for f, t in zip(flops, touch, strict=True)]
+            )
         roofline = np.maximum(flops / spec.peak_flops_per_s, touch / spec.mem_bw_bytes_per_s)
         return roofline + spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
 

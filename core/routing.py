@@ -82,7 +82,8 @@ class Routing:
             ids = self.expert_ids[: n * bs, self.step_slice(step, workload)]  # [S, t, L, k]
             ids = ids.reshape(n, -1, self.n_moe_layers, self.top_k)  # [n, bs*t, L, k]
             flat = (
-                np.arange(self.n_moe_layers)[None, None, :, None] * n + np.arange(n)[:, None, None, None]
+                np.arange(self.n_moe_layers)[None, None, :, None] * n
+                + np.arange(n)[:, None, None, None]
             ) * e + ids.astype(np.int64)
             out[step] = np.bincount(flat.ravel(), minlength=self.n_moe_layers * n * e).reshape(
                 self.n_moe_layers, n, e
@@ -142,7 +143,9 @@ class CausalRouting:
     source: Callable[[int, int, int], GateView]
     n_experts: int
     top_k: int
-    revealed: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (step, moe, batch) -> gate op
+    revealed: dict[tuple[int, int, int], int] = field(
+        default_factory=dict
+    )  # (step, moe, batch) -> gate op
     peeked: bool = False  # an oracle looked ahead: outputs are labelled as an upper bound
 
     @classmethod
@@ -150,7 +153,9 @@ class CausalRouting:
         counts = routing.counts(workload)
 
         def source(step: int, moe_idx: int, batch: int) -> GateView:
-            return GateView(routing.batch_ids(step, moe_idx, batch, workload), counts[step, moe_idx, batch])
+            return GateView(
+                routing.batch_ids(step, moe_idx, batch, workload), counts[step, moe_idx, batch]
+            )
 
         return cls(source, routing.n_experts, routing.top_k)
 

@@ -74,6 +74,7 @@ class Schedule:
     capacity_bytes: dict[Tier, int]  # memory of each tier
     resident_bytes: dict[Tier, int]  # held for the whole run (weights placed there, KV cache)
     meta: dict[str, Any] = field(default_factory=dict)  # planner, params, n, placement, labels
+    _columns: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -83,14 +84,14 @@ class Schedule:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The ops as numpy columns (computed once): what the cost model, simulator and trace read."""
-        cols = self.meta.get("_columns")
+        cols = self._columns
         if cols is not None and len(cols["kind"]) == len(self.ops):
             return cols
         ops = self.ops
         n = len(ops)
         stream_names = list(self.streams)
         stream_idx = {s: i for i, s in enumerate(stream_names)}
-        tier_idx = {None: -1, **{t: i for i, t in enumerate(Tier)}}
+        tier_idx: dict[Tier | None, int] = {None: -1, **{t: i for i, t in enumerate(Tier)}}
         kinds = list(OpKind)
         kind_idx = {k: i for i, k in enumerate(kinds)}
         rows = [
@@ -110,7 +111,7 @@ class Schedule:
             "free_tier": arr[:, 7].astype(np.int8),
             "free_bytes": arr[:, 8].astype(np.int64),
         }
-        self.meta["_columns"] = cols
+        self._columns = cols
         return cols
 
 
@@ -144,13 +145,8 @@ class ScheduleBuilder:
         self.resident_bytes[tier] += int(nbytes)
 
     def add(self, kind: OpKind, stream: str, deps: Iterable[int | None] = (), **fields: Any) -> int:
-        assert stream in self.streams, f"unknown stream {stream}"
         op = Op(
-            id=len(self.ops),
-            kind=kind,
-            stream=stream,
-            deps=tuple(d for d in deps if d is not None),
-            **fields,
+            len(self.ops), kind, stream, deps=tuple([d for d in deps if d is not None]), **fields
         )
         self.ops.append(op)
         if self._sink is not None:
@@ -180,7 +176,7 @@ def validate(schedule: Schedule) -> None:
     for i, op in enumerate(ops):
         if op.id != i:
             raise ScheduleError(f"{op.label()}: id must equal its position {i}")
-        if op.deps and not (0 <= min(op.deps) and max(op.deps) < i):
+        if op.deps and not (min(op.deps) >= 0 and max(op.deps) < i):
             raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
     # Ops of one shape (kind, stream, tiers) pass or fail together: check each shape once.
     shapes = {
@@ -212,9 +208,7 @@ def validate(schedule: Schedule) -> None:
         if op.kind != OpKind.EXPERT:
             continue
         layer_gates = gates.get((op.step, op.layer), {})
-        need = (
-            list(layer_gates.values()) if op.batch == _ANY else [layer_gates.get(op.batch, -1)]
-        )
+        need = list(layer_gates.values()) if op.batch == _ANY else [layer_gates.get(op.batch, -1)]
         missing = [g for g in need if g not in op.deps]
         if not need or missing:
             raise ScheduleError(
@@ -272,7 +266,9 @@ def _check_finishes(schedule: Schedule) -> None:
         raise ScheduleError("schedule can never finish: " + describe_stuck(schedule, done, free))
 
 
-def describe_stuck(schedule: Schedule, done: bytearray | list[bool], free: Mapping[Tier, int]) -> str:
+def describe_stuck(
+    schedule: Schedule, done: bytearray | list[bool], free: Mapping[Tier, int]
+) -> str:
     """Name the op at the head of each blocked stream and what it waits for."""
     heads: dict[str, Op] = {}
     for op in schedule.ops:
@@ -282,8 +278,6 @@ def describe_stuck(schedule: Schedule, done: bytearray | list[bool], free: Mappi
     for op in heads.values():
         waits = [f"op {d}" for d in op.deps if not done[d]]
         if op.alloc_bytes and op.alloc_tier is not None and free[op.alloc_tier] < op.alloc_bytes:
-            waits.append(
-                f"{op.alloc_bytes} B of {op.alloc_tier} ({free[op.alloc_tier]} B free)"
-            )
+            waits.append(f"{op.alloc_bytes} B of {op.alloc_tier} ({free[op.alloc_tier]} B free)")
         parts.append(f"{op.label()} waits for {', '.join(waits) or 'its stream'}")
     return "; ".join(parts)

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,9 @@ class ModelSpec:
     dense_ffn_size: int = 0  # intermediate size of the FFN of non-MoE layers
     shared_ffn_size: int = 0  # total intermediate size of shared experts in each MoE layer
     kv_dim: int = 0  # KV elements cached per token per layer; 0 = 2 * n_kv_heads * head_dim
-    attn_params: int = 0  # attention weights per layer; 0 = derive from the GQA shape (MLA overrides)
+    attn_params: int = (
+        0  # attention weights per layer; 0 = derive from the GQA shape (MLA overrides)
+    )
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
 
@@ -71,25 +74,23 @@ class ModelSpec:
                 f"indices in [0, {self.n_layers})"
             )
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
-            raise ConfigError(
-                f"model {self.name}: layers without experts need dense_ffn_size > 0"
-            )
+            raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
 
     # ---- sizes -------------------------------------------------------------------------
-    @property
+    @cached_property
     def ffn_matrices(self) -> int:
         """Weight matrices per FFN: gate/up/down for SwiGLU, in/out for ReLU."""
         return 3 if self.activation == Activation.SWIGLU else 2
 
-    @property
+    @cached_property
     def expert_params(self) -> int:
         return self.ffn_matrices * self.hidden_size * self.expert_ffn_size
 
-    @property
+    @cached_property
     def expert_bytes(self) -> int:
         return self.expert_params * self.dtype_bytes
 
-    @property
+    @cached_property
     def attn_param_count(self) -> int:
         if self.attn_params:
             return self.attn_params + self.hidden_size
@@ -97,36 +98,38 @@ class ModelSpec:
         k_v = 2 * self.hidden_size * self.n_kv_heads * self.head_dim
         return q_o + k_v + self.hidden_size  # + input RMSNorm
 
-    @property
+    @cached_property
     def attn_bytes(self) -> int:
         return self.attn_param_count * self.dtype_bytes
 
-    @property
+    @cached_property
     def gate_bytes(self) -> int:
         """Router + post-attention norm of one MoE layer."""
         return (self.hidden_size * self.n_experts + self.hidden_size) * self.dtype_bytes
 
-    @property
+    @cached_property
     def dense_ffn_bytes(self) -> int:
-        return (self.ffn_matrices * self.hidden_size * self.dense_ffn_size + self.hidden_size) * self.dtype_bytes
+        return (
+            self.ffn_matrices * self.hidden_size * self.dense_ffn_size + self.hidden_size
+        ) * self.dtype_bytes
 
-    @property
+    @cached_property
     def shared_ffn_bytes(self) -> int:
         return self.ffn_matrices * self.hidden_size * self.shared_ffn_size * self.dtype_bytes
 
-    @property
+    @cached_property
     def embed_bytes(self) -> int:
         return self.vocab_size * self.hidden_size * self.dtype_bytes
 
-    @property
+    @cached_property
     def head_bytes(self) -> int:
         return (self.vocab_size * self.hidden_size + self.hidden_size) * self.dtype_bytes
 
-    @property
+    @cached_property
     def kv_elems_per_token(self) -> int:
         return self.kv_dim or 2 * self.n_kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token in one layer."""
         return self.kv_elems_per_token * self.dtype_bytes
@@ -134,7 +137,7 @@ class ModelSpec:
     def is_moe(self, layer: int) -> bool:
         return layer in self._moe_set
 
-    @property
+    @cached_property
     def _moe_set(self) -> frozenset[int]:
         return frozenset(self.moe_layers)
 
@@ -150,7 +153,7 @@ class ModelSpec:
             ffn = self.dense_ffn_bytes
         return self.attn_bytes + ffn
 
-    @property
+    @cached_property
     def total_bytes(self) -> int:
         layers = sum(self.layer_bytes(i) for i in range(self.n_layers))
         return layers + self.embed_bytes + self.head_bytes
@@ -201,7 +204,9 @@ class ModelSpec:
         try:
             cfg = json.loads(p.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{p}: no such file; point at a checkpoint directory with a config.json") from None
+            raise ConfigError(
+                f"{p}: no such file; point at a checkpoint directory with a config.json"
+            ) from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}: not valid JSON ({e})") from None
         return hf_config_to_spec(cfg, name or p.parent.name, where=str(p))
@@ -281,8 +286,17 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         rope, nope = get("qk_rope_head_dim"), get("qk_nope_head_dim")
         v_dim, kv_rank = get("v_head_dim"), get("kv_lora_rank")
         q_rank = cfg.get("q_lora_rank")
-        q_params = hidden * heads * (nope + rope) if not q_rank else hidden * q_rank + q_rank * heads * (nope + rope)
-        mla = q_params + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        q_params = (
+            hidden * heads * (nope + rope)
+            if not q_rank
+            else hidden * q_rank + q_rank * heads * (nope + rope)
+        )
+        mla = (
+            q_params
+            + hidden * (kv_rank + rope)
+            + kv_rank * heads * (nope + v_dim)
+            + heads * v_dim * hidden
+        )
         return ModelSpec(
             **common,
             n_layers=n,
@@ -404,7 +418,9 @@ class HardwareSpec:
             mem = {Tier(k): int(float(v) * GB) for k, v in dict(d["memory_gb"]).items()}
             links = {}
             for k, v in dict(d["links"]).items():
-                links[Resource(k)] = LinkSpec(float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6)
+                links[Resource(k)] = LinkSpec(
+                    float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6
+                )
 
             def comp(c: Mapping[str, Any]) -> ComputeSpec:
                 tables = {

@@ -37,7 +37,9 @@ TRACE_COLUMNS = [
 ]
 
 
-def make_trace(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray, source: str) -> pd.DataFrame:
+def make_trace(
+    schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray, source: str
+) -> pd.DataFrame:
     """One row per op, in op order."""
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
@@ -84,7 +86,14 @@ def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:
             args = {k: _jsonable(r[k]) for k in TRACE_COLUMNS if k not in ("start_s", "end_s")}
             ts = r["start_s"] * 1e6
             dur = (r["end_s"] - r["start_s"]) * 1e6
-            ev = {"name": name, "cat": r["kind"], "pid": pid, "tid": tids[str(r["stream"])], "ts": ts, "args": args}
+            ev = {
+                "name": name,
+                "cat": r["kind"],
+                "pid": pid,
+                "tid": tids[str(r["stream"])],
+                "ts": ts,
+                "args": args,
+            }
             if dur > 0:
                 ev.update(ph="X", dur=dur)
             else:
@@ -122,14 +131,20 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     start = trace["start_s"].to_numpy()
     end = trace["end_s"].to_numpy()
     for tier in Tier:
-        alloc = np.fromiter((o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops))
-        free = np.fromiter((o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops))
+        alloc = np.fromiter(
+            (o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops)
+        )
+        free = np.fromiter(
+            (o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops)
+        )
         a, f = alloc > 0, free > 0
         times = np.concatenate([end[f], start[a]])
         deltas = np.concatenate([-free[f], alloc[a]])
         order = np.lexsort((deltas, times))  # frees (negative) before allocs at equal time
         live = np.cumsum(deltas[order]) if len(order) else np.zeros(1, np.int64)
-        out[str(tier)] = int(schedule.resident_bytes.get(tier, 0) + max(0, int(live.max(initial=0))))
+        out[str(tier)] = int(
+            schedule.resident_bytes.get(tier, 0) + max(0, int(live.max(initial=0)))
+        )
     return out
 
 
@@ -145,7 +160,11 @@ def summarize(
     busy = busy_s(trace)
     gpu_busy = busy.get("gpu", 0.0)
     lower = max(busy.values()) if busy else 0.0
-    moved = trace[trace["bytes"] > 0].groupby(trace["resource"].astype(str), observed=True)["bytes"].sum()
+    moved = (
+        trace[trace["bytes"] > 0]
+        .groupby(trace["resource"].astype(str), observed=True)["bytes"]
+        .sum()
+    )
     tokens = workload.tokens_generated
     ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
     balance = balance_metrics(trace, int(ep["n_devices"])) if ep else {}

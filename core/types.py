@@ -42,9 +42,7 @@ class OpKind(StrEnum):
     COMBINE = "combine"  # expert-parallel all-to-all: results back
 
 
-COMPUTE_KINDS = frozenset(
-    {OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD}
-)
+COMPUTE_KINDS = frozenset({OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD})
 TRANSFER_KINDS = frozenset(
     {OpKind.LOAD, OpKind.KV_LOAD, OpKind.KV_STORE, OpKind.DISPATCH, OpKind.COMBINE}
 )

@@ -52,7 +52,9 @@ def main() -> None:
     routing = load_routing(model, wl)
     spec = RunSpec(model, hw, wl, args.planner, {})
     cost = CostModel(hw)
-    print(f"{'run':>3} {'ops':>8} {'plan_s':>7} {'sim_s':>6} {'ops/s':>9} {'bare ev/s':>10} {'ratio':>6}")
+    print(
+        f"{'run':>3} {'ops':>8} {'plan_s':>7} {'sim_s':>6} {'ops/s':>9} {'bare ev/s':>10} {'ratio':>6}"
+    )
     for i in range(args.repeat):
         t0 = time.perf_counter()
         schedule = build_schedule(spec, routing)
@@ -61,7 +63,9 @@ def main() -> None:
         t2 = time.perf_counter()
         bare = bare_simpy_events_per_s()
         ops_s = len(schedule) / (t2 - t1)
-        print(f"{i:>3} {len(schedule):>8} {t1 - t0:>7.2f} {t2 - t1:>6.2f} {ops_s:>9.0f} {bare:>10.0f} {ops_s / bare:>6.3f}")
+        print(
+            f"{i:>3} {len(schedule):>8} {t1 - t0:>7.2f} {t2 - t1:>6.2f} {ops_s:>9.0f} {bare:>10.0f} {ops_s / bare:>6.3f}"
+        )
 
 
 if __name__ == "__main__":

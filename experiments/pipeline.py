@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,11 @@ class RunResult:
 
 def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     """Plan with replayed routing and validate."""
-    causal = routing if isinstance(routing, CausalRouting) else CausalRouting.replay(routing, spec.workload)
+    causal = (
+        routing
+        if isinstance(routing, CausalRouting)
+        else CausalRouting.replay(routing, spec.workload)
+    )
     cost = CostModel(spec.hardware)
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
@@ -53,9 +57,25 @@ def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     return schedule
 
 
+def resolve_n_batches(spec: RunSpec) -> RunSpec:
+    """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
+    here, before routing for that many sequences is loaded. Others keep the workload's n."""
+    choose = getattr(make_planner(spec.planner, spec.params), "choose_n_batches", None)
+    if choose is None:
+        return spec
+    n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
+    return (
+        spec
+        if n == spec.workload.n_batches
+        else replace(spec, workload=spec.workload.with_(n_batches=n))
+    )
+
+
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     from sim.executor import simulate
 
+    if routing is None:
+        spec = resolve_n_batches(spec)
     routing = routing if routing is not None else load_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
     start, end = simulate(schedule, CostModel(spec.hardware))
@@ -63,7 +83,9 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 
-def summary_of(spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str) -> dict[str, Any]:
+def summary_of(
+    spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str
+) -> dict[str, Any]:
     meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
     planner_label = spec.planner + (" (oracle upper bound)" if schedule.meta.get("oracle") else "")
     return summarize(

@@ -56,36 +56,70 @@ def esft_routing(test_ids: np.ndarray, wl: Workload) -> Routing:
     s, p = wl.n_sequences, wl.seq_positions
     take = np.arange(s * p) % len(test_ids)
     ids = test_ids[take].reshape(s, p, *test_ids.shape[1:])
-    return Routing(ids, np.ones(ids.shape, np.float32), 64, f"esft held-out (seq_id % 5 == 0), {len(test_ids)} tokens")
+    return Routing(
+        ids,
+        np.ones(ids.shape, np.float32),
+        64,
+        f"esft held-out (seq_id % 5 == 0), {len(test_ids)} tokens",
+    )
 
 
 def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     """Held-out ESFT stream, training-split tables for eplb / predictive, and the Switch skew fit."""
     test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed)
-    load = np.stack([np.bincount(train_ids[:, layer].ravel(), minlength=64) for layer in range(train_ids.shape[1])])
+    load = np.stack(
+        [
+            np.bincount(train_ids[:, layer].ravel(), minlength=64)
+            for layer in range(train_ids.shape[1])
+        ]
+    )
     np.save(out / "esft_train_load.npy", load.astype(np.float64))  # [26, 64]
     np.save(out / "esft_train_trans.npy", transition_counts(train_ids, 64))  # [26, 64, 64]
-    counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")["olmoe_counts_top1"]
+    counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
+        "olmoe_counts_top1"
+    ]
     fit = fit_to_counts(counts, top_k=1, layer_corr=0.5, reuse=0.25)
-    log.info("switch routing: skew %.3f fitted to OLMoE top-1 max/mean %.1f", fit.routing.skew, fit.target["max_over_mean_median"])
+    log.info(
+        "switch routing: skew %.3f fitted to OLMoE top-1 max/mean %.1f",
+        fit.routing.skew,
+        fit.target["max_over_mean_median"],
+    )
     return {"test_ids": test_ids, "switch_routing": fit.routing, "train_tokens": len(train_ids)}
 
 
-def run_case(cfg: DictConfig, name: str, case: DictConfig, prep: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+def run_case(
+    cfg: DictConfig, name: str, case: DictConfig, prep: dict[str, Any], out: Path
+) -> list[dict[str, Any]]:
     model = ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{case.model}.yaml").read_text()))
-    hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / f"{cfg.hardware}.yaml").read_text()))
+    hw = HardwareSpec.from_dict(
+        yaml.safe_load((CONF / "hardware" / f"{cfg.hardware}.yaml").read_text())
+    )
     rows = []
     for bs in case.batch_sizes:
-        rc = prep["switch_routing"] if case.routing == "synthetic_olmoe_top1" else RoutingConfig(source="trace")
+        rc = (
+            prep["switch_routing"]
+            if case.routing == "synthetic_olmoe_top1"
+            else RoutingConfig(source="trace")
+        )
         wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
                       routing=rc, seed=int(cfg.seed))  # fmt: skip
-        routing = esft_routing(prep["test_ids"], wl) if case.routing == "esft_heldout" else synthetic_routing(model, wl)
+        routing = (
+            esft_routing(prep["test_ids"], wl)
+            if case.routing == "esft_heldout"
+            else synthetic_routing(model, wl)
+        )
         routing.check_fits(model, wl)
         for planner in PLANNERS:
-            params = dict(n_devices=int(case.n_devices), lanes=bool(case.lanes), **dict(cfg.planners[planner] or {}))
+            params = dict(
+                n_devices=int(case.n_devices),
+                lanes=bool(case.lanes),
+                **dict(cfg.planners[planner] or {}),
+            )
             if planner != "ep_static":
                 params["replica_slots"] = int(cfg.replica_slots)
-            if case.routing == "esft_heldout" and planner != "ep_static":  # same training info for all
+            if (
+                case.routing == "esft_heldout" and planner != "ep_static"
+            ):  # same training info for all
                 params["initial_load"] = str(out / "esft_train_load.npy")
             if case.routing == "esft_heldout" and planner == "predictive_replication":
                 params["table"] = str(out / "esft_train_trans.npy")
@@ -101,7 +135,10 @@ def run_case(cfg: DictConfig, name: str, case: DictConfig, prep: dict[str, Any],
 
 
 def read_runs(out: Path) -> list[dict[str, Any]]:
-    return [dict(json.loads(p.read_text()), case=p.parts[-4]) for p in sorted(out.glob("*/bs*/*/summary.json"))]
+    return [
+        dict(json.loads(p.read_text()), case=p.parts[-4])
+        for p in sorted(out.glob("*/bs*/*/summary.json"))
+    ]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -132,14 +169,22 @@ def targets(rows: list[dict[str, Any]], case: str) -> list[str]:
     for r in rows:
         if r["planner"] != "ep_static":
             continue
-        rep = [x for x in rows if x["case"] == r["case"] and x["batch_size"] == r["batch_size"] and x["planner"] != "ep_static"]
+        rep = [
+            x
+            for x in rows
+            if x["case"] == r["case"]
+            and x["batch_size"] == r["batch_size"]
+            and x["planner"] != "ep_static"
+        ]
         best = max(rep, key=lambda x: x["utilisation"])
         if r["utilisation"] < 0.6:
             ok = best["utilisation"] >= 0.9
             out.append(f"[{'PASS' if ok else 'FAIL'}] {r['case']} bs={r['batch_size']}: utilisation ep_static "
                        f"{r['utilisation']:.3f} < 0.6 -> {best['planner']} {best['utilisation']:.3f} (target >= 0.9)")  # fmt: skip
     if not any("utilisation ep_static" in line for line in out):
-        lowest = min((r for r in rows if r["planner"] == "ep_static"), key=lambda r: r["utilisation"])
+        lowest = min(
+            (r for r in rows if r["planner"] == "ep_static"), key=lambda r: r["utilisation"]
+        )
         out.append(f"[n/a ] utilisation target: no case has ep_static below 0.6 (lowest {lowest['utilisation']:.3f}, "
                    f"{lowest['case']} bs={lowest['batch_size']})")  # fmt: skip
     return out
@@ -160,8 +205,15 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             for r in rows:
                 if r["case"] == case and r["batch_size"] == bs:
                     per = r[metric]
-                    ax.plot([int(k) for k in per], list(per.values()), marker=".", label=r["planner_label"])
-            ax.set(title=f"{case} bs={bs}", xlabel="layer", ylabel=metric.split("_")[0], ylim=(0, 1.02))
+                    ax.plot(
+                        [int(k) for k in per],
+                        list(per.values()),
+                        marker=".",
+                        label=r["planner_label"],
+                    )
+            ax.set(
+                title=f"{case} bs={bs}", xlabel="layer", ylabel=metric.split("_")[0], ylim=(0, 1.02)
+            )
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
         paths.append(out / f"{metric}.png")
@@ -173,7 +225,13 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             pts = sorted((r["batch_size"], r["batch_size"] * r["n_batches"] * r["prompt_len"] / r["makespan_s"])
                          for r in rows if r["case"] == case and r["planner"] == planner)  # fmt: skip
             ax.plot(*zip(*pts, strict=True), marker="o", label=planner)
-        ax.set(title=case, xlabel="batch size (sequences)", ylabel="tokens / s", xscale="log", yscale="log")
+        ax.set(
+            title=case,
+            xlabel="batch size (sequences)",
+            ylabel="tokens / s",
+            xscale="log",
+            yscale="log",
+        )
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "throughput.png")

@@ -17,14 +17,16 @@ EXECUTORS = ("sim", "real")
 
 
 def to_dict(node: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)  # type: ignore[return-value]
+    return (
+        OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    )  # type: ignore[return-value]
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
     d = to_dict(cfg.model)
     hf = d.pop("hf_config", None)
     if hf:
-        return ModelSpec.from_hf_config(hf, name=d.get("name"))
+        return ModelSpec.from_hf_config(hf)  # named after the checkpoint directory
     return ModelSpec.from_dict(d, where=f"model {d.get('name', '?')}")
 
 

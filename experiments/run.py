@@ -17,10 +17,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import MoepipeError
-from experiments.pipeline import simulate_run, write_run
+from core.errors import CapacityError, MoepipeError
+from experiments.pipeline import atomic_write_json, simulate_run, write_run
 from experiments.resolve import run_spec
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,19 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
     try:
         execute(cfg, out_dir)
+    except CapacityError as e:
+        if hc.mode != RunMode.MULTIRUN:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
+        # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
+        log.warning("infeasible: %s", e)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_json(out_dir / "summary.json", {"status": "infeasible", "error": str(e)})
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         shutil.rmtree(out_dir / ".partial", ignore_errors=True)

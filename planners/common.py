@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
+from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.placement import Placement, greedy_placement
 
@@ -22,7 +23,9 @@ class Emitter:
     out: ScheduleBuilder
     placement: Placement
     last_kv_store: dict[tuple[int, int], int] = field(default_factory=dict)  # (layer, batch) -> op
-    gate_ops: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (step, layer) -> gates by batch
+    gate_ops: dict[tuple[int, int], list[int]] = field(
+        default_factory=dict
+    )  # (step, layer) -> gates by batch
 
     def __post_init__(self) -> None:
         b = self.out
@@ -37,7 +40,7 @@ class Emitter:
 
     # ---- sizes ------------------------------------------------------------------------
     @property
-    def model(self):  # type: ignore[no-untyped-def]
+    def model(self) -> ModelSpec:
         return self.ctx.model
 
     @property
@@ -97,7 +100,9 @@ class Emitter:
             alloc_tier=Tier.GPU, alloc_bytes=nbytes, **common,
         )  # fmt: skip
 
-    def free(self, tensor: Tensor, step: int, layer: int, deps: tuple[int | None, ...], expert: int = -1) -> int | None:
+    def free(
+        self, tensor: Tensor, step: int, layer: int, deps: tuple[int | None, ...], expert: int = -1
+    ) -> int | None:
         """Release a streamed unit once `deps` are done (a zero-time op on the compute stream)."""
         if not self.streamed(tensor, layer):
             return None
@@ -116,7 +121,9 @@ class Emitter:
     def kv_offloaded(self, layer: int) -> bool:
         return self.placement.kv[layer] != Tier.GPU
 
-    def kv_load(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...] = ()) -> int | None:
+    def kv_load(
+        self, step: int, layer: int, batch: int, deps: tuple[int | None, ...] = ()
+    ) -> int | None:
         """Load a batch's past KV of one layer to the GPU (decode steps, KV kept on CPU)."""
         if step == 0 or not self.kv_offloaded(layer):
             return None
@@ -138,7 +145,9 @@ class Emitter:
         kv_read = int(self.bs * wl.step_context(step) * m.kv_bytes_per_token)
         extra: dict[str, object] = {}
         if step == 0 and self.kv_offloaded(layer):  # the new KV is built in a GPU buffer
-            extra = dict(alloc_tier=Tier.GPU, alloc_bytes=self.bs * wl.prompt_len * m.kv_bytes_per_token)
+            extra = dict(
+                alloc_tier=Tier.GPU, alloc_bytes=self.bs * wl.prompt_len * m.kv_bytes_per_token
+            )
         extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
         return self.out.add(
             OpKind.ATTENTION, self.compute, deps, step=step, layer=layer, batch=batch,
@@ -152,7 +161,9 @@ class Emitter:
             return None
         wl, m = self.ctx.workload, self.model
         new = self.bs * wl.step_tokens(step) * m.kv_bytes_per_token
-        buf = self.bs * (wl.prompt_len if step == 0 else wl.step_context(step)) * m.kv_bytes_per_token
+        buf = (
+            self.bs * (wl.prompt_len if step == 0 else wl.step_context(step)) * m.kv_bytes_per_token
+        )
         op = self.out.add(
             OpKind.KV_STORE, self.kv_store_stream, (attn,), step=step, layer=layer, batch=batch,
             tensor=Tensor.KV, nbytes=new, src=Tier.GPU, dst=Tier.CPU, free_tier=Tier.GPU, free_bytes=buf,
@@ -161,7 +172,9 @@ class Emitter:
         return op
 
     # ---- MoE and FFN -------------------------------------------------------------------------
-    def gate(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> tuple[int, GateView]:
+    def gate(
+        self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
+    ) -> tuple[int, GateView]:
         """Run the router for one batch; the only place a planner learns that batch's routing."""
         m = self.model
         tokens = self.bs * self.ctx.workload.step_tokens(step)
@@ -177,7 +190,14 @@ class Emitter:
         return op, view
 
     def expert(
-        self, step: int, layer: int, batch: int, expert: int, tokens: int, deps: tuple[int | None, ...], last_use: bool
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        expert: int,
+        tokens: int,
+        deps: tuple[int | None, ...],
+        last_use: bool,
     ) -> int:
         """One routed expert over `tokens` tokens (batch -1: the tokens of all batches).
 
@@ -192,7 +212,9 @@ class Emitter:
             **self.free_kwargs(Tensor.EXPERT, layer, last_use),
         )  # fmt: skip
 
-    def ffn(self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> int | None:
+    def ffn(
+        self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
+    ) -> int | None:
         """Dense FFN (non-MoE layer) or shared experts (MoE layer) for one batch."""
         m = self.model
         nbytes = self.tensor_bytes(Tensor.FFN, layer)

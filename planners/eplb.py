@@ -26,13 +26,19 @@ from planners.registry import register
 class EPLBParams(EPParams):
     window: int = 8  # iterations of load history EPLB places from
     interval: int = 4  # re-place every this many iterations
-    num_groups: int = 1  # expert groups (group-limited routing); hierarchical policy when num_nodes divides it
+    num_groups: int = (
+        1  # expert groups (group-limited routing); hierarchical policy when num_nodes divides it
+    )
     num_nodes: int = 1  # nodes the devices are spread over
-    initial_load: str = ""  # optional .npy [MoE layers, experts] load matrix for the first placement
+    initial_load: str = (
+        ""  # optional .npy [MoE layers, experts] load matrix for the first placement
+    )
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.interval < 1:
-            raise ConfigError(f"eplb: window={self.window} and interval={self.interval} must be >= 1")
+            raise ConfigError(
+                f"eplb: window={self.window} and interval={self.interval} must be >= 1"
+            )
 
 
 class EPLBPolicy:
@@ -45,7 +51,9 @@ class EPLBPolicy:
         self.current = [self._slots(initial[m]) for m in range(initial.shape[0])]
 
     def _slots(self, load: np.ndarray) -> np.ndarray:
-        phy2log, _, _ = rebalance_experts(load[None], self.n_phy, self.p.num_groups, self.p.num_nodes, self.layout.n_devices)
+        phy2log, _, _ = rebalance_experts(
+            load[None], self.n_phy, self.p.num_groups, self.p.num_nodes, self.layout.n_devices
+        )
         per_dev = phy2log[0].reshape(self.layout.n_devices, -1)  # slot s on device s // (R / G)
         slots = np.full((self.layout.n_devices, self.layout.slots_per_device), -1, dtype=np.int64)
         slots[:, : per_dev.shape[1]] = per_dev

@@ -39,7 +39,9 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     return pack, rank
 
 
-def replicate_experts(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def replicate_experts(
+    weight: np.ndarray, num_phy: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One copy of each logical expert, then each extra copy to the largest per-copy load.
 
     weight [n, num_log]. Returns phy2log [n, num_phy], replica rank [n, num_phy], logcnt [n, num_log].
@@ -88,7 +90,9 @@ def rebalance_hierarchical(
     pack, rank = balanced_packing(copy_load, num_gpus // num_nodes)
     pphy2phy = _inverse(pack * phy_per_gpu + rank)
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, -1)
-    offsets = np.arange(0, num_log, num_log // num_nodes)[None, :, None]  # node-local -> global mlog
+    offsets = np.arange(0, num_log, num_log // num_nodes)[
+        None, :, None
+    ]  # node-local -> global mlog
     pphy2mlog = (pphy2mlog.reshape(n_layers, num_nodes, -1) + offsets).reshape(n_layers, -1)
     phy2log = np.take_along_axis(mlog2log, pphy2mlog, -1)
     phy_rank = np.take_along_axis(phy_rank, pphy2phy, -1).reshape(n_layers, -1)
@@ -96,7 +100,9 @@ def rebalance_hierarchical(
     return phy2log, phy_rank, logcnt
 
 
-def check_args(shape: tuple[int, ...], num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int) -> None:
+def check_args(
+    shape: tuple[int, ...], num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> None:
     """Raise ConfigError, one line, for a load matrix or layout EPLB cannot place."""
     if len(shape) != 2 or shape[1] < 1:
         raise ConfigError(f"eplb: load matrix must be [layers, experts], got shape {shape}")
@@ -125,7 +131,9 @@ def rebalance_experts(
     weight = np.asarray(weight, dtype=np.float64)
     check_args(weight.shape, num_replicas, num_groups, num_nodes, num_gpus)
     if num_groups % num_nodes == 0:
-        phy2log, rank, logcnt = rebalance_hierarchical(weight, num_replicas, num_groups, num_nodes, num_gpus)
+        phy2log, rank, logcnt = rebalance_hierarchical(
+            weight, num_replicas, num_groups, num_nodes, num_gpus
+        )
     else:  # global policy: one group, one node
         phy2log, rank, logcnt = rebalance_hierarchical(weight, num_replicas, 1, 1, num_gpus)
     n_layers, e = weight.shape
@@ -135,7 +143,9 @@ def rebalance_experts(
     return phy2log, log2phy, logcnt
 
 
-def gpu_loads(weight: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray, num_gpus: int) -> np.ndarray:
+def gpu_loads(
+    weight: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray, num_gpus: int
+) -> np.ndarray:
     """[L, num_gpus] load of each GPU when every expert's load splits evenly over its copies."""
     per_copy = np.take_along_axis(weight / logcnt, phy2log, -1)  # [L, R]
     return per_copy.reshape(weight.shape[0], num_gpus, -1).sum(-1)

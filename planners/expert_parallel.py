@@ -64,7 +64,9 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     g = p.n_devices or ctx.hardware.n_gpus
     e = ctx.model.n_experts
     if not 1 <= g <= e:
-        raise ConfigError(f"planner n_devices={g} must be in [1, {e}] (the model's experts); lower n_devices")
+        raise ConfigError(
+            f"planner n_devices={g} must be in [1, {e}] (the model's experts); lower n_devices"
+        )
     if p.replica_slots < 0:
         raise ConfigError(f"planner replica_slots={p.replica_slots} must be >= 0")
     replicas = g * p.replica_slots if p.replicas < 0 else p.replicas
@@ -157,7 +159,9 @@ def split_tokens(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
         raise AssertionError(f"experts {missing} have tokens but no copy on any device")
     order = np.argsort(ids, kind="stable")
     rank = np.empty_like(ids)
-    rank[order] = np.arange(len(ids)) - np.searchsorted(ids[order], ids[order])  # copy index of each slot
+    rank[order] = np.arange(len(ids)) - np.searchsorted(
+        ids[order], ids[order]
+    )  # copy index of each slot
     share = counts[ids] // copies[ids] + (rank < counts[ids] % copies[ids])
     out = np.zeros((g, e), dtype=np.int64)
     np.add.at(out, (dev, ids), share)
@@ -172,17 +176,29 @@ class EPRunner:
     out: ScheduleBuilder
     layout: Layout
     resident: dict[int, np.ndarray] = field(default_factory=dict)  # moe -> [G, K] slots now filled
-    layer_done: dict[int, tuple[int, ...]] = field(default_factory=dict)  # moe -> ops ending its last use
+    layer_done: dict[int, tuple[int, ...]] = field(
+        default_factory=dict
+    )  # moe -> ops ending its last use
     n_copies: int = 0  # replica copies emitted
 
     def __post_init__(self) -> None:
         m, lay, b = self.ctx.model, self.layout, self.out
-        self.em = Emitter(self.ctx, b, standard_placement(self.ctx, kv_sequences=self.ctx.workload.batch_size, layers_in_flight=0))
+        self.em = Emitter(
+            self.ctx,
+            b,
+            standard_placement(
+                self.ctx, kv_sequences=self.ctx.workload.batch_size, layers_in_flight=0
+            ),
+        )
         if any(t != Tier.GPU for t in self.em.placement.experts):
-            raise CapacityError(f"expert parallelism keeps every expert resident; {m.name}'s experts do not fit GPU memory")
+            raise CapacityError(
+                f"expert parallelism keeps every expert resident; {m.name}'s experts do not fit GPU memory"
+            )
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
         b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
-        self.compute = [self.em.compute] + [b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)]
+        self.compute = [self.em.compute] + [
+            b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
+        ]
         self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
@@ -202,12 +218,16 @@ class EPRunner:
                     if m.is_moe(layer):
                         last = self.moe_layer(policy, t, step, layer, batch, attn)
                     else:
-                        last = tuple(self.dense(OpKind.FFN, step, layer, batch, attn)) or tuple(attn)
+                        last = tuple(self.dense(OpKind.FFN, step, layer, batch, attn)) or tuple(
+                            attn
+                        )
                 last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
                 t += 1
         self.out.meta["ep"]["copies"] = self.n_copies
 
-    def dense(self, kind: OpKind, step: int, layer: int, batch: int, deps: tuple[int, ...] | list[int]) -> list[int]:
+    def dense(
+        self, kind: OpKind, step: int, layer: int, batch: int, deps: tuple[int, ...] | list[int]
+    ) -> list[int]:
         """Data-parallel dense work: device d runs attention / FFN / head for its share of the
         batch's sequences, reading its own copy of the weights. Returns the ops (one per busy device)."""
         m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
@@ -221,7 +241,10 @@ class EPRunner:
             if kind == OpKind.ATTENTION:
                 ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
                 flops = m.attention_flops(tokens, int(ctx_len))
-                touch, tensor = m.attn_bytes + seqs * wl.step_context(step) * m.kv_bytes_per_token, Tensor.ATTENTION
+                touch, tensor = (
+                    m.attn_bytes + seqs * wl.step_context(step) * m.kv_bytes_per_token,
+                    Tensor.ATTENTION,
+                )
             elif kind == OpKind.FFN:
                 touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer), Tensor.FFN
                 if not touch:
@@ -233,7 +256,9 @@ class EPRunner:
                                     tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
         return ops
 
-    def refill(self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int) -> list[tuple[int, ...]]:
+    def refill(
+        self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int
+    ) -> list[tuple[int, ...]]:
         """Copy ops bringing each device's slots to `slots`; returns per device the ops to wait for."""
         m = self.ctx.model
         old = self.resident.get(moe)
@@ -243,7 +268,9 @@ class EPRunner:
         waits: list[tuple[int, ...]] = []
         deps = (*after, *self.layer_done.get(moe, ()))
         for d in range(self.layout.n_devices):
-            need = Counter(int(e) for e in slots[d] if e >= 0) - Counter(int(e) for e in old[d] if e >= 0)
+            need = Counter(int(e) for e in slots[d] if e >= 0) - Counter(
+                int(e) for e in old[d] if e >= 0
+            )
             ops = []
             for e in sorted(need.elements()):
                 ops.append(self.out.add(
@@ -255,7 +282,9 @@ class EPRunner:
         self.resident[moe] = slots.copy()
         return waits
 
-    def moe_layer(self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]) -> tuple[int, ...]:
+    def moe_layer(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]
+    ) -> tuple[int, ...]:
         m, lay, b = self.ctx.model, self.layout, self.out
         moe = m.moe_index(layer)
         slots, used = policy.place(t, moe)
@@ -272,7 +301,9 @@ class EPRunner:
         for d in range(lay.n_devices):
             n_d = int(tokens[d].sum())
             prev: int | None = gate
-            remote = n_d * (lay.n_devices - 1) // lay.n_devices  # all-to-all: tokens from other devices
+            remote = (
+                n_d * (lay.n_devices - 1) // lay.n_devices
+            )  # all-to-all: tokens from other devices
             if not lay.lanes and remote:
                 prev = b.add(OpKind.DISPATCH, self.dispatch[d], (gate,), tokens=remote, nbytes=remote * act_bytes,
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip

@@ -28,7 +28,9 @@ class LayerPrefetch:
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl = ctx.model, ctx.workload
-        em = Emitter(ctx, out, standard_placement(ctx, kv_sequences=wl.batch_size, layers_in_flight=2))
+        em = Emitter(
+            ctx, out, standard_placement(ctx, kv_sequences=wl.batch_size, layers_in_flight=2)
+        )
         out.meta.update(n_batches_shared=1)
         done_layer: list[int | None] = [None, None]  # last compute of the two previous layers
         last: int | None = None
@@ -46,7 +48,10 @@ class LayerPrefetch:
                     gate_load = ffn_load = None
                     if m.is_moe(layer):
                         gate_load = em.load(Tensor.GATE, step, layer, deps=window)
-                        loads = {e: em.load(Tensor.EXPERT, step, layer, e, deps=window) for e in range(m.n_experts)}
+                        loads = {
+                            e: em.load(Tensor.EXPERT, step, layer, e, deps=window)
+                            for e in range(m.n_experts)
+                        }
                     ffn_load = em.load(Tensor.FFN, step, layer, deps=window)
                     kv = em.kv_load(step, layer, batch)
                     last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
@@ -55,7 +60,15 @@ class LayerPrefetch:
                         last, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
                         for e in range(m.n_experts):
                             if view.counts[e]:
-                                last = em.expert(step, layer, batch, e, int(view.counts[e]), (loads[e], last), last_use=True)
+                                last = em.expert(
+                                    step,
+                                    layer,
+                                    batch,
+                                    e,
+                                    int(view.counts[e]),
+                                    (loads[e], last),
+                                    last_use=True,
+                                )
                             else:
                                 em.free(Tensor.EXPERT, step, layer, (last, loads[e]), expert=e)
                     last = em.ffn(step, layer, batch, (ffn_load, last), last_batch=True) or last

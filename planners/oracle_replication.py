@@ -26,17 +26,23 @@ from planners.registry import register
 
 @dataclass(frozen=True)
 class OracleParams(EPParams):
-    initial_load: str = ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
+    initial_load: str = (
+        ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
+    )
 
 
 class PeekedReplicas:
-    def __init__(self, layout: Layout, routing: CausalRouting, n_batches: int, homes: list[np.ndarray]) -> None:
+    def __init__(
+        self, layout: Layout, routing: CausalRouting, n_batches: int, homes: list[np.ndarray]
+    ) -> None:
         self.layout, self.routing, self.n_batches, self.homes = layout, routing, n_batches, homes
 
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         step, batch = divmod(t, self.n_batches)
         counts = self.routing.peek(step, moe, batch).counts
-        return replicate_onto(np.asarray(counts, dtype=np.float64), self.layout, self.homes[moe]), ()
+        return replicate_onto(
+            np.asarray(counts, dtype=np.float64), self.layout, self.homes[moe]
+        ), ()
 
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         pass
@@ -51,6 +57,12 @@ class OracleReplication:
         layout = resolve_layout(self.params, ctx)
         out.meta["upper_bound"] = "oracle: peeks at the coming iteration's routing"
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
-        init = read_load(self.params.initial_load, n_layers, e, "oracle_replication") if self.params.initial_load else None
+        init = (
+            read_load(self.params.initial_load, n_layers, e, "oracle_replication")
+            if self.params.initial_load
+            else None
+        )
         homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
-        EPRunner(ctx, out, layout).plan(PeekedReplicas(layout, ctx.routing, ctx.workload.n_batches, homes))
+        EPRunner(ctx, out, layout).plan(
+            PeekedReplicas(layout, ctx.routing, ctx.workload.n_batches, homes)
+        )

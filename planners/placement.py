@@ -111,10 +111,9 @@ def greedy_placement(
         if not model.is_moe(layer):
             experts.append(dense_tier)
             continue
-        for tier, room in ((Tier.GPU, gpu_free), (Tier.CPU, cpu_free), (Tier.DISK, disk_free)):
-            if layer_experts <= room:
-                break
-        else:  # pragma: no cover - excluded by the total check above
+        rooms = ((Tier.GPU, gpu_free), (Tier.CPU, cpu_free), (Tier.DISK, disk_free))
+        tier = next((t for t, room in rooms if layer_experts <= room), None)
+        if tier is None:  # pragma: no cover - excluded by the total check above
             raise CapacityError(f"layer {layer}'s experts fit nowhere")
         experts.append(tier)
         resident[tier] += layer_experts
@@ -146,11 +145,9 @@ def klotski_placement(
     """
     layer_experts = model.n_experts * model.expert_bytes
     transfer = layer_experts + stream_bytes
-    kv_total = kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
-    cpu_room = hw.memory_bytes[Tier.CPU] - kv_total
-    weights_fit_ram = model.total_bytes <= cpu_room + hw.memory_bytes[Tier.GPU] - transfer - activation_bytes
-    staging = 0 if weights_fit_ram else window_layers * layer_experts
-    return greedy_placement(
-        model, hw, kv_sequences, kv_tokens, working_bytes=transfer,
-        activation_bytes=activation_bytes, cpu_staging_bytes=staging,
-    )  # fmt: skip
+    common: dict[str, int] = dict(working_bytes=transfer, activation_bytes=activation_bytes)
+    first = greedy_placement(model, hw, kv_sequences, kv_tokens, **common)
+    if Tier.DISK not in first.experts:
+        return first
+    staging = window_layers * layer_experts  # the rolling disk -> CPU window
+    return greedy_placement(model, hw, kv_sequences, kv_tokens, cpu_staging_bytes=staging, **common)

@@ -40,21 +40,31 @@ PREDICTORS = ("last", "ema", "layer_corr")
 class PredictiveParams(EPParams):
     predictor: str = "layer_corr"  # one of PREDICTORS
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
-    table: str = ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
-    initial_load: str = ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
+    table: str = (
+        ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
+    )
+    initial_load: str = (
+        ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
+    )
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
-            raise ConfigError(f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}")
+            raise ConfigError(
+                f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}"
+            )
         if not 0.0 < self.ema_alpha <= 1.0:
-            raise ConfigError(f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]")
+            raise ConfigError(
+                f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]"
+            )
 
 
 def read_table(path: str, n_layers: int, n_experts: int) -> np.ndarray:
     try:
         table = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"predictive_replication table {path}: cannot read a .npy array ({e})") from None
+        raise ConfigError(
+            f"predictive_replication table {path}: cannot read a .npy array ({e})"
+        ) from None
     if table.shape != (n_layers, n_experts, n_experts):
         raise ConfigError(
             f"predictive_replication table {path}: shape {table.shape}, the model needs "
@@ -70,7 +80,9 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
     out = np.zeros((n_layers, n_experts, n_experts))
     for layer in range(1, n_layers):
         prev, cur = ids[:, layer - 1].astype(np.int64), ids[:, layer].astype(np.int64)
-        np.add.at(out[layer], (np.repeat(prev, k, axis=1).ravel(), np.tile(cur, (1, k)).ravel()), 1.0 / k)
+        np.add.at(
+            out[layer], (np.repeat(prev, k, axis=1).ravel(), np.tile(cur, (1, k)).ravel()), 1.0 / k
+        )
     return out
 
 
@@ -81,7 +93,9 @@ class LoadPredictor:
         self.p = p
         self.ema = np.zeros((n_layers, n_experts))  # [L, E]
         self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
-        self.trans = np.zeros((n_layers, n_experts, n_experts))  # [L, E, E] layer l-1 expert -> layer l expert
+        self.trans = np.zeros(
+            (n_layers, n_experts, n_experts)
+        )  # [L, E, E] layer l-1 expert -> layer l expert
         if p.table:
             self.trans += read_table(p.table, n_layers, n_experts)
         self.ids: dict[int, np.ndarray] = {}  # moe -> [T, k] this iteration's ids so far
@@ -89,7 +103,9 @@ class LoadPredictor:
 
     def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         if self.p.predictor == "layer_corr" and moe > 0 and self.trans[moe].sum() > 0:
-            counts = np.bincount(self.ids[moe - 1].ravel(), minlength=self.ema.shape[1])  # [E] at layer moe-1
+            counts = np.bincount(
+                self.ids[moe - 1].ravel(), minlength=self.ema.shape[1]
+            )  # [E] at layer moe-1
             rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
             rows /= rows.sum(1, keepdims=True)
             return counts @ rows, (self.gate_of[(t, moe - 1)],)
@@ -107,7 +123,11 @@ class LoadPredictor:
         if moe > 0 and self.p.predictor == "layer_corr":
             prev = self.ids[moe - 1]  # [T, k] same tokens, previous layer
             k = ids.shape[1]
-            np.add.at(self.trans[moe], (np.repeat(prev, k, axis=1).ravel(), np.tile(ids, (1, k)).ravel()), 1.0 / k)
+            np.add.at(
+                self.trans[moe],
+                (np.repeat(prev, k, axis=1).ravel(), np.tile(ids, (1, k)).ravel()),
+                1.0 / k,
+            )
         self.ids[moe] = ids
 
 
@@ -132,7 +152,11 @@ class PredictiveReplication:
         layout = resolve_layout(self.params, ctx)
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         predictor = LoadPredictor(self.params, n_layers, e)
-        init = read_load(self.params.initial_load, n_layers, e, "predictive_replication") if self.params.initial_load else None
+        init = (
+            read_load(self.params.initial_load, n_layers, e, "predictive_replication")
+            if self.params.initial_load
+            else None
+        )
         homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
         out.meta["predictor"] = self.params.predictor
         EPRunner(ctx, out, layout).plan(PredictedReplicas(layout, predictor, homes))

@@ -28,7 +28,9 @@ class Sequential:
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl = ctx.model, ctx.workload
-        em = Emitter(ctx, out, standard_placement(ctx, kv_sequences=wl.batch_size, layers_in_flight=1))
+        em = Emitter(
+            ctx, out, standard_placement(ctx, kv_sequences=wl.batch_size, layers_in_flight=1)
+        )
         out.meta.update(n_batches_shared=1)
         last: int | None = None  # everything waits for the previous op: no overlap
         for batch in range(wl.n_batches):
@@ -46,10 +48,20 @@ class Sequential:
                         for e in range(m.n_experts):
                             loads[e] = em.load(Tensor.EXPERT, step, layer, e, deps=(prev,))
                             prev = loads[e] or prev
-                        last, view = em.gate(step, layer, batch, (gate_load, prev, last), last_batch=True)
+                        last, view = em.gate(
+                            step, layer, batch, (gate_load, prev, last), last_batch=True
+                        )
                         for e in range(m.n_experts):
                             if view.counts[e]:
-                                last = em.expert(step, layer, batch, e, int(view.counts[e]), (loads[e], last), last_use=True)
+                                last = em.expert(
+                                    step,
+                                    layer,
+                                    batch,
+                                    e,
+                                    int(view.counts[e]),
+                                    (loads[e], last),
+                                    last_use=True,
+                                )
                             else:
                                 em.free(Tensor.EXPERT, step, layer, (last,), expert=e)
                     ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))

@@ -85,7 +85,10 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
         for s in specs
     ]
     free_kind = list(OpKind).index(OpKind.FREE)
-    lock_of = [None if k == free_kind else stream_locks[s] for k, s in zip(cols["kind"].tolist(), cols["stream"].tolist(), strict=True)]
+    lock_of = [
+        None if k == free_kind else stream_locks[s]
+        for k, s in zip(cols["kind"].tolist(), cols["stream"].tolist(), strict=True)
+    ]
     per_stream: list[list[tuple[Any, ...]]] = [[] for _ in specs]
     for row in zip(
         range(n),

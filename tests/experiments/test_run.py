@@ -91,3 +91,33 @@ def test_routing_of_the_wrong_shape_is_rejected(tmp_path):
     r = run([*TINY, "planner=flexgen", "workload.routing.source=trace"], tmp_path)
     assert r.returncode == 2
     assert "(26" in r.stderr and "tiny" in r.stderr, r.stderr
+
+
+def test_model_from_a_hugging_face_config(tmp_path):
+    """A user points at a local checkpoint directory; the spec comes from its config.json."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64,
+                "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )  # fmt: skip
+    r = run(
+        ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"], tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["model"] == "ckpt"  # named after the checkpoint directory
+    assert s["ops"] < 200  # the checkpoint's 2 layers, not the default model's 32
+
+
+def test_unknown_hf_model_type_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    r = run([*TINY, "planner=flexgen", f"+model.hf_config={tmp_path}"], tmp_path)
+    assert r.returncode == 2
+    assert "model_type 'llama' is not supported" in r.stderr

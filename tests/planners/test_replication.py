@@ -23,7 +23,13 @@ PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
 def tiny_spec(planner: str, **params) -> RunSpec:
     model = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/tiny.yaml").read_text()))
     hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text()))
-    wl = Workload(batch_size=2, n_batches=3, prompt_len=8, gen_len=2, routing=RoutingConfig(source="synthetic"))
+    wl = Workload(
+        batch_size=2,
+        n_batches=3,
+        prompt_len=8,
+        gen_len=2,
+        routing=RoutingConfig(source="synthetic"),
+    )
     return RunSpec(model, hw, wl, planner, {"n_devices": 2, **params})
 
 
@@ -69,7 +75,9 @@ def test_planner_runs_and_reports_balance(planner):
     res = simulate_run(tiny_spec(planner, lanes=True, **params))
     s = res.summary
     ex = res.trace[res.trace["kind"].astype(str) == str(OpKind.EXPERT)]
-    assert ex["tokens"].sum() == 2 * 3 * (8 + 1) * 2 * 2  # bs x batches x (prompt + 1 decode) x top_k x 2 MoE layers
+    assert (
+        ex["tokens"].sum() == 2 * 3 * (8 + 1) * 2 * 2
+    )  # bs x batches x (prompt + 1 decode) x top_k x 2 MoE layers
     assert set(ex["resource"].astype(str)) <= {"gpu", "gpu:1"}
     assert 0 < s["balancedness"] <= 1 and 0 < s["utilisation"] <= 1
     assert ("oracle upper bound" in s["planner_label"]) == (planner == "oracle_replication")
@@ -86,19 +94,27 @@ def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
 
 def test_predictive_copies_wait_for_the_routing_they_used():
     """Causal: a replica copy depends on a gate op that precedes it (previous batch or layer)."""
-    res = simulate_run(tiny_spec("predictive_replication", lanes=True, replica_slots=1, predictor="last"))
+    res = simulate_run(
+        tiny_spec("predictive_replication", lanes=True, replica_slots=1, predictor="last")
+    )
     ops = res.schedule.ops
     copies = [o for o in ops if o.kind == OpKind.LOAD]
     assert copies
     for c in copies:
         gates = [ops[d] for d in c.deps if ops[d].kind == OpKind.GATE]
-        assert gates and all(g.layer == c.layer and (g.batch, g.step) != (c.batch, c.step) for g in gates)
+        assert gates and all(
+            g.layer == c.layer and (g.batch, g.step) != (c.batch, c.step) for g in gates
+        )
 
 
 @pytest.mark.parametrize(
     "planner, params, match",
     [
-        ("predictive_replication", {"replica_slots": 1, "replicas": 3}, "exceeds the 2 replica slots"),
+        (
+            "predictive_replication",
+            {"replica_slots": 1, "replicas": 3},
+            "exceeds the 2 replica slots",
+        ),
         ("ep_static", {"n_devices": 5}, r"n_devices=5 must be in \[1, 4\]"),
         ("eplb", {"initial_load": "tests/planners/missing.npy"}, "cannot read"),
     ],

@@ -1,0 +1,115 @@
+"""Hydra callbacks for sweeps: a progress bar, and an end-of-sweep table + report.
+
+Jobs run in launcher worker processes (joblib, SLURM), so progress is counted in the main
+process by polling the sweep directory for finished runs (a `summary.json`, written last and
+atomically). Wired in `conf/config.yaml` (`hydra.callbacks.progress`) and
+`conf/experiment/compare.yaml` (`hydra.callbacks.summary`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+
+def sweep_size(config: DictConfig) -> int | None:
+    """Runs in the sweep: the product of the sweep lengths of the command line and
+    `hydra.sweeper.params` (the command line wins for a key in both). None if unknown."""
+    try:
+        args = {}
+        params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+        for k, v in params.items():
+            args[str(k)] = f"{k}={v}"
+        for o in OmegaConf.select(config, "hydra.overrides.task") or []:
+            key = str(o).split("=", 1)[0]
+            args[key] = str(o)
+        parsed = OverridesParser.create().parse_overrides(list(args.values()))
+        return math.prod(
+            len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1 for o in parsed
+        )
+    except Exception:  # a custom sweeper's syntax: run without a total
+        return None
+
+
+def finished_runs(sweep_dir: Path) -> int:
+    return sum(1 for _ in sweep_dir.glob("*/summary.json")) if sweep_dir.is_dir() else 0
+
+
+class SweepProgress(Callback):
+    """A tqdm bar per sweep counting run dirs that hold a summary.json; prints the wall time."""
+
+    def __init__(self, poll_s: float = 0.5) -> None:
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks into their workers
+        return {"poll_s": self.poll_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        total = sweep_size(config)
+        already = finished_runs(sweep_dir)
+        self._t0 = time.perf_counter()
+        self._stop.clear()
+        bar = tqdm(total=total, initial=already, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
+                   dynamic_ncols=True, mininterval=1.0)  # fmt: skip
+        if already:
+            bar.write(f"{already} run(s) already finished in {sweep_dir}: skipped")
+
+        def poll() -> None:
+            while not self._stop.wait(self.poll_s):
+                done = finished_runs(sweep_dir)
+                if done != bar.n:
+                    bar.update(done - bar.n)
+            bar.update(finished_runs(sweep_dir) - bar.n)
+            bar.close()
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        wall = time.perf_counter() - self._t0
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        print(f"sweep {sweep_dir}: {finished_runs(sweep_dir)} run(s) finished, wall time {wall:.1f} s",
+              file=sys.stderr)  # fmt: skip
+
+
+class SweepSummary(Callback):
+    """At the end of a sweep: collect it, print a short table, and write the HTML report."""
+
+    def __init__(self, report: bool = True) -> None:
+        self.report = report
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from experiments.collect import collect, write_results
+        from experiments.report import short_table, write_report
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        df, problems = collect(sweep_dir)
+        for p in problems:
+            print(f"skipped: {p}", file=sys.stderr)
+        if df.empty:
+            print(f"sweep {sweep_dir}: no finished runs", file=sys.stderr)
+            return
+        write_results(df, sweep_dir)
+        print(short_table(df))
+        if self.report:
+            page = write_report(sweep_dir, sweep_dir / "report", df=df, problems=problems)
+            print(f"report: {page}")

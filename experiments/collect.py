@@ -1,0 +1,135 @@
+"""Collect every run directory under a sweep into one table (parquet + CSV).
+
+One row per finished run: the flattened `config.yaml` (``model.name``, ``workload.batch_size``,
+``planner.params.x`` ...) plus the flattened `summary.json` metrics (``throughput_tok_s``,
+``busy_s.gpu``, ``plan.cache_hit_rate`` ...); lists (per-layer values) are JSON strings. A run
+dir without a complete summary.json (interrupted, or still running) is reported and skipped.
+
+Usage:
+    python -m experiments.collect SWEEP_DIR [--out DIR]   # writes DIR/results.{parquet,csv}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+RESULTS = "results"
+_SKIP_KEYS: set[str] = set()  # summary keys not worth a column
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> dotted keys; lists -> JSON strings; scalars as they are."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if key in _SKIP_KEYS:
+                continue
+            if isinstance(v, dict):
+                out.update(flatten(v, key))
+            elif isinstance(v, list | tuple):
+                out[key] = json.dumps(v)
+            else:
+                out[key] = v
+    return out
+
+
+def run_dirs(sweep_dir: Path) -> list[Path]:
+    """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
+    marks = ("summary.json", "config.yaml", ".hydra")
+    found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
+    found = {d for d in found if d.name != ".hydra" and ".submitit" not in d.parts}
+    return sorted(found)
+
+
+def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(row, None) for a finished run, (None, what is missing) otherwise."""
+    summary_path = run / "summary.json"
+    if not summary_path.exists():
+        return None, "no summary.json (unfinished or interrupted)"
+    try:
+        summary = json.loads(summary_path.read_text())
+        assert isinstance(summary, dict)
+    except (json.JSONDecodeError, UnicodeDecodeError, AssertionError) as e:
+        return None, f"summary.json unreadable ({type(e).__name__})"
+    for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
+        if cfg_path.exists():
+            try:
+                config = yaml.safe_load(cfg_path.read_text()) or {}
+            except yaml.YAMLError:
+                return None, f"{cfg_path.relative_to(run)} unreadable"
+            break
+    else:
+        return None, "no config.yaml"
+    if "status" not in summary and "throughput_tok_s" not in summary:
+        return None, "summary.json has no metrics"
+    row = {**flatten(config), **flatten(summary)}
+    row.setdefault("status", "ok")
+    row["has_trace"] = (run / "trace.parquet").exists()
+    return row, None
+
+
+def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """The sweep's table (one row per finished run, `run_dir` relative to the sweep) and the
+    problems found ('<run dir>: <what is missing>')."""
+    sweep = Path(sweep_dir)
+    rows, problems = [], []
+    for run in run_dirs(sweep):
+        row, problem = read_run(run)
+        rel = str(run.relative_to(sweep))
+        if problem:
+            problems.append(f"{rel}: {problem}")
+            continue
+        assert row is not None
+        rows.append({"run_dir": rel, **row})
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df = df.sort_values("run_dir", kind="stable").reset_index(drop=True)
+    return df, problems
+
+
+def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clean = df.copy()
+    for c in clean.columns:  # parquet needs one type per column
+        if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
+            clean[c] = clean[c].map(
+                lambda v: v if v is None or isinstance(v, str) else json.dumps(v)
+            )
+    pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
+    clean.to_parquet(pq, index=False)
+    clean.to_csv(csv, index=False)
+    return pq, csv
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument(
+        "--out", type=Path, default=None, help="where results.* go (default: SWEEP_DIR)"
+    )
+    args = ap.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    df, problems = collect(args.sweep_dir)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    if df.empty:
+        print(f"error: no finished runs under {args.sweep_dir}", file=sys.stderr)
+        return 2
+    pq, csv = write_results(df, args.out or args.sweep_dir)
+    print(f"{len(df)} run(s), {len(problems)} skipped -> {pq}, {csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Turn a sweep into a static HTML report with PNG figures (readable offline).
+
+Figures: throughput vs batch size per system; throughput vs latency; throughput vs n; a Gantt
+timeline of one layer per planner with GPU bubbles shaded (sim, and real above it where a real
+trace exists); prefetch accuracy per layer; load balance per layer (replication runs). A figure
+whose data the sweep lacks is left out with a note saying why.
+
+Usage:
+    python -m experiments.report SWEEP_DIR [--out DIR] [--metric throughput_tok_s]
+        [--columns planner.name,workload.batch_size,...]   # extra columns for the run table
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.collect import collect, write_results  # noqa: E402
+
+SYSTEM = "planner.name"
+PANEL = ("model.name", "hardware.name")
+METRIC_LABELS = {
+    "throughput_tok_s": "throughput (tokens/s)",
+    "makespan_s": "makespan (s)",
+    "gpu_bubble_frac": "GPU bubble (fraction of makespan)",
+    "efficiency": "efficiency (lower bound / makespan)",
+    "gpu_bubble_s": "GPU bubble (s)",
+}
+SYSTEM_NAMES = {  # the system each planner models (anchors.md)
+    "sequential": "Accelerate (sequential)",
+    "layer_prefetch": "layer prefetch",
+    "flexgen": "FlexGen",
+    "zero_inference": "ZeRO-Inference",
+    "moe_infinity": "MoE-Infinity",
+    "fiddler": "Fiddler",
+    "mixtral_offloading": "mixtral-offloading",
+    "klotski": "Klotski",
+}
+TABLE_COLUMNS = [SYSTEM, "workload.batch_size", "workload.n_batches", "throughput_tok_s", "makespan_s",
+                 "gpu_bubble_frac", "efficiency"]  # fmt: skip
+
+
+class ReportError(ValueError):
+    """A bad report request (unknown metric or column); the message lists the valid ones."""
+
+
+def numeric_columns(df: pd.DataFrame) -> list[str]:
+    return sorted(
+        c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and df[c].notna().any()
+    )
+
+
+def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
+    valid_metrics = numeric_columns(df)
+    if metric not in valid_metrics:
+        raise ReportError(f"unknown metric {metric!r}; valid: {', '.join(valid_metrics)}")
+    bad = [c for c in columns if c not in df.columns]
+    if bad:
+        raise ReportError(
+            f"unknown column(s) {', '.join(bad)}; valid: {', '.join(sorted(df.columns))}"
+        )
+
+
+def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
+    if "status" in df:
+        df = df[df["status"].fillna("ok") == "ok"]
+    return df
+
+
+def _label(planner: str) -> str:
+    return SYSTEM_NAMES.get(planner, planner)
+
+
+def short_table(df: pd.DataFrame) -> str:
+    """planner, n, throughput, makespan, GPU bubble %, efficiency: one line per run."""
+    d = ok_runs(df)
+    lines = [
+        f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} {'bubble %':>9} {'eff':>6}"
+    ]
+    for _, r in d.sort_values("throughput_tok_s", ascending=False).iterrows():
+        lines.append(
+            f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
+            f"{int(r['workload.n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
+            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f}"
+        )
+    bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]
+    for _, r in bad.iterrows():
+        lines.append(
+            f"{r.get(SYSTEM, '?'):<20} infeasible at bs {r.get('workload.batch_size')}: {r.get('error', '')[:80]}"
+        )
+    return "\n".join(lines)
+
+
+# ---- figures ------------------------------------------------------------------------------------
+
+
+def _panels(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    keys = [k for k in PANEL if k in df.columns]
+    if not keys:
+        return [((), df)]
+    return [(k if isinstance(k, tuple) else (k,), g) for k, g in df.groupby(keys, sort=True)]
+
+
+def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str, path: Path,
+                 logx: bool = False) -> bool:  # fmt: skip
+    """One subplot per (model, hardware) panel, one line per system."""
+    d = ok_runs(df).dropna(subset=[x, metric])
+    if d.empty or d[x].nunique() < 2:
+        return False
+    panels = _panels(d)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, (key, g) in zip(axes[0], panels, strict=True):
+        for planner, s in g.groupby(SYSTEM, sort=True):
+            s = s.groupby(x, as_index=False)[metric].mean().sort_values(x)
+            ax.plot(s[x], s[metric], marker="o", label=_label(str(planner)))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_title(" / ".join(map(str, key)) or title, fontsize=10)
+        if logx:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(g[x].unique()), [str(int(v)) for v in sorted(g[x].unique())])
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
+    """Throughput against the latency of a group (its makespan), one curve per system."""
+    d = ok_runs(df).dropna(subset=["makespan_s", metric])
+    if len(d) < 2:
+        return False
+    panels = _panels(d)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, (key, g) in zip(axes[0], panels, strict=True):
+        for planner, s in g.groupby(SYSTEM, sort=True):
+            s = s.sort_values("makespan_s")
+            ax.plot(s["makespan_s"], s[metric], marker="o", label=_label(str(planner)))
+        ax.set_xlabel("latency: makespan of a group of n batches (s)")
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_xscale("log")
+        ax.set_title(" / ".join(map(str, key)), fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle("Throughput vs latency (each point: one batch size / n)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _pick_gantt_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """One run per planner, all at the configuration most planners share (fair comparison)."""
+    d = ok_runs(df)
+    d = d[d["has_trace"].fillna(False).astype(bool)] if "has_trace" in d else d
+    if d.empty:
+        return d
+    keys = [k for k in (*PANEL, "workload.batch_size", "workload.n_batches") if k in d.columns]
+    counts = d.groupby(keys)[SYSTEM].nunique().sort_values(ascending=False, kind="stable")
+    best = counts.index[0] if len(keys) > 1 else (counts.index[0],)
+    sel = d
+    for k, v in zip(keys, best if isinstance(best, tuple) else (best,), strict=True):
+        sel = sel[sel[k] == v]
+    return sel.drop_duplicates(SYSTEM).sort_values(SYSTEM)
+
+
+def _layer_window(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float, int, int]:
+    """Ops of one middle layer of one decode step (step 1, or the prefill if there is none)."""
+    step = 1 if (trace["step"] == 1).any() else 0
+    layers = sorted(trace.loc[trace["layer"] >= 0, "layer"].unique())
+    layer = int(layers[len(layers) // 2]) if layers else -1
+    sel = trace[(trace["step"] == step) & (trace["layer"] == layer) & (trace["kind"] != "free")]
+    if (sel["batch"] >= 0).any():  # batch-at-a-time planners repeat the layer per batch: the first
+        sel = sel[sel["batch"] == sel.loc[sel["batch"] >= 0, "batch"].min()]
+    t0, t1 = float(sel["start_s"].min()), float(sel["end_s"].max())
+    window = trace[(trace["end_s"] > t0) & (trace["start_s"] < t1) & (trace["kind"] != "free")]
+    return window, t0, t1, step, layer
+
+
+def _gantt_axis(ax: Any, trace: pd.DataFrame, title: str) -> None:
+    window, t0, t1, step, layer = _layer_window(trace)
+    streams = list(dict.fromkeys(window.sort_values("stream")["stream"].astype(str)))
+    colors = {"compute-attention": "tab:blue", "compute-gate": "tab:purple", "compute-expert": "tab:green",
+              "compute-ffn": "tab:olive", "compute-head": "tab:gray", "load": "tab:orange",
+              "kv-load": "tab:cyan", "kv-store": "tab:pink"}  # fmt: skip
+    for i, s in enumerate(streams):
+        ops = window[window["stream"].astype(str) == s]
+        for _, r in ops.iterrows():
+            a, b = max(r["start_s"], t0), min(r["end_s"], t1)
+            alpha = 1.0 if r["layer"] == layer else 0.45  # other layers' ops (prefetch) lighter
+            ax.barh(i, (b - a) * 1e3, left=(a - t0) * 1e3, color=colors.get(str(r["kind"]), "k"),
+                    alpha=alpha, edgecolor="none", height=0.7)  # fmt: skip
+    gpu = window[window["resource"].astype(str) == "gpu"].sort_values("start_s")
+    t = t0
+    for _, r in gpu.iterrows():  # shade GPU idle time (bubbles) across all rows
+        if r["start_s"] > t + 1e-9:
+            ax.axvspan((t - t0) * 1e3, (r["start_s"] - t0) * 1e3, color="red", alpha=0.12, lw=0)
+        t = max(t, r["end_s"])
+    if t < t1 - 1e-9:
+        ax.axvspan((t - t0) * 1e3, (t1 - t0) * 1e3, color="red", alpha=0.12, lw=0)
+    ax.set_yticks(range(len(streams)), streams, fontsize=7)
+    ax.set_xlim(0, max((t1 - t0) * 1e3, 1e-6))
+    ax.set_title(f"{title}: step {step}, layer {layer}", fontsize=9)
+    ax.set_xlabel("time from the layer's first op (ms)")
+
+
+def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
+    items = []
+    for _, r in runs.iterrows():
+        trace = pd.read_parquet(sweep / r["run_dir"] / "trace.parquet")
+        for source in ("real", "sim"):  # real above sim where a real run exists
+            t = trace[trace["source"].astype(str) == source]
+            if not t.empty:
+                items.append((f"{_label(str(r[SYSTEM]))} ({source}, bs {r.get('workload.batch_size')}, "
+                              f"n {r.get('workload.n_batches')})", t))  # fmt: skip
+    if not items:
+        return False
+    fig, axes = plt.subplots(len(items), 1, figsize=(11, 1.2 + 1.6 * len(items)), squeeze=False)
+    for ax, (title, t) in zip(axes[:, 0], items, strict=True):
+        _gantt_axis(ax, t, title)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=k) for k, c in (("attention", "tab:blue"), ("gate", "tab:purple"),
+               ("expert", "tab:green"), ("load", "tab:orange"), ("kv load/store", "tab:cyan"),
+               ("GPU bubble", (1, 0, 0, 0.25)))]  # fmt: skip
+    fig.legend(handles=handles, loc="upper right", ncol=6, fontsize=8)
+    fig.suptitle("One layer per planner (lighter: ops of other layers in the same window; red: GPU idle)",
+                 fontsize=10, x=0.4)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, path: Path) -> bool:
+    if column not in df.columns:
+        return False
+    d = ok_runs(df).dropna(subset=[column])
+    if d.empty:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for (planner, bs), g in d.groupby([SYSTEM, "workload.batch_size"], sort=True):
+        vals = (
+            json.loads(g[column].iloc[0])
+            if isinstance(g[column].iloc[0], str)
+            else g[column].iloc[0]
+        )
+        y = np.array([np.nan if v is None else v for v in vals], dtype=float)
+        ax.plot(np.arange(len(y)), y, marker=".", label=f"{_label(str(planner))} bs {bs}")
+    ax.set_xlabel("MoE layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---- page -----------------------------------------------------------------------------------------
+
+
+def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metric: str = "throughput_tok_s",
+                 columns: list[str] | None = None, df: pd.DataFrame | None = None,
+                 problems: list[str] | None = None) -> Path:  # fmt: skip
+    """Write out_dir/index.html and its PNGs; returns the page's path."""
+    sweep = Path(sweep_dir)
+    out = Path(out_dir) if out_dir else sweep / "report"
+    if df is None:
+        df, problems = collect(sweep)
+    problems = problems or []
+    if df.empty:
+        raise ReportError(f"no finished runs under {sweep}")
+    columns = columns or []
+    check_request(df, metric, columns)
+    out.mkdir(parents=True, exist_ok=True)
+    figs: list[tuple[str, str, str]] = []  # (file, title, caption)
+    notes: list[str] = []
+    mlabel = METRIC_LABELS.get(metric, metric)
+
+    def add(ok: bool, name: str, title: str, caption: str, why: str) -> None:
+        if ok:
+            figs.append((name, title, caption))
+        else:
+            notes.append(f"{title}: not drawn ({why}).")
+
+    add(_line_figure(df, "workload.batch_size", metric, "batch size (sequences)", f"{mlabel} vs batch size",
+                     out / "throughput_vs_batch.png", logx=True),
+        "throughput_vs_batch.png", f"{mlabel} vs batch size", "Klotski Fig. 10 shape: one line per system.",
+        "the sweep has one batch size")  # fmt: skip
+    add(
+        fig_latency(df, metric, out / "throughput_vs_latency.png"),
+        "throughput_vs_latency.png",
+        "Throughput vs latency",
+        "Klotski Fig. 11 shape: up and to the left is better.",
+        "fewer than two runs",
+    )
+    add(_line_figure(df, "workload.n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
+                     out / "throughput_vs_n.png"),
+        "throughput_vs_n.png", f"{mlabel} vs n", "Batches sharing each weight load.", "the sweep has one n")  # fmt: skip
+    runs = _pick_gantt_runs(df)
+    add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",
+        "Timeline of one layer", "From trace.parquet; rows are streams, red spans are GPU bubbles.",
+        "no run has a trace.parquet")  # fmt: skip
+    add(_per_layer_figure(df, "plan.prefetch_accuracy_per_layer", "prefetch accuracy (useful / prefetched)",
+                          "Prefetch accuracy per MoE layer", out / "prefetch_accuracy.png"),
+        "prefetch_accuracy.png", "Prefetch accuracy per layer",
+        "Share of prefetched experts the gate then asked for.", "no run records prefetch accuracy")  # fmt: skip
+    lb_cols = sorted(
+        c for c in df.columns if c.startswith("plan.") and "load_balance" in c and "per_layer" in c
+    )
+    add(bool(lb_cols) and _per_layer_figure(df, lb_cols[0], "max / mean expert load", "Load balance per layer",
+                                            out / "load_balance.png"),
+        "load_balance.png", "Load balance per layer", f"From {lb_cols[0] if lb_cols else '-'} (replication runs).",
+        "no replication run in this sweep")  # fmt: skip
+    write_results(df, out)
+    page = out / "index.html"
+    page.write_text(_html(sweep, df, figs, notes, problems, columns))
+    return page
+
+
+def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes: list[str],
+          problems: list[str], columns: list[str]) -> str:  # fmt: skip
+    cols = [
+        c
+        for c in (*TABLE_COLUMNS[:1], *PANEL, *TABLE_COLUMNS[1:], *columns, "status")
+        if c in df.columns
+    ]
+    table = (
+        df[cols]
+        .sort_values([c for c in cols if c in PANEL or c == SYSTEM])
+        .to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0)
+    )
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>moepipe report: {e(sweep.name)}</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}img{max-width:100%}"
+        "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+        ".note{color:#555}</style></head><body>",
+        f"<h1>moepipe report: {e(str(sweep))}</h1>",
+        f"<p>{len(df)} run(s) collected; simulated unless marked real. Data: results.parquet / results.csv.</p>",
+    ]
+    for name, title, caption in figs:
+        parts.append(
+            f"<h2>{e(title)}</h2><img src='{e(name)}' alt='{e(title)}'><p class='note'>{e(caption)}</p>"
+        )
+    if notes:
+        parts.append(
+            "<h2>Figures left out</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
+        )
+    if problems:
+        parts.append(
+            "<h2>Skipped runs</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in problems) + "</ul>"
+        )
+    parts.append(f"<h2>Runs</h2>{table}</body></html>")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument(
+        "--out", type=Path, default=None, help="report folder (default SWEEP_DIR/report)"
+    )
+    ap.add_argument("--metric", default="throughput_tok_s", help="y axis of the line figures")
+    ap.add_argument("--columns", default="", help="comma-separated extra columns for the run table")
+    args = ap.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    df, problems = collect(args.sweep_dir)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    try:
+        page = write_report(args.sweep_dir, args.out, args.metric,
+                            [c for c in args.columns.split(",") if c], df=df, problems=problems)  # fmt: skip
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

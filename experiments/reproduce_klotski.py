@@ -1,0 +1,244 @@
+"""Reproduce Klotski's evaluation in the simulator: Table 3 (ablation), Fig. 14 (n x batch size),
+Klotski vs FlexGen at the same n, and Klotski at the n-planner's own n (makespan vs lower bound).
+
+Grids come from conf/experiment/klotski_{table3,fig14,vs_flexgen}.yaml. Prints markdown tables
+beside the paper's numbers and writes results.json, *.csv and report.md to --out.
+
+Usage:
+    python -m experiments.reproduce_klotski [--out runs/reproduce_klotski] [--quick] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from core.errors import MoepipeError
+from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from experiments.prefetch_eval import markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_T3 = {  # Table 3, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
+    "layer_prefetch": (5.721, 0.01, 1.149),
+    "klotski_multi": (18.24, 0.97, 34.07),
+    "klotski_hot": (19.074, 1.127, 44.17),
+    "klotski": (22.414, 1.325, 52.85),
+}
+STEP_NAMES = {"layer_prefetch": "Simple pipeline", "klotski_multi": "+ Multi batches",
+              "klotski_hot": "+ Only prefetch hot experts", "klotski": "Klotski (+ adjust expert order)"}  # fmt: skip
+
+
+def _yaml(group: str, name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())
+
+
+def _experiment(name: str) -> dict[str, Any]:
+    d = _yaml("experiment", name)
+    for parent in [x for x in d.get("defaults", []) if isinstance(x, str) and x != "_self_"]:
+        base = _experiment(parent)
+        base["workload"] = {**base.get("workload", {}), **d.get("workload", {})}
+        base["reproduce"] = {**base.get("reproduce", {}), **d.get("reproduce", {})}
+        d = base
+    return d
+
+
+def _workload(exp: dict[str, Any], **over: Any) -> Workload:
+    w = {**_yaml("workload", "paper"), **exp["workload"], **over}
+    routing = {**_yaml("workload", "paper")["routing"], **exp["workload"].get("routing", {})}
+    return Workload(w["batch_size"], w["n_batches"], w["prompt_len"], w["gen_len"],
+                    RoutingConfig(**routing), w.get("seed", 0))  # fmt: skip
+
+
+def run_point(job: dict[str, Any]) -> dict[str, Any]:
+    """One simulated run; returns its summary (or the error) with the job's labels."""
+    from experiments.pipeline import RunSpec, simulate_run
+
+    planner = _yaml("planner", job["planner"])
+    spec = RunSpec(
+        ModelSpec.from_dict(_yaml("model", job["model"])),
+        HardwareSpec.from_dict(_yaml("hardware", job["hardware"])),
+        job["workload"], str(planner["name"]), {**(planner.get("params") or {}), **job.get("params", {})},
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        result = simulate_run(spec)
+    except MoepipeError as e:
+        return {**job, "workload": None, "error": str(e)}
+    s, trace = result.summary, result.trace
+    dec = trace[trace.step > 0]  # decode steps: what the n-planner's inequalities balance
+    dec_busy = (
+        (dec.end_s - dec.start_s)
+        .groupby(dec.resource.astype(str), observed=True)
+        .sum()
+        .drop("none", errors="ignore")
+    )
+    dec_span = s["makespan_s"] - s["prefill_s"]
+    n_plan = s["plan"].get("n_plan", {})
+    return {
+        **{k: v for k, v in job.items() if k != "workload"},
+        "n": s["n_batches"], "batch_size": s["batch_size"], "gen_len": s["gen_len"],
+        "throughput_tok_s": s["throughput_tok_s"], "makespan_s": s["makespan_s"],
+        "lower_bound_s": s["lower_bound_s"], "efficiency": s["efficiency"],
+        "gpu_bubble_frac": s["gpu_bubble_frac"], "binding": n_plan.get("binding", ""),
+        "decode_efficiency": float(dec_busy.max()) / dec_span if dec_span > 0 and len(dec_busy) else float("nan"),
+        "decode_bound": str(dec_busy.idxmax()) if len(dec_busy) else "",
+        "prefetch_used_frac": s["plan"].get("prefetch_used_frac"), "sim_s": time.perf_counter() - t0,
+    }  # fmt: skip
+
+
+def jobs_table3(quick: bool) -> list[dict[str, Any]]:
+    exp = _experiment("klotski_table3")
+    gen = 4 if quick else exp["workload"]["gen_len"]
+    out = []
+    for col in exp["reproduce"]["columns"]:
+        for step in exp["reproduce"]["steps"]:
+            n = 1 if step == "layer_prefetch" else col["n"]  # the simple pipeline is single-batch
+            out.append(dict(table="table3", planner=step, model=col["model"], hardware=col["hardware"],
+                            workload=_workload(exp, n_batches=n, gen_len=gen),
+                            params={} if step == "layer_prefetch" else {"n": -1}))  # fmt: skip
+    return out
+
+
+def jobs_auto_n(quick: bool) -> list[dict[str, Any]]:
+    exp = _experiment("klotski_table3")
+    gen = 4 if quick else exp["workload"]["gen_len"]
+    cols = [
+        c
+        for c in exp["reproduce"]["columns"]
+        if c["model"] != "mixtral-8x22b" or c["hardware"] != "rtx3090-env1"
+    ]
+    return [dict(table="auto_n", planner="klotski", model=c["model"], hardware=c["hardware"],
+                 workload=_workload(exp, gen_len=gen), params={"n": 0}) for c in cols]  # fmt: skip
+
+
+def jobs_fig14(quick: bool) -> list[dict[str, Any]]:
+    exp = _experiment("klotski_fig14")
+    r = exp["reproduce"]
+    ns = [1, 5, 10, 15] if quick else r["n"]
+    gen = 2 if quick else exp["workload"]["gen_len"]
+    return [dict(table="fig14", planner="klotski", model="mixtral-8x7b", hardware="rtx3090-env1",
+                 workload=_workload(exp, n_batches=n, batch_size=bs, gen_len=gen), params={"n": -1})
+            for bs in r["batch_sizes"] for n in ns]  # fmt: skip
+
+
+def jobs_vs_flexgen(quick: bool) -> list[dict[str, Any]]:
+    exp = _experiment("klotski_vs_flexgen")
+    r = exp["reproduce"]
+    gen = 2 if quick else exp["workload"]["gen_len"]
+    return [dict(table="vs_flexgen", planner=p, model=c["model"], hardware=c["hardware"],
+                 workload=_workload(exp, n_batches=c["n"], batch_size=bs, gen_len=gen),
+                 params={"n": -1} if p == "klotski" else {})
+            for c in r["columns"] for bs in r["batch_sizes"] for p in ("flexgen", "klotski")]  # fmt: skip
+
+
+def report(df: pd.DataFrame) -> str:
+    lines = []
+    t3 = df[df.table == "table3"]
+    cols = [
+        (c["model"], c["hardware"]) for c in _experiment("klotski_table3")["reproduce"]["columns"]
+    ]
+    lines += ["## Table 3: ablation (tokens/s; sim vs paper)", "",
+              "| step | " + " | ".join(f"{m} / {h} sim | paper" for m, h in cols) + " |",
+              "|---|" + "---|---|" * len(cols)]  # fmt: skip
+    tp = {(r.planner, r.model, r.hardware): r.throughput_tok_s for r in t3.itertuples()}
+    ns = {(r.model, r.hardware): r.n for r in t3.itertuples() if r.planner == "klotski"}
+    for step in PAPER_T3:
+        cells = [
+            f"{tp.get((step, m, h), float('nan')):.3f} | {PAPER_T3[step][i]}"
+            for i, (m, h) in enumerate(cols)
+        ]
+        lines.append(f"| {STEP_NAMES[step]} | " + " | ".join(cells) + " |")
+    lines += ["", "| step ratio | " + " | ".join(f"{m} / {h} sim | paper" for m, h in cols) + " |",
+              "|---|" + "---|---|" * len(cols)]  # fmt: skip
+    steps = list(PAPER_T3)
+    for a, b in zip(steps, steps[1:], strict=False):
+        cells = []
+        for i, (m, h) in enumerate(cols):
+            sim = tp.get((b, m, h), float("nan")) / tp.get((a, m, h), float("nan"))
+            cells.append(f"{sim:.2f} | {PAPER_T3[b][i] / PAPER_T3[a][i]:.2f}")
+        lines.append(f"| {b} / {a} | " + " | ".join(cells) + " |")
+    errors = df[df["error"].notna()] if "error" in df else df.iloc[:0]
+    lines += [
+        f"\nrun failed: {r.table} {r.planner} {r.model}/{r.hardware}: {r.error}"
+        for r in errors.itertuples()
+    ]
+    lines += [
+        "",
+        "n per column (Klotski rows): "
+        + ", ".join(f"{m}/{h}: n={ns.get((m, h))}" for m, h in cols),
+    ]
+    auto = df[df.table == "auto_n"]
+    if len(auto):
+        lines += ["", "## Klotski at the n-planner's n (bs 16): makespan vs the schedule's lower bound", "",
+                  "| model / hardware | n | binding inequality | tok/s | makespan s | lower bound s | efficiency "
+                  "| decode-only efficiency (busiest resource) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in auto.itertuples():
+            if isinstance(getattr(r, "error", None), str):
+                lines.append(f"| {r.model} / {r.hardware} | error: {r.error} |||||")
+                continue
+            lines.append(f"| {r.model} / {r.hardware} | {r.n} | {r.binding} | {r.throughput_tok_s:.2f} | "
+                         f"{r.makespan_s:.1f} | {r.lower_bound_s:.1f} | {r.efficiency:.3f} | "
+                         f"{r.decode_efficiency:.3f} ({r.decode_bound}) |")  # fmt: skip
+    f14 = df[df.table == "fig14"]
+    if len(f14):
+        piv = f14.pivot_table(index="n", columns="batch_size", values="throughput_tok_s")
+        lines += ["", f"## Fig. 14: Klotski throughput (tok/s) over n and batch size, mixtral-8x7b / rtx3090-env1, "
+                  f"gen_len={f14.gen_len.max():.0f} (paper: 32)", "", markdown(piv.round(2))]  # fmt: skip
+    vs = df[df.table == "vs_flexgen"]
+    if len(vs):
+        piv = vs.pivot_table(
+            index=["model", "hardware", "batch_size"], columns="planner", values="throughput_tok_s"
+        )
+        piv["klotski/flexgen"] = piv["klotski"] / piv["flexgen"]
+        lines += ["", f"## Klotski vs FlexGen at n=15 (tok/s), gen_len={vs.gen_len.max():.0f} (paper: 32; "
+                  "paper max speedup 2.23x)", "", markdown(piv.round(3))]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/reproduce_klotski")
+    ap.add_argument(
+        "--quick", action="store_true", help="few decode steps and n values (smoke test)"
+    )
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", default="table3,auto_n,fig14,vs_flexgen")
+    ap.add_argument(
+        "--report-only", action="store_true", help="re-print the report from --out/results.csv"
+    )
+    args = ap.parse_args(argv)
+    if args.report_only:
+        print(report(pd.read_csv(Path(args.out) / "results.csv")))
+        return 0
+    makers = {
+        "table3": jobs_table3,
+        "auto_n": jobs_auto_n,
+        "fig14": jobs_fig14,
+        "vs_flexgen": jobs_vs_flexgen,
+    }
+    jobs = [j for name in args.only.split(",") for j in makers[name](args.quick)]
+    jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_point, jobs))
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "results.csv", index=False)
+    (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    text = report(df) + f"\n\n({len(jobs)} simulated runs in {time.perf_counter() - t0:.0f} s)"
+    (out / "report.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

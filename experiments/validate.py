@@ -1,0 +1,214 @@
+"""Simulator vs real executor: run each planner both ways on the same routing and compare.
+
+Per planner: plan once per executor on the same replayed routing (the schedules are identical,
+checked op by op), run the simulator with the calibrated hardware and the real executor on the
+checkpoint, join the traces on op_id, and tabulate predicted vs measured makespan, GPU bubble,
+lower bound and per-op-kind mean duration with relative errors. The device pool and host RAM
+are sized as fractions of the model (gpu_frac, cpu_frac) so that the disk tier is active.
+Writes <out>/<planner>/{sim,real}/ run directories, validate.csv, validate.md and
+timeline_<planner>.png (sim above real).
+
+Usage:
+    python -m experiments.validate checkpoint=DIR hardware=this-machine [planners=a,b]
+        [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
+        [out=runs/validate/<time>]
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from core.errors import MoepipeError, ScheduleError  # noqa: E402
+from core.routing import load_routing  # noqa: E402
+from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
+from core.types import RoutingSource, Tier  # noqa: E402
+from experiments.pipeline import RunSpec, resolve_n_batches, simulate_run, write_run  # noqa: E402
+from experiments.real_run import real_execute  # noqa: E402
+from planners.registry import planner_names  # noqa: E402
+from real.checkpoint import load_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
+
+_DEFAULTS: dict[str, Any] = dict(
+    checkpoint=None, hardware="this-machine", planners="", gpu_frac=0.6, cpu_frac=0.15,
+    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None,
+)  # fmt: skip
+
+
+def rel(pred: float, meas: float) -> float:
+    return (pred - meas) / meas if meas else float("nan")
+
+
+def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
+    path = ROOT / "conf" / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        raise MoepipeError(
+            f"{path}: no such hardware; run python -m experiments.calibrate hardware.name={name}"
+        )
+    d = yaml.safe_load(path.read_text())
+    d["memory_gb"] = dict(
+        d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
+    )
+    return HardwareSpec.from_dict(d)
+
+
+def compare(
+    planner: str, sim: pd.DataFrame, real: pd.DataFrame, s_sum: dict, r_sum: dict
+) -> dict[str, Any]:
+    row: dict[str, Any] = dict(planner=planner, ops=len(real), n_batches=r_sum["n_batches"])
+    for key in ("makespan_s", "gpu_bubble_s", "lower_bound_s"):
+        row[f"sim_{key}"] = s_sum[key]
+        row[f"real_{key}"] = r_sum[key]
+        row[f"err_{key}"] = rel(s_sum[key], r_sum[key])
+    row["real_makespan_over_lb"] = (
+        r_sum["makespan_s"] / r_sum["lower_bound_s"] if r_sum["lower_bound_s"] else float("nan")
+    )
+    joined = sim.merge(real, on="op_id", suffixes=("_sim", "_real"))
+    assert len(joined) == len(real) == len(sim)
+    for kind, g in joined.groupby("kind_real", observed=True):
+        ds = (g["end_s_sim"] - g["start_s_sim"]).mean()
+        dr = (g["end_s_real"] - g["start_s_real"]).mean()
+        if kind != "free":
+            row[f"{kind}_sim_ms"] = 1e3 * ds
+            row[f"{kind}_real_ms"] = 1e3 * dr
+    return row
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """A pipe table (no tabulate dependency); floats with 3 decimals."""
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> None:
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
+    kinds = sorted(set(sim["kind"].astype(str)) | set(real["kind"].astype(str)))
+    colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
+    for ax, df, title in ((axes[0], sim, "simulated"), (axes[1], real, "measured (real)")):
+        streams = list(dict.fromkeys(df["stream"].astype(str)))
+        for i, s in enumerate(streams):
+            d = df[df["stream"].astype(str) == s]
+            for kind, g in d.groupby(d["kind"].astype(str)):
+                ax.broken_barh(
+                    list(zip(g["start_s"], g["end_s"] - g["start_s"], strict=True)),
+                    (i - 0.4, 0.8),
+                    color=colors[kind],
+                )
+        ax.set_yticks(range(len(streams)), streams)
+        ax.set_title(f"{planner}: {title}, makespan {df['end_s'].max():.3f} s")
+    axes[1].set_xlabel("seconds")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, list(colors), loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def validate(opts: dict[str, Any]) -> pd.DataFrame:
+    ckpt = opts["checkpoint"]
+    if not ckpt:
+        raise MoepipeError("missing checkpoint=DIR (make one with python -m real.make_checkpoint)")
+    model, _ = load_checkpoint(ckpt)
+    hw = load_hardware(
+        str(opts["hardware"]), model.total_bytes, float(opts["gpu_frac"]), float(opts["cpu_frac"])
+    )
+    wl = Workload(
+        batch_size=int(opts["batch_size"]), n_batches=int(opts["n_batches"]),
+        prompt_len=int(opts["prompt_len"]), gen_len=int(opts["gen_len"]),
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )  # fmt: skip
+    out = Path(
+        opts["out"]
+        or ROOT / "runs" / "validate" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    names = [p for p in str(opts["planners"]).split(",") if p] or planner_names()
+    rows = []
+    for name in names:
+        try:
+            spec = resolve_n_batches(RunSpec(model, hw, wl, name))
+            routing = load_routing(spec.model, spec.workload)
+            sim = simulate_run(spec, routing)
+            real, _ = real_execute(ckpt, replace(spec, executor="real"), "replay", routing=routing)
+        except MoepipeError as e:
+            log.warning("%s skipped: %s", name, e)
+            rows.append(dict(planner=name, skipped=str(e)))
+            continue
+        if [(o.kind, o.stream, o.deps) for o in sim.schedule.ops] != [
+            (o.kind, o.stream, o.deps) for o in real.schedule.ops
+        ]:
+            raise ScheduleError(
+                f"planner {name} planned different schedules for sim and real on the same routing"
+            )
+        write_run(out / name / "sim", sim)
+        write_run(out / name / "real", real)
+        row = compare(name, sim.trace, real.trace, sim.summary, real.summary)
+        row["gpu_gb"], row["cpu_gb"] = (
+            hw.memory_bytes[Tier.GPU] / 1e9,
+            hw.memory_bytes[Tier.CPU] / 1e9,
+        )
+        row["disk_bytes"] = real.summary["bytes_moved"].get("disk", 0)
+        rows.append(row)
+        plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
+        print(
+            f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
+            f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
+            f"real/LB {row['real_makespan_over_lb']:.2f}",
+            flush=True,
+        )
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "validate.csv", index=False)
+    main_cols = [c for c in table.columns if not c.endswith("_ms")]
+    (out / "validate.md").write_text(
+        f"# sim vs real: {model.name} ({model.total_bytes / 1e6:.0f} MB), hardware {hw.name}, "
+        f"GPU {hw.memory_bytes[Tier.GPU] / 1e6:.0f} MB, CPU {hw.memory_bytes[Tier.CPU] / 1e6:.0f} MB\n\n"
+        + markdown(table[main_cols])
+        + "\n\n## per-op-kind mean duration (ms)\n\n"
+        + markdown(table[["planner", *[c for c in table.columns if c.endswith("_ms")]]])
+        + "\n"
+    )
+    print(f"wrote {out}/validate.csv, validate.md, timeline_*.png")
+    return table
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    opts = dict(_DEFAULTS)
+    try:
+        for arg in argv:
+            key, sep, value = arg.partition("=")
+            if not sep or key not in opts:
+                raise MoepipeError(
+                    f"argument {arg!r}: expected key=value with key in {sorted(opts)}"
+                )
+            opts[key] = value
+        validate(opts)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

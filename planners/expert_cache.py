@@ -1,0 +1,154 @@
+"""Helpers shared by the expert-caching baselines (`moe_infinity`, `mixtral_offloading`, `fiddler`):
+a placement that keeps every routed expert off the GPU and leaves the spare GPU memory for a
+cache, an LRU expert cache that emits its loads and evictions, and prefetch-accuracy bookkeeping.
+
+Causality: nothing here reads routing; callers feed it only what a gate op has revealed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.planner import PlanContext
+from core.types import Tensor, Tier
+from planners.common import Emitter
+from planners.placement import Placement, dense_bytes, greedy_placement
+
+
+def cache_placement(
+    ctx: PlanContext, kv_sequences: int, layers_in_flight: int, cache_share: float = 1.0
+) -> tuple[Placement, int]:
+    """Placement with all routed experts on CPU/disk, plus the GPU bytes left for an expert cache.
+
+    First pass: the greedy placement with the planner's streaming working set; the GPU memory it
+    leaves after dense weights and KV (`spare`) becomes the cache (`cache_share` of it). Second
+    pass: the same placement with the cache added to the working set, so no expert layer lands
+    on the GPU statically (the cache holds them dynamically instead).
+    """
+    m, wl, hw = ctx.model, ctx.workload, ctx.hardware
+    layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
+    dense_stream = max(m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes, m.dense_ffn_bytes)
+    kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
+    act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
+    staging = 2 * m.n_experts * m.expert_bytes
+    # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to the cache
+    working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf
+    kw = dict(kv_sequences=kv_sequences, kv_tokens=wl.prompt_len + wl.gen_len, activation_bytes=act,
+              cpu_staging_bytes=staging)  # fmt: skip
+    first = greedy_placement(m, hw, working_bytes=working, **kw)
+    dense_gpu = dense_bytes(m) if first.dense == Tier.GPU else 0
+    kv_gpu = first.kv.count(Tier.GPU) * first.kv_bytes_per_layer
+    spare = hw.memory_bytes[Tier.GPU] - working - act - dense_gpu - kv_gpu
+    cache = max(int(spare * cache_share), 0)
+    placement = greedy_placement(m, hw, working_bytes=working + cache, **kw)
+    assert Tier.GPU not in [placement.experts[i] for i in m.moe_layers], (
+        "experts must be off the GPU"
+    )
+    return placement, cache
+
+
+@dataclass
+class _Slot:
+    load: int | None  # op that brought the expert in (its users depend on it)
+    last_use: int | None  # last op that reads it (an eviction waits for it)
+
+
+@dataclass
+class LRUCache:
+    """An LRU cache of experts on the GPU, `capacity` experts large.
+
+    `ensure` returns the op a compute must depend on, loading (and first evicting the least
+    recently used expert) on a miss. An eviction is a free op that waits for the evicted
+    expert's load and last use, emitted before the load that takes its memory, so every wait
+    points to an earlier op and the schedule cannot deadlock.
+    """
+
+    em: Emitter
+    capacity: int  # experts
+    slots: OrderedDict[tuple[int, int], _Slot] = field(
+        default_factory=OrderedDict
+    )  # (layer, expert), LRU first
+    hits: int = 0
+    misses: int = 0
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self.slots
+
+    def ensure(self, step: int, layer: int, expert: int, stream: str, deps: tuple[int | None, ...] = (),
+               count: bool = True) -> int | None:  # fmt: skip
+        key = (layer, expert)
+        slot = self.slots.get(key)
+        if slot is not None:
+            self.slots.move_to_end(key)
+            self.hits += count
+            return slot.load
+        self.misses += count
+        self._make_room(step, protect=())
+        op = self.em.load(Tensor.EXPERT, step, layer, expert, stream=stream, deps=deps)
+        self.slots[key] = _Slot(op, op)
+        return op
+
+    def prefetch(self, step: int, layer: int, expert: int, stream: str, deps: tuple[int | None, ...],
+                 protect: tuple[tuple[int, int], ...]) -> bool:  # fmt: skip
+        """Load an expert ahead of need unless cached; never evicts `protect`. True if loaded."""
+        key = (layer, expert)
+        if key in self.slots:
+            return False
+        if not self._make_room(step, protect):
+            return False
+        op = self.em.load(Tensor.EXPERT, step, layer, expert, stream=stream, deps=deps)
+        self.slots[key] = _Slot(op, op)
+        return True
+
+    def used(self, layer: int, expert: int, op: int) -> None:
+        slot = self.slots[(layer, expert)]
+        slot.last_use = op
+        self.slots.move_to_end((layer, expert))
+
+    def _make_room(self, step: int, protect: tuple[tuple[int, int], ...]) -> bool:
+        while len(self.slots) >= self.capacity:
+            victim = next((k for k in self.slots if k not in protect), None)
+            if victim is None:
+                return False
+            slot = self.slots.pop(victim)
+            self.em.free(
+                Tensor.EXPERT, step, victim[0], (slot.load, slot.last_use), expert=victim[1]
+            )
+        return True
+
+
+@dataclass
+class PrefetchStats:
+    """Per MoE layer: experts prefetched, and how many of them the gate then asked for."""
+
+    n_layers: int
+    issued: np.ndarray = field(init=False)
+    useful: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.issued = np.zeros(self.n_layers, np.int64)
+        self.useful = np.zeros(self.n_layers, np.int64)
+
+    def record(self, moe_idx: int, predicted: set[int], needed: np.ndarray) -> None:
+        if predicted:
+            self.issued[moe_idx] += len(predicted)
+            self.useful[moe_idx] += len(predicted & set(np.flatnonzero(needed).tolist()))
+
+    def summary(self) -> dict[str, object]:
+        acc = np.where(self.issued > 0, self.useful / np.maximum(self.issued, 1), np.nan)
+        total = float(self.useful.sum() / self.issued.sum()) if self.issued.sum() else None
+        return {
+            "prefetch_accuracy": total,
+            "prefetch_accuracy_per_layer": [
+                None if np.isnan(a) else round(float(a), 4) for a in acc
+            ],
+        }
+
+
+def top_experts(scores: np.ndarray, k: int) -> list[int]:
+    """Indices of the k largest positive scores, best first (ties by lower id)."""
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return [int(e) for e in order[:k] if scores[e] > 0]

@@ -1,0 +1,177 @@
+"""`fiddler`: Fiddler's CPU-GPU orchestration: experts not on the GPU run on the CPU (anchors A4).
+
+Modelled behaviour: one batch at a time (latency-oriented). Dense weights and KV stay on the GPU;
+the spare GPU memory holds as many routed experts as fit, statically, spread evenly over layers
+(Fiddler ranks them by an offline popularity profile; the simulator has no profile, so each
+layer keeps its lowest-id experts). After a gate, every routed expert that is resident runs on
+the GPU. For a missing one, a per-expert latency model (Fiddler's `mixtral.py` chooses the same
+way, with profiled constants) compares
+  CPU: ship the expert's tokens' activations GPU->CPU, compute on the CPU (the hardware
+       profile's CPU peak flop/s and memory bandwidth), ship the results back;
+  GPU: copy the expert's weights host->GPU, compute on the GPU, drop them;
+and takes the faster: decode (few tokens) goes to the CPU, long prefills bring the weights.
+CPU experts run on a `cpu_compute` stream, overlapping the GPU's resident experts. No prefetch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.planner import PlanContext
+from core.schedule import ScheduleBuilder
+from core.types import OpKind, Resource, Stream, Tensor, Tier
+from planners.common import Emitter
+from planners.expert_cache import cache_placement
+from planners.registry import register
+
+POLICIES = ("latency", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class FiddlerParams:
+    policy: str = "latency"  # latency: per-expert CPU-vs-GPU choice; cpu / gpu: always that side
+    resident_share: float = 1.0  # share of the spare GPU memory filled with resident experts
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        assert 0 <= self.resident_share <= 1
+
+
+@register("fiddler", FiddlerParams)
+class Fiddler:
+    def __init__(self, params: FiddlerParams) -> None:
+        self.params = params
+
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        m, wl, p = ctx.model, ctx.workload, self.params
+        placement, spare = cache_placement(ctx, wl.batch_size, 1)
+        em = Emitter(ctx, out, placement)
+        cpu = out.stream(Stream.CPU_COMPUTE, Resource.CPU)
+        to_cpu = out.stream("act_to_cpu", Resource.D2H)
+        to_gpu = out.stream("act_to_gpu", Resource.H2D)
+        on_demand = out.stream(Stream.EXPERTS, Resource.H2D)
+        resident = _resident_experts(
+            m.moe_layers, m.n_experts, int(spare * p.resident_share) // m.expert_bytes
+        )
+        out.reserve(Tier.GPU, sum(len(v) for v in resident.values()) * m.expert_bytes)
+        act_bytes = m.hidden_size * m.dtype_bytes  # per token, each way
+        n_cpu = n_gpu_loaded = n_resident = 0
+        last: int | None = None
+        for batch in range(wl.n_batches):
+            for step in range(wl.n_steps):
+                for layer in range(m.n_layers):
+                    attn_load = em.load(Tensor.ATTENTION, step, layer, deps=(last,))
+                    kv = em.kv_load(step, layer, batch, deps=(last,))
+                    last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
+                    em.kv_store(step, layer, batch, last)
+                    returns: list[int] = []
+                    if m.is_moe(layer):
+                        gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
+                        gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
+                        last = gate
+                        for e in (int(x) for x in np.flatnonzero(view.counts)):
+                            tokens = int(view.counts[e])
+                            if e in resident[layer]:
+                                n_resident += 1
+                                last = em.expert(
+                                    step, layer, batch, e, tokens, (last,), last_use=False
+                                )
+                            elif self._on_cpu(ctx, tokens, act_bytes):
+                                n_cpu += 1
+                                returns.append(
+                                    self._cpu_expert(
+                                        em,
+                                        cpu,
+                                        to_cpu,
+                                        to_gpu,
+                                        step,
+                                        layer,
+                                        batch,
+                                        e,
+                                        tokens,
+                                        act_bytes,
+                                        gate,
+                                    )
+                                )
+                            else:
+                                n_gpu_loaded += 1
+                                load = em.load(
+                                    Tensor.EXPERT, step, layer, e, stream=on_demand, deps=(gate,)
+                                )
+                                last = em.expert(
+                                    step, layer, batch, e, tokens, (load, last), last_use=True
+                                )
+                    ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
+                    last = (
+                        em.ffn(step, layer, batch, (ffn_load, last, *returns), last_batch=True)
+                        or last
+                    )
+                    if returns:  # the layer's output combines the CPU experts' results
+                        last = out.add(
+                            OpKind.FREE,
+                            em.compute,
+                            (last, *returns),
+                            step=step,
+                            layer=layer,
+                            batch=batch,
+                        )
+                head_load = em.load(Tensor.HEAD, step, -1, deps=(last,))
+                last = em.head(step, batch, (head_load, last), last_batch=True)
+        total = max(n_cpu + n_gpu_loaded + n_resident, 1)
+        out.meta.update(
+            n_batches_shared=1,
+            policy=p.policy,
+            resident_experts=sum(len(v) for v in resident.values()),
+            expert_share_cpu=round(n_cpu / total, 4),
+            expert_share_gpu_loaded=round(n_gpu_loaded / total, 4),
+            expert_share_gpu_resident=round(n_resident / total, 4),
+        )
+
+    def _on_cpu(self, ctx: PlanContext, tokens: int, act_bytes: int) -> bool:
+        """Fiddler's latency model: run a missing expert where it finishes first."""
+        if self.params.policy != "latency":
+            return self.params.policy == "cpu"
+        m, cost = ctx.model, ctx.cost
+        flops = m.expert_flops(tokens)
+        cpu_s = (
+            cost.transfer_s(Resource.D2H, tokens * act_bytes)
+            + cost.compute_s(Resource.CPU, OpKind.EXPERT, flops, m.expert_bytes)
+            + cost.transfer_s(Resource.H2D, tokens * act_bytes)
+        )
+        gpu_s = cost.transfer_s(Resource.H2D, m.expert_bytes) + cost.compute_s(
+            Resource.GPU, OpKind.EXPERT, flops, m.expert_bytes
+        )
+        return cpu_s <= gpu_s
+
+    @staticmethod
+    def _cpu_expert(em: Emitter, cpu: str, to_cpu: str, to_gpu: str, step: int, layer: int, batch: int,
+                    expert: int, tokens: int, act_bytes: int, gate: int) -> int:  # fmt: skip
+        """Activations to the CPU, the expert there (weights read from host memory), results back."""
+        m, out = em.model, em.out
+        where = dict(step=step, layer=layer, batch=batch, expert=expert)
+        deps: tuple[int, ...] = ()
+        extra: dict[str, object] = {}
+        if em.tensor_tier(Tensor.EXPERT, layer) == Tier.DISK:  # the CPU reads it from disk first
+            deps = (out.add(OpKind.LOAD, em.disk, (gate,), tensor=Tensor.EXPERT, nbytes=m.expert_bytes,
+                            src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=m.expert_bytes,
+                            **where),)  # fmt: skip
+            extra = dict(free_tier=Tier.CPU, free_bytes=m.expert_bytes)
+        send = out.add(OpKind.LOAD, to_cpu, (gate,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
+                       src=Tier.GPU, dst=Tier.CPU, **where)  # fmt: skip
+        run = out.add(OpKind.EXPERT, cpu, (send, gate, *deps), tensor=Tensor.EXPERT, tokens=tokens,
+                      flops=m.expert_flops(tokens), touch_bytes=m.expert_bytes, **where, **extra)  # fmt: skip
+        return out.add(OpKind.LOAD, to_gpu, (run,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
+                       src=Tier.CPU, dst=Tier.GPU, **where)  # fmt: skip
+
+
+def _resident_experts(
+    moe_layers: tuple[int, ...], n_experts: int, budget: int
+) -> dict[int, set[int]]:
+    """`budget` experts spread evenly over layers (earlier layers take the remainder)."""
+    per, extra = divmod(max(budget, 0), len(moe_layers))
+    return {
+        layer: set(range(min(per + (i < extra), n_experts))) for i, layer in enumerate(moe_layers)
+    }

@@ -1,0 +1,320 @@
+"""`klotski`: the expert-aware multi-batch pipeline of Klotski (ASPLOS'25, klotski.md §1.3).
+
+Per step and layer, over a group of n batches:
+1. attention, batch by batch (KV of batch k+1 loads while k computes; k's new KV is stored
+   behind it); meanwhile the weight stream prefetches the gate and the K predicted hot experts
+   (`hot_prefetch`; else the whole MoE layer, FlexGen-style);
+2. gates, batch by batch, once everything the weight stream prefetched for the layer is in
+   (Algorithm 1 syncs the weight stream at each layer boundary); after each gate, its selected experts not yet present or in flight are
+   loaded on the `experts` stream in discovery order;
+3. experts: with `reorder`, each expert once over all tokens of the group (hot first, then in
+   load-issue order), freed after its one use; without, batch by batch in index order, each
+   expert freed after its last batch. Meanwhile the next layer's attention weights and batch
+   0's KV are prefetched.
+Streams: `weights` and `experts` share the h2d link with `kv_load`; `kv_store` uses d2h. Expert
+layers on disk are read ahead `disk_window` layers into CPU memory (paper §6.1).
+
+Params give the paper's ablation (conf/planner/klotski_multi.yaml, klotski_hot.yaml,
+klotski.yaml). `n`: -1 = workload.n_batches, 0 = auto (planners/n_planner.py; the pipeline
+calls `choose_n_batches` to size the workload before routing exists), k > 0 = k batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.cost import CostModel
+from core.errors import ConfigError
+from core.planner import PlanContext
+from core.routing import GateView, resolve_source
+from core.schedule import ScheduleBuilder
+from core.spec import HardwareSpec, ModelSpec, Workload
+from core.types import OpKind, Resource, RoutingSource, Stream, Tensor, Tier
+from planners.common import Emitter
+from planners.n_planner import NChoice, placement_for, solve_n
+from planners.prefetch import PREDICTORS, ExpertTable, Predictor
+from planners.registry import register
+
+
+@dataclass(frozen=True)
+class KlotskiParams:
+    n: int = -1  # batches per group: -1 = workload.n_batches, 0 = auto (n-planner), k > 0 = k
+    hot_prefetch: bool = (
+        True  # prefetch gate + K hot experts during attention (False: whole MoE layer)
+    )
+    reorder: bool = True  # experts once each over the group, hot first, then load-issue order
+    hot_k: int = 0  # K hot experts prefetched; 0 = the model's top-k
+    predictor: str = "correlation"  # correlation | popularity | none | oracle (upper bound)
+    warmup_sequences: int = 8  # warm-up routing (paper's pre-run: batch size 8), never evaluated
+    disk_window: int = 2  # expert layers kept in CPU memory ahead of the GPU when spilling to disk
+
+    def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ConfigError(
+                f"planner klotski: predictor {self.predictor!r}; valid: {', '.join(PREDICTORS)}"
+            )
+        if self.n < -1 or self.hot_k < 0 or self.warmup_sequences < 1 or self.disk_window < 1:
+            raise ConfigError(
+                "planner klotski: n >= -1, hot_k >= 0, warmup_sequences >= 1, disk_window >= 1"
+            )
+
+
+def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:
+    """Routing counts of a warm-up run on data the evaluation does not use.
+
+    Synthetic: the same generator (same model personality) on sequences past the evaluation's
+    (the generator draws each block of sequences from its own stream). Trace: the tasks the
+    workload does not name, or, when it names none, sequences from a distant start (may overlap).
+    """
+    from core.synthetic import CHUNK_SEQS, synthetic_routing
+    from core.traces import esft_routing
+
+    cfg = wl.routing
+    n_layers = len(model.moe_layers)
+    if resolve_source(model, cfg.source) == RoutingSource.TRACE:
+        from dataclasses import replace
+
+        held = cfg.tasks
+        warm_cfg = (
+            replace(cfg, tasks=(), exclude_tasks=(*cfg.exclude_tasks, *held)) if held else cfg
+        )
+        warm = Workload(sequences, 1, wl.prompt_len, wl.gen_len, warm_cfg, wl.seed + 97)
+        ids = esft_routing(model, warm).expert_ids
+        return ExpertTable.fit(
+            ids, model.n_experts, f"trace warm-up excluding {list(held) or 'nothing'}"
+        )
+    skip = -(-wl.n_sequences // CHUNK_SEQS) * CHUNK_SEQS
+    warm = Workload(skip + sequences, 1, wl.prompt_len, wl.gen_len, cfg, wl.seed)
+    ids = synthetic_routing(model, warm).expert_ids[skip:]
+    table = ExpertTable.fit(
+        ids, model.n_experts, f"synthetic warm-up, sequences {skip}..{skip + sequences - 1}"
+    )
+    assert table.shape == (n_layers, model.n_experts)
+    return table
+
+
+@dataclass
+class _Layer:
+    """Expert bookkeeping of one (step, layer) of the group."""
+
+    loads: dict[int, int | None] = field(default_factory=dict)  # expert -> load op (None: resident)
+    order: list[int] = field(default_factory=list)  # hot first, then load-issue order
+    hot: list[int] = field(default_factory=list)
+    views: list[GateView] = field(default_factory=list)
+
+
+@register("klotski", KlotskiParams)
+class Klotski:
+    def __init__(self, params: KlotskiParams) -> None:
+        self.params = params
+
+    # ---- sizing (called by the pipeline before routing exists, and by plan()) ------------------
+    def k_hot(self, model: ModelSpec) -> int:
+        return min(self.params.hot_k or model.top_k, model.n_experts)
+
+    def choose(self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel) -> NChoice:
+        p = self.params
+        if p.n == 0:
+            table = warmup_table(model, wl.with_(n_batches=1), p.warmup_sequences)
+            shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
+            return solve_n(model, hw, wl, cost, shares, self.k_hot(model), p.disk_window)
+        n = p.n if p.n > 0 else wl.n_batches
+        placement_for(
+            model, hw, wl.with_(n_batches=n), p.disk_window
+        )  # CapacityError if it cannot fit
+        return NChoice(n, "manual", False, True)
+
+    def choose_n_batches(
+        self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel
+    ) -> int:
+        return self.choose(model, hw, wl, cost).n
+
+    # ---- plan -----------------------------------------------------------------------------
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        m, wl, p = ctx.model, ctx.workload, self.params
+        choice = self.choose(m, ctx.hardware, wl, ctx.cost)
+        placement = placement_for(m, ctx.hardware, wl, p.disk_window)
+        em = Emitter(ctx, out, placement)
+        self.em, self.n = em, wl.n_batches
+        self.experts_stream = out.stream(Stream.EXPERTS, Resource.H2D)
+        table = (
+            warmup_table(m, wl, p.warmup_sequences)
+            if p.predictor in ("correlation", "popularity")
+            else None
+        )
+        if table is not None:
+            table.check_shape(len(m.moe_layers), m.n_experts, m.name)
+        self.predictor = Predictor(p.predictor, table, self.k_hot(m))
+        self.disk_reads: dict[tuple[int, int, int], int] = {}
+        self.prefetched: list[int] = []  # experts prefetched (for the meta's hit rate)
+        self.used_prefetched = 0
+        out.meta.update(
+            n_batches_shared=wl.n_batches, n_plan=choice.meta(), predictor=p.predictor,
+            predictor_table=table.source if table else "", hot_k=self.k_hot(m),
+        )  # fmt: skip
+        if choice.n != wl.n_batches:
+            out.meta["n_plan"]["note"] = (
+                f"workload runs n={wl.n_batches}; the n-planner chose {choice.n}"
+            )
+        self.last: int | None = None  # the latest compute op (carried across steps)
+        for step in range(wl.n_steps):
+            self._step(step)
+        out.meta["prefetch_used_frac"] = self.used_prefetched / max(len(self.prefetched), 1)
+
+    def _step(self, step: int) -> None:
+        em, m, n = self.em, self.em.model, self.n
+        layers = list(range(m.n_layers))
+        self._disk_readahead(step, 0, upto=self.params.disk_window)
+        attn_load = em.load(Tensor.ATTENTION, step, 0)
+        kv_next = em.kv_load(step, 0, 0)
+        last = self.last
+        prev_ids: np.ndarray | None = None
+        for layer in layers:
+            self._disk_readahead(step, layer + self.params.disk_window, upto=1)
+            moe = self._prefetch_moe(step, layer, prev_ids, last) if m.is_moe(layer) else None
+            ffn_load = em.load(Tensor.FFN, step, layer)
+            attn_last = None
+            for k in range(n):  # attention phase
+                kv = kv_next
+                kv_next = em.kv_load(step, layer, k + 1, deps=(attn_last,)) if k + 1 < n else None
+                last = em.attention(step, layer, k, (attn_load, kv, last), last_batch=k == n - 1)
+                attn_last = last
+                em.kv_store(step, layer, k, last)
+            if moe is not None:
+                last = self._gates(step, layer, moe, last, prev_ids)
+                self._drop_unused_reads(step, layer, last)
+            # expert phase: the next layer's attention weights and batch 0's KV load meanwhile
+            nxt = layer + 1
+            attn_load = em.load(Tensor.ATTENTION, step, nxt) if nxt < m.n_layers else None
+            head_load = em.load(Tensor.HEAD, step, -1) if nxt == m.n_layers else None
+            kv_next = em.kv_load(step, nxt, 0, deps=(last,)) if nxt < m.n_layers else None
+            if moe is not None:
+                last = self._experts(step, layer, moe, last)
+                prev_ids = np.concatenate([v.ids for v in moe.views])
+            for k in range(n):
+                last = em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
+        for k in range(n):
+            last = em.head(step, k, (head_load, last), last_batch=k == n - 1)
+        self.last = last
+
+    # ---- MoE layer ----------------------------------------------------------------------------
+    def _prefetch_moe(
+        self, step: int, layer: int, prev_ids: np.ndarray | None, after: int | None
+    ) -> _Layer:
+        """During attention: the gate + K predicted hot experts (or the whole layer).
+
+        Issued once the previous layer's last expert is done (`after`), which frees the transfer
+        space: one layer of experts.
+        """
+        em, m = self.em, self.em.model
+        st = _Layer()
+        st.loads[-1] = em.load(Tensor.GATE, step, layer, deps=(after,))
+        if self.params.hot_prefetch:
+            truth = None
+            if self.predictor.oracle:
+                mi = m.moe_index(layer)
+                truth = np.sum(
+                    [em.ctx.routing.peek(step, mi, k).counts for k in range(self.n)], axis=0
+                )
+            st.hot = self.predictor.predict(m.moe_index(layer), prev_ids, truth)
+            want = list(st.hot)
+        else:
+            want = list(range(m.n_experts))
+        for e in want:
+            st.loads[e] = self._load_expert(step, layer, e, em.weights, deps=(after,))
+        st.order = list(want)
+        self.prefetched.extend(st.hot)
+        return st
+
+    def _gates(
+        self, step: int, layer: int, st: _Layer, last: int | None, prev_ids: np.ndarray | None
+    ) -> int | None:
+        """Gates batch by batch; each batch's new experts start loading at once (discovery order)."""
+        em, n = self.em, self.n
+        synced = tuple(
+            st.loads.values()
+        )  # Algorithm 1 syncs the weight stream before the gate layer
+        for k in range(n):
+            last, view = em.gate(step, layer, k, (*synced, last), last_batch=k == n - 1)
+            st.views.append(view)
+            for e in map(int, np.flatnonzero(view.counts)):
+                if e not in st.loads:
+                    st.loads[e] = self._load_expert(
+                        step, layer, e, self.experts_stream, deps=(last,)
+                    )
+                    st.order.append(e)
+        mi = em.model.moe_index(layer)
+        ids = np.concatenate([v.ids for v in st.views])
+        self.predictor.observe(
+            mi, prev_ids if mi else None, ids
+        )  # online update, never written back
+        return last
+
+    def _experts(self, step: int, layer: int, st: _Layer, last: int | None) -> int | None:
+        em = self.em
+        counts = np.stack([v.counts for v in st.views])  # [n, E]
+        total = counts.sum(0)
+        self.used_prefetched += sum(1 for e in st.hot if total[e])
+        for e in st.order:  # prefetched but unused: release at once
+            if not total[e]:
+                self._release(step, layer, e, (last, st.loads[e]))
+        if self.params.reorder:
+            for e in st.order:
+                if total[e]:
+                    last = em.expert(
+                        step, layer, -1, e, int(total[e]), (st.loads[e], last), last_use=True
+                    )
+            return last
+        last_batch = {e: int(np.flatnonzero(counts[:, e])[-1]) for e in st.order if total[e]}
+        for k in range(self.n):
+            for e in map(int, np.flatnonzero(counts[k])):
+                last = em.expert(step, layer, k, e, int(counts[k, e]), (st.loads[e], last),
+                                 last_use=last_batch[e] == k)  # fmt: skip
+        return last
+
+    # ---- expert transfers through the tiers ---------------------------------------------------
+    def _load_expert(
+        self, step: int, layer: int, e: int, stream: str, deps: tuple[int | None, ...] = ()
+    ) -> int | None:
+        em = self.em
+        read = self.disk_reads.pop((step, layer, e), None)
+        if read is None:
+            return em.load(Tensor.EXPERT, step, layer, e, stream=stream, deps=deps)
+        nbytes = em.model.expert_bytes
+        return em.out.add(
+            OpKind.LOAD, stream, (*deps, read), step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+            nbytes=nbytes, src=Tier.CPU, dst=Tier.GPU, alloc_tier=Tier.GPU, alloc_bytes=nbytes,
+            free_tier=Tier.CPU, free_bytes=nbytes,
+        )  # fmt: skip
+
+    def _release(self, step: int, layer: int, e: int, deps: tuple[int | None, ...]) -> None:
+        self.em.free(Tensor.EXPERT, step, layer, deps, expert=e)
+
+    def _disk_readahead(self, step: int, start: int, upto: int) -> None:
+        """Disk -> CPU reads of whole expert layers [start, start+upto) (the rolling window).
+
+        Every expert of a disk layer is read (routing is unknown this early); the copies of
+        experts the group does not use are released after the layer's gates.
+        """
+        em, m = self.em, self.em.model
+        for layer in range(start, min(start + upto, m.n_layers)):
+            if not m.is_moe(layer) or em.placement.experts[layer] != Tier.DISK:
+                continue
+            for e in range(m.n_experts):
+                if (step, layer, e) in self.disk_reads:
+                    continue
+                nbytes = m.expert_bytes
+                self.disk_reads[(step, layer, e)] = em.out.add(
+                    OpKind.LOAD, em.disk, (), step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+                    nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=nbytes,
+                )  # fmt: skip
+
+    def _drop_unused_reads(self, step: int, layer: int, after: int | None) -> None:
+        em = self.em
+        for e in range(em.model.n_experts):
+            read = self.disk_reads.pop((step, layer, e), None)
+            if read is not None:
+                em.out.add(OpKind.FREE, em.compute, (read, after), step=step, layer=layer, expert=e,
+                           tensor=Tensor.EXPERT, free_tier=Tier.CPU, free_bytes=em.model.expert_bytes)  # fmt: skip

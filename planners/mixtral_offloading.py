@@ -1,0 +1,165 @@
+"""`mixtral_offloading`: dvmazur/mixtral-offloading's per-layer LRU expert cache with speculative
+loading of the next layer's experts (anchors A6).
+
+Modelled behaviour: one batch at a time; dense weights (and KV) on the GPU, each routed expert
+offloaded on its own. Every MoE layer owns an LRU cache of a few GPU expert slots (the spare GPU
+memory split evenly over layers), which exploits reuse between consecutive tokens. After layer
+l's gate, the next layer's experts are guessed and loaded into layer l+1's cache while layer l's
+experts compute; misses load on demand when l+1's gate runs.
+
+The real system guesses by applying layer l+1's gate to layer l's hidden state. The simulator has
+no hidden states and must stay causal, so the guess is a *correlation predictor*: a table of
+(expert at layer l -> expert at layer l+1) transitions counted from tokens already routed
+(plus layer popularity), applied per token to the routing layer l's gate just revealed; the
+union of each token's top-k guesses is loaded. Simplification: experts are not quantized (the
+real system uses 2-3 bit HQQ experts to fit); the caches start empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import CapacityError
+from core.planner import PlanContext
+from core.schedule import ScheduleBuilder
+from core.types import Tensor
+from planners.common import Emitter
+from planners.expert_cache import LRUCache, PrefetchStats, cache_placement, top_experts
+from planners.registry import register
+
+
+@dataclass(frozen=True)
+class MixtralOffloadingParams:
+    speculate: bool = True  # load the guessed next-layer experts ahead of their gate
+    guess_k: int = 0  # experts guessed per token; 0 = the model's top-k
+    cache_share: float = 1.0  # share of the spare GPU memory given to the per-layer caches
+
+    def __post_init__(self) -> None:
+        assert self.guess_k >= 0 and 0 < self.cache_share <= 1
+
+
+@register("mixtral_offloading", MixtralOffloadingParams)
+class MixtralOffloading:
+    def __init__(self, params: MixtralOffloadingParams) -> None:
+        self.params = params
+
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        m, wl, p = ctx.model, ctx.workload, self.params
+        placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
+        em = Emitter(ctx, out, placement)
+        # One FIFO for prefetches and on-demand loads: memory is then granted in program order
+        # (an on-demand load on its own stream could take the memory an eviction freed for an
+        # earlier prefetch, and deadlock).
+        on_demand = em.weights
+        n_moe = len(m.moe_layers)
+        slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
+        if slots < 1:
+            raise CapacityError(
+                f"mixtral_offloading: needs one GPU expert slot per MoE layer "
+                f"({n_moe * m.expert_bytes / 1e9:.1f} GB), only {cache_bytes / 1e9:.1f} GB is spare "
+                "(the real system quantizes experts to 2-3 bits to fit); use a smaller batch"
+            )
+        caches = {layer: LRUCache(em, slots) for layer in m.moe_layers}
+        k_guess = p.guess_k or m.top_k
+        # trans[i] [E, E]: tokens routed to e at MoE layer i then to e' at i+1 (add-one prior)
+        trans = np.ones((n_moe, m.n_experts, m.n_experts))
+        popularity = np.ones((n_moe, m.n_experts))
+        stats = PrefetchStats(n_moe)
+        last: int | None = None
+        for batch in range(wl.n_batches):
+            for step in range(wl.n_steps):
+                prev_ids: np.ndarray | None = None
+                guessed: set[int] = set()
+                for layer in range(m.n_layers):
+                    attn_load = em.load(Tensor.ATTENTION, step, layer, deps=(last,))
+                    kv = em.kv_load(step, layer, batch, deps=(last,))
+                    last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
+                    em.kv_store(step, layer, batch, last)
+                    if m.is_moe(layer):
+                        mi = m.moe_index(layer)
+                        gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
+                        gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
+                        stats.record(mi, guessed, view.counts)
+                        popularity[mi] += view.counts
+                        if (
+                            prev_ids is not None
+                        ):  # learn l-1 -> l transitions, now both are revealed
+                            pairs = (
+                                prev_ids[:, :, None].astype(np.int64) * m.n_experts
+                                + view.ids[:, None, :]
+                            )
+                            trans[mi - 1] += np.bincount(
+                                pairs.ravel(), minlength=m.n_experts**2
+                            ).reshape(m.n_experts, m.n_experts)
+                        prev_ids = view.ids
+                        cache = caches[layer]
+                        needed = [int(e) for e in np.flatnonzero(view.counts)]
+                        order = sorted(needed, key=lambda e: (layer, e) not in cache)  # hits first
+                        last, after = (
+                            gate,
+                            gate,
+                        )  # speculative loads queue behind this layer's misses
+                        for e in order:
+                            hit = (layer, e) in cache
+                            load = cache.ensure(step, layer, e, on_demand, deps=(gate,))
+                            after = after if hit or load is None else load
+                            last = em.expert(
+                                step,
+                                layer,
+                                batch,
+                                e,
+                                int(view.counts[e]),
+                                (load, last),
+                                last_use=False,
+                            )
+                            cache.used(layer, e, last)
+                        guessed = set()
+                        if p.speculate and mi + 1 < n_moe:
+                            nxt = m.moe_layers[mi + 1]
+                            guessed = self._speculate(
+                                em,
+                                caches[nxt],
+                                step,
+                                nxt,
+                                trans[mi],
+                                popularity[mi + 1],
+                                view.ids,
+                                k_guess,
+                                (gate, after),
+                            )
+                    ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
+                    last = em.ffn(step, layer, batch, (ffn_load, last), last_batch=True) or last
+                head_load = em.load(Tensor.HEAD, step, -1, deps=(last,))
+                last = em.head(step, batch, (head_load, last), last_batch=True)
+        hits = sum(c.hits for c in caches.values())
+        total = hits + sum(c.misses for c in caches.values())
+        out.meta.update(
+            n_batches_shared=1,
+            cache_slots_per_layer=int(slots),
+            cache_hit_rate=round(hits / max(total, 1), 4),
+            **stats.summary(),
+        )
+
+    @staticmethod
+    def _speculate(em: Emitter, cache: LRUCache, step: int, layer: int, trans: np.ndarray,
+                   popularity: np.ndarray, ids: np.ndarray, k: int, deps: tuple[int, ...]) -> set[int]:  # fmt: skip
+        """Guess each token's next-layer top-k from its current experts; load the union's best."""
+        rows = trans / trans.sum(axis=1, keepdims=True)  # [E, E'] P(e' | e)
+        e = len(popularity)
+        codes, n_tok = np.unique(
+            ids.astype(np.int64) @ (e ** np.arange(ids.shape[1])), return_counts=True
+        )
+        combos = (
+            codes[:, None] // (e ** np.arange(ids.shape[1]))[None, :]
+        ) % e  # [C, k] distinct token routings
+        per_combo = rows[combos].sum(axis=1) + 1e-3 * popularity / popularity.sum()  # [C, E']
+        top = np.argsort(-per_combo, axis=1, kind="stable")[:, :k]  # [C, k]
+        votes = np.bincount(top.ravel(), weights=np.repeat(n_tok, top.shape[1]), minlength=e)
+        chosen = top_experts(votes, min(cache.capacity, int(np.count_nonzero(votes))))
+        for e in chosen:
+            cache.prefetch(
+                step, layer, e, em.weights, deps, protect=tuple((layer, c) for c in chosen)
+            )
+        return set(chosen)

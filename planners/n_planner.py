@@ -1,0 +1,176 @@
+"""Klotski's constraint-sensitive planner for n, the batches per group (paper §7, Eqs. 4-7).
+
+Times come from the cost model (decode step at mid-generation context); routing statistics
+(per-layer expert popularity of a warm-up routing) give the hot experts' tokens and the expected
+number of cold experts len(Q) a group of n*bs tokens activates. The smallest n meeting (4)-(7)
+in every streamed MoE layer is chosen, then checked against memory (`CapacityError` says what
+that n needs and what there is).
+
+Usage:
+    choice = solve_n(model, hardware, workload, CostModel(hardware), popularity, hot_k=2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.cost import CostModel
+from core.errors import CapacityError
+from core.spec import HardwareSpec, ModelSpec, Workload
+from core.types import OpKind, Resource, Tier
+from planners.placement import Placement, klotski_placement
+
+N_MAX = 256  # beyond this the paper asks for manual adjustment
+INEQUALITIES = ("(4) gate loaded", "(5) hot experts loaded", "(6) first cold expert loaded",
+                "(7) next attention ready")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds, from the cost model, for one decode step (per batch where marked)."""
+
+    attention_s: float  # t_cA, one batch
+    gate_s: float  # t_cG, one batch
+    io_attention_s: float  # t_IO_A (0 when attention weights are resident)
+    io_gate_s: float  # t_IO_G
+    io_expert_s: float  # t_IO_E, one expert
+
+
+@dataclass(frozen=True)
+class NChoice:
+    n: int
+    binding: str  # the inequality that forced n (the last one to hold)
+    auto: bool  # solved (True) or given by hand (False)
+    satisfied: bool  # all of (4)-(7) hold at n
+
+    def meta(self) -> dict[str, object]:
+        return {
+            "n": self.n,
+            "n_auto": self.auto,
+            "binding": self.binding,
+            "inequalities_hold": self.satisfied,
+        }
+
+
+def layer_times(
+    model: ModelSpec, wl: Workload, cost: CostModel, placement: Placement
+) -> LayerTimes:
+    step = max(1, wl.gen_len // 2)  # a typical decode step
+    bs, ctx = wl.batch_size, wl.step_context(step)
+    gpu = Resource.GPU
+    streamed = placement.dense != Tier.GPU
+    attn = cost.compute_s(gpu, OpKind.ATTENTION, model.attention_flops(bs, ctx),
+                          model.attn_bytes + bs * ctx * model.kv_bytes_per_token)  # fmt: skip
+    gate = cost.compute_s(gpu, OpKind.GATE, model.gate_flops(bs), model.gate_bytes)
+    h2d = lambda nbytes: cost.transfer_s(Resource.H2D, nbytes)  # noqa: E731
+    return LayerTimes(attn, gate, h2d(model.attn_bytes) if streamed else 0.0,
+                      h2d(model.gate_bytes) if streamed else 0.0, h2d(model.expert_bytes))  # fmt: skip
+
+
+def expert_s(model: ModelSpec, cost: CostModel, tokens: float) -> float:
+    if tokens <= 0:
+        return 0.0
+    return cost.compute_s(
+        Resource.GPU, OpKind.EXPERT, model.expert_flops(int(round(tokens))), model.expert_bytes
+    )
+
+
+def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot: int, top_k: int,
+          expert_time: Callable[[float], float]) -> list[bool]:  # fmt: skip
+    """Which of (4)-(7) hold at n for one layer; share [E] = each expert's share of selections."""
+    tokens = n * tokens_per_batch  # tokens of the group
+    order = np.argsort(-share, kind="stable")
+    hot, cold = order[:k_hot], order[k_hot:]
+    hot_s = sum(expert_time(tokens * top_k * share[e]) for e in hot)
+    p_token = np.minimum(top_k * share[cold], 1.0)  # chance one token picks e
+    q_len = float(np.sum(1.0 - (1.0 - p_token) ** tokens))  # expected active cold experts
+    cold_s = sum(expert_time(tokens * top_k * share[e]) for e in cold)
+    front = n * (t.attention_s + t.gate_s)
+    return [
+        n * t.attention_s >= t.io_gate_s,
+        front >= t.io_gate_s + k_hot * t.io_expert_s,
+        q_len < 0.5 or front + hot_s >= t.io_gate_s + (k_hot + 1) * t.io_expert_s,
+        front + hot_s + cold_s >= t.io_gate_s + (k_hot + q_len) * t.io_expert_s + t.io_attention_s,
+    ]
+
+
+def smallest_n(t: LayerTimes, shares: np.ndarray, tokens_per_batch: int, k_hot: int, top_k: int,
+               expert_time: Callable[[float], float], n_max: int = N_MAX) -> NChoice:  # fmt: skip
+    """Smallest n meeting (4)-(7) in every layer (shares [L, E]); n_max if none does."""
+    last_failed = "none (n=1 already hides all I/O)"
+    for n in range(1, n_max + 1):
+        ok = [holds(n, t, s, tokens_per_batch, k_hot, top_k, expert_time) for s in shares]
+        failed = [i for i in range(4) if not all(layer[i] for layer in ok)]
+        if not failed:
+            return NChoice(n, last_failed, True, True)
+        last_failed = INEQUALITIES[failed[-1]]
+    return NChoice(n_max, last_failed + f" (still fails at n={n_max})", True, False)
+
+
+def placement_for(
+    model: ModelSpec, hw: HardwareSpec, wl: Workload, window_layers: int
+) -> Placement:
+    """Klotski's placement for the group in `wl`; CapacityError names the n that does not fit."""
+    m = model
+    kv_buf = (
+        2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
+    )  # two batches' KV in flight
+    stream = m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes + m.head_bytes + kv_buf
+    act = (
+        3 * wl.n_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
+    )  # hidden states of the group
+    try:
+        return klotski_placement(
+            m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers
+        )
+    except CapacityError as e:
+        raise CapacityError(
+            f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {e}. "
+            f"KV cache of the group: {wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9:.3g} GB, "
+            f"activations {act / 1e9:.3g} GB; pick a smaller n (planner.params.n)"
+        ) from None
+
+
+def solve_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
+            k_hot: int, window_layers: int = 2) -> NChoice:  # fmt: skip
+    """The smallest n meeting (4)-(7) in the MoE layers whose experts are streamed; memory-checked.
+
+    shares [L, E]: per MoE layer, each expert's share of selections (rows sum to 1).
+    """
+    placement = placement_for(model, hw, wl.with_(n_batches=1), window_layers)
+    streamed = [
+        i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
+    ]
+    if not streamed:
+        choice = NChoice(1, "none (every expert resident on the GPU)", True, True)
+    else:
+        t = layer_times(model, wl, cost, placement)
+        choice = smallest_n(t, shares[streamed], wl.batch_size, k_hot, model.top_k,
+                            lambda tok: expert_s(model, cost, tok))  # fmt: skip
+    try:
+        placement_for(model, hw, wl.with_(n_batches=choice.n), window_layers)
+    except CapacityError as e:  # the paper's 8x22B / Env 1 case: set n by hand
+        fits = largest_fitting_n(model, hw, wl, window_layers, choice.n)
+        raise CapacityError(
+            f"the n-planner's n={choice.n} (bound by {choice.binding}) does not fit: {e}; "
+            f"the largest n that fits is {fits}: set planner.params.n={fits} or smaller"
+        ) from None
+    return choice
+
+
+def largest_fitting_n(
+    model: ModelSpec, hw: HardwareSpec, wl: Workload, window_layers: int, upto: int
+) -> int:
+    """Bisect the largest n <= upto whose group fits memory (0 if even n=1 does not)."""
+    lo, hi = 0, upto
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            placement_for(model, hw, wl.with_(n_batches=mid), window_layers)
+            lo = mid
+        except CapacityError:
+            hi = mid - 1
+    return lo

@@ -1,0 +1,748 @@
+"""The real executor: runs a planner's schedule on the real model with real tiered weights.
+
+One worker thread per logical stream; on CUDA each worker also owns a CUDA stream, records a
+start/end event around every op and waits for the end event before marking the op done, so the
+dependency, memory and resource logic is one host-side code path for CPU and GPU. Semantics as in
+DESIGN.md and sim/: a stream is a FIFO; an op starts once its deps are done, its allocation fits
+the tier (it waits, never over-commits) and its physical resource is free (one lock per resource);
+it frees memory at its end. Any worker error stops every worker and is re-raised; a run that makes
+no progress for `stall_timeout_s` raises naming the stuck ops. Never hangs.
+
+Usage:
+    ex = Executor(store, model, workload, prompts)            # prompts [n*bs, P]
+    out = ex.run_replay(schedule, routing)                    # gate forced to `routing`
+    out = ex.run_live(plan, capacity_bytes, resident)         # model's own gate, planner fed live
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from core.errors import MoepipeError, ScheduleError
+from core.routing import CausalRouting, GateView, Routing
+from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec, describe_stuck
+from core.spec import Workload
+from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
+from real.checkpoint import Unit
+from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
+from real.store import TieredStore
+
+log = logging.getLogger(__name__)
+
+# Shape legend: b sequences per batch, P prompt tokens, S tokens this step, T = b*S, H hidden,
+# V vocab, k top-k, E experts.
+
+_POLL_S = 0.05  # how often a waiting thread re-checks for errors
+_WEIGHT_TENSORS = {Tensor.ATTENTION, Tensor.GATE, Tensor.EXPERT, Tensor.FFN, Tensor.HEAD}
+
+PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into a builder
+
+
+class _Stop(Exception):
+    """Raised inside a waiting thread once another thread has failed."""
+
+
+def unit_of(op: Op) -> Unit | None:
+    """The weight unit an op moves, computes with or frees; None for KV/activation ops."""
+    if op.tensor not in _WEIGHT_TENSORS:
+        return None
+    if op.tensor == Tensor.HEAD:
+        return Unit(Tensor.HEAD)
+    return Unit(op.tensor, op.layer, op.expert if op.tensor == Tensor.EXPERT else -1)
+
+
+def resident_units(schedule: Schedule, n_experts: int = 0) -> dict[Unit, Tier]:
+    """Units the schedule uses without ever loading from disk: where they must sit before t=0.
+
+    Loaded to the GPU but never read from disk -> host RAM; computed on but never loaded -> the
+    tier of the stream that computes with them (device pool for gpu streams, host for cpu ones).
+    With `n_experts`, a layer with one host-resident expert gets all its experts in host RAM
+    (placements put a layer's experts on one tier; a live run may use experts the plan did not).
+    """
+    from_disk, to_gpu, computed = set(), set(), {}
+    for op in schedule.ops:
+        u = unit_of(op)
+        if u is None:
+            continue
+        if op.kind == OpKind.LOAD and op.src == Tier.DISK:
+            from_disk.add(u)
+        elif op.kind == OpKind.LOAD and op.src == Tier.CPU and op.dst == Tier.GPU:
+            to_gpu.add(u)
+        elif op.kind in COMPUTE_KINDS:
+            res = schedule.streams[op.stream].resource
+            computed.setdefault(u, Tier.CPU if res == Resource.CPU else Tier.GPU)
+    out = {u: Tier.CPU for u in to_gpu - from_disk}
+    for u, tier in computed.items():
+        if u not in from_disk and u not in to_gpu:
+            out[u] = tier
+        elif u in from_disk and u not in to_gpu and tier == Tier.GPU:
+            out.setdefault(u, Tier.GPU)  # read to host for a CPU user elsewhere; GPU copy resident
+    if schedule.meta.get("ep"):  # expert parallelism keeps every expert resident on the GPU
+        for layer in {u.layer for u in computed if u.kind == Tensor.EXPERT}:
+            for e in range(n_experts):
+                out.setdefault(Unit(Tensor.EXPERT, layer, e), Tier.GPU)
+    host_layers = {u.layer for u, t in out.items() if u.kind == Tensor.EXPERT and t == Tier.CPU}
+    for layer in host_layers:
+        for e in range(n_experts):
+            u = Unit(Tensor.EXPERT, layer, e)
+            if u not in from_disk:
+                out.setdefault(u, Tier.CPU)
+    return out
+
+
+@dataclass
+class RunOutput:
+    """What a real run produced: op times, the schedule run, the generated tokens and logits."""
+
+    schedule: Schedule
+    start_s: np.ndarray  # [ops] seconds from the run's start
+    end_s: np.ndarray  # [ops]
+    tokens: torch.Tensor  # [n*b, gen_len] generated token ids
+    logits: torch.Tensor  # [n*b, V] float32 logits of the last step
+    routing: Routing  # the experts the gates used (replayed or chosen live)
+    fallback_loads: int = 0  # units a compute found nowhere and read synchronously (should be 0)
+
+
+@dataclass
+class _Pending:
+    """A batch's MoE layer between its gate and the next op that reads its hidden state."""
+
+    layer: int
+    normed: torch.Tensor  # [T, H]
+    ids: torch.Tensor  # [T, k]
+    weights: torch.Tensor  # [T, k]
+    slots: torch.Tensor  # [T, k, H]
+    done: torch.Tensor  # [b] bool: sequences whose hidden state has the layer's output added
+    shared: torch.Tensor | None = None  # [T, H]
+
+
+@dataclass
+class _BatchState:
+    """One batch's activations. Dense ops may each take a share of its sequences (data-parallel
+    expert-parallel planners): `Executor._range` holds each op's [s0, s1)."""
+
+    prompt: torch.Tensor  # [b, P]
+    tokens: torch.Tensor  # [b, G] generated so far
+    kv_dev: KVCache  # the cache attention reads (device)
+    kv_host: KVCache  # where KV_STORE puts it and KV_LOAD takes it from
+    hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
+    hidden_step: int = -1
+    pending: _Pending | None = None
+    written: list[int] = field(default_factory=list)  # per step: sequences whose head ran
+    logits: torch.Tensor | None = None  # [b, V]
+
+
+class Executor:
+    def __init__(
+        self,
+        store: TieredStore,
+        model: Model,
+        workload: Workload,
+        prompts: torch.Tensor,
+        stall_timeout_s: float = 120.0,
+    ) -> None:
+        wl = workload
+        if tuple(prompts.shape) != (wl.n_sequences, wl.prompt_len):
+            raise MoepipeError(
+                f"prompts have shape {list(prompts.shape)}, the workload needs "
+                f"[{wl.n_sequences}, {wl.prompt_len}] (n_batches*batch_size, prompt_len)"
+            )
+        self.store, self.model, self.wl = store, model, wl
+        self.prompts = prompts.long()
+        self.device = store.device
+        self.cuda = self.device.type == "cuda"
+        self.stall_timeout_s = stall_timeout_s
+
+    # ---- entry points -----------------------------------------------------------------------
+    def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:
+        """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
+        self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
+        self._preload(resident_units(schedule))
+        self._schedule = schedule
+        for op in schedule.ops:
+            self._add_op(op, schedule.streams[op.stream])
+        self._planner_done = True
+        self._execute()
+        return self._output(schedule)
+
+    def run_live(
+        self, plan: PlanFn, capacity_bytes: Mapping[Tier, int], resident: Mapping[Unit, Tier]
+    ) -> RunOutput:
+        """Run with the model's own gates while the planner plans: each op it emits is queued at
+        once, and its `CausalRouting` blocks at a gate until that gate op has really run.
+
+        `resident`: where units the schedule never loads sit (from a dry replay plan's
+        `resident_units`; planners' placement does not depend on routing values).
+        """
+        self._reset(capacity_bytes, None, None)
+        self._preload(resident)
+        holder: dict[str, CausalRouting] = {}
+
+        def source(step: int, moe_idx: int, batch: int) -> GateView:
+            key = (step, moe_idx, batch)
+            if key not in holder["causal"].revealed:
+                raise MoepipeError(
+                    "this planner looks at routing before its gate (an oracle); it cannot run "
+                    "with routing_mode=live, use routing_mode=replay"
+                )
+            with self._cv:
+                self._wait(lambda: key in self._views)
+                return self._views[key]
+
+        causal = CausalRouting(source, self.model.spec.n_experts, self.model.spec.top_k)
+        holder["causal"] = causal
+        builder = ScheduleBuilder(
+            capacity_bytes, sink=lambda op: self._add_op(op, builder.streams[op.stream])
+        )
+        self._builder = builder
+
+        def run_planner() -> None:
+            try:
+                plan(causal, builder)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                self._fail(e)
+            finally:
+                with self._cv:
+                    self._planner_done = True
+                    self._cv.notify_all()
+
+        planner = threading.Thread(target=run_planner, name="planner", daemon=True)
+        planner.start()
+        try:
+            self._execute()
+        finally:
+            planner.join(timeout=5)
+        schedule = builder.build()
+        schedule.meta.setdefault("oracle", causal.peeked)
+        return self._output(schedule)
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _reset(
+        self,
+        capacity: Mapping[Tier, int],
+        resident: Mapping[Tier, int] | None,
+        routing: Routing | None,
+    ) -> None:
+        s, wl = self.model.spec, self.wl
+        self._cv = threading.Condition()
+        self._capacity = dict(capacity)
+        self._resident_bytes = dict(resident) if resident is not None else None
+        self._free: dict[Tier, int] | None = None  # set when the first op arrives (after reserves)
+        self._routing = routing
+        self._schedule: Schedule | None = None
+        self._ops: list[Op] = []
+        self._done: list[bool] = []
+        self._start: list[float] = []
+        self._end: list[float] = []
+        self._queues: dict[str, deque[Op]] = {}
+        self._threads: list[threading.Thread] = []
+        self._locks: dict[str, threading.Lock] = {}
+        self._error: BaseException | None = None
+        self._planner_done = False
+        self._progress = 0
+        self._views: dict[tuple[int, int, int], GateView] = {}
+        self._used: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._dev_refs: dict[Unit, int] = {}
+        self._host_refs: dict[Unit, int] = {}
+        self._refs_lock = threading.Lock()
+        self._resident: dict[Unit, dict[str, torch.Tensor]] = {}
+        self._host_resident: set[Unit] = set()
+        self._fallbacks = 0
+        self._scratch: dict[str, torch.Tensor] = {}
+        self._cursor: dict[tuple[object, ...], int] = {}
+        self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk
+        pin = self.cuda
+        max_len = wl.prompt_len + wl.gen_len
+        self._batches = []
+        for b in range(wl.n_batches):
+            prompt = self.prompts[b * wl.batch_size : (b + 1) * wl.batch_size].to(self.device)
+            host = KVCache.allocate(s, wl.batch_size, max_len)
+            if pin:
+                host = KVCache(
+                    tuple(t.pin_memory() for t in host.k), tuple(t.pin_memory() for t in host.v)
+                )
+            dev = KVCache.allocate(s, wl.batch_size, max_len, self.device)
+            gen = torch.zeros(wl.batch_size, wl.gen_len, dtype=torch.long, device=self.device)
+            self._batches.append(_BatchState(prompt, gen, dev, host, written=[0] * wl.gen_len))
+        if self.cuda:
+            self._t0_event = torch.cuda.Event(enable_timing=True)
+
+    def _preload(self, resident: Mapping[Unit, Tier]) -> None:
+        """Put placement-resident units where the schedule expects them (untimed)."""
+        st = self.store
+        for u, tier in {**resident, Unit(Tensor.EMBED): Tier.GPU}.items():
+            st.read_disk(u)
+            if tier == Tier.CPU:
+                self._host_resident.add(u)
+                continue
+            w = st.to_device(u)
+            self._resident[u] = dict(w)
+            st.evict(u, Tier.CPU)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    # ---- scheduling machinery ---------------------------------------------------------------
+    def _add_op(self, op: Op, spec: StreamSpec) -> None:
+        with self._cv:
+            if self._free is None:
+                res = self._resident_bytes
+                if res is None:  # live: the builder's reserves are all made before the first op
+                    res = self._builder.resident_bytes
+                self._resident_bytes = dict(res)
+                self._free = {t: self._capacity[t] - res.get(t, 0) for t in Tier}
+            assert op.id == len(self._ops), "ops arrive in id order"
+            self._note_range(op)
+            self._ops.append(op)
+            self._done.append(False)
+            self._start.append(0.0)
+            self._end.append(0.0)
+            q = self._queues.get(op.stream)
+            if q is None:
+                q = self._queues[op.stream] = deque()
+                rid = spec.resource_id
+                if rid not in self._locks:
+                    self._locks[rid] = threading.Lock()
+                lock = None if spec.resource == Resource.NONE else self._locks[rid]
+                t = threading.Thread(
+                    target=self._worker,
+                    args=(op.stream, q, lock, spec),
+                    name=f"stream-{op.stream}",
+                    daemon=True,
+                )
+                self._threads.append(t)
+                if self._started:
+                    t.start()
+            q.append(op)
+            self._cv.notify_all()
+
+    _started = False
+
+    def _note_range(self, op: Op) -> None:
+        """Which share of its batch an op works on, from the ops of its kind emitted before it:
+        sequences [s0, s1) for a dense op, a chunk of the expert's tokens for an expert op."""
+        if op.batch < 0:
+            return
+        if op.kind in (OpKind.ATTENTION, OpKind.FFN, OpKind.HEAD):
+            per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)
+            n = op.tokens // per if op.tokens else self.wl.batch_size
+            key: tuple[object, ...] = (op.kind, op.step, op.layer, op.batch)
+        elif op.kind == OpKind.EXPERT:
+            n, key = op.tokens, (op.kind, op.step, op.layer, op.batch, op.expert)
+        else:
+            return
+        first = self._cursor.get(key, 0)
+        self._cursor[key] = first + n
+        self._range[op.id] = (first, first + n)
+
+    def _execute(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self._t0_event.record()
+        self._t0 = time.perf_counter()
+        with self._cv:
+            self._started = True
+            for t in self._threads:
+                t.start()
+        last_progress, last_time = -1, time.monotonic()
+        try:
+            while True:
+                with self._cv:
+                    self._cv.wait(timeout=0.2)
+                    if self._error is not None:
+                        break
+                    finished = self._planner_done and all(self._done)
+                    if finished:
+                        break
+                    if self._progress != last_progress:
+                        last_progress, last_time = self._progress, time.monotonic()
+                    elif time.monotonic() - last_time > self.stall_timeout_s:
+                        free = self._free or {t: 0 for t in Tier}
+                        stuck = Schedule(self._ops, self._stream_specs(), self._capacity, {}, {})
+                        self._error = ScheduleError(
+                            f"real run made no progress for {self.stall_timeout_s:.0f} s: "
+                            + describe_stuck(stuck, self._done, free)
+                        )
+                        self._cv.notify_all()
+                        break
+        finally:
+            self._started = False
+            with self._cv:
+                threads = list(self._threads)
+            for t in threads:
+                if t.is_alive():
+                    t.join(timeout=max(5.0, self.stall_timeout_s))
+        if self._error is not None:
+            raise self._error
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _stream_specs(self) -> dict[str, StreamSpec]:
+        if self._schedule is not None:
+            return self._schedule.streams
+        return self._builder.streams
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = e
+            self._cv.notify_all()
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        """Wait (holding self._cv) until ready(); raise _Stop if another thread failed."""
+        while not ready():
+            if self._error is not None:
+                raise _Stop
+            self._cv.wait(timeout=_POLL_S)
+        if self._error is not None:
+            raise _Stop
+
+    def _worker(
+        self, name: str, q: deque[Op], lock: threading.Lock | None, spec: StreamSpec
+    ) -> None:
+        cuda_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        torch.set_grad_enabled(False)
+        try:
+            while True:
+                with self._cv:
+                    self._wait(lambda: bool(q) or self._planner_done)
+                    if not q:
+                        return
+                    op = q.popleft()
+                    self._wait(lambda op=op: all(self._done[d] for d in op.deps))
+                    if op.alloc_bytes:
+                        assert self._free is not None and op.alloc_tier is not None
+                        free = self._free
+                        self._wait(lambda op=op, free=free: free[op.alloc_tier] >= op.alloc_bytes)
+                        free[op.alloc_tier] -= op.alloc_bytes
+                use_lock = lock is not None and op.kind != OpKind.FREE
+                if use_lock:
+                    while not lock.acquire(timeout=_POLL_S):
+                        if self._error is not None:
+                            raise _Stop
+                try:
+                    start, end = self._timed(op, spec, cuda_stream)
+                finally:
+                    if use_lock:
+                        lock.release()
+                with self._cv:
+                    if op.free_bytes:
+                        assert self._free is not None and op.free_tier is not None
+                        self._free[op.free_tier] += op.free_bytes
+                    self._start[op.id], self._end[op.id] = start, end
+                    self._done[op.id] = True
+                    self._progress += 1
+                    self._cv.notify_all()
+        except _Stop:
+            return
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            if not isinstance(e, MoepipeError | OSError):
+                log.exception("stream %s failed", name)
+            self._fail(e)
+
+    def _timed(
+        self, op: Op, spec: StreamSpec, cuda_stream: torch.cuda.Stream | None
+    ) -> tuple[float, float]:
+        """Run one op; its (start, end) in seconds from the run's start (CUDA: from events)."""
+        if cuda_stream is None:
+            start = time.perf_counter() - self._t0
+            self._run_op(op, spec, None)
+            return start, time.perf_counter() - self._t0
+        ev_start = torch.cuda.Event(enable_timing=True)
+        ev_end = torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(cuda_stream):
+            ev_start.record(cuda_stream)
+            self._run_op(op, spec, cuda_stream)
+            ev_end.record(cuda_stream)
+        ev_end.synchronize()  # the op's data is ready for every other stream once marked done
+        return self._t0_event.elapsed_time(ev_start) / 1e3, self._t0_event.elapsed_time(
+            ev_end
+        ) / 1e3
+
+    # ---- ops -> real work ---------------------------------------------------------------------
+    def _run_op(self, op: Op, spec: StreamSpec, cuda_stream: torch.cuda.Stream | None) -> None:
+        k = op.kind
+        if k == OpKind.FREE:
+            self._release(op)
+            return
+        if k == OpKind.LOAD and unit_of(op) is not None:
+            self._load(op, cuda_stream)
+        elif k == OpKind.KV_LOAD:
+            self._kv_copy(op, to_device=True)
+        elif k == OpKind.KV_STORE:
+            self._kv_copy(op, to_device=False)
+        elif k in COMPUTE_KINDS:
+            self._compute(op, spec)
+        else:  # activations to/from the CPU, all-to-all: move the op's bytes for real
+            self._scratch_copy(op)
+        self._release(op)
+
+    def _load(self, op: Op, cuda_stream: torch.cuda.Stream | None) -> None:
+        u = unit_of(op)
+        assert u is not None
+        st = self.store
+        if op.src == Tier.DISK and op.dst == Tier.CPU:
+            with self._refs_lock:
+                self._host_refs[u] = self._host_refs.get(u, 0) + 1
+            st.read_disk(u)
+        elif op.src == Tier.CPU and op.dst == Tier.GPU:
+            with self._refs_lock:
+                self._dev_refs[u] = self._dev_refs.get(u, 0) + 1
+            if st.resident(u, Tier.CPU) is None:  # the planner assumed a host copy: read it now
+                self._fallbacks += 1
+                log.warning("%s: %s is not in host memory; reading it from disk", op.label(), u)
+                st.read_disk(u)
+            st.to_device(u, cuda_stream)
+        else:
+            self._scratch_copy(op)
+
+    def _release(self, op: Op) -> None:
+        """The end-of-op memory effect on the store: drop the unit's copy on the freed tier."""
+        u = unit_of(op)
+        if u is None or not op.free_bytes or op.free_tier is None:
+            return
+        if op.free_tier == Tier.GPU:
+            refs, tier = self._dev_refs, Tier.GPU
+        elif op.free_tier == Tier.CPU:
+            refs, tier = self._host_refs, Tier.CPU
+        else:
+            return
+        with self._refs_lock:
+            n = refs.get(u, 0)
+            if n <= 0:  # a resident unit whose "free" is bookkeeping only
+                return
+            refs[u] = n - 1
+            drop = n == 1 and not (tier == Tier.CPU and u in self._host_resident)
+        if drop:
+            self.store.evict(u, tier)
+
+    def _weights(self, u: Unit, on_cpu: bool) -> Mapping[str, torch.Tensor]:
+        st = self.store
+        order = (Tier.CPU, Tier.GPU) if on_cpu else (Tier.GPU, Tier.CPU)
+        w = st.resident(u, order[0])
+        if w is None and not on_cpu:
+            w = self._resident.get(u)
+        if w is None:
+            w = st.resident(u, order[1])
+        if w is None and on_cpu:
+            w = self._resident.get(u)
+        if w is None:  # nowhere: the planner relies on a placement we did not preload
+            self._fallbacks += 1
+            log.warning("%s: weights not loaded; reading them synchronously", u)
+            w = st.read_disk(u)
+            if not on_cpu:
+                w = st.to_device(u)
+                self._resident[u] = dict(w)
+                st.evict(u, Tier.CPU)
+            else:
+                self._host_resident.add(u)
+        return w
+
+    def _compute(self, op: Op, spec: StreamSpec) -> None:
+        m, s = self.model, self.model.spec
+        u = unit_of(op)
+        assert u is not None, f"{op.label()}: compute without weights"
+        w = self._weights(u, spec.resource == Resource.CPU)
+        if op.kind == OpKind.EXPERT:
+            self._expert(op, w)
+            return
+        assert op.batch >= 0, f"{op.label()}: only experts may run over all batches"
+        bst = self._batches[op.batch]
+        if op.kind == OpKind.GATE:
+            self._gate(op, bst, w)
+            return
+        s0, s1 = self._range[op.id]
+        assert 0 <= s0 < s1 <= self.wl.batch_size, f"{op.label()}: covers sequences {s0}..{s1}"
+        h = self._hidden(bst, op.step)  # [b, S, H]
+        if op.kind == OpKind.ATTENTION:
+            if op.layer == 0:
+                tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
+                h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
+            self._finish_moe(bst, h, s0, s1)
+            kv = KVCache(
+                tuple(t[s0:s1] for t in bst.kv_dev.k), tuple(t[s0:s1] for t in bst.kv_dev.v)
+            )
+            h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
+        elif op.kind == OpKind.FFN:
+            if s.is_moe(op.layer):
+                p = bst.pending
+                assert p is not None and p.layer == op.layer, (
+                    f"{op.label()}: shared FFN before its gate"
+                )
+                rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+                y = m.shared_ffn(w, p.normed[rows])  # [rows, H]
+                with self._refs_lock:
+                    if p.shared is None:
+                        p.shared = torch.zeros_like(p.normed)
+                p.shared[rows] = y.to(p.shared.device)
+            else:
+                h[s0:s1] = m.dense_ffn(w, h[s0:s1])
+        elif op.kind == OpKind.HEAD:
+            self._finish_moe(bst, h, s0, s1)
+            logits = m.head(w, h[s0:s1])  # [s1-s0, V]
+            with self._refs_lock:
+                if bst.logits is None:
+                    bst.logits = logits.new_zeros(self.wl.batch_size, logits.shape[1])
+                bst.written[op.step] += s1 - s0
+            bst.logits[s0:s1] = logits
+            bst.tokens[s0:s1, op.step] = logits.argmax(-1)
+
+    def _hidden(self, bst: _BatchState, step: int) -> torch.Tensor:
+        """The batch's hidden state buffer for `step` (fresh at a new step)."""
+        with self._refs_lock:
+            if bst.hidden_step != step:
+                s = self.model.spec
+                shape = (self.wl.batch_size, self.wl.step_tokens(step), s.hidden_size)
+                bst.hidden = torch.zeros(
+                    shape,
+                    dtype=self._resident[Unit(Tensor.EMBED)]["embed"].dtype,
+                    device=self.device,
+                )
+                bst.hidden_step = step
+            assert bst.hidden is not None
+            return bst.hidden
+
+    def _positions(self, step: int) -> torch.Tensor:
+        p = self.wl.prompt_len
+        return torch.arange(0, p) if step == 0 else torch.arange(p + step - 1, p + step)
+
+    def _gate(self, op: Op, bst: _BatchState, w: Mapping[str, torch.Tensor]) -> None:
+        s, wl = self.model.spec, self.wl
+        moe = s.moe_index(op.layer)
+        fi = fw = None
+        if self._routing is not None:
+            seqs = slice(op.batch * wl.batch_size, (op.batch + 1) * wl.batch_size)
+            pos = self._routing.step_slice(op.step, wl)
+            fi = torch.from_numpy(
+                self._routing.expert_ids[seqs, pos, moe].reshape(-1, s.top_k).astype(np.int64)
+            )
+            fw = torch.from_numpy(
+                np.ascontiguousarray(
+                    self._routing.gate_weights[seqs, pos, moe].reshape(-1, s.top_k)
+                )
+            )
+        h = self._hidden(bst, op.step)
+        assert bst.pending is None or bool(bst.pending.done.all()), (
+            f"{op.label()}: previous layer unfinished"
+        )
+        normed, ids, weights = self.model.gate(op.layer, w, h, fi, fw)
+        done = torch.zeros(wl.batch_size, dtype=torch.bool)
+        bst.pending = _Pending(op.layer, normed, ids, weights, new_slots(normed, s.top_k), done)
+        ids_cpu = ids.cpu()
+        view = GateView(
+            ids_cpu.numpy().astype(np.int16),
+            np.bincount(ids_cpu.flatten().numpy(), minlength=s.n_experts),
+        )
+        with self._cv:
+            self._views[(op.step, moe, op.batch)] = view
+            self._used[(op.step, moe, op.batch)] = (ids_cpu, weights.cpu())
+            self._cv.notify_all()
+
+    def _expert(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
+        """One expert over its tokens in one batch, or in every batch of the group (batch=-1)."""
+        batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
+        parts, xs = [], []
+        for b in batches:
+            p = self._batches[b].pending
+            assert p is not None and p.layer == op.layer, (
+                f"{op.label()}: batch {b} has no gate output"
+            )
+            rows, slot = expert_tokens(p.ids, op.expert)
+            if op.batch >= 0:  # expert-parallel planners split an expert's tokens over copies
+                t0, t1 = self._range[op.id]
+                if t1 > len(rows):
+                    raise ScheduleError(
+                        f"{op.label()}: runs tokens {t0}..{t1} of the expert, the gate routed {len(rows)}"
+                    )
+                rows, slot = rows[t0:t1], slot[t0:t1]
+            if len(rows):
+                parts.append((p, rows, slot))
+                xs.append(p.normed[rows])  # [n, H]
+        if not xs:
+            return
+        dev = next(iter(w.values())).device
+        x = torch.cat(xs).to(dev) if len(xs) > 1 else xs[0].to(dev)
+        y = self.model.expert(w, x)  # [sum n, H]
+        at = 0
+        for p, rows, slot in parts:
+            put_expert(p.slots, rows, slot, y[at : at + len(rows)])
+            at += len(rows)
+
+    def _finish_moe(self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int) -> None:
+        """Add the pending MoE layer's output to sequences [s0, s1) (once)."""
+        p = bst.pending
+        if p is None or bool(p.done[s0:s1].all()):
+            return
+        rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+        shared = None if p.shared is None else p.shared[rows]
+        h[s0:s1] = moe_output(h[s0:s1], p.slots[rows], p.weights[rows], shared)
+        p.done[s0:s1] = True
+
+    def _kv_copy(self, op: Op, to_device: bool) -> None:
+        """KV_LOAD: the batch's past keys/values host -> device; KV_STORE: this step's new ones
+        device -> host (the device buffer is released by the schedule's memory effect)."""
+        p = self.wl.prompt_len
+        bst = self._batches[op.batch]
+        if to_device:
+            span = slice(0, p + op.step - 1)
+            src, dst = bst.kv_host, bst.kv_dev
+        else:
+            span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
+            src, dst = bst.kv_dev, bst.kv_host
+        for a, b in ((src.k[op.layer], dst.k[op.layer]), (src.v[op.layer], dst.v[op.layer])):
+            b[:, :, span].copy_(a[:, :, span], non_blocking=self.cuda)
+
+    def _scratch_copy(self, op: Op) -> None:
+        """Move op.nbytes between host and device scratch buffers (activation transfers)."""
+        n = max(int(op.nbytes), 1)
+        key_src = "dev" if op.src == Tier.GPU else "host"
+        key_dst = "dev" if op.dst == Tier.GPU else "host"
+        src = self._scratch_buf(key_src + "_a", n)
+        dst = self._scratch_buf(key_dst + "_b", n)
+        dst[:n].copy_(src[:n], non_blocking=self.cuda)
+
+    def _scratch_buf(self, key: str, n: int) -> torch.Tensor:
+        with self._refs_lock:
+            buf = self._scratch.get(key)
+            if buf is None or buf.numel() < n:
+                dev = self.device if key.startswith("dev") else torch.device("cpu")
+                buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=dev)
+                if dev.type == "cpu" and self.cuda:
+                    buf = buf.pin_memory()
+                self._scratch[key] = buf
+            return buf
+
+    # ---- results ------------------------------------------------------------------------------
+    def _output(self, schedule: Schedule) -> RunOutput:
+        s, wl = self.model.spec, self.wl
+        for b, bst in enumerate(self._batches):
+            if bst.written != [wl.batch_size] * wl.gen_len:
+                raise ScheduleError(
+                    f"batch {b}: head ops covered {bst.written} sequences per step, expected "
+                    f"{wl.batch_size} each"
+                )
+        tokens = torch.cat([b.tokens.cpu() for b in self._batches])  # [n*b, G]
+        logits = torch.cat([b.logits.cpu() for b in self._batches if b.logits is not None])
+        n_moe, k = len(s.moe_layers), s.top_k
+        ids = np.zeros((wl.n_sequences, wl.seq_positions, n_moe, k), np.int16)
+        ws = np.zeros(ids.shape, np.float32)
+        for (step, moe, batch), (i, w) in self._used.items():
+            seqs = slice(batch * wl.batch_size, (batch + 1) * wl.batch_size)
+            n_pos = wl.step_tokens(step)
+            first = 0 if step == 0 else wl.prompt_len + step - 1
+            pos = slice(first, first + n_pos)
+            ids[seqs, pos, moe] = i.view(wl.batch_size, n_pos, k).numpy()
+            ws[seqs, pos, moe] = w.view(wl.batch_size, n_pos, k).float().numpy()
+        desc = self._routing.description if self._routing is not None else "live (the model's gate)"
+        return RunOutput(
+            schedule, np.asarray(self._start), np.asarray(self._end), tokens, logits,
+            Routing(ids, ws, s.n_experts, desc), self._fallbacks,
+        )  # fmt: skip

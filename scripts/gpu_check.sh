@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# CUDA check of the real executor (offline, repo only): calibrate this GPU, validate sim vs real
+# on a generated checkpoint, run the correctness tests including the @pytest.mark.gpu ones.
+# Budget: under 8 minutes on one GPU. Usage: bash scripts/gpu_check.sh [workdir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-runs/gpu_check}
+mkdir -p "$WORK"
+python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('cuda:', torch.cuda.get_device_name(0))"
+echo "== checkpoint"
+[ -f "$WORK/ckpt/config.json" ] || timeout 120 python -m real.make_checkpoint model=mixtral-tiny out="$WORK/ckpt" \
+  hidden_size=512 expert_ffn_size=1536 n_heads=8 n_kv_heads=4 head_dim=64 vocab_size=1024
+echo "== calibrate"
+timeout 150 python -m experiments.calibrate hardware.name=gpu-check checkpoint="$WORK/ckpt" device=cuda \
+  disk_dir="$WORK/calib" out="$WORK/gpu-check.yaml"
+cp "$WORK/gpu-check.yaml" conf/hardware/gpu-check.yaml
+echo "== validate"
+timeout 200 python -m experiments.validate checkpoint="$WORK/ckpt" hardware=gpu-check \
+  planners=sequential,flexgen,klotski,fiddler out="$WORK/validate"
+cat "$WORK/validate/validate.md"
+echo "== correctness tests (CPU and CUDA)"
+timeout 200 python -m pytest tests/real/test_executor.py -q -m "gpu or not slow" -x
+echo "gpu_check: done"

@@ -1,0 +1,122 @@
+"""Tiny end-to-end sweeps: joblib multirun into a deterministic dir, skip on re-run, collect
+(half-written runs reported, never mixed in), report (every <img> exists and decodes), and
+bad report requests. One sweep (two tiny runs) is shared by the module's tests."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from experiments.collect import collect
+from experiments.report import main as report_main
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
+
+
+def sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", *TINY,
+           "planner=sequential,fiddler", "workload.batch_size=2,4", f"hydra.sweep.dir={sweep_dir}",
+           "hydra.launcher.n_jobs=2", *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("sweep") / "tiny"
+    r = sweep(d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
+    return d
+
+
+def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
+    runs = sorted(p.parent.name for p in swept.glob("*/summary.json"))
+    assert runs == sorted(
+        f"tiny_tiny_{p}_bs{b}_n2_g8" for p in ("sequential", "fiddler") for b in (2, 4)
+    )
+
+
+def test_rerun_skips_finished_runs(swept: Path) -> None:
+    before = {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")}
+    r = sweep(swept)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "4 run(s) already finished" in r.stdout + r.stderr
+    assert {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")} == before
+
+
+def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
+    d = tmp_path / "copy"
+    shutil.copytree(swept, d)
+    half = d / "tiny_tiny_fiddler_bs2_n2_g8"
+    (half / "summary.json").unlink()
+    bad = d / "tiny_tiny_fiddler_bs4_n2_g8"
+    (bad / "summary.json").write_text('{"makespan_s": 1.0, "throu')  # torn write
+    df, problems = collect(d)
+    assert len(df) == 2 and set(df["planner.name"]) == {"sequential"}
+    assert any("fiddler_bs2" in p and "no summary.json" in p for p in problems)
+    assert any("fiddler_bs4" in p and "unreadable" in p for p in problems)
+    assert {"workload.batch_size", "hardware.name", "throughput_tok_s", "busy_s.gpu"} <= set(
+        df.columns
+    )
+
+
+def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(swept), "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert len(pd.read_parquet(tmp_path / "results.parquet")) == 4
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 4
+
+
+def images_of(page: Path) -> list[Path]:
+    return [page.parent / src for src in re.findall(r"<img src='([^']+)'", page.read_text())]
+
+
+def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
+    assert report_main([str(swept), "--out", str(tmp_path)]) == 0
+    imgs = images_of(tmp_path / "index.html")
+    assert any(p.name == "throughput_vs_batch.png" for p in imgs) and any(
+        p.name == "gantt.png" for p in imgs
+    )
+    for p in imgs:
+        with Image.open(p) as im:
+            im.load()
+            assert im.size[0] > 100 and im.size[1] > 100
+
+
+def test_report_rejects_unknown_metric_and_column(
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert report_main([str(swept), "--out", str(tmp_path), "--metric", "tokens_per_banana"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "valid:" in err[0] and "throughput_tok_s" in err[0]
+    assert report_main([str(swept), "--out", str(tmp_path), "--columns", "no.such"]) == 2
+    assert "valid:" in capsys.readouterr().err
+
+
+def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
+    browser = next(
+        (b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
+    )
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (apt-get install -y chromium)")
+    assert report_main([str(swept), "--out", str(tmp_path)]) == 0
+    page = tmp_path / "index.html"
+    check = (
+        "<script>addEventListener('load',()=>{const i=[...document.images];document.title="
+        "'IMAGES '+i.length+' BROKEN '+i.filter(x=>!(x.complete&&x.naturalWidth>0)).length;});</script>"
+    )
+    page.write_text(page.read_text().replace("</body>", check + "</body>"))
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                        "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    m = re.search(r"<title>IMAGES (\d+) BROKEN (\d+)</title>", r.stdout)
+    assert m, r.stderr[-2000:]
+    assert int(m.group(1)) == len(images_of(tmp_path / "index.html")) > 0 and m.group(2) == "0"

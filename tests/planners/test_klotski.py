@@ -1,0 +1,189 @@
+"""Klotski planner (planners/klotski.py), its n-planner and placement, on the round-number tiny
+model (4 experts, top-2, 2 layers; one expert = 49,152 B) and tiny hardware (1 GB/s links)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from core.cost import CostModel
+from core.errors import CapacityError, ConfigError
+from core.types import OpKind, Stream, Tensor
+from experiments.pipeline import RunSpec, build_schedule, simulate_run
+from planners.klotski import Klotski, KlotskiParams
+from planners.n_planner import LayerTimes, smallest_n
+from planners.registry import make_params
+from tests.conftest import ROOT, random_routing
+
+ABLATION = ("klotski_multi", "klotski_hot", "klotski")
+
+
+def streamed(hw):
+    """tiny hardware with a 460 kB GPU: dense weights, one layer of transfer space and buffers
+    fit; resident experts do not, so every expert is streamed from CPU memory."""
+    from core.types import Tier
+
+    return replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: 460_000})
+
+
+def plan(model, hw, wl, **params):
+    hw = streamed(hw)
+    routing = random_routing(model, wl, seed=3)
+    params = {"n": -1, **params}
+    schedule = build_schedule(RunSpec(model, hw, wl, "klotski", params), routing)
+    return schedule, routing.counts(wl)  # counts [steps, L, n, E]
+
+
+def experts_of(schedule, step, layer, kind=OpKind.EXPERT):
+    return [o for o in schedule.ops if o.kind == kind and o.step == step and o.layer == layer
+            and o.tensor == Tensor.EXPERT]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ABLATION)
+def test_ablation_configs_are_klotski_params(name):
+    cfg = yaml.safe_load((ROOT / "conf" / "planner" / f"{name}.yaml").read_text())
+    assert cfg["name"] == "klotski"
+    make_params("klotski", cfg["params"])
+
+
+def test_reorder_runs_each_expert_once_over_the_group_hot_first(tiny_model, tiny_hw, tiny_workload):
+    wl = tiny_workload.with_(n_batches=3)
+    schedule, counts = plan(tiny_model, tiny_hw, wl, predictor="oracle")
+    assert schedule.meta["oracle"]  # labelled as an upper bound
+    for step in range(wl.n_steps):
+        for layer in range(tiny_model.n_layers):
+            ops = experts_of(schedule, step, layer)
+            group = counts[step, layer].sum(0)  # [E] tokens per expert over the group
+            assert [o.batch for o in ops] == [-1] * len(ops)
+            assert sorted(o.expert for o in ops) == sorted(
+                np.flatnonzero(group).tolist()
+            )  # once each
+            assert all(o.tokens == group[o.expert] for o in ops)
+            hot = [int(e) for e in np.lexsort((np.arange(4), -group))[:2]]  # the oracle's top-2
+            assert [o.expert for o in ops[:2]] == hot  # hot experts computed first
+            for o in ops:  # freed right after its (only) use: the compute releases it
+                assert o.free_bytes == tiny_model.expert_bytes
+
+
+def test_prefetch_only_gate_and_k_hot_during_attention(tiny_model, tiny_hw, tiny_workload):
+    schedule, counts = plan(tiny_model, tiny_hw, tiny_workload, predictor="oracle", hot_k=1)
+    gates = {o.id for o in schedule.ops if o.kind == OpKind.GATE}
+    for step in range(tiny_workload.n_steps):
+        for layer in range(tiny_model.n_layers):
+            loads = experts_of(schedule, step, layer, OpKind.LOAD)
+            on_weights = [o for o in loads if o.stream == Stream.WEIGHTS]
+            on_demand = [o for o in loads if o.stream == Stream.EXPERTS]
+            assert len(on_weights) == 1  # K = 1 hot expert prefetched
+            assert all(gates & set(o.deps) for o in on_demand)  # loaded after a gate
+            # on-demand loads come in discovery order: batch 0's new experts, then batch 1's
+            seen = [on_weights[0].expert]
+            for k in range(tiny_workload.n_batches):
+                seen += [int(e) for e in np.flatnonzero(counts[step, layer, k]) if e not in seen]
+            assert [o.expert for o in on_demand] == seen[1:]
+
+
+def test_hot_step_runs_experts_per_batch_in_index_order(tiny_model, tiny_hw, tiny_workload):
+    schedule, counts = plan(tiny_model, tiny_hw, tiny_workload, reorder=False)
+    ops = experts_of(schedule, 1, 0)
+    want = [(k, int(e)) for k in range(2) for e in np.flatnonzero(counts[1, 0, k])]
+    assert [(o.batch, o.expert) for o in ops] == want
+    last = {e: k for k, e in want}  # each expert freed by its last batch's compute, only
+    assert all((o.free_bytes > 0) == (last[o.expert] == o.batch) for o in ops)
+
+
+def test_multi_step_prefetches_the_whole_layer(tiny_model, tiny_hw, tiny_workload):
+    schedule, _ = plan(
+        tiny_model, tiny_hw, tiny_workload, hot_prefetch=False, reorder=False, predictor="none"
+    )
+    loads = experts_of(schedule, 0, 0, OpKind.LOAD)
+    assert [o.expert for o in loads] == [0, 1, 2, 3] and {o.stream for o in loads} == {
+        Stream.WEIGHTS
+    }
+
+
+def test_ablation_runs_in_the_simulator(tiny_model, tiny_hw, tiny_workload):
+    for name in ABLATION:
+        params = {
+            **yaml.safe_load((ROOT / "conf" / "planner" / f"{name}.yaml").read_text())["params"],
+            "n": -1,
+        }
+        s = simulate_run(
+            RunSpec(tiny_model, streamed(tiny_hw), tiny_workload, "klotski", params)
+        ).summary
+        assert s["makespan_s"] >= s["lower_bound_s"] > 0
+        assert s["plan"]["n_plan"]["n"] == s["n_batches"]
+
+
+def test_n_planner_smallest_n_hand_worked():
+    """t_cA = 1 ms, t_cG = 0, t_IO_E = 10 ms, t_IO_A = 0.5 ms, every active expert 1 ms.
+
+    Uniform shares over 4 experts, 100 tokens a batch: both cold experts are active (len(Q)=2).
+    (5): n >= 20; (6): n + 2 >= 30 -> 28; (7): n + 2 + 2 >= 40 + 0.5 -> 36.5, so n = 37.
+    All tokens on the two hot experts: len(Q) = 0, (7): n + 2 >= 20.5 -> 19, (5) n >= 20 binds.
+    """
+    t = LayerTimes(
+        attention_s=1e-3, gate_s=0.0, io_attention_s=0.5e-3, io_gate_s=0.0, io_expert_s=10e-3
+    )
+    one_ms = lambda tokens: 1e-3 if tokens > 0 else 0.0  # noqa: E731
+    uniform = np.full((1, 4), 0.25)
+    c = smallest_n(t, uniform, 100, k_hot=2, top_k=2, expert_time=one_ms)
+    assert (c.n, c.binding) == (37, "(7) next attention ready")
+    hot_only = np.array([[0.5, 0.5, 0.0, 0.0]])
+    c = smallest_n(t, hot_only, 100, k_hot=2, top_k=2, expert_time=one_ms)
+    assert (c.n, c.binding) == (20, "(5) hot experts loaded")
+    c = smallest_n(t, uniform, 100, k_hot=2, top_k=2, expert_time=one_ms, n_max=10)
+    assert c.n == 10 and not c.satisfied
+
+
+def test_auto_n_is_used_and_recorded(tiny_model, tiny_hw, tiny_workload):
+    spec = RunSpec(tiny_model, tiny_hw, tiny_workload, "klotski", {"n": 0})
+    n = Klotski(KlotskiParams(n=0)).choose_n_batches(
+        tiny_model, tiny_hw, tiny_workload, CostModel(tiny_hw)
+    )
+    s = simulate_run(spec).summary
+    assert s["n_batches"] == n == s["plan"]["n_plan"]["n"]
+    assert s["plan"]["n_plan"]["n_auto"] and s["plan"]["n_plan"]["binding"]
+
+
+def test_an_n_that_cannot_fit_names_what_it_needs(tiny_model, tiny_hw):
+    from core.spec import Workload
+
+    wl = Workload(batch_size=1000, n_batches=1, prompt_len=8, gen_len=3)
+    planner = Klotski(KlotskiParams(n=400))
+    with pytest.raises(CapacityError, match=r"n=400 batches of 1000 sequences does not fit: .*GB"):
+        planner.choose_n_batches(tiny_model, tiny_hw, wl, CostModel(tiny_hw))
+
+
+def test_auto_n_that_cannot_fit_says_the_largest_that_does(tiny_model, tiny_hw, tiny_workload):
+    """On tiny hardware compute is far too short to hide a 49 us expert load at any n <= 256."""
+    planner = Klotski(KlotskiParams(n=0))
+    with pytest.raises(CapacityError, match=r"n-planner's n=256 .* largest n that fits is \d+"):
+        planner.choose_n_batches(tiny_model, streamed(tiny_hw), tiny_workload, CostModel(tiny_hw))
+
+
+def test_bad_params_are_rejected():
+    with pytest.raises(ConfigError, match="predictor"):
+        make_params("klotski", {"predictor": "crystal_ball"})
+
+
+def test_disk_layers_are_read_ahead_through_a_cpu_window(tiny_model, tiny_hw, tiny_workload):
+    """CPU too small for the experts: they live on disk and are read ahead into a CPU window."""
+    from core.types import Tier
+
+    mem = dict(streamed(tiny_hw).memory_bytes)
+    mem[Tier.CPU] = int(1.5 * 4 * tiny_model.expert_bytes)  # 1.5 expert layers: layer 1 spills
+
+    hw = replace(tiny_hw, memory_bytes=mem)
+    schedule, _ = plan(tiny_model, hw, tiny_workload, disk_window=1)
+    assert "disk" in schedule.meta["placement"]["expert_layers"]
+    reads = [o for o in schedule.ops if o.stream == Stream.DISK]
+    assert reads and all(o.src == Tier.DISK and o.dst == Tier.CPU for o in reads)
+    s = simulate_run(
+        RunSpec(tiny_model, hw, tiny_workload, "klotski", {"n": -1, "disk_window": 1})
+    ).summary
+    assert s["peak_bytes"]["cpu"] <= mem[Tier.CPU]
+    # with the 1-layer window staged, the other half layer holds no whole layer: both on disk
+    assert s["plan"]["placement"]["expert_layers"] == {"disk": 2}

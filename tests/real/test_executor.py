@@ -1,0 +1,154 @@
+"""The real executor against the plain in-memory forward, for every registered planner.
+
+Fixture: mixtral-tiny (4 layers, 8 experts, float32), 2 batches x 2 sequences, 6 prompt tokens,
+3 generated. The offload hardware (10 MB device pool, 8 MB host, disk) streams experts from disk.
+Tolerance: generated tokens equal exactly; last-step logits within atol=rtol=1e-4 (float32; a
+schedule may run an expert over the tokens of several batches at once, which changes BLAS
+blocking, so bits may differ at ~1e-6).
+"""
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.errors import CapacityError
+from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.types import RoutingSource
+from experiments.pipeline import RunSpec, simulate_run
+from experiments.real_run import prompts_for, real_execute
+from planners.registry import planner_names
+from real.checkpoint import load_checkpoint
+from real.model import reference_generate
+from real.store import DATA_FILE, OFFLOAD_DIR, TieredStore
+
+ATOL = RTOL = 1e-4
+
+
+def hardware(gpu_gb: float, cpu_gb: float, n_gpus: int = 1) -> HardwareSpec:
+    return HardwareSpec.from_dict(
+        dict(
+            name=f"test-{gpu_gb}-{cpu_gb}-{n_gpus}",
+            memory_gb=dict(gpu=gpu_gb, cpu=cpu_gb, disk=1.0),
+            gpu=dict(tflops=0.05, mem_bw_gbps=10),
+            cpu=dict(tflops=0.02, mem_bw_gbps=5),
+            links=dict(h2d=dict(gbps=5), d2h=dict(gbps=5), disk=dict(gbps=1)),
+            n_gpus=n_gpus,
+        )
+    )
+
+
+OFFLOAD = hardware(0.010, 0.008)  # experts on disk / host: every load path runs
+RESIDENT_2GPU = hardware(0.05, 0.05, n_gpus=2)  # expert-parallel planners keep experts resident
+WORKLOAD = Workload(
+    batch_size=2, n_batches=2, prompt_len=6, gen_len=3,
+    routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+)  # fmt: skip
+
+
+def spec_for(ckpt: Path, planner: str) -> RunSpec:
+    """The offload hardware, or two resident GPUs for planners that keep every expert resident."""
+    model, _ = load_checkpoint(ckpt)
+    spec = RunSpec(model, OFFLOAD, WORKLOAD, planner)
+    try:
+        simulate_run(spec)
+    except CapacityError:
+        spec = RunSpec(model, RESIDENT_2GPU, WORKLOAD, planner)
+    return spec
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("planner", planner_names())
+def test_matches_in_memory_forward(mixtral_tiny, planner, mode):
+    spec = spec_for(mixtral_tiny, planner)
+    try:
+        result, out = real_execute(mixtral_tiny, spec, mode)
+    except Exception as e:
+        if mode == "live" and "oracle" in str(e):
+            pytest.skip(f"{planner} peeks at future routing (an oracle): replay only")
+        raise
+    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
+    # the reference replays exactly what the gates used (replay: the trace; live: the model's own)
+    ref_tokens, ref_logits = reference_generate(
+        mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len, out.routing
+    )
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, atol=ATOL, rtol=RTOL)
+    if mode == "live":  # and the model's own routing is what a free-running forward picks
+        free_tokens, _ = reference_generate(mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len)
+        assert torch.equal(out.tokens, free_tokens)
+    trace = result.trace
+    assert sorted(trace["op_id"]) == list(range(len(result.schedule)))  # every op exactly once
+    assert (trace["end_s"] >= trace["start_s"]).all()
+    assert set(trace["source"]) == {"real"}
+    assert out.fallback_loads == 0
+    assert set(result.summary) == set(simulate_run(spec).summary)
+
+
+def test_disk_tier_is_used(mixtral_tiny):
+    """The offload fixture really reads experts from disk (else the tests above prove less)."""
+    result, _ = real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
+    assert result.summary["bytes_moved"].get("disk", 0) > 0
+
+
+def test_io_error_stops_every_worker(mixtral_tiny, monkeypatch):
+    """A failing disk read raises out of the run (no hang) and leaves no worker thread behind."""
+    calls = {"n": 0}
+    real_read = TieredStore.read_disk
+
+    def flaky(self, unit):
+        calls["n"] += 1
+        if calls["n"] > 12:  # after setup's preloads, during the run
+            raise OSError(f"injected I/O error reading {unit}")
+        return real_read(self, unit)
+
+    monkeypatch.setattr(TieredStore, "read_disk", flaky)
+    before = threading.active_count()
+    with pytest.raises(OSError, match="injected"):
+        real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
+    assert threading.active_count() <= before
+
+
+def test_truncated_offload_file_names_the_file(mixtral_tiny, tmp_path):
+    spec = spec_for(mixtral_tiny, "sequential")
+    store = TieredStore(mixtral_tiny, 1 << 30, offload_dir=tmp_path / OFFLOAD_DIR)
+    data = tmp_path / OFFLOAD_DIR / DATA_FILE
+    data.write_bytes(data.read_bytes()[: 1 << 16])
+    store.close()
+    store = TieredStore(mixtral_tiny, 1 << 30, offload_dir=tmp_path / OFFLOAD_DIR)
+    # conversion is skipped (sources unchanged), so the truncated file is what gets read
+    with pytest.raises(OSError, match="truncated"):
+        real_execute(mixtral_tiny, spec, "replay", store=store)
+    store.close()
+
+
+def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path):
+    cmd = [
+        sys.executable, "-m", "experiments.run", "executor=real", f"checkpoint={tmp_path / 'nope'}",
+        "model=mixtral-tiny", "hardware=tiny", "workload=tiny", "planner=sequential",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2]
+    )
+    assert p.returncode == 2, p.stderr
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error:") and "nope" in err[0]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("planner", ["sequential", "flexgen", "klotski", "fiddler"])
+def test_cuda_streams_match_in_memory_forward(mixtral_tiny, planner):
+    spec = spec_for(mixtral_tiny, planner)
+    result, out = real_execute(mixtral_tiny, spec, "replay", device="cuda")
+    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
+    ref_tokens, ref_logits = reference_generate(
+        mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len, out.routing
+    )
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, atol=1e-3, rtol=1e-3)  # CUDA vs CPU kernels
