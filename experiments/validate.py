@@ -9,7 +9,7 @@ Writes <out>/<planner>/{sim,real}/ run directories, validate.csv, validate.md an
 timeline_<planner>.png (sim above real).
 
 Usage:
-    python -m experiments.validate checkpoint=DIR hardware=this-machine [planners=a,b]
+    python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=a,b]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
         [out=runs/validate/<time>]
 """
@@ -53,7 +53,12 @@ def rel(pred: float, meas: float) -> float:
 
 
 def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
-    path = ROOT / "conf" / "hardware" / f"{name}.yaml"
+    """A conf/hardware name, or the path of a hardware YAML (e.g. one calibrate wrote elsewhere)."""
+    path = (
+        Path(name)
+        if name.endswith((".yaml", ".yml"))
+        else ROOT / "conf" / "hardware" / f"{name}.yaml"
+    )
     if not path.is_file():
         raise MoepipeError(
             f"{path}: no such hardware; run python -m experiments.calibrate hardware.name={name}"

@@ -33,7 +33,7 @@ def cache_placement(
     dense_stream = max(m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes, m.dense_ffn_bytes)
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
-    staging = 2 * m.n_experts * m.expert_bytes
+    staging = m.expert_bytes  # disk reads pass through CPU; free CPU memory adds read-ahead
     # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to the cache
     working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf
     kw = dict(kv_sequences=kv_sequences, kv_tokens=wl.prompt_len + wl.gen_len, activation_bytes=act,

@@ -299,6 +299,13 @@ class Klotski:
         experts the group does not use are released after the layer's gates.
         """
         em, m = self.em, self.em.model
+        window = self.params.disk_window * m.n_experts * m.expert_bytes
+        cpu_room = em.out.capacity_bytes[Tier.CPU] - em.out.resident_bytes[Tier.CPU]
+        if cpu_room < window:
+            # CPU memory cannot hold the window: reading ahead whole layers could fill it with
+            # experts that leave only after a gate that waits on a read queued behind them
+            # (deadlock). Then experts are read from disk when loaded, in consumption order.
+            return
         for layer in range(start, min(start + upto, m.n_layers)):
             if not m.is_moe(layer) or em.placement.experts[layer] != Tier.DISK:
                 continue

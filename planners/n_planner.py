@@ -3,8 +3,9 @@
 Times come from the cost model (decode step at mid-generation context); routing statistics
 (per-layer expert popularity of a warm-up routing) give the hot experts' tokens and the expected
 number of cold experts len(Q) a group of n*bs tokens activates. The smallest n meeting (4)-(7)
-in every streamed MoE layer is chosen, then checked against memory (`CapacityError` says what
-that n needs and what there is).
+in every streamed MoE layer is chosen, then checked against memory: an n that does not fit is
+lowered to the largest that does (what the paper did by hand for 8x22B on Env 1), and the
+summary says so.
 
 Usage:
     choice = solve_n(model, hardware, workload, CostModel(hardware), popularity, hot_k=2)
@@ -12,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +24,8 @@ from core.errors import CapacityError
 from core.spec import HardwareSpec, ModelSpec, Workload
 from core.types import OpKind, Resource, Tier
 from planners.placement import Placement, klotski_placement
+
+log = logging.getLogger(__name__)
 
 N_MAX = 256  # beyond this the paper asks for manual adjustment
 INEQUALITIES = ("(4) gate loaded", "(5) hot experts loaded", "(6) first cold expert loaded",
@@ -152,12 +156,18 @@ def solve_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, s
                             lambda tok: expert_s(model, cost, tok))  # fmt: skip
     try:
         placement_for(model, hw, wl.with_(n_batches=choice.n), window_layers)
-    except CapacityError as e:  # the paper's 8x22B / Env 1 case: set n by hand
+    except CapacityError as e:  # the paper's 8x22B / Env 1 case: it set n by hand
         fits = largest_fitting_n(model, hw, wl, window_layers, choice.n)
-        raise CapacityError(
-            f"the n-planner's n={choice.n} (bound by {choice.binding}) does not fit: {e}; "
-            f"the largest n that fits is {fits}: set planner.params.n={fits} or smaller"
-        ) from None
+        if fits < 1:
+            raise CapacityError(
+                f"the n-planner's n={choice.n} (bound by {choice.binding}) does not fit, nor "
+                f"does n=1: {e}"
+            ) from None
+        log.warning("n-planner: n=%d does not fit memory; using the largest that does, n=%d",
+                    choice.n, fits)  # fmt: skip
+        return NChoice(
+            fits, f"memory (n={choice.n} from {choice.binding} does not fit)", True, False
+        )
     return choice
 
 

@@ -56,6 +56,11 @@ def greedy_placement(
 ) -> Placement:
     """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each."""
     cap = dict(hw.memory_bytes)
+    if cpu_staging_bytes > cap[Tier.CPU]:
+        raise CapacityError(
+            f"CPU memory {cap[Tier.CPU] / 1e9:.3f} GB is smaller than the staging area "
+            f"{cpu_staging_bytes / 1e9:.3f} GB that disk reads pass through; add CPU memory"
+        )
     cpu_free = cap[Tier.CPU] - cpu_staging_bytes
     disk_free = cap[Tier.DISK]
     total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
@@ -149,5 +154,6 @@ def klotski_placement(
     first = greedy_placement(model, hw, kv_sequences, kv_tokens, **common)
     if Tier.DISK not in first.experts:
         return first
-    staging = window_layers * layer_experts  # the rolling disk -> CPU window
+    # The rolling disk -> CPU window: `window_layers` expert layers, or as much as CPU memory has.
+    staging = min(window_layers * layer_experts, hw.memory_bytes[Tier.CPU])
     return greedy_placement(model, hw, kv_sequences, kv_tokens, cpu_staging_bytes=staging, **common)

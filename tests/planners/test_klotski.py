@@ -157,11 +157,18 @@ def test_an_n_that_cannot_fit_names_what_it_needs(tiny_model, tiny_hw):
         planner.choose_n_batches(tiny_model, tiny_hw, wl, CostModel(tiny_hw))
 
 
-def test_auto_n_that_cannot_fit_says_the_largest_that_does(tiny_model, tiny_hw, tiny_workload):
-    """On tiny hardware compute is far too short to hide a 49 us expert load at any n <= 256."""
+def test_auto_n_that_cannot_fit_is_lowered_to_the_largest_that_does(
+    tiny_model, tiny_hw, tiny_workload
+):
+    """On tiny hardware compute is far too short to hide a 49 us expert load at any n <= 256, and
+    256 groups do not fit: the planner takes the largest n that fits, and says memory bound it."""
+    from planners.n_planner import largest_fitting_n
+
+    hw = streamed(tiny_hw)
     planner = Klotski(KlotskiParams(n=0))
-    with pytest.raises(CapacityError, match=r"n-planner's n=256 .* largest n that fits is \d+"):
-        planner.choose_n_batches(tiny_model, streamed(tiny_hw), tiny_workload, CostModel(tiny_hw))
+    choice = planner.choose(tiny_model, hw, tiny_workload, CostModel(tiny_hw))
+    assert choice.binding.startswith("memory (n=256") and not choice.satisfied
+    assert 1 <= choice.n == largest_fitting_n(tiny_model, hw, tiny_workload, 2, 256) < 256
 
 
 def test_bad_params_are_rejected():
