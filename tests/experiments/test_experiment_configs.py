@@ -1,0 +1,44 @@
+"""Every conf/experiment/*.yaml runs (STYLE.md), on a tiny model, hardware and workload, through
+the same command a user types; the replication experiment through its own command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SHARED_TRACES
+
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+TINY = [
+    "model=tiny", "hardware=tiny", "workload.batch_size=2", "workload.n_batches=2",
+    "workload.prompt_len=8", "workload.gen_len=2", "workload.routing.source=synthetic",
+    "hydra.launcher.n_jobs=1",
+]  # fmt: skip
+EXTRA = {"klotski_vs_flexgen": ["planner=klotski_at_n,flexgen"]}
+
+
+@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e != "replication"])
+def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
+    cmd = [sys.executable, "-m", "experiments.run", "-m", f"experiment={name}", *TINY,
+           *EXTRA.get(name, []), f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in Path(tmp_path).glob("*/summary.json")]
+    assert summaries and all(s["model"] == "tiny" for s in summaries)
+    assert all(s["throughput_tok_s"] > 0 for s in summaries)
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_replication_experiment_runs_small(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}",
+           f"trace_dir={SHARED_TRACES}", "~cases.esft-g4", "~cases.switch-base-128",
+           "~cases.switch-base-256", "cases.esft-g8.batch_sizes=[8]", "cases.esft-g8.n_batches=2",
+           "cases.esft-g8.prompt_len=8"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "predictive_replication" in r.stdout and "eplb" in r.stdout
+    assert list(Path(tmp_path).glob("*.png"))
