@@ -2,10 +2,13 @@
 the tokens and busy seconds of its expert computes.
 
 - balancedness = sum over layers of mean device tokens / sum of max device tokens (vLLM's EPLB
-  log; 1 = perfect);
-- utilisation = expert busy seconds of all devices / (G x the expert phases' spans), where a
-  phase spans from the first expert op of a (step, layer, batch) to its last on any device;
-- device_busy_frac = each device's compute busy seconds / makespan.
+  log; 1 = perfect): the token view;
+- utilisation = mean over devices of compute busy seconds / makespan (issue 5's "device
+  utilisation (busy / makespan)", the GPUtil-like load of replication.md §5): the time view;
+  device_busy_frac lists it per device;
+- expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
+  a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
+  how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
 
 Usage:
     m = balance_metrics(trace, n_devices=8)   # -> summary.json fields
@@ -65,7 +68,14 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
     return {
         "n_devices": n_devices,
         "balancedness": float(tok_mean.sum() / tok_max.sum()) if tok_max.sum() else 1.0,
-        "utilisation": float(busy.sum() / (n_devices * span.sum())) if span.sum() > 0 else 0.0,
+        "utilisation": float(
+            sum(dev_busy.get(d, 0.0) for d in range(n_devices)) / (n_devices * makespan)
+        )
+        if makespan > 0
+        else 0.0,
+        "expert_phase_util": float(busy.sum() / (n_devices * span.sum()))
+        if span.sum() > 0
+        else 0.0,
         "max_over_mean_load": float((tok_max / tok_mean.where(tok_mean > 0)).mean()),
         "expert_phase_s": float(span.sum()),
         "balancedness_per_layer": {
@@ -73,7 +83,7 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
             for k, r in by_layer.iterrows()
             if r["max"]
         },
-        "utilisation_per_layer": {
+        "expert_phase_util_per_layer": {
             int(k): round(float(r["busy"] / (n_devices * r["span"])), 4)
             for k, r in by_layer.iterrows()
             if r["span"] > 0

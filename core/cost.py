@@ -1,8 +1,9 @@
 """Cost model: how long an op takes on a given hardware.
 
 Transfers take `bytes / bandwidth + latency`; compute takes the roofline
-`max(flops / peak, touch_bytes / memory_bandwidth) + per-op overhead`, or a calibrated
-(flops -> seconds) table when the hardware profile has one for that op kind. It lives in core
+`max(flops / peak, touch_bytes / memory_bandwidth)`, or a calibrated (flops -> seconds) table
+when the hardware profile has one for that op kind, plus the per-op overhead (a calibrated table
+times the kernels alone; the overhead is what running one op costs on top). It lives in core
 (not sim/) because planners need it too: Klotski's n-planner solves its inequalities with it.
 """
 
@@ -26,11 +27,12 @@ class CostModel:
 
     def compute_s(self, device: Resource, kind: OpKind, flops: float, touch_bytes: float) -> float:
         spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
+        overhead = spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
         table = spec.time_tables.get(str(kind))
         if table:
-            return _interpolate(table, flops)
+            return _interpolate(table, flops) + overhead
         roofline = max(flops / spec.peak_flops_per_s, touch_bytes / spec.mem_bw_bytes_per_s)
-        return roofline + spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
+        return roofline + overhead
 
     def duration_s(self, op: Op, resource: Resource) -> float:
         if op.kind == OpKind.FREE:

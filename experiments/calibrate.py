@@ -26,15 +26,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 
 from core.errors import MoepipeError
-from core.spec import ModelSpec
-from core.types import OpKind, Tensor
+from core.schedule import ScheduleBuilder
+from core.spec import ModelSpec, RoutingConfig, Workload
+from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
-from real.model import KVCache, Model
-from real.store import ALIGN, DiskReader, aligned_empty
+from real.executor import Executor, cpu_compute_threads
+from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
+from real.store import ALIGN, DATA_FILE, DiskReader, TieredStore, aligned_empty, build_offload
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -66,76 +69,191 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 1.0 / max(slope, 1e-15), max(my - slope * mx, 0.0)
 
 
-def measure_disk(disk_dir: Path, size_mb: int) -> dict[str, float]:
-    """O_DIRECT reads of a fresh file: 4 MiB reads for bandwidth, 4 KiB reads for latency."""
-    disk_dir.mkdir(parents=True, exist_ok=True)
-    path = disk_dir / "calib.bin"
-    chunk = 4 << 20
-    n = max(size_mb * (1 << 20) // chunk, 4)
-    with open(path, "wb") as f:
-        block = os.urandom(chunk)
-        for _ in range(n):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
+def measure_disk(disk_dir: Path, size_mb: int, data_file: Path | None = None) -> dict[str, float]:
+    """O_DIRECT reads of 64 KiB .. 16 MiB at spread offsets, fitted to latency + bytes/bandwidth.
+
+    With `data_file` (the checkpoint's offload file) the reads hit the very file, disk and host-side
+    cache state the real executor's unit reads do; otherwise a fresh file of `size_mb` MB.
+    """
+    path, fresh = data_file, data_file is None
+    if path is None:
+        disk_dir.mkdir(parents=True, exist_ok=True)
+        path = disk_dir / "calib.bin"
+        chunk = 4 << 20
+        with open(path, "wb") as f:
+            block = os.urandom(chunk)
+            for _ in range(max(size_mb * (1 << 20) // chunk, 4)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
     reader = DiskReader(path)
     try:
-        buf = aligned_empty(chunk)
-        t0 = time.perf_counter()
-        for i in range(n):
-            reader.read_into(buf, i * chunk)
-        bw = n * chunk / (time.perf_counter() - t0)
-        small = aligned_empty(ALIGN)
-        t0 = time.perf_counter()
-        reps = 200
-        for i in range(reps):
-            reader.read_into(small, ((i * 7919) % (n * chunk // ALIGN)) * ALIGN)
-        lat = max((time.perf_counter() - t0) / reps - ALIGN / bw, 0.0)
+        span = path.stat().st_size
+        pts = []
+        for size in (1 << 16, 1 << 20, 1 << 22, 1 << 23, 1 << 24):
+            if size > span:
+                break
+            buf = aligned_empty(size)
+            slots = max((span - size) // ALIGN, 1)
+            times = []
+            for i in range(9):
+                t0 = time.perf_counter()
+                reader.read_into(buf, ((i * 7919 * 257) % slots) * ALIGN)
+                times.append(time.perf_counter() - t0)
+            pts.append((float(size), statistics.median(times)))
+        bw, lat = _fit(pts)
         return {"gbps": bw / 1e9, "latency_us": lat * 1e6, "direct": float(reader.direct)}
     finally:
         reader.close()
-        path.unlink(missing_ok=True)
+        if fresh:
+            path.unlink(missing_ok=True)
+
+
+def _llc_bytes() -> int:
+    """Last-level cache size (Linux sysfs); 32 MiB where unknown."""
+    try:
+        idx = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))[-1]
+        text = (idx / "size").read_text().strip().upper()
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+        return int(text.rstrip("KM")) * mult
+    except (OSError, IndexError, ValueError):
+        return 32 << 20
+
+
+def _copies(nbytes: int) -> int:
+    """How many copies of a buffer to rotate over so that each use finds it out of cache, as the
+    executor does (a unit is read once per use: it was just written by a DMA or a memcpy)."""
+    return min(max(-(-2 * _llc_bytes() // max(nbytes, 1)), 1), 64)
 
 
 def measure_links(device: torch.device) -> tuple[dict[str, float], dict[str, float]]:
-    """h2d and d2h: copies of 64 KiB .. 64 MiB, fitted to latency + bytes/bandwidth."""
+    """h2d and d2h: copies of 64 KiB .. 16 MiB into a fresh destination (the store allocates one
+    per unit), from sources rotated out of cache; fitted to latency + bytes/bandwidth."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     out = []
     for direction in ("h2d", "d2h"):
         pts = []
-        for size in (1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26):
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
-            host.fill_(1)
-            dev = torch.empty(size, dtype=torch.uint8, device=device)
-            if direction == "h2d":
+        for size in (1 << 16, 1 << 20, 1 << 22, 1 << 23, 1 << 24):
+            src_dev = device if direction == "d2h" else torch.device("cpu")
+            dst_dev = torch.device("cpu") if direction == "d2h" else device
+            pin = device.type == "cuda"
+            srcs = [
+                torch.ones(size, dtype=torch.uint8, device=src_dev).pin_memory()
+                if pin and src_dev.type == "cpu"
+                else torch.ones(size, dtype=torch.uint8, device=src_dev)
+                for _ in range(_copies(size))
+            ]
+            it = iter(range(1 << 30))
 
-                def fn(dev=dev, host=host) -> None:
-                    dev.copy_(host, non_blocking=True)
-            else:
+            def fn(srcs=srcs, size=size, dst_dev=dst_dev, it=it) -> None:
+                dst = torch.empty(
+                    size,
+                    dtype=torch.uint8,
+                    device=dst_dev,
+                    pin_memory=pin and dst_dev.type == "cpu",
+                )
+                dst.copy_(srcs[next(it) % len(srcs)], non_blocking=pin)
 
-                def fn(dev=dev, host=host) -> None:
-                    host.copy_(dev, non_blocking=True)
-
-            pts.append((float(size), _timeit(fn, sync, reps=7)))
+            pts.append((float(size), _timeit(fn, sync, reps=9, budget_s=1.0)))
         bw, lat = _fit(pts)
         out.append({"gbps": bw / 1e9, "latency_us": lat * 1e6})
     return out[0], out[1]
 
 
-def _random_units(spec: ModelSpec, device: torch.device) -> dict[Unit, dict[str, torch.Tensor]]:
+def measure_store(
+    ckpt: str, device: torch.device, budget_s: float = 6.0
+) -> dict[str, dict[str, float]]:
+    """Disk and h2d timed through the real executor's own path on the checkpoint's units: a
+    `TieredStore` reads a unit from the offload file into a fresh host buffer (`read_disk`),
+    copies it into the device pool (`to_device`) and drops both copies, as a load/free pair of a
+    schedule does; allocation, page faults and cache misses are in the times. Units of every size
+    the model has, each timing fitted to latency + bytes/bandwidth."""
+    spec, _ = load_checkpoint(ckpt)
+    store = TieredStore(ckpt, 1 << 62, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    by_size: dict[int, list[Unit]] = {}
+    for u in store.records:
+        by_size.setdefault(store.unit_bytes(u), []).append(u)
+    disk: list[tuple[float, float]] = []
+    h2d: list[tuple[float, float]] = []
+    deadline = time.perf_counter() + budget_s
+    try:
+        for size, units in sorted(by_size.items()):
+            td, th = [], []
+            for i in range(9):
+                if len(td) >= 3 and time.perf_counter() > deadline:
+                    break
+                u = units[(i * 7) % len(units)]
+                t0 = time.perf_counter()
+                store.read_disk(u)
+                t1 = time.perf_counter()
+                store.to_device(u)
+                sync()
+                t2 = time.perf_counter()
+                store.evict(u, Tier.GPU)
+                store.evict(u, Tier.CPU)
+                if i:  # the first of a size warms the allocator
+                    td.append(t1 - t0)
+                    th.append(t2 - t1)
+            disk.append((float(size), statistics.median(td)))
+            h2d.append((float(size), statistics.median(th)))
+    finally:
+        store.close()
+    out = {}
+    for name, pts in (("disk", disk), ("h2d", h2d)):
+        bw, lat = _fit(pts) if len(pts) > 1 else (pts[0][0] / pts[0][1], 0.0)
+        out[name] = {"gbps": bw / 1e9, "latency_us": lat * 1e6, "direct": float(store.disk.direct)}
+    return out
+
+
+def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400) -> float:
+    """Seconds the real executor spends per op beyond the op's own work: a chain of `n_ops`
+    1-byte activation copies alternating between two streams on different resources, each
+    waiting for the one before, so every op pays a worker hand-off, the dependency and memory
+    checks, the resource lock and the timing. (makespan - summed copy times) / n_ops."""
+    if not ckpt:
+        return 0.0
+    spec, _ = load_checkpoint(ckpt)
+    wl = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1,
+                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    store = TieredStore(ckpt, 1 << 40, device=device)
+    try:
+        ex = Executor(store, Model(spec), wl, torch.zeros(1, 1, dtype=torch.long))
+        b = ScheduleBuilder({Tier.GPU: 1 << 40, Tier.CPU: 1 << 40, Tier.DISK: 1 << 40})
+        streams = (b.stream("a", Resource.H2D), b.stream("b", Resource.D2H))
+        prev = None
+        for i in range(n_ops):
+            src, dst = (Tier.CPU, Tier.GPU) if i % 2 == 0 else (Tier.GPU, Tier.CPU)
+            prev = b.add(OpKind.LOAD, streams[i % 2], [prev], tensor=Tensor.HIDDEN, nbytes=1,
+                         src=src, dst=dst)  # fmt: skip
+        ex.run_timing(b.build())  # warm-up: threads, scratch buffers
+        start, end = ex.run_timing(b.build())
+    finally:
+        store.close()
+    return max((float(end.max()) - float((end - start).sum())) / n_ops, 0.0)
+
+
+def _random_units(
+    spec: ModelSpec, device: torch.device
+) -> dict[Unit, list[dict[str, torch.Tensor]]]:
+    """Random weights of the units calibration times; each in enough copies to rotate out of cache."""
     g = torch.Generator().manual_seed(0)
     dtype = torch_dtype(spec)
-    units: dict[Unit, dict[str, torch.Tensor]] = {}
+    units: dict[Unit, list[dict[str, torch.Tensor]]] = {}
     want = {Tensor.ATTENTION, Tensor.GATE, Tensor.EXPERT, Tensor.FFN, Tensor.HEAD}
     for unit, tensors in unit_layout(spec).items():
         if unit.kind not in want or unit.layer not in (-1, *spec.moe_layers[:1], 0):
             continue
         if unit.kind == Tensor.EXPERT and unit.expert != 0:
             continue
-        units[unit] = {
+        one = {
             k: (torch.randn(ts.shape, generator=g) * 0.02).to(dtype).to(device)
             for k, ts in tensors.items()
         }
+        nbytes = sum(t.numel() * t.element_size() for t in one.values())
+        units[unit] = [one] + [
+            {k: t.clone() for k, t in one.items()} for _ in range(_copies(nbytes) - 1)
+        ]
     return units
 
 
@@ -151,51 +269,70 @@ def measure_compute(
     tables: dict[str, list[list[float]]] = {}
     deadline = time.perf_counter() + budget_s
     torch.set_grad_enabled(False)
+    turn = iter(range(1 << 30))
+
+    def w(unit: Unit) -> dict[str, torch.Tensor]:
+        """The unit's next copy: every timed call reads its weights from memory, not cache."""
+        copies = units[unit]
+        return copies[next(turn) % len(copies)]
+
     for t in TOKENS:
         if time.perf_counter() > deadline:
             break
         x = torch.randn(1, t, h, dtype=dtype, device=device)
         flat = x[0]
         kv = KVCache.allocate(spec, 1, t, device)
-        pos = torch.arange(t)
-        attn = units[Unit(Tensor.ATTENTION, layer)]
+        attn = Unit(Tensor.ATTENTION, layer)
+        # Each op kind is timed with the bookkeeping the real executor does inside that op (the
+        # schedule shows no op for it): an attention or head first adds the previous MoE layer's
+        # expert outputs to the hidden state; an expert gathers its tokens and scatters its
+        # output; a gate also allocates the output slots and hands its routing to the host.
+        k = spec.top_k
+        ids = torch.zeros(t, k, dtype=torch.long, device=device)  # [T, k]: every token -> expert 0
+        ids[:, 1:] = torch.arange(1, k, device=device) % max(spec.n_experts, 1)
+        gw = torch.full((t, k), 1.0 / k, dtype=dtype, device=device)  # [T, k]
+        slots = new_slots(flat, k)  # [T, k, H]
+
+        def attention() -> Any:
+            hid = moe_output(x, slots, gw, None)
+            return model.attention(layer, w(attn), hid, kv, torch.arange(t))
+
+        def expert() -> None:
+            rows, slot = expert_tokens(ids, 0)
+            put_expert(
+                slots, rows, slot, model.expert(w(Unit(Tensor.EXPERT, layer, 0)), flat[rows])
+            )
+
+        def head() -> Any:
+            hid = moe_output(x, slots, gw, None)
+            return model.head(w(Unit(Tensor.HEAD)), hid.view(t, 1, h)).argmax(-1)
+
+        def gate() -> None:
+            fi = torch.from_numpy(ids.cpu().numpy().copy())
+            fw = torch.from_numpy(gw.cpu().numpy().copy())
+            normed, chosen, _ = model.gate(layer, w(Unit(Tensor.GATE, layer)), x, fi, fw)
+            new_slots(normed, k)
+            np.bincount(chosen.cpu().flatten().numpy(), minlength=spec.n_experts)
+
         cases: list[tuple[OpKind, float, Callable[[], Any]]] = [
-            (
-                OpKind.ATTENTION,
-                spec.attention_flops(t, (t + 1) // 2),
-                lambda: model.attention(layer, attn, x, kv, pos),
-            ),
-            (
-                OpKind.EXPERT,
-                spec.expert_flops(t),
-                lambda: model.expert(units[Unit(Tensor.EXPERT, layer, 0)], flat),
-            ),
-            (
-                OpKind.HEAD,
-                spec.head_flops(t),
-                lambda: model.head(units[Unit(Tensor.HEAD)], x.view(t, 1, h)),
-            ),
+            (OpKind.ATTENTION, spec.attention_flops(t, (t + 1) // 2), attention),
+            (OpKind.EXPERT, spec.expert_flops(t), expert),
+            (OpKind.HEAD, spec.head_flops(t), head),
         ]
         if spec.is_moe(layer):
-            cases.append(
-                (
-                    OpKind.GATE,
-                    spec.gate_flops(t),
-                    lambda: model.gate(layer, units[Unit(Tensor.GATE, layer)], x),
-                )
-            )
-        ffn = units.get(Unit(Tensor.FFN, layer)) or units.get(Unit(Tensor.FFN, 0))
-        if ffn is not None:
-            ffn_layer = layer if Unit(Tensor.FFN, layer) in units else 0
+            cases.append((OpKind.GATE, spec.gate_flops(t), gate))
+        ffn_layer = layer if Unit(Tensor.FFN, layer) in units else 0
+        ffn = Unit(Tensor.FFN, ffn_layer)
+        if ffn in units:
             fn = (
-                (lambda: model.shared_ffn(ffn, flat))
+                (lambda: model.shared_ffn(w(ffn), flat))
                 if spec.is_moe(ffn_layer)
-                else (lambda: model.dense_ffn(ffn, x))
+                else (lambda: model.dense_ffn(w(ffn), x))
             )
             cases.append((OpKind.FFN, spec.ffn_flops(t, ffn_layer), fn))
         for kind, flops, fn in cases:
             tables.setdefault(str(kind), []).append(
-                [float(flops), _timeit(fn, sync, reps=5, budget_s=0.5)]
+                [float(flops), _timeit(fn, sync, reps=7, budget_s=0.5)]
             )
     for pts in tables.values():
         pts.sort()
@@ -236,9 +373,21 @@ def calibrate(
         )
         model = Model(spec)
     t0 = time.perf_counter()
-    disk = measure_disk(disk_dir, disk_mb)
-    h2d, d2h = measure_links(dev)
-    tables = measure_compute(spec, model, dev)
+    data_file = build_offload(ckpt) / DATA_FILE if ckpt else None
+    disk = measure_disk(disk_dir, disk_mb, data_file)
+    # Time transfers and compute with the torch thread count the real executor runs them with.
+    threads_before = torch.get_num_threads()
+    threads = cpu_compute_threads() if dev.type == "cpu" else threads_before
+    torch.set_num_threads(threads)
+    try:
+        h2d, d2h = measure_links(dev)
+        if ckpt:  # the executor's own path on the model's unit sizes replaces the raw timings
+            via_store = measure_store(ckpt, dev)
+            disk, h2d = via_store["disk"], via_store["h2d"]
+        tables = measure_compute(spec, model, dev)
+        overhead_s = measure_op_overhead(ckpt, dev)
+    finally:
+        torch.set_num_threads(threads_before)
     expert = tables[str(OpKind.EXPERT)][-1]
     peak = expert[0] / expert[1]
     mem_bw = (
@@ -251,7 +400,7 @@ def calibrate(
     else:
         gpu_gb = _ram_bytes() / 1e9 * 0.25
         gpu_name = "none (device pool = RAM)"
-    compute = {"tflops": round(peak / 1e12, 6), "mem_bw_gbps": round(mem_bw, 3), "overhead_us": 0,
+    compute = {"tflops": round(peak / 1e12, 6), "mem_bw_gbps": round(mem_bw, 3), "overhead_us": round(overhead_s * 1e6, 1),
                "time_tables": {k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()}}  # fmt: skip
     machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -269,19 +418,26 @@ def calibrate(
         },
         "gpu": compute,
         "cpu": copy.deepcopy(compute) if dev.type == "cpu" else {**compute, "time_tables": {}},
+        # Every op, transfer or compute, also pays the executor's per-op overhead.
         "links": {
-            "h2d": {"gbps": round(h2d["gbps"], 4), "latency_us": round(h2d["latency_us"], 2)},
-            "d2h": {"gbps": round(d2h["gbps"], 4), "latency_us": round(d2h["latency_us"], 2)},
-            "disk": {"gbps": round(disk["gbps"], 4), "latency_us": round(disk["latency_us"], 2)},
-            "disk_write": {
-                "gbps": round(disk["gbps"], 4),
-                "latency_us": round(disk["latency_us"], 2),
-            },
+            name: {
+                "gbps": round(m["gbps"], 4),
+                "latency_us": round(m["latency_us"] + overhead_s * 1e6, 2),
+            }
+            for name, m in (("h2d", h2d), ("d2h", d2h), ("disk", disk), ("disk_write", disk))
         },
         "sources": {
             "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
             "model": f"compute tables of {spec.name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}",
-            "disk": f"{disk_mb} MB in {disk_dir} read with {disk_note}",
+            "disk": (
+                f"{data_file} (the checkpoint's offload file)"
+                if data_file
+                else f"{disk_mb} MB in {disk_dir}"
+            )
+            + f" read with {disk_note}, 64 KiB .. 16 MiB reads fitted to latency + bytes/bandwidth",
+            "overhead": f"{overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real executor "
+            "(compute overhead_us; added to every link's latency_us)",
+            "threads": f"torch intra-op threads {threads} (the real executor's on this device)",
             "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
             "duration": f"{time.perf_counter() - t0:.1f} s",
         },

@@ -47,7 +47,7 @@ SYSTEM_NAMES = {  # the system each planner models (anchors.md)
     "mixtral_offloading": "mixtral-offloading",
     "klotski": "Klotski",
 }
-TABLE_COLUMNS = [SYSTEM, "workload.batch_size", "workload.n_batches", "throughput_tok_s", "makespan_s",
+TABLE_COLUMNS = [SYSTEM, "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
                  "gpu_bubble_frac", "efficiency"]  # fmt: skip
 
 
@@ -91,7 +91,7 @@ def short_table(df: pd.DataFrame) -> str:
     for _, r in d.sort_values("throughput_tok_s", ascending=False).iterrows():
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
-            f"{int(r['workload.n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
+            f"{int(r['n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
             f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f}"
         )
     bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]
@@ -226,7 +226,7 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
             t = trace[trace["source"].astype(str) == source]
             if not t.empty:
                 items.append((f"{_label(str(r[SYSTEM]))} ({source}, bs {r.get('workload.batch_size')}, "
-                              f"n {r.get('workload.n_batches')})", t))  # fmt: skip
+                              f"n {r.get('n_batches')})", t))  # fmt: skip
     if not items:
         return False
     fig, axes = plt.subplots(len(items), 1, figsize=(11, 1.2 + 1.6 * len(items)), squeeze=False)
@@ -310,7 +310,7 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
         "Klotski Fig. 11 shape: up and to the left is better.",
         "fewer than two runs",
     )
-    add(_line_figure(df, "workload.n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
+    add(_line_figure(df, "n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
                      out / "throughput_vs_n.png"),
         "throughput_vs_n.png", f"{mlabel} vs n", "Batches sharing each weight load.", "the sweep has one n")  # fmt: skip
     runs = _pick_gantt_runs(df)

@@ -8,6 +8,10 @@ device holds `slots_per_device` expert copies per MoE layer; all weights stay re
 work (attention, gate, shared experts, head) runs on device 0; at each MoE layer the tokens
 are dispatched to the devices holding their experts, a replicated expert's tokens split evenly
 over its copies, and results are combined back, so a layer lasts as long as its busiest device.
+A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, how vLLM/SGLang's
+fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
+of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
+per (device, expert) as an eager per-expert loop does (docs/replication-model.md).
 A copy whose expert changes is refilled from a device holding it (a GPU->GPU load on `p2p:d`)
 after the slot's previous user is done and once the policy's information exists: behind
 earlier layers, not on the critical path unless it is late. Iteration t = (step, batch).
@@ -21,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -28,13 +33,26 @@ from core.schedule import ScheduleBuilder
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 
+GATES = ("none", "time", "time+copy")
+
 
 @dataclass(frozen=True)
 class EPParams:
     n_devices: int = 0  # G compute devices; 0 = hardware.n_gpus
     lanes: bool = False  # True: the G devices are concurrent lanes on one GPU (no all-to-all)
     replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
-    replicas: int = -1  # redundant copies per layer to place; -1 = fill every slot
+    replicas: int = -1  # redundant copies per layer to place; -1 = at most every slot
+    # One grouped-GEMM op per device per layer (simulator only: the real executor runs one op per
+    # expert, the default); the replication experiment turns it on.
+    grouped_gemm: bool = False
+    # Replica cost gate (FasterMoE-style, replication.md §2.2): "none" fills the budget with
+    # EPLB's greedy; "time" adds a copy only while it makes the modelled busiest device finish
+    # sooner; "time+copy" also charges a copy that is not already resident its transfer time.
+    gate: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.gate not in GATES:
+            raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,7 @@ class Layout:
     replica_slots: int  # extra slots per device
     replicas: int  # redundant copies per layer actually placed (<= G * replica_slots)
     lanes: bool
+    grouped_gemm: bool = False  # see EPParams
 
     @property
     def slots_per_device(self) -> int:
@@ -58,6 +77,65 @@ class Layout:
         for e in range(self.n_experts):
             slots[e % self.n_devices, e // self.n_devices] = e
         return slots
+
+
+@dataclass(frozen=True)
+class ReplicaParams(EPParams):
+    """Params shared by `predictive_replication` and `oracle_replication`."""
+
+    initial_load: str = ""  # optional .npy [MoE layers, E] load: first homes packed by it
+    # Re-pack the homes (EPLB's balanced packing of one copy per expert) from the policy's load
+    # every this many iterations, as `eplb` re-places every `interval`; 0 = homes stay fixed.
+    rehome_interval: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rehome_interval < 0:
+            raise ConfigError(f"planner rehome_interval={self.rehome_interval} must be >= 0")
+
+
+class Replicator:
+    """Homes and replicas of one layer after another for a replication policy: homes re-packed
+    every `rehome_interval` iterations, replicas by `replicate_onto` with the params' gate; keeps
+    what is resident so the "time+copy" gate charges only new copies."""
+
+    def __init__(
+        self, p: ReplicaParams, layout: Layout, timer: ExpertTime, homes: list[np.ndarray]
+    ) -> None:
+        self.p, self.layout, self.timer, self.homes = p, layout, timer, homes
+        self.resident: dict[int, np.ndarray] = {}
+
+    def rehome_due(self, t: int) -> bool:
+        return self.p.rehome_interval > 0 and t > 0 and t % self.p.rehome_interval == 0
+
+    def place(self, moe: int, load: np.ndarray, home_load: np.ndarray | None = None) -> np.ndarray:
+        """[G, K] for predicted load [E]; re-packs homes by `home_load` [E] when given."""
+        old = self.resident.get(moe)
+        slots = self._with_replicas(moe, load, self.homes[moe])
+        if home_load is not None and home_load.sum() > 0:
+            homes = home_slots(self.layout, home_load)
+            moved = self._with_replicas(moe, load, homes)
+            if self.p.gate == "none" or old is None or self._pays(moved, slots, old, load):
+                self.homes[moe], slots = homes, moved
+        self.resident[moe] = slots
+        return slots
+
+    def _with_replicas(self, moe: int, load: np.ndarray, homes: np.ndarray) -> np.ndarray:
+        return replicate_onto(load, self.layout, homes, gate=self.p.gate, timer=self.timer,
+                              resident=self.resident.get(moe))  # fmt: skip
+
+    def _pays(self, new: np.ndarray, keep: np.ndarray, old: np.ndarray, load: np.ndarray) -> bool:
+        """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
+        `keep`, by more than the longest per-device queue of new copies ("time+copy")."""
+        t_new, t_keep = (
+            max(self.timer.device_s(r) for r in predicted_tokens(s, load)) for s in (new, keep)
+        )
+        per_dev = [
+            sum((Counter(int(e) for e in n if e >= 0) - Counter(int(e) for e in o if e >= 0)).values())
+            for n, o in zip(new, old, strict=True)
+        ]  # fmt: skip
+        charge = max(per_dev) * self.timer.copy_s if self.p.gate == "time+copy" else 0.0
+        return t_new + charge < t_keep
 
 
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
@@ -75,7 +153,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
-    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes)
+    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm)
 
 
 class SlotPolicy(Protocol):
@@ -118,15 +196,77 @@ def home_slots(layout: Layout, load: np.ndarray | None) -> np.ndarray:
     return slots
 
 
-def replicate_onto(load: np.ndarray, layout: Layout, homes: np.ndarray | None = None) -> np.ndarray:
-    """[G, K] slots: homes (default round-robin) plus `layout.replicas` copies given to the largest
-    per-copy load (EPLB's greedy), each placed on the lightest device with a free slot (preferring
-    one without that expert), so the predicted device loads are as even as homes allow. load [E]."""
+@dataclass(frozen=True)
+class ExpertTime:
+    """The simulator's time for one device's expert work in one layer: `core.cost`'s duration of
+    the op(s) `EPRunner.moe_layer` emits for it, so the replica gate and the simulation agree."""
+
+    cost: CostModel
+    expert_params_flops: float  # flops of one token through one expert
+    expert_bytes: int  # weight bytes of one expert
+    grouped: bool  # one grouped-GEMM op (else one op per expert)
+    copy_s: float  # one replica copy on the device link
+
+    @classmethod
+    def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
+        cost, m = CostModel(ctx.hardware), ctx.model
+        copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
+        return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s)
+
+    def device_s(self, tokens: np.ndarray) -> float:
+        """tokens [E] (may be fractional: predicted) this device computes per expert."""
+        busy = tokens[tokens > 0]
+        if not len(busy):
+            return 0.0
+        if self.grouped:
+            return self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * busy.sum(),
+                                       len(busy) * self.expert_bytes)  # fmt: skip
+        return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * n,
+                                       self.expert_bytes) for n in busy)  # fmt: skip
+
+
+def predicted_tokens(slots: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """[G, E] tokens per device and expert if each expert's load [E] splits evenly (fractionally)
+    over its copies in slots [G, K]."""
+    g, e = slots.shape[0], len(load)
+    dev = np.repeat(np.arange(g), slots.shape[1])
+    ids = slots.ravel()
+    keep = ids >= 0
+    copies = np.bincount(ids[keep], minlength=e)  # [E]
+    out = np.zeros((g, e))
+    np.add.at(out, (dev[keep], ids[keep]), load[ids[keep]] / np.maximum(copies[ids[keep]], 1))
+    return out
+
+
+def replicate_onto(
+    load: np.ndarray,
+    layout: Layout,
+    homes: np.ndarray | None = None,
+    *,
+    gate: str = "none",
+    timer: ExpertTime | None = None,
+    resident: np.ndarray | None = None,
+) -> np.ndarray:
+    """[G, K] slots: homes (default round-robin) plus replica copies. load [E] predicted tokens.
+
+    gate "none": `layout.replicas` copies given to the largest per-copy load (EPLB's greedy), each
+    on the lightest device with a free slot (preferring one without that expert).
+    gate "time" / "time+copy" (FasterMoE's shadowing rule, replication.md §2.2): repeatedly copy
+    the expert with the largest per-copy load on the modelled busiest device (`timer`) onto the
+    modelled least busy device with a free slot that lacks it, and keep the copy only if the
+    busiest device then finishes sooner (by more than the copy's transfer time for "time+copy",
+    unless `resident` [G, K], the slots now filled, already hold it there); stop at the first
+    copy that does not pay. A copy adds the expert's weight bytes to the grouped GEMM's roofline,
+    so in memory-bound layers replication can lose and the gate declines it.
+    """
+    slots = layout.round_robin() if homes is None else homes.copy()
+    load = np.asarray(load, dtype=np.float64)
+    if gate != "none":
+        assert timer is not None, "a gated replication needs the cost model"
+        return _gated(load, layout, slots, gate, timer, resident)
     from planners.eplb_algo import replicate_experts
 
-    slots = layout.round_robin() if homes is None else homes.copy()
     g, e = layout.n_devices, layout.n_experts
-    load = np.asarray(load, dtype=np.float64)
     cnt = replicate_experts(load[None], e + layout.replicas)[2][0]  # [E] copies per expert
     per_copy = load / cnt
     dev_load = np.array([per_copy[row[row >= 0]].sum() for row in slots])  # [G]
@@ -140,6 +280,40 @@ def replicate_onto(load: np.ndarray, layout: Layout, homes: np.ndarray | None = 
         slots[d, free[d]] = ex
         free[d] += 1
         dev_load[d] += per_copy[ex]
+    return slots
+
+
+def _gated(
+    load: np.ndarray,
+    layout: Layout,
+    slots: np.ndarray,
+    gate: str,
+    timer: ExpertTime,
+    resident: np.ndarray | None,
+) -> np.ndarray:
+    free = np.full(layout.n_devices, layout.home_slots)
+    times = np.array([timer.device_s(row) for row in predicted_tokens(slots, load)])  # [G]
+    for _ in range(layout.replicas):
+        busiest = int(np.argmax(times))
+        on = np.unique(slots[busiest][slots[busiest] >= 0])
+        copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
+        on = on[load[on] > 0]
+        if not len(on):
+            break
+        ex = int(on[np.argmax(load[on] / copies[on])])
+        cand = [d for d in range(layout.n_devices)
+                if free[d] < layout.slots_per_device and ex not in slots[d]]  # fmt: skip
+        if not cand:
+            break
+        d = min(cand, key=lambda c: (times[c], c))
+        trial = slots.copy()
+        trial[d, free[d]] = ex
+        new = np.array([timer.device_s(row) for row in predicted_tokens(trial, load)])
+        charge = gate == "time+copy" and resident is not None and ex not in resident[d]
+        if new.max() + (timer.copy_s if charge else 0.0) >= times.max():
+            break
+        slots, times = trial, new
+        free[d] += 1
     return slots
 
 
@@ -205,6 +379,7 @@ class EPRunner:
         b.meta["ep"] = dict(
             n_devices=lay.n_devices, lanes=lay.lanes, replica_slots=lay.replica_slots, replicas=lay.replicas,
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
+            grouped_gemm=lay.grouped_gemm,
         )  # fmt: skip
 
     def plan(self, policy: SlotPolicy) -> None:
@@ -307,7 +482,13 @@ class EPRunner:
             if not lay.lanes and remote:
                 prev = b.add(OpKind.DISPATCH, self.dispatch[d], (gate,), tokens=remote, nbytes=remote * act_bytes,
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
-            for e in np.flatnonzero(tokens[d]):
+            busy = np.flatnonzero(tokens[d])
+            if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
+                prev = b.add(
+                    OpKind.EXPERT, self.compute[d], (prev, gate, *copy_waits[d]), tensor=Tensor.EXPERT,
+                    tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes, **common,
+                )  # fmt: skip
+            for e in [] if lay.grouped_gemm else busy:
                 n = int(tokens[d, e])
                 prev = b.add(
                     OpKind.EXPERT, self.compute[d], (prev, gate, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,

@@ -13,36 +13,30 @@ from core.planner import PlanContext
 from core.routing import CausalRouting, GateView
 from core.schedule import ScheduleBuilder
 from planners.expert_parallel import (
-    EPParams,
     EPRunner,
-    Layout,
+    ExpertTime,
+    ReplicaParams,
+    Replicator,
     home_slots,
     read_load,
-    replicate_onto,
     resolve_layout,
 )
 from planners.registry import register
 
 
 @dataclass(frozen=True)
-class OracleParams(EPParams):
-    initial_load: str = (
-        ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
-    )
+class OracleParams(ReplicaParams):
+    pass
 
 
 class PeekedReplicas:
-    def __init__(
-        self, layout: Layout, routing: CausalRouting, n_batches: int, homes: list[np.ndarray]
-    ) -> None:
-        self.layout, self.routing, self.n_batches, self.homes = layout, routing, n_batches, homes
+    def __init__(self, rep: Replicator, routing: CausalRouting, n_batches: int) -> None:
+        self.rep, self.routing, self.n_batches = rep, routing, n_batches
 
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         step, batch = divmod(t, self.n_batches)
-        counts = self.routing.peek(step, moe, batch).counts
-        return replicate_onto(
-            np.asarray(counts, dtype=np.float64), self.layout, self.homes[moe]
-        ), ()
+        load = np.asarray(self.routing.peek(step, moe, batch).counts, dtype=np.float64)
+        return self.rep.place(moe, load, load if self.rep.rehome_due(t) else None), ()
 
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         pass
@@ -63,6 +57,5 @@ class OracleReplication:
             else None
         )
         homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
-        EPRunner(ctx, out, layout).plan(
-            PeekedReplicas(layout, ctx.routing, ctx.workload.n_batches, homes)
-        )
+        rep = Replicator(self.params, layout, ExpertTime.of(ctx, layout), homes)
+        EPRunner(ctx, out, layout).plan(PeekedReplicas(rep, ctx.routing, ctx.workload.n_batches))

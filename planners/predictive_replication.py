@@ -1,7 +1,9 @@
 """`predictive_replication`: the replication paper's idea (MoE-MPMC) as a planner: predict each
 MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
-overload into the replica slots (EPLB's greedy over fixed round-robin homes), split each
+overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `gate`), split each
 expert's real tokens evenly over its copies, and prefetch the changed copies before the layer.
+Homes are packed from `initial_load` and, with `rehome_interval`, re-packed from the EMA of past
+loads as `eplb` re-places every `interval` (planners/expert_parallel.py `Replicator`).
 
 Predictors (pluggable, causal):
 - `last`: the previous iteration's loads at that layer;
@@ -23,12 +25,12 @@ from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from planners.expert_parallel import (
-    EPParams,
     EPRunner,
-    Layout,
+    ExpertTime,
+    ReplicaParams,
+    Replicator,
     home_slots,
     read_load,
-    replicate_onto,
     resolve_layout,
 )
 from planners.registry import register
@@ -37,17 +39,15 @@ PREDICTORS = ("last", "ema", "layer_corr")
 
 
 @dataclass(frozen=True)
-class PredictiveParams(EPParams):
+class PredictiveParams(ReplicaParams):
     predictor: str = "layer_corr"  # one of PREDICTORS
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
     table: str = (
         ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
     )
-    initial_load: str = (
-        ""  # optional .npy [MoE layers, E] load: homes packed by it (else round-robin)
-    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.predictor not in PREDICTORS:
             raise ConfigError(
                 f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}"
@@ -132,12 +132,16 @@ class LoadPredictor:
 
 
 class PredictedReplicas:
-    def __init__(self, layout: Layout, predictor: LoadPredictor, homes: list[np.ndarray]) -> None:
-        self.layout, self.predictor, self.homes = layout, predictor, homes
+    def __init__(self, rep: Replicator, predictor: LoadPredictor) -> None:
+        self.rep, self.predictor = rep, predictor
 
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         load, used = self.predictor.predict(t, moe)
-        return replicate_onto(load, self.layout, self.homes[moe]), used
+        home_load = None
+        if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # EMA of iterations < t
+            home_load = self.predictor.ema[moe].copy()
+            used = (*used, self.predictor.gate_of[(t - 1, moe)])
+        return self.rep.place(moe, load, home_load), used
 
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         self.predictor.observe(t, moe, view, gate_op)
@@ -159,4 +163,5 @@ class PredictiveReplication:
         )
         homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
         out.meta["predictor"] = self.params.predictor
-        EPRunner(ctx, out, layout).plan(PredictedReplicas(layout, predictor, homes))
+        rep = Replicator(self.params, layout, ExpertTime.of(ctx, layout), homes)
+        EPRunner(ctx, out, layout).plan(PredictedReplicas(rep, predictor))

@@ -17,6 +17,7 @@ Usage:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -44,6 +45,15 @@ _POLL_S = 0.05  # how often a waiting thread re-checks for errors
 _WEIGHT_TENSORS = {Tensor.ATTENTION, Tensor.GATE, Tensor.EXPERT, Tensor.FFN, Tensor.HEAD}
 
 PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into a builder
+
+
+def cpu_compute_threads() -> int:
+    """Torch intra-op threads of a CPU-only run: every core but one. The device-pool "GPU" is the
+    CPU itself, so its compute shares the cores with the transfer workers' memcpys, O_DIRECT
+    submissions and the Python dispatch of every stream; one core left to them keeps compute from
+    waiting on a descheduled OpenMP thread, so the separate compute and link resources of the
+    simulator's model hold. `experiments.calibrate` times compute with the same count."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 class _Stop(Exception):
@@ -148,6 +158,7 @@ class Executor:
         workload: Workload,
         prompts: torch.Tensor,
         stall_timeout_s: float = 120.0,
+        compute_threads: int | None = None,
     ) -> None:
         wl = workload
         if tuple(prompts.shape) != (wl.n_sequences, wl.prompt_len):
@@ -160,6 +171,8 @@ class Executor:
         self.device = store.device
         self.cuda = self.device.type == "cuda"
         self.stall_timeout_s = stall_timeout_s
+        # Torch intra-op threads per worker on a CPU device (None on CUDA: kernels run on the GPU).
+        self.compute_threads = None if self.cuda else (compute_threads or cpu_compute_threads())
 
     # ---- entry points -----------------------------------------------------------------------
     def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:
@@ -172,6 +185,16 @@ class Executor:
         self._planner_done = True
         self._execute()
         return self._output(schedule)
+
+    def run_timing(self, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+        """Run a schedule for its op times only (calibration: ops that compute no tokens)."""
+        self._reset(schedule.capacity_bytes, schedule.resident_bytes, None)
+        self._schedule = schedule
+        for op in schedule.ops:
+            self._add_op(op, schedule.streams[op.stream])
+        self._planner_done = True
+        self._execute()
+        return np.asarray(self._start), np.asarray(self._end)
 
     def run_live(
         self, plan: PlanFn, capacity_bytes: Mapping[Tier, int], resident: Mapping[Unit, Tier]
@@ -291,6 +314,11 @@ class Executor:
 
     # ---- scheduling machinery ---------------------------------------------------------------
     def _add_op(self, op: Op, spec: StreamSpec) -> None:
+        if op.kind == OpKind.EXPERT and op.expert < 0:
+            raise MoepipeError(
+                f"{op.label()}: a grouped expert op (all of a device's experts in one op) runs in "
+                "the simulator only; set planner.params.grouped_gemm=false for real runs"
+            )
         with self._cv:
             if self._free is None:
                 res = self._resident_bytes
@@ -344,6 +372,9 @@ class Executor:
 
     def _execute(self) -> None:
         torch.set_grad_enabled(False)
+        threads_before = torch.get_num_threads()
+        if self.compute_threads is not None:
+            torch.set_num_threads(self.compute_threads)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             self._t0_event.record()
@@ -380,6 +411,7 @@ class Executor:
             for t in threads:
                 if t.is_alive():
                     t.join(timeout=max(5.0, self.stall_timeout_s))
+            torch.set_num_threads(threads_before)
         if self._error is not None:
             raise self._error
         if self.cuda:
@@ -410,6 +442,8 @@ class Executor:
     ) -> None:
         cuda_stream = torch.cuda.Stream(self.device) if self.cuda else None
         torch.set_grad_enabled(False)
+        if self.compute_threads is not None:  # OpenMP's thread count is per calling thread
+            torch.set_num_threads(self.compute_threads)
         try:
             while True:
                 with self._cv:

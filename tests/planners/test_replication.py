@@ -15,7 +15,8 @@ from core.errors import ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import OpKind
 from experiments.pipeline import RunSpec, simulate_run
-from planners.expert_parallel import Layout, home_slots, replicate_onto, split_tokens
+from experiments.replication import gap_line
+from planners.expert_parallel import ExpertTime, Layout, home_slots, replicate_onto, split_tokens
 
 PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
 
@@ -137,3 +138,98 @@ def test_cli_exits_non_zero_with_one_line(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("error: planner replicas=9 exceeds")
+
+
+class _MaxCost:
+    """Stand-in cost model: an op takes max(flops, touch_bytes) seconds (1 flop/s, 1 B/s, no overhead)."""
+
+    def compute_s(self, device, kind, flops, touch_bytes):
+        return max(flops, touch_bytes)
+
+
+def _timer(copy_s: float = 0.0) -> ExpertTime:
+    """One token = 1 flop, one expert = 1 byte: a device takes max(its tokens, its distinct experts) s."""
+    return ExpertTime(_MaxCost(), 1.0, 1, True, copy_s)  # type: ignore[arg-type]
+
+
+LAY = Layout(n_devices=2, n_experts=4, home_slots=2, replica_slots=1, replicas=2, lanes=True)
+
+
+def test_gate_adds_a_replica_only_while_the_busiest_device_gets_faster():
+    """Homes dev0 {0, 2}, dev1 {1, 3}; load [8, 1, 1, 1]: dev0 max(9, 2) = 9 s, dev1 2 s. Copy
+    expert 0 to dev1: dev0 4 + 1 = 5 s, dev1 1 + 1 + 4 = 6 s: 6 < 9, kept. Busiest is now dev1;
+    its hottest per copy is expert 0, and the only free slot (dev0) already holds it: stop."""
+    slots = replicate_onto(np.array([8.0, 1, 1, 1]), LAY, gate="time", timer=_timer())
+    assert slots.tolist() == [[0, 2, -1], [1, 3, 0]]
+
+
+def test_gate_declines_a_replica_in_a_memory_bound_layer():
+    """Load [2, 1, 1, 1]: dev0 max(3, 2) = 3 s, dev1 2 s. Copying expert 0 to dev1 gives dev0
+    max(2, 2) = 2 s but dev1 max(3, 3) = 3 s (one more expert's bytes): not sooner, declined;
+    the ungated greedy would have placed it."""
+    load = np.array([2.0, 1, 1, 1])
+    assert replicate_onto(load, LAY, gate="time", timer=_timer()).tolist() == [
+        [0, 2, -1],
+        [1, 3, -1],
+    ]
+    assert replicate_onto(load, LAY)[1].tolist() == [1, 3, 0]
+
+
+def test_gate_charges_only_copies_not_already_resident():
+    """As the first gate test, with a 4 s copy: 6 + 4 >= 9, declined unless dev1 already holds
+    expert 0 (no copy needed), or when no residency is known (the first placement is preloaded)."""
+    load, t = np.array([8.0, 1, 1, 1]), _timer(copy_s=4.0)
+    empty = np.array([[0, 2, -1], [1, 3, -1]])
+    held = np.array([[0, 2, -1], [1, 3, 0]])
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == -1
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=held)[1, 2] == 0
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t)[1, 2] == 0
+
+
+def test_grouped_gemm_is_one_op_per_device_and_layer():
+    """grouped_gemm: one expert op per (step, layer, batch, device), reading the weights of the
+    distinct experts it serves; per-expert mode: one op per (device, expert), same tokens."""
+    grouped = simulate_run(tiny_spec("ep_static", lanes=True, grouped_gemm=True))
+    loop = simulate_run(tiny_spec("ep_static", lanes=True, grouped_gemm=False))
+    keys = ["step", "layer", "batch", "resource"]
+    ex_g, ex_l = (
+        r.trace[r.trace["kind"].astype(str) == str(OpKind.EXPERT)] for r in (grouped, loop)
+    )
+    assert ex_g.groupby(keys, observed=True).size().max() == 1
+    assert len(ex_l) > len(ex_g)
+    assert ex_g["tokens"].sum() == ex_l["tokens"].sum()
+    n_busy = ex_l.groupby(keys, observed=True).size()  # distinct experts per device and layer
+    g_ops = [o for o in grouped.schedule.ops if o.kind == OpKind.EXPERT]
+    l_ops = [o for o in loop.schedule.ops if o.kind == OpKind.EXPERT]
+    assert (
+        sum(o.touch_bytes for o in g_ops)
+        == sum(o.touch_bytes for o in l_ops)
+        == len(l_ops) * l_ops[0].touch_bytes
+    )
+    assert len(n_busy) == len(g_ops)
+
+
+def test_utilisation_is_busy_over_makespan_and_phase_util_is_separate():
+    """Device 0: expert [0, 3] s then attention [3, 4] s; device 1: expert [0, 1] s. Makespan 4 s:
+    utilisation = (4 + 1) / (2 x 4) = 5/8; expert phase [0, 3]: phase util = (3 + 1) / (2 x 3)."""
+    trace = pd.DataFrame({
+        "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)], "resource": ["gpu", "gpu:1", "gpu"],
+        "step": [0, 0, 0], "layer": [1, 1, 2], "batch": [0, 0, 0], "tokens": [30, 10, 40],
+        "start_s": [0.0, 0.0, 3.0], "end_s": [3.0, 1.0, 4.0],
+    })  # fmt: skip
+    m = balance_metrics(trace, 2)
+    assert m["utilisation"] == pytest.approx(5 / 8)
+    assert m["expert_phase_util"] == pytest.approx(4 / 6)
+    assert m["device_busy_frac"] == pytest.approx([1.0, 0.25], abs=1e-4)
+
+
+def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
+    st, pr, orc = ({"makespan_s": s} for s in (0.010, 0.009, 0.011))
+    line = gap_line("c", 8, st, pr, orc)
+    assert "nan" not in line and "no gap to close" in line and "predictive is faster" in line
+    assert "closes 50%" in gap_line("c", 8, st, {"makespan_s": 0.0095}, {"makespan_s": 0.009})
+
+
+def test_unknown_gate_is_a_config_error():
+    with pytest.raises(ConfigError, match="gate='fast' unknown"):
+        simulate_run(tiny_spec("oracle_replication", gate="fast"))
