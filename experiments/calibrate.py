@@ -374,6 +374,7 @@ def calibrate(
         model = Model(spec)
     t0 = time.perf_counter()
     data_file = build_offload(ckpt) / DATA_FILE if ckpt else None
+    disk_dir.mkdir(parents=True, exist_ok=True)
     disk = measure_disk(disk_dir, disk_mb, data_file)
     # Time transfers and compute with the torch thread count the real executor runs them with.
     threads_before = torch.get_num_threads()
