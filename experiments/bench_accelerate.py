@@ -23,6 +23,7 @@ import torch
 from core.errors import MoepipeError
 from core.spec import RoutingConfig, Workload
 from core.types import RoutingSource, Tier
+from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec
 from experiments.real_run import prompts_for, real_execute
 from experiments.validate import load_hardware
@@ -65,13 +66,7 @@ def main(argv: list[str]) -> int:
         return 0
     opts = dict(_DEFAULTS)
     try:
-        for arg in argv:
-            key, sep, value = arg.partition("=")
-            if not sep or key not in opts:
-                raise MoepipeError(
-                    f"argument {arg!r}: expected key=value with key in {sorted(opts)}"
-                )
-            opts[key] = value
+        opts = parse_kv(argv, opts)
         ckpt = opts["checkpoint"]
         if not ckpt:
             raise MoepipeError("missing checkpoint=DIR")

@@ -34,6 +34,7 @@ from core.errors import MoepipeError
 from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
+from experiments.cli import parse_kv
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
 from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
@@ -458,13 +459,7 @@ def main(argv: list[str]) -> int:
         "out": None,
     }
     try:
-        for arg in argv:
-            key, sep, value = arg.partition("=")
-            if not sep or key not in opts:
-                raise MoepipeError(
-                    f"argument {arg!r}: expected key=value with key in {sorted(opts)}"
-                )
-            opts[key] = value
+        opts = parse_kv(argv, opts)
         name = str(opts["hardware.name"])
         out = Path(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml")
         hw = calibrate(

@@ -37,6 +37,7 @@ from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.types import RoutingSource, Tier  # noqa: E402
+from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec, resolve_n_batches, simulate_run, write_run  # noqa: E402
 from experiments.real_run import real_execute  # noqa: E402
 from planners.registry import planner_names  # noqa: E402
@@ -214,13 +215,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     opts = dict(_DEFAULTS)
     try:
-        for arg in argv:
-            key, sep, value = arg.partition("=")
-            if not sep or key not in opts:
-                raise MoepipeError(
-                    f"argument {arg!r}: expected key=value with key in {sorted(opts)}"
-                )
-            opts[key] = value
+        opts = parse_kv(argv, opts)
         validate(opts)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,50 @@
+"""The issue's user path, as commands: make a checkpoint, calibrate this machine, run a planner
+for real, validate sim against real. Small sizes; asserts on what each command writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import yaml
+
+from tests.conftest import ROOT
+
+
+def sh(*args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_checkpoint_calibrate_run_validate(tmp_path):
+    ckpt, hw = tmp_path / "ckpt", tmp_path / "calibrated.yaml"
+    sh("real.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
+    assert (ckpt / "config.json").exists() and list(ckpt.glob("*.safetensors"))
+    sh("experiments.calibrate", "hardware.name=calibrated", f"checkpoint={ckpt}",
+       f"disk_dir={tmp_path / 'calib'}", "disk_mb=16", f"out={hw}")  # fmt: skip
+    prof = yaml.safe_load(hw.read_text())
+    assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
+    assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
+    assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
+
+    conf = tmp_path / "conf" / "hardware"
+    conf.mkdir(parents=True)
+    (conf / "calibrated.yaml").write_text(hw.read_text())
+    sh("experiments.run", "executor=real", f"checkpoint={ckpt}", "planner=flexgen", "hardware=calibrated",
+       "workload=tiny", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["executor"] == "real" and s["throughput_tok_s"] > 0
+    assert set(pd.read_parquet(tmp_path / "run" / "trace.parquet")["source"]) == {"real"}
+
+    out = tmp_path / "val"
+    sh("experiments.validate", f"checkpoint={ckpt}", f"hardware={hw}", "planners=sequential,flexgen",
+       "repeats=1", f"out={out}", "gpu_frac=0.9", "cpu_frac=0.5")  # fmt: skip
+    table = pd.read_csv(out / "validate.csv")
+    assert list(table["planner"]) == ["sequential", "flexgen"]
+    assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
+    assert (out / "timeline_flexgen.png").stat().st_size > 0
