@@ -6,16 +6,25 @@ greedy `generate` batch by batch (on a CPU-only machine the "device" is RAM, as 
 moepipe: the real executor with `planner` (klotski) at the same device budget, host RAM
 `cpu_frac` of the model, the rest on disk. Needs the `bench` extra (pip install -e .[bench]).
 
+Both start cold: before each timed run the page cache of the checkpoint and of accelerate's
+offload folder is dropped (posix_fadvise DONTNEED). moepipe then reads with O_DIRECT every time;
+accelerate's memory-mapped offload files stay in the page cache after their first read, i.e. it
+uses RAM beyond the budget (with `cold=false` both start warm, and on a small model the page
+cache makes accelerate's disk offload an in-RAM run).
+
 Usage:
     python -m experiments.bench_accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
+        [cold=true]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,12 +40,32 @@ from real.checkpoint import load_checkpoint
 
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=2, prompt_len=16, gen_len=4,
+    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, cold="true",
 )  # fmt: skip
 
 
+def drop_page_cache(*dirs: str | Path) -> None:
+    """Evict the files under `dirs` from the page cache, so the next read goes to the disk
+    (all clean pages, via /proc/sys/vm/drop_caches, where this process may write it)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return
+    except OSError:
+        pass
+    for d in dirs:
+        for p in Path(d).rglob("*"):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
 def run_accelerate(
-    ckpt: str, budget_bytes: int, prompts: torch.Tensor, batch_size: int, gen_len: int
+    ckpt: str, budget_bytes: int, prompts: torch.Tensor, batch_size: int, gen_len: int, cold: bool
 ) -> float:
     """Seconds for greedy generation of every batch with accelerate's disk offload."""
     from transformers import AutoModelForCausalLM
@@ -50,6 +79,8 @@ def run_accelerate(
             ckpt, device_map="auto", max_memory=max_memory, offload_folder=folder, dtype="auto"
         )
         model.eval()
+        if cold:
+            drop_page_cache(ckpt, folder)
         first = "cuda:0" if device == 0 else "cpu"
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -85,12 +116,17 @@ def main(argv: list[str]) -> int:
         spec = RunSpec(
             model, hw, wl, str(opts["planner"]), {"n": -1} if opts["planner"] == "klotski" else {}
         )
+        cold = str(opts["cold"]).lower() in ("1", "true", "yes")
+        if cold:
+            drop_page_cache(ckpt)
         t0 = time.perf_counter()
         result, _ = real_execute(ckpt, spec, "replay")
         ours_wall = time.perf_counter() - t0
         wl = wl.with_(n_batches=result.summary["n_batches"])
         budget = int(hw.memory_bytes[Tier.GPU])
-        theirs_s = run_accelerate(ckpt, budget, prompts_for(model, wl), wl.batch_size, wl.gen_len)
+        theirs_s = run_accelerate(
+            ckpt, budget, prompts_for(model, wl), wl.batch_size, wl.gen_len, cold
+        )
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -86,7 +86,8 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
 def summary_of(
     spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str
 ) -> dict[str, Any]:
-    meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
+    # ep_slots (every iteration's expert placement) is run data, too large for a summary
+    meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params", "ep_slots")}
     planner_label = spec.planner + (" (oracle upper bound)" if schedule.meta.get("oracle") else "")
     return summarize(
         schedule,

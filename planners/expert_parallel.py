@@ -465,6 +465,8 @@ class EPRunner:
         slots, used = policy.place(t, moe)
         assert slots.shape == (lay.n_devices, lay.slots_per_device), slots.shape
         copy_waits = self.refill(moe, slots, used, step, layer)
+        # The placement itself, for executors that hold real experts per device (real/distributed.py).
+        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
         # The router runs with attention on every device; one gate op (device 0, after all of
         # them) stands for the batch's routing becoming known.
         gate, view = self.em.gate(step, layer, batch, tuple(attn), last_batch=True)

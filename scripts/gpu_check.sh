@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CUDA check of the real executor (offline, repo only): calibrate this GPU, validate sim vs real
-# on a generated checkpoint, run the correctness tests including the @pytest.mark.gpu ones.
+# on a generated checkpoint, run the correctness tests including the @pytest.mark.gpu ones, and an
+# expert-parallel torchrun/NCCL run.
 # Budget: under 8 minutes on one GPU. Usage: bash scripts/gpu_check.sh [workdir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +21,11 @@ timeout 200 python -m experiments.validate checkpoint="$WORK/ckpt" hardware=gpu-
 cat "$WORK/validate/validate.md"
 echo "== correctness tests (CPU and CUDA)"
 timeout 200 python -m pytest tests/real/test_executor.py -q -m "gpu or not slow" -x
+echo "== expert parallel: torchrun + NCCL (2 ranks on 2 GPUs; 1 rank on a 1-GPU machine)"
+NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+NPROC=$(( NGPU >= 2 ? 2 : 1 ))
+[ "$NPROC" -eq 1 ] && echo "only 1 GPU: NCCL cannot run 2 ranks on one GPU, running G=1"
+timeout 120 python -m torch.distributed.run --nproc_per_node="$NPROC" --master_port=29541 -m experiments.ep_run \
+  checkpoint="$WORK/ckpt" planner=ep_static batch_size=4 prompt_len=16 gen_len=4 device=cuda out="$WORK/ep_run"
+timeout 120 python -m pytest tests/real/test_distributed.py -q -m gpu -x
 echo "gpu_check: done"

@@ -1,0 +1,180 @@
+"""Expert-parallel generation on G processes: an EP planner places the experts (homes + replicas)
+on the same workload and routing the simulator would see; real/distributed.py runs it.
+
+Every rank plans on its own (planning is deterministic), so only tokens cross processes. Rank 0
+writes `outputs.pt` (prompts [B, P], tokens [B, gen_len], logits [B, V]) and `summary.json` (per
+rank: experts held and computed per layer, pairs computed / sent; wall time). Without torchrun it
+runs as a single process (G = 1). routing=replay forces the gates to the workload's synthetic
+routing; routing=live runs the model's own gates, placed from the routing a single-process
+forward records first.
+
+Usage:
+    torchrun --nproc_per_node=2 -m experiments.ep_run checkpoint=DIR planner=ep_static \
+        batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] [out=DIR]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from core.errors import ConfigError, MoepipeError
+from core.routing import Routing, load_routing
+from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.types import OpKind, RoutingSource
+from experiments.cli import parse_kv
+from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
+from experiments.real_run import prompts_for
+from planners.expert_parallel import EPParams
+from planners.registry import entry
+from real.checkpoint import load_checkpoint
+from real.distributed import Placement, backend_for, ep_generate
+from real.model import live_routing
+
+DEFAULTS: dict[str, Any] = dict(
+    checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
+    routing="replay", replica_slots="", seed="0", device="", out="runs/ep_run",
+)  # fmt: skip
+ROUTINGS = ("replay", "live")
+
+
+def integer(opts: dict[str, Any], key: str, least: int = 1) -> int:
+    try:
+        v = int(opts[key])
+    except ValueError:
+        v = least - 1
+    if v < least:
+        raise ConfigError(f"{key}={opts[key]!r} must be an integer >= {least}")
+    return v
+
+
+def ep_hardware(n_devices: int) -> HardwareSpec:
+    """G devices with room for every expert: the planners only need G and that experts stay
+    resident (placement does not depend on speeds unless a replica cost gate is chosen)."""
+    return HardwareSpec.from_dict(dict(
+        name=f"ep-run-{n_devices}", memory_gb=dict(gpu=64.0, cpu=64.0, disk=64.0),
+        gpu=dict(tflops=100, mem_bw_gbps=1000), cpu=dict(tflops=1, mem_bw_gbps=100),
+        links=dict(h2d=dict(gbps=25), d2h=dict(gbps=25), disk=dict(gbps=2)), n_gpus=n_devices,
+    ))  # fmt: skip
+
+
+def ep_workload(opts: dict[str, Any]) -> Workload:
+    return Workload(
+        batch_size=integer(opts, "batch_size"), n_batches=1, prompt_len=integer(opts, "prompt_len"),
+        gen_len=integer(opts, "gen_len"), routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+        seed=integer(opts, "seed", least=0),
+    )  # fmt: skip
+
+
+def plan_placement(spec: RunSpec, routing: Routing) -> tuple[Placement, dict[str, Any]]:
+    """placement[step][moe][rank] from the planner's schedule (meta["ep_slots"], empty slots
+    dropped), and its meta["ep"] plus the pairs its expert ops give each device."""
+    schedule = build_schedule(spec, routing)
+    slots = schedule.meta["ep_slots"]
+    n_moe = len(spec.model.moe_layers)
+    placement = [
+        [[[e for e in row if e >= 0] for row in slots[(step, 0, moe)]] for moe in range(n_moe)]
+        for step in range(spec.workload.n_steps)
+    ]
+    planned = [0] * spec.hardware.n_gpus  # pairs the simulator's expert ops give each device
+    for op in schedule.ops:
+        if op.kind == OpKind.EXPERT:
+            planned[schedule.streams[op.stream].device] += op.tokens
+    return placement, dict(schedule.meta["ep"], planned_pairs=planned)
+
+
+def init_group(device: str) -> None:
+    """The torchrun group, or a one-process group when not launched by torchrun."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend_for(device))
+
+
+def run(opts: dict[str, Any]) -> dict[str, Any] | None:
+    """Plan and run on this rank; rank 0 writes the outputs and returns the summary."""
+    if not opts["checkpoint"]:
+        raise ConfigError("checkpoint=DIR is required (python -m real.make_checkpoint ...)")
+    if opts["routing"] not in ROUTINGS:
+        raise ConfigError(f"routing={opts['routing']!r}; valid: {', '.join(ROUTINGS)}")
+    if not issubclass(entry(opts["planner"]).params, EPParams):
+        raise ConfigError(
+            f"planner={opts['planner']} is not expert-parallel; use ep_static, eplb, "
+            "predictive_replication or oracle_replication"
+        )
+    model: ModelSpec = load_checkpoint(opts["checkpoint"])[0]
+    workload = ep_workload(opts)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if workload.batch_size < world:
+        raise ConfigError(f"batch_size={workload.batch_size} must be >= the {world} processes")
+    params: dict[str, Any] = dict(n_devices=world)
+    if opts["replica_slots"] != "":
+        params["replica_slots"] = integer(opts, "replica_slots", least=0)
+    spec = RunSpec(model, ep_hardware(world), workload, opts["planner"], params, executor="real")
+    prompts = prompts_for(model, workload)
+    ckpt = opts["checkpoint"]
+    if opts["routing"] == "live":
+        routing, forced = live_routing(ckpt, prompts, workload.gen_len), None
+    else:
+        routing = forced = load_routing(model, workload)
+    placement, ep_meta = plan_placement(
+        spec, routing
+    )  # bad input fails here, before any rank waits
+
+    device = opts["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    init_group(device)
+    if device.startswith("cuda"):
+        device = f"cuda:{torch.cuda.current_device()}"
+    try:
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = ep_generate(ckpt, model, prompts, workload.gen_len, placement, forced, device)
+        dist.barrier()
+        wall_s = time.perf_counter() - t0
+        if dist.get_rank() != 0:
+            return None
+        backend = dist.get_backend()
+    finally:
+        dist.destroy_process_group()
+    out_dir = Path(opts["out"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(prompts=prompts, tokens=out.tokens, logits=out.logits), out_dir / "outputs.pt")
+    summary = dict(
+        planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
+        world_size=world, backend=backend, device=device, dispatcher="all_to_all_single",
+        routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
+        gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,
+        ranks=[asdict(s) for s in out.stats],
+    )  # fmt: skip
+    atomic_write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
+    try:
+        opts = parse_kv(argv, DEFAULTS)
+        summary = run(opts)
+    except MoepipeError as e:
+        print(f"ep_run: error: {e}", file=sys.stderr)
+        return 2
+    if summary is not None:
+        pairs = ", ".join(f"rank {r['rank']} {r['pairs_computed']}" for r in summary["ranks"])
+        print(f"ep_run: {summary['world_size']} x {summary['backend']} in {summary['wall_s']:.2f} s, "
+              f"pairs computed: {pairs} -> {opts['out']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

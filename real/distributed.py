@@ -1,0 +1,260 @@
+"""Expert-parallel greedy generation over a torch.distributed process group, one rank per device.
+
+Every rank holds the dense weights and, per MoE layer, only the experts its placement gives it
+(homes + replicas, computed by an EP planner and passed in as plain data). As the simulator models
+it (planners/expert_parallel.py): dense work is data-parallel (rank r runs embedding, attention,
+gate, shared experts and head for its contiguous share of the batch's sequences); at an MoE layer
+each (token, slot) pair goes to a rank holding its expert by `all_to_all_single` (gloo has it
+since torch 2.x; NCCL on CUDA), a replicated expert's pairs split evenly over its copies in slot
+order (`split_tokens`' rule: the first `count % copies` copies take one more), and the outputs
+come back by the reverse all-to-all to be combined exactly as the reference forward combines them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from core.routing import Routing
+from core.spec import ModelSpec
+from core.types import Tensor
+from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
+from real.model import KVCache, Model, Weights, expert_tokens, moe_output, new_slots, put_expert
+
+# Shape legend: B batch, Br this rank's sequences, S tokens per sequence this step, T tokens of
+# the batch (Tr this rank's), H hidden, V vocab, k top-k, G ranks, R pairs received.
+
+# placement[step][moe][rank] = the expert ids rank holds a copy of at that step and MoE layer
+# (an id twice = two copies). Every step's lists come from the planner's iteration (step, batch 0).
+Placement = Sequence[Sequence[Sequence[Sequence[int]]]]
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def shard(n: int, world: int, rank: int) -> tuple[int, int]:
+    """Rank's contiguous [lo, hi) of n items: n // G each, the first n % G ranks one more."""
+    lo = rank * (n // world) + min(rank, n % world)
+    return lo, lo + n // world + (rank < n % world)
+
+
+@dataclass
+class RankStats:
+    """What one rank held and computed (pairs = (token, top-k slot) pairs through an expert)."""
+
+    rank: int
+    experts_held: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
+    experts_computed: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
+    pairs_computed: int = 0  # pairs this rank ran through its experts
+    pairs_sent: int = 0  # of its own tokens' pairs, those computed on another rank
+    outside_placement: int = 0  # pairs computed for an expert the step's placement did not give
+
+
+def held_experts(placement: Placement, spec: ModelSpec, rank: int) -> dict[int, list[int]]:
+    """Decoder layer -> the experts rank holds at any step (the weights it loads)."""
+    return {
+        layer: sorted({e for step in placement for e in step[spec.moe_index(layer)][rank]})
+        for layer in spec.moe_layers
+    }
+
+
+def load_rank_units(
+    ckpt: str | Path, held: dict[int, list[int]], device: str
+) -> dict[Unit, Weights]:
+    """Dense units and the held experts only, read from the checkpoint onto `device`."""
+    spec, index = load_checkpoint(ckpt)
+    return {
+        unit: {key: read_tensor(index[ts.hf_name]).to(device) for key, ts in tensors.items()}
+        for unit, tensors in unit_layout(spec).items()
+        if unit.kind != Tensor.EXPERT or unit.expert in held.get(unit.layer, ())
+    }
+
+
+def destinations(
+    all_ids: torch.Tensor, copies: Sequence[Sequence[int]], n_experts: int
+) -> torch.Tensor:
+    """Rank computing each pair: all_ids [T, k] of the whole batch, copies[rank] its experts ->
+    dest [T, k]. Expert e's pairs, in (token, slot) order, are cut into one run per copy."""
+    dest = torch.full_like(all_ids, -1)
+    for e in range(n_experts):
+        rows, slots = expert_tokens(all_ids, e)
+        holders = [r for r, held in enumerate(copies) for x in held if x == e]
+        assert holders or not len(rows), f"expert {e} has tokens but no copy on any rank"
+        n, c = len(rows), len(holders)
+        start = 0
+        for i, r in enumerate(holders):
+            take = n // c + (i < n % c)
+            dest[rows[start : start + take], slots[start : start + take]] = r
+            start += take
+    return dest
+
+
+def pairs_to(
+    dest: torch.Tensor, ids: torch.Tensor, lo: int, hi: int, r: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs of tokens [lo, hi) that rank r computes, ordered by expert (stable): (rows, slots),
+    rows relative to lo. Sender and receiver both derive this order, so nothing else is sent."""
+    rows, slots = (dest[lo:hi] == r).nonzero(as_tuple=True)
+    order = torch.sort(ids[lo:hi][rows, slots], stable=True).indices
+    return rows[order], slots[order]
+
+
+class EPRank:
+    """One rank's part of an expert-parallel run: its weights, KV cache and collectives."""
+
+    def __init__(
+        self, ckpt: str | Path, spec: ModelSpec, placement: Placement, batch: int, device: str
+    ) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.spec, self.placement, self.device = spec, placement, device
+        self.model = Model.from_checkpoint(ckpt, spec)
+        self.batch = batch
+        self.lo, self.hi = shard(batch, self.world, self.rank)
+        self.stats = RankStats(self.rank, held_experts(placement, spec, self.rank))
+        self.units = load_rank_units(ckpt, self.stats.experts_held, device)
+
+    def all_gather_rows(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Concatenate every rank's x [counts[r], ...] in rank order (padded: gather needs equal shapes)."""
+        pad = x.new_zeros((max(counts), *x.shape[1:]))
+        pad[: len(x)] = x
+        parts = [torch.empty_like(pad) for _ in range(self.world)]
+        dist.all_gather(parts, pad)
+        return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
+
+    def moe(
+        self,
+        step: int,
+        layer: int,
+        hidden: torch.Tensor,
+        forced: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Gate, dispatch, held experts, combine: hidden [Br, S, H] -> [Br, S, H]."""
+        s, m, seq_len = self.spec, self.model, hidden.shape[1]
+        fi, fw = forced if forced is not None else (None, None)
+        normed, ids, weights = m.gate(layer, self.units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
+        counts = [
+            (hi - lo) * seq_len
+            for lo, hi in (shard(self.batch, self.world, r) for r in range(self.world))
+        ]
+        all_ids = self.all_gather_rows(ids, counts)  # [T, k]
+        copies = self.placement[step][s.moe_index(layer)]
+        dest = destinations(all_ids, copies, s.n_experts)  # [T, k]
+        starts = [sum(counts[:r]) for r in range(self.world + 1)]
+        me = self.rank
+        send = [pairs_to(dest, all_ids, starts[me], starts[me + 1], r) for r in range(self.world)]
+        recv = [pairs_to(dest, all_ids, starts[r], starts[r + 1], me) for r in range(self.world)]
+        x_send = torch.cat([normed[rows] for rows, _ in send])  # [sum sent, H]
+        x_recv = normed.new_empty(sum(len(rows) for rows, _ in recv), normed.shape[1])  # [R, H]
+        n_send, n_recv = [len(rows) for rows, _ in send], [len(rows) for rows, _ in recv]
+        dist.all_to_all_single(x_recv, x_send, n_recv, n_send)
+        experts = torch.cat(
+            [all_ids[starts[r] :][rows, slots] for r, (rows, slots) in enumerate(recv)]
+        )  # [R]
+        y_recv = self.run_experts(step, layer, experts, x_recv)  # [R, H]
+        y_back = torch.empty_like(x_send)
+        dist.all_to_all_single(y_back, y_recv, n_send, n_recv)
+        out = new_slots(normed, s.top_k)  # [Tr, k, H]
+        rows = torch.cat([r for r, _ in send])
+        slots = torch.cat([sl for _, sl in send])
+        put_expert(out, rows, slots, y_back)
+        self.stats.pairs_sent += len(rows) - n_send[me]
+        shared = (
+            m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
+        )
+        return moe_output(hidden, out, weights, shared)
+
+    def run_experts(
+        self, step: int, layer: int, experts: torch.Tensor, x: torch.Tensor
+    ) -> torch.Tensor:
+        """Each received pair through its expert: experts [R] ids (grouped, ascending per source
+        rank), x [R, H] -> [R, H]."""
+        y = torch.empty_like(x)
+        given = self.placement[step][self.spec.moe_index(layer)][self.rank]
+        done = self.stats.experts_computed.setdefault(layer, [])
+        for e in experts.unique().tolist():
+            idx = (experts == e).nonzero(as_tuple=True)[0]
+            y[idx] = self.model.expert(self.units[Unit(Tensor.EXPERT, layer, e)], x[idx])
+            self.stats.pairs_computed += len(idx)
+            self.stats.outside_placement += 0 if e in given else len(idx)
+            if e not in done:
+                done.append(e)
+        return y
+
+    def forward(
+        self,
+        step: int,
+        tokens: torch.Tensor,
+        kv: KVCache,
+        start: int,
+        forced: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """This rank's sequences, tokens [Br, S] at positions start.., -> logits [Br, V].
+        forced: (ids, weights) [Br, S, L, k] to replay, else the model's own gates."""
+        s, m, u = self.spec, self.model, self.units
+        b, n = tokens.shape
+        positions = torch.arange(start, start + n)
+        hidden = m.embed(u[Unit(Tensor.EMBED)], tokens)  # [Br, S, H]
+        for layer in range(s.n_layers):
+            hidden = m.attention(layer, u[Unit(Tensor.ATTENTION, layer)], hidden, kv, positions)
+            if not s.is_moe(layer):
+                hidden = m.dense_ffn(u[Unit(Tensor.FFN, layer)], hidden)
+                continue
+            f = None
+            if forced is not None:
+                i = s.moe_index(layer)
+                f = (forced[0][:, :, i].reshape(b * n, -1), forced[1][:, :, i].reshape(b * n, -1))
+            hidden = self.moe(step, layer, hidden, f)
+        return m.head(u[Unit(Tensor.HEAD)], hidden)
+
+
+@dataclass
+class EPOutput:
+    tokens: torch.Tensor  # [B, gen_len] on CPU, the whole batch
+    logits: torch.Tensor  # [B, V] float32 on CPU: the last step's
+    stats: list[RankStats]  # one per rank, in rank order
+
+
+def ep_generate(
+    ckpt: str | Path,
+    spec: ModelSpec,
+    prompt_tokens: torch.Tensor,
+    gen_len: int,
+    placement: Placement,
+    forced_routing: Routing | None = None,
+    device: str = "cpu",
+) -> EPOutput:
+    """`reference_generate` (real/model.py) over the initialised default process group: every rank
+    calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P]."""
+    b, p = prompt_tokens.shape
+    assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
+    ep = EPRank(ckpt, spec, placement, b, device)
+    lo, hi = ep.lo, ep.hi
+    kv = KVCache.allocate(spec, hi - lo, p + gen_len, device)
+    forced = None
+    if forced_routing is not None:
+        ids = torch.from_numpy(forced_routing.expert_ids[lo:hi].astype("int64")).to(device)
+        forced = (ids, torch.from_numpy(forced_routing.gate_weights[lo:hi]).to(device))
+    step_in, start, out = prompt_tokens[lo:hi].long().to(device), 0, []
+    with torch.inference_mode():
+        for step in range(gen_len):
+            n = step_in.shape[1]
+            f = (
+                None
+                if forced is None
+                else (forced[0][:, start : start + n], forced[1][:, start : start + n])
+            )
+            logits = ep.forward(step, step_in, kv, start, f)  # [Br, V]
+            out.append(logits.argmax(-1))
+            start += n
+            step_in = out[-1][:, None]
+        counts = [shard(b, ep.world, r)[1] - shard(b, ep.world, r)[0] for r in range(ep.world)]
+        tokens = ep.all_gather_rows(torch.stack(out, dim=1), counts)  # [B, gen_len]
+        logits = ep.all_gather_rows(logits, counts)  # [B, V]
+    stats: list[RankStats | None] = [None] * ep.world
+    dist.all_gather_object(stats, ep.stats)
+    return EPOutput(tokens.cpu(), logits.cpu(), [st for st in stats if st is not None])
