@@ -31,6 +31,7 @@ from real.model import KVCache, Model, Weights, expert_tokens, moe_output, new_s
 # placement[step][moe][rank] = the expert ids rank holds a copy of at that step and MoE layer
 # (an id twice = two copies). Every step's lists come from the planner's iteration (step, batch 0).
 Placement = Sequence[Sequence[Sequence[Sequence[int]]]]
+Pairs = tuple[torch.Tensor, torch.Tensor]  # (rows [n], top-k slots [n]) of (token, slot) pairs
 
 
 def backend_for(device: str) -> str:
@@ -126,6 +127,28 @@ class EPRank:
         dist.all_gather(parts, pad)
         return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
 
+    def route(
+        self, step: int, layer: int, ids: torch.Tensor, seq_len: int
+    ) -> tuple[list[Pairs], list[Pairs], torch.Tensor]:
+        """Who computes what: every rank gathers the batch's routing (T x k ints, cheaper than a
+        separate all-to-all of counts) so sender and receiver derive the same pair order.
+        Returns (pairs this rank sends to each rank, pairs it receives from each, expert of
+        each received pair [R])."""
+        counts = [
+            (hi - lo) * seq_len
+            for lo, hi in (shard(self.batch, self.world, r) for r in range(self.world))
+        ]
+        all_ids = self.all_gather_rows(ids, counts)  # [T, k]
+        dest = destinations(
+            all_ids, self.placement[step][self.spec.moe_index(layer)], self.spec.n_experts
+        )
+        at = [sum(counts[:r]) for r in range(self.world + 1)]
+        me = self.rank
+        send = [pairs_to(dest, all_ids, at[me], at[me + 1], r) for r in range(self.world)]
+        recv = [pairs_to(dest, all_ids, at[r], at[r + 1], me) for r in range(self.world)]
+        experts = torch.cat([all_ids[at[r] :][rows, slots] for r, (rows, slots) in enumerate(recv)])
+        return send, recv, experts
+
     def moe(
         self,
         step: int,
@@ -134,27 +157,14 @@ class EPRank:
         forced: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """Gate, dispatch, held experts, combine: hidden [Br, S, H] -> [Br, S, H]."""
-        s, m, seq_len = self.spec, self.model, hidden.shape[1]
+        s, m = self.spec, self.model
         fi, fw = forced if forced is not None else (None, None)
         normed, ids, weights = m.gate(layer, self.units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
-        counts = [
-            (hi - lo) * seq_len
-            for lo, hi in (shard(self.batch, self.world, r) for r in range(self.world))
-        ]
-        all_ids = self.all_gather_rows(ids, counts)  # [T, k]
-        copies = self.placement[step][s.moe_index(layer)]
-        dest = destinations(all_ids, copies, s.n_experts)  # [T, k]
-        starts = [sum(counts[:r]) for r in range(self.world + 1)]
-        me = self.rank
-        send = [pairs_to(dest, all_ids, starts[me], starts[me + 1], r) for r in range(self.world)]
-        recv = [pairs_to(dest, all_ids, starts[r], starts[r + 1], me) for r in range(self.world)]
+        send, recv, experts = self.route(step, layer, ids, hidden.shape[1])
         x_send = torch.cat([normed[rows] for rows, _ in send])  # [sum sent, H]
         x_recv = normed.new_empty(sum(len(rows) for rows, _ in recv), normed.shape[1])  # [R, H]
         n_send, n_recv = [len(rows) for rows, _ in send], [len(rows) for rows, _ in recv]
         dist.all_to_all_single(x_recv, x_send, n_recv, n_send)
-        experts = torch.cat(
-            [all_ids[starts[r] :][rows, slots] for r, (rows, slots) in enumerate(recv)]
-        )  # [R]
         y_recv = self.run_experts(step, layer, experts, x_recv)  # [R, H]
         y_back = torch.empty_like(x_send)
         dist.all_to_all_single(y_back, y_recv, n_send, n_recv)
@@ -162,7 +172,7 @@ class EPRank:
         rows = torch.cat([r for r, _ in send])
         slots = torch.cat([sl for _, sl in send])
         put_expert(out, rows, slots, y_back)
-        self.stats.pairs_sent += len(rows) - n_send[me]
+        self.stats.pairs_sent += len(rows) - n_send[self.rank]
         shared = (
             m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
         )
