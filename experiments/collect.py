@@ -110,6 +110,17 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     return pq, csv
 
 
+def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
+    """`collect` for the CLIs: reports skipped runs on stderr; None if `sweep_dir` is no folder."""
+    if not sweep_dir.is_dir():
+        print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
+        return None
+    df, problems = collect(sweep_dir)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    return df, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path)
@@ -117,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="where results.* go (default: SWEEP_DIR)"
     )
     args = ap.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+    loaded = load_sweep(args.sweep_dir)
+    if loaded is None:
         return 2
-    df, problems = collect(args.sweep_dir)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+    df, problems = loaded
     if df.empty:
         print(f"error: no finished runs under {args.sweep_dir}", file=sys.stderr)
         return 2

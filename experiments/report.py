@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.collect import collect, write_results  # noqa: E402
+from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
 SYSTEM = "planner.name"
 PANEL = ("model.name", "hardware.name")
@@ -381,12 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default="throughput_tok_s", help="y axis of the line figures")
     ap.add_argument("--columns", default="", help="comma-separated extra columns for the run table")
     args = ap.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+    loaded = load_sweep(args.sweep_dir)
+    if loaded is None:
         return 2
-    df, problems = collect(args.sweep_dir)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+    df, problems = loaded
     try:
         page = write_report(args.sweep_dir, args.out, args.metric,
                             [c for c in args.columns.split(",") if c], df=df, problems=problems)  # fmt: skip
