@@ -10,8 +10,8 @@ Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summa
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,10 +29,9 @@ log = logging.getLogger(__name__)
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     spec = run_spec(cfg)
-    if (out_dir / "summary.json").exists() and cfg.get("skip_finished", True):
-        log.info("%s already finished; skipping", out_dir)
-        import json
-
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
+        log.info("%s already finished with this config; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
     if spec.executor == "sim":
         result = simulate_run(spec)
@@ -40,7 +39,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         from experiments.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (out_dir / "config.yaml").write_text(config_yaml)
     write_run(out_dir, result)
     s = result.summary
     log.info(
@@ -49,6 +48,18 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         100 * s["gpu_bubble_frac"], s["efficiency"], out_dir,
     )  # fmt: skip
     return s
+
+
+def finished(out_dir: Path, config_yaml: str) -> bool:
+    """A run directory is finished when its summary.json exists (written last, atomically) and
+    its config.yaml is this run's config: a changed config runs again instead of reusing it."""
+    summary, config = out_dir / "summary.json", out_dir / "config.yaml"
+    if not summary.exists():
+        return False
+    if not config.exists() or config.read_text() != config_yaml:
+        log.warning("%s holds a run of another config; running again", out_dir)
+        return False
+    return True
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -68,7 +79,6 @@ def main(cfg: DictConfig) -> None:
         atomic_write_json(out_dir / "summary.json", {"status": "infeasible", "error": str(e)})
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
-        shutil.rmtree(out_dir / ".partial", ignore_errors=True)
         sys.exit(2)
 
 

@@ -121,3 +121,15 @@ def test_unknown_hf_model_type_is_named(tmp_path):
     r = run([*TINY, "planner=flexgen", f"+model.hf_config={tmp_path}"], tmp_path)
     assert r.returncode == 2
     assert "model_type 'llama' is not supported" in r.stderr
+
+
+def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path):
+    r1 = run([*TINY, "planner=flexgen"], tmp_path)
+    summary = tmp_path / "run" / "summary.json"
+    first = summary.stat().st_mtime_ns
+    r2 = run([*TINY, "planner=flexgen"], tmp_path)
+    assert r1.returncode == r2.returncode == 0
+    assert "already finished" in r2.stderr + r2.stdout and summary.stat().st_mtime_ns == first
+    r3 = run([*TINY, "planner=flexgen", "workload.gen_len=4"], tmp_path)
+    assert r3.returncode == 0 and "another config" in r3.stderr + r3.stdout
+    assert json.loads(summary.read_text())["gen_len"] == 4
