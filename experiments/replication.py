@@ -15,6 +15,7 @@ import logging
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,21 @@ def esft_routing(test_ids: np.ndarray, wl: Workload) -> Routing:
     )
 
 
+def synthetic_split(model: ModelSpec, wl: Workload, out: Path) -> tuple[Routing, Path, Path]:
+    """Twice the workload's sequences from one synthetic generator (one popularity and transition
+    structure, as one model has): the first half trains the load matrix and transition table that
+    eplb / predictive / oracle start from (as ESFT's training split does), the second half is run."""
+    both = synthetic_routing(model, replace(wl, n_batches=2 * wl.n_batches))
+    n = wl.n_sequences
+    train_ids = both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:])  # [T, L, k]
+    e = model.n_experts
+    load = np.stack([np.bincount(train_ids[:, m].ravel(), minlength=e) for m in range(train_ids.shape[1])])
+    np.save(out / "train_load.npy", load.astype(np.float64))
+    np.save(out / "train_trans.npy", transition_counts(train_ids, e))
+    test = Routing(both.expert_ids[n:], both.gate_weights[n:], e, both.description + " (second half; first half trains)")
+    return test, out / "train_load.npy", out / "train_trans.npy"
+
+
 def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     """Held-out ESFT stream, training-split tables for eplb / predictive, and the Switch skew fit."""
     test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed)
@@ -103,11 +119,13 @@ def run_case(
         )
         wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
                       routing=rc, seed=int(cfg.seed))  # fmt: skip
-        routing = (
-            esft_routing(prep["test_ids"], wl)
-            if case.routing == "esft_heldout"
-            else synthetic_routing(model, wl)
-        )
+        train = out / name / f"bs{bs}"
+        train.mkdir(parents=True, exist_ok=True)
+        if case.routing == "esft_heldout":
+            routing = esft_routing(prep["test_ids"], wl)
+            load_file, trans_file = out / "esft_train_load.npy", out / "esft_train_trans.npy"
+        else:
+            routing, load_file, trans_file = synthetic_split(model, wl, train)
         routing.check_fits(model, wl)
         for planner in PLANNERS:
             params = dict(
@@ -118,12 +136,10 @@ def run_case(
             )
             if planner != "ep_static":
                 params["replica_slots"] = int(cfg.replica_slots)
-            if (
-                case.routing == "esft_heldout" and planner != "ep_static"
-            ):  # same training info for all
-                params["initial_load"] = str(out / "esft_train_load.npy")
-            if case.routing == "esft_heldout" and planner == "predictive_replication":
-                params["table"] = str(out / "esft_train_trans.npy")
+            if planner != "ep_static":  # the same training information for all
+                params["initial_load"] = str(load_file)
+            if planner == "predictive_replication":
+                params["table"] = str(trans_file)
             result = simulate_run(RunSpec(model, hw, wl, planner, params), routing)
             run_dir = out / name / f"bs{bs}" / planner
             if cfg.write_traces:
@@ -175,37 +191,41 @@ def gap_line(
             f"the ep_static -> oracle makespan gap {times}; target >= 50%")  # fmt: skip
 
 
-def targets(rows: list[dict[str, Any]], case: str) -> list[str]:
-    bs = max(r["batch_size"] for r in rows if r["case"] == case)
-    by = {r["planner"]: r for r in rows if r["case"] == case and r["batch_size"] == bs}
-    st, ep, pr, orc = (by[p] for p in PLANNERS)
-    out = [
-        f"[{'PASS' if pr['balancedness'] >= ep['balancedness'] else 'FAIL'}] {case} bs={bs}: predictive balancedness "
-        f"{pr['balancedness']:.3f} >= eplb {ep['balancedness']:.3f}",
-        gap_line(case, bs, st, pr, orc),
-    ]
-    for r in rows:
-        if r["planner"] != "ep_static":
-            continue
-        rep = [
-            x
-            for x in rows
-            if x["case"] == r["case"]
-            and x["batch_size"] == r["batch_size"]
-            and x["planner"] != "ep_static"
+def targets(rows: list[dict[str, Any]], cases: list[str]) -> list[str]:
+    """The issue's targets: balancedness and makespan gap on each of `cases` (held-out ESFT) at its
+    largest batch, and utilisation wherever ep_static is below 0.6."""
+    out = []
+    for case in cases:
+        bs = max(r["batch_size"] for r in rows if r["case"] == case)
+        by = {r["planner"]: r for r in rows if r["case"] == case and r["batch_size"] == bs}
+        st, ep, pr, orc = (by[p] for p in PLANNERS)
+        out += [
+            f"[{'PASS' if pr['balancedness'] >= ep['balancedness'] else 'FAIL'}] {case} bs={bs}: predictive "
+            f"balancedness {pr['balancedness']:.3f} >= eplb {ep['balancedness']:.3f}",
+            gap_line(case, bs, st, pr, orc),
         ]
-        best = max(rep, key=lambda x: x["utilisation"])
-        if r["utilisation"] < 0.6:
-            ok = best["utilisation"] >= 0.9
-            out.append(f"[{'PASS' if ok else 'FAIL'}] {r['case']} bs={r['batch_size']}: utilisation (busy/makespan) "
-                       f"ep_static {r['utilisation']:.3f} < 0.6 -> {best['planner']} {best['utilisation']:.3f} "
-                       f"(target >= 0.9)")  # fmt: skip
-    if not any("utilisation (busy/makespan) ep_static" in line for line in out):
-        lowest = min(
-            (r for r in rows if r["planner"] == "ep_static"), key=lambda r: r["utilisation"]
-        )
-        out.append(f"[n/a ] utilisation target: no case has ep_static busy/makespan below 0.6 (lowest "
-                   f"{lowest['utilisation']:.3f}, {lowest['case']} bs={lowest['batch_size']})")  # fmt: skip
+    for metric, what in (("expert_phase_util", "expert-phase utilisation"),
+                         ("utilisation", "whole-run utilisation (busy/makespan)")):  # fmt: skip
+        out += utilisation_lines(rows, metric, what)
+    return out
+
+
+def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> list[str]:
+    """The utilisation target on one metric: every case where ep_static is below 0.6 and the best
+    replication planner's figure (target >= 0.9), or why the premise never arises."""
+    out = []
+    for r in rows:
+        if r["planner"] != "ep_static" or r[metric] >= 0.6:
+            continue
+        rep = [x for x in rows if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]
+               and x["planner"] not in ("ep_static", "oracle_replication")]  # fmt: skip
+        best = max(rep, key=lambda x: x[metric])
+        out.append(f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}: {what} "
+                   f"ep_static {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9)")  # fmt: skip
+    if not out:
+        low = min((r for r in rows if r["planner"] == "ep_static"), key=lambda r: r[metric])
+        out.append(f"[n/a ] {what}: no case has ep_static below 0.6 (lowest {low[metric]:.3f}, "
+                   f"{low['case']} bs={low['batch_size']})")  # fmt: skip
     return out
 
 
@@ -273,7 +293,7 @@ def run(cfg: DictConfig) -> list[str]:
         run_case(cfg, str(name), case, prep, out)
         log.info("%s done at %.0f s", name, time.time() - t0)
     rows = read_runs(out)
-    lines = [table(rows), "", *targets(rows, str(cfg.targets_case))]
+    lines = [table(rows), "", *targets(rows, [c for c in cfg.targets_cases if c in cfg.cases])]
     pngs = plot(rows, out)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
     return lines

@@ -130,11 +130,8 @@ class Replicator:
         t_new, t_keep = (
             max(self.timer.device_s(r) for r in predicted_tokens(s, load)) for s in (new, keep)
         )
-        per_dev = [
-            sum((Counter(int(e) for e in n if e >= 0) - Counter(int(e) for e in o if e >= 0)).values())
-            for n, o in zip(new, old, strict=True)
-        ]  # fmt: skip
-        charge = max(per_dev) * self.timer.copy_s if self.p.gate == "time+copy" else 0.0
+        late = self.timer.late_copy_s(new_copies(new, old), t_new)
+        charge = late if self.p.gate == "time+copy" else 0.0
         return t_new + charge < t_keep
 
 
@@ -213,6 +210,13 @@ class ExpertTime:
         copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s)
 
+    def late_copy_s(self, queue: int, layer_s: float) -> float:
+        """What the longest per-device queue of `queue` copies adds to a layer: copies run behind
+        earlier layers on the device's link, which is free of dispatch/combine traffic while
+        experts compute, so in steady state each layer's copies get the link for about one
+        expert phase (`layer_s`, the busiest device's modelled time); only the excess is late."""
+        return max(0.0, queue * self.copy_s - layer_s)
+
     def device_s(self, tokens: np.ndarray) -> float:
         """tokens [E] (may be fractional: predicted) this device computes per expert."""
         busy = tokens[tokens > 0]
@@ -223,6 +227,14 @@ class ExpertTime:
                                        len(busy) * self.expert_bytes)  # fmt: skip
         return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * n,
                                        self.expert_bytes) for n in busy)  # fmt: skip
+
+
+def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
+    """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]."""
+    return max(
+        sum((Counter(int(x) for x in n if x >= 0) - Counter(int(x) for x in o if x >= 0)).values())
+        for n, o in zip(slots, resident, strict=True)
+    )
 
 
 def predicted_tokens(slots: np.ndarray, load: np.ndarray) -> np.ndarray:
@@ -280,7 +292,7 @@ def replicate_onto(
         slots[d, free[d]] = ex
         free[d] += 1
         dev_load[d] += per_copy[ex]
-    return slots
+    return polish(slots, load, layout)
 
 
 def _gated(
@@ -291,29 +303,106 @@ def _gated(
     timer: ExpertTime,
     resident: np.ndarray | None,
 ) -> np.ndarray:
+    """Replicas added one at a time in EPLB's greedy order (the expert with the largest per-copy
+    load next), each on the modelled least busy device with a free slot that lacks it; of all
+    these prefixes, the one whose busiest device finishes first (charged, for "time+copy", the
+    longest per-device queue of copies not already resident) is kept. Looking at every prefix
+    rather than stopping at the first copy that does not pay lets a copy that only pays together
+    with the next one (a hot expert split three ways) be taken."""
+
+    def cost(trial: np.ndarray, times: np.ndarray) -> float:
+        if gate != "time+copy" or resident is None:
+            return float(times.max())
+        late = timer.late_copy_s(new_copies(trial, resident), float(times.max()))
+        return float(times.max()) + late
+
     free = np.full(layout.n_devices, layout.home_slots)
+    copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
     times = np.array([timer.device_s(row) for row in predicted_tokens(slots, load)])  # [G]
+    best, best_cost = slots, cost(slots, times)
     for _ in range(layout.replicas):
-        busiest = int(np.argmax(times))
-        on = np.unique(slots[busiest][slots[busiest] >= 0])
-        copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
-        on = on[load[on] > 0]
-        if not len(on):
+        order = np.argsort(-(load / np.maximum(copies, 1)), kind="stable")
+        pick = None
+        for ex in order[: layout.n_experts]:
+            if load[ex] <= 0:
+                break
+            cand = [d for d in range(layout.n_devices)
+                    if free[d] < layout.slots_per_device and ex not in slots[d]]  # fmt: skip
+            if cand:
+                pick = int(ex), min(cand, key=lambda c: (times[c], c))
+                break
+        if pick is None:
             break
-        ex = int(on[np.argmax(load[on] / copies[on])])
-        cand = [d for d in range(layout.n_devices)
-                if free[d] < layout.slots_per_device and ex not in slots[d]]  # fmt: skip
-        if not cand:
-            break
-        d = min(cand, key=lambda c: (times[c], c))
-        trial = slots.copy()
-        trial[d, free[d]] = ex
-        new = np.array([timer.device_s(row) for row in predicted_tokens(trial, load)])
-        charge = gate == "time+copy" and resident is not None and ex not in resident[d]
-        if new.max() + (timer.copy_s if charge else 0.0) >= times.max():
-            break
-        slots, times = trial, new
+        ex, d = pick
+        slots = slots.copy()
+        slots[d, free[d]] = ex
         free[d] += 1
+        copies[ex] += 1
+        times = np.array([timer.device_s(row) for row in predicted_tokens(slots, load)])
+        c = cost(slots, times)
+        if c < best_cost:
+            best, best_cost = slots, c
+    polished = polish(best, load, layout)
+    times = np.array([timer.device_s(row) for row in predicted_tokens(polished, load)])
+    return polished if cost(polished, times) < best_cost else best
+
+
+def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64) -> np.ndarray:
+    """Local search over the replica slots (homes stay): refill a replica slot (or fill a free one,
+    within the `replicas` budget) with an expert of the busiest device, or empty one of its
+    replicas, while that lowers (max device tokens, sum of squares) under the even split. The greedy that fills the slots places copies one at a time and can
+    leave the busiest device with a better move; this takes the best single-slot move until
+    none helps (at most `rounds`)."""
+    g, e, h = layout.n_devices, layout.n_experts, layout.home_slots
+    member = np.zeros((g, e))
+    for d in range(g):
+        np.add.at(member[d], slots[d][slots[d] >= 0], 1.0)
+
+    def score(m: np.ndarray) -> tuple[float, float]:
+        dev = m @ (load / np.maximum(m.sum(0), 1.0))
+        return float(dev.max()), float((dev**2).sum())
+
+    slots, now = slots.copy(), score(member)
+    filled = int((slots[:, h:] >= 0).sum())  # replicas placed; a free slot is filled only below the budget
+    for _ in range(rounds):
+        busiest = int(np.argmax(member @ (load / np.maximum(member.sum(0), 1.0))))
+        best: tuple[tuple[float, float], int, int, int] | None = None
+        for x in np.flatnonzero((member[busiest] > 0) & (load > 0)):
+            for d in range(g):
+                if member[d, x]:
+                    continue
+                for j in range(h, layout.slots_per_device):
+                    y = int(slots[d, j])
+                    if y < 0 and filled >= layout.replicas:
+                        break
+                    trial = member.copy()
+                    trial[d, x] += 1
+                    if y >= 0:
+                        trial[d, y] -= 1
+                    sc = score(trial)
+                    if sc < now and (best is None or sc < best[0]):
+                        best = (sc, int(x), d, j)
+                    if y < 0:
+                        break  # free slots of one device are interchangeable
+        for j in range(h, layout.slots_per_device):  # or empty one of the busiest device's replicas
+            y = int(slots[busiest, j])
+            if y < 0:
+                continue
+            trial = member.copy()
+            trial[busiest, y] -= 1
+            sc = score(trial)
+            if sc < now and (best is None or sc < best[0]):
+                best = (sc, -1, busiest, j)
+        if best is None:
+            break
+        now, x, d, j = best
+        if slots[d, j] >= 0:
+            member[d, slots[d, j]] -= 1
+            filled -= 1
+        if x >= 0:
+            member[d, x] += 1
+            filled += 1
+        slots[d, j] = x
     return slots
 
 

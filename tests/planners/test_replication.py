@@ -16,7 +16,14 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import OpKind
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import gap_line
-from planners.expert_parallel import ExpertTime, Layout, home_slots, replicate_onto, split_tokens
+from planners.expert_parallel import (
+    ExpertTime,
+    Layout,
+    home_slots,
+    polish,
+    replicate_onto,
+    split_tokens,
+)
 
 PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
 
@@ -155,12 +162,24 @@ def _timer(copy_s: float = 0.0) -> ExpertTime:
 LAY = Layout(n_devices=2, n_experts=4, home_slots=2, replica_slots=1, replicas=2, lanes=True)
 
 
-def test_gate_adds_a_replica_only_while_the_busiest_device_gets_faster():
+def test_gate_keeps_the_fastest_prefix_of_greedy_copies():
     """Homes dev0 {0, 2}, dev1 {1, 3}; load [8, 1, 1, 1]: dev0 max(9, 2) = 9 s, dev1 2 s. Copy
-    expert 0 to dev1: dev0 4 + 1 = 5 s, dev1 1 + 1 + 4 = 6 s: 6 < 9, kept. Busiest is now dev1;
-    its hottest per copy is expert 0, and the only free slot (dev0) already holds it: stop."""
+    expert 0 to dev1: dev0 4 + 1 = 5 s, dev1 1 + 1 + 4 = 6 s. Expert 0 can go nowhere else, so
+    the next copy is expert 1 onto dev0's free slot: 4 + 1 + 0.5 = 5.5 s on both: kept, the
+    fastest of the prefixes (9, 6, 5.5 s)."""
     slots = replicate_onto(np.array([8.0, 1, 1, 1]), LAY, gate="time", timer=_timer())
-    assert slots.tolist() == [[0, 2, -1], [1, 3, 0]]
+    assert slots.tolist() == [[0, 2, 1], [1, 3, 0]]
+
+
+def test_polish_moves_a_replica_the_greedy_misplaced():
+    """Homes dev0 {0, 1}, dev1 {2, 3}, one replica slot each, budget 1; load [6, 6, 1, 1]. A
+    replica of expert 2 on dev0 (a poor greedy choice) leaves dev0 at 12.5; polish moves the slot
+    to expert 0 or 1 on dev1: 3 + 6 = 9 on dev0 and 3 + 1 + 1 = 5 on dev1."""
+    lay = Layout(n_devices=2, n_experts=4, home_slots=2, replica_slots=1, replicas=1, lanes=True)
+    bad = np.array([[0, 1, 2], [2, 3, -1]])
+    out = polish(bad, np.array([6.0, 6, 1, 1]), lay)
+    assert out[:, :2].tolist() == [[0, 1], [2, 3]]  # homes stay
+    assert out[1, 2] in (0, 1) and out[0, 2] == -1 and (out[:, 2] >= 0).sum() == 1
 
 
 def test_gate_declines_a_replica_in_a_memory_bound_layer():
@@ -176,14 +195,26 @@ def test_gate_declines_a_replica_in_a_memory_bound_layer():
 
 
 def test_gate_charges_only_copies_not_already_resident():
-    """As the first gate test, with a 4 s copy: 6 + 4 >= 9, declined unless dev1 already holds
-    expert 0 (no copy needed), or when no residency is known (the first placement is preloaded)."""
-    load, t = np.array([8.0, 1, 1, 1]), _timer(copy_s=4.0)
+    """As the first gate test, with a 10 s copy, of which one layer's time (6 s) hides behind the
+    other layers: 6 + (10 - 6) >= 9, declined unless dev1 already holds expert 0 (no copy
+    needed), or when no residency is known (the first placement is preloaded)."""
+    load, t = np.array([8.0, 1, 1, 1]), _timer(copy_s=10.0)
     empty = np.array([[0, 2, -1], [1, 3, -1]])
     held = np.array([[0, 2, -1], [1, 3, 0]])
     assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == -1
     assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=held)[1, 2] == 0
     assert replicate_onto(load, LAY, gate="time+copy", timer=t)[1, 2] == 0
+
+
+def test_copy_hidden_within_one_layer_is_free():
+    """A 4 s copy against a 6 s layer runs behind the other layers: no charge; the excess of a
+    longer queue is charged."""
+    t = _timer(copy_s=4.0)
+    assert t.late_copy_s(1, 6.0) == 0.0
+    assert t.late_copy_s(2, 6.0) == 2.0
+    load = np.array([8.0, 1, 1, 1])
+    empty = np.array([[0, 2, -1], [1, 3, -1]])
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == 0
 
 
 def test_grouped_gemm_is_one_op_per_device_and_layer():
