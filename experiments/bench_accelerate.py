@@ -3,7 +3,8 @@ same device-memory budget, one process. Prints tokens/s for both and the ratio.
 
 The peer: `from_pretrained(device_map="auto", max_memory={device: budget}, offload_folder=...)`,
 greedy `generate` batch by batch (on a CPU-only machine the "device" is RAM, as moepipe's pool).
-moepipe: the real executor with `planner` (klotski) at the same device budget, host RAM
+moepipe: the real executor with `planner` (klotski, n = n_batches: 15 as in the paper's Fig. 10,
+accelerate running the same n batches one after another) at the same device budget, host RAM
 `cpu_frac` of the model, the rest on disk. Needs the `bench` extra (pip install -e .[bench]).
 
 Both start cold: before each timed run the page cache of the checkpoint and of accelerate's
@@ -14,7 +15,7 @@ cache makes accelerate's disk offload an in-RAM run).
 
 Usage:
     python -m experiments.bench_accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
-        [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
+        [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
         [cold=true]
 """
 
@@ -40,7 +41,7 @@ from real.checkpoint import load_checkpoint
 
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, cold="true",
+    batch_size=4, n_batches=15, prompt_len=16, gen_len=4, cold="true",
 )  # fmt: skip
 
 

@@ -167,24 +167,20 @@ def measure_store(
     """Disk and h2d timed through the real executor's own path on the checkpoint's units: a
     `TieredStore` reads a unit from the offload file into a fresh host buffer (`read_disk`),
     copies it into the device pool (`to_device`) and drops both copies, as a load/free pair of a
-    schedule does; allocation, page faults and cache misses are in the times. Units of every size
-    the model has, each timing fitted to latency + bytes/bandwidth."""
+    schedule does; allocation, page faults and cache misses are in the times. Passes over every
+    unit in file order (at least one after a warm-up pass, more within `budget_s`), per-size
+    medians fitted to latency + bytes/bandwidth."""
     spec, _ = load_checkpoint(ckpt)
     store = TieredStore(ckpt, 1 << 62, device=device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    by_size: dict[int, list[Unit]] = {}
-    for u in store.records:
-        by_size.setdefault(store.unit_bytes(u), []).append(u)
-    disk: list[tuple[float, float]] = []
-    h2d: list[tuple[float, float]] = []
+    # File order is layer order: a forward pass reads the offload file front to back, so the
+    # passes below do too (a scattered order measured half the bandwidth the runs see here).
+    order = sorted(store.records, key=lambda u: store.records[u].offset)
+    times: dict[int, tuple[list[float], list[float]]] = {}
     deadline = time.perf_counter() + budget_s
     try:
-        for size, units in sorted(by_size.items()):
-            td, th = [], []
-            for i in range(9):
-                if len(td) >= 3 and time.perf_counter() > deadline:
-                    break
-                u = units[(i * 7) % len(units)]
+        for rep in range(4):
+            for u in order:
                 t0 = time.perf_counter()
                 store.read_disk(u)
                 t1 = time.perf_counter()
@@ -193,13 +189,16 @@ def measure_store(
                 t2 = time.perf_counter()
                 store.evict(u, Tier.GPU)
                 store.evict(u, Tier.CPU)
-                if i:  # the first of a size warms the allocator
+                if rep:  # the first pass warms the allocator
+                    td, th = times.setdefault(store.unit_bytes(u), ([], []))
                     td.append(t1 - t0)
                     th.append(t2 - t1)
-            disk.append((float(size), statistics.median(td)))
-            h2d.append((float(size), statistics.median(th)))
+            if rep and time.perf_counter() > deadline:
+                break
     finally:
         store.close()
+    disk = [(float(size), statistics.median(td)) for size, (td, _) in sorted(times.items())]
+    h2d = [(float(size), statistics.median(th)) for size, (_, th) in sorted(times.items())]
     out = {}
     for name, pts in (("disk", disk), ("h2d", h2d)):
         bw, lat = _fit(pts) if len(pts) > 1 else (pts[0][0] / pts[0][1], 0.0)
