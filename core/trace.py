@@ -121,6 +121,63 @@ def busy_s(trace: pd.DataFrame) -> dict[str, float]:
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
+def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
+    """A lower bound on the makespan of this schedule (its ops, deps and stream order) with the
+    trace's op durations: no executor can run it faster, whatever it does with the resources.
+
+    The resource bound (`lower_bound_s`, the busiest resource's busy time) ignores that the
+    schedule's ops depend on each other; this one does not. For a set S of ops on one resource
+    (one op at a time): no op of S starts before the smallest head of S (the longest chain of
+    durations that must finish before it), S takes the sum of its durations, and after the last
+    one at least the smallest tail (the longest chain after it) remains, so
+    makespan >= min head + sum + min tail (the one-machine relaxation with release and delivery
+    times; memory is relaxed too). S ranges over each resource's ops of steps >= s and of steps
+    <= s, for every step s: a prefill bound by compute and a decode bound by a link add up here,
+    where the resource bound takes only the larger. Also >= the critical path (S = one op).
+    Returns (seconds, what binds).
+    """
+    ops = schedule.ops
+    n = len(ops)
+    if not n:
+        return 0.0, ""
+    ids = trace["op_id"].to_numpy()
+    dur = np.zeros(n)
+    dur[ids] = (trace["end_s"] - trace["start_s"]).to_numpy()
+    d = dur.tolist()
+    head = [0.0] * n
+    preds: list[tuple[int, ...]] = [()] * n
+    last_in_stream: dict[str, int] = {}
+    for o in ops:  # ids are in topological order: deps name smaller ids
+        prev = last_in_stream.get(o.stream)
+        ps = o.deps if prev is None else (*o.deps, prev)
+        last_in_stream[o.stream] = o.id
+        preds[o.id] = ps
+        if ps:
+            head[o.id] = max([head[p] + d[p] for p in ps])
+    tail = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        t = d[i] + tail[i]
+        for p in preds[i]:
+            if tail[p] < t:
+                tail[p] = t
+    h_arr, t_arr = np.asarray(head), np.asarray(tail)
+    frame = pd.DataFrame({"resource": trace["resource"].astype(str).to_numpy(), "step": trace["step"].to_numpy(),
+                          "head": h_arr[ids], "dur": dur[ids], "tail": t_arr[ids]})  # fmt: skip
+    best = float((h_arr + dur + t_arr).max())  # the critical path
+    where = "critical path"
+    for res, g in frame[frame["resource"] != "none"].groupby("resource", sort=True):
+        per = g.groupby("step").agg(head=("head", "min"), dur=("dur", "sum"), tail=("tail", "min"))
+        steps = per.index.to_numpy()
+        h, b, t = (per[c].to_numpy() for c in ("head", "dur", "tail"))
+        up = np.minimum.accumulate(h) + np.cumsum(b) + np.minimum.accumulate(t)  # steps <= s
+        down = (np.minimum.accumulate(h[::-1]) + np.cumsum(b[::-1]) + np.minimum.accumulate(t[::-1]))[::-1]
+        for vals, rel in ((up, "<="), (down, ">=")):
+            i = int(np.argmax(vals))
+            if vals[i] > best:
+                best, where = float(vals[i]), f"{res}, steps {rel} {int(steps[i])}"
+    return best, where
+
+
 def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     """Peak memory per tier: resident + the allocations live at any instant.
 
@@ -160,6 +217,8 @@ def summarize(
     busy = busy_s(trace)
     gpu_busy = busy.get("gpu", 0.0)
     lower = max(busy.values()) if busy else 0.0
+    dag, dag_binds = dag_bound(schedule, trace)
+    dag = max(dag, lower)
     moved = (
         trace[trace["bytes"] > 0]
         .groupby(trace["resource"].astype(str), observed=True)["bytes"]
@@ -184,6 +243,9 @@ def summarize(
         "gpu_bubble_frac": (makespan - gpu_busy) / makespan if makespan > 0 else 0.0,
         "lower_bound_s": lower,
         "efficiency": lower / makespan if makespan > 0 else 0.0,
+        "dag_lower_bound_s": dag,
+        "dag_bound_binds": dag_binds if dag > lower else "busiest resource",
+        "dag_efficiency": dag / makespan if makespan > 0 else 0.0,
         "bytes_moved": {str(k): int(v) for k, v in moved.items()},
         "peak_bytes": peak_bytes(schedule, trace),
         "ops": len(trace),

@@ -43,6 +43,8 @@ def test_planner_contract(name, tiny_model, tiny_hw, tiny_workload):
     for tier, peak in s["peak_bytes"].items():
         assert peak <= schedule.capacity_bytes[tier], tier
     assert s["makespan_s"] >= s["lower_bound_s"] - 1e-12
+    # the schedule's own bound (deps + stream order) sits between the resource bound and the run
+    assert s["lower_bound_s"] - 1e-12 <= s["dag_lower_bound_s"] <= s["makespan_s"] + 1e-9
     # the expert compute of every (step, layer) covers every routed token exactly once
     tokens = trace[trace["kind"] == "compute-expert"]["tokens"].sum()
     wl = tiny_workload
