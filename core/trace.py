@@ -170,7 +170,9 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
         steps = per.index.to_numpy()
         h, b, t = (per[c].to_numpy() for c in ("head", "dur", "tail"))
         up = np.minimum.accumulate(h) + np.cumsum(b) + np.minimum.accumulate(t)  # steps <= s
-        down = (np.minimum.accumulate(h[::-1]) + np.cumsum(b[::-1]) + np.minimum.accumulate(t[::-1]))[::-1]
+        down = (
+            np.minimum.accumulate(h[::-1]) + np.cumsum(b[::-1]) + np.minimum.accumulate(t[::-1])
+        )[::-1]
         for vals, rel in ((up, "<="), (down, ">=")):
             i = int(np.argmax(vals))
             if vals[i] > best:

@@ -73,10 +73,17 @@ def synthetic_split(model: ModelSpec, wl: Workload, out: Path) -> tuple[Routing,
     n = wl.n_sequences
     train_ids = both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:])  # [T, L, k]
     e = model.n_experts
-    load = np.stack([np.bincount(train_ids[:, m].ravel(), minlength=e) for m in range(train_ids.shape[1])])
+    load = np.stack(
+        [np.bincount(train_ids[:, m].ravel(), minlength=e) for m in range(train_ids.shape[1])]
+    )
     np.save(out / "train_load.npy", load.astype(np.float64))
     np.save(out / "train_trans.npy", transition_counts(train_ids, e))
-    test = Routing(both.expert_ids[n:], both.gate_weights[n:], e, both.description + " (second half; first half trains)")
+    test = Routing(
+        both.expert_ids[n:],
+        both.gate_weights[n:],
+        e,
+        both.description + " (second half; first half trains)",
+    )
     return test, out / "train_load.npy", out / "train_trans.npy"
 
 

@@ -87,7 +87,9 @@ def compare(
     )
     # the schedule's own bound with the measured durations: what the executor adds to the DAG
     row["real_makespan_over_dag_lb"] = (
-        r_sum["makespan_s"] / r_sum["dag_lower_bound_s"] if r_sum.get("dag_lower_bound_s") else float("nan")
+        r_sum["makespan_s"] / r_sum["dag_lower_bound_s"]
+        if r_sum.get("dag_lower_bound_s")
+        else float("nan")
     )
     joined = sim.merge(real, on="op_id", suffixes=("_sim", "_real"))
     assert len(joined) == len(real) == len(sim)

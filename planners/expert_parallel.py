@@ -363,7 +363,9 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
         return float(dev.max()), float((dev**2).sum())
 
     slots, now = slots.copy(), score(member)
-    filled = int((slots[:, h:] >= 0).sum())  # replicas placed; a free slot is filled only below the budget
+    filled = int(
+        (slots[:, h:] >= 0).sum()
+    )  # replicas placed; a free slot is filled only below the budget
     for _ in range(rounds):
         busiest = int(np.argmax(member @ (load / np.maximum(member.sum(0), 1.0))))
         best: tuple[tuple[float, float], int, int, int] | None = None
@@ -395,14 +397,14 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
                 best = (sc, -1, busiest, j)
         if best is None:
             break
-        now, x, d, j = best
+        now, pick, d, j = best
         if slots[d, j] >= 0:
             member[d, slots[d, j]] -= 1
             filled -= 1
-        if x >= 0:
-            member[d, x] += 1
+        if pick >= 0:
+            member[d, pick] += 1
             filled += 1
-        slots[d, j] = x
+        slots[d, j] = pick
     return slots
 
 
