@@ -208,7 +208,7 @@ def targets(rows: list[dict[str, Any]], cases: list[str]) -> list[str]:
         st, ep, pr, orc = (by[p] for p in PLANNERS)
         out += [
             f"[{'PASS' if pr['balancedness'] >= ep['balancedness'] else 'FAIL'}] {case} bs={bs}: predictive "
-            f"balancedness {pr['balancedness']:.3f} >= eplb {ep['balancedness']:.3f}",
+            f"balancedness {pr['balancedness']:.4f} >= eplb {ep['balancedness']:.4f}",
             gap_line(case, bs, st, pr, orc),
         ]
     for metric, what in (("expert_phase_util", "expert-phase utilisation"),
