@@ -16,6 +16,7 @@ Predictors (pluggable, causal):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,12 +88,29 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
 
 
 class LoadPredictor:
-    """Keeps what the gates revealed; `predict` returns a load [E] and the gate ops it used."""
+    """Keeps what the gates revealed; `predict` returns a load [E] and the gate ops it used.
 
-    def __init__(self, p: PredictiveParams, n_layers: int, n_experts: int) -> None:
-        self.p = p
-        self.ema = np.zeros((n_layers, n_experts))  # [L, E]
+    The EMA is kept over each iteration's shares of the selections, and a prediction is the EMA
+    times iteration t's selections (`selections(t)`), so a prefill iteration's loads do not
+    stand for a decode step's. With `prior` [L, E] (a training split's load, the `initial_load`
+    eplb and the oracle get too) the EMA starts from its shares instead of from nothing, and the
+    first iteration is predicted from it."""
+
+    def __init__(
+        self,
+        p: PredictiveParams,
+        n_layers: int,
+        n_experts: int,
+        selections: Callable[[int], float] = lambda t: 1.0,
+        prior: np.ndarray | None = None,
+    ) -> None:
+        self.p, self.selections = p, selections
+        self.ema = np.zeros((n_layers, n_experts))  # [L, E] shares
         self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
+        if prior is not None:
+            rows = prior.sum(1, keepdims=True)
+            self.seen[:] = rows[:, 0] > 0
+            self.ema[self.seen] = (prior / np.where(rows > 0, rows, 1.0))[self.seen]
         self.trans = np.zeros(
             (n_layers, n_experts, n_experts)
         )  # [L, E, E] layer l-1 expert -> layer l expert
@@ -109,14 +127,17 @@ class LoadPredictor:
             rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
             rows /= rows.sum(1, keepdims=True)
             return counts @ rows, (self.gate_of[(t, moe - 1)],)
-        if t == 0 or not self.seen[moe]:
+        if not self.seen[moe]:
             return np.ones(self.ema.shape[1]), ()
-        return self.ema[moe].copy(), (self.gate_of[(t - 1, moe)],)
+        load = self.ema[moe] * self.selections(t)
+        last = self.gate_of.get((t - 1, moe))
+        return load, () if last is None else (last,)  # from the prior alone: no gate to wait for
 
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         counts = np.asarray(view.counts, dtype=np.float64)
+        share = counts / max(counts.sum(), 1.0)
         a = 1.0 if self.p.predictor == "last" or not self.seen[moe] else self.p.ema_alpha
-        self.ema[moe] = a * counts + (1 - a) * self.ema[moe]
+        self.ema[moe] = a * share + (1 - a) * self.ema[moe]
         self.seen[moe] = True
         self.gate_of[(t, moe)] = gate_op
         ids = np.asarray(view.ids, dtype=np.int64)  # [T, k]
@@ -155,12 +176,17 @@ class PredictiveReplication:
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         layout = resolve_layout(self.params, ctx)
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
-        predictor = LoadPredictor(self.params, n_layers, e)
         init = (
             read_load(self.params.initial_load, n_layers, e, "predictive_replication")
             if self.params.initial_load
             else None
         )
+        wl, k = ctx.workload, ctx.model.top_k
+
+        def selections(t: int) -> float:  # expert selections of iteration t = (step, batch)
+            return float(wl.batch_size * wl.step_tokens(t // wl.n_batches) * k)
+
+        predictor = LoadPredictor(self.params, n_layers, e, selections, init)
         homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
         out.meta["predictor"] = self.params.predictor
         rep = Replicator(self.params, layout, ExpertTime.of(ctx, layout), homes)

@@ -264,3 +264,20 @@ def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
 def test_unknown_gate_is_a_config_error():
     with pytest.raises(ConfigError, match="gate='fast' unknown"):
         simulate_run(tiny_spec("oracle_replication", gate="fast"))
+
+
+def test_predictor_starts_from_the_prior_and_scales_shares_to_the_iteration():
+    """Prior [1, 4] load [6, 2, 1, 1]: iteration 0 is predicted as its shares x that iteration's
+    selections (20 -> [12, 4, 2, 2]) with no gate to wait for; after observing counts [0, 0, 5, 5]
+    the EMA (alpha 0.5) holds shares [0.3, 0.1, 0.3, 0.3], scaled to the next iteration's 10."""
+    from core.routing import GateView
+    from planners.predictive_replication import LoadPredictor, PredictiveParams
+
+    p = PredictiveParams(predictor="ema", ema_alpha=0.5)
+    sel = {0: 20.0, 1: 10.0}
+    pred = LoadPredictor(p, 1, 4, sel.__getitem__, np.array([[6.0, 2, 1, 1]]))
+    load, used = pred.predict(0, 0)
+    assert load.tolist() == pytest.approx([12, 4, 2, 2]) and used == ()
+    pred.observe(0, 0, GateView(np.array([[2], [3]]), np.array([0, 0, 5, 5])), gate_op=7)
+    load, used = pred.predict(1, 0)
+    assert load.tolist() == pytest.approx([3, 1, 3, 3]) and used == (7,)
