@@ -30,6 +30,10 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     prof = yaml.safe_load(hw.read_text())
     assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
     assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
+    # each compute kind's cost around its kernel, from a real run: at least the per-op overhead
+    by_kind = prof["gpu"]["overhead_us_by_kind"]
+    assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(by_kind)
+    assert all(v >= prof["gpu"]["overhead_us"] for v in by_kind.values())
     assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
 
     conf = tmp_path / "conf" / "hardware"
