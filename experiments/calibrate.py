@@ -3,7 +3,9 @@
 Disk read bandwidth/latency with O_DIRECT (real.store.DiskReader), host->device and device->host
 bandwidth/latency (on a CPU-only machine: a memcpy into the RAM device pool, as the real executor
 does), and per-op-kind compute time tables ((flops, seconds) against token count) of the real
-model pieces for a checkpoint's model (default: conf/model/mixtral-tiny). About a minute.
+model pieces for a checkpoint's model (default: conf/model/mixtral-tiny). With a checkpoint, the
+executor's per-op overhead (a chain of no-op copies) and, per compute kind, what an op costs in a
+small real run beyond its kernel (`measure_in_run` -> overhead_us_by_kind). About 10 s here.
 
 Usage:
     python -m experiments.calibrate hardware.name=this-machine [checkpoint=DIR] [device=cuda]
