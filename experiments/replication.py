@@ -15,6 +15,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -134,13 +135,17 @@ def run_case(
         else:
             routing, load_file, trans_file = synthetic_split(model, wl, train)
         routing.check_fits(model, wl)
-        for planner in PLANNERS:
-            params = dict(
-                n_devices=int(case.n_devices),
-                lanes=bool(case.lanes),
-                grouped_gemm=bool(cfg.grouped_gemm),
-                **dict(cfg.planners[planner] or {}),
-            )
+        variants = {
+            v: (str(c.planner), dict(c.params or {}))
+            for v, c in (cfg.get("variants") or {}).items()
+        }
+        runs = [(p, p, dict(cfg.planners[p] or {})) for p in PLANNERS]
+        runs += [
+            (v, p, {**dict(cfg.planners[p] or {}), **over}) for v, (p, over) in variants.items()
+        ]
+        for label, planner, own in runs:
+            params = dict(n_devices=int(case.n_devices), lanes=bool(case.lanes),
+                          grouped_gemm=bool(cfg.grouped_gemm), **own)  # fmt: skip
             if planner != "ep_static":
                 params["replica_slots"] = int(cfg.replica_slots)
             if planner != "ep_static":  # the same training information for all
@@ -148,7 +153,9 @@ def run_case(
             if planner == "predictive_replication":
                 params["table"] = str(trans_file)
             result = simulate_run(RunSpec(model, hw, wl, planner, params), routing)
-            run_dir = out / name / f"bs{bs}" / planner
+            if label != planner:  # a variant: its own row, beside the four the targets compare
+                result.summary.update(planner=label, planner_label=label)
+            run_dir = out / name / f"bs{bs}" / label
             if cfg.write_traces:
                 write_run(run_dir, result)
             else:
@@ -181,36 +188,42 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def gap_line(
-    case: str, bs: int, st: dict[str, Any], pr: dict[str, Any], orc: dict[str, Any]
-) -> str:
-    """Share of the ep_static -> oracle makespan gap predictive closes; in words when there is
-    no gap to close (the oracle is not faster than ep_static), never nan."""
+    case: str, bs: int, st: dict[str, Any], pr: dict[str, Any], orc: dict[str, Any],
+    who: str = "predictive",
+) -> str:  # fmt: skip
+    """Share of the ep_static -> oracle makespan gap `who` closes; in words when there is no gap
+    to close (the oracle is not faster than ep_static), never nan."""
     ms = {k: 1e3 * r["makespan_s"] for k, r in (("st", st), ("pr", pr), ("orc", orc))}
-    times = (f"(ep_static {ms['st']:.2f} ms, oracle {ms['orc']:.2f} ms, predictive "
+    times = (f"(ep_static {ms['st']:.2f} ms, oracle {ms['orc']:.2f} ms, {who} "
              f"{ms['pr']:.2f} ms)")  # fmt: skip
     gap = st["makespan_s"] - orc["makespan_s"]
     if gap <= 0:
         return (f"[FAIL] {case} bs={bs}: no gap to close: the oracle is not faster than ep_static "
-                f"{times}; predictive is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
+                f"{times}; {who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
                 f"ep_static")  # fmt: skip
     closed = (st["makespan_s"] - pr["makespan_s"]) / gap
-    return (f"[{'PASS' if closed >= 0.5 else 'FAIL'}] {case} bs={bs}: predictive closes {closed:.0%} of "
+    return (f"[{'PASS' if closed >= 0.5 else 'FAIL'}] {case} bs={bs}: {who} closes {closed:.0%} of "
             f"the ep_static -> oracle makespan gap {times}; target >= 50%")  # fmt: skip
 
 
-def targets(rows: list[dict[str, Any]], cases: list[str]) -> list[str]:
-    """The issue's targets: balancedness and makespan gap on each of `cases` (held-out ESFT) at its
-    largest batch, and utilisation wherever ep_static is below 0.6."""
+def targets(
+    rows: list[dict[str, Any]], cases: list[str], variants: Sequence[str] = ()
+) -> list[str]:
+    """The issue's targets: balancedness and makespan gap of predictive (and of each variant) on
+    each of `cases` (held-out ESFT) at its largest batch, and utilisation wherever ep_static is
+    below 0.6."""
     out = []
-    for case in cases:
-        bs = max(r["batch_size"] for r in rows if r["case"] == case)
-        by = {r["planner"]: r for r in rows if r["case"] == case and r["batch_size"] == bs}
-        st, ep, pr, orc = (by[p] for p in PLANNERS)
-        out += [
-            f"[{'PASS' if pr['balancedness'] >= ep['balancedness'] else 'FAIL'}] {case} bs={bs}: predictive "
-            f"balancedness {pr['balancedness']:.4f} >= eplb {ep['balancedness']:.4f}",
-            gap_line(case, bs, st, pr, orc),
-        ]
+    for who in ("predictive_replication", *variants):
+        name = "predictive" if who == "predictive_replication" else who
+        for case in cases:
+            bs = max(r["batch_size"] for r in rows if r["case"] == case)
+            by = {r["planner"]: r for r in rows if r["case"] == case and r["batch_size"] == bs}
+            st, ep, orc, pr = by["ep_static"], by["eplb"], by["oracle_replication"], by[who]
+            out += [
+                f"[{'PASS' if pr['balancedness'] >= ep['balancedness'] else 'FAIL'}] {case} bs={bs}: {name} "
+                f"balancedness {pr['balancedness']:.4f} >= eplb {ep['balancedness']:.4f}",
+                gap_line(case, bs, st, pr, orc, name),
+            ]
     for metric, what in (("expert_phase_util", "expert-phase utilisation"),
                          ("utilisation", "whole-run utilisation (busy/makespan)")):  # fmt: skip
         out += utilisation_lines(rows, metric, what)
@@ -270,7 +283,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
     fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
     for ax, case in zip(axes[0], cases, strict=True):
-        for planner in PLANNERS:
+        for planner in dict.fromkeys(r["planner"] for r in rows):  # the four, then any variants
             pts = sorted((r["batch_size"], r["batch_size"] * r["n_batches"] * r["prompt_len"] / r["makespan_s"])
                          for r in rows if r["case"] == case and r["planner"] == planner)  # fmt: skip
             ax.plot(*zip(*pts, strict=True), marker="o", label=planner)
@@ -300,7 +313,13 @@ def run(cfg: DictConfig) -> list[str]:
         run_case(cfg, str(name), case, prep, out)
         log.info("%s done at %.0f s", name, time.time() - t0)
     rows = read_runs(out)
-    lines = [table(rows), "", *targets(rows, [c for c in cfg.targets_cases if c in cfg.cases])]
+    lines = [
+        table(rows),
+        "",
+        *targets(
+            rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
+        ),
+    ]
     pngs = plot(rows, out)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
     return lines
