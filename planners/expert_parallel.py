@@ -263,13 +263,14 @@ def replicate_onto(
 
     gate "none": `layout.replicas` copies given to the largest per-copy load (EPLB's greedy), each
     on the lightest device with a free slot (preferring one without that expert).
-    gate "time" / "time+copy" (FasterMoE's shadowing rule, replication.md §2.2): repeatedly copy
-    the expert with the largest per-copy load on the modelled busiest device (`timer`) onto the
-    modelled least busy device with a free slot that lacks it, and keep the copy only if the
-    busiest device then finishes sooner (by more than the copy's transfer time for "time+copy",
-    unless `resident` [G, K], the slots now filled, already hold it there); stop at the first
-    copy that does not pay. A copy adds the expert's weight bytes to the grouped GEMM's roofline,
-    so in memory-bound layers replication can lose and the gate declines it.
+    gate "time" / "time+copy" (after FasterMoE's shadowing rule, replication.md §2.2): copies
+    added one at a time in the same greedy order, each onto the modelled least busy device
+    (`timer`) with a free slot that lacks it; the prefix whose busiest device finishes first is
+    kept, for "time+copy" charged the copies not already in `resident` [G, K] that cannot hide
+    behind the other layers (`ExpertTime.late_copy_s`). A copy adds the expert's weight bytes to
+    the grouped GEMM's roofline, so in memory-bound layers replication can lose and the gate
+    declines it. Either way `polish` then improves the replica slots (kept under a gate only if
+    modelled faster).
     """
     slots = layout.round_robin() if homes is None else homes.copy()
     load = np.asarray(load, dtype=np.float64)
@@ -350,9 +351,11 @@ def _gated(
 def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64) -> np.ndarray:
     """Local search over the replica slots (homes stay): refill a replica slot (or fill a free one,
     within the `replicas` budget) with an expert of the busiest device, or empty one of its
-    replicas, while that lowers (max device tokens, sum of squares) under the even split. The greedy that fills the slots places copies one at a time and can
-    leave the busiest device with a better move; this takes the best single-slot move until
-    none helps (at most `rounds`)."""
+    replicas, while that lowers (max device tokens, sum of squares) under the even split.
+
+    The greedy that fills the slots places copies one at a time and can leave the busiest device
+    with a better move; this takes the best single-slot move until none helps (at most
+    `rounds`)."""
     g, e, h = layout.n_devices, layout.n_experts, layout.home_slots
     member = np.zeros((g, e))
     for d in range(g):
@@ -363,9 +366,8 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
         return float(dev.max()), float((dev**2).sum())
 
     slots, now = slots.copy(), score(member)
-    filled = int(
-        (slots[:, h:] >= 0).sum()
-    )  # replicas placed; a free slot is filled only below the budget
+    # replicas placed; a free slot is filled only while this is below the budget
+    filled = int((slots[:, h:] >= 0).sum())
     for _ in range(rounds):
         busiest = int(np.argmax(member @ (load / np.maximum(member.sum(0), 1.0))))
         best: tuple[tuple[float, float], int, int, int] | None = None
