@@ -71,34 +71,33 @@ def synthetic_split(model: ModelSpec, wl: Workload, out: Path) -> tuple[Routing,
     structure, as one model has): the first half trains the load matrix and transition table that
     eplb / predictive / oracle start from (as ESFT's training split does), the second half is run."""
     both = synthetic_routing(model, replace(wl, n_batches=2 * wl.n_batches))
-    n = wl.n_sequences
-    train_ids = both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:])  # [T, L, k]
-    e = model.n_experts
-    load = np.stack(
-        [np.bincount(train_ids[:, m].ravel(), minlength=e) for m in range(train_ids.shape[1])]
+    n, e = wl.n_sequences, model.n_experts
+    out.mkdir(parents=True, exist_ok=True)
+    files = save_training(
+        both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:]), e, out, "train"
     )
-    np.save(out / "train_load.npy", load.astype(np.float64))
-    np.save(out / "train_trans.npy", transition_counts(train_ids, e))
-    test = Routing(
-        both.expert_ids[n:],
-        both.gate_weights[n:],
-        e,
-        both.description + " (second half; first half trains)",
-    )
-    return test, out / "train_load.npy", out / "train_trans.npy"
+    test = Routing(both.expert_ids[n:], both.gate_weights[n:], e,
+                   both.description + " (second half; first half trains)")  # fmt: skip
+    return test, *files
+
+
+def save_training(
+    train_ids: np.ndarray, n_experts: int, out: Path, prefix: str
+) -> tuple[Path, Path]:
+    """From training routing ids [T, L, k]: the load matrix [L, E] (eplb / predictive / oracle's
+    initial_load) and the transition table [L, E, E] (predictive's table), as .npy files."""
+    load = np.stack([np.bincount(train_ids[:, m].ravel(), minlength=n_experts)
+                     for m in range(train_ids.shape[1])])  # fmt: skip
+    paths = out / f"{prefix}_load.npy", out / f"{prefix}_trans.npy"
+    np.save(paths[0], load.astype(np.float64))
+    np.save(paths[1], transition_counts(train_ids, n_experts))
+    return paths
 
 
 def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     """Held-out ESFT stream, training-split tables for eplb / predictive, and the Switch skew fit."""
     test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed)
-    load = np.stack(
-        [
-            np.bincount(train_ids[:, layer].ravel(), minlength=64)
-            for layer in range(train_ids.shape[1])
-        ]
-    )
-    np.save(out / "esft_train_load.npy", load.astype(np.float64))  # [26, 64]
-    np.save(out / "esft_train_trans.npy", transition_counts(train_ids, 64))  # [26, 64, 64]
+    save_training(train_ids, 64, out, "esft_train")  # [26, 64] and [26, 64, 64]
     counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
         "olmoe_counts_top1"
     ]
@@ -127,22 +126,17 @@ def run_case(
         )
         wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
                       routing=rc, seed=int(cfg.seed))  # fmt: skip
-        train = out / name / f"bs{bs}"
-        train.mkdir(parents=True, exist_ok=True)
         if case.routing == "esft_heldout":
             routing = esft_routing(prep["test_ids"], wl)
             load_file, trans_file = out / "esft_train_load.npy", out / "esft_train_trans.npy"
         else:
-            routing, load_file, trans_file = synthetic_split(model, wl, train)
+            routing, load_file, trans_file = synthetic_split(model, wl, out / name / f"bs{bs}")
         routing.check_fits(model, wl)
-        variants = {
-            v: (str(c.planner), dict(c.params or {}))
-            for v, c in (cfg.get("variants") or {}).items()
-        }
-        runs = [(p, p, dict(cfg.planners[p] or {})) for p in PLANNERS]
-        runs += [
-            (v, p, {**dict(cfg.planners[p] or {}), **over}) for v, (p, over) in variants.items()
-        ]
+        runs = [
+            (p, p, dict(cfg.planners[p] or {})) for p in PLANNERS
+        ]  # (row label, planner, params)
+        runs += [(v, str(c.planner), {**dict(cfg.planners[c.planner] or {}), **dict(c.params or {})})
+                 for v, c in (cfg.get("variants") or {}).items()]  # fmt: skip
         for label, planner, own in runs:
             params = dict(n_devices=int(case.n_devices), lanes=bool(case.lanes),
                           grouped_gemm=bool(cfg.grouped_gemm), **own)  # fmt: skip
