@@ -38,13 +38,14 @@ def mixtral_tiny(ckpt_root) -> Path:
 
 @pytest.fixture(scope="session")
 def small_ckpt(ckpt_root):
-    """name -> a reduced checkpoint of that conf/model (written on first use)."""
+    """name -> a reduced checkpoint of that conf/model (written on first use; its own directory,
+    so `small_ckpt("mixtral-tiny")` does not overwrite the `mixtral_tiny` fixture)."""
     made: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in made:
             spec = reduced_spec(name, **small_overrides(name))
-            made[name] = write_checkpoint(spec, ckpt_root / name, seed=1)
+            made[name] = write_checkpoint(spec, ckpt_root / "small" / name, seed=1)
         return made[name]
 
     return get
