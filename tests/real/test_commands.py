@@ -34,6 +34,8 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     by_kind = prof["gpu"]["overhead_us_by_kind"]
     assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(by_kind)
     assert all(v >= prof["gpu"]["overhead_us"] for v in by_kind.values())
+    # the disk bandwidth as the runs' own disk reads saw it
+    assert "the same runs' disk reads" in prof["sources"]["disk"]
     assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
 
     conf = tmp_path / "conf" / "hardware"
@@ -51,4 +53,5 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]
     assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
+    assert {"run_disk_gbps", "calibrated_disk_gbps", "err_run_disk_makespan_s"} <= set(table)
     assert (out / "timeline_flexgen.png").stat().st_size > 0
