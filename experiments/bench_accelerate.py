@@ -73,7 +73,7 @@ def drop_page_cache(*dirs: str | Path, everything: bool = True) -> None:
 
 
 def placed_mb(model: torch.nn.Module) -> str:
-    """MB of parameters per device of accelerate's device map, e.g. "cpu 239, disk 80"."""
+    """MB of parameters per device of accelerate's device map, e.g. "cpu 159 MB, disk 159 MB"."""
     where: dict[str, str] = {k: str(v) for k, v in model.hf_device_map.items()}
     mb: dict[str, float] = {}
     for name, p in model.named_parameters():
