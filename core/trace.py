@@ -121,6 +121,20 @@ def busy_s(trace: pd.DataFrame) -> dict[str, float]:
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
+def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: float) -> float | None:
+    """Bytes/s a link delivered in `traces`: the bytes of its transfers over their summed time
+    net of the per-transfer `latency_s` (transfers no longer than that left out). The aggregate,
+    not a median per transfer, because a run's makespan adds durations up, slow ones included.
+    None when the traces have no such transfer."""
+    nbytes = took = 0.0
+    for tr in traces:
+        dur = (tr["end_s"] - tr["start_s"]).to_numpy()
+        sel = (tr["resource"].astype(str) == resource).to_numpy() & (dur > latency_s)
+        nbytes += float(tr["bytes"].to_numpy()[sel].sum())
+        took += float((dur[sel] - latency_s).sum())
+    return nbytes / took if took > 0 and nbytes > 0 else None
+
+
 def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
     """A lower bound on the makespan of this schedule (its ops, deps and stream order) with the
     trace's op durations: no executor can run it faster, whatever it does with the resources.

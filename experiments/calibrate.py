@@ -5,11 +5,12 @@ bandwidth/latency (on a CPU-only machine: a memcpy into the RAM device pool, as 
 does), and per-op-kind compute time tables ((flops, seconds) against token count) of the real
 model pieces for a checkpoint's model (default: conf/model/mixtral-tiny). With a checkpoint, the
 executor's per-op overhead (a chain of no-op copies) and, per compute kind, what an op costs in a
-small real run beyond its kernel (`measure_in_run` -> overhead_us_by_kind). About 10 s here.
+few small real runs beyond its kernel (`measure_in_run` -> overhead_us_by_kind), and the disk
+bandwidth those runs' reads saw, over `in_run_s` seconds. About 30 s here.
 
 Usage:
     python -m experiments.calibrate hardware.name=this-machine [checkpoint=DIR] [device=cuda]
-        [disk_dir=runs/.calib] [disk_mb=256] [out=conf/hardware/this-machine.yaml]
+        [disk_dir=runs/.calib] [disk_mb=256] [in_run_s=20] [out=conf/hardware/this-machine.yaml]
 """
 
 # ruff: noqa: B023  (the timed lambdas run inside their loop iteration)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import itertools
 import os
 import platform
 import shutil
@@ -35,6 +37,7 @@ import yaml
 from core.errors import MoepipeError
 from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
+from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
 from experiments.cli import parse_kv
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
@@ -370,21 +373,25 @@ def _ram_bytes() -> int:
 
 
 def measure_in_run(
-    ckpt: str, hw: dict[str, Any], device: torch.device, runs: int = 3
-) -> tuple[dict[str, float], float | None]:
-    """What ops cost inside a real run: `runs` small flexgen runs on the checkpoint (2 batches of
-    2 sequences, 8-token prompts, 3 tokens; device pool 0.6 and host RAM 0.15 of the model, so
-    the disk stream is active), their ops pooled.
+    ckpt: str, hw: dict[str, Any], device: torch.device, budget_s: float = 20.0, runs: int = 3
+) -> tuple[dict[str, float], dict[str, float]]:
+    """What ops cost inside a real run: small flexgen runs on the checkpoint (2 batches of 2
+    sequences, 8-token prompts, 3 tokens; device pool 0.6 and host RAM 0.15 of the model, so the
+    disk stream is active), at least `runs` of them and more until `budget_s` has passed, their
+    ops pooled. This VM's disk and CPU drift by about 30% over minutes; a window of seconds
+    catches one moment of that, a longer one its middle.
 
     Returns (per compute kind, the median of each op's measured duration minus the cost model's
-    for it under `hw`, in seconds; the disk bandwidth the runs' disk reads saw, bytes/s, the
-    median of bytes / (duration - the link latency of `hw`), or None without disk reads).
+    for it under `hw`, in seconds; per link ("disk", "h2d") that the runs used, the bandwidth
+    its transfers saw, bytes/s, net of the link latency of `hw` (`core.trace.link_bandwidth`)).
 
     The tables time each kernel alone; in a run the executor's own work around an op (its
     batch's rows, the KV cache, the forced router ids) and the transfer workers on the other
-    cores come on top, about half a millisecond per op on a 2-core VM. Disk reads go the other
-    way here: the same 9.4 MB unit read back to back by `measure_store` took 10.8-14.6 ms in
-    six calibrations, and 6.4-12.9 ms (15 of 17 planner runs faster) inside validate's runs."""
+    cores come on top, about half a millisecond per op on a 2-core VM. The links differ too:
+    the same 9.4 MB unit read back to back by `measure_store` took 10.8-14.6 ms in six
+    calibrations, and 6.4-12.9 ms (15 of 17 planner runs faster) inside validate's runs; its
+    copy to the device pool took 1.4 ms alone, and 1.4-1.8 ms (median) but 2.3-3.5 ms (mean)
+    in runs, where the copy worker shares two cores with compute and disk reads."""
     from core.cost import CostModel
     from core.spec import HardwareSpec
     from experiments.pipeline import RunSpec
@@ -398,28 +405,39 @@ def measure_in_run(
     wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3,
                   routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
     run = RunSpec(spec, HardwareSpec.from_dict(d), wl, "flexgen", {})
-    extra, kinds, disk_bw = [], [], []
-    latency_s = d["links"]["disk"]["latency_us"] * 1e-6
-    for _ in range(max(1, runs)):
+    extra, kinds, traces = [], [], []
+    deadline = time.perf_counter() + budget_s
+    for i in itertools.count():
+        if i >= max(1, runs) and time.perf_counter() > deadline:
+            break
         result, _ = real_execute(ckpt, run, "replay", device=device.type)
         predicted = CostModel(run.hardware).durations(result.schedule)
         tr = result.trace
         took = (tr["end_s"] - tr["start_s"]).to_numpy()
         extra.append(took - predicted[tr["op_id"].to_numpy()])
         kinds.append(tr["kind"].astype(str).to_numpy())
-        reads = (tr["resource"].astype(str) == str(Resource.DISK)).to_numpy() & (took > latency_s)
-        disk_bw.append(tr["bytes"].to_numpy()[reads] / (took[reads] - latency_s))
-    ex, kd, bw = np.concatenate(extra), np.concatenate(kinds), np.concatenate(disk_bw)
+        traces.append(tr)
+    ex, kd = np.concatenate(extra), np.concatenate(kinds)
     per_kind = {
         str(k): float(np.median(ex[kd == str(k)]))
         for k in (OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD)
         if (kd == str(k)).any()
     }
-    return per_kind, float(np.median(bw)) if len(bw) else None
+    links = {}
+    for res in (Resource.DISK, Resource.H2D):
+        bw = link_bandwidth(traces, str(res), d["links"][str(res)]["latency_us"] * 1e-6)
+        if bw:
+            links[str(res)] = bw
+    return per_kind, links
 
 
 def calibrate(
-    name: str, ckpt: str | None, device: str | None, disk_dir: Path, disk_mb: int
+    name: str,
+    ckpt: str | None,
+    device: str | None,
+    disk_dir: Path,
+    disk_mb: int,
+    in_run_s: float = 20.0,
 ) -> dict[str, Any]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if ckpt:
@@ -501,22 +519,23 @@ def calibrate(
         },
     }
     if ckpt:  # the executor's cost around each compute op, and the disk, measured in runs
-        extra, disk_bw = measure_in_run(ckpt, out, dev)
+        extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
         by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}
         for dev_key in ("gpu", "cpu") if dev.type == "cpu" else ("gpu",):
             out[dev_key]["overhead_us_by_kind"] = dict(by_kind)
         out["sources"]["overhead_by_kind"] = (
-            "overhead_us plus the median extra time of each compute kind in 3 real flexgen runs "
-            "(2 x 2 sequences, 8-token prompts, 3 tokens, disk tier active) over the tables: "
+            f"overhead_us plus the median extra time of each compute kind in real flexgen runs "
+            f"for {in_run_s:g} s (2 x 2 sequences, 8-token prompts, 3 tokens, disk tier active) "
+            "over the tables: "
             + ", ".join(f"{k} +{1e3 * max(0.0, x):.2f} ms" for k, x in extra.items())
         )
-        if disk_bw:
-            isolated = out["links"]["disk"]["gbps"]
-            for key in ("disk", "disk_write"):
-                out["links"][key]["gbps"] = round(disk_bw / 1e9, 4)
-            out["sources"]["disk"] += (
-                f"; gbps is the median of the same runs' disk reads ({disk_bw / 1e9:.3f} GB/s), "
-                f"read back to back they gave {isolated:.3f} GB/s (latency from those)"
+        for link, bw in in_run.items():
+            alone = out["links"][link]["gbps"]
+            for key in ("disk", "disk_write") if link == "disk" else (link,):
+                out["links"][key]["gbps"] = round(bw / 1e9, 4)
+            out["sources"][f"{link}_in_run"] = (
+                f"gbps {bw / 1e9:.3f}: what the same runs' {link} transfers delivered (bytes over "
+                f"their time net of latency); timed alone they gave {alone:.3f} GB/s"
             )
     out["sources"]["duration"] = f"{time.perf_counter() - t0:.1f} s"
     return out
@@ -532,6 +551,7 @@ def main(argv: list[str]) -> int:
         "device": None,
         "disk_dir": "runs/.calib",
         "disk_mb": "256",
+        "in_run_s": "20",
         "out": None,
     }
     try:
@@ -544,6 +564,7 @@ def main(argv: list[str]) -> int:
             opts["device"],
             Path(str(opts["disk_dir"])),
             int(str(opts["disk_mb"])),
+            float(str(opts["in_run_s"])),
         )
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,9 +14,9 @@ Usage:
         [repeats=3] [out=runs/validate/<time>]
 
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
-(the spread is in the table): on a shared machine one real run can be 25% off the next. Where
-the runs read from disk, the simulator also runs at the disk bandwidth those reads saw
-(`run_disk_gbps`, `err_run_disk_makespan_s`): the error left once the disk's drift since
+(the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
+also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps`,
+`run_h2d_gbps`, `err_run_links_makespan_s`): the error left once the links' drift since
 calibration is taken out (a diagnosis of the model, not its prediction).
 """
 
@@ -33,13 +33,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
+from core.trace import link_bandwidth  # noqa: E402
 from core.types import Resource, RoutingSource, Tier  # noqa: E402
 from experiments.cli import parse_kv
 from experiments.pipeline import (  # noqa: E402
@@ -62,23 +62,11 @@ _DEFAULTS: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def run_disk_bandwidth(runs: list[RunResult], latency_s: float) -> float | None:
-    """Bytes/s of the disk reads of `runs` (median of bytes / (duration - latency)); None if
-    they read nothing from disk."""
-    rates = []
-    for r in runs:
-        tr = r.trace
-        took = (tr["end_s"] - tr["start_s"]).to_numpy()
-        reads = (tr["resource"].astype(str) == str(Resource.DISK)).to_numpy() & (took > latency_s)
-        rates.append(tr["bytes"].to_numpy()[reads] / (took[reads] - latency_s))
-    pooled = np.concatenate(rates) if rates else np.array([])
-    return float(np.median(pooled)) if len(pooled) else None
-
-
-def with_disk(hw: HardwareSpec, bandwidth: float) -> HardwareSpec:
-    """`hw` with the disk read link at `bandwidth` bytes/s (latency kept)."""
+def with_links(hw: HardwareSpec, bandwidths: dict[Resource, float]) -> HardwareSpec:
+    """`hw` with these links at these bandwidths, bytes/s (latencies kept)."""
     links = dict(hw.links)
-    links[Resource.DISK] = replace(hw.link(Resource.DISK), bandwidth_bytes_per_s=bandwidth)
+    for res, bw in bandwidths.items():
+        links[res] = replace(hw.link(res), bandwidth_bytes_per_s=bw)
     return replace(hw, links=links)
 
 
@@ -223,24 +211,34 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         row["disk_bytes"] = real.summary["bytes_moved"].get("disk", 0)
         row["real_runs"] = len(spans)
         row["real_makespan_min_s"], row["real_makespan_max_s"] = min(spans), max(spans)
-        # The simulator again at the disk bandwidth these runs' reads saw: the error left once
-        # the disk's drift since calibration is taken out (a diagnosis, not the prediction).
-        bw = run_disk_bandwidth(runs, hw.link(Resource.DISK).latency_s)
-        row["run_disk_gbps"] = bw / 1e9 if bw else float("nan")
-        row["calibrated_disk_gbps"] = hw.link(Resource.DISK).bandwidth_bytes_per_s / 1e9
-        row["sim_run_disk_makespan_s"] = row["err_run_disk_makespan_s"] = float("nan")
-        if bw:
-            again = simulate_run(replace(spec, hardware=with_disk(hw, bw)), routing)
-            row["sim_run_disk_makespan_s"] = again.summary["makespan_s"]
-            row["err_run_disk_makespan_s"] = rel(
+        # The simulator again at the link bandwidths these runs' transfers saw: the error left
+        # once the links' drift since calibration is taken out (a diagnosis, not the prediction).
+        seen = {
+            res: bw
+            for res in (Resource.DISK, Resource.H2D)
+            if (bw := link_bandwidth([r.trace for r in runs], str(res), hw.link(res).latency_s))
+        }
+        for res in (Resource.DISK, Resource.H2D):
+            row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
+            row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
+        row["sim_run_links_makespan_s"] = row["err_run_links_makespan_s"] = float("nan")
+        if seen:
+            again = simulate_run(replace(spec, hardware=with_links(hw, seen)), routing)
+            row["sim_run_links_makespan_s"] = again.summary["makespan_s"]
+            row["err_run_links_makespan_s"] = rel(
                 again.summary["makespan_s"], row["real_makespan_s"]
             )
         rows.append(row)
         plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
-        at_run_disk = (
-            f"; at the runs' disk {row['run_disk_gbps']:.2f} GB/s "
-            f"(calibrated {row['calibrated_disk_gbps']:.2f}): {100 * row['err_run_disk_makespan_s']:+.1f}%"
-            if bw
+        at_run_links = (
+            "; at the runs' links ("
+            + ", ".join(
+                f"{res} {row[f'run_{res}_gbps']:.2f} GB/s, calibrated "
+                f"{row[f'calibrated_{res}_gbps']:.2f}"
+                for res in seen
+            )
+            + f"): {100 * row['err_run_links_makespan_s']:+.1f}%"
+            if seen
             else ""
         )
         print(
@@ -248,7 +246,7 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
             f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f} "
             f"(median of {len(spans)} real runs, "
-            f"{min(spans):.3f}-{max(spans):.3f} s){at_run_disk}",
+            f"{min(spans):.3f}-{max(spans):.3f} s){at_run_links}",
             flush=True,
         )
     table = pd.DataFrame(rows)

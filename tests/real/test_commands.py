@@ -26,7 +26,7 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     sh("real.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
     assert (ckpt / "config.json").exists() and list(ckpt.glob("*.safetensors"))
     sh("experiments.calibrate", "hardware.name=calibrated", f"checkpoint={ckpt}",
-       f"disk_dir={tmp_path / 'calib'}", "disk_mb=16", f"out={hw}")  # fmt: skip
+       f"disk_dir={tmp_path / 'calib'}", "disk_mb=16", "in_run_s=1", f"out={hw}")  # fmt: skip
     prof = yaml.safe_load(hw.read_text())
     assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
     assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
@@ -34,8 +34,8 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     by_kind = prof["gpu"]["overhead_us_by_kind"]
     assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(by_kind)
     assert all(v >= prof["gpu"]["overhead_us"] for v in by_kind.values())
-    # the disk bandwidth as the runs' own disk reads saw it
-    assert "the same runs' disk reads" in prof["sources"]["disk"]
+    # the disk and h2d bandwidths as the runs' own transfers saw them
+    assert "disk_in_run" in prof["sources"] and "h2d_in_run" in prof["sources"]
     assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
 
     conf = tmp_path / "conf" / "hardware"
@@ -53,5 +53,5 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]
     assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
-    assert {"run_disk_gbps", "calibrated_disk_gbps", "err_run_disk_makespan_s"} <= set(table)
+    assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s"} <= set(table)
     assert (out / "timeline_flexgen.png").stat().st_size > 0
