@@ -26,7 +26,7 @@ echo "== checkpoint"
   hidden_size=512 expert_ffn_size=1536 n_heads=8 n_kv_heads=4 head_dim=64 vocab_size=1024
 echo "== calibrate"
 timeout 150 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$WORK/ckpt" device=cuda \
-  disk_dir="$WORK/calib" out="$WORK/gpu-check.yaml"
+  disk_dir="$WORK/calib" in_run_s=10 out="$WORK/gpu-check.yaml"
 cp "$WORK/gpu-check.yaml" conf/hardware/gpu-check.yaml
 echo "== validate"
 timeout 200 python3 -m experiments.validate checkpoint="$WORK/ckpt" hardware=gpu-check \
