@@ -5,8 +5,8 @@ bandwidth/latency (on a CPU-only machine: a memcpy into the RAM device pool, as 
 does), and per-op-kind compute time tables ((flops, seconds) against token count) of the real
 model pieces for a checkpoint's model (default: conf/model/mixtral-tiny). With a checkpoint, the
 executor's per-op overhead (a chain of no-op copies) and, per compute kind, what an op costs in a
-few small real runs beyond its kernel (`measure_in_run` -> overhead_us_by_kind), and the disk
-bandwidth those runs' reads saw, over `in_run_s` seconds. About 30 s here.
+few small real runs beyond its kernel (`measure_in_run` -> overhead_us_by_kind), and the disk and
+h2d bandwidths those runs' transfers saw, over `in_run_s` seconds. About 30 s here.
 
 Usage:
     python -m experiments.calibrate hardware.name=this-machine [checkpoint=DIR] [device=cuda]
@@ -518,7 +518,7 @@ def calibrate(
             "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
         },
     }
-    if ckpt:  # the executor's cost around each compute op, and the disk, measured in runs
+    if ckpt:  # the executor's cost around each compute op, and the links, measured in runs
         extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
         by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}
         for dev_key in ("gpu", "cpu") if dev.type == "cpu" else ("gpu",):
