@@ -2,6 +2,7 @@
 
 Usage:
     python -m experiments.replication [replica_slots=1] [out_dir=...]   # conf/experiment/replication.yaml
+    python -m experiments.replication split=validation out_dir=...   # choose params without the test split
 
 Writes one run directory per (case, batch size, planner) with summary.json, then reads them back
 to print the table and the targets and to plot balancedness / utilisation per layer and
@@ -38,31 +39,41 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
 
 
-def esft_split(trace_dir: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out token stream (sequences with seq_id % 5 == 0, in shuffled order) and training ids.
+SPLITS = {"test": 0, "validation": 1}  # split -> the seq_id % 5 residue of its sequences
 
-    Returns test ids [T_test, L, k] and train ids [T_train, L, k] (the trace README's split).
+
+def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation token stream of `split` (its sequences in shuffled order) and training ids.
+
+    "test": sequences with seq_id % 5 == 0 (the trace README's held-out split), trained on the
+    rest. "validation": seq_id % 5 == 1, trained on the sequences in neither, so that params can
+    be chosen without ever running the test sequences. Returns eval ids [T_eval, L, k] and
+    train ids [T_train, L, k].
     """
+    if split not in SPLITS:
+        raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
     tr = load_esft(trace_dir)
-    test = tr.seq_id % 5 == 0
-    keys = np.unique(tr.seq_key[test])
+    held = tr.seq_id % 5 == SPLITS[split]
+    train = (tr.seq_id % 5 != SPLITS["test"]) & ~held
+    keys = np.unique(tr.seq_key[held])
     order = np.random.default_rng(seed).permutation(keys)
     rank = {int(k): i for i, k in enumerate(order)}
-    idx = np.flatnonzero(test)
+    idx = np.flatnonzero(held)
     idx = idx[np.lexsort((tr.pos[idx], [rank[int(k)] for k in tr.seq_key[idx]]))]
-    return tr.expert_ids[idx].astype(np.int16), tr.expert_ids[~test].astype(np.int16)
+    return tr.expert_ids[idx].astype(np.int16), tr.expert_ids[train].astype(np.int16)
 
 
-def esft_routing(test_ids: np.ndarray, wl: Workload) -> Routing:
-    """Consecutive prompt_len windows of the held-out stream (wrapping) as the workload's sequences."""
+def esft_routing(eval_ids: np.ndarray, wl: Workload, split: str = "test") -> Routing:
+    """Consecutive prompt_len windows of the evaluation stream (wrapping) as the workload's
+    sequences."""
     s, p = wl.n_sequences, wl.seq_positions
-    take = np.arange(s * p) % len(test_ids)
-    ids = test_ids[take].reshape(s, p, *test_ids.shape[1:])
+    take = np.arange(s * p) % len(eval_ids)
+    ids = eval_ids[take].reshape(s, p, *eval_ids.shape[1:])
     return Routing(
         ids,
         np.ones(ids.shape, np.float32),
         64,
-        f"esft held-out (seq_id % 5 == 0), {len(test_ids)} tokens",
+        f"esft {split} (seq_id % 5 == {SPLITS[split]}), {len(eval_ids)} tokens",
     )
 
 
@@ -95,8 +106,9 @@ def save_training(
 
 
 def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
-    """Held-out ESFT stream, training-split tables for eplb / predictive, and the Switch skew fit."""
-    test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed)
+    """ESFT evaluation stream of `cfg.split`, training tables for eplb / predictive, and the
+    Switch skew fit."""
+    test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed, str(cfg.split))
     save_training(train_ids, 64, out, "esft_train")  # [26, 64] and [26, 64, 64]
     counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
         "olmoe_counts_top1"
@@ -127,7 +139,7 @@ def run_case(
         wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
                       routing=rc, seed=int(cfg.seed))  # fmt: skip
         if case.routing == "esft_heldout":
-            routing = esft_routing(prep["test_ids"], wl)
+            routing = esft_routing(prep["test_ids"], wl, str(cfg.split))
             load_file, trans_file = out / "esft_train_load.npy", out / "esft_train_trans.npy"
         else:
             routing, load_file, trans_file = synthetic_split(model, wl, out / name / f"bs{bs}")

@@ -1,0 +1,31 @@
+"""The replication experiment's ESFT splits: the validation split never touches the test
+sequences, so params chosen on it are not fitted to the figures the targets are reported on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import MoepipeError
+from core.traces import load_esft
+from experiments.replication import esft_split
+from tests.conftest import SHARED_TRACES
+
+
+def test_unknown_split_is_one_clear_error():
+    with pytest.raises(MoepipeError, match="split='dev' unknown; valid: test, validation"):
+        esft_split(str(SHARED_TRACES), 0, "dev")
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_validation_and_its_training_exclude_the_test_sequences():
+    tr = load_esft(str(SHARED_TRACES))
+    residue = tr.seq_id % 5
+    test_eval, test_train = esft_split(str(SHARED_TRACES), 0, "test")
+    val_eval, val_train = esft_split(str(SHARED_TRACES), 0, "validation")
+    assert len(test_eval) == (residue == 0).sum() and len(test_train) == (residue != 0).sum()
+    assert len(val_eval) == (residue == 1).sum()
+    assert len(val_train) == ((residue != 0) & (residue != 1)).sum()
+    # the validation run and its training tables together are exactly the test split's training
+    both = np.concatenate([val_eval, val_train])
+    assert sorted(map(bytes, both)) == sorted(map(bytes, test_train))
