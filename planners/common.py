@@ -12,7 +12,7 @@ from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
-from planners.placement import Placement, greedy_placement
+from planners.placement import Placement, staged_placement
 
 
 @dataclass
@@ -243,15 +243,9 @@ def standard_placement(ctx: PlanContext, kv_sequences: int, layers_in_flight: in
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
-    common = dict(
-        kv_sequences=kv_sequences,
-        kv_tokens=wl.prompt_len + wl.gen_len,
-        working_bytes=layers_in_flight * layer_max + m.head_bytes + kv_buf,
-        activation_bytes=act,
-    )
-    first = greedy_placement(m, ctx.hardware, **common)
-    if Tier.DISK not in first.experts:
-        return first
     # Experts on disk pass through CPU memory on their way to the GPU: reserve room for one (what
     # progress needs); any CPU memory the placement leaves free serves as read-ahead on top.
-    return greedy_placement(m, ctx.hardware, cpu_staging_bytes=m.expert_bytes, **common)
+    return staged_placement(
+        m, ctx.hardware, m.expert_bytes, kv_sequences, wl.prompt_len + wl.gen_len,
+        layers_in_flight * layer_max + m.head_bytes + kv_buf, act,
+    )  # fmt: skip

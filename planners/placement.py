@@ -131,6 +131,25 @@ def greedy_placement(
     return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
 
 
+def staged_placement(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    staging_bytes: int,
+    kv_sequences: int,
+    kv_tokens: int,
+    working_bytes: int,
+    activation_bytes: int = 0,
+) -> Placement:
+    """`greedy_placement`; where experts spill to disk, placed again with `staging_bytes` of CPU
+    memory reserved for the disk reads to pass through on their way to the GPU."""
+    kw = dict(kv_sequences=kv_sequences, kv_tokens=kv_tokens, working_bytes=working_bytes,
+              activation_bytes=activation_bytes)  # fmt: skip
+    first = greedy_placement(model, hw, **kw)
+    if Tier.DISK not in first.experts:
+        return first
+    return greedy_placement(model, hw, cpu_staging_bytes=staging_bytes, **kw)
+
+
 def klotski_placement(
     model: ModelSpec,
     hw: HardwareSpec,
@@ -150,10 +169,6 @@ def klotski_placement(
     """
     layer_experts = model.n_experts * model.expert_bytes
     transfer = layer_experts + stream_bytes
-    common: dict[str, int] = dict(working_bytes=transfer, activation_bytes=activation_bytes)
-    first = greedy_placement(model, hw, kv_sequences, kv_tokens, **common)
-    if Tier.DISK not in first.experts:
-        return first
     # The rolling disk -> CPU window: `window_layers` expert layers, or as much as CPU memory has.
     staging = min(window_layers * layer_experts, hw.memory_bytes[Tier.CPU])
-    return greedy_placement(model, hw, kv_sequences, kv_tokens, cpu_staging_bytes=staging, **common)
+    return staged_placement(model, hw, staging, kv_sequences, kv_tokens, transfer, activation_bytes)
