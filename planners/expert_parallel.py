@@ -105,6 +105,17 @@ class Replicator:
         self.p, self.layout, self.timer, self.homes = p, layout, timer, homes
         self.resident: dict[int, np.ndarray] = {}
 
+    @classmethod
+    def for_run(
+        cls, p: ReplicaParams, ctx: PlanContext, layout: Layout, who: str
+    ) -> tuple[Replicator, np.ndarray | None]:
+        """The run's replicator, homes packed from `p.initial_load` (else round-robin), and that
+        load [MoE layers, E] (None without one); `who` names the planner in errors."""
+        n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
+        init = read_load(p.initial_load, n_layers, e, who) if p.initial_load else None
+        homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
+        return cls(p, layout, ExpertTime.of(ctx, layout), homes), init
+
     def rehome_due(self, t: int) -> bool:
         return self.p.rehome_interval > 0 and t > 0 and t % self.p.rehome_interval == 0
 
@@ -127,9 +138,7 @@ class Replicator:
     def _pays(self, new: np.ndarray, keep: np.ndarray, old: np.ndarray, load: np.ndarray) -> bool:
         """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
         `keep`, by more than the longest per-device queue of new copies ("time+copy")."""
-        t_new, t_keep = (
-            max(self.timer.device_s(r) for r in predicted_tokens(s, load)) for s in (new, keep)
-        )
+        t_new, t_keep = (float(self.timer.device_times(s, load).max()) for s in (new, keep))
         late = self.timer.late_copy_s(new_copies(new, old), t_new)
         charge = late if self.p.gate == "time+copy" else 0.0
         return t_new + charge < t_keep
@@ -216,6 +225,10 @@ class ExpertTime:
         experts compute, so in steady state each layer's copies get the link for about one
         expert phase (`layer_s`, the busiest device's modelled time); only the excess is late."""
         return max(0.0, queue * self.copy_s - layer_s)
+
+    def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """[G] each device's modelled time for slots [G, K] if load [E] splits evenly."""
+        return np.array([self.device_s(row) for row in predicted_tokens(slots, load)])
 
     def device_s(self, tokens: np.ndarray) -> float:
         """tokens [E] (may be fractional: predicted) this device computes per expert."""
@@ -319,7 +332,7 @@ def _gated(
 
     free = np.full(layout.n_devices, layout.home_slots)
     copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
-    times = np.array([timer.device_s(row) for row in predicted_tokens(slots, load)])  # [G]
+    times = timer.device_times(slots, load)  # [G]
     best, best_cost = slots, cost(slots, times)
     for _ in range(layout.replicas):
         order = np.argsort(-(load / np.maximum(copies, 1)), kind="stable")
@@ -339,12 +352,12 @@ def _gated(
         slots[d, free[d]] = ex
         free[d] += 1
         copies[ex] += 1
-        times = np.array([timer.device_s(row) for row in predicted_tokens(slots, load)])
+        times = timer.device_times(slots, load)
         c = cost(slots, times)
         if c < best_cost:
             best, best_cost = slots, c
     polished = polish(best, load, layout)
-    times = np.array([timer.device_s(row) for row in predicted_tokens(polished, load)])
+    times = timer.device_times(polished, load)
     return polished if cost(polished, times) < best_cost else best
 
 

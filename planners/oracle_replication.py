@@ -14,11 +14,8 @@ from core.routing import CausalRouting, GateView
 from core.schedule import ScheduleBuilder
 from planners.expert_parallel import (
     EPRunner,
-    ExpertTime,
     ReplicaParams,
     Replicator,
-    home_slots,
-    read_load,
     resolve_layout,
 )
 from planners.registry import register
@@ -50,12 +47,5 @@ class OracleReplication:
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         layout = resolve_layout(self.params, ctx)
         out.meta["upper_bound"] = "oracle: peeks at the coming iteration's routing"
-        n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
-        init = (
-            read_load(self.params.initial_load, n_layers, e, "oracle_replication")
-            if self.params.initial_load
-            else None
-        )
-        homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
-        rep = Replicator(self.params, layout, ExpertTime.of(ctx, layout), homes)
+        rep, _ = Replicator.for_run(self.params, ctx, layout, "oracle_replication")
         EPRunner(ctx, out, layout).plan(PeekedReplicas(rep, ctx.routing, ctx.workload.n_batches))

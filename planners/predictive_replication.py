@@ -27,11 +27,8 @@ from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from planners.expert_parallel import (
     EPRunner,
-    ExpertTime,
     ReplicaParams,
     Replicator,
-    home_slots,
-    read_load,
     resolve_layout,
 )
 from planners.registry import register
@@ -175,19 +172,13 @@ class PredictiveReplication:
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         layout = resolve_layout(self.params, ctx)
-        n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
-        init = (
-            read_load(self.params.initial_load, n_layers, e, "predictive_replication")
-            if self.params.initial_load
-            else None
-        )
+        rep, init = Replicator.for_run(self.params, ctx, layout, "predictive_replication")
         wl, k = ctx.workload, ctx.model.top_k
 
         def selections(t: int) -> float:  # expert selections of iteration t = (step, batch)
             return float(wl.batch_size * wl.step_tokens(t // wl.n_batches) * k)
 
+        n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         predictor = LoadPredictor(self.params, n_layers, e, selections, init)
-        homes = [home_slots(layout, None if init is None else init[m]) for m in range(n_layers)]
         out.meta["predictor"] = self.params.predictor
-        rep = Replicator(self.params, layout, ExpertTime.of(ctx, layout), homes)
         EPRunner(ctx, out, layout).plan(PredictedReplicas(rep, predictor))
