@@ -75,23 +75,19 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 1.0 / max(slope, 1e-15), max(my - slope * mx, 0.0)
 
 
-def measure_disk(disk_dir: Path, size_mb: int, data_file: Path | None = None) -> dict[str, float]:
-    """O_DIRECT reads of 64 KiB .. 16 MiB at spread offsets, fitted to latency + bytes/bandwidth.
-
-    With `data_file` (the checkpoint's offload file) the reads hit the very file, disk and host-side
-    cache state the real executor's unit reads do; otherwise a fresh file of `size_mb` MB.
-    """
-    path, fresh = data_file, data_file is None
-    if path is None:
-        disk_dir.mkdir(parents=True, exist_ok=True)
-        path = disk_dir / "calib.bin"
-        chunk = 4 << 20
-        with open(path, "wb") as f:
-            block = os.urandom(chunk)
-            for _ in range(max(size_mb * (1 << 20) // chunk, 4)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
+def measure_disk(disk_dir: Path, size_mb: int) -> dict[str, float]:
+    """O_DIRECT reads of 64 KiB .. 16 MiB at spread offsets of a fresh file of `size_mb` MB,
+    fitted to latency + bytes/bandwidth (without a checkpoint; with one, `measure_store` reads
+    its offload file instead)."""
+    disk_dir.mkdir(parents=True, exist_ok=True)
+    path = disk_dir / "calib.bin"
+    chunk = 4 << 20
+    with open(path, "wb") as f:
+        block = os.urandom(chunk)
+        for _ in range(max(size_mb * (1 << 20) // chunk, 4)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
     reader = DiskReader(path)
     try:
         span = path.stat().st_size
@@ -111,8 +107,7 @@ def measure_disk(disk_dir: Path, size_mb: int, data_file: Path | None = None) ->
         return {"gbps": bw / 1e9, "latency_us": lat * 1e6, "direct": float(reader.direct)}
     finally:
         reader.close()
-        if fresh:
-            path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
 
 def _llc_bytes() -> int:
@@ -451,7 +446,6 @@ def calibrate(
     t0 = time.perf_counter()
     data_file = build_offload(ckpt) / DATA_FILE if ckpt else None
     disk_dir.mkdir(parents=True, exist_ok=True)
-    disk = measure_disk(disk_dir, disk_mb, data_file)
     # Time transfers and compute with the torch thread count the real executor runs them with.
     threads_before = torch.get_num_threads()
     threads = cpu_compute_threads() if dev.type == "cpu" else threads_before
@@ -461,6 +455,8 @@ def calibrate(
         if ckpt:  # the executor's own path on the model's unit sizes replaces the raw timings
             via_store = measure_store(ckpt, dev)
             disk, h2d = via_store["disk"], via_store["h2d"]
+        else:
+            disk = measure_disk(disk_dir, disk_mb)
         tables = measure_compute(spec, model, dev)
         overhead_s = measure_op_overhead(ckpt, dev)
     finally:
@@ -507,11 +503,12 @@ def calibrate(
             "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
             "model": f"compute tables of {spec.name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}",
             "disk": (
-                f"{data_file} (the checkpoint's offload file)"
+                f"{data_file} (the checkpoint's offload file): its units read with {disk_note} back "
+                "to back in file order, fitted to latency + bytes/bandwidth"
                 if data_file
-                else f"{disk_mb} MB in {disk_dir}"
-            )
-            + f" read with {disk_note}, 64 KiB .. 16 MiB reads fitted to latency + bytes/bandwidth",
+                else f"{disk_mb} MB in {disk_dir} read with {disk_note}, 64 KiB .. 16 MiB reads "
+                "fitted to latency + bytes/bandwidth"
+            ),
             "overhead": f"{overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real executor "
             "(compute overhead_us; added to every link's latency_us)",
             "threads": f"torch intra-op threads {threads} (the real executor's on this device)",
