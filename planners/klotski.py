@@ -12,7 +12,8 @@ Per step and layer, over a group of n batches:
    expert freed after its last batch. Meanwhile the next layer's attention weights and batch
    0's KV are prefetched.
 Streams: `weights` and `experts` share the h2d link with `kv_load`; `kv_store` uses d2h. Expert
-layers on disk are read ahead `disk_window` layers into CPU memory (paper §6.1).
+layers on disk are read ahead `disk_window` layers into CPU memory (paper §6.1); where CPU memory
+cannot hold that window, expert by expert, as far ahead as CPU room allows.
 
 Params give the paper's ablation (conf/planner/klotski_multi.yaml, klotski_hot.yaml,
 klotski.yaml). `n`: -1 = workload.n_batches, 0 = auto (planners/n_planner.py; the pipeline
@@ -171,9 +172,14 @@ class Klotski:
         kv_next = em.kv_load(step, 0, 0)
         last = self.last
         prev_ids: np.ndarray | None = None
+        prev_gates: tuple[int, ...] = ()  # the gates that routed prev_ids
         for layer in layers:
             self._disk_readahead(step, layer + self.params.disk_window, upto=1)
-            moe = self._prefetch_moe(step, layer, prev_ids, last) if m.is_moe(layer) else None
+            moe = (
+                self._prefetch_moe(step, layer, prev_ids, prev_gates, last)
+                if m.is_moe(layer)
+                else None
+            )
             ffn_load = em.load(Tensor.FFN, step, layer)
             attn_last = None
             for k in range(n):  # attention phase
@@ -193,6 +199,7 @@ class Klotski:
             if moe is not None:
                 last = self._experts(step, layer, moe, last)
                 prev_ids = np.concatenate([v.ids for v in moe.views])
+                prev_gates = tuple(em.gate_ops[(step, layer)])
             for k in range(n):
                 last = em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
         for k in range(n):
@@ -201,12 +208,18 @@ class Klotski:
 
     # ---- MoE layer ----------------------------------------------------------------------------
     def _prefetch_moe(
-        self, step: int, layer: int, prev_ids: np.ndarray | None, after: int | None
+        self,
+        step: int,
+        layer: int,
+        prev_ids: np.ndarray | None,
+        prev_gates: tuple[int, ...],
+        after: int | None,
     ) -> _Layer:
         """During attention: the gate + K predicted hot experts (or the whole layer).
 
         Issued once the previous layer's last expert is done (`after`), which frees the transfer
-        space: one layer of experts.
+        space: one layer of experts. Their disk reads (experts on disk, outside the rolling
+        window) need only CPU room and what chose them: the gates that routed `prev_ids`.
         """
         em, m = self.em, self.em.model
         st = _Layer()
@@ -220,10 +233,13 @@ class Klotski:
                 )
             st.hot = self.predictor.predict(m.moe_index(layer), prev_ids, truth)
             want = list(st.hot)
+            chosen_by = prev_gates if prev_ids is not None else ()
         else:
-            want = list(range(m.n_experts))
+            want, chosen_by = list(range(m.n_experts)), ()
         for e in want:
-            st.loads[e] = self._load_expert(step, layer, e, em.weights, deps=(after,))
+            st.loads[e] = self._load_expert(
+                step, layer, e, em.weights, deps=(after,), read_deps=chosen_by
+            )
         st.order = list(want)
         self.prefetched.extend(st.hot)
         return st
@@ -242,7 +258,7 @@ class Klotski:
             for e in map(int, np.flatnonzero(view.counts)):
                 if e not in st.loads:
                     st.loads[e] = self._load_expert(
-                        step, layer, e, self.experts_stream, deps=(last,)
+                        step, layer, e, self.experts_stream, deps=(last,), read_deps=(last,)
                     )
                     st.order.append(e)
         mi = em.model.moe_index(layer)
@@ -276,10 +292,28 @@ class Klotski:
 
     # ---- expert transfers through the tiers ---------------------------------------------------
     def _load_expert(
-        self, step: int, layer: int, e: int, stream: str, deps: tuple[int | None, ...] = ()
+        self,
+        step: int,
+        layer: int,
+        e: int,
+        stream: str,
+        deps: tuple[int | None, ...],
+        read_deps: tuple[int | None, ...],
     ) -> int | None:
+        """The expert's copy to the GPU after `deps`. From disk, outside the rolling window, its
+        read to CPU waits only for `read_deps` (what chose the expert) and CPU room: the disk
+        stream runs ahead of the GPU transfers by as many experts as CPU memory holds, in the
+        order the transfers are issued, so every copy in CPU memory has its consumer queued
+        ahead of any read still waiting for room (no deadlock)."""
         em = self.em
         read = self.disk_reads.pop((step, layer, e), None)
+        if read is None and em.tensor_tier(Tensor.EXPERT, layer) == Tier.DISK:
+            nbytes = em.model.expert_bytes
+            read = em.out.add(
+                OpKind.LOAD, em.disk, read_deps, step=step, layer=layer, expert=e,
+                tensor=Tensor.EXPERT, nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU,
+                alloc_tier=Tier.CPU, alloc_bytes=nbytes,
+            )  # fmt: skip
         if read is None:
             return em.load(Tensor.EXPERT, step, layer, e, stream=stream, deps=deps)
         nbytes = em.model.expert_bytes
@@ -304,7 +338,8 @@ class Klotski:
         if cpu_room < window:
             # CPU memory cannot hold the window: reading ahead whole layers could fill it with
             # experts that leave only after a gate that waits on a read queued behind them
-            # (deadlock). Then experts are read from disk when loaded, in consumption order.
+            # (deadlock). Then each expert is read when its transfer is issued, in that order, as
+            # far ahead of the GPU as CPU room allows (`_load_expert`).
             return
         for layer in range(start, min(start + upto, m.n_layers)):
             if not m.is_moe(layer) or em.placement.experts[layer] != Tier.DISK:

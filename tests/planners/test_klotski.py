@@ -194,3 +194,39 @@ def test_disk_layers_are_read_ahead_through_a_cpu_window(tiny_model, tiny_hw, ti
     assert s["peak_bytes"]["cpu"] <= mem[Tier.CPU]
     # with the 1-layer window staged, the other half layer holds no whole layer: both on disk
     assert s["plan"]["placement"]["expert_layers"] == {"disk": 2}
+
+
+@pytest.mark.parametrize("name", ABLATION)
+def test_disk_reads_run_ahead_when_cpu_cannot_hold_the_window(
+    name, tiny_model, tiny_hw, tiny_workload
+):
+    """CPU too small for even one expert layer (no rolling window): each expert's disk read
+    waits only for CPU room and the gates that chose it, not for the GPU side, so the disk reads
+    the next layer while this one computes; the run neither deadlocks nor overfills CPU memory."""
+    from core.types import Tier
+
+    mem = dict(streamed(tiny_hw).memory_bytes)
+    mem[Tier.CPU] = int(2.5 * tiny_model.expert_bytes)  # room for two experts in flight
+    hw = replace(tiny_hw, memory_bytes=mem)
+    params = {**yaml.safe_load((ROOT / "conf" / "planner" / f"{name}.yaml").read_text())["params"],
+              "n": -1}  # fmt: skip
+    spec = RunSpec(tiny_model, hw, tiny_workload, "klotski", params)
+    for seed in range(4):
+        routing = random_routing(tiny_model, tiny_workload, seed=seed)
+        schedule = build_schedule(spec, routing)
+        assert schedule.meta["placement"]["expert_layers"] == {"disk": 2}
+        ops = schedule.ops
+        reads = [o for o in ops if o.stream == Stream.DISK]
+        assert reads
+        for r in reads:
+            kinds = {ops[d].kind for d in r.deps}
+            assert OpKind.EXPERT not in kinds and kinds <= {OpKind.GATE}
+            if r.layer == 1:  # chosen with layer 0's routing (hot) or by a layer-1 gate (cold)
+                assert kinds == {OpKind.GATE} or not params.get("hot_prefetch", True)
+        result = simulate_run(spec, routing)
+        assert result.summary["peak_bytes"]["cpu"] <= mem[Tier.CPU]
+        tr = result.trace
+        step0 = tr[tr["step"] == 0]
+        read1 = step0[(step0["resource"] == "disk") & (step0["layer"] == 1)]["start_s"].min()
+        expert0 = step0[(step0["kind"] == "compute-expert") & (step0["layer"] == 0)]["end_s"].max()
+        assert read1 < expert0  # the disk was reading layer 1 before layer 0's experts were done
