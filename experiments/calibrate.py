@@ -368,11 +368,17 @@ def _ram_bytes() -> int:
 
 
 def measure_in_run(
-    ckpt: str, hw: dict[str, Any], device: torch.device, budget_s: float = 20.0, runs: int = 3
+    ckpt: str,
+    hw: dict[str, Any],
+    device: torch.device,
+    budget_s: float = 20.0,
+    runs: int = 3,
+    gpu_frac: float = 0.6,
+    cpu_frac: float = 0.15,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """What ops cost inside a real run: small flexgen runs on the checkpoint (2 batches of 2
-    sequences, 8-token prompts, 3 tokens; device pool 0.6 and host RAM 0.15 of the model, so the
-    disk stream is active), at least `runs` of them and more until `budget_s` has passed, their
+    sequences, 8-token prompts, 3 tokens; device pool `gpu_frac` and host RAM `cpu_frac` of the
+    model, so the disk stream is active), at least `runs` of them and more until `budget_s` has passed, their
     ops pooled. This VM's disk and CPU drift by about 30% over minutes; a window of seconds
     catches one moment of that, a longer one its middle.
 
@@ -395,7 +401,9 @@ def measure_in_run(
     spec, _ = load_checkpoint(ckpt)
     d = copy.deepcopy(hw)
     d["memory_gb"] = dict(
-        d["memory_gb"], gpu=0.6 * spec.total_bytes / 1e9, cpu=0.15 * spec.total_bytes / 1e9
+        d["memory_gb"],
+        gpu=gpu_frac * spec.total_bytes / 1e9,
+        cpu=cpu_frac * spec.total_bytes / 1e9,
     )
     wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3,
                   routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip

@@ -11,13 +11,20 @@ timeline_<planner>.png (sim above real).
 Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=a,b]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
-        [repeats=3] [out=runs/validate/<time>]
+        [repeats=3] [links=calibrated|probe] [out=runs/validate/<time>]
 
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
 (the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
 also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps`,
 `run_h2d_gbps`, `err_run_links_makespan_s`): the error left once the links' drift since
 calibration is taken out (a diagnosis of the model, not its prediction).
+
+With `links=probe`, each real run also gets a prediction of its own: just before it, a probe
+(one small flexgen run on the checkpoint, calibrate's in-run measurement) measures the disk and
+h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
+`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs). This is still a
+prediction, made before the run from another run, with the calibration seconds old instead of
+minutes; it costs one probe run (about a second here) per real run.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
@@ -41,6 +50,7 @@ from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import Resource, RoutingSource, Tier  # noqa: E402
+from experiments.calibrate import measure_in_run  # noqa: E402
 from experiments.cli import parse_kv
 from experiments.pipeline import (  # noqa: E402
     RunResult,
@@ -58,7 +68,7 @@ log = logging.getLogger(__name__)
 
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planners="", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3,
+    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3, links="calibrated",
 )  # fmt: skip
 
 
@@ -70,11 +80,35 @@ def with_links(hw: HardwareSpec, bandwidths: dict[Resource, float]) -> HardwareS
     return replace(hw, links=links)
 
 
+def probe_predict(
+    ckpt: str,
+    hw_dict: dict[str, Any],
+    spec: RunSpec,
+    routing: Routing,
+    fracs: tuple[float, float],
+) -> tuple[RunResult, float]:
+    """The simulator's prediction for a real run about to start, at the link bandwidths a probe
+    run saw just now: one small flexgen run on the checkpoint (calibrate's in-run measurement),
+    not the run being predicted. This VM's disk drifts by +-30% over minutes; a calibration
+    minutes old has drifted with it. Returns (the simulated run, the probed disk GB/s)."""
+    _, seen = measure_in_run(
+        ckpt,
+        hw_dict,
+        torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+        budget_s=0.0,
+        runs=1,
+        gpu_frac=fracs[0],
+        cpu_frac=fracs[1],
+    )
+    hw = with_links(spec.hardware, {Resource(k): v for k, v in seen.items()})
+    return simulate_run(replace(spec, hardware=hw), routing), seen.get("disk", float("nan")) / 1e9
+
+
 def rel(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
 
 
-def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
+def hardware_path(name: str) -> Path:
     """A conf/hardware name, or the path of a hardware YAML (e.g. one calibrate wrote elsewhere)."""
     path = (
         Path(name)
@@ -85,7 +119,11 @@ def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float)
         raise MoepipeError(
             f"{path}: no such hardware; run python -m experiments.calibrate hardware.name={name}"
         )
-    d = yaml.safe_load(path.read_text())
+    return path
+
+
+def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
+    d = yaml.safe_load(hardware_path(name).read_text())
     d["memory_gb"] = dict(
         d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
     )
@@ -156,6 +194,9 @@ def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> Non
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
+    links = str(opts["links"])
+    if links not in ("calibrated", "probe"):
+        raise MoepipeError(f"links={links!r} unknown; valid: calibrated, probe")
     ckpt = opts["checkpoint"]
     if not ckpt:
         raise MoepipeError("missing checkpoint=DIR (make one with python -m real.make_checkpoint)")
@@ -188,8 +229,14 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     # minutes: the repeats go round the planners (every planner's runs span the same window)
     # and each is compared at its median.
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
+    probed: dict[str, list[tuple[RunResult, float]]] = {name: [] for name in sims}
+    hw_dict = yaml.safe_load(hardware_path(str(opts["hardware"])).read_text())
+    probe = links == "probe"
+    fracs = float(opts["gpu_frac"]), float(opts["cpu_frac"])
     for _ in range(max(1, int(opts["repeats"]))):
         for name, (spec, routing, _) in list(sims.items()):
+            # the probe's own failure (its run refused) is the whole command's, not this planner's
+            probe_now = probe_predict(ckpt, hw_dict, spec, routing, fracs) if probe else None
             try:
                 run = real_execute(ckpt, replace(spec, executor="real"), "replay", routing=routing)
             except MoepipeError as e:  # e.g. a working set the real device pool cannot hold
@@ -198,6 +245,8 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
                 del sims[name]
                 continue
             reals[name].append(run[0])
+            if probe_now:
+                probed[name].append(probe_now)
     for name, (spec, routing, sim) in sims.items():
         runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
         real, spans = runs[len(runs) // 2], [r.summary["makespan_s"] for r in runs]
@@ -234,6 +283,14 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             row["err_run_links_makespan_s"] = rel(
                 again.summary["makespan_s"], row["real_makespan_s"]
             )
+        if probed[name]:
+            # each real run's own prediction, at the links a probe saw just before it
+            preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
+            mid = preds[len(preds) // 2][0].summary
+            row["sim_probe_makespan_s"] = mid["makespan_s"]
+            row["err_probe_makespan_s"] = rel(mid["makespan_s"], row["real_makespan_s"])
+            row["err_probe_gpu_bubble_s"] = rel(mid["gpu_bubble_s"], row["real_gpu_bubble_s"])
+            row["probe_disk_gbps"] = float(np.median([gbps for _, gbps in preds]))
         rows.append(row)
         plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
         at_run_links = (
@@ -247,12 +304,18 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             if seen
             else ""
         )
+        at_probe = (
+            f"; probed links: {100 * row['err_probe_makespan_s']:+.1f}%, "
+            f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%"
+            if probed[name]
+            else ""
+        )
         print(
             f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
             f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
             f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f} "
             f"(median of {len(spans)} real runs, "
-            f"{min(spans):.3f}-{max(spans):.3f} s){at_run_links}",
+            f"{min(spans):.3f}-{max(spans):.3f} s){at_run_links}{at_probe}",
             flush=True,
         )
     table = pd.DataFrame(rows)

@@ -3,7 +3,9 @@ skipped (with the reason) and the others are compared."""
 
 from __future__ import annotations
 
-from core.errors import CapacityError
+import pytest
+
+from core.errors import CapacityError, MoepipeError
 from experiments import validate as v
 
 
@@ -24,3 +26,38 @@ def test_a_real_run_refused_skips_that_planner_only(mixtral_tiny, tmp_path, monk
         table.loc["sequential", "real_runs"] == 2 and table.loc["sequential", "real_makespan_s"] > 0
     )
     assert (tmp_path / "validate.md").exists() and not (tmp_path / "flexgen").exists()
+
+
+def test_probe_predicts_each_run_at_the_links_its_probe_saw(mixtral_tiny, tmp_path, monkeypatch):
+    """links=probe: one probe per real run, taken before it, and the prediction simulates the
+    planner at the probe's bandwidths (a probe that saw a disk 4x slower than calibrated gives
+    a longer predicted makespan than the calibrated prediction)."""
+    calls: list[float] = []
+    real = v.real_execute
+
+    def slow_probe(ckpt, hw, device, budget_s, runs, gpu_frac, cpu_frac):
+        calls.append(gpu_frac)
+        return {}, {"disk": hw["links"]["disk"]["gbps"] * 1e9 / 4}
+
+    def counted(ckpt, spec, mode, **kw):
+        calls.append(-1.0)
+        return real(ckpt, spec, mode, **kw)
+
+    monkeypatch.setattr(v, "measure_in_run", slow_probe)
+    monkeypatch.setattr(v, "real_execute", counted)
+    opts = dict(v._DEFAULTS, checkpoint=str(mixtral_tiny), hardware="tiny", repeats=2,
+                planners="sequential", out=str(tmp_path), gpu_frac=0.5, cpu_frac=0.2,
+                links="probe")  # fmt: skip
+    row = v.validate(opts).set_index("planner").loc["sequential"]
+    assert calls == [0.5, -1.0, 0.5, -1.0]  # a probe, at validate's device pool, before each run
+    assert row["disk_bytes"] > 0  # the disk tier is active, so the probe's disk figure counts
+    assert row["sim_probe_makespan_s"] > row["sim_makespan_s"]
+    assert row["err_probe_makespan_s"] == pytest.approx(
+        row["sim_probe_makespan_s"] / row["real_makespan_s"] - 1
+    )
+
+
+def test_unknown_links_is_refused_before_any_run(tmp_path):
+    opts = dict(v._DEFAULTS, checkpoint=str(tmp_path), links="fresh")
+    with pytest.raises(MoepipeError, match="links='fresh' unknown; valid: calibrated, probe"):
+        v.validate(opts)
