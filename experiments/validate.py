@@ -22,9 +22,11 @@ calibration is taken out (a diagnosis of the model, not its prediction).
 With `links=probe`, each real run also gets a prediction of its own: just before it, a probe
 (one small flexgen run on the checkpoint, calibrate's in-run measurement) measures the disk and
 h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
-`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs). This is still a
-prediction, made before the run from another run, with the calibration seconds old instead of
-minutes; it costs one probe run (about a second here) per real run.
+`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs). Pooled over all the
+probes of the validation (each link's median), the planner is simulated once more
+(`err_window_makespan_s`, `err_window_gpu_bubble_s`): a calibration of the links taken in the
+same minutes as the runs. Both are still predictions, from runs other than the ones predicted;
+they cost one probe run (about a second here) per real run.
 """
 
 from __future__ import annotations
@@ -86,11 +88,11 @@ def probe_predict(
     spec: RunSpec,
     routing: Routing,
     fracs: tuple[float, float],
-) -> tuple[RunResult, float]:
+) -> tuple[RunResult, dict[Resource, float]]:
     """The simulator's prediction for a real run about to start, at the link bandwidths a probe
     run saw just now: one small flexgen run on the checkpoint (calibrate's in-run measurement),
     not the run being predicted. This VM's disk drifts by +-30% over minutes; a calibration
-    minutes old has drifted with it. Returns (the simulated run, the probed disk GB/s)."""
+    minutes old has drifted with it. Returns (the simulated run, the probe's link bandwidths)."""
     _, seen = measure_in_run(
         ckpt,
         hw_dict,
@@ -100,8 +102,10 @@ def probe_predict(
         gpu_frac=fracs[0],
         cpu_frac=fracs[1],
     )
-    hw = with_links(spec.hardware, {Resource(k): v for k, v in seen.items()})
-    return simulate_run(replace(spec, hardware=hw), routing), seen.get("disk", float("nan")) / 1e9
+    bandwidths = {Resource(k): v for k, v in seen.items()}
+    return simulate_run(replace(spec, hardware=with_links(spec.hardware, bandwidths)), routing), (
+        bandwidths
+    )
 
 
 def rel(pred: float, meas: float) -> float:
@@ -229,7 +233,7 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     # minutes: the repeats go round the planners (every planner's runs span the same window)
     # and each is compared at its median.
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
-    probed: dict[str, list[tuple[RunResult, float]]] = {name: [] for name in sims}
+    probed: dict[str, list[tuple[RunResult, dict[Resource, float]]]] = {name: [] for name in sims}
     hw_dict = yaml.safe_load(hardware_path(str(opts["hardware"])).read_text())
     probe = links == "probe"
     fracs = float(opts["gpu_frac"]), float(opts["cpu_frac"])
@@ -290,7 +294,20 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             row["sim_probe_makespan_s"] = mid["makespan_s"]
             row["err_probe_makespan_s"] = rel(mid["makespan_s"], row["real_makespan_s"])
             row["err_probe_gpu_bubble_s"] = rel(mid["gpu_bubble_s"], row["real_gpu_bubble_s"])
-            row["probe_disk_gbps"] = float(np.median([gbps for _, gbps in preds]))
+            row["probe_disk_gbps"] = float(
+                np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
+            )
+            # all the window's probes pooled (the median of each link over every probe): a
+            # calibration taken during the validation, from runs other than the ones predicted
+            pooled = {
+                res: float(np.median(bws))
+                for res in (Resource.DISK, Resource.H2D)
+                if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
+            }
+            again = simulate_run(replace(spec, hardware=with_links(hw, pooled)), routing).summary
+            row["sim_window_makespan_s"] = again["makespan_s"]
+            row["err_window_makespan_s"] = rel(again["makespan_s"], row["real_makespan_s"])
+            row["err_window_gpu_bubble_s"] = rel(again["gpu_bubble_s"], row["real_gpu_bubble_s"])
         rows.append(row)
         plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
         at_run_links = (
@@ -306,7 +323,9 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         )
         at_probe = (
             f"; probed links: {100 * row['err_probe_makespan_s']:+.1f}%, "
-            f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%"
+            f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%; all probes pooled: "
+            f"{100 * row['err_window_makespan_s']:+.1f}%, "
+            f"bubble {100 * row['err_window_gpu_bubble_s']:+.1f}%"
             if probed[name]
             else ""
         )

@@ -52,6 +52,8 @@ def test_probe_predicts_each_run_at_the_links_its_probe_saw(mixtral_tiny, tmp_pa
     assert calls == [0.5, -1.0, 0.5, -1.0]  # a probe, at validate's device pool, before each run
     assert row["disk_bytes"] > 0  # the disk tier is active, so the probe's disk figure counts
     assert row["sim_probe_makespan_s"] > row["sim_makespan_s"]
+    # every probe saw the same slow disk, so pooling them predicts what each probe did
+    assert row["sim_window_makespan_s"] == pytest.approx(row["sim_probe_makespan_s"])
     assert row["err_probe_makespan_s"] == pytest.approx(
         row["sim_probe_makespan_s"] / row["real_makespan_s"] - 1
     )
