@@ -11,7 +11,7 @@ timeline_<planner>.png (sim above real).
 Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=a,b]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
-        [repeats=3] [links=calibrated|probe] [out=runs/validate/<time>]
+        [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>]
 
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
 (the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
@@ -19,14 +19,14 @@ also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps
 `run_h2d_gbps`, `err_run_links_makespan_s`): the error left once the links' drift since
 calibration is taken out (a diagnosis of the model, not its prediction).
 
-With `links=probe`, each real run also gets a prediction of its own: just before it, a probe
-(one small flexgen run on the checkpoint, calibrate's in-run measurement) measures the disk and
-h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
+With `links=probe` (the default), each real run also gets a prediction of its own: just before
+it, a probe (one small flexgen run on the checkpoint, calibrate's in-run measurement) measures
+the disk and h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
 `err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs). Pooled over all the
 probes of the validation (each link's median), the planner is simulated once more
 (`err_window_makespan_s`, `err_window_gpu_bubble_s`): a calibration of the links taken in the
 same minutes as the runs. Both are still predictions, from runs other than the ones predicted;
-they cost one probe run (about a second here) per real run.
+they cost one probe run (about a second here) per real run; `links=calibrated` skips them.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planners="", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3, links="calibrated",
+    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3, links="probe",
 )  # fmt: skip
 
 
