@@ -22,8 +22,10 @@ calibration is taken out (a diagnosis of the model, not its prediction).
 With `links=probe` (the default), each real run also gets a prediction of its own: just before
 it, a probe (one small flexgen run on the checkpoint, calibrate's in-run measurement) measures
 the disk and h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
-`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs). Pooled over all the
-probes of the validation (each link's median), the planner is simulated once more
+`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs;
+`err_probe_paired_makespan_s`, the median of each run's error against its own prediction).
+Pooled over all the probes of the validation (each link's median), the planner is simulated once
+more
 (`err_window_makespan_s`, `err_window_gpu_bubble_s`): a calibration of the links taken in the
 same minutes as the runs. Both are still predictions, from runs other than the ones predicted;
 they cost one probe run (about a second here) per real run; `links=calibrated` skips them.
@@ -294,6 +296,11 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             row["sim_probe_makespan_s"] = mid["makespan_s"]
             row["err_probe_makespan_s"] = rel(mid["makespan_s"], row["real_makespan_s"])
             row["err_probe_gpu_bubble_s"] = rel(mid["gpu_bubble_s"], row["real_gpu_bubble_s"])
+            # each prediction against the run it was made for (the median of those errors)
+            row["err_probe_paired_makespan_s"] = float(np.median([
+                rel(pred.summary["makespan_s"], run.summary["makespan_s"])
+                for (pred, _), run in zip(probed[name], reals[name], strict=True)
+            ]))  # fmt: skip
             row["probe_disk_gbps"] = float(
                 np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
             )

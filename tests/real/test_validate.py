@@ -54,6 +54,7 @@ def test_probe_predicts_each_run_at_the_links_its_probe_saw(mixtral_tiny, tmp_pa
     assert row["sim_probe_makespan_s"] > row["sim_makespan_s"]
     # every probe saw the same slow disk, so pooling them predicts what each probe did
     assert row["sim_window_makespan_s"] == pytest.approx(row["sim_probe_makespan_s"])
+    assert row["err_probe_paired_makespan_s"] > row["err_makespan_s"]  # each run vs a slower disk
     assert row["err_probe_makespan_s"] == pytest.approx(
         row["sim_probe_makespan_s"] / row["real_makespan_s"] - 1
     )
