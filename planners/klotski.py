@@ -50,15 +50,25 @@ class KlotskiParams:
     predictor: str = "correlation"  # correlation | popularity | none | oracle (upper bound)
     warmup_sequences: int = 8  # warm-up routing (paper's pre-run: batch size 8), never evaluated
     disk_window: int = 2  # expert layers kept in CPU memory ahead of the GPU when spilling to disk
+    # without that window (CPU memory too small): experts ranked next after the K hot ones, read
+    # from disk before the gates so the disk does not wait on them (dropped if no gate chose them)
+    disk_speculate: int = 1
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ConfigError(
                 f"planner klotski: predictor {self.predictor!r}; valid: {', '.join(PREDICTORS)}"
             )
-        if self.n < -1 or self.hot_k < 0 or self.warmup_sequences < 1 or self.disk_window < 1:
+        if (
+            self.n < -1
+            or self.hot_k < 0
+            or self.warmup_sequences < 1
+            or self.disk_window < 1
+            or self.disk_speculate < 0
+        ):
             raise ConfigError(
-                "planner klotski: n >= -1, hot_k >= 0, warmup_sequences >= 1, disk_window >= 1"
+                "planner klotski: n >= -1, hot_k >= 0, warmup_sequences >= 1, disk_window >= 1, "
+                "disk_speculate >= 0"
             )
 
 
@@ -221,17 +231,28 @@ class Klotski:
         space: one layer of experts. Their disk reads (experts on disk, outside the rolling
         window) need only CPU room and what chose them: the gates that routed `prev_ids`.
         """
-        em, m = self.em, self.em.model
+        em, m, p = self.em, self.em.model, self.params
         st = _Layer()
         st.loads[-1] = em.load(Tensor.GATE, step, layer, deps=(after,))
-        if self.params.hot_prefetch:
+        # experts on disk that the rolling window did not read ahead (CPU memory too small for it)
+        unread = em.tensor_tier(Tensor.EXPERT, layer) == Tier.DISK and not any(
+            (step, layer, e) in self.disk_reads for e in range(m.n_experts)
+        )
+        spec = (
+            p.disk_speculate
+            if unread and self._cpu_room() >= (p.disk_speculate + 1) * (m.expert_bytes)
+            else 0
+        )  # a speculative copy held in CPU memory must leave room for one read to go on
+        if p.hot_prefetch:
             truth = None
             if self.predictor.oracle:
                 mi = m.moe_index(layer)
                 truth = np.sum(
                     [em.ctx.routing.peek(step, mi, k).counts for k in range(self.n)], axis=0
                 )
-            st.hot = self.predictor.predict(m.moe_index(layer), prev_ids, truth)
+            k_hot = self.k_hot(m)
+            ranked = self.predictor.predict(m.moe_index(layer), prev_ids, truth, k_hot + spec)
+            st.hot = ranked[:k_hot]
             want = list(st.hot)
             chosen_by = prev_gates if prev_ids is not None else ()
         else:
@@ -240,6 +261,9 @@ class Klotski:
             st.loads[e] = self._load_expert(
                 step, layer, e, em.weights, deps=(after,), read_deps=chosen_by
             )
+        if p.hot_prefetch:
+            for e in ranked[k_hot:]:  # read behind the hot ones; transferred if a gate chooses it
+                self.disk_reads[(step, layer, e)] = self._disk_read(step, layer, e, chosen_by)
         st.order = list(want)
         self.prefetched.extend(st.hot)
         return st
@@ -308,12 +332,7 @@ class Klotski:
         em = self.em
         read = self.disk_reads.pop((step, layer, e), None)
         if read is None and em.tensor_tier(Tensor.EXPERT, layer) == Tier.DISK:
-            nbytes = em.model.expert_bytes
-            read = em.out.add(
-                OpKind.LOAD, em.disk, read_deps, step=step, layer=layer, expert=e,
-                tensor=Tensor.EXPERT, nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU,
-                alloc_tier=Tier.CPU, alloc_bytes=nbytes,
-            )  # fmt: skip
+            read = self._disk_read(step, layer, e, read_deps)
         if read is None:
             return em.load(Tensor.EXPERT, step, layer, e, stream=stream, deps=deps)
         nbytes = em.model.expert_bytes
@@ -322,6 +341,18 @@ class Klotski:
             nbytes=nbytes, src=Tier.CPU, dst=Tier.GPU, alloc_tier=Tier.GPU, alloc_bytes=nbytes,
             free_tier=Tier.CPU, free_bytes=nbytes,
         )  # fmt: skip
+
+    def _disk_read(self, step: int, layer: int, e: int, deps: tuple[int | None, ...]) -> int:
+        em, nbytes = self.em, self.em.model.expert_bytes
+        return em.out.add(
+            OpKind.LOAD, em.disk, deps, step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+            nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=nbytes,
+        )  # fmt: skip
+
+    def _cpu_room(self) -> int:
+        """CPU memory the placement leaves for staging disk reads."""
+        out = self.em.out
+        return out.capacity_bytes[Tier.CPU] - out.resident_bytes[Tier.CPU]
 
     def _release(self, step: int, layer: int, e: int, deps: tuple[int | None, ...]) -> None:
         self.em.free(Tensor.EXPERT, step, layer, deps, expert=e)
@@ -334,8 +365,7 @@ class Klotski:
         """
         em, m = self.em, self.em.model
         window = self.params.disk_window * m.n_experts * m.expert_bytes
-        cpu_room = em.out.capacity_bytes[Tier.CPU] - em.out.resident_bytes[Tier.CPU]
-        if cpu_room < window:
+        if self._cpu_room() < window:
             # CPU memory cannot hold the window: reading ahead whole layers could fill it with
             # experts that leave only after a gate that waits on a read queued behind them
             # (deadlock). Then each expert is read when its transfer is issued, in that order, as

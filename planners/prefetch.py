@@ -101,22 +101,28 @@ class Predictor:
         return self.kind == "oracle"
 
     def predict(
-        self, layer: int, prev: np.ndarray | None, truth: np.ndarray | None = None
+        self,
+        layer: int,
+        prev: np.ndarray | None,
+        truth: np.ndarray | None = None,
+        k: int | None = None,
     ) -> list[int]:
-        """K experts to prefetch for the group at MoE layer `layer`.
+        """K experts to prefetch for the group at MoE layer `layer` (`k` more or fewer: the
+        ranking goes on past the K hot ones).
 
         prev: [T, k] the group's ids at layer-1 (already seen); truth: [E] the group's counts
         at this layer, only for the oracle (read through CausalRouting.peek by the caller).
         """
+        k = self.k if k is None else k
         if self.kind == "none":
             return []
         if self.kind == "oracle":
             assert truth is not None, "the oracle needs the peeked counts"
-            return top_k(np.asarray(truth, float), self.k)
+            return top_k(np.asarray(truth, float), k)
         assert self.table is not None
         if self.kind == "popularity":
-            return top_k(self.table.marginal[layer], self.k)
-        return top_k(self.table.votes(layer, prev), self.k)
+            return top_k(self.table.marginal[layer], k)
+        return top_k(self.table.votes(layer, prev), k)
 
     def observe(self, layer: int, prev: np.ndarray | None, cur: np.ndarray) -> None:
         if self.table is not None:

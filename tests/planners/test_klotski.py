@@ -230,3 +230,34 @@ def test_disk_reads_run_ahead_when_cpu_cannot_hold_the_window(
         read1 = step0[(step0["resource"] == "disk") & (step0["layer"] == 1)]["start_s"].min()
         expert0 = step0[(step0["kind"] == "compute-expert") & (step0["layer"] == 0)]["end_s"].max()
         assert read1 < expert0  # the disk was reading layer 1 before layer 0's experts were done
+
+
+@pytest.mark.parametrize("speculate", [0, 1])
+def test_without_the_window_the_next_ranked_expert_is_read_before_the_gates(
+    speculate, tiny_model, tiny_hw, tiny_workload
+):
+    """No rolling window: per layer, the K hot experts and `disk_speculate` more (the predictor's
+    next ranks) are read before that layer's gates, hot first; the rest after a gate chose them.
+    A speculative copy no gate chose is dropped, so CPU memory never overfills."""
+    from core.types import Tier
+
+    mem = dict(streamed(tiny_hw).memory_bytes)
+    mem[Tier.CPU] = int(2.5 * tiny_model.expert_bytes)
+    hw = replace(tiny_hw, memory_bytes=mem)
+    spec = RunSpec(tiny_model, hw, tiny_workload, "klotski", {"n": -1, "disk_speculate": speculate})
+    k = tiny_model.top_k
+    for seed in range(4):
+        routing = random_routing(tiny_model, tiny_workload, seed=seed)
+        schedule = build_schedule(spec, routing)
+        ops = schedule.ops
+        for step, layer in {(o.step, o.layer) for o in ops if o.stream == Stream.DISK}:
+            reads = [
+                o for o in ops if o.stream == Stream.DISK and (o.step, o.layer) == (step, layer)
+            ]
+            early = [o for o in reads
+                     if not any(ops[d].kind == OpKind.GATE and ops[d].layer == layer for d in o.deps)]  # fmt: skip
+            assert len(early) == k + speculate
+            hot_loads = {o.expert for o in ops if o.stream == Stream.WEIGHTS and o.tensor == Tensor.EXPERT
+                         and (o.step, o.layer) == (step, layer)}  # fmt: skip
+            assert {o.expert for o in early[:k]} == hot_loads  # hot first in the disk queue
+        assert simulate_run(spec, routing).summary["peak_bytes"]["cpu"] <= mem[Tier.CPU]
