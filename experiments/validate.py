@@ -110,6 +110,14 @@ def probe_predict(
     )
 
 
+def errors_against(row: dict[str, Any], label: str, sim: dict[str, Any]) -> None:
+    """`row` gains sim_<label>_makespan_s and its makespan and GPU-bubble errors against the
+    real median already in `row`."""
+    row[f"sim_{label}_makespan_s"] = sim["makespan_s"]
+    row[f"err_{label}_makespan_s"] = rel(sim["makespan_s"], row["real_makespan_s"])
+    row[f"err_{label}_gpu_bubble_s"] = rel(sim["gpu_bubble_s"], row["real_gpu_bubble_s"])
+
+
 def rel(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
 
@@ -253,6 +261,13 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             reals[name].append(run[0])
             if probe_now:
                 probed[name].append(probe_now)
+    # all the validation's probes pooled (the median of each link over every probe): a
+    # calibration taken during the validation, from runs other than the ones predicted
+    pooled = {
+        res: float(np.median(bws))
+        for res in (Resource.DISK, Resource.H2D)
+        if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
+    }
     for name, (spec, routing, sim) in sims.items():
         runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
         real, spans = runs[len(runs) // 2], [r.summary["makespan_s"] for r in runs]
@@ -292,10 +307,7 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         if probed[name]:
             # each real run's own prediction, at the links a probe saw just before it
             preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
-            mid = preds[len(preds) // 2][0].summary
-            row["sim_probe_makespan_s"] = mid["makespan_s"]
-            row["err_probe_makespan_s"] = rel(mid["makespan_s"], row["real_makespan_s"])
-            row["err_probe_gpu_bubble_s"] = rel(mid["gpu_bubble_s"], row["real_gpu_bubble_s"])
+            errors_against(row, "probe", preds[len(preds) // 2][0].summary)
             # each prediction against the run it was made for (the median of those errors)
             row["err_probe_paired_makespan_s"] = float(np.median([
                 rel(pred.summary["makespan_s"], run.summary["makespan_s"])
@@ -304,17 +316,8 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             row["probe_disk_gbps"] = float(
                 np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
             )
-            # all the window's probes pooled (the median of each link over every probe): a
-            # calibration taken during the validation, from runs other than the ones predicted
-            pooled = {
-                res: float(np.median(bws))
-                for res in (Resource.DISK, Resource.H2D)
-                if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
-            }
-            again = simulate_run(replace(spec, hardware=with_links(hw, pooled)), routing).summary
-            row["sim_window_makespan_s"] = again["makespan_s"]
-            row["err_window_makespan_s"] = rel(again["makespan_s"], row["real_makespan_s"])
-            row["err_window_gpu_bubble_s"] = rel(again["gpu_bubble_s"], row["real_gpu_bubble_s"])
+            pooled_run = simulate_run(replace(spec, hardware=with_links(hw, pooled)), routing)
+            errors_against(row, "window", pooled_run.summary)
         rows.append(row)
         plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
         at_run_links = (
