@@ -252,18 +252,17 @@ class Klotski:
                 )
             k_hot = self.k_hot(m)
             ranked = self.predictor.predict(m.moe_index(layer), prev_ids, truth, k_hot + spec)
-            st.hot = ranked[:k_hot]
+            st.hot, speculative = ranked[:k_hot], ranked[k_hot:]
             want = list(st.hot)
             chosen_by = prev_gates if prev_ids is not None else ()
         else:
-            want, chosen_by = list(range(m.n_experts)), ()
+            want, speculative, chosen_by = list(range(m.n_experts)), [], ()
         for e in want:
             st.loads[e] = self._load_expert(
                 step, layer, e, em.weights, deps=(after,), read_deps=chosen_by
             )
-        if p.hot_prefetch:
-            for e in ranked[k_hot:]:  # read behind the hot ones; transferred if a gate chooses it
-                self.disk_reads[(step, layer, e)] = self._disk_read(step, layer, e, chosen_by)
+        for e in speculative:  # read behind the hot ones; transferred if a gate chooses it
+            self.disk_reads[(step, layer, e)] = self._disk_read(step, layer, e, chosen_by)
         st.order = list(want)
         self.prefetched.extend(st.hot)
         return st
