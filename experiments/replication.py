@@ -308,6 +308,31 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     return paths
 
 
+def reuse_lines(cases: dict[str, Any], split_tokens: int) -> list[str]:
+    """One note per held-out ESFT case and batch size whose batches need more tokens than the
+    split holds: `esft_routing` wraps the stream, so the run revisits the split's sequences.
+    They stay unseen by the training tables, not by what learns online (predictive's EMA,
+    eplb's window) after the first batch. Also names the largest batch that does not wrap."""
+    out = []
+    for name, case in cases.items():
+        if case["routing"] != "esft_heldout":
+            continue
+        per_seq, batches = int(case["prompt_len"]), int(case["n_batches"])
+        fits = split_tokens // (per_seq * batches)
+        for bs in case["batch_sizes"]:
+            per_batch = int(bs) * per_seq
+            if per_batch * batches <= split_tokens:
+                continue
+            out.append(
+                f"[note] {name} bs={bs}: {batches} batches of {per_batch} tokens from a "
+                f"{split_tokens}-token held-out split: the stream wraps, each token runs "
+                f"{per_batch * batches / split_tokens:.1f} times; the split is unseen by the "
+                f"training tables, but from the second batch on the online predictor and eplb's "
+                f"window have seen its sequences (largest batch without a repeat: bs={fits})"
+            )
+    return out
+
+
 def run(cfg: DictConfig) -> list[str]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -322,6 +347,7 @@ def run(cfg: DictConfig) -> list[str]:
     lines = [
         table(rows),
         "",
+        *reuse_lines(dict(cfg.cases), len(prep["test_ids"])),
         *targets(
             rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
         ),

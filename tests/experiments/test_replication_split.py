@@ -29,3 +29,17 @@ def test_validation_and_its_training_exclude_the_test_sequences():
     # the validation run and its training tables together are exactly the test split's training
     both = np.concatenate([val_eval, val_train])
     assert sorted(map(bytes, both)) == sorted(map(bytes, test_train))
+
+
+def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
+    from experiments.replication import reuse_lines
+
+    cases = {
+        "esft-g8": dict(routing="esft_heldout", prompt_len=64, n_batches=8, batch_sizes=[8, 128]),
+        "switch": dict(routing="synthetic_olmoe_top1", prompt_len=512, n_batches=8,
+                       batch_sizes=[128]),
+    }  # fmt: skip
+    lines = reuse_lines(cases, 7197)
+    assert len(lines) == 1  # bs=8 (4096 tokens in all) fits; synthetic cases never wrap
+    assert "esft-g8 bs=128: 8 batches of 8192 tokens from a 7197-token held-out split" in lines[0]
+    assert "9.1 times" in lines[0] and "largest batch without a repeat: bs=14" in lines[0]
