@@ -3,6 +3,7 @@
 Usage:
     python -m experiments.replication [replica_slots=1] [out_dir=...]   # conf/experiment/replication.yaml
     python -m experiments.replication split=validation out_dir=...   # choose params without the test split
+    python -m experiments.replication split=fold3 out_dir=...        # one fold of a 5-fold cross-validation
 
 Writes one run directory per (case, batch size, planner) with summary.json, then reads them back
 to print the table and the targets and to plot balancedness / utilisation per layer and
@@ -39,7 +40,8 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
 
 
-SPLITS = {"test": 0, "validation": 1}  # split -> the seq_id % 5 residue of its sequences
+SPLITS = {"test": 0, "validation": 1, "fold1": 1, "fold2": 2, "fold3": 3, "fold4": 4}
+# split -> the seq_id % 5 residue of its sequences
 
 
 def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
@@ -47,14 +49,16 @@ def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarr
 
     "test": sequences with seq_id % 5 == 0 (the trace README's held-out split), trained on the
     rest. "validation": seq_id % 5 == 1, trained on the sequences in neither, so that params can
-    be chosen without ever running the test sequences. Returns eval ids [T_eval, L, k] and
-    train ids [T_train, L, k].
+    be chosen without ever running the test sequences. "fold1".."fold4": seq_id % 5 == K,
+    trained on every other sequence; with "test" as fold 0 they are a 5-fold cross-validation,
+    which shows how much the choice of split moves a figure (run them after choosing params).
+    Returns eval ids [T_eval, L, k] and train ids [T_train, L, k].
     """
     if split not in SPLITS:
         raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
     tr = load_esft(trace_dir)
     held = tr.seq_id % 5 == SPLITS[split]
-    train = (tr.seq_id % 5 != SPLITS["test"]) & ~held
+    train = ~held if split.startswith("fold") else (tr.seq_id % 5 != SPLITS["test"]) & ~held
     keys = np.unique(tr.seq_key[held])
     order = np.random.default_rng(seed).permutation(keys)
     rank = {int(k): i for i, k in enumerate(order)}

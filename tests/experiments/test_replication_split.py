@@ -43,3 +43,15 @@ def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
     assert len(lines) == 1  # bs=8 (4096 tokens in all) fits; synthetic cases never wrap
     assert "esft-g8 bs=128: 8 batches of 8192 tokens from a 7197-token held-out split" in lines[0]
     assert "9.1 times" in lines[0] and "largest batch without a repeat: bs=14" in lines[0]
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_the_five_folds_partition_the_trace_and_train_on_the_other_four():
+    tr = load_esft(str(SHARED_TRACES))
+    residue = tr.seq_id % 5
+    seen = 0
+    for k, split in enumerate(["test", "fold1", "fold2", "fold3", "fold4"]):
+        ev, train = esft_split(str(SHARED_TRACES), 0, split)
+        assert len(ev) == (residue == k).sum() and len(train) == (residue != k).sum()
+        seen += len(ev)
+    assert seen == tr.n_tokens
