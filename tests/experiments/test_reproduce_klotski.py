@@ -1,0 +1,71 @@
+"""reproduce_klotski's Table 3 plumbing: a column's hardware overrides reach its runs, and the
+targets section judges each step ratio against the paper column it stands beside."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from core.errors import MoepipeError
+from core.spec import HardwareSpec
+from experiments.reproduce_klotski import (
+    PAPER_T3,
+    _experiment,
+    _yaml,
+    jobs_table3,
+    targets,
+    with_overrides,
+)
+
+
+def test_overrides_set_a_nested_field_and_reject_a_typo():
+    base = _yaml("hardware", "rtx3090-env1")
+    hw = HardwareSpec.from_dict(with_overrides(base, {"gpu.tflops": 19.1}))
+    assert hw.gpu.peak_flops_per_s == pytest.approx(19.1e12)
+    assert base["gpu"]["tflops"] == 71.0  # the loaded profile itself is untouched
+    with pytest.raises(MoepipeError, match="'gpu.tflopz' is not a field"):
+        with_overrides(base, {"gpu.tflopz": 1.0})
+
+
+def test_every_table3_column_gets_its_own_overrides():
+    cols = _experiment("klotski_table3")["reproduce"]["columns"]
+    jobs = jobs_table3(quick=True)
+    for i, col in enumerate(cols):
+        mine = [j for j in jobs if j["column"] == i]
+        assert len(mine) == len(PAPER_T3)
+        assert all(j["hardware_overrides"] == (col.get("hardware_overrides") or {}) for j in mine)
+    assert any(c.get("hardware_overrides") for c in cols)  # the anchor-fitted variant is there
+
+
+def _table3(throughputs: dict[int, tuple[float, float, float, float]]) -> pd.DataFrame:
+    rows = [dict(table="table3", planner=step, column=col, throughput_tok_s=tp[k])
+            for col, tp in throughputs.items() for k, step in enumerate(PAPER_T3)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_targets_pass_at_the_papers_own_numbers_and_name_each_miss():
+    paper = {c: tuple(PAPER_T3[s][c] for s in PAPER_T3) for c in range(3)}
+    lines = targets(_table3(paper))
+    assert len(lines) == 3 * 3 * 2  # 3 shipped columns x 3 ratios x (improves, close to paper)
+    assert all(line.startswith("[PASS]") for line in lines)
+    flat = {**paper, 2: (1.0, 10.0, 10.0, 12.0)}  # Env 2: hot step flat, multi/simple 10
+    lines = targets(_table3(flat))
+    failed = [line for line in lines if line.startswith("[FAIL]")]
+    # hot/multi 1.000 does not improve, though it is within 25% of the paper's 1.296
+    assert len(failed) == 2, failed
+    assert any("h800-env2: klotski_hot / klotski_multi = 1.000 improves" in f for f in failed)
+    assert any("klotski_multi / layer_prefetch = 10.000 within 25% of the paper's 29.652" in f
+               for f in failed)  # fmt: skip
+
+
+def test_the_disk_bound_column_is_judged_within_a_factor_of_two():
+    t = {c: tuple(PAPER_T3[s][c] for s in PAPER_T3) for c in range(3)}
+    t[1] = (0.01, 0.97 * 1.9, 1.127 * 1.9, 1.325 * 1.9)  # multi/simple 1.9x the paper's
+    lines = [line for line in targets(_table3(t)) if "mixtral-8x22b / rtx3090-env1" in line]
+    assert all(line.startswith("[PASS]") for line in lines), lines
+    t[1] = (0.01, 0.97 * 2.1, 1.127 * 2.1, 1.325 * 2.1)
+    assert any(
+        line.startswith("[FAIL]") and "within 2x" in line
+        for line in targets(_table3(t))
+        if "mixtral-8x22b / rtx3090-env1" in line
+    )
