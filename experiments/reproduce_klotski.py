@@ -11,6 +11,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -60,8 +61,6 @@ def _workload(exp: dict[str, Any], **over: Any) -> Workload:
 def with_overrides(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A copy of config `d` with dotted keys ("gpu.tflops") set; a key that is not already in
     `d` is an error, so a typo cannot pass silently."""
-    import copy
-
     out = copy.deepcopy(d)
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
