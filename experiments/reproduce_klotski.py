@@ -262,6 +262,16 @@ def targets(df: pd.DataFrame) -> list[str]:
     return out or ["(no Table 3 or n-planner runs in these results)"]
 
 
+def read_results(path: Path) -> pd.DataFrame:
+    """A previous run's results.csv, for --report-only."""
+    if not path.is_file():
+        raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
+    df = pd.read_csv(path)
+    if (df.table == "table3").any() and "column" not in df:
+        raise MoepipeError(f"{path}: written before Table 3 columns were numbered; run it again")
+    return df
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/reproduce_klotski")
@@ -274,15 +284,22 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="re-print the report from --out/results.csv"
     )
     args = ap.parse_args(argv)
-    if args.report_only:
-        print(report(pd.read_csv(Path(args.out) / "results.csv")))
-        return 0
-    makers = {
-        "table3": jobs_table3,
-        "auto_n": jobs_auto_n,
-        "fig14": jobs_fig14,
-        "vs_flexgen": jobs_vs_flexgen,
-    }
+    try:
+        if args.report_only:
+            print(report(read_results(Path(args.out) / "results.csv")))
+            return 0
+        makers = {
+            "table3": jobs_table3,
+            "auto_n": jobs_auto_n,
+            "fig14": jobs_fig14,
+            "vs_flexgen": jobs_vs_flexgen,
+        }
+        unknown = [n for n in args.only.split(",") if n not in makers]
+        if unknown:
+            raise MoepipeError(f"--only {','.join(unknown)}: unknown; valid: {','.join(makers)}")
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     jobs = [j for name in args.only.split(",") for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
     t0 = time.perf_counter()

@@ -69,3 +69,19 @@ def test_the_disk_bound_column_is_judged_within_a_factor_of_two():
         for line in targets(_table3(t))
         if "mixtral-8x22b / rtx3090-env1" in line
     )
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    from experiments.reproduce_klotski import main
+
+    assert main(["--report-only", "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path}/results.csv: no results" in capsys.readouterr().err
+    pd.DataFrame([dict(table="table3", planner="klotski", throughput_tok_s=1.0)]).to_csv(
+        tmp_path / "results.csv", index=False
+    )
+    assert main(["--report-only", "--out", str(tmp_path)]) == 2  # an older results.csv
+    assert "written before Table 3 columns were numbered" in capsys.readouterr().err
+    assert main(["--only", "table4", "--out", str(tmp_path)]) == 2
+    assert (
+        "--only table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
+    )
