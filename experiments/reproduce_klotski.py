@@ -160,17 +160,16 @@ def jobs_vs_flexgen(quick: bool) -> list[dict[str, Any]]:
             for c in r["columns"] for bs in r["batch_sizes"] for p in ("flexgen", "klotski")]  # fmt: skip
 
 
-def report(df: pd.DataFrame) -> str:
-    lines = []
-    t3 = df[df.table == "table3"]
+def table3_lines(t3: pd.DataFrame) -> list[str]:
+    """Table 3 (tokens/s and step ratios) beside the paper's, one column per configured column."""
     spec = _experiment("klotski_table3")["reproduce"]["columns"]
     # (header, the paper's column it stands beside) per column; a column with hardware_overrides
     # is a variant of the profile, labelled, beside the same paper column as its base
     cols = [(f"{c['model']} / {c['hardware']}" + (f" ({c['label']})" if c.get("label") else ""),
              int(c.get("paper_column", i))) for i, c in enumerate(spec)]  # fmt: skip
-    lines += ["## Table 3: ablation (tokens/s; sim vs paper)", "",
-              "| step | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
-              "|---|" + "---|---|" * len(cols)]  # fmt: skip
+    lines = ["## Table 3: ablation (tokens/s; sim vs paper)", "",
+             "| step | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
+             "|---|" + "---|---|" * len(cols)]  # fmt: skip
     tp = {(r.planner, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     ns = {int(r.column): r.n for r in t3.itertuples() if r.planner == "klotski"}
     for step in PAPER_T3:
@@ -186,15 +185,19 @@ def report(df: pd.DataFrame) -> str:
             sim = tp.get((b, i), float("nan")) / tp.get((a, i), float("nan"))
             cells.append(f"{sim:.3f} | {PAPER_T3[b][p] / PAPER_T3[a][p]:.3f}")
         lines.append(f"| {b} / {a} | " + " | ".join(cells) + " |")
+    return [*lines, "", "n per column (Klotski rows): "
+            + ", ".join(f"{h}: n={ns.get(i)}" for i, (h, _) in enumerate(cols))]  # fmt: skip
+
+
+def report(df: pd.DataFrame) -> str:
+    lines = []
+    t3 = df[df.table == "table3"]
+    if len(t3):
+        lines += table3_lines(t3)
     errors = df[df["error"].notna()] if "error" in df else df.iloc[:0]
     lines += [
         f"\nrun failed: {r.table} {r.planner} {r.model}/{r.hardware}: {r.error}"
         for r in errors.itertuples()
-    ]
-    lines += [
-        "",
-        "n per column (Klotski rows): "
-        + ", ".join(f"{h}: n={ns.get(i)}" for i, (h, _) in enumerate(cols)),
     ]
     auto = df[df.table == "auto_n"]
     if len(auto):
@@ -236,7 +239,7 @@ def targets(df: pd.DataFrame) -> list[str]:
     tp = {(r.planner, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     steps, out = list(PAPER_T3), []
     for i, c in enumerate(spec):
-        if c.get("hardware_overrides"):
+        if c.get("hardware_overrides") or not len(t3):
             continue
         p, where = int(c.get("paper_column", i)), f"{c['model']} / {c['hardware']}"
         for a, b in zip(steps, steps[1:], strict=False):

@@ -85,3 +85,15 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert (
         "--only table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
     )
+
+
+def test_a_report_without_table3_runs_has_no_table3_and_no_table3_targets():
+    from experiments.reproduce_klotski import report
+
+    vs = pd.DataFrame([dict(table="vs_flexgen", planner=p, model="mixtral-8x7b",
+                            hardware="rtx3090-env1", batch_size=16, gen_len=32, throughput_tok_s=tp)
+                       for p, tp in (("flexgen", 20.0), ("klotski", 25.0))])  # fmt: skip
+    text = report(vs)
+    assert "Table 3" not in text.split("## Targets")[0] and "nan" not in text
+    assert "| 20.000 | 25.000 | 1.250 |" in text  # flexgen, klotski, their ratio
+    assert text.rstrip().endswith("(no Table 3 or n-planner runs in these results)")
