@@ -67,6 +67,26 @@ def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarr
     return tr.expert_ids[idx].astype(np.int16), tr.expert_ids[train].astype(np.int16)
 
 
+def esft_group_loads(trace_dir: str, split: str = "test") -> np.ndarray:
+    """[S, L, E] expert loads of each group of `split`'s training sequences that is the size of a
+    held-out split (the sequences of one seq_id % 5 residue): how much a split's load differs
+    from another's, for predictive's `prior_scenarios` (its gate's hedge before any batch)."""
+    if split not in SPLITS:
+        raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
+    tr = load_esft(trace_dir)
+    held = SPLITS[split]
+    residues = [
+        r for r in range(5) if r != held and (split.startswith("fold") or r != SPLITS["test"])
+    ]
+    n_layers, e = tr.expert_ids.shape[1], 64
+    out = np.zeros((len(residues), n_layers, e))
+    for i, r in enumerate(residues):
+        ids = tr.expert_ids[tr.seq_id % 5 == r]
+        for m in range(n_layers):
+            out[i, m] = np.bincount(ids[:, m].ravel(), minlength=e)
+    return out
+
+
 def esft_routing(eval_ids: np.ndarray, wl: Workload, split: str = "test") -> Routing:
     """Consecutive prompt_len windows of the evaluation stream (wrapping) as the workload's
     sequences."""
@@ -114,6 +134,7 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     Switch skew fit."""
     test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed, str(cfg.split))
     save_training(train_ids, 64, out, "esft_train")  # [26, 64] and [26, 64, 64]
+    np.save(out / "esft_train_groups.npy", esft_group_loads(cfg.trace_dir, str(cfg.split)))
     counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
         "olmoe_counts_top1"
     ]
@@ -162,6 +183,8 @@ def run_case(
                 params["initial_load"] = str(load_file)
             if planner == "predictive_replication":
                 params["table"] = str(trans_file)
+                if case.routing == "esft_heldout" and own.get("prior_scenarios", True):
+                    params["prior_scenarios"] = str(out / "esft_train_groups.npy")
             result = simulate_run(RunSpec(model, hw, wl, planner, params), routing)
             if label != planner:  # a variant: its own row, beside the four the targets compare
                 result.summary.update(planner=label, planner_label=label)

@@ -119,26 +119,46 @@ class Replicator:
     def rehome_due(self, t: int) -> bool:
         return self.p.rehome_interval > 0 and t > 0 and t % self.p.rehome_interval == 0
 
-    def place(self, moe: int, load: np.ndarray, home_load: np.ndarray | None = None) -> np.ndarray:
-        """[G, K] for predicted load [E]; re-packs homes by `home_load` [E] when given."""
+    def place(
+        self,
+        moe: int,
+        load: np.ndarray,
+        home_load: np.ndarray | None = None,
+        scenarios: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """[G, K] for predicted load [E]; re-packs homes by `home_load` [E] when given. With
+        `scenarios` [S, E] the gate judges placements on them (`replicate_onto`)."""
         old = self.resident.get(moe)
-        slots = self._with_replicas(moe, load, self.homes[moe])
+        slots = self._with_replicas(moe, load, self.homes[moe], scenarios)
         if home_load is not None and home_load.sum() > 0:
             homes = home_slots(self.layout, home_load)
-            moved = self._with_replicas(moe, load, homes)
-            if self.p.gate == "none" or old is None or self._pays(moved, slots, old, load):
+            moved = self._with_replicas(moe, load, homes, scenarios)
+            if (
+                self.p.gate == "none"
+                or old is None
+                or self._pays(moved, slots, old, load, scenarios)
+            ):
                 self.homes[moe], slots = homes, moved
         self.resident[moe] = slots
         return slots
 
-    def _with_replicas(self, moe: int, load: np.ndarray, homes: np.ndarray) -> np.ndarray:
+    def _with_replicas(
+        self, moe: int, load: np.ndarray, homes: np.ndarray, scenarios: np.ndarray | None
+    ) -> np.ndarray:
         return replicate_onto(load, self.layout, homes, gate=self.p.gate, timer=self.timer,
-                              resident=self.resident.get(moe))  # fmt: skip
+                              resident=self.resident.get(moe), scenarios=scenarios)  # fmt: skip
 
-    def _pays(self, new: np.ndarray, keep: np.ndarray, old: np.ndarray, load: np.ndarray) -> bool:
+    def _pays(
+        self,
+        new: np.ndarray,
+        keep: np.ndarray,
+        old: np.ndarray,
+        load: np.ndarray,
+        scenarios: np.ndarray | None = None,
+    ) -> bool:
         """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
         `keep`, by more than the longest per-device queue of new copies ("time+copy")."""
-        t_new, t_keep = (float(self.timer.device_times(s, load).max()) for s in (new, keep))
+        t_new, t_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
         late = self.timer.late_copy_s(new_copies(new, old), t_new)
         charge = late if self.p.gate == "time+copy" else 0.0
         return t_new + charge < t_keep
@@ -226,6 +246,14 @@ class ExpertTime:
         expert phase (`layer_s`, the busiest device's modelled time); only the excess is late."""
         return max(0.0, queue * self.copy_s - layer_s)
 
+    def span(self, slots: np.ndarray, load: np.ndarray, scenarios: np.ndarray | None) -> float:
+        """The layer's modelled expert time with slots [G, K]: the busiest device's time under
+        load [E], or with `scenarios` [S, E] its mean over them (an expectation over loads the
+        prediction may turn out to be)."""
+        if scenarios is None:
+            return float(self.device_times(slots, load).max())
+        return float(np.mean([self.device_times(slots, s).max() for s in scenarios]))
+
     def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
         """[G] each device's modelled time for slots [G, K] if load [E] splits evenly."""
         return np.array([self.device_s(row) for row in predicted_tokens(slots, load)])
@@ -271,6 +299,7 @@ def replicate_onto(
     gate: str = "none",
     timer: ExpertTime | None = None,
     resident: np.ndarray | None = None,
+    scenarios: np.ndarray | None = None,
 ) -> np.ndarray:
     """[G, K] slots: homes (default round-robin) plus replica copies. load [E] predicted tokens.
 
@@ -283,13 +312,15 @@ def replicate_onto(
     behind the other layers (`ExpertTime.late_copy_s`). A copy adds the expert's weight bytes to
     the grouped GEMM's roofline, so in memory-bound layers replication can lose and the gate
     declines it. Either way `polish` then improves the replica slots (kept under a gate only if
-    modelled faster).
+    modelled faster). With `scenarios` [S, E] (loads the prediction may turn out to be, e.g. the
+    recent iterations' loads) the gate compares placements by their mean busiest-device time over
+    the scenarios (`ExpertTime.span`) instead of under `load` alone; the greedy order stays `load`'s.
     """
     slots = layout.round_robin() if homes is None else homes.copy()
     load = np.asarray(load, dtype=np.float64)
     if gate != "none":
         assert timer is not None, "a gated replication needs the cost model"
-        return _gated(load, layout, slots, gate, timer, resident)
+        return _gated(load, layout, slots, gate, timer, resident, scenarios)
     from planners.eplb_algo import replicate_experts
 
     g, e = layout.n_devices, layout.n_experts
@@ -316,6 +347,7 @@ def _gated(
     gate: str,
     timer: ExpertTime,
     resident: np.ndarray | None,
+    scenarios: np.ndarray | None = None,
 ) -> np.ndarray:
     """Replicas added one at a time in EPLB's greedy order (the expert with the largest per-copy
     load next), each on the modelled least busy device with a free slot that lacks it; of all
@@ -324,16 +356,16 @@ def _gated(
     rather than stopping at the first copy that does not pay lets a copy that only pays together
     with the next one (a hot expert split three ways) be taken."""
 
-    def cost(trial: np.ndarray, times: np.ndarray) -> float:
+    def cost(trial: np.ndarray) -> float:
+        span = timer.span(trial, load, scenarios)
         if gate != "time+copy" or resident is None:
-            return float(times.max())
-        late = timer.late_copy_s(new_copies(trial, resident), float(times.max()))
-        return float(times.max()) + late
+            return span
+        return span + timer.late_copy_s(new_copies(trial, resident), span)
 
     free = np.full(layout.n_devices, layout.home_slots)
     copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
     times = timer.device_times(slots, load)  # [G]
-    best, best_cost = slots, cost(slots, times)
+    best, best_cost = slots, cost(slots)
     for _ in range(layout.replicas):
         order = np.argsort(-(load / np.maximum(copies, 1)), kind="stable")
         pick = None
@@ -353,12 +385,11 @@ def _gated(
         free[d] += 1
         copies[ex] += 1
         times = timer.device_times(slots, load)
-        c = cost(slots, times)
+        c = cost(slots)
         if c < best_cost:
             best, best_cost = slots, c
     polished = polish(best, load, layout)
-    times = timer.device_times(polished, load)
-    return polished if cost(polished, times) < best_cost else best
+    return polished if cost(polished) < best_cost else best
 
 
 def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64) -> np.ndarray:

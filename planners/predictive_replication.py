@@ -33,16 +33,22 @@ from planners.expert_parallel import (
 )
 from planners.registry import register
 
-PREDICTORS = ("last", "ema", "layer_corr")
+PREDICTORS = ("last", "ema", "window", "layer_corr")
 
 
 @dataclass(frozen=True)
 class PredictiveParams(ReplicaParams):
     predictor: str = "layer_corr"  # one of PREDICTORS
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
+    window: int = 4  # `window` predictor: mean share of the last this many iterations
     table: str = (
         ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
     )
+    # Optional .npy [S, MoE layers, E] loads of training groups (e.g. each held-out-sized split of
+    # the training sequences): before any iteration has been seen at a layer, the gate judges a
+    # placement by its mean busiest-device time over the prediction and these loads (scaled to the
+    # prediction's total), a hedge against the prior being another split's load.
+    prior_scenarios: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,6 +56,8 @@ class PredictiveParams(ReplicaParams):
             raise ConfigError(
                 f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}"
             )
+        if self.window < 1:
+            raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(
                 f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]"
@@ -84,6 +92,21 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
     return out
 
 
+def read_scenarios(path: str, n_layers: int, n_experts: int) -> np.ndarray:
+    try:
+        loads = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"predictive_replication prior_scenarios {path}: cannot read a .npy array ({e})"
+        ) from None
+    if loads.ndim != 3 or loads.shape[1:] != (n_layers, n_experts) or not len(loads):
+        raise ConfigError(
+            f"predictive_replication prior_scenarios {path}: shape {loads.shape}, the model needs "
+            f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]"
+        )
+    return loads.astype(np.float64)
+
+
 class LoadPredictor:
     """Keeps what the gates revealed; `predict` returns a load [E] and the gate ops it used.
 
@@ -104,6 +127,7 @@ class LoadPredictor:
         self.p, self.selections = p, selections
         self.ema = np.zeros((n_layers, n_experts))  # [L, E] shares
         self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
+        self.seen_any = np.zeros(n_layers, dtype=bool)  # an iteration's routing was observed
         if prior is not None:
             rows = prior.sum(1, keepdims=True)
             self.seen[:] = rows[:, 0] > 0
@@ -113,6 +137,11 @@ class LoadPredictor:
         )  # [L, E, E] layer l-1 expert -> layer l expert
         if p.table:
             self.trans += read_table(p.table, n_layers, n_experts)
+        self.past: dict[int, list[np.ndarray]] = {}  # moe -> last `window` shares [E] (window)
+        self.prior_scen: np.ndarray | None = None  # [S, L, E] shares
+        if p.prior_scenarios:
+            loads = read_scenarios(p.prior_scenarios, n_layers, n_experts)
+            self.prior_scen = loads / np.maximum(loads.sum(2, keepdims=True), 1.0)
         self.ids: dict[int, np.ndarray] = {}  # moe -> [T, k] this iteration's ids so far
         self.gate_of: dict[tuple[int, int], int] = {}  # (t, moe) -> gate op
 
@@ -124,18 +153,39 @@ class LoadPredictor:
             rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
             rows /= rows.sum(1, keepdims=True)
             return counts @ rows, (self.gate_of[(t, moe - 1)],)
+        if self.p.predictor == "window" and self.past.get(moe):
+            return np.mean(self.past[moe], axis=0) * self.selections(t), (
+                self.gate_of[(t - 1, moe)],
+            )
         if not self.seen[moe]:
             return np.ones(self.ema.shape[1]), ()
         load = self.ema[moe] * self.selections(t)
         last = self.gate_of.get((t - 1, moe))
         return load, () if last is None else (last,)  # from the prior alone: no gate to wait for
 
+    def scenarios(self, moe: int, load: np.ndarray) -> np.ndarray | None:
+        """[S, E] loads the cost gate judges placements on: before any iteration at `moe` has
+        been observed, the prediction `load` and `prior_scenarios`' groups scaled to its total;
+        afterwards None (the prediction alone)."""
+        if self.seen_any[moe] or self.prior_scen is None:
+            return None
+        return np.stack([load, *(s * load.sum() for s in self.prior_scen[:, moe])])
+
+    def home_share(self, moe: int) -> np.ndarray:
+        """[E] the share of past iterations' load the homes are packed by: the window's mean
+        (`window`) or the EMA."""
+        if self.p.predictor == "window" and self.past.get(moe):
+            return np.mean(self.past[moe], axis=0)
+        return self.ema[moe].copy()
+
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         counts = np.asarray(view.counts, dtype=np.float64)
         share = counts / max(counts.sum(), 1.0)
+        if self.p.predictor == "window":
+            self.past[moe] = [*self.past.get(moe, []), share][-self.p.window :]
         a = 1.0 if self.p.predictor == "last" or not self.seen[moe] else self.p.ema_alpha
         self.ema[moe] = a * share + (1 - a) * self.ema[moe]
-        self.seen[moe] = True
+        self.seen[moe] = self.seen_any[moe] = True
         self.gate_of[(t, moe)] = gate_op
         ids = np.asarray(view.ids, dtype=np.int64)  # [T, k]
         if moe > 0 and self.p.predictor == "layer_corr":
@@ -155,11 +205,12 @@ class PredictedReplicas:
 
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         load, used = self.predictor.predict(t, moe)
+        scenarios = self.predictor.scenarios(moe, load)
         home_load = None
-        if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # EMA of iterations < t
-            home_load = self.predictor.ema[moe].copy()
-            used = (*used, self.predictor.gate_of[(t - 1, moe)])
-        return self.rep.place(moe, load, home_load), used
+        if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
+            home_load = self.predictor.home_share(moe)
+            used = tuple(dict.fromkeys((*used, self.predictor.gate_of[(t - 1, moe)])))
+        return self.rep.place(moe, load, home_load, scenarios), used
 
     def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
         self.predictor.observe(t, moe, view, gate_op)

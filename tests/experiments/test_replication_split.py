@@ -55,3 +55,19 @@ def test_the_five_folds_partition_the_trace_and_train_on_the_other_four():
         assert len(ev) == (residue == k).sum() and len(train) == (residue != k).sum()
         seen += len(ev)
     assert seen == tr.n_tokens
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_group_loads_are_the_training_split_one_residue_each():
+    """predictive's prior scenarios: one load matrix per training residue, summing to the
+    training split's load (the test split's four, the validation split's three)."""
+    from experiments.replication import esft_group_loads
+
+    for split, groups in (("test", 4), ("validation", 3), ("fold2", 4)):
+        loads = esft_group_loads(str(SHARED_TRACES), split)
+        _, train = esft_split(str(SHARED_TRACES), 0, split)
+        assert loads.shape == (groups, train.shape[1], 64)
+        whole = np.stack(
+            [np.bincount(train[:, m].ravel(), minlength=64) for m in range(train.shape[1])]
+        )
+        assert np.array_equal(loads.sum(0), whole)

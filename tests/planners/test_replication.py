@@ -281,3 +281,48 @@ def test_predictor_starts_from_the_prior_and_scales_shares_to_the_iteration():
     pred.observe(0, 0, GateView(np.array([[2], [3]]), np.array([0, 0, 5, 5])), gate_op=7)
     load, used = pred.predict(1, 0)
     assert load.tolist() == pytest.approx([3, 1, 3, 3]) and used == (7,)
+
+
+def test_gate_on_scenarios_keeps_a_copy_the_prediction_alone_declines():
+    """Load [2, 1, 1, 1] alone: copying expert 0 leaves the busiest device at 3 s, declined (as
+    above). Judged also on a scenario where expert 0 takes 6: no copy 3 and 7 s (mean 5); expert 0
+    onto dev1 3 and 5 s (dev0 3 + 1, dev1 1 + 1 + 3), mean 4; then expert 1 onto dev0 3 and
+    4.5 s, mean 3.75: both kept. A scenario equal to the prediction changes nothing."""
+    load = np.array([2.0, 1, 1, 1])
+    hedged = replicate_onto(load, LAY, gate="time", timer=_timer(),
+                            scenarios=np.array([load, [6.0, 1, 1, 1]]))  # fmt: skip
+    assert hedged.tolist() == [[0, 2, 1], [1, 3, 0]]
+    same = replicate_onto(load, LAY, gate="time", timer=_timer(), scenarios=np.array([load, load]))
+    assert same.tolist() == [[0, 2, -1], [1, 3, -1]]
+
+
+def test_window_predictor_is_the_mean_share_of_the_last_iterations():
+    """window=2: before any iteration the prior's shares; then the mean share of the last two
+    observed iterations (the oldest dropped), scaled to the iteration's selections; homes are
+    packed by the same mean. The prior scenarios are used only before the first observation."""
+    from core.routing import GateView
+    from planners.predictive_replication import LoadPredictor, PredictiveParams
+
+    p = PredictiveParams(predictor="window", window=2)
+    pred = LoadPredictor(p, 1, 4, lambda t: 8.0, np.array([[1.0, 1, 1, 1]]))
+    pred.prior_scen = np.array([[[0.5, 0.5, 0, 0]]])  # [S=1, L=1, E=4] shares
+    load, _ = pred.predict(0, 0)
+    assert load.tolist() == [2, 2, 2, 2]
+    assert pred.scenarios(0, load).tolist() == [[2, 2, 2, 2], [4, 4, 0, 0]]
+    for t, counts in enumerate(([4, 0, 0, 0], [0, 4, 0, 0], [0, 0, 4, 0])):
+        view = GateView(np.zeros((1, 1), dtype=np.int64), np.array(counts))
+        pred.observe(t, 0, view, gate_op=10 + t)
+    load, used = pred.predict(3, 0)
+    assert load.tolist() == [0, 4, 4, 0] and used == (12,)
+    assert pred.home_share(0).tolist() == [0, 0.5, 0.5, 0]
+    assert pred.scenarios(0, load) is None
+
+
+def test_prior_scenarios_of_the_wrong_shape(tmp_path):
+    bad = tmp_path / "groups.npy"
+    np.save(bad, np.ones((3, 2, 5)))  # tiny has 2 MoE layers of 4 experts
+    with pytest.raises(
+        ConfigError,
+        match=r"prior_scenarios .*shape \(3, 2, 5\).*\[scenarios >= 1, 2 MoE layers, 4\]",
+    ):
+        simulate_run(tiny_spec("predictive_replication", prior_scenarios=str(bad)))
