@@ -1,0 +1,85 @@
+"""The replication cross-validation: which cases each fold runs, the per-fold table and counts,
+and that a completed fold is not run again (an interrupted run resumes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from core.errors import MoepipeError
+from experiments import replication, replication_cv
+from experiments.replication_cv import cv_lines, fold_cfg, run_fold
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "replication.yaml"
+
+
+def base(tmp_path: Path):
+    cfg = OmegaConf.load(CONF)
+    cfg.out_dir = str(tmp_path)
+    return cfg
+
+
+def test_a_fold_runs_the_target_cases_at_their_largest_batch(tmp_path):
+    f = fold_cfg(base(tmp_path), "fold3")
+    assert f.split == "fold3" and f.out_dir == str(tmp_path / "cv" / "fold3")
+    assert sorted(f.cases) == ["esft-g4", "esft-g8"] and not f.variants
+    assert list(f.cases["esft-g8"].batch_sizes) == [128]
+
+
+def test_a_synthetic_target_case_is_one_clear_error(tmp_path):
+    cfg = base(tmp_path)
+    cfg.targets_cases = ["switch-base-128"]
+    with pytest.raises(
+        MoepipeError, match="cases.switch-base-128: routing 'synthetic_olmoe_top1' has no folds"
+    ):
+        fold_cfg(cfg, "test")
+
+
+def row(planner: str, bal: float, ms: float) -> dict:
+    return dict(
+        case="esft-g8", planner=planner, batch_size=128, balancedness=bal, makespan_s=ms / 1e3
+    )
+
+
+def fold(pred_bal: float, pred_ms: float) -> list[dict]:
+    """ep_static 74 ms, oracle 66 ms: a gap of 8 ms."""
+    return [row("ep_static", 0.79, 74.0), row("eplb", 0.97, 68.0), row("oracle_replication", 0.99, 66.0),
+            row("predictive_replication", pred_bal, pred_ms)]  # fmt: skip
+
+
+def test_cv_lines_count_the_folds_each_target_meets():
+    rows = {"test": fold(0.968, 68.0), "fold1": fold(0.972, 70.5), "fold2": fold(0.971, 66.0)}
+    lines = cv_lines(rows)
+    assert any(
+        ln.split()[:3] == ["0", "test", "esft-g8"] and "-0.0020" in ln and "75%" in ln
+        for ln in lines
+    )
+    assert any(ln.split()[:2] == ["1", "fold1"] and "+0.0020" in ln and "44%" in ln for ln in lines)
+    assert "[FAIL] esft-g8: predictive balancedness >= eplb's on 2 of 3 folds" in lines
+    assert "[FAIL] esft-g8: predictive closes >= 50% of the gap on 2 of 3 folds" in lines
+
+
+def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(cfg):
+        calls.append(cfg.split)
+        out = Path(cfg.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        return ["table"]
+
+    monkeypatch.setattr(replication, "run", fake_run)
+    monkeypatch.setattr(replication, "read_runs", lambda out: [])
+    f = fold_cfg(base(tmp_path), "fold2")
+    run_fold(f)
+    run_fold(f)
+    assert calls == ["fold2"]  # the second call found the report
+    f.planners.eplb.window = 2  # other settings: run again
+    run_fold(f)
+    assert calls == ["fold2", "fold2"]
+    (Path(f.out_dir) / "report.txt").unlink()  # interrupted before the report: run again
+    run_fold(f)
+    assert len(calls) == 3 and replication_cv.FOLDS[0] == "test"
