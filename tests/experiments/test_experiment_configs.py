@@ -42,3 +42,14 @@ def test_replication_experiment_runs_small(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
     assert list(Path(tmp_path).glob("*.png"))
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_replication_cross_validation_runs_small(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.replication_cv", f"out_dir={tmp_path}",
+           f"trace_dir={SHARED_TRACES}", "targets_cases=[esft-g8]", "cases.esft-g8.batch_sizes=[8]",
+           "cases.esft-g8.n_batches=2", "cases.esft-g8.prompt_len=8"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 5 folds" in r.stdout
+    assert len(list(Path(tmp_path).glob("cv/*/report.txt"))) == 5
