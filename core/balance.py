@@ -12,6 +12,7 @@ the tokens and busy seconds of its expert computes.
 
 Usage:
     m = balance_metrics(trace, n_devices=8)   # -> summary.json fields
+    phases(trace, n_devices=8)                 # -> balance.csv: one row per (step, layer, batch)
 """
 
 from __future__ import annotations
@@ -47,6 +48,27 @@ def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     )  # devices with no expert op in a phase count as idle with zero tokens
     per = per.reindex(full, fill_value=0).reset_index()
     return per.merge(phases.reset_index(), on=KEYS)
+
+
+def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
+    """One row per (step, layer, batch) expert phase: each device's tokens (`tokens_<d>`),
+    `max_tokens`, `mean_tokens`, `balancedness` (mean / max), the phase's `span_s` (first expert
+    start to last end, any device) and `phase_util` (expert busy seconds / (G x span)): the per
+    layer and batch view of the summary's metrics (a run directory's balance.csv)."""
+    loads = device_loads(trace, n_devices)
+    if loads.empty:
+        return pd.DataFrame()
+    tok = loads.pivot_table(index=KEYS, columns="device", values="tokens", aggfunc="sum")
+    tok.columns = [f"tokens_{d}" for d in tok.columns]
+    g = loads.groupby(KEYS, observed=True)
+    out = tok.assign(max_tokens=g["tokens"].max(), mean_tokens=g["tokens"].mean())
+    out["balancedness"] = (
+        out["mean_tokens"] / out["max_tokens"].where(out["max_tokens"] > 0)
+    ).fillna(1.0)
+    out["span_s"] = g["end_s"].first() - g["start_s"].first()
+    busy = g["busy_s"].sum()
+    out["phase_util"] = (busy / (n_devices * out["span_s"].where(out["span_s"] > 0))).fillna(0.0)
+    return out.reset_index()
 
 
 def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from core.balance import phases
 from core.cost import CostModel
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing
@@ -105,13 +106,24 @@ def summary_of(
 
 
 def write_run(out_dir: str | Path, result: RunResult) -> None:
-    """trace.parquet, trace.json (Chrome), then summary.json last and atomically: a run directory
-    counts as finished only once summary.json exists."""
+    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run, then
+    summary.json last and atomically: a run directory counts as finished only once summary.json
+    exists."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result.trace.to_parquet(out / "trace.parquet", index=False)
     write_chrome(out / "trace.json", [result.trace])
+    write_balance(out, result)
     atomic_write_json(out / "summary.json", result.summary)
+
+
+def write_balance(out: Path, result: RunResult) -> None:
+    """balance.csv (`core.balance.phases`: tokens per device, balancedness and utilisation per
+    step, layer and batch) when the run is expert-parallel."""
+    if "n_devices" in result.summary:
+        phases(result.trace, int(result.summary["n_devices"])).to_csv(
+            out / "balance.csv", index=False
+        )
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -32,7 +32,13 @@ from core.routing import Routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import load_esft
-from experiments.pipeline import RunSpec, atomic_write_json, simulate_run, write_run
+from experiments.pipeline import (
+    RunSpec,
+    atomic_write_json,
+    simulate_run,
+    write_balance,
+    write_run,
+)
 from planners.predictive_replication import transition_counts
 
 log = logging.getLogger(__name__)
@@ -191,8 +197,9 @@ def run_case(
             run_dir = out / name / f"bs{bs}" / label
             if cfg.write_traces:
                 write_run(run_dir, result)
-            else:
+            else:  # the per-phase balance without the trace files
                 run_dir.mkdir(parents=True, exist_ok=True)
+                write_balance(run_dir, result)
                 atomic_write_json(run_dir / "summary.json", result.summary)
             rows.append({"case": name, **result.summary})
     return rows

@@ -42,6 +42,15 @@ def test_replication_experiment_runs_small(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
     assert list(Path(tmp_path).glob("*.png"))
+    import pandas as pd
+
+    runs = sorted(Path(tmp_path).glob("esft-g8/bs8/*/summary.json"))
+    assert len(runs) >= 4
+    for run in runs:  # one row per (step, layer, batch) of the 26 MoE layers, 2 batches
+        balance = pd.read_csv(run.parent / "balance.csv")
+        assert len(balance) == 26 * 2 and [f"tokens_{d}" for d in range(8)] == list(
+            balance.columns[3:11]
+        )
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")

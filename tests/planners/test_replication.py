@@ -76,6 +76,30 @@ def test_balance_metrics_hand_worked():
     assert m["device_busy_frac"] == pytest.approx([1.0, 1 / 3], abs=1e-4)
 
 
+def test_phases_give_each_layer_and_batch_its_own_row():
+    """Two phases on 2 devices. Layer 1: 30 and 10 tokens in [0, 3] and [0, 1] s: balancedness
+    20 / 30, util (3 + 1) / (2 x 3). Layer 2: device 1 alone, 8 tokens in [4, 6] s: device 0 has
+    0 tokens, balancedness 4 / 8, util 2 / (2 x 2)."""
+    from core.balance import phases
+
+    trace = pd.DataFrame({
+        "kind": [str(OpKind.EXPERT)] * 3, "resource": ["gpu", "gpu:1", "gpu:1"], "step": [0, 0, 0],
+        "layer": [1, 1, 2], "batch": [0, 0, 0], "tokens": [30, 10, 8], "start_s": [0.0, 0.0, 4.0],
+        "end_s": [3.0, 1.0, 6.0],
+    })  # fmt: skip
+    t = phases(trace, 2).set_index("layer")
+    assert t.loc[1, ["tokens_0", "tokens_1", "max_tokens", "mean_tokens"]].tolist() == [
+        30,
+        10,
+        30,
+        20,
+    ]
+    assert t.loc[2, ["tokens_0", "tokens_1"]].tolist() == [0, 8]
+    assert t["balancedness"].tolist() == pytest.approx([2 / 3, 1 / 2])
+    assert t["span_s"].tolist() == pytest.approx([3.0, 2.0])
+    assert t["phase_util"].tolist() == pytest.approx([4 / 6, 2 / 4])
+
+
 @pytest.mark.parametrize("planner", PLANNERS)
 def test_planner_runs_and_reports_balance(planner):
     """Validates and simulates on 2 lanes; every routed token is computed once; summary has the fields."""
