@@ -312,8 +312,8 @@ def replicate_onto(
     behind the other layers (`ExpertTime.late_copy_s`). A copy adds the expert's weight bytes to
     the grouped GEMM's roofline, so in memory-bound layers replication can lose and the gate
     declines it. Either way `polish` then improves the replica slots (kept under a gate only if
-    modelled faster). With `scenarios` [S, E] (loads the prediction may turn out to be, e.g. the
-    recent iterations' loads) the gate compares placements by their mean busiest-device time over
+    modelled faster). With `scenarios` [S, E] (loads the prediction may turn out to be, e.g. other
+    splits' loads) the gate compares placements by their mean busiest-device time over
     the scenarios (`ExpertTime.span`) instead of under `load` alone; the greedy order stays `load`'s.
     """
     slots = layout.round_robin() if homes is None else homes.copy()

@@ -2,12 +2,15 @@
 MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
 overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `gate`), split each
 expert's real tokens evenly over its copies, and prefetch the changed copies before the layer.
-Homes are packed from `initial_load` and, with `rehome_interval`, re-packed from the EMA of past
-loads as `eplb` re-places every `interval` (planners/expert_parallel.py `Replicator`).
+Homes are packed from `initial_load` and, with `rehome_interval`, re-packed from past loads (the
+window's mean, else the EMA) as `eplb` re-places every `interval` (planners/expert_parallel.py
+`Replicator`). With `prior_scenarios` the gate hedges the first placement of each layer against
+the prior being another split's load.
 
 Predictors (pluggable, causal):
 - `last`: the previous iteration's loads at that layer;
 - `ema`: an exponential average of past iterations' loads (`ema_alpha` on the newest);
+- `window`: the mean of the last `window` iterations' loads (what `eplb` places from);
 - `layer_corr`: this iteration's loads at the previous layer pushed through a layer-to-layer
   transition table learned from past iterations (Lina/Klotski-style correlation), falling back
   to `ema` at the first layer and before the table has data. Its copies can only start at the
