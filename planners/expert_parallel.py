@@ -130,6 +130,13 @@ class Replicator:
         `scenarios` [S, E] the gate judges placements on them (`replicate_onto`)."""
         old = self.resident.get(moe)
         slots = self._with_replicas(moe, load, self.homes[moe], scenarios)
+        if old is None and self.p.gate != "none":
+            # The first placement is preloaded with the model, so its copies cost no transfer:
+            # fill every replica slot when that is modelled no slower than the gate's choice;
+            # copies that cost nothing hedge against the prediction (a prior) being wrong.
+            full = replicate_onto(load, self.layout, self.homes[moe])
+            if self.timer.span(full, load, scenarios) <= self.timer.span(slots, load, scenarios):
+                slots = full
         if home_load is not None and home_load.sum() > 0:
             homes = home_slots(self.layout, home_load)
             moved = self._with_replicas(moe, load, homes, scenarios)

@@ -350,3 +350,19 @@ def test_prior_scenarios_of_the_wrong_shape(tmp_path):
         match=r"prior_scenarios .*shape \(3, 2, 5\).*\[scenarios >= 1, 2 MoE layers, 4\]",
     ):
         simulate_run(tiny_spec("predictive_replication", prior_scenarios=str(bad)))
+
+
+def test_first_placement_fills_the_slots_when_that_is_no_slower():
+    """The first placement is preloaded (no copy to pay for). Load [2, 1, 1, 1]: the gate alone
+    places no replica (3 s either way, as above), EPLB's greedy fills both slots for the same
+    3 s: taken. Load [0.5] x 4 is memory-bound: 2 distinct experts a device = 2 s, a third copy
+    makes it 3 s: the gate's empty slots stay. Later placements are the gate's alone."""
+    from planners.expert_parallel import ReplicaParams, Replicator
+
+    def fresh() -> Replicator:
+        return Replicator(ReplicaParams(gate="time"), LAY, _timer(), [LAY.round_robin()])
+
+    rep = fresh()
+    assert rep.place(0, np.array([2.0, 1, 1, 1])).tolist() == [[0, 2, 1], [1, 3, 0]]
+    assert rep.place(0, np.array([2.0, 1, 1, 1])).tolist() == [[0, 2, -1], [1, 3, -1]]
+    assert fresh().place(0, np.full(4, 0.5)).tolist() == [[0, 2, -1], [1, 3, -1]]
