@@ -5,9 +5,9 @@ Usage:
     python -m experiments.replication split=validation out_dir=...   # choose params without the test split
     python -m experiments.replication split=fold3 out_dir=...        # one fold of a 5-fold cross-validation
 
-Writes one run directory per (case, batch size, planner) with summary.json, then reads them back
-to print the table and the targets and to plot balancedness / utilisation per layer and
-throughput per batch size (PNG, in out_dir).
+Writes one run directory per (case, batch size, planner) with summary.json and balance.csv, then
+reads them back to print the table and the targets and to plot balancedness / utilisation per
+layer, balancedness per batch and throughput per batch size (PNG, in out_dir).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import hydra
 import numpy as np
+import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
@@ -289,6 +290,13 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
     return out
 
 
+def batch_balance(phases: pd.DataFrame) -> pd.Series:
+    """Balancedness of each batch (its steps together) from a balance.csv table: its layers'
+    mean device tokens over their max, summed as `core.balance` sums a run."""
+    g = phases.groupby("batch")
+    return g["mean_tokens"].sum() / g["max_tokens"].sum()
+
+
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -321,6 +329,21 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         paths.append(out / f"{metric}.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
+    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
+    for ax, case in zip(axes[0], cases, strict=True):  # per batch, from each run's balance.csv
+        bs = max(r["batch_size"] for r in rows if r["case"] == case)
+        for r in rows:
+            path = out / case / f"bs{bs}" / r["planner"] / "balance.csv"
+            if r["case"] == case and r["batch_size"] == bs and path.exists():
+                per = batch_balance(pd.read_csv(path))
+                ax.plot(per.index, per.values, marker=".", label=r["planner_label"])
+        ax.set(title=f"{case} bs={bs}", xlabel="batch (prefill iteration)", ylabel="balancedness",
+               ylim=(0, 1.02))  # fmt: skip
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "balancedness_per_batch.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
     fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
     for ax, case in zip(axes[0], cases, strict=True):
         for planner in dict.fromkeys(r["planner"] for r in rows):  # the four, then any variants

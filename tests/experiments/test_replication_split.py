@@ -71,3 +71,13 @@ def test_group_loads_are_the_training_split_one_residue_each():
             [np.bincount(train[:, m].ravel(), minlength=64) for m in range(train.shape[1])]
         )
         assert np.array_equal(loads.sum(0), whole)
+
+
+def test_batch_balance_sums_layers_as_the_run_metric_does():
+    """Batch 0: layers with mean/max 10/20 and 30/40 -> 40/60; batch 1: 5/5 -> 1."""
+    import pandas as pd
+
+    from experiments.replication import batch_balance
+
+    t = pd.DataFrame({"batch": [0, 0, 1], "mean_tokens": [10, 30, 5], "max_tokens": [20, 40, 5]})
+    assert batch_balance(t).tolist() == pytest.approx([40 / 60, 1.0])
