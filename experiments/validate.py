@@ -16,8 +16,8 @@ Usage:
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
 (the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
 also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps`,
-`run_h2d_gbps`, `err_run_links_makespan_s`): the error left once the links' drift since
-calibration is taken out (a diagnosis of the model, not its prediction).
+`run_h2d_gbps`, `err_run_links_makespan_s`, `err_run_links_gpu_bubble_s`): the error left once
+the links' drift since calibration is taken out (a diagnosis of the model, not its prediction).
 
 With `links=probe` (the default), each real run also gets a prediction of its own: just before
 it, a probe (one small flexgen run on the checkpoint, calibrate's in-run measurement) measures
@@ -297,13 +297,12 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         for res in (Resource.DISK, Resource.H2D):
             row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
             row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
-        row["sim_run_links_makespan_s"] = row["err_run_links_makespan_s"] = float("nan")
+        for k in ("sim_run_links_makespan_s", "err_run_links_makespan_s",
+                  "err_run_links_gpu_bubble_s"):  # fmt: skip
+            row[k] = float("nan")
         if seen:
             again = simulate_run(replace(spec, hardware=with_links(hw, seen)), routing)
-            row["sim_run_links_makespan_s"] = again.summary["makespan_s"]
-            row["err_run_links_makespan_s"] = rel(
-                again.summary["makespan_s"], row["real_makespan_s"]
-            )
+            errors_against(row, "run_links", again.summary)
         if probed[name]:
             # each real run's own prediction, at the links a probe saw just before it
             preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
@@ -327,7 +326,8 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
                 f"{row[f'calibrated_{res}_gbps']:.2f}"
                 for res in seen
             )
-            + f"): {100 * row['err_run_links_makespan_s']:+.1f}%"
+            + f"): {100 * row['err_run_links_makespan_s']:+.1f}%, "
+            f"bubble {100 * row['err_run_links_gpu_bubble_s']:+.1f}%"
             if seen
             else ""
         )

@@ -53,6 +53,6 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]
     assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
-    assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s", "err_probe_makespan_s",
-            "err_window_makespan_s"} <= set(table)  # fmt: skip
+    assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s",
+            "err_run_links_gpu_bubble_s", "err_probe_makespan_s", "err_window_makespan_s"} <= set(table)  # fmt: skip
     assert (out / "timeline_flexgen.png").stat().st_size > 0
