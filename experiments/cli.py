@@ -1,12 +1,15 @@
-"""`key=value` argument parsing shared by the non-hydra commands (calibrate, validate, bench).
+"""Shared by the commands: `key=value` argument parsing for the non-hydra ones (calibrate,
+validate, bench), and printing a report or a user's mistake as one line.
 
 Usage:
     opts = parse_kv(argv, {"checkpoint": None, "repeats": 3})   # MoepipeError on a bad argument
+    print_or_exit(lambda: run(cfg))                               # report lines, or exit 2
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from core.errors import MoepipeError
@@ -21,3 +24,13 @@ def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]
             raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
         opts[key] = value
     return opts
+
+
+def print_or_exit(report: Callable[[], list[str]]) -> None:
+    """Prints the lines `report` returns; a MoepipeError (a mistake in the user's input) becomes
+    one line on stderr and exit status 2."""
+    try:
+        print("\n".join(report()))
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -33,6 +32,7 @@ from core.routing import Routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import load_esft
+from experiments.cli import print_or_exit
 from experiments.pipeline import (
     RunSpec,
     atomic_write_json,
@@ -51,6 +51,13 @@ SPLITS = {"test": 0, "validation": 1, "fold1": 1, "fold2": 2, "fold3": 3, "fold4
 # split -> the seq_id % 5 residue of its sequences
 
 
+def residue(split: str) -> int:
+    """The seq_id % 5 residue of `split`'s sequences; a one-line error for an unknown split."""
+    if split not in SPLITS:
+        raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
+    return SPLITS[split]
+
+
 def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
     """The evaluation token stream of `split` (its sequences in shuffled order) and training ids.
 
@@ -61,10 +68,9 @@ def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarr
     which shows how much the choice of split moves a figure (run them after choosing params).
     Returns eval ids [T_eval, L, k] and train ids [T_train, L, k].
     """
-    if split not in SPLITS:
-        raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
+    r = residue(split)
     tr = load_esft(trace_dir)
-    held = tr.seq_id % 5 == SPLITS[split]
+    held = tr.seq_id % 5 == r
     train = ~held if split.startswith("fold") else (tr.seq_id % 5 != SPLITS["test"]) & ~held
     keys = np.unique(tr.seq_key[held])
     order = np.random.default_rng(seed).permutation(keys)
@@ -78,10 +84,8 @@ def esft_group_loads(trace_dir: str, split: str = "test") -> np.ndarray:
     """[S, L, E] expert loads of each group of `split`'s training sequences that is the size of a
     held-out split (the sequences of one seq_id % 5 residue): how much a split's load differs
     from another's, for predictive's `prior_scenarios` (its gate's hedge before any batch)."""
-    if split not in SPLITS:
-        raise MoepipeError(f"split={split!r} unknown; valid: {', '.join(SPLITS)}")
+    held = residue(split)
     tr = load_esft(trace_dir)
-    held = SPLITS[split]
     residues = [
         r for r in range(5) if r != held and (split.startswith("fold") or r != SPLITS["test"])
     ]
@@ -416,11 +420,7 @@ def run(cfg: DictConfig) -> list[str]:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")
 def main(cfg: DictConfig) -> None:
-    try:
-        print("\n".join(run(cfg)))
-    except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    print_or_exit(lambda: run(cfg))
 
 
 if __name__ == "__main__":

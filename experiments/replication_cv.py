@@ -20,7 +20,6 @@ interrupted run resumes; a fold run with other settings is run again.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
+from experiments.cli import print_or_exit
 
 log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
@@ -120,11 +120,7 @@ def run(cfg: DictConfig) -> list[str]:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")
 def main(cfg: DictConfig) -> None:
-    try:
-        print("\n".join(run(cfg)))
-    except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    print_or_exit(lambda: run(cfg))
 
 
 if __name__ == "__main__":

@@ -202,18 +202,25 @@ class SlotPolicy(Protocol):
         ...
 
 
+def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
+    """A .npy float array whose shape matches `shape` (None: any length >= 1 on that axis), or one
+    ConfigError naming `label` (the param), the file and `need` (the shape the model needs)."""
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{label} {path}: cannot read a .npy array ({e})") from None
+    fits = arr.ndim == len(shape) and all(
+        n == want if want is not None else n >= 1 for n, want in zip(arr.shape, shape, strict=True)
+    )
+    if not fits:
+        raise ConfigError(f"{label} {path}: shape {arr.shape}, the model needs {need}")
+    return arr.astype(np.float64)
+
+
 def read_load(path: str, n_layers: int, n_experts: int, who: str) -> np.ndarray:
     """A .npy [MoE layers, experts] load matrix (e.g. token counts of a training split)."""
-    try:
-        load = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{who} initial_load {path}: cannot read a .npy array ({e})") from None
-    if load.shape != (n_layers, n_experts):
-        raise ConfigError(
-            f"{who} initial_load {path}: load matrix has shape {load.shape}, the model needs "
-            f"[{n_layers} MoE layers, {n_experts} experts]"
-        )
-    return load.astype(np.float64)
+    return read_npy(path, f"{who} initial_load", (n_layers, n_experts),
+                    f"[{n_layers} MoE layers, {n_experts} experts]")  # fmt: skip
 
 
 def home_slots(layout: Layout, load: np.ndarray | None) -> np.ndarray:

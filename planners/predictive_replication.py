@@ -32,6 +32,7 @@ from planners.expert_parallel import (
     EPRunner,
     ReplicaParams,
     Replicator,
+    read_npy,
     resolve_layout,
 )
 from planners.registry import register
@@ -68,18 +69,8 @@ class PredictiveParams(ReplicaParams):
 
 
 def read_table(path: str, n_layers: int, n_experts: int) -> np.ndarray:
-    try:
-        table = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"predictive_replication table {path}: cannot read a .npy array ({e})"
-        ) from None
-    if table.shape != (n_layers, n_experts, n_experts):
-        raise ConfigError(
-            f"predictive_replication table {path}: shape {table.shape}, the model needs "
-            f"[{n_layers} MoE layers, {n_experts}, {n_experts}]"
-        )
-    return table.astype(np.float64)
+    return read_npy(path, "predictive_replication table", (n_layers, n_experts, n_experts),
+                    f"[{n_layers} MoE layers, {n_experts}, {n_experts}]")  # fmt: skip
 
 
 def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
@@ -96,18 +87,8 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
 
 
 def read_scenarios(path: str, n_layers: int, n_experts: int) -> np.ndarray:
-    try:
-        loads = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"predictive_replication prior_scenarios {path}: cannot read a .npy array ({e})"
-        ) from None
-    if loads.ndim != 3 or loads.shape[1:] != (n_layers, n_experts) or not len(loads):
-        raise ConfigError(
-            f"predictive_replication prior_scenarios {path}: shape {loads.shape}, the model needs "
-            f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]"
-        )
-    return loads.astype(np.float64)
+    return read_npy(path, "predictive_replication prior_scenarios", (None, n_layers, n_experts),
+                    f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]")  # fmt: skip
 
 
 class LoadPredictor:
