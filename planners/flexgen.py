@@ -5,6 +5,12 @@ every batch runs the MoE layer (its gate, then its experts in index order). Whil
 computes, the whole next one is prefetched: the MoE layer (gate + *all* experts) during
 attention, the next attention during the MoE layer. KV of the next batch loads while the current
 one computes, and each batch's new KV is stored behind it (FlexGen's three streams).
+
+`sync` (default) keeps FlexGen's loop (`generation_loop_overlap_multi_batch`): each (sub-layer,
+batch) step issues its loads, computes, and then synchronizes the device, so every op of a step
+waits for every op of the step before. The next sub-layer's weights load during the current
+sub-layer's first batch only (FlexGen loads a layer's weights at batch 0), and the later batches
+wait for that load; `sync: false` lets the loads overlap every batch (streams and events only).
 """
 
 from __future__ import annotations
@@ -20,7 +26,28 @@ from planners.registry import register
 
 @dataclass(frozen=True)
 class FlexGenParams:
-    pass
+    sync: bool = True  # FlexGen's device synchronize after every (sub-layer, batch) step
+
+
+class _Steps:
+    """FlexGen's per-step synchronize: with `on`, each op of a step also depends on every op of
+    the step before (`deps`); `add` records this step's ops, `next` ends the step."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.prev: tuple[int, ...] = ()
+        self.cur: list[int] = []
+
+    def deps(self, *deps: int | None) -> tuple[int | None, ...]:
+        return (*deps, *self.prev) if self.on else deps
+
+    def add(self, *ops: int | None) -> None:
+        if self.on:
+            self.cur.extend(op for op in ops if op is not None)
+
+    def next(self) -> None:
+        if self.on and self.cur:
+            self.prev, self.cur = tuple(self.cur), []
 
 
 @register("flexgen", FlexGenParams)
@@ -35,78 +62,114 @@ class FlexGen:
             ctx, out, standard_placement(ctx, kv_sequences=wl.n_sequences, layers_in_flight=2)
         )
         out.meta.update(n_batches_shared=n)
+        s = _Steps(self.params.sync)
         # Sub-layers in FlexGen's list: (layer, "attn") then (layer, "moe"); weights of sub-layer j+1
         # load while j computes, and no earlier than sub-layer j-1 is done (double buffering).
-        prev_done: int | None = None  # last compute of sub-layer j-1
-        cur_done: int | None = None  # last compute of sub-layer j
+        done: int | None = None  # last compute of the sub-layer before the current one
         last: int | None = None
+        store: int | None = None  # the previous batch's KV store, which runs during this step
+        attn_loads = self._load_attention(em, 0, 0, ())
+        kv = em.kv_load(0, 0, 0)
+        s.add(attn_loads, kv)
         for step in range(wl.n_steps):
-            attn_loads = self._load_attention(em, step, 0, prev_done)
             for layer in range(m.n_layers):
-                moe_loads = self._load_ffn(em, step, layer, cur_done)
-                # attention sub-layer, batch by batch
+                # attention sub-layer, batch by batch; KV of batch k+1 loads while k computes
                 for k in range(n):
-                    kv = em.kv_load(step, layer, k, deps=(last,))  # overlaps the previous batch
-                    last = em.attention(
-                        step, layer, k, (attn_loads, kv, last), last_batch=k == n - 1
+                    if k == 0:
+                        moe_loads = self._load_ffn(em, step, layer, s.deps(done))
+                        s.add(moe_loads[0], *moe_loads[1].values(), moe_loads[2])
+                    kv_next = (
+                        em.kv_load(step, layer, k + 1, deps=s.deps(last)) if k + 1 < n else None
                     )
-                    em.kv_store(step, layer, k, last)
-                prev_done, cur_done = cur_done, last
+                    last = em.attention(
+                        step, layer, k, s.deps(attn_loads, kv, last), last_batch=k == n - 1
+                    )
+                    s.add(kv_next, last, store)
+                    store, kv = em.kv_store(step, layer, k, last), kv_next
+                    s.next()
+                done = last
                 nxt = layer + 1
-                attn_loads = (
-                    self._load_attention(em, step, nxt, cur_done) if nxt < m.n_layers else None
-                )
-                head_load = (
-                    em.load(Tensor.HEAD, step, -1, deps=(cur_done,)) if nxt == m.n_layers else None
-                )
-                # FFN sub-layer, batch by batch
-                gate_load, expert_loads, ffn_load = moe_loads
+                # FFN sub-layer, batch by batch; the next attention (or the head) loads meanwhile
+                for k in range(n):
+                    if k == 0:
+                        attn_loads = (
+                            self._load_attention(em, step, nxt, s.deps(done))
+                            if nxt < m.n_layers
+                            else None
+                        )
+                        head_load = (
+                            em.load(Tensor.HEAD, step, -1, deps=s.deps(done))
+                            if nxt == m.n_layers
+                            else None
+                        )
+                        s.add(attn_loads, head_load)
+                    if k == n - 1 and nxt < m.n_layers:
+                        kv = em.kv_load(step, nxt, 0, deps=s.deps(last))
+                        s.add(kv)
+                    s.add(store)
+                    store = None
+                    last = self._ffn_batch(em, s, step, layer, k, moe_loads, last)
+                    s.next()
                 if m.is_moe(layer):
-                    for k in range(n):
-                        last, view = em.gate(
-                            step, layer, k, (gate_load, last), last_batch=k == n - 1
-                        )
-                        for e in range(m.n_experts):
-                            if view.counts[e]:
-                                # Later batches' routing is unknown here, so the expert is freed after the last batch.
-                                last = em.expert(
-                                    step,
-                                    layer,
-                                    k,
-                                    e,
-                                    int(view.counts[e]),
-                                    (expert_loads[e], last),
-                                    last_use=False,
-                                )
-                        last = (
-                            em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
-                        )
-                    for e in range(m.n_experts):
-                        em.free(Tensor.EXPERT, step, layer, (last, expert_loads[e]), expert=e)
-                else:
-                    for k in range(n):
-                        last = (
-                            em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
-                        )
-                prev_done, cur_done = cur_done, last
+                    for e, load in moe_loads[1].items():
+                        s.add(em.free(Tensor.EXPERT, step, layer, (last, load), expert=e))
+                done = last
             for k in range(n):
-                last = em.head(step, k, (head_load, last), last_batch=k == n - 1)
-            prev_done, cur_done = cur_done, last
+                if k == 0 and step + 1 < wl.n_steps:
+                    attn_loads = self._load_attention(em, step + 1, 0, s.deps(done))
+                    s.add(attn_loads)
+                if k == n - 1 and step + 1 < wl.n_steps:
+                    kv = em.kv_load(step + 1, 0, 0, deps=s.deps(last))
+                    s.add(kv)
+                last = em.head(step, k, s.deps(head_load, last), last_batch=k == n - 1)
+                s.add(last)
+                s.next()
+            done = last
 
     @staticmethod
-    def _load_attention(em: Emitter, step: int, layer: int, after: int | None) -> int | None:
-        return em.load(Tensor.ATTENTION, step, layer, deps=(after,))
+    def _ffn_batch(
+        em: Emitter,
+        s: _Steps,
+        step: int,
+        layer: int,
+        k: int,
+        loads: tuple[int | None, dict[int, int | None], int | None],
+        last: int | None,
+    ) -> int | None:
+        """One batch of the FFN sub-layer: the gate and the experts it chose in index order (MoE),
+        then the shared / dense FFN."""
+        m, n = em.model, em.ctx.workload.n_batches
+        gate_load, expert_loads, ffn_load = loads
+        if m.is_moe(layer):
+            last, view = em.gate(step, layer, k, s.deps(gate_load, last), last_batch=k == n - 1)
+            s.add(last)
+            for e in range(m.n_experts):
+                if view.counts[e]:
+                    # Later batches' routing is unknown here, so the expert is freed after the
+                    # last batch.
+                    last = em.expert(step, layer, k, e, int(view.counts[e]),
+                                     s.deps(expert_loads[e], last), last_use=False)  # fmt: skip
+                    s.add(last)
+        ffn = em.ffn(step, layer, k, s.deps(ffn_load, last), last_batch=k == n - 1)
+        s.add(ffn)
+        return ffn or last
+
+    @staticmethod
+    def _load_attention(
+        em: Emitter, step: int, layer: int, deps: tuple[int | None, ...]
+    ) -> int | None:
+        return em.load(Tensor.ATTENTION, step, layer, deps=deps)
 
     @staticmethod
     def _load_ffn(
-        em: Emitter, step: int, layer: int, after: int | None
+        em: Emitter, step: int, layer: int, deps: tuple[int | None, ...]
     ) -> tuple[int | None, dict[int, int | None], int | None]:
         m = em.model
         gate = experts = None
         if m.is_moe(layer):
-            gate = em.load(Tensor.GATE, step, layer, deps=(after,))
+            gate = em.load(Tensor.GATE, step, layer, deps=deps)
             experts = {
-                e: em.load(Tensor.EXPERT, step, layer, e, deps=(after,)) for e in range(m.n_experts)
+                e: em.load(Tensor.EXPERT, step, layer, e, deps=deps) for e in range(m.n_experts)
             }
-        ffn = em.load(Tensor.FFN, step, layer, deps=(after,))
+        ffn = em.load(Tensor.FFN, step, layer, deps=deps)
         return gate, experts or {}, ffn

@@ -78,3 +78,29 @@ def test_fiddler_policy_moves_activations_not_weights() -> None:
     weights = res.trace[(res.trace["kind"] == "load") & (res.trace["tensor"] == "expert")]
     assert weights.empty
     assert (res.trace["tensor"] == "hidden").any()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_flexgen_step_sync(sync: bool) -> None:
+    """FlexGen's loop synchronizes after each (sub-layer, batch) step: a layer's expert weights,
+    loaded during its attention's first batch, are all in before the second batch's attention
+    starts. Without `sync` they overlap the later batches. Either way, a batch's offloaded KV
+    load is issued beside the previous batch's attention, not after it (double buffering)."""
+    wl = Workload(batch_size=4, n_batches=3, prompt_len=64, gen_len=4,
+                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    s = RunSpec(ModelSpec.from_dict(TINY_MODEL), hardware(0.001), wl, "flexgen", dict(sync=sync))
+    res = simulate_run(s)
+    t, ops = res.trace, res.schedule.ops
+    attn = t[t["kind"] == "compute-attention"]
+    waits = []
+    for (step, layer), loads in t[(t["kind"] == "load") & (t["tensor"] == "expert")].groupby(
+        ["step", "layer"]
+    ):
+        later = attn[(attn["step"] == step) & (attn["layer"] == layer) & (attn["batch"] >= 1)]
+        waits.append(bool((later["start_s"] >= loads["end_s"].max() - 1e-12).all()))
+    assert waits and all(waits) == sync
+    attn_op = {(o.step, o.layer, o.batch): o.id for o in ops if o.kind == OpKind.ATTENTION}
+    kv = [o for o in ops if o.kind == OpKind.KV_LOAD and o.batch >= 1]
+    assert kv, "the case must offload KV"
+    assert all(attn_op[(o.step, o.layer, o.batch - 1)] not in o.deps for o in kv)
+    assert all(attn_op[(o.step, o.layer, o.batch - 2)] in o.deps for o in kv if o.batch >= 2)
