@@ -172,8 +172,8 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
     for t in Tier:
         if schedule.resident_bytes.get(t, 0) > schedule.capacity_bytes[t]:
             raise CapacityError(
-                f"resident {t} memory {schedule.resident_bytes[t] / 1e9:.2f} GB exceeds the "
-                f"{t} capacity {schedule.capacity_bytes[t] / 1e9:.2f} GB"
+                f"resident {t} memory {schedule.resident_bytes[t] / 1e9:.3g} GB exceeds the "
+                f"{t} capacity {schedule.capacity_bytes[t] / 1e9:.3g} GB"
             )
     ops = schedule.ops
     for i, op in enumerate(ops):

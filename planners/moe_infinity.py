@@ -55,8 +55,8 @@ class MoEInfinity:
         capacity = cache_bytes // m.expert_bytes
         if capacity < 1:
             raise CapacityError(
-                f"moe_infinity: no GPU room for an expert cache ({cache_bytes / 1e9:.2f} GB spare, "
-                f"one expert is {m.expert_bytes / 1e9:.2f} GB); use a smaller batch"
+                f"moe_infinity: no GPU room for an expert cache ({cache_bytes / 1e9:.3g} GB spare, "
+                f"one expert is {m.expert_bytes / 1e9:.3g} GB); use a smaller batch"
             )
         cache = LRUCache(em, capacity)
         n_moe = len(m.moe_layers)

@@ -74,8 +74,8 @@ def greedy_placement(
     gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
     if gpu_free < 0:
         raise CapacityError(
-            f"GPU memory {cap[Tier.GPU] / 1e9:.2f} GB is smaller than the working set "
-            f"{(working_bytes + activation_bytes) / 1e9:.2f} GB (streamed weights, KV cache buffers, activations); "
+            f"GPU memory {cap[Tier.GPU] / 1e9:.3g} GB is smaller than the working set "
+            f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights, KV cache buffers, activations); "
             "use a smaller batch or fewer batches"
         )
     dense = dense_bytes(model)
