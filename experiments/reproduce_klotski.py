@@ -27,14 +27,14 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.prefetch_eval import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_T3 = {  # Table 3, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
-    "layer_prefetch": (5.721, 0.01, 1.149),
-    "klotski_multi": (18.24, 0.97, 34.07),
-    "klotski_hot": (19.074, 1.127, 44.17),
+PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
+    "simple": (5.721, 0.01, 1.149),
+    "multi": (18.24, 0.97, 34.07),
+    "hot": (19.074, 1.127, 44.17),
     "klotski": (22.414, 1.325, 52.85),
 }
-STEP_NAMES = {"layer_prefetch": "Simple pipeline", "klotski_multi": "+ Multi batches",
-              "klotski_hot": "+ Only prefetch hot experts", "klotski": "Klotski (+ adjust expert order)"}  # fmt: skip
+STEP_NAMES = {"simple": "Simple pipeline", "multi": "+ Multi batches",
+              "hot": "+ Only prefetch hot experts", "klotski": "Klotski (+ adjust expert order)"}  # fmt: skip
 
 
 def _yaml(group: str, name: str) -> dict[str, Any]:
@@ -113,17 +113,33 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def table3_steps() -> dict[str, str]:
+    """Step (a PAPER_T3 key) -> the planner config that runs it, in the paper's order."""
+    steps = dict(_experiment("klotski_table3")["reproduce"]["steps"])
+    if list(steps) != list(PAPER_T3):
+        raise MoepipeError(
+            f"klotski_table3 reproduce.steps: {list(steps)}; name the steps {list(PAPER_T3)}"
+        )
+    return steps
+
+
 def jobs_table3(quick: bool) -> list[dict[str, Any]]:
+    """Every column x (each step, then each `beside` row); `step` is the PAPER_T3 key, or the
+    planner's name for a row beside the steps."""
     exp = _experiment("klotski_table3")
     gen = 4 if quick else exp["workload"]["gen_len"]
+    rows = [*table3_steps().items(), *((p, p) for p in exp["reproduce"].get("beside") or {})]
     out = []
     for i, col in enumerate(exp["reproduce"]["columns"]):
-        for step in exp["reproduce"]["steps"]:
-            n = 1 if step == "layer_prefetch" else col["n"]  # the simple pipeline is single-batch
-            out.append(dict(table="table3", planner=step, model=col["model"], hardware=col["hardware"],
-                            column=i, hardware_overrides=col.get("hardware_overrides") or {},
+        for step, planner in rows:
+            n = 1 if step == "simple" else col["n"]  # the simple pipeline is single-batch
+            # planners with their own n run the workload's n (the column's)
+            own_n = "n" in (_yaml("planner", planner).get("params") or {})
+            out.append(dict(table="table3", step=step, planner=planner, model=col["model"],
+                            hardware=col["hardware"], column=i,
+                            hardware_overrides=col.get("hardware_overrides") or {},
                             workload=_workload(exp, n_batches=n, gen_len=gen),
-                            params={} if step == "layer_prefetch" else {"n": -1}))  # fmt: skip
+                            params={"n": -1} if own_n else {}))  # fmt: skip
     return out
 
 
@@ -166,7 +182,7 @@ def table3_columns() -> list[dict[str, Any]]:
 
 def step_ratios(t3: pd.DataFrame) -> dict[tuple[str, str, int], float]:
     """(step, previous step, column) -> the Table 3 runs' throughput ratio (nan if one is missing)."""
-    tp = {(r.planner, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
+    tp = {(r.step, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     steps, cols = list(PAPER_T3), {c for _, c in tp}
     return {(b, a, c): tp.get((b, c), float("nan")) / tp.get((a, c), float("nan"))
             for a, b in zip(steps, steps[1:], strict=False) for c in cols}  # fmt: skip
@@ -182,12 +198,17 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
     lines = ["## Table 3: ablation (tokens/s; sim vs paper)", "",
              "| step | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
              "|---|" + "---|---|" * len(cols)]  # fmt: skip
-    tp = {(r.planner, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
-    ns = {int(r.column): r.n for r in t3.itertuples() if r.planner == "klotski"}
+    tp = {(r.step, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
+    ns = {int(r.column): r.n for r in t3.itertuples() if r.step == "klotski"}
+    planners = table3_steps()
     for step in PAPER_T3:
         cells = [f"{tp.get((step, i), float('nan')):.3f} | {PAPER_T3[step][p]}"
                  for i, (_, p) in enumerate(cols)]  # fmt: skip
-        lines.append(f"| {STEP_NAMES[step]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {STEP_NAMES[step]} ({planners[step]}) | " + " | ".join(cells) + " |")
+    beside = _experiment("klotski_table3")["reproduce"].get("beside") or {}
+    for planner, label in beside.items():
+        cells = [f"{tp.get((planner, i), float('nan')):.3f} | -" for i in range(len(cols))]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "| step ratio | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
               "|---|" + "---|---|" * len(cols)]  # fmt: skip
     steps = list(PAPER_T3)
@@ -197,7 +218,7 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
         for i, (_, p) in enumerate(cols):
             sim = ratio.get((b, a, i), float("nan"))
             cells.append(f"{sim:.3f} | {PAPER_T3[b][p] / PAPER_T3[a][p]:.3f}")
-        lines.append(f"| {b} / {a} | " + " | ".join(cells) + " |")
+        lines.append(f"| {b} / {a} ({planners[b]} / {planners[a]}) | " + " | ".join(cells) + " |")
     return [*lines, "", "n per column (Klotski rows): "
             + ", ".join(f"{h}: n={ns.get(i)}" for i, (h, _) in enumerate(cols))]  # fmt: skip
 
@@ -248,7 +269,7 @@ def targets(df: pd.DataFrame) -> list[str]:
     within 25% of the paper's in its 8x7B / Env 1 and 8x22B / Env 2 columns and within a factor of
     2 in the disk-bound one; Klotski at the n-planner's n within 10% of the schedule's bound."""
     t3 = df[df.table == "table3"]
-    ratio, steps, out = step_ratios(t3), list(PAPER_T3), []
+    ratio, steps, out, planners = step_ratios(t3), list(PAPER_T3), [], table3_steps()
     for i, c in enumerate(table3_columns()):
         if c.get("hardware_overrides") or not len(t3):
             continue
@@ -259,13 +280,14 @@ def targets(df: pd.DataFrame) -> list[str]:
                 PAPER_T3[b][p] / PAPER_T3[a][p],
             )
             out.append(
-                f"[{'PASS' if sim > 1 else 'FAIL'}] {where}: {b} / {a} = {sim:.3f} improves (> 1)"
+                f"[{'PASS' if sim > 1 else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = "
+                f"{sim:.3f} improves (> 1)"
             )
             if p == 1:  # the disk-bound column: within a factor of 2
                 ok, want = paper / 2 <= sim <= 2 * paper, "within 2x of"
             else:
                 ok, want = abs(sim / paper - 1) <= 0.25, "within 25% of"
-            out.append(f"[{'PASS' if ok else 'FAIL'}] {where}: {b} / {a} = {sim:.3f} {want} the paper's {paper:.3f}")  # fmt: skip
+            out.append(f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} {want} the paper's {paper:.3f}")  # fmt: skip
     for r in df[df.table == "auto_n"].itertuples():
         if isinstance(getattr(r, "error", None), str):
             out.append(f"[FAIL] {r.model} / {r.hardware}: Klotski at the n-planner's n: {r.error}")
@@ -281,8 +303,10 @@ def read_results(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
     df = pd.read_csv(path)
-    if (df.table == "table3").any() and "column" not in df:
-        raise MoepipeError(f"{path}: written before Table 3 columns were numbered; run it again")
+    if (df.table == "table3").any() and not {"column", "step"} <= set(df):
+        raise MoepipeError(
+            f"{path}: written before Table 3 rows were keyed by column and step; run it again"
+        )
     return df
 
 

@@ -15,9 +15,10 @@ Streams: `weights` and `experts` share the h2d link with `kv_load`; `kv_store` u
 layers on disk are read ahead `disk_window` layers into CPU memory (paper §6.1); where CPU memory
 cannot hold that window, expert by expert, as far ahead as CPU room allows.
 
-Params give the paper's ablation (conf/planner/klotski_multi.yaml, klotski_hot.yaml,
-klotski.yaml). `n`: -1 = workload.n_batches, 0 = auto (planners/n_planner.py; the pipeline
-calls `choose_n_batches` to size the workload before routing exists), k > 0 = k batches.
+Params give the paper's ablation steps after "+ multi batches" (conf/planner/klotski_hot.yaml,
+klotski.yaml; that step itself is FlexGen's loop, `flexgen`), and the multi-batch step in this
+loop (klotski_multi.yaml). `n`: -1 = workload.n_batches, 0 = auto (planners/n_planner.py; the
+pipeline calls `choose_n_batches` to size the workload before routing exists), k > 0 = k batches.
 """
 
 from __future__ import annotations
