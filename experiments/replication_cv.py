@@ -74,11 +74,16 @@ def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
 
 
 def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The per-fold table and one line per case and target: on how many folds it is met."""
+    """The per-fold table, a mean row per case (the folds' mean of each column: the estimate over
+    every held-out sequence, beside the one split the targets are reported on), and one line
+    per case and target: on how many folds it is met."""
     head = (f"{'fold':>4} {'split':10} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
             f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10}")  # fmt: skip
     lines = [head, "-" * len(head)]
     met: dict[str, list[tuple[bool, bool]]] = {}
+    cols: dict[
+        str, list[tuple[float, ...]]
+    ] = {}  # case -> per fold (eplb, pred, diff, ms, ms, closed)
     for k, split in enumerate(FOLDS):
         by_case: dict[str, dict[str, dict[str, Any]]] = {}
         for r in rows.get(split, []):
@@ -95,6 +100,16 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%}"
             )
             met.setdefault(case, []).append((diff >= 0, closed >= 0.5))
+            cols.setdefault(case, []).append(
+                (ep["balancedness"], pr["balancedness"], diff, 1e3 * ep["makespan_s"],
+                 1e3 * pr["makespan_s"], closed)
+            )  # fmt: skip
+    for case, per in sorted(cols.items()):
+        eb, pb, diff, em, pm, closed = (sum(col) / len(per) for col in zip(*per, strict=True))
+        lines.append(
+            f"{'mean':>4} {f'{len(per)} folds':10} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
+            f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%}"
+        )
     lines.append("")
     for case, oks in met.items():
         n = len(oks)

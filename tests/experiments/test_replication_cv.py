@@ -59,6 +59,9 @@ def test_cv_lines_count_the_folds_each_target_meets():
     assert any(ln.split()[:2] == ["1", "fold1"] and "+0.0020" in ln and "44%" in ln for ln in lines)
     assert "[FAIL] esft-g8: predictive balancedness >= eplb's on 2 of 3 folds" in lines
     assert "[FAIL] esft-g8: predictive closes >= 50% of the gap on 2 of 3 folds" in lines
+    # the folds' mean: balancedness diff (-0.002 + 0.002 + 0.001) / 3, gap closed (75 + 44 + 100) / 3
+    mean = next(ln for ln in lines if ln.startswith("mean"))
+    assert mean.split()[1:4] == ["3", "folds", "esft-g8"] and "+0.0003" in mean and "73%" in mean
 
 
 def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
