@@ -80,10 +80,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     head = (f"{'fold':>4} {'split':10} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
             f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10}")  # fmt: skip
     lines = [head, "-" * len(head)]
-    met: dict[str, list[tuple[bool, bool]]] = {}
-    cols: dict[
-        str, list[tuple[float, ...]]
-    ] = {}  # case -> per fold (eplb, pred, diff, ms, ms, closed)
+    # case -> per fold: (eplb bal, pred bal, diff, eplb ms, pred ms, gap closed)
+    cols: dict[str, list[tuple[float, ...]]] = {}
     for k, split in enumerate(FOLDS):
         by_case: dict[str, dict[str, dict[str, Any]]] = {}
         for r in rows.get(split, []):
@@ -99,7 +97,6 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {1e3 * ep['makespan_s']:>8.2f} "
                 f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%}"
             )
-            met.setdefault(case, []).append((diff >= 0, closed >= 0.5))
             cols.setdefault(case, []).append(
                 (ep["balancedness"], pr["balancedness"], diff, 1e3 * ep["makespan_s"],
                  1e3 * pr["makespan_s"], closed)
@@ -111,13 +108,11 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%}"
         )
     lines.append("")
-    for case, oks in met.items():
-        n = len(oks)
-        for i, what in enumerate(("balancedness >= eplb's", "closes >= 50% of the gap")):
-            k = sum(ok[i] for ok in oks)
-            lines.append(
-                f"[{'PASS' if k == n else 'FAIL'}] {case}: predictive {what} on {k} of {n} folds"
-            )
+    for case, per in cols.items():
+        for what, k in (("balancedness >= eplb's", sum(c[2] >= 0 for c in per)),
+                        ("closes >= 50% of the gap", sum(c[5] >= 0.5 for c in per))):  # fmt: skip
+            ok = "PASS" if k == len(per) else "FAIL"
+            lines.append(f"[{ok}] {case}: predictive {what} on {k} of {len(per)} folds")
     return lines
 
 

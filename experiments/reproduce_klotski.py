@@ -123,12 +123,17 @@ def table3_steps() -> dict[str, str]:
     return steps
 
 
+def table3_beside() -> dict[str, str]:
+    """Planner config -> label of each row printed beside the steps (outside the ratios)."""
+    return dict(_experiment("klotski_table3")["reproduce"].get("beside") or {})
+
+
 def jobs_table3(quick: bool) -> list[dict[str, Any]]:
     """Every column x (each step, then each `beside` row); `step` is the PAPER_T3 key, or the
     planner's name for a row beside the steps."""
     exp = _experiment("klotski_table3")
     gen = 4 if quick else exp["workload"]["gen_len"]
-    rows = [*table3_steps().items(), *((p, p) for p in exp["reproduce"].get("beside") or {})]
+    rows = [*table3_steps().items(), *((p, p) for p in table3_beside())]
     out = []
     for i, col in enumerate(exp["reproduce"]["columns"]):
         for step, planner in rows:
@@ -205,8 +210,7 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
         cells = [f"{tp.get((step, i), float('nan')):.3f} | {PAPER_T3[step][p]}"
                  for i, (_, p) in enumerate(cols)]  # fmt: skip
         lines.append(f"| {STEP_NAMES[step]} ({planners[step]}) | " + " | ".join(cells) + " |")
-    beside = _experiment("klotski_table3")["reproduce"].get("beside") or {}
-    for planner, label in beside.items():
+    for planner, label in table3_beside().items():
         cells = [f"{tp.get((planner, i), float('nan')):.3f} | -" for i in range(len(cols))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "| step ratio | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
