@@ -133,7 +133,8 @@ def _names(family: str) -> _Names:
     moe = dict(
         router=b + "mlp.gate.weight", expert=b + "mlp.experts.{e}.{w}.weight", expert_mats=swiglu
     )
-    if family == "olmoe":
+    if family == "olmoe":  # QK-norm: RMSNorm over the whole projected q and k, before RoPE
+        common["attn"] = attn | {f"{x}_norm": b + f"self_attn.{x}_norm.weight" for x in "qk"}
         return _Names(**common, **moe)
     if family == "qwen2_moe":
         common["attn"] = attn | {f"{x}_bias": b + f"self_attn.{x}_proj.bias" for x in "qkv"}
@@ -164,7 +165,8 @@ def _ffn(
 def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
 
-    Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen); gate `post_norm
+    Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen, `q_norm k_norm` for
+    OLMoE); gate `post_norm
     router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus `post_norm`
     for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head `norm lm_head`.
     DeepSeek-V2 uses GQA projections in place of MLA (see real.model).
@@ -174,6 +176,7 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     q_dim, kv_dim = spec.n_heads * d, spec.n_kv_heads * d
     attn_shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
     attn_shapes |= {"o": (h, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
+    attn_shapes |= {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
     out: dict[Unit, dict[str, TensorSpec]] = {
         Unit(Tensor.EMBED): {"embed": TensorSpec(n.embed, (v, h))}
     }

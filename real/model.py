@@ -25,8 +25,7 @@ from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 #
 # Substitutions (documented, deliberate): DeepSeek-V2 runs GQA attention over q/k/v/o_proj with
 # the spec's heads instead of MLA; Switch runs as a causal decoder with RoPE and 1/sqrt(D) scaling
-# instead of T5's relative position buckets, and without expert capacity dropping; OLMoE has no
-# q/k norms.
+# instead of T5's relative position buckets, and without expert capacity dropping.
 
 Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
 
@@ -90,7 +89,9 @@ class Model:
         x = rms_norm(hidden, w["input_norm"], s.rms_norm_eps)  # [B, S, H]
 
         def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
-            y = F.linear(x, w[key], w.get(f"{key}_bias"))
+            y = F.linear(x, w[key], w.get(f"{key}_bias"))  # [B, S, n_heads * D]
+            if f"{key}_norm" in w:  # OLMoE's QK-norm, over all heads at once
+                y = rms_norm(y, w[f"{key}_norm"], s.rms_norm_eps)
             return y.view(b, n, n_heads, s.head_dim).transpose(1, 2)
 
         q = rope(heads("q", s.n_heads), positions, s.rope_theta)  # [B, Hq, S, D]
