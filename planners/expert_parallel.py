@@ -516,8 +516,12 @@ class EPRunner:
             ),
         )
         if any(t != Tier.GPU for t in self.em.placement.experts):
+            experts_gb = len(m.moe_layers) * m.n_experts * m.expert_bytes / 1e9
+            gpu_gb = self.ctx.hardware.memory_bytes[Tier.GPU] / 1e9
             raise CapacityError(
-                f"expert parallelism keeps every expert resident; {m.name}'s experts do not fit GPU memory"
+                f"expert parallelism keeps every expert resident, but {m.name}'s experts "
+                f"({experts_gb:.3g} GB) with its dense weights and KV cache do not fit GPU memory "
+                f"({gpu_gb:.3g} GB); use hardware with more GPU memory or a smaller model"
             )
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
         b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit

@@ -7,15 +7,25 @@ import numpy as np
 import pytest
 
 from core.cost import CostModel
+from core.errors import CapacityError
+from core.spec import HardwareSpec
 from core.trace import make_trace, summarize
 from experiments.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from planners.registry import entry
 from sim.executor import simulate
-from tests.conftest import random_routing
+from tests.conftest import conf, random_routing
 
-# Planners for other settings (expert parallelism) declare it with a `contract_hardware` attribute.
 PLANNERS = planner_names()
+# Expert-parallel planners keep every expert resident on its device (replicas add copies); they
+# refuse hardware whose GPU memory cannot hold them instead of offloading.
+RESIDENT = {"ep_static", "eplb", "predictive_replication", "oracle_replication"}
+# GPU memory (GB) of about the dense weights plus 1.5 expert layers of `tiny` (509 KB in all, one
+# expert layer 197 KB) and host RAM (0.2 MB) smaller than its experts (393 KB), so a run has to
+# stream experts from disk. Offloading planners need different working sets: each runs in at
+# least one of the two.
+TIGHT_GPU_GB = (0.00045, 0.0006)
+TIGHT_CPU_GB = 0.0002
 
 
 def run(model, hw, wl, name):
@@ -26,20 +36,27 @@ def run(model, hw, wl, name):
     return schedule, make_trace(schedule, start, end, "sim")
 
 
-@pytest.mark.parametrize("name", PLANNERS)
-def test_planner_contract(name, tiny_model, tiny_hw, tiny_workload):
-    schedule, trace = run(tiny_model, tiny_hw, tiny_workload, name)
+def check_contract(schedule, trace, model, wl) -> dict:
+    """The contract's checks on one simulated run; returns its summary."""
     assert len(trace) == len(schedule.ops)
-    assert trace["op_id"].is_unique and (trace["op_id"].to_numpy() == np.arange(len(trace))).all()
-    # dependencies and stream order hold
     start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+    assert np.isfinite(start).all() and np.isfinite(end).all() and (end >= start).all()
     for op in schedule.ops:
         for d in op.deps:
             assert start[op.id] >= end[d] - 1e-12, op.label()
+    # a stream is a FIFO queue: each op starts after the previous one (program order) ended
     for _, g in trace.groupby("stream", observed=True):
-        ids = g["op_id"].to_numpy()
-        assert (np.diff(g["start_s"].to_numpy()[np.argsort(ids)]) >= -1e-12).all()
-    s = summarize(schedule, trace, tiny_workload)
+        order = np.argsort(g["op_id"].to_numpy())
+        s_, e_ = g["start_s"].to_numpy()[order], g["end_s"].to_numpy()[order]
+        assert (s_[1:] >= e_[:-1] - 1e-12).all()
+    # a physical resource runs one op at a time, whichever streams share it (h2d: weights and
+    # on-demand experts)
+    rid = {name: st.resource_id for name, st in schedule.streams.items()}
+    busy = trace[(trace["resource"] != "none") & (trace["end_s"] > trace["start_s"])]
+    for _, g in busy.groupby(busy["stream"].astype(str).map(rid)):
+        g = g.sort_values("start_s")
+        assert (g["start_s"].to_numpy()[1:] >= g["end_s"].to_numpy()[:-1] - 1e-12).all()
+    s = summarize(schedule, trace, wl)
     for tier, peak in s["peak_bytes"].items():
         assert peak <= schedule.capacity_bytes[tier], tier
     assert s["makespan_s"] >= s["lower_bound_s"] - 1e-12
@@ -47,9 +64,38 @@ def test_planner_contract(name, tiny_model, tiny_hw, tiny_workload):
     assert s["lower_bound_s"] - 1e-12 <= s["dag_lower_bound_s"] <= s["makespan_s"] + 1e-9
     # the expert compute of every (step, layer) covers every routed token exactly once
     tokens = trace[trace["kind"] == "compute-expert"]["tokens"].sum()
-    wl = tiny_workload
-    expected = wl.n_sequences * wl.seq_positions * len(tiny_model.moe_layers) * tiny_model.top_k
-    assert tokens == expected
+    assert tokens == wl.n_sequences * wl.seq_positions * len(model.moe_layers) * model.top_k
+    return s
+
+
+@pytest.mark.parametrize("name", PLANNERS)
+def test_planner_contract(name, tiny_model, tiny_hw, tiny_workload):
+    schedule, trace = run(tiny_model, tiny_hw, tiny_workload, name)
+    check_contract(schedule, trace, tiny_model, tiny_workload)
+
+
+@pytest.mark.parametrize("name", PLANNERS)
+def test_planner_contract_when_experts_stream_from_disk(name, tiny_model, tiny_workload):
+    """The same contract where memory binds: loads wait for memory and peaks stay under
+        capacity. Every offloading planner runs on one of the two tight GPUs and reads experts from
+        disk; a planner that cannot run on one says so with a CapacityError naming the sizes (the
+    expert-parallel ones where their experts do not fit)."""
+    ran = []
+    for gpu_gb in TIGHT_GPU_GB:
+        d = conf("hardware", "tiny")
+        d["memory_gb"] = {"gpu": gpu_gb, "cpu": TIGHT_CPU_GB, "disk": 100.0}
+        hw = HardwareSpec.from_dict(d)
+        try:
+            schedule, trace = run(tiny_model, hw, tiny_workload, name)
+        except CapacityError as e:
+            assert "GB" in str(e) and "\n" not in str(e)
+            continue
+        ran.append(check_contract(schedule, trace, tiny_model, tiny_workload))
+    disk = [s["bytes_moved"].get("disk", 0) for s in ran]
+    if name in RESIDENT:  # refuses, or runs with every expert resident (nothing read from disk)
+        assert not any(disk)
+    else:
+        assert any(disk)
 
 
 @pytest.mark.parametrize("name", PLANNERS)
