@@ -21,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
+from experiments.cli import exit_on_unknown_choice
 from experiments.pipeline import atomic_write_json, simulate_run, write_run
 from experiments.resolve import run_spec
 
@@ -83,4 +84,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_unknown_choice(sys.argv[1:])
     main()
