@@ -22,12 +22,13 @@ GIB = 2**30
 
 
 def _positive(obj: object, *names: str) -> None:
+    where = {"ModelSpec": "model", "HardwareSpec": "hardware"}.get(
+        type(obj).__name__, type(obj).__name__
+    )
     for name in names:
         value = getattr(obj, name)
         if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-            raise ConfigError(
-                f"{type(obj).__name__}.{name} must be a positive number, got {value!r}"
-            )
+            raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ class ModelSpec:
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
         object.__setattr__(self, "activation", Activation(self.activation))
         object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model {self.name}: n_heads={self.n_heads} is not a multiple of "
+                f"n_kv_heads={self.n_kv_heads} (grouped-query attention shares each KV head "
+                "among n_heads / n_kv_heads query heads)"
+            )
         if self.top_k > self.n_experts:
             raise ConfigError(
                 f"model {self.name}: top_k={self.top_k} exceeds n_experts={self.n_experts}; "
@@ -474,9 +481,17 @@ class RoutingConfig:
     hot_share: float = 0.0  # synthetic: share of selections the hot experts take
 
     def __post_init__(self) -> None:
+        if self.source not in set(RoutingSource):
+            valid = ", ".join(str(x) for x in RoutingSource)
+            raise ConfigError(f"workload.routing.source={self.source!r} unknown; valid: {valid}")
         object.__setattr__(self, "source", RoutingSource(self.source))
-        object.__setattr__(self, "tasks", tuple(self.tasks))
-        object.__setattr__(self, "exclude_tasks", tuple(self.exclude_tasks))
+        for f_ in ("tasks", "exclude_tasks"):  # one task given as a string is a list of one
+            v = getattr(self, f_)
+            object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
+        for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
+            v = getattr(self, f_)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError(f"workload.routing.{f_} must be a number, got {v!r}")
         for f_ in ("layer_corr", "reuse", "hot_share"):
             v = getattr(self, f_)
             if not 0.0 <= v <= 1.0:
@@ -499,6 +514,8 @@ class Workload:
             v = getattr(self, f_)
             if not (isinstance(v, int) and v > 0):
                 raise ConfigError(f"workload.{f_} must be a positive integer, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"workload.seed must be an integer >= 0, got {self.seed!r}")
 
     @property
     def n_sequences(self) -> int:

@@ -20,6 +20,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
+
 
 def sweep_size(config: DictConfig) -> int | None:
     """Runs in the sweep: the product of the sweep lengths of the command line and
@@ -89,6 +91,11 @@ class SweepProgress(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         print(f"sweep {sweep_dir}: {finished_runs(sweep_dir)} run(s) finished, wall time {wall:.1f} s",
               file=sys.stderr)  # fmt: skip
+        failed = sorted(p.parent.name for p in sweep_dir.glob(f"*/{FAILED}"))
+        if failed:  # the last end-of-sweep callback (hydra calls them in reverse), so reports ran
+            print(f"error: sweep {sweep_dir}: {len(failed)} run(s) failed on bad input "
+                  f"({', '.join(failed)}; see {FAILED} in each)", file=sys.stderr)  # fmt: skip
+            sys.exit(2)
 
 
 class SweepSummary(Callback):

@@ -21,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
+from experiments.callbacks import FAILED
 from experiments.cli import exit_on_unknown_choice
 from experiments.pipeline import atomic_write_json, simulate_run, write_run
 from experiments.resolve import run_spec
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
+    (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     spec = run_spec(cfg)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
@@ -79,8 +81,14 @@ def main(cfg: DictConfig) -> None:
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         atomic_write_json(out_dir / "summary.json", {"status": "infeasible", "error": str(e)})
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        if hc.mode != RunMode.MULTIRUN:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
+        # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep
+        # exits 2 at its end (SweepProgress) naming the failed runs.
+        print(f"error: {out_dir.name}: {e}", file=sys.stderr)
+        (out_dir / FAILED).write_text(f"{e}\n")
 
 
 if __name__ == "__main__":

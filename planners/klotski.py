@@ -60,17 +60,13 @@ class KlotskiParams:
             raise ConfigError(
                 f"planner klotski: predictor {self.predictor!r}; valid: {', '.join(PREDICTORS)}"
             )
-        if (
-            self.n < -1
-            or self.hot_k < 0
-            or self.warmup_sequences < 1
-            or self.disk_window < 1
-            or self.disk_speculate < 0
-        ):
-            raise ConfigError(
-                "planner klotski: n >= -1, hot_k >= 0, warmup_sequences >= 1, disk_window >= 1, "
-                "disk_speculate >= 0"
-            )
+        least = {"n": -1, "hot_k": 0, "warmup_sequences": 1, "disk_window": 1, "disk_speculate": 0}
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ConfigError(
+                    f"planner klotski: {name}={getattr(self, name)} must be >= {low}"
+                    + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
+                )
 
 
 def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:

@@ -7,6 +7,8 @@ Usage:
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -57,10 +59,42 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
         raise ConfigError(
             f"planner {name}: unknown param(s) {unknown}; valid: {sorted(valid) or 'none'}"
         )
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        need = _mismatch(hints[key], value)
+        if need:
+            raise ConfigError(f"planner {name}: param {key}={value!r} must be {need}")
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"planner {name}: {e}") from None
+        msg = str(e)
+        raise ConfigError(
+            msg if msg.startswith(f"planner {name}") else f"planner {name}: {msg}"
+        ) from None
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _mismatch(hint: Any, value: Any) -> str:
+    """What a param of type `hint` must be when `value` is not that ("" when it fits). Params are
+    primitives (bool, int, float, str, or a union of them with None); other hints pass."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    kinds = [t for t in options if t in _KINDS]
+    if len(kinds) < len([t for t in options if t is not type(None)]):
+        return ""  # a container or other type: the dataclass's own checks apply
+    if value is None and type(None) in options:
+        return ""
+    for t in kinds:
+        if t is bool and isinstance(value, bool):
+            return ""
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return ""
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return ""
+        if t is str and isinstance(value, str):
+            return ""
+    return " or ".join(_KINDS[t] for t in kinds) + (" or null" if type(None) in options else "")
 
 
 def make_planner(name: str, values: Mapping[str, Any] | None = None) -> Planner:

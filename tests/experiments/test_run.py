@@ -55,6 +55,17 @@ def test_sweep_runs_every_planner(tmp_path):
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
 
 
+def test_bad_point_in_a_sweep_fails_alone(tmp_path):
+    """A bad value in one sweep point is that run's one-line error; the other runs finish, and
+    the sweep exits 2 naming the failed run."""
+    r = run(["-m", *TINY, "planner=flexgen", "workload.batch_size=1,-1,2"], tmp_path)
+    assert r.returncode == 2
+    assert len(list((tmp_path / "sweep").glob("*/summary.json"))) == 2
+    failed = list((tmp_path / "sweep").glob("*/failed.txt"))
+    assert len(failed) == 1 and "batch_size must be a positive integer" in failed[0].read_text()
+    assert f"1 run(s) failed on bad input ({failed[0].parent.name}" in r.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -67,6 +78,12 @@ def test_sweep_runs_every_planner(tmp_path):
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
         (["workload.prompt_len=4000000", "hardware.memory_gb.disk=1000"], "KV cache"),
         (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
+        (["planner.params.sync=maybe"], "param sync='maybe' must be true or false"),
+        (["workload.routing.source=bogus"], "workload.routing.source='bogus' unknown; valid:"),
+        (["workload.routing.skew=abc"], "workload.routing.skew must be a number"),
+        (["workload.seed=abc"], "workload.seed must be an integer >= 0"),
+        (["model.n_experts=0"], "model.n_experts must be a positive number, got 0"),
+        (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from core.cost import CostModel
-from core.errors import CapacityError
+from core.errors import CapacityError, ConfigError
 from core.spec import HardwareSpec
 from core.trace import make_trace, summarize
 from experiments.pipeline import RunSpec, build_schedule
 from planners import planner_names
-from planners.registry import entry
+from planners.registry import entry, make_params
 from sim.executor import simulate
-from tests.conftest import conf, random_routing
+from tests.conftest import ROOT, conf, random_routing
 
 PLANNERS = planner_names()
 # Expert-parallel planners keep every expert resident on its device (replicas add copies); they
@@ -111,3 +111,38 @@ def test_planner_has_params_dataclass(name):
 
     params = entry(name).params
     assert dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen
+
+
+PLANNER_YAMLS = sorted(p.stem for p in (ROOT / "conf" / "planner").glob("*.yaml"))
+
+
+def test_every_planner_has_its_config():
+    assert set(PLANNERS) <= set(PLANNER_YAMLS)
+
+
+@pytest.mark.parametrize("config", PLANNER_YAMLS)
+def test_planner_config_runs_the_contract(config, tiny_model, tiny_hw, tiny_workload):
+    """Each conf/planner YAML (ablation steps such as klotski_hot included) builds its params and
+    keeps the contract with them."""
+    d = conf("planner", config)
+    spec = RunSpec(tiny_model, tiny_hw, tiny_workload, d["name"], d.get("params") or {})
+    schedule = build_schedule(spec, random_routing(tiny_model, tiny_workload))
+    start, end = simulate(schedule, CostModel(tiny_hw))
+    check_contract(schedule, make_trace(schedule, start, end, "sim"), tiny_model, tiny_workload)
+
+
+@pytest.mark.parametrize(
+    "name, values, message",
+    [
+        ("klotski", {"disk_window": 1.5}, "param disk_window=1.5 must be an integer"),
+        ("klotski", {"hot_prefetch": "maybe"}, "param hot_prefetch='maybe' must be true or false"),
+        ("klotski", {"n": -5}, "planner klotski: n=-5 must be >= -1"),
+        ("flexgen", {"sync": 1}, "param sync=1 must be true or false"),
+        ("predictive_replication", {"ema_alpha": "half"}, "ema_alpha='half' must be a number"),
+    ],
+)
+def test_param_of_the_wrong_type_is_named(name, values, message):
+    with pytest.raises(ConfigError) as e:
+        make_params(name, values)
+    assert str(e.value).startswith(f"planner {name}: ") and message in str(e.value)
+    assert str(e.value).count(f"planner {name}") == 1
