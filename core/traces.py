@@ -58,14 +58,29 @@ def trace_path(trace_dir: str | Path = "../shared/traces") -> Path:
     return (Path.cwd() / Path(trace_dir)).resolve() / TRACE_NAME / TRACE_FILE
 
 
-def load_esft(trace_dir: str | Path = "../shared/traces") -> EsftTrace:
-    """Read and validate the ESFT trace (cached per file and modification time)."""
+def load_esft(
+    trace_dir: str | Path = "../shared/traces",
+    *,
+    trace_dir_flag: str = "workload.routing.trace_dir",
+) -> EsftTrace:
+    """Read and validate the ESFT trace (cached per file and modification time).
+
+    `trace_dir_flag` is how the calling command takes the trace folder (e.g. `--trace-dir`), for
+    the fix an error suggests."""
     path = trace_path(trace_dir)
     try:
         st = path.stat()
+        return _load_cached(str(path), st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; {_FIX}") from None
-    return _load_cached(str(path), st.st_mtime_ns, st.st_size)
+        raise TraceError(f"{path}: no such file; {_fix(trace_dir_flag)}") from None
+    except TraceError as e:
+        if trace_dir_flag == "workload.routing.trace_dir":
+            raise
+        raise TraceError(str(e).replace(_FIX, _fix(trace_dir_flag))) from None
+
+
+def _fix(flag: str) -> str:
+    return _FIX.replace("workload.routing.trace_dir=", f"{flag}=")
 
 
 @lru_cache(maxsize=2)
@@ -201,7 +216,8 @@ def _read_sources(src: Path) -> dict[str, dict[int, str]]:
                         assert fh is not None
                         add(mem.name, fh.read().decode())
         except (tarfile.TarError, OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
-            raise TraceError(f"{src}: not a readable tar archive ({e})") from None
+            why = " ".join(str(e).split())  # tarfile's message lists methods on several lines
+            raise TraceError(f"{src}: not a readable tar archive ({why})") from None
     else:
         raise TraceError(f"{src}: no such file or directory")
     if not found:
@@ -214,7 +230,8 @@ def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarr
     parts = text.split("\t\t")
     if len(parts) != 2:
         raise TraceError(
-            f"{where}: expected '<ids>\\t\\t<weights>', found {len(parts) - 1} separators"
+            f"{where}: not an ESFT routing dump line: expected '<ids>\\t\\t<weights>', found "
+            f"{len(parts) - 1} separators"
         )
     try:
         ids = np.array(parts[0].split("\t"), dtype=np.int64)
@@ -233,8 +250,16 @@ def convert_esft(
 ) -> Path:
     """Upstream `<task>/expert_weights_{1..L}.txt` (directory or tarball) -> the npz layout."""
     src, out = Path(src), Path(out_npz)
+    if out.suffix != ".npz":  # numpy adds it; the path returned is the file written
+        out = out.with_name(out.name + ".npz")
     found = _read_sources(src)
     tasks = sorted(found)
+    numbered = sorted({layer for layers in found.values() for layer in layers})
+    if numbered[0] < 1:
+        raise TraceError(
+            f"{src}: not an ESFT routing dump: layer files numbered {numbered}, expected "
+            "<task>/expert_weights_1.txt, expert_weights_2.txt, ..."
+        )
     n_layers = max(max(layers) for layers in found.values())
     ids_all: list[np.ndarray] = []  # per sequence [n, L, k]
     w_all: list[np.ndarray] = []
@@ -270,7 +295,13 @@ def convert_esft(
     expert_ids = np.concatenate(ids_all)
     if expert_ids.min() < 0 or expert_ids.max() >= n_experts:
         raise TraceError(f"{src}: expert ids outside [0, {n_experts})")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TraceError(
+            f"{out}: cannot create its folder {out.parent} ({e.strerror or e}); pass an output "
+            "path under a writable folder"
+        ) from None
     np.savez_compressed(
         out,
         expert_ids=expert_ids.astype(np.uint8),

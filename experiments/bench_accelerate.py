@@ -38,10 +38,10 @@ import torch
 from core.errors import MoepipeError
 from core.spec import RoutingConfig, Workload
 from core.types import RoutingSource, Tier
-from experiments.cli import parse_kv
+from experiments.cli import as_float, as_int, parse_kv
 from experiments.pipeline import RunSpec
 from experiments.real_run import prompts_for, real_execute
-from experiments.validate import load_hardware
+from experiments.validate import load_hardware, read_hardware
 from real.checkpoint import load_checkpoint
 
 COLD = ("pass", "once", "false")
@@ -144,18 +144,14 @@ def main(argv: list[str]) -> int:
         ckpt = opts["checkpoint"]
         if not ckpt:
             raise MoepipeError("missing checkpoint=DIR")
+        gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
+        cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
+        sizes = {k: as_int(k, opts[k], at_least=1)
+                 for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}  # fmt: skip
+        read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
         model, _ = load_checkpoint(ckpt)
-        hw = load_hardware(
-            str(opts["hardware"]),
-            model.total_bytes,
-            float(opts["gpu_frac"]),
-            float(opts["cpu_frac"]),
-        )
-        wl = Workload(
-            batch_size=int(opts["batch_size"]), n_batches=int(opts["n_batches"]),
-            prompt_len=int(opts["prompt_len"]), gen_len=int(opts["gen_len"]),
-            routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
-        )  # fmt: skip
+        hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
+        wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
         spec = RunSpec(
             model, hw, wl, str(opts["planner"]), {"n": -1} if opts["planner"] == "klotski" else {}
         )

@@ -11,6 +11,7 @@ and their ratio (target: the whole run simulates in < 2 s, ratio >= 0.3).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -18,9 +19,11 @@ import simpy
 import yaml
 
 from core.cost import CostModel
+from core.errors import MoepipeError
 from core.routing import load_routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.pipeline import RunSpec, build_schedule
+from planners.registry import make_planner
 from sim.executor import simulate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -39,23 +42,35 @@ def bare_simpy_events_per_s(n: int = 200_000) -> float:
     return n / (time.perf_counter() - t)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--planner", default="flexgen")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        make_planner(args.planner, {})  # an unknown planner, before the model is loaded
+        if args.repeat < 1:
+            raise MoepipeError(f"--repeat {args.repeat}: must be >= 1")
+        bench(args.planner, args.repeat)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def bench(planner: str, repeat: int) -> None:
     model = ModelSpec.from_dict(yaml.safe_load((CONF / "model/mixtral-8x7b.yaml").read_text()))
     hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware/rtx3090-env1.yaml").read_text()))
     wl_cfg = yaml.safe_load((CONF / "workload/paper.yaml").read_text())
     routing_cfg = RoutingConfig(**wl_cfg.pop("routing"))
     wl = Workload(**wl_cfg, routing=routing_cfg).with_(n_batches=15)
     routing = load_routing(model, wl)
-    spec = RunSpec(model, hw, wl, args.planner, {})
+    spec = RunSpec(model, hw, wl, planner, {})
     cost = CostModel(hw)
     print(
         f"{'run':>3} {'ops':>8} {'plan_s':>7} {'sim_s':>6} {'ops/s':>9} {'bare ev/s':>10} {'ratio':>6}"
     )
-    for i in range(args.repeat):
+    for i in range(repeat):
         t0 = time.perf_counter()
         schedule = build_schedule(spec, routing)
         t1 = time.perf_counter()
@@ -69,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

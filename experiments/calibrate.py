@@ -39,7 +39,7 @@ from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
-from experiments.cli import parse_kv
+from experiments.cli import as_float, as_int, output_dir, output_file, parse_kv
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
 from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
@@ -434,6 +434,33 @@ def measure_in_run(
     return per_kind, links
 
 
+def resolve_device(device: str | None) -> torch.device:
+    """The torch device of calibrate's `device=` argument (unset: cuda where there is one, else
+    cpu); a MoepipeError naming `device=` for one this machine cannot run on."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise MoepipeError(
+            f"device={device}: not a device; pass device=cpu or device=cuda (or cuda:N)"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise MoepipeError(
+                f"device={device}: this machine has no CUDA device; pass device=cpu or leave "
+                "device unset"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise MoepipeError(
+                f"device={device}: there are {torch.cuda.device_count()} CUDA device(s); pass "
+                f"device=cuda:N with N < {torch.cuda.device_count()}"
+            )
+    elif dev.type != "cpu":
+        raise MoepipeError(f"device={device}: calibrate runs on cpu or cuda; pass one of those")
+    return dev
+
+
 def calibrate(
     name: str,
     ckpt: str | None,
@@ -442,7 +469,7 @@ def calibrate(
     disk_mb: int,
     in_run_s: float = 20.0,
 ) -> dict[str, Any]:
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     if ckpt:
         spec, _ = load_checkpoint(ckpt)
         model = Model.from_checkpoint(ckpt, spec)
@@ -562,20 +589,21 @@ def main(argv: list[str]) -> int:
     try:
         opts = parse_kv(argv, opts)
         name = str(opts["hardware.name"])
-        out = Path(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml")
-        hw = calibrate(
-            name,
-            opts["checkpoint"],
-            opts["device"],
-            Path(str(opts["disk_dir"])),
-            int(str(opts["disk_mb"])),
-            float(str(opts["in_run_s"])),
-        )
+        disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)
+        in_run_s = as_float("in_run_s", opts["in_run_s"], at_least=0.0)
+        resolve_device(opts["device"])
+        # every path is checked before the measuring, which its results would be lost after
+        out = output_file(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml", "out")
+        disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
+        hw = calibrate(name, opts["checkpoint"], opts["device"], disk_dir, disk_mb, in_run_s)
+        header = f"# Measured by experiments.calibrate: {hw['sources']['calibration']}\n"
+        try:
+            out.write_text(header + yaml.safe_dump(hw, sort_keys=False, width=120))
+        except OSError as e:
+            raise MoepipeError(f"out={out}: cannot write it ({e.strerror or e})") from None
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    header = f"# Measured by experiments.calibrate: {hw['sources']['calibration']}\n"
-    out.write_text(header + yaml.safe_dump(hw, sort_keys=False, width=120))
     links = hw["links"]
     print(
         f"wrote {out}: disk {links['disk']['gbps']:.2f} GB/s, h2d {links['h2d']['gbps']:.2f} GB/s "

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from core.errors import MoepipeError
 from core.traces import convert_esft
+from experiments.cli import output_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,10 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "src", help="directory of <task>/expert_weights_<layer>.txt, or a .tar.gz of it"
     )
-    ap.add_argument("out", help="output .npz path")
+    ap.add_argument("out", help="output .npz path (.npz is added when missing)")
     args = ap.parse_args(argv)
     try:
-        out = convert_esft(args.src, args.out)
+        # checked before the conversion (a minute on the full tarball); numpy writes <out>.npz
+        if Path(args.out).is_dir():
+            raise MoepipeError(
+                f"out {args.out}: is a folder; pass a file path, e.g. {Path(args.out) / 'esft_routing.npz'}"
+            )
+        dest = args.out if args.out.endswith(".npz") else f"{args.out}.npz"
+        output_file(dest, "out")
+        out = convert_esft(args.src, dest)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import pandas as pd
 
 from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
+from experiments.cli import output_file
 from planners.prefetch import ExpertTable, Predictor, top_k
 
 
@@ -98,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="CSV of the per-layer table")
     args = ap.parse_args(argv)
     try:
-        trace = load_esft(args.trace_dir)
+        if args.group_seqs < 1:
+            raise MoepipeError(
+                f"--group-seqs {args.group_seqs}: must be >= 1 (sequences per group)"
+            )
+        if args.k < 0:
+            raise MoepipeError(f"--k {args.k}: must be >= 0 (0 = the trace's top-k)")
+        if args.out:  # checked before the evaluation, whose table would be lost after
+            output_file(args.out, "--out")
+        trace = load_esft(args.trace_dir, trace_dir_flag="--trace-dir")
         train, test = tuple(args.train.split(",")), tuple(args.test.split(","))
         if set(train) & set(test):
             raise MoepipeError(
@@ -107,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         train_ids = np.concatenate([s for s in sequences(trace, train)])  # [T, L, k]
         table = ExpertTable.fit(train_ids, trace.expert_ids.max() + 1, f"ESFT {','.join(train)}")
         test_seqs = sequences(trace, test)
+        n_experts = int(trace.expert_ids.max()) + 1
+        if args.k > n_experts:
+            raise MoepipeError(
+                f"--k {args.k}: exceeds the trace's {n_experts} experts; pass --k <= {n_experts}"
+            )
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -129,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         f"correlation beats popularity (hot) on {(pairs.hot_gain > 0).sum()}/{len(pairs)} layer pairs"
     )
     if args.out:
-        df.to_csv(args.out, index=False)
+        try:
+            df.to_csv(args.out, index=False)
+        except OSError as e:
+            print(f"error: --out {args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+            return 2
     return 0
 
 

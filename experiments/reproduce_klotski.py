@@ -24,6 +24,7 @@ import yaml
 
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from experiments.cli import output_dir
 from experiments.prefetch_eval import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in args.only.split(",") if n not in makers]
         if unknown:
             raise MoepipeError(f"--only {','.join(unknown)}: unknown; valid: {','.join(makers)}")
+        if args.jobs < 1:
+            raise MoepipeError(
+                f"--jobs {args.jobs}: must be >= 1 (worker processes); pass --jobs 1 or more"
+            )
+        # made and checked before the simulations, whose results would be lost after
+        out = output_dir(args.out, "--out")
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -348,12 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(run_point, jobs))
     df = pd.DataFrame(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "results.csv", index=False)
-    (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-    text = report(df) + f"\n\n({len(jobs)} simulated runs in {time.perf_counter() - t0:.0f} s)"
-    (out / "report.md").write_text(text + "\n")
+    try:  # the folder was checked; this is for one that changed since (removed, disk full)
+        df.to_csv(out / "results.csv", index=False)
+        (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+        text = report(df) + f"\n\n({len(jobs)} simulated runs in {time.perf_counter() - t0:.0f} s)"
+        (out / "report.md").write_text(text + "\n")
+    except OSError as e:
+        print(df.to_csv(index=False))
+        print(f"error: --out {out}: cannot write the results ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(text)
     return 0
 

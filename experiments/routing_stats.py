@@ -21,6 +21,7 @@ import numpy as np
 from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
+from experiments.cli import output_file
 
 ROWS = (
     "max_over_mean_median",
@@ -33,7 +34,7 @@ ROWS = (
 
 
 def esft_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
-    trace = load_esft(trace_dir)
+    trace = load_esft(trace_dir, trace_dir_flag="--trace-dir")
     real = routing_stats(
         trace.expert_ids, trace.gate_weights, N_EXPERTS, trace.seq_key, trace.seq_id % 5 == 0
     )
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
+        out = output_file(args.out, "--out")  # checked before the statistics, lost after
         esft = esft_comparison(args.trace_dir, args.seed)
         mix = mixtral_comparison(args.trace_dir, args.seed)
     except MoepipeError as e:
@@ -92,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             mix["synthetic"],
         )
     )
-    Path(args.out).write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
-    print(f"\nwrote {args.out}")
+    try:
+        out.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
+    except OSError as e:
+        print(f"error: --out {out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        return 2
+    print(f"\nwrote {out}")
     return 0
 
 

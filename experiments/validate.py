@@ -55,7 +55,7 @@ from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import Resource, RoutingSource, Tier  # noqa: E402
 from experiments.calibrate import measure_in_run  # noqa: E402
-from experiments.cli import parse_kv
+from experiments.cli import as_float, as_int, output_dir, parse_kv  # noqa: E402
 from experiments.pipeline import (  # noqa: E402
     RunResult,
     RunSpec,
@@ -130,18 +130,51 @@ def hardware_path(name: str) -> Path:
         else ROOT / "conf" / "hardware" / f"{name}.yaml"
     )
     if not path.is_file():
+        fix = (
+            f"hardware.name={path.stem} out={path}"
+            if name.endswith((".yaml", ".yml"))
+            else f"hardware.name={name}"
+        )
         raise MoepipeError(
-            f"{path}: no such hardware; run python -m experiments.calibrate hardware.name={name}"
+            f"hardware={name}: no such file {path}; run python -m experiments.calibrate {fix}"
         )
     return path
 
 
+def read_hardware(name: str) -> dict[str, Any]:
+    """The hardware YAML of `name` (see `hardware_path`) as a mapping with a memory_gb mapping;
+    a MoepipeError naming the file when it is unreadable, empty, not YAML or lacks memory_gb."""
+    path = hardware_path(name)
+    fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
+    try:
+        d = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise MoepipeError(f"{path}: not valid YAML ({problem}{where}); {fix}") from None
+    if not isinstance(d, dict):
+        what = "empty" if d is None else f"a {type(d).__name__}, not a mapping"
+        raise MoepipeError(f"{path}: hardware file is {what}; {fix}")
+    if not isinstance(d.get("memory_gb"), dict):
+        raise MoepipeError(f"{path}: hardware file has no memory_gb mapping; {fix}")
+    return d
+
+
 def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
-    d = yaml.safe_load(hardware_path(name).read_text())
+    d = read_hardware(name)
     d["memory_gb"] = dict(
         d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
     )
-    return HardwareSpec.from_dict(d)
+    try:
+        return HardwareSpec.from_dict(d)
+    except (MoepipeError, TypeError, AttributeError) as e:
+        path = hardware_path(name)
+        raise MoepipeError(
+            f"{path}: {e}; fix it or write it again with python -m experiments.calibrate out={path}"
+        ) from None
 
 
 def compare(
@@ -214,21 +247,31 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     ckpt = opts["checkpoint"]
     if not ckpt:
         raise MoepipeError("missing checkpoint=DIR (make one with python -m real.make_checkpoint)")
+    names = [p for p in str(opts["planners"]).split(",") if p] or planner_names()
+    unknown = [p for p in names if p not in planner_names()]
+    if unknown:
+        raise MoepipeError(
+            f"planners={opts['planners']}: unknown planner(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(planner_names())}"
+        )
+    gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
+    cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
+    sizes = {k: as_int(k, opts[k], at_least=1) for k in ("batch_size", "n_batches", "prompt_len",
+                                                          "gen_len", "repeats")}  # fmt: skip
+    read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(ckpt)
-    hw = load_hardware(
-        str(opts["hardware"]), model.total_bytes, float(opts["gpu_frac"]), float(opts["cpu_frac"])
-    )
+    hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
     wl = Workload(
-        batch_size=int(opts["batch_size"]), n_batches=int(opts["n_batches"]),
-        prompt_len=int(opts["prompt_len"]), gen_len=int(opts["gen_len"]),
+        batch_size=sizes["batch_size"], n_batches=sizes["n_batches"],
+        prompt_len=sizes["prompt_len"], gen_len=sizes["gen_len"],
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
     )  # fmt: skip
-    out = Path(
+    # checked (and made) before the runs, whose results would be lost after
+    out = output_dir(
         opts["out"]
-        or ROOT / "runs" / "validate" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        or ROOT / "runs" / "validate" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
+        "out",
     )
-    out.mkdir(parents=True, exist_ok=True)
-    names = [p for p in str(opts["planners"]).split(",") if p] or planner_names()
     sims: dict[str, tuple[RunSpec, Routing, RunResult]] = {}
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -244,10 +287,10 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     # and each is compared at its median.
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
     probed: dict[str, list[tuple[RunResult, dict[Resource, float]]]] = {name: [] for name in sims}
-    hw_dict = yaml.safe_load(hardware_path(str(opts["hardware"])).read_text())
+    hw_dict = read_hardware(str(opts["hardware"]))
     probe = links == "probe"
-    fracs = float(opts["gpu_frac"]), float(opts["cpu_frac"])
-    for _ in range(max(1, int(opts["repeats"]))):
+    fracs = gpu_frac, cpu_frac
+    for _ in range(sizes["repeats"]):
         for name, (spec, routing, _) in list(sims.items()):
             # the probe's own failure (its run refused) is the whole command's, not this planner's
             probe_now = probe_predict(ckpt, hw_dict, spec, routing, fracs) if probe else None

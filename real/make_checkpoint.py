@@ -8,12 +8,17 @@ Any other key=value overrides a ModelSpec field (see real.checkpoint.reduced_spe
 
 from __future__ import annotations
 
+import enum
 import sys
+import typing
+from dataclasses import fields
 from typing import Any
 
 import yaml
 
 from core.errors import MoepipeError
+from core.spec import ModelSpec
+from experiments.cli import as_bool, as_float, as_int, output_dir
 from real.checkpoint import reduced_spec, write_checkpoint
 
 _OPTIONS = {"model", "out", "seed", "scale", "shard_mb", "norm_topk_prob"}
@@ -29,7 +34,10 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             raise MoepipeError(
                 f"argument {arg!r} is not key=value; see python -m real.make_checkpoint --help"
             )
-        parsed = value if key in ("model", "out") else yaml.safe_load(value)
+        try:
+            parsed = value if key in ("model", "out") else yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value  # not a YAML scalar: kept as the string, and checked below
         (opts if key in _OPTIONS else overrides)[key] = parsed
     for key in ("model", "out"):
         if key not in opts:
@@ -39,21 +47,63 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return opts, overrides
 
 
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """Each ModelSpec override has its field's type (a whole number for sizes, a number for
+    floats, a list of whole numbers for moe_layers); unknown fields are left to reduced_spec,
+    which lists the valid ones."""
+    hints = typing.get_type_hints(ModelSpec)
+    names = {f.name for f in fields(ModelSpec)}
+    for key, value in overrides.items():
+        if key not in names:
+            continue
+        hint = hints[key]
+        if hint is int:
+            as_int(key, value)
+        elif hint is float:
+            as_float(key, value)
+        elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+            valid = [str(m.value) for m in hint]
+            if str(value) not in valid:
+                raise MoepipeError(f"{key}={value}: unknown; valid: {', '.join(valid)}")
+        elif key == "moe_layers" and not (
+            isinstance(value, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        ):
+            raise MoepipeError(f"moe_layers={value}: pass a list of layer indices, e.g. [0,1,2]")
+
+
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0
     try:
         opts, overrides = parse_args(argv)
+        seed = as_int("seed", opts.get("seed", 0))
+        scale = as_float("scale", opts.get("scale", 1.0), positive=True)
+        shard_mb = as_float("shard_mb", opts.get("shard_mb", 2048), positive=True)
+        norm_topk_prob = as_bool("norm_topk_prob", opts.get("norm_topk_prob", False))
+        check_overrides(overrides)
         spec = reduced_spec(opts["model"], **overrides)
-        out = write_checkpoint(
-            spec,
-            opts["out"],
-            seed=int(opts.get("seed", 0)),
-            scale=float(opts.get("scale", 1.0)),
-            shard_bytes=int(float(opts.get("shard_mb", 2048)) * 2**20),
-            norm_topk_prob=bool(opts.get("norm_topk_prob", False)),
-        )
+        if spec.n_heads % spec.n_kv_heads:
+            raise MoepipeError(
+                f"n_heads={spec.n_heads} is not a multiple of n_kv_heads={spec.n_kv_heads} (each "
+                "key/value head serves a whole group of query heads); pass n_kv_heads= a divisor "
+                "of n_heads"
+            )
+        out = output_dir(opts["out"], "out")  # before the weights are made
+        try:
+            out = write_checkpoint(
+                spec,
+                out,
+                seed=seed,
+                scale=scale,
+                shard_bytes=max(int(shard_mb * 2**20), 1),
+                norm_topk_prob=norm_topk_prob,
+            )
+        except OSError as e:
+            raise MoepipeError(
+                f"out={out}: cannot write the checkpoint ({e.strerror or e})"
+            ) from None
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

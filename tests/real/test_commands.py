@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -56,3 +57,30 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s",
             "err_run_links_gpu_bubble_s", "err_probe_makespan_s", "err_window_makespan_s"} <= set(table)  # fmt: skip
     assert (out / "timeline_flexgen.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["out={afile}/ck"], ["out=", "afile"]),
+        (["out=/proc/moepipe-ck"], ["out=/proc/moepipe-ck"]),
+        (["hidden_size=abc"], ["hidden_size=abc"]),
+        (["seed=abc"], ["seed=abc"]),
+        (["scale=abc"], ["scale=abc"]),
+        (["scale=-1"], ["scale=-1"]),
+        (["shard_mb=0"], ["shard_mb=0"]),
+        (["norm_topk_prob=maybe"], ["norm_topk_prob=maybe"]),
+        (["n_heads=3"], ["n_heads=3", "n_kv_heads=2"]),
+    ],
+)
+def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
+    """Exit 2 and one `error: ` line naming the argument, before anything is written."""
+    from real.make_checkpoint import main
+
+    (tmp_path / "afile").write_text("")
+    argv = [a.format(afile=tmp_path / "afile") for a in args]
+    assert main(["model=mixtral-tiny", f"out={tmp_path / 'ck'}", *argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert all(n in lines[0] for n in names), lines[0]
+    assert not (tmp_path / "ck").exists()
