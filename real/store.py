@@ -10,6 +10,7 @@ Every operation is synchronous and thread-safe, and any I/O error raises (no ret
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -60,20 +61,54 @@ def _sources(ckpt_dir: Path) -> dict[str, list[int]]:
     return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
 
 
+def _layout_key(layout: Mapping[Unit, Mapping[str, object]]) -> str:
+    """A fingerprint of the units' tensors (names, shapes): a layout change in the code (a new
+    tensor of a family) makes an old conversion stale even when the checkpoint is unchanged."""
+    text = json.dumps(
+        [[str(u), sorted((k, repr(t)) for k, t in ts.items())] for u, ts in layout.items()]
+    )
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _reusable(out: Path, sources: dict[str, list[int]], layout_key: str) -> bool:
+    """An earlier conversion in `out` is whole and of this checkpoint and layout. Anything else
+    (no manifest, an unreadable one, a data file of another size) is rebuilt, with a warning when
+    something was there."""
+    manifest_path = out / MANIFEST
+    if not manifest_path.is_file():
+        return False
+    try:
+        m = json.loads(manifest_path.read_text())
+        data_bytes = (out / DATA_FILE).stat().st_size
+    except (OSError, ValueError) as e:
+        log.warning("%s: offload conversion unreadable (%s); converting again", out, e)
+        return False
+    whole = isinstance(m, dict) and m.get("data_bytes") == data_bytes
+    if whole and m.get("sources") == sources and m.get("layout") == layout_key:
+        return True
+    if not whole:
+        log.warning("%s: offload conversion incomplete; converting again", out)
+    return False
+
+
 def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Convert a checkpoint to the offload layout (once; reused while the checkpoint is unchanged)."""
+    """Convert a checkpoint to the offload layout (once; reused while the checkpoint and the
+    layout are unchanged and the conversion is whole)."""
     ckpt = Path(ckpt_dir)
     out = Path(out_dir) if out_dir is not None else ckpt / OFFLOAD_DIR
     spec, index = load_checkpoint(ckpt)
-    sources = _sources(ckpt)
-    manifest_path = out / MANIFEST
-    if manifest_path.is_file() and json.loads(manifest_path.read_text()).get("sources") == sources:
+    sources, layout = _sources(ckpt), unit_layout(spec)
+    layout_key = _layout_key(layout)
+    if _reusable(out, sources, layout_key):
         return out
     out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(
+        missing_ok=True
+    )  # never a manifest beside a data file it does not describe
     records, pos = [], 0
     tmp = out / (DATA_FILE + ".tmp")
     with open(tmp, "wb") as f:
-        for unit, tensors in unit_layout(spec).items():
+        for unit, tensors in layout.items():
             entries, size = [], 0
             for key, ts in tensors.items():
                 e = index[ts.hf_name]
@@ -104,9 +139,13 @@ def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         "align": ALIGN,
         "model": spec.name,
         "sources": sources,
+        "layout": layout_key,
+        "data_bytes": pos,
         "units": records,
     }
-    (out / MANIFEST).write_text(json.dumps(manifest))
+    tmp_manifest = out / (MANIFEST + ".tmp")
+    tmp_manifest.write_text(json.dumps(manifest))
+    os.replace(tmp_manifest, out / MANIFEST)  # atomic: a manifest is whole or absent
     log.info(
         "converted %s to the offload layout in %s (%d units, %d bytes)",
         ckpt,
@@ -184,7 +223,7 @@ class DiskReader:
             if got == 0:
                 raise OSError(
                     f"{self.path}: file ends at byte {offset + done}, reading {n} bytes at {offset}; "
-                    "the offload file is truncated, rebuild it"
+                    "the offload file is truncated; delete that offload folder and it is rebuilt on the next run"
                 )
             done += got
 

@@ -1,10 +1,10 @@
 """The tiered store: O_DIRECT reads return the checkpoint's bytes, capacities are enforced with
 errors that name the sizes, units move and leave tiers as asked, concurrent loads are safe."""
 
+import errno
 import logging
 import os
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +12,15 @@ import torch
 from core.errors import CapacityError, MoepipeError
 from core.types import Tensor, Tier
 from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
-from real.store import ALIGN, DATA_FILE, DiskReader, TieredStore, aligned_empty, build_offload
+from real.store import (
+    ALIGN,
+    DATA_FILE,
+    MANIFEST,
+    DiskReader,
+    TieredStore,
+    aligned_empty,
+    build_offload,
+)
 
 
 @pytest.fixture
@@ -48,23 +56,55 @@ def test_direct_read_equals_plain_read_and_checkpoint(store, mixtral_tiny):
             assert torch.equal(got[key], read_tensor(index[ts.hf_name])), (unit, key)
 
 
-def test_tmpfs_falls_back_with_one_warning(caplog):
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK)):
-        pytest.skip("no writable /dev/shm")
-    path = shm / f"moepipe-test-{os.getpid()}.bin"
-    path.write_bytes(bytes(range(256)) * 32)
+def test_reads_bypass_the_page_cache(store, tmp_path):
+    """O_DIRECT where the filesystem takes it (ext4, xfs; tmpfs refuses it on older kernels)."""
+    probe = tmp_path / "probe.bin"
+    probe.write_bytes(bytes(ALIGN))
     try:
-        with caplog.at_level(logging.WARNING, logger="real.store"):
-            r = DiskReader(path)
-        buf = aligned_empty(2 * ALIGN)
-        r.read_into(buf, 0)
-        assert bytes(buf.numpy()) == path.read_bytes()
-        if not r.direct:
-            assert sum("O_DIRECT unsupported" in m for m in caplog.messages) == 1
-        r.close()
-    finally:
-        path.unlink()
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT")
+    assert store.disk.direct
+
+
+def test_no_o_direct_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
+    """A filesystem that refuses O_DIRECT (EINVAL, as tmpfs did) gives one warning and buffered
+    reads of the same bytes."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 32)
+    real_open = os.open
+
+    def refuse_direct(file, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse_direct)
+    with caplog.at_level(logging.WARNING, logger="real.store"):
+        r = DiskReader(path)
+    buf = aligned_empty(2 * ALIGN)
+    r.read_into(buf, 0)
+    r.close()
+    assert not r.direct and bytes(buf.numpy()) == path.read_bytes()
+    assert sum("O_DIRECT unsupported" in m for m in caplog.messages) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate data", "garbage manifest", "no data file"])
+def test_damaged_conversion_is_rebuilt(damage, mixtral_tiny, tmp_path, caplog):
+    """An interrupted conversion or a partial copy of the offload folder is converted again
+    instead of failing mid-run (or with a JSON traceback)."""
+    out = build_offload(mixtral_tiny, tmp_path / "off")
+    whole = (out / DATA_FILE).read_bytes()
+    if damage == "truncate data":
+        os.truncate(out / DATA_FILE, len(whole) // 2)
+    elif damage == "garbage manifest":
+        (out / MANIFEST).write_text('{"units": [')
+    else:
+        (out / DATA_FILE).unlink()
+    with caplog.at_level(logging.WARNING, logger="real.store"):
+        build_offload(mixtral_tiny, out)
+    assert (out / DATA_FILE).read_bytes() == whole
+    assert any("converting again" in m for m in caplog.messages)
 
 
 def test_truncated_offload_file_raises(mixtral_tiny, tmp_path):
