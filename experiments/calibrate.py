@@ -43,7 +43,15 @@ from experiments.cli import as_float, as_int, output_dir, output_file, parse_kv
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
 from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
-from real.store import ALIGN, DATA_FILE, DiskReader, TieredStore, aligned_empty, build_offload
+from real.store import (
+    ALIGN,
+    DATA_FILE,
+    DiskReader,
+    TieredStore,
+    aligned_empty,
+    build_offload,
+    resolve_device,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -432,33 +440,6 @@ def measure_in_run(
         if bw:
             links[str(res)] = bw
     return per_kind, links
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """The torch device of calibrate's `device=` argument (unset: cuda where there is one, else
-    cpu); a MoepipeError naming `device=` for one this machine cannot run on."""
-    if not device:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise MoepipeError(
-            f"device={device}: not a device; pass device=cpu or device=cuda (or cuda:N)"
-        ) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise MoepipeError(
-                f"device={device}: this machine has no CUDA device; pass device=cpu or leave "
-                "device unset"
-            )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise MoepipeError(
-                f"device={device}: there are {torch.cuda.device_count()} CUDA device(s); pass "
-                f"device=cuda:N with N < {torch.cuda.device_count()}"
-            )
-    elif dev.type != "cpu":
-        raise MoepipeError(f"device={device}: calibrate runs on cpu or cuda; pass one of those")
-    return dev
 
 
 def calibrate(

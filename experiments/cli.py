@@ -48,17 +48,28 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def unknown_choice(argv: Sequence[str], conf_dir: Path) -> str | None:
-    """The first `group=name` override (a sweep's `group=a,b` too) whose conf/<group>/<name>.yaml
-    does not exist, as one line naming the valid names; None when all exist. Hydra's own error
-    for this is a screen of text; values it interprets (`glob(...)`, interpolations) pass."""
+    """The first `group=name` override (a sweep's `group=a,b` too) whose <group>/<name>.yaml is
+    in neither `conf_dir` nor a `hydra.searchpath=[file://...]` folder, as one line naming the
+    valid names; None when all exist. Hydra's own error for this is a screen of text; values it
+    interprets (`glob(...)`, interpolations) and other search paths (pkg://) pass."""
+    roots = [conf_dir]
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.searchpath":
+            paths = [p.strip() for p in value.strip("[]").split(",") if p.strip()]
+            if any(not p.startswith("file://") for p in paths):
+                return None
+            roots += [Path(p.removeprefix("file://")) for p in paths]
     for arg in argv:
         key, sep, value = arg.lstrip("+").partition("=")
-        group = conf_dir / key
-        if not sep or key.startswith(("-", "~")) or not group.is_dir():
+        groups = [r / key for r in roots if (r / key).is_dir()]
+        if not sep or key.startswith(("-", "~")) or not (conf_dir / key).is_dir():
             continue
         for name in value.split(","):
-            if re.fullmatch(r"[\w.\-]+", name) and not (group / f"{name}.yaml").exists():
-                valid = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+            if re.fullmatch(r"[\w.\-]+", name) and not any(
+                (g / f"{name}.yaml").exists() for g in groups
+            ):
+                valid = ", ".join(sorted({p.stem for g in groups for p in g.glob("*.yaml")}))
                 return f"{key}={name}: no conf/{key}/{name}.yaml; valid: {valid}"
     return None
 

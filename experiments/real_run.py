@@ -32,7 +32,7 @@ from planners.registry import make_planner
 from real.checkpoint import load_checkpoint
 from real.executor import Executor, RunOutput, resident_units
 from real.model import Model, live_routing
-from real.store import TieredStore
+from real.store import TieredStore, resolve_device
 
 ROUTING_MODES = ("replay", "live")
 
@@ -128,7 +128,8 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult:
             "make one with python -m real.make_checkpoint model=mixtral-tiny out=ckpt/)"
         )
     ex: Any = cfg.executor
-    result, _ = real_execute(
-        ckpt, spec, str(ex.get("routing_mode", "replay")), device=ex.get("device") or None
-    )
+    device = ex.get("device") or None
+    if device is not None:
+        device = str(resolve_device(str(device), "executor.device"))
+    result, _ = real_execute(ckpt, spec, str(ex.get("routing_mode", "replay")), device=device)
     return result

@@ -143,7 +143,11 @@ def _names(family: str) -> _Names:
             shared_gate=b + "mlp.shared_expert_gate.weight",
         )
         return _Names(**common, **moe, **shared)
-    if family == "deepseek_v2":
+    if family == "deepseek_v2":  # MLA without q compression (q_lora_rank None, as in V2-Lite)
+        mla = {"q": "q_proj", "kv_a": "kv_a_proj_with_mqa", "kv_b": "kv_b_proj", "o": "o_proj"}
+        common["attn"] = {"input_norm": b + "input_layernorm.weight"}
+        common["attn"] |= {k: b + f"self_attn.{x}.weight" for k, x in mla.items()}
+        common["attn"]["kv_a_norm"] = b + "self_attn.kv_a_layernorm.weight"
         return _Names(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
     raise ConfigError(
         f"model family {family!r} has no real-executor layout; "
@@ -166,17 +170,15 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
 
     Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen, `q_norm k_norm` for
-    OLMoE); gate `post_norm
-    router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus `post_norm`
-    for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head `norm lm_head`.
-    DeepSeek-V2 uses GQA projections in place of MLA (see real.model).
+    OLMoE), or for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o` (HF's q_proj,
+    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; sizes from `mla_dims`); gate
+    `post_norm router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus
+    `post_norm` for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head
+    `norm lm_head`.
     """
     n = _names(spec.family)
-    h, v, d = spec.hidden_size, spec.vocab_size, spec.head_dim
-    q_dim, kv_dim = spec.n_heads * d, spec.n_kv_heads * d
-    attn_shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
-    attn_shapes |= {"o": (h, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
-    attn_shapes |= {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
+    h, v = spec.hidden_size, spec.vocab_size
+    attn_shapes = _attn_shapes(spec)
     out: dict[Unit, dict[str, TensorSpec]] = {
         Unit(Tensor.EMBED): {"embed": TensorSpec(n.embed, (v, h))}
     }
@@ -211,10 +213,30 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     return out
 
 
+def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Attention tensor shapes by short key ([out, in] for projections)."""
+    h, heads = spec.hidden_size, spec.n_heads
+    if spec.family == "deepseek_v2":
+        m = mla_dims(spec)
+        qk, rank = m["qk_nope_head_dim"] + m["qk_rope_head_dim"], m["kv_lora_rank"]
+        return {
+            "input_norm": (h,),
+            "q": (heads * qk, h),
+            "kv_a": (rank + m["qk_rope_head_dim"], h),
+            "kv_a_norm": (rank,),
+            "kv_b": (heads * (m["qk_nope_head_dim"] + m["v_head_dim"]), rank),
+            "o": (h, heads * m["v_head_dim"]),
+        }
+    q_dim, kv_dim = heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
+    shapes |= {"o": (h, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
+    return shapes | {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
+
+
 # ---- config.json --------------------------------------------------------------------------
 
 
-def _mla_dims(spec: ModelSpec) -> dict[str, Any]:
+def mla_dims(spec: ModelSpec) -> dict[str, Any]:
     """DeepSeek-V2 MLA sizes in DeepSeek-V2-Lite's proportions to head_dim (128: 128/64/512)."""
     d = spec.head_dim
     return dict(
@@ -227,8 +249,8 @@ def _mla_dims(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
-    """kv_dim and attn_params core.spec derives from `_mla_dims` (so the spec round-trips)."""
-    m, h, heads = _mla_dims(spec), spec.hidden_size, spec.n_heads
+    """kv_dim and attn_params core.spec derives from `mla_dims` (so the spec round-trips)."""
+    m, h, heads = mla_dims(spec), spec.hidden_size, spec.n_heads
     nope, rope, v_dim, rank = (
         m["qk_nope_head_dim"],
         m["qk_rope_head_dim"],
@@ -316,7 +338,7 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
         )
         cfg |= (
             llama
-            | _mla_dims(spec)
+            | mla_dims(spec)
             | dict(
                 architectures=["DeepseekV2ForCausalLM"],
                 n_routed_experts=spec.n_experts,

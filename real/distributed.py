@@ -176,7 +176,7 @@ class EPRank:
         shared = (
             m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
         )
-        return moe_output(hidden, out, weights, shared)
+        return moe_output(hidden, out, weights, shared, m.float32_router)
 
     def run_experts(
         self, step: int, layer: int, experts: torch.Tensor, x: torch.Tensor

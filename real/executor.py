@@ -289,9 +289,7 @@ class Executor:
             prompt = self.prompts[b * wl.batch_size : (b + 1) * wl.batch_size].to(self.device)
             host = KVCache.allocate(s, wl.batch_size, max_len)
             if pin:
-                host = KVCache(
-                    tuple(t.pin_memory() for t in host.k), tuple(t.pin_memory() for t in host.v)
-                )
+                host = host.map(torch.Tensor.pin_memory)
             dev = KVCache.allocate(s, wl.batch_size, max_len, self.device)
             gen = torch.zeros(wl.batch_size, wl.gen_len, dtype=torch.long, device=self.device)
             self._batches.append(_BatchState(prompt, gen, dev, host, written=[0] * wl.gen_len))
@@ -601,9 +599,7 @@ class Executor:
                 tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
                 h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
             self._finish_moe(bst, h, s0, s1)
-            kv = KVCache(
-                tuple(t[s0:s1] for t in bst.kv_dev.k), tuple(t[s0:s1] for t in bst.kv_dev.v)
-            )
+            kv = bst.kv_dev.map(lambda t: t[s0:s1])
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
@@ -717,7 +713,9 @@ class Executor:
             return
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         shared = None if p.shared is None else p.shared[rows]
-        h[s0:s1] = moe_output(h[s0:s1], p.slots[rows], p.weights[rows], shared)
+        h[s0:s1] = moe_output(
+            h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_router
+        )
         p.done[s0:s1] = True
 
     def _kv_copy(self, op: Op, to_device: bool) -> None:
@@ -731,7 +729,7 @@ class Executor:
         else:
             span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
             src, dst = bst.kv_dev, bst.kv_host
-        for a, b in ((src.k[op.layer], dst.k[op.layer]), (src.v[op.layer], dst.v[op.layer])):
+        for a, b in zip(src.layers[op.layer], dst.layers[op.layer], strict=True):
             b[:, :, span].copy_(a[:, :, span], non_blocking=self.cuda)
 
     def _scratch_copy(self, op: Op) -> None:

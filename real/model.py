@@ -7,7 +7,8 @@ dict, see real.checkpoint.unit_layout), so an executor passes weights from where
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,17 +18,22 @@ import torch.nn.functional as F
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Activation, Tensor
-from real.checkpoint import Unit, hf_config, load_units, torch_dtype
+from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
 # Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
-# L MoE layers, N routing-trace positions.
+# L MoE layers, N routing-trace positions. MLA (DeepSeek-V2): C latent (kv_lora_rank),
+# R RoPE part of a query/key head (qk_rope), Dn its other part (qk_nope), Dv value head dim.
 #
-# Substitutions (documented, deliberate): DeepSeek-V2 runs GQA attention over q/k/v/o_proj with
-# the spec's heads instead of MLA; Switch runs as a causal decoder with RoPE and 1/sqrt(D) scaling
-# instead of T5's relative position buckets, and without expert capacity dropping.
+# DeepSeek-V2 runs Multi-head Latent Attention as transformers' DeepseekV2Attention does (no q
+# compression), caching the normalised latent and the RoPE'd shared key (spec.kv_dim = C + R per
+# token) and up-projecting them with kv_b_proj at every step.
+# Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
+# scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
 Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
+
+log = logging.getLogger(__name__)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -46,21 +52,52 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def rope_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """DeepSeek-V2's RoPE as transformers computes it: adjacent pairs (x[2i], x[2i+1]) rotated as
+    complex numbers in float32. x [B, Hx, S, R], positions [S]."""
+    r = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32, device=x.device) / r)
+    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, R/2]
+    cis = torch.polar(torch.ones_like(freqs), freqs)  # [S, R/2] complex64
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
+    return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
+
+
+def causal_mask(positions: torch.Tensor, end: int, device: torch.device) -> torch.Tensor:
+    """[S, end] bool: the query at position p sees cache entries 0..p."""
+    return positions[:, None].to(device) >= torch.arange(end, device=device)
+
+
 @dataclass(frozen=True)
 class KVCache:
-    """Preallocated keys and values, one [B, Hkv, M, D] tensor each per decoder layer."""
+    """Preallocated per-layer caches, every tensor with the cache position on dim 2.
 
-    k: tuple[torch.Tensor, ...]
-    v: tuple[torch.Tensor, ...]
+    GQA: (keys, values), [B, Hkv, M, D] each. MLA (DeepSeek-V2): (latent [B, 1, M, C], RoPE'd
+    shared key [B, 1, M, R]), C + R = spec.kv_dim. Executors copy and slice them all alike.
+    """
+
+    layers: tuple[tuple[torch.Tensor, ...], ...]  # [decoder layer][tensor]
 
     @classmethod
     def allocate(
         cls, spec: ModelSpec, batch: int, max_len: int, device: str | torch.device = "cpu"
     ) -> KVCache:
-        shape = (batch, spec.n_kv_heads, max_len, spec.head_dim)
+        if spec.family == "deepseek_v2":
+            m = mla_dims(spec)
+            shapes = [(batch, 1, max_len, d) for d in (m["kv_lora_rank"], m["qk_rope_head_dim"])]
+        else:
+            shapes = [(batch, spec.n_kv_heads, max_len, spec.head_dim)] * 2
         dtype = torch_dtype(spec)
-        new = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * spec.n_layers)]
-        return cls(tuple(new[::2]), tuple(new[1::2]))
+        return cls(
+            tuple(
+                tuple(torch.zeros(shape, dtype=dtype, device=device) for shape in shapes)
+                for _ in range(spec.n_layers)
+            )
+        )
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> KVCache:
+        """The cache with `fn` applied to every tensor (a batch slice, pinning, ...)."""
+        return KVCache(tuple(tuple(fn(t) for t in layer) for layer in self.layers))
 
 
 @dataclass(frozen=True)
@@ -72,7 +109,21 @@ class Model:
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, spec: ModelSpec) -> Model:
-        return cls(spec, bool(hf_config(ckpt_dir).get("norm_topk_prob", False)))
+        cfg = hf_config(ckpt_dir)
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        if scaling.get("type", scaling.get("rope_type", "default")) != "default":
+            # e.g. the real DeepSeek-V2-Lite's YaRN: runs, but its logits differ from HF's
+            log.warning(
+                "%s: config.json RoPE scaling %s is not implemented; plain RoPE", ckpt_dir, scaling
+            )
+        return cls(spec, bool(cfg.get("norm_topk_prob", False)))
+
+    @property
+    def float32_router(self) -> bool:
+        """DeepSeek-V2 computes router logits and weighs its experts in float32 (HF keeps its
+        gate in float32); the others round the router's weights to the activations' dtype.
+        Pass it to `moe_output`."""
+        return self.spec.family == "deepseek_v2"
 
     # ---- pieces ---------------------------------------------------------------------------
     def embed(self, w: Weights, tokens: torch.Tensor) -> torch.Tensor:
@@ -82,11 +133,23 @@ class Model:
     def attention(
         self, layer: int, w: Weights, hidden: torch.Tensor, kv: KVCache, positions: torch.Tensor
     ) -> torch.Tensor:
-        """Input norm + causal GQA self-attention + residual; writes this step's keys/values into
-        `kv` at `positions` [S] (consecutive). hidden [B, S, H] -> [B, S, H]."""
+        """Input norm + causal self-attention (GQA, or MLA for DeepSeek-V2) + residual; writes
+        this step's cache entries into `kv` at `positions` [S] (consecutive).
+        hidden [B, S, H] -> [B, S, H]."""
+        x = rms_norm(hidden, w["input_norm"], self.spec.rms_norm_eps)  # [B, S, H]
+        assert int(positions[-1]) + 1 - int(positions[0]) == x.shape[1], (
+            "positions must be consecutive"
+        )
+        attend = self._mla if self.spec.family == "deepseek_v2" else self._gqa
+        out = attend(w, x, kv.layers[layer], positions)  # [B, S, Hq * Dv]
+        return hidden + F.linear(out, w["o"])
+
+    def _gqa(
+        self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Grouped-query attention: normed x [B, S, H] -> heads' outputs [B, S, Hq * D]."""
         s = self.spec
-        b, n, _ = hidden.shape
-        x = rms_norm(hidden, w["input_norm"], s.rms_norm_eps)  # [B, S, H]
+        b, n, _ = x.shape
 
         def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
             y = F.linear(x, w[key], w.get(f"{key}_bias"))  # [B, S, n_heads * D]
@@ -97,18 +160,52 @@ class Model:
         q = rope(heads("q", s.n_heads), positions, s.rope_theta)  # [B, Hq, S, D]
         k = rope(heads("k", s.n_kv_heads), positions, s.rope_theta)  # [B, Hkv, S, D]
         v = heads("v", s.n_kv_heads)
+        k_cache, v_cache = cache
         start, end = int(positions[0]), int(positions[-1]) + 1
-        assert end - start == n, "positions must be consecutive"
-        kv.k[layer][:, :, start:end] = k
-        kv.v[layer][:, :, start:end] = v
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v
         rep = s.n_heads // s.n_kv_heads
-        keys = kv.k[layer][:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
-        values = kv.v[layer][:, :, :end].repeat_interleave(rep, dim=1)
-        # [S, end]: query at position p sees keys 0..p
-        mask = positions[:, None].to(keys.device) >= torch.arange(end, device=keys.device)
+        keys = k_cache[:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
+        values = v_cache[:, :, :end].repeat_interleave(rep, dim=1)
+        mask = causal_mask(positions, end, keys.device)  # [S, end]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, Hq, S, D]
-        out = out.transpose(1, 2).reshape(b, n, s.n_heads * s.head_dim)
-        return hidden + F.linear(out, w["o"])
+        return out.transpose(1, 2).reshape(b, n, s.n_heads * s.head_dim)
+
+    def _mla(
+        self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
+    ) -> torch.Tensor:
+        """DeepSeek-V2's Multi-head Latent Attention in transformers' op order: normed x [B, S, H]
+        -> heads' outputs [B, S, Hq * Dv]. Caches the compressed latent and the shared RoPE key."""
+        s, m = self.spec, mla_dims(self.spec)
+        nope, r, dv, c = (
+            m["qk_nope_head_dim"],
+            m["qk_rope_head_dim"],
+            m["v_head_dim"],
+            m["kv_lora_rank"],
+        )
+        b, n, _ = x.shape
+        q = F.linear(x, w["q"]).view(b, n, s.n_heads, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
+        q_nope, q_rope = q.split([nope, r], dim=-1)
+        latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
+        # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
+        latent = rms_norm(latent, w["kv_a_norm"], 1e-6).view(b, 1, n, c)  # [B, 1, S, C]
+        q_rope = rope_pairs(q_rope, positions, s.rope_theta)  # [B, Hq, S, R]
+        k_rope = rope_pairs(k_rope.view(b, 1, n, r), positions, s.rope_theta)  # [B, 1, S, R]
+        latent_cache, k_rope_cache = cache
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        latent_cache[:, :, start:end] = latent
+        k_rope_cache[:, :, start:end] = k_rope
+        kv = F.linear(latent_cache[:, :, :end], w["kv_b"])  # [B, 1, end, Hq * (Dn+Dv)]
+        kv = kv.view(b, end, s.n_heads, nope + dv).transpose(1, 2)  # [B, Hq, end, Dn+Dv]
+        k_nope, values = kv.split([nope, dv], dim=-1)
+        k_rope_heads = k_rope_cache[:, :, :end].expand(-1, s.n_heads, -1, -1)  # [B, Hq, end, R]
+        keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # [B, Hq, end, Dn+R]
+        query = torch.cat([q_nope, q_rope], dim=-1)  # [B, Hq, S, Dn+R]
+        mask = causal_mask(positions, end, keys.device)  # [S, end]
+        out = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=mask, scale=(nope + r) ** -0.5
+        )  # [B, Hq, S, Dv]
+        return out.transpose(1, 2).reshape(b, n, s.n_heads * dv)
 
     def gate(
         self,
@@ -126,7 +223,10 @@ class Model:
         """
         assert self.spec.is_moe(layer), f"layer {layer} has no gate"
         x = rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps).flatten(0, 1)  # [T, H]
-        logits = F.linear(x, w["router"]).float()  # [T, E]
+        if self.float32_router:
+            logits = F.linear(x.float(), w["router"].float())  # [T, E]
+        else:
+            logits = F.linear(x, w["router"]).float()
         k = self.spec.top_k
         if forced_ids is None:
             ids = logits.topk(k, dim=-1).indices
@@ -193,10 +293,16 @@ def moe_output(
     slots: torch.Tensor,
     topk_weights: torch.Tensor,
     shared: torch.Tensor | None,
+    float32_router: bool = False,
 ) -> torch.Tensor:
-    """hidden [B, S, H] + sum_k weight * slots[:, k] (+ shared [T, H]) -> [B, S, H]."""
-    w = topk_weights.to(slots.dtype)[..., None]  # [T, k, 1]
-    routed = (slots * w).sum(1)  # [T, H]
+    """hidden [B, S, H] + sum_k weight * slots[:, k] (+ shared [T, H]) -> [B, S, H].
+
+    float32_router (Model.float32_router): weigh and sum in float32, rounding once at the end.
+    """
+    if float32_router:
+        routed = (slots * topk_weights.float()[..., None]).sum(1).to(slots.dtype)  # [T, H]
+    else:
+        routed = (slots * topk_weights.to(slots.dtype)[..., None]).sum(1)
     if shared is not None:
         routed = routed + shared
     return hidden + routed.view_as(hidden)
@@ -242,7 +348,7 @@ def forward_step(
         shared = None
         if s.shared_ffn_size:
             shared = model.shared_ffn(units[Unit(Tensor.FFN, layer)], normed)
-        hidden = moe_output(hidden, slots, weights, shared)
+        hidden = moe_output(hidden, slots, weights, shared, model.float32_router)
         used_ids.append(ids.view(b, n, -1))
         used_w.append(weights.view(b, n, -1))
     logits = model.head(units[Unit(Tensor.HEAD)], hidden)

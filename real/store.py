@@ -61,6 +61,33 @@ def _sources(ckpt_dir: Path) -> dict[str, list[int]]:
     return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
 
 
+def resolve_device(device: str | None, key: str = "device") -> torch.device:
+    """The torch device of a `key=` argument (unset: cuda where there is one, else cpu); a
+    MoepipeError naming `key=` for one this machine cannot run on."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise MoepipeError(
+            f"{key}={device}: not a device; pass {key}=cpu or device=cuda (or cuda:N)"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise MoepipeError(
+                f"{key}={device}: this machine has no CUDA device; pass {key}=cpu or leave "
+                f"{key} unset"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise MoepipeError(
+                f"{key}={device}: there are {torch.cuda.device_count()} CUDA device(s); pass "
+                f"device=cuda:N with N < {torch.cuda.device_count()}"
+            )
+    elif dev.type != "cpu":
+        raise MoepipeError(f"{key}={device}: moepipe runs on cpu or cuda; pass one of those")
+    return dev
+
+
 def _layout_key(layout: Mapping[Unit, Mapping[str, object]]) -> str:
     """A fingerprint of the units' tensors (names, shapes): a layout change in the code (a new
     tensor of a family) makes an old conversion stale even when the checkpoint is unchanged."""

@@ -91,6 +91,11 @@ def test_mixtral_hf_names(mixtral_tiny):
                 "model.layers.0.mlp.down_proj.weight",
                 "model.layers.1.mlp.shared_experts.gate_proj.weight",
                 "model.layers.2.mlp.gate.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+                "model.layers.1.self_attn.kv_a_layernorm.weight",
+                "model.layers.2.self_attn.kv_b_proj.weight",
+                "model.layers.2.self_attn.o_proj.weight",
             ],
         ),
         (

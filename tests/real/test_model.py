@@ -61,6 +61,19 @@ def test_every_family_runs_with_spread_routing(name, small_ckpt, prompt):
     assert len(used) >= min(4, ids.max() + 1), f"routing is degenerate: {used}"
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_kv_cache_holds_what_the_simulator_counts(name):
+    """Per token and layer the cache holds spec.kv_elems_per_token elements: keys + values for
+    GQA, DeepSeek-V2's latent + shared RoPE key (576 = 512 + 64 for the full model)."""
+    spec = reduced_spec(name, **small_overrides(name))
+    kv = KVCache.allocate(spec, batch=2, max_len=5)
+    assert len(kv.layers) == spec.n_layers
+    assert all((t.shape[0], t.shape[2]) == (2, 5) for layer in kv.layers for t in layer)
+    assert sum(t[0, :, 0].numel() for t in kv.layers[0]) == spec.kv_elems_per_token
+    full = reduced_spec("deepseek-v2-lite")
+    assert sum(t[0, :, 0].numel() for t in KVCache.allocate(full, 1, 1).layers[0]) == 576
+
+
 def run_piecewise(
     store: TieredStore, model: Model, prompt: torch.Tensor, gen_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +118,7 @@ def run_piecewise(
             if s.shared_ffn_size:
                 shared = model.shared_ffn(use(Unit(Tensor.FFN, layer)), normed)
                 done(Unit(Tensor.FFN, layer))
-            hidden = moe_output(hidden, slots, weights, shared)
+            hidden = moe_output(hidden, slots, weights, shared, model.float32_router)
         logits = model.head(use(Unit(Tensor.HEAD)), hidden)
         done(Unit(Tensor.HEAD))
         out.append(logits.argmax(-1))
@@ -162,17 +175,18 @@ def test_gate_forced_ids_take_router_weights(mixtral_tiny):
     assert torch.equal(ids3, other) and torch.equal(weights3, weights)
 
 
-# Families whose Hugging Face class runs our checkpoint layout as is. Not here: DeepSeek-V2 (we run
-# GQA over q/k/v/o_proj instead of MLA) and Switch (HF's class is an encoder-decoder).
-HF_FAMILIES = ["mixtral-tiny", "qwen1.5-moe-a2.7b", "olmoe-1b-7b"]
+# Families whose Hugging Face class runs our checkpoint layout as is (DeepSeek-V2 with MLA, its
+# float32 router and its interleaved RoPE). Not here: Switch (HF's class is an encoder-decoder).
+HF_FAMILIES = ["mixtral-tiny", "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "deepseek-v2-lite"]
 
 
 @pytest.mark.parametrize("name", HF_FAMILIES)
 def test_reference_equals_hugging_face(name, small_ckpt, prompt):
     """reference_generate against transformers' own model class on the same checkpoint, in the
-    checkpoint's dtype: a wrong RoPE, GQA, norm (OLMoE's QK-norm), router normalisation or shared
-    expert gate changes the logits far beyond the 1e-3 allowed here (observed: 0 in bf16, and
-    5e-7 for Mixtral, whose reduced checkpoint is float32)."""
+    checkpoint's dtype: a wrong RoPE, GQA or MLA, norm (OLMoE's QK-norm, DeepSeek's latent norm),
+    router normalisation or precision, or shared expert gate changes the logits far beyond the
+    1e-3 allowed here (observed: 0 in bf16, DeepSeek-V2 included, and 5e-7 for Mixtral, whose
+    reduced checkpoint is float32)."""
     transformers = pytest.importorskip("transformers")
     ckpt = small_ckpt(name)
     tokens, logits = reference_generate(ckpt, prompt, 3)
