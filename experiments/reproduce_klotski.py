@@ -2,7 +2,9 @@
 Klotski vs FlexGen at the same n, and Klotski at the n-planner's own n (makespan vs lower bound).
 
 Grids come from conf/experiment/klotski_{table3,fig14,vs_flexgen}.yaml. Prints markdown tables
-beside the paper's numbers and writes results.json, *.csv and report.md to --out.
+beside the paper's numbers and writes results.json, *.csv and report.md to --out. Each run is
+appended to --out/runs.jsonl as it finishes: an interrupted command, run again, resumes (runs of
+changed code are run again).
 
 Usage:
     python -m experiments.reproduce_klotski [--out runs/reproduce_klotski] [--quick] [--jobs 2]
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +318,52 @@ def read_results(path: Path) -> pd.DataFrame:
     return df
 
 
+DONE = "runs.jsonl"  # in --out: one finished run per line, what an interrupted command resumes from
+
+
+def code_version() -> str:
+    """A fingerprint of the code a simulated run depends on (core, planners, sim, the configs):
+    finished runs are reused only by the same code."""
+    h = hashlib.sha1()
+    for folder in ("core", "planners", "sim", "conf"):
+        for f in sorted((ROOT / folder).rglob("*")):
+            if f.suffix in (".py", ".yaml"):
+                h.update(f.relative_to(ROOT).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_resumable(
+    jobs: list[dict[str, Any]], done_file: Path, workers: int
+) -> list[dict[str, Any]]:
+    """run_point over `jobs` in `workers` processes, in the jobs' order. Each finished run is
+    appended to `done_file` as it ends, so a re-run after an interrupt runs only the rest (runs
+    of other code or other jobs in the file are ignored)."""
+    version = code_version()
+    keys = [json.dumps({**job, "code": version}, sort_keys=True, default=str) for job in jobs]
+    done: dict[str, dict[str, Any]] = {}
+    if done_file.is_file():
+        for line in done_file.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                done[rec["key"]] = rec["row"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by the interrupt
+    todo = [i for i, k in enumerate(keys) if k not in done]
+    if len(todo) < len(jobs):
+        print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done in {done_file} (same code); "
+              f"running {len(todo)}", file=sys.stderr)  # fmt: skip
+    with ProcessPoolExecutor(workers) as pool, done_file.open("a") as log_:
+        if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
+            log_.write("\n")  # after a line the interrupt cut short
+        futures = {pool.submit(run_point, jobs[i]): i for i in todo}
+        for fut in as_completed(futures):
+            row = fut.result()
+            done[keys[futures[fut]]] = row
+            log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
+            log_.flush()
+    return [json.loads(json.dumps(done[k], default=str)) for k in keys]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/reproduce_klotski")
@@ -352,8 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [j for name in args.only.split(",") for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(run_point, jobs))
+    rows = run_resumable(jobs, out / DONE, args.jobs)
     df = pd.DataFrame(rows)
     try:  # the folder was checked; this is for one that changed since (removed, disk full)
         df.to_csv(out / "results.csv", index=False)

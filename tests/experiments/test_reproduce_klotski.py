@@ -123,3 +123,23 @@ def test_a_row_beside_the_steps_is_printed_but_not_in_the_ratios():
     assert "| + Multi batches in Klotski's loop (klotski_multi) | 7.000 | - | 7.000 | - |" in text
     assert "| hot / multi (klotski_hot / flexgen) | 1.046 | 1.046 |" in text
     assert targets(df) == targets(_table3(paper))  # the beside row judges nothing
+
+
+def test_an_interrupted_run_resumes(tmp_path):
+    """Finished runs are appended to runs.jsonl as they end; run again, only the others run, and
+    the rows come back in the jobs' order whichever ran when. A line cut short is ignored."""
+    from core.spec import Workload
+    from experiments.reproduce_klotski import run_resumable
+
+    def job(planner):
+        return {"model": "tiny", "hardware": "tiny", "planner": planner,
+                "workload": Workload(1, 2, 4, 2)}  # fmt: skip
+
+    done = tmp_path / "runs.jsonl"
+    first = run_resumable([job("sequential")], done, workers=1)
+    with done.open("a") as f:
+        f.write('{"key": "cut sh')  # the interrupt
+    rows = run_resumable([job("flexgen"), job("sequential")], done, workers=1)
+    assert [r["planner"] for r in rows] == ["flexgen", "sequential"]
+    assert rows[1] == first[0]
+    assert len(done.read_text().splitlines()) == 3  # sequential, the cut line, flexgen
