@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -124,6 +125,18 @@ def write_balance(out: Path, result: RunResult) -> None:
         phases(result.trace, int(result.summary["n_devices"])).to_csv(
             out / "balance.csv", index=False
         )
+
+
+def code_version() -> str:
+    """A fingerprint of the code a simulated run depends on (core, planners, sim, the configs):
+    commands that resume reuse a finished run only under the same code."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for folder in ("core", "planners", "sim", "conf"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.suffix in (".py", ".yaml"):
+                h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -12,9 +12,9 @@ layer, balancedness per batch and throughput per batch size (PNG, in out_dir).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -32,10 +32,11 @@ from core.routing import Routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import load_esft
-from experiments.cli import print_or_exit
+from experiments.cli import as_int, output_dir, print_or_exit
 from experiments.pipeline import (
     RunSpec,
     atomic_write_json,
+    code_version,
     simulate_run,
     write_balance,
     write_run,
@@ -163,7 +164,7 @@ def run_case(
 ) -> list[dict[str, Any]]:
     model = ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{case.model}.yaml").read_text()))
     hw = HardwareSpec.from_dict(
-        yaml.safe_load((CONF / "hardware" / f"{cfg.hardware}.yaml").read_text())
+        yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
     )
     rows = []
     for bs in case.batch_sizes:
@@ -196,25 +197,50 @@ def run_case(
                 params["table"] = str(trans_file)
                 if case.routing == "esft_heldout" and own.get("prior_scenarios", True):
                     params["prior_scenarios"] = str(out / "esft_train_groups.npy")
-            result = simulate_run(RunSpec(model, hw, wl, planner, params), routing)
+            run_dir = out / name / f"bs{bs}" / label
+            spec = RunSpec(model, hw, wl, planner, params)
+            key = {"spec": repr(spec), "routing": hashlib.sha1(routing.expert_ids.tobytes()).hexdigest(), "traces": bool(cfg.write_traces),
+                   "code": code_version()}  # fmt: skip
+            if reusable(run_dir, key):
+                rows.append({"case": name, **json.loads((run_dir / "summary.json").read_text())})
+                continue
+            (run_dir / "summary.json").unlink(missing_ok=True)
+            result = simulate_run(spec, routing)
             if label != planner:  # a variant: its own row, beside the four the targets compare
                 result.summary.update(planner=label, planner_label=label)
-            run_dir = out / name / f"bs{bs}" / label
             if cfg.write_traces:
                 write_run(run_dir, result)
             else:  # the per-phase balance without the trace files
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_balance(run_dir, result)
-                atomic_write_json(run_dir / "summary.json", result.summary)
+            (run_dir / KEY).write_text(json.dumps(key))
+            atomic_write_json(run_dir / "summary.json", result.summary)  # last: marks it finished
             rows.append({"case": name, **result.summary})
     return rows
 
 
+KEY = "run_key.json"  # in a run dir: what the run was (spec, routing, code), for resuming
+RUNS = "runs.json"  # in out_dir: the run dirs of the last config, which read_runs reads
+
+
+def reusable(run_dir: Path, key: dict[str, Any]) -> bool:
+    """The run in `run_dir` finished (summary.json is written last) with this spec, routing and
+    code: an interrupted experiment, run again, reuses it."""
+    try:
+        return (run_dir / "summary.json").is_file() and json.loads(
+            (run_dir / KEY).read_text()
+        ) == key
+    except (OSError, ValueError):
+        return False
+
+
 def read_runs(out: Path) -> list[dict[str, Any]]:
-    return [
-        dict(json.loads(p.read_text()), case=p.parts[-4])
-        for p in sorted(out.glob("*/bs*/*/summary.json"))
-    ]
+    """The rows of the last config run into `out` (its runs.json; run dirs of cases or variants
+    dropped since are not read)."""
+    listed = out / RUNS
+    paths = ([out / p / "summary.json" for p in json.loads(listed.read_text())] if listed.is_file()
+             else sorted(out.glob("*/bs*/*/summary.json")))  # fmt: skip
+    return [dict(json.loads(p.read_text()), case=p.parts[-4]) for p in paths]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -394,17 +420,36 @@ def reuse_lines(cases: dict[str, Any], split_tokens: int) -> list[str]:
     return out
 
 
+def check_inputs(cfg: DictConfig) -> None:
+    """The config's names and numbers, before anything runs: one line naming the key."""
+
+    def known(group: str, name: str, key: str) -> None:
+        if not (CONF / group / f"{name}.yaml").is_file():
+            valid = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
+            raise MoepipeError(f"{key}={name}: no conf/{group}/{name}.yaml; valid: {valid}")
+
+    known("hardware", str(cfg.hardware_profile), "hardware_profile")
+    as_int("replica_slots", cfg.replica_slots, at_least=0)
+    for name, case in cfg.cases.items():
+        known("model", str(case.model), f"cases.{name}.model")
+        for key in ("n_devices", "prompt_len", "n_batches"):
+            as_int(f"cases.{name}.{key}", case[key], at_least=0 if key == "n_devices" else 1)
+        for bs in case.batch_sizes:
+            as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
+
+
 def run(cfg: DictConfig) -> list[str]:
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    check_inputs(cfg)
+    out = output_dir(cfg.out_dir, "out_dir")
     t0 = time.time()
     prep = prepare(cfg, out)
+    rows = []
     for name, case in cfg.cases.items():
-        shutil.rmtree(out / str(name), ignore_errors=True)  # this experiment's own run dirs only
-        run_case(cfg, str(name), case, prep, out)
+        rows += run_case(cfg, str(name), case, prep, out)  # finished runs of this config reused
         log.info("%s done at %.0f s", name, time.time() - t0)
-    rows = read_runs(out)
+    listed = [f"{r['case']}/bs{r['batch_size']}/{r['planner']}" for r in rows]
+    (out / RUNS).write_text(json.dumps(listed))
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     lines = [
         table(rows),
         "",

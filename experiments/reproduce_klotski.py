@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import sys
 import time
@@ -28,6 +27,7 @@ import yaml
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.cli import output_dir
+from experiments.pipeline import code_version
 from experiments.prefetch_eval import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,17 +319,6 @@ def read_results(path: Path) -> pd.DataFrame:
 
 
 DONE = "runs.jsonl"  # in --out: one finished run per line, what an interrupted command resumes from
-
-
-def code_version() -> str:
-    """A fingerprint of the code a simulated run depends on (core, planners, sim, the configs):
-    finished runs are reused only by the same code."""
-    h = hashlib.sha1()
-    for folder in ("core", "planners", "sim", "conf"):
-        for f in sorted((ROOT / folder).rglob("*")):
-            if f.suffix in (".py", ".yaml"):
-                h.update(f.relative_to(ROOT).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def run_resumable(

@@ -208,3 +208,27 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
     written = tmp_path / "sub" / "o6.npz"
     assert capsys.readouterr().out.strip() == f"wrote {written}"
     assert np.load(written)["expert_ids"].shape == (1, 2, 6)
+
+
+@pytest.mark.parametrize(
+    "arg, names",
+    [
+        ("hardware_profile=nope", ["hardware_profile=nope", "valid: h200"]),
+        ("replica_slots=abc", ["replica_slots=abc"]),
+        ("cases.esft-g8.model=nosuch", ["cases.esft-g8.model=nosuch"]),
+        ("cases.esft-g4.batch_sizes=[0]", ["cases.esft-g4.batch_sizes"]),
+    ],
+)
+def test_replication_inputs_are_checked_first(arg, names, tmp_path):
+    """Checked before the traces are read or any case runs (a config.yaml of an earlier run
+    in out_dir is not overwritten)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}", arg],
+                       cwd=root, capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert all(n in lines[0] for n in names)
+    assert not (tmp_path / "config.yaml").exists()

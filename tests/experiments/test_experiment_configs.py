@@ -53,6 +53,14 @@ def test_replication_experiment_runs_small(tmp_path):
             balance.columns[3:11]
         )
 
+    # run again with a variant dropped: the finished runs are reused (none simulated again),
+    # and the table holds only this config's rows
+    mtimes = {p: p.stat().st_mtime_ns for p in runs}
+    r2 = subprocess.run([*cmd, "~variants"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items() if p.exists())
+    assert "gate=none" in r.stdout and "gate=none" not in r2.stdout
+
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_cross_validation_runs_small(tmp_path):
