@@ -110,12 +110,13 @@ def _reusable(out: Path, sources: dict[str, list[int]], layout_key: str) -> bool
     except (OSError, ValueError) as e:
         log.warning("%s: offload conversion unreadable (%s); converting again", out, e)
         return False
-    whole = isinstance(m, dict) and m.get("data_bytes") == data_bytes
-    if whole and m.get("sources") == sources and m.get("layout") == layout_key:
-        return True
-    if not whole:
+    if not isinstance(m, dict) or "data_bytes" not in m:
+        log.info("%s: offload conversion of an older format; converting again", out)
+        return False
+    if m["data_bytes"] != data_bytes:
         log.warning("%s: offload conversion incomplete; converting again", out)
-    return False
+        return False
+    return m.get("sources") == sources and m.get("layout") == layout_key
 
 
 def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Path:

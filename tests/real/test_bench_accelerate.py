@@ -23,6 +23,10 @@ def test_peer_and_moepipe_run(mixtral_tiny, capsys):
     out = capsys.readouterr().out
     lines = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if ":" in ln}
     theirs = float(lines["accelerate disk offload"].split(":")[1].split()[0])
+    ours = float(
+        next(v for k, v in lines.items() if k.startswith("moepipe")).split(":")[1].split()[0]
+    )
     ratio = float(out.strip().splitlines()[-1].split(":")[1].rstrip("x"))
-    assert theirs > 0 and ratio > 0
+    assert theirs > 0 and ours > 0
+    assert ratio == pytest.approx(ours / theirs, rel=0.02)  # the printed ratio is of the two rows
     assert "cold=pass" in out and "8 tokens" in out
