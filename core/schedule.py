@@ -181,17 +181,17 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
             raise ScheduleError(f"{op.label()}: id must equal its position {i}")
         if op.deps and not (min(op.deps) >= 0 and max(op.deps) < i):
             raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
-    # Ops of one shape (kind, stream, tiers) pass or fail together: check each shape once.
-    shapes = {
-        (o.kind, o.stream, o.src, o.dst, o.alloc_tier, o.free_tier,
-         o.alloc_bytes < 0 or o.free_bytes < 0 or (o.alloc_bytes > 0 and o.alloc_tier is None)
-         or (o.free_bytes > 0 and o.free_tier is None))
-        for o in ops
-    }  # fmt: skip
-    for shape in shapes:
+    # Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
+    # shape once, at its first op, in op order, so the error names the first bad op.
+    first: dict[tuple[Any, ...], Op] = {}
+    for o in ops:
+        shape = (o.kind, o.stream, o.src, o.dst, o.alloc_tier, o.free_tier,
+                 o.alloc_bytes < 0 or o.free_bytes < 0 or (o.alloc_bytes > 0 and o.alloc_tier is None)
+                 or (o.free_bytes > 0 and o.free_tier is None))  # fmt: skip
+        first.setdefault(shape, o)
+    for shape, op in first.items():
         problem = _shape_problem(shape, streams)
         if problem:
-            op = next(o for o in ops if (o.kind, o.stream, o.src, o.dst) == shape[:4])
             raise ScheduleError(f"{op.label()}: {problem}")
     cols = schedule.columns()
     for ti, tier in enumerate(Tier):
@@ -233,8 +233,13 @@ def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) ->
         if src is None or dst is None:
             return "transfer needs src and dst tiers"
         link = LINK_OF.get((src, dst))
+        if link is None:
+            hops = ", ".join(f"{a}->{b}" for a, b in LINK_OF)
+            return f"no {src}->{dst} link; move it in hops over the links there are ({hops})"
         if link != res:
             return f"{src}->{dst} runs on {link}, stream is on {res}"
+    if kind in (OpKind.DISPATCH, OpKind.COMBINE) and res != Resource.P2P:
+        return f"{kind} moves tokens between GPUs: its stream must be on p2p, not {res}"
     if bad_memory:
         return "memory effect needs a tier and bytes >= 0"
     return ""

@@ -1,0 +1,131 @@
+"""Hand-worked `ModelSpec` sizes and flops from the conf/model YAMLs (bf16: 2 bytes per element).
+
+Sizes count parameters x dtype_bytes: one SwiGLU expert is 3 matrices of hidden x ffn; a GQA
+attention is q and o (hidden x heads*head_dim each), k and v (hidden x kv_heads*head_dim each)
+plus the input RMSNorm (hidden); `kv_bytes_per_token` is one token's K and V in ONE layer.
+Flops count 2 per multiply-add.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core.spec import ModelSpec, hf_config_to_spec
+from tests.conftest import model_from_conf
+
+
+@pytest.fixture(scope="module")
+def tiny() -> ModelSpec:
+    return model_from_conf("tiny")
+
+
+def test_tiny_expert_bytes(tiny):
+    """hidden 64, expert ffn 128, SwiGLU: 3 * 64 * 128 = 24576 params * 2 B = 49152 B."""
+    assert tiny.expert_params == 3 * 64 * 128 == 24576
+    assert tiny.expert_bytes == 3 * 64 * 128 * 2 == 49152
+
+
+def test_tiny_attention_bytes(tiny):
+    """4 heads, 2 KV heads, head_dim 16, hidden 64: q + o = 2 * 64 * 4 * 16 = 8192; k + v =
+    2 * 64 * 2 * 16 = 4096; + RMSNorm 64 -> 12352 params * 2 B = 24704 B."""
+    assert tiny.attn_param_count == 8192 + 4096 + 64 == 12352
+    assert tiny.attn_bytes == 24704
+
+
+def test_tiny_kv_bytes_per_token(tiny):
+    """K and V of 2 KV heads x 16 dims = 2 * 2 * 16 = 64 elements * 2 B = 128 B per layer;
+    the 2 layers hold 256 B per token."""
+    assert tiny.kv_elems_per_token == 64
+    assert tiny.kv_bytes_per_token == 128
+    assert tiny.kv_bytes_per_token * tiny.n_layers == 256
+
+
+def test_tiny_other_weights_and_total(tiny):
+    """gate = (64 * 4 router + 64 norm) * 2 = 640 B; embed = 256 * 64 * 2 = 32768 B;
+    head = (256 * 64 + 64) * 2 = 32896 B; one MoE layer = 24704 + 640 + 4 * 49152 = 221952 B;
+    total = 2 * 221952 + 32768 + 32896 = 509568 B."""
+    assert tiny.gate_bytes == 640
+    assert tiny.embed_bytes == 32768
+    assert tiny.head_bytes == 32896
+    assert tiny.layer_bytes(0) == tiny.layer_bytes(1) == 221952
+    assert tiny.total_bytes == 509568
+
+
+def test_tiny_flops_per_token(tiny):
+    """One token: expert 2 * 24576 = 49152; gate 2 * 64 * 4 = 512; head 2 * 256 * 64 = 32768;
+    attention with a context of 10 = projections 2 * (12352 - 64) = 24576 + scores
+    4 * 4 heads * 16 * 10 = 2560 -> 27136. A whole forward of one token (2 layers, top-2):
+    2 * (27136 + 512 + 2 * 49152) + 32768 = 284672."""
+    assert tiny.expert_flops(1) == 49152
+    assert tiny.gate_flops(1) == 512
+    assert tiny.head_flops(1) == 32768
+    assert tiny.attention_flops(1, 10) == 27136
+    assert tiny.expert_flops(3) == 3 * 49152  # linear in tokens
+    per_layer = tiny.attention_flops(1, 10) + tiny.gate_flops(1) + 2 * tiny.expert_flops(1)
+    assert tiny.n_layers * per_layer + tiny.head_flops(1) == 284672
+
+
+def test_mixtral_8x7b_sizes():
+    """hidden 4096, expert ffn 14336: one expert = 3 * 4096 * 14336 * 2 = 352321536 B (352 MB).
+    Attention: q + o = 2 * 4096 * 32 * 128 = 33554432, k + v = 2 * 4096 * 8 * 128 = 8388608,
+    + 4096 -> 41947136 params = 83894272 B. KV: 2 * 8 * 128 * 2 = 4096 B per layer per token,
+    * 32 layers = 131072 B (128 KiB) per token."""
+    m = model_from_conf("mixtral-8x7b")
+    assert m.expert_bytes == 3 * 4096 * 14336 * 2 == 352_321_536
+    assert m.attn_bytes == 83_894_272
+    assert m.kv_bytes_per_token == 4096
+    assert m.kv_bytes_per_token * m.n_layers == 131_072
+    assert m.expert_flops(1) == 2 * 3 * 4096 * 14336
+
+
+def test_deepseek_v2_lite_mla_sizes():
+    """MLA caches the 512-dim latent + the 64-dim RoPE key per token per layer: kv_dim 576 ->
+    576 * 2 B = 1152 B per layer (`kv_bytes_per_token` counts one layer), * 27 layers = 31104 B
+    per token. One routed expert: 3 * 2048 * 1408 * 2 = 17301504 B. Attention = the MLA
+    projections 13762560 (yaml attn_params) + 2048 norm = 13764608 params = 27529216 B.
+    Layer 0 is dense (ffn 10944), layers 1..26 MoE with 64 experts and 2816 shared ffn."""
+    m = model_from_conf("deepseek-v2-lite")
+    assert m.kv_elems_per_token == 512 + 64
+    assert m.kv_bytes_per_token == (512 + 64) * 2 == 1152
+    assert m.kv_bytes_per_token * m.n_layers == 31104
+    assert m.expert_bytes == 3 * 2048 * 1408 * 2 == 17_301_504
+    assert m.attn_bytes == (13_762_560 + 2048) * 2 == 27_529_216
+    assert not m.is_moe(0) and m.is_moe(1) and m.is_moe(26)
+    assert m.layer_bytes(0) == 27_529_216 + (3 * 2048 * 10944 + 2048) * 2
+    moe_ffn = (2048 * 64 + 2048) * 2 + 64 * 17_301_504 + 3 * 2048 * 2816 * 2
+    assert m.layer_bytes(1) == 27_529_216 + moe_ffn
+
+
+def test_deepseek_v2_lite_yaml_matches_its_hf_config():
+    """The yaml's MLA numbers follow from DeepSeek-V2-Lite's config.json (no q_lora_rank):
+    q = 2048 * 16 * (128 + 64) = 6291456; kv_a = 2048 * (512 + 64) = 1179648;
+    kv_b = 512 * 16 * (128 + 128) = 2097152; o = 16 * 128 * 2048 = 4194304; sum 13762560;
+    kv_dim = 512 + 64 = 576."""
+    cfg = {
+        "model_type": "deepseek_v2",
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "vocab_size": 102400,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
+    }
+    hf = hf_config_to_spec(cfg, "deepseek-v2-lite")
+    m = model_from_conf("deepseek-v2-lite")
+    assert hf.attn_params == 6291456 + 1179648 + 2097152 + 4194304 == 13_762_560
+    assert hf.kv_dim == 576
+    assert hf.total_bytes == m.total_bytes
+    assert hf.kv_bytes_per_token == m.kv_bytes_per_token
