@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from core.args import as_bool, as_float, as_int, output_dir
 from core.errors import MoepipeError
 from core.spec import ModelSpec
-from experiments.cli import as_bool, as_float, as_int, output_dir
 from real.checkpoint import reduced_spec, write_checkpoint
 
 _OPTIONS = {"model", "out", "seed", "scale", "shard_mb", "norm_topk_prob"}
@@ -84,12 +84,6 @@ def main(argv: list[str]) -> int:
         norm_topk_prob = as_bool("norm_topk_prob", opts.get("norm_topk_prob", False))
         check_overrides(overrides)
         spec = reduced_spec(opts["model"], **overrides)
-        if spec.n_heads % spec.n_kv_heads:
-            raise MoepipeError(
-                f"n_heads={spec.n_heads} is not a multiple of n_kv_heads={spec.n_kv_heads} (each "
-                "key/value head serves a whole group of query heads); pass n_kv_heads= a divisor "
-                "of n_heads"
-            )
         out = output_dir(opts["out"], "out")  # before the weights are made
         try:
             out = write_checkpoint(

@@ -1,5 +1,5 @@
 """DESIGN.md's dependency direction: core and planners never import torch, simpy or hydra;
-sim never imports real and vice versa."""
+sim never imports real and vice versa; none of them imports experiments."""
 
 import subprocess
 import sys
@@ -10,9 +10,10 @@ import pytest
 @pytest.mark.parametrize(
     "package, forbidden",
     [
-        ("core", ["torch", "simpy", "hydra"]),
-        ("planners", ["torch", "simpy", "hydra", "sim", "real"]),
-        ("sim.executor", ["torch", "hydra", "real"]),
+        ("core", ["torch", "simpy", "hydra", "experiments"]),
+        ("planners", ["torch", "simpy", "hydra", "sim", "real", "experiments"]),
+        ("sim", ["torch", "hydra", "real", "experiments"]),
+        ("real", ["simpy", "hydra", "sim", "experiments"]),
     ],
 )
 def test_imports_stay_in_their_layer(package, forbidden):
