@@ -4,13 +4,14 @@ the same command a user types; the replication experiment through its own comman
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHARED_TRACES
+from tests.conftest import ROOT, SHARED_TRACES, conf
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 TINY = [
@@ -30,6 +31,15 @@ def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
     summaries = [json.loads(p.read_text()) for p in Path(tmp_path).glob("*/summary.json")]
     assert summaries and all(s["model"] == "tiny" for s in summaries)
     assert all(s["throughput_tok_s"] > 0 for s in summaries)
+    # every point of the sweep ran: the YAML's sweep, with the command line's values winning
+    sweep = ((conf("experiment", name).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    given = dict(a.split("=", 1) for a in [*TINY, *EXTRA.get(name, [])])
+    points = {k: str(v).split(",") for k, v in {**sweep, **given}.items()}
+    assert len(summaries) == math.prod(len(v) for v in points.values())
+    if "planner" in points:  # each planner config ran (summaries name the registered planner)
+        assert {s["planner"] for s in summaries} == {
+            conf("planner", c)["name"] for c in points["planner"]
+        }
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
