@@ -14,6 +14,16 @@ from core.spec import HardwareSpec, ModelSpec, Workload
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
+# Expert-parallel planners keep every expert resident on its device (replicas add copies); they
+# refuse hardware whose GPU memory cannot hold them instead of offloading.
+RESIDENT = {"ep_static", "eplb", "predictive_replication", "oracle_replication"}
+# GPU memory (GB) of about the dense weights plus 1.5 expert layers of `tiny` (509 KB in all, one
+# expert layer 197 KB) and host RAM (0.2 MB) smaller than its experts (393 KB), so a run has to
+# stream experts from disk. Offloading planners need different working sets: each runs in at
+# least one of the two.
+TIGHT_GPU_GB = (0.00045, 0.0006)
+TIGHT_CPU_GB = 0.0002
+
 
 def conf(group: str, name: str) -> dict:
     return yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())

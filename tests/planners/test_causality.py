@@ -18,8 +18,7 @@ from core.spec import HardwareSpec, Workload
 from core.types import OpKind
 from experiments.pipeline import RunSpec, build_schedule
 from planners import planner_names
-from tests.conftest import conf, random_routing
-from tests.planners.test_contract import RESIDENT, TIGHT_CPU_GB, TIGHT_GPU_GB
+from tests.conftest import RESIDENT, TIGHT_CPU_GB, TIGHT_GPU_GB, conf, random_routing
 
 # Upper bounds that peek ahead on purpose, labelled as such in every output.
 ORACLES = {"oracle_replication"}

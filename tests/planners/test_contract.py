@@ -14,18 +14,9 @@ from experiments.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from planners.registry import entry, make_params
 from sim.executor import simulate
-from tests.conftest import ROOT, conf, random_routing
+from tests.conftest import RESIDENT, ROOT, TIGHT_CPU_GB, TIGHT_GPU_GB, conf, random_routing
 
 PLANNERS = planner_names()
-# Expert-parallel planners keep every expert resident on its device (replicas add copies); they
-# refuse hardware whose GPU memory cannot hold them instead of offloading.
-RESIDENT = {"ep_static", "eplb", "predictive_replication", "oracle_replication"}
-# GPU memory (GB) of about the dense weights plus 1.5 expert layers of `tiny` (509 KB in all, one
-# expert layer 197 KB) and host RAM (0.2 MB) smaller than its experts (393 KB), so a run has to
-# stream experts from disk. Offloading planners need different working sets: each runs in at
-# least one of the two.
-TIGHT_GPU_GB = (0.00045, 0.0006)
-TIGHT_CPU_GB = 0.0002
 
 
 def run(model, hw, wl, name):

@@ -14,8 +14,8 @@ from core.trace import make_trace
 from experiments.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from sim.executor import simulate
-from tests.conftest import random_routing
-from tests.planners.test_contract import RESIDENT, check_contract
+from tests.conftest import RESIDENT, random_routing
+from tests.planners.test_contract import check_contract
 
 
 @st.composite

@@ -25,7 +25,7 @@ from planners.registry import planner_names
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
 from real.store import DATA_FILE, OFFLOAD_DIR, TieredStore
-from tests.planners.test_contract import RESIDENT
+from tests.conftest import RESIDENT
 
 ATOL = RTOL = 1e-4
 
