@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -490,7 +491,7 @@ class RoutingConfig:
             object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
         for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
             v = getattr(self, f_)
-            if isinstance(v, bool) or not isinstance(v, int | float):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise ConfigError(f"workload.routing.{f_} must be a number, got {v!r}")
         for f_ in ("layer_corr", "reuse", "hot_share"):
             v = getattr(self, f_)
@@ -514,7 +515,11 @@ class Workload:
             v = getattr(self, f_)
             if not (isinstance(v, int) and v > 0):
                 raise ConfigError(f"workload.{f_} must be a positive integer, got {v!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, numbers.Integral)
+            or self.seed < 0
+        ):
             raise ConfigError(f"workload.seed must be an integer >= 0, got {self.seed!r}")
 
     @property

@@ -7,6 +7,7 @@ Usage:
 
 from __future__ import annotations
 
+import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -88,9 +89,9 @@ def _mismatch(hint: Any, value: Any) -> str:
     for t in kinds:
         if t is bool and isinstance(value, bool):
             return ""
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
+        if t is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
             return ""
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if t is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
             return ""
         if t is str and isinstance(value, str):
             return ""
