@@ -435,8 +435,14 @@ class HardwareSpec:
                     str(kind): tuple((float(x), float(y)) for x, y in pts)
                     for kind, pts in dict(c.get("time_tables") or {}).items()
                 }
-                for kind in tables:
+                for kind, pts in tables.items():
                     OpKind(kind)
+                    xs = [x for x, _ in pts]
+                    if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
+                        raise ConfigError(
+                            f"hardware {name}: time_tables.{kind} must be [flops, seconds] points "
+                            "with flops ascending and both >= 0 (experiments.calibrate writes them)"
+                        )
                 kind_overhead = {
                     str(OpKind(k)): float(v) * 1e-6
                     for k, v in dict(c.get("overhead_us_by_kind") or {}).items()

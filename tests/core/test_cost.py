@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from core.cost import CostModel
+from core.errors import ConfigError
 from core.schedule import ScheduleBuilder, validate
 from core.spec import HardwareSpec
 from core.types import OpKind, Resource, Tier
@@ -233,3 +234,16 @@ def test_vectorised_durations_equal_scalar_duration_s():
     expected = [1.0001, 0.0001, 0.0016, 0.0031, 0.012, 1.0001, 0.01, 0.5, 2.001, 1.0001, 0.0]
     assert scalar == pytest.approx(expected)
     assert vec == pytest.approx(scalar, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize(
+    "table", [[[2e9, 1e-3], [1e9, 5e-4]], [[1e9, -1e-3]], []], ids=["unsorted", "negative", "empty"]
+)
+def test_a_bad_time_table_is_named(table):
+    """_interpolate bisects on flops, so a table out of order would give wrong times silently."""
+    d = {"name": "t", "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
+         "gpu": {"tflops": 1, "mem_bw_gbps": 1, "time_tables": {"compute-expert": table}},
+         "cpu": {"tflops": 1, "mem_bw_gbps": 1},
+         "links": {k: {"gbps": 1} for k in ("h2d", "d2h", "disk")}}  # fmt: skip
+    with pytest.raises(ConfigError, match="time_tables.compute-expert must be"):
+        HardwareSpec.from_dict(d)
