@@ -21,7 +21,7 @@ from core.args import as_bool, as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
-           "output_file", "parse_kv", "print_or_exit", "unknown_choice"]  # fmt: skip
+           "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,9 +75,41 @@ def unknown_choice(argv: Sequence[str], conf_dir: Path) -> str | None:
     return None
 
 
+def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:
+    """A `planner.params.X=v` override (no `+`) that hydra would refuse with a screen of text, as
+    one line: X is not a param of the planner, or is one its YAML does not list (then `+` adds
+    it). Checked for the planner config the command line names (else config.yaml's default)
+    when it names no experiment, which may choose another; otherwise None."""
+    from dataclasses import fields
+
+    import yaml
+
+    from planners.registry import entry
+
+    choice = {a.partition("=")[0]: a.partition("=")[2] for a in argv if "=" in a}
+    defaults = (yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}).get("defaults", [])
+    default = next((d["planner"] for d in defaults if isinstance(d, dict) and "planner" in d), "")
+    planner = choice.get("planner", str(default))
+    if "experiment" in choice or not re.fullmatch(r"[\w.\-]+", planner):
+        return None
+    d = yaml.safe_load((conf_dir / "planner" / f"{planner}.yaml").read_text()) or {}
+    listed = set((d.get("params") or {}).keys())
+    valid = sorted(f.name for f in fields(entry(str(d.get("name", planner))).params))
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or not key.startswith("planner.params."):
+            continue
+        name = key.removeprefix("planner.params.")
+        if name not in valid:
+            return f"{key}: planner {planner} has no param {name!r}; valid: {', '.join(valid)}"
+        if name not in listed:
+            return f"{key}: not in conf/planner/{planner}.yaml; add it with +{key}={value}"
+    return None
+
+
 def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Exit 2 with one line on stderr when `unknown_choice` finds one."""
-    problem = unknown_choice(argv, conf_dir)
+    """Exit 2 with one line on stderr when `unknown_choice` or `unknown_param` finds one."""
+    problem = unknown_choice(argv, conf_dir) or unknown_param(argv, conf_dir)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)

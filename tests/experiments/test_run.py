@@ -85,6 +85,8 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
         (["workload.seed=abc"], "workload.seed must be an integer >= 0"),
         (["model.n_experts=0"], "model.n_experts must be a positive number, got 0"),
         (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
+        (["planner.params.synk=true"], "planner flexgen has no param 'synk'; valid: sync"),
+        (["planner=fiddler", "planner.params.policy=x"], "add it with +planner.params.policy=x"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
