@@ -90,11 +90,15 @@ def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:
     defaults = (yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}).get("defaults", [])
     default = next((d["planner"] for d in defaults if isinstance(d, dict) and "planner" in d), "")
     planner = choice.get("planner", str(default))
-    if "experiment" in choice or not re.fullmatch(r"[\w.\-]+", planner):
-        return None
-    d = yaml.safe_load((conf_dir / "planner" / f"{planner}.yaml").read_text()) or {}
+    path = conf_dir / "planner" / f"{planner}.yaml"
+    if "experiment" in choice or not re.fullmatch(r"[\w.\-]+", planner) or not path.is_file():
+        return None  # another search path's config, or one hydra or the run reports
+    d = yaml.safe_load(path.read_text()) or {}
     listed = set((d.get("params") or {}).keys())
-    valid = sorted(f.name for f in fields(entry(str(d.get("name", planner))).params))
+    try:
+        valid = sorted(f.name for f in fields(entry(str(d.get("name", planner))).params))
+    except MoepipeError:
+        return None  # an unknown planner name: the run says so
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or not key.startswith("planner.params."):
