@@ -21,7 +21,8 @@ from core.args import as_bool, as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
-           "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param"]  # fmt: skip
+           "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
+           "exit_on_unwritable_dir"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,3 +118,17 @@ def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> No
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
+
+
+def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
+    """Exit 2 with one line when a `key=folder` argument (hydra's run or sweep dir) names a folder
+    that cannot be made or written: hydra would fail on it with a traceback. Folders with
+    interpolations (`${now:...}`) are left to hydra."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in keys and "$" not in value:
+            try:
+                output_dir(value, key)
+            except MoepipeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(2)

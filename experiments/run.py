@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
 from experiments.callbacks import FAILED
-from experiments.cli import exit_on_unknown_choice
+from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir
 from experiments.pipeline import atomic_write_json, simulate_run, write_run
 from experiments.resolve import run_spec
 
@@ -62,6 +62,11 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     if not config.exists() or config.read_text() != config_yaml:
         log.warning("%s holds a run of another config; running again", out_dir)
         return False
+    try:
+        json.loads(summary.read_text())
+    except ValueError:
+        log.warning("%s: summary.json is not readable JSON; running again", out_dir)
+        return False
     return True
 
 
@@ -93,4 +98,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     exit_on_unknown_choice(sys.argv[1:])
+    exit_on_unwritable_dir(sys.argv[1:], ("hydra.run.dir", "hydra.sweep.dir"))
     main()

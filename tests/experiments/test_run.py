@@ -171,3 +171,20 @@ def test_runs_are_the_same_in_every_process(planner, tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         traces.append(pd.read_parquet(tmp_path / seed / "trace.parquet"))
     assert len(traces[0]) and traces[0].equals(traces[1])
+
+
+def test_unwritable_run_dir_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    r = run([*TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"], tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: hydra.run.dir=") and "is a file, not a folder" in lines[0]
+
+
+def test_a_garbled_summary_is_run_again(tmp_path):
+    """A summary.json that is not JSON (a disk that filled up, a hand edit) is not a finished run."""
+    assert run([*TINY, "planner=flexgen"], tmp_path).returncode == 0
+    (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
+    r = run([*TINY, "planner=flexgen"], tmp_path)
+    assert r.returncode == 0 and "not readable JSON; running again" in r.stdout + r.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
