@@ -109,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
             output_file(args.out, "--out")
         trace = load_esft(args.trace_dir, trace_dir_flag="--trace-dir")
         train, test = tuple(args.train.split(",")), tuple(args.test.split(","))
+        for flag, tasks in (("--train", train), ("--test", test)):
+            unknown = [t for t in tasks if t not in trace.task_names]
+            if unknown:
+                raise MoepipeError(
+                    f"{flag} {','.join(tasks)}: unknown task(s) {unknown}; the trace has "
+                    f"{', '.join(trace.task_names)}"
+                )
         if set(train) & set(test):
             raise MoepipeError(
                 f"--train {train} and --test {test} overlap; evaluate on unseen tasks"

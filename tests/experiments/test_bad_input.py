@@ -149,6 +149,7 @@ def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
         (["--k", "-1"], ["--k -1"]),
         (["--out", "{afile}/pf.csv"], ["--out", "afile"]),
         (["--trace-dir", "{tmp}/none"], ["--trace-dir=", "none"]),
+        (["--train", "law,sumary"], ["--train law,sumary", "'sumary'"]),
     ],
 )
 def test_prefetch_eval(args, names, tmp_path, afile, capsys):
