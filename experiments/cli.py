@@ -22,7 +22,7 @@ from core.errors import MoepipeError
 
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
-           "exit_on_unwritable_dir"]  # fmt: skip
+           "exit_on_unwritable_dir", "missing_config"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,12 +68,21 @@ def unknown_choice(argv: Sequence[str], conf_dir: Path) -> str | None:
         if not sep or key.startswith(("-", "~")) or not (conf_dir / key).is_dir():
             continue
         for name in value.split(","):
-            if re.fullmatch(r"[\w.\-]+", name) and not any(
-                (g / f"{name}.yaml").exists() for g in groups
-            ):
-                valid = ", ".join(sorted({p.stem for g in groups for p in g.glob("*.yaml")}))
-                return f"{key}={name}: no conf/{key}/{name}.yaml; valid: {valid}"
+            problem = (
+                missing_config(groups, key, name, key) if re.fullmatch(r"[\w.\-]+", name) else None
+            )
+            if problem:
+                return problem
     return None
+
+
+def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> str | None:
+    """One line naming the valid names when no folder of `groups` (one config group, possibly
+    from several search paths) holds <name>.yaml; None when one does. `key` is the argument."""
+    if any((g / f"{name}.yaml").is_file() for g in groups):
+        return None
+    valid = ", ".join(sorted({p.stem for g in groups for p in g.glob("*.yaml")}))
+    return f"{key}={name}: no conf/{group}/{name}.yaml; valid: {valid}"
 
 
 def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:

@@ -32,7 +32,7 @@ from core.routing import Routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import load_esft
-from experiments.cli import as_int, output_dir, print_or_exit
+from experiments.cli import as_int, missing_config, output_dir, print_or_exit
 from experiments.pipeline import (
     RunSpec,
     atomic_write_json,
@@ -424,9 +424,9 @@ def check_inputs(cfg: DictConfig) -> None:
     """The config's names and numbers, before anything runs: one line naming the key."""
 
     def known(group: str, name: str, key: str) -> None:
-        if not (CONF / group / f"{name}.yaml").is_file():
-            valid = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
-            raise MoepipeError(f"{key}={name}: no conf/{group}/{name}.yaml; valid: {valid}")
+        problem = missing_config([CONF / group], group, name, key)
+        if problem:
+            raise MoepipeError(problem)
 
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
     as_int("replica_slots", cfg.replica_slots, at_least=0)
