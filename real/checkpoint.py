@@ -461,11 +461,15 @@ def write_checkpoint(
     scale: float = 1.0,
     shard_bytes: int = 2 * 2**30,
     norm_topk_prob: bool = False,
+    rope_scaling: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write `config.json` and seeded random weights (sharded past `shard_bytes`) to `out_dir`."""
+    """Write `config.json` (with `rope_scaling` if given, written as is) and seeded random weights
+    (sharded past `shard_bytes`) to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = spec_to_hf_config(spec, norm_topk_prob)
+    if rope_scaling:  # e.g. DeepSeek-V2-Lite's {"type": "yarn", "factor": 40, ...}
+        cfg["rope_scaling"] = dict(rope_scaling)
     dtype = torch_dtype(spec)
     g = torch.Generator().manual_seed(seed)
     shards: list[dict[str, torch.Tensor]] = [{}]

@@ -3,7 +3,9 @@ reduced in size, for the real executor's tests and benchmarks.
 
 Usage: python -m real.make_checkpoint model=mixtral-tiny out=ckpt/ [seed=0] [scale=1.0]
            [shard_mb=2048] [norm_topk_prob=false] [hidden_size=256 n_layers=8 expert_ffn_size=1024 ...]
-Any other key=value overrides a ModelSpec field (see real.checkpoint.reduced_spec).
+           [rope_scaling='{type: yarn, factor: 4, original_max_position_embeddings: 1024}']
+Any other key=value overrides a ModelSpec field (see real.checkpoint.reduced_spec); rope_scaling
+is written into config.json as given (types default, linear and yarn are implemented).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import yaml
 from core.args import as_bool, as_float, as_int, output_dir
 from core.errors import MoepipeError
 from core.spec import ModelSpec
-from real.checkpoint import reduced_spec, write_checkpoint
+from real.checkpoint import reduced_spec, spec_to_hf_config, write_checkpoint
+from real.model import Rope
 
-_OPTIONS = {"model", "out", "seed", "scale", "shard_mb", "norm_topk_prob"}
+_OPTIONS = {"model", "out", "seed", "scale", "shard_mb", "norm_topk_prob", "rope_scaling"}
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,6 +87,14 @@ def main(argv: list[str]) -> int:
         norm_topk_prob = as_bool("norm_topk_prob", opts.get("norm_topk_prob", False))
         check_overrides(overrides)
         spec = reduced_spec(opts["model"], **overrides)
+        rope_scaling = opts.get("rope_scaling")
+        if rope_scaling is not None:
+            if not isinstance(rope_scaling, dict):
+                raise MoepipeError(
+                    f"rope_scaling={rope_scaling}: pass a mapping, e.g. '{{type: linear, factor: 2}}'"
+                )
+            cfg = spec_to_hf_config(spec) | {"rope_scaling": rope_scaling}
+            Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
         out = output_dir(opts["out"], "out")  # before the weights are made
         try:
             out = write_checkpoint(
@@ -93,6 +104,7 @@ def main(argv: list[str]) -> int:
                 scale=scale,
                 shard_bytes=max(int(shard_mb * 2**20), 1),
                 norm_topk_prob=norm_topk_prob,
+                rope_scaling=rope_scaling,
             )
         except OSError as e:
             raise MoepipeError(

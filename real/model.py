@@ -1,20 +1,24 @@
 """One MoE decoder in PyTorch, split into the pieces a schedule runs separately.
 
-`Model` holds only hyperparameters; its methods are pure functions of explicit weights (one unit's
-dict, see real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
+`Model` holds hyperparameters and the RoPE frequencies config.json sets (plain, linear or YaRN);
+its methods are pure functions of explicit weights (one unit's dict, see
+real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
 `reference_generate` is the plain in-memory forward every executor is compared against.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Activation, Tensor
@@ -41,24 +45,125 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rotary_dim(spec: ModelSpec) -> int:
+    """How many dims of a query/key head RoPE rotates: R for DeepSeek-V2's MLA, else D."""
+    return mla_dims(spec)["qk_rope_head_dim"] if spec.family == "deepseek_v2" else spec.head_dim
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for stretching the context `scale` times (transformers'
+    yarn_get_mscale)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Rope:
+    """RoPE as config.json sets it (plain, `linear` or `yarn`), computed once in the same float32
+    ops as transformers' rotary embedding init (modeling_rope_utils), so the bits agree."""
+
+    inv_freq: torch.Tensor  # [rotary_dim / 2] float32, radians per position of each dim pair
+    # Multiplies cos and sin (YaRN's mscale ratio); times 1.0 is exact, so plain RoPE keeps its bits
+    attention_factor: float = 1.0
+    # DeepSeek-V2 multiplies its softmax scale by this squared (transformers' yarn_apply_mscale)
+    softmax_mscale: float = 1.0
+
+    @classmethod
+    def plain(cls, dim: int, theta: float) -> Rope:
+        """Unscaled RoPE of `dim` rotated dims with base `theta`."""
+        return cls(1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], spec: ModelSpec, where: str) -> Rope:
+        """The RoPE of a config.json: legacy `rope_scaling` ({"type": ...}) or transformers 5's
+        `rope_parameters` ({"rope_type": ..., "rope_theta": ...}), read with transformers'
+        precedence. Unknown types warn and run plain RoPE; malformed fields raise ConfigError."""
+        key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+        p = cfg.get(key) or {}
+        if not isinstance(p, Mapping):
+            raise ConfigError(f"{where}: {key} must be a mapping, got {p!r}")
+        kind = p.get("rope_type", p.get("type", "default"))
+        theta = float(p.get("rope_theta", cfg.get("rope_theta", spec.rope_theta)))
+        dim = rotary_dim(spec)
+        if kind == "default":
+            return cls.plain(dim, theta)
+        if kind not in ("linear", "yarn"):
+            # Warn, not refuse: schedules and timings do not depend on RoPE, so such a checkpoint
+            # still serves the executor's experiments; only its logits differ from transformers'.
+            log.warning(
+                "%s: RoPE scaling type %r is not implemented (default, linear and yarn are); "
+                "running plain RoPE, so logits differ from transformers'",
+                where,
+                kind,
+            )
+            return cls.plain(dim, theta)
+        factor = p.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            raise ConfigError(
+                f"{where}: {key}.factor must be a positive number for {kind}, got {factor!r}"
+            )
+        mscale_all_dim = p.get("mscale_all_dim") or 0
+        softmax_mscale = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
+        if kind == "linear":  # positions / factor, done on the frequencies as transformers does
+            return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
+        orig = p.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+        if not isinstance(orig, int) or orig <= 0:
+            raise ConfigError(
+                f"{where}: {key}.original_max_position_embeddings must be a positive whole "
+                f"number for yarn, got {orig!r}"
+            )
+        inv_freq, attention_factor = _yarn(p, dim, theta, factor, orig)
+        return cls(inv_freq, attention_factor, softmax_mscale)
+
+
+def _yarn(
+    p: Mapping[str, Any], dim: int, theta: float, factor: float, orig: int
+) -> tuple[torch.Tensor, float]:
+    """transformers' _compute_yarn_parameters, op for op: (inv_freq [dim/2], attention_factor).
+    Frequencies that turn fewer than beta_slow times over `orig` positions are divided by
+    factor, those turning more than beta_fast times are kept, with a linear ramp in between."""
+    mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: avoids dividing by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # [dim/2] 1: the frequency as is, 0: divided by factor
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # [dim/2]
+    kept, divided = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    return divided * (1 - keep) + kept * keep, float(attention_factor)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
     """HF-style rotate-half RoPE. x [B, Hx, S, D], positions [S]."""
     d = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, D/2]
+    assert r.inv_freq.shape == (d // 2,), f"RoPE has {r.inv_freq.shape} frequencies for dim {d}"
+    freqs = positions.to(x.device).float()[:, None] * r.inv_freq.to(x.device)[None, :]  # [S, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos = (emb.cos() * r.attention_factor).to(x.dtype)
+    sin = (emb.sin() * r.attention_factor).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def rope_pairs(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
     """DeepSeek-V2's RoPE as transformers computes it: adjacent pairs (x[2i], x[2i+1]) rotated as
     complex numbers in float32. x [B, Hx, S, R], positions [S]."""
-    r = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32, device=x.device) / r)
-    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, R/2]
-    cis = torch.polar(torch.ones_like(freqs), freqs)  # [S, R/2] complex64
+    assert r.inv_freq.shape == (x.shape[-1] // 2,), f"RoPE has {r.inv_freq.shape} frequencies"
+    freqs = positions.to(x.device).float()[:, None] * r.inv_freq.to(x.device)[None, :]  # [S, R/2]
+    cis = torch.polar(torch.ones_like(freqs), freqs) * r.attention_factor  # [S, R/2] complex64
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
     return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
 
@@ -106,17 +211,21 @@ class Model:
     # Renormalise the top-k router weights to sum to 1 (config.json norm_topk_prob; Mixtral's
     # softmax over the chosen logits always sums to 1).
     renormalize: bool = False
+    # RoPE frequencies and scales from config.json (Rope.from_config); None (as in Model(spec)):
+    # plain RoPE of spec.rope_theta, filled in at construction
+    rope: Rope | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope is None:  # Model(spec), as calibration and some tests build it
+            object.__setattr__(
+                self, "rope", Rope.plain(rotary_dim(self.spec), self.spec.rope_theta)
+            )
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, spec: ModelSpec) -> Model:
         cfg = hf_config(ckpt_dir)
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-        if scaling.get("type", scaling.get("rope_type", "default")) != "default":
-            # e.g. the real DeepSeek-V2-Lite's YaRN: runs, but its logits differ from HF's
-            log.warning(
-                "%s: config.json RoPE scaling %s is not implemented; plain RoPE", ckpt_dir, scaling
-            )
-        return cls(spec, bool(cfg.get("norm_topk_prob", False)))
+        rope = Rope.from_config(cfg, spec, where=str(Path(ckpt_dir) / "config.json"))
+        return cls(spec, bool(cfg.get("norm_topk_prob", False)), rope)
 
     @property
     def float32_router(self) -> bool:
@@ -157,8 +266,9 @@ class Model:
                 y = rms_norm(y, w[f"{key}_norm"], s.rms_norm_eps)
             return y.view(b, n, n_heads, s.head_dim).transpose(1, 2)
 
-        q = rope(heads("q", s.n_heads), positions, s.rope_theta)  # [B, Hq, S, D]
-        k = rope(heads("k", s.n_kv_heads), positions, s.rope_theta)  # [B, Hkv, S, D]
+        assert self.rope is not None  # set by __post_init__
+        q = rope(heads("q", s.n_heads), positions, self.rope)  # [B, Hq, S, D]
+        k = rope(heads("k", s.n_kv_heads), positions, self.rope)  # [B, Hkv, S, D]
         v = heads("v", s.n_kv_heads)
         k_cache, v_cache = cache
         start, end = int(positions[0]), int(positions[-1]) + 1
@@ -189,8 +299,9 @@ class Model:
         latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
         # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
         latent = rms_norm(latent, w["kv_a_norm"], 1e-6).view(b, 1, n, c)  # [B, 1, S, C]
-        q_rope = rope_pairs(q_rope, positions, s.rope_theta)  # [B, Hq, S, R]
-        k_rope = rope_pairs(k_rope.view(b, 1, n, r), positions, s.rope_theta)  # [B, 1, S, R]
+        assert self.rope is not None  # set by __post_init__
+        q_rope = rope_pairs(q_rope, positions, self.rope)  # [B, Hq, S, R]
+        k_rope = rope_pairs(k_rope.view(b, 1, n, r), positions, self.rope)  # [B, 1, S, R]
         latent_cache, k_rope_cache = cache
         start, end = int(positions[0]), int(positions[-1]) + 1
         latent_cache[:, :, start:end] = latent
@@ -202,8 +313,10 @@ class Model:
         keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # [B, Hq, end, Dn+R]
         query = torch.cat([q_nope, q_rope], dim=-1)  # [B, Hq, S, Dn+R]
         mask = causal_mask(positions, end, keys.device)  # [S, end]
+        # YaRN's magnitude correction also sharpens the softmax (1 without it), in HF's op order
+        scale = (nope + r) ** -0.5 * self.rope.softmax_mscale * self.rope.softmax_mscale
         out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=mask, scale=(nope + r) ** -0.5
+            query, keys, values, attn_mask=mask, scale=scale
         )  # [B, Hq, S, Dv]
         return out.transpose(1, 2).reshape(b, n, s.n_heads * dv)
 

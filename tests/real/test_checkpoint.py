@@ -15,6 +15,7 @@ from real.checkpoint import (
     INDEX_FILE,
     SINGLE_FILE,
     Unit,
+    hf_config,
     load_checkpoint,
     reduced_spec,
     spec_to_hf_config,
@@ -203,3 +204,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("error: ") for line in err)
     assert "bogus_field" in err[1] and "out=" in err[2]
+
+
+def test_cli_rope_scaling(tmp_path, capsys):
+    """rope_scaling=... lands in config.json as given; a malformed one is a one-line error and
+    writes nothing."""
+    args = ["model=mixtral-tiny", "hidden_size=64", "n_layers=1"]
+    linear = "rope_scaling={type: linear, factor: 2}"
+    assert make_checkpoint.main([*args, f"out={tmp_path / 'a'}", linear]) == 0
+    assert hf_config(tmp_path / "a")["rope_scaling"] == {"type": "linear", "factor": 2}
+    assert make_checkpoint.main([*args, f"out={tmp_path / 'b'}", "rope_scaling=yarn"]) == 2
+    assert make_checkpoint.main([*args, f"out={tmp_path / 'b'}", "rope_scaling={type: yarn}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: rope_scaling=yarn: pass a mapping, e.g. '{type: linear, factor: 2}'",
+        "error: command line: rope_scaling.factor must be a positive number for yarn, got None",
+    ]
+    assert not (tmp_path / "b").exists()

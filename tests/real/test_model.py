@@ -2,16 +2,28 @@
 executor calls one by one (weights streamed through the tiered store from disk, one unit in the
 device pool at a time) reproduce reference_generate bit for bit."""
 
+import json
+import logging
+
 import numpy as np
 import pytest
 import torch
 
+from core.errors import ConfigError
 from core.routing import Routing
 from core.types import Tensor, Tier
-from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
+from real.checkpoint import (
+    Unit,
+    load_checkpoint,
+    load_units,
+    reduced_spec,
+    spec_to_hf_config,
+    write_checkpoint,
+)
 from real.model import (
     KVCache,
     Model,
+    Rope,
     expert_tokens,
     live_routing,
     moe_output,
@@ -180,6 +192,18 @@ def test_gate_forced_ids_take_router_weights(mixtral_tiny):
 HF_FAMILIES = ["mixtral-tiny", "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "deepseek-v2-lite"]
 
 
+def hf_generate(ckpt, prompt: torch.Tensor, gen_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' own model class on our checkpoint, in the checkpoint's dtype, greedy:
+    (tokens [B, gen_len], last logits [B, V] float32) as reference_generate returns them."""
+    transformers = pytest.importorskip("transformers")
+    dtype = torch.bfloat16 if load_checkpoint(ckpt)[0].dtype_bytes == 2 else torch.float32
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).eval()
+    with torch.inference_mode():
+        out = hf.generate(prompt, max_new_tokens=gen_len, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+    return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
+
+
 @pytest.mark.parametrize("name", HF_FAMILIES)
 def test_reference_equals_hugging_face(name, small_ckpt, prompt):
     """reference_generate against transformers' own model class on the same checkpoint, in the
@@ -187,13 +211,91 @@ def test_reference_equals_hugging_face(name, small_ckpt, prompt):
     router normalisation or precision, or shared expert gate changes the logits far beyond the
     1e-3 allowed here (observed: 0 in bf16, DeepSeek-V2 included, and 5e-7 for Mixtral, whose
     reduced checkpoint is float32)."""
-    transformers = pytest.importorskip("transformers")
     ckpt = small_ckpt(name)
     tokens, logits = reference_generate(ckpt, prompt, 3)
-    dtype = torch.bfloat16 if load_checkpoint(ckpt)[0].dtype_bytes == 2 else torch.float32
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).eval()
-    with torch.inference_mode():
-        out = hf.generate(prompt, max_new_tokens=3, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
-    assert torch.equal(out.sequences[:, prompt.shape[1] :], tokens)
-    torch.testing.assert_close(out.logits[-1].float(), logits, atol=1e-3, rtol=0)
+    hf_tokens, hf_logits = hf_generate(ckpt, prompt, 3)
+    assert torch.equal(hf_tokens, tokens)
+    torch.testing.assert_close(hf_logits, logits, atol=1e-3, rtol=0)
+
+
+# config.json RoPE scalings that change the logits within the test's 9 positions. YaRN as in the
+# real DeepSeek-V2-Lite (legacy `rope_scaling` key) but stretched 4x from 1024 positions, so its
+# frequency ramp is partial (DeepSeek's R = 8: the 4 pairs keep [1, 2/3, 1/3, 0] of their
+# frequency), and with mscale != mscale_all_dim, so its cos/sin factor (1.065) and DeepSeek's
+# softmax factor (1.069^2) are not 1. Linear in transformers 5's `rope_parameters` form, its
+# rope_theta overriding the top-level one.
+YARN = {"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 1024,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5}}  # fmt: skip
+LINEAR = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}
+
+
+# Mixtral only in float32: in bf16 transformers' Mixtral sums its experts in another order (0.02
+# from ours with plain RoPE too), so OLMoE stands in for rotate-half RoPE in bf16.
+@pytest.mark.parametrize(
+    "name, dtype_bytes, fields",
+    [
+        ("deepseek-v2-lite", 4, YARN),
+        ("deepseek-v2-lite", 2, YARN),
+        ("mixtral-tiny", 4, LINEAR),
+        ("olmoe-1b-7b", 2, LINEAR),
+        ("olmoe-1b-7b", 2, YARN),
+    ],
+    ids=["yarn-deepseek-f32", "yarn-deepseek-bf16", "linear-mixtral-f32", "linear-olmoe-bf16",
+         "yarn-olmoe-bf16"],
+)  # fmt: skip
+def test_scaled_rope_equals_hugging_face(name, dtype_bytes, fields, tmp_path, prompt):
+    """reference_generate with config.json's YaRN or linear RoPE scaling against transformers, as
+    test_reference_equals_hugging_face (observed: 0 in bf16, below 1e-6 in float32); the same
+    weights and routing with plain RoPE give logits far from these, so the scaling is exercised
+    (observed: 0.18 to 3.7 apart)."""
+    spec = reduced_spec(name, **small_overrides(name), dtype_bytes=dtype_bytes)
+    plain = write_checkpoint(spec, tmp_path / "plain", seed=1)
+    scaled = write_checkpoint(
+        spec, tmp_path / "scaled", seed=1, rope_scaling=fields.get("rope_scaling")
+    )
+    if "rope_parameters" in fields:  # transformers 5's form, which the writer does not write
+        cfg = json.loads((scaled / "config.json").read_text())
+        (scaled / "config.json").write_text(json.dumps(cfg | fields))
+    tokens, logits = reference_generate(scaled, prompt, 3)
+    hf_tokens, hf_logits = hf_generate(scaled, prompt, 3)
+    assert torch.equal(hf_tokens, tokens)
+    torch.testing.assert_close(hf_logits, logits, atol=1e-3, rtol=0)
+    _, plain_logits = reference_generate(plain, prompt, 3, live_routing(scaled, prompt, 3))
+    assert (plain_logits - logits).abs().max() > 0.1
+
+
+def test_yarn_of_deepseek_v2_lite_equals_hugging_face():
+    """On the real DeepSeek-V2-Lite config.json (YaRN 40x from 4096 positions, mscale =
+    mscale_all_dim = 0.707): the same frequencies and cos/sin factor (1) as transformers' rotary
+    embedding, and the same softmax scale as its attention (1/sqrt(192) times 1.26^2), bit for
+    bit. The attention module is built on the meta device, so its weights take no memory."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf_ds
+
+    spec = reduced_spec("deepseek-v2-lite")
+    yarn = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}  # fmt: skip
+    cfg = spec_to_hf_config(spec) | {"max_position_embeddings": 163840, "rope_scaling": yarn}
+    rope = Rope.from_config(cfg, spec, where="config.json")
+    hf_cfg = transformers.DeepseekV2Config.from_dict(cfg)
+    hf_rope = hf_ds.DeepseekV2RotaryEmbedding(hf_cfg)
+    with torch.device("meta"):
+        hf_scale = hf_ds.DeepseekV2Attention(hf_cfg, layer_idx=0).scaling
+    assert torch.equal(rope.inv_freq, hf_rope.inv_freq)
+    assert rope.attention_factor == hf_rope.attention_scaling == 1.0
+    assert 192**-0.5 * rope.softmax_mscale * rope.softmax_mscale == hf_scale != 192**-0.5
+    assert not torch.equal(rope.inv_freq, Model(spec).rope.inv_freq)
+
+
+def test_unknown_rope_scaling_warns_and_runs_plain(caplog):
+    """An unimplemented type (here dynamic NTK) warns, naming it, and runs plain RoPE; a type we
+    implement with a missing field is a one-line error naming the field."""
+    spec = reduced_spec("mixtral-tiny")
+    cfg = spec_to_hf_config(spec) | {"rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    with caplog.at_level(logging.WARNING, logger="real.model"):
+        rope = Rope.from_config(cfg, spec, where="ckpt/config.json")
+    assert "ckpt/config.json: RoPE scaling type 'dynamic' is not implemented" in caplog.text
+    assert torch.equal(rope.inv_freq, Model(spec).rope.inv_freq)
+    cfg["rope_scaling"] = {"type": "yarn", "original_max_position_embeddings": 1024}
+    with pytest.raises(ConfigError, match=r"rope_scaling\.factor must be a positive number"):
+        Rope.from_config(cfg, spec, where="ckpt/config.json")
