@@ -54,6 +54,9 @@ class ModelSpec:
     attn_params: int = (
         0  # attention weights per layer; 0 = derive from the GQA shape (MLA overrides)
     )
+    # query/key dims per head a score is a dot product over; 0 = head_dim. MLA's 192 (128 nope +
+    # 64 RoPE) differs from its value head_dim 128.
+    qk_head_dim: int = 0
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
 
@@ -102,9 +105,15 @@ class ModelSpec:
     def attn_param_count(self) -> int:
         if self.attn_params:
             return self.attn_params + self.hidden_size
-        q_o = 2 * self.hidden_size * self.n_heads * self.head_dim
-        k_v = 2 * self.hidden_size * self.n_kv_heads * self.head_dim
-        return q_o + k_v + self.hidden_size  # + input RMSNorm
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q_o = 2 * self.hidden_size * q_dim
+        k_v = 2 * self.hidden_size * kv_dim
+        extra = 0
+        if self.family == "qwen2_moe":  # q/k/v projection biases
+            extra = q_dim + 2 * kv_dim
+        elif self.family == "olmoe":  # QK-norm weights over all heads
+            extra = q_dim + kv_dim
+        return q_o + k_v + extra + self.hidden_size  # + input RMSNorm
 
     @cached_property
     def attn_bytes(self) -> int:
@@ -123,7 +132,13 @@ class ModelSpec:
 
     @cached_property
     def shared_ffn_bytes(self) -> int:
-        return self.ffn_matrices * self.hidden_size * self.shared_ffn_size * self.dtype_bytes
+        if not self.shared_ffn_size:
+            return 0
+        # Qwen2-MoE's shared expert has a sigmoid gate [1, H]
+        gate = self.hidden_size if self.family == "qwen2_moe" else 0
+        return (
+            self.ffn_matrices * self.hidden_size * self.shared_ffn_size + gate
+        ) * self.dtype_bytes
 
     @cached_property
     def embed_bytes(self) -> int:
@@ -169,7 +184,9 @@ class ModelSpec:
     # ---- flops (2 per multiply-add) --------------------------------------------------------
     def attention_flops(self, tokens: int, context: int) -> float:
         proj = 2.0 * (self.attn_param_count - self.hidden_size) * tokens
-        scores = 4.0 * self.n_heads * self.head_dim * tokens * context
+        # QK^T over qk dims, then the weighted sum over value dims, per head and context entry
+        qk = self.qk_head_dim or self.head_dim
+        scores = 2.0 * self.n_heads * (qk + self.head_dim) * tokens * context
         return proj + scores
 
     def gate_flops(self, tokens: int) -> float:
@@ -230,6 +247,14 @@ def _has_no_default(cls: type, name: str) -> bool:
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 
+def _rope_theta(cfg: Mapping[str, Any], default: float) -> float:
+    """RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as real.model.Rope
+    does), older configs at the top level."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    inner = scaling.get("rope_theta") if isinstance(scaling, Mapping) else None
+    return float(inner if inner is not None else cfg.get("rope_theta", default))
+
+
 def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
     """Map the Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 and Switch `config.json` layouts to a spec."""
     family = cfg.get("model_type", "")
@@ -259,7 +284,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
             vocab_size=get("vocab_size"),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=cfg.get("rope_theta", 1e6),
+            rope_theta=_rope_theta(cfg, 1e6),
         )
     if family == "qwen2_moe":
         n = get("num_hidden_layers")
@@ -282,7 +307,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             dense_ffn_size=cfg.get("intermediate_size", 0),
             shared_ffn_size=cfg.get("shared_expert_intermediate_size", 0),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 1e6),
+            rope_theta=_rope_theta(cfg, 1e6),
         )
     if family == "deepseek_v2":
         n = get("num_hidden_layers")
@@ -297,11 +322,12 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         q_params = (
             hidden * heads * (nope + rope)
             if not q_rank
-            else hidden * q_rank + q_rank * heads * (nope + rope)
+            else hidden * q_rank + q_rank + q_rank * heads * (nope + rope)  # + q_a_layernorm
         )
         mla = (
             q_params
             + hidden * (kv_rank + rope)
+            + kv_rank  # kv_a_layernorm
             + kv_rank * heads * (nope + v_dim)
             + heads * v_dim * hidden
         )
@@ -321,8 +347,9 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             shared_ffn_size=cfg.get("n_shared_experts", 0) * get("moe_intermediate_size"),
             kv_dim=kv_rank + rope,  # MLA caches the compressed latent + the RoPE key
             attn_params=mla,
+            qk_head_dim=nope + rope,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 1e4),
+            rope_theta=_rope_theta(cfg, 1e4),
         )
     if family == "switch_transformers":
         # Encoder stack of the encoder-decoder: every `encoder_sparse_step`-th block is sparse

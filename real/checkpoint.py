@@ -249,7 +249,8 @@ def mla_dims(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
-    """kv_dim and attn_params core.spec derives from `mla_dims` (so the spec round-trips)."""
+    """kv_dim, attn_params and qk_head_dim core.spec derives from `mla_dims` (so the spec
+    round-trips)."""
     m, h, heads = mla_dims(spec), spec.hidden_size, spec.n_heads
     nope, rope, v_dim, rank = (
         m["qk_nope_head_dim"],
@@ -260,10 +261,11 @@ def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
     params = (
         h * heads * (nope + rope)
         + h * (rank + rope)
+        + rank  # kv_a_layernorm
         + rank * heads * (nope + v_dim)
         + heads * v_dim * h
     )
-    return dict(kv_dim=rank + rope, attn_params=params)
+    return dict(kv_dim=rank + rope, attn_params=params, qk_head_dim=nope + rope)
 
 
 def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
@@ -296,7 +298,10 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
     if fam in ("mixtral", "olmoe"):
         need(not dense, f"dense layers {dense} (every layer is MoE)")
         need(not spec.shared_ffn_size, "shared experts")
-        need(not spec.kv_dim and not spec.attn_params, "kv_dim/attn_params overrides")
+        need(
+            not (spec.kv_dim or spec.attn_params or spec.qk_head_dim),
+            "kv_dim/attn_params/qk_head_dim overrides",
+        )
         experts = "num_local_experts" if fam == "mixtral" else "num_experts"
         cfg |= llama | {experts: spec.n_experts, "intermediate_size": spec.expert_ffn_size}
         cfg |= {
@@ -308,7 +313,10 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
         return cfg
     if fam == "qwen2_moe":
         need(spec.head_dim * spec.n_heads == spec.hidden_size, "head_dim != hidden_size / n_heads")
-        need(not spec.kv_dim and not spec.attn_params, "kv_dim/attn_params overrides")
+        need(
+            not (spec.kv_dim or spec.attn_params or spec.qk_head_dim),
+            "kv_dim/attn_params/qk_head_dim overrides",
+        )
         cfg |= llama | dict(
             architectures=["Qwen2MoeForCausalLM"],
             num_experts=spec.n_experts,
@@ -333,8 +341,9 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             "shared_ffn_size not a multiple of expert_ffn_size",
         )
         need(
-            (spec.kv_dim, spec.attn_params) == tuple(_mla_spec_fields(spec).values()),
-            "kv_dim/attn_params other than the MLA sizes of head_dim",
+            (spec.kv_dim, spec.attn_params, spec.qk_head_dim)
+            == tuple(_mla_spec_fields(spec).values()),
+            "kv_dim/attn_params/qk_head_dim other than the MLA sizes of head_dim",
         )
         cfg |= (
             llama
@@ -396,7 +405,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
 
     Unless given: head_dim = hidden_size // n_heads when either changes; n_kv_heads follows n_heads
     where it equalled it; moe_layers keep the family's pattern for a new n_layers; shared and
-    Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params follow head_dim.
+    Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params/qk_head_dim follow head_dim.
     """
     path = CONF_MODEL_DIR / f"{model}.yaml"
     if not path.is_file():
@@ -418,7 +427,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
         if "dense_ffn_size" not in given and base.family == "switch_transformers":
             d["dense_ffn_size"] = d["expert_ffn_size"]
     spec = ModelSpec.from_dict(d, where=f"{path} with overrides {dict(overrides)}")
-    if spec.family == "deepseek_v2" and not {"kv_dim", "attn_params"} & given:
+    if spec.family == "deepseek_v2" and not {"kv_dim", "attn_params", "qk_head_dim"} & given:
         spec = replace(spec, **_mla_spec_fields(spec))
     return spec
 

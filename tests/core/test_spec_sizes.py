@@ -82,25 +82,29 @@ def test_deepseek_v2_lite_mla_sizes():
     """MLA caches the 512-dim latent + the 64-dim RoPE key per token per layer: kv_dim 576 ->
     576 * 2 B = 1152 B per layer (`kv_bytes_per_token` counts one layer), * 27 layers = 31104 B
     per token. One routed expert: 3 * 2048 * 1408 * 2 = 17301504 B. Attention = the MLA
-    projections 13762560 (yaml attn_params) + 2048 norm = 13764608 params = 27529216 B.
+    projections and kv_a_layernorm 13763072 (yaml attn_params) + 2048 norm = 13765120 params =
+    27530240 B. Attention flops of one token over a context of 10: projections 2 * 13763072 =
+    27526144 + scores 2 * 16 heads * (192 qk + 128 v) * 10 = 102400 -> 27628544.
     Layer 0 is dense (ffn 10944), layers 1..26 MoE with 64 experts and 2816 shared ffn."""
     m = model_from_conf("deepseek-v2-lite")
     assert m.kv_elems_per_token == 512 + 64
     assert m.kv_bytes_per_token == (512 + 64) * 2 == 1152
     assert m.kv_bytes_per_token * m.n_layers == 31104
     assert m.expert_bytes == 3 * 2048 * 1408 * 2 == 17_301_504
-    assert m.attn_bytes == (13_762_560 + 2048) * 2 == 27_529_216
+    assert m.attn_bytes == (13_763_072 + 2048) * 2 == 27_530_240
+    assert m.attention_flops(1, 10) == 27_628_544
     assert not m.is_moe(0) and m.is_moe(1) and m.is_moe(26)
-    assert m.layer_bytes(0) == 27_529_216 + (3 * 2048 * 10944 + 2048) * 2
+    assert m.layer_bytes(0) == 27_530_240 + (3 * 2048 * 10944 + 2048) * 2
     moe_ffn = (2048 * 64 + 2048) * 2 + 64 * 17_301_504 + 3 * 2048 * 2816 * 2
-    assert m.layer_bytes(1) == 27_529_216 + moe_ffn
+    assert m.layer_bytes(1) == 27_530_240 + moe_ffn
 
 
 def test_deepseek_v2_lite_yaml_matches_its_hf_config():
     """The yaml's MLA numbers follow from DeepSeek-V2-Lite's config.json (no q_lora_rank):
     q = 2048 * 16 * (128 + 64) = 6291456; kv_a = 2048 * (512 + 64) = 1179648;
-    kv_b = 512 * 16 * (128 + 128) = 2097152; o = 16 * 128 * 2048 = 4194304; sum 13762560;
-    kv_dim = 512 + 64 = 576."""
+    kv_a_layernorm = 512; kv_b = 512 * 16 * (128 + 128) = 2097152; o = 16 * 128 * 2048 = 4194304;
+    sum 13763072; kv_dim = 512 + 64 = 576; qk_head_dim = 128 + 64 = 192. A transformers-5 config
+    keeps rope_theta in rope_parameters."""
     cfg = {
         "model_type": "deepseek_v2",
         "num_hidden_layers": 27,
@@ -125,7 +129,12 @@ def test_deepseek_v2_lite_yaml_matches_its_hf_config():
     }
     hf = hf_config_to_spec(cfg, "deepseek-v2-lite")
     m = model_from_conf("deepseek-v2-lite")
-    assert hf.attn_params == 6291456 + 1179648 + 2097152 + 4194304 == 13_762_560
-    assert hf.kv_dim == 576
+    assert hf.attn_params == 6291456 + 1179648 + 512 + 2097152 + 4194304 == 13_763_072
+    assert hf.kv_dim == 576 and hf.qk_head_dim == 192 == m.qk_head_dim
+    assert hf.rope_theta == 10000.0
+    moved = {k: v for k, v in cfg.items() if k != "rope_theta"} | {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}
+    }
+    assert hf_config_to_spec(moved, "deepseek-v2-lite").rope_theta == 5e5
     assert hf.total_bytes == m.total_bytes
     assert hf.kv_bytes_per_token == m.kv_bytes_per_token

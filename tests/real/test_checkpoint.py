@@ -2,6 +2,7 @@
 names, sharding, the make_checkpoint CLI, and one-line errors naming the bad file or tensor."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -221,3 +222,30 @@ def test_cli_rope_scaling(tmp_path, capsys):
         "error: command line: rope_scaling.factor must be a positive number for yarn, got None",
     ]
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["small", "full-size"])
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_unit_bytes_equal_what_planners_stream(name, small):
+    """Every unit's tensors in the checkpoint (biases, QK-norms, kv_a_layernorm, Qwen's shared
+    gate included) add up to the bytes the spec gives the planners, so the simulator moves exactly
+    what the real executor reads. Full-size shapes are only counted, never allocated."""
+    spec = reduced_spec(name, **small_overrides(name)) if small else reduced_spec(name)
+
+    def planned(unit: Unit) -> int:
+        by_kind = {
+            Tensor.ATTENTION: spec.attn_bytes,
+            Tensor.GATE: spec.gate_bytes,
+            Tensor.EXPERT: spec.expert_bytes,
+            Tensor.EMBED: spec.embed_bytes,
+            Tensor.HEAD: spec.head_bytes,
+        }
+        if unit.kind == Tensor.FFN:
+            return spec.shared_ffn_bytes if spec.is_moe(unit.layer) else spec.dense_ffn_bytes
+        return by_kind[unit.kind]
+
+    layout = unit_layout(spec)
+    for unit, tensors in layout.items():
+        got = sum(math.prod(t.shape) for t in tensors.values()) * spec.dtype_bytes
+        assert got == planned(unit), f"{name} {unit}: checkpoint {got} B, spec {planned(unit)} B"
+    assert sum(map(planned, layout)) == spec.total_bytes
