@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,15 @@ class Rope:
     attention_factor: float = 1.0
     # DeepSeek-V2 multiplies its softmax scale by this squared (transformers' yarn_apply_mscale)
     softmax_mscale: float = 1.0
+    # inv_freq per device, copied once: an attention op on a CUDA stream must not wait on a
+    # blocking host->device copy of the same 32 floats at every layer
+    _on: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """inv_freq [dims / 2] on `device`."""
+        if device not in self._on:
+            self._on[device] = self.inv_freq.to(device)
+        return self._on[device]
 
     @classmethod
     def plain(cls, dim: int, theta: float) -> Rope:
@@ -150,7 +159,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
     """HF-style rotate-half RoPE. x [B, Hx, S, D], positions [S]."""
     d = x.shape[-1]
     assert r.inv_freq.shape == (d // 2,), f"RoPE has {r.inv_freq.shape} frequencies for dim {d}"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq.to(x.device)[None, :]  # [S, D/2]
+    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
     cos = (emb.cos() * r.attention_factor).to(x.dtype)
     sin = (emb.sin() * r.attention_factor).to(x.dtype)
@@ -162,7 +171,7 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tenso
     """DeepSeek-V2's RoPE as transformers computes it: adjacent pairs (x[2i], x[2i+1]) rotated as
     complex numbers in float32. x [B, Hx, S, R], positions [S]."""
     assert r.inv_freq.shape == (x.shape[-1] // 2,), f"RoPE has {r.inv_freq.shape} frequencies"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq.to(x.device)[None, :]  # [S, R/2]
+    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, R/2]
     cis = torch.polar(torch.ones_like(freqs), freqs) * r.attention_factor  # [S, R/2] complex64
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
     return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
