@@ -63,6 +63,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
+        for key in ("kv_dim", "attn_params", "qk_head_dim", "dense_ffn_size", "shared_ffn_size"):
+            if getattr(self, key) < 0:
+                raise ConfigError(
+                    f"model {self.name}: {key}={getattr(self, key)} is negative; "
+                    "set it >= 0 (0 = none, or derived from the other fields)"
+                )
         object.__setattr__(self, "activation", Activation(self.activation))
         object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
         if self.n_heads % self.n_kv_heads:

@@ -8,8 +8,11 @@ Flops count 2 per multiply-add.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from core.errors import ConfigError
 from core.spec import ModelSpec, hf_config_to_spec
 from tests.conftest import model_from_conf
 
@@ -138,3 +141,12 @@ def test_deepseek_v2_lite_yaml_matches_its_hf_config():
     assert hf_config_to_spec(moved, "deepseek-v2-lite").rope_theta == 5e5
     assert hf.total_bytes == m.total_bytes
     assert hf.kv_bytes_per_token == m.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("key", ["kv_dim", "attn_params", "qk_head_dim", "shared_ffn_size"])
+def test_negative_optional_size_is_one_clear_error(key):
+    """The sizes where 0 means "none" or "derive it" refuse a negative value, naming the field
+    (it would silently give negative bytes or flops)."""
+    fields = dataclasses.asdict(model_from_conf("tiny")) | {key: -1}
+    with pytest.raises(ConfigError, match=rf"model tiny: {key}=-1 is negative; set it >= 0"):
+        ModelSpec.from_dict(fields)
