@@ -253,9 +253,9 @@ def _has_no_default(cls: type, name: str) -> bool:
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 
-def _rope_theta(cfg: Mapping[str, Any], default: float) -> float:
-    """RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as real.model.Rope
-    does), older configs at the top level."""
+def rope_theta_of(cfg: Mapping[str, Any], default: float) -> float:
+    """A config.json's RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as
+    transformers does), older configs at the top level; `default` if neither has one."""
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     inner = scaling.get("rope_theta") if isinstance(scaling, Mapping) else None
     return float(inner if inner is not None else cfg.get("rope_theta", default))
@@ -290,7 +290,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
             vocab_size=get("vocab_size"),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=_rope_theta(cfg, 1e6),
+            rope_theta=rope_theta_of(cfg, 1e6),
         )
     if family == "qwen2_moe":
         n = get("num_hidden_layers")
@@ -313,7 +313,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             dense_ffn_size=cfg.get("intermediate_size", 0),
             shared_ffn_size=cfg.get("shared_expert_intermediate_size", 0),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(cfg, 1e6),
+            rope_theta=rope_theta_of(cfg, 1e6),
         )
     if family == "deepseek_v2":
         n = get("num_hidden_layers")
@@ -355,7 +355,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             attn_params=mla,
             qk_head_dim=nope + rope,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(cfg, 1e4),
+            rope_theta=rope_theta_of(cfg, 1e4),
         )
     if family == "switch_transformers":
         # Encoder stack of the encoder-decoder: every `encoder_sparse_step`-th block is sparse

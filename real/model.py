@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from core.errors import ConfigError
 from core.routing import Routing
-from core.spec import ModelSpec
+from core.spec import ModelSpec, rope_theta_of
 from core.types import Activation, Tensor
 from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
 
@@ -91,7 +91,7 @@ class Rope:
         if not isinstance(p, Mapping):
             raise ConfigError(f"{where}: {key} must be a mapping, got {p!r}")
         kind = p.get("rope_type", p.get("type", "default"))
-        theta = float(p.get("rope_theta", cfg.get("rope_theta", spec.rope_theta)))
+        theta = rope_theta_of(cfg, spec.rope_theta)
         dim = rotary_dim(spec)
         if kind == "default":
             return cls.plain(dim, theta)
