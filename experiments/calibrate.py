@@ -322,9 +322,14 @@ def measure_compute(
             hid = moe_output(x, slots, gw, None)
             return model.head(w(Unit(Tensor.HEAD)), hid.view(t, 1, h)).argmax(-1)
 
+        # a replayed gate gets its forced routing from the trace's host arrays (int64 ids,
+        # float32 weights whatever the model's dtype), as Executor._gate does
+        ids_host = ids.cpu().numpy()
+        gw_host = gw.float().cpu().numpy()
+
         def gate() -> None:
-            fi = torch.from_numpy(ids.cpu().numpy().copy())
-            fw = torch.from_numpy(gw.cpu().numpy().copy())
+            fi = torch.from_numpy(ids_host.copy())
+            fw = torch.from_numpy(gw_host.copy())
             normed, chosen, _ = model.gate(layer, w(Unit(Tensor.GATE, layer)), x, fi, fw)
             new_slots(normed, k)
             np.bincount(chosen.cpu().flatten().numpy(), minlength=spec.n_experts)

@@ -85,3 +85,18 @@ def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert all(n in lines[0] for n in names), lines[0]
     assert not (tmp_path / "ck").exists()
+
+
+def test_calibrate_times_a_bf16_model():
+    """Every op kind of a bfloat16 model is timed (the replayed gate's host routing arrays are
+    float32 whatever the model's dtype; numpy has no bfloat16)."""
+    import torch
+
+    from experiments.calibrate import measure_compute
+    from real.checkpoint import reduced_spec
+    from real.model import Model
+
+    spec = reduced_spec("mixtral-tiny", dtype_bytes=2)
+    model = Model(spec)
+    tables = measure_compute(spec, model, torch.device("cpu"), budget_s=0.5)
+    assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(tables)
