@@ -8,9 +8,15 @@ eplb / predictive / oracle start from on the other four. This runs the experimen
 balancedness and makespan of eplb and predictive, the share of the ep_static -> oracle gap
 predictive closes, and how many folds meet each target.
 
+A fold's figures also depend on the order its held-out sequences are streamed in (`seed` shuffles
+them; at batch 128 each batch is the whole split plus a different stretch of it).
+`cv_seeds=[0,1,2]` runs every fold in each of those orders (a (fold, seed) row each; the counts
+and means are over all of them); by default the config's `seed` alone.
+
 Usage:
     python -m experiments.replication_cv                    # folds in runs/replication/cv/<split>
     python -m experiments.replication_cv out_dir=/tmp/r 'planners.predictive_replication.window=2'
+    python -m experiments.replication_cv 'cv_seeds=[0,1,2,3,4,5]'   # cv/<split>-seed<K> besides
 
 Takes any override of conf/experiment/replication.yaml (the cases other than the target cases
 and the `variants` rows are not run). A fold whose report is written is not run again, so an
@@ -35,9 +41,10 @@ log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
 
 
-def fold_cfg(cfg: DictConfig, split: str) -> DictConfig:
+def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig:
     """The replication config of one fold: the target cases at their largest batch, no variants,
-    out_dir/cv/<split>."""
+    out_dir/cv/<split>; with a `seed` other than the config's, that stream order, in
+    out_dir/cv/<split>-seed<seed>."""
     c = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(c, dict)
     targets = [t for t in c["targets_cases"] if t in c["cases"]]
@@ -56,8 +63,19 @@ def fold_cfg(cfg: DictConfig, split: str) -> DictConfig:
             )
         case["batch_sizes"] = [max(case["batch_sizes"])]
         cases[name] = case
-    c.update(split=split, cases=cases, variants={}, out_dir=str(Path(cfg.out_dir) / "cv" / split))
+    where = split if seed is None or seed == c["seed"] else f"{split}-seed{seed}"
+    c.update(split=split, cases=cases, variants={}, out_dir=str(Path(cfg.out_dir) / "cv" / where))
+    if seed is not None:
+        c["seed"] = seed
     return OmegaConf.create(c)
+
+
+def seeds_of(cfg: DictConfig) -> list[int]:
+    """`cv_seeds`, else the config's `seed`; one clear error for anything but integers."""
+    raw = cfg.get("cv_seeds") or [cfg.seed]
+    if isinstance(raw, (int, str)) or not all(isinstance(x, int) for x in raw):
+        raise MoepipeError(f"cv_seeds={raw}: give a list of integers, e.g. cv_seeds=[0,1,2]")
+    return list(dict.fromkeys(int(x) for x in raw))
 
 
 def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
@@ -76,15 +94,18 @@ def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
 def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The per-fold table, a mean row per case (the folds' mean of each column: the estimate over
     every held-out sequence, beside the one split the targets are reported on), and one line
-    per case and target: on how many folds it is met."""
-    head = (f"{'fold':>4} {'split':10} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
+    per case and target: on how many folds it is met. `rows` is keyed by split, or by
+    "<split> s<seed>" for a fold in another stream order (then counted per (fold, seed))."""
+    head = (f"{'fold':>4} {'split':13} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
             f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10}")  # fmt: skip
     lines = [head, "-" * len(head)]
     # case -> per fold: (eplb bal, pred bal, diff, eplb ms, pred ms, gap closed)
     cols: dict[str, list[tuple[float, ...]]] = {}
-    for k, split in enumerate(FOLDS):
+    for key, fold_rows in rows.items():
+        split = key.split()[0]
+        k = FOLDS.index(split)
         by_case: dict[str, dict[str, dict[str, Any]]] = {}
-        for r in rows.get(split, []):
+        for r in fold_rows:
             by_case.setdefault(r["case"], {})[r["planner"]] = r
         for case, by in sorted(by_case.items()):
             st, ep = by["ep_static"], by["eplb"]
@@ -93,7 +114,7 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             gap = st["makespan_s"] - orc["makespan_s"]
             closed = (st["makespan_s"] - pr["makespan_s"]) / gap if gap > 0 else float("nan")
             lines.append(
-                f"{k:>4} {split:10} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
+                f"{k:>4} {key:13} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
                 f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {1e3 * ep['makespan_s']:>8.2f} "
                 f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%}"
             )
@@ -101,10 +122,11 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                 (ep["balancedness"], pr["balancedness"], diff, 1e3 * ep["makespan_s"],
                  1e3 * pr["makespan_s"], closed)
             )  # fmt: skip
+    what_runs = "folds" if all(" " not in key for key in rows) else "runs"
     for case, per in sorted(cols.items()):
         eb, pb, diff, em, pm, closed = (sum(col) / len(per) for col in zip(*per, strict=True))
         lines.append(
-            f"{'mean':>4} {f'{len(per)} folds':10} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
+            f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
             f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%}"
         )
     lines.append("")
@@ -112,16 +134,19 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         for what, k in (("balancedness >= eplb's", sum(c[2] >= 0 for c in per)),
                         ("closes >= 50% of the gap", sum(c[5] >= 0.5 for c in per))):  # fmt: skip
             ok = "PASS" if k == len(per) else "FAIL"
-            lines.append(f"[{ok}] {case}: predictive {what} on {k} of {len(per)} folds")
+            lines.append(f"[{ok}] {case}: predictive {what} on {k} of {len(per)} {what_runs}")
     return lines
 
 
 def run(cfg: DictConfig) -> list[str]:
     t0 = time.time()
     rows = {}
-    for split in FOLDS:
-        rows[split] = run_fold(fold_cfg(cfg, split))
-        log.info("%s done at %.0f s", split, time.time() - t0)
+    seeds = seeds_of(cfg)
+    for seed in seeds:
+        for split in FOLDS:
+            key = split if len(seeds) == 1 else f"{split} s{seed}"
+            rows[key] = run_fold(fold_cfg(cfg, split, seed))
+            log.info("%s done at %.0f s", key, time.time() - t0)
     return [
         *cv_lines(rows),
         f"folds: {Path(cfg.out_dir) / 'cv'}/<split>/report.txt  ({time.time() - t0:.0f} s)",

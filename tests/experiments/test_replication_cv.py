@@ -86,3 +86,29 @@ def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
     (Path(f.out_dir) / "report.txt").unlink()  # interrupted before the report: run again
     run_fold(f)
     assert len(calls) == 3 and replication_cv.FOLDS[0] == "test"
+
+
+def test_other_stream_orders_run_beside_the_config_seed(tmp_path):
+    cfg = base(tmp_path)
+    same, other = fold_cfg(cfg, "fold1", 0), fold_cfg(cfg, "fold1", 3)
+    assert same.out_dir == str(tmp_path / "cv" / "fold1") and same.seed == 0
+    assert other.out_dir == str(tmp_path / "cv" / "fold1-seed3") and other.seed == 3
+    assert replication_cv.seeds_of(cfg) == [0]
+    cfg.cv_seeds = [0, 3, 3]
+    assert replication_cv.seeds_of(cfg) == [0, 3]
+    cfg.cv_seeds = ["a"]
+    with pytest.raises(MoepipeError, match=r"cv_seeds=\['a'\]: give a list of integers"):
+        replication_cv.seeds_of(cfg)
+
+
+def test_cv_lines_count_every_fold_and_seed():
+    rows = {
+        "test s0": fold(0.968, 68.0),
+        "test s1": fold(0.972, 68.0),
+        "fold1 s0": fold(0.972, 66.0),
+    }
+    lines = cv_lines(rows)
+    assert any(ln.split()[:4] == ["0", "test", "s1", "esft-g8"] and "+0.0020" in ln for ln in lines)
+    assert any(ln.split()[:4] == ["1", "fold1", "s0", "esft-g8"] for ln in lines)
+    assert "[FAIL] esft-g8: predictive balancedness >= eplb's on 2 of 3 runs" in lines
+    assert next(ln for ln in lines if ln.startswith("mean")).split()[1:3] == ["3", "runs"]
