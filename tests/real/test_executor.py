@@ -90,6 +90,40 @@ def test_matches_in_memory_forward(mixtral_tiny, planner, mode):
     assert set(result.summary) == set(simulate_run(spec).summary)
 
 
+RESIDENT_1GPU = hardware(0.05, 0.05)
+LANES = dict(n_devices=4, lanes=True, replica_slots=1)  # 4 concurrent lanes on one device
+
+
+def lanes_spec(ckpt: Path, planner: str) -> RunSpec:
+    """An expert-parallel planner over 4 lanes of one device: the replication paper's single-GPU
+    case (on CUDA, 4 CUDA streams on one GPU)."""
+    model, _ = load_checkpoint(ckpt)
+    return RunSpec(model, RESIDENT_1GPU, WORKLOAD, planner, LANES)
+
+
+def check_lanes_run(ckpt: Path, planner: str, mode: str, device: str | None = None) -> None:
+    spec = lanes_spec(ckpt, planner)
+    result, out = real_execute(ckpt, spec, mode, device=device)
+    experts = result.trace[result.trace["kind"].astype(str) == "compute-expert"]
+    assert set(experts["resource"].astype(str)) == {"gpu", "gpu:1", "gpu:2", "gpu:3"}
+    assert experts["stream"].nunique() == 4  # the 4 lanes' own streams (CUDA streams on CUDA)
+    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
+    ref_tokens, ref_logits = reference_generate(
+        ckpt, prompts_for(spec.model, wl), wl.gen_len, out.routing
+    )
+    assert torch.equal(out.tokens, ref_tokens)
+    tol = 1e-3 if device == "cuda" else ATOL  # CUDA vs CPU kernels
+    torch.testing.assert_close(out.logits, ref_logits, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("planner", sorted(RESIDENT))
+def test_lanes_on_one_device_match_in_memory_forward(mixtral_tiny, planner, mode):
+    if mode == "live" and planner in REPLAY_ONLY:
+        pytest.skip("an upper bound that peeks at the coming routing runs on replay only")
+    check_lanes_run(mixtral_tiny, planner, mode)
+
+
 def test_disk_tier_is_used(mixtral_tiny):
     """The offload fixture really reads experts from disk (else the tests above prove less)."""
     result, _ = real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
@@ -159,3 +193,11 @@ def test_cuda_streams_match_in_memory_forward(mixtral_tiny, planner, mode):
     )
     assert torch.equal(out.tokens, ref_tokens)
     torch.testing.assert_close(out.logits, ref_logits, atol=1e-3, rtol=1e-3)  # CUDA vs CPU kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("planner", sorted(RESIDENT))
+def test_cuda_lanes_match_in_memory_forward(mixtral_tiny, planner):
+    """4 lanes as 4 CUDA streams on one GPU, against the CPU in-memory forward."""
+    check_lanes_run(mixtral_tiny, planner, "replay", device="cuda")
