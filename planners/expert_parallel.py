@@ -95,8 +95,9 @@ class ReplicaParams(EPParams):
 
 
 class Replicator:
-    """Homes and replicas of one layer after another for a replication policy: homes re-packed
-    every `rehome_interval` iterations, replicas by `replicate_onto` with the params' gate; keeps
+    """Homes and replicas of one layer after another for a replication policy: homes re-placed
+    every `rehome_interval` iterations (re-packed from scratch, or under a gate also by
+    `swap_homes`, when that pays), replicas by `replicate_onto` with the params' gate; keeps
     what is resident so the "time+copy" gate charges only new copies."""
 
     def __init__(
@@ -138,14 +139,19 @@ class Replicator:
             if self.timer.span(full, load, scenarios) <= self.timer.span(slots, load, scenarios):
                 slots = full
         if home_load is not None and home_load.sum() > 0:
-            homes = home_slots(self.layout, home_load)
-            moved = self._with_replicas(moe, load, homes, scenarios)
-            if (
-                self.p.gate == "none"
-                or old is None
-                or self._pays(moved, slots, old, load, scenarios)
-            ):
-                self.homes[moe], slots = homes, moved
+            # EPLB's packing from scratch, and under a gate also a few swaps from where the homes
+            # are: a full re-pack moves nearly every home, and its copies seldom pay
+            options = [home_slots(self.layout, home_load)]
+            if self.p.gate != "none" and old is not None:
+                options.append(swap_homes(self.homes[moe], home_load, self.layout))
+            for homes in options:
+                moved = self._with_replicas(moe, load, homes, scenarios)
+                if (
+                    self.p.gate == "none"
+                    or old is None
+                    or self._pays(moved, slots, old, load, scenarios)
+                ):
+                    self.homes[moe], slots = homes, moved
         self.resident[moe] = slots
         return slots
 
@@ -221,6 +227,37 @@ def read_load(path: str, n_layers: int, n_experts: int, who: str) -> np.ndarray:
     """A .npy [MoE layers, experts] load matrix (e.g. token counts of a training split)."""
     return read_npy(path, f"{who} initial_load", (n_layers, n_experts),
                     f"[{n_layers} MoE layers, {n_experts} experts]")  # fmt: skip
+
+
+def swap_homes(homes: np.ndarray, load: np.ndarray, layout: Layout) -> np.ndarray:
+    """Homes [G, K] (replica slots emptied) re-balanced under load [E] by swapping two homes
+    between devices, each device in at most one swap (so each receives at most one copy): the
+    busiest device not yet swapped takes the swap that lowers the larger of the pair's loads the
+    most, until no swap lowers it."""
+    h = layout.home_slots
+    out = homes.copy()
+    out[:, h:] = -1
+    dev = np.array([load[row[row >= 0]].sum() for row in out])  # [G] home load
+    free = [int(d) for d in np.argsort(-dev, kind="stable")]  # devices not yet swapped
+    while len(free) >= 2:
+        b = free.pop(0)
+        best: tuple[float, int, int, int] | None = None
+        for i in np.flatnonzero(out[b, :h] >= 0):
+            for d in free:
+                for j in np.flatnonzero(out[d, :h] >= 0):
+                    delta = load[out[b, i]] - load[out[d, j]]
+                    pair = max(dev[b] - delta, dev[d] + delta)
+                    if delta > 0 and pair < dev[b] and (best is None or pair < best[0]):
+                        best = (pair, int(i), d, int(j))
+        if best is None:
+            continue
+        _, i, d, j = best
+        delta = load[out[b, i]] - load[out[d, j]]
+        out[b, i], out[d, j] = out[d, j], out[b, i]
+        dev[b], dev[d] = dev[b] - delta, dev[d] + delta
+        free.remove(d)
+        free.sort(key=lambda x: -dev[x])
+    return out
 
 
 def home_slots(layout: Layout, load: np.ndarray | None) -> np.ndarray:

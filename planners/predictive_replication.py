@@ -2,9 +2,10 @@
 MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
 overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `gate`), split each
 expert's real tokens evenly over its copies, and prefetch the changed copies before the layer.
-Homes are packed from `initial_load` and, with `rehome_interval`, re-packed from past loads (the
-window's mean, else the EMA) as `eplb` re-places every `interval` (planners/expert_parallel.py
-`Replicator`). With `prior_scenarios` the gate hedges the first placement of each layer against
+Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from past loads (the
+window's mean, else the EMA) as `eplb` re-places every `interval`: re-packed from scratch, or
+moved by a few swaps (each device at most one), whichever the gate finds pays
+(planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate hedges the first placement of each layer against
 the prior being another split's load.
 
 Predictors (pluggable, causal):

@@ -23,6 +23,7 @@ from planners.expert_parallel import (
     polish,
     replicate_onto,
     split_tokens,
+    swap_homes,
 )
 
 PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
@@ -366,3 +367,27 @@ def test_first_placement_fills_the_slots_when_that_is_no_slower():
     assert rep.place(0, np.array([2.0, 1, 1, 1])).tolist() == [[0, 2, 1], [1, 3, 0]]
     assert rep.place(0, np.array([2.0, 1, 1, 1])).tolist() == [[0, 2, -1], [1, 3, -1]]
     assert fresh().place(0, np.full(4, 0.5)).tolist() == [[0, 2, -1], [1, 3, -1]]
+
+
+def test_swap_homes_by_hand():
+    """G = 4, two homes each; experts 0 and 4 (load 10 each) share device 0 (home load 20, the
+    others 2). The busiest device takes the first of its equally good swaps, expert 0 <-> expert 1
+    of device 1 (delta 9: 11 and 11); the two left (2 and 2) have no swap that lowers their pair. Replica
+    slots come back empty; every expert keeps exactly one home."""
+    lay = Layout(n_devices=4, n_experts=8, home_slots=2, replica_slots=1, replicas=4, lanes=False)
+    homes = np.array([[0, 4, 5], [1, 5, -1], [2, 6, -1], [3, 7, -1]])
+    load = np.array([10.0, 1, 1, 1, 10, 1, 1, 1])
+    out = swap_homes(homes, load, lay)
+    assert out.tolist() == [[1, 4, -1], [0, 5, -1], [2, 6, -1], [3, 7, -1]]
+    assert sorted(out[:, :2].ravel()) == list(range(8))
+
+
+def test_swap_homes_swaps_each_device_once():
+    """Every device receives at most one home copy per re-homing: with all the load on device 0,
+    only one swap happens, though a second would lower device 0 further."""
+    lay = Layout(n_devices=2, n_experts=6, home_slots=3, replica_slots=0, replicas=0, lanes=False)
+    homes = np.array([[0, 1, 2], [3, 4, 5]])
+    out = swap_homes(homes, np.array([5.0, 5, 5, 0, 0, 0]), lay)
+    moved = [set(homes[d]) - set(out[d]) for d in range(2)]
+    assert [len(m) for m in moved] == [1, 1]
+    assert sorted(out.ravel()) == list(range(6))
