@@ -15,7 +15,7 @@ from core.errors import ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import OpKind
 from experiments.pipeline import RunSpec, simulate_run
-from experiments.replication import gap_line
+from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
     ExpertTime,
     Layout,
@@ -391,3 +391,21 @@ def test_swap_homes_swaps_each_device_once():
     moved = [set(homes[d]) - set(out[d]) for d in range(2)]
     assert [len(m) for m in moved] == [1, 1]
     assert sorted(out.ravel()) == list(range(6))
+
+
+def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
+    def row(case, bs, planner, util):
+        return dict(case=case, batch_size=bs, planner=planner, utilisation=util)
+
+    rows = [row("a", 128, "ep_static", 0.5), row("a", 128, "eplb", 0.8),
+            row("a", 128, "predictive_replication", 0.95), row("a", 128, "oracle_replication", 0.97),
+            row("a", 1, "ep_static", 0.44), row("a", 1, "predictive_replication", 0.45),
+            row("a", 1, "oracle_replication", 0.45), row("b", 128, "ep_static", 0.7)]  # fmt: skip
+    assert utilisation_lines(rows, "utilisation", "util") == [
+        "[PASS] a bs=128: util ep_static 0.500 < 0.6 -> predictive_replication 0.950 (target >= 0.9)",
+        "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> predictive_replication 0.450 (target >= 0.9; "
+        "the oracle upper bound reaches 0.450)",
+    ]
+    assert utilisation_lines(rows[-1:], "utilisation", "util") == [
+        "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"
+    ]
