@@ -251,11 +251,11 @@ def swap_homes(homes: np.ndarray, load: np.ndarray, layout: Layout) -> np.ndarra
                         best = (pair, int(i), d, int(j))
         if best is None:
             continue
-        _, i, d, j = best
-        delta = load[out[b, i]] - load[out[d, j]]
-        out[b, i], out[d, j] = out[d, j], out[b, i]
-        dev[b], dev[d] = dev[b] - delta, dev[d] + delta
-        free.remove(d)
+        _, si, sd, sj = best
+        delta = load[out[b, si]] - load[out[sd, sj]]
+        out[b, si], out[sd, sj] = out[sd, sj], out[b, si]
+        dev[b], dev[sd] = dev[b] - delta, dev[sd] + delta
+        free.remove(sd)
         free.sort(key=lambda x: -dev[x])
     return out
 
