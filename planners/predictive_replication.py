@@ -5,8 +5,8 @@ expert's real tokens evenly over its copies, and prefetch the changed copies bef
 Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from past loads (the
 window's mean, else the EMA) as `eplb` re-places every `interval`: re-packed from scratch, or
 moved by a few swaps (each device at most one), whichever the gate finds pays
-(planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate hedges the first placement of each layer against
-the prior being another split's load.
+(planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
+hedges the first placement of each layer against the prior being another split's load.
 
 Predictors (pluggable, causal):
 - `last`: the previous iteration's loads at that layer;
