@@ -241,18 +241,17 @@ def swap_homes(homes: np.ndarray, load: np.ndarray, layout: Layout) -> np.ndarra
     free = [int(d) for d in np.argsort(-dev, kind="stable")]  # devices not yet swapped
     while len(free) >= 2:
         b = free.pop(0)
-        best: tuple[float, int, int, int] | None = None
+        best: tuple[float, int, int, int, float] | None = None
         for i in np.flatnonzero(out[b, :h] >= 0):
             for d in free:
                 for j in np.flatnonzero(out[d, :h] >= 0):
                     delta = load[out[b, i]] - load[out[d, j]]
                     pair = max(dev[b] - delta, dev[d] + delta)
                     if delta > 0 and pair < dev[b] and (best is None or pair < best[0]):
-                        best = (pair, int(i), d, int(j))
+                        best = (pair, int(i), d, int(j), delta)
         if best is None:
             continue
-        _, si, sd, sj = best
-        delta = load[out[b, si]] - load[out[sd, sj]]
+        _, si, sd, sj, delta = best
         out[b, si], out[sd, sj] = out[sd, sj], out[b, si]
         dev[b], dev[sd] = dev[b] - delta, dev[sd] + delta
         free.remove(sd)

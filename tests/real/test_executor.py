@@ -28,6 +28,7 @@ from real.store import DATA_FILE, OFFLOAD_DIR, TieredStore
 from tests.conftest import RESIDENT
 
 ATOL = RTOL = 1e-4
+CUDA_TOL = 1e-3  # CUDA kernels against the CPU reference
 
 
 def hardware(gpu_gb: float, cpu_gb: float, n_gpus: int = 1) -> HardwareSpec:
@@ -61,6 +62,23 @@ def spec_for(ckpt: Path, planner: str) -> RunSpec:
     return RunSpec(model, RESIDENT_2GPU if planner in RESIDENT else OFFLOAD, WORKLOAD, planner)
 
 
+def assert_matches_reference(ckpt: Path, spec: RunSpec, result, out, tol: float = ATOL) -> None:
+    """Tokens equal and logits within `tol` of the in-memory forward (CPU), which replays exactly
+    what the run's gates used (replay: the trace; live: the model's own)."""
+    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
+    ref_tokens, ref_logits = reference_generate(
+        ckpt, prompts_for(spec.model, wl), wl.gen_len, out.routing
+    )
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, atol=tol, rtol=tol)
+
+
+def runnable(planners: list[str]) -> list[tuple[str, str]]:
+    """(planner, routing mode) pairs; an upper bound that peeks at the routing runs on replay only."""
+    return [(p, m) for p in planners for m in ("replay", "live")
+            if not (m == "live" and p in REPLAY_ONLY)]  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["replay", "live"])
 @pytest.mark.parametrize("planner", planner_names())
 def test_matches_in_memory_forward(mixtral_tiny, planner, mode):
@@ -73,12 +91,7 @@ def test_matches_in_memory_forward(mixtral_tiny, planner, mode):
     if planner not in RESIDENT:  # the offload path ran: weights came from disk through the store
         assert result.summary["bytes_moved"].get("disk", 0) > 0
     wl = spec.workload.with_(n_batches=result.summary["n_batches"])
-    # the reference replays exactly what the gates used (replay: the trace; live: the model's own)
-    ref_tokens, ref_logits = reference_generate(
-        mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len, out.routing
-    )
-    assert torch.equal(out.tokens, ref_tokens)
-    torch.testing.assert_close(out.logits, ref_logits, atol=ATOL, rtol=RTOL)
+    assert_matches_reference(mixtral_tiny, spec, result, out)
     if mode == "live":  # and the model's own routing is what a free-running forward picks
         free_tokens, _ = reference_generate(mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len)
         assert torch.equal(out.tokens, free_tokens)
@@ -107,20 +120,10 @@ def check_lanes_run(ckpt: Path, planner: str, mode: str, device: str | None = No
     experts = result.trace[result.trace["kind"].astype(str) == "compute-expert"]
     assert set(experts["resource"].astype(str)) == {"gpu", "gpu:1", "gpu:2", "gpu:3"}
     assert experts["stream"].nunique() == 4  # the 4 lanes' own streams (CUDA streams on CUDA)
-    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
-    ref_tokens, ref_logits = reference_generate(
-        ckpt, prompts_for(spec.model, wl), wl.gen_len, out.routing
-    )
-    assert torch.equal(out.tokens, ref_tokens)
-    tol = 1e-3 if device == "cuda" else ATOL  # CUDA vs CPU kernels
-    torch.testing.assert_close(out.logits, ref_logits, atol=tol, rtol=tol)
+    assert_matches_reference(ckpt, spec, result, out, CUDA_TOL if device == "cuda" else ATOL)
 
 
-@pytest.mark.parametrize(
-    "planner, mode",
-    [(p, m) for p in sorted(RESIDENT) for m in ("replay", "live")
-     if not (m == "live" and p in REPLAY_ONLY)],  # an upper bound that peeks runs on replay only
-)  # fmt: skip
+@pytest.mark.parametrize("planner, mode", runnable(sorted(RESIDENT)))
 def test_lanes_on_one_device_match_in_memory_forward(mixtral_tiny, planner, mode):
     check_lanes_run(mixtral_tiny, planner, mode)
 
@@ -178,23 +181,14 @@ def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(
-    "planner, mode",
-    [(p, m) for p in planner_names() for m in ("replay", "live")
-     if not (m == "live" and p in REPLAY_ONLY)],  # an upper bound that peeks runs on replay only
-)  # fmt: skip
+@pytest.mark.parametrize("planner, mode", runnable(planner_names()))
 def test_cuda_streams_match_in_memory_forward(mixtral_tiny, planner, mode):
     """Every planner on CUDA streams: the offload planners' copy streams, and the replication
     planners' G devices as G CUDA streams on one GPU (issue 5's single-GPU case)."""
     spec = spec_for(mixtral_tiny, planner)
     result, out = real_execute(mixtral_tiny, spec, mode, device="cuda")
     assert set(result.trace["source"]) == {"real"} and out.fallback_loads == 0
-    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
-    ref_tokens, ref_logits = reference_generate(
-        mixtral_tiny, prompts_for(spec.model, wl), wl.gen_len, out.routing
-    )
-    assert torch.equal(out.tokens, ref_tokens)
-    torch.testing.assert_close(out.logits, ref_logits, atol=1e-3, rtol=1e-3)  # CUDA vs CPU kernels
+    assert_matches_reference(mixtral_tiny, spec, result, out, CUDA_TOL)
 
 
 @pytest.mark.gpu
