@@ -5,7 +5,8 @@ the tokens and busy seconds of its expert computes.
   log; 1 = perfect): the token view;
 - utilisation = mean over devices of compute busy seconds / makespan (issue 5's "device
   utilisation (busy / makespan)", the GPUtil-like load of replication.md §5): the time view;
-  device_busy_frac lists it per device;
+  device_busy_frac lists it per device. With `lanes` (G partitions of one GPU) a whole-GPU op
+  (dense work, on stream `compute`) keeps every lane busy;
 - expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
   a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
   how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.types import OpKind, Resource
+from core.types import OpKind, Resource, Stream
 
 KEYS = ["step", "layer", "batch"]
 
@@ -71,7 +72,7 @@ def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     return out.reset_index()
 
 
-def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
+def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) -> dict[str, Any]:
     loads = device_loads(trace, n_devices)
     if loads.empty:
         return {}
@@ -86,7 +87,14 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
     )
     makespan = float(trace["end_s"].max())
     comp = trace[trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
-    dev_busy = (comp["end_s"] - comp["start_s"]).groupby(device_of(comp["resource"])).sum()
+    whole = (
+        comp["stream"].astype(str) == str(Stream.COMPUTE) if lanes else np.zeros(len(comp), bool)
+    )
+    dev_busy = (
+        (comp["end_s"] - comp["start_s"])[~whole].groupby(device_of(comp["resource"][~whole])).sum()
+    )
+    whole_s = float((comp["end_s"] - comp["start_s"])[whole].sum())
+    dev_busy = dev_busy.reindex(range(n_devices), fill_value=0.0) + whole_s
     return {
         "n_devices": n_devices,
         "balancedness": float(tok_mean.sum() / tok_max.sum()) if tok_max.sum() else 1.0,

@@ -60,6 +60,13 @@ class StreamSpec:
     name: str
     resource: Resource  # the physical resource the stream's ops occupy
     device: int = 0  # which GPU (expert parallelism); 0 for single-device runs
+    # The fraction of the device's compute rate and memory bandwidth the stream's ops get: 1, or
+    # 1/G for one of G lanes that partition one GPU's SMs (CUDA green contexts, MPS). The per-op
+    # overhead is not divided.
+    share: float = 1.0
+
+    def __post_init__(self) -> None:
+        assert 0 < self.share <= 1, f"stream {self.name}: share {self.share} outside (0, 1]"
 
     @property
     def resource_id(self) -> str:
@@ -134,8 +141,8 @@ class ScheduleBuilder:
         self.meta: dict[str, Any] = {}
         self._sink = sink
 
-    def stream(self, name: str, resource: Resource, device: int = 0) -> str:
-        spec = StreamSpec(str(name), Resource(resource), device)
+    def stream(self, name: str, resource: Resource, device: int = 0, share: float = 1.0) -> str:
+        spec = StreamSpec(str(name), Resource(resource), device, float(share))
         old = self.streams.setdefault(spec.name, spec)
         assert old == spec, f"stream {name} redefined"
         return spec.name

@@ -242,7 +242,7 @@ def summarize(
     )
     tokens = workload.tokens_generated
     ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
-    balance = balance_metrics(trace, int(ep["n_devices"])) if ep else {}
+    balance = balance_metrics(trace, int(ep["n_devices"]), bool(ep.get("lanes"))) if ep else {}
     return {
         **labels,
         "batch_size": workload.batch_size,

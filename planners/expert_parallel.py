@@ -3,11 +3,15 @@
 holds for each (batch, layer): a `SlotPolicy`.
 
 Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink port is
-`p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic). Every
-device holds `slots_per_device` expert copies per MoE layer; all weights stay resident. Dense
-work (attention, gate, shared experts, head) runs on device 0; at each MoE layer the tokens
-are dispatched to the devices holding their experts, a replicated expert's tokens split evenly
-over its copies, and results are combined back, so a layer lasts as long as its busiest device.
+`p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
+on `lane{d}`, a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes together
+have one GPU's capacity). Every device holds `slots_per_device` expert copies per MoE layer; all
+weights stay resident. Dense work (attention, gate, shared experts, head) is data-parallel over
+the G GPUs, each running its share of the batch's sequences (the gate op on device 0 stands for
+the routing becoming known); on lanes it runs as whole-GPU kernels on `compute`, between the
+lanes' expert phases. At each MoE layer the tokens are dispatched to the devices holding their
+experts, a replicated expert's tokens split evenly over its copies, and results are combined
+back, so a layer lasts as long as its busiest device.
 A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, how vLLM/SGLang's
 fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
@@ -39,7 +43,7 @@ GATES = ("none", "time", "time+copy")
 @dataclass(frozen=True)
 class EPParams:
     n_devices: int = 0  # G compute devices; 0 = hardware.n_gpus
-    lanes: bool = False  # True: the G devices are concurrent lanes on one GPU (no all-to-all)
+    lanes: bool = False  # True: the G devices are lanes of one GPU, 1/G of it each (no all-to-all)
     replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
     replicas: int = -1  # redundant copies per layer to place; -1 = at most every slot
     # One grouped-GEMM op per device per layer (simulator only: the real executor runs one op per
@@ -70,6 +74,11 @@ class Layout:
     @property
     def slots_per_device(self) -> int:
         return self.home_slots + self.replica_slots
+
+    @property
+    def share(self) -> float:
+        """The share of a GPU's compute one device has: a lane holds 1/G of it."""
+        return 1.0 / self.n_devices if self.lanes else 1.0
 
     def round_robin(self) -> np.ndarray:
         """[G, K] expert e on device e % G; replica slots empty (-1)."""
@@ -282,12 +291,14 @@ class ExpertTime:
     expert_bytes: int  # weight bytes of one expert
     grouped: bool  # one grouped-GEMM op (else one op per expert)
     copy_s: float  # one replica copy on the device link
+    share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
         cost, m = CostModel(ctx.hardware), ctx.model
         copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
-        return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s)
+        return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
+                   layout.share)  # fmt: skip
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
         """What the longest per-device queue of `queue` copies adds to a layer: copies run behind
@@ -315,9 +326,9 @@ class ExpertTime:
             return 0.0
         if self.grouped:
             return self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * busy.sum(),
-                                       len(busy) * self.expert_bytes)  # fmt: skip
+                                       len(busy) * self.expert_bytes, self.share)  # fmt: skip
         return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * n,
-                                       self.expert_bytes) for n in busy)  # fmt: skip
+                                       self.expert_bytes, self.share) for n in busy)  # fmt: skip
 
 
 def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
@@ -561,9 +572,13 @@ class EPRunner:
             )
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
         b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
-        self.compute = [self.em.compute] + [
-            b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
-        ]
+        if lay.lanes:  # lane d: 1/G of the GPU; dense work runs on the whole GPU (em.compute)
+            self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share)
+                            for d in range(lay.n_devices)]  # fmt: skip
+        else:
+            self.compute = [self.em.compute] + [
+                b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
+            ]
         self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
@@ -595,12 +610,14 @@ class EPRunner:
         self, kind: OpKind, step: int, layer: int, batch: int, deps: tuple[int, ...] | list[int]
     ) -> list[int]:
         """Data-parallel dense work: device d runs attention / FFN / head for its share of the
-        batch's sequences, reading its own copy of the weights. Returns the ops (one per busy device)."""
+        batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op over
+        the batch. Returns the ops (one per busy device)."""
         m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
         per_seq = wl.step_tokens(step)
         ops = []
-        for d in range(lay.n_devices):
-            seqs = wl.batch_size // lay.n_devices + (d < wl.batch_size % lay.n_devices)
+        ranks = 1 if lay.lanes else lay.n_devices
+        for d in range(ranks):
+            seqs = wl.batch_size // ranks + (d < wl.batch_size % ranks)
             if not seqs:
                 continue
             tokens = seqs * per_seq
@@ -618,7 +635,8 @@ class EPRunner:
                 flops = m.ffn_flops(tokens, layer)
             else:
                 tokens, flops, touch, tensor = seqs, m.head_flops(seqs), m.head_bytes, Tensor.HEAD
-            ops.append(self.out.add(kind, self.compute[d], deps, step=step, layer=layer, batch=batch, tensor=tensor,
+            stream = self.em.compute if lay.lanes else self.compute[d]
+            ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, tensor=tensor,
                                     tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
         return ops
 
@@ -666,9 +684,12 @@ class EPRunner:
         act_bytes = m.hidden_size * m.dtype_bytes
         ends: list[int] = []
         common = dict(step=step, layer=layer, batch=batch)
+        # Shared experts: on lanes a whole-GPU op before the routed ones; on GPUs after them
+        shared = self.dense(OpKind.FFN, step, layer, batch, (gate,)) if lay.lanes else []
+        start = shared[-1] if shared else gate
         for d in range(lay.n_devices):
             n_d = int(tokens[d].sum())
-            prev: int | None = gate
+            prev: int | None = start
             remote = (
                 n_d * (lay.n_devices - 1) // lay.n_devices
             )  # all-to-all: tokens from other devices
@@ -690,9 +711,11 @@ class EPRunner:
             if not lay.lanes and remote:
                 prev = b.add(OpKind.COMBINE, self.combine[d], (prev,), tokens=remote, nbytes=remote * act_bytes,
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
-            if prev != gate:
+            if prev != start:
                 ends.append(prev)  # type: ignore[arg-type]
-        done = (gate, *ends, *self.dense(OpKind.FFN, step, layer, batch, (gate,)))  # shared experts
+        if not lay.lanes:
+            shared = self.dense(OpKind.FFN, step, layer, batch, (gate,))
+        done = (gate, *ends, *shared)
         # a slot is refilled only after this layer and its previous copy are done
         self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
         return done

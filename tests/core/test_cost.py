@@ -236,6 +236,32 @@ def test_vectorised_durations_equal_scalar_duration_s():
     assert vec == pytest.approx(scalar, rel=1e-12, abs=0)
 
 
+def test_a_lane_share_divides_the_roofline_not_the_overhead():
+    """A stream holding a quarter of the GPU (one of 4 lanes): the 10 ms memory-bound op takes
+    4 x 10 ms + 0.1 ms; with the expert time table, 2 GFLOP takes 4 x 1.5 ms + 0.1 ms. The
+    simulator's vectorised durations read the share from the op's stream."""
+    cost = CostModel(hw(overhead_us=100))
+    assert cost.compute_s(Resource.GPU, OpKind.FFN, 1e9, 1e10, 0.25) == pytest.approx(0.0401)
+    table = CostModel(hw(overhead_us=100, tables={"compute-expert": EXPERT_TABLE}))
+    assert table.compute_s(Resource.GPU, OpKind.EXPERT, 2e9, 0, 0.25) == pytest.approx(0.0061)
+    b = ScheduleBuilder(hw().memory_bytes)
+    b.stream("whole", Resource.GPU)
+    b.stream("lane1", Resource.GPU, 1, 0.25)
+    b.add(OpKind.FFN, "whole", flops=1e9, touch_bytes=10 * GB)
+    b.add(OpKind.FFN, "lane1", flops=1e9, touch_bytes=10 * GB)
+    s = b.build()
+    assert cost.durations(s) == pytest.approx([0.0101, 0.0401])
+    assert [cost.duration_s(o, Resource.GPU, s.streams[o.stream].share) for o in s.ops] == (
+        pytest.approx([0.0101, 0.0401])
+    )
+
+
+def test_a_share_outside_zero_one_is_refused():
+    b = ScheduleBuilder(hw().memory_bytes)
+    with pytest.raises(AssertionError, match="share 0"):
+        b.stream("lane", Resource.GPU, 1, 0.0)
+
+
 @pytest.mark.parametrize(
     "table", [[[2e9, 1e-3], [1e9, 5e-4]], [[1e9, -1e-3]], []], ids=["unsorted", "negative", "empty"]
 )
