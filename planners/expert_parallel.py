@@ -4,14 +4,14 @@ holds for each (batch, layer): a `SlotPolicy`.
 
 Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink port is
 `p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
-on `lane{d}`, a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes together
-have one GPU's capacity). Every device holds `slots_per_device` expert copies per MoE layer; all
-weights stay resident. Dense work (attention, gate, shared experts, head) is data-parallel over
-the G GPUs, each running its share of the batch's sequences (the gate op on device 0 stands for
-the routing becoming known); on lanes it runs as whole-GPU kernels on `compute`, between the
-lanes' expert phases. At each MoE layer the tokens are dispatched to the devices holding their
-experts, a replicated expert's tokens split evenly over its copies, and results are combined
-back, so a layer lasts as long as its busiest device.
+on `lane{d}`, by default a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes
+together have one GPU's capacity: `lane_share`). Every device holds `slots_per_device` expert
+copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
+head) is data-parallel over the G GPUs, each running its share of the batch's sequences (the
+gate op on device 0 stands for the routing becoming known); on lanes it runs as whole-GPU kernels
+on `compute`, between the lanes' expert phases. At each MoE layer the tokens are dispatched to
+the devices holding their experts, a replicated expert's tokens split evenly over its copies,
+and results are combined back, so a layer lasts as long as its busiest device.
 A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, how vLLM/SGLang's
 fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
@@ -43,7 +43,10 @@ GATES = ("none", "time", "time+copy")
 @dataclass(frozen=True)
 class EPParams:
     n_devices: int = 0  # G compute devices; 0 = hardware.n_gpus
-    lanes: bool = False  # True: the G devices are lanes of one GPU, 1/G of it each (no all-to-all)
+    lanes: bool = False  # True: the G devices are lanes of one GPU (no all-to-all)
+    # The share of the GPU's compute rate and memory bandwidth each lane's ops get; 0 = 1/G (a
+    # partition of its SMs: the lanes together have one GPU). 1 gives every lane the whole GPU.
+    lane_share: float = 0.0
     replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
     replicas: int = -1  # redundant copies per layer to place; -1 = at most every slot
     # One grouped-GEMM op per device per layer (simulator only: the real executor runs one op per
@@ -57,6 +60,10 @@ class EPParams:
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
+        if not 0.0 <= self.lane_share <= 1.0:
+            raise ConfigError(
+                f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
+            )
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class Layout:
     replicas: int  # redundant copies per layer actually placed (<= G * replica_slots)
     lanes: bool
     grouped_gemm: bool = False  # see EPParams
+    lane_share: float = 0.0  # see EPParams
 
     @property
     def slots_per_device(self) -> int:
@@ -78,7 +86,9 @@ class Layout:
     @property
     def share(self) -> float:
         """The share of a GPU's compute one device has: a lane holds 1/G of it."""
-        return 1.0 / self.n_devices if self.lanes else 1.0
+        if not self.lanes:
+            return 1.0
+        return self.lane_share or 1.0 / self.n_devices
 
     def round_robin(self) -> np.ndarray:
         """[G, K] expert e on device e % G; replica slots empty (-1)."""
@@ -201,7 +211,8 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
-    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm)
+    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
+                  p.lane_share)  # fmt: skip
 
 
 class SlotPolicy(Protocol):
@@ -572,7 +583,7 @@ class EPRunner:
             )
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
         b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
-        if lay.lanes:  # lane d: 1/G of the GPU; dense work runs on the whole GPU (em.compute)
+        if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
             self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share)
                             for d in range(lay.n_devices)]  # fmt: skip
         else:
@@ -583,7 +594,8 @@ class EPRunner:
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         b.meta["ep"] = dict(
-            n_devices=lay.n_devices, lanes=lay.lanes, replica_slots=lay.replica_slots, replicas=lay.replicas,
+            n_devices=lay.n_devices, lanes=lay.lanes, lane_share=lay.share if lay.lanes else None,
+            replica_slots=lay.replica_slots, replicas=lay.replicas,
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
             grouped_gemm=lay.grouped_gemm,
         )  # fmt: skip

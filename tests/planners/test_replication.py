@@ -312,6 +312,12 @@ def test_lanes_partition_one_gpu_and_dense_work_runs_on_all_of_it():
         assert t.loc[o.id, "end_s"] - t.loc[o.id, "start_s"] == pytest.approx(half)
         full = cost.compute_s(Resource.GPU, o.kind, o.flops, o.touch_bytes)
         assert half > full
+    whole = simulate_run(tiny_spec("ep_static", lanes=True, lane_share=1.0))  # the whole GPU each
+    o = next(o for o in whole.schedule.ops if o.kind == OpKind.EXPERT)
+    w = whole.trace.set_index("op_id").loc[o.id]
+    assert w["end_s"] - w["start_s"] == pytest.approx(
+        cost.compute_s(Resource.GPU, o.kind, o.flops, o.touch_bytes)
+    )
     dense = [o for o in sched.ops if o.kind in COMPUTE_KINDS and o.kind != OpKind.EXPERT]
     assert {o.stream for o in dense} == {"compute"}
     attn = [o for o in dense if o.kind == OpKind.ATTENTION]
@@ -326,6 +332,11 @@ def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
     line = gap_line("c", 8, st, pr, orc)
     assert "nan" not in line and "no gap to close" in line and "predictive is faster" in line
     assert "closes 50%" in gap_line("c", 8, st, {"makespan_s": 0.0095}, {"makespan_s": 0.009})
+
+
+def test_lane_share_outside_zero_one_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"lane_share=1.5 must be in \[0, 1\]"):
+        simulate_run(tiny_spec("ep_static", lanes=True, lane_share=1.5))
 
 
 def test_unknown_gate_is_a_config_error():
