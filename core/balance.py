@@ -7,6 +7,9 @@ the tokens and busy seconds of its expert computes.
   utilisation (busy / makespan)", the GPUtil-like load of replication.md §5): the time view;
   device_busy_frac lists it per device. With `lanes` (G partitions of one GPU) a whole-GPU op
   (dense work, on stream `compute`) keeps every lane busy;
+- gpu_load = the time some kernel runs on a GPU / makespan, averaged over the GPUs: what
+  GPUtil's `load` (the replication paper's metric, replication.md §1.7) reads. On lanes the G
+  lanes are one GPU, so one lane busy is enough, and it stays high however unbalanced they are;
 - expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
   a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
   how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
@@ -32,6 +35,16 @@ def device_of(resource: pd.Series) -> np.ndarray:
     """'gpu' -> 0, 'gpu:3' -> 3."""
     parts = resource.astype(str).str.partition(":")[2]
     return np.where(parts == "", 0, parts).astype(np.int64)
+
+
+def covered_s(start: np.ndarray, end: np.ndarray) -> float:
+    """Seconds covered by the union of intervals [start, end)."""
+    total, reach = 0.0, -np.inf
+    for a, b in sorted(zip(start.tolist(), end.tolist(), strict=True)):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
@@ -95,6 +108,9 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     )
     whole_s = float((comp["end_s"] - comp["start_s"])[whole].sum())
     dev_busy = dev_busy.reindex(range(n_devices), fill_value=0.0) + whole_s
+    gpu = np.zeros(len(comp), np.int64) if lanes else device_of(comp["resource"])
+    spans = [covered_s(comp["start_s"].to_numpy()[gpu == d], comp["end_s"].to_numpy()[gpu == d])
+             for d in range(1 if lanes else n_devices)]  # fmt: skip
     return {
         "n_devices": n_devices,
         "balancedness": float(tok_mean.sum() / tok_max.sum()) if tok_max.sum() else 1.0,
@@ -103,6 +119,7 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
         )
         if makespan > 0
         else 0.0,
+        "gpu_load": float(np.mean(spans) / makespan) if makespan > 0 else 0.0,
         "expert_phase_util": float(busy.sum() / (n_devices * span.sum()))
         if span.sum() > 0
         else 0.0,

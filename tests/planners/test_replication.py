@@ -293,6 +293,24 @@ def test_on_lanes_a_whole_gpu_op_keeps_every_lane_busy():
     assert balance_metrics(trace, 2)["utilisation"] == pytest.approx(5 / 8)
 
 
+def test_gpu_load_is_the_time_some_kernel_runs_per_gpu():
+    """GPUtil's load. Lanes: one GPU, some kernel runs in [0, 3.5] and [4, 5] of 5 s (lane 0
+    [0, 3], lane 1 [0, 1] and [2.5, 3.5], whole GPU [4, 5]): 4.5 / 5, while the lanes' mean busy
+    time is (3 + 1 + 1 + 1 + 1) / (2 x 5) = 0.7. As 2 GPUs: GPU 0 busy 4 of 5 s, GPU 1 2 of 5:
+    load 0.6, the same as utilisation."""
+    trace = pd.DataFrame({
+        "kind": [str(OpKind.EXPERT)] * 3 + [str(OpKind.ATTENTION)],
+        "resource": ["gpu", "gpu:1", "gpu:1", "gpu"], "stream": ["lane0", "lane1", "lane1", "compute"],
+        "step": [0] * 4, "layer": [1, 1, 3, 2], "batch": [0] * 4, "tokens": [30, 10, 10, 40],
+        "start_s": [0.0, 0.0, 2.5, 4.0], "end_s": [3.0, 1.0, 3.5, 5.0],
+    })  # fmt: skip
+    lanes = balance_metrics(trace, 2, lanes=True)
+    assert lanes["gpu_load"] == pytest.approx(4.5 / 5)
+    assert lanes["utilisation"] == pytest.approx(0.7)
+    gpus = balance_metrics(trace, 2)
+    assert gpus["gpu_load"] == pytest.approx(0.6) == gpus["utilisation"]
+
+
 def test_lanes_partition_one_gpu_and_dense_work_runs_on_all_of_it():
     """G = 2 lanes: each expert op runs on its lane's stream at half the GPU (roofline x 2 plus
     one overhead), and every dense op is one whole-GPU op over the batch's tokens on `compute`;
