@@ -100,25 +100,20 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     )
     makespan = float(trace["end_s"].max())
     comp = trace[trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
-    whole = (
-        comp["stream"].astype(str) == str(Stream.COMPUTE) if lanes else np.zeros(len(comp), bool)
-    )
-    dev_busy = (
-        (comp["end_s"] - comp["start_s"])[~whole].groupby(device_of(comp["resource"][~whole])).sum()
-    )
-    whole_s = float((comp["end_s"] - comp["start_s"])[whole].sum())
-    dev_busy = dev_busy.reindex(range(n_devices), fill_value=0.0) + whole_s
-    gpu = np.zeros(len(comp), np.int64) if lanes else device_of(comp["resource"])
-    spans = [covered_s(comp["start_s"].to_numpy()[gpu == d], comp["end_s"].to_numpy()[gpu == d])
-             for d in range(1 if lanes else n_devices)]  # fmt: skip
+    start, end = comp["start_s"].to_numpy(), comp["end_s"].to_numpy()
+    dur, dev = end - start, device_of(comp["resource"])
+    # on lanes a whole-GPU op (stream `compute`) is busy time of every lane
+    whole = np.zeros(len(comp), bool)
+    if lanes:
+        whole = (comp["stream"].astype(str) == str(Stream.COMPUTE)).to_numpy()
+    dev_busy = np.bincount(dev[~whole], dur[~whole], minlength=n_devices)[:n_devices]
+    dev_busy = dev_busy + dur[whole].sum()
+    gpu = np.zeros(len(comp), np.int64) if lanes else dev  # lanes: one GPU
+    spans = [covered_s(start[gpu == d], end[gpu == d]) for d in range(1 if lanes else n_devices)]
     return {
         "n_devices": n_devices,
         "balancedness": float(tok_mean.sum() / tok_max.sum()) if tok_max.sum() else 1.0,
-        "utilisation": float(
-            sum(dev_busy.get(d, 0.0) for d in range(n_devices)) / (n_devices * makespan)
-        )
-        if makespan > 0
-        else 0.0,
+        "utilisation": float(dev_busy.sum() / (n_devices * makespan)) if makespan > 0 else 0.0,
         "gpu_load": float(np.mean(spans) / makespan) if makespan > 0 else 0.0,
         "expert_phase_util": float(busy.sum() / (n_devices * span.sum()))
         if span.sum() > 0
@@ -136,7 +131,6 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
             if r["span"] > 0
         },
         "device_busy_frac": [
-            round(float(dev_busy.get(d, 0.0)) / makespan, 4) if makespan else 0.0
-            for d in range(n_devices)
+            round(float(busy_d) / makespan, 4) if makespan else 0.0 for busy_d in dev_busy
         ],
     }
