@@ -40,11 +40,19 @@ class OpKind(StrEnum):
     KV_STORE = "kv-store"
     DISPATCH = "dispatch"  # expert-parallel all-to-all: tokens to devices
     COMBINE = "combine"  # expert-parallel all-to-all: results back
+    ALL_REDUCE = "all-reduce"  # tensor-parallel dense work: partial sums summed over the GPUs
 
 
 COMPUTE_KINDS = frozenset({OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD})
 TRANSFER_KINDS = frozenset(
-    {OpKind.LOAD, OpKind.KV_LOAD, OpKind.KV_STORE, OpKind.DISPATCH, OpKind.COMBINE}
+    {
+        OpKind.LOAD,
+        OpKind.KV_LOAD,
+        OpKind.KV_STORE,
+        OpKind.DISPATCH,
+        OpKind.COMBINE,
+        OpKind.ALL_REDUCE,
+    }
 )
 
 

@@ -8,10 +8,12 @@ on `lane{d}`, by default a partition of 1/G of the GPU's SMs and memory bandwidt
 together have one GPU's capacity: `lane_share`). Every device holds `slots_per_device` expert
 copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
 head) is data-parallel over the G GPUs, each running its share of the batch's sequences (the
-gate op on device 0 stands for the routing becoming known); on lanes it runs as whole-GPU kernels
-on `compute`, between the lanes' expert phases. At each MoE layer the tokens are dispatched to
-the devices holding their experts, a replicated expert's tokens split evenly over its copies,
-and results are combined back, so a layer lasts as long as its busiest device.
+gate op on device 0 stands for the routing becoming known), or tensor-parallel (`dense`: every
+GPU runs every token on 1/G of the weights, partial sums all-reduced); on lanes it runs as
+whole-GPU kernels on `compute`, between the lanes' expert phases. At each MoE layer the tokens
+are dispatched to the devices holding their experts (tensor-parallel: every GPU has them), a
+replicated expert's tokens split evenly over its copies, and results are combined back (all-
+reduced), so a layer lasts as long as its busiest device.
 A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, how vLLM/SGLang's
 fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
@@ -38,6 +40,7 @@ from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 
 GATES = ("none", "time", "time+copy")
+DENSE = ("data", "tensor", "auto")
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,30 @@ class EPParams:
     # EPLB's greedy; "time" adds a copy only while it makes the modelled busiest device finish
     # sooner; "time+copy" also charges a copy that is not already resident its transfer time.
     gate: str = "none"
+    # Dense work (attention, shared experts, dense FFN, head) over G GPUs: "data" = each GPU runs
+    # its share of the batch's sequences; "tensor" = every GPU runs every sequence on 1/G of the
+    # heads / FFN columns / vocabulary, then an all-reduce (vLLM's TP attention + EP experts);
+    # "auto" = tensor when the batch has fewer sequences than GPUs (data-parallel would idle
+    # some), else data. Lanes run dense work on the whole GPU either way.
+    dense: str = "data"
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
+        if self.dense not in DENSE:
+            raise ConfigError(f"planner dense={self.dense!r} unknown; valid: {', '.join(DENSE)}")
         if not 0.0 <= self.lane_share <= 1.0:
             raise ConfigError(
                 f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
             )
+
+
+def dense_mode(dense: str, batch_size: int, n_devices: int) -> str:
+    """ "data" or "tensor": `EPParams.dense` with "auto" resolved for a batch of `batch_size`
+    sequences over `n_devices` GPUs."""
+    if dense != "auto":
+        return dense
+    return "tensor" if batch_size < n_devices else "data"
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,7 @@ class Layout:
     lanes: bool
     grouped_gemm: bool = False  # see EPParams
     lane_share: float = 0.0  # see EPParams
+    dense: str = "data"  # "data" or "tensor" ("auto" resolved for the run's batch); lanes: "data"
 
     @property
     def slots_per_device(self) -> int:
@@ -211,8 +231,14 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
+    dense = "data" if p.lanes else dense_mode(p.dense, ctx.workload.batch_size, g)
+    if dense == "tensor" and ctx.model.n_heads % g:
+        raise ConfigError(
+            f"planner dense=tensor splits {ctx.model.name}'s {ctx.model.n_heads} attention heads "
+            f"over n_devices={g}, which does not divide them; use dense=data or another n_devices"
+        )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share)  # fmt: skip
+                  p.lane_share, dense)  # fmt: skip
 
 
 class SlotPolicy(Protocol):
@@ -593,11 +619,15 @@ class EPRunner:
         self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.reduce = (
+            [b.stream(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+            if lay.dense == "tensor" else []
+        )  # fmt: skip
         b.meta["ep"] = dict(
             n_devices=lay.n_devices, lanes=lay.lanes, lane_share=lay.share if lay.lanes else None,
             replica_slots=lay.replica_slots, replicas=lay.replicas,
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
-            grouped_gemm=lay.grouped_gemm,
+            grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
         )  # fmt: skip
 
     def plan(self, policy: SlotPolicy) -> None:
@@ -619,38 +649,82 @@ class EPRunner:
         self.out.meta["ep"]["copies"] = self.n_copies
 
     def dense(
-        self, kind: OpKind, step: int, layer: int, batch: int, deps: tuple[int, ...] | list[int]
+        self,
+        kind: OpKind,
+        step: int,
+        layer: int,
+        batch: int,
+        deps: tuple[int, ...] | list[int],
+        reduce: bool = True,
     ) -> list[int]:
-        """Data-parallel dense work: device d runs attention / FFN / head for its share of the
-        batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op over
-        the batch. Returns the ops (one per busy device)."""
+        """Dense work of one layer. Data-parallel: device d runs attention / FFN / head for its share
+        of the batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op
+        over the batch. Tensor-parallel: every device runs every sequence on 1/G of the weights
+        (heads, FFN columns, vocabulary), then the partial sums are all-reduced (`reduce`; the
+        head's logits all-gathered). Returns the ops the next work waits for (one per device)."""
         m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
         per_seq = wl.step_tokens(step)
-        ops = []
+        tp = lay.dense == "tensor"
         ranks = 1 if lay.lanes else lay.n_devices
+        part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
+        # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it)
+        kv_part = 1 if not tp or m.kv_dim else min(lay.n_devices, m.n_kv_heads)
+        ops = []
         for d in range(ranks):
-            seqs = wl.batch_size // ranks + (d < wl.batch_size % ranks)
+            seqs = wl.batch_size if tp else wl.batch_size // ranks + (d < wl.batch_size % ranks)
             if not seqs:
                 continue
             tokens = seqs * per_seq
             if kind == OpKind.ATTENTION:
                 ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
                 flops = m.attention_flops(tokens, int(ctx_len))
-                touch, tensor = (
-                    m.attn_bytes + seqs * wl.step_context(step) * m.kv_bytes_per_token,
-                    Tensor.ATTENTION,
-                )
+                kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
+                touch, tensor = m.attn_bytes / part + kv, Tensor.ATTENTION
             elif kind == OpKind.FFN:
-                touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer), Tensor.FFN
+                touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer) / part, Tensor.FFN
                 if not touch:
                     return []
                 flops = m.ffn_flops(tokens, layer)
             else:
-                tokens, flops, touch, tensor = seqs, m.head_flops(seqs), m.head_bytes, Tensor.HEAD
+                tokens, flops = seqs, m.head_flops(seqs)
+                touch, tensor = m.head_bytes / part, Tensor.HEAD
             stream = self.em.compute if lay.lanes else self.compute[d]
             ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, tensor=tensor,
-                                    tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
-        return ops
+                                    tokens=tokens, flops=flops / part, touch_bytes=touch))  # fmt: skip
+        if not tp or not reduce:
+            return ops
+        tokens = wl.batch_size * per_seq
+        if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary
+            return self.all_reduce(ops, wl.batch_size * m.vocab_size * m.dtype_bytes, step, layer,
+                                    batch, tokens=wl.batch_size, gather_only=True)  # fmt: skip
+        return self.all_reduce(
+            ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens
+        )
+
+    def all_reduce(
+        self,
+        parts: list[int],
+        nbytes: int,
+        step: int,
+        layer: int,
+        batch: int,
+        tokens: int,
+        gather_only: bool = False,
+    ) -> list[int]:
+        """Sum (or, `gather_only`, concatenate) `nbytes` held by every GPU once `parts` are done:
+        a reduce-scatter and an all-gather through the NVSwitch, each GPU sending (G-1)/G of the
+        bytes in each (NCCL's bandwidth-optimal volume; one link latency per phase). Returns the
+        all-gather op of each GPU."""
+        g = self.layout.n_devices
+        if g == 1:
+            return parts
+        sent = nbytes * (g - 1) // g
+        after: list[int] = list(parts)
+        for _ in range(1 if gather_only else 2):
+            after = [self.out.add(OpKind.ALL_REDUCE, self.reduce[d], tuple(after), step=step, layer=layer,
+                                  batch=batch, tensor=Tensor.HIDDEN, tokens=tokens, nbytes=sent)
+                     for d in range(g)]  # fmt: skip
+        return after
 
     def refill(
         self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int
@@ -699,12 +773,12 @@ class EPRunner:
         # Shared experts: on lanes a whole-GPU op before the routed ones; on GPUs after them
         shared = self.dense(OpKind.FFN, step, layer, batch, (gate,)) if lay.lanes else []
         start = shared[-1] if shared else gate
+        tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
         for d in range(lay.n_devices):
             n_d = int(tokens[d].sum())
             prev: int | None = start
-            remote = (
-                n_d * (lay.n_devices - 1) // lay.n_devices
-            )  # all-to-all: tokens from other devices
+            # all-to-all: tokens from other devices
+            remote = 0 if tp else n_d * (lay.n_devices - 1) // lay.n_devices
             if not lay.lanes and remote:
                 prev = b.add(OpKind.DISPATCH, self.dispatch[d], (gate,), tokens=remote, nbytes=remote * act_bytes,
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
@@ -726,7 +800,11 @@ class EPRunner:
             if prev != start:
                 ends.append(prev)  # type: ignore[arg-type]
         if not lay.lanes:
-            shared = self.dense(OpKind.FFN, step, layer, batch, (gate,))
+            shared = self.dense(OpKind.FFN, step, layer, batch, (gate,), reduce=not tp)
+        if tp:  # routed and shared partial sums, summed over the GPUs at once
+            n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
+            shared = self.all_reduce([gate, *ends, *shared], n_tok * act_bytes, step, layer, batch,
+                                     n_tok)  # fmt: skip
         done = (gate, *ends, *shared)
         # a slot is refilled only after this layer and its previous copy are done
         self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)

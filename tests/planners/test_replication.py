@@ -480,3 +480,63 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
     assert utilisation_lines(rows[-1:], "utilisation", "util") == [
         "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"
     ]
+
+
+def test_tensor_parallel_dense_splits_weights_and_all_reduces():
+    """dense=tensor on 2 GPUs: each dense op runs every sequence on half the weights and flops
+    (attention: its KV heads too), its partial sums are all-reduced in two phases that each send
+    half the bytes per GPU, the head's logits are all-gathered, and no token is dispatched."""
+    spec = tiny_spec("ep_static", dense="tensor")
+    res = simulate_run(spec)
+    m, sched = spec.model, res.schedule
+    data = simulate_run(tiny_spec("ep_static")).schedule
+    attn = [o for o in sched.ops if o.kind == OpKind.ATTENTION]
+    assert len(attn) == len([o for o in data.ops if o.kind == OpKind.ATTENTION])
+    prefill = [o for o in attn if o.step == 0]
+    assert {o.tokens for o in prefill} == {2 * 8}  # both sequences on both GPUs
+    ctx_kv = 2 * 8 * m.kv_bytes_per_token / 2  # 2 sequences x 8 tokens, half the KV heads
+    for o in prefill:
+        assert o.flops == pytest.approx(m.attention_flops(16, 4) / 2)
+        assert o.touch_bytes == pytest.approx(m.attn_bytes / 2 + ctx_kv)
+    head = [o for o in sched.ops if o.kind == OpKind.HEAD]
+    assert {o.touch_bytes for o in head} == {m.head_bytes / 2}
+    reduce = [o for o in sched.ops if o.kind == OpKind.ALL_REDUCE]
+    assert {sched.streams[o.stream].name for o in reduce} == {"allreduce0", "allreduce1"}
+    after_attn = [o for o in reduce if o.step == 0 and o.layer == 0 and o.batch == 0]
+    # attention's all-reduce (2 phases x 2 GPUs) and the MoE layer's (routed + nothing shared)
+    assert len(after_attn) == 8
+    assert {o.nbytes for o in after_attn} == {16 * m.hidden_size * m.dtype_bytes // 2}
+    gather = [o for o in reduce if o.layer == -1 and o.step == 0 and o.batch == 0]
+    assert len(gather) == 2 and {o.nbytes for o in gather} == {2 * m.vocab_size * 2 // 2}
+    # a phase waits for every GPU's part: the collective synchronises them
+    first = after_attn[0]
+    assert {sched.ops[d].kind for d in first.deps} == {OpKind.ATTENTION}
+    assert len(first.deps) == 2
+    kinds = {o.kind for o in sched.ops}
+    assert OpKind.DISPATCH not in kinds and OpKind.COMBINE not in kinds
+    routed = sum(o.tokens for o in sched.ops if o.kind == OpKind.EXPERT)
+    assert routed == sum(o.tokens for o in data.ops if o.kind == OpKind.EXPERT)
+    assert res.summary["plan"]["ep"]["dense"] == "tensor"
+
+
+def test_dense_auto_is_tensor_only_when_gpus_would_idle():
+    from planners.expert_parallel import dense_mode
+
+    assert dense_mode("auto", 1, 8) == "tensor" and dense_mode("auto", 8, 8) == "data"
+    assert dense_mode("data", 1, 8) == "data" and dense_mode("tensor", 64, 8) == "tensor"
+    auto = simulate_run(tiny_spec("ep_static", dense="auto"))  # batch 2 on 2 GPUs
+    assert auto.summary["plan"]["ep"]["dense"] == "data"
+    lanes = simulate_run(tiny_spec("ep_static", lanes=True, dense="tensor"))  # whole GPU already
+    assert not any(o.kind == OpKind.ALL_REDUCE for o in lanes.schedule.ops)
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"dense": "pipeline"}, "dense='pipeline' unknown; valid: data, tensor, auto"),
+        ({"dense": "tensor", "n_devices": 3}, "4 attention heads over n_devices=3"),
+    ],
+)
+def test_bad_dense_is_one_config_error(params, match):
+    with pytest.raises(ConfigError, match=match):
+        simulate_run(tiny_spec("ep_static", **params))
