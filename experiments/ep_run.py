@@ -1,16 +1,18 @@
 """Expert-parallel generation on G processes: an EP planner places the experts (homes + replicas)
 on the same workload and routing the simulator would see; real/distributed.py runs it.
 
-Every rank plans on its own (planning is deterministic), so only tokens cross processes. Rank 0
-writes `outputs.pt` (prompts [B, P], tokens [B, gen_len], logits [B, V]) and `summary.json` (per
-rank: experts held and computed per layer, pairs computed / sent; wall time). Without torchrun it
-runs as a single process (G = 1). routing=replay forces the gates to the workload's synthetic
-routing; routing=live runs the model's own gates, placed from the routing a single-process
-forward records first.
+Every rank plans on its own (planning is deterministic), so only activations cross processes.
+Rank 0 writes `outputs.pt` (prompts [B, P], tokens [B, gen_len], logits [B, V]) and `summary.json`
+(dense mode; per rank: experts held and computed per layer, pairs computed / sent; wall time).
+Without torchrun it runs as a single process (G = 1). routing=replay forces the gates to the
+workload's synthetic routing; routing=live runs the model's own gates, placed from the routing a
+single-process forward records first. dense=data splits the batch's sequences over the ranks
+(batch_size >= G); dense=tensor splits heads, FFN columns and vocabulary (any batch_size).
 
 Usage:
     torchrun --nproc_per_node=2 -m experiments.ep_run checkpoint=DIR planner=ep_static \
-        batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] [out=DIR]
+        batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] \
+        [dense=data|tensor] [out=DIR]
 """
 
 from __future__ import annotations
@@ -32,15 +34,15 @@ from core.types import OpKind, RoutingSource
 from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
 from experiments.real_run import prompts_for
-from planners.expert_parallel import EPParams
+from planners.expert_parallel import DENSE, EPParams
 from planners.registry import entry
 from real.checkpoint import load_checkpoint
-from real.distributed import Placement, backend_for, ep_generate
+from real.distributed import Placement, backend_for, check_dense, ep_generate
 from real.model import live_routing
 
 DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
-    routing="replay", replica_slots="", seed="0", device="", out="runs/ep_run",
+    routing="replay", replica_slots="", dense="data", seed="0", device="", out="runs/ep_run",
 )  # fmt: skip
 ROUTINGS = ("replay", "live")
 
@@ -106,6 +108,8 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError("checkpoint=DIR is required (python -m real.make_checkpoint ...)")
     if opts["routing"] not in ROUTINGS:
         raise ConfigError(f"routing={opts['routing']!r}; valid: {', '.join(ROUTINGS)}")
+    if opts["dense"] not in DENSE:
+        raise ConfigError(f"dense={opts['dense']!r}; valid: {', '.join(DENSE)}")
     if not issubclass(entry(opts["planner"]).params, EPParams):
         raise ConfigError(
             f"planner={opts['planner']} is not expert-parallel; use ep_static, eplb, "
@@ -114,9 +118,14 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     model: ModelSpec = load_checkpoint(opts["checkpoint"])[0]
     workload = ep_workload(opts)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if workload.batch_size < world:
-        raise ConfigError(f"batch_size={workload.batch_size} must be >= the {world} processes")
-    params: dict[str, Any] = dict(n_devices=world)
+    dense = opts["dense"]
+    if dense == "data" and workload.batch_size < world:
+        raise ConfigError(
+            f"batch_size={workload.batch_size} must be >= the {world} processes for dense=data "
+            "(dense=tensor runs smaller batches)"
+        )
+    check_dense(model, dense, world)
+    params: dict[str, Any] = dict(n_devices=world, dense=dense)
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
     spec = RunSpec(model, ep_hardware(world), workload, opts["planner"], params, executor="real")
@@ -137,7 +146,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     try:
         dist.barrier()
         t0 = time.perf_counter()
-        out = ep_generate(ckpt, model, prompts, workload.gen_len, placement, forced, device)
+        out = ep_generate(ckpt, model, prompts, workload.gen_len, placement, forced, device, dense)
         dist.barrier()
         wall_s = time.perf_counter() - t0
         if dist.get_rank() != 0:
@@ -150,7 +159,8 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     torch.save(dict(prompts=prompts, tokens=out.tokens, logits=out.logits), out_dir / "outputs.pt")
     summary = dict(
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
-        world_size=world, backend=backend, device=device, dispatcher="all_to_all_single",
+        world_size=world, backend=backend, device=device, dense=dense,
+        dispatcher="all_to_all_single" if dense == "data" else "all_reduce",
         routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
         gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,
         ranks=[asdict(s) for s in out.stats],

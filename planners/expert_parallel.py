@@ -40,7 +40,7 @@ from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 
 GATES = ("none", "time", "time+copy")
-DENSE = ("data", "tensor", "auto")
+DENSE = ("data", "tensor")
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,8 @@ class EPParams:
     gate: str = "none"
     # Dense work (attention, shared experts, dense FFN, head) over G GPUs: "data" = each GPU runs
     # its share of the batch's sequences; "tensor" = every GPU runs every sequence on 1/G of the
-    # heads / FFN columns / vocabulary, then an all-reduce (vLLM's TP attention + EP experts);
-    # "auto" = tensor when the batch has fewer sequences than GPUs (data-parallel would idle
-    # some), else data. Lanes run dense work on the whole GPU either way.
+    # heads / FFN columns / vocabulary, then an all-reduce (vLLM's TP attention + EP experts).
+    # Lanes run dense work on the whole GPU either way.
     dense: str = "data"
 
     def __post_init__(self) -> None:
@@ -75,14 +74,6 @@ class EPParams:
             raise ConfigError(
                 f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
             )
-
-
-def dense_mode(dense: str, batch_size: int, n_devices: int) -> str:
-    """ "data" or "tensor": `EPParams.dense` with "auto" resolved for a batch of `batch_size`
-    sequences over `n_devices` GPUs."""
-    if dense != "auto":
-        return dense
-    return "tensor" if batch_size < n_devices else "data"
 
 
 @dataclass(frozen=True)
@@ -97,7 +88,7 @@ class Layout:
     lanes: bool
     grouped_gemm: bool = False  # see EPParams
     lane_share: float = 0.0  # see EPParams
-    dense: str = "data"  # "data" or "tensor" ("auto" resolved for the run's batch); lanes: "data"
+    dense: str = "data"  # see EPParams; lanes: "data" (their dense work runs on the whole GPU)
 
     @property
     def slots_per_device(self) -> int:
@@ -231,7 +222,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
-    dense = "data" if p.lanes else dense_mode(p.dense, ctx.workload.batch_size, g)
+    dense = "data" if p.lanes else p.dense
     if dense == "tensor" and ctx.model.n_heads % g:
         raise ConfigError(
             f"planner dense=tensor splits {ctx.model.name}'s {ctx.model.n_heads} attention heads "

@@ -1,13 +1,18 @@
 """Expert-parallel greedy generation over a torch.distributed process group, one rank per device.
 
-Every rank holds the dense weights and, per MoE layer, only the experts its placement gives it
-(homes + replicas, computed by an EP planner and passed in as plain data). As the simulator models
-it (planners/expert_parallel.py): dense work is data-parallel (rank r runs embedding, attention,
-gate, shared experts and head for its contiguous share of the batch's sequences); at an MoE layer
-each (token, slot) pair goes to a rank holding its expert by `all_to_all_single` (gloo has it
-since torch 2.x; NCCL on CUDA), a replicated expert's pairs split evenly over its copies in slot
-order (`split_tokens`' rule: the first `count % copies` copies take one more), and the outputs
-come back by the reverse all-to-all to be combined exactly as the reference forward combines them.
+Per MoE layer a rank holds only the experts its placement gives it (homes + replicas, computed
+by an EP planner and passed in as plain data); a replicated expert's pairs split evenly over its
+copies in (token, slot) order (`split_tokens`' rule: the first `count % copies` take one more).
+Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
+simulator models them (planners/expert_parallel.py, EPParams.dense):
+- dense="data": rank r runs the dense work for its contiguous share of the batch's sequences with
+  the whole dense weights; each (token, slot) pair goes to its expert's rank by
+  `all_to_all_single` (gloo has it since torch 2.x; NCCL on CUDA) and comes back by the reverse.
+- dense="tensor" (vLLM's TP attention + EP experts; for batches smaller than the group): every rank
+  runs every sequence on its share of the query heads, FFN columns and vocabulary, and the parts
+  are summed by `all_reduce`; at an MoE layer every rank gates every token, runs the pairs its
+  experts are given and adds its shared-expert part, summed by one all-reduce per layer.
+Both combine exactly as the reference forward does, up to float summation order.
 """
 
 from __future__ import annotations
@@ -19,14 +24,28 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Tensor
+from planners.expert_parallel import DENSE
 from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
-from real.model import KVCache, Model, Weights, expert_tokens, moe_output, new_slots, put_expert
+from real.model import (
+    KVCache,
+    Model,
+    Weights,
+    expert_tokens,
+    ffn_shard,
+    head_shard,
+    moe_output,
+    moe_part,
+    new_slots,
+    put_expert,
+)
 
-# Shape legend: B batch, Br this rank's sequences, S tokens per sequence this step, T tokens of
-# the batch (Tr this rank's), H hidden, V vocab, k top-k, G ranks, R pairs received.
+# Shape legend: B batch, Br this rank's sequences (dense=tensor: all B), S tokens per sequence
+# this step, T tokens of the batch (Tr this rank's), H hidden, V vocab (Vr this rank's share),
+# k top-k, G ranks, R pairs received.
 
 # placement[step][moe][rank] = the expert ids rank holds a copy of at that step and MoE layer
 # (an id twice = two copies). Every step's lists come from the planner's iteration (step, batch 0).
@@ -44,6 +63,29 @@ def shard(n: int, world: int, rank: int) -> tuple[int, int]:
     return lo, lo + n // world + (rank < n % world)
 
 
+def shard_sizes(n: int, world: int) -> list[int]:
+    """How many of n items each rank's `shard` holds, in rank order."""
+    return [hi - lo for lo, hi in (shard(n, world, r) for r in range(world))]
+
+
+def check_dense(spec: ModelSpec, dense: str, world: int) -> None:
+    """Refuse a dense mode this model cannot run on `world` ranks, before any rank waits."""
+    if dense not in DENSE:
+        raise ConfigError(f"dense={dense!r} unknown; valid: {', '.join(DENSE)}")
+    if dense == "data":
+        return
+    if spec.n_heads % world or spec.n_kv_heads % world:
+        raise ConfigError(
+            f"dense=tensor splits attention heads over {world} ranks: model {spec.name} has "
+            f"n_heads={spec.n_heads}, n_kv_heads={spec.n_kv_heads}; use dense=data"
+        )
+    if "q_norm" in unit_layout(spec)[Unit(Tensor.ATTENTION, 0)]:
+        raise ConfigError(
+            f"dense=tensor cannot split family {spec.family}'s QK-norm (over all heads at once) "
+            "without another all-reduce; use dense=data"
+        )
+
+
 @dataclass
 class RankStats:
     """What one rank held and computed (pairs = (token, top-k slot) pairs through an expert)."""
@@ -52,7 +94,9 @@ class RankStats:
     experts_held: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
     experts_computed: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
     pairs_computed: int = 0  # pairs this rank ran through its experts
-    pairs_sent: int = 0  # of its own tokens' pairs, those computed on another rank
+    # dense=data: of its own tokens' pairs, those computed on another rank (all-to-all traffic);
+    # dense=tensor: 0, every rank holds every token and only partial sums cross
+    pairs_sent: int = 0
     outside_placement: int = 0  # pairs computed for an expert the step's placement did not give
 
 
@@ -74,6 +118,29 @@ def load_rank_units(
         for unit, tensors in unit_layout(spec).items()
         if unit.kind != Tensor.EXPERT or unit.expert in held.get(unit.layer, ())
     }
+
+
+def tensor_units(
+    spec: ModelSpec, units: dict[Unit, Weights], world: int, rank: int
+) -> dict[Unit, Weights]:
+    """`units` with the dense ones cut to rank's tensor-parallel share: its query heads, its
+    columns of each dense and shared FFN, its rows of the LM head. Copied, so that the whole
+    tensors can be freed; embedding, norms, gates and experts stay as they are."""
+
+    def cut(unit: Unit, w: Weights) -> Weights:
+        if unit.kind == Tensor.ATTENTION:
+            w = head_shard(spec, w, shard(spec.n_heads, world, rank))
+        elif unit.kind == Tensor.FFN:
+            up = w["wi"] if "wi" in w else w["w1"]  # [F, H]
+            w = ffn_shard(w, shard(up.shape[0], world, rank))
+        elif unit.kind == Tensor.HEAD:
+            lo, hi = shard(spec.vocab_size, world, rank)
+            w = dict(w, lm_head=w["lm_head"][lo:hi])
+        else:
+            return w
+        return {k: t.clone(memory_format=torch.contiguous_format) for k, t in w.items()}
+
+    return {unit: cut(unit, w) for unit, w in units.items()}
 
 
 def destinations(
@@ -109,15 +176,34 @@ class EPRank:
     """One rank's part of an expert-parallel run: its weights, KV cache and collectives."""
 
     def __init__(
-        self, ckpt: str | Path, spec: ModelSpec, placement: Placement, batch: int, device: str
+        self,
+        ckpt: str | Path,
+        spec: ModelSpec,
+        placement: Placement,
+        batch: int,
+        device: str,
+        dense: str = "data",
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.spec, self.placement, self.device = spec, placement, device
         self.model = Model.from_checkpoint(ckpt, spec)
-        self.batch = batch
-        self.lo, self.hi = shard(batch, self.world, self.rank)
+        self.batch, self.tensor = batch, dense == "tensor"
+        # the sequences this rank runs dense work for: all of them, or its share
+        self.lo, self.hi = (0, batch) if self.tensor else shard(batch, self.world, self.rank)
         self.stats = RankStats(self.rank, held_experts(placement, spec, self.rank))
-        self.units = load_rank_units(ckpt, self.stats.experts_held, device)
+        units = load_rank_units(ckpt, self.stats.experts_held, device)
+        self.units = tensor_units(spec, units, self.world, self.rank) if self.tensor else units
+
+    def kv_cache(self, max_len: int) -> KVCache:
+        """The cache of this rank's sequences; dense=tensor: only its kv heads (MLA: whole)."""
+        heads = self.spec.n_kv_heads // (self.world if self.tensor else 1)
+        return KVCache.allocate(self.spec, self.hi - self.lo, max_len, self.device, heads)
+
+    def summed(self, part: torch.Tensor) -> torch.Tensor:
+        """dense=tensor: every rank's part added up (in place); dense=data: part, already whole."""
+        if self.tensor:
+            dist.all_reduce(part)
+        return part
 
     def all_gather_rows(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Concatenate every rank's x [counts[r], ...] in rank order (padded: gather needs equal shapes)."""
@@ -134,10 +220,7 @@ class EPRank:
         separate all-to-all of counts) so sender and receiver derive the same pair order.
         Returns (pairs this rank sends to each rank, pairs it receives from each, expert of
         each received pair [R])."""
-        counts = [
-            (hi - lo) * seq_len
-            for lo, hi in (shard(self.batch, self.world, r) for r in range(self.world))
-        ]
+        counts = [n * seq_len for n in shard_sizes(self.batch, self.world)]
         all_ids = self.all_gather_rows(ids, counts)  # [T, k]
         dest = destinations(
             all_ids, self.placement[step][self.spec.moe_index(layer)], self.spec.n_experts
@@ -160,6 +243,8 @@ class EPRank:
         s, m = self.spec, self.model
         fi, fw = forced if forced is not None else (None, None)
         normed, ids, weights = m.gate(layer, self.units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
+        if self.tensor:
+            return hidden + self.moe_part(step, layer, normed, ids, weights).view_as(hidden)
         send, recv, experts = self.route(step, layer, ids, hidden.shape[1])
         x_send = torch.cat([normed[rows] for rows, _ in send])  # [sum sent, H]
         x_recv = normed.new_empty(sum(len(rows) for rows, _ in recv), normed.shape[1])  # [R, H]
@@ -178,11 +263,33 @@ class EPRank:
         )
         return moe_output(hidden, out, weights, shared, m.float32_router)
 
+    def moe_part(
+        self,
+        step: int,
+        layer: int,
+        normed: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """dense=tensor: every rank gated every token alike, so it picks its own pairs (by
+        `destinations`, as data mode sends them) with no all-to-all; its weighted expert outputs
+        plus its shared-expert columns, summed over ranks by one all-reduce. normed [T, H],
+        ids and weights [T, k] -> [T, H]."""
+        s, m = self.spec, self.model
+        dest = destinations(ids, self.placement[step][s.moe_index(layer)], s.n_experts)  # [T, k]
+        rows, slots = pairs_to(dest, ids, 0, len(ids), self.rank)
+        out = new_slots(normed, s.top_k)  # [T, k, H], zero where another rank computes the pair
+        put_expert(out, rows, slots, self.run_experts(step, layer, ids[rows, slots], normed[rows]))
+        shared = (
+            m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
+        )
+        return self.summed(moe_part(out, weights, shared, m.float32_router))
+
     def run_experts(
         self, step: int, layer: int, experts: torch.Tensor, x: torch.Tensor
     ) -> torch.Tensor:
         """Each received pair through its expert: experts [R] ids (grouped, ascending per source
-        rank), x [R, H] -> [R, H]."""
+        rank; dense=tensor: this rank's pairs, ascending), x [R, H] -> [R, H]."""
         y = torch.empty_like(x)
         given = self.placement[step][self.spec.moe_index(layer)][self.rank]
         done = self.stats.experts_computed.setdefault(layer, [])
@@ -204,22 +311,28 @@ class EPRank:
         forced: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """This rank's sequences, tokens [Br, S] at positions start.., -> logits [Br, V].
-        forced: (ids, weights) [Br, S, L, k] to replay, else the model's own gates."""
+        forced: (ids, weights) [Br, S, L, k] to replay, else the model's own gates. Dense parts
+        are whole in data mode; in tensor mode `summed` adds up the ranks' parts."""
         s, m, u = self.spec, self.model, self.units
         b, n = tokens.shape
         positions = torch.arange(start, start + n)
         hidden = m.embed(u[Unit(Tensor.EMBED)], tokens)  # [Br, S, H]
         for layer in range(s.n_layers):
-            hidden = m.attention(layer, u[Unit(Tensor.ATTENTION, layer)], hidden, kv, positions)
+            w = u[Unit(Tensor.ATTENTION, layer)]
+            hidden = hidden + self.summed(m.attention_part(layer, w, hidden, kv, positions))
             if not s.is_moe(layer):
-                hidden = m.dense_ffn(u[Unit(Tensor.FFN, layer)], hidden)
+                hidden = hidden + self.summed(m.dense_ffn_part(u[Unit(Tensor.FFN, layer)], hidden))
                 continue
             f = None
             if forced is not None:
                 i = s.moe_index(layer)
                 f = (forced[0][:, :, i].reshape(b * n, -1), forced[1][:, :, i].reshape(b * n, -1))
             hidden = self.moe(step, layer, hidden, f)
-        return m.head(u[Unit(Tensor.HEAD)], hidden)
+        logits = m.head(u[Unit(Tensor.HEAD)], hidden)  # [Br, V]; tensor: [B, Vr]
+        if not self.tensor:
+            return logits
+        vocab = shard_sizes(s.vocab_size, self.world)
+        return self.all_gather_rows(logits.T.contiguous(), vocab).T  # [B, V]
 
 
 @dataclass
@@ -237,14 +350,17 @@ def ep_generate(
     placement: Placement,
     forced_routing: Routing | None = None,
     device: str = "cpu",
+    dense: str = "data",
 ) -> EPOutput:
     """`reference_generate` (real/model.py) over the initialised default process group: every rank
-    calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P]."""
+    calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P].
+    dense: "data" (B >= G) or "tensor" (any B; heads, KV heads and QK-norm permitting)."""
     b, p = prompt_tokens.shape
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
-    ep = EPRank(ckpt, spec, placement, b, device)
+    check_dense(spec, dense, dist.get_world_size())
+    ep = EPRank(ckpt, spec, placement, b, device, dense)
     lo, hi = ep.lo, ep.hi
-    kv = KVCache.allocate(spec, hi - lo, p + gen_len, device)
+    kv = ep.kv_cache(p + gen_len)
     forced = None
     if forced_routing is not None:
         ids = torch.from_numpy(forced_routing.expert_ids[lo:hi].astype("int64")).to(device)
@@ -262,9 +378,11 @@ def ep_generate(
             out.append(logits.argmax(-1))
             start += n
             step_in = out[-1][:, None]
-        counts = [shard(b, ep.world, r)[1] - shard(b, ep.world, r)[0] for r in range(ep.world)]
-        tokens = ep.all_gather_rows(torch.stack(out, dim=1), counts)  # [B, gen_len]
-        logits = ep.all_gather_rows(logits, counts)  # [B, V]
+        tokens = torch.stack(out, dim=1)  # [Br, gen_len]
+        if not ep.tensor:  # each rank has its sequences' tokens and logits only
+            counts = shard_sizes(b, ep.world)
+            tokens = ep.all_gather_rows(tokens, counts)  # [B, gen_len]
+            logits = ep.all_gather_rows(logits, counts)  # [B, V]
     stats: list[RankStats | None] = [None] * ep.world
     dist.all_gather_object(stats, ep.stats)
     return EPOutput(tokens.cpu(), logits.cpu(), [st for st in stats if st is not None])

@@ -4,6 +4,7 @@
 its methods are pure functions of explicit weights (one unit's dict, see
 real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
 `reference_generate` is the plain in-memory forward every executor is compared against.
+`head_shard` and `ffn_shard` cut a unit's weights into a tensor-parallel rank's share.
 """
 
 from __future__ import annotations
@@ -194,13 +195,21 @@ class KVCache:
 
     @classmethod
     def allocate(
-        cls, spec: ModelSpec, batch: int, max_len: int, device: str | torch.device = "cpu"
+        cls,
+        spec: ModelSpec,
+        batch: int,
+        max_len: int,
+        device: str | torch.device = "cpu",
+        kv_heads: int | None = None,
     ) -> KVCache:
+        """kv_heads: the GQA key/value heads to hold, all by default (a `head_shard` holds fewer);
+        MLA's latent is shared by every head, so its cache is whole either way."""
         if spec.family == "deepseek_v2":
             m = mla_dims(spec)
             shapes = [(batch, 1, max_len, d) for d in (m["kv_lora_rank"], m["qk_rope_head_dim"])]
         else:
-            shapes = [(batch, spec.n_kv_heads, max_len, spec.head_dim)] * 2
+            heads = spec.n_kv_heads if kv_heads is None else kv_heads
+            shapes = [(batch, heads, max_len, spec.head_dim)] * 2
         dtype = torch_dtype(spec)
         return cls(
             tuple(
@@ -254,20 +263,30 @@ class Model:
         """Input norm + causal self-attention (GQA, or MLA for DeepSeek-V2) + residual; writes
         this step's cache entries into `kv` at `positions` [S] (consecutive).
         hidden [B, S, H] -> [B, S, H]."""
+        return hidden + self.attention_part(layer, w, hidden, kv, positions)
+
+    def attention_part(
+        self, layer: int, w: Weights, hidden: torch.Tensor, kv: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """`attention` without the residual, over the heads `w` holds: all of them, or a
+        `head_shard` (with a cache of its kv heads), whose part is its heads through their
+        columns of o, so the parts of all shards sum to the whole. hidden [B, S, H] -> [B, S, H]."""
         x = rms_norm(hidden, w["input_norm"], self.spec.rms_norm_eps)  # [B, S, H]
         assert int(positions[-1]) + 1 - int(positions[0]) == x.shape[1], (
             "positions must be consecutive"
         )
         attend = self._mla if self.spec.family == "deepseek_v2" else self._gqa
         out = attend(w, x, kv.layers[layer], positions)  # [B, S, Hq * Dv]
-        return hidden + F.linear(out, w["o"])
+        return F.linear(out, w["o"])
 
     def _gqa(
         self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
     ) -> torch.Tensor:
-        """Grouped-query attention: normed x [B, S, H] -> heads' outputs [B, S, Hq * D]."""
+        """Grouped-query attention: normed x [B, S, H] -> heads' outputs [B, S, Hq * D], Hq and
+        Hkv as many as `w` holds (a `head_shard` holds whole groups)."""
         s = self.spec
         b, n, _ = x.shape
+        n_q, n_kv = w["q"].shape[0] // s.head_dim, w["k"].shape[0] // s.head_dim
 
         def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
             y = F.linear(x, w[key], w.get(f"{key}_bias"))  # [B, S, n_heads * D]
@@ -276,26 +295,27 @@ class Model:
             return y.view(b, n, n_heads, s.head_dim).transpose(1, 2)
 
         assert self.rope is not None  # set by __post_init__
-        q = rope(heads("q", s.n_heads), positions, self.rope)  # [B, Hq, S, D]
-        k = rope(heads("k", s.n_kv_heads), positions, self.rope)  # [B, Hkv, S, D]
-        v = heads("v", s.n_kv_heads)
+        q = rope(heads("q", n_q), positions, self.rope)  # [B, Hq, S, D]
+        k = rope(heads("k", n_kv), positions, self.rope)  # [B, Hkv, S, D]
+        v = heads("v", n_kv)
         k_cache, v_cache = cache
         start, end = int(positions[0]), int(positions[-1]) + 1
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
-        rep = s.n_heads // s.n_kv_heads
+        rep = n_q // n_kv
         keys = k_cache[:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
         values = v_cache[:, :, :end].repeat_interleave(rep, dim=1)
         mask = causal_mask(positions, end, keys.device)  # [S, end]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, Hq, S, D]
-        return out.transpose(1, 2).reshape(b, n, s.n_heads * s.head_dim)
+        return out.transpose(1, 2).reshape(b, n, n_q * s.head_dim)
 
     def _mla(
         self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
     ) -> torch.Tensor:
         """DeepSeek-V2's Multi-head Latent Attention in transformers' op order: normed x [B, S, H]
-        -> heads' outputs [B, S, Hq * Dv]. Caches the compressed latent and the shared RoPE key."""
-        s, m = self.spec, mla_dims(self.spec)
+        -> heads' outputs [B, S, Hq * Dv], Hq as many as `w` holds. Caches the compressed latent
+        and the shared RoPE key."""
+        m = mla_dims(self.spec)
         nope, r, dv, c = (
             m["qk_nope_head_dim"],
             m["qk_rope_head_dim"],
@@ -303,7 +323,8 @@ class Model:
             m["kv_lora_rank"],
         )
         b, n, _ = x.shape
-        q = F.linear(x, w["q"]).view(b, n, s.n_heads, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
+        n_q = w["q"].shape[0] // (nope + r)
+        q = F.linear(x, w["q"]).view(b, n, n_q, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
         q_nope, q_rope = q.split([nope, r], dim=-1)
         latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
         # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
@@ -316,9 +337,9 @@ class Model:
         latent_cache[:, :, start:end] = latent
         k_rope_cache[:, :, start:end] = k_rope
         kv = F.linear(latent_cache[:, :, :end], w["kv_b"])  # [B, 1, end, Hq * (Dn+Dv)]
-        kv = kv.view(b, end, s.n_heads, nope + dv).transpose(1, 2)  # [B, Hq, end, Dn+Dv]
+        kv = kv.view(b, end, n_q, nope + dv).transpose(1, 2)  # [B, Hq, end, Dn+Dv]
         k_nope, values = kv.split([nope, dv], dim=-1)
-        k_rope_heads = k_rope_cache[:, :, :end].expand(-1, s.n_heads, -1, -1)  # [B, Hq, end, R]
+        k_rope_heads = k_rope_cache[:, :, :end].expand(-1, n_q, -1, -1)  # [B, Hq, end, R]
         keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # [B, Hq, end, Dn+R]
         query = torch.cat([q_nope, q_rope], dim=-1)  # [B, Hq, S, Dn+R]
         mask = causal_mask(positions, end, keys.device)  # [S, end]
@@ -327,7 +348,7 @@ class Model:
         out = F.scaled_dot_product_attention(
             query, keys, values, attn_mask=mask, scale=scale
         )  # [B, Hq, S, Dv]
-        return out.transpose(1, 2).reshape(b, n, s.n_heads * dv)
+        return out.transpose(1, 2).reshape(b, n, n_q * dv)
 
     def gate(
         self,
@@ -376,7 +397,12 @@ class Model:
 
     def dense_ffn(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         """Post-attention norm + dense FFN + residual of a non-MoE layer: [B, S, H] -> [B, S, H]."""
-        return hidden + self._ffn(w, rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps))
+        return hidden + self.dense_ffn_part(w, hidden)
+
+    def dense_ffn_part(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        """`dense_ffn` without the residual, over the FFN columns `w` holds (all, or an
+        `ffn_shard`, whose parts sum to the whole): [B, S, H] -> [B, S, H]."""
+        return self._ffn(w, rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps))
 
     def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on each sequence's last token: [B, S, H] -> logits [B, V] float32."""
@@ -387,6 +413,43 @@ class Model:
         if self.spec.activation == Activation.RELU:
             return F.linear(F.relu(F.linear(x, w["wi"])), w["wo"])
         return F.linear(F.silu(F.linear(x, w["w1"])) * F.linear(x, w["w3"]), w["w2"])
+
+
+# ---- tensor-parallel shares of a unit's weights (views; parts computed with them sum to the whole)
+
+
+def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """Attention weights of query heads [lo, hi): their rows of q (and biases), of k and v their
+    GQA groups' (lo, hi on group bounds), of kv_b for MLA, their columns of o. MLA's kv_a and its
+    norm make the latent every head reads, so they stay whole (computed on every shard)."""
+    assert "q_norm" not in w, "QK-norm normalises over all heads at once; it cannot be sharded"
+    lo, hi = heads
+    if spec.family == "deepseek_v2":
+        m = mla_dims(spec)
+        qk, kvb, dv = (
+            m["qk_nope_head_dim"] + m["qk_rope_head_dim"],
+            m["qk_nope_head_dim"] + m["v_head_dim"],
+            m["v_head_dim"],
+        )
+        q, kv_b, o = slice(lo * qk, hi * qk), slice(lo * kvb, hi * kvb), slice(lo * dv, hi * dv)
+        return dict(w, q=w["q"][q], kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
+    d, rep = spec.head_dim, spec.n_heads // spec.n_kv_heads
+    assert lo % rep == 0 and hi % rep == 0, f"heads [{lo}, {hi}) split a group of {rep}"
+    q, kv = slice(lo * d, hi * d), slice(lo // rep * d, hi // rep * d)
+    out = dict(w, q=w["q"][q], k=w["k"][kv], v=w["v"][kv], o=w["o"][:, q])
+    for key, rows in (("q_bias", q), ("k_bias", kv), ("v_bias", kv)):
+        if key in w:
+            out[key] = w[key][rows]
+    return out
+
+
+def ffn_shard(w: Weights, cols: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """FFN weights of intermediate columns [lo, hi): the up-projections' rows, the
+    down-projection's columns. Norms and Qwen's shared gate (a per-token scalar, so it scales each
+    part as it scales the sum) stay whole."""
+    lo, hi = cols
+    up, down = ("w1", "w3", "wi"), ("w2", "wo")
+    return {k: t[lo:hi] if k in up else t[:, lo:hi] if k in down else t for k, t in w.items()}
 
 
 # ---- combining routed experts (order-independent, so any schedule gives identical bits) ------
@@ -421,13 +484,24 @@ def moe_output(
 
     float32_router (Model.float32_router): weigh and sum in float32, rounding once at the end.
     """
+    return hidden + moe_part(slots, topk_weights, shared, float32_router).view_as(hidden)
+
+
+def moe_part(
+    slots: torch.Tensor,
+    topk_weights: torch.Tensor,
+    shared: torch.Tensor | None,
+    float32_router: bool = False,
+) -> torch.Tensor:
+    """`moe_output` without the residual: slots [T, k, H] -> [T, H]. With some slots left zero
+    and the shared experts an `ffn_shard`'s, a part that other ranks' parts sum up with."""
     if float32_router:
         routed = (slots * topk_weights.float()[..., None]).sum(1).to(slots.dtype)  # [T, H]
     else:
         routed = (slots * topk_weights.to(slots.dtype)[..., None]).sum(1)
     if shared is not None:
         routed = routed + shared
-    return hidden + routed.view_as(hidden)
+    return routed
 
 
 # ---- the in-memory reference --------------------------------------------------------------

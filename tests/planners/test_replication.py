@@ -519,21 +519,17 @@ def test_tensor_parallel_dense_splits_weights_and_all_reduces():
     assert res.summary["plan"]["ep"]["dense"] == "tensor"
 
 
-def test_dense_auto_is_tensor_only_when_gpus_would_idle():
-    from planners.expert_parallel import dense_mode
-
-    assert dense_mode("auto", 1, 8) == "tensor" and dense_mode("auto", 8, 8) == "data"
-    assert dense_mode("data", 1, 8) == "data" and dense_mode("tensor", 64, 8) == "tensor"
-    auto = simulate_run(tiny_spec("ep_static", dense="auto"))  # batch 2 on 2 GPUs
-    assert auto.summary["plan"]["ep"]["dense"] == "data"
-    lanes = simulate_run(tiny_spec("ep_static", lanes=True, dense="tensor"))  # whole GPU already
+def test_lanes_ignore_dense_tensor():
+    """Lanes already run dense work as whole-GPU ops: dense=tensor adds no all-reduce there."""
+    lanes = simulate_run(tiny_spec("ep_static", lanes=True, dense="tensor"))
     assert not any(o.kind == OpKind.ALL_REDUCE for o in lanes.schedule.ops)
+    assert lanes.summary["plan"]["ep"]["dense"] is None
 
 
 @pytest.mark.parametrize(
     "params, match",
     [
-        ({"dense": "pipeline"}, "dense='pipeline' unknown; valid: data, tensor, auto"),
+        ({"dense": "pipeline"}, "dense='pipeline' unknown; valid: data, tensor"),
         ({"dense": "tensor", "n_devices": 3}, "4 attention heads over n_devices=3"),
     ],
 )

@@ -1,11 +1,13 @@
 """Expert parallelism on 2 processes (torchrun, gloo; NCCL when marked gpu) against the plain
 single-process forward.
 
-Fixture: mixtral-tiny (4 layers, 8 experts, top-2, float32), batch 2, 8 prompt tokens, 3 generated:
-2 x (8 + 2) positions x 4 layers x 2 = 160 (token, slot) pairs go through experts.
+Fixtures: mixtral-tiny (GQA: 4 heads, 2 kv heads; 4 MoE layers, 8 experts, top-2, float32) and
+deepseek-tiny (DeepSeek-V2's MLA with 4 heads; a dense layer, then 2 MoE layers of 16 experts,
+top-6, with shared experts; float32), 8 prompt tokens, 3 generated: batch 2 of mixtral-tiny is
+2 x (8 + 2) positions x 4 layers x 2 = 160 (token, slot) pairs through experts.
 Tolerance: generated tokens equal exactly; last logits within atol=rtol=1e-5 (float32: an expert
-runs over a different subset of rows than in the reference, which can change BLAS blocking; seen
-~1e-6).
+runs over a different subset of rows than in the reference, which can change BLAS blocking, and
+dense=tensor sums heads' and FFN columns' parts in another order; seen ~1e-6).
 """
 
 import json
@@ -18,15 +20,37 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.errors import ConfigError
 from core.routing import load_routing
+from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
-from real.checkpoint import load_checkpoint
-from real.distributed import destinations
-from real.model import reference_generate
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
+from real.distributed import check_dense, destinations, shard
+from real.model import KVCache, Model, ffn_shard, head_shard, reference_generate
+from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
-PAIRS = 2 * (8 + 2) * 4 * 2
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def f32_ckpt(ckpt_root):
+    """name -> the `small_overrides` checkpoint of that conf/model in float32 (bf16 would round
+    the parts of dense=tensor differently from the whole)."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            spec = reduced_spec(name, **small_overrides(name), dtype_bytes=4)
+            made[name] = write_checkpoint(spec, ckpt_root / "f32" / name, seed=1)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def deepseek_tiny(f32_ckpt) -> Path:
+    return f32_ckpt("deepseek-v2-lite")
 
 
 def free_port() -> int:
@@ -50,7 +74,7 @@ def reference(ckpt: Path, out: Path, routing: str) -> tuple[torch.Tensor, torch.
     prompts = torch.load(out / "outputs.pt")["prompts"]
     forced = None
     if routing == "replay":  # the routing ep_run forced: the workload's synthetic routing
-        opts = dict(DEFAULTS, batch_size="2", prompt_len="8", gen_len="3")
+        opts = dict(DEFAULTS, batch_size=str(len(prompts)), prompt_len="8", gen_len="3")
         forced = load_routing(load_checkpoint(ckpt)[0], ep_workload(opts))
     return reference_generate(ckpt, prompts, 3, forced)
 
@@ -60,8 +84,9 @@ def check(ckpt: Path, out: Path, summary: dict, routing: str, tol: float = ATOL)
     tokens, logits = reference(ckpt, out, routing)
     assert torch.equal(got["tokens"], tokens)
     torch.testing.assert_close(got["logits"], logits, atol=tol, rtol=tol)
-    ranks = summary["ranks"]
-    assert sum(r["pairs_computed"] for r in ranks) == PAIRS
+    ranks, spec = summary["ranks"], load_checkpoint(ckpt)[0]
+    pairs = summary["batch_size"] * (8 + 3 - 1) * len(spec.moe_layers) * spec.top_k
+    assert sum(r["pairs_computed"] for r in ranks) == pairs
     assert all(r["outside_placement"] == 0 for r in ranks)
     for r in ranks:  # computed only experts it held
         for layer, done in r["experts_computed"].items():
@@ -88,6 +113,90 @@ def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
     assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
 
 
+@pytest.mark.parametrize(
+    "model, batch, dense, planner",
+    [
+        ("mixtral", 2, "tensor", ["planner=ep_static"]),
+        ("mixtral", 1, "tensor", ["planner=eplb", "replica_slots=2"]),
+        ("deepseek", 1, "tensor", ["planner=ep_static"]),
+        ("deepseek", 2, "tensor", ["planner=eplb", "replica_slots=2"]),
+    ],
+    ids=[
+        "mixtral-ep_static-b2",
+        "mixtral-eplb-b1",
+        "deepseek-ep_static-b1",
+        "deepseek-eplb-b2",
+    ],
+)
+def test_tensor_dense_matches_reference(model, batch, dense, planner, request, tmp_path):
+    """dense=tensor: each rank 2 of the 4 query heads (mixtral: 1 of its 2 kv heads; deepseek:
+    its kv_b heads, the latent whole), half of every dense and shared FFN and of the vocabulary.
+    Batch 1 is one sequence on 2 ranks, which dense=data refuses."""
+    ckpt = request.getfixturevalue("mixtral_tiny" if model == "mixtral" else "deepseek_tiny")
+    summary = torchrun(ckpt, tmp_path, *planner, f"batch_size={batch}", f"dense={dense}")
+    assert summary["dense"] == summary["params"]["dense"] == "tensor"
+    assert summary["dispatcher"] == "all_reduce"
+    check(ckpt, tmp_path, summary, "replay")
+    # the same pairs per rank as dense=data and the simulator's expert ops, none sent
+    assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
+    assert all(r["pairs_sent"] == 0 for r in summary["ranks"])
+
+
+@pytest.mark.parametrize("name", ["mixtral-tiny", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"])
+def test_head_shards_sum_to_attention(name, mixtral_tiny, f32_ckpt):
+    """Heads [0, 2) and [2, 4) of 4 (mixtral: one of 2 kv heads each; Qwen: biases cut alike;
+    deepseek: kv_b's heads, the latent whole), a 5-token prefill then a decode step: hidden plus
+    the shards' parts is `attention`, and GQA shards' caches side by side are the whole cache."""
+    ckpt = mixtral_tiny if name == "mixtral-tiny" else f32_ckpt(name)
+    spec, units = load_units(ckpt)
+    model, w = Model.from_checkpoint(ckpt, spec), units[Unit(Tensor.ATTENTION, 1)]
+    whole = KVCache.allocate(spec, 2, 6)
+    shards = [
+        (
+            head_shard(spec, w, shard(spec.n_heads, 2, r)),
+            KVCache.allocate(spec, 2, 6, kv_heads=spec.n_kv_heads // 2),
+        )
+        for r in range(2)
+    ]
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for positions in (torch.arange(5), torch.arange(5, 6)):
+            hidden = torch.randn(2, len(positions), spec.hidden_size, generator=g)  # [B, S, H]
+            want = model.attention(1, w, hidden, whole, positions)
+            parts = [model.attention_part(1, ws, hidden, kv, positions) for ws, kv in shards]
+            torch.testing.assert_close(hidden + parts[0] + parts[1], want, atol=ATOL, rtol=RTOL)
+    if spec.family != "deepseek_v2":
+        side_by_side = torch.cat([kv.layers[1][0] for _, kv in shards], dim=1)  # [B, Hkv, M, D]
+        torch.testing.assert_close(side_by_side, whole.layers[1][0], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", ["qwen1.5-moe-a2.7b", "deepseek-v2-lite", "switch-base-128"])
+def test_ffn_shards_sum_to_whole(name, f32_ckpt):
+    """Layer 0's FFN in two column shards: Qwen's gated shared expert (the gate scales each part
+    as it scales the sum), DeepSeek's dense SwiGLU layer, Switch's dense ReLU layer."""
+    ckpt = f32_ckpt(name)
+    spec, units = load_units(ckpt)
+    model, w = Model.from_checkpoint(ckpt, spec), units[Unit(Tensor.FFN, 0)]
+    width = (w["wi"] if "wi" in w else w["w1"]).shape[0]
+    shards = [ffn_shard(w, shard(width, 2, r)) for r in range(2)]
+    hidden = torch.randn(6, spec.hidden_size, generator=torch.Generator().manual_seed(0))  # [T, H]
+    run = model.shared_ffn if spec.is_moe(0) else model.dense_ffn_part
+    torch.testing.assert_close(run(shards[0], hidden) + run(shards[1], hidden), run(w, hidden))
+
+
+def test_tensor_dense_refusals(mixtral_tiny):
+    """Heads must split evenly (4 heads, 2 kv heads on 3 ranks do not); OLMoE's QK-norm spans
+    every head, so it cannot be split without another all-reduce."""
+    spec = load_checkpoint(mixtral_tiny)[0]
+    check_dense(spec, "tensor", 2)
+    with pytest.raises(ConfigError, match="n_heads=4, n_kv_heads=2"):
+        check_dense(spec, "tensor", 3)
+    olmoe = reduced_spec("olmoe-1b-7b", **small_overrides("olmoe-1b-7b"))
+    with pytest.raises(ConfigError, match="dense=tensor cannot split family olmoe's QK-norm"):
+        check_dense(olmoe, "tensor", 2)
+    check_dense(olmoe, "data", 2)
+
+
 def test_destinations_split_replicas_evenly():
     """Expert 0 has 5 pairs, in (token, slot) order, and copies on ranks 0 and 1: the first
     3 pairs go to rank 0, the last 2 to rank 1 (split_tokens' 5 // 2 + 1, 5 // 2)."""
@@ -96,20 +205,27 @@ def test_destinations_split_replicas_evenly():
     assert dest.tolist() == [[0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
 
 
-def test_bad_input_is_one_line(tmp_path, mixtral_tiny):
-    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}",
-           "planner=flexgen", f"out={tmp_path}"]  # fmt: skip
+@pytest.mark.parametrize(
+    "arg, message",
+    [("planner=flexgen", "not expert-parallel"), ("dense=bogus", "valid: data, tensor")],
+)
+def test_bad_input_is_one_line(tmp_path, mixtral_tiny, arg, message):
+    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", arg,
+           f"out={tmp_path}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "not expert-parallel" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_nccl_matches_reference(mixtral_tiny, tmp_path):
+@pytest.mark.parametrize("dense", ["data", "tensor"])
+def test_nccl_matches_reference(mixtral_tiny, tmp_path, dense):
     """2 ranks on 2 GPUs; on a 1-GPU machine 1 rank (NCCL cannot put 2 ranks on one GPU).
     CUDA kernels against the CPU reference: logits within 1e-4."""
     nproc = min(2, torch.cuda.device_count())
-    summary = torchrun(mixtral_tiny, tmp_path, "planner=ep_static", "device=cuda", nproc=nproc)
-    assert (summary["world_size"], summary["backend"]) == (nproc, "nccl")
+    summary = torchrun(
+        mixtral_tiny, tmp_path, "planner=ep_static", "device=cuda", f"dense={dense}", nproc=nproc
+    )
+    assert (summary["world_size"], summary["backend"], summary["dense"]) == (nproc, "nccl", dense)
     check(mixtral_tiny, tmp_path, summary, "replay", tol=1e-4)
