@@ -660,6 +660,8 @@ class EPRunner:
         part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
         # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it)
         kv_part = 1 if not tp or m.kv_dim else min(lay.n_devices, m.n_kv_heads)
+        # MLA's kv_a projection makes the latent every head reads: each GPU runs all of it
+        whole = m.hidden_size * m.kv_dim if tp and m.kv_dim else 0  # params
         ops = []
         for d in range(ranks):
             seqs = wl.batch_size if tp else wl.batch_size // ranks + (d < wl.batch_size % ranks)
@@ -668,20 +670,22 @@ class EPRunner:
             tokens = seqs * per_seq
             if kind == OpKind.ATTENTION:
                 ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
-                flops = m.attention_flops(tokens, int(ctx_len))
+                w_flops = 2 * tokens * whole
+                flops = (m.attention_flops(tokens, int(ctx_len)) - w_flops) / part + w_flops
                 kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
-                touch, tensor = m.attn_bytes / part + kv, Tensor.ATTENTION
+                w_bytes = whole * m.dtype_bytes
+                touch, tensor = (m.attn_bytes - w_bytes) / part + w_bytes + kv, Tensor.ATTENTION
             elif kind == OpKind.FFN:
                 touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer) / part, Tensor.FFN
                 if not touch:
                     return []
-                flops = m.ffn_flops(tokens, layer)
+                flops = m.ffn_flops(tokens, layer) / part
             else:
-                tokens, flops = seqs, m.head_flops(seqs)
+                tokens, flops = seqs, m.head_flops(seqs) / part
                 touch, tensor = m.head_bytes / part, Tensor.HEAD
             stream = self.em.compute if lay.lanes else self.compute[d]
             ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, tensor=tensor,
-                                    tokens=tokens, flops=flops / part, touch_bytes=touch))  # fmt: skip
+                                    tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
         if not tp or not reduce:
             return ops
         tokens = wl.batch_size * per_seq

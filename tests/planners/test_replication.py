@@ -536,3 +536,23 @@ def test_lanes_ignore_dense_tensor():
 def test_bad_dense_is_one_config_error(params, match):
     with pytest.raises(ConfigError, match=match):
         simulate_run(tiny_spec("ep_static", **params))
+
+
+def test_tensor_parallel_mla_keeps_the_latent_projection_whole():
+    """MLA (kv_dim set): the kv_a projection that makes the latent every head reads runs whole on
+    each GPU, and the latent cache is whole too; the other attention weights split in two."""
+    base = yaml.safe_load(Path("conf/model/deepseek-v2-lite.yaml").read_text())
+    small = dict(n_layers=2, moe_layers=[1], hidden_size=64, expert_ffn_size=128, n_experts=4,
+                 top_k=2, n_heads=4, n_kv_heads=4, head_dim=16, vocab_size=256,
+                 dense_ffn_size=128, shared_ffn_size=128, kv_dim=24, attn_params=20000,
+                 qk_head_dim=24)  # fmt: skip
+    m = ModelSpec.from_dict({**base, **small})
+    spec = tiny_spec("ep_static", dense="tensor")
+    res = simulate_run(RunSpec(m, spec.hardware, spec.workload, "ep_static", spec.params))
+    whole = 64 * 24  # hidden x kv_dim params of kv_a
+    for o in [o for o in res.schedule.ops if o.kind == OpKind.ATTENTION and o.step == 0]:
+        assert o.touch_bytes == pytest.approx(
+            (m.attn_bytes - 2 * whole) / 2 + 2 * whole + 2 * 8 * m.kv_bytes_per_token
+        )
+        proj = 2 * 16 * whole  # 16 tokens through kv_a
+        assert o.flops == pytest.approx((m.attention_flops(16, 4) - proj) / 2 + proj)
