@@ -689,9 +689,9 @@ class EPRunner:
         if not tp or not reduce:
             return ops
         tokens = wl.batch_size * per_seq
-        if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary
-            return self.all_reduce(ops, wl.batch_size * m.vocab_size * m.dtype_bytes, step, layer,
-                                    batch, tokens=wl.batch_size, gather_only=True)  # fmt: skip
+        if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
+            return self.all_reduce(ops, wl.batch_size * m.vocab_size * 4, step, layer, batch,
+                                   tokens=wl.batch_size, gather_only=True)  # fmt: skip
         return self.all_reduce(
             ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens
         )

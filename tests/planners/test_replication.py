@@ -507,7 +507,7 @@ def test_tensor_parallel_dense_splits_weights_and_all_reduces():
     assert len(after_attn) == 8
     assert {o.nbytes for o in after_attn} == {16 * m.hidden_size * m.dtype_bytes // 2}
     gather = [o for o in reduce if o.layer == -1 and o.step == 0 and o.batch == 0]
-    assert len(gather) == 2 and {o.nbytes for o in gather} == {2 * m.vocab_size * 2 // 2}
+    assert len(gather) == 2 and {o.nbytes for o in gather} == {2 * m.vocab_size * 4 // 2}
     # a phase waits for every GPU's part: the collective synchronises them
     first = after_attn[0]
     assert {sched.ops[d].kind for d in first.deps} == {OpKind.ATTENTION}

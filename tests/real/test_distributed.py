@@ -114,12 +114,12 @@ def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "model, batch, dense, planner",
+    "model, batch, planner",
     [
-        ("mixtral", 2, "tensor", ["planner=ep_static"]),
-        ("mixtral", 1, "tensor", ["planner=eplb", "replica_slots=2"]),
-        ("deepseek", 1, "tensor", ["planner=ep_static"]),
-        ("deepseek", 2, "tensor", ["planner=eplb", "replica_slots=2"]),
+        ("mixtral", 2, ["planner=ep_static"]),
+        ("mixtral", 1, ["planner=eplb", "replica_slots=2"]),
+        ("deepseek", 1, ["planner=ep_static"]),
+        ("deepseek", 2, ["planner=eplb", "replica_slots=2"]),
     ],
     ids=[
         "mixtral-ep_static-b2",
@@ -128,12 +128,12 @@ def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
         "deepseek-eplb-b2",
     ],
 )
-def test_tensor_dense_matches_reference(model, batch, dense, planner, request, tmp_path):
+def test_tensor_dense_matches_reference(model, batch, planner, request, tmp_path):
     """dense=tensor: each rank 2 of the 4 query heads (mixtral: 1 of its 2 kv heads; deepseek:
     its kv_b heads, the latent whole), half of every dense and shared FFN and of the vocabulary.
     Batch 1 is one sequence on 2 ranks, which dense=data refuses."""
     ckpt = request.getfixturevalue("mixtral_tiny" if model == "mixtral" else "deepseek_tiny")
-    summary = torchrun(ckpt, tmp_path, *planner, f"batch_size={batch}", f"dense={dense}")
+    summary = torchrun(ckpt, tmp_path, *planner, f"batch_size={batch}", "dense=tensor")
     assert summary["dense"] == summary["params"]["dense"] == "tensor"
     assert summary["dispatcher"] == "all_reduce"
     check(ckpt, tmp_path, summary, "replay")
