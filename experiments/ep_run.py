@@ -34,7 +34,7 @@ from core.types import OpKind, RoutingSource
 from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
 from experiments.real_run import prompts_for
-from planners.expert_parallel import DENSE, EPParams
+from planners.expert_parallel import EPParams
 from planners.registry import entry
 from real.checkpoint import load_checkpoint
 from real.distributed import Placement, backend_for, check_dense, ep_generate
@@ -108,8 +108,6 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError("checkpoint=DIR is required (python -m real.make_checkpoint ...)")
     if opts["routing"] not in ROUTINGS:
         raise ConfigError(f"routing={opts['routing']!r}; valid: {', '.join(ROUTINGS)}")
-    if opts["dense"] not in DENSE:
-        raise ConfigError(f"dense={opts['dense']!r}; valid: {', '.join(DENSE)}")
     if not issubclass(entry(opts["planner"]).params, EPParams):
         raise ConfigError(
             f"planner={opts['planner']} is not expert-parallel; use ep_static, eplb, "
@@ -119,12 +117,12 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     workload = ep_workload(opts)
     world = int(os.environ.get("WORLD_SIZE", 1))
     dense = opts["dense"]
+    check_dense(model, dense, world)
     if dense == "data" and workload.batch_size < world:
         raise ConfigError(
             f"batch_size={workload.batch_size} must be >= the {world} processes for dense=data "
             "(dense=tensor runs smaller batches)"
         )
-    check_dense(model, dense, world)
     params: dict[str, Any] = dict(n_devices=world, dense=dense)
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
