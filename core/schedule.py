@@ -210,15 +210,17 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
                 f"only {room / 1e9:.3f} GB is not resident"
             )
-    gates: dict[tuple[int, int], dict[int, int]] = {}  # (step, layer) -> batch -> gate op
+    # (step, layer) -> batch -> its gate ops (one, or one per device gating a share of the batch)
+    gates: dict[tuple[int, int], dict[int, list[int]]] = {}
     for op in ops:
         if op.kind == OpKind.GATE:
-            gates.setdefault((op.step, op.layer), {})[op.batch] = op.id
+            gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(op.id)
     for op in schedule.ops:
         if op.kind != OpKind.EXPERT:
             continue
         layer_gates = gates.get((op.step, op.layer), {})
-        need = list(layer_gates.values()) if op.batch == _ANY else [layer_gates.get(op.batch, -1)]
+        need = ([g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
+                else layer_gates.get(op.batch, [-1]))  # fmt: skip
         missing = [g for g in need if g not in op.deps]
         if not need or missing:
             raise ScheduleError(

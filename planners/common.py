@@ -5,6 +5,7 @@ memory effects. Planners decide *order and overlap*; this file knows *what* each
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.planner import PlanContext
@@ -188,6 +189,28 @@ class Emitter:
         assert len(gates) == batch, "gates of a layer run in batch order"
         gates.append(op)
         return op, view
+
+    def gate_parts(
+        self, step: int, layer: int, batch: int, parts: Sequence[tuple[str, int, tuple[int, ...]]]
+    ) -> tuple[tuple[int, ...], GateView]:
+        """The router of one batch split over devices, each part (stream, sequences, deps) on its
+        own share of the batch's sequences (data-parallel expert parallelism: every GPU gates the
+        tokens it holds, or every token under tensor parallelism). The batch's routing is known
+        once all parts have run: `core.schedule.validate` checks that each expert op depends on
+        every gate op of its batch. The router is resident on every device (no memory effect)."""
+        m, per = self.model, self.ctx.workload.step_tokens(step)
+        assert parts and not self.streamed(Tensor.GATE, layer), "split gates: a resident router"
+        ops: tuple[int, ...] = ()
+        for stream, seqs, deps in parts:
+            ops += (self.out.add(
+                OpKind.GATE, stream, deps, step=step, layer=layer, batch=batch, tensor=Tensor.GATE,
+                tokens=seqs * per, flops=m.gate_flops(seqs * per), touch_bytes=m.gate_bytes,
+            ),)  # fmt: skip
+        view = self.ctx.routing.at_gate(ops[-1], step, m.moe_index(layer), batch)
+        gates = self.gate_ops.setdefault((step, layer), [])
+        assert len(gates) == batch, "gates of a layer run in batch order"
+        gates.append(ops[-1])
+        return ops, view
 
     def expert(
         self,

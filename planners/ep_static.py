@@ -28,7 +28,7 @@ class RoundRobin:
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         return self.slots, ()
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         pass
 
 

@@ -48,7 +48,7 @@ class EPLBPolicy:
         self.n_phy = layout.n_experts + layout.replicas
         check_args(initial.shape, self.n_phy, p.num_groups, p.num_nodes, layout.n_devices)
         self.history: list[np.ndarray] = []  # per iteration: [L, E] counts seen so far
-        self.gates: dict[tuple[int, int], int] = {}
+        self.gates: dict[tuple[int, int], tuple[int, ...]] = {}
         self.current = [self._slots(initial[m]) for m in range(initial.shape[0])]
 
     def _slots(self, load: np.ndarray) -> np.ndarray:
@@ -67,13 +67,13 @@ class EPLBPolicy:
         load = sum(self.history[i][moe] for i in past)
         if load.sum() > 0:
             self.current[moe] = self._slots(load)
-        return self.current[moe], (self.gates[(t - 1, moe)],)
+        return self.current[moe], self.gates[(t - 1, moe)]
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         if moe == 0:
             self.history.append(np.zeros((len(self.current), self.layout.n_experts)))
         self.history[t][moe] = view.counts
-        self.gates[(t, moe)] = gate_op
+        self.gates[(t, moe)] = gates
 
 
 @register("eplb", EPLBParams)

@@ -240,8 +240,9 @@ class SlotPolicy(Protocol):
         routing the decision used (the copies it triggers wait for them)."""
         ...
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
-        """Iteration t's routing at MoE layer `moe`, revealed by its gate op."""
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
+        """Iteration t's routing at MoE layer `moe`, revealed once all of its gate ops (one per
+        device that gates a share of the batch) have run."""
         ...
 
 
@@ -639,6 +640,12 @@ class EPRunner:
                 t += 1
         self.out.meta["ep"]["copies"] = self.n_copies
 
+    def seqs(self, d: int) -> int:
+        """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
+        (data-parallel, the first `batch % G` GPUs one more), or all of them (tensor-parallel)."""
+        bs, g = self.ctx.workload.batch_size, self.layout.n_devices
+        return bs if self.layout.dense == "tensor" else bs // g + (d < bs % g)
+
     def dense(
         self,
         kind: OpKind,
@@ -664,7 +671,7 @@ class EPRunner:
         whole = m.hidden_size * m.kv_dim if tp and m.kv_dim else 0  # params
         ops = []
         for d in range(ranks):
-            seqs = wl.batch_size if tp else wl.batch_size // ranks + (d < wl.batch_size % ranks)
+            seqs = wl.batch_size if lay.lanes else self.seqs(d)
             if not seqs:
                 continue
             tokens = seqs * per_seq
@@ -757,17 +764,23 @@ class EPRunner:
         copy_waits = self.refill(moe, slots, used, step, layer)
         # The placement itself, for executors that hold real experts per device (real/distributed.py).
         self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
-        # The router runs with attention on every device; one gate op (device 0, after all of
-        # them) stands for the batch's routing becoming known.
-        gate, view = self.em.gate(step, layer, batch, tuple(attn), last_batch=True)
-        policy.observe(t, moe, view, gate)
+        # The router: on lanes one whole-GPU op (as attention); on GPUs each gates the sequences
+        # it holds (every sequence under tensor parallelism), after its own attention. The
+        # batch's routing is known once every part has run.
+        if lay.lanes:
+            gate, view = self.em.gate(step, layer, batch, tuple(attn), last_batch=True)
+            gates: tuple[int, ...] = (gate,)
+        else:
+            parts = [(self.compute[d], self.seqs(d), (op,)) for d, op in enumerate(attn)]
+            gates, view = self.em.gate_parts(step, layer, batch, parts)
+        policy.observe(t, moe, view, gates)
         tokens = split_tokens(slots, np.asarray(view.counts, dtype=np.int64))  # [G, E]
         act_bytes = m.hidden_size * m.dtype_bytes
         ends: list[int] = []
         common = dict(step=step, layer=layer, batch=batch)
         # Shared experts: on lanes a whole-GPU op before the routed ones; on GPUs after them
-        shared = self.dense(OpKind.FFN, step, layer, batch, (gate,)) if lay.lanes else []
-        start = shared[-1] if shared else gate
+        shared = self.dense(OpKind.FFN, step, layer, batch, gates) if lay.lanes else []
+        start = shared[-1] if shared else None
         tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
         for d in range(lay.n_devices):
             n_d = int(tokens[d].sum())
@@ -775,18 +788,18 @@ class EPRunner:
             # all-to-all: tokens from other devices
             remote = 0 if tp else n_d * (lay.n_devices - 1) // lay.n_devices
             if not lay.lanes and remote:
-                prev = b.add(OpKind.DISPATCH, self.dispatch[d], (gate,), tokens=remote, nbytes=remote * act_bytes,
+                prev = b.add(OpKind.DISPATCH, self.dispatch[d], gates, tokens=remote, nbytes=remote * act_bytes,
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
             busy = np.flatnonzero(tokens[d])
             if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, gate, *copy_waits[d]), tensor=Tensor.EXPERT,
+                    OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
                     tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes, **common,
                 )  # fmt: skip
             for e in [] if lay.grouped_gemm else busy:
                 n = int(tokens[d, e])
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, gate, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
+                    OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
                     tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes, **common,
                 )  # fmt: skip
             if not lay.lanes and remote:
@@ -795,12 +808,12 @@ class EPRunner:
             if prev != start:
                 ends.append(prev)  # type: ignore[arg-type]
         if not lay.lanes:
-            shared = self.dense(OpKind.FFN, step, layer, batch, (gate,), reduce=not tp)
+            shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
-            shared = self.all_reduce([gate, *ends, *shared], n_tok * act_bytes, step, layer, batch,
+            shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
                                      n_tok)  # fmt: skip
-        done = (gate, *ends, *shared)
+        done = (*gates, *ends, *shared)
         # a slot is refilled only after this layer and its previous copy are done
         self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
         return done

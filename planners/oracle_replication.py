@@ -35,7 +35,7 @@ class PeekedReplicas:
         load = np.asarray(self.routing.peek(step, moe, batch).counts, dtype=np.float64)
         return self.rep.place(moe, load, load if self.rep.rehome_due(t) else None), ()
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         pass
 
 

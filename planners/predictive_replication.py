@@ -128,7 +128,7 @@ class LoadPredictor:
             loads = read_scenarios(p.prior_scenarios, n_layers, n_experts)
             self.prior_scen = loads / np.maximum(loads.sum(2, keepdims=True), 1.0)
         self.ids: dict[int, np.ndarray] = {}  # moe -> [T, k] this iteration's ids so far
-        self.gate_of: dict[tuple[int, int], int] = {}  # (t, moe) -> gate op
+        self.gate_of: dict[tuple[int, int], tuple[int, ...]] = {}  # (t, moe) -> gate ops
 
     def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         if self.p.predictor == "layer_corr" and moe > 0 and self.trans[moe].sum() > 0:
@@ -137,16 +137,13 @@ class LoadPredictor:
             )  # [E] at layer moe-1
             rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
             rows /= rows.sum(1, keepdims=True)
-            return counts @ rows, (self.gate_of[(t, moe - 1)],)
+            return counts @ rows, self.gate_of[(t, moe - 1)]
         if self.p.predictor == "window" and self.past.get(moe):
-            return np.mean(self.past[moe], axis=0) * self.selections(t), (
-                self.gate_of[(t - 1, moe)],
-            )
+            return np.mean(self.past[moe], axis=0) * self.selections(t), self.gate_of[(t - 1, moe)]
         if not self.seen[moe]:
             return np.ones(self.ema.shape[1]), ()
         load = self.ema[moe] * self.selections(t)
-        last = self.gate_of.get((t - 1, moe))
-        return load, () if last is None else (last,)  # from the prior alone: no gate to wait for
+        return load, self.gate_of.get((t - 1, moe), ())  # from the prior alone: no gate to wait for
 
     def scenarios(self, moe: int, load: np.ndarray) -> np.ndarray | None:
         """[S, E] loads the cost gate judges placements on: before any iteration at `moe` has
@@ -163,7 +160,7 @@ class LoadPredictor:
             return np.mean(self.past[moe], axis=0)
         return self.ema[moe].copy()
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         counts = np.asarray(view.counts, dtype=np.float64)
         share = counts / max(counts.sum(), 1.0)
         if self.p.predictor == "window":
@@ -171,7 +168,7 @@ class LoadPredictor:
         a = 1.0 if self.p.predictor == "last" or not self.seen[moe] else self.p.ema_alpha
         self.ema[moe] = a * share + (1 - a) * self.ema[moe]
         self.seen[moe] = self.seen_any[moe] = True
-        self.gate_of[(t, moe)] = gate_op
+        self.gate_of[(t, moe)] = gates
         ids = np.asarray(view.ids, dtype=np.int64)  # [T, k]
         if moe > 0 and self.p.predictor == "layer_corr":
             prev = self.ids[moe - 1]  # [T, k] same tokens, previous layer
@@ -194,11 +191,11 @@ class PredictedReplicas:
         home_load = None
         if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
             home_load = self.predictor.home_share(moe)
-            used = tuple(dict.fromkeys((*used, self.predictor.gate_of[(t - 1, moe)])))
+            used = tuple(dict.fromkeys((*used, *self.predictor.gate_of[(t - 1, moe)])))
         return self.rep.place(moe, load, home_load, scenarios), used
 
-    def observe(self, t: int, moe: int, view: GateView, gate_op: int) -> None:
-        self.predictor.observe(t, moe, view, gate_op)
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
+        self.predictor.observe(t, moe, view, gates)
 
 
 @register("predictive_replication", PredictiveParams)

@@ -123,14 +123,18 @@ class RunOutput:
 
 @dataclass
 class _Pending:
-    """A batch's MoE layer between its gate and the next op that reads its hidden state."""
+    """A batch's MoE layer between its gate and the next op that reads its hidden state. Its
+    gate may run in parts, each over a share of the sequences (one per device, data-parallel
+    expert parallelism): `gated` says which have run."""
 
+    step: int
     layer: int
     normed: torch.Tensor  # [T, H]
     ids: torch.Tensor  # [T, k]
     weights: torch.Tensor  # [T, k]
     slots: torch.Tensor  # [T, k, H]
     done: torch.Tensor  # [b] bool: sequences whose hidden state has the layer's output added
+    gated: torch.Tensor  # [b] bool: sequences the gate has run on
     shared: torch.Tensor | None = None  # [T, H]
 
 
@@ -145,7 +149,8 @@ class _BatchState:
     kv_host: KVCache  # where KV_STORE puts it and KV_LOAD takes it from
     hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
     hidden_step: int = -1
-    pending: _Pending | None = None
+    pending: _Pending | None = None  # the MoE layer whose output the next ops add
+    gating: _Pending | None = None  # the next one, while its gate parts run
     written: list[int] = field(default_factory=list)  # per step: sequences whose head ran
     logits: torch.Tensor | None = None  # [b, V]
 
@@ -356,7 +361,7 @@ class Executor:
         sequences [s0, s1) for a dense op, a chunk of the expert's tokens for an expert op."""
         if op.batch < 0:
             return
-        if op.kind in (OpKind.ATTENTION, OpKind.FFN, OpKind.HEAD):
+        if op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD):
             per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)
             n = op.tokens // per if op.tokens else self.wl.batch_size
             key: tuple[object, ...] = (op.kind, op.step, op.layer, op.batch)
@@ -645,11 +650,14 @@ class Executor:
         return torch.arange(0, p) if step == 0 else torch.arange(p + step - 1, p + step)
 
     def _gate(self, op: Op, bst: _BatchState, w: Mapping[str, torch.Tensor]) -> None:
+        """The router over the op's sequences [s0, s1) (all of the batch, or one device's share);
+        the batch's routing is published once every sequence has been gated."""
         s, wl = self.model.spec, self.wl
         moe = s.moe_index(op.layer)
+        s0, s1 = self._range[op.id]
         fi = fw = None
         if self._routing is not None:
-            seqs = slice(op.batch * wl.batch_size, (op.batch + 1) * wl.batch_size)
+            seqs = slice(op.batch * wl.batch_size + s0, op.batch * wl.batch_size + s1)
             pos = self._routing.step_slice(op.step, wl)
             fi = torch.from_numpy(
                 self._routing.expert_ids[seqs, pos, moe].reshape(-1, s.top_k).astype(np.int64)
@@ -660,20 +668,41 @@ class Executor:
                 )
             )
         h = self._hidden(bst, op.step)
-        assert bst.pending is None or bool(bst.pending.done.all()), (
-            f"{op.label()}: previous layer unfinished"
-        )
-        normed, ids, weights = self.model.gate(op.layer, w, h, fi, fw)
-        done = torch.zeros(wl.batch_size, dtype=torch.bool)
-        bst.pending = _Pending(op.layer, normed, ids, weights, new_slots(normed, s.top_k), done)
-        ids_cpu = ids.cpu()
+        normed, ids, weights = self.model.gate(op.layer, w, h[s0:s1], fi, fw)
+        rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+        whole = (s0, s1) == (0, wl.batch_size)
+        if self.cuda and not whole:  # the part that completes the batch reads every part's rows
+            torch.cuda.current_stream(self.device).synchronize()
+        with self._refs_lock:
+            p = bst.gating  # (the previous layer stays pending until every part's attention ran)
+            if p is None:
+                n_rows = wl.batch_size * h.shape[1]
+                p = bst.gating = _Pending(
+                    op.step, op.layer,
+                    normed if whole else normed.new_zeros(n_rows, normed.shape[1]),
+                    ids if whole else ids.new_zeros(n_rows, ids.shape[1]),
+                    weights if whole else weights.new_zeros(n_rows, weights.shape[1]),
+                    new_slots(normed.new_empty(n_rows, normed.shape[1]), s.top_k),
+                    torch.zeros(wl.batch_size, dtype=torch.bool),
+                    torch.zeros(wl.batch_size, dtype=torch.bool),
+                )  # fmt: skip
+            assert (p.step, p.layer) == (op.step, op.layer), f"{op.label()}: gate parts interleave"
+            if p.normed is not normed:
+                p.normed[rows], p.ids[rows], p.weights[rows] = normed, ids, weights
+            p.gated[s0:s1] = True
+            if not bool(p.gated.all()):
+                return
+            old = bst.pending
+            assert old is None or bool(old.done.all()), f"{op.label()}: previous layer unfinished"
+            bst.pending, bst.gating = p, None
+        ids_cpu = p.ids.cpu()
         view = GateView(
             ids_cpu.numpy().astype(np.int16),
             np.bincount(ids_cpu.flatten().numpy(), minlength=s.n_experts),
         )
         with self._cv:
             self._views[(op.step, moe, op.batch)] = view
-            self._used[(op.step, moe, op.batch)] = (ids_cpu, weights.cpu())
+            self._used[(op.step, moe, op.batch)] = (ids_cpu, p.weights.cpu())
             self._cv.notify_all()
 
     def _expert(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:

@@ -97,6 +97,14 @@ def _all_batches_expert_missing_one_gate(b: ScheduleBuilder, gate: int) -> int:
     return b.add(OpKind.EXPERT, "compute", (gate,), step=0, layer=0, expert=3)
 
 
+def _expert_missing_a_device_gate(b: ScheduleBuilder, gate: int) -> int:
+    # batch 0 gated in two parts (one per device's sequences): the routing needs both
+    b.stream("compute1", Resource.GPU, 1)
+    g1 = b.add(OpKind.GATE, "compute1", step=0, layer=0, batch=0)
+    assert g1 == 1
+    return b.add(OpKind.EXPERT, "compute1", (g1,), step=0, layer=0, batch=0, expert=2)
+
+
 def _expert_of_layer_without_gate(b: ScheduleBuilder, gate: int) -> int:
     # depends on layer 0's gate, but it computes layer 1
     return b.add(OpKind.EXPERT, "compute", (gate,), step=0, layer=1, batch=0, expert=0)
@@ -145,6 +153,8 @@ CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError]
      ["must depend on the gate", "causal"]),
     ("all-batch expert missing a gate", _all_batches_expert_missing_one_gate, ScheduleError,
      ["must depend on the gate", "missing [1]"]),
+    ("expert missing one device's gate part", _expert_missing_a_device_gate, ScheduleError,
+     ["must depend on the gate", "missing [0]"]),
     ("expert of a layer without gate", _expert_of_layer_without_gate, ScheduleError,
      ["must depend on the gate"]),
     ("allocation over the tier", _alloc_over_tier, CapacityError,

@@ -374,7 +374,7 @@ def test_predictor_starts_from_the_prior_and_scales_shares_to_the_iteration():
     pred = LoadPredictor(p, 1, 4, sel.__getitem__, np.array([[6.0, 2, 1, 1]]))
     load, used = pred.predict(0, 0)
     assert load.tolist() == pytest.approx([12, 4, 2, 2]) and used == ()
-    pred.observe(0, 0, GateView(np.array([[2], [3]]), np.array([0, 0, 5, 5])), gate_op=7)
+    pred.observe(0, 0, GateView(np.array([[2], [3]]), np.array([0, 0, 5, 5])), gates=(7,))
     load, used = pred.predict(1, 0)
     assert load.tolist() == pytest.approx([3, 1, 3, 3]) and used == (7,)
 
@@ -407,7 +407,7 @@ def test_window_predictor_is_the_mean_share_of_the_last_iterations():
     assert pred.scenarios(0, load).tolist() == [[2, 2, 2, 2], [4, 4, 0, 0]]
     for t, counts in enumerate(([4, 0, 0, 0], [0, 4, 0, 0], [0, 0, 4, 0])):
         view = GateView(np.zeros((1, 1), dtype=np.int64), np.array(counts))
-        pred.observe(t, 0, view, gate_op=10 + t)
+        pred.observe(t, 0, view, gates=(10 + t,))
     load, used = pred.predict(3, 0)
     assert load.tolist() == [0, 4, 4, 0] and used == (12,)
     assert pred.home_share(0).tolist() == [0, 0.5, 0.5, 0]
@@ -517,6 +517,38 @@ def test_tensor_parallel_dense_splits_weights_and_all_reduces():
     routed = sum(o.tokens for o in sched.ops if o.kind == OpKind.EXPERT)
     assert routed == sum(o.tokens for o in data.ops if o.kind == OpKind.EXPERT)
     assert res.summary["plan"]["ep"]["dense"] == "tensor"
+
+
+@pytest.mark.parametrize(
+    "params, batch, parts",
+    [
+        ({}, 2, [("compute", 1), ("compute1", 1)]),  # each GPU its own sequence
+        ({}, 1, [("compute", 1)]),  # GPU 1 holds no sequence: no gate there
+        ({"dense": "tensor"}, 2, [("compute", 2), ("compute1", 2)]),  # every GPU every sequence
+        ({"lanes": True}, 2, [("compute", 2)]),  # lanes: one whole-GPU op, as attention
+    ],
+)
+def test_each_gpu_gates_the_sequences_it_holds(params, batch, parts):
+    """On G GPUs each GPU runs the router on the sequences it holds, after its own attention;
+    every expert op of the batch (and each dispatch) waits for all of the batch's gate parts."""
+    spec = tiny_spec("predictive_replication", **params)
+    spec = RunSpec(spec.model, spec.hardware, spec.workload.with_(batch_size=batch), spec.planner,
+                   spec.params)  # fmt: skip
+    sched = simulate_run(spec).schedule
+    per = spec.workload.prompt_len  # prefill tokens per sequence
+    gates = [o for o in sched.ops if o.kind == OpKind.GATE and o.step == 0 and o.layer == 1
+             and o.batch == 0]  # fmt: skip
+    assert [(sched.streams[o.stream].name, o.tokens // per) for o in gates] == parts
+    for g in gates:  # after its own GPU's attention (under tensor: its all-reduce)
+        (dep,) = [sched.ops[d] for d in g.deps]
+        if params.get("dense") == "tensor":
+            assert dep.kind == OpKind.ALL_REDUCE
+        else:
+            assert dep.kind == OpKind.ATTENTION and dep.stream == g.stream
+    ids = {g.id for g in gates}
+    waiting = [o for o in sched.ops if o.kind in (OpKind.EXPERT, OpKind.DISPATCH)
+               and (o.step, o.layer, o.batch) == (0, 1, 0)]  # fmt: skip
+    assert waiting and all(ids <= set(o.deps) for o in waiting)
 
 
 def test_lanes_ignore_dense_tensor():
