@@ -778,10 +778,12 @@ class EPRunner:
         act_bytes = m.hidden_size * m.dtype_bytes
         ends: list[int] = []
         common = dict(step=step, layer=layer, batch=batch)
-        # Shared experts: on lanes a whole-GPU op before the routed ones; on GPUs after them
-        shared = self.dense(OpKind.FFN, step, layer, batch, gates) if lay.lanes else []
-        start = shared[-1] if shared else None
+        # Shared experts, before the routed ones: on lanes a whole-GPU op the lanes wait for; on
+        # GPUs each runs its share while the all-to-all brings the routed tokens (the overlap of
+        # vLLM's SharedFusedMoE and SGLang's DeepEP path)
         tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
+        shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
+        start = shared[-1] if lay.lanes and shared else None
         for d in range(lay.n_devices):
             n_d = int(tokens[d].sum())
             prev: int | None = start
@@ -807,8 +809,6 @@ class EPRunner:
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
             if prev != start:
                 ends.append(prev)  # type: ignore[arg-type]
-        if not lay.lanes:
-            shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,

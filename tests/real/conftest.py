@@ -55,3 +55,18 @@ def small_ckpt(ckpt_root):
 def prompt() -> torch.Tensor:
     """[B=2, P=6] token ids < 128 (valid for every reduced model)."""
     return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def f32_ckpt(ckpt_root):
+    """name -> the `small_overrides` checkpoint of that conf/model in float32 (bf16 would round
+    a forward split over devices, by sequence or by head, differently from the whole)."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            spec = reduced_spec(name, **small_overrides(name), dtype_bytes=4)
+            made[name] = write_checkpoint(spec, ckpt_root / "f32" / name, seed=1)
+        return made[name]
+
+    return get

@@ -34,21 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def f32_ckpt(ckpt_root):
-    """name -> the `small_overrides` checkpoint of that conf/model in float32 (bf16 would round
-    the parts of dense=tensor differently from the whole)."""
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            spec = reduced_spec(name, **small_overrides(name), dtype_bytes=4)
-            made[name] = write_checkpoint(spec, ckpt_root / "f32" / name, seed=1)
-        return made[name]
-
-    return get
-
-
-@pytest.fixture(scope="session")
 def deepseek_tiny(f32_ckpt) -> Path:
     return f32_ckpt("deepseek-v2-lite")
 

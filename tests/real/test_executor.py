@@ -13,12 +13,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, RoutingConfig, Workload
-from core.types import RoutingSource
+from core.types import OpKind, RoutingSource
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.real_run import prompts_for, real_execute
 from planners.registry import planner_names
@@ -101,6 +102,27 @@ def test_matches_in_memory_forward(mixtral_tiny, planner, mode):
     assert set(trace["source"]) == {"real"}
     assert out.fallback_loads == 0
     assert set(result.summary) == set(simulate_run(spec).summary)
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("planner", ["ep_static", "predictive_replication"])
+def test_expert_parallel_with_shared_experts_matches_in_memory_forward(f32_ckpt, planner, mode):
+    """DeepSeek-V2 shape (a dense layer, MoE layers with shared experts, top-6) on 2 GPUs'
+    streams, one sequence each: each gates its own sequence, runs its shared experts before the
+    routed ones, and the batch's routing is whole once both gates ran."""
+    ckpt = f32_ckpt("deepseek-v2-lite")
+    spec = spec_for(ckpt, planner)
+    result, out = real_execute(ckpt, spec, mode)
+    t = result.trace
+    gates = t[t["kind"] == OpKind.GATE.value]
+    assert gates.groupby(["step", "layer", "batch"])["stream"].nunique().eq(2).all()
+    keys = ["step", "layer", "batch", "stream"]
+    moe = t[t["layer"].isin(gates["layer"].unique())]
+    shared = moe[moe["kind"] == OpKind.FFN.value].groupby(keys)["end_s"].max()
+    routed = moe[moe["kind"] == OpKind.EXPERT.value].groupby(keys)["start_s"].min()
+    both = pd.concat([shared, routed], axis=1, join="inner")
+    assert len(both) and (both["end_s"] <= both["start_s"]).all()
+    assert_matches_reference(ckpt, spec, result, out)
 
 
 RESIDENT_1GPU = hardware(0.05, 0.05)
