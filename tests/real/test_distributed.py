@@ -24,7 +24,7 @@ from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
-from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec
 from real.distributed import check_dense, destinations, shard
 from real.model import KVCache, Model, ffn_shard, head_shard, reference_generate
 from tests.real.conftest import small_overrides
