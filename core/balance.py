@@ -9,7 +9,9 @@ the tokens and busy seconds of its expert computes.
   (dense work, on stream `compute`) keeps every lane busy;
 - gpu_load = the time some kernel runs on a GPU / makespan, averaged over the GPUs: what
   GPUtil's `load` (the replication paper's metric, replication.md §1.7) reads. On lanes the G
-  lanes are one GPU, so one lane busy is enough, and it stays high however unbalanced they are;
+  lanes are one GPU, so one lane busy is enough, and it stays high however unbalanced they are.
+  On G GPUs the all-to-all and all-reduce count too: NCCL's and DeepEP's collectives run as
+  kernels on the GPU's SMs (replica copies, by the copy engines, do not);
 - expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
   a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
   how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
@@ -29,10 +31,14 @@ import pandas as pd
 from core.types import OpKind, Resource, Stream
 
 KEYS = ["step", "layer", "batch"]
+# kernels that move tokens between GPUs (on each GPU's p2p link, `device_of` its resource)
+COLLECTIVES = (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE)
 
 
 def device_of(resource: pd.Series) -> np.ndarray:
     """'gpu' -> 0, 'gpu:3' -> 3."""
+    if resource.empty:
+        return np.zeros(0, np.int64)
     parts = resource.astype(str).str.partition(":")[2]
     return np.where(parts == "", 0, parts).astype(np.int64)
 
@@ -109,6 +115,9 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     dev_busy = np.bincount(dev[~whole], dur[~whole], minlength=n_devices)[:n_devices]
     dev_busy = dev_busy + dur[whole].sum()
     gpu = np.zeros(len(comp), np.int64) if lanes else dev  # lanes: one GPU
+    coll = trace[trace["kind"].astype(str).isin([str(k) for k in COLLECTIVES])]
+    start, end = np.r_[start, coll["start_s"].to_numpy()], np.r_[end, coll["end_s"].to_numpy()]
+    gpu = np.r_[gpu, device_of(coll["resource"])]
     spans = [covered_s(start[gpu == d], end[gpu == d]) for d in range(1 if lanes else n_devices)]
     return {
         "n_devices": n_devices,

@@ -246,7 +246,7 @@ def read_runs(out: Path) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     """balanced = mean/max device tokens (vLLM); util = mean device compute busy / makespan;
     load = the time a kernel runs on a GPU / makespan (GPUtil's load: the paper's metric; lanes
-    are one GPU); phase = expert busy / (G x expert-phase spans): the token view and three time
+    are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase spans): the token view and three time
     views."""
     head = (f"{'case':16} {'bs':>4} {'planner':42} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
             f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6}")  # fmt: skip
@@ -284,8 +284,8 @@ def targets(
     rows: list[dict[str, Any]], cases: list[str], variants: Sequence[str] = ()
 ) -> list[str]:
     """The issue's targets: balancedness and makespan gap of predictive (and of each variant) on
-    each of `cases` (held-out ESFT) at its largest batch, and utilisation wherever ep_static is
-    below 0.6."""
+    each of `cases` (held-out ESFT) at its largest batch, and utilisation, in each of its three
+    time views, wherever ep_static is below 0.6."""
     out = []
     for who in ("predictive_replication", *variants):
         name = "predictive" if who == "predictive_replication" else who
@@ -299,7 +299,8 @@ def targets(
                 gap_line(case, bs, st, pr, orc, name),
             ]
     for metric, what in (("expert_phase_util", "expert-phase utilisation"),
-                         ("utilisation", "whole-run utilisation (busy/makespan)")):  # fmt: skip
+                         ("utilisation", "whole-run utilisation (busy/makespan)"),
+                         ("gpu_load", "GPU load (GPUtil's, the paper's)")):  # fmt: skip
         out += utilisation_lines(rows, metric, what)
     return out
 

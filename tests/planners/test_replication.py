@@ -309,6 +309,15 @@ def test_gpu_load_is_the_time_some_kernel_runs_per_gpu():
     assert lanes["utilisation"] == pytest.approx(0.7)
     gpus = balance_metrics(trace, 2)
     assert gpus["gpu_load"] == pytest.approx(0.6) == gpus["utilisation"]
+    # GPU 1 receives tokens over its link in [1, 2] (a dispatch kernel) and gets a replica copy
+    # in [3.5, 5] (the copy engine): load (4 + 3) / 10, utilisation unchanged
+    moves = pd.DataFrame({
+        "kind": [str(OpKind.DISPATCH), str(OpKind.LOAD)], "resource": ["p2p:1", "p2p:1"],
+        "stream": ["dispatch1", "replicas1"], "step": [0, 0], "layer": [1, 1], "batch": [0, 0],
+        "tokens": [10, 0], "start_s": [1.0, 3.5], "end_s": [2.0, 5.0],
+    })  # fmt: skip
+    gpus = balance_metrics(pd.concat([trace, moves], ignore_index=True), 2)
+    assert gpus["gpu_load"] == pytest.approx(0.7) and gpus["utilisation"] == pytest.approx(0.6)
 
 
 def test_lanes_partition_one_gpu_and_dense_work_runs_on_all_of_it():
