@@ -677,12 +677,10 @@ class Executor:
             p = bst.gating  # (the previous layer stays pending until every part's attention ran)
             if p is None:
                 n_rows = wl.batch_size * h.shape[1]
+                nrm, i, wt = ((normed, ids, weights) if whole else
+                              (t.new_zeros(n_rows, t.shape[1]) for t in (normed, ids, weights)))  # fmt: skip
                 p = bst.gating = _Pending(
-                    op.step, op.layer,
-                    normed if whole else normed.new_zeros(n_rows, normed.shape[1]),
-                    ids if whole else ids.new_zeros(n_rows, ids.shape[1]),
-                    weights if whole else weights.new_zeros(n_rows, weights.shape[1]),
-                    new_slots(normed.new_empty(n_rows, normed.shape[1]), s.top_k),
+                    op.step, op.layer, nrm, i, wt, new_slots(nrm, s.top_k),
                     torch.zeros(wl.batch_size, dtype=torch.bool),
                     torch.zeros(wl.batch_size, dtype=torch.bool),
                 )  # fmt: skip
