@@ -254,7 +254,7 @@ def work_conserving_s(result: RunResult, hw: HardwareSpec) -> float | None:
 def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One note per lanes case, at its largest batch: ep_static's and predictive's makespans
     and replication's gain as run (each lane 1/G of the SMs) and on a work-conserving GPU
-    (`work_conserving_s`), which bounds how much of the gain the partition itself makes."""
+    (`work_conserving_s`): an estimate of how much of the gain the partition itself makes."""
     out = []
     for case in dict.fromkeys(r["case"] for r in rows if r.get("wc_makespan_s") is not None):
         bs = max(r["batch_size"] for r in rows if r["case"] == case)
