@@ -177,18 +177,9 @@ class Emitter:
         self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
     ) -> tuple[int, GateView]:
         """Run the router for one batch; the only place a planner learns that batch's routing."""
-        m = self.model
-        tokens = self.bs * self.ctx.workload.step_tokens(step)
-        op = self.out.add(
-            OpKind.GATE, self.compute, deps, step=step, layer=layer, batch=batch, tensor=Tensor.GATE,
-            tokens=tokens, flops=m.gate_flops(tokens), touch_bytes=m.gate_bytes,
-            **self.free_kwargs(Tensor.GATE, layer, last_batch),
-        )  # fmt: skip
-        view = self.ctx.routing.at_gate(op, step, m.moe_index(layer), batch)
-        gates = self.gate_ops.setdefault((step, layer), [])
-        assert len(gates) == batch, "gates of a layer run in batch order"
-        gates.append(op)
-        return op, view
+        free = self.free_kwargs(Tensor.GATE, layer, last_batch)
+        ops, view = self._gate(step, layer, batch, [(self.compute, self.bs, deps)], free)
+        return ops[0], view
 
     def gate_parts(
         self, step: int, layer: int, batch: int, parts: Sequence[tuple[str, int, tuple[int, ...]]]
@@ -198,19 +189,32 @@ class Emitter:
         tokens it holds, or every token under tensor parallelism). The batch's routing is known
         once all parts have run: `core.schedule.validate` checks that each expert op depends on
         every gate op of its batch. The router is resident on every device (no memory effect)."""
-        m, per = self.model, self.ctx.workload.step_tokens(step)
         assert parts and not self.streamed(Tensor.GATE, layer), "split gates: a resident router"
-        ops: tuple[int, ...] = ()
-        for stream, seqs, deps in parts:
-            ops += (self.out.add(
+        return self._gate(step, layer, batch, parts, {})
+
+    def _gate(
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        parts: Sequence[tuple[str, int, tuple[int | None, ...]]],
+        free: dict[str, object],
+    ) -> tuple[tuple[int, ...], GateView]:
+        """Gate ops over (stream, sequences, deps) parts, the last with the memory effect `free`;
+        the batch's routing is revealed at the last."""
+        m, per = self.model, self.ctx.workload.step_tokens(step)
+        ops: list[int] = []
+        for i, (stream, seqs, deps) in enumerate(parts):
+            ops.append(self.out.add(
                 OpKind.GATE, stream, deps, step=step, layer=layer, batch=batch, tensor=Tensor.GATE,
                 tokens=seqs * per, flops=m.gate_flops(seqs * per), touch_bytes=m.gate_bytes,
-            ),)  # fmt: skip
+                **(free if i == len(parts) - 1 else {}),
+            ))  # fmt: skip
         view = self.ctx.routing.at_gate(ops[-1], step, m.moe_index(layer), batch)
         gates = self.gate_ops.setdefault((step, layer), [])
         assert len(gates) == batch, "gates of a layer run in batch order"
         gates.append(ops[-1])
-        return ops, view
+        return tuple(ops), view
 
     def expert(
         self,
