@@ -117,7 +117,7 @@ class ModelSpec:
         extra = 0
         if self.family == "qwen2_moe":  # q/k/v projection biases
             extra = q_dim + 2 * kv_dim
-        elif self.family == "olmoe":  # QK-norm weights over all heads
+        elif self.qk_norm:  # QK-norm weights over all heads
             extra = q_dim + kv_dim
         return q_o + k_v + extra + self.hidden_size  # + input RMSNorm
 
@@ -162,6 +162,25 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token in one layer."""
         return self.kv_elems_per_token * self.dtype_bytes
+
+    @property
+    def qk_norm(self) -> bool:
+        """OLMoE's QK-norm: RMSNorm over the projected q (and k) of all heads at once."""
+        return self.family == "olmoe"
+
+    def tensor_split_error(self, world: int) -> str | None:
+        """Why this model's attention cannot be split over `world` tensor-parallel ranks (a
+        clause naming the fields), or None. Query heads split evenly; GQA's key/value heads split
+        evenly or, fewer than the ranks, each is held by world / n_kv_heads ranks (vLLM's
+        replication); MLA's latent stays whole on every rank."""
+        if self.n_heads % world:
+            return f"n_heads={self.n_heads} does not split evenly over {world} ranks"
+        if not self.kv_dim and self.n_kv_heads % world and world % self.n_kv_heads:
+            return (
+                f"n_kv_heads={self.n_kv_heads} neither splits evenly over {world} ranks nor "
+                "divides them (to replicate each kv head)"
+            )
+        return None
 
     def is_moe(self, layer: int) -> bool:
         return layer in self._moe_set

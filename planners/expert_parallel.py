@@ -223,10 +223,11 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
     dense = "data" if p.lanes else p.dense
-    if dense == "tensor" and ctx.model.n_heads % g:
+    why = ctx.model.tensor_split_error(g) if dense == "tensor" else None
+    if why:
         raise ConfigError(
-            f"planner dense=tensor splits {ctx.model.name}'s {ctx.model.n_heads} attention heads "
-            f"over n_devices={g}, which does not divide them; use dense=data or another n_devices"
+            f"planner dense=tensor splits attention heads over n_devices={g}, but model "
+            f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
                   p.lane_share, dense)  # fmt: skip
@@ -665,10 +666,13 @@ class EPRunner:
         tp = lay.dense == "tensor"
         ranks = 1 if lay.lanes else lay.n_devices
         part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
-        # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it)
+        # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it), one
+        # of n_kv_heads where the GPUs outnumber them (each kv head held by G / n_kv_heads GPUs)
         kv_part = 1 if not tp or m.kv_dim else min(lay.n_devices, m.n_kv_heads)
         # MLA's kv_a projection makes the latent every head reads: each GPU runs all of it
         whole = m.hidden_size * m.kv_dim if tp and m.kv_dim else 0  # params
+        # GQA's k and v projections: each GPU holds and runs its kv heads' rows (1 / kv_part)
+        kv_w = 2 * m.hidden_size * m.n_kv_heads * m.head_dim if tp and not m.kv_dim else 0
         ops = []
         for d in range(ranks):
             seqs = wl.batch_size if lay.lanes else self.seqs(d)
@@ -677,11 +681,13 @@ class EPRunner:
             tokens = seqs * per_seq
             if kind == OpKind.ATTENTION:
                 ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
-                w_flops = 2 * tokens * whole
-                flops = (m.attention_flops(tokens, int(ctx_len)) - w_flops) / part + w_flops
+                w_flops, kv_flops = 2 * tokens * whole, 2 * tokens * kv_w
+                flops = (m.attention_flops(tokens, int(ctx_len)) - w_flops - kv_flops) / part
+                flops += w_flops + kv_flops / kv_part
                 kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
-                w_bytes = whole * m.dtype_bytes
-                touch, tensor = (m.attn_bytes - w_bytes) / part + w_bytes + kv, Tensor.ATTENTION
+                w_bytes, kv_bytes = whole * m.dtype_bytes, kv_w * m.dtype_bytes
+                touch = (m.attn_bytes - w_bytes - kv_bytes) / part + w_bytes + kv_bytes / kv_part
+                touch, tensor = touch + kv, Tensor.ATTENTION
             elif kind == OpKind.FFN:
                 touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer) / part, Tensor.FFN
                 if not touch:
@@ -696,6 +702,10 @@ class EPRunner:
         if not tp or not reduce:
             return ops
         tokens = wl.batch_size * per_seq
+        if kind == OpKind.ATTENTION and m.qk_norm:
+            # QK-norm's statistics (a float32 sum of squares of q and of k per token), summed
+            # over the GPUs inside attention; charged after it, the same work on the path
+            ops = self.all_reduce(ops, tokens * 2 * 4, step, layer, batch, tokens)
         if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
             return self.all_reduce(ops, wl.batch_size * m.vocab_size * 4, step, layer, batch,
                                    tokens=wl.batch_size, gather_only=True)  # fmt: skip

@@ -10,7 +10,8 @@ simulator models them (planners/expert_parallel.py, EPParams.dense):
   `all_to_all_single` (gloo has it since torch 2.x; NCCL on CUDA) and comes back by the reverse.
 - dense="tensor" (vLLM's TP attention + EP experts; for batches smaller than the group): every rank
   runs every sequence on its share of the query heads, FFN columns and vocabulary, and the parts
-  are summed by `all_reduce`; at an MoE layer every rank gates every token, runs the pairs its
+  are summed by `all_reduce` (GQA kv heads fewer than the ranks are replicated, as vLLM does;
+  OLMoE's QK-norm adds up its per-token statistics by one more, small, all-reduce); at an MoE layer every rank gates every token, runs the pairs its
   experts are given and adds its shared-expert part, summed by one all-reduce per layer.
 Both combine exactly as the reference forward does, up to float summation order.
 """
@@ -37,6 +38,7 @@ from real.model import (
     expert_tokens,
     ffn_shard,
     head_shard,
+    kv_shard,
     moe_output,
     moe_part,
     new_slots,
@@ -74,15 +76,11 @@ def check_dense(spec: ModelSpec, dense: str, world: int) -> None:
         raise ConfigError(f"dense={dense!r} unknown; valid: {', '.join(DENSE)}")
     if dense == "data":
         return
-    if spec.n_heads % world or spec.n_kv_heads % world:
+    why = spec.tensor_split_error(world)
+    if why:
         raise ConfigError(
-            f"dense=tensor splits attention heads over {world} ranks: model {spec.name} has "
-            f"n_heads={spec.n_heads}, n_kv_heads={spec.n_kv_heads}; use dense=data"
-        )
-    if "q_norm" in unit_layout(spec)[Unit(Tensor.ATTENTION, 0)]:
-        raise ConfigError(
-            f"dense=tensor cannot split family {spec.family}'s QK-norm (over all heads at once) "
-            "without another all-reduce; use dense=data"
+            f"dense=tensor splits attention heads over {world} ranks, but model {spec.name}'s "
+            f"{why}; use dense=data or another number of ranks"
         )
 
 
@@ -196,8 +194,10 @@ class EPRank:
 
     def kv_cache(self, max_len: int) -> KVCache:
         """The cache of this rank's sequences; dense=tensor: only its kv heads (MLA: whole)."""
-        heads = self.spec.n_kv_heads // (self.world if self.tensor else 1)
-        return KVCache.allocate(self.spec, self.hi - self.lo, max_len, self.device, heads)
+        s = self.spec
+        lo, hi = kv_shard(s, shard(s.n_heads, self.world, self.rank)) if self.tensor else (0, 0)
+        heads = hi - lo if self.tensor else s.n_kv_heads
+        return KVCache.allocate(s, self.hi - self.lo, max_len, self.device, heads)
 
     def summed(self, part: torch.Tensor) -> torch.Tensor:
         """dense=tensor: every rank's part added up (in place); dense=data: part, already whole."""
@@ -319,7 +319,8 @@ class EPRank:
         hidden = m.embed(u[Unit(Tensor.EMBED)], tokens)  # [Br, S, H]
         for layer in range(s.n_layers):
             w = u[Unit(Tensor.ATTENTION, layer)]
-            hidden = hidden + self.summed(m.attention_part(layer, w, hidden, kv, positions))
+            part = m.attention_part(layer, w, hidden, kv, positions, self.summed)
+            hidden = hidden + self.summed(part)
             if not s.is_moe(layer):
                 hidden = hidden + self.summed(m.dense_ffn_part(u[Unit(Tensor.FFN, layer)], hidden))
                 continue
@@ -354,7 +355,7 @@ def ep_generate(
 ) -> EPOutput:
     """`reference_generate` (real/model.py) over the initialised default process group: every rank
     calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P].
-    dense: "data" (B >= G) or "tensor" (any B; heads, KV heads and QK-norm permitting)."""
+    dense: "data" (B >= G) or "tensor" (any B; `ModelSpec.tensor_split_error` permitting)."""
     b, p = prompt_tokens.shape
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
     check_dense(spec, dense, dist.get_world_size())

@@ -266,33 +266,74 @@ class Model:
         return hidden + self.attention_part(layer, w, hidden, kv, positions)
 
     def attention_part(
-        self, layer: int, w: Weights, hidden: torch.Tensor, kv: KVCache, positions: torch.Tensor
+        self,
+        layer: int,
+        w: Weights,
+        hidden: torch.Tensor,
+        kv: KVCache,
+        positions: torch.Tensor,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """`attention` without the residual, over the heads `w` holds: all of them, or a
         `head_shard` (with a cache of its kv heads), whose part is its heads through their
-        columns of o, so the parts of all shards sum to the whole. hidden [B, S, H] -> [B, S, H]."""
+        columns of o, so the parts of all shards sum to the whole. reduce: sums a tensor over
+        the shards, for QK-norm's statistics (needed only where a shard has QK-norm).
+        hidden [B, S, H] -> [B, S, H]."""
         x = rms_norm(hidden, w["input_norm"], self.spec.rms_norm_eps)  # [B, S, H]
         assert int(positions[-1]) + 1 - int(positions[0]) == x.shape[1], (
             "positions must be consecutive"
         )
-        attend = self._mla if self.spec.family == "deepseek_v2" else self._gqa
-        out = attend(w, x, kv.layers[layer], positions)  # [B, S, Hq * Dv]
+        if self.spec.family == "deepseek_v2":
+            out = self._mla(w, x, kv.layers[layer], positions)  # [B, S, Hq * Dv]
+        else:
+            out = self._gqa(w, x, kv.layers[layer], positions, reduce)
         return F.linear(out, w["o"])
 
+    def qk_norm(
+        self,
+        w: Weights,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """OLMoE's QK-norm: RMSNorm over the projected q [B, S, Hq * D] of all heads at once, and
+        over k alike. A `head_shard` holds some heads' columns (and norm weights): it sums their
+        squares, `reduce` adds up every shard's sums (one all-reduce of [B, S, 2] floats), and it
+        divides its columns by the whole's root mean square. A kv head that several shards hold
+        (world > n_kv_heads) has its squares counted once: each holder adds its share."""
+        s, eps = self.spec, self.spec.rms_norm_eps
+        full_q, full_k = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        if q.shape[-1] == full_q:
+            return rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+        assert reduce is not None, "a head shard's QK-norm needs `reduce` over the shards"
+        holders = k.shape[-1] * full_q // (full_k * q.shape[-1])  # shards holding these kv heads
+        qf, kf = q.float(), k.float()
+        sums = reduce(torch.stack([qf.pow(2).sum(-1), kf.pow(2).sum(-1) / holders], -1))
+        ms_q, ms_k = (sums[..., :1] / full_q, sums[..., 1:] / full_k)  # [B, S, 1] each
+        return (
+            (qf * torch.rsqrt(ms_q + eps)).to(q.dtype) * w["q_norm"],
+            (kf * torch.rsqrt(ms_k + eps)).to(k.dtype) * w["k_norm"],
+        )
+
     def _gqa(
-        self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
+        self,
+        w: Weights,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, ...],
+        positions: torch.Tensor,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Grouped-query attention: normed x [B, S, H] -> heads' outputs [B, S, Hq * D], Hq and
-        Hkv as many as `w` holds (a `head_shard` holds whole groups)."""
+        Hkv as many as `w` holds (a `head_shard` holds whole groups, or heads of one group)."""
         s = self.spec
         b, n, _ = x.shape
         n_q, n_kv = w["q"].shape[0] // s.head_dim, w["k"].shape[0] // s.head_dim
+        proj = {key: F.linear(x, w[key], w.get(f"{key}_bias")) for key in "qkv"}  # [B, S, n * D]
+        if "q_norm" in w:
+            proj["q"], proj["k"] = self.qk_norm(w, proj["q"], proj["k"], reduce)
 
         def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
-            y = F.linear(x, w[key], w.get(f"{key}_bias"))  # [B, S, n_heads * D]
-            if f"{key}_norm" in w:  # OLMoE's QK-norm, over all heads at once
-                y = rms_norm(y, w[f"{key}_norm"], s.rms_norm_eps)
-            return y.view(b, n, n_heads, s.head_dim).transpose(1, 2)
+            return proj[key].view(b, n, n_heads, s.head_dim).transpose(1, 2)
 
         assert self.rope is not None  # set by __post_init__
         q = rope(heads("q", n_q), positions, self.rope)  # [B, Hq, S, D]
@@ -418,11 +459,22 @@ class Model:
 # ---- tensor-parallel shares of a unit's weights (views; parts computed with them sum to the whole)
 
 
+def kv_shard(spec: ModelSpec, heads: tuple[int, int]) -> tuple[int, int]:
+    """The GQA key/value heads [lo, hi) that query heads `heads` read: whole groups' kv heads, or
+    the one kv head of a group the shard holds part of (a kv head replicated over shards)."""
+    lo, hi = heads
+    rep = spec.n_heads // spec.n_kv_heads
+    kv_lo, kv_hi = lo // rep, -(-hi // rep)
+    assert (lo % rep == 0 and hi % rep == 0) or kv_hi - kv_lo == 1, (
+        f"heads [{lo}, {hi}) split a group of {rep} and span more than one"
+    )
+    return kv_lo, kv_hi
+
+
 def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """Attention weights of query heads [lo, hi): their rows of q (and biases), of k and v their
-    GQA groups' (lo, hi on group bounds), of kv_b for MLA, their columns of o. MLA's kv_a and its
-    norm make the latent every head reads, so they stay whole (computed on every shard)."""
-    assert "q_norm" not in w, "QK-norm normalises over all heads at once; it cannot be sharded"
+    """Attention weights of query heads [lo, hi): their rows of q (and biases, and of QK-norm's
+    weights), of k and v their `kv_shard`'s, of kv_b for MLA, their columns of o. MLA's kv_a and
+    its norm make the latent every head reads, so they stay whole (computed on every shard)."""
     lo, hi = heads
     if spec.family == "deepseek_v2":
         m = mla_dims(spec)
@@ -433,11 +485,10 @@ def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str,
         )
         q, kv_b, o = slice(lo * qk, hi * qk), slice(lo * kvb, hi * kvb), slice(lo * dv, hi * dv)
         return dict(w, q=w["q"][q], kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
-    d, rep = spec.head_dim, spec.n_heads // spec.n_kv_heads
-    assert lo % rep == 0 and hi % rep == 0, f"heads [{lo}, {hi}) split a group of {rep}"
-    q, kv = slice(lo * d, hi * d), slice(lo // rep * d, hi // rep * d)
+    d, (kv_lo, kv_hi) = spec.head_dim, kv_shard(spec, heads)
+    q, kv = slice(lo * d, hi * d), slice(kv_lo * d, kv_hi * d)
     out = dict(w, q=w["q"][q], k=w["k"][kv], v=w["v"][kv], o=w["o"][:, q])
-    for key, rows in (("q_bias", q), ("k_bias", kv), ("v_bias", kv)):
+    for key, rows in (("q_bias", q), ("k_bias", kv), ("v_bias", kv), ("q_norm", q), ("k_norm", kv)):
         if key in w:
             out[key] = w[key][rows]
     return out

@@ -3,6 +3,7 @@ token split, replica placement and the balance metrics, on hand-worked examples.
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -612,12 +613,47 @@ def test_lanes_ignore_dense_tensor():
     "params, match",
     [
         ({"dense": "pipeline"}, "dense='pipeline' unknown; valid: data, tensor"),
-        ({"dense": "tensor", "n_devices": 3}, "4 attention heads over n_devices=3"),
+        ({"dense": "tensor", "n_devices": 3}, "n_heads=4 does not split evenly over 3 ranks"),
     ],
 )
 def test_bad_dense_is_one_config_error(params, match):
     with pytest.raises(ConfigError, match=match):
         simulate_run(tiny_spec("ep_static", **params))
+
+
+def test_tensor_parallel_kv_heads_and_qk_norm_as_the_real_run_splits_them():
+    """tiny (4 query heads, 2 kv heads, 4 experts) on 4 GPUs, dense=tensor: each GPU holds one
+    query head and one of the 2 kv heads (each kv head on 2 GPUs, as real/distributed.py and
+    vLLM replicate it): the k and v projections and the KV cache per GPU are 1/2, the rest 1/4.
+    As OLMoE (QK-norm over all heads) one more all-reduce per attention sums the per-token
+    statistics of q and k (2 float32 a token) before the output's. Where the kv heads neither
+    split over the GPUs nor divide them the simulator refuses, as the real run does."""
+    spec = tiny_spec("ep_static", dense="tensor", n_devices=4)
+    m = spec.model
+    kv_w = 2 * 64 * 2 * 16 * 2  # k and v: hidden x (2 kv heads x 16) x 2 bytes each
+    attn = [o for o in simulate_run(spec).schedule.ops
+            if o.kind == OpKind.ATTENTION and o.step == 0]  # fmt: skip
+    assert len(attn) == 4 * 2 * 3  # 4 GPUs x 2 layers x 3 batches
+    cache = 2 * 8 * m.kv_bytes_per_token / 2  # 2 sequences x 8 tokens, one of 2 kv heads
+    for o in attn:
+        assert o.touch_bytes == pytest.approx((m.attn_bytes - kv_w) / 4 + kv_w / 2 + cache)
+        proj = 2 * 16 * kv_w / 2  # 16 tokens through k and v (params = bytes / 2)
+        assert o.flops == pytest.approx((m.attention_flops(16, 4) - proj) / 4 + proj / 2)
+
+    def after_attention(model: ModelSpec) -> list[int]:
+        run = RunSpec(model, spec.hardware, spec.workload, "ep_static", spec.params)
+        ops = simulate_run(run).schedule.ops
+        return [o.nbytes for o in ops if o.kind == OpKind.ALL_REDUCE
+                and (o.step, o.layer, o.batch) == (0, 0, 0)]  # fmt: skip
+
+    olmoe = replace(spec.model, family="olmoe", name="tiny-qk")
+    hidden = 16 * 64 * 2 * 3 // 4  # 16 tokens' hidden states, 3/4 of them sent per phase
+    plain, normed = after_attention(spec.model), after_attention(olmoe)
+    assert normed == [16 * 2 * 4 * 3 // 4] * 8 + plain  # 2 phases x 4 GPUs, then as before
+    assert plain[:8] == [hidden] * 8
+    with pytest.raises(ConfigError, match="n_kv_heads=6 neither splits evenly over 4 ranks"):
+        bad = replace(spec.model, n_heads=12, n_kv_heads=6)
+        simulate_run(RunSpec(bad, spec.hardware, spec.workload, "ep_static", spec.params))
 
 
 def test_tensor_parallel_mla_keeps_the_latent_projection_whole():

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,9 @@ from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
-from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
 from real.distributed import check_dense, destinations, shard
-from real.model import KVCache, Model, ffn_shard, head_shard, reference_generate
+from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
@@ -36,6 +37,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def deepseek_tiny(f32_ckpt) -> Path:
     return f32_ckpt("deepseek-v2-lite")
+
+
+@pytest.fixture(scope="session")
+def olmoe_mqa(ckpt_root) -> Path:
+    """OLMoE-shaped (QK-norm over all heads) with one kv head for its 4 query heads, float32: on 2
+    tensor-parallel ranks both hold the kv head and QK-norm's statistics are summed over them."""
+    spec = reduced_spec("olmoe-1b-7b", **small_overrides("olmoe-1b-7b"), dtype_bytes=4)
+    return write_checkpoint(replace(spec, n_kv_heads=1), ckpt_root / "olmoe-mqa", seed=1)
 
 
 def free_port() -> int:
@@ -105,19 +114,23 @@ def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
         ("mixtral", 1, ["planner=eplb", "replica_slots=2"]),
         ("deepseek", 1, ["planner=ep_static"]),
         ("deepseek", 2, ["planner=eplb", "replica_slots=2"]),
+        ("olmoe_mqa", 1, ["planner=predictive_replication", "replica_slots=2"]),
     ],
     ids=[
         "mixtral-ep_static-b2",
         "mixtral-eplb-b1",
         "deepseek-ep_static-b1",
         "deepseek-eplb-b2",
+        "olmoe_mqa-predictive-b1",
     ],
 )
 def test_tensor_dense_matches_reference(model, batch, planner, request, tmp_path):
     """dense=tensor: each rank 2 of the 4 query heads (mixtral: 1 of its 2 kv heads; deepseek:
-    its kv_b heads, the latent whole), half of every dense and shared FFN and of the vocabulary.
+    its kv_b heads, the latent whole; olmoe_mqa: both hold its one kv head, and QK-norm sums its
+    statistics over them), half of every dense and shared FFN and of the vocabulary.
     Batch 1 is one sequence on 2 ranks, which dense=data refuses."""
-    ckpt = request.getfixturevalue("mixtral_tiny" if model == "mixtral" else "deepseek_tiny")
+    fixture = {"mixtral": "mixtral_tiny", "deepseek": "deepseek_tiny"}.get(model, model)
+    ckpt = request.getfixturevalue(fixture)
     summary = torchrun(ckpt, tmp_path, *planner, f"batch_size={batch}", "dense=tensor")
     assert summary["dense"] == summary["params"]["dense"] == "tensor"
     assert summary["dispatcher"] == "all_reduce"
@@ -127,32 +140,65 @@ def test_tensor_dense_matches_reference(model, batch, planner, request, tmp_path
     assert all(r["pairs_sent"] == 0 for r in summary["ranks"])
 
 
-@pytest.mark.parametrize("name", ["mixtral-tiny", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"])
-def test_head_shards_sum_to_attention(name, mixtral_tiny, f32_ckpt):
-    """Heads [0, 2) and [2, 4) of 4 (mixtral: one of 2 kv heads each; Qwen: biases cut alike;
-    deepseek: kv_b's heads, the latent whole), a 5-token prefill then a decode step: hidden plus
-    the shards' parts is `attention`, and GQA shards' caches side by side are the whole cache."""
-    ckpt = mixtral_tiny if name == "mixtral-tiny" else f32_ckpt(name)
+@pytest.mark.parametrize(
+    "name, world",
+    [
+        ("mixtral-tiny", 2),
+        ("mixtral-tiny", 4),
+        ("qwen1.5-moe-a2.7b", 2),
+        ("deepseek-v2-lite", 2),
+        ("olmoe-1b-7b", 2),
+        ("olmoe-mqa", 4),
+    ],
+)
+def test_head_shards_sum_to_attention(name, world, mixtral_tiny, olmoe_mqa, f32_ckpt):
+    """4 query heads in `world` shards, a 5-token prefill then a decode step: hidden plus the
+    shards' parts is `attention`, and GQA shards' caches, each kv head once, side by side are the
+    whole cache. mixtral: 2 kv heads, one per shard (world 4: each held by 2 shards); Qwen: biases
+    cut alike; deepseek: kv_b's heads, the latent whole; OLMoE: QK-norm's sums added over the
+    shards (olmoe-mqa: its one kv head's counted once over 4 holders)."""
+    ckpt = {"mixtral-tiny": mixtral_tiny, "olmoe-mqa": olmoe_mqa}.get(name) or f32_ckpt(name)
     spec, units = load_units(ckpt)
     model, w = Model.from_checkpoint(ckpt, spec), units[Unit(Tensor.ATTENTION, 1)]
     whole = KVCache.allocate(spec, 2, 6)
+    heads = [shard(spec.n_heads, world, r) for r in range(world)]
+    kv_heads = [kv_shard(spec, h) for h in heads]
     shards = [
-        (
-            head_shard(spec, w, shard(spec.n_heads, 2, r)),
-            KVCache.allocate(spec, 2, 6, kv_heads=spec.n_kv_heads // 2),
-        )
-        for r in range(2)
+        (head_shard(spec, w, h), KVCache.allocate(spec, 2, 6, kv_heads=hi - lo))
+        for h, (lo, hi) in zip(heads, kv_heads, strict=True)
     ]
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for positions in (torch.arange(5), torch.arange(5, 6)):
             hidden = torch.randn(2, len(positions), spec.hidden_size, generator=g)  # [B, S, H]
             want = model.attention(1, w, hidden, whole, positions)
-            parts = [model.attention_part(1, ws, hidden, kv, positions) for ws, kv in shards]
-            torch.testing.assert_close(hidden + parts[0] + parts[1], want, atol=ATOL, rtol=RTOL)
+            parts = shard_parts(model, shards, hidden, positions)
+            torch.testing.assert_close(hidden + sum(parts), want, atol=ATOL, rtol=RTOL)
     if spec.family != "deepseek_v2":
-        side_by_side = torch.cat([kv.layers[1][0] for _, kv in shards], dim=1)  # [B, Hkv, M, D]
+        first = [i for i, kv in enumerate(kv_heads) if i == 0 or kv != kv_heads[i - 1]]
+        side_by_side = torch.cat(
+            [shards[i][1].layers[1][0] for i in first], dim=1
+        )  # [B, Hkv, M, D]
         torch.testing.assert_close(side_by_side, whole.layers[1][0], atol=ATOL, rtol=RTOL)
+
+
+def shard_parts(model, shards, hidden, positions) -> list[torch.Tensor]:
+    """Each shard's `attention_part`, its `reduce` the sum over shards as an all-reduce gives
+    it: a first pass records each shard's contribution (on a copy of its cache), the second
+    hands every shard the total."""
+    sums: list[torch.Tensor] = []
+
+    def record(t: torch.Tensor) -> torch.Tensor:
+        sums.append(t.clone())
+        return t
+
+    for ws, kv in shards:
+        model.attention_part(1, ws, hidden, kv.map(torch.clone), positions, record)
+    total = sum(sums)
+    return [
+        model.attention_part(1, ws, hidden, kv, positions, lambda t: t.copy_(total))
+        for ws, kv in shards
+    ]
 
 
 @pytest.mark.parametrize("name", ["qwen1.5-moe-a2.7b", "deepseek-v2-lite", "switch-base-128"])
@@ -170,16 +216,17 @@ def test_ffn_shards_sum_to_whole(name, f32_ckpt):
 
 
 def test_tensor_dense_refusals(mixtral_tiny):
-    """Heads must split evenly (4 heads, 2 kv heads on 3 ranks do not); OLMoE's QK-norm spans
-    every head, so it cannot be split without another all-reduce."""
+    """Query heads must split evenly (4 on 3 ranks do not); kv heads must split evenly or divide
+    the ranks (6 kv heads of 12 query heads on 4 ranks do neither); 2 kv heads on 4 ranks are
+    replicated, and OLMoE's QK-norm splits (its statistics by another all-reduce)."""
     spec = load_checkpoint(mixtral_tiny)[0]
     check_dense(spec, "tensor", 2)
-    with pytest.raises(ConfigError, match="n_heads=4, n_kv_heads=2"):
+    check_dense(spec, "tensor", 4)
+    with pytest.raises(ConfigError, match="n_heads=4 does not split evenly over 3 ranks"):
         check_dense(spec, "tensor", 3)
-    olmoe = reduced_spec("olmoe-1b-7b", **small_overrides("olmoe-1b-7b"))
-    with pytest.raises(ConfigError, match="dense=tensor cannot split family olmoe's QK-norm"):
-        check_dense(olmoe, "tensor", 2)
-    check_dense(olmoe, "data", 2)
+    with pytest.raises(ConfigError, match="n_kv_heads=6 neither splits evenly over 4 ranks"):
+        check_dense(replace(spec, n_heads=12, n_kv_heads=6), "tensor", 4)
+    check_dense(reduced_spec("olmoe-1b-7b", **small_overrides("olmoe-1b-7b")), "tensor", 2)
 
 
 def test_destinations_split_replicas_evenly():
