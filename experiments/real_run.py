@@ -23,7 +23,7 @@ from core.cost import CostModel
 from core.errors import ConfigError
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing
-from core.schedule import ScheduleBuilder, validate
+from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
 from core.types import RoutingSource, Tier
@@ -84,12 +84,13 @@ def real_execute(
         ex = Executor(store, model, spec.workload, prompts)
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts)
-            schedule = build_schedule(spec, routing)
+            schedule = _one_process(build_schedule(spec, routing))
             out = ex.run_replay(schedule, routing)
         else:
             # A dry plan with replayed routing tells where placement-resident units sit.
             dry_routing = routing or _shape_routing(spec)
-            resident = resident_units(build_schedule(spec, dry_routing), spec.model.n_experts)
+            dry = _one_process(build_schedule(spec, dry_routing))
+            resident = resident_units(dry, spec.model.n_experts)
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -109,6 +110,18 @@ def real_execute(
     trace = make_trace(out.schedule, out.start_s, out.end_s, source="real")
     summary = summary_of(spec, out.schedule, trace, f"{routing_mode}: {out.routing.description}")
     return RunResult(out.schedule, trace, summary), out
+
+
+def _one_process(schedule: Schedule) -> Schedule:
+    """The schedule, if this process can run it: tensor-parallel dense work (each GPU every
+    sequence on its share of the heads, then an all-reduce) needs one process per GPU."""
+    if (schedule.meta.get("ep") or {}).get("dense") == "tensor":
+        raise ConfigError(
+            "executor=real runs expert-parallel dense work data-parallel only (planner "
+            "dense=data); run dense=tensor on one process per GPU: torchrun "
+            "--nproc_per_node=G -m experiments.ep_run checkpoint=DIR dense=tensor"
+        )
+    return schedule
 
 
 def _shape_routing(spec: RunSpec) -> Routing:

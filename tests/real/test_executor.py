@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from core.errors import MoepipeError
+from core.errors import ConfigError, MoepipeError
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
 from experiments.pipeline import RunSpec, simulate_run
@@ -123,6 +123,17 @@ def test_expert_parallel_with_shared_experts_matches_in_memory_forward(f32_ckpt,
     both = pd.concat([shared, routed], axis=1, join="inner")
     assert len(both) and (both["end_s"] <= both["start_s"]).all()
     assert_matches_reference(ckpt, spec, result, out)
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+def test_tensor_parallel_dense_is_refused_in_one_process(mixtral_tiny, mode):
+    """dense=tensor (every GPU every sequence on its share of the heads, then an all-reduce)
+    runs for real under torchrun (tests/real/test_distributed.py); in one process it is one clear
+    error, not an executor assertion."""
+    spec = spec_for(mixtral_tiny, "ep_static")
+    spec = RunSpec(spec.model, spec.hardware, spec.workload, spec.planner, {"dense": "tensor"})
+    with pytest.raises(ConfigError, match="runs expert-parallel dense work data-parallel only"):
+        real_execute(mixtral_tiny, spec, mode)
 
 
 RESIDENT_1GPU = hardware(0.05, 0.05)
