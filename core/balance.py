@@ -16,6 +16,12 @@ the tokens and busy seconds of its expert computes.
   a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
   how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
 
+Lanes that share the GPU's SMs (a simulated pool, trace column `sm_s`) have no fixed share to
+be busy on: there an op counts the whole-GPU seconds its work used, as G lanes' worth (a lane
+op) or once per lane (a whole-GPU op), so utilisation and expert_phase_util read the share of
+the GPU's SM-time used (an occupancy measure, replication.md §5); launch overheads use none.
+There a lane's device_busy_frac can pass 1: a lane that had the whole GPU did G lanes' work.
+
 Usage:
     m = balance_metrics(trace, n_devices=8)   # -> summary.json fields
     phases(trace, n_devices=8)                 # -> balance.csv: one row per (step, layer, batch)
@@ -53,6 +59,16 @@ def covered_s(start: np.ndarray, end: np.ndarray) -> float:
     return total
 
 
+def busy_of(trace: pd.DataFrame, n_devices: int) -> np.ndarray:
+    """Each op's busy seconds on its device: end - start, or where it shared the GPU's SMs
+    (`sm_s`) the whole-GPU seconds its work used times `n_devices` (the lanes it stands for)."""
+    wall = (trace["end_s"] - trace["start_s"]).to_numpy()
+    if "sm_s" not in trace:
+        return wall
+    sm = trace["sm_s"].to_numpy()
+    return np.where(np.isnan(sm), wall, sm * n_devices)
+
+
 def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     """One row per (step, layer, batch, device): expert `tokens` and `busy_s`, plus the phase's
     `start_s` / `end_s` (first start / last end of its expert ops on any device)."""
@@ -60,7 +76,7 @@ def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
         (trace["kind"].astype(str) == str(OpKind.EXPERT))
         & trace["resource"].astype(str).str.startswith(str(Resource.GPU))
     ]
-    ex = ex.assign(device=device_of(ex["resource"]), busy_s=ex["end_s"] - ex["start_s"])
+    ex = ex.assign(device=device_of(ex["resource"]), busy_s=busy_of(ex, n_devices))
     per = ex.groupby([*KEYS, "device"], observed=True)[["tokens", "busy_s"]].sum()
     phases = ex.groupby(KEYS, observed=True).agg(start_s=("start_s", "min"), end_s=("end_s", "max"))
     full = pd.MultiIndex.from_tuples(
@@ -107,11 +123,12 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     makespan = float(trace["end_s"].max())
     comp = trace[trace["resource"].astype(str).str.startswith(str(Resource.GPU))]
     start, end = comp["start_s"].to_numpy(), comp["end_s"].to_numpy()
-    dur, dev = end - start, device_of(comp["resource"])
+    dur, dev = busy_of(comp, n_devices), device_of(comp["resource"])
     # on lanes a whole-GPU op (stream `compute`) is busy time of every lane
     whole = np.zeros(len(comp), bool)
     if lanes:
         whole = (comp["stream"].astype(str) == str(Stream.COMPUTE)).to_numpy()
+        dur = np.where(whole, busy_of(comp, 1), dur)  # counted once per lane below
     dev_busy = np.bincount(dev[~whole], dur[~whole], minlength=n_devices)[:n_devices]
     dev_busy = dev_busy + dur[whole].sum()
     gpu = np.zeros(len(comp), np.int64) if lanes else dev  # lanes: one GPU

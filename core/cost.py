@@ -6,11 +6,17 @@ when the hardware profile has one for that op kind, divided by the stream's `sha
 device (1, or 1/G for a lane holding 1/G of a GPU's SMs), plus the per-op overhead (a
 calibrated table times the kernels alone; the overhead is what running one op costs on top). It lives in core
 (not sim/) because planners need it too: Klotski's n-planner solves its inequalities with it.
+
+Streams in a shared pool (CUDA streams on one GPU's SMs) split an op into its overhead (launch,
+on its stream, no SMs) and its work (the seconds it takes at the whole GPU), run by the
+simulator at a varying share of the GPU of at most `cap`: what an op of `width` thread blocks
+can fill (`pool_parts`).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -18,10 +24,58 @@ from core.schedule import Op, Schedule
 from core.spec import ComputeSpec, HardwareSpec
 from core.types import COMPUTE_KINDS, OpKind, Resource
 
+# A GEMM's output tile per thread block: CUTLASS's and DeepGEMM's common 128 x 128 (DeepGEMM also
+# runs 64-row tiles for few tokens; 128 is the conservative count for them).
+TILE = 128
+
+
+def gemm_blocks(rows: Iterable[int], cols: int) -> int:
+    """Thread blocks of a grouped GEMM with `cols` output columns: each group's (an expert's)
+    ceil(rows / TILE) x ceil(cols / TILE) output tiles; groups with no rows launch none."""
+    return sum(-(-int(r) // TILE) for r in rows if r > 0) * -(-cols // TILE)
+
 
 class CostModel:
     def __init__(self, hardware: HardwareSpec) -> None:
         self.hw = hardware
+
+    def overhead_s(self, device: Resource, kind: OpKind) -> float:
+        spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
+        return spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
+
+    def cap(self, device: Resource, flops: float, touch_bytes: float, width: int) -> float:
+        """The largest share of the device an op of `width` thread blocks can use: its roofline
+        at the whole device over its roofline alone, where each block holds one SM (compute:
+        width / sms of the peak) and draws at most one SM's bandwidth (memory). 1 where width is
+        0 (fills the device) or the device's SM count is unknown."""
+        spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
+        f, m = flops / spec.peak_flops_per_s, touch_bytes / spec.mem_bw_bytes_per_s
+        if width <= 0 or spec.sms <= 0 or max(f, m) <= 0:
+            return 1.0
+        sm_bw = spec.sm_mem_bw_bytes_per_s or spec.mem_bw_bytes_per_s / spec.sms
+        c_f = min(1.0, width / spec.sms)
+        c_m = min(1.0, width * sm_bw / spec.mem_bw_bytes_per_s)
+        return max(f, m) / max(f / c_f, m / c_m)
+
+    def pool_parts(
+        self, schedule: Schedule, durations: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per op (NaN off pool streams and for non-compute ops): overhead seconds, work seconds
+        at the whole device (its duration, `durations` if given, less the overhead) and `cap`."""
+        n = len(schedule.ops)
+        over, work, caps = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        pools = {name for name, s in schedule.streams.items() if s.pool}
+        if not pools:
+            return over, work, caps
+        durations = self.durations(schedule) if durations is None else durations
+        for op in schedule.ops:
+            if op.stream not in pools or op.kind not in COMPUTE_KINDS:
+                continue
+            res = schedule.streams[op.stream].resource
+            over[op.id] = self.overhead_s(res, op.kind)
+            work[op.id] = max(durations[op.id] - over[op.id], 0.0)
+            caps[op.id] = self.cap(res, op.flops, op.touch_bytes, op.width)
+        return over, work, caps
 
     def transfer_s(self, resource: Resource, nbytes: float) -> float:
         return self.hw.link(resource).time_s(nbytes)

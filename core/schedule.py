@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,6 +36,9 @@ class Op(NamedTuple):
     tokens: int = 0  # tokens computed (compute ops)
     flops: float = 0.0  # floating-point ops (compute ops)
     touch_bytes: int = 0  # bytes a compute op reads from its device memory (weights + KV)
+    # thread blocks its kernels launch (a GEMM's output tiles); 0 = enough to fill the device.
+    # Only a stream in a shared `pool` reads it: it caps the share of the SMs the op can use.
+    width: int = 0
     src: Tier | None = None  # transfer source tier
     dst: Tier | None = None  # transfer destination tier
     alloc_tier: Tier | None = None  # memory taken when the op starts ...
@@ -64,9 +67,14 @@ class StreamSpec:
     # 1/G for one of G lanes that partition one GPU's SMs (CUDA green contexts, MPS). The per-op
     # overhead is not divided.
     share: float = 1.0
+    # Streams naming the same pool share one GPU's SMs as plain CUDA streams do: their compute ops
+    # run concurrently, each at most the share its `width` can fill, together at most the whole
+    # GPU (processor sharing). "" = the stream holds its resource while an op runs.
+    pool: str = ""
 
     def __post_init__(self) -> None:
         assert 0 < self.share <= 1, f"stream {self.name}: share {self.share} outside (0, 1]"
+        assert not self.pool or self.share == 1, f"stream {self.name}: a pool stream has share 1"
 
     @property
     def resource_id(self) -> str:
@@ -103,10 +111,10 @@ class Schedule:
         kind_idx = {k: i for i, k in enumerate(kinds)}
         rows = [
             (kind_idx[o.kind], stream_idx[o.stream], o.nbytes, o.flops, o.touch_bytes,
-             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes)
+             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes, o.width)
             for o in ops
         ]  # fmt: skip
-        arr = np.array(rows, dtype=np.float64).reshape(n, 9)
+        arr = np.array(rows, dtype=np.float64).reshape(n, 10)
         cols = {
             "kind": arr[:, 0].astype(np.int16),  # index into list(OpKind)
             "stream": arr[:, 1].astype(np.int16),  # index into list(self.streams)
@@ -117,6 +125,7 @@ class Schedule:
             "alloc_bytes": arr[:, 6].astype(np.int64),
             "free_tier": arr[:, 7].astype(np.int8),
             "free_bytes": arr[:, 8].astype(np.int64),
+            "width": arr[:, 9].astype(np.int64),
         }
         self._columns = cols
         return cols
@@ -141,11 +150,18 @@ class ScheduleBuilder:
         self.meta: dict[str, Any] = {}
         self._sink = sink
 
-    def stream(self, name: str, resource: Resource, device: int = 0, share: float = 1.0) -> str:
-        spec = StreamSpec(str(name), Resource(resource), device, float(share))
+    def stream(
+        self, name: str, resource: Resource, device: int = 0, share: float = 1.0, pool: str = ""
+    ) -> str:
+        spec = StreamSpec(str(name), Resource(resource), device, float(share), pool)
         old = self.streams.setdefault(spec.name, spec)
         assert old == spec, f"stream {name} redefined"
         return spec.name
+
+    def join_pool(self, name: str, pool: str) -> None:
+        """Put stream `name`, defined but not used yet, into the shared `pool`."""
+        assert not any(op.stream == name for op in self.ops), f"stream {name} already has ops"
+        self.streams[name] = replace(self.streams[name], pool=pool)
 
     def reserve(self, tier: Tier, nbytes: int) -> None:
         """Hold memory for the whole run (resident weights, a KV cache kept on that tier)."""

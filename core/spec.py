@@ -426,6 +426,11 @@ class ComputeSpec:
     # Calibrated tables: op kind -> ((flops, seconds), ...) sorted by flops. They replace the
     # roofline for that kind (see core.cost).
     time_tables: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # Streaming multiprocessors (0 = unknown: every kernel can fill the device) and the memory
+    # bandwidth one SM's thread blocks can draw (0 = mem_bw / sms, an even split): how much of
+    # the device a kernel of few thread blocks can use (core.cost.CostModel.cap).
+    sms: int = 0
+    sm_mem_bw_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -499,12 +504,19 @@ class HardwareSpec:
                     str(OpKind(k)): float(v) * 1e-6
                     for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
                 }
+                sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
+                if sms < 0 or sm_bw < 0:
+                    raise ConfigError(
+                        f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
+                    )
                 return ComputeSpec(
                     float(c["tflops"]) * 1e12,
                     float(c["mem_bw_gbps"]) * GB,
                     float(c.get("overhead_us", 0)) * 1e-6,
                     kind_overhead,
                     tables,
+                    sms,
+                    sm_bw,
                 )
 
             return cls(

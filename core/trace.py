@@ -34,15 +34,24 @@ TRACE_COLUMNS = [
     "tokens",
     "start_s",
     "end_s",
+    # seconds of the whole GPU an op's work used, where it shared the GPU's SMs with other
+    # streams' ops (a simulated pool: StreamSpec.pool); NaN where the op held its resource from
+    # start to end (its busy time is end - start) and in real traces, which cannot see SMs
+    "sm_s",
 ]
 
 
 def make_trace(
-    schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray, source: str
+    schedule: Schedule,
+    start_s: np.ndarray,
+    end_s: np.ndarray,
+    source: str,
+    sm_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """One row per op, in op order."""
+    """One row per op, in op order; sm_s: see TRACE_COLUMNS (None: all NaN)."""
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
+    assert sm_s is None or len(sm_s) == len(ops)
     res = {name: s.resource_id for name, s in schedule.streams.items()}
     cols: dict[str, Any] = {
         "source": pd.Categorical([source] * len(ops)),
@@ -59,6 +68,7 @@ def make_trace(
         "tokens": np.fromiter((o.tokens for o in ops), np.int64, len(ops)),
         "start_s": np.asarray(start_s, dtype=np.float64),
         "end_s": np.asarray(end_s, dtype=np.float64),
+        "sm_s": np.full(len(ops), np.nan) if sm_s is None else np.asarray(sm_s, np.float64),
     }
     return pd.DataFrame(cols, columns=TRACE_COLUMNS)
 
@@ -83,7 +93,11 @@ def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:
         recs = df.to_dict("records")
         for r in recs:
             name = r["kind"] if r["tensor"] == "none" else f"{r['kind']} {r['tensor']}"
-            args = {k: _jsonable(r[k]) for k in TRACE_COLUMNS if k not in ("start_s", "end_s")}
+            args = {
+                k: _jsonable(r[k])
+                for k in TRACE_COLUMNS
+                if k not in ("start_s", "end_s") and k in r and not _missing(r[k])
+            }
             ts = r["start_s"] * 1e6
             dur = (r["end_s"] - r["start_s"]) * 1e6
             ev = {
@@ -100,6 +114,11 @@ def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:
                 ev.update(ph="i", s="t")
             events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _missing(v: Any) -> bool:
+    """NaN (no value; JSON has none)."""
+    return isinstance(v, float) and v != v
 
 
 def _jsonable(v: Any) -> Any:

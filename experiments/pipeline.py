@@ -80,8 +80,9 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
         spec = resolve_n_batches(spec)
     routing = routing if routing is not None else load_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
-    start, end = simulate(schedule, CostModel(spec.hardware))
-    trace = make_trace(schedule, start, end, source="sim")
+    cost = CostModel(spec.hardware)
+    start, end = simulate(schedule, cost)
+    trace = make_trace(schedule, start, end, source="sim", sm_s=cost.pool_parts(schedule)[1])
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 

@@ -45,6 +45,7 @@ from experiments.pipeline import (
     write_balance,
     write_run,
 )
+from planners.expert_parallel import LANE_SHARING
 from planners.predictive_replication import transition_counts
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ def run_case(
         for label, planner, own in runs:
             params = dict(n_devices=int(case.n_devices), lanes=bool(case.lanes),
                           grouped_gemm=bool(cfg.grouped_gemm), **own)  # fmt: skip
+            if case.get("lane_sharing"):
+                params["lane_sharing"] = str(case.lane_sharing)
             if planner != "ep_static":
                 params["replica_slots"] = int(cfg.replica_slots)
             if planner != "ep_static":  # the same training information for all
@@ -233,8 +236,9 @@ def work_conserving_s(result: RunResult, hw: HardwareSpec) -> float | None:
     overhead, or its busiest lane's ops at the whole GPU, whichever is longer. What the partition
     adds to a phase beyond that is taken off the makespan, the rest left as it ran: an estimate
     that takes the phases to be on the critical path, as lanes run them between whole-GPU dense
-    ops. None off lanes."""
-    if not (result.schedule.meta.get("ep") or {}).get("lanes"):
+    ops. None off lanes, and on lanes that already share the SMs (lane_sharing=shared)."""
+    ep = result.schedule.meta.get("ep") or {}
+    if not ep.get("lanes") or ep.get("lane_sharing") == "shared":
         return None
     cost, ops, t = CostModel(hw), result.schedule.ops, result.trace
     ex = t[t["kind"].astype(str) == str(OpKind.EXPERT)]
@@ -272,6 +276,41 @@ def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{1 - ms['wpr'] / ms['wst']:.1%}"
         )  # fmt: skip
     return out
+
+
+def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One note per batch size of each case whose lanes share the GPU's SMs (plain CUDA streams),
+    against the lanes case of the same model that partitions them: ep_static's and
+    predictive's makespans and expert-phase utilisation, and replication's gain, in both."""
+
+    def sharing(r: dict[str, Any]) -> str | None:
+        ep = r["plan"]["ep"]
+        return str(ep.get("lane_sharing") or "partition") if ep.get("lanes") else None
+
+    out = []
+    for r in rows:
+        if r["planner"] != "ep_static" or sharing(r) != "shared":
+            continue
+        mine = {x["planner"]: x for x in rows
+                if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]}  # fmt: skip
+        theirs = {x["planner"]: x for x in rows
+                  if sharing(x) == "partition" and x["model"] == r["model"]
+                  and x["batch_size"] == r["batch_size"]
+                  and x["n_devices"] == r["n_devices"]}  # fmt: skip
+        both = {"ep_static", "predictive_replication"}
+        if not both <= mine.keys() or not both <= theirs.keys():
+            continue
+        out.append(f"[note] {r['case']} bs={r['batch_size']}: lanes sharing the SMs: {_views(mine)}; "
+                   f"partitioned ({theirs['ep_static']['case']}): {_views(theirs)}")  # fmt: skip
+    return out
+
+
+def _views(by: dict[str, dict[str, Any]]) -> str:
+    """ep_static's and predictive's makespan and expert-phase utilisation, and the gain."""
+    st, pr = by["ep_static"], by["predictive_replication"]
+    return (f"ep_static {1e3 * st['makespan_s']:.2f} ms (phase {st['expert_phase_util']:.3f}), "
+            f"predictive {1e3 * pr['makespan_s']:.2f} ms (phase {pr['expert_phase_util']:.3f}), "
+            f"gain {1 - pr['makespan_s'] / st['makespan_s']:.1%}")  # fmt: skip
 
 
 KEY = "run_key.json"  # in a run dir: what the run was (spec, routing, code), for resuming
@@ -498,6 +537,11 @@ def check_inputs(cfg: DictConfig) -> None:
         known("model", str(case.model), f"cases.{name}.model")
         for key in ("n_devices", "prompt_len", "n_batches"):
             as_int(f"cases.{name}.{key}", case[key], at_least=0 if key == "n_devices" else 1)
+        sharing = case.get("lane_sharing")
+        if sharing is not None and sharing not in LANE_SHARING:
+            raise MoepipeError(
+                f"cases.{name}.lane_sharing={sharing!r} unknown; valid: {', '.join(LANE_SHARING)}"
+            )
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
 
@@ -519,6 +563,7 @@ def run(cfg: DictConfig) -> list[str]:
         "",
         *reuse_lines(dict(cfg.cases), len(prep["test_ids"])),
         *work_conserving_lines(rows),
+        *sharing_lines(rows),
         *targets(
             rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
         ),

@@ -26,21 +26,25 @@ earlier layers, not on the critical path unless it is late. Iteration t = (step,
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from core.cost import CostModel
+from core.cost import CostModel, gemm_blocks
 from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
+from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 
 GATES = ("none", "time", "time+copy")
 DENSE = ("data", "tensor")
+LANE_SHARING = ("partition", "shared")
+POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,10 @@ class EPParams:
     # The share of the GPU's compute rate and memory bandwidth each lane's ops get; 0 = 1/G (a
     # partition of its SMs: the lanes together have one GPU). 1 gives every lane the whole GPU.
     lane_share: float = 0.0
+    # How lanes share the GPU: "partition" = each holds its `lane_share` of the SMs (CUDA green
+    # contexts, MPS with SM limits); "shared" = plain CUDA streams: every kernel may use any SMs
+    # the others leave, up to what its thread blocks fill (processor sharing, sim/executor.py).
+    lane_sharing: str = "partition"
     replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
     replicas: int = -1  # redundant copies per layer to place; -1 = at most every slot
     # One grouped-GEMM op per device per layer (simulator only: the real executor runs one op per
@@ -70,6 +78,11 @@ class EPParams:
             raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
         if self.dense not in DENSE:
             raise ConfigError(f"planner dense={self.dense!r} unknown; valid: {', '.join(DENSE)}")
+        if self.lane_sharing not in LANE_SHARING:
+            raise ConfigError(
+                f"planner lane_sharing={self.lane_sharing!r} unknown; valid: "
+                f"{', '.join(LANE_SHARING)}"
+            )
         if not 0.0 <= self.lane_share <= 1.0:
             raise ConfigError(
                 f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
@@ -89,15 +102,22 @@ class Layout:
     grouped_gemm: bool = False  # see EPParams
     lane_share: float = 0.0  # see EPParams
     dense: str = "data"  # see EPParams; lanes: "data" (their dense work runs on the whole GPU)
+    lane_sharing: str = "partition"  # see EPParams
 
     @property
     def slots_per_device(self) -> int:
         return self.home_slots + self.replica_slots
 
     @property
+    def shared(self) -> bool:
+        """Lanes whose kernels share the GPU's SMs (a processor-sharing pool)."""
+        return self.lanes and self.lane_sharing == "shared"
+
+    @property
     def share(self) -> float:
-        """The share of a GPU's compute one device has: a lane holds 1/G of it."""
-        if not self.lanes:
+        """The share of a GPU's compute one device has: a lane holds 1/G of it (shared lanes:
+        none fixed, the pool decides)."""
+        if not self.lanes or self.shared:
             return 1.0
         return self.lane_share or 1.0 / self.n_devices
 
@@ -230,7 +250,16 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share, dense)  # fmt: skip
+                  p.lane_share, dense, p.lane_sharing)  # fmt: skip
+
+
+def expert_width(m: ModelSpec, rows: Iterable[int]) -> int:
+    """Thread blocks of a device's expert op (one expert's tokens, or each expert's of a grouped
+    GEMM): those of its up-projection GEMM (SwiGLU's gate and up fused: (matrices - 1) x F
+    columns) and of its down-projection (H columns), averaged by the weight bytes each reads."""
+    rows, k = list(rows), m.ffn_matrices - 1
+    up, down = gemm_blocks(rows, k * m.expert_ffn_size), gemm_blocks(rows, m.hidden_size)
+    return max(1, round((k * up + down) / (k + 1)))
 
 
 class SlotPolicy(Protocol):
@@ -603,8 +632,11 @@ class EPRunner:
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
         b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
         if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
-            self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share)
+            pool = POOL if lay.shared else ""  # or all of them share its SMs
+            self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool)
                             for d in range(lay.n_devices)]  # fmt: skip
+            if pool:
+                b.join_pool(self.em.compute, pool)
         else:
             self.compute = [self.em.compute] + [
                 b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
@@ -621,6 +653,7 @@ class EPRunner:
             replica_slots=lay.replica_slots, replicas=lay.replicas,
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
             grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
+            lane_sharing=lay.lane_sharing if lay.lanes else None,
         )  # fmt: skip
 
     def plan(self, policy: SlotPolicy) -> None:
@@ -804,15 +837,18 @@ class EPRunner:
                              tensor=Tensor.HIDDEN, **common)  # fmt: skip
             busy = np.flatnonzero(tokens[d])
             if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
+                width = expert_width(m, tokens[d, busy]) if lay.shared else 0
                 prev = b.add(
                     OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
-                    tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes, **common,
+                    tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes,
+                    width=width, **common,
                 )  # fmt: skip
             for e in [] if lay.grouped_gemm else busy:
                 n = int(tokens[d, e])
                 prev = b.add(
                     OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
-                    tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes, **common,
+                    tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes,
+                    width=expert_width(m, [n]) if lay.shared else 0, **common,
                 )  # fmt: skip
             if not lay.lanes and remote:
                 prev = b.add(OpKind.COMBINE, self.combine[d], (prev,), tokens=remote, nbytes=remote * act_bytes,

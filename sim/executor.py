@@ -3,6 +3,9 @@
 Streams are FIFO; an op waits for its deps, then for the memory it allocates, then for its
 physical resource (shared by every stream mapped onto it, first come first served), runs for
 the cost model's duration, and frees memory at its end. Deterministic.
+A compute op on a stream in a shared pool (`StreamSpec.pool`: CUDA streams on one GPU) instead
+runs its overhead on its stream, then its work alongside the pool's other running ops, at a
+share of the GPU that changes as they start and end (`_Fluid`).
 
 Usage:
     start_s, end_s = simulate(schedule, CostModel(hardware))
@@ -60,6 +63,56 @@ class _Pool:
         self.waiting = still
 
 
+class _Fluid:
+    """Processor sharing of one GPU among its pool's running ops: each op runs at rate
+    min(cap, level), the level chosen so the rates sum to 1 (water-filling; all at their caps if
+    those sum to less). An op of `work` seconds at the whole GPU ends when its rate integrated
+    over time reaches `work`. Re-planned whenever an op joins or ends."""
+
+    __slots__ = ("env", "jobs", "t", "gen")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.jobs: dict[int, list[Any]] = {}  # op id -> [work left, cap, rate, event]
+        self.t = 0.0  # when the work left was last brought up to date
+        self.gen = 0  # the wake-up that is current; older ones are stale
+
+    def run(self, op_id: int, work: float, cap: float) -> simpy.Event:
+        self._advance()
+        ev = self.env.event()
+        self.jobs[op_id] = [work, cap, 0.0, ev]
+        self._plan()
+        return ev
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.t
+        for job in self.jobs.values():
+            job[0] -= job[2] * dt
+        self.t = self.env.now
+
+    def _plan(self) -> None:
+        if not self.jobs:
+            return
+        left, n = 1.0, len(self.jobs)
+        for job in sorted(self.jobs.values(), key=lambda j: j[1]):
+            job[2] = min(job[1], left / n)
+            left, n = left - job[2], n - 1
+        first = min(self.jobs, key=lambda i: self.jobs[i][0] / self.jobs[i][2])
+        self.gen += 1
+        gen, dt = self.gen, max(self.jobs[first][0] / self.jobs[first][2], 0.0)
+        self.env.timeout(dt).callbacks.append(lambda _: self._wake(gen, first))
+
+    def _wake(self, gen: int, first: int) -> None:
+        if gen != self.gen:
+            return
+        self._advance()
+        scale = max(1.0, *(abs(j[0]) for j in self.jobs.values()))
+        done = [i for i, j in self.jobs.items() if i == first or j[0] <= 1e-12 * scale]
+        for i in done:
+            self.jobs.pop(i)[3].succeed()
+        self._plan()
+
+
 def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Simulate; return per-op start and end times in seconds. Raises ScheduleError if stuck."""
     env = simpy.Environment()
@@ -81,9 +134,22 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
     for s in specs:
         users[s.resource_id] = users.get(s.resource_id, 0) + 1
     stream_locks = [
-        None if s.resource == Resource.NONE or users[s.resource_id] == 1 else locks[s.resource_id]
+        None
+        if s.resource == Resource.NONE or s.pool or users[s.resource_id] == 1
+        else locks[s.resource_id]
         for s in specs
     ]
+    # ops on pool streams: (pool, work, cap); their `durations` entry becomes the overhead
+    fluids = {s.pool: _Fluid(env) for s in specs if s.pool}
+    over, work, caps = cost.pool_parts(schedule, durations)
+    pooled = ~np.isnan(work)
+    durations = np.where(pooled, over, durations)
+    pool_of = [fluids[s.pool] if s.pool else None for s in specs]
+    shared: list[tuple[_Fluid, float, float] | None] = [None] * n
+    for i in np.flatnonzero(pooled).tolist():
+        fluid = pool_of[stream_of[i]]
+        assert fluid is not None
+        shared[i] = (fluid, float(work[i]), float(caps[i]))
     free_kind = list(OpKind).index(OpKind.FREE)
     lock_of = [
         None if k == free_kind else stream_locks[s]
@@ -99,13 +165,14 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
         cols["free_bytes"].tolist(),
         lock_of,
         durations.tolist(),
+        shared,
         strict=True,
     ):
         per_stream[stream_of[row[0]]].append(row)
 
     def run_stream(ops: list[tuple[Any, ...]]) -> Generator[simpy.Event, Any, None]:
         timeout, event = env.timeout, env.event
-        for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur in ops:
+        for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid in ops:
             for d in deps:
                 if not done[d]:
                     ev = waiters[d]
@@ -130,6 +197,9 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
             start[op_id] = now = env._now
             if dur > 0:
                 yield timeout(dur)
+                now = env._now
+            if fluid is not None and fluid[1] > 0:
+                yield fluid[0].run(op_id, fluid[1], fluid[2])
                 now = env._now
             end[op_id] = now
             if lock is not None:

@@ -273,3 +273,49 @@ def test_a_bad_time_table_is_named(table):
          "links": {k: {"gbps": 1} for k in ("h2d", "d2h", "disk")}}  # fmt: skip
     with pytest.raises(ConfigError, match="time_tables.compute-expert must be"):
         HardwareSpec.from_dict(d)
+
+
+# ---- the share of the GPU an op of few thread blocks can use (shared pools) --------------------
+
+
+def test_gemm_blocks_count_each_groups_tiles():
+    """128 x 128 output tiles: 1 row and 200 rows over 300 columns are (1 + 2) x 3 tiles; a group
+    with no rows launches none."""
+    from core.cost import gemm_blocks
+
+    assert gemm_blocks([1, 200, 0], 300) == 9
+    assert gemm_blocks([], 300) == 0
+
+
+@pytest.mark.parametrize(
+    "flops, touch, width, sm_bw, cap",
+    [
+        (1e9, 0, 1, 0, 0.25),  # compute-bound, 1 block of 4 SMs: a quarter of the peak
+        (0, 10**9, 1, 0, 0.25),  # memory-bound, one SM's even split of the bandwidth
+        (0, 10**9, 1, 500, 0.5),  # one SM can draw 500 of the 1000 GB/s
+        (0, 10**9, 3, 500, 1.0),  # three can draw it all
+        (1e9, 10**9, 1, 500, 0.25),  # 1 ms of each: the compute part, 4 ms alone, binds
+        (1e9, 0, 0, 0, 1.0),  # width 0: fills the GPU
+        (1e9, 0, 8, 0, 1.0),  # more blocks than SMs
+    ],
+)
+def test_cap_is_roofline_over_roofline_alone(flops, touch, width, sm_bw, cap):
+    """The round GPU with 4 SMs: an op of `width` blocks holds that many SMs (compute) and draws
+    at most that many SMs' bandwidth (memory); its cap is its whole-GPU roofline over that."""
+    raw = {"name": "sms", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": 4, "sm_mem_bw_gbps": sm_bw},
+           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    assert CostModel(HardwareSpec.from_dict(raw)).cap(Resource.GPU, flops, touch, width) == (
+        pytest.approx(cap)
+    )
+    assert CostModel(hw()).cap(Resource.GPU, flops, touch, 1) == 1.0  # SM count unknown
+
+
+def test_negative_sm_count_is_one_config_error():
+    raw = {"name": "bad", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": -1},
+           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    with pytest.raises(ConfigError, match="hardware bad: sms=-1 and sm_mem_bw_gbps must be >= 0"):
+        HardwareSpec.from_dict(raw)

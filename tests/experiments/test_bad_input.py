@@ -218,6 +218,7 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("replica_slots=abc", ["replica_slots=abc"]),
         ("cases.esft-g8.model=nosuch", ["cases.esft-g8.model=nosuch"]),
         ("cases.esft-g4.batch_sizes=[0]", ["cases.esft-g4.batch_sizes"]),
+        ("cases.switch-base-128-shared.lane_sharing=mps", ["lane_sharing='mps'", "partition"]),
     ],
 )
 def test_replication_inputs_are_checked_first(arg, names, tmp_path):

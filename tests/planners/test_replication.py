@@ -14,7 +14,7 @@ import yaml
 from core.balance import balance_metrics
 from core.errors import ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from core.types import OpKind, Resource
+from core.types import COMPUTE_KINDS, OpKind, Resource
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
@@ -326,7 +326,6 @@ def test_lanes_partition_one_gpu_and_dense_work_runs_on_all_of_it():
     one overhead), and every dense op is one whole-GPU op over the batch's tokens on `compute`;
     as 2 GPUs the dense work is split over the devices' sequences instead."""
     from core.cost import CostModel
-    from core.types import COMPUTE_KINDS
 
     spec = tiny_spec("ep_static", lanes=True)
     res = simulate_run(spec)
@@ -360,6 +359,56 @@ def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
     line = gap_line("c", 8, st, pr, orc)
     assert "nan" not in line and "no gap to close" in line and "predictive is faster" in line
     assert "closes 50%" in gap_line("c", 8, st, {"makespan_s": 0.0095}, {"makespan_s": 0.009})
+
+
+def test_shared_lanes_share_the_gpus_sms_and_utilisation_reads_sm_time():
+    """lane_sharing=shared: the lanes and the whole-GPU stream form one pool (share 1 each); an
+    expert op's width is its GEMMs' 128 x 128 tiles (tiny: H 64, F 128, SwiGLU: the fused
+    gate/up GEMM has 256 columns, 2 tiles per 128 rows; down 64 columns, 1 tile), averaged 2:1;
+    utilisation and expert_phase_util count the whole-GPU seconds of work (`sm_s`), not the
+    wall time the ops overlap; the work-conserving estimate is moot there."""
+    from experiments.replication import work_conserving_s
+    from planners.expert_parallel import POOL, expert_width
+
+    spec = tiny_spec("predictive_replication", lanes=True, lane_sharing="shared", grouped_gemm=True)
+    res = simulate_run(spec)
+    sched, t = res.schedule, res.trace
+    used = {o.stream for o in sched.ops if o.kind in COMPUTE_KINDS}
+    assert used == {"lane0", "lane1", "compute"}
+    assert {(sched.streams[s].pool, sched.streams[s].share) for s in used} == {(POOL, 1.0)}
+    m = spec.model
+    assert expert_width(m, [5]) == round((2 * 2 + 1) / 3)  # one expert, 5 rows
+    assert expert_width(m, [5, 130]) == round((2 * 6 + 3) / 3)  # 1 + 2 row tiles
+    ex = [o for o in sched.ops if o.kind == OpKind.EXPERT]
+    assert ex and all(o.width >= 1 for o in ex)
+    sm = t["sm_s"].to_numpy()
+    pooled = t["kind"].astype(str).isin([str(k) for k in COMPUTE_KINDS]).to_numpy()
+    assert not np.isnan(sm[pooled]).any() and np.isnan(sm[~pooled]).all()
+    assert res.summary["utilisation"] == pytest.approx(sm[pooled].sum() / t["end_s"].max())
+    phases = t[t["kind"].astype(str) == str(OpKind.EXPERT)].groupby(["step", "layer", "batch"])
+    span = (phases["end_s"].max() - phases["start_s"].min()).sum()
+    assert res.summary["expert_phase_util"] == pytest.approx(phases["sm_s"].sum().sum() / span)
+    assert res.summary["plan"]["ep"]["lane_sharing"] == "shared"
+    assert work_conserving_s(res, spec.hardware) is None
+    with pytest.raises(ConfigError, match="lane_sharing='mps' unknown; valid: partition, shared"):
+        simulate_run(tiny_spec("ep_static", lanes=True, lane_sharing="mps"))
+
+
+def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
+    from experiments.replication import sharing_lines
+
+    def row(case, planner, ms, phase, sharing):
+        return dict(case=case, planner=planner, model="m", batch_size=8, n_devices=2,
+                    makespan_s=ms / 1e3, expert_phase_util=phase,
+                    plan={"ep": {"lanes": True, "lane_sharing": sharing}})  # fmt: skip
+
+    rows = [row("p", "ep_static", 10, 0.5, "partition"), row("p", "predictive_replication", 8, 0.9, "partition"),
+            row("s", "ep_static", 6, 0.95, "shared"), row("s", "predictive_replication", 6, 0.95, "shared")]  # fmt: skip
+    assert sharing_lines(rows) == [
+        "[note] s bs=8: lanes sharing the SMs: ep_static 6.00 ms (phase 0.950), predictive 6.00 ms "
+        "(phase 0.950), gain 0.0%; partitioned (p): ep_static 10.00 ms (phase 0.500), predictive "
+        "8.00 ms (phase 0.900), gain 20.0%"
+    ]
 
 
 def test_lane_share_outside_zero_one_is_a_config_error():

@@ -161,6 +161,19 @@ def test_lanes_on_one_device_match_in_memory_forward(mixtral_tiny, planner, mode
     check_lanes_run(mixtral_tiny, planner, mode)
 
 
+@pytest.mark.parametrize("mode", ["replay", "live"])
+def test_shared_lanes_run_the_same_way(mixtral_tiny, mode):
+    """lane_sharing=shared changes only how the simulator shares the GPU (real CUDA streams share
+    it anyway): the real run of such a schedule still matches the in-memory forward."""
+    model, _ = load_checkpoint(mixtral_tiny)
+    spec = RunSpec(model, RESIDENT_1GPU, WORKLOAD, "predictive_replication",
+                   {**LANES, "lane_sharing": "shared"})  # fmt: skip
+    result, out = real_execute(mixtral_tiny, spec, mode)
+    assert result.schedule.meta["ep"]["lane_sharing"] == "shared"
+    assert result.trace["sm_s"].isna().all()  # a real trace cannot see the SMs
+    assert_matches_reference(mixtral_tiny, spec, result, out)
+
+
 def test_disk_tier_is_used(mixtral_tiny):
     """The offload fixture really reads experts from disk (else the tests above prove less)."""
     result, _ = real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")

@@ -184,3 +184,51 @@ def test_dag_bound_counts_one_resource_between_release_and_delivery():
     bound, binds = dag_bound(s, trace)
     assert bound == pytest.approx(5.0) == pytest.approx(trace["end_s"].max())
     assert binds.startswith("h2d")
+
+
+def pool_hw(sms: int, sm_mem_bw_gbps: float = 0.0, overhead_us: float = 0.0) -> HardwareSpec:
+    """The round machine with `sms` SMs (1 TFLOP/s, 1000 GB/s over them) and a per-op overhead."""
+    raw = {
+        "name": "pool",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "overhead_us": overhead_us,
+                "sm_mem_bw_gbps": sm_mem_bw_gbps},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+    }  # fmt: skip
+    return HardwareSpec.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "widths, ends_ms",
+    [
+        ([0, 0], [2.0, 2.0]),  # two 1 ms ops that fill the GPU: half each, both end at 2 ms
+        ([1, 1], [4.0, 4.0]),  # 1 of 4 SMs each: a quarter each, the GPU half idle
+        ([1, 0], [4.0, 4 / 3]),  # 1/4 and 3/4 until 4/3 ms; then the narrow one, 2/3 ms left at 1/4
+        ([2, 2, 2], [3.0, 3.0, 3.0]),  # caps 1/2 sum past 1: a third each
+        ([0], [1.0]),
+    ],
+)
+def test_pool_shares_the_gpu_among_running_ops(widths, ends_ms):
+    """Compute ops of 1 GFLOP (1 ms on the whole GPU) on streams of one pool, on a GPU of 4 SMs:
+    each runs at most width / 4 of the GPU (0 = all of it), together at most the whole GPU."""
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    for i, w in enumerate(widths):
+        b.add(OpKind.FFN, b.stream(f"lane{i}", Resource.GPU, i, pool="sms"), flops=1e9, width=w)
+    _, end = run(b, pool_hw(sms=4))
+    assert end * 1e3 == pytest.approx(ends_ms)
+
+
+def test_pool_op_runs_its_overhead_on_its_stream_then_joins():
+    """1 ms overhead per op, 1 ms of work each at the whole GPU. A (lane 0): overhead 0 -> 1, then
+    alone 1 -> 2. B (lane 1) waits for a 2 ms transfer, C (lane 0) for A: both run their
+    overheads 2 -> 3 on their own streams, then share the GPU, half each, 3 -> 5."""
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    s0, s1 = (b.stream(f"lane{i}", Resource.GPU, i, pool="sms") for i in (0, 1))
+    a = b.add(OpKind.FFN, s0, flops=1e9)
+    t = load(b, b.stream("h2d", Resource.H2D), 2 * GB // 1000)
+    b.add(OpKind.FFN, s1, (t,), flops=1e9)
+    b.add(OpKind.FFN, s0, (a,), flops=1e9)
+    start, end = run(b, pool_hw(sms=4, overhead_us=1000))
+    assert start * 1e3 == pytest.approx([0.0, 0.0, 2.0, 2.0])
+    assert end * 1e3 == pytest.approx([2.0, 2.0, 5.0, 5.0])
