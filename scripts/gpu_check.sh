@@ -6,7 +6,9 @@
 #   2. calibrate this GPU on a generated bf16 checkpoint (~1.4 GB) and validate the simulator
 #      against the real executor on it, planner by planner;
 #   3. an expert-parallel torchrun/NCCL run of the command users run;
-#   4. the peer benchmark (transformers + accelerate disk offload vs moepipe) on the GPU.
+#   4. the peer benchmark (transformers + accelerate disk offload vs moepipe) on the GPU;
+#   5. how far 8 expert kernels on 8 CUDA streams overlap, against the shared-lanes model
+#      (experiments.bench_lanes: the hardware profile's sms / sm_mem_bw_gbps are assumptions).
 # Every stage has its own time limit and the script goes on past a failed one; the summary at the
 # end lists each stage's exit status and seconds. Budget: under 10 minutes on one H200 (the
 # stages' limits add up to 595 s; about 7 minutes expected).
@@ -56,7 +58,8 @@ EOF
 
 if [ "$DEVICE" = cuda ]; then
   stage gpu-tests 150 python3 -m pytest -q -rf -p no:cacheprovider -m gpu \
-    tests/real/test_store.py tests/real/test_executor.py tests/real/test_distributed.py
+    tests/real/test_store.py tests/real/test_executor.py tests/real/test_distributed.py \
+    tests/experiments/test_bench_lanes.py
 fi
 
 CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert, ~1.4 GB in all
@@ -65,7 +68,7 @@ CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert
   n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2 ${CKPT_OVERRIDES:-}
 stage calibrate 100 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$CKPT" \
   device="$DEVICE" disk_dir="$WORK/calib" in_run_s=8 out="$WORK/gpu-check.yaml"
-stage validate 150 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
+stage validate 140 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
   planners=sequential,flexgen,zero_inference,fiddler,moe_infinity,klotski repeats=3 \
   batch_size=8 n_batches=4 prompt_len=32 gen_len=4 out="$WORK/validate" \
   && cat "$WORK/validate/validate.md"
@@ -78,8 +81,9 @@ echo "expert parallel on $NPROC rank(s) (NCCL cannot put 2 ranks on one GPU)"
 stage ep-run 45 python3 -m torch.distributed.run --nproc_per_node="$NPROC" --master_port=29541 \
   -m experiments.ep_run checkpoint="$CKPT" planner=predictive_replication batch_size=8 \
   prompt_len=16 gen_len=4 device="$DEVICE" out="$WORK/ep_run"
-stage bench 90 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
+stage bench 75 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
   hardware="$WORK/gpu-check.yaml" n_batches=8 batch_size=4
+stage lanes 25 python3 -m experiments.bench_lanes device="$DEVICE" hardware=h200
 
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}"

@@ -1,0 +1,157 @@
+"""Lanes on one GPU: how far G concurrent expert kernels overlap, measured on CUDA streams, against
+what the shared-lanes model predicts (planner param lane_sharing=shared: `CostModel.cap` and the
+simulator's processor sharing), for one model's expert over several token counts.
+
+For each row count r: `alone` = one expert MLP over r tokens on one stream; `together` = G such
+kernels (G different experts) on G streams at once, per round. overlap = G x alone / together:
+1 = the streams serialise, G = they run fully side by side. Measured as GPU time (CUDA events
+around `repeats` rounds, captured in a CUDA graph so that launches do not bound it; eager if
+capture fails, and the line says so). The model's figures simulate the same ops in one pool with
+no per-op overhead; for G identical ops its overlap is min(G, 1 / cap). Where the two disagree,
+the hardware profile's `sms` / `sm_mem_bw_gbps` (or the tile model) is what to fix.
+
+Usage:
+    python -m experiments.bench_lanes [model=switch-base-128] [hardware=h200] [lanes=8]
+        [rows=8,64,512,4096] [device=cuda|cpu] [repeats=50]
+On a device without CUDA only the model's figures are printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from core.cost import CostModel
+from core.errors import MoepipeError
+from core.schedule import ScheduleBuilder
+from core.spec import Activation, HardwareSpec, ModelSpec
+from core.types import OpKind, Resource, Tier
+from experiments.cli import CONF_DIR, as_int, parse_kv, print_or_exit
+from experiments.validate import read_hardware
+from planners.expert_parallel import expert_width
+from real.checkpoint import torch_dtype
+from real.store import resolve_device
+from sim.executor import simulate
+
+_DEFAULTS: dict[str, Any] = dict(
+    model="switch-base-128", hardware="h200", lanes=8, rows="8,64,512,4096", device="",
+    repeats=50,
+)  # fmt: skip
+
+
+def modelled_s(model: ModelSpec, hw: HardwareSpec, rows: int, lanes: int) -> float:
+    """Simulated GPU time of `lanes` expert ops of `rows` tokens each, side by side in one pool,
+    without per-op overhead."""
+    gpu = replace(hw.gpu, kernel_overhead_s=0.0, kind_overhead_s={})
+    b = ScheduleBuilder({t: 1 << 40 for t in Tier})
+    for d in range(lanes):
+        b.add(OpKind.FFN, b.stream(f"lane{d}", Resource.GPU, d, pool="sms"),
+              flops=model.expert_flops(rows), touch_bytes=model.expert_bytes,
+              width=expert_width(model, [rows]))  # fmt: skip
+    _, end = simulate(b.build(), CostModel(replace(hw, gpu=gpu)))
+    return float(end.max())
+
+
+def expert_kernels(model: ModelSpec, rows: int, lanes: int, device: torch.device) -> list[Callable[[], Any]]:  # fmt: skip
+    """One expert MLP per lane (its own random weights, in the model's dtype) over its own
+    `rows` x H input."""
+    h, f, dtype = model.hidden_size, model.expert_ffn_size, torch_dtype(model)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype) * 0.02
+
+    out = []
+    for _ in range(lanes):
+        x, up, down = w(rows, h), w(f, h), w(h, f)
+        if model.activation == Activation.SWIGLU:
+            gate = w(f, h)
+            out.append(lambda x=x, u=up, d=down, gt=gate: F.linear(F.silu(F.linear(x, gt)) * F.linear(x, u), d))  # fmt: skip
+        else:
+            out.append(lambda x=x, u=up, d=down: F.linear(F.relu(F.linear(x, u)), d))
+    return out
+
+
+def measured_s(kernels: list[Callable[[], Any]], repeats: int) -> tuple[float, str]:
+    """GPU seconds per round of `kernels`, each on its own CUDA stream, and how it was run."""
+    streams = [torch.cuda.Stream() for _ in kernels]
+
+    def round_() -> None:
+        cur = torch.cuda.current_stream()
+        for k, s in zip(kernels, streams, strict=True):
+            s.wait_stream(cur)
+            with torch.cuda.stream(s):
+                k()
+        for s in streams:
+            cur.wait_stream(s)
+
+    for _ in range(3):
+        round_()
+    torch.cuda.synchronize()
+    run, how = round_, "eager"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            round_()
+        run, how = graph.replay, "graph"
+    except RuntimeError:
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats, how
+
+
+def report(opts: dict[str, Any]) -> list[str]:
+    lanes = as_int("lanes", opts["lanes"], at_least=1)
+    repeats = as_int("repeats", opts["repeats"], at_least=1)
+    rows = [as_int("rows", r, at_least=1) for r in str(opts["rows"]).split(",")]
+    path = CONF_DIR / "model" / f"{opts['model']}.yaml"
+    if not path.is_file():
+        raise MoepipeError(f"model={opts['model']}: no {path}; name a file of conf/model")
+    model = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    hw = HardwareSpec.from_dict(read_hardware(str(opts["hardware"])))
+    device = resolve_device(str(opts["device"]), "device")
+    cuda = device.type == "cuda"
+    lines = [
+        f"{model.name} expert ({model.hidden_size} x {model.expert_ffn_size}, "
+        f"{torch_dtype(model)}), {lanes} lanes, "
+        f"model: {hw.name} (sms {hw.gpu.sms}, sm_mem_bw "
+        f"{hw.gpu.sm_mem_bw_bytes_per_s / 1e9 or hw.gpu.mem_bw_bytes_per_s / 1e9 / max(hw.gpu.sms, 1):.0f} GB/s)"
+        + ("" if cuda else "; no CUDA here: the model's figures only"),
+        f"{'rows':>6} {'width':>6} {'cap':>6} {'model_alone_us':>14} {'model_together_us':>17} "
+        f"{'model_overlap':>13}" + (f" {'alone_us':>9} {'together_us':>11} {'overlap':>7} run" if cuda else ""),
+    ]  # fmt: skip
+    cost = CostModel(hw)
+    for r in rows:
+        width = expert_width(model, [r])
+        cap = cost.cap(Resource.GPU, model.expert_flops(r), model.expert_bytes, width)
+        alone, together = modelled_s(model, hw, r, 1), modelled_s(model, hw, r, lanes)
+        line = (f"{r:>6} {width:>6} {cap:>6.3f} {1e6 * alone:>14.2f} {1e6 * together:>17.2f} "
+                f"{lanes * alone / together:>13.2f}")  # fmt: skip
+        if cuda:
+            one, _ = measured_s(expert_kernels(model, r, 1, device), repeats)
+            many, how = measured_s(expert_kernels(model, r, lanes, device), repeats)
+            line += f" {1e6 * one:>9.2f} {1e6 * many:>11.2f} {lanes * one / many:>7.2f} {how}"
+        lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0 = time.time()
+    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
+    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
+
+
+if __name__ == "__main__":
+    main()
