@@ -342,12 +342,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     load = the time a kernel runs on a GPU / makespan (GPUtil's load: the paper's metric; lanes
     are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase spans): the token view and three time
     views."""
-    head = (f"{'case':16} {'bs':>4} {'planner':42} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
+    w = max([16, *(len(r["case"]) for r in rows)])
+    head = (f"{'case':{w}} {'bs':>4} {'planner':42} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
             f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['case']:16} {r['batch_size']:>4} {r['planner_label']:42} {1e3 * r['makespan_s']:>11.2f} "
+            f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:42} {1e3 * r['makespan_s']:>11.2f} "
             f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} {r['balancedness']:>8.3f} "
             f"{r['utilisation']:>6.3f} {r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
             f"{r['plan']['ep'].get('copies', 0):>6}"
