@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.cost import CostModel
 from core.errors import ScheduleError
@@ -232,3 +235,29 @@ def test_pool_op_runs_its_overhead_on_its_stream_then_joins():
     start, end = run(b, pool_hw(sms=4, overhead_us=1000))
     assert start * 1e3 == pytest.approx([0.0, 0.0, 2.0, 2.0])
     assert end * 1e3 == pytest.approx([2.0, 2.0, 5.0, 5.0])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(1, 5), st.integers(0, 3)),  # width, GFLOP, lane
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_pool_never_exceeds_the_gpu_and_wastes_none_of_it(ops):
+    """Random ops on 4 lanes of one pool (GPU of 4 SMs, 1 TFLOP/s, no overhead): no op ends
+    sooner than its work at its cap; the lanes together never beat the whole GPU (makespan >=
+    the sum of the work); and where every cap is 1 the GPU never idles while work is left, so
+    the makespan is exactly the sum of the work."""
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    lanes = [b.stream(f"lane{i}", Resource.GPU, i, pool="sms") for i in range(4)]
+    for width, gflop, lane in ops:
+        b.add(OpKind.FFN, lanes[lane], flops=gflop * 1e9, width=width)
+    start, end = run(b, pool_hw(sms=4))
+    work = np.array([g * 1e-3 for _, g, _ in ops])  # seconds at the whole GPU
+    caps = np.array([1.0 if w == 0 or w >= 4 else w / 4 for w, _, _ in ops])
+    assert (end - start >= work / caps - 1e-12).all()
+    assert end.max() >= work.sum() - 1e-12
+    if (caps == 1).all():
+        assert end.max() == pytest.approx(work.sum())
