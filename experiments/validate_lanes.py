@@ -1,0 +1,143 @@
+"""Replication lanes, simulator vs real: which lanes model predicts G lanes on one device.
+
+Per expert-parallel planner: plan G lanes of one device (per-expert ops, as the real executor
+runs them), run the schedule on the real executor `repeats` times (replayed routing; on CUDA the
+lanes are G CUDA streams, on a CPU G worker threads), and simulate the same schedule on the same
+routing twice: lanes that partition the device (each 1/G of it, `lane_sharing=partition`) and
+lanes that share it (processor sharing capped by each kernel's thread blocks,
+`lane_sharing=shared`). Prints and writes (validate_lanes.csv / .md) the real makespan (median,
+and the spread) beside each model's prediction and its error, and the same for the expert
+phases (first expert start to last expert end of each (step, layer, batch), summed).
+
+The device's SM count comes from the hardware file (`gpu.sms`) or, on CUDA, from the device; the
+memory tiers are raised to hold the whole model (expert parallelism keeps every expert resident).
+
+Usage:
+    python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml
+        [planners=ep_static,predictive_replication] [lanes=4] [replica_slots=1] [batch_size=4]
+        [n_batches=4] [prompt_len=32] [repeats=3] [device=] [out=runs/validate_lanes/<time>]
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from core.errors import MoepipeError
+from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.types import OpKind, RoutingSource
+from experiments.cli import as_int, output_dir, parse_kv, print_or_exit
+from experiments.pipeline import RunSpec, simulate_run
+from experiments.real_run import real_execute
+from experiments.validate import markdown, read_hardware
+from planners.registry import planner_names
+from real.checkpoint import load_checkpoint
+from real.store import resolve_device
+
+EP_PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
+_DEFAULTS: dict[str, Any] = dict(
+    checkpoint=None, hardware="this-machine", planners="ep_static,predictive_replication",
+    lanes=4, replica_slots=1, batch_size=4, n_batches=4, prompt_len=32, repeats=3, device="",
+    out=None,
+)  # fmt: skip
+
+
+def expert_phases_s(trace: pd.DataFrame) -> float:
+    """Seconds of expert phases: per (step, layer, batch), first expert start to last end."""
+    ex = trace[trace["kind"].astype(str) == str(OpKind.EXPERT)]
+    g = ex.groupby(["step", "layer", "batch"], observed=True)
+    return float((g["end_s"].max() - g["start_s"].min()).sum())
+
+
+def device_hardware(name: str, model_bytes: int, device: torch.device) -> HardwareSpec:
+    """The hardware file with memory for the whole model, and the CUDA device's SM count where
+    the file has none."""
+    d = read_hardware(name)
+    need = 3 * model_bytes / 1e9
+    d["memory_gb"] = {k: max(float(v), need) for k, v in dict(d["memory_gb"]).items()}
+    if device.type == "cuda" and not dict(d["gpu"]).get("sms"):
+        d["gpu"] = dict(
+            d["gpu"], sms=torch.cuda.get_device_properties(device).multi_processor_count
+        )
+    return HardwareSpec.from_dict(d)
+
+
+def report(opts: dict[str, Any]) -> list[str]:
+    if not opts["checkpoint"]:
+        raise MoepipeError("checkpoint=DIR is required (python -m real.make_checkpoint makes one)")
+    planners = [p for p in str(opts["planners"]).split(",") if p]
+    for p in planners:
+        if p not in EP_PLANNERS:
+            known = p in planner_names()
+            raise MoepipeError(
+                f"planners={opts['planners']}: {p!r} is {'not expert-parallel' if known else 'unknown'}; "
+                f"valid: {', '.join(EP_PLANNERS)}"
+            )  # fmt: skip
+    lanes = as_int("lanes", opts["lanes"], at_least=2)
+    slots, repeats = (
+        as_int(k, opts[k], at_least=a) for k, a in (("replica_slots", 0), ("repeats", 1))
+    )
+    wl = Workload(batch_size=as_int("batch_size", opts["batch_size"], at_least=1),
+                  n_batches=as_int("n_batches", opts["n_batches"], at_least=1),
+                  prompt_len=as_int("prompt_len", opts["prompt_len"], at_least=1), gen_len=1,
+                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    ckpt = str(opts["checkpoint"])
+    model = load_checkpoint(ckpt)[0]
+    device = resolve_device(str(opts["device"]), "device")
+    hw = device_hardware(str(opts["hardware"]), model.total_bytes, device)
+    out = output_dir(
+        opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}", "out"
+    )
+    rows = []
+    for p in planners:
+        base = dict(n_devices=lanes, lanes=True, grouped_gemm=False)
+        if p != "ep_static":
+            base["replica_slots"] = slots
+        spec = {
+            s: RunSpec(model, hw, wl, p, {**base, "lane_sharing": s})
+            for s in ("partition", "shared")
+        }
+        real = [
+            real_execute(ckpt, spec["shared"], "replay", device=str(device)) for _ in range(repeats)
+        ]
+        routing = real[0][1].routing
+        make = np.array([r.trace["end_s"].max() for r, _ in real])
+        phase = np.array([expert_phases_s(r.trace) for r, _ in real])
+        row: dict[str, Any] = dict(planner=p, real_ms=1e3 * float(np.median(make)),
+                                   real_spread=float((make.max() - make.min()) / np.median(make)),
+                                   real_phase_ms=1e3 * float(np.median(phase)))  # fmt: skip
+        for s, sp in spec.items():
+            sim = simulate_run(sp, routing)
+            row[f"{s}_ms"] = 1e3 * float(sim.trace["end_s"].max())
+            row[f"{s}_err"] = row[f"{s}_ms"] / row["real_ms"] - 1
+            row[f"{s}_phase_ms"] = 1e3 * expert_phases_s(sim.trace)
+            row[f"{s}_phase_err"] = row[f"{s}_phase_ms"] / row["real_phase_ms"] - 1
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "validate_lanes.csv", index=False)
+    head = (f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
+            f"({hw.name}, sms {hw.gpu.sms or 'unknown'}), batch {wl.batch_size} x {wl.n_batches}, "
+            f"prompt {wl.prompt_len}, {repeats} real run(s)")  # fmt: skip
+    (out / "validate_lanes.md").write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
+    lines = [head, table.round(4).to_string(index=False)]
+    for r in rows:
+        better = min(("partition", "shared"), key=lambda s: abs(r[f"{s}_err"]))
+        lines.append(f"{r['planner']}: makespan error partition {r['partition_err']:+.0%}, shared "
+                     f"{r['shared_err']:+.0%} (closer: {better}); expert phases "
+                     f"{r['partition_phase_err']:+.0%} / {r['shared_phase_err']:+.0%}")  # fmt: skip
+    lines.append(f"wrote {out}/validate_lanes.csv, validate_lanes.md")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
+    print_or_exit(lambda: report(opts))
+
+
+if __name__ == "__main__":
+    main()
