@@ -9,8 +9,9 @@ lanes that share it (processor sharing capped by each kernel's thread blocks,
 and the spread) beside each model's prediction and its error, and the same for the expert
 phases (first expert start to last expert end of each (step, layer, batch), summed).
 
-The device's SM count comes from the hardware file (`gpu.sms`) or, on CUDA, from the device; the
-memory tiers are raised to hold the whole model (expert parallelism keeps every expert resident).
+The device's SM count comes from the hardware file (`gpu.sms`) or, on CUDA, from the device, and
+one SM's bandwidth from the file (`sm_mem_bw_gbps`) or an even split; the memory tiers are
+raised to hold the whole model (expert parallelism keeps every expert resident).
 
 Usage:
     python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml
@@ -120,9 +121,11 @@ def report(opts: dict[str, Any]) -> list[str]:
         rows.append(row)
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate_lanes.csv", index=False)
+    sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
     head = (f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
-            f"({hw.name}, sms {hw.gpu.sms or 'unknown'}), batch {wl.batch_size} x {wl.n_batches}, "
-            f"prompt {wl.prompt_len}, {repeats} real run(s)")  # fmt: skip
+            f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
+            f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
+            f"{repeats} real run(s)")  # fmt: skip
     (out / "validate_lanes.md").write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
     lines = [head, table.round(4).to_string(index=False)]
     for r in rows:
