@@ -189,11 +189,13 @@ def run_case(
         runs = [
             (p, p, dict(cfg.planners[p] or {})) for p in PLANNERS
         ]  # (row label, planner, params)
+        variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
         runs += [(v, str(c.planner), {**dict(cfg.planners[c.planner] or {}), **dict(c.params or {})})
-                 for v, c in (cfg.get("variants") or {}).items()]  # fmt: skip
+                 for v, c in variants.items()]  # fmt: skip
+        grouped = bool(case.get("grouped_gemm", cfg.grouped_gemm))
         for label, planner, own in runs:
-            params = dict(n_devices=int(case.n_devices), lanes=bool(case.lanes),
-                          grouped_gemm=bool(cfg.grouped_gemm), **own)  # fmt: skip
+            params = {"n_devices": int(case.n_devices), "lanes": bool(case.lanes),
+                      "grouped_gemm": grouped, **own}  # a variant's params win
             if case.get("lane_sharing"):
                 params["lane_sharing"] = str(case.lane_sharing)
             if planner != "ep_static":
@@ -280,7 +282,7 @@ def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One note per batch size of each case whose lanes share the GPU's SMs (plain CUDA streams),
-    against the lanes case of the same model that partitions them: ep_static's and
+    against the lanes case of the same model and expert kernels that partitions them: ep_static's and
     predictive's makespans and expert-phase utilisation, and replication's gain, in both."""
 
     def sharing(r: dict[str, Any]) -> str | None:
@@ -295,13 +297,37 @@ def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
                 if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]}  # fmt: skip
         theirs = {x["planner"]: x for x in rows
                   if sharing(x) == "partition" and x["model"] == r["model"]
-                  and x["batch_size"] == r["batch_size"]
-                  and x["n_devices"] == r["n_devices"]}  # fmt: skip
+                  and x["batch_size"] == r["batch_size"] and x["n_devices"] == r["n_devices"]
+                  and x["plan"]["ep"].get("grouped_gemm") == r["plan"]["ep"].get("grouped_gemm")}  # fmt: skip
         both = {"ep_static", "predictive_replication"}
         if not both <= mine.keys() or not both <= theirs.keys():
             continue
         out.append(f"[note] {r['case']} bs={r['batch_size']}: lanes sharing the SMs: {_views(mine)}; "
                    f"partitioned ({theirs['ep_static']['case']}): {_views(theirs)}")  # fmt: skip
+    return out
+
+
+def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One note per run of one lane (n_devices 1 on lanes: every expert's kernel one after another
+    on one stream, as the Hugging Face loop the replication paper starts from runs them) against
+    the same case's G lanes, without and with replicas: whole-run utilisation and makespan."""
+    out = []
+    for r in rows:
+        ep = r["plan"]["ep"]
+        if not ep.get("lanes") or ep.get("n_devices") != 1:
+            continue
+        by = {x["planner"]: x for x in rows if x["case"] == r["case"]
+              and x["batch_size"] == r["batch_size"] and x is not r}  # fmt: skip
+        if not {"ep_static", "predictive_replication"} <= by.keys():
+            continue
+        st, pr = by["ep_static"], by["predictive_replication"]
+        out.append(
+            f"[note] {r['case']} bs={r['batch_size']}: one lane ({r['planner_label']}) -> "
+            f"{st['n_devices']} lanes (ep_static) -> with replicas (predictive): utilisation "
+            f"{r['utilisation']:.3f} -> {st['utilisation']:.3f} -> {pr['utilisation']:.3f}, "
+            f"makespan {1e3 * r['makespan_s']:.2f} -> {1e3 * st['makespan_s']:.2f} -> "
+            f"{1e3 * pr['makespan_s']:.2f} ms ({r['makespan_s'] / pr['makespan_s']:.2f}x)"
+        )
     return out
 
 
@@ -545,6 +571,12 @@ def check_inputs(cfg: DictConfig) -> None:
             )
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
+        for label, v in (case.get("variants") or {}).items():
+            if str(v.get("planner")) not in PLANNERS:
+                raise MoepipeError(
+                    f"cases.{name}.variants.{label}.planner={v.get('planner')!r}; valid: "
+                    f"{', '.join(PLANNERS)}"
+                )
 
 
 def run(cfg: DictConfig) -> list[str]:
@@ -565,6 +597,7 @@ def run(cfg: DictConfig) -> list[str]:
         *reuse_lines(dict(cfg.cases), len(prep["test_ids"])),
         *work_conserving_lines(rows),
         *sharing_lines(rows),
+        *loop_lines(rows),
         *targets(
             rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
         ),

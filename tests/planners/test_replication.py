@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from core.balance import balance_metrics
-from core.errors import ConfigError
+from core.errors import ConfigError, MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource
 from experiments.pipeline import RunSpec, simulate_run
@@ -400,7 +400,7 @@ def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
     def row(case, planner, ms, phase, sharing):
         return dict(case=case, planner=planner, model="m", batch_size=8, n_devices=2,
                     makespan_s=ms / 1e3, expert_phase_util=phase,
-                    plan={"ep": {"lanes": True, "lane_sharing": sharing}})  # fmt: skip
+                    plan={"ep": {"lanes": True, "lane_sharing": sharing, "grouped_gemm": True}})  # fmt: skip
 
     rows = [row("p", "ep_static", 10, 0.5, "partition"), row("p", "predictive_replication", 8, 0.9, "partition"),
             row("s", "ep_static", 6, 0.95, "shared"), row("s", "predictive_replication", 6, 0.95, "shared")]  # fmt: skip
@@ -409,6 +409,50 @@ def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
         "(phase 0.950), gain 0.0%; partitioned (p): ep_static 10.00 ms (phase 0.500), predictive "
         "8.00 ms (phase 0.900), gain 20.0%"
     ]
+
+
+def test_loop_lines_set_one_lane_beside_g_lanes():
+    from experiments.replication import loop_lines
+
+    def row(planner, n, util, ms, label=None):
+        return dict(case="c", batch_size=16, planner=planner, planner_label=label or planner,
+                    n_devices=n, utilisation=util, makespan_s=ms / 1e3,
+                    plan={"ep": {"lanes": True, "n_devices": n}})  # fmt: skip
+
+    rows = [row("ep_static", 8, 0.7, 50), row("predictive_replication", 8, 0.75, 40),
+            row("ep_static[1 lane]", 1, 0.15, 200)]  # fmt: skip
+    assert loop_lines(rows) == [
+        "[note] c bs=16: one lane (ep_static[1 lane]) -> 8 lanes (ep_static) -> with replicas "
+        "(predictive): utilisation 0.150 -> 0.700 -> 0.750, makespan 200.00 -> 50.00 -> 40.00 ms "
+        "(5.00x)"
+    ]
+    assert loop_lines(rows[:2]) == []
+
+
+def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
+    """cases.<name>.grouped_gemm and .variants (beside the global ones) reach the runs; a case
+    variant naming an unknown planner is refused before anything runs."""
+    from omegaconf import OmegaConf
+
+    from experiments.replication import check_inputs, run_case
+
+    cfg = OmegaConf.load("conf/experiment/replication.yaml")
+    case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
+                                 lanes=True, lane_sharing="shared", grouped_gemm=False,
+                                 batch_sizes=[2], prompt_len=8, n_batches=2,
+                                 variants={"ep_static[1 lane]": {"planner": "ep_static",
+                                                                 "params": {"n_devices": 1}}}))  # fmt: skip
+    cfg.variants = {}
+    prep = {"switch_routing": RoutingConfig(source="synthetic")}
+    rows = run_case(cfg, "t", case, prep, tmp_path)
+    one = [r for r in rows if r["planner"] == "ep_static[1 lane]"]
+    assert len(one) == 1 and one[0]["plan"]["ep"]["n_devices"] == 1
+    assert all(r["plan"]["ep"]["grouped_gemm"] is False for r in rows)
+    assert {r["plan"]["ep"]["lane_sharing"] for r in rows} == {"shared"}
+    case.variants = {"x": {"planner": "nope"}}
+    cfg.cases = {"t": case}  # a copy of the node
+    with pytest.raises(MoepipeError, match=r"cases.t.variants.x.planner='nope'; valid: ep_static"):
+        check_inputs(cfg)
 
 
 def test_lane_share_outside_zero_one_is_a_config_error():
