@@ -194,8 +194,12 @@ def run_case(
                  for v, c in variants.items()]  # fmt: skip
         grouped = bool(case.get("grouped_gemm", cfg.grouped_gemm))
         for label, planner, own in runs:
-            params = {"n_devices": int(case.n_devices), "lanes": bool(case.lanes),
-                      "grouped_gemm": grouped, **own}  # a variant's params win
+            params = {
+                "n_devices": int(case.n_devices),
+                "lanes": bool(case.lanes),
+                "grouped_gemm": grouped,
+                **own,
+            }  # a variant's params win
             if case.get("lane_sharing"):
                 params["lane_sharing"] = str(case.lane_sharing)
             if planner != "ep_static":
@@ -441,13 +445,25 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
         bound = [x[metric] for x in same if x["planner"] == "oracle_replication"]
         why = (f"; the oracle upper bound reaches {bound[0]:.3f}"
                if bound and bound[0] < 0.9 else "")  # fmt: skip
-        out.append(f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}: {what} "
+        out.append(f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
                    f"ep_static {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9{why})")  # fmt: skip
     if not out:
         low = min((r for r in rows if r["planner"] == "ep_static"), key=lambda r: r[metric])
         out.append(f"[n/a ] {what}: no case has ep_static below 0.6 (lowest {low[metric]:.3f}, "
                    f"{low['case']} bs={low['batch_size']})")  # fmt: skip
     return out
+
+
+def _setting(r: dict[str, Any]) -> str:
+    """What the devices of a run are, where it matters to read its utilisation: G GPUs, or G
+    lanes of one GPU that partition its SMs or share them."""
+    ep = r.get("plan", {}).get("ep", {})
+    if not ep:
+        return ""
+    if not ep.get("lanes"):
+        return f" ({ep['n_devices']} GPUs)"
+    how = "sharing its SMs" if ep.get("lane_sharing") == "shared" else "each 1/G of its SMs"
+    return f" ({ep['n_devices']} lanes of one GPU, {how})"
 
 
 def batch_balance(phases: pd.DataFrame) -> pd.Series:

@@ -583,6 +583,14 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
     assert utilisation_lines(rows[-1:], "utilisation", "util") == [
         "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"
     ]
+    for ep, setting in (({"n_devices": 8, "lanes": False}, "8 GPUs"),
+                        ({"n_devices": 8, "lanes": True}, "8 lanes of one GPU, each 1/G of its SMs"),
+                        ({"n_devices": 4, "lanes": True, "lane_sharing": "shared"},
+                         "4 lanes of one GPU, sharing its SMs")):  # fmt: skip
+        marked = [dict(r, plan={"ep": ep}) for r in rows[:4]]
+        assert utilisation_lines(marked, "utilisation", "util")[0].startswith(
+            f"[PASS] a bs=128 ({setting}): util"
+        )
 
 
 def test_work_conserving_estimate_by_hand():
