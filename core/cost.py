@@ -144,3 +144,56 @@ def _interpolate(table: tuple[tuple[float, float], ...], x: float) -> float:
     (x0, y0), (x1, y1) = table[i - 1], table[i]
     y = y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
     return max(y, min(y0, y1) if x >= x0 else 0.0, 0.0)
+
+
+def pool_makespan_s(lanes: list[list[tuple[float, float, float]]]) -> float:
+    """When the last of these lanes' ops ends, each lane a list of (overhead, work, cap) run in
+    order from time 0, with the simulator's pool semantics (sim/executor.py `_Fluid`): an op's
+    overhead runs on its lane, then its work (seconds at the whole device) at a rate of at most
+    its cap, the running ops' rates water-filled to sum to at most 1. For planners that weigh a
+    placement on lanes that share a GPU without building a schedule."""
+    pos = [0] * len(lanes)
+    # per lane: ("over", ends at) or ("work", work left, cap) or None when done
+    state: list[tuple[str, float, float] | None] = [None] * len(lanes)
+    now = 0.0
+
+    def start_next(i: int) -> None:
+        if pos[i] < len(lanes[i]):
+            over, _, _ = lanes[i][pos[i]]
+            state[i] = ("over", now + over, 0.0)
+        else:
+            state[i] = None
+
+    for i in range(len(lanes)):
+        start_next(i)
+    while any(st is not None for st in state):
+        running = [i for i, st in enumerate(state) if st is not None and st[0] == "work"]
+        rate = {}
+        left, n = 1.0, len(running)
+        for i in sorted(running, key=lambda i: state[i][2]):  # type: ignore[index]
+            rate[i] = min(state[i][2], left / n)  # type: ignore[index]
+            left, n = left - rate[i], n - 1
+        step = np.inf
+        for i, st in enumerate(state):
+            if st is None:
+                continue
+            step = min(step, st[1] - now if st[0] == "over" else st[1] / rate[i])
+        now += max(step, 0.0)
+        for i, st in enumerate(state):
+            if st is None:
+                continue
+            if st[0] == "over":
+                if st[1] <= now + 1e-15:
+                    _, work, cap = lanes[i][pos[i]]
+                    state[i] = ("work", work, cap) if work > 0 else None
+                    if state[i] is None:
+                        pos[i] += 1
+                        start_next(i)
+            else:
+                left_w = st[1] - rate[i] * step
+                if left_w <= 1e-12 * max(1.0, st[1]):
+                    pos[i] += 1
+                    start_next(i)
+                else:
+                    state[i] = ("work", left_w, st[2])
+    return now

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.cost import CostModel, gemm_blocks
+from core.cost import CostModel, gemm_blocks, pool_makespan_s
 from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -351,13 +351,15 @@ class ExpertTime:
     grouped: bool  # one grouped-GEMM op (else one op per expert)
     copy_s: float  # one replica copy on the device link
     share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
+    # lanes sharing the GPU's SMs (`Layout.shared`): the model, for its kernels' widths
+    pool_model: ModelSpec | None = None
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
         cost, m = CostModel(ctx.hardware), ctx.model
         copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
-                   layout.share)  # fmt: skip
+                   layout.share, m if layout.shared else None)  # fmt: skip
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
         """What the longest per-device queue of `queue` copies adds to a layer: copies run behind
@@ -371,18 +373,47 @@ class ExpertTime:
         load [E], or with `scenarios` [S, E] its mean over them (an expectation over loads the
         prediction may turn out to be)."""
         if scenarios is None:
+            return self._span(slots, load)
+        return float(np.mean([self._span(slots, s) for s in scenarios]))
+
+    def _span(self, slots: np.ndarray, load: np.ndarray) -> float:
+        """The busiest device's time; on lanes that share the SMs the phase as the simulator's
+        pool runs it (`pool_makespan_s`: the lanes' ops side by side, each at most its cap)."""
+        if self.pool_model is None:
             return float(self.device_times(slots, load).max())
-        return float(np.mean([self.device_times(slots, s).max() for s in scenarios]))
+        return pool_makespan_s([self.pool_ops(row) for row in predicted_tokens(slots, load)])
 
     def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
         """[G] each device's modelled time for slots [G, K] if load [E] splits evenly."""
         return np.array([self.device_s(row) for row in predicted_tokens(slots, load)])
 
+    def _ops(self, tokens: np.ndarray) -> list[tuple[float, float, list[float]]]:
+        """The expert ops of a device computing tokens [E]: (flops, bytes, rows per expert)."""
+        busy = tokens[tokens > 0]
+        if self.grouped:
+            f = self.expert_params_flops * busy.sum()
+            return [(f, len(busy) * self.expert_bytes, list(busy))] if len(busy) else []
+        return [(self.expert_params_flops * n, self.expert_bytes, [n]) for n in busy]
+
+    def pool_ops(self, tokens: np.ndarray) -> list[tuple[float, float, float]]:
+        """A lane's expert ops on a shared GPU: (overhead, work at the whole GPU, cap) each."""
+        assert self.pool_model is not None
+        over, out = self.cost.overhead_s(Resource.GPU, OpKind.EXPERT), []
+        for f, b, rows in self._ops(tokens):
+            width = expert_width(self.pool_model, np.ceil(rows))
+            work = self.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b) - over
+            out.append((over, work, self.cost.cap(Resource.GPU, f, b, width)))
+        return out
+
     def device_s(self, tokens: np.ndarray) -> float:
-        """tokens [E] (may be fractional: predicted) this device computes per expert."""
+        """tokens [E] (may be fractional: predicted) this device computes per expert. On lanes
+        that share the SMs: each op's launch plus its work at the share its width can fill, as
+        if the lane had the GPU to itself."""
         busy = tokens[tokens > 0]
         if not len(busy):
             return 0.0
+        if self.pool_model is not None:
+            return sum(over + work / cap for over, work, cap in self.pool_ops(tokens))
         if self.grouped:
             return self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * busy.sum(),
                                        len(busy) * self.expert_bytes, self.share)  # fmt: skip

@@ -20,6 +20,7 @@ from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
     ExpertTime,
     Layout,
+    expert_width,
     home_slots,
     polish,
     replicate_onto,
@@ -409,6 +410,30 @@ def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
         "(phase 0.950), gain 0.0%; partitioned (p): ep_static 10.00 ms (phase 0.500), predictive "
         "8.00 ms (phase 0.900), gain 20.0%"
     ]
+
+
+def test_the_gate_weighs_shared_lanes_as_the_pool_runs_them():
+    """On lanes that share the SMs the gate's span is the pool's makespan: two lanes each with
+    one narrow kernel (3 tokens: one row tile, far from filling the GPU) run side by side, each
+    its launch plus its work at its cap; two wide ones (4096 tokens each) share the GPU and
+    take their work together plus one launch."""
+    from core.cost import CostModel
+
+    spec = tiny_spec("ep_static", lanes=True)
+    m = spec.model
+    raw = yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text())
+    raw["gpu"].update(sms=16, overhead_us=1)
+    cost = CostModel(HardwareSpec.from_dict(raw))
+    timer = ExpertTime(cost, m.expert_flops(1), m.expert_bytes, True, 0.0, 1.0, m)
+    slots = np.array([[0, 2], [1, 3]])
+    over = cost.overhead_s(Resource.GPU, OpKind.EXPERT)
+    for n, side_by_side in ((3, True), (4096, False)):
+        load = np.array([n, n, 0.0, 0.0])
+        work = cost.compute_s(Resource.GPU, OpKind.EXPERT, m.expert_flops(n), m.expert_bytes) - over
+        cap = cost.cap(Resource.GPU, m.expert_flops(n), m.expert_bytes, expert_width(m, [n]))
+        want = over + work / cap if side_by_side else over + 2 * work
+        assert cap < 0.5 if side_by_side else cap == 1.0
+        assert timer.span(slots, load, None) == pytest.approx(want)
 
 
 def test_loop_lines_set_one_lane_beside_g_lanes():

@@ -261,3 +261,42 @@ def test_pool_never_exceeds_the_gpu_and_wastes_none_of_it(ops):
     assert end.max() >= work.sum() - 1e-12
     if (caps == 1).all():
         assert end.max() == pytest.approx(work.sum())
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 9), st.integers(1, 4)), max_size=4),  # width, GFLOP
+        min_size=1,
+        max_size=5,
+    ),
+    st.sampled_from([0.0, 500.0]),
+)
+def test_pool_makespan_is_the_simulators(lanes, overhead_us):
+    """`core.cost.pool_makespan_s`, which planners use to weigh a placement on shared lanes
+    without building a schedule, gives the simulator's makespan of the same ops (8 SMs)."""
+    from core.cost import pool_makespan_s
+
+    h = pool_hw(sms=8, overhead_us=overhead_us)
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    cost, plain = CostModel(h), []
+    for d, ops in enumerate(lanes):
+        s = b.stream(f"lane{d}", Resource.GPU, d, pool="sms")
+        for width, gflop in ops:
+            b.add(OpKind.FFN, s, flops=gflop * 1e9, width=width)
+        plain.append([(overhead_us * 1e-6, g * 1e-3, cost.cap(Resource.GPU, g * 1e9, 0, w))
+                      for w, g in ops])  # fmt: skip
+    if not b.ops:
+        assert pool_makespan_s(plain) == 0.0
+        return
+    _, end = run(b, h)
+    assert pool_makespan_s(plain) == pytest.approx(end.max(), abs=1e-12)
+
+
+def test_pool_makespan_by_hand():
+    from core.cost import pool_makespan_s
+
+    assert pool_makespan_s([[(0.0, 1.0, 1.0)], [(0.0, 1.0, 1.0)]]) == pytest.approx(2.0)
+    assert pool_makespan_s([[(1.0, 1.0, 0.25)]]) == pytest.approx(5.0)  # launch, then 1 / 0.25
+    # lane 1 launches for 1 s while lane 0 has the GPU: 1 s of 2 done; then both at half
+    assert pool_makespan_s([[(0.0, 2.0, 1.0)], [(1.0, 1.0, 1.0)]]) == pytest.approx(3.0)
