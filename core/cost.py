@@ -146,6 +146,17 @@ def _interpolate(table: tuple[tuple[float, float], ...], x: float) -> float:
     return max(y, min(y0, y1) if x >= x0 else 0.0, 0.0)
 
 
+def water_fill(caps: list[float]) -> list[float]:
+    """Rates of ops sharing one device, in the order of `caps`: each min(cap, level), the level
+    chosen so the rates sum to 1 (all at their caps if those sum to less)."""
+    rates = [0.0] * len(caps)
+    left, n = 1.0, len(caps)
+    for i in sorted(range(len(caps)), key=caps.__getitem__):
+        rates[i] = min(caps[i], left / n)
+        left, n = left - rates[i], n - 1
+    return rates
+
+
 def pool_makespan_s(lanes: list[list[tuple[float, float, float]]]) -> float:
     """When the last of these lanes' ops ends, each lane a list of (overhead, work, cap) run in
     order from time 0, with the simulator's pool semantics (sim/executor.py `_Fluid`): an op's
@@ -167,12 +178,8 @@ def pool_makespan_s(lanes: list[list[tuple[float, float, float]]]) -> float:
     for i in range(len(lanes)):
         start_next(i)
     while any(st is not None for st in state):
-        running = [i for i, st in enumerate(state) if st is not None and st[0] == "work"]
-        rate = {}
-        left, n = 1.0, len(running)
-        for i in sorted(running, key=lambda i: state[i][2]):  # type: ignore[index]
-            rate[i] = min(state[i][2], left / n)  # type: ignore[index]
-            left, n = left - rate[i], n - 1
+        running = [(i, st[2]) for i, st in enumerate(state) if st is not None and st[0] == "work"]
+        rate = dict(zip([i for i, _ in running], water_fill([c for _, c in running]), strict=True))
         step = np.inf
         for i, st in enumerate(state):
             if st is None:

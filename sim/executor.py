@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from core.cost import CostModel
+from core.cost import CostModel, water_fill
 from core.errors import ScheduleError
 from core.schedule import Schedule, describe_stuck
 from core.types import OpKind, Resource, Tier
@@ -93,10 +93,9 @@ class _Fluid:
     def _plan(self) -> None:
         if not self.jobs:
             return
-        left, n = 1.0, len(self.jobs)
-        for job in sorted(self.jobs.values(), key=lambda j: j[1]):
-            job[2] = min(job[1], left / n)
-            left, n = left - job[2], n - 1
+        jobs = list(self.jobs.values())
+        for job, rate in zip(jobs, water_fill([j[1] for j in jobs]), strict=True):
+            job[2] = rate
         first = min(self.jobs, key=lambda i: self.jobs[i][0] / self.jobs[i][2])
         self.gen += 1
         gen, dt = self.gen, max(self.jobs[first][0] / self.jobs[first][2], 0.0)
