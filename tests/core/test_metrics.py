@@ -192,3 +192,16 @@ def test_chrome_trace_merges_sim_and_real(sim_run, tmp_path):
     real_ts = {e["args"]["op_id"]: e["ts"] for e in events if e.get("pid") == 2 and "ts" in e}
     sim_ts = {e["args"]["op_id"]: e["ts"] for e in events if e.get("pid") == 1 and "ts" in e}
     assert np.array([real_ts[i] - sim_ts[i] for i in range(5)]) == pytest.approx([1e5] * 5)
+
+
+def test_chrome_trace_carries_sm_seconds_only_where_there_are_some(sim_run):
+    """`sm_s` (whole-GPU seconds of a pool op's work) goes into an event's args where it has a
+    value; NaN (an op that held its resource, or any real op) is left out, so the file stays
+    strict JSON."""
+    s, start, end = sim_run
+    sm = np.full(len(s.ops), np.nan)
+    sm[1] = 0.25
+    doc = to_chrome([make_trace(s, start, end, "sim", sm_s=sm)])
+    json.dumps(doc, allow_nan=False)
+    ops = {e["args"]["op_id"]: e["args"] for e in doc["traceEvents"] if e["ph"] in ("X", "i")}
+    assert ops[1]["sm_s"] == 0.25 and all("sm_s" not in a for i, a in ops.items() if i != 1)
