@@ -5,7 +5,9 @@ holds for each (batch, layer): a `SlotPolicy`.
 Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink port is
 `p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
 on `lane{d}`, by default a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes
-together have one GPU's capacity: `lane_share`). Every device holds `slots_per_device` expert
+together have one GPU's capacity: `lane_share`; or, `lane_sharing="shared"`, as plain CUDA
+streams whose kernels share the SMs, each up to what its thread blocks fill: a simulator pool,
+which the replica gate weighs with `pool_makespan_s`). Every device holds `slots_per_device` expert
 copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
 head) is data-parallel over the G GPUs, each running its share of the batch's sequences (the
 gate op on device 0 stands for the routing becoming known), or tensor-parallel (`dense`: every
