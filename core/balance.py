@@ -21,6 +21,8 @@ be busy on: there an op counts the whole-GPU seconds its work used, as G lanes' 
 op) or once per lane (a whole-GPU op), so utilisation and expert_phase_util read the share of
 the GPU's SM-time used (an occupancy measure, replication.md §5); launch overheads use none.
 There a lane's device_busy_frac can pass 1: a lane that had the whole GPU did G lanes' work.
+Their gpu_load counts a pool op from the end of its launch (`launch_s`): a kernel runs then,
+not while the host launches it; elsewhere the per-op overhead counts as device time.
 
 Usage:
     m = balance_metrics(trace, n_devices=8)   # -> summary.json fields
@@ -132,6 +134,8 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     dev_busy = np.bincount(dev[~whole], dur[~whole], minlength=n_devices)[:n_devices]
     dev_busy = dev_busy + dur[whole].sum()
     gpu = np.zeros(len(comp), np.int64) if lanes else dev  # lanes: one GPU
+    if "launch_s" in comp:  # a pool op's kernel runs after its launch
+        start = start + np.nan_to_num(comp["launch_s"].to_numpy(), nan=0.0)
     coll = trace[trace["kind"].astype(str).isin([str(k) for k in COLLECTIVES])]
     start, end = np.r_[start, coll["start_s"].to_numpy()], np.r_[end, coll["end_s"].to_numpy()]
     gpu = np.r_[gpu, device_of(coll["resource"])]

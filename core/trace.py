@@ -38,6 +38,9 @@ TRACE_COLUMNS = [
     # streams' ops (a simulated pool: StreamSpec.pool); NaN where the op held its resource from
     # start to end (its busy time is end - start) and in real traces, which cannot see SMs
     "sm_s",
+    # a pool op's launch: seconds from its start until its kernel runs (NaN elsewhere: there
+    # the per-op overhead counts as device time)
+    "launch_s",
 ]
 
 
@@ -47,11 +50,13 @@ def make_trace(
     end_s: np.ndarray,
     source: str,
     sm_s: np.ndarray | None = None,
+    launch_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """One row per op, in op order; sm_s: see TRACE_COLUMNS (None: all NaN)."""
+    """One row per op, in op order; sm_s, launch_s: see TRACE_COLUMNS (None: all NaN)."""
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
-    assert sm_s is None or len(sm_s) == len(ops)
+    assert all(a is None or len(a) == len(ops) for a in (sm_s, launch_s))
+    nan = np.full(len(ops), np.nan)
     res = {name: s.resource_id for name, s in schedule.streams.items()}
     cols: dict[str, Any] = {
         "source": pd.Categorical([source] * len(ops)),
@@ -68,7 +73,8 @@ def make_trace(
         "tokens": np.fromiter((o.tokens for o in ops), np.int64, len(ops)),
         "start_s": np.asarray(start_s, dtype=np.float64),
         "end_s": np.asarray(end_s, dtype=np.float64),
-        "sm_s": np.full(len(ops), np.nan) if sm_s is None else np.asarray(sm_s, np.float64),
+        "sm_s": nan if sm_s is None else np.asarray(sm_s, np.float64),
+        "launch_s": nan.copy() if launch_s is None else np.asarray(launch_s, np.float64),
     }
     return pd.DataFrame(cols, columns=TRACE_COLUMNS)
 

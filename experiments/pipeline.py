@@ -82,7 +82,8 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     schedule = build_schedule(spec, routing)
     cost = CostModel(spec.hardware)
     start, end = simulate(schedule, cost)
-    trace = make_trace(schedule, start, end, source="sim", sm_s=cost.pool_parts(schedule)[1])
+    launch, work, _ = cost.pool_parts(schedule)
+    trace = make_trace(schedule, start, end, source="sim", sm_s=work, launch_s=launch)
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 

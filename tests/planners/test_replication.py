@@ -66,6 +66,19 @@ def test_homes_packed_by_load():
     assert home_slots(lay, np.array([4.0, 3, 2, 1])).tolist() == [[0, 3], [1, 2]]
 
 
+def test_gpu_load_of_shared_lanes_counts_kernels_not_launches():
+    """Two lanes of one GPU sharing its SMs: lane 0's op spans [0, 3] s with a 1 s launch (its
+    kernel runs [1, 3]), lane 1's [0, 2] with a 0.5 s launch ([0.5, 2]): a kernel runs in
+    [0.5, 3], so GPUtil's load is 2.5 / 3; without launch_s both ops count from 0 (load 1)."""
+    trace = pd.DataFrame({
+        "kind": [str(OpKind.EXPERT)] * 2, "resource": ["gpu", "gpu:1"], "stream": ["lane0", "lane1"],
+        "step": [0, 0], "layer": [1, 1], "batch": [0, 0], "tokens": [4, 4],
+        "start_s": [0.0, 0.0], "end_s": [3.0, 2.0], "sm_s": [1.0, 0.5], "launch_s": [1.0, 0.5],
+    })  # fmt: skip
+    assert balance_metrics(trace, 2, lanes=True)["gpu_load"] == pytest.approx(2.5 / 3)
+    assert balance_metrics(trace.drop(columns="launch_s"), 2, lanes=True)["gpu_load"] == 1.0
+
+
 def test_balance_metrics_hand_worked():
     """One layer, 2 devices: device 0 runs 30 tokens in [0, 3] s, device 1 10 tokens in [0, 1] s.
     balancedness = mean 20 / max 30; utilisation = (3 + 1) / (2 x 3)."""
