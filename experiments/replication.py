@@ -314,7 +314,8 @@ def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
 def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One note per run of one lane (n_devices 1 on lanes: every expert's kernel one after another
     on one stream, as the Hugging Face loop the replication paper starts from runs them) against
-    the same case's G lanes, without and with replicas: whole-run utilisation and makespan."""
+    the same case's G lanes, without and with replicas: whole-run utilisation, GPUtil's load and
+    makespan."""
     out = []
     for r in rows:
         ep = r["plan"]["ep"]
@@ -329,6 +330,7 @@ def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"[note] {r['case']} bs={r['batch_size']}: one lane ({r['planner_label']}) -> "
             f"{st['n_devices']} lanes (ep_static) -> with replicas (predictive): utilisation "
             f"{r['utilisation']:.3f} -> {st['utilisation']:.3f} -> {pr['utilisation']:.3f}, "
+            f"GPU load {r['gpu_load']:.3f} -> {st['gpu_load']:.3f} -> {pr['gpu_load']:.3f}, "
             f"makespan {1e3 * r['makespan_s']:.2f} -> {1e3 * st['makespan_s']:.2f} -> "
             f"{1e3 * pr['makespan_s']:.2f} ms ({r['makespan_s'] / pr['makespan_s']:.2f}x)"
         )

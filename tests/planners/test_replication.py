@@ -454,15 +454,15 @@ def test_loop_lines_set_one_lane_beside_g_lanes():
 
     def row(planner, n, util, ms, label=None):
         return dict(case="c", batch_size=16, planner=planner, planner_label=label or planner,
-                    n_devices=n, utilisation=util, makespan_s=ms / 1e3,
+                    n_devices=n, utilisation=util, gpu_load=util + 0.1, makespan_s=ms / 1e3,
                     plan={"ep": {"lanes": True, "n_devices": n}})  # fmt: skip
 
     rows = [row("ep_static", 8, 0.7, 50), row("predictive_replication", 8, 0.75, 40),
             row("ep_static[1 lane]", 1, 0.15, 200)]  # fmt: skip
     assert loop_lines(rows) == [
         "[note] c bs=16: one lane (ep_static[1 lane]) -> 8 lanes (ep_static) -> with replicas "
-        "(predictive): utilisation 0.150 -> 0.700 -> 0.750, makespan 200.00 -> 50.00 -> 40.00 ms "
-        "(5.00x)"
+        "(predictive): utilisation 0.150 -> 0.700 -> 0.750, GPU load 0.250 -> 0.800 -> 0.850, "
+        "makespan 200.00 -> 50.00 -> 40.00 ms (5.00x)"
     ]
     assert loop_lines(rows[:2]) == []
 
