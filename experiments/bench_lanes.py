@@ -21,24 +21,21 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import yaml
 
-from core.cost import CostModel
+from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
-from core.schedule import ScheduleBuilder
 from core.spec import Activation, HardwareSpec, ModelSpec
-from core.types import OpKind, Resource, Tier
+from core.types import OpKind, Resource
 from experiments.cli import CONF_DIR, as_int, parse_kv, print_or_exit
 from experiments.validate import read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
 from real.store import resolve_device
-from sim.executor import simulate
 
 _DEFAULTS: dict[str, Any] = dict(
     model="switch-base-128", hardware="h200", lanes=8, rows="8,64,512,4096", device="",
@@ -47,16 +44,14 @@ _DEFAULTS: dict[str, Any] = dict(
 
 
 def modelled_s(model: ModelSpec, hw: HardwareSpec, rows: int, lanes: int) -> float:
-    """Simulated GPU time of `lanes` expert ops of `rows` tokens each, side by side in one pool,
-    without per-op overhead."""
-    gpu = replace(hw.gpu, kernel_overhead_s=0.0, kind_overhead_s={})
-    b = ScheduleBuilder({t: 1 << 40 for t in Tier})
-    for d in range(lanes):
-        b.add(OpKind.FFN, b.stream(f"lane{d}", Resource.GPU, d, pool="sms"),
-              flops=model.expert_flops(rows), touch_bytes=model.expert_bytes,
-              width=expert_width(model, [rows]))  # fmt: skip
-    _, end = simulate(b.build(), CostModel(replace(hw, gpu=gpu)))
-    return float(end.max())
+    """The pool's time (`pool_makespan_s`, the simulator's semantics) for `lanes` expert ops of
+    `rows` tokens each, side by side, without per-op overhead."""
+    cost, f, b = CostModel(hw), model.expert_flops(rows), model.expert_bytes
+    work = cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b) - cost.overhead_s(
+        Resource.GPU, OpKind.EXPERT
+    )
+    cap = cost.cap(Resource.GPU, f, b, expert_width(model, [rows]))
+    return pool_makespan_s([[(0.0, work, cap)]] * lanes)
 
 
 def expert_kernels(model: ModelSpec, rows: int, lanes: int, device: torch.device) -> list[Callable[[], Any]]:  # fmt: skip

@@ -81,9 +81,9 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     routing = routing if routing is not None else load_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
     cost = CostModel(spec.hardware)
-    start, end = simulate(schedule, cost)
-    launch, work, _ = cost.pool_parts(schedule)
-    trace = make_trace(schedule, start, end, source="sim", sm_s=work, launch_s=launch)
+    parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
+    start, end = simulate(schedule, cost, parts)
+    trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0])
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 

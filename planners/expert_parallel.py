@@ -411,16 +411,10 @@ class ExpertTime:
         """tokens [E] (may be fractional: predicted) this device computes per expert. On lanes
         that share the SMs: each op's launch plus its work at the share its width can fill, as
         if the lane had the GPU to itself."""
-        busy = tokens[tokens > 0]
-        if not len(busy):
-            return 0.0
         if self.pool_model is not None:
             return sum(over + work / cap for over, work, cap in self.pool_ops(tokens))
-        if self.grouped:
-            return self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * busy.sum(),
-                                       len(busy) * self.expert_bytes, self.share)  # fmt: skip
-        return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, self.expert_params_flops * n,
-                                       self.expert_bytes, self.share) for n in busy)  # fmt: skip
+        return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b, self.share)
+                   for f, b, _ in self._ops(tokens))  # fmt: skip
 
 
 def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:

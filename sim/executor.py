@@ -112,8 +112,13 @@ class _Fluid:
         self._plan()
 
 
-def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Simulate; return per-op start and end times in seconds. Raises ScheduleError if stuck."""
+def simulate(
+    schedule: Schedule,
+    cost: CostModel,
+    pool_parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Simulate; return per-op start and end times in seconds. Raises ScheduleError if stuck.
+    pool_parts: `cost.pool_parts(schedule)`, where the caller has it already."""
     env = simpy.Environment()
     n = len(schedule.ops)
     durations = cost.durations(schedule)
@@ -140,7 +145,9 @@ def simulate(schedule: Schedule, cost: CostModel) -> tuple[np.ndarray, np.ndarra
     ]
     # ops on pool streams: (pool, work, cap); their `durations` entry becomes the overhead
     fluids = {s.pool: _Fluid(env) for s in specs if s.pool}
-    over, work, caps = cost.pool_parts(schedule, durations)
+    over, work, caps = (
+        pool_parts if pool_parts is not None else cost.pool_parts(schedule, durations)
+    )
     pooled = ~np.isnan(work)
     durations = np.where(pooled, over, durations)
     pool_of = [fluids[s.pool] if s.pool else None for s in specs]
