@@ -337,6 +337,48 @@ def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def eplb_lines(rows: list[dict[str, Any]], cases: Sequence[str]) -> list[str]:
+    """One note per target case at its largest batch where eplb runs at more than one interval
+    (the `eplb` row and its variants): eplb's balancedness / makespan / copies at each, and
+    whether predictive is at least as balanced as the most balanced of them and at least as fast
+    as the fastest. Re-placing more often balances better but moves more weights over the links
+    the all-to-all uses."""
+    out = []
+    for case in cases:
+        sizes = [r["batch_size"] for r in rows if r["case"] == case]
+        if not sizes:
+            continue
+        at = [r for r in rows if r["case"] == case and r["batch_size"] == max(sizes)]
+        eplbs = sorted(
+            (r for r in at if "eplb" in r["plan"]), key=lambda r: r["plan"]["eplb"]["interval"]
+        )
+        pr = next((r for r in at if r["planner"] == "predictive_replication"), None)
+        if len(eplbs) < 2 or pr is None:
+            continue
+
+        def view(r: dict[str, Any]) -> str:
+            return (f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms / "
+                    f"{r['plan']['ep'].get('copies', 0)} copies")  # fmt: skip
+
+        most = max(r["balancedness"] for r in eplbs)
+        fastest = min(r["makespan_s"] for r in eplbs)
+        verdict = (f"{'at least as' if pr['balancedness'] >= most else 'less'} balanced "
+                   f"{'as' if pr['balancedness'] >= most else 'than'} eplb's most balanced, "
+                   f"{'at least as fast as' if pr['makespan_s'] <= fastest else 'slower than'} "
+                   f"its fastest")  # fmt: skip
+
+        def when(r: dict[str, Any]) -> str:
+            k = r["plan"]["eplb"]["interval"]
+            return (
+                f"every {k} batches" if k < r["n_batches"] else f"never in {r['n_batches']} batches"
+            )
+
+        each = ", ".join(f"{when(r)} {view(r)}" for r in eplbs)
+        out.append(f"[note] {case} bs={max(sizes)}: eplb re-placing {each}; predictive {view(pr)}: "
+                   f"{verdict}")  # fmt: skip
+    return out
+
+
 def _views(by: dict[str, dict[str, Any]]) -> str:
     """ep_static's and predictive's makespan and expert-phase utilisation, and the gain."""
     st, pr = by["ep_static"], by["predictive_replication"]
@@ -616,6 +658,7 @@ def run(cfg: DictConfig) -> list[str]:
         *work_conserving_lines(rows),
         *sharing_lines(rows),
         *loop_lines(rows),
+        *eplb_lines(rows, [c for c in cfg.targets_cases if c in cfg.cases]),
         *targets(
             rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
         ),

@@ -62,6 +62,7 @@ def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig
                 f"targets_cases must name esft_heldout cases"
             )
         case["batch_sizes"] = [max(case["batch_sizes"])]
+        case.pop("variants", None)
         cases[name] = case
     where = split if seed is None or seed == c["seed"] else f"{split}-seed{seed}"
     c.update(split=split, cases=cases, variants={}, out_dir=str(Path(cfg.out_dir) / "cv" / where))

@@ -25,6 +25,7 @@ def test_a_fold_runs_the_target_cases_at_their_largest_batch(tmp_path):
     f = fold_cfg(base(tmp_path), "fold3")
     assert f.split == "fold3" and f.out_dir == str(tmp_path / "cv" / "fold3")
     assert sorted(f.cases) == ["esft-g4", "esft-g8"] and not f.variants
+    assert all("variants" not in case for case in f.cases.values())  # the four planners only
     assert list(f.cases["esft-g8"].batch_sizes) == [128]
 
 

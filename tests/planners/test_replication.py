@@ -467,6 +467,29 @@ def test_loop_lines_set_one_lane_beside_g_lanes():
     assert loop_lines(rows[:2]) == []
 
 
+def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
+    from experiments.replication import eplb_lines
+
+    def row(planner, bal, ms, copies, interval=None, bs=128, case="c"):
+        plan = {"ep": {"copies": copies}, **({"eplb": {"interval": interval}} if interval else {})}
+        return dict(case=case, batch_size=bs, n_batches=8, planner=planner, balancedness=bal,
+                    makespan_s=ms / 1e3, plan=plan)  # fmt: skip
+
+    rows = [row("eplb[interval=8]", 0.95, 64.0, 0, 8), row("eplb", 0.97, 68.0, 4000, 2),
+            row("predictive_replication", 0.97, 65.0, 1200), row("eplb", 0.5, 9.0, 9, 2, bs=8),
+            row("ep_static", 0.8, 74.0, 0)]  # fmt: skip
+    assert eplb_lines(rows, ["c", "absent"]) == [
+        "[note] c bs=128: eplb re-placing every 2 batches 0.9700 / 68.00 ms / 4000 copies, never in "
+        "8 batches 0.9500 / 64.00 ms / 0 copies; predictive 0.9700 / 65.00 ms / 1200 copies: at "
+        "least as balanced as eplb's most balanced, slower than its fastest"
+    ]
+    rows[2].update(balancedness=0.96, makespan_s=0.063)
+    assert eplb_lines(rows, ["c"])[0].endswith(
+        "less balanced than eplb's most balanced, at least as fast as its fastest"
+    )
+    assert eplb_lines(rows[1:], ["c"]) == []  # eplb at one interval only
+
+
 def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
     """cases.<name>.grouped_gemm and .variants (beside the global ones) reach the runs; a case
     variant naming an unknown planner is refused before anything runs."""
