@@ -21,10 +21,13 @@ def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np
     """Pack the items of each row onto `num_packs` packs of equal cardinality (greedy LPT).
 
     weight [n, m] (m divisible by num_packs). Heaviest item first, onto the lightest pack that
-    still has room; ties go to the lower pack index. Returns pack index and rank in pack, [n, m].
+    still has room; ties go to the lower pack index. One item a pack: the identity (nothing to
+    balance, and moving items would only cost copies). Returns pack index and rank in pack, [n, m].
     """
     n, m = weight.shape
     per_pack = m // num_packs
+    if per_pack == 1:  # one item a pack: item i stays on pack i, as DeepSeek's returns it
+        return np.tile(np.arange(m, dtype=np.int64), (n, 1)), np.zeros((n, m), dtype=np.int64)
     pack = np.zeros((n, m), dtype=np.int64)
     rank = np.zeros((n, m), dtype=np.int64)
     for i in range(n):

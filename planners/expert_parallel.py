@@ -805,6 +805,7 @@ class EPRunner:
         m = self.ctx.model
         old = self.resident.get(moe)
         if old is None:  # the first placement is loaded before the run, like the home experts
+            assert not after, f"MoE layer {moe}'s first placement used routing ops {after}"
             self.resident[moe] = slots.copy()
             return [() for _ in range(self.layout.n_devices)]
         waits: list[tuple[int, ...]] = []

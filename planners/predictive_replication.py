@@ -131,7 +131,10 @@ class LoadPredictor:
         self.gate_of: dict[tuple[int, int], tuple[int, ...]] = {}  # (t, moe) -> gate ops
 
     def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
-        if self.p.predictor == "layer_corr" and moe > 0 and self.trans[moe].sum() > 0:
+        # layer_corr from this iteration's routing at the layer before; not for a layer's first
+        # placement, which is loaded before the run, before any routing exists
+        if (self.p.predictor == "layer_corr" and moe > 0 and self.seen_any[moe]
+                and self.trans[moe].sum() > 0):  # fmt: skip
             counts = np.bincount(
                 self.ids[moe - 1].ravel(), minlength=self.ema.shape[1]
             )  # [E] at layer moe-1

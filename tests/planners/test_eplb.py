@@ -23,6 +23,15 @@ def test_packing_is_cardinality_constrained_lpt():
     assert rank.tolist() == [[0, 0, 1, 1, 2, 2]]
 
 
+def test_one_item_a_pack_stays_in_place():
+    """As DeepSeek's: with one item a pack nothing is balanced by moving, so item i stays on pack
+    i (before, the heaviest went to pack 0, and every re-placement moved experts between GPUs)."""
+    pack, rank = balanced_packing(np.array([[1.0, 4, 2, 3]]), 4)
+    assert pack.tolist() == [[0, 1, 2, 3]] and rank.tolist() == [[0, 0, 0, 0]]
+    phy2log, _, _ = rebalance_experts(np.array([[1.0, 4, 2, 3]]), 4, 1, 1, 4)
+    assert phy2log.tolist() == [[0, 1, 2, 3]]
+
+
 def test_global_policy_hand_worked():
     """[10, 1, 1, 1], 6 slots on 2 GPUs: copies 3.33 x3 and 1 x3; LPT: gpu0 = 3.33 + 3.33 + 1,
     gpu1 = 3.33 + 1 + 1."""

@@ -155,6 +155,33 @@ def test_predictive_copies_wait_for_the_routing_they_used():
         )
 
 
+def test_layer_corr_first_placements_do_not_read_the_runs_routing(tmp_path):
+    """A layer's first placement is loaded before the run, so it cannot follow routing: with a
+    table that sends layer 0's expert e to layer 1's expert e, sending iteration 0's tokens at
+    MoE layer 0 to experts {0, 1} or to {2, 3} leaves MoE layer 1's first placement the same
+    (before, layer_corr placed it from that routing, and its copies cost nothing)."""
+    from core.routing import Routing
+    from experiments.pipeline import build_schedule
+    from tests.conftest import random_routing
+
+    spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1)
+    e = spec.model.n_experts
+    table = np.zeros((len(spec.model.moe_layers), e, e))
+    table[1] = 100 * np.eye(e)
+    np.save(tmp_path / "t.npy", table)
+    spec = replace(
+        spec, params={**spec.params, "predictor": "layer_corr", "table": str(tmp_path / "t.npy")}
+    )
+    base = random_routing(spec.model, spec.workload)
+    first = []
+    for hot in ([0, 1], [2, 3]):
+        ids = base.expert_ids.copy()
+        ids[: spec.workload.batch_size, base.step_slice(0, spec.workload), 0] = hot
+        s = build_schedule(spec, Routing(ids, base.gate_weights, base.n_experts, "hot"))
+        first.append(s.meta["ep_slots"][(0, 0, 1)])
+    assert first[0] == first[1]
+
+
 @pytest.mark.parametrize(
     "planner, params, match",
     [
