@@ -617,6 +617,7 @@ class Executor:
                 with self._refs_lock:
                     if p.shared is None:
                         p.shared = torch.zeros_like(p.normed)
+                        self._landed()
                 p.shared[rows] = y.to(p.shared.device)
             else:
                 h[s0:s1] = m.dense_ffn(w, h[s0:s1])
@@ -626,6 +627,7 @@ class Executor:
             with self._refs_lock:
                 if bst.logits is None:
                     bst.logits = logits.new_zeros(self.wl.batch_size, logits.shape[1])
+                    self._landed()
                 bst.written[op.step] += s1 - s0
             bst.logits[s0:s1] = logits
             bst.tokens[s0:s1, op.step] = logits.argmax(-1)
@@ -642,8 +644,17 @@ class Executor:
                     device=self.device,
                 )
                 bst.hidden_step = step
+                self._landed()
             assert bst.hidden is not None
             return bst.hidden
+
+    def _landed(self) -> None:
+        """Wait until this thread's stream has run what it queued. A buffer that ops on other
+        CUDA streams fill part by part (one device's sequences each) is zeroed by the first op
+        that needs it: without this, its fill could land after another stream's rows and wipe
+        them, or a part's rows after the read of the op that completes the buffer."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _positions(self, step: int) -> torch.Tensor:
         p = self.wl.prompt_len
@@ -687,6 +698,7 @@ class Executor:
             assert (p.step, p.layer) == (op.step, op.layer), f"{op.label()}: gate parts interleave"
             if p.normed is not normed:
                 p.normed[rows], p.ids[rows], p.weights[rows] = normed, ids, weights
+                self._landed()  # read by the part that completes the batch, on its stream
             p.gated[s0:s1] = True
             if not bool(p.gated.all()):
                 return

@@ -239,6 +239,20 @@ def test_cuda_streams_match_in_memory_forward(mixtral_tiny, planner, mode):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["replay", "live"])
+def test_cuda_streams_fill_shared_buffers_part_by_part(f32_ckpt, mode):
+    """DeepSeek-V2 shape on 2 GPUs' CUDA streams of one GPU: each stream gates and runs the
+    shared experts of its own sequence into buffers the first of them zeroes; every part's rows
+    must survive the other stream's fill (real/executor.py `_landed`)."""
+    ckpt = f32_ckpt("deepseek-v2-lite")
+    spec = spec_for(ckpt, "predictive_replication")
+    result, out = real_execute(ckpt, spec, mode, device="cuda")
+    assert out.fallback_loads == 0
+    assert_matches_reference(ckpt, spec, result, out, CUDA_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("planner", sorted(RESIDENT))
 def test_cuda_lanes_match_in_memory_forward(mixtral_tiny, planner):
     """4 lanes as 4 CUDA streams on one GPU, against the CPU in-memory forward."""
