@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from core.args import as_bool
 from core.balance import KEYS
 from core.cost import CostModel
 from core.errors import MoepipeError
@@ -51,6 +52,12 @@ from planners.predictive_replication import transition_counts
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parent.parent / "conf"
 PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
+ROUTINGS = ("esft_heldout", "synthetic_olmoe_top1")  # a case's routing
+CASE_KEYS = {  # a case's keys: required, and optional
+    "model", "routing", "n_devices", "lanes", "batch_sizes", "prompt_len", "n_batches",
+}  # fmt: skip
+CASE_OPTIONAL = {"lane_sharing", "grouped_gemm", "variants"}
+FILE_PARAMS = ("initial_load", "table", "prior_scenarios")  # params naming a file a run reads
 
 
 SPLITS = {"test": 0, "validation": 1, "fold1": 1, "fold2": 2, "fold3": 3, "fold4": 4}
@@ -192,38 +199,43 @@ def run_case(
         variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
         runs += [(v, str(c.planner), {**dict(cfg.planners[c.planner] or {}), **dict(c.params or {})})
                  for v, c in variants.items()]  # fmt: skip
-        grouped = bool(case.get("grouped_gemm", cfg.grouped_gemm))
+        grouped = as_bool(f"cases.{name}.grouped_gemm", case.get("grouped_gemm", cfg.grouped_gemm))
         for label, planner, own in runs:
-            params = {
+            params: dict[str, Any] = {
                 "n_devices": int(case.n_devices),
-                "lanes": bool(case.lanes),
+                "lanes": as_bool(f"cases.{name}.lanes", case.lanes),
                 "grouped_gemm": grouped,
-                **own,
-            }  # a variant's params win
+            }
             if case.get("lane_sharing"):
                 params["lane_sharing"] = str(case.lane_sharing)
-            if planner != "ep_static":
+            if planner != "ep_static":  # the same budget and training information for all
                 params["replica_slots"] = int(cfg.replica_slots)
-            if planner != "ep_static":  # the same training information for all
                 params["initial_load"] = str(load_file)
             if planner == "predictive_replication":
                 params["table"] = str(trans_file)
                 if case.routing == "esft_heldout" and own.get("prior_scenarios", True):
                     params["prior_scenarios"] = str(out / "esft_train_groups.npy")
+            params.update(own)  # a variant's (or the config's planner) params win
+            if not params.get("prior_scenarios", True):
+                params.pop("prior_scenarios")
             run_dir = out / name / f"bs{bs}" / label
             spec = RunSpec(model, hw, wl, planner, params)
-            key = {"spec": repr(spec), "routing": hashlib.sha1(routing.expert_ids.tobytes()).hexdigest(), "traces": bool(cfg.write_traces),
-                   "code": code_version()}  # fmt: skip
+            # what the run reads: the spec, the routing and the files it names (the training
+            # tables are rewritten for each split), and the code
+            files = {k: file_sha1(params[k]) for k in FILE_PARAMS if params.get(k)}
+            key = {"spec": repr(spec), "routing": hashlib.sha1(routing.expert_ids.tobytes()).hexdigest(),
+                   "files": files, "traces": bool(cfg.write_traces), "code": code_version()}  # fmt: skip
             if reusable(run_dir, key):
                 rows.append({"case": name, **json.loads((run_dir / "summary.json").read_text())})
                 continue
             (run_dir / "summary.json").unlink(missing_ok=True)
+            (run_dir / KEY).unlink(missing_ok=True)  # rewritten once the run is whole
             result = simulate_run(spec, routing)
             wc = work_conserving_s(result, hw)
             if wc is not None:
                 result.summary["wc_makespan_s"] = wc
             if label != planner:  # a variant: its own row, beside the four the targets compare
-                result.summary.update(planner=label, planner_label=label)
+                result.summary.update(planner=label, planner_label=label, variant_of=planner)
             if cfg.write_traces:
                 write_run(run_dir, result)
             else:  # the per-phase balance without the trace files
@@ -391,6 +403,14 @@ KEY = "run_key.json"  # in a run dir: what the run was (spec, routing, code), fo
 RUNS = "runs.json"  # in out_dir: the run dirs of the last config, which read_runs reads
 
 
+def file_sha1(path: str) -> str:
+    """The sha1 of a file a run reads (a missing one: its name, for the planner to refuse)."""
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return f"unreadable: {path}"
+
+
 def reusable(run_dir: Path, key: dict[str, Any]) -> bool:
     """The run in `run_dir` finished (summary.json is written last) with this spec, routing and
     code: an interrupted experiment, run again, reuses it."""
@@ -484,7 +504,12 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
         if r["planner"] != "ep_static" or r[metric] >= 0.6:
             continue
         same = [x for x in rows if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]]
-        rep = [x for x in same if x["planner"] not in ("ep_static", "oracle_replication")]
+        # replication planners and their variants (not ep_static's, not the oracle's)
+        rep = [
+            x
+            for x in same
+            if x.get("variant_of", x["planner"]) in ("eplb", "predictive_replication")
+        ]
         best = max(rep, key=lambda x: x[metric])
         bound = [x[metric] for x in same if x["planner"] == "oracle_replication"]
         why = (f"; the oracle upper bound reaches {bound[0]:.3f}"
@@ -620,7 +645,28 @@ def check_inputs(cfg: DictConfig) -> None:
 
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
     as_int("replica_slots", cfg.replica_slots, at_least=0)
+    for key in ("grouped_gemm", "write_traces"):
+        as_bool(key, cfg[key])
+    variant_planners(cfg.get("variants") or {}, "variants")
     for name, case in cfg.cases.items():
+        missing = sorted(CASE_KEYS - set(case))
+        if missing:
+            raise MoepipeError(
+                f"cases.{name}: missing {', '.join(missing)} (see conf/experiment/replication.yaml)"
+            )
+        unknown = sorted(set(case) - CASE_KEYS - CASE_OPTIONAL)
+        if unknown:
+            raise MoepipeError(
+                f"cases.{name}.{unknown[0]}: unknown case key; valid: "
+                f"{', '.join(sorted(CASE_KEYS | CASE_OPTIONAL))}"
+            )
+        if case.routing not in ROUTINGS:
+            raise MoepipeError(
+                f"cases.{name}.routing={case.routing!r} unknown; valid: {', '.join(ROUTINGS)}"
+            )
+        for key in ("lanes", "grouped_gemm"):
+            if key in case:
+                as_bool(f"cases.{name}.{key}", case[key])
         known("model", str(case.model), f"cases.{name}.model")
         for key in ("n_devices", "prompt_len", "n_batches"):
             as_int(f"cases.{name}.{key}", case[key], at_least=0 if key == "n_devices" else 1)
@@ -631,12 +677,16 @@ def check_inputs(cfg: DictConfig) -> None:
             )
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
-        for label, v in (case.get("variants") or {}).items():
-            if str(v.get("planner")) not in PLANNERS:
-                raise MoepipeError(
-                    f"cases.{name}.variants.{label}.planner={v.get('planner')!r}; valid: "
-                    f"{', '.join(PLANNERS)}"
-                )
+        variant_planners(case.get("variants") or {}, f"cases.{name}.variants")
+
+
+def variant_planners(variants: Any, where: str) -> None:
+    """Each variant names one of the four planners."""
+    for label, v in variants.items():
+        if str(v.get("planner")) not in PLANNERS:
+            raise MoepipeError(
+                f"{where}.{label}.planner={v.get('planner')!r}; valid: {', '.join(PLANNERS)}"
+            )
 
 
 def run(cfg: DictConfig) -> list[str]:
@@ -648,6 +698,7 @@ def run(cfg: DictConfig) -> list[str]:
     for name, case in cfg.cases.items():
         rows += run_case(cfg, str(name), case, prep, out)  # finished runs of this config reused
         log.info("%s done at %.0f s", name, time.time() - t0)
+    held_out = [c for c in cfg.targets_cases if c in cfg.cases]  # the target cases that ran
     listed = [f"{r['case']}/bs{r['batch_size']}/{r['planner']}" for r in rows]
     (out / RUNS).write_text(json.dumps(listed))
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -658,10 +709,16 @@ def run(cfg: DictConfig) -> list[str]:
         *work_conserving_lines(rows),
         *sharing_lines(rows),
         *loop_lines(rows),
-        *eplb_lines(rows, [c for c in cfg.targets_cases if c in cfg.cases]),
-        *targets(
-            rows, [c for c in cfg.targets_cases if c in cfg.cases], list(cfg.get("variants") or {})
-        ),
+        *eplb_lines(rows, held_out),
+        *(
+            []
+            if held_out
+            else [
+                f"[n/a ] balancedness and makespan-gap targets: no case of "
+                f"targets_cases={list(cfg.targets_cases)} ran"
+            ]
+        ),  # fmt: skip
+        *targets(rows, held_out, list(cfg.get("variants") or {})),
     ]
     pngs = plot(rows, out)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")

@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
 from experiments.cli import print_or_exit
+from experiments.pipeline import code_version
 
 log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
@@ -80,14 +82,17 @@ def seeds_of(cfg: DictConfig) -> list[int]:
 
 
 def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Runs one fold unless its report exists with the same config; returns its rows."""
+    """Runs one fold unless its report exists with the same config and code; returns its rows."""
     out = Path(cfg.out_dir)
     report, settings = out / "report.txt", OmegaConf.to_yaml(cfg, resolve=True)
-    if report.exists() and (out / "config.yaml").read_text() == settings:
+    code, stamp = code_version(), out / "code_version.txt"
+    same_code = stamp.exists() and stamp.read_text() == code
+    if report.exists() and same_code and (out / "config.yaml").read_text() == settings:
         log.info("%s: already run (%s)", cfg.split, report)
     else:
         report.unlink(missing_ok=True)
         lines = replication.run(cfg)
+        stamp.write_text(code)
         report.write_text("\n".join(lines) + "\n")  # written last: marks the fold complete
     return replication.read_runs(out)
 
@@ -125,10 +130,13 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             )  # fmt: skip
     what_runs = "folds" if all(" " not in key for key in rows) else "runs"
     for case, per in sorted(cols.items()):
-        eb, pb, diff, em, pm, closed = (sum(col) / len(per) for col in zip(*per, strict=True))
+        eb, pb, diff, em, pm, closed = (float(np.nanmean(col)) if not np.isnan(col).all()
+                                        else float("nan") for col in np.array(per).T)  # fmt: skip
+        no_gap = sum(np.isnan(c[5]) for c in per)
         lines.append(
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
             f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%}"
+            + (f"  (gap closed over the {len(per) - no_gap} with a gap)" if no_gap else "")
         )
     lines.append("")
     for case, per in cols.items():

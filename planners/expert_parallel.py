@@ -657,7 +657,16 @@ class EPRunner:
                 f"({gpu_gb:.3g} GB); use hardware with more GPU memory or a smaller model"
             )
         replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
-        b.reserve(Tier.GPU, replica_bytes)  # validate() names it if it does not fit
+        held = b.resident_bytes[Tier.GPU]
+        cap = self.ctx.hardware.memory_bytes[Tier.GPU]
+        if held + replica_bytes > cap:
+            fit = max(0, (cap - held) // (lay.n_devices * len(m.moe_layers) * m.expert_bytes))
+            raise CapacityError(
+                f"planner replica_slots={lay.replica_slots}: {replica_bytes / 1e9:.3g} GB of "
+                f"replicas on top of {held / 1e9:.3g} GB already resident exceed the gpu tier "
+                f"({cap / 1e9:.3g} GB); lower replica_slots (at most {fit} fit)"
+            )
+        b.reserve(Tier.GPU, replica_bytes)
         if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
             pool = POOL if lay.shared else ""  # or all of them share its SMs
             self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool)

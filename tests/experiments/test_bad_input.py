@@ -219,6 +219,15 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("cases.esft-g8.model=nosuch", ["cases.esft-g8.model=nosuch"]),
         ("cases.esft-g4.batch_sizes=[0]", ["cases.esft-g4.batch_sizes"]),
         ("cases.switch-base-128-shared.lane_sharing=mps", ["lane_sharing='mps'", "partition"]),
+        (
+            "cases.esft-g8.routing=esft_heldot",
+            ["cases.esft-g8.routing='esft_heldot'", "esft_heldout"],
+        ),
+        ("+cases.esft-g8.bogus=1", ["cases.esft-g8.bogus: unknown case key", "batch_sizes"]),
+        ("~cases.esft-g8.n_batches", ["cases.esft-g8: missing n_batches"]),
+        ("cases.esft-g8.lanes=maybe", ["cases.esft-g8.lanes=maybe: not a boolean"]),
+        ("grouped_gemm=maybe", ["grouped_gemm=maybe: not a boolean"]),
+        ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],
 )
 def test_replication_inputs_are_checked_first(arg, names, tmp_path):

@@ -82,3 +82,35 @@ def test_replication_cross_validation_runs_small(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 5 folds" in r.stdout
     assert len(list(Path(tmp_path).glob("cv/*/report.txt"))) == 5
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_replication_reuses_a_run_only_with_the_same_training_files(tmp_path):
+    """`split=validation` and `split=fold1` run the same held-out sequences, but fold1 trains on
+    more of the others: its training tables differ, so no run of the first is reused by the
+    second. A variant's own params win over those the experiment sets."""
+    import json as _json
+
+    from omegaconf import OmegaConf
+
+    from experiments import replication
+
+    cfg = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml")
+    case = dict(model="deepseek-v2-lite", routing="esft_heldout", n_devices=8, lanes=False,
+                batch_sizes=[8], prompt_len=8, n_batches=2,
+                variants={"eplb[slots=1]": {"planner": "eplb", "params": {"replica_slots": 1}}})  # fmt: skip
+    cfg.merge_with(dict(out_dir=str(tmp_path), trace_dir=str(SHARED_TRACES), variants={},
+                        targets_cases=["esft-g8"]))  # fmt: skip
+    cfg.cases = {"esft-g8": case}
+
+    def summary(label: str) -> dict:
+        return _json.loads((tmp_path / "esft-g8" / "bs8" / label / "summary.json").read_text())
+
+    cfg.split = "validation"
+    replication.run(cfg)
+    assert "validation" in summary("eplb")["routing"]
+    assert summary("eplb[slots=1]")["plan"]["ep"]["replica_slots"] == 1
+    assert summary("eplb[slots=1]")["variant_of"] == "eplb"
+    cfg.split = "fold1"
+    replication.run(cfg)
+    assert "fold1" in summary("eplb")["routing"]

@@ -87,6 +87,20 @@ def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
     (Path(f.out_dir) / "report.txt").unlink()  # interrupted before the report: run again
     run_fold(f)
     assert len(calls) == 3 and replication_cv.FOLDS[0] == "test"
+    monkeypatch.setattr(replication_cv, "code_version", lambda: "other code")
+    run_fold(f)  # the same config under other code: run again
+    assert len(calls) == 4
+
+
+def test_the_mean_gap_closed_skips_folds_without_a_gap():
+    """A fold where the oracle is not faster than ep_static has no gap to close: it counts as
+    not closing half of it, and the mean is over the folds that have one (not nan)."""
+    no_gap = [row("ep_static", 0.79, 66.0), row("eplb", 0.97, 68.0),
+              row("oracle_replication", 0.99, 66.0), row("predictive_replication", 0.97, 67.0)]  # fmt: skip
+    lines = cv_lines({"test": fold(0.968, 68.0), "fold1": no_gap})
+    mean = next(ln for ln in lines if ln.startswith("mean"))
+    assert "75%" in mean and "over the 1 with a gap" in mean
+    assert "[FAIL] esft-g8: predictive closes >= 50% of the gap on 1 of 2 folds" in lines
 
 
 def test_other_stream_orders_run_beside_the_config_seed(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from core.balance import balance_metrics
-from core.errors import ConfigError, MoepipeError
+from core.errors import CapacityError, ConfigError, MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource
 from experiments.pipeline import RunSpec, simulate_run
@@ -180,6 +180,11 @@ def test_layer_corr_first_placements_do_not_read_the_runs_routing(tmp_path):
         s = build_schedule(spec, Routing(ids, base.gate_weights, base.n_experts, "hot"))
         first.append(s.meta["ep_slots"][(0, 0, 1)])
     assert first[0] == first[1]
+
+
+def test_too_many_replica_slots_for_memory_name_the_param():
+    with pytest.raises(CapacityError, match=r"planner replica_slots=\d+: .* lower replica_slots"):
+        simulate_run(tiny_spec("predictive_replication", replica_slots=10**6))
 
 
 @pytest.mark.parametrize(
@@ -671,6 +676,12 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
     assert utilisation_lines(rows[-1:], "utilisation", "util") == [
         "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"
     ]
+    # a variant counts as what it varies: an ep_static variant is no replication planner
+    more = [{**row("a", 1, "ep_static[1 lane]", 0.99), "variant_of": "ep_static"},
+            {**row("a", 1, "eplb[interval=8]", 0.47), "variant_of": "eplb"}]  # fmt: skip
+    assert utilisation_lines(rows + more, "utilisation", "util")[1].startswith(
+        "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> eplb[interval=8] 0.470"
+    )
     for ep, setting in (({"n_devices": 8, "lanes": False}, "8 GPUs"),
                         ({"n_devices": 8, "lanes": True}, "8 lanes of one GPU, each 1/G of its SMs"),
                         ({"n_devices": 4, "lanes": True, "lane_sharing": "shared"},
