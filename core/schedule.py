@@ -187,9 +187,12 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
     exactly as it runs it, so only the real executor (where a stall costs its timeout) needs it.
 
     Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
-    kind, memory never exceeds a tier, every expert compute depends on its batch's gate (planners
-    are causal), and an instant-completion run of the streams finishes (no op waits forever
-    for memory that only a later op frees).
+    kind, no single allocation exceeds a tier, every expert compute depends on its batch's gate
+    (planners are causal), and an instant-completion run of the streams finishes (no op waits
+    forever for memory that only a later op frees) without freeing memory nothing holds.
+    That run is one order of memory grants: with real durations another order can still leave
+    every stream waiting (the simulator then stops, naming them), so it is a necessary check,
+    not a proof that no timing deadlocks.
     """
     streams = schedule.streams
     for t in Tier:
@@ -275,7 +278,8 @@ def _check_finishes(schedule: Schedule) -> None:
     queues: dict[str, deque[Op]] = {name: deque() for name in schedule.streams}
     for op in schedule.ops:
         queues[op.stream].append(op)
-    free = {t: schedule.capacity_bytes[t] - schedule.resident_bytes[t] for t in Tier}
+    room = {t: schedule.capacity_bytes[t] - schedule.resident_bytes[t] for t in Tier}
+    free = dict(room)
     done = bytearray(len(schedule.ops))
     remaining = len(schedule.ops)
     progress = True
@@ -292,6 +296,11 @@ def _check_finishes(schedule: Schedule) -> None:
                     free[op.alloc_tier] -= op.alloc_bytes  # type: ignore[index]
                 if op.free_bytes:
                     free[op.free_tier] += op.free_bytes  # type: ignore[index]
+                    if free[op.free_tier] > room[op.free_tier]:  # type: ignore[index]
+                        raise ScheduleError(
+                            f"{op.label()}: frees {op.free_bytes} B of {op.free_tier} that no "
+                            f"earlier op allocated (freed twice, or before its allocation)"
+                        )
                 done[op.id] = 1
                 remaining -= 1
                 progress = True

@@ -139,10 +139,19 @@ def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
     Path(path).write_text(json.dumps(to_chrome(traces)))
 
 
-def busy_s(trace: pd.DataFrame) -> dict[str, float]:
-    """Seconds each resource spends running ops (resources run one op at a time)."""
+def work_s(trace: pd.DataFrame) -> pd.Series:
+    """Seconds of its resource each op takes: its duration, or for an op of a shared pool
+    (CUDA streams sharing a GPU's SMs, whose ops run at once) its whole-GPU seconds of work
+    (`sm_s`; the launch overhead before it holds no SMs)."""
     dur = trace["end_s"] - trace["start_s"]
-    out = dur.groupby(trace["resource"].astype(str), observed=True).sum()
+    if "sm_s" not in trace:
+        return dur
+    return trace["sm_s"].where(trace["sm_s"].notna(), dur)
+
+
+def busy_s(trace: pd.DataFrame) -> dict[str, float]:
+    """Seconds each resource spends running ops (one op at a time, or a pool's work)."""
+    out = work_s(trace).groupby(trace["resource"].astype(str), observed=True).sum()
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
@@ -167,7 +176,8 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
     The resource bound (`lower_bound_s`, the busiest resource's busy time) ignores that the
     schedule's ops depend on each other; this one does not. For a set S of ops on one resource
     (one op at a time): no op of S starts before the smallest head of S (the longest chain of
-    durations that must finish before it), S takes the sum of its durations, and after the last
+    durations that must finish before it), S takes the sum of its durations (of a pool's ops,
+    their work: they share the GPU, at most all of it), and after the last
     one at least the smallest tail (the longest chain after it) remains, so
     makespan >= min head + sum + min tail (the one-machine relaxation with release and delivery
     times; memory is relaxed too). S ranges over each resource's ops of steps >= s and of steps
@@ -200,8 +210,9 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
             if tail[p] < t:
                 tail[p] = t
     h_arr, t_arr = np.asarray(head), np.asarray(tail)
+    # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
     frame = pd.DataFrame({"resource": trace["resource"].astype(str).to_numpy(), "step": trace["step"].to_numpy(),
-                          "head": h_arr[ids], "dur": dur[ids], "tail": t_arr[ids]})  # fmt: skip
+                          "head": h_arr[ids], "dur": work_s(trace).to_numpy(), "tail": t_arr[ids]})  # fmt: skip
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
     for res, g in frame[frame["resource"] != "none"].groupby("resource", sort=True):

@@ -205,3 +205,24 @@ def test_chrome_trace_carries_sm_seconds_only_where_there_are_some(sim_run):
     json.dumps(doc, allow_nan=False)
     ops = {e["args"]["op_id"]: e["args"] for e in doc["traceEvents"] if e["ph"] in ("X", "i")}
     assert ops[1]["sm_s"] == 0.25 and all("sm_s" not in a for i, a in ops.items() if i != 1)
+
+
+def test_bounds_count_a_pools_ops_by_their_work():
+    """Two 0.5 TFLOP ops on two streams of one pool (CUDA streams sharing the GPU's SMs, both on
+    resource `gpu`) run side by side, each at half the GPU: both end at 1 s. The GPU did 1 s of
+    work, so the bounds are 1 s, not the 2 s their wall times add up to."""
+    h = round_hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    lanes = [b.stream(name, Resource.GPU, 0, pool="sms") for name in ("lane0", "compute")]
+    for s in lanes:
+        b.add(OpKind.FFN, s, flops=0.5e12)
+    sched = b.build()
+    validate(sched)
+    cost = CostModel(h)
+    parts = cost.pool_parts(sched)
+    start, end = simulate(sched, cost, parts)
+    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    m = summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
+    assert m["makespan_s"] == pytest.approx(1.0)
+    assert m["lower_bound_s"] == pytest.approx(1.0) and m["busy_s"]["gpu"] == pytest.approx(1.0)
+    assert m["dag_lower_bound_s"] == pytest.approx(1.0) and m["gpu_bubble_s"] == pytest.approx(0.0)

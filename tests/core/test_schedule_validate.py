@@ -134,6 +134,14 @@ def _waits_for_memory_freed_later(b: ScheduleBuilder, gate: int) -> int:
     return c
 
 
+def _freed_twice(b: ScheduleBuilder, gate: int) -> int:
+    # a 0.5 GB load freed twice: after the second free the gpu would seem to hold less than nothing
+    a = b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1, layer=0,
+              alloc_tier=Tier.GPU, alloc_bytes=GB // 2)  # fmt: skip
+    b.add(OpKind.FREE, "compute", (a,), free_tier=Tier.GPU, free_bytes=GB // 2)
+    return b.add(OpKind.FREE, "compute", (a,), free_tier=Tier.GPU, free_bytes=GB // 2)
+
+
 CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError], list[str]]] = [
     ("dep on a later op", _dep_on_later, ScheduleError, ["must name earlier ops"]),
     ("dep on itself", _dep_on_itself, ScheduleError, ["must name earlier ops"]),
@@ -163,6 +171,8 @@ CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError]
      ["allocates 0.500 GB of gpu", "only 0.250 GB"]),
     ("waits for memory freed later", _waits_for_memory_freed_later, ScheduleError,
      ["can never finish", "waits for", "750000000 B of gpu (250000000 B free)"]),
+    ("memory freed twice", _freed_twice, ScheduleError,
+     ["frees 500000000 B of gpu that no earlier op allocated"]),
 ]  # fmt: skip
 
 
