@@ -232,6 +232,9 @@ class Model:
     # RoPE frequencies and scales from config.json (Rope.from_config); None (as in Model(spec)):
     # plain RoPE of spec.rope_theta, filled in at construction
     rope: Rope | None = None
+    # DeepSeek-V2: the routed experts' weights times this where they are not renormalised
+    # (config.json routed_scaling_factor; 1.0 in DeepSeek-V2-Lite)
+    routed_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -242,8 +245,18 @@ class Model:
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, spec: ModelSpec) -> Model:
         cfg = hf_config(ckpt_dir)
-        rope = Rope.from_config(cfg, spec, where=str(Path(ckpt_dir) / "config.json"))
-        return cls(spec, bool(cfg.get("norm_topk_prob", False)), rope)
+        where = str(Path(ckpt_dir) / "config.json")
+        rope = Rope.from_config(cfg, spec, where=where)
+        scaling = 1.0
+        if spec.family == "deepseek_v2":
+            for key, only in (("topk_method", "greedy"), ("scoring_func", "softmax")):
+                if cfg.get(key, only) != only:
+                    raise ConfigError(
+                        f"{where}: {key}={cfg[key]!r}; only {only!r} DeepSeek-V2 routing is "
+                        f"implemented (DeepSeek-V2-Lite's)"
+                    )
+            scaling = float(cfg.get("routed_scaling_factor", 1.0))
+        return cls(spec, bool(cfg.get("norm_topk_prob", False)), rope, scaling)
 
     @property
     def float32_router(self) -> bool:
@@ -251,6 +264,12 @@ class Model:
         gate in float32); the others round the router's weights to the activations' dtype.
         Pass it to `moe_output`."""
         return self.spec.family == "deepseek_v2"
+
+    @property
+    def float32_logits(self) -> bool:
+        """Router logits in float32: DeepSeek-V2's, and Switch's (HF's Top1Router casts its
+        input and classifier to float32, then rounds the probabilities to the activations')."""
+        return self.float32_router or self.spec.family == "switch_transformers"
 
     # ---- pieces ---------------------------------------------------------------------------
     def embed(self, w: Weights, tokens: torch.Tensor) -> torch.Tensor:
@@ -407,11 +426,23 @@ class Model:
         """
         assert self.spec.is_moe(layer), f"layer {layer} has no gate"
         x = rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps).flatten(0, 1)  # [T, H]
-        if self.float32_router:
+        if self.float32_logits:
             logits = F.linear(x.float(), w["router"].float())  # [T, E]
         else:
             logits = F.linear(x, w["router"]).float()
         k = self.spec.top_k
+        if self.spec.family == "switch_transformers":
+            # HF's Top1Router rounds the float32 probabilities to the activations' dtype, then
+            # takes their argmax (ties in that dtype go to the lower expert) and its probability
+            probs = torch.softmax(logits, dim=-1).to(hidden.dtype)
+            ids = (
+                probs.argmax(-1, keepdim=True)
+                if forced_ids is None
+                else forced_ids.to(logits.device).long()
+            )
+            if forced_weights is not None:
+                return x, ids, forced_weights.to(logits.device).float()
+            return x, ids, probs.gather(-1, ids).float()
         if forced_ids is None:
             ids = logits.topk(k, dim=-1).indices
         else:
@@ -423,6 +454,8 @@ class Model:
         weights = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        elif self.routed_scaling != 1.0:  # DeepSeek's MoEGate: scaled where not renormalised
+            weights = weights * self.routed_scaling
         return x, ids, weights
 
     def expert(self, w: Weights, x: torch.Tensor) -> torch.Tensor:

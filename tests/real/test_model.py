@@ -299,3 +299,47 @@ def test_unknown_rope_scaling_warns_and_runs_plain(caplog):
     cfg["rope_scaling"] = {"type": "yarn", "original_max_position_embeddings": 1024}
     with pytest.raises(ConfigError, match=r"rope_scaling\.factor must be a positive number"):
         Rope.from_config(cfg, spec, where="ckpt/config.json")
+
+
+def test_deepseek_routed_scaling_factor_equals_hugging_face(tmp_path, prompt):
+    """config.json's routed_scaling_factor (1.0 in DeepSeek-V2-Lite) scales the routed experts'
+    weights: at 2.5 the logits move far from the unscaled ones and match transformers' (before,
+    the factor was ignored: 0.32 apart)."""
+    name = "deepseek-v2-lite"
+    spec = reduced_spec(name, **small_overrides(name), dtype_bytes=4)
+    ckpt = write_checkpoint(spec, tmp_path / "c", seed=1)
+    _, plain = reference_generate(ckpt, prompt, 3)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | {"routed_scaling_factor": 2.5}))
+    tokens, logits = reference_generate(ckpt, prompt, 3)
+    hf_tokens, hf_logits = hf_generate(ckpt, prompt, 3)
+    assert torch.equal(hf_tokens, tokens)
+    torch.testing.assert_close(hf_logits, logits, atol=1e-3, rtol=0)
+    assert (plain - logits).abs().max() > 0.1
+    for key, value in (("topk_method", "group_limited_greedy"), ("scoring_func", "sigmoid")):
+        (ckpt / "config.json").write_text(json.dumps(cfg | {key: value}))
+        with pytest.raises(ConfigError, match=f"config.json: {key}='{value}'; only"):
+            Model.from_checkpoint(ckpt, spec)
+
+
+def test_switch_router_equals_hugging_face_in_bf16():
+    """Switch's router in bf16 as transformers' SwitchTransformersTop1Router runs it: float32
+    logits, probabilities rounded to bf16, their argmax (ties to the lower expert) and its
+    probability. Before, the logits were bf16: 24 of 4,096 tokens chose another expert."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.switch_transformers import modeling_switch_transformers as hs
+
+    spec = reduced_spec("switch-base-128", dtype_bytes=2)
+    g = torch.Generator().manual_seed(0)
+    h, e, t = spec.hidden_size, spec.n_experts, 4096
+    router = (torch.randn(e, h, generator=g) / h**0.5).bfloat16()
+    x = torch.randn(1, t, h, generator=g).bfloat16()
+    w = {"post_norm": torch.ones(h, dtype=torch.bfloat16), "router": router}
+    normed, ids, weights = Model(spec).gate(spec.moe_layers[0], w, x)
+    cfg = transformers.SwitchTransformersConfig(d_model=h, num_experts=e, expert_capacity=10**9)
+    hf = hs.SwitchTransformersTop1Router(cfg).eval()  # eval: no jitter noise
+    hf.classifier.weight.data = router.float()
+    with torch.no_grad():
+        mask, probs, _ = hf(normed[None])
+    assert torch.equal(mask[0].argmax(-1), ids[:, 0])
+    assert torch.equal(probs[0, :, 0].float(), weights[:, 0])
