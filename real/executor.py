@@ -285,6 +285,7 @@ class Executor:
         self._host_resident: set[Unit] = set()
         self._fallbacks = 0
         self._scratch: dict[str, torch.Tensor] = {}
+        self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
         self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk
         pin = self.cuda
@@ -492,7 +493,9 @@ class Executor:
         if cuda_stream is None:
             start = time.perf_counter() - self._t0
             self._run_op(op, spec, None)
-            return start, time.perf_counter() - self._t0
+            end = time.perf_counter() - self._t0
+            self._release(op)
+            return start, end
         ev_start = torch.cuda.Event(enable_timing=True)
         ev_end = torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(cuda_stream):
@@ -500,15 +503,19 @@ class Executor:
             self._run_op(op, spec, cuda_stream)
             ev_end.record(cuda_stream)
         ev_end.synchronize()  # the op's data is ready for every other stream once marked done
+        # Only now drop what the op frees: its kernels have read the weights. Freed earlier, the
+        # caching allocator could hand their block (allocated on a load stream) to the next load
+        # on that stream while this op's kernels still read it.
+        self._release(op)
         return self._t0_event.elapsed_time(ev_start) / 1e3, self._t0_event.elapsed_time(
             ev_end
         ) / 1e3
 
     # ---- ops -> real work ---------------------------------------------------------------------
     def _run_op(self, op: Op, spec: StreamSpec, cuda_stream: torch.cuda.Stream | None) -> None:
+        """The op's work; its memory effect (`_release`) follows once the work is done."""
         k = op.kind
         if k == OpKind.FREE:
-            self._release(op)
             return
         if k == OpKind.LOAD and unit_of(op) is not None:
             self._load(op, cuda_stream)
@@ -520,7 +527,6 @@ class Executor:
             self._compute(op, spec)
         else:  # activations to/from the CPU, all-to-all: move the op's bytes for real
             self._scratch_copy(op)
-        self._release(op)
 
     def _load(self, op: Op, cuda_stream: torch.cuda.Stream | None) -> None:
         u = unit_of(op)
@@ -784,6 +790,8 @@ class Executor:
         with self._refs_lock:
             buf = self._scratch.get(key)
             if buf is None or buf.numel() < n:
+                if buf is not None:  # a copy on another stream may still use it: keep it alive
+                    self._retired.append(buf)
                 dev = self.device if key.startswith("dev") else torch.device("cpu")
                 buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=dev)
                 if dev.type == "cpu" and self.cuda:
