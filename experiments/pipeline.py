@@ -130,12 +130,12 @@ def write_balance(out: Path, result: RunResult) -> None:
 
 
 def code_version() -> str:
-    """A fingerprint of the code a simulated run depends on (core, planners, sim, the
-    experiments that build its inputs, the configs): commands that resume reuse a finished run
-    only under the same code."""
+    """A fingerprint of the code a run depends on (core, planners, sim, real, the experiments
+    that build its inputs, the configs): commands that resume reuse a finished run only under
+    the same code."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    for folder in ("core", "planners", "sim", "experiments", "conf"):
+    for folder in ("core", "planners", "sim", "real", "experiments", "conf"):
         for f in sorted((root / folder).rglob("*")):
             if f.suffix in (".py", ".yaml"):
                 h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import CapacityError, MoepipeError
 from experiments.callbacks import FAILED
 from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir
-from experiments.pipeline import atomic_write_json, simulate_run, write_run
+from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_spec
 
 log = logging.getLogger(__name__)
@@ -31,18 +31,21 @@ log = logging.getLogger(__name__)
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
-    spec = run_spec(cfg)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
-        log.info("%s already finished with this config; skipping", out_dir)
+        log.info("%s already finished with this config and code; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
+    # not finished as it is: an older run's summary must not pass for this one's if this one
+    # fails or is killed before its own summary is written
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    spec = run_spec(cfg)
     if spec.executor == "sim":
         result = simulate_run(spec)
     else:
         from experiments.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
-    (out_dir / "config.yaml").write_text(config_yaml)
+    stamp(out_dir, config_yaml)
     write_run(out_dir, result)
     s = result.summary
     log.info(
@@ -53,14 +56,26 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     return s
 
 
+CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it ran with
+
+
+def stamp(out_dir: Path, config_yaml: str) -> None:
+    """Record what a run dir's summary will be of: the config and the code."""
+    (out_dir / "config.yaml").write_text(config_yaml)
+    (out_dir / CODE).write_text(code_version())
+
+
 def finished(out_dir: Path, config_yaml: str) -> bool:
     """A run directory is finished when its summary.json exists (written last, atomically) and
-    its config.yaml is this run's config: a changed config runs again instead of reusing it."""
-    summary, config = out_dir / "summary.json", out_dir / "config.yaml"
+    its config.yaml and code version are this run's: a changed config or code runs again."""
+    summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
     if not summary.exists():
         return False
     if not config.exists() or config.read_text() != config_yaml:
         log.warning("%s holds a run of another config; running again", out_dir)
+        return False
+    if not code.exists() or code.read_text() != code_version():
+        log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
         json.loads(summary.read_text())
@@ -83,7 +98,7 @@ def main(cfg: DictConfig) -> None:
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
         log.warning("infeasible: %s", e)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        stamp(out_dir, OmegaConf.to_yaml(cfg, resolve=True))
         atomic_write_json(out_dir / "summary.json", {"status": "infeasible", "error": str(e)})
     except MoepipeError as e:
         if hc.mode != RunMode.MULTIRUN:

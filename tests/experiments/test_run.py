@@ -188,3 +188,16 @@ def test_a_garbled_summary_is_run_again(tmp_path):
     r = run([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0 and "not readable JSON; running again" in r.stdout + r.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
+
+
+def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path):
+    """A finished run dir records the code it ran with: under other code it runs again. A rerun
+    with a new config that fails (bad input) drops the old summary, which would otherwise stand
+    beside the new config.yaml and pass for its result."""
+    assert run([*TINY, "planner=flexgen"], tmp_path).returncode == 0
+    out = tmp_path / "run"
+    (out / "code_version.txt").write_text("other code")
+    r = run([*TINY, "planner=flexgen"], tmp_path)
+    assert r.returncode == 0 and "a run of other code; running again" in r.stdout + r.stderr
+    r = run([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
+    assert r.returncode == 2 and not (out / "summary.json").exists()

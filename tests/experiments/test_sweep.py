@@ -44,6 +44,15 @@ def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
     )
 
 
+def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> None:
+    """klotski_at_n and klotski_hot are both planner `klotski`: the run dirs are named by the
+    config choice, so neither overwrites the other (before, one dir held whichever ran last)."""
+    r = sweep(tmp_path / "v", "planner=klotski_at_n,klotski_hot", "workload.batch_size=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.parent.name for p in (tmp_path / "v").glob("*/summary.json"))
+    assert runs == ["tiny_tiny_klotski_at_n_bs2_n2_g8", "tiny_tiny_klotski_hot_bs2_n2_g8"]
+
+
 def test_rerun_skips_finished_runs(swept: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")}
     r = sweep(swept)
