@@ -129,11 +129,14 @@ def generate(
     n_experts: int,
     top_k: int,
     seed: int,
+    first_chunk: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """([S, P, L, k] int16 expert ids, [S, P, L, k] float32 gate weights); slot 0 is the top-1.
 
     Blocks of CHUNK_SEQS sequences are drawn independently (each from its own stream, so a
     sequence does not depend on how many others are asked for) to keep the work in cache.
+    `first_chunk`: start at that block (sequence first_chunk * CHUNK_SEQS of the same stream of
+    sequences) without drawing the ones before it.
     """
     if top_k > n_experts:
         raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}")
@@ -150,7 +153,7 @@ def generate(
     weights = np.empty((n_sequences, n_positions, n_layers, top_k), np.float32)
     for c, s0 in enumerate(range(0, n_sequences, CHUNK_SEQS)):
         s1 = min(s0 + CHUNK_SEQS, n_sequences)
-        rng = np.random.default_rng([seed, 4, c])
+        rng = np.random.default_rng([seed, 4, first_chunk + c])
         if s1 - s0 == CHUNK_SEQS:
             _chunk(tables, ids[s0:s1], weights[s0:s1], n_experts, rng)
         else:  # a short last block is drawn full-size and cut, so sequences match any S
@@ -221,8 +224,9 @@ def _chunk(
     weights[:] = np.take(t.gates, pick, axis=0).reshape(s, p, n_layers, k)
 
 
-def synthetic_routing(model: ModelSpec, workload: Workload) -> Routing:
-    """Generated routing shaped for the model and workload, seeded by workload.seed."""
+def synthetic_routing(model: ModelSpec, workload: Workload, first_chunk: int = 0) -> Routing:
+    """Generated routing shaped for the model and workload, seeded by workload.seed; from
+    sequence first_chunk * CHUNK_SEQS of that stream on (`generate`)."""
     cfg = workload.routing
     ids, w = generate(
         cfg,
@@ -232,6 +236,7 @@ def synthetic_routing(model: ModelSpec, workload: Workload) -> Routing:
         model.n_experts,
         model.top_k,
         workload.seed,
+        first_chunk,
     )
     desc = (
         f"synthetic skew={cfg.skew:g} layer_corr={cfg.layer_corr:g} reuse={cfg.reuse:g}"

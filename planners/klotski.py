@@ -35,7 +35,7 @@ from core.schedule import ScheduleBuilder
 from core.spec import HardwareSpec, ModelSpec, Workload
 from core.types import OpKind, Resource, RoutingSource, Stream, Tensor, Tier
 from planners.common import Emitter
-from planners.n_planner import NChoice, placement_for, solve_n
+from planners.n_planner import N_MAX, NChoice, check_n, placement_for, solve_n
 from planners.prefetch import PREDICTORS, ExpertTable, Predictor
 from planners.registry import register
 
@@ -93,9 +93,10 @@ def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:
         return ExpertTable.fit(
             ids, model.n_experts, f"trace warm-up excluding {list(held) or 'nothing'}"
         )
-    skip = -(-wl.n_sequences // CHUNK_SEQS) * CHUNK_SEQS
-    warm = Workload(skip + sequences, 1, wl.prompt_len, wl.gen_len, cfg, wl.seed)
-    ids = synthetic_routing(model, warm).expert_ids[skip:]
+    chunks = -(-wl.n_sequences // CHUNK_SEQS)
+    skip = chunks * CHUNK_SEQS
+    warm = Workload(sequences, 1, wl.prompt_len, wl.gen_len, cfg, wl.seed)
+    ids = synthetic_routing(model, warm, first_chunk=chunks).expert_ids
     table = ExpertTable.fit(
         ids, model.n_experts, f"synthetic warm-up, sequences {skip}..{skip + sequences - 1}"
     )
@@ -124,15 +125,16 @@ class Klotski:
 
     def choose(self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel) -> NChoice:
         p = self.params
-        if p.n == 0:
-            table = warmup_table(model, wl.with_(n_batches=1), p.warmup_sequences)
-            shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
-            return solve_n(model, hw, wl, cost, shares, self.k_hot(model), p.disk_window)
         n = p.n if p.n > 0 else wl.n_batches
-        placement_for(
-            model, hw, wl.with_(n_batches=n), p.disk_window
-        )  # CapacityError if it cannot fit
-        return NChoice(n, "manual", False, True)
+        if p.n != 0:
+            placement_for(model, hw, wl.with_(n_batches=n), p.disk_window)  # CapacityError
+        # the warm-up's routing statistics, from sequences past any group the n-planner may
+        # choose (the run evaluates that group's)
+        table = warmup_table(model, wl.with_(n_batches=max(n, N_MAX)), p.warmup_sequences)
+        shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
+        if p.n == 0:
+            return solve_n(model, hw, wl, cost, shares, self.k_hot(model), p.disk_window)
+        return check_n(model, hw, wl, cost, shares, self.k_hot(model), n, p.disk_window)
 
     def choose_n_batches(
         self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel

@@ -101,17 +101,39 @@ def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot
     ]
 
 
-def smallest_n(t: LayerTimes, shares: np.ndarray, tokens_per_batch: int, k_hot: int, top_k: int,
-               expert_time: Callable[[float], float], n_max: int = N_MAX) -> NChoice:  # fmt: skip
-    """Smallest n meeting (4)-(7) in every layer (shares [L, E]); n_max if none does."""
+def smallest_n(at: Callable[[int], tuple[LayerTimes, np.ndarray]], tokens_per_batch: int,
+               k_hot: int, top_k: int, expert_time: Callable[[float], float],
+               n_max: int = N_MAX) -> NChoice:  # fmt: skip
+    """Smallest n meeting (4)-(7) in every layer whose experts n's placement streams: `at(n)`
+    gives n's layer times and those layers' shares [L', E] (none: nothing to hide), or raises
+    CapacityError when n does not fit, and then the largest n that does is taken, marked as
+    not meeting them. n_max, marked so, if no n does."""
     last_failed = "none (n=1 already hides all I/O)"
     for n in range(1, n_max + 1):
-        ok = [holds(n, t, s, tokens_per_batch, k_hot, top_k, expert_time) for s in shares]
-        failed = [i for i in range(4) if not all(layer[i] for layer in ok)]
+        try:
+            t, shares = at(n)
+        except CapacityError as e:
+            if n == 1:
+                raise
+            log.warning("n-planner: n=%d does not fit memory (%s); using n=%d", n, e, n - 1)
+            return NChoice(
+                n - 1, f"memory (n={n} does not fit; {last_failed} fails at n={n - 1})", True, False
+            )
+        if not len(shares):
+            what = "none (every expert resident on the GPU)" if n == 1 else last_failed
+            return NChoice(n, what, True, True)
+        failed = failed_at(n, t, shares, tokens_per_batch, k_hot, top_k, expert_time)
         if not failed:
             return NChoice(n, last_failed, True, True)
         last_failed = INEQUALITIES[failed[-1]]
     return NChoice(n_max, last_failed + f" (still fails at n={n_max})", True, False)
+
+
+def failed_at(n: int, t: LayerTimes, shares: np.ndarray, tokens_per_batch: int, k_hot: int,
+              top_k: int, expert_time: Callable[[float], float]) -> list[int]:  # fmt: skip
+    """Indices (0-3) of (4)-(7) that fail at n in some layer of shares [L, E]."""
+    ok = [holds(n, t, s, tokens_per_batch, k_hot, top_k, expert_time) for s in shares]
+    return [i for i in range(4) if not all(layer[i] for layer in ok)]
 
 
 def placement_for(
@@ -140,47 +162,34 @@ def placement_for(
 
 def solve_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
             k_hot: int, window_layers: int = 2) -> NChoice:  # fmt: skip
-    """The smallest n meeting (4)-(7) in the MoE layers whose experts are streamed; memory-checked.
+    """The smallest n meeting (4)-(7) in the MoE layers whose experts are streamed, each n judged
+    at its own placement (a larger group's KV cache can push weights off the GPU); memory-checked.
 
     shares [L, E]: per MoE layer, each expert's share of selections (rows sum to 1).
     """
-    placement = placement_for(model, hw, wl.with_(n_batches=1), window_layers)
-    streamed = [
-        i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
-    ]
-    if not streamed:
-        choice = NChoice(1, "none (every expert resident on the GPU)", True, True)
-    else:
-        t = layer_times(model, wl, cost, placement)
-        choice = smallest_n(t, shares[streamed], wl.batch_size, k_hot, model.top_k,
-                            lambda tok: expert_s(model, cost, tok))  # fmt: skip
-    try:
-        placement_for(model, hw, wl.with_(n_batches=choice.n), window_layers)
-    except CapacityError as e:  # the paper's 8x22B / Env 1 case: it set n by hand
-        fits = largest_fitting_n(model, hw, wl, window_layers, choice.n)
-        if fits < 1:
-            raise CapacityError(
-                f"the n-planner's n={choice.n} (bound by {choice.binding}) does not fit, nor "
-                f"does n=1: {e}"
-            ) from None
-        log.warning("n-planner: n=%d does not fit memory; using the largest that does, n=%d",
-                    choice.n, fits)  # fmt: skip
-        return NChoice(
-            fits, f"memory (n={choice.n} from {choice.binding} does not fit)", True, False
-        )
-    return choice
+    return smallest_n(timing(model, hw, wl, cost, shares, window_layers), wl.batch_size, k_hot,
+                      model.top_k, lambda tok: expert_s(model, cost, tok))  # fmt: skip
 
 
-def largest_fitting_n(
-    model: ModelSpec, hw: HardwareSpec, wl: Workload, window_layers: int, upto: int
-) -> int:
-    """Bisect the largest n <= upto whose group fits memory (0 if even n=1 does not)."""
-    lo, hi = 0, upto
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        try:
-            placement_for(model, hw, wl.with_(n_batches=mid), window_layers)
-            lo = mid
-        except CapacityError:
-            hi = mid - 1
-    return lo
+def check_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
+            k_hot: int, n: int, window_layers: int = 2) -> NChoice:  # fmt: skip
+    """A hand-set n, with whether (4)-(7) hold at it (CapacityError if it does not fit)."""
+    t, streamed = timing(model, hw, wl, cost, shares, window_layers)(n)
+    failed = failed_at(n, t, streamed, wl.batch_size, k_hot, model.top_k,
+                       lambda tok: expert_s(model, cost, tok)) if len(streamed) else []  # fmt: skip
+    return NChoice(n, "manual" + (f": {INEQUALITIES[failed[-1]]} fails" if failed else ""), False,
+                   not failed)  # fmt: skip
+
+
+def timing(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
+           window_layers: int) -> Callable[[int], tuple[LayerTimes, np.ndarray]]:  # fmt: skip
+    """n -> (layer times at n's placement, shares of the MoE layers it streams the experts of);
+    CapacityError when n's group does not fit."""
+
+    def at(n: int) -> tuple[LayerTimes, np.ndarray]:
+        placement = placement_for(model, hw, wl.with_(n_batches=n), window_layers)
+        streamed = [i for i, layer in enumerate(model.moe_layers)
+                    if placement.experts[layer] != Tier.GPU]  # fmt: skip
+        return layer_times(model, wl, cost, placement), shares[streamed]
+
+    return at

@@ -11,6 +11,7 @@ import pytest
 from core.routing import load_routing
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.synthetic import (
+    CHUNK_SEQS,
     fit_synthetic,
     fit_to_counts,
     generate,
@@ -45,8 +46,9 @@ def gen(
     e: int = 16,
     k: int = 2,
     seed: int = 0,
+    first_chunk: int = 0,
 ):  # type: ignore[no-untyped-def]
-    return generate(c, s, p, layers, e, k, seed)
+    return generate(c, s, p, layers, e, k, seed, first_chunk)
 
 
 def test_shapes_dtypes_and_distinct_topk() -> None:
@@ -79,6 +81,9 @@ def test_sequences_do_not_depend_on_how_many_are_asked_for() -> None:
     a, _ = gen(cfg(), s=40)
     b, _ = gen(cfg(), s=70)
     np.testing.assert_array_equal(a, b[:40])
+    # from a later block on, without drawing the ones before it: the same sequences
+    c, _ = gen(cfg(), s=70, first_chunk=1)
+    np.testing.assert_array_equal(c[: 70 - CHUNK_SEQS], b[CHUNK_SEQS:])
 
 
 def _h(c: RoutingConfig, e: int = 16, k: int = 2) -> dict[str, float]:

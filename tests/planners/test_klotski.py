@@ -129,13 +129,21 @@ def test_n_planner_smallest_n_hand_worked():
     )
     one_ms = lambda tokens: 1e-3 if tokens > 0 else 0.0  # noqa: E731
     uniform = np.full((1, 4), 0.25)
-    c = smallest_n(t, uniform, 100, k_hot=2, top_k=2, expert_time=one_ms)
+    c = smallest_n(lambda n: (t, uniform), 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert (c.n, c.binding) == (37, "(7) next attention ready")
     hot_only = np.array([[0.5, 0.5, 0.0, 0.0]])
-    c = smallest_n(t, hot_only, 100, k_hot=2, top_k=2, expert_time=one_ms)
+    c = smallest_n(lambda n: (t, hot_only), 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert (c.n, c.binding) == (20, "(5) hot experts loaded")
-    c = smallest_n(t, uniform, 100, k_hot=2, top_k=2, expert_time=one_ms, n_max=10)
+    c = smallest_n(lambda n: (t, uniform), 100, k_hot=2, top_k=2, expert_time=one_ms, n_max=10)
     assert c.n == 10 and not c.satisfied
+
+    def fits_to_30(n):
+        if n > 30:
+            raise CapacityError(f"n={n} does not fit")
+        return t, uniform
+
+    c = smallest_n(fits_to_30, 100, k_hot=2, top_k=2, expert_time=one_ms)
+    assert c.n == 30 and not c.satisfied and c.binding.startswith("memory (n=31 does not fit")
 
 
 def test_auto_n_is_used_and_recorded(tiny_model, tiny_hw, tiny_workload):
@@ -162,13 +170,25 @@ def test_auto_n_that_cannot_fit_is_lowered_to_the_largest_that_does(
 ):
     """On tiny hardware compute is far too short to hide a 49 us expert load at any n <= 256, and
     256 groups do not fit: the planner takes the largest n that fits, and says memory bound it."""
-    from planners.n_planner import largest_fitting_n
+    from planners.n_planner import placement_for
 
     hw = streamed(tiny_hw)
     planner = Klotski(KlotskiParams(n=0))
     choice = planner.choose(tiny_model, hw, tiny_workload, CostModel(tiny_hw))
-    assert choice.binding.startswith("memory (n=256") and not choice.satisfied
-    assert 1 <= choice.n == largest_fitting_n(tiny_model, hw, tiny_workload, 2, 256) < 256
+    assert choice.binding.startswith(f"memory (n={choice.n + 1} does not fit")
+    assert not choice.satisfied and 1 <= choice.n < 256
+    placement_for(tiny_model, hw, tiny_workload.with_(n_batches=choice.n), 2)  # fits
+    with pytest.raises(CapacityError):
+        placement_for(tiny_model, hw, tiny_workload.with_(n_batches=choice.n + 1), 2)
+
+
+def test_a_hand_set_n_says_whether_the_inequalities_hold(tiny_model, tiny_hw, tiny_workload):
+    """n=1 on streamed tiny hardware hides no expert load: the plan records that (before, a hand
+    set n always claimed they held)."""
+    hw = streamed(tiny_hw)
+    choice = Klotski(KlotskiParams(n=1)).choose(tiny_model, hw, tiny_workload, CostModel(hw))
+    assert (choice.n, choice.auto, choice.satisfied) == (1, False, False)
+    assert choice.binding.startswith("manual: (") and choice.binding.endswith("fails")
 
 
 def test_bad_params_are_rejected():
@@ -261,3 +281,18 @@ def test_without_the_window_the_next_ranked_expert_is_read_before_the_gates(
                          and (o.step, o.layer) == (step, layer)}  # fmt: skip
             assert {o.expert for o in early[:k]} == hot_loads  # hot first in the disk queue
         assert simulate_run(spec, routing).summary["peak_bytes"]["cpu"] <= mem[Tier.CPU]
+
+
+def test_the_n_planners_warm_up_is_past_any_group_it_may_choose(
+    tiny_model, tiny_hw, tiny_workload, monkeypatch
+):
+    """The warm-up routing statistics come from sequences the run cannot evaluate: past N_MAX
+    batches (before, past one batch, so a chosen n > 1 evaluated the warm-up's sequences)."""
+    import planners.klotski as k
+    from planners.n_planner import N_MAX
+
+    seen = []
+    real = k.warmup_table
+    monkeypatch.setattr(k, "warmup_table", lambda m, wl, s: seen.append(wl) or real(m, wl, s))
+    Klotski(KlotskiParams(n=0)).choose(tiny_model, tiny_hw, tiny_workload, CostModel(tiny_hw))
+    assert seen and seen[0].n_sequences >= N_MAX * tiny_workload.batch_size
