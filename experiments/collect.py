@@ -72,8 +72,22 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "summary.json has no metrics"
     row = {**flatten(config), **flatten(summary)}
     row.setdefault("status", "ok")
+    row["system"] = system_of(run, row)
     row["has_trace"] = (run / "trace.parquet").exists()
     return row, None
+
+
+def system_of(run: Path, row: dict[str, Any]) -> str:
+    """What a run's planner is, as a sweep varied it: hydra's config choice (klotski_at_n and
+    klotski_hot are both planner `klotski`), else the planner's name; an oracle says so."""
+    name = str(row.get("planner.name", row.get("planner", "?")))
+    try:
+        hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
+        name = str(hydra["hydra"]["runtime"]["choices"]["planner"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        pass
+    oracle = "(oracle upper bound)" in str(row.get("planner_label", ""))
+    return name + (" (oracle upper bound)" if oracle else "")
 
 
 def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:

@@ -28,7 +28,10 @@ import pandas as pd  # noqa: E402
 
 from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
-SYSTEM = "planner.name"
+SYSTEM = "system"  # collect's: the planner config choice (planner.name in older results)
+# swept workload columns: a figure against one of them draws a line per value of the others
+AXES = {"workload.batch_size": "bs", "n_batches": "n", "workload.prompt_len": "prompt",
+        "workload.gen_len": "gen"}  # fmt: skip
 PANEL = ("model.name", "hardware.name")
 METRIC_LABELS = {
     "throughput_tok_s": "throughput (tokens/s)",
@@ -47,6 +50,9 @@ SYSTEM_NAMES = {  # the system each planner models (anchors.md)
     "fiddler": "Fiddler",
     "mixtral_offloading": "mixtral-offloading",
     "klotski": "Klotski",
+    "klotski_at_n": "Klotski (n given)",
+    "klotski_hot": "Klotski, hot prefetch only",
+    "klotski_multi": "Klotski, multi-batch only",
 }
 TABLE_COLUMNS = [SYSTEM, "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
                  "gpu_bubble_frac", "efficiency", "dag_efficiency"]  # fmt: skip
@@ -80,7 +86,25 @@ def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _label(planner: str) -> str:
-    return SYSTEM_NAMES.get(planner, planner)
+    name, oracle, _ = planner.partition(" (oracle upper bound)")
+    return SYSTEM_NAMES.get(name, name) + (" (oracle upper bound)" if oracle else "")
+
+
+def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
+    """One line per system and per value of each swept axis the line does not run `along` (not
+    averaged over them)."""
+    other = [c for c in AXES if c not in along and c in g.columns and g[c].nunique() > 1]
+    out = []
+    for key, s in g.groupby([SYSTEM, *other], sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(
+            [
+                _label(str(key[0])),
+                *(f"{AXES[c]} {v:g}" for c, v in zip(other, key[1:], strict=True)),
+            ]
+        )
+        out.append((label, s))
+    return out
 
 
 def short_table(df: pd.DataFrame) -> str:
@@ -124,9 +148,9 @@ def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str,
     panels = _panels(d)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
     for ax, (key, g) in zip(axes[0], panels, strict=True):
-        for planner, s in g.groupby(SYSTEM, sort=True):
-            s = s.groupby(x, as_index=False)[metric].mean().sort_values(x)
-            ax.plot(s[x], s[metric], marker="o", label=_label(str(planner)))
+        for label, s in _lines(g, x):
+            s = s.groupby(x, as_index=False)[metric].mean().sort_values(x)  # repeats of a point
+            ax.plot(s[x], s[metric], marker="o", label=label)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_title(" / ".join(map(str, key)) or title, fontsize=10)
@@ -150,9 +174,9 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
     panels = _panels(d)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
     for ax, (key, g) in zip(axes[0], panels, strict=True):
-        for planner, s in g.groupby(SYSTEM, sort=True):
+        for label, s in _lines(g, "n_batches", "workload.batch_size"):
             s = s.sort_values("makespan_s")
-            ax.plot(s["makespan_s"], s[metric], marker="o", label=_label(str(planner)))
+            ax.plot(s["makespan_s"], s[metric], marker="o", label=label)
         ax.set_xlabel("latency: makespan of a group of n batches (s)")
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_xscale("log")
@@ -256,14 +280,11 @@ def _per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pa
     if d.empty:
         return False
     fig, ax = plt.subplots(figsize=(8, 4))
-    for (planner, bs), g in d.groupby([SYSTEM, "workload.batch_size"], sort=True):
-        vals = (
-            json.loads(g[column].iloc[0])
-            if isinstance(g[column].iloc[0], str)
-            else g[column].iloc[0]
-        )
-        y = np.array([np.nan if v is None else v for v in vals], dtype=float)
-        ax.plot(np.arange(len(y)), y, marker=".", label=f"{_label(str(planner))} bs {bs}")
+    for label, g in _lines(d):  # every run (one per system and swept point)
+        for _, r in g.iterrows():
+            vals = json.loads(r[column]) if isinstance(r[column], str) else r[column]
+            y = np.array([np.nan if v is None else v for v in vals], dtype=float)
+            ax.plot(np.arange(len(y)), y, marker=".", label=label)
     ax.set_xlabel("MoE layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -286,6 +307,8 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     out = Path(out_dir) if out_dir else sweep / "report"
     if df is None:
         df, problems = collect(sweep)
+    if SYSTEM not in df.columns and "planner.name" in df.columns:  # results of an older collect
+        df = df.assign(**{SYSTEM: df["planner.name"]})
     problems = problems or []
     if df.empty:
         raise ReportError(f"no finished runs under {sweep}")

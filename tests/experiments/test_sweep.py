@@ -53,6 +53,35 @@ def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> 
     assert runs == ["tiny_tiny_klotski_at_n_bs2_n2_g8", "tiny_tiny_klotski_hot_bs2_n2_g8"]
 
 
+def test_collect_names_each_run_by_its_planner_choice(tmp_path: Path) -> None:
+    """The `system` column: hydra's planner choice (klotski_hot, not planner klotski), the
+    planner's name without one, and an oracle's run says so."""
+    from experiments.collect import system_of
+
+    run = tmp_path / "r"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "hydra.yaml").write_text(
+        "hydra:\n  runtime:\n    choices:\n      planner: klotski_hot\n"
+    )
+    assert system_of(run, {"planner.name": "klotski"}) == "klotski_hot"
+    oracle = {"planner.name": "oracle_replication", "planner_label": "x (oracle upper bound)"}
+    assert system_of(tmp_path, oracle) == "oracle_replication (oracle upper bound)"
+
+
+def test_report_lines_keep_the_other_swept_axes_apart() -> None:
+    """Throughput against n over a sweep of n and batch size: one line per batch size, not
+    their mean (before, Klotski at bs 4 and 16 was drawn as one line of their averages)."""
+    from experiments.report import _label, _lines
+
+    df = pd.DataFrame({"system": ["klotski_at_n"] * 4, "n_batches": [2, 6, 2, 6],
+                       "workload.batch_size": [4, 4, 16, 16], "throughput_tok_s": [1.8, 4.6, 5.7, 8.3]})  # fmt: skip
+    lines = _lines(df, "n_batches")
+    assert [label for label, _ in lines] == ["Klotski (n given), bs 4", "Klotski (n given), bs 16"]
+    assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
+    assert len(_lines(df, "n_batches", "workload.batch_size")) == 1
+    assert _label("klotski (oracle upper bound)") == "Klotski (oracle upper bound)"
+
+
 def test_rerun_skips_finished_runs(swept: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")}
     r = sweep(swept)
