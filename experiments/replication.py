@@ -53,10 +53,10 @@ log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parent.parent / "conf"
 PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
 ROUTINGS = ("esft_heldout", "synthetic_olmoe_top1")  # a case's routing
-CASE_KEYS = {  # a case's keys: required, and optional
+CASE_KEYS = {  # the keys every case sets
     "model", "routing", "n_devices", "lanes", "batch_sizes", "prompt_len", "n_batches",
 }  # fmt: skip
-CASE_OPTIONAL = {"lane_sharing", "grouped_gemm", "variants"}
+CASE_OPTIONAL = {"lane_sharing", "grouped_gemm", "variants"}  # and those it may set
 FILE_PARAMS = ("initial_load", "table", "prior_scenarios")  # params naming a file a run reads
 
 
@@ -374,10 +374,10 @@ def eplb_lines(rows: list[dict[str, Any]], cases: Sequence[str]) -> list[str]:
 
         most = max(r["balancedness"] for r in eplbs)
         fastest = min(r["makespan_s"] for r in eplbs)
-        verdict = (f"{'at least as' if pr['balancedness'] >= most else 'less'} balanced "
-                   f"{'as' if pr['balancedness'] >= most else 'than'} eplb's most balanced, "
-                   f"{'at least as fast as' if pr['makespan_s'] <= fastest else 'slower than'} "
-                   f"its fastest")  # fmt: skip
+        balanced = ("at least as balanced as" if pr["balancedness"] >= most
+                    else "less balanced than")  # fmt: skip
+        fast = "at least as fast as" if pr["makespan_s"] <= fastest else "slower than"
+        verdict = f"{balanced} eplb's most balanced, {fast} its fastest"
 
         def when(r: dict[str, Any]) -> str:
             k = r["plan"]["eplb"]["interval"]

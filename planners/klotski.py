@@ -126,14 +126,13 @@ class Klotski:
     def choose(self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel) -> NChoice:
         p = self.params
         n = p.n if p.n > 0 else wl.n_batches
-        if p.n != 0:
-            placement_for(model, hw, wl.with_(n_batches=n), p.disk_window)  # CapacityError
         # the warm-up's routing statistics, from sequences past any group the n-planner may
         # choose (the run evaluates that group's)
         table = warmup_table(model, wl.with_(n_batches=max(n, N_MAX)), p.warmup_sequences)
         shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
         if p.n == 0:
             return solve_n(model, hw, wl, cost, shares, self.k_hot(model), p.disk_window)
+        # CapacityError if the hand-set n does not fit
         return check_n(model, hw, wl, cost, shares, self.k_hot(model), n, p.disk_window)
 
     def choose_n_batches(
