@@ -227,10 +227,11 @@ class DiskReader:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
                 os.preadv(self.fd, [memoryview(aligned_empty(ALIGN).numpy())], 0)  # probe
             except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
                 if self.fd >= 0:
                     os.close(self.fd)
+                    self.fd = -1
+                if e.errno != errno.EINVAL:
+                    raise
                 self.direct = False
                 log.warning(
                     "%s: O_DIRECT unsupported on this filesystem (tmpfs?); reading through the page "

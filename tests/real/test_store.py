@@ -89,6 +89,33 @@ def test_no_o_direct_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
     assert sum("O_DIRECT unsupported" in m for m in caplog.messages) == 1
 
 
+def test_failed_probe_closes_its_descriptor(monkeypatch, tmp_path):
+    """A probe read that fails for another reason than EINVAL raises and leaves no open fd."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(2 * ALIGN))
+    opened: list[int] = []
+    real_open = os.open
+
+    def record_open(file, flags, *args):
+        fd = real_open(file, flags, *args)
+        opened.append(fd)
+        return fd
+
+    def eio(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "open", record_open)
+    monkeypatch.setattr(os, "preadv", eio)
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    with pytest.raises(OSError, match="Input/output error"):
+        DiskReader(path)
+    monkeypatch.undo()
+    for fd in opened:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+
+
 @pytest.mark.parametrize("damage", ["truncate data", "garbage manifest", "no data file"])
 def test_damaged_conversion_is_rebuilt(damage, mixtral_tiny, tmp_path, caplog):
     """An interrupted conversion or a partial copy of the offload folder is converted again
