@@ -165,6 +165,16 @@ def test_an_n_that_cannot_fit_names_what_it_needs(tiny_model, tiny_hw):
         planner.choose_n_batches(tiny_model, tiny_hw, wl, CostModel(tiny_hw))
 
 
+def test_a_batch_that_cannot_fit_alone_asks_for_a_smaller_batch(tiny_model, tiny_hw):
+    """At n=1 a smaller n is no way out: the error names the batch size and context instead."""
+    from core.spec import Workload
+
+    wl = Workload(batch_size=400_000, n_batches=1, prompt_len=8, gen_len=3)
+    with pytest.raises(CapacityError, match=r"n=1 batches .*lower workload.batch_size") as e:
+        Klotski(KlotskiParams(n=0)).choose_n_batches(tiny_model, tiny_hw, wl, CostModel(tiny_hw))
+    assert "smaller n" not in str(e.value)
+
+
 def test_auto_n_that_cannot_fit_is_lowered_to_the_largest_that_does(
     tiny_model, tiny_hw, tiny_workload
 ):
