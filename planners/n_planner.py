@@ -157,9 +157,12 @@ def placement_for(
             f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {e}. "
             f"KV cache of the group: {wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9:.3g} GB, "
             f"activations {act / 1e9:.3g} GB; "
-            + ("pick a smaller n (planner.params.n)" if wl.n_batches > 1 else
-               "one batch does not fit: lower workload.batch_size or the context "
-               "(workload.prompt_len, workload.gen_len), or use hardware with more memory")
+            + (
+                "pick a smaller n (planner.params.n)"
+                if wl.n_batches > 1
+                else "one batch does not fit: lower workload.batch_size or the context "
+                "(workload.prompt_len, workload.gen_len), or use hardware with more memory"
+            )
         ) from None
 
 

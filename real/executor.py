@@ -5,8 +5,9 @@ start/end event around every op and waits for the end event before marking the o
 dependency, memory and resource logic is one host-side code path for CPU and GPU. Semantics as in
 DESIGN.md and sim/: a stream is a FIFO; an op starts once its deps are done, its allocation fits
 the tier (it waits, never over-commits) and its physical resource is free (one lock per resource);
-it frees memory at its end. Any worker error stops every worker and is re-raised; a run that makes
-no progress for `stall_timeout_s` raises naming the stuck ops. Never hangs.
+it frees memory at its end. Any worker error stops every worker and is re-raised; a run where no op
+runs and none finishes for `stall_timeout_s` raises naming the stuck ops, and an op that runs longer
+than that (a hung read or collective) raises naming it. Never hangs.
 
 Usage:
     ex = Executor(store, model, workload, prompts)            # prompts [n*bs, P]
@@ -276,6 +277,7 @@ class Executor:
         self._error: BaseException | None = None
         self._planner_done = False
         self._progress = 0
+        self._running: dict[int, float] = {}  # op id -> monotonic start, while its work runs
         self._views: dict[tuple[int, int, int], GateView] = {}
         self._used: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._dev_refs: dict[Unit, int] = {}
@@ -397,13 +399,24 @@ class Executor:
                     finished = self._planner_done and all(self._done)
                     if finished:
                         break
-                    if self._progress != last_progress:
-                        last_progress, last_time = self._progress, time.monotonic()
-                    elif time.monotonic() - last_time > self.stall_timeout_s:
+                    now = time.monotonic()
+                    if self._progress != last_progress or self._running:
+                        last_progress, last_time = self._progress, now
+                    if self._running:  # something runs: a stall only if it runs too long
+                        oid, since = min(self._running.items(), key=lambda kv: kv[1])
+                        if now - since > self.stall_timeout_s:
+                            self._error = ScheduleError(
+                                f"real run: {self._ops[oid].label()} has run for "
+                                f"{now - since:.0f} s (stall_timeout_s={self.stall_timeout_s:g}); "
+                                "a hung disk read or collective?"
+                            )
+                            self._cv.notify_all()
+                            break
+                    elif now - last_time > self.stall_timeout_s:
                         free = self._free or {t: 0 for t in Tier}
                         stuck = Schedule(self._ops, self._stream_specs(), self._capacity, {}, {})
                         self._error = ScheduleError(
-                            f"real run made no progress for {self.stall_timeout_s:.0f} s: "
+                            f"real run made no progress for {self.stall_timeout_s:g} s: "
                             + describe_stuck(stuck, self._done, free)
                         )
                         self._cv.notify_all()
@@ -466,12 +479,15 @@ class Executor:
                     while not lock.acquire(timeout=_POLL_S):
                         if self._error is not None:
                             raise _Stop
+                with self._cv:
+                    self._running[op.id] = time.monotonic()
                 try:
                     start, end = self._timed(op, spec, cuda_stream)
                 finally:
                     if use_lock:
                         lock.release()
                 with self._cv:
+                    del self._running[op.id]
                     if op.free_bytes:
                         assert self._free is not None and op.free_tier is not None
                         self._free[op.free_tier] += op.free_bytes

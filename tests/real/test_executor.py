@@ -11,19 +11,21 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from core.errors import ConfigError, MoepipeError
+from core.errors import ConfigError, MoepipeError, ScheduleError
 from core.spec import HardwareSpec, RoutingConfig, Workload
-from core.types import OpKind, RoutingSource
+from core.types import OpKind, RoutingSource, Tier
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.real_run import prompts_for, real_execute
 from planners.registry import planner_names
 from real.checkpoint import load_checkpoint
+from real.executor import Executor
 from real.model import reference_generate
 from real.store import DATA_FILE, OFFLOAD_DIR, TieredStore
 from tests.conftest import RESIDENT
@@ -196,6 +198,52 @@ def test_io_error_stops_every_worker(mixtral_tiny, monkeypatch):
     with pytest.raises(OSError, match="injected"):
         real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
     assert threading.active_count() <= before
+
+
+def short_stall_timeout(monkeypatch, seconds: float) -> None:
+    real_init = Executor.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.stall_timeout_s = seconds
+
+    monkeypatch.setattr(Executor, "__init__", init)
+
+
+def test_an_op_that_runs_too_long_is_named(mixtral_tiny, monkeypatch):
+    """A hung read stops the run with its op's name (not 'waits for its stream') and no thread
+    left behind; reads that each take a while but finish are not a stall."""
+    short_stall_timeout(monkeypatch, 0.6)
+    calls = {"n": 0}
+    real_read = TieredStore.read_disk
+
+    def slow(self, unit):
+        calls["n"] += 1
+        if calls["n"] > 12:
+            time.sleep(0.3 if calls["n"] < 16 else 2.0)  # three slow reads, then a hung one
+        return real_read(self, unit)
+
+    monkeypatch.setattr(TieredStore, "read_disk", slow)
+    before = threading.active_count()
+    with pytest.raises(ScheduleError, match=r"load .* has run for \d+ s \(stall_timeout_s=0.6\)"):
+        real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
+    assert calls["n"] >= 16  # the slow reads before it ran to their end
+    assert threading.active_count() <= before
+
+
+def test_a_run_where_nothing_can_start_names_what_each_stream_waits_for(mixtral_tiny, monkeypatch):
+    """GPU memory that the schedule's loads can never get: each blocked stream's head op and the
+    bytes it waits for, after stall_timeout_s, instead of a hang."""
+    short_stall_timeout(monkeypatch, 0.5)
+    real_reset = Executor._reset
+
+    def starved(self, capacity, resident, routing):
+        real_reset(self, {**capacity, Tier.GPU: (resident or {}).get(Tier.GPU, 0)}, resident,
+                   routing)  # fmt: skip
+
+    monkeypatch.setattr(Executor, "_reset", starved)
+    with pytest.raises(ScheduleError, match=r"made no progress for 0.5 s: .* waits for \d+ B of"):
+        real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
 
 
 def test_truncated_offload_file_names_the_file(mixtral_tiny, tmp_path):
