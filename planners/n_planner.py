@@ -3,7 +3,8 @@
 Times come from the cost model (decode step at mid-generation context); routing statistics
 (per-layer expert popularity of a warm-up routing) give the hot experts' tokens and the expected
 number of cold experts len(Q) a group of n*bs tokens activates. The smallest n meeting (4)-(7)
-in every streamed MoE layer is chosen, then checked against memory: an n that does not fit is
+in every streamed MoE layer is chosen (for experts on disk also the disk's pace, which the paper's
+inequalities, written for experts in CPU memory, leave out), then checked against memory: an n that does not fit is
 lowered to the largest that does (what the paper did by hand for 8x22B on Env 1), and the
 summary says so.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 N_MAX = 256  # beyond this the paper asks for manual adjustment
 INEQUALITIES = ("(4) gate loaded", "(5) hot experts loaded", "(6) first cold expert loaded",
-                "(7) next attention ready")  # fmt: skip
+                "(7) next attention ready", "disk read-ahead keeps pace")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class LayerTimes:
     io_attention_s: float  # t_IO_A (0 when attention weights are resident)
     io_gate_s: float  # t_IO_G
     io_expert_s: float  # t_IO_E, one expert
+    # Experts on disk: the disk's time for the layer's read-ahead (every expert, the routing is
+    # unknown that early), which the layer's compute must cover or the window drains; 0 off disk.
+    io_disk_layer_s: float = 0.0
+
+
+Times = LayerTimes | list[LayerTimes]  # one for every layer, or one per layer
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,8 @@ def expert_s(model: ModelSpec, cost: CostModel, tokens: float) -> float:
 
 def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot: int, top_k: int,
           expert_time: Callable[[float], float]) -> list[bool]:  # fmt: skip
-    """Which of (4)-(7) hold at n for one layer; share [E] = each expert's share of selections."""
+    """Which of (4)-(7), and the disk's pace, hold at n for one layer; share [E] = each expert's
+    share of selections."""
     tokens = n * tokens_per_batch  # tokens of the group
     order = np.argsort(-share, kind="stable")
     hot, cold = order[:k_hot], order[k_hot:]
@@ -98,14 +106,16 @@ def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot
         front >= t.io_gate_s + k_hot * t.io_expert_s,
         q_len < 0.5 or front + hot_s >= t.io_gate_s + (k_hot + 1) * t.io_expert_s,
         front + hot_s + cold_s >= t.io_gate_s + (k_hot + q_len) * t.io_expert_s + t.io_attention_s,
+        front + hot_s + cold_s >= t.io_disk_layer_s,
     ]
 
 
-def smallest_n(at: Callable[[int], tuple[LayerTimes, np.ndarray]], tokens_per_batch: int,
+def smallest_n(at: Callable[[int], tuple[Times, np.ndarray]], tokens_per_batch: int,
                k_hot: int, top_k: int, expert_time: Callable[[float], float],
                n_max: int = N_MAX) -> NChoice:  # fmt: skip
-    """Smallest n meeting (4)-(7) in every layer whose experts n's placement streams: `at(n)`
-    gives n's layer times and those layers' shares [L', E] (none: nothing to hide), or raises
+    """Smallest n meeting (4)-(7) (and the disk's pace) in every layer whose experts n's
+    placement streams: `at(n)` gives n's layer times (one for all, or one per layer) and those
+    layers' shares [L', E] (none: nothing to hide), or raises
     CapacityError when n does not fit, and then the largest n that does is taken, marked as
     not meeting them. n_max, marked so, if no n does."""
     last_failed = "none (n=1 already hides all I/O)"
@@ -129,11 +139,13 @@ def smallest_n(at: Callable[[int], tuple[LayerTimes, np.ndarray]], tokens_per_ba
     return NChoice(n_max, last_failed + f" (still fails at n={n_max})", True, False)
 
 
-def failed_at(n: int, t: LayerTimes, shares: np.ndarray, tokens_per_batch: int, k_hot: int,
+def failed_at(n: int, t: Times, shares: np.ndarray, tokens_per_batch: int, k_hot: int,
               top_k: int, expert_time: Callable[[float], float]) -> list[int]:  # fmt: skip
-    """Indices (0-3) of (4)-(7) that fail at n in some layer of shares [L, E]."""
-    ok = [holds(n, t, s, tokens_per_batch, k_hot, top_k, expert_time) for s in shares]
-    return [i for i in range(4) if not all(layer[i] for layer in ok)]
+    """Indices into INEQUALITIES of those that fail at n in some layer of shares [L, E]."""
+    per_layer = t if isinstance(t, list) else [t] * len(shares)
+    ok = [holds(n, lt, s, tokens_per_batch, k_hot, top_k, expert_time)
+          for lt, s in zip(per_layer, shares, strict=True)]  # fmt: skip
+    return [i for i in range(len(INEQUALITIES)) if not all(layer[i] for layer in ok)]
 
 
 def placement_for(
@@ -188,14 +200,23 @@ def check_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, s
 
 
 def timing(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
-           window_layers: int) -> Callable[[int], tuple[LayerTimes, np.ndarray]]:  # fmt: skip
-    """n -> (layer times at n's placement, shares of the MoE layers it streams the experts of);
+           window_layers: int) -> Callable[[int], tuple[Times, np.ndarray]]:  # fmt: skip
+    """n -> (per streamed MoE layer, its times at n's placement; those layers' shares);
     CapacityError when n's group does not fit."""
 
-    def at(n: int) -> tuple[LayerTimes, np.ndarray]:
+    def at(n: int) -> tuple[Times, np.ndarray]:
         placement = placement_for(model, hw, wl.with_(n_batches=n), window_layers)
         streamed = [i for i, layer in enumerate(model.moe_layers)
                     if placement.experts[layer] != Tier.GPU]  # fmt: skip
-        return layer_times(model, wl, cost, placement), shares[streamed]
+        base = layer_times(model, wl, cost, placement)
+        read_s = cost.transfer_s(Resource.DISK, model.expert_bytes)
+        cpu_room = hw.memory_bytes[Tier.CPU] - placement.resident_bytes.get(Tier.CPU, 0)
+        if cpu_room >= window_layers * model.n_experts * model.expert_bytes:
+            # Klotski's rolling window: the disk reads every expert of each disk layer
+            disk = replace(base, io_disk_layer_s=model.n_experts * read_s)
+        else:  # each expert read when its copy is issued: the slower link paces the copies
+            disk = replace(base, io_expert_s=max(base.io_expert_s, read_s))
+        on_disk = [placement.experts[model.moe_layers[i]] == Tier.DISK for i in streamed]
+        return [disk if d else base for d in on_disk], shares[streamed]
 
     return at

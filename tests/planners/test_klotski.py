@@ -145,6 +145,39 @@ def test_n_planner_smallest_n_hand_worked():
     c = smallest_n(fits_to_30, 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert c.n == 30 and not c.satisfied and c.binding.startswith("memory (n=31 does not fit")
 
+    # a disk layer whose read-ahead takes 60 ms: n + 2 + 2 >= 60 -> 56; the other layer's (7) -> 37
+    disk = replace(t, io_disk_layer_s=60e-3)
+    c = smallest_n(lambda n: ([t, disk], np.vstack([uniform, uniform])), 100, k_hot=2, top_k=2,
+                   expert_time=one_ms)  # fmt: skip
+    assert (c.n, c.binding) == (56, "disk read-ahead keeps pace")
+
+
+def test_n_planner_times_disk_layers_by_the_disk(tiny_model, tiny_hw, tiny_workload):
+    """Experts on disk: with CPU room for the rolling window the disk reads every expert of the
+    layer, which the layer's compute must cover; without it, each expert's copy waits for its
+    read, so the slower of disk and host link paces the copies."""
+    from core.types import Resource, Tier
+    from planners.n_planner import timing
+
+    cost = CostModel(tiny_hw)
+    shares = np.full((len(tiny_model.moe_layers), tiny_model.n_experts), 1 / tiny_model.n_experts)
+    read_s = cost.transfer_s(Resource.DISK, tiny_model.expert_bytes)
+    for cpu, window in ((1.5 * 4, True), (2.5, False)):
+        mem = dict(streamed(tiny_hw).memory_bytes)
+        mem[Tier.CPU] = int(cpu * tiny_model.expert_bytes)
+        hw = replace(tiny_hw, memory_bytes=mem)
+        times, streamed_shares = timing(tiny_model, hw, tiny_workload, cost, shares, 1)(1)
+        assert len(times) == len(streamed_shares) == len(tiny_model.moe_layers)
+        on_disk = [t for t in times if t.io_disk_layer_s or t.io_expert_s == read_s]
+        assert on_disk, "some expert layer spills to disk"
+        for t in on_disk:
+            if window:
+                assert t.io_disk_layer_s == pytest.approx(tiny_model.n_experts * read_s)
+            else:
+                assert t.io_disk_layer_s == 0 and t.io_expert_s == max(
+                    read_s, cost.transfer_s(Resource.H2D, tiny_model.expert_bytes)
+                )
+
 
 def test_auto_n_is_used_and_recorded(tiny_model, tiny_hw, tiny_workload):
     spec = RunSpec(tiny_model, tiny_hw, tiny_workload, "klotski", {"n": 0})
