@@ -547,7 +547,7 @@ class RoutingConfig:
     exclude_tasks: tuple[str, ...] = ()  # tasks held out (e.g. the prefetcher's training split)
     skew: float = 1.0  # synthetic: Zipf exponent of per-layer expert popularity
     layer_corr: float = 0.5  # synthetic: probability a token follows the layer transition table
-    reuse: float = 0.25  # synthetic: probability an expert repeats the previous token's
+    reuse: float = 0.25  # synthetic: probability a slot repeats the previous token's draw there
     hot_experts: int = 0  # synthetic: if > 0, these many experts are boosted to `hot_share`
     hot_share: float = 0.0  # synthetic: share of selections the hot experts take
 

@@ -73,6 +73,8 @@ def load_esft(
         return _load_cached(str(path), st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file; {_fix(trace_dir_flag)}") from None
+    except OSError as e:  # e.g. trace_dir names the .npz itself: pass the folder holding it
+        raise TraceError(f"{path}: {e.strerror}; {_fix(trace_dir_flag)}") from None
     except TraceError as e:
         if trace_dir_flag == "workload.routing.trace_dir":
             raise
@@ -199,14 +201,25 @@ def _read_sources(src: Path) -> dict[str, dict[int, str]]:
     """task -> layer (1-based) -> file text, from a directory tree or a .tar(.gz)."""
     found: dict[str, dict[int, str]] = {}
 
-    def add(name: str, text: str) -> None:
+    def add(name: str, data: bytes) -> None:
         m = _LAYER_FILE.search(name.replace("\\", "/"))
         if m:
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                raise TraceError(
+                    f"{src}: {name} is not a UTF-8 text file (a compressed or binary file under a "
+                    "routing dump's name?); replace it with the upstream expert_weights_<layer>.txt"
+                ) from None
             found.setdefault(m["task"], {})[int(m["layer"])] = text
 
     if src.is_dir():
         for f in sorted(src.rglob("expert_weights_*.txt")):
-            add(f.relative_to(src).as_posix(), f.read_text())
+            try:
+                data = f.read_bytes()
+            except OSError as e:
+                raise TraceError(f"{f}: cannot read it ({e.strerror})") from None
+            add(f.relative_to(src).as_posix(), data)
     elif src.is_file():
         try:
             with tarfile.open(src) as tar:
@@ -214,8 +227,8 @@ def _read_sources(src: Path) -> dict[str, dict[int, str]]:
                     if mem.isfile() and _LAYER_FILE.search(mem.name):
                         fh = tar.extractfile(mem)
                         assert fh is not None
-                        add(mem.name, fh.read().decode())
-        except (tarfile.TarError, OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+                        add(mem.name, fh.read())
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
             why = " ".join(str(e).split())  # tarfile's message lists methods on several lines
             raise TraceError(f"{src}: not a readable tar archive ({why})") from None
     else:

@@ -188,6 +188,31 @@ def test_converter_rejects_mismatched_layers(tmp_path: Path) -> None:
         convert_esft(tmp_path / "nope", tmp_path / "o.npz")
 
 
+def test_converter_names_a_layer_file_that_is_not_text(tmp_path: Path) -> None:
+    """A gzipped (or otherwise binary) file under a dump's name: one line naming it, from a folder
+    or from a tarball (not 'not a readable tar archive': the archive is fine)."""
+    import gzip
+    import tarfile
+
+    (tmp_path / "src" / "t").mkdir(parents=True)
+    bad = tmp_path / "src" / "t" / "expert_weights_1.txt"
+    bad.write_bytes(gzip.compress(b"1\t2\t\t0.5\t0.5\n"))
+    with pytest.raises(TraceError, match=r"t/expert_weights_1.txt is not a UTF-8 text file"):
+        convert_esft(tmp_path / "src", tmp_path / "o.npz")
+    with tarfile.open(tmp_path / "src.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "t", arcname="t")
+    with pytest.raises(TraceError, match=r"t/expert_weights_1.txt is not a UTF-8 text file"):
+        convert_esft(tmp_path / "src.tar.gz", tmp_path / "o.npz")
+
+
+def test_trace_dir_naming_the_file_itself_is_one_line(traces_dir: Path) -> None:
+    """trace_dir pointed at the .npz (not the folder holding esft-dsv2lite/): a TraceError
+    naming the path and the flag, not a NotADirectoryError traceback."""
+    npz = traces_dir / TRACE_NAME / TRACE_FILE
+    with pytest.raises(TraceError, match=r"Not a directory; pass workload.routing.trace_dir="):
+        load_esft(npz)
+
+
 def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from experiments.convert_traces import main
 
