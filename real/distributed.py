@@ -1,8 +1,11 @@
 """Expert-parallel greedy generation over a torch.distributed process group, one rank per device.
 
-Per MoE layer a rank holds only the experts its placement gives it (homes + replicas, computed
-by an EP planner and passed in as plain data); a replicated expert's pairs split evenly over its
-copies in (token, slot) order (`split_tokens`' rule: the first `count % copies` take one more).
+Per MoE layer a rank holds only the experts its placement gives it at the current step (homes +
+replicas, computed by an EP planner and passed in as plain data); before each later step the
+experts the placement moves are sent rank to rank (`send`/`recv`, from a rank that keeps the
+expert where one does) and the ones a rank no longer holds are dropped, so a rank holds the
+placement's slots, not the union of every step's. A replicated expert's pairs split evenly over
+its copies in (token, slot) order (`split_tokens`' rule: the first `count % copies` take one more).
 Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
 simulator models them (planners/expert_parallel.py, EPParams.dense):
 - dense="data": rank r runs the dense work for its contiguous share of the batch's sequences with
@@ -89,7 +92,12 @@ class RankStats:
     """What one rank held and computed (pairs = (token, top-k slot) pairs through an expert)."""
 
     rank: int
-    experts_held: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
+    experts_held: dict[int, list[int]] = field(default_factory=dict)  # layer -> ids, first step
+    # layer -> the most experts held at once over the run, a step's move included (an expert a
+    # rank drops is kept until it has sent it where it is the only source)
+    most_held: dict[int, int] = field(default_factory=dict)
+    copies_in: int = 0  # experts received from another rank when the placement moved them
+    copy_bytes_in: int = 0
     experts_computed: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
     pairs_computed: int = 0  # pairs this rank ran through its experts
     # dense=data: of its own tokens' pairs, those computed on another rank (all-to-all traffic);
@@ -98,12 +106,31 @@ class RankStats:
     outside_placement: int = 0  # pairs computed for an expert the step's placement did not give
 
 
-def held_experts(placement: Placement, spec: ModelSpec, rank: int) -> dict[int, list[int]]:
-    """Decoder layer -> the experts rank holds at any step (the weights it loads)."""
+def held_experts(
+    placement: Placement, spec: ModelSpec, rank: int, step: int = 0
+) -> dict[int, list[int]]:
+    """Decoder layer -> the experts rank holds at `step` (at the first: the weights it loads)."""
     return {
-        layer: sorted({e for step in placement for e in step[spec.moe_index(layer)][rank]})
+        layer: sorted(set(placement[step][spec.moe_index(layer)][rank]))
         for layer in spec.moe_layers
     }
+
+
+def moves(old: Sequence[Sequence[int]], new: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
+    """(expert, source rank, destination rank) of every copy that takes one MoE layer's holdings
+    from old[rank] to new[rank], in the order every rank runs them (so each send meets its recv).
+    The source is a rank that holds the expert before and after, where one does (it keeps the
+    expert anyway), else the lowest rank that held it."""
+    before = [set(x) for x in old]
+    after = [set(x) for x in new]
+    out = []
+    for dst, want in enumerate(after):
+        for e in sorted(want - before[dst]):
+            holders = [r for r, held in enumerate(before) if e in held]
+            assert holders, f"expert {e} has no copy on any rank before the move"
+            keep = [r for r in holders if e in after[r]]
+            out.append((e, (keep or holders)[0], dst))
+    return sorted(out)
 
 
 def load_rank_units(
@@ -189,8 +216,43 @@ class EPRank:
         # the sequences this rank runs dense work for: all of them, or its share
         self.lo, self.hi = (0, batch) if self.tensor else shard(batch, self.world, self.rank)
         self.stats = RankStats(self.rank, held_experts(placement, spec, self.rank))
+        self.stats.most_held = {layer: len(held) for layer, held in self.stats.experts_held.items()}
         units = load_rank_units(ckpt, self.stats.experts_held, device)
         self.units = tensor_units(spec, units, self.world, self.rank) if self.tensor else units
+        self.index, self.layout = load_checkpoint(ckpt)[1], unit_layout(spec)
+
+    def move_to(self, step: int) -> None:
+        """Take this rank's experts from step-1's placement to step's: first drop what it no
+        longer holds and sends nowhere, then every copy in `moves`' order (a rank sends or
+        receives only its own), then drop what it has sent."""
+        s, me = self.spec, self.rank
+        for layer in s.moe_layers:
+            m = s.moe_index(layer)
+            old, new = self.placement[step - 1][m], self.placement[step][m]
+            todo = moves(old, new)
+            sources = {e for e, src, _ in todo if src == me}
+            gone = set(old[me]) - set(new[me])
+            for e in gone - sources:
+                del self.units[Unit(Tensor.EXPERT, layer, e)]
+            held = len(set(old[me]) - (gone - sources))
+            for e, src, dst in todo:
+                unit = Unit(Tensor.EXPERT, layer, e)
+                if me == src:
+                    for key in sorted(self.layout[unit]):
+                        dist.send(self.units[unit][key], dst)
+                elif me == dst:
+                    w: Weights = {}
+                    for key in sorted(self.layout[unit]):
+                        entry = self.index[self.layout[unit][key].hf_name]
+                        w[key] = torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
+                        dist.recv(w[key], src)
+                        self.stats.copy_bytes_in += w[key].numel() * w[key].element_size()
+                    self.units[unit] = w
+                    self.stats.copies_in += 1
+                    held += 1
+                    self.stats.most_held[layer] = max(self.stats.most_held[layer], held)
+            for e in gone & sources:
+                del self.units[Unit(Tensor.EXPERT, layer, e)]
 
     def kv_cache(self, max_len: int) -> KVCache:
         """The cache of this rank's sequences; dense=tensor: only its kv heads (MLA: whole)."""
@@ -369,6 +431,8 @@ def ep_generate(
     step_in, start, out = prompt_tokens[lo:hi].long().to(device), 0, []
     with torch.inference_mode():
         for step in range(gen_len):
+            if step:
+                ep.move_to(step)
             n = step_in.shape[1]
             f = (
                 None

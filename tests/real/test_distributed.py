@@ -26,7 +26,7 @@ from core.routing import load_routing
 from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
-from real.distributed import check_dense, destinations, shard
+from real.distributed import check_dense, destinations, moves, shard
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from tests.real.conftest import small_overrides
 
@@ -82,9 +82,15 @@ def check(ckpt: Path, out: Path, summary: dict, routing: str, tol: float = ATOL)
     pairs = summary["batch_size"] * (8 + 3 - 1) * len(spec.moe_layers) * spec.top_k
     assert sum(r["pairs_computed"] for r in ranks) == pairs
     assert all(r["outside_placement"] == 0 for r in ranks)
-    for r in ranks:  # computed only experts it held
+    steps = summary["placement"]  # [step][moe][rank]
+    for r in ranks:  # computed only experts the placement gave it at some step
         for layer, done in r["experts_computed"].items():
-            assert set(done) <= set(r["experts_held"][layer])
+            m = spec.moe_index(int(layer))
+            assert set(done) <= {e for step in steps for e in step[m][r["rank"]]}
+    # every expert a step's placement adds to a rank arrived by a copy from another rank
+    added = sum(len(set(new[m][r]) - set(old[m][r])) for old, new in zip(steps, steps[1:])
+                for m in range(len(spec.moe_layers)) for r in range(len(ranks)))  # fmt: skip
+    assert sum(r["copies_in"] for r in ranks) == added
 
 
 @pytest.mark.parametrize("routing", ["replay", "live"])
@@ -235,6 +241,38 @@ def test_destinations_split_replicas_evenly():
     ids = torch.tensor([[0, 1], [0, 2], [1, 0], [0, 3], [0, 2]])  # [T=5, k=2]
     dest = destinations(ids, [[2, 0, 3], [0, 1]], n_experts=4)  # rank 0: 2, 0, 3; rank 1: 0, 1
     assert dest.tolist() == [[0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
+
+
+def test_moves_copy_from_a_rank_that_keeps_the_expert():
+    """Rank 0 swaps replica 5 for 6, rank 1 swaps 2 for 5. Expert 6 comes from rank 1, which
+    holds it before and after; 5 from rank 0, its only holder, which drops it after sending."""
+    old = [[0, 2, 5], [1, 3, 6, 2]]
+    new = [[0, 2, 6], [1, 3, 6, 5]]
+    assert moves(old, new) == [(5, 0, 1), (6, 1, 0)]
+    assert moves(old, old) == []
+
+
+def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
+    """predictive_replication re-places replicas between steps: each rank starts with the first
+    step's experts only, receives what later steps add from another rank, and never holds more
+    than its slots plus the experts it still has to send."""
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=predictive_replication",
+                       "replica_slots=1", "gen_len=3")  # fmt: skip
+    check(mixtral_tiny, tmp_path, summary, "replay")
+    steps, spec = summary["placement"], load_checkpoint(mixtral_tiny)[0]
+    assert sum(r["copies_in"] for r in summary["ranks"]) > 0, "the test needs a moving placement"
+    unit = load_units(mixtral_tiny)[1][Unit(Tensor.EXPERT, 1, 0)]
+    expert_bytes = sum(t.numel() * t.element_size() for t in unit.values())
+    assert all(r["copy_bytes_in"] == r["copies_in"] * expert_bytes for r in summary["ranks"])
+    for r in summary["ranks"]:
+        for layer, first in r["experts_held"].items():
+            m, me = spec.moe_index(int(layer)), r["rank"]
+            assert first == sorted(set(steps[0][m][me]))
+            sent_away = max(
+                len({e for e, src, _ in moves(old[m], new[m]) if src == me} - set(new[m][me]))
+                for old, new in zip(steps, steps[1:])
+            )
+            assert r["most_held"][layer] <= max(len(set(s[m][me])) for s in steps) + sent_away
 
 
 @pytest.mark.parametrize(
