@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def check(ckpt: Path, out: Path, summary: dict, routing: str, tol: float = ATOL)
             m = spec.moe_index(int(layer))
             assert set(done) <= {e for step in steps for e in step[m][r["rank"]]}
     # every expert a step's placement adds to a rank arrived by a copy from another rank
-    added = sum(len(set(new[m][r]) - set(old[m][r])) for old, new in zip(steps, steps[1:])
+    added = sum(len(set(new[m][r]) - set(old[m][r])) for old, new in pairwise(steps)
                 for m in range(len(spec.moe_layers)) for r in range(len(ranks)))  # fmt: skip
     assert sum(r["copies_in"] for r in ranks) == added
 
@@ -270,7 +271,7 @@ def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
             assert first == sorted(set(steps[0][m][me]))
             sent_away = max(
                 len({e for e, src, _ in moves(old[m], new[m]) if src == me} - set(new[m][me]))
-                for old, new in zip(steps, steps[1:])
+                for old, new in pairwise(steps)
             )
             assert r["most_held"][layer] <= max(len(set(s[m][me])) for s in steps) + sent_away
 
