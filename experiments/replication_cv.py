@@ -4,12 +4,13 @@ The replication experiment reports its targets on one held-out split (`split=tes
 sequences with seq_id % 5 == 0). How much that split moves a figure is seen by running the same
 cases on every fold: fold K runs the sequences with seq_id % 5 == K and trains the tables
 eplb / predictive / oracle start from on the other four. This runs the experiment's target cases
-(`targets_cases`, at their largest batch) on the five folds, then prints per fold and case the
+(`targets_cases`, at the batch the targets are judged at: the largest whose stream does not
+revisit the fold's held-out tokens) on the five folds, then prints per fold and case the
 balancedness and makespan of eplb and predictive, the share of the ep_static -> oracle gap
 predictive closes, and how many folds meet each target.
 
 A fold's figures also depend on the order its held-out sequences are streamed in (`seed` shuffles
-them; at batch 128 each batch is the whole split plus a different stretch of it).
+them, so each order puts other sequences in each batch).
 `cv_seeds=[0,1,2]` runs every fold in each of those orders (a (fold, seed) row each; the counts
 and means are over all of them); by default the config's `seed` alone.
 
@@ -44,7 +45,8 @@ FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
 
 
 def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig:
-    """The replication config of one fold: the target cases at their largest batch, no variants,
+    """The replication config of one fold: the target cases at their fresh batch
+    (`replication.fresh_batch`, on the fold's split), no variants,
     out_dir/cv/<split>; with a `seed` other than the config's, that stream order, in
     out_dir/cv/<split>-seed<seed>."""
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -63,7 +65,10 @@ def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig
                 f"cases.{name}: routing {case['routing']!r} has no folds; "
                 f"targets_cases must name esft_heldout cases"
             )
-        case["batch_sizes"] = [max(case["batch_sizes"])]
+        # the batch the targets are judged at: the largest whose stream does not revisit the
+        # fold's held-out tokens (the folds differ in size), else the largest
+        held = len(replication.esft_split(c["trace_dir"], int(c["seed"]), split)[0])
+        case["batch_sizes"] = [replication.fresh_batch(case, held) or max(case["batch_sizes"])]
         case.pop("variants", None)
         cases[name] = case
     where = split if seed is None or seed == c["seed"] else f"{split}-seed{seed}"

@@ -11,22 +11,31 @@ from omegaconf import OmegaConf
 from core.errors import MoepipeError
 from experiments import replication, replication_cv
 from experiments.replication_cv import cv_lines, fold_cfg, run_fold
+from tests.conftest import SHARED_TRACES
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "replication.yaml"
 
 
+pytestmark = pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+
+
 def base(tmp_path: Path):
     cfg = OmegaConf.load(CONF)
-    cfg.out_dir = str(tmp_path)
+    cfg.out_dir, cfg.trace_dir = str(tmp_path), str(SHARED_TRACES)
     return cfg
 
 
-def test_a_fold_runs_the_target_cases_at_their_largest_batch(tmp_path):
-    f = fold_cfg(base(tmp_path), "fold3")
+def test_a_fold_runs_the_target_cases_at_their_fresh_batch(tmp_path):
+    """fold3 holds 5,722 held-out tokens: 8 batches of 8 x 64 fit (none revisited), 32 x 64 do
+    not; a case whose every batch size wraps falls back to its largest."""
+    cfg = base(tmp_path)
+    cfg.cases["esft-g4"].batch_sizes = [256, 128]
+    f = fold_cfg(cfg, "fold3")
     assert f.split == "fold3" and f.out_dir == str(tmp_path / "cv" / "fold3")
     assert sorted(f.cases) == ["esft-g4", "esft-g8"] and not f.variants
     assert all("variants" not in case for case in f.cases.values())  # the four planners only
-    assert list(f.cases["esft-g8"].batch_sizes) == [128]
+    assert list(f.cases["esft-g8"].batch_sizes) == [8]
+    assert list(f.cases["esft-g4"].batch_sizes) == [256]
 
 
 def test_a_synthetic_target_case_is_one_clear_error(tmp_path):

@@ -522,24 +522,72 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
     assert eplb_lines(rows[1:], ["c"]) == []  # eplb at one interval only
 
 
+def test_targets_are_judged_where_no_held_out_token_runs_twice():
+    """A 1,000-token split and 8 batches of 4-token sequences: bs=16 (512 tokens) is fresh, bs=64
+    wraps. The verdicts are at 16; 64 is a note that says it revisits; without a fresh batch the
+    verdicts are at the largest and say so."""
+    from experiments.replication import fresh_batch, targets
+
+    case = dict(prompt_len=4, n_batches=8, batch_sizes=[1, 16, 64])
+    assert fresh_batch(case, 1000) == 16 and fresh_batch(case, 10) is None
+
+    def row(planner, bs, bal, ms):
+        return dict(case="c", batch_size=bs, planner=planner, balancedness=bal, makespan_s=ms,
+                    expert_phase_util=1.0, utilisation=1.0, gpu_load=1.0)  # fmt: skip
+
+    rows = [row(p, bs, bal + (0.1 if bs == 64 else 0), ms)
+            for bs in (16, 64)
+            for p, bal, ms in (("ep_static", 0.7, 10.0), ("eplb", 0.9, 9.0),
+                               ("oracle_replication", 0.95, 8.0),
+                               ("predictive_replication", 0.85 if bs == 16 else 0.95, 9.5))]  # fmt: skip
+    lines = [ln for ln in targets(rows, ["c"], fresh={"c": 16}) if ln[7:].startswith("c bs=")]
+    assert lines[:2] == [
+        "[FAIL] c bs=16: predictive balancedness 0.8500 < eplb 0.9000",
+        "[FAIL] c bs=16: predictive closes 25% of the ep_static -> oracle makespan gap "
+        "(ep_static 10000.00 ms, oracle 8000.00 ms, predictive 9500.00 ms); target >= 50%",
+    ]
+    assert lines[2] == (
+        "[note] c bs=64 (revisits held-out tokens): predictive balancedness 1.0500 >= eplb 1.0000"
+    )
+    assert lines[3].startswith("[note] c bs=64 (revisits held-out tokens): predictive closes 25%")
+    assert len(lines) == 4
+    wrapped = [ln for ln in targets(rows, ["c"], fresh={"c": None}) if ln[7:].startswith("c bs=")]
+    assert wrapped[0].startswith("[PASS] c bs=64 (revisits held-out tokens): predictive")
+    assert len(wrapped) == 2
+
+
 def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
     """cases.<name>.grouped_gemm and .variants (beside the global ones) reach the runs; a case
     variant naming an unknown planner is refused before anything runs."""
     from omegaconf import OmegaConf
 
-    from experiments.replication import check_inputs, run_case
+    from experiments.replication import case_model, check_inputs, run_case
 
     cfg = OmegaConf.load("conf/experiment/replication.yaml")
     case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
                                  lanes=True, lane_sharing="shared", grouped_gemm=False,
                                  batch_sizes=[2], prompt_len=8, n_batches=2,
                                  variants={"ep_static[1 lane]": {"planner": "ep_static",
-                                                                 "params": {"n_devices": 1}}}))  # fmt: skip
+                                                                 "params": {"n_devices": 1}},
+                                           "orc": {"planner": "oracle_replication",
+                                                   "params": {"gate": "none"}}}))  # fmt: skip
     cfg.variants = {}
-    prep = {"switch_routing": RoutingConfig(source="synthetic")}
+    prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
+    cfg.write_traces = True
     rows = run_case(cfg, "t", case, prep, tmp_path)
     one = [r for r in rows if r["planner"] == "ep_static[1 lane]"]
     assert len(one) == 1 and one[0]["plan"]["ep"]["n_devices"] == 1
+    # a variant of the oracle keeps its upper-bound label
+    assert [r["planner_label"] for r in rows if r["planner"] == "orc"] == [
+        "orc (oracle upper bound)"
+    ]
+    # a rerun under other params and without traces leaves no trace of the earlier run
+    assert (tmp_path / "t" / "bs2" / "eplb" / "trace.parquet").exists()
+    cfg.write_traces = False
+    cfg.planners.eplb.window = 1
+    run_case(cfg, "t", case, prep, tmp_path)
+    assert not (tmp_path / "t" / "bs2" / "eplb" / "trace.parquet").exists()
+    assert not (tmp_path / "t" / "bs2" / "eplb" / "trace.json").exists()
     assert all(r["plan"]["ep"]["grouped_gemm"] is False for r in rows)
     assert {r["plan"]["ep"]["lane_sharing"] for r in rows} == {"shared"}
     case.variants = {"x": {"planner": "nope"}}
