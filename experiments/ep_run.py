@@ -57,11 +57,13 @@ def integer(opts: dict[str, Any], key: str, least: int = 1) -> int:
     return v
 
 
-def ep_hardware(n_devices: int) -> HardwareSpec:
-    """G devices with room for every expert: the planners only need G and that experts stay
-    resident (placement does not depend on speeds unless a replica cost gate is chosen)."""
+def ep_hardware(n_devices: int, model: ModelSpec) -> HardwareSpec:
+    """G devices each with room for the whole model twice over (so every expert and any replicas
+    stay resident): this hardware exists only for planning, which needs G and resident experts
+    (placement does not depend on speeds unless a replica cost gate is chosen)."""
+    room = 2 * model.total_bytes / 1e9 + 1.0
     return HardwareSpec.from_dict(dict(
-        name=f"ep-run-{n_devices}", memory_gb=dict(gpu=64.0, cpu=64.0, disk=64.0),
+        name=f"ep-run-{n_devices}", memory_gb=dict(gpu=room, cpu=room, disk=room),
         gpu=dict(tflops=100, mem_bw_gbps=1000), cpu=dict(tflops=1, mem_bw_gbps=100),
         links=dict(h2d=dict(gbps=25), d2h=dict(gbps=25), disk=dict(gbps=2)), n_gpus=n_devices,
     ))  # fmt: skip
@@ -92,14 +94,43 @@ def plan_placement(spec: RunSpec, routing: Routing) -> tuple[Placement, dict[str
     return placement, dict(schedule.meta["ep"], planned_pairs=planned)
 
 
+def check_device(device: str, world: int) -> str:
+    """The device this rank runs on: `device=` (cpu, cuda or cuda:N; empty: cuda if there is
+    one), checked before anything is planned. Under torchrun each rank takes GPU LOCAL_RANK, so
+    there must be as many GPUs as processes on the node."""
+    if not device:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    head, _, index = device.partition(":")
+    if head not in ("cpu", "cuda") or (head == "cpu" and index) or (index and not index.isdigit()):
+        raise ConfigError(f"device={device!r}; valid: cpu, cuda, cuda:N")
+    if head == "cpu":
+        return device
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise ConfigError(f"device={device}: no CUDA device here; use device=cpu")
+    if "RANK" in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if index or local > n:
+            raise ConfigError(
+                f"device={device} with {local} processes on this node and {n} GPU(s): torchrun "
+                f"ranks take GPU LOCAL_RANK each, so give device=cuda and at most {n} processes "
+                "(--nproc_per_node), or device=cpu"
+            )
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if index and int(index) >= n:
+        raise ConfigError(f"device={device}: this machine has {n} GPU(s) (cuda:0..cuda:{n - 1})")
+    return f"cuda:{index or 0}"
+
+
 def init_group(device: str) -> None:
-    """The torchrun group, or a one-process group when not launched by torchrun."""
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+    """The torchrun group, or a one-process group (an in-memory store: no port) when not
+    launched by torchrun."""
     if device.startswith("cuda"):
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend_for(device))
+        torch.cuda.set_device(torch.device(device))
+    if "RANK" not in os.environ:
+        dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend_for(device))
 
 
 def run(opts: dict[str, Any]) -> dict[str, Any] | None:
@@ -116,6 +147,25 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     model: ModelSpec = load_checkpoint(opts["checkpoint"])[0]
     workload = ep_workload(opts)
     world = int(os.environ.get("WORLD_SIZE", 1))
+    device = check_device(opts["device"], world)
+    out_dir = Path(opts["out"])
+    try:  # before the run, not after it
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"out={out_dir}: cannot create it ({e.strerror}); give another out=DIR"
+        ) from None
+    if world > model.n_experts:
+        raise ConfigError(
+            f"{world} processes for {model.n_experts} experts: each needs at least one expert; "
+            f"run at most {model.n_experts} (--nproc_per_node)"
+        )
+    if opts["planner"] == "eplb" and model.n_experts % world:
+        raise ConfigError(
+            f"planner=eplb packs the {model.n_experts} experts' slots evenly over the processes, "
+            f"so their number must divide it; {world} does not (--nproc_per_node), or choose "
+            "another planner"
+        )
     dense = opts["dense"]
     check_dense(model, dense, world)
     if dense == "data" and workload.batch_size < world:
@@ -126,7 +176,9 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     params: dict[str, Any] = dict(n_devices=world, dense=dense)
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
-    spec = RunSpec(model, ep_hardware(world), workload, opts["planner"], params, executor="real")
+    spec = RunSpec(
+        model, ep_hardware(world, model), workload, opts["planner"], params, executor="real"
+    )
     prompts = prompts_for(model, workload)
     ckpt = opts["checkpoint"]
     if opts["routing"] == "live":
@@ -137,10 +189,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         spec, routing
     )  # bad input fails here, before any rank waits
 
-    device = opts["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     init_group(device)
-    if device.startswith("cuda"):
-        device = f"cuda:{torch.cuda.current_device()}"
     try:
         dist.barrier()
         t0 = time.perf_counter()
@@ -152,8 +201,6 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         backend = dist.get_backend()
     finally:
         dist.destroy_process_group()
-    out_dir = Path(opts["out"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(dict(prompts=prompts, tokens=out.tokens, logits=out.logits), out_dir / "outputs.pt")
     summary = dict(
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),

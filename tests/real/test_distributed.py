@@ -278,14 +278,64 @@ def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
 
 @pytest.mark.parametrize(
     "arg, message",
-    [("planner=flexgen", "not expert-parallel"), ("dense=bogus", "valid: data, tensor")],
+    [
+        ("planner=flexgen", "not expert-parallel"),
+        ("dense=bogus", "valid: data, tensor"),
+        ("device=gpu", "device='gpu'; valid: cpu, cuda, cuda:N"),
+        pytest.param(
+            "device=cuda",
+            "no CUDA device here; use device=cpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA"),
+        ),  # fmt: skip
+        ("out=FILE", "cannot create it"),
+    ],
 )
 def test_bad_input_is_one_line(tmp_path, mixtral_tiny, arg, message):
-    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", arg,
-           f"out={tmp_path}"]  # fmt: skip
+    """Refused before any planning or process group, so nothing is left half done."""
+    (tmp_path / "FILE").write_text("")
+    out = f"out={tmp_path / 'FILE'}" if arg == "out=FILE" else f"out={tmp_path}"
+    arg = out if arg == "out=FILE" else arg
+    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", arg, out]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
+
+
+def test_eplb_on_processes_that_do_not_divide_the_experts_names_nproc(tmp_path, mixtral_tiny):
+    """3 processes for 8 experts: eplb cannot pack its slots evenly; the line names
+    --nproc_per_node (no replica_slots value helps), on every rank, exit 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
+           f"--master_port={free_port()}", "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}",
+           "planner=eplb", "batch_size=3", f"out={tmp_path}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "must divide it; 3 does not (--nproc_per_node)" in proc.stderr
+
+
+def test_planning_hardware_holds_a_full_size_model():
+    """ep_run's planning hardware is sized from the model: Mixtral-8x7B (90 GB of experts) plans
+    on 8 processes (a fixed 64 GB per device refused it at any G)."""
+    import yaml
+
+    from core.spec import ModelSpec
+    from experiments.ep_run import ep_hardware, plan_placement
+    from experiments.pipeline import RunSpec
+
+    model = ModelSpec.from_dict(yaml.safe_load((ROOT / "conf/model/mixtral-8x7b.yaml").read_text()))
+    wl = ep_workload(dict(DEFAULTS, batch_size="8", prompt_len="4", gen_len="2"))
+    spec = RunSpec(model, ep_hardware(8, model), wl, "eplb", {"n_devices": 8, "replica_slots": 1})
+    placement, meta = plan_placement(spec, load_routing(model, wl))
+    assert len(placement) == 2 and all(len(held) == 2 for held in placement[0][0])
+
+
+def test_one_process_needs_no_port(tmp_path, mixtral_tiny):
+    """Without torchrun, G = 1 runs on an in-memory store: two at once do not collide on a port."""
+    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", "gen_len=2"]
+    procs = [subprocess.Popen([*cmd, f"out={tmp_path / str(i)}"], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
 
 
 @pytest.mark.gpu
