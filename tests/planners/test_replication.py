@@ -520,6 +520,10 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
         "less balanced than eplb's most balanced, at least as fast as its fastest"
     )
     assert eplb_lines(rows[1:], ["c"]) == []  # eplb at one interval only
+    rows.append(row("oracle_replication", 0.99, 64.0, 900))  # with the oracle: the gap each closes
+    line = eplb_lines(rows, ["c"])[0]
+    assert "8 batches 0.9500 / 64.00 ms / 0 copies, closes 100% of the gap" in line
+    assert "every 2 batches 0.9700 / 68.00 ms / 4000 copies, closes 60% of the gap" in line
 
 
 def test_targets_are_judged_where_no_held_out_token_runs_twice():
