@@ -57,11 +57,12 @@ def integer(opts: dict[str, Any], key: str, least: int = 1) -> int:
     return v
 
 
-def ep_hardware(n_devices: int, model: ModelSpec) -> HardwareSpec:
-    """G devices each with room for the whole model twice over (so every expert and any replicas
-    stay resident): this hardware exists only for planning, which needs G and resident experts
-    (placement does not depend on speeds unless a replica cost gate is chosen)."""
-    room = 2 * model.total_bytes / 1e9 + 1.0
+def ep_hardware(n_devices: int, model: ModelSpec, replica_slots: int) -> HardwareSpec:
+    """G devices with room for the whole model and every device's replicas (the planner weighs all
+    of them against one device's memory): this hardware exists only for planning, which needs G
+    and resident experts (placement does not depend on speeds unless a replica cost gate is
+    chosen)."""
+    room = (2 + n_devices * max(replica_slots, 1)) * model.total_bytes / 1e9 + 1.0
     return HardwareSpec.from_dict(dict(
         name=f"ep-run-{n_devices}", memory_gb=dict(gpu=room, cpu=room, disk=room),
         gpu=dict(tflops=100, mem_bw_gbps=1000), cpu=dict(tflops=1, mem_bw_gbps=100),
@@ -151,9 +152,12 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     out_dir = Path(opts["out"])
     try:  # before the run, not after it
         out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as e:
         raise ConfigError(
-            f"out={out_dir}: cannot create it ({e.strerror}); give another out=DIR"
+            f"out={out_dir}: cannot write there ({e.strerror}); give another out=DIR"
         ) from None
     if world > model.n_experts:
         raise ConfigError(
@@ -176,8 +180,9 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     params: dict[str, Any] = dict(n_devices=world, dense=dense)
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
+    slots = int(params.get("replica_slots", EPParams.replica_slots))
     spec = RunSpec(
-        model, ep_hardware(world, model), workload, opts["planner"], params, executor="real"
+        model, ep_hardware(world, model, slots), workload, opts["planner"], params, executor="real"
     )
     prompts = prompts_for(model, workload)
     ckpt = opts["checkpoint"]

@@ -82,7 +82,7 @@ def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarr
     Returns eval ids [T_eval, L, k] and train ids [T_train, L, k].
     """
     r = residue(split)
-    tr = load_esft(trace_dir)
+    tr = load_esft(trace_dir, trace_dir_flag="trace_dir")
     held = tr.seq_id % 5 == r
     train = ~held if split.startswith("fold") else (tr.seq_id % 5 != SPLITS["test"]) & ~held
     keys = np.unique(tr.seq_key[held])
@@ -98,7 +98,7 @@ def esft_group_loads(trace_dir: str, split: str = "test") -> np.ndarray:
     held-out split (the sequences of one seq_id % 5 residue): how much a split's load differs
     from another's, for predictive's `prior_scenarios` (its gate's hedge before any batch)."""
     held = residue(split)
-    tr = load_esft(trace_dir)
+    tr = load_esft(trace_dir, trace_dir_flag="trace_dir")
     residues = [
         r for r in range(5) if r != held and (split.startswith("fold") or r != SPLITS["test"])
     ]
@@ -512,8 +512,8 @@ def targets(
     fresh: Mapping[str, int | None] | None = None,
 ) -> list[str]:
     """The issue's targets: balancedness and makespan gap of predictive (and of each variant) on
-    each of `cases` (held-out ESFT) at its `fresh` batch (`fresh_batch`: no sequence seen
-    before, also not online), and utilisation, in each of its three time views, wherever
+    each of `cases` at its `fresh` batch (held-out ESFT cases: `fresh_batch`, no sequence seen
+    before, also not online; others: their largest), and utilisation, in each of its three time views, wherever
     ep_static is below 0.6. The case's largest batch, where it is another, is shown beside as a
     note: there the stream revisits the split, so from its second batch on the online learners
     have seen every token they are judged on. A case with no fresh batch is judged at its
@@ -528,7 +528,8 @@ def targets(
             for bs in dict.fromkeys((judged, largest)):
                 by = {r["planner"]: r for r in rows if r["case"] == case and r["batch_size"] == bs}
                 st, ep, orc, pr = by["ep_static"], by["eplb"], by["oracle_replication"], by[who]
-                seen = "" if bs == fresh.get(case) else " (revisits held-out tokens)"
+                revisits = case in fresh and bs != fresh[case]  # held-out ESFT, wrapped
+                seen = " (revisits held-out tokens)" if revisits else ""
                 ok = pr["balancedness"] >= ep["balancedness"]
                 bal = (f"{case} bs={bs}{seen}: {name} balancedness {pr['balancedness']:.4f} "
                        f"{'>=' if ok else '<'} eplb {ep['balancedness']:.4f}")  # fmt: skip
@@ -752,7 +753,8 @@ def run(cfg: DictConfig) -> list[str]:
         rows += run_case(cfg, str(name), case, prep, out)  # finished runs of this config reused
         log.info("%s done at %.0f s", name, time.time() - t0)
     held_out = [c for c in cfg.targets_cases if c in cfg.cases]  # the target cases that ran
-    fresh = {c: fresh_batch(cfg.cases[c], len(prep["test_ids"])) for c in held_out}
+    fresh = {c: fresh_batch(cfg.cases[c], len(prep["test_ids"]))
+             for c in held_out if cfg.cases[c].routing == "esft_heldout"}  # fmt: skip
     listed = [f"{r['case']}/bs{r['batch_size']}/{r['planner']}" for r in rows]
     (out / RUNS).write_text(json.dumps(listed))
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

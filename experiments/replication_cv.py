@@ -49,6 +49,7 @@ def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig
     (`replication.fresh_batch`, on the fold's split), no variants,
     out_dir/cv/<split>; with a `seed` other than the config's, that stream order, in
     out_dir/cv/<split>-seed<seed>."""
+    replication.check_inputs(cfg)  # the case values it reads, in one line each
     c = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(c, dict)
     targets = [t for t in c["targets_cases"] if t in c["cases"]]

@@ -38,6 +38,13 @@ def test_a_fold_runs_the_target_cases_at_their_fresh_batch(tmp_path):
     assert list(f.cases["esft-g4"].batch_sizes) == [256]
 
 
+def test_a_bad_case_value_is_one_line_before_any_fold(tmp_path):
+    cfg = base(tmp_path)
+    cfg.cases["esft-g8"].prompt_len = "abc"
+    with pytest.raises(MoepipeError, match=r"cases.esft-g8.prompt_len=abc"):
+        fold_cfg(cfg, "test")
+
+
 def test_a_synthetic_target_case_is_one_clear_error(tmp_path):
     cfg = base(tmp_path)
     cfg.targets_cases = ["switch-base-128"]

@@ -558,6 +558,9 @@ def test_targets_are_judged_where_no_held_out_token_runs_twice():
     wrapped = [ln for ln in targets(rows, ["c"], fresh={"c": None}) if ln[7:].startswith("c bs=")]
     assert wrapped[0].startswith("[PASS] c bs=64 (revisits held-out tokens): predictive")
     assert len(wrapped) == 2
+    # a case not held-out ESFT (absent from `fresh`): judged at its largest, nothing revisited
+    other = [ln for ln in targets(rows, ["c"], fresh={}) if ln[7:].startswith("c bs=")]
+    assert other[0].startswith("[PASS] c bs=64: predictive") and len(other) == 2
 
 
 def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):

@@ -287,15 +287,17 @@ def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
             "no CUDA device here; use device=cpu",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA"),
         ),  # fmt: skip
-        ("out=FILE", "cannot create it"),
+        ("out=FILE", "cannot write there"),
+        ("out=/proc", "out=/proc: cannot write there"),  # exists, but takes no files
     ],
 )
 def test_bad_input_is_one_line(tmp_path, mixtral_tiny, arg, message):
     """Refused before any planning or process group, so nothing is left half done."""
     (tmp_path / "FILE").write_text("")
-    out = f"out={tmp_path / 'FILE'}" if arg == "out=FILE" else f"out={tmp_path}"
-    arg = out if arg == "out=FILE" else arg
-    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", arg, out]
+    if arg.startswith("out="):
+        arg = arg.replace("FILE", str(tmp_path / "FILE"))
+    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}", f"out={tmp_path}",
+           arg]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
@@ -313,8 +315,9 @@ def test_eplb_on_processes_that_do_not_divide_the_experts_names_nproc(tmp_path, 
 
 
 def test_planning_hardware_holds_a_full_size_model():
-    """ep_run's planning hardware is sized from the model: Mixtral-8x7B (90 GB of experts) plans
-    on 8 processes (a fixed 64 GB per device refused it at any G)."""
+    """ep_run's planning hardware is sized from the model and the replica slots: Mixtral-8x7B
+    (90 GB of experts) plans on 8 processes with 1 or 2 slots (a fixed 64 GB per device refused it
+    at any G, and twice the model refused 2 slots)."""
     import yaml
 
     from core.spec import ModelSpec
@@ -323,9 +326,11 @@ def test_planning_hardware_holds_a_full_size_model():
 
     model = ModelSpec.from_dict(yaml.safe_load((ROOT / "conf/model/mixtral-8x7b.yaml").read_text()))
     wl = ep_workload(dict(DEFAULTS, batch_size="8", prompt_len="4", gen_len="2"))
-    spec = RunSpec(model, ep_hardware(8, model), wl, "eplb", {"n_devices": 8, "replica_slots": 1})
-    placement, meta = plan_placement(spec, load_routing(model, wl))
-    assert len(placement) == 2 and all(len(held) == 2 for held in placement[0][0])
+    for slots in (1, 2):  # each device's replicas, all weighed against one device's memory
+        params = {"n_devices": 8, "replica_slots": slots}
+        spec = RunSpec(model, ep_hardware(8, model, slots), wl, "eplb", params)
+        placement, meta = plan_placement(spec, load_routing(model, wl))
+        assert len(placement) == 2 and all(len(held) == 1 + slots for held in placement[0][0])
 
 
 def test_one_process_needs_no_port(tmp_path, mixtral_tiny):
