@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from core.routing import load_routing
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.synthetic import (
@@ -186,3 +187,23 @@ def test_fit_to_mixtral_counts(traces_dir: Path) -> None:
     assert 0.05 < fit.routing.skew < 0.4
     hot = fit_to_counts(counts[0, 0], top_k=2, hot_experts=1)
     assert hot.routing.hot_share == pytest.approx(66285 / counts[0, 0].sum(), abs=1e-3)
+
+
+def test_fit_to_counts_at_another_expert_count(traces_dir: Path) -> None:
+    """OLMoE's top-1 counts (64 experts, max/mean 11.8) fitted for a 128-expert model: the skew is
+    fitted there, so the routing reaches 11.8 at 128 experts; the 64-expert exponent would give
+    about twice that."""
+    with np.load(traces_dir / "olmoe-aggregates" / "olmoe_mixtral_counts.npz") as z:
+        counts = z["olmoe_counts_top1"]  # [5 domains, 3 layers, 64]
+    at64 = fit_to_counts(counts, top_k=1, layer_corr=0.5, reuse=0.25)
+    at128 = fit_to_counts(counts, top_k=1, layer_corr=0.5, reuse=0.25, n_experts=128)
+    want = at64.target["max_over_mean_median"]
+    assert want == pytest.approx(11.85, abs=0.01) and at128.target == at64.target
+    assert at128.achieved["max_over_mean_median"] == pytest.approx(want, rel=0.05)
+    assert at128.routing.skew < at64.routing.skew - 0.2
+    ids, _ = generate(at64.routing, 64, 40, 3, 128, 1, 0)  # the old way: 64's exponent at 128
+    steep = np.median([np.bincount(ids[:, :, m].ravel(), minlength=128).max() * 128 / ids[:, :, m].size
+                       for m in range(3)])  # fmt: skip
+    assert steep > 1.6 * want
+    with pytest.raises(ConfigError, match="n_experts must be >= 2"):
+        fit_to_counts(counts, top_k=1, n_experts=1)
