@@ -524,6 +524,11 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
     line = eplb_lines(rows, ["c"])[0]
     assert "8 batches 0.9500 / 64.00 ms / 0 copies, closes 100% of the gap" in line
     assert "every 2 batches 0.9700 / 68.00 ms / 4000 copies, closes 60% of the gap" in line
+    rows[-1].update(makespan_s=0.07395)  # a gap of 0.05 ms: no shares, its size instead
+    line = eplb_lines(rows, ["c"])[0]
+    assert "closes" not in line and line.endswith(
+        "(the ep_static -> oracle gap is 0.05 ms, under 1%)"
+    )
 
 
 def test_targets_are_judged_where_no_held_out_token_runs_twice():
