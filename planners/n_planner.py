@@ -47,7 +47,7 @@ class LayerTimes:
     io_disk_layer_s: float = 0.0
 
 
-Times = LayerTimes | list[LayerTimes]  # one for every layer, or one per layer
+Times = list[LayerTimes]  # one per layer of the shares they go with
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,8 @@ def smallest_n(at: Callable[[int], tuple[Times, np.ndarray]], tokens_per_batch: 
                k_hot: int, top_k: int, expert_time: Callable[[float], float],
                n_max: int = N_MAX) -> NChoice:  # fmt: skip
     """Smallest n meeting (4)-(7) (and the disk's pace) in every layer whose experts n's
-    placement streams: `at(n)` gives n's layer times (one for all, or one per layer) and those
-    layers' shares [L', E] (none: nothing to hide), or raises
+    placement streams: `at(n)` gives those layers' times, one LayerTimes each, and their shares
+    [L', E] (none: nothing to hide), or raises
     CapacityError when n does not fit, and then the largest n that does is taken, marked as
     not meeting them. n_max, marked so, if no n does."""
     last_failed = "none (n=1 already hides all I/O)"
@@ -141,10 +141,10 @@ def smallest_n(at: Callable[[int], tuple[Times, np.ndarray]], tokens_per_batch: 
 
 def failed_at(n: int, t: Times, shares: np.ndarray, tokens_per_batch: int, k_hot: int,
               top_k: int, expert_time: Callable[[float], float]) -> list[int]:  # fmt: skip
-    """Indices into INEQUALITIES of those that fail at n in some layer of shares [L, E]."""
-    per_layer = t if isinstance(t, list) else [t] * len(shares)
+    """Indices into INEQUALITIES of those that fail at n in some layer of shares [L, E] (t: one
+    LayerTimes per layer)."""
     ok = [holds(n, lt, s, tokens_per_batch, k_hot, top_k, expert_time)
-          for lt, s in zip(per_layer, shares, strict=True)]  # fmt: skip
+          for lt, s in zip(t, shares, strict=True)]  # fmt: skip
     return [i for i in range(len(INEQUALITIES)) if not all(layer[i] for layer in ok)]
 
 

@@ -106,13 +106,10 @@ class RankStats:
     outside_placement: int = 0  # pairs computed for an expert the step's placement did not give
 
 
-def held_experts(
-    placement: Placement, spec: ModelSpec, rank: int, step: int = 0
-) -> dict[int, list[int]]:
-    """Decoder layer -> the experts rank holds at `step` (at the first: the weights it loads)."""
+def held_experts(placement: Placement, spec: ModelSpec, rank: int) -> dict[int, list[int]]:
+    """Decoder layer -> the experts rank holds at the first step (the weights it loads)."""
     return {
-        layer: sorted(set(placement[step][spec.moe_index(layer)][rank]))
-        for layer in spec.moe_layers
+        layer: sorted(set(placement[0][spec.moe_index(layer)][rank])) for layer in spec.moe_layers
     }
 
 
@@ -234,7 +231,6 @@ class EPRank:
             gone = set(old[me]) - set(new[me])
             for e in gone - sources:
                 del self.units[Unit(Tensor.EXPERT, layer, e)]
-            held = len(set(old[me]) - (gone - sources))
             for e, src, dst in todo:
                 unit = Unit(Tensor.EXPERT, layer, e)
                 if me == src:
@@ -249,7 +245,7 @@ class EPRank:
                         self.stats.copy_bytes_in += w[key].numel() * w[key].element_size()
                     self.units[unit] = w
                     self.stats.copies_in += 1
-                    held += 1
+                    held = sum(u.kind == Tensor.EXPERT and u.layer == layer for u in self.units)
                     self.stats.most_held[layer] = max(self.stats.most_held[layer], held)
             for e in gone & sources:
                 del self.units[Unit(Tensor.EXPERT, layer, e)]

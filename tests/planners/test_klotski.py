@@ -129,18 +129,18 @@ def test_n_planner_smallest_n_hand_worked():
     )
     one_ms = lambda tokens: 1e-3 if tokens > 0 else 0.0  # noqa: E731
     uniform = np.full((1, 4), 0.25)
-    c = smallest_n(lambda n: (t, uniform), 100, k_hot=2, top_k=2, expert_time=one_ms)
+    c = smallest_n(lambda n: ([t], uniform), 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert (c.n, c.binding) == (37, "(7) next attention ready")
     hot_only = np.array([[0.5, 0.5, 0.0, 0.0]])
-    c = smallest_n(lambda n: (t, hot_only), 100, k_hot=2, top_k=2, expert_time=one_ms)
+    c = smallest_n(lambda n: ([t], hot_only), 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert (c.n, c.binding) == (20, "(5) hot experts loaded")
-    c = smallest_n(lambda n: (t, uniform), 100, k_hot=2, top_k=2, expert_time=one_ms, n_max=10)
+    c = smallest_n(lambda n: ([t], uniform), 100, k_hot=2, top_k=2, expert_time=one_ms, n_max=10)
     assert c.n == 10 and not c.satisfied
 
     def fits_to_30(n):
         if n > 30:
             raise CapacityError(f"n={n} does not fit")
-        return t, uniform
+        return [t], uniform
 
     c = smallest_n(fits_to_30, 100, k_hot=2, top_k=2, expert_time=one_ms)
     assert c.n == 30 and not c.satisfied and c.binding.startswith("memory (n=31 does not fit")
