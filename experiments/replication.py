@@ -482,20 +482,25 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def gap_line(
     case: str, bs: int, st: dict[str, Any], pr: dict[str, Any], orc: dict[str, Any],
-    who: str = "predictive",
+    who: str = "predictive", seen: str = "", verdict: bool = True,
 ) -> str:  # fmt: skip
     """Share of the ep_static -> oracle makespan gap `who` closes; in words when there is no gap
-    to close (the oracle is not faster than ep_static), never nan."""
+    to close (the oracle is not faster than ep_static), never nan. `seen` follows the batch
+    size; verdict=False tags the line [note] instead of PASS / FAIL."""
+
+    def tag(ok: bool) -> str:
+        return ("PASS" if ok else "FAIL") if verdict else "note"
+
     ms = {k: 1e3 * r["makespan_s"] for k, r in (("st", st), ("pr", pr), ("orc", orc))}
     times = (f"(ep_static {ms['st']:.2f} ms, oracle {ms['orc']:.2f} ms, {who} "
              f"{ms['pr']:.2f} ms)")  # fmt: skip
     gap = st["makespan_s"] - orc["makespan_s"]
     if gap <= 0:
-        return (f"[FAIL] {case} bs={bs}: no gap to close: the oracle is not faster than ep_static "
+        return (f"[{tag(False)}] {case} bs={bs}{seen}: no gap to close: the oracle is not faster than ep_static "
                 f"{times}; {who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
                 f"ep_static")  # fmt: skip
     closed = (st["makespan_s"] - pr["makespan_s"]) / gap
-    return (f"[{'PASS' if closed >= 0.5 else 'FAIL'}] {case} bs={bs}: {who} closes {closed:.0%} of "
+    return (f"[{tag(closed >= 0.5)}] {case} bs={bs}{seen}: {who} closes {closed:.0%} of "
             f"the ep_static -> oracle makespan gap {times}; target >= 50%")  # fmt: skip
 
 
@@ -537,13 +542,11 @@ def targets(
                 ok = pr["balancedness"] >= ep["balancedness"]
                 bal = (f"{case} bs={bs}{seen}: {name} balancedness {pr['balancedness']:.4f} "
                        f"{'>=' if ok else '<'} eplb {ep['balancedness']:.4f}")  # fmt: skip
-                gap = gap_line(case, bs, st, pr, orc, name)
+                gap = gap_line(case, bs, st, pr, orc, name, seen, verdict=bs == judged)
                 if bs == judged:
-                    out += [f"[{'PASS' if ok else 'FAIL'}] {bal}", gap.replace(
-                        f" bs={bs}:", f" bs={bs}{seen}:", 1)]  # fmt: skip
+                    out += [f"[{'PASS' if ok else 'FAIL'}] {bal}", gap]
                 else:  # the largest batch beside the judged one, not a verdict
-                    notes += [f"[note] {bal}",
-                              "[note]" + gap.split("]", 1)[1].replace(f" bs={bs}:", f" bs={bs}{seen}:", 1)]  # fmt: skip
+                    notes += [f"[note] {bal}", gap]
     out += notes
     for metric, what in (("expert_phase_util", "expert-phase utilisation"),
                          ("utilisation", "whole-run utilisation (busy/makespan)"),
