@@ -11,7 +11,8 @@ hedges the first placement of each layer against the prior being another split's
 Predictors (pluggable, causal):
 - `last`: the previous iteration's loads at that layer;
 - `ema`: an exponential average of past iterations' loads (`ema_alpha` on the newest);
-- `window`: the mean of the last `window` iterations' loads (what `eplb` places from);
+- `window`: the mean of the last `window` iterations' loads (what `eplb` places from), with
+  `prior_weight` the prior's share counted in as that many iterations;
 - `layer_corr`: this iteration's loads at the previous layer pushed through a layer-to-layer
   transition table learned from past iterations (Lina/Klotski-style correlation), falling back
   to `ema` at the first layer and before the table has data. Its copies can only start at the
@@ -46,6 +47,9 @@ class PredictiveParams(ReplicaParams):
     predictor: str = "layer_corr"  # one of PREDICTORS
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
     window: int = 4  # `window` predictor: mean share of the last this many iterations
+    # `window` predictor: the prior's share (`initial_load`) stays in the mean as this many
+    # iterations' worth, so one noisy batch does not replace a whole training split's load
+    prior_weight: float = 0.0
     table: str = (
         ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)
     )
@@ -63,6 +67,11 @@ class PredictiveParams(ReplicaParams):
             )
         if self.window < 1:
             raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
+        if self.prior_weight < 0:
+            raise ConfigError(
+                f"predictive_replication: prior_weight={self.prior_weight} must be >= 0 "
+                "(iterations' worth of the prior in the window's mean)"
+            )
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(
                 f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]"
@@ -113,8 +122,10 @@ class LoadPredictor:
         self.ema = np.zeros((n_layers, n_experts))  # [L, E] shares
         self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
         self.seen_any = np.zeros(n_layers, dtype=bool)  # an iteration's routing was observed
+        self.prior_share: np.ndarray | None = None  # [L, E]
         if prior is not None:
             rows = prior.sum(1, keepdims=True)
+            self.prior_share = prior / np.where(rows > 0, rows, 1.0)
             self.seen[:] = rows[:, 0] > 0
             self.ema[self.seen] = (prior / np.where(rows > 0, rows, 1.0))[self.seen]
         self.trans = np.zeros(
@@ -142,7 +153,7 @@ class LoadPredictor:
             rows /= rows.sum(1, keepdims=True)
             return counts @ rows, self.gate_of[(t, moe - 1)]
         if self.p.predictor == "window" and self.past.get(moe):
-            return np.mean(self.past[moe], axis=0) * self.selections(t), self.gate_of[(t - 1, moe)]
+            return self.window_share(moe) * self.selections(t), self.gate_of[(t - 1, moe)]
         if not self.seen[moe]:
             return np.ones(self.ema.shape[1]), ()
         load = self.ema[moe] * self.selections(t)
@@ -160,8 +171,16 @@ class LoadPredictor:
         """[E] the share of past iterations' load the homes are packed by: the window's mean
         (`window`) or the EMA."""
         if self.p.predictor == "window" and self.past.get(moe):
-            return np.mean(self.past[moe], axis=0)
+            return self.window_share(moe)
         return self.ema[moe].copy()
+
+    def window_share(self, moe: int) -> np.ndarray:
+        """[E] the mean share of the last `window` iterations at `moe`, the prior's share
+        (without one, nothing) counted in as `prior_weight` iterations."""
+        past = self.past[moe]
+        w = self.p.prior_weight if self.prior_share is not None else 0.0
+        total = np.sum(past, axis=0) + (w * self.prior_share[moe] if w else 0.0)
+        return total / (len(past) + w)
 
     def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         counts = np.asarray(view.counts, dtype=np.float64)

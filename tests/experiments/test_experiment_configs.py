@@ -47,6 +47,7 @@ def test_replication_experiment_runs_small(tmp_path):
     cmd = [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}",
            f"trace_dir={SHARED_TRACES}", "~cases.esft-g4", "~cases.switch-base-128",
            "~cases.switch-base-256", "~cases.switch-base-128-shared", "~cases.switch-base-128-loop",
+           "~cases.esft-g8-b32", "~cases.esft-g4-b32",
            "cases.esft-g8.batch_sizes=[8]", "cases.esft-g8.n_batches=2",
            "cases.esft-g8.prompt_len=8"]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

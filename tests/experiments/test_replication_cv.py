@@ -27,15 +27,19 @@ def base(tmp_path: Path):
 
 def test_a_fold_runs_the_target_cases_at_their_fresh_batch(tmp_path):
     """fold3 holds 5,722 held-out tokens: 8 batches of 8 x 64 fit (none revisited), 32 x 64 do
-    not; a case whose every batch size wraps falls back to its largest."""
+    not; 3 batches of 24 x 64 fit, of 32 x 64 do not; a case whose every batch size wraps falls
+    back to its largest."""
     cfg = base(tmp_path)
     cfg.cases["esft-g4"].batch_sizes = [256, 128]
     f = fold_cfg(cfg, "fold3")
     assert f.split == "fold3" and f.out_dir == str(tmp_path / "cv" / "fold3")
-    assert sorted(f.cases) == ["esft-g4", "esft-g8"] and not f.variants
+    assert sorted(f.cases) == ["esft-g4", "esft-g4-b32", "esft-g8", "esft-g8-b32"]
+    assert not f.variants
     assert all("variants" not in case for case in f.cases.values())  # the four planners only
     assert list(f.cases["esft-g8"].batch_sizes) == [8]
     assert list(f.cases["esft-g4"].batch_sizes) == [256]
+    assert list(f.cases["esft-g8-b32"].batch_sizes) == [24]
+    assert list(fold_cfg(cfg, "test").cases["esft-g8-b32"].batch_sizes) == [32]  # 7,197 tokens
 
 
 def test_a_bad_case_value_is_one_line_before_any_fold(tmp_path):

@@ -670,6 +670,25 @@ def test_window_predictor_is_the_mean_share_of_the_last_iterations():
     assert pred.scenarios(0, load) is None
 
 
+def test_window_predictor_keeps_the_prior_as_prior_weight_iterations():
+    """Prior shares [0.5, 0.5, 0, 0] weighted as 2 iterations, one observed share [0, 0, 1, 0]:
+    (2 x prior + observed) / 3 = [1/3, 1/3, 1/3, 0], scaled to the 6 selections; homes are packed
+    by the same share. Without the weight the one observation alone ([0, 0, 6, 0])."""
+    from core.routing import GateView
+    from planners.predictive_replication import LoadPredictor, PredictiveParams
+
+    view = GateView(np.zeros((1, 1), dtype=np.int64), np.array([0, 0, 4, 0]))
+    prior = np.array([[3.0, 3, 0, 0]])
+    for weight, want in ((2.0, [2, 2, 2, 0]), (0.0, [0, 0, 6, 0])):
+        p = PredictiveParams(predictor="window", window=4, prior_weight=weight)
+        pred = LoadPredictor(p, 1, 4, lambda t: 6.0, prior)
+        pred.observe(0, 0, view, gates=(1,))
+        assert pred.predict(1, 0)[0].tolist() == pytest.approx(want)
+        assert (pred.home_share(0) * 6).tolist() == pytest.approx(want)
+    with pytest.raises(ConfigError, match=r"prior_weight=-1.*must be >= 0"):
+        PredictiveParams(predictor="window", prior_weight=-1)
+
+
 def test_prior_scenarios_of_the_wrong_shape(tmp_path):
     bad = tmp_path / "groups.npy"
     np.save(bad, np.ones((3, 2, 5)))  # tiny has 2 MoE layers of 4 experts
