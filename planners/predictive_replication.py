@@ -178,8 +178,10 @@ class LoadPredictor:
         """[E] the mean share of the last `window` iterations at `moe`, the prior's share
         (without one, nothing) counted in as `prior_weight` iterations."""
         past = self.past[moe]
-        w = self.p.prior_weight if self.prior_share is not None else 0.0
-        total = np.sum(past, axis=0) + (w * self.prior_share[moe] if w else 0.0)
+        total, w = np.sum(past, axis=0), 0.0
+        if self.prior_share is not None and self.p.prior_weight > 0:
+            w = self.p.prior_weight
+            total = total + w * self.prior_share[moe]
         return total / (len(past) + w)
 
     def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
