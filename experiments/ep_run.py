@@ -230,9 +230,17 @@ def main(argv: list[str]) -> int:
         print(f"ep_run: error: {e}", file=sys.stderr)
         return 2
     if summary is not None:
-        pairs = ", ".join(f"rank {r['rank']} {r['pairs_computed']}" for r in summary["ranks"])
+        ranks = summary["ranks"]
+        pairs = ", ".join(f"rank {r['rank']} {r['pairs_computed']}" for r in ranks)
+        copies = ""
+        if any(r["copies_in"] for r in ranks):
+            copies = "; expert copies in: " + ", ".join(
+                f"rank {r['rank']} {r['copies_in']}"
+                + ("" if r["copy_wait_s"] is None else f" (layers waited {r['copy_wait_s']:.4f} s)")
+                for r in ranks
+            )
         print(f"ep_run: {summary['world_size']} x {summary['backend']} in {summary['wall_s']:.2f} s, "
-              f"pairs computed: {pairs} -> {opts['out']}")  # fmt: skip
+              f"pairs computed: {pairs}{copies} -> {opts['out']}")  # fmt: skip
     return 0
 
 

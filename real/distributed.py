@@ -1,10 +1,12 @@
 """Expert-parallel greedy generation over a torch.distributed process group, one rank per device.
 
 Per MoE layer a rank holds only the experts its placement gives it at the current step (homes +
-replicas, computed by an EP planner and passed in as plain data); before each later step the
-experts the placement moves are sent rank to rank (`send`/`recv`, from a rank that keeps the
-expert where one does) and the ones a rank no longer holds are dropped, so a rank holds the
-placement's slots, not the union of every step's. A replicated expert's pairs split evenly over
+replicas, computed by an EP planner and passed in as plain data). At the start of each later
+step every MoE layer's copies are posted at once (`batch_isend_irecv` on a process group of their
+own, from a rank that keeps the expert where one does), and a layer waits for its own just before
+its gate: the copies of later layers travel while earlier layers compute, as the simulator
+prefetches replicas behind earlier layers. Experts a rank no longer holds are dropped (those it
+sends, once sent), so a rank holds the placement's slots, not the union of every step's. A replicated expert's pairs split evenly over
 its copies in (token, slot) order (`split_tokens`' rule: the first `count % copies` take one more).
 Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
 simulator models them (planners/expert_parallel.py, EPParams.dense):
@@ -21,6 +23,7 @@ Both combine exactly as the reference forward does, up to float summation order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +101,9 @@ class RankStats:
     most_held: dict[int, int] = field(default_factory=dict)
     copies_in: int = 0  # experts received from another rank when the placement moved them
     copy_bytes_in: int = 0
+    # seconds layers waited for their copies after the step posted them (what compute did not
+    # hide); gloo (CPU) only: on CUDA a wait only orders the streams, and this is None
+    copy_wait_s: float | None = 0.0
     experts_computed: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
     pairs_computed: int = 0  # pairs this rank ran through its experts
     # dense=data: of its own tokens' pairs, those computed on another rank (all-to-all traffic);
@@ -214,15 +220,29 @@ class EPRank:
         self.lo, self.hi = (0, batch) if self.tensor else shard(batch, self.world, self.rank)
         self.stats = RankStats(self.rank, held_experts(placement, spec, self.rank))
         self.stats.most_held = {layer: len(held) for layer, held in self.stats.experts_held.items()}
+        if device != "cpu":
+            self.stats.copy_wait_s = None
         units = load_rank_units(ckpt, self.stats.experts_held, device)
         self.units = tensor_units(spec, units, self.world, self.rank) if self.tensor else units
         self.index, self.layout = load_checkpoint(ckpt)[1], unit_layout(spec)
+        # the copies' own communicator (on NCCL its own stream), so they overlap the layers'
+        # collectives instead of queueing with them; the barrier sets it up on every rank
+        self.copy_group = dist.new_group(backend=dist.get_backend())
+        dist.barrier(group=self.copy_group)
+        self.pending: dict[int, PendingMoves] = {}  # decoder layer -> copies in flight
 
     def move_to(self, step: int) -> None:
-        """Take this rank's experts from step-1's placement to step's: first drop what it no
-        longer holds and sends nowhere, then every copy in `moves`' order (a rank sends or
-        receives only its own), then drop what it has sent."""
+        """Take this rank's experts from step-1's placement to step's, waiting for every copy."""
+        self.start_moves(step)
+        for layer in list(self.pending):
+            self.finish_moves(layer)
+
+    def start_moves(self, step: int) -> None:
+        """Post every MoE layer's copies from step-1's placement to step's: drop at once what this
+        rank no longer holds and sends nowhere, send and receive its own copies (`moves`' order,
+        one `batch_isend_irecv` per layer on `copy_group`); `finish_moves` installs a layer's."""
         s, me = self.spec, self.rank
+        assert not self.pending, "the previous step's copies were not all waited for"
         for layer in s.moe_layers:
             m = s.moe_index(layer)
             old, new = self.placement[step - 1][m], self.placement[step][m]
@@ -231,24 +251,44 @@ class EPRank:
             gone = set(old[me]) - set(new[me])
             for e in gone - sources:
                 del self.units[Unit(Tensor.EXPERT, layer, e)]
+            ops, incoming = [], {}
             for e, src, dst in todo:
                 unit = Unit(Tensor.EXPERT, layer, e)
                 if me == src:
-                    for key in sorted(self.layout[unit]):
-                        dist.send(self.units[unit][key], dst)
+                    ops += [dist.P2POp(dist.isend, self.units[unit][key], dst, self.copy_group)
+                            for key in sorted(self.layout[unit])]  # fmt: skip
                 elif me == dst:
                     w: Weights = {}
                     for key in sorted(self.layout[unit]):
                         entry = self.index[self.layout[unit][key].hf_name]
                         w[key] = torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
-                        dist.recv(w[key], src)
-                        self.stats.copy_bytes_in += w[key].numel() * w[key].element_size()
-                    self.units[unit] = w
-                    self.stats.copies_in += 1
-                    held = sum(u.kind == Tensor.EXPERT and u.layer == layer for u in self.units)
-                    self.stats.most_held[layer] = max(self.stats.most_held[layer], held)
-            for e in gone & sources:
-                del self.units[Unit(Tensor.EXPERT, layer, e)]
+                        ops.append(dist.P2POp(dist.irecv, w[key], src, self.copy_group))
+                    incoming[unit] = w
+            if not ops:
+                continue
+            # held while in flight: the experts kept, those still to send, and the buffers
+            held = sum(u.kind == Tensor.EXPERT and u.layer == layer for u in self.units)
+            self.stats.most_held[layer] = max(self.stats.most_held[layer], held + len(incoming))
+            works = dist.batch_isend_irecv(ops)
+            self.pending[layer] = PendingMoves(works, incoming, gone & sources)
+
+    def finish_moves(self, layer: int) -> None:
+        """Wait for `layer`'s copies (the time waited goes to `copy_wait_s`), take in what arrived
+        and drop the experts that were only kept to be sent."""
+        todo = self.pending.pop(layer, None)
+        if todo is None:
+            return
+        t0 = time.perf_counter()
+        for work in todo.works:
+            work.wait()  # gloo: until done; NCCL: the compute stream waits for the copy stream
+        if self.stats.copy_wait_s is not None:
+            self.stats.copy_wait_s += time.perf_counter() - t0
+        for unit, w in todo.incoming.items():
+            self.units[unit] = w
+            self.stats.copies_in += 1
+            self.stats.copy_bytes_in += sum(t.numel() * t.element_size() for t in w.values())
+        for e in todo.sent:
+            del self.units[Unit(Tensor.EXPERT, layer, e)]
 
     def kv_cache(self, max_len: int) -> KVCache:
         """The cache of this rank's sequences; dense=tensor: only its kv heads (MLA: whole)."""
@@ -382,6 +422,7 @@ class EPRank:
             if not s.is_moe(layer):
                 hidden = hidden + self.summed(m.dense_ffn_part(u[Unit(Tensor.FFN, layer)], hidden))
                 continue
+            self.finish_moves(layer)  # this step's copies of this layer's experts
             f = None
             if forced is not None:
                 i = s.moe_index(layer)
@@ -392,6 +433,16 @@ class EPRank:
             return logits
         vocab = shard_sizes(s.vocab_size, self.world)
         return self.all_gather_rows(logits.T.contiguous(), vocab).T  # [B, V]
+
+
+@dataclass
+class PendingMoves:
+    """One MoE layer's copies in flight: their works, the buffers being received into, and the
+    experts this rank drops once sent."""
+
+    works: list[dist.Work]
+    incoming: dict[Unit, Weights]
+    sent: set[int]
 
 
 @dataclass
@@ -427,8 +478,8 @@ def ep_generate(
     step_in, start, out = prompt_tokens[lo:hi].long().to(device), 0, []
     with torch.inference_mode():
         for step in range(gen_len):
-            if step:
-                ep.move_to(step)
+            if step:  # copies travel while the layers before theirs compute (`forward`)
+                ep.start_moves(step)
             n = step_in.shape[1]
             f = (
                 None

@@ -265,6 +265,10 @@ def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
     unit = load_units(mixtral_tiny)[1][Unit(Tensor.EXPERT, 1, 0)]
     expert_bytes = sum(t.numel() * t.element_size() for t in unit.values())
     assert all(r["copy_bytes_in"] == r["copies_in"] * expert_bytes for r in summary["ranks"])
+    # copies are posted at the step's start and each layer waits for its own (gloo: timed)
+    assert all(
+        isinstance(r["copy_wait_s"], float) and r["copy_wait_s"] >= 0 for r in summary["ranks"]
+    )
     for r in summary["ranks"]:
         for layer, first in r["experts_held"].items():
             m, me = spec.moe_index(int(layer)), r["rank"]
