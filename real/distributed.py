@@ -469,6 +469,17 @@ def ep_generate(
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
     check_dense(spec, dense, dist.get_world_size())
     ep = EPRank(ckpt, spec, placement, b, device, dense)
+    try:
+        return _generate(ep, prompt_tokens, gen_len, forced_routing)
+    finally:  # a process may call this many times: free the copies' group each time
+        dist.destroy_process_group(ep.copy_group)
+
+
+def _generate(
+    ep: EPRank, prompt_tokens: torch.Tensor, gen_len: int, forced_routing: Routing | None
+) -> EPOutput:
+    b, p = prompt_tokens.shape
+    device = ep.device
     lo, hi = ep.lo, ep.hi
     kv = ep.kv_cache(p + gen_len)
     forced = None
