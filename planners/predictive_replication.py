@@ -21,6 +21,7 @@ Predictors (pluggable, causal):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,9 +68,9 @@ class PredictiveParams(ReplicaParams):
             )
         if self.window < 1:
             raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
-        if self.prior_weight < 0:
+        if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ConfigError(
-                f"predictive_replication: prior_weight={self.prior_weight} must be >= 0 "
+                f"predictive_replication: prior_weight={self.prior_weight} must be a finite number >= 0 "
                 "(iterations' worth of the prior in the window's mean)"
             )
         if not 0.0 < self.ema_alpha <= 1.0:
@@ -179,7 +180,7 @@ class LoadPredictor:
         (without one, nothing) counted in as `prior_weight` iterations."""
         past = self.past[moe]
         total, w = np.sum(past, axis=0), 0.0
-        if self.prior_share is not None and self.p.prior_weight > 0:
+        if self.prior_share is not None and self.prior_share[moe].sum() > 0:  # a prior at moe
             w = self.p.prior_weight
             total = total + w * self.prior_share[moe]
         return total / (len(past) + w)

@@ -685,8 +685,14 @@ def test_window_predictor_keeps_the_prior_as_prior_weight_iterations():
         pred.observe(0, 0, view, gates=(1,))
         assert pred.predict(1, 0)[0].tolist() == pytest.approx(want)
         assert (pred.home_share(0) * 6).tolist() == pytest.approx(want)
-    with pytest.raises(ConfigError, match=r"prior_weight=-1.*must be >= 0"):
-        PredictiveParams(predictor="window", prior_weight=-1)
+    # a layer without a prior (an all-zero row) is the window's mean alone, not shrunk by it
+    p = PredictiveParams(predictor="window", window=4, prior_weight=2.0)
+    pred = LoadPredictor(p, 2, 4, lambda t: 6.0, np.array([[3.0, 3, 0, 0], [0, 0, 0, 0]]))
+    pred.observe(0, 1, view, gates=(1,))
+    assert pred.predict(1, 1)[0].tolist() == pytest.approx([0, 0, 6, 0])
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"prior_weight=.*must be a finite number >= 0"):
+            PredictiveParams(predictor="window", prior_weight=bad)
 
 
 def test_prior_scenarios_of_the_wrong_shape(tmp_path):
