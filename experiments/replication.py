@@ -603,7 +603,23 @@ def batch_balance(phases: pd.DataFrame) -> pd.Series:
     return g["mean_tokens"].sum() / g["max_tokens"].sum()
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+def plotted_batches(rows: list[dict[str, Any]], judged: Mapping[str, int | None]) -> dict[str, int]:
+    """Case -> the batch size its per-layer and per-batch panels show: the batch its targets are
+    judged on (`judged`, where that ran), else its largest."""
+    out = {}
+    for case in sorted({r["case"] for r in rows}):
+        ran = {int(r["batch_size"]) for r in rows if r["case"] == case}
+        bs = judged.get(case)
+        out[case] = bs if bs in ran else max(ran)
+    return out
+
+
+def plot(
+    rows: list[dict[str, Any]], out: Path, judged: Mapping[str, int | None] | None = None
+) -> list[Path]:
+    """Balancedness and expert-phase utilisation per layer, balancedness per batch (each case
+    at the batch its targets are judged on, `judged`: a held-out case's fresh batch; else its
+    largest), and throughput against batch size; one panel per case."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -611,10 +627,13 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
     paths = []
     cases = sorted({r["case"] for r in rows})
+    shown = plotted_batches(rows, judged or {})
+    title = {c: f"{c} bs={bs}" + (" (fresh)" if (judged or {}).get(c) == bs else "")
+             for c, bs in shown.items()}  # fmt: skip
     for metric in ("balancedness_per_layer", "expert_phase_util_per_layer"):
         fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
         for ax, case in zip(axes[0], cases, strict=True):
-            bs = max(r["batch_size"] for r in rows if r["case"] == case)
+            bs = shown[case]
             for r in rows:
                 if r["case"] == case and r["batch_size"] == bs:
                     per = r[metric]
@@ -625,7 +644,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
                         label=r["planner_label"],
                     )
             ax.set(
-                title=f"{case} bs={bs}",
+                title=title[case],
                 xlabel="layer",
                 ylabel=metric.removesuffix("_per_layer"),
                 ylim=(0, 1.02),
@@ -637,13 +656,13 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
     fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
     for ax, case in zip(axes[0], cases, strict=True):  # per batch, from each run's balance.csv
-        bs = max(r["batch_size"] for r in rows if r["case"] == case)
+        bs = shown[case]
         for r in rows:
             path = out / case / f"bs{bs}" / r["planner"] / "balance.csv"
             if r["case"] == case and r["batch_size"] == bs and path.exists():
                 per = batch_balance(pd.read_csv(path))
                 ax.plot(per.index, per.values, marker=".", label=r["planner_label"])
-        ax.set(title=f"{case} bs={bs}", xlabel="batch (prefill iteration)", ylabel="balancedness",
+        ax.set(title=title[case], xlabel="batch (prefill iteration)", ylabel="balancedness",
                ylim=(0, 1.02))  # fmt: skip
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -783,7 +802,7 @@ def run(cfg: DictConfig) -> list[str]:
         ),  # fmt: skip
         *targets(rows, held_out, list(cfg.get("variants") or {}), fresh),
     ]
-    pngs = plot(rows, out)
+    pngs = plot(rows, out, fresh)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
     return lines
 

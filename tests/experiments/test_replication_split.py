@@ -45,6 +45,20 @@ def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
     assert "9.1 times" in lines[0] and "largest batch without a repeat: bs=14" in lines[0]
 
 
+def test_plots_show_a_target_case_at_its_judged_batch():
+    """esft-g8 is judged at its fresh bs=8 and plotted there, not at its largest (revisited)
+    128; a case with no judged batch, or one whose judged batch did not run, at its largest."""
+    from experiments.replication import plotted_batches
+
+    rows = [dict(case=c, batch_size=b) for c, b in
+            (("esft-g8", 8), ("esft-g8", 128), ("switch", 1), ("switch", 128), ("g4", 32))]  # fmt: skip
+    assert plotted_batches(rows, {"esft-g8": 8, "g4": 24}) == {
+        "esft-g8": 8,
+        "g4": 32,
+        "switch": 128,
+    }
+
+
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_the_five_folds_partition_the_trace_and_train_on_the_other_four():
     tr = load_esft(str(SHARED_TRACES))
