@@ -70,8 +70,8 @@ class PredictiveParams(ReplicaParams):
             raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ConfigError(
-                f"predictive_replication: prior_weight={self.prior_weight} must be a finite number >= 0 "
-                "(iterations' worth of the prior in the window's mean)"
+                f"predictive_replication: prior_weight={self.prior_weight} must be a finite "
+                "number >= 0 (iterations' worth of the prior in the window's mean)"
             )
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(

@@ -6,8 +6,9 @@ step every MoE layer's copies are posted at once (`batch_isend_irecv` on a proce
 own, from a rank that keeps the expert where one does), and a layer waits for its own just before
 its gate: the copies of later layers travel while earlier layers compute, as the simulator
 prefetches replicas behind earlier layers. Experts a rank no longer holds are dropped (those it
-sends, once sent), so a rank holds the placement's slots, not the union of every step's. A replicated expert's pairs split evenly over
-its copies in (token, slot) order (`split_tokens`' rule: the first `count % copies` take one more).
+sends, once sent), so a rank holds the placement's slots, not the union of every step's. A
+replicated expert's pairs split evenly over its copies in (token, slot) order (`split_tokens`'
+rule: the first `count % copies` take one more).
 Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
 simulator models them (planners/expert_parallel.py, EPParams.dense):
 - dense="data": rank r runs the dense work for its contiguous share of the batch's sequences with
@@ -230,12 +231,6 @@ class EPRank:
         self.copy_group = dist.new_group(backend=dist.get_backend())
         dist.barrier(group=self.copy_group)
         self.pending: dict[int, PendingMoves] = {}  # decoder layer -> copies in flight
-
-    def move_to(self, step: int) -> None:
-        """Take this rank's experts from step-1's placement to step's, waiting for every copy."""
-        self.start_moves(step)
-        for layer in list(self.pending):
-            self.finish_moves(layer)
 
     def start_moves(self, step: int) -> None:
         """Post every MoE layer's copies from step-1's placement to step's: drop at once what this
