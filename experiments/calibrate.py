@@ -426,7 +426,7 @@ def measure_in_run(
     for i in itertools.count():
         if i >= max(1, runs) and time.perf_counter() > deadline:
             break
-        result, _ = real_execute(ckpt, run, "replay", device=device.type)
+        result, _ = real_execute(ckpt, run, "replay", device=str(device))  # cuda:N kept
         predicted = CostModel(run.hardware).durations(result.schedule)
         tr = result.trace
         took = (tr["end_s"] - tr["start_s"]).to_numpy()

@@ -302,7 +302,9 @@ class Executor:
             gen = torch.zeros(wl.batch_size, wl.gen_len, dtype=torch.long, device=self.device)
             self._batches.append(_BatchState(prompt, gen, dev, host, written=[0] * wl.gen_len))
         if self.cuda:
-            self._t0_event = torch.cuda.Event(enable_timing=True)
+            # blocking events: a worker waiting on one sleeps instead of spinning a CPU core,
+            # which the disk reader and CPU experts need
+            self._t0_event = torch.cuda.Event(enable_timing=True, blocking=True)
 
     def _preload(self, resident: Mapping[Unit, Tier]) -> None:
         """Put placement-resident units where the schedule expects them (untimed)."""
@@ -383,7 +385,8 @@ class Executor:
             torch.set_num_threads(self.compute_threads)
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            self._t0_event.record()
+            self._t0_event.record(torch.cuda.current_stream(self.device))  # on the run's device
+            self._t0_event.synchronize()  # elapsed_time needs both events complete
         self._t0 = time.perf_counter()
         with self._cv:
             self._started = True
@@ -513,7 +516,7 @@ class Executor:
             self._release(op)
             return start, end
         ev_start = torch.cuda.Event(enable_timing=True)
-        ev_end = torch.cuda.Event(enable_timing=True)
+        ev_end = torch.cuda.Event(enable_timing=True, blocking=True)
         with torch.cuda.stream(cuda_stream):
             ev_start.record(cuda_stream)
             self._run_op(op, spec, cuda_stream)
@@ -676,7 +679,13 @@ class Executor:
         that needs it: without this, its fill could land after another stream's rows and wipe
         them, or a part's rows after the read of the op that completes the buffer."""
         if self.cuda:
-            torch.cuda.current_stream(self.device).synchronize()
+            self._wait_stream()
+
+    def _wait_stream(self) -> None:
+        """Wait (sleeping, not spinning a core) until this thread's CUDA stream is done."""
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(self.device))
+        done.synchronize()
 
     def _positions(self, step: int) -> torch.Tensor:
         p = self.wl.prompt_len
@@ -705,7 +714,7 @@ class Executor:
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         whole = (s0, s1) == (0, wl.batch_size)
         if self.cuda and not whole:  # the part that completes the batch reads every part's rows
-            torch.cuda.current_stream(self.device).synchronize()
+            self._wait_stream()
         with self._refs_lock:
             p = bst.gating  # (the previous layer stays pending until every part's attention ran)
             if p is None:

@@ -305,6 +305,9 @@ class TieredStore:
         )
         self.pool = _Pool("device pool", device_capacity_bytes)
         self._cv = threading.Condition()
+        # CUDA: unit -> the event its host->device copy records; a reader not ordered after the
+        # copying op (another stream) makes its stream wait on it (`_ready`)
+        self._copied: dict[Unit, torch.cuda.Event] = {}
 
     # ---- queries ----------------------------------------------------------------------------
     def unit_bytes(self, unit: Unit) -> int:
@@ -316,6 +319,8 @@ class TieredStore:
         pool = self._pool(tier)
         with self._cv:
             buf = pool.buffers.get(unit) if unit in pool.filled else None
+        if buf is not None and tier == Tier.GPU:
+            self._ready(unit)
         return None if buf is None else self._views(unit, buf)
 
     # ---- operations -------------------------------------------------------------------------
@@ -356,22 +361,39 @@ class TieredStore:
         with self._cv:
             while unit in self.pool.busy:
                 self._cv.wait()
-            if unit in self.pool.filled:
-                return self._views(unit, self.pool.buffers[unit])
-            self.pool.busy.add(unit)
+            filled = unit in self.pool.filled
+            if not filled:
+                self.pool.busy.add(unit)
             dst = self.pool.buffers[unit]
+        if filled:
+            self._ready(unit)
+            return self._views(unit, dst)
         try:
-            if stream is not None and self.device.type == "cuda":
-                with torch.cuda.stream(stream):
+            if self.device.type == "cuda":
+                on = stream if stream is not None else torch.cuda.current_stream(self.device)
+                with torch.cuda.stream(on):
                     dst.copy_(src, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(on)
+                with self._cv:
+                    self._copied[unit] = done
             else:
-                dst.copy_(src, non_blocking=self.device.type == "cuda")
+                dst.copy_(src)
         finally:
             with self._cv:
                 self.pool.busy.discard(unit)
                 self._cv.notify_all()
         self._arrive(self.pool, unit, dst)
         return self._views(unit, dst)
+
+    def _ready(self, unit: Unit) -> None:
+        """CUDA: the current stream waits (on the GPU, the host does not block) until the unit's
+        host->device copy has landed; marked arrived when the copy was queued, a reader on
+        another stream could otherwise read a half-filled buffer."""
+        with self._cv:
+            done = self._copied.get(unit)
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
 
     def free(self, unit: Unit) -> None:
         """Release the unit's space in the device pool."""
@@ -388,6 +410,8 @@ class TieredStore:
             del pool.buffers[unit]
             pool.filled.discard(unit)
             pool.used_bytes -= self._record(unit).nbytes
+            if tier == Tier.GPU:
+                self._copied.pop(unit, None)
 
     def close(self) -> None:
         self.disk.close()

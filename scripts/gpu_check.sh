@@ -35,7 +35,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # the repo
 DEVICE=${DEVICE:-cuda}
 WORK=${1:-runs/gpu_check}
 mkdir -p "$WORK"
-[ -n "${OUT:-}" ] && exec > >(tee "$OUT/gpu_check.log") 2>&1  # the log survives a killed run
+TEE=
+if [ -n "${OUT:-}" ]; then  # the log survives a killed run
+  exec > >(tee "$OUT/gpu_check.log") 2>&1
+  TEE=$!
+fi
 SUMMARY=()
 
 stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, record its status
@@ -93,3 +97,7 @@ stage val-lanes 45 python3 -m experiments.validate_lanes checkpoint="$CKPT" \
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}"
 echo "gpu_check: done"
+if [ -n "$TEE" ]; then  # bash does not wait for a process substitution: let tee write the end
+  exec >&- 2>&-
+  wait "$TEE"
+fi
