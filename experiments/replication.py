@@ -627,8 +627,9 @@ def plot(
 
     paths = []
     cases = sorted({r["case"] for r in rows})
-    shown = plotted_batches(rows, judged or {})
-    title = {c: f"{c} bs={bs}" + (" (fresh)" if (judged or {}).get(c) == bs else "")
+    judged = judged or {}
+    shown = plotted_batches(rows, judged)
+    title = {c: f"{c} bs={bs}" + (" (fresh)" if judged.get(c) == bs else "")
              for c, bs in shown.items()}  # fmt: skip
     for metric in ("balancedness_per_layer", "expert_phase_util_per_layer"):
         fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)

@@ -128,7 +128,7 @@ class LoadPredictor:
             rows = prior.sum(1, keepdims=True)
             self.prior_share = prior / np.where(rows > 0, rows, 1.0)
             self.seen[:] = rows[:, 0] > 0
-            self.ema[self.seen] = (prior / np.where(rows > 0, rows, 1.0))[self.seen]
+            self.ema[self.seen] = self.prior_share[self.seen]
         self.trans = np.zeros(
             (n_layers, n_experts, n_experts)
         )  # [L, E, E] layer l-1 expert -> layer l expert

@@ -319,9 +319,11 @@ class TieredStore:
         pool = self._pool(tier)
         with self._cv:
             buf = pool.buffers.get(unit) if unit in pool.filled else None
-        if buf is not None and tier == Tier.GPU:
+        if buf is None:
+            return None
+        if tier == Tier.GPU:
             self._ready(unit)
-        return None if buf is None else self._views(unit, buf)
+        return self._views(unit, buf)
 
     # ---- operations -------------------------------------------------------------------------
     def read_disk(self, unit: Unit) -> Weights:
