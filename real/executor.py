@@ -147,13 +147,18 @@ class _BatchState:
     prompt: torch.Tensor  # [b, P]
     tokens: torch.Tensor  # [b, G] generated so far
     kv_dev: KVCache  # the cache attention reads (device)
-    kv_host: KVCache  # where KV_STORE puts it and KV_LOAD takes it from
+    kv_host: KVCache  # where KV_STORE puts it and KV_LOAD takes it from: [M, B, H, D] each
     hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
     hidden_step: int = -1
     pending: _Pending | None = None  # the MoE layer whose output the next ops add
     gating: _Pending | None = None  # the next one, while its gate parts run
     written: list[int] = field(default_factory=list)  # per step: sequences whose head ran
     logits: torch.Tensor | None = None  # [b, V]
+
+
+def position_major(t: torch.Tensor) -> torch.Tensor:
+    """A KV cache tensor [B, H, M, D] laid out as [M, B, H, D] (a contiguous copy)."""
+    return t.movedim(2, 0).contiguous()
 
 
 class Executor:
@@ -295,7 +300,10 @@ class Executor:
         self._batches = []
         for b in range(wl.n_batches):
             prompt = self.prompts[b * wl.batch_size : (b + 1) * wl.batch_size].to(self.device)
-            host = KVCache.allocate(s, wl.batch_size, max_len)
+            # the host copy is position-major ([M, B, H, D]): the span of positions a KV_LOAD or
+            # KV_STORE moves is then one contiguous block, which CUDA copies straight from or
+            # into pinned memory (a strided span goes through an unpinned temporary)
+            host = KVCache.allocate(s, wl.batch_size, max_len).map(position_major)
             if pin:
                 host = host.map(torch.Tensor.pin_memory)
             dev = KVCache.allocate(s, wl.batch_size, max_len, self.device)
@@ -795,12 +803,17 @@ class Executor:
         bst = self._batches[op.batch]
         if to_device:
             span = slice(0, p + op.step - 1)
-            src, dst = bst.kv_host, bst.kv_dev
         else:
             span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
-            src, dst = bst.kv_dev, bst.kv_host
-        for a, b in zip(src.layers[op.layer], dst.layers[op.layer], strict=True):
-            b[:, :, span].copy_(a[:, :, span], non_blocking=self.cuda)
+        layers = bst.kv_host.layers[op.layer], bst.kv_dev.layers[op.layer]
+        for host, dev in zip(*layers, strict=True):
+            # the host span is contiguous (position-major); the device side is gathered or
+            # scattered by a kernel on the copying stream
+            on_dev = dev.movedim(2, 0)[span]
+            if to_device:
+                on_dev.copy_(host[span], non_blocking=self.cuda)
+            else:
+                host[span].copy_(on_dev, non_blocking=self.cuda)
 
     def _scratch_copy(self, op: Op) -> None:
         """Move op.nbytes between host and device scratch buffers (activation transfers)."""
