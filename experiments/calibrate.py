@@ -173,9 +173,10 @@ def measure_store(
     ckpt: str, device: torch.device, budget_s: float = 6.0
 ) -> dict[str, dict[str, float]]:
     """Disk and h2d timed through the real executor's own path on the checkpoint's units: a
-    `TieredStore` reads a unit from the offload file into a fresh host buffer (`read_disk`),
-    copies it into the device pool (`to_device`) and drops both copies, as load/free pairs of a
-    schedule do; allocation, page faults and cache misses are in the times. Each pass reads every
+    `TieredStore` reads a unit from the offload file into a host buffer (`read_disk`: a slot of
+    its host slabs, reused once given back, as in a run), copies it into the device pool
+    (`to_device`) and drops both copies, as load/free pairs of a schedule do; device allocation
+    and cache misses are in the times. Each pass reads every
     unit in file order back to back (the disk stream), then copies every unit (the copy stream);
     at least one pass after a warm-up pass, more within `budget_s`; per-size medians fitted to
     latency + bytes/bandwidth."""

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,6 +263,110 @@ class DiskReader:
             self.fd = -1
 
 
+# ---- host buffers -------------------------------------------------------------------------
+
+SLAB_BYTES = 64 << 20  # host buffers of one size are cut from slabs of about this many bytes,
+SLAB_SLOTS = 64  # and of at most this many buffers
+
+
+# PyTorch's (private) storage use count; a build without it gets unshared buffers, as before slabs
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    """Tensors (views included) sharing t's storage, t counted."""
+    assert _USE_COUNT is not None
+    return int(_USE_COUNT(t.untyped_storage()._cdata)) - 1  # less the wrapper's
+
+
+class HostSlabs:
+    """Host-tier buffers by size, cut from ALIGN-aligned slabs that are, on CUDA, pinned at their
+    exact size with cudaHostRegister. PyTorch's pinned allocator rounds every request up to a
+    power of two (a 336 MiB Mixtral-8x7B expert takes 512 MiB, a 16.5 MiB DeepSeek-V2-Lite one
+    32 MiB); here each size wastes at most one slab's unused slots.
+
+    A buffer given back is handed out again only once nothing can still read it: no view of it
+    is alive (a CPU expert computing from it) and the host->device copy it was the source of,
+    whose event comes with it, has completed."""
+
+    def __init__(self, pin_for: torch.device | None = None) -> None:
+        self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
+        self.reserved_bytes = 0  # in slabs
+        self._lock = threading.Lock()
+        self._free: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = {}
+        self._registered: list[weakref.finalize] = []  # each unregisters a pinned slab
+        self._slabs: list[torch.Tensor] = []
+
+    @property
+    def registered(self) -> int:
+        """Slabs pinned with cudaHostRegister (not yet unregistered)."""
+        return len(self._registered)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A uint8 buffer of nbytes (a multiple of ALIGN) at an ALIGN boundary; contents undefined."""
+        assert nbytes % ALIGN == 0, nbytes
+        if _USE_COUNT is None:  # cannot tell when a buffer is free to reuse: a fresh one each time
+            return aligned_empty(nbytes, pin=self.pin_for is not None)
+        with self._lock:  # the oldest slot given back that nothing reads, else one still copied
+            free, pick = self._free.setdefault(nbytes, []), None
+            for i, (buf, copying) in enumerate(free):
+                if _storage_users(buf) == 1:
+                    if copying is None or copying.query():
+                        pick = i
+                        break
+                    pick = i if pick is None else pick
+            got = free.pop(pick) if pick is not None else None
+        if got is not None:
+            buf, copying = got
+            if copying is not None:
+                copying.synchronize()  # queued copies still read it: wait rather than grow
+            return buf
+        slots = self._slab(nbytes)  # every free slot is still read by a view
+        with self._lock:
+            self._free[nbytes].extend((b, None) for b in slots[1:])
+        return slots[0]
+
+    def give(self, buf: torch.Tensor, copying: torch.cuda.Event | None = None) -> None:
+        """Return a buffer from `take`; `copying`: the event of a queued copy that reads it."""
+        if _USE_COUNT is None:
+            return
+        with self._lock:
+            self._free[buf.numel()].append((buf, copying))
+
+    def close(self) -> None:
+        """Unregister the pinned slabs once no copy can read them (their memory stays valid,
+        pageable)."""
+        with self._lock:
+            registered, self._registered = self._registered, []
+        if registered:
+            torch.cuda.synchronize(self.pin_for)
+        for unregister in registered:
+            unregister()
+
+    def _slab(self, nbytes: int) -> list[torch.Tensor]:
+        """A new slab cut into slots of nbytes, each its own storage (so `_storage_users` counts
+        the views of one slot, not of the whole slab)."""
+        n = min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
+        slab = aligned_empty(n * nbytes)
+        if self.pin_for is not None:
+            cudart = torch.cuda.cudart()
+            err = cudart.cudaHostRegister(slab.data_ptr(), n * nbytes, 0)
+            if int(err):
+                raise MoepipeError(
+                    f"pinning a {n * nbytes}-byte host slab failed (cudaHostRegister: "
+                    f"{cudart.cudaGetErrorString(err)}); free host memory or shrink the host tier"
+                )
+            unregister = weakref.finalize(slab, cudart.cudaHostUnregister, slab.data_ptr())
+            unregister.atexit = False  # at exit the process's pinned memory goes anyway
+            with self._lock:  # unregistered at `close`, or before the slab's memory is freed
+                self._registered.append(unregister)
+        with self._lock:
+            self._slabs.append(slab)
+            self.reserved_bytes += n * nbytes
+        whole = slab.numpy()
+        return [torch.from_numpy(whole[i * nbytes : (i + 1) * nbytes]) for i in range(n)]
+
+
 # ---- tiers --------------------------------------------------------------------------------
 
 
@@ -304,10 +409,14 @@ class TieredStore:
             "host tier", float("inf") if host_capacity_bytes is None else host_capacity_bytes
         )
         self.pool = _Pool("device pool", device_capacity_bytes)
+        self.slabs = HostSlabs(self.device if self._pin else None)  # the host tier's buffers
         self._cv = threading.Condition()
         # CUDA: unit -> the event its host->device copy records; a reader not ordered after the
         # copying op (another stream) makes its stream wait on it (`_ready`)
         self._copied: dict[Unit, torch.cuda.Event] = {}
+        # CUDA: unit -> the event of the latest copy from its host buffer, which the buffer
+        # waits for before `HostSlabs` hands it out again
+        self._read_from: dict[Unit, torch.cuda.Event] = {}
 
     # ---- queries ----------------------------------------------------------------------------
     def unit_bytes(self, unit: Unit) -> int:
@@ -332,9 +441,14 @@ class TieredStore:
         if not self._reserve(self.host, unit, rec.nbytes):
             return self._views(unit, self.host.buffers[unit])
         try:
-            buf = aligned_empty(rec.nbytes, pin=self._pin)
+            buf = self.slabs.take(rec.nbytes)
+        except BaseException:
+            self._release(self.host, unit, rec.nbytes)
+            raise
+        try:
             self.disk.read_into(buf, rec.offset)
         except BaseException:
+            self.slabs.give(buf)
             self._release(self.host, unit, rec.nbytes)
             raise
         self._arrive(self.host, unit, buf)
@@ -378,7 +492,7 @@ class TieredStore:
                     done = torch.cuda.Event()
                     done.record(on)
                 with self._cv:
-                    self._copied[unit] = done
+                    self._copied[unit] = self._read_from[unit] = done
             else:
                 dst.copy_(src)
         finally:
@@ -409,14 +523,17 @@ class TieredStore:
                 self._cv.wait()
             if unit not in pool.buffers:
                 raise MoepipeError(f"evict({unit}, {tier}): the unit is not in the {pool.name}")
-            del pool.buffers[unit]
+            buf = pool.buffers.pop(unit)
             pool.filled.discard(unit)
             pool.used_bytes -= self._record(unit).nbytes
             if tier == Tier.GPU:
                 self._copied.pop(unit, None)
+            else:
+                self.slabs.give(buf, self._read_from.pop(unit, None))
 
     def close(self) -> None:
         self.disk.close()
+        self.slabs.close()
 
     # ---- internals --------------------------------------------------------------------------
     def _record(self, unit: Unit) -> UnitRecord:

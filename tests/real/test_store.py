@@ -17,6 +17,7 @@ from real.store import (
     DATA_FILE,
     MANIFEST,
     DiskReader,
+    HostSlabs,
     TieredStore,
     aligned_empty,
     build_offload,
@@ -210,6 +211,63 @@ def test_concurrent_loads_of_the_same_units(store):
     assert store.host.used_bytes == store.pool.used_bytes == sum(store.unit_bytes(u) for u in units)
 
 
+def test_host_buffers_are_slab_slots_reused_once_nothing_reads_them(
+    mixtral_tiny, tmp_path, monkeypatch
+):
+    """Host buffers are exact-size slots of shared slabs (no power-of-two rounding): a slot given
+    back is reused, but not while a view of it is alive (a CPU expert still computing from it)."""
+    monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # mixtral-tiny's units are small: 3 a slab
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    spec, index = load_checkpoint(mixtral_tiny)
+    layout = unit_layout(spec)
+    n = store.unit_bytes(Unit(Tensor.EXPERT, 0, 0))
+    monkeypatch.setattr("real.store.SLAB_BYTES", 3 * n)
+    units = [Unit(Tensor.EXPERT, 0, e) for e in range(8)]
+    held = {u: store.read_disk(u) for u in units[:4]}
+    assert store.slabs.reserved_bytes == 6 * n  # two slabs of three slots, for four units
+    ptrs = {u: store.host.buffers[u].data_ptr() for u in held}
+    assert all(p % ALIGN == 0 for p in ptrs.values()) and len(set(ptrs.values())) == 4
+    viewed = held.pop(units[0])  # a CPU expert still computing from unit 0's host copy
+    store.evict(units[0], Tier.CPU)
+    store.evict(units[1], Tier.CPU)
+    del held[units[1]]
+    for u in units[4:7]:  # the second slab's two free slots, then unit 1's
+        store.read_disk(u)
+    assert store.host.buffers[units[6]].data_ptr() == ptrs[units[1]]
+    assert store.slabs.reserved_bytes == 6 * n
+    store.read_disk(units[7])  # only unit 0's slot is free, and it is still read: a new slab
+    assert store.host.buffers[units[7]].data_ptr() != ptrs[units[0]]
+    assert store.slabs.reserved_bytes == 9 * n
+    for u, w in [(units[0], viewed), *((u, store.resident(u, Tier.CPU)) for u in units[4:])]:
+        assert all(torch.equal(w[k], read_tensor(index[t.hf_name])) for k, t in layout[u].items())
+    store.close()
+
+
+class _Copy:
+    """A stand-in for a CUDA event of a queued copy."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+
+def test_a_host_slot_still_copied_from_is_waited_for_not_reused_early(monkeypatch):
+    monkeypatch.setattr("real.store.SLAB_BYTES", 2 * ALIGN)
+    slabs = HostSlabs()
+    a, b = slabs.take(ALIGN), slabs.take(ALIGN)
+    queued, landed = _Copy(False), _Copy(True)
+    slabs.give(a, queued)
+    slabs.give(b, landed)
+    assert slabs.take(ALIGN).data_ptr() == b.data_ptr() and not queued.waited  # the landed one
+    assert slabs.take(ALIGN).data_ptr() == a.data_ptr() and queued.waited  # waited, not grown
+    assert slabs.reserved_bytes == 2 * ALIGN
+
+
 @pytest.mark.gpu
 def test_cuda_pinned_host_and_stream_copy(mixtral_tiny, tmp_path):
     if not torch.cuda.is_available():
@@ -218,6 +276,9 @@ def test_cuda_pinned_host_and_stream_copy(mixtral_tiny, tmp_path):
     unit = Unit(Tensor.EXPERT, 1, 3)
     host = store.read_disk(unit)
     assert host["w1"].is_pinned()
+    assert store.slabs.registered, (
+        "pinned at exact size by cudaHostRegister, not PyTorch's rounding"
+    )
     stream = torch.cuda.Stream()
     dev = store.to_device(unit, stream)
     stream.synchronize()
