@@ -35,7 +35,7 @@ from core.spec import Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
-from real.store import TieredStore
+from real.store import ALIGN, TENSOR_ALIGN, TieredStore, round_up
 
 log = logging.getLogger(__name__)
 
@@ -147,18 +147,15 @@ class _BatchState:
     prompt: torch.Tensor  # [b, P]
     tokens: torch.Tensor  # [b, G] generated so far
     kv_dev: KVCache  # the cache attention reads (device)
-    kv_host: KVCache  # where KV_STORE puts it and KV_LOAD takes it from: [M, B, H, D] each
+    kv_host: (
+        KVCache  # where KV_STORE puts it and KV_LOAD takes it from: [M, B, H, D] each (_host_kv)
+    )
     hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
     hidden_step: int = -1
     pending: _Pending | None = None  # the MoE layer whose output the next ops add
     gating: _Pending | None = None  # the next one, while its gate parts run
     written: list[int] = field(default_factory=list)  # per step: sequences whose head ran
     logits: torch.Tensor | None = None  # [b, V]
-
-
-def position_major(t: torch.Tensor) -> torch.Tensor:
-    """A KV cache tensor [B, H, M, D] laid out as [M, B, H, D] (a contiguous copy)."""
-    return t.movedim(2, 0).contiguous()
 
 
 class Executor:
@@ -295,17 +292,11 @@ class Executor:
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
         self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk
-        pin = self.cuda
         max_len = wl.prompt_len + wl.gen_len
         self._batches = []
         for b in range(wl.n_batches):
             prompt = self.prompts[b * wl.batch_size : (b + 1) * wl.batch_size].to(self.device)
-            # the host copy is position-major ([M, B, H, D]): the span of positions a KV_LOAD or
-            # KV_STORE moves is then one contiguous block, which CUDA copies straight from or
-            # into pinned memory (a strided span goes through an unpinned temporary)
-            host = KVCache.allocate(s, wl.batch_size, max_len).map(position_major)
-            if pin:
-                host = host.map(torch.Tensor.pin_memory)
+            host = self._host_kv(wl.batch_size, max_len)
             dev = KVCache.allocate(s, wl.batch_size, max_len, self.device)
             gen = torch.zeros(wl.batch_size, wl.gen_len, dtype=torch.long, device=self.device)
             self._batches.append(_BatchState(prompt, gen, dev, host, written=[0] * wl.gen_len))
@@ -313,6 +304,30 @@ class Executor:
             # blocking events: a worker waiting on one sleeps instead of spinning a CPU core,
             # which the disk reader and CPU experts need
             self._t0_event = torch.cuda.Event(enable_timing=True, blocking=True)
+
+    def _host_kv(self, batch: int, max_len: int) -> KVCache:
+        """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
+        positions a KV_LOAD or KV_STORE moves is one contiguous block, which CUDA copies straight
+        from or into pinned memory (a strided span goes through an unpinned temporary). Cut from
+        one buffer of the store's host slabs, pinned at its exact size on CUDA; given back at
+        once, the slabs reuse it only when these views are gone."""
+        shapes = KVCache.allocate(self.model.spec, batch, max_len, "meta")
+        layout, end = [], 0
+        for layer in shapes.layers:
+            row = []
+            for t in layer:
+                b, h, m, d = t.shape
+                row.append((end, t.dtype, (m, b, h, d)))
+                end = round_up(end + t.numel() * t.element_size(), TENSOR_ALIGN)
+            layout.append(row)
+        buf = self.store.slabs.take(round_up(max(end, 1), ALIGN))
+        buf.zero_()
+        kv = KVCache(tuple(
+            tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
+            for row in layout
+        ))  # fmt: skip
+        self.store.slabs.give(buf)
+        return kv
 
     def _preload(self, resident: Mapping[Unit, Tier]) -> None:
         """Put placement-resident units where the schedule expects them (untimed)."""

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ _READ_CHUNK = 0x7FFFF000  # Linux caps one read at this many bytes (a multiple o
 Weights = Mapping[str, torch.Tensor]
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
@@ -141,10 +141,10 @@ def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Pa
             entries, size = [], 0
             for key, ts in tensors.items():
                 e = index[ts.hf_name]
-                size = _round_up(size, TENSOR_ALIGN)
+                size = round_up(size, TENSOR_ALIGN)
                 entries.append((key, e, size))
                 size += e.nbytes
-            buf = bytearray(_round_up(size, ALIGN))
+            buf = bytearray(round_up(size, ALIGN))
             for _, e, off in entries:
                 with open(e.file, "rb") as src:
                     src.seek(e.offset)
@@ -293,7 +293,7 @@ class HostSlabs:
         self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
         self.reserved_bytes = 0  # in slabs
         self._lock = threading.Lock()
-        self._free: dict[int, list[tuple[torch.Tensor, torch.cuda.Event | None]]] = {}
+        self._free: dict[int, list[tuple[torch.Tensor, tuple[torch.cuda.Event, ...]]]] = {}
         self._registered: list[weakref.finalize] = []  # each unregisters a pinned slab
         self._slabs: list[torch.Tensor] = []
 
@@ -311,27 +311,27 @@ class HostSlabs:
             free, pick = self._free.setdefault(nbytes, []), None
             for i, (buf, copying) in enumerate(free):
                 if _storage_users(buf) == 1:
-                    if copying is None or copying.query():
+                    if all(e.query() for e in copying):
                         pick = i
                         break
                     pick = i if pick is None else pick
             got = free.pop(pick) if pick is not None else None
         if got is not None:
             buf, copying = got
-            if copying is not None:
-                copying.synchronize()  # queued copies still read it: wait rather than grow
+            for e in copying:  # queued copies still read it: wait rather than grow
+                e.synchronize()
             return buf
         slots = self._slab(nbytes)  # every free slot is still read by a view
         with self._lock:
-            self._free[nbytes].extend((b, None) for b in slots[1:])
+            self._free[nbytes].extend((b, ()) for b in slots[1:])
         return slots[0]
 
-    def give(self, buf: torch.Tensor, copying: torch.cuda.Event | None = None) -> None:
-        """Return a buffer from `take`; `copying`: the event of a queued copy that reads it."""
+    def give(self, buf: torch.Tensor, copying: Sequence[torch.cuda.Event] = ()) -> None:
+        """Return a buffer from `take`; `copying`: events of queued copies that read it."""
         if _USE_COUNT is None:
             return
         with self._lock:
-            self._free[buf.numel()].append((buf, copying))
+            self._free[buf.numel()].append((buf, tuple(copying)))
 
     def close(self) -> None:
         """Unregister the pinned slabs once no copy can read them (their memory stays valid,
@@ -356,14 +356,15 @@ class HostSlabs:
                     f"pinning a {n * nbytes}-byte host slab failed (cudaHostRegister: "
                     f"{cudart.cudaGetErrorString(err)}); free host memory or shrink the host tier"
                 )
-            unregister = weakref.finalize(slab, cudart.cudaHostUnregister, slab.data_ptr())
+        whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
+        if self.pin_for is not None:  # unregistered at `close`, or once no slot is left
+            unregister = weakref.finalize(whole, cudart.cudaHostUnregister, slab.data_ptr())
             unregister.atexit = False  # at exit the process's pinned memory goes anyway
-            with self._lock:  # unregistered at `close`, or before the slab's memory is freed
+            with self._lock:
                 self._registered.append(unregister)
         with self._lock:
             self._slabs.append(slab)
             self.reserved_bytes += n * nbytes
-        whole = slab.numpy()
         return [torch.from_numpy(whole[i * nbytes : (i + 1) * nbytes]) for i in range(n)]
 
 
@@ -414,9 +415,11 @@ class TieredStore:
         # CUDA: unit -> the event its host->device copy records; a reader not ordered after the
         # copying op (another stream) makes its stream wait on it (`_ready`)
         self._copied: dict[Unit, torch.cuda.Event] = {}
-        # CUDA: unit -> the event of the latest copy from its host buffer, which the buffer
+        # CUDA: unit -> events of the queued copies from its host buffer, which the buffer
         # waits for before `HostSlabs` hands it out again
-        self._read_from: dict[Unit, torch.cuda.Event] = {}
+        self._read_from: dict[Unit, list[torch.cuda.Event]] = {}
+        # unit -> `to_device` calls reading its host buffer: evicting that copy waits for them
+        self._copying: dict[Unit, int] = {}
 
     # ---- queries ----------------------------------------------------------------------------
     def unit_bytes(self, unit: Unit) -> int:
@@ -426,20 +429,21 @@ class TieredStore:
     def resident(self, unit: Unit, tier: Tier) -> Weights | None:
         """The unit's tensors in a tier if they have arrived there, else None."""
         pool = self._pool(tier)
-        with self._cv:
+        with self._cv:  # views made under the lock: an evicted slot is not reused under them
             buf = pool.buffers.get(unit) if unit in pool.filled else None
-        if buf is None:
-            return None
-        if tier == Tier.GPU:
+            views = None if buf is None else self._views(unit, buf)
+        if views is not None and tier == Tier.GPU:
             self._ready(unit)
-        return self._views(unit, buf)
+        return views
 
     # ---- operations -------------------------------------------------------------------------
     def read_disk(self, unit: Unit) -> Weights:
         """Read a unit from disk into the host tier (one O_DIRECT read); host tensors."""
         rec = self._record(unit)
-        if not self._reserve(self.host, unit, rec.nbytes):
-            return self._views(unit, self.host.buffers[unit])
+        while not self._reserve(self.host, unit, rec.nbytes):
+            got = self.resident(unit, Tier.CPU)
+            if got is not None:
+                return got  # else evicted since: read it again
         try:
             buf = self.slabs.take(rec.nbytes)
         except BaseException:
@@ -469,10 +473,22 @@ class TieredStore:
         """Copy a host-resident unit into the device pool (allocating unless `alloc`ed); device tensors."""
         with self._cv:
             src = self.host.buffers.get(unit) if unit in self.host.filled else None
+            if src is not None:  # the host copy stays until this copy is queued (`evict`)
+                self._copying[unit] = self._copying.get(unit, 0) + 1
         if src is None:
             raise MoepipeError(
                 f"to_device({unit}): the unit is not in the host tier; read_disk it first"
             )
+        try:
+            return self._copy_in(unit, src, stream)
+        finally:
+            with self._cv:
+                self._copying[unit] -= 1
+                if not self._copying[unit]:
+                    del self._copying[unit]
+                self._cv.notify_all()
+
+    def _copy_in(self, unit: Unit, src: torch.Tensor, stream: torch.cuda.Stream | None) -> Weights:
         self.alloc(unit)
         with self._cv:
             while unit in self.pool.busy:
@@ -489,10 +505,12 @@ class TieredStore:
                 on = stream if stream is not None else torch.cuda.current_stream(self.device)
                 with torch.cuda.stream(on):
                     dst.copy_(src, non_blocking=True)
-                    done = torch.cuda.Event()
+                    done = torch.cuda.Event(blocking=True)  # a wait on it sleeps
                     done.record(on)
                 with self._cv:
-                    self._copied[unit] = self._read_from[unit] = done
+                    self._copied[unit] = done
+                    queued = [e for e in self._read_from.get(unit, []) if not e.query()]
+                    self._read_from[unit] = [*queued, done]
             else:
                 dst.copy_(src)
         finally:
@@ -519,7 +537,7 @@ class TieredStore:
         """Drop the unit's copy in the host tier (Tier.CPU) or device pool (Tier.GPU)."""
         pool = self._pool(tier)
         with self._cv:
-            while unit in pool.busy:
+            while unit in pool.busy or (pool is self.host and unit in self._copying):
                 self._cv.wait()
             if unit not in pool.buffers:
                 raise MoepipeError(f"evict({unit}, {tier}): the unit is not in the {pool.name}")
@@ -529,7 +547,7 @@ class TieredStore:
             if tier == Tier.GPU:
                 self._copied.pop(unit, None)
             else:
-                self.slabs.give(buf, self._read_from.pop(unit, None))
+                self.slabs.give(buf, self._read_from.pop(unit, ()))
 
     def close(self) -> None:
         self.disk.close()

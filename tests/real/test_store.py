@@ -261,11 +261,62 @@ def test_a_host_slot_still_copied_from_is_waited_for_not_reused_early(monkeypatc
     slabs = HostSlabs()
     a, b = slabs.take(ALIGN), slabs.take(ALIGN)
     queued, landed = _Copy(False), _Copy(True)
-    slabs.give(a, queued)
-    slabs.give(b, landed)
+    slabs.give(a, [queued])
+    slabs.give(b, [landed])
     assert slabs.take(ALIGN).data_ptr() == b.data_ptr() and not queued.waited  # the landed one
     assert slabs.take(ALIGN).data_ptr() == a.data_ptr() and queued.waited  # waited, not grown
     assert slabs.reserved_bytes == 2 * ALIGN
+
+
+def test_evicting_a_host_copy_waits_for_the_copy_reading_it(mixtral_tiny, tmp_path, monkeypatch):
+    """A host copy dropped while `to_device` is about to copy from it: the eviction waits, so
+    the slot cannot go to another unit's disk read under the copy."""
+    monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # one slot a slab: a given-back slot is next
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
+    store.read_disk(a)
+    want, ptr = store.host.buffers[a].clone(), store.host.buffers[a].data_ptr()
+    entered, gate = threading.Event(), threading.Event()
+    real_alloc = store.alloc
+
+    def slow_alloc(unit):  # to_device holds its source when it allocates the device copy
+        entered.set()
+        gate.wait()
+        return real_alloc(unit)
+
+    monkeypatch.setattr(store, "alloc", slow_alloc)
+    copy = threading.Thread(target=store.to_device, args=(a,))
+    copy.start()
+    entered.wait()
+    drop = threading.Thread(target=store.evict, args=(a, Tier.CPU))
+    drop.start()
+    drop.join(0.3)
+    assert drop.is_alive()  # waits for the copy
+    gate.set()
+    copy.join()
+    drop.join()
+    assert torch.equal(store.pool.buffers[a], want)
+    store.read_disk(b)  # now the slot is free to reuse
+    assert store.host.buffers[b].data_ptr() == ptr
+    store.close()
+
+
+def test_an_evicted_host_copy_hands_its_queued_copies_to_the_slot(
+    mixtral_tiny, tmp_path, monkeypatch
+):
+    """CUDA copies are queued: the events `to_device` recorded go with the slot when the host
+    copy is evicted, and the next read into that slot waits for them (a fake event here)."""
+    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
+    store.read_disk(a)
+    queued = _Copy(False)
+    store._read_from[a] = [queued]  # what to_device records on CUDA
+    store.evict(a, Tier.CPU)
+    assert not queued.waited
+    store.read_disk(b)
+    assert queued.waited
+    store.close()
 
 
 @pytest.mark.gpu
