@@ -185,7 +185,8 @@ def causal_mask(positions: torch.Tensor, end: int, device: torch.device) -> torc
 
 @dataclass(frozen=True)
 class KVCache:
-    """Preallocated per-layer caches, every tensor with the cache position on dim 2.
+    """Preallocated per-layer caches, every tensor with the cache position on dim 2 (the real
+    executor's host copy alone is position-major: `Executor._host_kv`).
 
     GQA: (keys, values), [B, Hkv, M, D] each. MLA (DeepSeek-V2): (latent [B, 1, M, C], RoPE'd
     shared key [B, 1, M, R]), C + R = spec.kv_dim. Executors copy and slice them all alike.
