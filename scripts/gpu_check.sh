@@ -10,7 +10,10 @@
 #   5. how far 8 expert kernels on 8 CUDA streams overlap, against the shared-lanes model
 #      (experiments.bench_lanes: the hardware profile's sms / sm_mem_bw_gbps are assumptions),
 #      and a replication planner's lanes schedule run on 4 CUDA streams beside both lanes
-#      models' predictions (experiments.validate_lanes, on the calibrated profile).
+#      models' predictions (experiments.validate_lanes, on the calibrated profile);
+#   6. the host side: KV spans copied from a strided against a position-major pinned host cache,
+#      and the host tier's bytes and H2D rate in exact-size pinned slabs against PyTorch's
+#      power-of-two pinned blocks (experiments.bench_host).
 # Every stage has its own time limit and the script goes on past a failed one; the summary at the
 # end lists each stage's exit status and seconds. Budget: under 10 minutes on one H200 (the
 # stages' limits add up to 595 s; about 7 minutes expected).
@@ -65,16 +68,16 @@ EOF
 if [ "$DEVICE" = cuda ]; then
   stage gpu-tests 140 python3 -m pytest -q -rf -p no:cacheprovider -m gpu \
     tests/real/test_store.py tests/real/test_executor.py tests/real/test_distributed.py \
-    tests/experiments/test_bench_lanes.py
+    tests/experiments/test_bench_lanes.py tests/experiments/test_bench_host.py
 fi
 
 CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert, ~1.4 GB in all
-[ -f "$CKPT/config.json" ] || stage checkpoint 60 python3 -m real.make_checkpoint \
+[ -f "$CKPT/config.json" ] || stage checkpoint 50 python3 -m real.make_checkpoint \
   model=mixtral-tiny out="$CKPT" n_layers=8 hidden_size=1024 expert_ffn_size=3584 n_heads=16 \
   n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2 ${CKPT_OVERRIDES:-}
 stage calibrate 90 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$CKPT" \
   device="$DEVICE" disk_dir="$WORK/calib" in_run_s=8 out="$WORK/gpu-check.yaml"
-stage validate 130 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
+stage validate 120 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
   planners=sequential,flexgen,zero_inference,fiddler,moe_infinity,klotski repeats=3 \
   batch_size=8 n_batches=4 prompt_len=32 gen_len=4 out="$WORK/validate" \
   && cat "$WORK/validate/validate.md"
@@ -90,6 +93,7 @@ stage ep-run 45 python3 -m torch.distributed.run --nproc_per_node="$NPROC" --mas
 stage bench 60 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
   hardware="$WORK/gpu-check.yaml" n_batches=8 batch_size=4
 stage lanes 25 python3 -m experiments.bench_lanes device="$DEVICE" hardware=h200
+stage host 20 python3 -m experiments.bench_host device="$DEVICE"
 stage val-lanes 45 python3 -m experiments.validate_lanes checkpoint="$CKPT" \
   hardware="$WORK/gpu-check.yaml" device="$DEVICE" out="$WORK/validate_lanes"
 [ -n "${OUT:-}" ] && cp "$WORK"/validate_lanes/validate_lanes.{md,csv} "$OUT/" 2>/dev/null

@@ -1,0 +1,193 @@
+"""Host memory of the real executor on this device: what its two host-side layouts buy.
+
+1. KV spans. A KV_LOAD moves positions [0, m) of one layer's cache host -> device, a KV_STORE one
+   new position back. From a host cache laid out as the device's ([B, H, M, D]) such a span is
+   strided, and PyTorch stages a strided host copy through an unpinned temporary; from the
+   executor's position-major host cache ([M, B, H, D], `Executor._host_kv`, cut from the store's
+   host slabs) it is one contiguous pinned block. Both are timed: GPU time between CUDA events,
+   and the host's time in the call (an asynchronous copy returns before it ends).
+2. Host buffers. `units` weight units of `unit_mb` held in the host tier: the bytes PyTorch's
+   pinned allocator would hold for them (it rounds each request up to a power of two: computed,
+   not measured) against what the store's slabs hold (`HostSlabs.reserved_bytes`, measured), and
+   the host -> device rate from a slab slot (memory pinned by cudaHostRegister) against one from a
+   tensor PyTorch pinned, which should match.
+
+Every copy is checked against its source. On a device without CUDA the copies run host -> host
+and nothing is pinned: a dry run of the same code, its times meaningless for a GPU.
+
+Usage:
+    python -m experiments.bench_host [device=cuda|cpu] [batch=8] [kv_heads=8] [positions=2048]
+        [head_dim=128] [unit_mb=16.5] [units=8] [repeats=5]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from core.args import as_float, as_int
+from experiments.cli import parse_kv, print_or_exit
+from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
+
+_DEFAULTS: dict[str, Any] = dict(
+    device="", batch=8, kv_heads=8, positions=2048, head_dim=128, unit_mb="16.5", units=8,
+    repeats=5,
+)  # fmt: skip
+
+
+def timed(copy: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
+    """(median seconds the copy takes, median seconds the call holds the host), `repeats` runs
+    after one warm-up; on CUDA the first from events on the current stream."""
+    cuda = device.type == "cuda"
+    took, held = [], []
+    for i in range(repeats + 1):
+        if cuda:
+            torch.cuda.synchronize(device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        copy()
+        t1 = time.perf_counter()
+        if cuda:
+            end.record()
+            end.synchronize()
+            gpu = start.elapsed_time(end) / 1e3
+        else:
+            gpu = t1 - t0
+        if i:
+            took.append(gpu)
+            held.append(t1 - t0)
+    return statistics.median(took), statistics.median(held)
+
+
+def slab_tensor(slabs: HostSlabs, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A host tensor of `shape` in one slot of `slabs` (pinned where they are)."""
+    n = dtype.itemsize * int(torch.Size(shape).numel())
+    return slabs.take(round_up(n, ALIGN))[:n].view(dtype).view(shape)
+
+
+def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip
+    b, h = (
+        as_int("batch", opts["batch"], at_least=1),
+        as_int("kv_heads", opts["kv_heads"], at_least=1),
+    )
+    m = as_int("positions", opts["positions"], at_least=2)
+    d = as_int("head_dim", opts["head_dim"], at_least=1)
+    dt, pin = torch.bfloat16, device.type == "cuda"
+    g = torch.Generator().manual_seed(0)
+    src = torch.randn(b, h, m, d, generator=g).to(dt)  # [B, H, M, D] the cache's contents
+    strided = src.pin_memory() if pin else src.clone()  # the device's layout, pinned
+    major = slab_tensor(slabs, (m, b, h, d), dt)  # the executor's: position-major, in a slab
+    major.copy_(src.movedim(2, 0))
+    span, last = slice(0, m - 1), slice(m - 1, m)  # a decode step's load, and its store
+    dev = torch.zeros(b, h, m, d, dtype=dt, device=device)
+    dev[:, :, last] = src[:, :, last].to(device)  # the step's new position, to store
+
+    def dev_span() -> torch.Tensor:
+        return dev[:, :, span]
+
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        return t.movedim(0, 2)
+
+    # name: (copy, its destination as [B, H, M', D], the source's contents there)
+    copies = {
+        "load, strided host": (
+            lambda: dev[:, :, span].copy_(strided[:, :, span], non_blocking=pin),
+            dev_span, src[:, :, span],
+        ),
+        "load, position-major host": (
+            lambda: dev.movedim(2, 0)[span].copy_(major[span], non_blocking=pin),
+            dev_span, src[:, :, span],
+        ),
+        "store, strided host": (
+            lambda: strided[:, :, last].copy_(dev[:, :, last], non_blocking=pin),
+            lambda: strided[:, :, last], src[:, :, last],
+        ),
+        "store, position-major host": (
+            lambda: major[last].copy_(dev.movedim(2, 0)[last], non_blocking=pin),
+            lambda: moved(major[last]), src[:, :, last],
+        ),
+    }  # fmt: skip
+    nbytes = {"load": b * h * (m - 1) * d * dt.itemsize, "store": b * h * d * dt.itemsize}
+    lines = [
+        f"KV cache of one layer: {b} sequences x {h} kv heads x {m} positions x {d}, {dt}; "
+        f"load = positions [0, {m - 1}), store = position {m - 1}",
+        f"{'copy':<28} {'bytes':>10} {'time_us':>9} {'GB/s':>7} {'host_held_us':>12}",
+    ]
+    for name, (copy, dst, want) in copies.items():
+        dst().zero_()  # each copy is checked on its own
+        took, held = timed(copy, device, repeats)
+        if pin:
+            torch.cuda.synchronize(device)
+        if not torch.equal(dst().cpu(), want):
+            raise RuntimeError(f"bench_host: the copy '{name}' did not reproduce its source")
+        n = nbytes[name.split(",")[0]]
+        lines.append(
+            f"{name:<28} {n:>10} {1e6 * took:>9.1f} {n / took / 1e9:>7.2f} {1e6 * held:>12.1f}"
+        )
+    return lines
+
+
+def buffer_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip
+    unit = round_up(int(as_float("unit_mb", opts["unit_mb"], positive=True) * 2**20), ALIGN)
+    n = as_int("units", opts["units"], at_least=1)
+    before = slabs.reserved_bytes
+    slots = [slabs.take(unit) for _ in range(n)]
+    held = slabs.reserved_bytes - before
+    rounded = n * (1 << (unit + ALIGN - 1).bit_length())  # aligned_empty asks unit + ALIGN
+    pin = device.type == "cuda"
+    lines = [
+        f"host buffers: {n} units of {unit / 2**20:.2f} MiB = {n * unit / 2**20:.1f} MiB: "
+        f"PyTorch's pinned allocator {rounded / 2**20:.1f} MiB (x{rounded / (n * unit):.2f}, "
+        f"computed), the store's slabs {held / 2**20:.1f} MiB (x{held / (n * unit):.2f}, measured)"
+        + ("" if pin else "; not pinned here"),
+    ]
+    torch_pinned = aligned_empty(unit, pin=pin)
+    src = {"slab slot": slots[0], "PyTorch-pinned tensor": torch_pinned}
+    for buf in src.values():
+        buf.copy_(torch.randint(0, 256, (unit,), dtype=torch.uint8))
+    dst = torch.empty(unit, dtype=torch.uint8, device=device)
+    for name, buf in src.items():
+        took, host = timed(lambda buf=buf: dst.copy_(buf, non_blocking=pin), device, repeats)
+        if pin:
+            torch.cuda.synchronize(device)
+        if not torch.equal(dst.cpu(), buf):
+            raise RuntimeError(f"bench_host: the copy from the {name} did not reproduce it")
+        lines.append(
+            f"host -> {device.type} from a {name:<22} {unit / took / 1e9:>7.2f} GB/s, the call "
+            f"held the host {1e6 * host:.1f} us of {1e6 * took:.1f}"
+            + (f" (pinned: {buf.is_pinned()})" if pin else "")
+        )
+    for s in slots:
+        slabs.give(s)
+    return lines
+
+
+def report(opts: dict[str, Any]) -> list[str]:
+    device = resolve_device(str(opts["device"]), "device")
+    repeats = as_int("repeats", opts["repeats"], at_least=1)
+    slabs = HostSlabs(device if device.type == "cuda" else None)
+    try:
+        return [
+            f"device: {device}" + ("" if device.type == "cuda" else " (no CUDA: a dry run)"),
+            *kv_lines(opts, device, slabs, repeats),
+            *buffer_lines(opts, device, slabs, repeats),
+        ]
+    finally:
+        slabs.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0 = time.time()
+    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
+    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
+
+
+if __name__ == "__main__":
+    main()
