@@ -251,6 +251,7 @@ class Executor:
             self._execute()
         finally:
             planner.join(timeout=5)
+            del self._builder  # its sink refers back to this executor: no cycle for gc to find
         schedule = builder.build()
         schedule.meta.setdefault("oracle", causal.peeked)
         return self._output(schedule)
@@ -455,10 +456,14 @@ class Executor:
                 if t.is_alive():
                     t.join(timeout=max(5.0, self.stall_timeout_s))
             torch.set_num_threads(threads_before)
+            if self.cuda:  # after a failure too: no queued copy reads or writes host slabs after
+                try:
+                    torch.cuda.synchronize(self.device)
+                except RuntimeError:
+                    if self._error is None:
+                        raise
         if self._error is not None:
             raise self._error
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
     def _stream_specs(self) -> dict[str, StreamSpec]:
         if self._schedule is not None:

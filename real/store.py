@@ -455,8 +455,9 @@ class TieredStore:
             self.slabs.give(buf)
             self._release(self.host, unit, rec.nbytes)
             raise
-        self._arrive(self.host, unit, buf)
-        return self._views(unit, buf)
+        with self._cv:  # (re-entrant) views made under the lock, as in `resident`
+            self._arrive(self.host, unit, buf)
+            return self._views(unit, buf)
 
     def alloc(self, unit: Unit) -> Weights:
         """Reserve the unit's space in the device pool (contents undefined until `to_device`)."""

@@ -2,6 +2,7 @@
 errors that name the sizes, units move and leave tiers as asked, concurrent loads are safe."""
 
 import errno
+import gc
 import logging
 import os
 import threading
@@ -317,6 +318,94 @@ def test_an_evicted_host_copy_hands_its_queued_copies_to_the_slot(
     store.read_disk(b)
     assert queued.waited
     store.close()
+
+
+def test_read_disk_returns_views_the_slot_cannot_be_reused_under(
+    mixtral_tiny, tmp_path, monkeypatch
+):
+    """Another worker evicts the unit and reads one of the same size just as `read_disk` makes
+    its views: they still hold the unit's own bytes (made under the lock, they count as users)."""
+    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    spec, index = load_checkpoint(mixtral_tiny)
+    layout = unit_layout(spec)
+    a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
+    real_arrive, others = store._arrive, []
+
+    def arrive(pool, unit, buf):
+        real_arrive(pool, unit, buf)
+        if pool is store.host and unit == a:
+            t = threading.Thread(target=lambda: (store.evict(a, Tier.CPU), store.read_disk(b)))
+            t.start()
+            t.join(0.3)
+            others.append(t)
+
+    monkeypatch.setattr(store, "_arrive", arrive)
+    got = store.read_disk(a)
+    for t in others:
+        t.join()
+    assert all(torch.equal(got[k], read_tensor(index[t.hf_name])) for k, t in layout[a].items())
+    store.close()
+
+
+def test_resident_views_hold_the_slot_against_a_racing_evict(mixtral_tiny, tmp_path, monkeypatch):
+    """`resident` makes its views under the lock: an evict and a read of another unit that
+    start while it does so cannot reuse the slot under them."""
+    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    spec, index = load_checkpoint(mixtral_tiny)
+    layout = unit_layout(spec)
+    a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
+    store.read_disk(a)
+    real_views, others = store._views, []
+
+    def views(unit, buf):
+        if unit == a and not others:  # the first views of a, made by resident()
+            t = threading.Thread(target=lambda: (store.evict(a, Tier.CPU), store.read_disk(b)))
+            t.start()
+            t.join(0.3)
+            others.append(t)
+        return real_views(unit, buf)
+
+    monkeypatch.setattr(store, "_views", views)
+    got = store.resident(a, Tier.CPU)
+    for t in others:
+        t.join()
+    assert all(torch.equal(got[k], read_tensor(index[t.hf_name])) for k, t in layout[a].items())
+    store.close()
+
+
+def test_pinned_slabs_are_unregistered_once_no_slot_is_left(monkeypatch):
+    """cudaHostRegister'ed slabs (a stand-in cudart here) are unregistered when the last slot
+    dies, not when the slabs object does, and at close() after the device synchronized."""
+    calls = []
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, n, flags):
+            calls.append(("register", ptr))
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", 0)))
+    slabs = HostSlabs(pin_for=torch.device("cuda"))
+    slot = slabs.take(ALIGN)
+    ptr = calls[0][1]
+    del slabs
+    gc.collect()
+    assert calls == [("register", ptr)]  # a slot still uses the slab's memory
+    del slot
+    gc.collect()
+    assert calls == [("register", ptr), ("unregister", ptr)]
+    closing = HostSlabs(pin_for=torch.device("cuda"))
+    kept = closing.take(ALIGN)
+    closing.close()
+    assert calls[-2:] == [("sync", 0), ("unregister", calls[-3][1])] and kept.numel() == ALIGN
+    closing.close()  # once only
+    assert len(calls) == 5
 
 
 @pytest.mark.gpu
