@@ -77,7 +77,7 @@ CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert
   n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2 ${CKPT_OVERRIDES:-}
 stage calibrate 90 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$CKPT" \
   device="$DEVICE" disk_dir="$WORK/calib" in_run_s=8 out="$WORK/gpu-check.yaml"
-stage validate 120 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
+stage validate 130 python3 -m experiments.validate checkpoint="$CKPT" hardware="$WORK/gpu-check.yaml" \
   planners=sequential,flexgen,zero_inference,fiddler,moe_infinity,klotski repeats=3 \
   batch_size=8 n_batches=4 prompt_len=32 gen_len=4 out="$WORK/validate" \
   && cat "$WORK/validate/validate.md"
@@ -87,7 +87,7 @@ stage validate 120 python3 -m experiments.validate checkpoint="$CKPT" hardware="
 NPROC=1
 [ "$DEVICE" = cuda ] && NPROC=$(python3 -c "import torch; print(min(2, torch.cuda.device_count()))")
 echo "expert parallel on $NPROC rank(s) (NCCL cannot put 2 ranks on one GPU)"
-stage ep-run 45 python3 -m torch.distributed.run --nproc_per_node="$NPROC" --master_port=29541 \
+stage ep-run 35 python3 -m torch.distributed.run --nproc_per_node="$NPROC" --master_port=29541 \
   -m experiments.ep_run checkpoint="$CKPT" planner=predictive_replication batch_size=8 \
   prompt_len=16 gen_len=4 device="$DEVICE" out="$WORK/ep_run"
 stage bench 60 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
