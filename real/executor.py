@@ -147,9 +147,7 @@ class _BatchState:
     prompt: torch.Tensor  # [b, P]
     tokens: torch.Tensor  # [b, G] generated so far
     kv_dev: KVCache  # the cache attention reads (device)
-    kv_host: (
-        KVCache  # where KV_STORE puts it and KV_LOAD takes it from: [M, B, H, D] each (_host_kv)
-    )
+    kv_host: KVCache  # KV_STORE puts it here, KV_LOAD takes it: [M, B, H, D] (`_host_kv`)
     hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
     hidden_step: int = -1
     pending: _Pending | None = None  # the MoE layer whose output the next ops add

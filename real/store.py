@@ -286,8 +286,8 @@ class HostSlabs:
     32 MiB); here each size wastes at most one slab's unused slots.
 
     A buffer given back is handed out again only once nothing can still read it: no view of it
-    is alive (a CPU expert computing from it) and the host->device copy it was the source of,
-    whose event comes with it, has completed."""
+    is alive (a CPU expert computing from it) and the host->device copies queued from it, whose
+    events come with it, have completed."""
 
     def __init__(self, pin_for: torch.device | None = None) -> None:
         self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
@@ -348,6 +348,7 @@ class HostSlabs:
         the views of one slot, not of the whole slab)."""
         n = min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
         slab = aligned_empty(n * nbytes)
+        whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
         if self.pin_for is not None:
             cudart = torch.cuda.cudart()
             err = cudart.cudaHostRegister(slab.data_ptr(), n * nbytes, 0)
@@ -356,8 +357,7 @@ class HostSlabs:
                     f"pinning a {n * nbytes}-byte host slab failed (cudaHostRegister: "
                     f"{cudart.cudaGetErrorString(err)}); free host memory or shrink the host tier"
                 )
-        whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
-        if self.pin_for is not None:  # unregistered at `close`, or once no slot is left
+            # unregistered at `close`, or once no slot is left
             unregister = weakref.finalize(whole, cudart.cudaHostUnregister, slab.data_ptr())
             unregister.atexit = False  # at exit the process's pinned memory goes anyway
             with self._lock:
