@@ -23,7 +23,6 @@ Usage:
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 
 from core.args import as_float, as_int
-from experiments.cli import parse_kv, print_or_exit
+from experiments.cli import timed_report
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 _DEFAULTS: dict[str, Any] = dict(
@@ -184,9 +183,7 @@ def report(opts: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    t0 = time.time()
-    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
-    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
+    timed_report(report, _DEFAULTS, argv)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ On a device without CUDA only the model's figures are printed.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +29,7 @@ from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
 from core.spec import Activation, HardwareSpec, ModelSpec
 from core.types import OpKind, Resource
-from experiments.cli import CONF_DIR, as_int, parse_kv, print_or_exit
+from experiments.cli import CONF_DIR, as_int, timed_report
 from experiments.validate import read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
@@ -143,9 +141,7 @@ def report(opts: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    t0 = time.time()
-    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
-    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
+    timed_report(report, _DEFAULTS, argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,18 @@ def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]
             raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
         opts[key] = value
     return opts
+
+
+def timed_report(
+    report: Callable[[dict[str, Any]], list[str]],
+    defaults: Mapping[str, Any],
+    argv: Sequence[str] | None = None,
+) -> None:
+    """A benchmark's `main`: `key=value` arguments over `defaults`, the report's lines and its
+    wall time printed, bad input one line on stderr (`print_or_exit`)."""
+    t0 = time.time()
+    opts = parse_kv(sys.argv[1:] if argv is None else argv, defaults)
+    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:
