@@ -7,7 +7,8 @@ Usage:
 
 Writes one run directory per (case, batch size, planner) with summary.json and balance.csv, then
 reads them back to print the table and the targets and to plot balancedness / utilisation per
-layer, balancedness per batch and throughput per batch size (PNG, in out_dir).
+layer, balancedness per batch, throughput per batch size and, for the target cases, balancedness
+against makespan (PNG, in out_dir).
 """
 
 from __future__ import annotations
@@ -614,6 +615,54 @@ def plotted_batches(rows: list[dict[str, Any]], judged: Mapping[str, int | None]
     return out
 
 
+def target_corner(at: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """Where a planner meets both of a case's targets at one batch size, from its rows `at`:
+    (eplb's balancedness, the makespan in ms that closes half the ep_static -> oracle gap).
+    None where one of the three did not run or the oracle is not faster than ep_static."""
+    by = {r["planner"]: r for r in at}
+    if not {"ep_static", "eplb", "oracle_replication"} <= by.keys():
+        return None
+    st, orc = by["ep_static"]["makespan_s"], by["oracle_replication"]["makespan_s"]
+    if orc >= st:
+        return None
+    return float(by["eplb"]["balancedness"]), 1e3 * (st - 0.5 * (st - orc))
+
+
+def plot_trade_off(
+    rows: list[dict[str, Any]], out: Path, judged: Mapping[str, int | None]
+) -> Path | None:
+    """Balancedness against makespan, one point per planner and variant, one panel per target
+    case at its judged batch: the two targets pull apart where copies cost time, and the shaded
+    corner (at least eplb's balancedness, at most the makespan that closes half the gap) is
+    where a planner meets both. None if no target case ran."""
+    import matplotlib.pyplot as plt
+
+    shown = plotted_batches([r for r in rows if r["case"] in judged], judged)
+    if not shown:
+        return None
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.6), squeeze=False)
+    for ax, (case, bs) in zip(axes[0], shown.items(), strict=True):
+        at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
+        for r in at:
+            x, y = 1e3 * r["makespan_s"], r["balancedness"]
+            ax.plot(x, y, marker="o", linestyle="none", label=r["planner_label"])
+            ax.annotate(r["planner_label"].split(" (")[0], (x, y), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        corner = target_corner(at)
+        if corner is not None:
+            bal, ms = corner
+            ax.axhline(bal, color="grey", linewidth=0.6, linestyle="--")
+            ax.axvline(ms, color="grey", linewidth=0.6, linestyle="--")
+            ax.fill_between([ax.get_xlim()[0], ms], bal, 1.0, color="green", alpha=0.08)
+        fresh = " (fresh)" if judged.get(case) == bs else ""
+        ax.set(title=f"{case} bs={bs}{fresh}", xlabel="makespan (ms)", ylabel="balancedness")
+    fig.tight_layout()
+    path = out / "balance_vs_makespan.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(
     rows: list[dict[str, Any]], out: Path, judged: Mapping[str, int | None] | None = None
 ) -> list[Path]:
@@ -688,7 +737,8 @@ def plot(
     paths.append(out / "throughput.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    return paths
+    trade = plot_trade_off(rows, out, judged)
+    return paths + ([trade] if trade else [])
 
 
 def reuse_lines(cases: dict[str, Any], split_tokens: int) -> list[str]:

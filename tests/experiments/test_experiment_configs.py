@@ -53,8 +53,9 @@ def test_replication_experiment_runs_small(tmp_path):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
-    assert len(list(Path(tmp_path).glob("*.png"))) == 4
-    assert (Path(tmp_path) / "balancedness_per_batch.png").stat().st_size > 0
+    assert len(list(Path(tmp_path).glob("*.png"))) == 5
+    for png in ("balancedness_per_batch.png", "balance_vs_makespan.png"):
+        assert (Path(tmp_path) / png).stat().st_size > 0
     import pandas as pd
 
     runs = sorted(Path(tmp_path).glob("esft-g8/bs8/*/summary.json"))

@@ -95,3 +95,17 @@ def test_batch_balance_sums_layers_as_the_run_metric_does():
 
     t = pd.DataFrame({"batch": [0, 0, 1], "mean_tokens": [10, 30, 5], "max_tokens": [20, 40, 5]})
     assert batch_balance(t).tolist() == pytest.approx([40 / 60, 1.0])
+
+
+def test_the_target_corner_is_eplbs_balance_and_half_the_gap():
+    """ep_static 10 ms, oracle 8 ms: half the gap closed is 9 ms; eplb's balancedness 0.9. No
+    corner without the oracle, or where the oracle is not faster than ep_static."""
+    from experiments.replication import target_corner
+
+    rows = [dict(planner="ep_static", makespan_s=0.010, balancedness=0.7),
+            dict(planner="eplb", makespan_s=0.012, balancedness=0.9),
+            dict(planner="oracle_replication", makespan_s=0.008, balancedness=0.95)]  # fmt: skip
+    assert target_corner(rows) == pytest.approx((0.9, 9.0))
+    assert target_corner(rows[:2]) is None
+    slow = [*rows[:2], dict(planner="oracle_replication", makespan_s=0.011, balancedness=0.95)]
+    assert target_corner(slow) is None
