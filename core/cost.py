@@ -114,7 +114,7 @@ class CostModel:
             for r in set(res[cols["kind"] == ki]):
                 sel = (cols["kind"] == ki) & (res == r)
                 if kind in COMPUTE_KINDS:
-                    out[sel] = self._compute_vec(
+                    out[sel] = self.compute_vec(
                         Resource(r), kind, cols["flops"][sel], cols["touch_bytes"][sel], share[sel]
                     )
                 else:
@@ -122,14 +122,16 @@ class CostModel:
                     out[sel] = cols["nbytes"][sel] / link.bandwidth_bytes_per_s + link.latency_s
         return out
 
-    def _compute_vec(
+    def compute_vec(
         self, device: Resource, kind: OpKind, flops: np.ndarray, touch: np.ndarray,
-        share: np.ndarray,
+        share: np.ndarray | float,
     ) -> np.ndarray:  # fmt: skip
+        """`compute_s` of many ops of one kind on one device at once."""
         spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
         if spec.time_tables.get(str(kind)):
+            shares = np.broadcast_to(share, np.shape(flops))
             return np.array([self.compute_s(device, kind, f, t, s)
-                             for f, t, s in zip(flops, touch, share, strict=True)])  # fmt: skip
+                             for f, t, s in zip(flops, touch, shares, strict=True)])  # fmt: skip
         roofline = np.maximum(flops / spec.peak_flops_per_s, touch / spec.mem_bw_bytes_per_s)
         return roofline / share + spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
 

@@ -386,8 +386,22 @@ class ExpertTime:
         return pool_makespan_s([self.pool_ops(row) for row in predicted_tokens(slots, load)])
 
     def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
-        """[G] each device's modelled time for slots [G, K] if load [E] splits evenly."""
-        return np.array([self.device_s(row) for row in predicted_tokens(slots, load)])
+        """[G] each device's modelled time for slots [G, K] if load [E] splits evenly: `device_s`
+        of each row, at once where the devices do not share the SMs (the gate's inner loop)."""
+        tokens = predicted_tokens(slots, load)
+        if self.pool_model is not None:
+            return np.array([self.device_s(row) for row in tokens])
+        busy = tokens > 0
+        if self.grouped:  # one op per device with tokens: all its tokens, every expert it reads
+            n = busy.sum(1)
+            flops = self.expert_params_flops * np.where(busy, tokens, 0.0).sum(1)
+            t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, flops,
+                                      n * float(self.expert_bytes), self.share)  # fmt: skip
+            return np.where(n > 0, t, 0.0)
+        t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT,
+                                  (self.expert_params_flops * tokens).ravel(),
+                                  np.full(tokens.size, float(self.expert_bytes)), self.share)  # fmt: skip
+        return np.where(busy, t.reshape(tokens.shape), 0.0).sum(1)
 
     def _ops(self, tokens: np.ndarray) -> list[tuple[float, float, list[float]]]:
         """The expert ops of a device computing tokens [E]: (flops, bytes, rows per expert)."""
@@ -418,11 +432,16 @@ class ExpertTime:
 
 
 def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
-    """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]."""
-    return max(
-        sum((Counter(int(x) for x in n if x >= 0) - Counter(int(x) for x in o if x >= 0)).values())
-        for n, o in zip(slots, resident, strict=True)
-    )
+    """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]:
+    per device, the experts it holds more times than before (each empty slot is -1)."""
+    g, width = slots.shape[0], int(max(slots.max(initial=-1), resident.max(initial=-1))) + 2
+
+    def held(s: np.ndarray) -> np.ndarray:  # [G, E + 1] times each device holds each expert
+        cells = (np.arange(g)[:, None] * width + s + 1).ravel()  # column 0: the empty slots
+        return np.bincount(cells, minlength=g * width).reshape(g, width)
+
+    more = np.maximum(held(slots) - held(resident), 0)[:, 1:]
+    return int(more.sum(1).max(initial=0))
 
 
 def predicted_tokens(slots: np.ndarray, load: np.ndarray) -> np.ndarray:

@@ -225,6 +225,9 @@ class _MaxCost:
     def compute_s(self, device, kind, flops, touch_bytes, share=1.0):
         return max(flops, touch_bytes) / share
 
+    def compute_vec(self, device, kind, flops, touch, share=1.0):
+        return np.maximum(flops, touch) / share
+
 
 def _timer(copy_s: float = 0.0) -> ExpertTime:
     """One token = 1 flop, one expert = 1 byte: a device takes max(its tokens, its distinct experts) s."""
@@ -959,3 +962,45 @@ def test_tensor_parallel_mla_keeps_the_latent_projection_whole():
         )
         proj = 2 * 16 * whole  # 16 tokens through kv_a
         assert o.flops == pytest.approx((m.attention_flops(16, 4) - proj) / 2 + proj)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("share", [1.0, 0.125])
+@pytest.mark.parametrize("table", [False, True])
+def test_device_times_are_each_devices_own_time(grouped, share, table):
+    """The gate's vectorised `device_times` equals `device_s` row by row: random slots (empty
+    ones and an expert twice on one device included) and fractional loads with zeros, one grouped
+    op per device or one op per expert, a lane's share, a measured time table or the roofline."""
+    from core.cost import CostModel
+    from planners.expert_parallel import predicted_tokens
+
+    m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/deepseek-v2-lite.yaml").read_text()))
+    raw = yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text())
+    if table:
+        raw["gpu"]["time_tables"] = {"compute-expert": [[1e9, 2e-5], [1e12, 3e-3]]}
+    timer = ExpertTime(CostModel(HardwareSpec.from_dict(raw)), m.expert_flops(1),
+                       m.expert_bytes, grouped, 0.0, share)  # fmt: skip
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        slots = rng.integers(-1, 64, size=(8, 10))
+        slots[0, :2] = [5, 5]
+        load = rng.gamma(0.5, 40.0, size=64) * (rng.random(64) > 0.3)
+        want = [timer.device_s(row) for row in predicted_tokens(slots, load)]
+        assert timer.device_times(slots, load) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_new_copies_count_each_devices_added_holdings():
+    """Per device, the experts held more times than before (with multiplicity, empty slots not
+    counted); the longest such queue. Checked against a count by hand on random slots."""
+    from collections import Counter
+
+    from planners.expert_parallel import new_copies
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        old, new = rng.integers(-1, 6, size=(2, 4, 3))
+        want = max(sum((Counter(x for x in n if x >= 0) - Counter(x for x in o if x >= 0)).values())
+                   for n, o in zip(new.tolist(), old.tolist(), strict=True))  # fmt: skip
+        assert new_copies(new, old) == want
+    assert new_copies(np.array([[3, 3, -1]]), np.array([[3, -1, -1]])) == 1
+    assert new_copies(np.array([[-1, -1]]), np.array([[0, 1]])) == 0
