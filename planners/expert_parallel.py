@@ -565,22 +565,24 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
 
     The greedy that fills the slots places copies one at a time and can leave the busiest device
     with a better move; this takes the best single-slot move until none helps (at most
-    `rounds`)."""
+    `rounds`; of equally good moves the first in the order they are listed)."""
     g, e, h = layout.n_devices, layout.n_experts, layout.home_slots
     member = np.zeros((g, e))
     for d in range(g):
         np.add.at(member[d], slots[d][slots[d] >= 0], 1.0)
 
-    def score(m: np.ndarray) -> tuple[float, float]:
-        dev = m @ (load / np.maximum(m.sum(0), 1.0))
-        return float(dev.max()), float((dev**2).sum())
+    def scores(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # m [T, G, E] -> max, sum sq [T]
+        # each trial's matrix @ vector as one product of the stack: the same gemv per trial
+        dev = np.matmul(m, (load / np.maximum(m.sum(1), 1.0))[:, :, None])[:, :, 0]
+        return dev.max(1), (dev**2).sum(1)
 
-    slots, now = slots.copy(), score(member)
+    slots = slots.copy()
+    now_max, now_sq = (float(v[0]) for v in scores(member[None]))
     # replicas placed; a free slot is filled only while this is below the budget
     filled = int((slots[:, h:] >= 0).sum())
     for _ in range(rounds):
         busiest = int(np.argmax(member @ (load / np.maximum(member.sum(0), 1.0))))
-        best: tuple[tuple[float, float], int, int, int] | None = None
+        moves: list[tuple[int, int, int]] = []  # (expert put in or -1, device, slot)
         for x in np.flatnonzero((member[busiest] > 0) & (load > 0)):
             for d in range(g):
                 if member[d, x]:
@@ -589,27 +591,28 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
                     y = int(slots[d, j])
                     if y < 0 and filled >= layout.replicas:
                         break
-                    trial = member.copy()
-                    trial[d, x] += 1
-                    if y >= 0:
-                        trial[d, y] -= 1
-                    sc = score(trial)
-                    if sc < now and (best is None or sc < best[0]):
-                        best = (sc, int(x), d, j)
+                    moves.append((int(x), d, j))
                     if y < 0:
                         break  # free slots of one device are interchangeable
-        for j in range(h, layout.slots_per_device):  # or empty one of the busiest device's replicas
-            y = int(slots[busiest, j])
-            if y < 0:
-                continue
-            trial = member.copy()
-            trial[busiest, y] -= 1
-            sc = score(trial)
-            if sc < now and (best is None or sc < best[0]):
-                best = (sc, -1, busiest, j)
-        if best is None:
+        # or empty one of the busiest device's replicas
+        moves += [(-1, busiest, j) for j in range(h, layout.slots_per_device)
+                  if slots[busiest, j] >= 0]  # fmt: skip
+        if not moves:
             break
-        now, pick, d, j = best
+        trials = np.repeat(member[None], len(moves), axis=0)
+        t_idx = np.arange(len(moves))
+        put, dev, slot = (np.array(c) for c in zip(*moves, strict=True))
+        out = slots[dev, slot]
+        trials[t_idx[out >= 0], dev[out >= 0], out[out >= 0]] -= 1
+        trials[t_idx[put >= 0], dev[put >= 0], put[put >= 0]] += 1
+        mx, sq = scores(trials)
+        better = (mx < now_max) | ((mx == now_max) & (sq < now_sq))
+        if not better.any():
+            break
+        cand = np.flatnonzero(better)
+        best = cand[np.lexsort((cand, sq[cand], mx[cand]))[0]]
+        now_max, now_sq = float(mx[best]), float(sq[best])
+        pick, d, j = moves[best]
         if slots[d, j] >= 0:
             member[d, slots[d, j]] -= 1
             filled -= 1
