@@ -57,6 +57,22 @@ class CostModel:
         c_m = min(1.0, width * sm_bw / spec.mem_bw_bytes_per_s)
         return max(f, m) / max(f / c_f, m / c_m)
 
+    def cap_vec(
+        self, device: Resource, flops: np.ndarray, touch: np.ndarray, width: np.ndarray
+    ) -> np.ndarray:
+        """`cap` of many ops on one device at once."""
+        spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
+        f, m = flops / spec.peak_flops_per_s, touch / spec.mem_bw_bytes_per_s
+        whole = (width <= 0) | (spec.sms <= 0) | (np.maximum(f, m) <= 0)
+        sm_bw = (
+            spec.sm_mem_bw_bytes_per_s or spec.mem_bw_bytes_per_s / spec.sms if spec.sms else 0.0
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c_f = np.minimum(1.0, width / spec.sms)
+            c_m = np.minimum(1.0, width * sm_bw / spec.mem_bw_bytes_per_s)
+            part = np.maximum(f, m) / np.maximum(f / c_f, m / c_m)
+        return np.where(whole, 1.0, part)
+
     def pool_parts(
         self, schedule: Schedule, durations: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

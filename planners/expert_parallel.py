@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.cost import CostModel, gemm_blocks, pool_makespan_s
+from core.cost import TILE, CostModel, gemm_blocks, pool_makespan_s
 from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -264,6 +264,14 @@ def expert_width(m: ModelSpec, rows: Iterable[int]) -> int:
     return max(1, round((k * up + down) / (k + 1)))
 
 
+def expert_widths(m: ModelSpec, rows: np.ndarray) -> np.ndarray:
+    """`expert_width` of many one-expert ops at once, each of `rows` [N] (> 0) tokens."""
+    k, tiles = m.ffn_matrices - 1, -(-rows.astype(np.int64) // TILE)
+    up = tiles * -(-(k * m.expert_ffn_size) // TILE)
+    down = tiles * -(-m.hidden_size // TILE)
+    return np.maximum(1, np.round((k * up + down) / (k + 1))).astype(np.int64)
+
+
 class SlotPolicy(Protocol):
     """Decides each device's expert copies; sees routing only through `observe` (causal)."""
 
@@ -415,6 +423,13 @@ class ExpertTime:
         """A lane's expert ops on a shared GPU: (overhead, work at the whole GPU, cap) each."""
         assert self.pool_model is not None
         over, out = self.cost.overhead_s(Resource.GPU, OpKind.EXPERT), []
+        if not self.grouped:  # one op per expert: all of them at once
+            busy = tokens[tokens > 0]
+            f, b = self.expert_params_flops * busy, np.full(len(busy), float(self.expert_bytes))
+            work = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, f, b, 1.0) - over
+            width = expert_widths(self.pool_model, np.ceil(busy))
+            caps = self.cost.cap_vec(Resource.GPU, f, b, width)
+            return [(over, w, c) for w, c in zip(work.tolist(), caps.tolist(), strict=True)]
         for f, b, rows in self._ops(tokens):
             width = expert_width(self.pool_model, np.ceil(rows))
             work = self.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b) - over

@@ -1004,3 +1004,29 @@ def test_new_copies_count_each_devices_added_holdings():
         assert new_copies(new, old) == want
     assert new_copies(np.array([[3, 3, -1]]), np.array([[3, -1, -1]])) == 1
     assert new_copies(np.array([[-1, -1]]), np.array([[0, 1]])) == 0
+
+
+def test_pool_ops_of_one_expert_each_equal_the_scalar_cost():
+    """On lanes sharing the SMs, one op per expert: `pool_ops` (all at once) gives each busy
+    expert exactly the launch, work and cap that `CostModel.compute_s`, `cap` and `expert_width`
+    give it alone, from a few tokens (narrow kernels) to thousands (wide ones), with widths
+    that fall on a half."""
+    from core.cost import CostModel
+
+    m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/switch-base-128.yaml").read_text()))
+    m = replace(m, expert_ffn_size=1100)  # 9 + 6 tiles per row tile: widths round half to even
+    cost = CostModel(HardwareSpec.from_dict(
+        yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text())))  # fmt: skip
+    timer = ExpertTime(cost, m.expert_flops(1), m.expert_bytes, False, 0.0, 1.0, m)
+    over = cost.overhead_s(Resource.GPU, OpKind.EXPERT)
+    rng = np.random.default_rng(2)
+    tokens = rng.gamma(0.3, 300.0, size=128) * (rng.random(128) > 0.4)
+    tokens[:4] = [1.0, 300.5, 4000.25, 60000.0]
+    want = []
+    for n in tokens[tokens > 0]:
+        f = m.expert_flops(1) * n
+        width = expert_width(m, [np.ceil(n)])
+        want.append((over, cost.compute_s(Resource.GPU, OpKind.EXPERT, f, m.expert_bytes) - over,
+                     cost.cap(Resource.GPU, f, m.expert_bytes, width)))  # fmt: skip
+    assert min(c for *_, c in want) < 0.5 < max(c for *_, c in want)
+    assert timer.pool_ops(tokens) == want
