@@ -425,11 +425,13 @@ class ExpertTime:
         over, out = self.cost.overhead_s(Resource.GPU, OpKind.EXPERT), []
         if not self.grouped:  # one op per expert: all of them at once
             busy = tokens[tokens > 0]
-            f, b = self.expert_params_flops * busy, np.full(len(busy), float(self.expert_bytes))
-            work = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, f, b, 1.0) - over
-            width = expert_widths(self.pool_model, np.ceil(busy))
-            caps = self.cost.cap_vec(Resource.GPU, f, b, width)
-            return [(over, w, c) for w, c in zip(work.tolist(), caps.tolist(), strict=True)]
+            fl = self.expert_params_flops * busy
+            by = np.full(len(busy), float(self.expert_bytes))
+            works = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, fl, by, 1.0) - over
+            caps = self.cost.cap_vec(
+                Resource.GPU, fl, by, expert_widths(self.pool_model, np.ceil(busy))
+            )
+            return [(over, w, c) for w, c in zip(works.tolist(), caps.tolist(), strict=True)]
         for f, b, rows in self._ops(tokens):
             width = expert_width(self.pool_model, np.ceil(rows))
             work = self.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b) - over
