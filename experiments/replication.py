@@ -8,7 +8,8 @@ Usage:
 Writes one run directory per (case, batch size, planner) with summary.json and balance.csv, then
 reads them back to print the table and the targets and to plot balancedness / utilisation per
 layer, balancedness per batch, throughput per batch size and, for the target cases, balancedness
-against makespan (PNG, in out_dir).
+against makespan (PNG, in out_dir); out_dir/report.txt keeps the printed lines and
+out_dir/index.html shows them with the plots.
 """
 
 from __future__ import annotations
@@ -855,7 +856,44 @@ def run(cfg: DictConfig) -> list[str]:
     ]
     pngs = plot(rows, out, fresh)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
+    lines.append(f"report: {write_pages(out, lines, pngs)}")
     return lines
+
+
+CAPTIONS = {  # each plot's caption on the report page
+    "balancedness_per_layer.png": "Balancedness (mean / max device tokens) per MoE layer, each "
+    "case at the batch its targets are judged on (a held-out case's fresh batch), else its largest.",
+    "expert_phase_util_per_layer.png": "Expert-phase utilisation per MoE layer: expert busy time "
+    "over the devices' expert-phase spans.",
+    "balancedness_per_batch.png": "Balancedness of each batch (prefill iteration).",
+    "throughput.png": "Throughput against batch size, every planner and variant.",
+    "balance_vs_makespan.png": "Balancedness against makespan for the target cases: the shaded "
+    "corner (at least eplb's balancedness, at most the makespan that closes half the "
+    "ep_static -> oracle gap) is where a planner meets both targets.",
+}
+
+
+def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
+    """out/report.txt (the printed lines) and out/index.html (those lines and this run's plots,
+    each with its caption), both replaced whole; returns the page's path."""
+    import html
+
+    body = "\n".join(
+        f'<figure><img src="{p.name}" alt="{p.stem}"><figcaption>'
+        f"{html.escape(CAPTIONS.get(p.name, p.stem))}</figcaption></figure>"
+        for p in pngs
+    )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>moepipe replication</title>"
+        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}"
+        "img{max-width:100%}</style></head><body><h1>Expert replication (issue 5)</h1>"
+        f"<pre>{html.escape(chr(10).join(lines))}</pre>\n{body}\n</body></html>\n"
+    )
+    for name, text in (("report.txt", "\n".join(lines) + "\n"), ("index.html", page)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    return out / "index.html"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")

@@ -56,6 +56,13 @@ def test_replication_experiment_runs_small(tmp_path):
     assert len(list(Path(tmp_path).glob("*.png"))) == 5
     for png in ("balancedness_per_batch.png", "balance_vs_makespan.png"):
         assert (Path(tmp_path) / png).stat().st_size > 0
+    # the printed report is kept, and the page shows it with every plot of this run
+    report = (Path(tmp_path) / "report.txt").read_text()
+    assert report.startswith("case ") and report in r.stdout
+    assert f"report: {Path(tmp_path) / 'index.html'}" in r.stdout
+    page = (Path(tmp_path) / "index.html").read_text()
+    assert all(f'src="{p.name}"' in page for p in Path(tmp_path).glob("*.png"))
+    assert "predictive_replication" in page and "balancedness" in page
     import pandas as pd
 
     runs = sorted(Path(tmp_path).glob("esft-g8/bs8/*/summary.json"))
