@@ -848,10 +848,11 @@ class Executor:
             if buf is None or buf.numel() < n:
                 if buf is not None:  # a copy on another stream may still use it: keep it alive
                     self._retired.append(buf)
-                dev = self.device if key.startswith("dev") else torch.device("cpu")
-                buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=dev)
-                if dev.type == "cpu" and self.cuda:
-                    buf = buf.pin_memory()
+                if key.startswith("dev"):
+                    buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=self.device)
+                else:  # host: exact-size slots of the store's slabs (pinned on CUDA), as units'
+                    buf = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN))
+                    self.store.slabs.give(buf)  # reused only once this view is gone
                 self._scratch[key] = buf
             return buf
 

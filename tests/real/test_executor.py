@@ -218,6 +218,25 @@ def test_offloaded_kv_round_trips_through_position_major_host_cache(
     assert_matches_reference(mixtral_tiny, spec, result, out, ATOL if device == "cpu" else CUDA_TOL)
 
 
+def test_host_activation_buffers_are_slots_of_the_store_slabs(mixtral_tiny, monkeypatch):
+    """Fiddler moves activations between host and device for its CPU experts. Their host
+    buffers are cut from the store's slabs (pinned at their exact size on CUDA), not taken from
+    PyTorch's pinned allocator, which rounds each up to a power of two."""
+    runs = []
+    real_copy = Executor._scratch_copy
+
+    def spy(self, op):
+        real_copy(self, op)
+        runs.append(self)
+
+    monkeypatch.setattr(Executor, "_scratch_copy", spy)
+    real_execute(mixtral_tiny, spec_for(mixtral_tiny, "fiddler"), "replay")
+    ex = runs[0]
+    host = [b for key, b in ex._scratch.items() if key.startswith("host")]
+    slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in ex.store.slabs._slabs]
+    assert host and all(any(lo <= b.data_ptr() < hi for lo, hi in slabs) for b in host)
+
+
 def test_io_error_stops_every_worker(mixtral_tiny, monkeypatch):
     """A failing disk read raises out of the run (no hang) and leaves no worker thread behind."""
     calls = {"n": 0}
