@@ -66,9 +66,10 @@ def timed(copy: Callable[[], Any], device: torch.device, repeats: int) -> tuple[
 
 
 def slab_tensor(slabs: HostSlabs, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A host tensor of `shape` in one slot of `slabs` (pinned where they are)."""
+    """A host tensor of `shape` in a slab of its own (pinned where the slabs are), as the
+    executor holds a KV cache."""
     n = dtype.itemsize * int(torch.Size(shape).numel())
-    return slabs.take(round_up(n, ALIGN))[:n].view(dtype).view(shape)
+    return slabs.take(round_up(n, ALIGN), alone=True)[:n].view(dtype).view(shape)
 
 
 def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip

@@ -319,7 +319,7 @@ class Executor:
                 row.append((end, t.dtype, (m, b, h, d)))
                 end = round_up(end + t.numel() * t.element_size(), TENSOR_ALIGN)
             layout.append(row)
-        buf = self.store.slabs.take(round_up(max(end, 1), ALIGN))
+        buf = self.store.slabs.take(round_up(max(end, 1), ALIGN), alone=True)
         buf.zero_()
         kv = KVCache(tuple(
             tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
@@ -851,7 +851,7 @@ class Executor:
                 if key.startswith("dev"):
                     buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=self.device)
                 else:  # host: exact-size slots of the store's slabs (pinned on CUDA), as units'
-                    buf = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN))
+                    buf = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN), alone=True)
                     self.store.slabs.give(buf)  # reused only once this view is gone
                 self._scratch[key] = buf
             return buf

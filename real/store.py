@@ -302,8 +302,10 @@ class HostSlabs:
         """Slabs pinned with cudaHostRegister (not yet unregistered)."""
         return len(self._registered)
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A uint8 buffer of nbytes (a multiple of ALIGN) at an ALIGN boundary; contents undefined."""
+    def take(self, nbytes: int, alone: bool = False) -> torch.Tensor:
+        """A uint8 buffer of nbytes (a multiple of ALIGN) at an ALIGN boundary; contents undefined.
+        `alone`: a new one comes from a slab of its own (exactly nbytes), for buffers taken once
+        a run (KV caches, activation scratch), where the slots beside it would sit unused."""
         assert nbytes % ALIGN == 0, nbytes
         if _USE_COUNT is None:  # cannot tell when a buffer is free to reuse: a fresh one each time
             return aligned_empty(nbytes, pin=self.pin_for is not None)
@@ -321,7 +323,7 @@ class HostSlabs:
             for e in copying:  # queued copies still read it: wait rather than grow
                 e.synchronize()
             return buf
-        slots = self._slab(nbytes)  # every free slot is still read by a view
+        slots = self._slab(nbytes, 1 if alone else None)  # every free slot is still read by a view
         with self._lock:
             self._free[nbytes].extend((b, ()) for b in slots[1:])
         return slots[0]
@@ -343,10 +345,11 @@ class HostSlabs:
         for unregister in registered:
             unregister()
 
-    def _slab(self, nbytes: int) -> list[torch.Tensor]:
-        """A new slab cut into slots of nbytes, each its own storage (so `_storage_users` counts
-        the views of one slot, not of the whole slab)."""
-        n = min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
+    def _slab(self, nbytes: int, slots: int | None = None) -> list[torch.Tensor]:
+        """A new slab cut into `slots` (default: as many as SLAB_BYTES holds, at most SLAB_SLOTS)
+        slots of nbytes, each its own storage (so `_storage_users` counts the views of one slot,
+        not of the whole slab)."""
+        n = slots or min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
         slab = aligned_empty(n * nbytes)
         whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
         if self.pin_for is not None:

@@ -244,6 +244,22 @@ def test_host_buffers_are_slab_slots_reused_once_nothing_reads_them(
     store.close()
 
 
+def test_a_buffer_taken_alone_is_a_slab_of_its_size_and_reused():
+    """`alone` (KV caches, activation scratch: taken once a run) reserves exactly the buffer, not
+    a slab of slots that would sit unused; given back and no longer viewed, it is reused."""
+    from real.store import SLAB_SLOTS, HostSlabs
+
+    slabs = HostSlabs()
+    a = slabs.take(3 * ALIGN, alone=True)
+    assert slabs.reserved_bytes == 3 * ALIGN
+    ptr = a.data_ptr()
+    slabs.give(a)
+    del a
+    assert slabs.take(3 * ALIGN, alone=True).data_ptr() == ptr and slabs.reserved_bytes == 3 * ALIGN
+    slabs.take(ALIGN)  # a unit's size: a shared slab of slots
+    assert slabs.reserved_bytes == 3 * ALIGN + SLAB_SLOTS * ALIGN
+
+
 class _Copy:
     """A stand-in for a CUDA event of a queued copy."""
 
