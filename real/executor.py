@@ -850,9 +850,12 @@ class Executor:
                     self._retired.append(buf)
                 if key.startswith("dev"):
                     buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=self.device)
-                else:  # host: exact-size slots of the store's slabs (pinned on CUDA), as units'
-                    buf = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN), alone=True)
-                    self.store.slabs.give(buf)  # reused only once this view is gone
+                else:  # host: a slab of the store's of its exact size (pinned on CUDA)
+                    raw = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN), alone=True)
+                    # kept as a view: the slabs reuse the slot only once no view is alive, that
+                    # is once the executor (its scratch and retired buffers) is gone
+                    buf = raw[:]
+                    self.store.slabs.give(raw)
                 self._scratch[key] = buf
             return buf
 

@@ -236,6 +236,11 @@ def test_host_activation_buffers_are_slots_of_the_store_slabs(mixtral_tiny, monk
     slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in ex.store.slabs._slabs]
     # each in a slab of its own size: a buffer taken once a run leaves no unused slots beside it
     assert host and all((b.data_ptr(), b.data_ptr() + b.numel()) in slabs for b in host)
+    # and not handed out again while the executor holds it: not to the other direction's
+    # buffer, nor to the next buffer of that size (a unit's weights, say)
+    assert len({b.data_ptr() for b in host}) == len(host) == 2
+    again = [ex.store.slabs.take(b.numel(), alone=True) for b in host]
+    assert not {a.data_ptr() for a in again} & {b.data_ptr() for b in host}
 
 
 def test_io_error_stops_every_worker(mixtral_tiny, monkeypatch):
