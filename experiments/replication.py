@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -854,7 +856,8 @@ def run(cfg: DictConfig) -> list[str]:
         ),  # fmt: skip
         *targets(rows, held_out, list(cfg.get("variants") or {}), fresh),
     ]
-    pngs = plot(rows, out, fresh)
+    # every target case gets its trade-off panel: a held-out one at its fresh batch, else its largest
+    pngs = plot(rows, out, {c: fresh.get(c) for c in held_out})
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
     lines.append(f"report: {write_pages(out, lines, pngs)}")
     return lines
@@ -890,9 +893,10 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
         f"<pre>{html.escape(chr(10).join(lines))}</pre>\n{body}\n</body></html>\n"
     )
     for name, text in (("report.txt", "\n".join(lines) + "\n"), ("index.html", page)):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
     return out / "index.html"
 
 

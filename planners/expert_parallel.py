@@ -394,11 +394,16 @@ class ExpertTime:
         return pool_makespan_s([self.pool_ops(row) for row in predicted_tokens(slots, load)])
 
     def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
-        """[G] each device's modelled time for slots [G, K] if load [E] splits evenly: `device_s`
-        of each row, at once where the devices do not share the SMs (the gate's inner loop)."""
+        """[G] each device's modelled time (`device_s`) for slots [G, K] if load [E] splits
+        evenly."""
         tokens = predicted_tokens(slots, load)
         if self.pool_model is not None:
             return np.array([self.device_s(row) for row in tokens])
+        return self._own_times(tokens)
+
+    def _own_times(self, tokens: np.ndarray) -> np.ndarray:
+        """[G] `device_s` of devices that do not share the SMs, for tokens [G, E], all at once
+        (the gate's inner loop): each row's sums run along it (so a row alone gives the same)."""
         busy = tokens > 0
         if self.grouped:  # one op per device with tokens: all its tokens, every expert it reads
             n = busy.sum(1)
@@ -444,8 +449,7 @@ class ExpertTime:
         if the lane had the GPU to itself."""
         if self.pool_model is not None:
             return sum(over + work / cap for over, work, cap in self.pool_ops(tokens))
-        return sum(self.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b, self.share)
-                   for f, b, _ in self._ops(tokens))  # fmt: skip
+        return float(self._own_times(np.asarray(tokens, dtype=np.float64)[None])[0])
 
 
 def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:

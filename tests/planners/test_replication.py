@@ -968,9 +968,11 @@ def test_tensor_parallel_mla_keeps_the_latent_projection_whole():
 @pytest.mark.parametrize("share", [1.0, 0.125])
 @pytest.mark.parametrize("table", [False, True])
 def test_device_times_are_each_devices_own_time(grouped, share, table):
-    """The gate's vectorised `device_times` equals `device_s` row by row: random slots (empty
-    ones and an expert twice on one device included) and fractional loads with zeros, one grouped
-    op per device or one op per expert, a lane's share, a measured time table or the roofline."""
+    """The gate's `device_times` (all devices at once) equals `device_s` row by row to the last
+    bit (the gate breaks ties of modelled time by device), and both are the device's ops
+    costed one by one: random slots (empty ones and an expert twice on one device included)
+    and fractional loads with zeros, one grouped op per device or one op per expert, a lane's
+    share, a measured time table or the roofline."""
     from core.cost import CostModel
     from planners.expert_parallel import predicted_tokens
 
@@ -985,8 +987,13 @@ def test_device_times_are_each_devices_own_time(grouped, share, table):
         slots = rng.integers(-1, 64, size=(8, 10))
         slots[0, :2] = [5, 5]
         load = rng.gamma(0.5, 40.0, size=64) * (rng.random(64) > 0.3)
-        want = [timer.device_s(row) for row in predicted_tokens(slots, load)]
-        assert timer.device_times(slots, load) == pytest.approx(want, rel=1e-12, abs=0)
+        rows = predicted_tokens(slots, load)
+        got = timer.device_times(slots, load)
+        assert got.tolist() == [timer.device_s(row) for row in rows]  # bit for bit: gate ties
+        # and each is the device's ops (`_ops`) costed one by one, up to the order of the sums
+        ops = [sum(timer.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b, share)
+                   for f, b, _ in timer._ops(row)) for row in rows]  # fmt: skip
+        assert got == pytest.approx(ops, rel=1e-12, abs=0)
 
 
 def test_new_copies_count_each_devices_added_holdings():
