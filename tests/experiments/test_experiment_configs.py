@@ -49,13 +49,16 @@ def test_replication_experiment_runs_small(tmp_path):
            "~cases.switch-base-256", "~cases.switch-base-128-shared", "~cases.switch-base-128-loop",
            "~cases.esft-g8-b32", "~cases.esft-g4-b32",
            "cases.esft-g8.batch_sizes=[8]", "cases.esft-g8.n_batches=2",
-           "cases.esft-g8.prompt_len=8"]  # fmt: skip
+           "cases.esft-g8.prompt_len=8", "targets_cases=[esft-g8,switch-base-128-g8]"]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
     assert len(list(Path(tmp_path).glob("*.png"))) == 5
     for png in ("balancedness_per_batch.png", "balance_vs_makespan.png"):
         assert (Path(tmp_path) / png).stat().st_size > 0
+    # a panel per target case, the synthetic one too: 4.5 inches each at 110 dpi (PNG width)
+    head = (Path(tmp_path) / "balance_vs_makespan.png").read_bytes()[16:20]
+    assert int.from_bytes(head, "big") == round(2 * 4.5 * 110)
     # the printed report is kept, and the page shows it with every plot of this run
     report = (Path(tmp_path) / "report.txt").read_text()
     assert report.startswith("case ") and report in r.stdout
