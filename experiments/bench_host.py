@@ -69,7 +69,7 @@ def slab_tensor(slabs: HostSlabs, shape: tuple[int, ...], dtype: torch.dtype) ->
     """A host tensor of `shape` in a slab of its own (pinned where the slabs are), as the
     executor holds a KV cache."""
     n = dtype.itemsize * int(torch.Size(shape).numel())
-    return slabs.take(round_up(n, ALIGN), alone=True)[:n].view(dtype).view(shape)
+    return slabs.lend(n).view(dtype).view(shape)
 
 
 def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip

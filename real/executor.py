@@ -35,7 +35,7 @@ from core.spec import Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
-from real.store import ALIGN, TENSOR_ALIGN, TieredStore, round_up
+from real.store import TENSOR_ALIGN, TieredStore, round_up
 
 log = logging.getLogger(__name__)
 
@@ -307,9 +307,9 @@ class Executor:
     def _host_kv(self, batch: int, max_len: int) -> KVCache:
         """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
         positions a KV_LOAD or KV_STORE moves is one contiguous block, which CUDA copies straight
-        from or into pinned memory (a strided span goes through an unpinned temporary). Cut from
-        one buffer of the store's host slabs, pinned at its exact size on CUDA; given back at
-        once, the slabs reuse it only when these views are gone."""
+        from or into pinned memory (a strided span goes through an unpinned temporary). One buffer
+        lent by the store's host slabs, pinned at its exact size on CUDA, reused only once these
+        views are gone."""
         shapes = KVCache.allocate(self.model.spec, batch, max_len, "meta")
         layout, end = [], 0
         for layer in shapes.layers:
@@ -319,14 +319,12 @@ class Executor:
                 row.append((end, t.dtype, (m, b, h, d)))
                 end = round_up(end + t.numel() * t.element_size(), TENSOR_ALIGN)
             layout.append(row)
-        buf = self.store.slabs.take(round_up(max(end, 1), ALIGN), alone=True)
+        buf = self.store.slabs.lend(end)
         buf.zero_()
-        kv = KVCache(tuple(
+        return KVCache(tuple(
             tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
             for row in layout
         ))  # fmt: skip
-        self.store.slabs.give(buf)
-        return kv
 
     def _preload(self, resident: Mapping[Unit, Tier]) -> None:
         """Put placement-resident units where the schedule expects them (untimed)."""
@@ -850,12 +848,9 @@ class Executor:
                     self._retired.append(buf)
                 if key.startswith("dev"):
                     buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=self.device)
-                else:  # host: a slab of the store's of its exact size (pinned on CUDA)
-                    raw = self.store.slabs.take(round_up(max(n, 1 << 20), ALIGN), alone=True)
-                    # kept as a view: the slabs reuse the slot only once no view is alive, that
-                    # is once the executor (its scratch and retired buffers) is gone
-                    buf = raw[:]
-                    self.store.slabs.give(raw)
+                else:  # host: a slab of its exact size (pinned on CUDA), reused only once
+                    # the executor (its scratch and retired buffers) is gone
+                    buf = self.store.slabs.lend(max(n, 1 << 20))
                 self._scratch[key] = buf
             return buf
 

@@ -328,6 +328,15 @@ class HostSlabs:
             self._free[nbytes].extend((b, ()) for b in slots[1:])
         return slots[0]
 
+    def lend(self, nbytes: int) -> torch.Tensor:
+        """A uint8 view of nbytes, ALIGN-aligned, in a slab of its own size, for a buffer kept a
+        whole run (KV caches, activation scratch); contents undefined. Its slot goes back at
+        once and is reused only once this view and every view of it are gone."""
+        raw = self.take(round_up(max(nbytes, 1), ALIGN), alone=True)
+        view = raw[:nbytes]
+        self.give(raw)
+        return view
+
     def give(self, buf: torch.Tensor, copying: Sequence[torch.cuda.Event] = ()) -> None:
         """Return a buffer from `take`; `copying`: events of queued copies that read it."""
         if _USE_COUNT is None:
