@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -259,17 +259,24 @@ def expert_width(m: ModelSpec, rows: Iterable[int]) -> int:
     """Thread blocks of a device's expert op (one expert's tokens, or each expert's of a grouped
     GEMM): those of its up-projection GEMM (SwiGLU's gate and up fused: (matrices - 1) x F
     columns) and of its down-projection (H columns), averaged by the weight bytes each reads."""
-    rows, k = list(rows), m.ffn_matrices - 1
-    up, down = gemm_blocks(rows, k * m.expert_ffn_size), gemm_blocks(rows, m.hidden_size)
-    return max(1, round((k * up + down) / (k + 1)))
+    return max(1, round(_mean_blocks(m, gemm_blocks(rows, TILE))))  # rows -> output row tiles
 
 
 def expert_widths(m: ModelSpec, rows: np.ndarray) -> np.ndarray:
     """`expert_width` of many one-expert ops at once, each of `rows` [N] (> 0) tokens."""
-    k, tiles = m.ffn_matrices - 1, -(-rows.astype(np.int64) // TILE)
-    up = tiles * -(-(k * m.expert_ffn_size) // TILE)
-    down = tiles * -(-m.hidden_size // TILE)
-    return np.maximum(1, np.round((k * up + down) / (k + 1))).astype(np.int64)
+    tiles = -(-rows.astype(np.int64) // TILE)
+    return np.maximum(1, np.round(_mean_blocks(m, tiles))).astype(np.int64)
+
+
+def _mean_blocks(m: ModelSpec, row_tiles: Any) -> Any:
+    """`expert_width` before rounding, for ops of `row_tiles` output row tiles (an int, or an
+    array of them): each GEMM's blocks are its row tiles times its column tiles."""
+    k = m.ffn_matrices - 1
+    up, down = (
+        row_tiles * -(-(k * m.expert_ffn_size) // TILE),
+        row_tiles * -(-m.hidden_size // TILE),
+    )
+    return (k * up + down) / (k + 1)
 
 
 class SlotPolicy(Protocol):
