@@ -87,12 +87,20 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 
+def peek_label(meta: dict[str, Any]) -> str:
+    """What a run's label says about the routing it peeked at (schedule meta `oracle`): an upper
+    bound, unless the planner said why it is not one (`not_a_bound`); nothing if it never peeked."""
+    if not meta.get("oracle"):
+        return ""
+    return " (peeks at the routing)" if meta.get("not_a_bound") else " (oracle upper bound)"
+
+
 def summary_of(
     spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str
 ) -> dict[str, Any]:
     # ep_slots (every iteration's expert placement) is run data, too large for a summary
     meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params", "ep_slots")}
-    planner_label = spec.planner + (" (oracle upper bound)" if schedule.meta.get("oracle") else "")
+    planner_label = spec.planner + peek_label(schedule.meta)
     return summarize(
         schedule,
         trace,

@@ -46,6 +46,7 @@ from experiments.pipeline import (
     RunSpec,
     atomic_write_json,
     code_version,
+    peek_label,
     simulate_run,
     write_balance,
     write_run,
@@ -144,15 +145,19 @@ def synthetic_split(model: ModelSpec, wl: Workload, out: Path) -> tuple[Routing,
     return test, *files
 
 
+def load_matrix(ids: np.ndarray, n_experts: int) -> np.ndarray:
+    """[L, E] float64 expert selections of routing ids [T, L, k]."""
+    return np.stack([np.bincount(ids[:, m].ravel(), minlength=n_experts)
+                     for m in range(ids.shape[1])]).astype(np.float64)  # fmt: skip
+
+
 def save_training(
     train_ids: np.ndarray, n_experts: int, out: Path, prefix: str
 ) -> tuple[Path, Path]:
     """From training routing ids [T, L, k]: the load matrix [L, E] (eplb / predictive / oracle's
     initial_load) and the transition table [L, E, E] (predictive's table), as .npy files."""
-    load = np.stack([np.bincount(train_ids[:, m].ravel(), minlength=n_experts)
-                     for m in range(train_ids.shape[1])])  # fmt: skip
     paths = out / f"{prefix}_load.npy", out / f"{prefix}_trans.npy"
-    np.save(paths[0], load.astype(np.float64))
+    np.save(paths[0], load_matrix(train_ids, n_experts))
     np.save(paths[1], transition_counts(train_ids, n_experts))
     return paths
 
@@ -162,6 +167,8 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     Switch skew fit."""
     test_ids, train_ids = esft_split(cfg.trace_dir, cfg.seed, str(cfg.split))
     save_training(train_ids, 64, out, "esft_train")  # [26, 64] and [26, 64, 64]
+    # the evaluated split's own load [26, 64]: what a variant that knows it in advance packs from
+    np.save(out / "esft_eval_load.npy", load_matrix(test_ids, 64))
     np.save(out / "esft_train_groups.npy", esft_group_loads(cfg.trace_dir, str(cfg.split)))
     counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
         "olmoe_counts_top1"
@@ -250,9 +257,10 @@ def run_case(
             if wc is not None:
                 result.summary["wc_makespan_s"] = wc
             if label != planner:  # a variant: its own row, beside the four the targets compare
-                bound = " (oracle upper bound)" if result.schedule.meta.get("oracle") else ""
                 result.summary.update(
-                    planner=label, planner_label=label + bound, variant_of=planner
+                    planner=label,
+                    planner_label=label + peek_label(result.schedule.meta),
+                    variant_of=planner,
                 )
             if cfg.write_traces:
                 write_run(run_dir, result)
@@ -425,6 +433,35 @@ def eplb_lines(
     return out
 
 
+def prediction_lines(
+    rows: list[dict[str, Any]], cases: Sequence[str], fresh: Mapping[str, int | None]
+) -> list[str]:
+    """One note per target case at its judged batch (`fresh`, else its largest): each planner or
+    variant that plans from a predicted load (summary `prediction_tv`: the mean total-variation
+    distance of that load from each batch's true one), most distant first, with its balancedness
+    and makespan, beside eplb's. With the oracle's `truth_weight` variants it shows how close to
+    the truth a prediction must come to reach eplb's balancedness."""
+    out = []
+    for case in cases:
+        sizes = [r["batch_size"] for r in rows if r["case"] == case]
+        if not sizes:
+            continue
+        bs = fresh.get(case) or max(sizes)
+        at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
+        planned = sorted((r for r in at if r["plan"]["ep"].get("prediction_tv") is not None),
+                         key=lambda r: -r["plan"]["ep"]["prediction_tv"])  # fmt: skip
+        eplb = next((r for r in at if r["planner"] == "eplb"), None)
+        if not planned or eplb is None:
+            continue
+        each = "; ".join(f"{r['planner']} {r['plan']['ep']['prediction_tv']:.3f} -> "
+                         f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms"
+                         for r in planned)  # fmt: skip
+        out.append(f"[note] {case} bs={bs}: distance of the load planned from to each batch's "
+                   f"(mean total variation) -> balancedness / makespan: {each}; eplb "
+                   f"{eplb['balancedness']:.4f} / {1e3 * eplb['makespan_s']:.2f} ms")  # fmt: skip
+    return out
+
+
 def _views(by: dict[str, dict[str, Any]]) -> str:
     """ep_static's and predictive's makespan and expert-phase utilisation, and the gain."""
     st, pr = by["ep_static"], by["predictive_replication"]
@@ -471,12 +508,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase spans): the token view and three time
     views."""
     w = max([16, *(len(r["case"]) for r in rows)])
-    head = (f"{'case':{w}} {'bs':>4} {'planner':42} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
+    pw = max([42, *(len(r["planner_label"]) for r in rows)])
+    head = (f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
             f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:42} {1e3 * r['makespan_s']:>11.2f} "
+            f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} {1e3 * r['makespan_s']:>11.2f} "
             f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} {r['balancedness']:>8.3f} "
             f"{r['utilisation']:>6.3f} {r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
             f"{r['plan']['ep'].get('copies', 0):>6}"
@@ -846,6 +884,7 @@ def run(cfg: DictConfig) -> list[str]:
         *sharing_lines(rows),
         *loop_lines(rows),
         *eplb_lines(rows, held_out, fresh),
+        *prediction_lines(rows, held_out, fresh),
         *(
             []
             if held_out

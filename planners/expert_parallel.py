@@ -293,6 +293,27 @@ class SlotPolicy(Protocol):
         ...
 
 
+class PredictionError:
+    """How far a policy's placements were planned from the truth: per (iteration, MoE layer), the
+    total-variation distance (half the L1 distance of the shares) between the load the placement
+    was planned from and the iteration's true load, revealed by its gates. 0 for the oracle."""
+
+    def __init__(self) -> None:
+        self.planned: dict[tuple[int, int], np.ndarray] = {}
+        self.tv: list[float] = []
+
+    def planned_from(self, t: int, moe: int, load: np.ndarray) -> None:
+        self.planned[(t, moe)] = np.asarray(load, dtype=np.float64)
+
+    def observed(self, t: int, moe: int, counts: Any) -> None:
+        load, true = self.planned.pop((t, moe)), np.asarray(counts, dtype=np.float64)
+        if load.sum() > 0 and true.sum() > 0:
+            self.tv.append(0.5 * float(np.abs(load / load.sum() - true / true.sum()).sum()))
+
+    def mean(self) -> float | None:
+        return float(np.mean(self.tv)) if self.tv else None
+
+
 def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
     """A .npy float array whose shape matches `shape` (None: any length >= 1 on that axis), or one
     ConfigError naming `label` (the param), the file and `need` (the shape the model needs)."""

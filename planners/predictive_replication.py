@@ -33,6 +33,7 @@ from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from planners.expert_parallel import (
     EPRunner,
+    PredictionError,
     ReplicaParams,
     Replicator,
     read_npy,
@@ -209,9 +210,11 @@ class LoadPredictor:
 class PredictedReplicas:
     def __init__(self, rep: Replicator, predictor: LoadPredictor) -> None:
         self.rep, self.predictor = rep, predictor
+        self.error = PredictionError()
 
     def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         load, used = self.predictor.predict(t, moe)
+        self.error.planned_from(t, moe, load)
         scenarios = self.predictor.scenarios(moe, load)
         home_load = None
         if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
@@ -220,6 +223,7 @@ class PredictedReplicas:
         return self.rep.place(moe, load, home_load, scenarios), used
 
     def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
+        self.error.observed(t, moe, view.counts)
         self.predictor.observe(t, moe, view, gates)
 
 
@@ -239,4 +243,6 @@ class PredictiveReplication:
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         predictor = LoadPredictor(self.params, n_layers, e, selections, init)
         out.meta["predictor"] = self.params.predictor
-        EPRunner(ctx, out, layout).plan(PredictedReplicas(rep, predictor))
+        policy = PredictedReplicas(rep, predictor)
+        EPRunner(ctx, out, layout).plan(policy)
+        out.meta["ep"]["prediction_tv"] = policy.error.mean()

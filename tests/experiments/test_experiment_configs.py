@@ -126,3 +126,36 @@ def test_replication_reuses_a_run_only_with_the_same_training_files(tmp_path):
     cfg.split = "fold1"
     replication.run(cfg)
     assert "fold1" in summary("eplb")["routing"]
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_split_load_variant_packs_from_the_evaluated_splits_own_load(tmp_path):
+    """The config's `oracle_replication[split_load]` variant names `${out_dir}/esft_eval_load.npy`:
+    the experiment writes that file before any run, the load of every token of the split it
+    evaluates, and the variant reads it (not the training split's load the others get)."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from experiments import replication
+
+    cfg = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml")
+    variant = cfg.cases["esft-g8-b32"].variants["oracle_replication[split_load]"]
+    case = dict(model="deepseek-v2-lite", routing="esft_heldout", n_devices=8, lanes=False,
+                batch_sizes=[8], prompt_len=8, n_batches=2, variants={"split_load": variant})  # fmt: skip
+    cfg.merge_with(dict(out_dir=str(tmp_path), trace_dir=str(SHARED_TRACES), variants={},
+                        targets_cases=["esft-g8"]))  # fmt: skip
+    cfg.cases = {"esft-g8": case}
+    lines = replication.run(cfg)
+    ev = np.load(tmp_path / "esft_eval_load.npy")
+    test_ids, _ = replication.esft_split(str(SHARED_TRACES), 0, "test")
+    assert ev.shape == (26, 64) and (ev.sum(1) == test_ids.shape[0] * test_ids.shape[2]).all()
+    assert (ev != np.load(tmp_path / "esft_train_load.npy")).any()
+    key = json.loads((tmp_path / "esft-g8" / "bs8" / "split_load" / "run_key.json").read_text())
+    assert key["files"]["initial_load"] == replication.file_sha1(
+        str(tmp_path / "esft_eval_load.npy")
+    )
+    summary = json.loads((tmp_path / "esft-g8" / "bs8" / "split_load" / "summary.json").read_text())
+    assert summary["planner_label"] == "split_load (peeks at the routing)"
+    assert any(
+        "distance of the load planned from" in line and "split_load" in line for line in lines
+    )

@@ -20,6 +20,7 @@ from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
     ExpertTime,
     Layout,
+    PredictionError,
     expert_width,
     home_slots,
     polish,
@@ -129,6 +130,38 @@ def test_planner_runs_and_reports_balance(planner):
     assert set(ex["resource"].astype(str)) <= {"gpu", "gpu:1"}
     assert 0 < s["balancedness"] <= 1 and 0 < s["utilisation"] <= 1
     assert ("oracle upper bound" in s["planner_label"]) == (planner == "oracle_replication")
+    # the planners that plan from a load say how far it was from the truth
+    tv = s["plan"]["ep"].get("prediction_tv")
+    assert (tv is not None) == (planner in ("predictive_replication", "oracle_replication"))
+    assert tv is None or (tv == 0.0) == (planner == "oracle_replication") and 0 <= tv <= 1
+
+
+def test_prediction_error_is_the_total_variation_of_the_shares():
+    err = PredictionError()
+    err.planned_from(0, 0, np.array([2.0, 2.0, 0.0, 0.0]))
+    err.observed(0, 0, [1, 1, 1, 1])  # shares 1/2 1/2 0 0 against 1/4 each: 0.5
+    err.planned_from(1, 0, np.array([3.0, 3.0, 3.0, 3.0]))
+    err.observed(1, 0, [2, 2, 2, 2])  # the same shares at another scale: 0
+    err.planned_from(1, 1, np.array([1.0, 0.0, 0.0, 0.0]))
+    err.observed(1, 1, [0, 0, 0, 5])  # disjoint: 1
+    assert err.mean() == pytest.approx(0.5) and not err.planned
+    assert PredictionError().mean() is None
+
+
+def test_blended_oracle_plans_at_a_known_distance_and_is_not_called_a_bound(tmp_path):
+    prior = tmp_path / "prior.npy"
+    np.save(prior, np.array([[8.0, 1, 1, 1], [1, 1, 1, 8]]))  # tiny: 2 MoE layers, 4 experts
+    tv, copies = {}, {}
+    for w in (1.0, 0.5, 0.0):
+        s = simulate_run(tiny_spec("oracle_replication", replica_slots=1, initial_load=str(prior),
+                                   truth_weight=w)).summary  # fmt: skip
+        tv[w], copies[w] = s["plan"]["ep"]["prediction_tv"], s["plan"]["ep"]["copies"]
+        assert s["planner_label"] == "oracle_replication" + (
+            " (oracle upper bound)" if w == 1.0 else " (peeks at the routing)"
+        )
+    # the blend's shares are w x the truth's + (1 - w) x the prior's: its distance scales by 1 - w
+    assert tv[1.0] == 0.0 and tv[0.0] > 0.1
+    assert tv[0.5] == pytest.approx(tv[0.0] / 2)
 
 
 def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
@@ -197,6 +230,7 @@ def test_too_many_replica_slots_for_memory_name_the_param():
         ),
         ("ep_static", {"n_devices": 5}, r"n_devices=5 must be in \[1, 4\]"),
         ("eplb", {"initial_load": "tests/planners/missing.npy"}, "cannot read"),
+        ("oracle_replication", {"truth_weight": 1.5}, r"truth_weight=1.5 must be in \[0, 1\]"),
     ],
 )
 def test_bad_input_is_one_config_error(planner, params, match):
@@ -532,6 +566,27 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
     assert "closes" not in line and line.endswith(
         "(the ep_static -> oracle gap is 0.05 ms, under 1%)"
     )
+
+
+def test_prediction_lines_order_the_planners_by_their_distance_from_the_truth():
+    from experiments.replication import prediction_lines
+
+    def row(planner, tv, bal, ms, bs=32):
+        return dict(case="c", batch_size=bs, planner=planner, balancedness=bal, makespan_s=ms / 1e3,
+                    plan={"ep": {} if tv is None else {"prediction_tv": tv}})  # fmt: skip
+
+    rows = [row("ep_static", None, 0.77, 10.83), row("eplb", None, 0.912, 15.33),
+            row("oracle_replication", 0.0, 0.936, 10.19), row("predictive_replication", 0.082, 0.8975, 10.28),
+            row("oracle_replication[truth=0.5]", 0.037, 0.911, 10.23),
+            row("predictive_replication", 0.5, 0.5, 99.0, bs=8)]  # fmt: skip
+    assert prediction_lines(rows, ["c", "absent"], {"c": 32}) == [
+        "[note] c bs=32: distance of the load planned from to each batch's (mean total variation) "
+        "-> balancedness / makespan: predictive_replication 0.082 -> 0.8975 / 10.28 ms; "
+        "oracle_replication[truth=0.5] 0.037 -> 0.9110 / 10.23 ms; oracle_replication 0.000 -> "
+        "0.9360 / 10.19 ms; eplb 0.9120 / 15.33 ms"
+    ]
+    assert prediction_lines(rows, ["c"], {})[0].startswith("[note] c bs=32:")  # else the largest
+    assert prediction_lines(rows[2:], ["c"], {"c": 32}) == []  # no eplb to set them beside
 
 
 def test_targets_are_judged_where_no_held_out_token_runs_twice():
