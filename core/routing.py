@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,9 @@ class CausalRouting:
     revealed: dict[tuple[int, int, int], int] = field(
         default_factory=dict
     )  # (step, moe, batch) -> gate op
-    peeked: bool = False  # an oracle looked ahead: outputs are labelled as an upper bound
+    peeked: bool = (
+        False  # an oracle looked ahead: outputs are labelled (an upper bound, or "peeks")
+    )
 
     @classmethod
     def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
@@ -166,6 +169,22 @@ class CausalRouting:
         return self.source(step, moe_idx, batch)
 
     def peek(self, step: int, moe_idx: int, batch: int) -> GateView:
-        """Look at routing before its gate ran: for oracle upper bounds only (labelled as such)."""
+        """Look at routing before its gate ran: for oracles only (outputs labelled as peeking)."""
         self.peeked = True
         return self.source(step, moe_idx, batch)
+
+
+BOUND, PEEKS = " (oracle upper bound)", " (peeks at the routing)"  # label suffixes of peeking runs
+
+
+def peek_label(meta: dict[str, Any]) -> str:
+    """What a run's label says about the routing it peeked at (schedule meta `oracle`): an upper
+    bound, unless the planner said why it is not one (`not_a_bound`); nothing if it never peeked."""
+    if not meta.get("oracle"):
+        return ""
+    return PEEKS if meta.get("not_a_bound") else BOUND
+
+
+def peek_suffix(label: str) -> str:
+    """The peek suffix (`BOUND` or `PEEKS`) a planner label ends with, else ''."""
+    return next((s for s in (BOUND, PEEKS) if label.endswith(s)), "")

@@ -20,6 +20,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from core.routing import peek_suffix
+
 RESULTS = "results"
 _SKIP_KEYS: set[str] = set()  # summary keys not worth a column
 
@@ -79,15 +81,15 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def system_of(run: Path, row: dict[str, Any]) -> str:
     """What a run's planner is, as a sweep varied it: hydra's config choice (klotski_at_n and
-    klotski_hot are both planner `klotski`), else the planner's name; an oracle says so."""
+    klotski_hot are both planner `klotski`), else the planner's name; a run that peeked at the
+    routing says so (an upper bound, or not: `peek_suffix`)."""
     name = str(row.get("planner.name", row.get("planner", "?")))
     try:
         hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
         name = str(hydra["hydra"]["runtime"]["choices"]["planner"])
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         pass
-    oracle = "(oracle upper bound)" in str(row.get("planner_label", ""))
-    return name + (" (oracle upper bound)" if oracle else "")
+    return name + peek_suffix(str(row.get("planner_label", "")))
 
 
 def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:

@@ -18,7 +18,7 @@ import pandas as pd
 from core.balance import phases
 from core.cost import CostModel
 from core.planner import PlanContext
-from core.routing import CausalRouting, Routing, load_routing
+from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import HardwareSpec, ModelSpec, Workload
 from core.trace import make_trace, summarize, write_chrome
@@ -85,14 +85,6 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     start, end = simulate(schedule, cost, parts)
     trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0])
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
-
-
-def peek_label(meta: dict[str, Any]) -> str:
-    """What a run's label says about the routing it peeked at (schedule meta `oracle`): an upper
-    bound, unless the planner said why it is not one (`not_a_bound`); nothing if it never peeked."""
-    if not meta.get("oracle"):
-        return ""
-    return " (peeks at the routing)" if meta.get("not_a_bound") else " (oracle upper bound)"
 
 
 def summary_of(

@@ -35,7 +35,7 @@ from core.args import as_bool
 from core.balance import KEYS
 from core.cost import CostModel
 from core.errors import MoepipeError
-from core.routing import Routing
+from core.routing import Routing, peek_label
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import load_esft
@@ -46,7 +46,6 @@ from experiments.pipeline import (
     RunSpec,
     atomic_write_json,
     code_version,
-    peek_label,
     simulate_run,
     write_balance,
     write_run,

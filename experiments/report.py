@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from core.routing import peek_suffix  # noqa: E402
 from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
 SYSTEM = "system"  # collect's: the planner config choice (planner.name in older results)
@@ -86,8 +87,9 @@ def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _label(planner: str) -> str:
-    name, oracle, _ = planner.partition(" (oracle upper bound)")
-    return SYSTEM_NAMES.get(name, name) + (" (oracle upper bound)" if oracle else "")
+    suffix = peek_suffix(planner)
+    name = planner[: len(planner) - len(suffix)]
+    return SYSTEM_NAMES.get(name, name) + suffix
 
 
 def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:

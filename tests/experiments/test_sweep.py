@@ -66,6 +66,9 @@ def test_collect_names_each_run_by_its_planner_choice(tmp_path: Path) -> None:
     assert system_of(run, {"planner.name": "klotski"}) == "klotski_hot"
     oracle = {"planner.name": "oracle_replication", "planner_label": "x (oracle upper bound)"}
     assert system_of(tmp_path, oracle) == "oracle_replication (oracle upper bound)"
+    # an oracle that is not a bound (a blend of the truth and the prior) still says it peeked
+    blend = {"planner.name": "oracle_replication", "planner_label": "x (peeks at the routing)"}
+    assert system_of(tmp_path, blend) == "oracle_replication (peeks at the routing)"
 
 
 def test_report_lines_keep_the_other_swept_axes_apart() -> None:
@@ -80,6 +83,7 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
     assert len(_lines(df, "n_batches", "workload.batch_size")) == 1
     assert _label("klotski (oracle upper bound)") == "Klotski (oracle upper bound)"
+    assert _label("klotski (peeks at the routing)") == "Klotski (peeks at the routing)"
 
 
 def test_rerun_skips_finished_runs(swept: Path) -> None:
