@@ -680,14 +680,22 @@ def plot_trade_off(
     shown = plotted_batches([r for r in rows if r["case"] in judged], judged)
     if not shown:
         return None
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.6), squeeze=False)
+    # one colour and marker per planner or variant in every panel, named once in a legend below
+    # (labels written beside the points overlapped where several sit near the oracle)
+    labels = list(dict.fromkeys(r["planner_label"] for r in rows
+                                if r["case"] in shown and r["batch_size"] == shown[r["case"]]))  # fmt: skip
+    colours = plt.get_cmap("tab20").colors
+    style = {lab: (colours[i % len(colours)], "os^Dv<>PX*"[i % 10]) for i, lab in enumerate(labels)}
+    ncol = min(len(shown), len(labels))  # about one column of labels per 4.5-inch panel
+    legend_in = 0.22 * -(-len(labels) // ncol)  # inches: one legend row per ncol labels
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.6 + legend_in),
+                             squeeze=False)  # fmt: skip
     for ax, (case, bs) in zip(axes[0], shown.items(), strict=True):
         at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
         for r in at:
-            x, y = 1e3 * r["makespan_s"], r["balancedness"]
-            ax.plot(x, y, marker="o", linestyle="none", label=r["planner_label"])
-            ax.annotate(r["planner_label"].split(" (")[0], (x, y), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+            colour, marker = style[r["planner_label"]]
+            ax.plot(1e3 * r["makespan_s"], r["balancedness"], marker=marker, color=colour,
+                    linestyle="none", label=r["planner_label"])  # fmt: skip
         corner = target_corner(at)
         if corner is not None:
             bal, ms = corner
@@ -696,7 +704,9 @@ def plot_trade_off(
             ax.fill_between([ax.get_xlim()[0], ms], bal, 1.0, color="green", alpha=0.08)
         fresh = " (fresh)" if judged.get(case) == bs else ""
         ax.set(title=f"{case} bs={bs}{fresh}", xlabel="makespan (ms)", ylabel="balancedness")
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=c, marker=mk, linestyle="none") for c, mk in style.values()]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0.0, legend_in / (3.6 + legend_in), 1.0, 1.0))
     path = out / "balance_vs_makespan.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
