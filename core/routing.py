@@ -147,9 +147,7 @@ class CausalRouting:
     revealed: dict[tuple[int, int, int], int] = field(
         default_factory=dict
     )  # (step, moe, batch) -> gate op
-    peeked: bool = (
-        False  # an oracle looked ahead: outputs are labelled (an upper bound, or "peeks")
-    )
+    peeked: bool = False  # an oracle looked ahead: outputs are labelled (`peek_label`)
 
     @classmethod
     def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
