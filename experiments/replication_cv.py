@@ -107,11 +107,13 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The per-fold table, a mean row per case (the folds' mean of each column: the estimate over
     every held-out sequence, beside the one split the targets are reported on), and one line
     per case and target: on how many folds it is met. `rows` is keyed by split, or by
-    "<split> s<seed>" for a fold in another stream order (then counted per (fold, seed))."""
+    "<split> s<seed>" for a fold in another stream order (then counted per (fold, seed)).
+    `pred dist` is how far predictive's planned loads were from each batch's (its summary's
+    `prediction_tv`; nan for a run from before it was recorded)."""
     head = (f"{'fold':>4} {'split':13} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
-            f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10}")  # fmt: skip
+            f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10} {'pred dist':>9}")  # fmt: skip
     lines = [head, "-" * len(head)]
-    # case -> per fold: (eplb bal, pred bal, diff, eplb ms, pred ms, gap closed)
+    # case -> per fold: (eplb bal, pred bal, diff, eplb ms, pred ms, gap closed, pred dist)
     cols: dict[str, list[tuple[float, ...]]] = {}
     for key, fold_rows in rows.items():
         split = key.split()[0]
@@ -125,23 +127,27 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             diff = pr["balancedness"] - ep["balancedness"]
             gap = st["makespan_s"] - orc["makespan_s"]
             closed = (st["makespan_s"] - pr["makespan_s"]) / gap if gap > 0 else float("nan")
+            dist = pr.get("plan", {}).get("ep", {}).get("prediction_tv")
+            dist = float("nan") if dist is None else float(dist)
             lines.append(
                 f"{k:>4} {key:13} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
                 f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {1e3 * ep['makespan_s']:>8.2f} "
-                f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%}"
+                f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%} {dist:>9.3f}"
             )
             cols.setdefault(case, []).append(
                 (ep["balancedness"], pr["balancedness"], diff, 1e3 * ep["makespan_s"],
-                 1e3 * pr["makespan_s"], closed)
+                 1e3 * pr["makespan_s"], closed, dist)
             )  # fmt: skip
     what_runs = "folds" if all(" " not in key for key in rows) else "runs"
     for case, per in sorted(cols.items()):
-        eb, pb, diff, em, pm, closed = (float(np.nanmean(col)) if not np.isnan(col).all()
-                                        else float("nan") for col in np.array(per).T)  # fmt: skip
+        eb, pb, diff, em, pm, closed, dist = (
+            float(np.nanmean(col)) if not np.isnan(col).all() else float("nan")
+            for col in np.array(per).T
+        )
         no_gap = sum(np.isnan(c[5]) for c in per)
         lines.append(
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
-            f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%}"
+            f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%} {dist:>9.3f}"
             + (f"  (gap closed over the {len(per) - no_gap} with a gap)" if no_gap else "")
         )
     lines.append("")

@@ -58,20 +58,20 @@ def test_a_synthetic_target_case_is_one_clear_error(tmp_path):
         fold_cfg(cfg, "test")
 
 
-def row(planner: str, bal: float, ms: float) -> dict:
-    return dict(
-        case="esft-g8", planner=planner, batch_size=128, balancedness=bal, makespan_s=ms / 1e3
-    )
+def row(planner: str, bal: float, ms: float, dist: float | None = None) -> dict:
+    return dict(case="esft-g8", planner=planner, batch_size=128, balancedness=bal,
+                makespan_s=ms / 1e3, plan={"ep": {"prediction_tv": dist}})  # fmt: skip
 
 
-def fold(pred_bal: float, pred_ms: float) -> list[dict]:
+def fold(pred_bal: float, pred_ms: float, dist: float | None = None) -> list[dict]:
     """ep_static 74 ms, oracle 66 ms: a gap of 8 ms."""
     return [row("ep_static", 0.79, 74.0), row("eplb", 0.97, 68.0), row("oracle_replication", 0.99, 66.0),
-            row("predictive_replication", pred_bal, pred_ms)]  # fmt: skip
+            row("predictive_replication", pred_bal, pred_ms, dist)]  # fmt: skip
 
 
 def test_cv_lines_count_the_folds_each_target_meets():
-    rows = {"test": fold(0.968, 68.0), "fold1": fold(0.972, 70.5), "fold2": fold(0.971, 66.0)}
+    rows = {"test": fold(0.968, 68.0, 0.08), "fold1": fold(0.972, 70.5, 0.06),
+            "fold2": fold(0.971, 66.0)}  # fmt: skip
     lines = cv_lines(rows)
     assert any(
         ln.split()[:3] == ["0", "test", "esft-g8"] and "-0.0020" in ln and "75%" in ln
@@ -83,6 +83,13 @@ def test_cv_lines_count_the_folds_each_target_meets():
     # the folds' mean: balancedness diff (-0.002 + 0.002 + 0.001) / 3, gap closed (75 + 44 + 100) / 3
     mean = next(ln for ln in lines if ln.startswith("mean"))
     assert mean.split()[1:4] == ["3", "folds", "esft-g8"] and "+0.0003" in mean and "73%" in mean
+    # predictive's distance from each batch's load: per fold, nan where not recorded, mean of the rest
+    assert [ln.split()[-1] for ln in lines if ln.split()[:1] in (["0"], ["1"], ["2"])] == [
+        "0.080",
+        "0.060",
+        "nan",
+    ]
+    assert mean.split()[-1] == "0.070"
 
 
 def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
