@@ -441,11 +441,8 @@ def prediction_lines(
     and makespan, beside eplb's. With the oracle's `truth_weight` variants it shows how close to
     the truth a prediction must come to reach eplb's balancedness."""
     out = []
-    for case in cases:
-        sizes = [r["batch_size"] for r in rows if r["case"] == case]
-        if not sizes:
-            continue
-        bs = fresh.get(case) or max(sizes)
+    shown = plotted_batches([r for r in rows if r["case"] in cases], fresh)
+    for case, bs in ((c, shown[c]) for c in cases if c in shown):  # in the order of `cases`
         at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
         planned = sorted((r for r in at if r["plan"]["ep"].get("prediction_tv") is not None),
                          key=lambda r: -r["plan"]["ep"]["prediction_tv"])  # fmt: skip
