@@ -8,11 +8,13 @@ Without torchrun it runs as a single process (G = 1). routing=replay forces the 
 workload's synthetic routing; routing=live runs the model's own gates, placed from the routing a
 single-process forward records first. dense=data splits the batch's sequences over the ranks
 (batch_size >= G); dense=tensor splits heads, FFN columns and vocabulary (any batch_size).
+dispatch=balanced splits a replicated expert's pairs over its copies as the simulator's
+`split_tokens` does with that setting (the busiest rank holding the fewest), not evenly.
 
 Usage:
     torchrun --nproc_per_node=2 -m experiments.ep_run checkpoint=DIR planner=ep_static \
         batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] \
-        [dense=data|tensor] [out=DIR]
+        [dense=data|tensor] [dispatch=even|balanced] [out=DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from real.model import live_routing
 
 DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
-    routing="replay", replica_slots="", dense="data", seed="0", device="", out="runs/ep_run",
+    routing="replay", replica_slots="", dense="data", dispatch="even", seed="0", device="",
+    out="runs/ep_run",
 )  # fmt: skip
 ROUTINGS = ("replay", "live")
 
@@ -177,7 +180,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
             f"batch_size={workload.batch_size} must be >= the {world} processes for dense=data "
             "(dense=tensor runs smaller batches)"
         )
-    params: dict[str, Any] = dict(n_devices=world, dense=dense)
+    params: dict[str, Any] = dict(n_devices=world, dense=dense, dispatch=opts["dispatch"])
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
     slots = int(params.get("replica_slots", EPParams.replica_slots))
@@ -198,7 +201,17 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     try:
         dist.barrier()
         t0 = time.perf_counter()
-        out = ep_generate(ckpt, model, prompts, workload.gen_len, placement, forced, device, dense)
+        out = ep_generate(
+            ckpt,
+            model,
+            prompts,
+            workload.gen_len,
+            placement,
+            forced,
+            device,
+            dense,
+            opts["dispatch"],
+        )
         dist.barrier()
         wall_s = time.perf_counter() - t0
         if dist.get_rank() != 0:
@@ -209,7 +222,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     torch.save(dict(prompts=prompts, tokens=out.tokens, logits=out.logits), out_dir / "outputs.pt")
     summary = dict(
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
-        world_size=world, backend=backend, device=device, dense=dense,
+        world_size=world, backend=backend, device=device, dense=dense, dispatch=opts["dispatch"],
         dispatcher="all_to_all_single" if dense == "data" else "all_reduce",
         routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
         gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,

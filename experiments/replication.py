@@ -50,7 +50,7 @@ from experiments.pipeline import (
     write_balance,
     write_run,
 )
-from planners.expert_parallel import LANE_SHARING
+from planners.expert_parallel import DISPATCH, LANE_SHARING
 from planners.predictive_replication import transition_counts
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,7 @@ def run_case(
                 "n_devices": int(case.n_devices),
                 "lanes": as_bool(f"cases.{name}.lanes", case.lanes),
                 "grouped_gemm": grouped,
+                "dispatch": str(cfg.dispatch),
             }
             if case.get("lane_sharing"):
                 params["lane_sharing"] = str(case.lane_sharing)
@@ -825,6 +826,8 @@ def check_inputs(cfg: DictConfig) -> None:
     as_int("replica_slots", cfg.replica_slots, at_least=0)
     for key in ("grouped_gemm", "write_traces"):
         as_bool(key, cfg[key])
+    if cfg.dispatch not in DISPATCH:
+        raise MoepipeError(f"dispatch={cfg.dispatch!r} unknown; valid: {', '.join(DISPATCH)}")
     variant_planners(cfg.get("variants") or {}, "variants")
     for name, case in cfg.cases.items():
         missing = sorted(CASE_KEYS - set(case))

@@ -14,8 +14,9 @@ gate op on device 0 stands for the routing becoming known), or tensor-parallel (
 GPU runs every token on 1/G of the weights, partial sums all-reduced); on lanes it runs as
 whole-GPU kernels on `compute`, between the lanes' expert phases. At each MoE layer the tokens
 are dispatched to the devices holding their experts (tensor-parallel: every GPU has them), a
-replicated expert's tokens split evenly over its copies, and results are combined back (all-
-reduced), so a layer lasts as long as its busiest device.
+replicated expert's tokens split evenly over its copies (`dispatch="balanced"`: over the devices
+holding it so that the busiest holds the fewest tokens, `balanced_split`), and results are
+combined back (all-reduced), so a layer lasts as long as its busiest device.
 A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, how vLLM/SGLang's
 fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
@@ -45,6 +46,7 @@ from planners.common import Emitter, standard_placement
 
 GATES = ("none", "time", "time+copy")
 DENSE = ("data", "tensor")
+DISPATCH = ("even", "balanced")
 LANE_SHARING = ("partition", "shared")
 POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
 
@@ -74,12 +76,21 @@ class EPParams:
     # heads / FFN columns / vocabulary, then an all-reduce (vLLM's TP attention + EP experts).
     # Lanes run dense work on the whole GPU either way.
     dense: str = "data"
+    # How a replicated expert's tokens go to its copies once the gate has routed the batch:
+    # "even" = split evenly (the replication paper's rule); "balanced" = water-filled over the
+    # devices holding it, given every other expert's tokens, so the busiest device holds as few
+    # tokens as the placement allows (`balanced_split`). The replica gate models the same rule.
+    dispatch: str = "even"
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
         if self.dense not in DENSE:
             raise ConfigError(f"planner dense={self.dense!r} unknown; valid: {', '.join(DENSE)}")
+        if self.dispatch not in DISPATCH:
+            raise ConfigError(
+                f"planner dispatch={self.dispatch!r} unknown; valid: {', '.join(DISPATCH)}"
+            )
         if self.lane_sharing not in LANE_SHARING:
             raise ConfigError(
                 f"planner lane_sharing={self.lane_sharing!r} unknown; valid: "
@@ -105,6 +116,7 @@ class Layout:
     lane_share: float = 0.0  # see EPParams
     dense: str = "data"  # see EPParams; lanes: "data" (their dense work runs on the whole GPU)
     lane_sharing: str = "partition"  # see EPParams
+    dispatch: str = "even"  # see EPParams
 
     @property
     def slots_per_device(self) -> int:
@@ -252,7 +264,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share, dense, p.lane_sharing)  # fmt: skip
+                  p.lane_share, dense, p.lane_sharing, p.dispatch)  # fmt: skip
 
 
 def expert_width(m: ModelSpec, rows: Iterable[int]) -> int:
@@ -391,13 +403,14 @@ class ExpertTime:
     share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
     # lanes sharing the GPU's SMs (`Layout.shared`): the model, for its kernels' widths
     pool_model: ModelSpec | None = None
+    dispatch: str = "even"  # how a replicated expert's tokens split (`EPParams.dispatch`)
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
         cost, m = CostModel(ctx.hardware), ctx.model
         copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
-                   layout.share, m if layout.shared else None)  # fmt: skip
+                   layout.share, m if layout.shared else None, layout.dispatch)  # fmt: skip
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
         """What the longest per-device queue of `queue` copies adds to a layer: copies run behind
@@ -419,12 +432,13 @@ class ExpertTime:
         pool runs it (`pool_makespan_s`: the lanes' ops side by side, each at most its cap)."""
         if self.pool_model is None:
             return float(self.device_times(slots, load).max())
-        return pool_makespan_s([self.pool_ops(row) for row in predicted_tokens(slots, load)])
+        tokens = predicted_tokens(slots, load, self.dispatch)
+        return pool_makespan_s([self.pool_ops(row) for row in tokens])
 
     def device_times(self, slots: np.ndarray, load: np.ndarray) -> np.ndarray:
         """[G] each device's modelled time (`device_s`) for slots [G, K] if load [E] splits
-        evenly."""
-        tokens = predicted_tokens(slots, load)
+        over the copies by `dispatch`."""
+        tokens = predicted_tokens(slots, load, self.dispatch)
         if self.pool_model is not None:
             return np.array([self.device_s(row) for row in tokens])
         return self._own_times(tokens)
@@ -493,9 +507,11 @@ def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
     return int(more.sum(1).max(initial=0))
 
 
-def predicted_tokens(slots: np.ndarray, load: np.ndarray) -> np.ndarray:
-    """[G, E] tokens per device and expert if each expert's load [E] splits evenly (fractionally)
-    over its copies in slots [G, K]."""
+def predicted_tokens(slots: np.ndarray, load: np.ndarray, dispatch: str = "even") -> np.ndarray:
+    """[G, E] tokens per device and expert if each expert's load [E] splits (fractionally) over its
+    copies in slots [G, K]: evenly, or by `balanced_split` (dispatch="balanced")."""
+    if dispatch == "balanced":
+        return balanced_split(slots, load)
     g, e = slots.shape[0], len(load)
     dev = np.repeat(np.arange(g), slots.shape[1])
     ids = slots.ravel()
@@ -672,11 +688,105 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
     return slots
 
 
-def split_tokens(slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its copies.
+def balanced_split(slots: np.ndarray, load: np.ndarray, tol: float = 1e-3) -> np.ndarray:
+    """[G, E] tokens per device and expert (fractional) when each replicated expert's load [E]
+    goes to the devices holding it in slots [G, K] so that the device loads are as even as the
+    placement allows. Experts held by one device stay there; each replicated one, hottest first,
+    is water-filled over its holders given every other expert's tokens (the level its holders
+    rise to together), again and again until no expert's split moves by `tol` tokens: block
+    coordinate descent on the sum of squared device loads, a convex objective whose minimum over
+    these splits is also the smallest busiest-device load (`min_max_load` states it). A device
+    holding an expert twice holds it once here. Deterministic: every rank of a real run derives
+    the same split from the same counts."""
+    e = len(load)
+    hold = held(slots, e)  # [G, E]
+    copies = hold.sum(0)
+    if (copies[load > 0] == 0).any():
+        missing = np.flatnonzero((copies == 0) & (load > 0)).tolist()
+        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
+    out = np.where(hold, load / np.maximum(copies, 1), 0.0)  # start from the even split
+    multi = [int(x) for x in np.argsort(-load, kind="stable") if copies[x] > 1 and load[x] > 0]
+    if not multi:
+        return out
+    dev = out.sum(1).tolist()  # python floats: a few holders per expert, loops beat numpy here
+    who = {x: np.flatnonzero(hold[:, x]).tolist() for x in multi}
+    share = {x: out[who[x][0], x] for x in multi}
+    split = {x: [share[x]] * len(who[x]) for x in multi}
+    for _ in range(200):  # a bound the tolerance reaches first (a few passes in practice)
+        moved = 0.0
+        for x in multi:
+            hs, old = who[x], split[x]
+            base = [dev[h] - t for h, t in zip(hs, old, strict=True)]
+            new = water_fill_level(base, float(load[x]))
+            for i, h in enumerate(hs):
+                dev[h] = base[i] + new[i]
+                moved = max(moved, abs(new[i] - old[i]))
+            split[x] = new
+        if moved < tol:
+            break
+    for x in multi:
+        out[who[x], x] = split[x]
+    return out
+
+
+def water_fill_level(base: list[float], amount: float) -> list[float]:
+    """How much of `amount` each bin takes when it fills bins at loads `base` from the lowest up,
+    to one common level: [max(0, level - b)]."""
+    order = sorted(range(len(base)), key=base.__getitem__)
+    filled, level = 0.0, 0.0
+    for k, i in enumerate(order, 1):
+        filled += base[i]
+        level = (amount + filled) / k
+        if k == len(order) or level <= base[order[k]]:
+            break
+    return [max(0.0, level - b) for b in base]
+
+
+def held(slots: np.ndarray, n_experts: int) -> np.ndarray:
+    """[G, E] bool: device d holds at least one copy of expert e (slots [G, K], -1 empty)."""
+    g = slots.shape[0]
+    out = np.zeros((g, n_experts), dtype=bool)
+    rows = np.repeat(np.arange(g), slots.shape[1])
+    keep = slots.ravel() >= 0
+    out[rows[keep], slots.ravel()[keep]] = True
+    return out
+
+
+def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """share [G, E] fractional tokens whose columns sum to counts [E] -> [G, E] whole tokens with
+    the same column sums: each share rounded down, the tokens left going to the largest
+    remainders (the lower device first on ties)."""
+    out = np.floor(share + 1e-9).astype(np.int64)
+    left = counts - out.sum(0)  # [E], 0 <= left < holders
+    rem = share - out
+    for x in np.flatnonzero(left > 0):
+        top = np.lexsort((np.arange(len(rem)), -rem[:, x]))[: int(left[x])]
+        out[top, x] += 1
+    return out
+
+
+def min_max_load(slots: np.ndarray, load: np.ndarray) -> float:
+    """The smallest busiest-device load any split of load [E] over its holders in slots [G, K]
+    allows: the most, over sets S of devices, of the load of the experts held only inside S
+    divided by |S| (Hall's condition; exact, and exponential in G: for checks and small G)."""
+    g = slots.shape[0]
+    hold = held(slots, len(load))
+    best = 0.0
+    for mask in range(1, 1 << g):
+        inside = np.array([(mask >> d) & 1 for d in range(g)], dtype=bool)
+        only = hold.any(0) & ~hold[~inside].any(0)
+        best = max(best, float(load[only].sum()) / int(inside.sum()))
+    return best
+
+
+def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") -> np.ndarray:
+    """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its
+    copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens.
 
     slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
     """
+    if dispatch == "balanced":
+        return whole_tokens(balanced_split(slots, counts), counts)
     g, e = slots.shape[0], len(counts)
     dev = np.repeat(np.arange(g), slots.shape[1])
     ids = slots.ravel()
@@ -760,7 +870,7 @@ class EPRunner:
             replica_slots=lay.replica_slots, replicas=lay.replicas,
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
             grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
-            lane_sharing=lay.lane_sharing if lay.lanes else None,
+            lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
         )  # fmt: skip
 
     def plan(self, policy: SlotPolicy) -> None:
@@ -925,7 +1035,9 @@ class EPRunner:
             parts = [(self.compute[d], self.seqs(d), (op,)) for d, op in enumerate(attn)]
             gates, view = self.em.gate_parts(step, layer, batch, parts)
         policy.observe(t, moe, view, gates)
-        tokens = split_tokens(slots, np.asarray(view.counts, dtype=np.int64))  # [G, E]
+        tokens = split_tokens(
+            slots, np.asarray(view.counts, dtype=np.int64), lay.dispatch
+        )  # [G, E]
         act_bytes = m.hidden_size * m.dtype_bytes
         ends: list[int] = []
         common = dict(step=step, layer=layer, batch=batch)

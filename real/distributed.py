@@ -8,7 +8,8 @@ its gate: the copies of later layers travel while earlier layers compute, as the
 prefetches replicas behind earlier layers. Experts a rank no longer holds are dropped (those it
 sends, once sent), so a rank holds the placement's slots, not the union of every step's. A
 replicated expert's pairs split evenly over its copies in (token, slot) order (`split_tokens`'
-rule: the first `count % copies` take one more).
+rule: the first `count % copies` take one more), or with dispatch="balanced" in the whole numbers
+`split_tokens` gives each rank holding it (every rank derives them from the gathered routing).
 Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
 simulator models them (planners/expert_parallel.py, EPParams.dense):
 - dense="data": rank r runs the dense work for its contiguous share of the batch's sequences with
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,7 +38,7 @@ from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Tensor
-from planners.expert_parallel import DENSE
+from planners.expert_parallel import DENSE, DISPATCH, split_tokens
 from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
 from real.model import (
     KVCache,
@@ -173,19 +175,33 @@ def tensor_units(
 
 
 def destinations(
-    all_ids: torch.Tensor, copies: Sequence[Sequence[int]], n_experts: int
+    all_ids: torch.Tensor,
+    copies: Sequence[Sequence[int]],
+    n_experts: int,
+    dispatch: str = "even",
 ) -> torch.Tensor:
     """Rank computing each pair: all_ids [T, k] of the whole batch, copies[rank] its experts ->
-    dest [T, k]. Expert e's pairs, in (token, slot) order, are cut into one run per copy."""
+    dest [T, k]. Expert e's pairs, in (token, slot) order, are cut into one run per copy (even),
+    or per rank holding it, as long as `split_tokens(..., "balanced")` says (balanced)."""
     dest = torch.full_like(all_ids, -1)
+    share = None
+    if dispatch == "balanced":
+        width = max(1, max(len(held) for held in copies))
+        slots_of = np.full((len(copies), width), -1, dtype=np.int64)
+        for r, held in enumerate(copies):
+            slots_of[r, : len(held)] = held
+        counts = np.bincount(all_ids.reshape(-1).cpu().numpy(), minlength=n_experts)
+        share = split_tokens(slots_of, counts, "balanced")  # [ranks, E]
     for e in range(n_experts):
         rows, slots = expert_tokens(all_ids, e)
         holders = [r for r, held in enumerate(copies) for x in held if x == e]
         assert holders or not len(rows), f"expert {e} has tokens but no copy on any rank"
+        if share is not None:
+            holders = list(dict.fromkeys(holders))  # a rank holding e twice takes one run
         n, c = len(rows), len(holders)
         start = 0
         for i, r in enumerate(holders):
-            take = n // c + (i < n % c)
+            take = n // c + (i < n % c) if share is None else int(share[r, e])
             dest[rows[start : start + take], slots[start : start + take]] = r
             start += take
     return dest
@@ -212,8 +228,10 @@ class EPRank:
         batch: int,
         device: str,
         dense: str = "data",
+        dispatch: str = "even",
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dispatch = dispatch
         self.spec, self.placement, self.device = spec, placement, device
         self.model = Model.from_checkpoint(ckpt, spec)
         self.batch, self.tensor = batch, dense == "tensor"
@@ -316,7 +334,10 @@ class EPRank:
         counts = [n * seq_len for n in shard_sizes(self.batch, self.world)]
         all_ids = self.all_gather_rows(ids, counts)  # [T, k]
         dest = destinations(
-            all_ids, self.placement[step][self.spec.moe_index(layer)], self.spec.n_experts
+            all_ids,
+            self.placement[step][self.spec.moe_index(layer)],
+            self.spec.n_experts,
+            self.dispatch,
         )
         at = [sum(counts[:r]) for r in range(self.world + 1)]
         me = self.rank
@@ -369,7 +390,9 @@ class EPRank:
         plus its shared-expert columns, summed over ranks by one all-reduce. normed [T, H],
         ids and weights [T, k] -> [T, H]."""
         s, m = self.spec, self.model
-        dest = destinations(ids, self.placement[step][s.moe_index(layer)], s.n_experts)  # [T, k]
+        dest = destinations(
+            ids, self.placement[step][s.moe_index(layer)], s.n_experts, self.dispatch
+        )  # [T, k]
         rows, slots = pairs_to(dest, ids, 0, len(ids), self.rank)
         out = new_slots(normed, s.top_k)  # [T, k, H], zero where another rank computes the pair
         put_expert(out, rows, slots, self.run_experts(step, layer, ids[rows, slots], normed[rows]))
@@ -456,14 +479,18 @@ def ep_generate(
     forced_routing: Routing | None = None,
     device: str = "cpu",
     dense: str = "data",
+    dispatch: str = "even",
 ) -> EPOutput:
     """`reference_generate` (real/model.py) over the initialised default process group: every rank
     calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P].
-    dense: "data" (B >= G) or "tensor" (any B; `ModelSpec.tensor_split_error` permitting)."""
+    dense: "data" (B >= G) or "tensor" (any B; `ModelSpec.tensor_split_error` permitting);
+    dispatch: how a replicated expert's pairs split over its copies (`EPParams.dispatch`)."""
+    if dispatch not in DISPATCH:
+        raise ConfigError(f"dispatch={dispatch!r} unknown; valid: {', '.join(DISPATCH)}")
     b, p = prompt_tokens.shape
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
     check_dense(spec, dense, dist.get_world_size())
-    ep = EPRank(ckpt, spec, placement, b, device, dense)
+    ep = EPRank(ckpt, spec, placement, b, device, dense, dispatch)
     try:
         return _generate(ep, prompt_tokens, gen_len, forced_routing)
     finally:  # a process may call this many times: free the copies' group each time

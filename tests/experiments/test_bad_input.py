@@ -227,6 +227,7 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("~cases.esft-g8.n_batches", ["cases.esft-g8: missing n_batches"]),
         ("cases.esft-g8.lanes=maybe", ["cases.esft-g8.lanes=maybe: not a boolean"]),
         ("grouped_gemm=maybe", ["grouped_gemm=maybe: not a boolean"]),
+        ("dispatch=greedy", ["dispatch='greedy' unknown", "even, balanced"]),
         ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],
 )

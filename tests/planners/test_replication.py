@@ -21,9 +21,12 @@ from planners.expert_parallel import (
     ExpertTime,
     Layout,
     PredictionError,
+    balanced_split,
     expert_width,
     home_slots,
+    min_max_load,
     polish,
+    predicted_tokens,
     replicate_onto,
     split_tokens,
     swap_homes,
@@ -50,6 +53,73 @@ def test_split_tokens_even_over_copies():
     slots = np.array([[0, 1], [2, 0]])
     out = split_tokens(slots, np.array([5, 2, 3]))
     assert out.tolist() == [[3, 2, 0], [2, 0, 3]]
+
+
+def test_split_tokens_balanced_over_holders():
+    """Device 0 holds experts 0 and 1, device 1 experts 2 and 0; tokens [5, 4, 1]. Evenly, expert
+    0 splits 3 + 2: loads 7 and 3. Balanced, it fills the lighter device first, to a common level:
+    1 + 4, loads 5 and 5. Whole tokens, each expert's count kept."""
+    slots = np.array([[0, 1], [2, 0]])
+    assert split_tokens(slots, np.array([5, 4, 1])).sum(1).tolist() == [7, 3]
+    out = split_tokens(slots, np.array([5, 4, 1]), "balanced")
+    assert out.tolist() == [[1, 4, 0], [4, 0, 1]]
+    # 4 tokens over 3 holders at equal loads: 4/3 each, rounded 2 + 1 + 1 (lower device first)
+    three = np.array([[0], [0], [0]])
+    assert split_tokens(three, np.array([4]), "balanced")[:, 0].tolist() == [2, 1, 1]
+
+
+def test_balanced_split_reaches_the_smallest_busiest_load():
+    """On random placements (homes plus random replicas, some slots empty, some ids twice on a
+    device) the balanced split's busiest device is within its tolerance of the least any split
+    allows (`min_max_load`, Hall's bound, exact), never above the even split's, and the whole
+    tokens keep every expert's count, on devices holding it, within a token of the fractions."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        g = int(rng.integers(2, 6))
+        e = int(rng.integers(g, 3 * g))
+        homes = -(-e // g)
+        slots = np.full((g, homes + int(rng.integers(1, 4))), -1)
+        for x in range(e):
+            slots[x % g, x // g] = x
+        slots[:, homes:] = rng.integers(-1, e, size=(g, slots.shape[1] - homes))
+        load = rng.integers(0, 50, size=e)
+        frac = balanced_split(slots, load.astype(float))
+        assert np.allclose(frac.sum(0), load)
+        assert frac.sum(1).max() <= min_max_load(slots, load.astype(float)) + 1e-2
+        assert frac.sum(1).max() <= predicted_tokens(slots, load.astype(float)).sum(1).max() + 1e-9
+        whole = split_tokens(slots, load, "balanced")
+        assert (whole.sum(0) == load).all() and (whole >= 0).all()
+        holds = np.zeros((g, e), dtype=bool)
+        for d in range(g):
+            holds[d, slots[d][slots[d] >= 0]] = True
+        assert not whole[~holds].any() and np.abs(whole - frac).max() < 1
+
+
+def test_min_max_load_by_hand():
+    """Experts 0 (6) and 1 (2) only on device 0, expert 2 (4) on both: device 0 alone must take
+    8, so 8 is the least busiest load, whatever expert 2 does; with expert 0 on both, 6."""
+    assert min_max_load(np.array([[0, 1, 2], [2, -1, -1]]), np.array([6.0, 2, 4])) == 8.0
+    assert min_max_load(np.array([[0, 1, 2], [2, 0, -1]]), np.array([6.0, 2, 4])) == 6.0
+
+
+def test_balanced_dispatch_in_the_simulator():
+    """dispatch=balanced: the expert ops carry balanced_split's tokens, so the same eplb
+    placement is at least as balanced as under the even split; the gate's model uses the same
+    rule (ExpertTime.dispatch), and the run's meta records it."""
+    even = simulate_run(tiny_spec("eplb", replica_slots=1))
+    bal = simulate_run(tiny_spec("eplb", replica_slots=1, dispatch="balanced"))
+    assert bal.schedule.meta["ep"]["dispatch"] == "balanced"
+    assert even.schedule.meta["ep"]["dispatch"] == "even"
+    assert bal.summary["balancedness"] >= even.summary["balancedness"]
+    # the gate's model: device 0 holds experts 0 and 1, device 1 experts 2 and 0
+    slots, load = np.array([[0, 1], [2, 0]]), np.array([5.0, 4, 1])
+    timer = replace(_timer(), dispatch="balanced")
+    assert timer.device_times(slots, load).tolist() == [5.0, 5.0]
+    assert _timer().device_times(slots, load).tolist() == [6.5, 3.5]
+    with pytest.raises(
+        ConfigError, match="planner dispatch='greedy' unknown; valid: even, balanced"
+    ):
+        simulate_run(tiny_spec("eplb", dispatch="greedy"))
 
 
 def test_replica_goes_to_lightest_device_without_the_expert():

@@ -19,6 +19,7 @@ from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,6 +27,7 @@ from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
+from planners.expert_parallel import split_tokens
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
 from real.distributed import check_dense, destinations, moves, shard
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
@@ -105,11 +107,14 @@ def test_ep_static_two_ranks_match_reference(mixtral_tiny, tmp_path, routing):
         assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
 
 
-def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
-    """EPLB with 2 replica slots per rank: 12 copies of 8 experts, each rank holds 6 per layer."""
-    summary = torchrun(mixtral_tiny, tmp_path, "planner=eplb", "replica_slots=2")
+@pytest.mark.parametrize("dispatch", ["even", "balanced"])
+def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path, dispatch):
+    """EPLB with 2 replica slots per rank: 12 copies of 8 experts, each rank holds 6 per layer.
+    Each rank computes the pairs the simulator's plan gives it, split evenly or balanced."""
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=eplb", "replica_slots=2",
+                       f"dispatch={dispatch}")  # fmt: skip
     check(mixtral_tiny, tmp_path, summary, "replay")
-    assert summary["ep"]["replicas"] == 4
+    assert summary["ep"]["replicas"] == 4 and summary["ep"]["dispatch"] == dispatch
     assert all(len(held) == 6 for step in summary["placement"] for moe in step for held in moe)
     assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
 
@@ -244,6 +249,22 @@ def test_destinations_split_replicas_evenly():
     assert dest.tolist() == [[0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
 
 
+def test_destinations_balanced_follow_split_tokens():
+    """Expert 0 (5 pairs) is on both ranks; rank 0 also has expert 1's 4 pairs, rank 1 expert 2's
+    1 pair. Balanced, rank 0 takes 1 of expert 0's pairs and rank 1 the other 4 (5 each; evenly
+    it would be 3 + 4 against 2 + 1). A rank listing expert 0 twice still takes one run."""
+    ids = torch.tensor([[0, 1], [0, 1], [1, 0], [0, 2], [1, 0]])  # [T=5, k=2]
+    dest = destinations(ids, [[1, 0], [0, 2, 0]], n_experts=3, dispatch="balanced")
+    assert dest.tolist() == [[0, 0], [1, 0], [0, 1], [1, 1], [0, 1]]
+    got = [[int(((dest == r) & (ids == e)).sum()) for e in range(3)] for r in range(2)]
+    slots = np.array([[1, 0, -1], [0, 2, 0]])
+    assert (
+        got
+        == split_tokens(slots, np.array([5, 4, 1]), "balanced").tolist()
+        == [[1, 4, 0], [4, 0, 1]]
+    )
+
+
 def test_moves_copy_from_a_rank_that_keeps_the_expert():
     """Rank 0 swaps replica 5 for 6, rank 1 swaps 2 for 5. Expert 6 comes from rank 1, which
     holds it before and after; 5 from rank 0, its only holder, which drops it after sending."""
@@ -303,6 +324,7 @@ def test_copies_overlap_the_layers_before_theirs(mixtral_tiny, tmp_path):
     [
         ("planner=flexgen", "not expert-parallel"),
         ("dense=bogus", "valid: data, tensor"),
+        ("dispatch=bogus", "dispatch='bogus' unknown; valid: even, balanced"),
         ("device=gpu", "device='gpu'; valid: cpu, cuda, cuda:N"),
         pytest.param(
             "device=cuda",
