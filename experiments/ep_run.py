@@ -36,7 +36,7 @@ from core.types import OpKind, RoutingSource
 from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
 from experiments.real_run import prompts_for
-from planners.expert_parallel import EPParams
+from planners.expert_parallel import DISPATCH, EPParams
 from planners.registry import entry
 from real.checkpoint import load_checkpoint
 from real.distributed import Placement, backend_for, check_dense, ep_generate
@@ -143,6 +143,8 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError("checkpoint=DIR is required (python -m real.make_checkpoint ...)")
     if opts["routing"] not in ROUTINGS:
         raise ConfigError(f"routing={opts['routing']!r}; valid: {', '.join(ROUTINGS)}")
+    if opts["dispatch"] not in DISPATCH:
+        raise ConfigError(f"dispatch={opts['dispatch']!r} unknown; valid: {', '.join(DISPATCH)}")
     if not issubclass(entry(opts["planner"]).params, EPParams):
         raise ConfigError(
             f"planner={opts['planner']} is not expert-parallel; use ep_static, eplb, "

@@ -789,6 +789,16 @@ def plot(
     return paths + ([trade] if trade else [])
 
 
+def dispatch_lines(dispatch: str) -> list[str]:
+    """A report of runs whose replicas split their tokens by load says so above everything else:
+    its balancedness and target lines are not the even split the issue states."""
+    if dispatch == "even":
+        return []
+    return [f"dispatch={dispatch}: each replicated expert's tokens water-filled over its copies "
+            "(the busiest device holding the fewest), not split evenly as the issue states; "
+            "every balancedness and target line below is under this dispatch", ""]  # fmt: skip
+
+
 def reuse_lines(cases: dict[str, Any], split_tokens: int) -> list[str]:
     """One note per held-out ESFT case and batch size whose batches need more tokens than the
     split holds: `esft_routing` wraps the stream, so the run revisits the split's sequences.
@@ -886,6 +896,7 @@ def run(cfg: DictConfig) -> list[str]:
     (out / RUNS).write_text(json.dumps(listed))
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     lines = [
+        *dispatch_lines(str(cfg.dispatch)),
         table(rows),
         "",
         *reuse_lines(dict(cfg.cases), len(prep["test_ids"])),

@@ -693,11 +693,13 @@ def balanced_split(slots: np.ndarray, load: np.ndarray, tol: float = 1e-3) -> np
     goes to the devices holding it in slots [G, K] so that the device loads are as even as the
     placement allows. Experts held by one device stay there; each replicated one, hottest first,
     is water-filled over its holders given every other expert's tokens (the level its holders
-    rise to together), again and again until no expert's split moves by `tol` tokens: block
-    coordinate descent on the sum of squared device loads, a convex objective whose minimum over
-    these splits is also the smallest busiest-device load (`min_max_load` states it). A device
-    holding an expert twice holds it once here. Deterministic: every rank of a real run derives
-    the same split from the same counts."""
+    rise to together), again and again until no expert's split moves by `tol` tokens (at most 200
+    rounds): block coordinate descent on the sum of squared device loads, a convex objective
+    whose minimum over these splits is also the smallest busiest-device load (`min_max_load`).
+    Measured against that least load: within 0.003 tokens on random and chained placements up to
+    G = 8; on long chains of experts shared by neighbouring devices it converges slowly (0.3%
+    above at G = 24, 2% at G = 64). A device holding an expert twice holds it once here.
+    Deterministic: every rank of a real run derives the same split from the same counts."""
     e = len(load)
     hold = held(slots, e)  # [G, E]
     copies = hold.sum(0)
@@ -754,14 +756,23 @@ def held(slots: np.ndarray, n_experts: int) -> np.ndarray:
 
 def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """share [G, E] fractional tokens whose columns sum to counts [E] -> [G, E] whole tokens with
-    the same column sums: each share rounded down, the tokens left going to the largest
-    remainders (the lower device first on ties)."""
+    the same column sums, each within a token of its share: every share rounded down, then each
+    token left (hottest expert first) to the device with a remainder for that expert that holds
+    the fewest tokens so far (then the largest remainder, then the lower device), so the +1s of
+    several experts do not pile onto one device."""
     out = np.floor(share + 1e-9).astype(np.int64)
     left = counts - out.sum(0)  # [E], 0 <= left < holders
     rem = share - out
-    for x in np.flatnonzero(left > 0):
-        top = np.lexsort((np.arange(len(rem)), -rem[:, x]))[: int(left[x])]
-        out[top, x] += 1
+    load = out.sum(1)
+    for x in sorted(np.flatnonzero(left > 0).tolist(), key=lambda x: (-int(counts[x]), x)):
+        cand = np.flatnonzero(rem[:, x] > 1e-9)
+        if len(cand) < left[x]:  # float dust: any device with a share of it
+            cand = np.flatnonzero(share[:, x] > 0)
+        for _ in range(int(left[x])):
+            d = int(cand[np.lexsort((cand, -rem[cand, x], load[cand]))[0]])
+            out[d, x] += 1
+            load[d] += 1
+            cand = cand[cand != d]
     return out
 
 

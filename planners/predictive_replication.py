@@ -1,7 +1,8 @@
 """`predictive_replication`: the replication paper's idea (MoE-MPMC) as a planner: predict each
 MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
 overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `gate`), split each
-expert's real tokens evenly over its copies, and prefetch the changed copies before the layer.
+expert's real tokens evenly over its copies (or by load, `dispatch`), and prefetch the changed
+copies before the layer.
 Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from past loads (the
 window's mean, else the EMA) as `eplb` re-places every `interval`: re-packed from scratch, or
 moved by a few swaps (each device at most one), whichever the gate finds pays

@@ -45,6 +45,16 @@ def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
     assert "9.1 times" in lines[0] and "largest batch without a repeat: bs=14" in lines[0]
 
 
+def test_a_balanced_dispatch_report_says_so_first():
+    """The default (even, the issue's split) adds nothing; dispatch=balanced heads the report
+    with one line naming it, since its balancedness and target lines are not the issue's."""
+    from experiments.replication import dispatch_lines
+
+    assert dispatch_lines("even") == []
+    first = dispatch_lines("balanced")[0]
+    assert first.startswith("dispatch=balanced: ") and "not split evenly" in first
+
+
 def test_plots_show_a_target_case_at_its_judged_batch():
     """esft-g8 is judged at its fresh bs=8 and plotted there, not at its largest (revisited)
     128; a case with no judged batch, or one whose judged batch did not run, at its largest."""

@@ -66,6 +66,12 @@ def test_split_tokens_balanced_over_holders():
     # 4 tokens over 3 holders at equal loads: 4/3 each, rounded 2 + 1 + 1 (lower device first)
     three = np.array([[0], [0], [0]])
     assert split_tokens(three, np.array([4]), "balanced")[:, 0].tolist() == [2, 1, 1]
+    # the tokens left after rounding down go to the device holding fewest so far, not each
+    # expert's lowest device: experts 0-3 on both devices, 1 token each -> 2 and 2 (not 4 and 0)
+    both = np.array([[0, 1, 2, 3], [0, 1, 2, 3]])
+    assert split_tokens(both, np.array([1, 1, 1, 1]), "balanced").sum(1).tolist() == [2, 2]
+    mixed = np.array([[0, 2, -1, 1, 0], [1, 3, 1, -1, 2]])
+    assert split_tokens(mixed, np.array([1, 2, 1, 2]), "balanced").sum(1).tolist() == [3, 3]
 
 
 def test_balanced_split_reaches_the_smallest_busiest_load():

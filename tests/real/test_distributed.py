@@ -107,16 +107,29 @@ def test_ep_static_two_ranks_match_reference(mixtral_tiny, tmp_path, routing):
         assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
 
 
-@pytest.mark.parametrize("dispatch", ["even", "balanced"])
-def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path, dispatch):
-    """EPLB with 2 replica slots per rank: 12 copies of 8 experts, each rank holds 6 per layer.
-    Each rank computes the pairs the simulator's plan gives it, split evenly or balanced."""
-    summary = torchrun(mixtral_tiny, tmp_path, "planner=eplb", "replica_slots=2",
-                       f"dispatch={dispatch}")  # fmt: skip
+def test_replicas_split_and_match_reference(mixtral_tiny, tmp_path):
+    """EPLB with 2 replica slots per rank: 12 copies of 8 experts, each rank holds 6 per layer."""
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=eplb", "replica_slots=2")
     check(mixtral_tiny, tmp_path, summary, "replay")
-    assert summary["ep"]["replicas"] == 4 and summary["ep"]["dispatch"] == dispatch
+    assert summary["ep"]["replicas"] == 4
     assert all(len(held) == 6 for step in summary["placement"] for moe in step for held in moe)
     assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
+
+
+def test_balanced_dispatch_matches_reference(mixtral_tiny, tmp_path):
+    """predictive_replication with one replica slot per rank, batch 4: copies of an expert on
+    both ranks, so dispatch=balanced splits its pairs otherwise than evenly. Both match the
+    single-process forward, and each rank computes the pairs the simulator planned for it."""
+    planned = {}
+    for dispatch in ("even", "balanced"):
+        out = tmp_path / dispatch
+        summary = torchrun(mixtral_tiny, out, "planner=predictive_replication", "replica_slots=1",
+                           "batch_size=4", f"dispatch={dispatch}")  # fmt: skip
+        check(mixtral_tiny, out, summary, "replay")
+        assert summary["dispatch"] == summary["ep"]["dispatch"] == dispatch
+        planned[dispatch] = summary["ep"]["planned_pairs"]
+        assert [r["pairs_computed"] for r in summary["ranks"]] == planned[dispatch]
+    assert planned["even"] != planned["balanced"], "the test needs a split that differs"
 
 
 @pytest.mark.parametrize(
