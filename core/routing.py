@@ -3,6 +3,8 @@
 `Routing` holds top-k ids and gate weights per (sequence, position, MoE layer); `load_routing`
 builds one from a workload's routing config (real ESFT trace or fitted synthetic generator).
 `CausalRouting` is the only view planners get: a layer's routing is revealed at its gate op.
+A routing may also carry each token's request label (the ESFT trace's task): what a serving
+scheduler knows of a request when it forms the batch, before any gate, so planners may read it.
 """
 
 from __future__ import annotations
@@ -24,10 +26,17 @@ class Routing:
     gate_weights: np.ndarray  # [S, P, L, k] float32: router probability of each chosen expert
     n_experts: int
     description: str = ""  # where it came from, for summaries
+    # [S, P] int: each token's request label (index into `label_names`, e.g. the ESFT task), or
+    # None where the source has none (synthetic routing, a live gate)
+    labels: np.ndarray | None = None
+    label_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.expert_ids.shape == self.gate_weights.shape, "ids and weights disagree"
         assert self.expert_ids.ndim == 4, "expected [S, P, L, k]"
+        if self.labels is not None:
+            assert self.labels.shape == self.expert_ids.shape[:2], "labels must be [S, P]"
+            assert len(self.label_names) > int(self.labels.max(initial=-1)), "label without a name"
 
     @property
     def n_sequences(self) -> int:
@@ -74,6 +83,12 @@ class Routing:
         seqs = slice(batch * bs, (batch + 1) * bs)
         ids = self.expert_ids[seqs, self.step_slice(step, workload), moe_idx]
         return ids.reshape(-1, self.top_k)
+
+    def batch_labels(self, step: int, batch: int, workload: Workload) -> np.ndarray:
+        """[T] the request label of each of batch `batch`'s tokens at a step, in `batch_ids`' order."""
+        assert self.labels is not None, "routing without request labels"
+        bs = workload.batch_size
+        return self.labels[batch * bs : (batch + 1) * bs, self.step_slice(step, workload)].ravel()
 
     def counts(self, workload: Workload) -> np.ndarray:
         """[steps, L, n_batches, E] int32: tokens each expert receives per step, layer and batch."""
@@ -136,6 +151,8 @@ class GateView:
 class CausalRouting:
     """The planners' only window on routing: layer l of batch b is seen at its gate op.
 
+    `labels`, where the routing has them, answers (step, batch) with each token's request label
+    (`batch_labels`): not routing, but what the scheduler knew when it formed the batch.
     `at_gate` records the gate op id so `core.schedule.validate` can check that every expert
     compute of that batch depends on it. `source` answers a (step, moe_idx, batch) query: it
     replays a `Routing`, or in the real executor's live mode blocks until the gate has run.
@@ -148,6 +165,8 @@ class CausalRouting:
         default_factory=dict
     )  # (step, moe, batch) -> gate op
     peeked: bool = False  # an oracle looked ahead: outputs are labelled (`peek_label`)
+    labels: Callable[[int, int], np.ndarray] | None = None  # (step, batch) -> [T] request labels
+    label_names: tuple[str, ...] = ()
 
     @classmethod
     def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
@@ -158,7 +177,22 @@ class CausalRouting:
                 routing.batch_ids(step, moe_idx, batch, workload), counts[step, moe_idx, batch]
             )
 
-        return cls(source, routing.n_experts, routing.top_k)
+        def labels(step: int, batch: int) -> np.ndarray:
+            return routing.batch_labels(step, batch, workload)
+
+        has = routing.labels is not None
+        return cls(source, routing.n_experts, routing.top_k,
+                   labels=labels if has else None, label_names=routing.label_names)  # fmt: skip
+
+    def batch_labels(self, step: int, batch: int, who: str) -> np.ndarray:
+        """[T] the request label of each of a batch's tokens (`label_names`), known before any of
+        its gates; a one-line error naming `who` where the routing carries none."""
+        if self.labels is None:
+            raise TraceError(
+                f"{who} needs each request's label (the ESFT trace's task), but this routing has "
+                "none (synthetic or live); use the ESFT trace, or another predictor"
+            )
+        return self.labels(step, batch)
 
     def at_gate(self, gate_op: int, step: int, moe_idx: int, batch: int) -> GateView:
         key = (step, moe_idx, batch)

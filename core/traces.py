@@ -189,7 +189,8 @@ def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
         f"trace {TRACE_NAME} [{tasks}] {len(stream)} tokens in {len(starts)} sequences, "
         f"start seq {workload.seed % len(starts)}, wrapped {wraps}x"
     )
-    return Routing(ids, w, N_EXPERTS, desc)
+    labels = trace.task[take].astype(np.int16).reshape(s, p)  # each token's task: its request's
+    return Routing(ids, w, N_EXPERTS, desc, labels, trace.task_names)
 
 
 # ---- converter from the upstream text files -----------------------------------------------------

@@ -38,7 +38,7 @@ from core.errors import MoepipeError
 from core.routing import Routing, peek_label
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
-from core.traces import load_esft
+from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource
 from experiments.cli import as_int, missing_config, output_dir, print_or_exit
 from experiments.pipeline import (
@@ -60,8 +60,9 @@ ROUTINGS = ("esft_heldout", "synthetic_olmoe_top1")  # a case's routing
 CASE_KEYS = {  # the keys every case sets
     "model", "routing", "n_devices", "lanes", "batch_sizes", "prompt_len", "n_batches",
 }  # fmt: skip
-CASE_OPTIONAL = {"lane_sharing", "grouped_gemm", "variants"}  # and those it may set
-FILE_PARAMS = ("initial_load", "table", "prior_scenarios")  # params naming a file a run reads
+CASE_OPTIONAL = {"lane_sharing", "grouped_gemm", "variants", "planners"}  # and those it may set
+# params naming a file a run reads
+FILE_PARAMS = ("initial_load", "table", "prior_scenarios", "task_load")
 
 
 SPLITS = {"test": 0, "validation": 1, "fold1": 1, "fold2": 2, "fold3": 3, "fold4": 4}
@@ -75,6 +76,20 @@ def residue(split: str) -> int:
     return SPLITS[split]
 
 
+def split_index(tr: EsftTrace, seed: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token indices into the trace: `split`'s evaluation stream (its sequences in shuffled order,
+    each in position order) and its training tokens (see `esft_split`)."""
+    r = residue(split)
+    held = tr.seq_id % 5 == r
+    train = ~held if split.startswith("fold") else (tr.seq_id % 5 != SPLITS["test"]) & ~held
+    keys = np.unique(tr.seq_key[held])
+    order = np.random.default_rng(seed).permutation(keys)
+    rank = {int(k): i for i, k in enumerate(order)}
+    idx = np.flatnonzero(held)
+    idx = idx[np.lexsort((tr.pos[idx], [rank[int(k)] for k in tr.seq_key[idx]]))]
+    return idx, np.flatnonzero(train)
+
+
 def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
     """The evaluation token stream of `split` (its sequences in shuffled order) and training ids.
 
@@ -85,16 +100,21 @@ def esft_split(trace_dir: str, seed: int, split: str = "test") -> tuple[np.ndarr
     which shows how much the choice of split moves a figure (run them after choosing params).
     Returns eval ids [T_eval, L, k] and train ids [T_train, L, k].
     """
-    r = residue(split)
     tr = load_esft(trace_dir, trace_dir_flag="trace_dir")
-    held = tr.seq_id % 5 == r
-    train = ~held if split.startswith("fold") else (tr.seq_id % 5 != SPLITS["test"]) & ~held
-    keys = np.unique(tr.seq_key[held])
-    order = np.random.default_rng(seed).permutation(keys)
-    rank = {int(k): i for i, k in enumerate(order)}
-    idx = np.flatnonzero(held)
-    idx = idx[np.lexsort((tr.pos[idx], [rank[int(k)] for k in tr.seq_key[idx]]))]
+    idx, train = split_index(tr, seed, split)
     return tr.expert_ids[idx].astype(np.int16), tr.expert_ids[train].astype(np.int16)
+
+
+def esft_tasks(
+    trace_dir: str, seed: int, split: str = "test"
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Each evaluation token's task [T_eval] (in `esft_split`'s order), the training split's load
+    per task [K tasks, L, E] (predictive's `task_load`), and the task names."""
+    tr = load_esft(trace_dir, trace_dir_flag="trace_dir")
+    idx, train = split_index(tr, seed, split)
+    per_task = np.stack([load_matrix(tr.expert_ids[train[tr.task[train] == k]], 64)
+                         for k in range(len(tr.task_names))])  # fmt: skip
+    return tr.task[idx].astype(np.int16), per_task, tr.task_names
 
 
 def esft_group_loads(trace_dir: str, split: str = "test") -> np.ndarray:
@@ -115,17 +135,26 @@ def esft_group_loads(trace_dir: str, split: str = "test") -> np.ndarray:
     return out
 
 
-def esft_routing(eval_ids: np.ndarray, wl: Workload, split: str = "test") -> Routing:
+def esft_routing(
+    eval_ids: np.ndarray,
+    wl: Workload,
+    split: str = "test",
+    tasks: np.ndarray | None = None,
+    task_names: tuple[str, ...] = (),
+) -> Routing:
     """Consecutive prompt_len windows of the evaluation stream (wrapping) as the workload's
-    sequences."""
+    sequences; with `tasks` [T_eval], each token labelled with its sequence's task."""
     s, p = wl.n_sequences, wl.seq_positions
     take = np.arange(s * p) % len(eval_ids)
     ids = eval_ids[take].reshape(s, p, *eval_ids.shape[1:])
+    labels = None if tasks is None else tasks[take].reshape(s, p)
     return Routing(
         ids,
         np.ones(ids.shape, np.float32),
         64,
         f"esft {split} (seq_id % 5 == {SPLITS[split]}), {len(eval_ids)} tokens",
+        labels,
+        task_names,
     )
 
 
@@ -169,6 +198,8 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
     # the evaluated split's own load [26, 64]: what a variant that knows it in advance packs from
     np.save(out / "esft_eval_load.npy", load_matrix(test_ids, 64))
     np.save(out / "esft_train_groups.npy", esft_group_loads(cfg.trace_dir, str(cfg.split)))
+    test_tasks, task_load, task_names = esft_tasks(cfg.trace_dir, cfg.seed, str(cfg.split))
+    np.save(out / "esft_train_task_load.npy", task_load)  # [4 tasks, 26, 64]
     counts = np.load(Path(cfg.trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz")[
         "olmoe_counts_top1"
     ]
@@ -184,7 +215,57 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
                     fit.achieved["max_over_mean_median"],
                 )  # fmt: skip
                 switch[e] = fit.routing
-    return {"test_ids": test_ids, "switch_routing": switch, "train_tokens": len(train_ids)}
+    return {"test_ids": test_ids, "test_tasks": test_tasks, "task_names": task_names,
+            "switch_routing": switch, "train_tokens": len(train_ids)}  # fmt: skip
+
+
+def run_params(
+    cfg: DictConfig,
+    name: str,
+    case: DictConfig,
+    planner: str,
+    own: dict[str, Any],
+    training: tuple[Path, Path],
+    out: Path,
+) -> dict[str, Any]:
+    """One run's planner params: the case's devices and kernels; for every replication planner
+    the same replica budget and training load (`training`: load matrix, transition table); on
+    held-out ESFT predictive's hedge and, for `task_mix`, the per-task loads; then `own` (the
+    config's, the case's and a variant's params of that planner, in that order), which wins."""
+    params: dict[str, Any] = {
+        "n_devices": int(case.n_devices),
+        "lanes": as_bool(f"cases.{name}.lanes", case.lanes),
+        "grouped_gemm": as_bool(
+            f"cases.{name}.grouped_gemm", case.get("grouped_gemm", cfg.grouped_gemm)
+        ),
+        "dispatch": str(cfg.dispatch),
+    }
+    if case.get("lane_sharing"):
+        params["lane_sharing"] = str(case.lane_sharing)
+    if planner != "ep_static":  # the same budget and training information for all
+        params["replica_slots"] = int(cfg.replica_slots)
+        params["initial_load"] = str(training[0])
+    esft = case.routing == "esft_heldout"
+    if planner == "predictive_replication":
+        params["table"] = str(training[1])
+        if esft and own.get("prior_scenarios", True):
+            params["prior_scenarios"] = str(out / "esft_train_groups.npy")
+    params.update(own)  # a variant's (or the case's, or the config's planner) params win
+    if planner == "predictive_replication" and params.get("predictor") == "task_mix" and esft:
+        params.setdefault("task_load", str(out / "esft_train_task_load.npy"))
+    if not params.get("prior_scenarios", True):
+        params.pop("prior_scenarios")
+    return params
+
+
+def routing_sha1(routing: Routing) -> str:
+    """What a run reads of its routing: the expert ids and, where it has them, the requests'
+    labels (`task_mix` plans from them)."""
+    h = hashlib.sha1(routing.expert_ids.tobytes())
+    if routing.labels is not None:
+        h.update(routing.labels.tobytes())
+        h.update(",".join(routing.label_names).encode())
+    return h.hexdigest()
 
 
 def case_model(case: DictConfig) -> ModelSpec:
@@ -198,6 +279,11 @@ def run_case(
     hw = HardwareSpec.from_dict(
         yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
     )
+    case_params = case.get("planners") or {}
+
+    def base(p: str) -> dict[str, Any]:  # a planner's params: the config's, then the case's
+        return {**dict(cfg.planners[p] or {}), **dict(case_params.get(p) or {})}
+
     rows = []
     for bs in case.batch_sizes:
         rc = (
@@ -208,43 +294,24 @@ def run_case(
         wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
                       routing=rc, seed=int(cfg.seed))  # fmt: skip
         if case.routing == "esft_heldout":
-            routing = esft_routing(prep["test_ids"], wl, str(cfg.split))
+            routing = esft_routing(prep["test_ids"], wl, str(cfg.split), prep["test_tasks"],
+                                   prep["task_names"])  # fmt: skip
             load_file, trans_file = out / "esft_train_load.npy", out / "esft_train_trans.npy"
         else:
             routing, load_file, trans_file = synthetic_split(model, wl, out / name / f"bs{bs}")
         routing.check_fits(model, wl)
-        runs = [
-            (p, p, dict(cfg.planners[p] or {})) for p in PLANNERS
-        ]  # (row label, planner, params)
+        runs = [(p, p, base(p)) for p in PLANNERS]  # (row label, planner, params)
         variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
-        runs += [(v, str(c.planner), {**dict(cfg.planners[c.planner] or {}), **dict(c.params or {})})
+        runs += [(v, str(c.planner), {**base(str(c.planner)), **dict(c.params or {})})
                  for v, c in variants.items()]  # fmt: skip
-        grouped = as_bool(f"cases.{name}.grouped_gemm", case.get("grouped_gemm", cfg.grouped_gemm))
         for label, planner, own in runs:
-            params: dict[str, Any] = {
-                "n_devices": int(case.n_devices),
-                "lanes": as_bool(f"cases.{name}.lanes", case.lanes),
-                "grouped_gemm": grouped,
-                "dispatch": str(cfg.dispatch),
-            }
-            if case.get("lane_sharing"):
-                params["lane_sharing"] = str(case.lane_sharing)
-            if planner != "ep_static":  # the same budget and training information for all
-                params["replica_slots"] = int(cfg.replica_slots)
-                params["initial_load"] = str(load_file)
-            if planner == "predictive_replication":
-                params["table"] = str(trans_file)
-                if case.routing == "esft_heldout" and own.get("prior_scenarios", True):
-                    params["prior_scenarios"] = str(out / "esft_train_groups.npy")
-            params.update(own)  # a variant's (or the config's planner) params win
-            if not params.get("prior_scenarios", True):
-                params.pop("prior_scenarios")
+            params = run_params(cfg, name, case, planner, own, (load_file, trans_file), out)
             run_dir = out / name / f"bs{bs}" / label
             spec = RunSpec(model, hw, wl, planner, params)
             # what the run reads: the spec, the routing and the files it names (the training
             # tables are rewritten for each split), and the code
             files = {k: file_sha1(params[k]) for k in FILE_PARAMS if params.get(k)}
-            key = {"spec": repr(spec), "routing": hashlib.sha1(routing.expert_ids.tobytes()).hexdigest(),
+            key = {"spec": repr(spec), "routing": routing_sha1(routing),
                    "files": files, "traces": bool(cfg.write_traces), "code": code_version()}  # fmt: skip
             if reusable(run_dir, key):
                 rows.append({"case": name, **json.loads((run_dir / "summary.json").read_text())})
@@ -869,6 +936,25 @@ def check_inputs(cfg: DictConfig) -> None:
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
         variant_planners(case.get("variants") or {}, f"cases.{name}.variants")
+        for planner in case.get("planners") or {}:
+            if str(planner) not in PLANNERS:
+                raise MoepipeError(
+                    f"cases.{name}.planners.{planner}: unknown planner; valid: {', '.join(PLANNERS)}"
+                )
+        if case.routing != "esft_heldout":  # synthetic routing: no request tasks
+            pred = {**dict(cfg.planners.predictive_replication or {}),
+                    **dict((case.get("planners") or {}).get("predictive_replication") or {})}  # fmt: skip
+            rows = {"predictive_replication": pred}
+            for label, v in {**(cfg.get("variants") or {}), **(case.get("variants") or {})}.items():
+                if str(v.get("planner")) == "predictive_replication":
+                    rows[str(label)] = {**pred, **dict(v.get("params") or {})}
+            for label, params in rows.items():
+                if params.get("predictor") == "task_mix":
+                    raise MoepipeError(
+                        f"cases.{name}: {label} has predictor task_mix, which reads each "
+                        f"request's task, but {case.routing} routing has none; set "
+                        f"cases.{name}.planners.predictive_replication.predictor=window"
+                    )
 
 
 def variant_planners(variants: Any, where: str) -> None:

@@ -17,7 +17,16 @@ Predictors (pluggable, causal):
 - `layer_corr`: this iteration's loads at the previous layer pushed through a layer-to-layer
   transition table learned from past iterations (Lina/Klotski-style correlation), falling back
   to `ema` at the first layer and before the table has data. Its copies can only start at the
-  previous layer's gate: one layer of lead time.
+  previous layer's gate: one layer of lead time;
+- `task_mix`: the coming iteration's request labels (each token's task, which the scheduler
+  knows when it forms the batch: `CausalRouting.batch_labels`) weighted by each label's share
+  per layer: a training split's (`task_load`), and once iterations have been seen, per label
+  the selections of that label's tokens over the last `window` iterations, pooled, with the
+  training split's share counted in as `prior_weight` iterations' worth of them. No routing of
+  the coming iteration, so the copies have the whole previous iteration of lead, as `window`'s
+  do; the homes are re-placed from the same prediction. The run's first iteration is planned
+  from the prior, as the other predictors' is: its placement is loaded with the model, before
+  any request has arrived.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from planners.expert_parallel import (
 )
 from planners.registry import register
 
-PREDICTORS = ("last", "ema", "window", "layer_corr")
+PREDICTORS = ("last", "ema", "window", "layer_corr", "task_mix")
 
 
 @dataclass(frozen=True)
@@ -61,12 +70,25 @@ class PredictiveParams(ReplicaParams):
     # placement by its mean busiest-device time over the prediction and these loads (scaled to the
     # prediction's total), a hedge against the prior being another split's load.
     prior_scenarios: str = ""
+    # `task_mix` predictor: .npy [labels, MoE layers, E] a training split's load per request label
+    # (the ESFT trace's tasks, in its task_names order)
+    task_load: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.predictor not in PREDICTORS:
             raise ConfigError(
                 f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}"
+            )
+        if self.predictor == "task_mix" and not self.task_load:
+            raise ConfigError(
+                "predictive_replication: predictor task_mix needs task_load=<.npy [labels, MoE "
+                "layers, experts]>, a training split's load per request label"
+            )
+        if self.task_load and self.predictor != "task_mix":
+            raise ConfigError(
+                f"predictive_replication: task_load is read only by predictor task_mix, not "
+                f"{self.predictor}; drop task_load or set predictor=task_mix"
             )
         if self.window < 1:
             raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
@@ -99,6 +121,11 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
     return out
 
 
+def read_task_load(path: str, n_layers: int, n_experts: int) -> np.ndarray:
+    return read_npy(path, "predictive_replication task_load", (None, n_layers, n_experts),
+                    f"[labels >= 1, {n_layers} MoE layers, {n_experts}]")  # fmt: skip
+
+
 def read_scenarios(path: str, n_layers: int, n_experts: int) -> np.ndarray:
     return read_npy(path, "predictive_replication prior_scenarios", (None, n_layers, n_experts),
                     f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]")  # fmt: skip
@@ -111,7 +138,8 @@ class LoadPredictor:
     times iteration t's selections (`selections(t)`), so a prefill iteration's loads do not
     stand for a decode step's. With `prior` [L, E] (a training split's load, the `initial_load`
     eplb and the oracle get too) the EMA starts from its shares instead of from nothing, and the
-    first iteration is predicted from it."""
+    first iteration is predicted from it. `task_mix` reads iteration t's request labels from
+    `labels(t)` ([T] per token) and each label's shares from `task_load`."""
 
     def __init__(
         self,
@@ -120,8 +148,9 @@ class LoadPredictor:
         n_experts: int,
         selections: Callable[[int], float] = lambda t: 1.0,
         prior: np.ndarray | None = None,
+        labels: Callable[[int], np.ndarray] | None = None,
     ) -> None:
-        self.p, self.selections = p, selections
+        self.p, self.selections, self.labels = p, selections, labels
         self.ema = np.zeros((n_layers, n_experts))  # [L, E] shares
         self.seen = np.zeros(n_layers, dtype=bool)  # an EMA exists for this layer
         self.seen_any = np.zeros(n_layers, dtype=bool)  # an iteration's routing was observed
@@ -141,10 +170,28 @@ class LoadPredictor:
         if p.prior_scenarios:
             loads = read_scenarios(p.prior_scenarios, n_layers, n_experts)
             self.prior_scen = loads / np.maximum(loads.sum(2, keepdims=True), 1.0)
+        self.task_share: np.ndarray | None = None  # [labels, L, E] (task_mix)
+        # moe -> the last `window` iterations' selections per label [labels, E] (task_mix)
+        self.label_past: dict[int, list[np.ndarray]] = {}
+        if p.task_load:
+            self.task_share = self.label_shares(read_task_load(p.task_load, n_layers, n_experts))
         self.ids: dict[int, np.ndarray] = {}  # moe -> [T, k] this iteration's ids so far
         self.gate_of: dict[tuple[int, int], tuple[int, ...]] = {}  # (t, moe) -> gate ops
 
+    def label_shares(self, loads: np.ndarray) -> np.ndarray:
+        """[labels, L, E] shares of per-label loads; a label never seen at a layer takes the
+        prior's share there (uniform without a prior)."""
+        rows = loads.sum(2, keepdims=True)
+        fallback = self.prior_share if self.prior_share is not None else np.ones(loads.shape[1:])
+        fallback = fallback / np.maximum(fallback.sum(1, keepdims=True), 1e-12)
+        return np.where(rows > 0, loads / np.where(rows > 0, rows, 1.0), fallback[None])
+
     def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        # the iteration's labels, and past iterations' routing; not the run's first iteration,
+        # whose placement is loaded with the model, before any request has arrived
+        if self.p.predictor == "task_mix" and t > 0:
+            used = self.gate_of[(t - 1, moe)] if self.label_past.get(moe) else ()
+            return self.mix_share(t, moe) * self.selections(t), used
         # layer_corr from this iteration's routing at the layer before; not for a layer's first
         # placement, which is loaded before the run, before any routing exists
         if (self.p.predictor == "layer_corr" and moe > 0 and self.seen_any[moe]
@@ -177,6 +224,33 @@ class LoadPredictor:
             return self.window_share(moe)
         return self.ema[moe].copy()
 
+    def mix_share(self, t: int, moe: int) -> np.ndarray:
+        """[E] iteration t's predicted share at `moe` (`task_mix`): each label's share weighted by
+        how many of the iteration's tokens carry it."""
+        assert self.labels is not None and self.task_share is not None
+        mix = np.bincount(self.labels(t), minlength=len(self.task_share)).astype(np.float64)
+        if len(mix) > len(self.task_share):
+            raise ConfigError(
+                f"predictive_replication: a request label {len(mix) - 1} but task_load has "
+                f"{len(self.task_share)} labels; build task_load from the same trace"
+            )
+        return mix @ self.label_share(moe) / max(mix.sum(), 1.0)
+
+    def label_share(self, moe: int) -> np.ndarray:
+        """[labels, E] each label's share at `moe`: the training split's, and once iterations
+        have been seen, the selections of that label's tokens in the last `window` of them,
+        pooled, with the training split's share counted in as `prior_weight` times the mean
+        selections of that label an iteration (a label not seen yet: the training split's)."""
+        assert self.task_share is not None
+        prior, past = self.task_share[:, moe], self.label_past.get(moe)
+        if not past:
+            return prior
+        seen = np.sum(past, axis=0)  # [labels, E]
+        n = seen.sum(1, keepdims=True)
+        strength = self.p.prior_weight * n / len(past)
+        return np.where(n > 0, (seen + strength * prior) / np.where(n > 0, n + strength, 1.0),
+                        prior)  # fmt: skip
+
     def window_share(self, moe: int) -> np.ndarray:
         """[E] the mean share of the last `window` iterations at `moe`, the prior's share
         (without one, nothing) counted in as `prior_weight` iterations."""
@@ -206,6 +280,14 @@ class LoadPredictor:
                 1.0 / k,
             )
         self.ids[moe] = ids
+        if self.p.predictor == "task_mix":  # each label's selections this iteration
+            assert self.labels is not None and self.task_share is not None
+            lab = np.repeat(self.labels(t), ids.shape[1])
+            by_label = np.zeros((max(len(self.task_share), int(lab.max(initial=0)) + 1),
+                                 self.ema.shape[1]))  # fmt: skip
+            np.add.at(by_label, (lab, ids.ravel()), 1.0)
+            self.label_past[moe] = [*self.label_past.get(moe, []),
+                                    by_label[: len(self.task_share)]][-self.p.window :]  # fmt: skip
 
 
 class PredictedReplicas:
@@ -218,7 +300,9 @@ class PredictedReplicas:
         self.error.planned_from(t, moe, load)
         scenarios = self.predictor.scenarios(moe, load)
         home_load = None
-        if self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
+        if self.rep.rehome_due(t) and self.predictor.p.predictor == "task_mix" and t > 0:
+            home_load = load / max(load.sum(), 1e-12)  # the same prediction (its gates: `used`)
+        elif self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
             home_load = self.predictor.home_share(moe)
             used = tuple(dict.fromkeys((*used, *self.predictor.gate_of[(t - 1, moe)])))
         return self.rep.place(moe, load, home_load, scenarios), used
@@ -241,8 +325,19 @@ class PredictiveReplication:
         def selections(t: int) -> float:  # expert selections of iteration t = (step, batch)
             return float(wl.batch_size * wl.step_tokens(t // wl.n_batches) * k)
 
+        def labels(t: int) -> np.ndarray:  # iteration t's request labels, known before its gates
+            return ctx.routing.batch_labels(t // wl.n_batches, t % wl.n_batches,
+                                            "predictive_replication predictor=task_mix")  # fmt: skip
+
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
-        predictor = LoadPredictor(self.params, n_layers, e, selections, init)
+        predictor = LoadPredictor(self.params, n_layers, e, selections, init, labels)
+        names = ctx.routing.label_names
+        if predictor.task_share is not None and names and len(predictor.task_share) != len(names):
+            raise ConfigError(
+                f"predictive_replication: task_load has {len(predictor.task_share)} labels but "
+                f"the routing names {len(names)} ({', '.join(names)}); build task_load "
+                "from the same trace, one row per label in its order"
+            )
         out.meta["predictor"] = self.params.predictor
         policy = PredictedReplicas(rep, predictor)
         EPRunner(ctx, out, layout).plan(policy)

@@ -69,6 +69,23 @@ def test_windows_continue_into_next_sequence(traces_dir: Path) -> None:
     r.check_fits(model(), wl)
 
 
+def test_windows_carry_each_tokens_task(traces_dir: Path) -> None:
+    """Each window position is labelled with its token's task, and a batch's labels line up
+    with its ids: windows that run from intent's last sequence into law's first change label."""
+    tr = load_esft(traces_dir)
+    wl = workload(traces_dir, bs=2, n=2, prompt=40, gen=1, tasks=("intent", "law"))
+    r = esft_routing(model(), wl.with_(seed=126))  # intent's last sequence (<= 88 tokens), then law
+    assert r.label_names == tr.task_names and r.labels is not None
+    start = np.flatnonzero((tr.task == 0) & (tr.seq_id == 126))[0]
+    take = np.arange(start, start + 160)  # intent's tokens are followed by law's in the file
+    np.testing.assert_array_equal(r.expert_ids.reshape(160, 26, 6), tr.expert_ids[take])
+    np.testing.assert_array_equal(r.labels.ravel(), tr.task[take])
+    assert set(np.unique(r.labels)) == {0, 1}
+    labels, ids = r.batch_labels(0, 1, wl), r.batch_ids(0, 3, 1, wl)
+    assert labels.shape == (len(ids),) == (2 * 40,)
+    np.testing.assert_array_equal(labels, tr.task[take[80:]])
+
+
 def test_wraps_and_excludes(traces_dir: Path) -> None:
     tr = load_esft(traces_dir)
     n_summary = int((tr.task == 2).sum())

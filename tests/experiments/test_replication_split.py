@@ -119,3 +119,29 @@ def test_the_target_corner_is_eplbs_balance_and_half_the_gap():
     assert target_corner(rows[:2]) is None
     slow = [*rows[:2], dict(planner="oracle_replication", makespan_s=0.011, balancedness=0.95)]
     assert target_corner(slow) is None
+
+
+@pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
+def test_task_labels_follow_the_evaluation_stream_and_the_task_loads_sum_to_the_training():
+    """`esft_tasks` labels each evaluation token in `esft_split`'s order, and its per-task loads
+    of the training split add up to the training load matrix eplb and predictive start from."""
+    from experiments.replication import esft_routing, esft_tasks, load_matrix
+
+    tr = load_esft(str(SHARED_TRACES))
+    ids, train = esft_split(str(SHARED_TRACES), 0, "validation")
+    tasks, per_task, names = esft_tasks(str(SHARED_TRACES), 0, "validation")
+    assert names == tr.task_names and per_task.shape == (4, 26, 64) and tasks.shape == (len(ids),)
+    np.testing.assert_array_equal(per_task.sum(0), load_matrix(train, 64))
+    assert set(np.unique(tasks)) == {0, 1, 2, 3}
+
+    def rows(a: np.ndarray) -> np.ndarray:  # each token's [26, 6] ids as one sortable item
+        return np.sort(np.ascontiguousarray(a.reshape(len(a), -1)).view(f"V{a[0].nbytes}").ravel())
+
+    for k in range(4):  # the tokens labelled k are exactly task k's validation tokens
+        theirs = tr.expert_ids[(tr.task == k) & (tr.seq_id % 5 == 1)].astype(np.int16)
+        np.testing.assert_array_equal(rows(ids[tasks == k]), rows(theirs))
+    from core.spec import Workload
+
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=1)
+    r = esft_routing(ids, wl, "validation", tasks, names)
+    np.testing.assert_array_equal(r.labels.ravel(), tasks[: 4 * 8])

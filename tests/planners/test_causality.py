@@ -8,6 +8,7 @@ decisions exist; the expert-parallel planners, which keep experts resident, on `
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def changed(routing: Routing, wl: Workload, step: int) -> Routing:
     seqs = slice(BATCH * wl.batch_size, (BATCH + 1) * wl.batch_size)
     counts = np.bincount(ids[:, pos, MOE].ravel(), minlength=routing.n_experts)
     ids[seqs, pos, MOE] = np.argsort(counts, kind="stable")[: routing.top_k]
-    return Routing(ids, routing.gate_weights, routing.n_experts, "one batch's routing changed")
+    return replace(routing, expert_ids=ids, description="one batch's routing changed")
 
 
 def after(schedule, start: int) -> set[int]:
@@ -68,6 +69,24 @@ def test_routing_changes_only_ops_after_its_gate(name, step, tiny_model, tiny_hw
     assert not two.meta.get("oracle")
     early = early_ops(one, two, tiny_model, step)
     assert not early, f"ops decided from routing not yet seen: {early[:5]}"
+
+
+def test_task_mix_reads_the_batchs_labels_not_its_routing(tiny_model, tiny_hw, tmp_path):
+    """`task_mix` plans a batch from its request labels, known before its gates: with labels on
+    the routing (the same in both runs), a changed routing still moves only ops after its gate."""
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=4, gen_len=3)
+    rng = np.random.default_rng(1)
+    base = random_routing(tiny_model, wl)
+    base = replace(base, labels=rng.integers(0, 2, base.expert_ids.shape[:2]).astype(np.int16),
+                   label_names=("a", "b"))  # fmt: skip
+    shape = (2, len(tiny_model.moe_layers), tiny_model.n_experts)
+    np.save(tmp_path / "task_load.npy", rng.random(shape) ** 4 * 100)  # skewed per label
+    params = {**EP_PARAMS, "predictor": "task_mix", "task_load": str(tmp_path / "task_load.npy")}
+    for step in STEPS:
+        one, two = peek_check_pair("predictive_replication", params, tiny_model, tiny_hw, wl,
+                                   base, step)  # fmt: skip
+        early = early_ops(one, two, tiny_model, step)
+        assert not early, f"ops decided from routing not yet seen: {early[:5]}"
 
 
 @pytest.mark.parametrize(

@@ -724,6 +724,7 @@ def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
     case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
                                  lanes=True, lane_sharing="shared", grouped_gemm=False,
                                  batch_sizes=[2], prompt_len=8, n_batches=2,
+                                 planners={"predictive_replication": {"predictor": "window"}},
                                  variants={"ep_static[1 lane]": {"planner": "ep_static",
                                                                  "params": {"n_devices": 1}},
                                            "orc": {"planner": "oracle_replication",
@@ -751,6 +752,74 @@ def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
     cfg.cases = {"t": case}  # a copy of the node
     with pytest.raises(MoepipeError, match=r"cases.t.variants.x.planner='nope'; valid: ep_static"):
         check_inputs(cfg)
+
+
+def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_path):
+    """cases.<name>.planners overrides the config's params of that planner, in its own row and in
+    its variants' (whose own params win); a planner name it does not know is refused first."""
+    from omegaconf import OmegaConf
+
+    from experiments.replication import case_model, check_inputs, run_case
+
+    cfg = OmegaConf.load("conf/experiment/replication.yaml")
+    case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
+                                 lanes=True, batch_sizes=[2, 3], prompt_len=8, n_batches=2,
+                                 planners={"predictive_replication": {"predictor": "ema",
+                                                                      "window": 3}},
+                                 variants={"p[last]": {"planner": "predictive_replication",
+                                                       "params": {"predictor": "last"}}}))  # fmt: skip
+    cfg.variants = {}
+    prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
+    rows = run_case(cfg, "t", case, prep, tmp_path)
+    for bs in (2, 3):  # every batch size alike
+        by = {r["planner"]: r["params"] for r in rows if r["batch_size"] == bs}
+        own, var = by["predictive_replication"], by["p[last]"]
+        assert (own["predictor"], own["window"], own["gate"]) == ("ema", 3, "time+copy")
+        assert (var["predictor"], var["window"]) == ("last", 3)
+        assert by["eplb"]["window"] == cfg.planners.eplb.window  # other planners: as before
+    case.planners = {"predictive": {"predictor": "ema"}}
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t.planners.predictive: unknown planner; valid"):
+        check_inputs(cfg)
+    # synthetic routing has no request tasks: task_mix there, in a row or a variant, is refused
+    case.planners = {"predictive_replication": {"predictor": "window"}}
+    case.variants = {"p[tm]": {"planner": "predictive_replication",
+                               "params": {"predictor": "task_mix"}}}  # fmt: skip
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t: p\[tm\] has predictor task_mix, which reads "
+                       r"each request's task, but synthetic_olmoe_top1 routing has none; set "
+                       r"cases.t.planners.predictive_replication.predictor=window"):  # fmt: skip
+        check_inputs(cfg)
+
+
+def test_runs_get_the_training_files_their_predictor_reads():
+    """On held-out ESFT the experiment's predictive (task_mix) gets the per-task loads and the
+    prior scenarios' hedge; its `[window]` variant gets exactly the params the experiment's
+    predictive had before task_mix (the hedge, no per-task loads); the Switch cases' window gets
+    neither."""
+    from omegaconf import OmegaConf
+
+    from experiments.replication import run_params
+
+    cfg = OmegaConf.load("conf/experiment/replication.yaml")
+    out, training = Path(cfg.out_dir), (Path("l.npy"), Path("t.npy"))
+    case = cfg.cases["esft-g8-b32"]
+    own = dict(cfg.planners.predictive_replication)
+    pred = run_params(cfg, "esft-g8-b32", case, "predictive_replication", own, training, out)
+    assert pred["predictor"] == "task_mix"
+    assert pred["task_load"] == str(out / "esft_train_task_load.npy")
+    assert pred["prior_scenarios"] == str(out / "esft_train_groups.npy")
+    window = {**own, **dict(case.variants["predictive_replication[window]"].params)}
+    win = run_params(cfg, "esft-g8-b32", case, "predictive_replication", window, training, out)
+    before = dict(n_devices=8, lanes=False, grouped_gemm=True, dispatch="even", replica_slots=2,
+                  initial_load="l.npy", table="t.npy", predictor="window", window=4,
+                  prior_weight=2, gate="time+copy", rehome_interval=1,
+                  prior_scenarios=str(out / "esft_train_groups.npy"))  # fmt: skip
+    assert win == before
+    switch = cfg.cases["switch-base-128-g8"]
+    own = {**own, **dict(switch.planners.predictive_replication)}
+    sw = run_params(cfg, "switch-base-128-g8", switch, "predictive_replication", own, training, out)
+    assert sw["predictor"] == "window" and not {"task_load", "prior_scenarios"} & set(sw)
 
 
 def test_lane_share_outside_zero_one_is_a_config_error():
@@ -838,6 +907,123 @@ def test_window_predictor_keeps_the_prior_as_prior_weight_iterations():
     for bad in (-1, float("inf"), float("nan")):
         with pytest.raises(ConfigError, match=r"prior_weight=.*must be a finite number >= 0"):
             PredictiveParams(predictor="window", prior_weight=bad)
+
+
+def test_task_mix_predicts_from_the_iterations_labels(tmp_path):
+    """Per-label loads [3, 1, 0, 0] (shares [.75, .25, 0, 0]) and [0, 0, 2, 2] ([0, 0, .5, .5]);
+    iteration 1's tokens labelled [0, 0, 0, 1]: (3 x the first + the second) / 4 = [.5625,
+    .1875, .125, .125], times the 8 selections, with no gate to wait for (the labels are known
+    when the batch forms); the homes are packed by the same share. Iteration 0 is planned from
+    the prior, as the other predictors' first placement, loaded with the model before any
+    request. A label never seen at a layer takes the prior's share there; a label beyond
+    task_load's, or no task_load, or task_load without task_mix, is one error."""
+    from planners.predictive_replication import (
+        LoadPredictor,
+        PredictedReplicas,
+        PredictiveParams,
+    )
+
+    loads = np.array([[[3.0, 1, 0, 0], [0, 0, 0, 0]], [[0, 0, 2, 2], [1, 1, 1, 1]]])  # [2, L=2, 4]
+    np.save(tmp_path / "tl.npy", loads)
+    p = PredictiveParams(predictor="task_mix", task_load=str(tmp_path / "tl.npy"))
+    labels = {0: np.array([1, 1, 1, 1]), 1: np.array([0, 0, 0, 1]), 2: np.array([0, 0, 0, 2])}
+    prior = np.array([[1.0, 1, 1, 1], [4, 0, 0, 0]])
+    pred = LoadPredictor(p, 2, 4, lambda t: 8.0, prior, labels.__getitem__)
+    assert pred.predict(0, 0) == (pytest.approx(np.full(4, 2.0)), ())  # the prior, not labels
+    load, used = pred.predict(1, 0)
+    assert load.tolist() == pytest.approx([4.5, 1.5, 1, 1]) and used == ()
+    # MoE layer 1: label 0 has no load there, so its tokens take the prior's [1, 0, 0, 0]
+    assert pred.predict(1, 1)[0].tolist() == pytest.approx([6.5, 0.5, 0.5, 0.5])
+    with pytest.raises(ConfigError, match="a request label 2 but task_load has 2 labels"):
+        pred.predict(2, 0)
+
+    class Homes:  # records what the homes are packed by
+        def rehome_due(self, t):
+            return True
+
+        def place(self, moe, load, home_load, scenarios):
+            self.home = home_load
+            return np.zeros((2, 1), dtype=np.int64)
+
+    rep = Homes()
+    assert PredictedReplicas(rep, pred).place(1, 0)[1] == ()  # type: ignore[arg-type]
+    assert rep.home.tolist() == pytest.approx([0.5625, 0.1875, 0.125, 0.125])
+    with pytest.raises(ConfigError, match="predictor task_mix needs task_load="):
+        PredictiveParams(predictor="task_mix")
+    with pytest.raises(
+        ConfigError, match="task_load is read only by predictor task_mix, not window"
+    ):
+        PredictiveParams(predictor="window", task_load=str(tmp_path / "tl.npy"))
+
+
+def test_task_mix_learns_each_labels_share_online(tmp_path):
+    """After iterations are seen, a label's share at a layer pools its tokens' selections over
+    the last `window` iterations, the training share counted in as `prior_weight` times its mean
+    selections an iteration; a label a window never saw keeps the training share; and the
+    prediction waits for the previous iteration's gate there. window=2, prior_weight=1, top-1:
+    label 0 trains as [1, 0, 0, 0]. Iteration 0: label 0's tokens pick experts [1, 1] (2
+    selections); iteration 1: [1, 2, 2, 2] (4); iteration 2: [3, 3] (2), which drops iteration 0.
+    After 0 and 1: seen [0, 3, 3, 0] over 6, strength 1 x 6 / 2 = 3: ([0, 3, 3, 0] + 3 x [1, 0,
+    0, 0]) / 9. After 1 and 2 (window 2): seen [0, 1, 3, 2] over 6, the same strength."""
+    from core.routing import GateView
+    from planners.predictive_replication import LoadPredictor, PredictiveParams
+
+    np.save(tmp_path / "tl.npy", np.array([[[5.0, 0, 0, 0]], [[0, 0, 0, 5]]]))  # [labels, L=1, E]
+    p = PredictiveParams(predictor="task_mix", task_load=str(tmp_path / "tl.npy"), window=2,
+                         prior_weight=1.0)  # fmt: skip
+    labels = {0: np.array([0, 0, 1]), 1: np.array([0, 0, 0, 0]), 2: np.array([0, 0]),
+              3: np.array([0, 1])}  # fmt: skip
+    pred = LoadPredictor(p, 1, 4, lambda t: 9.0, np.ones((1, 4)), labels.__getitem__)
+    picks = {0: [1, 1, 0], 1: [1, 2, 2, 2], 2: [3, 3]}  # label 1's token at iteration 0 picks 0
+    for t, ids in picks.items():
+        ids = np.array(ids)[:, None]
+        pred.observe(t, 0, GateView(ids, np.bincount(ids.ravel(), minlength=4)), gates=(10 + t,))
+        if t == 1:
+            share = ([0, 3, 3, 0] + 3 * np.array([1.0, 0, 0, 0])) / 9
+            np.testing.assert_allclose(pred.label_share(0)[0], share)
+            # label 1: one selection (expert 0) in 2 iterations, strength 1 x 1 / 2
+            np.testing.assert_allclose(pred.label_share(0)[1], [2 / 3, 0, 0, 1 / 3])
+    np.testing.assert_allclose(
+        pred.label_share(0)[0], ([0, 1, 3, 2] + 3 * np.array([1.0, 0, 0, 0])) / 9
+    )
+    np.testing.assert_allclose(pred.label_share(0)[1], [0, 0, 0, 1])  # not in the window: trained
+    load, used = pred.predict(3, 0)  # labels [0, 1]: half each
+    np.testing.assert_allclose(load, 9 * (pred.label_share(0)[0] + [0, 0, 0, 1]) / 2)
+    assert used == (12,)
+
+
+def test_task_mix_places_by_the_labels_and_needs_them(tmp_path):
+    """The same routing under two labellings, each label's load making another expert hot: the
+    first placement, loaded with the model, is the same under both (it is planned before any
+    request); the second batch's holds that label's hot expert on both devices. A routing
+    without labels (synthetic), or with another number of them than task_load, is one error."""
+    from core.errors import TraceError
+    from experiments.pipeline import build_schedule
+    from tests.conftest import random_routing
+
+    spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1)
+    e, n_moe = spec.model.n_experts, len(spec.model.moe_layers)
+    loads = np.ones((2, n_moe, e))
+    loads[0, :, 0], loads[1, :, 2] = 50, 50  # label 0: expert 0 hot; label 1: expert 2
+    np.save(tmp_path / "tl.npy", loads)
+    # every slot filled (no gate); the training shares outweigh the uniform routing seen
+    spec = replace(spec, params={**spec.params, "predictor": "task_mix", "gate": "none",
+                                 "prior_weight": 100.0, "task_load": str(tmp_path / "tl.npy")})  # fmt: skip
+    base = random_routing(spec.model, spec.workload)
+    slots = []
+    for label in (0, 1):
+        labelled = replace(base, labels=np.full(base.expert_ids.shape[:2], label, np.int16),
+                           label_names=("a", "b"))  # fmt: skip
+        slots.append(build_schedule(spec, labelled).meta["ep_slots"])
+        assert all([0, 2][label] in row for row in slots[-1][(0, 1, 0)])  # batch 1: hot one
+    assert slots[0][(0, 0, 0)] == slots[1][(0, 0, 0)]  # the first placement reads no labels
+    assert slots[0][(0, 1, 0)] != slots[1][(0, 1, 0)]
+    with pytest.raises(TraceError, match="predictor=task_mix needs each request's label"):
+        build_schedule(spec, base)
+    three = replace(base, labels=np.zeros(base.expert_ids.shape[:2], np.int16),
+                    label_names=("a", "b", "c"))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"task_load has 2 labels but the routing names 3 \(a, b"):
+        build_schedule(spec, three)
 
 
 def test_prior_scenarios_of_the_wrong_shape(tmp_path):
