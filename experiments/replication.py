@@ -936,10 +936,15 @@ def check_inputs(cfg: DictConfig) -> None:
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
         variant_planners(case.get("variants") or {}, f"cases.{name}.variants")
-        for planner in case.get("planners") or {}:
+        for planner, params in (case.get("planners") or {}).items():
             if str(planner) not in PLANNERS:
                 raise MoepipeError(
                     f"cases.{name}.planners.{planner}: unknown planner; valid: {', '.join(PLANNERS)}"
+                )
+            if params is not None and not isinstance(params, Mapping):
+                raise MoepipeError(
+                    f"cases.{name}.planners.{planner}={params!r}: must be a mapping of that "
+                    f"planner's params, e.g. {{predictor: window}}"
                 )
         if case.routing != "esft_heldout":  # synthetic routing: no request tasks
             pred = {**dict(cfg.planners.predictive_replication or {}),
@@ -950,10 +955,12 @@ def check_inputs(cfg: DictConfig) -> None:
                     rows[str(label)] = {**pred, **dict(v.get("params") or {})}
             for label, params in rows.items():
                 if params.get("predictor") == "task_mix":
+                    fix = (f"set cases.{name}.planners.predictive_replication.predictor=window"
+                           if label == "predictive_replication"
+                           else "drop that variant, or move it to the ESFT cases' variants")  # fmt: skip
                     raise MoepipeError(
                         f"cases.{name}: {label} has predictor task_mix, which reads each "
-                        f"request's task, but {case.routing} routing has none; set "
-                        f"cases.{name}.planners.predictive_replication.predictor=window"
+                        f"request's task, but {case.routing} routing has none; {fix}"
                     )
 
 

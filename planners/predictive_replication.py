@@ -4,7 +4,8 @@ overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `g
 expert's real tokens evenly over its copies (or by load, `dispatch`), and prefetch the changed
 copies before the layer.
 Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from past loads (the
-window's mean, else the EMA) as `eplb` re-places every `interval`: re-packed from scratch, or
+window's mean, else the EMA; `task_mix`: from its prediction for the coming iteration) as `eplb`
+re-places every `interval`: re-packed from scratch, or
 moved by a few swaps (each device at most one), whichever the gate finds pays
 (planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
 hedges the first placement of each layer against the prior being another split's load.
@@ -58,9 +59,10 @@ PREDICTORS = ("last", "ema", "window", "layer_corr", "task_mix")
 class PredictiveParams(ReplicaParams):
     predictor: str = "layer_corr"  # one of PREDICTORS
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
-    window: int = 4  # `window` predictor: mean share of the last this many iterations
+    window: int = 4  # `window` (and `task_mix`'s online part): the last this many iterations
     # `window` predictor: the prior's share (`initial_load`) stays in the mean as this many
     # iterations' worth, so one noisy batch does not replace a whole training split's load
+    # (`task_mix`: each label's training share, as many iterations' worth of that label)
     prior_weight: float = 0.0
     table: str = (
         ""  # optional .npy [MoE layers, E, E] transition counts from a training split (layer_corr)

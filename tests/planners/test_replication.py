@@ -787,8 +787,19 @@ def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_
                                "params": {"predictor": "task_mix"}}}  # fmt: skip
     cfg.cases = {"t": case}
     with pytest.raises(MoepipeError, match=r"cases.t: p\[tm\] has predictor task_mix, which reads "
-                       r"each request's task, but synthetic_olmoe_top1 routing has none; set "
-                       r"cases.t.planners.predictive_replication.predictor=window"):  # fmt: skip
+                       r"each request's task, but synthetic_olmoe_top1 routing has none; drop "
+                       r"that variant, or move it to the ESFT cases' variants"):  # fmt: skip
+        check_inputs(cfg)
+    case.variants = {}
+    case.planners = {"predictive_replication": {"predictor": "task_mix"}}
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t: predictive_replication has predictor "
+                       r"task_mix.*; set cases.t.planners.predictive_replication.predictor=window"):  # fmt: skip
+        check_inputs(cfg)
+    case.planners = {"predictive_replication": "window"}
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t.planners.predictive_replication='window': "
+                       r"must be a mapping"):  # fmt: skip
         check_inputs(cfg)
 
 
