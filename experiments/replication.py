@@ -219,6 +219,22 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
             "switch_routing": switch, "train_tokens": len(train_ids)}  # fmt: skip
 
 
+def planner_runs(cfg: DictConfig, case: DictConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    """A case's rows (label, planner, own params): the four planners, then the config's and the
+    case's variants; each planner's params are the config's, then the case's `planners:`, then a
+    variant's."""
+    case_params = case.get("planners") or {}
+
+    def base(p: str) -> dict[str, Any]:
+        return {**dict(cfg.planners[p] or {}), **dict(case_params.get(p) or {})}
+
+    variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
+    return [(p, p, base(p)) for p in PLANNERS] + [
+        (str(v), str(c.planner), {**base(str(c.planner)), **dict(c.get("params") or {})})
+        for v, c in variants.items()
+    ]
+
+
 def run_params(
     cfg: DictConfig,
     name: str,
@@ -279,11 +295,7 @@ def run_case(
     hw = HardwareSpec.from_dict(
         yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
     )
-    case_params = case.get("planners") or {}
-
-    def base(p: str) -> dict[str, Any]:  # a planner's params: the config's, then the case's
-        return {**dict(cfg.planners[p] or {}), **dict(case_params.get(p) or {})}
-
+    runs = planner_runs(cfg, case)  # the same at every batch size
     rows = []
     for bs in case.batch_sizes:
         rc = (
@@ -300,10 +312,6 @@ def run_case(
         else:
             routing, load_file, trans_file = synthetic_split(model, wl, out / name / f"bs{bs}")
         routing.check_fits(model, wl)
-        runs = [(p, p, base(p)) for p in PLANNERS]  # (row label, planner, params)
-        variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
-        runs += [(v, str(c.planner), {**base(str(c.planner)), **dict(c.params or {})})
-                 for v, c in variants.items()]  # fmt: skip
         for label, planner, own in runs:
             params = run_params(cfg, name, case, planner, own, (load_file, trans_file), out)
             run_dir = out / name / f"bs{bs}" / label
@@ -947,14 +955,8 @@ def check_inputs(cfg: DictConfig) -> None:
                     f"planner's params, e.g. {{predictor: window}}"
                 )
         if case.routing != "esft_heldout":  # synthetic routing: no request tasks
-            pred = {**dict(cfg.planners.predictive_replication or {}),
-                    **dict((case.get("planners") or {}).get("predictive_replication") or {})}  # fmt: skip
-            rows = {"predictive_replication": pred}
-            for label, v in {**(cfg.get("variants") or {}), **(case.get("variants") or {})}.items():
-                if str(v.get("planner")) == "predictive_replication":
-                    rows[str(label)] = {**pred, **dict(v.get("params") or {})}
-            for label, params in rows.items():
-                if params.get("predictor") == "task_mix":
+            for label, planner, params in planner_runs(cfg, case):
+                if planner == "predictive_replication" and params.get("predictor") == "task_mix":
                     fix = (f"set cases.{name}.planners.predictive_replication.predictor=window"
                            if label == "predictive_replication"
                            else "drop that variant, or move it to the ESFT cases' variants")  # fmt: skip

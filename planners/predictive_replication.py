@@ -284,12 +284,11 @@ class LoadPredictor:
         self.ids[moe] = ids
         if self.p.predictor == "task_mix":  # each label's selections this iteration
             assert self.labels is not None and self.task_share is not None
-            lab = np.repeat(self.labels(t), ids.shape[1])
-            by_label = np.zeros((max(len(self.task_share), int(lab.max(initial=0)) + 1),
-                                 self.ema.shape[1]))  # fmt: skip
-            np.add.at(by_label, (lab, ids.ravel()), 1.0)
-            self.label_past[moe] = [*self.label_past.get(moe, []),
-                                    by_label[: len(self.task_share)]][-self.p.window :]  # fmt: skip
+            lab = np.repeat(self.labels(t), ids.shape[1])  # [T * k], in ids' order
+            keep = lab < len(self.task_share)  # a label task_load lacks: refused by mix_share
+            by_label = np.zeros_like(self.task_share[:, moe])  # [labels, E]
+            np.add.at(by_label, (lab[keep], ids.ravel()[keep]), 1.0)
+            self.label_past[moe] = [*self.label_past.get(moe, []), by_label][-self.p.window :]
 
 
 class PredictedReplicas:
