@@ -273,6 +273,7 @@ def _random_units(
     return units
 
 
+@torch.no_grad()
 def measure_compute(
     spec: ModelSpec, model: Model, device: torch.device, budget_s: float = 40.0
 ) -> dict[str, list[list[float]]]:
@@ -284,7 +285,6 @@ def measure_compute(
     dtype = torch_dtype(spec)
     tables: dict[str, list[list[float]]] = {}
     deadline = time.perf_counter() + budget_s
-    torch.set_grad_enabled(False)
     turn = iter(range(1 << 30))
 
     def w(unit: Unit) -> dict[str, torch.Tensor]:
@@ -481,13 +481,24 @@ def calibrate(
             disk = measure_disk(disk_dir, disk_mb)
         tables = measure_compute(spec, model, dev)
         overhead_s = measure_op_overhead(ckpt, dev)
+        # The CPU's own compute (fiddler-style planners run experts there), timed where a GPU run
+        # runs it: torch's default thread count; a memcpy between pageable buffers is its memory
+        # bandwidth. On a CPU-only machine the device pool is the CPU, timed above.
+        cpu_tables, cpu_bw = (
+            (measure_compute(spec, model, torch.device("cpu"), budget_s=15.0),
+             measure_links(torch.device("cpu"))[0]["gbps"])
+            if dev.type == "cuda"
+            else (tables, h2d["gbps"])
+        )  # fmt: skip
     finally:
         torch.set_num_threads(threads_before)
-    expert = tables[str(OpKind.EXPERT)][-1]
-    peak = expert[0] / expert[1]
-    mem_bw = (
-        h2d["gbps"] if dev.type == "cpu" else 1000.0
-    )  # CPU pool: a memcpy is the memory bandwidth
+
+    def roofline(tables: dict[str, list[list[float]]]) -> float:
+        """Peak flop/s: the largest expert op's flops over its time."""
+        expert = tables[str(OpKind.EXPERT)][-1]
+        return expert[0] / expert[1]
+
+    mem_bw = cpu_bw if dev.type == "cpu" else 1000.0  # CPU pool: a memcpy is the memory bandwidth
     if dev.type == "cuda":
         free, total = torch.cuda.mem_get_info(dev)
         gpu_gb = total / 1e9 * 0.9
@@ -495,8 +506,12 @@ def calibrate(
     else:
         gpu_gb = _ram_bytes() / 1e9 * 0.25
         gpu_name = "none (device pool = RAM)"
-    compute = {"tflops": round(peak / 1e12, 6), "mem_bw_gbps": round(mem_bw, 3), "overhead_us": round(overhead_s * 1e6, 1),
-               "time_tables": {k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()}}  # fmt: skip
+
+    def entry(tables: dict[str, list[list[float]]], mem_bw: float) -> dict[str, Any]:
+        return {"tflops": round(roofline(tables) / 1e12, 6), "mem_bw_gbps": round(mem_bw, 3), "overhead_us": round(overhead_s * 1e6, 1),
+                "time_tables": {k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()}}  # fmt: skip
+
+    compute = entry(tables, mem_bw)
     machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     disk_note = (
@@ -512,7 +527,7 @@ def calibrate(
             "disk": round(shutil.disk_usage(disk_dir).free / 1e9 * 0.5, 3),
         },
         "gpu": compute,
-        "cpu": copy.deepcopy(compute) if dev.type == "cpu" else {**compute, "time_tables": {}},
+        "cpu": copy.deepcopy(compute) if dev.type == "cpu" else entry(cpu_tables, cpu_bw),
         # Every op, transfer or compute, also pays the executor's per-op overhead.
         "links": {
             name: {
@@ -523,7 +538,13 @@ def calibrate(
         },
         "sources": {
             "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
-            "model": f"compute tables of {spec.name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}",
+            "model": f"compute tables of {spec.name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}"
+            + (
+                "; cpu: the same ops on the CPU (torch's default threads, as a GPU run's CPU ops), "
+                "mem_bw_gbps from a host memcpy"
+                if dev.type == "cuda"
+                else ""
+            ),
             "disk": (
                 f"{data_file} (the checkpoint's offload file): its units read with {disk_note} back "
                 "to back in file order, fitted to latency + bytes/bandwidth"

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -26,11 +27,11 @@ from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
-from core.types import RoutingSource, Tier
+from core.types import RoutingSource, Tensor, Tier
 from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches, summary_of
 from planners.registry import make_planner
-from real.checkpoint import load_checkpoint
-from real.executor import Executor, RunOutput, resident_units
+from real.checkpoint import Unit, load_checkpoint
+from real.executor import Executor, RunOutput, resident_units, unit_of
 from real.model import Model, live_routing
 from real.store import TieredStore, resolve_device
 
@@ -87,10 +88,8 @@ def real_execute(
             schedule = _one_process(build_schedule(spec, routing))
             out = ex.run_replay(schedule, routing)
         else:
-            # A dry plan with replayed routing tells where placement-resident units sit.
-            dry_routing = routing or _shape_routing(spec)
-            dry = _one_process(build_schedule(spec, dry_routing))
-            resident = resident_units(dry, spec.model.n_experts)
+            # Dry plans on replayed routing tell where placement-resident units sit.
+            resident = resident_before_start(spec, routing or _shape_routing(spec))
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -122,6 +121,59 @@ def _one_process(schedule: Schedule) -> Schedule:
             "--nproc_per_node=G -m experiments.ep_run checkpoint=DIR dense=tensor"
         )
     return schedule
+
+
+def resident_before_start(spec: RunSpec, routing: Routing) -> dict[Unit, Tier]:
+    """Where each weight unit of a live run must sit before its first op: `resident_units` of dry
+    plans, the first on `routing`, each later one on routing that sends every token to experts
+    no earlier plan used, until every expert of every MoE layer has been planned for. A live gate
+    may choose any expert, and one dry routing can miss some (3 sequences x 7 tokens x top-2 over
+    8 experts did), whose weights the live run then read synchronously. A planner's placement at
+    t=0 reads no routing (the causal contract), so the plans agree on where a unit starts."""
+    moe = {layer: m for m, layer in enumerate(spec.model.moe_layers)}
+    n_experts = spec.model.n_experts
+    resident: dict[Unit, Tier] = {}  # from the plans that used the unit
+    seen: set[Unit] = set()  # every unit some plan loaded, computed with or freed
+    used: list[set[int]] = [set() for _ in moe]
+    guess: dict[Unit, Tier] | None = None
+    while True:
+        dry = _one_process(build_schedule(spec, routing))
+        for unit, tier in resident_units(dry).items():
+            resident.setdefault(unit, tier)
+        if guess is None:  # whole layers' placement (`resident_units` with n_experts)
+            guess = resident_units(dry, n_experts)
+        before = sum(map(len, used))
+        for op in dry.ops:
+            u = unit_of(op)
+            if u is None:
+                continue
+            seen.add(u)
+            if u.kind == Tensor.EXPERT and u.layer in moe:
+                used[moe[u.layer]].add(u.expert)
+        left = [sorted(set(range(n_experts)) - u) for u in used]
+        if dry.meta.get("ep") or not any(left) or sum(map(len, used)) == before:
+            break  # (expert parallelism holds every expert; or no plan used more)
+        routing = replace(routing, expert_ids=_choosing(routing.expert_ids, left, n_experts))
+    # units no plan used: where their layer's placement puts them
+    resident.update({u: t for u, t in guess.items() if u not in seen})
+    return resident
+
+
+def _choosing(ids: np.ndarray, left: list[list[int]], n_experts: int) -> np.ndarray:
+    """`ids` [S, P, L, k] with each MoE layer's tokens sent to the experts in `left[layer]`: the
+    tokens, position by position, take them in turn, k distinct a token (padded with other
+    experts where fewer than k are left); layers with none left keep their routing."""
+    s, p, n_layers, k = ids.shape
+    out = ids.copy()
+    turn = np.arange(s * p).reshape(p, s).T[..., None] * k + np.arange(k)  # [S, P, k]
+    for m in range(n_layers):
+        if not left[m]:
+            continue
+        pool = np.array(
+            left[m] + [e for e in range(n_experts) if e not in left[m]][: max(0, k - len(left[m]))]
+        )
+        out[:, :, m, :] = pool[turn % max(len(left[m]), k)]
+    return out
 
 
 def _shape_routing(spec: RunSpec) -> Routing:

@@ -570,6 +570,12 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             f"{d}: no such checkpoint directory; write one with python -m real.make_checkpoint"
         )
     spec = ModelSpec.from_hf_config(d)
+    cfg = hf_config(d)
+    if str(cfg.get("torch_dtype")) == "float16":  # 2-byte weights run as bfloat16 here
+        raise ConfigError(
+            f"{d / 'config.json'}: torch_dtype float16 is not supported by the real executor "
+            "(bfloat16 and float32 are); convert the weights to bfloat16"
+        )
     if (d / INDEX_FILE).is_file():
         try:
             files = sorted(set(json.loads((d / INDEX_FILE).read_text())["weight_map"].values()))
@@ -589,7 +595,16 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         for ts in tensors.values():
             e = index.get(ts.hf_name)
             if e is None:
-                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}")
+                tied = (
+                    "; config.json ties it to the embedding (tie_word_embeddings), which is not "
+                    "supported: save the embedding's weights under this name too"
+                    if ts.hf_name == _names(spec.family).lm_head
+                    and cfg.get("tie_word_embeddings", True)
+                    else ""
+                )
+                raise ConfigError(
+                    f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}{tied}"
+                )
             if e.shape != ts.shape:
                 raise ConfigError(
                     f"{e.file}: tensor {ts.hf_name} has shape {list(e.shape)}, config.json "

@@ -57,6 +57,9 @@ def cpu_compute_threads() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
+EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
+
+
 class _Stop(Exception):
     """Raised inside a waiting thread once another thread has failed."""
 
@@ -146,8 +149,13 @@ class _BatchState:
 
     prompt: torch.Tensor  # [b, P]
     tokens: torch.Tensor  # [b, G] generated so far
-    kv_dev: KVCache  # the cache attention reads (device)
-    kv_host: KVCache  # KV_STORE puts it here, KV_LOAD takes it: [M, B, H, D] (`_host_kv`)
+    # per decoder layer, the cache attention reads (device), [B, H, M, D] each: allocated when a
+    # layer's first attention or KV_LOAD starts, dropped when a KV_STORE releases it (KV kept in
+    # host memory), so the device holds the KV the schedule's memory effects say it holds
+    kv_dev: list[tuple[torch.Tensor, ...] | None]
+    # KV_STORE puts it here, KV_LOAD takes it: [M, B, H, D] each (`_host_kv`); allocated when
+    # the batch's first KV op is planned (None where the schedule keeps its KV on the device)
+    kv_host: KVCache | None
     hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
     hidden_step: int = -1
     pending: _Pending | None = None  # the MoE layer whose output the next ops add
@@ -291,18 +299,35 @@ class Executor:
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
         self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk
-        max_len = wl.prompt_len + wl.gen_len
         self._batches = []
         for b in range(wl.n_batches):
             prompt = self.prompts[b * wl.batch_size : (b + 1) * wl.batch_size].to(self.device)
-            host = self._host_kv(wl.batch_size, max_len)
-            dev = KVCache.allocate(s, wl.batch_size, max_len, self.device)
             gen = torch.zeros(wl.batch_size, wl.gen_len, dtype=torch.long, device=self.device)
-            self._batches.append(_BatchState(prompt, gen, dev, host, written=[0] * wl.gen_len))
+            dev: list[tuple[torch.Tensor, ...] | None] = [None] * s.n_layers
+            self._batches.append(_BatchState(prompt, gen, dev, None, written=[0] * wl.gen_len))
+        # one layer's device cache: shapes and dtypes
+        self._kv_shapes = [
+            (t.shape, t.dtype)
+            for t in KVCache.allocate(s, wl.batch_size, wl.prompt_len + wl.gen_len, "meta").layers[
+                0
+            ]
+        ]
         if self.cuda:
             # blocking events: a worker waiting on one sleeps instead of spinning a CPU core,
             # which the disk reader and CPU experts need
             self._t0_event = torch.cuda.Event(enable_timing=True, blocking=True)
+
+    def _kv_dev(self, bst: _BatchState, layer: int) -> tuple[torch.Tensor, ...]:
+        """The batch's device cache of `layer`, allocated at its first use. Uninitialised: a
+        position is read only after its attention wrote it or a KV_LOAD brought it back."""
+        with self._refs_lock:
+            kv = bst.kv_dev[layer]
+            if kv is None:
+                kv = bst.kv_dev[layer] = tuple(
+                    torch.empty(shape, dtype=dtype, device=self.device)
+                    for shape, dtype in self._kv_shapes
+                )
+            return kv
 
     def _host_kv(self, batch: int, max_len: int) -> KVCache:
         """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
@@ -346,6 +371,11 @@ class Executor:
             raise MoepipeError(
                 f"{op.label()}: a grouped expert op (all of a device's experts in one op) runs in "
                 "the simulator only; set planner.params.grouped_gemm=false for real runs"
+            )
+        if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE) and self._batches[op.batch].kv_host is None:
+            # planned, not timed: pinning a host buffer takes longer than the copies it serves
+            self._batches[op.batch].kv_host = self._host_kv(
+                self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len
             )
         with self._cv:
             if self._free is None:
@@ -399,6 +429,7 @@ class Executor:
         self._range[op.id] = (first, first + n)
 
     def _execute(self) -> None:
+        grad_before = torch.is_grad_enabled()  # restored on return: the caller's autograd state
         torch.set_grad_enabled(False)
         threads_before = torch.get_num_threads()
         if self.compute_threads is not None:
@@ -452,6 +483,7 @@ class Executor:
                 if t.is_alive():
                     t.join(timeout=max(5.0, self.stall_timeout_s))
             torch.set_num_threads(threads_before)
+            torch.set_grad_enabled(grad_before)
             if self.cuda:  # after a failure too: no queued copy reads or writes host slabs after
                 try:
                     torch.cuda.synchronize(self.device)
@@ -591,7 +623,12 @@ class Executor:
             self._scratch_copy(op)
 
     def _release(self, op: Op) -> None:
-        """The end-of-op memory effect on the store: drop the unit's copy on the freed tier."""
+        """The end-of-op memory effect on the store: drop the unit's copy on the freed tier; a
+        KV_STORE drops its batch's device cache of the layer (its kernels have finished)."""
+        if op.kind == OpKind.KV_STORE and op.free_tier == Tier.GPU:
+            with self._refs_lock:
+                self._batches[op.batch].kv_dev[op.layer] = None
+            return
         u = unit_of(op)
         if u is None or not op.free_bytes or op.free_tier is None:
             return
@@ -653,7 +690,8 @@ class Executor:
                 tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
                 h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
             self._finish_moe(bst, h, s0, s1)
-            kv = bst.kv_dev.map(lambda t: t[s0:s1])
+            own = tuple(t[s0:s1] for t in self._kv_dev(bst, op.layer))
+            kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
@@ -794,7 +832,11 @@ class Executor:
             return
         dev = next(iter(w.values())).device
         x = torch.cat(xs).to(dev) if len(xs) > 1 else xs[0].to(dev)
-        y = self.model.expert(w, x)  # [sum n, H]
+        # in chunks of rows: a Klotski group's hot expert can take every token of n batches,
+        # whose [rows, ffn] intermediate at once would be many GB (Mixtral, n = 61: 14 GB)
+        y = torch.cat(
+            [self.model.expert(w, x[i : i + EXPERT_ROWS]) for i in range(0, len(x), EXPERT_ROWS)]
+        )  # [sum n, H]
         at = 0
         for p, rows, slot in parts:
             put_expert(p.slots, rows, slot, y[at : at + len(rows)])
@@ -821,7 +863,8 @@ class Executor:
             span = slice(0, p + op.step - 1)
         else:
             span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
-        layers = bst.kv_host.layers[op.layer], bst.kv_dev.layers[op.layer]
+        assert bst.kv_host is not None, "allocated when the op was added"
+        layers = bst.kv_host.layers[op.layer], self._kv_dev(bst, op.layer)
         for host, dev in zip(*layers, strict=True):
             # the host span is contiguous (position-major); the device side is gathered or
             # scattered by a kernel on the copying stream

@@ -249,3 +249,21 @@ def test_unit_bytes_equal_what_planners_stream(name, small):
         got = sum(math.prod(t.shape) for t in tensors.values()) * spec.dtype_bytes
         assert got == planned(unit), f"{name} {unit}: checkpoint {got} B, spec {planned(unit)} B"
     assert sum(map(planned, layout)) == spec.total_bytes
+
+
+def test_float16_and_tied_head_are_named(tmp_path):
+    """Two common Hugging Face variants the real executor does not run get a line naming the
+    config.json field: float16 weights (2-byte weights run as bfloat16 here), and an LM head
+    tied to the embedding and so not saved."""
+    d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "c")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "float16"}))
+    with pytest.raises(ConfigError, match=r"config.json: torch_dtype float16 .* convert"):
+        load_checkpoint(d)
+    (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
+    load_checkpoint(d)  # tied in config.json but lm_head.weight saved: runs
+    weights = load_file(d / SINGLE_FILE)
+    del weights["lm_head.weight"]
+    save_file(weights, d / SINGLE_FILE)
+    with pytest.raises(ConfigError, match=r"lm_head.weight is missing .*tie_word_embeddings"):
+        load_checkpoint(d)
