@@ -257,6 +257,22 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     return out
 
 
+def prefill_s(trace: pd.DataFrame) -> float:
+    """Seconds during which some prefill (step-0) op runs: the union of their intervals. A
+    schedule that runs every batch's prefill first ends its prefill there; one that runs batch
+    by batch (prefill, decode, next batch) has one prefill span per batch, and the decode
+    steps between them are not prefill."""
+    spans = trace.loc[
+        (trace["step"] == 0) & (trace["end_s"] > trace["start_s"]), ["start_s", "end_s"]
+    ]
+    total, reach = 0.0, -np.inf
+    for start, end in spans.sort_values("start_s").itertuples(index=False):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return float(total)
+
+
 def summarize(
     schedule: Schedule,
     trace: pd.DataFrame,
@@ -265,7 +281,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first."""
     makespan = float(trace["end_s"].max()) if len(trace) else 0.0
-    prefill = float(trace.loc[trace["step"] == 0, "end_s"].max()) if len(trace) else 0.0
+    prefill = prefill_s(trace)
     busy = busy_s(trace)
     gpu_busy = busy.get("gpu", 0.0)
     lower = max(busy.values()) if busy else 0.0

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from core.cost import CostModel
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import HardwareSpec, Workload
-from core.trace import TRACE_COLUMNS, make_trace, summarize, to_chrome, write_chrome
+from core.trace import TRACE_COLUMNS, make_trace, prefill_s, summarize, to_chrome, write_chrome
 from core.types import OpKind, Resource, Tier
 from sim.executor import simulate
 
@@ -101,8 +102,8 @@ def test_make_trace_one_row_per_op(sim_run):
 def test_summarize_hand_worked(sim_run):
     """Workload: 1 batch of 1 sequence, 2 generated tokens (prefill + 1 decode step).
 
-    makespan = last end = 2.5 s; prefill_s = last end of a step-0 op = op 2's 2.0 s (op 3, the
-    free, is step 0 too but ends at 1.5); decode_s = 2.5 - 2.0 = 0.5 s;
+    makespan = last end = 2.5 s; prefill_s = the time some step-0 op runs: ops 0-2 cover
+    0 -> 2.0 s (op 3, the free, is step 0 too but takes no time); decode_s = 2.5 - 2.0 = 0.5 s;
     throughput = 2 tokens / 2.5 s = 0.8 tok/s.
     busy: h2d 1.0 s (op 0), gpu 0.5 + 1.0 = 1.5 s (ops 1, 4), d2h 0.5 s (op 2); `none` not a
     resource. gpu_bubble = 2.5 - 1.5 = 1.0 s (frac 0.4); lower bound = busiest = gpu 1.5 s;
@@ -152,6 +153,18 @@ def test_summarize_with_other_durations_changes_the_metrics(sim_run):
     assert m["gpu_bubble_s"] == pytest.approx(1.0)
     assert m["lower_bound_s"] == pytest.approx(2.5)
     assert m["efficiency"] == pytest.approx(2.5 / 3.5)
+
+
+def test_prefill_of_a_batch_by_batch_schedule_leaves_out_the_decode_between():
+    """Two batches run one after the other, each prefill then decode: batch 0 prefills over
+    0-2 s (a load 0-1.5 and an attention 1-2 overlapping it) and decodes 2-5 s, batch 1
+    prefills 5-6 s and decodes 6-9 s. Prefill is 2 + 1 = 3 s, not the 6 s to its last end."""
+    tr = pd.DataFrame(
+        {"step": [0, 0, 1, 0, 1], "batch": [0, 0, 0, 1, 1],
+         "start_s": [0.0, 1.0, 2.0, 5.0, 6.0], "end_s": [1.5, 2.0, 5.0, 6.0, 9.0]}
+    )  # fmt: skip
+    assert prefill_s(tr) == pytest.approx(3.0)
+    assert prefill_s(tr.iloc[::-1]) == pytest.approx(3.0)  # row order does not matter
 
 
 def test_chrome_trace_merges_sim_and_real(sim_run, tmp_path):
