@@ -327,8 +327,9 @@ class PredictionError:
 
 
 def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
-    """A .npy float array whose shape matches `shape` (None: any length >= 1 on that axis), or one
-    ConfigError naming `label` (the param), the file and `need` (the shape the model needs)."""
+    """A .npy array of loads or counts whose shape matches `shape` (None: any length >= 1 on that
+    axis), finite, >= 0 and not all 0, or one ConfigError naming `label` (the param), the file
+    and what is wrong (`need`: the shape the model needs)."""
     try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -338,7 +339,17 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     )
     if not fits:
         raise ConfigError(f"{label} {path}: shape {arr.shape}, the model needs {need}")
-    return arr.astype(np.float64)
+    try:
+        out = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers") from None
+    if not np.isfinite(out).all() or (out < 0).any() or not out.any():
+        raise ConfigError(
+            f"{label} {path}: loads must be finite counts >= 0, not all 0 "
+            f"(min {np.nanmin(out) if not np.isnan(out).all() else 'nan'}, "
+            f"{int(np.isnan(out).sum())} NaN)"
+        )
+    return out
 
 
 def read_load(path: str, n_layers: int, n_experts: int, who: str) -> np.ndarray:

@@ -37,7 +37,8 @@ class FiddlerParams:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        assert 0 <= self.resident_share <= 1
+        if not 0 <= self.resident_share <= 1:
+            raise ValueError(f"resident_share={self.resident_share} must be in [0, 1]")
 
 
 @register("fiddler", FiddlerParams)

@@ -37,7 +37,10 @@ class MixtralOffloadingParams:
     cache_share: float = 1.0  # share of the spare GPU memory given to the per-layer caches
 
     def __post_init__(self) -> None:
-        assert self.guess_k >= 0 and 0 < self.cache_share <= 1
+        if self.guess_k < 0:
+            raise ValueError(f"guess_k={self.guess_k} must be >= 0 (0: the model's top-k)")
+        if not 0 < self.cache_share <= 1:
+            raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
 
 
 @register("mixtral_offloading", MixtralOffloadingParams)

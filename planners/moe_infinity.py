@@ -36,7 +36,11 @@ class MoEInfinityParams:
     cache_share: float = 1.0  # share of the spare GPU memory given to the expert cache
 
     def __post_init__(self) -> None:
-        assert self.prefetch_distance >= 0 and self.history >= 0 and 0 < self.cache_share <= 1
+        for name in ("prefetch_distance", "history"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if not 0 < self.cache_share <= 1:
+            raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
 
 
 @register("moe_infinity", MoEInfinityParams)

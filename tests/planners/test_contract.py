@@ -130,6 +130,11 @@ def test_planner_config_runs_the_contract(config, tiny_model, tiny_hw, tiny_work
         ("klotski", {"n": -5}, "planner klotski: n=-5 must be >= -1"),
         ("flexgen", {"sync": 1}, "param sync=1 must be true or false"),
         ("predictive_replication", {"ema_alpha": "half"}, "ema_alpha='half' must be a number"),
+        ("fiddler", {"resident_share": 1.5}, "resident_share=1.5 must be in [0, 1]"),
+        ("moe_infinity", {"history": -1}, "history=-1 must be >= 0"),
+        ("moe_infinity", {"cache_share": 0.0}, "cache_share=0.0 must be in (0, 1]"),
+        ("mixtral_offloading", {"guess_k": -1}, "guess_k=-1 must be >= 0"),
+        ("mixtral_offloading", {"cache_share": 0}, "cache_share=0 must be in (0, 1]"),
     ],
 )
 def test_param_of_the_wrong_type_is_named(name, values, message):

@@ -332,6 +332,20 @@ def test_eplb_load_matrix_of_wrong_shape(tmp_path):
         simulate_run(tiny_spec("eplb", initial_load=str(bad)))
 
 
+@pytest.mark.parametrize(
+    "values, match",
+    [(np.full((2, 4), np.nan), r"finite counts >= 0.*8 NaN"), (-np.ones((2, 4)), "min -1.0"),
+     (np.zeros((2, 4)), "not all 0"), (np.array([["a"] * 4] * 2), "not numbers")],
+)  # fmt: skip
+def test_eplb_load_matrix_that_is_no_load(values, match, tmp_path):
+    """A load matrix of the right shape but no loads in it (NaN, negative, all 0, text) is
+    refused, not turned into a placement."""
+    bad = tmp_path / "load.npy"
+    np.save(bad, values)
+    with pytest.raises(ConfigError, match=match):
+        simulate_run(tiny_spec("eplb", initial_load=str(bad)))
+
+
 def test_cli_exits_non_zero_with_one_line(tmp_path):
     cmd = [sys.executable, "-m", "experiments.run", "model=tiny", "hardware=tiny", "workload=tiny",
            "planner=predictive_replication", "+planner.params.replicas=9", f"hydra.run.dir={tmp_path}"]  # fmt: skip
