@@ -9,6 +9,7 @@ scheduler knows of a request when it forms the batch, before any gate, so planne
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,16 @@ def load_routing(model: ModelSpec, workload: Workload) -> Routing:
     """Routing for a workload, from the source its config names; checked against the model."""
     cfg = workload.routing
     source = resolve_source(model, cfg.source)
+    # ids (int16) and weights (float32) of every token, layer and choice, in host memory
+    need = workload.n_sequences * (workload.prompt_len + workload.gen_len)
+    need *= len(model.moe_layers) * model.top_k * 6
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > ram // 2:
+        raise TraceError(
+            f"routing for {workload.n_sequences} sequences x {workload.prompt_len + workload.gen_len} "
+            f"tokens would take {need / 2**30:.1f} GiB, over half of this machine's "
+            f"{ram / 2**30:.0f} GiB RAM; reduce workload.batch_size or workload.n_batches"
+        )
     if source == RoutingSource.TRACE:
         from core.traces import esft_routing
 

@@ -43,7 +43,7 @@ def sweep_size(config: DictConfig) -> int | None:
 
 
 def finished_runs(sweep_dir: Path) -> int:
-    return sum(1 for _ in sweep_dir.glob("*/summary.json")) if sweep_dir.is_dir() else 0
+    return sum(1 for _ in sweep_dir.rglob("summary.json")) if sweep_dir.is_dir() else 0
 
 
 class SweepProgress(Callback):
@@ -54,6 +54,7 @@ class SweepProgress(Callback):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
+        self._started = 0.0  # wall clock at the sweep's start
 
     def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks into their workers
         return {"poll_s": self.poll_s}
@@ -66,6 +67,7 @@ class SweepProgress(Callback):
         total = sweep_size(config)
         already = finished_runs(sweep_dir)
         self._t0 = time.perf_counter()
+        self._started = time.time()
         self._stop.clear()
         bar = tqdm(total=total, initial=already, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
                    dynamic_ncols=True, mininterval=1.0)  # fmt: skip
@@ -91,7 +93,13 @@ class SweepProgress(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         print(f"sweep {sweep_dir}: {finished_runs(sweep_dir)} run(s) finished, wall time {wall:.1f} s",
               file=sys.stderr)  # fmt: skip
-        failed = sorted(p.parent.name for p in sweep_dir.glob(f"*/{FAILED}"))
+        # this sweep's failed points (a run removes its old failed.txt when it starts again;
+        # one left from an earlier sweep of other points is not this sweep's)
+        failed = sorted(
+            str(p.parent.relative_to(sweep_dir))
+            for p in sweep_dir.rglob(FAILED)
+            if p.stat().st_mtime >= self._started - 1.0
+        )
         if failed:  # the last end-of-sweep callback (hydra calls them in reverse), so reports ran
             print(f"error: sweep {sweep_dir}: {len(failed)} run(s) failed on bad input "
                   f"({', '.join(failed)}; see {FAILED} in each)", file=sys.stderr)  # fmt: skip
@@ -106,7 +114,7 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from experiments.collect import collect, write_results
-        from experiments.report import short_table, write_report
+        from experiments.report import ok_runs, short_table, write_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         df, problems = collect(sweep_dir)
@@ -117,6 +125,8 @@ class SweepSummary(Callback):
             return
         write_results(df, sweep_dir)
         print(short_table(df))
-        if self.report:
+        if self.report and ok_runs(df).empty:
+            print(f"no report: every run under {sweep_dir} is infeasible", file=sys.stderr)
+        elif self.report:
             page = write_report(sweep_dir, sweep_dir / "report", df=df, problems=problems)
             print(f"report: {page}")

@@ -23,7 +23,8 @@ from core.errors import MoepipeError
 
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
-           "exit_on_unwritable_dir", "missing_config"]  # fmt: skip
+           "exit_on_unwritable_dir", "missing_config", "until_interrupted",
+           "another_commands_experiment"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,6 +58,17 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def until_interrupted(main: Callable[[], Any]) -> Any:
+    """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130.
+    What finished is on disk: the same command again resumes."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are kept; run the same command again to resume",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(130)
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -134,9 +146,31 @@ def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:
     return None
 
 
+# experiment configs that are another command's, not an experiments.run sweep's
+OWN_COMMAND = {"replication": "python -m experiments.replication (or experiments.replication_cv)"}
+
+
+def another_commands_experiment(argv: Sequence[str]) -> str | None:
+    """`experiment=X` where X is another command's config (experiments.run would ignore its keys
+    and run its default planner into X's out_dir), as one line naming the command."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        for name in value.split(",") if key == "experiment" else ():
+            if name in OWN_COMMAND:
+                return (
+                    f"experiment={name} is the config of another command: run {OWN_COMMAND[name]}"
+                )
+    return None
+
+
 def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Exit 2 with one line on stderr when `unknown_choice` or `unknown_param` finds one."""
-    problem = unknown_choice(argv, conf_dir) or unknown_param(argv, conf_dir)
+    """Exit 2 with one line on stderr when `unknown_choice`, `unknown_param` or
+    `another_commands_experiment` finds one."""
+    problem = (
+        unknown_choice(argv, conf_dir)
+        or unknown_param(argv, conf_dir)
+        or another_commands_experiment(argv)
+    )
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)

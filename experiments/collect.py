@@ -55,6 +55,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(row, None) for a finished run, (None, what is missing) otherwise."""
     summary_path = run / "summary.json"
     if not summary_path.exists():
+        failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
+        if failed.exists():
+            return None, f"failed on bad input: {failed.read_text().strip()}"
         return None, "no summary.json (unfinished or interrupted)"
     try:
         summary = json.loads(summary_path.read_text())

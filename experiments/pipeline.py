@@ -132,12 +132,15 @@ def write_balance(out: Path, result: RunResult) -> None:
 def code_version() -> str:
     """A fingerprint of the code a run depends on (core, planners, sim, real, the experiments
     that build its inputs, the configs): commands that resume reuse a finished run only under
-    the same code."""
+    the same code. Hardware profiles (conf/hardware) are left out: `experiments.calibrate` adds
+    one, which must not make every finished run count as another code's. Each command compares
+    the profile a run used itself: experiments.run its resolved config.yaml, replication its
+    spec, replication_cv and reproduce_klotski the profile's text."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
     for folder in ("core", "planners", "sim", "real", "experiments", "conf"):
         for f in sorted((root / folder).rglob("*")):
-            if f.suffix in (".py", ".yaml"):
+            if f.suffix in (".py", ".yaml") and f.parent != root / "conf" / "hardware":
                 h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     return h.hexdigest()[:16]
 

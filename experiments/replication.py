@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -40,7 +41,14 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource
-from experiments.cli import as_int, missing_config, output_dir, print_or_exit
+from experiments.cli import (
+    as_int,
+    exit_on_unwritable_dir,
+    missing_config,
+    output_dir,
+    print_or_exit,
+    until_interrupted,
+)
 from experiments.pipeline import (
     RunResult,
     RunSpec,
@@ -909,6 +917,15 @@ def check_inputs(cfg: DictConfig) -> None:
 
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
     as_int("replica_slots", cfg.replica_slots, at_least=0)
+    as_int("seed", cfg.seed, at_least=0)
+    # a case the command line removed (~cases.X) may stay listed; a misspelt one may not
+    shipped = yaml.safe_load((CONF / "experiment" / "replication.yaml").read_text())["cases"]
+    unknown_targets = [str(c) for c in cfg.targets_cases if c not in cfg.cases and c not in shipped]
+    if unknown_targets:
+        raise MoepipeError(
+            f"targets_cases: {', '.join(unknown_targets)} is not a case; valid: "
+            f"{', '.join(map(str, cfg.cases))}"
+        )
     for key in ("grouped_gemm", "write_traces"):
         as_bool(key, cfg[key])
     if cfg.dispatch not in DISPATCH:
@@ -941,6 +958,8 @@ def check_inputs(cfg: DictConfig) -> None:
             raise MoepipeError(
                 f"cases.{name}.lane_sharing={sharing!r} unknown; valid: {', '.join(LANE_SHARING)}"
             )
+        if not case.batch_sizes:
+            raise MoepipeError(f"cases.{name}.batch_sizes is empty; give at least one, e.g. [8]")
         for bs in case.batch_sizes:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
         variant_planners(case.get("variants") or {}, f"cases.{name}.variants")
@@ -1060,4 +1079,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    until_interrupted(main)

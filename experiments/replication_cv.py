@@ -26,7 +26,9 @@ interrupted run resumes; a fold run with other settings is run again.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
-from experiments.cli import print_or_exit
+from experiments.cli import as_int, exit_on_unwritable_dir, print_or_exit, until_interrupted
 from experiments.pipeline import code_version
 
 log = logging.getLogger(__name__)
@@ -81,9 +83,11 @@ def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig
 
 def seeds_of(cfg: DictConfig) -> list[int]:
     """`cv_seeds`, else the config's `seed`; one clear error for anything but integers."""
-    raw = cfg.get("cv_seeds") or [cfg.seed]
-    if isinstance(raw, (int, str)) or not all(isinstance(x, int) for x in raw):
-        raise MoepipeError(f"cv_seeds={raw}: give a list of integers, e.g. cv_seeds=[0,1,2]")
+    if not cfg.get("cv_seeds"):
+        return [as_int("seed", cfg.seed, at_least=0)]
+    raw = cfg.cv_seeds
+    if isinstance(raw, (int, str)) or not all(isinstance(x, int) and x >= 0 for x in raw):
+        raise MoepipeError(f"cv_seeds={raw}: give a list of integers >= 0, e.g. cv_seeds=[0,1,2]")
     return list(dict.fromkeys(int(x) for x in raw))
 
 
@@ -91,7 +95,9 @@ def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
     """Runs one fold unless its report exists with the same config and code; returns its rows."""
     out = Path(cfg.out_dir)
     report, settings = out / "report.txt", OmegaConf.to_yaml(cfg, resolve=True)
-    code, stamp = code_version(), out / "code_version.txt"
+    profile = replication.CONF / "hardware" / f"{cfg.hardware_profile}.yaml"
+    code = code_version() + " " + hashlib.sha1(profile.read_bytes()).hexdigest()[:16]
+    stamp = out / "code_version.txt"
     same_code = stamp.exists() and stamp.read_text() == code
     if report.exists() and same_code and (out / "config.yaml").read_text() == settings:
         log.info("%s: already run (%s)", cfg.split, report)
@@ -180,4 +186,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    until_interrupted(main)

@@ -26,6 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from core.args import output_dir  # noqa: E402
+from core.errors import MoepipeError  # noqa: E402
 from core.routing import peek_suffix  # noqa: E402
 from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
@@ -116,7 +118,7 @@ def short_table(df: pd.DataFrame) -> str:
     lines = [
         f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} {'bubble %':>9} {'eff':>6} {'dag':>6}"
     ]
-    for _, r in d.sort_values("throughput_tok_s", ascending=False).iterrows():
+    for _, r in (d.sort_values("throughput_tok_s", ascending=False) if len(d) else d).iterrows():
         dag = r.get("dag_efficiency", float("nan"))
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
@@ -314,6 +316,15 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     problems = problems or []
     if df.empty:
         raise ReportError(f"no finished runs under {sweep}")
+    if ok_runs(df).empty:
+        why = (
+            str(df["error"].dropna().iloc[0]) if "error" in df and df["error"].notna().any() else ""
+        )
+        raise ReportError(
+            f"no feasible runs under {sweep}: all {len(df)} are infeasible"
+            + (f" (first: {why[:200]})" if why else "")
+            + "; nothing to plot"
+        )
     columns = columns or []
     check_request(df, metric, columns)
     out.mkdir(parents=True, exist_ok=True)
@@ -414,9 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     df, problems = loaded
     try:
+        if args.out is not None:
+            output_dir(str(args.out), "--out")  # one line for a folder that cannot be made
         page = write_report(args.sweep_dir, args.out, args.metric,
                             [c for c in args.columns.split(",") if c], df=df, problems=problems)  # fmt: skip
-    except ReportError as err:
+    except (ReportError, MoepipeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"report: {page}")

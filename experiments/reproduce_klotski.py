@@ -26,7 +26,7 @@ import yaml
 
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.cli import output_dir
+from experiments.cli import output_dir, until_interrupted
 from experiments.pipeline import code_version
 from experiments.prefetch_eval import markdown
 
@@ -328,7 +328,8 @@ def run_resumable(
     appended to `done_file` as it ends, so a re-run after an interrupt runs only the rest (runs
     of other code or other jobs in the file are ignored)."""
     version = code_version()
-    keys = [json.dumps({**job, "code": version}, sort_keys=True, default=str) for job in jobs]
+    keys = [json.dumps({**job, "code": version, "profile": _yaml("hardware", job["hardware"])},
+                       sort_keys=True, default=str) for job in jobs]  # fmt: skip
     done: dict[str, dict[str, Any]] = {}
     if done_file.is_file():
         for line in done_file.read_text().splitlines():
@@ -406,4 +407,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(until_interrupted(main))

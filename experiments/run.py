@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
 from experiments.callbacks import FAILED
-from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir
+from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir, until_interrupted
 from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_spec
 
@@ -89,6 +89,7 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
+    (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
         execute(cfg, out_dir)
     except CapacityError as e:
@@ -114,4 +115,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     exit_on_unknown_choice(sys.argv[1:])
     exit_on_unwritable_dir(sys.argv[1:], ("hydra.run.dir", "hydra.sweep.dir"))
-    main()
+    until_interrupted(main)

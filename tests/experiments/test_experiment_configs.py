@@ -28,7 +28,7 @@ def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
            *EXTRA.get(name, []), f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    summaries = [json.loads(p.read_text()) for p in Path(tmp_path).glob("*/summary.json")]
+    summaries = [json.loads(p.read_text()) for p in Path(tmp_path).rglob("summary.json")]
     assert summaries and all(s["model"] == "tiny" for s in summaries)
     assert all(s["throughput_tok_s"] > 0 for s in summaries)
     # every point of the sweep ran: the YAML's sweep, with the command line's values winning

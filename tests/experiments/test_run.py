@@ -87,6 +87,7 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
         (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
         (["planner.params.synk=true"], "planner flexgen has no param 'synk'; valid: sync"),
         (["planner=fiddler", "planner.params.policy=x"], "add it with +planner.params.policy=x"),
+        (["experiment=replication"], "run python -m experiments.replication"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
@@ -201,3 +202,18 @@ def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path):
     assert r.returncode == 0 and "a run of other code; running again" in r.stdout + r.stderr
     r = run([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
     assert r.returncode == 2 and not (out / "summary.json").exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys):
+    """Ctrl-C in a command: one line saying the finished runs are kept, exit status 130."""
+    from experiments.cli import until_interrupted
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        until_interrupted(interrupted)
+    assert e.value.code == 130
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: finished runs are kept")
+    assert until_interrupted(lambda: 7) == 7

@@ -19,6 +19,8 @@ from experiments.report import main as report_main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
+# a run's dir: its name (the keys an experiment sweeps), then the overrides it leaves out
+POINT = "*/workload=tiny/summary.json"
 
 
 def sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -38,10 +40,25 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
-    runs = sorted(p.parent.name for p in swept.glob("*/summary.json"))
+    runs = sorted(p.parent.parent.name for p in swept.glob(POINT))
     assert runs == sorted(
         f"tiny_tiny_{p}_bs{b}_n2_g8" for p in ("sequential", "fiddler") for b in (2, 4)
     )
+    assert len(list(swept.rglob("summary.json"))) == 4
+
+
+def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(tmp_path: Path) -> None:
+    """Sweeping a key the experiment's dir name leaves out (prompt length): one sub-dir per
+    value, each with its own summary (before, both wrote one dir and one result was lost)."""
+    r = sweep(tmp_path / "p", "planner=sequential", "workload.batch_size=2",
+              "workload.prompt_len=8,16")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.parent.relative_to(tmp_path / "p").as_posix()
+                  for p in (tmp_path / "p").rglob("summary.json"))  # fmt: skip
+    assert runs == [f"tiny_tiny_sequential_bs2_n2_g8/workload.prompt_len={n},workload=tiny"
+                    for n in (16, 8)]  # fmt: skip
+    df, _ = collect(tmp_path / "p")
+    assert sorted(df["workload.prompt_len"]) == [8, 16]
 
 
 def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> None:
@@ -49,7 +66,7 @@ def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> 
     config choice, so neither overwrites the other (before, one dir held whichever ran last)."""
     r = sweep(tmp_path / "v", "planner=klotski_at_n,klotski_hot", "workload.batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
-    runs = sorted(p.parent.name for p in (tmp_path / "v").glob("*/summary.json"))
+    runs = sorted(p.parent.parent.name for p in (tmp_path / "v").glob(POINT))
     assert runs == ["tiny_tiny_klotski_at_n_bs2_n2_g8", "tiny_tiny_klotski_hot_bs2_n2_g8"]
 
 
@@ -87,19 +104,19 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
 
 
 def test_rerun_skips_finished_runs(swept: Path) -> None:
-    before = {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")}
+    before = {p: p.stat().st_mtime_ns for p in swept.glob(POINT)}
     r = sweep(swept)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4 run(s) already finished" in r.stdout + r.stderr
-    assert {p: p.stat().st_mtime_ns for p in swept.glob("*/summary.json")} == before
+    assert {p: p.stat().st_mtime_ns for p in swept.glob(POINT)} == before
 
 
 def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
     d = tmp_path / "copy"
     shutil.copytree(swept, d)
-    half = d / "tiny_tiny_fiddler_bs2_n2_g8"
+    half = d / "tiny_tiny_fiddler_bs2_n2_g8" / "workload=tiny"
     (half / "summary.json").unlink()
-    bad = d / "tiny_tiny_fiddler_bs4_n2_g8"
+    bad = d / "tiny_tiny_fiddler_bs4_n2_g8" / "workload=tiny"
     (bad / "summary.json").write_text('{"makespan_s": 1.0, "throu')  # torn write
     df, problems = collect(d)
     assert len(df) == 2 and set(df["planner.name"]) == {"sequential"}
@@ -162,3 +179,32 @@ def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
     m = re.search(r"<title>IMAGES (\d+) BROKEN (\d+)</title>", r.stdout)
     assert m, r.stderr[-2000:]
     assert int(m.group(1)) == len(images_of(tmp_path / "index.html")) > 0 and m.group(2) == "0"
+
+
+def test_a_sweep_of_infeasible_runs_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every run infeasible (Mixtral-8x22B on the tiny machine): the end-of-sweep table lists
+    each with its reason, no report is attempted, and the report command says why in one line."""
+    d = tmp_path / "inf"
+    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "model=mixtral-8x22b",
+           "hardware=tiny", "planner=sequential", f"hydra.sweep.dir={d}"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sequential           infeasible at bs 16: model mixtral-8x22b" in r.stdout
+    assert "no report: every run" in r.stderr and "Traceback" not in r.stderr
+    assert report_main([str(d)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no feasible runs" in err[0] and "does not fit" in err[0]
+
+
+def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(tmp_path: Path) -> None:
+    """A point that failed on bad input keeps its failed.txt; a later sweep of other points in
+    the same dir exits 0, and collect names the old point as failed, not as interrupted."""
+    d = tmp_path / "f"
+    r = sweep(d, "planner=sequential", "workload.batch_size=-1")
+    assert r.returncode == 2 and "failed on bad input" in r.stderr
+    r = sweep(d, "planner=sequential", "workload.batch_size=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, problems = collect(d)
+    assert len(problems) == 1 and "bs-1" in problems[0] and "failed on bad input" in problems[0]
