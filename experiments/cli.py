@@ -24,7 +24,7 @@ from core.errors import MoepipeError
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
            "exit_on_unwritable_dir", "missing_config", "until_interrupted",
-           "another_commands_experiment"]  # fmt: skip
+           "another_commands_experiment", "unknown_key", "missing_launcher"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,6 +146,51 @@ def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:
     return None
 
 
+GROUPS = ("model", "hardware", "workload", "planner", "executor")  # experiments.run's config groups
+
+
+def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
+    """An override `a.b=v` (no `+`) of a key the config lacks, which hydra refuses with a screen
+    of text, as one line naming the key and what is there. Checked against config.yaml and the
+    group configs the command line chooses (else config.yaml's defaults) when it names no
+    experiment (which may add keys) and no search path; planner params are `unknown_param`'s."""
+    import yaml
+
+    choice = {a.partition("=")[0]: a.partition("=")[2] for a in argv if "=" in a}
+    if "experiment" in choice or "hydra.searchpath" in choice:
+        return None
+    root = yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}
+    defaults = {k: str(v) for d in root.get("defaults", []) if isinstance(d, dict)
+                for k, v in d.items() if k in GROUPS}  # fmt: skip
+    top = set(root) - {"defaults", "hydra"}
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if not sep or key.startswith(("+", "~", "-", "hydra")) or key in GROUPS:
+            continue
+        head, _, rest = key.partition(".")
+        if not rest:
+            if head not in top:
+                return f"{key}: not a key of the config; valid: {', '.join(sorted(top))}, or a group: {', '.join(GROUPS)}"
+            continue
+        if head not in GROUPS or key.startswith("planner.params."):
+            continue
+        name = choice.get(head, defaults.get(head, ""))
+        path = conf_dir / head / f"{name}.yaml"
+        if not re.fullmatch(r"[\w.\-]+", name) or not path.is_file():
+            continue  # a sweep over choices, or a config hydra or the run reports
+        node: Any = yaml.safe_load(path.read_text()) or {}
+        for part in rest.split("."):
+            if not isinstance(node, dict) or part not in node:
+                have = ", ".join(sorted(node)) if isinstance(node, dict) else "no fields"
+                others = [p.stem for p in sorted((conf_dir / head).glob("*.yaml"))
+                          if _has(yaml.safe_load(p.read_text()) or {}, rest)]  # fmt: skip
+                fix = (f"choose {head}={' or '.join(others)}, which has it" if others
+                       else f"add a new key with +{arg}")  # fmt: skip
+                return f"{key}: conf/{head}/{name}.yaml has no {rest!r} (there: {have}); {fix}"
+            node = node[part]
+    return None
+
+
 # experiment configs that are another command's, not an experiments.run sweep's
 OWN_COMMAND = {"replication": "python -m experiments.replication (or experiments.replication_cv)"}
 
@@ -163,13 +208,34 @@ def another_commands_experiment(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _has(node: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def missing_launcher(argv: Sequence[str]) -> str | None:
+    """`hydra/launcher=slurm` without its plugin installed: hydra says only that it cannot load
+    `submitit_slurm`."""
+    import importlib.util
+
+    slurm = any(a.partition("=")[::2] == ("hydra/launcher", "slurm") for a in argv)
+    if slurm and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        return "hydra/launcher=slurm needs its plugin: pip install hydra-submitit-launcher"
+    return None
+
+
 def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Exit 2 with one line on stderr when `unknown_choice`, `unknown_param` or
     `another_commands_experiment` finds one."""
     problem = (
         unknown_choice(argv, conf_dir)
         or unknown_param(argv, conf_dir)
+        or unknown_key(argv, conf_dir)
         or another_commands_experiment(argv)
+        or missing_launcher(argv)
     )
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -88,6 +88,9 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
         (["planner.params.synk=true"], "planner flexgen has no param 'synk'; valid: sync"),
         (["planner=fiddler", "planner.params.policy=x"], "add it with +planner.params.policy=x"),
         (["experiment=replication"], "run python -m experiments.replication"),
+        (["foo=bar"], "foo: not a key of the config; valid: checkpoint, skip_finished"),
+        (["workload.routing.skw=1"], "conf/workload/tiny.yaml has no 'routing.skw' (there: "),
+        (["executor.routing_mode=live"], "choose executor=real, which has it"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
@@ -217,3 +220,14 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("interrupted: finished runs are kept")
     assert until_interrupted(lambda: 7) == 7
+
+
+def test_slurm_launcher_without_its_plugin_says_what_to_install():
+    import importlib.util
+
+    from experiments.cli import missing_launcher
+
+    have = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    line = missing_launcher(["-m", "hydra/launcher=slurm"])
+    assert (line is None) if have else "pip install hydra-submitit-launcher" in line
+    assert missing_launcher(["hydra/launcher=joblib"]) is None
