@@ -24,7 +24,8 @@ from core.errors import MoepipeError
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
            "exit_on_unwritable_dir", "missing_config", "until_interrupted",
-           "another_commands_experiment", "unknown_key", "missing_launcher"]  # fmt: skip
+           "another_commands_experiment", "unknown_key", "missing_launcher",
+           "unknown_config_key"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,6 +215,31 @@ def _has(node: Any, dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def unknown_config_key(argv: Sequence[str], config: Path) -> str | None:
+    """For a command with one config file (experiments.replication's): an override `a.b=v` (no
+    `+`) of a key the file lacks, as one line naming what is there at that level."""
+    import yaml
+
+    tree = yaml.safe_load(config.read_text()) or {}
+    added = [a.lstrip("+").partition("=")[0] + "." for a in argv if a.startswith("+")]
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if not sep or key.startswith(("+", "~", "-", "hydra")) or _has(tree, key):
+            continue
+        if any(key.startswith(a) for a in added):  # under a key this command line adds
+            continue
+        node: Any = tree
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, dict) or part not in node:
+                where = ".".join(parts[:i]) or "the top level"
+                have = ", ".join(map(str, node)) if isinstance(node, dict) else "no fields"
+                return (f"{key}: {config.name} has no {part!r} at {where} (there: {have}); "
+                        f"add a new key with +{arg}")  # fmt: skip
+            node = node[part]
+    return None
 
 
 def missing_launcher(argv: Sequence[str]) -> str | None:

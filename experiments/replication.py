@@ -47,6 +47,7 @@ from experiments.cli import (
     missing_config,
     output_dir,
     print_or_exit,
+    unknown_config_key,
     until_interrupted,
 )
 from experiments.pipeline import (
@@ -1080,4 +1081,8 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    problem = unknown_config_key(sys.argv[1:], CONF / "experiment" / "replication.yaml")
+    if problem:  # hydra's own error for it is a screen of text
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     until_interrupted(main)

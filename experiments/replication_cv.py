@@ -39,7 +39,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
-from experiments.cli import as_int, exit_on_unwritable_dir, print_or_exit, until_interrupted
+from experiments.cli import (
+    as_int,
+    exit_on_unwritable_dir,
+    print_or_exit,
+    unknown_config_key,
+    until_interrupted,
+)
 from experiments.pipeline import code_version
 
 log = logging.getLogger(__name__)
@@ -187,4 +193,8 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    problem = unknown_config_key(sys.argv[1:], replication.CONF / "experiment" / "replication.yaml")
+    if problem:  # hydra's own error for it is a screen of text
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     until_interrupted(main)

@@ -231,3 +231,21 @@ def test_slurm_launcher_without_its_plugin_says_what_to_install():
     line = missing_launcher(["-m", "hydra/launcher=slurm"])
     assert (line is None) if have else "pip install hydra-submitit-launcher" in line
     assert missing_launcher(["hydra/launcher=joblib"]) is None
+
+
+def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
+    """experiments.replication: a misspelt or missing key (hydra: a screen of text, exit 1) is one
+    line naming what is there, exit 2; keys the file has, or the command line adds, pass."""
+    from experiments.cli import unknown_config_key
+
+    conf = ROOT / "conf" / "experiment" / "replication.yaml"
+    line = unknown_config_key(["cases.esft-g8.bogus=1"], conf)
+    assert line and "no 'bogus' at cases.esft-g8 (there: model, routing" in line
+    assert unknown_config_key(["planners.predictive_replication.predictor=window",
+                               "cases.esft-g8.batch_sizes=[8]", "~cases.esft-g4", "+variants.x=1",
+                               "+cases.new={}", "cases.new.model=tiny"], conf) is None  # fmt: skip
+    cmd = [sys.executable, "-m", "experiments.replication", "planners.eplb.initial_load=x.npy",
+           f"out_dir={tmp_path}/r"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "add a new key with +planners.eplb" in err[0]
