@@ -261,7 +261,8 @@ def prefill_s(trace: pd.DataFrame) -> float:
     """Seconds during which some prefill (step-0) op runs: the union of their intervals. A
     schedule that runs every batch's prefill first ends its prefill there; one that runs batch
     by batch (prefill, decode, next batch) has one prefill span per batch, and the decode
-    steps between them are not prefill."""
+    steps between them are not prefill. Time no op runs (a real run's start, idle gaps) counts
+    as decode, and where one batch's prefill overlaps another's decode, as prefill."""
     spans = trace.loc[
         (trace["step"] == 0) & (trace["end_s"] > trace["start_s"]), ["start_s", "end_s"]
     ]

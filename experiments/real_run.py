@@ -27,7 +27,7 @@ from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
-from core.types import RoutingSource, Tensor, Tier
+from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches, summary_of
 from planners.registry import make_planner
 from real.checkpoint import Unit, load_checkpoint
@@ -89,7 +89,7 @@ def real_execute(
             out = ex.run_replay(schedule, routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
-            resident = resident_before_start(spec, routing or _shape_routing(spec))
+            resident, kv_batches = resident_before_start(spec, routing or _shape_routing(spec))
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -101,7 +101,7 @@ def real_execute(
                     planner=spec.planner, params=dict(spec.params), oracle=causal.peeked
                 )
 
-            out = ex.run_live(plan, spec.hardware.memory_bytes, resident)
+            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches)
             validate(out.schedule)
     finally:
         if own_store:
@@ -123,21 +123,24 @@ def _one_process(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def resident_before_start(spec: RunSpec, routing: Routing) -> dict[Unit, Tier]:
+def resident_before_start(spec: RunSpec, routing: Routing) -> tuple[dict[Unit, Tier], set[int]]:
     """Where each weight unit of a live run must sit before its first op: `resident_units` of dry
     plans, the first on `routing`, each later one on routing that sends every token to experts
     no earlier plan used, until every expert of every MoE layer has been planned for. A live gate
     may choose any expert, and one dry routing can miss some (3 sequences x 7 tokens x top-2 over
     8 experts did), whose weights the live run then read synchronously. A planner's placement at
-    t=0 reads no routing (the causal contract), so the plans agree on where a unit starts."""
+    t=0 reads no routing (the causal contract), so the plans agree on where a unit starts.
+    Also the batches whose KV the plans keep in host memory (KV_LOAD / KV_STORE ops)."""
     moe = {layer: m for m, layer in enumerate(spec.model.moe_layers)}
     n_experts = spec.model.n_experts
     resident: dict[Unit, Tier] = {}  # from the plans that used the unit
     seen: set[Unit] = set()  # every unit some plan loaded, computed with or freed
     used: list[set[int]] = [set() for _ in moe]
     guess: dict[Unit, Tier] | None = None
+    kv_batches: set[int] = set()
     while True:
         dry = _one_process(build_schedule(spec, routing))
+        kv_batches |= {op.batch for op in dry.ops if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE)}
         for unit, tier in resident_units(dry).items():
             resident.setdefault(unit, tier)
         if guess is None:  # whole layers' placement (`resident_units` with n_experts)
@@ -156,7 +159,7 @@ def resident_before_start(spec: RunSpec, routing: Routing) -> dict[Unit, Tier]:
         routing = replace(routing, expert_ids=_choosing(routing.expert_ids, left, n_experts))
     # units no plan used: where their layer's placement puts them
     resident.update({u: t for u, t in guess.items() if u not in seen})
-    return resident
+    return resident, kv_batches
 
 
 def _choosing(ids: np.ndarray, left: list[list[int]], n_experts: int) -> np.ndarray:

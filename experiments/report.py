@@ -95,19 +95,24 @@ def _label(planner: str) -> str:
 
 
 def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
-    """One line per system and per value of each swept axis the line does not run `along` (not
-    averaged over them)."""
+    """One line per system, per value of each swept axis the line does not run `along`, and per
+    set of other overrides (an experiment's run sub-dir under its point: `run_dir`'s part after
+    the first /), not averaged over them."""
     other = [c for c in AXES if c not in along and c in g.columns and g[c].nunique() > 1]
+    if "run_dir" in g.columns:
+        g = g.assign(_overrides=g["run_dir"].astype(str).str.partition("/")[2])
+    extra = ["_overrides"] if "_overrides" in g.columns and g["_overrides"].nunique() > 1 else []
     out = []
-    for key, s in g.groupby([SYSTEM, *other], sort=True):
+    for key, s in g.groupby([SYSTEM, *other, *extra], sort=True):
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(
             [
                 _label(str(key[0])),
-                *(f"{AXES[c]} {v:g}" for c, v in zip(other, key[1:], strict=True)),
+                *(f"{AXES[c]} {v:g}" for c, v in zip(other, key[1 : 1 + len(other)], strict=True)),
+                *([str(key[-1]) or "(no other override)"] if extra else []),
             ]
         )
-        out.append((label, s))
+        out.append((label, s.drop(columns=["_overrides"], errors="ignore")))
     return out
 
 
@@ -120,10 +125,13 @@ def short_table(df: pd.DataFrame) -> str:
     ]
     for _, r in (d.sort_values("throughput_tok_s", ascending=False) if len(d) else d).iterrows():
         dag = r.get("dag_efficiency", float("nan"))
+        # an experiment's run in a sub-dir of its point: the overrides that tell it apart
+        rel = str(r.get("run_dir", ""))
+        where = f"  {rel.partition('/')[2]}" if "/" in rel else ""
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
             f"{int(r['n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
-            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}"
+            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}{where}"
         )
     bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]
     for _, r in bad.iterrows():

@@ -328,7 +328,8 @@ class PredictionError:
 
 def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
     """A .npy array of loads or counts whose shape matches `shape` (None: any length >= 1 on that
-    axis), finite, >= 0 and not all 0, or one ConfigError naming `label` (the param), the file
+    axis), finite and >= 0 (all 0 is a table with no pairs yet: a one-MoE-layer model's
+    transitions), or one ConfigError naming `label` (the param), the file
     and what is wrong (`need`: the shape the model needs)."""
     try:
         arr = np.load(path, allow_pickle=False)
@@ -343,9 +344,9 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
         out = arr.astype(np.float64)
     except (TypeError, ValueError):
         raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers") from None
-    if not np.isfinite(out).all() or (out < 0).any() or not out.any():
+    if not np.isfinite(out).all() or (out < 0).any():
         raise ConfigError(
-            f"{label} {path}: loads must be finite counts >= 0, not all 0 "
+            f"{label} {path}: loads must be finite counts >= 0 "
             f"(min {np.nanmin(out) if not np.isnan(out).all() else 'nan'}, "
             f"{int(np.isnan(out).sum())} NaN)"
         )

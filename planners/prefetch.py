@@ -65,8 +65,10 @@ class ExpertTable:
         self.marginal[layer] += np.bincount(cur.ravel(), minlength=e)
         if layer and prev is not None and len(prev):
             k1, k2 = prev.shape[1], cur.shape[1]
-            a = np.repeat(prev, k2, axis=1).ravel()  # [T*k1*k2] every (prev, cur) pair of a token
-            b = np.tile(cur, (1, k1)).ravel()
+            # [T*k1*k2] every (prev, cur) pair of a token; int64: a * e + b overflows int16 ids
+            # at 256 experts
+            a = np.repeat(prev, k2, axis=1).ravel().astype(np.int64)
+            b = np.tile(cur, (1, k1)).ravel().astype(np.int64)
             self.pair[layer] += np.bincount(a * e + b, minlength=e * e).reshape(e, e)
 
     def votes(self, layer: int, prev: np.ndarray | None) -> np.ndarray:

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -211,16 +211,24 @@ class Executor:
         return np.asarray(self._start), np.asarray(self._end)
 
     def run_live(
-        self, plan: PlanFn, capacity_bytes: Mapping[Tier, int], resident: Mapping[Unit, Tier]
+        self,
+        plan: PlanFn,
+        capacity_bytes: Mapping[Tier, int],
+        resident: Mapping[Unit, Tier],
+        kv_batches: Iterable[int] = (),
     ) -> RunOutput:
         """Run with the model's own gates while the planner plans: each op it emits is queued at
         once, and its `CausalRouting` blocks at a gate until that gate op has really run.
 
         `resident`: where units the schedule never loads sit (from a dry replay plan's
         `resident_units`; planners' placement does not depend on routing values).
+        `kv_batches`: the batches whose KV the dry plans keep in host memory; their host caches
+        are made before the run starts (else the planner thread pins them mid-run).
         """
         self._reset(capacity_bytes, None, None)
         self._preload(resident)
+        for b in kv_batches:
+            self._ensure_host_kv(b)
         holder: dict[str, CausalRouting] = {}
 
         def source(step: int, moe_idx: int, batch: int) -> GateView:
@@ -329,6 +337,11 @@ class Executor:
                 )
             return kv
 
+    def _ensure_host_kv(self, batch: int) -> None:
+        bst = self._batches[batch]
+        if bst.kv_host is None:
+            bst.kv_host = self._host_kv(self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len)
+
     def _host_kv(self, batch: int, max_len: int) -> KVCache:
         """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
         positions a KV_LOAD or KV_STORE moves is one contiguous block, which CUDA copies straight
@@ -372,11 +385,10 @@ class Executor:
                 f"{op.label()}: a grouped expert op (all of a device's experts in one op) runs in "
                 "the simulator only; set planner.params.grouped_gemm=false for real runs"
             )
-        if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE) and self._batches[op.batch].kv_host is None:
-            # planned, not timed: pinning a host buffer takes longer than the copies it serves
-            self._batches[op.batch].kv_host = self._host_kv(
-                self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len
-            )
+        if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE):
+            # when planned (a replay plans every op before the run's start; a live run makes
+            # the dry plans' batches first): pinning a host buffer takes longer than its copies
+            self._ensure_host_kv(op.batch)
         with self._cv:
             if self._free is None:
                 res = self._resident_bytes

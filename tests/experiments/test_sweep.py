@@ -59,6 +59,9 @@ def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(tmp_path: Pa
                     for n in (16, 8)]  # fmt: skip
     df, _ = collect(tmp_path / "p")
     assert sorted(df["workload.prompt_len"]) == [8, 16]
+    # the end-of-sweep table tells the two rows apart by those overrides
+    assert "workload.prompt_len=8,workload=tiny" in r.stdout
+    assert "workload.prompt_len=16,workload=tiny" in r.stdout
 
 
 def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> None:
@@ -99,6 +102,10 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     assert [label for label, _ in lines] == ["Klotski (n given), bs 4", "Klotski (n given), bs 16"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
     assert len(_lines(df, "n_batches", "workload.batch_size")) == 1
+    # runs of one point that differ in another override (sub-dirs of its dir): lines of their own
+    df2 = df.assign(run_dir=["p/a=1", "p/a=1", "p/a=2", "p/a=2"], **{"workload.batch_size": 4})
+    assert [label for label, _ in _lines(df2, "n_batches")] == [
+        "Klotski (n given), a=1", "Klotski (n given), a=2"]  # fmt: skip
     assert _label("klotski (oracle upper bound)") == "Klotski (oracle upper bound)"
     assert _label("klotski (peeks at the routing)") == "Klotski (peeks at the routing)"
 

@@ -81,3 +81,15 @@ def test_correlation_beats_popularity_on_correlated_routing():
         for kind in hits:
             hits[kind] += Predictor(kind, table, 1).predict(1, tok[0][None]) == [int(tok[1, 0])]
     assert hits["correlation"] == 200 > hits["popularity"]
+
+
+def test_pair_counts_of_256_experts_from_int16_ids():
+    """Routing ids are int16; the pair index prev * 256 + cur passes 32,767 (it overflowed, and
+    Klotski on Switch-base-256 failed in bincount)."""
+    import numpy as np
+
+    from planners.prefetch import ExpertTable
+
+    ids = np.array([[[255], [254]], [[3], [200]]], dtype=np.int16)  # [T=2, L=2, k=1]
+    table = ExpertTable.fit(ids, 256)
+    assert table.pair[1, 255, 254] == 1 and table.pair[1, 3, 200] == 1 and table.pair.sum() == 2

@@ -202,6 +202,24 @@ def test_an_expert_runs_its_tokens_in_chunks(mixtral_tiny, monkeypatch):
     assert_matches_reference(mixtral_tiny, spec, result, out)
 
 
+def test_a_live_runs_host_kv_is_made_before_it_starts(mixtral_tiny, monkeypatch):
+    """Pinning a batch's host KV cache takes longer than its copies: a live run makes the ones
+    its dry plans offload before its clock starts, not on the planner thread mid-run."""
+    model, _ = load_checkpoint(mixtral_tiny)
+    spec = RunSpec(
+        model, hardware(0.0085, 0.016), WORKLOAD.with_(batch_size=4, prompt_len=64), "flexgen"
+    )
+    real_host_kv, started = Executor._host_kv, []
+
+    def spy(self, batch, max_len):
+        started.append(getattr(self, "_started", False))
+        return real_host_kv(self, batch, max_len)
+
+    monkeypatch.setattr(Executor, "_host_kv", spy)
+    real_execute(mixtral_tiny, spec, "live")
+    assert started and not any(started)
+
+
 def test_a_run_leaves_the_callers_autograd_on(mixtral_tiny):
     torch.set_grad_enabled(True)
     real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "live")
