@@ -179,16 +179,14 @@ def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
         path = conf_dir / head / f"{name}.yaml"
         if not re.fullmatch(r"[\w.\-]+", name) or not path.is_file():
             continue  # a sweep over choices, or a config hydra or the run reports
-        node: Any = yaml.safe_load(path.read_text()) or {}
-        for part in rest.split("."):
-            if not isinstance(node, dict) or part not in node:
-                have = ", ".join(sorted(node)) if isinstance(node, dict) else "no fields"
-                others = [p.stem for p in sorted((conf_dir / head).glob("*.yaml"))
-                          if _has(yaml.safe_load(p.read_text()) or {}, rest)]  # fmt: skip
-                fix = (f"choose {head}={' or '.join(others)}, which has it" if others
-                       else f"add a new key with +{arg}")  # fmt: skip
-                return f"{key}: conf/{head}/{name}.yaml has no {rest!r} (there: {have}); {fix}"
-            node = node[part]
+        miss = _missing(yaml.safe_load(path.read_text()) or {}, rest)
+        if miss is not None:
+            others = [p.stem for p in sorted((conf_dir / head).glob("*.yaml"))
+                      if _missing(yaml.safe_load(p.read_text()) or {}, rest) is None]  # fmt: skip
+            fix = (f"choose {head}={' or '.join(others)}, which has it" if others
+                   else f"add a new key with +{arg}")  # fmt: skip
+            have = _fields(miss[1], sort=True)
+            return f"{key}: conf/{head}/{name}.yaml has no {rest!r} (there: {have}); {fix}"
     return None
 
 
@@ -209,12 +207,21 @@ def another_commands_experiment(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _has(node: Any, dotted: str) -> bool:
-    for part in dotted.split("."):
+def _missing(node: Any, dotted: str) -> tuple[int, Any] | None:
+    """Where a config tree lacks the dotted key: (index of the first missing part, the node it
+    is missing from); None when the tree has the key."""
+    for i, part in enumerate(dotted.split(".")):
         if not isinstance(node, dict) or part not in node:
-            return False
+            return i, node
         node = node[part]
-    return True
+    return None
+
+
+def _fields(node: Any, sort: bool = False) -> str:
+    """The keys at a node of a config tree, for an error line."""
+    if not isinstance(node, dict):
+        return "no fields"
+    return ", ".join(sorted(map(str, node)) if sort else map(str, node))
 
 
 def unknown_config_key(argv: Sequence[str], config: Path) -> str | None:
@@ -226,19 +233,15 @@ def unknown_config_key(argv: Sequence[str], config: Path) -> str | None:
     added = [a.lstrip("+").partition("=")[0] + "." for a in argv if a.startswith("+")]
     for arg in argv:
         key, sep, _ = arg.partition("=")
-        if not sep or key.startswith(("+", "~", "-", "hydra")) or _has(tree, key):
+        if not sep or key.startswith(("+", "~", "-", "hydra")):
             continue
-        if any(key.startswith(a) for a in added):  # under a key this command line adds
+        miss = _missing(tree, key)
+        if miss is None or any(key.startswith(a) for a in added):  # (under a key + adds)
             continue
-        node: Any = tree
         parts = key.split(".")
-        for i, part in enumerate(parts):
-            if not isinstance(node, dict) or part not in node:
-                where = ".".join(parts[:i]) or "the top level"
-                have = ", ".join(map(str, node)) if isinstance(node, dict) else "no fields"
-                return (f"{key}: {config.name} has no {part!r} at {where} (there: {have}); "
-                        f"add a new key with +{arg}")  # fmt: skip
-            node = node[part]
+        where = ".".join(parts[: miss[0]]) or "the top level"
+        return (f"{key}: {config.name} has no {parts[miss[0]]!r} at {where} "
+                f"(there: {_fields(miss[1])}); add a new key with +{arg}")  # fmt: skip
     return None
 
 

@@ -94,13 +94,19 @@ def _label(planner: str) -> str:
     return SYSTEM_NAMES.get(name, name) + suffix
 
 
+def overrides(run_dir: str) -> str:
+    """An experiment run's overrides besides the keys its point's dir is named by: the sub-dir
+    under that dir (conf/experiment/*.yaml `subdir`); "" for a run at its point's dir."""
+    return str(run_dir).partition("/")[2]
+
+
 def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
     """One line per system, per value of each swept axis the line does not run `along`, and per
     set of other overrides (an experiment's run sub-dir under its point: `run_dir`'s part after
     the first /), not averaged over them."""
     other = [c for c in AXES if c not in along and c in g.columns and g[c].nunique() > 1]
     if "run_dir" in g.columns:
-        g = g.assign(_overrides=g["run_dir"].astype(str).str.partition("/")[2])
+        g = g.assign(_overrides=g["run_dir"].map(overrides))
     extra = ["_overrides"] if "_overrides" in g.columns and g["_overrides"].nunique() > 1 else []
     out = []
     for key, s in g.groupby([SYSTEM, *other, *extra], sort=True):
@@ -126,8 +132,8 @@ def short_table(df: pd.DataFrame) -> str:
     for _, r in (d.sort_values("throughput_tok_s", ascending=False) if len(d) else d).iterrows():
         dag = r.get("dag_efficiency", float("nan"))
         # an experiment's run in a sub-dir of its point: the overrides that tell it apart
-        rel = str(r.get("run_dir", ""))
-        where = f"  {rel.partition('/')[2]}" if "/" in rel else ""
+        where = overrides(r.get("run_dir", ""))
+        where = f"  {where}" if where else ""
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
             f"{int(r['n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
