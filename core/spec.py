@@ -248,9 +248,7 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face `config.json` (file or checkpoint directory)."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "config.json"
+        p = hf_config_file(path)
         try:
             cfg = json.loads(p.read_text())
         except FileNotFoundError:
@@ -260,6 +258,12 @@ class ModelSpec:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}: not valid JSON ({e})") from None
         return hf_config_to_spec(cfg, name or p.parent.name, where=str(p))
+
+
+def hf_config_file(path: str | Path) -> Path:
+    """A checkpoint directory's `config.json`, or the file given; its folder names the model."""
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
 
 
 def _has_no_default(cls: type, name: str) -> bool:

@@ -76,6 +76,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
     row = {**flatten(config), **flatten(summary)}
+    if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
+        row["model.name"] = summary["model"]
     row.setdefault("status", "ok")
     row["system"] = system_of(run, row)
     row["has_trace"] = (run / "trace.parquet").exists()

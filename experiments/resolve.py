@@ -5,12 +5,13 @@ Every mistake becomes a `ConfigError` naming the field.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload, hf_config_file
 from experiments.pipeline import RunSpec
 
 EXECUTORS = ("sim", "real")
@@ -28,6 +29,21 @@ def model_spec(cfg: DictConfig) -> ModelSpec:
     if hf:
         return ModelSpec.from_hf_config(hf)  # named after the checkpoint directory
     return ModelSpec.from_dict(d, where=f"model {d.get('name', '?')}")
+
+
+def run_model_name(*, _root_: DictConfig) -> str:
+    """`${run_model:}` in conf/: the name of the model a run runs, for its directory. A real run
+    takes its shapes from `checkpoint=`'s folder, whatever `model=` says; `model.hf_config`'s
+    folder names the model it reads; else the model group's name."""
+    name = str(_root_.model.name)
+    real = _root_.get("executor", {}).get("name") == "real" and _root_.get("checkpoint")
+    path = _root_.checkpoint if real else _root_.model.get("hf_config")
+    if not path:
+        return name
+    return hf_config_file(str(path)).parent.name or name  # a missing folder fails the run later
+
+
+OmegaConf.register_new_resolver("run_model", run_model_name, replace=True)
 
 
 def workload(cfg: DictConfig) -> Workload:

@@ -249,3 +249,34 @@ def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "add a new key with +planners.eplb" in err[0]
+
+
+def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path):
+    """A real run takes its shapes from checkpoint=, and model.hf_config names its own model:
+    the run dir (hydra's `${run_model:}`) and collect's model.name say so, not model='s group
+    (before, a real run of a tiny checkpoint was filed and reported as mixtral-8x7b)."""
+    from hydra import compose, initialize_config_dir
+
+    import experiments.resolve  # noqa: F401  registers ${run_model:}
+    from experiments.collect import read_run
+
+    ckpt = tmp_path / "my-ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        for overrides, name in [
+            (["executor=real", f"checkpoint={ckpt}/"], "my-ckpt"),
+            ([f"checkpoint={ckpt}"], "mixtral-8x7b"),  # a sim run does not read it
+            ([f"+model.hf_config={ckpt / 'config.json'}"], "my-ckpt"),
+            ([], "mixtral-8x7b"),
+        ]:
+            cfg = compose("config", overrides, return_hydra_config=True)
+            cfg.hydra.job.num = 0  # a sweep sets it
+            assert cfg.hydra.run.dir.endswith(f"_{name}_flexgen"), overrides
+            assert cfg.hydra.sweep.subdir== f"0_{name}_flexgen_bs16_n15", overrides
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("model:\n  name: mixtral-8x7b\n")
+    (run_dir / "summary.json").write_text(json.dumps({"model": "my-ckpt", "throughput_tok_s": 1}))
+    row, _ = read_run(run_dir)
+    assert row is not None and row["model.name"] == "my-ckpt"
