@@ -42,12 +42,26 @@ def sweep_size(config: DictConfig) -> int | None:
         return None
 
 
-def finished_runs(sweep_dir: Path) -> int:
-    return sum(1 for _ in sweep_dir.rglob("summary.json")) if sweep_dir.is_dir() else 0
+def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
+    """(finished, reused): the runs of the sweep that started at wall clock `since` that hold a
+    summary.json, and how many of those an earlier sweep wrote. A run dir is this sweep's once
+    its job has started (hydra rewrites its `.hydra/hydra.yaml` then, a reused run's too), so
+    other sweeps' runs in the same fixed sweep dir do not count."""
+    finished = reused = 0
+    for summary in sweep_dir.rglob("summary.json") if sweep_dir.is_dir() else ():
+        try:
+            if (summary.parent / ".hydra" / "hydra.yaml").stat().st_mtime < since - 1.0:
+                continue
+            reused += summary.stat().st_mtime < since - 1.0
+        except OSError:  # no .hydra (not a hydra job's dir), or a rerun just removed it
+            continue
+        finished += 1
+    return finished, reused
 
 
 class SweepProgress(Callback):
-    """A tqdm bar per sweep counting run dirs that hold a summary.json; prints the wall time."""
+    """A tqdm bar per sweep counting its run dirs that hold a summary.json; prints the wall time
+    and how many runs an earlier sweep had finished."""
 
     def __init__(self, poll_s: float = 0.5) -> None:
         self.poll_s = poll_s
@@ -65,21 +79,18 @@ class SweepProgress(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         total = sweep_size(config)
-        already = finished_runs(sweep_dir)
         self._t0 = time.perf_counter()
         self._started = time.time()
         self._stop.clear()
-        bar = tqdm(total=total, initial=already, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
+        bar = tqdm(total=total, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
                    dynamic_ncols=True, mininterval=1.0)  # fmt: skip
-        if already:
-            bar.write(f"{already} run(s) already finished in {sweep_dir}: skipped")
 
         def poll() -> None:
             while not self._stop.wait(self.poll_s):
-                done = finished_runs(sweep_dir)
+                done, _ = finished_runs(sweep_dir, self._started)
                 if done != bar.n:
                     bar.update(done - bar.n)
-            bar.update(finished_runs(sweep_dir) - bar.n)
+            bar.update(finished_runs(sweep_dir, self._started)[0] - bar.n)
             bar.close()
 
         self._thread = threading.Thread(target=poll, daemon=True)
@@ -91,7 +102,9 @@ class SweepProgress(Callback):
             self._thread.join()
         wall = time.perf_counter() - self._t0
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        print(f"sweep {sweep_dir}: {finished_runs(sweep_dir)} run(s) finished, wall time {wall:.1f} s",
+        done, reused = finished_runs(sweep_dir, self._started)
+        earlier = f" ({reused} already finished, reused)" if reused else ""
+        print(f"sweep {sweep_dir}: {done} run(s) finished{earlier}, wall time {wall:.1f} s",
               file=sys.stderr)  # fmt: skip
         # this sweep's failed points (a run removes its old failed.txt when it starts again;
         # one left from an earlier sweep of other points is not this sweep's)

@@ -114,7 +114,7 @@ def test_rerun_skips_finished_runs(swept: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in swept.glob(POINT)}
     r = sweep(swept)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "4 run(s) already finished" in r.stdout + r.stderr
+    assert "4 run(s) finished (4 already finished, reused)" in r.stderr
     assert {p: p.stat().st_mtime_ns for p in swept.glob(POINT)} == before
 
 
@@ -215,3 +215,26 @@ def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(tmp_path: Path) -
     assert r.returncode == 0, r.stderr[-3000:]
     _, problems = collect(d)
     assert len(problems) == 1 and "bs-1" in problems[0] and "failed on bad input" in problems[0]
+
+
+def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
+    """A fixed sweep dir (experiment=compare's) holds earlier sweeps' runs: the bar counts the
+    runs whose job started in this sweep (hydra rewrote their .hydra/), reused ones among them
+    (before, every summary.json under the dir counted, so a 2-run sweep could show 6/2)."""
+    import os
+
+    from experiments.callbacks import finished_runs
+
+    start = 1_000_000.0
+    for name, job_t, summary_t in [("old", start - 60, start - 60), ("reused", start + 5, start - 60),
+                                   ("new", start + 5, start + 9), ("running", start + 5, None)]:  # fmt: skip
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        os.utime(tmp_path / name / ".hydra", (0, 0))
+        hy = tmp_path / name / ".hydra" / "hydra.yaml"
+        hy.write_text("")
+        os.utime(hy, (job_t, job_t))
+        if summary_t is not None:
+            (tmp_path / name / "summary.json").write_text("{}")
+            os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
+    assert finished_runs(tmp_path, start) == (2, 1)
+    assert finished_runs(tmp_path / "absent", start) == (0, 0)
