@@ -5,7 +5,6 @@ Every mistake becomes a `ConfigError` naming the field.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
