@@ -273,7 +273,7 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path):
             cfg = compose("config", overrides, return_hydra_config=True)
             cfg.hydra.job.num = 0  # a sweep sets it
             assert cfg.hydra.run.dir.endswith(f"_{name}_flexgen"), overrides
-            assert cfg.hydra.sweep.subdir== f"0_{name}_flexgen_bs16_n15", overrides
+            assert cfg.hydra.sweep.subdir == f"0_{name}_flexgen_bs16_n15", overrides
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("model:\n  name: mixtral-8x7b\n")
