@@ -325,14 +325,26 @@ class Executor:
             # which the disk reader and CPU experts need
             self._t0_event = torch.cuda.Event(enable_timing=True, blocking=True)
 
-    def _kv_dev(self, bst: _BatchState, layer: int) -> tuple[torch.Tensor, ...]:
-        """The batch's device cache of `layer`, allocated at its first use. Uninitialised: a
-        position is read only after its attention wrote it or a KV_LOAD brought it back."""
+    def _kv_dev(self, bst: _BatchState, op: Op) -> tuple[torch.Tensor, ...]:
+        """The batch's device cache of `op.layer`, allocated at its first use. Uninitialised: a
+        position is read only after its attention wrote it or a KV_LOAD brought it back.
+
+        A cache the schedule keeps on the device holds every position the run will write. One
+        it offloads lives from a KV_LOAD (or a prefill's attention, which allocates it) to the
+        KV_STORE that drops it, and holds the positions of that step only, the bytes the
+        schedule's alloc counts (`planners.common`'s kv_load and attention)."""
         with self._refs_lock:
-            kv = bst.kv_dev[layer]
+            kv = bst.kv_dev[op.layer]
             if kv is None:
-                kv = bst.kv_dev[layer] = tuple(
-                    torch.empty(shape, dtype=dtype, device=self.device)
+                p = self.wl.prompt_len
+                if op.kind == OpKind.KV_LOAD:
+                    length = p + op.step
+                elif op.kind == OpKind.ATTENTION and op.alloc_tier == Tier.GPU:
+                    length = p  # an offloaded layer's prefill
+                else:
+                    length = p + self.wl.gen_len
+                kv = bst.kv_dev[op.layer] = tuple(
+                    torch.empty((*shape[:2], length, *shape[3:]), dtype=dtype, device=self.device)
                     for shape, dtype in self._kv_shapes
                 )
             return kv
@@ -702,7 +714,7 @@ class Executor:
                 tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
                 h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
             self._finish_moe(bst, h, s0, s1)
-            own = tuple(t[s0:s1] for t in self._kv_dev(bst, op.layer))
+            own = tuple(t[s0:s1] for t in self._kv_dev(bst, op))
             kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
         elif op.kind == OpKind.FFN:
@@ -876,7 +888,7 @@ class Executor:
         else:
             span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
         assert bst.kv_host is not None, "allocated when the op was added"
-        layers = bst.kv_host.layers[op.layer], self._kv_dev(bst, op.layer)
+        layers = bst.kv_host.layers[op.layer], self._kv_dev(bst, op)
         for host, dev in zip(*layers, strict=True):
             # the host span is contiguous (position-major); the device side is gathered or
             # scattered by a kernel on the copying stream

@@ -261,12 +261,13 @@ def test_offloaded_kv_round_trips_through_position_major_host_cache(
             for t in self._batches[op.batch].kv_dev[op.layer]:
                 t.fill_(float("nan"))
 
-    real_kv_dev, held, runs = Executor._kv_dev, [], []
+    real_kv_dev, held, runs, lengths = Executor._kv_dev, [], [], {}
 
-    def counting(self, bst, layer):
-        kv = real_kv_dev(self, bst, layer)
+    def counting(self, bst, op):
+        kv = real_kv_dev(self, bst, op)
         held.append(sum(x is not None for b in self._batches for x in b.kv_dev))
         runs.append(self)
+        lengths.setdefault((op.batch, op.layer), set()).add((op.step, kv[0].shape[2]))
         return kv
 
     monkeypatch.setattr(Executor, "_kv_copy", released_after_store)
@@ -282,6 +283,12 @@ def test_offloaded_kv_round_trips_through_position_major_host_cache(
         runs[-1]._batches[b].kv_dev[layer] is None for b, layer in map(tuple, stored.to_numpy())
     )
     assert len(kept) <= max(held) < wl.n_batches * model.n_layers
+    # a host-kept layer's device cache holds the step's positions, the bytes the schedule
+    # allocates for it; a device-kept one every position the run writes
+    p, full = wl.prompt_len, wl.prompt_len + wl.gen_len
+    for b, layer in map(tuple, stored.to_numpy()):
+        assert lengths[(b, layer)] == {(t, p + t) for t in range(wl.gen_len)}, (b, layer)
+    assert all({n for _, n in lengths[k]} == {full} for k in kept)
     assert_matches_reference(mixtral_tiny, spec, result, out, ATOL if device == "cpu" else CUDA_TOL)
 
 
