@@ -276,6 +276,12 @@ def _has_no_default(cls: type, name: str) -> bool:
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 
+def hf_dtype_name(cfg: Mapping[str, Any]) -> str:
+    """A config.json's weight dtype: transformers 5 writes `dtype`, older ones `torch_dtype`
+    (read in that order, as transformers does); bfloat16 if neither says."""
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+
+
 def rope_theta_of(cfg: Mapping[str, Any], default: float) -> float:
     """A config.json's RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as
     transformers does), older configs at the top level; `default` if neither has one."""
@@ -295,7 +301,12 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             raise ConfigError(f"{where}: model_type {family!r} needs field {key!r}")
         return default
 
-    dtype_bytes = _DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
+    dtype = hf_dtype_name(cfg)
+    if dtype not in _DTYPE_BYTES:
+        raise ConfigError(
+            f"{where}: dtype {dtype!r} has no byte size here; supported: {', '.join(_DTYPE_BYTES)}"
+        )
+    dtype_bytes = _DTYPE_BYTES[dtype]
     common: dict[str, Any] = dict(name=name, family=family, dtype_bytes=dtype_bytes)
     if family in ("mixtral", "olmoe"):
         n = get("num_hidden_layers")
@@ -385,10 +396,16 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         # (blocks 1, 3, ..., 11 for switch-base), as in the replication paper's encoder-only runs.
         n = get("num_layers")
         step = get("encoder_sparse_step", 2)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ConfigError(
+                f"{where}: encoder_sparse_step={step!r}; this needs sparse blocks (an int >= 1)"
+            )
         return ModelSpec(
             **common,
             n_layers=n,
-            moe_layers=tuple(i for i in range(n) if i % step == step - 1),
+            # transformers' SwitchTransformersStack: block i is sparse if i % step == 1 (every
+            # block at step 1)
+            moe_layers=tuple(i for i in range(n) if step == 1 or i % step == 1),
             hidden_size=get("d_model"),
             expert_ffn_size=get("d_ff"),
             n_experts=get("num_experts"),
@@ -469,6 +486,13 @@ class HardwareSpec:
             for f_ in ("peak_flops_per_s", "mem_bw_bytes_per_s"):
                 if not getattr(c, f_) > 0:
                     raise ConfigError(f"hardware {self.name}: {dev}.{f_} must be positive")
+            if c.kernel_overhead_s < 0:
+                raise ConfigError(f"hardware {self.name}: {dev}.overhead_us must be >= 0")
+            for kind, v in c.kind_overhead_s.items():
+                if v < 0:
+                    raise ConfigError(
+                        f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0"
+                    )
         if self.n_gpus < 1:
             raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
 
@@ -573,6 +597,15 @@ class RoutingConfig:
                 raise ConfigError(f"workload.routing.{f_} must be in [0, 1], got {v}")
         if self.skew < 0:
             raise ConfigError(f"workload.routing.skew must be >= 0, got {self.skew}")
+        if not isinstance(self.hot_experts, int) or self.hot_experts < 0:
+            raise ConfigError(
+                f"workload.routing.hot_experts must be an integer >= 0, got {self.hot_experts!r}"
+            )
+        if self.hot_experts and not self.hot_share > 0:
+            raise ConfigError(
+                f"workload.routing.hot_experts={self.hot_experts} needs hot_share > 0 (the share "
+                "of selections they take; at 0 they would never be chosen)"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
-from core.spec import ModelSpec
+from core.spec import ModelSpec, hf_dtype_name
 from core.types import Activation, Tensor
 
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -571,9 +571,9 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         )
     spec = ModelSpec.from_hf_config(d)
     cfg = hf_config(d)
-    if str(cfg.get("torch_dtype")) == "float16":  # 2-byte weights run as bfloat16 here
+    if hf_dtype_name(cfg) == "float16":  # 2-byte weights run as bfloat16 here
         raise ConfigError(
-            f"{d / 'config.json'}: torch_dtype float16 is not supported by the real executor "
+            f"{d / 'config.json'}: dtype float16 is not supported by the real executor "
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
     if (d / INDEX_FILE).is_file():

@@ -319,3 +319,18 @@ def test_negative_sm_count_is_one_config_error():
            "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
     with pytest.raises(ConfigError, match="hardware bad: sms=-1 and sm_mem_bw_gbps must be >= 0"):
         HardwareSpec.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "gpu,field",
+    [({"overhead_us": -50}, "gpu.overhead_us"),
+     ({"overhead_us_by_kind": {"compute-expert": -100}}, "gpu.overhead_us_by_kind.compute-expert")],
+)  # fmt: skip
+def test_a_negative_overhead_is_one_config_error(gpu, field):
+    """A sign slip in a profile gave ops negative durations (an expert of 1 MFLOP -0.1 ms)."""
+    raw = {"name": "bad", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, **gpu},
+           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"hardware bad: {field} must be >= 0"):
+        HardwareSpec.from_dict(raw)

@@ -150,3 +150,34 @@ def test_negative_optional_size_is_one_clear_error(key):
     fields = dataclasses.asdict(model_from_conf("tiny")) | {key: -1}
     with pytest.raises(ConfigError, match=rf"model tiny: {key}=-1 is negative; set it >= 0"):
         ModelSpec.from_dict(fields)
+
+
+SWITCH_CFG = {"model_type": "switch_transformers", "num_layers": 12, "d_model": 768, "d_ff": 3072,
+              "num_experts": 128, "num_heads": 12, "d_kv": 64, "vocab_size": 32128,
+              "encoder_sparse_step": 2, "torch_dtype": "float32"}  # fmt: skip
+
+
+def test_config_dtype_is_read_from_either_key_and_an_unknown_one_is_named():
+    """transformers 5 writes `dtype`, older versions `torch_dtype`: a float32 config saved by
+    either is 4 bytes a weight (a `dtype` one was read as bf16, halving every byte count); a
+    dtype with no byte size here is one line, not 2 bytes."""
+    old = hf_config_to_spec(SWITCH_CFG, "s")
+    new = hf_config_to_spec({**SWITCH_CFG, "torch_dtype": None, "dtype": "float32"}, "s")
+    assert old.dtype_bytes == new.dtype_bytes == 4 and new.expert_bytes == old.expert_bytes
+    with pytest.raises(ConfigError, match=r"c.json: dtype 'int8' has no byte size here"):
+        hf_config_to_spec({**SWITCH_CFG, "dtype": "int8"}, "s", where="c.json")
+
+
+@pytest.mark.parametrize(
+    "step,sparse", [(2, (1, 3, 5, 7, 9, 11)), (4, (1, 5, 9)), (1, tuple(range(12)))]
+)
+def test_switch_sparse_blocks_follow_transformers(step, sparse):
+    """SwitchTransformersStack makes block i sparse where i % step == 1 (all at step 1); the
+    spec picked i % step == step - 1, which agrees only at steps 1 and 2 (3, 7, 11 at step 4)."""
+    spec = hf_config_to_spec({**SWITCH_CFG, "encoder_sparse_step": step}, "s")
+    assert spec.moe_layers == sparse
+
+
+def test_switch_without_sparse_blocks_is_one_line():
+    with pytest.raises(ConfigError, match=r"encoder_sparse_step=0; this needs sparse blocks"):
+        hf_config_to_spec({**SWITCH_CFG, "encoder_sparse_step": 0}, "s")

@@ -207,3 +207,16 @@ def test_fit_to_counts_at_another_expert_count(traces_dir: Path) -> None:
     assert steep > 1.6 * want
     with pytest.raises(ConfigError, match="n_experts must be >= 2"):
         fit_to_counts(counts, top_k=1, n_experts=1)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [({"hot_experts": 2}, "hot_experts=2 needs hot_share > 0"),
+     ({"hot_experts": -3, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got -3"),
+     ({"hot_experts": 2.5, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got 2.5")],
+)  # fmt: skip
+def test_bad_hot_experts_is_one_line(kw, match) -> None:
+    """hot_experts without hot_share gave the hottest ranks no share at all (never drawn, the
+    opposite of the ask); a negative count passed and a fractional one failed deep in numpy."""
+    with pytest.raises(ConfigError, match=rf"workload.routing.{match}"):
+        RoutingConfig(**kw)
