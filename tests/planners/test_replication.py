@@ -216,6 +216,12 @@ def test_planner_runs_and_reports_balance(planner):
     )  # bs x batches x (prompt + 1 decode) x top_k x 2 MoE layers
     assert set(ex["resource"].astype(str)) <= {"gpu", "gpu:1"}
     assert 0 < s["balancedness"] <= 1 and 0 < s["utilisation"] <= 1
+    # the GPU bubble is the one GPU's time with no lane running a kernel (it was lane 0's and
+    # the whole-GPU ops' idle time), and on 2 GPUs their mean idle time (it was GPU 0's)
+    assert s["gpu_bubble_frac"] == pytest.approx(1 - s["gpu_load"])
+    g2 = simulate_run(tiny_spec(planner, lanes=False, **params)).summary
+    assert g2["gpu_bubble_frac"] == pytest.approx(1 - g2["utilisation"])
+    assert g2["gpu_bubble_frac"] != pytest.approx(1 - g2["device_busy_frac"][0])
     assert ("oracle upper bound" in s["planner_label"]) == (planner == "oracle_replication")
     # the planners that plan from a load say how far it was from the truth
     tv = s["plan"]["ep"].get("prediction_tv")
