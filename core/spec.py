@@ -57,13 +57,19 @@ class ModelSpec:
     # query/key dims per head a score is a dot product over; 0 = head_dim. MLA's 192 (128 nope +
     # 64 RoPE) differs from its value head_dim 128.
     qk_head_dim: int = 0
+    # MLA's kv_b parameters (latent -> each head's keys and values; DeepSeek-V2-Lite 512 x 16 x
+    # (128 + 128)). In transformers' op order, which the real executor runs, every step re-expands
+    # the whole cached latent through it, so a decode step costs 2 flops per parameter per cached
+    # position (`attention_flops`). 0: the cache holds the keys and values themselves.
+    latent_expand_params: int = 0
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
 
     def __post_init__(self) -> None:
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
-        for key in ("kv_dim", "attn_params", "qk_head_dim", "dense_ffn_size", "shared_ffn_size"):
+        for key in ("kv_dim", "attn_params", "qk_head_dim", "latent_expand_params",
+                    "dense_ffn_size", "shared_ffn_size"):  # fmt: skip
             if getattr(self, key) < 0:
                 raise ConfigError(
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "
@@ -207,12 +213,17 @@ class ModelSpec:
         return layers + self.embed_bytes + self.head_bytes
 
     # ---- flops (2 per multiply-add) --------------------------------------------------------
-    def attention_flops(self, tokens: int, context: int) -> float:
+    def attention_flops(self, tokens: int, context: int, sequences: int = 1) -> float:
+        """`tokens` new tokens of `sequences` sequences, each attending to `context` keys on
+        average (a decode step: one token a sequence, context = the cached positions)."""
         proj = 2.0 * (self.attn_param_count - self.hidden_size) * tokens
         # QK^T over qk dims, then the weighted sum over value dims, per head and context entry
         qk = self.qk_head_dim or self.head_dim
         scores = 2.0 * self.n_heads * (qk + self.head_dim) * tokens * context
-        return proj + scores
+        # MLA: the cached positions' latents are expanded again (the new ones are in `proj`;
+        # a prefill's context is its own tokens, so it adds nothing)
+        again = max(0, sequences * context - tokens)
+        return proj + scores + 2.0 * self.latent_expand_params * again
 
     def gate_flops(self, tokens: int) -> float:
         return 2.0 * self.hidden_size * self.n_experts * tokens
@@ -388,6 +399,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             kv_dim=kv_rank + rope,  # MLA caches the compressed latent + the RoPE key
             attn_params=mla,
             qk_head_dim=nope + rope,
+            latent_expand_params=kv_rank * heads * (nope + v_dim),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta_of(cfg, 1e4),
         )

@@ -249,8 +249,8 @@ def mla_dims(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
-    """kv_dim, attn_params and qk_head_dim core.spec derives from `mla_dims` (so the spec
-    round-trips)."""
+    """kv_dim, attn_params, qk_head_dim and latent_expand_params core.spec derives from
+    `mla_dims` (so the spec round-trips)."""
     m, h, heads = mla_dims(spec), spec.hidden_size, spec.n_heads
     nope, rope, v_dim, rank = (
         m["qk_nope_head_dim"],
@@ -265,7 +265,8 @@ def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
         + rank * heads * (nope + v_dim)
         + heads * v_dim * h
     )
-    return dict(kv_dim=rank + rope, attn_params=params, qk_head_dim=nope + rope)
+    return dict(kv_dim=rank + rope, attn_params=params, qk_head_dim=nope + rope,
+                latent_expand_params=rank * heads * (nope + v_dim))  # fmt: skip
 
 
 def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
@@ -341,9 +342,10 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             "shared_ffn_size not a multiple of expert_ffn_size",
         )
         need(
-            (spec.kv_dim, spec.attn_params, spec.qk_head_dim)
+            (spec.kv_dim, spec.attn_params, spec.qk_head_dim, spec.latent_expand_params)
             == tuple(_mla_spec_fields(spec).values()),
-            "kv_dim/attn_params/qk_head_dim other than the MLA sizes of head_dim",
+            "kv_dim/attn_params/qk_head_dim/latent_expand_params other than the MLA sizes of "
+            "head_dim",
         )
         cfg |= (
             llama

@@ -87,7 +87,11 @@ def test_deepseek_v2_lite_mla_sizes():
     per token. One routed expert: 3 * 2048 * 1408 * 2 = 17301504 B. Attention = the MLA
     projections and kv_a_layernorm 13763072 (yaml attn_params) + 2048 norm = 13765120 params =
     27530240 B. Attention flops of one token over a context of 10: projections 2 * 13763072 =
-    27526144 + scores 2 * 16 heads * (192 qk + 128 v) * 10 = 102400 -> 27628544.
+    27526144 + scores 2 * 16 heads * (192 qk + 128 v) * 10 = 102400 -> 27628544, plus the 9
+    cached positions' latents expanded again through kv_b (512 x 16 x (128 + 128) = 2097152
+    params), 2 * 2097152 * 9 = 37748736 -> 65377280 (the real executor's and transformers' op
+    order: `torch.utils.flop_counter` counts 8.704e9 for the real MLA + o_proj at 4 sequences x
+    512 positions, as this does). A prefill's context is its own new tokens: nothing again.
     Layer 0 is dense (ffn 10944), layers 1..26 MoE with 64 experts and 2816 shared ffn."""
     m = model_from_conf("deepseek-v2-lite")
     assert m.kv_elems_per_token == 512 + 64
@@ -95,7 +99,10 @@ def test_deepseek_v2_lite_mla_sizes():
     assert m.kv_bytes_per_token * m.n_layers == 31104
     assert m.expert_bytes == 3 * 2048 * 1408 * 2 == 17_301_504
     assert m.attn_bytes == (13_763_072 + 2048) * 2 == 27_530_240
-    assert m.attention_flops(1, 10) == 27_628_544
+    assert m.attention_flops(1, 10) == 27_628_544 + 37_748_736 == 65_377_280
+    assert m.attention_flops(4, 512, sequences=4) == 8_704_233_472
+    prefill = m.attention_flops(4 * 512, 256, sequences=4)
+    assert prefill == 2 * 13_763_072 * 2048 + 2 * 16 * (192 + 128) * 2048 * 256
     assert not m.is_moe(0) and m.is_moe(1) and m.is_moe(26)
     assert m.layer_bytes(0) == 27_530_240 + (3 * 2048 * 10944 + 2048) * 2
     moe_ffn = (2048 * 64 + 2048) * 2 + 64 * 17_301_504 + 3 * 2048 * 2816 * 2

@@ -343,3 +343,27 @@ def test_switch_router_equals_hugging_face_in_bf16():
         mask, probs, _ = hf(normed[None])
     assert torch.equal(mask[0].argmax(-1), ids[:, 0])
     assert torch.equal(probs[0, :, 0].float(), weights[:, 0])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_attention_flops_are_what_the_real_attention_runs(name, small_ckpt):
+    """The simulator's attention flops equal the matmuls the real attention runs (torch's flop
+    counter, on SDPA's math path, which computes every score of a prefill's square where the
+    planners count the causal half), at a prefill and a decode step. A decode step of MLA
+    re-expands every cached latent through kv_b (the spec counted only the new token's: 66x
+    too few at 512 positions). The spec counts a norm's or bias's parameters as 2 flops each a
+    token, where the counter counts matmuls only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec, units = load_units(small_ckpt(name))
+    model = Model.from_checkpoint(small_ckpt(name), spec)
+    w, b, p = units[Unit(Tensor.ATTENTION, 0)], 3, 7
+    vectors = sum(t.numel() for t in w.values() if t.dim() == 1) - spec.hidden_size
+    kv = KVCache.allocate(spec, b, p + 1)
+    for tokens, context, start in ((b * p, p, 0), (b, p + 1, p)):
+        x = torch.randn(b, tokens // b, spec.hidden_size).to(next(iter(w.values())).dtype)
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+            model.attention(0, w, x, kv, torch.arange(start, start + tokens // b))
+        counted = spec.attention_flops(tokens, context, sequences=b) - 2 * vectors * tokens
+        assert fc.get_total_flops() == counted, (tokens, fc.get_flop_counts())
