@@ -296,7 +296,8 @@ def summarize(
     tokens = workload.tokens_generated
     ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
     balance = balance_metrics(trace, int(ep["n_devices"]), bool(ep.get("lanes"))) if ep else {}
-    if balance:  # the GPUs' idle time: on G GPUs their mean; on lanes when no lane runs a kernel
+    # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel
+    if ep and balance:
         gpu_busy = makespan * balance["gpu_load" if ep.get("lanes") else "utilisation"]
     return {
         **labels,

@@ -954,6 +954,12 @@ def check_inputs(cfg: DictConfig) -> None:
         known("model", str(case.model), f"cases.{name}.model")
         for key in ("n_devices", "prompt_len", "n_batches"):
             as_int(f"cases.{name}.{key}", case[key], at_least=0 if key == "n_devices" else 1)
+        n_experts = case_model(case).n_experts  # checked here, not when the case's turn comes
+        if int(case.n_devices) > n_experts:
+            raise MoepipeError(
+                f"cases.{name}.n_devices={case.n_devices} is more than {case.model}'s "
+                f"{n_experts} experts; lower it (0 = the hardware profile's GPUs)"
+            )
         sharing = case.get("lane_sharing")
         if sharing is not None and sharing not in LANE_SHARING:
             raise MoepipeError(

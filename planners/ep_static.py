@@ -20,6 +20,10 @@ from planners.registry import register
 class EPStaticParams(EPParams):
     replica_slots: int = 0  # the baseline places no replicas
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.no_gate("ep_static")
+
 
 class RoundRobin:
     def __init__(self, layout: Layout) -> None:

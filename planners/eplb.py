@@ -36,6 +36,7 @@ class EPLBParams(EPParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.no_gate("eplb")
         if self.window < 1 or self.interval < 1:
             raise ConfigError(
                 f"eplb: window={self.window} and interval={self.interval} must be >= 1"

@@ -117,7 +117,11 @@ def check_args(
             f"eplb: num_replicas={num_replicas} physical slots must be >= {e} experts and a multiple of "
             f"num_gpus={num_gpus}"
         )
-    if num_groups < 1 or e % num_groups or num_nodes < 1 or num_gpus % num_nodes:
+    if num_groups < 1 or num_nodes < 1:
+        raise ConfigError(f"eplb: num_groups={num_groups} and num_nodes={num_nodes} must be >= 1")
+    if num_groups % num_nodes:  # DeepSeek's global policy: one group, one node; nothing to divide
+        return
+    if e % num_groups or num_gpus % num_nodes:  # the hierarchical policy's
         raise ConfigError(
             f"eplb: need experts ({e}) divisible by num_groups ({num_groups}) and num_gpus ({num_gpus}) "
             f"divisible by num_nodes ({num_nodes})"

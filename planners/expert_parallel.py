@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -99,6 +99,18 @@ class EPParams:
         if not 0.0 <= self.lane_share <= 1.0:
             raise ConfigError(
                 f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
+            )
+        if self.replicas < -1:
+            raise ConfigError(
+                f"planner replicas={self.replicas} must be >= 0, or -1 (at most every slot)"
+            )
+
+    def no_gate(self, planner: str) -> None:
+        """Planners that place without the replica cost gate refuse one."""
+        if self.gate != "none":
+            raise ConfigError(
+                f"planner gate={self.gate!r}: {planner} has no replica cost gate (the "
+                "replication planners do); drop it"
             )
 
 
@@ -822,30 +834,48 @@ class EPRunner:
 
     def __post_init__(self) -> None:
         m, lay, b = self.ctx.model, self.layout, self.out
+        hw, wl = self.ctx.hardware, self.ctx.workload
+        cap = hw.memory_bytes[Tier.GPU]  # one GPU's
+        gpus = 1 if lay.lanes else lay.n_devices
+        # The schedule's gpu tier is the G GPUs together: each holds the dense weights, its
+        # share of the experts, its replica slots and its sequences' KV (checked per GPU below)
+        both = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: gpus * cap})
+        b.capacity_bytes[Tier.GPU] = gpus * cap
         self.em = Emitter(
             self.ctx,
             b,
             standard_placement(
-                self.ctx, kv_sequences=self.ctx.workload.batch_size, layers_in_flight=0
+                replace(self.ctx, hardware=both), kv_sequences=wl.batch_size, layers_in_flight=0
             ),
         )
+        expert_layer = len(m.moe_layers) * m.expert_bytes  # one expert slot on every MoE layer
+        dense_w = m.total_bytes - m.n_experts * expert_layer  # what every GPU holds a copy of
         if any(t != Tier.GPU for t in self.em.placement.experts):
-            experts_gb = len(m.moe_layers) * m.n_experts * m.expert_bytes / 1e9
-            gpu_gb = self.ctx.hardware.memory_bytes[Tier.GPU] / 1e9
             raise CapacityError(
                 f"expert parallelism keeps every expert resident, but {m.name}'s experts "
-                f"({experts_gb:.3g} GB) with its dense weights and KV cache do not fit GPU memory "
-                f"({gpu_gb:.3g} GB); use hardware with more GPU memory or a smaller model"
+                f"({m.n_experts * expert_layer / 1e9:.3g} GB) with its dense weights and KV cache "
+                f"do not fit {gpus} GPU(s) of {cap / 1e9:.3g} GB; use hardware with more GPU "
+                "memory, more GPUs, or a smaller model"
             )
-        replica_bytes = lay.n_devices * lay.replica_slots * len(m.moe_layers) * m.expert_bytes
-        held = b.resident_bytes[Tier.GPU]
-        cap = self.ctx.hardware.memory_bytes[Tier.GPU]
-        if held + replica_bytes > cap:
-            fit = max(0, (cap - held) // (lay.n_devices * len(m.moe_layers) * m.expert_bytes))
+        b.reserve(Tier.GPU, (gpus - 1) * dense_w)  # the other GPUs' copies of the dense weights
+        replica_bytes = lay.n_devices * lay.replica_slots * expert_layer
+        per_gpu = lay.n_devices if lay.lanes else 1  # devices whose slots one GPU holds
+        # the fullest GPU: its dense copy, the most homes, its slots and its sequences' KV (data
+        # parallel: GPU 0 has the most; tensor parallel: its kv heads, MLA's latent whole)
+        kv = b.resident_bytes[Tier.GPU] - dense_w * gpus - m.n_experts * expert_layer
+        kv_share = (
+            (1 if m.kv_dim else 1 / min(gpus, m.n_kv_heads))
+            if lay.dense == "tensor"
+            else -(-wl.batch_size // gpus) / wl.batch_size
+        )
+        held = dense_w + -(-m.n_experts // gpus) * expert_layer + max(0, kv) * kv_share
+        if held + per_gpu * lay.replica_slots * expert_layer > cap:
+            fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
             raise CapacityError(
-                f"planner replica_slots={lay.replica_slots}: {replica_bytes / 1e9:.3g} GB of "
-                f"replicas on top of {held / 1e9:.3g} GB already resident exceed the gpu tier "
-                f"({cap / 1e9:.3g} GB); lower replica_slots (at most {fit} fit)"
+                f"planner replica_slots={lay.replica_slots}: "
+                f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU on top of "
+                f"{held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; lower "
+                f"replica_slots (at most {fit} fit)"
             )
         b.reserve(Tier.GPU, replica_bytes)
         if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)

@@ -62,10 +62,22 @@ def test_readme_example_hierarchical():
         ((12,), (16, 4, 2, 8), "load matrix"),  # 1-d load
         ((2, 12), (14, 4, 2, 8), "multiple"),  # slots not a multiple of GPUs
         ((2, 12), (8, 4, 2, 8), ">= 12"),  # fewer slots than experts
-        ((2, 12), (16, 5, 2, 8), "divisible"),  # experts not divisible by groups
+        ((2, 12), (16, 5, 1, 8), "divisible"),  # experts not divisible by groups
+        ((2, 12), (16, 4, 4, 2), "divisible"),  # GPUs not divisible by nodes
+        ((2, 12), (16, 0, 1, 8), "num_groups=0"),
         ((2, 4), (16, 1, 1, 8), "num_gpus=8"),  # more GPUs than experts
     ],
 )
 def test_bad_input_is_one_config_error(shape, args, match):
     with pytest.raises(ConfigError, match=match):
         rebalance_experts(np.ones(shape), *args)
+
+
+def test_groups_that_do_not_split_over_nodes_take_the_global_policy():
+    """As DeepSeek's rebalance_experts: where num_groups % num_nodes != 0 the global policy runs
+    (one group, one node), which needs neither divisibility (it was refused)."""
+    w = np.arange(1.0, 9.0)[None]
+    got = rebalance_experts(w, 12, 3, 2, 4)
+    want = rebalance_experts(w, 12, 1, 1, 4)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)

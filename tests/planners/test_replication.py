@@ -14,7 +14,7 @@ import yaml
 from core.balance import balance_metrics
 from core.errors import CapacityError, ConfigError, MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from core.types import COMPUTE_KINDS, OpKind, Resource
+from core.types import COMPUTE_KINDS, OpKind, Resource, Tier
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
@@ -313,6 +313,26 @@ def test_too_many_replica_slots_for_memory_name_the_param():
         simulate_run(tiny_spec("predictive_replication", replica_slots=10**6))
 
 
+def test_memory_is_checked_per_gpu():
+    """On G GPUs each holds the dense weights, its share of the experts, its slots and its
+    sequences' KV. Mixtral-8x22B's experts (271 GB) fit 8 H200s, not one: all G GPUs' experts
+    were checked against one GPU's memory, so it was refused, and the replica slots that fit
+    were 1/G of the truth. Lanes are one GPU: every lane's slots count against it."""
+    hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
+    m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/mixtral-8x22b.yaml").read_text()))
+    wl = Workload(batch_size=8, n_batches=1, prompt_len=16, gen_len=1,
+                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    slot = len(m.moe_layers) * m.expert_bytes
+    held = m.total_bytes - m.n_experts * slot + m.n_experts // 8 * slot  # dense + 1/8 experts
+    fit = int((hw.memory_bytes[Tier.GPU] - held) // slot)  # KV at 17 tokens: under one slot
+    s = simulate_run(RunSpec(m, hw, wl, "eplb", {"n_devices": 8, "replica_slots": fit})).summary
+    assert s["peak_bytes"]["gpu"] <= 8 * hw.memory_bytes[Tier.GPU]
+    with pytest.raises(CapacityError, match=rf"lower replica_slots \(at most {fit} fit\)"):
+        simulate_run(RunSpec(m, hw, wl, "eplb", {"n_devices": 8, "replica_slots": fit + 1}))
+    with pytest.raises(CapacityError, match=r"do not fit 1 GPU\(s\) of 149 GB"):
+        simulate_run(RunSpec(m, hw, wl, "ep_static", {"n_devices": 8, "lanes": True}))
+
+
 @pytest.mark.parametrize(
     "planner, params, match",
     [
@@ -324,6 +344,11 @@ def test_too_many_replica_slots_for_memory_name_the_param():
         ("ep_static", {"n_devices": 5}, r"n_devices=5 must be in \[1, 4\]"),
         ("eplb", {"initial_load": "tests/planners/missing.npy"}, "cannot read"),
         ("oracle_replication", {"truth_weight": 1.5}, r"truth_weight=1.5 must be in \[0, 1\]"),
+        # ran as -1 (every slot)
+        ("predictive_replication", {"replicas": -5}, r"replicas=-5 must be >= 0, or -1"),
+        # accepted and never read
+        ("eplb", {"gate": "time+copy"}, "gate='time\\+copy': eplb has no replica cost gate"),
+        ("ep_static", {"gate": "time"}, "gate='time': ep_static has no replica cost gate"),
     ],
 )
 def test_bad_input_is_one_config_error(planner, params, match):
@@ -820,6 +845,12 @@ def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_
     cfg.cases = {"t": case}
     with pytest.raises(MoepipeError, match=r"cases.t.planners.predictive_replication='window': "
                        r"must be a mapping"):  # fmt: skip
+        check_inputs(cfg)
+    # G larger than the experts: one line before any case runs (it came when the case's turn
+    # came, after the earlier cases' runs, naming the planner's param)
+    case.planners, case.n_devices = {}, 5
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=5 is more than tiny's 4 experts"):
         check_inputs(cfg)
 
 
