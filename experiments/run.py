@@ -10,6 +10,7 @@ Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -21,6 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
+from core.spec import hf_config_file
 from experiments.callbacks import FAILED
 from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir, until_interrupted
 from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
@@ -57,6 +59,23 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it ran with
+
+
+def model_files_line(cfg: DictConfig) -> str:
+    """A comment line for config.yaml naming the version of the files a run reads its model
+    from (a real run's checkpoint, `model.hf_config`): a checkpoint rebuilt at the same path
+    makes a finished run run again. Their config.json's bytes, each weight file's size and
+    mtime; empty for a model from conf/model."""
+    real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
+    path = cfg.checkpoint if real else cfg.model.get("hf_config")
+    if not path:
+        return ""
+    config = hf_config_file(str(path))
+    h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
+    for f in sorted(config.parent.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 
 def stamp(out_dir: Path, config_yaml: str) -> None:

@@ -170,7 +170,7 @@ def placement_for(
             f"KV cache of the group: {wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9:.3g} GB, "
             f"activations {act / 1e9:.3g} GB; "
             + (
-                "pick a smaller n (planner.params.n)"
+                "pick a smaller n (planner.params.n; where n is -1, the workload's n_batches)"
                 if wl.n_batches > 1
                 else "one batch does not fit: lower workload.batch_size or the context "
                 "(workload.prompt_len, workload.gen_len), or use hardware with more memory"

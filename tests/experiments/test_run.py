@@ -160,6 +160,27 @@ def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path):
     assert json.loads(summary.read_text())["gen_len"] == 4
 
 
+def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path):
+    """A run of `+model.hf_config=DIR` (or a real run's checkpoint=DIR) is finished only for the
+    files it read: the same path holding another model's config.json runs again (it was reused,
+    the other model's result handed back as this one's)."""
+    from real.checkpoint import spec_to_hf_config
+    from tests.conftest import model_from_conf
+
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    cfg = spec_to_hf_config(model_from_conf("tiny"))
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    args = ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"]
+    assert run(args, tmp_path).returncode == 0
+    r = run(args, tmp_path)
+    assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
+    (ckpt / "config.json").write_text(json.dumps(cfg | {"hidden_size": 128}))
+    r = run(args, tmp_path)
+    assert r.returncode == 0 and "another config" in r.stderr + r.stdout
+    assert "# model files" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 @pytest.mark.parametrize("planner", ["klotski", "predictive_replication"])
 def test_runs_are_the_same_in_every_process(planner, tmp_path):
     """A schedule must not depend on Python's per-process string hashing (set or dict order of
