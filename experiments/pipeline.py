@@ -146,7 +146,17 @@ def code_version() -> str:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file in its folder, renamed over it), with
+    the permissions a plain write gives (mkstemp's are 0600: others in a shared group could not
+    read a run's summary)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
     with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
+        f.write(text)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)

@@ -17,9 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -54,6 +52,7 @@ from experiments.pipeline import (
     RunResult,
     RunSpec,
     atomic_write_json,
+    atomic_write_text,
     code_version,
     simulate_run,
     write_balance,
@@ -1073,10 +1072,7 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
         f"<pre>{html.escape(chr(10).join(lines))}</pre>\n{body}\n</body></html>\n"
     )
     for name, text in (("report.txt", "\n".join(lines) + "\n"), ("index.html", page)):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
+        atomic_write_text(out / name, text)
     return out / "index.html"
 
 

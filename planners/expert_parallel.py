@@ -36,6 +36,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.cost import TILE, CostModel, gemm_blocks, pool_makespan_s
+from core.dispatch import (  # noqa: F401  (re-exported: planners' and tests' names)
+    DENSE,
+    DISPATCH,
+    balanced_split,
+    split_tokens,
+    times_held,
+    water_fill_level,
+    whole_tokens,
+)
 from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -45,8 +54,6 @@ from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 
 GATES = ("none", "time", "time+copy")
-DENSE = ("data", "tensor")
-DISPATCH = ("even", "balanced")
 LANE_SHARING = ("partition", "shared")
 POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
 
@@ -246,11 +253,14 @@ class Replicator:
         scenarios: np.ndarray | None = None,
     ) -> bool:
         """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
-        `keep`, by more than the longest per-device queue of new copies ("time+copy")."""
+        `keep`, each charged the time its copies from `old` run late ("time+copy"; `keep`'s
+        re-chosen replicas may need copies too, and a move that needs fewer was refused)."""
         t_new, t_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
-        late = self.timer.late_copy_s(new_copies(new, old), t_new)
-        charge = late if self.p.gate == "time+copy" else 0.0
-        return t_new + charge < t_keep
+        if self.p.gate != "time+copy":
+            return t_new < t_keep
+        late_new = self.timer.late_copy_s(new_copies(new, old), t_new)
+        late_keep = self.timer.late_copy_s(new_copies(keep, old), t_keep)
+        return t_new + late_new < t_keep + late_keep
 
 
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
@@ -526,13 +536,6 @@ def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
     return int(more.sum(1).max(initial=0))
 
 
-def times_held(slots: np.ndarray, n_experts: int) -> np.ndarray:
-    """[G, E] how many copies of expert e device d holds in slots [G, K] (-1: an empty slot)."""
-    g = slots.shape[0]
-    cells = (np.arange(g)[:, None] * (n_experts + 1) + slots + 1).ravel()  # column 0: empty
-    return np.bincount(cells, minlength=g * (n_experts + 1)).reshape(g, n_experts + 1)[:, 1:]
-
-
 def predicted_tokens(slots: np.ndarray, load: np.ndarray, dispatch: str = "even") -> np.ndarray:
     """[G, E] tokens per device and expert if each expert's load [E] splits (fractionally) over its
     copies in slots [G, K]: evenly, or by `balanced_split` (dispatch="balanced")."""
@@ -712,111 +715,6 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
             filled += 1
         slots[d, j] = pick
     return slots
-
-
-def balanced_split(slots: np.ndarray, load: np.ndarray, tol: float = 1e-3) -> np.ndarray:
-    """[G, E] tokens per device and expert (fractional) when each replicated expert's load [E]
-    goes to the devices holding it in slots [G, K] so that the device loads are as even as the
-    placement allows. Experts held by one device stay there; each replicated one, hottest first,
-    is water-filled over its holders given every other expert's tokens (the level its holders
-    rise to together), again and again until no expert's split moves by `tol` tokens (at most 200
-    rounds): block coordinate descent on the sum of squared device loads, a convex objective
-    whose minimum over these splits is also the smallest busiest-device load.
-    Measured against that least load: within 0.003 tokens on random and chained placements up to
-    G = 8; on long chains of experts shared by neighbouring devices it converges slowly (0.3%
-    above at G = 24, 2% at G = 64). A device holding an expert twice holds it once here.
-    Deterministic: every rank of a real run derives the same split from the same counts."""
-    e = len(load)
-    hold = times_held(slots, e) > 0  # [G, E]
-    copies = hold.sum(0)
-    if (copies[load > 0] == 0).any():
-        missing = np.flatnonzero((copies == 0) & (load > 0)).tolist()
-        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
-    out = np.where(hold, load / np.maximum(copies, 1), 0.0)  # start from the even split
-    multi = [int(x) for x in np.argsort(-load, kind="stable") if copies[x] > 1 and load[x] > 0]
-    if not multi:
-        return out
-    dev = out.sum(1).tolist()  # python floats: a few holders per expert, loops beat numpy here
-    who = {x: np.flatnonzero(hold[:, x]).tolist() for x in multi}
-    split = {x: [float(load[x]) / len(who[x])] * len(who[x]) for x in multi}
-    for _ in range(200):  # a bound the tolerance reaches first (a few passes in practice)
-        moved = 0.0
-        for x in multi:
-            hs, old = who[x], split[x]
-            base = [dev[h] - t for h, t in zip(hs, old, strict=True)]
-            new = water_fill_level(base, float(load[x]))
-            for i, h in enumerate(hs):
-                dev[h] = base[i] + new[i]
-                moved = max(moved, abs(new[i] - old[i]))
-            split[x] = new
-        if moved < tol:
-            break
-    for x in multi:
-        out[who[x], x] = split[x]
-    return out
-
-
-def water_fill_level(base: list[float], amount: float) -> list[float]:
-    """How much of `amount` each bin takes when it fills bins at loads `base` from the lowest up,
-    to one common level: [max(0, level - b)]."""
-    order = sorted(range(len(base)), key=base.__getitem__)
-    filled, level = 0.0, 0.0
-    for k, i in enumerate(order, 1):
-        filled += base[i]
-        level = (amount + filled) / k
-        if k == len(order) or level <= base[order[k]]:
-            break
-    return [max(0.0, level - b) for b in base]
-
-
-def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """share [G, E] fractional tokens whose columns sum to counts [E] -> [G, E] whole tokens with
-    the same column sums, each within a token of its share: every share rounded down, then each
-    token left (hottest expert first) to the device with a remainder for that expert that holds
-    the fewest tokens so far (then the largest remainder, then the lower device), so the +1s of
-    several experts do not pile onto one device."""
-    out = np.floor(share + 1e-9).astype(np.int64)
-    left = counts - out.sum(0)  # [E], 0 <= left < holders
-    rem = share - out
-    load = out.sum(1)
-    for x in sorted(np.flatnonzero(left > 0).tolist(), key=lambda x: (-int(counts[x]), x)):
-        cand = np.flatnonzero(rem[:, x] > 1e-9)
-        if len(cand) < left[x]:  # float dust: any device with a share of it
-            cand = np.flatnonzero(share[:, x] > 0)
-        for _ in range(int(left[x])):
-            d = int(cand[np.lexsort((cand, -rem[cand, x], load[cand]))[0]])
-            out[d, x] += 1
-            load[d] += 1
-            cand = cand[cand != d]
-    return out
-
-
-def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") -> np.ndarray:
-    """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its
-    copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens.
-
-    slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
-    """
-    if dispatch == "balanced":
-        return whole_tokens(balanced_split(slots, counts), counts)
-    g, e = slots.shape[0], len(counts)
-    dev = np.repeat(np.arange(g), slots.shape[1])
-    ids = slots.ravel()
-    keep = ids >= 0
-    dev, ids = dev[keep], ids[keep]
-    copies = np.bincount(ids, minlength=e)  # [E]
-    if (copies[counts > 0] == 0).any():
-        missing = np.flatnonzero((copies == 0) & (counts > 0)).tolist()
-        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
-    order = np.argsort(ids, kind="stable")
-    rank = np.empty_like(ids)
-    rank[order] = np.arange(len(ids)) - np.searchsorted(
-        ids[order], ids[order]
-    )  # copy index of each slot
-    share = counts[ids] // copies[ids] + (rank < counts[ids] % copies[ids])
-    out = np.zeros((g, e), dtype=np.int64)
-    np.add.at(out, (dev, ids), share)
-    return out
 
 
 @dataclass

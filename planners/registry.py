@@ -1,8 +1,10 @@
 """Planner registry: `@register("name", Params)` in a planner's own file; the name is the stem
-of `conf/planner/<name>.yaml`. Params are frozen dataclasses of primitives.
+of `conf/planner/<name>.yaml`, and further YAMLs there may be params variants of a registered
+planner (klotski_at_n.yaml, klotski_hot.yaml: `name: klotski`). Params are frozen dataclasses of
+primitives.
 
 Usage:
-    planner = make_planner("flexgen", {"prefetch_depth": 1})
+    planner = make_planner("flexgen", {"sync": False})
 """
 
 from __future__ import annotations

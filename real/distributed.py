@@ -34,11 +34,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.dispatch import DENSE, DISPATCH, split_tokens
 from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Tensor
-from planners.expert_parallel import DENSE, DISPATCH, split_tokens
 from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
 from real.model import (
     KVCache,

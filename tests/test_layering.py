@@ -13,7 +13,7 @@ import pytest
         ("core", ["torch", "simpy", "hydra", "experiments"]),
         ("planners", ["torch", "simpy", "hydra", "sim", "real", "experiments"]),
         ("sim", ["torch", "hydra", "real", "experiments"]),
-        ("real", ["simpy", "hydra", "sim", "experiments"]),
+        ("real", ["simpy", "hydra", "sim", "planners", "experiments"]),
     ],
 )
 def test_imports_stay_in_their_layer(package, forbidden):

@@ -31,6 +31,9 @@ def test_run_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
     for f in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):
         assert (out / f).exists(), f
+    umask = os.umask(0)
+    os.umask(umask)  # the summary, written atomically, is as readable as the other files
+    assert (out / "summary.json").stat().st_mode & 0o777 == 0o666 & ~umask
     s = json.loads((out / "summary.json").read_text())
     for key in (
         "planner", "executor", "model", "hardware", "batch_size", "n_batches", "prompt_len", "gen_len",

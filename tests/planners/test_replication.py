@@ -21,6 +21,8 @@ from planners.expert_parallel import (
     ExpertTime,
     Layout,
     PredictionError,
+    ReplicaParams,
+    Replicator,
     balanced_split,
     expert_width,
     home_slots,
@@ -410,6 +412,22 @@ def test_gate_keeps_the_fastest_prefix_of_greedy_copies():
     fastest of the prefixes (9, 6, 5.5 s)."""
     slots = replicate_onto(np.array([8.0, 1, 1, 1]), LAY, gate="time", timer=_timer())
     assert slots.tolist() == [[0, 2, 1], [1, 3, 0]]
+
+
+def test_rehoming_gate_charges_both_placements_their_copies():
+    """Copies take 10 s. Resident: dev0 {0, 1, 3}, dev1 {2, 3, 1}; load [6, 1, 5, 2]. Moving
+    the homes to dev0 {0, 3}, dev1 {2, 1} needs no copy: 8 s. Keeping them with re-chosen
+    replicas (dev0 + 2, dev1 + 0) takes 7.5 s but a copy on each device, 2.5 s of it late:
+    10 s. The move pays; the gate charged only the move's copies and refused it."""
+    rep = Replicator(ReplicaParams(gate="time+copy"), LAY, _timer(copy_s=10.0), [])
+    old = np.array([[0, 1, 3], [2, 3, 1]])
+    keep, new = np.array([[0, 1, 2], [2, 3, 0]]), np.array([[0, 3, -1], [2, 1, -1]])
+    load = np.array([6.0, 1, 5, 2])
+    assert rep.timer.span(new, load, None) == 8.0 and rep.timer.span(keep, load, None) == 7.5
+    assert rep._pays(new, keep, old, load)
+    assert not Replicator(ReplicaParams(gate="time"), LAY, _timer(10.0), [])._pays(
+        new, keep, old, load
+    )
 
 
 def test_polish_moves_a_replica_the_greedy_misplaced():

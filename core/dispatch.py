@@ -1,0 +1,125 @@
+"""How a batch's routed tokens split over the expert-parallel devices that hold each expert:
+the one rule the planners model and every rank of a real run applies (`split_tokens`), so the
+simulator and `real/distributed.py` agree on it without `real` importing `planners`.
+
+    split_tokens(slots, counts, "even")   # [G, E] whole tokens per device and expert
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DENSE = ("data", "tensor")  # dense work over G GPUs: each its sequences, or every sequence's 1/G
+DISPATCH = ("even", "balanced")  # a replicated expert's tokens: even over copies, or water-filled
+
+
+def times_held(slots: np.ndarray, n_experts: int) -> np.ndarray:
+    """[G, E] how many copies of expert e device d holds in slots [G, K] (-1: an empty slot)."""
+    g = slots.shape[0]
+    cells = (np.arange(g)[:, None] * (n_experts + 1) + slots + 1).ravel()  # column 0: empty
+    return np.bincount(cells, minlength=g * (n_experts + 1)).reshape(g, n_experts + 1)[:, 1:]
+
+
+def balanced_split(slots: np.ndarray, load: np.ndarray, tol: float = 1e-3) -> np.ndarray:
+    """[G, E] tokens per device and expert (fractional) when each replicated expert's load [E]
+    goes to the devices holding it in slots [G, K] so that the device loads are as even as the
+    placement allows. Experts held by one device stay there; each replicated one, hottest first,
+    is water-filled over its holders given every other expert's tokens (the level its holders
+    rise to together), again and again until no expert's split moves by `tol` tokens (at most 200
+    rounds): block coordinate descent on the sum of squared device loads, a convex objective
+    whose minimum over these splits is also the smallest busiest-device load.
+    Measured against that least load: within 0.003 tokens on random and chained placements up to
+    G = 8; on long chains of experts shared by neighbouring devices it converges slowly (0.3%
+    above at G = 24, 2% at G = 64). A device holding an expert twice holds it once here.
+    Deterministic: every rank of a real run derives the same split from the same counts."""
+    e = len(load)
+    hold = times_held(slots, e) > 0  # [G, E]
+    copies = hold.sum(0)
+    if (copies[load > 0] == 0).any():
+        missing = np.flatnonzero((copies == 0) & (load > 0)).tolist()
+        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
+    out = np.where(hold, load / np.maximum(copies, 1), 0.0)  # start from the even split
+    multi = [int(x) for x in np.argsort(-load, kind="stable") if copies[x] > 1 and load[x] > 0]
+    if not multi:
+        return out
+    dev = out.sum(1).tolist()  # python floats: a few holders per expert, loops beat numpy here
+    who = {x: np.flatnonzero(hold[:, x]).tolist() for x in multi}
+    split = {x: [float(load[x]) / len(who[x])] * len(who[x]) for x in multi}
+    for _ in range(200):  # a bound the tolerance reaches first (a few passes in practice)
+        moved = 0.0
+        for x in multi:
+            hs, old = who[x], split[x]
+            base = [dev[h] - t for h, t in zip(hs, old, strict=True)]
+            new = water_fill_level(base, float(load[x]))
+            for i, h in enumerate(hs):
+                dev[h] = base[i] + new[i]
+                moved = max(moved, abs(new[i] - old[i]))
+            split[x] = new
+        if moved < tol:
+            break
+    for x in multi:
+        out[who[x], x] = split[x]
+    return out
+
+
+def water_fill_level(base: list[float], amount: float) -> list[float]:
+    """How much of `amount` each bin takes when it fills bins at loads `base` from the lowest up,
+    to one common level: [max(0, level - b)]."""
+    order = sorted(range(len(base)), key=base.__getitem__)
+    filled, level = 0.0, 0.0
+    for k, i in enumerate(order, 1):
+        filled += base[i]
+        level = (amount + filled) / k
+        if k == len(order) or level <= base[order[k]]:
+            break
+    return [max(0.0, level - b) for b in base]
+
+
+def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """share [G, E] fractional tokens whose columns sum to counts [E] -> [G, E] whole tokens with
+    the same column sums, each within a token of its share: every share rounded down, then each
+    token left (hottest expert first) to the device with a remainder for that expert that holds
+    the fewest tokens so far (then the largest remainder, then the lower device), so the +1s of
+    several experts do not pile onto one device."""
+    out = np.floor(share + 1e-9).astype(np.int64)
+    left = counts - out.sum(0)  # [E], 0 <= left < holders
+    rem = share - out
+    load = out.sum(1)
+    for x in sorted(np.flatnonzero(left > 0).tolist(), key=lambda x: (-int(counts[x]), x)):
+        cand = np.flatnonzero(rem[:, x] > 1e-9)
+        if len(cand) < left[x]:  # float dust: any device with a share of it
+            cand = np.flatnonzero(share[:, x] > 0)
+        for _ in range(int(left[x])):
+            d = int(cand[np.lexsort((cand, -rem[cand, x], load[cand]))[0]])
+            out[d, x] += 1
+            load[d] += 1
+            cand = cand[cand != d]
+    return out
+
+
+def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") -> np.ndarray:
+    """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its
+    copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens.
+
+    slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
+    """
+    if dispatch == "balanced":
+        return whole_tokens(balanced_split(slots, counts), counts)
+    g, e = slots.shape[0], len(counts)
+    dev = np.repeat(np.arange(g), slots.shape[1])
+    ids = slots.ravel()
+    keep = ids >= 0
+    dev, ids = dev[keep], ids[keep]
+    copies = np.bincount(ids, minlength=e)  # [E]
+    if (copies[counts > 0] == 0).any():
+        missing = np.flatnonzero((copies == 0) & (counts > 0)).tolist()
+        raise AssertionError(f"experts {missing} have tokens but no copy on any device")
+    order = np.argsort(ids, kind="stable")
+    rank = np.empty_like(ids)
+    rank[order] = np.arange(len(ids)) - np.searchsorted(
+        ids[order], ids[order]
+    )  # copy index of each slot
+    share = counts[ids] // copies[ids] + (rank < counts[ids] % copies[ids])
+    out = np.zeros((g, e), dtype=np.int64)
+    np.add.at(out, (dev, ids), share)
+    return out
