@@ -735,38 +735,42 @@ class EPRunner:
         hw, wl = self.ctx.hardware, self.ctx.workload
         cap = hw.memory_bytes[Tier.GPU]  # one GPU's
         gpus = 1 if lay.lanes else lay.n_devices
-        # The schedule's gpu tier is the G GPUs together: each holds the dense weights, its
-        # share of the experts, its replica slots and its sequences' KV (checked per GPU below)
+        # The schedule's gpu tier is the G GPUs together: each holds its copy of the dense
+        # weights, its share of the experts, its replica slots and its sequences' KV (every
+        # batch's: an expert-parallel run keeps them all); checked per GPU below
         both = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: gpus * cap})
         b.capacity_bytes[Tier.GPU] = gpus * cap
         self.em = Emitter(
             self.ctx,
             b,
             standard_placement(
-                replace(self.ctx, hardware=both), kv_sequences=wl.batch_size, layers_in_flight=0
+                replace(self.ctx, hardware=both), kv_sequences=wl.n_sequences, layers_in_flight=0
             ),
         )
         expert_layer = len(m.moe_layers) * m.expert_bytes  # one expert slot on every MoE layer
-        dense_w = m.total_bytes - m.n_experts * expert_layer  # what every GPU holds a copy of
-        if any(t != Tier.GPU for t in self.em.placement.experts):
-            raise CapacityError(
-                f"expert parallelism keeps every expert resident, but {m.name}'s experts "
-                f"({m.n_experts * expert_layer / 1e9:.3g} GB) with its dense weights and KV cache "
-                f"do not fit {gpus} GPU(s) of {cap / 1e9:.3g} GB; use hardware with more GPU "
-                "memory, more GPUs, or a smaller model"
-            )
-        b.reserve(Tier.GPU, (gpus - 1) * dense_w)  # the other GPUs' copies of the dense weights
-        replica_bytes = lay.n_devices * lay.replica_slots * expert_layer
-        per_gpu = lay.n_devices if lay.lanes else 1  # devices whose slots one GPU holds
-        # the fullest GPU: its dense copy, the most homes, its slots and its sequences' KV (data
-        # parallel: GPU 0 has the most; tensor parallel: its kv heads, MLA's latent whole)
-        kv = b.resident_bytes[Tier.GPU] - dense_w * gpus - m.n_experts * expert_layer
+        experts = m.n_experts * expert_layer
+        dense_w = m.total_bytes - experts
+        kv = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts)  # the placement's KV
+        tp = lay.dense == "tensor" and not lay.lanes
+        dense_gpu = self.dense_share(gpus) if tp else dense_w  # one GPU's dense weights
+        # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
+        # holds its kv heads of every sequence (MLA: the whole latent)
         kv_share = (
             (1 if m.kv_dim else 1 / min(gpus, m.n_kv_heads))
-            if lay.dense == "tensor"
+            if tp
             else -(-wl.batch_size // gpus) / wl.batch_size
         )
-        held = dense_w + -(-m.n_experts // gpus) * expert_layer + max(0, kv) * kv_share
+        held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share
+        if any(t != Tier.GPU for t in self.em.placement.experts) or held > cap:
+            raise CapacityError(
+                f"expert parallelism keeps every expert resident, but {m.name}'s experts "
+                f"({experts / 1e9:.3g} GB) with its dense weights and KV cache do not fit "
+                f"{gpus} GPU(s) of {cap / 1e9:.3g} GB (the fullest holds {held / 1e9:.3g} GB); "
+                "use hardware with more GPU memory, more GPUs, or a smaller model"
+            )
+        b.reserve(Tier.GPU, int(max(0, gpus * dense_gpu - dense_w)))  # the other GPUs' dense copies
+        replica_bytes = lay.n_devices * lay.replica_slots * expert_layer
+        per_gpu = lay.n_devices if lay.lanes else 1  # devices whose slots one GPU holds
         if held + per_gpu * lay.replica_slots * expert_layer > cap:
             fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
             raise CapacityError(
@@ -800,6 +804,22 @@ class EPRunner:
             grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
             lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
         )  # fmt: skip
+
+    def dense_share(self, gpus: int) -> float:
+        """Bytes of the dense weights one GPU holds under tensor-parallel dense work, as `dense`
+        cuts them: 1/G of the heads, FFN columns and vocabulary; MLA's kv_a projection, the
+        routers and the embeddings whole; a GQA kv head on G / n_kv_heads GPUs where the GPUs
+        outnumber them."""
+        m, d = self.ctx.model, self.ctx.model.dtype_bytes
+        whole = m.hidden_size * m.kv_dim * d if m.kv_dim else 0
+        kv_w = 0 if m.kv_dim else 2 * m.hidden_size * m.n_kv_heads * m.head_dim * d
+        attn = (m.attn_bytes - whole - kv_w) / gpus + whole + kv_w / min(gpus, m.n_kv_heads)
+        layers = sum(
+            attn + self.em.tensor_bytes(Tensor.FFN, layer) / gpus
+            + (m.gate_bytes if m.is_moe(layer) else 0)
+            for layer in range(m.n_layers)
+        )  # fmt: skip
+        return layers + m.embed_bytes + m.head_bytes / gpus
 
     def plan(self, policy: SlotPolicy) -> None:
         m, wl = self.ctx.model, self.ctx.workload

@@ -367,10 +367,10 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             cfg["intermediate_size"] = spec.dense_ffn_size
         return cfg
     if fam == "switch_transformers":
-        step = 2 if len(moe) < 2 else moe[1] - moe[0]
+        step = 1 if moe and moe[0] == 0 else (2 if len(moe) < 2 else moe[1] - moe[0])
         need(
-            moe == [i for i in range(n) if i % step == step - 1],
-            f"moe_layers {moe} (every encoder_sparse_step-th block)",
+            moe == [i for i in range(n) if step == 1 or i % step == 1],
+            f"moe_layers {moe} (transformers' sparse blocks: i % encoder_sparse_step == 1)",
         )
         need(
             spec.top_k == 1 and spec.n_kv_heads == spec.n_heads,

@@ -335,6 +335,28 @@ def test_memory_is_checked_per_gpu():
         simulate_run(RunSpec(m, hw, wl, "ep_static", {"n_devices": 8, "lanes": True}))
 
 
+def test_per_gpu_memory_of_tensor_parallel_dense_work_and_of_every_batch():
+    """DeepSeek-V2-Lite on 8 GPUs of 5 GB. Data-parallel dense work puts 2.6 GB of dense weights
+    on every GPU; with its 16 experts a layer a GPU (3.6 GB) nothing is left for replicas, and the
+    line says the model does not fit (it said to lower replica_slots=0). Tensor-parallel dense
+    work holds 1/8 of the heads, FFN columns and vocabulary, so replicas fit there. An
+    expert-parallel run keeps every batch's KV: more batches of long prompts do not fit."""
+    hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
+    hw = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: 5 * 10**9})
+    m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/deepseek-v2-lite.yaml").read_text()))
+    wl = Workload(batch_size=8, n_batches=1, prompt_len=16, gen_len=1,
+                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    with pytest.raises(CapacityError, match=r"do not fit 8 GPU\(s\) of 5 GB"):
+        simulate_run(RunSpec(m, hw, wl, "ep_static", {"n_devices": 8}))
+    tp = {"n_devices": 8, "dense": "tensor", "replica_slots": 1}
+    assert simulate_run(RunSpec(m, hw, wl, "eplb", tp)).summary["makespan_s"] > 0
+    # MLA's latent cache is whole on every GPU under tensor parallelism: 0.26 GB a batch here
+    long, tp0 = wl.with_(batch_size=16, prompt_len=512), {**tp, "replica_slots": 0}
+    simulate_run(RunSpec(m, hw, long, "eplb", tp0))
+    with pytest.raises(CapacityError, match="do not fit 8 GPU"):
+        simulate_run(RunSpec(m, hw, long.with_(n_batches=2), "eplb", tp0))
+
+
 @pytest.mark.parametrize(
     "planner, params, match",
     [

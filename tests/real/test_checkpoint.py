@@ -1,6 +1,7 @@
 """Checkpoints: config.json round-trips to the same ModelSpec for every conf/model, HF tensor
 names, sharding, the make_checkpoint CLI, and one-line errors naming the bad file or tensor."""
 
+import dataclasses
 import json
 import math
 
@@ -267,3 +268,16 @@ def test_float16_and_tied_head_are_named(tmp_path):
     save_file(weights, d / SINGLE_FILE)
     with pytest.raises(ConfigError, match=r"lm_head.weight is missing .*tie_word_embeddings"):
         load_checkpoint(d)
+
+
+@pytest.mark.parametrize("step", [1, 2, 4])
+def test_switch_sparse_blocks_round_trip_through_config_json(step):
+    """The writer follows transformers' rule as the reader does (block i sparse if
+    i % step == 1): at step 4 blocks 1, 5, 9 were refused, and 3, 7, 11 written as step 4 came
+    back as 1, 5, 9."""
+    base = reduced_spec("switch-base-128")
+    moe = tuple(i for i in range(12) if step == 1 or i % step == 1)
+    spec = dataclasses.replace(base, n_layers=12, moe_layers=moe)
+    assert hf_config_to_spec(spec_to_hf_config(spec), "s").moe_layers == moe
+    with pytest.raises(ConfigError, match="cannot express moe_layers"):
+        spec_to_hf_config(dataclasses.replace(spec, moe_layers=(3, 7, 11)))
