@@ -213,9 +213,10 @@ class ModelSpec:
         return layers + self.embed_bytes + self.head_bytes
 
     # ---- flops (2 per multiply-add) --------------------------------------------------------
-    def attention_flops(self, tokens: int, context: int, sequences: int = 1) -> float:
+    def attention_flops(self, tokens: int, context: int, *, sequences: int) -> float:
         """`tokens` new tokens of `sequences` sequences, each attending to `context` keys on
-        average (a decode step: one token a sequence, context = the cached positions)."""
+        average (a decode step: one token a sequence, context = the cached positions). Given
+        always: a decode step's MLA cost grows with its sequences."""
         proj = 2.0 * (self.attn_param_count - self.hidden_size) * tokens
         # QK^T over qk dims, then the weighted sum over value dims, per head and context entry
         qk = self.qk_head_dim or self.head_dim
@@ -268,7 +269,7 @@ class ModelSpec:
             ) from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}: not valid JSON ({e})") from None
-        return hf_config_to_spec(cfg, name or p.parent.name, where=str(p))
+        return hf_config_to_spec(cfg, name or p.resolve().parent.name, where=str(p))
 
 
 def hf_config_file(path: str | Path) -> Path:

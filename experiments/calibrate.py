@@ -336,7 +336,7 @@ def measure_compute(
             np.bincount(chosen.cpu().flatten().numpy(), minlength=spec.n_experts)
 
         cases: list[tuple[OpKind, float, Callable[[], Any]]] = [
-            (OpKind.ATTENTION, spec.attention_flops(t, (t + 1) // 2), attention),
+            (OpKind.ATTENTION, spec.attention_flops(t, (t + 1) // 2, sequences=1), attention),
             (OpKind.EXPERT, spec.expert_flops(t), expert),
             (OpKind.HEAD, spec.head_flops(t), head),
         ]

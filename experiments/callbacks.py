@@ -46,15 +46,21 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
     """(finished, reused): the runs of the sweep that started at wall clock `since` that hold a
     summary.json, and how many of those an earlier sweep wrote. A run dir is this sweep's once
     its job has started (hydra rewrites its `.hydra/hydra.yaml` then, a reused run's too), so
-    other sweeps' runs in the same fixed sweep dir do not count."""
+    other sweeps' runs in the same fixed sweep dir do not count. Under `hydra.output_subdir=null`
+    (no .hydra) a run counts once its summary is written in this sweep; reused ones do not."""
     finished = reused = 0
     for summary in sweep_dir.rglob("summary.json") if sweep_dir.is_dir() else ():
         try:
-            if (summary.parent / ".hydra" / "hydra.yaml").stat().st_mtime < since - 1.0:
+            old = summary.stat().st_mtime < since - 1.0
+            job = summary.parent / ".hydra" / "hydra.yaml"
+            # without .hydra (hydra.output_subdir=null) only the summaries it writes count
+            if (job.stat().st_mtime if job.parent.is_dir() else since) < since - 1.0:
                 continue
-            reused += summary.stat().st_mtime < since - 1.0
-        except OSError:  # no .hydra (not a hydra job's dir), or a rerun just removed it
+            if old and not job.parent.is_dir():
+                continue
+        except OSError:  # a rerun just removed it
             continue
+        reused += old
         finished += 1
     return finished, reused
 

@@ -154,9 +154,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     the permissions a plain write gives (mkstemp's are 0600: others in a shared group could not
     read a run's summary)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    umask = os.umask(0)
-    os.umask(umask)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.chmod(tmp, 0o666 & ~_UMASK)
     os.replace(tmp, path)
+
+
+def _umask() -> int:
+    """The process's umask, read once at import: setting it to read it is process-wide, and a
+    thread creating a file meanwhile would get mode 0666."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()

@@ -916,6 +916,8 @@ def check_inputs(cfg: DictConfig) -> None:
             raise MoepipeError(problem)
 
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
+    profile = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
+    n_gpus = int(profile.get("n_gpus", 1))
     as_int("replica_slots", cfg.replica_slots, at_least=0)
     as_int("seed", cfg.seed, at_least=0)
     # a case the command line removed (~cases.X) may stay listed; a misspelt one may not
@@ -954,10 +956,11 @@ def check_inputs(cfg: DictConfig) -> None:
         for key in ("n_devices", "prompt_len", "n_batches"):
             as_int(f"cases.{name}.{key}", case[key], at_least=0 if key == "n_devices" else 1)
         n_experts = case_model(case).n_experts  # checked here, not when the case's turn comes
-        if int(case.n_devices) > n_experts:
+        g = int(case.n_devices) or n_gpus  # 0: the hardware profile's GPUs
+        if g > n_experts:
             raise MoepipeError(
-                f"cases.{name}.n_devices={case.n_devices} is more than {case.model}'s "
-                f"{n_experts} experts; lower it (0 = the hardware profile's GPUs)"
+                f"cases.{name}.n_devices={case.n_devices} gives {g} devices, more than "
+                f"{case.model}'s {n_experts} experts; set it to at most {n_experts}"
             )
         sharing = case.get("lane_sharing")
         if sharing is not None and sharing not in LANE_SHARING:

@@ -39,7 +39,8 @@ def run_model_name(*, _root_: DictConfig) -> str:
     path = _root_.checkpoint if real else _root_.model.get("hf_config")
     if not path:
         return name
-    return hf_config_file(str(path)).parent.name or name  # a missing folder fails the run later
+    # resolved: checkpoint=. names the folder it is; a missing folder fails the run later
+    return hf_config_file(str(path)).resolve().parent.name or name
 
 
 OmegaConf.register_new_resolver("run_model", run_model_name, replace=True)

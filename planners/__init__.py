@@ -1,5 +1,5 @@
 """Planners: one file each, registered by name (the stem of conf/planner/<name>.yaml; other
-YAMLs there, klotski_at_n.yaml and klotski_hot.yaml, are params variants of one planner).
+YAMLs there, klotski_at_n, klotski_hot and klotski_multi, are params variants of one planner).
 
 Importing this package imports every module in it, so a new planner file registers itself.
 """

@@ -152,7 +152,7 @@ class Emitter:
         extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
         return self.out.add(
             OpKind.ATTENTION, self.compute, deps, step=step, layer=layer, batch=batch,
-            tensor=Tensor.ATTENTION, tokens=tokens, flops=m.attention_flops(tokens, int(context), self.bs),
+            tensor=Tensor.ATTENTION, tokens=tokens, flops=m.attention_flops(tokens, int(context), sequences=self.bs),
             touch_bytes=m.attn_bytes + kv_read, **extra,
         )  # fmt: skip
 

@@ -880,7 +880,9 @@ class EPRunner:
             if kind == OpKind.ATTENTION:
                 ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
                 w_flops, kv_flops = 2 * tokens * whole, 2 * tokens * kv_w
-                flops = (m.attention_flops(tokens, int(ctx_len), seqs) - w_flops - kv_flops) / part
+                flops = (
+                    m.attention_flops(tokens, int(ctx_len), sequences=seqs) - w_flops - kv_flops
+                ) / part
                 flops += w_flops + kv_flops / kv_part
                 kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
                 w_bytes, kv_bytes = whole * m.dtype_bytes, kv_w * m.dtype_bytes

@@ -73,7 +73,7 @@ def layer_times(
     bs, ctx = wl.batch_size, wl.step_context(step)
     gpu = Resource.GPU
     streamed = placement.dense != Tier.GPU
-    attn = cost.compute_s(gpu, OpKind.ATTENTION, model.attention_flops(bs, ctx, bs),
+    attn = cost.compute_s(gpu, OpKind.ATTENTION, model.attention_flops(bs, ctx, sequences=bs),
                           model.attn_bytes + bs * ctx * model.kv_bytes_per_token)  # fmt: skip
     gate = cost.compute_s(gpu, OpKind.GATE, model.gate_flops(bs), model.gate_bytes)
     h2d = lambda nbytes: cost.transfer_s(Resource.H2D, nbytes)  # noqa: E731

@@ -10,6 +10,7 @@ Every operation is synchronous and thread-safe, and any I/O error raises (no ret
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -23,8 +24,17 @@ from pathlib import Path
 import torch
 
 from core.errors import CapacityError, ConfigError, MoepipeError
+from core.spec import ModelSpec
 from core.types import Tensor, Tier
-from real.checkpoint import ST_CODE, ST_DTYPES, Unit, load_checkpoint, unit_layout
+from real.checkpoint import (
+    ST_CODE,
+    ST_DTYPES,
+    TensorEntry,
+    TensorSpec,
+    Unit,
+    load_checkpoint,
+    unit_layout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +132,8 @@ def _reusable(out: Path, sources: dict[str, list[int]], layout_key: str) -> bool
 
 def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Convert a checkpoint to the offload layout (once; reused while the checkpoint and the
-    layout are unchanged and the conversion is whole)."""
+    layout are unchanged and the conversion is whole). Processes converting one checkpoint at
+    once (a sweep's workers) take turns on a lock file: the first converts, the others reuse."""
     ckpt = Path(ckpt_dir)
     out = Path(out_dir) if out_dir is not None else ckpt / OFFLOAD_DIR
     spec, index = load_checkpoint(ckpt)
@@ -131,11 +142,27 @@ def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     if _reusable(out, sources, layout_key):
         return out
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _reusable(out, sources, layout_key):  # another process converted it meanwhile
+            return out
+        return _convert(ckpt, out, spec, index, sources, layout, layout_key)
+
+
+def _convert(
+    ckpt: Path,
+    out: Path,
+    spec: ModelSpec,
+    index: Mapping[str, TensorEntry],
+    sources: dict[str, list[int]],
+    layout: Mapping[Unit, Mapping[str, TensorSpec]],
+    layout_key: str,
+) -> Path:
     (out / MANIFEST).unlink(
         missing_ok=True
     )  # never a manifest beside a data file it does not describe
     records, pos = [], 0
-    tmp = out / (DATA_FILE + ".tmp")
+    tmp = out / f"{DATA_FILE}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         for unit, tensors in layout.items():
             entries, size = [], 0
@@ -172,7 +199,7 @@ def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         "data_bytes": pos,
         "units": records,
     }
-    tmp_manifest = out / (MANIFEST + ".tmp")
+    tmp_manifest = out / f"{MANIFEST}.{os.getpid()}.tmp"
     tmp_manifest.write_text(json.dumps(manifest))
     os.replace(tmp_manifest, out / MANIFEST)  # atomic: a manifest is whole or absent
     log.info(

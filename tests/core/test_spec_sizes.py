@@ -62,9 +62,11 @@ def test_tiny_flops_per_token(tiny):
     assert tiny.expert_flops(1) == 49152
     assert tiny.gate_flops(1) == 512
     assert tiny.head_flops(1) == 32768
-    assert tiny.attention_flops(1, 10) == 27136
+    assert tiny.attention_flops(1, 10, sequences=1) == 27136
     assert tiny.expert_flops(3) == 3 * 49152  # linear in tokens
-    per_layer = tiny.attention_flops(1, 10) + tiny.gate_flops(1) + 2 * tiny.expert_flops(1)
+    per_layer = (
+        tiny.attention_flops(1, 10, sequences=1) + tiny.gate_flops(1) + 2 * tiny.expert_flops(1)
+    )
     assert tiny.n_layers * per_layer + tiny.head_flops(1) == 284672
 
 
@@ -99,7 +101,7 @@ def test_deepseek_v2_lite_mla_sizes():
     assert m.kv_bytes_per_token * m.n_layers == 31104
     assert m.expert_bytes == 3 * 2048 * 1408 * 2 == 17_301_504
     assert m.attn_bytes == (13_763_072 + 2048) * 2 == 27_530_240
-    assert m.attention_flops(1, 10) == 27_628_544 + 37_748_736 == 65_377_280
+    assert m.attention_flops(1, 10, sequences=1) == 27_628_544 + 37_748_736 == 65_377_280
     assert m.attention_flops(4, 512, sequences=4) == 8_704_233_472
     prefill = m.attention_flops(4 * 512, 256, sequences=4)
     assert prefill == 2 * 13_763_072 * 2048 + 2 * 16 * (192 + 128) * 2048 * 256

@@ -275,7 +275,7 @@ def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
     assert r.returncode == 2 and len(err) == 1 and "add a new key with +planners.eplb" in err[0]
 
 
-def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path):
+def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     """A real run takes its shapes from checkpoint=, and model.hf_config names its own model:
     the run dir (hydra's `${run_model:}`) and collect's model.name say so, not model='s group
     (before, a real run of a tiny checkpoint was filed and reported as mixtral-8x7b)."""
@@ -298,6 +298,9 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path):
             cfg.hydra.job.num = 0  # a sweep sets it
             assert cfg.hydra.run.dir.endswith(f"_{name}_flexgen"), overrides
             assert cfg.hydra.sweep.subdir == f"0_{name}_flexgen_bs16_n15", overrides
+        monkeypatch.chdir(ckpt)  # checkpoint=. names the folder it is (it fell back to model=)
+        cfg = compose("config", ["executor=real", "checkpoint=."], return_hydra_config=True)
+        assert cfg.hydra.run.dir.endswith("_my-ckpt_flexgen")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("model:\n  name: mixtral-8x7b\n")

@@ -237,4 +237,9 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
             (tmp_path / name / "summary.json").write_text("{}")
             os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
     assert finished_runs(tmp_path, start) == (2, 1)
+    for name, summary_t in [("bare_new", start + 9), ("bare_old", start - 60)]:  # no .hydra
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+        os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
+    assert finished_runs(tmp_path, start) == (3, 1)
     assert finished_runs(tmp_path / "absent", start) == (0, 0)

@@ -890,7 +890,12 @@ def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_
     # came, after the earlier cases' runs, naming the planner's param)
     case.planners, case.n_devices = {}, 5
     cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=5 is more than tiny's 4 experts"):
+    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=5 gives 5 devices, more than "
+                       r"tiny's 4 experts; set it to at most 4"):  # fmt: skip
+        check_inputs(cfg)
+    case.n_devices, cfg.hardware_profile = 0, "h200-hgx8"  # 0: the profile's 8 GPUs
+    cfg.cases = {"t": case}
+    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=0 gives 8 devices"):
         check_inputs(cfg)
 
 
@@ -1265,7 +1270,7 @@ def test_tensor_parallel_dense_splits_weights_and_all_reduces():
     assert {o.tokens for o in prefill} == {2 * 8}  # both sequences on both GPUs
     ctx_kv = 2 * 8 * m.kv_bytes_per_token / 2  # 2 sequences x 8 tokens, half the KV heads
     for o in prefill:
-        assert o.flops == pytest.approx(m.attention_flops(16, 4) / 2)
+        assert o.flops == pytest.approx(m.attention_flops(16, 4, sequences=2) / 2)
         assert o.touch_bytes == pytest.approx(m.attn_bytes / 2 + ctx_kv)
     head = [o for o in sched.ops if o.kind == OpKind.HEAD]
     assert {o.touch_bytes for o in head} == {m.head_bytes / 2}
@@ -1356,7 +1361,9 @@ def test_tensor_parallel_kv_heads_and_qk_norm_as_the_real_run_splits_them():
     for o in attn:
         assert o.touch_bytes == pytest.approx((m.attn_bytes - kv_w) / 4 + kv_w / 2 + cache)
         proj = 2 * 16 * kv_w / 2  # 16 tokens through k and v (params = bytes / 2)
-        assert o.flops == pytest.approx((m.attention_flops(16, 4) - proj) / 4 + proj / 2)
+        assert o.flops == pytest.approx(
+            (m.attention_flops(16, 4, sequences=2) - proj) / 4 + proj / 2
+        )
 
     def after_attention(model: ModelSpec) -> list[int]:
         run = RunSpec(model, spec.hardware, spec.workload, "ep_static", spec.params)
@@ -1391,7 +1398,7 @@ def test_tensor_parallel_mla_keeps_the_latent_projection_whole():
             (m.attn_bytes - 2 * whole) / 2 + 2 * whole + 2 * 8 * m.kv_bytes_per_token
         )
         proj = 2 * 16 * whole  # 16 tokens through kv_a
-        assert o.flops == pytest.approx((m.attention_flops(16, 4) - proj) / 2 + proj)
+        assert o.flops == pytest.approx((m.attention_flops(16, 4, sequences=2) - proj) / 2 + proj)
 
 
 @pytest.mark.parametrize("grouped", [True, False])

@@ -22,6 +22,7 @@ from real.store import (
     TieredStore,
     aligned_empty,
     build_offload,
+    read_manifest,
 )
 
 
@@ -38,6 +39,33 @@ def test_offload_layout_is_aligned_and_reused(store, mixtral_tiny, tmp_path):
     mtime = data.stat().st_mtime_ns
     build_offload(mixtral_tiny, tmp_path / "off")
     assert data.stat().st_mtime_ns == mtime  # converted once
+
+
+def _convert_at(barrier, ckpt, out, q) -> None:
+    barrier.wait()
+    try:
+        build_offload(ckpt, out)
+        q.put("ok")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        q.put(repr(e))
+
+
+def test_processes_converting_one_checkpoint_take_turns(mixtral_tiny, tmp_path):
+    """A sweep's workers open one checkpoint at once: they converted it side by side through one
+    temporary file name, and one failed renaming the file the other had renamed already."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_convert_at, args=(barrier, str(mixtral_tiny), str(tmp_path / "o"), q))
+             for _ in range(3)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert sorted(q.get(timeout=5) for _ in procs) == ["ok"] * 3
+    assert len(read_manifest(tmp_path / "o")) == len(unit_layout(load_checkpoint(mixtral_tiny)[0]))
+    assert not list((tmp_path / "o").glob("*.tmp"))
 
 
 def test_direct_read_equals_plain_read_and_checkpoint(store, mixtral_tiny):
