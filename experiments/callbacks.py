@@ -52,13 +52,14 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
     for summary in sweep_dir.rglob("summary.json") if sweep_dir.is_dir() else ():
         try:
             old = summary.stat().st_mtime < since - 1.0
-            job = summary.parent / ".hydra" / "hydra.yaml"
-            # without .hydra (hydra.output_subdir=null) only the summaries it writes count
-            if (job.stat().st_mtime if job.parent.is_dir() else since) < since - 1.0:
-                continue
-            if old and not job.parent.is_dir():
-                continue
+            job = summary.parent / ".hydra"
+            # a run is this sweep's once its job started in it; with hydra.output_subdir=null
+            # (no .hydra) only the summaries this sweep writes count
+            started = (job / "hydra.yaml").stat().st_mtime if job.is_dir() else None
+            mine = not old if started is None else started >= since - 1.0
         except OSError:  # a rerun just removed it
+            continue
+        if not mine:
             continue
         reused += old
         finished += 1
