@@ -256,13 +256,28 @@ def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarr
         raise TraceError(
             f"{where}: {len(ids)} ids and {len(w)} weights; need equal multiples of {top_k}"
         )
-    return ids.reshape(-1, top_k), w.reshape(-1, top_k)
+    ids = ids.reshape(-1, top_k)
+    srt = np.sort(ids, axis=1)
+    rep = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+    if rep.size:  # a top-k set never repeats an expert: the groups of k are misaligned
+        raise TraceError(
+            f"{where}: token {rep[0]} repeats an expert within its {top_k} ids; not a top-{top_k} "
+            f"dump (ESFT logs 6 distinct experts per token)"
+        )
+    return ids, w.reshape(-1, top_k)
 
 
 def convert_esft(
-    src: str | Path, out_npz: str | Path, n_experts: int = N_EXPERTS, top_k: int = TOP_K
+    src: str | Path,
+    out_npz: str | Path,
+    n_experts: int = N_EXPERTS,
+    top_k: int = TOP_K,
+    n_layers: int | None = None,
 ) -> Path:
-    """Upstream `<task>/expert_weights_{1..L}.txt` (directory or tarball) -> the npz layout."""
+    """Upstream `<task>/expert_weights_{1..L}.txt` (directory or tarball) -> the npz layout.
+
+    n_layers: the layer count the dump must have (`load_esft` needs N_LAYERS); None takes L
+    from the files."""
     src, out = Path(src), Path(out_npz)
     if out.suffix != ".npz":  # numpy adds it; the path returned is the file written
         out = out.with_name(out.name + ".npz")
@@ -274,7 +289,13 @@ def convert_esft(
             f"{src}: not an ESFT routing dump: layer files numbered {numbered}, expected "
             "<task>/expert_weights_1.txt, expert_weights_2.txt, ..."
         )
-    n_layers = max(max(layers) for layers in found.values())
+    have = max(max(layers) for layers in found.values())
+    if n_layers is not None and have != n_layers:
+        raise TraceError(
+            f"{src}: layer files expert_weights_1..{have}.txt, the ESFT trace has {n_layers} MoE "
+            f"layers; supply every <task>/expert_weights_<1..{n_layers}>.txt"
+        )
+    n_layers = have
     ids_all: list[np.ndarray] = []  # per sequence [n, L, k]
     w_all: list[np.ndarray] = []
     task_all: list[np.ndarray] = []

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from core.errors import MoepipeError
-from core.traces import convert_esft
+from core.traces import N_LAYERS, convert_esft
 from experiments.cli import output_file
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         dest = args.out if args.out.endswith(".npz") else f"{args.out}.npz"
         output_file(dest, "out")
-        out = convert_esft(args.src, dest)
+        out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -194,10 +194,10 @@ def test_converter_small_directory(tmp_path: Path) -> None:
 def test_converter_rejects_mismatched_layers(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "expert_weights_1.txt").write_text(
-        "\t".join(["1"] * 6) + "\t\t" + "\t".join(["0.1"] * 6) + "\n"
+        "\t".join(map(str, range(6))) + "\t\t" + "\t".join(["0.1"] * 6) + "\n"
     )
     (tmp_path / "t" / "expert_weights_2.txt").write_text(
-        "\t".join(["1"] * 12) + "\t\t" + "\t".join(["0.1"] * 12) + "\n"
+        "\t".join(map(str, [*range(6), *range(6)])) + "\t\t" + "\t".join(["0.1"] * 12) + "\n"
     )
     with pytest.raises(TraceError, match=r"expert_weights_2.txt line 1: 2 tokens, layer 1 has 1"):
         convert_esft(tmp_path, tmp_path / "o.npz")
@@ -249,3 +249,37 @@ def test_converter_reproduces_shipped_npz(traces_dir: Path, tmp_path: Path) -> N
     for key in old.files:
         assert new[key].dtype == old[key].dtype, key
         np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+
+
+def _dump(root: Path, layers: range, k: int) -> Path:
+    """One task, one sequence of 4 tokens per layer file; token t picks experts t..t+k-1."""
+    (root / "t").mkdir(parents=True)
+    ids = [e for t in range(4) for e in range(t, t + k)]
+    line = "\t".join(map(str, ids)) + "\t\t" + "\t".join(["0.1"] * len(ids)) + "\n"
+    for layer in layers:
+        (root / "t" / f"expert_weights_{layer}.txt").write_text(line)
+    return root
+
+
+def test_converter_rejects_a_dump_that_is_not_top6(tmp_path: Path) -> None:
+    """A top-3 dump (2 tokens per 6 ids) parsed as top-6: the groups repeat experts (token 0's
+    3..5 vs token 1's 1..3 -> 1,2,3 twice); it converted and loaded silently before."""
+    src = _dump(tmp_path / "src", range(1, 27), 3)
+    with pytest.raises(TraceError, match=r"expert_weights_1.txt line 1: token 0 repeats an expert"):
+        convert_esft(src, tmp_path / "o.npz")
+
+
+def test_cli_rejects_a_dump_the_loader_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """expert_weights_26.txt missing: the CLI wrote a 25-layer npz that load_esft then called
+    corrupt, telling the user to rebuild it with the same CLI."""
+    from experiments.convert_traces import main
+
+    src = _dump(tmp_path / "src", range(1, 26), 6)
+    assert main([str(src), str(tmp_path / TRACE_NAME / TRACE_FILE)]) == 2
+    assert "expert_weights_1..25.txt" in capsys.readouterr().err
+    assert not (tmp_path / TRACE_NAME / TRACE_FILE).exists()
+    src26 = _dump(tmp_path / "src26", range(1, 27), 6)
+    assert main([str(src26), str(tmp_path / TRACE_NAME / TRACE_FILE)]) == 0
+    assert load_esft(tmp_path).n_tokens == 4

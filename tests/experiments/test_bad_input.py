@@ -177,9 +177,9 @@ def test_bench_sim_unknown_planner(capsys):
     one_error(capsys, "nosuch", "flexgen")
 
 
-def _esft_dir(root: Path, layer_files: tuple[int, ...] = (1, 2)) -> Path:
+def _esft_dir(root: Path, layer_files: tuple[int, ...] = tuple(range(1, 27))) -> Path:
     (root / "law").mkdir(parents=True)
-    line = "\t".join(["1"] * 6) + "\t\t" + "\t".join(["0.1"] * 6) + "\n"
+    line = "\t".join(map(str, range(6))) + "\t\t" + "\t".join(["0.1"] * 6) + "\n"
     for layer in layer_files:
         (root / "law" / f"expert_weights_{layer}.txt").write_text(line)
     return root
@@ -194,7 +194,8 @@ def test_convert_traces_bad_input(tmp_path, afile, capsys):
     (garbage / "law" / "expert_weights_0.txt").write_text("garbage line\n")
     assert convert_traces.main([str(garbage), str(tmp_path / "o.npz")]) == 2
     one_error(capsys, "garbage", "not an ESFT routing dump")
-    (garbage / "law" / "expert_weights_1.txt").write_text("garbage line\n")
+    for layer in range(1, 27):  # every layer the CLI requires, unparseable
+        (garbage / "law" / f"expert_weights_{layer}.txt").write_text("garbage line\n")
     (garbage / "law" / "expert_weights_0.txt").unlink()
     assert convert_traces.main([str(garbage), str(tmp_path / "o.npz")]) == 2
     one_error(capsys, "expert_weights_1.txt line 1", "not an ESFT routing dump")
@@ -208,7 +209,7 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
     assert convert_traces.main([str(good), str(tmp_path / "sub" / "o6")]) == 0
     written = tmp_path / "sub" / "o6.npz"
     assert capsys.readouterr().out.strip() == f"wrote {written}"
-    assert np.load(written)["expert_ids"].shape == (1, 2, 6)
+    assert np.load(written)["expert_ids"].shape == (1, 26, 6)
 
 
 @pytest.mark.parametrize(
