@@ -536,4 +536,13 @@ def fit_to_counts(
         12,
     )
     cfg = replace(base, skew=round(skew, 3), hot_share=round(hot_share, 3))
-    return SyntheticFit(cfg, want, measure(cfg))
+    got = measure(cfg)
+    target, reached = want["max_over_mean_median"], got["max_over_mean_median"]
+    if abs(reached - target) > 0.05 * target:  # _bisect clamped: no skew in [0, 3] reaches it
+        raise ConfigError(
+            f"counts' median max/mean {target:.2f} is out of the synthetic generator's reach at "
+            f"{e} experts, top-{top_k}, layer_corr={layer_corr}, reuse={reuse}, hot_experts="
+            f"{hot_experts} (closest: {reached:.2f} at skew {cfg.skew}); the transition tables "
+            "add skew of their own: lower layer_corr"
+        )
+    return SyntheticFit(cfg, want, got)

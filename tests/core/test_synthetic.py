@@ -220,3 +220,13 @@ def test_bad_hot_experts_is_one_line(kw, match) -> None:
     opposite of the ask); a negative count passed and a fractional one failed deep in numpy."""
     with pytest.raises(ConfigError, match=rf"workload.routing.{match}"):
         RoutingConfig(**kw)
+
+
+def test_fit_to_counts_refuses_a_target_out_of_reach(traces_dir: Path) -> None:
+    """Mixtral's top-2 counts (median max/mean 1.17) at layer_corr 0.82 (conf/workload/paper.yaml):
+    the 8-expert transition tables alone give ~1.7 at skew 0, so the bisection clamped to skew 0
+    and returned a fit 40% off its target without a word."""
+    with np.load(traces_dir / "olmoe-aggregates" / "olmoe_mixtral_counts.npz") as z:
+        counts = z["mixtral_counts_topk"]
+    with pytest.raises(ConfigError, match=r"1.17 is out of the synthetic generator's reach"):
+        fit_to_counts(counts, top_k=2, layer_corr=0.82, reuse=0.171)
