@@ -616,6 +616,17 @@ def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
     assert "closes 50%" in gap_line("c", 8, st, {"makespan_s": 0.0095}, {"makespan_s": 0.009})
 
 
+def test_gap_line_does_not_judge_a_gap_within_noise():
+    """An oracle 0.3% faster than ep_static (esft-g8 bs=8: 24.42 vs 24.34 ms) is no gap to
+    close: [n/a ], not a PASS for closing 100% of it; 1% and up is judged."""
+    st, orc = {"makespan_s": 0.02442}, {"makespan_s": 0.02434}
+    line = gap_line("c", 8, st, dict(orc), orc)
+    assert line.startswith("[n/a ]") and "0.33%" in line and "PASS" not in line
+    assert gap_line("c", 8, st, dict(orc), orc, verdict=False).startswith("[note]")
+    wide = {"makespan_s": 0.985 * 0.02442}
+    assert gap_line("c", 8, st, dict(wide), wide).startswith("[PASS]")
+
+
 def test_shared_lanes_share_the_gpus_sms_and_utilisation_reads_sm_time():
     """lane_sharing=shared: the lanes and the whole-GPU stream form one pool (share 1 each); an
     expert op's width is its GEMMs' 128 x 128 tiles (tiny: H 64, F 128, SwiGLU: the fused
