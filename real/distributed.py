@@ -444,7 +444,7 @@ class EPRank:
             f = None
             if forced is not None:
                 i = s.moe_index(layer)
-                f = (forced[0][:, :, i].reshape(b * n, -1), forced[1][:, :, i].reshape(b * n, -1))
+                f = (forced[0][:, :, i].flatten(0, 1), forced[1][:, :, i].flatten(0, 1))  # [T, k]
             hidden = self.moe(step, layer, hidden, f)
         logits = m.head(u[Unit(Tensor.HEAD)], hidden)  # [Br, V]; tensor: [B, Vr]
         if not self.tensor:

@@ -16,16 +16,33 @@ def main(ckpt: str, out: str) -> None:
     log: list[list] = []
     finish, moe = rd.EPRank.finish_moves, rd.EPRank.moe
 
+    post, inside = dist.batch_isend_irecv, [False]
+
+    class LoggedWork:  # a copy waited for outside `finish_moves` did not overlap anything
+        def __init__(self, work: dist.Work) -> None:
+            self.work = work
+
+        def wait(self) -> bool:
+            if not inside[0]:
+                log.append(["early wait"])
+            return self.work.wait()
+
+    def logged_post(ops: list[dist.P2POp]) -> list[LoggedWork]:
+        return [LoggedWork(w) for w in post(ops)]
+
     def logged_finish(self: rd.EPRank, layer: int) -> None:
         if layer in self.pending:
             log.append(["wait", layer, sorted(self.pending)])
+        inside[0] = True
         finish(self, layer)
+        inside[0] = False
 
     def logged_moe(self: rd.EPRank, step: int, layer: int, *args):  # type: ignore[no-untyped-def]
         log.append(["moe", step, layer])
         return moe(self, step, layer, *args)
 
     rd.EPRank.finish_moves, rd.EPRank.moe = logged_finish, logged_moe  # type: ignore[method-assign]
+    dist.batch_isend_irecv = logged_post  # type: ignore[assignment]
     dist.init_process_group("gloo")
     spec = load_checkpoint(ckpt)[0]
     e, g, gen = spec.n_experts, dist.get_world_size(), 3
