@@ -137,6 +137,29 @@ def init_group(device: str) -> None:
         dist.init_process_group(backend_for(device))
 
 
+def shared_live_routing(ckpt: str, prompts: torch.Tensor, gen_len: int) -> tuple[Routing, int]:
+    """The routing the reference forward chooses, computed on rank 0 and broadcast, and how many
+    ranks computed it. A failure on rank 0 fails every rank with its line (none waits)."""
+    box: list[Any] = [None]
+    mine = dist.get_rank() == 0
+    error: BaseException | None = None
+    if mine:
+        try:
+            box = [live_routing(ckpt, prompts, gen_len)]
+        except Exception as e:  # sent as a line; rank 0 raises the original below
+            box, error = [f"routing=live: rank 0 could not run the reference forward: {e}"], e
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if isinstance(box[0], str):
+        raise MoepipeError(box[0])
+    count = torch.tensor([int(mine)])
+    if dist.get_backend() == "nccl":
+        count = count.cuda()
+    dist.all_reduce(count)
+    return box[0], int(count.item())
+
+
 def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     """Plan and run on this rank; rank 0 writes the outputs and returns the summary."""
     if not opts["checkpoint"]:
@@ -191,15 +214,22 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     )
     prompts = prompts_for(model, workload)
     ckpt = opts["checkpoint"]
+    computed_by = 0  # ranks that ran the live routing's reference forward: 1 (rank 0)
     if opts["routing"] == "live":
-        routing, forced = live_routing(ckpt, prompts, workload.gen_len), None
+        # the reference forward loads the whole model: rank 0 runs it and sends the routing (on
+        # every rank, G processes on one node held G copies of the model)
+        init_group(device)
+        try:
+            routing, computed_by = shared_live_routing(ckpt, prompts, workload.gen_len)
+            forced = None
+            placement, ep_meta = plan_placement(spec, routing)
+        except BaseException:
+            dist.destroy_process_group()
+            raise
     else:
         routing = forced = load_routing(model, workload)
-    placement, ep_meta = plan_placement(
-        spec, routing
-    )  # bad input fails here, before any rank waits
-
-    init_group(device)
+        placement, ep_meta = plan_placement(spec, routing)  # bad input fails before any wait
+        init_group(device)
     try:
         dist.barrier()
         t0 = time.perf_counter()
@@ -226,7 +256,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
         world_size=world, backend=backend, device=device, dense=dense, dispatch=opts["dispatch"],
         dispatcher="all_to_all_single" if dense == "data" else "all_reduce",
-        routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
+        routing=opts["routing"], live_routing_computed_by=computed_by, batch_size=workload.batch_size, prompt_len=workload.prompt_len,
         gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,
         ranks=[asdict(s) for s in out.stats],
     )  # fmt: skip

@@ -101,6 +101,8 @@ def test_ep_static_two_ranks_match_reference(mixtral_tiny, tmp_path, routing):
     summary = torchrun(mixtral_tiny, tmp_path, "planner=ep_static", f"routing={routing}")
     assert (summary["world_size"], summary["backend"]) == (2, "gloo")
     check(mixtral_tiny, tmp_path, summary, routing)
+    # live: one rank ran the reference forward (the whole model) and sent its routing
+    assert summary["live_routing_computed_by"] == (1 if routing == "live" else 0)
     for r in summary["ranks"]:  # round-robin homes: rank r holds the experts e with e % 2 == r
         assert all(held == list(range(r["rank"], 8, 2)) for held in r["experts_held"].values())
     if routing == "replay":  # the same token split the simulator's expert ops carry
