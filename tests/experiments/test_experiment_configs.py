@@ -110,7 +110,7 @@ def test_replication_reuses_a_run_only_with_the_same_training_files(tmp_path):
     cfg = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml")
     case = dict(model="deepseek-v2-lite", routing="esft_heldout", n_devices=8, lanes=False,
                 batch_sizes=[8], prompt_len=8, n_batches=2,
-                variants={"eplb[slots=1]": {"planner": "eplb", "params": {"replica_slots": 1}}})  # fmt: skip
+                variants={"eplb[balanced]": {"planner": "eplb", "params": {"dispatch": "balanced"}}})  # fmt: skip
     cfg.merge_with(dict(out_dir=str(tmp_path), trace_dir=str(SHARED_TRACES), variants={},
                         targets_cases=["esft-g8"]))  # fmt: skip
     cfg.cases = {"esft-g8": case}
@@ -121,8 +121,9 @@ def test_replication_reuses_a_run_only_with_the_same_training_files(tmp_path):
     cfg.split = "validation"
     replication.run(cfg)
     assert "validation" in summary("eplb")["routing"]
-    assert summary("eplb[slots=1]")["plan"]["ep"]["replica_slots"] == 1
-    assert summary("eplb[slots=1]")["variant_of"] == "eplb"
+    assert summary("eplb")["plan"]["ep"]["dispatch"] == "even"  # the experiment's dispatch
+    assert summary("eplb[balanced]")["plan"]["ep"]["dispatch"] == "balanced"
+    assert summary("eplb[balanced]")["variant_of"] == "eplb"
     cfg.split = "fold1"
     replication.run(cfg)
     assert "fold1" in summary("eplb")["routing"]
