@@ -122,7 +122,8 @@ def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
 
 def test_the_mean_gap_closed_skips_folds_without_a_gap():
     """A fold where the oracle is not faster than ep_static, or faster by under 1% (noise), has
-    no gap to judge: the mean and the verdict are over the folds that have one (not nan)."""
+    no share to average: the mean is over the folds that have one (not nan). A noise gap is not
+    judged; no gap at all is, and fails, as the report's gap_line says of the same fold."""
     no_gap = [row("ep_static", 0.79, 66.0), row("eplb", 0.97, 68.0),
               row("oracle_replication", 0.99, 66.0), row("predictive_replication", 0.97, 67.0)]  # fmt: skip
     noise = [row("ep_static", 0.79, 66.0), row("eplb", 0.97, 68.0),
@@ -131,10 +132,18 @@ def test_the_mean_gap_closed_skips_folds_without_a_gap():
     mean = next(ln for ln in lines if ln.startswith("mean"))
     assert "75%" in mean and "over the 1 with a gap >= 1%" in mean
     verdict = next(ln for ln in lines if "closes >= 50%" in ln)
-    assert verdict.startswith("[PASS] esft-g8: predictive closes >= 50% of the gap on 1 of the 1 ")
-    assert "(2 under it, noise)" in verdict
-    lines = cv_lines({"fold1": no_gap, "fold2": noise})
+    assert verdict.startswith("[FAIL] esft-g8: predictive closes >= 50% of the gap on 1 of the 2 ")
+    assert "(1 under it, noise;" in verdict
+    lines = cv_lines({"test": fold(0.968, 68.0), "fold2": noise})
+    assert next(ln for ln in lines if "closes >= 50%" in ln).startswith(
+        "[PASS] esft-g8: predictive closes >= 50% of the gap on 1 of the 1 "
+    )
+    lines = cv_lines({"fold2": noise})
     assert next(ln for ln in lines if "closes >= 50%" in ln).startswith("[n/a ]")
+    st, _, orc, pr = no_gap  # the report's line of the same fold
+    assert replication.gap_line("esft-g8", 128, st, pr, orc).startswith(
+        "[FAIL] esft-g8 bs=128: no gap"
+    )
 
 
 def test_other_stream_orders_run_beside_the_config_seed(tmp_path):
