@@ -642,9 +642,18 @@ def gap_line(
                 f"faster than ep_static {times}: a gap under {NOISE_GAP:.0%} is noise, not judged; "
                 f"{who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than ep_static")  # fmt: skip
     closed = (st["makespan_s"] - pr["makespan_s"]) / gap
-    shown = f"{closed:.0%}" if closed >= 0.5 or f"{closed:.0%}" != "50%" else f"{closed:.2%}"
+    # a share just under half must not print as "50%" beside a FAIL
+    shown = f"{closed:.0%}"
+    if closed < 0.5 and shown == "50%":
+        shown = f"{closed:.2%}" if f"{closed:.2%}" != "50.00%" else "49.99%"  # under 49.995%
     return (f"[{tag(closed >= 0.5)}] {case} bs={bs}{seen}: {who} closes {shown} of "
             f"the ep_static -> oracle makespan gap {times}; target >= 50%")  # fmt: skip
+
+
+def digits_apart(a: float, b: float) -> int:
+    """Decimals that print `a` and `b` apart (at least 4), so a verdict on a < b never stands
+    beside equal figures; 4 where they are equal."""
+    return next((k for k in range(4, 17) if f"{a:.{k}f}" != f"{b:.{k}f}"), 4)
 
 
 def fresh_batch(case: Any, split_tokens: int) -> int | None:
@@ -683,7 +692,7 @@ def targets(
                 revisits = case in fresh and bs != fresh[case]  # held-out ESFT, wrapped
                 seen = " (revisits held-out tokens)" if revisits else ""
                 ok = pr["balancedness"] >= ep["balancedness"]
-                d = 4 if f"{pr['balancedness']:.4f}" != f"{ep['balancedness']:.4f}" else 6
+                d = digits_apart(pr["balancedness"], ep["balancedness"])
                 bal = (f"{case} bs={bs}{seen}: {name} balancedness {pr['balancedness']:.{d}f} "
                        f"{'>=' if ok else '<'} eplb {ep['balancedness']:.{d}f}")  # fmt: skip
                 gap = gap_line(case, bs, st, pr, orc, name, seen, verdict=bs == judged)

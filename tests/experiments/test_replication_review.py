@@ -80,7 +80,13 @@ def test_a_verdict_never_contradicts_its_rounded_figure():
                              ("oracle_replication", 0.96, 0.008),
                              ("predictive_replication", 0.94771, 0.0085))]  # fmt: skip
     bal = next(ln for ln in targets(rows, ["c"]) if "balancedness" in ln)
-    assert bal.startswith("[FAIL]") and "0.947710 < eplb 0.947740" in bal
+    assert bal.startswith("[FAIL]") and "0.94771 < eplb 0.94774" in bal
+    # closer still: as many decimals as set them apart, and a share a hair under half
+    rows[3]["balancedness"] = 0.94774 - 3e-9
+    bal = next(ln for ln in targets(rows, ["c"]) if "balancedness" in ln)
+    assert bal.startswith("[FAIL]") and "0.947739997 < eplb 0.947740000" in bal
+    line = gap_line("c", 8, st, {"makespan_s": 0.010 - 0.499999 * 0.002}, orc)
+    assert line.startswith("[FAIL]") and "closes 49.99%" in line
 
 
 @pytest.mark.parametrize("where", ["planners", "variant"])
