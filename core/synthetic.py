@@ -542,7 +542,11 @@ def fit_to_counts(
         raise ConfigError(
             f"counts' median max/mean {target:.2f} is out of the synthetic generator's reach at "
             f"{e} experts, top-{top_k}, layer_corr={layer_corr}, reuse={reuse}, hot_experts="
-            f"{hot_experts} (closest: {reached:.2f} at skew {cfg.skew}); the transition tables "
-            "add skew of their own: lower layer_corr"
+            f"{hot_experts} (closest: {reached:.2f} at skew {cfg.skew}); "
+            + (
+                "the transition tables add skew of their own: lower layer_corr"
+                if reached > target
+                else "skew 3 is the fit's ceiling: set hot_experts for a few experts this hot"
+            )
         )
     return SyntheticFit(cfg, want, got)

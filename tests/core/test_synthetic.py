@@ -230,3 +230,15 @@ def test_fit_to_counts_refuses_a_target_out_of_reach(traces_dir: Path) -> None:
         counts = z["mixtral_counts_topk"]
     with pytest.raises(ConfigError, match=r"1.17 is out of the synthetic generator's reach"):
         fit_to_counts(counts, top_k=2, layer_corr=0.82, reuse=0.171)
+
+
+def test_fit_to_counts_says_which_way_a_target_is_out_of_reach() -> None:
+    """One expert holding nearly every token (median max/mean 60 at 64 experts) is past what
+    skew 3, the bisection's ceiling, gives: the advice is the hot experts (which then fit it),
+    not the lower layer_corr that helps a target below the tables' own skew."""
+    counts = np.ones((4, 64))
+    counts[:, 0] = 1000
+    with pytest.raises(ConfigError, match=r"ceiling: set hot_experts") as err:
+        fit_to_counts(counts, top_k=1, layer_corr=0.0, reuse=0.0)
+    assert "lower layer_corr" not in str(err.value)
+    fit_to_counts(counts, top_k=1, layer_corr=0.0, reuse=0.0, hot_experts=1)
