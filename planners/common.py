@@ -264,12 +264,16 @@ class Emitter:
         )  # fmt: skip
 
 
-def standard_placement(ctx: PlanContext, kv_sequences: int, layers_in_flight: int) -> Placement:
-    """Greedy placement with GPU room for `layers_in_flight` streamed layers and KV buffers."""
+def standard_placement(
+    ctx: PlanContext, kv_sequences: int, layers_in_flight: int, act_sequences: int | None = None
+) -> Placement:
+    """Greedy placement with GPU room for `layers_in_flight` streamed layers and KV buffers, and
+    activations of `act_sequences` sequences (those live at once; default `kv_sequences`)."""
     m, wl = ctx.model, ctx.workload
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
-    act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
+    live = kv_sequences if act_sequences is None else act_sequences
+    act = 3 * live * wl.prompt_len * m.hidden_size * m.dtype_bytes
     # Experts on disk pass through CPU memory on their way to the GPU: reserve room for one (what
     # progress needs); any CPU memory the placement leaves free serves as read-ahead on top.
     return staged_placement(

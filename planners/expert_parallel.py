@@ -736,21 +736,25 @@ class EPRunner:
         cap = hw.memory_bytes[Tier.GPU]  # one GPU's
         gpus = 1 if lay.lanes else lay.n_devices
         # The schedule's gpu tier is the G GPUs together: each holds its copy of the dense
-        # weights, its share of the experts, its replica slots and its sequences' KV (every
-        # batch's: an expert-parallel run keeps them all); checked per GPU below
+        # weights, its share of the experts, its replica slots, its sequences' KV (every
+        # batch's: an expert-parallel run keeps them all) and activations (one batch's: batches
+        # run one after another); checked per GPU below
         both = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: gpus * cap})
         b.capacity_bytes[Tier.GPU] = gpus * cap
         self.em = Emitter(
             self.ctx,
             b,
             standard_placement(
-                replace(self.ctx, hardware=both), kv_sequences=wl.n_sequences, layers_in_flight=0
+                replace(self.ctx, hardware=both), kv_sequences=wl.n_sequences,
+                layers_in_flight=0, act_sequences=wl.batch_size,
             ),
-        )
+        )  # fmt: skip
         expert_layer = len(m.moe_layers) * m.expert_bytes  # one expert slot on every MoE layer
         experts = m.n_experts * expert_layer
         dense_w = m.total_bytes - experts
-        kv = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts)  # the placement's KV
+        p = self.em.placement
+        kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
+        act = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts - kv)  # one batch's
         tp = lay.dense == "tensor" and not lay.lanes
         dense_gpu = self.dense_share(gpus) if tp else dense_w  # one GPU's dense weights
         # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
@@ -760,7 +764,8 @@ class EPRunner:
             if tp
             else -(-wl.batch_size // gpus) / wl.batch_size
         )
-        held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share
+        act_share = 1 if tp else -(-wl.batch_size // gpus) / wl.batch_size  # TP: every token
+        held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share + act * act_share
         if any(t != Tier.GPU for t in self.em.placement.experts) or held > cap:
             raise CapacityError(
                 f"expert parallelism keeps every expert resident, but {m.name}'s experts "

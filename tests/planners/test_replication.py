@@ -337,7 +337,7 @@ def test_memory_is_checked_per_gpu():
 
 def test_per_gpu_memory_of_tensor_parallel_dense_work_and_of_every_batch():
     """DeepSeek-V2-Lite on 8 GPUs of 5 GB. Data-parallel dense work puts 2.6 GB of dense weights
-    on every GPU; with its 16 experts a layer a GPU (3.6 GB) nothing is left for replicas, and the
+    on every GPU; with its 8 experts a layer a GPU (3.6 GB) nothing is left for replicas, and the
     line says the model does not fit (it said to lower replica_slots=0). Tensor-parallel dense
     work holds 1/8 of the heads, FFN columns and vocabulary, so replicas fit there. An
     expert-parallel run keeps every batch's KV: more batches of long prompts do not fit."""
@@ -351,10 +351,10 @@ def test_per_gpu_memory_of_tensor_parallel_dense_work_and_of_every_batch():
     tp = {"n_devices": 8, "dense": "tensor", "replica_slots": 1}
     assert simulate_run(RunSpec(m, hw, wl, "eplb", tp)).summary["makespan_s"] > 0
     # MLA's latent cache is whole on every GPU under tensor parallelism: 0.26 GB a batch here
-    long, tp0 = wl.with_(batch_size=16, prompt_len=512), {**tp, "replica_slots": 0}
+    long, tp0 = wl.with_(batch_size=16, prompt_len=512, n_batches=2), {**tp, "replica_slots": 0}
     simulate_run(RunSpec(m, hw, long, "eplb", tp0))
     with pytest.raises(CapacityError, match="do not fit 8 GPU"):
-        simulate_run(RunSpec(m, hw, long.with_(n_batches=2), "eplb", tp0))
+        simulate_run(RunSpec(m, hw, long.with_(n_batches=3), "eplb", tp0))
 
 
 @pytest.mark.parametrize(
@@ -1485,3 +1485,22 @@ def test_pool_ops_of_one_expert_each_equal_the_scalar_cost():
                      cost.cap(Resource.GPU, f, m.expert_bytes, width)))  # fmt: skip
     assert min(c for *_, c in want) < 0.5 < max(c for *_, c in want)
     assert timer.pool_ops(tokens) == want
+
+
+def test_expert_parallel_memory_holds_one_batchs_activations_and_every_batchs_kv():
+    """Mixtral-8x7B on 8 H200s, batches of 8 x 256 tokens: a second batch adds its KV, 8 x 257
+    tokens x 4 KiB x 32 layers = 269.5 MB, and no activations: batches run one after another,
+    so one batch's hidden states are live (each batch's 50 MB was counted as its KV)."""
+    hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
+    m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/mixtral-8x7b.yaml").read_text()))
+    wl = Workload(batch_size=8, n_batches=1, prompt_len=256, gen_len=1,
+                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+
+    def resident_gb(n_batches: int) -> float:
+        s = simulate_run(
+            RunSpec(m, hw, wl.with_(n_batches=n_batches), "ep_static", {"n_devices": 8})
+        )
+        return s.summary["plan"]["placement"]["resident_gb"]["gpu"]
+
+    kv_batch = 8 * 257 * m.kv_bytes_per_token * m.n_layers / 1e9
+    assert resident_gb(2) - resident_gb(1) == pytest.approx(kv_batch, abs=2e-3)
