@@ -5,12 +5,13 @@ Every mistake becomes a `ConfigError` naming the field.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload, hf_config_file
+from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.pipeline import RunSpec
 
 EXECUTORS = ("sim", "real")
@@ -39,8 +40,11 @@ def run_model_name(*, _root_: DictConfig) -> str:
     path = _root_.checkpoint if real else _root_.model.get("hf_config")
     if not path:
         return name
-    # resolved: checkpoint=. names the folder it is; a missing folder fails the run later
-    return hf_config_file(str(path)).resolve().parent.name or name
+    # resolved: checkpoint=. names the folder it is; a missing folder (hf_config_file hands it
+    # back as it is) names itself, and fails the run later
+    given = Path(str(path))
+    folder = given.parent if given.is_file() or given.suffix == ".json" else given
+    return folder.resolve().name or name
 
 
 OmegaConf.register_new_resolver("run_model", run_model_name, replace=True)

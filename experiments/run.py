@@ -26,14 +26,14 @@ from core.spec import hf_config_file
 from experiments.callbacks import FAILED
 from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir, until_interrupted
 from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
-from experiments.resolve import run_spec
+from experiments.resolve import run_model_name, run_spec
 
 log = logging.getLogger(__name__)
 
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg)
+    config_yaml = config_text(cfg)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
@@ -59,6 +59,12 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it ran with
+
+
+def config_text(cfg: DictConfig) -> str:
+    """What a run dir's config.yaml holds, finished or infeasible: the resolved config and the
+    version of the model files it reads."""
+    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg)
 
 
 def model_files_line(cfg: DictConfig) -> str:
@@ -118,8 +124,9 @@ def main(cfg: DictConfig) -> None:
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
         log.warning("infeasible: %s", e)
-        stamp(out_dir, OmegaConf.to_yaml(cfg, resolve=True))
-        atomic_write_json(out_dir / "summary.json", {"status": "infeasible", "error": str(e)})
+        stamp(out_dir, config_text(cfg))
+        infeasible = {"status": "infeasible", "error": str(e), "model": run_model_name(_root_=cfg)}
+        atomic_write_json(out_dir / "summary.json", infeasible)
     except MoepipeError as e:
         if hc.mode != RunMode.MULTIRUN:
             print(f"error: {e}", file=sys.stderr)

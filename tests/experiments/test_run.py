@@ -293,6 +293,8 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
             ([f"checkpoint={ckpt}"], "mixtral-8x7b"),  # a sim run does not read it
             ([f"+model.hf_config={ckpt / 'config.json'}"], "my-ckpt"),
             ([], "mixtral-8x7b"),
+            # a missing folder names itself (it named its parent); the run then fails on it
+            (["executor=real", f"checkpoint={tmp_path / 'no-such'}/"], "no-such"),
         ]:
             cfg = compose("config", overrides, return_hydra_config=True)
             cfg.hydra.job.num = 0  # a sweep sets it

@@ -4,6 +4,7 @@ bad report requests. One sweep (two tiny runs) is shared by the module's tests."
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -243,3 +244,30 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
         os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
     assert finished_runs(tmp_path, start) == (3, 1)
     assert finished_runs(tmp_path / "absent", start) == (0, 0)
+
+
+def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_path: Path) -> None:
+    """An infeasible point records what a finished one does: its config.yaml carries the model
+    files' version (it lacked it, so every rerun found 'another config' and ran it again) and
+    its summary names the model it ran, `model.hf_config`'s folder (collect filed it under
+    model='s group, a panel of its own)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps(dict(
+        model_type="mixtral", vocab_size=256, torch_dtype="bfloat16", hidden_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, intermediate_size=128, head_dim=16,
+    )))  # fmt: skip
+    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "hardware=tiny",
+           "workload=tiny", f"+model.hf_config={ck}", "planner=sequential",
+           "hardware.memory_gb.gpu=0.00001,1.0", f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0 and "infeasible" in first.stderr, first.stderr[-3000:]
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "running again" not in again.stderr and "(2 already finished, reused)" in again.stderr
+    d = tmp_path / "s"
+    rows, _ = collect(d)
+    by_gpu = {float(r["hardware.memory_gb.gpu"]): r for r in rows.to_dict("records")}
+    assert by_gpu[0.00001]["status"] == "infeasible" and by_gpu[0.00001]["model.name"] == "ck"
+    assert by_gpu[1.0]["status"] == "ok" and by_gpu[1.0]["model.name"] == "ck"
