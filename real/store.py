@@ -161,8 +161,13 @@ def _convert(
     (out / MANIFEST).unlink(
         missing_ok=True
     )  # never a manifest beside a data file it does not describe
+    # fixed temporary names, safe under the lock: a conversion that died (Ctrl-C, a full disk)
+    # left its data file behind, which this one truncates; older pid-named ones go too
+    for name in (DATA_FILE, MANIFEST):
+        for old in out.glob(f"{name}.*.tmp"):
+            old.unlink(missing_ok=True)
     records, pos = [], 0
-    tmp = out / f"{DATA_FILE}.{os.getpid()}.tmp"
+    tmp = out / f"{DATA_FILE}.tmp"
     with open(tmp, "wb") as f:
         for unit, tensors in layout.items():
             entries, size = [], 0
@@ -199,7 +204,7 @@ def _convert(
         "data_bytes": pos,
         "units": records,
     }
-    tmp_manifest = out / f"{MANIFEST}.{os.getpid()}.tmp"
+    tmp_manifest = out / f"{MANIFEST}.tmp"
     tmp_manifest.write_text(json.dumps(manifest))
     os.replace(tmp_manifest, out / MANIFEST)  # atomic: a manifest is whole or absent
     log.info(

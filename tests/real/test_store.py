@@ -41,6 +41,24 @@ def test_offload_layout_is_aligned_and_reused(store, mixtral_tiny, tmp_path):
     assert data.stat().st_mtime_ns == mtime  # converted once
 
 
+def test_an_interrupted_conversion_leaves_no_copy_behind(mixtral_tiny, tmp_path, monkeypatch):
+    """Ctrl-C as the data file is put in place: the next conversion, in another process as it
+    would be, leaves one data file and no temporary copy (pid-named ones stayed for good)."""
+    out = tmp_path / "off"
+    real_replace = os.replace
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_offload(mixtral_tiny, out)
+    (out / f"{DATA_FILE}.4242.tmp").write_bytes(b"an older version's leftover")
+    monkeypatch.setattr(os, "replace", real_replace)
+    build_offload(mixtral_tiny, out)
+    assert not list(out.glob("*.tmp")) and (out / DATA_FILE).exists()
+
+
 def _convert_at(barrier, ckpt, out, q) -> None:
     barrier.wait()
     try:
