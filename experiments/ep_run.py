@@ -137,9 +137,9 @@ def init_group(device: str) -> None:
         dist.init_process_group(backend_for(device))
 
 
-def shared_live_routing(ckpt: str, prompts: torch.Tensor, gen_len: int) -> tuple[Routing, int]:
-    """The routing the reference forward chooses, computed on rank 0 and broadcast, and how many
-    ranks computed it. A failure on rank 0 fails every rank with its line (none waits)."""
+def shared_live_routing(ckpt: str, prompts: torch.Tensor, gen_len: int) -> Routing:
+    """The routing the reference forward chooses, computed on rank 0 and broadcast. A failure on
+    rank 0 fails every rank with its line (none waits)."""
     box: list[Any] = [None]
     mine = dist.get_rank() == 0
     error: BaseException | None = None
@@ -153,11 +153,7 @@ def shared_live_routing(ckpt: str, prompts: torch.Tensor, gen_len: int) -> tuple
         raise error
     if isinstance(box[0], str):
         raise MoepipeError(box[0])
-    count = torch.tensor([int(mine)])
-    if dist.get_backend() == "nccl":
-        count = count.cuda()
-    dist.all_reduce(count)
-    return box[0], int(count.item())
+    return box[0]
 
 
 def run(opts: dict[str, Any]) -> dict[str, Any] | None:
@@ -214,13 +210,12 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     )
     prompts = prompts_for(model, workload)
     ckpt = opts["checkpoint"]
-    computed_by = 0  # ranks that ran the live routing's reference forward: 1 (rank 0)
     if opts["routing"] == "live":
         # the reference forward loads the whole model: rank 0 runs it and sends the routing (on
         # every rank, G processes on one node held G copies of the model)
         init_group(device)
         try:
-            routing, computed_by = shared_live_routing(ckpt, prompts, workload.gen_len)
+            routing = shared_live_routing(ckpt, prompts, workload.gen_len)
             forced = None
             placement, ep_meta = plan_placement(spec, routing)
         except BaseException:
@@ -256,7 +251,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
         world_size=world, backend=backend, device=device, dense=dense, dispatch=opts["dispatch"],
         dispatcher="all_to_all_single" if dense == "data" else "all_reduce",
-        routing=opts["routing"], live_routing_computed_by=computed_by, batch_size=workload.batch_size, prompt_len=workload.prompt_len,
+        routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
         gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,
         ranks=[asdict(s) for s in out.stats],
     )  # fmt: skip

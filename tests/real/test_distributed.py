@@ -57,11 +57,14 @@ def free_port() -> int:
 
 
 def torchrun(ckpt: Path, out: Path, *args: str, nproc: int = 2) -> dict:
-    """`torchrun --nproc_per_node=2 -m experiments.ep_run ...`; returns rank 0's summary."""
+    """`torchrun --nproc_per_node=2 -m experiments.ep_run ...` (through tests/real/live_probe.py,
+    which marks the ranks that run a live routing's reference forward); returns rank 0's
+    summary."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", "-m", "experiments.ep_run", f"checkpoint={ckpt}",
-           "batch_size=2", "prompt_len=8", "gen_len=3", f"out={out}", *args]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+           f"--master_port={free_port()}", str(ROOT / "tests" / "real" / "live_probe.py"),
+           f"checkpoint={ckpt}", "batch_size=2", "prompt_len=8", "gen_len=3", f"out={out}",
+           *args]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
@@ -102,7 +105,8 @@ def test_ep_static_two_ranks_match_reference(mixtral_tiny, tmp_path, routing):
     assert (summary["world_size"], summary["backend"]) == (2, "gloo")
     check(mixtral_tiny, tmp_path, summary, routing)
     # live: one rank ran the reference forward (the whole model) and sent its routing
-    assert summary["live_routing_computed_by"] == (1 if routing == "live" else 0)
+    ran = sorted(p.name for p in tmp_path.glob("live_routing.*"))
+    assert ran == (["live_routing.0"] if routing == "live" else [])
     for r in summary["ranks"]:  # round-robin homes: rank r holds the experts e with e % 2 == r
         assert all(held == list(range(r["rank"], 8, 2)) for held in r["experts_held"].values())
     if routing == "replay":  # the same token split the simulator's expert ops carry
