@@ -367,7 +367,8 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             cfg["intermediate_size"] = spec.dense_ffn_size
         return cfg
     if fam == "switch_transformers":
-        step = 1 if moe and moe[0] == 0 else (2 if len(moe) < 2 else moe[1] - moe[0])
+        # one sparse block 1 is every (n - 1)-th block; otherwise the gap between the first two
+        step = 1 if moe and moe[0] == 0 else (max(2, n - 1) if len(moe) < 2 else moe[1] - moe[0])
         need(
             moe == [i for i in range(n) if step == 1 or i % step == 1],
             f"moe_layers {moe} (transformers' sparse blocks: i % encoder_sparse_step == 1)",

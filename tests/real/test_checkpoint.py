@@ -281,3 +281,5 @@ def test_switch_sparse_blocks_round_trip_through_config_json(step):
     assert hf_config_to_spec(spec_to_hf_config(spec), "s").moe_layers == moe
     with pytest.raises(ConfigError, match="cannot express moe_layers"):
         spec_to_hf_config(dataclasses.replace(spec, moe_layers=(3, 7, 11)))
+    one = dataclasses.replace(spec, moe_layers=(1,))  # step 11 says it (step 2 was refused)
+    assert hf_config_to_spec(spec_to_hf_config(one), "s").moe_layers == (1,)
