@@ -183,11 +183,12 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         judged = [c for c in per if not c[7]]
         k = sum(c[5] >= 0.5 for c in judged)
         ok = "n/a " if not judged else "PASS" if k == len(judged) else "FAIL"
+        none = sum(np.isnan(c[5]) for c in judged)  # the oracle not faster: closes nothing
         lines.append(
             f"[{ok}] {case}: predictive closes >= 50% of the gap on {k} of the "
             f"{len(judged)} {what_runs} whose gap is not under {replication.NOISE_GAP:.0%} of "
-            f"ep_static's makespan ({len(per) - len(judged)} under it, noise; one with no gap, "
-            f"the oracle not faster, closes none)"
+            f"ep_static's makespan ({len(per) - len(judged)} under it, noise"
+            + (f"; {none} with no gap, the oracle not faster, close none)" if none else ")")
         )
     return lines
 

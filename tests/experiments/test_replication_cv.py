@@ -133,7 +133,7 @@ def test_the_mean_gap_closed_skips_folds_without_a_gap():
     assert "75%" in mean and "over the 1 with a gap >= 1%" in mean
     verdict = next(ln for ln in lines if "closes >= 50%" in ln)
     assert verdict.startswith("[FAIL] esft-g8: predictive closes >= 50% of the gap on 1 of the 2 ")
-    assert "(1 under it, noise;" in verdict
+    assert "(1 under it, noise; 1 with no gap, the oracle not faster, close none)" in verdict
     lines = cv_lines({"test": fold(0.968, 68.0), "fold2": noise})
     assert next(ln for ln in lines if "closes >= 50%" in ln).startswith(
         "[PASS] esft-g8: predictive closes >= 50% of the gap on 1 of the 1 "
