@@ -201,6 +201,16 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"resident {t} memory {schedule.resident_bytes[t] / 1e9:.3g} GB exceeds the "
                 f"{t} capacity {schedule.capacity_bytes[t] / 1e9:.3g} GB"
             )
+    pools: dict[str, set[str]] = {}  # resource -> the pools of its streams ("" for none)
+    for spec in streams.values():
+        pools.setdefault(spec.resource_id, set()).add(spec.pool)
+    mixed = next((r for r, p in pools.items() if len(p) > 1), None)
+    if mixed:
+        raise ScheduleError(
+            f"resource {mixed}: streams {sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
+            f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
+            "on the same SMs): put every stream of one GPU in one pool, or none"
+        )
     ops = schedule.ops
     for i, op in enumerate(ops):
         if op.id != i:

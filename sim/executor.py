@@ -43,16 +43,18 @@ class _Pool:
     are granted in arrival order, each as soon as it fits (a smaller later one may pass a larger
     earlier one, as in `core.schedule.validate`'s check)."""
 
-    __slots__ = ("free", "waiting")
+    __slots__ = ("free", "room", "waiting")
 
     def __init__(self, free: int) -> None:
-        self.free = free
+        self.free = self.room = free  # room: the tier's bytes beside its resident ones
         self.waiting: deque[tuple[int, simpy.Event]] = deque()
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int) -> bool:
+        """Give back `nbytes`; False if that frees more than the ops hold (a double free,
+        which would let later ops over-commit the tier)."""
         self.free += nbytes
-        if not self.waiting:
-            return
+        if self.free > self.room:
+            return False
         still: deque[tuple[int, simpy.Event]] = deque()
         for amount, ev in self.waiting:
             if amount <= self.free:
@@ -61,6 +63,7 @@ class _Pool:
             else:
                 still.append((amount, ev))
         self.waiting = still
+        return True
 
 
 class _Fluid:
@@ -213,8 +216,12 @@ def simulate(
                     lock.queue.popleft().succeed()
                 else:
                     lock.busy = False
-            if f_bytes:
-                pools[f_tier].release(f_bytes)
+            if f_bytes and not pools[f_tier].release(f_bytes):
+                raise ScheduleError(
+                    f"op {op_id} ({schedule.ops[op_id].kind}) frees {f_bytes} B of "
+                    f"{_TIERS[f_tier]}, more than the ops before it hold: each free must match "
+                    "an allocation still held"
+                )
             done[op_id] = 1
             ev = waiters[op_id]
             if ev is not None:

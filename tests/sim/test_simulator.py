@@ -124,6 +124,38 @@ def test_memory_deadlock_names_the_stuck_ops():
         simulate(b.build(), CostModel(h))
 
 
+def test_a_double_free_is_an_error_not_free_memory():
+    """Load A takes the whole 1 GB GPU and is freed twice: the second free would hand later
+    loads 1 GB the GPU does not have (two 1 GB loads held at once, peak_bytes none the wiser).
+    The simulator, which runs without the zero-time check, names the op."""
+    h = hw(gpu_gb=1.0)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("mem", Resource.NONE)
+    a = load(b, "w", GB, alloc=True)
+    f1 = b.add(OpKind.FREE, "mem", (a,), free_tier=Tier.GPU, free_bytes=GB)
+    f2 = b.add(OpKind.FREE, "mem", (f1,), free_tier=Tier.GPU, free_bytes=GB)
+    x = load(b, "w", GB, deps=(f2,), alloc=True)
+    load(b, "w", GB, deps=(x,), alloc=True)
+    s = b.build()
+    validate(s, check_finishes=False)
+    with pytest.raises(ScheduleError, match=r"op 2 \(free\) frees 1000000000 B of gpu, more than"):
+        simulate(s, CostModel(h))
+
+
+def test_streams_of_one_gpu_are_all_in_its_pool_or_none():
+    """A stream outside the pool on the pool's GPU would run beside the pool's ops on the same
+    SMs (2 s of work in 1 s, a negative bubble): refused."""
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("lane", Resource.GPU, pool="sms")
+    b.stream("other", Resource.GPU)
+    b.add(OpKind.FFN, "lane", (), flops=1e12)
+    b.add(OpKind.FFN, "other", (), flops=1e12)
+    with pytest.raises(ScheduleError, match=r"resource gpu: streams \['lane', 'other'\] mix pools"):
+        validate(b.build())
+
+
 def test_same_schedule_same_times():
     h = hw(latency_us=3)
     b = ScheduleBuilder(h.memory_bytes)
