@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from core.args import output_dir
+from core.errors import MoepipeError
 from core.routing import peek_suffix
 
 RESULTS = "results"
@@ -117,18 +120,29 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
 
 
 def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out_dir, "--out")  # one line for a folder that cannot be made
     clean = df.copy()
     for c in clean.columns:  # parquet needs one type per column
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
-            clean[c] = clean[c].map(
-                lambda v: v if v is None or isinstance(v, str) else json.dumps(v)
-            )
+            clean[c] = one_type(clean[c])
     pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
     clean.to_parquet(pq, index=False)
     clean.to_csv(csv, index=False)
     return pq, csv
+
+
+def one_type(col: pd.Series) -> pd.Series:
+    """A column of mixed types as parquet can hold it: true/false where some runs lack the key
+    as pandas' nullable boolean (it became the strings 'true' and 'NaN'); otherwise a missing
+    value as None and anything but a string as JSON."""
+
+    def missing(v: Any) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    present = [v for v in col if not missing(v)]
+    if present and all(isinstance(v, bool) for v in present):
+        return col.map(lambda v: None if missing(v) else v).astype("boolean")
+    return col.map(lambda v: None if missing(v) else v if isinstance(v, str) else json.dumps(v))
 
 
 def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
@@ -156,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     if df.empty:
         print(f"error: no finished runs under {args.sweep_dir}", file=sys.stderr)
         return 2
-    pq, csv = write_results(df, args.out or args.sweep_dir)
+    try:
+        pq, csv = write_results(df, args.out or args.sweep_dir)
+    except MoepipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"{len(df)} run(s), {len(problems)} skipped -> {pq}, {csv}")
     return 0
 

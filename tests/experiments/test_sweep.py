@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from experiments.collect import collect
+from experiments.collect import collect, write_results
 from experiments.report import main as report_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +141,29 @@ def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 4
     assert len(pd.read_csv(tmp_path / "results.csv")) == 4
+
+
+def test_collect_keeps_true_false_of_a_param_some_planners_lack(tmp_path: Path) -> None:
+    """FlexGen's rows lack Klotski's hot_prefetch: the column held True and NaN, and was written
+    as the strings 'true' and 'NaN', so `isna()` missed FlexGen and `== True` matched nothing."""
+    df = pd.DataFrame({"planner.name": ["flexgen", "klotski"],
+                       "params.hot_prefetch": [float("nan"), True],
+                       "params.tasks": [float("nan"), ["law", "intent"]]})  # fmt: skip
+    pq, _ = write_results(df, tmp_path)
+    back = pd.read_parquet(pq)
+    assert back["params.hot_prefetch"].isna().tolist() == [True, False]
+    assert bool(back["params.hot_prefetch"][1]) is True
+    assert back["params.tasks"].isna().tolist() == [True, False]
+    assert back["params.tasks"][1] == '["law", "intent"]'
+
+
+def test_collect_cli_out_under_a_file_is_one_line(swept: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(swept), "--out",
+                        str(tmp_path / "afile")], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "--out" in err[0], r.stderr
 
 
 def images_of(page: Path) -> list[Path]:
