@@ -310,7 +310,15 @@ def read_results(path: Path) -> pd.DataFrame:
     """A previous run's results.csv, for --report-only."""
     if not path.is_file():
         raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        raise MoepipeError(f"{path}: not a readable CSV ({e}); run reproduce_klotski again") from e
+    if "table" not in df:  # experiments.collect writes a results.csv of the same name
+        raise MoepipeError(
+            f"{path}: not reproduce_klotski's results (no 'table' column; experiments.collect "
+            "writes one of the same name); give --out the folder reproduce_klotski wrote"
+        )
     if (df.table == "table3").any() and not {"column", "step"} <= set(df):
         raise MoepipeError(
             f"{path}: written before Table 3 rows were keyed by column and step; run it again"

@@ -94,6 +94,12 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     )
     assert main(["--report-only", "--out", str(tmp_path)]) == 2  # an older results.csv
     assert "written before Table 3 rows were keyed by column and step" in capsys.readouterr().err
+    pd.DataFrame([dict(run_dir="x", throughput_tok_s=1.0)]).to_csv(tmp_path / "results.csv")
+    assert main(["--report-only", "--out", str(tmp_path)]) == 2  # experiments.collect's
+    assert "not reproduce_klotski's results" in capsys.readouterr().err
+    (tmp_path / "results.csv").write_text("")
+    assert main(["--report-only", "--out", str(tmp_path)]) == 2
+    assert "not a readable CSV" in capsys.readouterr().err
     assert main(["--only", "table4", "--out", str(tmp_path)]) == 2
     assert (
         "--only table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
