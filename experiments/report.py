@@ -57,7 +57,7 @@ SYSTEM_NAMES = {  # the system each planner models (anchors.md)
     "klotski_hot": "Klotski, hot prefetch only",
     "klotski_multi": "Klotski, multi-batch only",
 }
-TABLE_COLUMNS = [SYSTEM, "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
+TABLE_COLUMNS = [SYSTEM, "executor.name", "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
                  "gpu_bubble_frac", "efficiency", "dag_efficiency"]  # fmt: skip
 
 
@@ -100,25 +100,54 @@ def overrides(run_dir: str) -> str:
     return str(run_dir).partition("/")[2]
 
 
+CONFIG = ("model.", "hardware.", "workload.", "planner.", "executor.", "checkpoint")
+REPEATS = ("workload.seed",)  # runs differing only here are repeats of one point: averaged
+SHORT = {**AXES, "workload.n_batches": "n", "executor.name": ""}  # label names ("": value alone)
+
+
+def _splits(s: pd.DataFrame, along: set[str]) -> list[str]:
+    """The config keys that tell a system's runs apart, besides `along` and the repeats: each
+    kept only if it splits the runs further than the keys before it (swept axes first), so an
+    executor's own keys do not each repeat what executor.name says."""
+    first = [c for c in AXES if c.startswith("workload.")] + ["workload.n_batches", "executor.name"]
+    cols = [c for c in s.columns if c.startswith(CONFIG) and c not in along and c not in REPEATS]
+    cols = sorted(cols, key=lambda c: (first.index(c) if c in first else len(first), c))
+    keys: list[str] = []
+    n = 1
+    for c in cols:
+        m = s.groupby([*keys, c], dropna=False, sort=False).ngroups
+        if m > n:
+            keys, n = [*keys, c], m
+    return keys
+
+
+def _value(c: str, v: Any) -> str:
+    name = SHORT.get(c, c.rsplit(".", 1)[-1])
+    shown = f"{v:g}" if isinstance(v, float | int) and not isinstance(v, bool) else str(v)
+    return f"{name} {shown}".strip()
+
+
 def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
-    """One line per system, per value of each swept axis the line does not run `along`, and per
-    set of other overrides (an experiment's run sub-dir under its point: `run_dir`'s part after
-    the first /), not averaged over them."""
-    other = [c for c in AXES if c not in along and c in g.columns and g[c].nunique() > 1]
-    if "run_dir" in g.columns:
+    """One line per system and per value of each config key that tells its runs apart (a swept
+    axis the line does not run `along`, a planner param, the executor, an experiment's other
+    overrides), so only repeats of one config (other seeds) are averaged. An x axis of the
+    runs' n (`n_batches`, what Klotski's planner chose) runs along the configured n too."""
+    skip = set(along) | ({"workload.n_batches"} if "n_batches" in along else set())
+    skip |= {"n_batches"}  # an output: Klotski at its own n picks one per batch size
+    if "run_dir" in g.columns:  # runs without their config (older results): the sub-dir
         g = g.assign(_overrides=g["run_dir"].map(overrides))
-    extra = ["_overrides"] if "_overrides" in g.columns and g["_overrides"].nunique() > 1 else []
     out = []
-    for key, s in g.groupby([SYSTEM, *other, *extra], sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(
-            [
-                _label(str(key[0])),
-                *(f"{AXES[c]} {v:g}" for c, v in zip(other, key[1 : 1 + len(other)], strict=True)),
-                *([str(key[-1]) or "(no other override)"] if extra else []),
-            ]
-        )
-        out.append((label, s.drop(columns=["_overrides"], errors="ignore")))
+    for system, s in g.groupby(SYSTEM, sort=True):
+        keys = _splits(s, skip)
+        if not keys and "_overrides" in s and s["_overrides"].nunique() > 1:
+            keys = ["_overrides"]
+        parts = s.groupby(keys, dropna=False, sort=True) if keys else [((), s)]
+        for key, part in parts:
+            key = key if isinstance(key, tuple) else (key,)
+            label = ", ".join([_label(str(system)),
+                               *(str(v) or "(no other override)" if c == "_overrides" else _value(c, v)
+                                 for c, v in zip(keys, key, strict=True))])  # fmt: skip
+            out.append((label, part.drop(columns=["_overrides"], errors="ignore")))
     return out
 
 
@@ -201,7 +230,8 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
         ax.set_title(" / ".join(map(str, key)), fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle("Throughput vs latency (each point: one batch size / n)")
+    what = METRIC_LABELS.get(metric, metric).split(" (")[0]
+    fig.suptitle(f"{what[0].upper()}{what[1:]} vs latency (each point: one batch size / n)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -220,7 +250,9 @@ def _pick_gantt_runs(df: pd.DataFrame) -> pd.DataFrame:
     sel = d
     for k, v in zip(keys, best if isinstance(best, tuple) else (best,), strict=True):
         sel = sel[sel[k] == v]
-    return sel.drop_duplicates(SYSTEM).sort_values(SYSTEM)
+    # a real run is a run dir of its own: one per system and executor, so it shows beside the sim
+    by = [SYSTEM, *(["executor.name"] if "executor.name" in sel else [])]
+    return sel.drop_duplicates(by).sort_values(by)
 
 
 def _layer_window(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float, int, int]:
@@ -236,12 +268,17 @@ def _layer_window(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float, int,
     return window, t0, t1, step, layer
 
 
+# op kind -> (legend name, colour), for the timelines and their legend
+OP_COLORS = {"compute-attention": ("attention", "tab:blue"), "compute-gate": ("gate", "tab:purple"),
+             "compute-expert": ("expert", "tab:green"), "compute-ffn": ("dense FFN", "tab:olive"),
+             "compute-head": ("head", "tab:gray"), "load": ("load", "tab:orange"),
+             "kv-load": ("kv load", "tab:cyan"), "kv-store": ("kv store", "tab:pink")}  # fmt: skip
+
+
 def _gantt_axis(ax: Any, trace: pd.DataFrame, title: str) -> None:
     window, t0, t1, step, layer = _layer_window(trace)
     streams = list(dict.fromkeys(window.sort_values("stream")["stream"].astype(str)))
-    colors = {"compute-attention": "tab:blue", "compute-gate": "tab:purple", "compute-expert": "tab:green",
-              "compute-ffn": "tab:olive", "compute-head": "tab:gray", "load": "tab:orange",
-              "kv-load": "tab:cyan", "kv-store": "tab:pink"}  # fmt: skip
+    colors = {kind: c for kind, (_, c) in OP_COLORS.items()}
     for i, s in enumerate(streams):
         ops = window[window["stream"].astype(str) == s]
         for _, r in ops.iterrows():
@@ -279,13 +316,13 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
         _gantt_axis(ax, t, title)
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=c, label=k) for k, c in (("attention", "tab:blue"), ("gate", "tab:purple"),
-               ("expert", "tab:green"), ("load", "tab:orange"), ("kv load/store", "tab:cyan"),
-               ("GPU bubble", (1, 0, 0, 0.25)))]  # fmt: skip
-    fig.legend(handles=handles, loc="upper right", ncol=6, fontsize=8)
+    handles = [
+        Patch(color=c, label=k) for k, c in (*OP_COLORS.values(), ("GPU bubble", (1, 0, 0, 0.25)))
+    ]
     fig.suptitle("One layer per planner (lighter: ops of other layers in the same window; red: GPU idle)",
-                 fontsize=10, x=0.4)  # fmt: skip
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+                 fontsize=10)  # fmt: skip
+    fig.legend(handles=handles, loc="lower center", ncol=9, fontsize=8)  # below the plots
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
@@ -359,8 +396,9 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     add(
         fig_latency(df, metric, out / "throughput_vs_latency.png"),
         "throughput_vs_latency.png",
-        "Throughput vs latency",
-        "Klotski Fig. 11 shape: up and to the left is better.",
+        f"{mlabel} vs latency",
+        "Klotski Fig. 11 shape"
+        + (": up and to the left is better." if metric == "throughput_tok_s" else "."),
         "fewer than two runs",
     )
     add(_line_figure(df, "n_batches", metric, "n (batches per group)", f"{mlabel} vs n",

@@ -111,6 +111,34 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     assert _label("klotski (peeks at the routing)") == "Klotski (peeks at the routing)"
 
 
+def test_report_lines_average_only_repeats_of_one_config() -> None:
+    """Runs that differ in a planner param or the executor are lines of their own (FlexGen with
+    sync on and off was drawn as one line of their means, and a real run averaged with the
+    sim's); other seeds of one config are repeats, averaged; Klotski's own n (an output, one
+    per batch size) does not split its line against batch size."""
+    from experiments.report import _lines
+
+    df = pd.DataFrame({
+        "system": ["flexgen"] * 4 + ["klotski"] * 2,
+        "workload.batch_size": [8, 16, 8, 16, 8, 16], "n_batches": [15, 15, 15, 15, 63, 61],
+        "workload.n_batches": [15] * 4 + [-1, -1],
+        "planner.params.sync": [True, True, False, False, None, None],
+        "workload.seed": [0, 1, 0, 1, 0, 0], "executor.name": ["sim"] * 6,
+        "throughput_tok_s": [6.7, 8.25, 7.9, 9.2, 30.0, 31.0],
+    })  # fmt: skip
+    lines = _lines(df, "workload.batch_size")
+    assert [label for label, _ in lines] == ["FlexGen, sync False", "FlexGen, sync True", "Klotski"]
+    assert lines[1][1]["throughput_tok_s"].tolist() == [6.7, 8.25]
+    real = df.assign(**{"executor.name": ["sim", "sim", "real", "real", "sim", "sim"],
+                        "executor.device": [None, None, "cpu", "cpu", None, None]})  # fmt: skip
+    assert [label for label, _ in _lines(real, "workload.batch_size")][:2] == [
+        "FlexGen, real",
+        "FlexGen, sim",
+    ]  # executor.device says no more than the executor
+    seeds = df.assign(**{"planner.params.sync": True})
+    assert [len(g) for _, g in _lines(seeds, "workload.batch_size")] == [4, 2]  # repeats: one line
+
+
 def test_rerun_skips_finished_runs(swept: Path) -> None:
     before = {p: p.stat().st_mtime_ns for p in swept.glob(POINT)}
     r = sweep(swept)
