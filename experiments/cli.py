@@ -153,24 +153,35 @@ GROUPS = ("model", "hardware", "workload", "planner", "executor")  # experiments
 def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
     """An override `a.b=v` (no `+`) of a key the config lacks, which hydra refuses with a screen
     of text, as one line naming the key and what is there. Checked against config.yaml and the
-    group configs the command line chooses (else config.yaml's defaults) when it names no
-    experiment (which may add keys) and no search path; planner params are `unknown_param`'s."""
+    group configs the command line chooses (else the experiment's, else config.yaml's
+    defaults), and the keys an experiment adds; not under another search path. Planner params
+    are `unknown_param`'s."""
     import yaml
 
     choice = {a.partition("=")[0]: a.partition("=")[2] for a in argv if "=" in a}
-    if "experiment" in choice or "hydra.searchpath" in choice:
+    if "hydra.searchpath" in choice:
         return None
     root = yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}
     defaults = {k: str(v) for d in root.get("defaults", []) if isinstance(d, dict)
                 for k, v in d.items() if k in GROUPS}  # fmt: skip
+    experiment: dict[str, Any] = {}
+    if "experiment" in choice:
+        path = conf_dir / "experiment" / f"{choice['experiment']}.yaml"
+        if not re.fullmatch(r"[\w.\-]+", choice["experiment"]) or not path.is_file():
+            return None  # a sweep over experiments, or one hydra reports
+        experiment = yaml.safe_load(path.read_text()) or {}
+        for d in experiment.get("defaults", []):  # `override /model: mixtral-8x7b`
+            for k, v in (d.items() if isinstance(d, dict) else ()):
+                if str(k).removeprefix("override /") in GROUPS:
+                    defaults[str(k).removeprefix("override /")] = str(v)
     top = set(root) - {"defaults", "hydra"}
     for arg in argv:
         key, sep, _ = arg.partition("=")
-        if not sep or key.startswith(("+", "~", "-", "hydra")) or key in GROUPS:
+        if not sep or key.startswith(("+", "~", "-", "hydra")) or key in (*GROUPS, "experiment"):
             continue
         head, _, rest = key.partition(".")
         if not rest:
-            if head not in top:
+            if head not in top and head not in experiment:
                 return f"{key}: not a key of the config; valid: {', '.join(sorted(top))}, or a group: {', '.join(GROUPS)}"
             continue
         if head not in GROUPS or key.startswith("planner.params."):
@@ -180,7 +191,7 @@ def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
         if not re.fullmatch(r"[\w.\-]+", name) or not path.is_file():
             continue  # a sweep over choices, or a config hydra or the run reports
         miss = _missing(yaml.safe_load(path.read_text()) or {}, rest)
-        if miss is not None:
+        if miss is not None and _missing(experiment, key) is not None:
             others = [p.stem for p in sorted((conf_dir / head).glob("*.yaml"))
                       if _missing(yaml.safe_load(p.read_text()) or {}, rest) is None]  # fmt: skip
             fix = (f"choose {head}={' or '.join(others)}, which has it" if others

@@ -70,6 +70,25 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
     assert f"1 run(s) failed on bad input ({failed[0].parent.name}" in r.stderr
 
 
+def test_an_experiments_own_choices_and_keys_pass_the_key_check():
+    from experiments.cli import unknown_key
+
+    for name in (
+        "compare",
+        "fig10",
+        "fig11",
+        "klotski_fig14",
+        "klotski_table3",
+        "klotski_vs_flexgen",
+    ):
+        assert unknown_key([f"experiment={name}", "workload.gen_len=2", "workload.batch_size=4",
+                            "executor.name=sim"], ROOT / "conf") is None, name  # fmt: skip
+    # compare chooses workload=paper, whose keys are checked without workload= given
+    assert "conf/workload/paper.yaml has no 'batchsize'" in unknown_key(
+        ["experiment=compare", "workload.batchsize=8"], ROOT / "conf"
+    )
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -94,6 +113,11 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
         (["foo=bar"], "foo: not a key of the config; valid: checkpoint, skip_finished"),
         (["workload.routing.skw=1"], "conf/workload/tiny.yaml has no 'routing.skw' (there: "),
         (["executor.routing_mode=live"], "choose executor=real, which has it"),
+        # under an experiment too (hydra printed its screen): its group choices and keys count
+        (
+            ["experiment=compare", "workload.batchsize=8"],
+            "conf/workload/tiny.yaml has no 'batchsize'",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path):
