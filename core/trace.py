@@ -41,6 +41,9 @@ TRACE_COLUMNS = [
     # a pool op's launch: seconds from its start until its kernel runs (NaN elsewhere: there
     # the per-op overhead counts as device time)
     "launch_s",
+    # when the op's allocation was granted, where that is before its start (the simulator: an
+    # op holds its memory while it waits for a link another stream holds); NaN: at its start
+    "alloc_s",
 ]
 
 
@@ -51,11 +54,12 @@ def make_trace(
     source: str,
     sm_s: np.ndarray | None = None,
     launch_s: np.ndarray | None = None,
+    alloc_s: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """One row per op, in op order; sm_s, launch_s: see TRACE_COLUMNS (None: all NaN)."""
+    """One row per op, in op order; sm_s, launch_s, alloc_s: see TRACE_COLUMNS (None: NaN)."""
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
-    assert all(a is None or len(a) == len(ops) for a in (sm_s, launch_s))
+    assert all(a is None or len(a) == len(ops) for a in (sm_s, launch_s, alloc_s))
     nan = np.full(len(ops), np.nan)
     res = {name: s.resource_id for name, s in schedule.streams.items()}
     cols: dict[str, Any] = {
@@ -75,6 +79,7 @@ def make_trace(
         "end_s": np.asarray(end_s, dtype=np.float64),
         "sm_s": nan if sm_s is None else np.asarray(sm_s, np.float64),
         "launch_s": nan.copy() if launch_s is None else np.asarray(launch_s, np.float64),
+        "alloc_s": nan.copy() if alloc_s is None else np.asarray(alloc_s, np.float64),
     }
     return pd.DataFrame(cols, columns=TRACE_COLUMNS)
 
@@ -231,13 +236,16 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
 
 
 def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
-    """Peak memory per tier: resident + the allocations live at any instant.
+    """Peak memory per tier: resident + the allocations live at any instant, each from when it
+    was granted (`alloc_s`, else the op's start) to its free's end.
 
     At equal times frees come first, as in both executors (an allocation waits for the free).
     """
     out: dict[str, int] = {}
     ops = schedule.ops
     start = trace["start_s"].to_numpy()
+    if "alloc_s" in trace:
+        start = np.where(np.isnan(trace["alloc_s"].to_numpy()), start, trace["alloc_s"].to_numpy())
     end = trace["end_s"].to_numpy()
     for tier in Tier:
         alloc = np.fromiter(

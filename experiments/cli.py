@@ -171,7 +171,7 @@ def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
             return None  # a sweep over experiments, or one hydra reports
         experiment = yaml.safe_load(path.read_text()) or {}
         for d in experiment.get("defaults", []):  # `override /model: mixtral-8x7b`
-            for k, v in (d.items() if isinstance(d, dict) else ()):
+            for k, v in d.items() if isinstance(d, dict) else ():
                 if str(k).removeprefix("override /") in GROUPS:
                     defaults[str(k).removeprefix("override /")] = str(v)
     top = set(root) - {"defaults", "hydra"}

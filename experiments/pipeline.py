@@ -74,7 +74,7 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
-    from sim.executor import simulate
+    from sim.executor import simulate_times
 
     if routing is None:
         spec = resolve_n_batches(spec)
@@ -82,8 +82,9 @@ def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     schedule = build_schedule(spec, routing)
     cost = CostModel(spec.hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
-    start, end = simulate(schedule, cost, parts)
-    trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0])
+    start, end, granted = simulate_times(schedule, cost, parts)
+    trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
+                       alloc_s=granted)  # fmt: skip
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 
 

@@ -122,11 +122,23 @@ def simulate(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Simulate; return per-op start and end times in seconds. Raises ScheduleError if stuck.
     pool_parts: `cost.pool_parts(schedule)`, where the caller has it already."""
+    start, end, _ = simulate_times(schedule, cost, pool_parts)
+    return start, end
+
+
+def simulate_times(
+    schedule: Schedule,
+    cost: CostModel,
+    pool_parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`simulate`, and when each op's allocation was granted (NaN for an op that allocates
+    nothing): an op takes its memory, then waits for its resource."""
     env = simpy.Environment()
     n = len(schedule.ops)
     durations = cost.durations(schedule)
     start = [0.0] * n
     end = [0.0] * n
+    granted = [np.nan] * n
     done = bytearray(n)
     waiters: list[simpy.Event | None] = [None] * n  # events of ops someone waits for
     locks = {name: _Lock() for name in {s.resource_id for s in schedule.streams.values()}}
@@ -196,6 +208,7 @@ def simulate(
                     ev = event()
                     pool.waiting.append((a_bytes, ev))
                     yield ev
+                granted[op_id] = env._now
             if lock is not None:
                 if lock.busy:
                     ev = event()
@@ -236,4 +249,4 @@ def simulate(
         raise ScheduleError(
             "simulation stopped with ops left (deadlock): " + describe_stuck(schedule, done, free)
         )
-    return np.asarray(start), np.asarray(end)
+    return np.asarray(start), np.asarray(end), np.asarray(granted)

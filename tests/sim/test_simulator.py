@@ -156,6 +156,38 @@ def test_streams_of_one_gpu_are_all_in_its_pool_or_none():
         validate(b.build())
 
 
+def test_peak_memory_counts_an_allocation_from_its_grant():
+    """Load W (1 GB, 1 s) holds h2d; load E takes 0.5 GB at 0 s and waits for the link until 1 s,
+    while a 0.5 s compute holds the other 0.5 GB: the GPU is full during 0-0.5 s (a 0.1 GB load
+    on d2h starts at 0.5 s), so the peak is 1 GB, not the 0.6 GB counted from E's start."""
+    from core.trace import make_trace, peak_bytes
+    from sim.executor import simulate_times
+
+    h = hw(gpu_gb=1.0)
+    b = ScheduleBuilder(h.memory_bytes)
+    for name, res in (
+        ("w", Resource.H2D),
+        ("e", Resource.H2D),
+        ("c", Resource.GPU),
+        ("d", Resource.D2H),
+    ):
+        b.stream(name, res)
+    load(b, "w", GB)
+    b.add(OpKind.LOAD, "e", (), src=Tier.CPU, dst=Tier.GPU, nbytes=GB // 10,
+          alloc_tier=Tier.GPU, alloc_bytes=GB // 2)  # fmt: skip
+    b.add(OpKind.FFN, "c", (), flops=0.5e12, alloc_tier=Tier.GPU, alloc_bytes=GB // 2,
+          free_tier=Tier.GPU, free_bytes=GB // 2)  # fmt: skip
+    b.add(OpKind.LOAD, "d", (), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 100,
+          alloc_tier=Tier.GPU, alloc_bytes=GB // 10)  # fmt: skip
+    s = b.build()
+    validate(s)
+    start, end, granted = simulate_times(s, CostModel(h))
+    assert start[1] == pytest.approx(1.0) and granted[1] == 0.0 and start[3] == pytest.approx(0.5)
+    assert np.isnan(granted[0])  # allocates nothing
+    assert peak_bytes(s, make_trace(s, start, end, "sim", alloc_s=granted))["gpu"] == GB
+    assert peak_bytes(s, make_trace(s, start, end, "sim"))["gpu"] == 6 * GB // 10  # from starts
+
+
 def test_same_schedule_same_times():
     h = hw(latency_us=3)
     b = ScheduleBuilder(h.memory_bytes)
