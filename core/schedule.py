@@ -284,39 +284,44 @@ def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) ->
 
 
 def _check_finishes(schedule: Schedule) -> None:
-    """Run streams with zero-duration ops; if none can move while ops remain, name them."""
+    """Run streams with zero-duration ops in rounds, as time would order them: in each round
+    the head of every stream whose deps finished in an earlier round asks for its memory, in
+    op order (an op waiting on a dependency is later than one that is not, whatever the streams'
+    order); if no head can move while ops remain, name them."""
     queues: dict[str, deque[Op]] = {name: deque() for name in schedule.streams}
     for op in schedule.ops:
         queues[op.stream].append(op)
-    room = {t: schedule.capacity_bytes[t] - schedule.resident_bytes[t] for t in Tier}
+    room = {t: schedule.capacity_bytes[t] - schedule.resident_bytes.get(t, 0) for t in Tier}
     free = dict(room)
     done = bytearray(len(schedule.ops))
     remaining = len(schedule.ops)
-    progress = True
-    while remaining and progress:
-        progress = False
-        for q in queues.values():
-            while q:
-                op = q[0]
-                if not all(done[d] for d in op.deps):
-                    break
-                if op.alloc_bytes and free[op.alloc_tier] < op.alloc_bytes:  # type: ignore[index]
-                    break
-                if op.alloc_bytes:
-                    free[op.alloc_tier] -= op.alloc_bytes  # type: ignore[index]
-                if op.free_bytes:
-                    free[op.free_tier] += op.free_bytes  # type: ignore[index]
-                    if free[op.free_tier] > room[op.free_tier]:  # type: ignore[index]
-                        raise ScheduleError(
-                            f"{op.label()}: frees {op.free_bytes} B of {op.free_tier} that no "
-                            f"earlier op allocated (freed twice, or before its allocation)"
-                        )
-                done[op.id] = 1
-                remaining -= 1
-                progress = True
-                q.popleft()
-    if remaining:
-        raise ScheduleError("schedule can never finish: " + describe_stuck(schedule, done, free))
+    while remaining:
+        heads = sorted(
+            (q[0] for q in queues.values() if q and all(done[d] for d in q[0].deps)),
+            key=lambda o: o.id,
+        )
+        ran = []
+        for op in heads:
+            if op.alloc_bytes and free[op.alloc_tier] < op.alloc_bytes:  # type: ignore[index]
+                continue  # waits for a free of this round or a later one
+            if op.alloc_bytes:
+                free[op.alloc_tier] -= op.alloc_bytes  # type: ignore[index]
+            if op.free_bytes:
+                free[op.free_tier] += op.free_bytes  # type: ignore[index]
+                if free[op.free_tier] > room[op.free_tier]:  # type: ignore[index]
+                    raise ScheduleError(
+                        f"{op.label()}: frees {op.free_bytes} B of {op.free_tier} that no "
+                        f"earlier op allocated (freed twice, or before its allocation)"
+                    )
+            queues[op.stream].popleft()
+            ran.append(op.id)
+        if not ran:
+            raise ScheduleError(
+                "schedule can never finish: " + describe_stuck(schedule, done, free)
+            )
+        for i in ran:  # done at the round's end: their successors start in the next
+            done[i] = 1
+        remaining -= len(ran)
 
 
 def describe_stuck(

@@ -275,3 +275,24 @@ def test_all_to_all_must_be_on_a_p2p_stream(kind):
     with pytest.raises(ScheduleError, match="must be on p2p") as info:
         validate(s)
     assert s.ops[bad].label() in str(info.value)
+
+
+@pytest.mark.parametrize("order", [("c", "s1", "s2"), ("c", "s2", "s1")])
+def test_the_finishing_check_does_not_depend_on_stream_order(order):
+    """A (after compute X) and B (no deps) each take 0.6 GB of 1 GB; B frees its own and A's
+    stream frees A after C, which follows B. With any durations B goes first and all finish.
+    The zero-time run took A first when its stream was declared first, and refused the
+    schedule ("can never finish"); it now runs in rounds, B before A."""
+    b = ScheduleBuilder(CAPACITY)
+    for name, res in zip(order, [{"c": Resource.GPU, "s1": Resource.H2D, "s2": Resource.D2H}[n]
+                                 for n in order], strict=True):  # fmt: skip
+        b.stream(name, res)
+    x = b.add(OpKind.FFN, "c", (), flops=1e9)
+    a = b.add(OpKind.LOAD, "s1", (x,), src=Tier.CPU, dst=Tier.GPU, nbytes=GB // 10,
+              alloc_tier=Tier.GPU, alloc_bytes=6 * GB // 10)  # fmt: skip
+    bb = b.add(OpKind.LOAD, "s2", (), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 10,
+               alloc_tier=Tier.GPU, alloc_bytes=6 * GB // 10, free_tier=Tier.GPU,
+               free_bytes=6 * GB // 10)  # fmt: skip
+    c = b.add(OpKind.LOAD, "s2", (bb,), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 10)
+    b.add(OpKind.FREE, "s1", (a, c), free_tier=Tier.GPU, free_bytes=6 * GB // 10)
+    validate(b.build())
