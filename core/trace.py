@@ -154,6 +154,17 @@ def work_s(trace: pd.DataFrame) -> pd.Series:
     return trace["sm_s"].where(trace["sm_s"].notna(), dur)
 
 
+def shortest_s(trace: pd.DataFrame) -> pd.Series:
+    """The least time each op could take, for bounds: its duration, or for a pool op (sharing
+    the GPU's SMs, slowed by the others) its launch and its work at the whole GPU, which alone
+    it could have had."""
+    dur = trace["end_s"] - trace["start_s"]
+    if "sm_s" not in trace:
+        return dur
+    launch = trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0
+    return (launch + trace["sm_s"]).where(trace["sm_s"].notna(), dur)
+
+
 def busy_s(trace: pd.DataFrame) -> dict[str, float]:
     """Seconds each resource spends running ops (one op at a time, or a pool's work)."""
     out = work_s(trace).groupby(trace["resource"].astype(str), observed=True).sum()
@@ -196,7 +207,7 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
         return 0.0, ""
     ids = trace["op_id"].to_numpy()
     dur = np.zeros(n)
-    dur[ids] = (trace["end_s"] - trace["start_s"]).to_numpy()
+    dur[ids] = shortest_s(trace).to_numpy()
     d = dur.tolist()
     head = [0.0] * n
     preds: list[tuple[int, ...]] = [()] * n

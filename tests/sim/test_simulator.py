@@ -188,6 +188,29 @@ def test_peak_memory_counts_an_allocation_from_its_grant():
     assert peak_bytes(s, make_trace(s, start, end, "sim"))["gpu"] == 6 * GB // 10  # from starts
 
 
+def test_dag_bound_takes_a_pool_op_at_the_whole_gpu():
+    """Pool ops A and B (1 s of the whole GPU each) share the SMs, so each ends at 2 s; a 1 s load
+    after A then ends at 3 s. A alone first, then B beside the load, would end at 2 s: the bound
+    is 2 s (A's chain at its whole-GPU time), not the 3 s of the shared run's durations."""
+    from core.trace import dag_bound, make_trace
+
+    h = hw()
+    cost = CostModel(h)
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("A", Resource.GPU, pool="sms")
+    b.stream("B", Resource.GPU, pool="sms")
+    b.stream("w", Resource.H2D)
+    a = b.add(OpKind.FFN, "A", (), flops=1e12)
+    b.add(OpKind.FFN, "B", (), flops=1e12)
+    load(b, "w", GB, deps=(a,))
+    s = b.build()
+    parts = cost.pool_parts(s)
+    start, end = simulate(s, cost, parts)
+    assert end.tolist() == pytest.approx([2.0, 2.0, 3.0])
+    trace = make_trace(s, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    assert dag_bound(s, trace)[0] == pytest.approx(2.0)
+
+
 def test_same_schedule_same_times():
     h = hw(latency_us=3)
     b = ScheduleBuilder(h.memory_bytes)
