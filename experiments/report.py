@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from core.args import output_dir  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
@@ -341,6 +342,7 @@ def _per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pa
             y = np.array([np.nan if v is None else v for v in vals], dtype=float)
             ax.plot(np.arange(len(y)), y, marker=".", label=label)
     ax.set_xlabel("MoE layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -412,13 +414,16 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
                           "Prefetch accuracy per MoE layer", out / "prefetch_accuracy.png"),
         "prefetch_accuracy.png", "Prefetch accuracy per layer",
         "Share of prefetched experts the gate then asked for.", "no run records prefetch accuracy")  # fmt: skip
-    lb_cols = sorted(
-        c for c in df.columns if c.startswith("plan.") and "load_balance" in c and "per_layer" in c
-    )
-    add(bool(lb_cols) and _per_layer_figure(df, lb_cols[0], "max / mean expert load", "Load balance per layer",
-                                            out / "load_balance.png"),
-        "load_balance.png", "Load balance per layer", f"From {lb_cols[0] if lb_cols else '-'} (replication runs).",
-        "no replication run in this sweep")  # fmt: skip
+    # expert-parallel runs' balancedness_per_layer ({MoE layer: mean/max device tokens}, which
+    # collect flattens to one column a layer) as one list a run
+    per_layer = sorted((c for c in df.columns if c.startswith("balancedness_per_layer.")),
+                       key=lambda c: int(c.rsplit(".", 1)[1]))  # fmt: skip
+    bal = df.assign(_balancedness=df[per_layer].to_numpy().tolist()) if per_layer else df
+    add(bool(per_layer) and _per_layer_figure(bal, "_balancedness", "balancedness (mean / max device tokens)",
+                                              "Balancedness per MoE layer", out / "load_balance.png"),
+        "load_balance.png", "Balancedness per MoE layer",
+        "Expert-parallel runs: mean over max tokens of the devices, per MoE layer (1 = even).",
+        "no expert-parallel run in this sweep")  # fmt: skip
     write_results(df, out)
     page = out / "index.html"
     page.write_text(_html(sweep, df, figs, notes, problems, columns))

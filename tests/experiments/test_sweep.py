@@ -210,6 +210,20 @@ def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
             assert im.size[0] > 100 and im.size[1] > 100
 
 
+def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -> None:
+    """The load-balance figure looked for a plan.*load_balance* key no planner writes, so it
+    never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
+    d = tmp_path / "ep"
+    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, "planner=ep_static,eplb",
+           "+planner.params.n_devices=2", f"hydra.sweep.dir={d}"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert report_main([str(d), "--out", str(tmp_path / "rep")]) == 0
+    png = tmp_path / "rep" / "load_balance.png"
+    assert png.exists() and Image.open(png).size[0] > 100
+    assert "load_balance.png" in (tmp_path / "rep" / "index.html").read_text()
+
+
 def test_report_rejects_unknown_metric_and_column(
     swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
