@@ -439,7 +439,7 @@ def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes
     ]
     table = (
         df[cols]
-        .sort_values([c for c in cols if c in PANEL or c == SYSTEM])
+        .sort_values([c for c in cols if c in (*PANEL, SYSTEM, "executor.name", *AXES)])
         .to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0)
     )
     e = html.escape
