@@ -54,14 +54,18 @@ def greedy_placement(
     activation_bytes: int = 0,
     cpu_staging_bytes: int = 0,
 ) -> Placement:
-    """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each."""
+    """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each. CPU memory
+    goes to the dense weights and the KV cache first; then up to `cpu_staging_bytes` of what is
+    left (at least one expert, what a disk read needs to pass through) is kept free for disk
+    reads on their way to the GPU, before experts take CPU memory."""
     cap = dict(hw.memory_bytes)
-    if cpu_staging_bytes > cap[Tier.CPU]:
+    least_staging = min(cpu_staging_bytes, model.expert_bytes)
+    if least_staging > cap[Tier.CPU]:
         raise CapacityError(
             f"CPU memory {cap[Tier.CPU] / 1e9:.3f} GB is smaller than the staging area "
-            f"{cpu_staging_bytes / 1e9:.3f} GB that disk reads pass through; add CPU memory"
+            f"{least_staging / 1e9:.3f} GB that disk reads pass through; add CPU memory"
         )
-    cpu_free = cap[Tier.CPU] - cpu_staging_bytes
+    cpu_free = cap[Tier.CPU] - least_staging  # for the total: the rest of staging is a preference
     disk_free = cap[Tier.DISK]
     total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
     if total > cap[Tier.GPU] + max(cpu_free, 0) + disk_free:
@@ -110,6 +114,9 @@ def greedy_placement(
             )
         resident[kv[-1]] += kv_layer
 
+    # disk reads' staging: what the window asks, as far as the dense weights and KV leave room
+    # (cpu_free already holds back `least_staging`)
+    cpu_free -= max(0, min(cpu_staging_bytes - least_staging, cpu_free))
     layer_experts = model.n_experts * model.expert_bytes
     experts: list[Tier] = []
     for layer in range(model.n_layers):

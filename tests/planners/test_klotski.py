@@ -11,12 +11,13 @@ import yaml
 
 from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
+from core.spec import HardwareSpec, Workload
 from core.types import OpKind, Stream, Tensor
 from experiments.pipeline import RunSpec, build_schedule, simulate_run
 from planners.klotski import Klotski, KlotskiParams
 from planners.n_planner import LayerTimes, smallest_n
 from planners.registry import make_params
-from tests.conftest import ROOT, random_routing
+from tests.conftest import ROOT, conf, model_from_conf, random_routing
 
 ABLATION = ("klotski_multi", "klotski_hot", "klotski")
 
@@ -339,3 +340,19 @@ def test_the_n_planners_warm_up_is_past_any_group_it_may_choose(
     monkeypatch.setattr(k, "warmup_table", lambda m, wl, s: seen.append(wl) or real(m, wl, s))
     Klotski(KlotskiParams(n=0)).choose(tiny_model, tiny_hw, tiny_workload, CostModel(tiny_hw))
     assert seen and seen[0].n_sequences >= N_MAX * tiny_workload.batch_size
+
+
+def test_klotski_plans_with_room_for_the_dense_weights_but_not_the_whole_disk_window():
+    """The tiny model with 0.3 MB of GPU and 0.4 MB of CPU: the dense weights (116 KB) fit the
+    CPU beside one expert's staging, not beside the two-layer disk window (393 KB), which was set
+    aside first, so every n was refused ("fit neither GPU nor CPU memory"; disk_window=1 ran).
+    CPU memory goes to the weights first; the window takes what is left."""
+    m = model_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=4, gen_len=3)
+    d = conf("hardware", "tiny")
+    d["memory_gb"] = {"gpu": 0.0003, "cpu": 0.0004, "disk": 100.0}
+    hw = HardwareSpec.from_dict(d)
+    s = simulate_run(RunSpec(m, hw, wl, "klotski", {}), random_routing(m, wl)).summary
+    assert s["plan"]["placement"]["dense"] == "cpu"
+    assert s["plan"]["placement"]["expert_layers"] == {"disk": 2}
+    assert s["peak_bytes"]["cpu"] <= 400_000 and s["makespan_s"] > 0
