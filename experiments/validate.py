@@ -14,7 +14,7 @@ Usage:
         [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>]
 
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
-(the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
+(of an even count the lower middle run, as a trace comes from one run; the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
 also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps`,
 `run_h2d_gbps`, `err_run_links_makespan_s`, `err_run_links_gpu_bubble_s`): the error left once
 the links' drift since calibration is taken out (a diagnosis of the model, not its prediction).
@@ -313,7 +313,9 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     }
     for name, (spec, routing, sim) in sims.items():
         runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
-        real, spans = runs[len(runs) // 2], [r.summary["makespan_s"] for r in runs]
+        # the median run (a trace comes from one run): the lower middle for an even count, so
+        # two repeats do not compare against the slower
+        real, spans = runs[(len(runs) - 1) // 2], [r.summary["makespan_s"] for r in runs]
         if [(o.kind, o.stream, o.deps) for o in sim.schedule.ops] != [
             (o.kind, o.stream, o.deps) for o in real.schedule.ops
         ]:
@@ -349,7 +351,7 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         if probed[name]:
             # each real run's own prediction, at the links a probe saw just before it
             preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
-            errors_against(row, "probe", preds[len(preds) // 2][0].summary)
+            errors_against(row, "probe", preds[(len(preds) - 1) // 2][0].summary)
             # each prediction against the run it was made for (the median of those errors)
             row["err_probe_paired_makespan_s"] = float(np.median([
                 rel(pred.summary["makespan_s"], run.summary["makespan_s"])
