@@ -420,7 +420,8 @@ class Executor:
                 rid = spec.resource_id
                 if rid not in self._locks:
                     self._locks[rid] = threading.Lock()
-                lock = None if spec.resource == Resource.NONE else self._locks[rid]
+                # a pool's streams share the GPU's SMs with no lock, as in the simulator
+                lock = None if spec.resource == Resource.NONE or spec.pool else self._locks[rid]
                 t = threading.Thread(
                     target=self._worker,
                     args=(op.stream, q, lock, spec),
