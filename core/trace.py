@@ -158,11 +158,7 @@ def shortest_s(trace: pd.DataFrame) -> pd.Series:
     """The least time each op could take, for bounds: its duration, or for a pool op (sharing
     the GPU's SMs, slowed by the others) its launch and its work at the whole GPU, which alone
     it could have had."""
-    dur = trace["end_s"] - trace["start_s"]
-    if "sm_s" not in trace:
-        return dur
-    launch = trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0
-    return (launch + trace["sm_s"]).where(trace["sm_s"].notna(), dur)
+    return work_s(trace) + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)
 
 
 def busy_s(trace: pd.DataFrame) -> dict[str, float]:
@@ -254,9 +250,8 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     ops = schedule.ops
-    start = trace["start_s"].to_numpy()
-    if "alloc_s" in trace:
-        start = np.where(np.isnan(trace["alloc_s"].to_numpy()), start, trace["alloc_s"].to_numpy())
+    granted = trace["alloc_s"] if "alloc_s" in trace else trace["start_s"]
+    start = granted.fillna(trace["start_s"]).to_numpy()
     end = trace["end_s"].to_numpy()
     for tier in Tier:
         alloc = np.fromiter(

@@ -116,7 +116,7 @@ def greedy_placement(
 
     # disk reads' staging: what the window asks, as far as the dense weights and KV leave room
     # (cpu_free already holds back `least_staging`)
-    cpu_free -= max(0, min(cpu_staging_bytes - least_staging, cpu_free))
+    cpu_free -= min(cpu_staging_bytes - least_staging, cpu_free)
     layer_experts = model.n_experts * model.expert_bytes
     experts: list[Tier] = []
     for layer in range(model.n_layers):

@@ -55,6 +55,8 @@ class _Pool:
         self.free += nbytes
         if self.free > self.room:
             return False
+        if not self.waiting:
+            return True
         still: deque[tuple[int, simpy.Event]] = deque()
         for amount, ev in self.waiting:
             if amount <= self.free:
