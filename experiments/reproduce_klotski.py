@@ -331,10 +331,10 @@ DONE = "runs.jsonl"  # in --out: one finished run per line, what an interrupted 
 
 def run_resumable(
     jobs: list[dict[str, Any]], done_file: Path, workers: int
-) -> list[dict[str, Any]]:
-    """run_point over `jobs` in `workers` processes, in the jobs' order. Each finished run is
-    appended to `done_file` as it ends, so a re-run after an interrupt runs only the rest (runs
-    of other code or other jobs in the file are ignored)."""
+) -> tuple[list[dict[str, Any]], int]:
+    """run_point over `jobs` in `workers` processes: their rows in the jobs' order, and how many
+    ran now. Each finished run is appended to `done_file` as it ends, so a re-run after an
+    interrupt runs only the rest (runs of other code or other jobs in the file are ignored)."""
     version = code_version()
     keys = [json.dumps({**job, "code": version, "profile": _yaml("hardware", job["hardware"])},
                        sort_keys=True, default=str) for job in jobs]  # fmt: skip
@@ -359,7 +359,7 @@ def run_resumable(
             done[keys[futures[fut]]] = row
             log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
             log_.flush()
-    return [json.loads(json.dumps(done[k], default=str)) for k in keys]
+    return [json.loads(json.dumps(done[k], default=str)) for k in keys], len(todo)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,12 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [j for name in args.only.split(",") for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
     t0 = time.perf_counter()
-    rows = run_resumable(jobs, out / DONE, args.jobs)
+    rows, ran = run_resumable(jobs, out / DONE, args.jobs)
     df = pd.DataFrame(rows)
     try:  # the folder was checked; this is for one that changed since (removed, disk full)
         df.to_csv(out / "results.csv", index=False)
         (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-        text = report(df) + f"\n\n({len(jobs)} simulated runs in {time.perf_counter() - t0:.0f} s)"
+        reused = f", {len(jobs) - ran} reused from {DONE}" if ran < len(jobs) else ""
+        text = report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
         (out / "report.md").write_text(text + "\n")
     except OSError as e:
         print(df.to_csv(index=False))

@@ -142,10 +142,12 @@ def test_an_interrupted_run_resumes(tmp_path):
                 "workload": Workload(1, 2, 4, 2)}  # fmt: skip
 
     done = tmp_path / "runs.jsonl"
-    first = run_resumable([job("sequential")], done, workers=1)
+    first, ran = run_resumable([job("sequential")], done, workers=1)
+    assert ran == 1
     with done.open("a") as f:
         f.write('{"key": "cut sh')  # the interrupt
-    rows = run_resumable([job("flexgen"), job("sequential")], done, workers=1)
+    rows, ran = run_resumable([job("flexgen"), job("sequential")], done, workers=1)
+    assert ran == 1  # flexgen; sequential is reused
     assert [r["planner"] for r in rows] == ["flexgen", "sequential"]
     assert rows[1] == first[0]
     assert len(done.read_text().splitlines()) == 3  # sequential, the cut line, flexgen
