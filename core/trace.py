@@ -167,6 +167,15 @@ def busy_s(trace: pd.DataFrame) -> dict[str, float]:
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
+def bound_resource(schedule: Schedule, trace: pd.DataFrame) -> np.ndarray:
+    """Per trace row, the resource its work counts against in the bounds: its stream's resource
+    id, or one name for all streams of a pool (lanes sharing one GPU's SMs, each lane under its
+    own device id `gpu`, `gpu:1` ...), whose ops together get at most the whole GPU."""
+    key = {name: f"{s.resource} (pool {s.pool})" if s.pool else s.resource_id
+           for name, s in schedule.streams.items()}  # fmt: skip
+    return trace["stream"].astype(str).map(key).to_numpy()
+
+
 def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: float) -> float | None:
     """Bytes/s a link delivered in `traces`: the bytes of its transfers over their summed time
     net of the per-transfer `latency_s` (transfers no longer than that left out). The aggregate,
@@ -223,7 +232,7 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
                 tail[p] = t
     h_arr, t_arr = np.asarray(head), np.asarray(tail)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
-    frame = pd.DataFrame({"resource": trace["resource"].astype(str).to_numpy(), "step": trace["step"].to_numpy(),
+    frame = pd.DataFrame({"resource": bound_resource(schedule, trace), "step": trace["step"].to_numpy(),
                           "head": h_arr[ids], "dur": work_s(trace).to_numpy(), "tail": t_arr[ids]})  # fmt: skip
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
@@ -299,7 +308,9 @@ def summarize(
     prefill = prefill_s(trace)
     busy = busy_s(trace)
     gpu_busy = busy.get("gpu", 0.0)
-    lower = max(busy.values()) if busy else 0.0
+    # the busiest resource, a pool's lanes counted as the one GPU they share
+    by = work_s(trace).groupby(bound_resource(schedule, trace)).sum().drop("none", errors="ignore")
+    lower = float(by.max()) if len(by) else 0.0
     dag, dag_binds = dag_bound(schedule, trace)
     dag = max(dag, lower)
     moved = (

@@ -239,3 +239,26 @@ def test_bounds_count_a_pools_ops_by_their_work():
     assert m["makespan_s"] == pytest.approx(1.0)
     assert m["lower_bound_s"] == pytest.approx(1.0) and m["busy_s"]["gpu"] == pytest.approx(1.0)
     assert m["dag_lower_bound_s"] == pytest.approx(1.0) and m["gpu_bubble_s"] == pytest.approx(0.0)
+
+
+def test_bounds_count_a_pools_lanes_as_one_gpu():
+    """Two lanes of one pool under their own device ids (`gpu`, `gpu:1`: the shared-SM lanes of
+    the expert-parallel planners), 0.5 TFLOP each, run side by side at half the GPU each and end
+    at 1 s. The one GPU they share did 1 s of work: both bounds are 1 s, not the 0.5 s of the
+    busier lane's resource id alone."""
+    h = round_hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    lanes = [b.stream(f"lane{d}", Resource.GPU, d, pool="sms") for d in range(2)]
+    for s in lanes:
+        b.add(OpKind.FFN, s, flops=0.5e12)
+    sched = b.build()
+    validate(sched)
+    cost = CostModel(h)
+    parts = cost.pool_parts(sched)
+    start, end = simulate(sched, cost, parts)
+    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    m = summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
+    assert m["makespan_s"] == pytest.approx(1.0)
+    assert m["busy_s"] == pytest.approx({"gpu": 0.5, "gpu:1": 0.5})  # per lane, as reported
+    assert m["lower_bound_s"] == pytest.approx(1.0)
+    assert m["dag_lower_bound_s"] == pytest.approx(1.0)
