@@ -405,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         df.to_csv(out / "results.csv", index=False)
         (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
         reused = f", {len(jobs) - ran} reused from {DONE}" if ran < len(jobs) else ""
-        text = report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
+        text = (
+            report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
+        )
         (out / "report.md").write_text(text + "\n")
     except OSError as e:
         print(df.to_csv(index=False))
