@@ -282,6 +282,9 @@ class Executor:
         self._capacity = dict(capacity)
         self._resident_bytes = dict(resident) if resident is not None else None
         self._free: dict[Tier, int] | None = None  # set when the first op arrives (after reserves)
+        self._room: dict[
+            Tier, int
+        ] = {}  # each tier's bytes beside the resident ones (the most free)
         self._routing = routing
         self._schedule: Schedule | None = None
         self._ops: list[Op] = []
@@ -408,6 +411,7 @@ class Executor:
                     res = self._builder.resident_bytes
                 self._resident_bytes = dict(res)
                 self._free = {t: self._capacity[t] - res.get(t, 0) for t in Tier}
+                self._room = dict(self._free)
             assert op.id == len(self._ops), "ops arrive in id order"
             self._note_range(op)
             self._ops.append(op)
@@ -575,6 +579,12 @@ class Executor:
                     if op.free_bytes:
                         assert self._free is not None and op.free_tier is not None
                         self._free[op.free_tier] += op.free_bytes
+                        if self._free[op.free_tier] > self._room[op.free_tier]:
+                            raise ScheduleError(  # as the simulator's check (sim/executor.py)
+                                f"{op.label()} frees {op.free_bytes} B of {op.free_tier}, more "
+                                "than the ops before it hold: each free must match an "
+                                "allocation still held"
+                            )
                     self._start[op.id], self._end[op.id] = start, end
                     self._done[op.id] = True
                     self._progress += 1

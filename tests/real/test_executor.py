@@ -382,6 +382,25 @@ def test_a_run_where_nothing_can_start_names_what_each_stream_waits_for(mixtral_
         real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
 
 
+def test_a_double_free_is_named_during_a_live_run(mixtral_tiny, monkeypatch):
+    """A live run's schedule is validated only after it ran: a free of more than the ops hold
+    (which would let later loads take memory the tier lacks) stops the run at that op, as in the
+    simulator."""
+    real_add = Executor._add_op
+    doubled = {}
+
+    def double_free(self, op, spec):
+        if op.free_bytes and not doubled:
+            doubled["op"] = op.label()
+            op = op._replace(free_bytes=2 * op.free_bytes)
+        real_add(self, op, spec)
+
+    monkeypatch.setattr(Executor, "_add_op", double_free)
+    with pytest.raises(ScheduleError, match=r"frees \d+ B of .*, more than the ops before it hold"):
+        real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "live")
+    assert doubled
+
+
 def test_truncated_offload_file_names_the_file(mixtral_tiny, tmp_path):
     spec = spec_for(mixtral_tiny, "sequential")
     store = TieredStore(mixtral_tiny, 1 << 30, offload_dir=tmp_path / OFFLOAD_DIR)
