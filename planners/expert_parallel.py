@@ -270,6 +270,13 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         raise ConfigError(
             f"planner n_devices={g} must be in [1, {e}] (the model's experts); lower n_devices"
         )
+    gpus = ctx.hardware.n_gpus
+    if not p.lanes and g > gpus:
+        raise ConfigError(
+            f"planner n_devices={g} exceeds hardware {ctx.hardware.name}'s n_gpus={gpus}; use "
+            "hardware with more GPUs (hardware.n_gpus), lanes=true for G lanes of one GPU, or "
+            "a smaller n_devices"
+        )
     if p.replica_slots < 0:
         raise ConfigError(f"planner replica_slots={p.replica_slots} must be >= 0")
     replicas = g * p.replica_slots if p.replicas < 0 else p.replicas

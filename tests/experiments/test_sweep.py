@@ -215,7 +215,7 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
     never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
     d = tmp_path / "ep"
     cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, "planner=ep_static,eplb",
-           "+planner.params.n_devices=2", f"hydra.sweep.dir={d}"]  # fmt: skip
+           "+planner.params.n_devices=2", "+hardware.n_gpus=2", f"hydra.sweep.dir={d}"]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert report_main([str(d), "--out", str(tmp_path / "rep")]) == 0

@@ -39,7 +39,8 @@ PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
 
 def tiny_spec(planner: str, **params) -> RunSpec:
     model = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/tiny.yaml").read_text()))
-    hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text()))
+    hw = HardwareSpec.from_dict({**yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text()),
+                                 "n_gpus": 4})  # fmt: skip
     wl = Workload(
         batch_size=2,
         n_batches=3,
@@ -378,6 +379,16 @@ def test_per_gpu_memory_of_tensor_parallel_dense_work_and_of_every_batch():
 def test_bad_input_is_one_config_error(planner, params, match):
     with pytest.raises(ConfigError, match=match):
         simulate_run(tiny_spec(planner, **params))
+
+
+def test_more_gpus_than_the_hardware_has_is_one_config_error():
+    """G GPUs on hardware with fewer: refused (memory would be G x the GPU's, and the device
+    links fall back to PCIe); G lanes of the one GPU are not GPUs and run."""
+    spec = tiny_spec("ep_static")
+    spec = replace(spec, hardware=replace(spec.hardware, n_gpus=1))
+    with pytest.raises(ConfigError, match=r"n_devices=2 exceeds hardware tiny's n_gpus=1"):
+        simulate_run(spec)
+    assert simulate_run(replace(spec, params={**spec.params, "lanes": True})).summary
 
 
 def test_eplb_load_matrix_of_wrong_shape(tmp_path):
