@@ -46,7 +46,16 @@ class EPLBParams(EPParams):
 class EPLBPolicy:
     def __init__(self, p: EPLBParams, layout: Layout, initial: np.ndarray) -> None:
         self.p, self.layout = p, layout
-        self.n_phy = layout.n_experts + layout.replicas
+        e, g = layout.n_experts, layout.n_devices
+        # EPLB gives every GPU the same number of physical experts: the budget rounded down to that
+        self.n_phy = (e + layout.replicas) // g * g
+        if self.n_phy < e:
+            need = -e % g
+            raise ConfigError(
+                f"eplb: {e} experts over n_devices={g} need at least {need} replicas so every "
+                f"device holds as many physical experts (EPLB's layout), got replicas="
+                f"{layout.replicas}; raise planner replica_slots to 1+ (or replicas to {need}+)"
+            )
         check_args(initial.shape, self.n_phy, p.num_groups, p.num_nodes, layout.n_devices)
         self.history: list[np.ndarray] = []  # per iteration: [L, E] counts seen so far
         self.gates: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -89,6 +98,8 @@ class EPLB:
             initial = read_load(self.params.initial_load, n_layers, e, "eplb")
         else:
             initial = np.ones((n_layers, e))
+        policy = EPLBPolicy(self.params, layout, initial)
         out.meta["eplb"] = dict(window=self.params.window, interval=self.params.interval,
-                                warm_start=bool(self.params.initial_load))  # fmt: skip
-        EPRunner(ctx, out, layout).plan(EPLBPolicy(self.params, layout, initial))
+                                warm_start=bool(self.params.initial_load),
+                                replicas_used=policy.n_phy - e)  # fmt: skip
+        EPRunner(ctx, out, layout).plan(policy)

@@ -391,6 +391,16 @@ def test_more_gpus_than_the_hardware_has_is_one_config_error():
     assert simulate_run(replace(spec, params={**spec.params, "lanes": True})).summary
 
 
+def test_eplb_rounds_its_replicas_down_to_equal_devices():
+    """4 experts on 3 devices with 2 replica slots each: 10 physical experts do not split evenly
+    over 3 devices as EPLB lays them out, so eplb uses 9 (5 replicas, within the budget of 6);
+    with no replica slots 4 experts cannot be 3 equal shares, one line naming the fix."""
+    s = simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=2)).summary
+    assert s["plan"]["eplb"]["replicas_used"] == 5
+    with pytest.raises(ConfigError, match=r"need at least 2 replicas .* raise planner replica_slots"):
+        simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=0))
+
+
 def test_eplb_load_matrix_of_wrong_shape(tmp_path):
     bad = tmp_path / "load.npy"
     np.save(bad, np.ones((3, 4)))  # tiny has 2 MoE layers
