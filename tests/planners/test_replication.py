@@ -397,7 +397,9 @@ def test_eplb_rounds_its_replicas_down_to_equal_devices():
     with no replica slots 4 experts cannot be 3 equal shares, one line naming the fix."""
     s = simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=2)).summary
     assert s["plan"]["eplb"]["replicas_used"] == 5
-    with pytest.raises(ConfigError, match=r"need at least 2 replicas .* raise planner replica_slots"):
+    with pytest.raises(
+        ConfigError, match=r"need at least 2 replicas .* raise planner replica_slots"
+    ):
         simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=0))
 
 
