@@ -99,7 +99,9 @@ def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") -> np.ndarray:
     """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its
-    copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens.
+    copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens. Evenly, copy i
+    (in device order) of expert e takes one token more where (i + e) % copies < count % copies:
+    the remainder starts at a copy that turns with the expert, so no device always takes it.
 
     slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
     """
@@ -119,7 +121,7 @@ def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") 
     rank[order] = np.arange(len(ids)) - np.searchsorted(
         ids[order], ids[order]
     )  # copy index of each slot
-    share = counts[ids] // copies[ids] + (rank < counts[ids] % copies[ids])
+    share = counts[ids] // copies[ids] + ((rank + ids) % copies[ids] < counts[ids] % copies[ids])
     out = np.zeros((g, e), dtype=np.int64)
     np.add.at(out, (dev, ids), share)
     return out

@@ -8,7 +8,7 @@ its gate: the copies of later layers travel while earlier layers compute, as the
 prefetches replicas behind earlier layers. Experts a rank no longer holds are dropped (those it
 sends, once sent), so a rank holds the placement's slots, not the union of every step's. A
 replicated expert's pairs split evenly over its copies in (token, slot) order (`split_tokens`'
-rule: the first `count % copies` take one more), or with dispatch="balanced" in the whole numbers
+rule: copy i of expert e takes one more where (i + e) % copies < count % copies), or with dispatch="balanced" in the whole numbers
 `split_tokens` gives each rank holding it (every rank derives them from the gathered routing).
 Dense work (embedding, attention, gate, shared experts, head) runs in one of two modes, as the
 simulator models them (planners/expert_parallel.py, EPParams.dense):
@@ -201,7 +201,7 @@ def destinations(
         n, c = len(rows), len(holders)
         start = 0
         for i, r in enumerate(holders):
-            take = n // c + (i < n % c) if share is None else int(share[r, e])
+            take = n // c + ((i + e) % c < n % c) if share is None else int(share[r, e])
             dest[rows[start : start + take], slots[start : start + take]] = r
             start += take
     return dest

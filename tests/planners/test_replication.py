@@ -58,6 +58,15 @@ def test_split_tokens_even_over_copies():
     assert out.tolist() == [[3, 2, 0], [2, 0, 3]]
 
 
+def test_split_tokens_even_turns_the_remainder_with_the_expert():
+    """Experts 0 and 1 each on devices 0 and 1, 3 tokens each: expert 0's extra token goes to its
+    first copy, expert 1's to its second, so the devices get 3 and 3 (the first copy always
+    taking it gave device 0 four and device 1 two)."""
+    slots = np.array([[0, 1, 2], [1, 0, 3]])
+    out = split_tokens(slots, np.array([3, 3, 0, 0]))
+    assert out.tolist() == [[2, 1, 0, 0], [1, 2, 0, 0]]
+
+
 def test_split_tokens_balanced_over_holders():
     """Device 0 holds experts 0 and 1, device 1 experts 2 and 0; tokens [5, 4, 1]. Evenly, expert
     0 splits 3 + 2: loads 7 and 3. Balanced, it fills the lighter device first, to a common level:

@@ -268,6 +268,21 @@ def test_destinations_split_replicas_evenly():
     assert dest.tolist() == [[0, 1], [0, 0], [1, 0], [1, 0], [1, 0]]
 
 
+def test_destinations_even_follow_split_tokens():
+    """Each rank computes per expert what the simulator's even split gives its copies (the
+    remainder turning with the expert), on random routings and placements."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        e, ranks = 6, int(rng.integers(2, 4))
+        copies = [list(range(r, e, ranks)) + rng.integers(0, e, 2).tolist() for r in range(ranks)]
+        ids = torch.as_tensor(rng.integers(0, e, (int(rng.integers(1, 12)), 2)))
+        dest = destinations(ids, copies, n_experts=e)
+        got = [[int(((dest == r) & (ids == x)).sum()) for x in range(e)] for r in range(ranks)]
+        slots = np.array([held + [-1] * (4 + e - len(held)) for held in copies])
+        counts = np.bincount(ids.reshape(-1).numpy(), minlength=e)
+        assert got == split_tokens(slots, counts).tolist()
+
+
 def test_destinations_balanced_follow_split_tokens():
     """Expert 0 (5 pairs) is on both ranks; rank 0 also has expert 1's 4 pairs, rank 1 expert 2's
     1 pair. Balanced, rank 0 takes 1 of expert 0's pairs and rank 1 the other 4 (5 each; evenly
