@@ -28,7 +28,6 @@ earlier layers, not on the critical path unless it is late. Iteration t = (step,
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -537,9 +536,11 @@ class ExpertTime:
 
 def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
     """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]:
-    per device, the experts it holds more times than before (each empty slot is -1)."""
+    per device, the experts it holds and did not hold before (each empty slot is -1; a second
+    slot of an expert the device holds already shares its weights: no copy, as in the real
+    run's `real.distributed.moves`)."""
     e = int(max(slots.max(initial=-1), resident.max(initial=-1))) + 1
-    more = np.maximum(times_held(slots, e) - times_held(resident, e), 0)
+    more = (times_held(slots, e) > 0) & (times_held(resident, e) == 0)
     return int(more.sum(1).max(initial=0))
 
 
@@ -963,11 +964,10 @@ class EPRunner:
         waits: list[tuple[int, ...]] = []
         deps = (*after, *self.layer_done.get(moe, ()))
         for d in range(self.layout.n_devices):
-            need = Counter(int(e) for e in slots[d] if e >= 0) - Counter(
-                int(e) for e in old[d] if e >= 0
-            )
+            # experts d holds and did not (a second slot of one it holds shares its weights)
+            need = {int(e) for e in slots[d] if e >= 0} - {int(e) for e in old[d] if e >= 0}
             ops = []
-            for e in sorted(need.elements()):
+            for e in sorted(need):
                 ops.append(self.out.add(
                     OpKind.LOAD, self.copies[d], deps, step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
                     nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU,

@@ -90,7 +90,7 @@ def test_task_mix_reads_the_batchs_labels_not_its_routing(tiny_model, tiny_hw, t
 
 
 @pytest.mark.parametrize(
-    "name, params", [("klotski", {"predictor": "oracle"}), ("oracle_replication", {})]
+    "name, params", [("klotski", {"predictor": "oracle"}), ("oracle_replication", EP_PARAMS)]
 )
 def test_an_oracle_is_caught_peeking(name, params, tiny_model, tiny_hw):
     """The check above can fail: upper bounds that read the coming routing are caught."""

@@ -97,6 +97,7 @@ def check(ckpt: Path, out: Path, summary: dict, routing: str, tol: float = ATOL)
     added = sum(len(set(new[m][r]) - set(old[m][r])) for old, new in pairwise(steps)
                 for m in range(len(spec.moe_layers)) for r in range(len(ranks)))  # fmt: skip
     assert sum(r["copies_in"] for r in ranks) == added
+    assert summary["ep"]["copies"] == added  # the simulator charges the copies the run makes
 
 
 @pytest.mark.parametrize("routing", ["replay", "live"])
