@@ -14,7 +14,10 @@ dispatch=balanced splits a replicated expert's pairs over its copies as the simu
 Usage:
     torchrun --nproc_per_node=2 -m experiments.ep_run checkpoint=DIR planner=ep_static \
         batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] \
-        [dense=data|tensor] [dispatch=even|balanced] [out=DIR]
+        [dense=data|tensor] [dispatch=even|balanced] [out=DIR] [rendezvous_s=120]
+
+rendezvous_s: how long each rank waits for the others to join the process group before it stops
+with one line (a process that was never started, a wrong MASTER_PORT).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import os
 import sys
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing, load_routing
@@ -45,7 +50,7 @@ from real.model import live_routing
 DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
     routing="replay", replica_slots="", dense="data", dispatch="even", seed="0", device="",
-    out="runs/ep_run",
+    out="runs/ep_run", rendezvous_s="120",
 )  # fmt: skip
 ROUTINGS = ("replay", "live")
 
@@ -126,15 +131,46 @@ def check_device(device: str, world: int) -> str:
     return f"cuda:{index or 0}"
 
 
-def init_group(device: str) -> None:
+def world_size() -> int:
+    """The number of processes torchrun started (1 when not launched by it); one line for an
+    environment that sets one of RANK and WORLD_SIZE without the other, which would plan for
+    one number of ranks and run on another."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if (rank is None) != (world is None):
+        have, lack = ("RANK", "WORLD_SIZE") if world is None else ("WORLD_SIZE", "RANK")
+        raise ConfigError(
+            f"{have} is set but {lack} is not: launch with torchrun (it sets both, with "
+            f"MASTER_ADDR and MASTER_PORT), or unset {have} for one process"
+        )
+    try:
+        n = int(world) if world is not None else 1
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={world!r} is not a number of processes") from None
+    if n < 1:
+        raise ConfigError(f"WORLD_SIZE={n} must be >= 1")
+    return n
+
+
+def init_group(device: str, rendezvous_s: int = 120) -> None:
     """The torchrun group, or a one-process group (an in-memory store: no port) when not
-    launched by torchrun."""
+    launched by torchrun. A rank whose peers do not all join within `rendezvous_s` stops with
+    one line (torch's default wait is 30 minutes)."""
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     if "RANK" not in os.environ:
         dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        dist.init_process_group(backend_for(device))
+        return
+    try:  # the rendezvous alone is bounded: the group's collectives keep torch's own timeout
+        store, rank, world = next(rendezvous("env://", timeout=timedelta(seconds=rendezvous_s)))
+    except dist.DistError as e:
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        raise MoepipeError(
+            f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: the process group at "
+            f"{where} did not form ({str(e).splitlines()[0]}); start every process "
+            "(torchrun --nproc_per_node=N starts N) and check MASTER_ADDR/MASTER_PORT"
+        ) from None
+    store.set_timeout(timedelta(minutes=30))
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world)
 
 
 def shared_live_routing(ckpt: str, prompts: torch.Tensor, gen_len: int) -> Routing:
@@ -171,7 +207,8 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         )
     model: ModelSpec = load_checkpoint(opts["checkpoint"])[0]
     workload = ep_workload(opts)
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = world_size()
+    rendezvous_s = integer(opts, "rendezvous_s")
     device = check_device(opts["device"], world)
     out_dir = Path(opts["out"])
     try:  # before the run, not after it
@@ -187,12 +224,6 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError(
             f"{world} processes for {model.n_experts} experts: each needs at least one expert; "
             f"run at most {model.n_experts} (--nproc_per_node)"
-        )
-    if opts["planner"] == "eplb" and model.n_experts % world:
-        raise ConfigError(
-            f"planner=eplb packs the {model.n_experts} experts' slots evenly over the processes, "
-            f"so their number must divide it; {world} does not (--nproc_per_node), or choose "
-            "another planner"
         )
     dense = opts["dense"]
     check_dense(model, dense, world)
@@ -213,7 +244,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     if opts["routing"] == "live":
         # the reference forward loads the whole model: rank 0 runs it and sends the routing (on
         # every rank, G processes on one node held G copies of the model)
-        init_group(device)
+        init_group(device, rendezvous_s)
         try:
             routing = shared_live_routing(ckpt, prompts, workload.gen_len)
             forced = None
@@ -224,7 +255,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     else:
         routing = forced = load_routing(model, workload)
         placement, ep_meta = plan_placement(spec, routing)  # bad input fails before any wait
-        init_group(device)
+        init_group(device, rendezvous_s)
     try:
         dist.barrier()
         t0 = time.perf_counter()

@@ -489,7 +489,15 @@ def ep_generate(
         raise ConfigError(f"dispatch={dispatch!r} unknown; valid: {', '.join(DISPATCH)}")
     b, p = prompt_tokens.shape
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
-    check_dense(spec, dense, dist.get_world_size())
+    world = dist.get_world_size()
+    check_dense(spec, dense, world)
+    for t, step in enumerate(placement[:gen_len]):
+        for m, ranks in enumerate(step):
+            if len(ranks) != world:
+                raise ConfigError(
+                    f"placement step {t}, MoE layer {m}: {len(ranks)} ranks' experts for a "
+                    f"process group of {world}; plan with n_devices={world}"
+                )
     ep = EPRank(ckpt, spec, placement, b, device, dense, dispatch)
     try:
         return _generate(ep, prompt_tokens, gen_len, forced_routing)

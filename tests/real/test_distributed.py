@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from core.errors import ConfigError
 from core.routing import load_routing
@@ -383,15 +384,62 @@ def test_bad_input_is_one_line(tmp_path, mixtral_tiny, arg, message):
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
 
 
-def test_eplb_on_processes_that_do_not_divide_the_experts_names_nproc(tmp_path, mixtral_tiny):
-    """3 processes for 8 experts: eplb cannot pack its slots evenly; the line names
-    --nproc_per_node (no replica_slots value helps), on every rank, exit 2."""
+def test_eplb_on_processes_that_do_not_divide_the_experts(tmp_path, mixtral_tiny):
+    """3 processes for 8 experts, 1 replica slot each: eplb lays out 9 physical experts, 3 a rank
+    (its replicas rounded down to split evenly), and the run matches the reference; with no
+    replica slots 8 experts cannot be 3 equal shares, one line naming replica_slots, exit 2."""
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=eplb", "replica_slots=1", "batch_size=3",
+                       nproc=3)  # fmt: skip
+    check(mixtral_tiny, tmp_path, summary, "replay")
+    assert all(len(held) == 3 for step in summary["placement"] for moe in step for held in moe)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
            f"--master_port={free_port()}", "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}",
-           "planner=eplb", "batch_size=3", f"out={tmp_path}"]  # fmt: skip
+           "planner=eplb", "replica_slots=0", "batch_size=3", f"out={tmp_path / 'none'}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "must divide it; 3 does not (--nproc_per_node)" in proc.stderr
+    assert (
+        "need at least 1 replicas" in proc.stderr and "raise planner replica_slots" in proc.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not: launch with torchrun"),
+        ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not: launch with torchrun"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"},
+         "rank 0 of 2: the process group at 127.0.0.1:"),
+    ],
+)  # fmt: skip
+def test_a_half_set_up_process_group_is_one_line(tmp_path, mixtral_tiny, env, message):
+    """A launch environment that would plan for one number of ranks and run on another (it ran
+    2 ranks' plan on 1 process, with wrong logits and exit 0), or a group whose other process
+    never starts (torch waits 30 minutes): one line, exit 2, within `rendezvous_s`."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")},
+           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT), **env}  # fmt: skip
+    cmd = [sys.executable, "-m", "experiments.ep_run", f"checkpoint={mixtral_tiny}",
+           f"out={tmp_path}", "rendezvous_s=2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
+
+
+def test_a_placement_for_another_number_of_ranks_is_refused(mixtral_tiny):
+    """ep_generate on a group of 1 with a placement for 2 ranks: pairs for rank 1 would go
+    nowhere and their outputs stay zero; one line instead."""
+    from experiments.ep_run import init_group
+    from real.distributed import ep_generate
+
+    init_group("cpu")
+    try:
+        spec = load_checkpoint(mixtral_tiny)[0]
+        two = [[[[0, 2, 4, 6], [1, 3, 5, 7]] for _ in spec.moe_layers]]  # [step][moe][rank]
+        with pytest.raises(
+            ConfigError, match=r"step 0, MoE layer 0: 2 ranks' experts for a process group of 1"
+        ):
+            ep_generate(mixtral_tiny, spec, torch.zeros(1, 4, dtype=torch.long), 1, two)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_planning_hardware_holds_a_full_size_model():
