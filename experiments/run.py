@@ -22,7 +22,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import CapacityError, MoepipeError
+from core.routing import resolve_source
 from core.spec import hf_config_file
+from core.traces import trace_path
+from core.types import RoutingSource
 from experiments.callbacks import FAILED
 from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir, until_interrupted
 from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
+    spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
     config_yaml = config_text(cfg)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
@@ -40,7 +44,6 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     # not finished as it is: an older run's summary must not pass for this one's if this one
     # fails or is killed before its own summary is written
     (out_dir / "summary.json").unlink(missing_ok=True)
-    spec = run_spec(cfg)
     if spec.executor == "sim":
         result = simulate_run(spec)
     else:
@@ -63,8 +66,24 @@ CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it r
 
 def config_text(cfg: DictConfig) -> str:
     """What a run dir's config.yaml holds, finished or infeasible: the resolved config and the
-    version of the model files it reads."""
-    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg)
+    version of the model files and the routing trace it reads."""
+    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(cfg)
+
+
+def trace_line(cfg: DictConfig) -> str:
+    """A comment line for config.yaml naming the version (size, mtime) of the routing trace a
+    run reads, where its routing is the trace's: a trace rebuilt at the same `trace_dir` makes
+    a finished run run again. Empty for synthetic routing, or a trace that is not there (the
+    run then fails naming it)."""
+    spec = run_spec(cfg)
+    if resolve_source(spec.model, spec.workload.routing.source) != RoutingSource.TRACE:
+        return ""
+    path = trace_path(spec.workload.routing.trace_dir)
+    try:
+        st = path.stat()
+    except OSError:
+        return ""
+    return f"# routing trace {path}: {st.st_size} B, mtime {st.st_mtime_ns}\n"
 
 
 def model_files_line(cfg: DictConfig) -> str:

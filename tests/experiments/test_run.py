@@ -244,15 +244,46 @@ def test_a_garbled_summary_is_run_again(tmp_path):
 
 def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path):
     """A finished run dir records the code it ran with: under other code it runs again. A rerun
-    with a new config that fails (bad input) drops the old summary, which would otherwise stand
-    beside the new config.yaml and pass for its result."""
+    with bad input fails before it touches the dir: the finished run stays, with its own
+    config.yaml (it was deleted, a finished result lost to a typo), and is reused as before."""
     assert run([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     out = tmp_path / "run"
     (out / "code_version.txt").write_text("other code")
     r = run([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0 and "a run of other code; running again" in r.stdout + r.stderr
+    kept = (out / "summary.json").read_text(), (out / "config.yaml").read_text()
     r = run([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
-    assert r.returncode == 2 and not (out / "summary.json").exists()
+    assert r.returncode == 2
+    assert ((out / "summary.json").read_text(), (out / "config.yaml").read_text()) == kept
+    r = run([*TINY, "planner=flexgen"], tmp_path)
+    assert r.returncode == 0 and "already finished" in r.stdout + r.stderr
+
+
+def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
+    """A run whose routing is the ESFT trace is finished only for the trace file it read: a
+    trace rebuilt at the same trace_dir runs again (it was reused, the old trace's result
+    handed back); synthetic routing records no trace."""
+    import shutil
+
+    from core.traces import TRACE_FILE, TRACE_NAME, trace_path
+
+    src = trace_path(ROOT / "../shared/traces")
+    if not src.is_file():
+        pytest.skip("no ESFT trace at ../shared/traces")
+    copy = tmp_path / "traces" / TRACE_NAME / TRACE_FILE
+    copy.parent.mkdir(parents=True)
+    shutil.copy(src, copy)
+    args = ["model=deepseek-v2-lite", "hardware=h200", "workload=tiny", "planner=flexgen",
+            f"workload.routing.trace_dir={tmp_path / 'traces'}"]  # fmt: skip
+    assert run(args, tmp_path).returncode == 0
+    assert "# routing trace" in (tmp_path / "run" / "config.yaml").read_text()
+    r = run(args, tmp_path)
+    assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
+    os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns + 10**9))  # rebuilt
+    r = run(args, tmp_path)
+    assert r.returncode == 0 and "another config" in r.stderr + r.stdout
+    assert run([*TINY, "planner=flexgen"], tmp_path / "syn").returncode == 0
+    assert "# routing trace" not in (tmp_path / "syn" / "run" / "config.yaml").read_text()
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys):
