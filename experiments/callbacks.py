@@ -20,6 +20,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from experiments.cli import on_interrupt
+
 FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
 
 
@@ -91,6 +93,10 @@ class SweepProgress(Callback):
         self._stop.clear()
         bar = tqdm(total=total, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
                    dynamic_ncols=True, mininterval=1.0)  # fmt: skip
+        # the default sweep folder is timestamped: the same command again would start afresh
+        here = sweep_dir.resolve()
+        on_interrupt(f"finished runs are kept in {here}; to resume, run the same command with "
+                     f"hydra.sweep.dir={here}", before=bar.close)  # fmt: skip
 
         def poll() -> None:
             while not self._stop.wait(self.poll_s):

@@ -61,14 +61,29 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
         sys.exit(2)
 
 
+# What `until_interrupted` says after "interrupted: ": a command whose output folder is not the
+# same on a rerun (a sweep under a timestamped folder, a single run) sets it with `on_interrupt`.
+_ON_INTERRUPT = ["finished runs are kept; run the same command again to resume"]
+_BEFORE_LINE: list[Callable[[], Any]] = []  # e.g. a progress bar to close first
+
+
+def on_interrupt(text: str, before: Callable[[], Any] | None = None) -> None:
+    """What Ctrl-C's line says in this process from now on (how to resume, or that nothing is),
+    and what to do before printing it (`before`: close a progress bar, whose line it would
+    otherwise continue)."""
+    _ON_INTERRUPT[0] = text
+    _BEFORE_LINE[:] = [before] if before else []
+
+
 def until_interrupted(main: Callable[[], Any]) -> Any:
     """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130.
-    What finished is on disk: the same command again resumes."""
+    What finished is on disk; the line says how to resume (`on_interrupt`)."""
     try:
         return main()
     except KeyboardInterrupt:
-        print("interrupted: finished runs are kept; run the same command again to resume",
-              file=sys.stderr)  # fmt: skip
+        for before in _BEFORE_LINE:
+            before()
+        print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
 
 
@@ -91,7 +106,8 @@ def unknown_choice(argv: Sequence[str], conf_dir: Path) -> str | None:
     for arg in argv:
         key, sep, value = arg.lstrip("+").partition("=")
         groups = [r / key for r in roots if (r / key).is_dir()]
-        if not sep or key.startswith(("-", "~")) or not (conf_dir / key).is_dir():
+        # hydra's own groups (hydra/launcher=basic ...) have options in its plugins too
+        if not sep or key.startswith(("-", "~", "hydra/")) or not (conf_dir / key).is_dir():
             continue
         for name in value.split(","):
             problem = (

@@ -27,7 +27,12 @@ from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
-from experiments.cli import exit_on_unknown_choice, exit_on_unwritable_dir, until_interrupted
+from experiments.cli import (
+    exit_on_unknown_choice,
+    exit_on_unwritable_dir,
+    on_interrupt,
+    until_interrupted,
+)
 from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_model_name, run_spec
 
@@ -133,6 +138,9 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
+    if hc.mode != RunMode.MULTIRUN:
+        on_interrupt(f"the run in {out_dir} did not finish (a run is not resumed: the same "
+                     "command runs it whole)")  # fmt: skip
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
         execute(cfg, out_dir)

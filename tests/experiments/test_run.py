@@ -364,3 +364,35 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     (run_dir / "summary.json").write_text(json.dumps({"model": "my-ckpt", "throughput_tok_s": 1}))
     row, _ = read_run(run_dir)
     assert row is not None and row["model.name"] == "my-ckpt"
+
+
+def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) in a `-m` sweep under the
+    default timestamped folder: one line naming the folder and the `hydra.sweep.dir=` that
+    resumes it (it said "run the same command again", which starts a new folder and reuses
+    nothing); that command reuses the finished runs and runs the rest."""
+    import signal
+    import time
+
+    planners = "sequential,layer_prefetch,flexgen,zero_inference,fiddler,moe_infinity,klotski"
+    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"planner={planners}",
+           "hydra/launcher=basic"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("multirun/*/*/*/summary.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    (sweep,) = {p.parents[1].resolve() for p in tmp_path.glob("multirun/*/*/*/summary.json")}
+    last = err.strip().splitlines()[-1]
+    assert last == (f"interrupted: finished runs are kept in {sweep}; to resume, run the same "
+                    f"command with hydra.sweep.dir={sweep}")  # fmt: skip
+    done = len(list(sweep.glob("*/summary.json")))
+    r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (r.stdout + r.stderr).count("already finished") >= done >= 1
+    assert len(list(sweep.glob("*/summary.json"))) == 7
