@@ -5,6 +5,7 @@ Every mistake becomes a `ConfigError` naming the field.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,23 @@ def run_model_name(*, _root_: DictConfig) -> str:
 
 
 OmegaConf.register_new_resolver("run_model", run_model_name, replace=True)
+
+RUN_DIR_CHARS = 120  # a run dir's name from its overrides, at most (file systems allow 255)
+
+
+def run_dir_name(overrides: str) -> str:
+    """`${run_dir:${hydra.job.override_dirname}}` in conf/: a sweep point's folder from the
+    overrides that tell it apart (sorted by hydra, so the same point gets the same folder in
+    any order of the sweep's values). A name too long for a folder, or with a `/` (a path
+    value) that would nest folders, is cut and ends in a hash of the whole."""
+    name = overrides.replace("/", "_")
+    if name == overrides and len(name) <= RUN_DIR_CHARS:
+        return name
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:12]
+    return f"{name[: RUN_DIR_CHARS - 13]}_{digest}"
+
+
+OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
 
 def workload(cfg: DictConfig) -> Workload:

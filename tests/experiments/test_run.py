@@ -55,7 +55,7 @@ def test_run_writes_the_run_directory(tmp_path):
 def test_sweep_runs_every_planner(tmp_path):
     r = run(["-m", *TINY, "planner=sequential,flexgen"], tmp_path)
     assert r.returncode == 0, r.stderr
-    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    summaries = sorted((tmp_path / "sweep").rglob("summary.json"))
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
 
 
@@ -64,10 +64,11 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
     the sweep exits 2 naming the failed run."""
     r = run(["-m", *TINY, "planner=flexgen", "workload.batch_size=1,-1,2"], tmp_path)
     assert r.returncode == 2
-    assert len(list((tmp_path / "sweep").glob("*/summary.json"))) == 2
-    failed = list((tmp_path / "sweep").glob("*/failed.txt"))
+    assert len(list((tmp_path / "sweep").rglob("summary.json"))) == 2
+    failed = list((tmp_path / "sweep").rglob("failed.txt"))
     assert len(failed) == 1 and "batch_size must be a positive integer" in failed[0].read_text()
-    assert f"1 run(s) failed on bad input ({failed[0].parent.name}" in r.stderr
+    point = failed[0].parent.relative_to(tmp_path / "sweep")
+    assert f"1 run(s) failed on bad input ({point};" in r.stderr
 
 
 def test_an_experiments_own_choices_and_keys_pass_the_key_check():
@@ -335,6 +336,7 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     the run dir (hydra's `${run_model:}`) and collect's model.name say so, not model='s group
     (before, a real run of a tiny checkpoint was filed and reported as mixtral-8x7b)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
 
     import experiments.resolve  # noqa: F401  registers ${run_model:}
     from experiments.collect import read_run
@@ -352,9 +354,11 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
             (["executor=real", f"checkpoint={tmp_path / 'no-such'}/"], "no-such"),
         ]:
             cfg = compose("config", overrides, return_hydra_config=True)
-            cfg.hydra.job.num = 0  # a sweep sets it
+            HydraConfig.instance().set_config(cfg)  # a run sets it (the group choices)
             assert cfg.hydra.run.dir.endswith(f"_{name}_flexgen"), overrides
-            assert cfg.hydra.sweep.subdir == f"0_{name}_flexgen_bs16_n15", overrides
+            assert cfg.hydra.sweep.subdir.startswith(f"{name}_rtx3090-env1_flexgen_bs16_n15_"), (
+                overrides
+            )
         monkeypatch.chdir(ckpt)  # checkpoint=. names the folder it is (it fell back to model=)
         cfg = compose("config", ["executor=real", "checkpoint=."], return_hydra_config=True)
         assert cfg.hydra.run.dir.endswith("_my-ckpt_flexgen")
@@ -381,18 +385,49 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     deadline = time.time() + 120
-    while not list(tmp_path.glob("multirun/*/*/*/summary.json")) and time.time() < deadline:
+    while not list(tmp_path.glob("multirun/*/*/*/*/summary.json")) and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    (sweep,) = {p.parents[1].resolve() for p in tmp_path.glob("multirun/*/*/*/summary.json")}
+    (sweep,) = {p.parents[2].resolve() for p in tmp_path.glob("multirun/*/*/*/*/summary.json")}
     last = err.strip().splitlines()[-1]
     assert last == (f"interrupted: finished runs are kept in {sweep}; to resume, run the same "
                     f"command with hydra.sweep.dir={sweep}")  # fmt: skip
-    done = len(list(sweep.glob("*/summary.json")))
+    done = len(list(sweep.rglob("summary.json")))
     r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert (r.stdout + r.stderr).count("already finished") >= done >= 1
-    assert len(list(sweep.glob("*/summary.json"))) == 7
+    assert len(list(sweep.rglob("summary.json"))) == 7
+
+
+def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path):
+    """The same points swept in another order reuse their runs (the folders were numbered by
+    job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""
+    args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw"]
+    first = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
+                            "workload.prompt_len=8,16"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
+                            "workload.prompt_len=16,8"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "2 already finished, reused" in again.stderr
+    assert "another config" not in again.stdout + again.stderr
+    assert len(list((tmp_path / "sw").rglob("summary.json"))) == 2
+
+
+def test_run_dir_names_stay_folder_names():
+    """A point's folder from its overrides: as they are when short; a path value (a `/` would
+    nest folders) or a name over the file system's limit is cut and ends in a hash of the whole,
+    so two long names that share their start stay apart."""
+    from experiments.resolve import RUN_DIR_CHARS, run_dir_name
+
+    assert (
+        run_dir_name("workload.prompt_len=8,workload=tiny") == "workload.prompt_len=8,workload=tiny"
+    )
+    assert "/" not in run_dir_name("workload.routing.trace_dir=/tmp/t")
+    long = ",".join(f"planner.params.p{i}={i}" for i in range(30))
+    a, b = run_dir_name(long), run_dir_name(long + "1")
+    assert len(a) == len(b) == RUN_DIR_CHARS and a != b
