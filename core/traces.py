@@ -8,13 +8,17 @@ sequences out of its token stream; `convert_esft` rebuilds the npz from the upst
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
 import re
 import tarfile
+import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +134,15 @@ def _validate(tr: EsftTrace) -> None:
             raise bad(f"{name} has shape {getattr(tr, name).shape}, expected ({t},)")
     if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= N_EXPERTS:
         raise bad(f"expert_ids must be integers in [0, {N_EXPERTS})")
+    if not np.issubdtype(w.dtype, np.number):
+        raise bad(f"gate_weights has dtype {w.dtype}, expected float32")
+    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0)))  # [n, 3] (token, layer, slot)
+    if wrong.size:
+        t0, layer, j = wrong[0]
+        raise bad(
+            f"gate_weights holds {w[t0, layer, j]} at token {t0}, MoE layer {layer + 1} "
+            f"({len(wrong)} NaN, infinite or negative value(s); gate weights are probabilities)"
+        )
     if int(tr.task.max()) >= len(tr.task_names):
         raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
 
@@ -198,13 +211,24 @@ def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
 _LAYER_FILE = re.compile(r"(?:^|/)(?P<task>[^/]+)/expert_weights_(?P<layer>\d+)\.txt$")
 
 
-def _read_sources(src: Path) -> dict[str, dict[int, str]]:
-    """task -> layer (1-based) -> file text, from a directory tree or a .tar(.gz)."""
+def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]:
+    """(task -> layer (1-based) -> file text, task -> its folder as errors name it), from a
+    directory tree or a .tar(.gz). A task in two folders is an error: one would replace the
+    other's layer files."""
     found: dict[str, dict[int, str]] = {}
+    folders: dict[str, str] = {}  # task -> its folder, relative to src
 
     def add(name: str, data: bytes) -> None:
-        m = _LAYER_FILE.search(name.replace("\\", "/"))
+        name = posixpath.normpath(name.replace("\\", "/"))
+        m = _LAYER_FILE.search(name)
         if m:
+            folder = posixpath.dirname(name)
+            first = folders.setdefault(m["task"], folder)
+            if first != folder:
+                raise TraceError(
+                    f"{src}: task {m['task']} is in two folders, {first}/ and {folder}/; keep one "
+                    "of them (a task's expert_weights_<layer>.txt files belong in one folder)"
+                )
             try:
                 text = data.decode()
             except UnicodeDecodeError:
@@ -236,10 +260,12 @@ def _read_sources(src: Path) -> dict[str, dict[int, str]]:
         raise TraceError(f"{src}: no such file or directory")
     if not found:
         raise TraceError(f"{src}: no <task>/expert_weights_<layer>.txt files found")
-    return found
+    if src.is_dir():
+        return found, {t: str(src / f) for t, f in folders.items()}
+    return found, {t: f"{src}: {f}" for t, f in folders.items()}
 
 
-def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """One sequence: ([n, k] ids, [n, k] weights) from `ids... \\t\\t weights...`."""
     parts = text.split("\t\t")
     if len(parts) != 2:
@@ -256,7 +282,21 @@ def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarr
         raise TraceError(
             f"{where}: {len(ids)} ids and {len(w)} weights; need equal multiples of {top_k}"
         )
-    ids = ids.reshape(-1, top_k)
+    ids, w = ids.reshape(-1, top_k), w.reshape(-1, top_k)
+    outside = np.argwhere((ids < 0) | (ids >= n_experts))  # [n, 2] (token, slot)
+    if outside.size:
+        t, j = outside[0]
+        raise TraceError(
+            f"{where}: token {t} has expert id {ids[t, j]}, outside [0, {n_experts}); not a dump "
+            f"of a {n_experts}-expert model"
+        )
+    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0)))
+    if wrong.size:
+        t, j = wrong[0]
+        raise TraceError(
+            f"{where}: token {t} has gate weight {w[t, j]}; gate weights are softmax "
+            "probabilities, finite and >= 0: replace the file with the upstream dump"
+        )
     srt = np.sort(ids, axis=1)
     rep = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
     if rep.size:  # a top-k set never repeats an expert: the groups of k are misaligned
@@ -264,7 +304,7 @@ def _parse_line(text: str, where: str, top_k: int) -> tuple[np.ndarray, np.ndarr
             f"{where}: token {rep[0]} repeats an expert within its {top_k} ids; not a top-{top_k} "
             f"dump (ESFT logs 6 distinct experts per token)"
         )
-    return ids, w.reshape(-1, top_k)
+    return ids, w
 
 
 def convert_esft(
@@ -281,7 +321,7 @@ def convert_esft(
     src, out = Path(src), Path(out_npz)
     if out.suffix != ".npz":  # numpy adds it; the path returned is the file written
         out = out.with_name(out.name + ".npz")
-    found = _read_sources(src)
+    found, folders = _read_sources(src)
     tasks = sorted(found)
     numbered = sorted({layer for layers in found.values() for layer in layers})
     if numbered[0] < 1:
@@ -308,15 +348,20 @@ def convert_esft(
         per_layer = [
             found[task][layer].rstrip("\n").split("\n") for layer in range(1, n_layers + 1)
         ]
-        n_lines = {len(lines) for lines in per_layer}
-        if len(n_lines) != 1:
-            raise TraceError(f"{src}: task {task} layer files have different line counts {n_lines}")
-        for line in range(len(per_layer[0])):
+        n1 = len(per_layer[0])
+        for li, lines in enumerate(per_layer):
+            if len(lines) != n1:
+                raise TraceError(
+                    f"{folders[task]}/expert_weights_{li + 1}.txt has {len(lines)} lines, "
+                    f"expert_weights_1.txt has {n1}; a task's layer files hold one line per "
+                    "sequence each: supply complete files"
+                )
+        for line in range(n1):
             layer_ids: list[np.ndarray] = []  # per layer [n, k]
             layer_w: list[np.ndarray] = []
             for li, lines in enumerate(per_layer):
-                where = f"{src}: {task}/expert_weights_{li + 1}.txt line {line + 1}"
-                ids, w = _parse_line(lines[line], where, top_k)
+                where = f"{folders[task]}/expert_weights_{li + 1}.txt line {line + 1}"
+                ids, w = _parse_line(lines[line], where, top_k, n_experts)
                 if layer_ids and len(ids) != len(layer_ids[0]):
                     raise TraceError(f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}")
                 layer_ids.append(ids)
@@ -328,8 +373,7 @@ def convert_esft(
             seq_all.append(np.full(n, line, np.int32))
             pos_all.append(np.arange(n, dtype=np.int32))
     expert_ids = np.concatenate(ids_all)
-    if expert_ids.min() < 0 or expert_ids.max() >= n_experts:
-        raise TraceError(f"{src}: expert ids outside [0, {n_experts})")
+    assert expert_ids.min() >= 0 and expert_ids.max() < n_experts  # checked per line
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -337,7 +381,7 @@ def convert_esft(
             f"{out}: cannot create its folder {out.parent} ({e.strerror or e}); pass an output "
             "path under a writable folder"
         ) from None
-    np.savez_compressed(
+    _atomic_savez(
         out,
         expert_ids=expert_ids.astype(np.uint8),
         gate_weights=np.concatenate(w_all),
@@ -351,3 +395,39 @@ def convert_esft(
     )
     log.info("wrote %s: %d tokens, %d tasks", out, len(expert_ids), len(tasks))
     return out
+
+
+def _atomic_savez(out: Path, **arrays: Any) -> None:
+    """`np.savez_compressed` whole or not at all: into a temporary file in `out`'s folder,
+    renamed over `out` once complete, so an interrupt or a full disk mid-write keeps the trace
+    that was there. (experiments.pipeline's atomic_write_text, for core.)"""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    except OSError as e:
+        raise TraceError(
+            f"{out}: cannot write in {out.parent} ({e.strerror or e}); pass an output path under "
+            "a writable folder"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a shared trace from others
+        os.replace(tmp, out)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise TraceError(
+            f"{out}: cannot write it ({e.strerror or e}); free space or pass another output path"
+        ) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read once at import (setting it to read it is process-wide)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()

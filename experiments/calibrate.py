@@ -39,7 +39,7 @@ from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
-from experiments.cli import as_float, as_int, output_dir, output_file, parse_kv
+from experiments.cli import as_float, as_int, output_dir, output_file, parse_kv, until_interrupted
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
 from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
@@ -582,6 +582,11 @@ def calibrate(
 
 
 def main(argv: list[str]) -> int:
+    """Ctrl-C: one line and exit 130; the profile is written only once measured."""
+    return int(until_interrupted(lambda: _main(argv)))
+
+
+def _main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0

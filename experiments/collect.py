@@ -24,6 +24,7 @@ import yaml
 from core.args import output_dir
 from core.errors import MoepipeError
 from core.routing import peek_suffix
+from experiments.cli import until_interrupted
 
 RESULTS = "results"
 _SKIP_KEYS: set[str] = set()  # summary keys not worth a column
@@ -60,19 +61,26 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not summary_path.exists():
         failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
         if failed.exists():
-            return None, f"failed on bad input: {failed.read_text().strip()}"
+            try:
+                return None, f"failed on bad input: {failed.read_text().strip()}"
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"failed on bad input (failed.txt unreadable: {_why(e)})"
         return None, "no summary.json (unfinished or interrupted)"
     try:
         summary = json.loads(summary_path.read_text())
         assert isinstance(summary, dict)
     except (json.JSONDecodeError, UnicodeDecodeError, AssertionError) as e:
         return None, f"summary.json unreadable ({type(e).__name__})"
+    except OSError as e:  # a folder of that name, no permission
+        return None, f"summary.json unreadable ({_why(e)})"
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
                 config = yaml.safe_load(cfg_path.read_text()) or {}
             except yaml.YAMLError:
                 return None, f"{cfg_path.relative_to(run)} unreadable"
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
             break
     else:
         return None, "no config.yaml"
@@ -87,6 +95,12 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     return row, None
 
 
+def _why(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return str(getattr(e, "strerror", None) or e)
+
+
 def system_of(run: Path, row: dict[str, Any]) -> str:
     """What a run's planner is, as a sweep varied it: hydra's config choice (klotski_at_n and
     klotski_hot are both planner `klotski`), else the planner's name; a run that peeked at the
@@ -95,7 +109,7 @@ def system_of(run: Path, row: dict[str, Any]) -> str:
     try:
         hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
         name = str(hydra["hydra"]["runtime"]["choices"]["planner"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
         pass
     return name + peek_suffix(str(row.get("planner_label", "")))
 
@@ -126,8 +140,20 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
             clean[c] = one_type(clean[c])
     pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
-    clean.to_parquet(pq, index=False)
-    clean.to_csv(csv, index=False)
+    for path in (pq, csv):  # checked before either is written
+        if path.is_dir():
+            raise MoepipeError(
+                f"{path}: is a folder, where the results file goes; remove it or pass --out= "
+                "another folder"
+            )
+    try:
+        clean.to_parquet(pq, index=False)
+        clean.to_csv(csv, index=False)
+    except OSError as e:
+        raise MoepipeError(
+            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass --out= a writable "
+            "folder"
+        ) from None
     return pq, csv
 
 
@@ -157,6 +183,11 @@ def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C: one line and exit 130 (the run dirs are only read)."""
+    return int(until_interrupted(lambda: _main(argv)))
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument(

@@ -14,10 +14,15 @@ from pathlib import Path
 
 from core.errors import MoepipeError
 from core.traces import N_LAYERS, convert_esft
-from experiments.cli import output_file
+from experiments.cli import output_file, until_interrupted
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C: one line and exit 130, the trace already at `out` kept (it is replaced whole)."""
+    return int(until_interrupted(lambda: _main(argv)))
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.convert_traces", description=__doc__.splitlines()[0]
     )

@@ -30,6 +30,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from core.args import output_dir  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
 from core.routing import peek_suffix  # noqa: E402
+from experiments.cli import until_interrupted  # noqa: E402
 from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
 SYSTEM = "system"  # collect's: the planner config choice (planner.name in older results)
@@ -469,6 +470,11 @@ def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C: one line and exit 130 (the run dirs are only read)."""
+    return int(until_interrupted(lambda: _main(argv)))
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument(
@@ -481,9 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 2
     df, problems = loaded
-    try:
-        if args.out is not None:
-            output_dir(str(args.out), "--out")  # one line for a folder that cannot be made
+    try:  # one line for a folder that cannot be made, the default <sweep>/report too
+        output_dir(str(args.out or args.sweep_dir / "report"), "--out")
         page = write_report(args.sweep_dir, args.out, args.metric,
                             [c for c in args.columns.split(",") if c], df=df, problems=problems)  # fmt: skip
     except (ReportError, MoepipeError) as err:

@@ -21,7 +21,7 @@ import numpy as np
 from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
-from experiments.cli import output_file
+from experiments.cli import as_int, output_file, until_interrupted
 
 ROWS = (
     "max_over_mean_median",
@@ -44,15 +44,45 @@ def esft_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
     return {"params": _params(fit.routing), "real": real, "synthetic": synth}
 
 
-def mixtral_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
+MIXTRAL_EXPERTS = 8
+
+
+def mixtral_counts(trace_dir: str) -> np.ndarray:
+    """[domains, layers, 8] Mixtral top-2 expert counts, checked: one line naming the file for
+    a wrong shape, negative or non-finite counts, or a (domain, layer) with no tokens."""
     path = Path(trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz"
+    key = "mixtral_counts_topk"
     try:
         with np.load(path) as z:
-            counts = z["mixtral_counts_topk"]  # [domains, layers, 8]
+            counts = z[key]  # [domains, layers, 8]
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; pass --trace-dir") from None
+        raise TraceError(
+            f"{path}: no such file; pass --trace-dir=<the folder holding olmoe-aggregates/>"
+        ) from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise TraceError(f"{path}: unreadable or lacks mixtral_counts_topk ({e})") from None
+        raise TraceError(f"{path}: unreadable or lacks {key} ({e})") from None
+    fix = "restore the file from olmoe-aggregates/original or pass --trace-dir"
+    if counts.ndim != 3 or counts.shape[-1] != MIXTRAL_EXPERTS or 0 in counts.shape:
+        raise TraceError(
+            f"{path}: {key} has shape {counts.shape}, expected [domains, layers, "
+            f"{MIXTRAL_EXPERTS}] (Mixtral's {MIXTRAL_EXPERTS} experts); {fix}"
+        )
+    if (
+        not np.issubdtype(counts.dtype, np.number)
+        or not (np.isfinite(counts) & (counts >= 0)).all()
+    ):
+        raise TraceError(f"{path}: {key} holds negative, non-finite or non-numeric counts; {fix}")
+    empty = np.argwhere(counts.sum(axis=-1) == 0)  # [n, 2] (domain, layer)
+    if empty.size:
+        d, layer = empty[0]
+        raise TraceError(
+            f"{path}: {key} counts no tokens at domain {d}, layer {layer} ({len(empty)} of "
+            f"{counts.shape[0] * counts.shape[1]} (domain, layer) rows are all zero); {fix}"
+        )
+    return counts
+
+
+def mixtral_comparison(counts: np.ndarray, seed: int) -> dict[str, Any]:
     fit = fit_to_counts(counts, top_k=2, seed=seed)
     return {"params": _params(fit.routing), "real": fit.target, "synthetic": fit.achieved}
 
@@ -70,6 +100,11 @@ def _table(title: str, real: dict[str, float], synth: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C: one line and exit 130; routing_stats.json is written only once computed."""
+    return int(until_interrupted(lambda: _main(argv)))
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.routing_stats", description=__doc__.splitlines()[0]
     )
@@ -77,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="routing_stats.json")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    try:
-        out = output_file(args.out, "--out")  # checked before the statistics, lost after
-        esft = esft_comparison(args.trace_dir, args.seed)
-        mix = mixtral_comparison(args.trace_dir, args.seed)
+    try:  # every input checked before the statistics, whose results a bad one would lose
+        seed = as_int("--seed", args.seed, at_least=0)
+        out = output_file(args.out, "--out")
+        counts = mixtral_counts(args.trace_dir)
+        esft = esft_comparison(args.trace_dir, seed)
+        mix = mixtral_comparison(counts, seed)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

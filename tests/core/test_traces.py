@@ -283,3 +283,133 @@ def test_cli_rejects_a_dump_the_loader_cannot_read(
     src26 = _dump(tmp_path / "src26", range(1, 27), 6)
     assert main([str(src26), str(tmp_path / TRACE_NAME / TRACE_FILE)]) == 0
     assert load_esft(tmp_path).n_tokens == 4
+
+
+def _dump_lines(root: Path, lines: dict[int, list[str]], task: str = "t") -> Path:
+    """Task `task`'s layer files, layer -> its lines (one a sequence)."""
+    (root / task).mkdir(parents=True, exist_ok=True)
+    for layer, text in lines.items():
+        (root / task / f"expert_weights_{layer}.txt").write_text("\n".join(text) + "\n")
+    return root
+
+
+def _line(ids: list[int], w: list[str]) -> str:
+    return "\t".join(map(str, ids)) + "\t\t" + "\t".join(w)
+
+
+def test_converter_keeps_the_old_trace_when_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C mid-write: the npz was written straight onto the target, so a good trace there
+    was left torn. Now a temporary file is renamed over it once complete."""
+    import os
+
+    src = _dump(tmp_path / "src", range(1, 3), 6)
+    out = tmp_path / "o" / "esft.npz"
+    out.parent.mkdir()
+    out.write_bytes(b"a good trace")
+
+    def torn(file: object, *args: object, **kwargs: object) -> None:
+        if isinstance(file, str | os.PathLike):
+            Path(file).write_bytes(b"torn")
+        else:
+            file.write(b"torn")  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez_compressed", torn)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            try:
+                convert_esft(src, out)
+            except KeyboardInterrupt:  # (not left to escape: it would stop pytest)
+                raise RuntimeError("interrupted") from None
+    assert out.read_bytes() == b"a good trace"
+    assert [p.name for p in out.parent.iterdir()] == ["esft.npz"]  # no temporary left
+    assert convert_esft(src, out) == out
+    assert np.load(out)["expert_ids"].shape == (4, 2, 6)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask  # as a plain write, not mkstemp's 0600
+
+
+def test_converter_refuses_a_task_in_two_folders(tmp_path: Path) -> None:
+    """`law/` and `zz/law/`: the second replaced the first's layer files, silently."""
+    import tarfile
+
+    line = [_line(list(range(6)), ["0.1"] * 6)]
+    _dump_lines(tmp_path / "src", {1: line}, "law")
+    _dump_lines(tmp_path / "src" / "zz", {1: line}, "law")
+    msg = r"task law is in two folders, law/ and zz/law/; keep one"
+    with pytest.raises(TraceError, match=msg) as e:
+        convert_esft(tmp_path / "src", tmp_path / "o.npz")
+    assert "\n" not in str(e.value)
+    with tarfile.open(tmp_path / "src.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "law", arcname="law")
+        tar.add(tmp_path / "src" / "zz", arcname="zz")
+    with pytest.raises(TraceError, match=msg):
+        convert_esft(tmp_path / "src.tar.gz", tmp_path / "o.npz")
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_converter_names_the_file_and_line_at_fault(tmp_path: Path) -> None:
+    """Out-of-range expert ids and uneven line counts named only the source folder."""
+    ok = _line(list(range(6)), ["0.1"] * 6)
+    src = _dump_lines(
+        tmp_path / "a", {1: [ok, ok], 2: [ok, _line([1, 2, 3, 4, 5, 64], ["0.1"] * 6)]}
+    )
+    with pytest.raises(
+        TraceError, match=r"a/t/expert_weights_2.txt line 2: token 0 has expert id 64, outside"
+    ):
+        convert_esft(src, tmp_path / "o.npz")
+    src = _dump_lines(tmp_path / "b", {1: [ok], 2: [ok, ok, ok]})
+    with pytest.raises(
+        TraceError, match=r"b/t/expert_weights_2.txt has 3 lines, expert_weights_1.txt has 1"
+    ):
+        convert_esft(src, tmp_path / "o.npz")
+
+
+@pytest.mark.parametrize("weight", ["nan", "-0.1", "inf"])
+def test_converter_refuses_nan_or_negative_gate_weights(tmp_path: Path, weight: str) -> None:
+    src = _dump_lines(tmp_path, {1: [_line(list(range(12)), ["0.1"] * 7 + [weight] + ["0.1"] * 4)]})
+    with pytest.raises(
+        TraceError, match=rf"t/expert_weights_1.txt line 1: token 1 has gate weight {weight}"
+    ):
+        convert_esft(src, tmp_path / "o.npz")
+    assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("value", [np.nan, -0.5])
+def test_loader_refuses_nan_or_negative_gate_weights(tmp_path: Path, value: float) -> None:
+    w = np.full((5, 26, 6), 0.1, np.float32)
+    w[2, 3, 1] = value
+    d = _write(tmp_path, **(_good() | {"gate_weights": w}))
+    with pytest.raises(
+        TraceError, match=rf"{TRACE_FILE}: corrupt trace, gate_weights holds {value} at token 2"
+    ) as e:
+        load_esft(d)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_ctrl_c_keeps_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while converting: one line, exit 130, the trace already there kept."""
+    from experiments.convert_traces import main
+
+    out = tmp_path / TRACE_FILE
+    out.write_bytes(b"a good trace")
+
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez_compressed", interrupt)
+    try:
+        main([str(_dump(tmp_path / "src", range(1, 27), 6)), str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped as a KeyboardInterrupt traceback")
+    except SystemExit as e:
+        assert e.code == 130
+    else:
+        pytest.fail("returned instead of exiting 130")
+    assert capsys.readouterr().err.startswith("interrupted: ")
+    assert out.read_bytes() == b"a good trace"
