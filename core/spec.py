@@ -75,7 +75,13 @@ class ModelSpec:
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "
                     "set it >= 0 (0 = none, or derived from the other fields)"
                 )
-        object.__setattr__(self, "activation", Activation(self.activation))
+        try:
+            object.__setattr__(self, "activation", Activation(self.activation))
+        except ValueError:
+            valid = ", ".join(a.value for a in Activation)
+            raise ConfigError(
+                f"model {self.name}: activation={self.activation!r} unknown; valid: {valid}"
+            ) from None
         object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
@@ -520,10 +526,13 @@ class HardwareSpec:
     def from_dict(cls, d: Mapping[str, Any]) -> HardwareSpec:
         """From the YAML layout: memory_gb, gpu/cpu {tflops, mem_bw_gbps, overhead_us}, links {gbps, latency_us}."""
         name = str(d.get("name", "hardware"))
+        at = "memory_gb"  # the field being read, for an error's line
         try:
             mem = {Tier(k): int(float(v) * GB) for k, v in dict(d["memory_gb"]).items()}
             links = {}
+            at = "links"
             for k, v in dict(d["links"]).items():
+                at = f"links.{k}"
                 links[Resource(k)] = LinkSpec(
                     float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6
                 )
@@ -560,21 +569,26 @@ class HardwareSpec:
                     sm_bw,
                 )
 
-            return cls(
-                name=name,
-                memory_bytes=mem,
-                gpu=comp(d["gpu"]),
-                cpu=comp(d["cpu"]),
-                links=links,
-                n_gpus=int(d.get("n_gpus", 1)),
-                sources={str(k): str(v) for k, v in dict(d.get("sources") or {}).items()},
-            )
+            at = "gpu"
+            gpu = comp(d["gpu"])
+            at = "cpu"
+            cpu = comp(d["cpu"])
+            at = "n_gpus"
+            n_gpus = int(d.get("n_gpus", 1))
+            at = "sources"
+            sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
+            return cls(name=name, memory_bytes=mem, gpu=gpu, cpu=cpu, links=links, n_gpus=n_gpus,
+                       sources=sources)  # fmt: skip
         except KeyError as e:
-            raise ConfigError(f"hardware {name}: missing field {e.args[0]!r}") from None
-        except ValueError as e:
+            raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
+        except (ValueError, TypeError, AttributeError) as e:
             if isinstance(e, ConfigError):
                 raise
-            raise ConfigError(f"hardware {name}: {e}") from None
+            raise ConfigError(
+                f"hardware {name}: {at}: {e} (the layout: memory_gb {{gpu, cpu, disk}}, gpu and "
+                "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}; "
+                "see conf/hardware/)"
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------------
