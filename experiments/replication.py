@@ -972,6 +972,24 @@ def check_inputs(cfg: DictConfig) -> None:
         if problem:
             raise MoepipeError(problem)
 
+    def mapping(key: str, value: Any, optional: bool = False) -> None:
+        if not (isinstance(value, DictConfig) or (optional and value is None)):
+            raise MoepipeError(
+                f"{key}: {value!r} is not a mapping of name: settings; see "
+                "conf/experiment/replication.yaml (override one entry as key.name.field=...)"
+            )
+
+    mapping("cases", cfg.get("cases"))
+    mapping("planners", cfg.get("planners"))
+    mapping("variants", cfg.get("variants"), optional=True)
+    for group in ("cases", "planners", "variants"):
+        for name, value in (cfg.get(group) or {}).items():
+            mapping(f"{group}.{name}", value, optional=group == "planners")
+    for name, case in cfg.cases.items():
+        for group in ("planners", "variants"):
+            mapping(f"cases.{name}.{group}", case.get(group), optional=True)
+            for sub, value in (case.get(group) or {}).items():
+                mapping(f"cases.{name}.{group}.{sub}", value, optional=group == "planners")
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
     profile = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
     n_gpus = int(profile.get("n_gpus", 1))

@@ -229,6 +229,10 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("cases.esft-g8.lanes=maybe", ["cases.esft-g8.lanes=maybe: not a boolean"]),
         ("grouped_gemm=maybe", ["grouped_gemm=maybe: not a boolean"]),
         ("dispatch=greedy", ["dispatch='greedy' unknown", "even, balanced"]),
+        ("cases=abc", ["cases: 'abc' is not a mapping"]),
+        ("cases.esft-g8=null", ["cases.esft-g8: None is not a mapping"]),
+        ("planners=null", ["planners: None is not a mapping"]),
+        ("variants=abc", ["variants: 'abc' is not a mapping"]),
         ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],
 )
