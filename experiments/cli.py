@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from core.args import as_bool, as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
@@ -283,6 +285,32 @@ def missing_launcher(argv: Sequence[str]) -> str | None:
     return None
 
 
+def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """`experiment=X` of a sweep experiment (its yaml has hydra.sweeper.params) without -m, which
+    runs one default point, or swept with others (`-m experiment=a,b`), which runs one point of
+    each and none of their own sweeps: one line saying how to run it. None otherwise."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        names = value.split(",") if key == "experiment" else []
+        sweeps = []
+        for name in names:
+            path = conf_dir / "experiment" / f"{name}.yaml"
+            try:
+                cfg = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            if ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params"):
+                sweeps.append(name)
+        if sweeps and len(names) > 1:
+            return (f"experiment={value}: an experiment's own sweep runs only when it is chosen "
+                    f"alone; run one command per experiment (-m experiment={sweeps[0]})")  # fmt: skip
+        if sweeps and not multirun:
+            return (f"experiment={sweeps[0]} is a sweep: add -m (python -m experiments.run -m "
+                    f"experiment={sweeps[0]}); without it one default point runs")  # fmt: skip
+    return None
+
+
 def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Exit 2 with one line on stderr when `unknown_choice`, `unknown_param` or
     `another_commands_experiment` finds one."""
@@ -291,6 +319,7 @@ def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> No
         or unknown_param(argv, conf_dir)
         or unknown_key(argv, conf_dir)
         or another_commands_experiment(argv)
+        or sweep_experiment_misused(argv, conf_dir)
         or missing_launcher(argv)
     )
     if problem:
