@@ -121,7 +121,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_key_check():
         (["executor.routing_mode=live"], "choose executor=real, which has it"),
         # a sweep experiment without -m ran one default point; two swept together, one each
         (["experiment=fig10"], "experiment=fig10 is a sweep: add -m"),
-        (["-m", "experiment=compare,fig10"], "its own sweep runs only when it is chosen alone"),
+        (["-m", "experiment=compare,fig10"], "own sweep runs only when it is chosen alone"),
         # under an experiment too (hydra printed its screen): its group choices and keys count
         (
             ["experiment=compare", "workload.batchsize=8"],
