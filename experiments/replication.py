@@ -985,11 +985,9 @@ def check_inputs(cfg: DictConfig) -> None:
     for group in ("cases", "planners", "variants"):
         for name, value in (cfg.get(group) or {}).items():
             mapping(f"{group}.{name}", value, optional=group == "planners")
-    for name, case in cfg.cases.items():
+    for name, case in cfg.cases.items():  # their entries are checked below, with their names
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
-            for sub, value in (case.get(group) or {}).items():
-                mapping(f"cases.{name}.{group}.{sub}", value, optional=group == "planners")
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
     profile = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
     n_gpus = int(profile.get("n_gpus", 1))
