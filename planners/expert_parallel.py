@@ -737,6 +737,10 @@ class EPRunner:
         default_factory=dict
     )  # moe -> ops ending its last use
     n_copies: int = 0  # replica copies emitted
+    # iteration -> [G] experts each device gains (over all MoE layers): each is held beside the
+    # copy it replaces until that one is sent, as real/distributed.py holds them
+    gained: dict[int, np.ndarray] = field(default_factory=dict)
+    room: int = 0  # bytes a GPU has beside its resident weights, KV and replica slots
 
     def __post_init__(self) -> None:
         m, lay, b = self.ctx.model, self.layout, self.out
@@ -793,6 +797,7 @@ class EPRunner:
                 f"replica_slots (at most {fit} fit)"
             )
         b.reserve(Tier.GPU, replica_bytes)
+        self.room = int(cap - held - per_gpu * lay.replica_slots * expert_layer)
         if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
             pool = POOL if lay.shared else ""  # or all of them share its SMs
             self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool)
@@ -851,6 +856,33 @@ class EPRunner:
                 last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
                 t += 1
         self.out.meta["ep"]["copies"] = self.n_copies
+        self.reserve_staging()
+
+    def reserve_staging(self) -> None:
+        """GPU memory for the experts replica moves bring in while the ones they replace are
+        still held (until sent: an iteration's copies of every MoE layer travel at once): the
+        most any iteration brings to one GPU (on lanes, to the lanes together), reserved for the
+        run on each GPU; CapacityError where that exceeds a GPU's room."""
+        if not self.gained:
+            return
+        per_iter = np.array(list(self.gained.values()))  # [iterations, G]
+        eb = self.ctx.model.expert_bytes
+        if self.layout.lanes:  # one GPU holds every lane's
+            most = int(per_iter.sum(1).max())
+            per_gpu, total = most * eb, most * eb
+        else:
+            each = per_iter.max(0)  # [G] the most each GPU gains in one iteration
+            per_gpu, total = int(each.max()) * eb, int(each.sum()) * eb
+        if per_gpu > self.room:
+            raise CapacityError(
+                f"planner replica_slots={self.layout.replica_slots}: replica moves bring up to "
+                f"{per_gpu // eb} experts ({per_gpu / 1e9:.3g} GB) to one GPU in one iteration, "
+                f"each held beside the copy it replaces until that is sent, beyond its "
+                f"{max(self.room, 0) / 1e9:.3g} GB free; lower replica_slots, or re-home less "
+                "often (rehome_interval)"
+            )
+        self.out.reserve(Tier.GPU, total)
+        self.out.meta["ep"]["staging_bytes"] = per_gpu
 
     def seqs(self, d: int) -> int:
         """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
@@ -952,7 +984,7 @@ class EPRunner:
         return after
 
     def refill(
-        self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int
+        self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int, t: int
     ) -> list[tuple[int, ...]]:
         """Copy ops bringing each device's slots to `slots`; returns per device the ops to wait for."""
         m = self.ctx.model
@@ -973,6 +1005,8 @@ class EPRunner:
                     nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU,
                 ))  # fmt: skip
             self.n_copies += len(ops)
+            if ops:
+                self.gained.setdefault(t, np.zeros(self.layout.n_devices, np.int64))[d] += len(ops)
             waits.append(tuple(ops))
         self.resident[moe] = slots.copy()
         return waits
@@ -984,7 +1018,7 @@ class EPRunner:
         moe = m.moe_index(layer)
         slots, used = policy.place(t, moe)
         assert slots.shape == (lay.n_devices, lay.slots_per_device), slots.shape
-        copy_waits = self.refill(moe, slots, used, step, layer)
+        copy_waits = self.refill(moe, slots, used, step, layer, t)
         # The placement itself, for executors that hold real experts per device (real/distributed.py).
         self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
         # The router: on lanes one whole-GPU op (as attention); on GPUs each gates the sequences

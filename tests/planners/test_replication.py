@@ -14,7 +14,7 @@ import yaml
 from core.balance import balance_metrics
 from core.errors import CapacityError, ConfigError, MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from core.types import COMPUTE_KINDS, OpKind, Resource, Tier
+from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import gap_line, utilisation_lines
 from planners.expert_parallel import (
@@ -1536,3 +1536,34 @@ def test_expert_parallel_memory_holds_one_batchs_activations_and_every_batchs_kv
 
     kv_batch = 8 * 257 * m.kv_bytes_per_token * m.n_layers / 1e9
     assert resident_gb(2) - resident_gb(1) == pytest.approx(kv_batch, abs=2e-3)
+
+
+def test_replica_moves_reserve_room_for_the_experts_in_flight():
+    """eplb re-placing every iteration moves experts: each one a GPU gains is held beside the
+    copy it replaces until that is sent (real/distributed.py holds them so), so the run reserves
+    the most one iteration brings to a GPU, a whole number of experts; a GPU with room for the
+    slots but not for that is refused in one line, where a run without moves still fits."""
+    spec = tiny_spec("eplb", interval=1, replica_slots=1)
+    moving = simulate_run(spec)
+    eb = spec.model.expert_bytes
+    staging = moving.summary["plan"]["ep"]["staging_bytes"]
+    copies = [o for o in moving.schedule.ops if o.kind == OpKind.LOAD and o.tensor == Tensor.EXPERT]
+    assert 0 < staging <= len(copies) * eb and staging % eb == 0
+    still = simulate_run(replace(spec, params={**spec.params, "interval": 10**6}))
+    assert "staging_bytes" not in still.summary["plan"]["ep"]
+    grown = moving.schedule.resident_bytes[Tier.GPU] - still.schedule.resident_bytes[Tier.GPU]
+    assert grown >= staging  # every GPU's, at least the fullest's
+    # the GPU memory at which the moves no longer fit but the slots still do
+    lo, hi = 0, spec.hardware.memory_bytes[Tier.GPU]  # refused / fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        hw = replace(spec.hardware, memory_bytes={**spec.hardware.memory_bytes, Tier.GPU: mid})
+        try:
+            simulate_run(replace(spec, hardware=hw))
+            hi = mid
+        except CapacityError:
+            lo = mid
+    hw = replace(spec.hardware, memory_bytes={**spec.hardware.memory_bytes, Tier.GPU: lo})
+    with pytest.raises(CapacityError, match=r"replica moves bring up to \d+ experts .* re-home"):
+        simulate_run(replace(spec, hardware=hw))
+    simulate_run(replace(spec, hardware=hw, params={**spec.params, "interval": 10**6}))
