@@ -387,8 +387,7 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     import time
 
     planners = "sequential,layer_prefetch,flexgen,zero_inference,fiddler,moe_infinity,klotski"
-    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"planner={planners}",
-           "hydra/launcher=basic"]  # fmt: skip
+    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"planner={planners}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
