@@ -33,7 +33,7 @@ from experiments.cli import (
     on_interrupt,
     until_interrupted,
 )
-from experiments.pipeline import atomic_write_json, code_version, simulate_run, write_run
+from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_model_name, run_spec
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
-    config_yaml = config_text(cfg)
+    config_yaml = config_text(cfg, spec)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
@@ -69,18 +69,19 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it ran with
 
 
-def config_text(cfg: DictConfig) -> str:
+def config_text(cfg: DictConfig, spec: RunSpec | None = None) -> str:
     """What a run dir's config.yaml holds, finished or infeasible: the resolved config and the
-    version of the model files and the routing trace it reads."""
-    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(cfg)
+    version of the model files and the routing trace it reads (`spec`: cfg's, where the caller
+    has it)."""
+    spec = spec or run_spec(cfg)
+    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(spec)
 
 
-def trace_line(cfg: DictConfig) -> str:
+def trace_line(spec: RunSpec) -> str:
     """A comment line for config.yaml naming the version (size, mtime) of the routing trace a
     run reads, where its routing is the trace's: a trace rebuilt at the same `trace_dir` makes
     a finished run run again. Empty for synthetic routing, or a trace that is not there (the
     run then fails naming it)."""
-    spec = run_spec(cfg)
     if resolve_source(spec.model, spec.workload.routing.source) != RoutingSource.TRACE:
         return ""
     path = trace_path(spec.workload.routing.trace_dir)

@@ -220,6 +220,20 @@ def test_chrome_trace_carries_sm_seconds_only_where_there_are_some(sim_run):
     assert ops[1]["sm_s"] == 0.25 and all("sm_s" not in a for i, a in ops.items() if i != 1)
 
 
+def pool_half_tflop_each(b: ScheduleBuilder, lanes: list[str]) -> dict:
+    """The summary of one 0.5 TFLOP op on each of `lanes` (streams of one pool on round_hw),
+    simulated."""
+    for s in lanes:
+        b.add(OpKind.FFN, s, flops=0.5e12)
+    sched = b.build()
+    validate(sched)
+    cost = CostModel(round_hw())
+    parts = cost.pool_parts(sched)
+    start, end = simulate(sched, cost, parts)
+    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    return summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
+
+
 def test_bounds_count_a_pools_ops_by_their_work():
     """Two 0.5 TFLOP ops on two streams of one pool (CUDA streams sharing the GPU's SMs, both on
     resource `gpu`) run side by side, each at half the GPU: both end at 1 s. The GPU did 1 s of
@@ -227,15 +241,7 @@ def test_bounds_count_a_pools_ops_by_their_work():
     h = round_hw()
     b = ScheduleBuilder(h.memory_bytes)
     lanes = [b.stream(name, Resource.GPU, 0, pool="sms") for name in ("lane0", "compute")]
-    for s in lanes:
-        b.add(OpKind.FFN, s, flops=0.5e12)
-    sched = b.build()
-    validate(sched)
-    cost = CostModel(h)
-    parts = cost.pool_parts(sched)
-    start, end = simulate(sched, cost, parts)
-    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
-    m = summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
+    m = pool_half_tflop_each(b, lanes)
     assert m["makespan_s"] == pytest.approx(1.0)
     assert m["lower_bound_s"] == pytest.approx(1.0) and m["busy_s"]["gpu"] == pytest.approx(1.0)
     assert m["dag_lower_bound_s"] == pytest.approx(1.0) and m["gpu_bubble_s"] == pytest.approx(0.0)
@@ -249,15 +255,7 @@ def test_bounds_count_a_pools_lanes_as_one_gpu():
     h = round_hw()
     b = ScheduleBuilder(h.memory_bytes)
     lanes = [b.stream(f"lane{d}", Resource.GPU, d, pool="sms") for d in range(2)]
-    for s in lanes:
-        b.add(OpKind.FFN, s, flops=0.5e12)
-    sched = b.build()
-    validate(sched)
-    cost = CostModel(h)
-    parts = cost.pool_parts(sched)
-    start, end = simulate(sched, cost, parts)
-    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
-    m = summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
+    m = pool_half_tflop_each(b, lanes)
     assert m["makespan_s"] == pytest.approx(1.0)
     assert m["busy_s"] == pytest.approx({"gpu": 0.5, "gpu:1": 0.5})  # per lane, as reported
     assert m["lower_bound_s"] == pytest.approx(1.0)

@@ -13,15 +13,7 @@ import numpy as np
 import pytest
 
 from experiments import calibrate, collect, convert_traces, report, routing_stats
-
-
-def one_error(capsys: pytest.CaptureFixture[str], *names: str) -> str:
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-    return lines[0]
+from tests.experiments.test_bad_input import one_error
 
 
 def _counts_dir(root: Path, counts: np.ndarray) -> Path:
