@@ -125,3 +125,30 @@ def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") 
     out = np.zeros((g, e), dtype=np.int64)
     np.add.at(out, (dev, ids), share)
     return out
+
+
+def source_counts(ids: np.ndarray, rows: list[int], n_experts: int) -> np.ndarray:
+    """[G, E] pairs per expert of each device's tokens: ids [T, k] of a batch in sequence order,
+    device d holding the next `rows[d]` tokens (its contiguous share of the sequences)."""
+    assert sum(rows) == len(ids), (rows, ids.shape)
+    owner = np.repeat(np.arange(len(rows)), rows)  # [T] device holding each token
+    cells = owner[:, None] * n_experts + ids.astype(np.int64)
+    return np.bincount(cells.ravel(), minlength=len(rows) * n_experts).reshape(len(rows), n_experts)
+
+
+def traffic(tokens: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    """[G, G] pairs device s's tokens send to device d for d's experts (the diagonal: pairs that
+    stay home), given tokens [G, E] each device computes per expert (`split_tokens`) and sources
+    [G, E] each device's tokens route to each expert (`source_counts`).
+
+    Expert e's pairs in (token, slot) order come from the devices in order (each holds a
+    contiguous share of the sequences) and are cut into one run per device holding e, in device
+    order, as long as `tokens` says: the rule `real.distributed.destinations` sends by. So s
+    sends d the overlap of s's run and d's."""
+    assert (tokens.sum(0) == sources.sum(0)).all(), "tokens and sources count different pairs"
+    zero = np.zeros((1, tokens.shape[1]), dtype=np.int64)
+    src = np.concatenate([zero, np.cumsum(sources, 0)])  # [G + 1, E] run bounds per expert
+    dst = np.concatenate([zero, np.cumsum(tokens, 0)])
+    lo = np.maximum(src[:-1, None], dst[None, :-1])  # [G src, G dst, E]
+    hi = np.minimum(src[1:, None], dst[None, 1:])
+    return np.clip(hi - lo, 0, None).sum(2)

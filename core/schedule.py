@@ -276,8 +276,9 @@ def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) ->
             return f"no {src}->{dst} link; move it in hops over the links there are ({hops})"
         if link != res:
             return f"{src}->{dst} runs on {link}, stream is on {res}"
-    if kind in (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE) and res != Resource.P2P:
-        return f"{kind} moves tokens between GPUs: its stream must be on p2p, not {res}"
+    links = (Resource.P2P, Resource.P2P_OUT)
+    if kind in (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE) and res not in links:
+        return f"{kind} moves tokens between GPUs: its stream must be on p2p or p2p_out, not {res}"
     if bad_memory:
         return "memory effect needs a tier and bytes >= 0"
     return ""

@@ -518,6 +518,8 @@ class HardwareSpec:
     def link(self, res: Resource) -> LinkSpec:
         if res == Resource.DISK_WRITE and res not in self.links:
             return self.links[Resource.DISK]
+        if res == Resource.P2P_OUT and res not in self.links:  # the same link's other direction
+            return self.link(Resource.P2P)
         if res == Resource.P2P and res not in self.links:
             return self.links[Resource.H2D]
         return self.links[res]

@@ -24,7 +24,8 @@ class Resource(StrEnum):
     D2H = "d2h"  # device -> host link
     DISK = "disk"  # disk -> host reads
     DISK_WRITE = "disk_write"  # host -> disk writes (KV spill)
-    P2P = "p2p"  # GPU <-> GPU link (expert parallelism)
+    P2P = "p2p"  # GPU <-> GPU link (expert parallelism): into the GPU
+    P2P_OUT = "p2p_out"  # the same link out of the GPU (full duplex: the all-to-all's sends)
     NONE = "none"  # bookkeeping ops (free) that occupy no resource
 
 

@@ -9,11 +9,12 @@ together have one GPU's capacity: `lane_share`; or, `lane_sharing="shared"`, as 
 streams whose kernels share the SMs, each up to what its thread blocks fill: a simulator pool,
 which the replica gate weighs with `pool_makespan_s`). Every device holds `slots_per_device` expert
 copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
-head) is data-parallel over the G GPUs, each running its share of the batch's sequences (the
-gate op on device 0 stands for the routing becoming known), or tensor-parallel (`dense`: every
-GPU runs every token on 1/G of the weights, partial sums all-reduced); on lanes it runs as
-whole-GPU kernels on `compute`, between the lanes' expert phases. At each MoE layer the tokens
-are dispatched to the devices holding their experts (tensor-parallel: every GPU has them), a
+head) is data-parallel over the G GPUs, each running (and gating) its contiguous share of the
+batch's sequences, or tensor-parallel (`dense`: every GPU runs every token on 1/G of the weights,
+partial sums all-reduced); on lanes it runs as whole-GPU kernels on `compute`, between the lanes'
+expert phases. At each MoE layer the tokens are dispatched to the devices holding their experts
+(each GPU's link carries the larger of the pairs its sequences send out and the pairs it
+receives, `core.dispatch.traffic`; tensor-parallel: every GPU has them), a
 replicated expert's tokens split evenly over its copies (`dispatch="balanced"`: over the devices
 holding it so that the busiest holds the fewest tokens, `balanced_split`), and results are
 combined back (all-reduced), so a layer lasts as long as its busiest device.
@@ -39,8 +40,10 @@ from core.dispatch import (  # noqa: F401  (re-exported: planners' and tests' na
     DENSE,
     DISPATCH,
     balanced_split,
+    source_counts,
     split_tokens,
     times_held,
+    traffic,
     water_fill_level,
     whole_tokens,
 )
@@ -741,10 +744,14 @@ class EPRunner:
     # copy it replaces until that one is sent, as real/distributed.py holds them
     gained: dict[int, np.ndarray] = field(default_factory=dict)
     room: int = 0  # bytes a GPU has beside its resident weights, KV and replica slots
+    # [G] pairs of each GPU's own tokens it sent to another GPU's experts (the all-to-all; what
+    # real/distributed.py counts as `pairs_sent`)
+    sent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:
         m, lay, b = self.ctx.model, self.layout, self.out
         hw, wl = self.ctx.hardware, self.ctx.workload
+        self.sent = np.zeros(lay.n_devices, dtype=np.int64)
         cap = hw.memory_bytes[Tier.GPU]  # one GPU's
         gpus = 1 if lay.lanes else lay.n_devices
         # The schedule's gpu tier is the G GPUs together: each holds its copy of the dense
@@ -809,8 +816,10 @@ class EPRunner:
                 b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
             ]
         self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`)
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.sends = [b.stream(f"send{d}", Resource.P2P_OUT, d) for d in range(lay.n_devices)]
         self.reduce = (
             [b.stream(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
             if lay.dense == "tensor" else []
@@ -856,6 +865,7 @@ class EPRunner:
                 last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
                 t += 1
         self.out.meta["ep"]["copies"] = self.n_copies
+        self.out.meta["ep"]["pairs_sent"] = self.sent.tolist()
         self.reserve_staging()
 
     def reserve_staging(self) -> None:
@@ -1043,34 +1053,54 @@ class EPRunner:
         tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
         shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         start = shared[-1] if lay.lanes and shared else None
-        for d in range(lay.n_devices):
+        # all-to-all (G GPUs, data-parallel dense work): each GPU sends the pairs of its own
+        # sequences' tokens to the GPUs computing them, out of its link (`p2p_out:d`), while it
+        # receives the pairs it computes into it (`p2p:d`), the two directions at once; a GPU's
+        # experts wait for its receive and for the sends of every GPU sending to it. The combine
+        # sends the results back the same way, once the experts that computed them are done.
+        g = lay.n_devices
+        moved = np.zeros((g, g), dtype=np.int64)
+        if not lay.lanes and not tp:
+            rows = [self.seqs(d) * self.ctx.workload.step_tokens(step) for d in range(g)]
+            moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))  # [src, dst]
+        home = np.diag(moved)
+        out_, in_ = moved.sum(1) - home, moved.sum(0) - home  # [G] pairs sent, received
+        self.sent += out_
+
+        def move(kind: OpKind, stream: str, deps: Iterable[int | None], n: int) -> int | None:
+            return b.add(kind, stream, tuple(deps), tokens=n, nbytes=n * act_bytes,
+                         tensor=Tensor.HIDDEN, **common) if n else None  # fmt: skip
+
+        sends = [move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) for d in range(g)]
+        recvs = [move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) for d in range(g)]
+        experts: list[int | None] = []
+        for d in range(g):
             n_d = int(tokens[d].sum())
+            waits = (recvs[d], *(sends[s] for s in range(g) if s != d and moved[s, d]))
             prev: int | None = start
-            # all-to-all: tokens from other devices
-            remote = 0 if tp else n_d * (lay.n_devices - 1) // lay.n_devices
-            if not lay.lanes and remote:
-                prev = b.add(OpKind.DISPATCH, self.dispatch[d], gates, tokens=remote, nbytes=remote * act_bytes,
-                             tensor=Tensor.HIDDEN, **common)  # fmt: skip
             busy = np.flatnonzero(tokens[d])
             if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
                 width = expert_width(m, tokens[d, busy]) if lay.shared else 0
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
+                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
                     tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes,
                     width=width, **common,
                 )  # fmt: skip
             for e in [] if lay.grouped_gemm else busy:
                 n = int(tokens[d, e])
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
+                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
                     tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes,
                     width=expert_width(m, [n]) if lay.shared else 0, **common,
                 )  # fmt: skip
-            if not lay.lanes and remote:
-                prev = b.add(OpKind.COMBINE, self.combine[d], (prev,), tokens=remote, nbytes=remote * act_bytes,
-                             tensor=Tensor.HIDDEN, **common)  # fmt: skip
-            if prev != start:
-                ends.append(prev)  # type: ignore[arg-type]
+            experts.append(prev if prev != start else None)
+        for d in range(g):
+            # d sends back the results it computed for others, and receives its own tokens'
+            # results once the GPUs computing them are done
+            back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
+            came = move(OpKind.COMBINE, self.combine[d],
+                        (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
+            ends.extend(op for op in (experts[d], back, came) if op is not None)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,

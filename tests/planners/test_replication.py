@@ -278,6 +278,34 @@ def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
     assert set(copies["resource"].astype(str)) <= {"p2p", "p2p:1"}
 
 
+def test_all_to_all_leaves_the_gpu_holding_the_sequences():
+    """Batch 1 on 2 GPUs: GPU 0 holds the one sequence, so every pair GPU 1 computes comes from
+    it. They leave by GPU 0's outgoing link (`send0`, p2p_out) and arrive by GPU 1's incoming
+    one; the results travel back the other way. Before, each GPU was charged half of its own
+    pairs as received, and GPU 0's sends were charged nowhere. GPU 1's experts wait for both
+    ends of the dispatch, and GPU 0's receive of the results for GPU 1's experts."""
+    spec = tiny_spec("ep_static")
+    res = simulate_run(replace(spec, workload=replace(spec.workload, batch_size=1)))
+    ops, streams = res.schedule.ops, res.schedule.streams
+    name = {o.id: streams[o.stream].name for o in ops}
+    remote = sum(o.tokens for o in ops if o.kind == OpKind.EXPERT and name[o.id] == "compute1")
+    assert remote > 0
+    assert res.summary["plan"]["ep"]["pairs_sent"] == [remote, 0]
+    for kind, out, into in ((OpKind.DISPATCH, "send0", "dispatch1"),
+                            (OpKind.COMBINE, "send1", "combine0")):  # fmt: skip
+        moved = [o for o in ops if o.kind == kind]
+        assert {name[o.id] for o in moved} == {out, into}
+        for stream in (out, into):
+            assert sum(o.tokens for o in moved if name[o.id] == stream) == remote
+    assert {str(streams[s].resource) for s in ("send0", "send1")} == {"p2p_out"}
+    for o in ops:
+        deps = {name[d] for d in o.deps}
+        if o.kind == OpKind.EXPERT and name[o.id] == "compute1":
+            assert {"send0", "dispatch1"} <= deps
+        if o.kind == OpKind.COMBINE and name[o.id] == "combine0":
+            assert "compute1" in deps
+
+
 def test_predictive_copies_wait_for_the_routing_they_used():
     """Causal: a replica copy depends on a gate op that precedes it (previous batch or layer)."""
     res = simulate_run(

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from core.dispatch import source_counts, traffic
 from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
@@ -99,6 +100,8 @@ def check(ckpt: Path, out: Path, summary: dict, routing: str, tol: float = ATOL)
                 for m in range(len(spec.moe_layers)) for r in range(len(ranks)))  # fmt: skip
     assert sum(r["copies_in"] for r in ranks) == added
     assert summary["ep"]["copies"] == added  # the simulator charges the copies the run makes
+    if routing == "replay":  # and the all-to-all volumes each rank sends (dense=tensor: none)
+        assert [r["pairs_sent"] for r in ranks] == summary["ep"]["pairs_sent"]
 
 
 @pytest.mark.parametrize("routing", ["replay", "live"])
@@ -299,6 +302,28 @@ def test_destinations_balanced_follow_split_tokens():
         == split_tokens(slots, np.array([5, 4, 1]), "balanced").tolist()
         == [[1, 4, 0], [4, 0, 1]]
     )
+
+
+@pytest.mark.parametrize("dispatch", ["even", "balanced"])
+def test_traffic_counts_what_destinations_send(dispatch):
+    """The simulator's all-to-all volumes (`core.dispatch.traffic`) are the pairs the real run
+    sends: rank s's tokens (its `shard` of the sequences) whose destination is rank d, on random
+    routings, placements (duplicate slots included) and batches smaller than the group."""
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        e, ranks, per = 6, int(rng.integers(2, 5)), int(rng.integers(1, 4))
+        batch = int(rng.integers(1, 7))
+        copies = [list(range(r, e, ranks)) + rng.integers(0, e, 2).tolist() for r in range(ranks)]
+        ids = torch.as_tensor(rng.integers(0, e, (batch * per, 2)))
+        dest = destinations(ids, copies, n_experts=e, dispatch=dispatch)
+        rows = [(hi - lo) * per for lo, hi in (shard(batch, ranks, r) for r in range(ranks))]
+        owner = np.repeat(np.arange(ranks), rows)
+        want = np.zeros((ranks, ranks), dtype=np.int64)
+        np.add.at(want, (np.repeat(owner, 2), dest.reshape(-1).numpy()), 1)
+        slots = np.array([held + [-1] * (4 + e - len(held)) for held in copies])
+        counts = np.bincount(ids.reshape(-1).numpy(), minlength=e)
+        moved = traffic(split_tokens(slots, counts, dispatch), source_counts(ids.numpy(), rows, e))
+        assert moved.tolist() == want.tolist()
 
 
 def test_moves_copy_from_a_rank_that_keeps_the_expert():
