@@ -522,6 +522,10 @@ class HardwareSpec:
             return self.link(Resource.P2P)
         if res == Resource.P2P and res not in self.links:
             return self.links[Resource.H2D]
+        if res == Resource.D2D and res not in self.links:
+            # a device-to-device copy reads and writes each byte in HBM once: half its bandwidth,
+            # at a transfer's launch cost (the GPU link's latency)
+            return LinkSpec(self.gpu.mem_bw_bytes_per_s / 2, self.link(Resource.P2P).latency_s)
         return self.links[res]
 
     @classmethod

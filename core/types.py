@@ -26,6 +26,7 @@ class Resource(StrEnum):
     DISK_WRITE = "disk_write"  # host -> disk writes (KV spill)
     P2P = "p2p"  # GPU <-> GPU link (expert parallelism): into the GPU
     P2P_OUT = "p2p_out"  # the same link out of the GPU (full duplex: the all-to-all's sends)
+    D2D = "d2d"  # a copy within one GPU's memory (lanes' replicas): its copy path through HBM
     NONE = "none"  # bookkeeping ops (free) that occupy no resource
 
 
@@ -104,4 +105,6 @@ LINK_OF = {
     (Tier.CPU, Tier.DISK): Resource.DISK_WRITE,
     (Tier.GPU, Tier.GPU): Resource.P2P,
 }
-"""The physical resource a transfer from one tier to another occupies."""
+"""The physical resource a transfer from one tier to another occupies (GPU -> GPU within one
+GPU's memory: `Resource.D2D`, `ON_DEVICE`)."""
+ON_DEVICE = {(Tier.GPU, Tier.GPU): Resource.D2D}  # transfers that may stay on one device

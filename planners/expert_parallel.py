@@ -260,8 +260,8 @@ class Replicator:
         t_new, t_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
         if self.p.gate != "time+copy":
             return t_new < t_keep
-        late_new = self.timer.late_copy_s(new_copies(new, old), t_new)
-        late_keep = self.timer.late_copy_s(new_copies(keep, old), t_keep)
+        late_new = self.timer.late_copy_s(self.timer.queue(new, old), t_new)
+        late_keep = self.timer.late_copy_s(self.timer.queue(keep, old), t_keep)
         return t_new + late_new < t_keep + late_keep
 
 
@@ -442,21 +442,28 @@ class ExpertTime:
     expert_params_flops: float  # flops of one token through one expert
     expert_bytes: int  # weight bytes of one expert
     grouped: bool  # one grouped-GEMM op (else one op per expert)
-    copy_s: float  # one replica copy on the device link
+    copy_s: float  # one replica copy on the device link (lanes: within the GPU's memory)
     share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
     # lanes sharing the GPU's SMs (`Layout.shared`): the model, for its kernels' widths
     pool_model: ModelSpec | None = None
     dispatch: str = "even"  # how a replicated expert's tokens split (`EPParams.dispatch`)
+    one_link: bool = False  # lanes: every lane's copies queue on the one GPU's copy path
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
         cost, m = CostModel(ctx.hardware), ctx.model
-        copy_s = cost.transfer_s(Resource.P2P, m.expert_bytes)
+        copy_s = cost.transfer_s(Resource.D2D if layout.lanes else Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
-                   layout.share, m if layout.shared else None, layout.dispatch)  # fmt: skip
+                   layout.share, m if layout.shared else None, layout.dispatch,
+                   layout.lanes)  # fmt: skip
+
+    def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
+        """The copies `slots` needs over `resident` on the longest copy queue: per device, or
+        on lanes all of them on the one GPU's (`new_copies`)."""
+        return new_copies(slots, resident, self.one_link)
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
-        """What the longest per-device queue of `queue` copies adds to a layer: copies run behind
+        """What the longest queue of `queue` copies (`queue`) adds to a layer: copies run behind
         earlier layers on the device's link, which is free of dispatch/combine traffic while
         experts compute, so in steady state each layer's copies get the link for about one
         expert phase (`layer_s`, the busiest device's modelled time); only the excess is late."""
@@ -537,14 +544,15 @@ class ExpertTime:
         return float(self._own_times(np.asarray(tokens, dtype=np.float64)[None])[0])
 
 
-def new_copies(slots: np.ndarray, resident: np.ndarray) -> int:
+def new_copies(slots: np.ndarray, resident: np.ndarray, one_queue: bool = False) -> int:
     """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]:
     per device, the experts it holds and did not hold before (each empty slot is -1; a second
     slot of an expert the device holds already shares its weights: no copy, as in the real
-    run's `real.distributed.moves`)."""
+    run's `real.distributed.moves`); `one_queue` (lanes): all devices' copies in one queue."""
     e = int(max(slots.max(initial=-1), resident.max(initial=-1))) + 1
     more = (times_held(slots, e) > 0) & (times_held(resident, e) == 0)
-    return int(more.sum(1).max(initial=0))
+    per = more.sum(1)
+    return int(per.sum() if one_queue else per.max(initial=0))
 
 
 def predicted_tokens(slots: np.ndarray, load: np.ndarray, dispatch: str = "even") -> np.ndarray:
@@ -631,7 +639,7 @@ def _gated(
         span = timer.span(trial, load, scenarios)
         if gate != "time+copy" or resident is None:
             return span
-        return span + timer.late_copy_s(new_copies(trial, resident), span)
+        return span + timer.late_copy_s(timer.queue(trial, resident), span)
 
     free = np.full(layout.n_devices, layout.home_slots)
     copies = np.bincount(slots[slots >= 0], minlength=layout.n_experts)
@@ -815,7 +823,12 @@ class EPRunner:
             self.compute = [self.em.compute] + [
                 b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
             ]
-        self.copies = [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        # replica copies on each GPU's link; lanes: copies within the one GPU's memory, every
+        # lane's on its one copy path (`d2d`: half its HBM bandwidth, a read and a write a byte)
+        self.copies = (
+            [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices if lay.lanes
+            else [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        )  # fmt: skip
         # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`)
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]

@@ -306,6 +306,24 @@ def test_all_to_all_leaves_the_gpu_holding_the_sequences():
             assert "compute1" in deps
 
 
+def test_lanes_copy_on_the_one_gpus_queue():
+    """Lanes are one GPU: every lane's replica copies run on its one copy path (`replicas` on
+    `d2d`, at half its HBM bandwidth), so they add up there, not on a link per lane."""
+    res = simulate_run(tiny_spec("predictive_replication", lanes=True, replica_slots=1,
+                                 predictor="last", gate="none"))  # fmt: skip
+    copies = res.trace[res.trace["kind"].astype(str) == str(OpKind.LOAD)]
+    assert len(copies) == res.summary["plan"]["ep"]["copies"] > 1
+    assert set(copies["stream"].astype(str)) == {"replicas"}
+    assert set(copies["resource"].astype(str)) == {"d2d"}
+    spec = tiny_spec("ep_static")
+    d2d = spec.hardware.link(Resource.D2D)
+    assert d2d.bandwidth_bytes_per_s == spec.hardware.gpu.mem_bw_bytes_per_s / 2
+    took = (copies["end_s"] - copies["start_s"]).to_numpy()
+    assert took == pytest.approx(d2d.time_s(spec.model.expert_bytes))
+    ends = copies.sort_values("start_s")
+    assert (ends["start_s"].to_numpy()[1:] >= ends["end_s"].to_numpy()[:-1] - 1e-12).all()
+
+
 def test_predictive_copies_wait_for_the_routing_they_used():
     """Causal: a replica copy depends on a gate op that precedes it (previous batch or layer)."""
     res = simulate_run(
@@ -1516,6 +1534,9 @@ def test_new_copies_count_each_devices_added_holdings():
         want = max(len({x for x in n if x >= 0} - {x for x in o if x >= 0})
                    for n, o in zip(new.tolist(), old.tolist(), strict=True))  # fmt: skip
         assert new_copies(new, old) == want
+        total = sum(len({x for x in n if x >= 0} - {x for x in o if x >= 0})
+                    for n, o in zip(new.tolist(), old.tolist(), strict=True))  # fmt: skip
+        assert new_copies(new, old, one_queue=True) == total  # lanes: one GPU's copy queue
     assert new_copies(np.array([[3, 3, -1]]), np.array([[3, -1, -1]])) == 0
     assert new_copies(np.array([[3, 4, 4]]), np.array([[3, -1, -1]])) == 1
     assert new_copies(np.array([[-1, -1]]), np.array([[0, 1]])) == 0
