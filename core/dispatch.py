@@ -7,6 +7,8 @@ simulator and `real/distributed.py` agree on it without `real` importing `planne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 DENSE = ("data", "tensor")  # dense work over G GPUs: each its sequences, or every sequence's 1/G
@@ -152,3 +154,23 @@ def traffic(tokens: np.ndarray, sources: np.ndarray) -> np.ndarray:
     lo = np.maximum(src[:-1, None], dst[None, :-1])  # [G src, G dst, E]
     hi = np.minimum(src[1:, None], dst[None, 1:])
     return np.clip(hi - lo, 0, None).sum(2)
+
+
+def copy_moves(
+    old: Sequence[Sequence[int]], new: Sequence[Sequence[int]]
+) -> list[tuple[int, int, int]]:
+    """(expert, source device, destination device) of every copy that takes one MoE layer's
+    holdings from old[d] to new[d] (expert ids; -1, an empty slot, ignored), sorted: the order
+    every rank of a real run runs them in, so each send meets its receive. The source is a device
+    that holds the expert before and after, where one does (it keeps the expert anyway), else the
+    lowest that held it. A second slot of an expert a device holds needs no copy."""
+    before = [{int(e) for e in x if e >= 0} for x in old]
+    after = [{int(e) for e in x if e >= 0} for x in new]
+    out = []
+    for dst, want in enumerate(after):
+        for e in sorted(want - before[dst]):
+            holders = [r for r, held in enumerate(before) if e in held]
+            assert holders, f"expert {e} has no copy on any device before the move"
+            keep = [r for r in holders if e in after[r]]
+            out.append((e, (keep or holders)[0], dst))
+    return sorted(out)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from core.errors import CapacityError, ScheduleError
-from core.types import COMPUTE_KINDS, LINK_OF, ON_DEVICE, OpKind, Resource, Tensor, Tier
+from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
 
@@ -274,7 +274,7 @@ def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) ->
         if link is None:
             hops = ", ".join(f"{a}->{b}" for a, b in LINK_OF)
             return f"no {src}->{dst} link; move it in hops over the links there are ({hops})"
-        if link != res and ON_DEVICE.get((src, dst)) != res:
+        if link != res and res not in ALSO_ON.get((src, dst), ()):
             return f"{src}->{dst} runs on {link}, stream is on {res}"
     links = (Resource.P2P, Resource.P2P_OUT)
     if kind in (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE) and res not in links:

@@ -105,6 +105,7 @@ LINK_OF = {
     (Tier.CPU, Tier.DISK): Resource.DISK_WRITE,
     (Tier.GPU, Tier.GPU): Resource.P2P,
 }
-"""The physical resource a transfer from one tier to another occupies (GPU -> GPU within one
-GPU's memory: `Resource.D2D`, `ON_DEVICE`)."""
-ON_DEVICE = {(Tier.GPU, Tier.GPU): Resource.D2D}  # transfers that may stay on one device
+"""The physical resource a transfer from one tier to another occupies (and `ALSO_ON`)."""
+# other resources a transfer may occupy: a GPU -> GPU copy leaves its source by the link's
+# outgoing direction, or stays within one GPU's memory (lanes)
+ALSO_ON = {(Tier.GPU, Tier.GPU): (Resource.P2P_OUT, Resource.D2D)}

@@ -2,8 +2,8 @@
 `predictive_replication`, `oracle_replication`): they differ only in which experts each device
 holds for each (batch, layer): a `SlotPolicy`.
 
-Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink port is
-`p2p:d`) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
+Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink is `p2p:d`
+into it and `p2p_out:d` out of it, full duplex) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
 on `lane{d}`, by default a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes
 together have one GPU's capacity: `lane_share`; or, `lane_sharing="shared"`, as plain CUDA
 streams whose kernels share the SMs, each up to what its thread blocks fill: a simulator pool,
@@ -13,8 +13,8 @@ head) is data-parallel over the G GPUs, each running (and gating) its contiguous
 batch's sequences, or tensor-parallel (`dense`: every GPU runs every token on 1/G of the weights,
 partial sums all-reduced); on lanes it runs as whole-GPU kernels on `compute`, between the lanes'
 expert phases. At each MoE layer the tokens are dispatched to the devices holding their experts
-(each GPU's link carries the larger of the pairs its sequences send out and the pairs it
-receives, `core.dispatch.traffic`; tensor-parallel: every GPU has them), a
+(the pairs of each GPU's sequences leave by its `p2p_out:d`, the pairs it computes arrive by
+its `p2p:d`, as `core.dispatch.traffic` counts them; tensor-parallel: every GPU has them), a
 replicated expert's tokens split evenly over its copies (`dispatch="balanced"`: over the devices
 holding it so that the busiest holds the fewest tokens, `balanced_split`), and results are
 combined back (all-reduced), so a layer lasts as long as its busiest device.
@@ -22,8 +22,8 @@ A device's expert work in a layer is ONE grouped-GEMM op (`grouped_gemm=True`, h
 fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert flops and the bytes
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
 per (device, expert) as an eager per-expert loop does (docs/replication-model.md).
-A copy whose expert changes is refilled from a device holding it (a GPU->GPU load on `p2p:d`)
-after the slot's previous user is done and once the policy's information exists: behind
+A copy whose expert changes is refilled from a device holding it (`copy_moves`: into `p2p:d`
+and out of the source's `p2p_out`; on lanes within the GPU's memory, `d2d`) after the slot's previous user is done and once the policy's information exists: behind
 earlier layers, not on the critical path unless it is late. Iteration t = (step, batch).
 """
 
@@ -40,6 +40,7 @@ from core.dispatch import (  # noqa: F401  (re-exported: planners' and tests' na
     DENSE,
     DISPATCH,
     balanced_split,
+    copy_moves,
     source_counts,
     split_tokens,
     times_held,
@@ -458,15 +459,22 @@ class ExpertTime:
                    layout.lanes)  # fmt: skip
 
     def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
-        """The copies `slots` needs over `resident` on the longest copy queue: per device, or
-        on lanes all of them on the one GPU's (`new_copies`)."""
-        return new_copies(slots, resident, self.one_link)
+        """The copies `slots` needs over `resident` on the longest copy queue: on lanes all of
+        them on the one GPU's (`new_copies`); on G GPUs per direction of each GPU's link, the
+        copies into it or out of it (from the source `copy_moves` picks), the longer."""
+        into = new_copies(slots, resident, self.one_link)
+        if self.one_link or not into:
+            return into
+        out = np.bincount([src for _, src, _ in copy_moves(resident.tolist(), slots.tolist())])
+        return max(into, int(out.max()))
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
         """What the longest queue of `queue` copies (`queue`) adds to a layer: copies run behind
-        earlier layers on the device's link, which is free of dispatch/combine traffic while
-        experts compute, so in steady state each layer's copies get the link for about one
-        expert phase (`layer_s`, the busiest device's modelled time); only the excess is late."""
+        earlier layers on the device's link, which the all-to-all mostly leaves free while
+        experts compute (a GPU's results may start coming back during its own expert phase), so
+        in steady state each layer's copies get the link for about one expert phase (`layer_s`,
+        the busiest device's modelled time); only the excess is late. The sources' outgoing
+        direction is not charged here (the simulator runs it)."""
         return max(0.0, queue * self.copy_s - layer_s)
 
     def span(self, slots: np.ndarray, load: np.ndarray, scenarios: np.ndarray | None) -> float:
@@ -631,7 +639,8 @@ def _gated(
     """Replicas added one at a time in EPLB's greedy order (the expert with the largest per-copy
     load next), each on the modelled least busy device with a free slot that lacks it; of all
     these prefixes, the one whose busiest device finishes first (charged, for "time+copy", the
-    longest per-device queue of copies not already resident) is kept. Looking at every prefix
+    longest per-device queue of copies not already resident; lanes: all lanes' copies as one
+    queue) is kept. Looking at every prefix
     rather than stopping at the first copy that does not pay lets a copy that only pays together
     with the next one (a hot expert split three ways) be taken."""
 
@@ -833,6 +842,9 @@ class EPRunner:
         self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         self.sends = [b.stream(f"send{d}", Resource.P2P_OUT, d) for d in range(lay.n_devices)]
+        # a replica copy leaves its source GPU by the same outgoing direction (not on lanes)
+        self.copies_out = [b.stream(f"replicas_out{d}", Resource.P2P_OUT, d)
+                           for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
         self.reduce = (
             [b.stream(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
             if lay.dense == "tensor" else []
@@ -1016,23 +1028,22 @@ class EPRunner:
             assert not after, f"MoE layer {moe}'s first placement used routing ops {after}"
             self.resident[moe] = slots.copy()
             return [() for _ in range(self.layout.n_devices)]
-        waits: list[tuple[int, ...]] = []
+        g = self.layout.n_devices
+        waits: list[list[int]] = [[] for _ in range(g)]
         deps = (*after, *self.layer_done.get(moe, ()))
-        for d in range(self.layout.n_devices):
-            # experts d holds and did not (a second slot of one it holds shares its weights)
-            need = {int(e) for e in slots[d] if e >= 0} - {int(e) for e in old[d] if e >= 0}
-            ops = []
-            for e in sorted(need):
-                ops.append(self.out.add(
-                    OpKind.LOAD, self.copies[d], deps, step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
-                    nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU,
-                ))  # fmt: skip
-            self.n_copies += len(ops)
-            if ops:
-                self.gained.setdefault(t, np.zeros(self.layout.n_devices, np.int64))[d] += len(ops)
-            waits.append(tuple(ops))
+        # experts each device holds and did not (a second slot of one it holds shares its
+        # weights), each from the source the real run sends it from (`copy_moves`): into the
+        # destination's link and, on G GPUs, out of the source's; lanes copy within the GPU
+        for e, src, dst in copy_moves(old.tolist(), slots.tolist()):
+            common = dict(step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+                          nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU)  # fmt: skip
+            waits[dst].append(self.out.add(OpKind.LOAD, self.copies[dst], deps, **common))
+            if self.copies_out:
+                waits[dst].append(self.out.add(OpKind.LOAD, self.copies_out[src], deps, **common))
+            self.n_copies += 1
+            self.gained.setdefault(t, np.zeros(g, np.int64))[dst] += 1
         self.resident[moe] = slots.copy()
-        return waits
+        return [tuple(w) for w in waits]
 
     def moe_layer(
         self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]

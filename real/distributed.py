@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.dispatch import DENSE, DISPATCH, split_tokens
+from core.dispatch import DENSE, DISPATCH, copy_moves, split_tokens
 from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
@@ -124,19 +124,9 @@ def held_experts(placement: Placement, spec: ModelSpec, rank: int) -> dict[int, 
 
 def moves(old: Sequence[Sequence[int]], new: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
     """(expert, source rank, destination rank) of every copy that takes one MoE layer's holdings
-    from old[rank] to new[rank], in the order every rank runs them (so each send meets its recv).
-    The source is a rank that holds the expert before and after, where one does (it keeps the
-    expert anyway), else the lowest rank that held it."""
-    before = [set(x) for x in old]
-    after = [set(x) for x in new]
-    out = []
-    for dst, want in enumerate(after):
-        for e in sorted(want - before[dst]):
-            holders = [r for r, held in enumerate(before) if e in held]
-            assert holders, f"expert {e} has no copy on any rank before the move"
-            keep = [r for r in holders if e in after[r]]
-            out.append((e, (keep or holders)[0], dst))
-    return sorted(out)
+    from old[rank] to new[rank], in the order every rank runs them (so each send meets its recv):
+    `core.dispatch.copy_moves`, the rule the simulator charges its copies by."""
+    return copy_moves(old, new)
 
 
 def load_rank_units(

@@ -13,7 +13,7 @@ import yaml
 
 from core.balance import balance_metrics
 from core.errors import CapacityError, ConfigError, MoepipeError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.spec import HardwareSpec, LinkSpec, ModelSpec, RoutingConfig, Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import gap_line, utilisation_lines
@@ -270,12 +270,35 @@ def test_blended_oracle_plans_at_a_known_distance_and_is_not_called_a_bound(tmp_
 
 
 def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
+    """Each replica copy arrives over its destination's link and leaves its source's by the
+    outgoing direction, from the source the real run sends it from (`copy_moves`); the
+    destination's experts wait for both ends."""
     res = simulate_run(tiny_spec("oracle_replication", replica_slots=1))
     kinds = set(res.trace["kind"].astype(str))
     assert {str(OpKind.DISPATCH), str(OpKind.COMBINE)} <= kinds
-    copies = res.trace[(res.trace["kind"].astype(str) == str(OpKind.LOAD))]
-    assert len(copies) == res.summary["plan"]["ep"]["copies"] > 0
-    assert set(copies["resource"].astype(str)) <= {"p2p", "p2p:1"}
+    tr = res.trace[(res.trace["kind"].astype(str) == str(OpKind.LOAD))]
+    into = tr[tr["stream"].astype(str).str.fullmatch(r"replicas\d")]
+    out = tr[tr["stream"].astype(str).str.startswith("replicas_out")]
+    assert len(into) == len(out) == res.summary["plan"]["ep"]["copies"] > 0
+    assert len(into) + len(out) == len(tr)
+    assert set(into["resource"].astype(str)) <= {"p2p", "p2p:1"}
+    assert set(out["resource"].astype(str)) <= {"p2p_out", "p2p_out:1"}
+    ops, streams = res.schedule.ops, res.schedule.streams
+    for o in ops:  # a copy's two ends (emitted together) are on different GPUs, for one expert
+        if o.kind == OpKind.LOAD and streams[o.stream].name.startswith("replicas") and not \
+                streams[o.stream].name.startswith("replicas_out"):  # fmt: skip
+            twin = ops[o.id + 1]
+            assert streams[twin.stream].name.startswith("replicas_out")
+            assert (twin.expert, twin.layer, twin.deps) == (o.expert, o.layer, o.deps)
+            assert streams[twin.stream].device != streams[o.stream].device
+    waited = 0
+    for o in ops:  # experts wait for both ends of each copy they wait for
+        if o.kind == OpKind.EXPERT:
+            names = [streams[ops[d].stream].name for d in o.deps if ops[d].kind == OpKind.LOAD]
+            n_out = sum(n.startswith("replicas_out") for n in names)
+            assert n_out == len(names) - n_out
+            waited += n_out
+    assert waited > 0
 
 
 def test_all_to_all_leaves_the_gpu_holding_the_sequences():
@@ -297,7 +320,7 @@ def test_all_to_all_leaves_the_gpu_holding_the_sequences():
         assert {name[o.id] for o in moved} == {out, into}
         for stream in (out, into):
             assert sum(o.tokens for o in moved if name[o.id] == stream) == remote
-    assert {str(streams[s].resource) for s in ("send0", "send1")} == {"p2p_out"}
+    assert [streams[s].resource_id for s in ("send0", "send1")] == ["p2p_out", "p2p_out:1"]
     for o in ops:
         deps = {name[d] for d in o.deps}
         if o.kind == OpKind.EXPERT and name[o.id] == "compute1":
@@ -322,6 +345,22 @@ def test_lanes_copy_on_the_one_gpus_queue():
     assert took == pytest.approx(d2d.time_s(spec.model.expert_bytes))
     ends = copies.sort_values("start_s")
     assert (ends["start_s"].to_numpy()[1:] >= ends["end_s"].to_numpy()[:-1] - 1e-12).all()
+
+
+def test_lanes_gate_charges_every_lanes_copies_as_one_queue(monkeypatch):
+    """The time+copy gate on lanes judges a placement by the copies of all lanes on the one
+    queue: with each lane's queue judged alone (the gate before) it accepts more copies."""
+    from planners import expert_parallel as ep
+
+    spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1, predictor="last",
+                     gate="time+copy", n_devices=4)  # fmt: skip
+    spec = replace(spec, workload=replace(spec.workload, batch_size=8),
+                   hardware=replace(spec.hardware, links={
+                       **spec.hardware.links, Resource.D2D: LinkSpec(1e10, 0.0)}))  # fmt: skip
+    one = simulate_run(spec).summary["plan"]["ep"]["copies"]
+    monkeypatch.setattr(ep.ExpertTime, "queue", lambda self, s, r: ep.new_copies(s, r))
+    each = simulate_run(spec).summary["plan"]["ep"]["copies"]
+    assert one < each
 
 
 def test_predictive_copies_wait_for_the_routing_they_used():
@@ -1540,6 +1579,23 @@ def test_new_copies_count_each_devices_added_holdings():
     assert new_copies(np.array([[3, 3, -1]]), np.array([[3, -1, -1]])) == 0
     assert new_copies(np.array([[3, 4, 4]]), np.array([[3, -1, -1]])) == 1
     assert new_copies(np.array([[-1, -1]]), np.array([[0, 1]])) == 0
+
+
+def test_gate_queues_copies_on_both_ends_of_the_link():
+    """On G GPUs the gate's copy queue is the longer of each GPU's copies in and out: expert 0,
+    held only by GPU 0, copied to GPUs 1-3 is one copy into each but three out of GPU 0 (the
+    source the real run sends from, `copy_moves`); on lanes the same copies are one queue."""
+    from core.cost import CostModel
+    from planners.expert_parallel import ExpertTime, copy_moves
+
+    old = np.array([[0, -1], [1, -1], [2, -1], [3, -1]])
+    new = np.array([[0, -1], [1, 0], [2, 0], [3, 0]])
+    assert copy_moves(old.tolist(), new.tolist()) == [(0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    timer = ExpertTime(CostModel(tiny_spec("ep_static").hardware), 1.0, 1, True, 1.0)
+    assert timer.queue(new, old) == 3
+    assert replace(timer, one_link=True).queue(new, old) == 3
+    spread = np.array([[0, 1], [1, 0], [2, -1], [3, -1]])  # one copy each way
+    assert timer.queue(spread, old) == 1 and replace(timer, one_link=True).queue(spread, old) == 2
 
 
 def test_pool_ops_of_one_expert_each_equal_the_scalar_cost():
