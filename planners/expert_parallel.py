@@ -3,12 +3,12 @@
 holds for each (batch, layer): a `SlotPolicy`.
 
 Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink is `p2p:d`
-into it and `p2p_out:d` out of it, full duplex) or G concurrent lanes on one GPU (`lanes=True`: no dispatch/combine traffic; lane d runs
-on `lane{d}`, by default a partition of 1/G of the GPU's SMs and memory bandwidth, so the lanes
-together have one GPU's capacity: `lane_share`; or, `lane_sharing="shared"`, as plain CUDA
-streams whose kernels share the SMs, each up to what its thread blocks fill: a simulator pool,
-which the replica gate weighs with `pool_makespan_s`). Every device holds `slots_per_device` expert
-copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
+into it and `p2p_out:d` out of it, full duplex) or G concurrent lanes on one GPU (`lanes=True`:
+no dispatch/combine traffic; lane d runs on `lane{d}`, by default a partition of 1/G of the
+GPU's SMs and memory bandwidth, so the lanes together have one GPU's capacity: `lane_share`; or,
+`lane_sharing="shared"`, as plain CUDA streams whose kernels share the SMs, each up to what its
+thread blocks fill: a simulator pool, which the replica gate weighs with `pool_makespan_s`).
+Every device holds `slots_per_device` expert copies per MoE layer; all weights stay resident. Dense work (attention, gate, shared experts,
 head) is data-parallel over the G GPUs, each running (and gating) its contiguous share of the
 batch's sequences, or tensor-parallel (`dense`: every GPU runs every token on 1/G of the weights,
 partial sums all-reduced); on lanes it runs as whole-GPU kernels on `compute`, between the lanes'
@@ -23,8 +23,9 @@ fused MoE and DeepEP + DeepGEMM run it): roofline of its total tokens x expert f
 of the distinct experts it touches, plus one launch overhead; `grouped_gemm=False` emits one op
 per (device, expert) as an eager per-expert loop does (docs/replication-model.md).
 A copy whose expert changes is refilled from a device holding it (`copy_moves`: into `p2p:d`
-and out of the source's `p2p_out`; on lanes within the GPU's memory, `d2d`) after the slot's previous user is done and once the policy's information exists: behind
-earlier layers, not on the critical path unless it is late. Iteration t = (step, batch).
+and out of the source's `p2p_out`; on lanes within the GPU's memory, `d2d`) after the slot's
+previous user is done and once the policy's information exists: behind earlier layers, not on
+the critical path unless it is late. Iteration t = (step, batch).
 """
 
 from __future__ import annotations
@@ -473,8 +474,7 @@ class ExpertTime:
         earlier layers on the device's link, which the all-to-all mostly leaves free while
         experts compute (a GPU's results may start coming back during its own expert phase), so
         in steady state each layer's copies get the link for about one expert phase (`layer_s`,
-        the busiest device's modelled time); only the excess is late. The sources' outgoing
-        direction is not charged here (the simulator runs it)."""
+        the busiest device's modelled time); only the excess is late."""
         return max(0.0, queue * self.copy_s - layer_s)
 
     def span(self, slots: np.ndarray, load: np.ndarray, scenarios: np.ndarray | None) -> float:
