@@ -358,7 +358,9 @@ def test_lanes_gate_charges_every_lanes_copies_as_one_queue(monkeypatch):
                    hardware=replace(spec.hardware, links={
                        **spec.hardware.links, Resource.D2D: LinkSpec(1e10, 0.0)}))  # fmt: skip
     one = simulate_run(spec).summary["plan"]["ep"]["copies"]
-    monkeypatch.setattr(ep.ExpertTime, "queue", lambda self, s, r: ep.new_copies(s, r))
+    queue = ep.ExpertTime.queue  # each lane's queue judged alone, as on G GPUs
+    monkeypatch.setattr(ep.ExpertTime, "queue",
+                        lambda self, s, r: queue(replace(self, one_link=False), s, r))  # fmt: skip
     each = simulate_run(spec).summary["plan"]["ep"]["copies"]
     assert one < each
 
