@@ -556,7 +556,7 @@ def new_copies(slots: np.ndarray, resident: np.ndarray, one_queue: bool = False)
     """The longest per-device queue of copies that `slots` [G, K] needs over `resident` [G, K]:
     per device, the experts it holds and did not hold before (each empty slot is -1; a second
     slot of an expert the device holds already shares its weights: no copy, as in the real
-    run's `real.distributed.moves`); `one_queue` (lanes): all devices' copies in one queue."""
+    run's `copy_moves`); `one_queue` (lanes): all devices' copies in one queue."""
     e = int(max(slots.max(initial=-1), resident.max(initial=-1))) + 1
     more = (times_held(slots, e) > 0) & (times_held(resident, e) == 0)
     per = more.sum(1)

@@ -122,13 +122,6 @@ def held_experts(placement: Placement, spec: ModelSpec, rank: int) -> dict[int, 
     }
 
 
-def moves(old: Sequence[Sequence[int]], new: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
-    """(expert, source rank, destination rank) of every copy that takes one MoE layer's holdings
-    from old[rank] to new[rank], in the order every rank runs them (so each send meets its recv):
-    `core.dispatch.copy_moves`, the rule the simulator charges its copies by."""
-    return copy_moves(old, new)
-
-
 def load_rank_units(
     ckpt: str | Path, held: dict[int, list[int]], device: str
 ) -> dict[Unit, Weights]:
@@ -242,14 +235,14 @@ class EPRank:
 
     def start_moves(self, step: int) -> None:
         """Post every MoE layer's copies from step-1's placement to step's: drop at once what this
-        rank no longer holds and sends nowhere, send and receive its own copies (`moves`' order,
+        rank no longer holds and sends nowhere, send and receive its own copies (`copy_moves`' order,
         one `batch_isend_irecv` per layer on `copy_group`); `finish_moves` installs a layer's."""
         s, me = self.spec, self.rank
         assert not self.pending, "the previous step's copies were not all waited for"
         for layer in s.moe_layers:
             m = s.moe_index(layer)
             old, new = self.placement[step - 1][m], self.placement[step][m]
-            todo = moves(old, new)
+            todo = copy_moves(old, new)
             sources = {e for e, src, _ in todo if src == me}
             gone = set(old[me]) - set(new[me])
             for e in gone - sources:

@@ -1565,7 +1565,7 @@ def test_device_times_are_each_devices_own_time(grouped, share, table):
 
 def test_new_copies_count_each_devices_added_holdings():
     """Per device, the experts held and not held before (a second slot of one held already
-    shares its weights, as the real run's `moves`; empty slots not counted); the longest such
+    shares its weights, as the real run's `copy_moves`; empty slots not counted); the longest such
     queue. Checked against a count by hand on random slots."""
     from planners.expert_parallel import new_copies
 

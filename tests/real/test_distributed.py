@@ -24,14 +24,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from core.dispatch import source_counts, traffic
+from core.dispatch import copy_moves, source_counts, traffic
 from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
 from experiments.ep_run import DEFAULTS, ep_workload
 from planners.expert_parallel import split_tokens
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
-from real.distributed import check_dense, destinations, moves, shard
+from real.distributed import check_dense, destinations, shard
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from tests.real.conftest import small_overrides
 
@@ -331,8 +331,8 @@ def test_moves_copy_from_a_rank_that_keeps_the_expert():
     holds it before and after; 5 from rank 0, its only holder, which drops it after sending."""
     old = [[0, 2, 5], [1, 3, 6, 2]]
     new = [[0, 2, 6], [1, 3, 6, 5]]
-    assert moves(old, new) == [(5, 0, 1), (6, 1, 0)]
-    assert moves(old, old) == []
+    assert copy_moves(old, new) == [(5, 0, 1), (6, 1, 0)]
+    assert copy_moves(old, old) == []
 
 
 def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
@@ -353,7 +353,7 @@ def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
             m, me = spec.moe_index(int(layer)), r["rank"]
             assert first == sorted(set(steps[0][m][me]))
             sent_away = max(
-                len({e for e, src, _ in moves(old[m], new[m]) if src == me} - set(new[m][me]))
+                len({e for e, src, _ in copy_moves(old[m], new[m]) if src == me} - set(new[m][me]))
                 for old, new in pairwise(steps)
             )
             assert r["most_held"][layer] <= max(len(set(s[m][me])) for s in steps) + sent_away
