@@ -7,7 +7,8 @@ Rank 0 writes `outputs.pt` (prompts [B, P], tokens [B, gen_len], logits [B, V]) 
 Without torchrun it runs as a single process (G = 1). routing=replay forces the gates to the
 workload's synthetic routing; routing=live runs the model's own gates, placed from the routing a
 single-process forward records first. dense=data splits the batch's sequences over the ranks
-(batch_size >= G); dense=tensor splits heads, FFN columns and vocabulary (any batch_size).
+(batch_size < G leaves some ranks none; they still compute their experts' pairs); dense=tensor
+splits heads, FFN columns and vocabulary.
 dispatch=balanced splits a replicated expert's pairs over its copies as the simulator's
 `split_tokens` does with that setting (the busiest rank holding the fewest), not evenly.
 
@@ -227,11 +228,6 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         )
     dense = opts["dense"]
     check_dense(model, dense, world)
-    if dense == "data" and workload.batch_size < world:
-        raise ConfigError(
-            f"batch_size={workload.batch_size} must be >= the {world} processes for dense=data "
-            "(dense=tensor runs smaller batches)"
-        )
     params: dict[str, Any] = dict(n_devices=world, dense=dense, dispatch=opts["dispatch"])
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)

@@ -510,38 +510,15 @@ def test_nccl_matches_reference(mixtral_tiny, tmp_path, dense):
     check(mixtral_tiny, tmp_path, summary, "replay", tol=1e-4)
 
 
-def test_data_mode_rank_without_sequences_replays(mixtral_tiny, tmp_path):
-    """dense=data, batch 1 on 2 ranks with forced routing: rank 1 runs no sequence but still
-    computes its experts' pairs (live routing already ran this; replay cut its empty
-    [0, S, k] routing with reshape(0, -1) and raised). Tokens equal the reference."""
-    script = tmp_path / "b1.py"
-    script.write_text(
-        "import sys, torch, torch.distributed as dist\n"
-        "from core.routing import load_routing\n"
-        "from experiments.ep_run import DEFAULTS, ep_workload\n"
-        "from real.checkpoint import load_checkpoint\n"
-        "from real.distributed import ep_generate\n"
-        "dist.init_process_group('gloo')\n"
-        "spec = load_checkpoint(sys.argv[1])[0]\n"
-        "wl = ep_workload(dict(DEFAULTS, batch_size='1', prompt_len='8', gen_len='3'))\n"
-        "forced = load_routing(spec, wl)\n"
-        "prompts = torch.randint(0, spec.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))\n"
-        "placement = [[[list(range(r, spec.n_experts, 2)) for r in range(2)] for _ in spec.moe_layers]] * 3\n"
-        "out = ep_generate(sys.argv[1], spec, prompts, 3, placement, forced)\n"
-        "if dist.get_rank() == 0:\n"
-        "    torch.save(dict(prompts=prompts, tokens=out.tokens, logits=out.logits,\n"
-        "                    pairs=[s.pairs_computed for s in out.stats]), sys.argv[2])\n"
-        "dist.destroy_process_group()\n"
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", str(script), str(mixtral_tiny), str(tmp_path / "o.pt")]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(tmp_path / "o.pt")
-    opts = dict(DEFAULTS, batch_size="1", prompt_len="8", gen_len="3")
-    forced = load_routing(load_checkpoint(mixtral_tiny)[0], ep_workload(opts))
-    tokens, logits = reference_generate(mixtral_tiny, got["prompts"], 3, forced)
-    assert torch.equal(got["tokens"], tokens)
-    torch.testing.assert_close(got["logits"], logits, atol=ATOL, rtol=RTOL)
-    assert sum(got["pairs"]) == 1 * (8 + 3 - 1) * 4 * 2 and min(got["pairs"]) > 0
+@pytest.mark.parametrize("routing", ["replay", "live"])
+def test_data_mode_batch_smaller_than_the_ranks(mixtral_tiny, tmp_path, routing):
+    """dense=data, batch 1 on 2 ranks (the simulator's batch-1 expert-parallel cases): rank 1
+    runs no sequence but still computes its experts' pairs (replay once cut its empty [0, S, k]
+    routing with reshape(0, -1) and raised). Tokens equal the reference, and with replayed
+    routing each rank sends the pairs the simulator's all-to-all charges it (rank 1: none)."""
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=ep_static", "batch_size=1",
+                       f"routing={routing}")  # fmt: skip
+    check(mixtral_tiny, tmp_path, summary, routing)
+    ranks = summary["ranks"]
+    assert min(r["pairs_computed"] for r in ranks) > 0
+    assert ranks[0]["pairs_sent"] > 0 and ranks[1]["pairs_sent"] == 0
