@@ -30,6 +30,7 @@ the critical path unless it is late. Iteration t = (step, batch).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -258,13 +259,26 @@ class Replicator:
     ) -> bool:
         """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
         `keep`, each charged the time its copies from `old` run late ("time+copy"; `keep`'s
-        re-chosen replicas may need copies too, and a move that needs fewer was refused)."""
+        re-chosen replicas may need copies too, and a move that needs fewer was refused); or as
+        soon, and the busiest device holds fewer predicted tokens (`_fewer_peak_tokens`)."""
         t_new, t_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
-        if self.p.gate != "time+copy":
-            return t_new < t_keep
-        late_new = self.timer.late_copy_s(self.timer.queue(new, old), t_new)
-        late_keep = self.timer.late_copy_s(self.timer.queue(keep, old), t_keep)
-        return t_new + late_new < t_keep + late_keep
+        if self.p.gate == "time+copy":
+            t_new += self.timer.late_copy_s(self.timer.queue(new, old), t_new)
+            t_keep += self.timer.late_copy_s(self.timer.queue(keep, old), t_keep)
+        if math.isclose(t_new, t_keep, rel_tol=1e-9):
+            return self._fewer_peak_tokens(new, keep, load)
+        return t_new < t_keep
+
+    def _fewer_peak_tokens(self, new: np.ndarray, keep: np.ndarray, load: np.ndarray) -> bool:
+        """A move the gate finds no slower is taken when it balances the tokens (`new`'s busiest
+        device holds fewer of `load`'s than `keep`'s). Memory-bound layers tie: each device
+        reads all its experts' weights however the tokens fall, so a re-homing never pays in
+        time there; a balanced placement is what a batch hotter than predicted runs fastest on.
+        The gate charged its copies none late (they hide behind the other layers by its model);
+        the simulator runs them on the links like any others, so where they do not hide the run
+        says so."""
+        peak = [predicted_tokens(s, load, self.p.dispatch).sum(1).max() for s in (new, keep)]
+        return bool(peak[0] < peak[1])
 
 
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:

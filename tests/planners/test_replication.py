@@ -571,6 +571,22 @@ def test_rehoming_gate_charges_both_placements_their_copies():
     )
 
 
+def test_rehoming_takes_a_tie_that_balances_the_tokens():
+    """Memory-bound: load [0.9, 0.1, 0.9, 0.1] on homes dev0 {0, 2}, dev1 {1, 3} gives 1.8 and
+    0.2 tokens, each device 2 s (its two experts' bytes). Swapping experts 2 and 1 leaves both at
+    2 s with 1.0 token each: the same time, balanced, so the re-homing takes it when its copies
+    hide (copy_s 0.5 s behind a 2 s layer), and refuses it when they run late (copy_s 10 s)."""
+    lay = Layout(n_devices=2, n_experts=4, home_slots=2, replica_slots=0, replicas=0, lanes=False)
+    load = np.array([0.9, 0.1, 0.9, 0.1])
+    for copy_s, homes in ((0.5, [[0, 1], [2, 3]]), (10.0, [[0, 2], [1, 3]])):
+        rep = Replicator(ReplicaParams(gate="time+copy"), lay, _timer(copy_s),
+                         [np.array([[0, 2], [1, 3]])])  # fmt: skip
+        rep.place(0, load)
+        got = rep.place(0, load, home_load=load)
+        assert sorted(map(sorted, got.tolist())) == homes, copy_s
+        assert rep.homes[0].tolist() == got.tolist()
+
+
 def test_polish_moves_a_replica_the_greedy_misplaced():
     """Homes dev0 {0, 1}, dev1 {2, 3}, one replica slot each, budget 1; load [6, 6, 1, 1]. A
     replica of expert 2 on dev0 (a poor greedy choice) leaves dev0 at 12.5; polish moves the slot
