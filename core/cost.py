@@ -22,7 +22,7 @@ import numpy as np
 
 from core.schedule import Op, Schedule
 from core.spec import ComputeSpec, HardwareSpec
-from core.types import COMPUTE_KINDS, OpKind, Resource
+from core.types import COMPUTE_KINDS, TRANSFER_KINDS, OpKind, Resource
 
 # A GEMM's output tile per thread block: CUTLASS's and DeepGEMM's common 128 x 128 (DeepGEMM also
 # runs 64-row tiles for few tokens; 128 is the conservative count for them).
@@ -76,8 +76,11 @@ class CostModel:
     def pool_parts(
         self, schedule: Schedule, durations: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per op (NaN off pool streams and for non-compute ops): overhead seconds, work seconds
-        at the whole device (its duration, `durations` if given, less the overhead) and `cap`."""
+        """Per op (NaN off pool streams and for ops that are neither compute nor transfer):
+        overhead seconds, work seconds at the whole device (its duration, `durations` if given,
+        less the overhead) and `cap`. A transfer in a pool (the streams of one link) has its
+        link's latency as overhead and its bytes at the whole bandwidth as work, cap 1: the
+        pool's transfers share the bandwidth evenly."""
         n = len(schedule.ops)
         over, work, caps = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         pools = {name for name, s in schedule.streams.items() if s.pool}
@@ -85,12 +88,18 @@ class CostModel:
             return over, work, caps
         durations = self.durations(schedule) if durations is None else durations
         for op in schedule.ops:
-            if op.stream not in pools or op.kind not in COMPUTE_KINDS:
+            if op.stream not in pools:
                 continue
             res = schedule.streams[op.stream].resource
-            over[op.id] = self.overhead_s(res, op.kind)
+            if op.kind in TRANSFER_KINDS:
+                over[op.id] = self.hw.link(res).latency_s
+                caps[op.id] = 1.0
+            elif op.kind in COMPUTE_KINDS:
+                over[op.id] = self.overhead_s(res, op.kind)
+                caps[op.id] = self.cap(res, op.flops, op.touch_bytes, op.width)
+            else:
+                continue
             work[op.id] = max(durations[op.id] - over[op.id], 0.0)
-            caps[op.id] = self.cap(res, op.flops, op.touch_bytes, op.width)
         return over, work, caps
 
     def transfer_s(self, resource: Resource, nbytes: float) -> float:

@@ -69,7 +69,9 @@ class StreamSpec:
     share: float = 1.0
     # Streams naming the same pool share one GPU's SMs as plain CUDA streams do: their compute ops
     # run concurrently, each at most the share its `width` can fill, together at most the whole
-    # GPU (processor sharing). "" = the stream holds its resource while an op runs.
+    # GPU (processor sharing). The streams of one GPU link may form a pool too: their transfers
+    # run concurrently, sharing its bandwidth evenly. "" = the stream holds its resource while an
+    # op runs.
     pool: str = ""
 
     def __post_init__(self) -> None:

@@ -35,8 +35,9 @@ TRACE_COLUMNS = [
     "start_s",
     "end_s",
     # seconds of the whole GPU an op's work used, where it shared the GPU's SMs with other
-    # streams' ops (a simulated pool: StreamSpec.pool); NaN where the op held its resource from
-    # start to end (its busy time is end - start) and in real traces, which cannot see SMs
+    # streams' ops (a simulated pool: StreamSpec.pool; for a transfer in a link's pool, seconds
+    # of the whole link); NaN where the op held its resource from start to end (its busy time is
+    # end - start) and in real traces, which cannot see SMs
     "sm_s",
     # a pool op's launch: seconds from its start until its kernel runs (NaN elsewhere: there
     # the per-op overhead counts as device time)

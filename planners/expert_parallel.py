@@ -275,8 +275,8 @@ class Replicator:
         reads all its experts' weights however the tokens fall, so a re-homing never pays in
         time there; a balanced placement is what a batch hotter than predicted runs fastest on.
         The gate charged its copies none late (they hide behind the other layers by its model);
-        the simulator runs them on the links like any others, so where they do not hide the run
-        says so."""
+        the simulator runs them on the links beside the all-to-all, which they slow a little
+        (docs/replication-model.md, "Ties go to balance")."""
         peak = [predicted_tokens(s, load, self.p.dispatch).sum(1).max() for s in (new, keep)]
         return bool(peak[0] < peak[1])
 
@@ -846,21 +846,28 @@ class EPRunner:
             self.compute = [self.em.compute] + [
                 b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
             ]
+
+        def link(name: str, res: Resource, d: int) -> str:
+            """A stream on one direction of GPU d's link. The link's streams form a pool: their
+            transfers run at once, sharing its bandwidth, as NCCL's kernels on separate
+            communicators do (the real run's copies have a process group of their own)."""
+            return b.stream(name, res, d, pool=f"{res}:{d}")
+
         # replica copies on each GPU's link; lanes: copies within the one GPU's memory, every
         # lane's on its one copy path (`d2d`: half its HBM bandwidth, a read and a write a byte)
         self.copies = (
             [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices if lay.lanes
-            else [b.stream(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+            else [link(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         )  # fmt: skip
         # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`)
-        self.dispatch = [b.stream(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-        self.combine = [b.stream(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-        self.sends = [b.stream(f"send{d}", Resource.P2P_OUT, d) for d in range(lay.n_devices)]
+        self.dispatch = [link(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.combine = [link(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in range(lay.n_devices)]
         # a replica copy leaves its source GPU by the same outgoing direction (not on lanes)
-        self.copies_out = [b.stream(f"replicas_out{d}", Resource.P2P_OUT, d)
+        self.copies_out = [link(f"replicas_out{d}", Resource.P2P_OUT, d)
                            for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
         self.reduce = (
-            [b.stream(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+            [link(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
             if lay.dense == "tensor" else []
         )  # fmt: skip
         b.meta["ep"] = dict(

@@ -424,7 +424,8 @@ class Executor:
                 rid = spec.resource_id
                 if rid not in self._locks:
                     self._locks[rid] = threading.Lock()
-                # a pool's streams share the GPU's SMs with no lock, as in the simulator
+                # a pool's streams share their resource (a GPU's SMs, a link) with no lock, as in the
+                # simulator
                 lock = None if spec.resource == Resource.NONE or spec.pool else self._locks[rid]
                 t = threading.Thread(
                     target=self._worker,

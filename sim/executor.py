@@ -5,7 +5,8 @@ physical resource (shared by every stream mapped onto it, first come first serve
 the cost model's duration, and frees memory at its end. Deterministic.
 A compute op on a stream in a shared pool (`StreamSpec.pool`: CUDA streams on one GPU) instead
 runs its overhead on its stream, then its work alongside the pool's other running ops, at a
-share of the GPU that changes as they start and end (`_Fluid`).
+share of the GPU that changes as they start and end (`_Fluid`); a transfer in a link's pool
+likewise runs its latency, then its bytes at a share of the link's bandwidth.
 
 Usage:
     start_s, end_s = simulate(schedule, CostModel(hardware))

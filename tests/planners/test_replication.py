@@ -284,6 +284,11 @@ def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
     assert set(into["resource"].astype(str)) <= {"p2p", "p2p:1"}
     assert set(out["resource"].astype(str)) <= {"p2p_out", "p2p_out:1"}
     ops, streams = res.schedule.ops, res.schedule.streams
+    # each direction of a GPU's link is one pool: copies and the all-to-all share its bandwidth
+    # (NCCL's kernels on the copies' own process group run beside the all-to-all's)
+    for spec in streams.values():
+        if spec.resource in (Resource.P2P, Resource.P2P_OUT):
+            assert spec.pool == f"{spec.resource}:{spec.device}", spec.name
     for o in ops:  # a copy's two ends (emitted together) are on different GPUs, for one expert
         if o.kind == OpKind.LOAD and streams[o.stream].name.startswith("replicas") and not \
                 streams[o.stream].name.startswith("replicas_out"):  # fmt: skip

@@ -387,3 +387,23 @@ def test_pool_makespan_by_hand():
     assert pool_makespan_s([[(1.0, 1.0, 0.25)]]) == pytest.approx(5.0)  # launch, then 1 / 0.25
     # lane 1 launches for 1 s while lane 0 has the GPU: 1 s of 2 done; then both at half
     assert pool_makespan_s([[(0.0, 2.0, 1.0)], [(1.0, 1.0, 1.0)]]) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("pool", ["", "h2d:0"])
+def test_a_link_pool_shares_its_bandwidth(pool):
+    """A 1 GB copy at 0, a 0.1 GB message at 0.2 s, over one 1 GB/s link with 10 ms latency.
+    Streams that hold the link (no pool): the message waits for the copy, 0.2 -> 1.01 -> 1.12 s.
+    In a pool: both run their latency on their own streams, then share the bandwidth, half
+    each, from when the message's bytes start (0.21 s) until they are through (0.41 s); the
+    copy, 0.2 GB through at 0.21 s and 0.1 GB more by 0.41 s, has 0.7 GB left at the whole
+    link: it ends at 1.11 s, 0.1 s (the message's bytes) later than alone."""
+    b = ScheduleBuilder({t: 1 << 40 for t in Tier})
+    big, small = (b.stream(n, Resource.H2D, pool=pool) for n in ("copies", "all-to-all"))
+    gate = b.add(OpKind.FFN, b.stream("gpu", Resource.GPU), flops=0.2e12)
+    load(b, big, GB)
+    load(b, small, GB // 10, deps=(gate,))
+    start, end = run(b, hw(latency_us=10_000))
+    if pool:
+        assert end[1:] == pytest.approx([1.11, 0.41])
+    else:
+        assert start[2] == pytest.approx(1.01) and end[1:] == pytest.approx([1.01, 1.12])
