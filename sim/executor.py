@@ -70,10 +70,10 @@ class _Pool:
 
 
 class _Fluid:
-    """Processor sharing of one GPU among its pool's running ops: each op runs at rate
-    min(cap, level), the level chosen so the rates sum to 1 (water-filling; all at their caps if
-    those sum to less). An op of `work` seconds at the whole GPU ends when its rate integrated
-    over time reaches `work`. Re-planned whenever an op joins or ends."""
+    """Processor sharing of one GPU (or one link) among its pool's running ops: each op runs at
+    rate min(cap, level), the level chosen so the rates sum to 1 (water-filling; all at their
+    caps if those sum to less). An op of `work` seconds at the whole GPU ends when its rate
+    integrated over time reaches `work`. Re-planned whenever an op joins or ends."""
 
     __slots__ = ("env", "jobs", "t", "gen")
 
