@@ -3,7 +3,8 @@
 holds for each (batch, layer): a `SlotPolicy`.
 
 Setting: G compute devices, either G GPUs (`gpu`, `gpu:1`, ...; device d's NVLink is `p2p:d`
-into it and `p2p_out:d` out of it, full duplex) or G concurrent lanes on one GPU (`lanes=True`:
+into it and `p2p_out:d` out of it, full duplex, each direction's transfers sharing its
+bandwidth: a simulator pool) or G concurrent lanes on one GPU (`lanes=True`:
 no dispatch/combine traffic; lane d runs on `lane{d}`, by default a partition of 1/G of the
 GPU's SMs and memory bandwidth, so the lanes together have one GPU's capacity: `lane_share`; or,
 `lane_sharing="shared"`, as plain CUDA streams whose kernels share the SMs, each up to what its
