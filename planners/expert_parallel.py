@@ -261,23 +261,29 @@ class Replicator:
         """The gate applied to re-homing: the busiest device of `new` finishes sooner than with
         `keep`, each charged the time its copies from `old` run late ("time+copy"; `keep`'s
         re-chosen replicas may need copies too, and a move that needs fewer was refused); or as
-        soon, and the busiest device holds fewer predicted tokens (`_fewer_peak_tokens`)."""
-        t_new, t_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
+        soon, and the busiest device alone (its copies aside) as soon too, holding fewer
+        predicted tokens (`_fewer_peak_tokens`). Late copies can make the two totals tie
+        whatever the spans (each total is then its copy queue): there the shorter span wins."""
+        s_new, s_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
+        t_new, t_keep = s_new, s_keep
         if self.p.gate == "time+copy":
-            t_new += self.timer.late_copy_s(self.timer.queue(new, old), t_new)
-            t_keep += self.timer.late_copy_s(self.timer.queue(keep, old), t_keep)
-        if math.isclose(t_new, t_keep, rel_tol=1e-9):
-            return self._fewer_peak_tokens(new, keep, load)
-        return t_new < t_keep
+            t_new += self.timer.late_copy_s(self.timer.queue(new, old), s_new)
+            t_keep += self.timer.late_copy_s(self.timer.queue(keep, old), s_keep)
+        if not math.isclose(t_new, t_keep, rel_tol=1e-9):
+            return t_new < t_keep
+        if not math.isclose(s_new, s_keep, rel_tol=1e-9):
+            return s_new < s_keep
+        return self._fewer_peak_tokens(new, keep, load)
 
     def _fewer_peak_tokens(self, new: np.ndarray, keep: np.ndarray, load: np.ndarray) -> bool:
         """A move the gate finds no slower is taken when it balances the tokens (`new`'s busiest
         device holds fewer of `load`'s than `keep`'s). Memory-bound layers tie: each device
         reads all its experts' weights however the tokens fall, so a re-homing never pays in
         time there; a balanced placement is what a batch hotter than predicted runs fastest on.
-        The gate charged its copies none late (they hide behind the other layers by its model);
-        the simulator runs them on the links beside the all-to-all, which they slow a little
-        (docs/replication-model.md, "Ties go to balance")."""
+        Its copies run as late as keeping's by the gate's model (mostly not at all: they hide
+        behind the other layers); the simulator runs them on the links beside the all-to-all,
+        which they slow a little (docs/replication-model.md, "Ties go to balance"). With
+        `scenarios` the tie is on their mean time, the tokens those of `load`."""
         peak = [predicted_tokens(s, load, self.p.dispatch).sum(1).max() for s in (new, keep)]
         return bool(peak[0] < peak[1])
 
@@ -850,8 +856,10 @@ class EPRunner:
 
         def link(name: str, res: Resource, d: int) -> str:
             """A stream on one direction of GPU d's link. The link's streams form a pool: their
-            transfers run at once, sharing its bandwidth, as NCCL's kernels on separate
-            communicators do (the real run's copies have a process group of their own)."""
+            transfers run at once, sharing its bandwidth, as the real run's copies (on a process
+            group of their own, whose NCCL kernels run beside the all-to-all's) share it. The
+            real run's collectives, on the default group, run in program order among
+            themselves; here one batch's combine may overlap the next one's dispatch."""
             return b.stream(name, res, d, pool=f"{res}:{d}")
 
         # replica copies on each GPU's link; lanes: copies within the one GPU's memory, every

@@ -592,6 +592,38 @@ def test_rehoming_takes_a_tie_that_balances_the_tokens():
         assert rep.homes[0].tolist() == got.tolist()
 
 
+class _SpanTimer:
+    """Stand-in for `ExpertTime` in `Replicator._pays`: given spans and copy queues per placement."""
+
+    def __init__(self, copy_s: float, spans: dict, queues: dict) -> None:
+        self.copy_s, self.spans, self.queues = copy_s, spans, queues
+
+    def span(self, slots, load, scenarios):
+        return self.spans[slots.tobytes()]
+
+    def queue(self, slots, resident):
+        return self.queues[slots.tobytes()]
+
+    def late_copy_s(self, queue, layer_s):
+        return max(0.0, queue * self.copy_s - layer_s)
+
+
+def test_late_copies_do_not_hide_a_slower_span_in_a_tie():
+    """Under time+copy a side whose copies run late totals its copy queue (10 copies of 0.2 s
+    behind a 1.0 s or 0.9 s layer: 2 s either way). The totals tie, but the move's busiest
+    device is slower (1.0 s against 0.9): refused, though it holds fewer peak tokens (5 against
+    7). With the spans tied too, the tokens decide; under gate time (no copies charged) the
+    slower span loses outright. Before, the tokens decided on the totals' tie alone."""
+    keep, new, old = np.array([[0, 1], [2, 3]]), np.array([[0, 2], [1, 3]]), np.zeros((2, 2), int)
+    load = np.array([4.0, 3, 1, 0])
+    for spans, pays in (((1.0, 0.9), False), ((0.9, 0.9), True)):
+        timer = _SpanTimer(0.2, {new.tobytes(): spans[0], keep.tobytes(): spans[1]},
+                           {new.tobytes(): 10, keep.tobytes(): 10})  # fmt: skip
+        for gate in ("time+copy", "time"):
+            rep = Replicator(ReplicaParams(gate=gate), LAY, timer, [keep])  # type: ignore[arg-type]
+            assert rep._pays(new, keep, old, load) is pays, (spans, gate)
+
+
 def test_polish_moves_a_replica_the_greedy_misplaced():
     """Homes dev0 {0, 1}, dev1 {2, 3}, one replica slot each, budget 1; load [6, 6, 1, 1]. A
     replica of expert 2 on dev0 (a poor greedy choice) leaves dev0 at 12.5; polish moves the slot
