@@ -145,26 +145,52 @@ def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
     Path(path).write_text(json.dumps(to_chrome(traces)))
 
 
-def work_s(trace: pd.DataFrame) -> pd.Series:
+def shares_s(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each interval [start, end)'s even share of the time it overlaps the others: the integral
+    over it of 1 / k, k the number of intervals open at that instant (processor sharing, as the
+    simulator's pool shares a GPU or a link). The shares add up to the seconds the union covers."""
+    start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
+    if not len(start):
+        return np.zeros(0)
+    times = np.unique(np.r_[start, end])
+    open_ = np.searchsorted(np.sort(start), times, "right") - np.searchsorted(
+        np.sort(end), times, "right"
+    )  # intervals open on [times[i], times[i + 1])
+    per = np.diff(times) / np.maximum(open_[:-1], 1) * (open_[:-1] > 0)
+    acc = np.r_[0.0, np.cumsum(per)]
+    return acc[np.searchsorted(times, end)] - acc[np.searchsorted(times, start)]
+
+
+def work_s(trace: pd.DataFrame, schedule: Schedule | None = None) -> pd.Series:
     """Seconds of its resource each op takes: its duration, or for an op of a shared pool
-    (CUDA streams sharing a GPU's SMs, whose ops run at once) its whole-GPU seconds of work
-    (`sm_s`; the launch overhead before it holds no SMs)."""
+    (CUDA streams sharing a GPU's SMs, the streams of one link, whose ops run at once) its
+    seconds of work at the whole GPU or link (`sm_s`; the launch overhead before it holds
+    none). A real trace cannot see that work: given the `schedule`, a pool op without `sm_s`
+    takes its even share of the time it overlapped the pool's other such ops (`shares_s`), so
+    the pool's ops add up to the time some of them ran, not to their summed durations."""
     dur = trace["end_s"] - trace["start_s"]
-    if "sm_s" not in trace:
-        return dur
-    return trace["sm_s"].where(trace["sm_s"].notna(), dur)
+    out = dur if "sm_s" not in trace else trace["sm_s"].where(trace["sm_s"].notna(), dur)
+    if schedule is None or not any(s.pool for s in schedule.streams.values()):
+        return out
+    pooled = {name for name, s in schedule.streams.items() if s.pool}
+    blind = trace["stream"].astype(str).isin(pooled).to_numpy()
+    if "sm_s" in trace:
+        blind = blind & trace["sm_s"].isna().to_numpy()
+    if not blind.any():
+        return out
+    out = out.astype(np.float64).copy()
+    key = pd.Series(bound_resource(schedule, trace)[blind])
+    start, end = trace["start_s"].to_numpy()[blind], trace["end_s"].to_numpy()[blind]
+    share = np.zeros(len(key))
+    for _, idx in key.groupby(key, sort=False).indices.items():
+        share[idx] = shares_s(start[idx], end[idx])
+    out.iloc[np.flatnonzero(blind)] = share
+    return out
 
 
-def shortest_s(trace: pd.DataFrame) -> pd.Series:
-    """The least time each op could take, for bounds: its duration, or for a pool op (sharing
-    the GPU's SMs, slowed by the others) its launch and its work at the whole GPU, which alone
-    it could have had."""
-    return work_s(trace) + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)
-
-
-def busy_s(trace: pd.DataFrame) -> dict[str, float]:
-    """Seconds each resource spends running ops (one op at a time, or a pool's work)."""
-    out = work_s(trace).groupby(trace["resource"].astype(str), observed=True).sum()
+def busy_s(trace: pd.DataFrame, schedule: Schedule | None = None) -> dict[str, float]:
+    """Seconds each resource spends running ops (one op at a time, or a pool's work: `work_s`)."""
+    out = work_s(trace, schedule).groupby(trace["resource"].astype(str), observed=True).sum()
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
@@ -213,7 +239,10 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
         return 0.0, ""
     ids = trace["op_id"].to_numpy()
     dur = np.zeros(n)
-    dur[ids] = shortest_s(trace).to_numpy()
+    # the least time each op could take: its duration, or for a pool op (slowed by the others)
+    # its launch and its work at the whole GPU or link, which alone it could have had
+    work = work_s(trace, schedule)
+    dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
     d = dur.tolist()
     head = [0.0] * n
     preds: list[tuple[int, ...]] = [()] * n
@@ -234,7 +263,7 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
     h_arr, t_arr = np.asarray(head), np.asarray(tail)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
     frame = pd.DataFrame({"resource": bound_resource(schedule, trace), "step": trace["step"].to_numpy(),
-                          "head": h_arr[ids], "dur": work_s(trace).to_numpy(), "tail": t_arr[ids]})  # fmt: skip
+                          "head": h_arr[ids], "dur": work.to_numpy(), "tail": t_arr[ids]})  # fmt: skip
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
     for res, g in frame[frame["resource"] != "none"].groupby("resource", sort=True):
@@ -307,10 +336,15 @@ def summarize(
     """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first."""
     makespan = float(trace["end_s"].max()) if len(trace) else 0.0
     prefill = prefill_s(trace)
-    busy = busy_s(trace)
+    busy = busy_s(trace, schedule)
     gpu_busy = busy.get("gpu", 0.0)
     # the busiest resource, a pool's lanes counted as the one GPU they share
-    by = work_s(trace).groupby(bound_resource(schedule, trace)).sum().drop("none", errors="ignore")
+    by = (
+        work_s(trace, schedule)
+        .groupby(bound_resource(schedule, trace))
+        .sum()
+        .drop("none", errors="ignore")
+    )
     lower = float(by.max()) if len(by) else 0.0
     dag, dag_binds = dag_bound(schedule, trace)
     dag = max(dag, lower)

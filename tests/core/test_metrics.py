@@ -220,7 +220,7 @@ def test_chrome_trace_carries_sm_seconds_only_where_there_are_some(sim_run):
     assert ops[1]["sm_s"] == 0.25 and all("sm_s" not in a for i, a in ops.items() if i != 1)
 
 
-def pool_half_tflop_each(b: ScheduleBuilder, lanes: list[str]) -> dict:
+def pool_half_tflop_each(b: ScheduleBuilder, lanes: list[str], source: str = "sim") -> dict:
     """The summary of one 0.5 TFLOP op on each of `lanes` (streams of one pool on round_hw),
     simulated."""
     for s in lanes:
@@ -230,32 +230,49 @@ def pool_half_tflop_each(b: ScheduleBuilder, lanes: list[str]) -> dict:
     cost = CostModel(round_hw())
     parts = cost.pool_parts(sched)
     start, end = simulate(sched, cost, parts)
-    trace = make_trace(sched, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    # a real trace has the ops' intervals only: no SM-seconds, no launch
+    known = dict(sm_s=parts[1], launch_s=parts[0]) if source == "sim" else {}
+    trace = make_trace(sched, start, end, source, **known)
     return summarize(sched, trace, Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1))
 
 
-def test_bounds_count_a_pools_ops_by_their_work():
+@pytest.mark.parametrize("source", ["sim", "real"])
+def test_bounds_count_a_pools_ops_by_their_work(source):
     """Two 0.5 TFLOP ops on two streams of one pool (CUDA streams sharing the GPU's SMs, both on
     resource `gpu`) run side by side, each at half the GPU: both end at 1 s. The GPU did 1 s of
-    work, so the bounds are 1 s, not the 2 s their wall times add up to."""
+    work, so the bounds are 1 s, not the 2 s their wall times add up to; a real trace (no
+    `sm_s`) gets it from their intervals, half of the overlap each."""
     h = round_hw()
     b = ScheduleBuilder(h.memory_bytes)
     lanes = [b.stream(name, Resource.GPU, 0, pool="sms") for name in ("lane0", "compute")]
-    m = pool_half_tflop_each(b, lanes)
+    m = pool_half_tflop_each(b, lanes, source)
     assert m["makespan_s"] == pytest.approx(1.0)
     assert m["lower_bound_s"] == pytest.approx(1.0) and m["busy_s"]["gpu"] == pytest.approx(1.0)
     assert m["dag_lower_bound_s"] == pytest.approx(1.0) and m["gpu_bubble_s"] == pytest.approx(0.0)
 
 
-def test_bounds_count_a_pools_lanes_as_one_gpu():
+def test_shares_split_each_overlap_evenly():
+    """[0, 2), [1, 3) and [1, 2): on [1, 2) three are open, a third each. Shares: 1 + 1/3,
+    1/3 + 1 and 1/3, adding up to the 3 s the union covers; a lone interval gets its length,
+    a zero-length one nothing, and a gap between intervals belongs to none."""
+    from core.trace import shares_s
+
+    got = shares_s(np.array([0.0, 1.0, 1.0, 5.0, 6.0]), np.array([2.0, 3.0, 2.0, 5.5, 6.0]))
+    assert got == pytest.approx([4 / 3, 4 / 3, 1 / 3, 0.5, 0.0])
+    assert shares_s(np.zeros(0), np.zeros(0)).shape == (0,)
+
+
+@pytest.mark.parametrize("source", ["sim", "real"])
+def test_bounds_count_a_pools_lanes_as_one_gpu(source):
     """Two lanes of one pool under their own device ids (`gpu`, `gpu:1`: the shared-SM lanes of
     the expert-parallel planners), 0.5 TFLOP each, run side by side at half the GPU each and end
     at 1 s. The one GPU they share did 1 s of work: both bounds are 1 s, not the 0.5 s of the
-    busier lane's resource id alone."""
+    busier lane's resource id alone. A real trace, which has the intervals only, gets the same:
+    each lane takes half of the second the two overlap (`core.trace.shares_s`)."""
     h = round_hw()
     b = ScheduleBuilder(h.memory_bytes)
     lanes = [b.stream(f"lane{d}", Resource.GPU, d, pool="sms") for d in range(2)]
-    m = pool_half_tflop_each(b, lanes)
+    m = pool_half_tflop_each(b, lanes, source)
     assert m["makespan_s"] == pytest.approx(1.0)
     assert m["busy_s"] == pytest.approx({"gpu": 0.5, "gpu:1": 0.5})  # per lane, as reported
     assert m["lower_bound_s"] == pytest.approx(1.0)

@@ -407,3 +407,33 @@ def test_a_link_pool_shares_its_bandwidth(pool):
         assert end[1:] == pytest.approx([1.11, 0.41])
     else:
         assert start[2] == pytest.approx(1.01) and end[1:] == pytest.approx([1.01, 1.12])
+
+
+def test_a_real_traces_link_pool_counts_each_transfers_share():
+    """The pooled case above with no latency: the copy runs 0 -> 1.1 s, the message 0.2 -> 0.4 s
+    at half the link. The simulator knows their work, 1.0 and 0.1 s of the whole link (`sm_s`).
+    A real trace does not: it has their intervals only, and an even split of the overlap gives
+    the copy 0.2 + 0.1 + 0.7 s and the message 0.1 s, the same work, so the bounds read 1.1 s
+    (the link's busy time), not the 1.3 s the two durations add up to."""
+    from core.spec import Workload
+    from core.trace import make_trace, summarize, work_s
+
+    b = ScheduleBuilder({t: 1 << 40 for t in Tier})
+    big, small = (b.stream(n, Resource.H2D, pool="link") for n in ("copies", "all-to-all"))
+    gate = b.add(OpKind.FFN, b.stream("gpu", Resource.GPU), flops=0.2e12)
+    load(b, big, GB)
+    load(b, small, GB // 10, deps=(gate,))
+    s = b.build()
+    cost = CostModel(hw())
+    parts = cost.pool_parts(s)
+    start, end = simulate(s, cost, parts)
+    sim = make_trace(s, start, end, "sim", sm_s=parts[1], launch_s=parts[0])
+    real = make_trace(s, start, end, "real")
+    assert work_s(sim, s)[1:].to_numpy() == pytest.approx([1.0, 0.1])
+    assert work_s(real, s)[1:].to_numpy() == pytest.approx([1.0, 0.1])
+    assert work_s(real)[1:].to_numpy() == pytest.approx([1.1, 0.2])  # without the schedule
+    w = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
+    for trace in (sim, real):
+        m = summarize(s, trace, w)
+        assert m["lower_bound_s"] == pytest.approx(1.1) and m["busy_s"]["h2d"] == pytest.approx(1.1)
+        assert m["lower_bound_s"] <= m["dag_lower_bound_s"] <= m["makespan_s"] + 1e-12
