@@ -190,8 +190,10 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
 
     Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
     kind, no single allocation exceeds a tier, every expert compute depends on its batch's gate
-    (planners are causal), and an instant-completion run of the streams finishes (no op waits
-    forever for memory that only a later op frees) without freeing memory nothing holds.
+    (planners are causal), an expert-parallel layout (`meta["ep"]`) uses only the links it
+    has (lanes: d2d; G GPUs: p2p, p2p_out), and an instant-completion run of the streams
+    finishes (no op waits forever for memory that only a later op frees) without freeing
+    memory nothing holds.
     That run is one order of memory grants: with real durations another order can still leave
     every stream waiting (the simulator then stops, naming them), so it is a necessary check,
     not a proof that no timing deadlocks.
@@ -231,6 +233,11 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         problem = _shape_problem(shape, streams)
         if problem:
             raise ScheduleError(f"{op.label()}: {problem}")
+    ep = schedule.meta.get("ep")
+    if ep:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
+        problem = _ep_problem(first.values(), streams, bool(ep.get("lanes")))
+        if problem:
+            raise ScheduleError(problem)
     cols = schedule.columns()
     for ti, tier in enumerate(Tier):
         room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
@@ -284,6 +291,24 @@ def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) ->
     if bad_memory:
         return "memory effect needs a tier and bytes >= 0"
     return ""
+
+
+def _ep_problem(ops: Iterable[Op], streams: Mapping[str, StreamSpec], lanes: bool) -> str:
+    """The first op (in op order) on a link its expert-parallel layout does not have: lanes
+    share one GPU's memory (a replica copy runs on its copy path, d2d; no token leaves the GPU),
+    G GPUs have no shared memory (a copy between them runs on p2p in and p2p_out out). The IR
+    names lanes and GPUs alike (`gpu:d`), so only the layout (`meta["ep"]`) tells them apart."""
+    wrong = {Resource.P2P, Resource.P2P_OUT} if lanes else {Resource.D2D}
+    bad = min((o for o in ops if streams[o.stream].resource in wrong), key=lambda o: o.id,
+              default=None)  # fmt: skip
+    if bad is None:
+        return ""
+    res = streams[bad.stream].resource
+    if lanes:
+        return (f"{bad.label()}: on {res}, but the layout is lanes of one GPU (meta ep.lanes), "
+                "whose memory they share: a replica copy runs on d2d, and no tokens move")  # fmt: skip
+    return (f"{bad.label()}: on d2d (a copy within one GPU), but the layout is G GPUs "
+            "(meta ep.lanes false): a copy between GPUs runs on p2p in and p2p_out out")  # fmt: skip
 
 
 def _check_finishes(schedule: Schedule) -> None:

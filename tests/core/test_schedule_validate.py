@@ -296,3 +296,28 @@ def test_the_finishing_check_does_not_depend_on_stream_order(order):
     c = b.add(OpKind.LOAD, "s2", (bb,), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 10)
     b.add(OpKind.FREE, "s1", (a, c), free_tier=Tier.GPU, free_bytes=6 * GB // 10)
     validate(b.build())
+
+
+@pytest.mark.parametrize(
+    ("lanes", "res", "ok"),
+    [(True, Resource.D2D, True), (True, Resource.P2P, False), (True, Resource.P2P_OUT, False),
+     (False, Resource.P2P, True), (False, Resource.P2P_OUT, True), (False, Resource.D2D, False)],
+)  # fmt: skip
+def test_an_expert_parallel_layout_uses_only_its_own_links(lanes, res, ok):
+    """A gpu -> gpu replica copy may run on p2p, p2p_out or d2d, and the IR names lanes and
+    GPUs alike (`gpu:d`): the layout in `meta["ep"]` says which links there are. Lanes share one
+    GPU's memory (d2d only); G GPUs have none in common (no d2d). A copy on a link its layout
+    lacks is named; without the layout every one of them passes, as before."""
+    b, _ = base()
+    b.stream("copy", res)
+    b.add(OpKind.EXPERT, "compute", (0,), layer=0, batch=0, expert=1)
+    bad = b.add(OpKind.LOAD, "copy", src=Tier.GPU, dst=Tier.GPU, nbytes=1000, layer=0)
+    validate(b.build())  # no layout
+    b.meta["ep"] = dict(n_devices=2, lanes=lanes)
+    s = b.build()
+    if ok:
+        validate(s)
+        return
+    with pytest.raises(ScheduleError, match="lanes of one GPU" if lanes else "G GPUs") as info:
+        validate(s)
+    assert s.ops[bad].label() in str(info.value)
