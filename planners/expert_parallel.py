@@ -868,10 +868,12 @@ class EPRunner:
             [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices if lay.lanes
             else [link(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
         )  # fmt: skip
-        # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`)
-        self.dispatch = [link(f"dispatch{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-        self.combine = [link(f"combine{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-        self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in range(lay.n_devices)]
+        # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`); none on lanes
+        # (one GPU's memory) or with tensor-parallel dense work (every GPU holds every token)
+        a2a = range(0 if lay.lanes or lay.dense == "tensor" else lay.n_devices)
+        self.dispatch = [link(f"dispatch{d}", Resource.P2P, d) for d in a2a]
+        self.combine = [link(f"combine{d}", Resource.P2P, d) for d in a2a]
+        self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in a2a]
         # a replica copy leaves its source GPU by the same outgoing direction (not on lanes)
         self.copies_out = [link(f"replicas_out{d}", Resource.P2P_OUT, d)
                            for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
@@ -1125,8 +1127,11 @@ class EPRunner:
             return b.add(kind, stream, tuple(deps), tokens=n, nbytes=n * act_bytes,
                          tensor=Tensor.HIDDEN, **common) if n else None  # fmt: skip
 
-        sends = [move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) for d in range(g)]
-        recvs = [move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) for d in range(g)]
+        a2a = bool(self.sends)  # G GPUs, dense work data-parallel (else no token moves)
+        sends = [move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) if a2a else None
+                 for d in range(g)]  # fmt: skip
+        recvs = [move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) if a2a else None
+                 for d in range(g)]  # fmt: skip
         experts: list[int | None] = []
         for d in range(g):
             n_d = int(tokens[d].sum())
@@ -1149,12 +1154,15 @@ class EPRunner:
                 )  # fmt: skip
             experts.append(prev if prev != start else None)
         for d in range(g):
+            ends.extend(op for op in (experts[d],) if op is not None)
+            if not a2a:
+                continue
             # d sends back the results it computed for others, and receives its own tokens'
             # results once the GPUs computing them are done
             back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
             came = move(OpKind.COMBINE, self.combine[d],
                         (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
-            ends.extend(op for op in (experts[d], back, came) if op is not None)
+            ends.extend(op for op in (back, came) if op is not None)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,

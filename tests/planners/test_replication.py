@@ -343,6 +343,9 @@ def test_lanes_copy_on_the_one_gpus_queue():
     assert len(copies) == res.summary["plan"]["ep"]["copies"] > 1
     assert set(copies["stream"].astype(str)) == {"replicas"}
     assert set(copies["resource"].astype(str)) == {"d2d"}
+    # no link between GPUs is declared: lanes move no tokens (the validator rejects p2p here)
+    links = {s.resource for s in res.schedule.streams.values()}
+    assert not links & {Resource.P2P, Resource.P2P_OUT}
     spec = tiny_spec("ep_static")
     d2d = spec.hardware.link(Resource.D2D)
     assert d2d.bandwidth_bytes_per_s == spec.hardware.gpu.mem_bw_bytes_per_s / 2
@@ -1471,6 +1474,10 @@ def test_tensor_parallel_dense_splits_weights_and_all_reduces():
     assert len(first.deps) == 2
     kinds = {o.kind for o in sched.ops}
     assert OpKind.DISPATCH not in kinds and OpKind.COMBINE not in kinds
+    # nor are the all-to-all's streams declared: each link carries copies and all-reduces
+    assert {
+        n.rstrip("0123456789") for n in sched.streams if "p2p" in sched.streams[n].resource
+    } == {"replicas", "replicas_out", "allreduce"}
     routed = sum(o.tokens for o in sched.ops if o.kind == OpKind.EXPERT)
     assert routed == sum(o.tokens for o in data.ops if o.kind == OpKind.EXPERT)
     assert res.summary["plan"]["ep"]["dense"] == "tensor"
