@@ -7,7 +7,9 @@ routing twice: lanes that partition the device (each 1/G of it, `lane_sharing=pa
 lanes that share it (processor sharing capped by each kernel's thread blocks,
 `lane_sharing=shared`). Prints and writes (validate_lanes.csv / .md) the real makespan (median,
 and the spread) beside each model's prediction and its error, and the same for the expert
-phases (first expert start to last expert end of each (step, layer, batch), summed).
+phases (first expert start to last expert end of each (step, layer, batch), summed), and the
+real makespan over the schedule's DAG bound with the real run's own durations
+(`real_over_dag_lb`, median: what the executor adds to the schedule; at least 1).
 
 The device's SM count comes from the hardware file (`gpu.sms`) or, on CUDA, from the device, and
 one SM's bandwidth from the file (`sm_mem_bw_gbps`) or an even split; the memory tiers are
@@ -109,9 +111,13 @@ def report(opts: dict[str, Any]) -> list[str]:
         routing = real[0][1].routing
         make = np.array([r.trace["end_s"].max() for r, _ in real])
         phase = np.array([expert_phases_s(r.trace) for r, _ in real])
+        # what the executor adds to the schedule's own bound with the durations it measured
+        # (the lanes' ops by their share of the GPU: core.trace.work_s)
+        dag = np.array([r.summary["dag_lower_bound_s"] for r, _ in real])
         row: dict[str, Any] = dict(planner=p, real_ms=1e3 * float(np.median(make)),
                                    real_spread=float((make.max() - make.min()) / np.median(make)),
-                                   real_phase_ms=1e3 * float(np.median(phase)))  # fmt: skip
+                                   real_phase_ms=1e3 * float(np.median(phase)),
+                                   real_over_dag_lb=float(np.median(make / dag)))  # fmt: skip
         for s, sp in spec.items():
             sim = simulate_run(sp, routing)
             row[f"{s}_ms"] = 1e3 * float(sim.trace["end_s"].max())
