@@ -156,6 +156,21 @@ def traffic(tokens: np.ndarray, sources: np.ndarray) -> np.ndarray:
     return np.clip(hi - lo, 0, None).sum(2)
 
 
+def copies_sent(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """[G] how many of `copy_moves(old, new)` each device sends, from slots [G, K] (-1 empty)
+    without listing them (the replica gate's inner loop): the copies of expert e are the
+    devices that hold it after and not before, all sent from the source `copy_moves` picks."""
+    g = old.shape[0]
+    e = int(max(old.max(initial=-1), new.max(initial=-1))) + 1
+    before, after = times_held(old, e) > 0, times_held(new, e) > 0
+    copies = (after & ~before).sum(0)  # [E]
+    keep = before & after
+    held = np.asarray(before.any(0))  # [E]
+    assert held[copies > 0].all(), "an expert has no copy on any device before the move"
+    src = np.where(keep.any(0), keep.argmax(0), before.argmax(0))  # the first keeper, else holder
+    return np.bincount(src, weights=copies, minlength=g).astype(np.int64)
+
+
 def copy_moves(
     old: Sequence[Sequence[int]], new: Sequence[Sequence[int]]
 ) -> list[tuple[int, int, int]]:

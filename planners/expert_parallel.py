@@ -43,6 +43,7 @@ from core.dispatch import (  # noqa: F401  (re-exported: planners' and tests' na
     DENSE,
     DISPATCH,
     balanced_split,
+    copies_sent,
     copy_moves,
     source_counts,
     split_tokens,
@@ -487,8 +488,7 @@ class ExpertTime:
         into = new_copies(slots, resident, self.one_link)
         if self.one_link or not into:
             return into
-        out = np.bincount([src for _, src, _ in copy_moves(resident.tolist(), slots.tolist())])
-        return max(into, int(out.max()))
+        return max(into, int(copies_sent(resident, slots).max()))
 
     def late_copy_s(self, queue: int, layer_s: float) -> float:
         """What the longest queue of `queue` copies (`queue`) adds to a layer: copies run behind

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from core.dispatch import copy_moves, source_counts, traffic
+from core.dispatch import copies_sent, copy_moves, source_counts, traffic
 from core.errors import ConfigError
 from core.routing import load_routing
 from core.types import Tensor
@@ -333,6 +333,23 @@ def test_moves_copy_from_a_rank_that_keeps_the_expert():
     new = [[0, 2, 6], [1, 3, 6, 5]]
     assert copy_moves(old, new) == [(5, 0, 1), (6, 1, 0)]
     assert copy_moves(old, old) == []
+
+
+def test_copies_sent_counts_copy_moves_sources():
+    """The replica gate's vectorised count of the copies each device sends equals the count of
+    `copy_moves`' sources, on random re-placements of 3 homes + 2 replica slots on 4 devices
+    (12 experts; replicas and homes redrawn, slots left empty, an expert twice on one device)."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        homes = rng.permutation(12).reshape(4, 3)
+        old = np.concatenate([homes, rng.integers(-1, 12, (4, 2))], 1)
+        new = old.copy()
+        new[:, 3:] = rng.integers(-1, 12, (4, 2))
+        if rng.random() < 0.5:  # re-homing: homes permuted among the devices
+            new[:, :3] = rng.permutation(homes.ravel()).reshape(4, 3)
+        want = np.bincount([src for _, src, _ in copy_moves(old.tolist(), new.tolist())],
+                           minlength=4)  # fmt: skip
+        assert copies_sent(old, new).tolist() == want.tolist()
 
 
 def test_placement_changes_travel_rank_to_rank(mixtral_tiny, tmp_path):
