@@ -4,6 +4,7 @@ convert_traces and calibrate) is one line and exit 130, as in experiments.run.""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -74,15 +75,26 @@ def test_report_default_folder_that_is_a_file_is_one_line(tmp_path, capsys):
     assert (sweep / "report").read_text() == "not a folder"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_report_default_folder_in_a_read_only_sweep_is_one_line(tmp_path, capsys):
+def test_report_default_folder_in_a_read_only_sweep_is_one_line(tmp_path, capsys, monkeypatch):
+    """A sweep folder the user may not write in. Root writes into read-only folders (CI runs
+    as root), so there the refusal the kernel gives everyone else is played by Path.mkdir."""
     sweep = _sweep(tmp_path / "s")
+    if os.geteuid() == 0:
+        mkdir = Path.mkdir
+
+        def refuse(self: Path, *args: object, **kwargs: object) -> None:
+            if self.parent == sweep:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "mkdir", refuse)
     sweep.chmod(0o555)
     try:
         assert report.main([str(sweep)]) == 2
     finally:
         sweep.chmod(0o755)
-    one_error(capsys, "--out", str(sweep / "report"))
+    one_error(capsys, "--out", str(sweep / "report"), "Permission denied")
+    assert not (sweep / "report").exists()
 
 
 def test_collect_results_path_that_is_a_folder_is_one_line(tmp_path, capsys):
