@@ -188,9 +188,13 @@ def work_s(trace: pd.DataFrame, schedule: Schedule | None = None) -> pd.Series:
     return out
 
 
-def busy_s(trace: pd.DataFrame, schedule: Schedule | None = None) -> dict[str, float]:
-    """Seconds each resource spends running ops (one op at a time, or a pool's work: `work_s`)."""
-    out = work_s(trace, schedule).groupby(trace["resource"].astype(str), observed=True).sum()
+def busy_s(
+    trace: pd.DataFrame, schedule: Schedule | None = None, work: pd.Series | None = None
+) -> dict[str, float]:
+    """Seconds each resource spends running ops (one op at a time, or a pool's work: `work_s`,
+    or `work` where the caller has it)."""
+    work = work_s(trace, schedule) if work is None else work
+    out = work.groupby(trace["resource"].astype(str), observed=True).sum()
     return {str(k): float(v) for k, v in out.items() if k != "none"}
 
 
@@ -217,7 +221,9 @@ def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: flo
     return nbytes / took if took > 0 and nbytes > 0 else None
 
 
-def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
+def dag_bound(
+    schedule: Schedule, trace: pd.DataFrame, work: pd.Series | None = None
+) -> tuple[float, str]:
     """A lower bound on the makespan of this schedule (its ops, deps and stream order) with the
     trace's op durations: no executor can run it faster, whatever it does with the resources.
 
@@ -231,7 +237,7 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
     times; memory is relaxed too). S ranges over each resource's ops of steps >= s and of steps
     <= s, for every step s: a prefill bound by compute and a decode bound by a link add up here,
     where the resource bound takes only the larger. Also >= the critical path (S = one op).
-    Returns (seconds, what binds).
+    `work`: `work_s(trace, schedule)`, where the caller has it. Returns (seconds, what binds).
     """
     ops = schedule.ops
     n = len(ops)
@@ -241,7 +247,7 @@ def dag_bound(schedule: Schedule, trace: pd.DataFrame) -> tuple[float, str]:
     dur = np.zeros(n)
     # the least time each op could take: its duration, or for a pool op (slowed by the others)
     # its launch and its work at the whole GPU or link, which alone it could have had
-    work = work_s(trace, schedule)
+    work = work_s(trace, schedule) if work is None else work
     dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
     d = dur.tolist()
     head = [0.0] * n
@@ -336,17 +342,13 @@ def summarize(
     """The metrics of summary.json. `labels` (planner, executor, model, hardware ...) come first."""
     makespan = float(trace["end_s"].max()) if len(trace) else 0.0
     prefill = prefill_s(trace)
-    busy = busy_s(trace, schedule)
+    work = work_s(trace, schedule)  # a real trace's pool shares: computed once
+    busy = busy_s(trace, work=work)
     gpu_busy = busy.get("gpu", 0.0)
     # the busiest resource, a pool's lanes counted as the one GPU they share
-    by = (
-        work_s(trace, schedule)
-        .groupby(bound_resource(schedule, trace))
-        .sum()
-        .drop("none", errors="ignore")
-    )
+    by = work.groupby(bound_resource(schedule, trace)).sum().drop("none", errors="ignore")
     lower = float(by.max()) if len(by) else 0.0
-    dag, dag_binds = dag_bound(schedule, trace)
+    dag, dag_binds = dag_bound(schedule, trace, work)
     dag = max(dag, lower)
     moved = (
         trace[trace["bytes"] > 0]

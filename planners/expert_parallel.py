@@ -1154,15 +1154,14 @@ class EPRunner:
                 )  # fmt: skip
             experts.append(prev if prev != start else None)
         for d in range(g):
-            ends.extend(op for op in (experts[d],) if op is not None)
-            if not a2a:
-                continue
             # d sends back the results it computed for others, and receives its own tokens'
             # results once the GPUs computing them are done
-            back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
-            came = move(OpKind.COMBINE, self.combine[d],
-                        (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
-            ends.extend(op for op in (back, came) if op is not None)
+            back = came = None
+            if a2a:
+                back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
+                came = move(OpKind.COMBINE, self.combine[d],
+                            (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
+            ends.extend(op for op in (experts[d], back, came) if op is not None)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
