@@ -13,7 +13,8 @@ the tokens and busy seconds of its expert computes.
   On G GPUs the all-to-all and all-reduce count too: NCCL's and DeepEP's collectives run as
   kernels on the GPU's SMs (replica copies, by the copy engines, do not);
 - expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
-  a phase spans from the first expert op of a (step, layer, batch) to its last on any device:
+  a phase spans from the first expert op of a (step, layer, batch) to its last on any device
+  (a batch run as micro-batches: each one's span, summed):
   how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
 
 Lanes that share the GPU's SMs (a simulated pool, trace column `sm_s`) have no fixed share to
@@ -73,14 +74,18 @@ def busy_of(trace: pd.DataFrame, n_devices: int) -> np.ndarray:
 
 def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     """One row per (step, layer, batch, device): expert `tokens` and `busy_s`, plus the phase's
-    `start_s` / `end_s` (first start / last end of its expert ops on any device)."""
+    `span_s`: first start to last end of its expert ops on any device, summed over the batch's
+    micro-batches where it ran as several (two-batch overlap: each is dispatched, computed and
+    combined on its own, and the time between them is another micro-batch's, not the phase's)."""
     ex = trace[
         (trace["kind"].astype(str) == str(OpKind.EXPERT))
         & trace["resource"].astype(str).str.startswith(str(Resource.GPU))
     ]
     ex = ex.assign(device=device_of(ex["resource"]), busy_s=busy_of(ex, n_devices))
     per = ex.groupby([*KEYS, "device"], observed=True)[["tokens", "busy_s"]].sum()
-    phases = ex.groupby(KEYS, observed=True).agg(start_s=("start_s", "min"), end_s=("end_s", "max"))
+    micro = ex["micro"] if "micro" in ex else pd.Series(-1, index=ex.index)
+    ends = ex.assign(micro=micro).groupby([*KEYS, "micro"], observed=True)
+    phases = (ends["end_s"].max() - ends["start_s"].min()).groupby(KEYS).sum().rename("span_s")
     full = pd.MultiIndex.from_tuples(
         [(*k, d) for k in phases.index for d in range(n_devices)], names=[*KEYS, "device"]
     )  # devices with no expert op in a phase count as idle with zero tokens
@@ -91,7 +96,7 @@ def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
 def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     """One row per (step, layer, batch) expert phase: each device's tokens (`tokens_<d>`),
     `max_tokens`, `mean_tokens`, `balancedness` (mean / max), the phase's `span_s` (first expert
-    start to last end, any device) and `phase_util` (expert busy seconds / (G x span)): the per
+    start to last end, any device; of each micro-batch, summed) and `phase_util` (expert busy seconds / (G x span)): the per
     layer and batch view of the summary's metrics (a run directory's balance.csv)."""
     loads = device_loads(trace, n_devices)
     if loads.empty:
@@ -103,7 +108,7 @@ def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     out["balancedness"] = (
         out["mean_tokens"] / out["max_tokens"].where(out["max_tokens"] > 0)
     ).fillna(1.0)
-    out["span_s"] = g["end_s"].first() - g["start_s"].first()
+    out["span_s"] = g["span_s"].first()
     busy = g["busy_s"].sum()
     out["phase_util"] = (busy / (n_devices * out["span_s"].where(out["span_s"] > 0))).fillna(0.0)
     return out.reset_index()
@@ -116,7 +121,7 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     g = loads.groupby(KEYS, observed=True)
     tok_mean, tok_max = g["tokens"].mean(), g["tokens"].max()
     busy = g["busy_s"].sum()
-    span = g["end_s"].first() - g["start_s"].first()
+    span = g["span_s"].first()
     by_layer = (
         pd.DataFrame({"mean": tok_mean, "max": tok_max, "busy": busy, "span": span})
         .groupby("layer")

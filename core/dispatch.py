@@ -15,6 +15,36 @@ DENSE = ("data", "tensor")  # dense work over G GPUs: each its sequences, or eve
 DISPATCH = ("even", "balanced")  # a replicated expert's tokens: even over copies, or water-filled
 
 
+def micro_batch_seqs(
+    batch_size: int, n_devices: int, micro_batches: int, device: int, micro: int
+) -> tuple[int, int]:
+    """Sequences [s0, s1) of a batch that GPU `device` holds in micro-batch `micro` (two-batch
+    overlap): its contiguous data-parallel share (the first `batch_size % G` GPUs one more),
+    split in `micro_batches` contiguous parts (the first `share % parts` one more), as SGLang's
+    ranks each split their own; `micro` -1: the whole share. The planner and the real executor
+    both cut micro-batches by this."""
+
+    def share(d: int) -> int:
+        return batch_size // n_devices + (d < batch_size % n_devices)
+
+    s0, n = sum(share(d) for d in range(device)), share(device)
+    if micro < 0:
+        return s0, s0 + n
+    parts = [n // micro_batches + (i < n % micro_batches) for i in range(micro_batches)]
+    s0 += sum(parts[:micro])
+    return s0, s0 + parts[micro]
+
+
+def micro_batch_rows(
+    batch_size: int, n_devices: int, micro_batches: int, micro: int, per: int
+) -> np.ndarray:
+    """The rows of a batch's routing ([T, k], `per` tokens a sequence) micro-batch `micro`
+    holds, GPU by GPU (`micro_batch_seqs`): ascending."""
+    spans = [micro_batch_seqs(batch_size, n_devices, micro_batches, d, micro)
+             for d in range(n_devices)]  # fmt: skip
+    return np.concatenate([np.arange(s0 * per, s1 * per) for s0, s1 in spans])
+
+
 def times_held(slots: np.ndarray, n_experts: int) -> np.ndarray:
     """[G, E] how many copies of expert e device d holds in slots [G, K] (-1: an empty slot)."""
     g = slots.shape[0]

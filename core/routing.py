@@ -175,9 +175,16 @@ class CausalRouting:
     revealed: dict[tuple[int, int, int], int] = field(
         default_factory=dict
     )  # (step, moe, batch) -> gate op
+    micro_revealed: dict[tuple[int, int, int, int], int] = field(
+        default_factory=dict
+    )  # (step, moe, batch, micro) -> gate op of that micro-batch
     peeked: bool = False  # an oracle looked ahead: outputs are labelled (`peek_label`)
     labels: Callable[[int, int], np.ndarray] | None = None  # (step, batch) -> [T] request labels
     label_names: tuple[str, ...] = ()
+    # (step, moe_idx, batch, micro) -> that micro-batch's routing alone, where `source` cannot
+    # answer before the whole batch is gated (the real executor's live mode); None: `source`'s
+    # rows of it
+    micro_source: Callable[[int, int, int, int], GateView] | None = None
 
     @classmethod
     def replay(cls, routing: Routing, workload: Workload) -> CausalRouting:
@@ -210,6 +217,26 @@ class CausalRouting:
         assert key not in self.revealed, f"routing {key} revealed twice"
         self.revealed[key] = gate_op
         return self.source(step, moe_idx, batch)
+
+    def at_micro_gate(
+        self, gate_op: int, step: int, moe_idx: int, batch: int, micro: int, rows: np.ndarray
+    ) -> GateView:
+        """The routing of one micro-batch of a batch (its tokens: `rows` of the batch's `ids`), seen
+        at that micro-batch's gate op: the first micro-batch's tokens may be dispatched before the
+        second's gate runs (two-batch overlap). The whole batch is still revealed by `at_gate`,
+        at the last micro-batch's gate."""
+        key = (step, moe_idx, batch, micro)
+        assert key not in self.micro_revealed, f"routing {key} revealed twice"
+        self.micro_revealed[key] = gate_op
+        if self.micro_source is not None:
+            view = self.micro_source(*key)
+            assert len(view.ids) == len(rows), (
+                f"micro-batch {key}: {len(view.ids)} rows, not {len(rows)}"
+            )
+            return view
+        ids = self.source(step, moe_idx, batch).ids[rows]
+        counts = np.bincount(ids.ravel().astype(np.int64), minlength=self.n_experts)
+        return GateView(ids, counts)
 
     def peek(self, step: int, moe_idx: int, batch: int) -> GateView:
         """Look at routing before its gate ran: for oracles only (outputs labelled as peeking)."""

@@ -31,6 +31,9 @@ class Op(NamedTuple):
     layer: int = _ANY  # decoder layer
     batch: int = _ANY  # batch in the group; -1 = all batches (expert-wise compute)
     expert: int = _ANY  # routed expert id
+    # micro-batch of the batch (two-batch overlap: each half of a batch's sequences runs its own
+    # gate, all-to-all and experts); -1 = the whole batch
+    micro: int = _ANY
     tensor: Tensor = Tensor.NONE  # what is moved / computed on
     nbytes: int = 0  # bytes moved (transfers)
     tokens: int = 0  # tokens computed (compute ops)
@@ -51,7 +54,7 @@ class Op(NamedTuple):
         parts = [f"op {self.id} {self.kind}"]
         if self.tensor != Tensor.NONE:
             parts.append(str(self.tensor))
-        for name in ("step", "layer", "batch", "expert"):
+        for name in ("step", "layer", "batch", "micro", "expert"):
             v = getattr(self, name)
             if v != _ANY:
                 parts.append(f"{name}={v}")
@@ -190,7 +193,7 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
 
     Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
     kind, no single allocation exceeds a tier, every expert compute depends on its batch's gate
-    (planners are causal), an expert-parallel layout (`meta["ep"]`) uses only the links it
+    (a micro-batch's: its own; planners are causal), an expert-parallel layout (`meta["ep"]`) uses only the links it
     has (lanes: d2d; G GPUs: p2p, p2p_out), and an instant-completion run of the streams
     finishes (no op waits forever for memory that only a later op frees) without freeing
     memory nothing holds.
@@ -248,17 +251,25 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
                 f"only {room / 1e9:.3f} GB is not resident"
             )
-    # (step, layer) -> batch -> its gate ops (one, or one per device gating a share of the batch)
-    gates: dict[tuple[int, int], dict[int, list[int]]] = {}
+    # (step, layer) -> batch -> its gate ops (one, or one per device gating a share of the
+    # batch), each with its micro-batch (-1: the whole batch)
+    gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
     for op in ops:
         if op.kind == OpKind.GATE:
-            gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(op.id)
+            gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(
+                (op.micro, op.id)
+            )
     for op in schedule.ops:
         if op.kind != OpKind.EXPERT:
             continue
         layer_gates = gates.get((op.step, op.layer), {})
-        need = ([g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
-                else layer_gates.get(op.batch, [-1]))  # fmt: skip
+        mine = (
+            [g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
+            else layer_gates.get(op.batch, [(_ANY, -1)])
+        )  # fmt: skip
+        # a micro-batch's experts need its own gates (and any over the whole batch); an op over
+        # the whole batch needs every gate of it
+        need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
         missing = [g for g in need if g not in op.deps]
         if not need or missing:
             raise ScheduleError(

@@ -28,6 +28,7 @@ TRACE_COLUMNS = [
     "step",
     "layer",
     "batch",
+    "micro",  # micro-batch of the batch (two-batch overlap), -1: the whole batch
     "expert",
     "tensor",
     "bytes",
@@ -72,6 +73,7 @@ def make_trace(
         "step": np.fromiter((o.step for o in ops), np.int32, len(ops)),
         "layer": np.fromiter((o.layer for o in ops), np.int32, len(ops)),
         "batch": np.fromiter((o.batch for o in ops), np.int32, len(ops)),
+        "micro": np.fromiter((o.micro for o in ops), np.int32, len(ops)),
         "expert": np.fromiter((o.expert for o in ops), np.int32, len(ops)),
         "tensor": pd.Categorical([str(o.tensor) for o in ops]),
         "bytes": np.fromiter((o.nbytes for o in ops), np.int64, len(ops)),

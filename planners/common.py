@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
@@ -192,6 +194,27 @@ class Emitter:
         assert parts and not self.streamed(Tensor.GATE, layer), "split gates: a resident router"
         return self._gate(step, layer, batch, parts, {})
 
+    def gate_micro(
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        parts: Sequence[tuple[str, int, tuple[int, ...]]],
+        micro: int,
+        of: int,
+        rows: np.ndarray,
+    ) -> tuple[tuple[int, ...], GateView, GateView | None]:
+        """`gate_parts` for micro-batch `micro` of `of` (two-batch overlap), the batch's tokens
+        `rows`: its ops, its own routing (seen at its last gate op, so its tokens may move before
+        the next micro-batch is gated), and, at the last micro-batch, the whole batch's routing.
+        `validate` checks each of its expert ops depends on every gate op of its micro-batch."""
+        assert parts and not self.streamed(Tensor.GATE, layer), "split gates: a resident router"
+        ops = self._gate_ops(step, layer, batch, parts, {}, micro=micro)
+        view = self.ctx.routing.at_micro_gate(ops[-1], step, self.model.moe_index(layer), batch,
+                                              micro, rows)  # fmt: skip
+        whole = self._reveal(ops[-1], step, layer, batch) if micro == of - 1 else None
+        return ops, view, whole
+
     def _gate(
         self,
         step: int,
@@ -202,19 +225,35 @@ class Emitter:
     ) -> tuple[tuple[int, ...], GateView]:
         """Gate ops over (stream, sequences, deps) parts, the last with the memory effect `free`;
         the batch's routing is revealed at the last."""
+        ops = self._gate_ops(step, layer, batch, parts, free)
+        return ops, self._reveal(ops[-1], step, layer, batch)
+
+    def _gate_ops(
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        parts: Sequence[tuple[str, int, tuple[int | None, ...]]],
+        free: dict[str, object],
+        micro: int = -1,
+    ) -> tuple[int, ...]:
         m, per = self.model, self.ctx.workload.step_tokens(step)
         ops: list[int] = []
         for i, (stream, seqs, deps) in enumerate(parts):
             ops.append(self.out.add(
-                OpKind.GATE, stream, deps, step=step, layer=layer, batch=batch, tensor=Tensor.GATE,
-                tokens=seqs * per, flops=m.gate_flops(seqs * per), touch_bytes=m.gate_bytes,
-                **(free if i == len(parts) - 1 else {}),
+                OpKind.GATE, stream, deps, step=step, layer=layer, batch=batch, micro=micro,
+                tensor=Tensor.GATE, tokens=seqs * per, flops=m.gate_flops(seqs * per),
+                touch_bytes=m.gate_bytes, **(free if i == len(parts) - 1 else {}),
             ))  # fmt: skip
-        view = self.ctx.routing.at_gate(ops[-1], step, m.moe_index(layer), batch)
+        return tuple(ops)
+
+    def _reveal(self, gate: int, step: int, layer: int, batch: int) -> GateView:
+        """The batch's routing, seen at its last gate op `gate`."""
+        view = self.ctx.routing.at_gate(gate, step, self.model.moe_index(layer), batch)
         gates = self.gate_ops.setdefault((step, layer), [])
         assert len(gates) == batch, "gates of a layer run in batch order"
-        gates.append(ops[-1])
-        return tuple(ops), view
+        gates.append(gate)
+        return view
 
     def expert(
         self,

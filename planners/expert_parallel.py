@@ -45,6 +45,8 @@ from core.dispatch import (  # noqa: F401  (re-exported: planners' and tests' na
     balanced_split,
     copies_sent,
     copy_moves,
+    micro_batch_rows,
+    micro_batch_seqs,
     source_counts,
     split_tokens,
     times_held,
@@ -95,6 +97,11 @@ class EPParams:
     # devices holding it, given every other expert's tokens, so the busiest device holds as few
     # tokens as the placement allows (`balanced_split`). The replica gate models the same rule.
     dispatch: str = "even"
+    # Two-batch overlap (DeepSeek's and SGLang's TBO; G GPUs with data-parallel dense work): each
+    # batch runs as this many micro-batches of its sequences, each with its own gate, all-to-all
+    # and experts, so that one's dispatch and combine run beside another's compute. They share
+    # the batch's placement (one refill). 1 = the whole batch at once.
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
@@ -117,6 +124,10 @@ class EPParams:
         if self.replicas < -1:
             raise ConfigError(
                 f"planner replicas={self.replicas} must be >= 0, or -1 (at most every slot)"
+            )
+        if self.micro_batches < 1:
+            raise ConfigError(
+                f"planner micro_batches={self.micro_batches} must be >= 1 (2: two-batch overlap)"
             )
 
     def no_gate(self, planner: str) -> None:
@@ -143,6 +154,7 @@ class Layout:
     dense: str = "data"  # see EPParams; lanes: "data" (their dense work runs on the whole GPU)
     lane_sharing: str = "partition"  # see EPParams
     dispatch: str = "even"  # see EPParams
+    micro_batches: int = 1  # see EPParams
 
     @property
     def slots_per_device(self) -> int:
@@ -318,8 +330,23 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner dense=tensor splits attention heads over n_devices={g}, but model "
             f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
+    if p.micro_batches > 1:
+        mb, bs = p.micro_batches, ctx.workload.batch_size
+        where = ("lanes=true (one GPU's memory)" if p.lanes
+                 else "dense=tensor (every GPU holds every token)" if dense == "tensor" else "")  # fmt: skip
+        if where:
+            raise ConfigError(
+                f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with "
+                f"another's compute, but {where} moves no tokens; use micro_batches=1"
+            )
+        if -(-bs // g) < mb:
+            raise ConfigError(
+                f"planner micro_batches={mb} splits each GPU's share of a batch's sequences, but "
+                f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
+                f"{-(-bs // g)}; lower micro_batches or raise the batch size"
+            )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share, dense, p.lane_sharing, p.dispatch)  # fmt: skip
+                  p.lane_share, dense, p.lane_sharing, p.dispatch, p.micro_batches)  # fmt: skip
 
 
 def expert_width(m: ModelSpec, rows: Iterable[int]) -> int:
@@ -472,6 +499,9 @@ class ExpertTime:
     pool_model: ModelSpec | None = None
     dispatch: str = "even"  # how a replicated expert's tokens split (`EPParams.dispatch`)
     one_link: bool = False  # lanes: every lane's copies queue on the one GPU's copy path
+    # micro-batches a layer's expert work runs as (`EPParams.micro_batches`): each its own op(s),
+    # with its share of every expert's tokens, reading the experts' weights again
+    micro: int = 1
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
@@ -479,7 +509,7 @@ class ExpertTime:
         copy_s = cost.transfer_s(Resource.D2D if layout.lanes else Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
                    layout.share, m if layout.shared else None, layout.dispatch,
-                   layout.lanes)  # fmt: skip
+                   layout.lanes, layout.micro_batches)  # fmt: skip
 
     def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
         """The copies `slots` needs over `resident` on the longest copy queue: on lanes all of
@@ -524,18 +554,20 @@ class ExpertTime:
 
     def _own_times(self, tokens: np.ndarray) -> np.ndarray:
         """[G] `device_s` of devices that do not share the SMs, for tokens [G, E], all at once
-        (the gate's inner loop): each row's sums run along it (so a row alone gives the same)."""
-        busy = tokens > 0
+        (the gate's inner loop): each row's sums run along it (so a row alone gives the same).
+        As `micro` micro-batches: that many times the ops over 1/micro of each expert's tokens
+        (how a predicted load would split; the real split is each micro-batch's routing)."""
+        busy, m = tokens > 0, self.micro
         if self.grouped:  # one op per device with tokens: all its tokens, every expert it reads
             n = busy.sum(1)
-            flops = self.expert_params_flops * np.where(busy, tokens, 0.0).sum(1)
+            flops = self.expert_params_flops * np.where(busy, tokens, 0.0).sum(1) / m
             t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, flops,
                                       n * float(self.expert_bytes), self.share)  # fmt: skip
-            return np.where(n > 0, t, 0.0)
+            return np.where(n > 0, m * t, 0.0)
         t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT,
-                                  (self.expert_params_flops * tokens).ravel(),
+                                  (self.expert_params_flops * tokens / m).ravel(),
                                   np.full(tokens.size, float(self.expert_bytes)), self.share)  # fmt: skip
-        return np.where(busy, t.reshape(tokens.shape), 0.0).sum(1)
+        return np.where(busy, m * t.reshape(tokens.shape), 0.0).sum(1)
 
     def _ops(self, tokens: np.ndarray) -> list[tuple[float, float, list[float]]]:
         """The expert ops of a device computing tokens [E]: (flops, bytes, rows per expert)."""
@@ -887,6 +919,7 @@ class EPRunner:
             slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
             grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
             lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
+            micro_batches=lay.micro_batches,
         )  # fmt: skip
 
     def dense_share(self, gpus: int) -> float:
@@ -908,9 +941,14 @@ class EPRunner:
     def plan(self, policy: SlotPolicy) -> None:
         m, wl = self.ctx.model, self.ctx.workload
         last: tuple[int, ...] = ()
+        lasts: list[tuple[int, ...]] = [()] * self.layout.micro_batches
         t = 0
         for step in range(wl.n_steps):
             for batch in range(wl.n_batches):
+                if self.layout.micro_batches > 1:
+                    lasts = self.overlapped(policy, t, step, batch, lasts)
+                    t += 1
+                    continue
                 for layer in range(m.n_layers):
                     attn = self.dense(OpKind.ATTENTION, step, layer, batch, last)
                     if m.is_moe(layer):
@@ -924,6 +962,27 @@ class EPRunner:
         self.out.meta["ep"]["copies"] = self.n_copies
         self.out.meta["ep"]["pairs_sent"] = self.sent.tolist()
         self.reserve_staging()
+
+    def overlapped(
+        self, policy: SlotPolicy, t: int, step: int, batch: int, lasts: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        """Iteration t as micro-batches (two-batch overlap): each layer emits every micro-batch's
+        dense work and gate in turn, then each one's all-to-all and experts, so a GPU's compute
+        stream runs micro-batch 1's attention while micro-batch 0's tokens travel, and 0's next
+        attention while 1's results come back. Micro-batch i waits only for its own previous
+        layer (`lasts[i]`, from the previous batch's head at layer 0). Returns each one's head."""
+        m, micro = self.ctx.model, range(self.layout.micro_batches)
+        for layer in range(m.n_layers):
+            if m.is_moe(layer):
+                lasts = self.moe_layer_micro(policy, t, step, layer, batch, lasts)
+                continue
+            nxt = []
+            for i in micro:
+                attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+                ffn = self.dense(OpKind.FFN, step, layer, batch, attn, micro=i)
+                nxt.append(tuple(ffn or attn))
+            lasts = nxt
+        return [tuple(self.dense(OpKind.HEAD, step, -1, batch, lasts[i], micro=i)) for i in micro]
 
     def reserve_staging(self) -> None:
         """GPU memory for the experts replica moves bring in while the ones they replace are
@@ -951,11 +1010,28 @@ class EPRunner:
         self.out.reserve(Tier.GPU, total)
         self.out.meta["ep"]["staging_bytes"] = per_gpu
 
-    def seqs(self, d: int) -> int:
+    def seqs(self, d: int, micro: int = -1) -> int:
         """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
-        (data-parallel, the first `batch % G` GPUs one more), or all of them (tensor-parallel)."""
-        bs, g = self.ctx.workload.batch_size, self.layout.n_devices
-        return bs if self.layout.dense == "tensor" else bs // g + (d < bs % g)
+        (data-parallel, the first `batch % G` GPUs one more), or all of them (tensor-parallel).
+        Of micro-batch `micro`: that part of its share (`micro_batch_seqs`: each GPU splits its
+        own sequences, so a sequence stays on its GPU and the all-to-all moves the same pairs as
+        the whole batch's)."""
+        if self.layout.dense == "tensor":
+            return self.ctx.workload.batch_size
+        s0, s1 = self.micro_seqs(d, micro)
+        return s1 - s0
+
+    def micro_seqs(self, d: int, micro: int) -> tuple[int, int]:
+        lay = self.layout
+        return micro_batch_seqs(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
+                                d, micro)  # fmt: skip
+
+    def micro_rows(self, micro: int, per: int) -> np.ndarray:
+        """The rows of the batch's routing (`GateView.ids`, `per` tokens a sequence) that
+        micro-batch `micro` holds, GPU by GPU."""
+        lay = self.layout
+        return micro_batch_rows(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
+                                micro, per)  # fmt: skip
 
     def dense(
         self,
@@ -965,6 +1041,7 @@ class EPRunner:
         batch: int,
         deps: tuple[int, ...] | list[int],
         reduce: bool = True,
+        micro: int = -1,
     ) -> list[int]:
         """Dense work of one layer. Data-parallel: device d runs attention / FFN / head for its share
         of the batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op
@@ -985,7 +1062,7 @@ class EPRunner:
         kv_w = 2 * m.hidden_size * m.n_kv_heads * m.head_dim if tp and not m.kv_dim else 0
         ops = []
         for d in range(ranks):
-            seqs = wl.batch_size if lay.lanes else self.seqs(d)
+            seqs = wl.batch_size if lay.lanes else self.seqs(d, micro)
             if not seqs:
                 continue
             tokens = seqs * per_seq
@@ -1009,8 +1086,8 @@ class EPRunner:
                 tokens, flops = seqs, m.head_flops(seqs) / part
                 touch, tensor = m.head_bytes / part, Tensor.HEAD
             stream = self.em.compute if lay.lanes else self.compute[d]
-            ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, tensor=tensor,
-                                    tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
+            ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, micro=micro,
+                                    tensor=tensor, tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
         if not tp or not reduce:
             return ops
         tokens = wl.batch_size * per_seq
@@ -1080,13 +1157,9 @@ class EPRunner:
     def moe_layer(
         self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]
     ) -> tuple[int, ...]:
-        m, lay, b = self.ctx.model, self.layout, self.out
+        m, lay = self.ctx.model, self.layout
         moe = m.moe_index(layer)
-        slots, used = policy.place(t, moe)
-        assert slots.shape == (lay.n_devices, lay.slots_per_device), slots.shape
-        copy_waits = self.refill(moe, slots, used, step, layer, t)
-        # The placement itself, for executors that hold real experts per device (real/distributed.py).
-        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
+        slots, copy_waits = self.placed(policy, t, step, layer, batch)
         # The router: on lanes one whole-GPU op (as attention); on GPUs each gates the sequences
         # it holds (every sequence under tensor parallelism), after its own attention. The
         # batch's routing is known once every part has run.
@@ -1097,18 +1170,90 @@ class EPRunner:
             parts = [(self.compute[d], self.seqs(d), (op,)) for d, op in enumerate(attn)]
             gates, view = self.em.gate_parts(step, layer, batch, parts)
         policy.observe(t, moe, view, gates)
-        tokens = split_tokens(
-            slots, np.asarray(view.counts, dtype=np.int64), lay.dispatch
-        )  # [G, E]
-        act_bytes = m.hidden_size * m.dtype_bytes
-        ends: list[int] = []
-        common = dict(step=step, layer=layer, batch=batch)
         # Shared experts, before the routed ones: on lanes a whole-GPU op the lanes wait for; on
         # GPUs each runs its share while the all-to-all brings the routed tokens (the overlap of
         # vLLM's SharedFusedMoE and SGLang's DeepEP path)
         tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
         shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         start = shared[-1] if lay.lanes and shared else None
+        ends = self.routed(slots, view, gates, copy_waits, start, step, layer, batch)
+        if tp:  # routed and shared partial sums, summed over the GPUs at once
+            n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
+            act_bytes = m.hidden_size * m.dtype_bytes
+            shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
+                                     n_tok)  # fmt: skip
+        done = (*gates, *ends, *shared)
+        # a slot is refilled only after this layer and its previous copy are done
+        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
+        return done
+
+    def moe_layer_micro(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int,
+        lasts: list[tuple[int, ...]],
+    ) -> list[tuple[int, ...]]:  # fmt: skip
+        """An MoE layer of iteration t as micro-batches (`overlapped`): one placement and refill
+        for the batch; each micro-batch's attention, gate and shared experts in turn, then each
+        one's all-to-all and experts, moving its tokens as soon as its own gate has run. The
+        policy observes the whole batch once its last micro-batch is gated. Returns the ops
+        each micro-batch's next layer waits for."""
+        moe, per = self.ctx.model.moe_index(layer), self.ctx.workload.step_tokens(step)
+        slots, copy_waits = self.placed(policy, t, step, layer, batch)
+        gated, whole = [], None
+        for i in range(self.layout.micro_batches):
+            attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+            parts = [(self.compute[d], self.seqs(d, i), (op,)) for d, op in enumerate(attn)]
+            gates, view, last = self.em.gate_micro(step, layer, batch, parts, i,
+                                                   self.layout.micro_batches,
+                                                   self.micro_rows(i, per))  # fmt: skip
+            whole = last or whole
+            gated.append((gates, view, self.dense(OpKind.FFN, step, layer, batch, gates, micro=i)))
+        assert whole is not None
+        policy.observe(t, moe, whole, tuple(g for gates, _, _ in gated for g in gates))
+        done = [
+            (*gates, *self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i),
+             *shared)
+            for i, (gates, view, shared) in enumerate(gated)
+        ]  # fmt: skip
+        self.layer_done[moe] = tuple(op for d in done for op in d) + tuple(
+            op for w in copy_waits for op in w
+        )
+        return done
+
+    def placed(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int
+    ) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+        """The policy's placement for iteration t at this MoE layer, and per device the copy ops
+        bringing it in."""
+        moe = self.ctx.model.moe_index(layer)
+        slots, used = policy.place(t, moe)
+        assert slots.shape == (self.layout.n_devices, self.layout.slots_per_device), slots.shape
+        copy_waits = self.refill(moe, slots, used, step, layer, t)
+        # The placement itself, for executors that hold real experts per device (real/distributed.py).
+        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
+        return slots, copy_waits
+
+    def routed(
+        self,
+        slots: np.ndarray,
+        view: GateView,
+        gates: tuple[int, ...],
+        copy_waits: list[tuple[int, ...]],
+        start: int | None,
+        step: int,
+        layer: int,
+        batch: int,
+        micro: int = -1,
+    ) -> list[int]:
+        """The routed experts of a batch (or of micro-batch `micro`, whose routing `view` is)
+        under `slots`: the all-to-all's dispatch, each device's expert work and the combine.
+        Returns the ops ending them."""
+        m, lay, b = self.ctx.model, self.layout, self.out
+        tokens = split_tokens(
+            slots, np.asarray(view.counts, dtype=np.int64), lay.dispatch
+        )  # [G, E]
+        act_bytes = m.hidden_size * m.dtype_bytes
+        ends: list[int] = []
+        common = dict(step=step, layer=layer, batch=batch, micro=micro)
         # all-to-all (G GPUs, data-parallel dense work): each GPU sends the pairs of its own
         # sequences' tokens to the GPUs computing them, out of its link (`p2p_out:d`), while it
         # receives the pairs it computes into it (`p2p:d`), the two directions at once; a GPU's
@@ -1116,8 +1261,8 @@ class EPRunner:
         # sends the results back the same way, once the experts that computed them are done.
         g = lay.n_devices
         moved = np.zeros((g, g), dtype=np.int64)
-        if not lay.lanes and not tp:
-            rows = [self.seqs(d) * self.ctx.workload.step_tokens(step) for d in range(g)]
+        if not lay.lanes and lay.dense != "tensor":
+            rows = [self.seqs(d, micro) * self.ctx.workload.step_tokens(step) for d in range(g)]
             moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))  # [src, dst]
         home = np.diag(moved)
         out_, in_ = moved.sum(1) - home, moved.sum(0) - home  # [G] pairs sent, received
@@ -1162,11 +1307,4 @@ class EPRunner:
                 came = move(OpKind.COMBINE, self.combine[d],
                             (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
             ends.extend(op for op in (experts[d], back, came) if op is not None)
-        if tp:  # routed and shared partial sums, summed over the GPUs at once
-            n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
-            shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
-                                     n_tok)  # fmt: skip
-        done = (*gates, *ends, *shared)
-        # a slot is refilled only after this layer and its previous copy are done
-        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
-        return done
+        return ends
