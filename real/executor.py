@@ -24,10 +24,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from core.dispatch import micro_batch_rows, micro_batch_seqs
 from core.errors import MoepipeError, ScheduleError
 from core.routing import CausalRouting, GateView, Routing
 from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec, describe_stuck
@@ -156,10 +158,13 @@ class _BatchState:
     # KV_STORE puts it here, KV_LOAD takes it: [M, B, H, D] each (`_host_kv`); allocated when
     # the batch's first KV op is planned (None where the schedule keeps its KV on the device)
     kv_host: KVCache | None
-    hidden: torch.Tensor | None = None  # [b, S, H] of step `hidden_step`
-    hidden_step: int = -1
-    pending: _Pending | None = None  # the MoE layer whose output the next ops add
-    gating: _Pending | None = None  # the next one, while its gate parts run
+    # step -> [b, S, H]: the hidden state of each step under way (micro-batches of one batch
+    # may be a step apart: one's next step starts while another's head still reads this one)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    # micro-batch (-1: the whole batch) -> the MoE layer whose output its next ops add, and the
+    # next one, while its gate parts run
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    gating: dict[int, _Pending] = field(default_factory=dict)
     written: list[int] = field(default_factory=list)  # per step: sequences whose head ran
     logits: torch.Tensor | None = None  # [b, V]
 
@@ -231,9 +236,11 @@ class Executor:
             self._ensure_host_kv(b)
         holder: dict[str, CausalRouting] = {}
 
-        def source(step: int, moe_idx: int, batch: int) -> GateView:
-            key = (step, moe_idx, batch)
-            if key not in holder["causal"].revealed:
+        def seen(key: tuple[int, ...]) -> GateView:
+            revealed = (
+                holder["causal"].revealed if len(key) == 3 else holder["causal"].micro_revealed
+            )
+            if key not in revealed:
                 raise MoepipeError(
                     "this planner looks at routing before its gate (an oracle); it cannot run "
                     "with routing_mode=live, use routing_mode=replay"
@@ -242,7 +249,14 @@ class Executor:
                 self._wait(lambda: key in self._views)
                 return self._views[key]
 
-        causal = CausalRouting(source, self.model.spec.n_experts, self.model.spec.top_k)
+        def source(step: int, moe_idx: int, batch: int) -> GateView:
+            return seen((step, moe_idx, batch))
+
+        def micro_source(step: int, moe_idx: int, batch: int, micro: int) -> GateView:
+            return seen((step, moe_idx, batch, micro))
+
+        causal = CausalRouting(source, self.model.spec.n_experts, self.model.spec.top_k,
+                               micro_source=micro_source)  # fmt: skip
         holder["causal"] = causal
         builder = ScheduleBuilder(
             capacity_bytes, sink=lambda op: self._add_op(op, builder.streams[op.stream])
@@ -298,8 +312,11 @@ class Executor:
         self._planner_done = False
         self._progress = 0
         self._running: dict[int, float] = {}  # op id -> monotonic start, while its work runs
-        self._views: dict[tuple[int, int, int], GateView] = {}
+        # (step, moe, batch) -> its routing; (step, moe, batch, micro) -> a micro-batch's
+        self._views: dict[tuple[int, ...], GateView] = {}
         self._used: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # (step, moe, batch) -> (ids, weights) of its micro-batches gated so far
+        self._micro_parts: dict[tuple[int, int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._dev_refs: dict[Unit, int] = {}
         self._host_refs: dict[Unit, int] = {}
         self._refs_lock = threading.Lock()
@@ -413,7 +430,7 @@ class Executor:
                 self._free = {t: self._capacity[t] - res.get(t, 0) for t in Tier}
                 self._room = dict(self._free)
             assert op.id == len(self._ops), "ops arrive in id order"
-            self._note_range(op)
+            self._note_range(op, spec)
             self._ops.append(op)
             self._done.append(False)
             self._start.append(0.0)
@@ -441,17 +458,24 @@ class Executor:
 
     _started = False
 
-    def _note_range(self, op: Op) -> None:
+    def _note_range(self, op: Op, spec: StreamSpec) -> None:
         """Which share of its batch an op works on, from the ops of its kind emitted before it:
-        sequences [s0, s1) for a dense op, a chunk of the expert's tokens for an expert op."""
+        sequences [s0, s1) for a dense op, a chunk of the expert's tokens for an expert op. A
+        micro-batch's dense op: its GPU's part of it (`micro_batch_seqs`), whatever came before."""
         if op.batch < 0:
             return
-        if op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD):
+        dense = op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD)
+        if dense and op.micro >= 0:
+            ep = self._ep_meta()
+            self._range[op.id] = micro_batch_seqs(self.wl.batch_size, ep["n_devices"],
+                                                  ep["micro_batches"], spec.device, op.micro)  # fmt: skip
+            return
+        if dense:
             per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)
             n = op.tokens // per if op.tokens else self.wl.batch_size
             key: tuple[object, ...] = (op.kind, op.step, op.layer, op.batch)
         elif op.kind == OpKind.EXPERT:
-            n, key = op.tokens, (op.kind, op.step, op.layer, op.batch, op.expert)
+            n, key = op.tokens, (op.kind, op.step, op.layer, op.batch, op.micro, op.expert)
         else:
             return
         first = self._cursor.get(key, 0)
@@ -725,13 +749,13 @@ class Executor:
             if op.layer == 0:
                 tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
                 h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
-            self._finish_moe(bst, h, s0, s1)
+            self._finish_moe(bst, h, s0, s1, op.micro)
             own = tuple(t[s0:s1] for t in self._kv_dev(bst, op))
             kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
-                p = bst.pending
+                p = bst.pending.get(op.micro)
                 assert p is not None and p.layer == op.layer, (
                     f"{op.label()}: shared FFN before its gate"
                 )
@@ -745,7 +769,7 @@ class Executor:
             else:
                 h[s0:s1] = m.dense_ffn(w, h[s0:s1])
         elif op.kind == OpKind.HEAD:
-            self._finish_moe(bst, h, s0, s1)
+            self._finish_moe(bst, h, s0, s1, op.micro)
             logits = m.head(w, h[s0:s1])  # [s1-s0, V]
             with self._refs_lock:
                 if bst.logits is None:
@@ -756,20 +780,21 @@ class Executor:
             bst.tokens[s0:s1, op.step] = logits.argmax(-1)
 
     def _hidden(self, bst: _BatchState, step: int) -> torch.Tensor:
-        """The batch's hidden state buffer for `step` (fresh at a new step)."""
+        """The batch's hidden state buffer for `step` (fresh at a new step; two steps before it
+        are over: every op of this batch's step - 1 ran after them, on some stream)."""
         with self._refs_lock:
-            if bst.hidden_step != step:
+            if step not in bst.hidden:
                 s = self.model.spec
                 shape = (self.wl.batch_size, self.wl.step_tokens(step), s.hidden_size)
-                bst.hidden = torch.zeros(
+                bst.hidden[step] = torch.zeros(
                     shape,
                     dtype=self._resident[Unit(Tensor.EMBED)]["embed"].dtype,
                     device=self.device,
                 )
-                bst.hidden_step = step
+                for old in [x for x in bst.hidden if x < step - 1]:
+                    del bst.hidden[old]
                 self._landed()
-            assert bst.hidden is not None
-            return bst.hidden
+            return bst.hidden[step]
 
     def _landed(self) -> None:
         """Wait until this thread's stream has run what it queued. A buffer that ops on other
@@ -790,8 +815,9 @@ class Executor:
         return torch.arange(0, p) if step == 0 else torch.arange(p + step - 1, p + step)
 
     def _gate(self, op: Op, bst: _BatchState, w: Mapping[str, torch.Tensor]) -> None:
-        """The router over the op's sequences [s0, s1) (all of the batch, or one device's share);
-        the batch's routing is published once every sequence has been gated."""
+        """The router over the op's sequences [s0, s1) (all of the batch, one device's share, or
+        its part of a micro-batch); the batch's (micro-batch's) routing is published once every
+        sequence of it has been gated."""
         s, wl = self.model.spec, self.wl
         moe = s.moe_index(op.layer)
         s0, s1 = self._range[op.id]
@@ -814,15 +840,19 @@ class Executor:
         if self.cuda and not whole:  # the part that completes the batch reads every part's rows
             self._wait_stream()
         with self._refs_lock:
-            p = bst.gating  # (the previous layer stays pending until every part's attention ran)
+            # (the previous layer stays pending until every part's attention ran)
+            p = bst.gating.get(op.micro)
             if p is None:
                 n_rows = wl.batch_size * h.shape[1]
+                # rows no part of this gate covers (another micro-batch's) choose no expert
                 nrm, i, wt = ((normed, ids, weights) if whole else
-                              (t.new_zeros(n_rows, t.shape[1]) for t in (normed, ids, weights)))  # fmt: skip
-                p = bst.gating = _Pending(
+                              (normed.new_zeros(n_rows, normed.shape[1]),
+                               ids.new_full((n_rows, ids.shape[1]), -1),
+                               weights.new_zeros(n_rows, weights.shape[1])))  # fmt: skip
+                outside = ~self._micro_mask(op.micro)  # nothing to gate there, nor to add
+                p = bst.gating[op.micro] = _Pending(
                     op.step, op.layer, nrm, i, wt, new_slots(nrm, s.top_k),
-                    torch.zeros(wl.batch_size, dtype=torch.bool),
-                    torch.zeros(wl.batch_size, dtype=torch.bool),
+                    outside.clone(), outside.clone(),
                 )  # fmt: skip
             assert (p.step, p.layer) == (op.step, op.layer), f"{op.label()}: gate parts interleave"
             if p.normed is not normed:
@@ -831,25 +861,65 @@ class Executor:
             p.gated[s0:s1] = True
             if not bool(p.gated.all()):
                 return
-            old = bst.pending
+            old = bst.pending.get(op.micro)
             assert old is None or bool(old.done.all()), f"{op.label()}: previous layer unfinished"
-            bst.pending, bst.gating = p, None
-        ids_cpu = p.ids.cpu()
-        view = GateView(
-            ids_cpu.numpy().astype(np.int16),
-            np.bincount(ids_cpu.flatten().numpy(), minlength=s.n_experts),
-        )
+            bst.pending[op.micro] = p
+            del bst.gating[op.micro]
+        self._publish(op, p, moe)
+
+    def _publish(self, op: Op, p: _Pending, moe: int) -> None:
+        """A gated batch's routing, for the planner (live) and the run's output: at once, or of a
+        micro-batch (its rows, `micro_batch_rows`) and, once every micro-batch of the batch is
+        gated, the whole batch's."""
+        n_e, key = self.model.spec.n_experts, (op.step, moe, op.batch)
+        ids, weights = p.ids.cpu(), p.weights.cpu()
+
+        def view(i: torch.Tensor) -> GateView:
+            return GateView(
+                i.numpy().astype(np.int16), np.bincount(i.flatten().numpy(), minlength=n_e)
+            )
+
         with self._cv:
-            self._views[(op.step, moe, op.batch)] = view
-            self._used[(op.step, moe, op.batch)] = (ids_cpu, p.weights.cpu())
+            if op.micro >= 0:
+                ep = self._ep_meta()
+                rows = micro_batch_rows(self.wl.batch_size, ep["n_devices"], ep["micro_batches"],
+                                        op.micro, self.wl.step_tokens(op.step))  # fmt: skip
+                self._views[(*key, op.micro)] = view(ids[torch.from_numpy(rows)])
+                parts = self._micro_parts.setdefault(key, [])
+                parts.append((ids, weights))
+                self._cv.notify_all()
+                if len(parts) < ep["micro_batches"]:
+                    return
+                del self._micro_parts[key]
+                ids = torch.stack([i for i, _ in parts]).max(0).values  # -1 outside each's rows
+                weights = torch.stack([w for _, w in parts]).sum(0)  # 0 outside
+            self._views[key] = view(ids)
+            self._used[key] = (ids, weights)
             self._cv.notify_all()
+
+    def _ep_meta(self) -> dict[str, Any]:
+        """The expert-parallel layout of the schedule under way (a replay's, or the one a live
+        planner is building: its meta is set before its first op)."""
+        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
+        return meta["ep"]
+
+    def _micro_mask(self, micro: int) -> torch.Tensor:
+        """[b] bool: the batch's sequences in micro-batch `micro` (-1: all of them)."""
+        bs = self.wl.batch_size
+        if micro < 0:
+            return torch.ones(bs, dtype=torch.bool)
+        ep, mask = self._ep_meta(), torch.zeros(bs, dtype=torch.bool)
+        for d in range(ep["n_devices"]):
+            s0, s1 = micro_batch_seqs(bs, ep["n_devices"], ep["micro_batches"], d, micro)
+            mask[s0:s1] = True
+        return mask
 
     def _expert(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
         """One expert over its tokens in one batch, or in every batch of the group (batch=-1)."""
         batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
         parts, xs = [], []
         for b in batches:
-            p = self._batches[b].pending
+            p = self._batches[b].pending.get(op.micro)
             assert p is not None and p.layer == op.layer, (
                 f"{op.label()}: batch {b} has no gate output"
             )
@@ -878,9 +948,9 @@ class Executor:
             put_expert(p.slots, rows, slot, y[at : at + len(rows)])
             at += len(rows)
 
-    def _finish_moe(self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int) -> None:
-        """Add the pending MoE layer's output to sequences [s0, s1) (once)."""
-        p = bst.pending
+    def _finish_moe(self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int, micro: int) -> None:
+        """Add the pending MoE layer's output (of micro-batch `micro`) to sequences [s0, s1) (once)."""
+        p = bst.pending.get(micro)
         if p is None or bool(p.done[s0:s1].all()):
             return
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])

@@ -128,6 +128,23 @@ def test_expert_parallel_with_shared_experts_matches_in_memory_forward(f32_ckpt,
 
 
 @pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("planner", ["ep_static", "predictive_replication"])
+def test_micro_batches_match_in_memory_forward(mixtral_tiny, planner, mode):
+    """Two-batch overlap on 2 GPUs' streams: batch 5, GPU 0's 3 sequences and GPU 1's 2 each
+    split in two micro-batches, each gated, computed and added on its own while the other's
+    ops run (live: the planner sees each micro-batch's routing at its own gate)."""
+    model, _ = load_checkpoint(mixtral_tiny)
+    spec = RunSpec(model, RESIDENT_2GPU, WORKLOAD.with_(batch_size=5), planner,
+                   {"micro_batches": 2, "replica_slots": 1})  # fmt: skip
+    result, out = real_execute(mixtral_tiny, spec, mode)
+    t = result.trace
+    gates = t[t["kind"] == OpKind.GATE.value]
+    assert gates.groupby(["step", "layer", "batch"])["micro"].nunique().eq(2).all()
+    assert set(t.loc[t["kind"] == OpKind.EXPERT.value, "micro"]) == {0, 1}
+    assert_matches_reference(mixtral_tiny, spec, result, out)
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
 def test_tensor_parallel_dense_is_refused_in_one_process(mixtral_tiny, mode):
     """dense=tensor (every GPU every sequence on its share of the heads, then an all-reduce)
     runs for real under torchrun (tests/real/test_distributed.py); in one process it is one clear
