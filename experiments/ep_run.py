@@ -11,11 +11,16 @@ single-process forward records first. dense=data splits the batch's sequences ov
 splits heads, FFN columns and vocabulary.
 dispatch=balanced splits a replicated expert's pairs over its copies as the simulator's
 `split_tokens` does with that setting (the busiest rank holding the fewest), not evenly.
+micro_batches=2 runs two-batch overlap (dense=data): each rank splits its sequences in two, and
+one micro-batch's all-to-all (posted with async_op) travels while the other's attention and
+experts run, in the op order the simulator's planner gives the same setting; the summary's
+per-rank a2a_wait_s (gloo) is the all-to-all time compute did not hide.
 
 Usage:
     torchrun --nproc_per_node=2 -m experiments.ep_run checkpoint=DIR planner=ep_static \
         batch_size=2 prompt_len=8 gen_len=3 [routing=replay|live] [replica_slots=N] \
-        [dense=data|tensor] [dispatch=even|balanced] [out=DIR] [rendezvous_s=120]
+        [dense=data|tensor] [dispatch=even|balanced] [micro_batches=1|2] [out=DIR] \
+        [rendezvous_s=120]
 
 rendezvous_s: how long each rank waits for the others to join the process group before it stops
 with one line (a process that was never started, a wrong MASTER_PORT).
@@ -45,12 +50,19 @@ from experiments.real_run import prompts_for
 from planners.expert_parallel import DISPATCH, EPParams
 from planners.registry import entry
 from real.checkpoint import load_checkpoint
-from real.distributed import Placement, backend_for, check_dense, ep_generate
+from real.distributed import (
+    Placement,
+    backend_for,
+    check_dense,
+    check_micro_batches,
+    ep_generate,
+)
 from real.model import live_routing
 
 DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
-    routing="replay", replica_slots="", dense="data", dispatch="even", seed="0", device="",
+    routing="replay", replica_slots="", dense="data", dispatch="even", micro_batches="1",
+    seed="0", device="",
     out="runs/ep_run", rendezvous_s="120",
 )  # fmt: skip
 ROUTINGS = ("replay", "live")
@@ -228,7 +240,11 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         )
     dense = opts["dense"]
     check_dense(model, dense, world)
+    micro = integer(opts, "micro_batches")
+    check_micro_batches(micro, dense, workload.batch_size, world)
     params: dict[str, Any] = dict(n_devices=world, dense=dense, dispatch=opts["dispatch"])
+    if micro > 1:  # planned the same way, so the placement and the planned pairs match
+        params["micro_batches"] = micro
     if opts["replica_slots"] != "":
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
     slots = int(params.get("replica_slots", EPParams.replica_slots))
@@ -265,6 +281,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
             device,
             dense,
             opts["dispatch"],
+            micro,
         )
         dist.barrier()
         wall_s = time.perf_counter() - t0
@@ -277,6 +294,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     summary = dict(
         planner=spec.planner, params=params, ep=ep_meta, model=model.name, checkpoint=str(ckpt),
         world_size=world, backend=backend, device=device, dense=dense, dispatch=opts["dispatch"],
+        micro_batches=micro,
         dispatcher="all_to_all_single" if dense == "data" else "all_reduce",
         routing=opts["routing"], batch_size=workload.batch_size, prompt_len=workload.prompt_len,
         gen_len=workload.gen_len, seed=workload.seed, wall_s=wall_s, placement=placement,
@@ -306,8 +324,13 @@ def main(argv: list[str]) -> int:
                 + ("" if r["copy_wait_s"] is None else f" (layers waited {r['copy_wait_s']:.4f} s)")
                 for r in ranks
             )
+        waits = ""
+        if summary["dense"] == "data" and ranks[0]["a2a_wait_s"] is not None:
+            waits = "; all-to-all waited: " + ", ".join(
+                f"rank {r['rank']} {r['a2a_wait_s']:.4f} s" for r in ranks
+            )
         print(f"ep_run: {summary['world_size']} x {summary['backend']} in {summary['wall_s']:.2f} s, "
-              f"pairs computed: {pairs}{copies} -> {opts['out']}")  # fmt: skip
+              f"pairs computed: {pairs}{copies}{waits} -> {opts['out']}")  # fmt: skip
     return 0
 
 

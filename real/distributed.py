@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.dispatch import DENSE, DISPATCH, copy_moves, split_tokens
+from core.dispatch import DENSE, DISPATCH, copy_moves, micro_batch_seqs, split_tokens
 from core.errors import ConfigError
 from core.routing import Routing
 from core.spec import ModelSpec
@@ -93,6 +93,24 @@ def check_dense(spec: ModelSpec, dense: str, world: int) -> None:
         )
 
 
+def check_micro_batches(micro_batches: int, dense: str, batch: int, world: int) -> None:
+    """Refuse a two-batch overlap the run cannot make, before any rank waits (the planner's
+    rules, for callers of `ep_generate` that did not plan with it)."""
+    if micro_batches < 1:
+        raise ConfigError(f"micro_batches={micro_batches} must be >= 1 (2: two-batch overlap)")
+    if micro_batches > 1 and dense != "data":
+        raise ConfigError(
+            f"micro_batches={micro_batches} overlaps one micro-batch's all-to-all with another's "
+            "compute, but dense=tensor moves no tokens; use micro_batches=1 or dense=data"
+        )
+    if micro_batches > -(-batch // world):
+        raise ConfigError(
+            f"micro_batches={micro_batches} splits each rank's share of the batch's sequences, "
+            f"but batch {batch} over {world} ranks gives a rank at most {-(-batch // world)}; "
+            "lower micro_batches or raise batch_size"
+        )
+
+
 @dataclass
 class RankStats:
     """What one rank held and computed (pairs = (token, top-k slot) pairs through an expert)."""
@@ -107,6 +125,10 @@ class RankStats:
     # seconds layers waited for their copies after the step posted them (what compute did not
     # hide); gloo (CPU) only: on CUDA a wait only orders the streams, and this is None
     copy_wait_s: float | None = 0.0
+    # seconds compute waited for its all-to-alls (dense=data; gloo only, as copy_wait_s): with
+    # micro_batches=1 about all of their time, with two-batch overlap what the other
+    # micro-batch's compute did not hide
+    a2a_wait_s: float | None = 0.0
     experts_computed: dict[int, list[int]] = field(default_factory=dict)  # layer -> expert ids
     pairs_computed: int = 0  # pairs this rank ran through its experts
     # dense=data: of its own tokens' pairs, those computed on another rank (all-to-all traffic);
@@ -212,9 +234,10 @@ class EPRank:
         device: str,
         dense: str = "data",
         dispatch: str = "even",
+        micro_batches: int = 1,
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.dispatch = dispatch
+        self.dispatch, self.micro_batches = dispatch, micro_batches
         self.spec, self.placement, self.device = spec, placement, device
         self.model = Model.from_checkpoint(ckpt, spec)
         self.batch, self.tensor = batch, dense == "tensor"
@@ -223,7 +246,7 @@ class EPRank:
         self.stats = RankStats(self.rank, held_experts(placement, spec, self.rank))
         self.stats.most_held = {layer: len(held) for layer, held in self.stats.experts_held.items()}
         if device != "cpu":
-            self.stats.copy_wait_s = None
+            self.stats.copy_wait_s = self.stats.a2a_wait_s = None
         units = load_rank_units(ckpt, self.stats.experts_held, device)
         self.units = tensor_units(spec, units, self.world, self.rank) if self.tensor else units
         self.index, self.layout = load_checkpoint(ckpt)[1], unit_layout(spec)
@@ -286,12 +309,14 @@ class EPRank:
         for e in todo.sent:
             del self.units[Unit(Tensor.EXPERT, layer, e)]
 
-    def kv_cache(self, max_len: int) -> KVCache:
-        """The cache of this rank's sequences; dense=tensor: only its kv heads (MLA: whole)."""
+    def kv_caches(self, max_len: int) -> list[KVCache]:
+        """The cache of each micro-batch's sequences of this rank (`micro_spans`); dense=tensor:
+        only its kv heads (MLA: whole)."""
         s = self.spec
         lo, hi = kv_shard(s, shard(s.n_heads, self.world, self.rank)) if self.tensor else (0, 0)
         heads = hi - lo if self.tensor else s.n_kv_heads
-        return KVCache.allocate(s, self.hi - self.lo, max_len, self.device, heads)
+        return [KVCache.allocate(s, b - a, max_len, self.device, heads)
+                for a, b in self.micro_spans()]  # fmt: skip
 
     def summed(self, part: torch.Tensor) -> torch.Tensor:
         """dense=tensor: every rank's part added up (in place); dense=data: part, already whole."""
@@ -308,14 +333,18 @@ class EPRank:
         return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
 
     def route(
-        self, step: int, layer: int, ids: torch.Tensor, seq_len: int
+        self, step: int, layer: int, ids: torch.Tensor, seq_len: int, micro: int = -1
     ) -> tuple[list[Pairs], list[Pairs], torch.Tensor]:
         """Who computes what: every rank gathers the batch's routing (T x k ints, cheaper than a
-        separate all-to-all of counts) so sender and receiver derive the same pair order.
+        separate all-to-all of counts) so sender and receiver derive the same pair order; of
+        micro-batch `micro` only, whose replicated experts split their own pairs (as the
+        simulator's `routed` splits each micro-batch's).
         Returns (pairs this rank sends to each rank, pairs it receives from each, expert of
         each received pair [R])."""
-        counts = [n * seq_len for n in shard_sizes(self.batch, self.world)]
-        all_ids = self.all_gather_rows(ids, counts)  # [T, k]
+        spans = [micro_batch_seqs(self.batch, self.world, self.micro_batches, r, micro)
+                 for r in range(self.world)]  # fmt: skip
+        counts = [(s1 - s0) * seq_len for s0, s1 in spans]
+        all_ids = self.all_gather_rows(ids, counts)  # [T, k]: the batch's, or micro's
         dest = destinations(
             all_ids,
             self.placement[step][self.spec.moe_index(layer)],
@@ -329,36 +358,71 @@ class EPRank:
         experts = torch.cat([all_ids[at[r] :][rows, slots] for r, (rows, slots) in enumerate(recv)])
         return send, recv, experts
 
-    def moe(
+    def start_moe(
+        self,
+        step: int,
+        layer: int,
+        hidden: torch.Tensor,
+        forced: tuple[torch.Tensor, torch.Tensor] | None,
+        micro: int = -1,
+    ) -> InFlight:
+        """dense=data: gate this rank's tokens of the batch (or of micro-batch `micro`) and post
+        the all-to-all sending each (token, slot) pair to its expert's rank; the shared experts
+        run while the pairs travel. hidden [Br, S, H] (Br: the micro-batch's sequences)."""
+        s, m = self.spec, self.model
+        fi, fw = forced if forced is not None else (None, None)
+        normed, ids, weights = m.gate(layer, self.units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
+        send, recv, experts = self.route(step, layer, ids, hidden.shape[1], micro)
+        x_send = torch.cat([normed[rows] for rows, _ in send])  # [sum sent, H]
+        x_recv = normed.new_empty(sum(len(rows) for rows, _ in recv), normed.shape[1])  # [R, H]
+        n_send, n_recv = [len(rows) for rows, _ in send], [len(rows) for rows, _ in recv]
+        work = dist.all_to_all_single(x_recv, x_send, n_recv, n_send, async_op=True)
+        shared = (
+            m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
+        )
+        self.stats.pairs_sent += len(x_send) - n_send[self.rank]
+        return InFlight(
+            hidden, normed, weights, shared, send, n_send, n_recv, experts, x_recv, work
+        )
+
+    def run_moe(self, step: int, layer: int, f: InFlight) -> None:
+        """Wait for `f`'s pairs, run them through this rank's experts and post the all-to-all
+        sending the results back."""
+        self.wait(f.work)
+        f.buf = self.run_experts(step, layer, f.experts, f.buf)  # [R, H], kept until sent
+        f.back = f.normed.new_empty(sum(f.n_send), f.normed.shape[1])
+        f.work = dist.all_to_all_single(f.back, f.buf, f.n_send, f.n_recv, async_op=True)
+
+    def finish_moe(self, f: InFlight) -> torch.Tensor:
+        """Wait for `f`'s results and weigh them into its hidden state -> [Br, S, H]."""
+        self.wait(f.work)
+        out = new_slots(f.normed, self.spec.top_k)  # [Tr, k, H]
+        rows = torch.cat([r for r, _ in f.send])
+        slots = torch.cat([sl for _, sl in f.send])
+        assert f.back is not None, "finish_moe before run_moe"
+        put_expert(out, rows, slots, f.back)
+        return moe_output(f.hidden, out, f.weights, f.shared, self.model.float32_router)
+
+    def wait(self, work: dist.Work) -> None:
+        """Wait for an all-to-all; gloo: the time waited (what compute did not hide) goes to
+        `a2a_wait_s`."""
+        t0 = time.perf_counter()
+        work.wait()
+        if self.stats.a2a_wait_s is not None:
+            self.stats.a2a_wait_s += time.perf_counter() - t0
+
+    def moe_tensor(
         self,
         step: int,
         layer: int,
         hidden: torch.Tensor,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
-        """Gate, dispatch, held experts, combine: hidden [Br, S, H] -> [Br, S, H]."""
-        s, m = self.spec, self.model
+        """dense=tensor: gate every token, this rank's experts' part, summed: [B, S, H] -> same."""
         fi, fw = forced if forced is not None else (None, None)
-        normed, ids, weights = m.gate(layer, self.units[Unit(Tensor.GATE, layer)], hidden, fi, fw)
-        if self.tensor:
-            return hidden + self.moe_part(step, layer, normed, ids, weights).view_as(hidden)
-        send, recv, experts = self.route(step, layer, ids, hidden.shape[1])
-        x_send = torch.cat([normed[rows] for rows, _ in send])  # [sum sent, H]
-        x_recv = normed.new_empty(sum(len(rows) for rows, _ in recv), normed.shape[1])  # [R, H]
-        n_send, n_recv = [len(rows) for rows, _ in send], [len(rows) for rows, _ in recv]
-        dist.all_to_all_single(x_recv, x_send, n_recv, n_send)
-        y_recv = self.run_experts(step, layer, experts, x_recv)  # [R, H]
-        y_back = torch.empty_like(x_send)
-        dist.all_to_all_single(y_back, y_recv, n_send, n_recv)
-        out = new_slots(normed, s.top_k)  # [Tr, k, H]
-        rows = torch.cat([r for r, _ in send])
-        slots = torch.cat([sl for _, sl in send])
-        put_expert(out, rows, slots, y_back)
-        self.stats.pairs_sent += len(rows) - n_send[self.rank]
-        shared = (
-            m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
-        )
-        return moe_output(hidden, out, weights, shared, m.float32_router)
+        gate = self.units[Unit(Tensor.GATE, layer)]
+        normed, ids, weights = self.model.gate(layer, gate, hidden, fi, fw)
+        return hidden + self.moe_part(step, layer, normed, ids, weights).view_as(hidden)
 
     def moe_part(
         self,
@@ -401,39 +465,89 @@ class EPRank:
                 done.append(e)
         return y
 
+    def micro_spans(self) -> list[tuple[int, int]]:
+        """This rank's sequences of each micro-batch, [a, b) of its own (`micro_batch_seqs`)."""
+        if self.micro_batches == 1:
+            return [(0, self.hi - self.lo)]
+        spans = [micro_batch_seqs(self.batch, self.world, self.micro_batches, self.rank, i)
+                 for i in range(self.micro_batches)]  # fmt: skip
+        return [(s0 - self.lo, s1 - self.lo) for s0, s1 in spans]
+
     def forward(
         self,
         step: int,
         tokens: torch.Tensor,
-        kv: KVCache,
+        kvs: list[KVCache],
         start: int,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """This rank's sequences, tokens [Br, S] at positions start.., -> logits [Br, V].
-        forced: (ids, weights) [Br, S, L, k] to replay, else the model's own gates. Dense parts
-        are whole in data mode; in tensor mode `summed` adds up the ranks' parts."""
+        kvs: the cache of each micro-batch's sequences (`micro_spans`). forced: (ids, weights)
+        [Br, S, L, k] to replay, else the model's own gates. Dense parts are whole in data mode;
+        in tensor mode `summed` adds up the ranks' parts.
+        Two-batch overlap (micro_batches > 1, dense=data): each layer runs every micro-batch's
+        attention and gate in turn, posting its dispatch, then each one's experts, posting its
+        combine, which the next layer waits for only before that micro-batch's attention: one
+        micro-batch's all-to-all travels while another computes, in the simulator's op order
+        (`EPRunner.overlapped`)."""
         s, m, u = self.spec, self.model, self.units
-        b, n = tokens.shape
+        n = tokens.shape[1]
         positions = torch.arange(start, start + n)
-        hidden = m.embed(u[Unit(Tensor.EMBED)], tokens)  # [Br, S, H]
+        spans = self.micro_spans()
+        hidden = [m.embed(u[Unit(Tensor.EMBED)], tokens[a:b]) for a, b in spans]  # [Bi, S, H]
+        flying: list[InFlight | None] = [None] * len(spans)
         for layer in range(s.n_layers):
             w = u[Unit(Tensor.ATTENTION, layer)]
-            part = m.attention_part(layer, w, hidden, kv, positions, self.summed)
-            hidden = hidden + self.summed(part)
-            if not s.is_moe(layer):
-                hidden = hidden + self.summed(m.dense_ffn_part(u[Unit(Tensor.FFN, layer)], hidden))
-                continue
-            self.finish_moves(layer)  # this step's copies of this layer's experts
-            f = None
-            if forced is not None:
-                i = s.moe_index(layer)
-                f = (forced[0][:, :, i].flatten(0, 1), forced[1][:, :, i].flatten(0, 1))  # [T, k]
-            hidden = self.moe(step, layer, hidden, f)
-        logits = m.head(u[Unit(Tensor.HEAD)], hidden)  # [Br, V]; tensor: [B, Vr]
+            for i, (a, b) in enumerate(spans):
+                if (f := flying[i]) is not None:
+                    hidden[i], flying[i] = self.finish_moe(f), None
+                part = m.attention_part(layer, w, hidden[i], kvs[i], positions, self.summed)
+                h = hidden[i] + self.summed(part)
+                if not s.is_moe(layer):
+                    hidden[i] = h + self.summed(m.dense_ffn_part(u[Unit(Tensor.FFN, layer)], h))
+                    continue
+                if i == 0:
+                    self.finish_moves(layer)  # this step's copies of this layer's experts
+                forced_i = None
+                if forced is not None:
+                    mi = s.moe_index(layer)
+                    forced_i = (forced[0][a:b, :, mi].flatten(0, 1),
+                                forced[1][a:b, :, mi].flatten(0, 1))  # fmt: skip  # [Ti, k]
+                if self.tensor:
+                    hidden[i] = self.moe_tensor(step, layer, h, forced_i)
+                else:
+                    flying[i] = self.start_moe(
+                        step, layer, h, forced_i, i if len(spans) > 1 else -1
+                    )
+            for f in flying:
+                if f is not None:
+                    self.run_moe(step, layer, f)
+        hidden = [
+            self.finish_moe(f) if f is not None else h for f, h in zip(flying, hidden, strict=True)
+        ]
+        logits = m.head(u[Unit(Tensor.HEAD)], torch.cat(hidden))  # [Br, V]; tensor: [B, Vr]
         if not self.tensor:
             return logits
         vocab = shard_sizes(s.vocab_size, self.world)
         return self.all_gather_rows(logits.T.contiguous(), vocab).T  # [B, V]
+
+
+@dataclass
+class InFlight:
+    """One batch's (or micro-batch's) MoE layer between its gate and its combine (dense=data):
+    what the combine needs, and the all-to-all in flight (the dispatch, then the results back)."""
+
+    hidden: torch.Tensor  # [Br, S, H], the residual
+    normed: torch.Tensor  # [Tr, H]
+    weights: torch.Tensor  # [Tr, k]
+    shared: torch.Tensor | None  # [Tr, H]
+    send: list[Pairs]  # the pairs sent to each rank
+    n_send: list[int]
+    n_recv: list[int]
+    experts: torch.Tensor  # [R], the expert of each received pair
+    buf: torch.Tensor  # [R, H]: the pairs received, then their results being sent back
+    work: dist.Work
+    back: torch.Tensor | None = None  # [sum sent, H], the results coming back
 
 
 @dataclass
@@ -463,17 +577,21 @@ def ep_generate(
     device: str = "cpu",
     dense: str = "data",
     dispatch: str = "even",
+    micro_batches: int = 1,
 ) -> EPOutput:
     """`reference_generate` (real/model.py) over the initialised default process group: every rank
     calls it with the same arguments and gets the same whole-batch result. prompt_tokens [B, P].
     dense: "data" (B >= G) or "tensor" (any B; `ModelSpec.tensor_split_error` permitting);
-    dispatch: how a replicated expert's pairs split over its copies (`EPParams.dispatch`)."""
+    dispatch: how a replicated expert's pairs split over its copies (`EPParams.dispatch`);
+    micro_batches: two-batch overlap (`EPParams.micro_batches`; dense=data), the placement planned
+    with the same."""
     if dispatch not in DISPATCH:
         raise ConfigError(f"dispatch={dispatch!r} unknown; valid: {', '.join(DISPATCH)}")
     b, p = prompt_tokens.shape
     assert len(placement) >= gen_len, f"placement covers {len(placement)} steps, need {gen_len}"
     world = dist.get_world_size()
     check_dense(spec, dense, world)
+    check_micro_batches(micro_batches, dense, b, world)
     for t, step in enumerate(placement[:gen_len]):
         for m, ranks in enumerate(step):
             if len(ranks) != world:
@@ -481,7 +599,7 @@ def ep_generate(
                     f"placement step {t}, MoE layer {m}: {len(ranks)} ranks' experts for a "
                     f"process group of {world}; plan with n_devices={world}"
                 )
-    ep = EPRank(ckpt, spec, placement, b, device, dense, dispatch)
+    ep = EPRank(ckpt, spec, placement, b, device, dense, dispatch, micro_batches)
     try:
         return _generate(ep, prompt_tokens, gen_len, forced_routing)
     finally:  # a process may call this many times: free the copies' group each time
@@ -494,7 +612,7 @@ def _generate(
     b, p = prompt_tokens.shape
     device = ep.device
     lo, hi = ep.lo, ep.hi
-    kv = ep.kv_cache(p + gen_len)
+    kvs = ep.kv_caches(p + gen_len)
     forced = None
     if forced_routing is not None:
         ids = torch.from_numpy(forced_routing.expert_ids[lo:hi].astype("int64")).to(device)
@@ -510,7 +628,7 @@ def _generate(
                 if forced is None
                 else (forced[0][:, start : start + n], forced[1][:, start : start + n])
             )
-            logits = ep.forward(step, step_in, kv, start, f)  # [Br, V]
+            logits = ep.forward(step, step_in, kvs, start, f)  # [Br, V]
             out.append(logits.argmax(-1))
             start += n
             step_in = out[-1][:, None]

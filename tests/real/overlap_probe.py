@@ -14,7 +14,7 @@ from real.checkpoint import load_checkpoint
 
 def main(ckpt: str, out: str) -> None:
     log: list[list] = []
-    finish, moe = rd.EPRank.finish_moves, rd.EPRank.moe
+    finish, moe = rd.EPRank.finish_moves, rd.EPRank.start_moe
 
     post, inside = dist.batch_isend_irecv, [False]
 
@@ -41,7 +41,7 @@ def main(ckpt: str, out: str) -> None:
         log.append(["moe", step, layer])
         return moe(self, step, layer, *args)
 
-    rd.EPRank.finish_moves, rd.EPRank.moe = logged_finish, logged_moe  # type: ignore[method-assign]
+    rd.EPRank.finish_moves, rd.EPRank.start_moe = logged_finish, logged_moe  # type: ignore[method-assign]
     dist.batch_isend_irecv = logged_post  # type: ignore[assignment]
     dist.init_process_group("gloo")
     spec = load_checkpoint(ckpt)[0]

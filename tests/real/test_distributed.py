@@ -144,6 +144,101 @@ def test_balanced_dispatch_matches_reference(mixtral_tiny, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "batch, routing, planner",
+    [
+        (4, "replay", ["planner=predictive_replication", "replica_slots=1"]),
+        (3, "replay", ["planner=ep_static"]),
+        (4, "live", ["planner=eplb", "replica_slots=1"]),
+    ],
+    ids=["predictive-b4-replay", "ep_static-b3-replay", "eplb-b4-live"],
+)
+def test_micro_batches_match_reference(mixtral_tiny, tmp_path, batch, routing, planner):
+    """Two-batch overlap on 2 ranks: each rank splits its sequences in two micro-batches whose
+    all-to-alls are posted async and waited for only before that micro-batch's experts and next
+    attention. Tokens equal the single-process forward; with replayed routing each rank computes
+    and sends exactly the pairs the simulator planned with micro_batches=2 (each micro-batch's
+    replicated experts split their own pairs), which differ from the whole batch's. Batch 3:
+    rank 1's second micro-batch holds no sequence and still serves its experts' pairs."""
+    summary = torchrun(mixtral_tiny, tmp_path, *planner, f"batch_size={batch}",
+                       f"routing={routing}", "micro_batches=2")  # fmt: skip
+    assert summary["micro_batches"] == summary["params"]["micro_batches"] == 2
+    check(mixtral_tiny, tmp_path, summary, routing)
+    assert all(r["a2a_wait_s"] >= 0 for r in summary["ranks"])
+    if routing == "replay":
+        assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
+    if "replica_slots=1" in planner and routing == "replay":  # the split is the micro-batches'
+        whole = torchrun(mixtral_tiny, tmp_path / "whole", *planner, f"batch_size={batch}")
+        assert whole["ep"]["planned_pairs"] != summary["ep"]["planned_pairs"], (
+            "needs a split that differs"
+        )
+
+
+def test_micro_batches_run_in_the_overlapped_order(mixtral_tiny, monkeypatch):
+    """One process, batch 2 as two micro-batches: per MoE layer each micro-batch's attention and
+    gate (posting its dispatch) in turn, then each one's experts (posting its combine); a
+    combine is waited for only before its micro-batch's next attention, so micro-batch 1's
+    results travel while micro-batch 0's next attention runs (the simulator's order,
+    `EPRunner.overlapped`). Tokens equal the single-process forward."""
+    from experiments.ep_run import init_group
+    from real.distributed import EPRank, InFlight, ep_generate
+
+    log: list[tuple] = []
+    micro_of: dict[int, int] = {}  # id(InFlight) -> micro-batch
+
+    def logged(name, fn):  # type: ignore[no-untyped-def]
+        def run(self, *args):  # type: ignore[no-untyped-def]
+            out = fn(self, *args)
+            if name == "start":
+                micro_of[id(out)] = max(args[4], 0)
+                log.append((name, args[1], micro_of[id(out)]))
+            else:
+                f = args[-1]
+                assert isinstance(f, InFlight)
+                log.append((name, micro_of[id(f)]))
+            return out
+
+        return run
+
+    monkeypatch.setattr(EPRank, "start_moe", logged("start", EPRank.start_moe))
+    monkeypatch.setattr(EPRank, "run_moe", logged("run", EPRank.run_moe))
+    monkeypatch.setattr(EPRank, "finish_moe", logged("finish", EPRank.finish_moe))
+    spec = load_checkpoint(mixtral_tiny)[0]
+    moe = list(spec.moe_layers)
+    assert moe == list(range(spec.n_layers)), "the order below assumes every layer is MoE"
+    placement = [[[list(range(spec.n_experts))] for _ in moe]] * 2
+    prompts = torch.randint(0, spec.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0))
+    init_group("cpu")
+    try:
+        out = ep_generate(mixtral_tiny, spec, prompts, 2, placement, micro_batches=2)
+    finally:
+        dist.destroy_process_group()
+    tokens, _ = reference_generate(mixtral_tiny, prompts, 2)
+    assert torch.equal(out.tokens, tokens)
+    step = []
+    for layer in moe:
+        if layer:  # the previous layer's combines, each just before its micro-batch's attention
+            step += [("finish", 0), ("start", layer, 0), ("finish", 1), ("start", layer, 1)]
+        else:
+            step += [("start", layer, 0), ("start", layer, 1)]
+        step += [("run", 0), ("run", 1)]
+    step += [("finish", 0), ("finish", 1)]  # before the head
+    assert log == step * 2
+
+
+def test_micro_batch_refusals():
+    """Two-batch overlap the run cannot make: one line each, before any rank waits."""
+    from real.distributed import check_micro_batches
+
+    check_micro_batches(2, "data", 4, 2)
+    with pytest.raises(ConfigError, match="micro_batches=2 .* dense=tensor moves no tokens"):
+        check_micro_batches(2, "tensor", 4, 2)
+    with pytest.raises(ConfigError, match="batch 2 over 2 ranks gives a rank at most 1"):
+        check_micro_batches(2, "data", 2, 2)
+    with pytest.raises(ConfigError, match="micro_batches=0 must be >= 1"):
+        check_micro_batches(0, "data", 2, 2)
+
+
+@pytest.mark.parametrize(
     "model, batch, planner",
     [
         ("mixtral", 2, ["planner=ep_static"]),
@@ -404,6 +499,8 @@ def test_copies_overlap_the_layers_before_theirs(mixtral_tiny, tmp_path):
         ("planner=flexgen", "not expert-parallel"),
         ("dense=bogus", "valid: data, tensor"),
         ("dispatch=bogus", "dispatch='bogus' unknown; valid: even, balanced"),
+        ("micro_batches=0", "micro_batches='0' must be an integer >= 1"),
+        ("micro_batches=3", "batch 2 over 1 ranks gives a rank at most 2"),
         ("device=gpu", "device='gpu'; valid: cpu, cuda, cuda:N"),
         pytest.param(
             "device=cuda",
@@ -515,14 +612,14 @@ def test_one_process_needs_no_port(tmp_path, mixtral_tiny):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dense", ["data", "tensor"])
-def test_nccl_matches_reference(mixtral_tiny, tmp_path, dense):
+@pytest.mark.parametrize("dense, micro", [("data", 1), ("tensor", 1), ("data", 2)])
+def test_nccl_matches_reference(mixtral_tiny, tmp_path, dense, micro):
     """2 ranks on 2 GPUs; on a 1-GPU machine 1 rank (NCCL cannot put 2 ranks on one GPU).
-    CUDA kernels against the CPU reference: logits within 1e-4."""
+    CUDA kernels against the CPU reference: logits within 1e-4. micro 2: two-batch overlap,
+    its all-to-alls async on NCCL's stream."""
     nproc = min(2, torch.cuda.device_count())
-    summary = torchrun(
-        mixtral_tiny, tmp_path, "planner=ep_static", "device=cuda", f"dense={dense}", nproc=nproc
-    )
+    summary = torchrun(mixtral_tiny, tmp_path, "planner=ep_static", "device=cuda", f"dense={dense}",
+                       "batch_size=4", f"micro_batches={micro}", nproc=nproc)  # fmt: skip
     assert (summary["world_size"], summary["backend"], summary["dense"]) == (nproc, "nccl", dense)
     check(mixtral_tiny, tmp_path, summary, "replay", tol=1e-4)
 
