@@ -1183,8 +1183,7 @@ class EPRunner:
             shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
                                      n_tok)  # fmt: skip
         done = (*gates, *ends, *shared)
-        # a slot is refilled only after this layer and its previous copy are done
-        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
+        self.mark_done(moe, done, copy_waits)
         return done
 
     def moe_layer_micro(
@@ -1214,10 +1213,13 @@ class EPRunner:
              *shared)
             for i, (gates, view, shared) in enumerate(gated)
         ]  # fmt: skip
-        self.layer_done[moe] = tuple(op for d in done for op in d) + tuple(
-            op for w in copy_waits for op in w
-        )
+        self.mark_done(moe, tuple(op for d in done for op in d), copy_waits)
         return done
+
+    def mark_done(self, moe: int, done: tuple[int, ...], copy_waits: list[tuple[int, ...]]) -> None:
+        """A slot of MoE layer `moe` is refilled only after this iteration's ops of the layer
+        (every micro-batch's) and the copies that filled it are done."""
+        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
 
     def placed(
         self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int
