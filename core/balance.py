@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.types import OpKind, Resource, Stream
+from core.schedule import Schedule
+from core.types import OpKind, Resource, Stream, Tensor
 
 KEYS = ["step", "layer", "batch"]
 # kernels that move tokens between GPUs (on each GPU's p2p link, `device_of` its resource)
@@ -91,6 +92,37 @@ def device_loads(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     )  # devices with no expert op in a phase count as idle with zero tokens
     per = per.reindex(full, fill_value=0).reset_index()
     return per.merge(phases.reset_index(), on=KEYS)
+
+
+def copy_waits(schedule: Schedule, trace: pd.DataFrame, n_devices: int) -> dict[str, Any]:
+    """Whether replica copies arrived before the experts needed them (the prefetch the
+    replication planners rely on): an expert op depending on an expert-weight LOAD (a replica
+    copy) waited for it by the time that copy ended after everything else the op waited for
+    (its other deps and the op before it on its stream). `copy_wait_s`: the most any device's
+    expert ops waited so, summed over the run; `late_copy_ops`: expert ops that waited at all.
+    Ops missing from the trace are skipped."""
+    ops = schedule.ops
+    end = np.full(len(ops), np.nan)
+    ids = trace["op_id"].to_numpy()
+    end[ids] = trace["end_s"].to_numpy()
+    is_copy = np.array([o.kind == OpKind.LOAD and o.tensor == Tensor.EXPERT for o in ops])
+    if not is_copy.any():
+        return {}
+    waited = np.zeros(n_devices)
+    late, prev = 0, dict[str, float]()  # stream -> end of its last op
+    for o in ops:
+        if o.kind == OpKind.EXPERT and not np.isnan(end[o.id]):
+            copies = [d for d in o.deps if is_copy[d]]
+            if copies:
+                other = [end[d] for d in o.deps if not is_copy[d]]
+                ready = np.nanmax([*other, prev.get(o.stream, 0.0)])
+                w = float(np.nanmax(end[copies])) - float(ready)
+                if w > 1e-12:
+                    waited[schedule.streams[o.stream].device % n_devices] += w
+                    late += 1
+        if not np.isnan(end[o.id]):
+            prev[o.stream] = end[o.id]
+    return {"copy_wait_s": float(waited.max()), "late_copy_ops": late}
 
 
 def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.balance import balance_metrics
+from core.balance import balance_metrics, copy_waits
 from core.schedule import Schedule
 from core.spec import Workload
 from core.types import Tier
@@ -360,6 +360,8 @@ def summarize(
     tokens = workload.tokens_generated
     ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
     balance = balance_metrics(trace, int(ep["n_devices"]), bool(ep.get("lanes"))) if ep else {}
+    if ep and balance and "op_id" in trace:  # were the replica copies prefetched in time?
+        balance.update(copy_waits(schedule, trace, int(ep["n_devices"])))
     # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel
     if ep and balance:
         gpu_busy = makespan * balance["gpu_load" if ep.get("lanes") else "utilisation"]

@@ -598,18 +598,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     """balanced = mean/max device tokens (vLLM); util = mean device compute busy / makespan;
     load = the time a kernel runs on a GPU / makespan (GPUtil's load: the paper's metric; lanes
     are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase spans): the token view and three time
-    views."""
+    views. late_ms = the most one device's experts waited for replica copies still in flight
+    (`core.balance.copy_waits`): 0 where every copy was prefetched in time."""
     w = max([16, *(len(r["case"]) for r in rows)])
     pw = max([42, *(len(r["planner_label"]) for r in rows)])
     head = (f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
-            f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6}")  # fmt: skip
+            f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6} {'late_ms':>7}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} {1e3 * r['makespan_s']:>11.2f} "
             f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} {r['balancedness']:>8.3f} "
             f"{r['utilisation']:>6.3f} {r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
-            f"{r['plan']['ep'].get('copies', 0):>6}"
+            f"{r['plan']['ep'].get('copies', 0):>6} {1e3 * r.get('copy_wait_s', 0.0):>7.3f}"
         )
     return "\n".join(lines)
 

@@ -1734,3 +1734,29 @@ def test_replica_moves_reserve_room_for_the_experts_in_flight():
     with pytest.raises(CapacityError, match=r"replica moves bring up to \d+ experts .* re-home"):
         simulate_run(replace(spec, hardware=hw))
     simulate_run(replace(spec, hardware=hw, params={**spec.params, "interval": 10**6}))
+
+
+def test_copy_waits_count_the_experts_a_late_copy_held_back():
+    """tiny's 1 GB/s GPU link: a replica copy outlasts the layers before its own, and its
+    expert op starts when the copy ends, after everything else it waited for; those ops are
+    `late_copy_ops`, and `copy_wait_s` the most one device waited so. On a link as fast as
+    one likes every copy is in time and both are 0."""
+    spec = tiny_spec("oracle_replication", replica_slots=1)
+    res = simulate_run(spec)
+    ops, t = res.schedule.ops, res.trace.set_index("op_id")
+    late, held = 0, [0.0, 0.0]
+    for o in ops:
+        copies = [d for d in o.deps if ops[d].kind == OpKind.LOAD]
+        if o.kind != OpKind.EXPERT or not copies:
+            continue
+        start, arrived = t.loc[o.id, "start_s"], max(t.loc[d, "end_s"] for d in copies)
+        others = max(t.loc[d, "end_s"] for d in o.deps if d not in copies)
+        if start == arrived > others:  # the copy was the last thing it waited for
+            late += 1
+            held[res.schedule.streams[o.stream].device] += arrived - others
+    assert res.summary["late_copy_ops"] == late > 0
+    assert res.summary["copy_wait_s"] == pytest.approx(max(held), rel=1e-9)
+    fast = {**spec.hardware.links, Resource.P2P: LinkSpec(1e18)}
+    quick = simulate_run(replace(spec, hardware=replace(spec.hardware, links=fast)))
+    assert quick.summary["plan"]["ep"]["copies"] > 0
+    assert (quick.summary["late_copy_ops"], quick.summary["copy_wait_s"]) == (0, 0.0)
