@@ -21,6 +21,10 @@ simulator models them (planners/expert_parallel.py, EPParams.dense):
   OLMoE's QK-norm adds up its per-token statistics by one more, small, all-reduce); at an MoE layer every rank gates every token, runs the pairs its
   experts are given and adds its shared-expert part, summed by one all-reduce per layer.
 Both combine exactly as the reference forward does, up to float summation order.
+Two-batch overlap (micro_batches=2, dense=data): each rank splits its sequences as the simulator
+does (`core.dispatch.micro_batch_seqs`) and posts each micro-batch's dispatch and combine with
+async_op, so one micro-batch's all-to-all travels while the other's attention or experts run
+(`EPRank.forward` gives the order).
 """
 
 from __future__ import annotations
@@ -382,7 +386,7 @@ class EPRank:
         )
         self.stats.pairs_sent += len(x_send) - n_send[self.rank]
         return InFlight(
-            hidden, normed, weights, shared, send, n_send, n_recv, experts, x_recv, work
+            hidden, normed, weights, shared, send, n_send, n_recv, experts, x_send, x_recv, work
         )
 
     def run_moe(self, step: int, layer: int, f: InFlight) -> None:
@@ -545,6 +549,7 @@ class InFlight:
     n_send: list[int]
     n_recv: list[int]
     experts: torch.Tensor  # [R], the expert of each received pair
+    x_send: torch.Tensor  # [sum sent, H], held until its dispatch is done
     buf: torch.Tensor  # [R, H]: the pairs received, then their results being sent back
     work: dist.Work
     back: torch.Tensor | None = None  # [sum sent, H], the results coming back
