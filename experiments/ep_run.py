@@ -325,7 +325,7 @@ def main(argv: list[str]) -> int:
                 for r in ranks
             )
         waits = ""
-        if summary["dense"] == "data" and ranks[0]["a2a_wait_s"] is not None:
+        if ranks[0]["a2a_wait_s"] is not None:
             waits = "; all-to-all waited: " + ", ".join(
                 f"rank {r['rank']} {r['a2a_wait_s']:.4f} s" for r in ranks
             )

@@ -251,6 +251,8 @@ class EPRank:
         self.stats.most_held = {layer: len(held) for layer, held in self.stats.experts_held.items()}
         if device != "cpu":
             self.stats.copy_wait_s = self.stats.a2a_wait_s = None
+        if self.tensor:  # no all-to-all: its all-reduces are waited for where they are posted
+            self.stats.a2a_wait_s = None
         units = load_rank_units(ckpt, self.stats.experts_held, device)
         self.units = tensor_units(spec, units, self.world, self.rank) if self.tensor else units
         self.index, self.layout = load_checkpoint(ckpt)[1], unit_layout(spec)

@@ -269,6 +269,7 @@ def test_tensor_dense_matches_reference(model, batch, planner, request, tmp_path
     # the same pairs per rank as dense=data and the simulator's expert ops, none sent
     assert [r["pairs_computed"] for r in summary["ranks"]] == summary["ep"]["planned_pairs"]
     assert all(r["pairs_sent"] == 0 for r in summary["ranks"])
+    assert all(r["a2a_wait_s"] is None for r in summary["ranks"])  # no all-to-all to wait for
 
 
 @pytest.mark.parametrize(
