@@ -389,11 +389,19 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     planners = "sequential,layer_prefetch,flexgen,zero_inference,fiddler,moe_infinity,klotski"
     cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, f"planner={planners}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    # Ctrl-C's default action, as a terminal's foreground job has it: a test run started in the
+    # background by a non-interactive shell inherits SIGINT ignored, and the sweep would not stop
+    def sigint_default() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_default)  # fmt: skip
     deadline = time.time() + 120
     while not list(tmp_path.glob("multirun/*/*/*/*/summary.json")) and time.time() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
