@@ -339,18 +339,18 @@ class EPRank:
         return torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
 
     def route(
-        self, step: int, layer: int, ids: torch.Tensor, seq_len: int, micro: int = -1
+        self, step: int, layer: int, ids: torch.Tensor, seq_len: int, micro: int
     ) -> tuple[list[Pairs], list[Pairs], torch.Tensor]:
-        """Who computes what: every rank gathers the batch's routing (T x k ints, cheaper than a
-        separate all-to-all of counts) so sender and receiver derive the same pair order; of
-        micro-batch `micro` only, whose replicated experts split their own pairs (as the
-        simulator's `routed` splits each micro-batch's).
+        """Who computes what: every rank gathers micro-batch `micro`'s routing (T x k ints,
+        cheaper than a separate all-to-all of counts) so sender and receiver derive the same pair
+        order; its replicated experts split its own pairs, as the simulator's `routed` splits each
+        micro-batch's (one micro-batch, micro 0: the batch).
         Returns (pairs this rank sends to each rank, pairs it receives from each, expert of
         each received pair [R])."""
         spans = [micro_batch_seqs(self.batch, self.world, self.micro_batches, r, micro)
                  for r in range(self.world)]  # fmt: skip
         counts = [(s1 - s0) * seq_len for s0, s1 in spans]
-        all_ids = self.all_gather_rows(ids, counts)  # [T, k]: the batch's, or micro's
+        all_ids = self.all_gather_rows(ids, counts)  # [T, k]: the micro-batch's
         dest = destinations(
             all_ids,
             self.placement[step][self.spec.moe_index(layer)],
@@ -370,9 +370,9 @@ class EPRank:
         layer: int,
         hidden: torch.Tensor,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
-        micro: int = -1,
+        micro: int,
     ) -> InFlight:
-        """dense=data: gate this rank's tokens of the batch (or of micro-batch `micro`) and post
+        """dense=data: gate this rank's tokens of micro-batch `micro` (0 of 1: the batch) and post
         the all-to-all sending each (token, slot) pair to its expert's rank; the shared experts
         run while the pairs travel. hidden [Br, S, H] (Br: the micro-batch's sequences)."""
         s, m = self.spec, self.model
@@ -472,9 +472,10 @@ class EPRank:
         return y
 
     def micro_spans(self) -> list[tuple[int, int]]:
-        """This rank's sequences of each micro-batch, [a, b) of its own (`micro_batch_seqs`)."""
-        if self.micro_batches == 1:
-            return [(0, self.hi - self.lo)]
+        """This rank's sequences of each micro-batch, [a, b) of its own (`micro_batch_seqs`);
+        dense=tensor: every rank runs the whole batch, one micro-batch."""
+        if self.tensor:
+            return [(0, self.batch)]
         spans = [micro_batch_seqs(self.batch, self.world, self.micro_batches, self.rank, i)
                  for i in range(self.micro_batches)]  # fmt: skip
         return [(s0 - self.lo, s1 - self.lo) for s0, s1 in spans]
@@ -522,9 +523,7 @@ class EPRank:
                 if self.tensor:
                     hidden[i] = self.moe_tensor(step, layer, h, forced_i)
                 else:
-                    flying[i] = self.start_moe(
-                        step, layer, h, forced_i, i if len(spans) > 1 else -1
-                    )
+                    flying[i] = self.start_moe(step, layer, h, forced_i, i)
             for f in flying:
                 if f is not None:
                     self.run_moe(step, layer, f)
