@@ -1004,6 +1004,12 @@ def check_inputs(cfg: DictConfig) -> None:
     for group in ("cases", "planners", "variants"):
         for name, value in (cfg.get(group) or {}).items():
             mapping(f"{group}.{name}", value, optional=group == "planners")
+    for p in PLANNERS:
+        if p not in cfg.planners:
+            raise MoepipeError(
+                f"planners.{p} is missing: the experiment compares {', '.join(PLANNERS)} at one "
+                f"replica budget; restore it (planners.{p}: {{}} runs its defaults)"
+            )
     for name, case in cfg.cases.items():  # their entries are checked below, with their names
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)

@@ -232,6 +232,7 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("cases=abc", ["cases: 'abc' is not a mapping"]),
         ("cases.esft-g8=null", ["cases.esft-g8: None is not a mapping"]),
         ("planners=null", ["planners: None is not a mapping"]),
+        ("~planners.eplb", ["planners.eplb is missing", "planners.eplb: {}"]),
         ("variants=abc", ["variants: 'abc' is not a mapping"]),
         ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],
