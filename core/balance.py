@@ -38,11 +38,9 @@ import numpy as np
 import pandas as pd
 
 from core.schedule import Schedule
-from core.types import OpKind, Resource, Stream, Tensor
+from core.types import COLLECTIVES, OpKind, Resource, Stream, Tensor
 
 KEYS = ["step", "layer", "batch"]
-# kernels that move tokens between GPUs (on each GPU's p2p link, `device_of` its resource)
-COLLECTIVES = (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE)
 
 
 def device_of(resource: pd.Series) -> np.ndarray:

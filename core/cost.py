@@ -173,11 +173,11 @@ def _interpolate(table: tuple[tuple[float, float], ...], x: float) -> float:
     return max(y, min(y0, y1) if x >= x0 else 0.0, 0.0)
 
 
-def water_fill(caps: list[float]) -> list[float]:
+def water_fill(caps: list[float], total: float = 1.0) -> list[float]:
     """Rates of ops sharing one device, in the order of `caps`: each min(cap, level), the level
-    chosen so the rates sum to 1 (all at their caps if those sum to less)."""
+    chosen so the rates sum to `total` (all at their caps if those sum to less)."""
     rates = [0.0] * len(caps)
-    left, n = 1.0, len(caps)
+    left, n = total, len(caps)
     for i in sorted(range(len(caps)), key=caps.__getitem__):
         rates[i] = min(caps[i], left / n)
         left, n = left - rates[i], n - 1

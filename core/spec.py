@@ -471,6 +471,15 @@ class ComputeSpec:
     # the device a kernel of few thread blocks can use (core.cost.CostModel.cap).
     sms: int = 0
     sm_mem_bw_bytes_per_s: float = 0.0
+    # SMs a collective's kernels (the all-to-all's dispatch and combine, tensor-parallel
+    # all-reduces) hold on each GPU it runs on, for as long as it runs: compute beside it gets the
+    # other sms - comm_sms (sim/executor.py). 0: collectives cost no compute (or sms unknown).
+    comm_sms: int = 0
+
+    @property
+    def comm_share(self) -> float:
+        """The share of the device a running collective holds (`comm_sms` / `sms`), 0 unknown."""
+        return self.comm_sms / self.sms if self.sms and self.comm_sms else 0.0
 
 
 @dataclass(frozen=True)
@@ -565,6 +574,12 @@ class HardwareSpec:
                     raise ConfigError(
                         f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
                     )
+                comm_sms = int(c.get("comm_sms", 0))
+                if comm_sms and not 0 < comm_sms < sms:
+                    raise ConfigError(
+                        f"hardware {name}: comm_sms={comm_sms} must be 0 (collectives cost no "
+                        f"compute) or between 0 and sms={sms} (set sms, the device's SM count)"
+                    )
                 return ComputeSpec(
                     float(c["tflops"]) * 1e12,
                     float(c["mem_bw_gbps"]) * GB,
@@ -573,6 +588,7 @@ class HardwareSpec:
                     tables,
                     sms,
                     sm_bw,
+                    comm_sms,
                 )
 
             at = "gpu"

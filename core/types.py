@@ -46,6 +46,9 @@ class OpKind(StrEnum):
 
 
 COMPUTE_KINDS = frozenset({OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD})
+# transfers that run as kernels on their GPU's SMs (NCCL's, DeepEP's); replica copies between
+# GPUs are modelled as the copy engines' and are not among them
+COLLECTIVES = (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE)
 TRANSFER_KINDS = frozenset(
     {
         OpKind.LOAD,

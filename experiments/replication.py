@@ -308,13 +308,19 @@ def case_model(case: DictConfig) -> ModelSpec:
     return ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{case.model}.yaml").read_text()))
 
 
+def hardware(cfg: DictConfig) -> HardwareSpec:
+    """The `hardware_profile`, with the GPU's `comm_sms` replaced where the config sets it."""
+    raw = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
+    if cfg.get("comm_sms") is not None:
+        raw["gpu"] = {**raw["gpu"], "comm_sms": int(cfg.comm_sms)}
+    return HardwareSpec.from_dict(raw)
+
+
 def run_case(
     cfg: DictConfig, name: str, case: DictConfig, prep: dict[str, Any], out: Path
 ) -> list[dict[str, Any]]:
     model = case_model(case)
-    hw = HardwareSpec.from_dict(
-        yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
-    )
+    hw = hardware(cfg)
     runs = planner_runs(cfg, case)  # the same at every batch size
     rows = []
     for bs in case.batch_sizes:
@@ -1014,8 +1020,9 @@ def check_inputs(cfg: DictConfig) -> None:
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
-    profile = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
-    n_gpus = int(profile.get("n_gpus", 1))
+    if cfg.get("comm_sms") is not None:
+        as_int("comm_sms", cfg.comm_sms, at_least=0)
+    n_gpus = hardware(cfg).n_gpus  # a comm_sms past the GPU's SMs: the profile's one line
     as_int("replica_slots", cfg.replica_slots, at_least=0)
     as_int("seed", cfg.seed, at_least=0)
     # a case the command line removed (~cases.X) may stay listed; a misspelt one may not

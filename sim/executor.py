@@ -7,6 +7,10 @@ A compute op on a stream in a shared pool (`StreamSpec.pool`: CUDA streams on on
 runs its overhead on its stream, then its work alongside the pool's other running ops, at a
 share of the GPU that changes as they start and end (`_Fluid`); a transfer in a link's pool
 likewise runs its latency, then its bytes at a share of the link's bandwidth.
+Where the GPU's collectives hold SMs (`gpu.comm_sms`), a GPU's running dispatch, combine or
+all-reduce (`COLLECTIVES`) takes that share of it from start to end, and its compute ops run
+their work in the rest: at full rate while none runs, slower beside one (as NCCL's or DeepEP's
+kernels take SMs from the GEMMs they overlap). Replica copies, the copy engines', take none.
 
 Usage:
     start_s, end_s = simulate(schedule, CostModel(hardware))
@@ -24,7 +28,7 @@ import simpy
 from core.cost import CostModel, water_fill
 from core.errors import ScheduleError
 from core.schedule import Schedule, describe_stuck
-from core.types import OpKind, Resource, Tier
+from core.types import COLLECTIVES, COMPUTE_KINDS, OpKind, Resource, Tier
 
 _TIERS = list(Tier)
 
@@ -75,13 +79,22 @@ class _Fluid:
     caps if those sum to less). An op of `work` seconds at the whole GPU ends when its rate
     integrated over time reaches `work`. Re-planned whenever an op joins or ends."""
 
-    __slots__ = ("env", "jobs", "t", "gen")
+    __slots__ = ("env", "jobs", "t", "gen", "held", "holders")
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, held: float = 0.0) -> None:
         self.env = env
         self.jobs: dict[int, list[Any]] = {}  # op id -> [work left, cap, rate, event]
         self.t = 0.0  # when the work left was last brought up to date
         self.gen = 0  # the wake-up that is current; older ones are stale
+        self.held = held  # the share a running collective holds (`hold`)
+        self.holders = 0  # collectives running now
+
+    def hold(self, delta: int) -> None:
+        """A collective starts (+1) or ends (-1): while any runs, the jobs share 1 - held (the
+        collectives of one GPU are one kernel's SMs, so two at once hold no more)."""
+        self._advance()
+        self.holders += delta
+        self._plan()
 
     def run(self, op_id: int, work: float, cap: float) -> simpy.Event:
         self._advance()
@@ -100,7 +113,8 @@ class _Fluid:
         if not self.jobs:
             return
         jobs = list(self.jobs.values())
-        for job, rate in zip(jobs, water_fill([j[1] for j in jobs]), strict=True):
+        total = 1.0 - self.held if self.holders else 1.0
+        for job, rate in zip(jobs, water_fill([j[1] for j in jobs], total), strict=True):
             job[2] = rate
         first = min(self.jobs, key=lambda i: self.jobs[i][0] / self.jobs[i][2])
         self.gen += 1
@@ -116,6 +130,47 @@ class _Fluid:
         for i in done:
             self.jobs.pop(i)[3].succeed()
         self._plan()
+
+
+def _sm_holds(
+    schedule: Schedule,
+    cost: CostModel,
+    env: simpy.Environment,
+    durations: np.ndarray,
+    pooled: np.ndarray,
+    stream_of: list[int],
+) -> tuple[dict[int, _Fluid], list[_Fluid | None], np.ndarray, np.ndarray]:
+    """Where `gpu.comm_sms` is set: a fluid per GPU running collectives (by device); per op,
+    the fluid it holds SMs of (a collective's, else None); and per op
+    (NaN for the others) the overhead and work of each compute op on such a GPU's own (not
+    pooled) streams, which run their work at rate 1 in it: as fast as ever unless a collective
+    holds its share."""
+    n = len(schedule.ops)
+    over, work = np.full(n, np.nan), np.full(n, np.nan)
+    holding: list[_Fluid | None] = [None] * n
+    share = cost.hw.gpu.comm_share
+    specs = list(schedule.streams.values())
+    if not share:
+        return {}, holding, over, work
+    kinds = list(OpKind)
+    kind = schedule.columns()["kind"]
+    st = np.asarray(stream_of, dtype=np.int64)
+    coll = np.isin(kind, [kinds.index(k) for k in COLLECTIVES])
+    holds = {
+        d: _Fluid(env, share) for d in sorted({specs[s].device for s in set(st[coll].tolist())})
+    }
+    if not holds:
+        return holds, holding, over, work
+    for i in np.flatnonzero(coll).tolist():
+        holding[i] = holds[specs[st[i]].device]
+    gpu_st = np.array(
+        [s.resource == Resource.GPU and not s.pool and s.device in holds for s in specs]
+    )
+    comp = np.isin(kind, [kinds.index(k) for k in COMPUTE_KINDS]) & gpu_st[st] & ~pooled
+    for i in np.flatnonzero(comp).tolist():
+        over[i] = cost.overhead_s(Resource.GPU, kinds[kind[i]])
+        work[i] = max(float(durations[i]) - over[i], 0.0)
+    return holds, holding, over, work
 
 
 def simulate(
@@ -167,11 +222,18 @@ def simulate_times(
         pool_parts if pool_parts is not None else cost.pool_parts(schedule, durations)
     )
     pooled = ~np.isnan(work)
-    durations = np.where(pooled, over, durations)
     pool_of = [fluids[s.pool] if s.pool else None for s in specs]
+    # collectives holding SMs: each GPU with one gets a fluid its compute ops run their work in
+    # (their trace keeps sm_s NaN: such an op holds its GPU from start to end, slowed or not)
+    holds, holding, sm_over, sm_work = _sm_holds(schedule, cost, env, durations, pooled, stream_of)
+    if holds:
+        held = ~np.isnan(sm_work)
+        over, work = np.where(held, sm_over, over), np.where(held, sm_work, work)
+        caps, pooled = np.where(held, 1.0, caps), pooled | held
+    durations = np.where(pooled, over, durations)
     shared: list[tuple[_Fluid, float, float] | None] = [None] * n
     for i in np.flatnonzero(pooled).tolist():
-        fluid = pool_of[stream_of[i]]
+        fluid = pool_of[stream_of[i]] or holds.get(specs[stream_of[i]].device)
         assert fluid is not None
         shared[i] = (fluid, float(work[i]), float(caps[i]))
     free_kind = list(OpKind).index(OpKind.FREE)
@@ -190,13 +252,14 @@ def simulate_times(
         lock_of,
         durations.tolist(),
         shared,
+        holding,
         strict=True,
     ):
         per_stream[stream_of[row[0]]].append(row)
 
     def run_stream(ops: list[tuple[Any, ...]]) -> Generator[simpy.Event, Any, None]:
         timeout, event = env.timeout, env.event
-        for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid in ops:
+        for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm in ops:
             for d in deps:
                 if not done[d]:
                     ev = waiters[d]
@@ -220,6 +283,8 @@ def simulate_times(
                 else:
                     lock.busy = True
             start[op_id] = now = env._now
+            if sm is not None:
+                sm.hold(1)
             if dur > 0:
                 yield timeout(dur)
                 now = env._now
@@ -227,6 +292,8 @@ def simulate_times(
                 yield fluid[0].run(op_id, fluid[1], fluid[2])
                 now = env._now
             end[op_id] = now
+            if sm is not None:
+                sm.hold(-1)
             if lock is not None:
                 if lock.queue:
                     lock.queue.popleft().succeed()

@@ -233,6 +233,8 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("cases.esft-g8=null", ["cases.esft-g8: None is not a mapping"]),
         ("planners=null", ["planners: None is not a mapping"]),
         ("~planners.eplb", ["planners.eplb is missing", "planners.eplb: {}"]),
+        ("comm_sms=abc", ["comm_sms=abc: not a whole number"]),
+        ("comm_sms=200", ["hardware h200-hgx8: comm_sms=200", "sms=132"]),
         ("variants=abc", ["variants: 'abc' is not a mapping"]),
         ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],

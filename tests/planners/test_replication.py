@@ -1760,3 +1760,42 @@ def test_copy_waits_count_the_experts_a_late_copy_held_back():
     quick = simulate_run(replace(spec, hardware=replace(spec.hardware, links=fast)))
     assert quick.summary["plan"]["ep"]["copies"] > 0
     assert (quick.summary["late_copy_ops"], quick.summary["copy_wait_s"]) == (0, 0.0)
+
+
+def test_collectives_slow_exactly_the_compute_they_overlap():
+    """tiny on 2 GPUs with two-batch overlap and replica copies, the GPUs' collectives holding
+    2 of 4 SMs (`gpu.comm_sms`): a compute op whose work overlaps no dispatch or combine of its
+    GPU takes its cost-model duration (a replica copy beside it, the copy engine's, included),
+    one that overlaps some takes longer, by at most the overlap (half the SMs: at half rate
+    while it lasts), and the run is no shorter than without the cost."""
+    from core.cost import CostModel
+
+    spec = tiny_spec("oracle_replication", replica_slots=1, micro_batches=2)
+    spec = replace(spec, workload=replace(spec.workload, batch_size=4))
+    gpu = replace(spec.hardware.gpu, sms=4, comm_sms=2)
+    held = replace(spec, hardware=replace(spec.hardware, gpu=gpu))
+    base, res = simulate_run(spec), simulate_run(held)
+    assert res.summary["makespan_s"] >= base.summary["makespan_s"]
+    sched, t = res.schedule, res.trace.set_index("op_id").sort_index()
+    cost = CostModel(held.hardware).durations(sched)
+    dev = {o.id: sched.streams[o.stream].device for o in sched.ops}
+    a2a = [o.id for o in sched.ops if o.kind in (OpKind.DISPATCH, OpKind.COMBINE)]
+    copies = [o.id for o in sched.ops if o.kind == OpKind.LOAD and o.tensor == Tensor.EXPERT]
+
+    def overlap(o: int, ops: list[int]) -> float:
+        s0, s1 = t.loc[o, "start_s"], t.loc[o, "end_s"]
+        return sum(max(0.0, min(s1, t.loc[c, "end_s"]) - max(s0, t.loc[c, "start_s"]))
+                   for c in ops if dev[c] == dev[o])  # fmt: skip
+
+    slowed = beside_copies = 0
+    for o in sched.ops:
+        if o.kind not in COMPUTE_KINDS:
+            continue
+        took, over = t.loc[o.id, "end_s"] - t.loc[o.id, "start_s"], overlap(o.id, a2a)
+        if over == 0:
+            assert took == pytest.approx(cost[o.id], rel=1e-9, abs=1e-15)
+            beside_copies += overlap(o.id, copies) > 0
+        else:
+            slowed += took > cost[o.id] * (1 + 1e-9)
+            assert cost[o.id] <= took <= cost[o.id] + over + 1e-12
+    assert slowed > 0 and beside_copies > 0, (slowed, beside_copies)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.cost import CostModel
-from core.errors import ScheduleError
+from core.errors import ConfigError, ScheduleError
 from core.schedule import ScheduleBuilder, validate
 from core.spec import HardwareSpec
 from core.types import OpKind, Resource, Tier
@@ -437,3 +437,59 @@ def test_a_real_traces_link_pool_counts_each_transfers_share():
         m = summarize(s, trace, w)
         assert m["lower_bound_s"] == pytest.approx(1.1) and m["busy_s"]["h2d"] == pytest.approx(1.1)
         assert m["lower_bound_s"] <= m["dag_lower_bound_s"] <= m["makespan_s"] + 1e-12
+
+
+def comm_hw(comm_sms: int, sms: int = 4) -> HardwareSpec:
+    """The round machine with a 1 GB/s GPU<->GPU link and `comm_sms` of its 4 SMs held by a
+    running collective."""
+    raw = {
+        "name": "comm",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "comm_sms": comm_sms},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5},
+                  "p2p": {"gbps": 1.0}},
+    }  # fmt: skip
+    return HardwareSpec.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "comm_sms, ends_ms",
+    [
+        # GPU 0's 4 ms GEMM runs at 3/4 while its 2 ms dispatch (and beside it, its 2 ms send:
+        # one collective's SMs, not two) holds 1 SM: 1.5 ms of work by 2 ms, 2.5 ms after. GPU 1's
+        # beside a replica copy into it (a copy engine's) and GPU 2's are not slowed
+        (1, [4.5, 4.0, 4.0, 2.0, 2.0, 2.0]),
+        (0, [4.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # collectives cost no compute
+        (2, [5.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # half the GPU: 1 ms of work by 2 ms
+    ],
+)
+def test_collectives_hold_sms_from_the_compute_beside_them(comm_sms, ends_ms):
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    link = {d: b.stream(f"dispatch{d}", Resource.P2P, d, pool=f"p2p:{d}") for d in (0, 1)}
+    for d in range(3):
+        b.add(OpKind.FFN, b.stream(f"compute{d or ''}", Resource.GPU, d), flops=4e9)
+    b.add(OpKind.DISPATCH, link[0], nbytes=2 * GB // 1000)
+    b.add(OpKind.DISPATCH, b.stream("send0", Resource.P2P_OUT, 0, pool="p2p_out:0"),
+          nbytes=2 * GB // 1000)  # fmt: skip
+    b.add(OpKind.LOAD, link[1], src=Tier.GPU, dst=Tier.GPU, nbytes=2 * GB // 1000)
+    _, end = run(b, comm_hw(comm_sms))
+    assert end * 1e3 == pytest.approx(ends_ms)
+
+
+def test_a_gemm_after_the_collective_runs_at_full_rate():
+    """The GEMM starts once the 2 ms all-reduce is done: nothing holds SMs, 4 ms as ever."""
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    r = b.add(OpKind.ALL_REDUCE, b.stream("allreduce0", Resource.P2P, 0, pool="p2p:0"),
+              nbytes=2 * GB // 1000)  # fmt: skip
+    b.add(OpKind.FFN, b.stream("compute", Resource.GPU, 0), (r,), flops=4e9)
+    _, end = run(b, comm_hw(1))
+    assert end * 1e3 == pytest.approx([2.0, 6.0])
+
+
+@pytest.mark.parametrize("comm_sms, sms", [(4, 4), (-1, 4), (1, 0)])
+def test_comm_sms_outside_the_device_is_refused(comm_sms, sms):
+    with pytest.raises(
+        ConfigError, match=rf"hardware comm: comm_sms={comm_sms} must be 0 .* sms={sms}"
+    ):
+        comm_hw(comm_sms, sms)
