@@ -141,10 +141,9 @@ def _sm_holds(
     stream_of: list[int],
 ) -> tuple[dict[int, _Fluid], list[_Fluid | None], np.ndarray, np.ndarray]:
     """Where `gpu.comm_sms` is set: a fluid per GPU running collectives (by device); per op,
-    the fluid it holds SMs of (a collective's, else None); and per op
-    (NaN for the others) the overhead and work of each compute op on such a GPU's own (not
-    pooled) streams, which run their work at rate 1 in it: as fast as ever unless a collective
-    holds its share."""
+    the fluid whose SMs it holds (a collective's GPU's, else None); and per op the overhead and
+    work of each compute op on such a GPU's own (not pooled) streams, NaN for the others. Those
+    run their work at rate 1 in the fluid: as fast as ever unless a collective holds its share."""
     n = len(schedule.ops)
     over, work = np.full(n, np.nan), np.full(n, np.nan)
     holding: list[_Fluid | None] = [None] * n
