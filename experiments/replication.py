@@ -964,6 +964,18 @@ def dispatch_lines(dispatch: str) -> list[str]:
             "every balancedness and target line below is under this dispatch", ""]  # fmt: skip
 
 
+def hardware_lines(hw: HardwareSpec) -> list[str]:
+    """Whether the GPUs' collectives took SMs from their compute in these runs (`comm_sms`): it
+    moves every G-GPU makespan that overlaps an all-to-all, two-batch overlap's most."""
+    c = hw.gpu
+    if c.comm_share:
+        cost = (f"a running all-to-all or all-reduce holds {c.comm_sms} of each GPU's {c.sms} SMs "
+                "from its compute (comm_sms; comm_sms=0 runs them free)")  # fmt: skip
+    else:
+        cost = "collectives take no SMs from the GPUs' compute (comm_sms=0)"
+    return [f"[note] hardware {hw.name}: {cost}"]
+
+
 def reuse_lines(cases: dict[str, Any], split_tokens: int) -> list[str]:
     """One note per held-out ESFT case and batch size whose batches need more tokens than the
     split holds: `esft_routing` wraps the stream, so the run revisits the split's sequences.
@@ -1133,6 +1145,7 @@ def run(cfg: DictConfig) -> list[str]:
         *dispatch_lines(str(cfg.dispatch)),
         table(rows),
         "",
+        *hardware_lines(hardware(cfg)),
         *reuse_lines(dict(cfg.cases), len(prep["test_ids"])),
         *work_conserving_lines(rows),
         *sharing_lines(rows),

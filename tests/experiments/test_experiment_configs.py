@@ -54,6 +54,7 @@ def test_replication_experiment_runs_small(tmp_path):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
+    assert "[note] hardware h200-hgx8: a running all-to-all or all-reduce holds 20" in r.stdout
     assert len(list(Path(tmp_path).glob("*.png"))) == 5
     for png in ("balancedness_per_batch.png", "balance_vs_makespan.png"):
         assert (Path(tmp_path) / png).stat().st_size > 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 
 from core.errors import MoepipeError
+from core.spec import HardwareSpec
 from core.traces import load_esft
 from experiments.replication import esft_split
 from tests.conftest import SHARED_TRACES
@@ -53,6 +55,23 @@ def test_a_balanced_dispatch_report_says_so_first():
     assert dispatch_lines("even") == []
     first = dispatch_lines("balanced")[0]
     assert first.startswith("dispatch=balanced: ") and "not split evenly" in first
+
+
+def test_the_report_says_whether_collectives_took_sms():
+    """Under the table, one note: the profile's comm_sms, or that collectives ran free."""
+    from dataclasses import replace
+
+    from experiments.replication import CONF, hardware_lines
+
+    hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h200-hgx8.yaml").read_text()))
+    assert hardware_lines(hw) == [
+        "[note] hardware h200-hgx8: a running all-to-all or all-reduce holds 20 of each GPU's 132 "
+        "SMs from its compute (comm_sms; comm_sms=0 runs them free)"
+    ]
+    free = replace(hw, gpu=replace(hw.gpu, comm_sms=0))
+    assert hardware_lines(free) == [
+        "[note] hardware h200-hgx8: collectives take no SMs from the GPUs' compute (comm_sms=0)"
+    ]
 
 
 def test_plots_show_a_target_case_at_its_judged_batch():
