@@ -11,7 +11,8 @@ the tokens and busy seconds of its expert computes.
   GPUtil's `load` (the replication paper's metric, replication.md §1.7) reads. On lanes the G
   lanes are one GPU, so one lane busy is enough, and it stays high however unbalanced they are.
   On G GPUs the all-to-all and all-reduce count too: NCCL's and DeepEP's collectives run as
-  kernels on the GPU's SMs (replica copies, by the copy engines, do not);
+  kernels on the GPU's SMs (replica copies, by the copy engines, do not, unless the hardware's
+  `gpu.copy_sms` says NCCL's p2p kernels move them);
 - expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
   a phase spans from the first expert op of a (step, layer, batch) to its last on any device
   (a batch run as micro-batches: each one's span, summed):
@@ -144,7 +145,12 @@ def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     return out.reset_index()
 
 
-def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) -> dict[str, Any]:
+def balance_metrics(
+    trace: pd.DataFrame, n_devices: int, lanes: bool = False, copy_kernels: bool = False
+) -> dict[str, Any]:
+    """The run's balance and utilisation metrics (the module's list). `copy_kernels`: replica
+    copies between GPUs run as kernels (NCCL's p2p: the hardware's `gpu.copy_sms`), so
+    `gpu_load` counts them as it counts the all-to-all's."""
     loads = device_loads(trace, n_devices)
     if loads.empty:
         return {}
@@ -171,7 +177,14 @@ def balance_metrics(trace: pd.DataFrame, n_devices: int, lanes: bool = False) ->
     gpu = np.zeros(len(comp), np.int64) if lanes else dev  # lanes: one GPU
     if "launch_s" in comp:  # a pool op's kernel runs after its launch
         start = start + np.nan_to_num(comp["launch_s"].to_numpy(), nan=0.0)
-    coll = trace[trace["kind"].astype(str).isin([str(k) for k in COLLECTIVES])]
+    kernel = trace["kind"].astype(str).isin([str(k) for k in COLLECTIVES])
+    if copy_kernels and not lanes:
+        kernel |= (
+            (trace["kind"].astype(str) == str(OpKind.LOAD))
+            & (trace["tensor"].astype(str) == str(Tensor.EXPERT))
+            & trace["resource"].astype(str).str.startswith(str(Resource.P2P))
+        )
+    coll = trace[kernel]
     start, end = np.r_[start, coll["start_s"].to_numpy()], np.r_[end, coll["end_s"].to_numpy()]
     gpu = np.r_[gpu, device_of(coll["resource"])]
     spans = [covered_s(start[gpu == d], end[gpu == d]) for d in range(1 if lanes else n_devices)]

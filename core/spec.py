@@ -475,11 +475,19 @@ class ComputeSpec:
     # all-reduces) hold on each GPU it runs on, for as long as it runs: compute beside it gets the
     # other sms - comm_sms (sim/executor.py). 0: collectives cost no compute (or sms unknown).
     comm_sms: int = 0
+    # SMs a replica copy between GPUs holds on each end while it runs: 0 where the copy engines
+    # move it (cudaMemcpyPeerAsync), some where NCCL's p2p kernels do (the real executor's)
+    copy_sms: int = 0
 
     @property
     def comm_share(self) -> float:
         """The share of the device a running collective holds (`comm_sms` / `sms`), 0 unknown."""
         return self.comm_sms / self.sms if self.sms and self.comm_sms else 0.0
+
+    @property
+    def copy_share(self) -> float:
+        """The share of the device a running replica copy holds (`copy_sms` / `sms`)."""
+        return self.copy_sms / self.sms if self.sms and self.copy_sms else 0.0
 
 
 @dataclass(frozen=True)
@@ -574,11 +582,13 @@ class HardwareSpec:
                     raise ConfigError(
                         f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
                     )
-                comm_sms = int(c.get("comm_sms", 0))
-                if comm_sms and not 0 < comm_sms < sms:
+                comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
+                held = comm_sms + copy_sms
+                if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):
                     raise ConfigError(
-                        f"hardware {name}: comm_sms={comm_sms} must be 0 (collectives cost no "
-                        f"compute) or between 0 and sms={sms} (set sms, the device's SM count)"
+                        f"hardware {name}: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 "
+                        f"(they cost no compute) or together below sms={sms} (set sms, the "
+                        "device's SM count)"
                     )
                 return ComputeSpec(
                     float(c["tflops"]) * 1e12,
@@ -589,6 +599,7 @@ class HardwareSpec:
                     sms,
                     sm_bw,
                     comm_sms,
+                    copy_sms,
                 )
 
             at = "gpu"

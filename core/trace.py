@@ -359,7 +359,13 @@ def summarize(
     )
     tokens = workload.tokens_generated
     ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
-    balance = balance_metrics(trace, int(ep["n_devices"]), bool(ep.get("lanes"))) if ep else {}
+    balance = (
+        balance_metrics(
+            trace, int(ep["n_devices"]), bool(ep.get("lanes")), bool(ep.get("copy_kernels"))
+        )
+        if ep
+        else {}
+    )
     if ep and balance and "op_id" in trace:  # were the replica copies prefetched in time?
         balance.update(copy_waits(schedule, trace, int(ep["n_devices"])))
     # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel

@@ -309,10 +309,12 @@ def case_model(case: DictConfig) -> ModelSpec:
 
 
 def hardware(cfg: DictConfig) -> HardwareSpec:
-    """The `hardware_profile`, with the GPU's `comm_sms` replaced where the config sets it."""
+    """The `hardware_profile`, with the GPU's `comm_sms` and `copy_sms` replaced where the
+    config sets them."""
     raw = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
-    if cfg.get("comm_sms") is not None:
-        raw["gpu"] = {**raw["gpu"], "comm_sms": int(cfg.comm_sms)}
+    for key in ("comm_sms", "copy_sms"):
+        if cfg.get(key) is not None:
+            raw["gpu"] = {**raw["gpu"], key: int(cfg[key])}
     return HardwareSpec.from_dict(raw)
 
 
@@ -973,6 +975,10 @@ def hardware_lines(hw: HardwareSpec) -> list[str]:
                 "from its compute (comm_sms; comm_sms=0 runs them free)")  # fmt: skip
     else:
         cost = "collectives take no SMs from the GPUs' compute (comm_sms=0)"
+    if c.copy_share:
+        cost += f"; a replica copy holds {c.copy_sms} on each end (copy_sms: NCCL's p2p kernels)"
+    else:
+        cost += "; replica copies none (copy_sms=0: the copy engines move them)"
     return [f"[note] hardware {hw.name}: {cost}"]
 
 
@@ -1032,9 +1038,10 @@ def check_inputs(cfg: DictConfig) -> None:
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
-    if cfg.get("comm_sms") is not None:
-        as_int("comm_sms", cfg.comm_sms, at_least=0)
-    n_gpus = hardware(cfg).n_gpus  # a comm_sms past the GPU's SMs: the profile's one line
+    for key in ("comm_sms", "copy_sms"):
+        if cfg.get(key) is not None:
+            as_int(key, cfg[key], at_least=0)
+    n_gpus = hardware(cfg).n_gpus  # SMs held past the GPU's: the profile's one line
     as_int("replica_slots", cfg.replica_slots, at_least=0)
     as_int("seed", cfg.seed, at_least=0)
     # a case the command line removed (~cases.X) may stay listed; a misspelt one may not

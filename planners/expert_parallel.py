@@ -502,6 +502,9 @@ class ExpertTime:
     # micro-batches a layer's expert work runs as (`EPParams.micro_batches`): each its own op(s),
     # with its share of every expert's tokens, reading the experts' weights again
     micro: int = 1
+    # the share of a GPU's SMs a replica copy holds while it runs (`gpu.copy_sms`; G GPUs): the
+    # compute beside it runs that much slower, hidden copy or not
+    copy_sm_share: float = 0.0
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
@@ -509,7 +512,8 @@ class ExpertTime:
         copy_s = cost.transfer_s(Resource.D2D if layout.lanes else Resource.P2P, m.expert_bytes)
         return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
                    layout.share, m if layout.shared else None, layout.dispatch,
-                   layout.lanes, layout.micro_batches)  # fmt: skip
+                   layout.lanes, layout.micro_batches,
+                   0.0 if layout.lanes else ctx.hardware.gpu.copy_share)  # fmt: skip
 
     def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
         """The copies `slots` needs over `resident` on the longest copy queue: on lanes all of
@@ -525,8 +529,11 @@ class ExpertTime:
         earlier layers on the device's link, which the all-to-all mostly leaves free while
         experts compute (a GPU's results may start coming back during its own expert phase), so
         in steady state each layer's copies get the link for about one expert phase (`layer_s`,
-        the busiest device's modelled time); only the excess is late."""
-        return max(0.0, queue * self.copy_s - layer_s)
+        the busiest device's modelled time); only the excess is late. Where copies hold SMs
+        (`copy_sm_share`: NCCL's p2p kernels) each also slows the compute it runs beside, hidden
+        or not, by that share of its time."""
+        busy = queue * self.copy_s
+        return max(0.0, busy - layer_s) + busy * self.copy_sm_share
 
     def span(self, slots: np.ndarray, load: np.ndarray, scenarios: np.ndarray | None) -> float:
         """The layer's modelled expert time with slots [G, K]: the busiest device's time under
@@ -920,6 +927,8 @@ class EPRunner:
             grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
             lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
             micro_batches=lay.micro_batches,
+            # replica copies between GPUs hold SMs (NCCL's p2p kernels): gpu_load counts them
+            copy_kernels=bool(self.ctx.hardware.gpu.copy_share) and not lay.lanes,
         )  # fmt: skip
 
     def dense_share(self, gpus: int) -> float:

@@ -28,7 +28,7 @@ import simpy
 from core.cost import CostModel, water_fill
 from core.errors import ScheduleError
 from core.schedule import Schedule, describe_stuck
-from core.types import COLLECTIVES, COMPUTE_KINDS, OpKind, Resource, Tier
+from core.types import COLLECTIVES, COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 
 _TIERS = list(Tier)
 
@@ -81,19 +81,21 @@ class _Fluid:
 
     __slots__ = ("env", "jobs", "t", "gen", "held", "holders")
 
-    def __init__(self, env: simpy.Environment, held: float = 0.0) -> None:
+    def __init__(self, env: simpy.Environment, held: tuple[float, ...] = ()) -> None:
         self.env = env
         self.jobs: dict[int, list[Any]] = {}  # op id -> [work left, cap, rate, event]
         self.t = 0.0  # when the work left was last brought up to date
         self.gen = 0  # the wake-up that is current; older ones are stale
-        self.held = held  # the share a running collective holds (`hold`)
-        self.holders = 0  # collectives running now
+        self.held = held  # per kind of holder (`hold`), the share its running ops hold
+        self.holders = [0] * len(held)  # per kind, its ops running now
 
-    def hold(self, delta: int) -> None:
-        """A collective starts (+1) or ends (-1): while any runs, the jobs share 1 - held (the
-        collectives of one GPU are one kernel's SMs, so two at once hold no more)."""
+    def hold(self, kind: int, delta: int) -> None:
+        """An op of holder kind `kind` (the GPU's collectives, its replica copies) starts (+1) or
+        ends (-1). While some of a kind run, they hold its share, once: the collectives of one
+        GPU are one communicator's kernel, its copies another's (`_sm_holds`); the jobs share
+        what the running kinds leave."""
         self._advance()
-        self.holders += delta
+        self.holders[kind] += delta
         self._plan()
 
     def run(self, op_id: int, work: float, cap: float) -> simpy.Event:
@@ -113,7 +115,7 @@ class _Fluid:
         if not self.jobs:
             return
         jobs = list(self.jobs.values())
-        total = 1.0 - self.held if self.holders else 1.0
+        total = 1.0 - sum(h for h, n in zip(self.held, self.holders, strict=True) if n)
         for job, rate in zip(jobs, water_fill([j[1] for j in jobs], total), strict=True):
             job[2] = rate
         first = min(self.jobs, key=lambda i: self.jobs[i][0] / self.jobs[i][2])
@@ -139,29 +141,35 @@ def _sm_holds(
     durations: np.ndarray,
     pooled: np.ndarray,
     stream_of: list[int],
-) -> tuple[dict[int, _Fluid], list[_Fluid | None], np.ndarray, np.ndarray]:
-    """Where `gpu.comm_sms` is set: a fluid per GPU running collectives (by device); per op,
-    the fluid whose SMs it holds (a collective's GPU's, else None); and per op the overhead and
-    work of each compute op on such a GPU's own (not pooled) streams, NaN for the others. Those
-    run their work at rate 1 in the fluid: as fast as ever unless a collective holds its share."""
+) -> tuple[dict[int, _Fluid], list[tuple[_Fluid, int] | None], np.ndarray, np.ndarray]:
+    """Where `gpu.comm_sms` or `gpu.copy_sms` is set: a fluid per GPU (by device) running
+    collectives (holder kind 0) or replica copies to or from another GPU (kind 1, on its p2p
+    link's streams) that hold SMs; per op, the fluid and kind it holds SMs of (else None); and
+    per op the overhead and work of each compute op on such a GPU's own (not pooled) streams,
+    NaN for the others. Those run their work at rate 1 in the fluid: as fast as ever unless a
+    holder runs."""
     n = len(schedule.ops)
     over, work = np.full(n, np.nan), np.full(n, np.nan)
-    holding: list[_Fluid | None] = [None] * n
-    share = cost.hw.gpu.comm_share
-    specs = list(schedule.streams.values())
-    if not share:
+    holding: list[tuple[_Fluid, int] | None] = [None] * n
+    shares = (cost.hw.gpu.comm_share, cost.hw.gpu.copy_share)
+    if not any(shares):
         return {}, holding, over, work
+    specs = list(schedule.streams.values())
     kinds = list(OpKind)
-    kind = schedule.columns()["kind"]
-    st = np.asarray(stream_of, dtype=np.int64)
-    coll = np.isin(kind, [kinds.index(k) for k in COLLECTIVES])
-    holds = {
-        d: _Fluid(env, share) for d in sorted({specs[s].device for s in set(st[coll].tolist())})
-    }
+    kind, st = schedule.columns()["kind"], np.asarray(stream_of, dtype=np.int64)
+    link = np.array([s.resource in (Resource.P2P, Resource.P2P_OUT) for s in specs], dtype=bool)
+    copy = np.zeros(n, dtype=bool)
+    if shares[1]:  # an expert's weights moved over a GPU's link: a replica copy
+        copy = link[st] & np.array([o.tensor == Tensor.EXPERT for o in schedule.ops], dtype=bool)
+        copy &= kind == kinds.index(OpKind.LOAD)
+    holder = [np.isin(kind, [kinds.index(k) for k in COLLECTIVES]) & (shares[0] > 0), copy]
+    devices = sorted({specs[s].device for h in holder for s in set(st[h].tolist())})
+    holds = {d: _Fluid(env, shares) for d in devices}
+    for k, h in enumerate(holder):
+        for i in np.flatnonzero(h).tolist():
+            holding[i] = (holds[specs[st[i]].device], k)
     if not holds:
         return holds, holding, over, work
-    for i in np.flatnonzero(coll).tolist():
-        holding[i] = holds[specs[st[i]].device]
     gpu_st = np.array(
         [s.resource == Resource.GPU and not s.pool and s.device in holds for s in specs]
     )
@@ -283,7 +291,7 @@ def simulate_times(
                     lock.busy = True
             start[op_id] = now = env._now
             if sm is not None:
-                sm.hold(1)
+                sm[0].hold(sm[1], 1)
             if dur > 0:
                 yield timeout(dur)
                 now = env._now
@@ -292,7 +300,7 @@ def simulate_times(
                 now = env._now
             end[op_id] = now
             if sm is not None:
-                sm.hold(-1)
+                sm[0].hold(sm[1], -1)
             if lock is not None:
                 if lock.queue:
                     lock.queue.popleft().succeed()

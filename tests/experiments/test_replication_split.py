@@ -66,11 +66,13 @@ def test_the_report_says_whether_collectives_took_sms():
     hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h200-hgx8.yaml").read_text()))
     assert hardware_lines(hw) == [
         "[note] hardware h200-hgx8: a running all-to-all or all-reduce holds 20 of each GPU's 132 "
-        "SMs from its compute (comm_sms; comm_sms=0 runs them free)"
+        "SMs from its compute (comm_sms; comm_sms=0 runs them free); replica copies none "
+        "(copy_sms=0: the copy engines move them)"
     ]
-    free = replace(hw, gpu=replace(hw.gpu, comm_sms=0))
+    free = replace(hw, gpu=replace(hw.gpu, comm_sms=0, copy_sms=4))
     assert hardware_lines(free) == [
-        "[note] hardware h200-hgx8: collectives take no SMs from the GPUs' compute (comm_sms=0)"
+        "[note] hardware h200-hgx8: collectives take no SMs from the GPUs' compute (comm_sms=0); "
+        "a replica copy holds 4 on each end (copy_sms: NCCL's p2p kernels)"
     ]
 
 

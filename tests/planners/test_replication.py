@@ -673,6 +673,21 @@ def test_copy_hidden_within_one_layer_is_free():
     assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == 0
 
 
+def test_copies_that_hold_sms_are_charged_even_when_hidden():
+    """Copies by NCCL's p2p kernels (`copy_sm_share` of the SMs) slow the compute beside them:
+    at a quarter, a hidden 4 s copy costs 1 s, two of them 2 s plus the 2 s they run late. In the
+    first gate test's layer (9 s; two copies, one a device, make it 5.5 s) the copies are taken
+    at a quarter (5.5 + 1) and declined at 0.9 (5.5 + 3.6, and one copy alone 6 + 3.6: past 9)."""
+    t = replace(_timer(copy_s=4.0), copy_sm_share=0.25)
+    assert t.late_copy_s(1, 6.0) == 1.0
+    assert t.late_copy_s(2, 6.0) == 2.0 + 2.0
+    load = np.array([8.0, 1, 1, 1])
+    empty = np.array([[0, 2, -1], [1, 3, -1]])
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == 0
+    t = replace(t, copy_sm_share=0.9)
+    assert replicate_onto(load, LAY, gate="time+copy", timer=t, resident=empty)[1, 2] == -1
+
+
 def test_grouped_gemm_is_one_op_per_device_and_layer():
     """grouped_gemm: one expert op per (step, layer, batch, device), reading the weights of the
     distinct experts it serves; per-expert mode: one op per (device, expert), same tokens."""
@@ -747,8 +762,13 @@ def test_gpu_load_is_the_time_some_kernel_runs_per_gpu():
         "stream": ["dispatch1", "replicas1"], "step": [0, 0], "layer": [1, 1], "batch": [0, 0],
         "tokens": [10, 0], "start_s": [1.0, 3.5], "end_s": [2.0, 5.0],
     })  # fmt: skip
-    gpus = balance_metrics(pd.concat([trace, moves], ignore_index=True), 2)
+    both = pd.concat([trace, moves.assign(tensor=[str(Tensor.HIDDEN), str(Tensor.EXPERT)])],
+                     ignore_index=True)  # fmt: skip
+    gpus = balance_metrics(both, 2)
     assert gpus["gpu_load"] == pytest.approx(0.7) and gpus["utilisation"] == pytest.approx(0.6)
+    # moved by NCCL's p2p kernels instead (gpu.copy_sms): the copy is load too, (4 + 4.5) / 10
+    nccl = balance_metrics(both, 2, copy_kernels=True)
+    assert nccl["gpu_load"] == pytest.approx(0.85) and nccl["utilisation"] == pytest.approx(0.6)
 
 
 def test_lanes_partition_one_gpu_and_dense_work_runs_on_all_of_it():
@@ -1767,7 +1787,8 @@ def test_collectives_slow_exactly_the_compute_they_overlap():
     2 of 4 SMs (`gpu.comm_sms`): a compute op whose work overlaps no dispatch or combine of its
     GPU takes its cost-model duration (a replica copy beside it, the copy engine's, included),
     one that overlaps some takes longer, by at most the overlap (half the SMs: at half rate
-    while it lasts), and the run is no shorter than without the cost."""
+    while it lasts), and the run is no shorter than without the cost. With NCCL's p2p kernels
+    moving the copies (`gpu.copy_sms`) an op beside a copy alone is slowed too."""
     from core.cost import CostModel
 
     spec = tiny_spec("oracle_replication", replica_slots=1, micro_batches=2)
@@ -1799,3 +1820,14 @@ def test_collectives_slow_exactly_the_compute_they_overlap():
             slowed += took > cost[o.id] * (1 + 1e-9)
             assert cost[o.id] <= took <= cost[o.id] + over + 1e-12
     assert slowed > 0 and beside_copies > 0, (slowed, beside_copies)
+    assert not res.summary["plan"]["ep"]["copy_kernels"]
+    # copies by NCCL's p2p kernels (gpu.copy_sms, 1 of the 4 SMs): the ops beside copies alone
+    # are slowed now, and gpu_load counts the copies' time
+    nccl = replace(held, hardware=replace(held.hardware, gpu=replace(gpu, comm_sms=1, copy_sms=1)))
+    res = simulate_run(nccl)
+    t = res.trace.set_index("op_id").sort_index()
+    assert res.summary["plan"]["ep"]["copy_kernels"]
+    by_copies = [o.id for o in sched.ops
+                 if o.kind in COMPUTE_KINDS and overlap(o.id, a2a) == 0 and overlap(o.id, copies) > 0]  # fmt: skip
+    took = [t.loc[i, "end_s"] - t.loc[i, "start_s"] for i in by_copies]
+    assert any(d > cost[i] * (1 + 1e-9) for i, d in zip(by_copies, took, strict=True))

@@ -11,7 +11,7 @@ from core.cost import CostModel
 from core.errors import ConfigError, ScheduleError
 from core.schedule import ScheduleBuilder, validate
 from core.spec import HardwareSpec
-from core.types import OpKind, Resource, Tier
+from core.types import OpKind, Resource, Tensor, Tier
 from sim.executor import simulate
 
 GB = 10**9
@@ -439,13 +439,14 @@ def test_a_real_traces_link_pool_counts_each_transfers_share():
         assert m["lower_bound_s"] <= m["dag_lower_bound_s"] <= m["makespan_s"] + 1e-12
 
 
-def comm_hw(comm_sms: int, sms: int = 4) -> HardwareSpec:
-    """The round machine with a 1 GB/s GPU<->GPU link and `comm_sms` of its 4 SMs held by a
-    running collective."""
+def comm_hw(comm_sms: int, sms: int = 4, copy_sms: int = 0) -> HardwareSpec:
+    """The round machine with a 1 GB/s GPU<->GPU link, `comm_sms` of its 4 SMs held by a running
+    collective and `copy_sms` by a running replica copy."""
     raw = {
         "name": "comm",
         "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "comm_sms": comm_sms},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "comm_sms": comm_sms,
+                "copy_sms": copy_sms},
         "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
         "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5},
                   "p2p": {"gbps": 1.0}},
@@ -453,18 +454,27 @@ def comm_hw(comm_sms: int, sms: int = 4) -> HardwareSpec:
     return HardwareSpec.from_dict(raw)
 
 
+def copy_op(b: ScheduleBuilder, stream: str, deps=()) -> int:
+    """A 2 ms replica copy (an expert's weights, GPU -> GPU)."""
+    return b.add(OpKind.LOAD, stream, deps, src=Tier.GPU, dst=Tier.GPU, nbytes=2 * GB // 1000,
+                 tensor=Tensor.EXPERT)  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "comm_sms, ends_ms",
+    "comm_sms, copy_sms, ends_ms",
     [
         # GPU 0's 4 ms GEMM runs at 3/4 while its 2 ms dispatch (and beside it, its 2 ms send:
         # one collective's SMs, not two) holds 1 SM: 1.5 ms of work by 2 ms, 2.5 ms after. GPU 1's
-        # beside a replica copy into it (a copy engine's) and GPU 2's are not slowed
-        (1, [4.5, 4.0, 4.0, 2.0, 2.0, 2.0]),
-        (0, [4.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # collectives cost no compute
-        (2, [5.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # half the GPU: 1 ms of work by 2 ms
+        # runs beside a replica copy into it, a copy engine's (copy_sms 0), and GPU 2's beside
+        # nothing: neither is slowed
+        (1, 0, [4.5, 4.0, 4.0, 2.0, 2.0, 2.0]),
+        (0, 0, [4.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # collectives cost no compute
+        (2, 0, [5.0, 4.0, 4.0, 2.0, 2.0, 2.0]),  # half the GPU: 1 ms of work by 2 ms
+        (0, 1, [4.0, 4.5, 4.0, 2.0, 2.0, 2.0]),  # NCCL's p2p copy: 1 SM of GPU 1's
+        (1, 1, [4.5, 4.5, 4.0, 2.0, 2.0, 2.0]),
     ],
 )
-def test_collectives_hold_sms_from_the_compute_beside_them(comm_sms, ends_ms):
+def test_collectives_hold_sms_from_the_compute_beside_them(comm_sms, copy_sms, ends_ms):
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
     link = {d: b.stream(f"dispatch{d}", Resource.P2P, d, pool=f"p2p:{d}") for d in (0, 1)}
     for d in range(3):
@@ -472,9 +482,28 @@ def test_collectives_hold_sms_from_the_compute_beside_them(comm_sms, ends_ms):
     b.add(OpKind.DISPATCH, link[0], nbytes=2 * GB // 1000)
     b.add(OpKind.DISPATCH, b.stream("send0", Resource.P2P_OUT, 0, pool="p2p_out:0"),
           nbytes=2 * GB // 1000)  # fmt: skip
-    b.add(OpKind.LOAD, link[1], src=Tier.GPU, dst=Tier.GPU, nbytes=2 * GB // 1000)
-    _, end = run(b, comm_hw(comm_sms))
+    copy_op(b, b.stream("replicas1", Resource.P2P, 1, pool="p2p:1"))
+    _, end = run(b, comm_hw(comm_sms, copy_sms=copy_sms))
     assert end * 1e3 == pytest.approx(ends_ms)
+
+
+def test_a_collective_and_a_copy_hold_their_sms_together():
+    """Two communicators' kernels on one GPU: a 2 ms dispatch (1 SM of 4) and a 2 ms replica
+    copy (1 SM) at once leave the GEMM half the GPU, 1 ms of its 4 by 2 ms: it ends at 5 ms. Two
+    copies at once (in and out: one grouped p2p kernel) hold 1 SM, as one does."""
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    b.add(OpKind.FFN, b.stream("compute", Resource.GPU, 0), flops=4e9)
+    b.add(OpKind.DISPATCH, b.stream("dispatch0", Resource.P2P, 0, pool="p2p:0"),
+          nbytes=2 * GB // 1000)  # fmt: skip
+    copy_op(b, b.stream("replicas_out0", Resource.P2P_OUT, 0, pool="p2p_out:0"))
+    _, end = run(b, comm_hw(1, copy_sms=1))
+    assert end[0] * 1e3 == pytest.approx(5.0)
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    b.add(OpKind.FFN, b.stream("compute", Resource.GPU, 0), flops=4e9)
+    copy_op(b, b.stream("replicas0", Resource.P2P, 0, pool="p2p:0"))
+    copy_op(b, b.stream("replicas_out0", Resource.P2P_OUT, 0, pool="p2p_out:0"))
+    _, end = run(b, comm_hw(1, copy_sms=1))
+    assert end[0] * 1e3 == pytest.approx(4.5)
 
 
 def test_a_gemm_after_the_collective_runs_at_full_rate():
@@ -487,9 +516,12 @@ def test_a_gemm_after_the_collective_runs_at_full_rate():
     assert end * 1e3 == pytest.approx([2.0, 6.0])
 
 
-@pytest.mark.parametrize("comm_sms, sms", [(4, 4), (-1, 4), (1, 0)])
-def test_comm_sms_outside_the_device_is_refused(comm_sms, sms):
+@pytest.mark.parametrize(
+    "comm_sms, copy_sms, sms", [(4, 0, 4), (-1, 0, 4), (1, 0, 0), (2, 2, 4), (0, -1, 4)]
+)
+def test_sms_held_outside_the_device_are_refused(comm_sms, copy_sms, sms):
     with pytest.raises(
-        ConfigError, match=rf"hardware comm: comm_sms={comm_sms} must be 0 .* sms={sms}"
+        ConfigError,
+        match=rf"hardware comm: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 .* sms={sms}",
     ):
-        comm_hw(comm_sms, sms)
+        comm_hw(comm_sms, sms, copy_sms)
