@@ -48,17 +48,22 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
     """(finished, reused): the runs of the sweep that started at wall clock `since` that hold a
     summary.json, and how many of those an earlier sweep wrote. A run dir is this sweep's once
     its job has started (hydra rewrites its `.hydra/hydra.yaml` then, a reused run's too), so
-    other sweeps' runs in the same fixed sweep dir do not count. Under `hydra.output_subdir=null`
-    (no .hydra) a run counts once its summary is written in this sweep; reused ones do not."""
+    other sweeps' runs in the same fixed sweep dir do not count; it was reused if its summary is
+    older than that start (not by the wall clock: an earlier sweep may have ended within the
+    second before this one began). Under `hydra.output_subdir=null` (no .hydra) a run counts once
+    its summary is written in this sweep; reused ones do not."""
     finished = reused = 0
     for summary in sweep_dir.rglob("summary.json") if sweep_dir.is_dir() else ():
         try:
-            old = summary.stat().st_mtime < since - 1.0
+            written = summary.stat().st_mtime
             job = summary.parent / ".hydra"
             # a run is this sweep's once its job started in it; with hydra.output_subdir=null
             # (no .hydra) only the summaries this sweep writes count
             started = (job / "hydra.yaml").stat().st_mtime if job.is_dir() else None
-            mine = not old if started is None else started >= since - 1.0
+            if started is None:
+                old, mine = False, written >= since - 1.0
+            else:
+                old, mine = written < started, started >= since - 1.0
         except OSError:  # a rerun just removed it
             continue
         if not mine:
