@@ -308,11 +308,14 @@ def case_model(case: DictConfig) -> ModelSpec:
     return ModelSpec.from_dict(yaml.safe_load((CONF / "model" / f"{case.model}.yaml").read_text()))
 
 
+# the keys that replace the profile's GPU fields of the same name where set (not null)
+GPU_KEYS = ("comm_sms", "copy_sms")
+
+
 def hardware(cfg: DictConfig) -> HardwareSpec:
-    """The `hardware_profile`, with the GPU's `comm_sms` and `copy_sms` replaced where the
-    config sets them."""
+    """The `hardware_profile`, with the GPU's `GPU_KEYS` replaced where the config sets them."""
     raw = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
-    for key in ("comm_sms", "copy_sms"):
+    for key in GPU_KEYS:
         if cfg.get(key) is not None:
             raw["gpu"] = {**raw["gpu"], key: int(cfg[key])}
     return HardwareSpec.from_dict(raw)
@@ -1038,7 +1041,7 @@ def check_inputs(cfg: DictConfig) -> None:
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
     known("hardware", str(cfg.hardware_profile), "hardware_profile")
-    for key in ("comm_sms", "copy_sms"):
+    for key in GPU_KEYS:
         if cfg.get(key) is not None:
             as_int(key, cfg[key], at_least=0)
     n_gpus = hardware(cfg).n_gpus  # SMs held past the GPU's: the profile's one line

@@ -276,17 +276,23 @@ def test_dag_bound_counts_one_resource_between_release_and_delivery():
     assert binds.startswith("h2d")
 
 
-def pool_hw(sms: int, sm_mem_bw_gbps: float = 0.0, overhead_us: float = 0.0) -> HardwareSpec:
-    """The round machine with `sms` SMs (1 TFLOP/s, 1000 GB/s over them) and a per-op overhead."""
+def sm_hw(name: str, links: dict | None = None, **gpu) -> HardwareSpec:
+    """The round machine (1 GB GPU, 1 TFLOP/s, 1000 GB/s, 1 GB/s host links) with these `gpu`
+    fields (sms, overheads, held SMs) and extra `links`."""
     raw = {
-        "name": "pool",
+        "name": name,
         "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "overhead_us": overhead_us,
-                "sm_mem_bw_gbps": sm_mem_bw_gbps},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, **gpu},
         "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5},
+                  **(links or {})},
     }  # fmt: skip
     return HardwareSpec.from_dict(raw)
+
+
+def pool_hw(sms: int, sm_mem_bw_gbps: float = 0.0, overhead_us: float = 0.0) -> HardwareSpec:
+    """The round machine with `sms` SMs (1 TFLOP/s, 1000 GB/s over them) and a per-op overhead."""
+    return sm_hw("pool", sms=sms, overhead_us=overhead_us, sm_mem_bw_gbps=sm_mem_bw_gbps)
 
 
 @pytest.mark.parametrize(
@@ -442,16 +448,7 @@ def test_a_real_traces_link_pool_counts_each_transfers_share():
 def comm_hw(comm_sms: int, sms: int = 4, copy_sms: int = 0) -> HardwareSpec:
     """The round machine with a 1 GB/s GPU<->GPU link, `comm_sms` of its 4 SMs held by a running
     collective and `copy_sms` by a running replica copy."""
-    raw = {
-        "name": "comm",
-        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": sms, "comm_sms": comm_sms,
-                "copy_sms": copy_sms},
-        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5},
-                  "p2p": {"gbps": 1.0}},
-    }  # fmt: skip
-    return HardwareSpec.from_dict(raw)
+    return sm_hw("comm", {"p2p": {"gbps": 1.0}}, sms=sms, comm_sms=comm_sms, copy_sms=copy_sms)
 
 
 def copy_op(b: ScheduleBuilder, stream: str, deps=()) -> int:
