@@ -85,8 +85,28 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     except KeyboardInterrupt:
         for before in _BEFORE_LINE:
             before()
+        _stop_pool_tracker()
         print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
+
+
+def _stop_pool_tracker() -> None:
+    """Let joblib's worker-pool resource tracker (loky's: a process of its own, which a `-m`
+    sweep starts) finish now, so that what it says comes before Ctrl-C's line, not after it.
+
+    Ctrl-C reaches the pool's workers too, and now and then one of the pool's semaphores is
+    left registered; the tracker, which ends when this process does, then warns of "1 leaked
+    semlock objects" after the line that says how to resume (and after the shell's prompt). The
+    pool is gone by now (joblib kills its workers on the interrupt), so this runs what exit
+    would (the multiprocessing finalizers that unlink and unregister the live semaphores) and
+    then stops the tracker, which cleans up whatever is left before it ends."""
+    tracker = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
+    if tracker is None:
+        return
+    from multiprocessing import util
+
+    util._run_finalizers(0)  # type: ignore[attr-defined]  # exit's first step, run early
+    tracker._resource_tracker._stop()
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
+import signal
 import sys
 from pathlib import Path
 
@@ -142,6 +144,11 @@ def main(cfg: DictConfig) -> None:
     if hc.mode != RunMode.MULTIRUN:
         on_interrupt(f"the run in {out_dir} did not finish (a run is not resumed: the same "
                      "command runs it whole)")  # fmt: skip
+    elif multiprocessing.current_process().name != "MainProcess":
+        # A launcher's pool worker (joblib's) leaves Ctrl-C to the sweep's process, which stops
+        # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
+        # only come before that line.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
         execute(cfg, out_dir)
