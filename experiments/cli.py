@@ -100,13 +100,17 @@ def _stop_pool_tracker() -> None:
     pool is gone by now (joblib kills its workers on the interrupt), so this runs what exit
     would (the multiprocessing finalizers that unlink and unregister the live semaphores) and
     then stops the tracker, which cleans up whatever is left before it ends."""
-    tracker = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
-    if tracker is None:
-        return
     from multiprocessing import util
 
-    util._run_finalizers(0)  # type: ignore[attr-defined]  # exit's first step, run early
-    tracker._resource_tracker._stop()
+    # Private to loky and multiprocessing (as of joblib 1.6, Python 3.11): where either is missing,
+    # as in a later version, the line is printed as before, the tracker's words after it.
+    module = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
+    stop = getattr(getattr(module, "_resource_tracker", None), "_stop", None)
+    finalizers = getattr(util, "_run_finalizers", None)
+    if stop is None or finalizers is None:
+        return
+    finalizers(0)  # exit's first step, run early
+    stop()
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
