@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from core.schedule import Schedule
-from core.types import COLLECTIVES, OpKind, Resource, Stream, Tensor
+from core.types import COLLECTIVES, COPY_LINKS, OpKind, Resource, Stream, Tensor
 
 KEYS = ["step", "layer", "batch"]
 
@@ -182,7 +182,7 @@ def balance_metrics(
         kernel |= (
             (trace["kind"].astype(str) == str(OpKind.LOAD))
             & (trace["tensor"].astype(str) == str(Tensor.EXPERT))
-            & trace["resource"].astype(str).str.startswith(str(Resource.P2P))
+            & trace["resource"].astype(str).str.partition(":")[0].isin([str(r) for r in COPY_LINKS])
         )
     coll = trace[kernel]
     start, end = np.r_[start, coll["start_s"].to_numpy()], np.r_[end, coll["end_s"].to_numpy()]

@@ -47,8 +47,11 @@ class OpKind(StrEnum):
 
 COMPUTE_KINDS = frozenset({OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD})
 # transfers that run as kernels on their GPU's SMs (NCCL's, DeepEP's); replica copies between
-# GPUs are modelled as the copy engines' and are not among them
+# GPUs are modelled as the copy engines' and are not among them (unless `gpu.copy_sms`)
 COLLECTIVES = (OpKind.DISPATCH, OpKind.COMBINE, OpKind.ALL_REDUCE)
+# a replica copy between GPUs: a LOAD of an expert's weights on either direction of a GPU's link
+# (the ops `gpu.copy_sms` makes hold SMs: sim/executor.py, and that gpu_load counts: core/balance)
+COPY_LINKS = (Resource.P2P, Resource.P2P_OUT)
 TRANSFER_KINDS = frozenset(
     {
         OpKind.LOAD,

@@ -28,7 +28,7 @@ import simpy
 from core.cost import CostModel, water_fill
 from core.errors import ScheduleError
 from core.schedule import Schedule, describe_stuck
-from core.types import COLLECTIVES, COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
+from core.types import COLLECTIVES, COMPUTE_KINDS, COPY_LINKS, OpKind, Resource, Tensor, Tier
 
 _TIERS = list(Tier)
 
@@ -157,7 +157,7 @@ def _sm_holds(
     specs = list(schedule.streams.values())
     kinds = list(OpKind)
     kind, st = schedule.columns()["kind"], np.asarray(stream_of, dtype=np.int64)
-    link = np.array([s.resource in (Resource.P2P, Resource.P2P_OUT) for s in specs], dtype=bool)
+    link = np.array([s.resource in COPY_LINKS for s in specs], dtype=bool)
     copy = np.zeros(n, dtype=bool)
     if shares[1]:  # an expert's weights moved over a GPU's link: a replica copy
         copy = link[st] & np.array([o.tensor == Tensor.EXPERT for o in schedule.ops], dtype=bool)
