@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from core.balance import balance_metrics, copy_waits
+from core.bubbles import idle_causes
 from core.schedule import Schedule
 from core.spec import Workload
 from core.types import Tier
@@ -385,6 +386,8 @@ def summarize(
         "busy_s": busy,
         "gpu_bubble_s": makespan - gpu_busy,
         "gpu_bubble_frac": (makespan - gpu_busy) / makespan if makespan > 0 else 0.0,
+        # what the GPUs' idle time waited for (core/bubbles.py); adds up to gpu_bubble_s
+        "gpu_idle_causes_s": idle_causes(schedule, trace),
         "lower_bound_s": lower,
         "efficiency": lower / makespan if makespan > 0 else 0.0,
         "dag_lower_bound_s": dag,

@@ -51,6 +51,10 @@ def check_contract(schedule, trace, model, wl) -> dict:
     for tier, peak in s["peak_bytes"].items():
         assert peak <= schedule.capacity_bytes[tier], tier
     assert s["makespan_s"] >= s["lower_bound_s"] - 1e-12
+    # the bubble's causes (core.bubbles) account for all of it, each second once
+    causes = s["gpu_idle_causes_s"]
+    assert all(v > 0 for v in causes.values())
+    assert sum(causes.values()) == pytest.approx(s["gpu_bubble_s"], rel=1e-9, abs=1e-12)
     # the schedule's own bound (deps + stream order) sits between the resource bound and the run
     assert s["lower_bound_s"] - 1e-12 <= s["dag_lower_bound_s"] <= s["makespan_s"] + 1e-9
     # the expert compute of every (step, layer) covers every routed token exactly once
