@@ -752,11 +752,26 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
                if bound and bound[0] < 0.9 else "")  # fmt: skip
         out.append(f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
                    f"{r['planner']} {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9{why})")  # fmt: skip
+        if best[metric] < 0.9:
+            out.append("       " + idle_text(best))
     if not out:
         low = min((r for r in rows if r["planner"] == "ep_static"), key=lambda r: r[metric])
         out.append(f"[n/a ] {what}: no case has ep_static below 0.6 (lowest {low[metric]:.3f}, "
                    f"{low['case']} bs={low['batch_size']})")  # fmt: skip
     return out
+
+
+def idle_text(r: dict[str, Any], shown: int = 4) -> str:
+    """What a run's GPUs waited for while they computed nothing (core.bubbles: its summary's
+    gpu_idle_causes_s), as shares of its makespan, the largest first."""
+    causes = r.get("gpu_idle_causes_s", {})
+    if not causes:
+        return f"{r['planner']}: its summary has no gpu_idle_causes_s"
+    span = r["makespan_s"]
+    top = ", ".join(f"{k} {v / span:.1%}" for k, v in list(causes.items())[:shown])
+    rest = sum(list(causes.values())[shown:]) / span
+    return (f"{r['planner']}'s GPUs computed nothing {sum(causes.values()) / span:.1%} of the run, "
+            f"waiting on {top}" + (f", other {rest:.1%}" if rest > 0.0005 else ""))  # fmt: skip
 
 
 def _layout(r: dict[str, Any]) -> tuple[int, bool, int]:

@@ -1,9 +1,10 @@
 """Turn a sweep into a static HTML report with PNG figures (readable offline).
 
-Figures: throughput vs batch size per system; throughput vs latency; throughput vs n; a Gantt
-timeline of one layer per planner with GPU bubbles shaded (sim, and real above it where a real
-trace exists); prefetch accuracy per layer; load balance per layer (replication runs). A figure
-whose data the sweep lacks is left out with a note saying why.
+Figures: throughput vs batch size per system; throughput vs latency; throughput vs n; what the
+GPUs' idle time waited for, per run (core.bubbles); a Gantt timeline of one layer per planner
+with GPU bubbles shaded (sim, and real above it where a real trace exists); prefetch accuracy per
+layer; load balance per layer (replication runs). A figure whose data the sweep lacks is left out
+with a note saying why.
 
 Usage:
     python -m experiments.report SWEEP_DIR [--out DIR] [--metric throughput_tok_s]
@@ -28,6 +29,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from core.args import output_dir  # noqa: E402
+from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
 from core.routing import peek_suffix  # noqa: E402
 from experiments.cli import until_interrupted  # noqa: E402
@@ -59,6 +61,8 @@ SYSTEM_NAMES = {  # the system each planner models (anchors.md)
     "klotski_hot": "Klotski, hot prefetch only",
     "klotski_multi": "Klotski, multi-batch only",
 }
+IDLE = "gpu_idle_causes_s"  # summary.json's {cause: seconds}, flattened by collect to IDLE.<cause>
+IDLE_SHOWN = 7  # causes a figure names; the rest are drawn as one "other"
 TABLE_COLUMNS = [SYSTEM, "executor.name", "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
                  "gpu_bubble_frac", "efficiency", "dag_efficiency"]  # fmt: skip
 
@@ -153,12 +157,25 @@ def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def idle_shares(d: pd.DataFrame) -> pd.DataFrame:
+    """Each run's GPU idle seconds per cause (`IDLE`.<cause> columns) as shares of its makespan,
+    causes named without the prefix, largest overall first; no columns where no run has them."""
+    cols = [c for c in d.columns if c.startswith(IDLE + ".")]
+    if not cols:  # runs from before the causes were recorded, or none feasible
+        return pd.DataFrame(index=d.index)
+    share = d[cols].fillna(0.0).div(d["makespan_s"].where(d["makespan_s"] > 0), axis=0).fillna(0.0)
+    share.columns = [c[len(IDLE) + 1 :] for c in cols]
+    return share[share.sum().sort_values(ascending=False).index]
+
+
 def short_table(df: pd.DataFrame) -> str:
-    """planner, n, throughput, makespan, GPU bubble %, the two efficiencies: one line per run.
-    eff = busiest-resource bound / makespan; dag = the schedule's own bound / makespan."""
+    """planner, n, throughput, makespan, GPU bubble %, the two efficiencies, and what the bubble
+    waited for most (its share of the bubble): one line per run. eff = busiest-resource bound /
+    makespan; dag = the schedule's own bound / makespan."""
     d = ok_runs(df)
+    shares = idle_shares(d)
     lines = [
-        f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} {'bubble %':>9} {'eff':>6} {'dag':>6}"
+        f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} {'bubble %':>9} {'eff':>6} {'dag':>6}  bubble waits on"
     ]
     for _, r in (d.sort_values("throughput_tok_s", ascending=False) if len(d) else d).iterrows():
         dag = r.get("dag_efficiency", float("nan"))
@@ -168,7 +185,8 @@ def short_table(df: pd.DataFrame) -> str:
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
             f"{int(r['n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
-            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}{where}"
+            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}  "
+            f"{top_cause(shares.loc[r.name].to_dict()):<20}{where}"
         )
     bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]
     for _, r in bad.iterrows():
@@ -234,6 +252,43 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
     axes[0][-1].legend(fontsize=8, loc="best")
     what = METRIC_LABELS.get(metric, metric).split(" (")[0]
     fig.suptitle(f"{what[0].upper()}{what[1:]} vs latency (each point: one batch size / n)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
+    """One bar per run: the share of its makespan its GPUs ran no kernel (the mean over its
+    GPUs), split by what that idle time waited for (core.bubbles), the largest causes named."""
+    d = ok_runs(df)
+    share = idle_shares(d)
+    if share.empty or not len(share.columns):
+        return False
+    if len(share.columns) > IDLE_SHOWN:
+        rest = share.columns[IDLE_SHOWN - 1 :]
+        share = share.drop(columns=rest).assign(other=share[rest].sum(axis=1))
+    names, rows = [], []
+    for label, g in _lines(d):
+        for idx, r in g.iterrows():
+            names.append(label + (f", bs {int(r['workload.batch_size'])}, n {int(r['n_batches'])}"
+                                  if len(g) > 1 else ""))  # fmt: skip
+            rows.append(share.loc[idx].to_numpy())
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(11, 1.4 + 0.32 * len(rows)))
+    left = np.zeros(len(rows))
+    colors = plt.get_cmap("tab10").colors
+    for j, cause in enumerate(share.columns):
+        w = np.array([r[j] for r in rows])
+        ax.barh(y, w, left=left, color=colors[j % len(colors)], label=cause)
+        left += w
+    ax.set_yticks(y, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of the run its GPUs computed nothing, by what they waited for")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("Where the GPU bubbles come from")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -407,6 +462,12 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     add(_line_figure(df, "n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
                      out / "throughput_vs_n.png"),
         "throughput_vs_n.png", f"{mlabel} vs n", "Batches sharing each weight load.", "the sweep has one n")  # fmt: skip
+    add(fig_idle_causes(df, out / "idle_causes.png"), "idle_causes.png", "Where the GPU bubbles come from",
+        "Each run's idle GPU time (the mean over its GPUs) split by the op its idle gaps waited "
+        "for, walked back along each gap's critical chain: kind@resource (load@h2d a weight "
+        "transfer, dispatch@p2p the all-to-all, compute-...@gpu another GPU's work), memory@tier "
+        "and queue@resource (ready, waiting for memory or the resource), launch, host.",
+        "no run records gpu_idle_causes_s")  # fmt: skip
     runs = _pick_gantt_runs(df)
     add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",
         "Timeline of one layer", "From trace.parquet; rows are streams, red spans are GPU bubbles.",

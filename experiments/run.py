@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from core.bubbles import top_cause
 from core.errors import CapacityError, MoepipeError
 from core.routing import resolve_source
 from core.spec import hf_config_file
@@ -61,9 +62,9 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     write_run(out_dir, result)
     s = result.summary
     log.info(
-        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%%, efficiency %.3f -> %s",
+        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
         s["planner_label"], s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
-        100 * s["gpu_bubble_frac"], s["efficiency"], out_dir,
+        100 * s["gpu_bubble_frac"], top_cause(s["gpu_idle_causes_s"]), s["efficiency"], out_dir,
     )  # fmt: skip
     return s
 

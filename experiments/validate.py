@@ -3,7 +3,9 @@
 Per planner: plan once per executor on the same replayed routing (the schedules are identical,
 checked op by op), run the simulator with the calibrated hardware and the real executor on the
 checkpoint, join the traces on op_id, and tabulate predicted vs measured makespan, GPU bubble,
-lower bound and per-op-kind mean duration with relative errors. The device pool and host RAM
+lower bound and per-op-kind mean duration with relative errors, and what the bubble waited for
+in each (`sim_bubble_waits_on`, `real_bubble_waits_on`; `bubble_causes_tv`, how far apart the
+two splits of the bubble over its causes are: core.bubbles). The device pool and host RAM
 are sized as fractions of the model (gpu_frac, cpu_frac) so that the disk tier is active.
 Writes <out>/<planner>/{sim,real}/ run directories, validate.csv, validate.md and
 timeline_<planner>.png (sim above real).
@@ -49,6 +51,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from core.bubbles import causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
@@ -194,6 +197,11 @@ def compare(
         if r_sum.get("dag_lower_bound_s")
         else float("nan")
     )
+    # why the GPU idled, predicted and measured (core.bubbles): the main cause of each, and how
+    # far apart the two splits of the bubble over its causes are (0: the same mix)
+    s_why, r_why = s_sum.get("gpu_idle_causes_s", {}), r_sum.get("gpu_idle_causes_s", {})
+    row["sim_bubble_waits_on"], row["real_bubble_waits_on"] = top_cause(s_why), top_cause(r_why)
+    row["bubble_causes_tv"] = causes_tv(s_why, r_why)
     joined = sim.merge(real, on="op_id", suffixes=("_sim", "_real"))
     assert len(joined) == len(real) == len(sim)
     for kind, g in joined.groupby("kind_real", observed=True):
@@ -387,7 +395,9 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         print(
             f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
             f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
-            f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f} "
+            f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
+            f"bubble waits on {row['sim_bubble_waits_on']} (sim) / {row['real_bubble_waits_on']} (real), "
+            f"causes apart {row['bubble_causes_tv']:.2f} "
             f"(median of {len(spans)} real runs, "
             f"{min(spans):.3f}-{max(spans):.3f} s){at_run_links}{at_probe}",
             flush=True,

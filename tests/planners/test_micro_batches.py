@@ -162,7 +162,8 @@ def test_utilisation_lines_compare_micro_batched_runs_with_their_own_baseline():
     against ep_static run so, not against the whole-batch ep_static."""
 
     def row(planner, util, micro, of=None):
-        r = dict(case="a", batch_size=128, planner=planner, utilisation=util,
+        r = dict(case="a", batch_size=128, planner=planner, utilisation=util, makespan_s=1.0,
+                 gpu_idle_causes_s={"combine@p2p_out": 0.16, "dispatch@p2p_out": 0.1},
                  plan={"ep": {"n_devices": 8, "lanes": False, "micro_batches": micro}})  # fmt: skip
         return {**r, "variant_of": of} if of else r
 
@@ -174,11 +175,13 @@ def test_utilisation_lines_compare_micro_batched_runs_with_their_own_baseline():
     assert utilisation_lines(rows, "utilisation", "util") == [
         "[FAIL] a bs=128 (8 GPUs): util ep_static 0.550 < 0.6 -> predictive_replication 0.740 "
         "(target >= 0.9; the oracle upper bound reaches 0.750)",
+        "       predictive_replication's GPUs computed nothing 26.0% of the run, waiting on "
+        "combine@p2p_out 16.0%, dispatch@p2p_out 10.0%",
         "[PASS] a bs=128 (8 GPUs, 2 micro-batches overlapped): util ep_static[tbo] 0.580 < 0.6 "
         "-> predictive_replication[tbo] 0.930 (target >= 0.9)",
     ]
     rows[3]["utilisation"] = 0.85  # overlap alone lifted the baseline: no premise, no line
-    assert len(utilisation_lines(rows, "utilisation", "util")) == 1
+    assert len(utilisation_lines(rows, "utilisation", "util")) == 2  # the FAIL and its causes
 
 
 def test_a_micro_batch_is_each_gpus_part_of_its_share():

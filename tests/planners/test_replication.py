@@ -1391,7 +1391,12 @@ def test_swap_homes_swaps_each_device_once():
 
 def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
     def row(case, bs, planner, util):
-        return dict(case=case, batch_size=bs, planner=planner, utilisation=util)
+        """A run whose GPUs idle 1 - util of its 1 s, on 5 causes (the line names 4)."""
+        idle = 1 - util
+        causes = {"compute-attention@gpu": 0.4 * idle, "compute-gate@gpu": 0.3 * idle,
+                  "compute-expert@gpu": 0.2 * idle, "launch": 0.06 * idle, "host": 0.04 * idle}  # fmt: skip
+        return dict(case=case, batch_size=bs, planner=planner, utilisation=util, makespan_s=1.0,
+                    gpu_idle_causes_s=causes)  # fmt: skip
 
     rows = [row("a", 128, "ep_static", 0.5), row("a", 128, "eplb", 0.8),
             row("a", 128, "predictive_replication", 0.95), row("a", 128, "oracle_replication", 0.97),
@@ -1401,6 +1406,10 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
         "[PASS] a bs=128: util ep_static 0.500 < 0.6 -> predictive_replication 0.950 (target >= 0.9)",
         "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> predictive_replication 0.450 (target >= 0.9; "
         "the oracle upper bound reaches 0.450)",
+        # what the best planner's GPUs waited for, 55% of the run in all (core.bubbles)
+        "       predictive_replication's GPUs computed nothing 55.0% of the run, waiting on "
+        "compute-attention@gpu 22.0%, compute-gate@gpu 16.5%, compute-expert@gpu 11.0%, "
+        "launch 3.3%, other 2.2%",
     ]
     assert utilisation_lines(rows[-1:], "utilisation", "util") == [
         "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"

@@ -47,6 +47,8 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
        "workload=tiny", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["executor"] == "real" and s["throughput_tok_s"] > 0
+    # a measured trace's bubble splits over its causes too (core.bubbles), each second once
+    assert sum(s["gpu_idle_causes_s"].values()) == pytest.approx(s["gpu_bubble_s"], rel=1e-6)
     assert set(pd.read_parquet(tmp_path / "run" / "trace.parquet")["source"]) == {"real"}
 
     out = tmp_path / "val"
@@ -58,6 +60,9 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s",
             "err_run_links_gpu_bubble_s", "err_probe_makespan_s", "err_window_makespan_s"} <= set(table)  # fmt: skip
     assert (out / "timeline_flexgen.png").stat().st_size > 0
+    # what the bubble waited for in each, and how far apart the two splits are
+    assert table["sim_bubble_waits_on"].str.fullmatch(r"\S.* \d+%").all()
+    assert table["bubble_causes_tv"].between(0, 1).all()
 
 
 @pytest.mark.parametrize(
