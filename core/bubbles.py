@@ -2,8 +2,8 @@
 second, on the chain of ops that held up the kernel ending it, and each second is named after
 the op that held it: `load expert@h2d` (a weight transfer), `dispatch@p2p` (the all-to-all),
 `compute-attention@gpu` (another GPU's work), `memory@gpu` (ready, waiting for memory),
-`queue@h2d` (ready, its link free, started late), `launch` (a kernel's launch on shared lanes),
-`host` (started late with nothing in the schedule to wait for).
+`launch` (a kernel's launch on shared lanes), `late@gpu` (ready, its resource free, yet started
+later: the executor's own delay, a real run's host threads or driver; the simulator has none).
 
 Usage:
     causes = idle_causes(schedule, trace)   # {cause: seconds, mean over the GPUs}
@@ -48,8 +48,9 @@ def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     load's with what it moves: `load expert@h2d`; `kind@gpu` is another GPU's compute, or on
     lanes another lane's). Where an op was ready but had not started, it waited for memory
     until its allocation was granted (`memory@tier`; at `alloc_s`, else at its start: the
-    simulator takes memory before the resource), then `queue@resource` (its resource free, yet
-    it started later: a real run's host or driver); before an op with no predecessor, `host`."""
+    simulator takes memory before the resource), then `late@resource`: its resource free, it
+    started later all the same (the executor's own delay: a real run's host threads, driver),
+    as does an op with no predecessor that starts after the gap began."""
     gpu_of = _gpu_of(schedule)
     if not schedule.ops or not gpu_of or not len(trace):
         return {}
@@ -146,7 +147,7 @@ class _Chain:
                 return
             ps = self.preds[x]
             if not ps:
-                self.out["host"] += t - a
+                self.out["late@" + self.resource[x]] += t - a
                 return
             p = max(ps, key=lambda d: self.end[d])
             ready = max(float(self.end[p]), a)
@@ -157,7 +158,7 @@ class _Chain:
 
     def _wait(self, x: int, ready: float, t: float) -> None:
         """Op x, ready at `ready`, started at `t`: memory until its allocation was granted, then
-        its resource's queue."""
+        the executor's delay (`late`)."""
         mem = 0.0
         if self.tier[x]:
             granted = self.alloc[x] if not np.isnan(self.alloc[x]) else self.start[x]
@@ -165,7 +166,7 @@ class _Chain:
             if mem > 0:
                 self.out["memory@" + self.tier[x]] += mem
         if t - ready - mem > 0:
-            self.out["queue@" + self.resource[x]] += t - ready - mem
+            self.out["late@" + self.resource[x]] += t - ready - mem
 
 
 def top_cause(causes: Mapping[str, float]) -> str:

@@ -464,9 +464,10 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
         "throughput_vs_n.png", f"{mlabel} vs n", "Batches sharing each weight load.", "the sweep has one n")  # fmt: skip
     add(fig_idle_causes(df, out / "idle_causes.png"), "idle_causes.png", "Where the GPU bubbles come from",
         "Each run's idle GPU time (the mean over its GPUs) split by the op its idle gaps waited "
-        "for, walked back along each gap's critical chain: kind@resource (load@h2d a weight "
+        "for, walked back along each gap's critical chain: kind@resource (load expert@h2d a weight "
         "transfer, dispatch@p2p the all-to-all, compute-...@gpu another GPU's work), memory@tier "
-        "and queue@resource (ready, waiting for memory or the resource), launch, host.",
+        "(ready, waiting for memory), launch, late@resource (ready, resource free, started late: the "
+        "executor's own delay).",
         "no run records gpu_idle_causes_s")  # fmt: skip
     runs = _pick_gantt_runs(df)
     add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",

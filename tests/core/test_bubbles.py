@@ -96,9 +96,9 @@ def test_shared_lanes_idle_their_gpu_through_kernel_launches():
     assert idle_causes(s, trace) == pytest.approx({"launch": 2e-3})
 
 
-def test_a_real_runs_late_start_is_the_hosts_and_a_ready_op_that_waits_queues():
+def test_a_real_runs_late_starts_are_the_executors():
     """A real trace (times as measured): compute A starts at 0.5 s with nothing to wait for
-    (host), runs to 1.5; compute B, after A on the stream, starts at 2.0 (0.5 s queued); the GPU
+    runs to 1.5; compute B, after A on the stream, starts at 2.0 (0.5 s after it was ready); the GPU
     idles 0 -> 0.5 and 1.5 -> 2.0."""
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
     c = b.stream("c", Resource.GPU)
@@ -106,7 +106,7 @@ def test_a_real_runs_late_start_is_the_hosts_and_a_ready_op_that_waits_queues():
     b.add(OpKind.FFN, c, flops=1e12)
     s = b.build()
     trace = make_trace(s, np.array([0.5, 2.0]), np.array([1.5, 3.0]), source="real")
-    assert idle_causes(s, trace) == pytest.approx({"host": 0.5, "queue@gpu": 0.5})
+    assert idle_causes(s, trace) == pytest.approx({"late@gpu": 1.0})
 
 
 @pytest.mark.parametrize(
@@ -135,9 +135,9 @@ def test_expert_parallel_bubbles_add_up_and_name_the_all_to_all(planner, layout)
 
 
 def test_top_cause_and_how_far_two_splits_are():
-    """Sim: 3 s on disk loads, 1 s queued; real: 2 s disk, 2 s h2d. Shares 0.75/0.25/0 against
+    """Sim: 3 s on disk loads, 1 s late; real: 2 s disk, 2 s h2d. Shares 0.75/0.25/0 against
     0.5/0/0.5: total variation (0.25 + 0.25 + 0.5) / 2 = 0.5."""
-    sim = {"load expert@disk": 3.0, "queue@h2d": 1.0}
+    sim = {"load expert@disk": 3.0, "late@h2d": 1.0}
     real = {"load expert@disk": 2.0, "load expert@h2d": 2.0}
     assert top_cause(sim) == "load expert@disk 75%"
     assert causes_tv(sim, real) == pytest.approx(0.5)

@@ -55,6 +55,9 @@ def check_contract(schedule, trace, model, wl) -> dict:
     causes = s["gpu_idle_causes_s"]
     assert all(v > 0 for v in causes.values())
     assert sum(causes.values()) == pytest.approx(s["gpu_bubble_s"], rel=1e-9, abs=1e-12)
+    # the simulator starts an op once its predecessors, memory and resource let it: no delay
+    # of its own (a real run's `late@` time)
+    assert not [k for k in causes if k.startswith("late@")]
     # the schedule's own bound (deps + stream order) sits between the resource bound and the run
     assert s["lower_bound_s"] - 1e-12 <= s["dag_lower_bound_s"] <= s["makespan_s"] + 1e-9
     # the expert compute of every (step, layer) covers every routed token exactly once
