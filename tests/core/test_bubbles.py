@@ -17,7 +17,7 @@ from core.types import OpKind, Resource, Tier
 from experiments.pipeline import simulate_run
 from sim.executor import simulate_times
 from tests.planners.test_replication import tiny_spec
-from tests.sim.test_simulator import GB, comm_hw, hw, load, pool_hw
+from tests.sim.test_simulator import GB, comm_hw, hw, lanes_beside_a_transfer, load, pool_hw
 
 WL = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
 
@@ -85,12 +85,7 @@ def test_shared_lanes_idle_their_gpu_through_kernel_launches():
     (the simulator's test_pool_op_runs_its_overhead_on_its_stream_then_joins): A (lane 0)
     launches 0 -> 1, runs 1 -> 2; B (lane 1) waits for a 2 ms transfer, C (lane 0) for A; both
     launch 2 -> 3 and run 3 -> 5. No kernel runs 0 -> 1 and 2 -> 3: launches, 2 ms."""
-    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
-    s0, s1 = (b.stream(f"lane{i}", Resource.GPU, i, pool="sms") for i in (0, 1))
-    a = b.add(OpKind.FFN, s0, flops=1e9)
-    t = load(b, b.stream("h2d", Resource.H2D), 2 * GB // 1000)
-    b.add(OpKind.FFN, s1, (t,), flops=1e9)
-    b.add(OpKind.FFN, s0, (a,), flops=1e9)
+    b = lanes_beside_a_transfer()
     b.meta["ep"] = {"n_devices": 2, "lanes": True}  # two lanes of one GPU
     s, trace = simulated(b, pool_hw(sms=4, overhead_us=1000))
     assert idle_causes(s, trace) == pytest.approx({"launch": 2e-3})

@@ -315,17 +315,23 @@ def test_pool_shares_the_gpu_among_running_ops(widths, ends_ms):
     assert end * 1e3 == pytest.approx(ends_ms)
 
 
-def test_pool_op_runs_its_overhead_on_its_stream_then_joins():
-    """1 ms overhead per op, 1 ms of work each at the whole GPU. A (lane 0): overhead 0 -> 1, then
-    alone 1 -> 2. B (lane 1) waits for a 2 ms transfer, C (lane 0) for A: both run their
-    overheads 2 -> 3 on their own streams, then share the GPU, half each, 3 -> 5."""
+def lanes_beside_a_transfer() -> ScheduleBuilder:
+    """Two lanes sharing the SMs: A (lane 0), a 2 ms transfer, B (lane 1) after it, C (lane 0)
+    after A; each compute 1 GFLOP (1 ms at the whole GPU of `pool_hw`)."""
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
     s0, s1 = (b.stream(f"lane{i}", Resource.GPU, i, pool="sms") for i in (0, 1))
     a = b.add(OpKind.FFN, s0, flops=1e9)
     t = load(b, b.stream("h2d", Resource.H2D), 2 * GB // 1000)
     b.add(OpKind.FFN, s1, (t,), flops=1e9)
     b.add(OpKind.FFN, s0, (a,), flops=1e9)
-    start, end = run(b, pool_hw(sms=4, overhead_us=1000))
+    return b
+
+
+def test_pool_op_runs_its_overhead_on_its_stream_then_joins():
+    """1 ms overhead per op, 1 ms of work each at the whole GPU. A (lane 0): overhead 0 -> 1, then
+    alone 1 -> 2. B (lane 1) waits for a 2 ms transfer, C (lane 0) for A: both run their
+    overheads 2 -> 3 on their own streams, then share the GPU, half each, 3 -> 5."""
+    start, end = run(lanes_beside_a_transfer(), pool_hw(sms=4, overhead_us=1000))
     assert start * 1e3 == pytest.approx([0.0, 0.0, 2.0, 2.0])
     assert end * 1e3 == pytest.approx([2.0, 2.0, 5.0, 5.0])
 
