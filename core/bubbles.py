@@ -106,13 +106,8 @@ class _Chain:
         self.preds: list[list[int]] = []
         prev: dict[str, int] = {}
         for o in schedule.ops:
-            p = prev.get(o.stream)
-            ps = (
-                *o.deps,
-                *((p,) if p is not None else ()),
-                *((held[o.id],) if held[o.id] >= 0 else ()),
-            )
-            self.preds.append([d for d in ps if ran[d]])
+            ps = [*o.deps, prev.get(o.stream, -1), held[o.id]]
+            self.preds.append([d for d in ps if d >= 0 and ran[d]])
             prev[o.stream] = o.id
         self.out: defaultdict[str, float] = defaultdict(float)
 
