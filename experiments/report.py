@@ -263,7 +263,7 @@ def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
     GPUs), split by what that idle time waited for (core.bubbles), the largest causes named."""
     d = ok_runs(df)
     share = idle_shares(d)
-    if share.empty or not len(share.columns):
+    if share.empty:  # no run with causes (no columns), or no run
         return False
     if len(share.columns) > IDLE_SHOWN:
         rest = share.columns[IDLE_SHOWN - 1 :]
