@@ -468,7 +468,7 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
         "transfer, dispatch@p2p the all-to-all, compute-...@gpu another GPU's work), memory@tier "
         "(ready, waiting for memory), launch, late@resource (ready, resource free, started late: the "
         "executor's own delay).",
-        "no run records gpu_idle_causes_s")  # fmt: skip
+        "no run's GPUs idled, or the runs predate gpu_idle_causes_s")  # fmt: skip
     runs = _pick_gantt_runs(df)
     add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",
         "Timeline of one layer", "From trace.parquet; rows are streams, red spans are GPU bubbles.",

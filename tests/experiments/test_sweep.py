@@ -210,6 +210,21 @@ def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
             assert im.size[0] > 100 and im.size[1] > 100
 
 
+def test_report_draws_what_the_bubbles_waited_for(swept: Path, tmp_path: Path) -> None:
+    """The tiny sweep's GPUs never idle (no causes: no figure, a note says why); given causes
+    (collect's IDLE.<cause> columns, seconds), one bar a run, and the table names the main one."""
+    from experiments.report import IDLE, fig_idle_causes, short_table
+
+    df, _ = collect(swept)
+    assert not fig_idle_causes(df, tmp_path / "none.png")
+    ms = df["makespan_s"]
+    df[f"{IDLE}.load expert@disk"], df[f"{IDLE}.late@gpu"] = 0.3 * ms, 0.1 * ms
+    assert fig_idle_causes(df, tmp_path / "idle.png")
+    with Image.open(tmp_path / "idle.png") as im:
+        assert im.size[0] > 100 and im.size[1] > 100
+    assert short_table(df).count("load expert@disk 75%") == len(df)
+
+
 def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -> None:
     """The load-balance figure looked for a plan.*load_balance* key no planner writes, so it
     never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
