@@ -62,6 +62,14 @@ class ModelSpec:
     # the whole cached latent through it, so a decode step costs 2 flops per parameter per cached
     # position (`attention_flops`). 0: the cache holds the keys and values themselves.
     latent_expand_params: int = 0
+    # MLA (DeepSeek-V2) sizes config.json gives that the fields above do not: RoPE dims of a
+    # query/key head (0 = head_dim / 2, DeepSeek-V2-Lite's proportion; its other qk_head_dim -
+    # this dims are unrotated, and kv_dim - this the latent's), and the query compression rank
+    # (0 = none, as in V2-Lite; the full V2's 1536: q_a_proj, q_a_layernorm, q_b_proj)
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    # Qwen2-MoE's q/k/v projection biases (config.json qkv_bias); only Qwen has any
+    qkv_bias: bool = True
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
 
@@ -69,7 +77,8 @@ class ModelSpec:
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
         for key in ("kv_dim", "attn_params", "qk_head_dim", "latent_expand_params",
-                    "dense_ffn_size", "shared_ffn_size"):  # fmt: skip
+                    "dense_ffn_size", "shared_ffn_size", "qk_rope_head_dim",
+                    "q_lora_rank"):  # fmt: skip
             if getattr(self, key) < 0:
                 raise ConfigError(
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "
@@ -127,7 +136,7 @@ class ModelSpec:
         q_o = 2 * self.hidden_size * q_dim
         k_v = 2 * self.hidden_size * kv_dim
         extra = 0
-        if self.family == "qwen2_moe":  # q/k/v projection biases
+        if self.family == "qwen2_moe" and self.qkv_bias:  # q/k/v projection biases
             extra = q_dim + 2 * kv_dim
         elif self.qk_norm:  # QK-norm weights over all heads
             extra = q_dim + kv_dim
@@ -360,10 +369,11 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             top_k=get("num_experts_per_tok"),
             n_heads=heads,
             n_kv_heads=get("num_key_value_heads", heads),
-            head_dim=get("hidden_size") // heads,
+            head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
             vocab_size=get("vocab_size"),
             dense_ffn_size=cfg.get("intermediate_size", 0),
             shared_ffn_size=cfg.get("shared_expert_intermediate_size", 0),
+            qkv_bias=bool(cfg.get("qkv_bias", True)),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta_of(cfg, 1e6),
         )
@@ -407,6 +417,8 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             attn_params=mla,
             qk_head_dim=nope + rope,
             latent_expand_params=kv_rank * heads * (nope + v_dim),
+            qk_rope_head_dim=rope,
+            q_lora_rank=q_rank or 0,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta_of(cfg, 1e4),
         )

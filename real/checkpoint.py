@@ -143,11 +143,12 @@ def _names(family: str) -> _Names:
             shared_gate=b + "mlp.shared_expert_gate.weight",
         )
         return _Names(**common, **moe, **shared)
-    if family == "deepseek_v2":  # MLA without q compression (q_lora_rank None, as in V2-Lite)
-        mla = {"q": "q_proj", "kv_a": "kv_a_proj_with_mqa", "kv_b": "kv_b_proj", "o": "o_proj"}
+    if family == "deepseek_v2":  # MLA; q_a, q_a_norm and q_b where q is compressed (full V2)
+        mla = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj"}
+        mla |= {"kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj"}
         common["attn"] = {"input_norm": b + "input_layernorm.weight"}
+        mla["o"] = "o_proj"
         common["attn"] |= {k: b + f"self_attn.{x}.weight" for k, x in mla.items()}
-        common["attn"]["kv_a_norm"] = b + "self_attn.kv_a_layernorm.weight"
         return _Names(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
     raise ConfigError(
         f"model family {family!r} has no real-executor layout; "
@@ -169,9 +170,11 @@ def _ffn(
 def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
 
-    Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen, `q_norm k_norm` for
-    OLMoE), or for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o` (HF's q_proj,
-    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; sizes from `mla_dims`); gate
+    Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen with qkv_bias,
+    `q_norm k_norm` for OLMoE), or for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o`
+    (HF's q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; sizes from `mla_dims`),
+    with `q_a q_a_norm q_b` (q_a_proj, q_a_layernorm, q_b_proj) in place of `q` where
+    config.json's q_lora_rank compresses the query; gate
     `post_norm router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus
     `post_norm` for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head
     `norm lm_head`.
@@ -184,7 +187,9 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     }
     for i in range(spec.n_layers):
         out[Unit(Tensor.ATTENTION, i)] = {
-            k: TensorSpec(t.format(i=i), attn_shapes[k]) for k, t in n.attn.items()
+            k: TensorSpec(t.format(i=i), shape)
+            for k, t in n.attn.items()
+            if (shape := attn_shapes.get(k))
         }
         post_norm = {"post_norm": TensorSpec(n.post_norm.format(i=i), (h,))}
         if not spec.is_moe(i):
@@ -214,14 +219,21 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
 
 
 def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Attention tensor shapes by short key ([out, in] for projections)."""
+    """Attention tensor shapes by short key ([out, in] for projections); the keys of tensors the
+    model has (no Qwen biases without qkv_bias, q or q_a/q_a_norm/q_b for MLA)."""
     h, heads = spec.hidden_size, spec.n_heads
     if spec.family == "deepseek_v2":
         m = mla_dims(spec)
-        qk, rank = m["qk_nope_head_dim"] + m["qk_rope_head_dim"], m["kv_lora_rank"]
+        qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+        rank, q_rank = m["kv_lora_rank"], m["q_lora_rank"]
+        q: dict[str, tuple[int, ...]] = (
+            {"q_a": (q_rank, h), "q_a_norm": (q_rank,), "q_b": (heads * qk, q_rank)}
+            if q_rank
+            else {"q": (heads * qk, h)}
+        )
         return {
             "input_norm": (h,),
-            "q": (heads * qk, h),
+            **q,
             "kv_a": (rank + m["qk_rope_head_dim"], h),
             "kv_a_norm": (rank,),
             "kv_b": (heads * (m["qk_nope_head_dim"] + m["v_head_dim"]), rank),
@@ -229,7 +241,9 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         }
     q_dim, kv_dim = heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
-    shapes |= {"o": (h, q_dim), "q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
+    shapes["o"] = (h, q_dim)
+    if spec.qkv_bias:
+        shapes |= {"q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
     return shapes | {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
 
 
@@ -237,36 +251,55 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 
 def mla_dims(spec: ModelSpec) -> dict[str, Any]:
-    """DeepSeek-V2 MLA sizes in DeepSeek-V2-Lite's proportions to head_dim (128: 128/64/512)."""
+    """DeepSeek-V2's MLA sizes, config.json's names: read from the spec (v_head_dim = head_dim,
+    qk_rope_head_dim, qk_nope_head_dim = qk_head_dim - RoPE dims, kv_lora_rank = kv_dim - RoPE
+    dims, q_lora_rank, None if 0), each left 0 in DeepSeek-V2-Lite's proportions to head_dim
+    (128: 128 nope / 64 RoPE / 512 latent, no q compression)."""
     d = spec.head_dim
+    rope = spec.qk_rope_head_dim or d // 2
+    nope = (spec.qk_head_dim or d + rope) - rope
+    rank = (spec.kv_dim or 4 * d + rope) - rope
+    if min(rope, nope, rank) <= 0:
+        raise ConfigError(
+            f"model {spec.name}: MLA sizes qk_head_dim={spec.qk_head_dim}, kv_dim={spec.kv_dim}, "
+            f"qk_rope_head_dim={rope} leave no room: each of qk_head_dim and kv_dim must exceed "
+            "qk_rope_head_dim"
+        )
     return dict(
-        qk_nope_head_dim=d,
-        qk_rope_head_dim=d // 2,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
         v_head_dim=d,
-        kv_lora_rank=4 * d,
-        q_lora_rank=None,
+        kv_lora_rank=rank,
+        q_lora_rank=spec.q_lora_rank or None,
     )
 
 
 def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
-    """kv_dim, attn_params, qk_head_dim and latent_expand_params core.spec derives from
-    `mla_dims` (so the spec round-trips)."""
+    """kv_dim, attn_params, qk_head_dim, latent_expand_params and qk_rope_head_dim as
+    core.spec.hf_config_to_spec derives them from `mla_dims` (so the spec round-trips)."""
     m, h, heads = mla_dims(spec), spec.hidden_size, spec.n_heads
-    nope, rope, v_dim, rank = (
+    nope, rope, v_dim, rank, q_rank = (
         m["qk_nope_head_dim"],
         m["qk_rope_head_dim"],
         m["v_head_dim"],
         m["kv_lora_rank"],
+        m["q_lora_rank"],
+    )
+    q_params = (
+        h * q_rank + q_rank + q_rank * heads * (nope + rope)  # + q_a_layernorm
+        if q_rank
+        else h * heads * (nope + rope)
     )
     params = (
-        h * heads * (nope + rope)
+        q_params
         + h * (rank + rope)
         + rank  # kv_a_layernorm
         + rank * heads * (nope + v_dim)
         + heads * v_dim * h
     )
     return dict(kv_dim=rank + rope, attn_params=params, qk_head_dim=nope + rope,
-                latent_expand_params=rank * heads * (nope + v_dim))  # fmt: skip
+                latent_expand_params=rank * heads * (nope + v_dim),
+                qk_rope_head_dim=rope)  # fmt: skip
 
 
 def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
@@ -313,7 +346,6 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             cfg["norm_topk_prob"] = norm_topk_prob
         return cfg
     if fam == "qwen2_moe":
-        need(spec.head_dim * spec.n_heads == spec.hidden_size, "head_dim != hidden_size / n_heads")
         need(
             not (spec.kv_dim or spec.attn_params or spec.qk_head_dim),
             "kv_dim/attn_params/qk_head_dim overrides",
@@ -326,6 +358,8 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             decoder_sparse_step=1,
             mlp_only_layers=dense,
             norm_topk_prob=norm_topk_prob,
+            head_dim=spec.head_dim,
+            qkv_bias=spec.qkv_bias,
         )
         if spec.dense_ffn_size:
             cfg["intermediate_size"] = spec.dense_ffn_size
@@ -342,10 +376,10 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
             "shared_ffn_size not a multiple of expert_ffn_size",
         )
         need(
-            (spec.kv_dim, spec.attn_params, spec.qk_head_dim, spec.latent_expand_params)
+            tuple(getattr(spec, k) for k in _mla_spec_fields(spec))
             == tuple(_mla_spec_fields(spec).values()),
             "kv_dim/attn_params/qk_head_dim/latent_expand_params other than the MLA sizes of "
-            "head_dim",
+            "head_dim, qk_rope_head_dim and q_lora_rank",
         )
         cfg |= (
             llama
@@ -429,8 +463,14 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
             d["shared_ffn_size"] = round(base.shared_ffn_size * ratio)
         if "dense_ffn_size" not in given and base.family == "switch_transformers":
             d["dense_ffn_size"] = d["expert_ffn_size"]
+    mla_fields = {"kv_dim", "attn_params", "qk_head_dim", "latent_expand_params"}
+    derive_mla = base.family == "deepseek_v2" and not mla_fields & given
+    if derive_mla:  # the MLA sizes of the new head_dim (and of qk_rope_head_dim, q_lora_rank)
+        d |= dict.fromkeys(mla_fields, 0)
+        if "qk_rope_head_dim" not in given:
+            d["qk_rope_head_dim"] = 0
     spec = ModelSpec.from_dict(d, where=f"{path} with overrides {dict(overrides)}")
-    if spec.family == "deepseek_v2" and not {"kv_dim", "attn_params", "qk_head_dim"} & given:
+    if derive_mla:
         spec = replace(spec, **_mla_spec_fields(spec))
     return spec
 
@@ -593,21 +633,17 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     index: dict[str, TensorEntry] = {}
     for f in files:
         index |= _read_header(d / f)
+    names = _names(spec.family)
+    if cfg.get("tie_word_embeddings") is True and spec.family != "switch_transformers":
+        # the LM head is the embedding (transformers ties them whether or not lm_head is saved;
+        # T5's tied head also rescales, and moepipe's Switch is not transformers' model anyway)
+        index[names.lm_head] = index[names.embed]
     dtype = torch_dtype(spec)
     for tensors in unit_layout(spec).values():
         for ts in tensors.values():
             e = index.get(ts.hf_name)
             if e is None:
-                tied = (
-                    "; config.json ties it to the embedding (tie_word_embeddings), which is not "
-                    "supported: save the embedding's weights under this name too"
-                    if ts.hf_name == _names(spec.family).lm_head
-                    and cfg.get("tie_word_embeddings", True)
-                    else ""
-                )
-                raise ConfigError(
-                    f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}{tied}"
-                )
+                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}")
             if e.shape != ts.shape:
                 raise ConfigError(
                     f"{e.file}: tensor {ts.hf_name} has shape {list(e.shape)}, config.json "

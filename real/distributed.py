@@ -407,7 +407,7 @@ class EPRank:
         slots = torch.cat([sl for _, sl in f.send])
         assert f.back is not None, "finish_moe before run_moe"
         put_expert(out, rows, slots, f.back)
-        return moe_output(f.hidden, out, f.weights, f.shared, self.model.float32_router)
+        return moe_output(f.hidden, out, f.weights, f.shared, self.model.float32_combine)
 
     def wait(self, work: dist.Work) -> None:
         """Wait for an all-to-all; gloo: the time waited (what compute did not hide) goes to
@@ -452,7 +452,7 @@ class EPRank:
         shared = (
             m.shared_ffn(self.units[Unit(Tensor.FFN, layer)], normed) if s.shared_ffn_size else None
         )
-        return self.summed(moe_part(out, weights, shared, m.float32_router))
+        return self.summed(moe_part(out, weights, shared, m.float32_combine))
 
     def run_experts(
         self, step: int, layer: int, experts: torch.Tensor, x: torch.Tensor

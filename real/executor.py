@@ -956,7 +956,7 @@ class Executor:
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         shared = None if p.shared is None else p.shared[rows]
         h[s0:s1] = moe_output(
-            h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_router
+            h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine
         )
         p.done[s0:s1] = True
 

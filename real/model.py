@@ -9,6 +9,7 @@ real.checkpoint.unit_layout), so an executor passes weights from wherever it put
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -30,15 +31,26 @@ from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
 # L MoE layers, N routing-trace positions. MLA (DeepSeek-V2): C latent (kv_lora_rank),
 # R RoPE part of a query/key head (qk_rope), Dn its other part (qk_nope), Dv value head dim.
 #
-# DeepSeek-V2 runs Multi-head Latent Attention as transformers' DeepseekV2Attention does (no q
-# compression), caching the normalised latent and the RoPE'd shared key (spec.kv_dim = C + R per
-# token) and up-projecting them with kv_b_proj at every step.
+# DeepSeek-V2 runs Multi-head Latent Attention as transformers' DeepseekV2Attention does (with q
+# compressed where config.json sets q_lora_rank), caching the normalised latent and the RoPE'd
+# shared key (spec.kv_dim = C + R per token) and up-projecting them with kv_b_proj at every step.
+#
+# Reference: transformers 5.24's classes, bit for bit where the order of ops allows, with one
+# exception: DeepSeek-V2 with norm_topk_prob: true renormalises its top-k router weights as
+# DeepSeek's own modeling_deepseek.py does (transformers' class drops the field; V2 and V2-Lite
+# ship false, where the two agree). Model.from_checkpoint warns where they disagree.
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
 Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """A warning about a checkpoint, logged once a process (every forward reloads the model)."""
+    log.warning(message)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -178,9 +190,14 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tenso
     return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
 
 
-def causal_mask(positions: torch.Tensor, end: int, device: torch.device) -> torch.Tensor:
-    """[S, end] bool: the query at position p sees cache entries 0..p."""
-    return positions[:, None].to(device) >= torch.arange(end, device=device)
+def causal_mask(
+    positions: torch.Tensor, end: int, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """[S, end] bool: the query at position p sees cache entries 0..p, or with a sliding
+    `window` the latest `window` of them, p - window < i <= p (transformers' sliding_window)."""
+    p, i = positions[:, None].to(device), torch.arange(end, device=device)
+    seen = p >= i
+    return seen if window is None else seen & (i > p - window)
 
 
 @dataclass(frozen=True)
@@ -236,6 +253,11 @@ class Model:
     # DeepSeek-V2: the routed experts' weights times this where they are not renormalised
     # (config.json routed_scaling_factor; 1.0 in DeepSeek-V2-Lite)
     routed_scaling: float = 1.0
+    # Mixtral's sliding-window attention (config.json sliding_window): a query sees the latest
+    # this many positions, itself included; None: every earlier position
+    sliding_window: int | None = None
+    # OLMoE's clip_qkv: q, k and v clamped to [-clip_qkv, clip_qkv] after QK-norm; None: no clamp
+    clip_qkv: float | None = None
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -257,20 +279,43 @@ class Model:
                         f"implemented (DeepSeek-V2-Lite's)"
                     )
             scaling = float(cfg.get("routed_scaling_factor", 1.0))
-        return cls(spec, bool(cfg.get("norm_topk_prob", False)), rope, scaling)
+        renormalize = bool(cfg.get("norm_topk_prob", False))
+        if spec.family == "deepseek_v2" and renormalize and spec.top_k > 1:
+            _warn_once(
+                f"{where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "
+                "router weights as DeepSeek's modeling_deepseek.py does; transformers' "
+                "DeepseekV2 class ignores the field, so its logits differ from these"
+            )
+        window = cfg.get("sliding_window") if spec.family == "mixtral" else None
+        if spec.family == "qwen2_moe" and cfg.get("use_sliding_window"):
+            _warn_once(
+                f"{where}: use_sliding_window is not implemented for qwen2_moe; every layer "
+                "attends to all earlier positions, so logits past sliding_window differ"
+            )
+        clip = cfg.get("clip_qkv") if spec.family == "olmoe" else None
+        return cls(
+            spec,
+            renormalize,
+            rope,
+            scaling,
+            int(window) if window else None,
+            float(clip) if clip is not None else None,
+        )
 
     @property
-    def float32_router(self) -> bool:
-        """DeepSeek-V2 computes router logits and weighs its experts in float32 (HF keeps its
-        gate in float32); the others round the router's weights to the activations' dtype.
-        Pass it to `moe_output`."""
-        return self.spec.family == "deepseek_v2"
+    def float32_combine(self) -> bool:
+        """Weigh the routed experts' outputs and sum them in float32, rounding once (pass it to
+        `moe_output`): DeepSeek-V2 and Mixtral, whose transformers routers give float32 weights
+        that promote the products; Qwen2-MoE's and OLMoE's round their weights to the
+        activations' dtype first."""
+        return self.spec.family in ("deepseek_v2", "mixtral")
 
     @property
     def float32_logits(self) -> bool:
-        """Router logits in float32: DeepSeek-V2's, and Switch's (HF's Top1Router casts its
-        input and classifier to float32, then rounds the probabilities to the activations')."""
-        return self.float32_router or self.spec.family == "switch_transformers"
+        """Router logits in float32: DeepSeek-V2's (HF keeps its gate in float32), and Switch's
+        (HF's Top1Router casts its input and classifier to float32, then rounds the
+        probabilities to the activations')."""
+        return self.spec.family in ("deepseek_v2", "switch_transformers")
 
     # ---- pieces ---------------------------------------------------------------------------
     def embed(self, w: Weights, tokens: torch.Tensor) -> torch.Tensor:
@@ -335,6 +380,14 @@ class Model:
             (kf * torch.rsqrt(ms_k + eps)).to(k.dtype) * w["k_norm"],
         )
 
+    def mask(self, positions: torch.Tensor, end: int, device: torch.device) -> torch.Tensor | None:
+        """The attention mask of queries at `positions` [S] over cache entries [0, end): None
+        where a single query sees them all (a decode step inside the window), as transformers
+        passes none there; SDPA with and without a mask rounds differently in bf16."""
+        if len(positions) == 1 and (self.sliding_window is None or end <= self.sliding_window):
+            return None
+        return causal_mask(positions, end, device, self.sliding_window)
+
     def _gqa(
         self,
         w: Weights,
@@ -351,6 +404,8 @@ class Model:
         proj = {key: F.linear(x, w[key], w.get(f"{key}_bias")) for key in "qkv"}  # [B, S, n * D]
         if "q_norm" in w:
             proj["q"], proj["k"] = self.qk_norm(w, proj["q"], proj["k"], reduce)
+        if self.clip_qkv is not None:  # OLMoE: after QK-norm, as transformers' OlmoeAttention
+            proj = {key: t.clamp(-self.clip_qkv, self.clip_qkv) for key, t in proj.items()}
 
         def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
             return proj[key].view(b, n, n_heads, s.head_dim).transpose(1, 2)
@@ -366,7 +421,7 @@ class Model:
         rep = n_q // n_kv
         keys = k_cache[:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
         values = v_cache[:, :, :end].repeat_interleave(rep, dim=1)
-        mask = causal_mask(positions, end, keys.device)  # [S, end]
+        mask = self.mask(positions, end, keys.device)  # [S, end] or None
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, Hq, S, D]
         return out.transpose(1, 2).reshape(b, n, n_q * s.head_dim)
 
@@ -375,7 +430,7 @@ class Model:
     ) -> torch.Tensor:
         """DeepSeek-V2's Multi-head Latent Attention in transformers' op order: normed x [B, S, H]
         -> heads' outputs [B, S, Hq * Dv], Hq as many as `w` holds. Caches the compressed latent
-        and the shared RoPE key."""
+        and the shared RoPE key. Cq: the query's compression rank (q_lora_rank)."""
         m = mla_dims(self.spec)
         nope, r, dv, c = (
             m["qk_nope_head_dim"],
@@ -384,8 +439,12 @@ class Model:
             m["kv_lora_rank"],
         )
         b, n, _ = x.shape
-        n_q = w["q"].shape[0] // (nope + r)
-        q = F.linear(x, w["q"]).view(b, n, n_q, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
+        if "q" in w:
+            q = F.linear(x, w["q"])  # [B, S, Hq * (Dn+R)]
+        else:  # compressed: q_a [Cq, H], its norm (RMSNorm's default eps, as HF's), q_b
+            q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], 1e-6), w["q_b"])
+        n_q = q.shape[-1] // (nope + r)
+        q = q.view(b, n, n_q, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
         q_nope, q_rope = q.split([nope, r], dim=-1)
         latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
         # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
@@ -403,7 +462,7 @@ class Model:
         k_rope_heads = k_rope_cache[:, :, :end].expand(-1, n_q, -1, -1)  # [B, Hq, end, R]
         keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # [B, Hq, end, Dn+R]
         query = torch.cat([q_nope, q_rope], dim=-1)  # [B, Hq, S, Dn+R]
-        mask = causal_mask(positions, end, keys.device)  # [S, end]
+        mask = self.mask(positions, end, keys.device)  # [S, end] or None
         # YaRN's magnitude correction also sharpens the softmax (1 without it), in HF's op order
         scale = (nope + r) ** -0.5 * self.rope.softmax_mscale * self.rope.softmax_mscale
         out = F.scaled_dot_product_attention(
@@ -450,8 +509,9 @@ class Model:
             ids = forced_ids.to(logits.device).long()
         if forced_weights is not None:
             return x, ids, forced_weights.to(logits.device).float()
-        if self.spec.family == "mixtral":  # softmax over the chosen logits
-            return x, ids, torch.softmax(logits.gather(-1, ids), dim=-1)
+        if self.spec.family == "mixtral":  # HF's MixtralTopKRouter: top-k probs over their sum
+            top = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
+            return x, ids, top / top.sum(-1, keepdim=True)
         weights = torch.softmax(logits, dim=-1).gather(-1, ids)  # [T, k]
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -507,8 +567,9 @@ def kv_shard(spec: ModelSpec, heads: tuple[int, int]) -> tuple[int, int]:
 
 def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str, torch.Tensor]:
     """Attention weights of query heads [lo, hi): their rows of q (and biases, and of QK-norm's
-    weights), of k and v their `kv_shard`'s, of kv_b for MLA, their columns of o. MLA's kv_a and
-    its norm make the latent every head reads, so they stay whole (computed on every shard)."""
+    weights), of k and v their `kv_shard`'s, of kv_b (and q_b) for MLA, their columns of o.
+    MLA's kv_a and its norm make the latent every head reads, and q_a and its norm the query's,
+    so they stay whole (computed on every shard)."""
     lo, hi = heads
     if spec.family == "deepseek_v2":
         m = mla_dims(spec)
@@ -518,7 +579,8 @@ def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str,
             m["v_head_dim"],
         )
         q, kv_b, o = slice(lo * qk, hi * qk), slice(lo * kvb, hi * kvb), slice(lo * dv, hi * dv)
-        return dict(w, q=w["q"][q], kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
+        q_key = "q" if "q" in w else "q_b"
+        return dict(w, **{q_key: w[q_key][q]}, kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
     d, (kv_lo, kv_hi) = spec.head_dim, kv_shard(spec, heads)
     q, kv = slice(lo * d, hi * d), slice(kv_lo * d, kv_hi * d)
     out = dict(w, q=w["q"][q], k=w["k"][kv], v=w["v"][kv], o=w["o"][:, q])
@@ -563,24 +625,24 @@ def moe_output(
     slots: torch.Tensor,
     topk_weights: torch.Tensor,
     shared: torch.Tensor | None,
-    float32_router: bool = False,
+    float32_combine: bool = False,
 ) -> torch.Tensor:
     """hidden [B, S, H] + sum_k weight * slots[:, k] (+ shared [T, H]) -> [B, S, H].
 
-    float32_router (Model.float32_router): weigh and sum in float32, rounding once at the end.
+    float32_combine (Model.float32_combine): weigh and sum in float32, rounding once at the end.
     """
-    return hidden + moe_part(slots, topk_weights, shared, float32_router).view_as(hidden)
+    return hidden + moe_part(slots, topk_weights, shared, float32_combine).view_as(hidden)
 
 
 def moe_part(
     slots: torch.Tensor,
     topk_weights: torch.Tensor,
     shared: torch.Tensor | None,
-    float32_router: bool = False,
+    float32_combine: bool = False,
 ) -> torch.Tensor:
     """`moe_output` without the residual: slots [T, k, H] -> [T, H]. With some slots left zero
     and the shared experts an `ffn_shard`'s, a part that other ranks' parts sum up with."""
-    if float32_router:
+    if float32_combine:
         routed = (slots * topk_weights.float()[..., None]).sum(1).to(slots.dtype)  # [T, H]
     else:
         routed = (slots * topk_weights.to(slots.dtype)[..., None]).sum(1)
@@ -629,7 +691,7 @@ def forward_step(
         shared = None
         if s.shared_ffn_size:
             shared = model.shared_ffn(units[Unit(Tensor.FFN, layer)], normed)
-        hidden = moe_output(hidden, slots, weights, shared, model.float32_router)
+        hidden = moe_output(hidden, slots, weights, shared, model.float32_combine)
         used_ids.append(ids.view(b, n, -1))
         used_w.append(weights.view(b, n, -1))
     logits = model.head(units[Unit(Tensor.HEAD)], hidden)

@@ -19,6 +19,7 @@ from real.checkpoint import (
     Unit,
     hf_config,
     load_checkpoint,
+    load_units,
     reduced_spec,
     spec_to_hf_config,
     unit_layout,
@@ -252,21 +253,25 @@ def test_unit_bytes_equal_what_planners_stream(name, small):
     assert sum(map(planned, layout)) == spec.total_bytes
 
 
-def test_float16_and_tied_head_are_named(tmp_path):
-    """Two common Hugging Face variants the real executor does not run get a line naming the
-    config.json field: float16 weights (2-byte weights run as bfloat16 here), and an LM head
-    tied to the embedding and so not saved."""
+def test_float16_is_named_and_tied_head_is_the_embedding(tmp_path):
+    """float16 weights (2-byte weights run as bfloat16 here) get a line naming the config.json
+    field; an LM head tied to the embedding (tie_word_embeddings) reads the embedding's bytes,
+    saved or not, as transformers ties them."""
     d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "c")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "float16"}))
     with pytest.raises(ConfigError, match=r"config.json: dtype float16 .* convert"):
         load_checkpoint(d)
     (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
-    load_checkpoint(d)  # tied in config.json but lm_head.weight saved: runs
+    _, index = load_checkpoint(d)  # tied in config.json, lm_head.weight saved: the embedding
+    assert index["lm_head.weight"] == index["model.embed_tokens.weight"]
     weights = load_file(d / SINGLE_FILE)
     del weights["lm_head.weight"]
     save_file(weights, d / SINGLE_FILE)
-    with pytest.raises(ConfigError, match=r"lm_head.weight is missing .*tie_word_embeddings"):
+    _, units = load_units(d)
+    assert torch.equal(units[Unit(Tensor.HEAD)]["lm_head"], units[Unit(Tensor.EMBED)]["embed"])
+    (d / "config.json").write_text(json.dumps(cfg))  # untied: the head is missing
+    with pytest.raises(ConfigError, match=r"lm_head.weight is missing"):
         load_checkpoint(d)
 
 

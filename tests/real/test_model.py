@@ -130,7 +130,7 @@ def run_piecewise(
             if s.shared_ffn_size:
                 shared = model.shared_ffn(use(Unit(Tensor.FFN, layer)), normed)
                 done(Unit(Tensor.FFN, layer))
-            hidden = moe_output(hidden, slots, weights, shared, model.float32_router)
+            hidden = moe_output(hidden, slots, weights, shared, model.float32_combine)
         logits = model.head(use(Unit(Tensor.HEAD)), hidden)
         done(Unit(Tensor.HEAD))
         out.append(logits.argmax(-1))
@@ -229,19 +229,18 @@ YARN = {"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_emb
 LINEAR = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}
 
 
-# Mixtral only in float32: in bf16 transformers' Mixtral sums its experts in another order (0.02
-# from ours with plain RoPE too), so OLMoE stands in for rotate-half RoPE in bf16.
 @pytest.mark.parametrize(
     "name, dtype_bytes, fields",
     [
         ("deepseek-v2-lite", 4, YARN),
         ("deepseek-v2-lite", 2, YARN),
         ("mixtral-tiny", 4, LINEAR),
+        ("mixtral-tiny", 2, LINEAR),
         ("olmoe-1b-7b", 2, LINEAR),
         ("olmoe-1b-7b", 2, YARN),
     ],
-    ids=["yarn-deepseek-f32", "yarn-deepseek-bf16", "linear-mixtral-f32", "linear-olmoe-bf16",
-         "yarn-olmoe-bf16"],
+    ids=["yarn-deepseek-f32", "yarn-deepseek-bf16", "linear-mixtral-f32", "linear-mixtral-bf16",
+         "linear-olmoe-bf16", "yarn-olmoe-bf16"],
 )  # fmt: skip
 def test_scaled_rope_equals_hugging_face(name, dtype_bytes, fields, tmp_path, prompt):
     """reference_generate with config.json's YaRN or linear RoPE scaling against transformers, as

@@ -1,0 +1,216 @@
+"""moepipe's model against transformers on checkpoints transformers itself writes.
+
+Each case builds a tiny random model with transformers' own class (2 layers, width 64, seeded),
+saves it with `save_pretrained` in float32 or bfloat16, and compares moepipe's
+`reference_generate` on that directory with the same transformers model's greedy `generate`:
+float32 logits within 1e-4 and the same greedy tokens in float32 and bfloat16. Every supported
+family, and each config.json field moepipe reads beyond the defaults: Mixtral's sliding_window,
+OLMoE's clip_qkv, Qwen2-MoE's qkv_bias false, tied embeddings, DeepSeek-V2's q_lora_rank and MLA
+sizes outside V2-Lite's proportions, YaRN. Where a field changes nothing on these weights the
+test would prove nothing, so each field case also checks that moepipe without the field gives
+other logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from real.checkpoint import load_units
+from real.model import KVCache, live_routing, reference_generate
+
+transformers = pytest.importorskip("transformers")
+
+GEN = 4  # generated tokens: the prefill of the 6-token prompt, then 3 decode steps
+COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, num_experts_per_tok=2, initializer_range=0.1,
+              max_position_embeddings=64)  # fmt: skip
+FAMILY = {
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, intermediate_size=32, head_dim=16)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=48, intermediate_size=48)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, intermediate_size=32)),
+    # layer 0 dense, layer 1 MoE with a shared expert; MLA at V2-Lite's proportions (16/8/32)
+    "deepseek_v2": ("DeepseekV2Config", dict(n_routed_experts=8, n_shared_experts=1,
+                    moe_intermediate_size=32, intermediate_size=48, first_k_dense_replace=1,
+                    num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    topk_method="greedy", norm_topk_prob=False)),
+}  # fmt: skip
+
+
+def yarn(theta: float, **more: float) -> dict[str, Any]:
+    """YaRN 4x from 8 positions: over the test's 9 its frequency ramp is partial."""
+    return {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": theta,
+            "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0, **more}}  # fmt: skip
+
+
+# case -> (family, config fields over the family's, fields whose effect the test checks)
+CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "mixtral": ("mixtral", {}, ()),
+    "mixtral-sliding_window": ("mixtral", {"sliding_window": 3}, ("sliding_window",)),
+    "mixtral-yarn": ("mixtral", yarn(1e6), ("rope_parameters",)),
+    "qwen2_moe": ("qwen2_moe", {}, ()),
+    "qwen2_moe-no_qkv_bias": ("qwen2_moe", {"qkv_bias": False}, ()),
+    "qwen2_moe-tied": ("qwen2_moe", {"tie_word_embeddings": True}, ()),
+    "qwen2_moe-yarn": ("qwen2_moe", yarn(1e6), ("rope_parameters",)),
+    "olmoe": ("olmoe", {}, ()),
+    "olmoe-clip_qkv": ("olmoe", {"clip_qkv": 0.3}, ("clip_qkv",)),
+    "olmoe-yarn": ("olmoe", yarn(1e4), ("rope_parameters",)),
+    "deepseek_v2": ("deepseek_v2", {}, ()),
+    "deepseek_v2-q_lora_rank": ("deepseek_v2", {"q_lora_rank": 24}, ()),
+    # every MLA size independent of the others (V2-Lite ties them all to head_dim)
+    "deepseek_v2-mla_dims": (
+        "deepseek_v2",
+        {"qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 20, "kv_lora_rank": 24},
+        (),
+    ),
+    "deepseek_v2-yarn": (
+        "deepseek_v2",
+        yarn(1e4, mscale=1.0, mscale_all_dim=0.5),
+        ("rope_parameters",),
+    ),
+}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def hf_config(family: str, fields: dict[str, Any]) -> Any:
+    cls, own = FAMILY[family]
+    cfg = getattr(transformers, cls)(**(COMMON | own | fields))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(case, dtype) -> (checkpoint dir, transformers' model loaded from it), built on first use:
+    seeded weights in float32, cast to the dtype, saved, and loaded back as a user loads them
+    (the cast model itself is no reference: `.to` rounds its RoPE frequencies to bf16 too)."""
+    root = tmp_path_factory.mktemp("hf")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(case: str, dtype: str) -> tuple[Path, Any]:
+        if (case, dtype) not in made:
+            family, fields, _ = CASES[case]
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(hf_config(family, fields))
+            model = model.to(DTYPES[dtype]).eval()
+            ckpt = root / f"{case}-{dtype}"
+            model.save_pretrained(ckpt)
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=DTYPES[dtype])
+            made[case, dtype] = ckpt, loaded.eval()
+        return made[case, dtype]
+
+    return get
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    """[B=2, P=6] token ids < 128."""
+    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' greedy decoding: (tokens [B, GEN], last step's logits [B, V] float32)."""
+    with torch.inference_mode():
+        out = model.generate(prompt, max_new_tokens=GEN, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+    return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
+
+
+def without(ckpt: Path, keys: tuple[str, ...], to: Path) -> Path:
+    """A copy of the checkpoint whose config.json lacks `keys` (the family's defaults)."""
+    shutil.copytree(ckpt, to)
+    cfg = json.loads((to / "config.json").read_text())
+    for key in keys:
+        cfg.pop(key)
+    (to / "config.json").write_text(json.dumps(cfg))
+    return to
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_equals_transformers(case, dtype, built, prompt, tmp_path):
+    """Logits within 1e-4 in float32 and greedy tokens equal in both dtypes, bfloat16 logits
+    within one bf16 step of |logit| < 4 (observed: float32 below 1e-6, bfloat16 0 in every case);
+    a field under test moves the logits far from its absence (observed: 1.4 to 4.1)."""
+    ckpt, hf = built(case, dtype)
+    tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    tol = 1e-4 if dtype == "f32" else 2**-6
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
+    keys = CASES[case][2]
+    if keys and dtype == "f32":  # the same routing, so only the field differs
+        plain = without(ckpt, keys, tmp_path / "plain")
+        _, plain_logits = reference_generate(plain, prompt, GEN, live_routing(ckpt, prompt, GEN))
+        assert (plain_logits - logits).abs().max() > 0.05
+
+
+def test_mixtral_bf16_sums_experts_as_transformers(built, prompt):
+    """Mixtral in bfloat16 weighs each expert's bf16 output by its float32 router weight and sums
+    the top-k in float32, rounding once, as transformers' experts do (grouped_mm, its default):
+    the last logits are transformers' bit for bit. Rounding the weights to bf16 first (moepipe's
+    Qwen2-MoE/OLMoE path, which transformers' routers for those families take) was 0.03 off."""
+    ckpt, hf = built("mixtral", "bf16")
+    _, logits = reference_generate(ckpt, prompt, GEN)
+    _, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(logits, hf_logits)
+
+
+def test_deepseek_norm_topk_prob_follows_deepseek_and_warns_once(built, prompt, tmp_path, caplog):
+    """DeepSeek-V2 with norm_topk_prob true: moepipe renormalises the top-k weights as DeepSeek's
+    own modeling_deepseek.py does, which transformers 5.24's DeepseekV2TopkRouter does not. With
+    that router patched to DeepSeek's rule the two agree within 1e-4; unpatched they do not. The
+    warning naming the field comes once, however often the checkpoint is loaded."""
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf_ds
+
+    base, _ = built("deepseek_v2", "f32")
+    ckpt = without(base, (), tmp_path / "norm")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | {"norm_topk_prob": True}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with caplog.at_level(logging.WARNING, logger="real.model"):
+        tokens, logits = reference_generate(ckpt, prompt, GEN)
+        reference_generate(ckpt, prompt, GEN)
+    assert caplog.text.count("norm_topk_prob is true") == 1
+    _, hf_logits = hf_greedy(hf, prompt)
+    assert (hf_logits - logits).abs().max() > 0.01
+
+    forward = hf_ds.DeepseekV2TopkRouter.forward
+
+    def deepseek_rule(self, hidden_states):  # modeling_deepseek.py's MoEGate, greedy top-k
+        logits_, weights, ids = forward(self, hidden_states)
+        return logits_, weights / (weights.sum(-1, keepdim=True) + 1e-20), ids
+
+    hf_ds.DeepseekV2TopkRouter.forward = deepseek_rule
+    try:
+        hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    finally:
+        hf_ds.DeepseekV2TopkRouter.forward = forward
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_spec_sizes_are_the_checkpoints(case, built):
+    """The spec read from config.json sizes what the simulator moves and caches as the
+    checkpoint holds it: each decoder layer's bytes (q compression, MLA sizes, no Qwen biases
+    included), the embedding's and head's (a tied head is moved as a copy of the embedding), and
+    the KV cache elements a token takes."""
+    ckpt, _ = built(case, "f32")
+    spec, units = load_units(ckpt)
+    nbytes: dict[int, int] = {}
+    for unit, w in units.items():
+        nbytes[unit.layer] = nbytes.get(unit.layer, 0) + sum(t.nbytes for t in w.values())
+    assert [nbytes[i] for i in range(spec.n_layers)] == [
+        spec.layer_bytes(i) for i in range(spec.n_layers)
+    ]
+    assert nbytes[-1] == spec.embed_bytes + spec.head_bytes
+    cache = KVCache.allocate(spec, 1, 1).layers[0]
+    assert sum(t[0, :, 0].numel() for t in cache) == spec.kv_elems_per_token
