@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core.balance import phases
@@ -40,6 +41,12 @@ class RunResult:
     schedule: Schedule
     trace: pd.DataFrame
     summary: dict[str, Any]
+    # A real run's `prompts` [S, P] and generated `tokens` [S, gen_len] (int64), by sequence:
+    # written to tokens.safetensors, so its outputs can be checked without the Python API
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+TOKENS_FILE = "tokens.safetensors"
 
 
 def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
@@ -110,7 +117,8 @@ def summary_of(
 
 
 def write_run(out_dir: str | Path, result: RunResult) -> None:
-    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run, then
+    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run,
+    tokens.safetensors for a real run (its prompts and generated tokens), then
     summary.json last and atomically: a run directory counts as finished only once summary.json
     exists."""
     out = Path(out_dir)
@@ -118,6 +126,10 @@ def write_run(out_dir: str | Path, result: RunResult) -> None:
     result.trace.to_parquet(out / "trace.parquet", index=False)
     write_chrome(out / "trace.json", [result.trace])
     write_balance(out, result)
+    if result.outputs:
+        from safetensors.numpy import save_file
+
+        save_file(result.outputs, str(out / TOKENS_FILE))
     atomic_write_json(out / "summary.json", result.summary)
 
 

@@ -1,7 +1,8 @@
 """Wiring for the real executor: checkpoint -> model spec, routing, store, planner -> a run.
 
 `experiments.run executor=real checkpoint=DIR` calls `real_run`; tests, validate and the
-benchmarks call `real_execute`, which also returns the generated tokens and logits.
+benchmarks call `real_execute`, which also returns the generated tokens and logits. The run dir
+gets the prompts and generated tokens too (tokens.safetensors: `prompts`, `tokens`).
 Routing: `routing_mode=replay` forces every gate to the workload's routing (synthetic or trace of
 the model's shape; `workload.routing.source=live` replays the model's own routing, recorded by an
 in-memory forward first); `routing_mode=live` runs the model's own gates and feeds the planner.
@@ -108,7 +109,11 @@ def real_execute(
             store.close()
     trace = make_trace(out.schedule, out.start_s, out.end_s, source="real")
     summary = summary_of(spec, out.schedule, trace, f"{routing_mode}: {out.routing.description}")
-    return RunResult(out.schedule, trace, summary), out
+    outputs = {
+        "prompts": np.ascontiguousarray(prompts.numpy(), dtype=np.int64),  # [n*b, P]
+        "tokens": np.ascontiguousarray(out.tokens.cpu().numpy(), dtype=np.int64),  # [n*b, gen]
+    }
+    return RunResult(out.schedule, trace, summary, outputs), out
 
 
 def _one_process(schedule: Schedule) -> Schedule:

@@ -477,3 +477,25 @@ def test_cuda_streams_fill_shared_buffers_part_by_part(f32_ckpt, mode):
 def test_cuda_lanes_match_in_memory_forward(mixtral_tiny, planner):
     """4 lanes as 4 CUDA streams on one GPU, against the CPU in-memory forward."""
     check_lanes_run(mixtral_tiny, planner, "replay", device="cuda")
+
+
+def test_a_run_dir_holds_its_prompts_and_tokens(mixtral_tiny, tmp_path):
+    """A real run's dir holds tokens.safetensors (`prompts` [S, P], `tokens` [S, gen_len],
+    int64): the tokens a free-running in-memory forward generates from those prompts, readable
+    without moepipe's API. A simulated run has no tokens, so no file."""
+    from safetensors.numpy import load_file
+
+    from experiments.pipeline import TOKENS_FILE, write_run
+
+    spec = spec_for(mixtral_tiny, "flexgen")
+    result, out = real_execute(mixtral_tiny, spec, "live")
+    write_run(tmp_path / "real", result)
+    saved = load_file(tmp_path / "real" / TOKENS_FILE)
+    wl = spec.workload.with_(n_batches=result.summary["n_batches"])
+    assert saved["prompts"].shape == (wl.n_sequences, wl.prompt_len)
+    assert saved["tokens"].shape == (wl.n_sequences, wl.gen_len)
+    assert torch.equal(torch.from_numpy(saved["tokens"]), out.tokens)
+    free, _ = reference_generate(mixtral_tiny, torch.from_numpy(saved["prompts"]), wl.gen_len)
+    assert torch.equal(torch.from_numpy(saved["tokens"]), free)
+    write_run(tmp_path / "sim", simulate_run(spec))
+    assert not (tmp_path / "sim" / TOKENS_FILE).exists()
