@@ -2,13 +2,14 @@
 
 Each case builds a tiny random model with transformers' own class (2 layers, width 64, seeded),
 saves it with `save_pretrained` in float32 or bfloat16, and compares moepipe's
-`reference_generate` on that directory with the same transformers model's greedy `generate`:
+`reference_generate` on that directory with transformers' model loaded from it, greedy:
 float32 logits within 1e-4 and the same greedy tokens in float32 and bfloat16. Every supported
 family, and each config.json field moepipe reads beyond the defaults: Mixtral's sliding_window,
-OLMoE's clip_qkv, Qwen2-MoE's qkv_bias false, tied embeddings, DeepSeek-V2's q_lora_rank and MLA
-sizes outside V2-Lite's proportions, YaRN. Where a field changes nothing on these weights the
-test would prove nothing, so each field case also checks that moepipe without the field gives
-other logits.
+OLMoE's clip_qkv, Qwen2-MoE's qkv_bias false and head_dim, tied embeddings, DeepSeek-V2's
+q_lora_rank and MLA sizes outside V2-Lite's proportions, YaRN. A case whose field could leave
+the logits as they are also checks that moepipe without the field gives other logits.
+
+Usage: python -m pytest -q tests/real/test_hf_parity.py
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "qwen2_moe": ("qwen2_moe", {}, ()),
     "qwen2_moe-no_qkv_bias": ("qwen2_moe", {"qkv_bias": False}, ()),
     "qwen2_moe-tied": ("qwen2_moe", {"tie_word_embeddings": True}, ()),
+    "qwen2_moe-head_dim": ("qwen2_moe", {"head_dim": 8}, ()),  # not hidden_size / heads
     "qwen2_moe-yarn": ("qwen2_moe", yarn(1e6), ("rope_parameters",)),
     "olmoe": ("olmoe", {}, ()),
     "olmoe-clip_qkv": ("olmoe", {"clip_qkv": 0.3}, ("clip_qkv",)),
