@@ -293,14 +293,15 @@ class Model:
                 "attends to all earlier positions, so logits past sliding_window differ"
             )
         clip = cfg.get("clip_qkv") if spec.family == "olmoe" else None
-        return cls(
-            spec,
-            renormalize,
-            rope,
-            scaling,
-            int(window) if window else None,
-            float(clip) if clip is not None else None,
-        )
+        for key, value, kind in (("sliding_window", window, int), ("clip_qkv", clip, int | float)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, kind) or value <= 0
+            ):
+                raise ConfigError(
+                    f"{where}: {key}={value!r}; set a positive {'whole ' * (kind is int)}number "
+                    "or null (none)"
+                )
+        return cls(spec, renormalize, rope, scaling, window, None if clip is None else float(clip))
 
     @property
     def float32_combine(self) -> bool:

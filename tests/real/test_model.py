@@ -420,3 +420,18 @@ def test_head_shards_of_new_fields_sum_to_the_whole(name, over, tmp_path):
             for h, kv in zip(halves, kvs, strict=True)
         ]
         torch.testing.assert_close(sum(parts), whole, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name, key, value",
+    [("mixtral-tiny", "sliding_window", "4"), ("mixtral-tiny", "sliding_window", 0),
+     ("olmoe-1b-7b", "clip_qkv", "8"), ("olmoe-1b-7b", "clip_qkv", -1.0)],
+)  # fmt: skip
+def test_bad_window_or_clip_is_one_line(name, key, value, tmp_path):
+    """A sliding_window or clip_qkv that is not a positive number names the field and file."""
+    spec = reduced_spec(name, **small_overrides(name))
+    ckpt = write_checkpoint(spec, tmp_path / "c")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | {key: value}))
+    with pytest.raises(ConfigError, match=f"config.json: {key}={value!r}; set a positive"):
+        Model.from_checkpoint(ckpt, spec)
