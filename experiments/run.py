@@ -30,6 +30,7 @@ from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
+from experiments.collect import display_name
 from experiments.cli import (
     exit_on_unknown_choice,
     exit_on_unwritable_dir,
@@ -61,9 +62,10 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     stamp(out_dir, config_yaml)
     write_run(out_dir, result)
     s = result.summary
+    choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     log.info(
         "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
-        s["planner_label"], s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
+        display_name(choice, s["planner"], s["planner_label"]), s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
         100 * s["gpu_bubble_frac"], top_cause(s["gpu_idle_causes_s"]), s["efficiency"], out_dir,
     )  # fmt: skip
     return s
