@@ -30,13 +30,13 @@ from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
-from experiments.collect import display_name
 from experiments.cli import (
     exit_on_unknown_choice,
     exit_on_unwritable_dir,
     on_interrupt,
     until_interrupted,
 )
+from experiments.collect import display_name
 from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_model_name, run_spec
 
