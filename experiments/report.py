@@ -312,19 +312,21 @@ def _panels(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
 MARKERS = "osD^vP*Xph<>"  # one per line, so points at one place stay told apart
 
 
-def _label_points(ax: Any, points: list[tuple[float, float, str, Any]], fontsize: float = 7.5) -> None:
-    """Name each line at its last point, in its colour. Where points crowd (planners at about
-    one throughput), their names are stacked apart, clear of the whole crowd, each with a leader
-    line to its point. Call after the figure's layout is final: it works in display points."""
+def _label_points(ax: Any, points: list[tuple[float, float, str, Any, bool]], fontsize: float = 7.5) -> None:
+    """Name each line in its colour: a line of several points in the margin right of the axes,
+    level with its last point, where it crosses no line; a lone point beside itself, towards the
+    middle of the axes. Names that would overlap (planners at about one throughput) are stacked
+    apart, each with a leader line to its point. Call after the layout is final: it works in
+    display points."""
     to_pt = 72.0 / ax.figure.dpi
     box = ax.get_window_extent()
     gap = fontsize * 1.35
-    sides: dict[bool, list[tuple[float, float, float, float, str, Any]]] = {True: [], False: []}
-    for x, y, text, color in points:
+    groups: dict[str, list[tuple[float, float, float, float, str, Any]]] = {}
+    for x, y, text, color, margin in points:
         px, py = ax.transData.transform((x, y))
-        # names go towards the middle of the axes
-        sides[bool(px > (box.x0 + box.x1) / 2)].append((py * to_pt, px * to_pt, x, y, text, color))
-    for leftward, items in sides.items():
+        side = "margin" if margin else "left" if px > (box.x0 + box.x1) / 2 else "right"
+        groups.setdefault(side, []).append((py * to_pt, px * to_pt, x, y, text, color))
+    for side, items in groups.items():
         items.sort()
         crowds: list[list[int]] = []  # runs of names that had to be pushed apart
         placed: list[float] = []
@@ -338,16 +340,16 @@ def _label_points(ax: Any, points: list[tuple[float, float, str, Any]], fontsize
         shift = max(0.0, placed[-1] - (box.y1 * to_pt - gap / 2)) if placed else 0.0
         for crowd in crowds:
             xs = [items[i][1] for i in crowd]
-            edge = min(xs) if leftward else max(xs)  # names clear of every point of the crowd
+            # names clear of every point of the crowd, or of the axes for the margin
+            edge = box.x1 * to_pt + 4 if side == "margin" else min(xs) - 9 if side == "left" else max(xs) + 9
             for i in crowd:
                 y_pt, x_pt, x, y, text, color = items[i]
-                dx = edge - x_pt + (-9 if leftward else 9)
                 dy = placed[i] - shift - y_pt
                 leader = dict(arrowstyle="-", color=color, lw=0.6, alpha=0.7)
-                ax.annotate(text, xy=(x, y), xytext=(dx, dy), textcoords="offset points",
-                            ha="right" if leftward else "left", va="center", fontsize=fontsize,
+                ax.annotate(text, xy=(x, y), xytext=(edge - x_pt, dy), textcoords="offset points",
+                            ha="right" if side == "left" else "left", va="center", fontsize=fontsize,
                             color=color, annotation_clip=False,
-                            arrowprops=leader if len(crowd) > 1 else None)  # fmt: skip
+                            arrowprops=leader if side == "margin" or len(crowd) > 1 else None)  # fmt: skip
 
 
 def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str, path: Path,
@@ -364,7 +366,7 @@ def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str,
         for i, (label, s) in enumerate(_lines(g, x)):
             s = s.groupby(x, as_index=False)[metric].mean().sort_values(x)  # repeats of a point
             (ln,) = ax.plot(s[x], s[metric], marker=MARKERS[i % len(MARKERS)], label=label)
-            ends.append((ax, s[x].iloc[-1], s[metric].iloc[-1], label, ln.get_color()))
+            ends.append((ax, s[x].iloc[-1], s[metric].iloc[-1], label, ln.get_color(), len(s) > 1))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_title(" / ".join(map(str, key)) or title, fontsize=10)
@@ -377,11 +379,15 @@ def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str,
     return True
 
 
-def _finish(fig: Any, ends: list[tuple[Any, float, float, str, Any]], path: Path) -> None:
-    """Lay the figure out, name each line at its end (`_label_points`), and save it."""
-    fig.tight_layout()
+def _finish(fig: Any, ends: list[tuple[Any, float, float, str, Any, bool]], path: Path) -> None:
+    """Lay the figure out, leaving a margin right of each panel for the names of lines of
+    several points, name each line (`_label_points`), and save it."""
+    margin = any(e[5] for e in ends)
+    fig.tight_layout(rect=(0, 0, 0.84, 1) if margin else (0, 0, 1, 1))
+    if margin and len(fig.axes) > 1:
+        fig.subplots_adjust(wspace=0.5)
     for ax in {id(e[0]): e[0] for e in ends}.values():
-        _label_points(ax, [(x, y, label, c) for a, x, y, label, c in ends if a is ax])
+        _label_points(ax, [(x, y, label, c, m) for a, x, y, label, c, m in ends if a is ax])
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -398,7 +404,8 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
         for i, (label, s) in enumerate(_lines(g, "n_batches", "workload.batch_size")):
             s = s.sort_values("makespan_s")
             (ln,) = ax.plot(s["makespan_s"], s[metric], marker=MARKERS[i % len(MARKERS)], label=label)
-            ends.append((ax, s["makespan_s"].iloc[-1], s[metric].iloc[-1], label, ln.get_color()))
+            ends.append((ax, s["makespan_s"].iloc[-1], s[metric].iloc[-1], label, ln.get_color(),
+                         len(s) > 1))  # fmt: skip
         ax.set_xlabel("latency: makespan of a group of n batches (s)")
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_xscale("log")
@@ -689,6 +696,7 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
         fmt = {"tok/s": "{:.2f}".format, "makespan s": "{:.2f}".format, ratio: "{:.2f}x".format,
                "GPU bubble": lambda v: f"{100 * v:.1f}%"}  # fmt: skip
         shown = t.drop(columns=["runs", *(["wins"] if t.attrs.get("points", 0) < 2 else [])])
+        names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points)"
         shown = shown.rename(columns=names)
         parts.append(f"<p class='answer'>{html.escape(answer(key, t))}</p>")
         parts.append(shown.to_html(index=False, formatters=fmt, na_rep="-", border=0))
