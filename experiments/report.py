@@ -230,8 +230,8 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
             rows.append({
                 "planner": label, "batch_size": first.get("workload.batch_size"),
                 "n": first.get("n_batches"), RANK: float(runs[RANK].mean()),
-                "makespan_s": float(runs["makespan_s"].mean()),
-                "gpu_bubble_frac": float(runs["gpu_bubble_frac"].mean()),
+                "makespan_s": _mean(runs, "makespan_s"),
+                "gpu_bubble_frac": _mean(runs, "gpu_bubble_frac"),
                 WAITS: causes_text(shares.loc[runs.index].mean()) if not shares.empty else "-",
                 "runs": len(runs),
             })  # fmt: skip
@@ -243,6 +243,10 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
         t.attrs["points"] = len(winners)
         out.append((key, t.reset_index(drop=True)))
     return out
+
+
+def _mean(runs: pd.DataFrame, column: str) -> float:
+    return float(runs[column].mean()) if column in runs else float("nan")
 
 
 def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
@@ -261,6 +265,8 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
         if t.attrs.get("points", 0) > 1:
             text += f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points where two or more systems ran."
     causes = str(w[WAITS])
+    if pd.isna(w["gpu_bubble_frac"]):
+        return text
     if causes == "-":
         text += f" Its GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
             "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain.")
