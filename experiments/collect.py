@@ -1,9 +1,11 @@
 """Collect every run directory under a sweep into one table (parquet + CSV).
 
-One row per finished run: the flattened `config.yaml` (``model.name``, ``workload.batch_size``,
-``planner.params.x`` ...) plus the flattened `summary.json` metrics (``throughput_tok_s``,
-``busy_s.gpu``, ``plan.cache_hit_rate`` ...); lists (per-layer values) are JSON strings. A run
-dir without a complete summary.json (interrupted, or still running) is reported and skipped.
+One row per finished run, one column per quantity: the flattened `config.yaml` (``model.name``,
+``workload.batch_size``, ``planner.params.x`` ...), then the `summary.json` metrics it does not
+repeat (``throughput_tok_s``, ``busy_s.gpu``, ``plan.cache_hit_rate`` ...; ``n_batches`` is the n
+a run ran, ``workload.n_batches`` the n it was given), and ``system``, the planner's display name.
+Lists (per-layer values) are JSON strings; spaces in names become ``_``. A run dir without a
+complete summary.json (interrupted, or still running) is reported and skipped.
 
 Usage:
     python -m experiments.collect SWEEP_DIR [--out DIR]   # writes DIR/results.{parquet,csv}
@@ -27,6 +29,12 @@ from core.routing import peek_suffix
 from experiments.cli import until_interrupted
 
 RESULTS = "results"
+SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
+# summary.json keys that repeat a config.yaml column (summary key -> that column)
+REPEATED = {"planner": "planner.name", "executor": "executor.name", "model": "model.name",
+            "hardware": "hardware.name", "batch_size": "workload.batch_size",
+            "prompt_len": "workload.prompt_len", "gen_len": "workload.gen_len",
+            "params": "planner.params"}  # fmt: skip
 _SKIP_KEYS: set[str] = set()  # summary keys not worth a column
 
 
@@ -86,13 +94,24 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no config.yaml"
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
-    row = {**flatten(config), **flatten(summary)}
+    label = str(summary.get("planner_label", ""))
+    metrics = {k: v for k, v in summary.items() if k not in (*REPEATED, "planner_label")}
+    # a repeated key under its config column's name, kept where the config lacks that column
+    repeated = flatten({REPEATED[k]: v for k, v in summary.items() if k in REPEATED})
+    cfg = flatten(config)
+    row = {**cfg, **{k: v for k, v in repeated.items() if k not in cfg}, **flatten(metrics)}
     if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
         row["model.name"] = summary["model"]
     row.setdefault("status", "ok")
-    row["system"] = system_of(run, row)
+    row[SYSTEM] = system_of(run, {**row, "planner_label": label})
     row["has_trace"] = (run / "trace.parquet").exists()
-    return row, None
+    return {column_name(k): v for k, v in row.items()}, None
+
+
+def column_name(key: str) -> str:
+    """A results column's name: the dotted key with no spaces (an idle cause such as
+    `load expert@h2d` becomes `gpu_idle_causes_s.load_expert@h2d`)."""
+    return key.replace(" ", "_")
 
 
 def _why(e: Exception) -> str:
@@ -101,17 +120,24 @@ def _why(e: Exception) -> str:
     return str(getattr(e, "strerror", None) or e)
 
 
+def display_name(choice: str | None, planner: str, planner_label: str = "") -> str:
+    """The one name a run's planner goes by in run logs, run dirs, tables and figures: its
+    config's name (conf/planner/<choice>.yaml: the registry key, or a variant of it such as
+    klotski_at_n, whose planner is `klotski`), else the planner's registry key; a run that
+    peeked at the routing says so (an upper bound, or not: `peek_suffix` of its label)."""
+    return (choice or planner) + peek_suffix(planner_label)
+
+
 def system_of(run: Path, row: dict[str, Any]) -> str:
-    """What a run's planner is, as a sweep varied it: hydra's config choice (klotski_at_n and
-    klotski_hot are both planner `klotski`), else the planner's name; a run that peeked at the
-    routing says so (an upper bound, or not: `peek_suffix`)."""
-    name = str(row.get("planner.name", row.get("planner", "?")))
+    """A collected run's `display_name`, from the planner choice hydra recorded in its
+    .hydra/hydra.yaml (none for a run written without hydra)."""
+    planner = str(row.get("planner.name", row.get("planner", "?")))
     try:
         hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
-        name = str(hydra["hydra"]["runtime"]["choices"]["planner"])
+        choice = str(hydra["hydra"]["runtime"]["choices"]["planner"])
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
-        pass
-    return name + peek_suffix(str(row.get("planner_label", "")))
+        choice = None
+    return display_name(choice, planner, str(row.get("planner_label", "")))
 
 
 def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:

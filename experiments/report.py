@@ -1,10 +1,9 @@
 """Turn a sweep into a static HTML report with PNG figures (readable offline).
 
-Figures: throughput vs batch size per system; throughput vs latency; throughput vs n; what the
-GPUs' idle time waited for, per run (core.bubbles); a Gantt timeline of one layer per planner
-with GPU bubbles shaded (sim, and real above it where a real trace exists); prefetch accuracy per
-layer; load balance per layer (replication runs). A figure whose data the sweep lacks is left out
-with a note saying why.
+The page opens with the answer: who has the highest throughput, by what ratio over each other
+system (a ranked table), and what the winner's GPU bubble waits on. Then the figures, each with
+a caption saying what to read from it, and every run, fastest first. A figure whose data the
+sweep lacks is left out with a note saying why.
 
 Usage:
     python -m experiments.report SWEEP_DIR [--out DIR] [--metric throughput_tok_s]
@@ -31,15 +30,14 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from core.args import output_dir  # noqa: E402
 from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
-from core.routing import peek_suffix  # noqa: E402
 from experiments.cli import until_interrupted  # noqa: E402
-from experiments.collect import collect, load_sweep, write_results  # noqa: E402
+from experiments.collect import SYSTEM, collect, load_sweep, write_results  # noqa: E402
 
-SYSTEM = "system"  # collect's: the planner config choice (planner.name in older results)
 # swept workload columns: a figure against one of them draws a line per value of the others
 AXES = {"workload.batch_size": "bs", "n_batches": "n", "workload.prompt_len": "prompt",
         "workload.gen_len": "gen"}  # fmt: skip
 PANEL = ("model.name", "hardware.name")
+LOWER_IS_BETTER = {"makespan_s", "gpu_bubble_frac", "gpu_bubble_s"}
 METRIC_LABELS = {
     "throughput_tok_s": "throughput (tokens/s)",
     "makespan_s": "makespan (s)",
@@ -48,23 +46,11 @@ METRIC_LABELS = {
     "dag_efficiency": "efficiency (the schedule's own bound / makespan)",
     "gpu_bubble_s": "GPU bubble (s)",
 }
-SYSTEM_NAMES = {  # the system each planner models (anchors.md)
-    "sequential": "Accelerate (sequential)",
-    "layer_prefetch": "layer prefetch",
-    "flexgen": "FlexGen",
-    "zero_inference": "ZeRO-Inference",
-    "moe_infinity": "MoE-Infinity",
-    "fiddler": "Fiddler",
-    "mixtral_offloading": "mixtral-offloading",
-    "klotski": "Klotski",
-    "klotski_at_n": "Klotski (n given)",
-    "klotski_hot": "Klotski, hot prefetch only",
-    "klotski_multi": "Klotski, multi-batch only",
-}
 IDLE = "gpu_idle_causes_s"  # summary.json's {cause: seconds}, flattened by collect to IDLE.<cause>
 IDLE_SHOWN = 7  # causes a figure names; the rest are drawn as one "other"
+WAITS = "bubble_waits_on"  # the runs table's column: top_cause of a run's idle causes
 TABLE_COLUMNS = [SYSTEM, "executor.name", "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
-                 "gpu_bubble_frac", "efficiency", "dag_efficiency"]  # fmt: skip
+                 "gpu_bubble_frac", WAITS, "efficiency", "dag_efficiency"]  # fmt: skip
 
 
 class ReportError(ValueError):
@@ -92,12 +78,6 @@ def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
     if "status" in df:
         df = df[df["status"].fillna("ok") == "ok"]
     return df
-
-
-def _label(planner: str) -> str:
-    suffix = peek_suffix(planner)
-    name = planner[: len(planner) - len(suffix)]
-    return SYSTEM_NAMES.get(name, name) + suffix
 
 
 def overrides(run_dir: str) -> str:
@@ -150,7 +130,7 @@ def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
         parts = s.groupby(keys, dropna=False, sort=True) if keys else [((), s)]
         for key, part in parts:
             key = key if isinstance(key, tuple) else (key,)
-            label = ", ".join([_label(str(system)),
+            label = ", ".join([str(system),
                                *(str(v) or "(no other override)" if c == "_overrides" else _value(c, v)
                                  for c, v in zip(keys, key, strict=True))])  # fmt: skip
             out.append((label, part.drop(columns=["_overrides"], errors="ignore")))
@@ -164,8 +144,137 @@ def idle_shares(d: pd.DataFrame) -> pd.DataFrame:
     if not cols:  # runs from before the causes were recorded, or none feasible
         return pd.DataFrame(index=d.index)
     share = d[cols].fillna(0.0).div(d["makespan_s"].where(d["makespan_s"] > 0), axis=0).fillna(0.0)
-    share.columns = [c[len(IDLE) + 1 :] for c in cols]
+    share.columns = [cause_of(c) for c in cols]
     return share[share.sum().sort_values(ascending=False).index]
+
+
+def cause_of(column: str) -> str:
+    """An idle cause as core.bubbles names it, from collect's column (`IDLE`.load_expert@h2d:
+    `load expert@h2d`; op kinds and tensors have no `_`, so only the part before `@` had a space)."""
+    name = column[len(IDLE) + 1 :]
+    head, at, tail = name.partition("@")
+    return head.replace("_", " ") + at + tail
+
+
+# what each part of a cause's name means, for the words above the ranked table
+_TENSORS = {"expert": "expert weights", "attention": "attention weights", "gate": "gate weights",
+            "ffn": "dense FFN weights", "embed": "embedding weights", "head": "LM-head weights",
+            "kv": "KV cache", "hidden": "a batch's hidden states (its activations)"}  # fmt: skip
+_RESOURCES = {"h2d": "the host-to-GPU link", "d2h": "the GPU-to-host link", "disk": "disk reads",
+              "disk_write": "disk writes", "p2p": "the GPU-to-GPU link", "p2p_out": "the GPU-to-GPU link",
+              "d2d": "copies within GPU memory", "gpu": "the GPU", "cpu": "the CPU"}  # fmt: skip
+
+
+def cause_meaning(cause: str) -> str:
+    """A cause of core.bubbles in words: `load expert@h2d` -> expert weights crossing the
+    host-to-GPU link; `load hidden@d2h` -> a batch's hidden states crossing the GPU-to-host link."""
+    head, _, res = cause.partition("@")
+    where = _RESOURCES.get(res, res)
+    kind, _, what = head.partition(" ")
+    if kind == "load" and res in ("disk", "disk_write"):
+        return f"{_TENSORS.get(what, what or 'data')} {'read from' if res == 'disk' else 'written to'} disk"
+    if kind == "load":
+        return f"{_TENSORS.get(what, what or 'data')} crossing {where}"
+    if kind in ("kv-load", "kv-store"):
+        return f"the KV cache crossing {where}"
+    if kind in ("dispatch", "combine"):
+        return f"the all-to-all ({kind}) on {where}"
+    if kind == "all-reduce":
+        return f"an all-reduce on {where}"
+    if kind.startswith("compute-"):
+        part = kind.removeprefix("compute-")
+        return (f"{part} compute on the CPU" if res == "cpu"
+                else f"{part} compute of another GPU or lane")  # fmt: skip
+    if kind == "memory":
+        return f"ops ready but waiting for {res} memory"
+    if kind == "launch":
+        return "kernel launches of lanes sharing the SMs"
+    if kind == "late":
+        return f"ops ready, {where} free, started late: the executor's own delay"
+    return cause
+
+
+def causes_text(shares: pd.Series, top: int = 3, at_least: float = 0.05) -> str:
+    """The main causes of one run's bubble with their part of it: `load expert@h2d 96%, ...`."""
+    total = float(shares.sum())
+    if total <= 0:
+        return "-"
+    parts = shares[shares / total >= at_least].sort_values(ascending=False).head(top)
+    return ", ".join(f"{c} {v / total:.0%}" for c, v in parts.items())
+
+
+RANK = "throughput_tok_s"  # what the ranking orders by (higher is better)
+# a sweep's point: the workload a run was given (Klotski's own n, `n_batches`, is its choice)
+POINT = ["workload.batch_size", "workload.n_batches", "workload.prompt_len", "workload.gen_len"]
+
+
+def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """Per (model, hardware) panel, one row per line of the figures (a system, and whatever
+    config tells its runs apart), at its best point of the sweep (repeats averaged), fastest
+    first: its throughput, the leader's ratio over it, its bubble and what the bubble waits on;
+    `wins` counts the points of the sweep where two or more lines ran and it was fastest."""
+    d = ok_runs(df).dropna(subset=[RANK])
+    shares = idle_shares(d)
+    out = []
+    for key, g in _panels(d):
+        pts = [c for c in POINT if c in g.columns]
+        g = g.assign(_point=g[pts].astype(str).agg(" ".join, axis=1) if pts else "")
+        lines = _lines(g, *pts, "n_batches")
+        rows, at_point = [], {}  # at_point: {point: [(throughput, line), ...]}
+        for label, s in lines:
+            mean = s.groupby("_point", sort=False)[RANK].mean()
+            for point, v in mean.items():
+                at_point.setdefault(point, []).append((v, label))
+            runs = s[s["_point"] == mean.idxmax()]
+            first = runs.iloc[0]
+            rows.append({
+                "planner": label, "batch_size": first.get("workload.batch_size"),
+                "n": first.get("n_batches"), RANK: float(runs[RANK].mean()),
+                "makespan_s": _mean(runs, "makespan_s"),
+                "gpu_bubble_frac": _mean(runs, "gpu_bubble_frac"),
+                WAITS: causes_text(shares.loc[runs.index].mean()) if not shares.empty else "-",
+                "runs": len(runs),
+            })  # fmt: skip
+        t = pd.DataFrame(rows).sort_values(RANK, ascending=False, kind="stable")
+        t.insert(0, "rank", range(1, len(t) + 1))
+        t["leader_over_it"] = t[RANK].iloc[0] / t[RANK]
+        winners = [max(v)[1] for v in at_point.values() if len(v) > 1]
+        t["wins"] = [winners.count(label) for label in t["planner"]]
+        t.attrs["points"] = len(winners)
+        out.append((key, t.reset_index(drop=True)))
+    return out
+
+
+def _mean(runs: pd.DataFrame, column: str) -> float:
+    return float(runs[column].mean()) if column in runs else float("nan")
+
+
+def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
+    """The ranking of one panel in words (plain text): who wins, by how much over each other
+    system, and what the winner's GPU bubble waits on."""
+    w = t.iloc[0]
+    where = f" on {' / '.join(map(str, key))}" if key else ""
+    at = (f" (its best point: batch {int(w['batch_size'])}, n {int(w['n'])})"
+          if pd.notna(w["batch_size"]) and pd.notna(w["n"]) else "")  # fmt: skip
+    text = f"{w['planner']} has the highest throughput{where}, {w[RANK]:.2f} tok/s{at}"
+    if len(t) == 1:
+        text += ", the only system in this sweep."
+    else:
+        others = [f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})" for _, r in t.iloc[1:].iterrows()]
+        text += ": " + ", ".join(others) + "."
+        if t.attrs.get("points", 0) > 1:
+            text += f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points where two or more systems ran."
+    causes = str(w[WAITS])
+    if pd.isna(w["gpu_bubble_frac"]):
+        return text
+    if causes == "-":
+        text += f" Its GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
+            "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain.")
+    else:
+        top = causes.split(", ")[0].rsplit(" ", 1)
+        text += (f" Its GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
+                 f" bubble waits on {causes}: mostly {cause_meaning(top[0])}.")
+    return text
 
 
 def short_table(df: pd.DataFrame) -> str:
@@ -206,18 +315,64 @@ def _panels(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
     return [(k if isinstance(k, tuple) else (k,), g) for k, g in df.groupby(keys, sort=True)]
 
 
+MARKERS = "osD^vP*Xph<>"  # one per line, so points at one place stay told apart
+
+
+def _label_points(ax: Any, points: list[tuple[float, float, str, Any, bool]], fontsize: float = 7.5) -> None:
+    """Name each line in its colour: a line of several points in the margin right of the axes,
+    level with its last point, where it crosses no line; a lone point beside itself, towards the
+    middle of the axes. Names that would overlap (planners at about one throughput) are stacked
+    apart, each with a leader line to its point. Call after the layout is final: it works in
+    display points."""
+    to_pt = 72.0 / ax.figure.dpi
+    box = ax.get_window_extent()
+    gap = fontsize * 1.35
+    groups: dict[str, list[tuple[float, float, float, float, str, Any]]] = {}
+    for x, y, text, color, margin in points:
+        px, py = ax.transData.transform((x, y))
+        side = "margin" if margin else "left" if px > (box.x0 + box.x1) / 2 else "right"
+        groups.setdefault(side, []).append((py * to_pt, px * to_pt, x, y, text, color))
+    for side, items in groups.items():
+        items.sort()
+        crowds: list[list[int]] = []  # runs of names that had to be pushed apart
+        placed: list[float] = []
+        for i, (y_pt, *_) in enumerate(items):
+            if placed and y_pt < placed[-1] + gap:
+                placed.append(placed[-1] + gap)
+                crowds[-1].append(i)
+            else:
+                placed.append(y_pt)
+                crowds.append([i])
+        shift = max(0.0, placed[-1] - (box.y1 * to_pt - gap / 2)) if placed else 0.0
+        for crowd in crowds:
+            xs = [items[i][1] for i in crowd]
+            # names clear of every point of the crowd, or of the axes for the margin
+            edge = box.x1 * to_pt + 4 if side == "margin" else min(xs) - 9 if side == "left" else max(xs) + 9
+            for i in crowd:
+                y_pt, x_pt, x, y, text, color = items[i]
+                dy = placed[i] - shift - y_pt
+                leader = dict(arrowstyle="-", color=color, lw=0.6, alpha=0.7)
+                ax.annotate(text, xy=(x, y), xytext=(edge - x_pt, dy), textcoords="offset points",
+                            ha="right" if side == "left" else "left", va="center", fontsize=fontsize,
+                            color=color, annotation_clip=False,
+                            arrowprops=leader if side == "margin" or len(crowd) > 1 else None)  # fmt: skip
+
+
 def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str, path: Path,
                  logx: bool = False) -> bool:  # fmt: skip
     """One subplot per (model, hardware) panel, one line per system."""
     d = ok_runs(df).dropna(subset=[x, metric])
-    if d.empty or d[x].nunique() < 2:
-        return False
     panels = _panels(d)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    # a line needs two x values: the n a planner picked for itself is no line
+    if d.empty or not any(s[x].nunique() > 1 for _, g in panels for _, s in _lines(g, x)):
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), squeeze=False)
+    ends = []
     for ax, (key, g) in zip(axes[0], panels, strict=True):
-        for label, s in _lines(g, x):
+        for i, (label, s) in enumerate(_lines(g, x)):
             s = s.groupby(x, as_index=False)[metric].mean().sort_values(x)  # repeats of a point
-            ax.plot(s[x], s[metric], marker="o", label=label)
+            (ln,) = ax.plot(s[x], s[metric], marker=MARKERS[i % len(MARKERS)], label=label)
+            ends.append((ax, s[x].iloc[-1], s[metric].iloc[-1], label, ln.get_color(), len(s) > 1))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_title(" / ".join(map(str, key)) or title, fontsize=10)
@@ -225,12 +380,22 @@ def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str,
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(g[x].unique()), [str(int(v)) for v in sorted(g[x].unique())])
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(title)
-    fig.tight_layout()
+    _finish(fig, ends, path)
+    return True
+
+
+def _finish(fig: Any, ends: list[tuple[Any, float, float, str, Any, bool]], path: Path) -> None:
+    """Lay the figure out, leaving a margin right of each panel for the names of lines of
+    several points, name each line (`_label_points`), and save it."""
+    margin = any(e[5] for e in ends)
+    fig.tight_layout(rect=(0, 0, 0.84, 1) if margin else (0, 0, 1, 1))
+    if margin and len(fig.axes) > 1:
+        fig.subplots_adjust(wspace=0.5)
+    for ax in {id(e[0]): e[0] for e in ends}.values():
+        _label_points(ax, [(x, y, label, c, m) for a, x, y, label, c, m in ends if a is ax])
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
@@ -239,22 +404,22 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
     if len(d) < 2:
         return False
     panels = _panels(d)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), squeeze=False)
+    ends = []
     for ax, (key, g) in zip(axes[0], panels, strict=True):
-        for label, s in _lines(g, "n_batches", "workload.batch_size"):
+        for i, (label, s) in enumerate(_lines(g, "n_batches", "workload.batch_size")):
             s = s.sort_values("makespan_s")
-            ax.plot(s["makespan_s"], s[metric], marker="o", label=label)
+            (ln,) = ax.plot(s["makespan_s"], s[metric], marker=MARKERS[i % len(MARKERS)], label=label)
+            ends.append((ax, s["makespan_s"].iloc[-1], s[metric].iloc[-1], label, ln.get_color(),
+                         len(s) > 1))  # fmt: skip
         ax.set_xlabel("latency: makespan of a group of n batches (s)")
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_xscale("log")
         ax.set_title(" / ".join(map(str, key)), fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="best")
     what = METRIC_LABELS.get(metric, metric).split(" (")[0]
     fig.suptitle(f"{what[0].upper()}{what[1:]} vs latency (each point: one batch size / n)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ends, path)
     return True
 
 
@@ -268,12 +433,14 @@ def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
     if len(share.columns) > IDLE_SHOWN:
         rest = share.columns[IDLE_SHOWN - 1 :]
         share = share.drop(columns=rest).assign(other=share[rest].sum(axis=1))
-    names, rows = [], []
+    bars = []  # (throughput, name, shares): fastest first, as the ranked table
     for label, g in _lines(d):
         for idx, r in g.iterrows():
-            names.append(label + (f", bs {int(r['workload.batch_size'])}, n {int(r['n_batches'])}"
-                                  if len(g) > 1 else ""))  # fmt: skip
-            rows.append(share.loc[idx].to_numpy())
+            name = label + (f", bs {int(r['workload.batch_size'])}, n {int(r['n_batches'])}"
+                            if len(g) > 1 else "")  # fmt: skip
+            bars.append((-float(r.get(RANK, 0.0)), name, share.loc[idx].to_numpy()))
+    bars.sort(key=lambda b: b[0])
+    names, rows = [b[1] for b in bars], [b[2] for b in bars]
     y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(11, 1.4 + 0.32 * len(rows)))
     left = np.zeros(len(rows))
@@ -309,7 +476,8 @@ def _pick_gantt_runs(df: pd.DataFrame) -> pd.DataFrame:
         sel = sel[sel[k] == v]
     # a real run is a run dir of its own: one per system and executor, so it shows beside the sim
     by = [SYSTEM, *(["executor.name"] if "executor.name" in sel else [])]
-    return sel.drop_duplicates(by).sort_values(by)
+    sel = sel.drop_duplicates(by)  # fastest first, as the ranked table
+    return sel.sort_values(RANK, ascending=False) if RANK in sel else sel.sort_values(by)
 
 
 def _layer_window(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float, int, int]:
@@ -364,7 +532,7 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
         for source in ("real", "sim"):  # real above sim where a real run exists
             t = trace[trace["source"].astype(str) == source]
             if not t.empty:
-                items.append((f"{_label(str(r[SYSTEM]))} ({source}, bs {r.get('workload.batch_size')}, "
+                items.append((f"{r[SYSTEM]} ({source}, bs {r.get('workload.batch_size')}, "
                               f"n {r.get('n_batches')})", t))  # fmt: skip
     if not items:
         return False
@@ -447,36 +615,52 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
         else:
             notes.append(f"{title}: not drawn ({why}).")
 
+    up = "the highest" if metric not in LOWER_IS_BETTER else "the lowest"
     add(_line_figure(df, "workload.batch_size", metric, "batch size (sequences)", f"{mlabel} vs batch size",
                      out / "throughput_vs_batch.png", logx=True),
-        "throughput_vs_batch.png", f"{mlabel} vs batch size", "Klotski Fig. 10 shape: one line per system.",
-        "the sweep has one batch size")  # fmt: skip
-    add(
-        fig_latency(df, metric, out / "throughput_vs_latency.png"),
-        "throughput_vs_latency.png",
+        "throughput_vs_batch.png", f"{mlabel} vs batch size",
+        f"Klotski Fig. 10's shape, one line per system. Read: {up} line at a batch size is the best "
+        "system there; a line that stops short ran out of memory at the next size (the runs table "
+        "lists infeasible runs).",
+        "no system ran at two or more batch sizes")  # fmt: skip
+    add(fig_latency(df, metric, out / "throughput_vs_latency.png"), "throughput_vs_latency.png",
         f"{mlabel} vs latency",
-        "Klotski Fig. 11 shape"
-        + (": up and to the left is better." if metric == "throughput_tok_s" else "."),
-        "fewer than two runs",
-    )
+        "Klotski Fig. 11's shape: each point is a run, its latency the time to finish a group of n "
+        "batches; a system's runs at several batch sizes or n are joined."
+        + (" Read: up and to the left is better; a point above and left of another beats it on both."
+           if metric == "throughput_tok_s" else ""),
+        "fewer than two runs")  # fmt: skip
     add(_line_figure(df, "n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
                      out / "throughput_vs_n.png"),
-        "throughput_vs_n.png", f"{mlabel} vs n", "Batches sharing each weight load.", "the sweep has one n")  # fmt: skip
+        "throughput_vs_n.png", f"{mlabel} vs n",
+        "n is how many batches share each weight load. Read: a line still rising at its right end is "
+        "still bound by weight loads there; where it flattens, compute or memory binds instead.",
+        "no system ran at two or more n")  # fmt: skip
     add(fig_idle_causes(df, out / "idle_causes.png"), "idle_causes.png", "Where the GPU bubbles come from",
-        "Each run's idle GPU time (the mean over its GPUs) split by the op its idle gaps waited "
-        "for, walked back along each gap's critical chain: kind@resource (load expert@h2d a weight "
-        "transfer, dispatch@p2p the all-to-all, compute-...@gpu another GPU's work), memory@tier "
-        "(ready, waiting for memory), launch, late@resource (ready, resource free, started late: the "
-        "executor's own delay).",
+        "Each bar is a run, fastest first; its length is the share of the run its GPUs computed "
+        "nothing (the mean over its GPUs), split by the op each idle gap waited for, walked back "
+        "along the gap's critical chain. Read: the longest segment is what to shorten first. Names "
+        "are kind@resource: load expert@h2d is expert weights crossing the host-to-GPU link, load "
+        "hidden@h2d / @d2h a batch's hidden states (its activations) crossing it, as a CPU expert's "
+        "input and output do; kv-load / kv-store the KV cache; dispatch@p2p the all-to-all; "
+        "compute-...@gpu another GPU's (or lane's) work, compute-...@cpu work on the CPU; "
+        "memory@tier an op ready but waiting for memory; launch kernel launches; late@resource an "
+        "op ready with its resource free that started late all the same (the executor's own delay).",
         "no run's GPUs idled, or the runs predate gpu_idle_causes_s")  # fmt: skip
     runs = _pick_gantt_runs(df)
     add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",
-        "Timeline of one layer", "From trace.parquet; rows are streams, red spans are GPU bubbles.",
+        "Timeline of one layer",
+        "One middle layer of one decode step per planner, fastest first, from trace.parquet: rows "
+        "are streams, bars are ops, red spans are times the GPU computes nothing. Read: a red span "
+        "under a load bar is the GPU waiting for that transfer; a layer with little red keeps the "
+        "GPU busy.",
         "no run has a trace.parquet")  # fmt: skip
     add(_per_layer_figure(df, "plan.prefetch_accuracy_per_layer", "prefetch accuracy (useful / prefetched)",
                           "Prefetch accuracy per MoE layer", out / "prefetch_accuracy.png"),
         "prefetch_accuracy.png", "Prefetch accuracy per layer",
-        "Share of prefetched experts the gate then asked for.", "no run records prefetch accuracy")  # fmt: skip
+        "Share of the experts a planner prefetched that the gate then asked for, per MoE layer. "
+        "Read: a layer well below the others is where the predictor misses, and each miss is a load "
+        "the GPU waits on.", "no run records prefetch accuracy")  # fmt: skip
     # expert-parallel runs' balancedness_per_layer ({MoE layer: mean/max device tokens}, which
     # collect flattens to one column a layer) as one list a run
     per_layer = sorted((c for c in df.columns if c.startswith("balancedness_per_layer.")),
@@ -485,7 +669,9 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     add(bool(per_layer) and _per_layer_figure(bal, "_balancedness", "balancedness (mean / max device tokens)",
                                               "Balancedness per MoE layer", out / "load_balance.png"),
         "load_balance.png", "Balancedness per MoE layer",
-        "Expert-parallel runs: mean over max tokens of the devices, per MoE layer (1 = even).",
+        "Expert-parallel runs: the mean over the max of the devices' tokens, per MoE layer. Read: 1 "
+        "is an even load; a line below another leaves its busiest GPU more work, so its layers "
+        "take longer.",
         "no expert-parallel run in this sweep")  # fmt: skip
     write_results(df, out)
     page = out / "index.html"
@@ -493,17 +679,45 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
     return page
 
 
+def runs_table(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Every run, fastest first within each (model, hardware) panel, with what its bubble waited
+    on most (`WAITS`) beside its bubble; infeasible runs last."""
+    shares = idle_shares(ok_runs(df))
+    waits = {i: top_cause(shares.loc[i].to_dict()) for i in shares.index} if not shares.empty else {}
+    d = df.assign(**{WAITS: [waits.get(i, "-") for i in df.index]})
+    cols = [c for c in (*TABLE_COLUMNS[:1], *PANEL, *TABLE_COLUMNS[1:], *columns, "status")
+            if c in d.columns]  # fmt: skip
+    keys = [c for c in PANEL if c in d.columns]
+    return d.sort_values([*keys, RANK], ascending=[True] * len(keys) + [False],
+                         na_position="last", kind="stable")[cols]  # fmt: skip
+
+
+def _answer_html(df: pd.DataFrame) -> list[str]:
+    """The page's first section: per panel, the answer in words and the ranked table."""
+    parts = []
+    for key, t in ranking(df):
+        ratio = f"{t['planner'].iloc[0]} / it"
+        names = {"batch_size": "batch", "n": "n (ran)", RANK: "tok/s", "makespan_s": "makespan s",
+                 "gpu_bubble_frac": "GPU bubble", WAITS: "bubble waits on", "leader_over_it": ratio}  # fmt: skip
+        fmt = {"tok/s": "{:.2f}".format, "makespan s": "{:.2f}".format, ratio: "{:.2f}x".format,
+               "GPU bubble": lambda v: f"{100 * v:.1f}%"}  # fmt: skip
+        shown = t.drop(columns=["runs", *(["wins"] if t.attrs.get("points", 0) < 2 else [])])
+        names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points)"
+        shown = shown.rename(columns=names)
+        parts.append(f"<p class='answer'>{html.escape(answer(key, t))}</p>")
+        parts.append(shown.to_html(index=False, formatters=fmt, na_rep="-", border=0))
+    parts.append(
+        "<p class='note'>Each system at its best point of the sweep (repeats averaged). GPU bubble:"
+        " the share of the run its GPUs computed nothing; what it waits on is the op each idle gap"
+        " waited for (the figure below and <code>gpu_idle_causes_s</code> in summary.json).</p>"
+    )
+    return parts
+
+
 def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes: list[str],
           problems: list[str], columns: list[str]) -> str:  # fmt: skip
-    cols = [
-        c
-        for c in (*TABLE_COLUMNS[:1], *PANEL, *TABLE_COLUMNS[1:], *columns, "status")
-        if c in df.columns
-    ]
-    table = (
-        df[cols]
-        .sort_values([c for c in cols if c in (*PANEL, SYSTEM, "executor.name", *AXES)])
-        .to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0)
+    table = runs_table(df, columns).to_html(
+        index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0
     )
     e = html.escape
     parts = [
@@ -511,8 +725,10 @@ def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes
         f"<title>moepipe report: {e(sweep.name)}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}img{max-width:100%}"
         "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
-        ".note{color:#555}</style></head><body>",
+        ".note{color:#555}.answer{font-size:17px;line-height:1.4}</style></head><body>",
         f"<h1>moepipe report: {e(str(sweep))}</h1>",
+        "<h2>Who wins</h2>",
+        *_answer_html(df),
         f"<p>{len(df)} run(s) collected; simulated unless marked real. Data: results.parquet / results.csv.</p>",
     ]
     for name, title, caption in figs:
@@ -527,7 +743,7 @@ def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes
         parts.append(
             "<h2>Skipped runs</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in problems) + "</ul>"
         )
-    parts.append(f"<h2>Runs</h2>{table}</body></html>")
+    parts.append(f"<h2>Runs (fastest first)</h2>{table}</body></html>")
     return "\n".join(parts)
 
 

@@ -36,6 +36,7 @@ from experiments.cli import (
     on_interrupt,
     until_interrupted,
 )
+from experiments.collect import display_name
 from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_model_name, run_spec
 
@@ -61,9 +62,10 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     stamp(out_dir, config_yaml)
     write_run(out_dir, result)
     s = result.summary
+    choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     log.info(
         "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
-        s["planner_label"], s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
+        display_name(choice, s["planner"], s["planner_label"]), s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
         100 * s["gpu_bubble_frac"], top_cause(s["gpu_idle_causes_s"]), s["efficiency"], out_dir,
     )  # fmt: skip
     return s

@@ -95,20 +95,18 @@ def test_collect_names_each_run_by_its_planner_choice(tmp_path: Path) -> None:
 def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     """Throughput against n over a sweep of n and batch size: one line per batch size, not
     their mean (before, Klotski at bs 4 and 16 was drawn as one line of their averages)."""
-    from experiments.report import _label, _lines
+    from experiments.report import _lines
 
     df = pd.DataFrame({"system": ["klotski_at_n"] * 4, "n_batches": [2, 6, 2, 6],
                        "workload.batch_size": [4, 4, 16, 16], "throughput_tok_s": [1.8, 4.6, 5.7, 8.3]})  # fmt: skip
     lines = _lines(df, "n_batches")
-    assert [label for label, _ in lines] == ["Klotski (n given), bs 4", "Klotski (n given), bs 16"]
+    assert [label for label, _ in lines] == ["klotski_at_n, bs 4", "klotski_at_n, bs 16"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
     assert len(_lines(df, "n_batches", "workload.batch_size")) == 1
     # runs of one point that differ in another override (sub-dirs of its dir): lines of their own
     df2 = df.assign(run_dir=["p/a=1", "p/a=1", "p/a=2", "p/a=2"], **{"workload.batch_size": 4})
     assert [label for label, _ in _lines(df2, "n_batches")] == [
-        "Klotski (n given), a=1", "Klotski (n given), a=2"]  # fmt: skip
-    assert _label("klotski (oracle upper bound)") == "Klotski (oracle upper bound)"
-    assert _label("klotski (peeks at the routing)") == "Klotski (peeks at the routing)"
+        "klotski_at_n, a=1", "klotski_at_n, a=2"]  # fmt: skip
 
 
 def test_report_lines_average_only_repeats_of_one_config() -> None:
@@ -127,13 +125,13 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
         "throughput_tok_s": [6.7, 8.25, 7.9, 9.2, 30.0, 31.0],
     })  # fmt: skip
     lines = _lines(df, "workload.batch_size")
-    assert [label for label, _ in lines] == ["FlexGen, sync False", "FlexGen, sync True", "Klotski"]
+    assert [label for label, _ in lines] == ["flexgen, sync False", "flexgen, sync True", "klotski"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [6.7, 8.25]
     real = df.assign(**{"executor.name": ["sim", "sim", "real", "real", "sim", "sim"],
                         "executor.device": [None, None, "cpu", "cpu", None, None]})  # fmt: skip
     assert [label for label, _ in _lines(real, "workload.batch_size")][:2] == [
-        "FlexGen, real",
-        "FlexGen, sim",
+        "flexgen, real",
+        "flexgen, sim",
     ]  # executor.device says no more than the executor
     seeds = df.assign(**{"planner.params.sync": True})
     assert [len(g) for _, g in _lines(seeds, "workload.batch_size")] == [4, 2]  # repeats: one line
@@ -218,11 +216,55 @@ def test_report_draws_what_the_bubbles_waited_for(swept: Path, tmp_path: Path) -
     df, _ = collect(swept)
     assert not fig_idle_causes(df, tmp_path / "none.png")
     ms = df["makespan_s"]
-    df[f"{IDLE}.load expert@disk"], df[f"{IDLE}.late@gpu"] = 0.3 * ms, 0.1 * ms
+    df[f"{IDLE}.load_expert@disk"], df[f"{IDLE}.late@gpu"] = 0.3 * ms, 0.1 * ms
     assert fig_idle_causes(df, tmp_path / "idle.png")
     with Image.open(tmp_path / "idle.png") as im:
         assert im.size[0] > 100 and im.size[1] > 100
     assert short_table(df).count("load expert@disk 75%") == len(df)
+
+
+def test_report_names_the_winner_and_its_margin_above_the_first_figure(
+    swept: Path, tmp_path: Path
+) -> None:
+    """The page answers first: before any figure it names the system with the highest
+    throughput (each system at its best batch size), its ratio over each other system, and what
+    its GPU bubble waits on; the ranked table and the runs table list the fastest first."""
+    from experiments.report import IDLE, write_report
+
+    df, _ = collect(swept)
+    best = df.groupby("system")["throughput_tok_s"].max().sort_values(ascending=False)
+    winner, other = best.index
+    ms = df["makespan_s"]  # the tiny runs never idle: give every run a bubble of known causes
+    df[f"{IDLE}.load_expert@disk"], df[f"{IDLE}.late@gpu"] = 0.3 * ms, 0.1 * ms
+    page = write_report(swept, tmp_path, df=df).read_text()
+    top = page[: page.index("<img")]
+    assert f"{winner} has the highest throughput" in top
+    assert f"{best[winner]:.2f} tok/s" in top
+    assert f"{best[winner] / best[other]:.2f}x {other} ({best[other]:.2f})" in top
+    assert "waits on load expert@disk 75%, late@gpu 25%: mostly expert weights read from disk" in top
+    ranked = re.findall(r"<td>(sequential|fiddler)</td>", top)
+    assert ranked == [winner, other]
+    runs = page[page.index("Runs (fastest first)") :]
+    order = re.findall(r"<td>(sequential|fiddler)</td>", runs)
+    assert order[0] == winner and "bubble_waits_on" in runs and "load expert@disk 75%" in runs
+
+
+def test_collect_has_one_column_per_quantity(swept: Path) -> None:
+    """No summary.json key that repeats a config column (batch_size beside workload.batch_size,
+    params.n beside planner.params.n, planner beside planner.name), and no spaces in names (the
+    idle causes' `load expert@h2d` was a column name with a space)."""
+    df, _ = collect(swept)
+    cols = set(df.columns)
+    assert not [c for c in cols if " " in c]
+    assert not {"batch_size", "prompt_len", "gen_len", "planner", "executor", "hardware",
+                "planner_label"} & cols  # fmt: skip
+    assert not [c for c in cols if c.startswith("params.")]
+    # a key under a config group is not repeated under its bare name; n_batches is the n a run
+    # ran (Klotski picks its own), workload.n_batches the n it was given
+    groups = ("model.", "hardware.", "workload.", "planner.", "executor.")
+    repeated = [c for c in cols if c.startswith(groups) and c.split(".", 1)[1] in cols]
+    assert repeated == ["workload.n_batches"] or repeated == []
+    assert {"workload.batch_size", "planner.name", "system", "n_batches"} <= cols
 
 
 def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -> None:
