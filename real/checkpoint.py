@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
-from core.spec import ModelSpec, hf_dtype_name
+from core.spec import ModelSpec, hf_dtype_name, read_hf_config
 from core.types import Activation, Tensor
 
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -643,5 +643,6 @@ def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, to
 
 
 def hf_config(ckpt_dir: str | Path) -> dict[str, Any]:
-    """The raw config.json (for fields the spec does not carry, like norm_topk_prob)."""
-    return json.loads((Path(ckpt_dir) / "config.json").read_text())
+    """The raw config.json (for fields the spec does not carry, like norm_topk_prob), its
+    fields' types checked (core.spec.read_hf_config)."""
+    return read_hf_config(Path(ckpt_dir) / "config.json")
