@@ -32,7 +32,7 @@ from core.args import output_dir  # noqa: E402
 from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
 from core.routing import peek_suffix  # noqa: E402
-from experiments.cli import until_interrupted  # noqa: E402
+from experiments.cli import run_command, until_interrupted  # noqa: E402
 from experiments.collect import collect, load_sweep, write_results  # noqa: E402
 
 SYSTEM = "system"  # collect's: the planner config choice (planner.name in older results)
@@ -561,4 +561,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))
