@@ -138,7 +138,11 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".partial-"))
     try:
-        files(tmp)
+        try:
+            files(tmp)
+        except OSError as e:  # a full disk: the write's error names no file
+            raise OSError(e.errno, f"cannot write the run's files ({e.strerror or e}); the "
+                          "earlier result there is kept", str(out_dir)) from None  # fmt: skip
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
         (out_dir / "summary.json").unlink(missing_ok=True)
         new = {p.name for p in tmp.iterdir()}
