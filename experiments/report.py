@@ -556,6 +556,11 @@ def _main(argv: list[str] | None) -> int:
     except (ReportError, MoepipeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk while the figures are written: the error names no file
+        out = args.out or args.sweep_dir / "report"
+        print(f"error: --out {out}: cannot write the report ({err.strerror or err})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(f"report: {page}")
     return 0
 

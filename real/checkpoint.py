@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -494,22 +495,35 @@ def write_checkpoint(
                 size = 0
             shards[-1][ts.hf_name] = t
             size += t.nbytes
-    for stale in [*out.glob("model*.safetensors"), out / INDEX_FILE]:
+    # config.json goes too and is written last: a write cut short (a full disk) leaves no
+    # config.json, so the folder is refused as a checkpoint rather than read half-written
+    for stale in [out / "config.json", *out.glob("model*.safetensors"), out / INDEX_FILE]:
         stale.unlink(missing_ok=True)
     meta = {"format": "pt"}
     if len(shards) == 1:
-        save_file(shards[0], str(out / SINGLE_FILE), metadata=meta)
+        _save(shards[0], out / SINGLE_FILE, meta)
     else:
         weight_map, total = {}, 0
         for j, shard in enumerate(shards):
             name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / name), metadata=meta)
+            _save(shard, out / name, meta)
             weight_map |= dict.fromkeys(shard, name)
             total += sum(t.nbytes for t in shard.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """safetensors' save_file, its I/O errors (a full disk) raised as the OSError they are."""
+    from safetensors import SafetensorError
+
+    try:
+        save_file(tensors, str(path), metadata=meta)
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        raise OSError(int(code.group(1)) if code else None, str(e), str(path)) from None
 
 
 # ---- loading ------------------------------------------------------------------------------

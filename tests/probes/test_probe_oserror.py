@@ -100,3 +100,21 @@ def test_truncated_checkpoint_is_refused_before_a_run(tiny_ckpt: Path, tmp_path:
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(ConfigError, match="truncated"):
         load_checkpoint(ck)
+
+
+def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
+    """collect, report and make_checkpoint on a disk that fills while they write: one line
+    naming their output folder each; make_checkpoint leaves no config.json beside its cut
+    shard, so the folder is not taken for a checkpoint."""
+    sweep = tmp_path / "sweep"
+    assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
+    full = _small_files(4_000)
+    one_line(cli("experiments.collect", str(sweep), "--out", str(tmp_path / "c"), preexec_fn=full),
+             str(tmp_path / "c"))  # fmt: skip
+    one_line(cli("experiments.report", str(sweep), "--out", str(tmp_path / "r"), preexec_fn=full),
+             str(tmp_path / "r"))  # fmt: skip
+    ck = tmp_path / "ck"
+    one_line(cli("real.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),
+             str(ck))  # fmt: skip
+    assert not (ck / "config.json").exists()
+    raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
