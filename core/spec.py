@@ -32,6 +32,13 @@ def _positive(obj: object, *names: str) -> None:
             raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
+MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
+_INT_FIELDS = ("n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "n_heads",
+               "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes", "dense_ffn_size",
+               "shared_ffn_size", "kv_dim", "attn_params", "qk_head_dim",
+               "latent_expand_params")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -66,6 +73,22 @@ class ModelSpec:
     rope_theta: float = 1e6
 
     def __post_init__(self) -> None:
+        for key in _INT_FIELDS:  # before any arithmetic: "2", 2.5 and true are not counts
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"model {self.name}: {key} must be a whole number, got {v!r}")
+        if self.n_layers > MAX_LAYERS:
+            raise ConfigError(
+                f"model {self.name}: n_layers={self.n_layers}, more than any model has "
+                f"(at most {MAX_LAYERS})"
+            )
+        if isinstance(self.moe_layers, str | bytes) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in self.moe_layers
+        ):
+            raise ConfigError(
+                f"model {self.name}: moe_layers must be a list of layer indices, got "
+                f"{self.moe_layers!r}"
+            )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
         for key in ("kv_dim", "attn_params", "qk_head_dim", "latent_expand_params",
@@ -254,7 +277,9 @@ class ModelSpec:
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {unknown}; valid: {sorted(known)}")
         if "moe_layers" not in d and "n_layers" in d:
-            d["moe_layers"] = tuple(range(int(d["n_layers"])))
+            n = d["n_layers"]  # a bad one is refused by __post_init__, naming it
+            ok = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_LAYERS
+            d["moe_layers"] = tuple(range(n)) if ok else ()
         missing = [f.name for f in fields(cls) if f.name not in d and _has_no_default(cls, f.name)]
         if missing:
             raise ConfigError(f"{where}: missing field(s) {missing}")
@@ -360,6 +385,9 @@ def check_hf_config(cfg: Mapping[str, Any], where: str) -> None:
         for key in keys:
             if key in cfg and not ok(cfg[key]):
                 raise bad(key, what)
+    for key in ("num_hidden_layers", "num_layers"):
+        if cfg.get(key, 0) > MAX_LAYERS:
+            raise bad(key, f"at most {MAX_LAYERS} (more than any model has)")
     for key in _HF_MAPPINGS:
         v = cfg.get(key)
         if v is None:
@@ -620,15 +648,16 @@ class HardwareSpec:
         for res, link in self.links.items():
             if not link.bandwidth_bytes_per_s > 0:
                 raise ConfigError(
-                    f"hardware {self.name}: links.{res}.bandwidth must be positive, got {link.bandwidth_bytes_per_s!r}"
+                    f"hardware {self.name}: links.{res}.gbps must be positive, got "
+                    f"{link.bandwidth_bytes_per_s / GB:g}"
                 )
             if link.latency_s < 0:
                 raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
         for dev in ("gpu", "cpu"):
             c: ComputeSpec = getattr(self, dev)
-            for f_ in ("peak_flops_per_s", "mem_bw_bytes_per_s"):
-                if not getattr(c, f_) > 0:
-                    raise ConfigError(f"hardware {self.name}: {dev}.{f_} must be positive")
+            for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):
+                if not getattr(c, f_) > 0:  # named as the YAML names it
+                    raise ConfigError(f"hardware {self.name}: {dev}.{key} must be positive")
             if c.kernel_overhead_s < 0:
                 raise ConfigError(f"hardware {self.name}: {dev}.overhead_us must be >= 0")
             for kind, v in c.kind_overhead_s.items():

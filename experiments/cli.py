@@ -28,7 +28,7 @@ __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice"
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
            "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "unknown_key", "missing_launcher",
-           "unknown_config_key", "error_line", "exit_with", "run_command"]  # fmt: skip
+           "unknown_config_key", "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,11 +72,16 @@ def error_line(e: BaseException) -> str | None:
     import errno
 
     import yaml
-    from hydra.errors import HydraException, OverrideParseException
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(e, MoepipeError):
         return _flat(str(e))
+    if isinstance(e, MissingConfigException):  # an OSError too, but hydra's: a config not found
+        options = f"; available: {', '.join(e.options)}" if e.options else ""
+        return _flat(str(e).splitlines()[0] + options)
+    if isinstance(e, MemoryError):
+        return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
         where = f"{e.filename}: " if e.filename else ""
         fix = {
@@ -112,27 +117,48 @@ def _flat(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def exit_with(e: BaseException) -> None:
-    """Print `e` as one line (`error_line`) on stderr and exit 2; re-raise a bug's."""
+TRACEBACK_ENV = "MOEPIPE_TRACEBACK"  # =1: an unexpected error raises with its traceback
+
+
+def any_error_line(e: BaseException) -> str:
+    """`error_line`, or for an unexpected error (a bug, or input nothing checks yet) one line
+    with its type and message and the file its traceback was written to. Re-raises `e` when
+    MOEPIPE_TRACEBACK=1 (or HYDRA_FULL_ERROR=1 was set by the user)."""
     line = error_line(e)
-    if line is None:
+    if line is not None:
+        return line
+    if os.environ.get(TRACEBACK_ENV) == "1":
         raise e
-    print(f"error: {line}", file=sys.stderr)
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="moepipe-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exception(e, file=f)
+    what = _flat(str(e))[:200] or "no message"
+    return (f"internal error ({type(e).__name__}: {what}); a bug or an input nothing checks: "
+            f"please report it with the command and {path} (its traceback)")  # fmt: skip
+
+
+def exit_with(e: BaseException) -> None:
+    """Print `e` as one line (`any_error_line`) on stderr and exit 2."""
+    print(f"error: {any_error_line(e)}", file=sys.stderr)
     sys.exit(2)
 
 
 def run_command(main: Callable[[], Any]) -> Any:
     """Every command's one error path: `main()`, with Ctrl-C as one line and exit 130
-    (`until_interrupted`), and any expected failure (`error_line`) as one line on stderr and
-    exit 2, without a traceback. A hydra app's errors reach here because this sets
+    (`until_interrupted`), and any failure as one line on stderr and exit 2, without a
+    traceback (`any_error_line`). A hydra app's errors reach here because this sets
     HYDRA_FULL_ERROR (hydra would otherwise print them itself, over many lines); a user who
-    set it gets the traceback."""
-    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    set it, or MOEPIPE_TRACEBACK=1, gets tracebacks."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        os.environ[TRACEBACK_ENV] = "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         return until_interrupted(main)
     except Exception as e:
-        if full:
+        if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
             raise
         exit_with(e)
 

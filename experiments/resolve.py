@@ -94,6 +94,12 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
     planner = to_dict(cfg.planner, "planner")
+    if "name" not in planner:
+        raise ConfigError("planner: its config has no name (the registered planner to run)")
+    if not isinstance(planner.get("params") or {}, Mapping):
+        raise ConfigError(
+            f"planner.params must be a mapping of param -> value, got {planner['params']!r}"
+        )
     return RunSpec(
         model=model_spec(cfg),
         hardware=HardwareSpec.from_dict(to_dict(cfg.hardware, "hardware")),

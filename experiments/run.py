@@ -35,7 +35,7 @@ from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
 from experiments.cli import (
-    error_line,
+    any_error_line,
     exit_on_unknown_choice,
     exit_on_unwritable_dir,
     exit_with,
@@ -193,14 +193,13 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         infeasible = {"status": "infeasible", "error": str(e), "model": run_model_name(_root_=cfg)}
         replace_run(out_dir, infeasible, lambda tmp: write_texts(tmp, stamp(config_text(cfg))))
     except Exception as e:
-        line = error_line(e)
-        if line is None:
-            raise  # a bug: its traceback
         if not sweep:
             exit_with(e)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep
-        # exits 2 at its end (SweepProgress) naming the failed runs.
+        # exits 2 at its end (SweepProgress) naming the failed runs. An unexpected error is
+        # recorded too, with the file holding its traceback.
+        line = any_error_line(e)
         print(f"error: {out_dir.name}: {line}", file=sys.stderr)
         (out_dir / FAILED).write_text(f"{line}\n")
 
