@@ -118,3 +118,19 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
              str(ck))  # fmt: skip
     assert not (ck / "config.json").exists()
     raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
+
+
+def test_offload_file_truncated_mid_run_is_one_line(tiny_ckpt: Path, tmp_path: Path) -> None:
+    """The offload file is cut short while a store reads from it (another process rebuilding
+    or a disk fault): the read fails as an OSError that the commands print as one line
+    naming the file."""
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    s = store.TieredStore(ck, 2**30, device="cpu", direct=False)
+    try:
+        last = max(s.records.values(), key=lambda r: r.offset)
+        os.truncate(s.offload_dir / store.DATA_FILE, last.offset)
+        raises_one_line(lambda: s.read_disk(last.unit), str(s.offload_dir / store.DATA_FILE),
+                        "truncated")  # fmt: skip
+    finally:
+        s.close()
