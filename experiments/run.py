@@ -5,7 +5,10 @@ Usage:
         planner=flexgen workload.n_batches=15 executor=sim
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
-Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json.
+Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json, under
+the run dir's lock (.run.lock), replacing an earlier result only once the new one is whole. Any
+failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
+traceback.
 """
 
 from __future__ import annotations
