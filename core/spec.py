@@ -32,6 +32,13 @@ def _positive(obj: object, *names: str) -> None:
             raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
+MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
+_INT_FIELDS = ("n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "n_heads",
+               "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes", "dense_ffn_size",
+               "shared_ffn_size", "kv_dim", "attn_params", "qk_head_dim",
+               "latent_expand_params")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -74,6 +81,22 @@ class ModelSpec:
     rope_theta: float = 1e6
 
     def __post_init__(self) -> None:
+        for key in _INT_FIELDS:  # before any arithmetic: "2", 2.5 and true are not counts
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(f"model {self.name}: {key} must be a whole number, got {v!r}")
+        if self.n_layers > MAX_LAYERS:
+            raise ConfigError(
+                f"model {self.name}: n_layers={self.n_layers}, more than any model has "
+                f"(at most {MAX_LAYERS})"
+            )
+        if isinstance(self.moe_layers, str | bytes) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in self.moe_layers
+        ):
+            raise ConfigError(
+                f"model {self.name}: moe_layers must be a list of layer indices, got "
+                f"{self.moe_layers!r}"
+            )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
         for key in ("kv_dim", "attn_params", "qk_head_dim", "latent_expand_params",
@@ -263,7 +286,9 @@ class ModelSpec:
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {unknown}; valid: {sorted(known)}")
         if "moe_layers" not in d and "n_layers" in d:
-            d["moe_layers"] = tuple(range(int(d["n_layers"])))
+            n = d["n_layers"]  # a bad one is refused by __post_init__, naming it
+            ok = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_LAYERS
+            d["moe_layers"] = tuple(range(n)) if ok else ()
         missing = [f.name for f in fields(cls) if f.name not in d and _has_no_default(cls, f.name)]
         if missing:
             raise ConfigError(f"{where}: missing field(s) {missing}")
@@ -276,14 +301,7 @@ class ModelSpec:
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face `config.json` (file or checkpoint directory)."""
         p = hf_config_file(path)
-        try:
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{p}: no such file; point at a checkpoint directory with a config.json"
-            ) from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}: not valid JSON ({e})") from None
+        cfg = read_hf_config(p)
         return hf_config_to_spec(cfg, name or p.resolve().parent.name, where=str(p))
 
 
@@ -291,6 +309,111 @@ def hf_config_file(path: str | Path) -> Path:
     """A checkpoint directory's `config.json`, or the file given; its folder names the model."""
     p = Path(path)
     return p / "config.json" if p.is_dir() else p
+
+
+# The config.json fields this project reads, by the type transformers gives them: a value of
+# another type (a string, a float or 0 where a count belongs) is refused naming the field, as a
+# transformers config class would fail on it, before any arithmetic divides by it.
+_HF_COUNTS = (  # whole numbers >= 1
+    "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
+    "num_local_experts", "num_experts", "num_experts_per_tok", "vocab_size",
+    "moe_intermediate_size", "decoder_sparse_step", "moe_layer_freq",
+    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank", "n_routed_experts",
+    "num_layers", "d_model", "d_ff", "num_heads", "d_kv",
+    "max_position_embeddings",
+)  # fmt: skip
+_HF_SIZES = ("shared_expert_intermediate_size", "first_k_dense_replace")  # whole numbers >= 0
+# null or >= 1 (null: head_dim derived, as many KV heads as heads, no q compression or window)
+_HF_OPTIONAL_COUNTS = ("head_dim", "num_key_value_heads", "q_lora_rank", "sliding_window")
+_HF_OPTIONAL_SIZES = ("n_shared_experts",)  # null or >= 0
+_HF_POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "routed_scaling_factor")
+_HF_OPTIONAL_POSITIVE = ("clip_qkv",)
+_HF_BOOLS = ("norm_topk_prob", "tie_word_embeddings", "qkv_bias", "attention_bias")
+_HF_STRINGS = ("model_type", "dtype", "torch_dtype", "topk_method", "scoring_func")
+_HF_MAPPINGS = ("rope_scaling", "rope_parameters")  # null or an object
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """A Hugging Face `config.json` (file or checkpoint directory) as a dict whose fields this
+    project reads have transformers' types; a ConfigError naming the file and the field for
+    a file that is missing, not UTF-8, not JSON, not an object, or a field of another type."""
+    p = hf_config_file(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{p}: no such file; point at a checkpoint directory with a config.json"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); a config.json is JSON") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(
+            f"{p}: holds a JSON {type(cfg).__name__}, not an object of fields; a config.json "
+            "is {\"model_type\": ..., ...}"
+        )
+    check_hf_config(cfg, str(p))
+    return cfg
+
+
+def check_hf_config(cfg: Mapping[str, Any], where: str) -> None:
+    """Raise a ConfigError naming the first field of `cfg` this project reads whose value has
+    not the type transformers gives it (see `read_hf_config`)."""
+
+    def bad(key: str, what: str) -> ConfigError:
+        return ConfigError(f"{where}: field {key} must be {what}, got {cfg[key]!r}; fix config.json")
+
+    rules: list[tuple[tuple[str, ...], Any, str]] = [
+        (_HF_COUNTS, lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+        (_HF_SIZES, lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+        (_HF_OPTIONAL_COUNTS, lambda v: v is None or (_is_int(v) and v >= 1),
+         "a whole number >= 1 or null"),
+        (_HF_OPTIONAL_SIZES, lambda v: v is None or (_is_int(v) and v >= 0),
+         "a whole number >= 0 or null"),
+        (_HF_POSITIVE, lambda v: _is_number(v) and v > 0, "a positive number"),
+        (_HF_OPTIONAL_POSITIVE, lambda v: v is None or (_is_number(v) and v > 0),
+         "a positive number or null"),
+        (_HF_BOOLS, lambda v: isinstance(v, bool), "true or false"),
+        (("model_type",), lambda v: isinstance(v, str), "a string"),
+        (_HF_STRINGS[1:], lambda v: v is None or isinstance(v, str), "a string"),
+    ]  # fmt: skip
+    for keys, ok, what in rules:
+        for key in keys:
+            if key in cfg and not ok(cfg[key]):
+                raise bad(key, what)
+    for key in ("num_hidden_layers", "num_layers"):
+        if cfg.get(key, 0) > MAX_LAYERS:
+            raise bad(key, f"at most {MAX_LAYERS} (more than any model has)")
+    for key in _HF_MAPPINGS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            raise bad(key, "an object or null")
+        theta: Any = v.get("rope_theta")
+        if "rope_theta" in v and not (_is_number(theta) and theta > 0):
+            raise ConfigError(
+                f"{where}: field {key}.rope_theta must be a positive number, got {theta!r}; "
+                "fix config.json"
+            )
+    layers = cfg.get("mlp_only_layers")
+    if "mlp_only_layers" in cfg and not (
+        isinstance(layers, list) and all(_is_int(i) and i >= 0 for i in layers)
+    ):
+        raise bad("mlp_only_layers", "a list of layer indices (whole numbers >= 0)")
 
 
 def _has_no_default(cls: type, name: str) -> bool:
@@ -318,11 +441,23 @@ def rope_theta_of(cfg: Mapping[str, Any], default: float) -> float:
 
 
 def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
-    """Map the Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 and Switch `config.json` layouts to a spec."""
+    """Map the Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 and Switch `config.json` layouts to a spec;
+    a ConfigError naming `where` (the file) for a field of the wrong type or a model the fields
+    do not make (top_k above the experts, heads that do not divide, ...)."""
+    check_hf_config(cfg, where)
+    try:
+        return _hf_config_to_spec(cfg, name, where)
+    except ConfigError as e:
+        if str(e).startswith(where):
+            raise
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str) -> ModelSpec:
     family = cfg.get("model_type", "")
 
     def get(key: str, default: Any = None) -> Any:
-        if key in cfg:
+        if cfg.get(key) is not None:  # null: as if absent (check_hf_config allows it where optional)
             return cfg[key]
         if default is None:
             raise ConfigError(f"{where}: model_type {family!r} needs field {key!r}")
@@ -412,7 +547,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
             head_dim=v_dim,
             vocab_size=get("vocab_size"),
             dense_ffn_size=cfg.get("intermediate_size", 0),
-            shared_ffn_size=cfg.get("n_shared_experts", 0) * get("moe_intermediate_size"),
+            shared_ffn_size=(cfg.get("n_shared_experts") or 0) * get("moe_intermediate_size"),
             kv_dim=kv_rank + rope,  # MLA caches the compressed latent + the RoPE key
             attn_params=mla,
             qk_head_dim=nope + rope,
@@ -525,15 +660,16 @@ class HardwareSpec:
         for res, link in self.links.items():
             if not link.bandwidth_bytes_per_s > 0:
                 raise ConfigError(
-                    f"hardware {self.name}: links.{res}.bandwidth must be positive, got {link.bandwidth_bytes_per_s!r}"
+                    f"hardware {self.name}: links.{res}.gbps must be positive, got "
+                    f"{link.bandwidth_bytes_per_s / GB:g}"
                 )
             if link.latency_s < 0:
                 raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
         for dev in ("gpu", "cpu"):
             c: ComputeSpec = getattr(self, dev)
-            for f_ in ("peak_flops_per_s", "mem_bw_bytes_per_s"):
-                if not getattr(c, f_) > 0:
-                    raise ConfigError(f"hardware {self.name}: {dev}.{f_} must be positive")
+            for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):
+                if not getattr(c, f_) > 0:  # named as the YAML names it
+                    raise ConfigError(f"hardware {self.name}: {dev}.{key} must be positive")
             if c.kernel_overhead_s < 0:
                 raise ConfigError(f"hardware {self.name}: {dev}.overhead_us must be >= 0")
             for kind, v in c.kind_overhead_s.items():

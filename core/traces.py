@@ -143,6 +143,14 @@ def _validate(tr: EsftTrace) -> None:
             f"gate_weights holds {w[t0, layer, j]} at token {t0}, MoE layer {layer + 1} "
             f"({len(wrong)} NaN, infinite or negative value(s); gate weights are probabilities)"
         )
+    srt = np.sort(ids, axis=2)  # [T, L, k]
+    rep = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))  # [n, 2] (token, layer)
+    if rep.size:  # a top-k set never repeats an expert (convert_esft refuses the same)
+        t0, layer = rep[0]
+        raise bad(
+            f"token {t0} repeats an expert within its top-{TOP_K} ids at MoE layer {layer + 1} "
+            f"({len(rep)} such token-layers; a top-k set names {TOP_K} distinct experts)"
+        )
     if int(tr.task.max()) >= len(tr.task_names):
         raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
 

@@ -21,6 +21,7 @@ import datetime
 import itertools
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,7 +40,15 @@ from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
-from experiments.cli import as_float, as_int, output_dir, output_file, parse_kv, until_interrupted
+from experiments.cli import (
+    as_float,
+    as_int,
+    output_dir,
+    output_file,
+    parse_kv,
+    run_command,
+    until_interrupted,
+)
 from real.checkpoint import CONF_MODEL_DIR, Unit, load_checkpoint, torch_dtype, unit_layout
 from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
@@ -602,6 +611,12 @@ def _main(argv: list[str]) -> int:
     try:
         opts = parse_kv(argv, opts)
         name = str(opts["hardware.name"])
+        if not re.fullmatch(r"\w[\w.\-]*", name):  # a path (../x, a/b) would write elsewhere
+            raise MoepipeError(
+                f"hardware.name={name!r}: a profile's name is letters, digits, '_', '-' and '.' "
+                "(it becomes conf/hardware/<name>.yaml and hardware=<name>); to write elsewhere "
+                "pass out=FILE"
+            )
         disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)
         in_run_s = as_float("in_run_s", opts["in_run_s"], at_least=0.0)
         resolve_device(opts["device"])
@@ -626,4 +641,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(lambda: main(sys.argv[1:])))

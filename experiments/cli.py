@@ -11,6 +11,7 @@ Usage:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -27,7 +28,7 @@ __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice"
            "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
            "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "unknown_key", "missing_launcher",
-           "unknown_config_key"]  # fmt: skip
+           "unknown_config_key", "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +62,105 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def error_line(e: BaseException) -> str | None:
+    """The one line a user sees for an expected failure `e`: their mistake (MoepipeError), an
+    OSError (a full disk, a folder they cannot write, a file cut short), a config that does not
+    compose or resolve (hydra's and omegaconf's errors, bad YAML). None for anything else, a
+    bug, which keeps its traceback."""
+    import errno
+
+    import yaml
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(e, MoepipeError):
+        return _flat(str(e))
+    if isinstance(e, MissingConfigException):  # an OSError too, but hydra's: a config not found
+        options = f"; available: {', '.join(e.options)}" if e.options else ""
+        return _flat(str(e).splitlines()[0] + options)
+    if isinstance(e, MemoryError):
+        return "out of memory; make the workload or the model smaller (or use a larger machine)"
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        fix = {
+            errno.ENOSPC: "free space on that disk, or write elsewhere",
+            errno.EDQUOT: "free space on that disk, or write elsewhere",
+            errno.EROFS: "choose a folder you can write to",
+            errno.EACCES: "check its permissions, or choose another folder",
+            errno.EPERM: "check its permissions, or choose another folder",
+            errno.ENOENT: "check the path",
+        }.get(e.errno or 0, "check the file and the disk")
+        return _flat(f"{where}{e.strerror or e}; {fix}")
+    if isinstance(e, OverrideParseException):
+        return _flat(f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "
+                     "https://hydra.cc/docs/advanced/override_grammar/basic)")  # fmt: skip
+    for cause in (e, e.__cause__, e.__context__):
+        if isinstance(cause, yaml.YAMLError):
+            mark = getattr(cause, "problem_mark", None)
+            at = f"{mark.name}:{mark.line + 1}: " if mark is not None else ""
+            problem = getattr(cause, "problem", None) or str(cause).splitlines()[0]
+            return _flat(f"{at}not valid YAML ({problem}); fix that file")
+    if isinstance(e, OmegaConfBaseException):
+        key = getattr(e, "full_key", None)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return _flat(f"{key + ': ' if key else ''}{msg}; fix that value in the config or override")
+    if isinstance(e, HydraException):
+        lines = [*str(e).splitlines(), *str(e.__cause__ or "").splitlines()]
+        return _flat("; ".join(line.strip() for line in lines[:2] if line.strip()) or repr(e))
+    return None
+
+
+def _flat(text: str) -> str:
+    """One line: a message's own line breaks become '; '."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+TRACEBACK_ENV = "MOEPIPE_TRACEBACK"  # =1: an unexpected error raises with its traceback
+
+
+def any_error_line(e: BaseException) -> str:
+    """`error_line`, or for an unexpected error (a bug, or input nothing checks yet) one line
+    with its type and message and the file its traceback was written to. Re-raises `e` when
+    MOEPIPE_TRACEBACK=1 (or HYDRA_FULL_ERROR=1 was set by the user)."""
+    line = error_line(e)
+    if line is not None:
+        return line
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        raise e
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="moepipe-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exception(e, file=f)
+    what = _flat(str(e))[:200] or "no message"
+    return (f"internal error ({type(e).__name__}: {what}); a bug or an input nothing checks: "
+            f"please report it with the command and {path} (its traceback)")  # fmt: skip
+
+
+def exit_with(e: BaseException) -> None:
+    """Print `e` as one line (`any_error_line`) on stderr and exit 2."""
+    print(f"error: {any_error_line(e)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_command(main: Callable[[], Any]) -> Any:
+    """Every command's one error path: `main()`, with Ctrl-C as one line and exit 130
+    (`until_interrupted`), and any failure as one line on stderr and exit 2, without a
+    traceback (`any_error_line`). A hydra app's errors reach here because this sets
+    HYDRA_FULL_ERROR (hydra would otherwise print them itself, over many lines); a user who
+    set it, or MOEPIPE_TRACEBACK=1, gets tracebacks."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        os.environ[TRACEBACK_ENV] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        return until_interrupted(main)
+    except Exception as e:
+        if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
+            raise
+        exit_with(e)
 
 
 # What `until_interrupted` says after "interrupted: ": a command whose output folder is not the

@@ -26,7 +26,7 @@ import yaml
 from core.args import output_dir
 from core.errors import MoepipeError
 from core.routing import peek_suffix
-from experiments.cli import until_interrupted
+from experiments.cli import run_command, until_interrupted
 
 RESULTS = "results"
 SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
@@ -94,6 +94,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no config.yaml"
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
+    if summary.get("status", "ok") == "ok":
+        check_metrics(summary, summary_path)
     label = str(summary.get("planner_label", ""))
     metrics = {k: v for k, v in summary.items() if k not in (*REPEATED, "planner_label")}
     # a repeated key under its config column's name, kept where the config lacks that column
@@ -112,6 +114,39 @@ def column_name(key: str) -> str:
     """A results column's name: the dotted key with no spaces (an idle cause such as
     `load expert@h2d` becomes `gpu_idle_causes_s.load_expert@h2d`)."""
     return key.replace(" ", "_")
+
+
+# summary.json's metrics (core.trace.summarize): finite numbers, each, in a finished run
+METRICS = ("makespan_s", "prefill_s", "decode_s", "throughput_tok_s", "gpu_bubble_s",
+           "gpu_bubble_frac", "lower_bound_s", "efficiency", "dag_lower_bound_s",
+           "dag_efficiency", "tokens_generated", "ops", "batch_size", "n_batches", "prompt_len",
+           "gen_len")  # fmt: skip
+METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}
+
+
+def check_metrics(summary: dict[str, Any], path: Path) -> None:
+    """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
+    a finite number (a string, NaN, infinity, a list): such a file was not written by a run, and
+    would go into a table or a figure as if it were a result."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    items = [(k, summary[k]) for k in METRICS if k in summary]
+    for group in METRIC_GROUPS:
+        values = summary.get(group, {})
+        if not isinstance(values, dict):
+            raise MoepipeError(
+                f"{path}: {group} is {values!r}, not a mapping of name -> number; the file is "
+                "not a run's: delete it and run that point again"
+            )
+        items += [(f"{group}.{k}", v) for k, v in values.items()]
+    for key, value in items:
+        if not number(value):
+            raise MoepipeError(
+                f"{path}: {key} is {value!r}, not a finite number; the file is not a run's: "
+                "delete it and run that point again"
+            )
 
 
 def _why(e: Exception) -> str:
@@ -198,11 +233,16 @@ def one_type(col: pd.Series) -> pd.Series:
 
 
 def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
-    """`collect` for the CLIs: reports skipped runs on stderr; None if `sweep_dir` is no folder."""
+    """`collect` for the CLIs: reports skipped runs on stderr; None (after one line) if
+    `sweep_dir` is no folder or holds a summary.json with a metric that is not a number."""
     if not sweep_dir.is_dir():
         print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
         return None
-    df, problems = collect(sweep_dir)
+    try:
+        df, problems = collect(sweep_dir)
+    except MoepipeError as e:  # a summary.json that no run wrote
+        print(f"error: {e}", file=sys.stderr)
+        return None
     for p in problems:
         print(f"skipped {p}", file=sys.stderr)
     return df, problems
@@ -237,4 +277,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

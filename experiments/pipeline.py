@@ -8,7 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,21 +118,53 @@ def summary_of(
     )
 
 
-def write_run(out_dir: str | Path, result: RunResult) -> None:
-    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run,
-    tokens.safetensors for a real run (its prompts and generated tokens), then
-    summary.json last and atomically: a run directory counts as finished only once summary.json
-    exists."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result.trace.to_parquet(out / "trace.parquet", index=False)
-    write_chrome(out / "trace.json", [result.trace])
-    write_balance(out, result)
-    if result.outputs:
-        from safetensors.numpy import save_file
+RUN_FILES = ("trace.parquet", "trace.json", "balance.csv", TOKENS_FILE)  # write_run's, but the summary
 
-        save_file(result.outputs, str(out / TOKENS_FILE))
-    atomic_write_json(out / "summary.json", result.summary)
+
+def write_run(out_dir: str | Path, result: RunResult, texts: Mapping[str, str] | None = None) -> None:
+    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run,
+    tokens.safetensors for a real run (its prompts and generated tokens) and `texts`
+    (file name -> text: the config the run is of), then summary.json last and atomically: a
+    run directory counts as finished only once summary.json exists. An earlier run's files are
+    replaced only once the new ones are whole (`replace_run`)."""
+
+    def files(tmp: Path) -> None:
+        result.trace.to_parquet(tmp / "trace.parquet", index=False)
+        write_chrome(tmp / "trace.json", [result.trace])
+        write_balance(tmp, result)
+        if result.outputs:
+            from safetensors.numpy import save_file
+
+            save_file(result.outputs, str(tmp / TOKENS_FILE))
+        for name, text in (texts or {}).items():
+            (tmp / name).write_text(text)
+
+    replace_run(Path(out_dir), result.summary, files)
+
+
+def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path], None]) -> None:
+    """Replace a run directory's result with a new one, on success only: `files(tmp)` writes the
+    new files into a hidden folder inside `out_dir` (a full disk or a kill leaves the old result
+    whole, and the folder is removed); then the old summary.json goes, the files move in, the
+    earlier run's files the new one lacks go, and the new summary.json is written last."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".partial-"))
+    try:
+        try:
+            files(tmp)
+        except OSError as e:  # a full disk: the write's error names no file
+            raise OSError(e.errno, f"cannot write the run's files ({e.strerror or e}); the "
+                          "earlier result there is kept", str(out_dir)) from None  # fmt: skip
+        text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
+        (out_dir / "summary.json").unlink(missing_ok=True)
+        new = {p.name for p in tmp.iterdir()}
+        for name in sorted(new):
+            os.replace(tmp / name, out_dir / name)
+        for name in set(RUN_FILES) - new:
+            (out_dir / name).unlink(missing_ok=True)
+        atomic_write_text(out_dir / "summary.json", text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_balance(out: Path, result: RunResult) -> None:

@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from core.args import output_dir  # noqa: E402
 from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
-from experiments.cli import until_interrupted  # noqa: E402
+from experiments.cli import run_command, until_interrupted  # noqa: E402
 from experiments.collect import SYSTEM, collect, load_sweep, write_results  # noqa: E402
 
 # swept workload columns: a figure against one of them draws a line per value of the others
@@ -772,9 +772,14 @@ def _main(argv: list[str] | None) -> int:
     except (ReportError, MoepipeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk while the figures are written: the error names no file
+        out = args.out or args.sweep_dir / "report"
+        print(f"error: --out {out}: cannot write the report ({err.strerror or err})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(f"report: {page}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

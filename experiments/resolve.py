@@ -6,6 +6,7 @@ Every mistake becomes a `ConfigError` naming the field.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,21 @@ from experiments.pipeline import RunSpec
 EXECUTORS = ("sim", "real")
 
 
-def to_dict(node: Any) -> dict[str, Any]:
-    return (
-        OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-    )  # type: ignore[return-value]
+def to_dict(node: Any, key: str = "config") -> dict[str, Any]:
+    """A config group's node as a plain dict, resolved; a ConfigError naming `key` when its
+    YAML is not a mapping of fields (a list, a scalar)."""
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    if isinstance(node, Mapping):
+        return dict(node)
+    raise ConfigError(
+        f"{key}: its config is a {type(node).__name__}, not a mapping of fields; see "
+        f"conf/{key}/ for the layout"
+    )
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
-    d = to_dict(cfg.model)
+    d = to_dict(cfg.model, "model")
     hf = d.pop("hf_config", None)
     if hf:
         return ModelSpec.from_hf_config(hf)  # named after the checkpoint directory
@@ -69,7 +77,7 @@ OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
 
 def workload(cfg: DictConfig) -> Workload:
-    d = to_dict(cfg.workload)
+    d = to_dict(cfg.workload, "workload")
     routing = d.pop("routing", {}) or {}
     try:
         rc = RoutingConfig(**routing)
@@ -85,10 +93,16 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     executor = str(cfg.executor.name)
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
-    planner = to_dict(cfg.planner)
+    planner = to_dict(cfg.planner, "planner")
+    if "name" not in planner:
+        raise ConfigError("planner: its config has no name (the registered planner to run)")
+    if not isinstance(planner.get("params") or {}, Mapping):
+        raise ConfigError(
+            f"planner.params must be a mapping of param -> value, got {planner['params']!r}"
+        )
     return RunSpec(
         model=model_spec(cfg),
-        hardware=HardwareSpec.from_dict(to_dict(cfg.hardware)),
+        hardware=HardwareSpec.from_dict(to_dict(cfg.hardware, "hardware")),
         workload=workload(cfg),
         planner=str(planner["name"]),
         params=dict(planner.get("params") or {}),

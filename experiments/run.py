@@ -5,17 +5,24 @@ Usage:
         planner=flexgen workload.n_batches=15 executor=sim
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
-Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json.
+Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json, under
+the run dir's lock (.run.lock), replacing an earlier result only once the new one is whole. Any
+failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
+traceback.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import multiprocessing
+import shutil
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -24,20 +31,28 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.bubbles import top_cause
-from core.errors import CapacityError, MoepipeError
+from core.errors import CapacityError
 from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
 from experiments.cli import (
+    any_error_line,
     exit_on_unknown_choice,
     exit_on_unwritable_dir,
+    exit_with,
     on_interrupt,
-    until_interrupted,
+    run_command,
 )
 from experiments.collect import display_name
-from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
+from experiments.pipeline import (
+    RunSpec,
+    code_version,
+    replace_run,
+    simulate_run,
+    write_run,
+)
 from experiments.resolve import run_model_name, run_spec
 
 log = logging.getLogger(__name__)
@@ -50,17 +65,15 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
         return json.loads((out_dir / "summary.json").read_text())
-    # not finished as it is: an older run's summary must not pass for this one's if this one
-    # fails or is killed before its own summary is written
-    (out_dir / "summary.json").unlink(missing_ok=True)
+    # An older run's summary stays until this run's files are whole (write_run replaces it,
+    # with its config.yaml, only then): killed or failed, the dir holds the older result whole.
     if spec.executor == "sim":
         result = simulate_run(spec)
     else:
         from experiments.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
-    stamp(out_dir, config_yaml)
-    write_run(out_dir, result)
+    write_run(out_dir, result, stamp(config_yaml))
     s = result.summary
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     log.info(
@@ -114,10 +127,9 @@ def model_files_line(cfg: DictConfig) -> str:
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 
-def stamp(out_dir: Path, config_yaml: str) -> None:
-    """Record what a run dir's summary will be of: the config and the code."""
-    (out_dir / "config.yaml").write_text(config_yaml)
-    (out_dir / CODE).write_text(code_version())
+def stamp(config_yaml: str) -> dict[str, str]:
+    """The files that record what a run dir's summary is of: the config and the code."""
+    return {"config.yaml": config_yaml, CODE: code_version()}
 
 
 def finished(out_dir: Path, config_yaml: str) -> bool:
@@ -140,6 +152,26 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     return True
 
 
+LOCK = ".run.lock"  # in a run dir: held (flock) by the run writing it
+
+
+@contextmanager
+def locked(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir`'s lock: a second run into the same dir waits for the first to end (then
+    finds its result, or replaces it), so no run dir holds one run's summary beside another's
+    trace. Hidden folders a killed run left half-written go once the lock is held."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: another run is writing this run dir; waiting for it to end", out_dir)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        for partial in out_dir.glob(".partial-*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        yield
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
@@ -152,31 +184,43 @@ def main(cfg: DictConfig) -> None:
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
         # only come before that line.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with locked(out_dir):
+        run_point(cfg, out_dir, sweep=hc.mode == RunMode.MULTIRUN)
+
+
+def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
+    """One run into `out_dir`. Alone, an expected failure (bad input, an OSError, a config
+    that does not resolve) is one line and exit 2; in a sweep it is recorded in failed.txt and
+    the sweep goes on."""
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
         execute(cfg, out_dir)
     except CapacityError as e:
-        if hc.mode != RunMode.MULTIRUN:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+        if not sweep:
+            exit_with(e)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
         log.warning("infeasible: %s", e)
-        stamp(out_dir, config_text(cfg))
         infeasible = {"status": "infeasible", "error": str(e), "model": run_model_name(_root_=cfg)}
-        atomic_write_json(out_dir / "summary.json", infeasible)
-    except MoepipeError as e:
-        if hc.mode != RunMode.MULTIRUN:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+        replace_run(out_dir, infeasible, lambda tmp: write_texts(tmp, stamp(config_text(cfg))))
+    except Exception as e:
+        if not sweep:
+            exit_with(e)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep
-        # exits 2 at its end (SweepProgress) naming the failed runs.
-        print(f"error: {out_dir.name}: {e}", file=sys.stderr)
-        (out_dir / FAILED).write_text(f"{e}\n")
+        # exits 2 at its end (SweepProgress) naming the failed runs. An unexpected error is
+        # recorded too, with the file holding its traceback.
+        line = any_error_line(e)
+        print(f"error: {out_dir.name}: {line}", file=sys.stderr)
+        (out_dir / FAILED).write_text(f"{line}\n")
+
+
+def write_texts(folder: Path, texts: dict[str, str]) -> None:
+    for name, text in texts.items():
+        (folder / name).write_text(text)
 
 
 if __name__ == "__main__":
     exit_on_unknown_choice(sys.argv[1:])
     exit_on_unwritable_dir(sys.argv[1:], ("hydra.run.dir", "hydra.sweep.dir"))
-    until_interrupted(main)
+    run_command(main)

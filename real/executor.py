@@ -169,6 +169,11 @@ class _BatchState:
     logits: torch.Tensor | None = None  # [b, V]
 
 
+def bst_index(batches: list[_BatchState], bst: _BatchState) -> int:
+    """The batch index of a batch's state (for an error line)."""
+    return next(i for i, b in enumerate(batches) if b is bst)
+
+
 class Executor:
     def __init__(
         self,
@@ -323,6 +328,9 @@ class Executor:
         self._resident: dict[Unit, dict[str, torch.Tensor]] = {}
         self._host_resident: set[Unit] = set()
         self._fallbacks = 0
+        # (step, layer, order, batch, what) -> a device bool: were that op's outputs finite?
+        # Read once at the end (`_check_finite`), so checking costs no synchronisation.
+        self._finite: list[tuple[tuple[int, int, int, int, str], torch.Tensor]] = []
         self._scratch: dict[str, torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
@@ -749,10 +757,11 @@ class Executor:
             if op.layer == 0:
                 tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
                 h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
-            self._finish_moe(bst, h, s0, s1, op.micro)
+            self._finish_moe(bst, h, s0, s1, op.micro, op.step)
             own = tuple(t[s0:s1] for t in self._kv_dev(bst, op))
             kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
+            self._note_finite(op.step, op.layer, 0, op.batch, "attention", h[s0:s1])
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
                 p = bst.pending.get(op.micro)
@@ -768,8 +777,9 @@ class Executor:
                 p.shared[rows] = y.to(p.shared.device)
             else:
                 h[s0:s1] = m.dense_ffn(w, h[s0:s1])
+                self._note_finite(op.step, op.layer, 1, op.batch, "FFN", h[s0:s1])
         elif op.kind == OpKind.HEAD:
-            self._finish_moe(bst, h, s0, s1, op.micro)
+            self._finish_moe(bst, h, s0, s1, op.micro, op.step)
             logits = m.head(w, h[s0:s1])  # [s1-s0, V]
             with self._refs_lock:
                 if bst.logits is None:
@@ -777,6 +787,7 @@ class Executor:
                     self._landed()
                 bst.written[op.step] += s1 - s0
             bst.logits[s0:s1] = logits
+            self._note_finite(op.step, s.n_layers, 0, op.batch, "logits", logits)
             bst.tokens[s0:s1, op.step] = logits.argmax(-1)
 
     def _hidden(self, bst: _BatchState, step: int) -> torch.Tensor:
@@ -948,8 +959,11 @@ class Executor:
             put_expert(p.slots, rows, slot, y[at : at + len(rows)])
             at += len(rows)
 
-    def _finish_moe(self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int, micro: int) -> None:
-        """Add the pending MoE layer's output (of micro-batch `micro`) to sequences [s0, s1) (once)."""
+    def _finish_moe(
+        self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int, micro: int, step: int
+    ) -> None:
+        """Add the pending MoE layer's output (of micro-batch `micro`, at `step`) to sequences
+        [s0, s1) (once)."""
         p = bst.pending.get(micro)
         if p is None or bool(p.done[s0:s1].all()):
             return
@@ -959,6 +973,30 @@ class Executor:
             h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine
         )
         p.done[s0:s1] = True
+        self._note_finite(step, p.layer, 1, bst_index(self._batches, bst), "MoE", h[s0:s1])
+
+    def _note_finite(
+        self, step: int, layer: int, order: int, batch: int, what: str, x: torch.Tensor
+    ) -> None:
+        """Record (without waiting for it) whether an op's output `x` is finite everywhere."""
+        self._finite.append(((step, layer, order, batch, what), torch.isfinite(x).all()))
+
+    def _check_finite(self) -> None:
+        """A MoepipeError naming the first layer (in step, then layer order) whose output held
+        NaN or infinity: the run's tokens would be computed from garbage."""
+        if not self._finite:
+            return
+        ok = torch.stack([f for _, f in self._finite]).cpu()  # one synchronisation
+        bad = sorted(k for (k, _), f in zip(self._finite, ok.tolist(), strict=True) if not f)
+        if not bad:
+            return
+        step, layer, _, batch, what = bad[0]
+        where = "the LM head" if what == "logits" else f"layer {layer} ({what})"
+        raise MoepipeError(
+            f"non-finite values (NaN or inf) in the output of {where}"
+            + f" at step {step}, batch {batch} ({len(bad)} op output(s) affected); the checkpoint's weights "
+            "hold NaN/inf or overflow their dtype: check or rewrite the checkpoint"
+        )
 
     def _kv_copy(self, op: Op, to_device: bool) -> None:
         """KV_LOAD: the batch's past keys/values host -> device; KV_STORE: this step's new ones
@@ -1006,6 +1044,7 @@ class Executor:
     # ---- results ------------------------------------------------------------------------------
     def _output(self, schedule: Schedule) -> RunOutput:
         s, wl = self.model.spec, self.wl
+        self._check_finite()
         for b, bst in enumerate(self._batches):
             if bst.written != [wl.batch_size] * wl.gen_len:
                 raise ScheduleError(

@@ -180,7 +180,13 @@ def _convert(
             for _, e, off in entries:
                 with open(e.file, "rb") as src:
                     src.seek(e.offset)
-                    buf[off : off + e.nbytes] = src.read(e.nbytes)
+                    data = src.read(e.nbytes)
+                if len(data) != e.nbytes:  # the checkpoint was cut short since it was checked
+                    raise ConfigError(
+                        f"{e.file}: truncated while converting it ({len(data)} of {e.nbytes} "
+                        "bytes of a tensor); re-copy the checkpoint"
+                    )
+                buf[off : off + e.nbytes] = data
             f.write(buf)
             tensor_meta = [[k, ST_CODE[e.dtype], list(e.shape), off] for k, e, off in entries]
             records.append(

@@ -144,7 +144,8 @@ def _write(tmp_path: Path, **arrays: np.ndarray) -> Path:
 
 def _good(t: int = 5) -> dict[str, np.ndarray]:
     return dict(
-        expert_ids=np.zeros((t, 26, 6), np.uint8), gate_weights=np.zeros((t, 26, 6), np.float32),
+        expert_ids=np.broadcast_to(np.arange(6, dtype=np.uint8), (t, 26, 6)),
+        gate_weights=np.zeros((t, 26, 6), np.float32),
         task=np.zeros(t, np.uint8), seq_id=np.zeros(t, np.int32), pos=np.arange(t, dtype=np.int32),
         task_names=np.array(["intent"]),
     )  # fmt: skip
@@ -164,6 +165,10 @@ def test_corrupt_files(tmp_path: Path) -> None:
         load_esft(_write(tmp_path, **(_good() | {"expert_ids": np.zeros((5, 26, 4), np.uint8)})))
     with pytest.raises(TraceError, match=r"seq_id has shape \(4,\)"):
         load_esft(_write(tmp_path, **(_good() | {"seq_id": np.zeros(4, np.int32)})))
+    twice = _good()["expert_ids"].copy()
+    twice[3, 7, 5] = twice[3, 7, 0]  # the same expert twice in one token's top-6
+    with pytest.raises(TraceError, match=r"token 3 repeats an expert .* at MoE layer 8"):
+        load_esft(_write(tmp_path, **(_good() | {"expert_ids": twice})))
     assert load_esft(_write(tmp_path, **_good())).n_tokens == 5
 
 

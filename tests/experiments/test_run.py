@@ -95,7 +95,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_key_check():
     [
         (["planner=nope"], "planner=nope: no conf/planner/nope.yaml; valid: ep_static,"),
         (["-m", "model=tiny,mixtral-9x7b"], "model=mixtral-9x7b: no conf/model/mixtral-9x7b.yaml"),
-        (["hardware.links.h2d.gbps=-1"], "links.h2d.bandwidth must be positive"),
+        (["hardware.links.h2d.gbps=-1"], "links.h2d.gbps must be positive"),
         (["hardware.memory_gb.gpu=0"], "memory.gpu must be a positive capacity"),
         (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
         (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),

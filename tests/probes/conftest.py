@@ -1,0 +1,68 @@
+"""The probe suite's helpers: run a command as a user would (a subprocess) and check that a
+failure is one line on stderr naming what is at fault, a non-zero exit and no traceback.
+
+Each file is one class of failure (issue 48): malformed HF config.json, malformed safetensors,
+OSErrors, hydra/omegaconf errors, input accepted silently, results lost or mixed. Cases of a
+class share one subprocess where they can (a sweep over them), and are checked in-process
+where the boundary function is the whole story, to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import MoepipeError
+from experiments.cli import error_line
+from real.checkpoint import reduced_spec, write_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
+
+
+def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subprocess.CompletedProcess:
+    """`python -m module args...` from the repository root, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, **popen)  # fmt: skip
+
+
+def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
+    """The failed command's single stderr line (after hydra's/our logging, which goes to stdout
+    or the run's log), checked: exit status != 0, `error: ` first, each of `names` in it, no
+    traceback anywhere."""
+    assert r.returncode != 0, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def raises_one_line(fn: Callable[[], Any], *names: str) -> str:
+    """`fn()` fails with an error the commands print as one line naming each of `names`."""
+    with pytest.raises(Exception) as info:  # noqa: PT011 (any expected error type)
+        fn()
+    line = error_line(info.value)
+    assert line is not None, f"{type(info.value).__name__} would be a traceback: {info.value}"
+    assert "\n" not in line
+    for name in names:
+        assert name in line, (name, line)
+    assert isinstance(info.value, MoepipeError | OSError) or line
+    return line
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small mixtral-family checkpoint (2 layers, width 64)."""
+    spec = reduced_spec("mixtral-tiny", hidden_size=64, n_heads=4, n_kv_heads=2,
+                        expert_ffn_size=32, vocab_size=128, n_layers=2)  # fmt: skip
+    return write_checkpoint(spec, tmp_path_factory.mktemp("probe") / "ck", seed=0)

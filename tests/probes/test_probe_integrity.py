@@ -1,0 +1,85 @@
+"""Probe class: integrity of a run dir. A run holds its dir's lock while it writes (a second run
+into it waits, so no summary sits beside another run's trace); a new result replaces an old
+one only once whole (a failed or killed re-run keeps the finished result)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.pipeline import replace_run
+from experiments.run import LOCK
+from tests.probes.conftest import ROOT, TINY, cli
+
+
+def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
+    """While another run holds the dir's lock, a run into it writes nothing and waits; once the
+    lock is free it runs and its summary, config and trace are all its own."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with open(run / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.Popen([sys.executable, "-m", "experiments.run", *TINY,
+                              f"hydra.run.dir={run}"], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            deadline = time.time() + 120
+            while "waiting" not in (run / "run.log").read_text() if (run / "run.log").exists() \
+                    else True:  # fmt: skip
+                assert p.poll() is None and time.time() < deadline, p.communicate()
+                time.sleep(0.2)
+            assert not (run / "summary.json").exists() and not (run / "trace.parquet").exists()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    s = json.loads((run / "summary.json").read_text())
+    assert s["planner"] == "flexgen" and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
+
+
+def _finished(run: Path, planner: str) -> dict:
+    r = cli("experiments.run", *TINY[:-1], f"planner={planner}", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path) -> None:
+    """A re-run that fails or is interrupted while writing keeps the old result whole and
+    consistent (summary, config.yaml, trace); one that finishes replaces all of them."""
+    run = tmp_path / "run"
+    first = _finished(run, "flexgen")
+    files = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet", "trace.json")
+    before = {f: (run / f).read_bytes() for f in files}
+
+    for stop in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+
+        def half_written(tmp: Path, stop: BaseException = stop) -> None:
+            (tmp / "trace.parquet").write_bytes(b"half")
+            (tmp / "config.yaml").write_text("another config")
+            raise stop
+
+        with pytest.raises(type(stop)):
+            replace_run(run, {"planner": "other"}, half_written)
+        assert {f: (run / f).read_bytes() for f in files} == before
+        assert not list(run.glob(".partial-*"))
+
+    second = _finished(run, "sequential")
+    assert second["planner"] == "sequential" != first["planner"]
+    assert "name: sequential" in (run / "config.yaml").read_text()
+    assert (run / "trace.parquet").read_bytes() != before["trace.parquet"]
+
+
+def test_half_written_folders_of_a_killed_run_are_removed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / ".partial-abc").mkdir(parents=True)
+    (run / ".partial-abc" / "summary.json").write_text("{}")
+    _finished(run, "flexgen")
+    assert not (run / ".partial-abc").exists()

@@ -1,0 +1,136 @@
+"""Probe class: an OSError of any kind (a disk that fills while a run is written, a folder that
+cannot be written, a file cut short while it is read) is one line and a non-zero exit, and
+leaves nothing that passes for a result: the earlier result stays, a conversion cut short is
+not kept."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+from pathlib import Path
+
+import pytest
+
+import real.store as store
+from core.errors import ConfigError
+from experiments.cli import error_line
+from real.checkpoint import SINGLE_FILE, load_checkpoint
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+
+
+def _small_files(limit_bytes: int):  # noqa: ANN202 (a preexec_fn)
+    """A process whose files cannot grow past `limit_bytes` (a write past it fails with EFBIG,
+    as on a full disk: Python ignores SIGXFSZ)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+
+def test_disk_full_while_writing_a_run_keeps_the_earlier_result(tmp_path: Path) -> None:
+    """A finished run, then another config into the same dir on a disk that fills while its
+    trace is written: one line naming the run dir, exit != 0, and the first run's
+    summary.json, config.yaml and trace as they were, with no half-written folder left."""
+    run = tmp_path / "run"
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    before = {f: (run / f).read_bytes() for f in ("summary.json", "config.yaml", "trace.parquet")}
+    r = cli("experiments.run", *TINY[:-1], "planner=sequential", f"hydra.run.dir={run}",
+            preexec_fn=_small_files(16_000))  # fmt: skip
+    one_line(r, str(run), "cannot write")
+    assert {f: (run / f).read_bytes() for f in before} == before
+    assert not list(run.glob(".partial-*"))
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [(errno.ENOSPC, "free space"), (errno.EROFS, "folder you can write"),
+     (errno.EACCES, "permissions"), (errno.EDQUOT, "free space"), (errno.EIO, "disk"),
+     (errno.EFBIG, "disk"), (errno.ENOENT, "path")],  # fmt: skip
+)
+def test_any_oserror_is_one_line_naming_its_file(code: int, words: str) -> None:
+    e = OSError(code, os.strerror(code), "/some/run/summary.json")
+    line = error_line(e)
+    assert line is not None and "\n" not in line
+    assert line.startswith("/some/run/summary.json: ") and words in line
+    assert error_line(OSError(code, os.strerror(code))) == line.split(": ", 1)[1]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only folder")
+def test_read_only_checkpoint_dir_when_converting(tiny_ckpt: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    ck.chmod(0o555)
+    try:
+        raises_one_line(lambda: store.build_offload(ck), str(ck))
+    finally:
+        ck.chmod(0o755)
+
+
+def test_conversion_cut_short_by_a_truncated_source_is_not_kept(
+    tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source is cut short after its header was checked (another process rewriting it):
+    the conversion fails naming the file, leaves no manifest or data file behind, and the next
+    conversion of the whole file succeeds."""
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    whole = (ck / SINGLE_FILE).read_bytes()
+
+    def load_then_truncate(d: Path):  # noqa: ANN202
+        out = load_checkpoint(d)
+        with open(ck / SINGLE_FILE, "r+b") as f:
+            f.truncate(len(whole) // 2)
+        return out
+
+    monkeypatch.setattr(store, "load_checkpoint", load_then_truncate)
+    raises_one_line(lambda: store.build_offload(ck), str(ck / SINGLE_FILE), "truncated")
+    off = ck / store.OFFLOAD_DIR
+    assert not (off / store.MANIFEST).exists() and not (off / store.DATA_FILE).exists()
+    monkeypatch.setattr(store, "load_checkpoint", load_checkpoint)
+    (ck / SINGLE_FILE).write_bytes(whole)
+    out = store.build_offload(ck)
+    assert json.loads((out / store.MANIFEST).read_text())["data_bytes"] > 0
+
+
+def test_truncated_checkpoint_is_refused_before_a_run(tiny_ckpt: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    f = ck / SINGLE_FILE
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(ConfigError, match="truncated"):
+        load_checkpoint(ck)
+
+
+def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
+    """collect, report and make_checkpoint on a disk that fills while they write: one line
+    naming their output folder each; make_checkpoint leaves no config.json beside its cut
+    shard, so the folder is not taken for a checkpoint."""
+    sweep = tmp_path / "sweep"
+    assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
+    full = _small_files(4_000)
+    one_line(cli("experiments.collect", str(sweep), "--out", str(tmp_path / "c"), preexec_fn=full),
+             str(tmp_path / "c"))  # fmt: skip
+    one_line(cli("experiments.report", str(sweep), "--out", str(tmp_path / "r"), preexec_fn=full),
+             str(tmp_path / "r"))  # fmt: skip
+    ck = tmp_path / "ck"
+    one_line(cli("real.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),
+             str(ck))  # fmt: skip
+    assert not (ck / "config.json").exists()
+    raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
+
+
+def test_offload_file_truncated_mid_run_is_one_line(tiny_ckpt: Path, tmp_path: Path) -> None:
+    """The offload file is cut short while a store reads from it (another process rebuilding
+    or a disk fault): the read fails as an OSError that the commands print as one line
+    naming the file."""
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    s = store.TieredStore(ck, 2**30, device="cpu", direct=False)
+    try:
+        last = max(s.records.values(), key=lambda r: r.offset)
+        os.truncate(s.offload_dir / store.DATA_FILE, last.offset)
+        raises_one_line(lambda: s.read_disk(last.unit), str(s.offload_dir / store.DATA_FILE),
+                        "truncated")  # fmt: skip
+    finally:
+        s.close()

@@ -1,0 +1,146 @@
+"""Probe class: a malformed safetensors file or index is refused by the format's own rules
+(the ones safetensors' loader applies), as one line naming the file and the tensor; nothing
+runs on wrong weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
+from tests.probes.conftest import cli, one_line, raises_one_line
+
+Header = dict[str, Any]
+
+
+def _split(path: Path) -> tuple[Header, bytes]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def _join(header: Any, data: bytes) -> bytes:
+    b = json.dumps(header).encode()
+    return len(b).to_bytes(8, "little") + b + data
+
+
+def _first(h: Header) -> str:
+    return min(k for k in h if k != "__metadata__")
+
+
+def _edit(h: Header, **meta: Any) -> Header:
+    k = _first(h)
+    return {**h, k: {**h[k], **meta}}
+
+
+def _drop(h: Header, key: str) -> Header:
+    k = _first(h)
+    return {**h, k: {x: v for x, v in h[k].items() if x != key}}
+
+
+def _end(h: Header) -> int:
+    return int(h[_first(h)]["data_offsets"][1])
+
+
+# (case, header -> new header, data -> new data, words the line must hold)
+Edit = Callable[[Header], Any]
+CASES: list[tuple[str, Edit, Callable[[bytes], bytes], str]] = [
+    ("header a list", lambda h: [h], lambda d: d, "JSON list"),
+    ("header a string", lambda h: "x", lambda d: d, "JSON str"),
+    ("entry a string", lambda h: {**h, _first(h): "F32"}, lambda d: d, "is not {dtype"),
+    ("entry a list", lambda h: {**h, _first(h): [1]}, lambda d: d, "is not {dtype"),
+    ("no data_offsets", lambda h: _drop(h, "data_offsets"), lambda d: d, "is not {dtype"),
+    ("no shape", lambda h: _drop(h, "shape"), lambda d: d, "is not {dtype"),
+    ("no dtype", lambda h: _drop(h, "dtype"), lambda d: d, "is not {dtype"),
+    ("offsets short", lambda h: _edit(h, data_offsets=[0, _end(h) - 4]), lambda d: d, "needs"),
+    ("offsets long", lambda h: _edit(h, data_offsets=[0, _end(h) + 4]), lambda d: d, "needs"),
+    ("shape too big", lambda h: _edit(h, shape=[2 * x for x in h[_first(h)]["shape"]]),
+     lambda d: d, "needs"),
+    ("shape too small", lambda h: _edit(h, shape=[1]), lambda d: d, "needs"),
+    ("offsets reversed", lambda h: _edit(h, data_offsets=[_end(h), 0]), lambda d: d,
+     "data_offsets"),
+    ("offsets not ints", lambda h: _edit(h, data_offsets=["0", "8"]), lambda d: d, "data_offsets"),
+    ("offsets three", lambda h: _edit(h, data_offsets=[0, 4, 8]), lambda d: d, "data_offsets"),
+    ("shape negative", lambda h: _edit(h, shape=[-1, 4]), lambda d: d, "shape"),
+    ("shape a string", lambda h: _edit(h, shape="4x4"), lambda d: d, "shape"),
+    ("dtype unknown", lambda h: _edit(h, dtype="F13"), lambda d: d, "dtype"),
+    ("dtype unsupported", lambda h: _edit(h, dtype="I32"), lambda d: d, "dtype"),
+    ("gap before data", lambda h: {k: ({**v, "data_offsets": [o + 4 for o in v["data_offsets"]]}
+                                       if k != "__metadata__" else v) for k, v in h.items()},
+     lambda d: b"\0" * 4 + d, "starts at data byte"),
+    ("bytes after data", lambda h: h, lambda d: d + b"\0" * 8, "past the last tensor"),
+    ("data cut short", lambda h: h, lambda d: d[:-4], "truncated"),
+    ("metadata not strings", lambda h: {**h, "__metadata__": {"format": 1}}, lambda d: d,
+     "__metadata__"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def ckpt(tiny_ckpt: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, d)
+    return d
+
+
+@pytest.mark.parametrize("case, header, data, words", CASES, ids=[c[0] for c in CASES])
+def test_malformed_header_is_one_line(ckpt: Path, case: str, header: Edit,
+                                      data: Callable[[bytes], bytes], words: str) -> None:  # fmt: skip
+    f = ckpt / SINGLE_FILE
+    h, d = _split(f)
+    f.write_bytes(_join(header(h), data(d)))
+    line = raises_one_line(lambda: load_checkpoint(ckpt), str(f), words)
+    if case.startswith(("entry", "no ", "offsets", "shape", "dtype")):
+        assert f"tensor {_first(h)}" in line  # names the tensor it edited
+
+
+def test_header_cut_off_or_not_json(ckpt: Path) -> None:
+    f = ckpt / SINGLE_FILE
+    raw = f.read_bytes()
+    f.write_bytes(raw[:5])
+    raises_one_line(lambda: load_checkpoint(ckpt), str(f), "truncated")
+    f.write_bytes((10).to_bytes(8, "little") + b"\xff" * 10)
+    raises_one_line(lambda: load_checkpoint(ckpt), str(f), "corrupt")
+    f.write_bytes((2**62).to_bytes(8, "little") + b"{}")
+    raises_one_line(lambda: load_checkpoint(ckpt), str(f))
+
+
+def _sharded(ckpt: Path, index: Any) -> None:
+    (ckpt / SINGLE_FILE).rename(ckpt / "model-00001-of-00001.safetensors")
+    text = index if isinstance(index, str) else json.dumps(index)
+    (ckpt / INDEX_FILE).write_text(text)
+
+
+@pytest.mark.parametrize(
+    "index, words",
+    [
+        ([{"weight_map": {}}], "not a safetensors index"),
+        ({"metadata": {}}, "not a safetensors index"),
+        ({"weight_map": ["a"]}, "weight_map"),
+        ({"weight_map": {}}, "weight_map"),
+        ({"weight_map": {"lm_head.weight": 3}}, "weight_map"),
+        ({"weight_map": {"lm_head.weight": "../../etc/passwd"}}, "not a file name"),
+        ({"weight_map": {"lm_head.weight": "missing.safetensors"}}, "missing checkpoint shard"),
+        ("{not json", "not a safetensors index"),
+    ],
+    ids=["list", "no weight_map", "map a list", "map empty", "file a number", "file a path",
+         "file missing", "not json"],  # fmt: skip
+)
+def test_malformed_index_is_one_line(ckpt: Path, index: Any, words: str) -> None:
+    _sharded(ckpt, index)
+    raises_one_line(lambda: load_checkpoint(ckpt), words)
+
+
+def test_a_real_run_on_a_malformed_file_is_one_line(ckpt: Path, tmp_path: Path) -> None:
+    """As a user runs it: a real run whose shard's data_offsets disagree with its shape."""
+    f = ckpt / SINGLE_FILE
+    h, d = _split(f)
+    f.write_bytes(_join(_edit(h, data_offsets=[0, _end(h) - 4]), d))
+    r = cli("experiments.run", "executor=real", f"checkpoint={ckpt}", "hardware=tiny",
+            "workload=tiny", "planner=flexgen", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    one_line(r, str(f), _first(h))
+    assert not (tmp_path / "run" / "summary.json").exists()

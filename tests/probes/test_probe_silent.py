@@ -1,0 +1,151 @@
+"""Probe class: input that was accepted without a word. Non-finite activations or logits fail
+naming the layer; a routing npz that repeats an expert in one token's top-k is refused; a
+summary.json with a metric that is not a finite number is refused by collect and report,
+naming the file and key; calibrate's profile name cannot leave conf/hardware."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+
+from core.errors import MoepipeError
+from core.spec import Workload
+from core.traces import N_EXPERTS, N_LAYERS, TOP_K, TRACE_FILE, TRACE_NAME, load_esft
+from experiments import calibrate
+from experiments.collect import collect
+from experiments.pipeline import RunSpec
+from real.checkpoint import SINGLE_FILE, load_checkpoint
+from tests.conftest import hardware_from_conf
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
+
+# ---- non-finite activations -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tensor, value, layer",
+    [
+        ("model.layers.1.block_sparse_moe.experts.{e}.w2.weight", math.nan, "layer 1 (MoE)"),
+        ("model.layers.0.self_attn.o_proj.weight", math.inf, "layer 0 (attention)"),
+        ("lm_head.weight", math.nan, "LM head"),
+    ],
+    ids=["nan expert", "inf attention", "nan head"],
+)
+def test_non_finite_activations_fail_naming_the_layer(
+    tiny_ckpt: Path, tmp_path: Path, tensor: str, value: float, layer: str
+) -> None:
+    from experiments.real_run import real_execute  # torch's model, only here
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns("offload"))
+    weights = load_file(str(ck / SINGLE_FILE))
+    for e in range(8) if "{e}" in tensor else [0]:  # every expert: whichever is routed to
+        name = tensor.format(e=e)
+        if name in weights:
+            weights[name][0, 0] = value
+    save_file(weights, str(ck / SINGLE_FILE), metadata={"format": "pt"})
+    spec, _ = load_checkpoint(ck)
+    wl = Workload(batch_size=2, n_batches=1, prompt_len=4, gen_len=2)
+    run = RunSpec(spec, hardware_from_conf("tiny"), wl, "sequential", executor="real")
+    with pytest.raises(MoepipeError, match="non-finite") as info:
+        real_execute(ck, run, device="cpu")
+    assert layer in str(info.value) and "\n" not in str(info.value)
+
+
+# ---- routing npz --------------------------------------------------------------------------
+
+
+def _npz(folder: Path, ids: np.ndarray) -> Path:
+    t = ids.shape[0]
+    (folder / TRACE_NAME).mkdir(parents=True, exist_ok=True)
+    np.savez(folder / TRACE_NAME / TRACE_FILE, expert_ids=ids,
+             gate_weights=np.full(ids.shape, 1 / TOP_K, np.float32), task=np.zeros(t, np.uint8),
+             seq_id=np.zeros(t, np.int32), pos=np.arange(t, dtype=np.int32),
+             task_names=np.array(["intent"]))  # fmt: skip
+    return folder
+
+
+def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    ids = np.stack([np.stack([rng.permutation(N_EXPERTS)[:TOP_K] for _ in range(N_LAYERS)])
+                    for _ in range(40)]).astype(np.uint8)  # [T, L, k], distinct per token  # fmt: skip
+    assert load_esft(_npz(tmp_path / "good", ids)).n_tokens == 40
+    ids[17, 3, 4] = ids[17, 3, 1]
+    raises_one_line(lambda: load_esft(_npz(tmp_path / "bad", ids)), TRACE_FILE, "token 17",
+                    "MoE layer 4", "repeats an expert")  # fmt: skip
+    # as a user runs it: a simulation that replays this trace
+    r = cli("experiments.run", "model=deepseek-v2-lite", "hardware=tiny", "workload=tiny",
+            "planner=flexgen", "workload.routing.source=trace",
+            f"workload.routing.trace_dir={tmp_path / 'bad'}",
+            f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    one_line(r, TRACE_FILE, "repeats an expert")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# ---- summaries -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep folder of one finished tiny run (one subprocess for the module)."""
+    root = tmp_path_factory.mktemp("sweep")
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={root / 'good'}")
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+BAD_METRICS = [
+    ("throughput_tok_s", "fast"), ("throughput_tok_s", math.nan), ("makespan_s", math.inf),
+    ("efficiency", None), ("gpu_bubble_s", [1.0]), ("ops", True),
+    ("busy_s", "everything"), ("busy_s.gpu", "1.5"), ("peak_bytes.gpu", -math.inf),
+    ("gpu_idle_causes_s.load expert@h2d", math.nan),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("key, value", BAD_METRICS, ids=[f"{k}={v!r}" for k, v in BAD_METRICS])
+def test_summary_with_a_bad_metric_is_refused(sweep: Path, tmp_path: Path, key: str,
+                                              value: object) -> None:  # fmt: skip
+    mine = tmp_path / "sweep"
+    shutil.copytree(sweep, mine)
+    shutil.copytree(mine / "good", mine / "bad")
+    path = mine / "bad" / "summary.json"
+    s = json.loads(path.read_text())
+    group, _, name = key.partition(".")
+    if name:
+        s[group][name] = value
+    else:
+        s[key] = value
+    path.write_text(json.dumps(s))  # NaN and Infinity as Python's json writes them
+    line = raises_one_line(lambda: collect(mine), str(path), key.partition(".")[0])
+    assert "not" in line
+
+
+def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(sweep: Path,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    mine = tmp_path / "sweep"
+    shutil.copytree(sweep, mine)
+    shutil.copytree(mine / "good", mine / "bad")
+    path = mine / "bad" / "summary.json"
+    path.write_text(path.read_text().replace('"throughput_tok_s": ', '"throughput_tok_s": "x", "_": '))
+    for module in ("experiments.collect", "experiments.report"):
+        r = cli(module, str(mine))
+        one_line(r, str(path), "throughput_tok_s")
+    assert not (mine / "results.csv").exists() and not (mine / "report").exists()
+
+
+# ---- calibrate -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "/tmp/abs", ".hidden", "", "x y", "..", "a\\b"])
+def test_calibrate_profile_name_stays_in_conf_hardware(name: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    before = sorted((ROOT / "conf").rglob("*"))
+    assert calibrate.main([f"hardware.name={name}", f"disk_dir={tmp_path / 'd'}"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: hardware.name="), err
+    assert sorted((ROOT / "conf").rglob("*")) == before

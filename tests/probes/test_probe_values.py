@@ -1,0 +1,88 @@
+"""Probe class: a bad value in a config group (a string, float, bool or huge number where a count
+belongs, a scalar where a mapping belongs) is one line naming the key, from the resolved config
+(hydra's compose, in-process: the run's own boundary) and from a sweep a user runs. An error
+nothing checks still ends in one line, naming the file that holds its traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.cli import TRACEBACK_ENV, any_error_line
+from experiments.resolve import run_spec
+from tests.probes.conftest import ROOT, TINY, cli, raises_one_line
+
+CASES = [
+    ("model.n_layers=1e12", "n_layers"),
+    ("model.n_layers=1000000000", "n_layers"),
+    ("model.n_layers=2.5", "n_layers"),
+    ("model.n_layers='2'", "n_layers"),
+    ("model.hidden_size=true", "hidden_size"),
+    ("model.hidden_size=0", "hidden_size"),
+    ("model.n_experts=-4", "n_experts"),
+    ("model.top_k=99", "top_k"),
+    ("model.n_kv_heads=3", "n_kv_heads"),
+    ("model.activation=gelu", "activation"),
+    ("model.rope_theta=abc", "rope_theta"),
+    ("+model.moe_layers=[a]", "moe_layers"),
+    ("+model.moe_layers=[0,0]", "moe_layers"),
+    ("+model.bogus=1", "bogus"),
+    ("planner.params=5", "planner.params"),
+    ("workload.batch_size=abc", "workload.batch_size"),
+    ("workload.batch_size=0", "workload.batch_size"),
+    ("workload.seed=-1", "workload.seed"),
+    ("workload.routing.skew=abc", "workload.routing.skew"),
+    ("workload.routing.reuse=2", "workload.routing.reuse"),
+    ("workload.routing.source=magic", "workload.routing.source"),
+    ("+workload.bogus=1", "bogus"),
+    ("hardware.gpu=5", "gpu"),
+    ("hardware.memory_gb=5", "memory_gb"),
+    ("hardware.links.h2d.gbps=-1", "links.h2d"),
+    ("hardware.links.h2d.gbps=fast", "links.h2d"),
+    ("hardware.gpu.tflops=0", "tflops"),
+    ("hardware.n_gpus=0", "n_gpus"),
+    ("executor.name=gpu", "executor"),
+]
+
+
+@pytest.fixture(scope="module")
+def composer():  # noqa: ANN201
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda overrides: compose("config", overrides=[*TINY, *overrides])
+
+
+@pytest.mark.parametrize("override, key", CASES, ids=[c[0] for c in CASES])
+def test_bad_value_is_one_line_naming_the_key(composer, override: str, key: str) -> None:  # noqa: ANN001
+    raises_one_line(lambda: run_spec(composer([override])), key)
+
+
+def test_bad_values_in_a_sweep(tmp_path: Path) -> None:
+    """One sweep a user runs (the basic launcher: one process): each bad value of the point is
+    one line in its failed.txt, the good point finishes."""
+    sweep = tmp_path / "sweep"
+    r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic",
+            "model.n_layers=1e12,1000000000,true,2", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    failed = [p.read_text() for p in sweep.rglob("failed.txt")]
+    assert len(failed) == 3 and all("n_layers" in t and t.count("\n") == 1 for t in failed)
+    assert len(list(sweep.rglob("summary.json"))) == 1
+
+
+def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    try:
+        {}["missing"]  # noqa: B018 (an error nothing turns into a line)
+    except KeyError as e:
+        line = any_error_line(e)
+    assert "\n" not in line and line.startswith("internal error (KeyError: 'missing')")
+    path = Path(line.rsplit(" and ", 1)[1].split(" (its traceback)")[0])
+    assert "Traceback" in path.read_text() and "missing" in path.read_text()
+    os.unlink(path)
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    with pytest.raises(KeyError):
+        any_error_line(KeyError("x"))
