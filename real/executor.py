@@ -37,7 +37,7 @@ from core.spec import Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
-from real.store import TENSOR_ALIGN, TieredStore, round_up
+from real.store import TENSOR_ALIGN, TieredStore, aligned, round_up
 
 log = logging.getLogger(__name__)
 
@@ -674,7 +674,7 @@ class Executor:
         elif op.src == Tier.CPU and op.dst == Tier.GPU:
             with self._refs_lock:
                 self._dev_refs[u] = self._dev_refs.get(u, 0) + 1
-            if st.resident(u, Tier.CPU) is None:  # the planner assumed a host copy: read it now
+            if not st.holds(u, Tier.CPU):  # the planner assumed a host copy: read it now
                 self._fallbacks += 1
                 log.warning("%s: %s is not in host memory; reading it from disk", op.label(), u)
                 st.read_disk(u)
@@ -727,7 +727,7 @@ class Executor:
                 st.evict(u, Tier.CPU)
             else:
                 self._host_resident.add(u)
-        return w
+        return aligned(w)  # a host-tier unit's views lie at the file's alignment
 
     def _compute(self, op: Op, spec: StreamSpec) -> None:
         m, s = self.model, self.model.spec
