@@ -263,8 +263,8 @@ def _child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
         result, _ = real_execute(opts["checkpoint"], spec, "replay")
         s = result.summary
         return {"tok_s": s["throughput_tok_s"], "seconds": s["makespan_s"],
-                "n_batches": s["n_batches"], "tokens": spec.workload.with_(
-                    n_batches=s["n_batches"]).tokens_generated}  # fmt: skip
+                "n_batches": s["n_batches"], "dag_efficiency": s.get("dag_efficiency"),
+                "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated}  # fmt: skip
     wl = spec.workload.with_(n_batches=int(opts["n_batches"]))
     prompts = prompts_for(spec.model, wl)
     budget, host = int(hw.memory_bytes[Tier.GPU]), int(hw.memory_bytes[Tier.CPU])
@@ -283,6 +283,7 @@ class Row:
     peak_rss_bytes: int | None
     peak_cgroup_bytes: int | None  # RSS + page cache charged to its cgroup
     note: str = ""
+    dag_efficiency: float | None = None  # moepipe: schedule's own critical path / makespan
 
 
 def run_side(
@@ -349,9 +350,10 @@ def _peak_rss() -> int:
 
 
 def compare(
-    opts: dict[str, Any], spec: Any, hw: Any, use_cgroup: bool
+    opts: dict[str, Any], spec: Any, hw: Any, use_cgroup: bool, batch_by_batch: bool = True
 ) -> tuple[list[Row], list[str]]:
-    """Every row (moepipe, then accelerate all-in-one, then batch by batch) and header lines."""
+    """Every row (moepipe, then accelerate all-in-one, then batch by batch unless not
+    `batch_by_batch`) and header lines. Progress on stderr."""
     from core.errors import MoepipeError
     from core.types import Tier
 
@@ -364,16 +366,19 @@ def compare(
             _, runtime, _ = run_side("probe", opts, 1 << 50)
             limit = budget + (runtime or 0) + (int(opts["slack_mb"]) << 20)
     rows: list[Row] = []
+    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
     got, peak, why = run_side("moepipe", opts, limit)
     if got is None:
         raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
     n = int(got["n_batches"])
     rows.append(Row(f"moepipe {spec.planner} (n={n})", spec.workload.batch_size, got["tok_s"],
-                    got["seconds"], got["peak_rss_bytes"], peak))  # fmt: skip
+                    got["seconds"], got["peak_rss_bytes"], peak,
+                    dag_efficiency=got.get("dag_efficiency")))  # fmt: skip
     opts = dict(opts, n_batches=n)
     every = n * spec.workload.batch_size
     batch = every
     while True:  # the largest batch that fits: every prompt at once, halved while it does not
+        print(f"[bench] accelerate, batch {batch} ...", file=sys.stderr, flush=True)
         got, peak, why = run_side("accelerate", opts, limit, acc_batch=batch)
         calls = -(-every // batch)
         name = f"accelerate, {calls} generate call{'s' if calls > 1 else ''}"
@@ -382,7 +387,8 @@ def compare(
             break
         rows.append(_row(name, batch, None, peak, why))
         batch = max(spec.workload.batch_size, batch // 2)
-    if batch != spec.workload.batch_size:
+    if batch_by_batch and batch != spec.workload.batch_size:
+        print("[bench] accelerate, batch by batch ...", file=sys.stderr, flush=True)
         got, peak, why = run_side("accelerate", opts, limit, acc_batch=spec.workload.batch_size)
         rows.append(_row(f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size,
                          got, peak, why))  # fmt: skip
