@@ -17,6 +17,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -50,17 +51,38 @@ _WEIGHT_TENSORS = {Tensor.ATTENTION, Tensor.GATE, Tensor.EXPERT, Tensor.FFN, Ten
 PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into a builder
 
 
-def cpu_compute_threads() -> int:
-    """Torch intra-op threads of a CPU-only run: every core this process may run on. The
-    device-pool "GPU" is the CPU itself; the transfer workers need little CPU beside it (an
-    O_DIRECT read waits on the disk's DMA; the h2d memcpy is one thread's). Measured on a 2-core
-    VM (319 MB checkpoint, Klotski n=15, runs alternated in one process): every core gave a GPU
-    bubble of 4-6% of the makespan against 13-26% with one core left free, and no slower runs.
-    `experiments.calibrate` times compute with the same count."""
+@functools.cache  # one measurement per process: a machine's load, not a run's
+def cpu_compute_threads(reps: int = 5) -> int:
+    """Torch intra-op threads of a CPU-only run, measured, not assumed: the count among every
+    core, every core but one, and one that runs a small expert-shaped FFN fastest (median of
+    `reps` interleaved timings, about 0.1-0.5 s). The device-pool "GPU" is the CPU itself, and
+    whether a core is free for it depends on what else runs: on the 2-core VM here, idle, every
+    core was fastest; shared with other work (load 14), two OpenMP threads took 8x one's time
+    (146 against 19 ms), a descheduled thread holding up every op. The transfer workers need
+    little CPU beside compute (O_DIRECT reads wait on DMA). `experiments.calibrate` times
+    compute with the count this picks."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    counts = sorted({cores, max(1, cores - 1), 1}, reverse=True)
+    if len(counts) == 1:
+        return cores
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((64, 512), (1536, 512), (512, 1536)))
+    before = torch.get_num_threads()
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    try:
+        with torch.inference_mode():
+            for _ in range(reps):
+                for n in counts:
+                    torch.set_num_threads(n)
+                    t0 = time.perf_counter()
+                    torch.nn.functional.silu(x @ w1.T) @ w2.T
+                    times[n].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return min(counts, key=lambda n: (sorted(times[n])[reps // 2], -n))
 
 
 EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
