@@ -1,54 +1,147 @@
 """Peer benchmark: Hugging Face transformers + accelerate disk offload vs moepipe, same checkpoint,
-same memory budget, one process. Prints tokens/s for both and the ratio.
+same prompts, same memory. Prints one row per system (tok/s, memory used, ratio to the best peer).
 
-The peer: `from_pretrained(device_map="auto", max_memory=..., offload_folder=...)`, greedy
-`generate` batch by batch. moepipe: the real executor with `planner` (klotski, n = n_batches: 15
-as in the paper's Fig. 10, accelerate running the same n batches one after another). Both hold the
-same bytes in memory: moepipe a device pool of `gpu_frac` of the model and host RAM `cpu_frac`;
-accelerate `max_memory` of the same sizes (on a CPU-only machine its one "cpu" entry is their
-sum); the rest of the model is on disk for both. Needs the `bench` extra (pip install -e .[bench]).
+Rows:
+- moepipe `planner` (klotski at the n its planner picks) on the real executor: a device pool of
+  `gpu_frac` of the model, host RAM `cpu_frac`, the rest read from disk with O_DIRECT;
+- accelerate as a user who wants throughput runs it: `from_pretrained(device_map="auto",
+  max_memory=..., offload_folder=...)` with `max_memory` of the same sizes (on a CPU-only machine
+  its one "cpu" entry is their sum) and every prompt in one greedy `generate` call (the largest
+  batch that fits the memory limit: halved until it does);
+- accelerate batch by batch (`batch_size` sequences per `generate` call), the second peer row.
 
-`cold` says what the disk tier is:
-- `pass` (default): the premise of disk offload, a model that does not fit in RAM. moepipe reads
-  its disk tier with O_DIRECT every time; accelerate reads its offloaded weights through
-  memory-mapped files, so the page cache of the checkpoint and offload folder is dropped before
-  each of its forward passes (the time the drop takes is not counted). Without that, the page
-  cache would keep the offloaded weights in RAM beyond the budget after the first pass.
-- `once`: the page cache is dropped once before each system's timed run; accelerate then runs
-  from RAM after its first forward pass, i.e. with more memory than moepipe.
-- `false`: both start warm (on a small model accelerate's disk offload is then an in-RAM run).
+Memory: each system runs in a process of its own. Where this process may make a child memory
+cgroup (v2, else v1; as root), each runs in one limited to `budget + runtime_mb` (the runtime
+allowance measured from a bare process that imports torch and transformers, plus `slack_mb`),
+which counts the page cache as well as the process's own memory; its peak is printed beside the
+peak RSS. The checkpoint's pages are evicted before each process starts (pages cached earlier
+would be charged to another cgroup). Where no cgroup can be made, the limit is not enforced and
+the page cache of the weight files is dropped instead (`cold`).
+
+`cold` says how accelerate's memory-mapped, offloaded weights meet the disk (moepipe reads its
+disk tier with O_DIRECT every time):
+- `pass` (default): their page cache is dropped before each forward pass (the drop not timed):
+  the premise of disk offload, a model that does not fit in RAM. On a model smaller than the
+  runtime allowance the cgroup alone would let the cache keep the whole model;
+- `once`: dropped once before the timed run; accelerate then runs from the page cache (as far as
+  the cgroup limit lets it);
+- `false`: nothing dropped.
 
 Usage:
     python -m experiments.bench_accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
-        [cold=pass|once|false]
+        [cold=pass|once|false] [cgroup=true] [slack_mb=256]
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-
-from core.errors import MoepipeError
-from core.spec import RoutingConfig, Workload
-from core.types import RoutingSource, Tier
-from experiments.cli import as_float, as_int, parse_kv
-from experiments.pipeline import RunSpec
-from experiments.real_run import prompts_for, real_execute
-from experiments.validate import load_hardware, read_hardware
-from real.checkpoint import load_checkpoint
 
 COLD = ("pass", "once", "false")
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=15, prompt_len=16, gen_len=4, cold="pass",
+    batch_size=4, n_batches=15, prompt_len=16, gen_len=4, cold="pass", cgroup="true",
+    slack_mb=256,
 )  # fmt: skip
+_CHILD = "_role"  # the argument that makes this module run one system (in its own process)
+_RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON object
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# ---- memory: cgroups and the page cache --------------------------------------------------
+
+
+@dataclass
+class MemoryCgroup:
+    """A child memory cgroup of this process's own, limited to `limit_bytes` (page cache
+    included). `create` returns None where the machine does not let this process make one."""
+
+    path: Path
+    version: int  # 2 (unified) or 1 (the v1 memory controller)
+    limit_bytes: int
+
+    @classmethod
+    def create(cls, name: str, limit_bytes: int) -> MemoryCgroup | None:
+        for version, parent in _own_memory_cgroups():
+            path = parent / f"{name}-{os.getpid()}"
+            try:
+                path.mkdir(exist_ok=True)
+                knob = "memory.max" if version == 2 else "memory.limit_in_bytes"
+                (path / knob).write_text(f"{limit_bytes}\n")
+                if version == 1:  # a limit hit without swap: the OOM killer, not a pause
+                    (path / "memory.swappiness").write_text("0\n")
+                return cls(path, version, limit_bytes)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        return None
+
+    def wrap(self, cmd: Sequence[str]) -> list[str]:
+        """`cmd` started inside the cgroup (its shell joins, then execs it)."""
+        procs = self.path / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh", *cmd]
+
+    def peak_bytes(self) -> int | None:
+        """The most memory (process + page cache charged to it) the cgroup held."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / name).read_text().split()[0])
+        except (OSError, ValueError):
+            return None
+
+    def oom_killed(self) -> bool:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            fields = dict(ln.split() for ln in (self.path / name).read_text().splitlines())
+        except (OSError, ValueError):
+            return False
+        return int(fields.get("oom_kill", 0)) > 0
+
+    def remove(self) -> None:
+        for _ in range(50):  # a killed process leaves the cgroup a moment after it is reaped
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _own_memory_cgroups() -> list[tuple[int, Path]]:
+    """This process's cgroup directories that can hold a memory-limited child: v2 first."""
+    out: list[tuple[int, Path]] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        hid, ctrls, rel = line.split(":", 2)
+        if hid == "0" and ctrls == "":
+            for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+                d = mount / rel.lstrip("/")
+                try:
+                    if "memory" in (d / "cgroup.controllers").read_text().split():
+                        sub = d / "cgroup.subtree_control"
+                        if "memory" not in sub.read_text().split():
+                            sub.write_text("+memory\n")
+                        out.insert(0, (2, d))
+                except OSError:
+                    pass
+        elif "memory" in ctrls.split(","):
+            d = CGROUP_ROOT / "memory" / rel.lstrip("/")
+            if (d / "memory.limit_in_bytes").exists():
+                out.append((1, d))
+    return out
 
 
 def drop_page_cache(*dirs: str | Path, everything: bool = True) -> None:
@@ -72,7 +165,10 @@ def drop_page_cache(*dirs: str | Path, everything: bool = True) -> None:
                     os.close(fd)
 
 
-def placed_mb(model: torch.nn.Module) -> str:
+# ---- the systems, each run in a child process --------------------------------------------
+
+
+def placed_mb(model: Any) -> str:
     """MB of parameters per device of accelerate's device map, e.g. "cpu 159 MB, disk 159 MB"."""
     where: dict[str, str] = {k: str(v) for k, v in model.hf_device_map.items()}
     mb: dict[str, float] = {}
@@ -88,14 +184,16 @@ def run_accelerate(
     ckpt: str,
     device_bytes: int,
     host_bytes: int,
-    prompts: torch.Tensor,
+    prompts: Any,
     batch_size: int,
     gen_len: int,
     cold: str,
 ) -> float:
-    """Seconds for greedy generation of every batch with accelerate's disk offload, holding
-    `device_bytes` on the device and `host_bytes` in host RAM (their sum in RAM without CUDA);
-    `cold` as in the module doc (with "pass", the page-cache drops are not counted)."""
+    """Seconds for greedy generation of `prompts` [N, P], `batch_size` sequences per `generate`
+    call, with accelerate's disk offload holding `device_bytes` on the device and `host_bytes`
+    in host RAM (their sum in RAM without CUDA); `cold` as in the module doc (with "pass", the
+    page-cache drops are not counted)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     cuda = torch.cuda.is_available()
@@ -116,7 +214,7 @@ def run_accelerate(
             dropping[0] += time.perf_counter() - t
 
         if cold != "false":
-            drop_page_cache(ckpt, folder)
+            drop_page_cache(ckpt, folder, everything=False)
         if cold == "pass":
             model.register_forward_pre_hook(drop_before_pass)
         first = "cuda:0" if cuda else "cpu"
@@ -131,56 +229,211 @@ def run_accelerate(
         return total - dropping[0]
 
 
+def _run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
+    """(RunSpec, HardwareSpec) of the moepipe side, from the bench's options."""
+    from core.spec import RoutingConfig, Workload
+    from core.types import RoutingSource
+    from experiments.pipeline import RunSpec
+    from experiments.validate import load_hardware, read_hardware
+    from real.checkpoint import load_checkpoint
+
+    read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
+    model, _ = load_checkpoint(opts["checkpoint"])
+    hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
+    sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
+    wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
+    params = {"n": -1} if opts["planner"] == "klotski" else {}
+    return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
+
+
+def _child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """Run one system in this (child) process; its result as a JSON-able dict."""
+    import torch
+
+    from core.types import Tier
+    from experiments.real_run import prompts_for, real_execute
+
+    if role == "probe":  # the runtime every side pays before any weight: imports, allocator
+        import transformers  # noqa: F401
+
+        torch.ones(1) @ torch.ones(1)
+        return {}
+    spec, hw = _run_spec(opts)
+    if role == "moepipe":
+        result, _ = real_execute(opts["checkpoint"], spec, "replay")
+        s = result.summary
+        return {"tok_s": s["throughput_tok_s"], "seconds": s["makespan_s"],
+                "n_batches": s["n_batches"], "dag_efficiency": s.get("dag_efficiency"),
+                "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated}  # fmt: skip
+    wl = spec.workload.with_(n_batches=int(opts["n_batches"]))
+    prompts = prompts_for(spec.model, wl)
+    budget, host = int(hw.memory_bytes[Tier.GPU]), int(hw.memory_bytes[Tier.CPU])
+    seconds = run_accelerate(opts["checkpoint"], budget, host, prompts, int(opts["acc_batch"]),
+                             wl.gen_len, str(opts["cold"]))  # fmt: skip
+    return {"tok_s": wl.tokens_generated / seconds, "seconds": seconds,
+            "tokens": wl.tokens_generated}  # fmt: skip
+
+
+@dataclass
+class Row:
+    system: str
+    batch: int  # sequences per generate call (moepipe: per batch, times n)
+    tok_s: float | None  # None: did not fit
+    seconds: float | None
+    peak_rss_bytes: int | None
+    peak_cgroup_bytes: int | None  # RSS + page cache charged to its cgroup
+    note: str = ""
+    dag_efficiency: float | None = None  # moepipe: schedule's own critical path / makespan
+
+
+def run_side(
+    role: str, opts: dict[str, Any], limit_bytes: int | None, **extra: Any
+) -> tuple[dict[str, Any] | None, int | None, str]:
+    """Run `role` in a child process (inside a memory cgroup of `limit_bytes` where one can be
+    made): (its result or None if it failed, the cgroup's peak bytes, why it failed)."""
+    args = {**opts, **extra, _CHILD: role}
+    cmd = [sys.executable, "-m", "experiments.bench_accelerate",
+           *(f"{k}={v}" for k, v in args.items())]  # fmt: skip
+    cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
+    drop_page_cache(opts["checkpoint"], everything=False)  # charged to whoever reads it next
+    try:
+        proc = subprocess.run(cg.wrap(cmd) if cg else cmd, stdout=subprocess.PIPE, text=True)
+        peak = cg.peak_bytes() if cg else None
+        oom = cg.oom_killed() if cg else False
+    finally:
+        if cg:
+            cg.remove()
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT)]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1][len(_RESULT) :]), peak, ""
+    why = "out of memory (cgroup limit)" if oom else f"exit status {proc.returncode}"
+    return None, peak, why
+
+
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0
-    opts = dict(_DEFAULTS)
+    from core.errors import MoepipeError
+    from experiments.cli import as_bool, as_float, as_int, parse_kv
+
+    child = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{_CHILD}=")), None)
+    opts = dict(_DEFAULTS, acc_batch=0) if child else dict(_DEFAULTS)
     try:
-        opts = parse_kv(argv, opts)
-        cold = str(opts["cold"]).lower()
-        if cold not in COLD:
-            raise MoepipeError(f"cold={cold!r} unknown; valid: {', '.join(COLD)}")
-        ckpt = opts["checkpoint"]
-        if not ckpt:
+        opts = parse_kv([a for a in argv if not a.startswith(f"{_CHILD}=")], opts)
+        opts["cold"] = str(opts["cold"]).lower()
+        if opts["cold"] not in COLD:
+            raise MoepipeError(f"cold={opts['cold']!r} unknown; valid: {', '.join(COLD)}")
+        if not opts["checkpoint"]:
             raise MoepipeError("missing checkpoint=DIR")
-        gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
-        cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
-        sizes = {k: as_int(k, opts[k], at_least=1)
-                 for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}  # fmt: skip
-        read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
-        model, _ = load_checkpoint(ckpt)
-        hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
-        wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
-        spec = RunSpec(
-            model, hw, wl, str(opts["planner"]), {"n": -1} if opts["planner"] == "klotski" else {}
-        )
-        if cold != "false":
-            drop_page_cache(ckpt)
-        t0 = time.perf_counter()
-        result, _ = real_execute(ckpt, spec, "replay")
-        ours_wall = time.perf_counter() - t0
-        wl = wl.with_(n_batches=result.summary["n_batches"])
-        budget, host = int(hw.memory_bytes[Tier.GPU]), int(hw.memory_bytes[Tier.CPU])
-        theirs_s = run_accelerate(
-            ckpt, budget, host, prompts_for(model, wl), wl.batch_size, wl.gen_len, cold
-        )
+        for k in ("gpu_frac", "cpu_frac"):
+            opts[k] = as_float(k, opts[k], positive=True)
+        for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
+            opts[k] = as_int(k, opts[k], at_least=1)
+        opts["slack_mb"] = as_int("slack_mb", opts["slack_mb"], at_least=0)
+        use_cgroup = as_bool("cgroup", opts["cgroup"])
+        if child:
+            result = _child(child, opts)
+            print(_RESULT + json.dumps({**result, "peak_rss_bytes": _peak_rss()}), flush=True)
+            return 0
+        spec, hw = _run_spec(opts)  # the user's mistakes here, before any child starts
+        rows, header = compare(opts, spec, hw, use_cgroup)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tokens = wl.tokens_generated
-    ours = result.summary["throughput_tok_s"]
-    theirs = tokens / theirs_s
-    print(
-        f"model {model.name} {model.total_bytes / 1e6:.0f} MB, device budget {budget / 1e6:.0f} MB, "
-        f"host {host / 1e6:.0f} MB, rest on disk, cold={cold}, {tokens} tokens"
-    )
-    print(f"accelerate disk offload : {theirs:8.2f} tok/s ({theirs_s:.2f} s)")
-    print(
-        f"moepipe {spec.planner:16s}: {ours:8.2f} tok/s (makespan {result.summary['makespan_s']:.2f} s, wall incl. setup {ours_wall:.2f} s)"
-    )
-    print(f"ratio moepipe / accelerate: {ours / theirs:.2f}x")
+    print("\n".join([*header, *format_rows(rows)]))
     return 0
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def compare(
+    opts: dict[str, Any], spec: Any, hw: Any, use_cgroup: bool, batch_by_batch: bool = True
+) -> tuple[list[Row], list[str]]:
+    """Every row (moepipe, then accelerate all-in-one, then batch by batch unless not
+    `batch_by_batch`) and header lines. Progress on stderr."""
+    from core.errors import MoepipeError
+    from core.types import Tier
+
+    budget = int(hw.memory_bytes[Tier.GPU]) + int(hw.memory_bytes[Tier.CPU])
+    limit = None
+    if use_cgroup:  # the runtime allowance: a bare child's peak, measured under no real limit
+        probe = MemoryCgroup.create("bench-probe", 1 << 50)
+        if probe is not None:
+            probe.remove()
+            _, runtime, _ = run_side("probe", opts, 1 << 50)
+            limit = budget + (runtime or 0) + (int(opts["slack_mb"]) << 20)
+    rows: list[Row] = []
+    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
+    got, peak, why = run_side("moepipe", opts, limit)
+    if got is None:
+        raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
+    n = int(got["n_batches"])
+    rows.append(Row(f"moepipe {spec.planner} (n={n})", spec.workload.batch_size, got["tok_s"],
+                    got["seconds"], got["peak_rss_bytes"], peak,
+                    dag_efficiency=got.get("dag_efficiency")))  # fmt: skip
+    opts = dict(opts, n_batches=n)
+    every = n * spec.workload.batch_size
+    batch = every
+    while True:  # the largest batch that fits: every prompt at once, halved while it does not
+        print(f"[bench] accelerate, batch {batch} ...", file=sys.stderr, flush=True)
+        got, peak, why = run_side("accelerate", opts, limit, acc_batch=batch)
+        calls = -(-every // batch)
+        name = f"accelerate, {calls} generate call{'s' if calls > 1 else ''}"
+        if got is not None or batch <= spec.workload.batch_size:
+            rows.append(_row(name, batch, got, peak, why))
+            break
+        rows.append(_row(name, batch, None, peak, why))
+        batch = max(spec.workload.batch_size, batch // 2)
+    if batch_by_batch and batch != spec.workload.batch_size:
+        print("[bench] accelerate, batch by batch ...", file=sys.stderr, flush=True)
+        got, peak, why = run_side("accelerate", opts, limit, acc_batch=spec.workload.batch_size)
+        rows.append(_row(f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size,
+                         got, peak, why))  # fmt: skip
+    mb = spec.model.total_bytes / 1e6
+    tokens = spec.workload.with_(n_batches=n).tokens_generated
+    mem = (f"each in a memory cgroup of {limit / 1e6:.0f} MB (budget + runtime allowance; page "
+           "cache counted)" if limit else "no memory cgroup (not enforced)")  # fmt: skip
+    header = [
+        f"model {spec.model.name} {mb:.0f} MB, budget {budget / 1e6:.0f} MB (device "
+        f"{hw.memory_bytes[Tier.GPU] / 1e6:.0f} + host {hw.memory_bytes[Tier.CPU] / 1e6:.0f}), "
+        f"rest on disk, cold={opts['cold']}, {n} x {spec.workload.batch_size} prompts, "
+        f"{tokens} tokens",
+        mem,
+    ]
+    return rows, header
+
+
+def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, why: str) -> Row:
+    if got is None:
+        return Row(name, batch, None, None, None, peak, why)
+    return Row(name, batch, got["tok_s"], got["seconds"], got["peak_rss_bytes"], peak)
+
+
+def format_rows(rows: list[Row]) -> list[str]:
+    """The table, then `moepipe / best peer: X.XXx`."""
+    peers = [r for r in rows if not r.system.startswith("moepipe") and r.tok_s]
+    best = max(peers, key=lambda r: r.tok_s or 0.0) if peers else None
+
+    def mb(b: int | None) -> str:
+        return "-" if b is None else f"{b / 1e6:.0f}"
+
+    out = [f"{'system':40s} {'batch':>5s} {'tok/s':>8s} {'s':>7s} {'RSS MB':>7s} "
+           f"{'RSS+cache MB':>12s} {'x best peer':>11s}"]  # fmt: skip
+    for r in rows:
+        if r.tok_s is None:
+            out.append(f"{r.system:40s} {r.batch:5d} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
+                       f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}")  # fmt: skip
+            continue
+        ratio = f"{r.tok_s / best.tok_s:.2f}x" if best and best.tok_s else "-"
+        out.append(f"{r.system:40s} {r.batch:5d} {r.tok_s:8.2f} {r.seconds:7.2f} "
+                   f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}")  # fmt: skip
+    ours = rows[0]
+    if best and best.tok_s and ours.tok_s:
+        out.append(f"moepipe / best peer: {ours.tok_s / best.tok_s:.2f}x ({best.system})")
+    return out
 
 
 if __name__ == "__main__":

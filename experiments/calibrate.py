@@ -54,11 +54,9 @@ from real.executor import Executor, cpu_compute_threads
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
 from real.store import (
     ALIGN,
-    DATA_FILE,
     DiskReader,
     TieredStore,
     aligned_empty,
-    build_offload,
     resolve_device,
 )
 
@@ -95,7 +93,7 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 def measure_disk(disk_dir: Path, size_mb: int) -> dict[str, float]:
     """O_DIRECT reads of 64 KiB .. 16 MiB at spread offsets of a fresh file of `size_mb` MB,
     fitted to latency + bytes/bandwidth (without a checkpoint; with one, `measure_store` reads
-    its offload file instead)."""
+    the checkpoint's units instead)."""
     disk_dir.mkdir(parents=True, exist_ok=True)
     path = disk_dir / "calib.bin"
     chunk = 4 << 20
@@ -182,7 +180,7 @@ def measure_store(
     ckpt: str, device: torch.device, budget_s: float = 6.0
 ) -> dict[str, dict[str, float]]:
     """Disk and h2d timed through the real executor's own path on the checkpoint's units: a
-    `TieredStore` reads a unit from the offload file into a host buffer (`read_disk`: a slot of
+    `TieredStore` reads a unit from the checkpoint into a host buffer (`read_disk`: a slot of
     its host slabs, reused once given back, as in a run), copies it into the device pool
     (`to_device`) and drops both copies, as load/free pairs of a schedule do; device allocation
     and cache misses are in the times. Each pass reads every
@@ -192,9 +190,9 @@ def measure_store(
     spec, _ = load_checkpoint(ckpt)
     store = TieredStore(ckpt, 1 << 62, device=device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    # File order is layer order: a forward pass reads the offload file front to back, so the
+    # File order is layer order: a forward pass reads the checkpoint front to back, so the
     # passes below do too (a scattered order measured half the bandwidth the runs see here).
-    order = sorted(store.records, key=lambda u: store.records[u].offset)
+    order = sorted(store.records, key=lambda u: (str(store.records[u].reads[0].file), store.records[u].offset))
     times: dict[int, tuple[list[float], list[float]]] = {}
     deadline = time.perf_counter() + budget_s
     try:
@@ -475,7 +473,7 @@ def calibrate(
         )
         model = Model(spec)
     t0 = time.perf_counter()
-    data_file = build_offload(ckpt) / DATA_FILE if ckpt else None
+    data_file = ckpt
     disk_dir.mkdir(parents=True, exist_ok=True)
     # Time transfers and compute with the torch thread count the real executor runs them with.
     threads_before = torch.get_num_threads()
@@ -555,7 +553,7 @@ def calibrate(
                 else ""
             ),
             "disk": (
-                f"{data_file} (the checkpoint's offload file): its units read with {disk_note} back "
+                f"{data_file}'s safetensors files: its units read with {disk_note} back "
                 "to back in file order, fitted to latency + bytes/bandwidth"
                 if data_file
                 else f"{disk_mb} MB in {disk_dir} read with {disk_note}, 64 KiB .. 16 MiB reads "

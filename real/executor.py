@@ -17,6 +17,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ from core.spec import Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
-from real.store import TENSOR_ALIGN, TieredStore, round_up
+from real.store import TENSOR_ALIGN, TieredStore, aligned, round_up
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,38 @@ _WEIGHT_TENSORS = {Tensor.ATTENTION, Tensor.GATE, Tensor.EXPERT, Tensor.FFN, Ten
 PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into a builder
 
 
-def cpu_compute_threads() -> int:
-    """Torch intra-op threads of a CPU-only run: every core but one. The device-pool "GPU" is the
-    CPU itself, so its compute shares the cores with the transfer workers' memcpys, O_DIRECT
-    submissions and the Python dispatch of every stream; one core left to them keeps compute from
-    waiting on a descheduled OpenMP thread, so the separate compute and link resources of the
-    simulator's model hold. `experiments.calibrate` times compute with the same count."""
-    return max(1, (os.cpu_count() or 1) - 1)
+@functools.cache  # one measurement per process: a machine's load, not a run's
+def cpu_compute_threads(reps: int = 5) -> int:
+    """Torch intra-op threads of a CPU-only run, measured, not assumed: the count among every
+    core, every core but one, and one that runs a small expert-shaped FFN fastest (median of
+    `reps` interleaved timings, about 0.1-0.5 s). The device-pool "GPU" is the CPU itself, and
+    whether a core is free for it depends on what else runs: on the 2-core VM here, idle, every
+    core was fastest; shared with other work (load 14), two OpenMP threads took 8x one's time
+    (146 against 19 ms), a descheduled thread holding up every op. The transfer workers need
+    little CPU beside compute (O_DIRECT reads wait on DMA). `experiments.calibrate` times
+    compute with the count this picks."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        cores = max(1, os.cpu_count() or 1)
+    counts = sorted({cores, max(1, cores - 1), 1}, reverse=True)
+    if len(counts) == 1:
+        return cores
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, generator=g) for s in ((64, 512), (1536, 512), (512, 1536)))
+    before = torch.get_num_threads()
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    try:
+        with torch.inference_mode():
+            for _ in range(reps):
+                for n in counts:
+                    torch.set_num_threads(n)
+                    t0 = time.perf_counter()
+                    torch.nn.functional.silu(x @ w1.T) @ w2.T
+                    times[n].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return min(counts, key=lambda n: (sorted(times[n])[reps // 2], -n))
 
 
 EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
@@ -682,7 +708,7 @@ class Executor:
         elif op.src == Tier.CPU and op.dst == Tier.GPU:
             with self._refs_lock:
                 self._dev_refs[u] = self._dev_refs.get(u, 0) + 1
-            if st.resident(u, Tier.CPU) is None:  # the planner assumed a host copy: read it now
+            if not st.holds(u, Tier.CPU):  # the planner assumed a host copy: read it now
                 self._fallbacks += 1
                 log.warning("%s: %s is not in host memory; reading it from disk", op.label(), u)
                 st.read_disk(u)
@@ -735,7 +761,7 @@ class Executor:
                 st.evict(u, Tier.CPU)
             else:
                 self._host_resident.add(u)
-        return w
+        return aligned(w)  # a host-tier unit's views lie at the file's alignment
 
     def _compute(self, op: Op, spec: StreamSpec) -> None:
         m, s = self.model, self.model.spec

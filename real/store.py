@@ -1,8 +1,9 @@
 """Tiered weight store of the real executor: disk (O_DIRECT), host RAM, a fixed-capacity device pool.
 
-`build_offload(ckpt_dir)` converts a safetensors checkpoint once into one flat file with every unit
-(real.checkpoint.Unit) at a 4096-aligned offset, so a unit is one O_DIRECT read into an aligned
-(pinned on CUDA) buffer. `TieredStore` moves units disk -> host -> device; each unit is one
+The disk tier is the checkpoint itself: a unit's (real.checkpoint.Unit) tensors are read straight
+from its safetensors files with O_DIRECT, one aligned read per run of adjacent tensors (the
+4096-aligned range around them, sliced), into an aligned (pinned on CUDA) host buffer. No second
+copy of the model is written. `TieredStore` moves units disk -> host -> device; each unit is one
 contiguous buffer whose tensors are views under the short keys real.model takes.
 Every operation is synchronous and thread-safe, and any I/O error raises (no retries).
 """
@@ -10,9 +11,6 @@ Every operation is synchronous and thread-safe, and any I/O error raises (no ret
 from __future__ import annotations
 
 import errno
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import threading
@@ -24,25 +22,14 @@ from pathlib import Path
 import torch
 
 from core.errors import CapacityError, ConfigError, MoepipeError
-from core.spec import ModelSpec
-from core.types import Tensor, Tier
-from real.checkpoint import (
-    ST_CODE,
-    ST_DTYPES,
-    TensorEntry,
-    TensorSpec,
-    Unit,
-    load_checkpoint,
-    unit_layout,
-)
+from core.types import Tier
+from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout
 
 log = logging.getLogger(__name__)
 
-ALIGN = 4096  # unit offsets and read sizes: O_DIRECT needs block-aligned offset, length, buffer
-TENSOR_ALIGN = 64  # tensors inside a unit start at multiples of this (dtype and SIMD alignment)
-OFFLOAD_DIR = "offload"
-DATA_FILE = "units.bin"
-MANIFEST = "units.json"
+ALIGN = 4096  # O_DIRECT needs block-aligned offset, length and buffer
+TENSOR_ALIGN = 64  # buffers the executor lends start at multiples of this (SIMD alignment)
+MERGE_GAP_BYTES = 64 << 10  # tensors of a unit at most this far apart in a file: one read
 _READ_CHUNK = 0x7FFFF000  # Linux caps one read at this many bytes (a multiple of ALIGN)
 
 Weights = Mapping[str, torch.Tensor]
@@ -53,23 +40,38 @@ def round_up(n: int, to: int) -> int:
 
 
 @dataclass(frozen=True)
+class Read:
+    """One aligned O_DIRECT read of a unit: `nbytes` of `file` from `offset` into the unit's
+    buffer at `into`."""
+
+    file: Path
+    offset: int  # multiple of ALIGN
+    nbytes: int  # multiple of ALIGN (the file may end before: the rest is zeros)
+    into: int  # byte offset in the unit's buffer, a multiple of ALIGN
+    needed: int  # bytes from `offset` that hold tensors: a file ending before them is cut short
+
+
+@dataclass(frozen=True)
 class UnitRecord:
-    """Where one unit lives in the offload file and how its buffer splits into tensors."""
+    """Where one unit's bytes are in the checkpoint and how its buffer splits into tensors."""
 
     unit: Unit
-    offset: int  # byte offset in units.bin, a multiple of ALIGN
-    nbytes: int  # bytes read and held per copy (payload padded to ALIGN)
-    # (key, dtype, shape, byte offset in the unit) per tensor
+    reads: tuple[Read, ...]  # in buffer order
+    nbytes: int  # bytes held per copy: the aligned ranges read, or the device layout if larger
+    # (key, dtype, shape, byte offset in the host buffer) per tensor: where the reads put it
     tensors: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
+    # the same at TENSOR_ALIGN-aligned offsets: the device pool's layout. Kernels given weights
+    # at the file's alignment (a safetensors header ends where it ends) round differently: an
+    # expert's logits differed from the in-memory forward's in the last bit.
+    placed: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...] = ()
+
+    @property
+    def offset(self) -> int:
+        """Where its first read starts in its file (an order for sequential reading)."""
+        return self.reads[0].offset
 
 
-# ---- conversion ---------------------------------------------------------------------------
-
-
-def _sources(ckpt_dir: Path) -> dict[str, list[int]]:
-    """Checkpoint files -> [size, mtime_ns], to notice a checkpoint rewritten after conversion."""
-    files = [ckpt_dir / "config.json", *sorted(ckpt_dir.glob("model*.safetensors"))]
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+# ---- the disk tier: where each unit is in the checkpoint ----------------------------------
 
 
 def resolve_device(device: str | None, key: str = "device") -> torch.device:
@@ -99,141 +101,66 @@ def resolve_device(device: str | None, key: str = "device") -> torch.device:
     return dev
 
 
-def _layout_key(layout: Mapping[Unit, Mapping[str, object]]) -> str:
-    """A fingerprint of the units' tensors (names, shapes): a layout change in the code (a new
-    tensor of a family) makes an old conversion stale even when the checkpoint is unchanged."""
-    text = json.dumps(
-        [[str(u), sorted((k, repr(t)) for k, t in ts.items())] for u, ts in layout.items()]
-    )
-    return hashlib.sha1(text.encode()).hexdigest()
-
-
-def _reusable(out: Path, sources: dict[str, list[int]], layout_key: str) -> bool:
-    """An earlier conversion in `out` is whole and of this checkpoint and layout. Anything else
-    (no manifest, an unreadable one, a data file of another size) is rebuilt, with a warning when
-    something was there."""
-    manifest_path = out / MANIFEST
-    if not manifest_path.is_file():
-        return False
-    try:
-        m = json.loads(manifest_path.read_text())
-        data_bytes = (out / DATA_FILE).stat().st_size
-    except (OSError, ValueError) as e:
-        log.warning("%s: offload conversion unreadable (%s); converting again", out, e)
-        return False
-    if not isinstance(m, dict) or "data_bytes" not in m:
-        log.info("%s: offload conversion of an older format; converting again", out)
-        return False
-    if m["data_bytes"] != data_bytes:
-        log.warning("%s: offload conversion incomplete; converting again", out)
-        return False
-    return m.get("sources") == sources and m.get("layout") == layout_key
-
-
-def build_offload(ckpt_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Convert a checkpoint to the offload layout (once; reused while the checkpoint and the
-    layout are unchanged and the conversion is whole). Processes converting one checkpoint at
-    once (a sweep's workers) take turns on a lock file: the first converts, the others reuse."""
-    ckpt = Path(ckpt_dir)
-    out = Path(out_dir) if out_dir is not None else ckpt / OFFLOAD_DIR
-    spec, index = load_checkpoint(ckpt)
-    sources, layout = _sources(ckpt), unit_layout(spec)
-    layout_key = _layout_key(layout)
-    if _reusable(out, sources, layout_key):
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".convert.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if _reusable(out, sources, layout_key):  # another process converted it meanwhile
-            return out
-        return _convert(ckpt, out, spec, index, sources, layout, layout_key)
-
-
-def _convert(
-    ckpt: Path,
-    out: Path,
-    spec: ModelSpec,
-    index: Mapping[str, TensorEntry],
-    sources: dict[str, list[int]],
-    layout: Mapping[Unit, Mapping[str, TensorSpec]],
-    layout_key: str,
-) -> Path:
-    (out / MANIFEST).unlink(
-        missing_ok=True
-    )  # never a manifest beside a data file it does not describe
-    # fixed temporary names, safe under the lock: a conversion that died (Ctrl-C, a full disk)
-    # left its data file behind, which this one truncates; older pid-named ones go too
-    for name in (DATA_FILE, MANIFEST):
-        for old in out.glob(f"{name}.*.tmp"):
-            old.unlink(missing_ok=True)
-    records, pos = [], 0
-    tmp = out / f"{DATA_FILE}.tmp"
-    with open(tmp, "wb") as f:
-        for unit, tensors in layout.items():
-            entries, size = [], 0
-            for key, ts in tensors.items():
-                e = index[ts.hf_name]
-                size = round_up(size, TENSOR_ALIGN)
-                entries.append((key, e, size))
-                size += e.nbytes
-            buf = bytearray(round_up(size, ALIGN))
-            for _, e, off in entries:
-                with open(e.file, "rb") as src:
-                    src.seek(e.offset)
-                    data = src.read(e.nbytes)
-                if len(data) != e.nbytes:  # the checkpoint was cut short since it was checked
-                    raise ConfigError(
-                        f"{e.file}: truncated while converting it ({len(data)} of {e.nbytes} "
-                        "bytes of a tensor); re-copy the checkpoint"
-                    )
-                buf[off : off + e.nbytes] = data
-            f.write(buf)
-            tensor_meta = [[k, ST_CODE[e.dtype], list(e.shape), off] for k, e, off in entries]
-            records.append(
-                {
-                    "kind": str(unit.kind),
-                    "layer": unit.layer,
-                    "expert": unit.expert,
-                    "offset": pos,
-                    "nbytes": len(buf),
-                    "tensors": tensor_meta,
-                }
-            )
-            pos += len(buf)
-    os.replace(tmp, out / DATA_FILE)
-    manifest = {
-        "version": 1,
-        "align": ALIGN,
-        "model": spec.name,
-        "sources": sources,
-        "layout": layout_key,
-        "data_bytes": pos,
-        "units": records,
+def unit_records(ckpt_dir: str | Path) -> dict[Unit, UnitRecord]:
+    """Every unit -> its aligned reads from the checkpoint's safetensors files and its tensors'
+    places in the unit's buffer. A unit's tensors that lie within MERGE_GAP_BYTES of each other
+    in one file are one read of the aligned range around them; the buffer holds the ranges one
+    after another, and each tensor is a view at its place in its range."""
+    spec, index = load_checkpoint(ckpt_dir)
+    return {
+        unit: _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
+        for unit, tensors in unit_layout(spec).items()
     }
-    tmp_manifest = out / f"{MANIFEST}.tmp"
-    tmp_manifest.write_text(json.dumps(manifest))
-    os.replace(tmp_manifest, out / MANIFEST)  # atomic: a manifest is whole or absent
-    log.info(
-        "converted %s to the offload layout in %s (%d units, %d bytes)",
-        ckpt,
-        out,
-        len(records),
-        pos,
-    )
-    return out
 
 
-def read_manifest(offload_dir: str | Path) -> dict[Unit, UnitRecord]:
-    path = Path(offload_dir) / MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"{path}: missing offload manifest; run real.store.build_offload on the checkpoint"
-        )
+def _record(unit: Unit, entries: Mapping[str, TensorEntry]) -> UnitRecord:
+    order = sorted(entries.items(), key=lambda ke: (str(ke[1].file), ke[1].offset))
+    runs: list[list[tuple[str, TensorEntry]]] = []
+    for key, e in order:
+        last = runs[-1][-1][1] if runs else None
+        near = last is not None and last.file == e.file
+        if near and e.offset - (last.offset + last.nbytes) <= MERGE_GAP_BYTES:  # type: ignore[union-attr]
+            runs[-1].append((key, e))
+        else:
+            runs.append([(key, e)])
+    reads, tensors, into = [], [], 0
+    for run in runs:
+        start = run[0][1].offset // ALIGN * ALIGN
+        end = round_up(max(e.offset + e.nbytes for _, e in run), ALIGN)
+        needed = max(e.offset + e.nbytes for _, e in run) - start
+        reads.append(Read(run[0][1].file, start, end - start, into, needed))
+        for key, e in run:
+            off = into + e.offset - start
+            if off % e.dtype.itemsize:
+                raise ConfigError(
+                    f"{e.file}: tensor of {unit} ({key}) starts at byte {e.offset}, not a multiple "
+                    f"of its {e.dtype} size; re-save the checkpoint with safetensors"
+                )
+            tensors.append((key, e.dtype, e.shape, off))
+        into += end - start
+    by_key = {k: i for i, k in enumerate(entries)}  # the layout's order
+    tensors.sort(key=lambda t: by_key[t[0]])
+    placed, end = [], 0
+    for key, dtype, shape, _ in tensors:
+        end = round_up(end, TENSOR_ALIGN)
+        placed.append((key, dtype, shape, end))
+        end += entries[key].nbytes
+    nbytes = max(into, round_up(end, ALIGN))
+    return UnitRecord(unit, tuple(reads), nbytes, tuple(tensors), tuple(placed))
+
+
+def aligned(weights: Weights) -> Weights:
+    """`weights` with each tensor not at a TENSOR_ALIGN boundary (a host-tier view at the file's
+    alignment) copied to one that is, so kernels on them round as on the device layout's."""
+    if all(t.data_ptr() % TENSOR_ALIGN == 0 for t in weights.values()):
+        return weights
     out = {}
-    for r in json.loads(path.read_text())["units"]:
-        unit = Unit(Tensor(r["kind"]), r["layer"], r["expert"])
-        tensors = tuple((k, ST_DTYPES[dt], tuple(shape), off) for k, dt, shape, off in r["tensors"])
-        out[unit] = UnitRecord(unit, r["offset"], r["nbytes"], tensors)
+    for k, t in weights.items():
+        if t.data_ptr() % TENSOR_ALIGN:
+            raw = torch.empty(t.nbytes + TENSOR_ALIGN, dtype=torch.uint8, device=t.device)
+            skip = (-raw.data_ptr()) % TENSOR_ALIGN
+            t = raw[skip : skip + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+        out[k] = t
     return out
 
 
@@ -256,9 +183,7 @@ class DiskReader:
     def __init__(self, path: str | Path, direct: bool = True) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ConfigError(
-                f"{self.path}: missing offload data file; rebuild it with build_offload"
-            )
+            raise ConfigError(f"{self.path}: missing file; re-copy or rewrite the checkpoint")
         self.direct = direct and hasattr(os, "O_DIRECT")
         self.fd = -1
         if self.direct:
@@ -280,18 +205,25 @@ class DiskReader:
         if not self.direct:
             self.fd = os.open(self.path, os.O_RDONLY)
 
-    def read_into(self, buf: torch.Tensor, offset: int) -> None:
-        """Fill buf (uint8, ALIGN-aligned address and length) from the file at offset."""
+    def read_into(self, buf: torch.Tensor, offset: int, needed: int | None = None) -> None:
+        """Fill buf (uint8, ALIGN-aligned address and length) from the file at offset. With
+        `needed`, the file may end after that many bytes (the rest of buf is zeroed): a range
+        rounded up to ALIGN past the end of a file."""
         assert buf.data_ptr() % ALIGN == 0 and buf.numel() % ALIGN == 0 and offset % ALIGN == 0
         view = memoryview(buf.numpy())
         done, n = 0, buf.numel()
+        need = n if needed is None else needed
         while done < n:
             chunk = view[done : min(n, done + _READ_CHUNK)]
             got = os.preadv(self.fd, [chunk], offset + done)
             if got == 0:
+                if done >= need:
+                    buf[done:].zero_()
+                    return
                 raise OSError(
-                    f"{self.path}: file ends at byte {offset + done}, reading {n} bytes at {offset}; "
-                    "the offload file is truncated; delete that offload folder and it is rebuilt on the next run"
+                    f"{self.path}: file ends at byte {offset + done}, reading {need} bytes at "
+                    f"{offset}; the file is truncated (changed since it was opened?): re-copy or "
+                    "rewrite it"
                 )
             done += got
 
@@ -448,14 +380,22 @@ class TieredStore:
         device_capacity_bytes: int,
         host_capacity_bytes: int | None = None,
         device: str | torch.device | None = None,
-        offload_dir: str | Path | None = None,
         direct: bool = True,
     ) -> None:
-        self.offload_dir = build_offload(ckpt_dir, offload_dir)
-        self.records = read_manifest(self.offload_dir)
+        self.ckpt_dir = Path(ckpt_dir)
+        self.records = unit_records(ckpt_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._pin = self.device.type == "cuda"
-        self.disk = DiskReader(self.offload_dir / DATA_FILE, direct)
+        files = sorted({r.file for rec in self.records.values() for r in rec.reads})
+        self.disks: dict[Path, DiskReader] = {}
+        try:
+            for f in files:
+                self.disks[f] = DiskReader(f, direct)
+        except BaseException:
+            for d in self.disks.values():
+                d.close()
+            raise
+        self.disk = self.disks[files[0]]  # the first shard's reader (`direct` is every one's)
         self.host = _Pool(
             "host tier", float("inf") if host_capacity_bytes is None else host_capacity_bytes
         )
@@ -476,19 +416,25 @@ class TieredStore:
         """Bytes one copy of the unit takes in a tier (payload padded to ALIGN)."""
         return self._record(unit).nbytes
 
+    def holds(self, unit: Unit, tier: Tier) -> bool:
+        """The unit's bytes have arrived in the tier (Tier.CPU or Tier.GPU)."""
+        with self._cv:
+            return unit in self._pool(tier).filled
+
     def resident(self, unit: Unit, tier: Tier) -> Weights | None:
-        """The unit's tensors in a tier if they have arrived there, else None."""
+        """The unit's tensors in a tier if they have arrived there, else None. Host tensors lie
+        where the reads put them (the file's alignment): compute on them through `aligned`."""
         pool = self._pool(tier)
         with self._cv:  # views made under the lock: an evicted slot is not reused under them
             buf = pool.buffers.get(unit) if unit in pool.filled else None
-            views = None if buf is None else self._views(unit, buf)
+            views = None if buf is None else self._views(unit, buf, pool is self.host)
         if views is not None and tier == Tier.GPU:
             self._ready(unit)
         return views
 
     # ---- operations -------------------------------------------------------------------------
     def read_disk(self, unit: Unit) -> Weights:
-        """Read a unit from disk into the host tier (one O_DIRECT read); host tensors."""
+        """Read a unit from the checkpoint into the host tier (O_DIRECT reads); host tensors."""
         rec = self._record(unit)
         while not self._reserve(self.host, unit, rec.nbytes):
             got = self.resident(unit, Tier.CPU)
@@ -500,25 +446,26 @@ class TieredStore:
             self._release(self.host, unit, rec.nbytes)
             raise
         try:
-            self.disk.read_into(buf, rec.offset)
+            for r in rec.reads:
+                self.disks[r.file].read_into(buf[r.into : r.into + r.nbytes], r.offset, r.needed)
         except BaseException:
             self.slabs.give(buf)
             self._release(self.host, unit, rec.nbytes)
             raise
         with self._cv:  # (re-entrant) views made under the lock, as in `resident`
             self._arrive(self.host, unit, buf)
-            return self._views(unit, buf)
+            return self._views(unit, buf, True)
 
     def alloc(self, unit: Unit) -> Weights:
         """Reserve the unit's space in the device pool (contents undefined until `to_device`)."""
         rec = self._record(unit)
         with self._cv:
             if unit in self.pool.buffers:
-                return self._views(unit, self.pool.buffers[unit])
+                return self._views(unit, self.pool.buffers[unit], False)
             self._check_fits(self.pool, unit, rec.nbytes)
             self.pool.used_bytes += rec.nbytes
             self.pool.buffers[unit] = torch.empty(rec.nbytes, dtype=torch.uint8, device=self.device)
-            return self._views(unit, self.pool.buffers[unit])
+            return self._views(unit, self.pool.buffers[unit], False)
 
     def to_device(self, unit: Unit, stream: torch.cuda.Stream | None = None) -> Weights:
         """Copy a host-resident unit into the device pool (allocating unless `alloc`ed); device tensors."""
@@ -550,12 +497,12 @@ class TieredStore:
             dst = self.pool.buffers[unit]
         if filled:
             self._ready(unit)
-            return self._views(unit, dst)
+            return self._views(unit, dst, False)
         try:
             if self.device.type == "cuda":
                 on = stream if stream is not None else torch.cuda.current_stream(self.device)
                 with torch.cuda.stream(on):
-                    dst.copy_(src, non_blocking=True)
+                    self._place(unit, src, dst)
                     done = torch.cuda.Event(blocking=True)  # a wait on it sleeps
                     done.record(on)
                 with self._cv:
@@ -563,13 +510,27 @@ class TieredStore:
                     queued = [e for e in self._read_from.get(unit, []) if not e.query()]
                     self._read_from[unit] = [*queued, done]
             else:
-                dst.copy_(src)
+                self._place(unit, src, dst)
         finally:
             with self._cv:
                 self.pool.busy.discard(unit)
                 self._cv.notify_all()
         self._arrive(self.pool, unit, dst)
-        return self._views(unit, dst)
+        return self._views(unit, dst, False)
+
+    def _place(self, unit: Unit, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the unit's tensors from its host buffer into the device layout (non-blocking on
+        CUDA: on the current stream); tensors adjacent in both layouts go in one copy."""
+        rec = self._record(unit)
+        runs: list[list[int]] = []  # [host offset, device offset, bytes]
+        for (_, dtype, shape, h), (_, _, _, d) in zip(rec.tensors, rec.placed, strict=True):
+            n = dtype.itemsize * int(torch.Size(shape).numel())
+            if runs and runs[-1][0] + runs[-1][2] == h and runs[-1][1] + runs[-1][2] == d:
+                runs[-1][2] += n
+            else:
+                runs.append([h, d, n])
+        for h, d, n in runs:
+            dst[d : d + n].copy_(src[h : h + n], non_blocking=True)
 
     def _ready(self, unit: Unit) -> None:
         """CUDA: the current stream waits (on the GPU, the host does not block) until the unit's
@@ -601,7 +562,8 @@ class TieredStore:
                 self.slabs.give(buf, self._read_from.pop(unit, ()))
 
     def close(self) -> None:
-        self.disk.close()
+        for d in self.disks.values():
+            d.close()
         self.slabs.close()
 
     # ---- internals --------------------------------------------------------------------------
@@ -609,16 +571,19 @@ class TieredStore:
         try:
             return self.records[unit]
         except KeyError:
-            raise MoepipeError(f"unit {unit} is not in this model ({self.offload_dir})") from None
+            raise MoepipeError(f"unit {unit} is not in this model ({self.ckpt_dir})") from None
 
     def _pool(self, tier: Tier) -> _Pool:
         if tier == Tier.DISK:
             raise MoepipeError("the disk tier holds every unit; evict from Tier.CPU or Tier.GPU")
         return self.pool if tier == Tier.GPU else self.host
 
-    def _views(self, unit: Unit, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _views(self, unit: Unit, buf: torch.Tensor, host: bool) -> dict[str, torch.Tensor]:
+        """The unit's tensors in its buffer: the host layout (where the reads put them), or the
+        device pool's (aligned)."""
+        rec = self._record(unit)
         out = {}
-        for key, dtype, shape, off in self._record(unit).tensors:
+        for key, dtype, shape, off in rec.tensors if host else rec.placed:
             n = dtype.itemsize * int(torch.Size(shape).numel())
             out[key] = buf[off : off + n].view(dtype).view(shape)
         return out

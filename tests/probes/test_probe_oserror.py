@@ -6,7 +6,6 @@ not kept."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import resource
 import shutil
@@ -56,46 +55,9 @@ def test_any_oserror_is_one_line_naming_its_file(code: int, words: str) -> None:
     assert error_line(OSError(code, os.strerror(code))) == line.split(": ", 1)[1]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only folder")
-def test_read_only_checkpoint_dir_when_converting(tiny_ckpt: Path, tmp_path: Path) -> None:
-    ck = tmp_path / "ck"
-    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
-    ck.chmod(0o555)
-    try:
-        raises_one_line(lambda: store.build_offload(ck), str(ck))
-    finally:
-        ck.chmod(0o755)
-
-
-def test_conversion_cut_short_by_a_truncated_source_is_not_kept(
-    tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The source is cut short after its header was checked (another process rewriting it):
-    the conversion fails naming the file, leaves no manifest or data file behind, and the next
-    conversion of the whole file succeeds."""
-    ck = tmp_path / "ck"
-    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
-    whole = (ck / SINGLE_FILE).read_bytes()
-
-    def load_then_truncate(d: Path):  # noqa: ANN202
-        out = load_checkpoint(d)
-        with open(ck / SINGLE_FILE, "r+b") as f:
-            f.truncate(len(whole) // 2)
-        return out
-
-    monkeypatch.setattr(store, "load_checkpoint", load_then_truncate)
-    raises_one_line(lambda: store.build_offload(ck), str(ck / SINGLE_FILE), "truncated")
-    off = ck / store.OFFLOAD_DIR
-    assert not (off / store.MANIFEST).exists() and not (off / store.DATA_FILE).exists()
-    monkeypatch.setattr(store, "load_checkpoint", load_checkpoint)
-    (ck / SINGLE_FILE).write_bytes(whole)
-    out = store.build_offload(ck)
-    assert json.loads((out / store.MANIFEST).read_text())["data_bytes"] > 0
-
-
 def test_truncated_checkpoint_is_refused_before_a_run(tiny_ckpt: Path, tmp_path: Path) -> None:
     ck = tmp_path / "ck"
-    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    shutil.copytree(tiny_ckpt, ck)
     f = ck / SINGLE_FILE
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(ConfigError, match="truncated"):
@@ -120,17 +82,16 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
     raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
 
 
-def test_offload_file_truncated_mid_run_is_one_line(tiny_ckpt: Path, tmp_path: Path) -> None:
-    """The offload file is cut short while a store reads from it (another process rebuilding
-    or a disk fault): the read fails as an OSError that the commands print as one line
-    naming the file."""
+def test_checkpoint_truncated_mid_run_is_one_line(tiny_ckpt: Path, tmp_path: Path) -> None:
+    """The checkpoint's safetensors file, which the store reads its disk tier from, is cut
+    short while a store reads it (another process rewriting it, or a disk fault): the read
+    fails as an OSError that the commands print as one line naming the file."""
     ck = tmp_path / "ck"
-    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns(store.OFFLOAD_DIR))
+    shutil.copytree(tiny_ckpt, ck)
     s = store.TieredStore(ck, 2**30, device="cpu", direct=False)
     try:
-        last = max(s.records.values(), key=lambda r: r.offset)
-        os.truncate(s.offload_dir / store.DATA_FILE, last.offset)
-        raises_one_line(lambda: s.read_disk(last.unit), str(s.offload_dir / store.DATA_FILE),
-                        "truncated")  # fmt: skip
+        last = max(s.records.values(), key=lambda r: max(x.offset for x in r.reads))
+        os.truncate(ck / SINGLE_FILE, min(x.offset for x in last.reads))
+        raises_one_line(lambda: s.read_disk(last.unit), str(ck / SINGLE_FILE), "truncated")
     finally:
         s.close()

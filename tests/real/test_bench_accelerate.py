@@ -14,19 +14,25 @@ def test_unknown_cold_is_one_line(capsys):
     assert err == ["error: cold='sometimes' unknown; valid: pass, once, false"]
 
 
-def test_peer_and_moepipe_run(mixtral_tiny, capsys):
+def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
+    """moepipe, accelerate with every prompt in one generate call, and batch by batch: each
+    row's tok/s and memory, and the last line's ratio is moepipe's over the best peer row's."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     argv = [f"checkpoint={mixtral_tiny}", "hardware=tiny", "n_batches=2", "gen_len=2",
             "batch_size=2", "prompt_len=4", "cold=pass"]  # fmt: skip
     assert bench_accelerate.main(argv) == 0
-    out = capsys.readouterr().out
-    lines = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if ":" in ln}
-    theirs = float(lines["accelerate disk offload"].split(":")[1].split()[0])
-    ours = float(
-        next(v for k, v in lines.items() if k.startswith("moepipe")).split(":")[1].split()[0]
-    )
-    ratio = float(out.strip().splitlines()[-1].split(":")[1].rstrip("x"))
-    assert theirs > 0 and ours > 0
-    assert ratio == pytest.approx(ours / theirs, rel=0.02)  # the printed ratio is of the two rows
-    assert "cold=pass" in out and "8 tokens" in out
+    out = capsys.readouterr().out.strip().splitlines()
+    rows = {ln[:40].strip(): ln[40:].split() for ln in out[3:-1]}
+    assert list(rows) == ["moepipe klotski (n=2)", "accelerate, 1 generate call",
+                          "accelerate, batch by batch (2 calls)"]  # fmt: skip
+    assert [int(r[0]) for r in rows.values()] == [2, 4, 2]  # sequences per call
+    tok_s = {k: float(r[1]) for k, r in rows.items()}
+    assert all(v > 0 for v in tok_s.values())
+    assert all(int(r[3]) > 0 for r in rows.values())  # peak RSS MB
+    best = max(v for k, v in tok_s.items() if k.startswith("accelerate"))
+    last = out[-1]
+    assert last.startswith("moepipe / best peer: ")
+    ratio = float(last.split(":")[1].split("x")[0])
+    assert ratio == pytest.approx(tok_s["moepipe klotski (n=2)"] / best, rel=0.02)
+    assert "cold=pass" in out[0] and "8 tokens" in out[0]

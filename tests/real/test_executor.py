@@ -8,6 +8,7 @@ blocking, so bits may differ at ~1e-6).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ from planners.registry import planner_names
 from real.checkpoint import load_checkpoint
 from real.executor import Executor
 from real.model import reference_generate
-from real.store import ALIGN, DATA_FILE, OFFLOAD_DIR, TieredStore, round_up
+from real.store import ALIGN, TieredStore, round_up
 from tests.conftest import RESIDENT
 
 ATOL = RTOL = 1e-4
@@ -418,15 +419,22 @@ def test_a_double_free_is_named_during_a_live_run(mixtral_tiny, monkeypatch):
     assert doubled
 
 
-def test_truncated_offload_file_names_the_file(mixtral_tiny, tmp_path):
+def test_truncated_checkpoint_names_the_file(mixtral_tiny, tmp_path, monkeypatch):
+    """The checkpoint is cut short as the run starts (after its header was checked): the read
+    that runs past its end names the file."""
     spec = spec_for(mixtral_tiny, "sequential")
-    store = TieredStore(mixtral_tiny, 1 << 30, offload_dir=tmp_path / OFFLOAD_DIR)
-    # cut short after the store checked it (a truncated conversion is rebuilt when a store opens,
-    # tests/real/test_store.py), so the run reads past its end
-    data = tmp_path / OFFLOAD_DIR / DATA_FILE
-    os.truncate(data, 1 << 16)
-    with pytest.raises(OSError, match="truncated"):
-        real_execute(mixtral_tiny, spec, "replay", store=store)
+    ckpt = tmp_path / "c"
+    shutil.copytree(mixtral_tiny, ckpt)
+    store = TieredStore(ckpt, 1 << 30)
+    real_run = Executor.run_replay
+
+    def cut_then_run(self, *args):
+        os.truncate(ckpt / "model.safetensors", 1 << 16)
+        return real_run(self, *args)
+
+    monkeypatch.setattr(Executor, "run_replay", cut_then_run)
+    with pytest.raises(OSError, match=r"model.safetensors: .*truncated"):
+        real_execute(ckpt, spec, "replay", store=store)
     store.close()
 
 

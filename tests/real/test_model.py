@@ -157,14 +157,13 @@ def test_pieces_through_the_store_equal_reference(name, mixtral_tiny, small_ckpt
     else:
         ckpt = small_ckpt(name)
     ref_tokens, ref_logits = reference_generate(ckpt, prompt, 4)
-    probe = TieredStore(ckpt, device_capacity_bytes=1, offload_dir=tmp_path / "off")
+    probe = TieredStore(ckpt, device_capacity_bytes=1)
     biggest = max(probe.unit_bytes(u) for u in probe.records)
     probe.close()
     store = TieredStore(
         ckpt,
         device_capacity_bytes=biggest,
         host_capacity_bytes=biggest,
-        offload_dir=tmp_path / "off",
     )
     model = Model.from_checkpoint(ckpt, load_checkpoint(ckpt)[0])
     with torch.inference_mode():

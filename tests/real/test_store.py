@@ -12,78 +12,67 @@ import torch
 
 from core.errors import CapacityError, MoepipeError
 from core.types import Tensor, Tier
-from real.checkpoint import Unit, load_checkpoint, read_tensor, unit_layout
+from real.checkpoint import (
+    Unit,
+    load_checkpoint,
+    read_tensor,
+    reduced_spec,
+    unit_layout,
+    write_checkpoint,
+)
 from real.store import (
     ALIGN,
-    DATA_FILE,
-    MANIFEST,
     DiskReader,
     HostSlabs,
     TieredStore,
     aligned_empty,
-    build_offload,
-    read_manifest,
 )
 
 
 @pytest.fixture
 def store(mixtral_tiny, tmp_path):
-    s = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    s = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     yield s
     s.close()
 
 
-def test_offload_layout_is_aligned_and_reused(store, mixtral_tiny, tmp_path):
-    assert all(r.offset % ALIGN == 0 and r.nbytes % ALIGN == 0 for r in store.records.values())
-    data = tmp_path / "off" / DATA_FILE
-    mtime = data.stat().st_mtime_ns
-    build_offload(mixtral_tiny, tmp_path / "off")
-    assert data.stat().st_mtime_ns == mtime  # converted once
+def test_units_are_aligned_reads_of_the_checkpoint_itself(mixtral_tiny):
+    """No second copy: a store opened on a checkpoint, every unit read, leaves the checkpoint's
+    folder as it was, and reads aligned ranges of its safetensors files."""
+    before = sorted((p.name, p.stat().st_size) for p in mixtral_tiny.rglob("*"))
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
+    for u in store.records:
+        store.read_disk(u)
+        store.evict(u, Tier.CPU)
+    store.close()
+    assert sorted((p.name, p.stat().st_size) for p in mixtral_tiny.rglob("*")) == before
+    for rec in store.records.values():
+        assert rec.nbytes == sum(r.nbytes for r in rec.reads) and rec.nbytes % ALIGN == 0
+        for r in rec.reads:
+            assert r.offset % ALIGN == 0 and r.nbytes % ALIGN == 0 and r.into % ALIGN == 0
+            assert r.file.parent == mixtral_tiny and r.file.suffix == ".safetensors"
+            assert 0 < r.needed <= r.nbytes
 
 
-def test_an_interrupted_conversion_leaves_no_copy_behind(mixtral_tiny, tmp_path, monkeypatch):
-    """Ctrl-C as the data file is put in place: the next conversion, in another process as it
-    would be, leaves one data file and no temporary copy (pid-named ones stayed for good)."""
-    out = tmp_path / "off"
-    real_replace = os.replace
-
-    def interrupted(src, dst):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        build_offload(mixtral_tiny, out)
-    (out / f"{DATA_FILE}.4242.tmp").write_bytes(b"an older version's leftover")
-    monkeypatch.setattr(os, "replace", real_replace)
-    build_offload(mixtral_tiny, out)
-    assert not list(out.glob("*.tmp")) and (out / DATA_FILE).exists()
-
-
-def _convert_at(barrier, ckpt, out, q) -> None:
-    barrier.wait()
-    try:
-        build_offload(ckpt, out)
-        q.put("ok")
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        q.put(repr(e))
-
-
-def test_processes_converting_one_checkpoint_take_turns(mixtral_tiny, tmp_path):
-    """A sweep's workers open one checkpoint at once: they converted it side by side through one
-    temporary file name, and one failed renaming the file the other had renamed already."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    barrier, q = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=_convert_at, args=(barrier, str(mixtral_tiny), str(tmp_path / "o"), q))
-             for _ in range(3)]  # fmt: skip
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert sorted(q.get(timeout=5) for _ in procs) == ["ok"] * 3
-    assert len(read_manifest(tmp_path / "o")) == len(unit_layout(load_checkpoint(mixtral_tiny)[0]))
-    assert not list((tmp_path / "o").glob("*.tmp"))
+def test_a_checkpoint_rewritten_in_place_is_read_anew(tmp_path):
+    """Nothing cached from an earlier checkpoint of the same shape and size: a store opened after
+    the files were overwritten reads the new weights (a stale offload copy gave NaN logits)."""
+    spec = reduced_spec("mixtral-tiny")
+    ckpt = write_checkpoint(spec, tmp_path / "c", seed=0)
+    unit = Unit(Tensor.EXPERT, 1, 3)
+    first = TieredStore(ckpt, device_capacity_bytes=2**30)
+    old = {k: v.clone() for k, v in first.read_disk(unit).items()}
+    first.close()
+    size = (ckpt / "model.safetensors").stat().st_size
+    write_checkpoint(spec, ckpt, seed=1)
+    assert (ckpt / "model.safetensors").stat().st_size == size
+    second = TieredStore(ckpt, device_capacity_bytes=2**30)
+    new = second.read_disk(unit)
+    _, index = load_checkpoint(ckpt)
+    for key, ts in unit_layout(spec)[unit].items():
+        assert torch.equal(new[key], read_tensor(index[ts.hf_name]))
+        assert not torch.equal(new[key], old[key])
+    second.close()
 
 
 def test_direct_read_equals_plain_read_and_checkpoint(store, mixtral_tiny):
@@ -93,13 +82,13 @@ def test_direct_read_equals_plain_read_and_checkpoint(store, mixtral_tiny):
         logging.getLogger(__name__).info("O_DIRECT in use: %s", store.disk.direct)
     for unit in [Unit(Tensor.EXPERT, 2, 5), Unit(Tensor.ATTENTION, 0), Unit(Tensor.HEAD)]:
         got = store.read_disk(unit)
-        rec = store.records[unit]
-        with open(store.disk.path, "rb") as f:
-            f.seek(rec.offset)
-            plain = f.read(rec.nbytes)
         buf = store.host.buffers[unit]
         assert buf.data_ptr() % ALIGN == 0
-        assert bytes(buf.numpy()) == plain
+        for r in store.records[unit].reads:
+            with open(r.file, "rb") as f:
+                f.seek(r.offset)
+                plain = f.read(r.needed)
+            assert bytes(buf[r.into : r.into + r.needed].numpy()) == plain
         for key, ts in layout[unit].items():
             assert torch.equal(got[key], read_tensor(index[ts.hf_name])), (unit, key)
 
@@ -164,39 +153,38 @@ def test_failed_probe_closes_its_descriptor(monkeypatch, tmp_path):
             os.fstat(fd)  # closed
 
 
-@pytest.mark.parametrize("damage", ["truncate data", "garbage manifest", "no data file"])
-def test_damaged_conversion_is_rebuilt(damage, mixtral_tiny, tmp_path, caplog):
-    """An interrupted conversion or a partial copy of the offload folder is converted again
-    instead of failing mid-run (or with a JSON traceback)."""
-    out = build_offload(mixtral_tiny, tmp_path / "off")
-    whole = (out / DATA_FILE).read_bytes()
-    if damage == "truncate data":
-        os.truncate(out / DATA_FILE, len(whole) // 2)
-    elif damage == "garbage manifest":
-        (out / MANIFEST).write_text('{"units": [')
-    else:
-        (out / DATA_FILE).unlink()
-    with caplog.at_level(logging.WARNING, logger="real.store"):
-        build_offload(mixtral_tiny, out)
-    assert (out / DATA_FILE).read_bytes() == whole
-    assert any("converting again" in m for m in caplog.messages)
-
-
-def test_truncated_offload_file_raises(mixtral_tiny, tmp_path):
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
-    last = max(store.records.values(), key=lambda r: r.offset)
-    os.truncate(store.disk.path, last.offset + ALIGN)
-    with pytest.raises(OSError, match=rf"{DATA_FILE}: file ends at byte"):
+def test_checkpoint_cut_short_after_opening_raises(tmp_path):
+    """The file ends inside a unit's tensors: the read names the file, the space goes back."""
+    ckpt = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "c", seed=0)
+    store = TieredStore(ckpt, device_capacity_bytes=2**30)
+    last = max(store.records.values(), key=lambda r: r.reads[-1].offset + r.reads[-1].needed)
+    r = last.reads[-1]
+    os.truncate(r.file, r.offset + r.needed - 1)
+    with pytest.raises(OSError, match=r"model.safetensors: file ends at byte .* truncated"):
         store.read_disk(last.unit)
     assert store.host.used_bytes == 0  # the failed read gave its space back
     store.close()
 
 
+def test_a_read_past_a_files_unaligned_end_is_zero_filled(tmp_path):
+    """The aligned range around the last tensor runs past the file's end: those bytes are zeros."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 20)  # 5120 bytes: 1024 past one block
+    r = DiskReader(path)
+    buf = aligned_empty(2 * ALIGN)
+    buf.fill_(7)
+    r.read_into(buf, 0, needed=5120)
+    assert bytes(buf[:5120].numpy()) == path.read_bytes() and not buf[5120:].any()
+    with pytest.raises(OSError, match="truncated"):
+        r.read_into(buf, 0, needed=5121)
+    r.close()
+
+
 def test_device_pool_too_small_names_sizes(mixtral_tiny, tmp_path):
-    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1, offload_dir=tmp_path / "off")
+    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1)
     attn, gate = Unit(Tensor.ATTENTION, 1), Unit(Tensor.GATE, 1)
     cap = probe.unit_bytes(attn) + probe.unit_bytes(gate) - 1
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=cap, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=cap)
     store.read_disk(attn)
     store.read_disk(gate)
     store.to_device(attn)
@@ -214,10 +202,10 @@ def test_device_pool_too_small_names_sizes(mixtral_tiny, tmp_path):
 
 def test_host_capacity_and_tier_moves(mixtral_tiny, tmp_path):
     unit = Unit(Tensor.EXPERT, 0, 0)
-    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1, offload_dir=tmp_path / "off")
+    probe = TieredStore(mixtral_tiny, device_capacity_bytes=1)
     n = probe.unit_bytes(unit)
     store = TieredStore(
-        mixtral_tiny, device_capacity_bytes=n, host_capacity_bytes=n, offload_dir=tmp_path / "off"
+        mixtral_tiny, device_capacity_bytes=n, host_capacity_bytes=n
     )
     with pytest.raises(MoepipeError, match="not in the host tier"):
         store.to_device(unit)
@@ -264,7 +252,7 @@ def test_host_buffers_are_slab_slots_reused_once_nothing_reads_them(
     """Host buffers are exact-size slots of shared slabs (no power-of-two rounding): a slot given
     back is reused, but not while a view of it is alive (a CPU expert still computing from it)."""
     monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # mixtral-tiny's units are small: 3 a slab
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
     n = store.unit_bytes(Unit(Tensor.EXPERT, 0, 0))
@@ -335,10 +323,11 @@ def test_evicting_a_host_copy_waits_for_the_copy_reading_it(mixtral_tiny, tmp_pa
     """A host copy dropped while `to_device` is about to copy from it: the eviction waits, so
     the slot cannot go to another unit's disk read under the copy."""
     monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # one slot a slab: a given-back slot is next
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
     store.read_disk(a)
-    want, ptr = store.host.buffers[a].clone(), store.host.buffers[a].data_ptr()
+    want = {k: t.clone() for k, t in store.resident(a, Tier.CPU).items()}
+    ptr = store.host.buffers[a].data_ptr()
     entered, gate = threading.Event(), threading.Event()
     real_alloc = store.alloc
 
@@ -358,7 +347,8 @@ def test_evicting_a_host_copy_waits_for_the_copy_reading_it(mixtral_tiny, tmp_pa
     gate.set()
     copy.join()
     drop.join()
-    assert torch.equal(store.pool.buffers[a], want)
+    got = store.resident(a, Tier.GPU)
+    assert all(torch.equal(got[k], want[k]) for k in want)
     store.read_disk(b)  # now the slot is free to reuse
     assert store.host.buffers[b].data_ptr() == ptr
     store.close()
@@ -370,7 +360,7 @@ def test_an_evicted_host_copy_hands_its_queued_copies_to_the_slot(
     """CUDA copies are queued: the events `to_device` recorded go with the slot when the host
     copy is evicted, and the next read into that slot waits for them (a fake event here)."""
     monkeypatch.setattr("real.store.SLAB_BYTES", 0)
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
     store.read_disk(a)
     queued = _Copy(False)
@@ -388,7 +378,7 @@ def test_read_disk_returns_views_the_slot_cannot_be_reused_under(
     """Another worker evicts the unit and reads one of the same size just as `read_disk` makes
     its views: they still hold the unit's own bytes (made under the lock, they count as users)."""
     monkeypatch.setattr("real.store.SLAB_BYTES", 0)
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
@@ -414,20 +404,20 @@ def test_resident_views_hold_the_slot_against_a_racing_evict(mixtral_tiny, tmp_p
     """`resident` makes its views under the lock: an evict and a read of another unit that
     start while it does so cannot reuse the slot under them."""
     monkeypatch.setattr("real.store.SLAB_BYTES", 0)
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
     store.read_disk(a)
     real_views, others = store._views, []
 
-    def views(unit, buf):
+    def views(unit, buf, host):
         if unit == a and not others:  # the first views of a, made by resident()
             t = threading.Thread(target=lambda: (store.evict(a, Tier.CPU), store.read_disk(b)))
             t.start()
             t.join(0.3)
             others.append(t)
-        return real_views(unit, buf)
+        return real_views(unit, buf, host)
 
     monkeypatch.setattr(store, "_views", views)
     got = store.resident(a, Tier.CPU)
@@ -474,7 +464,7 @@ def test_pinned_slabs_are_unregistered_once_no_slot_is_left(monkeypatch):
 def test_cuda_pinned_host_and_stream_copy(mixtral_tiny, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30, offload_dir=tmp_path / "off")
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     unit = Unit(Tensor.EXPERT, 1, 3)
     host = store.read_disk(unit)
     assert host["w1"].is_pinned()

@@ -1,0 +1,320 @@
+"""Real-scale benchmark: moepipe Klotski against Hugging Face accelerate on a random-weight
+checkpoint of a model's real shape, at a memory budget well below the model's size.
+
+It writes (or reuses) the checkpoint in the Hugging Face layout under `out_dir`, calibrates this
+machine where `conf/hardware/<hardware>.yaml` is missing, then runs, each in a memory cgroup of
+the budget plus a runtime allowance (experiments.bench_accelerate): moepipe Klotski at the n its
+planner picks, and accelerate with every prompt in one `generate` call (the largest batch that
+fits). It prints each system's tok/s, the simulator's prediction of the same run, the physical
+bound of Klotski's schedule per resource (bytes over the calibrated bandwidth, flops over the
+calibrated rate) and their maximum; its last lines are `moepipe / best peer`, `moepipe /
+physical bound` and the simulator's error. The budget is split 4:1 between the device pool and
+host RAM (on a CPU-only machine both are RAM); the rest of the model stays on disk.
+
+Usage:
+    python -m experiments.bench_real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
+        [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
+        [cold=once|pass]
+e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of
+its 27 layers, stated in the output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from core.errors import MoepipeError
+from experiments.cli import as_float, as_int, parse_kv
+from real.checkpoint import reduced_spec
+
+_DEFAULTS: dict[str, Any] = dict(
+    model=None, budget_gb=None, gen_len=4, out_dir="runs/bench_real", n_layers=None,
+    batch_size=8, prompt_len=16, hardware="this-machine", peers="best", cold="once", slack_mb=256,
+)  # fmt: skip
+PEERS = ("best", "all", "none")
+DEVICE_SHARE = 0.8  # of the budget: the device pool; the rest is host RAM
+SHARD_BYTES = 1 << 30  # checkpoint shards: one in memory at a time while writing
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench_real {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the checkpoint --------------------------------------------------------------------------
+
+
+def ensure_checkpoint(spec: Any, out: Path) -> Path:
+    """`out` holding a seeded random checkpoint of `spec`: reused when it loads (headers, sizes,
+    shapes and dtypes as config.json says), else written shard by shard into a temporary folder
+    beside it that becomes `out` only when whole. A disk without room for it: a MoepipeError
+    before anything is written."""
+    from real.checkpoint import load_checkpoint
+
+    if out.is_dir():
+        try:
+            got, _ = load_checkpoint(out)
+            if got.total_bytes == spec.total_bytes and got.n_layers == spec.n_layers:
+                _progress(f"reusing checkpoint {out}")
+                return out
+            _progress(f"{out} holds another model; writing it again")
+        except MoepipeError as e:
+            _progress(f"{out} unusable ({e}); writing it again")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    need = int(spec.total_bytes * 1.01) + (64 << 20)
+    free = shutil.disk_usage(out.parent).free + _size_of(out)
+    if free < need:
+        raise MoepipeError(
+            f"out_dir={out.parent}: {free / 1e9:.1f} GB free, the checkpoint needs "
+            f"{need / 1e9:.1f} GB; free disk space or pass out_dir= on a larger disk"
+        )
+    tmp = out.parent / f".{out.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(spec, tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written left behind
+        raise
+    return out
+
+
+def _size_of(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) if d.is_dir() else 0
+
+
+def _write(spec: Any, out: Path) -> None:
+    """config.json and seeded random weights (as real.checkpoint.write_checkpoint draws them),
+    one shard of SHARD_BYTES in memory at a time, with progress."""
+    import torch
+    from safetensors.torch import save_file
+
+    from real.checkpoint import (
+        INDEX_FILE,
+        _init,
+        spec_to_hf_config,
+        torch_dtype,
+        unit_layout,
+    )
+
+    out.mkdir(parents=True)
+    dtype, g = torch_dtype(spec), torch.Generator().manual_seed(0)
+    shard: dict[str, torch.Tensor] = {}
+    names: list[tuple[str, list[str]]] = []  # (temporary file name, tensors)
+    size = written = 0
+
+    def flush() -> None:
+        nonlocal shard, size, written
+        name = f"shard-{len(names):05d}.tmp"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        names.append((name, list(shard)))
+        written += size
+        _progress(f"checkpoint {written / 1e9:.1f} / {spec.total_bytes / 1e9:.1f} GB written")
+        shard, size = {}, 0
+
+    for tensors in unit_layout(spec).values():
+        for key, ts in tensors.items():
+            t = _init(key, ts.shape, spec, g, 1.0).to(dtype).contiguous()
+            if size and size + t.nbytes > SHARD_BYTES:
+                flush()
+            shard[ts.hf_name] = t
+            size += t.nbytes
+    if shard:
+        flush()
+    weight_map = {}
+    for j, (tmp_name, keys) in enumerate(names):
+        name = f"model-{j + 1:05d}-of-{len(names):05d}.safetensors"
+        os.replace(out / tmp_name, out / name)
+        weight_map |= dict.fromkeys(keys, name)
+    index = {"metadata": {"total_size": written}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps(spec_to_hf_config(spec), indent=2))
+
+
+# ---- the bound and the prediction ------------------------------------------------------------
+
+
+def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
+    """Per resource of the schedule: (seconds, how) = bytes over the link's calibrated bandwidth,
+    or flops over the compute device's calibrated peak (no latencies, no per-op overheads)."""
+    from core.types import COMPUTE_KINDS, OpKind, Resource
+
+    moved: dict[Resource, float] = {}
+    flops: dict[Resource, float] = {}
+    for op in schedule.ops:
+        res = schedule.streams[op.stream].resource
+        if op.kind == OpKind.FREE or res == Resource.NONE:
+            continue
+        if op.kind in COMPUTE_KINDS:
+            flops[res] = flops.get(res, 0.0) + float(op.flops)
+        else:
+            moved[res] = moved.get(res, 0.0) + float(op.nbytes)
+    out: dict[str, tuple[float, str]] = {}
+    for res, b in moved.items():
+        bw = hw.link(res).bandwidth_bytes_per_s
+        out[str(res)] = (b / bw, f"{b / 1e9:.2f} GB / {bw / 1e9:.2f} GB/s")
+    for res, f in flops.items():
+        peak = (hw.gpu if res == Resource.GPU else hw.cpu).peak_flops_per_s
+        out[f"{res} compute"] = (f / peak, f"{f / 1e12:.3f} TFLOP / {peak / 1e12:.3f} TFLOP/s")
+    return out
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+def run(opts: dict[str, Any]) -> list[str]:
+    from core.types import Tier
+    from experiments import bench_accelerate as ba
+    from experiments.pipeline import simulate_run
+    from experiments.validate import hardware_path
+
+    if not opts["model"]:
+        raise MoepipeError("missing model=NAME (a conf/model/NAME.yaml, e.g. olmoe-1b-7b)")
+    if opts["budget_gb"] is None:
+        raise MoepipeError("missing budget_gb=G (memory for weights: device pool + host RAM)")
+    budget = as_float("budget_gb", opts["budget_gb"], positive=True) * 1e9
+    gen_len = as_int("gen_len", opts["gen_len"], at_least=1)
+    batch = as_int("batch_size", opts["batch_size"], at_least=1)
+    prompt_len = as_int("prompt_len", opts["prompt_len"], at_least=1)
+    peers = str(opts["peers"]).lower()
+    if peers not in PEERS:
+        raise MoepipeError(f"peers={peers!r} unknown; valid: {', '.join(PEERS)}")
+    cold = str(opts["cold"]).lower()
+    if cold not in ("once", "pass"):
+        raise MoepipeError(f"cold={cold!r} unknown; valid: once, pass")
+    over: dict[str, Any] = {}
+    if opts["n_layers"] is not None:
+        over["n_layers"] = as_int("n_layers", opts["n_layers"], at_least=1)
+    spec = reduced_spec(str(opts["model"]), **over)
+    working = _layer_working_set(spec)
+    if budget * DEVICE_SHARE < working:
+        raise MoepipeError(
+            f"budget_gb={budget / 1e9:g}: its device pool ({DEVICE_SHARE:.0%}, "
+            f"{budget * DEVICE_SHARE / 1e9:.2f} GB) is below one layer's working set of "
+            f"{working / 1e9:.2f} GB (embedding, head, a layer's attention, gate and top-k "
+            f"experts); raise budget_gb to at least {working / DEVICE_SHARE / 1e9:.2f}"
+        )
+    if hardware_path(str(opts["hardware"])).is_file():  # the planner's own fit check, first
+        from core.spec import RoutingConfig, Workload
+        from core.types import RoutingSource
+        from experiments.pipeline import RunSpec, resolve_n_batches
+        from experiments.validate import load_hardware
+
+        early = load_hardware(str(opts["hardware"]), spec.total_bytes,
+                              budget * DEVICE_SHARE / spec.total_bytes,
+                              budget * (1 - DEVICE_SHARE) / spec.total_bytes)  # fmt: skip
+        wl = Workload(batch_size=batch, n_batches=1, prompt_len=prompt_len, gen_len=gen_len,
+                      routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+        resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
+    cut = f", n_layers cut to {spec.n_layers}" if over else ""
+    name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
+    ckpt = ensure_checkpoint(spec, Path(str(opts["out_dir"])) / name)
+    if not hardware_path(str(opts["hardware"])).is_file():
+        _progress(f"no {hardware_path(str(opts['hardware']))}: calibrating on {ckpt}")
+        subprocess.run([sys.executable, "-m", "experiments.calibrate",
+                        f"hardware.name={opts['hardware']}", f"checkpoint={ckpt}"], check=True)  # fmt: skip
+    bopts = dict(ba._DEFAULTS, checkpoint=str(ckpt), hardware=str(opts["hardware"]),
+                 gpu_frac=budget * DEVICE_SHARE / spec.total_bytes,
+                 cpu_frac=budget * (1 - DEVICE_SHARE) / spec.total_bytes,
+                 batch_size=batch, n_batches=1, prompt_len=prompt_len, gen_len=gen_len,
+                 cold=cold, slack_mb=as_int("slack_mb", opts["slack_mb"], at_least=0))  # fmt: skip
+    run_spec, hw = ba._run_spec(bopts)
+    _progress("simulating the same run")
+    sim = simulate_run(run_spec)
+    bound = physical_bound(sim.schedule, hw)
+    if peers == "none":
+        rows, header = _moepipe_only(bopts, run_spec)
+    else:
+        rows, header = ba.compare(bopts, run_spec, hw, True, batch_by_batch=peers == "all")
+    ours = rows[0]
+    sim_s = sim.summary["makespan_s"]
+    lines = [
+        f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
+        f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
+        f"budget {budget / 1e9:g} GB: device pool {hw.memory_bytes[Tier.GPU] / 1e9:.3f} GB + host "
+        f"{hw.memory_bytes[Tier.CPU] / 1e9:.3f} GB; the rest ({1 - budget / spec.total_bytes:.0%}"
+        ") on disk",
+        *header[1:],
+        *ba.format_rows(rows)[:-1],
+        f"{'simulator (same schedule)':40s} {batch:5d} {sim.summary['throughput_tok_s']:8.2f} "
+        f"{sim_s:7.2f}",
+        "physical bound of Klotski's schedule, per resource:",
+        *(f"  {r:14s} {s:8.2f} s  ({how})" for r, (s, how) in bound.items()),
+    ]
+    bound_s = max(s for s, _ in bound.values())
+    binding = max(bound, key=lambda r: bound[r][0])
+    lines.append(f"  {'max':14s} {bound_s:8.2f} s  ({binding})")
+    if ours.dag_efficiency is not None:
+        lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
+    lines += ba.format_rows(rows)[-1:] if peers != "none" else []
+    if ours.seconds:
+        lines.append(f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
+                     f"(makespan {ours.seconds:.2f} s, bound {bound_s:.2f} s)")  # fmt: skip
+        lines.append(f"simulator error: {(sim_s - ours.seconds) / ours.seconds:+.1%} "
+                     f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)")  # fmt: skip
+    return lines
+
+
+def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
+    from experiments import bench_accelerate as ba
+
+    got, peak, why = ba.run_side("moepipe", bopts, None)
+    if got is None:
+        raise MoepipeError(f"moepipe klotski failed ({why}); see its output above")
+    row = ba.Row(f"moepipe klotski (n={got['n_batches']})", run_spec.workload.batch_size,
+                 got["tok_s"], got["seconds"], got["peak_rss_bytes"], peak,
+                 dag_efficiency=got.get("dag_efficiency"))  # fmt: skip
+    return [row], ["", "no memory cgroup (peers=none)"]
+
+
+def _layer_working_set(spec: Any) -> int:
+    """Bytes the device pool must hold at once for one layer: the embedding and head, and the
+    largest layer's attention, gate, shared FFN and top-k experts."""
+    from core.types import Tensor
+    from real.checkpoint import unit_layout
+    from real.store import round_up
+
+    per: dict[tuple[Any, int], int] = {}
+    for unit, tensors in unit_layout(spec).items():
+        b = sum(spec.dtype_bytes * _numel(ts.shape) for ts in tensors.values())
+        key = (unit.kind, unit.layer)
+        per[key] = max(per.get(key, 0), round_up(b, 4096))
+    fixed = per.get((Tensor.EMBED, -1), 0) + per.get((Tensor.HEAD, -1), 0)
+    layers = {layer for _, layer in per if layer >= 0}
+    most = max(
+        (per.get((Tensor.ATTENTION, i), 0) + per.get((Tensor.GATE, i), 0)
+         + per.get((Tensor.FFN, i), 0) + spec.top_k * per.get((Tensor.EXPERT, i), 0)
+         for i in layers), default=0,
+    )  # fmt: skip
+    return fixed + most
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
+    try:
+        lines = run(parse_kv(argv, _DEFAULTS))
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
