@@ -58,6 +58,8 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         from experiments.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
+        if result is None:  # a torchrun rank other than 0: rank 0 writes the run
+            return {}
     stamp(out_dir, config_yaml)
     write_run(out_dir, result)
     s = result.summary
