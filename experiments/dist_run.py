@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError
+from core.routing import Routing
 from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -41,6 +42,7 @@ class DistOutput:
     result: RunResult
     tokens: Any  # torch.Tensor [n*b, gen_len]
     logits: Any  # torch.Tensor [n*b, V]
+    routing: Routing  # the experts the gates used (replayed, or the model's own)
 
 
 def launched() -> bool:
@@ -224,7 +226,7 @@ def _rank(
             if _peer_gone(e):
                 raise
             raise MoepipeError(f"rank {rank}: {e}") from None
-        return DistOutput(result, out.tokens, out.logits)
+        return DistOutput(result, out.tokens, out.logits, out.routing)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

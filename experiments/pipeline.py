@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from core.balance import phases
+from core.balance import device_of, phases
 from core.cost import CostModel
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
@@ -116,9 +116,22 @@ def write_run(out_dir: str | Path, result: RunResult) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result.trace.to_parquet(out / "trace.parquet", index=False)
-    write_chrome(out / "trace.json", [result.trace])
+    write_chrome(out / "trace.json", chrome_parts(result))
     write_balance(out, result)
     atomic_write_json(out / "summary.json", result.summary)
+
+
+def chrome_parts(result: RunResult) -> list[pd.DataFrame]:
+    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
+    one per device (`source` named `real:gpu<d>` there only)."""
+    if "processes" not in result.summary:
+        return [result.trace]
+    t = result.trace
+    dev = device_of(t["resource"])
+    return [
+        t[dev == d].assign(source=f"{t['source'].iloc[0]}:gpu{d}")
+        for d in range(int(result.summary["processes"]))
+    ]
 
 
 def write_balance(out: Path, result: RunResult) -> None:
