@@ -87,23 +87,31 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
 
 
 def run_distributed(
-    ckpt: str, spec: RunSpec, routing_mode: str, device: str | None, timeout_s: float
+    ckpt: str,
+    spec: RunSpec,
+    routing_mode: str,
+    device: str | None,
+    timeout_s: float,
+    routing: Routing | None = None,
 ) -> DistOutput | None:
-    """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch."""
+    """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
+    `routing`: replay this routing (else the workload's, as `real_execute`)."""
     if launched():
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None)
+        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing)
         return out if int(os.environ["RANK"]) == 0 else None
     g = n_processes(ckpt, spec)
+    args = (ckpt, spec, routing_mode, device, timeout_s, routing)
+    return _spawn(g, _child, args)
+
+
+def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
+    """Start `target(rank, world, init, tmp, *args)` on G processes, watch them (`_watch`) and
+    return what rank 0 left in tmp/rank0.pkl."""
     with tempfile.TemporaryDirectory(prefix="moepipe-ranks-") as tmp:
         ctx = mp.get_context("spawn")
         init = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [
-            ctx.Process(
-                target=_child,
-                args=(r, g, init, Path(tmp), ckpt, spec, routing_mode, device, timeout_s),
-                name=f"rank{r}",
-                daemon=False,
-            )
+            ctx.Process(target=target, args=(r, g, init, Path(tmp), *args), name=f"rank{r}")
             for r in range(g)
         ]
         for p in procs:
@@ -153,13 +161,20 @@ def _why(rank: int, code: int | None, tmp: Path) -> str:
 
 def _child(
     rank: int, world: int, init: str, tmp: Path, ckpt: str, spec: RunSpec, routing_mode: str,
-    device: str | None, timeout_s: float,
+    device: str | None, timeout_s: float, routing: Routing | None,
 ) -> None:  # fmt: skip
     """One spawned rank: its result (rank 0) or its one-line error goes to a file in `tmp`."""
+    _as_rank(rank, tmp, lambda: _rank(ckpt, spec, routing_mode, device, timeout_s,
+                                      (init, rank, world), routing))  # fmt: skip
+
+
+def _as_rank(rank: int, tmp: Path, run: Any) -> None:
+    """Run a spawned rank's work: rank 0's result to tmp/rank0.pkl; an error as one line in
+    tmp/rank<r>.err and an exit code `_watch` reads (PEER_LOST: another rank stopped first)."""
     import sys
 
     try:
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, (init, rank, world))
+        out = run()
         if rank == 0:
             with open(tmp / "rank0.tmp", "wb") as f:
                 pickle.dump(out, f)
@@ -194,6 +209,7 @@ def _rank(
     device: str | None,
     timeout_s: float,
     init: tuple[str, int, int] | None,
+    routing: Routing | None = None,
 ) -> DistOutput:
     """This process's rank: join the group (`init`: spawned; else torchrun's env), run."""
     import torch.distributed as dist
@@ -221,7 +237,8 @@ def _rank(
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         try:
-            result, out = real_execute(ckpt, spec, routing_mode, device=device, distributed=True)
+            result, out = real_execute(ckpt, spec, routing_mode, routing=routing, device=device,
+                                       distributed=True)  # fmt: skip
         except MoepipeError as e:
             if _peer_gone(e):
                 raise
@@ -230,6 +247,51 @@ def _rank(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def measure_d2d(sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25), reps: int = 5,
+                timeout_s: float = 60.0) -> dict[str, float]:  # fmt: skip
+    """The link the G-process run's transfers take (gloo between 2 processes of this machine):
+    the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
+    {"gbps", "latency_us"}."""
+    points = _spawn(2, _pingpong, (sizes, reps, timeout_s))
+    from experiments.calibrate import _fit
+
+    bw, lat = _fit(points)
+    return {"gbps": bw / 1e9, "latency_us": lat * 1e6}
+
+
+def _pingpong(rank: int, world: int, init: str, tmp: Path, sizes: tuple[int, ...], reps: int,
+              timeout_s: float) -> None:  # fmt: skip
+    def run() -> list[tuple[float, float]]:
+        import statistics
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))  # fmt: skip
+        try:
+            points = []
+            for n in sizes:
+                buf, times = torch.zeros(n, dtype=torch.uint8), []
+                for i in range(reps + 1):  # the first a warm-up
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    if rank == 0:
+                        dist.send(buf, 1)
+                        dist.recv(buf, 1)
+                    else:
+                        dist.recv(buf, 0)
+                        dist.send(buf, 0)
+                    if i:
+                        times.append((time.perf_counter() - t0) / 2)
+                points.append((float(n), statistics.median(times)))
+            return points
+        finally:
+            dist.destroy_process_group()
+
+    _as_rank(rank, tmp, run)
 
 
 def _cuda_count() -> int:

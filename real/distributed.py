@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,10 +35,8 @@ from core.schedule import Op, Schedule, StreamSpec
 from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit, torch_dtype, unit_layout
+from real.executor import Executor, _Pending, _Stop
 from real.model import expert_tokens, new_slots, put_expert
-
-if TYPE_CHECKING:
-    from real.executor import Executor, _Pending
 
 # Shape legend: T tokens of a batch (step), k top-k, H hidden, n pairs moved.
 
@@ -189,8 +187,6 @@ class Peers:
         if self._error is not None:
             raise self._error
         if ex._error is not None:
-            from real.executor import _Stop
-
             raise _Stop
 
     def listen(self, ex: Executor) -> None:
@@ -265,15 +261,13 @@ class Peers:
             normed = torch.zeros(n_rows, h, dtype=dtype, device=dev)
             if own is not None:
                 normed[self.rows(self.rank, key)] = own[1]
-            from real.executor import _Pending
-
             mine = ex._micro_mask(key.micro) & self.own_rows(key.micro)
             p = _Pending(key.step, key.layer, normed, ids.to(dev), weights.to(dev),
                          new_slots(normed, s.top_k), ~mine, torch.ones(wl.batch_size, dtype=torch.bool))  # fmt: skip
             self._pending[key] = p
-            for old in [x for x in self._pending if x.step < key.step - 1]:
-                del self._pending[old]
-                self._dest.pop(old, None)
+            for old in [x for x in self._parts if x.step < key.step - 1]:  # done with
+                for held in (self._pending, self._dest, self._own, self._parts):
+                    held.pop(old, None)
             self._cv.notify_all()
         ex._publish(op, p, s.moe_index(key.layer))
 

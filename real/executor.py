@@ -9,6 +9,9 @@ it frees memory at its end. Any worker error stops every worker and is re-raised
 runs and none finishes for `stall_timeout_s` raises naming the stuck ops, and an op that runs longer
 than that (a hung read or collective) raises naming it. Never hangs.
 
+An expert-parallel schedule's G devices run in this one process, or as G processes (one rank
+each, `peers`: real/distributed.py), each running its own device's ops with the same op code.
+
 Usage:
     ex = Executor(store, model, workload, prompts)            # prompts [n*bs, P]
     out = ex.run_replay(schedule, routing)                    # gate forced to `routing`
