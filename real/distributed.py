@@ -20,6 +20,7 @@ Usage (inside a process group of G ranks, one per device of the schedule):
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -160,8 +161,10 @@ class Peers:
     def gate_part(
         self, ex: Executor, op: Op, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> None:
-        """This rank's part of a gate (its sequences' rows): sent to every other rank; the batch's
-        routing is assembled once every rank's part is here, then published as `_gate` does."""
+        """This rank's part of a gate (its sequences' rows), sent to every other rank. The batch's
+        routing is assembled (`_assemble`) once every rank's part is here, by whichever comes
+        last, this op or the listener receiving the others'; the ops that read it wait for it
+        (`pending`), as the schedule has them depend on every gate op."""
         key = GateKey(op.step, op.layer, op.batch, op.micro)
         mine = ids.to(torch.int64).cpu(), weights.float().cpu()
         others = [d for d in range(self.world) if d != self.rank]
@@ -172,16 +175,6 @@ class Peers:
             self._own[key] = (op, normed)
             self._cv.notify_all()
         self._assemble(ex, key, op)
-        with self._cv:
-            while key not in self._pending:
-                self._check(ex)
-                self._cv.wait(0.05)
-            p = self._pending[key]
-        bst = ex._batches[op.batch]
-        with ex._refs_lock:
-            old = bst.pending.get(op.micro)
-            assert old is None or bool(old.done.all()), f"{op.label()}: previous layer unfinished"
-            bst.pending[op.micro] = p
 
     def _check(self, ex: Executor) -> None:
         if self._error is not None:
@@ -268,6 +261,12 @@ class Peers:
             for old in [x for x in self._parts if x.step < key.step - 1]:  # done with
                 for held in (self._pending, self._dest, self._own, self._parts):
                     held.pop(old, None)
+            if own is not None:  # this rank's dense ops add its rows' share of the layer
+                bst = ex._batches[key.batch]
+                with ex._refs_lock:
+                    old = bst.pending.get(key.micro)
+                    assert old is None or bool(old.done.all()), f"{key}: previous layer unfinished"
+                    bst.pending[key.micro] = p
             self._cv.notify_all()
         ex._publish(op, p, s.moe_index(key.layer))
 
@@ -414,10 +413,14 @@ class Peers:
         return own
 
     def gather(self, ex: Executor, schedule: Schedule) -> None:
-        """Every rank's op times, tokens and logits, merged on every rank (after the run)."""
+        """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
+        go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
+        counts from the common barrier). An op that waited for another rank's data (a receive,
+        or an expert for the whole routing) counts the wait in its own time."""
         specs = schedule.streams
         own = [i for i, op in enumerate(ex._ops) if self.runs(specs[op.stream])]
         mine = dict(
+            host=socket.gethostname(), t0=ex._t0,
             ops=own, start=[ex._start[i] for i in own], end=[ex._end[i] for i in own],
             batches=[(b.tokens.cpu(), None if b.logits is None else b.logits.cpu(), list(b.written),
                       self._head_rows(ex, specs, i)) for i, b in enumerate(ex._batches)],
@@ -425,11 +428,14 @@ class Peers:
         )  # fmt: skip
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, mine)
+        one_host = len({got["host"] for got in everyone}) == 1
+        for got in everyone:
+            shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
+            for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
+                ex._start[i], ex._end[i] = s0 + shift, e0 + shift
         for r, got in enumerate(everyone):
             if r == self.rank:
                 continue
-            for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
-                ex._start[i], ex._end[i] = s0, e0
             for bst, (tokens, logits, written, rows) in zip(ex._batches, got["batches"], strict=True):
                 if not rows.any():
                     continue

@@ -785,7 +785,8 @@ class Executor:
             h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
-                p = bst.pending.get(op.micro)
+                p = (bst.pending.get(op.micro) if self.peers is None
+                     else self.peers.pending(self, op.step, op.layer, op.batch, op.micro))  # fmt: skip
                 assert p is not None and p.layer == op.layer, (
                     f"{op.label()}: shared FFN before its gate"
                 )
