@@ -96,6 +96,7 @@ OP_FIELDS = ["op_id", "kind", "stream", "resource", "step", "layer", "batch", "m
         ("eplb", "live", 2, {}),
         ("predictive_replication", "live", 5, {"micro_batches": 2}),
         ("oracle_replication", "replay", 4, {"micro_batches": 2}),
+        ("eplb", "replay", 4, {"dispatch": "balanced"}),
     ],
 )
 def test_replication_planners_on_two_processes(mixtral_tiny, planner, mode, batch, params):
@@ -103,7 +104,9 @@ def test_replication_planners_on_two_processes(mixtral_tiny, planner, mode, batc
     forward's under the routing the gates used; the trace holds every op of the schedule once,
     each on its device, the same ops as the simulated run of the same config and routing, so
     each device's expert tokens equal the simulator's (batch 5: GPU 0's 3 sequences and GPU 1's 2
-    each in two micro-batches; live: the planner on each rank sees the routing as it is gated)."""
+    each in two micro-batches; live: the planner on each rank sees the routing as it is gated;
+    dispatch=balanced: a replicated expert's pairs split over its copies as `split_tokens`
+    balances them, on the receiving and the sending rank alike)."""
     spec = spec_of(mixtral_tiny, planner, batch, **params)
     out = run_distributed(str(mixtral_tiny), spec, mode, None, 60)
     res, wl = out.result, spec.workload
