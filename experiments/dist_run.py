@@ -53,8 +53,6 @@ def launched() -> bool:
 def n_processes(ckpt: str, spec: RunSpec) -> int:
     """The devices of the schedule `spec` plans (one process each); one line where the machine
     cannot run them or the planner has none."""
-    import torch
-
     from experiments.real_run import _shape_routing
     from real.checkpoint import load_checkpoint
 
@@ -82,7 +80,6 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
     if g > 1 and ep.get("lanes"):
         raise ConfigError("lanes (G streams of one GPU) run in one process; set "
                           "executor.distributed=false")  # fmt: skip
-    del torch
     return g
 
 
