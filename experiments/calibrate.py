@@ -565,6 +565,21 @@ def calibrate(
             "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
         },
     }
+    # the link a run on G processes moves tokens and replicas over (executor.distributed=true):
+    # gloo between 2 processes of this machine; 2 "GPUs", the processes it was measured between
+    from experiments.dist_run import measure_d2d
+
+    d2d = measure_d2d()
+    out["n_gpus"] = 2
+    out["links"]["p2p"] = {
+        "gbps": round(d2d["gbps"], 4),
+        "latency_us": round(d2d["latency_us"] + overhead_s * 1e6, 2),
+    }
+    out["sources"]["p2p"] = (
+        "gloo send/recv between 2 processes of this machine (what executor.distributed=true "
+        "moves tokens and replica copies over), a ping-pong of 64 KiB .. 32 MiB fitted to "
+        "latency + bytes/bandwidth; n_gpus 2: the processes measured"
+    )
     if ckpt:  # the executor's cost around each compute op, and the links, measured in runs
         extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
         by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.balance import phases
+from core.balance import device_of, phases
 from core.cost import CostModel
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
@@ -130,7 +130,7 @@ def write_run(out_dir: str | Path, result: RunResult, texts: Mapping[str, str] |
 
     def files(tmp: Path) -> None:
         result.trace.to_parquet(tmp / "trace.parquet", index=False)
-        write_chrome(tmp / "trace.json", [result.trace])
+        write_chrome(tmp / "trace.json", chrome_parts(result))
         write_balance(tmp, result)
         if result.outputs:
             from safetensors.numpy import save_file
@@ -165,6 +165,19 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         atomic_write_text(out_dir / "summary.json", text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def chrome_parts(result: RunResult) -> list[pd.DataFrame]:
+    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
+    one per device (`source` named `real:gpu<d>` there only)."""
+    if "processes" not in result.summary:
+        return [result.trace]
+    t = result.trace
+    dev = device_of(t["resource"])
+    return [
+        t[dev == d].assign(source=f"{t['source'].iloc[0]}:gpu{d}")
+        for d in range(int(result.summary["processes"]))
+    ]
 
 
 def write_balance(out: Path, result: RunResult) -> None:

@@ -32,6 +32,7 @@ from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches, summary_of
 from planners.registry import make_planner
 from real.checkpoint import Unit, load_checkpoint
+from real.distributed import Peers
 from real.executor import Executor, RunOutput, resident_units, unit_of
 from real.model import Model, live_routing
 from real.store import TieredStore, resolve_device
@@ -68,8 +69,12 @@ def real_execute(
     routing: Routing | None = None,
     device: str | None = None,
     store: TieredStore | None = None,
+    distributed: bool = False,
 ) -> tuple[RunResult, RunOutput]:
-    """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint."""
+    """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
+    `distributed`: this process is one rank of an initialised process group, one per device of
+    the expert-parallel schedule (`experiments.dist_run` starts them); every rank returns the
+    whole run."""
     if routing_mode not in ROUTING_MODES:
         raise ConfigError(
             f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
@@ -86,11 +91,15 @@ def real_execute(
         ex = Executor(store, model, spec.workload, prompts)
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts)
-            schedule = _one_process(build_schedule(spec, routing))
-            out = ex.run_replay(schedule, routing)
+            schedule = build_schedule(spec, routing)
+            ex.peers = _peers(schedule, spec) if distributed else None
+            out = ex.run_replay(schedule if distributed else _one_process(schedule), routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
-            resident, kv_batches = resident_before_start(spec, routing or _shape_routing(spec))
+            dry_routing = routing or _shape_routing(spec)
+            resident, kv_batches = resident_before_start(spec, dry_routing, distributed)
+            first = build_schedule(spec, dry_routing).meta  # the first placement: no routing read
+            ex.peers = _peers(first, spec) if distributed else None
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -102,7 +111,7 @@ def real_execute(
                     planner=spec.planner, params=dict(spec.params), oracle=causal.peeked
                 )
 
-            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches)
+            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches, first)
             validate(out.schedule)
     finally:
         if own_store:
@@ -113,7 +122,21 @@ def real_execute(
         "prompts": np.ascontiguousarray(prompts.numpy(), dtype=np.int64),  # [n*b, P]
         "tokens": np.ascontiguousarray(out.tokens.cpu().numpy(), dtype=np.int64),  # [n*b, gen]
     }
+    if distributed:
+        summary["processes"] = ex.peers.world if ex.peers is not None else 1
     return RunResult(out.schedule, trace, summary, outputs), out
+
+
+def _peers(schedule_or_meta: Schedule | dict, spec: RunSpec) -> Peers:
+    """This rank's `Peers` for a schedule (or a dry plan's meta) of an expert-parallel planner."""
+    meta = schedule_or_meta.meta if isinstance(schedule_or_meta, Schedule) else schedule_or_meta
+    if not meta.get("ep"):
+        raise ConfigError(
+            f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
+            f"planner {spec.planner} plans one device (use ep_static, eplb, "
+            "predictive_replication or oracle_replication, or executor.distributed=false)"
+        )
+    return Peers(meta["ep"], spec.model, spec.workload)
 
 
 def _one_process(schedule: Schedule) -> Schedule:
@@ -128,7 +151,9 @@ def _one_process(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def resident_before_start(spec: RunSpec, routing: Routing) -> tuple[dict[Unit, Tier], set[int]]:
+def resident_before_start(
+    spec: RunSpec, routing: Routing, distributed: bool = False
+) -> tuple[dict[Unit, Tier], set[int]]:
     """Where each weight unit of a live run must sit before its first op: `resident_units` of dry
     plans, the first on `routing`, each later one on routing that sends every token to experts
     no earlier plan used, until every expert of every MoE layer has been planned for. A live gate
@@ -144,7 +169,8 @@ def resident_before_start(spec: RunSpec, routing: Routing) -> tuple[dict[Unit, T
     guess: dict[Unit, Tier] | None = None
     kv_batches: set[int] = set()
     while True:
-        dry = _one_process(build_schedule(spec, routing))
+        dry = build_schedule(spec, routing)
+        dry = dry if distributed else _one_process(dry)
         kv_batches |= {op.batch for op in dry.ops if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE)}
         for unit, tier in resident_units(dry).items():
             resident.setdefault(unit, tier)
@@ -192,8 +218,9 @@ def _shape_routing(spec: RunSpec) -> Routing:
     return load_routing(spec.model, wl)
 
 
-def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult:
-    """`experiments.run executor=real`: needs `checkpoint=DIR`."""
+def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
+    """`experiments.run executor=real`: needs `checkpoint=DIR`. None on a torchrun rank other
+    than 0 (rank 0 writes the run)."""
     ckpt = cfg.get("checkpoint")
     if not ckpt:
         raise ConfigError(
@@ -204,5 +231,12 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult:
     device = ex.get("device") or None
     if device is not None:
         device = str(resolve_device(str(device), "executor.device"))
-    result, _ = real_execute(ckpt, spec, str(ex.get("routing_mode", "replay")), device=device)
+    mode = str(ex.get("routing_mode", "replay"))
+    if ex.get("distributed", False):
+        from experiments.dist_run import run_distributed
+
+        timeout_s = float(ex.get("rendezvous_timeout_s", 120))
+        out = run_distributed(str(ckpt), spec, mode, device, timeout_s)
+        return None if out is None else out.result  # None: a rank other than 0 of a torchrun
+    result, _ = real_execute(ckpt, spec, mode, device=device)
     return result

@@ -73,6 +73,8 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         from experiments.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
+        if result is None:  # a torchrun rank other than 0: rank 0 writes the run
+            return {}
     write_run(out_dir, result, stamp(config_yaml))
     s = result.summary
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None

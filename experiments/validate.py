@@ -13,7 +13,12 @@ timeline_<planner>.png (sim above real).
 Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=a,b]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
-        [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>]
+        [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>] [executor.distributed=true]
+
+executor.distributed=true runs each expert-parallel planner's devices as processes (gloo) and also
+prints, per planner, the share of the schedule's ops the real trace holds exactly once
+(coverage), each device's expert tokens simulated and measured, and their utilisation; the
+simulator runs again at the p2p bandwidth the runs' transfers saw (`run_p2p_gbps`).
 
 The real side runs `repeats` times, round the planners, and is compared at its median makespan
 (of an even count the lower middle run, as a trace comes from one run; the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
@@ -51,14 +56,16 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from core.balance import device_of  # noqa: E402
 from core.bubbles import causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
-from core.types import Resource, RoutingSource, Tier  # noqa: E402
+from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
 from experiments.calibrate import measure_in_run  # noqa: E402
-from experiments.cli import as_float, as_int, output_dir, parse_kv  # noqa: E402
+from experiments.cli import as_bool, as_float, as_int, output_dir, parse_kv  # noqa: E402
+from experiments.dist_run import run_distributed  # noqa: E402
 from experiments.pipeline import (  # noqa: E402
     RunResult,
     RunSpec,
@@ -76,6 +83,7 @@ log = logging.getLogger(__name__)
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planners="", gpu_frac=0.6, cpu_frac=0.15,
     batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3, links="probe",
+    **{"executor.distributed": "false"},
 )  # fmt: skip
 
 
@@ -213,6 +221,27 @@ def compare(
     return row
 
 
+def any_device(trace: pd.DataFrame) -> pd.DataFrame:
+    """The trace with every device's resource under its kind's name ('p2p:1' -> 'p2p'), for the
+    bandwidth a kind of link delivered over all devices."""
+    return trace.assign(resource=trace["resource"].astype(str).str.partition(":")[0])
+
+
+def per_device(sim: RunResult, real: RunResult) -> dict[str, Any]:
+    """A G-process run against its simulation: the share of the schedule's ops its trace holds
+    exactly once (coverage), each device's expert tokens in both, and their utilisation."""
+    ids = real.trace["op_id"].to_numpy()
+    once = np.bincount(ids, minlength=len(real.schedule)) == 1
+    row: dict[str, Any] = {"coverage": float(once.mean()) if len(once) else 0.0}
+    for label, r in (("sim", sim), ("real", real)):
+        t = r.trace[r.trace["kind"].astype(str) == str(OpKind.EXPERT)]
+        tokens = t.groupby(device_of(t["resource"]))["tokens"].sum()
+        row[f"{label}_device_tokens"] = [int(tokens.get(d, 0)) for d in range(real.summary["n_devices"])]
+        row[f"{label}_utilisation"] = float(r.summary.get("utilisation", float("nan")))
+    row["device_tokens_equal"] = row["sim_device_tokens"] == row["real_device_tokens"]
+    return row
+
+
 def markdown(df: pd.DataFrame) -> str:
     """A pipe table (no tabulate dependency); floats with 3 decimals."""
 
@@ -262,6 +291,7 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             f"planners={opts['planners']}: unknown planner(s) {', '.join(unknown)}; valid: "
             f"{', '.join(planner_names())}"
         )
+    distributed = as_bool("executor.distributed", opts["executor.distributed"])
     gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
     cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
     sizes = {k: as_int(k, opts[k], at_least=1) for k in ("batch_size", "n_batches", "prompt_len",
@@ -296,14 +326,19 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
     probed: dict[str, list[tuple[RunResult, dict[Resource, float]]]] = {name: [] for name in sims}
     hw_dict = read_hardware(str(opts["hardware"]))
-    probe = links == "probe"
+    probe = links == "probe" and not distributed  # (a probe measures disk and h2d only)
     fracs = gpu_frac, cpu_frac
     for _ in range(sizes["repeats"]):
         for name, (spec, routing, _) in list(sims.items()):
             # the probe's own failure (its run refused) is the whole command's, not this planner's
             probe_now = probe_predict(ckpt, hw_dict, spec, routing, fracs) if probe else None
             try:
-                run = real_execute(ckpt, replace(spec, executor="real"), "replay", routing=routing)
+                real_spec = replace(spec, executor="real")
+                run = (
+                    (run_distributed(ckpt, real_spec, "replay", None, 120, routing).result, None)
+                    if distributed
+                    else real_execute(ckpt, real_spec, "replay", routing=routing)
+                )
             except MoepipeError as e:  # e.g. a working set the real device pool cannot hold
                 log.warning("%s skipped: %s", name, e)
                 rows.append(dict(planner=name, skipped=str(e)))
@@ -342,12 +377,16 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         row["real_makespan_min_s"], row["real_makespan_max_s"] = min(spans), max(spans)
         # The simulator again at the link bandwidths these runs' transfers saw: the error left
         # once the links' drift since calibration is taken out (a diagnosis, not the prediction).
+        kinds = (Resource.DISK, Resource.H2D, Resource.P2P)
         seen = {
             res: bw
-            for res in (Resource.DISK, Resource.H2D)
-            if (bw := link_bandwidth([r.trace for r in runs], str(res), hw.link(res).latency_s))
+            for res in kinds
+            if (bw := link_bandwidth([any_device(r.trace) for r in runs], str(res),
+                                     hw.link(res).latency_s))  # fmt: skip
         }
-        for res in (Resource.DISK, Resource.H2D):
+        if distributed:
+            row.update(per_device(sim, real))
+        for res in kinds:
             row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
             row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
         for k in ("sim_run_links_makespan_s", "err_run_links_makespan_s",
@@ -392,6 +431,14 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             if probed[name]
             else ""
         )
+        if distributed:
+            print(
+                f"{name:24s} coverage {100 * row['coverage']:.0f}% of {len(real.schedule)} ops, "
+                f"expert tokens per device sim {row['sim_device_tokens']} real "
+                f"{row['real_device_tokens']} ({'equal' if row['device_tokens_equal'] else 'DIFFER'}), "
+                f"utilisation sim {row['sim_utilisation']:.2f} real {row['real_utilisation']:.2f}",
+                flush=True,
+            )
         print(
             f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
             f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "

@@ -9,6 +9,9 @@ it frees memory at its end. Any worker error stops every worker and is re-raised
 runs and none finishes for `stall_timeout_s` raises naming the stuck ops, and an op that runs longer
 than that (a hung read or collective) raises naming it. Never hangs.
 
+An expert-parallel schedule's G devices run in this one process, or as G processes (one rank
+each, `peers`: real/distributed.py), each running its own device's ops with the same op code.
+
 Usage:
     ex = Executor(store, model, workload, prompts)            # prompts [n*bs, P]
     out = ex.run_replay(schedule, routing)                    # gate forced to `routing`
@@ -25,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +42,9 @@ from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, Model, expert_tokens, moe_output, new_slots, put_expert
 from real.store import TENSOR_ALIGN, TieredStore, aligned, round_up
+
+if TYPE_CHECKING:
+    from real.distributed import Peers
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +215,10 @@ class Executor:
         prompts: torch.Tensor,
         stall_timeout_s: float = 120.0,
         compute_threads: int | None = None,
+        peers: Peers | None = None,
     ) -> None:
+        """`peers`: this process is one rank of a G-process run (`real.distributed`): it runs
+        its own device's ops of the schedule, the others' data arrives by transfer ops."""
         wl = workload
         if tuple(prompts.shape) != (wl.n_sequences, wl.prompt_len):
             raise MoepipeError(
@@ -221,6 +230,7 @@ class Executor:
         self.device = store.device
         self.cuda = self.device.type == "cuda"
         self.stall_timeout_s = stall_timeout_s
+        self.peers = peers
         # Torch intra-op threads per worker on a CPU device (None on CUDA: kernels run on the GPU).
         self.compute_threads = None if self.cuda else (compute_threads or cpu_compute_threads())
 
@@ -228,8 +238,8 @@ class Executor:
     def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:
         """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
         self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
-        self._preload(resident_units(schedule))
         self._schedule = schedule
+        self._preload(self._own(resident_units(schedule), schedule.meta))
         for op in schedule.ops:
             self._add_op(op, schedule.streams[op.stream])
         self._planner_done = True
@@ -252,6 +262,7 @@ class Executor:
         capacity_bytes: Mapping[Tier, int],
         resident: Mapping[Unit, Tier],
         kv_batches: Iterable[int] = (),
+        first_meta: Mapping[str, Any] | None = None,
     ) -> RunOutput:
         """Run with the model's own gates while the planner plans: each op it emits is queued at
         once, and its `CausalRouting` blocks at a gate until that gate op has really run.
@@ -260,9 +271,11 @@ class Executor:
         `resident_units`; planners' placement does not depend on routing values).
         `kv_batches`: the batches whose KV the dry plans keep in host memory; their host caches
         are made before the run starts (else the planner thread pins them mid-run).
+        `first_meta`: a dry plan's meta, whose first expert placement (`ep_slots`) a rank of a
+        G-process run holds before the start.
         """
         self._reset(capacity_bytes, None, None)
-        self._preload(resident)
+        self._preload(self._own(resident, first_meta or {}))
         for b in kv_batches:
             self._ensure_host_kv(b)
         holder: dict[str, CausalRouting] = {}
@@ -316,6 +329,12 @@ class Executor:
         return self._output(schedule)
 
     # ---- setup ------------------------------------------------------------------------------
+    def _own(self, resident: Mapping[Unit, Tier], meta: Mapping[str, Any]) -> Mapping[Unit, Tier]:
+        """The resident units this process holds: all of them, or one rank's (`Peers`)."""
+        if self.peers is None:
+            return resident
+        return self.peers.own_units(resident, meta.get("ep_slots", {}))
+
     def _reset(
         self,
         capacity: Mapping[Tier, int],
@@ -469,6 +488,12 @@ class Executor:
             self._done.append(False)
             self._start.append(0.0)
             self._end.append(0.0)
+            if self.peers is not None and not self.peers.runs(spec):
+                # another rank runs it; a dep on it is honoured by the transfer op that brings
+                # its data (`real.distributed`)
+                self._done[-1] = True
+                self._cv.notify_all()
+                return
             q = self._queues.get(op.stream)
             if q is None:
                 q = self._queues[op.stream] = deque()
@@ -522,6 +547,8 @@ class Executor:
         threads_before = torch.get_num_threads()
         if self.compute_threads is not None:
             torch.set_num_threads(self.compute_threads)
+        if self.peers is not None:  # every rank's clock starts once all have set up
+            self.peers.start(self)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             self._t0_event.record(torch.cuda.current_stream(self.device))  # on the run's device
@@ -686,6 +713,9 @@ class Executor:
         k = op.kind
         if k == OpKind.FREE:
             return
+        if self.peers is not None and self.peers.moves(op):
+            self.peers.transfer(self, op, spec)
+            return
         if k == OpKind.LOAD and unit_of(op) is not None:
             self._load(op, cuda_stream)
         elif k == OpKind.KV_LOAD:
@@ -790,7 +820,8 @@ class Executor:
             self._note_finite(op.step, op.layer, 0, op.batch, "attention", h[s0:s1])
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
-                p = bst.pending.get(op.micro)
+                p = (bst.pending.get(op.micro) if self.peers is None
+                     else self.peers.pending(self, op.step, op.layer, op.batch, op.micro))  # fmt: skip
                 assert p is not None and p.layer == op.layer, (
                     f"{op.label()}: shared FFN before its gate"
                 )
@@ -872,6 +903,9 @@ class Executor:
             )
         h = self._hidden(bst, op.step)
         normed, ids, weights = self.model.gate(op.layer, w, h[s0:s1], fi, fw)
+        if self.peers is not None:  # the other ranks' parts arrive by transfer
+            self.peers.gate_part(self, op, normed, ids, weights)
+            return
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         whole = (s0, s1) == (0, wl.batch_size)
         if self.cuda and not whole:  # the part that completes the batch reads every part's rows
@@ -940,6 +974,11 @@ class Executor:
         meta = self._schedule.meta if self._schedule is not None else self._builder.meta
         return meta["ep"]
 
+    def _ep_slots(self) -> dict[tuple[int, int, int], list[list[int]]]:
+        """(step, batch, MoE layer) -> each device's expert slots (the planner's placements)."""
+        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
+        return meta["ep_slots"]
+
     def _micro_mask(self, micro: int) -> torch.Tensor:
         """[b] bool: the batch's sequences in micro-batch `micro` (-1: all of them)."""
         bs = self.wl.batch_size
@@ -956,7 +995,8 @@ class Executor:
         batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
         parts, xs = [], []
         for b in batches:
-            p = self._batches[b].pending.get(op.micro)
+            p = (self._batches[b].pending.get(op.micro) if self.peers is None
+                 else self.peers.pending(self, op.step, op.layer, b, op.micro))  # fmt: skip
             assert p is not None and p.layer == op.layer, (
                 f"{op.label()}: batch {b} has no gate output"
             )
@@ -1070,6 +1110,8 @@ class Executor:
     # ---- results ------------------------------------------------------------------------------
     def _output(self, schedule: Schedule) -> RunOutput:
         s, wl = self.model.spec, self.wl
+        if self.peers is not None:
+            self.peers.gather(self, schedule)
         self._check_finite()
         for b, bst in enumerate(self._batches):
             if bst.written != [wl.batch_size] * wl.gen_len:

@@ -5,7 +5,7 @@
 #      G devices as G CUDA streams on one GPU), and torchrun + NCCL against the reference;
 #   2. calibrate this GPU on a generated bf16 checkpoint (~1.4 GB) and validate the simulator
 #      against the real executor on it, planner by planner;
-#   3. an expert-parallel torchrun/NCCL run of the command users run;
+#   3. an expert-parallel run on 2 processes of the command users run;
 #   4. the peer benchmark (transformers + accelerate disk offload vs moepipe) on the GPU;
 #   5. how far 8 expert kernels on 8 CUDA streams overlap, against the shared-lanes model
 #      (experiments.bench_lanes: the hardware profile's sms / sm_mem_bw_gbps are assumptions),
@@ -16,7 +16,7 @@
 #      power-of-two pinned blocks (experiments.bench_host).
 # Every stage has its own time limit and the script goes on past a failed one; the summary at the
 # end lists each stage's exit status and seconds; a failed calibration leaves the later stages the
-# shipped H200 profile. Budget: the stages' limits add up to 535 s, under the device tool's 600 s a
+# shipped H200 profile. Budget: the stages' limits add up to 545 s, under the device tool's 600 s a
 # command, with time left in a 15-minute lease for the machine's start (about 6 minutes expected).
 # Usage: bash scripts/gpu_check.sh [workdir]      (results also copied to $OUT when it is set)
 # Dry run of the same stages on a machine without CUDA: DEVICE=cpu bash scripts/gpu_check.sh
@@ -94,12 +94,11 @@ stage validate 100 python3 -m experiments.validate checkpoint="$CKPT" hardware="
 [ -n "${OUT:-}" ] && cp "$WORK/gpu-check.yaml" "$WORK"/validate/validate.{md,csv} \
   "$WORK/validate/timeline_klotski.png" "$OUT/" 2>/dev/null
 
-NPROC=1
-[ "$DEVICE" = cuda ] && NPROC=$(python3 -c "import torch; print(min(2, torch.cuda.device_count()))")
-echo "expert parallel on $NPROC rank(s) (NCCL cannot put 2 ranks on one GPU)"
-stage ep-run 35 python3 -m torch.distributed.run --nproc_per_node="$NPROC" --master_port=29541 \
-  -m experiments.ep_run checkpoint="$CKPT" planner=predictive_replication batch_size=8 \
-  prompt_len=16 gen_len=4 device="$DEVICE" out="$WORK/ep_run"
+echo "expert parallel on 2 processes (their transfers through gloo, so both may share one GPU)"
+stage ep-run 45 python3 -m experiments.run executor=real executor.distributed=true \
+  executor.device="$DEVICE" checkpoint="$CKPT" planner=predictive_replication hardware=h200-hgx8 \
+  +planner.params.n_devices=2 workload.batch_size=8 workload.n_batches=1 workload.prompt_len=16 \
+  workload.gen_len=4 hydra.run.dir="$WORK/ep_run"
 stage bench 45 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
   hardware="$HW" n_batches=8 batch_size=4
 stage lanes 25 python3 -m experiments.bench_lanes device="$DEVICE" hardware=h200

@@ -39,6 +39,8 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     # the disk and h2d bandwidths as the runs' own transfers saw them
     assert "disk_in_run" in prof["sources"] and "h2d_in_run" in prof["sources"]
     assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
+    # the link G processes' transfers take (gloo here), for executor.distributed=true runs
+    assert prof["links"]["p2p"]["gbps"] > 0 and prof["n_gpus"] == 2
 
     conf = tmp_path / "conf" / "hardware"
     conf.mkdir(parents=True)

@@ -66,3 +66,22 @@ def test_unknown_links_is_refused_before_any_run(tmp_path):
     opts = dict(v._DEFAULTS, checkpoint=str(tmp_path), links="fresh")
     with pytest.raises(MoepipeError, match="links='fresh' unknown; valid: calibrated, probe"):
         v.validate(opts)
+
+
+def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, tmp_path):
+    """executor.distributed=true: eplb on 2 processes (a profile of h200-hgx8 with 2 GPUs); the
+    real trace holds each op of the schedule once (coverage 1) and each device's expert tokens
+    equal the simulator's; the simulator runs again at the p2p rate the runs saw."""
+    import yaml
+
+    hw = yaml.safe_load((v.ROOT / "conf" / "hardware" / "h200-hgx8.yaml").read_text())
+    hw.update(name="hgx2", n_gpus=2)
+    path = tmp_path / "hgx2.yaml"
+    path.write_text(yaml.safe_dump(hw))
+    opts = dict(v._DEFAULTS, checkpoint=str(mixtral_tiny), hardware=str(path), repeats=1,
+                planners="eplb", out=str(tmp_path / "val"), gpu_frac=2.0, cpu_frac=0.5,
+                links="calibrated", **{"executor.distributed": "true"})  # fmt: skip
+    row = v.validate(opts).set_index("planner").loc["eplb"]
+    assert row["coverage"] == 1.0 and row["device_tokens_equal"]
+    assert row["sim_device_tokens"] == row["real_device_tokens"]
+    assert row["run_p2p_gbps"] > 0 and row["err_run_links_makespan_s"] == row["err_run_links_makespan_s"]

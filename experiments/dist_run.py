@@ -1,0 +1,297 @@
+"""A real run of an expert-parallel schedule as G processes, one per device (torch.distributed,
+gloo): `experiments.run executor=real executor.distributed=true` starts them itself, or runs as
+one of them under torchrun (RANK / WORLD_SIZE set). Each rank runs its device's ops of the one
+schedule (`real.distributed`); rank 0's result (every rank's ops) is the run's.
+
+Faults end the run with one line naming the rank and a non-zero exit, never a peer's traceback:
+a rank that dies stops the others at once (they are terminated), a rank that never joins stops
+the others after `executor.rendezvous_timeout_s`.
+
+Usage:
+    python -m experiments.run executor=real executor.distributed=true checkpoint=DIR \
+        planner=eplb +planner.params.n_devices=2
+    torchrun --nproc_per_node=2 -m experiments.run executor=real executor.distributed=true ...
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, MoepipeError
+from core.routing import Routing
+from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+
+PEER_LOST = 3  # a rank's exit code when it stopped because another one did
+FAILED = 2  # a rank's exit code for an error it wrote to its error file
+
+
+@dataclass
+class DistOutput:
+    """What a G-process run gives back: the run (every rank's ops) and the generated output."""
+
+    result: RunResult
+    tokens: Any  # torch.Tensor [n*b, gen_len]
+    logits: Any  # torch.Tensor [n*b, V]
+    routing: Routing  # the experts the gates used (replayed, or the model's own)
+
+
+def launched() -> bool:
+    """Is this process one rank of a torchrun (or similar) launch of G > 1 processes?"""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def n_processes(ckpt: str, spec: RunSpec) -> int:
+    """The devices of the schedule `spec` plans (one process each); one line where the machine
+    cannot run them or the planner has none."""
+    from experiments.real_run import _shape_routing
+    from real.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(ckpt)
+    spec = resolve_n_batches(replace(spec, model=model, executor="real"))
+    ep = build_schedule(spec, _shape_routing(spec)).meta.get("ep")
+    if not ep:
+        raise ConfigError(
+            f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
+            f"planner {spec.planner} plans one device (use ep_static, eplb, "
+            "predictive_replication or oracle_replication, or executor.distributed=false)"
+        )
+    g = int(ep["n_devices"])
+    if g > model.n_experts:
+        raise ConfigError(
+            f"planner.params.n_devices={g} is more than model {model.name}'s {model.n_experts} "
+            "experts: a process would hold none; lower n_devices"
+        )
+    cores = os.cpu_count() or 1
+    if g > cores:
+        raise ConfigError(
+            f"planner.params.n_devices={g}: one process per device, but this machine has "
+            f"{cores} CPU cores; lower n_devices (at most {cores})"
+        )
+    if g > 1 and ep.get("lanes"):
+        raise ConfigError("lanes (G streams of one GPU) run in one process; set "
+                          "executor.distributed=false")  # fmt: skip
+    return g
+
+
+def run_distributed(
+    ckpt: str,
+    spec: RunSpec,
+    routing_mode: str,
+    device: str | None,
+    timeout_s: float,
+    routing: Routing | None = None,
+) -> DistOutput | None:
+    """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
+    `routing`: replay this routing (else the workload's, as `real_execute`)."""
+    if launched():
+        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing)
+        return out if int(os.environ["RANK"]) == 0 else None
+    g = n_processes(ckpt, spec)
+    args = (ckpt, spec, routing_mode, device, timeout_s, routing)
+    return _spawn(g, _child, args)
+
+
+def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
+    """Start `target(rank, world, init, tmp, *args)` on G processes, watch them (`_watch`) and
+    return what rank 0 left in tmp/rank0.pkl."""
+    with tempfile.TemporaryDirectory(prefix="moepipe-ranks-") as tmp:
+        ctx = mp.get_context("spawn")
+        init = f"file://{Path(tmp) / 'rendezvous'}"
+        procs = [
+            ctx.Process(target=target, args=(r, g, init, Path(tmp), *args), name=f"rank{r}")
+            for r in range(g)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            _watch(procs, Path(tmp))
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+        with open(Path(tmp) / "rank0.pkl", "rb") as f:
+            return pickle.load(f)
+
+
+def _watch(procs: list[Any], tmp: Path) -> None:
+    """Wait for every rank; the first that fails (not one that stopped because another did)
+    stops the others and the run, with one line naming it."""
+    left = {p.sentinel: (r, p) for r, p in enumerate(procs)}
+    lost_at: float | None = None
+    while left:
+        for s in wait(list(left), timeout=0.2):
+            r, p = left.pop(s)
+            p.join()
+            code = p.exitcode
+            if code == 0:
+                continue
+            if code == PEER_LOST:  # the culprit's own exit comes within moments
+                lost_at = lost_at or time.monotonic()
+                continue
+            raise MoepipeError(_why(r, code, tmp))
+        if lost_at is not None and time.monotonic() - lost_at > 5:
+            raise MoepipeError("real run: a rank lost its peers and no rank says why")
+
+
+def _why(rank: int, code: int | None, tmp: Path) -> str:
+    err = tmp / f"rank{rank}.err"
+    if err.exists() and err.read_text().strip():
+        return err.read_text().strip().splitlines()[0]
+    if code is not None and code < 0:
+        return f"rank {rank} died (signal {-code}); the run stopped"
+    return f"rank {rank} died (exit code {code}); the run stopped"
+
+
+def _child(
+    rank: int, world: int, init: str, tmp: Path, ckpt: str, spec: RunSpec, routing_mode: str,
+    device: str | None, timeout_s: float, routing: Routing | None,
+) -> None:  # fmt: skip
+    """One spawned rank: its result (rank 0) or its one-line error goes to a file in `tmp`."""
+    _as_rank(rank, tmp, lambda: _rank(ckpt, spec, routing_mode, device, timeout_s,
+                                      (init, rank, world), routing))  # fmt: skip
+
+
+def _as_rank(rank: int, tmp: Path, run: Any) -> None:
+    """Run a spawned rank's work: rank 0's result to tmp/rank0.pkl; an error as one line in
+    tmp/rank<r>.err and an exit code `_watch` reads (PEER_LOST: another rank stopped first)."""
+    import sys
+
+    try:
+        out = run()
+        if rank == 0:
+            with open(tmp / "rank0.tmp", "wb") as f:
+                pickle.dump(out, f)
+            os.replace(tmp / "rank0.tmp", tmp / "rank0.pkl")
+    except BaseException as e:  # noqa: BLE001 - one line for the parent; the rest in the log
+        if _peer_gone(e):
+            sys.exit(PEER_LOST)
+        if isinstance(e, MoepipeError):
+            (tmp / f"rank{rank}.err").write_text(f"{e}\n")
+            sys.exit(FAILED)
+        (tmp / f"rank{rank}.err").write_text(
+            f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+            + traceback.format_exc()
+        )
+        sys.exit(1)
+
+
+def _peer_gone(e: BaseException) -> bool:
+    from real.distributed import PeerLost
+
+    if isinstance(e, PeerLost):
+        return True
+    text = str(e)
+    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer",
+                                   "Broken pipe", "Socket closed"))  # fmt: skip
+
+
+def _rank(
+    ckpt: str,
+    spec: RunSpec,
+    routing_mode: str,
+    device: str | None,
+    timeout_s: float,
+    init: tuple[str, int, int] | None,
+    routing: Routing | None = None,
+) -> DistOutput:
+    """This process's rank: join the group (`init`: spawned; else torchrun's env), run."""
+    import torch.distributed as dist
+
+    from experiments.real_run import real_execute
+
+    kw: dict[str, Any] = dict(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    if init is not None:
+        kw.update(init_method=init[0], rank=init[1], world_size=init[2])
+    rank = init[1] if init is not None else int(os.environ["RANK"])
+    try:
+        dist.init_process_group(**kw)
+    except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MoepipeError(
+            f"rank {rank}: the process group did not form within executor.rendezvous_timeout_s="
+            f"{timeout_s:g} s (a rank never joined, or MASTER_ADDR/MASTER_PORT are wrong): {first}"
+        ) from None
+    try:
+        if init is None and dist.get_world_size() != n_processes(ckpt, spec):
+            raise ConfigError(
+                f"torchrun started {dist.get_world_size()} processes, the schedule has "
+                f"{n_processes(ckpt, spec)} devices; set --nproc_per_node to planner.params.n_devices"
+            )
+        if device and device.startswith("cuda"):
+            device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
+        try:
+            result, out = real_execute(ckpt, spec, routing_mode, routing=routing, device=device,
+                                       distributed=True)  # fmt: skip
+        except MoepipeError as e:
+            if _peer_gone(e):
+                raise
+            raise MoepipeError(f"rank {rank}: {e}") from None
+        return DistOutput(result, out.tokens, out.logits, out.routing)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def measure_d2d(sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25), reps: int = 5,
+                timeout_s: float = 60.0) -> dict[str, float]:  # fmt: skip
+    """The link the G-process run's transfers take (gloo between 2 processes of this machine):
+    the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
+    {"gbps", "latency_us"}."""
+    points = _spawn(2, _pingpong, (sizes, reps, timeout_s))
+    from experiments.calibrate import _fit
+
+    bw, lat = _fit(points)
+    return {"gbps": bw / 1e9, "latency_us": lat * 1e6}
+
+
+def _pingpong(rank: int, world: int, init: str, tmp: Path, sizes: tuple[int, ...], reps: int,
+              timeout_s: float) -> None:  # fmt: skip
+    def run() -> list[tuple[float, float]]:
+        import statistics
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))  # fmt: skip
+        try:
+            points = []
+            for n in sizes:
+                buf, times = torch.zeros(n, dtype=torch.uint8), []
+                for i in range(reps + 1):  # the first a warm-up
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    if rank == 0:
+                        dist.send(buf, 1)
+                        dist.recv(buf, 1)
+                    else:
+                        dist.recv(buf, 0)
+                        dist.send(buf, 0)
+                    if i:
+                        times.append((time.perf_counter() - t0) / 2)
+                points.append((float(n), statistics.median(times)))
+            return points
+        finally:
+            dist.destroy_process_group()
+
+    _as_rank(rank, tmp, run)
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
