@@ -109,14 +109,16 @@ def summary_of(
     )
 
 
-def write_run(out_dir: str | Path, result: RunResult) -> None:
-    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run, then
-    summary.json last and atomically: a run directory counts as finished only once summary.json
-    exists."""
+def write_run(out_dir: str | Path, result: RunResult, chrome: bool = False) -> None:
+    """trace.parquet (the canonical trace), trace.json (Chrome) where `chrome` (else
+    `python -m experiments.trace_json RUN_DIR` writes it), balance.csv for an expert-parallel
+    run, then summary.json last and atomically: a run directory counts as finished only once
+    summary.json exists."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result.trace.to_parquet(out / "trace.parquet", index=False)
-    write_chrome(out / "trace.json", [result.trace])
+    if chrome:
+        write_chrome(out / "trace.json", [result.trace])
     write_balance(out, result)
     atomic_write_json(out / "summary.json", result.summary)
 

@@ -5,7 +5,8 @@ Usage:
         planner=flexgen workload.n_batches=15 executor=sim
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
-Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json.
+Writes config.yaml, trace.parquet and, last, summary.json; trace.json (Chrome/Perfetto) with
+`trace_json=true`, or later with `python -m experiments.trace_json RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 
         result = real_run(spec, cfg)
     stamp(out_dir, config_yaml)
-    write_run(out_dir, result)
+    write_run(out_dir, result, chrome=bool(cfg.get("trace_json", False)))
     s = result.summary
     log.info(
         "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
