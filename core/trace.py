@@ -173,7 +173,7 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
         if k in ("start_s", "end_s") or k not in df:
             continue
         frags.append(_arg_fragments(k, df[k]))
-    args = [", ".join(filter(None, row)) for row in zip(*frags)] if frags else [""] * n
+    args = [", ".join(filter(None, row)) for row in zip(*frags, strict=True)] if frags else [""] * n
     # the event's name and category, from the few (kind, tensor) pairs there are
     kc, kinds = _factorize(df["kind"])
     tc, tensors = _factorize(df["tensor"]) if "tensor" in df else (np.zeros(n, np.int64), ["none"])
@@ -191,10 +191,10 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
     dur_arr = (df["end_s"].to_numpy(np.float64) - start) * 1e6
     dur = _json_floats(dur_arr)
     tails = ['"ph": "X", "dur": ' + d + "}" if p else '"ph": "i", "s": "t"}'
-             for d, p in zip(dur, (dur_arr > 0).tolist())]  # fmt: skip
+             for d, p in zip(dur, (dur_arr > 0).tolist(), strict=True)]  # fmt: skip
     out += [
         f'{h}{t}, "ts": {x}, "args": {{{a}}}, {e}'
-        for h, t, x, a, e in zip(named, tid, ts, args, tails)
+        for h, t, x, a, e in zip(named, tid, ts, args, tails, strict=True)
     ]
     return out
 
@@ -238,7 +238,7 @@ def _arg_fragments(key: str, col: pd.Series) -> list[str]:
         return [head + str(v) for v in arr.tolist()]
     arr = arr.astype(np.float64)
     text = _json_floats(arr)
-    return [head + v if ok else "" for v, ok in zip(text, (arr == arr).tolist())]
+    return [head + v if ok else "" for v, ok in zip(text, (arr == arr).tolist(), strict=True)]
 
 
 def shares_s(start: np.ndarray, end: np.ndarray) -> np.ndarray:
