@@ -44,6 +44,13 @@ class RunResult:
 
 def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     """Plan with replayed routing and validate."""
+    schedule = plan_schedule(spec, routing)
+    validate(schedule, check_finishes=spec.executor != "sim")
+    return schedule
+
+
+def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
+    """Plan with replayed routing (not validated: `build_schedule` does both)."""
     causal = (
         routing
         if isinstance(routing, CausalRouting)
@@ -54,9 +61,7 @@ def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
     make_planner(spec.planner, spec.params).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
-    schedule = builder.build()
-    validate(schedule, check_finishes=spec.executor != "sim")
-    return schedule
+    return builder.build()
 
 
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
@@ -74,18 +79,23 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
-    from sim.executor import simulate_times
-
     if routing is None:
         spec = resolve_n_batches(spec)
     routing = routing if routing is not None else load_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
-    cost = CostModel(spec.hardware)
+    trace = simulate_trace(schedule, spec.hardware)
+    return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+
+
+def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
+    """The simulator's trace of a validated schedule."""
+    from sim.executor import simulate_times
+
+    cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
     start, end, granted = simulate_times(schedule, cost, parts)
-    trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
-                       alloc_s=granted)  # fmt: skip
-    return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+    return make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
+                      alloc_s=granted)  # fmt: skip
 
 
 def summary_of(
