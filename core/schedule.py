@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import chain
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -103,34 +105,50 @@ class Schedule:
         return self.streams[op.stream].resource_id
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The ops as numpy columns (computed once): what the cost model, simulator and trace read."""
+        """The ops as numpy columns (computed once): what the cost model, simulator, trace,
+        metrics and validator read. `kind`, `stream`, `tensor` index `list(OpKind)`,
+        `list(self.streams)`, `list(Tensor)`; tiers index `list(Tier)`, -1 = none; op i's deps
+        are `dep_idx[dep_ptr[i]:dep_ptr[i + 1]]`, in its order."""
         cols = self._columns
         if cols is not None and len(cols["kind"]) == len(self.ops):
             return cols
-        ops = self.ops
-        n = len(ops)
-        stream_names = list(self.streams)
-        stream_idx = {s: i for i, s in enumerate(stream_names)}
+        ops, n = self.ops, len(self.ops)
+        at = {name: i for i, name in enumerate(Op._fields)}
+
+        def field_(name: str) -> Iterable[Any]:
+            return map(itemgetter(at[name]), ops)
+        stream_idx = {s: i for i, s in enumerate(self.streams)}
         tier_idx: dict[Tier | None, int] = {None: -1, **{t: i for i, t in enumerate(Tier)}}
-        kinds = list(OpKind)
-        kind_idx = {k: i for i, k in enumerate(kinds)}
-        rows = [
-            (kind_idx[o.kind], stream_idx[o.stream], o.nbytes, o.flops, o.touch_bytes,
-             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes, o.width)
-            for o in ops
-        ]  # fmt: skip
-        arr = np.array(rows, dtype=np.float64).reshape(n, 10)
+        kind_idx = {k: i for i, k in enumerate(OpKind)}
+        tensor_idx = {t: i for i, t in enumerate(Tensor)}
+
+        def ints(name: str, dtype: Any = np.int64) -> np.ndarray:
+            # via float64, as a planner may give a byte count as a float
+            return np.fromiter(field_(name), np.float64, n).astype(dtype)
+
+        def coded(name: str, idx: Mapping[Any, int], dtype: Any) -> np.ndarray:
+            return np.fromiter(map(idx.__getitem__, field_(name)), dtype, n)
+
         cols = {
-            "kind": arr[:, 0].astype(np.int16),  # index into list(OpKind)
-            "stream": arr[:, 1].astype(np.int16),  # index into list(self.streams)
-            "nbytes": arr[:, 2].astype(np.int64),
-            "flops": arr[:, 3],
-            "touch_bytes": arr[:, 4],
-            "alloc_tier": arr[:, 5].astype(np.int8),  # index into list(Tier), -1 = none
-            "alloc_bytes": arr[:, 6].astype(np.int64),
-            "free_tier": arr[:, 7].astype(np.int8),
-            "free_bytes": arr[:, 8].astype(np.int64),
-            "width": arr[:, 9].astype(np.int64),
+            "kind": coded("kind", kind_idx, np.int16),
+            "stream": coded("stream", stream_idx, np.int16),
+            "tensor": coded("tensor", tensor_idx, np.int16),
+            "nbytes": ints("nbytes"),
+            "tokens": ints("tokens"),
+            "flops": ints("flops", np.float64),
+            "touch_bytes": ints("touch_bytes", np.float64),
+            "alloc_tier": coded("alloc_tier", tier_idx, np.int8),
+            "alloc_bytes": ints("alloc_bytes"),
+            "free_tier": coded("free_tier", tier_idx, np.int8),
+            "free_bytes": ints("free_bytes"),
+            "width": ints("width"),
+            "step": ints("step", np.int32),
+            "layer": ints("layer", np.int32),
+            "batch": ints("batch", np.int32),
+            "micro": ints("micro", np.int32),
+            "expert": ints("expert", np.int32),
+            "dep_ptr": np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))],
+            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int64),
         }
         self._columns = cols
         return cols

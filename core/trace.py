@@ -300,7 +300,8 @@ def bound_resource(schedule: Schedule, trace: pd.DataFrame) -> np.ndarray:
     own device id `gpu`, `gpu:1` ...), whose ops together get at most the whole GPU."""
     key = {name: f"{s.resource} (pool {s.pool})" if s.pool else s.resource_id
            for name, s in schedule.streams.items()}  # fmt: skip
-    return trace["stream"].astype(str).map(key).to_numpy()
+    codes, names = _factorize(trace["stream"])
+    return np.array([key.get(s, np.nan) for s in names], dtype=object)[codes]
 
 
 def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: float) -> float | None:
@@ -345,24 +346,7 @@ def dag_bound(
     # its launch and its work at the whole GPU or link, which alone it could have had
     work = work_s(trace, schedule) if work is None else work
     dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
-    d = dur.tolist()
-    head = [0.0] * n
-    preds: list[tuple[int, ...]] = [()] * n
-    last_in_stream: dict[str, int] = {}
-    for o in ops:  # ids are in topological order: deps name smaller ids
-        prev = last_in_stream.get(o.stream)
-        ps = o.deps if prev is None else (*o.deps, prev)
-        last_in_stream[o.stream] = o.id
-        preds[o.id] = ps
-        if ps:
-            head[o.id] = max([head[p] + d[p] for p in ps])
-    tail = [0.0] * n
-    for i in range(n - 1, -1, -1):
-        t = d[i] + tail[i]
-        for p in preds[i]:
-            if tail[p] < t:
-                tail[p] = t
-    h_arr, t_arr = np.asarray(head), np.asarray(tail)
+    h_arr, t_arr = _heads_tails(schedule, dur)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
     frame = pd.DataFrame({"resource": bound_resource(schedule, trace), "step": trace["step"].to_numpy(),
                           "head": h_arr[ids], "dur": work.to_numpy(), "tail": t_arr[ids]})  # fmt: skip
@@ -383,6 +367,58 @@ def dag_bound(
     return best, where
 
 
+def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the longest chain of `dur` that must end before it starts (its deps and the op
+    before it on its stream, transitively: its head) and after it ends (its tail).
+
+    Of an op's predecessors on one stream only the last counts for its head (it ends no earlier
+    than the others, which precede it on that stream), and of its successors on one stream only
+    the first for its tail: the same maxima over a few edges per op in place of every dep."""
+    cols = schedule.columns()
+    n = len(schedule.ops)
+    ptr, deps, sid = cols["dep_ptr"], cols["dep_idx"], cols["stream"].astype(np.int64)
+    dst = np.repeat(np.arange(n), np.diff(ptr))
+    order = np.argsort(sid, kind="stable")  # each stream's ops in op order
+    same = sid[order[1:]] == sid[order[:-1]]
+    src = np.r_[deps, order[:-1][same]]  # deps, then the op before on the stream
+    dst = np.r_[dst, order[1:][same]]
+    if not (np.isfinite(dur).all() and (dur >= 0).all()):  # the reduction needs durations >= 0
+        pred_ptr, pred, succ_ptr, succ = *_csr(dst, src, n), *_csr(src, dst, n)
+    else:
+        n_streams = len(schedule.streams)
+        # per (op, stream of its predecessor) the last predecessor; per (op, stream of its
+        # successor) the first successor
+        key = dst * n_streams + sid[src]
+        last = np.full(n * n_streams, -1)
+        np.maximum.at(last, key, src)
+        keep = np.flatnonzero(last >= 0)
+        pred_ptr, pred = _csr(keep // n_streams, last[keep], n)
+        key = src * n_streams + sid[dst]
+        first = np.full(n * n_streams, n)
+        np.minimum.at(first, key, dst)
+        keep = np.flatnonzero(first < n)
+        succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
+    d = dur.tolist()
+    pp, pl, sp, sl = pred_ptr.tolist(), pred.tolist(), succ_ptr.tolist(), succ.tolist()
+    head = [0.0] * n
+    for i in range(n):  # ids are in topological order: predecessors have smaller ids
+        a, b = pp[i], pp[i + 1]
+        if a < b:
+            head[i] = max([head[p] + d[p] for p in pl[a:b]])
+    tail = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        a, b = sp[i], sp[i + 1]
+        if a < b:
+            tail[i] = max([0.0, *[d[s] + tail[s] for s in sl[a:b]]])  # a NaN counts as none
+    return np.asarray(head), np.asarray(tail)
+
+
+def _csr(row: np.ndarray, col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers and the columns of edges (row, col), grouped by row."""
+    order = np.argsort(row, kind="stable")
+    return np.r_[0, np.cumsum(np.bincount(row, minlength=n))], col[order]
+
+
 def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     """Peak memory per tier: resident + the allocations live at any instant, each from when it
     was granted (`alloc_s`, else the op's start) to its free's end.
@@ -390,17 +426,13 @@ def peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     At equal times frees come first, as in both executors (an allocation waits for the free).
     """
     out: dict[str, int] = {}
-    ops = schedule.ops
+    cols = schedule.columns()
     granted = trace["alloc_s"] if "alloc_s" in trace else trace["start_s"]
     start = granted.fillna(trace["start_s"]).to_numpy()
     end = trace["end_s"].to_numpy()
-    for tier in Tier:
-        alloc = np.fromiter(
-            (o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops)
-        )
-        free = np.fromiter(
-            (o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops)
-        )
+    for ti, tier in enumerate(Tier):
+        alloc = np.where(cols["alloc_tier"] == ti, cols["alloc_bytes"], 0)
+        free = np.where(cols["free_tier"] == ti, cols["free_bytes"], 0)
         a, f = alloc > 0, free > 0
         times = np.concatenate([end[f], start[a]])
         deltas = np.concatenate([-free[f], alloc[a]])
