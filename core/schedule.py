@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import chain
-from operator import itemgetter
+from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from core.errors import CapacityError, ScheduleError
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
+_is_op = partial(is_not, None)  # a dep that names an op (None: no dep); a C call, per dep
 
 
 class Op(NamedTuple):
@@ -195,9 +197,7 @@ class ScheduleBuilder:
         self.resident_bytes[tier] += int(nbytes)
 
     def add(self, kind: OpKind, stream: str, deps: Iterable[int | None] = (), **fields: Any) -> int:
-        op = Op(
-            len(self.ops), kind, stream, deps=tuple([d for d in deps if d is not None]), **fields
-        )
+        op = Op(len(self.ops), kind, stream, deps=tuple(filter(_is_op, deps)), **fields)
         self.ops.append(op)
         if self._sink is not None:
             self._sink(op)
