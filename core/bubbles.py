@@ -129,25 +129,24 @@ class _Chain:
         same = sid[order[1:]] == sid[order[:-1]]
         prev[order[1:][same]] = order[:-1][same]
         held = np.asarray(self._held_before(schedule))
-        # each op's candidates in list order: its deps, then prev, then held
+        # each op's candidates in list order: its deps, then prev, then held (int32: the arrays
+        # are as long as the deps, a run's largest)
         counts = np.diff(ptr) + 2
         start = np.r_[0, np.cumsum(counts)[:-1]]
-        cand = np.empty(int(counts.sum()), np.int64)
-        seg = np.repeat(np.arange(n), counts)
-        pos = np.arange(len(cand)) - start[seg]
-        is_dep = pos < (counts - 2)[seg]
-        cand[is_dep] = deps
+        cand = np.empty(int(counts.sum()), np.int32)
+        cand[np.arange(len(deps)) + 2 * np.repeat(np.arange(n), counts - 2)] = deps
         cand[start + counts - 2] = prev
         cand[start + counts - 1] = held
         end = self.end
-        ok = cand >= 0
-        ok[ok] = ~np.isnan(end[cand[ok]])
-        val = np.where(ok, end[np.where(ok, cand, 0)], -np.inf)
+        val = np.where(cand >= 0, end[np.maximum(cand, 0)], -np.inf)
+        val[np.isnan(val)] = -np.inf  # a predecessor that never ran
         best = np.maximum.reduceat(val, start)
-        hit = np.flatnonzero(ok & (val == best[seg]))
-        first = hit[np.r_[True, seg[hit[1:]] != seg[hit[:-1]]]] if len(hit) else hit
+        hit = np.flatnonzero((val > -np.inf) & (val == np.repeat(best, counts)))
+        del val
+        seg = np.searchsorted(start, hit, "right") - 1  # the op each hit is a candidate of
+        first = np.r_[True, seg[1:] != seg[:-1]] if len(hit) else np.zeros(0, bool)
         out = np.full(n, -1)
-        out[seg[first]] = cand[first]
+        out[seg[first]] = cand[hit[first]]
         return out.tolist()
 
     def _held_before(self, schedule: Schedule) -> list[int]:

@@ -21,7 +21,7 @@ from core.errors import CapacityError, ScheduleError
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
-_is_op = partial(is_not, None)  # a dep that names an op (None: no dep); a C call, per dep
+_is_op: Callable[[Any], bool] = partial(is_not, None)  # a dep that names an op (not None); C
 
 
 class Op(NamedTuple):

@@ -376,9 +376,10 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     the first for its tail: the same maxima over a few edges per op in place of every dep."""
     cols = schedule.columns()
     n = len(schedule.ops)
-    ptr, deps, sid = cols["dep_ptr"], cols["dep_idx"], cols["stream"].astype(np.int64)
-    dst = np.repeat(np.arange(n), np.diff(ptr))
-    order = np.argsort(sid, kind="stable")  # each stream's ops in op order
+    # int32 edges: as long as the deps, a run's largest arrays
+    ptr, deps, sid = cols["dep_ptr"], cols["dep_idx"].astype(np.int32), cols["stream"].astype(np.int32)
+    dst = np.repeat(np.arange(n, dtype=np.int32), np.diff(ptr))
+    order = np.argsort(sid, kind="stable").astype(np.int32)  # each stream's ops in op order
     same = sid[order[1:]] == sid[order[:-1]]
     src = np.r_[deps, order[:-1][same]]  # deps, then the op before on the stream
     dst = np.r_[dst, order[1:][same]]
@@ -388,13 +389,13 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
         n_streams = len(schedule.streams)
         # per (op, stream of its predecessor) the last predecessor; per (op, stream of its
         # successor) the first successor
-        key = dst * n_streams + sid[src]
-        last = np.full(n * n_streams, -1)
+        key = dst * np.int32(n_streams) + sid[src]
+        last = np.full(n * n_streams, -1, np.int32)
         np.maximum.at(last, key, src)
         keep = np.flatnonzero(last >= 0)
         pred_ptr, pred = _csr(keep // n_streams, last[keep], n)
-        key = src * n_streams + sid[dst]
-        first = np.full(n * n_streams, n)
+        key = src * np.int32(n_streams) + sid[dst]
+        first = np.full(n * n_streams, n, np.int32)
         np.minimum.at(first, key, dst)
         keep = np.flatnonzero(first < n)
         succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
