@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 from operator import is_not, itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard, cast
 
 import numpy as np
 
@@ -21,7 +21,8 @@ from core.errors import CapacityError, ScheduleError
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
-_is_op: Callable[[Any], bool] = partial(is_not, None)  # a dep that names an op (not None); C
+# a dep that names an op (not None): a C call, made per dep
+_is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
 
 class Op(NamedTuple):

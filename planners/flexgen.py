@@ -15,9 +15,11 @@ wait for that load; `sync: false` lets the loads overlap every batch (streams an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from operator import is_not
+from typing import TypeGuard, cast
 
 from core.planner import PlanContext
 from core.schedule import ScheduleBuilder
@@ -31,7 +33,8 @@ class FlexGenParams:
     sync: bool = True  # FlexGen's device synchronize after every (sub-layer, batch) step
 
 
-_is_op = partial(is_not, None)  # an op id, not None (a C call: the planner's hottest filter)
+# an op id, not None (a C call: the planner's hottest filter)
+_is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
 
 class _Steps:
