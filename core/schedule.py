@@ -155,7 +155,7 @@ class Schedule:
             "micro": ints("micro", np.int32),
             "expert": ints("expert", np.int32),
             "dep_ptr": np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))],
-            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int64),
+            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int32),  # ids < 2**31
         }
         self._columns = cols
         return cols

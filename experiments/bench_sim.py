@@ -4,7 +4,7 @@ and its ops/s against a bare simpy event loop timed in the same process.
 
 Usage:
     python -m experiments.bench_sim [--repeat 3] [--planner flexgen]
-    python -m experiments.bench_sim --scaling      # time and peak memory over four sizes
+    python -m experiments.bench_sim --scaling      # CPU time and peak memory over four sizes
 
 Prints, per repeat: the whole CLI run's wall time (a subprocess, as a user runs it), its phases
 measured here (start-up and imports, config, routing, plan, validate, simulate, summarize,
@@ -34,8 +34,10 @@ from planners.registry import make_planner
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 RUN = ["model=mixtral-8x7b", "hardware=rtx3090-env1", "workload=paper", "workload.n_batches=15"]
-# (model, n) per size of the scaling table; the paper workload (prompt 512, generate 32)
+# (model, n) per size of the scaling table; the paper workload (prompt 512, generate 32) on
+# h800-env2, whose GPU holds the activations of n = 61 batches of Mixtral-8x22B (a 3090 does not)
 SIZES = [("mixtral-8x7b", 4), ("mixtral-8x7b", 15), ("mixtral-8x22b", 15), ("mixtral-8x22b", 61)]
+SCALING_HW = "h800-env2"
 PHASES = ("startup", "config", "routing", "plan", "validate", "simulate", "summarize", "write")
 
 
@@ -172,14 +174,14 @@ def scaling(planner: str) -> None:
         d = json.loads(r.stdout.strip().splitlines()[-1])
         print(f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} {1e6 * d['run_s'] / d['ops']:>6.1f} "
               f"{d['peak_mb']:>8.0f} {1e3 * d['peak_mb'] / d['ops']:>7.2f}")  # fmt: skip
-    print("run_s: config, routing, plan, validate, simulate and summarize in one process (the "
-          "trace written as parquet); peak_MB: that process's peak resident memory, imports "
-          "included")  # fmt: skip
+    print(f"{planner} on {SCALING_HW}, paper workload. run_s: CPU seconds of config, routing, "
+          "plan, validate, simulate, summarize and write (trace.parquet, summary.json) in a fresh "
+          "process; peak_MB: its peak resident memory, imports included")  # fmt: skip
 
 
 def one_size(planner: str, model: str, n: int) -> dict[str, float]:
     """Ops, seconds and peak resident MB of one run of `model` at n batches (paper workload)."""
-    overrides = [f"model={model}", "hardware=rtx3090-env1", "workload=paper",
+    overrides = [f"model={model}", f"hardware={SCALING_HW}", "workload=paper",
                  f"workload.n_batches={n}"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         ops, times = run_phases(planner, overrides, Path(tmp))
