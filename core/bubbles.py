@@ -18,8 +18,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from core.schedule import Op, Schedule
-from core.types import OpKind, Resource, Tensor
+from core.schedule import Schedule
+from core.types import OpKind, Resource, Tensor, Tier
 
 _EPS = 1e-12
 
@@ -74,10 +74,10 @@ def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     return {k: float(v) / len(gpus) for k, v in causes if v > 0}
 
 
-def _label(op: Op, resource: str) -> str:
+def _label_of(kind: OpKind, tensor: Tensor, resource: str) -> str:
     """`kind@resource`; a weight load also names what it moves (`load expert@h2d`)."""
-    what = f" {op.tensor}" if op.kind == OpKind.LOAD and op.tensor != Tensor.NONE else ""
-    return f"{op.kind}{what}@{resource}"
+    what = f" {tensor}" if kind == OpKind.LOAD and tensor != Tensor.NONE else ""
+    return f"{kind}{what}@{resource}"
 
 
 class _Chain:
@@ -95,21 +95,59 @@ class _Chain:
         # a GPU kernel's launch (a pool op's); a pooled transfer's latency is the transfer's
         on_gpu = np.array([s.resource == Resource.GPU for s in schedule.streams.values()])
         self.launch = np.where(on_gpu[schedule.columns()["stream"]], np.nan_to_num(launch), 0.0)
-        res = {name: str(s.resource) for name, s in schedule.streams.items()}
-        self.label = [_label(o, res[o.stream]) for o in schedule.ops]
-        self.resource = [res[o.stream] for o in schedule.ops]
-        self.tier = [str(o.alloc_tier) if o.alloc_bytes > 0 else "" for o in schedule.ops]
-        # predecessors that ran: deps, the op before on the same stream, and the op that held
-        # the same resource before it (a stream's transfer queued behind another stream's)
-        ran = (~np.isnan(self.end)).tolist()
-        held = self._held_before(schedule)
-        self.preds: list[list[int]] = []
-        prev: dict[str, int] = {}
-        for o in schedule.ops:
-            ps = [*o.deps, prev.get(o.stream, -1), held[o.id]]
-            self.preds.append([d for d in ps if d >= 0 and ran[d]])
-            prev[o.stream] = o.id
+        cols = schedule.columns()
+        sid = cols["stream"]
+        # per op its label, resource and the tier it allocates (""), from the few combinations
+        stream_res = [str(s.resource) for s in schedule.streams.values()]
+        kinds, tensors, tiers = list(OpKind), list(Tensor), [str(t) for t in Tier]
+        combo = (cols["kind"].astype(np.int64) * len(tensors) + cols["tensor"]) * len(stream_res) + sid
+        uniq, inverse = np.unique(combo, return_inverse=True)
+        names = []
+        for c in uniq.tolist():
+            rest, st = divmod(c, len(stream_res))
+            k, t = divmod(rest, len(tensors))
+            names.append(_label_of(kinds[k], tensors[t], stream_res[st]))
+        self.label = [names[i] for i in inverse.ravel().tolist()]
+        self.resource = [stream_res[i] for i in sid.tolist()]
+        self.tier = [tiers[t] if t >= 0 and b > 0 else ""
+                     for t, b in zip(cols["alloc_tier"].tolist(), cols["alloc_bytes"].tolist(),
+                                     strict=True)]  # fmt: skip
+        # of its predecessors that ran (deps, the op before on the same stream, the op that held
+        # the same resource before it: a stream's transfer queued behind another stream's), the
+        # first that ended last: the one the walk steps back to (-1: none)
+        self.best_pred = self._best_pred(schedule, cols)
         self.out: defaultdict[str, float] = defaultdict(float)
+
+    def _best_pred(self, schedule: Schedule, cols: dict[str, np.ndarray]) -> list[int]:
+        """Per op, the first of [*deps, the op before on its stream, the op that held its
+        resource before it] that ran, ended last among them (-1: none ran)."""
+        n = len(schedule.ops)
+        ptr, deps = cols["dep_ptr"], cols["dep_idx"]
+        prev = np.full(n, -1)
+        sid = cols["stream"]
+        order = np.argsort(sid, kind="stable")  # each stream's ops in op order
+        same = sid[order[1:]] == sid[order[:-1]]
+        prev[order[1:][same]] = order[:-1][same]
+        held = np.asarray(self._held_before(schedule))
+        # each op's candidates in list order: its deps, then prev, then held (int32: the arrays
+        # are as long as the deps, a run's largest)
+        counts = np.diff(ptr) + 2
+        start = np.r_[0, np.cumsum(counts)[:-1]]
+        cand = np.empty(int(counts.sum()), np.int32)
+        cand[np.arange(len(deps)) + 2 * np.repeat(np.arange(n), counts - 2)] = deps
+        cand[start + counts - 2] = prev
+        cand[start + counts - 1] = held
+        end = self.end
+        val = np.where(cand >= 0, end[np.maximum(cand, 0)], -np.inf)
+        val[np.isnan(val)] = -np.inf  # a predecessor that never ran
+        best = np.maximum.reduceat(val, start)
+        hit = np.flatnonzero((val > -np.inf) & (val == np.repeat(best, counts)))
+        del val
+        seg = np.searchsorted(start, hit, "right") - 1  # the op each hit is a candidate of
+        first = np.r_[True, seg[1:] != seg[:-1]] if len(hit) else np.zeros(0, bool)
+        out = np.full(n, -1)
+        out[seg[first]] = cand[hit[first]]
+        return out.tolist()
 
     def _held_before(self, schedule: Schedule) -> list[int]:
         """Per op, the op that ran on its resource just before it (-1: none), where the resource
@@ -140,11 +178,10 @@ class _Chain:
             t = min(t, s)
             if t <= a + _EPS:
                 return
-            ps = self.preds[x]
-            if not ps:
+            p = self.best_pred[x]
+            if p < 0:
                 self.out["late@" + self.resource[x]] += t - a
                 return
-            p = max(ps, key=lambda d: self.end[d])
             ready = max(float(self.end[p]), a)
             if ready < t:
                 self._wait(x, ready, t)

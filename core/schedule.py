@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from functools import partial
+from itertools import chain
+from operator import is_not, itemgetter
+from typing import Any, NamedTuple, TypeGuard, cast
 
 import numpy as np
 
@@ -18,6 +21,8 @@ from core.errors import CapacityError, ScheduleError
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
+# a dep that names an op (not None): a C call, made per dep
+_is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
 
 class Op(NamedTuple):
@@ -103,34 +108,54 @@ class Schedule:
         return self.streams[op.stream].resource_id
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The ops as numpy columns (computed once): what the cost model, simulator and trace read."""
+        """The ops as numpy columns (computed once): what the cost model, simulator, trace,
+        metrics and validator read. `kind`, `stream`, `tensor` index `list(OpKind)`,
+        `list(self.streams)`, `list(Tensor)`; tiers index `list(Tier)`, -1 = none; op i's deps
+        are `dep_idx[dep_ptr[i]:dep_ptr[i + 1]]`, in its order."""
         cols = self._columns
         if cols is not None and len(cols["kind"]) == len(self.ops):
             return cols
-        ops = self.ops
-        n = len(ops)
-        stream_names = list(self.streams)
-        stream_idx = {s: i for i, s in enumerate(stream_names)}
+        ops, n = self.ops, len(self.ops)
+        at = {name: i for i, name in enumerate(Op._fields)}
+
+        def field_(name: str) -> Iterable[Any]:
+            return map(itemgetter(at[name]), ops)
+        stream_idx = {s: i for i, s in enumerate(self.streams)}
         tier_idx: dict[Tier | None, int] = {None: -1, **{t: i for i, t in enumerate(Tier)}}
-        kinds = list(OpKind)
-        kind_idx = {k: i for i, k in enumerate(kinds)}
-        rows = [
-            (kind_idx[o.kind], stream_idx[o.stream], o.nbytes, o.flops, o.touch_bytes,
-             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes, o.width)
-            for o in ops
-        ]  # fmt: skip
-        arr = np.array(rows, dtype=np.float64).reshape(n, 10)
+        kind_idx = {k: i for i, k in enumerate(OpKind)}
+        tensor_idx = {t: i for i, t in enumerate(Tensor)}
+
+        def ints(name: str, dtype: Any = np.int64) -> np.ndarray:
+            # via float64, as a planner may give a byte count as a float
+            return np.fromiter(field_(name), np.float64, n).astype(dtype)
+
+        def coded(name: str, idx: Mapping[Any, int], dtype: Any) -> np.ndarray:
+            return np.fromiter(map(idx.__getitem__, field_(name)), dtype, n)
+
         cols = {
-            "kind": arr[:, 0].astype(np.int16),  # index into list(OpKind)
-            "stream": arr[:, 1].astype(np.int16),  # index into list(self.streams)
-            "nbytes": arr[:, 2].astype(np.int64),
-            "flops": arr[:, 3],
-            "touch_bytes": arr[:, 4],
-            "alloc_tier": arr[:, 5].astype(np.int8),  # index into list(Tier), -1 = none
-            "alloc_bytes": arr[:, 6].astype(np.int64),
-            "free_tier": arr[:, 7].astype(np.int8),
-            "free_bytes": arr[:, 8].astype(np.int64),
-            "width": arr[:, 9].astype(np.int64),
+            "id": ints("id"),
+            "kind": coded("kind", kind_idx, np.int16),
+            # -1: a stream not declared (validate names it)
+            "stream": np.fromiter((stream_idx.get(s, -1) for s in field_("stream")), np.int16, n),
+            "tensor": coded("tensor", tensor_idx, np.int16),
+            "nbytes": ints("nbytes"),
+            "tokens": ints("tokens"),
+            "flops": ints("flops", np.float64),
+            "touch_bytes": ints("touch_bytes", np.float64),
+            "src": coded("src", tier_idx, np.int8),
+            "dst": coded("dst", tier_idx, np.int8),
+            "alloc_tier": coded("alloc_tier", tier_idx, np.int8),
+            "alloc_bytes": ints("alloc_bytes"),
+            "free_tier": coded("free_tier", tier_idx, np.int8),
+            "free_bytes": ints("free_bytes"),
+            "width": ints("width"),
+            "step": ints("step", np.int32),
+            "layer": ints("layer", np.int32),
+            "batch": ints("batch", np.int32),
+            "micro": ints("micro", np.int32),
+            "expert": ints("expert", np.int32),
+            "dep_ptr": np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))],
+            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int32),  # ids < 2**31
         }
         self._columns = cols
         return cols
@@ -173,9 +198,7 @@ class ScheduleBuilder:
         self.resident_bytes[tier] += int(nbytes)
 
     def add(self, kind: OpKind, stream: str, deps: Iterable[int | None] = (), **fields: Any) -> int:
-        op = Op(
-            len(self.ops), kind, stream, deps=tuple([d for d in deps if d is not None]), **fields
-        )
+        op = Op(len(self.ops), kind, stream, deps=tuple(filter(_is_op, deps)), **fields)
         self.ops.append(op)
         if self._sink is not None:
             self._sink(op)
@@ -219,18 +242,34 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
             "on the same SMs): put every stream of one GPU in one pool, or none"
         )
     ops = schedule.ops
-    for i, op in enumerate(ops):
-        if op.id != i:
-            raise ScheduleError(f"{op.label()}: id must equal its position {i}")
-        if op.deps and not (min(op.deps) >= 0 and max(op.deps) < i):
-            raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
+    cols = schedule.columns()
+    n = len(ops)
+    ids = cols["id"]
+    ptr, deps = cols["dep_ptr"], cols["dep_idx"]
+    owner = np.repeat(np.arange(n), np.diff(ptr))  # the op each dep belongs to
+    bad = ids != np.arange(n)
+    bad[owner[(deps < 0) | (deps >= owner)]] = True
+    if bad.any():
+        op = ops[int(np.argmax(bad))]
+        if op.id != int(np.argmax(bad)):
+            raise ScheduleError(f"{op.label()}: id must equal its position {int(np.argmax(bad))}")
+        raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
     # Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
     # shape once, at its first op, in op order, so the error names the first bad op.
+    no_tier = (cols["alloc_bytes"] < 0) | (cols["free_bytes"] < 0)
+    no_tier |= ((cols["alloc_bytes"] > 0) & (cols["alloc_tier"] < 0))
+    no_tier |= ((cols["free_bytes"] > 0) & (cols["free_tier"] < 0))
+    key = np.zeros(n, np.int64)
+    for c, size in ((cols["kind"], len(OpKind)), (cols["stream"] + 1, len(streams) + 1),
+                    (cols["src"] + 1, len(Tier) + 1), (cols["dst"] + 1, len(Tier) + 1),
+                    (cols["alloc_tier"] + 1, len(Tier) + 1), (cols["free_tier"] + 1, len(Tier) + 1),
+                    (no_tier, 2)):  # fmt: skip (codes from -1 (none) up)
+        key = key * size + c.astype(np.int64)
+    _, at = np.unique(key, return_index=True)
     first: dict[tuple[Any, ...], Op] = {}
-    for o in ops:
-        shape = (o.kind, o.stream, o.src, o.dst, o.alloc_tier, o.free_tier,
-                 o.alloc_bytes < 0 or o.free_bytes < 0 or (o.alloc_bytes > 0 and o.alloc_tier is None)
-                 or (o.free_bytes > 0 and o.free_tier is None))  # fmt: skip
+    for i in np.sort(at).tolist():
+        o = ops[i]
+        shape = (o.kind, o.stream, o.src, o.dst, o.alloc_tier, o.free_tier, bool(no_tier[i]))
         first.setdefault(shape, o)
     for shape, op in first.items():
         problem = _shape_problem(shape, streams)
@@ -241,7 +280,6 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         problem = _ep_problem(first.values(), streams, bool(ep.get("lanes")))
         if problem:
             raise ScheduleError(problem)
-    cols = schedule.columns()
     for ti, tier in enumerate(Tier):
         room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
         over = np.flatnonzero((cols["alloc_tier"] == ti) & (cols["alloc_bytes"] > room))
@@ -251,33 +289,92 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
                 f"only {room / 1e9:.3f} GB is not resident"
             )
-    # (step, layer) -> batch -> its gate ops (one, or one per device gating a share of the
-    # batch), each with its micro-batch (-1: the whole batch)
-    gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
-    for op in ops:
-        if op.kind == OpKind.GATE:
-            gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(
-                (op.micro, op.id)
-            )
-    for op in schedule.ops:
-        if op.kind != OpKind.EXPERT:
-            continue
-        layer_gates = gates.get((op.step, op.layer), {})
-        mine = (
-            [g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
-            else layer_gates.get(op.batch, [(_ANY, -1)])
-        )  # fmt: skip
-        # a micro-batch's experts need its own gates (and any over the whole batch); an op over
-        # the whole batch needs every gate of it
-        need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
-        missing = [g for g in need if g not in op.deps]
-        if not need or missing:
-            raise ScheduleError(
-                f"{op.label()}: an expert compute must depend on the gate op(s) of the batches "
-                f"it serves (planners are causal); missing {missing or 'gate'}"
-            )
+    _check_gates(schedule, cols, owner)
     if check_finishes:
         _check_finishes(schedule)
+
+
+def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarray) -> None:
+    """Every expert compute depends on the gate op(s) of the batches it serves (planners are
+    causal); raise naming the first that does not.
+
+    Where its batch's layer has one gate, over the whole batch, that is checked for all such
+    ops at once; any other op (a micro-batch's, one over every batch, a batch gated in shares)
+    goes through `_gate_problem`, as does every op the fast check flags, for its message."""
+    ops = schedule.ops
+    n = len(ops)
+    kinds = list(OpKind)
+    gate_ids = np.flatnonzero(cols["kind"] == kinds.index(OpKind.GATE))
+    experts = np.flatnonzero(cols["kind"] == kinds.index(OpKind.EXPERT))
+    if not len(experts):
+        return
+    # (step, layer, batch) -> its gates (one, or one per device gating a share of the batch),
+    # each with its micro-batch (-1: the whole batch)
+    gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
+    for i in gate_ids.tolist():
+        op = ops[i]
+        gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(
+            (op.micro, op.id)
+        )
+    step, layer, batch = (cols[c].astype(np.int64) for c in ("step", "layer", "batch"))
+    key = (step * (int(layer.max(initial=0)) + 2) + layer + 1) * (int(batch.max(initial=0)) + 2)
+    key += batch + 1  # one number per (step, layer, batch)
+    gk = key[gate_ids]
+    uniq, at, count = np.unique(gk, return_index=True, return_counts=True)
+    single = (count == 1) & (cols["micro"][gate_ids[at]] == _ANY)
+    pos = np.searchsorted(uniq, key[experts]).clip(max=max(len(uniq) - 1, 0))
+    fast = (cols["batch"][experts] != _ANY) & (len(uniq) > 0)
+    if len(uniq):
+        fast &= (uniq[pos] == key[experts]) & single[pos]
+    need = np.full(n, -2)
+    need[experts[fast]] = gate_ids[at[pos[fast]]]
+    has = np.zeros(n, bool)
+    has[owner[cols["dep_idx"] == need[owner]]] = True
+    # an op over every batch (micro -1) needs every gate of its layer: count the distinct ones
+    # among its deps
+    every = (cols["batch"][experts] == _ANY) & (cols["micro"][experts] == _ANY)
+    if every.any():
+        sl = step * (int(layer.max(initial=0)) + 2) + layer + 1  # one number per (step, layer)
+        wanted = np.zeros(n, bool)
+        wanted[experts[every]] = True
+        is_gate = np.zeros(n, bool)
+        is_gate[gate_ids] = True
+        deps = cols["dep_idx"]
+        e = np.flatnonzero(wanted[owner] & is_gate[deps])
+        e = e[sl[deps[e]] == sl[owner[e]]]
+        pairs = np.sort(owner[e] * n + deps[e])
+        pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs
+        got = np.bincount(pairs // n, minlength=n)
+        su, sc = np.unique(sl[gate_ids], return_counts=True)
+        mine = sl[experts[every]]
+        p = np.searchsorted(su, mine).clip(max=max(len(su) - 1, 0))
+        n_gates = np.where(len(su) and (su[p] == mine), sc[p] if len(su) else 0, 0)
+        has[experts[every]] = (n_gates > 0) & (got[experts[every]] == n_gates)
+        fast |= every
+    check = np.union1d(experts[fast & ~has[experts]], experts[~fast])
+    for i in check.tolist():
+        problem = _gate_problem(ops[i], gates)
+        if problem:
+            raise ScheduleError(problem)
+
+
+def _gate_problem(op: Op, gates: Mapping[tuple[int, int], Mapping[int, list[tuple[int, int]]]]) -> str:
+    """The expert op's missing gate deps (see `_check_gates`), or ""."""
+    layer_gates = gates.get((op.step, op.layer), {})
+    mine = (
+        [g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
+        else layer_gates.get(op.batch, [(_ANY, -1)])
+    )  # fmt: skip
+    # a micro-batch's experts need its own gates (and any over the whole batch); an op over
+    # the whole batch needs every gate of it
+    need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
+    missing = [g for g in need if g not in op.deps]
+    if not need or missing:
+        return (
+            f"{op.label()}: an expert compute must depend on the gate op(s) of the batches "
+            f"it serves (planners are causal); missing {missing or 'gate'}"
+        )
+    return ""
 
 
 def _shape_problem(shape: tuple[Any, ...], streams: Mapping[str, StreamSpec]) -> str:

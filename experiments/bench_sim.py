@@ -1,32 +1,44 @@
-"""Simulator speed: Mixtral-8x7B, Klotski's paper workload (prompt 512, generate 32, batch 16),
-`flexgen` at n=15 on rtx3090-env1, against a bare simpy event loop measured in the same process.
+"""Simulator speed: the phases of a whole `experiments.run` of Mixtral-8x7B on rtx3090-env1,
+Klotski's paper workload (prompt 512, generate 32, batch 16), `flexgen` at n=15 (177,874 ops),
+and its ops/s against a bare simpy event loop timed in the same process.
 
 Usage:
-    python -m experiments.bench_sim [--repeat 3]
+    python -m experiments.bench_sim [--repeat 3] [--planner flexgen]
+    python -m experiments.bench_sim --scaling      # CPU time and peak memory over four sizes
 
-Prints plan time, simulate time, ops simulated per second, the bare loop's events per second,
-and their ratio (target: the whole run simulates in < 2 s, ratio >= 0.3).
+Prints, per repeat: the whole CLI run's wall time (a subprocess, as a user runs it), its phases
+measured here (start-up and imports, config, routing, plan, validate, simulate, summarize,
+write), the run's ops/s over the whole CLI time and its ratio to bare simpy's events/s (targets:
+<= 1.5 s, ratio >= 0.08). `--scaling` prints, per size up to Mixtral-8x22B at n=61, the ops,
+the seconds and the peak memory of a fresh process that plans, simulates and summarises it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import simpy
-import yaml
 
-from core.cost import CostModel
 from core.errors import MoepipeError
-from core.routing import load_routing
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.pipeline import RunSpec, build_schedule
 from planners.registry import make_planner
-from sim.executor import simulate
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+RUN = ["model=mixtral-8x7b", "hardware=rtx3090-env1", "workload=paper", "workload.n_batches=15"]
+# (model, n) per size of the scaling table; the paper workload (prompt 512, generate 32) on
+# h800-env2, whose GPU holds the activations of n = 61 batches of Mixtral-8x22B (a 3090 does not)
+SIZES = [("mixtral-8x7b", 4), ("mixtral-8x7b", 15), ("mixtral-8x22b", 15), ("mixtral-8x22b", 61)]
+SCALING_HW = "h800-env2"
+PHASES = ("startup", "config", "routing", "plan", "validate", "simulate", "summarize", "write")
 
 
 def bare_simpy_events_per_s(n: int = 200_000) -> float:
@@ -37,50 +49,144 @@ def bare_simpy_events_per_s(n: int = 200_000) -> float:
             yield env.timeout(1)
 
     env.process(proc())
-    t = time.perf_counter()
+    t = time.process_time()
     env.run()
-    return n / (time.perf_counter() - t)
+    return n / (time.process_time() - t)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--planner", default="flexgen")
+    ap.add_argument("--scaling", action="store_true", help="the table over four sizes")
     args = ap.parse_args(argv)
     try:
         make_planner(args.planner, {})  # an unknown planner, before the model is loaded
         if args.repeat < 1:
             raise MoepipeError(f"--repeat {args.repeat}: must be >= 1")
-        bench(args.planner, args.repeat)
+        if args.scaling:
+            scaling(args.planner)
+        else:
+            bench(args.planner, args.repeat)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def bench(planner: str, repeat: int) -> None:
-    model = ModelSpec.from_dict(yaml.safe_load((CONF / "model/mixtral-8x7b.yaml").read_text()))
-    hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware/rtx3090-env1.yaml").read_text()))
-    wl_cfg = yaml.safe_load((CONF / "workload/paper.yaml").read_text())
-    routing_cfg = RoutingConfig(**wl_cfg.pop("routing"))
-    wl = Workload(**wl_cfg, routing=routing_cfg).with_(n_batches=15)
-    routing = load_routing(model, wl)
-    spec = RunSpec(model, hw, wl, planner, {})
-    cost = CostModel(hw)
-    print(
-        f"{'run':>3} {'ops':>8} {'plan_s':>7} {'sim_s':>6} {'ops/s':>9} {'bare ev/s':>10} {'ratio':>6}"
+def _timed(times: dict[str, float], phase: str, fn: Callable[[], Any]) -> Any:
+    """fn's result; its CPU seconds (this process's: other load on the machine not counted)
+    into times[phase]."""
+    t = time.process_time()
+    out = fn()
+    times[phase] = time.process_time() - t
+    return out
+
+
+def _child(cmd: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of a subprocess run to its end."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode:
+        raise MoepipeError(f"{' '.join(cmd[1:3])} failed: {r.stderr.strip().splitlines()[-1:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu
+
+
+def startup_s() -> float:
+    """CPU seconds a fresh interpreter takes to import the run command (hydra and all)."""
+    return _child([sys.executable, "-c", "import experiments.run"])[1]
+
+
+def cli_run_s(planner: str, out: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of the whole `python -m experiments.run ...` as a user types it."""
+    return _child([sys.executable, "-m", "experiments.run", *RUN, f"planner={planner}",
+                   f"hydra.run.dir={out}", "skip_finished=false"])  # fmt: skip
+
+
+def run_phases(planner: str, overrides: list[str], out: Path | None) -> tuple[int, dict[str, float]]:
+    """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
+    from hydra import compose, initialize_config_dir
+
+    from core.routing import load_routing
+    from core.schedule import validate
+    from experiments.pipeline import (
+        RunResult,
+        plan_schedule,
+        resolve_n_batches,
+        simulate_trace,
+        summary_of,
+        write_run,
     )
-    for i in range(repeat):
-        t0 = time.perf_counter()
-        schedule = build_schedule(spec, routing)
-        t1 = time.perf_counter()
-        simulate(schedule, cost)
-        t2 = time.perf_counter()
-        bare = bare_simpy_events_per_s()
-        ops_s = len(schedule) / (t2 - t1)
-        print(
-            f"{i:>3} {len(schedule):>8} {t1 - t0:>7.2f} {t2 - t1:>6.2f} {ops_s:>9.0f} {bare:>10.0f} {ops_s / bare:>6.3f}"
-        )
+    from experiments.resolve import run_spec
+
+    times: dict[str, float] = {}
+
+    def config():  # type: ignore[no-untyped-def]
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose("config", [*overrides, f"planner={planner}"])
+        return resolve_n_batches(run_spec(cfg))
+
+    spec = _timed(times, "config", config)
+    routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
+    schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing))
+    _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
+    trace = _timed(times, "simulate", lambda: simulate_trace(schedule, spec.hardware))
+    summary = _timed(times, "summarize",
+                     lambda: summary_of(spec, schedule, trace, routing.description))  # fmt: skip
+    if out is not None:
+        _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))
+    return len(schedule), times
+
+
+def bench(planner: str, repeat: int) -> None:
+    cols = ("run", "ops", "cli_wall", "cli_cpu", *PHASES, "sum", "ops/s", "bare ev/s", "ratio")
+    print(" ".join(f"{c:>9}" for c in cols))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat):
+            wall, cpu = cli_run_s(planner, Path(tmp) / f"cli{i}")
+            n, times = run_phases(planner, RUN, Path(tmp) / f"run{i}")
+            times = {"startup": startup_s(), **times}
+            bare = bare_simpy_events_per_s()
+            ops_s = n / cpu
+            row = [i, n, f"{wall:.2f}", f"{cpu:.2f}", *(f"{times[p]:.2f}" for p in PHASES),
+                   f"{sum(times.values()):.2f}", f"{ops_s:.0f}", f"{bare:.0f}", f"{ops_s / bare:.3f}"]  # fmt: skip
+            print(" ".join(f"{c:>9}" for c in row))
+    print("seconds of CPU (user + system) unless wall: cli: the whole `python -m experiments.run` "
+          "(a subprocess); startup: its imports in a fresh interpreter; the other phases timed "
+          "here, in order; ratio: ops / cli_cpu over bare simpy's events per CPU second, timed in "
+          "this process. CPU time, so that other load on the machine does not count; on an idle "
+          "machine cli_wall is about cli_cpu")  # fmt: skip
+
+
+def scaling(planner: str) -> None:
+    """Each size in a fresh process (its peak memory is its own)."""
+    print(f"{'model':>14} {'n':>3} {'ops':>9} {'run_s':>7} {'us/op':>6} {'peak_MB':>8} {'MB/kop':>7}")
+    for model, n in SIZES:
+        code = ("import json, sys; from experiments.bench_sim import one_size; "
+                f"print(json.dumps(one_size({planner!r}, {model!r}, {n})))")  # fmt: skip
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode:
+            raise MoepipeError(f"{model} n={n}: {r.stderr.strip().splitlines()[-1:]}")
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} {1e6 * d['run_s'] / d['ops']:>6.1f} "
+              f"{d['peak_mb']:>8.0f} {1e3 * d['peak_mb'] / d['ops']:>7.2f}")  # fmt: skip
+    print(f"{planner} on {SCALING_HW}, paper workload. run_s: CPU seconds of config, routing, "
+          "plan, validate, simulate, summarize and write (trace.parquet, summary.json) in a fresh "
+          "process; peak_MB: its peak resident memory, imports included")  # fmt: skip
+
+
+def one_size(planner: str, model: str, n: int) -> dict[str, float]:
+    """Ops, seconds and peak resident MB of one run of `model` at n batches (paper workload)."""
+    overrides = [f"model={model}", f"hardware={SCALING_HW}", "workload=paper",
+                 f"workload.n_batches={n}"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        ops, times = run_phases(planner, overrides, Path(tmp))
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"ops": ops, "run_s": sum(times.values()), "peak_mb": peak_kb / 1024}
 
 
 if __name__ == "__main__":

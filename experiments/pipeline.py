@@ -53,6 +53,13 @@ TOKENS_FILE = "tokens.safetensors"
 
 def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     """Plan with replayed routing and validate."""
+    schedule = plan_schedule(spec, routing)
+    validate(schedule, check_finishes=spec.executor != "sim")
+    return schedule
+
+
+def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
+    """Plan with replayed routing (not validated: `build_schedule` does both)."""
     causal = (
         routing
         if isinstance(routing, CausalRouting)
@@ -63,9 +70,7 @@ def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
     make_planner(spec.planner, spec.params).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
-    schedule = builder.build()
-    validate(schedule, check_finishes=spec.executor != "sim")
-    return schedule
+    return builder.build()
 
 
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
@@ -83,18 +88,23 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
-    from sim.executor import simulate_times
-
     if routing is None:
         spec = resolve_n_batches(spec)
     routing = routing if routing is not None else load_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
-    cost = CostModel(spec.hardware)
+    trace = simulate_trace(schedule, spec.hardware)
+    return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+
+
+def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
+    """The simulator's trace of a validated schedule."""
+    from sim.executor import simulate_times
+
+    cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
     start, end, granted = simulate_times(schedule, cost, parts)
-    trace = make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
-                       alloc_s=granted)  # fmt: skip
-    return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+    return make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
+                      alloc_s=granted)  # fmt: skip
 
 
 def summary_of(
@@ -121,8 +131,14 @@ def summary_of(
 RUN_FILES = ("trace.parquet", "trace.json", "balance.csv", TOKENS_FILE)  # write_run's, but the summary
 
 
-def write_run(out_dir: str | Path, result: RunResult, texts: Mapping[str, str] | None = None) -> None:
-    """trace.parquet, trace.json (Chrome), balance.csv for an expert-parallel run,
+def write_run(
+    out_dir: str | Path,
+    result: RunResult,
+    texts: Mapping[str, str] | None = None,
+    chrome: bool = False,
+) -> None:
+    """trace.parquet (the canonical trace), trace.json (Chrome) where `chrome` (else
+    `python -m experiments.trace_json RUN_DIR` writes it), balance.csv for an expert-parallel run,
     tokens.safetensors for a real run (its prompts and generated tokens) and `texts`
     (file name -> text: the config the run is of), then summary.json last and atomically: a
     run directory counts as finished only once summary.json exists. An earlier run's files are
@@ -130,7 +146,8 @@ def write_run(out_dir: str | Path, result: RunResult, texts: Mapping[str, str] |
 
     def files(tmp: Path) -> None:
         result.trace.to_parquet(tmp / "trace.parquet", index=False)
-        write_chrome(tmp / "trace.json", chrome_parts(result))
+        if chrome:
+            write_chrome(tmp / "trace.json", chrome_parts(result))
         write_balance(tmp, result)
         if result.outputs:
             from safetensors.numpy import save_file

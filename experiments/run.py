@@ -5,9 +5,10 @@ Usage:
         planner=flexgen workload.n_batches=15 executor=sim
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
-Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json, under
-the run dir's lock (.run.lock), replacing an earlier result only once the new one is whole. Any
-failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
+Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
+(.run.lock), replacing an earlier result only once the new one is whole; trace.json
+(Chrome/Perfetto) with `trace_json=true`, or later with `python -m experiments.trace_json RUN_DIR`.
+Any failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
 traceback.
 """
 
@@ -75,7 +76,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         result = real_run(spec, cfg)
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
             return {}
-    write_run(out_dir, result, stamp(config_yaml))
+    write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
     s = result.summary
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     log.info(

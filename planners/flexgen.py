@@ -15,7 +15,11 @@ wait for that load; `sync: false` lets the loads overlap every batch (streams an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from operator import is_not
+from typing import TypeGuard, cast
 
 from core.planner import PlanContext
 from core.schedule import ScheduleBuilder
@@ -27,6 +31,10 @@ from planners.registry import register
 @dataclass(frozen=True)
 class FlexGenParams:
     sync: bool = True  # FlexGen's device synchronize after every (sub-layer, batch) step
+
+
+# an op id, not None (a C call: the planner's hottest filter)
+_is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
 
 class _Steps:
@@ -43,7 +51,7 @@ class _Steps:
 
     def add(self, *ops: int | None) -> None:
         if self.on:
-            self.cur.extend(op for op in ops if op is not None)
+            self.cur += filter(_is_op, ops)
 
     def next(self) -> None:
         if self.on and self.cur:
@@ -143,11 +151,11 @@ class FlexGen:
         if m.is_moe(layer):
             last, view = em.gate(step, layer, k, s.deps(gate_load, last), last_batch=k == n - 1)
             s.add(last)
-            for e in range(m.n_experts):
-                if view.counts[e]:
+            for e, count in enumerate(view.counts.tolist()):
+                if count:
                     # Later batches' routing is unknown here, so the expert is freed after the
                     # last batch.
-                    last = em.expert(step, layer, k, e, int(view.counts[e]),
+                    last = em.expert(step, layer, k, e, count,
                                      s.deps(expert_loads[e], last), last_use=False)  # fmt: skip
                     s.add(last)
         ffn = em.ffn(step, layer, k, s.deps(ffn_load, last), last_batch=k == n - 1)

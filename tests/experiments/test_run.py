@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from core.trace import TRACE_COLUMNS
+from experiments import trace_json
 from tests.conftest import ROOT, SHARED_TRACES
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
@@ -29,8 +30,10 @@ def test_run_writes_the_run_directory(tmp_path):
     r = run([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "run"
-    for f in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):
+    for f in ("config.yaml", "summary.json", "trace.parquet"):
         assert (out / f).exists(), f
+    assert not (out / "trace.json").exists()  # on demand: experiments.trace_json
+    assert trace_json.main([str(out)]) == 0
     umask = os.umask(0)
     os.umask(umask)  # the summary, written atomically, is as readable as the other files
     assert (out / "summary.json").stat().st_mode & 0o777 == 0o666 & ~umask
@@ -50,6 +53,15 @@ def test_run_writes_the_run_directory(tmp_path):
     assert names == {"sim"}
     threads = {e["args"]["name"] for e in chrome["traceEvents"] if e.get("name") == "thread_name"}
     assert threads == set(trace["stream"].astype(str))
+
+
+def test_trace_json_names_a_folder_without_a_trace(tmp_path, capsys):
+    """`experiments.trace_json` on a folder no run wrote: one line naming it, exit 2."""
+    assert trace_json.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path) in err and "trace.parquet" in err
+    assert trace_json.main([str(tmp_path), str(tmp_path)]) == 2  # two runs, no --out
+    assert "--out" in capsys.readouterr().err
 
 
 def test_sweep_runs_every_planner(tmp_path):
