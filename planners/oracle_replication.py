@@ -20,13 +20,9 @@ from core.errors import ConfigError
 from core.planner import PlanContext
 from core.routing import CausalRouting, GateView
 from core.schedule import ScheduleBuilder
-from planners.expert_parallel import (
-    EPRunner,
-    PredictionError,
-    ReplicaParams,
-    Replicator,
-    resolve_layout,
-)
+from planners.ep.params import ReplicaParams, resolve_layout
+from planners.ep.placement import PredictionError, Replicator
+from planners.ep.runner import EPRunner
 from planners.registry import register
 
 

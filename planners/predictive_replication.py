@@ -7,7 +7,7 @@ Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from
 window's mean, else the EMA; `task_mix`: from its prediction for the coming iteration) as `eplb`
 re-places every `interval`: re-packed from scratch, or
 moved by a few swaps (each device at most one), whichever the gate finds pays
-(planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
+(planners/ep/placement.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
 hedges the first placement of each layer against the prior being another split's load.
 
 Predictors (pluggable, causal):
@@ -42,14 +42,9 @@ from core.errors import ConfigError
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from planners.expert_parallel import (
-    EPRunner,
-    PredictionError,
-    ReplicaParams,
-    Replicator,
-    read_npy,
-    resolve_layout,
-)
+from planners.ep.params import ReplicaParams, resolve_layout
+from planners.ep.placement import PredictionError, Replicator, read_npy
+from planners.ep.runner import EPRunner
 from planners.registry import register
 
 PREDICTORS = ("last", "ema", "window", "layer_corr", "task_mix")
