@@ -48,7 +48,7 @@ from experiments.cli import parse_kv
 from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
 from experiments.real_run import prompts_for
 from planners.expert_parallel import DISPATCH, EPParams
-from planners.registry import entry
+from planners.registry import entry, expert_parallel_names
 from real.checkpoint import load_checkpoint
 from real.distributed import (
     Placement,
@@ -215,8 +215,8 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
         raise ConfigError(f"dispatch={opts['dispatch']!r} unknown; valid: {', '.join(DISPATCH)}")
     if not issubclass(entry(opts["planner"]).params, EPParams):
         raise ConfigError(
-            f"planner={opts['planner']} is not expert-parallel; use ep_static, eplb, "
-            "predictive_replication or oracle_replication"
+            f"planner={opts['planner']} is not expert-parallel; use one of "
+            f"{', '.join(expert_parallel_names())}"
         )
     model: ModelSpec = load_checkpoint(opts["checkpoint"])[0]
     workload = ep_workload(opts)
