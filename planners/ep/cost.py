@@ -13,7 +13,7 @@ from core.cost import TILE, CostModel, gemm_blocks, pool_makespan_s
 from core.dispatch import balanced_split, copies_sent, times_held
 from core.planner import PlanContext
 from core.spec import ModelSpec
-from core.types import OpKind, Resource
+from core.types import Dispatch, OpKind, Resource
 from planners.ep.params import Layout
 
 
@@ -54,7 +54,7 @@ class ExpertTime:
     share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
     # lanes sharing the GPU's SMs (`Layout.shared`): the model, for its kernels' widths
     pool_model: ModelSpec | None = None
-    dispatch: str = "even"  # how a replicated expert's tokens split (`EPParams.dispatch`)
+    dispatch: Dispatch = Dispatch.EVEN  # how a replicated expert's tokens split (`EPParams.dispatch`)
     one_link: bool = False  # lanes: every lane's copies queue on the one GPU's copy path
     # micro-batches a layer's expert work runs as (`EPParams.micro_batches`): each its own op(s),
     # with its share of every expert's tokens, reading the experts' weights again
@@ -180,10 +180,12 @@ def new_copies(slots: np.ndarray, resident: np.ndarray, one_queue: bool = False)
     return int(per.sum() if one_queue else per.max(initial=0))
 
 
-def predicted_tokens(slots: np.ndarray, load: np.ndarray, dispatch: str = "even") -> np.ndarray:
+def predicted_tokens(
+    slots: np.ndarray, load: np.ndarray, dispatch: str = Dispatch.EVEN
+) -> np.ndarray:
     """[G, E] tokens per device and expert if each expert's load [E] splits (fractionally) over its
     copies in slots [G, K]: evenly, or by `balanced_split` (dispatch="balanced")."""
-    if dispatch == "balanced":
+    if dispatch == Dispatch.BALANCED:
         return balanced_split(slots, load)
     g, e = slots.shape[0], len(load)
     dev = np.repeat(np.arange(g), slots.shape[1])

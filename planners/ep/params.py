@@ -5,15 +5,16 @@ configured with, checked once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
-from core.dispatch import DENSE, DISPATCH
 from core.errors import ConfigError
 from core.planner import PlanContext
+from core.types import Dense, Dispatch, LaneSharing, ReplicaGate
 
-GATES = ("none", "time", "time+copy")
-LANE_SHARING = ("partition", "shared")
+GATES = tuple(ReplicaGate)
+LANE_SHARING = tuple(LaneSharing)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class EPParams:
     # How lanes share the GPU: "partition" = each holds its `lane_share` of the SMs (CUDA green
     # contexts, MPS with SM limits); "shared" = plain CUDA streams: every kernel may use any SMs
     # the others leave, up to what its thread blocks fill (processor sharing, sim/executor.py).
-    lane_sharing: str = "partition"
+    lane_sharing: str = LaneSharing.PARTITION
     replica_slots: int = 2  # extra expert slots per device per MoE layer (the replica budget)
     replicas: int = -1  # redundant copies per layer to place; -1 = at most every slot
     # One grouped-GEMM op per device per layer (simulator only: the real executor runs one op per
@@ -35,17 +36,17 @@ class EPParams:
     # Replica cost gate (FasterMoE-style, replication.md §2.2): "none" fills the budget with
     # EPLB's greedy; "time" adds a copy only while it makes the modelled busiest device finish
     # sooner; "time+copy" also charges a copy that is not already resident its transfer time.
-    gate: str = "none"
+    gate: str = ReplicaGate.NONE
     # Dense work (attention, shared experts, dense FFN, head) over G GPUs: "data" = each GPU runs
     # its share of the batch's sequences; "tensor" = every GPU runs every sequence on 1/G of the
     # heads / FFN columns / vocabulary, then an all-reduce (vLLM's TP attention + EP experts).
     # Lanes run dense work on the whole GPU either way.
-    dense: str = "data"
+    dense: str = Dense.DATA
     # How a replicated expert's tokens go to its copies once the gate has routed the batch:
     # "even" = split evenly (the replication paper's rule); "balanced" = water-filled over the
     # devices holding it, given every other expert's tokens, so the busiest device holds as few
     # tokens as the placement allows (`balanced_split`). The replica gate models the same rule.
-    dispatch: str = "even"
+    dispatch: str = Dispatch.EVEN
     # Two-batch overlap (DeepSeek's and SGLang's TBO; G GPUs with data-parallel dense work): each
     # batch runs as this many micro-batches of its sequences, each with its own gate, all-to-all
     # and experts, so that one's dispatch and combine run beside another's compute. They share
@@ -53,19 +54,10 @@ class EPParams:
     micro_batches: int = 1
 
     def __post_init__(self) -> None:
-        if self.gate not in GATES:
-            raise ConfigError(f"planner gate={self.gate!r} unknown; valid: {', '.join(GATES)}")
-        if self.dense not in DENSE:
-            raise ConfigError(f"planner dense={self.dense!r} unknown; valid: {', '.join(DENSE)}")
-        if self.dispatch not in DISPATCH:
-            raise ConfigError(
-                f"planner dispatch={self.dispatch!r} unknown; valid: {', '.join(DISPATCH)}"
-            )
-        if self.lane_sharing not in LANE_SHARING:
-            raise ConfigError(
-                f"planner lane_sharing={self.lane_sharing!r} unknown; valid: "
-                f"{', '.join(LANE_SHARING)}"
-            )
+        # the string options are typed str (configs and schemas give strings); held as enums
+        for name, enum in (("gate", ReplicaGate), ("dense", Dense), ("dispatch", Dispatch),
+                           ("lane_sharing", LaneSharing)):  # fmt: skip
+            as_enum(self, name, enum)
         if not 0.0 <= self.lane_share <= 1.0:
             raise ConfigError(
                 f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
@@ -81,11 +73,21 @@ class EPParams:
 
     def no_gate(self, planner: str) -> None:
         """Planners that place without the replica cost gate refuse one."""
-        if self.gate != "none":
+        if self.gate != ReplicaGate.NONE:
             raise ConfigError(
-                f"planner gate={self.gate!r}: {planner} has no replica cost gate (the "
+                f"planner gate={str(self.gate)!r}: {planner} has no replica cost gate (the "
                 "replication planners do); drop it"
             )
+
+
+def as_enum(params: object, name: str, enum: type[StrEnum], who: str = "planner ") -> None:
+    """Frozen `params`' string option `name` as a member of `enum`, or one ConfigError naming
+    it and the valid values (`who` starts the line)."""
+    value = getattr(params, name)
+    try:
+        object.__setattr__(params, name, enum(value))
+    except ValueError:
+        raise ConfigError(f"{who}{name}={value!r} unknown; valid: {', '.join(enum)}") from None
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,9 @@ class Layout:
     lanes: bool
     grouped_gemm: bool = False  # see EPParams
     lane_share: float = 0.0  # see EPParams
-    dense: str = "data"  # see EPParams; lanes: "data" (their dense work runs on the whole GPU)
-    lane_sharing: str = "partition"  # see EPParams
-    dispatch: str = "even"  # see EPParams
+    dense: Dense = Dense.DATA  # see EPParams; lanes: data (their dense work runs on the whole GPU)
+    lane_sharing: LaneSharing = LaneSharing.PARTITION  # see EPParams
+    dispatch: Dispatch = Dispatch.EVEN  # see EPParams
     micro_batches: int = 1  # see EPParams
 
     @property
@@ -112,7 +114,7 @@ class Layout:
     @property
     def shared(self) -> bool:
         """Lanes whose kernels share the GPU's SMs (a processor-sharing pool)."""
-        return self.lanes and self.lane_sharing == "shared"
+        return self.lanes and self.lane_sharing == LaneSharing.SHARED
 
     @property
     def share(self) -> float:
@@ -167,8 +169,8 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
         )
-    dense = "data" if p.lanes else p.dense
-    why = ctx.model.tensor_split_error(g) if dense == "tensor" else None
+    dense = Dense.DATA if p.lanes else Dense(p.dense)
+    why = ctx.model.tensor_split_error(g) if dense == Dense.TENSOR else None
     if why:
         raise ConfigError(
             f"planner dense=tensor splits attention heads over n_devices={g}, but model "
@@ -177,7 +179,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     if p.micro_batches > 1:
         mb, bs = p.micro_batches, ctx.workload.batch_size
         where = ("lanes=true (one GPU's memory)" if p.lanes
-                 else "dense=tensor (every GPU holds every token)" if dense == "tensor" else "")  # fmt: skip
+                 else "dense=tensor (every GPU holds every token)" if dense == Dense.TENSOR else "")  # fmt: skip
         if where:
             raise ConfigError(
                 f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with "
@@ -190,4 +192,5 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
                 f"{-(-bs // g)}; lower micro_batches or raise the batch size"
             )
     return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share, dense, p.lane_sharing, p.dispatch, p.micro_batches)  # fmt: skip
+                  p.lane_share, dense, LaneSharing(p.lane_sharing), Dispatch(p.dispatch),
+                  p.micro_batches)  # fmt: skip

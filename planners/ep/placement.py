@@ -11,6 +11,7 @@ import numpy as np
 
 from core.errors import ConfigError
 from core.planner import PlanContext
+from core.types import ReplicaGate
 from planners.ep.cost import ExpertTime, predicted_tokens
 from planners.ep.params import Layout, ReplicaParams
 
@@ -96,7 +97,7 @@ def replicate_onto(
     layout: Layout,
     homes: np.ndarray | None = None,
     *,
-    gate: str = "none",
+    gate: str = ReplicaGate.NONE,
     timer: ExpertTime | None = None,
     resident: np.ndarray | None = None,
     scenarios: np.ndarray | None = None,
@@ -118,7 +119,7 @@ def replicate_onto(
     """
     slots = layout.round_robin() if homes is None else homes.copy()
     load = np.asarray(load, dtype=np.float64)
-    if gate != "none":
+    if gate != ReplicaGate.NONE:
         assert timer is not None, "a gated replication needs the cost model"
         return _gated(load, layout, slots, gate, timer, resident, scenarios)
     from planners.eplb_algo import replicate_experts
@@ -159,7 +160,7 @@ def _gated(
 
     def cost(trial: np.ndarray) -> float:
         span = timer.span(trial, load, scenarios)
-        if gate != "time+copy" or resident is None:
+        if gate != ReplicaGate.TIME_COPY or resident is None:
             return span
         return span + timer.late_copy_s(timer.queue(trial, resident), span)
 
@@ -295,7 +296,7 @@ class Replicator:
         `scenarios` [S, E] the gate judges placements on them (`replicate_onto`)."""
         old = self.resident.get(moe)
         slots = self._with_replicas(moe, load, self.homes[moe], scenarios)
-        if old is None and self.p.gate != "none":
+        if old is None and self.p.gate != ReplicaGate.NONE:
             # The first placement is preloaded with the model, so its copies cost no transfer:
             # fill every replica slot when that is modelled no slower than the gate's choice;
             # copies that cost nothing hedge against the prediction (a prior) being wrong.
@@ -306,12 +307,12 @@ class Replicator:
             # EPLB's packing from scratch, and under a gate also a few swaps from where the homes
             # are: a full re-pack moves nearly every home, and its copies seldom pay
             options = [home_slots(self.layout, home_load)]
-            if self.p.gate != "none" and old is not None:
+            if self.p.gate != ReplicaGate.NONE and old is not None:
                 options.append(swap_homes(self.homes[moe], home_load, self.layout))
             for homes in options:
                 moved = self._with_replicas(moe, load, homes, scenarios)
                 if (
-                    self.p.gate == "none"
+                    self.p.gate == ReplicaGate.NONE
                     or old is None
                     or self._pays(moved, slots, old, load, scenarios)
                 ):
@@ -341,7 +342,7 @@ class Replicator:
         whatever the spans (each total is then its copy queue): there the shorter span wins."""
         s_new, s_keep = (self.timer.span(s, load, scenarios) for s in (new, keep))
         t_new, t_keep = s_new, s_keep
-        if self.p.gate == "time+copy":
+        if self.p.gate == ReplicaGate.TIME_COPY:
             t_new += self.timer.late_copy_s(self.timer.queue(new, old), s_new)
             t_keep += self.timer.late_copy_s(self.timer.queue(keep, old), s_keep)
         if not math.isclose(t_new, t_keep, rel_tol=1e-9):

@@ -22,7 +22,7 @@ from core.errors import CapacityError
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from core.types import OpKind, Resource, Stream, Tensor, Tier
+from core.types import Dense, OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 from planners.ep.cost import expert_width
 from planners.ep.params import Layout
@@ -102,7 +102,7 @@ class EPRunner:
         p = self.em.placement
         kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
         act = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts - kv)  # one batch's
-        tp = lay.dense == "tensor" and not lay.lanes
+        tp = lay.dense == Dense.TENSOR and not lay.lanes
         dense_gpu = self.dense_share(gpus) if tp else dense_w  # one GPU's dense weights
         # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
         # holds its kv heads of every sequence (MLA: the whole latent)
@@ -173,7 +173,7 @@ class EPRunner:
         )  # fmt: skip
         # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`); none on lanes
         # (one GPU's memory) or with tensor-parallel dense work (every GPU holds every token)
-        a2a = range(0 if lay.lanes or lay.dense == "tensor" else lay.n_devices)
+        a2a = range(0 if lay.lanes or lay.dense == Dense.TENSOR else lay.n_devices)
         self.dispatch = [link(f"dispatch{d}", Resource.P2P, d) for d in a2a]
         self.combine = [link(f"combine{d}", Resource.P2P, d) for d in a2a]
         self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in a2a]
@@ -182,7 +182,7 @@ class EPRunner:
                            for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
         self.reduce = (
             [link(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-            if lay.dense == "tensor" else []
+            if lay.dense == Dense.TENSOR else []
         )  # fmt: skip
 
     def _record_layout(self, replica_bytes: int) -> None:
@@ -293,7 +293,7 @@ class EPRunner:
         Of micro-batch `micro`: that part of its share (`micro_batch_seqs`: each GPU splits its
         own sequences, so a sequence stays on its GPU and the all-to-all moves the same pairs as
         the whole batch's)."""
-        if self.layout.dense == "tensor":
+        if self.layout.dense == Dense.TENSOR:
             return self.ctx.workload.batch_size
         s0, s1 = self.micro_seqs(d, micro)
         return s1 - s0
@@ -327,7 +327,7 @@ class EPRunner:
         head's logits all-gathered). Returns the ops the next work waits for (one per device)."""
         m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
         per_seq = wl.step_tokens(step)
-        tp = lay.dense == "tensor"
+        tp = lay.dense == Dense.TENSOR
         ranks = 1 if lay.lanes else lay.n_devices
         part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
         # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it), one
@@ -450,7 +450,7 @@ class EPRunner:
         # Shared experts, before the routed ones: on lanes a whole-GPU op the lanes wait for; on
         # GPUs each runs its share while the all-to-all brings the routed tokens (the overlap of
         # vLLM's SharedFusedMoE and SGLang's DeepEP path)
-        tp = lay.dense == "tensor"  # every GPU holds every token: no all-to-all, one all-reduce
+        tp = lay.dense == Dense.TENSOR  # every GPU holds every token: no all-to-all, one all-reduce
         shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         start = shared[-1] if lay.lanes and shared else None
         ends = self.routed(slots, view, gates, copy_waits, start, step, layer, batch)
@@ -540,7 +540,7 @@ class EPRunner:
         # sends the results back the same way, once the experts that computed them are done.
         g = lay.n_devices
         moved = np.zeros((g, g), dtype=np.int64)
-        if not lay.lanes and lay.dense != "tensor":
+        if not lay.lanes and lay.dense != Dense.TENSOR:
             rows = [self.seqs(d, micro) * self.ctx.workload.step_tokens(step) for d in range(g)]
             moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))  # [src, dst]
         home = np.diag(moved)
