@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from planners.ep.params import EPParams, Layout, resolve_layout
@@ -38,7 +38,7 @@ class RoundRobin:
 
 
 @register("ep_static", EPStaticParams)
-class EPStatic:
+class EPStatic(Planner):
     def __init__(self, params: EPStaticParams) -> None:
         self.params = params
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from planners.ep.params import EPParams, Layout, resolve_layout
@@ -89,7 +89,7 @@ class EPLBPolicy:
 
 
 @register("eplb", EPLBParams)
-class EPLB:
+class EPLB(Planner):
     def __init__(self, params: EPLBParams) -> None:
         self.params = params
 

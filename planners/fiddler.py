@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter
@@ -50,7 +50,7 @@ class FiddlerParams:
 
 
 @register("fiddler", FiddlerParams)
-class Fiddler:
+class Fiddler(Planner):
     def __init__(self, params: FiddlerParams) -> None:
         self.params = params
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
@@ -51,7 +51,7 @@ class _Steps:
 
 
 @register("flexgen", FlexGenParams)
-class FlexGen:
+class FlexGen(Planner):
     def __init__(self, params: FlexGenParams) -> None:
         self.params = params
 

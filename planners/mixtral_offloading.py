@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import CapacityError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter
@@ -56,7 +56,7 @@ class MixtralOffloadingParams:
 
 
 @register("mixtral_offloading", MixtralOffloadingParams)
-class MixtralOffloading:
+class MixtralOffloading(Planner):
     def __init__(self, params: MixtralOffloadingParams) -> None:
         self.params = params
 

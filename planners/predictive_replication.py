@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from core.types import ReplicaPredictor
@@ -311,7 +311,7 @@ class PredictedReplicas:
 
 
 @register("predictive_replication", PredictiveParams)
-class PredictiveReplication:
+class PredictiveReplication(Planner):
     def __init__(self, params: PredictiveParams) -> None:
         self.params = params
 
