@@ -11,8 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DENSE = ("data", "tensor")  # dense work over G GPUs: each its sequences, or every sequence's 1/G
-DISPATCH = ("even", "balanced")  # a replicated expert's tokens: even over copies, or water-filled
+from core.types import Dense, Dispatch
+
+DENSE = tuple(Dense)  # dense work over G GPUs: each its sequences, or every sequence's 1/G
+DISPATCH = tuple(Dispatch)  # a replicated expert's tokens: even over copies, or water-filled
 
 
 def micro_batch_seqs(
@@ -129,7 +131,9 @@ def whole_tokens(share: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") -> np.ndarray:
+def split_tokens(
+    slots: np.ndarray, counts: np.ndarray, dispatch: str = Dispatch.EVEN
+) -> np.ndarray:
     """[G, E] tokens each device computes per expert: an expert's tokens split evenly over its
     copies, or (dispatch="balanced") `balanced_split` rounded to whole tokens. Evenly, copy i
     (in device order) of expert e takes one token more where (i + e) % copies < count % copies:
@@ -137,7 +141,7 @@ def split_tokens(slots: np.ndarray, counts: np.ndarray, dispatch: str = "even") 
 
     slots [G, K] expert ids (-1 empty), counts [E] tokens per expert.
     """
-    if dispatch == "balanced":
+    if dispatch == Dispatch.BALANCED:
         return whole_tokens(balanced_split(slots, counts), counts)
     g, e = slots.shape[0], len(counts)
     dev = np.repeat(np.arange(g), slots.shape[1])

@@ -25,6 +25,15 @@ class PlanContext:
 
 
 class Planner(Protocol):
+    """A planner's class subclasses this to take the default `choose_n_batches`."""
+
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         """Emit the whole run's ops into `out`, in program order."""
         ...
+
+    def choose_n_batches(
+        self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel
+    ) -> int:
+        """The batches per group `wl` runs with, decided before its routing is loaded: the
+        workload's own, unless the planner sizes its group (Klotski's `n: 0`)."""
+        return wl.n_batches

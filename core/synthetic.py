@@ -284,9 +284,58 @@ def routing_stats(
     train = ~test
     same_seq = seq_key[1:] == seq_key[:-1]  # [T-1] token t+1 continues token t's sequence
     top1 = np.take_along_axis(ids, gate_weights.argmax(-1)[..., None], -1)[..., 0]  # [T, L]
+    counts, reuse_hits, scores = _scan_layers(ids, top1, e, same_seq, test, set_predictor)
+    max_mean = counts.max(1) / counts.mean(1)  # [L]
+    wsum = gate_weights.sum(-1)
+    out: dict[str, Any] = {
+        "tokens": int(t),
+        "layers": int(n_layers),
+        "experts": int(e),
+        "top_k": int(k),
+        "train_tokens": int(train.sum()),
+        "test_tokens": int(test.sum()),
+        **_load_skew(counts, e),
+        "prev_token_reuse_same_layer": reuse_hits / max(1, int(same_seq.sum()) * n_layers * k),
+        "random_set_recall": k / e,
+        "gate_weight_sum_topk": _summary(wsum),
+        "per_layer_max_over_mean": [round(float(x), 2) for x in max_mean],
+    }
+    if n_layers > 1 and test.any() and train.any():
+        out |= {
+            "top1_acc": _summary(np.array(scores["acc"])),
+            "top1_pop_acc": _summary(np.array(scores["pop_acc"])),
+            "top1_in_next_set": _summary(np.array(scores["in_set"])),
+            "per_pair_top1_acc": [round(float(x), 3) for x in scores["acc"]],
+        }
+        if set_predictor:
+            out |= {
+                "set_recall": _summary(np.array(scores["recall"])),
+                "set_pop_recall": _summary(np.array(scores["pop_recall"])),
+                "per_pair_set_recall": [round(float(x), 3) for x in scores["recall"]],
+            }
+    return out
+
+
+def _scan_layers(
+    ids: np.ndarray,
+    top1: np.ndarray,
+    e: int,
+    same_seq: np.ndarray,
+    test: np.ndarray,
+    set_predictor: bool,
+) -> tuple[np.ndarray, int, dict[str, list[float]]]:
+    """One pass over the layers of ids [T, L, k]: counts [L, E] of each expert's tokens, the
+    hits of a token's experts in its predecessor's set (same layer and sequence), and per pair
+    of adjacent layers the held-out scores of the successor predictors trained on the rest:
+    top-1 by a successor table (acc, in_set) or by popularity (pop_acc), and the top-k set by
+    co-occurrence (recall) or by popularity (pop_recall) when `set_predictor`."""
+    n_layers, k = ids.shape[1], ids.shape[2]
+    train = ~test
     counts = np.zeros((n_layers, e))
     reuse_hits = 0
-    acc, pop_acc, in_set, recall, pop_recall = [], [], [], [], []
+    scores: dict[str, list[float]] = {
+        n: [] for n in ("acc", "pop_acc", "in_set", "recall", "pop_recall")
+    }
     nxt = _khot(ids[:, 0], e)  # [T, E]
     for layer in range(n_layers):
         cur = nxt
@@ -300,26 +349,25 @@ def routing_stats(
         table = np.zeros((e, e), np.int64)  # [E, E] train successor counts
         np.add.at(table, (a[train], b[train]), 1)
         pred = table.argmax(1)[a[test]]  # [T_test]
-        acc.append(np.mean(pred == b[test]))
-        pop_acc.append(np.mean(np.bincount(b[train], minlength=e).argmax() == b[test]))
-        in_set.append(np.mean(nxt[test, pred]))
+        scores["acc"].append(np.mean(pred == b[test]))
+        scores["pop_acc"].append(np.mean(np.bincount(b[train], minlength=e).argmax() == b[test]))
+        scores["in_set"].append(np.mean(nxt[test, pred]))
         if not set_predictor:
             continue
         co = cur[train].T @ nxt[train]  # [E, E] co-occurrence
         top = np.argsort(-(cur[test] @ co), axis=1)[:, :k]  # [T_test, k]
-        recall.append(np.take_along_axis(nxt[test], top, 1).sum(1).mean() / k)
+        scores["recall"].append(np.take_along_axis(nxt[test], top, 1).sum(1).mean() / k)
         pop_top = np.argsort(-nxt[train].sum(0))[:k]
-        pop_recall.append(nxt[test][:, pop_top].sum(1).mean() / k)
+        scores["pop_recall"].append(nxt[test][:, pop_top].sum(1).mean() / k)
+    return counts, reuse_hits, scores
+
+
+def _load_skew(counts: np.ndarray, e: int) -> dict[str, Any]:
+    """How uneven each layer's load is, over the layers: the busiest expert's tokens over the
+    mean, and the share of the tokens the top quarter of the experts draw. counts [L, E]."""
     max_mean = counts.max(1) / counts.mean(1)  # [L]
     top_share = np.sort(counts, 1)[:, ::-1][:, : max(1, e // 4)].sum(1) / counts.sum(1)
-    wsum = gate_weights.sum(-1)
-    out: dict[str, Any] = {
-        "tokens": int(t),
-        "layers": int(n_layers),
-        "experts": int(e),
-        "top_k": int(k),
-        "train_tokens": int(train.sum()),
-        "test_tokens": int(test.sum()),
+    return {
         "max_over_mean_load": {
             "min": float(max_mean.min()),
             "median": float(np.median(max_mean)),
@@ -331,25 +379,7 @@ def routing_stats(
             "median": float(np.median(top_share)),
             "max": float(top_share.max()),
         },
-        "prev_token_reuse_same_layer": reuse_hits / max(1, int(same_seq.sum()) * n_layers * k),
-        "random_set_recall": k / e,
-        "gate_weight_sum_topk": _summary(wsum),
-        "per_layer_max_over_mean": [round(float(x), 2) for x in max_mean],
     }
-    if n_layers > 1 and test.any() and train.any():
-        out |= {
-            "top1_acc": _summary(np.array(acc)),
-            "top1_pop_acc": _summary(np.array(pop_acc)),
-            "top1_in_next_set": _summary(np.array(in_set)),
-            "per_pair_top1_acc": [round(float(x), 3) for x in acc],
-        }
-        if set_predictor:
-            out |= {
-                "set_recall": _summary(np.array(recall)),
-                "set_pop_recall": _summary(np.array(pop_recall)),
-                "per_pair_set_recall": [round(float(x), 3) for x in recall],
-            }
-    return out
 
 
 def stats_of(

@@ -92,6 +92,45 @@ class Stream(StrEnum):
     MEMORY = "memory"  # frees
 
 
+class Dense(StrEnum):
+    """How G GPUs share an expert-parallel run's dense work (attention, shared experts, head)."""
+
+    DATA = "data"  # each GPU runs its share of the batch's sequences
+    TENSOR = "tensor"  # every GPU runs every sequence on 1/G of the weights, then an all-reduce
+
+
+class Dispatch(StrEnum):
+    """How a replicated expert's tokens go to its copies."""
+
+    EVEN = "even"  # split evenly over the copies
+    BALANCED = "balanced"  # water-filled over the devices holding it (`balanced_split`)
+
+
+class ReplicaGate(StrEnum):
+    """The replica cost gate: which replica copies an expert-parallel planner places."""
+
+    NONE = "none"  # every slot of the budget (EPLB's greedy)
+    TIME = "time"  # a copy only while the modelled busiest device finishes sooner
+    TIME_COPY = "time+copy"  # ... charged its transfer where it is not already resident
+
+
+class LaneSharing(StrEnum):
+    """How G lanes of one GPU share its SMs."""
+
+    PARTITION = "partition"  # each lane holds its share (green contexts, MPS with SM limits)
+    SHARED = "shared"  # plain CUDA streams: a kernel uses the SMs the others leave
+
+
+class ReplicaPredictor(StrEnum):
+    """What `predictive_replication` predicts an iteration's per-expert load from."""
+
+    LAST = "last"  # the previous iteration's
+    EMA = "ema"  # an exponential average of past iterations'
+    WINDOW = "window"  # the mean of the last `window` iterations'
+    LAYER_CORR = "layer_corr"  # the previous layer's, through a layer-to-layer table
+    TASK_MIX = "task_mix"  # the coming iteration's request labels' loads
+
+
 class Activation(StrEnum):
     SWIGLU = "swiglu"
     RELU = "relu"

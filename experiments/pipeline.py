@@ -76,9 +76,7 @@ def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
     here, before routing for that many sequences is loaded. Others keep the workload's n."""
-    choose = getattr(make_planner(spec.planner, spec.params), "choose_n_batches", None)
-    if choose is None:
-        return spec
+    choose = make_planner(spec.planner, spec.params).choose_n_batches
     n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
     return (
         spec

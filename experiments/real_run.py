@@ -144,9 +144,9 @@ def _one_process(schedule: Schedule) -> Schedule:
     sequence on its share of the heads, then an all-reduce) needs one process per GPU."""
     if (schedule.meta.get("ep") or {}).get("dense") == "tensor":
         raise ConfigError(
-            "executor=real runs expert-parallel dense work data-parallel only (planner "
-            "dense=data); run dense=tensor on one process per GPU: torchrun "
-            "--nproc_per_node=G -m experiments.ep_run checkpoint=DIR dense=tensor"
+            "executor=real runs expert-parallel dense work data-parallel only: set "
+            "+planner.params.dense=data (dense=tensor, its heads sharded over GPUs with an "
+            "all-reduce, runs in the simulator only)"
         )
     return schedule
 

@@ -60,10 +60,10 @@ from experiments.pipeline import (
 )
 from planners.expert_parallel import DISPATCH, LANE_SHARING
 from planners.predictive_replication import transition_counts
+from planners.registry import expert_parallel_names, param_names
 
 log = logging.getLogger(__name__)
 CONF = Path(__file__).resolve().parent.parent / "conf"
-PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
 ROUTINGS = ("esft_heldout", "synthetic_olmoe_top1")  # a case's routing
 CASE_KEYS = {  # the keys every case sets
     "model", "routing", "n_devices", "lanes", "batch_sizes", "prompt_len", "n_batches",
@@ -240,16 +240,16 @@ def olmoe_counts(trace_dir: str) -> np.ndarray:
 
 
 def planner_runs(cfg: DictConfig, case: DictConfig) -> list[tuple[str, str, dict[str, Any]]]:
-    """A case's rows (label, planner, own params): the four planners, then the config's and the
-    case's variants; each planner's params are the config's, then the case's `planners:`, then a
-    variant's."""
+    """A case's rows (label, planner, own params): the expert-parallel planners in the order of
+    the config's `planners:`, then the config's and the case's variants; each planner's params
+    are the config's, then the case's `planners:`, then a variant's."""
     case_params = case.get("planners") or {}
 
     def base(p: str) -> dict[str, Any]:
         return {**dict(cfg.planners[p] or {}), **dict(case_params.get(p) or {})}
 
     variants = {**(cfg.get("variants") or {}), **(case.get("variants") or {})}
-    return [(p, p, base(p)) for p in PLANNERS] + [
+    return [(str(p), str(p), base(str(p))) for p in cfg.planners] + [
         (str(v), str(c.planner), {**base(str(c.planner)), **dict(c.get("params") or {})})
         for v, c in variants.items()
     ]
@@ -278,16 +278,16 @@ def run_params(
     }
     if case.get("lane_sharing"):
         params["lane_sharing"] = str(case.lane_sharing)
-    if planner != "ep_static":  # the same budget and training information for all
+    if "initial_load" in param_names(planner):  # the same budget and training load for all
         params["replica_slots"] = int(cfg.replica_slots)
         params["initial_load"] = str(training[0])
     esft = case.routing == "esft_heldout"
-    if planner == "predictive_replication":
+    if "table" in param_names(planner):
         params["table"] = str(training[1])
         if esft and own.get("prior_scenarios", True):
             params["prior_scenarios"] = str(out / "esft_train_groups.npy")
     params.update(own)  # a variant's (or the case's, or the config's planner) params win
-    if planner == "predictive_replication" and params.get("predictor") == "task_mix" and esft:
+    if "task_load" in param_names(planner) and params.get("predictor") == "task_mix" and esft:
         params.setdefault("task_load", str(out / "esft_train_task_load.npy"))
     if not params.get("prior_scenarios", True):
         params.pop("prior_scenarios")
@@ -1046,12 +1046,7 @@ def check_inputs(cfg: DictConfig) -> None:
     for group in ("cases", "planners", "variants"):
         for name, value in (cfg.get(group) or {}).items():
             mapping(f"{group}.{name}", value, optional=group == "planners")
-    for p in PLANNERS:
-        if p not in cfg.planners:
-            raise MoepipeError(
-                f"planners.{p} is missing: the experiment compares {', '.join(PLANNERS)} at one "
-                f"replica budget; restore it (planners.{p}: {{}} runs its defaults)"
-            )
+    planners = check_planners(cfg)
     for name, case in cfg.cases.items():  # their entries are checked below, with their names
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
@@ -1115,9 +1110,9 @@ def check_inputs(cfg: DictConfig) -> None:
             as_int(f"cases.{name}.batch_sizes", bs, at_least=1)
         variant_planners(case.get("variants") or {}, f"cases.{name}.variants")
         for planner, params in (case.get("planners") or {}).items():
-            if str(planner) not in PLANNERS:
+            if str(planner) not in planners:
                 raise MoepipeError(
-                    f"cases.{name}.planners.{planner}: unknown planner; valid: {', '.join(PLANNERS)}"
+                    f"cases.{name}.planners.{planner}: unknown planner; valid: {', '.join(planners)}"
                 )
             if params is not None and not isinstance(params, Mapping):
                 raise MoepipeError(
@@ -1142,12 +1137,31 @@ def check_inputs(cfg: DictConfig) -> None:
                     )
 
 
-def variant_planners(variants: Any, where: str) -> None:
-    """Each variant names one of the four planners."""
-    for label, v in variants.items():
-        if str(v.get("planner")) not in PLANNERS:
+def check_planners(cfg: DictConfig) -> list[str]:
+    """The registry's expert-parallel planners, each of which `planners:` must set, and nothing
+    else."""
+    planners = expert_parallel_names()
+    for p in planners:
+        if p not in cfg.planners:
             raise MoepipeError(
-                f"{where}.{label}.planner={v.get('planner')!r}; valid: {', '.join(PLANNERS)}"
+                f"planners.{p} is missing: the experiment compares {', '.join(planners)} at one "
+                f"replica budget; restore it (planners.{p}: {{}} runs its defaults)"
+            )
+    for p in cfg.planners:
+        if str(p) not in planners:
+            raise MoepipeError(
+                f"planners.{p}: not an expert-parallel planner; valid: {', '.join(planners)}"
+            )
+    return planners
+
+
+def variant_planners(variants: Any, where: str) -> None:
+    """Each variant names one of the expert-parallel planners."""
+    planners = expert_parallel_names()
+    for label, v in variants.items():
+        if str(v.get("planner")) not in planners:
+            raise MoepipeError(
+                f"{where}.{label}.planner={v.get('planner')!r}; valid: {', '.join(planners)}"
             )
 
 

@@ -1,6 +1,6 @@
 """`ep_static`: the expert-parallel baseline: expert e lives on device e % G, no replicas.
 
-A layer lasts as long as the device whose experts drew the most tokens (planners/expert_parallel.py).
+A layer lasts as long as the device whose experts drew the most tokens (planners/ep/).
 """
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from planners.expert_parallel import EPParams, EPRunner, Layout, resolve_layout
+from planners.ep.params import EPParams, Layout, resolve_layout
+from planners.ep.runner import EPRunner
 from planners.registry import register
 
 
@@ -37,7 +38,7 @@ class RoundRobin:
 
 
 @register("ep_static", EPStaticParams)
-class EPStatic:
+class EPStatic(Planner):
     def __init__(self, params: EPStaticParams) -> None:
         self.params = params
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
+from planners.ep.params import EPParams, Layout, resolve_layout
+from planners.ep.placement import read_load
+from planners.ep.runner import EPRunner
 from planners.eplb_algo import check_args, rebalance_experts
-from planners.expert_parallel import EPParams, EPRunner, Layout, read_load, resolve_layout
 from planners.registry import register
 
 
@@ -87,7 +89,7 @@ class EPLBPolicy:
 
 
 @register("eplb", EPLBParams)
-class EPLB:
+class EPLB(Planner):
     def __init__(self, params: EPLBParams) -> None:
         self.params = params
 

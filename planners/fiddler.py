@@ -16,10 +16,11 @@ CPU experts run on a `cpu_compute` stream, overlapping the GPU's resident expert
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter
@@ -27,6 +28,13 @@ from planners.expert_cache import cache_placement
 from planners.registry import register
 
 POLICIES = ("latency", "cpu", "gpu")
+
+
+class _Streams(NamedTuple):
+    cpu: str  # the CPU experts' compute
+    to_cpu: str  # their tokens' activations, GPU -> CPU
+    to_gpu: str  # their results, CPU -> GPU
+    on_demand: str  # experts copied to the GPU to run there
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class FiddlerParams:
 
 
 @register("fiddler", FiddlerParams)
-class Fiddler:
+class Fiddler(Planner):
     def __init__(self, params: FiddlerParams) -> None:
         self.params = params
 
@@ -50,86 +58,82 @@ class Fiddler:
         m, wl, p = ctx.model, ctx.workload, self.params
         placement, spare = cache_placement(ctx, wl.batch_size, 1)
         em = Emitter(ctx, out, placement)
-        cpu = out.stream(Stream.CPU_COMPUTE, Resource.CPU)
-        to_cpu = out.stream("act_to_cpu", Resource.D2H)
-        to_gpu = out.stream("act_to_gpu", Resource.H2D)
-        on_demand = out.stream(Stream.EXPERTS, Resource.H2D)
+        streams = _Streams(
+            cpu=out.stream(Stream.CPU_COMPUTE, Resource.CPU),
+            to_cpu=out.stream("act_to_cpu", Resource.D2H),
+            to_gpu=out.stream("act_to_gpu", Resource.H2D),
+            on_demand=out.stream(Stream.EXPERTS, Resource.H2D),
+        )
         resident = _resident_experts(
             m.moe_layers, m.n_experts, int(spare * p.resident_share) // m.expert_bytes
         )
         out.reserve(Tier.GPU, sum(len(v) for v in resident.values()) * m.expert_bytes)
-        act_bytes = m.hidden_size * m.dtype_bytes  # per token, each way
-        n_cpu = n_gpu_loaded = n_resident = 0
+        where = {"cpu": 0, "gpu_loaded": 0, "gpu_resident": 0}  # experts run by where they ran
         last: int | None = None
         for batch in range(wl.n_batches):
             for step in range(wl.n_steps):
                 for layer in range(m.n_layers):
-                    attn_load = em.load(Tensor.ATTENTION, step, layer, deps=(last,))
-                    kv = em.kv_load(step, layer, batch, deps=(last,))
-                    last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
-                    em.kv_store(step, layer, batch, last)
-                    returns: list[int] = []
-                    if m.is_moe(layer):
-                        gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
-                        gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
-                        last = gate
-                        for e in (int(x) for x in np.flatnonzero(view.counts)):
-                            tokens = int(view.counts[e])
-                            if e in resident[layer]:
-                                n_resident += 1
-                                last = em.expert(
-                                    step, layer, batch, e, tokens, (last,), last_use=False
-                                )
-                            elif self._on_cpu(ctx, tokens, act_bytes):
-                                n_cpu += 1
-                                returns.append(
-                                    self._cpu_expert(
-                                        em,
-                                        cpu,
-                                        to_cpu,
-                                        to_gpu,
-                                        step,
-                                        layer,
-                                        batch,
-                                        e,
-                                        tokens,
-                                        act_bytes,
-                                        gate,
-                                    )
-                                )
-                            else:
-                                n_gpu_loaded += 1
-                                load = em.load(
-                                    Tensor.EXPERT, step, layer, e, stream=on_demand, deps=(gate,)
-                                )
-                                last = em.expert(
-                                    step, layer, batch, e, tokens, (load, last), last_use=True
-                                )
-                    ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
-                    last = (
-                        em.ffn(step, layer, batch, (ffn_load, last, *returns), last_batch=True)
-                        or last
-                    )
-                    if returns:  # the layer's output combines the CPU experts' results
-                        last = out.add(
-                            OpKind.FREE,
-                            em.compute,
-                            (last, *returns),
-                            step=step,
-                            layer=layer,
-                            batch=batch,
-                        )
+                    last = self._layer(em, streams, resident, where, step, layer, batch, last)
                 head_load = em.load(Tensor.HEAD, step, -1, deps=(last,))
                 last = em.head(step, batch, (head_load, last), last_batch=True)
-        total = max(n_cpu + n_gpu_loaded + n_resident, 1)
+        total = max(sum(where.values()), 1)
         out.meta.update(
             n_batches_shared=1,
             policy=p.policy,
             resident_experts=sum(len(v) for v in resident.values()),
-            expert_share_cpu=round(n_cpu / total, 4),
-            expert_share_gpu_loaded=round(n_gpu_loaded / total, 4),
-            expert_share_gpu_resident=round(n_resident / total, 4),
+            expert_share_cpu=round(where["cpu"] / total, 4),
+            expert_share_gpu_loaded=round(where["gpu_loaded"] / total, 4),
+            expert_share_gpu_resident=round(where["gpu_resident"] / total, 4),
         )
+
+    def _layer(
+        self,
+        em: Emitter,
+        streams: _Streams,
+        resident: dict[int, set[int]],
+        where: dict[str, int],
+        step: int,
+        layer: int,
+        batch: int,
+        last: int | None,
+    ) -> int:
+        """One decoder layer of one batch: attention, and on an MoE layer each routed expert
+        where Fiddler runs it (counted in `where`); returns the op the next layer waits for."""
+        m, out = em.model, em.out
+        attn_load = em.load(Tensor.ATTENTION, step, layer, deps=(last,))
+        kv = em.kv_load(step, layer, batch, deps=(last,))
+        last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
+        em.kv_store(step, layer, batch, last)
+        returns: list[int] = []
+        if m.is_moe(layer):
+            gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
+            gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
+            last = gate
+            act_bytes = m.hidden_size * m.dtype_bytes  # per token, each way
+            for e in (int(x) for x in np.flatnonzero(view.counts)):
+                tokens = int(view.counts[e])
+                if e in resident[layer]:
+                    where["gpu_resident"] += 1
+                    last = em.expert(step, layer, batch, e, tokens, (last,), last_use=False)
+                elif self._on_cpu(em.ctx, tokens, act_bytes):
+                    where["cpu"] += 1
+                    back = self._cpu_expert(
+                        em, streams, step, layer, batch, e, tokens, act_bytes, gate
+                    )
+                    returns.append(back)
+                else:
+                    where["gpu_loaded"] += 1
+                    load = em.load(
+                        Tensor.EXPERT, step, layer, e, stream=streams.on_demand, deps=(gate,)
+                    )
+                    last = em.expert(step, layer, batch, e, tokens, (load, last), last_use=True)
+        ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
+        last = em.ffn(step, layer, batch, (ffn_load, last, *returns), last_batch=True) or last
+        if returns:  # the layer's output combines the CPU experts' results
+            last = out.add(
+                OpKind.FREE, em.compute, (last, *returns), step=step, layer=layer, batch=batch
+            )
+        return last
 
     def _on_cpu(self, ctx: PlanContext, tokens: int, act_bytes: int) -> bool:
         """Fiddler's latency model: run a missing expert where it finishes first."""
@@ -148,8 +152,17 @@ class Fiddler:
         return cpu_s <= gpu_s
 
     @staticmethod
-    def _cpu_expert(em: Emitter, cpu: str, to_cpu: str, to_gpu: str, step: int, layer: int, batch: int,
-                    expert: int, tokens: int, act_bytes: int, gate: int) -> int:  # fmt: skip
+    def _cpu_expert(
+        em: Emitter,
+        streams: _Streams,
+        step: int,
+        layer: int,
+        batch: int,
+        expert: int,
+        tokens: int,
+        act_bytes: int,
+        gate: int,
+    ) -> int:
         """Activations to the CPU, the expert there (weights read from host memory), results back."""
         m, out = em.model, em.out
         where = dict(step=step, layer=layer, batch=batch, expert=expert)
@@ -160,11 +173,11 @@ class Fiddler:
                             src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=m.expert_bytes,
                             **where),)  # fmt: skip
             extra = dict(free_tier=Tier.CPU, free_bytes=m.expert_bytes)
-        send = out.add(OpKind.LOAD, to_cpu, (gate,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
+        send = out.add(OpKind.LOAD, streams.to_cpu, (gate,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
                        src=Tier.GPU, dst=Tier.CPU, **where)  # fmt: skip
-        run = out.add(OpKind.EXPERT, cpu, (send, gate, *deps), tensor=Tensor.EXPERT, tokens=tokens,
+        run = out.add(OpKind.EXPERT, streams.cpu, (send, gate, *deps), tensor=Tensor.EXPERT, tokens=tokens,
                       flops=m.expert_flops(tokens), touch_bytes=m.expert_bytes, **where, **extra)  # fmt: skip
-        return out.add(OpKind.LOAD, to_gpu, (run,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
+        return out.add(OpKind.LOAD, streams.to_gpu, (run,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
                        src=Tier.CPU, dst=Tier.GPU, **where)  # fmt: skip
 
 

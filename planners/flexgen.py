@@ -21,7 +21,7 @@ from functools import partial
 from operator import is_not
 from typing import TypeGuard, cast
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
@@ -59,7 +59,7 @@ class _Steps:
 
 
 @register("flexgen", FlexGenParams)
-class FlexGen:
+class FlexGen(Planner):
     def __init__(self, params: FlexGenParams) -> None:
         self.params = params
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from core.cost import CostModel
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView, resolve_source
 from core.schedule import ScheduleBuilder
 from core.spec import HardwareSpec, ModelSpec, Workload
@@ -122,7 +122,7 @@ class _Layer:
 
 
 @register("klotski", KlotskiParams)
-class Klotski:
+class Klotski(Planner):
     def __init__(self, params: KlotskiParams) -> None:
         self.params = params
 

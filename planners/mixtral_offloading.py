@@ -22,12 +22,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import CapacityError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter
 from planners.expert_cache import LRUCache, PrefetchStats, cache_placement, top_experts
 from planners.registry import register
+
+
+@dataclass
+class _Run:
+    """One run's per-layer caches and what its correlation predictor has learnt."""
+
+    em: Emitter
+    caches: dict[int, LRUCache]  # MoE decoder layer -> its GPU expert slots
+    # [MoE layers, E, E]: tokens routed to e at MoE layer i then to e' at i+1 (add-one prior)
+    trans: np.ndarray
+    popularity: np.ndarray  # [MoE layers, E] tokens routed to each expert (add-one prior)
+    stats: PrefetchStats
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,7 @@ class MixtralOffloadingParams:
 
 
 @register("mixtral_offloading", MixtralOffloadingParams)
-class MixtralOffloading:
+class MixtralOffloading(Planner):
     def __init__(self, params: MixtralOffloadingParams) -> None:
         self.params = params
 
@@ -52,10 +64,6 @@ class MixtralOffloading:
         m, wl, p = ctx.model, ctx.workload, self.params
         placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
         em = Emitter(ctx, out, placement)
-        # One FIFO for prefetches and on-demand loads: memory is then granted in program order
-        # (an on-demand load on its own stream could take the memory an eviction freed for an
-        # earlier prefetch, and deadlock).
-        on_demand = em.weights
         n_moe = len(m.moe_layers)
         slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
         if slots < 1:
@@ -64,12 +72,13 @@ class MixtralOffloading:
                 f"({n_moe * m.expert_bytes / 1e9:.1f} GB), only {cache_bytes / 1e9:.1f} GB is spare "
                 "(the real system quantizes experts to 2-3 bits to fit); use a smaller batch"
             )
-        caches = {layer: LRUCache(em, slots) for layer in m.moe_layers}
-        k_guess = p.guess_k or m.top_k
-        # trans[i] [E, E]: tokens routed to e at MoE layer i then to e' at i+1 (add-one prior)
-        trans = np.ones((n_moe, m.n_experts, m.n_experts))
-        popularity = np.ones((n_moe, m.n_experts))
-        stats = PrefetchStats(n_moe)
+        run = _Run(
+            em,
+            {layer: LRUCache(em, slots) for layer in m.moe_layers},
+            np.ones((n_moe, m.n_experts, m.n_experts)),
+            np.ones((n_moe, m.n_experts)),
+            PrefetchStats(n_moe),
+        )
         last: int | None = None
         for batch in range(wl.n_batches):
             for step in range(wl.n_steps):
@@ -81,69 +90,73 @@ class MixtralOffloading:
                     last = em.attention(step, layer, batch, (attn_load, kv, last), last_batch=True)
                     em.kv_store(step, layer, batch, last)
                     if m.is_moe(layer):
-                        mi = m.moe_index(layer)
-                        gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
-                        gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
-                        stats.record(mi, guessed, view.counts)
-                        popularity[mi] += view.counts
-                        if (
-                            prev_ids is not None
-                        ):  # learn l-1 -> l transitions, now both are revealed
-                            pairs = (
-                                prev_ids[:, :, None].astype(np.int64) * m.n_experts
-                                + view.ids[:, None, :]
-                            )
-                            trans[mi - 1] += np.bincount(
-                                pairs.ravel(), minlength=m.n_experts**2
-                            ).reshape(m.n_experts, m.n_experts)
-                        prev_ids = view.ids
-                        cache = caches[layer]
-                        needed = [int(e) for e in np.flatnonzero(view.counts)]
-                        order = sorted(needed, key=lambda e: (layer, e) not in cache)  # hits first
-                        last, after = (
-                            gate,
-                            gate,
-                        )  # speculative loads queue behind this layer's misses
-                        for e in order:
-                            hit = (layer, e) in cache
-                            load = cache.ensure(step, layer, e, on_demand, deps=(gate,))
-                            after = after if hit or load is None else load
-                            last = em.expert(
-                                step,
-                                layer,
-                                batch,
-                                e,
-                                int(view.counts[e]),
-                                (load, last),
-                                last_use=False,
-                            )
-                            cache.used(layer, e, last)
-                        guessed = set()
-                        if p.speculate and mi + 1 < n_moe:
-                            nxt = m.moe_layers[mi + 1]
-                            guessed = self._speculate(
-                                em,
-                                caches[nxt],
-                                step,
-                                nxt,
-                                trans[mi],
-                                popularity[mi + 1],
-                                view.ids,
-                                k_guess,
-                                (gate, after),
-                            )
+                        last, guessed, prev_ids = self._moe_layer(
+                            run, step, layer, batch, last, prev_ids, guessed
+                        )
                     ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
                     last = em.ffn(step, layer, batch, (ffn_load, last), last_batch=True) or last
                 head_load = em.load(Tensor.HEAD, step, -1, deps=(last,))
                 last = em.head(step, batch, (head_load, last), last_batch=True)
-        hits = sum(c.hits for c in caches.values())
-        total = hits + sum(c.misses for c in caches.values())
+        hits = sum(c.hits for c in run.caches.values())
+        total = hits + sum(c.misses for c in run.caches.values())
         out.meta.update(
             n_batches_shared=1,
             cache_slots_per_layer=int(slots),
             cache_hit_rate=round(hits / max(total, 1), 4),
-            **stats.summary(),
+            **run.stats.summary(),
         )
+
+    def _moe_layer(
+        self,
+        run: _Run,
+        step: int,
+        layer: int,
+        batch: int,
+        last: int,
+        prev_ids: np.ndarray | None,
+        guessed: set[int],
+    ) -> tuple[int, set[int], np.ndarray]:
+        """MoE layer `layer` after its attention op `last`: the gate, the transitions it reveals
+        from the previous MoE layer's routing `prev_ids` (how well `guessed` fared), each routed
+        expert from the layer's cache (hits first, misses loaded), and the next MoE layer's
+        guessed experts loaded behind the misses. Returns the last expert op, the new guess and
+        this layer's routing."""
+        em, p = run.em, self.params
+        m = em.model
+        # One FIFO for prefetches and on-demand loads: memory is then granted in program order
+        # (an on-demand load on its own stream could take the memory an eviction freed for an
+        # earlier prefetch, and deadlock).
+        on_demand = em.weights
+        mi = m.moe_index(layer)
+        gate_load = em.load(Tensor.GATE, step, layer, deps=(last,))
+        gate, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
+        run.stats.record(mi, guessed, view.counts)
+        run.popularity[mi] += view.counts
+        if prev_ids is not None:  # learn l-1 -> l transitions, now both are revealed
+            pairs = prev_ids[:, :, None].astype(np.int64) * m.n_experts + view.ids[:, None, :]
+            run.trans[mi - 1] += np.bincount(pairs.ravel(), minlength=m.n_experts**2).reshape(
+                m.n_experts, m.n_experts
+            )
+        cache = run.caches[layer]
+        needed = [int(e) for e in np.flatnonzero(view.counts)]
+        order = sorted(needed, key=lambda e: (layer, e) not in cache)  # hits first
+        last, after = gate, gate  # speculative loads queue behind this layer's misses
+        for e in order:
+            hit = (layer, e) in cache
+            load = cache.ensure(step, layer, e, on_demand, deps=(gate,))
+            after = after if hit or load is None else load
+            last = em.expert(
+                step, layer, batch, e, int(view.counts[e]), (load, last), last_use=False
+            )
+            cache.used(layer, e, last)
+        guessed = set()
+        if p.speculate and mi + 1 < len(m.moe_layers):
+            nxt, k_guess = m.moe_layers[mi + 1], p.guess_k or m.top_k
+            learnt = run.trans[mi], run.popularity[mi + 1]
+            guessed = self._speculate(
+                em, run.caches[nxt], step, nxt, *learnt, view.ids, k_guess, (gate, after)
+            )
+        return last, guessed, view.ids
 
     @staticmethod
     def _speculate(em: Emitter, cache: LRUCache, step: int, layer: int, trans: np.ndarray,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import CapacityError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter
@@ -44,7 +44,7 @@ class MoEInfinityParams:
 
 
 @register("moe_infinity", MoEInfinityParams)
-class MoEInfinity:
+class MoEInfinity(Planner):
     def __init__(self, params: MoEInfinityParams) -> None:
         self.params = params
 

@@ -17,16 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, GateView
 from core.schedule import ScheduleBuilder
-from planners.expert_parallel import (
-    EPRunner,
-    PredictionError,
-    ReplicaParams,
-    Replicator,
-    resolve_layout,
-)
+from planners.ep.params import ReplicaParams, resolve_layout
+from planners.ep.placement import PredictionError, Replicator
+from planners.ep.runner import EPRunner
 from planners.registry import register
 
 
@@ -72,7 +68,7 @@ class PeekedReplicas:
 
 
 @register("oracle_replication", OracleParams)
-class OracleReplication:
+class OracleReplication(Planner):
     def __init__(self, params: OracleParams) -> None:
         self.params = params
 

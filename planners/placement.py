@@ -58,8 +58,50 @@ def greedy_placement(
     goes to the dense weights and the KV cache first; then up to `cpu_staging_bytes` of what is
     left (at least one expert, what a disk read needs to pass through) is kept free for disk
     reads on their way to the GPU, before experts take CPU memory."""
-    cap = dict(hw.memory_bytes)
     least_staging = min(cpu_staging_bytes, model.expert_bytes)
+    kv_layer = kv_sequences * kv_tokens * model.kv_bytes_per_token
+    free = _free_memory(model, hw, kv_layer, working_bytes, activation_bytes, least_staging)
+    resident = {Tier.GPU: activation_bytes, Tier.CPU: 0, Tier.DISK: 0}
+    dense = dense_bytes(model)
+    dense_tier = _take(free, (Tier.GPU, Tier.CPU), dense)
+    if dense_tier is None:
+        raise CapacityError(
+            f"model {model.name}: attention/gate/embedding weights ({dense / 1e9:.1f} GB) fit "
+            "neither GPU nor CPU memory"
+        )
+    resident[dense_tier] += dense
+
+    kv: list[Tier] = []
+    for _ in range(model.n_layers):
+        tier = _take(free, (Tier.GPU, Tier.CPU), kv_layer)
+        if tier is None:
+            raise CapacityError(
+                f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
+                f"({kv_layer * model.n_layers / 1e9:.1f} GB) cannot fit in GPU + CPU memory; "
+                "reduce batch_size, n_batches or the sequence length"
+            )
+        kv.append(tier)
+        resident[tier] += kv_layer
+
+    # disk reads' staging: what the window asks, as far as the dense weights and KV leave room
+    # (the CPU's free memory already holds back `least_staging`)
+    free[Tier.CPU] -= min(cpu_staging_bytes - least_staging, free[Tier.CPU])
+    experts = _place_experts(model, free, resident, dense_tier)
+    return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
+
+
+def _free_memory(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    kv_layer: int,
+    working_bytes: int,
+    activation_bytes: int,
+    least_staging: int,
+) -> dict[Tier, int]:
+    """Each tier's memory free for the placement: the GPU's beside the working set and the
+    activations, the CPU's beside the least staging area disk reads need; CapacityError where
+    those do not fit, or the weights and KV (`kv_layer` bytes a layer) fit no tier at all."""
+    cap = dict(hw.memory_bytes)
     if least_staging > cap[Tier.CPU]:
         raise CapacityError(
             f"CPU memory {cap[Tier.CPU] / 1e9:.3f} GB is smaller than the staging area "
@@ -67,14 +109,13 @@ def greedy_placement(
         )
     cpu_free = cap[Tier.CPU] - least_staging  # for the total: the rest of staging is a preference
     disk_free = cap[Tier.DISK]
-    total = model.total_bytes + kv_sequences * kv_tokens * model.kv_bytes_per_token * model.n_layers
+    total = model.total_bytes + kv_layer * model.n_layers
     if total > cap[Tier.GPU] + max(cpu_free, 0) + disk_free:
         raise CapacityError(
             f"model {model.name} ({model.total_bytes / 1e9:.1f} GB weights + KV) does not fit in "
             f"GPU + CPU + disk ({(cap[Tier.GPU] + cpu_free + disk_free) / 1e9:.1f} GB); "
             "add memory or shrink the workload"
         )
-
     gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
     if gpu_free < 0:
         raise CapacityError(
@@ -82,60 +123,34 @@ def greedy_placement(
             f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights, KV cache buffers, activations); "
             "use a smaller batch or fewer batches"
         )
-    dense = dense_bytes(model)
-    resident = {Tier.GPU: activation_bytes, Tier.CPU: 0, Tier.DISK: 0}
-    if dense <= gpu_free:
-        dense_tier = Tier.GPU
-        gpu_free -= dense
-    elif dense <= cpu_free:
-        dense_tier = Tier.CPU
-        cpu_free -= dense
-    else:
-        raise CapacityError(
-            f"model {model.name}: attention/gate/embedding weights ({dense / 1e9:.1f} GB) fit "
-            "neither GPU nor CPU memory"
-        )
-    resident[dense_tier] += dense
+    return {Tier.GPU: gpu_free, Tier.CPU: cpu_free, Tier.DISK: disk_free}
 
-    kv_layer = kv_sequences * kv_tokens * model.kv_bytes_per_token
-    kv: list[Tier] = []
-    for _ in range(model.n_layers):
-        if kv_layer <= gpu_free:
-            kv.append(Tier.GPU)
-            gpu_free -= kv_layer
-        elif kv_layer <= cpu_free:
-            kv.append(Tier.CPU)
-            cpu_free -= kv_layer
-        else:
-            raise CapacityError(
-                f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
-                f"({kv_layer * model.n_layers / 1e9:.1f} GB) cannot fit in GPU + CPU memory; "
-                "reduce batch_size, n_batches or the sequence length"
-            )
-        resident[kv[-1]] += kv_layer
 
-    # disk reads' staging: what the window asks, as far as the dense weights and KV leave room
-    # (cpu_free already holds back `least_staging`)
-    cpu_free -= min(cpu_staging_bytes - least_staging, cpu_free)
+def _take(free: dict[Tier, int], tiers: tuple[Tier, ...], nbytes: int) -> Tier | None:
+    """The first of `tiers` with `nbytes` free, which then holds them; None where none has."""
+    tier = next((t for t in tiers if nbytes <= free[t]), None)
+    if tier is not None:
+        free[tier] -= nbytes
+    return tier
+
+
+def _place_experts(
+    model: ModelSpec, free: dict[Tier, int], resident: dict[Tier, int], dense_tier: Tier
+) -> list[Tier]:
+    """Per layer, the first tier with room for all its routed experts (GPU, CPU, disk), added
+    to `resident`; a layer without experts gets the dense weights' tier."""
     layer_experts = model.n_experts * model.expert_bytes
     experts: list[Tier] = []
     for layer in range(model.n_layers):
         if not model.is_moe(layer):
             experts.append(dense_tier)
             continue
-        rooms = ((Tier.GPU, gpu_free), (Tier.CPU, cpu_free), (Tier.DISK, disk_free))
-        tier = next((t for t, room in rooms if layer_experts <= room), None)
+        tier = _take(free, (Tier.GPU, Tier.CPU, Tier.DISK), layer_experts)
         if tier is None:  # pragma: no cover - excluded by the total check above
             raise CapacityError(f"layer {layer}'s experts fit nowhere")
         experts.append(tier)
         resident[tier] += layer_experts
-        if tier == Tier.GPU:
-            gpu_free -= layer_experts
-        elif tier == Tier.CPU:
-            cpu_free -= layer_experts
-        else:
-            disk_free -= layer_experts
-    return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
+    return experts
 
 
 def staged_placement(

@@ -7,7 +7,7 @@ Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from
 window's mean, else the EMA; `task_mix`: from its prediction for the coming iteration) as `eplb`
 re-places every `interval`: re-packed from scratch, or
 moved by a few swaps (each device at most one), whichever the gate finds pays
-(planners/expert_parallel.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
+(planners/ep/placement.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
 hedges the first placement of each layer against the prior being another split's load.
 
 Predictors (pluggable, causal):
@@ -39,25 +39,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from planners.expert_parallel import (
-    EPRunner,
-    PredictionError,
-    ReplicaParams,
-    Replicator,
-    read_npy,
-    resolve_layout,
-)
+from core.types import ReplicaPredictor
+from planners.ep.params import ReplicaParams, resolve_layout
+from planners.ep.placement import PredictionError, Replicator, read_npy
+from planners.ep.runner import EPRunner
 from planners.registry import register
 
-PREDICTORS = ("last", "ema", "window", "layer_corr", "task_mix")
+PREDICTORS = tuple(ReplicaPredictor)
 
 
 @dataclass(frozen=True)
 class PredictiveParams(ReplicaParams):
-    predictor: str = "layer_corr"  # one of PREDICTORS
+    predictor: str = ReplicaPredictor.LAYER_CORR  # a ReplicaPredictor (configs give strings)
     ema_alpha: float = 0.5  # weight of the newest iteration in the EMA
     window: int = 4  # `window` (and `task_mix`'s online part): the last this many iterations
     # `window` predictor: the prior's share (`initial_load`) stays in the mean as this many
@@ -82,12 +78,13 @@ class PredictiveParams(ReplicaParams):
             raise ConfigError(
                 f"predictive_replication: predictor {self.predictor!r} unknown; valid: {', '.join(PREDICTORS)}"
             )
-        if self.predictor == "task_mix" and not self.task_load:
+        object.__setattr__(self, "predictor", ReplicaPredictor(self.predictor))
+        if self.predictor == ReplicaPredictor.TASK_MIX and not self.task_load:
             raise ConfigError(
                 "predictive_replication: predictor task_mix needs task_load=<.npy [labels, MoE "
                 "layers, experts]>, a training split's load per request label"
             )
-        if self.task_load and self.predictor != "task_mix":
+        if self.task_load and self.predictor != ReplicaPredictor.TASK_MIX:
             raise ConfigError(
                 f"predictive_replication: task_load is read only by predictor task_mix, not "
                 f"{self.predictor}; drop task_load or set predictor=task_mix"
@@ -191,12 +188,12 @@ class LoadPredictor:
     def predict(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
         # the iteration's labels, and past iterations' routing; not the run's first iteration,
         # whose placement is loaded with the model, before any request has arrived
-        if self.p.predictor == "task_mix" and t > 0:
+        if self.p.predictor == ReplicaPredictor.TASK_MIX and t > 0:
             used = self.gate_of[(t - 1, moe)] if self.label_past.get(moe) else ()
             return self.mix_share(t, moe) * self.selections(t), used
         # layer_corr from this iteration's routing at the layer before; not for a layer's first
         # placement, which is loaded before the run, before any routing exists
-        if (self.p.predictor == "layer_corr" and moe > 0 and self.seen_any[moe]
+        if (self.p.predictor == ReplicaPredictor.LAYER_CORR and moe > 0 and self.seen_any[moe]
                 and self.trans[moe].sum() > 0):  # fmt: skip
             counts = np.bincount(
                 self.ids[moe - 1].ravel(), minlength=self.ema.shape[1]
@@ -204,7 +201,7 @@ class LoadPredictor:
             rows = self.trans[moe] + 1e-3  # smoothed: experts unseen as predecessors spread thinly
             rows /= rows.sum(1, keepdims=True)
             return counts @ rows, self.gate_of[(t, moe - 1)]
-        if self.p.predictor == "window" and self.past.get(moe):
+        if self.p.predictor == ReplicaPredictor.WINDOW and self.past.get(moe):
             return self.window_share(moe) * self.selections(t), self.gate_of[(t - 1, moe)]
         if not self.seen[moe]:
             return np.ones(self.ema.shape[1]), ()
@@ -222,7 +219,7 @@ class LoadPredictor:
     def home_share(self, moe: int) -> np.ndarray:
         """[E] the share of past iterations' load the homes are packed by: the window's mean
         (`window`) or the EMA."""
-        if self.p.predictor == "window" and self.past.get(moe):
+        if self.p.predictor == ReplicaPredictor.WINDOW and self.past.get(moe):
             return self.window_share(moe)
         return self.ema[moe].copy()
 
@@ -266,14 +263,14 @@ class LoadPredictor:
     def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
         counts = np.asarray(view.counts, dtype=np.float64)
         share = counts / max(counts.sum(), 1.0)
-        if self.p.predictor == "window":
+        if self.p.predictor == ReplicaPredictor.WINDOW:
             self.past[moe] = [*self.past.get(moe, []), share][-self.p.window :]
-        a = 1.0 if self.p.predictor == "last" or not self.seen[moe] else self.p.ema_alpha
+        a = 1.0 if self.p.predictor == ReplicaPredictor.LAST or not self.seen[moe] else self.p.ema_alpha
         self.ema[moe] = a * share + (1 - a) * self.ema[moe]
         self.seen[moe] = self.seen_any[moe] = True
         self.gate_of[(t, moe)] = gates
         ids = np.asarray(view.ids, dtype=np.int64)  # [T, k]
-        if moe > 0 and self.p.predictor == "layer_corr":
+        if moe > 0 and self.p.predictor == ReplicaPredictor.LAYER_CORR:
             prev = self.ids[moe - 1]  # [T, k] same tokens, previous layer
             k = ids.shape[1]
             np.add.at(
@@ -282,7 +279,7 @@ class LoadPredictor:
                 1.0 / k,
             )
         self.ids[moe] = ids
-        if self.p.predictor == "task_mix":  # each label's selections this iteration
+        if self.p.predictor == ReplicaPredictor.TASK_MIX:  # each label's selections this iteration
             assert self.labels is not None and self.task_share is not None
             lab = np.repeat(self.labels(t), ids.shape[1])  # [T * k], in ids' order
             keep = lab < len(self.task_share)  # a label task_load lacks: refused by mix_share
@@ -301,7 +298,7 @@ class PredictedReplicas:
         self.error.planned_from(t, moe, load)
         scenarios = self.predictor.scenarios(moe, load)
         home_load = None
-        if self.rep.rehome_due(t) and self.predictor.p.predictor == "task_mix" and t > 0:
+        if self.rep.rehome_due(t) and self.predictor.p.predictor == ReplicaPredictor.TASK_MIX and t > 0:
             home_load = load / max(load.sum(), 1e-12)  # the same prediction (its gates: `used`)
         elif self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
             home_load = self.predictor.home_share(moe)
@@ -314,7 +311,7 @@ class PredictedReplicas:
 
 
 @register("predictive_replication", PredictiveParams)
-class PredictiveReplication:
+class PredictiveReplication(Planner):
     def __init__(self, params: PredictiveParams) -> None:
         self.params = params
 

@@ -46,6 +46,16 @@ def planner_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def expert_parallel_names() -> list[str]:
+    """The expert-parallel planners (params an `EPParams`): they keep every expert resident on
+    G devices and place copies of them, so they refuse to offload and share the replication
+    experiment's options."""
+    from planners.ep.params import EPParams
+
+    _load_all()
+    return sorted(n for n, e in _REGISTRY.items() if issubclass(e.params, EPParams))
+
+
 def entry(name: str) -> Entry:
     _load_all()
     if name not in _REGISTRY:
@@ -53,10 +63,15 @@ def entry(name: str) -> Entry:
     return _REGISTRY[name]
 
 
+def param_names(name: str) -> set[str]:
+    """The params planner `name` takes."""
+    return {f.name for f in fields(entry(name).params)}
+
+
 def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
     cls = entry(name).params
     values = dict(values or {})
-    valid = {f.name for f in fields(cls)}
+    valid = param_names(name)
     unknown = sorted(set(values) - valid)
     if unknown:
         raise ConfigError(

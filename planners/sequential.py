@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
@@ -22,7 +22,7 @@ class SequentialParams:
 
 
 @register("sequential", SequentialParams)
-class Sequential:
+class Sequential(Planner):
     def __init__(self, params: SequentialParams) -> None:
         self.params = params
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
@@ -27,7 +27,7 @@ class ZeroInferenceParams:
 
 
 @register("zero_inference", ZeroInferenceParams)
-class ZeroInference:
+class ZeroInference(Planner):
     def __init__(self, params: ZeroInferenceParams) -> None:
         self.params = params
 

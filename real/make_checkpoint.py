@@ -21,8 +21,8 @@ import yaml
 from core.args import as_bool, as_float, as_int, output_dir
 from core.errors import MoepipeError
 from core.spec import ModelSpec
+from real.attention import Rope
 from real.checkpoint import reduced_spec, spec_to_hf_config, write_checkpoint
-from real.model import Rope
 
 _OPTIONS = {"model", "out", "seed", "scale", "shard_mb", "norm_topk_prob", "rope_scaling"}
 

@@ -4,36 +4,32 @@
 its methods are pure functions of explicit weights (one unit's dict, see
 real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
 `reference_generate` is the plain in-memory forward every executor is compared against.
-`head_shard` and `ffn_shard` cut a unit's weights into a tensor-parallel rank's share.
+`head_shard` and `ffn_shard` cut a unit's weights into a tensor-parallel rank's share. RoPE and
+the attention variants (GQA, MLA) are in real/attention.py.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from core.errors import ConfigError
 from core.routing import Routing
-from core.spec import ModelSpec, rope_theta_of
+from core.spec import ModelSpec
 from core.types import Activation, Tensor
+from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
 from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
 # Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
 # L MoE layers, N routing-trace positions. MLA (DeepSeek-V2): C latent (kv_lora_rank),
 # R RoPE part of a query/key head (qk_rope), Dn its other part (qk_nope), Dv value head dim.
-#
-# DeepSeek-V2 runs Multi-head Latent Attention as transformers' DeepseekV2Attention does (with q
-# compressed where config.json sets q_lora_rank), caching the normalised latent and the RoPE'd
-# shared key (spec.kv_dim = C + R per token) and up-projecting them with kv_b_proj at every step.
 #
 # Reference: transformers 5.24's classes, bit for bit where the order of ops allows, with one
 # exception: DeepSeek-V2 with norm_topk_prob: true renormalises its top-k router weights as
@@ -42,8 +38,6 @@ from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
-Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
-
 log = logging.getLogger(__name__)
 
 
@@ -51,153 +45,6 @@ log = logging.getLogger(__name__)
 def _warn_once(message: str) -> None:
     """A warning about a checkpoint, logged once a process (every forward reloads the model)."""
     log.warning(message)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-def rotary_dim(spec: ModelSpec) -> int:
-    """How many dims of a query/key head RoPE rotates: R for DeepSeek-V2's MLA, else D."""
-    return mla_dims(spec)["qk_rope_head_dim"] if spec.family == "deepseek_v2" else spec.head_dim
-
-
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's magnitude correction for stretching the context `scale` times (transformers'
-    yarn_get_mscale)."""
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-@dataclass(frozen=True, eq=False)
-class Rope:
-    """RoPE as config.json sets it (plain, `linear` or `yarn`), computed once in the same float32
-    ops as transformers' rotary embedding init (modeling_rope_utils), so the bits agree."""
-
-    inv_freq: torch.Tensor  # [rotary_dim / 2] float32, radians per position of each dim pair
-    # Multiplies cos and sin (YaRN's mscale ratio); times 1.0 is exact, so plain RoPE keeps its bits
-    attention_factor: float = 1.0
-    # DeepSeek-V2 multiplies its softmax scale by this squared (transformers' yarn_apply_mscale)
-    softmax_mscale: float = 1.0
-    # inv_freq per device, copied once: an attention op on a CUDA stream must not wait on a
-    # blocking host->device copy of the same 32 floats at every layer
-    _on: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
-
-    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
-        """inv_freq [dims / 2] on `device`."""
-        if device not in self._on:
-            self._on[device] = self.inv_freq.to(device)
-        return self._on[device]
-
-    @classmethod
-    def plain(cls, dim: int, theta: float) -> Rope:
-        """Unscaled RoPE of `dim` rotated dims with base `theta`."""
-        return cls(1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], spec: ModelSpec, where: str) -> Rope:
-        """The RoPE of a config.json: legacy `rope_scaling` ({"type": ...}) or transformers 5's
-        `rope_parameters` ({"rope_type": ..., "rope_theta": ...}), read with transformers'
-        precedence. Unknown types warn and run plain RoPE; malformed fields raise ConfigError."""
-        key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
-        p = cfg.get(key) or {}
-        if not isinstance(p, Mapping):
-            raise ConfigError(f"{where}: {key} must be a mapping, got {p!r}")
-        kind = p.get("rope_type", p.get("type", "default"))
-        theta = rope_theta_of(cfg, spec.rope_theta)
-        dim = rotary_dim(spec)
-        if kind == "default":
-            return cls.plain(dim, theta)
-        if kind not in ("linear", "yarn"):
-            # Warn, not refuse: schedules and timings do not depend on RoPE, so such a checkpoint
-            # still serves the executor's experiments; only its logits differ from transformers'.
-            log.warning(
-                "%s: RoPE scaling type %r is not implemented (default, linear and yarn are); "
-                "running plain RoPE, so logits differ from transformers'",
-                where,
-                kind,
-            )
-            return cls.plain(dim, theta)
-        factor = p.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
-            raise ConfigError(
-                f"{where}: {key}.factor must be a positive number for {kind}, got {factor!r}"
-            )
-        mscale_all_dim = p.get("mscale_all_dim") or 0
-        softmax_mscale = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
-        if kind == "linear":  # positions / factor, done on the frequencies as transformers does
-            return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
-        orig = p.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
-        if not isinstance(orig, int) or orig <= 0:
-            raise ConfigError(
-                f"{where}: {key}.original_max_position_embeddings must be a positive whole "
-                f"number for yarn, got {orig!r}"
-            )
-        inv_freq, attention_factor = _yarn(p, dim, theta, factor, orig)
-        return cls(inv_freq, attention_factor, softmax_mscale)
-
-
-def _yarn(
-    p: Mapping[str, Any], dim: int, theta: float, factor: float, orig: int
-) -> tuple[torch.Tensor, float]:
-    """transformers' _compute_yarn_parameters, op for op: (inv_freq [dim/2], attention_factor).
-    Frequencies that turn fewer than beta_slow times over `orig` positions are divided by
-    factor, those turning more than beta_fast times are kept, with a linear ramp in between."""
-    mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
-    attention_factor = p.get("attention_factor")
-    if attention_factor is None:
-        if mscale and mscale_all_dim:
-            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
-        else:
-            attention_factor = yarn_mscale(factor)
-    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
-
-    def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
-        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if p.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # as transformers: avoids dividing by zero
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep = 1 - ramp  # [dim/2] 1: the frequency as is, 0: divided by factor
-    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # [dim/2]
-    kept, divided = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
-    return divided * (1 - keep) + kept * keep, float(attention_factor)
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
-    """HF-style rotate-half RoPE. x [B, Hx, S, D], positions [S]."""
-    d = x.shape[-1]
-    assert r.inv_freq.shape == (d // 2,), f"RoPE has {r.inv_freq.shape} frequencies for dim {d}"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
-    cos = (emb.cos() * r.attention_factor).to(x.dtype)
-    sin = (emb.sin() * r.attention_factor).to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
-    """DeepSeek-V2's RoPE as transformers computes it: adjacent pairs (x[2i], x[2i+1]) rotated as
-    complex numbers in float32. x [B, Hx, S, R], positions [S]."""
-    assert r.inv_freq.shape == (x.shape[-1] // 2,), f"RoPE has {r.inv_freq.shape} frequencies"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, R/2]
-    cis = torch.polar(torch.ones_like(freqs), freqs) * r.attention_factor  # [S, R/2] complex64
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
-    return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
-
-
-def causal_mask(
-    positions: torch.Tensor, end: int, device: torch.device, window: int | None = None
-) -> torch.Tensor:
-    """[S, end] bool: the query at position p sees cache entries 0..p, or with a sliding
-    `window` the latest `window` of them, p - window < i <= p (transformers' sliding_window)."""
-    p, i = positions[:, None].to(device), torch.arange(end, device=device)
-    seen = p >= i
-    return seen if window is None else seen & (i > p - window)
 
 
 @dataclass(frozen=True)
@@ -349,127 +196,13 @@ class Model:
         assert int(positions[-1]) + 1 - int(positions[0]) == x.shape[1], (
             "positions must be consecutive"
         )
+        assert self.rope is not None  # set by __post_init__
+        cache, window = kv.layers[layer], self.sliding_window
         if self.spec.family == "deepseek_v2":
-            out = self._mla(w, x, kv.layers[layer], positions)  # [B, S, Hq * Dv]
+            out = mla(self.spec, self.rope, w, x, cache, positions, window)  # [B, S, Hq * Dv]
         else:
-            out = self._gqa(w, x, kv.layers[layer], positions, reduce)
+            out = gqa(self.spec, self.rope, w, x, cache, positions, window, self.clip_qkv, reduce)
         return F.linear(out, w["o"])
-
-    def qk_norm(
-        self,
-        w: Weights,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        reduce: Callable[[torch.Tensor], torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """OLMoE's QK-norm: RMSNorm over the projected q [B, S, Hq * D] of all heads at once, and
-        over k alike. A `head_shard` holds some heads' columns (and norm weights): it sums their
-        squares, `reduce` adds up every shard's sums (one all-reduce of [B, S, 2] floats), and it
-        divides its columns by the whole's root mean square. A kv head that several shards hold
-        (world > n_kv_heads) has its squares counted once: each holder adds its share."""
-        s, eps = self.spec, self.spec.rms_norm_eps
-        full_q, full_k = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        if q.shape[-1] == full_q:
-            return rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-        assert reduce is not None, "a head shard's QK-norm needs `reduce` over the shards"
-        holders = k.shape[-1] * full_q // (full_k * q.shape[-1])  # shards holding these kv heads
-        qf, kf = q.float(), k.float()
-        sums = reduce(torch.stack([qf.pow(2).sum(-1), kf.pow(2).sum(-1) / holders], -1))
-        ms_q, ms_k = (sums[..., :1] / full_q, sums[..., 1:] / full_k)  # [B, S, 1] each
-        return (
-            (qf * torch.rsqrt(ms_q + eps)).to(q.dtype) * w["q_norm"],
-            (kf * torch.rsqrt(ms_k + eps)).to(k.dtype) * w["k_norm"],
-        )
-
-    def mask(self, positions: torch.Tensor, end: int, device: torch.device) -> torch.Tensor | None:
-        """The attention mask of queries at `positions` [S] over cache entries [0, end): None
-        where a single query sees them all (a decode step inside the window), as transformers
-        passes none there; SDPA with and without a mask rounds differently in bf16."""
-        if len(positions) == 1 and (self.sliding_window is None or end <= self.sliding_window):
-            return None
-        return causal_mask(positions, end, device, self.sliding_window)
-
-    def _gqa(
-        self,
-        w: Weights,
-        x: torch.Tensor,
-        cache: tuple[torch.Tensor, ...],
-        positions: torch.Tensor,
-        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """Grouped-query attention: normed x [B, S, H] -> heads' outputs [B, S, Hq * D], Hq and
-        Hkv as many as `w` holds (a `head_shard` holds whole groups, or heads of one group)."""
-        s = self.spec
-        b, n, _ = x.shape
-        n_q, n_kv = w["q"].shape[0] // s.head_dim, w["k"].shape[0] // s.head_dim
-        proj = {key: F.linear(x, w[key], w.get(f"{key}_bias")) for key in "qkv"}  # [B, S, n * D]
-        if "q_norm" in w:
-            proj["q"], proj["k"] = self.qk_norm(w, proj["q"], proj["k"], reduce)
-        if self.clip_qkv is not None:  # OLMoE: after QK-norm, as transformers' OlmoeAttention
-            proj = {key: t.clamp(-self.clip_qkv, self.clip_qkv) for key, t in proj.items()}
-
-        def heads(key: str, n_heads: int) -> torch.Tensor:  # -> [B, n_heads, S, D]
-            return proj[key].view(b, n, n_heads, s.head_dim).transpose(1, 2)
-
-        assert self.rope is not None  # set by __post_init__
-        q = rope(heads("q", n_q), positions, self.rope)  # [B, Hq, S, D]
-        k = rope(heads("k", n_kv), positions, self.rope)  # [B, Hkv, S, D]
-        v = heads("v", n_kv)
-        k_cache, v_cache = cache
-        start, end = int(positions[0]), int(positions[-1]) + 1
-        k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v
-        rep = n_q // n_kv
-        keys = k_cache[:, :, :end].repeat_interleave(rep, dim=1)  # [B, Hq, end, D]
-        values = v_cache[:, :, :end].repeat_interleave(rep, dim=1)
-        mask = self.mask(positions, end, keys.device)  # [S, end] or None
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, Hq, S, D]
-        return out.transpose(1, 2).reshape(b, n, n_q * s.head_dim)
-
-    def _mla(
-        self, w: Weights, x: torch.Tensor, cache: tuple[torch.Tensor, ...], positions: torch.Tensor
-    ) -> torch.Tensor:
-        """DeepSeek-V2's Multi-head Latent Attention in transformers' op order: normed x [B, S, H]
-        -> heads' outputs [B, S, Hq * Dv], Hq as many as `w` holds. Caches the compressed latent
-        and the shared RoPE key. Cq: the query's compression rank (q_lora_rank)."""
-        m = mla_dims(self.spec)
-        nope, r, dv, c = (
-            m["qk_nope_head_dim"],
-            m["qk_rope_head_dim"],
-            m["v_head_dim"],
-            m["kv_lora_rank"],
-        )
-        b, n, _ = x.shape
-        if "q" in w:
-            q = F.linear(x, w["q"])  # [B, S, Hq * (Dn+R)]
-        else:  # compressed: q_a [Cq, H], its norm (RMSNorm's default eps, as HF's), q_b
-            q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], 1e-6), w["q_b"])
-        n_q = q.shape[-1] // (nope + r)
-        q = q.view(b, n, n_q, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
-        q_nope, q_rope = q.split([nope, r], dim=-1)
-        latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
-        # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
-        latent = rms_norm(latent, w["kv_a_norm"], 1e-6).view(b, 1, n, c)  # [B, 1, S, C]
-        assert self.rope is not None  # set by __post_init__
-        q_rope = rope_pairs(q_rope, positions, self.rope)  # [B, Hq, S, R]
-        k_rope = rope_pairs(k_rope.view(b, 1, n, r), positions, self.rope)  # [B, 1, S, R]
-        latent_cache, k_rope_cache = cache
-        start, end = int(positions[0]), int(positions[-1]) + 1
-        latent_cache[:, :, start:end] = latent
-        k_rope_cache[:, :, start:end] = k_rope
-        kv = F.linear(latent_cache[:, :, :end], w["kv_b"])  # [B, 1, end, Hq * (Dn+Dv)]
-        kv = kv.view(b, end, n_q, nope + dv).transpose(1, 2)  # [B, Hq, end, Dn+Dv]
-        k_nope, values = kv.split([nope, dv], dim=-1)
-        k_rope_heads = k_rope_cache[:, :, :end].expand(-1, n_q, -1, -1)  # [B, Hq, end, R]
-        keys = torch.cat([k_nope, k_rope_heads], dim=-1)  # [B, Hq, end, Dn+R]
-        query = torch.cat([q_nope, q_rope], dim=-1)  # [B, Hq, S, Dn+R]
-        mask = self.mask(positions, end, keys.device)  # [S, end] or None
-        # YaRN's magnitude correction also sharpens the softmax (1 without it), in HF's op order
-        scale = (nope + r) ** -0.5 * self.rope.softmax_mscale * self.rope.softmax_mscale
-        out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=mask, scale=scale
-        )  # [B, Hq, S, Dv]
-        return out.transpose(1, 2).reshape(b, n, n_q * dv)
 
     def gate(
         self,

@@ -200,18 +200,49 @@ def simulate_times(
     nothing): an op takes its memory, then waits for its resource."""
     env = simpy.Environment()
     n = len(schedule.ops)
-    durations = cost.durations(schedule)
-    start = [0.0] * n
-    end = [0.0] * n
-    granted = [np.nan] * n
-    done = bytearray(n)
-    waiters: list[simpy.Event | None] = [None] * n  # events of ops someone waits for
-    locks = {name: _Lock() for name in {s.resource_id for s in schedule.streams.values()}}
     pools = [_Pool(schedule.capacity_bytes[t] - schedule.resident_bytes.get(t, 0)) for t in _TIERS]
-    stream_of = schedule.columns()["stream"].tolist()
+    run = _Run(n, pools)
+    for ops in _stream_rows(schedule, cost, env, pool_parts):
+        if ops:
+            env.process(_run_stream(env, run, schedule, ops))
+    env.run()
+    if not all(run.done):
+        free = {t: pools[i].free for i, t in enumerate(_TIERS)}
+        raise ScheduleError(
+            "simulation stopped with ops left (deadlock): "
+            + describe_stuck(schedule, run.done, free)
+        )
+    return np.asarray(run.start), np.asarray(run.end), np.asarray(run.granted)
 
-    # Flatten ops into tuples once: attribute access on dataclasses dominates otherwise.
+
+class _Run:
+    """What the stream processes of one simulation share: per op its start, end and grant
+    times, whether it is done and the event its waiters wait on; the tiers' memory pools."""
+
+    __slots__ = ("start", "end", "granted", "done", "waiters", "pools")
+
+    def __init__(self, n: int, pools: list[_Pool]) -> None:
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.granted = [np.nan] * n
+        self.done = bytearray(n)
+        self.waiters: list[simpy.Event | None] = [None] * n  # events of ops someone waits for
+        self.pools = pools
+
+
+def _stream_rows(
+    schedule: Schedule,
+    cost: CostModel,
+    env: simpy.Environment,
+    pool_parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> list[list[tuple[Any, ...]]]:
+    """Per stream, its ops in program order, flattened into tuples once (attribute access on
+    dataclasses dominates otherwise): (id, deps, alloc tier and bytes, free tier and bytes,
+    the lock of its resource, its duration, its share of a fluid, the SMs it holds)."""
+    n = len(schedule.ops)
+    locks = {name: _Lock() for name in {s.resource_id for s in schedule.streams.values()}}
     cols = schedule.columns()
+    stream_of = cols["stream"].tolist()
     specs = list(schedule.streams.values())
     # A resource only one stream uses needs no lock: the stream's FIFO already serialises it.
     users: dict[str, int] = {}
@@ -223,26 +254,7 @@ def simulate_times(
         else locks[s.resource_id]
         for s in specs
     ]
-    # ops on pool streams: (pool, work, cap); their `durations` entry becomes the overhead
-    fluids = {s.pool: _Fluid(env) for s in specs if s.pool}
-    over, work, caps = (
-        pool_parts if pool_parts is not None else cost.pool_parts(schedule, durations)
-    )
-    pooled = ~np.isnan(work)
-    pool_of = [fluids[s.pool] if s.pool else None for s in specs]
-    # collectives holding SMs: each GPU with one gets a fluid its compute ops run their work in
-    # (their trace keeps sm_s NaN: such an op holds its GPU from start to end, slowed or not)
-    holds, holding, sm_over, sm_work = _sm_holds(schedule, cost, env, durations, pooled, stream_of)
-    if holds:
-        held = ~np.isnan(sm_work)
-        over, work = np.where(held, sm_over, over), np.where(held, sm_work, work)
-        caps, pooled = np.where(held, 1.0, caps), pooled | held
-    durations = np.where(pooled, over, durations)
-    shared: list[tuple[_Fluid, float, float] | None] = [None] * n
-    for i in np.flatnonzero(pooled).tolist():
-        fluid = pool_of[stream_of[i]] or holds.get(specs[stream_of[i]].device)
-        assert fluid is not None
-        shared[i] = (fluid, float(work[i]), float(caps[i]))
+    durations, shared, holding = _shared_work(schedule, cost, env, pool_parts, stream_of)
     free_kind = list(OpKind).index(OpKind.FREE)
     lock_of = [
         None if k == free_kind else stream_locks[s]
@@ -263,67 +275,100 @@ def simulate_times(
         strict=True,
     ):
         per_stream[stream_of[row[0]]].append(row)
+    return per_stream
 
-    def run_stream(ops: list[tuple[Any, ...]]) -> Generator[simpy.Event, Any, None]:
-        timeout, event = env.timeout, env.event
-        for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm in ops:
-            for d in deps:
-                if not done[d]:
-                    ev = waiters[d]
-                    if ev is None:
-                        ev = waiters[d] = event()
-                    yield ev
-            if a_bytes:
-                pool = pools[a_tier]
-                if pool.free >= a_bytes:
-                    pool.free -= a_bytes
-                else:
-                    ev = event()
-                    pool.waiting.append((a_bytes, ev))
-                    yield ev
-                granted[op_id] = env._now
-            if lock is not None:
-                if lock.busy:
-                    ev = event()
-                    lock.queue.append(ev)
-                    yield ev  # the releaser hands the lock over: busy stays True
-                else:
-                    lock.busy = True
-            start[op_id] = now = env._now
-            if sm is not None:
-                sm[0].hold(sm[1], 1)
-            if dur > 0:
-                yield timeout(dur)
-                now = env._now
-            if fluid is not None and fluid[1] > 0:
-                yield fluid[0].run(op_id, fluid[1], fluid[2])
-                now = env._now
-            end[op_id] = now
-            if sm is not None:
-                sm[0].hold(sm[1], -1)
-            if lock is not None:
-                if lock.queue:
-                    lock.queue.popleft().succeed()
-                else:
-                    lock.busy = False
-            if f_bytes and not pools[f_tier].release(f_bytes):
-                raise ScheduleError(
-                    f"op {op_id} ({schedule.ops[op_id].kind}) frees {f_bytes} B of "
-                    f"{_TIERS[f_tier]}, more than the ops before it hold: each free must match "
-                    "an allocation still held"
-                )
-            done[op_id] = 1
-            ev = waiters[op_id]
-            if ev is not None:
-                ev.succeed()
 
-    for ops in per_stream:
-        if ops:
-            env.process(run_stream(ops))
-    env.run()
-    if not all(done):
-        free = {t: pools[i].free for i, t in enumerate(_TIERS)}
-        raise ScheduleError(
-            "simulation stopped with ops left (deadlock): " + describe_stuck(schedule, done, free)
-        )
-    return np.asarray(start), np.asarray(end), np.asarray(granted)
+def _shared_work(
+    schedule: Schedule,
+    cost: CostModel,
+    env: simpy.Environment,
+    pool_parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    stream_of: list[int],
+) -> tuple[np.ndarray, list[tuple[_Fluid, float, float] | None], list[tuple[_Fluid, int] | None]]:
+    """Each op's duration on its stream, and for an op that shares a fluid (a pool's stream,
+    or compute beside collectives holding SMs) the fluid, its work and its cap (its duration
+    is then its overhead); per op the fluid and holder kind it holds SMs of (`_sm_holds`)."""
+    n = len(schedule.ops)
+    specs = list(schedule.streams.values())
+    durations = cost.durations(schedule)
+    # ops on pool streams: (pool, work, cap); their `durations` entry becomes the overhead
+    fluids = {s.pool: _Fluid(env) for s in specs if s.pool}
+    over, work, caps = (
+        pool_parts if pool_parts is not None else cost.pool_parts(schedule, durations)
+    )
+    pooled = ~np.isnan(work)
+    pool_of = [fluids[s.pool] if s.pool else None for s in specs]
+    # collectives holding SMs: each GPU with one gets a fluid its compute ops run their work in
+    # (their trace keeps sm_s NaN: such an op holds its GPU from start to end, slowed or not)
+    holds, holding, sm_over, sm_work = _sm_holds(schedule, cost, env, durations, pooled, stream_of)
+    if holds:
+        held = ~np.isnan(sm_work)
+        over, work = np.where(held, sm_over, over), np.where(held, sm_work, work)
+        caps, pooled = np.where(held, 1.0, caps), pooled | held
+    durations = np.where(pooled, over, durations)
+    shared: list[tuple[_Fluid, float, float] | None] = [None] * n
+    for i in np.flatnonzero(pooled).tolist():
+        fluid = pool_of[stream_of[i]] or holds.get(specs[stream_of[i]].device)
+        assert fluid is not None
+        shared[i] = (fluid, float(work[i]), float(caps[i]))
+    return durations, shared, holding
+
+
+def _run_stream(
+    env: simpy.Environment, run: _Run, schedule: Schedule, ops: list[tuple[Any, ...]]
+) -> Generator[simpy.Event, Any, None]:
+    """One stream's process: each op in turn waits for its deps, its memory and its resource,
+    runs, and frees its memory."""
+    timeout, event = env.timeout, env.event
+    start, end, granted = run.start, run.end, run.granted
+    done, waiters, pools = run.done, run.waiters, run.pools
+    for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm in ops:
+        for d in deps:
+            if not done[d]:
+                ev = waiters[d]
+                if ev is None:
+                    ev = waiters[d] = event()
+                yield ev
+        if a_bytes:
+            pool = pools[a_tier]
+            if pool.free >= a_bytes:
+                pool.free -= a_bytes
+            else:
+                ev = event()
+                pool.waiting.append((a_bytes, ev))
+                yield ev
+            granted[op_id] = env._now
+        if lock is not None:
+            if lock.busy:
+                ev = event()
+                lock.queue.append(ev)
+                yield ev  # the releaser hands the lock over: busy stays True
+            else:
+                lock.busy = True
+        start[op_id] = now = env._now
+        if sm is not None:
+            sm[0].hold(sm[1], 1)
+        if dur > 0:
+            yield timeout(dur)
+            now = env._now
+        if fluid is not None and fluid[1] > 0:
+            yield fluid[0].run(op_id, fluid[1], fluid[2])
+            now = env._now
+        end[op_id] = now
+        if sm is not None:
+            sm[0].hold(sm[1], -1)
+        if lock is not None:
+            if lock.queue:
+                lock.queue.popleft().succeed()
+            else:
+                lock.busy = False
+        if f_bytes and not pools[f_tier].release(f_bytes):
+            raise ScheduleError(
+                f"op {op_id} ({schedule.ops[op_id].kind}) frees {f_bytes} B of "
+                f"{_TIERS[f_tier]}, more than the ops before it hold: each free must match "
+                "an allocation still held"
+            )
+        done[op_id] = 1
+        ev = waiters[op_id]
+        if ev is not None:
+            ev.succeed()

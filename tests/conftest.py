@@ -10,13 +10,14 @@ import yaml
 
 from core.routing import Routing
 from core.spec import HardwareSpec, ModelSpec, Workload
+from planners.registry import expert_parallel_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 # Expert-parallel planners keep every expert resident on its device (replicas add copies); they
 # refuse hardware whose GPU memory cannot hold them instead of offloading.
-RESIDENT = {"ep_static", "eplb", "predictive_replication", "oracle_replication"}
+RESIDENT = set(expert_parallel_names())
 # GPU memory (GB) of about the dense weights plus 1.5 expert layers of `tiny` (509 KB in all, one
 # expert layer 197 KB) and host RAM (0.2 MB) smaller than its experts (393 KB), so a run has to
 # stream experts from disk. Offloading planners need different working sets: each runs in at

@@ -160,7 +160,7 @@ def env() -> dict[str, str]:
 def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path):
     """`experiments.run ... executor.distributed=true` starts the 2 processes itself and writes
     the run dir every run writes; trace.json shows one process per device."""
-    proc = subprocess.run(command(mixtral_tiny, tmp_path, "planner=eplb"), cwd=ROOT, env=env(),
+    proc = subprocess.run(command(mixtral_tiny, tmp_path, "planner=eplb", "trace_json=true"), cwd=ROOT, env=env(),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):

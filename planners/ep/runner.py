@@ -1,0 +1,589 @@
+"""`EPRunner`: emits a whole expert-parallel run for one `SlotPolicy`: dense work (data- or
+tensor-parallel), gates, the all-to-all, each device's expert work, replica copies and the
+memory they need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from core.dispatch import (
+    copy_moves,
+    micro_batch_rows,
+    micro_batch_seqs,
+    source_counts,
+    split_tokens,
+    traffic,
+)
+from core.errors import CapacityError
+from core.planner import PlanContext
+from core.routing import GateView
+from core.schedule import ScheduleBuilder
+from core.types import Dense, OpKind, Resource, Stream, Tensor, Tier
+from planners.common import Emitter, standard_placement
+from planners.ep.cost import expert_width
+from planners.ep.params import Layout
+
+POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
+
+
+class SlotPolicy(Protocol):
+    """Decides each device's expert copies; sees routing only through `observe` (causal)."""
+
+    def place(self, t: int, moe: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        """[G, K] expert ids (-1 empty) for iteration t, MoE layer `moe`, and the ops whose
+        routing the decision used (the copies it triggers wait for them)."""
+        ...
+
+    def observe(self, t: int, moe: int, view: GateView, gates: tuple[int, ...]) -> None:
+        """Iteration t's routing at MoE layer `moe`, revealed once all of its gate ops (one per
+        device that gates a share of the batch) have run."""
+        ...
+
+
+@dataclass
+class EPRunner:
+    """Emits a whole run for one policy. `plan` is the planner's body."""
+
+    ctx: PlanContext
+    out: ScheduleBuilder
+    layout: Layout
+    resident: dict[int, np.ndarray] = field(default_factory=dict)  # moe -> [G, K] slots now filled
+    layer_done: dict[int, tuple[int, ...]] = field(
+        default_factory=dict
+    )  # moe -> ops ending its last use
+    n_copies: int = 0  # replica copies emitted
+    # iteration -> [G] experts each device gains (over all MoE layers): each is held beside the
+    # copy it replaces until that one is sent, as real/distributed.py holds them
+    gained: dict[int, np.ndarray] = field(default_factory=dict)
+    room: int = 0  # bytes a GPU has beside its resident weights, KV and replica slots
+    # [G] pairs of each GPU's own tokens it sent to another GPU's experts (the all-to-all; what
+    # real/distributed.py counts as `pairs_sent`)
+    sent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        lay, cap = self.layout, self.ctx.hardware.memory_bytes[Tier.GPU]  # one GPU's
+        gpus = 1 if lay.lanes else lay.n_devices
+        self.sent = np.zeros(lay.n_devices, dtype=np.int64)
+        self.em = self._emitter(gpus, cap)
+        held = self._check_resident(gpus, cap)
+        replica_bytes = self._reserve_replicas(held, cap)
+        self._make_streams()
+        self._record_layout(replica_bytes)
+
+    def _emitter(self, gpus: int, cap: int) -> Emitter:
+        """The schedule's gpu tier is the G GPUs together: each holds its copy of the dense
+        weights, its share of the experts, its replica slots, its sequences' KV (every batch's:
+        an expert-parallel run keeps them all) and activations (one batch's: batches run one
+        after another); checked per GPU by `_check_resident`."""
+        hw, wl, b = self.ctx.hardware, self.ctx.workload, self.out
+        both = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: gpus * cap})
+        b.capacity_bytes[Tier.GPU] = gpus * cap
+        return Emitter(
+            self.ctx,
+            b,
+            standard_placement(
+                replace(self.ctx, hardware=both), kv_sequences=wl.n_sequences,
+                layers_in_flight=0, act_sequences=wl.batch_size,
+            ),
+        )  # fmt: skip
+
+    def _check_resident(self, gpus: int, cap: int) -> float:
+        """Bytes the fullest GPU holds (dense weights, its experts, KV and activations);
+        CapacityError where they exceed a GPU; reserves the other GPUs' dense copies."""
+        m, lay, b = self.ctx.model, self.layout, self.out
+        wl = self.ctx.workload
+        expert_layer = len(m.moe_layers) * m.expert_bytes  # one expert slot on every MoE layer
+        experts = m.n_experts * expert_layer
+        dense_w = m.total_bytes - experts
+        p = self.em.placement
+        kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
+        act = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts - kv)  # one batch's
+        tp = lay.dense == Dense.TENSOR and not lay.lanes
+        dense_gpu = self.dense_share(gpus) if tp else dense_w  # one GPU's dense weights
+        # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
+        # holds its kv heads of every sequence (MLA: the whole latent)
+        kv_share = (
+            (1 if m.kv_dim else 1 / min(gpus, m.n_kv_heads))
+            if tp
+            else -(-wl.batch_size // gpus) / wl.batch_size
+        )
+        act_share = 1 if tp else -(-wl.batch_size // gpus) / wl.batch_size  # TP: every token
+        held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share + act * act_share
+        if any(t != Tier.GPU for t in self.em.placement.experts) or held > cap:
+            raise CapacityError(
+                f"expert parallelism keeps every expert resident, but {m.name}'s experts "
+                f"({experts / 1e9:.3g} GB) with its dense weights and KV cache do not fit "
+                f"{gpus} GPU(s) of {cap / 1e9:.3g} GB (the fullest holds {held / 1e9:.3g} GB); "
+                "use hardware with more GPU memory, more GPUs, or a smaller model"
+            )
+        b.reserve(Tier.GPU, int(max(0, gpus * dense_gpu - dense_w)))  # the other GPUs' dense copies
+        return held
+
+    def _reserve_replicas(self, held: float, cap: int) -> int:
+        """Reserves every device's replica slots (CapacityError where a GPU's do not fit beside
+        `held`), sets `room`; returns the replica slots' bytes over all devices."""
+        m, lay = self.ctx.model, self.layout
+        expert_layer = len(m.moe_layers) * m.expert_bytes  # one expert slot on every MoE layer
+        replica_bytes = lay.n_devices * lay.replica_slots * expert_layer
+        per_gpu = lay.n_devices if lay.lanes else 1  # devices whose slots one GPU holds
+        if held + per_gpu * lay.replica_slots * expert_layer > cap:
+            fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
+            raise CapacityError(
+                f"planner replica_slots={lay.replica_slots}: "
+                f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU on top of "
+                f"{held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; lower "
+                f"replica_slots (at most {fit} fit)"
+            )
+        self.out.reserve(Tier.GPU, replica_bytes)
+        self.room = int(cap - held - per_gpu * lay.replica_slots * expert_layer)
+        return replica_bytes
+
+    def _make_streams(self) -> None:
+        """Each device's compute stream, and the link streams of replica copies, the all-to-all
+        and the all-reduce."""
+        lay, b = self.layout, self.out
+        if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
+            pool = POOL if lay.shared else ""  # or all of them share its SMs
+            self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool)
+                            for d in range(lay.n_devices)]  # fmt: skip
+            if pool:
+                b.join_pool(self.em.compute, pool)
+        else:
+            self.compute = [self.em.compute] + [
+                b.stream(f"{Stream.COMPUTE}{d}", Resource.GPU, d) for d in range(1, lay.n_devices)
+            ]
+
+        def link(name: str, res: Resource, d: int) -> str:
+            """A stream on one direction of GPU d's link. The link's streams form a pool: their
+            transfers run at once, sharing its bandwidth, as the real run's copies (on a process
+            group of their own, whose NCCL kernels run beside the all-to-all's) share it. The
+            real run's collectives, on the default group, run in program order among
+            themselves; here one batch's combine may overlap the next one's dispatch."""
+            return b.stream(name, res, d, pool=f"{res}:{d}")
+
+        # replica copies on each GPU's link; lanes: copies within the one GPU's memory, every
+        # lane's on its one copy path (`d2d`: half its HBM bandwidth, a read and a write a byte)
+        self.copies = (
+            [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices if lay.lanes
+            else [link(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+        )  # fmt: skip
+        # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`); none on lanes
+        # (one GPU's memory) or with tensor-parallel dense work (every GPU holds every token)
+        a2a = range(0 if lay.lanes or lay.dense == Dense.TENSOR else lay.n_devices)
+        self.dispatch = [link(f"dispatch{d}", Resource.P2P, d) for d in a2a]
+        self.combine = [link(f"combine{d}", Resource.P2P, d) for d in a2a]
+        self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in a2a]
+        # a replica copy leaves its source GPU by the same outgoing direction (not on lanes)
+        self.copies_out = [link(f"replicas_out{d}", Resource.P2P_OUT, d)
+                           for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
+        self.reduce = (
+            [link(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
+            if lay.dense == Dense.TENSOR else []
+        )  # fmt: skip
+
+    def _record_layout(self, replica_bytes: int) -> None:
+        """The run's layout in the schedule's `meta["ep"]` (summary.json's `plan.ep`)."""
+        lay = self.layout
+        self.out.meta["ep"] = dict(
+            n_devices=lay.n_devices, lanes=lay.lanes, lane_share=lay.share if lay.lanes else None,
+            replica_slots=lay.replica_slots, replicas=lay.replicas,
+            slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
+            grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
+            lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
+            micro_batches=lay.micro_batches,
+            # replica copies between GPUs hold SMs (NCCL's p2p kernels): gpu_load counts them
+            copy_kernels=bool(self.ctx.hardware.gpu.copy_share) and not lay.lanes,
+        )  # fmt: skip
+
+    def dense_share(self, gpus: int) -> float:
+        """Bytes of the dense weights one GPU holds under tensor-parallel dense work, as `dense`
+        cuts them: 1/G of the heads, FFN columns and vocabulary; MLA's kv_a projection, the
+        routers and the embeddings whole; a GQA kv head on G / n_kv_heads GPUs where the GPUs
+        outnumber them."""
+        m, d = self.ctx.model, self.ctx.model.dtype_bytes
+        whole = m.hidden_size * m.kv_dim * d if m.kv_dim else 0
+        kv_w = 0 if m.kv_dim else 2 * m.hidden_size * m.n_kv_heads * m.head_dim * d
+        attn = (m.attn_bytes - whole - kv_w) / gpus + whole + kv_w / min(gpus, m.n_kv_heads)
+        layers = sum(
+            attn + self.em.tensor_bytes(Tensor.FFN, layer) / gpus
+            + (m.gate_bytes if m.is_moe(layer) else 0)
+            for layer in range(m.n_layers)
+        )  # fmt: skip
+        return layers + m.embed_bytes + m.head_bytes / gpus
+
+    def plan(self, policy: SlotPolicy) -> None:
+        m, wl = self.ctx.model, self.ctx.workload
+        last: tuple[int, ...] = ()
+        lasts: list[tuple[int, ...]] = [()] * self.layout.micro_batches
+        t = 0
+        for step in range(wl.n_steps):
+            for batch in range(wl.n_batches):
+                if self.layout.micro_batches > 1:
+                    lasts = self.overlapped(policy, t, step, batch, lasts)
+                    t += 1
+                    continue
+                for layer in range(m.n_layers):
+                    attn = self.dense(OpKind.ATTENTION, step, layer, batch, last)
+                    if m.is_moe(layer):
+                        last = self.moe_layer(policy, t, step, layer, batch, attn)
+                    else:
+                        last = tuple(self.dense(OpKind.FFN, step, layer, batch, attn)) or tuple(
+                            attn
+                        )
+                last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
+                t += 1
+        self.out.meta["ep"]["copies"] = self.n_copies
+        self.out.meta["ep"]["pairs_sent"] = self.sent.tolist()
+        self.reserve_staging()
+
+    def overlapped(
+        self, policy: SlotPolicy, t: int, step: int, batch: int, lasts: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        """Iteration t as micro-batches (two-batch overlap): each layer emits every micro-batch's
+        dense work and gate in turn, then each one's all-to-all and experts, so a GPU's compute
+        stream runs micro-batch 1's attention while micro-batch 0's tokens travel, and 0's next
+        attention while 1's results come back. Micro-batch i waits only for its own previous
+        layer (`lasts[i]`, from the previous batch's head at layer 0). Returns each one's head."""
+        m, micro = self.ctx.model, range(self.layout.micro_batches)
+        for layer in range(m.n_layers):
+            if m.is_moe(layer):
+                lasts = self.moe_layer_micro(policy, t, step, layer, batch, lasts)
+                continue
+            nxt = []
+            for i in micro:
+                attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+                ffn = self.dense(OpKind.FFN, step, layer, batch, attn, micro=i)
+                nxt.append(tuple(ffn or attn))
+            lasts = nxt
+        return [tuple(self.dense(OpKind.HEAD, step, -1, batch, lasts[i], micro=i)) for i in micro]
+
+    def reserve_staging(self) -> None:
+        """GPU memory for the experts replica moves bring in while the ones they replace are
+        still held (until sent: an iteration's copies of every MoE layer travel at once): the
+        most any iteration brings to one GPU (on lanes, to the lanes together), reserved for the
+        run on each GPU; CapacityError where that exceeds a GPU's room."""
+        if not self.gained:
+            return
+        per_iter = np.array(list(self.gained.values()))  # [iterations, G]
+        eb = self.ctx.model.expert_bytes
+        if self.layout.lanes:  # one GPU holds every lane's
+            most = int(per_iter.sum(1).max())
+            per_gpu, total = most * eb, most * eb
+        else:
+            each = per_iter.max(0)  # [G] the most each GPU gains in one iteration
+            per_gpu, total = int(each.max()) * eb, int(each.sum()) * eb
+        if per_gpu > self.room:
+            raise CapacityError(
+                f"planner replica_slots={self.layout.replica_slots}: replica moves bring up to "
+                f"{per_gpu // eb} experts ({per_gpu / 1e9:.3g} GB) to one GPU in one iteration, "
+                f"each held beside the copy it replaces until that is sent, beyond its "
+                f"{max(self.room, 0) / 1e9:.3g} GB free; lower replica_slots, or re-home less "
+                "often (rehome_interval)"
+            )
+        self.out.reserve(Tier.GPU, total)
+        self.out.meta["ep"]["staging_bytes"] = per_gpu
+
+    def seqs(self, d: int, micro: int = -1) -> int:
+        """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
+        (data-parallel, the first `batch % G` GPUs one more), or all of them (tensor-parallel).
+        Of micro-batch `micro`: that part of its share (`micro_batch_seqs`: each GPU splits its
+        own sequences, so a sequence stays on its GPU and the all-to-all moves the same pairs as
+        the whole batch's)."""
+        if self.layout.dense == Dense.TENSOR:
+            return self.ctx.workload.batch_size
+        s0, s1 = self.micro_seqs(d, micro)
+        return s1 - s0
+
+    def micro_seqs(self, d: int, micro: int) -> tuple[int, int]:
+        lay = self.layout
+        return micro_batch_seqs(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
+                                d, micro)  # fmt: skip
+
+    def micro_rows(self, micro: int, per: int) -> np.ndarray:
+        """The rows of the batch's routing (`GateView.ids`, `per` tokens a sequence) that
+        micro-batch `micro` holds, GPU by GPU."""
+        lay = self.layout
+        return micro_batch_rows(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
+                                micro, per)  # fmt: skip
+
+    def dense(
+        self,
+        kind: OpKind,
+        step: int,
+        layer: int,
+        batch: int,
+        deps: tuple[int, ...] | list[int],
+        reduce: bool = True,
+        micro: int = -1,
+    ) -> list[int]:
+        """Dense work of one layer. Data-parallel: device d runs attention / FFN / head for its share
+        of the batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op
+        over the batch. Tensor-parallel: every device runs every sequence on 1/G of the weights
+        (heads, FFN columns, vocabulary), then the partial sums are all-reduced (`reduce`; the
+        head's logits all-gathered). Returns the ops the next work waits for (one per device)."""
+        m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
+        per_seq = wl.step_tokens(step)
+        tp = lay.dense == Dense.TENSOR
+        ranks = 1 if lay.lanes else lay.n_devices
+        part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
+        # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it), one
+        # of n_kv_heads where the GPUs outnumber them (each kv head held by G / n_kv_heads GPUs)
+        kv_part = 1 if not tp or m.kv_dim else min(lay.n_devices, m.n_kv_heads)
+        # MLA's kv_a projection makes the latent every head reads: each GPU runs all of it
+        whole = m.hidden_size * m.kv_dim if tp and m.kv_dim else 0  # params
+        # GQA's k and v projections: each GPU holds and runs its kv heads' rows (1 / kv_part)
+        kv_w = 2 * m.hidden_size * m.n_kv_heads * m.head_dim if tp and not m.kv_dim else 0
+        ops = []
+        for d in range(ranks):
+            seqs = wl.batch_size if lay.lanes else self.seqs(d, micro)
+            if not seqs:
+                continue
+            tokens = seqs * per_seq
+            if kind == OpKind.ATTENTION:
+                ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
+                w_flops, kv_flops = 2 * tokens * whole, 2 * tokens * kv_w
+                flops = (
+                    m.attention_flops(tokens, int(ctx_len), sequences=seqs) - w_flops - kv_flops
+                ) / part
+                flops += w_flops + kv_flops / kv_part
+                kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
+                w_bytes, kv_bytes = whole * m.dtype_bytes, kv_w * m.dtype_bytes
+                touch = (m.attn_bytes - w_bytes - kv_bytes) / part + w_bytes + kv_bytes / kv_part
+                touch, tensor = touch + kv, Tensor.ATTENTION
+            elif kind == OpKind.FFN:
+                touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer) / part, Tensor.FFN
+                if not touch:
+                    return []
+                flops = m.ffn_flops(tokens, layer) / part
+            else:
+                tokens, flops = seqs, m.head_flops(seqs) / part
+                touch, tensor = m.head_bytes / part, Tensor.HEAD
+            stream = self.em.compute if lay.lanes else self.compute[d]
+            ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, micro=micro,
+                                    tensor=tensor, tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
+        if not tp or not reduce:
+            return ops
+        tokens = wl.batch_size * per_seq
+        if kind == OpKind.ATTENTION and m.qk_norm:
+            # QK-norm's statistics (a float32 sum of squares of q and of k per token), summed
+            # over the GPUs inside attention; charged after it, the same work on the path
+            ops = self.all_reduce(ops, tokens * 2 * 4, step, layer, batch, tokens)
+        if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
+            return self.all_reduce(ops, wl.batch_size * m.vocab_size * 4, step, layer, batch,
+                                   tokens=wl.batch_size, gather_only=True)  # fmt: skip
+        return self.all_reduce(
+            ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens
+        )
+
+    def all_reduce(
+        self,
+        parts: list[int],
+        nbytes: int,
+        step: int,
+        layer: int,
+        batch: int,
+        tokens: int,
+        gather_only: bool = False,
+    ) -> list[int]:
+        """Sum (or, `gather_only`, concatenate) `nbytes` held by every GPU once `parts` are done:
+        a reduce-scatter and an all-gather through the NVSwitch, each GPU sending (G-1)/G of the
+        bytes in each (NCCL's bandwidth-optimal volume; one link latency per phase). Returns the
+        all-gather op of each GPU."""
+        g = self.layout.n_devices
+        if g == 1:
+            return parts
+        sent = nbytes * (g - 1) // g
+        after: list[int] = list(parts)
+        for _ in range(1 if gather_only else 2):
+            after = [self.out.add(OpKind.ALL_REDUCE, self.reduce[d], tuple(after), step=step, layer=layer,
+                                  batch=batch, tensor=Tensor.HIDDEN, tokens=tokens, nbytes=sent)
+                     for d in range(g)]  # fmt: skip
+        return after
+
+    def refill(
+        self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int, t: int
+    ) -> list[tuple[int, ...]]:
+        """Copy ops bringing each device's slots to `slots`; returns per device the ops to wait for."""
+        m = self.ctx.model
+        old = self.resident.get(moe)
+        if old is None:  # the first placement is loaded before the run, like the home experts
+            assert not after, f"MoE layer {moe}'s first placement used routing ops {after}"
+            self.resident[moe] = slots.copy()
+            return [() for _ in range(self.layout.n_devices)]
+        g = self.layout.n_devices
+        waits: list[list[int]] = [[] for _ in range(g)]
+        deps = (*after, *self.layer_done.get(moe, ()))
+        # experts each device holds and did not (a second slot of one it holds shares its
+        # weights), each from the source the real run sends it from (`copy_moves`): into the
+        # destination's link and, on G GPUs, out of the source's; lanes copy within the GPU
+        for e, src, dst in copy_moves(old.tolist(), slots.tolist()):
+            common = dict(step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
+                          nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU)  # fmt: skip
+            waits[dst].append(self.out.add(OpKind.LOAD, self.copies[dst], deps, **common))
+            if self.copies_out:
+                waits[dst].append(self.out.add(OpKind.LOAD, self.copies_out[src], deps, **common))
+            self.n_copies += 1
+            self.gained.setdefault(t, np.zeros(g, np.int64))[dst] += 1
+        self.resident[moe] = slots.copy()
+        return [tuple(w) for w in waits]
+
+    def moe_layer(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int, attn: list[int]
+    ) -> tuple[int, ...]:
+        m, lay = self.ctx.model, self.layout
+        moe = m.moe_index(layer)
+        slots, copy_waits = self.placed(policy, t, step, layer, batch)
+        # The router: on lanes one whole-GPU op (as attention); on GPUs each gates the sequences
+        # it holds (every sequence under tensor parallelism), after its own attention. The
+        # batch's routing is known once every part has run.
+        if lay.lanes:
+            gate, view = self.em.gate(step, layer, batch, tuple(attn), last_batch=True)
+            gates: tuple[int, ...] = (gate,)
+        else:
+            parts = [(self.compute[d], self.seqs(d), (op,)) for d, op in enumerate(attn)]
+            gates, view = self.em.gate_parts(step, layer, batch, parts)
+        policy.observe(t, moe, view, gates)
+        # Shared experts, before the routed ones: on lanes a whole-GPU op the lanes wait for; on
+        # GPUs each runs its share while the all-to-all brings the routed tokens (the overlap of
+        # vLLM's SharedFusedMoE and SGLang's DeepEP path)
+        tp = lay.dense == Dense.TENSOR  # every GPU holds every token: no all-to-all, one all-reduce
+        shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
+        start = shared[-1] if lay.lanes and shared else None
+        ends = self.routed(slots, view, gates, copy_waits, start, step, layer, batch)
+        if tp:  # routed and shared partial sums, summed over the GPUs at once
+            n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
+            act_bytes = m.hidden_size * m.dtype_bytes
+            shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
+                                     n_tok)  # fmt: skip
+        done = (*gates, *ends, *shared)
+        self.mark_done(moe, done, copy_waits)
+        return done
+
+    def moe_layer_micro(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int,
+        lasts: list[tuple[int, ...]],
+    ) -> list[tuple[int, ...]]:  # fmt: skip
+        """An MoE layer of iteration t as micro-batches (`overlapped`): one placement and refill
+        for the batch; each micro-batch's attention, gate and shared experts in turn, then each
+        one's all-to-all and experts, moving its tokens as soon as its own gate has run. The
+        policy observes the whole batch once its last micro-batch is gated. Returns the ops
+        each micro-batch's next layer waits for."""
+        moe, per = self.ctx.model.moe_index(layer), self.ctx.workload.step_tokens(step)
+        slots, copy_waits = self.placed(policy, t, step, layer, batch)
+        gated, whole = [], None
+        for i in range(self.layout.micro_batches):
+            attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+            parts = [(self.compute[d], self.seqs(d, i), (op,)) for d, op in enumerate(attn)]
+            gates, view, last = self.em.gate_micro(step, layer, batch, parts, i,
+                                                   self.layout.micro_batches,
+                                                   self.micro_rows(i, per))  # fmt: skip
+            whole = last or whole
+            gated.append((gates, view, self.dense(OpKind.FFN, step, layer, batch, gates, micro=i)))
+        assert whole is not None
+        policy.observe(t, moe, whole, tuple(g for gates, _, _ in gated for g in gates))
+        done = [
+            (*gates, *self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i),
+             *shared)
+            for i, (gates, view, shared) in enumerate(gated)
+        ]  # fmt: skip
+        self.mark_done(moe, tuple(op for d in done for op in d), copy_waits)
+        return done
+
+    def mark_done(self, moe: int, done: tuple[int, ...], copy_waits: list[tuple[int, ...]]) -> None:
+        """A slot of MoE layer `moe` is refilled only after this iteration's ops of the layer
+        (every micro-batch's) and the copies that filled it are done."""
+        self.layer_done[moe] = done + tuple(op for w in copy_waits for op in w)
+
+    def placed(
+        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int
+    ) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+        """The policy's placement for iteration t at this MoE layer, and per device the copy ops
+        bringing it in."""
+        moe = self.ctx.model.moe_index(layer)
+        slots, used = policy.place(t, moe)
+        assert slots.shape == (self.layout.n_devices, self.layout.slots_per_device), slots.shape
+        copy_waits = self.refill(moe, slots, used, step, layer, t)
+        # The placement itself, for executors that hold real experts per device (real/distributed.py).
+        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
+        return slots, copy_waits
+
+    def routed(
+        self,
+        slots: np.ndarray,
+        view: GateView,
+        gates: tuple[int, ...],
+        copy_waits: list[tuple[int, ...]],
+        start: int | None,
+        step: int,
+        layer: int,
+        batch: int,
+        micro: int = -1,
+    ) -> list[int]:
+        """The routed experts of a batch (or of micro-batch `micro`, whose routing `view` is)
+        under `slots`: the all-to-all's dispatch, each device's expert work and the combine.
+        Returns the ops ending them."""
+        m, lay, b = self.ctx.model, self.layout, self.out
+        tokens = split_tokens(
+            slots, np.asarray(view.counts, dtype=np.int64), lay.dispatch
+        )  # [G, E]
+        act_bytes = m.hidden_size * m.dtype_bytes
+        ends: list[int] = []
+        common = dict(step=step, layer=layer, batch=batch, micro=micro)
+        # all-to-all (G GPUs, data-parallel dense work): each GPU sends the pairs of its own
+        # sequences' tokens to the GPUs computing them, out of its link (`p2p_out:d`), while it
+        # receives the pairs it computes into it (`p2p:d`), the two directions at once; a GPU's
+        # experts wait for its receive and for the sends of every GPU sending to it. The combine
+        # sends the results back the same way, once the experts that computed them are done.
+        g = lay.n_devices
+        moved = np.zeros((g, g), dtype=np.int64)
+        if not lay.lanes and lay.dense != Dense.TENSOR:
+            rows = [self.seqs(d, micro) * self.ctx.workload.step_tokens(step) for d in range(g)]
+            moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))  # [src, dst]
+        home = np.diag(moved)
+        out_, in_ = moved.sum(1) - home, moved.sum(0) - home  # [G] pairs sent, received
+        self.sent += out_
+
+        def move(kind: OpKind, stream: str, deps: Iterable[int | None], n: int) -> int | None:
+            return b.add(kind, stream, tuple(deps), tokens=n, nbytes=n * act_bytes,
+                         tensor=Tensor.HIDDEN, **common) if n else None  # fmt: skip
+
+        a2a = bool(self.sends)  # G GPUs, dense work data-parallel (else no token moves)
+        sends = [move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) if a2a else None
+                 for d in range(g)]  # fmt: skip
+        recvs = [move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) if a2a else None
+                 for d in range(g)]  # fmt: skip
+        experts: list[int | None] = []
+        for d in range(g):
+            n_d = int(tokens[d].sum())
+            waits = (recvs[d], *(sends[s] for s in range(g) if s != d and moved[s, d]))
+            prev: int | None = start
+            busy = np.flatnonzero(tokens[d])
+            if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
+                width = expert_width(m, tokens[d, busy]) if lay.shared else 0
+                prev = b.add(
+                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
+                    tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes,
+                    width=width, **common,
+                )  # fmt: skip
+            for e in [] if lay.grouped_gemm else busy:
+                n = int(tokens[d, e])
+                prev = b.add(
+                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
+                    tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes,
+                    width=expert_width(m, [n]) if lay.shared else 0, **common,
+                )  # fmt: skip
+            experts.append(prev if prev != start else None)
+        for d in range(g):
+            # d sends back the results it computed for others, and receives its own tokens'
+            # results once the GPUs computing them are done
+            back = came = None
+            if a2a:
+                back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
+                came = move(OpKind.COMBINE, self.combine[d],
+                            (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
+            ends.extend(op for op in (experts[d], back, came) if op is not None)
+        return ends
