@@ -12,6 +12,7 @@ Usage:
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -358,8 +359,13 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and key in keys and "$" not in value:
+            new = next((p for p in (Path(value), *Path(value).parents) if p.parent.exists()),
+                       Path(value))  # fmt: skip
+            made = not new.exists()
             try:
                 output_dir(value, key)
+                if made:  # checked, not made: hydra makes it when the run starts
+                    shutil.rmtree(new, ignore_errors=True)
             except MoepipeError as e:
                 print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)

@@ -25,7 +25,7 @@ def to_dict(node: Any) -> dict[str, Any]:
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
-    d = to_dict(cfg.model)
+    d = {k: v for k, v in to_dict(cfg.model).items() if v is not None}  # null: derived
     hf = d.pop("hf_config", None)
     if hf:
         return ModelSpec.from_hf_config(hf)  # named after the checkpoint directory

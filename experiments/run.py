@@ -1,8 +1,8 @@
 """One run: plan a workload with a planner, execute it (simulator or real), write the run dir.
 
 Usage:
-    python -m experiments.run model=mixtral-8x7b hardware=rtx3090-env1 workload=paper \
-        planner=flexgen workload.n_batches=15 executor=sim
+    python -m experiments.run model=mixtral-8x7b hardware=rtx3090-env1 workload=paper
+        planner=flexgen workload.n_batches=15 executor=sim  # (one line)
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
 Writes config.yaml, trace.parquet, trace.json (Chrome/Perfetto) and, last, summary.json.
@@ -14,11 +14,11 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import shutil
 import signal
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -30,10 +30,13 @@ from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.callbacks import FAILED
+from experiments.app import hydra_main
 from experiments.cli import (
-    exit_on_unknown_choice,
+    another_commands_experiment,
     exit_on_unwritable_dir,
+    missing_launcher,
     on_interrupt,
+    sweep_experiment_misused,
     until_interrupted,
 )
 from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
@@ -138,8 +141,32 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     return True
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def remove_if_no_run(out_dir: Path) -> None:
+    """A single run rejected at validation leaves no folder that looks like a run: its run dir
+    goes when it holds nothing but what hydra put there (a rerun into a finished run's folder
+    keeps it)."""
+    hydras = {".hydra", "run.log", FAILED}
+    if out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= hydras:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = (
+        another_commands_experiment(argv)
+        or sweep_experiment_misused(argv)
+        or missing_launcher(argv)
+    )
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
+    return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"])))
+
+
+def task(cfg: DictConfig) -> None:
+    """One run, or one point of a sweep."""
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
@@ -165,6 +192,7 @@ def main(cfg: DictConfig) -> None:
         atomic_write_json(out_dir / "summary.json", infeasible)
     except MoepipeError as e:
         if hc.mode != RunMode.MULTIRUN:
+            remove_if_no_run(out_dir)
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
@@ -175,6 +203,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_unknown_choice(sys.argv[1:])
-    exit_on_unwritable_dir(sys.argv[1:], ("hydra.run.dir", "hydra.sweep.dir"))
-    until_interrupted(main)
+    sys.exit(main())

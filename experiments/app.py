@@ -1,0 +1,287 @@
+"""Every command is a hydra app: `key=value` overrides checked against a schema, `--help` from
+the module's docstring, a mistyped key refused in one line naming the nearest valid one.
+
+How a command declares itself (experiments/collect.py is a short example):
+
+    @dataclass
+    class Options:                       # the schema: one field per option, with its default
+        dir: str = MISSING               # required: `dir=multirun/fig10`
+        out: str | None = None
+
+    def run(opts: Options) -> int: ...   # the command's work; returns the exit status
+
+    main = command("collect", Options, run, __doc__)   # main(argv) -> exit status
+    if __name__ == "__main__":
+        sys.exit(main())
+
+and conf/command/collect.yaml (`# @package _global_`, defaults `[collect_schema, _self_]`; add
+`/hardware@hardware: NAME` to take a hardware group). Options are hydra overrides
+(`python -m experiments.collect dir=multirun/fig10 out=x`); `hardware=FILE.yaml` is read as a
+config of the hardware group (`hardware_file`); a key or value the schema refuses is one line
+(`one_line`). experiments.run and experiments.replication keep their own configs and use
+`hydra_main` for the same argument handling.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from core.errors import MoepipeError
+from experiments import schema  # noqa: F401  registers the schemas
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# Hydra settings of a command that writes no run dir of hydra's own (all but experiments.run):
+# no .hydra folder, no log file, logging left as the command sets it.
+PLAIN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+         "hydra/hydra_logging=none", "hydra/help=command"]  # fmt: skip
+FILE_GROUPS = ("hardware",)  # groups whose option may be a YAML file: hardware=FILE.yaml
+_HELP: dict[str, str] = {}  # the running command's --help header
+
+
+def _help_header() -> str:
+    return _HELP.get("doc", "").strip().replace("$", "$$")  # string.Template escapes
+
+
+OmegaConf.register_new_resolver("command_help", _help_header, replace=True)
+
+
+def command(
+    name: str, schema: type, run: Callable[[Any], int | None], doc: str | None
+) -> Callable[[Sequence[str] | None], int]:
+    """`main(argv) -> exit status` of the command `name`: conf/command/<name>.yaml composed with
+    `argv`'s overrides, checked against `schema` (a dataclass, stored as `<name>_schema`), and
+    handed to `run` as a `schema` instance."""
+    ConfigStore.instance().store(group="command", name=f"{name}_schema", node=schema)
+
+    def task(cfg: DictConfig) -> int:
+        opts = OmegaConf.to_object(cfg)
+        return int(run(opts) or 0)
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return hydra_main(task, f"command/{name}", argv, doc, [*PLAIN, f"hydra.job.name={name}"])
+
+    return main
+
+
+def hydra_main(
+    task: Callable[[DictConfig], Any],
+    config_name: str,
+    argv: Sequence[str] | None = None,
+    doc: str | None = None,
+    hydra_args: Sequence[str] = (),
+) -> int:
+    """Run `task` as a hydra app on `argv` (default sys.argv[1:]) and return its exit status.
+    `hydra_args` come before the user's (who may override them). A composition error (unknown
+    key, wrong type, missing config) is one `error: ` line and status 2; so is a MoepipeError
+    from the task."""
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _HELP["doc"] = doc or ""
+    result: list[Any] = []
+    tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
+    files: dict[str, str] = {}
+    try:
+        argv = hardware_file(argv, Path(tmp), files)
+        flags = [a for a in argv if a.startswith("-")]
+        overrides = [a for a in argv if not a.startswith("-")]
+        def job(cfg: DictConfig) -> None:
+            # hydra would print a line of its own before an exception the job raises: it is
+            # kept and raised once hydra is done
+            try:
+                result.append(task(cfg))
+            except Exception as e:
+                raised.append(e)
+
+        raised: list[Exception] = []
+        app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(
+            job
+        )
+        saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+        sys.argv = [sys.argv[0] if sys.argv else config_name, *flags, *hydra_args, *overrides]
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us, and become one line here
+        try:
+            app()
+        finally:
+            sys.argv = saved_argv
+            if saved_env is None:
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            else:
+                os.environ["HYDRA_FULL_ERROR"] = saved_env
+        if raised:
+            raise raised[0]
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        line = one_line(e, files)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return int(result[0] or 0) if result else 0
+
+
+def hardware_file(argv: list[str], tmp: Path, files: dict[str, str]) -> list[str]:
+    """`hardware=FILE.yaml` as a config of the hardware group: the file is copied to
+    <tmp>/hardware/<stem>.yaml, which a search path entry adds, and the argument names it.
+    `files` maps the config's name back to the user's file, for error lines."""
+    out, added = [], False
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in FILE_GROUPS and value.endswith((".yaml", ".yml")):
+            src = Path(value).expanduser()
+            if not src.is_file():
+                raise MoepipeError(f"{arg}: no such file; pass a hardware YAML file or a name "
+                                   f"in conf/{key}/")  # fmt: skip
+            stem = "file_" + re.sub(r"\W", "_", src.stem)
+            (tmp / key).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / key / f"{stem}.yaml")
+            files[f"{key}/{stem}"] = str(src)
+            out.append(f"{key}={stem}")
+            added = True
+        else:
+            out.append(arg)
+    if not added:
+        return out
+    entry = f"file://{tmp}"
+    for i, arg in enumerate(out):
+        if arg.startswith("hydra.searchpath="):
+            paths = arg.partition("=")[2].strip().strip("[]")
+            out[i] = f"hydra.searchpath=[{entry}{',' + paths if paths else ''}]"
+            return out
+    return [*out, f"hydra.searchpath=[{entry}]"]
+
+
+# ---- one line for a composition error -------------------------------------------------------
+
+
+def nearest(word: str, valid: Sequence[str]) -> str:
+    """`; did you mean X?` for the valid name nearest `word`, then the valid names."""
+    close = difflib.get_close_matches(word, list(valid), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}valid: {', '.join(sorted(map(str, valid)))}"
+
+
+def _schema_keys(type_name: str) -> list[str] | None:
+    """The fields of the schema dataclass named `type_name`, from those ConfigStore holds."""
+    for cls in _schema_classes():
+        if cls.__name__ == type_name:
+            return [f.name for f in fields(cls)]
+    return None
+
+
+def _schema_classes() -> list[type]:
+    """Every dataclass reachable from the schemas stored in ConfigStore."""
+    seen: dict[type, None] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+            return
+        cls = getattr(getattr(node, "node", None), "_metadata", None)
+        typ = getattr(cls, "object_type", None)
+        if is_dataclass(typ):
+            _walk_type(typ, seen)
+
+    walk(ConfigStore.instance().repo)
+    return list(seen)
+
+
+def _walk_type(cls: type, seen: dict[type, None]) -> None:
+    import typing
+
+    if cls in seen:
+        return
+    seen[cls] = None
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        for t in [hints.get(f.name), *typing.get_args(hints.get(f.name))]:
+            for u in [t, *typing.get_args(t)]:
+                if isinstance(u, type) and is_dataclass(u):
+                    _walk_type(u, seen)
+
+
+def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | None:
+    """A hydra or omegaconf composition error as one line naming the key and the nearest valid
+    one; None for an error of another kind (a bug: its traceback is wanted)."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(e, HydraException | OmegaConfBaseException):
+        return None
+    text = str(e)
+    if isinstance(e, MissingConfigException):
+        m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+        options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
+        if m:
+            group, name = m.groups()
+            return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
+        return text.splitlines()[0]
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
+    if cause is None and isinstance(e, OmegaConfBaseException):
+        cause = e
+    if cause is not None:
+        text = f"{text}\n{cause}"
+    from omegaconf.errors import MissingMandatoryValue
+
+    if isinstance(cause, MissingMandatoryValue):
+        key = cause.full_key or "?"
+        return f"{key}: required, it has no default; pass {key}=VALUE"
+    where = re.match(r"In '([^']+)'", text)
+    where_s = ""
+    if where:  # a config file's own key: the file named (a user's own, by its path)
+        where_s = f" (in {(files or {}).get(where.group(1)) or f'conf/{where.group(1)}.yaml'})"
+    full = re.search(r"full_key: (\S+)", text)
+    m = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
+    full = re.search(r"full_key: (\S+)", text)
+    if cause is not None and cause.full_key:
+        full_key = str(cause.full_key)
+    else:
+        full_key = full.group(1) if full else (m.group(1) if m else "")
+    if m:
+        key = m.group(1)
+        valid = _schema_keys(m.group(2)) if m.group(2) else None
+        if valid is None and cause is not None:
+            valid = _valid_keys(cause)
+        if full_key.endswith(f".{key}") or full_key == key:
+            pass
+        elif full_key:
+            full_key = f"{full_key}.{key}"
+        hint = f"; {nearest(key, valid)}" if valid else ""
+        return f"{full_key or key}: unknown key{where_s}{hint}"
+    v = re.search(r"(Value '[^']*' (?:of type '\w+' )?could not be converted to \w+)", text)
+    if v:
+        return f"{full_key}: {v.group(1)}{where_s}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if cause is not None:
+        lines += [ln.strip() for ln in str(cause).splitlines()[:1]]
+    return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _valid_keys(cause: Any) -> list[str] | None:
+    """The keys at the node an omegaconf error names (its parent, or the object type)."""
+    typ = getattr(cause, "object_type", None)
+    if isinstance(typ, type) and is_dataclass(typ):
+        return [f.name for f in fields(typ)]
+    node = getattr(cause, "parent_node", None)
+    if isinstance(node, DictConfig):
+        return [str(k) for k in node.keys()]
+    return None
