@@ -38,8 +38,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+import experiments.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
-from experiments import schema  # noqa: F401  registers the schemas
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Hydra settings of a command that writes no run dir of hydra's own (all but experiments.run):
@@ -48,6 +48,7 @@ PLAIN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none"
          "hydra/hydra_logging=none", "hydra/help=command"]  # fmt: skip
 FILE_GROUPS = ("hardware",)  # groups whose option may be a YAML file: hardware=FILE.yaml
 _HELP: dict[str, str] = {}  # the running command's --help header
+_ROOT: list[type] = []  # the running command's schema
 
 
 def _help_header() -> str:
@@ -70,9 +71,15 @@ def command(
         return int(run(opts) or 0)
 
     def main(argv: Sequence[str] | None = None) -> int:
+        running(schema)
         return hydra_main(task, f"command/{name}", argv, doc, [*PLAIN, f"hydra.job.name={name}"])
 
     return main
+
+
+def running(schema: type) -> None:
+    """Name the running command's schema, whose fields an error line lists first."""
+    _ROOT[:] = [schema]
 
 
 def hydra_main(
@@ -188,8 +195,11 @@ def _schema_keys(type_name: str) -> list[str] | None:
 
 
 def _schema_classes() -> list[type]:
-    """Every dataclass reachable from the schemas stored in ConfigStore."""
+    """Every dataclass reachable from the running command's schema, then from the others
+    stored in ConfigStore."""
     seen: dict[type, None] = {}
+    for root in _ROOT:
+        _walk_type(root, seen)
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -258,9 +268,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         full_key = full.group(1) if full else (m.group(1) if m else "")
     if m:
         key = m.group(1)
-        valid = _schema_keys(m.group(2)) if m.group(2) else None
-        if valid is None and cause is not None:
-            valid = _valid_keys(cause)
+        valid = _valid_keys(cause) if cause is not None else None
+        if valid is None and m.group(2):
+            valid = _schema_keys(m.group(2))
         if full_key.endswith(f".{key}") or full_key == key:
             pass
         elif full_key:
@@ -283,5 +293,5 @@ def _valid_keys(cause: Any) -> list[str] | None:
         return [f.name for f in fields(typ)]
     node = getattr(cause, "parent_node", None)
     if isinstance(node, DictConfig):
-        return [str(k) for k in node.keys()]
+        return [str(k) for k in node]
     return None

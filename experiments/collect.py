@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd

@@ -29,8 +29,8 @@ from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
+from experiments.app import hydra_main, running
 from experiments.callbacks import FAILED
-from experiments.app import hydra_main
 from experiments.cli import (
     another_commands_experiment,
     exit_on_unwritable_dir,
@@ -41,6 +41,7 @@ from experiments.cli import (
 )
 from experiments.pipeline import RunSpec, atomic_write_json, code_version, simulate_run, write_run
 from experiments.resolve import run_model_name, run_spec
+from experiments.schema import RunSchema
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
+    running(RunSchema)
     return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"])))
 
 

@@ -130,31 +130,33 @@ def test_bench_accelerate(args, names, tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, names",
     [
-        (["--jobs", "0"], ["--jobs 0"]),
-        (["--jobs", "-1"], ["--jobs -1"]),
-        (["--out", "{afile}/rk"], ["--out", "afile"]),
+        (["jobs=0"], ["jobs=0"]),
+        (["jobs=-1"], ["jobs=-1"]),
+        (["out={afile}/rk"], ["out=", "afile"]),
+        (["jbos=2"], ["jbos", "did you mean 'jobs'"]),
+        (["jobs=two"], ["jobs", "'two'"]),
     ],
 )
 def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
     argv = [a.format(afile=afile) for a in args]
-    out = ["--out", str(tmp_path / "rk")]
-    assert reproduce_klotski.main(["--quick", "--only", "auto_n", *out, *argv]) == 2
+    out = [f"out={tmp_path / 'rk'}"]
+    assert reproduce_klotski.main(["quick=true", "only=[auto_n]", *out, *argv]) == 2
     one_error(capsys, *names)
 
 
 @pytest.mark.parametrize(
     "args, names",
     [
-        (["--group-seqs", "0"], ["--group-seqs 0"]),
-        (["--k", "-1"], ["--k -1"]),
-        (["--out", "{afile}/pf.csv"], ["--out", "afile"]),
-        (["--trace-dir", "{tmp}/none"], ["--trace-dir=", "none"]),
-        (["--train", "law,sumary"], ["--train law,sumary", "'sumary'"]),
+        (["group_seqs=0"], ["group_seqs=0"]),
+        (["k=-1"], ["k=-1"]),
+        (["out={afile}/pf.csv"], ["out=", "afile"]),
+        (["trace_dir={tmp}/none"], ["trace_dir=", "none"]),
+        (["train=[law,sumary]"], ["train=[law,sumary]", "'sumary'"]),
     ],
 )
 def test_prefetch_eval(args, names, tmp_path, afile, capsys):
     argv = [a.format(afile=afile, tmp=tmp_path) for a in args]
-    assert prefetch_eval.main(["--train", "law", "--test", "intent", *argv]) == 2
+    assert prefetch_eval.main(["train=[law]", "test=[intent]", *argv]) == 2
     line = one_error(capsys, *names)
     assert "workload.routing" not in line
 
@@ -162,8 +164,8 @@ def test_prefetch_eval(args, names, tmp_path, afile, capsys):
 @pytest.mark.parametrize(
     "args, names",
     [
-        (["--out", "{afile}/rs.json"], ["--out", "afile"]),
-        (["--trace-dir", "{tmp}/none", "--out", "{tmp}/rs.json"], ["--trace-dir=", "none"]),
+        (["out={afile}/rs.json"], ["out=", "afile"]),
+        (["trace_dir={tmp}/none", "out={tmp}/rs.json"], ["trace_dir=", "none"]),
     ],
 )
 def test_routing_stats(args, names, tmp_path, afile, capsys):
@@ -187,26 +189,26 @@ def _esft_dir(root: Path, layer_files: tuple[int, ...] = tuple(range(1, 27))) ->
 
 def test_convert_traces_bad_input(tmp_path, afile, capsys):
     good = _esft_dir(tmp_path / "good")
-    assert convert_traces.main([str(good), f"{afile}/o.npz"]) == 2
+    assert convert_traces.main([f"src={good}", f"out={afile}/o.npz"]) == 2
     one_error(capsys, "afile")
     garbage = tmp_path / "garbage"
     (garbage / "law").mkdir(parents=True)
     (garbage / "law" / "expert_weights_0.txt").write_text("garbage line\n")
-    assert convert_traces.main([str(garbage), str(tmp_path / "o.npz")]) == 2
+    assert convert_traces.main([f"src={garbage}", f"out={tmp_path / 'o.npz'}"]) == 2
     one_error(capsys, "garbage", "not an ESFT routing dump")
     for layer in range(1, 27):  # every layer the CLI requires, unparseable
         (garbage / "law" / f"expert_weights_{layer}.txt").write_text("garbage line\n")
     (garbage / "law" / "expert_weights_0.txt").unlink()
-    assert convert_traces.main([str(garbage), str(tmp_path / "o.npz")]) == 2
+    assert convert_traces.main([f"src={garbage}", f"out={tmp_path / 'o.npz'}"]) == 2
     one_error(capsys, "expert_weights_1.txt line 1", "not an ESFT routing dump")
-    assert convert_traces.main([str(good), str(tmp_path)]) == 2
+    assert convert_traces.main([f"src={good}", f"out={tmp_path}"]) == 2
     one_error(capsys, str(tmp_path), "folder")
 
 
 def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
     """numpy adds .npz to an output path without it; the `wrote` line names that file."""
     good = _esft_dir(tmp_path / "good")
-    assert convert_traces.main([str(good), str(tmp_path / "sub" / "o6")]) == 0
+    assert convert_traces.main([f"src={good}", f"out={tmp_path / 'sub' / 'o6'}"]) == 0
     written = tmp_path / "sub" / "o6.npz"
     assert capsys.readouterr().out.strip() == f"wrote {written}"
     assert np.load(written)["expert_ids"].shape == (1, 26, 6)
