@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from core.errors import MoepipeError
-from experiments.app import command
 from core.traces import load_esft, select_tokens
+from experiments.app import command
 from experiments.cli import output_file
 from planners.prefetch import ExpertTable, Predictor, top_k
 
