@@ -14,10 +14,10 @@ How a command declares itself (experiments/collect.py is a short example):
     if __name__ == "__main__":
         sys.exit(main())
 
-and conf/command/collect.yaml (`# @package _global_`, defaults `[collect_schema, _self_]`; add
-`/hardware@hardware: NAME` to take a hardware group). Options are hydra overrides
+and conf/command/collect.yaml (defaults `[collect_schema, _self_]`; that folder holds no config
+groups, so an option may be called `hardware` or `model`). Options are hydra overrides
 (`python -m experiments.collect dir=multirun/fig10 out=x`); `hardware=FILE.yaml` is read as a
-config of the hardware group (`hardware_file`); a key or value the schema refuses is one line
+config of the hardware group (`group_files`); a key or value the schema refuses is one line
 (`one_line`). experiments.run and experiments.replication keep their own configs and use
 `hydra_main` for the same argument handling.
 """
@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -40,13 +41,27 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
+from experiments.cli import print_or_exit
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
+# like a group (validate's hardware=, a name or a file) is a plain option
+COMMAND_DIR = CONF_DIR / "command"
 # Hydra settings of a command that writes no run dir of hydra's own (all but experiments.run):
 # no .hydra folder, no log file, logging left as the command sets it.
 PLAIN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
          "hydra/hydra_logging=none", "hydra/help=command"]  # fmt: skip
-FILE_GROUPS = ("hardware",)  # groups whose option may be a YAML file: hardware=FILE.yaml
+HELP = """\
+${hydra.help.header}
+
+== Options (key=value), with their defaults ==
+$CONFIG
+${hydra.help.footer}
+"""
+FOOTER = """\
+Options are key=value (hydra's override syntax: a list is [a,b], a string with spaces is
+quoted); a key the schema lacks, or a value of the wrong type, is refused in one line.
+--cfg job prints the composed config without running."""
 _HELP: dict[str, str] = {}  # the running command's --help header
 _ROOT: list[type] = []  # the running command's schema
 
@@ -56,15 +71,35 @@ def _help_header() -> str:
 
 
 OmegaConf.register_new_resolver("command_help", _help_header, replace=True)
+# --help of every command: its module docstring (what it does, what it writes), its options
+ConfigStore.instance().store(
+    group="hydra/help",
+    name="command",
+    node={"app_name": "${hydra.job.name}", "header": "${command_help:}", "footer": FOOTER,
+          "template": HELP},
+)  # fmt: skip
+ConfigStore.instance().store(
+    group="hydra/help",
+    name="run",
+    node={"app_name": "${hydra.job.name}", "header": "${command_help:}",
+          "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
+          "template": HELP.replace("${hydra.help.footer}",
+                                   "== Config groups (group=NAME) ==\n$APP_CONFIG_GROUPS\n\n"
+                                   "${hydra.help.footer}")},
+)  # fmt: skip
 
 
 def command(
-    name: str, schema: type, run: Callable[[Any], int | None], doc: str | None
+    name: str,
+    schema: type,
+    run: Callable[[Any], int | None],
+    doc: str | None,
+    file_groups: Sequence[str] = (),
 ) -> Callable[[Sequence[str] | None], int]:
     """`main(argv) -> exit status` of the command `name`: conf/command/<name>.yaml composed with
     `argv`'s overrides, checked against `schema` (a dataclass, stored as `<name>_schema`), and
     handed to `run` as a `schema` instance."""
-    ConfigStore.instance().store(group="command", name=f"{name}_schema", node=schema)
+    ConfigStore.instance().store(name=f"{name}_schema", node=schema)
 
     def task(cfg: DictConfig) -> int:
         opts = OmegaConf.to_object(cfg)
@@ -72,9 +107,51 @@ def command(
 
     def main(argv: Sequence[str] | None = None) -> int:
         running(schema)
-        return hydra_main(task, f"command/{name}", argv, doc, [*PLAIN, f"hydra.job.name={name}"])
+        hydra_args = [*PLAIN, f"hydra.job.name={name}"]
+        return hydra_main(task, name, argv, doc, hydra_args, file_groups, COMMAND_DIR)
 
     return main
+
+
+def kv(opts: Any, prefix: str = "") -> dict[str, Any]:
+    """A schema instance as the flat dict a command's code reads: nested options as dotted keys
+    (`hardware.name`), lists joined by commas (`planners=[a,b]` -> "a,b")."""
+    out: dict[str, Any] = {}
+    for f in fields(opts):
+        value = getattr(opts, f.name)
+        if is_dataclass(value):
+            out.update(kv(value, f"{prefix}{f.name}."))
+        elif isinstance(value, list | tuple):
+            out[f"{prefix}{f.name}"] = ",".join(map(str, value))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def timed_command(
+    name: str, schema: type, report: Callable[[dict[str, Any]], list[str]], doc: str | None
+) -> Callable[[Sequence[str] | None], int]:
+    """`command` for a benchmark: `report(kv(opts))`'s lines and the wall time printed, bad input
+    one line on stderr and status 2."""
+
+    def run(opts: Any) -> int:
+        t0 = time.time()
+        print_or_exit(lambda: [*report(kv(opts)), f"({time.time() - t0:.1f} s)"])
+        return 0
+
+    return command(name, schema, run, doc)
+
+
+def check_keys(schema: type, d: Any, where: str) -> None:
+    """A YAML mapping read outside hydra (validate's hardware=FILE.yaml) checked against
+    `schema`: a MoepipeError of one line naming `where` and the key when the schema refuses
+    it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), d)
+    except OmegaConfBaseException as e:
+        raise MoepipeError(f"{where}: {one_line(e)}") from None
 
 
 def running(schema: type) -> None:
@@ -88,6 +165,8 @@ def hydra_main(
     argv: Sequence[str] | None = None,
     doc: str | None = None,
     hydra_args: Sequence[str] = (),
+    file_groups: Sequence[str] = (),
+    conf_dir: Path = CONF_DIR,
 ) -> int:
     """Run `task` as a hydra app on `argv` (default sys.argv[1:]) and return its exit status.
     `hydra_args` come before the user's (who may override them). A composition error (unknown
@@ -101,7 +180,7 @@ def hydra_main(
     tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
     files: dict[str, str] = {}
     try:
-        argv = hardware_file(argv, Path(tmp), files)
+        argv = group_files(argv, file_groups, Path(tmp), files)
         flags = [a for a in argv if a.startswith("-")]
         overrides = [a for a in argv if not a.startswith("-")]
         def job(cfg: DictConfig) -> None:
@@ -113,7 +192,7 @@ def hydra_main(
                 raised.append(e)
 
         raised: list[Exception] = []
-        app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(
+        app = hydra.main(version_base="1.3", config_path=str(conf_dir), config_name=config_name)(
             job
         )
         saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
@@ -145,14 +224,16 @@ def hydra_main(
     return int(result[0] or 0) if result else 0
 
 
-def hardware_file(argv: list[str], tmp: Path, files: dict[str, str]) -> list[str]:
-    """`hardware=FILE.yaml` as a config of the hardware group: the file is copied to
-    <tmp>/hardware/<stem>.yaml, which a search path entry adds, and the argument names it.
+def group_files(
+    argv: list[str], groups: Sequence[str], tmp: Path, files: dict[str, str]
+) -> list[str]:
+    """`hardware=FILE.yaml` (a group of `groups`) as a config of that group: the file is copied
+    to <tmp>/hardware/<stem>.yaml, which a search path entry adds, and the argument names it.
     `files` maps the config's name back to the user's file, for error lines."""
     out, added = [], False
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key in FILE_GROUPS and value.endswith((".yaml", ".yml")):
+        if sep and key in groups and value.endswith((".yaml", ".yml")):
             src = Path(value).expanduser()
             if not src.is_file():
                 raise MoepipeError(f"{arg}: no such file; pass a hardware YAML file or a name "
@@ -277,13 +358,20 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
             full_key = f"{full_key}.{key}"
         hint = f"; {nearest(key, valid)}" if valid else ""
         return f"{full_key or key}: unknown key{where_s}{hint}"
-    v = re.search(r"(Value '[^']*' (?:of type '\w+' )?could not be converted to \w+)", text)
+    v = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if v:
-        return f"{full_key}: {v.group(1)}{where_s}"
+        need = _KINDS.get(v.group(2), v.group(2))
+        return f"{full_key}={v.group(1)}: not {need}{where_s}; pass {full_key}=<{need}>"
+    v = re.search(r"Value '([^']*)' is not a valid bool", text)
+    if v:
+        return f"{full_key}={v.group(1)}: not true or false{where_s}; pass {full_key}=true or false"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if cause is not None:
         lines += [ln.strip() for ln in str(cause).splitlines()[:1]]
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+_KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
 
 
 def _valid_keys(cause: Any) -> list[str] | None:

@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +39,29 @@ import torch
 from core.errors import MoepipeError
 from core.spec import RoutingConfig, Workload
 from core.types import RoutingSource, Tier
-from experiments.cli import as_float, as_int, parse_kv
+from experiments.app import command, kv
+from experiments.cli import as_float, as_int
 from experiments.pipeline import RunSpec
 from experiments.real_run import prompts_for, real_execute
 from experiments.validate import load_hardware, read_hardware
 from real.checkpoint import load_checkpoint
 
 COLD = ("pass", "once", "false")
-_DEFAULTS: dict[str, Any] = dict(
-    checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=15, prompt_len=16, gen_len=4, cold="pass",
-)  # fmt: skip
+@dataclass
+class Options:
+    checkpoint: str | None = None  # the checkpoint folder both systems read
+    hardware: str = "this-machine"  # conf/hardware/<name>.yaml or a FILE.yaml (calibrate's)
+    planner: str = "klotski"
+    gpu_frac: float = 0.6  # the device pool, as a share of the model's bytes
+    cpu_frac: float = 0.15  # host RAM, as a share of the model's bytes
+    batch_size: int = 4
+    n_batches: int = 15
+    prompt_len: int = 16
+    gen_len: int = 4
+    cold: str = "pass"  # pass | once | false: the page cache emptied before each pass, once, never
+
+
+_DEFAULTS: dict[str, Any] = kv(Options())
 
 
 def drop_page_cache(*dirs: str | Path, everything: bool = True) -> None:
@@ -131,13 +144,9 @@ def run_accelerate(
         return total - dropping[0]
 
 
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
-    opts = dict(_DEFAULTS)
+def _main(args: Options) -> int:
+    opts = kv(args)
     try:
-        opts = parse_kv(argv, opts)
         cold = str(opts["cold"]).lower()
         if cold not in COLD:
             raise MoepipeError(f"cold={cold!r} unknown; valid: {', '.join(COLD)}")
@@ -183,5 +192,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+main = command("bench_accelerate", Options, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

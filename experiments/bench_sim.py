@@ -2,7 +2,7 @@
 `flexgen` at n=15 on rtx3090-env1, against a bare simpy event loop measured in the same process.
 
 Usage:
-    python -m experiments.bench_sim [--repeat 3]
+    python -m experiments.bench_sim [repeat=3] [planner=flexgen]
 
 Prints plan time, simulate time, ops simulated per second, the bare loop's events per second,
 and their ratio (target: the whole run simulates in < 2 s, ratio >= 0.3).
@@ -10,9 +10,9 @@ and their ratio (target: the whole run simulates in < 2 s, ratio >= 0.3).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import simpy
@@ -22,6 +22,7 @@ from core.cost import CostModel
 from core.errors import MoepipeError
 from core.routing import load_routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from experiments.app import command
 from experiments.pipeline import RunSpec, build_schedule
 from planners.registry import make_planner
 from sim.executor import simulate
@@ -42,15 +43,21 @@ def bare_simpy_events_per_s(n: int = 200_000) -> float:
     return n / (time.perf_counter() - t)
 
 
+@dataclass
+class Options:
+    repeat: int = 3  # timed runs; the best is reported
+    planner: str = "flexgen"  # a registered planner
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--planner", default="flexgen")
-    args = ap.parse_args(argv)
+    return _app(argv)
+
+
+def _main(args: Options) -> int:
     try:
         make_planner(args.planner, {})  # an unknown planner, before the model is loaded
         if args.repeat < 1:
-            raise MoepipeError(f"--repeat {args.repeat}: must be >= 1")
+            raise MoepipeError(f"repeat={args.repeat}: must be >= 1")
         bench(args.planner, args.repeat)
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -82,6 +89,8 @@ def bench(planner: str, repeat: int) -> None:
             f"{i:>3} {len(schedule):>8} {t1 - t0:>7.2f} {t2 - t1:>6.2f} {ops_s:>9.0f} {bare:>10.0f} {ops_s / bare:>6.3f}"
         )
 
+
+_app = command("bench_sim", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

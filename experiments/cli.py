@@ -1,8 +1,7 @@
-"""Shared by the commands: `key=value` argument parsing for the non-hydra ones (calibrate,
-validate, bench), and printing a report or a user's mistake as one line.
+"""Shared by the commands: printing a report or a user's mistake as one line, and the argument
+checks the schemas (experiments/schema.py, experiments/app.py) do not cover.
 
 Usage:
-    opts = parse_kv(argv, {"checkpoint": None, "repeats": 3})   # MoepipeError on a bad argument
     print_or_exit(lambda: run(cfg))                               # report lines, or exit 2
     exit_on_unknown_choice(sys.argv[1:], CONF_DIR)                 # before a hydra main
     n = as_int("disk_mb", opts["disk_mb"], at_least=1)              # one line naming the key
@@ -14,8 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,33 +23,10 @@ from core.args import as_bool, as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
-           "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
+           "output_file", "print_or_exit", "unknown_choice", "unknown_param",
            "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "unknown_key", "missing_launcher",
            "unknown_config_key"]  # fmt: skip
-
-
-def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults overridden by `key=value` arguments; an unknown key or a bare word is an error."""
-    opts = dict(defaults)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in opts:
-            raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
-        opts[key] = value
-    return opts
-
-
-def timed_report(
-    report: Callable[[dict[str, Any]], list[str]],
-    defaults: Mapping[str, Any],
-    argv: Sequence[str] | None = None,
-) -> None:
-    """A benchmark's `main`: `key=value` arguments over `defaults`, the report's lines and its
-    wall time printed, bad input one line on stderr (`print_or_exit`)."""
-    t0 = time.time()
-    opts = parse_kv(sys.argv[1:] if argv is None else argv, defaults)
-    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from core.errors import ConfigError, MoepipeError
 from core.routing import Routing, load_routing
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
-from experiments.cli import parse_kv
+from experiments.app import command, kv
 from experiments.pipeline import RunSpec, atomic_write_json, build_schedule
 from experiments.real_run import prompts_for
 from planners.expert_parallel import DISPATCH, EPParams
@@ -59,12 +59,26 @@ from real.distributed import (
 )
 from real.model import live_routing
 
-DEFAULTS: dict[str, Any] = dict(
-    checkpoint=None, planner="ep_static", batch_size="2", prompt_len="8", gen_len="3",
-    routing="replay", replica_slots="", dense="data", dispatch="even", micro_batches="1",
-    seed="0", device="",
-    out="runs/ep_run", rendezvous_s="120",
-)  # fmt: skip
+
+@dataclass
+class Options:
+    checkpoint: str | None = None  # the checkpoint folder every rank reads
+    planner: str = "ep_static"  # an expert-parallel planner
+    batch_size: int = 2
+    prompt_len: int = 8
+    gen_len: int = 3
+    routing: str = "replay"  # replay | live
+    replica_slots: int | None = None  # null: the planner's default
+    dense: str = "data"  # data | tensor
+    dispatch: str = "even"  # even | balanced
+    micro_batches: int = 1  # 2: two-batch overlap
+    seed: int = 0
+    device: str = ""  # cuda | cpu; empty: cuda if available
+    out: str = "runs/ep_run"
+    rendezvous_s: int = 120  # seconds a rank waits for the others to join
+
+
+DEFAULTS: dict[str, Any] = kv(Options())
 ROUTINGS = ("replay", "live")
 
 
@@ -245,7 +259,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     params: dict[str, Any] = dict(n_devices=world, dense=dense, dispatch=opts["dispatch"])
     if micro > 1:  # planned the same way, so the placement and the planned pairs match
         params["micro_batches"] = micro
-    if opts["replica_slots"] != "":
+    if opts["replica_slots"] is not None:
         params["replica_slots"] = integer(opts, "replica_slots", least=0)
     slots = int(params.get("replica_slots", EPParams.replica_slots))
     spec = RunSpec(
@@ -304,12 +318,9 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
     return summary
 
 
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
+def _main(args: Options) -> int:
+    opts = kv(args)
     try:
-        opts = parse_kv(argv, DEFAULTS)
         summary = run(opts)
     except MoepipeError as e:
         print(f"ep_run: error: {e}", file=sys.stderr)
@@ -334,5 +345,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+main = command("ep_run", Options, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

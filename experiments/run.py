@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
     running(RunSchema)
-    return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"])))
+    return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware"])))
 
 
 def task(cfg: DictConfig) -> None:

@@ -144,15 +144,12 @@ def params_schema(params: type) -> type:
 
 
 def register() -> None:
-    """Store every schema in ConfigStore: run_schema (conf/config.yaml's), the groups'
-    (<group>/schema), and each planner's params (planner_params/<name>)."""
+    """Store every schema in ConfigStore: run_schema (conf/config.yaml's first default) and
+    each planner's params (planner_params/<name>, the planner YAMLs' first default)."""
     from planners.registry import entry, planner_names
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunSchema)
-    for group, node in (("model", ModelSchema), ("hardware", HardwareSchema),
-                        ("workload", WorkloadSchema), ("executor", ExecutorSchema)):  # fmt: skip
-        cs.store(group=f"schema/{group}", name="schema", node=node)
     for name in planner_names():
         cs.store(group="planner_params", name=name, node=params_schema(entry(name).params))
 

@@ -86,7 +86,7 @@ def _hw_files(tmp: Path) -> None:
         (["batch_size=abc"], ["batch_size=abc"]),
         (["gpu_frac=abc"], ["gpu_frac=abc"]),
         (["repeats=0"], ["repeats=0"]),
-        (["planners=flexgen,nosuch"], ["planners=", "nosuch", "flexgen, klotski"]),
+        (["planners=[flexgen,nosuch]"], ["planners=", "nosuch", "flexgen, klotski"]),
     ],
 )
 def test_validate_before_the_checkpoint(args, names, tmp_path, capsys):
@@ -175,7 +175,7 @@ def test_routing_stats(args, names, tmp_path, afile, capsys):
 
 
 def test_bench_sim_unknown_planner(capsys):
-    assert bench_sim.main(["--planner", "nosuch", "--repeat", "1"]) == 2
+    assert bench_sim.main(["planner=nosuch", "repeat=1"]) == 2
     one_error(capsys, "nosuch", "flexgen")
 
 
