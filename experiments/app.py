@@ -181,8 +181,9 @@ def hydra_main(
     files: dict[str, str] = {}
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
-        flags = [a for a in argv if a.startswith("-")]
-        overrides = [a for a in argv if not a.startswith("-")]
+        flags, overrides = split_flags(argv)
+        if {"-m", "--multirun"} & set(flags):
+            check_sweep(conf_dir, config_name, overrides)
         def job(cfg: DictConfig) -> None:
             # hydra would print a line of its own before an exception the job raises: it is
             # kept and raised once hydra is done
@@ -222,6 +223,50 @@ def hydra_main(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return int(result[0] or 0) if result else 0
+
+
+def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
+    """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
+    overrides at their first value: a bad choice or key is one line before the sweep starts,
+    not a worker's error under its progress bar. What the values do to a run is its own."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    swept = [o for o in parsed if o.is_sweep_override()]
+    if not swept:
+        return
+    first = {o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+             for o in swept}  # fmt: skip
+    base = [first.get(o.input_line, o.input_line) for o in parsed]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for o in swept:
+            for value in o.sweep_string_iterator():
+                point = [f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
+                         for b in base]  # fmt: skip
+                compose(config_name, overrides=point)
+
+
+# hydra's flags that take a value (`--cfg job`): the value stays with its flag
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}  # fmt: skip
+
+
+def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """hydra's flags (with their values) and the overrides, apart: hydra's parser takes the
+    overrides in one run, so ours go after the flags and before the user's."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    take_value = False
+    for arg in argv:
+        if take_value and not (arg.startswith("-") or "=" in arg):
+            flags.append(arg)
+        elif arg.startswith("-"):
+            flags.append(arg)
+        else:
+            overrides.append(arg)
+        take_value = arg in _VALUE_FLAGS
+    return flags, overrides
 
 
 def group_files(
@@ -365,6 +410,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     v = re.search(r"Value '([^']*)' is not a valid bool", text)
     if v:
         return f"{full_key}={v.group(1)}: not true or false{where_s}; pass {full_key}=true or false"
+    merging = re.match(r"Error merging override (\S+)", text)
+    if merging and cause is not None:
+        return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if cause is not None:
         lines += [ln.strip() for ln in str(cause).splitlines()[:1]]

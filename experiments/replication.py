@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pandas as pd
 import yaml
@@ -39,13 +38,13 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource
+from experiments.app import hydra_main, running
 from experiments.cli import (
     as_int,
     exit_on_unwritable_dir,
     missing_config,
     output_dir,
     print_or_exit,
-    unknown_config_key,
     until_interrupted,
 )
 from experiments.pipeline import (
@@ -58,6 +57,7 @@ from experiments.pipeline import (
     write_balance,
     write_run,
 )
+from experiments.schema import ReplicationOptions
 from planners.expert_parallel import DISPATCH, LANE_SHARING
 from planners.predictive_replication import transition_counts
 
@@ -1228,15 +1228,16 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
     return out / "index.html"
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")
-def main(cfg: DictConfig) -> None:
-    print_or_exit(lambda: run(cfg))
+def main(argv: list[str] | None = None) -> int:
+    """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    running(ReplicationOptions)
+    hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
+    return int(until_interrupted(lambda: hydra_main(
+        lambda cfg: print_or_exit(lambda: run(cfg)), "experiment/replication", argv, __doc__,
+        hydra_args)))  # fmt: skip
 
 
 if __name__ == "__main__":
-    exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
-    problem = unknown_config_key(sys.argv[1:], CONF / "experiment" / "replication.yaml")
-    if problem:  # hydra's own error for it is a screen of text
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    until_interrupted(main)
+    sys.exit(main())

@@ -85,6 +85,11 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     executor = str(cfg.executor.name)
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
+    for key in ("routing_mode", "device"):  # the schema has them for real runs alone
+        if executor == "sim" and cfg.executor.get(key) is not None:
+            raise ConfigError(
+                f"executor.{key}: a key of the real executor; choose executor=real, which has it"
+            )
     planner = to_dict(cfg.planner)
     return RunSpec(
         model=model_spec(cfg),

@@ -184,6 +184,7 @@ def task(cfg: DictConfig) -> None:
         execute(cfg, out_dir)
     except CapacityError as e:
         if hc.mode != RunMode.MULTIRUN:
+            remove_if_no_run(out_dir)
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,

@@ -131,6 +131,32 @@ class RunSchema:
     executor: ExecutorSchema = field(default_factory=ExecutorSchema)
     skip_finished: bool = True  # a re-run into a directory with summary.json reuses it
     checkpoint: str | None = None  # executor=real: a Hugging Face checkpoint directory
+    # experiments.reproduce_klotski's grid in conf/experiment/klotski_*.yaml (a run ignores it)
+    reproduce: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReplicationOptions:
+    """experiments.replication's (and replication_cv's) config, conf/experiment/replication.yaml:
+    the YAML's comments say what each key does; `planners`, `variants` and `cases` are checked
+    key by key against the YAML itself (an override may change a key, not add one)."""
+
+    out_dir: str = "runs/replication"
+    trace_dir: str = "../shared/traces"
+    hardware_profile: str = "h200-hgx8"  # conf/hardware/<name>.yaml
+    comm_sms: int | None = None
+    copy_sms: int | None = None
+    replica_slots: int = 2
+    grouped_gemm: bool = True
+    dispatch: str = "even"  # even | balanced
+    write_traces: bool = False
+    seed: int = 0
+    cv_seeds: list[int] = field(default_factory=list)
+    split: str = "test"  # test | validation | fold1..fold4
+    planners: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, Any] = field(default_factory=dict)
+    cases: dict[str, Any] = field(default_factory=dict)
+    targets_cases: list[str] = field(default_factory=list)
 
 
 def params_schema(params: type) -> type:
@@ -150,6 +176,7 @@ def register() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunSchema)
+    cs.store(name="replication_schema", node=ReplicationOptions)
     for name in planner_names():
         cs.store(group="planner_params", name=name, node=params_schema(entry(name).params))
 
