@@ -259,9 +259,7 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     overrides: list[str] = []
     take_value = False
     for arg in argv:
-        if take_value and not (arg.startswith("-") or "=" in arg):
-            flags.append(arg)
-        elif arg.startswith("-"):
+        if arg.startswith("-") or (take_value and "=" not in arg):
             flags.append(arg)
         else:
             overrides.append(arg)
