@@ -105,12 +105,32 @@ def command(
         opts = OmegaConf.to_object(cfg)
         return int(run(opts) or 0)
 
+    lists = list_options(schema)
+
     def main(argv: Sequence[str] | None = None) -> int:
+        argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
         running(schema)
         hydra_args = [*PLAIN, f"hydra.job.name={name}"]
         return hydra_main(task, name, argv, doc, hydra_args, file_groups, COMMAND_DIR)
 
     return main
+
+
+def list_options(schema: type) -> set[str]:
+    """The names of `schema`'s list options."""
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    return {f.name for f in fields(schema) if typing.get_origin(hints[f.name]) is list}
+
+
+def as_list(arg: str, lists: set[str]) -> str:
+    """`planners=a,b` or `planners=a` for a list option, as hydra's `planners=[a,b]`: the comma
+    form the commands took before, and one value without brackets."""
+    key, sep, value = arg.partition("=")
+    if sep and key in lists and not value.startswith("["):
+        return f"{key}=[{value}]"
+    return arg
 
 
 def kv(opts: Any, prefix: str = "") -> dict[str, Any]:
@@ -187,9 +207,14 @@ def hydra_main(
         def job(cfg: DictConfig) -> None:
             # hydra would print a line of its own before an exception the job raises: it is
             # kept and raised once hydra is done
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
             try:
                 result.append(task(cfg))
             except Exception as e:
+                if HydraConfig.get().mode == RunMode.MULTIRUN:
+                    raise  # a sweep point's: hydra reports it with the point's overrides
                 raised.append(e)
 
         raised: list[Exception] = []

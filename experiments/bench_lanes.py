@@ -12,7 +12,7 @@ the hardware profile's `sms` / `sm_mem_bw_gbps` (or the tile model) is what to f
 
 Usage:
     python -m experiments.bench_lanes [model=switch-base-128] [hardware=h200] [lanes=8]
-        [rows=8,64,512,4096] [device=cuda|cpu] [repeats=50]
+        [rows=[8,64,512,4096]] [device=cuda|cpu] [repeats=50]
 On a device without CUDA only the model's figures are printed.
 """
 

@@ -136,7 +136,7 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
 
 
 def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
-    out = output_dir(out_dir, "--out")  # one line for a folder that cannot be made
+    out = output_dir(out_dir, "out")  # one line for a folder that cannot be made
     clean = df.copy()
     for c in clean.columns:  # parquet needs one type per column
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
@@ -145,7 +145,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     for path in (pq, csv):  # checked before either is written
         if path.is_dir():
             raise MoepipeError(
-                f"{path}: is a folder, where the results file goes; remove it or pass --out= "
+                f"{path}: is a folder, where the results file goes; remove it or pass out= "
                 "another folder"
             )
     try:
@@ -153,7 +153,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         clean.to_csv(csv, index=False)
     except OSError as e:
         raise MoepipeError(
-            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass --out= a writable "
+            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable "
             "folder"
         ) from None
     return pq, csv

@@ -17,7 +17,7 @@ raised to hold the whole model (expert parallelism keeps every expert resident).
 
 Usage:
     python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml
-        [planners=ep_static,predictive_replication] [lanes=4] [replica_slots=1] [batch_size=4]
+        [planners=[ep_static,predictive_replication]] [lanes=4] [replica_slots=1] [batch_size=4]
         [n_batches=4] [prompt_len=32] [repeats=3] [device=] [out=runs/validate_lanes/<time>]
 """
 

@@ -25,7 +25,7 @@ def _counts_dir(root: Path, counts: np.ndarray) -> Path:
 
 
 def test_routing_stats_checks_the_seed_first(tmp_path, capsys):
-    """--seed -1 failed in numpy after the statistics were computed."""
+    """seed=-1 failed in numpy after the statistics were computed."""
     argv = ["seed=-1", f"trace_dir={tmp_path / 'none'}", f"out={tmp_path / 'o'}"]
     assert routing_stats.main(argv) == 2
     one_error(capsys, "seed=-1", ">= 0")
@@ -67,7 +67,7 @@ def _sweep(root: Path, n: int = 2) -> Path:
 
 
 def test_report_default_folder_that_is_a_file_is_one_line(tmp_path, capsys):
-    """<sweep>/report a file: FileExistsError traceback (an explicit --out was checked)."""
+    """<sweep>/report a file: FileExistsError traceback (an explicit out= was checked)."""
     sweep = _sweep(tmp_path / "s")
     (sweep / "report").write_text("not a folder")
     assert report.main([f"dir={sweep}"]) == 2
