@@ -174,6 +174,15 @@ def check_keys(schema: type, d: Any, where: str) -> None:
         raise MoepipeError(f"{where}: {one_line(e)}") from None
 
 
+def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:
+    """A run rejected at validation leaves no folder that looks like a run: hydra's run dir goes
+    when it holds nothing but what hydra put there (.hydra, the log) and the command's `own`
+    files (a rerun into a finished run's folder keeps it)."""
+    hydras = {".hydra", f"{out_dir.name}.log", *own}
+    if out_dir.is_dir() and all(p.name in hydras or p.suffix == ".log" for p in out_dir.iterdir()):
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def running(schema: type) -> None:
     """Name the running command's schema, whose fields an error line lists first."""
     _ROOT[:] = [schema]

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
-from experiments.app import hydra_main, running
+from experiments.app import hydra_main, remove_if_no_run, running
 from experiments.cli import (
     as_int,
     exit_on_unwritable_dir,
@@ -215,8 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     running(ReplicationOptions)
     hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
     return int(until_interrupted(lambda: hydra_main(
-        lambda cfg: print_or_exit(lambda: run(cfg)), "experiment/replication", argv, __doc__,
-        hydra_args)))  # fmt: skip
+        task, "experiment/replication", argv, __doc__, hydra_args)))  # fmt: skip
+
+
+def task(cfg: DictConfig) -> None:
+    """The report's lines; bad input one line, exit 2, and no out_dir left that looks like a
+    run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        print_or_exit(lambda: run(cfg))
+    except SystemExit as e:
+        if e.code == 2:
+            remove_if_no_run(out)
+        raise
 
 
 if __name__ == "__main__":

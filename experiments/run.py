@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import multiprocessing
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
-from experiments.app import hydra_main, running
+from experiments.app import hydra_main, remove_if_no_run, running
 from experiments.callbacks import FAILED
 from experiments.cli import (
     another_commands_experiment,
@@ -142,15 +141,6 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     return True
 
 
-def remove_if_no_run(out_dir: Path) -> None:
-    """A single run rejected at validation leaves no folder that looks like a run: its run dir
-    goes when it holds nothing but what hydra put there (a rerun into a finished run's folder
-    keeps it)."""
-    hydras = {".hydra", "run.log", FAILED}
-    if out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= hydras:
-        shutil.rmtree(out_dir, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -184,7 +174,7 @@ def task(cfg: DictConfig) -> None:
         execute(cfg, out_dir)
     except CapacityError as e:
         if hc.mode != RunMode.MULTIRUN:
-            remove_if_no_run(out_dir)
+            remove_if_no_run(out_dir, [FAILED])
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
@@ -195,7 +185,7 @@ def task(cfg: DictConfig) -> None:
         atomic_write_json(out_dir / "summary.json", infeasible)
     except MoepipeError as e:
         if hc.mode != RunMode.MULTIRUN:
-            remove_if_no_run(out_dir)
+            remove_if_no_run(out_dir, [FAILED])
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's

@@ -143,7 +143,7 @@ class ReplicationOptions:
 
     out_dir: str = "runs/replication"
     trace_dir: str = "../shared/traces"
-    hardware_profile: str = "h200-hgx8"  # conf/hardware/<name>.yaml
+    hardware_profile: str = "h200-hgx8"  # conf/hardware/<name>.yaml, or a FILE.yaml
     comm_sms: int | None = None
     copy_sms: int | None = None
     replica_slots: int = 2
