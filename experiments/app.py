@@ -94,7 +94,6 @@ def command(
     schema: type,
     run: Callable[[Any], int | None],
     doc: str | None,
-    file_groups: Sequence[str] = (),
 ) -> Callable[[Sequence[str] | None], int]:
     """`main(argv) -> exit status` of the command `name`: conf/command/<name>.yaml composed with
     `argv`'s overrides, checked against `schema` (a dataclass, stored as `<name>_schema`), and
@@ -111,7 +110,7 @@ def command(
         argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
         running(schema)
         hydra_args = [*PLAIN, f"hydra.job.name={name}"]
-        return hydra_main(task, name, argv, doc, hydra_args, file_groups, COMMAND_DIR)
+        return hydra_main(task, name, argv, doc, hydra_args, conf_dir=COMMAND_DIR)
 
     return main
 
@@ -178,7 +177,7 @@ def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:
     """A run rejected at validation leaves no folder that looks like a run: hydra's run dir goes
     when it holds nothing but what hydra put there (.hydra, the log) and the command's `own`
     files (a rerun into a finished run's folder keeps it)."""
-    hydras = {".hydra", f"{out_dir.name}.log", *own}
+    hydras = {".hydra", *own}
     if out_dir.is_dir() and all(p.name in hydras or p.suffix == ".log" for p in out_dir.iterdir()):
         shutil.rmtree(out_dir, ignore_errors=True)
 
@@ -389,66 +388,55 @@ def _walk_type(cls: type, seen: dict[type, None]) -> None:
 
 def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | None:
     """A hydra or omegaconf composition error as one line naming the key and the nearest valid
-    one; None for an error of another kind (a bug: its traceback is wanted)."""
+    one; None for an error of another kind (a bug: its traceback is wanted). `files` maps a
+    config's name to the user's file it was copied from (`group_files`)."""
     from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     if not isinstance(e, HydraException | OmegaConfBaseException):
         return None
-    text = str(e)
     if isinstance(e, MissingConfigException):
-        m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
-        options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
-        if m:
-            group, name = m.groups()
-            return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
-        return text.splitlines()[0]
-    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
-    if cause is None and isinstance(e, OmegaConfBaseException):
-        cause = e
-    if cause is not None:
-        text = f"{text}\n{cause}"
-    from omegaconf.errors import MissingMandatoryValue
-
+        return _missing_choice(str(e))
+    cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
+    if not isinstance(cause, OmegaConfBaseException):
+        cause = None
+    text = f"{e}\n{cause}" if cause is not None and cause is not e else str(e)
+    full = re.search(r"full_key: (\S+)", text)
+    key = str(cause.full_key) if cause is not None and cause.full_key else ""
+    key = key or (full.group(1) if full else "")
     if isinstance(cause, MissingMandatoryValue):
-        key = cause.full_key or "?"
         return f"{key}: required, it has no default; pass {key}=VALUE"
-    where = re.match(r"In '([^']+)'", text)
-    where_s = ""
-    if where:  # a config file's own key: the file named (a user's own, by its path)
-        where_s = f" (in {(files or {}).get(where.group(1)) or f'conf/{where.group(1)}.yaml'})"
-    full = re.search(r"full_key: (\S+)", text)
-    m = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
-    full = re.search(r"full_key: (\S+)", text)
-    if cause is not None and cause.full_key:
-        full_key = str(cause.full_key)
-    else:
-        full_key = full.group(1) if full else (m.group(1) if m else "")
-    if m:
-        key = m.group(1)
+    where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named
+    at = f" (in {(files or {}).get(where.group(1)) or f'conf/{where.group(1)}.yaml'})" if where else ""
+    unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
+    if unknown:
+        name = unknown.group(1)
+        key = key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
         valid = _valid_keys(cause) if cause is not None else None
-        if valid is None and m.group(2):
-            valid = _schema_keys(m.group(2))
-        if full_key.endswith(f".{key}") or full_key == key:
-            pass
-        elif full_key:
-            full_key = f"{full_key}.{key}"
-        hint = f"; {nearest(key, valid)}" if valid else ""
-        return f"{full_key or key}: unknown key{where_s}{hint}"
-    v = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    if v:
-        need = _KINDS.get(v.group(2), v.group(2))
-        return f"{full_key}={v.group(1)}: not {need}{where_s}; pass {full_key}=<{need}>"
-    v = re.search(r"Value '([^']*)' is not a valid bool", text)
-    if v:
-        return f"{full_key}={v.group(1)}: not true or false{where_s}; pass {full_key}=true or false"
+        valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
+        return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
+    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    if wrong:
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+    wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
+    if wrong:
+        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
     merging = re.match(r"Error merging override (\S+)", text)
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if cause is not None:
-        lines += [ln.strip() for ln in str(cause).splitlines()[:1]]
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _missing_choice(text: str) -> str:
+    """hydra's screen for `group=name` without conf/group/name.yaml, as one line."""
+    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    if not m:
+        return text.splitlines()[0]
+    options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
+    group, name = m.groups()
+    return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
 
 
 _KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
