@@ -1,25 +1,10 @@
 """Every command is a hydra app: `key=value` overrides checked against a schema, `--help` from
 the module's docstring, a mistyped key refused in one line naming the nearest valid one.
 
-How a command declares itself (experiments/collect.py is a short example):
-
-    @dataclass
-    class Options:                       # the schema: one field per option, with its default
-        dir: str = MISSING               # required: `dir=multirun/fig10`
-        out: str | None = None
-
-    def run(opts: Options) -> int: ...   # the command's work; returns the exit status
-
-    main = command("collect", Options, run, __doc__)   # main(argv) -> exit status
-    if __name__ == "__main__":
-        sys.exit(main())
-
-and conf/command/collect.yaml (defaults `[collect_schema, _self_]`; that folder holds no config
-groups, so an option may be called `hardware` or `model`). Options are hydra overrides
-(`python -m experiments.collect dir=multirun/fig10 out=x`); `hardware=FILE.yaml` is read as a
-config of the hardware group (`group_files`); a key or value the schema refuses is one line
-(`one_line`). experiments.run and experiments.replication keep their own configs and use
-`hydra_main` for the same argument handling.
+A command declares a dataclass of its options and conf/command/<name>.yaml, and ends with
+`command(name, Options, run, __doc__)` (docs/commands.md; experiments/collect.py is the short
+example). experiments.run and experiments.replication keep their own configs and call
+`hydra_main` for the same argument handling; run takes `hardware=FILE.yaml` (`group_files`).
 """
 
 from __future__ import annotations
