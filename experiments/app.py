@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -195,6 +196,7 @@ def hydra_main(
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
         flags, overrides = split_flags(argv)
+        overrides = [plus_plus(o, conf_dir) for o in overrides]
         if {"-m", "--multirun"} & set(flags):
             check_sweep(conf_dir, config_name, overrides)
         def job(cfg: DictConfig) -> None:
@@ -263,6 +265,48 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                 point = [f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
                          for b in base]  # fmt: skip
                 compose(config_name, overrides=point)
+
+
+def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
+    """`+a.b=v` checked against the running command's schema: a key it lacks is refused in one
+    line (hydra's `+` would add it, unread); else `++a.b=v`, set whether or not a YAML lists it
+    (README's `+model.hf_config=DIR` was written before the schemas listed every key). Under a
+    free mapping (planner params, replication's cases) the command checks what is added.
+    `+group=name` (a default added) is hydra's."""
+    key = override.partition("=")[0].lstrip("+")
+    group = (conf_dir / key).is_dir() or key.startswith("hydra")
+    if not override.startswith("+") or override.startswith("++") or group:
+        return override
+    parts = key.split(".")
+    for root in _ROOT[:1]:
+        miss = _schema_miss(root, parts)
+        if miss is not None:
+            where, valid = miss
+            raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
+    return f"+{override}"
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The type of dataclass `cls`'s field `name`, Optional unwrapped."""
+    import typing
+
+    t = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if typing.get_origin(t) in (typing.Union, types.UnionType) and args else t
+
+
+def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
+    """Where the dotted key `parts` leaves `root`'s schema (the key so far, the valid names
+    there); None when it is in the schema or under a free mapping (dict, Any)."""
+    typ: Any = root
+    for i, part in enumerate(parts):
+        if not is_dataclass(typ):
+            return None
+        names = [f.name for f in fields(typ)]
+        if part not in names:
+            return ".".join(parts[: i + 1]), names
+        typ = _field_type(typ, part)
+    return None
 
 
 # hydra's flags that take a value (`--cfg job`): the value stays with its flag
