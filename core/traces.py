@@ -69,7 +69,7 @@ def load_esft(
 ) -> EsftTrace:
     """Read and validate the ESFT trace (cached per file and modification time).
 
-    `trace_dir_flag` is how the calling command takes the trace folder (e.g. `--trace-dir`), for
+    `trace_dir_flag` is how the calling command takes the trace folder (e.g. `trace_dir`), for
     the fix an error suggests."""
     path = trace_path(trace_dir)
     try:

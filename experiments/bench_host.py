@@ -23,20 +23,32 @@ Usage:
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from core.args import as_float, as_int
-from experiments.cli import timed_report
+from experiments.app import kv, timed_command
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
-_DEFAULTS: dict[str, Any] = dict(
-    device="", batch=8, kv_heads=8, positions=2048, head_dim=128, unit_mb="16.5", units=8,
-    repeats=5,
-)  # fmt: skip
+
+@dataclass
+class Options:
+    device: str = ""  # cuda | cpu; empty: cuda if available
+    batch: int = 8
+    kv_heads: int = 8
+    positions: int = 2048
+    head_dim: int = 128
+    unit_mb: float = 16.5
+    units: int = 8
+    repeats: int = 5
+
+
+_DEFAULTS: dict[str, Any] = kv(Options())
 
 
 def timed(copy: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
@@ -183,9 +195,7 @@ def report(opts: dict[str, Any]) -> list[str]:
         slabs.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    timed_report(report, _DEFAULTS, argv)
-
+main = timed_command("bench_host", Options, report, __doc__)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,13 +12,15 @@ the hardware profile's `sms` / `sm_mem_bw_gbps` (or the tile model) is what to f
 
 Usage:
     python -m experiments.bench_lanes [model=switch-base-128] [hardware=h200] [lanes=8]
-        [rows=8,64,512,4096] [device=cuda|cpu] [repeats=50]
+        [rows=[8,64,512,4096]] [device=cuda|cpu] [repeats=50]
 On a device without CUDA only the model's figures are printed.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,16 +31,25 @@ from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
 from core.spec import Activation, HardwareSpec, ModelSpec
 from core.types import OpKind, Resource
-from experiments.cli import CONF_DIR, as_int, timed_report
+from experiments.app import kv, timed_command
+from experiments.cli import CONF_DIR, as_int
 from experiments.validate import read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
 from real.store import resolve_device
 
-_DEFAULTS: dict[str, Any] = dict(
-    model="switch-base-128", hardware="h200", lanes=8, rows="8,64,512,4096", device="",
-    repeats=50,
-)  # fmt: skip
+
+@dataclass
+class Options:
+    model: str = "switch-base-128"  # conf/model/<name>.yaml
+    hardware: str = "h200"  # conf/hardware/<name>.yaml, or a FILE.yaml
+    lanes: int = 8
+    rows: list[int] = field(default_factory=lambda: [8, 64, 512, 4096])  # tokens per lane
+    device: str = ""  # cuda | cpu; empty: cuda if available
+    repeats: int = 50
+
+
+_DEFAULTS: dict[str, Any] = kv(Options())
 
 
 def modelled_s(model: ModelSpec, hw: HardwareSpec, rows: int, lanes: int) -> float:
@@ -140,9 +151,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    timed_report(report, _DEFAULTS, argv)
-
+main = timed_command("bench_lanes", Options, report, __doc__)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,19 +3,18 @@ Klotski's paper workload (prompt 512, generate 32, batch 16), `flexgen` at n=15 
 and its ops/s against a bare simpy event loop timed in the same process.
 
 Usage:
-    python -m experiments.bench_sim [--repeat 3] [--planner flexgen]
-    python -m experiments.bench_sim --scaling      # CPU time and peak memory over four sizes
+    python -m experiments.bench_sim [repeat=3] [planner=flexgen]
+    python -m experiments.bench_sim scaling=true   # CPU time and peak memory over four sizes
 
 Prints, per repeat: the whole CLI run's wall time (a subprocess, as a user runs it), its phases
 measured here (start-up and imports, config, routing, plan, validate, simulate, summarize,
 write), the run's ops/s over the whole CLI time and its ratio to bare simpy's events/s (targets:
-<= 1.5 s, ratio >= 0.08). `--scaling` prints, per size up to Mixtral-8x22B at n=61, the ops,
+<= 1.5 s, ratio >= 0.08). `scaling=true` prints, per size up to Mixtral-8x22B at n=61, the ops,
 the seconds and the peak memory of a fresh process that plans, simulates and summarises it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -23,12 +22,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import simpy
 
 from core.errors import MoepipeError
+from experiments.app import command
 from planners.registry import make_planner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +55,22 @@ def bare_simpy_events_per_s(n: int = 200_000) -> float:
     return n / (time.process_time() - t)
 
 
+@dataclass
+class Options:
+    repeat: int = 3  # timed runs; the best is reported
+    planner: str = "flexgen"  # a registered planner
+    scaling: bool = False  # the table over four sizes instead
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--planner", default="flexgen")
-    ap.add_argument("--scaling", action="store_true", help="the table over four sizes")
-    args = ap.parse_args(argv)
+    return _app(argv)
+
+
+def _main(args: Options) -> int:
     try:
         make_planner(args.planner, {})  # an unknown planner, before the model is loaded
         if args.repeat < 1:
-            raise MoepipeError(f"--repeat {args.repeat}: must be >= 1")
+            raise MoepipeError(f"repeat={args.repeat}: must be >= 1")
         if args.scaling:
             scaling(args.planner)
         else:
@@ -188,6 +195,8 @@ def one_size(planner: str, model: str, n: int) -> dict[str, float]:
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"ops": ops, "run_s": sum(times.values()), "peak_mb": peak_kb / 1024}
 
+
+_app = command("bench_sim", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,12 @@ from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
+from experiments.app import command, kv
 from experiments.cli import (
     as_float,
     as_int,
     output_dir,
     output_file,
-    parse_kv,
     run_command,
     until_interrupted,
 )
@@ -603,26 +604,30 @@ def calibrate(
     return out
 
 
-def main(argv: list[str]) -> int:
+@dataclass
+class ProfileName:
+    name: str = "this-machine"  # the profile's name (and its file's, under conf/hardware/)
+
+
+@dataclass
+class Options:
+    hardware: ProfileName = field(default_factory=ProfileName)
+    checkpoint: str | None = None  # a checkpoint folder to time (default: a reduced Mixtral)
+    device: str | None = None  # cuda | cpu; null: cuda if available
+    disk_dir: str = "runs/.calib"  # where the disk probe writes its file
+    disk_mb: int = 256  # the disk probe's size
+    in_run_s: float = 20.0  # seconds of real runs whose transfers measure the links in use
+    out: str | None = None  # default conf/hardware/<hardware.name>.yaml
+
+
+def main(argv: list[str] | None = None) -> int:
     """Ctrl-C: one line and exit 130; the profile is written only once measured."""
-    return int(until_interrupted(lambda: _main(argv)))
+    return int(until_interrupted(lambda: _app(argv)))
 
 
-def _main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
-    opts = {
-        "hardware.name": "this-machine",
-        "checkpoint": None,
-        "device": None,
-        "disk_dir": "runs/.calib",
-        "disk_mb": "256",
-        "in_run_s": "20",
-        "out": None,
-    }
+def _main(args: Options) -> int:
+    opts = kv(args)
     try:
-        opts = parse_kv(argv, opts)
         name = str(opts["hardware.name"])
         if not re.fullmatch(r"\w[\w.\-]*", name):  # a path (../x, a/b) would write elsewhere
             raise MoepipeError(
@@ -653,5 +658,7 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
+_app = command("calibrate", Options, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(run_command(lambda: main(sys.argv[1:])))
+    sys.exit(run_command(main))

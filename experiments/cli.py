@@ -1,10 +1,8 @@
-"""Shared by the commands: `key=value` argument parsing for the non-hydra ones (calibrate,
-validate, bench), and printing a report or a user's mistake as one line.
+"""Shared by the commands: printing a report or a user's mistake as one line, and the argument
+checks the schemas (experiments/schema.py, experiments/app.py) do not cover.
 
 Usage:
-    opts = parse_kv(argv, {"checkpoint": None, "repeats": 3})   # MoepipeError on a bad argument
     print_or_exit(lambda: run(cfg))                               # report lines, or exit 2
-    exit_on_unknown_choice(sys.argv[1:], CONF_DIR)                 # before a hydra main
     n = as_int("disk_mb", opts["disk_mb"], at_least=1)              # one line naming the key
     out = output_file(opts["out"], "out")                          # its folder made, writable
 """
@@ -12,9 +10,8 @@ Usage:
 from __future__ import annotations
 
 import os
-import re
+import shutil
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,15 +21,16 @@ import yaml
 from core.args import as_bool, as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
-__all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "exit_on_unknown_choice", "output_dir",
-           "output_file", "parse_kv", "print_or_exit", "unknown_choice", "unknown_param",
-           "exit_on_unwritable_dir", "missing_config", "until_interrupted",
-           "another_commands_experiment", "unknown_key", "missing_launcher",
-           "unknown_config_key", "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
+__all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "output_dir", "output_file",
+           "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
+           "another_commands_experiment", "missing_launcher", "sweep_experiment_misused",
+           "error_line", "any_error_line", "exit_with", "run_command", "parse_kv"]  # fmt: skip
 
 
 def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults overridden by `key=value` arguments; an unknown key or a bare word is an error."""
+    """Defaults overridden by `key=value` arguments; an unknown key or a bare word is an error.
+    Left for bench_accelerate (whose parent passes its children their options this way) and
+    bench_real, until they declare hydra schemas like the other commands."""
     opts = dict(defaults)
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -40,18 +38,6 @@ def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]
             raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
         opts[key] = value
     return opts
-
-
-def timed_report(
-    report: Callable[[dict[str, Any]], list[str]],
-    defaults: Mapping[str, Any],
-    argv: Sequence[str] | None = None,
-) -> None:
-    """A benchmark's `main`: `key=value` arguments over `defaults`, the report's lines and its
-    wall time printed, bad input one line on stderr (`print_or_exit`)."""
-    t0 = time.time()
-    opts = parse_kv(sys.argv[1:] if argv is None else argv, defaults)
-    print_or_exit(lambda: [*report(opts), f"({time.time() - t0:.1f} s)"])
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:
@@ -216,34 +202,6 @@ def _stop_pool_tracker() -> None:
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def unknown_choice(argv: Sequence[str], conf_dir: Path) -> str | None:
-    """The first `group=name` override (a sweep's `group=a,b` too) whose <group>/<name>.yaml is
-    in neither `conf_dir` nor a `hydra.searchpath=[file://...]` folder, as one line naming the
-    valid names; None when all exist. Hydra's own error for this is a screen of text; values it
-    interprets (`glob(...)`, interpolations) and other search paths (pkg://) pass."""
-    roots = [conf_dir]
-    for arg in argv:
-        key, _, value = arg.lstrip("+").partition("=")
-        if key == "hydra.searchpath":
-            paths = [p.strip() for p in value.strip("[]").split(",") if p.strip()]
-            if any(not p.startswith("file://") for p in paths):
-                return None
-            roots += [Path(p.removeprefix("file://")) for p in paths]
-    for arg in argv:
-        key, sep, value = arg.lstrip("+").partition("=")
-        groups = [r / key for r in roots if (r / key).is_dir()]
-        # hydra's own groups (hydra/launcher=basic ...) have options in its plugins too
-        if not sep or key.startswith(("-", "~", "hydra/")) or not (conf_dir / key).is_dir():
-            continue
-        for name in value.split(","):
-            problem = (
-                missing_config(groups, key, name, key) if re.fullmatch(r"[\w.\-]+", name) else None
-            )
-            if problem:
-                return problem
-    return None
-
-
 def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> str | None:
     """One line naming the valid names when no folder of `groups` (one config group, possibly
     from several search paths) holds <name>.yaml; None when one does. `key` is the argument."""
@@ -251,96 +209,6 @@ def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> s
         return None
     valid = ", ".join(sorted({p.stem for g in groups for p in g.glob("*.yaml")}))
     return f"{key}={name}: no conf/{group}/{name}.yaml; valid: {valid}"
-
-
-def unknown_param(argv: Sequence[str], conf_dir: Path) -> str | None:
-    """A `planner.params.X=v` override (no `+`) that hydra would refuse with a screen of text, as
-    one line: X is not a param of the planner, or is one its YAML does not list (then `+` adds
-    it). Checked for the planner config the command line names (else config.yaml's default)
-    when it names no experiment, which may choose another; otherwise None."""
-    from dataclasses import fields
-
-    import yaml
-
-    from planners.registry import entry
-
-    choice = {a.partition("=")[0]: a.partition("=")[2] for a in argv if "=" in a}
-    defaults = (yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}).get("defaults", [])
-    default = next((d["planner"] for d in defaults if isinstance(d, dict) and "planner" in d), "")
-    planner = choice.get("planner", str(default))
-    path = conf_dir / "planner" / f"{planner}.yaml"
-    if "experiment" in choice or not re.fullmatch(r"[\w.\-]+", planner) or not path.is_file():
-        return None  # another search path's config, or one hydra or the run reports
-    d = yaml.safe_load(path.read_text()) or {}
-    listed = set((d.get("params") or {}).keys())
-    try:
-        valid = sorted(f.name for f in fields(entry(str(d.get("name", planner))).params))
-    except MoepipeError:
-        return None  # an unknown planner name: the run says so
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or not key.startswith("planner.params."):
-            continue
-        name = key.removeprefix("planner.params.")
-        if name not in valid:
-            return f"{key}: planner {planner} has no param {name!r}; valid: {', '.join(valid)}"
-        if name not in listed:
-            return f"{key}: not in conf/planner/{planner}.yaml; add it with +{key}={value}"
-    return None
-
-
-GROUPS = ("model", "hardware", "workload", "planner", "executor")  # experiments.run's config groups
-
-
-def unknown_key(argv: Sequence[str], conf_dir: Path) -> str | None:
-    """An override `a.b=v` (no `+`) of a key the config lacks, which hydra refuses with a screen
-    of text, as one line naming the key and what is there. Checked against config.yaml and the
-    group configs the command line chooses (else the experiment's, else config.yaml's
-    defaults), and the keys an experiment adds; not under another search path. Planner params
-    are `unknown_param`'s."""
-    import yaml
-
-    choice = {a.partition("=")[0]: a.partition("=")[2] for a in argv if "=" in a}
-    if "hydra.searchpath" in choice:
-        return None
-    root = yaml.safe_load((conf_dir / "config.yaml").read_text()) or {}
-    defaults = {k: str(v) for d in root.get("defaults", []) if isinstance(d, dict)
-                for k, v in d.items() if k in GROUPS}  # fmt: skip
-    experiment: dict[str, Any] = {}
-    if "experiment" in choice:
-        path = conf_dir / "experiment" / f"{choice['experiment']}.yaml"
-        if not re.fullmatch(r"[\w.\-]+", choice["experiment"]) or not path.is_file():
-            return None  # a sweep over experiments, or one hydra reports
-        experiment = yaml.safe_load(path.read_text()) or {}
-        for d in experiment.get("defaults", []):  # `override /model: mixtral-8x7b`
-            for k, v in d.items() if isinstance(d, dict) else ():
-                if str(k).removeprefix("override /") in GROUPS:
-                    defaults[str(k).removeprefix("override /")] = str(v)
-    top = set(root) - {"defaults", "hydra"}
-    for arg in argv:
-        key, sep, _ = arg.partition("=")
-        if not sep or key.startswith(("+", "~", "-", "hydra")) or key in (*GROUPS, "experiment"):
-            continue
-        head, _, rest = key.partition(".")
-        if not rest:
-            if head not in top and head not in experiment:
-                return f"{key}: not a key of the config; valid: {', '.join(sorted(top))}, or a group: {', '.join(GROUPS)}"
-            continue
-        if head not in GROUPS or key.startswith("planner.params."):
-            continue
-        name = choice.get(head, defaults.get(head, ""))
-        path = conf_dir / head / f"{name}.yaml"
-        if not re.fullmatch(r"[\w.\-]+", name) or not path.is_file():
-            continue  # a sweep over choices, or a config hydra or the run reports
-        miss = _missing(yaml.safe_load(path.read_text()) or {}, rest)
-        if miss is not None and _missing(experiment, key) is not None:
-            others = [p.stem for p in sorted((conf_dir / head).glob("*.yaml"))
-                      if _missing(yaml.safe_load(p.read_text()) or {}, rest) is None]  # fmt: skip
-            fix = (f"choose {head}={' or '.join(others)}, which has it" if others
-                   else f"add a new key with +{arg}")  # fmt: skip
-            have = _fields(miss[1], sort=True)
-            return f"{key}: conf/{head}/{name}.yaml has no {rest!r} (there: {have}); {fix}"
-    return None
 
 
 # experiment configs that are another command's, not an experiments.run sweep's
@@ -360,44 +228,6 @@ def another_commands_experiment(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _missing(node: Any, dotted: str) -> tuple[int, Any] | None:
-    """Where a config tree lacks the dotted key: (index of the first missing part, the node it
-    is missing from); None when the tree has the key."""
-    for i, part in enumerate(dotted.split(".")):
-        if not isinstance(node, dict) or part not in node:
-            return i, node
-        node = node[part]
-    return None
-
-
-def _fields(node: Any, sort: bool = False) -> str:
-    """The keys at a node of a config tree, for an error line."""
-    if not isinstance(node, dict):
-        return "no fields"
-    return ", ".join(sorted(map(str, node)) if sort else map(str, node))
-
-
-def unknown_config_key(argv: Sequence[str], config: Path) -> str | None:
-    """For a command with one config file (experiments.replication's): an override `a.b=v` (no
-    `+`) of a key the file lacks, as one line naming what is there at that level."""
-    import yaml
-
-    tree = yaml.safe_load(config.read_text()) or {}
-    added = [a.lstrip("+").partition("=")[0] + "." for a in argv if a.startswith("+")]
-    for arg in argv:
-        key, sep, _ = arg.partition("=")
-        if not sep or key.startswith(("+", "~", "-", "hydra")):
-            continue
-        miss = _missing(tree, key)
-        if miss is None or any(key.startswith(a) for a in added):  # (under a key + adds)
-            continue
-        parts = key.split(".")
-        where = ".".join(parts[: miss[0]]) or "the top level"
-        return (f"{key}: {config.name} has no {parts[miss[0]]!r} at {where} "
-                f"(there: {_fields(miss[1])}); add a new key with +{arg}")  # fmt: skip
-    return None
-
-
 def missing_launcher(argv: Sequence[str]) -> str | None:
     """`hydra/launcher=slurm` without its plugin installed: hydra says only that it cannot load
     `submitit_slurm`."""
@@ -413,6 +243,8 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
     """`experiment=X` of a sweep experiment (its yaml has hydra.sweeper.params) without -m, which
     runs one default point, or swept with others (`-m experiment=a,b`), which runs one point of
     each and none of their own sweeps: one line saying how to run it. None otherwise."""
+    if any(a in ("--cfg", "-c", "--help", "-h", "--info", "-i") for a in argv):
+        return None  # nothing runs: the config or the help is printed
     multirun = any(a in ("-m", "--multirun") for a in argv)
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
@@ -435,22 +267,6 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
     return None
 
 
-def exit_on_unknown_choice(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
-    """Exit 2 with one line on stderr when `unknown_choice`, `unknown_param` or
-    `another_commands_experiment` finds one."""
-    problem = (
-        unknown_choice(argv, conf_dir)
-        or unknown_param(argv, conf_dir)
-        or unknown_key(argv, conf_dir)
-        or another_commands_experiment(argv)
-        or sweep_experiment_misused(argv, conf_dir)
-        or missing_launcher(argv)
-    )
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-
-
 def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     """Exit 2 with one line when a `key=folder` argument (hydra's run or sweep dir) names a folder
     that cannot be made or written: hydra would fail on it with a traceback. Folders with
@@ -458,8 +274,13 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and key in keys and "$" not in value:
+            new = next((p for p in (Path(value), *Path(value).parents) if p.parent.exists()),
+                       Path(value))  # fmt: skip
+            made = not new.exists()
             try:
                 output_dir(value, key)
+                if made:  # checked, not made: hydra makes it when the run starts
+                    shutil.rmtree(new, ignore_errors=True)
             except MoepipeError as e:
                 print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)

@@ -8,24 +8,26 @@ Lists (per-layer values) are JSON strings; spaces in names become ``_``. A run d
 complete summary.json (interrupted, or still running) is reported and skipped.
 
 Usage:
-    python -m experiments.collect SWEEP_DIR [--out DIR]   # writes DIR/results.{parquet,csv}
+    python -m experiments.collect dir=SWEEP_DIR [out=DIR]   # writes DIR/results.{parquet,csv}
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
+from omegaconf import MISSING
 
 from core.args import output_dir
 from core.errors import MoepipeError
 from core.routing import peek_suffix
+from experiments.app import command
 from experiments.cli import run_command, until_interrupted
 
 RESULTS = "results"
@@ -195,7 +197,7 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
 
 
 def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
-    out = output_dir(out_dir, "--out")  # one line for a folder that cannot be made
+    out = output_dir(out_dir, "out")  # one line for a folder that cannot be made
     clean = df.copy()
     for c in clean.columns:  # parquet needs one type per column
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
@@ -204,7 +206,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     for path in (pq, csv):  # checked before either is written
         if path.is_dir():
             raise MoepipeError(
-                f"{path}: is a folder, where the results file goes; remove it or pass --out= "
+                f"{path}: is a folder, where the results file goes; remove it or pass out= "
                 "another folder"
             )
     try:
@@ -212,7 +214,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         clean.to_csv(csv, index=False)
     except OSError as e:
         raise MoepipeError(
-            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass --out= a writable "
+            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable "
             "folder"
         ) from None
     return pq, csv
@@ -248,33 +250,35 @@ def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
     return df, problems
 
 
+@dataclass
+class Options:
+    dir: str = MISSING  # the sweep folder (its run dirs hold config.yaml and summary.json)
+    out: str | None = None  # where results.* go (default: dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C: one line and exit 130 (the run dirs are only read)."""
-    return int(until_interrupted(lambda: _main(argv)))
+    return int(until_interrupted(lambda: _app(argv)))
 
 
-def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep_dir", type=Path)
-    ap.add_argument(
-        "--out", type=Path, default=None, help="where results.* go (default: SWEEP_DIR)"
-    )
-    args = ap.parse_args(argv)
-    loaded = load_sweep(args.sweep_dir)
+def _main(opts: Options) -> int:
+    loaded = load_sweep(Path(opts.dir))
     if loaded is None:
         return 2
     df, problems = loaded
     if df.empty:
-        print(f"error: no finished runs under {args.sweep_dir}", file=sys.stderr)
+        print(f"error: no finished runs under {opts.dir}", file=sys.stderr)
         return 2
     try:
-        pq, csv = write_results(df, args.out or args.sweep_dir)
+        pq, csv = write_results(df, Path(opts.out or opts.dir))
     except MoepipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{len(df)} run(s), {len(problems)} skipped -> {pq}, {csv}")
     return 0
 
+
+_app = command("collect", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(run_command(main))

@@ -2,35 +2,39 @@
 
 SRC is a directory holding `<task>/expert_weights_<layer>.txt` files, or the upstream tarball.
 
+Writes OUT (.npz added when missing).
+
 Usage:
-    python -m experiments.convert_traces ../shared/traces/esft-dsv2lite/original/esft_expert_scores_original.tar.gz out.npz
+    python -m experiments.convert_traces \
+        src=../shared/traces/esft-dsv2lite/original/esft_expert_scores_original.tar.gz out=out.npz
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import MISSING
 
 from core.errors import MoepipeError
 from core.traces import N_LAYERS, convert_esft
+from experiments.app import command
 from experiments.cli import output_file, until_interrupted
+
+
+@dataclass
+class Options:
+    src: str = MISSING  # directory of <task>/expert_weights_<layer>.txt, or a .tar.gz of it
+    out: str = MISSING  # output .npz path (.npz is added when missing)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C: one line and exit 130, the trace already at `out` kept (it is replaced whole)."""
-    return int(until_interrupted(lambda: _main(argv)))
+    return int(until_interrupted(lambda: _app(argv)))
 
 
-def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.convert_traces", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument(
-        "src", help="directory of <task>/expert_weights_<layer>.txt, or a .tar.gz of it"
-    )
-    ap.add_argument("out", help="output .npz path (.npz is added when missing)")
-    args = ap.parse_args(argv)
+def _main(args: Options) -> int:
     try:
         # checked before the conversion (a minute on the full tarball); numpy writes <out>.npz
         if Path(args.out).is_dir():
@@ -46,6 +50,8 @@ def _main(argv: list[str] | None) -> int:
     print(f"wrote {out}")
     return 0
 
+
+_app = command("convert_traces", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

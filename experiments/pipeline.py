@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.balance import device_of, phases
+from core.balance import phases
 from core.cost import CostModel
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
@@ -183,16 +183,10 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
 
 
 def chrome_parts(result: RunResult) -> list[pd.DataFrame]:
-    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
-    one per device (`source` named `real:gpu<d>` there only)."""
-    if "processes" not in result.summary:
-        return [result.trace]
-    t = result.trace
-    dev = device_of(t["resource"])
-    return [
-        t[dev == d].assign(source=f"{t['source'].iloc[0]}:gpu{d}")
-        for d in range(int(result.summary["processes"]))
-    ]
+    """The traces trace.json shows as processes: one per device of a run on G processes."""
+    from experiments.trace_json import chrome_parts as parts
+
+    return parts(result.trace, int(result.summary.get("processes", 0)))
 
 
 def write_balance(out: Path, result: RunResult) -> None:

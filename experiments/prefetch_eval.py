@@ -1,5 +1,5 @@
 """Evaluate the expert prefetch predictors (planners/prefetch.py) on ESFT routing they did not
-train on: the table is built from the --train tasks, then groups of --group-seqs test sequences
+train on: the table is built from the `train` tasks, then groups of `group_seqs` test sequences
 are replayed position by position (a decode step of a batch group), the table updated online.
 
 Per layer pair (l-1 -> l) and overall, as in Klotski Fig. 13 (paper: 100%, 58.89%, 42.24%):
@@ -8,19 +8,20 @@ Per layer pair (l-1 -> l) and overall, as in Klotski Fig. 13 (paper: 100%, 58.89
   single   single-sequence accuracy: a token's own top-K prediction vs its own top-k set
 
 Usage:
-    python -m experiments.prefetch_eval --train law,summary,translation --test intent
+    python -m experiments.prefetch_eval train=[law,summary,translation] test=[intent] [out=x.csv]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
+from experiments.app import command
 from experiments.cli import output_file
 from planners.prefetch import ExpertTable, Predictor, top_k
 
@@ -89,36 +90,42 @@ def single_sequence(
     return float(np.mean([len(set(o) & set(c)) / k for o, c in zip(order, cur, strict=True)]))
 
 
+@dataclass
+class Options:
+    train: list[str] = field(default_factory=lambda: ["law", "summary", "translation"])  # tasks
+    test: list[str] = field(default_factory=lambda: ["intent"])  # tasks, unseen in training
+    trace_dir: str = "../shared/traces"
+    group_seqs: int = 32  # sequences per batch group (n x bs)
+    k: int = 0  # experts prefetched; 0 = the trace's top-k
+    out: str = ""  # CSV of the per-layer table
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--train", default="law,summary,translation")
-    ap.add_argument("--test", default="intent")
-    ap.add_argument("--trace-dir", default="../shared/traces")
-    ap.add_argument("--group-seqs", type=int, default=32, help="sequences per batch group (n x bs)")
-    ap.add_argument("--k", type=int, default=0, help="experts prefetched; 0 = the trace's top-k")
-    ap.add_argument("--out", default="", help="CSV of the per-layer table")
-    args = ap.parse_args(argv)
+    return _app(argv)
+
+
+def _main(args: Options) -> int:
     try:
         if args.group_seqs < 1:
             raise MoepipeError(
-                f"--group-seqs {args.group_seqs}: must be >= 1 (sequences per group)"
+                f"group_seqs={args.group_seqs}: must be >= 1 (sequences per group)"
             )
         if args.k < 0:
-            raise MoepipeError(f"--k {args.k}: must be >= 0 (0 = the trace's top-k)")
+            raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
         if args.out:  # checked before the evaluation, whose table would be lost after
-            output_file(args.out, "--out")
-        trace = load_esft(args.trace_dir, trace_dir_flag="--trace-dir")
-        train, test = tuple(args.train.split(",")), tuple(args.test.split(","))
-        for flag, tasks in (("--train", train), ("--test", test)):
+            output_file(args.out, "out")
+        trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")
+        train, test = tuple(map(str, args.train)), tuple(map(str, args.test))
+        for flag, tasks in (("train", train), ("test", test)):
             unknown = [t for t in tasks if t not in trace.task_names]
             if unknown:
                 raise MoepipeError(
-                    f"{flag} {','.join(tasks)}: unknown task(s) {unknown}; the trace has "
+                    f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; the trace has "
                     f"{', '.join(trace.task_names)}"
                 )
         if set(train) & set(test):
             raise MoepipeError(
-                f"--train {train} and --test {test} overlap; evaluate on unseen tasks"
+                f"train={list(train)} and test={list(test)} overlap; evaluate on unseen tasks"
             )
         train_ids = np.concatenate([s for s in sequences(trace, train)])  # [T, L, k]
         table = ExpertTable.fit(train_ids, trace.expert_ids.max() + 1, f"ESFT {','.join(train)}")
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         n_experts = int(trace.expert_ids.max()) + 1
         if args.k > n_experts:
             raise MoepipeError(
-                f"--k {args.k}: exceeds the trace's {n_experts} experts; pass --k <= {n_experts}"
+                f"k={args.k}: exceeds the trace's {n_experts} experts; pass k <= {n_experts}"
             )
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -153,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             df.to_csv(args.out, index=False)
         except OSError as e:
-            print(f"error: --out {args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+            print(f"error: out={args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
             return 2
     return 0
 
+
+_app = command("prefetch_eval", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

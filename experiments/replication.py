@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pandas as pd
 import yaml
@@ -39,13 +38,13 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource
+from experiments.app import check_keys, hydra_main, remove_if_no_run, running
 from experiments.cli import (
     as_int,
     exit_on_unwritable_dir,
     missing_config,
     output_dir,
     print_or_exit,
-    unknown_config_key,
     until_interrupted,
 )
 from experiments.pipeline import (
@@ -58,6 +57,7 @@ from experiments.pipeline import (
     write_balance,
     write_run,
 )
+from experiments.schema import HardwareSchema, ReplicationOptions
 from planners.expert_parallel import DISPATCH, LANE_SHARING
 from planners.predictive_replication import transition_counts
 from planners.registry import expert_parallel_names, param_names
@@ -312,9 +312,16 @@ def case_model(case: DictConfig) -> ModelSpec:
 GPU_KEYS = ("comm_sms", "copy_sms")
 
 
+def profile_path(name: str) -> Path:
+    """`hardware_profile`: a conf/hardware name, or a hardware FILE.yaml (calibrate's)."""
+    return Path(name) if name.endswith((".yaml", ".yml")) else CONF / "hardware" / f"{name}.yaml"
+
+
 def hardware(cfg: DictConfig) -> HardwareSpec:
     """The `hardware_profile`, with the GPU's `GPU_KEYS` replaced where the config sets them."""
-    raw = yaml.safe_load((CONF / "hardware" / f"{cfg.hardware_profile}.yaml").read_text())
+    path = profile_path(str(cfg.hardware_profile))
+    raw = yaml.safe_load(path.read_text())
+    check_keys(HardwareSchema, raw, str(path))
     for key in GPU_KEYS:
         if cfg.get(key) is not None:
             raw["gpu"] = {**raw["gpu"], key: int(cfg[key])}
@@ -1050,7 +1057,10 @@ def check_inputs(cfg: DictConfig) -> None:
     for name, case in cfg.cases.items():  # their entries are checked below, with their names
         for group in ("planners", "variants"):
             mapping(f"cases.{name}.{group}", case.get(group), optional=True)
-    known("hardware", str(cfg.hardware_profile), "hardware_profile")
+    if not str(cfg.hardware_profile).endswith((".yaml", ".yml")):
+        known("hardware", str(cfg.hardware_profile), "hardware_profile")
+    elif not profile_path(str(cfg.hardware_profile)).is_file():
+        raise MoepipeError(f"hardware_profile={cfg.hardware_profile}: no such file")
     for key in GPU_KEYS:
         if cfg.get(key) is not None:
             as_int(key, cfg[key], at_least=0)
@@ -1242,15 +1252,29 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
     return out / "index.html"
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")
-def main(cfg: DictConfig) -> None:
-    print_or_exit(lambda: run(cfg))
+def main(argv: list[str] | None = None) -> int:
+    """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    running(ReplicationOptions)
+    hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
+    return int(until_interrupted(lambda: hydra_main(
+        task, "experiment/replication", argv, __doc__, hydra_args)))  # fmt: skip
+
+
+def task(cfg: DictConfig) -> None:
+    """The report's lines; bad input one line, exit 2, and no out_dir left that looks like a
+    run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        print_or_exit(lambda: run(cfg))
+    except SystemExit as e:
+        if e.code == 2:
+            remove_if_no_run(out)
+        raise
 
 
 if __name__ == "__main__":
-    exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
-    problem = unknown_config_key(sys.argv[1:], CONF / "experiment" / "replication.yaml")
-    if problem:  # hydra's own error for it is a screen of text
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    until_interrupted(main)
+    sys.exit(main())

@@ -33,20 +33,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
+from experiments.app import hydra_main, remove_if_no_run, running
 from experiments.cli import (
     as_int,
     exit_on_unwritable_dir,
     print_or_exit,
-    unknown_config_key,
     until_interrupted,
 )
 from experiments.pipeline import code_version
+from experiments.schema import ReplicationOptions
 
 log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
@@ -208,15 +208,29 @@ def run(cfg: DictConfig) -> list[str]:
     ]
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="experiment/replication")
-def main(cfg: DictConfig) -> None:
-    print_or_exit(lambda: run(cfg))
+def main(argv: list[str] | None = None) -> int:
+    """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
+    running(ReplicationOptions)
+    hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
+    return int(until_interrupted(lambda: hydra_main(
+        task, "experiment/replication", argv, __doc__, hydra_args)))  # fmt: skip
+
+
+def task(cfg: DictConfig) -> None:
+    """The report's lines; bad input one line, exit 2, and no out_dir left that looks like a
+    run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        print_or_exit(lambda: run(cfg))
+    except SystemExit as e:
+        if e.code == 2:
+            remove_if_no_run(out)
+        raise
 
 
 if __name__ == "__main__":
-    exit_on_unwritable_dir(sys.argv[1:], ("out_dir", "hydra.run.dir"))  # before hydra makes it
-    problem = unknown_config_key(sys.argv[1:], replication.CONF / "experiment" / "replication.yaml")
-    if problem:  # hydra's own error for it is a screen of text
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    until_interrupted(main)
+    sys.exit(main())

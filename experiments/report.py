@@ -6,16 +6,16 @@ a caption saying what to read from it, and every run, fastest first. A figure wh
 sweep lacks is left out with a note saying why.
 
 Usage:
-    python -m experiments.report SWEEP_DIR [--out DIR] [--metric throughput_tok_s]
-        [--columns planner.name,workload.batch_size,...]   # extra columns for the run table
+    python -m experiments.report dir=SWEEP_DIR [out=DIR] [metric=throughput_tok_s]
+        [columns=[planner.name,workload.batch_size]]   # extra columns for the run table
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from omegaconf import MISSING  # noqa: E402
 
 from core.args import output_dir  # noqa: E402
 from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
+from experiments.app import command  # noqa: E402
 from experiments.cli import run_command, until_interrupted  # noqa: E402
 from experiments.collect import SYSTEM, collect, load_sweep, write_results  # noqa: E402
 
@@ -747,39 +749,42 @@ def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes
     return "\n".join(parts)
 
 
+@dataclass
+class Options:
+    dir: str = MISSING  # the sweep folder
+    out: str | None = None  # report folder (default: dir/report)
+    metric: str = "throughput_tok_s"  # y axis of the line figures
+    columns: list[str] = field(default_factory=list)  # extra columns for the run table
+
+
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C: one line and exit 130 (the run dirs are only read)."""
-    return int(until_interrupted(lambda: _main(argv)))
+    return int(until_interrupted(lambda: _app(argv)))
 
 
-def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep_dir", type=Path)
-    ap.add_argument(
-        "--out", type=Path, default=None, help="report folder (default SWEEP_DIR/report)"
-    )
-    ap.add_argument("--metric", default="throughput_tok_s", help="y axis of the line figures")
-    ap.add_argument("--columns", default="", help="comma-separated extra columns for the run table")
-    args = ap.parse_args(argv)
-    loaded = load_sweep(args.sweep_dir)
+def _main(opts: Options) -> int:
+    sweep_dir = Path(opts.dir)
+    loaded = load_sweep(sweep_dir)
     if loaded is None:
         return 2
     df, problems = loaded
     try:  # one line for a folder that cannot be made, the default <sweep>/report too
-        output_dir(str(args.out or args.sweep_dir / "report"), "--out")
-        page = write_report(args.sweep_dir, args.out, args.metric,
-                            [c for c in args.columns.split(",") if c], df=df, problems=problems)  # fmt: skip
+        output_dir(str(opts.out or sweep_dir / "report"), "out")
+        page = write_report(sweep_dir, Path(opts.out) if opts.out else None, opts.metric,
+                            [str(c) for c in opts.columns], df=df, problems=problems)  # fmt: skip
     except (ReportError, MoepipeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk while the figures are written: the error names no file
-        out = args.out or args.sweep_dir / "report"
-        print(f"error: --out {out}: cannot write the report ({err.strerror or err})",
+        out = opts.out or sweep_dir / "report"
+        print(f"error: out={out}: cannot write the report ({err.strerror or err})",
               file=sys.stderr)  # fmt: skip
         return 2
     print(f"report: {page}")
     return 0
 
+
+_app = command("report", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(run_command(main))

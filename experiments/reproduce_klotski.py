@@ -2,31 +2,34 @@
 Klotski vs FlexGen at the same n, and Klotski at the n-planner's own n (makespan vs lower bound).
 
 Grids come from conf/experiment/klotski_{table3,fig14,vs_flexgen}.yaml. Prints markdown tables
-beside the paper's numbers and writes results.json, *.csv and report.md to --out. Each run is
-appended to --out/runs.jsonl as it finishes: an interrupted command, run again, resumes (runs of
+beside the paper's numbers and writes results.json, *.csv and report.md to `out`. Each run is
+appended to <out>/runs.jsonl as it finishes: an interrupted command, run again, resumes (runs of
 changed code are run again).
 
 Usage:
-    python -m experiments.reproduce_klotski [--out runs/reproduce_klotski] [--quick] [--jobs 2]
+    python -m experiments.reproduce_klotski [out=runs/reproduce_klotski] [quick=true] [jobs=2]
+        [only=[table3,auto_n,fig14,vs_flexgen]] [report_only=true]
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
+from tqdm import tqdm
 
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.cli import output_dir, until_interrupted
+from experiments.app import command
+from experiments.cli import on_interrupt, output_dir, until_interrupted
 from experiments.pipeline import code_version
 from experiments.prefetch_eval import markdown
 
@@ -307,7 +310,7 @@ def targets(df: pd.DataFrame) -> list[str]:
 
 
 def read_results(path: Path) -> pd.DataFrame:
-    """A previous run's results.csv, for --report-only."""
+    """A previous run's results.csv, for report_only=true."""
     if not path.is_file():
         raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
     try:
@@ -317,7 +320,7 @@ def read_results(path: Path) -> pd.DataFrame:
     if "table" not in df:  # experiments.collect writes a results.csv of the same name
         raise MoepipeError(
             f"{path}: not reproduce_klotski's results (no 'table' column; experiments.collect "
-            "writes one of the same name); give --out the folder reproduce_klotski wrote"
+            "writes one of the same name); give out= the folder reproduce_klotski wrote"
         )
     if (df.table == "table3").any() and not {"column", "step"} <= set(df):
         raise MoepipeError(
@@ -326,7 +329,7 @@ def read_results(path: Path) -> pd.DataFrame:
     return df
 
 
-DONE = "runs.jsonl"  # in --out: one finished run per line, what an interrupted command resumes from
+DONE = "runs.jsonl"  # in `out`: one finished run per line, what an interrupted command resumes from
 
 
 def run_resumable(
@@ -354,26 +357,39 @@ def run_resumable(
         if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
             log_.write("\n")  # after a line the interrupt cut short
         futures = {pool.submit(run_point, jobs[i]): i for i in todo}
+        # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
+        bar = tqdm(total=len(todo), desc="reproduce_klotski", unit="run", file=sys.stderr,
+                   mininterval=1.0, dynamic_ncols=True)  # fmt: skip
+        on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
         for fut in as_completed(futures):
             row = fut.result()
+            bar.update()
             done[keys[futures[fut]]] = row
             log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
             log_.flush()
+        bar.close()
     return [json.loads(json.dumps(done[k], default=str)) for k in keys], len(todo)
 
 
+MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")
+
+
+@dataclass
+class Options:
+    out: str = "runs/reproduce_klotski"
+    quick: bool = False  # few decode steps and n values (smoke test)
+    jobs: int = 2  # worker processes
+    only: list[str] = field(default_factory=lambda: list(MAKERS))  # which tables
+    report_only: bool = False  # re-print the report from <out>/results.csv
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="runs/reproduce_klotski")
-    ap.add_argument(
-        "--quick", action="store_true", help="few decode steps and n values (smoke test)"
-    )
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", default="table3,auto_n,fig14,vs_flexgen")
-    ap.add_argument(
-        "--report-only", action="store_true", help="re-print the report from --out/results.csv"
-    )
-    args = ap.parse_args(argv)
+    """Ctrl-C: one line and exit 130; finished runs are kept in <out>/runs.jsonl."""
+    return int(until_interrupted(lambda: _app(argv)))
+
+
+def _main(args: Options) -> int:
+    only = [str(n) for n in args.only]
     try:
         if args.report_only:
             print(report(read_results(Path(args.out) / "results.csv")))
@@ -384,19 +400,19 @@ def main(argv: list[str] | None = None) -> int:
             "fig14": jobs_fig14,
             "vs_flexgen": jobs_vs_flexgen,
         }
-        unknown = [n for n in args.only.split(",") if n not in makers]
+        unknown = [n for n in only if n not in makers]
         if unknown:
-            raise MoepipeError(f"--only {','.join(unknown)}: unknown; valid: {','.join(makers)}")
+            raise MoepipeError(f"only={','.join(unknown)}: unknown; valid: {','.join(makers)}")
         if args.jobs < 1:
             raise MoepipeError(
-                f"--jobs {args.jobs}: must be >= 1 (worker processes); pass --jobs 1 or more"
+                f"jobs={args.jobs}: must be >= 1 (worker processes); pass jobs=1 or more"
             )
         # made and checked before the simulations, whose results would be lost after
-        out = output_dir(args.out, "--out")
+        out = output_dir(args.out, "out")
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    jobs = [j for name in args.only.split(",") for j in makers[name](args.quick)]
+    jobs = [j for name in only for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
     t0 = time.perf_counter()
     rows, ran = run_resumable(jobs, out / DONE, args.jobs)
@@ -411,11 +427,13 @@ def main(argv: list[str] | None = None) -> int:
         (out / "report.md").write_text(text + "\n")
     except OSError as e:
         print(df.to_csv(index=False))
-        print(f"error: --out {out}: cannot write the results ({e.strerror or e})", file=sys.stderr)
+        print(f"error: out={out}: cannot write the results ({e.strerror or e})", file=sys.stderr)
         return 2
     print(text)
     return 0
 
 
+_app = command("reproduce_klotski", Options, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(until_interrupted(main))
+    sys.exit(main())

@@ -33,7 +33,7 @@ def to_dict(node: Any, key: str = "config") -> dict[str, Any]:
 
 
 def model_spec(cfg: DictConfig) -> ModelSpec:
-    d = to_dict(cfg.model, "model")
+    d = {k: v for k, v in to_dict(cfg.model, "model").items() if v is not None}  # null: derived
     hf = d.pop("hf_config", None)
     if hf:
         return ModelSpec.from_hf_config(hf)  # named after the checkpoint directory
@@ -93,6 +93,11 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     executor = str(cfg.executor.name)
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
+    for key in ("routing_mode", "device"):  # the schema has them for real runs alone
+        if executor == "sim" and cfg.executor.get(key) is not None:
+            raise ConfigError(
+                f"executor.{key}: a key of the real executor; choose executor=real, which has it"
+            )
     planner = to_dict(cfg.planner, "planner")
     if "name" not in planner:
         raise ConfigError("planner: its config has no name (the registered planner to run)")

@@ -4,15 +4,15 @@ Mixtral generator fitted to the OLMoE repository's aggregate Mixtral counts.
 Prints both tables and writes them (with the fitted parameters) to routing_stats.json.
 
 Usage:
-    python -m experiments.routing_stats [--trace-dir ../shared/traces] [--out routing_stats.json]
+    python -m experiments.routing_stats [trace_dir=../shared/traces] [out=routing_stats.json] [seed=0]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
+from experiments.app import command
 from experiments.cli import as_int, output_file, until_interrupted
 
 ROWS = (
@@ -34,7 +35,7 @@ ROWS = (
 
 
 def esft_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
-    trace = load_esft(trace_dir, trace_dir_flag="--trace-dir")
+    trace = load_esft(trace_dir, trace_dir_flag="trace_dir")
     real = routing_stats(
         trace.expert_ids, trace.gate_weights, N_EXPERTS, trace.seq_key, trace.seq_id % 5 == 0
     )
@@ -57,11 +58,11 @@ def mixtral_counts(trace_dir: str) -> np.ndarray:
             counts = z[key]  # [domains, layers, 8]
     except FileNotFoundError:
         raise TraceError(
-            f"{path}: no such file; pass --trace-dir=<the folder holding olmoe-aggregates/>"
+            f"{path}: no such file; pass trace_dir=<the folder holding olmoe-aggregates/>"
         ) from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise TraceError(f"{path}: unreadable or lacks {key} ({e})") from None
-    fix = "restore the file from olmoe-aggregates/original or pass --trace-dir"
+    fix = "restore the file from olmoe-aggregates/original or pass trace_dir="
     if counts.ndim != 3 or counts.shape[-1] != MIXTRAL_EXPERTS or 0 in counts.shape:
         raise TraceError(
             f"{path}: {key} has shape {counts.shape}, expected [domains, layers, "
@@ -99,22 +100,22 @@ def _table(title: str, real: dict[str, float], synth: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Options:
+    trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/ and olmoe-aggregates/
+    out: str = "routing_stats.json"
+    seed: int = 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C: one line and exit 130; routing_stats.json is written only once computed."""
-    return int(until_interrupted(lambda: _main(argv)))
+    return int(until_interrupted(lambda: _app(argv)))
 
 
-def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.routing_stats", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--trace-dir", default="../shared/traces", help="folder holding esft-dsv2lite/")
-    ap.add_argument("--out", default="routing_stats.json")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+def _main(args: Options) -> int:
     try:  # every input checked before the statistics, whose results a bad one would lose
-        seed = as_int("--seed", args.seed, at_least=0)
-        out = output_file(args.out, "--out")
+        seed = as_int("seed", args.seed, at_least=0)
+        out = output_file(args.out, "out")
         counts = mixtral_counts(args.trace_dir)
         esft = esft_comparison(args.trace_dir, seed)
         mix = mixtral_comparison(counts, seed)
@@ -134,11 +135,13 @@ def _main(argv: list[str] | None) -> int:
     try:
         out.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
     except OSError as e:
-        print(f"error: --out {out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        print(f"error: out={out}: cannot write it ({e.strerror or e})", file=sys.stderr)
         return 2
     print(f"\nwrote {out}")
     return 0
 
+
+_app = command("routing_stats", Options, _main, __doc__)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 """One run: plan a workload with a planner, execute it (simulator or real), write the run dir.
 
 Usage:
-    python -m experiments.run model=mixtral-8x7b hardware=rtx3090-env1 workload=paper \
-        planner=flexgen workload.n_batches=15 executor=sim
+    python -m experiments.run model=mixtral-8x7b hardware=rtx3090-env1 workload=paper
+        planner=flexgen workload.n_batches=15 executor=sim  # (one line)
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
 Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -37,14 +36,18 @@ from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
+from experiments.app import hydra_main, remove_if_no_run, running
 from experiments.callbacks import FAILED
 from experiments.cli import (
+    another_commands_experiment,
     any_error_line,
-    exit_on_unknown_choice,
     exit_on_unwritable_dir,
     exit_with,
+    missing_launcher,
     on_interrupt,
     run_command,
+    sweep_experiment_misused,
+    until_interrupted,
 )
 from experiments.collect import display_name
 from experiments.pipeline import (
@@ -55,6 +58,7 @@ from experiments.pipeline import (
     write_run,
 )
 from experiments.resolve import run_model_name, run_spec
+from experiments.schema import RunSchema
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +179,26 @@ def locked(out_dir: Path) -> Iterator[None]:
         yield
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = (
+        another_commands_experiment(argv)
+        or sweep_experiment_misused(argv)
+        or missing_launcher(argv)
+    )
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
+    running(RunSchema)
+    return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware"])))
+
+
+def task(cfg: DictConfig) -> None:
+    """One run, or one point of a sweep."""
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
@@ -200,6 +222,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         execute(cfg, out_dir)
     except CapacityError as e:
         if not sweep:
+            remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
@@ -208,6 +231,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         replace_run(out_dir, infeasible, lambda tmp: write_texts(tmp, stamp(config_text(cfg))))
     except Exception as e:
         if not sweep:
+            remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep
@@ -224,6 +248,4 @@ def write_texts(folder: Path, texts: dict[str, str]) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_unknown_choice(sys.argv[1:])
-    exit_on_unwritable_dir(sys.argv[1:], ("hydra.run.dir", "hydra.sweep.dir"))
-    run_command(main)
+    sys.exit(run_command(main))

@@ -1,48 +1,75 @@
 """Chrome/Perfetto trace (`trace.json`) of run directories, from their canonical trace.parquet.
 
 Usage:
-    python -m experiments.trace_json RUN_DIR                   # writes RUN_DIR/trace.json
-    python -m experiments.trace_json SIM_DIR REAL_DIR --out both.json   # one file, one process each
+    python -m experiments.trace_json runs=RUN_DIR                  # writes RUN_DIR/trace.json
+    python -m experiments.trace_json runs=[SIM_DIR,REAL_DIR] out=both.json   # one file, a process each
 
 A run writes trace.parquet only (`trace_json=true` writes trace.json too); open the JSON in
-ui.perfetto.dev: one process per source, one thread per stream.
+ui.perfetto.dev: one process per source (per device for a run on G processes), one thread per
+stream.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from core.balance import device_of
 from core.errors import MoepipeError
 from core.trace import write_chrome
+from experiments.app import command
+from experiments.cli import run_command, until_interrupted
 
 
-def read_trace(run_dir: Path) -> pd.DataFrame:
+def read_traces(run_dir: Path) -> list[pd.DataFrame]:
+    """The run's trace as trace.json shows it: one part, or one per device of a run on G
+    processes (its summary.json says `processes`)."""
     path = run_dir / "trace.parquet" if run_dir.is_dir() else run_dir
     if not path.is_file():
         raise MoepipeError(f"{run_dir}: no trace.parquet there; pass a run directory a run wrote")
-    return pd.read_parquet(path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (or trace.parquet files)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="the JSON file (default: RUN_DIR/trace.json, for one run)")  # fmt: skip
-    args = ap.parse_args(argv)
+    trace = pd.read_parquet(path)
+    summary = path.parent / "summary.json"
     try:
-        if args.out is None and len(args.runs) > 1:
-            raise MoepipeError("several runs go into one file: name it with --out FILE")
-        out = args.out or (args.runs[0] if args.runs[0].is_dir() else args.runs[0].parent)
-        out = out / "trace.json" if args.out is None else out
-        traces = [read_trace(r) for r in args.runs]
+        processes = int(json.loads(summary.read_text()).get("processes", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        processes = 0
+    return chrome_parts(trace, processes)
+
+
+def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:
+    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
+    one per device (`source` named `real:gpu<d>` there only)."""
+    if processes <= 0 or trace.empty:
+        return [trace]
+    dev = device_of(trace["resource"])
+    src = trace["source"].iloc[0]
+    return [trace[dev == d].assign(source=f"{src}:gpu{d}") for d in range(processes)]
+
+
+@dataclass
+class Options:
+    runs: list[str] = field(default_factory=list)  # run directories (or trace.parquet files)
+    out: str | None = None  # the JSON file (default: RUN_DIR/trace.json, for one run)
+
+
+def _main(opts: Options) -> int:
+    runs = [Path(r) for r in opts.runs]
+    try:
+        if not runs:
+            raise MoepipeError("runs=RUN_DIR: name the run directory (or runs=[A,B] out=FILE)")
+        if opts.out is None and len(runs) > 1:
+            raise MoepipeError("several runs go into one file: name it with out=FILE")
+        first = runs[0] if runs[0].is_dir() else runs[0].parent
+        out = Path(opts.out) if opts.out is not None else first / "trace.json"
+        traces = [part for r in runs for part in read_traces(r)]
         try:
             write_chrome(out, traces)
         except OSError as e:
-            raise MoepipeError(f"--out {out}: cannot write it ({e.strerror})") from None
+            raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -50,5 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_app = command("trace_json", Options, _main, __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(until_interrupted(lambda: _app(argv)))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

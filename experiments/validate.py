@@ -11,7 +11,7 @@ Writes <out>/<planner>/{sim,real}/ run directories, validate.csv, validate.md an
 timeline_<planner>.png (sim above real).
 
 Usage:
-    python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=a,b]
+    python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=[a,b]]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
         [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>] [executor.distributed=true]
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,9 @@ from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
+from experiments.app import check_keys, command, kv  # noqa: E402
 from experiments.calibrate import measure_in_run  # noqa: E402
-from experiments.cli import as_bool, as_float, as_int, output_dir, parse_kv  # noqa: E402
+from experiments.cli import as_bool, as_float, as_int, output_dir  # noqa: E402
 from experiments.dist_run import run_distributed  # noqa: E402
 from experiments.pipeline import (  # noqa: E402
     RunResult,
@@ -74,17 +75,36 @@ from experiments.pipeline import (  # noqa: E402
     write_run,
 )
 from experiments.real_run import real_execute  # noqa: E402
+from experiments.schema import HardwareSchema  # noqa: E402
 from planners.registry import planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
 
-_DEFAULTS: dict[str, Any] = dict(
-    checkpoint=None, hardware="this-machine", planners="", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=2, prompt_len=16, gen_len=4, out=None, repeats=3, links="probe",
-    **{"executor.distributed": "false"},
-)  # fmt: skip
+@dataclass
+class DistributedOption:
+    distributed: bool = False  # an expert-parallel planner's devices as processes (gloo)
+
+
+@dataclass
+class Options:
+    checkpoint: str | None = None  # the checkpoint folder the real runs read
+    hardware: str = "this-machine"  # conf/hardware/<name>.yaml or a FILE.yaml (calibrate's)
+    planners: list[str] = field(default_factory=list)  # empty: every registered planner
+    gpu_frac: float = 0.6  # the device pool, as a share of the model's bytes
+    cpu_frac: float = 0.15  # host RAM, as a share of the model's bytes
+    batch_size: int = 4
+    n_batches: int = 2
+    prompt_len: int = 16
+    gen_len: int = 4
+    out: str | None = None  # default runs/validate/<time>
+    repeats: int = 3  # real runs per planner
+    links: str = "probe"  # probe | calibrated
+    executor: DistributedOption = field(default_factory=DistributedOption)
+
+
+_DEFAULTS: dict[str, Any] = kv(Options())
 
 
 def with_links(hw: HardwareSpec, bandwidths: dict[Resource, float]) -> HardwareSpec:
@@ -171,6 +191,7 @@ def read_hardware(name: str) -> dict[str, Any]:
         raise MoepipeError(f"{path}: hardware file is {what}; {fix}")
     if not isinstance(d.get("memory_gb"), dict):
         raise MoepipeError(f"{path}: hardware file has no memory_gb mapping; {fix}")
+    check_keys(HardwareSchema, d, str(path))
     return d
 
 
@@ -464,20 +485,13 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     return table
 
 
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
+def _main(args: Options) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    opts = dict(_DEFAULTS)
-    try:
-        opts = parse_kv(argv, opts)
-        validate(opts)
-    except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    validate(kv(args))
     return 0
 
 
+main = command("validate", Options, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

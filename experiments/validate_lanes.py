@@ -17,7 +17,7 @@ raised to hold the whole model (expert parallelism keeps every expert resident).
 
 Usage:
     python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml
-        [planners=ep_static,predictive_replication] [lanes=4] [replica_slots=1] [batch_size=4]
+        [planners=[ep_static,predictive_replication]] [lanes=4] [replica_slots=1] [batch_size=4]
         [n_batches=4] [prompt_len=32] [repeats=3] [device=] [out=runs/validate_lanes/<time>]
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,8 @@ import torch
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
-from experiments.cli import as_int, output_dir, parse_kv, print_or_exit
+from experiments.app import command, kv
+from experiments.cli import as_int, output_dir, print_or_exit
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.real_run import real_execute
 from experiments.validate import markdown, read_hardware
@@ -43,11 +45,22 @@ from real.checkpoint import load_checkpoint
 from real.store import resolve_device
 
 EP_PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
-_DEFAULTS: dict[str, Any] = dict(
-    checkpoint=None, hardware="this-machine", planners="ep_static,predictive_replication",
-    lanes=4, replica_slots=1, batch_size=4, n_batches=4, prompt_len=32, repeats=3, device="",
-    out=None,
-)  # fmt: skip
+@dataclass
+class Options:
+    checkpoint: str | None = None  # the checkpoint folder the real runs read
+    hardware: str = "this-machine"  # conf/hardware/<name>.yaml or a FILE.yaml (calibrate's)
+    planners: list[str] = field(default_factory=lambda: ["ep_static", "predictive_replication"])
+    lanes: int = 4
+    replica_slots: int = 1
+    batch_size: int = 4
+    n_batches: int = 4
+    prompt_len: int = 32
+    repeats: int = 3
+    device: str = ""  # cuda | cpu; empty: cuda if available
+    out: str | None = None  # default runs/validate_lanes/<time>
+
+
+_DEFAULTS: dict[str, Any] = kv(Options())
 
 
 def expert_phases_s(trace: pd.DataFrame) -> float:
@@ -143,10 +156,12 @@ def report(opts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    opts = parse_kv(sys.argv[1:] if argv is None else argv, _DEFAULTS)
-    print_or_exit(lambda: report(opts))
+def _main(args: Options) -> int:
+    print_or_exit(lambda: report(kv(args)))
+    return 0
 
+
+main = command("validate_lanes", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -88,7 +88,7 @@ else  # later stages still run, on the shipped H200 profile
   echo "calibration wrote no profile: the stages below use $HW"
 fi
 stage validate 100 python3 -m experiments.validate checkpoint="$CKPT" hardware="$HW" \
-  planners=sequential,flexgen,zero_inference,fiddler,moe_infinity,klotski repeats=2 \
+  planners=[sequential,flexgen,zero_inference,fiddler,moe_infinity,klotski] repeats=2 \
   batch_size=8 n_batches=4 prompt_len=32 gen_len=4 out="$WORK/validate" \
   && cat "$WORK/validate/validate.md"
 [ -n "${OUT:-}" ] && cp "$WORK/gpu-check.yaml" "$WORK"/validate/validate.{md,csv} \

@@ -25,10 +25,10 @@ def _counts_dir(root: Path, counts: np.ndarray) -> Path:
 
 
 def test_routing_stats_checks_the_seed_first(tmp_path, capsys):
-    """--seed -1 failed in numpy after the statistics were computed."""
-    argv = ["--seed", "-1", "--trace-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o")]
+    """seed=-1 failed in numpy after the statistics were computed."""
+    argv = ["seed=-1", f"trace_dir={tmp_path / 'none'}", f"out={tmp_path / 'o'}"]
     assert routing_stats.main(argv) == 2
-    one_error(capsys, "--seed=-1", ">= 0")
+    one_error(capsys, "seed=-1", ">= 0")
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_routing_stats_names_a_bad_counts_file(counts, names, tmp_path, capsys):
     """All-zero counts said 'counts must be non-negative' naming no file; a [7] array was fitted
     as if it were Mixtral's."""
     d = _counts_dir(tmp_path / "traces", counts)
-    assert routing_stats.main(["--trace-dir", str(d), "--out", str(tmp_path / "rs.json")]) == 2
+    assert routing_stats.main([f"trace_dir={d}", f"out={tmp_path / 'rs.json'}"]) == 2
     one_error(capsys, "olmoe_mixtral_counts.npz", "mixtral_counts_topk", *names)
     assert not (tmp_path / "rs.json").exists()
 
@@ -67,11 +67,11 @@ def _sweep(root: Path, n: int = 2) -> Path:
 
 
 def test_report_default_folder_that_is_a_file_is_one_line(tmp_path, capsys):
-    """<sweep>/report a file: FileExistsError traceback (an explicit --out was checked)."""
+    """<sweep>/report a file: FileExistsError traceback (an explicit out= was checked)."""
     sweep = _sweep(tmp_path / "s")
     (sweep / "report").write_text("not a folder")
-    assert report.main([str(sweep)]) == 2
-    one_error(capsys, "--out", str(sweep / "report"), "is a file")
+    assert report.main([f"dir={sweep}"]) == 2
+    one_error(capsys, "out=", str(sweep / "report"), "is a file")
     assert (sweep / "report").read_text() == "not a folder"
 
 
@@ -90,10 +90,10 @@ def test_report_default_folder_in_a_read_only_sweep_is_one_line(tmp_path, capsys
         monkeypatch.setattr(Path, "mkdir", refuse)
     sweep.chmod(0o555)
     try:
-        assert report.main([str(sweep)]) == 2
+        assert report.main([f"dir={sweep}"]) == 2
     finally:
         sweep.chmod(0o755)
-    one_error(capsys, "--out", str(sweep / "report"), "Permission denied")
+    one_error(capsys, "out=", str(sweep / "report"), "Permission denied")
     assert not (sweep / "report").exists()
 
 
@@ -101,8 +101,8 @@ def test_collect_results_path_that_is_a_folder_is_one_line(tmp_path, capsys):
     """results.parquet a folder: IsADirectoryError traceback."""
     sweep = _sweep(tmp_path / "s")
     (sweep / "results.parquet").mkdir()
-    assert collect.main([str(sweep)]) == 2
-    one_error(capsys, str(sweep / "results.parquet"), "is a folder", "--out")
+    assert collect.main([f"dir={sweep}"]) == 2
+    one_error(capsys, str(sweep / "results.parquet"), "is a folder", "out=")
     assert not (sweep / "results.csv").exists()
 
 
@@ -111,7 +111,7 @@ def test_collect_skips_a_run_whose_config_is_not_utf8(tmp_path, capsys):
     as an unreadable summary.json is, and the other runs are collected."""
     sweep = _sweep(tmp_path / "s", n=3)
     (sweep / "run1" / "config.yaml").write_bytes(b"planner: \xff\xfe\n")
-    assert collect.main([str(sweep)]) == 0
+    assert collect.main([f"dir={sweep}"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err == ["skipped run1: config.yaml unreadable (not UTF-8 text)"]
     df, problems = collect.collect(sweep)
@@ -149,11 +149,11 @@ def exit_code(main: Callable[[], object]) -> object:
 @pytest.mark.parametrize(
     "module, work, argv",
     [
-        (convert_traces, "convert_esft", ["{tmp}/src", "{tmp}/o.npz"]),
-        (collect, "load_sweep", ["{tmp}"]),
-        (report, "load_sweep", ["{tmp}"]),
+        (convert_traces, "convert_esft", ["src={tmp}/src", "out={tmp}/o.npz"]),
+        (collect, "load_sweep", ["dir={tmp}"]),
+        (report, "load_sweep", ["dir={tmp}"]),
         (calibrate, "calibrate", ["hardware.name=t", "out={tmp}/x.yaml", "disk_dir={tmp}/d"]),
-        (routing_stats, "output_file", ["--out", "{tmp}/rs.json"]),
+        (routing_stats, "output_file", ["out={tmp}/rs.json"]),
     ],
     ids=["convert_traces", "collect", "report", "calibrate", "routing_stats"],
 )

@@ -87,22 +87,22 @@ def test_the_disk_bound_column_is_judged_within_a_factor_of_two():
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     from experiments.reproduce_klotski import main
 
-    assert main(["--report-only", "--out", str(tmp_path)]) == 2
+    assert main(["report_only=true", f"out={tmp_path}"]) == 2
     assert f"{tmp_path}/results.csv: no results" in capsys.readouterr().err
     pd.DataFrame([dict(table="table3", planner="klotski", throughput_tok_s=1.0)]).to_csv(
         tmp_path / "results.csv", index=False
     )
-    assert main(["--report-only", "--out", str(tmp_path)]) == 2  # an older results.csv
+    assert main(["report_only=true", f"out={tmp_path}"]) == 2  # an older results.csv
     assert "written before Table 3 rows were keyed by column and step" in capsys.readouterr().err
     pd.DataFrame([dict(run_dir="x", throughput_tok_s=1.0)]).to_csv(tmp_path / "results.csv")
-    assert main(["--report-only", "--out", str(tmp_path)]) == 2  # experiments.collect's
+    assert main(["report_only=true", f"out={tmp_path}"]) == 2  # experiments.collect's
     assert "not reproduce_klotski's results" in capsys.readouterr().err
     (tmp_path / "results.csv").write_text("")
-    assert main(["--report-only", "--out", str(tmp_path)]) == 2
+    assert main(["report_only=true", f"out={tmp_path}"]) == 2
     assert "not a readable CSV" in capsys.readouterr().err
-    assert main(["--only", "table4", "--out", str(tmp_path)]) == 2
+    assert main(["only=[table4]", f"out={tmp_path}"]) == 2
     assert (
-        "--only table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
+        "only=table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
     )
 
 

@@ -33,7 +33,7 @@ def test_run_writes_the_run_directory(tmp_path):
     for f in ("config.yaml", "summary.json", "trace.parquet"):
         assert (out / f).exists(), f
     assert not (out / "trace.json").exists()  # on demand: experiments.trace_json
-    assert trace_json.main([str(out)]) == 0
+    assert trace_json.main([f"runs={out}"]) == 0
     umask = os.umask(0)
     os.umask(umask)  # the summary, written atomically, is as readable as the other files
     assert (out / "summary.json").stat().st_mode & 0o777 == 0o666 & ~umask
@@ -57,11 +57,11 @@ def test_run_writes_the_run_directory(tmp_path):
 
 def test_trace_json_names_a_folder_without_a_trace(tmp_path, capsys):
     """`experiments.trace_json` on a folder no run wrote: one line naming it, exit 2."""
-    assert trace_json.main([str(tmp_path)]) == 2
+    assert trace_json.main([f"runs={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path) in err and "trace.parquet" in err
-    assert trace_json.main([str(tmp_path), str(tmp_path)]) == 2  # two runs, no --out
-    assert "--out" in capsys.readouterr().err
+    assert trace_json.main([f"runs=[{tmp_path},{tmp_path}]"]) == 2  # two runs, no out=
+    assert "out=FILE" in capsys.readouterr().err
 
 
 def test_sweep_runs_every_planner(tmp_path):
@@ -83,29 +83,24 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
     assert f"1 run(s) failed on bad input ({point};" in r.stderr
 
 
-def test_an_experiments_own_choices_and_keys_pass_the_key_check():
-    from experiments.cli import unknown_key
-
-    for name in (
-        "compare",
-        "fig10",
-        "fig11",
-        "klotski_fig14",
-        "klotski_table3",
-        "klotski_vs_flexgen",
-    ):
-        assert unknown_key([f"experiment={name}", "workload.gen_len=2", "workload.batch_size=4",
-                            "executor.name=sim"], ROOT / "conf") is None, name  # fmt: skip
-    # compare chooses workload=paper, whose keys are checked without workload= given
-    assert "conf/workload/paper.yaml has no 'batchsize'" in unknown_key(
-        ["experiment=compare", "workload.batchsize=8"], ROOT / "conf"
-    )
+def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
+    """Every experiment's choices and keys compose under the run schema (--cfg job composes
+    without running); a mistyped key under an experiment is one line naming the nearest."""
+    for name in ("compare", "fig10", "fig11", "klotski_fig14", "klotski_table3",
+                 "klotski_vs_flexgen"):  # fmt: skip
+        r = run(["--cfg", "job", f"experiment={name}", "workload.gen_len=2",
+                 "workload.batch_size=4", "executor.name=sim"], tmp_path)  # fmt: skip
+        assert r.returncode == 0 and "planner:" in r.stdout, (name, r.stderr)
+    r = run(["-m", "experiment=compare", "workload.batchsize=8"], tmp_path)
+    assert r.returncode == 2
+    assert "workload.batchsize: unknown key; did you mean 'batch_size'?" in r.stderr
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         (["planner=nope"], "planner=nope: no conf/planner/nope.yaml; valid: ep_static,"),
+        (["planner=flexgn"], "planner=flexgn: no conf/planner/flexgn.yaml; did you mean 'flexgen'?"),
         (["-m", "model=tiny,mixtral-9x7b"], "model=mixtral-9x7b: no conf/model/mixtral-9x7b.yaml"),
         (["hardware.links.h2d.gbps=-1"], "links.h2d.gbps must be positive"),
         (["hardware.memory_gb.gpu=0"], "memory.gpu must be a positive capacity"),
@@ -114,30 +109,32 @@ def test_an_experiments_own_choices_and_keys_pass_the_key_check():
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
         (["workload.prompt_len=4000000", "hardware.memory_gb.disk=1000"], "KV cache"),
         (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
-        (["planner.params.sync=maybe"], "param sync='maybe' must be true or false"),
+        (["planner.params.sync=maybe"], "planner.params.sync=maybe: not true or false"),
         (["workload.routing.source=bogus"], "workload.routing.source='bogus' unknown; valid:"),
-        (["workload.routing.skew=abc"], "workload.routing.skew must be a number"),
-        (["workload.seed=abc"], "workload.seed must be an integer >= 0"),
+        (["workload.routing.skew=abc"], "workload.routing.skew=abc: not a number"),
+        (["workload.seed=abc"], "workload.seed=abc: not a whole number"),
+        (["workload.seed=-1"], "workload.seed must be an integer >= 0"),
         (["model.n_experts=0"], "model.n_experts must be a positive number, got 0"),
         (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
         (["model.activation=tanh"], "activation='tanh' unknown; valid: swiglu, relu"),
-        (["hardware.memory_gb=5"], "hardware tiny: memory_gb: "),
-        (["hardware.links.h2d=16"], "hardware tiny: links.h2d: "),
-        (["hardware.gpu=null"], "hardware tiny: gpu: "),
-        (["hardware.gpu.tflops=abc"], "hardware tiny: gpu: could not convert string to float"),
-        (["planner.params.synk=true"], "planner flexgen has no param 'synk'; valid: sync"),
-        (["planner=fiddler", "planner.params.policy=x"], "add it with +planner.params.policy=x"),
+        (["hardware.memory_gb=5"], "hardware.memory_gb=5: Invalid type assigned"),
+        (["hardware.links.h2d=16"], "hardware.links.h2d=16: Invalid type assigned"),
+        (["hardware.gpu=null"], "hardware.gpu=null: field 'hardware.gpu' is not Optional"),
+        (["hardware.gpu.tflops=abc"], "hardware.gpu.tflops=abc: not a number"),
+        (["hardware.gpu.overhed_us=50"], "hardware.gpu.overhed_us: unknown key; did you mean 'overhead_us'?"),
+        (["planner.params.synk=true"], "planner.params.synk: unknown key; did you mean 'sync'? valid: sync"),
+        (["planner=fiddler", "planner.params.policy=x"], "policy must be one of"),
         (["experiment=replication"], "run python -m experiments.replication"),
-        (["foo=bar"], "foo: not a key of the config; valid: checkpoint, skip_finished"),
-        (["workload.routing.skw=1"], "conf/workload/tiny.yaml has no 'routing.skw' (there: "),
+        (["foo=bar"], "foo: unknown key; valid: checkpoint, executor, hardware, model, planner,"),
+        (["workload.routing.skw=1"], "workload.routing.skw: unknown key; did you mean 'skew'?"),
         (["executor.routing_mode=live"], "choose executor=real, which has it"),
         # a sweep experiment without -m ran one default point; two swept together, one each
         (["experiment=fig10"], "experiment=fig10 is a sweep: add -m"),
         (["-m", "experiment=compare,fig10"], "own sweep runs only when it is chosen alone"),
         # under an experiment too (hydra printed its screen): its group choices and keys count
         (
-            ["experiment=compare", "workload.batchsize=8"],
-            "conf/workload/tiny.yaml has no 'batchsize'",
+            ["-m", "experiment=compare", "workload.batchsize=8"],
+            "workload.batchsize: unknown key; did you mean 'batch_size'?",
         ),
     ],
 )
@@ -146,7 +143,7 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
@@ -335,20 +332,18 @@ def test_slurm_launcher_without_its_plugin_says_what_to_install():
 
 def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
     """experiments.replication: a misspelt or missing key (hydra: a screen of text, exit 1) is one
-    line naming what is there, exit 2; keys the file has, or the command line adds, pass."""
-    from experiments.cli import unknown_config_key
-
-    conf = ROOT / "conf" / "experiment" / "replication.yaml"
-    line = unknown_config_key(["cases.esft-g8.bogus=1"], conf)
-    assert line and "no 'bogus' at cases.esft-g8 (there: model, routing" in line
-    assert unknown_config_key(["planners.predictive_replication.predictor=window",
-                               "cases.esft-g8.batch_sizes=[8]", "~cases.esft-g4", "+variants.x=1",
-                               "+cases.new={}", "cases.new.model=tiny"], conf) is None  # fmt: skip
-    cmd = [sys.executable, "-m", "experiments.replication", "planners.eplb.initial_load=x.npy",
-           f"out_dir={tmp_path}/r"]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2 and len(err) == 1 and "add a new key with +planners.eplb" in err[0]
+    line naming the nearest key there, exit 2."""
+    for args, message in (
+        (["cases.esft-g8.bogus=1"], "cases.esft-g8.bogus: unknown key; valid: batch_sizes,"),
+        (["replica_slot=1"], "replica_slot: unknown key; did you mean 'replica_slots'?"),
+        (["planners.eplb.initial_load=x.npy"], "planners.eplb.initial_load: unknown key;"),
+        (["replica_slots=two"], "replica_slots=two: not a whole number"),
+    ):
+        cmd = [sys.executable, "-m", "experiments.replication", *args, f"out_dir={tmp_path}/r"]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(err) == 1 and message in err[0], r.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):

@@ -162,7 +162,7 @@ def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
 
 
 def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(swept), "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path}"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 4
@@ -185,11 +185,11 @@ def test_collect_keeps_true_false_of_a_param_some_planners_lack(tmp_path: Path) 
 
 def test_collect_cli_out_under_a_file_is_one_line(swept: Path, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
-    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(swept), "--out",
-                        str(tmp_path / "afile")], cwd=REPO, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", f"dir={swept}",
+                        f"out={tmp_path / 'afile'}"], cwd=REPO, capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and "--out" in err[0], r.stderr
+    assert r.returncode == 2 and len(err) == 1 and "out=" in err[0], r.stderr
 
 
 def images_of(page: Path) -> list[Path]:
@@ -197,7 +197,7 @@ def images_of(page: Path) -> list[Path]:
 
 
 def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
-    assert report_main([str(swept), "--out", str(tmp_path)]) == 0
+    assert report_main([f"dir={swept}", f"out={tmp_path}"]) == 0
     imgs = images_of(tmp_path / "index.html")
     assert any(p.name == "throughput_vs_batch.png" for p in imgs) and any(
         p.name == "gantt.png" for p in imgs
@@ -275,7 +275,7 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
            "+planner.params.n_devices=2", "+hardware.n_gpus=2", f"hydra.sweep.dir={d}"]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert report_main([str(d), "--out", str(tmp_path / "rep")]) == 0
+    assert report_main([f"dir={d}", f"out={tmp_path / 'rep'}"]) == 0
     png = tmp_path / "rep" / "load_balance.png"
     assert png.exists() and Image.open(png).size[0] > 100
     assert "load_balance.png" in (tmp_path / "rep" / "index.html").read_text()
@@ -284,10 +284,10 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
 def test_report_rejects_unknown_metric_and_column(
     swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert report_main([str(swept), "--out", str(tmp_path), "--metric", "tokens_per_banana"]) == 2
+    assert report_main([f"dir={swept}", f"out={tmp_path}", "metric=tokens_per_banana"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "valid:" in err[0] and "throughput_tok_s" in err[0]
-    assert report_main([str(swept), "--out", str(tmp_path), "--columns", "no.such"]) == 2
+    assert report_main([f"dir={swept}", f"out={tmp_path}", "columns=[no.such]"]) == 2
     assert "valid:" in capsys.readouterr().err
 
 
@@ -297,7 +297,7 @@ def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
     )
     if browser is None:
         pytest.skip("no chromium binary on PATH (apt-get install -y chromium)")
-    assert report_main([str(swept), "--out", str(tmp_path)]) == 0
+    assert report_main([f"dir={swept}", f"out={tmp_path}"]) == 0
     page = tmp_path / "index.html"
     check = (
         "<script>addEventListener('load',()=>{const i=[...document.images];document.title="
@@ -323,7 +323,7 @@ def test_a_sweep_of_infeasible_runs_says_so(
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sequential           infeasible at bs 16: model mixtral-8x22b" in r.stdout
     assert "no report: every run" in r.stderr and "Traceback" not in r.stderr
-    assert report_main([str(d)]) == 2
+    assert report_main([f"dir={d}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no feasible runs" in err[0] and "does not fit" in err[0]
 

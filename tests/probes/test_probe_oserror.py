@@ -71,9 +71,9 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
     full = _small_files(4_000)
-    one_line(cli("experiments.collect", str(sweep), "--out", str(tmp_path / "c"), preexec_fn=full),
+    one_line(cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", preexec_fn=full),
              str(tmp_path / "c"))  # fmt: skip
-    one_line(cli("experiments.report", str(sweep), "--out", str(tmp_path / "r"), preexec_fn=full),
+    one_line(cli("experiments.report", f"dir={sweep}", f"out={tmp_path / 'r'}", preexec_fn=full),
              str(tmp_path / "r"))  # fmt: skip
     ck = tmp_path / "ck"
     one_line(cli("real.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),

@@ -54,7 +54,7 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert set(pd.read_parquet(tmp_path / "run" / "trace.parquet")["source"]) == {"real"}
 
     out = tmp_path / "val"
-    sh("experiments.validate", f"checkpoint={ckpt}", f"hardware={hw}", "planners=sequential,flexgen",
+    sh("experiments.validate", f"checkpoint={ckpt}", f"hardware={hw}", "planners=[sequential,flexgen]",
        "repeats=1", f"out={out}", "gpu_frac=0.9", "cpu_frac=0.5")  # fmt: skip
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]

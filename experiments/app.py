@@ -1,0 +1,482 @@
+"""Every command is a hydra app: `key=value` overrides checked against a schema, `--help` from
+the module's docstring, a mistyped key refused in one line naming the nearest valid one.
+
+A command declares a dataclass of its options and conf/command/<name>.yaml, and ends with
+`command(name, Options, run, __doc__)` (docs/commands.md; experiments/collect.py is the short
+example). experiments.run and experiments.replication keep their own configs and call
+`hydra_main` for the same argument handling; run takes `hardware=FILE.yaml` (`group_files`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+import experiments.schema  # noqa: F401  registers the schemas
+from core.errors import MoepipeError
+from experiments.cli import print_or_exit
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
+# like a group (validate's hardware=, a name or a file) is a plain option
+COMMAND_DIR = CONF_DIR / "command"
+# Hydra settings of a command that writes no run dir of hydra's own (all but experiments.run):
+# no .hydra folder, no log file, logging left as the command sets it.
+PLAIN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+         "hydra/hydra_logging=none", "hydra/help=command"]  # fmt: skip
+HELP = """\
+${hydra.help.header}
+
+== Options (key=value), with their defaults ==
+$CONFIG
+${hydra.help.footer}
+"""
+FOOTER = """\
+Options are key=value (hydra's override syntax: a list is [a,b], a string with spaces is
+quoted); a key the schema lacks, or a value of the wrong type, is refused in one line.
+--cfg job prints the composed config without running."""
+_HELP: dict[str, str] = {}  # the running command's --help header
+_ROOT: list[type] = []  # the running command's schema
+
+
+def _help_header() -> str:
+    return _HELP.get("doc", "").strip().replace("$", "$$")  # string.Template escapes
+
+
+OmegaConf.register_new_resolver("command_help", _help_header, replace=True)
+# --help of every command: its module docstring (what it does, what it writes), its options
+ConfigStore.instance().store(
+    group="hydra/help",
+    name="command",
+    node={"app_name": "${hydra.job.name}", "header": "${command_help:}", "footer": FOOTER,
+          "template": HELP},
+)  # fmt: skip
+ConfigStore.instance().store(
+    group="hydra/help",
+    name="run",
+    node={"app_name": "${hydra.job.name}", "header": "${command_help:}",
+          "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
+          "template": HELP.replace("${hydra.help.footer}",
+                                   "== Config groups (group=NAME) ==\n$APP_CONFIG_GROUPS\n\n"
+                                   "${hydra.help.footer}")},
+)  # fmt: skip
+
+
+def command(
+    name: str,
+    schema: type,
+    run: Callable[[Any], int | None],
+    doc: str | None,
+) -> Callable[[Sequence[str] | None], int]:
+    """`main(argv) -> exit status` of the command `name`: conf/command/<name>.yaml composed with
+    `argv`'s overrides, checked against `schema` (a dataclass, stored as `<name>_schema`), and
+    handed to `run` as a `schema` instance."""
+    ConfigStore.instance().store(name=f"{name}_schema", node=schema)
+
+    def task(cfg: DictConfig) -> int:
+        opts = OmegaConf.to_object(cfg)
+        return int(run(opts) or 0)
+
+    lists = list_options(schema)
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
+        running(schema)
+        hydra_args = [*PLAIN, f"hydra.job.name={name}"]
+        return hydra_main(task, name, argv, doc, hydra_args, conf_dir=COMMAND_DIR)
+
+    return main
+
+
+def list_options(schema: type) -> set[str]:
+    """The names of `schema`'s list options."""
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    return {f.name for f in fields(schema) if typing.get_origin(hints[f.name]) is list}
+
+
+def as_list(arg: str, lists: set[str]) -> str:
+    """`planners=a,b` or `planners=a` for a list option, as hydra's `planners=[a,b]`: the comma
+    form the commands took before, and one value without brackets."""
+    key, sep, value = arg.partition("=")
+    if sep and key in lists and not value.startswith("["):
+        return f"{key}=[{value}]"
+    return arg
+
+
+def kv(opts: Any, prefix: str = "") -> dict[str, Any]:
+    """A schema instance as the flat dict a command's code reads: nested options as dotted keys
+    (`hardware.name`), lists joined by commas (`planners=[a,b]` -> "a,b")."""
+    out: dict[str, Any] = {}
+    for f in fields(opts):
+        value = getattr(opts, f.name)
+        if is_dataclass(value):
+            out.update(kv(value, f"{prefix}{f.name}."))
+        elif isinstance(value, list | tuple):
+            out[f"{prefix}{f.name}"] = ",".join(map(str, value))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def timed_command(
+    name: str, schema: type, report: Callable[[dict[str, Any]], list[str]], doc: str | None
+) -> Callable[[Sequence[str] | None], int]:
+    """`command` for a benchmark: `report(kv(opts))`'s lines and the wall time printed, bad input
+    one line on stderr and status 2."""
+
+    def run(opts: Any) -> int:
+        t0 = time.time()
+        print_or_exit(lambda: [*report(kv(opts)), f"({time.time() - t0:.1f} s)"])
+        return 0
+
+    return command(name, schema, run, doc)
+
+
+def check_keys(schema: type, d: Any, where: str) -> None:
+    """A YAML mapping read outside hydra (validate's hardware=FILE.yaml) checked against
+    `schema`: a MoepipeError of one line naming `where` and the key when the schema refuses
+    it."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), d)
+    except OmegaConfBaseException as e:
+        raise MoepipeError(f"{where}: {one_line(e)}") from None
+
+
+def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:
+    """A run rejected at validation leaves no folder that looks like a run: hydra's run dir goes
+    when it holds nothing but what hydra put there (.hydra, the log) and the command's `own`
+    files (a rerun into a finished run's folder keeps it)."""
+    hydras = {".hydra", *own}
+    if out_dir.is_dir() and all(p.name in hydras or p.suffix == ".log" for p in out_dir.iterdir()):
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def running(schema: type) -> None:
+    """Name the running command's schema, whose fields an error line lists first."""
+    _ROOT[:] = [schema]
+
+
+def hydra_main(
+    task: Callable[[DictConfig], Any],
+    config_name: str,
+    argv: Sequence[str] | None = None,
+    doc: str | None = None,
+    hydra_args: Sequence[str] = (),
+    file_groups: Sequence[str] = (),
+    conf_dir: Path = CONF_DIR,
+) -> int:
+    """Run `task` as a hydra app on `argv` (default sys.argv[1:]) and return its exit status.
+    `hydra_args` come before the user's (who may override them). A composition error (unknown
+    key, wrong type, missing config) is one `error: ` line and status 2; so is a MoepipeError
+    from the task."""
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _HELP["doc"] = doc or ""
+    result: list[Any] = []
+    tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
+    files: dict[str, str] = {}
+    try:
+        argv = group_files(argv, file_groups, Path(tmp), files)
+        flags, overrides = split_flags(argv)
+        overrides = [plus_plus(o, conf_dir) for o in overrides]
+        if {"-m", "--multirun"} & set(flags):
+            check_sweep(conf_dir, config_name, overrides)
+        def job(cfg: DictConfig) -> None:
+            # hydra would print a line of its own before an exception the job raises: it is
+            # kept and raised once hydra is done
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            try:
+                result.append(task(cfg))
+            except Exception as e:
+                if HydraConfig.get().mode == RunMode.MULTIRUN:
+                    raise  # a sweep point's: hydra reports it with the point's overrides
+                raised.append(e)
+
+        raised: list[Exception] = []
+        app = hydra.main(version_base="1.3", config_path=str(conf_dir), config_name=config_name)(
+            job
+        )
+        saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+        sys.argv = [sys.argv[0] if sys.argv else config_name, *flags, *hydra_args, *overrides]
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us, and become one line here
+        try:
+            app()
+        finally:
+            sys.argv = saved_argv
+            if saved_env is None:
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            else:
+                os.environ["HYDRA_FULL_ERROR"] = saved_env
+        if raised:
+            raise raised[0]
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        line = one_line(e, files)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return int(result[0] or 0) if result else 0
+
+
+def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
+    """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
+    overrides at their first value: a bad choice or key is one line before the sweep starts,
+    not a worker's error under its progress bar. What the values do to a run is its own."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    swept = [o for o in parsed if o.is_sweep_override()]
+    if not swept:
+        return
+    first = {o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+             for o in swept}  # fmt: skip
+    base = [first.get(o.input_line, o.input_line) for o in parsed]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for o in swept:
+            for value in o.sweep_string_iterator():
+                point = [f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
+                         for b in base]  # fmt: skip
+                compose(config_name, overrides=point)
+
+
+def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
+    """`+a.b=v` checked against the running command's schema: a key it lacks is refused in one
+    line (hydra's `+` would add it, unread); else `++a.b=v`, set whether or not a YAML lists it
+    (README's `+model.hf_config=DIR` was written before the schemas listed every key). Under a
+    free mapping (planner params, replication's cases) the command checks what is added.
+    `+group=name` (a default added) is hydra's."""
+    key = override.partition("=")[0].lstrip("+")
+    group = (conf_dir / key).is_dir() or key.startswith("hydra")
+    if not override.startswith("+") or override.startswith("++") or group:
+        return override
+    parts = key.split(".")
+    for root in _ROOT[:1]:
+        miss = _schema_miss(root, parts)
+        if miss is not None:
+            where, valid = miss
+            raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
+    return f"+{override}"
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The type of dataclass `cls`'s field `name`, Optional unwrapped."""
+    import typing
+
+    t = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if typing.get_origin(t) in (typing.Union, types.UnionType) and args else t
+
+
+def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
+    """Where the dotted key `parts` leaves `root`'s schema (the key so far, the valid names
+    there); None when it is in the schema or under a free mapping (dict, Any)."""
+    typ: Any = root
+    for i, part in enumerate(parts):
+        if not is_dataclass(typ):
+            return None
+        names = [f.name for f in fields(typ)]
+        if part not in names:
+            return ".".join(parts[: i + 1]), names
+        typ = _field_type(typ, part)
+    return None
+
+
+# hydra's flags that take a value (`--cfg job`): the value stays with its flag
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}  # fmt: skip
+
+
+def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """hydra's flags (with their values) and the overrides, apart: hydra's parser takes the
+    overrides in one run, so ours go after the flags and before the user's."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    take_value = False
+    for arg in argv:
+        if arg.startswith("-") or (take_value and "=" not in arg):
+            flags.append(arg)
+        else:
+            overrides.append(arg)
+        take_value = arg in _VALUE_FLAGS
+    return flags, overrides
+
+
+def group_files(
+    argv: list[str], groups: Sequence[str], tmp: Path, files: dict[str, str]
+) -> list[str]:
+    """`hardware=FILE.yaml` (a group of `groups`) as a config of that group: the file is copied
+    to <tmp>/hardware/<stem>.yaml, which a search path entry adds, and the argument names it.
+    `files` maps the config's name back to the user's file, for error lines."""
+    out, added = [], False
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in groups and value.endswith((".yaml", ".yml")):
+            src = Path(value).expanduser()
+            if not src.is_file():
+                raise MoepipeError(f"{arg}: no such file; pass a hardware YAML file or a name "
+                                   f"in conf/{key}/")  # fmt: skip
+            stem = "file_" + re.sub(r"\W", "_", src.stem)
+            (tmp / key).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / key / f"{stem}.yaml")
+            files[f"{key}/{stem}"] = str(src)
+            out.append(f"{key}={stem}")
+            added = True
+        else:
+            out.append(arg)
+    if not added:
+        return out
+    entry = f"file://{tmp}"
+    for i, arg in enumerate(out):
+        if arg.startswith("hydra.searchpath="):
+            paths = arg.partition("=")[2].strip().strip("[]")
+            out[i] = f"hydra.searchpath=[{entry}{',' + paths if paths else ''}]"
+            return out
+    return [*out, f"hydra.searchpath=[{entry}]"]
+
+
+# ---- one line for a composition error -------------------------------------------------------
+
+
+def nearest(word: str, valid: Sequence[str]) -> str:
+    """`; did you mean X?` for the valid name nearest `word`, then the valid names."""
+    close = difflib.get_close_matches(word, list(valid), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}valid: {', '.join(sorted(map(str, valid)))}"
+
+
+def _schema_keys(type_name: str) -> list[str] | None:
+    """The fields of the schema dataclass named `type_name`, from those ConfigStore holds."""
+    for cls in _schema_classes():
+        if cls.__name__ == type_name:
+            return [f.name for f in fields(cls)]
+    return None
+
+
+def _schema_classes() -> list[type]:
+    """Every dataclass reachable from the running command's schema, then from the others
+    stored in ConfigStore."""
+    seen: dict[type, None] = {}
+    for root in _ROOT:
+        _walk_type(root, seen)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+            return
+        cls = getattr(getattr(node, "node", None), "_metadata", None)
+        typ = getattr(cls, "object_type", None)
+        if is_dataclass(typ):
+            _walk_type(typ, seen)
+
+    walk(ConfigStore.instance().repo)
+    return list(seen)
+
+
+def _walk_type(cls: type, seen: dict[type, None]) -> None:
+    import typing
+
+    if cls in seen:
+        return
+    seen[cls] = None
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        for t in [hints.get(f.name), *typing.get_args(hints.get(f.name))]:
+            for u in [t, *typing.get_args(t)]:
+                if isinstance(u, type) and is_dataclass(u):
+                    _walk_type(u, seen)
+
+
+def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | None:
+    """A hydra or omegaconf composition error as one line naming the key and the nearest valid
+    one; None for an error of another kind (a bug: its traceback is wanted). `files` maps a
+    config's name to the user's file it was copied from (`group_files`)."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    if not isinstance(e, HydraException | OmegaConfBaseException):
+        return None
+    if isinstance(e, MissingConfigException):
+        return _missing_choice(str(e))
+    cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
+    if not isinstance(cause, OmegaConfBaseException):
+        cause = None
+    text = f"{e}\n{cause}" if cause is not None and cause is not e else str(e)
+    full = re.search(r"full_key: (\S+)", text)
+    key = str(cause.full_key) if cause is not None and cause.full_key else ""
+    key = key or (full.group(1) if full else "")
+    if isinstance(cause, MissingMandatoryValue):
+        return f"{key}: required, it has no default; pass {key}=VALUE"
+    where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named
+    at = f" (in {(files or {}).get(where.group(1)) or f'conf/{where.group(1)}.yaml'})" if where else ""
+    unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
+    if unknown:
+        name = unknown.group(1)
+        key = key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
+        valid = _valid_keys(cause) if cause is not None else None
+        valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
+        return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
+    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    if wrong:
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+    wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
+    if wrong:
+        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+    merging = re.match(r"Error merging override (\S+)", text)
+    if merging and cause is not None:
+        return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _missing_choice(text: str) -> str:
+    """hydra's screen for `group=name` without conf/group/name.yaml, as one line."""
+    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    if not m:
+        return text.splitlines()[0]
+    options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
+    group, name = m.groups()
+    return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
+
+
+_KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
+
+
+def _valid_keys(cause: Any) -> list[str] | None:
+    """The keys at the node an omegaconf error names (its parent, or the object type)."""
+    typ = getattr(cause, "object_type", None)
+    if isinstance(typ, type) and is_dataclass(typ):
+        return [f.name for f in fields(typ)]
+    node = getattr(cause, "parent_node", None)
+    if isinstance(node, DictConfig):
+        return [str(k) for k in node]
+    return None

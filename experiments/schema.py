@@ -1,0 +1,187 @@
+"""The config schemas: dataclasses registered with hydra's ConfigStore, so that a key the schema
+lacks or a value of the wrong type, in an override or in any YAML (a user's own hardware file
+too), is refused while hydra composes the config (experiments.app turns it into one line).
+
+The YAML layout is the one conf/ uses; core.spec's constructors still check values (positive
+sizes, known link names). Planner params schemas are made from the registry's Params classes.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class MemorySchema:
+    gpu: float = MISSING  # GB usable by the model
+    cpu: float = MISSING  # GB
+    disk: float = MISSING  # GB
+
+
+@dataclass
+class ComputeSchema:
+    tflops: float = MISSING  # dense peak the kernels reach
+    mem_bw_gbps: float = MISSING  # memory bandwidth, GB/s
+    overhead_us: float = 0.0  # fixed launch cost per op
+    overhead_us_by_kind: dict[str, float] = field(default_factory=dict)  # per op kind, replaces it
+    time_tables: dict[str, Any] = field(default_factory=dict)  # kind -> [[flops, seconds], ...]
+    sms: int = 0  # streaming multiprocessors, 0 = unknown
+    sm_mem_bw_gbps: float = 0.0  # memory bandwidth one SM can draw, 0 = mem_bw / sms
+    comm_sms: int = 0  # SMs a running collective holds
+    copy_sms: int = 0  # SMs a replica copy between GPUs holds on each end
+
+
+@dataclass
+class LinkSchema:
+    gbps: float = MISSING  # GB/s
+    latency_us: float = 0.0  # per transfer
+
+
+@dataclass
+class HardwareSchema:
+    name: str = MISSING
+    memory_gb: MemorySchema = field(default_factory=MemorySchema)
+    gpu: ComputeSchema = field(default_factory=ComputeSchema)
+    cpu: ComputeSchema = field(default_factory=ComputeSchema)
+    links: dict[str, LinkSchema] = field(default_factory=dict)  # h2d, d2h, disk, disk_write, p2p
+    n_gpus: int = 1
+    sources: dict[str, str] = field(default_factory=dict)  # where each number comes from
+
+
+@dataclass
+class ModelSchema:
+    """core.spec.ModelSpec's fields (moe_layers: null = every layer), or `hf_config`: a Hugging
+    Face config.json (or its checkpoint folder) the model is read from instead."""
+
+    name: str = MISSING
+    family: str = MISSING
+    n_layers: int = MISSING
+    hidden_size: int = MISSING
+    expert_ffn_size: int = MISSING
+    n_experts: int = MISSING
+    top_k: int = MISSING
+    n_heads: int = MISSING
+    n_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    vocab_size: int = MISSING
+    moe_layers: list[int] | None = None
+    dtype_bytes: int = 2
+    activation: str = "swiglu"
+    dense_ffn_size: int = 0
+    shared_ffn_size: int = 0
+    kv_dim: int = 0
+    attn_params: int = 0
+    qk_head_dim: int = 0
+    latent_expand_params: int = 0
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 1e6
+    hf_config: str | None = None
+
+
+@dataclass
+class RoutingSchema:
+    source: str = "synthetic"  # auto | trace | synthetic | live
+    trace_dir: str = "../shared/traces"
+    tasks: list[str] = field(default_factory=list)
+    exclude_tasks: list[str] = field(default_factory=list)
+    skew: float = 1.0
+    layer_corr: float = 0.5
+    reuse: float = 0.25
+    hot_experts: int = 0
+    hot_share: float = 0.0
+
+
+@dataclass
+class WorkloadSchema:
+    batch_size: int = MISSING
+    n_batches: int = MISSING
+    prompt_len: int = MISSING
+    gen_len: int = MISSING
+    seed: int = 0
+    routing: RoutingSchema = field(default_factory=RoutingSchema)
+
+
+@dataclass
+class ExecutorSchema:
+    name: str = MISSING  # sim | real
+    routing_mode: str | None = None  # real: replay | live
+    device: str | None = None  # real: null = cuda if available, else cpu
+    distributed: bool = False  # real: an expert-parallel schedule's G devices as G processes
+    rendezvous_timeout_s: float = 120.0  # distributed: how long a rank waits for the others
+
+
+@dataclass
+class PlannerSchema:
+    name: str = MISSING  # a registered planner
+    params: Any = None  # the planner's own schema (conf/planner/<name>.yaml's defaults)
+
+
+@dataclass
+class RunSchema:
+    """experiments.run's config (conf/config.yaml): one run's five groups and its own keys."""
+
+    model: ModelSchema = field(default_factory=ModelSchema)
+    hardware: HardwareSchema = field(default_factory=HardwareSchema)
+    workload: WorkloadSchema = field(default_factory=WorkloadSchema)
+    planner: PlannerSchema = field(default_factory=PlannerSchema)
+    executor: ExecutorSchema = field(default_factory=ExecutorSchema)
+    skip_finished: bool = True  # a re-run into a directory with summary.json reuses it
+    checkpoint: str | None = None  # executor=real: a Hugging Face checkpoint directory
+    # experiments.reproduce_klotski's grid in conf/experiment/klotski_*.yaml (a run ignores it)
+    reproduce: dict[str, Any] = field(default_factory=dict)
+    trace_json: bool = False  # also write trace.json (else: python -m experiments.trace_json)
+
+
+@dataclass
+class ReplicationOptions:
+    """experiments.replication's (and replication_cv's) config, conf/experiment/replication.yaml:
+    the YAML's comments say what each key does; `planners`, `variants` and `cases` are checked
+    key by key against the YAML itself (an override may change a key, not add one)."""
+
+    out_dir: str = "runs/replication"
+    trace_dir: str = "../shared/traces"
+    hardware_profile: str = "h200-hgx8"  # conf/hardware/<name>.yaml, or a FILE.yaml
+    comm_sms: int | None = None
+    copy_sms: int | None = None
+    replica_slots: int = 2
+    grouped_gemm: bool = True
+    dispatch: str = "even"  # even | balanced
+    write_traces: bool = False
+    seed: int = 0
+    cv_seeds: list[int] = field(default_factory=list)
+    split: str = "test"  # test | validation | fold1..fold4
+    planners: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, Any] = field(default_factory=dict)
+    cases: dict[str, Any] = field(default_factory=dict)
+    targets_cases: list[str] = field(default_factory=list)
+
+
+def params_schema(params: type) -> type:
+    """A planner's Params (frozen, primitives) as a schema dataclass of the same fields."""
+    hints = typing.get_type_hints(params)
+    specs = []
+    for f in fields(params):
+        default = f.default if f.default is not NO_DEFAULT else MISSING
+        specs.append((f.name, hints[f.name], field(default=default)))
+    return make_dataclass(f"{params.__name__}Schema", specs)
+
+
+def register() -> None:
+    """Store every schema in ConfigStore: run_schema (conf/config.yaml's first default) and
+    each planner's params (planner_params/<name>, the planner YAMLs' first default)."""
+    from planners.registry import entry, planner_names
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunSchema)
+    cs.store(name="replication_schema", node=ReplicationOptions)
+    for name in planner_names():
+        cs.store(group="planner_params", name=name, node=params_schema(entry(name).params))
+
+
+register()
