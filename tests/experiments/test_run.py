@@ -100,7 +100,10 @@ def test_an_experiments_own_choices_and_keys_pass_the_key_check():
         (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
         (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
-        (["workload.prompt_len=4000000", "hardware.memory_gb.disk=1000"], "KV cache"),
+        # a KV cache larger than GPU + CPU memory; a small machine rather than a long prompt,
+        # whose routing alone took 13 GB before the check was reached
+        (["workload.prompt_len=40000", "hardware.memory_gb.gpu=0.09", "hardware.memory_gb.cpu=0.002"],
+         "KV cache"),
         (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
         (["planner.params.sync=maybe"], "param sync='maybe' must be true or false"),
         (["workload.routing.source=bogus"], "workload.routing.source='bogus' unknown; valid:"),
