@@ -53,7 +53,8 @@ def test_run_writes_the_run_directory(tmp_path):
 
 
 def test_sweep_runs_every_planner(tmp_path):
-    r = run(["-m", *TINY, "planner=sequential,flexgen"], tmp_path)
+    # one process (n_jobs=1): joblib's workers would each import the project again
+    r = run(["-m", *TINY, "planner=sequential,flexgen", "hydra.launcher.n_jobs=1"], tmp_path)
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "sweep").rglob("summary.json"))
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
@@ -441,7 +442,7 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
 def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path):
     """The same points swept in another order reuse their runs (the folders were numbered by
     job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""
-    args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw"]
+    args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw", "hydra.launcher.n_jobs=1"]
     first = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
                             "workload.prompt_len=8,16"], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)  # fmt: skip
