@@ -16,7 +16,7 @@ from core.trace import make_trace, summarize
 from core.types import OpKind, Resource, Tier
 from experiments.pipeline import simulate_run
 from sim.executor import simulate_times
-from tests.planners.test_replication import tiny_spec
+from tests.planners.ep_common import tiny_spec
 from tests.sim.test_simulator import GB, comm_hw, hw, lanes_beside_a_transfer, load, pool_hw
 
 WL = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)

@@ -49,7 +49,8 @@ def test_replication_experiment_runs_small(tmp_path):
            "~cases.switch-base-256", "~cases.switch-base-128-shared", "~cases.switch-base-128-loop",
            "~cases.esft-g8-b32", "~cases.esft-g4-b32",
            "cases.esft-g8.batch_sizes=[8]", "cases.esft-g8.n_batches=2",
-           "cases.esft-g8.prompt_len=8", "cases.switch-base-128-g8.batch_sizes=[128]",
+           "cases.esft-g8.prompt_len=8", "cases.switch-base-128-g8.batch_sizes=[16]",
+           "cases.switch-base-128-g8.prompt_len=8", "cases.switch-base-128-g8.n_batches=2",
            "targets_cases=[esft-g8,switch-base-128-g8]"]  # fmt: skip
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -65,7 +65,8 @@ def test_trace_json_names_a_folder_without_a_trace(tmp_path, capsys):
 
 
 def test_sweep_runs_every_planner(tmp_path):
-    r = run(["-m", *TINY, "planner=sequential,flexgen"], tmp_path)
+    # one process (n_jobs=1): joblib's workers would each import the project again
+    r = run(["-m", *TINY, "planner=sequential,flexgen", "hydra.launcher.n_jobs=1"], tmp_path)
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "sweep").rglob("summary.json"))
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
@@ -107,7 +108,10 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
         (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
-        (["workload.prompt_len=4000000", "hardware.memory_gb.disk=1000"], "KV cache"),
+        # a KV cache larger than GPU + CPU memory; a small machine rather than a long prompt,
+        # whose routing alone took 13 GB before the check was reached
+        (["workload.prompt_len=40000", "hardware.memory_gb.gpu=0.09", "hardware.memory_gb.cpu=0.002"],
+         "KV cache"),
         (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
         (["planner.params.sync=maybe"], "planner.params.sync=maybe: not true or false"),
         (["workload.routing.source=bogus"], "workload.routing.source='bogus' unknown; valid:"),
@@ -445,7 +449,7 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
 def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path):
     """The same points swept in another order reuse their runs (the folders were numbered by
     job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""
-    args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw"]
+    args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw", "hydra.launcher.n_jobs=1"]
     first = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
                             "workload.prompt_len=8,16"], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)  # fmt: skip

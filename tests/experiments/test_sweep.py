@@ -24,17 +24,23 @@ TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 POINT = "*/workload=tiny/summary.json"
 
 
-def sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+# joblib's worker processes each import the project again (a second or two of CPU): the module's
+# shared sweep runs on two of them, the other sweeps in the sweep's own process (n_jobs=1, still
+# through hydra's joblib launcher), whose results are the same
+SERIAL = "hydra.launcher.n_jobs=1"
+
+
+def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", *TINY,
            "planner=sequential,fiddler", "workload.batch_size=2,4", f"hydra.sweep.dir={sweep_dir}",
-           "hydra.launcher.n_jobs=2", *extra]  # fmt: skip
+           f"hydra.launcher.n_jobs={n_jobs}", *extra]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("sweep") / "tiny"
-    r = sweep(d)
+    r = sweep(d, n_jobs=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
     return d
@@ -272,7 +278,7 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
     never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
     d = tmp_path / "ep"
     cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, "planner=ep_static,eplb",
-           "+planner.params.n_devices=2", "+hardware.n_gpus=2", f"hydra.sweep.dir={d}"]  # fmt: skip
+           "+planner.params.n_devices=2", "+hardware.n_gpus=2", f"hydra.sweep.dir={d}", SERIAL]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert report_main([f"dir={d}", f"out={tmp_path / 'rep'}"]) == 0
@@ -318,7 +324,7 @@ def test_a_sweep_of_infeasible_runs_says_so(
     each with its reason, no report is attempted, and the report command says why in one line."""
     d = tmp_path / "inf"
     cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "model=mixtral-8x22b",
-           "hardware=tiny", "planner=sequential", f"hydra.sweep.dir={d}"]  # fmt: skip
+           "hardware=tiny", "planner=sequential", f"hydra.sweep.dir={d}", SERIAL]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sequential           infeasible at bs 16: model mixtral-8x22b" in r.stdout
@@ -382,7 +388,7 @@ def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_pa
     )))  # fmt: skip
     cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "hardware=tiny",
            "workload=tiny", f"+model.hf_config={ck}", "planner=sequential",
-           "hardware.memory_gb.gpu=0.00001,1.0", f"hydra.sweep.dir={tmp_path / 's'}"]  # fmt: skip
+           "hardware.memory_gb.gpu=0.00001,1.0", f"hydra.sweep.dir={tmp_path / 's'}", SERIAL]  # fmt: skip
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0 and "infeasible" in first.stderr, first.stderr[-3000:]
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)

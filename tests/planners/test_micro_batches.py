@@ -18,7 +18,7 @@ from core.types import OpKind, Resource
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.replication import utilisation_lines
 from planners.expert_parallel import ExpertTime
-from tests.planners.test_replication import _MaxCost, tiny_spec
+from tests.planners.ep_common import _MaxCost, tiny_spec
 
 
 def spec(planner: str = "ep_static", batch_size: int = 6, **params) -> RunSpec:
