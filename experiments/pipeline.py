@@ -20,11 +20,13 @@ import pandas as pd
 
 from core.balance import phases
 from core.cost import CostModel
+from core.errors import CapacityError
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import HardwareSpec, ModelSpec, Workload
 from core.trace import make_trace, summarize, write_chrome
+from core.types import Tier
 from planners.registry import make_planner
 
 
@@ -78,11 +80,25 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
     here, before routing for that many sequences is loaded. Others keep the workload's n."""
     choose = make_planner(spec.planner, spec.params).choose_n_batches
     n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
-    return (
-        spec
-        if n == spec.workload.n_batches
-        else replace(spec, workload=spec.workload.with_(n_batches=n))
-    )
+    if n != spec.workload.n_batches:
+        spec = replace(spec, workload=spec.workload.with_(n_batches=n))
+    check_kv_fits(spec)
+    return spec
+
+
+def check_kv_fits(spec: RunSpec) -> None:
+    """A CapacityError when the group's KV cache cannot fit in GPU + CPU memory, whatever the
+    planner (no planner keeps KV on disk): checked before routing for that many tokens is built,
+    which for a prompt of millions of tokens would itself take more memory than the machine has."""
+    m, wl, hw = spec.model, spec.workload, spec.hardware
+    kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
+    room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
+    if kv > room:
+        raise CapacityError(
+            f"KV cache of {wl.n_sequences} sequences x {wl.seq_positions} tokens "
+            f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB); "
+            "reduce batch_size, n_batches or the sequence length"
+        )
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:

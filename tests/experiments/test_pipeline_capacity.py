@@ -1,0 +1,31 @@
+"""The KV-cache check that runs before any routing is built (experiments.pipeline)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from core.errors import CapacityError
+from core.types import Tier
+from experiments.pipeline import RunSpec, check_kv_fits, simulate_run
+
+
+def test_a_kv_cache_beyond_gpu_and_cpu_memory_is_refused_before_routing(
+    tiny_model, tiny_hw, tiny_workload
+):
+    """A prompt so long that its KV cache cannot fit in GPU + CPU memory is refused by
+    `simulate_run` with one CapacityError naming the KV cache, and no routing is loaded (for
+    millions of tokens the routing alone would take more memory than the machine has)."""
+    room = tiny_hw.memory_bytes[Tier.GPU] * max(1, tiny_hw.n_gpus) + tiny_hw.memory_bytes[Tier.CPU]
+    per_position = tiny_workload.n_sequences * tiny_model.kv_bytes_per_token * tiny_model.n_layers
+    prompt = room // per_position + 2  # one position past the room
+    wl = tiny_workload.with_(prompt_len=prompt)
+    spec = RunSpec(tiny_model, tiny_hw, wl, "flexgen", {})
+    with (
+        mock.patch("experiments.pipeline.load_routing") as load,
+        pytest.raises(CapacityError, match="KV cache"),
+    ):
+        simulate_run(spec)
+    load.assert_not_called()
+    check_kv_fits(RunSpec(tiny_model, tiny_hw, tiny_workload, "flexgen", {}))  # fits: no error
