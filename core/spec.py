@@ -323,11 +323,13 @@ _HF_COUNTS = (  # whole numbers >= 1
     "max_position_embeddings",
 )  # fmt: skip
 _HF_SIZES = ("shared_expert_intermediate_size", "first_k_dense_replace")  # whole numbers >= 0
-# null or >= 1 (null: head_dim derived, as many KV heads as heads, no q compression or window)
-_HF_OPTIONAL_COUNTS = ("head_dim", "num_key_value_heads", "q_lora_rank", "sliding_window")
+# null or >= 1 (null: head_dim derived, as many KV heads as heads, no q compression). Mixtral's
+# sliding_window and OLMoE's clip_qkv are checked where a family uses them (real.model): Qwen2-MoE
+# writes a sliding_window it ignores (use_sliding_window: false), 0 included.
+_HF_OPTIONAL_COUNTS = ("head_dim", "num_key_value_heads", "q_lora_rank")
 _HF_OPTIONAL_SIZES = ("n_shared_experts",)  # null or >= 0
 _HF_POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "routed_scaling_factor")
-_HF_OPTIONAL_POSITIVE = ("clip_qkv",)
+_HF_OPTIONAL_POSITIVE: tuple[str, ...] = ()
 _HF_BOOLS = ("norm_topk_prob", "tie_word_embeddings", "qkv_bias", "attention_bias")
 _HF_STRINGS = ("model_type", "dtype", "torch_dtype", "topk_method", "scoring_func")
 _HF_MAPPINGS = ("rope_scaling", "rope_parameters")  # null or an object
