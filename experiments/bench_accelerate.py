@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import run_command  # noqa: E402
+
 COLD = ("pass", "once", "false")
 _DEFAULTS: dict[str, Any] = dict(
     checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
@@ -437,4 +439,4 @@ def format_rows(rows: list[Row]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(lambda: main(sys.argv[1:])))

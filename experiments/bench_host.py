@@ -33,6 +33,7 @@ import torch
 
 from core.args import as_float, as_int
 from experiments.app import kv, timed_command
+from experiments.cli import run_command  # noqa: E402
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 
@@ -198,4 +199,4 @@ def report(opts: dict[str, Any]) -> list[str]:
 main = timed_command("bench_host", Options, report, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

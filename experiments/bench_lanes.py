@@ -32,7 +32,11 @@ from core.errors import MoepipeError
 from core.spec import Activation, HardwareSpec, ModelSpec
 from core.types import OpKind, Resource
 from experiments.app import kv, timed_command
-from experiments.cli import CONF_DIR, as_int
+from experiments.cli import (
+    CONF_DIR,
+    as_int,
+    run_command,
+)
 from experiments.validate import read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
@@ -154,4 +158,4 @@ def report(opts: dict[str, Any]) -> list[str]:
 main = timed_command("bench_lanes", Options, report, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
-from experiments.cli import as_float, as_int, parse_kv
+from experiments.cli import (
+    as_float,
+    as_int,
+    parse_kv,
+    run_command,
+)
 from real.checkpoint import reduced_spec
 
 _DEFAULTS: dict[str, Any] = dict(
@@ -317,4 +322,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(lambda: main(sys.argv[1:])))

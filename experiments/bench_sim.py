@@ -30,6 +30,7 @@ import simpy
 
 from core.errors import MoepipeError
 from experiments.app import command
+from experiments.cli import run_command  # noqa: E402
 from planners.registry import make_planner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,4 +200,4 @@ def one_size(planner: str, model: str, n: int) -> dict[str, float]:
 _app = command("bench_sim", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -20,7 +20,11 @@ from omegaconf import MISSING
 from core.errors import MoepipeError
 from core.traces import N_LAYERS, convert_esft
 from experiments.app import command
-from experiments.cli import output_file, until_interrupted
+from experiments.cli import (
+    output_file,
+    run_command,
+    until_interrupted,
+)
 
 
 @dataclass
@@ -54,4 +58,4 @@ def _main(args: Options) -> int:
 _app = command("convert_traces", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

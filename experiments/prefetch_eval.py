@@ -22,7 +22,10 @@ import pandas as pd
 from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
 from experiments.app import command
-from experiments.cli import output_file
+from experiments.cli import (
+    output_file,
+    run_command,
+)
 from planners.prefetch import ExpertTable, Predictor, top_k
 
 
@@ -168,4 +171,4 @@ def _main(args: Options) -> int:
 _app = command("prefetch_eval", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -45,6 +45,7 @@ from experiments.cli import (
     missing_config,
     output_dir,
     print_or_exit,
+    run_command,
     until_interrupted,
 )
 from experiments.pipeline import (
@@ -1277,4 +1278,4 @@ def task(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -43,6 +43,7 @@ from experiments.cli import (
     as_int,
     exit_on_unwritable_dir,
     print_or_exit,
+    run_command,
     until_interrupted,
 )
 from experiments.pipeline import code_version
@@ -233,4 +234,4 @@ def task(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

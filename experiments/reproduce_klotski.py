@@ -29,7 +29,12 @@ from tqdm import tqdm
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.app import command
-from experiments.cli import on_interrupt, output_dir, until_interrupted
+from experiments.cli import (
+    on_interrupt,
+    output_dir,
+    run_command,
+    until_interrupted,
+)
 from experiments.pipeline import code_version
 from experiments.prefetch_eval import markdown
 
@@ -436,4 +441,4 @@ def _main(args: Options) -> int:
 _app = command("reproduce_klotski", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -22,7 +22,12 @@ from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
 from experiments.app import command
-from experiments.cli import as_int, output_file, until_interrupted
+from experiments.cli import (
+    as_int,
+    output_file,
+    run_command,
+    until_interrupted,
+)
 
 ROWS = (
     "max_over_mean_median",
@@ -144,4 +149,4 @@ def _main(args: Options) -> int:
 _app = command("routing_stats", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

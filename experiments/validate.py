@@ -65,7 +65,13 @@ from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
 from experiments.app import check_keys, command, kv  # noqa: E402
 from experiments.calibrate import measure_in_run  # noqa: E402
-from experiments.cli import as_bool, as_float, as_int, output_dir  # noqa: E402
+from experiments.cli import (  # noqa: E402
+    as_bool,
+    as_float,
+    as_int,
+    output_dir,
+    run_command,
+)
 from experiments.dist_run import run_distributed  # noqa: E402
 from experiments.pipeline import (  # noqa: E402
     RunResult,
@@ -494,4 +500,4 @@ def _main(args: Options) -> int:
 main = command("validate", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -36,7 +36,12 @@ from core.errors import MoepipeError
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
 from experiments.app import command, kv
-from experiments.cli import as_int, output_dir, print_or_exit
+from experiments.cli import (
+    as_int,
+    output_dir,
+    print_or_exit,
+    run_command,
+)
 from experiments.pipeline import RunSpec, simulate_run
 from experiments.real_run import real_execute
 from experiments.validate import markdown, read_hardware
@@ -164,4 +169,4 @@ def _main(args: Options) -> int:
 main = command("validate_lanes", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))
