@@ -20,7 +20,7 @@ import pandas as pd
 
 from core.balance import phases
 from core.cost import CostModel
-from core.errors import CapacityError
+from core.errors import CapacityError, MoepipeError
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
@@ -86,11 +86,38 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
     return spec
 
 
+ROUTING_CHECK_BYTES = 1 << 28  # routing this large is checked against memory before it is built
+ROUTING_PEAK_FACTOR = 20  # the synthetic generator's peak RAM over the routing's own bytes
+
+
+def _available_ram_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def check_kv_fits(spec: RunSpec) -> None:
     """A CapacityError when the group's KV cache cannot fit in GPU + CPU memory, whatever the
     planner (no planner keeps KV on disk): checked before routing for that many tokens is built,
     which for a prompt of millions of tokens would itself take more memory than the machine has."""
     m, wl, hw = spec.model, spec.workload, spec.hardware
+    # Below this, routing is cheap to build and the planner's own capacity check says more (a
+    # model whose weights do not fit is named as such, not as a KV cache to shrink).
+    routing_bytes = wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12  # ids + weights
+    if routing_bytes < ROUTING_CHECK_BYTES:
+        return
+    need, avail = routing_bytes * ROUTING_PEAK_FACTOR, _available_ram_bytes()
+    if avail is not None and need > avail:
+        raise MoepipeError(
+            f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x "
+            f"{m.n_layers} layers would need about {need / 1e9:.3g} GB of this machine's RAM to "
+            f"build ({avail / 1e9:.3g} GB available); reduce prompt_len, batch_size or n_batches"
+        )
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
     if kv > room:
