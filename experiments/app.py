@@ -419,13 +419,17 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     """A hydra or omegaconf composition error as one line naming the key and the nearest valid
     one; None for an error of another kind (a bug: its traceback is wanted). `files` maps a
     config's name to the user's file it was copied from (`group_files`)."""
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    from experiments.cli import error_line
 
     if not isinstance(e, HydraException | OmegaConfBaseException):
         return None
     if isinstance(e, MissingConfigException):
         return _missing_choice(str(e))
+    if isinstance(e, OverrideParseException):  # `key=[1`: the override named, as error_line does
+        return error_line(e)
     cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
     if not isinstance(cause, OmegaConfBaseException):
         cause = None
@@ -436,7 +440,12 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if isinstance(cause, MissingMandatoryValue):
         return f"{key}: required, it has no default; pass {key}=VALUE"
     where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named
-    at = f" (in {(files or {}).get(where.group(1)) or f'conf/{where.group(1)}.yaml'})" if where else ""
+    at = f" (in {_config_file(where.group(1), files)})" if where else ""
+    not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
+    if where and not_fields:  # a group's YAML that is a list or a scalar, not a mapping
+        group, _, name = where.group(1).rpartition("/")
+        return (f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
+                f"fields{at}; see conf/{group}/ for the layout")  # fmt: skip
     unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
     if unknown:
         name = unknown.group(1)
@@ -456,6 +465,16 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _config_file(name: str, files: dict[str, str] | None) -> str:
+    """Where config `name` (`workload/mine`) came from: the user's file `group_files` copied,
+    conf/<name>.yaml, or a folder on hydra.searchpath."""
+    if (files or {}).get(name):
+        return (files or {})[name]
+    if (CONF_DIR / f"{name}.yaml").is_file():
+        return f"conf/{name}.yaml"
+    return f"{name}.yaml on hydra.searchpath"
 
 
 def _missing_choice(text: str) -> str:

@@ -238,7 +238,7 @@ def test_trace_dir_naming_the_file_itself_is_one_line(traces_dir: Path) -> None:
 def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from experiments.convert_traces import main
 
-    assert main([str(tmp_path / "nope.tar.gz"), str(tmp_path / "o.npz")]) == 2
+    assert main([f"src={tmp_path / 'nope.tar.gz'}", f"out={tmp_path / 'o.npz'}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nope.tar.gz" in err and err.count("\n") == 1
 
@@ -282,11 +282,11 @@ def test_cli_rejects_a_dump_the_loader_cannot_read(
     from experiments.convert_traces import main
 
     src = _dump(tmp_path / "src", range(1, 26), 6)
-    assert main([str(src), str(tmp_path / TRACE_NAME / TRACE_FILE)]) == 2
+    assert main([f"src={src}", f"out={tmp_path / TRACE_NAME / TRACE_FILE}"]) == 2
     assert "expert_weights_1..25.txt" in capsys.readouterr().err
     assert not (tmp_path / TRACE_NAME / TRACE_FILE).exists()
     src26 = _dump(tmp_path / "src26", range(1, 27), 6)
-    assert main([str(src26), str(tmp_path / TRACE_NAME / TRACE_FILE)]) == 0
+    assert main([f"src={src26}", f"out={tmp_path / TRACE_NAME / TRACE_FILE}"]) == 0
     assert load_esft(tmp_path).n_tokens == 4
 
 
@@ -409,7 +409,7 @@ def test_cli_ctrl_c_keeps_the_trace(
 
     monkeypatch.setattr(np, "savez_compressed", interrupt)
     try:
-        main([str(_dump(tmp_path / "src", range(1, 27), 6)), str(out)])
+        main([f"src={_dump(tmp_path / 'src', range(1, 27), 6)}", f"out={out}"])
     except KeyboardInterrupt:
         pytest.fail("Ctrl-C escaped as a KeyboardInterrupt traceback")
     except SystemExit as e:

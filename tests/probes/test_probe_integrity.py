@@ -45,17 +45,18 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
     assert s["planner"] == "flexgen" and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
 
 
-def _finished(run: Path, planner: str) -> dict:
-    r = cli("experiments.run", *TINY[:-1], f"planner={planner}", f"hydra.run.dir={run}")
+def _finished(run: Path, planner: str, *args: str) -> dict:
+    r = cli("experiments.run", *TINY[:-1], f"planner={planner}", *args, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     return json.loads((run / "summary.json").read_text())
 
 
 def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path) -> None:
     """A re-run that fails or is interrupted while writing keeps the old result whole and
-    consistent (summary, config.yaml, trace); one that finishes replaces all of them."""
+    consistent (summary, config.yaml, traces); one that finishes replaces all of them. Both
+    runs write trace.json too (`trace_json=true`: it is written on demand)."""
     run = tmp_path / "run"
-    first = _finished(run, "flexgen")
+    first = _finished(run, "flexgen", "trace_json=true")
     files = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet", "trace.json")
     before = {f: (run / f).read_bytes() for f in files}
 
@@ -71,7 +72,7 @@ def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path) -> Non
         assert {f: (run / f).read_bytes() for f in files} == before
         assert not list(run.glob(".partial-*"))
 
-    second = _finished(run, "sequential")
+    second = _finished(run, "sequential", "trace_json=true")
     assert second["planner"] == "sequential" != first["planner"]
     assert "name: sequential" in (run / "config.yaml").read_text()
     assert (run / "trace.parquet").read_bytes() != before["trace.parquet"]

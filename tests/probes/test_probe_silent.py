@@ -133,7 +133,7 @@ def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(sweep: Path,
     path = mine / "bad" / "summary.json"
     path.write_text(path.read_text().replace('"throughput_tok_s": ', '"throughput_tok_s": "x", "_": '))
     for module in ("experiments.collect", "experiments.report"):
-        r = cli(module, str(mine))
+        r = cli(module, f"dir={mine}")
         one_line(r, str(path), "throughput_tok_s")
     assert not (mine / "results.csv").exists() and not (mine / "report").exists()
 

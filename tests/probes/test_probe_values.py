@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+import experiments.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
 from experiments.cli import TRACEBACK_ENV, any_error_line
 from experiments.resolve import run_spec
-from tests.probes.conftest import ROOT, TINY, cli, raises_one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 CASES = [
     ("model.n_layers=1e12", "n_layers"),
     ("model.n_layers=1000000000", "n_layers"),
     ("model.n_layers=2.5", "n_layers"),
-    ("model.n_layers='2'", "n_layers"),
+    ("model.n_layers='two'", "n_layers"),
     ("model.hidden_size=true", "hidden_size"),
     ("model.hidden_size=0", "hidden_size"),
     ("model.n_experts=-4", "n_experts"),
@@ -59,15 +60,35 @@ def test_bad_value_is_one_line_naming_the_key(composer, override: str, key: str)
     raises_one_line(lambda: run_spec(composer([override])), key)
 
 
+def test_a_count_written_as_a_string_reaches_the_model_as_a_number(composer) -> None:  # noqa: ANN001
+    """`model.n_layers='2'`: the schema (experiments/schema.py) makes it the int 2 when the
+    config composes, so no string count reaches ModelSpec's arithmetic."""
+    n_layers = run_spec(composer(["model.n_layers='2'"])).model.n_layers
+    assert n_layers == 2 and type(n_layers) is int
+
+
+@pytest.mark.parametrize("values", ["1e12,2", "true,2"])
+def test_a_value_the_schema_refuses_stops_a_sweep_before_it_starts(tmp_path: Path,
+                                                                   values: str) -> None:  # fmt: skip
+    """A swept value that is not of its key's type (the schema's check, when the sweep's points
+    are composed) is one line naming the key before any point runs: nothing is written."""
+    sweep = tmp_path / "sweep"
+    r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic", f"model.n_layers={values}",
+            f"hydra.sweep.dir={sweep}")  # fmt: skip
+    one_line(r, "model.n_layers")
+    assert not list(sweep.rglob("summary.json")) and not list(sweep.rglob("failed.txt"))
+
+
 def test_bad_values_in_a_sweep(tmp_path: Path) -> None:
-    """One sweep a user runs (the basic launcher: one process): each bad value of the point is
-    one line in its failed.txt, the good point finishes."""
+    """One sweep a user runs (the basic launcher: one process): each bad value of the point
+    (of its key's type, refused by the run's own checks) is one line in its failed.txt, the good
+    point finishes."""
     sweep = tmp_path / "sweep"
     r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic",
-            "model.n_layers=1e12,1000000000,true,2", f"hydra.sweep.dir={sweep}")  # fmt: skip
+            "model.n_layers=1000000000,0,2", f"hydra.sweep.dir={sweep}")  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
     failed = [p.read_text() for p in sweep.rglob("failed.txt")]
-    assert len(failed) == 3 and all("n_layers" in t and t.count("\n") == 1 for t in failed)
+    assert len(failed) == 2 and all("n_layers" in t and t.count("\n") == 1 for t in failed)
     assert len(list(sweep.rglob("summary.json"))) == 1
 
 
