@@ -184,7 +184,9 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
                              for p in np.unique(pair).tolist())}  # fmt: skip
     named = [heads[c] for c in pair.tolist()]
     sc, snames = _factorize(df["stream"])
-    stid = [str(tids[s]) for s in snames]
+    # a categorical keeps the categories of the trace it was cut from (one device's part of a
+    # run on G processes): streams with no op here have no thread and no event to name
+    stid = [str(tids.get(s, 0)) for s in snames]
     tid = [stid[c] for c in sc.tolist()]
     start = df["start_s"].to_numpy(np.float64)
     ts = _json_floats(start * 1e6)

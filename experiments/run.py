@@ -7,7 +7,7 @@ Usage:
 
 Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
 (.run.lock), replacing an earlier result only once the new one is whole; trace.json
-(Chrome/Perfetto) with `trace_json=true`, or later with `python -m experiments.trace_json RUN_DIR`.
+(Chrome/Perfetto) with `trace_json=true`, or later with `python -m experiments.trace_json runs=RUN_DIR`.
 Any failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
 traceback.
 """
@@ -19,11 +19,12 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -209,8 +210,19 @@ def task(cfg: DictConfig) -> None:
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
         # only come before that line.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with locked(out_dir):
+    # Under torchrun every rank runs this command into the one run dir, which rank 0 alone
+    # writes: the other ranks take no lock (waiting on rank 0's, they would never join its
+    # process group, and rank 0 would wait for them until the rendezvous timed out).
+    lock = nullcontext() if torchrun_rank() > 0 else locked(out_dir)
+    with lock:
         run_point(cfg, out_dir, sweep=hc.mode == RunMode.MULTIRUN)
+
+
+def torchrun_rank() -> int:
+    """This process's rank in a torchrun launch of G > 1 processes; 0 outside one."""
+    from experiments.dist_run import launched
+
+    return int(os.environ["RANK"]) if launched() else 0
 
 
 def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:

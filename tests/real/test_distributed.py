@@ -193,7 +193,7 @@ def errors(stderr: str) -> list[str]:
 def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     """Rank 1 killed while the run sets up or runs: the parent stops rank 0 at once and says
     which rank died, in one line; no peer's traceback, no summary.json."""
-    proc = subprocess.Popen(command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=40"),
+    proc = subprocess.Popen(command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100"),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     ranks = []
@@ -204,7 +204,9 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
         ranks = sorted(int(p) for p in kids.stdout.split()
                        if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace"))  # fmt: skip
     assert len(ranks) == 2, "the two rank processes did not start"
-    time.sleep(8)  # into the run (or its setup)
+    # into the run (or its setup): 2 batches of 100 tokens take the ranks ~15 s here, so the
+    # kill lands before the run ends (40 tokens ended within the 8 s this slept before)
+    time.sleep(5)
     os.kill(ranks[1], signal.SIGKILL)  # started second: rank 1
     killed = time.monotonic()
     _, stderr = proc.communicate(timeout=120)
