@@ -100,7 +100,9 @@ class _Chain:
         # per op its label, resource and the tier it allocates (""), from the few combinations
         stream_res = [str(s.resource) for s in schedule.streams.values()]
         kinds, tensors, tiers = list(OpKind), list(Tensor), [str(t) for t in Tier]
-        combo = (cols["kind"].astype(np.int64) * len(tensors) + cols["tensor"]) * len(stream_res) + sid
+        combo = (cols["kind"].astype(np.int64) * len(tensors) + cols["tensor"]) * len(
+            stream_res
+        ) + sid
         uniq, inverse = np.unique(combo, return_inverse=True)
         names = []
         for c in uniq.tolist():
@@ -109,9 +111,10 @@ class _Chain:
             names.append(_label_of(kinds[k], tensors[t], stream_res[st]))
         self.label = [names[i] for i in inverse.ravel().tolist()]
         self.resource = [stream_res[i] for i in sid.tolist()]
-        self.tier = [tiers[t] if t >= 0 and b > 0 else ""
-                     for t, b in zip(cols["alloc_tier"].tolist(), cols["alloc_bytes"].tolist(),
-                                     strict=True)]  # fmt: skip
+        self.tier = [
+            tiers[t] if t >= 0 and b > 0 else ""
+            for t, b in zip(cols["alloc_tier"].tolist(), cols["alloc_bytes"].tolist(), strict=True)
+        ]
         # of its predecessors that ran (deps, the op before on the same stream, the op that held
         # the same resource before it: a stream's transfer queued behind another stream's), the
         # first that ended last: the one the walk steps back to (-1: none)
@@ -154,8 +157,9 @@ class _Chain:
         runs one op at a time (not a pool's, whose ops share it)."""
         held = np.full(len(schedule.ops), -1)
         sid = schedule.columns()["stream"]
-        one_at_a_time = np.array([not s.pool and s.resource != Resource.NONE
-                                  for s in schedule.streams.values()])  # fmt: skip
+        one_at_a_time = np.array(
+            [not s.pool and s.resource != Resource.NONE for s in schedule.streams.values()]
+        )
         rid = np.array([s.resource_id for s in schedule.streams.values()])[sid]
         ok = one_at_a_time[sid] & ~np.isnan(self.start)
         for r in np.unique(rid[ok]):

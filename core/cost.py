@@ -148,15 +148,23 @@ class CostModel:
         return out
 
     def compute_vec(
-        self, device: Resource, kind: OpKind, flops: np.ndarray, touch: np.ndarray,
+        self,
+        device: Resource,
+        kind: OpKind,
+        flops: np.ndarray,
+        touch: np.ndarray,
         share: np.ndarray | float,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         """`compute_s` of many ops of one kind on one device at once."""
         spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
         if spec.time_tables.get(str(kind)):
             shares = np.broadcast_to(share, np.shape(flops))
-            return np.array([self.compute_s(device, kind, f, t, s)
-                             for f, t, s in zip(flops, touch, shares, strict=True)])  # fmt: skip
+            return np.array(
+                [
+                    self.compute_s(device, kind, f, t, s)
+                    for f, t, s in zip(flops, touch, shares, strict=True)
+                ]
+            )
         roofline = np.maximum(flops / spec.peak_flops_per_s, touch / spec.mem_bw_bytes_per_s)
         return roofline / share + spec.kind_overhead_s.get(str(kind), spec.kernel_overhead_s)
 

@@ -42,8 +42,9 @@ def micro_batch_rows(
 ) -> np.ndarray:
     """The rows of a batch's routing ([T, k], `per` tokens a sequence) micro-batch `micro`
     holds, GPU by GPU (`micro_batch_seqs`): ascending."""
-    spans = [micro_batch_seqs(batch_size, n_devices, micro_batches, d, micro)
-             for d in range(n_devices)]  # fmt: skip
+    spans = [
+        micro_batch_seqs(batch_size, n_devices, micro_batches, d, micro) for d in range(n_devices)
+    ]
     return np.concatenate([np.arange(s0 * per, s1 * per) for s0, s1 in spans])
 
 

@@ -199,8 +199,13 @@ class CausalRouting:
             return routing.batch_labels(step, batch, workload)
 
         has = routing.labels is not None
-        return cls(source, routing.n_experts, routing.top_k,
-                   labels=labels if has else None, label_names=routing.label_names)  # fmt: skip
+        return cls(
+            source,
+            routing.n_experts,
+            routing.top_k,
+            labels=labels if has else None,
+            label_names=routing.label_names,
+        )
 
     def batch_labels(self, step: int, batch: int, who: str) -> np.ndarray:
         """[T] the request label of each of a batch's tokens (`label_names`), known before any of

@@ -120,6 +120,7 @@ class Schedule:
 
         def field_(name: str) -> Iterable[Any]:
             return map(itemgetter(at[name]), ops)
+
         stream_idx = {s: i for i, s in enumerate(self.streams)}
         tier_idx: dict[Tier | None, int] = {None: -1, **{t: i for i, t in enumerate(Tier)}}
         kind_idx = {k: i for i, k in enumerate(OpKind)}
@@ -257,13 +258,18 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
     # Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
     # shape once, at its first op, in op order, so the error names the first bad op.
     no_tier = (cols["alloc_bytes"] < 0) | (cols["free_bytes"] < 0)
-    no_tier |= ((cols["alloc_bytes"] > 0) & (cols["alloc_tier"] < 0))
-    no_tier |= ((cols["free_bytes"] > 0) & (cols["free_tier"] < 0))
+    no_tier |= (cols["alloc_bytes"] > 0) & (cols["alloc_tier"] < 0)
+    no_tier |= (cols["free_bytes"] > 0) & (cols["free_tier"] < 0)
     key = np.zeros(n, np.int64)
-    for c, size in ((cols["kind"], len(OpKind)), (cols["stream"] + 1, len(streams) + 1),
-                    (cols["src"] + 1, len(Tier) + 1), (cols["dst"] + 1, len(Tier) + 1),
-                    (cols["alloc_tier"] + 1, len(Tier) + 1), (cols["free_tier"] + 1, len(Tier) + 1),
-                    (no_tier, 2)):  # fmt: skip (codes from -1 (none) up)
+    for c, size in (
+        (cols["kind"], len(OpKind)),
+        (cols["stream"] + 1, len(streams) + 1),
+        (cols["src"] + 1, len(Tier) + 1),
+        (cols["dst"] + 1, len(Tier) + 1),
+        (cols["alloc_tier"] + 1, len(Tier) + 1),
+        (cols["free_tier"] + 1, len(Tier) + 1),
+        (no_tier, 2),
+    ):  # codes from -1 (none) up
         key = key * size + c.astype(np.int64)
     _, at = np.unique(key, return_index=True)
     first: dict[tuple[Any, ...], Op] = {}
@@ -313,9 +319,7 @@ def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndar
     gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
     for i in gate_ids.tolist():
         op = ops[i]
-        gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append(
-            (op.micro, op.id)
-        )
+        gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append((op.micro, op.id))
     step, layer, batch = (cols[c].astype(np.int64) for c in ("step", "layer", "batch"))
     key = (step * (int(layer.max(initial=0)) + 2) + layer + 1) * (int(batch.max(initial=0)) + 2)
     key += batch + 1  # one number per (step, layer, batch)
@@ -358,13 +362,16 @@ def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndar
             raise ScheduleError(problem)
 
 
-def _gate_problem(op: Op, gates: Mapping[tuple[int, int], Mapping[int, list[tuple[int, int]]]]) -> str:
+def _gate_problem(
+    op: Op, gates: Mapping[tuple[int, int], Mapping[int, list[tuple[int, int]]]]
+) -> str:
     """The expert op's missing gate deps (see `_check_gates`), or ""."""
     layer_gates = gates.get((op.step, op.layer), {})
     mine = (
-        [g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
+        [g for batch in layer_gates.values() for g in batch]
+        if op.batch == _ANY
         else layer_gates.get(op.batch, [(_ANY, -1)])
-    )  # fmt: skip
+    )
     # a micro-batch's experts need its own gates (and any over the whole batch); an op over
     # the whole batch needs every gate of it
     need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
@@ -407,16 +414,21 @@ def _ep_problem(ops: Iterable[Op], streams: Mapping[str, StreamSpec], lanes: boo
     G GPUs have no shared memory (a copy between them runs on p2p in and p2p_out out). The IR
     names lanes and GPUs alike (`gpu:d`), so only the layout (`meta["ep"]`) tells them apart."""
     wrong = {Resource.P2P, Resource.P2P_OUT} if lanes else {Resource.D2D}
-    bad = min((o for o in ops if streams[o.stream].resource in wrong), key=lambda o: o.id,
-              default=None)  # fmt: skip
+    bad = min(
+        (o for o in ops if streams[o.stream].resource in wrong), key=lambda o: o.id, default=None
+    )
     if bad is None:
         return ""
     res = streams[bad.stream].resource
     if lanes:
-        return (f"{bad.label()}: on {res}, but the layout is lanes of one GPU (meta ep.lanes), "
-                "whose memory they share: a replica copy runs on d2d, and no tokens move")  # fmt: skip
-    return (f"{bad.label()}: on d2d (a copy within one GPU), but the layout is G GPUs "
-            "(meta ep.lanes false): a copy between GPUs runs on p2p in and p2p_out out")  # fmt: skip
+        return (
+            f"{bad.label()}: on {res}, but the layout is lanes of one GPU (meta ep.lanes), "
+            "whose memory they share: a replica copy runs on d2d, and no tokens move"
+        )
+    return (
+        f"{bad.label()}: on d2d (a copy within one GPU), but the layout is G GPUs "
+        "(meta ep.lanes false): a copy between GPUs runs on p2p in and p2p_out out"
+    )
 
 
 def _check_finishes(schedule: Schedule) -> None:

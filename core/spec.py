@@ -99,9 +99,16 @@ class ModelSpec:
             )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
-        for key in ("kv_dim", "attn_params", "qk_head_dim", "latent_expand_params",
-                    "dense_ffn_size", "shared_ffn_size", "qk_rope_head_dim",
-                    "q_lora_rank"):  # fmt: skip
+        for key in (
+            "kv_dim",
+            "attn_params",
+            "qk_head_dim",
+            "latent_expand_params",
+            "dense_ffn_size",
+            "shared_ffn_size",
+            "qk_rope_head_dim",
+            "q_lora_rank",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(
                     f"model {self.name}: {key}={getattr(self, key)} is negative; "
@@ -365,7 +372,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ConfigError(
             f"{p}: holds a JSON {type(cfg).__name__}, not an object of fields; a config.json "
-            "is {\"model_type\": ..., ...}"
+            'is {"model_type": ..., ...}'
         )
     check_hf_config(cfg, str(p))
     return cfg
@@ -376,22 +383,33 @@ def check_hf_config(cfg: Mapping[str, Any], where: str) -> None:
     not the type transformers gives it (see `read_hf_config`)."""
 
     def bad(key: str, what: str) -> ConfigError:
-        return ConfigError(f"{where}: field {key} must be {what}, got {cfg[key]!r}; fix config.json")
+        return ConfigError(
+            f"{where}: field {key} must be {what}, got {cfg[key]!r}; fix config.json"
+        )
 
     rules: list[tuple[tuple[str, ...], Any, str]] = [
         (_HF_COUNTS, lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
         (_HF_SIZES, lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
-        (_HF_OPTIONAL_COUNTS, lambda v: v is None or (_is_int(v) and v >= 1),
-         "a whole number >= 1 or null"),
-        (_HF_OPTIONAL_SIZES, lambda v: v is None or (_is_int(v) and v >= 0),
-         "a whole number >= 0 or null"),
+        (
+            _HF_OPTIONAL_COUNTS,
+            lambda v: v is None or (_is_int(v) and v >= 1),
+            "a whole number >= 1 or null",
+        ),
+        (
+            _HF_OPTIONAL_SIZES,
+            lambda v: v is None or (_is_int(v) and v >= 0),
+            "a whole number >= 0 or null",
+        ),
         (_HF_POSITIVE, lambda v: _is_number(v) and v > 0, "a positive number"),
-        (_HF_OPTIONAL_POSITIVE, lambda v: v is None or (_is_number(v) and v > 0),
-         "a positive number or null"),
+        (
+            _HF_OPTIONAL_POSITIVE,
+            lambda v: v is None or (_is_number(v) and v > 0),
+            "a positive number or null",
+        ),
         (_HF_BOOLS, lambda v: isinstance(v, bool), "true or false"),
         (("model_type",), lambda v: isinstance(v, str), "a string"),
         (_HF_STRINGS[1:], lambda v: v is None or isinstance(v, str), "a string"),
-    ]  # fmt: skip
+    ]
     for keys, ok, what in rules:
         for key in keys:
             if key in cfg and not ok(cfg[key]):
@@ -459,7 +477,9 @@ def _hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str) -> ModelSp
     family = cfg.get("model_type", "")
 
     def get(key: str, default: Any = None) -> Any:
-        if cfg.get(key) is not None:  # null: as if absent (check_hf_config allows it where optional)
+        if (
+            cfg.get(key) is not None
+        ):  # null: as if absent (check_hf_config allows it where optional)
             return cfg[key]
         if default is None:
             raise ConfigError(f"{where}: model_type {family!r} needs field {key!r}")
@@ -760,8 +780,15 @@ class HardwareSpec:
             n_gpus = int(d.get("n_gpus", 1))
             at = "sources"
             sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
-            return cls(name=name, memory_bytes=mem, gpu=gpu, cpu=cpu, links=links, n_gpus=n_gpus,
-                       sources=sources)  # fmt: skip
+            return cls(
+                name=name,
+                memory_bytes=mem,
+                gpu=gpu,
+                cpu=cpu,
+                links=links,
+                n_gpus=n_gpus,
+                sources=sources,
+            )
         except KeyError as e:
             raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
         except (ValueError, TypeError, AttributeError) as e:

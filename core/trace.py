@@ -164,8 +164,10 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
     out = [dumps({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": source}})]
     streams = list(dict.fromkeys(df["stream"].astype(str)))
     tids = {s: i + 1 for i, s in enumerate(streams)}
-    out += [dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": s}})
-            for s, tid in tids.items()]  # fmt: skip
+    out += [
+        dumps({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": s}})
+        for s, tid in tids.items()
+    ]
     n = len(df)
     # each arg column as `"key": value` fragments, "" where the value is missing (NaN)
     frags = []
@@ -178,10 +180,14 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
     kc, kinds = _factorize(df["kind"])
     tc, tensors = _factorize(df["tensor"]) if "tensor" in df else (np.zeros(n, np.int64), ["none"])
     pair = kc * len(tensors) + tc
-    heads = {int(p): f'{{"name": {dumps(k if t == "none" else f"{k} {t}")}, "cat": {dumps(k)}, '
-             f'"pid": {pid}, "tid": '
-             for p, k, t in ((p, kinds[p // len(tensors)], tensors[p % len(tensors)])
-                             for p in np.unique(pair).tolist())}  # fmt: skip
+    heads = {
+        int(p): f'{{"name": {dumps(k if t == "none" else f"{k} {t}")}, "cat": {dumps(k)}, '
+        f'"pid": {pid}, "tid": '
+        for p, k, t in (
+            (p, kinds[p // len(tensors)], tensors[p % len(tensors)])
+            for p in np.unique(pair).tolist()
+        )
+    }
     named = [heads[c] for c in pair.tolist()]
     sc, snames = _factorize(df["stream"])
     # a categorical keeps the categories of the trace it was cut from (one device's part of a
@@ -192,8 +198,10 @@ def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:
     ts = _json_floats(start * 1e6)
     dur_arr = (df["end_s"].to_numpy(np.float64) - start) * 1e6
     dur = _json_floats(dur_arr)
-    tails = ['"ph": "X", "dur": ' + d + "}" if p else '"ph": "i", "s": "t"}'
-             for d, p in zip(dur, (dur_arr > 0).tolist(), strict=True)]  # fmt: skip
+    tails = [
+        '"ph": "X", "dur": ' + d + "}" if p else '"ph": "i", "s": "t"}'
+        for d, p in zip(dur, (dur_arr > 0).tolist(), strict=True)
+    ]
     out += [
         f'{h}{t}, "ts": {x}, "args": {{{a}}}, {e}'
         for h, t, x, a, e in zip(named, tid, ts, args, tails, strict=True)
@@ -300,8 +308,10 @@ def bound_resource(schedule: Schedule, trace: pd.DataFrame) -> np.ndarray:
     """Per trace row, the resource its work counts against in the bounds: its stream's resource
     id, or one name for all streams of a pool (lanes sharing one GPU's SMs, each lane under its
     own device id `gpu`, `gpu:1` ...), whose ops together get at most the whole GPU."""
-    key = {name: f"{s.resource} (pool {s.pool})" if s.pool else s.resource_id
-           for name, s in schedule.streams.items()}  # fmt: skip
+    key = {
+        name: f"{s.resource} (pool {s.pool})" if s.pool else s.resource_id
+        for name, s in schedule.streams.items()
+    }
     codes, names = _factorize(trace["stream"])
     return np.array([key.get(s, np.nan) for s in names], dtype=object)[codes]
 
@@ -350,8 +360,15 @@ def dag_bound(
     dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
     h_arr, t_arr = _heads_tails(schedule, dur)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
-    frame = pd.DataFrame({"resource": bound_resource(schedule, trace), "step": trace["step"].to_numpy(),
-                          "head": h_arr[ids], "dur": work.to_numpy(), "tail": t_arr[ids]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "resource": bound_resource(schedule, trace),
+            "step": trace["step"].to_numpy(),
+            "head": h_arr[ids],
+            "dur": work.to_numpy(),
+            "tail": t_arr[ids],
+        }
+    )
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
     for res, g in frame[frame["resource"] != "none"].groupby("resource", sort=True):
@@ -379,7 +396,11 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     cols = schedule.columns()
     n = len(schedule.ops)
     # int32 edges: as long as the deps, a run's largest arrays
-    ptr, deps, sid = cols["dep_ptr"], cols["dep_idx"].astype(np.int32), cols["stream"].astype(np.int32)
+    ptr, deps, sid = (
+        cols["dep_ptr"],
+        cols["dep_idx"].astype(np.int32),
+        cols["stream"].astype(np.int32),
+    )
     dst = np.repeat(np.arange(n, dtype=np.int32), np.diff(ptr))
     order = np.argsort(sid, kind="stable").astype(np.int32)  # each stream's ops in op order
     same = sid[order[1:]] == sid[order[:-1]]

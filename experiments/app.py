@@ -61,18 +61,26 @@ OmegaConf.register_new_resolver("command_help", _help_header, replace=True)
 ConfigStore.instance().store(
     group="hydra/help",
     name="command",
-    node={"app_name": "${hydra.job.name}", "header": "${command_help:}", "footer": FOOTER,
-          "template": HELP},
-)  # fmt: skip
+    node={
+        "app_name": "${hydra.job.name}",
+        "header": "${command_help:}",
+        "footer": FOOTER,
+        "template": HELP,
+    },
+)
 ConfigStore.instance().store(
     group="hydra/help",
     name="run",
-    node={"app_name": "${hydra.job.name}", "header": "${command_help:}",
-          "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
-          "template": HELP.replace("${hydra.help.footer}",
-                                   "== Config groups (group=NAME) ==\n$APP_CONFIG_GROUPS\n\n"
-                                   "${hydra.help.footer}")},
-)  # fmt: skip
+    node={
+        "app_name": "${hydra.job.name}",
+        "header": "${command_help:}",
+        "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
+        "template": HELP.replace(
+            "${hydra.help.footer}",
+            "== Config groups (group=NAME) ==\n$APP_CONFIG_GROUPS\n\n${hydra.help.footer}",
+        ),
+    },
+)
 
 
 def command(
@@ -199,6 +207,7 @@ def hydra_main(
         overrides = [plus_plus(o, conf_dir) for o in overrides]
         if {"-m", "--multirun"} & set(flags):
             check_sweep(conf_dir, config_name, overrides)
+
         def job(cfg: DictConfig) -> None:
             # hydra would print a line of its own before an exception the job raises: it is
             # kept and raised once hydra is done
@@ -256,14 +265,18 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     swept = [o for o in parsed if o.is_sweep_override()]
     if not swept:
         return
-    first = {o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-             for o in swept}  # fmt: skip
+    first = {
+        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+        for o in swept
+    }
     base = [first.get(o.input_line, o.input_line) for o in parsed]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         for o in swept:
             for value in o.sweep_string_iterator():
-                point = [f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
-                         for b in base]  # fmt: skip
+                point = [
+                    f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
+                    for b in base
+                ]
                 compose(config_name, overrides=point)
 
 
@@ -341,8 +354,9 @@ def group_files(
         if sep and key in groups and value.endswith((".yaml", ".yml")):
             src = Path(value).expanduser()
             if not src.is_file():
-                raise MoepipeError(f"{arg}: no such file; pass a hardware YAML file or a name "
-                                   f"in conf/{key}/")  # fmt: skip
+                raise MoepipeError(
+                    f"{arg}: no such file; pass a hardware YAML file or a name in conf/{key}/"
+                )
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")
@@ -444,12 +458,16 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
     if where and not_fields:  # a group's YAML that is a list or a scalar, not a mapping
         group, _, name = where.group(1).rpartition("/")
-        return (f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
-                f"fields{at}; see conf/{group}/ for the layout")  # fmt: skip
+        return (
+            f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
+            f"fields{at}; see conf/{group}/ for the layout"
+        )
     unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
     if unknown:
         name = unknown.group(1)
-        key = key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
+        key = (
+            key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
+        )
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")

@@ -52,10 +52,19 @@ from experiments.cli import run_command  # noqa: E402
 
 COLD = ("pass", "once", "false")
 _DEFAULTS: dict[str, Any] = dict(
-    checkpoint=None, hardware="this-machine", planner="klotski", gpu_frac=0.6, cpu_frac=0.15,
-    batch_size=4, n_batches=15, prompt_len=16, gen_len=4, cold="pass", cgroup="true",
+    checkpoint=None,
+    hardware="this-machine",
+    planner="klotski",
+    gpu_frac=0.6,
+    cpu_frac=0.15,
+    batch_size=4,
+    n_batches=15,
+    prompt_len=16,
+    gen_len=4,
+    cold="pass",
+    cgroup="true",
     slack_mb=256,
-)  # fmt: skip
+)
 _CHILD = "_role"  # the argument that makes this module run one system (in its own process)
 _RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON object
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -224,8 +233,14 @@ def run_accelerate(
         with torch.inference_mode():
             for b in range(0, prompts.shape[0], batch_size):
                 ids = prompts[b : b + batch_size].to(first)
-                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len,
-                               min_new_tokens=gen_len, do_sample=False, pad_token_id=0)  # fmt: skip
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=gen_len,
+                    min_new_tokens=gen_len,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
         total = time.perf_counter() - t0
         print(f"accelerate: {dropping[0]:.2f} s of page-cache drops not counted", file=sys.stderr)
         return total - dropping[0]
@@ -264,16 +279,30 @@ def _child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
     if role == "moepipe":
         result, _ = real_execute(opts["checkpoint"], spec, "replay")
         s = result.summary
-        return {"tok_s": s["throughput_tok_s"], "seconds": s["makespan_s"],
-                "n_batches": s["n_batches"], "dag_efficiency": s.get("dag_efficiency"),
-                "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated}  # fmt: skip
+        return {
+            "tok_s": s["throughput_tok_s"],
+            "seconds": s["makespan_s"],
+            "n_batches": s["n_batches"],
+            "dag_efficiency": s.get("dag_efficiency"),
+            "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated,
+        }
     wl = spec.workload.with_(n_batches=int(opts["n_batches"]))
     prompts = prompts_for(spec.model, wl)
     budget, host = int(hw.memory_bytes[Tier.GPU]), int(hw.memory_bytes[Tier.CPU])
-    seconds = run_accelerate(opts["checkpoint"], budget, host, prompts, int(opts["acc_batch"]),
-                             wl.gen_len, str(opts["cold"]))  # fmt: skip
-    return {"tok_s": wl.tokens_generated / seconds, "seconds": seconds,
-            "tokens": wl.tokens_generated}  # fmt: skip
+    seconds = run_accelerate(
+        opts["checkpoint"],
+        budget,
+        host,
+        prompts,
+        int(opts["acc_batch"]),
+        wl.gen_len,
+        str(opts["cold"]),
+    )
+    return {
+        "tok_s": wl.tokens_generated / seconds,
+        "seconds": seconds,
+        "tokens": wl.tokens_generated,
+    }
 
 
 @dataclass
@@ -294,8 +323,12 @@ def run_side(
     """Run `role` in a child process (inside a memory cgroup of `limit_bytes` where one can be
     made): (its result or None if it failed, the cgroup's peak bytes, why it failed)."""
     args = {**opts, **extra, _CHILD: role}
-    cmd = [sys.executable, "-m", "experiments.bench_accelerate",
-           *(f"{k}={v}" for k, v in args.items())]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.bench_accelerate",
+        *(f"{k}={v}" for k, v in args.items()),
+    ]
     cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
     drop_page_cache(opts["checkpoint"], everything=False)  # charged to whoever reads it next
     try:
@@ -373,9 +406,17 @@ def compare(
     if got is None:
         raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
     n = int(got["n_batches"])
-    rows.append(Row(f"moepipe {spec.planner} (n={n})", spec.workload.batch_size, got["tok_s"],
-                    got["seconds"], got["peak_rss_bytes"], peak,
-                    dag_efficiency=got.get("dag_efficiency")))  # fmt: skip
+    rows.append(
+        Row(
+            f"moepipe {spec.planner} (n={n})",
+            spec.workload.batch_size,
+            got["tok_s"],
+            got["seconds"],
+            got["peak_rss_bytes"],
+            peak,
+            dag_efficiency=got.get("dag_efficiency"),
+        )
+    )
     opts = dict(opts, n_batches=n)
     every = n * spec.workload.batch_size
     batch = every
@@ -392,12 +433,19 @@ def compare(
     if batch_by_batch and batch != spec.workload.batch_size:
         print("[bench] accelerate, batch by batch ...", file=sys.stderr, flush=True)
         got, peak, why = run_side("accelerate", opts, limit, acc_batch=spec.workload.batch_size)
-        rows.append(_row(f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size,
-                         got, peak, why))  # fmt: skip
+        rows.append(
+            _row(
+                f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size, got, peak, why
+            )
+        )
     mb = spec.model.total_bytes / 1e6
     tokens = spec.workload.with_(n_batches=n).tokens_generated
-    mem = (f"each in a memory cgroup of {limit / 1e6:.0f} MB (budget + runtime allowance; page "
-           "cache counted)" if limit else "no memory cgroup (not enforced)")  # fmt: skip
+    mem = (
+        f"each in a memory cgroup of {limit / 1e6:.0f} MB (budget + runtime allowance; page "
+        "cache counted)"
+        if limit
+        else "no memory cgroup (not enforced)"
+    )
     header = [
         f"model {spec.model.name} {mb:.0f} MB, budget {budget / 1e6:.0f} MB (device "
         f"{hw.memory_bytes[Tier.GPU] / 1e6:.0f} + host {hw.memory_bytes[Tier.CPU] / 1e6:.0f}), "
@@ -422,16 +470,22 @@ def format_rows(rows: list[Row]) -> list[str]:
     def mb(b: int | None) -> str:
         return "-" if b is None else f"{b / 1e6:.0f}"
 
-    out = [f"{'system':40s} {'batch':>5s} {'tok/s':>8s} {'s':>7s} {'RSS MB':>7s} "
-           f"{'RSS+cache MB':>12s} {'x best peer':>11s}"]  # fmt: skip
+    out = [
+        f"{'system':40s} {'batch':>5s} {'tok/s':>8s} {'s':>7s} {'RSS MB':>7s} "
+        f"{'RSS+cache MB':>12s} {'x best peer':>11s}"
+    ]
     for r in rows:
         if r.tok_s is None:
-            out.append(f"{r.system:40s} {r.batch:5d} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
-                       f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}")  # fmt: skip
+            out.append(
+                f"{r.system:40s} {r.batch:5d} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
+                f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}"
+            )
             continue
         ratio = f"{r.tok_s / best.tok_s:.2f}x" if best and best.tok_s else "-"
-        out.append(f"{r.system:40s} {r.batch:5d} {r.tok_s:8.2f} {r.seconds:7.2f} "
-                   f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}")  # fmt: skip
+        out.append(
+            f"{r.system:40s} {r.batch:5d} {r.tok_s:8.2f} {r.seconds:7.2f} "
+            f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}"
+        )
     ours = rows[0]
     if best and best.tok_s and ours.tok_s:
         out.append(f"moepipe / best peer: {ours.tok_s / best.tok_s:.2f}x ({best.system})")

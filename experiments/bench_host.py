@@ -85,7 +85,9 @@ def slab_tensor(slabs: HostSlabs, shape: tuple[int, ...], dtype: torch.dtype) ->
     return slabs.lend(n).view(dtype).view(shape)
 
 
-def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip
+def kv_lines(
+    opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
+) -> list[str]:
     b, h = (
         as_int("batch", opts["batch"], at_least=1),
         as_int("kv_heads", opts["kv_heads"], at_least=1),
@@ -112,21 +114,25 @@ def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repea
     copies = {
         "load, strided host": (
             lambda: dev[:, :, span].copy_(strided[:, :, span], non_blocking=pin),
-            dev_span, src[:, :, span],
+            dev_span,
+            src[:, :, span],
         ),
         "load, position-major host": (
             lambda: dev.movedim(2, 0)[span].copy_(major[span], non_blocking=pin),
-            dev_span, src[:, :, span],
+            dev_span,
+            src[:, :, span],
         ),
         "store, strided host": (
             lambda: strided[:, :, last].copy_(dev[:, :, last], non_blocking=pin),
-            lambda: strided[:, :, last], src[:, :, last],
+            lambda: strided[:, :, last],
+            src[:, :, last],
         ),
         "store, position-major host": (
             lambda: major[last].copy_(dev.movedim(2, 0)[last], non_blocking=pin),
-            lambda: moved(major[last]), src[:, :, last],
+            lambda: moved(major[last]),
+            src[:, :, last],
         ),
-    }  # fmt: skip
+    }
     nbytes = {"load": b * h * (m - 1) * d * dt.itemsize, "store": b * h * d * dt.itemsize}
     lines = [
         f"KV cache of one layer: {b} sequences x {h} kv heads x {m} positions x {d}, {dt}; "
@@ -147,7 +153,9 @@ def kv_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repea
     return lines
 
 
-def buffer_lines(opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int) -> list[str]:  # fmt: skip
+def buffer_lines(
+    opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
+) -> list[str]:
     unit = round_up(int(as_float("unit_mb", opts["unit_mb"], positive=True) * 2**20), ALIGN)
     n = as_int("units", opts["units"], at_least=1)
     before = slabs.reserved_bytes

@@ -67,7 +67,9 @@ def modelled_s(model: ModelSpec, hw: HardwareSpec, rows: int, lanes: int) -> flo
     return pool_makespan_s([[(0.0, work, cap)]] * lanes)
 
 
-def expert_kernels(model: ModelSpec, rows: int, lanes: int, device: torch.device) -> list[Callable[[], Any]]:  # fmt: skip
+def expert_kernels(
+    model: ModelSpec, rows: int, lanes: int, device: torch.device
+) -> list[Callable[[], Any]]:
     """One expert MLP per lane (its own random weights, in the model's dtype) over its own
     `rows` x H input."""
     h, f, dtype = model.hidden_size, model.expert_ffn_size, torch_dtype(model)
@@ -81,7 +83,11 @@ def expert_kernels(model: ModelSpec, rows: int, lanes: int, device: torch.device
         x, up, down = w(rows, h), w(f, h), w(h, f)
         if model.activation == Activation.SWIGLU:
             gate = w(f, h)
-            out.append(lambda x=x, u=up, d=down, gt=gate: F.linear(F.silu(F.linear(x, gt)) * F.linear(x, u), d))  # fmt: skip
+            out.append(
+                lambda x=x, u=up, d=down, gt=gate: F.linear(
+                    F.silu(F.linear(x, gt)) * F.linear(x, u), d
+                )
+            )
         else:
             out.append(lambda x=x, u=up, d=down: F.linear(F.relu(F.linear(x, u)), d))
     return out
@@ -138,15 +144,18 @@ def report(opts: dict[str, Any]) -> list[str]:
         f"{hw.gpu.sm_mem_bw_bytes_per_s / 1e9 or hw.gpu.mem_bw_bytes_per_s / 1e9 / max(hw.gpu.sms, 1):.0f} GB/s)"
         + ("" if cuda else "; no CUDA here: the model's figures only"),
         f"{'rows':>6} {'width':>6} {'cap':>6} {'model_alone_us':>14} {'model_together_us':>17} "
-        f"{'model_overlap':>13}" + (f" {'alone_us':>9} {'together_us':>11} {'overlap':>7} run" if cuda else ""),
-    ]  # fmt: skip
+        f"{'model_overlap':>13}"
+        + (f" {'alone_us':>9} {'together_us':>11} {'overlap':>7} run" if cuda else ""),
+    ]
     cost = CostModel(hw)
     for r in rows:
         width = expert_width(model, [r])
         cap = cost.cap(Resource.GPU, model.expert_flops(r), model.expert_bytes, width)
         alone, together = modelled_s(model, hw, r, 1), modelled_s(model, hw, r, lanes)
-        line = (f"{r:>6} {width:>6} {cap:>6.3f} {1e6 * alone:>14.2f} {1e6 * together:>17.2f} "
-                f"{lanes * alone / together:>13.2f}")  # fmt: skip
+        line = (
+            f"{r:>6} {width:>6} {cap:>6.3f} {1e6 * alone:>14.2f} {1e6 * together:>17.2f} "
+            f"{lanes * alone / together:>13.2f}"
+        )
         if cuda:
             one, _ = measured_s(expert_kernels(model, r, 1, device), repeats)
             many, how = measured_s(expert_kernels(model, r, lanes, device), repeats)

@@ -40,9 +40,18 @@ from experiments.cli import (
 from real.checkpoint import reduced_spec
 
 _DEFAULTS: dict[str, Any] = dict(
-    model=None, budget_gb=None, gen_len=4, out_dir="runs/bench_real", n_layers=None,
-    batch_size=8, prompt_len=16, hardware="this-machine", peers="best", cold="once", slack_mb=256,
-)  # fmt: skip
+    model=None,
+    budget_gb=None,
+    gen_len=4,
+    out_dir="runs/bench_real",
+    n_layers=None,
+    batch_size=8,
+    prompt_len=16,
+    hardware="this-machine",
+    peers="best",
+    cold="once",
+    slack_mb=256,
+)
 PEERS = ("best", "all", "none")
 DEVICE_SHARE = 0.8  # of the budget: the device pool; the rest is host RAM
 SHARD_BYTES = 1 << 30  # checkpoint shards: one in memory at a time while writing
@@ -212,24 +221,48 @@ def run(opts: dict[str, Any]) -> list[str]:
         from experiments.pipeline import RunSpec, resolve_n_batches
         from experiments.validate import load_hardware
 
-        early = load_hardware(str(opts["hardware"]), spec.total_bytes,
-                              budget * DEVICE_SHARE / spec.total_bytes,
-                              budget * (1 - DEVICE_SHARE) / spec.total_bytes)  # fmt: skip
-        wl = Workload(batch_size=batch, n_batches=1, prompt_len=prompt_len, gen_len=gen_len,
-                      routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+        early = load_hardware(
+            str(opts["hardware"]),
+            spec.total_bytes,
+            budget * DEVICE_SHARE / spec.total_bytes,
+            budget * (1 - DEVICE_SHARE) / spec.total_bytes,
+        )
+        wl = Workload(
+            batch_size=batch,
+            n_batches=1,
+            prompt_len=prompt_len,
+            gen_len=gen_len,
+            routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+        )
         resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
     cut = f", n_layers cut to {spec.n_layers}" if over else ""
     name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
     ckpt = ensure_checkpoint(spec, Path(str(opts["out_dir"])) / name)
     if not hardware_path(str(opts["hardware"])).is_file():
         _progress(f"no {hardware_path(str(opts['hardware']))}: calibrating on {ckpt}")
-        subprocess.run([sys.executable, "-m", "experiments.calibrate",
-                        f"hardware.name={opts['hardware']}", f"checkpoint={ckpt}"], check=True)  # fmt: skip
-    bopts = dict(ba._DEFAULTS, checkpoint=str(ckpt), hardware=str(opts["hardware"]),
-                 gpu_frac=budget * DEVICE_SHARE / spec.total_bytes,
-                 cpu_frac=budget * (1 - DEVICE_SHARE) / spec.total_bytes,
-                 batch_size=batch, n_batches=1, prompt_len=prompt_len, gen_len=gen_len,
-                 cold=cold, slack_mb=as_int("slack_mb", opts["slack_mb"], at_least=0))  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "experiments.calibrate",
+                f"hardware.name={opts['hardware']}",
+                f"checkpoint={ckpt}",
+            ],
+            check=True,
+        )
+    bopts = dict(
+        ba._DEFAULTS,
+        checkpoint=str(ckpt),
+        hardware=str(opts["hardware"]),
+        gpu_frac=budget * DEVICE_SHARE / spec.total_bytes,
+        cpu_frac=budget * (1 - DEVICE_SHARE) / spec.total_bytes,
+        batch_size=batch,
+        n_batches=1,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        cold=cold,
+        slack_mb=as_int("slack_mb", opts["slack_mb"], at_least=0),
+    )
     run_spec, hw = ba._run_spec(bopts)
     _progress("simulating the same run")
     sim = simulate_run(run_spec)
@@ -260,10 +293,14 @@ def run(opts: dict[str, Any]) -> list[str]:
         lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
     lines += ba.format_rows(rows)[-1:] if peers != "none" else []
     if ours.seconds:
-        lines.append(f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
-                     f"(makespan {ours.seconds:.2f} s, bound {bound_s:.2f} s)")  # fmt: skip
-        lines.append(f"simulator error: {(sim_s - ours.seconds) / ours.seconds:+.1%} "
-                     f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)")  # fmt: skip
+        lines.append(
+            f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
+            f"(makespan {ours.seconds:.2f} s, bound {bound_s:.2f} s)"
+        )
+        lines.append(
+            f"simulator error: {(sim_s - ours.seconds) / ours.seconds:+.1%} "
+            f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)"
+        )
     return lines
 
 
@@ -273,9 +310,15 @@ def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list
     got, peak, why = ba.run_side("moepipe", bopts, None)
     if got is None:
         raise MoepipeError(f"moepipe klotski failed ({why}); see its output above")
-    row = ba.Row(f"moepipe klotski (n={got['n_batches']})", run_spec.workload.batch_size,
-                 got["tok_s"], got["seconds"], got["peak_rss_bytes"], peak,
-                 dag_efficiency=got.get("dag_efficiency"))  # fmt: skip
+    row = ba.Row(
+        f"moepipe klotski (n={got['n_batches']})",
+        run_spec.workload.batch_size,
+        got["tok_s"],
+        got["seconds"],
+        got["peak_rss_bytes"],
+        peak,
+        dag_efficiency=got.get("dag_efficiency"),
+    )
     return [row], ["", "no memory cgroup (peers=none)"]
 
 
@@ -294,10 +337,15 @@ def _layer_working_set(spec: Any) -> int:
     fixed = per.get((Tensor.EMBED, -1), 0) + per.get((Tensor.HEAD, -1), 0)
     layers = {layer for _, layer in per if layer >= 0}
     most = max(
-        (per.get((Tensor.ATTENTION, i), 0) + per.get((Tensor.GATE, i), 0)
-         + per.get((Tensor.FFN, i), 0) + spec.top_k * per.get((Tensor.EXPERT, i), 0)
-         for i in layers), default=0,
-    )  # fmt: skip
+        (
+            per.get((Tensor.ATTENTION, i), 0)
+            + per.get((Tensor.GATE, i), 0)
+            + per.get((Tensor.FFN, i), 0)
+            + spec.top_k * per.get((Tensor.EXPERT, i), 0)
+            for i in layers
+        ),
+        default=0,
+    )
     return fixed + most
 
 

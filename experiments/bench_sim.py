@@ -111,11 +111,22 @@ def startup_s() -> float:
 
 def cli_run_s(planner: str, out: Path) -> tuple[float, float]:
     """Wall and CPU seconds of the whole `python -m experiments.run ...` as a user types it."""
-    return _child([sys.executable, "-m", "experiments.run", *RUN, f"planner={planner}",
-                   f"hydra.run.dir={out}", "skip_finished=false"])  # fmt: skip
+    return _child(
+        [
+            sys.executable,
+            "-m",
+            "experiments.run",
+            *RUN,
+            f"planner={planner}",
+            f"hydra.run.dir={out}",
+            "skip_finished=false",
+        ]
+    )
 
 
-def run_phases(planner: str, overrides: list[str], out: Path | None) -> tuple[int, dict[str, float]]:
+def run_phases(
+    planner: str, overrides: list[str], out: Path | None
+) -> tuple[int, dict[str, float]]:
     """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
     from hydra import compose, initialize_config_dir
 
@@ -143,8 +154,9 @@ def run_phases(planner: str, overrides: list[str], out: Path | None) -> tuple[in
     schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
     trace = _timed(times, "simulate", lambda: simulate_trace(schedule, spec.hardware))
-    summary = _timed(times, "summarize",
-                     lambda: summary_of(spec, schedule, trace, routing.description))  # fmt: skip
+    summary = _timed(
+        times, "summarize", lambda: summary_of(spec, schedule, trace, routing.description)
+    )
     if out is not None:
         _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))
     return len(schedule), times
@@ -160,37 +172,60 @@ def bench(planner: str, repeat: int) -> None:
             times = {"startup": startup_s(), **times}
             bare = bare_simpy_events_per_s()
             ops_s = n / cpu
-            row = [i, n, f"{wall:.2f}", f"{cpu:.2f}", *(f"{times[p]:.2f}" for p in PHASES),
-                   f"{sum(times.values()):.2f}", f"{ops_s:.0f}", f"{bare:.0f}", f"{ops_s / bare:.3f}"]  # fmt: skip
+            row = [
+                i,
+                n,
+                f"{wall:.2f}",
+                f"{cpu:.2f}",
+                *(f"{times[p]:.2f}" for p in PHASES),
+                f"{sum(times.values()):.2f}",
+                f"{ops_s:.0f}",
+                f"{bare:.0f}",
+                f"{ops_s / bare:.3f}",
+            ]
             print(" ".join(f"{c:>9}" for c in row))
-    print("seconds of CPU (user + system) unless wall: cli: the whole `python -m experiments.run` "
-          "(a subprocess); startup: its imports in a fresh interpreter; the other phases timed "
-          "here, in order; ratio: ops / cli_cpu over bare simpy's events per CPU second, timed in "
-          "this process. CPU time, so that other load on the machine does not count; on an idle "
-          "machine cli_wall is about cli_cpu")  # fmt: skip
+    print(
+        "seconds of CPU (user + system) unless wall: cli: the whole `python -m experiments.run` "
+        "(a subprocess); startup: its imports in a fresh interpreter; the other phases timed "
+        "here, in order; ratio: ops / cli_cpu over bare simpy's events per CPU second, timed in "
+        "this process. CPU time, so that other load on the machine does not count; on an idle "
+        "machine cli_wall is about cli_cpu"
+    )
 
 
 def scaling(planner: str) -> None:
     """Each size in a fresh process (its peak memory is its own)."""
-    print(f"{'model':>14} {'n':>3} {'ops':>9} {'run_s':>7} {'us/op':>6} {'peak_MB':>8} {'MB/kop':>7}")
+    print(
+        f"{'model':>14} {'n':>3} {'ops':>9} {'run_s':>7} {'us/op':>6} {'peak_MB':>8} {'MB/kop':>7}"
+    )
     for model, n in SIZES:
-        code = ("import json, sys; from experiments.bench_sim import one_size; "
-                f"print(json.dumps(one_size({planner!r}, {model!r}, {n})))")  # fmt: skip
+        code = (
+            "import json, sys; from experiments.bench_sim import one_size; "
+            f"print(json.dumps(one_size({planner!r}, {model!r}, {n})))"
+        )
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             raise MoepipeError(f"{model} n={n}: {r.stderr.strip().splitlines()[-1:]}")
         d = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} {1e6 * d['run_s'] / d['ops']:>6.1f} "
-              f"{d['peak_mb']:>8.0f} {1e3 * d['peak_mb'] / d['ops']:>7.2f}")  # fmt: skip
-    print(f"{planner} on {SCALING_HW}, paper workload. run_s: CPU seconds of config, routing, "
-          "plan, validate, simulate, summarize and write (trace.parquet, summary.json) in a fresh "
-          "process; peak_MB: its peak resident memory, imports included")  # fmt: skip
+        print(
+            f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} {1e6 * d['run_s'] / d['ops']:>6.1f} "
+            f"{d['peak_mb']:>8.0f} {1e3 * d['peak_mb'] / d['ops']:>7.2f}"
+        )
+    print(
+        f"{planner} on {SCALING_HW}, paper workload. run_s: CPU seconds of config, routing, "
+        "plan, validate, simulate, summarize and write (trace.parquet, summary.json) in a fresh "
+        "process; peak_MB: its peak resident memory, imports included"
+    )
 
 
 def one_size(planner: str, model: str, n: int) -> dict[str, float]:
     """Ops, seconds and peak resident MB of one run of `model` at n batches (paper workload)."""
-    overrides = [f"model={model}", f"hardware={SCALING_HW}", "workload=paper",
-                 f"workload.n_batches={n}"]  # fmt: skip
+    overrides = [
+        f"model={model}",
+        f"hardware={SCALING_HW}",
+        "workload=paper",
+        f"workload.n_batches={n}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         ops, times = run_phases(planner, overrides, Path(tmp))
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -193,7 +193,9 @@ def measure_store(
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     # File order is layer order: a forward pass reads the checkpoint front to back, so the
     # passes below do too (a scattered order measured half the bandwidth the runs see here).
-    order = sorted(store.records, key=lambda u: (str(store.records[u].reads[0].file), store.records[u].offset))
+    order = sorted(
+        store.records, key=lambda u: (str(store.records[u].reads[0].file), store.records[u].offset)
+    )
     times: dict[int, tuple[list[float], list[float]]] = {}
     deadline = time.perf_counter() + budget_s
     try:
@@ -238,8 +240,13 @@ def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400
     if not ckpt:
         return 0.0
     spec, _ = load_checkpoint(ckpt)
-    wl = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1,
-                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    wl = Workload(
+        batch_size=1,
+        n_batches=1,
+        prompt_len=1,
+        gen_len=1,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
     store = TieredStore(ckpt, 1 << 40, device=device)
     try:
         ex = Executor(store, Model(spec), wl, torch.zeros(1, 1, dtype=torch.long))
@@ -248,8 +255,15 @@ def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400
         prev = None
         for i in range(n_ops):
             src, dst = (Tier.CPU, Tier.GPU) if i % 2 == 0 else (Tier.GPU, Tier.CPU)
-            prev = b.add(OpKind.LOAD, streams[i % 2], [prev], tensor=Tensor.HIDDEN, nbytes=1,
-                         src=src, dst=dst)  # fmt: skip
+            prev = b.add(
+                OpKind.LOAD,
+                streams[i % 2],
+                [prev],
+                tensor=Tensor.HIDDEN,
+                nbytes=1,
+                src=src,
+                dst=dst,
+            )
         ex.run_timing(b.build())  # warm-up: threads, scratch buffers
         start, end = ex.run_timing(b.build())
     finally:
@@ -427,8 +441,13 @@ def measure_in_run(
         gpu=gpu_frac * spec.total_bytes / 1e9,
         cpu=cpu_frac * spec.total_bytes / 1e9,
     )
-    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3,
-                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    wl = Workload(
+        batch_size=2,
+        n_batches=2,
+        prompt_len=8,
+        gen_len=3,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
     run = RunSpec(spec, HardwareSpec.from_dict(d), wl, "flexgen", {})
     extra, kinds, traces = [], [], []
     deadline = time.perf_counter() + budget_s
@@ -493,11 +512,13 @@ def calibrate(
         # runs it: torch's default thread count; a memcpy between pageable buffers is its memory
         # bandwidth. On a CPU-only machine the device pool is the CPU, timed above.
         cpu_tables, cpu_bw = (
-            (measure_compute(spec, model, torch.device("cpu"), budget_s=15.0),
-             measure_links(torch.device("cpu"))[0]["gbps"])
+            (
+                measure_compute(spec, model, torch.device("cpu"), budget_s=15.0),
+                measure_links(torch.device("cpu"))[0]["gbps"],
+            )
             if dev.type == "cuda"
             else (tables, h2d["gbps"])
-        )  # fmt: skip
+        )
     finally:
         torch.set_num_threads(threads_before)
 
@@ -516,8 +537,14 @@ def calibrate(
         gpu_name = "none (device pool = RAM)"
 
     def entry(tables: dict[str, list[list[float]]], mem_bw: float) -> dict[str, Any]:
-        return {"tflops": round(roofline(tables) / 1e12, 6), "mem_bw_gbps": round(mem_bw, 3), "overhead_us": round(overhead_s * 1e6, 1),
-                "time_tables": {k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()}}  # fmt: skip
+        return {
+            "tflops": round(roofline(tables) / 1e12, 6),
+            "mem_bw_gbps": round(mem_bw, 3),
+            "overhead_us": round(overhead_s * 1e6, 1),
+            "time_tables": {
+                k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()
+            },
+        }
 
     compute = entry(tables, mem_bw)
     machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"

@@ -96,12 +96,21 @@ class SweepProgress(Callback):
         self._t0 = time.perf_counter()
         self._started = time.time()
         self._stop.clear()
-        bar = tqdm(total=total, desc=f"sweep {sweep_dir}", unit="run", file=sys.stderr,
-                   dynamic_ncols=True, mininterval=1.0)  # fmt: skip
+        bar = tqdm(
+            total=total,
+            desc=f"sweep {sweep_dir}",
+            unit="run",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
         # the default sweep folder is timestamped: the same command again would start afresh
         here = sweep_dir.resolve()
-        on_interrupt(f"finished runs are kept in {here}; to resume, run the same command with "
-                     f"hydra.sweep.dir={here}", before=bar.close)  # fmt: skip
+        on_interrupt(
+            f"finished runs are kept in {here}; to resume, run the same command with "
+            f"hydra.sweep.dir={here}",
+            before=bar.close,
+        )
 
         def poll() -> None:
             while not self._stop.wait(self.poll_s):
@@ -122,8 +131,10 @@ class SweepProgress(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         done, reused = finished_runs(sweep_dir, self._started)
         earlier = f" ({reused} already finished, reused)" if reused else ""
-        print(f"sweep {sweep_dir}: {done} run(s) finished{earlier}, wall time {wall:.1f} s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"sweep {sweep_dir}: {done} run(s) finished{earlier}, wall time {wall:.1f} s",
+            file=sys.stderr,
+        )
         # this sweep's failed points (a run removes its old failed.txt when it starts again;
         # one left from an earlier sweep of other points is not this sweep's)
         failed = sorted(
@@ -132,8 +143,11 @@ class SweepProgress(Callback):
             if p.stat().st_mtime >= self._started - 1.0
         )
         if failed:  # the last end-of-sweep callback (hydra calls them in reverse), so reports ran
-            print(f"error: sweep {sweep_dir}: {len(failed)} run(s) failed on bad input "
-                  f"({', '.join(failed)}; see {FAILED} in each)", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: sweep {sweep_dir}: {len(failed)} run(s) failed on bad input "
+                f"({', '.join(failed)}; see {FAILED} in each)",
+                file=sys.stderr,
+            )
             sys.exit(2)
 
 

@@ -80,8 +80,10 @@ def error_line(e: BaseException) -> str | None:
         }.get(e.errno or 0, "check the file and the disk")
         return _flat(f"{where}{e.strerror or e}; {fix}")
     if isinstance(e, OverrideParseException):
-        return _flat(f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "
-                     "https://hydra.cc/docs/advanced/override_grammar/basic)")  # fmt: skip
+        return _flat(
+            f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic)"
+        )
     for cause in (e, e.__cause__, e.__context__):
         if isinstance(cause, yaml.YAMLError):
             mark = getattr(cause, "problem_mark", None)
@@ -122,8 +124,10 @@ def any_error_line(e: BaseException) -> str:
     with os.fdopen(fd, "w") as f:
         traceback.print_exception(e, file=f)
     what = _flat(str(e))[:200] or "no message"
-    return (f"internal error ({type(e).__name__}: {what}); a bug or an input nothing checks: "
-            f"please report it with the command and {path} (its traceback)")  # fmt: skip
+    return (
+        f"internal error ({type(e).__name__}: {what}); a bug or an input nothing checks: "
+        f"please report it with the command and {path} (its traceback)"
+    )
 
 
 def exit_with(e: BaseException) -> None:
@@ -259,11 +263,15 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
             if ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params"):
                 sweeps.append(name)
         if sweeps and len(names) > 1:
-            return (f"experiment={value}: an experiment's own sweep runs only when it is chosen "
-                    f"alone; run one command per experiment (-m experiment={sweeps[0]})")  # fmt: skip
+            return (
+                f"experiment={value}: an experiment's own sweep runs only when it is chosen "
+                f"alone; run one command per experiment (-m experiment={sweeps[0]})"
+            )
         if sweeps and not multirun:
-            return (f"experiment={sweeps[0]} is a sweep: add -m (python -m experiments.run -m "
-                    f"experiment={sweeps[0]}); without it one default point runs")  # fmt: skip
+            return (
+                f"experiment={sweeps[0]} is a sweep: add -m (python -m experiments.run -m "
+                f"experiment={sweeps[0]}); without it one default point runs"
+            )
     return None
 
 
@@ -274,8 +282,9 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and key in keys and "$" not in value:
-            new = next((p for p in (Path(value), *Path(value).parents) if p.parent.exists()),
-                       Path(value))  # fmt: skip
+            new = next(
+                (p for p in (Path(value), *Path(value).parents) if p.parent.exists()), Path(value)
+            )
             made = not new.exists()
             try:
                 output_dir(value, key)

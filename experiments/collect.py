@@ -214,8 +214,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         clean.to_csv(csv, index=False)
     except OSError as e:
         raise MoepipeError(
-            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable "
-            "folder"
+            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"
         ) from None
     return pq, csv
 

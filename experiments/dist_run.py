@@ -78,8 +78,9 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
             f"{cores} CPU cores; lower n_devices (at most {cores})"
         )
     if g > 1 and ep.get("lanes"):
-        raise ConfigError("lanes (G streams of one GPU) run in one process; set "
-                          "executor.distributed=false")  # fmt: skip
+        raise ConfigError(
+            "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
+        )
     return g
 
 
@@ -157,12 +158,23 @@ def _why(rank: int, code: int | None, tmp: Path) -> str:
 
 
 def _child(
-    rank: int, world: int, init: str, tmp: Path, ckpt: str, spec: RunSpec, routing_mode: str,
-    device: str | None, timeout_s: float, routing: Routing | None,
-) -> None:  # fmt: skip
+    rank: int,
+    world: int,
+    init: str,
+    tmp: Path,
+    ckpt: str,
+    spec: RunSpec,
+    routing_mode: str,
+    device: str | None,
+    timeout_s: float,
+    routing: Routing | None,
+) -> None:
     """One spawned rank: its result (rank 0) or its one-line error goes to a file in `tmp`."""
-    _as_rank(rank, tmp, lambda: _rank(ckpt, spec, routing_mode, device, timeout_s,
-                                      (init, rank, world), routing))  # fmt: skip
+    _as_rank(
+        rank,
+        tmp,
+        lambda: _rank(ckpt, spec, routing_mode, device, timeout_s, (init, rank, world), routing),
+    )
 
 
 def _as_rank(rank: int, tmp: Path, run: Any) -> None:
@@ -195,8 +207,15 @@ def _peer_gone(e: BaseException) -> bool:
     if isinstance(e, PeerLost):
         return True
     text = str(e)
-    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer",
-                                   "Broken pipe", "Socket closed"))  # fmt: skip
+    return any(
+        s in text
+        for s in (
+            "Connection reset by peer",
+            "Connection closed by peer",
+            "Broken pipe",
+            "Socket closed",
+        )
+    )
 
 
 def _rank(
@@ -234,8 +253,9 @@ def _rank(
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         try:
-            result, out = real_execute(ckpt, spec, routing_mode, routing=routing, device=device,
-                                       distributed=True)  # fmt: skip
+            result, out = real_execute(
+                ckpt, spec, routing_mode, routing=routing, device=device, distributed=True
+            )
         except MoepipeError as e:
             if _peer_gone(e):
                 raise
@@ -246,8 +266,11 @@ def _rank(
             dist.destroy_process_group()
 
 
-def measure_d2d(sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25), reps: int = 5,
-                timeout_s: float = 60.0) -> dict[str, float]:  # fmt: skip
+def measure_d2d(
+    sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25),
+    reps: int = 5,
+    timeout_s: float = 60.0,
+) -> dict[str, float]:
     """The link the G-process run's transfers take (gloo between 2 processes of this machine):
     the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
     {"gbps", "latency_us"}."""
@@ -258,16 +281,22 @@ def measure_d2d(sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25), r
     return {"gbps": bw / 1e9, "latency_us": lat * 1e6}
 
 
-def _pingpong(rank: int, world: int, init: str, tmp: Path, sizes: tuple[int, ...], reps: int,
-              timeout_s: float) -> None:  # fmt: skip
+def _pingpong(
+    rank: int, world: int, init: str, tmp: Path, sizes: tuple[int, ...], reps: int, timeout_s: float
+) -> None:
     def run() -> list[tuple[float, float]]:
         import statistics
 
         import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))  # fmt: skip
+        dist.init_process_group(
+            "gloo",
+            init_method=init,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
         try:
             points = []
             for n in sizes:

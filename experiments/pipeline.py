@@ -144,8 +144,9 @@ def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
     cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
     start, end, granted = simulate_times(schedule, cost, parts)
-    return make_trace(schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0],
-                      alloc_s=granted)  # fmt: skip
+    return make_trace(
+        schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0], alloc_s=granted
+    )
 
 
 def summary_of(
@@ -169,7 +170,12 @@ def summary_of(
     )
 
 
-RUN_FILES = ("trace.parquet", "trace.json", "balance.csv", TOKENS_FILE)  # write_run's, but the summary
+RUN_FILES = (
+    "trace.parquet",
+    "trace.json",
+    "balance.csv",
+    TOKENS_FILE,
+)  # write_run's, but the summary
 
 
 def write_run(
@@ -211,8 +217,12 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         try:
             files(tmp)
         except OSError as e:  # a full disk: the write's error names no file
-            raise OSError(e.errno, f"cannot write the run's files ({e.strerror or e}); the "
-                          "earlier result there is kept", str(out_dir)) from None  # fmt: skip
+            raise OSError(
+                e.errno,
+                f"cannot write the run's files ({e.strerror or e}); the "
+                "earlier result there is kept",
+                str(out_dir),
+            ) from None
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
         (out_dir / "summary.json").unlink(missing_ok=True)
         new = {p.name for p in tmp.iterdir()}

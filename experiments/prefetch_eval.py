@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: Options) -> int:
     try:
         if args.group_seqs < 1:
-            raise MoepipeError(
-                f"group_seqs={args.group_seqs}: must be >= 1 (sequences per group)"
-            )
+            raise MoepipeError(f"group_seqs={args.group_seqs}: must be >= 1 (sequences per group)")
         if args.k < 0:
             raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
         if args.out:  # checked before the evaluation, whose table would be lost after
@@ -149,13 +147,17 @@ def _main(args: Options) -> int:
     df = res["correlation"].merge(res["popularity"], on="layer", suffixes=("_corr", "_pop"))
     df["hot_gain"] = df["hot_corr"] - df["hot_pop"]
     pairs = df[df.layer > 0]
-    print(f"train {','.join(train)} -> test {','.join(test)}: {len(test_seqs)} sequences, groups of "
-          f"{args.group_seqs}, K={k}; layer l = pair (l-1 -> l); table updated online")  # fmt: skip
+    print(
+        f"train {','.join(train)} -> test {','.join(test)}: {len(test_seqs)} sequences, groups of "
+        f"{args.group_seqs}, K={k}; layer l = pair (l-1 -> l); table updated online"
+    )
     print(markdown(df, index=False))
     mean = pairs.mean()
-    print(f"\noverall (layer pairs): used {mean.used_corr:.1%} (popularity {mean.used_pop:.1%}), "
-          f"hot {mean.hot_corr:.1%} (popularity {mean.hot_pop:.1%}), single-sequence {mean.single_corr:.1%} "
-          f"(popularity {mean.single_pop:.1%}); paper: 100%, 58.89%, 42.24%")  # fmt: skip
+    print(
+        f"\noverall (layer pairs): used {mean.used_corr:.1%} (popularity {mean.used_pop:.1%}), "
+        f"hot {mean.hot_corr:.1%} (popularity {mean.hot_pop:.1%}), single-sequence {mean.single_corr:.1%} "
+        f"(popularity {mean.single_pop:.1%}); paper: 100%, 58.89%, 42.24%"
+    )
     print(
         f"correlation beats popularity (hot) on {(pairs.hot_gain > 0).sum()}/{len(pairs)} layer pairs"
     )

@@ -121,8 +121,12 @@ def esft_tasks(
     per task [K tasks, L, E] (predictive's `task_load`), and the task names."""
     tr = load_esft(trace_dir, trace_dir_flag="trace_dir")
     idx, train = split_index(tr, seed, split)
-    per_task = np.stack([load_matrix(tr.expert_ids[train[tr.task[train] == k]], 64)
-                         for k in range(len(tr.task_names))])  # fmt: skip
+    per_task = np.stack(
+        [
+            load_matrix(tr.expert_ids[train[tr.task[train] == k]], 64)
+            for k in range(len(tr.task_names))
+        ]
+    )
     return tr.task[idx].astype(np.int16), per_task, tr.task_names
 
 
@@ -177,15 +181,20 @@ def synthetic_split(model: ModelSpec, wl: Workload, out: Path) -> tuple[Routing,
     files = save_training(
         both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:]), e, out, "train"
     )
-    test = Routing(both.expert_ids[n:], both.gate_weights[n:], e,
-                   both.description + " (second half; first half trains)")  # fmt: skip
+    test = Routing(
+        both.expert_ids[n:],
+        both.gate_weights[n:],
+        e,
+        both.description + " (second half; first half trains)",
+    )
     return test, *files
 
 
 def load_matrix(ids: np.ndarray, n_experts: int) -> np.ndarray:
     """[L, E] float64 expert selections of routing ids [T, L, k]."""
-    return np.stack([np.bincount(ids[:, m].ravel(), minlength=n_experts)
-                     for m in range(ids.shape[1])]).astype(np.float64)  # fmt: skip
+    return np.stack(
+        [np.bincount(ids[:, m].ravel(), minlength=n_experts) for m in range(ids.shape[1])]
+    ).astype(np.float64)
 
 
 def save_training(
@@ -220,12 +229,20 @@ def prepare(cfg: DictConfig, out: Path) -> dict[str, Any]:
                 fit = fit_to_counts(counts, top_k=1, layer_corr=0.5, reuse=0.25, n_experts=e)
                 log.info(
                     "switch routing, %d experts: skew %.3f fitted to OLMoE top-1 max/mean %.1f "
-                    "(reached %.1f)", e, fit.routing.skew, fit.target["max_over_mean_median"],
+                    "(reached %.1f)",
+                    e,
+                    fit.routing.skew,
+                    fit.target["max_over_mean_median"],
                     fit.achieved["max_over_mean_median"],
-                )  # fmt: skip
+                )
                 switch[e] = fit.routing
-    return {"test_ids": test_ids, "test_tasks": test_tasks, "task_names": task_names,
-            "switch_routing": switch, "train_tokens": len(train_ids)}  # fmt: skip
+    return {
+        "test_ids": test_ids,
+        "test_tasks": test_tasks,
+        "task_names": task_names,
+        "switch_routing": switch,
+        "train_tokens": len(train_ids),
+    }
 
 
 def olmoe_counts(trace_dir: str) -> np.ndarray:
@@ -342,11 +359,18 @@ def run_case(
             if case.routing == "synthetic_olmoe_top1"
             else RoutingConfig(source="trace")
         )
-        wl = Workload(batch_size=int(bs), n_batches=int(case.n_batches), prompt_len=int(case.prompt_len), gen_len=1,
-                      routing=rc, seed=int(cfg.seed))  # fmt: skip
+        wl = Workload(
+            batch_size=int(bs),
+            n_batches=int(case.n_batches),
+            prompt_len=int(case.prompt_len),
+            gen_len=1,
+            routing=rc,
+            seed=int(cfg.seed),
+        )
         if case.routing == "esft_heldout":
-            routing = esft_routing(prep["test_ids"], wl, str(cfg.split), prep["test_tasks"],
-                                   prep["task_names"])  # fmt: skip
+            routing = esft_routing(
+                prep["test_ids"], wl, str(cfg.split), prep["test_tasks"], prep["task_names"]
+            )
             load_file, trans_file = out / "esft_train_load.npy", out / "esft_train_trans.npy"
         else:
             routing, load_file, trans_file = synthetic_split(model, wl, out / name / f"bs{bs}")
@@ -358,8 +382,13 @@ def run_case(
             # what the run reads: the spec, the routing and the files it names (the training
             # tables are rewritten for each split), and the code
             files = {k: file_sha1(params[k]) for k in FILE_PARAMS if params.get(k)}
-            key = {"spec": repr(spec), "routing": routing_sha1(routing),
-                   "files": files, "traces": bool(cfg.write_traces), "code": code_version()}  # fmt: skip
+            key = {
+                "spec": repr(spec),
+                "routing": routing_sha1(routing),
+                "files": files,
+                "traces": bool(cfg.write_traces),
+                "code": code_version(),
+            }
             if reusable(run_dir, key):
                 rows.append({"case": name, **json.loads((run_dir / "summary.json").read_text())})
                 continue
@@ -402,8 +431,12 @@ def work_conserving_s(result: RunResult, hw: HardwareSpec) -> float | None:
     ex = t[t["kind"].astype(str) == str(OpKind.EXPERT)]
     if ex.empty:
         return None
-    full = np.array([cost.compute_s(Resource.GPU, OpKind.EXPERT, ops[i].flops, ops[i].touch_bytes)
-                     for i in ex["op_id"]])  # fmt: skip
+    full = np.array(
+        [
+            cost.compute_s(Resource.GPU, OpKind.EXPERT, ops[i].flops, ops[i].touch_bytes)
+            for i in ex["op_id"]
+        ]
+    )
     overhead = cost.compute_s(Resource.GPU, OpKind.EXPERT, 0.0, 0.0)
     ex = ex.assign(full=full, work=full - overhead)
     g = ex.groupby(KEYS, observed=True)
@@ -424,15 +457,22 @@ def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
         if not {"ep_static", "predictive_replication"} <= by.keys():
             continue
         st, pr = by["ep_static"], by["predictive_replication"]
-        ms = {k: 1e3 * v for k, v in (("st", st["makespan_s"]), ("pr", pr["makespan_s"]),
-                                       ("wst", st["wc_makespan_s"]), ("wpr", pr["wc_makespan_s"]))}  # fmt: skip
+        ms = {
+            k: 1e3 * v
+            for k, v in (
+                ("st", st["makespan_s"]),
+                ("pr", pr["makespan_s"]),
+                ("wst", st["wc_makespan_s"]),
+                ("wpr", pr["wc_makespan_s"]),
+            )
+        }
         out.append(
             f"[note] {case} bs={bs} (lanes): each lane's kernels run on 1/{st['n_devices']} of the SMs; "
             f"if they could use the SMs idle lanes leave (work-conserving), ep_static would take "
             f"about {ms['wst']:.2f} ms, not {ms['st']:.2f}, and predictive {ms['wpr']:.2f}, not "
             f"{ms['pr']:.2f}: replication's gain {1 - ms['pr'] / ms['st']:.1%} -> "
             f"{1 - ms['wpr'] / ms['wst']:.1%}"
-        )  # fmt: skip
+        )
     return out
 
 
@@ -449,17 +489,27 @@ def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if r["planner"] != "ep_static" or sharing(r) != "shared":
             continue
-        mine = {x["planner"]: x for x in rows
-                if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]}  # fmt: skip
-        theirs = {x["planner"]: x for x in rows
-                  if sharing(x) == "partition" and x["model"] == r["model"]
-                  and x["batch_size"] == r["batch_size"] and x["n_devices"] == r["n_devices"]
-                  and x["plan"]["ep"].get("grouped_gemm") == r["plan"]["ep"].get("grouped_gemm")}  # fmt: skip
+        mine = {
+            x["planner"]: x
+            for x in rows
+            if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]
+        }
+        theirs = {
+            x["planner"]: x
+            for x in rows
+            if sharing(x) == "partition"
+            and x["model"] == r["model"]
+            and x["batch_size"] == r["batch_size"]
+            and x["n_devices"] == r["n_devices"]
+            and x["plan"]["ep"].get("grouped_gemm") == r["plan"]["ep"].get("grouped_gemm")
+        }
         both = {"ep_static", "predictive_replication"}
         if not both <= mine.keys() or not both <= theirs.keys():
             continue
-        out.append(f"[note] {r['case']} bs={r['batch_size']}: lanes sharing the SMs: {_views(mine)}; "
-                   f"partitioned ({theirs['ep_static']['case']}): {_views(theirs)}")  # fmt: skip
+        out.append(
+            f"[note] {r['case']} bs={r['batch_size']}: lanes sharing the SMs: {_views(mine)}; "
+            f"partitioned ({theirs['ep_static']['case']}): {_views(theirs)}"
+        )
     return out
 
 
@@ -473,8 +523,11 @@ def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
         ep = r["plan"]["ep"]
         if not ep.get("lanes") or ep.get("n_devices") != 1:
             continue
-        by = {x["planner"]: x for x in rows if x["case"] == r["case"]
-              and x["batch_size"] == r["batch_size"] and x is not r}  # fmt: skip
+        by = {
+            x["planner"]: x
+            for x in rows
+            if x["case"] == r["case"] and x["batch_size"] == r["batch_size"] and x is not r
+        }
         if not {"ep_static", "predictive_replication"} <= by.keys():
             continue
         st, pr = by["ep_static"], by["predictive_replication"]
@@ -521,15 +574,19 @@ def eplb_lines(
         wide = bool(st) and gap >= NOISE_GAP * st["makespan_s"]
 
         def view(r: dict[str, Any], st: Any = st, gap: float = gap, wide: bool = wide) -> str:
-            closes = (f", closes {(st['makespan_s'] - r['makespan_s']) / gap:.0%} of the gap"
-                      if wide else "")  # fmt: skip
-            return (f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms / "
-                    f"{r['plan']['ep'].get('copies', 0)} copies{closes}")  # fmt: skip
+            closes = (
+                f", closes {(st['makespan_s'] - r['makespan_s']) / gap:.0%} of the gap"
+                if wide
+                else ""
+            )
+            return (
+                f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms / "
+                f"{r['plan']['ep'].get('copies', 0)} copies{closes}"
+            )
 
         most = max(r["balancedness"] for r in eplbs)
         fastest = min(r["makespan_s"] for r in eplbs)
-        balanced = ("at least as balanced as" if pr["balancedness"] >= most
-                    else "less balanced than")  # fmt: skip
+        balanced = "at least as balanced as" if pr["balancedness"] >= most else "less balanced than"
         fast = "at least as fast as" if pr["makespan_s"] <= fastest else "slower than"
         verdict = f"{balanced} eplb's most balanced, {fast} its fastest"
 
@@ -540,10 +597,15 @@ def eplb_lines(
             )
 
         each = ", ".join(f"{when(r)} {view(r)}" for r in eplbs)
-        small = (f" (the ep_static -> oracle gap is {1e3 * gap:.2f} ms, under 1%)"
-                 if st and orc and not wide else "")  # fmt: skip
-        out.append(f"[note] {case} bs={bs}: eplb re-placing {each}; predictive {view(pr)}: "
-                   f"{verdict}{small}")  # fmt: skip
+        small = (
+            f" (the ep_static -> oracle gap is {1e3 * gap:.2f} ms, under 1%)"
+            if st and orc and not wide
+            else ""
+        )
+        out.append(
+            f"[note] {case} bs={bs}: eplb re-placing {each}; predictive {view(pr)}: "
+            f"{verdict}{small}"
+        )
     return out
 
 
@@ -559,26 +621,34 @@ def prediction_lines(
     shown = plotted_batches([r for r in rows if r["case"] in cases], fresh)
     for case, bs in ((c, shown[c]) for c in cases if c in shown):  # in the order of `cases`
         at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
-        planned = sorted((r for r in at if r["plan"]["ep"].get("prediction_tv") is not None),
-                         key=lambda r: -r["plan"]["ep"]["prediction_tv"])  # fmt: skip
+        planned = sorted(
+            (r for r in at if r["plan"]["ep"].get("prediction_tv") is not None),
+            key=lambda r: -r["plan"]["ep"]["prediction_tv"],
+        )
         eplb = next((r for r in at if r["planner"] == "eplb"), None)
         if not planned or eplb is None:
             continue
-        each = "; ".join(f"{r['planner']} {r['plan']['ep']['prediction_tv']:.3f} -> "
-                         f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms"
-                         for r in planned)  # fmt: skip
-        out.append(f"[note] {case} bs={bs}: distance of the load planned from to each batch's "
-                   f"(mean total variation) -> balancedness / makespan: {each}; eplb "
-                   f"{eplb['balancedness']:.4f} / {1e3 * eplb['makespan_s']:.2f} ms")  # fmt: skip
+        each = "; ".join(
+            f"{r['planner']} {r['plan']['ep']['prediction_tv']:.3f} -> "
+            f"{r['balancedness']:.4f} / {1e3 * r['makespan_s']:.2f} ms"
+            for r in planned
+        )
+        out.append(
+            f"[note] {case} bs={bs}: distance of the load planned from to each batch's "
+            f"(mean total variation) -> balancedness / makespan: {each}; eplb "
+            f"{eplb['balancedness']:.4f} / {1e3 * eplb['makespan_s']:.2f} ms"
+        )
     return out
 
 
 def _views(by: dict[str, dict[str, Any]]) -> str:
     """ep_static's and predictive's makespan and expert-phase utilisation, and the gain."""
     st, pr = by["ep_static"], by["predictive_replication"]
-    return (f"ep_static {1e3 * st['makespan_s']:.2f} ms (phase {st['expert_phase_util']:.3f}), "
-            f"predictive {1e3 * pr['makespan_s']:.2f} ms (phase {pr['expert_phase_util']:.3f}), "
-            f"gain {1 - pr['makespan_s'] / st['makespan_s']:.1%}")  # fmt: skip
+    return (
+        f"ep_static {1e3 * st['makespan_s']:.2f} ms (phase {st['expert_phase_util']:.3f}), "
+        f"predictive {1e3 * pr['makespan_s']:.2f} ms (phase {pr['expert_phase_util']:.3f}), "
+        f"gain {1 - pr['makespan_s'] / st['makespan_s']:.1%}"
+    )
 
 
 KEY = "run_key.json"  # in a run dir: what the run was (spec, routing, code), for resuming
@@ -608,8 +678,11 @@ def read_runs(out: Path) -> list[dict[str, Any]]:
     """The rows of the last config run into `out` (its runs.json; run dirs of cases or variants
     dropped since are not read)."""
     listed = out / RUNS
-    paths = ([out / p / "summary.json" for p in json.loads(listed.read_text())] if listed.is_file()
-             else sorted(out.glob("*/bs*/*/summary.json")))  # fmt: skip
+    paths = (
+        [out / p / "summary.json" for p in json.loads(listed.read_text())]
+        if listed.is_file()
+        else sorted(out.glob("*/bs*/*/summary.json"))
+    )
     return [dict(json.loads(p.read_text()), case=p.parts[-4]) for p in paths]
 
 
@@ -621,8 +694,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     (`core.balance.copy_waits`): 0 where every copy was prefetched in time."""
     w = max([16, *(len(r["case"]) for r in rows)])
     pw = max([42, *(len(r["planner_label"]) for r in rows)])
-    head = (f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
-            f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6} {'late_ms':>7}")  # fmt: skip
+    head = (
+        f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
+        f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6} {'late_ms':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
@@ -638,9 +713,15 @@ NOISE_GAP = 0.01  # an ep_static -> oracle gap below this share of ep_static's m
 
 
 def gap_line(
-    case: str, bs: int, st: dict[str, Any], pr: dict[str, Any], orc: dict[str, Any],
-    who: str = "predictive", seen: str = "", verdict: bool = True,
-) -> str:  # fmt: skip
+    case: str,
+    bs: int,
+    st: dict[str, Any],
+    pr: dict[str, Any],
+    orc: dict[str, Any],
+    who: str = "predictive",
+    seen: str = "",
+    verdict: bool = True,
+) -> str:
     """Share of the ep_static -> oracle makespan gap `who` closes; in words when there is no gap
     to close (the oracle is not faster than ep_static), never nan. `seen` follows the batch
     size; verdict=False tags the line [note] instead of PASS / FAIL. A gap under NOISE_GAP of
@@ -650,24 +731,29 @@ def gap_line(
         return ("n/a " if ok is None else "PASS" if ok else "FAIL") if verdict else "note"
 
     ms = {k: 1e3 * r["makespan_s"] for k, r in (("st", st), ("pr", pr), ("orc", orc))}
-    times = (f"(ep_static {ms['st']:.2f} ms, oracle {ms['orc']:.2f} ms, {who} "
-             f"{ms['pr']:.2f} ms)")  # fmt: skip
+    times = f"(ep_static {ms['st']:.2f} ms, oracle {ms['orc']:.2f} ms, {who} {ms['pr']:.2f} ms)"
     gap = st["makespan_s"] - orc["makespan_s"]
     if gap <= 0:
-        return (f"[{tag(False)}] {case} bs={bs}{seen}: no gap to close: the oracle is not faster than ep_static "
-                f"{times}; {who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
-                f"ep_static")  # fmt: skip
+        return (
+            f"[{tag(False)}] {case} bs={bs}{seen}: no gap to close: the oracle is not faster than ep_static "
+            f"{times}; {who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
+            f"ep_static"
+        )
     if gap < NOISE_GAP * st["makespan_s"]:
-        return (f"[{tag(None)}] {case} bs={bs}{seen}: the oracle is only {gap / st['makespan_s']:.2%} "
-                f"faster than ep_static {times}: a gap under {NOISE_GAP:.0%} is noise, not judged; "
-                f"{who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than ep_static")  # fmt: skip
+        return (
+            f"[{tag(None)}] {case} bs={bs}{seen}: the oracle is only {gap / st['makespan_s']:.2%} "
+            f"faster than ep_static {times}: a gap under {NOISE_GAP:.0%} is noise, not judged; "
+            f"{who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than ep_static"
+        )
     closed = (st["makespan_s"] - pr["makespan_s"]) / gap
     # a share just under half must not print as "50%" beside a FAIL
     shown = f"{closed:.0%}"
     if closed < 0.5 and shown == "50%":
         shown = f"{closed:.2%}" if f"{closed:.2%}" != "50.00%" else "49.99%"  # under 49.995%
-    return (f"[{tag(closed >= 0.5)}] {case} bs={bs}{seen}: {who} closes {shown} of "
-            f"the ep_static -> oracle makespan gap {times}; target >= 50%")  # fmt: skip
+    return (
+        f"[{tag(closed >= 0.5)}] {case} bs={bs}{seen}: {who} closes {shown} of "
+        f"the ep_static -> oracle makespan gap {times}; target >= 50%"
+    )
 
 
 def digits_apart(a: float, b: float) -> int:
@@ -713,17 +799,21 @@ def targets(
                 seen = " (revisits held-out tokens)" if revisits else ""
                 ok = pr["balancedness"] >= ep["balancedness"]
                 d = digits_apart(pr["balancedness"], ep["balancedness"])
-                bal = (f"{case} bs={bs}{seen}: {name} balancedness {pr['balancedness']:.{d}f} "
-                       f"{'>=' if ok else '<'} eplb {ep['balancedness']:.{d}f}")  # fmt: skip
+                bal = (
+                    f"{case} bs={bs}{seen}: {name} balancedness {pr['balancedness']:.{d}f} "
+                    f"{'>=' if ok else '<'} eplb {ep['balancedness']:.{d}f}"
+                )
                 gap = gap_line(case, bs, st, pr, orc, name, seen, verdict=bs == judged)
                 if bs == judged:
                     out += [f"[{'PASS' if ok else 'FAIL'}] {bal}", gap]
                 else:  # the largest batch beside the judged one, not a verdict
                     notes += [f"[note] {bal}", gap]
     out += notes
-    for metric, what in (("expert_phase_util", "expert-phase utilisation"),
-                         ("utilisation", "whole-run utilisation (busy/makespan)"),
-                         ("gpu_load", "GPU load (GPUtil's, the paper's)")):  # fmt: skip
+    for metric, what in (
+        ("expert_phase_util", "expert-phase utilisation"),
+        ("utilisation", "whole-run utilisation (busy/makespan)"),
+        ("gpu_load", "GPU load (GPUtil's, the paper's)"),
+    ):
         out += utilisation_lines(rows, metric, what)
     return out
 
@@ -742,8 +832,13 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
         )
         if not base or r[metric] >= 0.6:
             continue
-        same = [x for x in rows if x["case"] == r["case"] and x["batch_size"] == r["batch_size"]
-                and _layout(x) == _layout(r)]  # fmt: skip
+        same = [
+            x
+            for x in rows
+            if x["case"] == r["case"]
+            and x["batch_size"] == r["batch_size"]
+            and _layout(x) == _layout(r)
+        ]
         # replication planners and their variants (not ep_static's, not the oracle's)
         rep = [
             x
@@ -756,16 +851,19 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
         bound = [
             x[metric] for x in same if x.get("variant_of", x["planner"]) == "oracle_replication"
         ]
-        why = (f"; the oracle upper bound reaches {bound[0]:.3f}"
-               if bound and bound[0] < 0.9 else "")  # fmt: skip
-        out.append(f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
-                   f"{r['planner']} {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9{why})")  # fmt: skip
+        why = f"; the oracle upper bound reaches {bound[0]:.3f}" if bound and bound[0] < 0.9 else ""
+        out.append(
+            f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
+            f"{r['planner']} {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9{why})"
+        )
         if best[metric] < 0.9:
             out.append("       " + idle_text(best))
     if not out:
         low = min((r for r in rows if r["planner"] == "ep_static"), key=lambda r: r[metric])
-        out.append(f"[n/a ] {what}: no case has ep_static below 0.6 (lowest {low[metric]:.3f}, "
-                   f"{low['case']} bs={low['batch_size']})")  # fmt: skip
+        out.append(
+            f"[n/a ] {what}: no case has ep_static below 0.6 (lowest {low[metric]:.3f}, "
+            f"{low['case']} bs={low['batch_size']})"
+        )
     return out
 
 
@@ -778,8 +876,10 @@ def idle_text(r: dict[str, Any], shown: int = 4) -> str:
     span = r["makespan_s"]
     top = ", ".join(f"{k} {v / span:.1%}" for k, v in list(causes.items())[:shown])
     rest = sum(list(causes.values())[shown:]) / span
-    return (f"{r['planner']}'s GPUs computed nothing {sum(causes.values()) / span:.1%} of the run, "
-            f"waiting on {top}" + (f", other {rest:.1%}" if rest > 0.0005 else ""))  # fmt: skip
+    return (
+        f"{r['planner']}'s GPUs computed nothing {sum(causes.values()) / span:.1%} of the run, "
+        f"waiting on {top}" + (f", other {rest:.1%}" if rest > 0.0005 else "")
+    )
 
 
 def _layout(r: dict[str, Any]) -> tuple[int, bool, int]:
@@ -847,20 +947,32 @@ def plot_trade_off(
         return None
     # one colour and marker per planner or variant in every panel, named once in a legend below
     # (labels written beside the points overlapped where several sit near the oracle)
-    labels = list(dict.fromkeys(r["planner_label"] for r in rows
-                                if r["case"] in shown and r["batch_size"] == shown[r["case"]]))  # fmt: skip
+    labels = list(
+        dict.fromkeys(
+            r["planner_label"]
+            for r in rows
+            if r["case"] in shown and r["batch_size"] == shown[r["case"]]
+        )
+    )
     colours = plt.get_cmap("tab20").colors
     style = {lab: (colours[i % len(colours)], "os^Dv<>PX*"[i % 10]) for i, lab in enumerate(labels)}
     ncol = min(len(shown), len(labels))  # about one column of labels per 4.5-inch panel
     legend_in = 0.22 * -(-len(labels) // ncol)  # inches: one legend row per ncol labels
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 3.6 + legend_in),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(shown), figsize=(4.5 * len(shown), 3.6 + legend_in), squeeze=False
+    )
     for ax, (case, bs) in zip(axes[0], shown.items(), strict=True):
         at = [r for r in rows if r["case"] == case and r["batch_size"] == bs]
         for r in at:
             colour, marker = style[r["planner_label"]]
-            ax.plot(1e3 * r["makespan_s"], r["balancedness"], marker=marker, color=colour,
-                    linestyle="none", label=r["planner_label"])  # fmt: skip
+            ax.plot(
+                1e3 * r["makespan_s"],
+                r["balancedness"],
+                marker=marker,
+                color=colour,
+                linestyle="none",
+                label=r["planner_label"],
+            )
         corner = target_corner(at)
         if corner is not None:
             bal, ms = corner
@@ -893,13 +1005,16 @@ def plot(
     cases = sorted({r["case"] for r in rows})
     judged = judged or {}
     shown = plotted_batches(rows, judged)
-    title = {c: f"{c} bs={bs}" + (" (fresh)" if judged.get(c) == bs else "")
-             for c, bs in shown.items()}  # fmt: skip
+    title = {
+        c: f"{c} bs={bs}" + (" (fresh)" if judged.get(c) == bs else "") for c, bs in shown.items()
+    }
     # one colour per planner or variant in every panel (the default cycle repeats after 10 and
     # restarts per panel: a 12-row case drew two oracle variants in ep_static's and eplb's colours)
     palette = plt.get_cmap("tab20").colors
-    colour = {lab: palette[i % len(palette)]
-              for i, lab in enumerate(dict.fromkeys(r["planner_label"] for r in rows))}  # fmt: skip
+    colour = {
+        lab: palette[i % len(palette)]
+        for i, lab in enumerate(dict.fromkeys(r["planner_label"] for r in rows))
+    }
     for metric in ("balancedness_per_layer", "expert_phase_util_per_layer"):
         fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.2), squeeze=False)
         for ax, case in zip(axes[0], cases, strict=True):
@@ -941,8 +1056,12 @@ def plot(
                     label=r["planner_label"],
                     color=colour[r["planner_label"]],
                 )
-        ax.set(title=title[case], xlabel="batch (prefill iteration)", ylabel="balancedness",
-               ylim=(0, 1.02))  # fmt: skip
+        ax.set(
+            title=title[case],
+            xlabel="batch (prefill iteration)",
+            ylabel="balancedness",
+            ylim=(0, 1.02),
+        )
     for ax in axes[0]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
@@ -956,8 +1075,13 @@ def plot(
             mine = [r for r in rows if r["case"] == case and r["planner"] == planner]
             if not mine:
                 continue
-            pts = sorted((r["batch_size"], r["batch_size"] * r["n_batches"] * r["prompt_len"] / r["makespan_s"])
-                         for r in mine)  # fmt: skip
+            pts = sorted(
+                (
+                    r["batch_size"],
+                    r["batch_size"] * r["n_batches"] * r["prompt_len"] / r["makespan_s"],
+                )
+                for r in mine
+            )
             ax.plot(
                 *zip(*pts, strict=True),
                 marker="o",
@@ -987,9 +1111,12 @@ def dispatch_lines(dispatch: str) -> list[str]:
     its balancedness and target lines are not the even split the issue states."""
     if dispatch == "even":
         return []
-    return [f"dispatch={dispatch}: each replicated expert's tokens water-filled over its copies "
-            "(the busiest device holding the fewest), not split evenly as the issue states; "
-            "every balancedness and target line below is under this dispatch", ""]  # fmt: skip
+    return [
+        f"dispatch={dispatch}: each replicated expert's tokens water-filled over its copies "
+        "(the busiest device holding the fewest), not split evenly as the issue states; "
+        "every balancedness and target line below is under this dispatch",
+        "",
+    ]
 
 
 def hardware_lines(hw: HardwareSpec) -> list[str]:
@@ -997,8 +1124,10 @@ def hardware_lines(hw: HardwareSpec) -> list[str]:
     moves every G-GPU makespan that overlaps an all-to-all, two-batch overlap's most."""
     c = hw.gpu
     if c.comm_share:
-        cost = (f"a running all-to-all or all-reduce holds {c.comm_sms} of each GPU's {c.sms} SMs "
-                "from its compute (comm_sms; comm_sms=0 runs them free)")  # fmt: skip
+        cost = (
+            f"a running all-to-all or all-reduce holds {c.comm_sms} of each GPU's {c.sms} SMs "
+            "from its compute (comm_sms; comm_sms=0 runs them free)"
+        )
     else:
         cost = "collectives take no SMs from the GPUs' compute (comm_sms=0)"
     if c.copy_share:
@@ -1139,9 +1268,11 @@ def check_inputs(cfg: DictConfig) -> None:
         if case.routing != "esft_heldout":  # synthetic routing: no request tasks
             for label, planner, params in planner_runs(cfg, case):
                 if planner == "predictive_replication" and params.get("predictor") == "task_mix":
-                    fix = (f"set cases.{name}.planners.predictive_replication.predictor=window"
-                           if label == "predictive_replication"
-                           else "drop that variant, or move it to the ESFT cases' variants")  # fmt: skip
+                    fix = (
+                        f"set cases.{name}.planners.predictive_replication.predictor=window"
+                        if label == "predictive_replication"
+                        else "drop that variant, or move it to the ESFT cases' variants"
+                    )
                     raise MoepipeError(
                         f"cases.{name}: {label} has predictor task_mix, which reads each "
                         f"request's task, but {case.routing} routing has none; {fix}"
@@ -1186,8 +1317,11 @@ def run(cfg: DictConfig) -> list[str]:
         rows += run_case(cfg, str(name), case, prep, out)  # finished runs of this config reused
         log.info("%s done at %.0f s", name, time.time() - t0)
     held_out = [c for c in cfg.targets_cases if c in cfg.cases]  # the target cases that ran
-    fresh = {c: fresh_batch(cfg.cases[c], len(prep["test_ids"]))
-             for c in held_out if cfg.cases[c].routing == "esft_heldout"}  # fmt: skip
+    fresh = {
+        c: fresh_batch(cfg.cases[c], len(prep["test_ids"]))
+        for c in held_out
+        if cfg.cases[c].routing == "esft_heldout"
+    }
     listed = [f"{r['case']}/bs{r['batch_size']}/{r['planner']}" for r in rows]
     (out / RUNS).write_text(json.dumps(listed))
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -1209,7 +1343,7 @@ def run(cfg: DictConfig) -> list[str]:
                 f"[n/a ] balancedness and makespan-gap targets: no case of "
                 f"targets_cases={list(cfg.targets_cases)} ran"
             ]
-        ),  # fmt: skip
+        ),
         *targets(rows, held_out, list(cfg.get("variants") or {}), fresh),
     ]
     # every target case gets its trade-off panel: a held-out one at its fresh batch, else its largest
@@ -1259,8 +1393,11 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
     running(ReplicationOptions)
     hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
-    return int(until_interrupted(lambda: hydra_main(
-        task, "experiment/replication", argv, __doc__, hydra_args)))  # fmt: skip
+    return int(
+        until_interrupted(
+            lambda: hydra_main(task, "experiment/replication", argv, __doc__, hydra_args)
+        )
+    )
 
 
 def task(cfg: DictConfig) -> None:

@@ -123,8 +123,10 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     "<split> s<seed>" for a fold in another stream order (then counted per (fold, seed)).
     `pred dist` is how far predictive's planned loads were from each batch's (its summary's
     `prediction_tv`; nan for a run from before it was recorded)."""
-    head = (f"{'fold':>4} {'split':13} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
-            f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10} {'pred dist':>9}")  # fmt: skip
+    head = (
+        f"{'fold':>4} {'split':13} {'case':12} {'bs':>4} {'eplb bal':>9} {'pred bal':>9} "
+        f"{'diff':>8} {'eplb ms':>8} {'pred ms':>8} {'gap closed':>10} {'pred dist':>9}"
+    )
     lines = [head, "-" * len(head)]
     # case -> per fold: (eplb bal, pred bal, diff, eplb ms, pred ms, gap closed, pred dist)
     cols: dict[str, list[tuple[float, ...]]] = {}
@@ -155,9 +157,17 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%} {dist:>9.3f}"
             )
             cols.setdefault(case, []).append(
-                (ep["balancedness"], pr["balancedness"], diff, 1e3 * ep["makespan_s"],
-                 1e3 * pr["makespan_s"], closed, dist, float(noise))
-            )  # fmt: skip
+                (
+                    ep["balancedness"],
+                    pr["balancedness"],
+                    diff,
+                    1e3 * ep["makespan_s"],
+                    1e3 * pr["makespan_s"],
+                    closed,
+                    dist,
+                    float(noise),
+                )
+            )
     what_runs = "folds" if all(" " not in key for key in rows) else "runs"
     for case, per in sorted(cols.items()):
         eb, pb, diff, em, pm, closed, dist, _ = (
@@ -215,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
     running(ReplicationOptions)
     hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
-    return int(until_interrupted(lambda: hydra_main(
-        task, "experiment/replication", argv, __doc__, hydra_args)))  # fmt: skip
+    return int(
+        until_interrupted(
+            lambda: hydra_main(task, "experiment/replication", argv, __doc__, hydra_args)
+        )
+    )
 
 
 def task(cfg: DictConfig) -> None:

@@ -132,9 +132,15 @@ def _lines(g: pd.DataFrame, *along: str) -> list[tuple[str, pd.DataFrame]]:
         parts = s.groupby(keys, dropna=False, sort=True) if keys else [((), s)]
         for key, part in parts:
             key = key if isinstance(key, tuple) else (key,)
-            label = ", ".join([str(system),
-                               *(str(v) or "(no other override)" if c == "_overrides" else _value(c, v)
-                                 for c, v in zip(keys, key, strict=True))])  # fmt: skip
+            label = ", ".join(
+                [
+                    str(system),
+                    *(
+                        str(v) or "(no other override)" if c == "_overrides" else _value(c, v)
+                        for c, v in zip(keys, key, strict=True)
+                    ),
+                ]
+            )
             out.append((label, part.drop(columns=["_overrides"], errors="ignore")))
     return out
 
@@ -185,8 +191,11 @@ def cause_meaning(cause: str) -> str:
         return f"an all-reduce on {where}"
     if kind.startswith("compute-"):
         part = kind.removeprefix("compute-")
-        return (f"{part} compute on the CPU" if res == "cpu"
-                else f"{part} compute of another GPU or lane")  # fmt: skip
+        return (
+            f"{part} compute on the CPU"
+            if res == "cpu"
+            else f"{part} compute of another GPU or lane"
+        )
     if kind == "memory":
         return f"ops ready but waiting for {res} memory"
     if kind == "launch":
@@ -229,14 +238,18 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
                 at_point.setdefault(point, []).append((v, label))
             runs = s[s["_point"] == mean.idxmax()]
             first = runs.iloc[0]
-            rows.append({
-                "planner": label, "batch_size": first.get("workload.batch_size"),
-                "n": first.get("n_batches"), RANK: float(runs[RANK].mean()),
-                "makespan_s": _mean(runs, "makespan_s"),
-                "gpu_bubble_frac": _mean(runs, "gpu_bubble_frac"),
-                WAITS: causes_text(shares.loc[runs.index].mean()) if not shares.empty else "-",
-                "runs": len(runs),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "planner": label,
+                    "batch_size": first.get("workload.batch_size"),
+                    "n": first.get("n_batches"),
+                    RANK: float(runs[RANK].mean()),
+                    "makespan_s": _mean(runs, "makespan_s"),
+                    "gpu_bubble_frac": _mean(runs, "gpu_bubble_frac"),
+                    WAITS: causes_text(shares.loc[runs.index].mean()) if not shares.empty else "-",
+                    "runs": len(runs),
+                }
+            )
         t = pd.DataFrame(rows).sort_values(RANK, ascending=False, kind="stable")
         t.insert(0, "rank", range(1, len(t) + 1))
         t["leader_over_it"] = t[RANK].iloc[0] / t[RANK]
@@ -256,13 +269,19 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
     system, and what the winner's GPU bubble waits on."""
     w = t.iloc[0]
     where = f" on {' / '.join(map(str, key))}" if key else ""
-    at = (f" (its best point: batch {int(w['batch_size'])}, n {int(w['n'])})"
-          if pd.notna(w["batch_size"]) and pd.notna(w["n"]) else "")  # fmt: skip
+    at = (
+        f" (its best point: batch {int(w['batch_size'])}, n {int(w['n'])})"
+        if pd.notna(w["batch_size"]) and pd.notna(w["n"])
+        else ""
+    )
     text = f"{w['planner']} has the highest throughput{where}, {w[RANK]:.2f} tok/s{at}"
     if len(t) == 1:
         text += ", the only system in this sweep."
     else:
-        others = [f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})" for _, r in t.iloc[1:].iterrows()]
+        others = [
+            f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})"
+            for _, r in t.iloc[1:].iterrows()
+        ]
         text += ": " + ", ".join(others) + "."
         if t.attrs.get("points", 0) > 1:
             text += f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points where two or more systems ran."
@@ -271,11 +290,14 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
         return text
     if causes == "-":
         text += f" Its GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
-            "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain.")
+            "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain."
+        )
     else:
         top = causes.split(", ")[0].rsplit(" ", 1)
-        text += (f" Its GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
-                 f" bubble waits on {causes}: mostly {cause_meaning(top[0])}.")
+        text += (
+            f" Its GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
+            f" bubble waits on {causes}: mostly {cause_meaning(top[0])}."
+        )
     return text
 
 
@@ -320,7 +342,9 @@ def _panels(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
 MARKERS = "osD^vP*Xph<>"  # one per line, so points at one place stay told apart
 
 
-def _label_points(ax: Any, points: list[tuple[float, float, str, Any, bool]], fontsize: float = 7.5) -> None:
+def _label_points(
+    ax: Any, points: list[tuple[float, float, str, Any, bool]], fontsize: float = 7.5
+) -> None:
     """Name each line in its colour: a line of several points in the margin right of the axes,
     level with its last point, where it crosses no line; a lone point beside itself, towards the
     middle of the axes. Names that would overlap (planners at about one throughput) are stacked
@@ -349,19 +373,34 @@ def _label_points(ax: Any, points: list[tuple[float, float, str, Any, bool]], fo
         for crowd in crowds:
             xs = [items[i][1] for i in crowd]
             # names clear of every point of the crowd, or of the axes for the margin
-            edge = box.x1 * to_pt + 4 if side == "margin" else min(xs) - 9 if side == "left" else max(xs) + 9
+            edge = (
+                box.x1 * to_pt + 4
+                if side == "margin"
+                else min(xs) - 9
+                if side == "left"
+                else max(xs) + 9
+            )
             for i in crowd:
                 y_pt, x_pt, x, y, text, color = items[i]
                 dy = placed[i] - shift - y_pt
                 leader = dict(arrowstyle="-", color=color, lw=0.6, alpha=0.7)
-                ax.annotate(text, xy=(x, y), xytext=(edge - x_pt, dy), textcoords="offset points",
-                            ha="right" if side == "left" else "left", va="center", fontsize=fontsize,
-                            color=color, annotation_clip=False,
-                            arrowprops=leader if side == "margin" or len(crowd) > 1 else None)  # fmt: skip
+                ax.annotate(
+                    text,
+                    xy=(x, y),
+                    xytext=(edge - x_pt, dy),
+                    textcoords="offset points",
+                    ha="right" if side == "left" else "left",
+                    va="center",
+                    fontsize=fontsize,
+                    color=color,
+                    annotation_clip=False,
+                    arrowprops=leader if side == "margin" or len(crowd) > 1 else None,
+                )
 
 
-def _line_figure(df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str, path: Path,
-                 logx: bool = False) -> bool:  # fmt: skip
+def _line_figure(
+    df: pd.DataFrame, x: str, metric: str, xlabel: str, title: str, path: Path, logx: bool = False
+) -> bool:
     """One subplot per (model, hardware) panel, one line per system."""
     d = ok_runs(df).dropna(subset=[x, metric])
     panels = _panels(d)
@@ -411,9 +450,19 @@ def fig_latency(df: pd.DataFrame, metric: str, path: Path) -> bool:
     for ax, (key, g) in zip(axes[0], panels, strict=True):
         for i, (label, s) in enumerate(_lines(g, "n_batches", "workload.batch_size")):
             s = s.sort_values("makespan_s")
-            (ln,) = ax.plot(s["makespan_s"], s[metric], marker=MARKERS[i % len(MARKERS)], label=label)
-            ends.append((ax, s["makespan_s"].iloc[-1], s[metric].iloc[-1], label, ln.get_color(),
-                         len(s) > 1))  # fmt: skip
+            (ln,) = ax.plot(
+                s["makespan_s"], s[metric], marker=MARKERS[i % len(MARKERS)], label=label
+            )
+            ends.append(
+                (
+                    ax,
+                    s["makespan_s"].iloc[-1],
+                    s[metric].iloc[-1],
+                    label,
+                    ln.get_color(),
+                    len(s) > 1,
+                )
+            )
         ax.set_xlabel("latency: makespan of a group of n batches (s)")
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_xscale("log")
@@ -438,8 +487,11 @@ def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
     bars = []  # (throughput, name, shares): fastest first, as the ranked table
     for label, g in _lines(d):
         for idx, r in g.iterrows():
-            name = label + (f", bs {int(r['workload.batch_size'])}, n {int(r['n_batches'])}"
-                            if len(g) > 1 else "")  # fmt: skip
+            name = label + (
+                f", bs {int(r['workload.batch_size'])}, n {int(r['n_batches'])}"
+                if len(g) > 1
+                else ""
+            )
             bars.append((-float(r.get(RANK, 0.0)), name, share.loc[idx].to_numpy()))
     bars.sort(key=lambda b: b[0])
     names, rows = [b[1] for b in bars], [b[2] for b in bars]
@@ -511,8 +563,15 @@ def _gantt_axis(ax: Any, trace: pd.DataFrame, title: str) -> None:
         for _, r in ops.iterrows():
             a, b = max(r["start_s"], t0), min(r["end_s"], t1)
             alpha = 1.0 if r["layer"] == layer else 0.45  # other layers' ops (prefetch) lighter
-            ax.barh(i, (b - a) * 1e3, left=(a - t0) * 1e3, color=colors.get(str(r["kind"]), "k"),
-                    alpha=alpha, edgecolor="none", height=0.7)  # fmt: skip
+            ax.barh(
+                i,
+                (b - a) * 1e3,
+                left=(a - t0) * 1e3,
+                color=colors.get(str(r["kind"]), "k"),
+                alpha=alpha,
+                edgecolor="none",
+                height=0.7,
+            )
     gpu = window[window["resource"].astype(str) == "gpu"].sort_values("start_s")
     t = t0
     for _, r in gpu.iterrows():  # shade GPU idle time (bubbles) across all rows
@@ -534,8 +593,13 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
         for source in ("real", "sim"):  # real above sim where a real run exists
             t = trace[trace["source"].astype(str) == source]
             if not t.empty:
-                items.append((f"{r[SYSTEM]} ({source}, bs {r.get('workload.batch_size')}, "
-                              f"n {r.get('n_batches')})", t))  # fmt: skip
+                items.append(
+                    (
+                        f"{r[SYSTEM]} ({source}, bs {r.get('workload.batch_size')}, "
+                        f"n {r.get('n_batches')})",
+                        t,
+                    )
+                )
     if not items:
         return False
     fig, axes = plt.subplots(len(items), 1, figsize=(11, 1.2 + 1.6 * len(items)), squeeze=False)
@@ -546,8 +610,10 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
     handles = [
         Patch(color=c, label=k) for k, c in (*OP_COLORS.values(), ("GPU bubble", (1, 0, 0, 0.25)))
     ]
-    fig.suptitle("One layer per planner (lighter: ops of other layers in the same window; red: GPU idle)",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        "One layer per planner (lighter: ops of other layers in the same window; red: GPU idle)",
+        fontsize=10,
+    )
     fig.legend(handles=handles, loc="lower center", ncol=9, fontsize=8)  # below the plots
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(path, dpi=100)
@@ -582,9 +648,14 @@ def _per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pa
 # ---- page -----------------------------------------------------------------------------------------
 
 
-def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metric: str = "throughput_tok_s",
-                 columns: list[str] | None = None, df: pd.DataFrame | None = None,
-                 problems: list[str] | None = None) -> Path:  # fmt: skip
+def write_report(
+    sweep_dir: str | Path,
+    out_dir: str | Path | None = None,
+    metric: str = "throughput_tok_s",
+    columns: list[str] | None = None,
+    df: pd.DataFrame | None = None,
+    problems: list[str] | None = None,
+) -> Path:
     """Write out_dir/index.html and its PNGs; returns the page's path."""
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep / "report"
@@ -618,27 +689,55 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
             notes.append(f"{title}: not drawn ({why}).")
 
     up = "the highest" if metric not in LOWER_IS_BETTER else "the lowest"
-    add(_line_figure(df, "workload.batch_size", metric, "batch size (sequences)", f"{mlabel} vs batch size",
-                     out / "throughput_vs_batch.png", logx=True),
-        "throughput_vs_batch.png", f"{mlabel} vs batch size",
+    add(
+        _line_figure(
+            df,
+            "workload.batch_size",
+            metric,
+            "batch size (sequences)",
+            f"{mlabel} vs batch size",
+            out / "throughput_vs_batch.png",
+            logx=True,
+        ),
+        "throughput_vs_batch.png",
+        f"{mlabel} vs batch size",
         f"Klotski Fig. 10's shape, one line per system. Read: {up} line at a batch size is the best "
         "system there; a line that stops short ran out of memory at the next size (the runs table "
         "lists infeasible runs).",
-        "no system ran at two or more batch sizes")  # fmt: skip
-    add(fig_latency(df, metric, out / "throughput_vs_latency.png"), "throughput_vs_latency.png",
+        "no system ran at two or more batch sizes",
+    )
+    add(
+        fig_latency(df, metric, out / "throughput_vs_latency.png"),
+        "throughput_vs_latency.png",
         f"{mlabel} vs latency",
         "Klotski Fig. 11's shape: each point is a run, its latency the time to finish a group of n "
         "batches; a system's runs at several batch sizes or n are joined."
-        + (" Read: up and to the left is better; a point above and left of another beats it on both."
-           if metric == "throughput_tok_s" else ""),
-        "fewer than two runs")  # fmt: skip
-    add(_line_figure(df, "n_batches", metric, "n (batches per group)", f"{mlabel} vs n",
-                     out / "throughput_vs_n.png"),
-        "throughput_vs_n.png", f"{mlabel} vs n",
+        + (
+            " Read: up and to the left is better; a point above and left of another beats it on both."
+            if metric == "throughput_tok_s"
+            else ""
+        ),
+        "fewer than two runs",
+    )
+    add(
+        _line_figure(
+            df,
+            "n_batches",
+            metric,
+            "n (batches per group)",
+            f"{mlabel} vs n",
+            out / "throughput_vs_n.png",
+        ),
+        "throughput_vs_n.png",
+        f"{mlabel} vs n",
         "n is how many batches share each weight load. Read: a line still rising at its right end is "
         "still bound by weight loads there; where it flattens, compute or memory binds instead.",
-        "no system ran at two or more n")  # fmt: skip
-    add(fig_idle_causes(df, out / "idle_causes.png"), "idle_causes.png", "Where the GPU bubbles come from",
+        "no system ran at two or more n",
+    )
+    add(
+        fig_idle_causes(df, out / "idle_causes.png"),
+        "idle_causes.png",
+        "Where the GPU bubbles come from",
         "Each bar is a run, fastest first; its length is the share of the run its GPUs computed "
         "nothing (the mean over its GPUs), split by the op each idle gap waited for, walked back "
         "along the gap's critical chain. Read: the longest segment is what to shorten first. Names "
@@ -648,33 +747,57 @@ def write_report(sweep_dir: str | Path, out_dir: str | Path | None = None, metri
         "compute-...@gpu another GPU's (or lane's) work, compute-...@cpu work on the CPU; "
         "memory@tier an op ready but waiting for memory; launch kernel launches; late@resource an "
         "op ready with its resource free that started late all the same (the executor's own delay).",
-        "no run's GPUs idled, or the runs predate gpu_idle_causes_s")  # fmt: skip
+        "no run's GPUs idled, or the runs predate gpu_idle_causes_s",
+    )
     runs = _pick_gantt_runs(df)
-    add(fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False, "gantt.png",
+    add(
+        fig_gantt(sweep, runs, out / "gantt.png") if not runs.empty else False,
+        "gantt.png",
         "Timeline of one layer",
         "One middle layer of one decode step per planner, fastest first, from trace.parquet: rows "
         "are streams, bars are ops, red spans are times the GPU computes nothing. Read: a red span "
         "under a load bar is the GPU waiting for that transfer; a layer with little red keeps the "
         "GPU busy.",
-        "no run has a trace.parquet")  # fmt: skip
-    add(_per_layer_figure(df, "plan.prefetch_accuracy_per_layer", "prefetch accuracy (useful / prefetched)",
-                          "Prefetch accuracy per MoE layer", out / "prefetch_accuracy.png"),
-        "prefetch_accuracy.png", "Prefetch accuracy per layer",
+        "no run has a trace.parquet",
+    )
+    add(
+        _per_layer_figure(
+            df,
+            "plan.prefetch_accuracy_per_layer",
+            "prefetch accuracy (useful / prefetched)",
+            "Prefetch accuracy per MoE layer",
+            out / "prefetch_accuracy.png",
+        ),
+        "prefetch_accuracy.png",
+        "Prefetch accuracy per layer",
         "Share of the experts a planner prefetched that the gate then asked for, per MoE layer. "
         "Read: a layer well below the others is where the predictor misses, and each miss is a load "
-        "the GPU waits on.", "no run records prefetch accuracy")  # fmt: skip
+        "the GPU waits on.",
+        "no run records prefetch accuracy",
+    )
     # expert-parallel runs' balancedness_per_layer ({MoE layer: mean/max device tokens}, which
     # collect flattens to one column a layer) as one list a run
-    per_layer = sorted((c for c in df.columns if c.startswith("balancedness_per_layer.")),
-                       key=lambda c: int(c.rsplit(".", 1)[1]))  # fmt: skip
+    per_layer = sorted(
+        (c for c in df.columns if c.startswith("balancedness_per_layer.")),
+        key=lambda c: int(c.rsplit(".", 1)[1]),
+    )
     bal = df.assign(_balancedness=df[per_layer].to_numpy().tolist()) if per_layer else df
-    add(bool(per_layer) and _per_layer_figure(bal, "_balancedness", "balancedness (mean / max device tokens)",
-                                              "Balancedness per MoE layer", out / "load_balance.png"),
-        "load_balance.png", "Balancedness per MoE layer",
+    add(
+        bool(per_layer)
+        and _per_layer_figure(
+            bal,
+            "_balancedness",
+            "balancedness (mean / max device tokens)",
+            "Balancedness per MoE layer",
+            out / "load_balance.png",
+        ),
+        "load_balance.png",
+        "Balancedness per MoE layer",
         "Expert-parallel runs: the mean over the max of the devices' tokens, per MoE layer. Read: 1 "
         "is an even load; a line below another leaves its busiest GPU more work, so its layers "
         "take longer.",
-        "no expert-parallel run in this sweep")  # fmt: skip
+        "no expert-parallel run in this sweep",
+    )
     write_results(df, out)
     page = out / "index.html"
     page.write_text(_html(sweep, df, figs, notes, problems, columns))
@@ -685,13 +808,19 @@ def runs_table(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Every run, fastest first within each (model, hardware) panel, with what its bubble waited
     on most (`WAITS`) beside its bubble; infeasible runs last."""
     shares = idle_shares(ok_runs(df))
-    waits = {i: top_cause(shares.loc[i].to_dict()) for i in shares.index} if not shares.empty else {}
+    waits = (
+        {i: top_cause(shares.loc[i].to_dict()) for i in shares.index} if not shares.empty else {}
+    )
     d = df.assign(**{WAITS: [waits.get(i, "-") for i in df.index]})
-    cols = [c for c in (*TABLE_COLUMNS[:1], *PANEL, *TABLE_COLUMNS[1:], *columns, "status")
-            if c in d.columns]  # fmt: skip
+    cols = [
+        c
+        for c in (*TABLE_COLUMNS[:1], *PANEL, *TABLE_COLUMNS[1:], *columns, "status")
+        if c in d.columns
+    ]
     keys = [c for c in PANEL if c in d.columns]
-    return d.sort_values([*keys, RANK], ascending=[True] * len(keys) + [False],
-                         na_position="last", kind="stable")[cols]  # fmt: skip
+    return d.sort_values(
+        [*keys, RANK], ascending=[True] * len(keys) + [False], na_position="last", kind="stable"
+    )[cols]
 
 
 def _answer_html(df: pd.DataFrame) -> list[str]:
@@ -699,10 +828,21 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
     parts = []
     for key, t in ranking(df):
         ratio = f"{t['planner'].iloc[0]} / it"
-        names = {"batch_size": "batch", "n": "n (ran)", RANK: "tok/s", "makespan_s": "makespan s",
-                 "gpu_bubble_frac": "GPU bubble", WAITS: "bubble waits on", "leader_over_it": ratio}  # fmt: skip
-        fmt = {"tok/s": "{:.2f}".format, "makespan s": "{:.2f}".format, ratio: "{:.2f}x".format,
-               "GPU bubble": lambda v: f"{100 * v:.1f}%"}  # fmt: skip
+        names = {
+            "batch_size": "batch",
+            "n": "n (ran)",
+            RANK: "tok/s",
+            "makespan_s": "makespan s",
+            "gpu_bubble_frac": "GPU bubble",
+            WAITS: "bubble waits on",
+            "leader_over_it": ratio,
+        }
+        fmt = {
+            "tok/s": "{:.2f}".format,
+            "makespan s": "{:.2f}".format,
+            ratio: "{:.2f}x".format,
+            "GPU bubble": lambda v: f"{100 * v:.1f}%",
+        }
         shown = t.drop(columns=["runs", *(["wins"] if t.attrs.get("points", 0) < 2 else [])])
         names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points)"
         shown = shown.rename(columns=names)
@@ -716,8 +856,14 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
     return parts
 
 
-def _html(sweep: Path, df: pd.DataFrame, figs: list[tuple[str, str, str]], notes: list[str],
-          problems: list[str], columns: list[str]) -> str:  # fmt: skip
+def _html(
+    sweep: Path,
+    df: pd.DataFrame,
+    figs: list[tuple[str, str, str]],
+    notes: list[str],
+    problems: list[str],
+    columns: list[str],
+) -> str:
     table = runs_table(df, columns).to_html(
         index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0
     )
@@ -770,15 +916,20 @@ def _main(opts: Options) -> int:
     df, problems = loaded
     try:  # one line for a folder that cannot be made, the default <sweep>/report too
         output_dir(str(opts.out or sweep_dir / "report"), "out")
-        page = write_report(sweep_dir, Path(opts.out) if opts.out else None, opts.metric,
-                            [str(c) for c in opts.columns], df=df, problems=problems)  # fmt: skip
+        page = write_report(
+            sweep_dir,
+            Path(opts.out) if opts.out else None,
+            opts.metric,
+            [str(c) for c in opts.columns],
+            df=df,
+            problems=problems,
+        )
     except (ReportError, MoepipeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk while the figures are written: the error names no file
         out = opts.out or sweep_dir / "report"
-        print(f"error: out={out}: cannot write the report ({err.strerror or err})",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: out={out}: cannot write the report ({err.strerror or err})", file=sys.stderr)
         return 2
     print(f"report: {page}")
     return 0

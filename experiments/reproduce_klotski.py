@@ -66,8 +66,14 @@ def _experiment(name: str) -> dict[str, Any]:
 def _workload(exp: dict[str, Any], **over: Any) -> Workload:
     w = {**_yaml("workload", "paper"), **exp["workload"], **over}
     routing = {**_yaml("workload", "paper")["routing"], **exp["workload"].get("routing", {})}
-    return Workload(w["batch_size"], w["n_batches"], w["prompt_len"], w["gen_len"],
-                    RoutingConfig(**routing), w.get("seed", 0))  # fmt: skip
+    return Workload(
+        w["batch_size"],
+        w["n_batches"],
+        w["prompt_len"],
+        w["gen_len"],
+        RoutingConfig(**routing),
+        w.get("seed", 0),
+    )
 
 
 def with_overrides(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +100,10 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
     spec = RunSpec(
         ModelSpec.from_dict(_yaml("model", job["model"])),
         HardwareSpec.from_dict(hw),
-        job["workload"], str(planner["name"]), {**(planner.get("params") or {}), **job.get("params", {})},
-    )  # fmt: skip
+        job["workload"],
+        str(planner["name"]),
+        {**(planner.get("params") or {}), **job.get("params", {})},
+    )
     t0 = time.perf_counter()
     try:
         result = simulate_run(spec)
@@ -113,16 +121,25 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
     n_plan = s["plan"].get("n_plan", {})
     return {
         **{k: v for k, v in job.items() if k not in ("workload", "hardware_overrides")},
-        "n": s["n_batches"], "batch_size": s["batch_size"], "gen_len": s["gen_len"],
-        "throughput_tok_s": s["throughput_tok_s"], "makespan_s": s["makespan_s"],
-        "lower_bound_s": s["lower_bound_s"], "efficiency": s["efficiency"],
-        "dag_lower_bound_s": s["dag_lower_bound_s"], "dag_efficiency": s["dag_efficiency"],
+        "n": s["n_batches"],
+        "batch_size": s["batch_size"],
+        "gen_len": s["gen_len"],
+        "throughput_tok_s": s["throughput_tok_s"],
+        "makespan_s": s["makespan_s"],
+        "lower_bound_s": s["lower_bound_s"],
+        "efficiency": s["efficiency"],
+        "dag_lower_bound_s": s["dag_lower_bound_s"],
+        "dag_efficiency": s["dag_efficiency"],
         "dag_bound_binds": s["dag_bound_binds"],
-        "gpu_bubble_frac": s["gpu_bubble_frac"], "binding": n_plan.get("binding", ""),
-        "decode_efficiency": float(dec_busy.max()) / dec_span if dec_span > 0 and len(dec_busy) else float("nan"),
+        "gpu_bubble_frac": s["gpu_bubble_frac"],
+        "binding": n_plan.get("binding", ""),
+        "decode_efficiency": float(dec_busy.max()) / dec_span
+        if dec_span > 0 and len(dec_busy)
+        else float("nan"),
         "decode_bound": str(dec_busy.idxmax()) if len(dec_busy) else "",
-        "prefetch_used_frac": s["plan"].get("prefetch_used_frac"), "sim_s": time.perf_counter() - t0,
-    }  # fmt: skip
+        "prefetch_used_frac": s["plan"].get("prefetch_used_frac"),
+        "sim_s": time.perf_counter() - t0,
+    }
 
 
 def table3_steps() -> dict[str, str]:
@@ -152,11 +169,19 @@ def jobs_table3(quick: bool) -> list[dict[str, Any]]:
             n = 1 if step == "simple" else col["n"]  # the simple pipeline is single-batch
             # planners with their own n run the workload's n (the column's)
             own_n = "n" in (_yaml("planner", planner).get("params") or {})
-            out.append(dict(table="table3", step=step, planner=planner, model=col["model"],
-                            hardware=col["hardware"], column=i,
-                            hardware_overrides=col.get("hardware_overrides") or {},
-                            workload=_workload(exp, n_batches=n, gen_len=gen),
-                            params={"n": -1} if own_n else {}))  # fmt: skip
+            out.append(
+                dict(
+                    table="table3",
+                    step=step,
+                    planner=planner,
+                    model=col["model"],
+                    hardware=col["hardware"],
+                    column=i,
+                    hardware_overrides=col.get("hardware_overrides") or {},
+                    workload=_workload(exp, n_batches=n, gen_len=gen),
+                    params={"n": -1} if own_n else {},
+                )
+            )
     return out
 
 
@@ -169,8 +194,17 @@ def jobs_auto_n(quick: bool) -> list[dict[str, Any]]:
         if not c.get("hardware_overrides")
         and (c["model"] != "mixtral-8x22b" or c["hardware"] != "rtx3090-env1")
     ]
-    return [dict(table="auto_n", planner="klotski", model=c["model"], hardware=c["hardware"],
-                 workload=_workload(exp, gen_len=gen), params={"n": 0}) for c in cols]  # fmt: skip
+    return [
+        dict(
+            table="auto_n",
+            planner="klotski",
+            model=c["model"],
+            hardware=c["hardware"],
+            workload=_workload(exp, gen_len=gen),
+            params={"n": 0},
+        )
+        for c in cols
+    ]
 
 
 def jobs_fig14(quick: bool) -> list[dict[str, Any]]:
@@ -178,19 +212,37 @@ def jobs_fig14(quick: bool) -> list[dict[str, Any]]:
     r = exp["reproduce"]
     ns = [1, 5, 10, 15] if quick else r["n"]
     gen = 2 if quick else exp["workload"]["gen_len"]
-    return [dict(table="fig14", planner="klotski", model="mixtral-8x7b", hardware="rtx3090-env1",
-                 workload=_workload(exp, n_batches=n, batch_size=bs, gen_len=gen), params={"n": -1})
-            for bs in r["batch_sizes"] for n in ns]  # fmt: skip
+    return [
+        dict(
+            table="fig14",
+            planner="klotski",
+            model="mixtral-8x7b",
+            hardware="rtx3090-env1",
+            workload=_workload(exp, n_batches=n, batch_size=bs, gen_len=gen),
+            params={"n": -1},
+        )
+        for bs in r["batch_sizes"]
+        for n in ns
+    ]
 
 
 def jobs_vs_flexgen(quick: bool) -> list[dict[str, Any]]:
     exp = _experiment("klotski_vs_flexgen")
     r = exp["reproduce"]
     gen = 2 if quick else exp["workload"]["gen_len"]
-    return [dict(table="vs_flexgen", planner=p, model=c["model"], hardware=c["hardware"],
-                 workload=_workload(exp, n_batches=c["n"], batch_size=bs, gen_len=gen),
-                 params={"n": -1} if p == "klotski" else {})
-            for c in r["columns"] for bs in r["batch_sizes"] for p in ("flexgen", "klotski")]  # fmt: skip
+    return [
+        dict(
+            table="vs_flexgen",
+            planner=p,
+            model=c["model"],
+            hardware=c["hardware"],
+            workload=_workload(exp, n_batches=c["n"], batch_size=bs, gen_len=gen),
+            params={"n": -1} if p == "klotski" else {},
+        )
+        for c in r["columns"]
+        for bs in r["batch_sizes"]
+        for p in ("flexgen", "klotski")
+    ]
 
 
 def table3_columns() -> list[dict[str, Any]]:
@@ -201,8 +253,11 @@ def step_ratios(t3: pd.DataFrame) -> dict[tuple[str, str, int], float]:
     """(step, previous step, column) -> the Table 3 runs' throughput ratio (nan if one is missing)."""
     tp = {(r.step, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     steps, cols = list(PAPER_T3), {c for _, c in tp}
-    return {(b, a, c): tp.get((b, c), float("nan")) / tp.get((a, c), float("nan"))
-            for a, b in zip(steps, steps[1:], strict=False) for c in cols}  # fmt: skip
+    return {
+        (b, a, c): tp.get((b, c), float("nan")) / tp.get((a, c), float("nan"))
+        for a, b in zip(steps, steps[1:], strict=False)
+        for c in cols
+    }
 
 
 def table3_lines(t3: pd.DataFrame) -> list[str]:
@@ -210,23 +265,36 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
     spec = table3_columns()
     # (header, the paper's column it stands beside) per column; a column with hardware_overrides
     # is a variant of the profile, labelled, beside the same paper column as its base
-    cols = [(f"{c['model']} / {c['hardware']}" + (f" ({c['label']})" if c.get("label") else ""),
-             int(c.get("paper_column", i))) for i, c in enumerate(spec)]  # fmt: skip
-    lines = ["## Table 3: ablation (tokens/s; sim vs paper)", "",
-             "| step | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
-             "|---|" + "---|---|" * len(cols)]  # fmt: skip
+    cols = [
+        (
+            f"{c['model']} / {c['hardware']}" + (f" ({c['label']})" if c.get("label") else ""),
+            int(c.get("paper_column", i)),
+        )
+        for i, c in enumerate(spec)
+    ]
+    lines = [
+        "## Table 3: ablation (tokens/s; sim vs paper)",
+        "",
+        "| step | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
+        "|---|" + "---|---|" * len(cols),
+    ]
     tp = {(r.step, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     ns = {int(r.column): r.n for r in t3.itertuples() if r.step == "klotski"}
     planners = table3_steps()
     for step in PAPER_T3:
-        cells = [f"{tp.get((step, i), float('nan')):.3f} | {PAPER_T3[step][p]}"
-                 for i, (_, p) in enumerate(cols)]  # fmt: skip
+        cells = [
+            f"{tp.get((step, i), float('nan')):.3f} | {PAPER_T3[step][p]}"
+            for i, (_, p) in enumerate(cols)
+        ]
         lines.append(f"| {STEP_NAMES[step]} ({planners[step]}) | " + " | ".join(cells) + " |")
     for planner, label in table3_beside().items():
         cells = [f"{tp.get((planner, i), float('nan')):.3f} | -" for i in range(len(cols))]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "| step ratio | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
-              "|---|" + "---|---|" * len(cols)]  # fmt: skip
+    lines += [
+        "",
+        "| step ratio | " + " | ".join(f"{h} sim | paper" for h, _ in cols) + " |",
+        "|---|" + "---|---|" * len(cols),
+    ]
     steps = list(PAPER_T3)
     ratio = step_ratios(t3)
     for a, b in zip(steps, steps[1:], strict=False):
@@ -235,8 +303,12 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
             sim = ratio.get((b, a, i), float("nan"))
             cells.append(f"{sim:.3f} | {PAPER_T3[b][p] / PAPER_T3[a][p]:.3f}")
         lines.append(f"| {b} / {a} ({planners[b]} / {planners[a]}) | " + " | ".join(cells) + " |")
-    return [*lines, "", "n per column (Klotski rows): "
-            + ", ".join(f"{h}: n={ns.get(i)}" for i, (h, _) in enumerate(cols))]  # fmt: skip
+    return [
+        *lines,
+        "",
+        "n per column (Klotski rows): "
+        + ", ".join(f"{h}: n={ns.get(i)}" for i, (h, _) in enumerate(cols)),
+    ]
 
 
 def report(df: pd.DataFrame) -> str:
@@ -251,31 +323,48 @@ def report(df: pd.DataFrame) -> str:
     ]
     auto = df[df.table == "auto_n"]
     if len(auto):
-        lines += ["", "## Klotski at the n-planner's n (bs 16): makespan vs the schedule's lower bound", "",
-                  "| model / hardware | n | binding inequality | tok/s | makespan s | schedule's lower bound s "
-                  "(binds) | efficiency vs it | busiest-resource bound s | efficiency vs it "
-                  "| decode-only efficiency (busiest resource) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "## Klotski at the n-planner's n (bs 16): makespan vs the schedule's lower bound",
+            "",
+            "| model / hardware | n | binding inequality | tok/s | makespan s | schedule's lower bound s "
+            "(binds) | efficiency vs it | busiest-resource bound s | efficiency vs it "
+            "| decode-only efficiency (busiest resource) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in auto.itertuples():
             if isinstance(getattr(r, "error", None), str):
                 lines.append(f"| {r.model} / {r.hardware} | error: {r.error} |||||")
                 continue
-            lines.append(f"| {r.model} / {r.hardware} | {r.n} | {r.binding} | {r.throughput_tok_s:.2f} | "
-                         f"{r.makespan_s:.1f} | {r.dag_lower_bound_s:.1f} ({r.dag_bound_binds}) | "
-                         f"{r.dag_efficiency:.3f} | {r.lower_bound_s:.1f} | {r.efficiency:.3f} | "
-                         f"{r.decode_efficiency:.3f} ({r.decode_bound}) |")  # fmt: skip
+            lines.append(
+                f"| {r.model} / {r.hardware} | {r.n} | {r.binding} | {r.throughput_tok_s:.2f} | "
+                f"{r.makespan_s:.1f} | {r.dag_lower_bound_s:.1f} ({r.dag_bound_binds}) | "
+                f"{r.dag_efficiency:.3f} | {r.lower_bound_s:.1f} | {r.efficiency:.3f} | "
+                f"{r.decode_efficiency:.3f} ({r.decode_bound}) |"
+            )
     f14 = df[df.table == "fig14"]
     if len(f14):
         piv = f14.pivot_table(index="n", columns="batch_size", values="throughput_tok_s")
-        lines += ["", f"## Fig. 14: Klotski throughput (tok/s) over n and batch size, mixtral-8x7b / rtx3090-env1, "
-                  f"gen_len={f14.gen_len.max():.0f} (paper: 32)", "", markdown(piv.round(2))]  # fmt: skip
+        lines += [
+            "",
+            f"## Fig. 14: Klotski throughput (tok/s) over n and batch size, mixtral-8x7b / rtx3090-env1, "
+            f"gen_len={f14.gen_len.max():.0f} (paper: 32)",
+            "",
+            markdown(piv.round(2)),
+        ]
     vs = df[df.table == "vs_flexgen"]
     if len(vs):
         piv = vs.pivot_table(
             index=["model", "hardware", "batch_size"], columns="planner", values="throughput_tok_s"
         )
         piv["klotski/flexgen"] = piv["klotski"] / piv["flexgen"]
-        lines += ["", f"## Klotski vs FlexGen at n=15 (tok/s), gen_len={vs.gen_len.max():.0f} (paper: 32; "
-                  "paper max speedup 2.23x)", "", markdown(piv.round(3))]  # fmt: skip
+        lines += [
+            "",
+            f"## Klotski vs FlexGen at n=15 (tok/s), gen_len={vs.gen_len.max():.0f} (paper: 32; "
+            "paper max speedup 2.23x)",
+            "",
+            markdown(piv.round(3)),
+        ]
     return "\n".join([*lines, "", "## Targets (issue 3)", "", *targets(df)])
 
 
@@ -303,14 +392,18 @@ def targets(df: pd.DataFrame) -> list[str]:
                 ok, want = paper / 2 <= sim <= 2 * paper, "within 2x of"
             else:
                 ok, want = abs(sim / paper - 1) <= 0.25, "within 25% of"
-            out.append(f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} {want} the paper's {paper:.3f}")  # fmt: skip
+            out.append(
+                f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} {want} the paper's {paper:.3f}"
+            )
     for r in df[df.table == "auto_n"].itertuples():
         if isinstance(getattr(r, "error", None), str):
             out.append(f"[FAIL] {r.model} / {r.hardware}: Klotski at the n-planner's n: {r.error}")
             continue
-        out.append(f"[{'PASS' if 1 / r.dag_efficiency <= 1.10 else 'FAIL'}] {r.model} / {r.hardware}: Klotski at "
-                   f"n = {r.n} takes {1 / r.dag_efficiency:.3f}x the schedule's lower bound (target <= 1.10x); "
-                   f"{1 / r.efficiency:.3f}x the busiest resource's")  # fmt: skip
+        out.append(
+            f"[{'PASS' if 1 / r.dag_efficiency <= 1.10 else 'FAIL'}] {r.model} / {r.hardware}: Klotski at "
+            f"n = {r.n} takes {1 / r.dag_efficiency:.3f}x the schedule's lower bound (target <= 1.10x); "
+            f"{1 / r.efficiency:.3f}x the busiest resource's"
+        )
     return out or ["(no Table 3 or n-planner runs in these results)"]
 
 
@@ -344,8 +437,14 @@ def run_resumable(
     ran now. Each finished run is appended to `done_file` as it ends, so a re-run after an
     interrupt runs only the rest (runs of other code or other jobs in the file are ignored)."""
     version = code_version()
-    keys = [json.dumps({**job, "code": version, "profile": _yaml("hardware", job["hardware"])},
-                       sort_keys=True, default=str) for job in jobs]  # fmt: skip
+    keys = [
+        json.dumps(
+            {**job, "code": version, "profile": _yaml("hardware", job["hardware"])},
+            sort_keys=True,
+            default=str,
+        )
+        for job in jobs
+    ]
     done: dict[str, dict[str, Any]] = {}
     if done_file.is_file():
         for line in done_file.read_text().splitlines():
@@ -356,15 +455,24 @@ def run_resumable(
                 continue  # a line cut short by the interrupt
     todo = [i for i, k in enumerate(keys) if k not in done]
     if len(todo) < len(jobs):
-        print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done in {done_file} (same code); "
-              f"running {len(todo)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{len(jobs) - len(todo)} of {len(jobs)} runs already done in {done_file} (same code); "
+            f"running {len(todo)}",
+            file=sys.stderr,
+        )
     with ProcessPoolExecutor(workers) as pool, done_file.open("a") as log_:
         if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
             log_.write("\n")  # after a line the interrupt cut short
         futures = {pool.submit(run_point, jobs[i]): i for i in todo}
         # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
-        bar = tqdm(total=len(todo), desc="reproduce_klotski", unit="run", file=sys.stderr,
-                   mininterval=1.0, dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=len(todo),
+            desc="reproduce_klotski",
+            unit="run",
+            file=sys.stderr,
+            mininterval=1.0,
+            dynamic_ncols=True,
+        )
         on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
         for fut in as_completed(futures):
             row = fut.result()

@@ -86,9 +86,16 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     log.info(
         "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
-        display_name(choice, s["planner"], s["planner_label"]), s["model"], s["n_batches"], s["throughput_tok_s"], s["makespan_s"],
-        100 * s["gpu_bubble_frac"], top_cause(s["gpu_idle_causes_s"]), s["efficiency"], out_dir,
-    )  # fmt: skip
+        display_name(choice, s["planner"], s["planner_label"]),
+        s["model"],
+        s["n_batches"],
+        s["throughput_tok_s"],
+        s["makespan_s"],
+        100 * s["gpu_bubble_frac"],
+        top_cause(s["gpu_idle_causes_s"]),
+        s["efficiency"],
+        out_dir,
+    )
     return s
 
 
@@ -180,8 +187,6 @@ def locked(out_dir: Path) -> Iterator[None]:
         yield
 
 
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -195,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
     running(RunSchema)
-    return int(until_interrupted(lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware"])))
+    return int(
+        until_interrupted(
+            lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware"])
+        )
+    )
 
 
 def task(cfg: DictConfig) -> None:
@@ -203,8 +212,10 @@ def task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
-        on_interrupt(f"the run in {out_dir} did not finish (a run is not resumed: the same "
-                     "command runs it whole)")  # fmt: skip
+        on_interrupt(
+            f"the run in {out_dir} did not finish (a run is not resumed: the same "
+            "command runs it whole)"
+        )
     elif multiprocessing.current_process().name != "MainProcess":
         # A launcher's pool worker (joblib's) leaves Ctrl-C to the sweep's process, which stops
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would

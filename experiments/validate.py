@@ -88,6 +88,7 @@ from real.checkpoint import load_checkpoint  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class DistributedOption:
     distributed: bool = False  # an expert-parallel planner's devices as processes (gloo)
@@ -263,7 +264,9 @@ def per_device(sim: RunResult, real: RunResult) -> dict[str, Any]:
     for label, r in (("sim", sim), ("real", real)):
         t = r.trace[r.trace["kind"].astype(str) == str(OpKind.EXPERT)]
         tokens = t.groupby(device_of(t["resource"]))["tokens"].sum()
-        row[f"{label}_device_tokens"] = [int(tokens.get(d, 0)) for d in range(real.summary["n_devices"])]
+        row[f"{label}_device_tokens"] = [
+            int(tokens.get(d, 0)) for d in range(real.summary["n_devices"])
+        ]
         row[f"{label}_utilisation"] = float(r.summary.get("utilisation", float("nan")))
     row["device_tokens_equal"] = row["sim_device_tokens"] == row["real_device_tokens"]
     return row
@@ -321,16 +324,20 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
     distributed = as_bool("executor.distributed", opts["executor.distributed"])
     gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
     cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
-    sizes = {k: as_int(k, opts[k], at_least=1) for k in ("batch_size", "n_batches", "prompt_len",
-                                                          "gen_len", "repeats")}  # fmt: skip
+    sizes = {
+        k: as_int(k, opts[k], at_least=1)
+        for k in ("batch_size", "n_batches", "prompt_len", "gen_len", "repeats")
+    }
     read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(ckpt)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
     wl = Workload(
-        batch_size=sizes["batch_size"], n_batches=sizes["n_batches"],
-        prompt_len=sizes["prompt_len"], gen_len=sizes["gen_len"],
+        batch_size=sizes["batch_size"],
+        n_batches=sizes["n_batches"],
+        prompt_len=sizes["prompt_len"],
+        gen_len=sizes["gen_len"],
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
-    )  # fmt: skip
+    )
     # checked (and made) before the runs, whose results would be lost after
     out = output_dir(
         opts["out"]
@@ -408,16 +415,22 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         seen = {
             res: bw
             for res in kinds
-            if (bw := link_bandwidth([any_device(r.trace) for r in runs], str(res),
-                                     hw.link(res).latency_s))  # fmt: skip
+            if (
+                bw := link_bandwidth(
+                    [any_device(r.trace) for r in runs], str(res), hw.link(res).latency_s
+                )
+            )
         }
         if distributed:
             row.update(per_device(sim, real))
         for res in kinds:
             row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
             row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
-        for k in ("sim_run_links_makespan_s", "err_run_links_makespan_s",
-                  "err_run_links_gpu_bubble_s"):  # fmt: skip
+        for k in (
+            "sim_run_links_makespan_s",
+            "err_run_links_makespan_s",
+            "err_run_links_gpu_bubble_s",
+        ):
             row[k] = float("nan")
         if seen:
             again = simulate_run(replace(spec, hardware=with_links(hw, seen)), routing)
@@ -427,10 +440,14 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
             errors_against(row, "probe", preds[(len(preds) - 1) // 2][0].summary)
             # each prediction against the run it was made for (the median of those errors)
-            row["err_probe_paired_makespan_s"] = float(np.median([
-                rel(pred.summary["makespan_s"], run.summary["makespan_s"])
-                for (pred, _), run in zip(probed[name], reals[name], strict=True)
-            ]))  # fmt: skip
+            row["err_probe_paired_makespan_s"] = float(
+                np.median(
+                    [
+                        rel(pred.summary["makespan_s"], run.summary["makespan_s"])
+                        for (pred, _), run in zip(probed[name], reals[name], strict=True)
+                    ]
+                )
+            )
             row["probe_disk_gbps"] = float(
                 np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
             )

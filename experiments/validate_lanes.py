@@ -50,6 +50,8 @@ from real.checkpoint import load_checkpoint
 from real.store import resolve_device
 
 EP_PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
+
+
 @dataclass
 class Options:
     checkpoint: str | None = None  # the checkpoint folder the real runs read
@@ -98,15 +100,18 @@ def report(opts: dict[str, Any]) -> list[str]:
             raise MoepipeError(
                 f"planners={opts['planners']}: {p!r} is {'not expert-parallel' if known else 'unknown'}; "
                 f"valid: {', '.join(EP_PLANNERS)}"
-            )  # fmt: skip
+            )
     lanes = as_int("lanes", opts["lanes"], at_least=2)
     slots, repeats = (
         as_int(k, opts[k], at_least=a) for k, a in (("replica_slots", 0), ("repeats", 1))
     )
-    wl = Workload(batch_size=as_int("batch_size", opts["batch_size"], at_least=1),
-                  n_batches=as_int("n_batches", opts["n_batches"], at_least=1),
-                  prompt_len=as_int("prompt_len", opts["prompt_len"], at_least=1), gen_len=1,
-                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    wl = Workload(
+        batch_size=as_int("batch_size", opts["batch_size"], at_least=1),
+        n_batches=as_int("n_batches", opts["n_batches"], at_least=1),
+        prompt_len=as_int("prompt_len", opts["prompt_len"], at_least=1),
+        gen_len=1,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
     ckpt = str(opts["checkpoint"])
     model = load_checkpoint(ckpt)[0]
     device = resolve_device(str(opts["device"]), "device")
@@ -132,10 +137,13 @@ def report(opts: dict[str, Any]) -> list[str]:
         # what the executor adds to the schedule's own bound with the durations it measured
         # (the lanes' ops by their share of the GPU: core.trace.work_s)
         dag = np.array([r.summary["dag_lower_bound_s"] for r, _ in real])
-        row: dict[str, Any] = dict(planner=p, real_ms=1e3 * float(np.median(make)),
-                                   real_spread=float((make.max() - make.min()) / np.median(make)),
-                                   real_phase_ms=1e3 * float(np.median(phase)),
-                                   real_over_dag_lb=float(np.median(make / dag)))  # fmt: skip
+        row: dict[str, Any] = dict(
+            planner=p,
+            real_ms=1e3 * float(np.median(make)),
+            real_spread=float((make.max() - make.min()) / np.median(make)),
+            real_phase_ms=1e3 * float(np.median(phase)),
+            real_over_dag_lb=float(np.median(make / dag)),
+        )
         for s, sp in spec.items():
             sim = simulate_run(sp, routing)
             row[f"{s}_ms"] = 1e3 * float(sim.trace["end_s"].max())
@@ -146,17 +154,21 @@ def report(opts: dict[str, Any]) -> list[str]:
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate_lanes.csv", index=False)
     sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
-    head = (f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
-            f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
-            f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
-            f"{repeats} real run(s)")  # fmt: skip
+    head = (
+        f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
+        f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
+        f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
+        f"{repeats} real run(s)"
+    )
     (out / "validate_lanes.md").write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
     lines = [head, table.round(4).to_string(index=False)]
     for r in rows:
         better = min(("partition", "shared"), key=lambda s: abs(r[f"{s}_err"]))
-        lines.append(f"{r['planner']}: makespan error partition {r['partition_err']:+.0%}, shared "
-                     f"{r['shared_err']:+.0%} (closer: {better}); expert phases "
-                     f"{r['partition_phase_err']:+.0%} / {r['shared_phase_err']:+.0%}")  # fmt: skip
+        lines.append(
+            f"{r['planner']}: makespan error partition {r['partition_err']:+.0%}, shared "
+            f"{r['shared_err']:+.0%} (closer: {better}); expert phases "
+            f"{r['partition_phase_err']:+.0%} / {r['shared_phase_err']:+.0%}"
+        )
     lines.append(f"wrote {out}/validate_lanes.csv, validate_lanes.md")
     return lines
 

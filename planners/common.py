@@ -91,17 +91,37 @@ class Emitter:
         common = dict(step=step, layer=layer, expert=expert, tensor=tensor, nbytes=nbytes)
         if tier == Tier.DISK:
             read = self.out.add(
-                OpKind.LOAD, self.disk, deps, src=Tier.DISK, dst=Tier.CPU,
-                alloc_tier=Tier.CPU, alloc_bytes=nbytes, **common,
-            )  # fmt: skip
+                OpKind.LOAD,
+                self.disk,
+                deps,
+                src=Tier.DISK,
+                dst=Tier.CPU,
+                alloc_tier=Tier.CPU,
+                alloc_bytes=nbytes,
+                **common,
+            )
             return self.out.add(
-                OpKind.LOAD, stream or self.weights, (read,), src=Tier.CPU, dst=Tier.GPU,
-                alloc_tier=Tier.GPU, alloc_bytes=nbytes, free_tier=Tier.CPU, free_bytes=nbytes, **common,
-            )  # fmt: skip
+                OpKind.LOAD,
+                stream or self.weights,
+                (read,),
+                src=Tier.CPU,
+                dst=Tier.GPU,
+                alloc_tier=Tier.GPU,
+                alloc_bytes=nbytes,
+                free_tier=Tier.CPU,
+                free_bytes=nbytes,
+                **common,
+            )
         return self.out.add(
-            OpKind.LOAD, stream or self.weights, deps, src=Tier.CPU, dst=Tier.GPU,
-            alloc_tier=Tier.GPU, alloc_bytes=nbytes, **common,
-        )  # fmt: skip
+            OpKind.LOAD,
+            stream or self.weights,
+            deps,
+            src=Tier.CPU,
+            dst=Tier.GPU,
+            alloc_tier=Tier.GPU,
+            alloc_bytes=nbytes,
+            **common,
+        )
 
     def free(
         self, tensor: Tensor, step: int, layer: int, deps: tuple[int | None, ...], expert: int = -1
@@ -110,9 +130,16 @@ class Emitter:
         if not self.streamed(tensor, layer):
             return None
         return self.out.add(
-            OpKind.FREE, self.compute, deps, step=step, layer=layer, expert=expert, tensor=tensor,
-            free_tier=Tier.GPU, free_bytes=self.tensor_bytes(tensor, layer),
-        )  # fmt: skip
+            OpKind.FREE,
+            self.compute,
+            deps,
+            step=step,
+            layer=layer,
+            expert=expert,
+            tensor=tensor,
+            free_tier=Tier.GPU,
+            free_bytes=self.tensor_bytes(tensor, layer),
+        )
 
     def free_kwargs(self, tensor: Tensor, layer: int, last_use: bool) -> dict[str, object]:
         """Memory effect for the op that last uses a streamed unit: it frees it at its end."""
@@ -135,9 +162,19 @@ class Emitter:
         buf = self.bs * wl.step_context(step) * self.model.kv_bytes_per_token
         prev = self.last_kv_store.get((layer, batch))
         return self.out.add(
-            OpKind.KV_LOAD, self.kv_load_stream, (*deps, prev), step=step, layer=layer, batch=batch,
-            tensor=Tensor.KV, nbytes=past, src=Tier.CPU, dst=Tier.GPU, alloc_tier=Tier.GPU, alloc_bytes=buf,
-        )  # fmt: skip
+            OpKind.KV_LOAD,
+            self.kv_load_stream,
+            (*deps, prev),
+            step=step,
+            layer=layer,
+            batch=batch,
+            tensor=Tensor.KV,
+            nbytes=past,
+            src=Tier.CPU,
+            dst=Tier.GPU,
+            alloc_tier=Tier.GPU,
+            alloc_bytes=buf,
+        )
 
     def attention(
         self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
@@ -153,10 +190,18 @@ class Emitter:
             )
         extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
         return self.out.add(
-            OpKind.ATTENTION, self.compute, deps, step=step, layer=layer, batch=batch,
-            tensor=Tensor.ATTENTION, tokens=tokens, flops=m.attention_flops(tokens, int(context), sequences=self.bs),
-            touch_bytes=m.attn_bytes + kv_read, **extra,
-        )  # fmt: skip
+            OpKind.ATTENTION,
+            self.compute,
+            deps,
+            step=step,
+            layer=layer,
+            batch=batch,
+            tensor=Tensor.ATTENTION,
+            tokens=tokens,
+            flops=m.attention_flops(tokens, int(context), sequences=self.bs),
+            touch_bytes=m.attn_bytes + kv_read,
+            **extra,
+        )
 
     def kv_store(self, step: int, layer: int, batch: int, attn: int) -> int | None:
         """Write the batch's new KV back to CPU and release its GPU buffer."""
@@ -168,9 +213,19 @@ class Emitter:
             self.bs * (wl.prompt_len if step == 0 else wl.step_context(step)) * m.kv_bytes_per_token
         )
         op = self.out.add(
-            OpKind.KV_STORE, self.kv_store_stream, (attn,), step=step, layer=layer, batch=batch,
-            tensor=Tensor.KV, nbytes=new, src=Tier.GPU, dst=Tier.CPU, free_tier=Tier.GPU, free_bytes=buf,
-        )  # fmt: skip
+            OpKind.KV_STORE,
+            self.kv_store_stream,
+            (attn,),
+            step=step,
+            layer=layer,
+            batch=batch,
+            tensor=Tensor.KV,
+            nbytes=new,
+            src=Tier.GPU,
+            dst=Tier.CPU,
+            free_tier=Tier.GPU,
+            free_bytes=buf,
+        )
         self.last_kv_store[(layer, batch)] = op
         return op
 
@@ -210,8 +265,9 @@ class Emitter:
         `validate` checks each of its expert ops depends on every gate op of its micro-batch."""
         assert parts and not self.streamed(Tensor.GATE, layer), "split gates: a resident router"
         ops = self._gate_ops(step, layer, batch, parts, {}, micro=micro)
-        view = self.ctx.routing.at_micro_gate(ops[-1], step, self.model.moe_index(layer), batch,
-                                              micro, rows)  # fmt: skip
+        view = self.ctx.routing.at_micro_gate(
+            ops[-1], step, self.model.moe_index(layer), batch, micro, rows
+        )
         whole = self._reveal(ops[-1], step, layer, batch) if micro == of - 1 else None
         return ops, view, whole
 
@@ -240,11 +296,22 @@ class Emitter:
         m, per = self.model, self.ctx.workload.step_tokens(step)
         ops: list[int] = []
         for i, (stream, seqs, deps) in enumerate(parts):
-            ops.append(self.out.add(
-                OpKind.GATE, stream, deps, step=step, layer=layer, batch=batch, micro=micro,
-                tensor=Tensor.GATE, tokens=seqs * per, flops=m.gate_flops(seqs * per),
-                touch_bytes=m.gate_bytes, **(free if i == len(parts) - 1 else {}),
-            ))  # fmt: skip
+            ops.append(
+                self.out.add(
+                    OpKind.GATE,
+                    stream,
+                    deps,
+                    step=step,
+                    layer=layer,
+                    batch=batch,
+                    micro=micro,
+                    tensor=Tensor.GATE,
+                    tokens=seqs * per,
+                    flops=m.gate_flops(seqs * per),
+                    touch_bytes=m.gate_bytes,
+                    **(free if i == len(parts) - 1 else {}),
+                )
+            )
         return tuple(ops)
 
     def _reveal(self, gate: int, step: int, layer: int, batch: int) -> GateView:
@@ -273,10 +340,19 @@ class Emitter:
         gates = self.gate_ops[(step, layer)]
         deps = (*deps, *(gates if batch == -1 else gates[batch : batch + 1]))
         return self.out.add(
-            OpKind.EXPERT, self.compute, deps, step=step, layer=layer, batch=batch, expert=expert,
-            tensor=Tensor.EXPERT, tokens=tokens, flops=m.expert_flops(tokens), touch_bytes=m.expert_bytes,
+            OpKind.EXPERT,
+            self.compute,
+            deps,
+            step=step,
+            layer=layer,
+            batch=batch,
+            expert=expert,
+            tensor=Tensor.EXPERT,
+            tokens=tokens,
+            flops=m.expert_flops(tokens),
+            touch_bytes=m.expert_bytes,
             **self.free_kwargs(Tensor.EXPERT, layer, last_use),
-        )  # fmt: skip
+        )
 
     def ffn(
         self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
@@ -288,19 +364,34 @@ class Emitter:
             return None
         tokens = self.bs * self.ctx.workload.step_tokens(step)
         return self.out.add(
-            OpKind.FFN, self.compute, deps, step=step, layer=layer, batch=batch, tensor=Tensor.FFN,
-            tokens=tokens, flops=m.ffn_flops(tokens, layer), touch_bytes=nbytes,
+            OpKind.FFN,
+            self.compute,
+            deps,
+            step=step,
+            layer=layer,
+            batch=batch,
+            tensor=Tensor.FFN,
+            tokens=tokens,
+            flops=m.ffn_flops(tokens, layer),
+            touch_bytes=nbytes,
             **self.free_kwargs(Tensor.FFN, layer, last_batch),
-        )  # fmt: skip
+        )
 
     def head(self, step: int, batch: int, deps: tuple[int | None, ...], last_batch: bool) -> int:
         """Final norm + LM head on the last position of each sequence."""
         m = self.model
         return self.out.add(
-            OpKind.HEAD, self.compute, deps, step=step, batch=batch, tensor=Tensor.HEAD,
-            tokens=self.bs, flops=m.head_flops(self.bs), touch_bytes=m.head_bytes,
+            OpKind.HEAD,
+            self.compute,
+            deps,
+            step=step,
+            batch=batch,
+            tensor=Tensor.HEAD,
+            tokens=self.bs,
+            flops=m.head_flops(self.bs),
+            touch_bytes=m.head_bytes,
             **self.free_kwargs(Tensor.HEAD, -1, last_batch),
-        )  # fmt: skip
+        )
 
 
 def standard_placement(
@@ -316,6 +407,11 @@ def standard_placement(
     # Experts on disk pass through CPU memory on their way to the GPU: reserve room for one (what
     # progress needs); any CPU memory the placement leaves free serves as read-ahead on top.
     return staged_placement(
-        m, ctx.hardware, m.expert_bytes, kv_sequences, wl.prompt_len + wl.gen_len,
-        layers_in_flight * layer_max + m.head_bytes + kv_buf, act,
-    )  # fmt: skip
+        m,
+        ctx.hardware,
+        m.expert_bytes,
+        kv_sequences,
+        wl.prompt_len + wl.gen_len,
+        layers_in_flight * layer_max + m.head_bytes + kv_buf,
+        act,
+    )

@@ -101,7 +101,10 @@ class EPLB(Planner):
         else:
             initial = np.ones((n_layers, e))
         policy = EPLBPolicy(self.params, layout, initial)
-        out.meta["eplb"] = dict(window=self.params.window, interval=self.params.interval,
-                                warm_start=bool(self.params.initial_load),
-                                replicas_used=policy.n_phy - e)  # fmt: skip
+        out.meta["eplb"] = dict(
+            window=self.params.window,
+            interval=self.params.interval,
+            warm_start=bool(self.params.initial_load),
+            replicas_used=policy.n_phy - e,
+        )
         EPRunner(ctx, out, layout).plan(policy)

@@ -36,8 +36,12 @@ def cache_placement(
     staging = m.expert_bytes  # disk reads pass through CPU; free CPU memory adds read-ahead
     # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to the cache
     working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf
-    kw = dict(kv_sequences=kv_sequences, kv_tokens=wl.prompt_len + wl.gen_len, activation_bytes=act,
-              cpu_staging_bytes=staging)  # fmt: skip
+    kw = dict(
+        kv_sequences=kv_sequences,
+        kv_tokens=wl.prompt_len + wl.gen_len,
+        activation_bytes=act,
+        cpu_staging_bytes=staging,
+    )
     first = greedy_placement(m, hw, working_bytes=working, **kw)
     dense_gpu = dense_bytes(m) if first.dense == Tier.GPU else 0
     kv_gpu = first.kv.count(Tier.GPU) * first.kv_bytes_per_layer
@@ -77,8 +81,15 @@ class LRUCache:
     def __contains__(self, key: tuple[int, int]) -> bool:
         return key in self.slots
 
-    def ensure(self, step: int, layer: int, expert: int, stream: str, deps: tuple[int | None, ...] = (),
-               count: bool = True) -> int | None:  # fmt: skip
+    def ensure(
+        self,
+        step: int,
+        layer: int,
+        expert: int,
+        stream: str,
+        deps: tuple[int | None, ...] = (),
+        count: bool = True,
+    ) -> int | None:
         key = (layer, expert)
         slot = self.slots.get(key)
         if slot is not None:
@@ -91,8 +102,15 @@ class LRUCache:
         self.slots[key] = _Slot(op, op)
         return op
 
-    def prefetch(self, step: int, layer: int, expert: int, stream: str, deps: tuple[int | None, ...],
-                 protect: tuple[tuple[int, int], ...]) -> bool:  # fmt: skip
+    def prefetch(
+        self,
+        step: int,
+        layer: int,
+        expert: int,
+        stream: str,
+        deps: tuple[int | None, ...],
+        protect: tuple[tuple[int, int], ...],
+    ) -> bool:
         """Load an expert ahead of need unless cached; never evicts `protect`. True if loaded."""
         key = (layer, expert)
         if key in self.slots:

@@ -169,16 +169,52 @@ class Fiddler(Planner):
         deps: tuple[int, ...] = ()
         extra: dict[str, object] = {}
         if em.tensor_tier(Tensor.EXPERT, layer) == Tier.DISK:  # the CPU reads it from disk first
-            deps = (out.add(OpKind.LOAD, em.disk, (gate,), tensor=Tensor.EXPERT, nbytes=m.expert_bytes,
-                            src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=m.expert_bytes,
-                            **where),)  # fmt: skip
+            deps = (
+                out.add(
+                    OpKind.LOAD,
+                    em.disk,
+                    (gate,),
+                    tensor=Tensor.EXPERT,
+                    nbytes=m.expert_bytes,
+                    src=Tier.DISK,
+                    dst=Tier.CPU,
+                    alloc_tier=Tier.CPU,
+                    alloc_bytes=m.expert_bytes,
+                    **where,
+                ),
+            )
             extra = dict(free_tier=Tier.CPU, free_bytes=m.expert_bytes)
-        send = out.add(OpKind.LOAD, streams.to_cpu, (gate,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
-                       src=Tier.GPU, dst=Tier.CPU, **where)  # fmt: skip
-        run = out.add(OpKind.EXPERT, streams.cpu, (send, gate, *deps), tensor=Tensor.EXPERT, tokens=tokens,
-                      flops=m.expert_flops(tokens), touch_bytes=m.expert_bytes, **where, **extra)  # fmt: skip
-        return out.add(OpKind.LOAD, streams.to_gpu, (run,), tensor=Tensor.HIDDEN, nbytes=tokens * act_bytes,
-                       src=Tier.CPU, dst=Tier.GPU, **where)  # fmt: skip
+        send = out.add(
+            OpKind.LOAD,
+            streams.to_cpu,
+            (gate,),
+            tensor=Tensor.HIDDEN,
+            nbytes=tokens * act_bytes,
+            src=Tier.GPU,
+            dst=Tier.CPU,
+            **where,
+        )
+        run = out.add(
+            OpKind.EXPERT,
+            streams.cpu,
+            (send, gate, *deps),
+            tensor=Tensor.EXPERT,
+            tokens=tokens,
+            flops=m.expert_flops(tokens),
+            touch_bytes=m.expert_bytes,
+            **where,
+            **extra,
+        )
+        return out.add(
+            OpKind.LOAD,
+            streams.to_gpu,
+            (run,),
+            tensor=Tensor.HIDDEN,
+            nbytes=tokens * act_bytes,
+            src=Tier.CPU,
+            dst=Tier.GPU,
+            **where,
+        )
 
 
 def _resident_experts(

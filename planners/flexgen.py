@@ -155,8 +155,9 @@ class FlexGen(Planner):
                 if count:
                     # Later batches' routing is unknown here, so the expert is freed after the
                     # last batch.
-                    last = em.expert(step, layer, k, e, count,
-                                     s.deps(expert_loads[e], last), last_use=False)  # fmt: skip
+                    last = em.expert(
+                        step, layer, k, e, count, s.deps(expert_loads[e], last), last_use=False
+                    )
                     s.add(last)
         ffn = em.ffn(step, layer, k, s.deps(ffn_load, last), last_batch=k == n - 1)
         s.add(ffn)

@@ -167,9 +167,12 @@ class Klotski(Planner):
         self.prefetched: list[int] = []  # experts prefetched (for the meta's hit rate)
         self.used_prefetched = 0
         out.meta.update(
-            n_batches_shared=wl.n_batches, n_plan=choice.meta(), predictor=p.predictor,
-            predictor_table=table.source if table else "", hot_k=self.k_hot(m),
-        )  # fmt: skip
+            n_batches_shared=wl.n_batches,
+            n_plan=choice.meta(),
+            predictor=p.predictor,
+            predictor_table=table.source if table else "",
+            hot_k=self.k_hot(m),
+        )
         if choice.n != wl.n_batches:
             out.meta["n_plan"]["note"] = (
                 f"workload runs n={wl.n_batches}; the n-planner chose {choice.n}"
@@ -314,8 +317,15 @@ class Klotski(Planner):
         last_batch = {e: int(np.flatnonzero(counts[:, e])[-1]) for e in st.order if total[e]}
         for k in range(self.n):
             for e in map(int, np.flatnonzero(counts[k])):
-                last = em.expert(step, layer, k, e, int(counts[k, e]), (st.loads[e], last),
-                                 last_use=last_batch[e] == k)  # fmt: skip
+                last = em.expert(
+                    step,
+                    layer,
+                    k,
+                    e,
+                    int(counts[k, e]),
+                    (st.loads[e], last),
+                    last_use=last_batch[e] == k,
+                )
         return last
 
     # ---- expert transfers through the tiers ---------------------------------------------------
@@ -341,17 +351,38 @@ class Klotski(Planner):
             return em.load(Tensor.EXPERT, step, layer, e, stream=stream, deps=deps)
         nbytes = em.model.expert_bytes
         return em.out.add(
-            OpKind.LOAD, stream, (*deps, read), step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
-            nbytes=nbytes, src=Tier.CPU, dst=Tier.GPU, alloc_tier=Tier.GPU, alloc_bytes=nbytes,
-            free_tier=Tier.CPU, free_bytes=nbytes,
-        )  # fmt: skip
+            OpKind.LOAD,
+            stream,
+            (*deps, read),
+            step=step,
+            layer=layer,
+            expert=e,
+            tensor=Tensor.EXPERT,
+            nbytes=nbytes,
+            src=Tier.CPU,
+            dst=Tier.GPU,
+            alloc_tier=Tier.GPU,
+            alloc_bytes=nbytes,
+            free_tier=Tier.CPU,
+            free_bytes=nbytes,
+        )
 
     def _disk_read(self, step: int, layer: int, e: int, deps: tuple[int | None, ...]) -> int:
         em, nbytes = self.em, self.em.model.expert_bytes
         return em.out.add(
-            OpKind.LOAD, em.disk, deps, step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
-            nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=nbytes,
-        )  # fmt: skip
+            OpKind.LOAD,
+            em.disk,
+            deps,
+            step=step,
+            layer=layer,
+            expert=e,
+            tensor=Tensor.EXPERT,
+            nbytes=nbytes,
+            src=Tier.DISK,
+            dst=Tier.CPU,
+            alloc_tier=Tier.CPU,
+            alloc_bytes=nbytes,
+        )
 
     def _cpu_room(self) -> int:
         """CPU memory the placement leaves for staging disk reads."""
@@ -383,14 +414,33 @@ class Klotski(Planner):
                     continue
                 nbytes = m.expert_bytes
                 self.disk_reads[(step, layer, e)] = em.out.add(
-                    OpKind.LOAD, em.disk, (), step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
-                    nbytes=nbytes, src=Tier.DISK, dst=Tier.CPU, alloc_tier=Tier.CPU, alloc_bytes=nbytes,
-                )  # fmt: skip
+                    OpKind.LOAD,
+                    em.disk,
+                    (),
+                    step=step,
+                    layer=layer,
+                    expert=e,
+                    tensor=Tensor.EXPERT,
+                    nbytes=nbytes,
+                    src=Tier.DISK,
+                    dst=Tier.CPU,
+                    alloc_tier=Tier.CPU,
+                    alloc_bytes=nbytes,
+                )
 
     def _drop_unused_reads(self, step: int, layer: int, after: int | None) -> None:
         em = self.em
         for e in range(em.model.n_experts):
             read = self.disk_reads.pop((step, layer, e), None)
             if read is not None:
-                em.out.add(OpKind.FREE, em.compute, (read, after), step=step, layer=layer, expert=e,
-                           tensor=Tensor.EXPERT, free_tier=Tier.CPU, free_bytes=em.model.expert_bytes)  # fmt: skip
+                em.out.add(
+                    OpKind.FREE,
+                    em.compute,
+                    (read, after),
+                    step=step,
+                    layer=layer,
+                    expert=e,
+                    tensor=Tensor.EXPERT,
+                    free_tier=Tier.CPU,
+                    free_bytes=em.model.expert_bytes,
+                )

@@ -159,8 +159,17 @@ class MixtralOffloading(Planner):
         return last, guessed, view.ids
 
     @staticmethod
-    def _speculate(em: Emitter, cache: LRUCache, step: int, layer: int, trans: np.ndarray,
-                   popularity: np.ndarray, ids: np.ndarray, k: int, deps: tuple[int, ...]) -> set[int]:  # fmt: skip
+    def _speculate(
+        em: Emitter,
+        cache: LRUCache,
+        step: int,
+        layer: int,
+        trans: np.ndarray,
+        popularity: np.ndarray,
+        ids: np.ndarray,
+        k: int,
+        deps: tuple[int, ...],
+    ) -> set[int]:
         """Guess each token's next-layer top-k from its current experts; load the union's best."""
         rows = trans / trans.sum(axis=1, keepdims=True)  # [E, E'] P(e' | e)
         e = len(popularity)

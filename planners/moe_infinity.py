@@ -114,8 +114,16 @@ class MoEInfinity(Planner):
         )
 
     @staticmethod
-    def _experts(em: Emitter, cache: LRUCache, stream: str, step: int, layer: int, batch: int,
-                 counts: np.ndarray, last: int) -> tuple[int, int]:  # fmt: skip
+    def _experts(
+        em: Emitter,
+        cache: LRUCache,
+        stream: str,
+        step: int,
+        layer: int,
+        batch: int,
+        counts: np.ndarray,
+        last: int,
+    ) -> tuple[int, int]:
         """Cached experts first (no wait), then misses; returns the last compute and the last
         on-demand load (prefetches queue behind it: the current layer's misses go first)."""
         needed = [int(e) for e in np.flatnonzero(counts)]

@@ -73,12 +73,21 @@ def layer_times(
     bs, ctx = wl.batch_size, wl.step_context(step)
     gpu = Resource.GPU
     streamed = placement.dense != Tier.GPU
-    attn = cost.compute_s(gpu, OpKind.ATTENTION, model.attention_flops(bs, ctx, sequences=bs),
-                          model.attn_bytes + bs * ctx * model.kv_bytes_per_token)  # fmt: skip
+    attn = cost.compute_s(
+        gpu,
+        OpKind.ATTENTION,
+        model.attention_flops(bs, ctx, sequences=bs),
+        model.attn_bytes + bs * ctx * model.kv_bytes_per_token,
+    )
     gate = cost.compute_s(gpu, OpKind.GATE, model.gate_flops(bs), model.gate_bytes)
     h2d = lambda nbytes: cost.transfer_s(Resource.H2D, nbytes)  # noqa: E731
-    return LayerTimes(attn, gate, h2d(model.attn_bytes) if streamed else 0.0,
-                      h2d(model.gate_bytes) if streamed else 0.0, h2d(model.expert_bytes))  # fmt: skip
+    return LayerTimes(
+        attn,
+        gate,
+        h2d(model.attn_bytes) if streamed else 0.0,
+        h2d(model.gate_bytes) if streamed else 0.0,
+        h2d(model.expert_bytes),
+    )
 
 
 def expert_s(model: ModelSpec, cost: CostModel, tokens: float) -> float:
@@ -89,8 +98,15 @@ def expert_s(model: ModelSpec, cost: CostModel, tokens: float) -> float:
     )
 
 
-def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot: int, top_k: int,
-          expert_time: Callable[[float], float]) -> list[bool]:  # fmt: skip
+def holds(
+    n: int,
+    t: LayerTimes,
+    share: np.ndarray,
+    tokens_per_batch: int,
+    k_hot: int,
+    top_k: int,
+    expert_time: Callable[[float], float],
+) -> list[bool]:
     """Which of (4)-(7), and the disk's pace, hold at n for one layer; share [E] = each expert's
     share of selections."""
     tokens = n * tokens_per_batch  # tokens of the group
@@ -110,9 +126,14 @@ def holds(n: int, t: LayerTimes, share: np.ndarray, tokens_per_batch: int, k_hot
     ]
 
 
-def smallest_n(at: Callable[[int], tuple[Times, np.ndarray]], tokens_per_batch: int,
-               k_hot: int, top_k: int, expert_time: Callable[[float], float],
-               n_max: int = N_MAX) -> NChoice:  # fmt: skip
+def smallest_n(
+    at: Callable[[int], tuple[Times, np.ndarray]],
+    tokens_per_batch: int,
+    k_hot: int,
+    top_k: int,
+    expert_time: Callable[[float], float],
+    n_max: int = N_MAX,
+) -> NChoice:
     """Smallest n meeting (4)-(7) (and the disk's pace) in every layer whose experts n's
     placement streams: `at(n)` gives those layers' times, one LayerTimes each, and their shares
     [L', E] (none: nothing to hide), or raises
@@ -139,12 +160,21 @@ def smallest_n(at: Callable[[int], tuple[Times, np.ndarray]], tokens_per_batch: 
     return NChoice(n_max, last_failed + f" (still fails at n={n_max})", True, False)
 
 
-def failed_at(n: int, t: Times, shares: np.ndarray, tokens_per_batch: int, k_hot: int,
-              top_k: int, expert_time: Callable[[float], float]) -> list[int]:  # fmt: skip
+def failed_at(
+    n: int,
+    t: Times,
+    shares: np.ndarray,
+    tokens_per_batch: int,
+    k_hot: int,
+    top_k: int,
+    expert_time: Callable[[float], float],
+) -> list[int]:
     """Indices into INEQUALITIES of those that fail at n in some layer of shares [L, E] (t: one
     LayerTimes per layer)."""
-    ok = [holds(n, lt, s, tokens_per_batch, k_hot, top_k, expert_time)
-          for lt, s in zip(t, shares, strict=True)]  # fmt: skip
+    ok = [
+        holds(n, lt, s, tokens_per_batch, k_hot, top_k, expert_time)
+        for lt, s in zip(t, shares, strict=True)
+    ]
     return [i for i in range(len(INEQUALITIES)) if not all(layer[i] for layer in ok)]
 
 
@@ -178,36 +208,75 @@ def placement_for(
         ) from None
 
 
-def solve_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
-            k_hot: int, window_layers: int = 2) -> NChoice:  # fmt: skip
+def solve_n(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    wl: Workload,
+    cost: CostModel,
+    shares: np.ndarray,
+    k_hot: int,
+    window_layers: int = 2,
+) -> NChoice:
     """The smallest n meeting (4)-(7) in the MoE layers whose experts are streamed, each n judged
     at its own placement (a larger group's KV cache can push weights off the GPU); memory-checked.
 
     shares [L, E]: per MoE layer, each expert's share of selections (rows sum to 1).
     """
-    return smallest_n(timing(model, hw, wl, cost, shares, window_layers), wl.batch_size, k_hot,
-                      model.top_k, lambda tok: expert_s(model, cost, tok))  # fmt: skip
+    return smallest_n(
+        timing(model, hw, wl, cost, shares, window_layers),
+        wl.batch_size,
+        k_hot,
+        model.top_k,
+        lambda tok: expert_s(model, cost, tok),
+    )
 
 
-def check_n(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
-            k_hot: int, n: int, window_layers: int = 2) -> NChoice:  # fmt: skip
+def check_n(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    wl: Workload,
+    cost: CostModel,
+    shares: np.ndarray,
+    k_hot: int,
+    n: int,
+    window_layers: int = 2,
+) -> NChoice:
     """A hand-set n, with whether (4)-(7) hold at it (CapacityError if it does not fit)."""
     t, streamed = timing(model, hw, wl, cost, shares, window_layers)(n)
-    failed = failed_at(n, t, streamed, wl.batch_size, k_hot, model.top_k,
-                       lambda tok: expert_s(model, cost, tok)) if len(streamed) else []  # fmt: skip
-    return NChoice(n, "manual" + (f": {INEQUALITIES[failed[-1]]} fails" if failed else ""), False,
-                   not failed)  # fmt: skip
+    failed = (
+        failed_at(
+            n,
+            t,
+            streamed,
+            wl.batch_size,
+            k_hot,
+            model.top_k,
+            lambda tok: expert_s(model, cost, tok),
+        )
+        if len(streamed)
+        else []
+    )
+    return NChoice(
+        n, "manual" + (f": {INEQUALITIES[failed[-1]]} fails" if failed else ""), False, not failed
+    )
 
 
-def timing(model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel, shares: np.ndarray,
-           window_layers: int) -> Callable[[int], tuple[Times, np.ndarray]]:  # fmt: skip
+def timing(
+    model: ModelSpec,
+    hw: HardwareSpec,
+    wl: Workload,
+    cost: CostModel,
+    shares: np.ndarray,
+    window_layers: int,
+) -> Callable[[int], tuple[Times, np.ndarray]]:
     """n -> (per streamed MoE layer, its times at n's placement; those layers' shares);
     CapacityError when n's group does not fit."""
 
     def at(n: int) -> tuple[Times, np.ndarray]:
         placement = placement_for(model, hw, wl.with_(n_batches=n), window_layers)
-        streamed = [i for i, layer in enumerate(model.moe_layers)
-                    if placement.experts[layer] != Tier.GPU]  # fmt: skip
+        streamed = [
+            i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
+        ]
         base = layer_times(model, wl, cost, placement)
         read_s = cost.transfer_s(Resource.DISK, model.expert_bytes)
         cpu_room = hw.memory_bytes[Tier.CPU] - placement.resident_bytes.get(Tier.CPU, 0)

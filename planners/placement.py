@@ -164,8 +164,12 @@ def staged_placement(
 ) -> Placement:
     """`greedy_placement`; where experts spill to disk, placed again with `staging_bytes` of CPU
     memory reserved for the disk reads to pass through on their way to the GPU."""
-    kw = dict(kv_sequences=kv_sequences, kv_tokens=kv_tokens, working_bytes=working_bytes,
-              activation_bytes=activation_bytes)  # fmt: skip
+    kw = dict(
+        kv_sequences=kv_sequences,
+        kv_tokens=kv_tokens,
+        working_bytes=working_bytes,
+        activation_bytes=activation_bytes,
+    )
     first = greedy_placement(model, hw, **kw)
     if Tier.DISK not in first.experts:
         return first

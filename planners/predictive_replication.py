@@ -103,8 +103,12 @@ class PredictiveParams(ReplicaParams):
 
 
 def read_table(path: str, n_layers: int, n_experts: int) -> np.ndarray:
-    return read_npy(path, "predictive_replication table", (n_layers, n_experts, n_experts),
-                    f"[{n_layers} MoE layers, {n_experts}, {n_experts}]")  # fmt: skip
+    return read_npy(
+        path,
+        "predictive_replication table",
+        (n_layers, n_experts, n_experts),
+        f"[{n_layers} MoE layers, {n_experts}, {n_experts}]",
+    )
 
 
 def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
@@ -121,13 +125,21 @@ def transition_counts(ids: np.ndarray, n_experts: int) -> np.ndarray:
 
 
 def read_task_load(path: str, n_layers: int, n_experts: int) -> np.ndarray:
-    return read_npy(path, "predictive_replication task_load", (None, n_layers, n_experts),
-                    f"[labels >= 1, {n_layers} MoE layers, {n_experts}]")  # fmt: skip
+    return read_npy(
+        path,
+        "predictive_replication task_load",
+        (None, n_layers, n_experts),
+        f"[labels >= 1, {n_layers} MoE layers, {n_experts}]",
+    )
 
 
 def read_scenarios(path: str, n_layers: int, n_experts: int) -> np.ndarray:
-    return read_npy(path, "predictive_replication prior_scenarios", (None, n_layers, n_experts),
-                    f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]")  # fmt: skip
+    return read_npy(
+        path,
+        "predictive_replication prior_scenarios",
+        (None, n_layers, n_experts),
+        f"[scenarios >= 1, {n_layers} MoE layers, {n_experts}]",
+    )
 
 
 class LoadPredictor:
@@ -193,8 +205,12 @@ class LoadPredictor:
             return self.mix_share(t, moe) * self.selections(t), used
         # layer_corr from this iteration's routing at the layer before; not for a layer's first
         # placement, which is loaded before the run, before any routing exists
-        if (self.p.predictor == ReplicaPredictor.LAYER_CORR and moe > 0 and self.seen_any[moe]
-                and self.trans[moe].sum() > 0):  # fmt: skip
+        if (
+            self.p.predictor == ReplicaPredictor.LAYER_CORR
+            and moe > 0
+            and self.seen_any[moe]
+            and self.trans[moe].sum() > 0
+        ):
             counts = np.bincount(
                 self.ids[moe - 1].ravel(), minlength=self.ema.shape[1]
             )  # [E] at layer moe-1
@@ -247,8 +263,9 @@ class LoadPredictor:
         seen = np.sum(past, axis=0)  # [labels, E]
         n = seen.sum(1, keepdims=True)
         strength = self.p.prior_weight * n / len(past)
-        return np.where(n > 0, (seen + strength * prior) / np.where(n > 0, n + strength, 1.0),
-                        prior)  # fmt: skip
+        return np.where(
+            n > 0, (seen + strength * prior) / np.where(n > 0, n + strength, 1.0), prior
+        )
 
     def window_share(self, moe: int) -> np.ndarray:
         """[E] the mean share of the last `window` iterations at `moe`, the prior's share
@@ -265,7 +282,11 @@ class LoadPredictor:
         share = counts / max(counts.sum(), 1.0)
         if self.p.predictor == ReplicaPredictor.WINDOW:
             self.past[moe] = [*self.past.get(moe, []), share][-self.p.window :]
-        a = 1.0 if self.p.predictor == ReplicaPredictor.LAST or not self.seen[moe] else self.p.ema_alpha
+        a = (
+            1.0
+            if self.p.predictor == ReplicaPredictor.LAST or not self.seen[moe]
+            else self.p.ema_alpha
+        )
         self.ema[moe] = a * share + (1 - a) * self.ema[moe]
         self.seen[moe] = self.seen_any[moe] = True
         self.gate_of[(t, moe)] = gates
@@ -298,7 +319,11 @@ class PredictedReplicas:
         self.error.planned_from(t, moe, load)
         scenarios = self.predictor.scenarios(moe, load)
         home_load = None
-        if self.rep.rehome_due(t) and self.predictor.p.predictor == ReplicaPredictor.TASK_MIX and t > 0:
+        if (
+            self.rep.rehome_due(t)
+            and self.predictor.p.predictor == ReplicaPredictor.TASK_MIX
+            and t > 0
+        ):
             home_load = load / max(load.sum(), 1e-12)  # the same prediction (its gates: `used`)
         elif self.rep.rehome_due(t) and self.predictor.seen[moe]:  # shares of iterations < t
             home_load = self.predictor.home_share(moe)
@@ -324,8 +349,9 @@ class PredictiveReplication(Planner):
             return float(wl.batch_size * wl.step_tokens(t // wl.n_batches) * k)
 
         def labels(t: int) -> np.ndarray:  # iteration t's request labels, known before its gates
-            return ctx.routing.batch_labels(t // wl.n_batches, t % wl.n_batches,
-                                            "predictive_replication predictor=task_mix")  # fmt: skip
+            return ctx.routing.batch_labels(
+                t // wl.n_batches, t % wl.n_batches, "predictive_replication predictor=task_mix"
+            )
 
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         predictor = LoadPredictor(self.params, n_layers, e, selections, init, labels)

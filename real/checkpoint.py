@@ -298,9 +298,13 @@ def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
         + rank * heads * (nope + v_dim)
         + heads * v_dim * h
     )
-    return dict(kv_dim=rank + rope, attn_params=params, qk_head_dim=nope + rope,
-                latent_expand_params=rank * heads * (nope + v_dim),
-                qk_rope_head_dim=rope)  # fmt: skip
+    return dict(
+        kv_dim=rank + rope,
+        attn_params=params,
+        qk_head_dim=nope + rope,
+        latent_expand_params=rank * heads * (nope + v_dim),
+        qk_rope_head_dim=rope,
+    )
 
 
 def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
@@ -666,9 +670,15 @@ def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int,
         raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}")
     if not isinstance(shape, list) or not all(whole(d) for d in shape):
         raise ConfigError(f"{where}: shape {shape!r} is not a list of whole numbers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(o) for o in offsets)
-            and offsets[0] <= offsets[1]):  # fmt: skip
-        raise ConfigError(f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(whole(o) for o in offsets)
+        and offsets[0] <= offsets[1]
+    ):
+        raise ConfigError(
+            f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end"
+        )
     nbytes = math.prod(shape) * ST_ITEM_BYTES[dtype]
     if offsets[1] - offsets[0] != nbytes:
         raise ConfigError(

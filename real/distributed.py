@@ -72,8 +72,9 @@ class Peers:
                 "ranks; plan with planner.params.n_devices equal to the number of processes"
             )
         if ep.get("lanes"):
-            raise ConfigError("lanes (G streams of one GPU) run in one process; set "
-                              "executor.distributed=false")  # fmt: skip
+            raise ConfigError(
+                "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
+            )
         if ep.get("dense") == "tensor":
             raise ConfigError(
                 "executor.distributed=true runs expert-parallel dense work data-parallel only "
@@ -107,15 +108,21 @@ class Peers:
 
     def gaters(self, key: GateKey) -> list[int]:
         """Ranks with a gate part of `key` (a share of its sequences)."""
-        return [d for d in range(self.world) if self.seqs(d, key.micro)[1] > self.seqs(d, key.micro)[0]]
+        return [
+            d for d in range(self.world) if self.seqs(d, key.micro)[1] > self.seqs(d, key.micro)[0]
+        ]
 
     def tag(self, kind: str, key: GateKey, src: int, sub: int = 0) -> int:
         """A transfer's tag: what it is (kind, the batch's layer, the sending rank) and which of
         its tensors (`sub`), so one rank's streams may post theirs in any order."""
         wl, s = self.wl, self.spec
         t = key.step
-        for n, v in ((s.n_layers, key.layer), (wl.n_batches, key.batch),
-                     (self.micro_batches + 1, key.micro + 1), (self.world, src)):  # fmt: skip
+        for n, v in (
+            (s.n_layers, key.layer),
+            (wl.n_batches, key.batch),
+            (self.micro_batches + 1, key.micro + 1),
+            (self.world, src),
+        ):
             t = t * n + v
         return (t * len(_KINDS) + _KINDS[kind]) * _SUBS + sub
 
@@ -142,8 +149,10 @@ class Peers:
 
     def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(buffer, source rank, tag) each, filled."""
-        bufs = [t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
-                for t, _, _ in pieces]  # fmt: skip
+        bufs = [
+            t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
+            for t, _, _ in pieces
+        ]
         works = [dist.irecv(b, src, tag=tag) for b, (_, src, tag) in zip(bufs, pieces, strict=True)]
         for w in works:
             self._wait(w)
@@ -155,7 +164,9 @@ class Peers:
         try:
             work.wait()
         except RuntimeError as e:
-            raise PeerLost(f"rank {self.rank}: a peer left the run ({str(e).splitlines()[0]})") from None
+            raise PeerLost(
+                f"rank {self.rank}: a peer left the run ({str(e).splitlines()[0]})"
+            ) from None
 
     # ---- the gate --------------------------------------------------------------------------
     def gate_part(
@@ -168,8 +179,13 @@ class Peers:
         key = GateKey(op.step, op.layer, op.batch, op.micro)
         mine = ids.to(torch.int64).cpu(), weights.float().cpu()
         others = [d for d in range(self.world) if d != self.rank]
-        self._send([(t, d, self.tag("gate", key, self.rank, sub)) for d in others
-                    for sub, t in enumerate(mine)])  # fmt: skip
+        self._send(
+            [
+                (t, d, self.tag("gate", key, self.rank, sub))
+                for d in others
+                for sub, t in enumerate(mine)
+            ]
+        )
         with self._cv:
             self._parts.setdefault(key, {})[self.rank] = mine
             self._own[key] = (op, normed)
@@ -255,8 +271,16 @@ class Peers:
             if own is not None:
                 normed[self.rows(self.rank, key)] = own[1]
             mine = ex._micro_mask(key.micro) & self.own_rows(key.micro)
-            p = _Pending(key.step, key.layer, normed, ids.to(dev), weights.to(dev),
-                         new_slots(normed, s.top_k), ~mine, torch.ones(wl.batch_size, dtype=torch.bool))  # fmt: skip
+            p = _Pending(
+                key.step,
+                key.layer,
+                normed,
+                ids.to(dev),
+                weights.to(dev),
+                new_slots(normed, s.top_k),
+                ~mine,
+                torch.ones(wl.batch_size, dtype=torch.bool),
+            )
             self._pending[key] = p
             for old in [x for x in self._parts if x.step < key.step - 1]:  # done with
                 for held in (self._pending, self._dest, self._own, self._parts):
@@ -305,7 +329,9 @@ class Peers:
             self._dest[key] = dest
         return dest
 
-    def pairs(self, dest: torch.Tensor, key: GateKey, owner: int, computer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def pairs(
+        self, dest: torch.Tensor, key: GateKey, owner: int, computer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, slots) of the pairs of `owner`'s tokens that `computer` computes, in (token,
         slot) order: sender and receiver derive the same list."""
         rows = self.rows(owner, key)
@@ -326,15 +352,21 @@ class Peers:
         tag = self.tag(kind, key, me) if out else None
         h = self.spec.hidden_size
         if op.kind == OpKind.DISPATCH and out:  # my tokens' rows to the ranks computing them
-            pieces = [(p.normed[r], d, tag) for d in others
-                      for r, _ in [self.pairs(dest, key, me, d)] if len(r)]  # fmt: skip
+            pieces = [
+                (p.normed[r], d, tag)
+                for d in others
+                for r, _ in [self.pairs(dest, key, me, d)]
+                if len(r)
+            ]
             self._send(pieces)
         elif op.kind == OpKind.DISPATCH:  # the rows of the pairs I compute, from their owners
             got = []
             for d in others:
                 r, _ = self.pairs(dest, key, d, me)
                 if len(r):
-                    got.append((r, torch.empty(len(r), h, dtype=p.normed.dtype, device=p.normed.device), d))
+                    got.append(
+                        (r, torch.empty(len(r), h, dtype=p.normed.dtype, device=p.normed.device), d)
+                    )
             self._recv([(buf, d, self.tag(kind, key, d)) for _, buf, d in got])
             for r, buf, _ in got:
                 p.normed[r] = buf
@@ -350,7 +382,14 @@ class Peers:
             for d in others:
                 r, sl = self.pairs(dest, key, me, d)
                 if len(r):
-                    got.append((r, sl, torch.empty(len(r), h, dtype=p.slots.dtype, device=p.slots.device), d))
+                    got.append(
+                        (
+                            r,
+                            sl,
+                            torch.empty(len(r), h, dtype=p.slots.dtype, device=p.slots.device),
+                            d,
+                        )
+                    )
             self._recv([(buf, d, self.tag(kind, key, d)) for _, _, buf, d in got])
             for r, sl, buf, _ in got:
                 put_expert(p.slots, r, sl, buf)
@@ -374,8 +413,10 @@ class Peers:
         u = Unit(Tensor.EXPERT, op.layer, op.expert)
         keys = sorted(self.layout[u])
         if incoming:
-            w = {key: torch.empty(self.layout[u][key].shape, dtype=self.dtype, device=ex.device)
-                 for key in keys}  # fmt: skip
+            w = {
+                key: torch.empty(self.layout[u][key].shape, dtype=self.dtype, device=ex.device)
+                for key in keys
+            }
             self._recv([(w[key], peer, self.copy_tag(in_id, i)) for i, key in enumerate(keys)])
             with ex._refs_lock:
                 ex._resident[u] = w
@@ -396,10 +437,14 @@ class Peers:
         try:
             dist.barrier()
         except RuntimeError as e:
-            raise PeerLost(f"rank {self.rank}: a peer left before the run ({str(e).splitlines()[0]})") from None
+            raise PeerLost(
+                f"rank {self.rank}: a peer left before the run ({str(e).splitlines()[0]})"
+            ) from None
         self.listen(ex)
 
-    def own_units(self, resident: Mapping[Unit, Tier], ep_slots: Mapping[Any, Any]) -> dict[Unit, Tier]:
+    def own_units(
+        self, resident: Mapping[Unit, Tier], ep_slots: Mapping[Any, Any]
+    ) -> dict[Unit, Tier]:
         """The units this rank holds before the run: every dense one, and the experts of its
         first placement (the others arrive by replica copies)."""
         s = self.spec
@@ -408,8 +453,9 @@ class Peers:
             if (step, batch) == (0, 0):
                 first[s.moe_layers[moe]] = set(slots[self.rank])
         own = {u: t for u, t in resident.items() if u.kind != Tensor.EXPERT}
-        own.update({Unit(Tensor.EXPERT, layer, e): Tier.GPU
-                    for layer, held in first.items() for e in held})  # fmt: skip
+        own.update(
+            {Unit(Tensor.EXPERT, layer, e): Tier.GPU for layer, held in first.items() for e in held}
+        )
         return own
 
     def gather(self, ex: Executor, schedule: Schedule) -> None:
@@ -420,12 +466,22 @@ class Peers:
         specs = schedule.streams
         own = [i for i, op in enumerate(ex._ops) if self.runs(specs[op.stream])]
         mine = dict(
-            host=socket.gethostname(), t0=ex._t0,
-            ops=own, start=[ex._start[i] for i in own], end=[ex._end[i] for i in own],
-            batches=[(b.tokens.cpu(), None if b.logits is None else b.logits.cpu(), list(b.written),
-                      self._head_rows(ex, specs, i)) for i, b in enumerate(ex._batches)],
+            host=socket.gethostname(),
+            t0=ex._t0,
+            ops=own,
+            start=[ex._start[i] for i in own],
+            end=[ex._end[i] for i in own],
+            batches=[
+                (
+                    b.tokens.cpu(),
+                    None if b.logits is None else b.logits.cpu(),
+                    list(b.written),
+                    self._head_rows(ex, specs, i),
+                )
+                for i, b in enumerate(ex._batches)
+            ],
             used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
-        )  # fmt: skip
+        )
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, mine)
         one_host = len({got["host"] for got in everyone}) == 1
@@ -436,12 +492,16 @@ class Peers:
         for r, got in enumerate(everyone):
             if r == self.rank:
                 continue
-            for bst, (tokens, logits, written, rows) in zip(ex._batches, got["batches"], strict=True):
+            for bst, (tokens, logits, written, rows) in zip(
+                ex._batches, got["batches"], strict=True
+            ):
                 if not rows.any():
                     continue
                 bst.tokens[rows] = tokens[rows].to(bst.tokens.device)
                 if bst.logits is None:
-                    bst.logits = torch.zeros(self.wl.batch_size, logits.shape[1], dtype=logits.dtype)
+                    bst.logits = torch.zeros(
+                        self.wl.batch_size, logits.shape[1], dtype=logits.dtype
+                    )
                 bst.logits[rows] = logits[rows].to(bst.logits.device)
                 bst.written = [a + b for a, b in zip(bst.written, written, strict=True)]
             for k, v in got["used"].items():

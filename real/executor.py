@@ -299,8 +299,9 @@ class Executor:
         def micro_source(step: int, moe_idx: int, batch: int, micro: int) -> GateView:
             return seen((step, moe_idx, batch, micro))
 
-        causal = CausalRouting(source, self.model.spec.n_experts, self.model.spec.top_k,
-                               micro_source=micro_source)  # fmt: skip
+        causal = CausalRouting(
+            source, self.model.spec.n_experts, self.model.spec.top_k, micro_source=micro_source
+        )
         holder["causal"] = causal
         builder = ScheduleBuilder(
             capacity_bytes, sink=lambda op: self._add_op(op, builder.streams[op.stream])
@@ -444,10 +445,12 @@ class Executor:
             layout.append(row)
         buf = self.store.slabs.lend(end)
         buf.zero_()
-        return KVCache(tuple(
-            tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
-            for row in layout
-        ))  # fmt: skip
+        return KVCache(
+            tuple(
+                tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
+                for row in layout
+            )
+        )
 
     def _preload(self, resident: Mapping[Unit, Tier]) -> None:
         """Put placement-resident units where the schedule expects them (untimed)."""
@@ -526,8 +529,9 @@ class Executor:
         dense = op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD)
         if dense and op.micro >= 0:
             ep = self._ep_meta()
-            self._range[op.id] = micro_batch_seqs(self.wl.batch_size, ep["n_devices"],
-                                                  ep["micro_batches"], spec.device, op.micro)  # fmt: skip
+            self._range[op.id] = micro_batch_seqs(
+                self.wl.batch_size, ep["n_devices"], ep["micro_batches"], spec.device, op.micro
+            )
             return
         if dense:
             per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)
@@ -820,8 +824,11 @@ class Executor:
             self._note_finite(op.step, op.layer, 0, op.batch, "attention", h[s0:s1])
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
-                p = (bst.pending.get(op.micro) if self.peers is None
-                     else self.peers.pending(self, op.step, op.layer, op.batch, op.micro))  # fmt: skip
+                p = (
+                    bst.pending.get(op.micro)
+                    if self.peers is None
+                    else self.peers.pending(self, op.step, op.layer, op.batch, op.micro)
+                )
                 assert p is not None and p.layer == op.layer, (
                     f"{op.label()}: shared FFN before its gate"
                 )
@@ -916,15 +923,26 @@ class Executor:
             if p is None:
                 n_rows = wl.batch_size * h.shape[1]
                 # rows no part of this gate covers (another micro-batch's) choose no expert
-                nrm, i, wt = ((normed, ids, weights) if whole else
-                              (normed.new_zeros(n_rows, normed.shape[1]),
-                               ids.new_full((n_rows, ids.shape[1]), -1),
-                               weights.new_zeros(n_rows, weights.shape[1])))  # fmt: skip
+                nrm, i, wt = (
+                    (normed, ids, weights)
+                    if whole
+                    else (
+                        normed.new_zeros(n_rows, normed.shape[1]),
+                        ids.new_full((n_rows, ids.shape[1]), -1),
+                        weights.new_zeros(n_rows, weights.shape[1]),
+                    )
+                )
                 outside = ~self._micro_mask(op.micro)  # nothing to gate there, nor to add
                 p = bst.gating[op.micro] = _Pending(
-                    op.step, op.layer, nrm, i, wt, new_slots(nrm, s.top_k),
-                    outside.clone(), outside.clone(),
-                )  # fmt: skip
+                    op.step,
+                    op.layer,
+                    nrm,
+                    i,
+                    wt,
+                    new_slots(nrm, s.top_k),
+                    outside.clone(),
+                    outside.clone(),
+                )
             assert (p.step, p.layer) == (op.step, op.layer), f"{op.label()}: gate parts interleave"
             if p.normed is not normed:
                 p.normed[rows], p.ids[rows], p.weights[rows] = normed, ids, weights
@@ -953,8 +971,13 @@ class Executor:
         with self._cv:
             if op.micro >= 0:
                 ep = self._ep_meta()
-                rows = micro_batch_rows(self.wl.batch_size, ep["n_devices"], ep["micro_batches"],
-                                        op.micro, self.wl.step_tokens(op.step))  # fmt: skip
+                rows = micro_batch_rows(
+                    self.wl.batch_size,
+                    ep["n_devices"],
+                    ep["micro_batches"],
+                    op.micro,
+                    self.wl.step_tokens(op.step),
+                )
                 self._views[(*key, op.micro)] = view(ids[torch.from_numpy(rows)])
                 parts = self._micro_parts.setdefault(key, [])
                 parts.append((ids, weights))
@@ -995,8 +1018,11 @@ class Executor:
         batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
         parts, xs = [], []
         for b in batches:
-            p = (self._batches[b].pending.get(op.micro) if self.peers is None
-                 else self.peers.pending(self, op.step, op.layer, b, op.micro))  # fmt: skip
+            p = (
+                self._batches[b].pending.get(op.micro)
+                if self.peers is None
+                else self.peers.pending(self, op.step, op.layer, b, op.micro)
+            )
             assert p is not None and p.layer == op.layer, (
                 f"{op.label()}: batch {b} has no gate output"
             )
@@ -1133,6 +1159,11 @@ class Executor:
             ws[seqs, pos, moe] = w.view(wl.batch_size, n_pos, k).float().numpy()
         desc = self._routing.description if self._routing is not None else "live (the model's gate)"
         return RunOutput(
-            schedule, np.asarray(self._start), np.asarray(self._end), tokens, logits,
-            Routing(ids, ws, s.n_experts, desc), self._fallbacks,
-        )  # fmt: skip
+            schedule,
+            np.asarray(self._start),
+            np.asarray(self._end),
+            tokens,
+            logits,
+            Routing(ids, ws, s.n_experts, desc),
+            self._fallbacks,
+        )

@@ -54,7 +54,9 @@ class ExpertTime:
     share: float = 1.0  # of the GPU each device gets: 1/G for lanes (`Layout.share`)
     # lanes sharing the GPU's SMs (`Layout.shared`): the model, for its kernels' widths
     pool_model: ModelSpec | None = None
-    dispatch: Dispatch = Dispatch.EVEN  # how a replicated expert's tokens split (`EPParams.dispatch`)
+    dispatch: Dispatch = (
+        Dispatch.EVEN
+    )  # how a replicated expert's tokens split (`EPParams.dispatch`)
     one_link: bool = False  # lanes: every lane's copies queue on the one GPU's copy path
     # micro-batches a layer's expert work runs as (`EPParams.micro_batches`): each its own op(s),
     # with its share of every expert's tokens, reading the experts' weights again
@@ -67,10 +69,19 @@ class ExpertTime:
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
         cost, m = CostModel(ctx.hardware), ctx.model
         copy_s = cost.transfer_s(Resource.D2D if layout.lanes else Resource.P2P, m.expert_bytes)
-        return cls(cost, m.expert_flops(1), m.expert_bytes, layout.grouped_gemm, copy_s,
-                   layout.share, m if layout.shared else None, layout.dispatch,
-                   layout.lanes, layout.micro_batches,
-                   0.0 if layout.lanes else ctx.hardware.gpu.copy_share)  # fmt: skip
+        return cls(
+            cost,
+            m.expert_flops(1),
+            m.expert_bytes,
+            layout.grouped_gemm,
+            copy_s,
+            layout.share,
+            m if layout.shared else None,
+            layout.dispatch,
+            layout.lanes,
+            layout.micro_batches,
+            0.0 if layout.lanes else ctx.hardware.gpu.copy_share,
+        )
 
     def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
         """The copies `slots` needs over `resident` on the longest copy queue: on lanes all of
@@ -125,12 +136,17 @@ class ExpertTime:
         if self.grouped:  # one op per device with tokens: all its tokens, every expert it reads
             n = busy.sum(1)
             flops = self.expert_params_flops * np.where(busy, tokens, 0.0).sum(1) / m
-            t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT, flops,
-                                      n * float(self.expert_bytes), self.share)  # fmt: skip
+            t = self.cost.compute_vec(
+                Resource.GPU, OpKind.EXPERT, flops, n * float(self.expert_bytes), self.share
+            )
             return np.where(n > 0, m * t, 0.0)
-        t = self.cost.compute_vec(Resource.GPU, OpKind.EXPERT,
-                                  (self.expert_params_flops * tokens / m).ravel(),
-                                  np.full(tokens.size, float(self.expert_bytes)), self.share)  # fmt: skip
+        t = self.cost.compute_vec(
+            Resource.GPU,
+            OpKind.EXPERT,
+            (self.expert_params_flops * tokens / m).ravel(),
+            np.full(tokens.size, float(self.expert_bytes)),
+            self.share,
+        )
         return np.where(busy, m * t.reshape(tokens.shape), 0.0).sum(1)
 
     def _ops(self, tokens: np.ndarray) -> list[tuple[float, float, list[float]]]:

@@ -55,8 +55,12 @@ class EPParams:
 
     def __post_init__(self) -> None:
         # the string options are typed str (configs and schemas give strings); held as enums
-        for name, enum in (("gate", ReplicaGate), ("dense", Dense), ("dispatch", Dispatch),
-                           ("lane_sharing", LaneSharing)):  # fmt: skip
+        for name, enum in (
+            ("gate", ReplicaGate),
+            ("dense", Dense),
+            ("dispatch", Dispatch),
+            ("lane_sharing", LaneSharing),
+        ):
             as_enum(self, name, enum)
         if not 0.0 <= self.lane_share <= 1.0:
             raise ConfigError(
@@ -178,8 +182,13 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         )
     if p.micro_batches > 1:
         mb, bs = p.micro_batches, ctx.workload.batch_size
-        where = ("lanes=true (one GPU's memory)" if p.lanes
-                 else "dense=tensor (every GPU holds every token)" if dense == Dense.TENSOR else "")  # fmt: skip
+        where = (
+            "lanes=true (one GPU's memory)"
+            if p.lanes
+            else "dense=tensor (every GPU holds every token)"
+            if dense == Dense.TENSOR
+            else ""
+        )
         if where:
             raise ConfigError(
                 f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with "
@@ -191,6 +200,17 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
                 f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
                 f"{-(-bs // g)}; lower micro_batches or raise the batch size"
             )
-    return Layout(g, e, -(-e // g), p.replica_slots, replicas, p.lanes, p.grouped_gemm,
-                  p.lane_share, dense, LaneSharing(p.lane_sharing), Dispatch(p.dispatch),
-                  p.micro_batches)  # fmt: skip
+    return Layout(
+        g,
+        e,
+        -(-e // g),
+        p.replica_slots,
+        replicas,
+        p.lanes,
+        p.grouped_gemm,
+        p.lane_share,
+        dense,
+        LaneSharing(p.lane_sharing),
+        Dispatch(p.dispatch),
+        p.micro_batches,
+    )

@@ -45,8 +45,12 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
 
 def read_load(path: str, n_layers: int, n_experts: int, who: str) -> np.ndarray:
     """A .npy [MoE layers, experts] load matrix (e.g. token counts of a training split)."""
-    return read_npy(path, f"{who} initial_load", (n_layers, n_experts),
-                    f"[{n_layers} MoE layers, {n_experts} experts]")  # fmt: skip
+    return read_npy(
+        path,
+        f"{who} initial_load",
+        (n_layers, n_experts),
+        f"[{n_layers} MoE layers, {n_experts} experts]",
+    )
 
 
 def swap_homes(homes: np.ndarray, load: np.ndarray, layout: Layout) -> np.ndarray:
@@ -174,8 +178,11 @@ def _gated(
         for ex in order[: layout.n_experts]:
             if load[ex] <= 0:
                 break
-            cand = [d for d in range(layout.n_devices)
-                    if free[d] < layout.slots_per_device and ex not in slots[d]]  # fmt: skip
+            cand = [
+                d
+                for d in range(layout.n_devices)
+                if free[d] < layout.slots_per_device and ex not in slots[d]
+            ]
             if cand:
                 pick = int(ex), min(cand, key=lambda c: (times[c], c))
                 break
@@ -231,8 +238,9 @@ def polish(slots: np.ndarray, load: np.ndarray, layout: Layout, rounds: int = 64
                     if y < 0:
                         break  # free slots of one device are interchangeable
         # or empty one of the busiest device's replicas
-        moves += [(-1, busiest, j) for j in range(h, layout.slots_per_device)
-                  if slots[busiest, j] >= 0]  # fmt: skip
+        moves += [
+            (-1, busiest, j) for j in range(h, layout.slots_per_device) if slots[busiest, j] >= 0
+        ]
         if not moves:
             break
         trials = np.repeat(member[None], len(moves), axis=0)
@@ -323,8 +331,15 @@ class Replicator:
     def _with_replicas(
         self, moe: int, load: np.ndarray, homes: np.ndarray, scenarios: np.ndarray | None
     ) -> np.ndarray:
-        return replicate_onto(load, self.layout, homes, gate=self.p.gate, timer=self.timer,
-                              resident=self.resident.get(moe), scenarios=scenarios)  # fmt: skip
+        return replicate_onto(
+            load,
+            self.layout,
+            homes,
+            gate=self.p.gate,
+            timer=self.timer,
+            resident=self.resident.get(moe),
+            scenarios=scenarios,
+        )
 
     def _pays(
         self,

@@ -86,10 +86,12 @@ class EPRunner:
             self.ctx,
             b,
             standard_placement(
-                replace(self.ctx, hardware=both), kv_sequences=wl.n_sequences,
-                layers_in_flight=0, act_sequences=wl.batch_size,
+                replace(self.ctx, hardware=both),
+                kv_sequences=wl.n_sequences,
+                layers_in_flight=0,
+                act_sequences=wl.batch_size,
             ),
-        )  # fmt: skip
+        )
 
     def _check_resident(self, gpus: int, cap: int) -> float:
         """Bytes the fullest GPU holds (dense weights, its experts, KV and activations);
@@ -148,8 +150,9 @@ class EPRunner:
         lay, b = self.layout, self.out
         if lay.lanes:  # lane d: 1/G of the GPU (lane_share); dense work on all of it (em.compute)
             pool = POOL if lay.shared else ""  # or all of them share its SMs
-            self.compute = [b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool)
-                            for d in range(lay.n_devices)]  # fmt: skip
+            self.compute = [
+                b.stream(f"lane{d}", Resource.GPU, d, lay.share, pool) for d in range(lay.n_devices)
+            ]
             if pool:
                 b.join_pool(self.em.compute, pool)
         else:
@@ -168,9 +171,10 @@ class EPRunner:
         # replica copies on each GPU's link; lanes: copies within the one GPU's memory, every
         # lane's on its one copy path (`d2d`: half its HBM bandwidth, a read and a write a byte)
         self.copies = (
-            [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices if lay.lanes
+            [b.stream("replicas", Resource.D2D, 0)] * lay.n_devices
+            if lay.lanes
             else [link(f"replicas{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-        )  # fmt: skip
+        )
         # the all-to-all: tokens and results in (`p2p:d`), and out (`p2p_out:d`); none on lanes
         # (one GPU's memory) or with tensor-parallel dense work (every GPU holds every token)
         a2a = range(0 if lay.lanes or lay.dense == Dense.TENSOR else lay.n_devices)
@@ -178,26 +182,35 @@ class EPRunner:
         self.combine = [link(f"combine{d}", Resource.P2P, d) for d in a2a]
         self.sends = [link(f"send{d}", Resource.P2P_OUT, d) for d in a2a]
         # a replica copy leaves its source GPU by the same outgoing direction (not on lanes)
-        self.copies_out = [link(f"replicas_out{d}", Resource.P2P_OUT, d)
-                           for d in range(0 if lay.lanes else lay.n_devices)]  # fmt: skip
+        self.copies_out = [
+            link(f"replicas_out{d}", Resource.P2P_OUT, d)
+            for d in range(0 if lay.lanes else lay.n_devices)
+        ]
         self.reduce = (
             [link(f"allreduce{d}", Resource.P2P, d) for d in range(lay.n_devices)]
-            if lay.dense == Dense.TENSOR else []
-        )  # fmt: skip
+            if lay.dense == Dense.TENSOR
+            else []
+        )
 
     def _record_layout(self, replica_bytes: int) -> None:
         """The run's layout in the schedule's `meta["ep"]` (summary.json's `plan.ep`)."""
         lay = self.layout
         self.out.meta["ep"] = dict(
-            n_devices=lay.n_devices, lanes=lay.lanes, lane_share=lay.share if lay.lanes else None,
-            replica_slots=lay.replica_slots, replicas=lay.replicas,
-            slots_per_device=lay.slots_per_device, replica_gb=round(replica_bytes / 1e9, 3),
-            grouped_gemm=lay.grouped_gemm, dense=None if lay.lanes else lay.dense,
-            lane_sharing=lay.lane_sharing if lay.lanes else None, dispatch=lay.dispatch,
+            n_devices=lay.n_devices,
+            lanes=lay.lanes,
+            lane_share=lay.share if lay.lanes else None,
+            replica_slots=lay.replica_slots,
+            replicas=lay.replicas,
+            slots_per_device=lay.slots_per_device,
+            replica_gb=round(replica_bytes / 1e9, 3),
+            grouped_gemm=lay.grouped_gemm,
+            dense=None if lay.lanes else lay.dense,
+            lane_sharing=lay.lane_sharing if lay.lanes else None,
+            dispatch=lay.dispatch,
             micro_batches=lay.micro_batches,
             # replica copies between GPUs hold SMs (NCCL's p2p kernels): gpu_load counts them
             copy_kernels=bool(self.ctx.hardware.gpu.copy_share) and not lay.lanes,
-        )  # fmt: skip
+        )
 
     def dense_share(self, gpus: int) -> float:
         """Bytes of the dense weights one GPU holds under tensor-parallel dense work, as `dense`
@@ -209,10 +222,11 @@ class EPRunner:
         kv_w = 0 if m.kv_dim else 2 * m.hidden_size * m.n_kv_heads * m.head_dim * d
         attn = (m.attn_bytes - whole - kv_w) / gpus + whole + kv_w / min(gpus, m.n_kv_heads)
         layers = sum(
-            attn + self.em.tensor_bytes(Tensor.FFN, layer) / gpus
+            attn
+            + self.em.tensor_bytes(Tensor.FFN, layer) / gpus
             + (m.gate_bytes if m.is_moe(layer) else 0)
             for layer in range(m.n_layers)
-        )  # fmt: skip
+        )
         return layers + m.embed_bytes + m.head_bytes / gpus
 
     def plan(self, policy: SlotPolicy) -> None:
@@ -300,15 +314,17 @@ class EPRunner:
 
     def micro_seqs(self, d: int, micro: int) -> tuple[int, int]:
         lay = self.layout
-        return micro_batch_seqs(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
-                                d, micro)  # fmt: skip
+        return micro_batch_seqs(
+            self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches, d, micro
+        )
 
     def micro_rows(self, micro: int, per: int) -> np.ndarray:
         """The rows of the batch's routing (`GateView.ids`, `per` tokens a sequence) that
         micro-batch `micro` holds, GPU by GPU."""
         lay = self.layout
-        return micro_batch_rows(self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches,
-                                micro, per)  # fmt: skip
+        return micro_batch_rows(
+            self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches, micro, per
+        )
 
     def dense(
         self,
@@ -363,8 +379,21 @@ class EPRunner:
                 tokens, flops = seqs, m.head_flops(seqs) / part
                 touch, tensor = m.head_bytes / part, Tensor.HEAD
             stream = self.em.compute if lay.lanes else self.compute[d]
-            ops.append(self.out.add(kind, stream, deps, step=step, layer=layer, batch=batch, micro=micro,
-                                    tensor=tensor, tokens=tokens, flops=flops, touch_bytes=touch))  # fmt: skip
+            ops.append(
+                self.out.add(
+                    kind,
+                    stream,
+                    deps,
+                    step=step,
+                    layer=layer,
+                    batch=batch,
+                    micro=micro,
+                    tensor=tensor,
+                    tokens=tokens,
+                    flops=flops,
+                    touch_bytes=touch,
+                )
+            )
         if not tp or not reduce:
             return ops
         tokens = wl.batch_size * per_seq
@@ -373,8 +402,15 @@ class EPRunner:
             # over the GPUs inside attention; charged after it, the same work on the path
             ops = self.all_reduce(ops, tokens * 2 * 4, step, layer, batch, tokens)
         if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
-            return self.all_reduce(ops, wl.batch_size * m.vocab_size * 4, step, layer, batch,
-                                   tokens=wl.batch_size, gather_only=True)  # fmt: skip
+            return self.all_reduce(
+                ops,
+                wl.batch_size * m.vocab_size * 4,
+                step,
+                layer,
+                batch,
+                tokens=wl.batch_size,
+                gather_only=True,
+            )
         return self.all_reduce(
             ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens
         )
@@ -399,9 +435,20 @@ class EPRunner:
         sent = nbytes * (g - 1) // g
         after: list[int] = list(parts)
         for _ in range(1 if gather_only else 2):
-            after = [self.out.add(OpKind.ALL_REDUCE, self.reduce[d], tuple(after), step=step, layer=layer,
-                                  batch=batch, tensor=Tensor.HIDDEN, tokens=tokens, nbytes=sent)
-                     for d in range(g)]  # fmt: skip
+            after = [
+                self.out.add(
+                    OpKind.ALL_REDUCE,
+                    self.reduce[d],
+                    tuple(after),
+                    step=step,
+                    layer=layer,
+                    batch=batch,
+                    tensor=Tensor.HIDDEN,
+                    tokens=tokens,
+                    nbytes=sent,
+                )
+                for d in range(g)
+            ]
         return after
 
     def refill(
@@ -421,8 +468,15 @@ class EPRunner:
         # weights), each from the source the real run sends it from (`copy_moves`): into the
         # destination's link and, on G GPUs, out of the source's; lanes copy within the GPU
         for e, src, dst in copy_moves(old.tolist(), slots.tolist()):
-            common = dict(step=step, layer=layer, expert=e, tensor=Tensor.EXPERT,
-                          nbytes=m.expert_bytes, src=Tier.GPU, dst=Tier.GPU)  # fmt: skip
+            common = dict(
+                step=step,
+                layer=layer,
+                expert=e,
+                tensor=Tensor.EXPERT,
+                nbytes=m.expert_bytes,
+                src=Tier.GPU,
+                dst=Tier.GPU,
+            )
             waits[dst].append(self.out.add(OpKind.LOAD, self.copies[dst], deps, **common))
             if self.copies_out:
                 waits[dst].append(self.out.add(OpKind.LOAD, self.copies_out[src], deps, **common))
@@ -457,16 +511,22 @@ class EPRunner:
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             act_bytes = m.hidden_size * m.dtype_bytes
-            shared = self.all_reduce([*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch,
-                                     n_tok)  # fmt: skip
+            shared = self.all_reduce(
+                [*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch, n_tok
+            )
         done = (*gates, *ends, *shared)
         self.mark_done(moe, done, copy_waits)
         return done
 
     def moe_layer_micro(
-        self, policy: SlotPolicy, t: int, step: int, layer: int, batch: int,
+        self,
+        policy: SlotPolicy,
+        t: int,
+        step: int,
+        layer: int,
+        batch: int,
         lasts: list[tuple[int, ...]],
-    ) -> list[tuple[int, ...]]:  # fmt: skip
+    ) -> list[tuple[int, ...]]:
         """An MoE layer of iteration t as micro-batches (`overlapped`): one placement and refill
         for the batch; each micro-batch's attention, gate and shared experts in turn, then each
         one's all-to-all and experts, moving its tokens as soon as its own gate has run. The
@@ -478,18 +538,21 @@ class EPRunner:
         for i in range(self.layout.micro_batches):
             attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
             parts = [(self.compute[d], self.seqs(d, i), (op,)) for d, op in enumerate(attn)]
-            gates, view, last = self.em.gate_micro(step, layer, batch, parts, i,
-                                                   self.layout.micro_batches,
-                                                   self.micro_rows(i, per))  # fmt: skip
+            gates, view, last = self.em.gate_micro(
+                step, layer, batch, parts, i, self.layout.micro_batches, self.micro_rows(i, per)
+            )
             whole = last or whole
             gated.append((gates, view, self.dense(OpKind.FFN, step, layer, batch, gates, micro=i)))
         assert whole is not None
         policy.observe(t, moe, whole, tuple(g for gates, _, _ in gated for g in gates))
         done = [
-            (*gates, *self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i),
-             *shared)
+            (
+                *gates,
+                *self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i),
+                *shared,
+            )
             for i, (gates, view, shared) in enumerate(gated)
-        ]  # fmt: skip
+        ]
         self.mark_done(moe, tuple(op for d in done for op in d), copy_waits)
         return done
 
@@ -548,14 +611,29 @@ class EPRunner:
         self.sent += out_
 
         def move(kind: OpKind, stream: str, deps: Iterable[int | None], n: int) -> int | None:
-            return b.add(kind, stream, tuple(deps), tokens=n, nbytes=n * act_bytes,
-                         tensor=Tensor.HIDDEN, **common) if n else None  # fmt: skip
+            return (
+                b.add(
+                    kind,
+                    stream,
+                    tuple(deps),
+                    tokens=n,
+                    nbytes=n * act_bytes,
+                    tensor=Tensor.HIDDEN,
+                    **common,
+                )
+                if n
+                else None
+            )
 
         a2a = bool(self.sends)  # G GPUs, dense work data-parallel (else no token moves)
-        sends = [move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) if a2a else None
-                 for d in range(g)]  # fmt: skip
-        recvs = [move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) if a2a else None
-                 for d in range(g)]  # fmt: skip
+        sends = [
+            move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) if a2a else None
+            for d in range(g)
+        ]
+        recvs = [
+            move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) if a2a else None
+            for d in range(g)
+        ]
         experts: list[int | None] = []
         for d in range(g):
             n_d = int(tokens[d].sum())
@@ -565,17 +643,30 @@ class EPRunner:
             if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
                 width = expert_width(m, tokens[d, busy]) if lay.shared else 0
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), tensor=Tensor.EXPERT,
-                    tokens=n_d, flops=m.expert_flops(n_d), touch_bytes=len(busy) * m.expert_bytes,
-                    width=width, **common,
-                )  # fmt: skip
+                    OpKind.EXPERT,
+                    self.compute[d],
+                    (prev, *waits, *gates, *copy_waits[d]),
+                    tensor=Tensor.EXPERT,
+                    tokens=n_d,
+                    flops=m.expert_flops(n_d),
+                    touch_bytes=len(busy) * m.expert_bytes,
+                    width=width,
+                    **common,
+                )
             for e in [] if lay.grouped_gemm else busy:
                 n = int(tokens[d, e])
                 prev = b.add(
-                    OpKind.EXPERT, self.compute[d], (prev, *waits, *gates, *copy_waits[d]), expert=int(e), tensor=Tensor.EXPERT,
-                    tokens=n, flops=m.expert_flops(n), touch_bytes=m.expert_bytes,
-                    width=expert_width(m, [n]) if lay.shared else 0, **common,
-                )  # fmt: skip
+                    OpKind.EXPERT,
+                    self.compute[d],
+                    (prev, *waits, *gates, *copy_waits[d]),
+                    expert=int(e),
+                    tensor=Tensor.EXPERT,
+                    tokens=n,
+                    flops=m.expert_flops(n),
+                    touch_bytes=m.expert_bytes,
+                    width=expert_width(m, [n]) if lay.shared else 0,
+                    **common,
+                )
             experts.append(prev if prev != start else None)
         for d in range(g):
             # d sends back the results it computed for others, and receives its own tokens'
@@ -583,7 +674,11 @@ class EPRunner:
             back = came = None
             if a2a:
                 back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
-                came = move(OpKind.COMBINE, self.combine[d],
-                            (experts[x] for x in range(g) if x != d and moved[d, x]), int(out_[d]))  # fmt: skip
+                came = move(
+                    OpKind.COMBINE,
+                    self.combine[d],
+                    (experts[x] for x in range(g) if x != d and moved[d, x]),
+                    int(out_[d]),
+                )
             ends.extend(op for op in (experts[d], back, came) if op is not None)
         return ends

@@ -51,12 +51,22 @@ def test_a_load_waiting_for_memory_counts_as_memory():
     wait for memory (2 -> 3 s: ready since 1 s, but the gap starts at 2). 3 s in all, the
     bubble (makespan 5 s, 2 s of compute)."""
     b = ScheduleBuilder(hw().memory_bytes)
-    w, c, back = (b.stream(n, r) for n, r in (("w", Resource.H2D), ("c", Resource.GPU),
-                                               ("back", Resource.D2H)))  # fmt: skip
+    w, c, back = (
+        b.stream(n, r)
+        for n, r in (("w", Resource.H2D), ("c", Resource.GPU), ("back", Resource.D2H))
+    )
     a = load(b, w, GB, alloc=True)
     ca = b.add(OpKind.FFN, c, (a,), flops=1e12)
-    b.add(OpKind.LOAD, back, (ca,), src=Tier.GPU, dst=Tier.CPU, nbytes=GB, free_tier=Tier.GPU,
-          free_bytes=GB)  # fmt: skip
+    b.add(
+        OpKind.LOAD,
+        back,
+        (ca,),
+        src=Tier.GPU,
+        dst=Tier.CPU,
+        nbytes=GB,
+        free_tier=Tier.GPU,
+        free_bytes=GB,
+    )
     lb = load(b, w, GB, alloc=True)
     b.add(OpKind.FFN, c, (lb,), flops=1e12, free_tier=Tier.GPU, free_bytes=GB)
     s, trace = simulated(b, hw())

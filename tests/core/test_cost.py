@@ -267,10 +267,13 @@ def test_a_share_outside_zero_one_is_refused():
 )
 def test_a_bad_time_table_is_named(table):
     """_interpolate bisects on flops, so a table out of order would give wrong times silently."""
-    d = {"name": "t", "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
-         "gpu": {"tflops": 1, "mem_bw_gbps": 1, "time_tables": {"compute-expert": table}},
-         "cpu": {"tflops": 1, "mem_bw_gbps": 1},
-         "links": {k: {"gbps": 1} for k in ("h2d", "d2h", "disk")}}  # fmt: skip
+    d = {
+        "name": "t",
+        "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
+        "gpu": {"tflops": 1, "mem_bw_gbps": 1, "time_tables": {"compute-expert": table}},
+        "cpu": {"tflops": 1, "mem_bw_gbps": 1},
+        "links": {k: {"gbps": 1} for k in ("h2d", "d2h", "disk")},
+    }
     with pytest.raises(ConfigError, match="time_tables.compute-expert must be"):
         HardwareSpec.from_dict(d)
 
@@ -302,10 +305,13 @@ def test_gemm_blocks_count_each_groups_tiles():
 def test_cap_is_roofline_over_roofline_alone(flops, touch, width, sm_bw, cap):
     """The round GPU with 4 SMs: an op of `width` blocks holds that many SMs (compute) and draws
     at most that many SMs' bandwidth (memory); its cap is its whole-GPU roofline over that."""
-    raw = {"name": "sms", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": 4, "sm_mem_bw_gbps": sm_bw},
-           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    raw = {
+        "name": "sms",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": 4, "sm_mem_bw_gbps": sm_bw},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+    }
     assert CostModel(HardwareSpec.from_dict(raw)).cap(Resource.GPU, flops, touch, width) == (
         pytest.approx(cap)
     )
@@ -313,24 +319,35 @@ def test_cap_is_roofline_over_roofline_alone(flops, touch, width, sm_bw, cap):
 
 
 def test_negative_sm_count_is_one_config_error():
-    raw = {"name": "bad", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": -1},
-           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    raw = {
+        "name": "bad",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, "sms": -1},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+    }
     with pytest.raises(ConfigError, match="hardware bad: sms=-1 and sm_mem_bw_gbps must be >= 0"):
         HardwareSpec.from_dict(raw)
 
 
 @pytest.mark.parametrize(
     "gpu,field",
-    [({"overhead_us": -50}, "gpu.overhead_us"),
-     ({"overhead_us_by_kind": {"compute-expert": -100}}, "gpu.overhead_us_by_kind.compute-expert")],
-)  # fmt: skip
+    [
+        ({"overhead_us": -50}, "gpu.overhead_us"),
+        (
+            {"overhead_us_by_kind": {"compute-expert": -100}},
+            "gpu.overhead_us_by_kind.compute-expert",
+        ),
+    ],
+)
 def test_a_negative_overhead_is_one_config_error(gpu, field):
     """A sign slip in a profile gave ops negative durations (an expert of 1 MFLOP -0.1 ms)."""
-    raw = {"name": "bad", "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-           "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, **gpu},
-           "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-           "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}}}  # fmt: skip
+    raw = {
+        "name": "bad",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, **gpu},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+    }
     with pytest.raises(ConfigError, match=rf"hardware bad: {field} must be >= 0"):
         HardwareSpec.from_dict(raw)

@@ -96,8 +96,9 @@ class _RefChain:
         runs one op at a time (not a pool's, whose ops share it)."""
         held = np.full(len(schedule.ops), -1)
         sid = schedule.columns()["stream"]
-        one_at_a_time = np.array([not s.pool and s.resource != Resource.NONE
-                                  for s in schedule.streams.values()])  # fmt: skip
+        one_at_a_time = np.array(
+            [not s.pool and s.resource != Resource.NONE for s in schedule.streams.values()]
+        )
         rid = np.array([s.resource_id for s in schedule.streams.values()])[sid]
         ok = one_at_a_time[sid] & ~np.isnan(self.start)
         for r in np.unique(rid[ok]):
@@ -173,9 +174,18 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
     # shape once, at its first op, in op order, so the error names the first bad op.
     first: dict[tuple[Any, ...], Op] = {}
     for o in ops:
-        shape = (o.kind, o.stream, o.src, o.dst, o.alloc_tier, o.free_tier,
-                 o.alloc_bytes < 0 or o.free_bytes < 0 or (o.alloc_bytes > 0 and o.alloc_tier is None)
-                 or (o.free_bytes > 0 and o.free_tier is None))  # fmt: skip
+        shape = (
+            o.kind,
+            o.stream,
+            o.src,
+            o.dst,
+            o.alloc_tier,
+            o.free_tier,
+            o.alloc_bytes < 0
+            or o.free_bytes < 0
+            or (o.alloc_bytes > 0 and o.alloc_tier is None)
+            or (o.free_bytes > 0 and o.free_tier is None),
+        )
         first.setdefault(shape, o)
     for shape, op in first.items():
         problem = _shape_problem(shape, streams)
@@ -209,9 +219,10 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
             continue
         layer_gates = gates.get((op.step, op.layer), {})
         mine = (
-            [g for batch in layer_gates.values() for g in batch] if op.batch == _ANY
+            [g for batch in layer_gates.values() for g in batch]
+            if op.batch == _ANY
             else layer_gates.get(op.batch, [(_ANY, -1)])
-        )  # fmt: skip
+        )
         # a micro-batch's experts need its own gates (and any over the whole batch); an op over
         # the whole batch needs every gate of it
         need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
@@ -223,7 +234,6 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
             )
     if check_finishes:
         _check_finishes(schedule)
-
 
 
 def ref_heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -257,14 +267,20 @@ def ref_peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:
     start = granted.fillna(trace["start_s"]).to_numpy()
     end = trace["end_s"].to_numpy()
     for tier in Tier:
-        alloc = np.fromiter((o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops))
-        free = np.fromiter((o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops))
+        alloc = np.fromiter(
+            (o.alloc_bytes if o.alloc_tier == tier else 0 for o in ops), np.int64, len(ops)
+        )
+        free = np.fromiter(
+            (o.free_bytes if o.free_tier == tier else 0 for o in ops), np.int64, len(ops)
+        )
         a, f = alloc > 0, free > 0
         times = np.concatenate([end[f], start[a]])
         deltas = np.concatenate([-free[f], alloc[a]])
         order = np.lexsort((deltas, times))
         live = np.cumsum(deltas[order]) if len(order) else np.zeros(1, np.int64)
-        out[str(tier)] = int(schedule.resident_bytes.get(tier, 0) + max(0, int(live.max(initial=0))))
+        out[str(tier)] = int(
+            schedule.resident_bytes.get(tier, 0) + max(0, int(live.max(initial=0)))
+        )
     return out
 
 
@@ -274,23 +290,46 @@ def ref_columns(schedule: Schedule) -> dict[str, np.ndarray]:
     stream_idx = {s: i for i, s in enumerate(schedule.streams)}
     tier_idx: dict[Any, int] = {None: -1, **{t: i for i, t in enumerate(Tier)}}
     kind_idx = {k: i for i, k in enumerate(OpKind)}
-    rows = [(kind_idx[o.kind], stream_idx[o.stream], o.nbytes, o.flops, o.touch_bytes,
-             tier_idx[o.alloc_tier], o.alloc_bytes, tier_idx[o.free_tier], o.free_bytes, o.width)
-            for o in ops]  # fmt: skip
+    rows = [
+        (
+            kind_idx[o.kind],
+            stream_idx[o.stream],
+            o.nbytes,
+            o.flops,
+            o.touch_bytes,
+            tier_idx[o.alloc_tier],
+            o.alloc_bytes,
+            tier_idx[o.free_tier],
+            o.free_bytes,
+            o.width,
+        )
+        for o in ops
+    ]
     arr = np.array(rows, dtype=np.float64).reshape(len(ops), 10)
-    return {"kind": arr[:, 0].astype(np.int16), "stream": arr[:, 1].astype(np.int16),
-            "nbytes": arr[:, 2].astype(np.int64), "flops": arr[:, 3], "touch_bytes": arr[:, 4],
-            "alloc_tier": arr[:, 5].astype(np.int8), "alloc_bytes": arr[:, 6].astype(np.int64),
-            "free_tier": arr[:, 7].astype(np.int8), "free_bytes": arr[:, 8].astype(np.int64),
-            "width": arr[:, 9].astype(np.int64)}  # fmt: skip
+    return {
+        "kind": arr[:, 0].astype(np.int16),
+        "stream": arr[:, 1].astype(np.int16),
+        "nbytes": arr[:, 2].astype(np.int64),
+        "flops": arr[:, 3],
+        "touch_bytes": arr[:, 4],
+        "alloc_tier": arr[:, 5].astype(np.int8),
+        "alloc_bytes": arr[:, 6].astype(np.int64),
+        "free_tier": arr[:, 7].astype(np.int8),
+        "free_bytes": arr[:, 8].astype(np.int64),
+        "width": arr[:, 9].astype(np.int64),
+    }
 
 
 # every planner on the tiny model; the expert-parallel ones on 2 devices, as G GPUs and as lanes
 # of one GPU (pools, SM holds)
-RUNS = [(p, {}) for p in planner_names() if p not in RESIDENT] + [
-    (p, {"n_devices": 2}) for p in sorted(RESIDENT)
-] + [("ep_static", {"n_devices": 2, "lanes": True}),
-     ("predictive_replication", {"n_devices": 2, "lanes": True, "replica_slots": 1})]  # fmt: skip
+RUNS = (
+    [(p, {}) for p in planner_names() if p not in RESIDENT]
+    + [(p, {"n_devices": 2}) for p in sorted(RESIDENT)]
+    + [
+        ("ep_static", {"n_devices": 2, "lanes": True}),
+        ("predictive_replication", {"n_devices": 2, "lanes": True, "replica_slots": 1}),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +339,12 @@ def runs() -> list[tuple[Schedule, pd.DataFrame]]:
     for name, params in RUNS:
         spec = tiny_spec(name, **params)
         if not params:
-            spec = RunSpec(model_from_conf("tiny"), hardware_from_conf("tiny"),
-                           Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3), name)  # fmt: skip
+            spec = RunSpec(
+                model_from_conf("tiny"),
+                hardware_from_conf("tiny"),
+                Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3),
+                name,
+            )
         schedule = build_schedule(spec, random_routing(spec.model, spec.workload))
         out.append((schedule, simulate_trace(schedule, spec.hardware)))
     return out
@@ -309,8 +352,13 @@ def runs() -> list[tuple[Schedule, pd.DataFrame]]:
 
 def fresh(schedule: Schedule) -> Schedule:
     """The schedule with no cached columns (so each path builds its own)."""
-    return Schedule(schedule.ops, schedule.streams, schedule.capacity_bytes,
-                    schedule.resident_bytes, schedule.meta)  # fmt: skip
+    return Schedule(
+        schedule.ops,
+        schedule.streams,
+        schedule.capacity_bytes,
+        schedule.resident_bytes,
+        schedule.meta,
+    )
 
 
 def jittered(schedule: Schedule, trace: pd.DataFrame, seed: int, drop: float) -> pd.DataFrame:
@@ -337,7 +385,10 @@ def test_columns_are_the_rows_they_were(runs):
         new, ref = fresh(schedule).columns(), ref_columns(schedule)
         for k, v in ref.items():
             assert new[k].dtype == v.dtype and np.array_equal(new[k], v), k
-        deps = [new["dep_idx"][a:b].tolist() for a, b in zip(new["dep_ptr"][:-1], new["dep_ptr"][1:], strict=True)]
+        deps = [
+            new["dep_idx"][a:b].tolist()
+            for a, b in zip(new["dep_ptr"][:-1], new["dep_ptr"][1:], strict=True)
+        ]
         assert deps == [list(o.deps) for o in schedule.ops]
 
 
@@ -353,9 +404,14 @@ def test_every_run_summarises_as_the_references_do(runs):
             assert np.array_equal(new, ref)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), drop=st.sampled_from([0.0, 0.0, 0.1, 0.5]),
-       which=st.integers(0, len(RUNS) - 1))  # fmt: skip
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    drop=st.sampled_from([0.0, 0.0, 0.1, 0.5]),
+    which=st.integers(0, len(RUNS) - 1),
+)
 def test_random_traces_give_the_same_causes_and_bounds(runs, seed, drop, which):
     """Any times (ties, zero lengths, late starts, ops that never ran) and any durations,
     NaN included: the vectorised bubble walk and DAG chains equal the references."""
@@ -381,9 +437,14 @@ def outcome(check, schedule: Schedule) -> str:
     return "ok"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), which=st.integers(0, len(RUNS) - 1),
-       how=st.sampled_from(["gate dep", "forward dep", "id", "stream", "tier", "bytes"]))  # fmt: skip
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    which=st.integers(0, len(RUNS) - 1),
+    how=st.sampled_from(["gate dep", "forward dep", "id", "stream", "tier", "bytes"]),
+)
 def test_validate_names_the_same_first_bad_op(runs, seed, which, how):
     """A schedule broken at random ops (a gate dep taken out, a dep on a later op, a wrong id,
     an undeclared stream, a transfer without tiers, negative bytes): validate raises what the
@@ -404,11 +465,16 @@ def test_validate_names_the_same_first_bad_op(runs, seed, which, how):
         elif how == "stream":
             ops[i] = o._replace(stream=f"nowhere{i}")
         elif how == "tier":
-            ops[i] = o._replace(src=None) if o.src is not None else o._replace(alloc_tier=None, alloc_bytes=1)
+            ops[i] = (
+                o._replace(src=None)
+                if o.src is not None
+                else o._replace(alloc_tier=None, alloc_bytes=1)
+            )
         else:
             ops[i] = o._replace(free_bytes=-1)
-    broken = Schedule(ops, schedule.streams, schedule.capacity_bytes, schedule.resident_bytes,
-                      schedule.meta)  # fmt: skip
+    broken = Schedule(
+        ops, schedule.streams, schedule.capacity_bytes, schedule.resident_bytes, schedule.meta
+    )
     assert outcome(validate, broken) == outcome(ref_validate, fresh(broken))
 
 

@@ -51,14 +51,28 @@ def five_ops(h: HardwareSpec) -> Schedule:
     b.stream("memory", Resource.NONE)
     b.reserve(Tier.GPU, GB // 4)
     w = b.add(
-        OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=GB,
-        alloc_tier=Tier.GPU, alloc_bytes=GB, layer=0,
-    )  # fmt: skip
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=GB,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB,
+        layer=0,
+    )
     a0 = b.add(OpKind.ATTENTION, "compute", (w,), step=0, layer=0, flops=0.5e12)
     b.add(
-        OpKind.KV_STORE, "kv_store", (a0,), step=0, layer=0, src=Tier.GPU, dst=Tier.CPU,
-        nbytes=GB // 2, alloc_tier=Tier.CPU, alloc_bytes=GB // 2,
-    )  # fmt: skip
+        OpKind.KV_STORE,
+        "kv_store",
+        (a0,),
+        step=0,
+        layer=0,
+        src=Tier.GPU,
+        dst=Tier.CPU,
+        nbytes=GB // 2,
+        alloc_tier=Tier.CPU,
+        alloc_bytes=GB // 2,
+    )
     b.add(OpKind.FREE, "memory", (a0,), free_tier=Tier.GPU, free_bytes=GB)
     b.add(OpKind.ATTENTION, "compute", (a0,), step=1, layer=0, flops=1e12)
     s = b.build()
@@ -93,8 +107,12 @@ def test_make_trace_one_row_per_op(sim_run):
     assert set(tr["source"].astype(str)) == {"sim"}
     assert tr["resource"].astype(str).tolist() == ["h2d", "gpu", "d2h", "none", "gpu"]
     assert tr["kind"].astype(str).tolist() == [
-        "load", "compute-attention", "kv-store", "free", "compute-attention",
-    ]  # fmt: skip
+        "load",
+        "compute-attention",
+        "kv-store",
+        "free",
+        "compute-attention",
+    ]
     assert tr["bytes"].tolist() == [GB, 0, GB // 2, 0, 0]
     assert tr["step"].tolist() == [0, 0, 0, 0, 1]
 
@@ -160,9 +178,13 @@ def test_prefill_of_a_batch_by_batch_schedule_leaves_out_the_decode_between():
     0-2 s (a load 0-1.5 and an attention 1-2 overlapping it) and decodes 2-5 s, batch 1
     prefills 5-6 s and decodes 6-9 s. Prefill is 2 + 1 = 3 s, not the 6 s to its last end."""
     tr = pd.DataFrame(
-        {"step": [0, 0, 1, 0, 1], "batch": [0, 0, 0, 1, 1],
-         "start_s": [0.0, 1.0, 2.0, 5.0, 6.0], "end_s": [1.5, 2.0, 5.0, 6.0, 9.0]}
-    )  # fmt: skip
+        {
+            "step": [0, 0, 1, 0, 1],
+            "batch": [0, 0, 0, 1, 1],
+            "start_s": [0.0, 1.0, 2.0, 5.0, 6.0],
+            "end_s": [1.5, 2.0, 5.0, 6.0, 9.0],
+        }
+    )
     assert prefill_s(tr) == pytest.approx(3.0)
     assert prefill_s(tr.iloc[::-1]) == pytest.approx(3.0)  # row order does not matter
 

@@ -33,8 +33,15 @@ def test_base_is_valid():
     """The base, plus a correct expert (after its gate) and a correct load, passes."""
     b, gate = base()
     b.add(OpKind.EXPERT, "compute", (gate,), layer=0, batch=0, expert=1)
-    b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=GB, alloc_tier=Tier.GPU,
-          alloc_bytes=GB)  # fmt: skip
+    b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=GB,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB,
+    )
     validate(b.build())
 
 
@@ -112,23 +119,55 @@ def _expert_of_layer_without_gate(b: ScheduleBuilder, gate: int) -> int:
 
 def _alloc_over_tier(b: ScheduleBuilder, gate: int) -> int:
     # 2 GB of a 1 GB gpu
-    return b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=2 * GB,
-                 alloc_tier=Tier.GPU, alloc_bytes=2 * GB, layer=0)  # fmt: skip
+    return b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=2 * GB,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=2 * GB,
+        layer=0,
+    )
 
 
 def _alloc_over_room_left_by_resident(b: ScheduleBuilder, gate: int) -> int:
     # 0.75 GB resident leaves 0.25 GB of the 1 GB gpu; the load takes 0.5 GB
     b.reserve(Tier.GPU, 3 * GB // 4)
-    return b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=GB // 2,
-                 alloc_tier=Tier.GPU, alloc_bytes=GB // 2, layer=0)  # fmt: skip
+    return b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=GB // 2,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB // 2,
+        layer=0,
+    )
 
 
 def _waits_for_memory_freed_later(b: ScheduleBuilder, gate: int) -> int:
     # two 0.75 GB loads on one stream; the first is freed only after the second: never finishes
-    a = b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1, layer=0,
-              alloc_tier=Tier.GPU, alloc_bytes=3 * GB // 4)  # fmt: skip
-    c = b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1, layer=1,
-              alloc_tier=Tier.GPU, alloc_bytes=3 * GB // 4)  # fmt: skip
+    a = b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=1,
+        layer=0,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=3 * GB // 4,
+    )
+    c = b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=1,
+        layer=1,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=3 * GB // 4,
+    )
     b.add(OpKind.FREE, "compute", (c,), free_tier=Tier.GPU, free_bytes=3 * GB // 4)
     assert a == 1
     return c
@@ -136,8 +175,16 @@ def _waits_for_memory_freed_later(b: ScheduleBuilder, gate: int) -> int:
 
 def _freed_twice(b: ScheduleBuilder, gate: int) -> int:
     # a 0.5 GB load freed twice: after the second free the gpu would seem to hold less than nothing
-    a = b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1, layer=0,
-              alloc_tier=Tier.GPU, alloc_bytes=GB // 2)  # fmt: skip
+    a = b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=1,
+        layer=0,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB // 2,
+    )
     b.add(OpKind.FREE, "compute", (a,), free_tier=Tier.GPU, free_bytes=GB // 2)
     return b.add(OpKind.FREE, "compute", (a,), free_tier=Tier.GPU, free_bytes=GB // 2)
 
@@ -198,8 +245,11 @@ def test_resident_over_capacity_names_the_tier():
     ('resident gpu memory 1.5 GB exceeds the gpu capacity 1 GB'); there is no op to name."""
     b, _ = base()
     b.reserve(Tier.GPU, 3 * GB // 2)
-    with pytest.raises(CapacityError, match=r"resident gpu memory 1\.5 GB exceeds the gpu "
-                       r"capacity 1 GB"):  # fmt: skip
+    with pytest.raises(
+        CapacityError,
+        match=r"resident gpu memory 1\.5 GB exceeds the gpu "
+        r"capacity 1 GB",
+    ):
         validate(b.build())
 
 
@@ -229,10 +279,26 @@ def test_bad_memory_names_the_bad_op_not_its_good_twin():
     """Op 1 is a good load cpu->gpu allocating 1 KB; op 2 is the same load with alloc_bytes=-1.
     The message must name op 2, not op 1."""
     b, _ = base()
-    b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1000, layer=0,
-          alloc_tier=Tier.GPU, alloc_bytes=1000)  # fmt: skip
-    bad = b.add(OpKind.LOAD, "weights", src=Tier.CPU, dst=Tier.GPU, nbytes=1000, layer=1,
-                alloc_tier=Tier.GPU, alloc_bytes=-1)  # fmt: skip
+    b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=1000,
+        layer=0,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=1000,
+    )
+    bad = b.add(
+        OpKind.LOAD,
+        "weights",
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=1000,
+        layer=1,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=-1,
+    )
     s = b.build()
     with pytest.raises(ScheduleError, match="memory effect") as info:
         validate(s)
@@ -284,15 +350,35 @@ def test_the_finishing_check_does_not_depend_on_stream_order(order):
     The zero-time run took A first when its stream was declared first, and refused the
     schedule ("can never finish"); it now runs in rounds, B before A."""
     b = ScheduleBuilder(CAPACITY)
-    for name, res in zip(order, [{"c": Resource.GPU, "s1": Resource.H2D, "s2": Resource.D2H}[n]
-                                 for n in order], strict=True):  # fmt: skip
+    for name, res in zip(
+        order,
+        [{"c": Resource.GPU, "s1": Resource.H2D, "s2": Resource.D2H}[n] for n in order],
+        strict=True,
+    ):
         b.stream(name, res)
     x = b.add(OpKind.FFN, "c", (), flops=1e9)
-    a = b.add(OpKind.LOAD, "s1", (x,), src=Tier.CPU, dst=Tier.GPU, nbytes=GB // 10,
-              alloc_tier=Tier.GPU, alloc_bytes=6 * GB // 10)  # fmt: skip
-    bb = b.add(OpKind.LOAD, "s2", (), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 10,
-               alloc_tier=Tier.GPU, alloc_bytes=6 * GB // 10, free_tier=Tier.GPU,
-               free_bytes=6 * GB // 10)  # fmt: skip
+    a = b.add(
+        OpKind.LOAD,
+        "s1",
+        (x,),
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=GB // 10,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=6 * GB // 10,
+    )
+    bb = b.add(
+        OpKind.LOAD,
+        "s2",
+        (),
+        src=Tier.GPU,
+        dst=Tier.CPU,
+        nbytes=GB // 10,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=6 * GB // 10,
+        free_tier=Tier.GPU,
+        free_bytes=6 * GB // 10,
+    )
     c = b.add(OpKind.LOAD, "s2", (bb,), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 10)
     b.add(OpKind.FREE, "s1", (a, c), free_tier=Tier.GPU, free_bytes=6 * GB // 10)
     validate(b.build())
@@ -300,9 +386,15 @@ def test_the_finishing_check_does_not_depend_on_stream_order(order):
 
 @pytest.mark.parametrize(
     ("lanes", "res", "ok"),
-    [(True, Resource.D2D, True), (True, Resource.P2P, False), (True, Resource.P2P_OUT, False),
-     (False, Resource.P2P, True), (False, Resource.P2P_OUT, True), (False, Resource.D2D, False)],
-)  # fmt: skip
+    [
+        (True, Resource.D2D, True),
+        (True, Resource.P2P, False),
+        (True, Resource.P2P_OUT, False),
+        (False, Resource.P2P, True),
+        (False, Resource.P2P_OUT, True),
+        (False, Resource.D2D, False),
+    ],
+)
 def test_an_expert_parallel_layout_uses_only_its_own_links(lanes, res, ok):
     """A gpu -> gpu replica copy may run on p2p, p2p_out or d2d, and the IR names lanes and
     GPUs alike (`gpu:d`): the layout in `meta["ep"]` says which links there are. Lanes share one

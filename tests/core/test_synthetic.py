@@ -115,9 +115,19 @@ def test_layer_corr_raises_top1_acc() -> None:
 
 def test_synthetic_routing_fits_the_model() -> None:
     m = ModelSpec(
-        name="mixtral-like", family="mixtral", n_layers=4, hidden_size=64, expert_ffn_size=32,
-        n_experts=8, top_k=2, n_heads=2, n_kv_heads=2, head_dim=32, vocab_size=100, moe_layers=(0, 1, 2, 3),
-    )  # fmt: skip
+        name="mixtral-like",
+        family="mixtral",
+        n_layers=4,
+        hidden_size=64,
+        expert_ffn_size=32,
+        n_experts=8,
+        top_k=2,
+        n_heads=2,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=100,
+        moe_layers=(0, 1, 2, 3),
+    )
     wl = Workload(batch_size=3, n_batches=2, prompt_len=7, gen_len=4, seed=5)
     r = load_routing(m, wl)
     assert r.expert_ids.shape == (6, 10, 4, 2)
@@ -146,8 +156,16 @@ def test_stats_reproduce_stats_json(traces_dir: Path) -> None:
     assert st["prev_token_reuse_same_layer"] == pytest.approx(
         want["prev_token_reuse_same_layer"], abs=5e-4
     )
-    for key in ("max_over_mean_load", "top25pct_experts_share", "top1_acc", "top1_pop_acc",
-                "top1_in_next_set", "set_recall", "set_pop_recall", "gate_weight_sum_topk"):  # fmt: skip
+    for key in (
+        "max_over_mean_load",
+        "top25pct_experts_share",
+        "top1_acc",
+        "top1_pop_acc",
+        "top1_in_next_set",
+        "set_recall",
+        "set_pop_recall",
+        "gate_weight_sum_topk",
+    ):
         for agg, value in want[key].items():
             assert st[key][agg] == pytest.approx(value, abs=5e-4), f"{key}.{agg}"
     assert st["per_layer_max_over_mean"] == want["per_layer_max_over_mean"]
@@ -202,8 +220,12 @@ def test_fit_to_counts_at_another_expert_count(traces_dir: Path) -> None:
     assert at128.achieved["max_over_mean_median"] == pytest.approx(want, rel=0.05)
     assert at128.routing.skew < at64.routing.skew - 0.2
     ids, _ = generate(at64.routing, 64, 40, 3, 128, 1, 0)  # the old way: 64's exponent at 128
-    steep = np.median([np.bincount(ids[:, :, m].ravel(), minlength=128).max() * 128 / ids[:, :, m].size
-                       for m in range(3)])  # fmt: skip
+    steep = np.median(
+        [
+            np.bincount(ids[:, :, m].ravel(), minlength=128).max() * 128 / ids[:, :, m].size
+            for m in range(3)
+        ]
+    )
     assert steep > 1.6 * want
     with pytest.raises(ConfigError, match="n_experts must be >= 2"):
         fit_to_counts(counts, top_k=1, n_experts=1)
@@ -211,10 +233,12 @@ def test_fit_to_counts_at_another_expert_count(traces_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"hot_experts": 2}, "hot_experts=2 needs hot_share > 0"),
-     ({"hot_experts": -3, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got -3"),
-     ({"hot_experts": 2.5, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got 2.5")],
-)  # fmt: skip
+    [
+        ({"hot_experts": 2}, "hot_experts=2 needs hot_share > 0"),
+        ({"hot_experts": -3, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got -3"),
+        ({"hot_experts": 2.5, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got 2.5"),
+    ],
+)
 def test_bad_hot_experts_is_one_line(kw, match) -> None:
     """hot_experts without hot_share gave the hottest ranks no share at all (never drawn, the
     opposite of the ask); a negative count passed and a fractional one failed deep in numpy."""

@@ -27,10 +27,19 @@ def model(
     layers: int = 26, experts: int = 64, top_k: int = 6, name: str = "dsv2lite-like"
 ) -> ModelSpec:
     return ModelSpec(
-        name=name, family="deepseek_v2", n_layers=layers, moe_layers=tuple(range(layers)),
-        hidden_size=64, expert_ffn_size=32, n_experts=experts, top_k=top_k,
-        n_heads=2, n_kv_heads=2, head_dim=32, vocab_size=100,
-    )  # fmt: skip
+        name=name,
+        family="deepseek_v2",
+        n_layers=layers,
+        moe_layers=tuple(range(layers)),
+        hidden_size=64,
+        expert_ffn_size=32,
+        n_experts=experts,
+        top_k=top_k,
+        n_heads=2,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=100,
+    )
 
 
 def workload(
@@ -146,9 +155,11 @@ def _good(t: int = 5) -> dict[str, np.ndarray]:
     return dict(
         expert_ids=np.broadcast_to(np.arange(6, dtype=np.uint8), (t, 26, 6)),
         gate_weights=np.zeros((t, 26, 6), np.float32),
-        task=np.zeros(t, np.uint8), seq_id=np.zeros(t, np.int32), pos=np.arange(t, dtype=np.int32),
+        task=np.zeros(t, np.uint8),
+        seq_id=np.zeros(t, np.int32),
+        pos=np.arange(t, dtype=np.int32),
         task_names=np.array(["intent"]),
-    )  # fmt: skip
+    )
 
 
 def test_corrupt_files(tmp_path: Path) -> None:

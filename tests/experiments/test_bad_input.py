@@ -249,8 +249,13 @@ def test_replication_inputs_are_checked_first(arg, names, tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}", arg],
-                       cwd=root, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}", arg],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert all(n in lines[0] for n in names)

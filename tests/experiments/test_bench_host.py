@@ -21,8 +21,12 @@ SMALL = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", unit
 def test_dry_run_copies_and_counts_host_bytes():
     lines = report(dict(device="cpu", **SMALL))
     copies = [ln.split()[0] + " " + ln.split()[1] for ln in lines[3:7]]
-    assert copies == ["load, strided", "load, position-major", "store, strided",
-                      "store, position-major"]  # fmt: skip
+    assert copies == [
+        "load, strided",
+        "load, position-major",
+        "store, strided",
+        "store, position-major",
+    ]
     # 1.5 MiB units: PyTorch 2 MiB each (x1.33); slabs of 42 slots (64 MiB): 63 MiB for 5 units
     buffers = lines[7]
     assert "PyTorch's pinned allocator 10.0 MiB (x1.33, computed)" in buffers
@@ -52,7 +56,12 @@ def test_cuda_slab_slots_are_pinned():
 
 
 def test_bad_argument_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "experiments.bench_host", "unit_mb=lots"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.bench_host", "unit_mb=lots"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "unit_mb" in err[0]

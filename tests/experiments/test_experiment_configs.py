@@ -24,8 +24,16 @@ EXTRA = {"klotski_vs_flexgen": ["planner=klotski_at_n,flexgen"]}
 
 @pytest.mark.parametrize("name", [e for e in EXPERIMENTS if e != "replication"])
 def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
-    cmd = [sys.executable, "-m", "experiments.run", "-m", f"experiment={name}", *TINY,
-           *EXTRA.get(name, []), f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        f"experiment={name}",
+        *TINY,
+        *EXTRA.get(name, []),
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in Path(tmp_path).rglob("summary.json")]
@@ -44,14 +52,27 @@ def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_experiment_runs_small(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}",
-           f"trace_dir={SHARED_TRACES}", "~cases.esft-g4", "~cases.switch-base-128",
-           "~cases.switch-base-256", "~cases.switch-base-128-shared", "~cases.switch-base-128-loop",
-           "~cases.esft-g8-b32", "~cases.esft-g4-b32",
-           "cases.esft-g8.batch_sizes=[8]", "cases.esft-g8.n_batches=2",
-           "cases.esft-g8.prompt_len=8", "cases.switch-base-128-g8.batch_sizes=[16]",
-           "cases.switch-base-128-g8.prompt_len=8", "cases.switch-base-128-g8.n_batches=2",
-           "targets_cases=[esft-g8,switch-base-128-g8]"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.replication",
+        f"out_dir={tmp_path}",
+        f"trace_dir={SHARED_TRACES}",
+        "~cases.esft-g4",
+        "~cases.switch-base-128",
+        "~cases.switch-base-256",
+        "~cases.switch-base-128-shared",
+        "~cases.switch-base-128-loop",
+        "~cases.esft-g8-b32",
+        "~cases.esft-g4-b32",
+        "cases.esft-g8.batch_sizes=[8]",
+        "cases.esft-g8.n_batches=2",
+        "cases.esft-g8.prompt_len=8",
+        "cases.switch-base-128-g8.batch_sizes=[16]",
+        "cases.switch-base-128-g8.prompt_len=8",
+        "cases.switch-base-128-g8.n_batches=2",
+        "targets_cases=[esft-g8,switch-base-128-g8]",
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb" in r.stdout
@@ -90,9 +111,17 @@ def test_replication_experiment_runs_small(tmp_path):
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_cross_validation_runs_small(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.replication_cv", f"out_dir={tmp_path}",
-           f"trace_dir={SHARED_TRACES}", "targets_cases=[esft-g8]", "cases.esft-g8.batch_sizes=[8]",
-           "cases.esft-g8.n_batches=2", "cases.esft-g8.prompt_len=8"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.replication_cv",
+        f"out_dir={tmp_path}",
+        f"trace_dir={SHARED_TRACES}",
+        "targets_cases=[esft-g8]",
+        "cases.esft-g8.batch_sizes=[8]",
+        "cases.esft-g8.n_batches=2",
+        "cases.esft-g8.prompt_len=8",
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 5 folds" in r.stdout
@@ -111,11 +140,24 @@ def test_replication_reuses_a_run_only_with_the_same_training_files(tmp_path):
     from experiments import replication
 
     cfg = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml")
-    case = dict(model="deepseek-v2-lite", routing="esft_heldout", n_devices=8, lanes=False,
-                batch_sizes=[8], prompt_len=8, n_batches=2,
-                variants={"eplb[balanced]": {"planner": "eplb", "params": {"dispatch": "balanced"}}})  # fmt: skip
-    cfg.merge_with(dict(out_dir=str(tmp_path), trace_dir=str(SHARED_TRACES), variants={},
-                        targets_cases=["esft-g8"]))  # fmt: skip
+    case = dict(
+        model="deepseek-v2-lite",
+        routing="esft_heldout",
+        n_devices=8,
+        lanes=False,
+        batch_sizes=[8],
+        prompt_len=8,
+        n_batches=2,
+        variants={"eplb[balanced]": {"planner": "eplb", "params": {"dispatch": "balanced"}}},
+    )
+    cfg.merge_with(
+        dict(
+            out_dir=str(tmp_path),
+            trace_dir=str(SHARED_TRACES),
+            variants={},
+            targets_cases=["esft-g8"],
+        )
+    )
     cfg.cases = {"esft-g8": case}
 
     def summary(label: str) -> dict:
@@ -144,10 +186,24 @@ def test_split_load_variant_packs_from_the_evaluated_splits_own_load(tmp_path):
 
     cfg = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml")
     variant = cfg.cases["esft-g8-b32"].variants["oracle_replication[split_load]"]
-    case = dict(model="deepseek-v2-lite", routing="esft_heldout", n_devices=8, lanes=False,
-                batch_sizes=[8], prompt_len=8, n_batches=2, variants={"split_load": variant})  # fmt: skip
-    cfg.merge_with(dict(out_dir=str(tmp_path), trace_dir=str(SHARED_TRACES), variants={},
-                        targets_cases=["esft-g8"]))  # fmt: skip
+    case = dict(
+        model="deepseek-v2-lite",
+        routing="esft_heldout",
+        n_devices=8,
+        lanes=False,
+        batch_sizes=[8],
+        prompt_len=8,
+        n_batches=2,
+        variants={"split_load": variant},
+    )
+    cfg.merge_with(
+        dict(
+            out_dir=str(tmp_path),
+            trace_dir=str(SHARED_TRACES),
+            variants={},
+            targets_cases=["esft-g8"],
+        )
+    )
     cfg.cases = {"esft-g8": case}
     lines = replication.run(cfg)
     ev = np.load(tmp_path / "esft_eval_load.npy")

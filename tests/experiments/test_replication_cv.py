@@ -59,19 +59,32 @@ def test_a_synthetic_target_case_is_one_clear_error(tmp_path):
 
 
 def row(planner: str, bal: float, ms: float, dist: float | None = None) -> dict:
-    return dict(case="esft-g8", planner=planner, batch_size=128, balancedness=bal,
-                makespan_s=ms / 1e3, plan={"ep": {"prediction_tv": dist}})  # fmt: skip
+    return dict(
+        case="esft-g8",
+        planner=planner,
+        batch_size=128,
+        balancedness=bal,
+        makespan_s=ms / 1e3,
+        plan={"ep": {"prediction_tv": dist}},
+    )
 
 
 def fold(pred_bal: float, pred_ms: float, dist: float | None = None) -> list[dict]:
     """ep_static 74 ms, oracle 66 ms: a gap of 8 ms."""
-    return [row("ep_static", 0.79, 74.0), row("eplb", 0.97, 68.0), row("oracle_replication", 0.99, 66.0),
-            row("predictive_replication", pred_bal, pred_ms, dist)]  # fmt: skip
+    return [
+        row("ep_static", 0.79, 74.0),
+        row("eplb", 0.97, 68.0),
+        row("oracle_replication", 0.99, 66.0),
+        row("predictive_replication", pred_bal, pred_ms, dist),
+    ]
 
 
 def test_cv_lines_count_the_folds_each_target_meets():
-    rows = {"test": fold(0.968, 68.0, 0.08), "fold1": fold(0.972, 70.5, 0.06),
-            "fold2": fold(0.971, 66.0)}  # fmt: skip
+    rows = {
+        "test": fold(0.968, 68.0, 0.08),
+        "fold1": fold(0.972, 70.5, 0.06),
+        "fold2": fold(0.971, 66.0),
+    }
     lines = cv_lines(rows)
     assert any(
         ln.split()[:3] == ["0", "test", "esft-g8"] and "-0.0020" in ln and "75%" in ln
@@ -79,8 +92,10 @@ def test_cv_lines_count_the_folds_each_target_meets():
     )
     assert any(ln.split()[:2] == ["1", "fold1"] and "+0.0020" in ln and "44%" in ln for ln in lines)
     assert "[FAIL] esft-g8: predictive balancedness >= eplb's on 2 of 3 folds" in lines
-    assert any(ln.startswith("[FAIL] esft-g8: predictive closes >= 50% of the gap on 2 of the 3 ")
-               for ln in lines)  # fmt: skip
+    assert any(
+        ln.startswith("[FAIL] esft-g8: predictive closes >= 50% of the gap on 2 of the 3 ")
+        for ln in lines
+    )
     # the folds' mean: balancedness diff (-0.002 + 0.002 + 0.001) / 3, gap closed (75 + 44 + 100) / 3
     mean = next(ln for ln in lines if ln.startswith("mean"))
     assert mean.split()[1:4] == ["3", "folds", "esft-g8"] and "+0.0003" in mean and "73%" in mean
@@ -124,10 +139,18 @@ def test_the_mean_gap_closed_skips_folds_without_a_gap():
     """A fold where the oracle is not faster than ep_static, or faster by under 1% (noise), has
     no share to average: the mean is over the folds that have one (not nan). A noise gap is not
     judged; no gap at all is, and fails, as the report's gap_line says of the same fold."""
-    no_gap = [row("ep_static", 0.79, 66.0), row("eplb", 0.97, 68.0),
-              row("oracle_replication", 0.99, 66.0), row("predictive_replication", 0.97, 67.0)]  # fmt: skip
-    noise = [row("ep_static", 0.79, 66.0), row("eplb", 0.97, 68.0),
-             row("oracle_replication", 0.99, 65.8), row("predictive_replication", 0.97, 67.0)]  # fmt: skip
+    no_gap = [
+        row("ep_static", 0.79, 66.0),
+        row("eplb", 0.97, 68.0),
+        row("oracle_replication", 0.99, 66.0),
+        row("predictive_replication", 0.97, 67.0),
+    ]
+    noise = [
+        row("ep_static", 0.79, 66.0),
+        row("eplb", 0.97, 68.0),
+        row("oracle_replication", 0.99, 65.8),
+        row("predictive_replication", 0.97, 67.0),
+    ]
     lines = cv_lines({"test": fold(0.968, 68.0), "fold1": no_gap, "fold2": noise})
     mean = next(ln for ln in lines if ln.startswith("mean"))
     assert "75%" in mean and "over the 1 with a gap >= 1%" in mean

@@ -35,12 +35,23 @@ def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
     from experiments.replication import sharing_lines
 
     def row(case, planner, ms, phase, sharing):
-        return dict(case=case, planner=planner, model="m", batch_size=8, n_devices=2,
-                    makespan_s=ms / 1e3, expert_phase_util=phase,
-                    plan={"ep": {"lanes": True, "lane_sharing": sharing, "grouped_gemm": True}})  # fmt: skip
+        return dict(
+            case=case,
+            planner=planner,
+            model="m",
+            batch_size=8,
+            n_devices=2,
+            makespan_s=ms / 1e3,
+            expert_phase_util=phase,
+            plan={"ep": {"lanes": True, "lane_sharing": sharing, "grouped_gemm": True}},
+        )
 
-    rows = [row("p", "ep_static", 10, 0.5, "partition"), row("p", "predictive_replication", 8, 0.9, "partition"),
-            row("s", "ep_static", 6, 0.95, "shared"), row("s", "predictive_replication", 6, 0.95, "shared")]  # fmt: skip
+    rows = [
+        row("p", "ep_static", 10, 0.5, "partition"),
+        row("p", "predictive_replication", 8, 0.9, "partition"),
+        row("s", "ep_static", 6, 0.95, "shared"),
+        row("s", "predictive_replication", 6, 0.95, "shared"),
+    ]
     assert sharing_lines(rows) == [
         "[note] s bs=8: lanes sharing the SMs: ep_static 6.00 ms (phase 0.950), predictive 6.00 ms "
         "(phase 0.950), gain 0.0%; partitioned (p): ep_static 10.00 ms (phase 0.500), predictive "
@@ -52,12 +63,23 @@ def test_loop_lines_set_one_lane_beside_g_lanes():
     from experiments.replication import loop_lines
 
     def row(planner, n, util, ms, label=None):
-        return dict(case="c", batch_size=16, planner=planner, planner_label=label or planner,
-                    n_devices=n, utilisation=util, gpu_load=util + 0.1, makespan_s=ms / 1e3,
-                    plan={"ep": {"lanes": True, "n_devices": n}})  # fmt: skip
+        return dict(
+            case="c",
+            batch_size=16,
+            planner=planner,
+            planner_label=label or planner,
+            n_devices=n,
+            utilisation=util,
+            gpu_load=util + 0.1,
+            makespan_s=ms / 1e3,
+            plan={"ep": {"lanes": True, "n_devices": n}},
+        )
 
-    rows = [row("ep_static", 8, 0.7, 50), row("predictive_replication", 8, 0.75, 40),
-            row("ep_static[1 lane]", 1, 0.15, 200)]  # fmt: skip
+    rows = [
+        row("ep_static", 8, 0.7, 50),
+        row("predictive_replication", 8, 0.75, 40),
+        row("ep_static[1 lane]", 1, 0.15, 200),
+    ]
     assert loop_lines(rows) == [
         "[note] c bs=16: one lane (ep_static[1 lane]) -> 8 lanes (ep_static) -> with replicas "
         "(predictive): utilisation 0.150 -> 0.700 -> 0.750, GPU load 0.250 -> 0.800 -> 0.850, "
@@ -71,12 +93,23 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
 
     def row(planner, bal, ms, copies, interval=None, bs=128, case="c"):
         plan = {"ep": {"copies": copies}, **({"eplb": {"interval": interval}} if interval else {})}
-        return dict(case=case, batch_size=bs, n_batches=8, planner=planner, balancedness=bal,
-                    makespan_s=ms / 1e3, plan=plan)  # fmt: skip
+        return dict(
+            case=case,
+            batch_size=bs,
+            n_batches=8,
+            planner=planner,
+            balancedness=bal,
+            makespan_s=ms / 1e3,
+            plan=plan,
+        )
 
-    rows = [row("eplb[interval=8]", 0.95, 64.0, 0, 8), row("eplb", 0.97, 68.0, 4000, 2),
-            row("predictive_replication", 0.97, 65.0, 1200), row("eplb", 0.5, 9.0, 9, 2, bs=8),
-            row("ep_static", 0.8, 74.0, 0)]  # fmt: skip
+    rows = [
+        row("eplb[interval=8]", 0.95, 64.0, 0, 8),
+        row("eplb", 0.97, 68.0, 4000, 2),
+        row("predictive_replication", 0.97, 65.0, 1200),
+        row("eplb", 0.5, 9.0, 9, 2, bs=8),
+        row("ep_static", 0.8, 74.0, 0),
+    ]
     assert eplb_lines(rows, ["c", "absent"]) == [
         "[note] c bs=128: eplb re-placing every 2 batches 0.9700 / 68.00 ms / 4000 copies, never in "
         "8 batches 0.9500 / 64.00 ms / 0 copies; predictive 0.9700 / 65.00 ms / 1200 copies: at "
@@ -102,13 +135,23 @@ def test_prediction_lines_order_the_planners_by_their_distance_from_the_truth():
     from experiments.replication import prediction_lines
 
     def row(planner, tv, bal, ms, bs=32):
-        return dict(case="c", batch_size=bs, planner=planner, balancedness=bal, makespan_s=ms / 1e3,
-                    plan={"ep": {} if tv is None else {"prediction_tv": tv}})  # fmt: skip
+        return dict(
+            case="c",
+            batch_size=bs,
+            planner=planner,
+            balancedness=bal,
+            makespan_s=ms / 1e3,
+            plan={"ep": {} if tv is None else {"prediction_tv": tv}},
+        )
 
-    rows = [row("ep_static", None, 0.77, 10.83), row("eplb", None, 0.912, 15.33),
-            row("oracle_replication", 0.0, 0.936, 10.19), row("predictive_replication", 0.082, 0.8975, 10.28),
-            row("oracle_replication[truth=0.5]", 0.037, 0.911, 10.23),
-            row("predictive_replication", 0.5, 0.5, 99.0, bs=8)]  # fmt: skip
+    rows = [
+        row("ep_static", None, 0.77, 10.83),
+        row("eplb", None, 0.912, 15.33),
+        row("oracle_replication", 0.0, 0.936, 10.19),
+        row("predictive_replication", 0.082, 0.8975, 10.28),
+        row("oracle_replication[truth=0.5]", 0.037, 0.911, 10.23),
+        row("predictive_replication", 0.5, 0.5, 99.0, bs=8),
+    ]
     assert prediction_lines(rows, ["c", "absent"], {"c": 32}) == [
         "[note] c bs=32: distance of the load planned from to each batch's (mean total variation) "
         "-> balancedness / makespan: predictive_replication 0.082 -> 0.8975 / 10.28 ms; "
@@ -129,14 +172,27 @@ def test_targets_are_judged_where_no_held_out_token_runs_twice():
     assert fresh_batch(case, 1000) == 16 and fresh_batch(case, 10) is None
 
     def row(planner, bs, bal, ms):
-        return dict(case="c", batch_size=bs, planner=planner, balancedness=bal, makespan_s=ms,
-                    expert_phase_util=1.0, utilisation=1.0, gpu_load=1.0)  # fmt: skip
+        return dict(
+            case="c",
+            batch_size=bs,
+            planner=planner,
+            balancedness=bal,
+            makespan_s=ms,
+            expert_phase_util=1.0,
+            utilisation=1.0,
+            gpu_load=1.0,
+        )
 
-    rows = [row(p, bs, bal + (0.1 if bs == 64 else 0), ms)
-            for bs in (16, 64)
-            for p, bal, ms in (("ep_static", 0.7, 10.0), ("eplb", 0.9, 9.0),
-                               ("oracle_replication", 0.95, 8.0),
-                               ("predictive_replication", 0.85 if bs == 16 else 0.95, 9.5))]  # fmt: skip
+    rows = [
+        row(p, bs, bal + (0.1 if bs == 64 else 0), ms)
+        for bs in (16, 64)
+        for p, bal, ms in (
+            ("ep_static", 0.7, 10.0),
+            ("eplb", 0.9, 9.0),
+            ("oracle_replication", 0.95, 8.0),
+            ("predictive_replication", 0.85 if bs == 16 else 0.95, 9.5),
+        )
+    ]
     lines = [ln for ln in targets(rows, ["c"], fresh={"c": 16}) if ln[7:].startswith("c bs=")]
     assert lines[:2] == [
         "[FAIL] c bs=16: predictive balancedness 0.8500 < eplb 0.9000",
@@ -160,15 +216,32 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
     def row(case, bs, planner, util):
         """A run whose GPUs idle 1 - util of its 1 s, on 5 causes (the line names 4)."""
         idle = 1 - util
-        causes = {"compute-attention@gpu": 0.4 * idle, "compute-gate@gpu": 0.3 * idle,
-                  "compute-expert@gpu": 0.2 * idle, "launch": 0.06 * idle, "host": 0.04 * idle}  # fmt: skip
-        return dict(case=case, batch_size=bs, planner=planner, utilisation=util, makespan_s=1.0,
-                    gpu_idle_causes_s=causes)  # fmt: skip
+        causes = {
+            "compute-attention@gpu": 0.4 * idle,
+            "compute-gate@gpu": 0.3 * idle,
+            "compute-expert@gpu": 0.2 * idle,
+            "launch": 0.06 * idle,
+            "host": 0.04 * idle,
+        }
+        return dict(
+            case=case,
+            batch_size=bs,
+            planner=planner,
+            utilisation=util,
+            makespan_s=1.0,
+            gpu_idle_causes_s=causes,
+        )
 
-    rows = [row("a", 128, "ep_static", 0.5), row("a", 128, "eplb", 0.8),
-            row("a", 128, "predictive_replication", 0.95), row("a", 128, "oracle_replication", 0.97),
-            row("a", 1, "ep_static", 0.44), row("a", 1, "predictive_replication", 0.45),
-            row("a", 1, "oracle_replication", 0.45), row("b", 128, "ep_static", 0.7)]  # fmt: skip
+    rows = [
+        row("a", 128, "ep_static", 0.5),
+        row("a", 128, "eplb", 0.8),
+        row("a", 128, "predictive_replication", 0.95),
+        row("a", 128, "oracle_replication", 0.97),
+        row("a", 1, "ep_static", 0.44),
+        row("a", 1, "predictive_replication", 0.45),
+        row("a", 1, "oracle_replication", 0.45),
+        row("b", 128, "ep_static", 0.7),
+    ]
     assert utilisation_lines(rows, "utilisation", "util") == [
         "[PASS] a bs=128: util ep_static 0.500 < 0.6 -> predictive_replication 0.950 (target >= 0.9)",
         "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> predictive_replication 0.450 (target >= 0.9; "
@@ -182,15 +255,21 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
         "[n/a ] util: no case has ep_static below 0.6 (lowest 0.700, b bs=128)"
     ]
     # a variant counts as what it varies: an ep_static variant is no replication planner
-    more = [{**row("a", 1, "ep_static[1 lane]", 0.99), "variant_of": "ep_static"},
-            {**row("a", 1, "eplb[interval=8]", 0.47), "variant_of": "eplb"}]  # fmt: skip
+    more = [
+        {**row("a", 1, "ep_static[1 lane]", 0.99), "variant_of": "ep_static"},
+        {**row("a", 1, "eplb[interval=8]", 0.47), "variant_of": "eplb"},
+    ]
     assert utilisation_lines(rows + more, "utilisation", "util")[1].startswith(
         "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> eplb[interval=8] 0.470"
     )
-    for ep, setting in (({"n_devices": 8, "lanes": False}, "8 GPUs"),
-                        ({"n_devices": 8, "lanes": True}, "8 lanes of one GPU, each 1/G of its SMs"),
-                        ({"n_devices": 4, "lanes": True, "lane_sharing": "shared"},
-                         "4 lanes of one GPU, sharing its SMs")):  # fmt: skip
+    for ep, setting in (
+        ({"n_devices": 8, "lanes": False}, "8 GPUs"),
+        ({"n_devices": 8, "lanes": True}, "8 lanes of one GPU, each 1/G of its SMs"),
+        (
+            {"n_devices": 4, "lanes": True, "lane_sharing": "shared"},
+            "4 lanes of one GPU, sharing its SMs",
+        ),
+    ):
         marked = [dict(r, plan={"ep": ep}) for r in rows[:4]]
         assert utilisation_lines(marked, "utilisation", "util")[0].startswith(
             f"[PASS] a bs=128 ({setting}): util"
@@ -218,19 +297,40 @@ def test_work_conserving_estimate_by_hand():
         b.add(OpKind.EXPERT, f"lane{d}", flops=flops, step=0, layer=1, batch=0)
     b.add(OpKind.ATTENTION, "compute", (0, 1), step=0, layer=2, batch=0)
     b.meta["ep"] = {"lanes": True}
-    trace = pd.DataFrame({
-        "op_id": [0, 1, 2], "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)],
-        "stream": ["lane0", "lane1", "compute"], "step": [0] * 3, "layer": [1, 1, 2],
-        "batch": [0] * 3, "start_s": [0.0, 0.0, 0.007], "end_s": [0.007, 0.003, 0.009],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "op_id": [0, 1, 2],
+            "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)],
+            "stream": ["lane0", "lane1", "compute"],
+            "step": [0] * 3,
+            "layer": [1, 1, 2],
+            "batch": [0] * 3,
+            "start_s": [0.0, 0.0, 0.007],
+            "end_s": [0.007, 0.003, 0.009],
+        }
+    )
     result = RunResult(b.build(), trace, {})
     assert work_conserving_s(result, hw) == pytest.approx(0.007)
     b.meta["ep"] = {"lanes": False}
     assert work_conserving_s(RunResult(b.build(), trace, {}), hw) is None
-    rows = [dict(case="s", batch_size=8, planner="ep_static", n_devices=2, makespan_s=0.009,
-                 wc_makespan_s=0.007),
-            dict(case="s", batch_size=8, planner="predictive_replication", n_devices=2,
-                 makespan_s=0.0075, wc_makespan_s=0.0065)]  # fmt: skip
+    rows = [
+        dict(
+            case="s",
+            batch_size=8,
+            planner="ep_static",
+            n_devices=2,
+            makespan_s=0.009,
+            wc_makespan_s=0.007,
+        ),
+        dict(
+            case="s",
+            batch_size=8,
+            planner="predictive_replication",
+            n_devices=2,
+            makespan_s=0.0075,
+            wc_makespan_s=0.0065,
+        ),
+    ]
     assert work_conserving_lines(rows) == [
         "[note] s bs=8 (lanes): each lane's kernels run on 1/2 of the SMs; if they could use the "
         "SMs idle lanes leave (work-conserving), ep_static would take about 7.00 ms, not 9.00, "
@@ -246,14 +346,24 @@ def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
     from experiments.replication import case_model, check_inputs, run_case
 
     cfg = OmegaConf.load("conf/experiment/replication.yaml")
-    case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
-                                 lanes=True, lane_sharing="shared", grouped_gemm=False,
-                                 batch_sizes=[2], prompt_len=8, n_batches=2,
-                                 planners={"predictive_replication": {"predictor": "window"}},
-                                 variants={"ep_static[1 lane]": {"planner": "ep_static",
-                                                                 "params": {"n_devices": 1}},
-                                           "orc": {"planner": "oracle_replication",
-                                                   "params": {"gate": "none"}}}))  # fmt: skip
+    case = OmegaConf.create(
+        dict(
+            model="tiny",
+            routing="synthetic_olmoe_top1",
+            n_devices=2,
+            lanes=True,
+            lane_sharing="shared",
+            grouped_gemm=False,
+            batch_sizes=[2],
+            prompt_len=8,
+            n_batches=2,
+            planners={"predictive_replication": {"predictor": "window"}},
+            variants={
+                "ep_static[1 lane]": {"planner": "ep_static", "params": {"n_devices": 1}},
+                "orc": {"planner": "oracle_replication", "params": {"gate": "none"}},
+            },
+        )
+    )
     cfg.variants = {}
     prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
     cfg.write_traces = True
@@ -287,12 +397,21 @@ def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_
     from experiments.replication import case_model, check_inputs, run_case
 
     cfg = OmegaConf.load("conf/experiment/replication.yaml")
-    case = OmegaConf.create(dict(model="tiny", routing="synthetic_olmoe_top1", n_devices=2,
-                                 lanes=True, batch_sizes=[2, 3], prompt_len=8, n_batches=2,
-                                 planners={"predictive_replication": {"predictor": "ema",
-                                                                      "window": 3}},
-                                 variants={"p[last]": {"planner": "predictive_replication",
-                                                       "params": {"predictor": "last"}}}))  # fmt: skip
+    case = OmegaConf.create(
+        dict(
+            model="tiny",
+            routing="synthetic_olmoe_top1",
+            n_devices=2,
+            lanes=True,
+            batch_sizes=[2, 3],
+            prompt_len=8,
+            n_batches=2,
+            planners={"predictive_replication": {"predictor": "ema", "window": 3}},
+            variants={
+                "p[last]": {"planner": "predictive_replication", "params": {"predictor": "last"}}
+            },
+        )
+    )
     cfg.variants = {}
     prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
     rows = run_case(cfg, "t", case, prep, tmp_path)
@@ -308,30 +427,43 @@ def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_
         check_inputs(cfg)
     # synthetic routing has no request tasks: task_mix there, in a row or a variant, is refused
     case.planners = {"predictive_replication": {"predictor": "window"}}
-    case.variants = {"p[tm]": {"planner": "predictive_replication",
-                               "params": {"predictor": "task_mix"}}}  # fmt: skip
+    case.variants = {
+        "p[tm]": {"planner": "predictive_replication", "params": {"predictor": "task_mix"}}
+    }
     cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t: p\[tm\] has predictor task_mix, which reads "
-                       r"each request's task, but synthetic_olmoe_top1 routing has none; drop "
-                       r"that variant, or move it to the ESFT cases' variants"):  # fmt: skip
+    with pytest.raises(
+        MoepipeError,
+        match=r"cases.t: p\[tm\] has predictor task_mix, which reads "
+        r"each request's task, but synthetic_olmoe_top1 routing has none; drop "
+        r"that variant, or move it to the ESFT cases' variants",
+    ):
         check_inputs(cfg)
     case.variants = {}
     case.planners = {"predictive_replication": {"predictor": "task_mix"}}
     cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t: predictive_replication has predictor "
-                       r"task_mix.*; set cases.t.planners.predictive_replication.predictor=window"):  # fmt: skip
+    with pytest.raises(
+        MoepipeError,
+        match=r"cases.t: predictive_replication has predictor "
+        r"task_mix.*; set cases.t.planners.predictive_replication.predictor=window",
+    ):
         check_inputs(cfg)
     case.planners = {"predictive_replication": "window"}
     cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t.planners.predictive_replication='window': "
-                       r"must be a mapping"):  # fmt: skip
+    with pytest.raises(
+        MoepipeError,
+        match=r"cases.t.planners.predictive_replication='window': "
+        r"must be a mapping",
+    ):
         check_inputs(cfg)
     # G larger than the experts: one line before any case runs (it came when the case's turn
     # came, after the earlier cases' runs, naming the planner's param)
     case.planners, case.n_devices = {}, 5
     cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=5 gives 5 devices, more than "
-                       r"tiny's 4 experts; set it to at most 4"):  # fmt: skip
+    with pytest.raises(
+        MoepipeError,
+        match=r"cases.t.n_devices=5 gives 5 devices, more than "
+        r"tiny's 4 experts; set it to at most 4",
+    ):
         check_inputs(cfg)
     case.n_devices, cfg.hardware_profile = 0, "h200-hgx8"  # 0: the profile's 8 GPUs
     cfg.cases = {"t": case}
@@ -358,10 +490,21 @@ def test_runs_get_the_training_files_their_predictor_reads():
     assert pred["prior_scenarios"] == str(out / "esft_train_groups.npy")
     window = {**own, **dict(case.variants["predictive_replication[window]"].params)}
     win = run_params(cfg, "esft-g8-b32", case, "predictive_replication", window, training, out)
-    before = dict(n_devices=8, lanes=False, grouped_gemm=True, dispatch="even", replica_slots=2,
-                  initial_load="l.npy", table="t.npy", predictor="window", window=4,
-                  prior_weight=2, gate="time+copy", rehome_interval=1,
-                  prior_scenarios=str(out / "esft_train_groups.npy"))  # fmt: skip
+    before = dict(
+        n_devices=8,
+        lanes=False,
+        grouped_gemm=True,
+        dispatch="even",
+        replica_slots=2,
+        initial_load="l.npy",
+        table="t.npy",
+        predictor="window",
+        window=4,
+        prior_weight=2,
+        gate="time+copy",
+        rehome_interval=1,
+        prior_scenarios=str(out / "esft_train_groups.npy"),
+    )
     assert win == before
     switch = cfg.cases["switch-base-128-g8"]
     own = {**own, **dict(switch.planners.predictive_replication)}

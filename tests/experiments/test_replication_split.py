@@ -38,9 +38,10 @@ def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
 
     cases = {
         "esft-g8": dict(routing="esft_heldout", prompt_len=64, n_batches=8, batch_sizes=[8, 128]),
-        "switch": dict(routing="synthetic_olmoe_top1", prompt_len=512, n_batches=8,
-                       batch_sizes=[128]),
-    }  # fmt: skip
+        "switch": dict(
+            routing="synthetic_olmoe_top1", prompt_len=512, n_batches=8, batch_sizes=[128]
+        ),
+    }
     lines = reuse_lines(cases, 7197)
     assert len(lines) == 1  # bs=8 (4096 tokens in all) fits; synthetic cases never wrap
     assert "esft-g8 bs=128: 8 batches of 8192 tokens from a 7197-token held-out split" in lines[0]
@@ -81,8 +82,10 @@ def test_plots_show_a_target_case_at_its_judged_batch():
     128; a case with no judged batch, or one whose judged batch did not run, at its largest."""
     from experiments.replication import plotted_batches
 
-    rows = [dict(case=c, batch_size=b) for c, b in
-            (("esft-g8", 8), ("esft-g8", 128), ("switch", 1), ("switch", 128), ("g4", 32))]  # fmt: skip
+    rows = [
+        dict(case=c, batch_size=b)
+        for c, b in (("esft-g8", 8), ("esft-g8", 128), ("switch", 1), ("switch", 128), ("g4", 32))
+    ]
     assert plotted_batches(rows, {"esft-g8": 8, "g4": 24}) == {
         "esft-g8": 8,
         "g4": 32,
@@ -133,9 +136,11 @@ def test_the_target_corner_is_eplbs_balance_and_half_the_gap():
     corner without the oracle, or where the oracle is not faster than ep_static."""
     from experiments.replication import target_corner
 
-    rows = [dict(planner="ep_static", makespan_s=0.010, balancedness=0.7),
-            dict(planner="eplb", makespan_s=0.012, balancedness=0.9),
-            dict(planner="oracle_replication", makespan_s=0.008, balancedness=0.95)]  # fmt: skip
+    rows = [
+        dict(planner="ep_static", makespan_s=0.010, balancedness=0.7),
+        dict(planner="eplb", makespan_s=0.012, balancedness=0.9),
+        dict(planner="oracle_replication", makespan_s=0.008, balancedness=0.95),
+    ]
     assert target_corner(rows) == pytest.approx((0.9, 9.0))
     assert target_corner(rows[:2]) is None
     slow = [*rows[:2], dict(planner="oracle_replication", makespan_s=0.011, balancedness=0.95)]

@@ -51,8 +51,18 @@ def test_every_table3_column_gets_its_own_overrides():
 
 def _table3(throughputs: dict[int, tuple[float, float, float, float]]) -> pd.DataFrame:
     planners = table3_steps()
-    rows = [dict(table="table3", step=step, planner=planners[step], column=col, n=15, throughput_tok_s=tp[k])
-            for col, tp in throughputs.items() for k, step in enumerate(PAPER_T3)]  # fmt: skip
+    rows = [
+        dict(
+            table="table3",
+            step=step,
+            planner=planners[step],
+            column=col,
+            n=15,
+            throughput_tok_s=tp[k],
+        )
+        for col, tp in throughputs.items()
+        for k, step in enumerate(PAPER_T3)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -67,8 +77,9 @@ def test_targets_pass_at_the_papers_own_numbers_and_name_each_miss():
     # hot/multi 1.000 does not improve, though it is within 25% of the paper's 1.296
     assert len(failed) == 2, failed
     assert any("h800-env2: klotski_hot / flexgen = 1.000 improves" in f for f in failed)
-    assert any("flexgen / layer_prefetch = 10.000 within 25% of the paper's 29.652" in f
-               for f in failed)  # fmt: skip
+    assert any(
+        "flexgen / layer_prefetch = 10.000 within 25% of the paper's 29.652" in f for f in failed
+    )
 
 
 def test_the_disk_bound_column_is_judged_within_a_factor_of_two():
@@ -101,17 +112,26 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert main(["report_only=true", f"out={tmp_path}"]) == 2
     assert "not a readable CSV" in capsys.readouterr().err
     assert main(["only=[table4]", f"out={tmp_path}"]) == 2
-    assert (
-        "only=table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
-    )
+    assert "only=table4: unknown; valid: table3,auto_n,fig14,vs_flexgen" in capsys.readouterr().err
 
 
 def test_a_report_without_table3_runs_has_no_table3_and_no_table3_targets():
     from experiments.reproduce_klotski import report
 
-    vs = pd.DataFrame([dict(table="vs_flexgen", planner=p, model="mixtral-8x7b",
-                            hardware="rtx3090-env1", batch_size=16, gen_len=32, throughput_tok_s=tp)
-                       for p, tp in (("flexgen", 20.0), ("klotski", 25.0))])  # fmt: skip
+    vs = pd.DataFrame(
+        [
+            dict(
+                table="vs_flexgen",
+                planner=p,
+                model="mixtral-8x7b",
+                hardware="rtx3090-env1",
+                batch_size=16,
+                gen_len=32,
+                throughput_tok_s=tp,
+            )
+            for p, tp in (("flexgen", 20.0), ("klotski", 25.0))
+        ]
+    )
     text = report(vs)
     assert "Table 3" not in text.split("## Targets")[0] and "nan" not in text
     assert "| 20.000 | 25.000 | 1.250 |" in text  # flexgen, klotski, their ratio
@@ -122,8 +142,19 @@ def test_a_row_beside_the_steps_is_printed_but_not_in_the_ratios():
     from experiments.reproduce_klotski import report
 
     paper = {c: tuple(PAPER_T3[s][c] for s in PAPER_T3) for c in range(3)}
-    extra = pd.DataFrame([dict(table="table3", step="klotski_multi", planner="klotski_multi",
-                               column=c, n=15, throughput_tok_s=7.0) for c in range(3)])  # fmt: skip
+    extra = pd.DataFrame(
+        [
+            dict(
+                table="table3",
+                step="klotski_multi",
+                planner="klotski_multi",
+                column=c,
+                n=15,
+                throughput_tok_s=7.0,
+            )
+            for c in range(3)
+        ]
+    )
     df = pd.concat([_table3(paper), extra], ignore_index=True)
     text = report(df)
     assert "| + Multi batches in Klotski's loop (klotski_multi) | 7.000 | - | 7.000 | - |" in text
@@ -138,8 +169,12 @@ def test_an_interrupted_run_resumes(tmp_path):
     from experiments.reproduce_klotski import run_resumable
 
     def job(planner):
-        return {"model": "tiny", "hardware": "tiny", "planner": planner,
-                "workload": Workload(1, 2, 4, 2)}  # fmt: skip
+        return {
+            "model": "tiny",
+            "hardware": "tiny",
+            "planner": planner,
+            "workload": Workload(1, 2, 4, 2),
+        }
 
     done = tmp_path / "runs.jsonl"
     first, ran = run_resumable([job("sequential")], done, workers=1)

@@ -20,10 +20,19 @@ TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "experiments.run", *args, f"hydra.run.dir={tmp_path}/run",
-         f"hydra.sweep.dir={tmp_path}/sweep"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "experiments.run",
+            *args,
+            f"hydra.run.dir={tmp_path}/run",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_run_writes_the_run_directory(tmp_path):
@@ -39,10 +48,27 @@ def test_run_writes_the_run_directory(tmp_path):
     assert (out / "summary.json").stat().st_mode & 0o777 == 0o666 & ~umask
     s = json.loads((out / "summary.json").read_text())
     for key in (
-        "planner", "executor", "model", "hardware", "batch_size", "n_batches", "prompt_len", "gen_len",
-        "tokens_generated", "makespan_s", "prefill_s", "decode_s", "throughput_tok_s", "busy_s",
-        "gpu_bubble_s", "lower_bound_s", "efficiency", "bytes_moved", "peak_bytes", "ops",
-    ):  # fmt: skip
+        "planner",
+        "executor",
+        "model",
+        "hardware",
+        "batch_size",
+        "n_batches",
+        "prompt_len",
+        "gen_len",
+        "tokens_generated",
+        "makespan_s",
+        "prefill_s",
+        "decode_s",
+        "throughput_tok_s",
+        "busy_s",
+        "gpu_bubble_s",
+        "lower_bound_s",
+        "efficiency",
+        "bytes_moved",
+        "peak_bytes",
+        "ops",
+    ):
         assert key in s, key
     assert s["tokens_generated"] == 2 * 2 * 3
     assert s["throughput_tok_s"] == pytest.approx(s["tokens_generated"] / s["makespan_s"])
@@ -87,10 +113,25 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
 def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
     """Every experiment's choices and keys compose under the run schema (--cfg job composes
     without running); a mistyped key under an experiment is one line naming the nearest."""
-    for name in ("compare", "fig10", "fig11", "klotski_fig14", "klotski_table3",
-                 "klotski_vs_flexgen"):  # fmt: skip
-        r = run(["--cfg", "job", f"experiment={name}", "workload.gen_len=2",
-                 "workload.batch_size=4", "executor.name=sim"], tmp_path)  # fmt: skip
+    for name in (
+        "compare",
+        "fig10",
+        "fig11",
+        "klotski_fig14",
+        "klotski_table3",
+        "klotski_vs_flexgen",
+    ):
+        r = run(
+            [
+                "--cfg",
+                "job",
+                f"experiment={name}",
+                "workload.gen_len=2",
+                "workload.batch_size=4",
+                "executor.name=sim",
+            ],
+            tmp_path,
+        )
         assert r.returncode == 0 and "planner:" in r.stdout, (name, r.stderr)
     r = run(["-m", "experiment=compare", "workload.batchsize=8"], tmp_path)
     assert r.returncode == 2
@@ -101,7 +142,10 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
     "args, message",
     [
         (["planner=nope"], "planner=nope: no conf/planner/nope.yaml; valid: ep_static,"),
-        (["planner=flexgn"], "planner=flexgn: no conf/planner/flexgn.yaml; did you mean 'flexgen'?"),
+        (
+            ["planner=flexgn"],
+            "planner=flexgn: no conf/planner/flexgn.yaml; did you mean 'flexgen'?",
+        ),
         (["-m", "model=tiny,mixtral-9x7b"], "model=mixtral-9x7b: no conf/model/mixtral-9x7b.yaml"),
         (["hardware.links.h2d.gbps=-1"], "links.h2d.gbps must be positive"),
         (["hardware.memory_gb.gpu=0"], "memory.gpu must be a positive capacity"),
@@ -110,8 +154,14 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
         # a KV cache larger than GPU + CPU memory; a small machine rather than a long prompt,
         # whose routing alone took 13 GB before the check was reached
-        (["workload.prompt_len=40000", "hardware.memory_gb.gpu=0.09", "hardware.memory_gb.cpu=0.002"],
-         "KV cache"),
+        (
+            [
+                "workload.prompt_len=40000",
+                "hardware.memory_gb.gpu=0.09",
+                "hardware.memory_gb.cpu=0.002",
+            ],
+            "KV cache",
+        ),
         (["+planner.params.bogus=1"], "unknown param(s) ['bogus']"),
         (["planner.params.sync=maybe"], "planner.params.sync=maybe: not true or false"),
         (["workload.routing.source=bogus"], "workload.routing.source='bogus' unknown; valid:"),
@@ -125,8 +175,14 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         (["hardware.links.h2d=16"], "hardware.links.h2d=16: Invalid type assigned"),
         (["hardware.gpu=null"], "hardware.gpu=null: field 'hardware.gpu' is not Optional"),
         (["hardware.gpu.tflops=abc"], "hardware.gpu.tflops=abc: not a number"),
-        (["hardware.gpu.overhed_us=50"], "hardware.gpu.overhed_us: unknown key; did you mean 'overhead_us'?"),
-        (["planner.params.synk=true"], "planner.params.synk: unknown key; did you mean 'sync'? valid: sync"),
+        (
+            ["hardware.gpu.overhed_us=50"],
+            "hardware.gpu.overhed_us: unknown key; did you mean 'overhead_us'?",
+        ),
+        (
+            ["planner.params.synk=true"],
+            "planner.params.synk: unknown key; did you mean 'sync'? valid: sync",
+        ),
         (["planner=fiddler", "planner.params.policy=x"], "policy must be one of"),
         (["experiment=replication"], "run python -m experiments.replication"),
         (["foo=bar"], "foo: unknown key; valid: checkpoint, executor, hardware, model, planner,"),
@@ -153,10 +209,15 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path):
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_missing_trace_file_is_named(tmp_path):
     r = run(
-        ["model=deepseek-v2-lite", "hardware=h200", "workload=tiny", "planner=flexgen",
-         f"workload.routing.trace_dir={tmp_path}/nowhere"],
+        [
+            "model=deepseek-v2-lite",
+            "hardware=h200",
+            "workload=tiny",
+            "planner=flexgen",
+            f"workload.routing.trace_dir={tmp_path}/nowhere",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     assert r.returncode == 2
     assert "nowhere" in r.stderr and "esft_routing.npz" in r.stderr and "Traceback" not in r.stderr
 
@@ -174,13 +235,19 @@ def test_model_from_a_hugging_face_config(tmp_path):
     (ckpt / "config.json").write_text(
         json.dumps(
             {
-                "model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64,
-                "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+                "model_type": "mixtral",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 256,
                 "torch_dtype": "bfloat16",
             }
         )
-    )  # fmt: skip
+    )
     r = run(
         ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"], tmp_path
     )
@@ -237,11 +304,20 @@ def test_runs_are_the_same_in_every_process(planner, tmp_path):
     traces = []
     for seed in ("1", "2"):
         r = subprocess.run(
-            [sys.executable, "-m", "experiments.run", *TINY, f"planner={planner}",
-             f"hydra.run.dir={tmp_path}/{seed}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "experiments.run",
+                *TINY,
+                f"planner={planner}",
+                f"hydra.run.dir={tmp_path}/{seed}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
             env={**os.environ, "PYTHONHASHSEED": seed},
-        )  # fmt: skip
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         traces.append(pd.read_parquet(tmp_path / seed / "trace.parquet"))
     assert len(traces[0]) and traces[0].equals(traces[1])
@@ -295,8 +371,13 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
     copy = tmp_path / "traces" / TRACE_NAME / TRACE_FILE
     copy.parent.mkdir(parents=True)
     shutil.copy(src, copy)
-    args = ["model=deepseek-v2-lite", "hardware=h200", "workload=tiny", "planner=flexgen",
-            f"workload.routing.trace_dir={tmp_path / 'traces'}"]  # fmt: skip
+    args = [
+        "model=deepseek-v2-lite",
+        "hardware=h200",
+        "workload=tiny",
+        "planner=flexgen",
+        f"workload.routing.trace_dir={tmp_path / 'traces'}",
+    ]
     assert run(args, tmp_path).returncode == 0
     assert "# routing trace" in (tmp_path / "run" / "config.yaml").read_text()
     r = run(args, tmp_path)
@@ -406,9 +487,16 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     def sigint_default() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=sigint_default)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=sigint_default,
+    )
     deadline = time.time() + 120
     while not list(tmp_path.glob("multirun/*/*/*/*/summary.json")) and time.time() < deadline:
         time.sleep(0.05)
@@ -418,11 +506,19 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     (sweep,) = {p.parents[2].resolve() for p in tmp_path.glob("multirun/*/*/*/*/summary.json")}
     last = err.strip().splitlines()[-1]
-    assert last == (f"interrupted: finished runs are kept in {sweep}; to resume, run the same "
-                    f"command with hydra.sweep.dir={sweep}")  # fmt: skip
+    assert last == (
+        f"interrupted: finished runs are kept in {sweep}; to resume, run the same "
+        f"command with hydra.sweep.dir={sweep}"
+    )
     done = len(list(sweep.rglob("summary.json")))
-    r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [*cmd, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert (r.stdout + r.stderr).count("already finished") >= done >= 1
     assert len(list(sweep.rglob("summary.json"))) == 7
@@ -433,14 +529,17 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
     warns of a semaphore the interrupted pool left registered; it said so after the line that
     says how to resume (the last line in 1 of 15 interrupted sweeps). Here the leak is made on
     purpose, so the tracker always warns: before the line."""
-    code = ("from joblib.externals.loky.backend import resource_tracker\n"
-            "from experiments.cli import until_interrupted\n"
-            "resource_tracker.register('/moepipe-test-leak', 'semlock')\n"
-            "def main():\n"
-            "    raise KeyboardInterrupt\n"
-            "until_interrupted(main)\n")  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    code = (
+        "from joblib.externals.loky.backend import resource_tracker\n"
+        "from experiments.cli import until_interrupted\n"
+        "resource_tracker.register('/moepipe-test-leak', 'semlock')\n"
+        "def main():\n"
+        "    raise KeyboardInterrupt\n"
+        "until_interrupted(main)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 130, r.stderr
     assert "leaked semlock" in r.stderr  # the tracker did speak
     assert r.stderr.strip().splitlines()[-1].startswith("interrupted: "), r.stderr
@@ -450,13 +549,21 @@ def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path):
     """The same points swept in another order reuse their runs (the folders were numbered by
     job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""
     args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw", "hydra.launcher.n_jobs=1"]
-    first = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
-                            "workload.prompt_len=8,16"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    first = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "-m", *args, "workload.prompt_len=8,16"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run([sys.executable, "-m", "experiments.run", "-m", *args,
-                            "workload.prompt_len=16,8"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "-m", *args, "workload.prompt_len=16,8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0 and "2 already finished, reused" in again.stderr
     assert "another config" not in again.stdout + again.stderr
     assert len(list((tmp_path / "sw").rglob("summary.json"))) == 2

@@ -15,11 +15,23 @@ def test_a_sweep_runs_through_submitit(tmp_path):
     """Two planners swept with submitit_local: each point's run directory has its summary, of
     its own planner, and submitit's job folders (one per point) hold what its jobs wrote."""
     r = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "-m", "model=tiny", "hardware=tiny",
-         "workload=tiny", "planner=sequential,flexgen", "hydra/launcher=submitit_local",
-         f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "experiments.run",
+            "-m",
+            "model=tiny",
+            "hardware=tiny",
+            "workload=tiny",
+            "planner=sequential,flexgen",
+            "hydra/launcher=submitit_local",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summaries = sorted(tmp_path.rglob("summary.json"))
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}

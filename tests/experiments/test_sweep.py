@@ -31,9 +31,19 @@ SERIAL = "hydra.launcher.n_jobs=1"
 
 
 def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", *TINY,
-           "planner=sequential,fiddler", "workload.batch_size=2,4", f"hydra.sweep.dir={sweep_dir}",
-           f"hydra.launcher.n_jobs={n_jobs}", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        "experiment=compare",
+        *TINY,
+        "planner=sequential,fiddler",
+        "workload.batch_size=2,4",
+        f"hydra.sweep.dir={sweep_dir}",
+        f"hydra.launcher.n_jobs={n_jobs}",
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
 
 
@@ -57,13 +67,17 @@ def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
 def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(tmp_path: Path) -> None:
     """Sweeping a key the experiment's dir name leaves out (prompt length): one sub-dir per
     value, each with its own summary (before, both wrote one dir and one result was lost)."""
-    r = sweep(tmp_path / "p", "planner=sequential", "workload.batch_size=2",
-              "workload.prompt_len=8,16")  # fmt: skip
+    r = sweep(
+        tmp_path / "p", "planner=sequential", "workload.batch_size=2", "workload.prompt_len=8,16"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    runs = sorted(p.parent.relative_to(tmp_path / "p").as_posix()
-                  for p in (tmp_path / "p").rglob("summary.json"))  # fmt: skip
-    assert runs == [f"tiny_tiny_sequential_bs2_n2_g8/workload.prompt_len={n},workload=tiny"
-                    for n in (16, 8)]  # fmt: skip
+    runs = sorted(
+        p.parent.relative_to(tmp_path / "p").as_posix()
+        for p in (tmp_path / "p").rglob("summary.json")
+    )
+    assert runs == [
+        f"tiny_tiny_sequential_bs2_n2_g8/workload.prompt_len={n},workload=tiny" for n in (16, 8)
+    ]
     df, _ = collect(tmp_path / "p")
     assert sorted(df["workload.prompt_len"]) == [8, 16]
     # the end-of-sweep table tells the two rows apart by those overrides
@@ -103,8 +117,14 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     their mean (before, Klotski at bs 4 and 16 was drawn as one line of their averages)."""
     from experiments.report import _lines
 
-    df = pd.DataFrame({"system": ["klotski_at_n"] * 4, "n_batches": [2, 6, 2, 6],
-                       "workload.batch_size": [4, 4, 16, 16], "throughput_tok_s": [1.8, 4.6, 5.7, 8.3]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "system": ["klotski_at_n"] * 4,
+            "n_batches": [2, 6, 2, 6],
+            "workload.batch_size": [4, 4, 16, 16],
+            "throughput_tok_s": [1.8, 4.6, 5.7, 8.3],
+        }
+    )
     lines = _lines(df, "n_batches")
     assert [label for label, _ in lines] == ["klotski_at_n, bs 4", "klotski_at_n, bs 16"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
@@ -112,7 +132,9 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     # runs of one point that differ in another override (sub-dirs of its dir): lines of their own
     df2 = df.assign(run_dir=["p/a=1", "p/a=1", "p/a=2", "p/a=2"], **{"workload.batch_size": 4})
     assert [label for label, _ in _lines(df2, "n_batches")] == [
-        "klotski_at_n, a=1", "klotski_at_n, a=2"]  # fmt: skip
+        "klotski_at_n, a=1",
+        "klotski_at_n, a=2",
+    ]
 
 
 def test_report_lines_average_only_repeats_of_one_config() -> None:
@@ -122,19 +144,27 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
     per batch size) does not split its line against batch size."""
     from experiments.report import _lines
 
-    df = pd.DataFrame({
-        "system": ["flexgen"] * 4 + ["klotski"] * 2,
-        "workload.batch_size": [8, 16, 8, 16, 8, 16], "n_batches": [15, 15, 15, 15, 63, 61],
-        "workload.n_batches": [15] * 4 + [-1, -1],
-        "planner.params.sync": [True, True, False, False, None, None],
-        "workload.seed": [0, 1, 0, 1, 0, 0], "executor.name": ["sim"] * 6,
-        "throughput_tok_s": [6.7, 8.25, 7.9, 9.2, 30.0, 31.0],
-    })  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "system": ["flexgen"] * 4 + ["klotski"] * 2,
+            "workload.batch_size": [8, 16, 8, 16, 8, 16],
+            "n_batches": [15, 15, 15, 15, 63, 61],
+            "workload.n_batches": [15] * 4 + [-1, -1],
+            "planner.params.sync": [True, True, False, False, None, None],
+            "workload.seed": [0, 1, 0, 1, 0, 0],
+            "executor.name": ["sim"] * 6,
+            "throughput_tok_s": [6.7, 8.25, 7.9, 9.2, 30.0, 31.0],
+        }
+    )
     lines = _lines(df, "workload.batch_size")
     assert [label for label, _ in lines] == ["flexgen, sync False", "flexgen, sync True", "klotski"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [6.7, 8.25]
-    real = df.assign(**{"executor.name": ["sim", "sim", "real", "real", "sim", "sim"],
-                        "executor.device": [None, None, "cpu", "cpu", None, None]})  # fmt: skip
+    real = df.assign(
+        **{
+            "executor.name": ["sim", "sim", "real", "real", "sim", "sim"],
+            "executor.device": [None, None, "cpu", "cpu", None, None],
+        }
+    )
     assert [label for label, _ in _lines(real, "workload.batch_size")][:2] == [
         "flexgen, real",
         "flexgen, sim",
@@ -168,8 +198,13 @@ def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
 
 
 def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 4
     assert len(pd.read_csv(tmp_path / "results.csv")) == 4
@@ -178,9 +213,13 @@ def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None
 def test_collect_keeps_true_false_of_a_param_some_planners_lack(tmp_path: Path) -> None:
     """FlexGen's rows lack Klotski's hot_prefetch: the column held True and NaN, and was written
     as the strings 'true' and 'NaN', so `isna()` missed FlexGen and `== True` matched nothing."""
-    df = pd.DataFrame({"planner.name": ["flexgen", "klotski"],
-                       "params.hot_prefetch": [float("nan"), True],
-                       "params.tasks": [float("nan"), ["law", "intent"]]})  # fmt: skip
+    df = pd.DataFrame(
+        {
+            "planner.name": ["flexgen", "klotski"],
+            "params.hot_prefetch": [float("nan"), True],
+            "params.tasks": [float("nan"), ["law", "intent"]],
+        }
+    )
     pq, _ = write_results(df, tmp_path)
     back = pd.read_parquet(pq)
     assert back["params.hot_prefetch"].isna().tolist() == [True, False]
@@ -191,9 +230,13 @@ def test_collect_keeps_true_false_of_a_param_some_planners_lack(tmp_path: Path) 
 
 def test_collect_cli_out_under_a_file_is_one_line(swept: Path, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
-    r = subprocess.run([sys.executable, "-m", "experiments.collect", f"dir={swept}",
-                        f"out={tmp_path / 'afile'}"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path / 'afile'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "out=" in err[0], r.stderr
 
@@ -247,7 +290,9 @@ def test_report_names_the_winner_and_its_margin_above_the_first_figure(
     assert f"{winner} has the highest throughput" in top
     assert f"{best[winner]:.2f} tok/s" in top
     assert f"{best[winner] / best[other]:.2f}x {other} ({best[other]:.2f})" in top
-    assert "waits on load expert@disk 75%, late@gpu 25%: mostly expert weights read from disk" in top
+    assert (
+        "waits on load expert@disk 75%, late@gpu 25%: mostly expert weights read from disk" in top
+    )
     ranked = re.findall(r"<td>(sequential|fiddler)</td>", top)
     assert ranked == [winner, other]
     runs = page[page.index("Runs (fastest first)") :]
@@ -262,8 +307,18 @@ def test_collect_has_one_column_per_quantity(swept: Path) -> None:
     df, _ = collect(swept)
     cols = set(df.columns)
     assert not [c for c in cols if " " in c]
-    assert not {"batch_size", "prompt_len", "gen_len", "planner", "executor", "hardware",
-                "planner_label"} & cols  # fmt: skip
+    assert (
+        not {
+            "batch_size",
+            "prompt_len",
+            "gen_len",
+            "planner",
+            "executor",
+            "hardware",
+            "planner_label",
+        }
+        & cols
+    )
     assert not [c for c in cols if c.startswith("params.")]
     # a key under a config group is not repeated under its bare name; n_batches is the n a run
     # ran (Klotski picks its own), workload.n_batches the n it was given
@@ -277,8 +332,18 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
     """The load-balance figure looked for a plan.*load_balance* key no planner writes, so it
     never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
     d = tmp_path / "ep"
-    cmd = [sys.executable, "-m", "experiments.run", "-m", *TINY, "planner=ep_static,eplb",
-           "+planner.params.n_devices=2", "+hardware.n_gpus=2", f"hydra.sweep.dir={d}", SERIAL]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        *TINY,
+        "planner=ep_static,eplb",
+        "+planner.params.n_devices=2",
+        "+hardware.n_gpus=2",
+        f"hydra.sweep.dir={d}",
+        SERIAL,
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert report_main([f"dir={d}", f"out={tmp_path / 'rep'}"]) == 0
@@ -310,8 +375,20 @@ def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
         "'IMAGES '+i.length+' BROKEN '+i.filter(x=>!(x.complete&&x.naturalWidth>0)).length;});</script>"
     )
     page.write_text(page.read_text().replace("</body>", check + "</body>"))
-    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                        "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     m = re.search(r"<title>IMAGES (\d+) BROKEN (\d+)</title>", r.stdout)
     assert m, r.stderr[-2000:]
     assert int(m.group(1)) == len(images_of(tmp_path / "index.html")) > 0 and m.group(2) == "0"
@@ -323,8 +400,18 @@ def test_a_sweep_of_infeasible_runs_says_so(
     """Every run infeasible (Mixtral-8x22B on the tiny machine): the end-of-sweep table lists
     each with its reason, no report is attempted, and the report command says why in one line."""
     d = tmp_path / "inf"
-    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "model=mixtral-8x22b",
-           "hardware=tiny", "planner=sequential", f"hydra.sweep.dir={d}", SERIAL]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        "experiment=compare",
+        "model=mixtral-8x22b",
+        "hardware=tiny",
+        "planner=sequential",
+        f"hydra.sweep.dir={d}",
+        SERIAL,
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sequential           infeasible at bs 16: model mixtral-8x22b" in r.stdout
@@ -355,8 +442,12 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
     from experiments.callbacks import finished_runs
 
     start = 1_000_000.0
-    for name, job_t, summary_t in [("old", start - 60, start - 60), ("reused", start + 5, start - 60),
-                                   ("new", start + 5, start + 9), ("running", start + 5, None)]:  # fmt: skip
+    for name, job_t, summary_t in [
+        ("old", start - 60, start - 60),
+        ("reused", start + 5, start - 60),
+        ("new", start + 5, start + 9),
+        ("running", start + 5, None),
+    ]:
         (tmp_path / name / ".hydra").mkdir(parents=True)
         os.utime(tmp_path / name / ".hydra", (0, 0))
         hy = tmp_path / name / ".hydra" / "hydra.yaml"
@@ -381,14 +472,37 @@ def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_pa
     model='s group, a panel of its own)."""
     ck = tmp_path / "ck"
     ck.mkdir()
-    (ck / "config.json").write_text(json.dumps(dict(
-        model_type="mixtral", vocab_size=256, torch_dtype="bfloat16", hidden_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, intermediate_size=128, head_dim=16,
-    )))  # fmt: skip
-    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=compare", "hardware=tiny",
-           "workload=tiny", f"+model.hf_config={ck}", "planner=sequential",
-           "hardware.memory_gb.gpu=0.00001,1.0", f"hydra.sweep.dir={tmp_path / 's'}", SERIAL]  # fmt: skip
+    (ck / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="mixtral",
+                vocab_size=256,
+                torch_dtype="bfloat16",
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                intermediate_size=128,
+                head_dim=16,
+            )
+        )
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        "experiment=compare",
+        "hardware=tiny",
+        "workload=tiny",
+        f"+model.hf_config={ck}",
+        "planner=sequential",
+        "hardware.memory_gb.gpu=0.00001,1.0",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        SERIAL,
+    ]
     first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0 and "infeasible" in first.stderr, first.stderr[-3000:]
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)

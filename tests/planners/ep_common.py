@@ -13,8 +13,9 @@ from planners.expert_parallel import ExpertTime, Layout
 
 def tiny_spec(planner: str, **params) -> RunSpec:
     model = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/tiny.yaml").read_text()))
-    hw = HardwareSpec.from_dict({**yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text()),
-                                 "n_gpus": 4})  # fmt: skip
+    hw = HardwareSpec.from_dict(
+        {**yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text()), "n_gpus": 4}
+    )
     wl = Workload(
         batch_size=2,
         n_batches=3,

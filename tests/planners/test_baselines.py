@@ -13,17 +13,32 @@ from core.types import OpKind, Tier
 from experiments.pipeline import RunSpec, build_schedule, simulate_run
 
 BASELINES = ["moe_infinity", "fiddler", "mixtral_offloading", "zero_inference"]
-TINY_MODEL = dict(name="tiny", family="mixtral", n_layers=2, hidden_size=64, expert_ffn_size=128,
-                  n_experts=4, top_k=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=256)  # fmt: skip
+TINY_MODEL = dict(
+    name="tiny",
+    family="mixtral",
+    n_layers=2,
+    hidden_size=64,
+    expert_ffn_size=128,
+    n_experts=4,
+    top_k=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    vocab_size=256,
+)
 
 
 def hardware(gpu_gb: float) -> HardwareSpec:
     """Round numbers (1 GB/s links, 1 TFLOP/s GPU); one tiny expert is 49152 B."""
-    return HardwareSpec.from_dict(dict(
-        name=f"tiny-{gpu_gb}", memory_gb={"gpu": gpu_gb, "cpu": 4.0, "disk": 100.0},
-        gpu={"tflops": 1.0, "mem_bw_gbps": 1000.0}, cpu={"tflops": 0.1, "mem_bw_gbps": 100.0},
-        links={"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.1}},
-    ))  # fmt: skip
+    return HardwareSpec.from_dict(
+        dict(
+            name=f"tiny-{gpu_gb}",
+            memory_gb={"gpu": gpu_gb, "cpu": 4.0, "disk": 100.0},
+            gpu={"tflops": 1.0, "mem_bw_gbps": 1000.0},
+            cpu={"tflops": 0.1, "mem_bw_gbps": 100.0},
+            links={"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.1}},
+        )
+    )
 
 
 def spec(planner: str, gpu_gb: float, **params: object) -> RunSpec:
@@ -86,8 +101,13 @@ def test_flexgen_step_sync(sync: bool) -> None:
     loaded during its attention's first batch, are all in before the second batch's attention
     starts. Without `sync` they overlap the later batches. Either way, a batch's offloaded KV
     load is issued beside the previous batch's attention, not after it (double buffering)."""
-    wl = Workload(batch_size=4, n_batches=3, prompt_len=64, gen_len=4,
-                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    wl = Workload(
+        batch_size=4,
+        n_batches=3,
+        prompt_len=64,
+        gen_len=4,
+        routing=RoutingConfig(source="synthetic"),
+    )
     s = RunSpec(ModelSpec.from_dict(TINY_MODEL), hardware(0.001), wl, "flexgen", dict(sync=sync))
     res = simulate_run(s)
     t, ops = res.trace, res.schedule.ops

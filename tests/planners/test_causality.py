@@ -77,14 +77,18 @@ def test_task_mix_reads_the_batchs_labels_not_its_routing(tiny_model, tiny_hw, t
     wl = Workload(batch_size=2, n_batches=2, prompt_len=4, gen_len=3)
     rng = np.random.default_rng(1)
     base = random_routing(tiny_model, wl)
-    base = replace(base, labels=rng.integers(0, 2, base.expert_ids.shape[:2]).astype(np.int16),
-                   label_names=("a", "b"))  # fmt: skip
+    base = replace(
+        base,
+        labels=rng.integers(0, 2, base.expert_ids.shape[:2]).astype(np.int16),
+        label_names=("a", "b"),
+    )
     shape = (2, len(tiny_model.moe_layers), tiny_model.n_experts)
     np.save(tmp_path / "task_load.npy", rng.random(shape) ** 4 * 100)  # skewed per label
     params = {**EP_PARAMS, "predictor": "task_mix", "task_load": str(tmp_path / "task_load.npy")}
     for step in STEPS:
-        one, two = peek_check_pair("predictive_replication", params, tiny_model, tiny_hw, wl,
-                                   base, step)  # fmt: skip
+        one, two = peek_check_pair(
+            "predictive_replication", params, tiny_model, tiny_hw, wl, base, step
+        )
         early = early_ops(one, two, tiny_model, step)
         assert not early, f"ops decided from routing not yet seen: {early[:5]}"
 
@@ -122,9 +126,13 @@ def peek_check_pair(name, params, model, tiny_hw, wl, base, step):
 def early_ops(one, two, model, step) -> list[str]:
     """Labels of the ops of `two` not in `one` that do not wait for the changed batch's gate."""
     layer = model.moe_layers[MOE]
-    gates = [op.id for op in two.ops
-             if op.kind == OpKind.GATE and (op.step, op.layer) == (step, layer)
-             and op.batch in (BATCH, -1)]  # fmt: skip
+    gates = [
+        op.id
+        for op in two.ops
+        if op.kind == OpKind.GATE
+        and (op.step, op.layer) == (step, layer)
+        and op.batch in (BATCH, -1)
+    ]
     assert gates, "no gate op for the changed token"
     waits = set().union(*(after(two, g) for g in gates))
     kept = Counter(op._replace(id=0, deps=()) for op in one.ops)

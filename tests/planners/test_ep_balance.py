@@ -124,11 +124,21 @@ def test_gpu_load_of_shared_lanes_counts_kernels_not_launches():
     """Two lanes of one GPU sharing its SMs: lane 0's op spans [0, 3] s with a 1 s launch (its
     kernel runs [1, 3]), lane 1's [0, 2] with a 0.5 s launch ([0.5, 2]): a kernel runs in
     [0.5, 3], so GPUtil's load is 2.5 / 3; without launch_s both ops count from 0 (load 1)."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 2, "resource": ["gpu", "gpu:1"], "stream": ["lane0", "lane1"],
-        "step": [0, 0], "layer": [1, 1], "batch": [0, 0], "tokens": [4, 4],
-        "start_s": [0.0, 0.0], "end_s": [3.0, 2.0], "sm_s": [1.0, 0.5], "launch_s": [1.0, 0.5],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 2,
+            "resource": ["gpu", "gpu:1"],
+            "stream": ["lane0", "lane1"],
+            "step": [0, 0],
+            "layer": [1, 1],
+            "batch": [0, 0],
+            "tokens": [4, 4],
+            "start_s": [0.0, 0.0],
+            "end_s": [3.0, 2.0],
+            "sm_s": [1.0, 0.5],
+            "launch_s": [1.0, 0.5],
+        }
+    )
     assert balance_metrics(trace, 2, lanes=True)["gpu_load"] == pytest.approx(2.5 / 3)
     assert balance_metrics(trace.drop(columns="launch_s"), 2, lanes=True)["gpu_load"] == 1.0
 
@@ -136,10 +146,18 @@ def test_gpu_load_of_shared_lanes_counts_kernels_not_launches():
 def test_balance_metrics_hand_worked():
     """One layer, 2 devices: device 0 runs 30 tokens in [0, 3] s, device 1 10 tokens in [0, 1] s.
     balancedness = mean 20 / max 30; utilisation = (3 + 1) / (2 x 3)."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 2, "resource": ["gpu", "gpu:1"], "step": [0, 0], "layer": [1, 1],
-        "batch": [0, 0], "tokens": [30, 10], "start_s": [0.0, 0.0], "end_s": [3.0, 1.0],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 2,
+            "resource": ["gpu", "gpu:1"],
+            "step": [0, 0],
+            "layer": [1, 1],
+            "batch": [0, 0],
+            "tokens": [30, 10],
+            "start_s": [0.0, 0.0],
+            "end_s": [3.0, 1.0],
+        }
+    )
     m = balance_metrics(trace, 2)
     assert m["balancedness"] == pytest.approx(2 / 3)
     assert m["utilisation"] == pytest.approx(4 / 6)
@@ -152,11 +170,18 @@ def test_phases_give_each_layer_and_batch_its_own_row():
     0 tokens, balancedness 4 / 8, util 2 / (2 x 2)."""
     from core.balance import phases
 
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 3, "resource": ["gpu", "gpu:1", "gpu:1"], "step": [0, 0, 0],
-        "layer": [1, 1, 2], "batch": [0, 0, 0], "tokens": [30, 10, 8], "start_s": [0.0, 0.0, 4.0],
-        "end_s": [3.0, 1.0, 6.0],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 3,
+            "resource": ["gpu", "gpu:1", "gpu:1"],
+            "step": [0, 0, 0],
+            "layer": [1, 1, 2],
+            "batch": [0, 0, 0],
+            "tokens": [30, 10, 8],
+            "start_s": [0.0, 0.0, 4.0],
+            "end_s": [3.0, 1.0, 6.0],
+        }
+    )
     t = phases(trace, 2).set_index("layer")
     assert t.loc[1, ["tokens_0", "tokens_1", "max_tokens", "mean_tokens"]].tolist() == [
         30,
@@ -173,11 +198,18 @@ def test_phases_give_each_layer_and_batch_its_own_row():
 def test_utilisation_is_busy_over_makespan_and_phase_util_is_separate():
     """Device 0: expert [0, 3] s then attention [3, 4] s; device 1: expert [0, 1] s. Makespan 4 s:
     utilisation = (4 + 1) / (2 x 4) = 5/8; expert phase [0, 3]: phase util = (3 + 1) / (2 x 3)."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)], "resource": ["gpu", "gpu:1", "gpu"],
-        "step": [0, 0, 0], "layer": [1, 1, 2], "batch": [0, 0, 0], "tokens": [30, 10, 40],
-        "start_s": [0.0, 0.0, 3.0], "end_s": [3.0, 1.0, 4.0],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)],
+            "resource": ["gpu", "gpu:1", "gpu"],
+            "step": [0, 0, 0],
+            "layer": [1, 1, 2],
+            "batch": [0, 0, 0],
+            "tokens": [30, 10, 40],
+            "start_s": [0.0, 0.0, 3.0],
+            "end_s": [3.0, 1.0, 4.0],
+        }
+    )
     m = balance_metrics(trace, 2)
     assert m["utilisation"] == pytest.approx(5 / 8)
     assert m["expert_phase_util"] == pytest.approx(4 / 6)
@@ -188,11 +220,19 @@ def test_on_lanes_a_whole_gpu_op_keeps_every_lane_busy():
     """Lanes (2 partitions of one GPU): expert [0, 3] s on lane 0, [0, 1] s on lane 1, then
     attention [3, 4] s on the whole GPU (stream `compute`). Utilisation = (3 + 1 + 1 + 1) / (2 x 4);
     as 2 GPUs (the attention on GPU 0 alone) it is (3 + 1 + 1) / (2 x 4)."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)], "resource": ["gpu", "gpu:1", "gpu"],
-        "stream": ["lane0", "lane1", "compute"], "step": [0, 0, 0], "layer": [1, 1, 2],
-        "batch": [0, 0, 0], "tokens": [30, 10, 40], "start_s": [0.0, 0.0, 3.0], "end_s": [3.0, 1.0, 4.0],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 2 + [str(OpKind.ATTENTION)],
+            "resource": ["gpu", "gpu:1", "gpu"],
+            "stream": ["lane0", "lane1", "compute"],
+            "step": [0, 0, 0],
+            "layer": [1, 1, 2],
+            "batch": [0, 0, 0],
+            "tokens": [30, 10, 40],
+            "start_s": [0.0, 0.0, 3.0],
+            "end_s": [3.0, 1.0, 4.0],
+        }
+    )
     assert balance_metrics(trace, 2, lanes=True)["utilisation"] == pytest.approx(6 / 8)
     assert balance_metrics(trace, 2, lanes=True)["device_busy_frac"] == pytest.approx([1.0, 0.5])
     assert balance_metrics(trace, 2)["utilisation"] == pytest.approx(5 / 8)
@@ -203,12 +243,19 @@ def test_gpu_load_is_the_time_some_kernel_runs_per_gpu():
     [0, 3], lane 1 [0, 1] and [2.5, 3.5], whole GPU [4, 5]): 4.5 / 5, while the lanes' mean busy
     time is (3 + 1 + 1 + 1 + 1) / (2 x 5) = 0.7. As 2 GPUs: GPU 0 busy 4 of 5 s, GPU 1 2 of 5:
     load 0.6, the same as utilisation."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 3 + [str(OpKind.ATTENTION)],
-        "resource": ["gpu", "gpu:1", "gpu:1", "gpu"], "stream": ["lane0", "lane1", "lane1", "compute"],
-        "step": [0] * 4, "layer": [1, 1, 3, 2], "batch": [0] * 4, "tokens": [30, 10, 10, 40],
-        "start_s": [0.0, 0.0, 2.5, 4.0], "end_s": [3.0, 1.0, 3.5, 5.0],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 3 + [str(OpKind.ATTENTION)],
+            "resource": ["gpu", "gpu:1", "gpu:1", "gpu"],
+            "stream": ["lane0", "lane1", "lane1", "compute"],
+            "step": [0] * 4,
+            "layer": [1, 1, 3, 2],
+            "batch": [0] * 4,
+            "tokens": [30, 10, 10, 40],
+            "start_s": [0.0, 0.0, 2.5, 4.0],
+            "end_s": [3.0, 1.0, 3.5, 5.0],
+        }
+    )
     lanes = balance_metrics(trace, 2, lanes=True)
     assert lanes["gpu_load"] == pytest.approx(4.5 / 5)
     assert lanes["utilisation"] == pytest.approx(0.7)
@@ -216,13 +263,22 @@ def test_gpu_load_is_the_time_some_kernel_runs_per_gpu():
     assert gpus["gpu_load"] == pytest.approx(0.6) == gpus["utilisation"]
     # GPU 1 receives tokens over its link in [1, 2] (a dispatch kernel) and gets a replica copy
     # in [3.5, 5] (the copy engine): load (4 + 3) / 10, utilisation unchanged
-    moves = pd.DataFrame({
-        "kind": [str(OpKind.DISPATCH), str(OpKind.LOAD)], "resource": ["p2p:1", "p2p:1"],
-        "stream": ["dispatch1", "replicas1"], "step": [0, 0], "layer": [1, 1], "batch": [0, 0],
-        "tokens": [10, 0], "start_s": [1.0, 3.5], "end_s": [2.0, 5.0],
-    })  # fmt: skip
-    both = pd.concat([trace, moves.assign(tensor=[str(Tensor.HIDDEN), str(Tensor.EXPERT)])],
-                     ignore_index=True)  # fmt: skip
+    moves = pd.DataFrame(
+        {
+            "kind": [str(OpKind.DISPATCH), str(OpKind.LOAD)],
+            "resource": ["p2p:1", "p2p:1"],
+            "stream": ["dispatch1", "replicas1"],
+            "step": [0, 0],
+            "layer": [1, 1],
+            "batch": [0, 0],
+            "tokens": [10, 0],
+            "start_s": [1.0, 3.5],
+            "end_s": [2.0, 5.0],
+        }
+    )
+    both = pd.concat(
+        [trace, moves.assign(tensor=[str(Tensor.HIDDEN), str(Tensor.EXPERT)])], ignore_index=True
+    )
     gpus = balance_metrics(both, 2)
     assert gpus["gpu_load"] == pytest.approx(0.7) and gpus["utilisation"] == pytest.approx(0.6)
     # moved by NCCL's p2p kernels instead (gpu.copy_sms): the copy is load too, (4 + 4.5) / 10

@@ -73,8 +73,9 @@ def test_rehoming_takes_a_tie_that_balances_the_tokens():
     lay = Layout(n_devices=2, n_experts=4, home_slots=2, replica_slots=0, replicas=0, lanes=False)
     load = np.array([0.9, 0.1, 0.9, 0.1])
     for copy_s, homes in ((0.5, [[0, 1], [2, 3]]), (10.0, [[0, 2], [1, 3]])):
-        rep = Replicator(ReplicaParams(gate="time+copy"), lay, _timer(copy_s),
-                         [np.array([[0, 2], [1, 3]])])  # fmt: skip
+        rep = Replicator(
+            ReplicaParams(gate="time+copy"), lay, _timer(copy_s), [np.array([[0, 2], [1, 3]])]
+        )
         rep.place(0, load)
         got = rep.place(0, load, home_load=load)
         assert sorted(map(sorted, got.tolist())) == homes, copy_s
@@ -106,8 +107,11 @@ def test_late_copies_do_not_hide_a_slower_span_in_a_tie():
     keep, new, old = np.array([[0, 1], [2, 3]]), np.array([[0, 2], [1, 3]]), np.zeros((2, 2), int)
     load = np.array([4.0, 3, 1, 0])
     for spans, pays in (((1.0, 0.9), False), ((0.9, 0.9), True)):
-        timer = _SpanTimer(0.2, {new.tobytes(): spans[0], keep.tobytes(): spans[1]},
-                           {new.tobytes(): 10, keep.tobytes(): 10})  # fmt: skip
+        timer = _SpanTimer(
+            0.2,
+            {new.tobytes(): spans[0], keep.tobytes(): spans[1]},
+            {new.tobytes(): 10, keep.tobytes(): 10},
+        )
         for gate in ("time+copy", "time"):
             rep = Replicator(ReplicaParams(gate=gate), LAY, timer, [keep])  # type: ignore[arg-type]
             assert rep._pays(new, keep, old, load) is pays, (spans, gate)
@@ -204,8 +208,9 @@ def test_gate_on_scenarios_keeps_a_copy_the_prediction_alone_declines():
     onto dev1 3 and 5 s (dev0 3 + 1, dev1 1 + 1 + 3), mean 4; then expert 1 onto dev0 3 and
     4.5 s, mean 3.75: both kept. A scenario equal to the prediction changes nothing."""
     load = np.array([2.0, 1, 1, 1])
-    hedged = replicate_onto(load, LAY, gate="time", timer=_timer(),
-                            scenarios=np.array([load, [6.0, 1, 1, 1]]))  # fmt: skip
+    hedged = replicate_onto(
+        load, LAY, gate="time", timer=_timer(), scenarios=np.array([load, [6.0, 1, 1, 1]])
+    )
     assert hedged.tolist() == [[0, 2, 1], [1, 3, 0]]
     same = replicate_onto(load, LAY, gate="time", timer=_timer(), scenarios=np.array([load, load]))
     assert same.tolist() == [[0, 2, -1], [1, 3, -1]]
@@ -267,8 +272,14 @@ def test_device_times_are_each_devices_own_time(grouped, share, table):
     raw = yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text())
     if table:
         raw["gpu"]["time_tables"] = {"compute-expert": [[1e9, 2e-5], [1e12, 3e-3]]}
-    timer = ExpertTime(CostModel(HardwareSpec.from_dict(raw)), m.expert_flops(1),
-                       m.expert_bytes, grouped, 0.0, share)  # fmt: skip
+    timer = ExpertTime(
+        CostModel(HardwareSpec.from_dict(raw)),
+        m.expert_flops(1),
+        m.expert_bytes,
+        grouped,
+        0.0,
+        share,
+    )
     rng = np.random.default_rng(0)
     for _ in range(20):
         slots = rng.integers(-1, 64, size=(8, 10))
@@ -278,8 +289,13 @@ def test_device_times_are_each_devices_own_time(grouped, share, table):
         got = timer.device_times(slots, load)
         assert got.tolist() == [timer.device_s(row) for row in rows]  # bit for bit: gate ties
         # and each is the device's ops (`_ops`) costed one by one, up to the order of the sums
-        ops = [sum(timer.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b, share)
-                   for f, b, _ in timer._ops(row)) for row in rows]  # fmt: skip
+        ops = [
+            sum(
+                timer.cost.compute_s(Resource.GPU, OpKind.EXPERT, f, b, share)
+                for f, b, _ in timer._ops(row)
+            )
+            for row in rows
+        ]
         assert got == pytest.approx(ops, rel=1e-12, abs=0)
 
 
@@ -292,11 +308,15 @@ def test_new_copies_count_each_devices_added_holdings():
     rng = np.random.default_rng(1)
     for _ in range(200):
         old, new = rng.integers(-1, 6, size=(2, 4, 3))
-        want = max(len({x for x in n if x >= 0} - {x for x in o if x >= 0})
-                   for n, o in zip(new.tolist(), old.tolist(), strict=True))  # fmt: skip
+        want = max(
+            len({x for x in n if x >= 0} - {x for x in o if x >= 0})
+            for n, o in zip(new.tolist(), old.tolist(), strict=True)
+        )
         assert new_copies(new, old) == want
-        total = sum(len({x for x in n if x >= 0} - {x for x in o if x >= 0})
-                    for n, o in zip(new.tolist(), old.tolist(), strict=True))  # fmt: skip
+        total = sum(
+            len({x for x in n if x >= 0} - {x for x in o if x >= 0})
+            for n, o in zip(new.tolist(), old.tolist(), strict=True)
+        )
         assert new_copies(new, old, one_queue=True) == total  # lanes: one GPU's copy queue
     assert new_copies(np.array([[3, 3, -1]]), np.array([[3, -1, -1]])) == 0
     assert new_copies(np.array([[3, 4, 4]]), np.array([[3, -1, -1]])) == 1
@@ -329,8 +349,9 @@ def test_pool_ops_of_one_expert_each_equal_the_scalar_cost():
 
     m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/switch-base-128.yaml").read_text()))
     m = replace(m, expert_ffn_size=1100)  # 9 + 6 tiles per row tile: widths round half to even
-    cost = CostModel(HardwareSpec.from_dict(
-        yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text())))  # fmt: skip
+    cost = CostModel(
+        HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
+    )
     timer = ExpertTime(cost, m.expert_flops(1), m.expert_bytes, False, 0.0, 1.0, m)
     over = cost.overhead_s(Resource.GPU, OpKind.EXPERT)
     rng = np.random.default_rng(2)
@@ -340,7 +361,12 @@ def test_pool_ops_of_one_expert_each_equal_the_scalar_cost():
     for n in tokens[tokens > 0]:
         f = m.expert_flops(1) * n
         width = expert_width(m, [np.ceil(n)])
-        want.append((over, cost.compute_s(Resource.GPU, OpKind.EXPERT, f, m.expert_bytes) - over,
-                     cost.cap(Resource.GPU, f, m.expert_bytes, width)))  # fmt: skip
+        want.append(
+            (
+                over,
+                cost.compute_s(Resource.GPU, OpKind.EXPERT, f, m.expert_bytes) - over,
+                cost.cap(Resource.GPU, f, m.expert_bytes, width),
+            )
+        )
     assert min(c for *_, c in want) < 0.5 < max(c for *_, c in want)
     assert timer.pool_ops(tokens) == want

@@ -149,10 +149,15 @@ def test_task_mix_learns_each_labels_share_online(tmp_path):
     from planners.predictive_replication import LoadPredictor, PredictiveParams
 
     np.save(tmp_path / "tl.npy", np.array([[[5.0, 0, 0, 0]], [[0, 0, 0, 5]]]))  # [labels, L=1, E]
-    p = PredictiveParams(predictor="task_mix", task_load=str(tmp_path / "tl.npy"), window=2,
-                         prior_weight=1.0)  # fmt: skip
-    labels = {0: np.array([0, 0, 1]), 1: np.array([0, 0, 0, 0]), 2: np.array([0, 0]),
-              3: np.array([0, 1])}  # fmt: skip
+    p = PredictiveParams(
+        predictor="task_mix", task_load=str(tmp_path / "tl.npy"), window=2, prior_weight=1.0
+    )
+    labels = {
+        0: np.array([0, 0, 1]),
+        1: np.array([0, 0, 0, 0]),
+        2: np.array([0, 0]),
+        3: np.array([0, 1]),
+    }
     pred = LoadPredictor(p, 1, 4, lambda t: 9.0, np.ones((1, 4)), labels.__getitem__)
     picks = {0: [1, 1, 0], 1: [1, 2, 2, 2], 2: [3, 3]}  # label 1's token at iteration 0 picks 0
     for t, ids in picks.items():
@@ -187,21 +192,31 @@ def test_task_mix_places_by_the_labels_and_needs_them(tmp_path):
     loads[0, :, 0], loads[1, :, 2] = 50, 50  # label 0: expert 0 hot; label 1: expert 2
     np.save(tmp_path / "tl.npy", loads)
     # every slot filled (no gate); the training shares outweigh the uniform routing seen
-    spec = replace(spec, params={**spec.params, "predictor": "task_mix", "gate": "none",
-                                 "prior_weight": 100.0, "task_load": str(tmp_path / "tl.npy")})  # fmt: skip
+    spec = replace(
+        spec,
+        params={
+            **spec.params,
+            "predictor": "task_mix",
+            "gate": "none",
+            "prior_weight": 100.0,
+            "task_load": str(tmp_path / "tl.npy"),
+        },
+    )
     base = random_routing(spec.model, spec.workload)
     slots = []
     for label in (0, 1):
-        labelled = replace(base, labels=np.full(base.expert_ids.shape[:2], label, np.int16),
-                           label_names=("a", "b"))  # fmt: skip
+        labelled = replace(
+            base, labels=np.full(base.expert_ids.shape[:2], label, np.int16), label_names=("a", "b")
+        )
         slots.append(build_schedule(spec, labelled).meta["ep_slots"])
         assert all([0, 2][label] in row for row in slots[-1][(0, 1, 0)])  # batch 1: hot one
     assert slots[0][(0, 0, 0)] == slots[1][(0, 0, 0)]  # the first placement reads no labels
     assert slots[0][(0, 1, 0)] != slots[1][(0, 1, 0)]
     with pytest.raises(TraceError, match="predictor=task_mix needs each request's label"):
         build_schedule(spec, base)
-    three = replace(base, labels=np.zeros(base.expert_ids.shape[:2], np.int16),
-                    label_names=("a", "b", "c"))  # fmt: skip
+    three = replace(
+        base, labels=np.zeros(base.expert_ids.shape[:2], np.int16), label_names=("a", "b", "c")
+    )
     with pytest.raises(ConfigError, match=r"task_load has 2 labels but the routing names 3 \(a, b"):
         build_schedule(spec, three)
 

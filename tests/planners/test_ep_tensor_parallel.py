@@ -23,8 +23,13 @@ def test_per_gpu_memory_of_tensor_parallel_dense_work_and_of_every_batch():
     hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
     hw = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: 5 * 10**9})
     m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/deepseek-v2-lite.yaml").read_text()))
-    wl = Workload(batch_size=8, n_batches=1, prompt_len=16, gen_len=1,
-                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    wl = Workload(
+        batch_size=8,
+        n_batches=1,
+        prompt_len=16,
+        gen_len=1,
+        routing=RoutingConfig(source="synthetic"),
+    )
     with pytest.raises(CapacityError, match=r"do not fit 8 GPU\(s\) of 5 GB"):
         simulate_run(RunSpec(m, hw, wl, "ep_static", {"n_devices": 8}))
     tp = {"n_devices": 8, "dense": "tensor", "replica_slots": 1}
@@ -90,12 +95,16 @@ def test_each_gpu_gates_the_sequences_it_holds(params, batch, parts):
     """On G GPUs each GPU runs the router on the sequences it holds, after its own attention;
     every expert op of the batch (and each dispatch) waits for all of the batch's gate parts."""
     spec = tiny_spec("predictive_replication", **params)
-    spec = RunSpec(spec.model, spec.hardware, spec.workload.with_(batch_size=batch), spec.planner,
-                   spec.params)  # fmt: skip
+    spec = RunSpec(
+        spec.model, spec.hardware, spec.workload.with_(batch_size=batch), spec.planner, spec.params
+    )
     sched = simulate_run(spec).schedule
     per = spec.workload.prompt_len  # prefill tokens per sequence
-    gates = [o for o in sched.ops if o.kind == OpKind.GATE and o.step == 0 and o.layer == 1
-             and o.batch == 0]  # fmt: skip
+    gates = [
+        o
+        for o in sched.ops
+        if o.kind == OpKind.GATE and o.step == 0 and o.layer == 1 and o.batch == 0
+    ]
     assert [(sched.streams[o.stream].name, o.tokens // per) for o in gates] == parts
     for g in gates:  # after its own GPU's attention (under tensor: its all-reduce)
         (dep,) = [sched.ops[d] for d in g.deps]
@@ -104,8 +113,11 @@ def test_each_gpu_gates_the_sequences_it_holds(params, batch, parts):
         else:
             assert dep.kind == OpKind.ATTENTION and dep.stream == g.stream
     ids = {g.id for g in gates}
-    waiting = [o for o in sched.ops if o.kind in (OpKind.EXPERT, OpKind.DISPATCH)
-               and (o.step, o.layer, o.batch) == (0, 1, 0)]  # fmt: skip
+    waiting = [
+        o
+        for o in sched.ops
+        if o.kind in (OpKind.EXPERT, OpKind.DISPATCH) and (o.step, o.layer, o.batch) == (0, 1, 0)
+    ]
     assert waiting and all(ids <= set(o.deps) for o in waiting)
 
 
@@ -138,8 +150,9 @@ def test_tensor_parallel_kv_heads_and_qk_norm_as_the_real_run_splits_them():
     spec = tiny_spec("ep_static", dense="tensor", n_devices=4)
     m = spec.model
     kv_w = 2 * 64 * 2 * 16 * 2  # k and v: hidden x (2 kv heads x 16) x 2 bytes each
-    attn = [o for o in simulate_run(spec).schedule.ops
-            if o.kind == OpKind.ATTENTION and o.step == 0]  # fmt: skip
+    attn = [
+        o for o in simulate_run(spec).schedule.ops if o.kind == OpKind.ATTENTION and o.step == 0
+    ]
     assert len(attn) == 4 * 2 * 3  # 4 GPUs x 2 layers x 3 batches
     cache = 2 * 8 * m.kv_bytes_per_token / 2  # 2 sequences x 8 tokens, one of 2 kv heads
     for o in attn:
@@ -152,8 +165,11 @@ def test_tensor_parallel_kv_heads_and_qk_norm_as_the_real_run_splits_them():
     def after_attention(model: ModelSpec) -> list[int]:
         run = RunSpec(model, spec.hardware, spec.workload, "ep_static", spec.params)
         ops = simulate_run(run).schedule.ops
-        return [o.nbytes for o in ops if o.kind == OpKind.ALL_REDUCE
-                and (o.step, o.layer, o.batch) == (0, 0, 0)]  # fmt: skip
+        return [
+            o.nbytes
+            for o in ops
+            if o.kind == OpKind.ALL_REDUCE and (o.step, o.layer, o.batch) == (0, 0, 0)
+        ]
 
     olmoe = replace(spec.model, family="olmoe", name="tiny-qk")
     hidden = 16 * 64 * 2 * 3 // 4  # 16 tokens' hidden states, 3/4 of them sent per phase
@@ -169,10 +185,23 @@ def test_tensor_parallel_mla_keeps_the_latent_projection_whole():
     """MLA (kv_dim set): the kv_a projection that makes the latent every head reads runs whole on
     each GPU, and the latent cache is whole too; the other attention weights split in two."""
     base = yaml.safe_load(Path("conf/model/deepseek-v2-lite.yaml").read_text())
-    small = dict(n_layers=2, moe_layers=[1], hidden_size=64, expert_ffn_size=128, n_experts=4,
-                 top_k=2, n_heads=4, n_kv_heads=4, head_dim=16, vocab_size=256,
-                 dense_ffn_size=128, shared_ffn_size=128, kv_dim=24, attn_params=20000,
-                 qk_head_dim=24)  # fmt: skip
+    small = dict(
+        n_layers=2,
+        moe_layers=[1],
+        hidden_size=64,
+        expert_ffn_size=128,
+        n_experts=4,
+        top_k=2,
+        n_heads=4,
+        n_kv_heads=4,
+        head_dim=16,
+        vocab_size=256,
+        dense_ffn_size=128,
+        shared_ffn_size=128,
+        kv_dim=24,
+        attn_params=20000,
+        qk_head_dim=24,
+    )
     m = ModelSpec.from_dict({**base, **small})
     spec = tiny_spec("ep_static", dense="tensor")
     res = simulate_run(RunSpec(m, spec.hardware, spec.workload, "ep_static", spec.params))

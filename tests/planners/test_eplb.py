@@ -45,11 +45,18 @@ def test_global_policy_hand_worked():
 def test_readme_example_hierarchical():
     """DeepSeek EPLB README: 2 layers, 12 experts, 4 groups, 2 nodes, 8 GPUs, 16 slots. The README's
     phy2log, and layer 0's per-GPU loads as worked out in replication.md §2.1 (max/mean 1.21, 1.24)."""
-    w = np.array([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
-                  [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]], dtype=float)  # fmt: skip
+    w = np.array(
+        [
+            [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+            [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+        ],
+        dtype=float,
+    )
     phy2log, _, cnt = rebalance_experts(w, 16, 4, 2, 8)
-    assert phy2log.tolist() == [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
-                                [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]  # fmt: skip
+    assert phy2log.tolist() == [
+        [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+        [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1],
+    ]
     loads = gpu_loads(w, phy2log, cnt, 8)
     np.testing.assert_allclose(loads[0], [121.5, 86.5, 125, 113, 147.5, 131.5, 156, 152])
     np.testing.assert_allclose(loads.max(1) / loads.mean(1), [1.208, 1.242], atol=1e-3)

@@ -39,8 +39,11 @@ def plan(model, hw, wl, **params):
 
 
 def experts_of(schedule, step, layer, kind=OpKind.EXPERT):
-    return [o for o in schedule.ops if o.kind == kind and o.step == step and o.layer == layer
-            and o.tensor == Tensor.EXPERT]  # fmt: skip
+    return [
+        o
+        for o in schedule.ops
+        if o.kind == kind and o.step == step and o.layer == layer and o.tensor == Tensor.EXPERT
+    ]
 
 
 @pytest.mark.parametrize("name", ABLATION)
@@ -148,8 +151,13 @@ def test_n_planner_smallest_n_hand_worked():
 
     # a disk layer whose read-ahead takes 60 ms: n + 2 + 2 >= 60 -> 56; the other layer's (7) -> 37
     disk = replace(t, io_disk_layer_s=60e-3)
-    c = smallest_n(lambda n: ([t, disk], np.vstack([uniform, uniform])), 100, k_hot=2, top_k=2,
-                   expert_time=one_ms)  # fmt: skip
+    c = smallest_n(
+        lambda n: ([t, disk], np.vstack([uniform, uniform])),
+        100,
+        k_hot=2,
+        top_k=2,
+        expert_time=one_ms,
+    )
     assert (c.n, c.binding) == (56, "disk read-ahead keeps pace")
 
 
@@ -272,8 +280,10 @@ def test_disk_reads_run_ahead_when_cpu_cannot_hold_the_window(
     mem = dict(streamed(tiny_hw).memory_bytes)
     mem[Tier.CPU] = int(2.5 * tiny_model.expert_bytes)  # room for two experts in flight
     hw = replace(tiny_hw, memory_bytes=mem)
-    params = {**yaml.safe_load((ROOT / "conf" / "planner" / f"{name}.yaml").read_text())["params"],
-              "n": -1}  # fmt: skip
+    params = {
+        **yaml.safe_load((ROOT / "conf" / "planner" / f"{name}.yaml").read_text())["params"],
+        "n": -1,
+    }
     spec = RunSpec(tiny_model, hw, tiny_workload, "klotski", params)
     for seed in range(4):
         routing = random_routing(tiny_model, tiny_workload, seed=seed)
@@ -318,11 +328,19 @@ def test_without_the_window_the_next_ranked_expert_is_read_before_the_gates(
             reads = [
                 o for o in ops if o.stream == Stream.DISK and (o.step, o.layer) == (step, layer)
             ]
-            early = [o for o in reads
-                     if not any(ops[d].kind == OpKind.GATE and ops[d].layer == layer for d in o.deps)]  # fmt: skip
+            early = [
+                o
+                for o in reads
+                if not any(ops[d].kind == OpKind.GATE and ops[d].layer == layer for d in o.deps)
+            ]
             assert len(early) == k + speculate
-            hot_loads = {o.expert for o in ops if o.stream == Stream.WEIGHTS and o.tensor == Tensor.EXPERT
-                         and (o.step, o.layer) == (step, layer)}  # fmt: skip
+            hot_loads = {
+                o.expert
+                for o in ops
+                if o.stream == Stream.WEIGHTS
+                and o.tensor == Tensor.EXPERT
+                and (o.step, o.layer) == (step, layer)
+            }
             assert {o.expert for o in early[:k]} == hot_loads  # hot first in the disk queue
         assert simulate_run(spec, routing).summary["peak_bytes"]["cpu"] <= mem[Tier.CPU]
 

@@ -27,8 +27,12 @@ def spec(planner: str = "ep_static", batch_size: int = 6, **params) -> RunSpec:
 
 
 def gates_of(ops, micro: int, step: int, layer: int, batch: int) -> set[int]:
-    return {o.id for o in ops if o.kind == OpKind.GATE and (o.step, o.layer, o.batch, o.micro)
-            == (step, layer, batch, micro)}  # fmt: skip
+    return {
+        o.id
+        for o in ops
+        if o.kind == OpKind.GATE
+        and (o.step, o.layer, o.batch, o.micro) == (step, layer, batch, micro)
+    }
 
 
 @pytest.mark.parametrize("planner", ["ep_static", "predictive_replication"])
@@ -65,8 +69,11 @@ def test_micro_batches_keep_each_sequence_on_its_gpu():
         return t.groupby(["step", "layer", "batch", "resource"], observed=True)["tokens"].sum()
 
     pd.testing.assert_series_equal(tokens(micro), tokens(whole))
-    attn = [o for o in micro.schedule.ops if o.kind == OpKind.ATTENTION and o.step == 0
-            and o.layer == 0 and o.batch == 0]  # fmt: skip
+    attn = [
+        o
+        for o in micro.schedule.ops
+        if o.kind == OpKind.ATTENTION and o.step == 0 and o.layer == 0 and o.batch == 0
+    ]
     per = spec().workload.step_tokens(0)
     assert [(o.micro, o.stream, o.tokens // per) for o in attn] == [
         (0, "compute", 2),
@@ -96,9 +103,10 @@ def test_overlap_hides_the_all_to_all_behind_the_other_micro_batch():
     comp = tr[tr["resource"].astype(str).str.startswith("gpu") & (tr["micro"] == 1)]
     overlap = [
         (d.start_s < c.end_s) and (c.start_s < d.end_s)
-        for d in disp.itertuples() for c in comp.itertuples()
+        for d in disp.itertuples()
+        for c in comp.itertuples()
         if (d.step, d.layer, d.batch) == (c.step, c.layer, c.batch)
-    ]  # fmt: skip
+    ]
     assert any(overlap)
 
 
@@ -112,8 +120,13 @@ def test_validate_names_a_micro_batch_that_skips_its_own_gate():
     other = gates_of(ops, 1, ex.step, ex.layer, ex.batch)
     deps = tuple(d for d in ex.deps if d not in own) + tuple(g for g in other if g < ex.id)
     ops[ex.id] = ex._replace(deps=deps)
-    sched = Schedule(ops, res.schedule.streams, res.schedule.capacity_bytes,
-                     res.schedule.resident_bytes, res.schedule.meta)  # fmt: skip
+    sched = Schedule(
+        ops,
+        res.schedule.streams,
+        res.schedule.capacity_bytes,
+        res.schedule.resident_bytes,
+        res.schedule.meta,
+    )
     with pytest.raises(ScheduleError, match=r"micro=0 .*must depend on the gate op\(s\).*missing"):
         validate(sched)
     validate(res.schedule)
@@ -124,10 +137,14 @@ def test_validate_names_a_micro_batch_that_skips_its_own_gate():
     [
         ({"lanes": True}, 6, r"micro_batches=2 .*lanes=true .*use micro_batches=1"),
         ({"dense": "tensor"}, 6, r"micro_batches=2 .*dense=tensor .*use micro_batches=1"),
-        ({}, 2, r"micro_batches=2 splits each GPU's share .*batch_size=2 over n_devices=2 "
-                r"gives a GPU at most 1"),
+        (
+            {},
+            2,
+            r"micro_batches=2 splits each GPU's share .*batch_size=2 over n_devices=2 "
+            r"gives a GPU at most 1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_micro_batches_where_no_token_moves_or_too_few_sequences(params, batch_size, match):
     with pytest.raises(ConfigError, match=match):
         simulate_run(spec(batch_size=batch_size, micro_batches=2, **params))
@@ -142,11 +159,19 @@ def test_an_expert_phase_of_micro_batches_spans_each_of_them():
     """One layer on 2 devices as 2 micro-batches: micro-batch 0's experts run in [0, 2] s,
     micro-batch 1's in [5, 6] s (between them, the other micro-batch's dense work). The phase
     spans 2 + 1 s, not 6; tokens add up per device as one batch's."""
-    trace = pd.DataFrame({
-        "kind": [str(OpKind.EXPERT)] * 4, "resource": ["gpu", "gpu:1"] * 2, "step": [0] * 4,
-        "layer": [1] * 4, "batch": [0] * 4, "micro": [0, 0, 1, 1], "tokens": [10, 6, 4, 4],
-        "start_s": [0.0, 0.0, 5.0, 5.0], "end_s": [2.0, 1.0, 6.0, 5.5],
-    })  # fmt: skip
+    trace = pd.DataFrame(
+        {
+            "kind": [str(OpKind.EXPERT)] * 4,
+            "resource": ["gpu", "gpu:1"] * 2,
+            "step": [0] * 4,
+            "layer": [1] * 4,
+            "batch": [0] * 4,
+            "micro": [0, 0, 1, 1],
+            "tokens": [10, 6, 4, 4],
+            "start_s": [0.0, 0.0, 5.0, 5.0],
+            "end_s": [2.0, 1.0, 6.0, 5.5],
+        }
+    )
     t = phases(trace, 2)
     assert t["span_s"].tolist() == pytest.approx([3.0])
     assert t[["tokens_0", "tokens_1"]].values.tolist() == [[14, 10]]
@@ -162,16 +187,25 @@ def test_utilisation_lines_compare_micro_batched_runs_with_their_own_baseline():
     against ep_static run so, not against the whole-batch ep_static."""
 
     def row(planner, util, micro, of=None):
-        r = dict(case="a", batch_size=128, planner=planner, utilisation=util, makespan_s=1.0,
-                 gpu_idle_causes_s={"combine@p2p_out": 0.16, "dispatch@p2p_out": 0.1},
-                 plan={"ep": {"n_devices": 8, "lanes": False, "micro_batches": micro}})  # fmt: skip
+        r = dict(
+            case="a",
+            batch_size=128,
+            planner=planner,
+            utilisation=util,
+            makespan_s=1.0,
+            gpu_idle_causes_s={"combine@p2p_out": 0.16, "dispatch@p2p_out": 0.1},
+            plan={"ep": {"n_devices": 8, "lanes": False, "micro_batches": micro}},
+        )
         return {**r, "variant_of": of} if of else r
 
-    rows = [row("ep_static", 0.55, 1), row("predictive_replication", 0.74, 1),
-            row("oracle_replication", 0.75, 1),
-            row("ep_static[tbo]", 0.58, 2, "ep_static"),
-            row("predictive_replication[tbo]", 0.93, 2, "predictive_replication"),
-            row("oracle_replication[tbo]", 0.94, 2, "oracle_replication")]  # fmt: skip
+    rows = [
+        row("ep_static", 0.55, 1),
+        row("predictive_replication", 0.74, 1),
+        row("oracle_replication", 0.75, 1),
+        row("ep_static[tbo]", 0.58, 2, "ep_static"),
+        row("predictive_replication[tbo]", 0.93, 2, "predictive_replication"),
+        row("oracle_replication[tbo]", 0.94, 2, "oracle_replication"),
+    ]
     assert utilisation_lines(rows, "utilisation", "util") == [
         "[FAIL] a bs=128 (8 GPUs): util ep_static 0.550 < 0.6 -> predictive_replication 0.740 "
         "(target >= 0.9; the oracle upper bound reaches 0.750)",
@@ -196,8 +230,11 @@ def test_a_micro_batch_is_each_gpus_part_of_its_share():
     ex = tr[tr["kind"].astype(str) == str(OpKind.EXPERT)]
     for (step, layer, batch, micro), got in ex.groupby(["step", "layer", "batch", "micro"]):
         seqs = [0, 1, 3] if micro == 0 else [2, 4]
-        ids = routing.expert_ids[[batch * wl.batch_size + q for q in seqs],
-                                 routing.step_slice(step, wl), model.moe_index(layer)]  # fmt: skip
+        ids = routing.expert_ids[
+            [batch * wl.batch_size + q for q in seqs],
+            routing.step_slice(step, wl),
+            model.moe_index(layer),
+        ]
         want = np.bincount(ids.ravel().astype(np.int64), minlength=model.n_experts)
         have = np.bincount(got["expert"], weights=got["tokens"], minlength=model.n_experts)
         assert have.tolist() == want.tolist(), (step, layer, batch, micro)

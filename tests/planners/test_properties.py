@@ -24,26 +24,51 @@ def setups(draw):
     n_layers = draw(st.integers(1, 3))
     moe = tuple(i for i in range(n_layers) if draw(st.booleans()) or i == 0)
     model = ModelSpec(
-        name="rand", family="mixtral", n_layers=n_layers, moe_layers=moe,
-        hidden_size=draw(st.sampled_from([32, 64])), expert_ffn_size=draw(st.sampled_from([32, 128, 256])),
-        n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts))), n_heads=2, n_kv_heads=1,
-        head_dim=16, vocab_size=64, dense_ffn_size=64, shared_ffn_size=draw(st.sampled_from([0, 32])),
-    )  # fmt: skip
+        name="rand",
+        family="mixtral",
+        n_layers=n_layers,
+        moe_layers=moe,
+        hidden_size=draw(st.sampled_from([32, 64])),
+        expert_ffn_size=draw(st.sampled_from([32, 128, 256])),
+        n_experts=n_experts,
+        top_k=draw(st.integers(1, min(3, n_experts))),
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        vocab_size=64,
+        dense_ffn_size=64,
+        shared_ffn_size=draw(st.sampled_from([0, 32])),
+    )
     gpu_mb = draw(st.sampled_from([0.1, 0.2, 0.5, 1, 8]))  # tight ones make experts stream
     hw = HardwareSpec.from_dict(
         {
             "name": "rand",
-            "memory_gb": {"gpu": gpu_mb / 1000, "cpu": draw(st.sampled_from([0.00005, 0.0005, 1.0])), "disk": 10},
-            "gpu": {"tflops": draw(st.sampled_from([0.01, 1.0])), "mem_bw_gbps": 100, "overhead_us": draw(st.sampled_from([0, 5]))},
+            "memory_gb": {
+                "gpu": gpu_mb / 1000,
+                "cpu": draw(st.sampled_from([0.00005, 0.0005, 1.0])),
+                "disk": 10,
+            },
+            "gpu": {
+                "tflops": draw(st.sampled_from([0.01, 1.0])),
+                "mem_bw_gbps": 100,
+                "overhead_us": draw(st.sampled_from([0, 5])),
+            },
             "cpu": {"tflops": 0.01, "mem_bw_gbps": 10},
-            "links": {k: {"gbps": draw(st.sampled_from([0.1, 1.0])), "latency_us": draw(st.sampled_from([0, 10]))}
-                      for k in ("h2d", "d2h", "disk", "disk_write")},
+            "links": {
+                k: {
+                    "gbps": draw(st.sampled_from([0.1, 1.0])),
+                    "latency_us": draw(st.sampled_from([0, 10])),
+                }
+                for k in ("h2d", "d2h", "disk", "disk_write")
+            },
         }
-    )  # fmt: skip
+    )
     wl = Workload(
-        batch_size=draw(st.integers(1, 3)), n_batches=draw(st.integers(1, 3)),
-        prompt_len=draw(st.integers(1, 6)), gen_len=draw(st.integers(1, 3)),
-    )  # fmt: skip
+        batch_size=draw(st.integers(1, 3)),
+        n_batches=draw(st.integers(1, 3)),
+        prompt_len=draw(st.integers(1, 6)),
+        gen_len=draw(st.integers(1, 3)),
+    )
     return model, hw, wl
 
 
@@ -54,8 +79,12 @@ def test_invariants_hold(name):
     planner moves weights in at least one drawn setup, so the memory checks bind."""
     moved_runs = []
 
-    @settings(max_examples=20, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+    @settings(
+        max_examples=20,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(setups())
     def check(setup):
         model, hw, wl = setup

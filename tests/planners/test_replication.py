@@ -50,8 +50,11 @@ def test_blended_oracle_plans_at_a_known_distance_and_is_not_called_a_bound(tmp_
     np.save(prior, np.array([[8.0, 1, 1, 1], [1, 1, 1, 8]]))  # tiny: 2 MoE layers, 4 experts
     tv = {}
     for w in (1.0, 0.5, 0.0):
-        s = simulate_run(tiny_spec("oracle_replication", replica_slots=1, initial_load=str(prior),
-                                   truth_weight=w)).summary  # fmt: skip
+        s = simulate_run(
+            tiny_spec(
+                "oracle_replication", replica_slots=1, initial_load=str(prior), truth_weight=w
+            )
+        ).summary
         tv[w] = s["plan"]["ep"]["prediction_tv"]
         assert s["planner_label"] == "oracle_replication" + (
             " (oracle upper bound)" if w == 1.0 else " (peeks at the routing)"
@@ -82,8 +85,11 @@ def test_gpus_mode_moves_tokens_and_replicas_over_p2p():
         if spec.resource in (Resource.P2P, Resource.P2P_OUT):
             assert spec.pool == f"{spec.resource}:{spec.device}", spec.name
     for o in ops:  # a copy's two ends (emitted together) are on different GPUs, for one expert
-        if o.kind == OpKind.LOAD and streams[o.stream].name.startswith("replicas") and not \
-                streams[o.stream].name.startswith("replicas_out"):  # fmt: skip
+        if (
+            o.kind == OpKind.LOAD
+            and streams[o.stream].name.startswith("replicas")
+            and not streams[o.stream].name.startswith("replicas_out")
+        ):
             twin = ops[o.id + 1]
             assert streams[twin.stream].name.startswith("replicas_out")
             assert (twin.expert, twin.layer, twin.deps) == (o.expert, o.layer, o.deps)
@@ -111,8 +117,10 @@ def test_all_to_all_leaves_the_gpu_holding_the_sequences():
     remote = sum(o.tokens for o in ops if o.kind == OpKind.EXPERT and name[o.id] == "compute1")
     assert remote > 0
     assert res.summary["plan"]["ep"]["pairs_sent"] == [remote, 0]
-    for kind, out, into in ((OpKind.DISPATCH, "send0", "dispatch1"),
-                            (OpKind.COMBINE, "send1", "combine0")):  # fmt: skip
+    for kind, out, into in (
+        (OpKind.DISPATCH, "send0", "dispatch1"),
+        (OpKind.COMBINE, "send1", "combine0"),
+    ):
         moved = [o for o in ops if o.kind == kind]
         assert {name[o.id] for o in moved} == {out, into}
         for stream in (out, into):
@@ -129,8 +137,11 @@ def test_all_to_all_leaves_the_gpu_holding_the_sequences():
 def test_lanes_copy_on_the_one_gpus_queue():
     """Lanes are one GPU: every lane's replica copies run on its one copy path (`replicas` on
     `d2d`, at half its HBM bandwidth), so they add up there, not on a link per lane."""
-    res = simulate_run(tiny_spec("predictive_replication", lanes=True, replica_slots=1,
-                                 predictor="last", gate="none"))  # fmt: skip
+    res = simulate_run(
+        tiny_spec(
+            "predictive_replication", lanes=True, replica_slots=1, predictor="last", gate="none"
+        )
+    )
     copies = res.trace[res.trace["kind"].astype(str) == str(OpKind.LOAD)]
     assert len(copies) == res.summary["plan"]["ep"]["copies"] > 1
     assert set(copies["stream"].astype(str)) == {"replicas"}
@@ -152,15 +163,26 @@ def test_lanes_gate_charges_every_lanes_copies_as_one_queue(monkeypatch):
     queue: with each lane's queue judged alone (the gate before) it accepts more copies."""
     from planners import expert_parallel as ep
 
-    spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1, predictor="last",
-                     gate="time+copy", n_devices=4)  # fmt: skip
-    spec = replace(spec, workload=replace(spec.workload, batch_size=8),
-                   hardware=replace(spec.hardware, links={
-                       **spec.hardware.links, Resource.D2D: LinkSpec(1e10, 0.0)}))  # fmt: skip
+    spec = tiny_spec(
+        "predictive_replication",
+        lanes=True,
+        replica_slots=1,
+        predictor="last",
+        gate="time+copy",
+        n_devices=4,
+    )
+    spec = replace(
+        spec,
+        workload=replace(spec.workload, batch_size=8),
+        hardware=replace(
+            spec.hardware, links={**spec.hardware.links, Resource.D2D: LinkSpec(1e10, 0.0)}
+        ),
+    )
     one = simulate_run(spec).summary["plan"]["ep"]["copies"]
     queue = ep.ExpertTime.queue  # each lane's queue judged alone, as on G GPUs
-    monkeypatch.setattr(ep.ExpertTime, "queue",
-                        lambda self, s, r: queue(replace(self, one_link=False), s, r))  # fmt: skip
+    monkeypatch.setattr(
+        ep.ExpertTime, "queue", lambda self, s, r: queue(replace(self, one_link=False), s, r)
+    )
     each = simulate_run(spec).summary["plan"]["ep"]["copies"]
     assert one < each
 
@@ -177,8 +199,13 @@ def test_memory_is_checked_per_gpu():
     were 1/G of the truth. Lanes are one GPU: every lane's slots count against it."""
     hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
     m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/mixtral-8x22b.yaml").read_text()))
-    wl = Workload(batch_size=8, n_batches=1, prompt_len=16, gen_len=1,
-                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    wl = Workload(
+        batch_size=8,
+        n_batches=1,
+        prompt_len=16,
+        gen_len=1,
+        routing=RoutingConfig(source="synthetic"),
+    )
     slot = len(m.moe_layers) * m.expert_bytes
     held = m.total_bytes - m.n_experts * slot + m.n_experts // 8 * slot  # dense + 1/8 experts
     fit = int((hw.memory_bytes[Tier.GPU] - held) // slot)  # KV at 17 tokens: under one slot
@@ -244,9 +271,12 @@ def test_eplb_load_matrix_of_wrong_shape(tmp_path):
 
 @pytest.mark.parametrize(
     "values, match",
-    [(np.full((2, 4), np.nan), r"finite counts >= 0.*8 NaN"), (-np.ones((2, 4)), "min -1.0"),
-     (np.array([["a"] * 4] * 2), "not numbers")],
-)  # fmt: skip
+    [
+        (np.full((2, 4), np.nan), r"finite counts >= 0.*8 NaN"),
+        (-np.ones((2, 4)), "min -1.0"),
+        (np.array([["a"] * 4] * 2), "not numbers"),
+    ],
+)
 def test_eplb_load_matrix_that_is_no_load(values, match, tmp_path):
     """A load matrix of the right shape but no loads in it (NaN, negative, text) is
     refused, not turned into a placement."""
@@ -257,8 +287,17 @@ def test_eplb_load_matrix_that_is_no_load(values, match, tmp_path):
 
 
 def test_cli_exits_non_zero_with_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "experiments.run", "model=tiny", "hardware=tiny", "workload=tiny",
-           "planner=predictive_replication", "+planner.params.replicas=9", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "model=tiny",
+        "hardware=tiny",
+        "workload=tiny",
+        "planner=predictive_replication",
+        "+planner.params.replicas=9",
+        f"hydra.run.dir={tmp_path}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("error: planner replicas=9 exceeds")
@@ -369,8 +408,13 @@ def test_expert_parallel_memory_holds_one_batchs_activations_and_every_batchs_kv
     so one batch's hidden states are live (each batch's 50 MB was counted as its KV)."""
     hw = HardwareSpec.from_dict(yaml.safe_load(Path("conf/hardware/h200-hgx8.yaml").read_text()))
     m = ModelSpec.from_dict(yaml.safe_load(Path("conf/model/mixtral-8x7b.yaml").read_text()))
-    wl = Workload(batch_size=8, n_batches=1, prompt_len=256, gen_len=1,
-                  routing=RoutingConfig(source="synthetic"))  # fmt: skip
+    wl = Workload(
+        batch_size=8,
+        n_batches=1,
+        prompt_len=256,
+        gen_len=1,
+        routing=RoutingConfig(source="synthetic"),
+    )
 
     def resident_gb(n_batches: int) -> float:
         s = simulate_run(
@@ -462,8 +506,11 @@ def test_collectives_slow_exactly_the_compute_they_overlap():
 
     def overlap(o: int, ops: list[int]) -> float:
         s0, s1 = t.loc[o, "start_s"], t.loc[o, "end_s"]
-        return sum(max(0.0, min(s1, t.loc[c, "end_s"]) - max(s0, t.loc[c, "start_s"]))
-                   for c in ops if dev[c] == dev[o])  # fmt: skip
+        return sum(
+            max(0.0, min(s1, t.loc[c, "end_s"]) - max(s0, t.loc[c, "start_s"]))
+            for c in ops
+            if dev[c] == dev[o]
+        )
 
     slowed = beside_copies = 0
     for o in sched.ops:
@@ -484,7 +531,10 @@ def test_collectives_slow_exactly_the_compute_they_overlap():
     res = simulate_run(nccl)
     t = res.trace.set_index("op_id").sort_index()
     assert res.summary["plan"]["ep"]["copy_kernels"]
-    by_copies = [o.id for o in sched.ops
-                 if o.kind in COMPUTE_KINDS and overlap(o.id, a2a) == 0 and overlap(o.id, copies) > 0]  # fmt: skip
+    by_copies = [
+        o.id
+        for o in sched.ops
+        if o.kind in COMPUTE_KINDS and overlap(o.id, a2a) == 0 and overlap(o.id, copies) > 0
+    ]
     took = [t.loc[i, "end_s"] - t.loc[i, "start_s"] for i in by_copies]
     assert any(d > cost[i] * (1 + 1e-9) for i, d in zip(by_copies, took, strict=True))

@@ -30,8 +30,15 @@ def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subproce
     """`python -m module args...` from the repository root, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, **popen)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
 
 
 def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
@@ -63,6 +70,13 @@ def raises_one_line(fn: Callable[[], Any], *names: str) -> str:
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small mixtral-family checkpoint (2 layers, width 64)."""
-    spec = reduced_spec("mixtral-tiny", hidden_size=64, n_heads=4, n_kv_heads=2,
-                        expert_ffn_size=32, vocab_size=128, n_layers=2)  # fmt: skip
+    spec = reduced_spec(
+        "mixtral-tiny",
+        hidden_size=64,
+        n_heads=4,
+        n_kv_heads=2,
+        expert_ffn_size=32,
+        vocab_size=128,
+        n_layers=2,
+    )
     return write_checkpoint(spec, tmp_path_factory.mktemp("probe") / "ck", seed=0)

@@ -124,19 +124,24 @@ def _write(folder: Path, family: str, field: str, value: Any) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("family, field, value, words", FIELDS,
-                         ids=[f"{f}-{k}={v!r}"[:60] for f, k, v, _ in FIELDS])  # fmt: skip
-def test_field_of_wrong_type_is_one_line(tmp_path: Path, family: str, field: str, value: Any,
-                                         words: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "family, field, value, words", FIELDS, ids=[f"{f}-{k}={v!r}"[:60] for f, k, v, _ in FIELDS]
+)
+def test_field_of_wrong_type_is_one_line(
+    tmp_path: Path, family: str, field: str, value: Any, words: str
+) -> None:
     d = _write(tmp_path / "ck", family, field, value)
     raises_one_line(lambda: ModelSpec.from_hf_config(d), str(d / "config.json"), words)
 
 
 @pytest.mark.parametrize("what, data, words", FILES, ids=[w for w, _, _ in FILES])
-def test_file_that_is_no_config_is_one_line(tmp_path: Path, what: str, data: bytes,
-                                            words: str) -> None:  # fmt: skip
+def test_file_that_is_no_config_is_one_line(
+    tmp_path: Path, what: str, data: bytes, words: str
+) -> None:
     (tmp_path / "config.json").write_bytes(data)
-    raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), str(tmp_path / "config.json"), words)
+    raises_one_line(
+        lambda: ModelSpec.from_hf_config(tmp_path), str(tmp_path / "config.json"), words
+    )
     # the real executor's loader reads it through the same boundary
     raises_one_line(lambda: load_checkpoint(tmp_path), "config.json", words)
 
@@ -152,8 +157,13 @@ def test_valid_configs_still_load() -> None:
         from core.spec import hf_config_to_spec
 
         assert hf_config_to_spec(cfg, family).n_layers > 0
-    nulls = {**BASE["mixtral"], "head_dim": None, "num_key_value_heads": None,
-             "sliding_window": None, "rope_scaling": None}  # fmt: skip
+    nulls = {
+        **BASE["mixtral"],
+        "head_dim": None,
+        "num_key_value_heads": None,
+        "sliding_window": None,
+        "rope_scaling": None,
+    }
     assert hf_config_to_spec(nulls, "m").head_dim == BASE["mixtral"]["hidden_size"] // 4
 
 
@@ -177,16 +187,27 @@ def test_one_bad_point_does_not_stop_a_sweep(tmp_path: Path) -> None:
     (good / "config.json").write_text(json.dumps(spec_to_hf_config(reduced_spec("tiny"))))
     points = [*dirs.values(), tmp_path / "list", tmp_path / "latin", good]
     sweep = tmp_path / "sweep"
-    r = cli("experiments.run", "-m", *TINY, "+model.hf_config=" + ",".join(map(str, points)),
-            f"hydra.sweep.dir={sweep}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "+model.hf_config=" + ",".join(map(str, points)),
+        f"hydra.sweep.dir={sweep}",
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
     failed = {p.read_text(): p.parent for p in sweep.rglob("failed.txt")}
     assert len(failed) == len(points) - 1, (failed, r.stderr)
     for text, run in failed.items():
         assert text.count("\n") == 1 and "config.json" in text, text
         assert not (run / "summary.json").exists()
-    words = ["num_attention_heads", "num_hidden_layers", "rope_theta", "decoder_sparse_step",
-             "JSON list", "not UTF-8"]  # fmt: skip
+    words = [
+        "num_attention_heads",
+        "num_hidden_layers",
+        "rope_theta",
+        "decoder_sparse_step",
+        "JSON list",
+        "not UTF-8",
+    ]
     for w in words:
         assert any(w in t for t in failed), (w, list(failed))
     summaries = list(sweep.rglob("summary.json"))

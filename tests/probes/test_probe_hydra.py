@@ -32,18 +32,26 @@ def test_bad_override_is_one_line(tmp_path: Path, args: list[str], names: list[s
     [
         ("name: mine\n  batch_size: [1\n", ["mine.yaml:2", "not valid YAML"]),
         ("batch_size: 2\nbatch_size: 3\n", ["mine.yaml"]),
-        ("batch_size: ${nosuch.key}\nn_batches: 2\nprompt_len: 8\ngen_len: 3\n",
-         ["batch_size", "nosuch.key"]),
+        (
+            "batch_size: ${nosuch.key}\nn_batches: 2\nprompt_len: 8\ngen_len: 3\n",
+            ["batch_size", "nosuch.key"],
+        ),
         ("- 1\n- 2\n", ["workload", "not a mapping"]),
     ],
     ids=["bad YAML", "duplicate key", "interpolation in the file", "a list"],
 )
-def test_bad_yaml_in_a_users_config_dir_is_one_line(tmp_path: Path, text: str,
-                                                     names: list[str]) -> None:  # fmt: skip
+def test_bad_yaml_in_a_users_config_dir_is_one_line(
+    tmp_path: Path, text: str, names: list[str]
+) -> None:
     (tmp_path / "conf" / "workload").mkdir(parents=True)
     (tmp_path / "conf" / "workload" / "mine.yaml").write_text(text)
-    r = cli("experiments.run", *TINY, "workload=mine", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-            f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        *TINY,
+        "workload=mine",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     one_line(r, *names)
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -52,8 +60,14 @@ def test_bad_point_of_a_sweep_goes_to_failed_txt(tmp_path: Path) -> None:
     """A sweep (the basic launcher: one process) over a good value and an interpolation that
     does not resolve: the good point finishes, the bad one leaves one line in failed.txt."""
     sweep = tmp_path / "sweep"
-    r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic",
-            "workload.prompt_len=8,${nosuch.key}", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "hydra/launcher=basic",
+        "workload.prompt_len=8,${nosuch.key}",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
     failed = list(sweep.rglob("failed.txt"))
     assert len(failed) == 1 and "nosuch.key" in failed[0].read_text(), r.stderr

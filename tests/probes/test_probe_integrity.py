@@ -27,13 +27,21 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     with open(run / LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        p = subprocess.Popen([sys.executable, "-m", "experiments.run", *TINY,
-                              f"hydra.run.dir={run}"], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        p = subprocess.Popen(
+            [sys.executable, "-m", "experiments.run", *TINY, f"hydra.run.dir={run}"],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             deadline = time.time() + 120
-            while "waiting" not in (run / "run.log").read_text() if (run / "run.log").exists() \
-                    else True:  # fmt: skip
+            while (
+                "waiting" not in (run / "run.log").read_text()
+                if (run / "run.log").exists()
+                else True
+            ):
                 assert p.poll() is None and time.time() < deadline, p.communicate()
                 time.sleep(0.2)
             assert not (run / "summary.json").exists() and not (run / "trace.parquet").exists()
@@ -42,7 +50,10 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     s = json.loads((run / "summary.json").read_text())
-    assert s["planner"] == "flexgen" and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
+    assert (
+        s["planner"] == "flexgen"
+        and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
+    )
 
 
 def _finished(run: Path, planner: str, *args: str) -> dict:

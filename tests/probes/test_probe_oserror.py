@@ -36,8 +36,13 @@ def test_disk_full_while_writing_a_run_keeps_the_earlier_result(tmp_path: Path) 
     before = {f: (run / f).read_bytes() for f in ("summary.json", "config.yaml", "trace.parquet")}
     # files up to 8 kB: hydra's (~4 kB) are written, the trace (trace.parquet, ~12 kB; trace.json,
     # the larger, is written only on demand) is not
-    r = cli("experiments.run", *TINY[:-1], "planner=sequential", f"hydra.run.dir={run}",
-            preexec_fn=_small_files(8_000))  # fmt: skip
+    r = cli(
+        "experiments.run",
+        *TINY[:-1],
+        "planner=sequential",
+        f"hydra.run.dir={run}",
+        preexec_fn=_small_files(8_000),
+    )
     one_line(r, str(run), "cannot write")
     assert {f: (run / f).read_bytes() for f in before} == before
     assert not list(run.glob(".partial-*"))
@@ -45,9 +50,15 @@ def test_disk_full_while_writing_a_run_keeps_the_earlier_result(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "code, words",
-    [(errno.ENOSPC, "free space"), (errno.EROFS, "folder you can write"),
-     (errno.EACCES, "permissions"), (errno.EDQUOT, "free space"), (errno.EIO, "disk"),
-     (errno.EFBIG, "disk"), (errno.ENOENT, "path")],  # fmt: skip
+    [
+        (errno.ENOSPC, "free space"),
+        (errno.EROFS, "folder you can write"),
+        (errno.EACCES, "permissions"),
+        (errno.EDQUOT, "free space"),
+        (errno.EIO, "disk"),
+        (errno.EFBIG, "disk"),
+        (errno.ENOENT, "path"),
+    ],
 )
 def test_any_oserror_is_one_line_naming_its_file(code: int, words: str) -> None:
     e = OSError(code, os.strerror(code), "/some/run/summary.json")
@@ -73,13 +84,18 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
     full = _small_files(4_000)
-    one_line(cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", preexec_fn=full),
-             str(tmp_path / "c"))  # fmt: skip
-    one_line(cli("experiments.report", f"dir={sweep}", f"out={tmp_path / 'r'}", preexec_fn=full),
-             str(tmp_path / "r"))  # fmt: skip
+    one_line(
+        cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", preexec_fn=full),
+        str(tmp_path / "c"),
+    )
+    one_line(
+        cli("experiments.report", f"dir={sweep}", f"out={tmp_path / 'r'}", preexec_fn=full),
+        str(tmp_path / "r"),
+    )
     ck = tmp_path / "ck"
-    one_line(cli("real.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),
-             str(ck))  # fmt: skip
+    one_line(
+        cli("real.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full), str(ck)
+    )
     assert not (ck / "config.json").exists()
     raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
 

@@ -88,8 +88,9 @@ def ckpt(tiny_ckpt: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case, header, data, words", CASES, ids=[c[0] for c in CASES])
-def test_malformed_header_is_one_line(ckpt: Path, case: str, header: Edit,
-                                      data: Callable[[bytes], bytes], words: str) -> None:  # fmt: skip
+def test_malformed_header_is_one_line(
+    ckpt: Path, case: str, header: Edit, data: Callable[[bytes], bytes], words: str
+) -> None:
     f = ckpt / SINGLE_FILE
     h, d = _split(f)
     f.write_bytes(_join(header(h), data(d)))
@@ -127,8 +128,16 @@ def _sharded(ckpt: Path, index: Any) -> None:
         ({"weight_map": {"lm_head.weight": "missing.safetensors"}}, "missing checkpoint shard"),
         ("{not json", "not a safetensors index"),
     ],
-    ids=["list", "no weight_map", "map a list", "map empty", "file a number", "file a path",
-         "file missing", "not json"],  # fmt: skip
+    ids=[
+        "list",
+        "no weight_map",
+        "map a list",
+        "map empty",
+        "file a number",
+        "file a path",
+        "file missing",
+        "not json",
+    ],
 )
 def test_malformed_index_is_one_line(ckpt: Path, index: Any, words: str) -> None:
     _sharded(ckpt, index)
@@ -140,7 +149,14 @@ def test_a_real_run_on_a_malformed_file_is_one_line(ckpt: Path, tmp_path: Path) 
     f = ckpt / SINGLE_FILE
     h, d = _split(f)
     f.write_bytes(_join(_edit(h, data_offsets=[0, _end(h) - 4]), d))
-    r = cli("experiments.run", "executor=real", f"checkpoint={ckpt}", "hardware=tiny",
-            "workload=tiny", "planner=flexgen", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={ckpt}",
+        "hardware=tiny",
+        "workload=tiny",
+        "planner=flexgen",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     one_line(r, str(f), _first(h))
     assert not (tmp_path / "run" / "summary.json").exists()

@@ -63,26 +63,43 @@ def test_non_finite_activations_fail_naming_the_layer(
 def _npz(folder: Path, ids: np.ndarray) -> Path:
     t = ids.shape[0]
     (folder / TRACE_NAME).mkdir(parents=True, exist_ok=True)
-    np.savez(folder / TRACE_NAME / TRACE_FILE, expert_ids=ids,
-             gate_weights=np.full(ids.shape, 1 / TOP_K, np.float32), task=np.zeros(t, np.uint8),
-             seq_id=np.zeros(t, np.int32), pos=np.arange(t, dtype=np.int32),
-             task_names=np.array(["intent"]))  # fmt: skip
+    np.savez(
+        folder / TRACE_NAME / TRACE_FILE,
+        expert_ids=ids,
+        gate_weights=np.full(ids.shape, 1 / TOP_K, np.float32),
+        task=np.zeros(t, np.uint8),
+        seq_id=np.zeros(t, np.int32),
+        pos=np.arange(t, dtype=np.int32),
+        task_names=np.array(["intent"]),
+    )
     return folder
 
 
 def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    ids = np.stack([np.stack([rng.permutation(N_EXPERTS)[:TOP_K] for _ in range(N_LAYERS)])
-                    for _ in range(40)]).astype(np.uint8)  # [T, L, k], distinct per token  # fmt: skip
+    ids = np.stack(
+        [np.stack([rng.permutation(N_EXPERTS)[:TOP_K] for _ in range(N_LAYERS)]) for _ in range(40)]
+    ).astype(np.uint8)  # [T, L, k], distinct per token
     assert load_esft(_npz(tmp_path / "good", ids)).n_tokens == 40
     ids[17, 3, 4] = ids[17, 3, 1]
-    raises_one_line(lambda: load_esft(_npz(tmp_path / "bad", ids)), TRACE_FILE, "token 17",
-                    "MoE layer 4", "repeats an expert")  # fmt: skip
+    raises_one_line(
+        lambda: load_esft(_npz(tmp_path / "bad", ids)),
+        TRACE_FILE,
+        "token 17",
+        "MoE layer 4",
+        "repeats an expert",
+    )
     # as a user runs it: a simulation that replays this trace
-    r = cli("experiments.run", "model=deepseek-v2-lite", "hardware=tiny", "workload=tiny",
-            "planner=flexgen", "workload.routing.source=trace",
-            f"workload.routing.trace_dir={tmp_path / 'bad'}",
-            f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "model=deepseek-v2-lite",
+        "hardware=tiny",
+        "workload=tiny",
+        "planner=flexgen",
+        "workload.routing.source=trace",
+        f"workload.routing.trace_dir={tmp_path / 'bad'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     one_line(r, TRACE_FILE, "repeats an expert")
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -108,8 +125,9 @@ BAD_METRICS = [
 
 
 @pytest.mark.parametrize("key, value", BAD_METRICS, ids=[f"{k}={v!r}" for k, v in BAD_METRICS])
-def test_summary_with_a_bad_metric_is_refused(sweep: Path, tmp_path: Path, key: str,
-                                              value: object) -> None:  # fmt: skip
+def test_summary_with_a_bad_metric_is_refused(
+    sweep: Path, tmp_path: Path, key: str, value: object
+) -> None:
     mine = tmp_path / "sweep"
     shutil.copytree(sweep, mine)
     shutil.copytree(mine / "good", mine / "bad")
@@ -125,13 +143,16 @@ def test_summary_with_a_bad_metric_is_refused(sweep: Path, tmp_path: Path, key: 
     assert "not" in line
 
 
-def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(sweep: Path,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
+    sweep: Path, tmp_path: Path
+) -> None:
     mine = tmp_path / "sweep"
     shutil.copytree(sweep, mine)
     shutil.copytree(mine / "good", mine / "bad")
     path = mine / "bad" / "summary.json"
-    path.write_text(path.read_text().replace('"throughput_tok_s": ', '"throughput_tok_s": "x", "_": '))
+    path.write_text(
+        path.read_text().replace('"throughput_tok_s": ', '"throughput_tok_s": "x", "_": ')
+    )
     for module in ("experiments.collect", "experiments.report"):
         r = cli(module, f"dir={mine}")
         one_line(r, str(path), "throughput_tok_s")
@@ -142,8 +163,9 @@ def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(sweep: Path,
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "/tmp/abs", ".hidden", "", "x y", "..", "a\\b"])
-def test_calibrate_profile_name_stays_in_conf_hardware(name: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_calibrate_profile_name_stays_in_conf_hardware(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = sorted((ROOT / "conf").rglob("*"))
     assert calibrate.main([f"hardware.name={name}", f"disk_dir={tmp_path / 'd'}"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -68,13 +68,20 @@ def test_a_count_written_as_a_string_reaches_the_model_as_a_number(composer) -> 
 
 
 @pytest.mark.parametrize("values", ["1e12,2", "true,2"])
-def test_a_value_the_schema_refuses_stops_a_sweep_before_it_starts(tmp_path: Path,
-                                                                   values: str) -> None:  # fmt: skip
+def test_a_value_the_schema_refuses_stops_a_sweep_before_it_starts(
+    tmp_path: Path, values: str
+) -> None:
     """A swept value that is not of its key's type (the schema's check, when the sweep's points
     are composed) is one line naming the key before any point runs: nothing is written."""
     sweep = tmp_path / "sweep"
-    r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic", f"model.n_layers={values}",
-            f"hydra.sweep.dir={sweep}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "hydra/launcher=basic",
+        f"model.n_layers={values}",
+        f"hydra.sweep.dir={sweep}",
+    )
     one_line(r, "model.n_layers")
     assert not list(sweep.rglob("summary.json")) and not list(sweep.rglob("failed.txt"))
 
@@ -84,8 +91,14 @@ def test_bad_values_in_a_sweep(tmp_path: Path) -> None:
     (of its key's type, refused by the run's own checks) is one line in its failed.txt, the good
     point finishes."""
     sweep = tmp_path / "sweep"
-    r = cli("experiments.run", "-m", *TINY, "hydra/launcher=basic",
-            "model.n_layers=1000000000,0,2", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "hydra/launcher=basic",
+        "model.n_layers=1000000000,0,2",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
     failed = [p.read_text() for p in sweep.rglob("failed.txt")]
     assert len(failed) == 2 and all("n_layers" in t and t.count("\n") == 1 for t in failed)

@@ -19,13 +19,23 @@ def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
     row's tok/s and memory, and the last line's ratio is moepipe's over the best peer row's."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    argv = [f"checkpoint={mixtral_tiny}", "hardware=tiny", "n_batches=2", "gen_len=2",
-            "batch_size=2", "prompt_len=4", "cold=pass"]  # fmt: skip
+    argv = [
+        f"checkpoint={mixtral_tiny}",
+        "hardware=tiny",
+        "n_batches=2",
+        "gen_len=2",
+        "batch_size=2",
+        "prompt_len=4",
+        "cold=pass",
+    ]
     assert bench_accelerate.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     rows = {ln[:40].strip(): ln[40:].split() for ln in out[3:-1]}
-    assert list(rows) == ["moepipe klotski (n=2)", "accelerate, 1 generate call",
-                          "accelerate, batch by batch (2 calls)"]  # fmt: skip
+    assert list(rows) == [
+        "moepipe klotski (n=2)",
+        "accelerate, 1 generate call",
+        "accelerate, batch by batch (2 calls)",
+    ]
     assert [int(r[0]) for r in rows.values()] == [2, 4, 2]  # sequences per call
     tok_s = {k: float(r[1]) for k, r in rows.items()}
     assert all(v > 0 for v in tok_s.values())

@@ -34,10 +34,20 @@ def test_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert bench_real.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0].startswith("mixtral-tiny: ") and "disk footprint 1.00" in out[0]
-    rows = {ln[:40].strip(): ln[40:].split() for ln in out if ln.startswith(("moepipe k", "accel", "simulator ("))}
-    assert set(rows) == {"moepipe klotski (n=1)", "accelerate, 1 generate call",
-                         "simulator (same schedule)"}  # fmt: skip
-    ours, peer = float(rows["moepipe klotski (n=1)"][1]), float(rows["accelerate, 1 generate call"][1])
+    rows = {
+        ln[:40].strip(): ln[40:].split()
+        for ln in out
+        if ln.startswith(("moepipe k", "accel", "simulator ("))
+    }
+    assert set(rows) == {
+        "moepipe klotski (n=1)",
+        "accelerate, 1 generate call",
+        "simulator (same schedule)",
+    }
+    ours, peer = (
+        float(rows["moepipe klotski (n=1)"][1]),
+        float(rows["accelerate, 1 generate call"][1]),
+    )
     bound = next(ln for ln in out if ln.strip().startswith("max "))
     bound_s = float(bound.split()[1])
     assert bound_s > 0 and "(disk)" in bound  # disk binds: 43% of the model is read per pass
@@ -50,7 +60,9 @@ def test_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert out[-1].startswith("simulator error: ")
     assert [p.name for p in tmp_path.iterdir()] == ["mixtral-tiny"]  # no temporary folder left
     # a second run reuses the checkpoint
-    assert bench_real.ensure_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "mixtral-tiny")
+    assert bench_real.ensure_checkpoint(
+        bench_real.reduced_spec("mixtral-tiny"), tmp_path / "mixtral-tiny"
+    )
     assert "reusing checkpoint" in capsys.readouterr().err
 
 

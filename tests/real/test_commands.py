@@ -26,8 +26,15 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     ckpt, hw = tmp_path / "ckpt", tmp_path / "calibrated.yaml"
     sh("real.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
     assert (ckpt / "config.json").exists() and list(ckpt.glob("*.safetensors"))
-    sh("experiments.calibrate", "hardware.name=calibrated", f"checkpoint={ckpt}",
-       f"disk_dir={tmp_path / 'calib'}", "disk_mb=16", "in_run_s=1", f"out={hw}")  # fmt: skip
+    sh(
+        "experiments.calibrate",
+        "hardware.name=calibrated",
+        f"checkpoint={ckpt}",
+        f"disk_dir={tmp_path / 'calib'}",
+        "disk_mb=16",
+        "in_run_s=1",
+        f"out={hw}",
+    )
     prof = yaml.safe_load(hw.read_text())
     assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
     assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
@@ -45,8 +52,16 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     conf = tmp_path / "conf" / "hardware"
     conf.mkdir(parents=True)
     (conf / "calibrated.yaml").write_text(hw.read_text())
-    sh("experiments.run", "executor=real", f"checkpoint={ckpt}", "planner=flexgen", "hardware=calibrated",
-       "workload=tiny", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    sh(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={ckpt}",
+        "planner=flexgen",
+        "hardware=calibrated",
+        "workload=tiny",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["executor"] == "real" and s["throughput_tok_s"] > 0
     # a measured trace's bubble splits over its causes too (core.bubbles), each second once
@@ -54,13 +69,27 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert set(pd.read_parquet(tmp_path / "run" / "trace.parquet")["source"]) == {"real"}
 
     out = tmp_path / "val"
-    sh("experiments.validate", f"checkpoint={ckpt}", f"hardware={hw}", "planners=[sequential,flexgen]",
-       "repeats=1", f"out={out}", "gpu_frac=0.9", "cpu_frac=0.5")  # fmt: skip
+    sh(
+        "experiments.validate",
+        f"checkpoint={ckpt}",
+        f"hardware={hw}",
+        "planners=[sequential,flexgen]",
+        "repeats=1",
+        f"out={out}",
+        "gpu_frac=0.9",
+        "cpu_frac=0.5",
+    )
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]
     assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
-    assert {"run_disk_gbps", "run_h2d_gbps", "err_run_links_makespan_s",
-            "err_run_links_gpu_bubble_s", "err_probe_makespan_s", "err_window_makespan_s"} <= set(table)  # fmt: skip
+    assert {
+        "run_disk_gbps",
+        "run_h2d_gbps",
+        "err_run_links_makespan_s",
+        "err_run_links_gpu_bubble_s",
+        "err_probe_makespan_s",
+        "err_window_makespan_s",
+    } <= set(table)
     assert (out / "timeline_flexgen.png").stat().st_size > 0
     # what the bubble waited for in each, and how far apart the two splits are
     assert table["sim_bubble_waits_on"].str.fullmatch(r"\S.* \d+%").all()

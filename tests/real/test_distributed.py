@@ -75,8 +75,13 @@ def free_port() -> int:
 
 
 def spec_of(ckpt: Path, planner: str, batch: int = 2, **params) -> RunSpec:
-    wl = Workload(batch_size=batch, n_batches=2, prompt_len=6, gen_len=3,
-                  routing=RoutingConfig(source=RoutingSource.SYNTHETIC))  # fmt: skip
+    wl = Workload(
+        batch_size=batch,
+        n_batches=2,
+        prompt_len=6,
+        gen_len=3,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
     return RunSpec(load_checkpoint(ckpt)[0], TWO_GPUS, wl, planner, params)
 
 
@@ -149,8 +154,16 @@ def test_a_batch_smaller_than_the_processes(mixtral_tiny):
 
 def command(ckpt: Path, out: Path, *args: str, devices: int | None = 2) -> list[str]:
     n = [f"+planner.params.n_devices={devices}"] if devices else []
-    return [sys.executable, "-m", "experiments.run", f"checkpoint={ckpt}", *RUN, *n,
-            f"hydra.run.dir={out}", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        f"checkpoint={ckpt}",
+        *RUN,
+        *n,
+        f"hydra.run.dir={out}",
+        *args,
+    ]
 
 
 def env() -> dict[str, str]:
@@ -160,8 +173,14 @@ def env() -> dict[str, str]:
 def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path):
     """`experiments.run ... executor.distributed=true` starts the 2 processes itself and writes
     the run dir every run writes; trace.json shows one process per device."""
-    proc = subprocess.run(command(mixtral_tiny, tmp_path, "planner=eplb", "trace_json=true"), cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        command(mixtral_tiny, tmp_path, "planner=eplb", "trace_json=true"),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):
         assert (tmp_path / name).exists(), name
@@ -178,8 +197,15 @@ def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path):
 def test_torchrun_runs_the_same_command(mixtral_tiny, tmp_path):
     """A cluster user's launch: torchrun starts the ranks, each runs `experiments.run`; rank 0
     writes the run dir."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", "-m", *command(mixtral_tiny, tmp_path, "planner=ep_static")[2:]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        *command(mixtral_tiny, tmp_path, "planner=ep_static")[2:],
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -193,16 +219,24 @@ def errors(stderr: str) -> list[str]:
 def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     """Rank 1 killed while the run sets up or runs: the parent stops rank 0 at once and says
     which rank died, in one line; no peer's traceback, no summary.json."""
-    proc = subprocess.Popen(command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100"),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ranks = []
     deadline = time.monotonic() + 120
     while len(ranks) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
         kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-        ranks = sorted(int(p) for p in kids.stdout.split()
-                       if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace"))  # fmt: skip
+        ranks = sorted(
+            int(p)
+            for p in kids.stdout.split()
+            if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+        )
     assert len(ranks) == 2, "the two rank processes did not start"
     # into the run (or its setup): 2 batches of 100 tokens take the ranks ~15 s here, so the
     # kill lands before the run ends (40 tokens ended within the 8 s this slept before)
@@ -220,11 +254,22 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
 def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
     """Rank 0 of 2 under a torchrun-like environment whose rank 1 never starts: one line once
     the rendezvous times out, no summary."""
-    e = dict(env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-             MASTER_PORT=str(free_port()))  # fmt: skip
-    proc = subprocess.run(command(mixtral_tiny, tmp_path, "planner=eplb",
-                                  "executor.rendezvous_timeout_s=3"),
-                          cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)  # fmt: skip
+    e = dict(
+        env(),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+    proc = subprocess.run(
+        command(mixtral_tiny, tmp_path, "planner=eplb", "executor.rendezvous_timeout_s=3"),
+        cwd=ROOT,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     (line,) = errors(proc.stderr)
     assert "rank 0: the process group did not form within executor.rendezvous_timeout_s=3" in line
@@ -240,14 +285,21 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
         ("flexgen", None, "planner flexgen plans one device"),
     ],
 )
-def test_devices_the_machine_cannot_run_are_one_line(mixtral_tiny, tmp_path, planner, devices,
-                                                     message):  # fmt: skip
+def test_devices_the_machine_cannot_run_are_one_line(
+    mixtral_tiny, tmp_path, planner, devices, message
+):
     """More processes than experts, or than the machine's cores, or a planner with no devices:
     one line before any process starts."""
     if devices and devices > 8 and "cores" in message:
         pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
-    proc = subprocess.run(command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices),
-                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     (line,) = errors(proc.stderr)
     assert message in line, line
@@ -330,8 +382,6 @@ def test_ffn_shards_sum_to_whole(name, f32_ckpt):
     torch.testing.assert_close(run(shards[0], hidden) + run(shards[1], hidden), run(w, hidden))
 
 
-
-
 def test_moves_copy_from_a_rank_that_keeps_the_expert():
     """Rank 0 swaps replica 5 for 6, rank 1 swaps 2 for 5. Expert 6 comes from rank 1, which
     holds it before and after; 5 from rank 0, its only holder, which drops it after sending."""
@@ -353,7 +403,7 @@ def test_copies_sent_counts_copy_moves_sources():
         new[:, 3:] = rng.integers(-1, 12, (4, 2))
         if rng.random() < 0.5:  # re-homing: homes permuted among the devices
             new[:, :3] = rng.permutation(homes.ravel()).reshape(4, 3)
-        want = np.bincount([src for _, src, _ in copy_moves(old.tolist(), new.tolist())],
-                           minlength=4)  # fmt: skip
+        want = np.bincount(
+            [src for _, src, _ in copy_moves(old.tolist(), new.tolist())], minlength=4
+        )
         assert copies_sent(old, new).tolist() == want.tolist()
-

@@ -51,9 +51,12 @@ def hardware(gpu_gb: float, cpu_gb: float, n_gpus: int = 1) -> HardwareSpec:
 OFFLOAD = hardware(0.010, 0.008)  # experts on disk / host: every load path runs
 RESIDENT_2GPU = hardware(0.05, 0.05, n_gpus=2)  # expert-parallel planners keep experts resident
 WORKLOAD = Workload(
-    batch_size=2, n_batches=2, prompt_len=6, gen_len=3,
+    batch_size=2,
+    n_batches=2,
+    prompt_len=6,
+    gen_len=3,
     routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
-)  # fmt: skip
+)
 
 
 # Planners that peek at the coming routing (upper bounds) cannot run on the model's own gate.
@@ -79,8 +82,12 @@ def assert_matches_reference(ckpt: Path, spec: RunSpec, result, out, tol: float 
 
 def runnable(planners: list[str]) -> list[tuple[str, str]]:
     """(planner, routing mode) pairs; an upper bound that peeks at the routing runs on replay only."""
-    return [(p, m) for p in planners for m in ("replay", "live")
-            if not (m == "live" and p in REPLAY_ONLY)]  # fmt: skip
+    return [
+        (p, m)
+        for p in planners
+        for m in ("replay", "live")
+        if not (m == "live" and p in REPLAY_ONLY)
+    ]
 
 
 @pytest.mark.parametrize("mode", ["replay", "live"])
@@ -135,8 +142,13 @@ def test_micro_batches_match_in_memory_forward(mixtral_tiny, planner, mode):
     split in two micro-batches, each gated, computed and added on its own while the other's
     ops run (live: the planner sees each micro-batch's routing at its own gate)."""
     model, _ = load_checkpoint(mixtral_tiny)
-    spec = RunSpec(model, RESIDENT_2GPU, WORKLOAD.with_(batch_size=5), planner,
-                   {"micro_batches": 2, "replica_slots": 1})  # fmt: skip
+    spec = RunSpec(
+        model,
+        RESIDENT_2GPU,
+        WORKLOAD.with_(batch_size=5),
+        planner,
+        {"micro_batches": 2, "replica_slots": 1},
+    )
     result, out = real_execute(mixtral_tiny, spec, mode)
     t = result.trace
     gates = t[t["kind"] == OpKind.GATE.value]
@@ -186,8 +198,13 @@ def test_shared_lanes_run_the_same_way(mixtral_tiny, mode):
     """lane_sharing=shared changes only how the simulator shares the GPU (real CUDA streams share
     it anyway): the real run of such a schedule still matches the in-memory forward."""
     model, _ = load_checkpoint(mixtral_tiny)
-    spec = RunSpec(model, RESIDENT_1GPU, WORKLOAD, "predictive_replication",
-                   {**LANES, "lane_sharing": "shared"})  # fmt: skip
+    spec = RunSpec(
+        model,
+        RESIDENT_1GPU,
+        WORKLOAD,
+        "predictive_replication",
+        {**LANES, "lane_sharing": "shared"},
+    )
     result, out = real_execute(mixtral_tiny, spec, mode)
     assert result.schedule.meta["ep"]["lane_sharing"] == "shared"
     assert result.trace["sm_s"].isna().all()  # a real trace cannot see the SMs
@@ -392,8 +409,9 @@ def test_a_run_where_nothing_can_start_names_what_each_stream_waits_for(mixtral_
     real_reset = Executor._reset
 
     def starved(self, capacity, resident, routing):
-        real_reset(self, {**capacity, Tier.GPU: (resident or {}).get(Tier.GPU, 0)}, resident,
-                   routing)  # fmt: skip
+        real_reset(
+            self, {**capacity, Tier.GPU: (resident or {}).get(Tier.GPU, 0)}, resident, routing
+        )
 
     monkeypatch.setattr(Executor, "_reset", starved)
     with pytest.raises(ScheduleError, match=r"made no progress for 0.5 s: .* waits for \d+ B of"):
@@ -440,10 +458,17 @@ def test_truncated_checkpoint_names_the_file(mixtral_tiny, tmp_path, monkeypatch
 
 def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path):
     cmd = [
-        sys.executable, "-m", "experiments.run", "executor=real", f"checkpoint={tmp_path / 'nope'}",
-        "model=mixtral-tiny", "hardware=tiny", "workload=tiny", "planner=sequential",
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={tmp_path / 'nope'}",
+        "model=mixtral-tiny",
+        "hardware=tiny",
+        "workload=tiny",
+        "planner=sequential",
         f"hydra.run.dir={tmp_path / 'run'}",
-    ]  # fmt: skip
+    ]
     p = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2]
     )

@@ -29,9 +29,16 @@ from real.model import KVCache, live_routing, reference_generate
 transformers = pytest.importorskip("transformers")
 
 GEN = 4  # generated tokens: the prefill of the 6-token prompt, then 3 decode steps
-COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, num_experts_per_tok=2, initializer_range=0.1,
-              max_position_embeddings=64)  # fmt: skip
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts_per_tok=2,
+    initializer_range=0.1,
+    max_position_embeddings=64,
+)
 FAMILY = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, intermediate_size=32, head_dim=16)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, moe_intermediate_size=32,
@@ -48,8 +55,17 @@ FAMILY = {
 
 def yarn(theta: float, **more: float) -> dict[str, Any]:
     """YaRN 4x from 8 positions: over the test's 9 its frequency ramp is partial."""
-    return {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": theta,
-            "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0, **more}}  # fmt: skip
+    return {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "rope_theta": theta,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            **more,
+        }
+    }
 
 
 # case -> (family, config fields over the family's, fields whose effect the test checks)
@@ -120,8 +136,14 @@ def prompt() -> torch.Tensor:
 def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' greedy decoding: (tokens [B, GEN], last step's logits [B, V] float32)."""
     with torch.inference_mode():
-        out = model.generate(prompt, max_new_tokens=GEN, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+        out = model.generate(
+            prompt,
+            max_new_tokens=GEN,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
     return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
 
 

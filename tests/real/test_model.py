@@ -201,8 +201,14 @@ def hf_generate(ckpt, prompt: torch.Tensor, gen_len: int) -> tuple[torch.Tensor,
     dtype = torch.bfloat16 if load_checkpoint(ckpt)[0].dtype_bytes == 2 else torch.float32
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).eval()
     with torch.inference_mode():
-        out = hf.generate(prompt, max_new_tokens=gen_len, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+        out = hf.generate(
+            prompt,
+            max_new_tokens=gen_len,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
     return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
 
 
@@ -241,9 +247,15 @@ LINEAR = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta"
         ("olmoe-1b-7b", 2, LINEAR),
         ("olmoe-1b-7b", 2, YARN),
     ],
-    ids=["yarn-deepseek-f32", "yarn-deepseek-bf16", "linear-mixtral-f32", "linear-mixtral-bf16",
-         "linear-olmoe-bf16", "yarn-olmoe-bf16"],
-)  # fmt: skip
+    ids=[
+        "yarn-deepseek-f32",
+        "yarn-deepseek-bf16",
+        "linear-mixtral-f32",
+        "linear-mixtral-bf16",
+        "linear-olmoe-bf16",
+        "yarn-olmoe-bf16",
+    ],
+)
 def test_scaled_rope_equals_hugging_face(name, dtype_bytes, fields, tmp_path, prompt):
     """reference_generate with config.json's YaRN or linear RoPE scaling against transformers, as
     test_reference_equals_hugging_face (observed: 0 in bf16, below 1e-6 in float32); the same
@@ -274,8 +286,15 @@ def test_yarn_of_deepseek_v2_lite_equals_hugging_face():
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf_ds
 
     spec = reduced_spec("deepseek-v2-lite")
-    yarn = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}  # fmt: skip
+    yarn = {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    }
     cfg = spec_to_hf_config(spec) | {"max_position_embeddings": 163840, "rope_scaling": yarn}
     rope = Rope.from_config(cfg, spec, where="config.json")
     hf_cfg = transformers.DeepseekV2Config.from_dict(cfg)
@@ -423,9 +442,13 @@ def test_head_shards_of_new_fields_sum_to_the_whole(name, over, tmp_path):
 
 @pytest.mark.parametrize(
     "name, key, value",
-    [("mixtral-tiny", "sliding_window", "4"), ("mixtral-tiny", "sliding_window", 0),
-     ("olmoe-1b-7b", "clip_qkv", "8"), ("olmoe-1b-7b", "clip_qkv", -1.0)],
-)  # fmt: skip
+    [
+        ("mixtral-tiny", "sliding_window", "4"),
+        ("mixtral-tiny", "sliding_window", 0),
+        ("olmoe-1b-7b", "clip_qkv", "8"),
+        ("olmoe-1b-7b", "clip_qkv", -1.0),
+    ],
+)
 def test_bad_window_or_clip_is_one_line(name, key, value, tmp_path):
     """A sliding_window or clip_qkv that is not a positive number names the field and file."""
     spec = reduced_spec(name, **small_overrides(name))

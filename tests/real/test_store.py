@@ -204,9 +204,7 @@ def test_host_capacity_and_tier_moves(mixtral_tiny, tmp_path):
     unit = Unit(Tensor.EXPERT, 0, 0)
     probe = TieredStore(mixtral_tiny, device_capacity_bytes=1)
     n = probe.unit_bytes(unit)
-    store = TieredStore(
-        mixtral_tiny, device_capacity_bytes=n, host_capacity_bytes=n
-    )
+    store = TieredStore(mixtral_tiny, device_capacity_bytes=n, host_capacity_bytes=n)
     with pytest.raises(MoepipeError, match="not in the host tier"):
         store.to_device(unit)
     host = store.read_disk(unit)

@@ -18,8 +18,16 @@ def test_a_real_run_refused_skips_that_planner_only(mixtral_tiny, tmp_path, monk
         return real(ckpt, spec, mode, **kw)
 
     monkeypatch.setattr(v, "real_execute", refuse_flexgen)
-    opts = dict(v._DEFAULTS, checkpoint=str(mixtral_tiny), hardware="tiny", repeats=2,
-                planners="sequential,flexgen", out=str(tmp_path), gpu_frac=0.9, cpu_frac=0.5)  # fmt: skip
+    opts = dict(
+        v._DEFAULTS,
+        checkpoint=str(mixtral_tiny),
+        hardware="tiny",
+        repeats=2,
+        planners="sequential,flexgen",
+        out=str(tmp_path),
+        gpu_frac=0.9,
+        cpu_frac=0.5,
+    )
     table = v.validate(opts).set_index("planner")
     assert "working set" in table.loc["flexgen", "skipped"]
     assert (
@@ -45,9 +53,17 @@ def test_probe_predicts_each_run_at_the_links_its_probe_saw(mixtral_tiny, tmp_pa
 
     monkeypatch.setattr(v, "measure_in_run", slow_probe)
     monkeypatch.setattr(v, "real_execute", counted)
-    opts = dict(v._DEFAULTS, checkpoint=str(mixtral_tiny), hardware="tiny", repeats=2,
-                planners="sequential", out=str(tmp_path), gpu_frac=0.5, cpu_frac=0.2,
-                links="probe")  # fmt: skip
+    opts = dict(
+        v._DEFAULTS,
+        checkpoint=str(mixtral_tiny),
+        hardware="tiny",
+        repeats=2,
+        planners="sequential",
+        out=str(tmp_path),
+        gpu_frac=0.5,
+        cpu_frac=0.2,
+        links="probe",
+    )
     row = v.validate(opts).set_index("planner").loc["sequential"]
     assert calls == [0.5, -1.0, 0.5, -1.0]  # a probe, at validate's device pool, before each run
     assert row["disk_bytes"] > 0  # the disk tier is active, so the probe's disk figure counts
@@ -78,10 +94,22 @@ def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, 
     hw.update(name="hgx2", n_gpus=2)
     path = tmp_path / "hgx2.yaml"
     path.write_text(yaml.safe_dump(hw))
-    opts = dict(v._DEFAULTS, checkpoint=str(mixtral_tiny), hardware=str(path), repeats=1,
-                planners="eplb", out=str(tmp_path / "val"), gpu_frac=2.0, cpu_frac=0.5,
-                links="calibrated", **{"executor.distributed": "true"})  # fmt: skip
+    opts = dict(
+        v._DEFAULTS,
+        checkpoint=str(mixtral_tiny),
+        hardware=str(path),
+        repeats=1,
+        planners="eplb",
+        out=str(tmp_path / "val"),
+        gpu_frac=2.0,
+        cpu_frac=0.5,
+        links="calibrated",
+        **{"executor.distributed": "true"},
+    )
     row = v.validate(opts).set_index("planner").loc["eplb"]
     assert row["coverage"] == 1.0 and row["device_tokens_equal"]
     assert row["sim_device_tokens"] == row["real_device_tokens"]
-    assert row["run_p2p_gbps"] > 0 and row["err_run_links_makespan_s"] == row["err_run_links_makespan_s"]
+    assert (
+        row["run_p2p_gbps"] > 0
+        and row["err_run_links_makespan_s"] == row["err_run_links_makespan_s"]
+    )

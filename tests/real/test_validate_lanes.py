@@ -27,9 +27,19 @@ def test_real_and_both_models_on_the_same_schedule(mixtral_tiny, tmp_path, monke
         return sim(spec, routing)
 
     monkeypatch.setattr(vl, "simulate_run", spy)
-    opts = dict(vl._DEFAULTS, checkpoint=str(mixtral_tiny), hardware="tiny", lanes=2,
-                planners="ep_static", repeats=2, batch_size=2, n_batches=2, prompt_len=8,
-                device="cpu", out=str(tmp_path))  # fmt: skip
+    opts = dict(
+        vl._DEFAULTS,
+        checkpoint=str(mixtral_tiny),
+        hardware="tiny",
+        lanes=2,
+        planners="ep_static",
+        repeats=2,
+        batch_size=2,
+        n_batches=2,
+        prompt_len=8,
+        device="cpu",
+        out=str(tmp_path),
+    )
     lines = vl.report(opts)
     assert [s for s, _ in seen] == ["partition", "shared"] and seen[0][1] is seen[1][1]
     t = pd.read_csv(tmp_path / "validate_lanes.csv").iloc[0]
@@ -54,7 +64,12 @@ def test_a_planner_that_is_not_expert_parallel_is_refused(planners, match, mixtr
 
 
 def test_cli_error_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.validate_lanes", f"out={tmp_path}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.validate_lanes", f"out={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "checkpoint=DIR is required" in err[0]

@@ -173,12 +173,36 @@ def test_peak_memory_counts_an_allocation_from_its_grant():
     ):
         b.stream(name, res)
     load(b, "w", GB)
-    b.add(OpKind.LOAD, "e", (), src=Tier.CPU, dst=Tier.GPU, nbytes=GB // 10,
-          alloc_tier=Tier.GPU, alloc_bytes=GB // 2)  # fmt: skip
-    b.add(OpKind.FFN, "c", (), flops=0.5e12, alloc_tier=Tier.GPU, alloc_bytes=GB // 2,
-          free_tier=Tier.GPU, free_bytes=GB // 2)  # fmt: skip
-    b.add(OpKind.LOAD, "d", (), src=Tier.GPU, dst=Tier.CPU, nbytes=GB // 100,
-          alloc_tier=Tier.GPU, alloc_bytes=GB // 10)  # fmt: skip
+    b.add(
+        OpKind.LOAD,
+        "e",
+        (),
+        src=Tier.CPU,
+        dst=Tier.GPU,
+        nbytes=GB // 10,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB // 2,
+    )
+    b.add(
+        OpKind.FFN,
+        "c",
+        (),
+        flops=0.5e12,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB // 2,
+        free_tier=Tier.GPU,
+        free_bytes=GB // 2,
+    )
+    b.add(
+        OpKind.LOAD,
+        "d",
+        (),
+        src=Tier.GPU,
+        dst=Tier.CPU,
+        nbytes=GB // 100,
+        alloc_tier=Tier.GPU,
+        alloc_bytes=GB // 10,
+    )
     s = b.build()
     validate(s)
     start, end, granted = simulate_times(s, CostModel(h))
@@ -284,9 +308,13 @@ def sm_hw(name: str, links: dict | None = None, **gpu) -> HardwareSpec:
         "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
         "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0, **gpu},
         "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5},
-                  **(links or {})},
-    }  # fmt: skip
+        "links": {
+            "h2d": {"gbps": 1.0},
+            "d2h": {"gbps": 1.0},
+            "disk": {"gbps": 0.5},
+            **(links or {}),
+        },
+    }
     return HardwareSpec.from_dict(raw)
 
 
@@ -383,8 +411,9 @@ def test_pool_makespan_is_the_simulators(lanes, overhead_us):
         s = b.stream(f"lane{d}", Resource.GPU, d, pool="sms")
         for width, gflop in ops:
             b.add(OpKind.FFN, s, flops=gflop * 1e9, width=width)
-        plain.append([(overhead_us * 1e-6, g * 1e-3, cost.cap(Resource.GPU, g * 1e9, 0, w))
-                      for w, g in ops])  # fmt: skip
+        plain.append(
+            [(overhead_us * 1e-6, g * 1e-3, cost.cap(Resource.GPU, g * 1e9, 0, w)) for w, g in ops]
+        )
     if not b.ops:
         assert pool_makespan_s(plain) == 0.0
         return
@@ -459,8 +488,15 @@ def comm_hw(comm_sms: int, sms: int = 4, copy_sms: int = 0) -> HardwareSpec:
 
 def copy_op(b: ScheduleBuilder, stream: str, deps=()) -> int:
     """A 2 ms replica copy (an expert's weights, GPU -> GPU)."""
-    return b.add(OpKind.LOAD, stream, deps, src=Tier.GPU, dst=Tier.GPU, nbytes=2 * GB // 1000,
-                 tensor=Tensor.EXPERT)  # fmt: skip
+    return b.add(
+        OpKind.LOAD,
+        stream,
+        deps,
+        src=Tier.GPU,
+        dst=Tier.GPU,
+        nbytes=2 * GB // 1000,
+        tensor=Tensor.EXPERT,
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,8 +519,11 @@ def test_collectives_hold_sms_from_the_compute_beside_them(comm_sms, copy_sms, e
     for d in range(3):
         b.add(OpKind.FFN, b.stream(f"compute{d or ''}", Resource.GPU, d), flops=4e9)
     b.add(OpKind.DISPATCH, link[0], nbytes=2 * GB // 1000)
-    b.add(OpKind.DISPATCH, b.stream("send0", Resource.P2P_OUT, 0, pool="p2p_out:0"),
-          nbytes=2 * GB // 1000)  # fmt: skip
+    b.add(
+        OpKind.DISPATCH,
+        b.stream("send0", Resource.P2P_OUT, 0, pool="p2p_out:0"),
+        nbytes=2 * GB // 1000,
+    )
     copy_op(b, b.stream("replicas1", Resource.P2P, 1, pool="p2p:1"))
     _, end = run(b, comm_hw(comm_sms, copy_sms=copy_sms))
     assert end * 1e3 == pytest.approx(ends_ms)
@@ -496,8 +535,9 @@ def test_a_collective_and_a_copy_hold_their_sms_together():
     copies at once (in and out: one grouped p2p kernel) hold 1 SM, as one does."""
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
     b.add(OpKind.FFN, b.stream("compute", Resource.GPU, 0), flops=4e9)
-    b.add(OpKind.DISPATCH, b.stream("dispatch0", Resource.P2P, 0, pool="p2p:0"),
-          nbytes=2 * GB // 1000)  # fmt: skip
+    b.add(
+        OpKind.DISPATCH, b.stream("dispatch0", Resource.P2P, 0, pool="p2p:0"), nbytes=2 * GB // 1000
+    )
     copy_op(b, b.stream("replicas_out0", Resource.P2P_OUT, 0, pool="p2p_out:0"))
     _, end = run(b, comm_hw(1, copy_sms=1))
     assert end[0] * 1e3 == pytest.approx(5.0)
@@ -512,8 +552,11 @@ def test_a_collective_and_a_copy_hold_their_sms_together():
 def test_a_gemm_after_the_collective_runs_at_full_rate():
     """The GEMM starts once the 2 ms all-reduce is done: nothing holds SMs, 4 ms as ever."""
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
-    r = b.add(OpKind.ALL_REDUCE, b.stream("allreduce0", Resource.P2P, 0, pool="p2p:0"),
-              nbytes=2 * GB // 1000)  # fmt: skip
+    r = b.add(
+        OpKind.ALL_REDUCE,
+        b.stream("allreduce0", Resource.P2P, 0, pool="p2p:0"),
+        nbytes=2 * GB // 1000,
+    )
     b.add(OpKind.FFN, b.stream("compute", Resource.GPU, 0), (r,), flops=4e9)
     _, end = run(b, comm_hw(1))
     assert end * 1e3 == pytest.approx([2.0, 6.0])
