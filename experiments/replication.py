@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -1389,29 +1389,33 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
+    return experiment_main(run, argv, __doc__, Path(__file__).stem)
+
+
+def experiment_main(
+    report: Callable[[DictConfig], list[str]], argv: list[str] | None, doc: str | None, name: str
+) -> int:
+    """A command over conf/experiment/replication.yaml (this one, replication_cv): `report`'s
+    lines; bad input one line, exit 2, and no out_dir left that looks like a run."""
     argv = list(sys.argv[1:] if argv is None else argv)
     exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
     running(ReplicationOptions)
-    hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
+
+    def task(cfg: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        out = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            print_or_exit(lambda: report(cfg))
+        except SystemExit as e:
+            if e.code == 2:
+                remove_if_no_run(out)
+            raise
+
+    hydra_args = [f"hydra.job.name={name}", "hydra/help=command"]
     return int(
-        until_interrupted(
-            lambda: hydra_main(task, "experiment/replication", argv, __doc__, hydra_args)
-        )
+        until_interrupted(lambda: hydra_main(task, "experiment/replication", argv, doc, hydra_args))
     )
-
-
-def task(cfg: DictConfig) -> None:
-    """The report's lines; bad input one line, exit 2, and no out_dir left that looks like a
-    run."""
-    from hydra.core.hydra_config import HydraConfig
-
-    out = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        print_or_exit(lambda: run(cfg))
-    except SystemExit as e:
-        if e.code == 2:
-            remove_if_no_run(out)
-        raise
 
 
 if __name__ == "__main__":

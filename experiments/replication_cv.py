@@ -38,16 +38,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
-from experiments.app import hydra_main, remove_if_no_run, running
 from experiments.cli import (
     as_int,
-    exit_on_unwritable_dir,
-    print_or_exit,
     run_command,
-    until_interrupted,
 )
 from experiments.pipeline import code_version
-from experiments.schema import ReplicationOptions
 
 log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
@@ -221,29 +216,7 @@ def run(cfg: DictConfig) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    exit_on_unwritable_dir(argv, ("out_dir", "hydra.run.dir"))  # before hydra makes it
-    running(ReplicationOptions)
-    hydra_args = [f"hydra.job.name={Path(__file__).stem}", "hydra/help=command"]
-    return int(
-        until_interrupted(
-            lambda: hydra_main(task, "experiment/replication", argv, __doc__, hydra_args)
-        )
-    )
-
-
-def task(cfg: DictConfig) -> None:
-    """The report's lines; bad input one line, exit 2, and no out_dir left that looks like a
-    run."""
-    from hydra.core.hydra_config import HydraConfig
-
-    out = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        print_or_exit(lambda: run(cfg))
-    except SystemExit as e:
-        if e.code == 2:
-            remove_if_no_run(out)
-        raise
+    return replication.experiment_main(run, argv, __doc__, Path(__file__).stem)
 
 
 if __name__ == "__main__":
