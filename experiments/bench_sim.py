@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,23 @@ def cli_run_s(planner: str, out: Path) -> tuple[float, float]:
     )
 
 
+@contextmanager
+def _own_hydra() -> Iterator[None]:
+    """Compose the run's config as experiments.run does, from inside this command's own hydra
+    app: hydra's one global instance is set aside while the run's is made, then put back."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    gh = GlobalHydra.instance()
+    saved = gh.hydra if gh.is_initialized() else None
+    gh.clear()
+    try:
+        yield
+    finally:  # hydra's initialize_* may swap the singleton itself: ask for it again
+        GlobalHydra.instance().clear()
+        if saved is not None:
+            GlobalHydra.instance().initialize(saved)
+
+
 def run_phases(
     planner: str, overrides: list[str], out: Path | None
 ) -> tuple[int, dict[str, float]]:
@@ -145,7 +163,7 @@ def run_phases(
     times: dict[str, float] = {}
 
     def config():  # type: ignore[no-untyped-def]
-        with initialize_config_dir(str(CONF), version_base="1.3"):
+        with _own_hydra(), initialize_config_dir(str(CONF), version_base="1.3"):
             cfg = compose("config", [*overrides, f"planner={planner}"])
         return resolve_n_batches(run_spec(cfg))
 
