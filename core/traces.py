@@ -408,7 +408,7 @@ def convert_esft(
 def _atomic_savez(out: Path, **arrays: Any) -> None:
     """`np.savez_compressed` whole or not at all: into a temporary file in `out`'s folder,
     renamed over `out` once complete, so an interrupt or a full disk mid-write keeps the trace
-    that was there. (experiments.pipeline's atomic_write_text, for core.)"""
+    that was there. (experiments.common.pipeline's atomic_write_text, for core.)"""
     try:
         fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as e:

@@ -19,8 +19,8 @@ from omegaconf import MISSING
 
 from core.errors import MoepipeError
 from core.traces import N_LAYERS, convert_esft
-from experiments.app import command
-from experiments.cli import (
+from experiments.common.app import command
+from experiments.common.cli import (
     output_file,
     run_command,
     until_interrupted,

@@ -21,22 +21,13 @@ import pandas as pd
 
 from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
-from experiments.app import command
-from experiments.cli import (
+from experiments.common.app import command
+from experiments.common.cli import (
     output_file,
     run_command,
 )
+from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
-
-
-def markdown(df: pd.DataFrame, index: bool = True) -> str:
-    """A DataFrame as a GitHub markdown table (without the optional `tabulate` dependency)."""
-    d = df.reset_index() if index else df
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    head = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in d.columns]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in d.itertuples(index=False)]
-    return "\n".join(rows)
 
 
 def sequences(trace, tasks: tuple[str, ...]) -> list[np.ndarray]:  # type: ignore[no-untyped-def]

@@ -38,8 +38,8 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource
-from experiments.app import check_keys, hydra_main, remove_if_no_run, running
-from experiments.cli import (
+from experiments.common.app import check_keys, hydra_main, remove_if_no_run, running
+from experiments.common.cli import (
     as_int,
     exit_on_unwritable_dir,
     missing_config,
@@ -48,7 +48,7 @@ from experiments.cli import (
     run_command,
     until_interrupted,
 )
-from experiments.pipeline import (
+from experiments.common.pipeline import (
     RunResult,
     RunSpec,
     atomic_write_json,
@@ -58,7 +58,7 @@ from experiments.pipeline import (
     write_balance,
     write_run,
 )
-from experiments.schema import HardwareSchema, ReplicationOptions
+from experiments.common.schema import HardwareSchema, ReplicationOptions
 from planners.expert_parallel import DISPATCH, LANE_SHARING
 from planners.predictive_replication import transition_counts
 from planners.registry import expert_parallel_names, param_names

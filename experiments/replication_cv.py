@@ -38,11 +38,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
 from experiments import replication
-from experiments.cli import (
+from experiments.common.cli import (
     as_int,
     run_command,
 )
-from experiments.pipeline import code_version
+from experiments.common.pipeline import code_version
 
 log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split

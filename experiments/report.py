@@ -31,9 +31,9 @@ from omegaconf import MISSING  # noqa: E402
 from core.args import output_dir  # noqa: E402
 from core.bubbles import top_cause  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
-from experiments.app import command  # noqa: E402
-from experiments.cli import run_command, until_interrupted  # noqa: E402
-from experiments.collect import SYSTEM, collect, load_sweep, write_results  # noqa: E402
+from experiments.common.app import command  # noqa: E402
+from experiments.common.cli import run_command, until_interrupted  # noqa: E402
+from experiments.common.tables import SYSTEM, collect, load_sweep, write_results  # noqa: E402
 
 # swept workload columns: a figure against one of them draws a line per value of the others
 AXES = {"workload.batch_size": "bs", "n_batches": "n", "workload.prompt_len": "prompt",

@@ -28,15 +28,15 @@ from tqdm import tqdm
 
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.app import command
-from experiments.cli import (
+from experiments.common.app import command
+from experiments.common.cli import (
     on_interrupt,
     output_dir,
     run_command,
     until_interrupted,
 )
-from experiments.pipeline import code_version
-from experiments.prefetch_eval import markdown
+from experiments.common.pipeline import code_version
+from experiments.common.tables import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
@@ -93,7 +93,7 @@ def with_overrides(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
 
 def run_point(job: dict[str, Any]) -> dict[str, Any]:
     """One simulated run; returns its summary (or the error) with the job's labels."""
-    from experiments.pipeline import RunSpec, simulate_run
+    from experiments.common.pipeline import RunSpec, simulate_run
 
     planner = _yaml("planner", job["planner"])
     hw = with_overrides(_yaml("hardware", job["hardware"]), job.get("hardware_overrides") or {})
@@ -350,7 +350,7 @@ def report(df: pd.DataFrame) -> str:
             f"## Fig. 14: Klotski throughput (tok/s) over n and batch size, mixtral-8x7b / rtx3090-env1, "
             f"gen_len={f14.gen_len.max():.0f} (paper: 32)",
             "",
-            markdown(piv.round(2)),
+            markdown(piv.round(2), index=True),
         ]
     vs = df[df.table == "vs_flexgen"]
     if len(vs):
@@ -363,7 +363,7 @@ def report(df: pd.DataFrame) -> str:
             f"## Klotski vs FlexGen at n=15 (tok/s), gen_len={vs.gen_len.max():.0f} (paper: 32; "
             "paper max speedup 2.23x)",
             "",
-            markdown(piv.round(3)),
+            markdown(piv.round(3), index=True),
         ]
     return "\n".join([*lines, "", "## Targets (issue 3)", "", *targets(df)])
 

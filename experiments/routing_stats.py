@@ -21,8 +21,8 @@ import numpy as np
 from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
-from experiments.app import command
-from experiments.cli import (
+from experiments.common.app import command
+from experiments.common.cli import (
     as_int,
     output_file,
     run_command,

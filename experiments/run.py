@@ -37,9 +37,9 @@ from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
-from experiments.app import hydra_main, remove_if_no_run, running
-from experiments.callbacks import FAILED
-from experiments.cli import (
+from experiments.common.app import hydra_main, remove_if_no_run, running
+from experiments.common.callbacks import FAILED
+from experiments.common.cli import (
     another_commands_experiment,
     any_error_line,
     exit_on_unwritable_dir,
@@ -50,16 +50,16 @@ from experiments.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
-from experiments.collect import display_name
-from experiments.pipeline import (
+from experiments.common.pipeline import (
     RunSpec,
     code_version,
     replace_run,
     simulate_run,
     write_run,
 )
-from experiments.resolve import run_model_name, run_spec
-from experiments.schema import RunSchema
+from experiments.common.resolve import run_model_name, run_spec
+from experiments.common.schema import RunSchema
+from experiments.common.tables import display_name
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     if spec.executor == "sim":
         result = simulate_run(spec)
     else:
-        from experiments.real_run import real_run  # torch is imported only for real runs
+        from experiments.common.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
@@ -231,7 +231,7 @@ def task(cfg: DictConfig) -> None:
 
 def torchrun_rank() -> int:
     """This process's rank in a torchrun launch of G > 1 processes; 0 outside one."""
-    from experiments.dist_run import launched
+    from experiments.common.dist_run import launched
 
     return int(os.environ["RANK"]) if launched() else 0
 

@@ -21,8 +21,8 @@ import pandas as pd
 from core.balance import device_of
 from core.errors import MoepipeError
 from core.trace import write_chrome
-from experiments.app import command
-from experiments.cli import run_command, until_interrupted
+from experiments.common.app import command
+from experiments.common.cli import run_command, until_interrupted
 
 
 def read_traces(run_dir: Path) -> list[pd.DataFrame]:

@@ -54,34 +54,38 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 from core.balance import device_of  # noqa: E402
 from core.bubbles import causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
-from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
+from core.spec import RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
-from experiments.app import check_keys, command, kv  # noqa: E402
-from experiments.calibrate import measure_in_run  # noqa: E402
-from experiments.cli import (  # noqa: E402
+from experiments.common.app import command, kv  # noqa: E402
+from experiments.common.cli import (  # noqa: E402
     as_bool,
     as_float,
     as_int,
     output_dir,
     run_command,
 )
-from experiments.dist_run import run_distributed  # noqa: E402
-from experiments.pipeline import (  # noqa: E402
+from experiments.common.dist_run import run_distributed  # noqa: E402
+from experiments.common.hardware import (  # noqa: E402
+    load_hardware,
+    measure_in_run,  # noqa: E402
+    read_hardware,
+    with_links,
+)
+from experiments.common.pipeline import (  # noqa: E402
     RunResult,
     RunSpec,
     resolve_n_batches,
     simulate_run,
     write_run,
 )
-from experiments.real_run import real_execute  # noqa: E402
-from experiments.schema import HardwareSchema  # noqa: E402
+from experiments.common.real_run import real_execute  # noqa: E402
+from experiments.common.tables import markdown  # noqa: E402
 from planners.registry import planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint  # noqa: E402
 
@@ -112,14 +116,6 @@ class Options:
 
 
 _DEFAULTS: dict[str, Any] = kv(Options())
-
-
-def with_links(hw: HardwareSpec, bandwidths: dict[Resource, float]) -> HardwareSpec:
-    """`hw` with these links at these bandwidths, bytes/s (latencies kept)."""
-    links = dict(hw.links)
-    for res, bw in bandwidths.items():
-        links[res] = replace(hw.link(res), bandwidth_bytes_per_s=bw)
-    return replace(hw, links=links)
 
 
 def probe_predict(
@@ -158,62 +154,6 @@ def errors_against(row: dict[str, Any], label: str, sim: dict[str, Any]) -> None
 
 def rel(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
-
-
-def hardware_path(name: str) -> Path:
-    """A conf/hardware name, or the path of a hardware YAML (e.g. one calibrate wrote elsewhere)."""
-    path = (
-        Path(name)
-        if name.endswith((".yaml", ".yml"))
-        else ROOT / "conf" / "hardware" / f"{name}.yaml"
-    )
-    if not path.is_file():
-        fix = (
-            f"hardware.name={path.stem} out={path}"
-            if name.endswith((".yaml", ".yml"))
-            else f"hardware.name={name}"
-        )
-        raise MoepipeError(
-            f"hardware={name}: no such file {path}; run python -m experiments.calibrate {fix}"
-        )
-    return path
-
-
-def read_hardware(name: str) -> dict[str, Any]:
-    """The hardware YAML of `name` (see `hardware_path`) as a mapping with a memory_gb mapping;
-    a MoepipeError naming the file when it is unreadable, empty, not YAML or lacks memory_gb."""
-    path = hardware_path(name)
-    fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
-    try:
-        d = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise MoepipeError(f"{path}: not valid YAML ({problem}{where}); {fix}") from None
-    if not isinstance(d, dict):
-        what = "empty" if d is None else f"a {type(d).__name__}, not a mapping"
-        raise MoepipeError(f"{path}: hardware file is {what}; {fix}")
-    if not isinstance(d.get("memory_gb"), dict):
-        raise MoepipeError(f"{path}: hardware file has no memory_gb mapping; {fix}")
-    check_keys(HardwareSchema, d, str(path))
-    return d
-
-
-def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
-    d = read_hardware(name)
-    d["memory_gb"] = dict(
-        d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
-    )
-    try:
-        return HardwareSpec.from_dict(d)
-    except (MoepipeError, TypeError, AttributeError) as e:
-        path = hardware_path(name)
-        raise MoepipeError(
-            f"{path}: {e}; fix it or write it again with python -m experiments.calibrate out={path}"
-        ) from None
 
 
 def compare(
@@ -270,17 +210,6 @@ def per_device(sim: RunResult, real: RunResult) -> dict[str, Any]:
         row[f"{label}_utilisation"] = float(r.summary.get("utilisation", float("nan")))
     row["device_tokens_equal"] = row["sim_device_tokens"] == row["real_device_tokens"]
     return row
-
-
-def markdown(df: pd.DataFrame) -> str:
-    """A pipe table (no tabulate dependency); floats with 3 decimals."""
-
-    def cell(v: Any) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> None:

@@ -35,16 +35,17 @@ import torch
 from core.errors import MoepipeError
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
-from experiments.app import command, kv
-from experiments.cli import (
+from experiments.common.app import command, kv
+from experiments.common.cli import (
     as_int,
     output_dir,
     print_or_exit,
     run_command,
 )
-from experiments.pipeline import RunSpec, simulate_run
-from experiments.real_run import real_execute
-from experiments.validate import markdown, read_hardware
+from experiments.common.hardware import read_hardware
+from experiments.common.pipeline import RunSpec, simulate_run
+from experiments.common.real_run import real_execute
+from experiments.common.tables import markdown
 from planners.registry import planner_names
 from real.checkpoint import load_checkpoint
 from real.store import resolve_device

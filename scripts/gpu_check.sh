@@ -8,12 +8,12 @@
 #   3. an expert-parallel run on 2 processes of the command users run;
 #   4. the peer benchmark (transformers + accelerate disk offload vs moepipe) on the GPU;
 #   5. how far 8 expert kernels on 8 CUDA streams overlap, against the shared-lanes model
-#      (experiments.bench_lanes: the hardware profile's sms / sm_mem_bw_gbps are assumptions),
+#      (experiments.bench.lanes: the hardware profile's sms / sm_mem_bw_gbps are assumptions),
 #      and a replication planner's lanes schedule run on 4 CUDA streams beside both lanes
 #      models' predictions (experiments.validate_lanes, on the calibrated profile);
 #   6. the host side: KV spans copied from a strided against a position-major pinned host cache,
 #      and the host tier's bytes and H2D rate in exact-size pinned slabs against PyTorch's
-#      power-of-two pinned blocks (experiments.bench_host).
+#      power-of-two pinned blocks (experiments.bench.host).
 # Every stage has its own time limit and the script goes on past a failed one; the summary at the
 # end lists each stage's exit status and seconds; a failed calibration leaves the later stages the
 # shipped H200 profile. Budget: the stages' limits add up to 545 s, under the device tool's 600 s a
@@ -99,10 +99,10 @@ stage ep-run 45 python3 -m experiments.run executor=real executor.distributed=tr
   executor.device="$DEVICE" checkpoint="$CKPT" planner=predictive_replication hardware=h200-hgx8 \
   +planner.params.n_devices=2 workload.batch_size=8 workload.n_batches=1 workload.prompt_len=16 \
   workload.gen_len=4 hydra.run.dir="$WORK/ep_run"
-stage bench 45 python3 -m experiments.bench_accelerate checkpoint="$CKPT" \
+stage bench 45 python3 -m experiments.bench.accelerate checkpoint="$CKPT" \
   hardware="$HW" n_batches=8 batch_size=4
-stage lanes 25 python3 -m experiments.bench_lanes device="$DEVICE" hardware=h200
-stage host 20 python3 -m experiments.bench_host device="$DEVICE"
+stage lanes 25 python3 -m experiments.bench.lanes device="$DEVICE" hardware=h200
+stage host 20 python3 -m experiments.bench.host device="$DEVICE"
 stage val-lanes 40 python3 -m experiments.validate_lanes checkpoint="$CKPT" \
   hardware="$HW" device="$DEVICE" out="$WORK/validate_lanes"
 [ -n "${OUT:-}" ] && cp "$WORK"/validate_lanes/validate_lanes.{md,csv} "$OUT/" 2>/dev/null

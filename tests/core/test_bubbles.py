@@ -14,7 +14,7 @@ from core.schedule import ScheduleBuilder, validate
 from core.spec import Workload
 from core.trace import make_trace, summarize
 from core.types import OpKind, Resource, Tier
-from experiments.pipeline import simulate_run
+from experiments.common.pipeline import simulate_run
 from sim.executor import simulate_times
 from tests.planners.ep_common import tiny_spec
 from tests.sim.test_simulator import GB, comm_hw, hw, lanes_beside_a_transfer, load, pool_hw

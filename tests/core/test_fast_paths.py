@@ -29,7 +29,7 @@ from core.schedule import (
 from core.spec import Workload
 from core.trace import _heads_tails, peak_bytes, to_chrome, work_s, write_chrome
 from core.types import OpKind, Resource, Tier
-from experiments.pipeline import RunSpec, build_schedule, simulate_trace
+from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names
 from tests.conftest import RESIDENT, hardware_from_conf, model_from_conf, random_routing
 from tests.planners.test_replication import tiny_spec

@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from experiments import (
-    bench_accelerate,
-    bench_sim,
     calibrate,
     convert_traces,
     prefetch_eval,
@@ -20,6 +18,8 @@ from experiments import (
     routing_stats,
     validate,
 )
+from experiments.bench import accelerate as bench_accelerate
+from experiments.bench import sim as bench_sim
 from real.checkpoint import reduced_spec, write_checkpoint
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="device=cuda is valid here")

@@ -1,4 +1,4 @@
-"""experiments.bench_host: the KV copies of both host layouts reproduce the cache, the slabs hold
+"""experiments.bench.host: the KV copies of both host layouts reproduce the cache, the slabs hold
 the units at close to their size where PyTorch's pinned allocator rounds each up to a power of
 two, and bad input is one line (CUDA: the gpu-marked run, and scripts/gpu_check.sh)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import experiments.bench_host as bench
-from experiments.bench_host import report
+import experiments.bench.host as bench
+from experiments.bench.host import report
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5, repeats=1)
@@ -57,7 +57,7 @@ def test_cuda_slab_slots_are_pinned():
 
 def test_bad_argument_is_one_line():
     r = subprocess.run(
-        [sys.executable, "-m", "experiments.bench_host", "unit_mb=lots"],
+        [sys.executable, "-m", "experiments.bench.host", "unit_mb=lots"],
         cwd=ROOT,
         capture_output=True,
         text=True,

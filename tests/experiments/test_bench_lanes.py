@@ -1,4 +1,4 @@
-"""experiments.bench_lanes: the shared-lanes model's overlap of G identical expert ops is
+"""experiments.bench.lanes: the shared-lanes model's overlap of G identical expert ops is
 min(G, 1 / cap), and on CUDA the measured overlap lies between 1 (serialised) and G."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.bench_lanes import report
+from experiments.bench.lanes import report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_model_overlap_is_lanes_or_one_over_cap():
 
 def test_bad_argument_is_one_line():
     r = subprocess.run(
-        [sys.executable, "-m", "experiments.bench_lanes", "model=nosuch"],
+        [sys.executable, "-m", "experiments.bench.lanes", "model=nosuch"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,11 +1,11 @@
-"""experiments.bench_sim times a run's phases from inside its own hydra app."""
+"""experiments.bench.sim times a run's phases from inside its own hydra app."""
 
 from __future__ import annotations
 
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from experiments import bench_sim
+from experiments.bench import sim as bench_sim
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 

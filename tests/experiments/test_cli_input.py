@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from experiments import calibrate, collect, convert_traces, report, routing_stats
+from experiments.common import tables
 from tests.experiments.test_bad_input import one_error
 
 
@@ -114,7 +115,7 @@ def test_collect_skips_a_run_whose_config_is_not_utf8(tmp_path, capsys):
     assert collect.main([f"dir={sweep}"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err == ["skipped run1: config.yaml unreadable (not UTF-8 text)"]
-    df, problems = collect.collect(sweep)
+    df, problems = tables.collect(sweep)
     assert list(df["run_dir"]) == ["run0", "run2"] and len(problems) == 1
 
 
@@ -124,7 +125,7 @@ def test_collect_skips_a_run_whose_files_are_folders(tmp_path, capsys):
     (sweep / "run1" / "config.yaml").mkdir()
     (sweep / "run2" / "summary.json").unlink()
     (sweep / "run2" / "summary.json").mkdir()
-    df, problems = collect.collect(sweep)
+    df, problems = tables.collect(sweep)
     assert list(df["run_dir"]) == ["run0"]
     assert problems[0].startswith("run1: config.yaml unreadable (")
     assert problems[1].startswith("run2: summary.json unreadable (")

@@ -283,7 +283,7 @@ def test_work_conserving_estimate_by_hand():
     (5 ms; lane 0 alone at the whole GPU would need 3 + 1): 2 ms less, 7 ms. The note compares
     the gains; off lanes there is no estimate."""
     from core.schedule import ScheduleBuilder
-    from experiments.pipeline import RunResult
+    from experiments.common.pipeline import RunResult
     from experiments.replication import work_conserving_lines, work_conserving_s
 
     raw = yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text())

@@ -391,7 +391,7 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys):
     """Ctrl-C in a command: one line saying the finished runs are kept, exit status 130."""
-    from experiments.cli import until_interrupted
+    from experiments.common.cli import until_interrupted
 
     def interrupted() -> None:
         raise KeyboardInterrupt
@@ -407,7 +407,7 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
 def test_slurm_launcher_without_its_plugin_says_what_to_install():
     import importlib.util
 
-    from experiments.cli import missing_launcher
+    from experiments.common.cli import missing_launcher
 
     have = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
     line = missing_launcher(["-m", "hydra/launcher=slurm"])
@@ -438,8 +438,8 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
-    import experiments.resolve  # noqa: F401  registers ${run_model:}
-    from experiments.collect import read_run
+    import experiments.common.resolve  # noqa: F401  registers ${run_model:}
+    from experiments.common.tables import read_run
 
     ckpt = tmp_path / "my-ckpt"
     ckpt.mkdir()
@@ -531,7 +531,7 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
     purpose, so the tracker always warns: before the line."""
     code = (
         "from joblib.externals.loky.backend import resource_tracker\n"
-        "from experiments.cli import until_interrupted\n"
+        "from experiments.common.cli import until_interrupted\n"
         "resource_tracker.register('/moepipe-test-leak', 'semlock')\n"
         "def main():\n"
         "    raise KeyboardInterrupt\n"
@@ -573,7 +573,7 @@ def test_run_dir_names_stay_folder_names():
     """A point's folder from its overrides: as they are when short; a path value (a `/` would
     nest folders) or a name over the file system's limit is cut and ends in a hash of the whole,
     so two long names that share their start stay apart."""
-    from experiments.resolve import RUN_DIR_CHARS, run_dir_name
+    from experiments.common.resolve import RUN_DIR_CHARS, run_dir_name
 
     assert (
         run_dir_name("workload.prompt_len=8,workload=tiny") == "workload.prompt_len=8,workload=tiny"

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from experiments.collect import collect, write_results
+from experiments.common.tables import collect, write_results
 from experiments.report import main as report_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> 
 def test_collect_names_each_run_by_its_planner_choice(tmp_path: Path) -> None:
     """The `system` column: hydra's planner choice (klotski_hot, not planner klotski), the
     planner's name without one, and an oracle's run says so."""
-    from experiments.collect import system_of
+    from experiments.common.tables import system_of
 
     run = tmp_path / "r"
     (run / ".hydra").mkdir(parents=True)
@@ -439,7 +439,7 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
     (before, every summary.json under the dir counted, so a 2-run sweep could show 6/2)."""
     import os
 
-    from experiments.callbacks import finished_runs
+    from experiments.common.callbacks import finished_runs
 
     start = 1_000_000.0
     for name, job_t, summary_t in [

@@ -7,7 +7,7 @@ import numpy as np
 import yaml
 
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.pipeline import RunSpec
+from experiments.common.pipeline import RunSpec
 from planners.expert_parallel import ExpertTime, Layout
 
 

@@ -10,7 +10,7 @@ from core.schedule import validate
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.trace import peak_bytes
 from core.types import OpKind, Tier
-from experiments.pipeline import RunSpec, build_schedule, simulate_run
+from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
 
 BASELINES = ["moe_infinity", "fiddler", "mixtral_offloading", "zero_inference"]
 TINY_MODEL = dict(

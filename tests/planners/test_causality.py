@@ -17,7 +17,7 @@ from core.errors import CapacityError
 from core.routing import Routing
 from core.spec import HardwareSpec, Workload
 from core.types import OpKind
-from experiments.pipeline import RunSpec, build_schedule
+from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from tests.conftest import RESIDENT, TIGHT_CPU_GB, TIGHT_GPU_GB, conf, random_routing
 

@@ -10,7 +10,7 @@ from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
 from core.spec import HardwareSpec
 from core.trace import make_trace, summarize
-from experiments.pipeline import RunSpec, build_schedule
+from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from planners.registry import entry, make_params
 from sim.executor import simulate

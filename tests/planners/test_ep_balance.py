@@ -10,7 +10,7 @@ import pytest
 from core.balance import balance_metrics
 from core.errors import ConfigError
 from core.types import OpKind, Tensor
-from experiments.pipeline import simulate_run
+from experiments.common.pipeline import simulate_run
 from planners.expert_parallel import (
     balanced_split,
     predicted_tokens,

@@ -8,7 +8,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.types import OpKind
-from experiments.pipeline import simulate_run
+from experiments.common.pipeline import simulate_run
 from planners.expert_parallel import PredictionError
 from tests.planners.ep_common import tiny_spec
 
@@ -183,7 +183,7 @@ def test_task_mix_places_by_the_labels_and_needs_them(tmp_path):
     request); the second batch's holds that label's hot expert on both devices. A routing
     without labels (synthetic), or with another number of them than task_load, is one error."""
     from core.errors import TraceError
-    from experiments.pipeline import build_schedule
+    from experiments.common.pipeline import build_schedule
     from tests.conftest import random_routing
 
     spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1)
@@ -227,7 +227,7 @@ def test_layer_corr_first_placements_do_not_read_the_runs_routing(tmp_path):
     MoE layer 0 to experts {0, 1} or to {2, 3} leaves MoE layer 1's first placement the same
     (before, layer_corr placed it from that routing, and its copies cost nothing)."""
     from core.routing import Routing
-    from experiments.pipeline import build_schedule
+    from experiments.common.pipeline import build_schedule
     from tests.conftest import random_routing
 
     spec = tiny_spec("predictive_replication", lanes=True, replica_slots=1)

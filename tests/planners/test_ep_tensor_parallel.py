@@ -10,7 +10,7 @@ import yaml
 from core.errors import CapacityError, ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from core.types import OpKind, Tier
-from experiments.pipeline import RunSpec, simulate_run
+from experiments.common.pipeline import RunSpec, simulate_run
 from tests.planners.ep_common import tiny_spec
 
 

@@ -13,7 +13,7 @@ from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
 from core.spec import HardwareSpec, Workload
 from core.types import OpKind, Stream, Tensor
-from experiments.pipeline import RunSpec, build_schedule, simulate_run
+from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
 from planners.klotski import Klotski, KlotskiParams
 from planners.n_planner import LayerTimes, smallest_n
 from planners.registry import make_params

@@ -11,7 +11,7 @@ from core.cost import CostModel
 from core.errors import CapacityError
 from core.spec import HardwareSpec, ModelSpec, Workload
 from core.trace import make_trace
-from experiments.pipeline import RunSpec, build_schedule
+from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names
 from sim.executor import simulate
 from tests.conftest import RESIDENT, random_routing

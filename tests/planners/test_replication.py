@@ -14,7 +14,7 @@ import yaml
 from core.errors import CapacityError, ConfigError
 from core.spec import HardwareSpec, LinkSpec, ModelSpec, RoutingConfig, Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
-from experiments.pipeline import RunSpec, simulate_run
+from experiments.common.pipeline import RunSpec, simulate_run
 from tests.planners.ep_common import tiny_spec
 
 PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]

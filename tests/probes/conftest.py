@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from core.errors import MoepipeError
-from experiments.cli import error_line
+from experiments.common.cli import error_line
 from real.checkpoint import reduced_spec, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

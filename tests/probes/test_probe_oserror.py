@@ -15,7 +15,7 @@ import pytest
 
 import real.store as store
 from core.errors import ConfigError
-from experiments.cli import error_line
+from experiments.common.cli import error_line
 from real.checkpoint import SINGLE_FILE, load_checkpoint
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 

@@ -18,8 +18,8 @@ from core.errors import MoepipeError
 from core.spec import Workload
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, TRACE_FILE, TRACE_NAME, load_esft
 from experiments import calibrate
-from experiments.collect import collect
-from experiments.pipeline import RunSpec
+from experiments.common.pipeline import RunSpec
+from experiments.common.tables import collect
 from real.checkpoint import SINGLE_FILE, load_checkpoint
 from tests.conftest import hardware_from_conf
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
@@ -39,7 +39,7 @@ from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 def test_non_finite_activations_fail_naming_the_layer(
     tiny_ckpt: Path, tmp_path: Path, tensor: str, value: float, layer: str
 ) -> None:
-    from experiments.real_run import real_execute  # torch's model, only here
+    from experiments.common.real_run import real_execute  # torch's model, only here
 
     ck = tmp_path / "ck"
     shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns("offload"))

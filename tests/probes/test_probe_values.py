@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import experiments.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
-from experiments.cli import TRACEBACK_ENV, any_error_line
-from experiments.resolve import run_spec
+import experiments.common.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
+from experiments.common.cli import TRACEBACK_ENV, any_error_line
+from experiments.common.resolve import run_spec
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 CASES = [
@@ -61,7 +61,7 @@ def test_bad_value_is_one_line_naming_the_key(composer, override: str, key: str)
 
 
 def test_a_count_written_as_a_string_reaches_the_model_as_a_number(composer) -> None:  # noqa: ANN001
-    """`model.n_layers='2'`: the schema (experiments/schema.py) makes it the int 2 when the
+    """`model.n_layers='2'`: the schema (experiments/common/schema.py) makes it the int 2 when the
     config composes, so no string count reaches ModelSpec's arithmetic."""
     n_layers = run_spec(composer(["model.n_layers='2'"])).model.n_layers
     assert n_layers == 2 and type(n_layers) is int

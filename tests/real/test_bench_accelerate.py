@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import bench_accelerate
+from experiments.bench import accelerate as bench_accelerate
 
 
 def test_unknown_cold_is_one_line(capsys):

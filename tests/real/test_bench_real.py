@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import pytest
 
-from experiments import bench_real
+from experiments.bench import real as bench_real
 
 TINY = ["model=mixtral-tiny", "hardware=tiny", "gen_len=2", "batch_size=2", "prompt_len=4"]
 

@@ -128,7 +128,7 @@ def test_calibrate_times_a_bf16_model():
     float32 whatever the model's dtype; numpy has no bfloat16)."""
     import torch
 
-    from experiments.calibrate import measure_compute
+    from real.calibration import measure_compute
     from real.checkpoint import reduced_spec
     from real.model import Model
 

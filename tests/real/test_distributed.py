@@ -29,9 +29,9 @@ from core.dispatch import copies_sent, copy_moves
 from core.routing import load_routing
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tensor
-from experiments.dist_run import run_distributed
-from experiments.pipeline import RunSpec, simulate_run
-from experiments.real_run import prompts_for
+from experiments.common.dist_run import run_distributed
+from experiments.common.pipeline import RunSpec, simulate_run
+from experiments.common.real_run import prompts_for
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from tests.real.conftest import small_overrides

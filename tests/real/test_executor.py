@@ -22,8 +22,8 @@ import torch
 from core.errors import ConfigError, MoepipeError, ScheduleError
 from core.spec import HardwareSpec, RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tier
-from experiments.pipeline import RunSpec, simulate_run
-from experiments.real_run import prompts_for, real_execute
+from experiments.common.pipeline import RunSpec, simulate_run
+from experiments.common.real_run import prompts_for, real_execute
 from planners.registry import planner_names
 from real.checkpoint import load_checkpoint
 from real.executor import Executor
@@ -518,7 +518,7 @@ def test_a_run_dir_holds_its_prompts_and_tokens(mixtral_tiny, tmp_path):
     without moepipe's API. A simulated run has no tokens, so no file."""
     from safetensors.numpy import load_file
 
-    from experiments.pipeline import TOKENS_FILE, write_run
+    from experiments.common.pipeline import TOKENS_FILE, write_run
 
     spec = spec_for(mixtral_tiny, "flexgen")
     result, out = real_execute(mixtral_tiny, spec, "live")

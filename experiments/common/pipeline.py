@@ -258,7 +258,7 @@ def code_version() -> str:
     one, which must not make every finished run count as another code's. Each command compares
     the profile a run used itself: experiments.run its resolved config.yaml, replication its
     spec, replication_cv and reproduce_klotski the profile's text."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha1()
     for folder in ("core", "planners", "sim", "real", "experiments", "conf"):
         for f in sorted((root / folder).rglob("*")):

@@ -11,7 +11,7 @@ no per-op overhead; for G identical ops its overlap is min(G, 1 / cap). Where th
 the hardware profile's `sms` / `sm_mem_bw_gbps` (or the tile model) is what to fix.
 
 Usage:
-    python -m experiments.bench_lanes [model=switch-base-128] [hardware=h200] [lanes=8]
+    python -m experiments.bench.lanes [model=switch-base-128] [hardware=h200] [lanes=8]
         [rows=[8,64,512,4096]] [device=cuda|cpu] [repeats=50]
 On a device without CUDA only the model's figures are printed.
 """
@@ -31,13 +31,13 @@ from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
 from core.spec import Activation, HardwareSpec, ModelSpec
 from core.types import OpKind, Resource
-from experiments.app import kv, timed_command
-from experiments.cli import (
+from experiments.common.app import kv, timed_command
+from experiments.common.cli import (
     CONF_DIR,
     as_int,
     run_command,
 )
-from experiments.validate import read_hardware
+from experiments.common.hardware import read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
 from real.store import resolve_device

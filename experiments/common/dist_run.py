@@ -29,7 +29,7 @@ from typing import Any
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
-from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
@@ -53,7 +53,7 @@ def launched() -> bool:
 def n_processes(ckpt: str, spec: RunSpec) -> int:
     """The devices of the schedule `spec` plans (one process each); one line where the machine
     cannot run them or the planner has none."""
-    from experiments.real_run import _shape_routing
+    from experiments.common.real_run import _shape_routing
     from real.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(ckpt)
@@ -230,7 +230,7 @@ def _rank(
     """This process's rank: join the group (`init`: spawned; else torchrun's env), run."""
     import torch.distributed as dist
 
-    from experiments.real_run import real_execute
+    from experiments.common.real_run import real_execute
 
     kw: dict[str, Any] = dict(backend="gloo", timeout=timedelta(seconds=timeout_s))
     if init is not None:
@@ -275,7 +275,7 @@ def measure_d2d(
     the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
     {"gbps", "latency_us"}."""
     points = _spawn(2, _pingpong, (sizes, reps, timeout_s))
-    from experiments.calibrate import _fit
+    from real.calibration import _fit
 
     bw, lat = _fit(points)
     return {"gbps": bw / 1e9, "latency_us": lat * 1e6}

@@ -29,7 +29,13 @@ from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
 from core.types import OpKind, RoutingSource, Tensor, Tier
-from experiments.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches, summary_of
+from experiments.common.pipeline import (
+    RunResult,
+    RunSpec,
+    build_schedule,
+    resolve_n_batches,
+    summary_of,
+)
 from planners.registry import make_planner
 from real.checkpoint import Unit, load_checkpoint
 from real.distributed import Peers
@@ -73,7 +79,7 @@ def real_execute(
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
-    the expert-parallel schedule (`experiments.dist_run` starts them); every rank returns the
+    the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
     whole run."""
     if routing_mode not in ROUTING_MODES:
         raise ConfigError(
@@ -233,7 +239,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
         device = str(resolve_device(str(device), "executor.device"))
     mode = str(ex.get("routing_mode", "replay"))
     if ex.get("distributed", False):
-        from experiments.dist_run import run_distributed
+        from experiments.common.dist_run import run_distributed
 
         timeout_s = float(ex.get("rendezvous_timeout_s", 120))
         out = run_distributed(str(ckpt), spec, mode, device, timeout_s)

@@ -25,11 +25,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-import experiments.schema  # noqa: F401  registers the schemas
+import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
-from experiments.cli import print_or_exit
+from experiments.common.cli import print_or_exit
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
 COMMAND_DIR = CONF_DIR / "command"
@@ -436,7 +436,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    from experiments.cli import error_line
+    from experiments.common.cli import error_line
 
     if not isinstance(e, HydraException | OmegaConfBaseException):
         return None

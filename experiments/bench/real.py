@@ -3,7 +3,7 @@ checkpoint of a model's real shape, at a memory budget well below the model's si
 
 It writes (or reuses) the checkpoint in the Hugging Face layout under `out_dir`, calibrates this
 machine where `conf/hardware/<hardware>.yaml` is missing, then runs, each in a memory cgroup of
-the budget plus a runtime allowance (experiments.bench_accelerate): moepipe Klotski at the n its
+the budget plus a runtime allowance (experiments.bench.accelerate): moepipe Klotski at the n its
 planner picks, and accelerate with every prompt in one `generate` call (the largest batch that
 fits). It prints each system's tok/s, the simulator's prediction of the same run, the physical
 bound of Klotski's schedule per resource (bytes over the calibrated bandwidth, flops over the
@@ -12,7 +12,7 @@ physical bound` and the simulator's error. The budget is split 4:1 between the d
 host RAM (on a CPU-only machine both are RAM); the rest of the model stays on disk.
 
 Usage:
-    python -m experiments.bench_real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
+    python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
         [cold=once|pass]
 e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
-from experiments.cli import (
+from experiments.common.cli import (
     as_float,
     as_int,
     parse_kv,
@@ -185,9 +185,9 @@ def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
 
 def run(opts: dict[str, Any]) -> list[str]:
     from core.types import Tier
-    from experiments import bench_accelerate as ba
-    from experiments.pipeline import simulate_run
-    from experiments.validate import hardware_path
+    from experiments.bench import accelerate as ba
+    from experiments.common.hardware import hardware_path
+    from experiments.common.pipeline import simulate_run
 
     if not opts["model"]:
         raise MoepipeError("missing model=NAME (a conf/model/NAME.yaml, e.g. olmoe-1b-7b)")
@@ -218,8 +218,8 @@ def run(opts: dict[str, Any]) -> list[str]:
     if hardware_path(str(opts["hardware"])).is_file():  # the planner's own fit check, first
         from core.spec import RoutingConfig, Workload
         from core.types import RoutingSource
-        from experiments.pipeline import RunSpec, resolve_n_batches
-        from experiments.validate import load_hardware
+        from experiments.common.hardware import load_hardware
+        from experiments.common.pipeline import RunSpec, resolve_n_batches
 
         early = load_hardware(
             str(opts["hardware"]),
@@ -305,7 +305,7 @@ def run(opts: dict[str, Any]) -> list[str]:
 
 
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
-    from experiments import bench_accelerate as ba
+    from experiments.bench import accelerate as ba
 
     got, peak, why = ba.run_side("moepipe", bopts, None)
     if got is None:

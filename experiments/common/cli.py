@@ -1,5 +1,5 @@
 """Shared by the commands: printing a report or a user's mistake as one line, and the argument
-checks the schemas (experiments/schema.py, experiments/app.py) do not cover.
+checks the schemas (experiments/common/schema.py, experiments/common/app.py) do not cover.
 
 Usage:
     print_or_exit(lambda: run(cfg))                               # report lines, or exit 2
@@ -203,7 +203,7 @@ def _stop_pool_tracker() -> None:
     stop()
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> str | None:

@@ -16,7 +16,7 @@ Every copy is checked against its source. On a device without CUDA the copies ru
 and nothing is pinned: a dry run of the same code, its times meaningless for a GPU.
 
 Usage:
-    python -m experiments.bench_host [device=cuda|cpu] [batch=8] [kv_heads=8] [positions=2048]
+    python -m experiments.bench.host [device=cuda|cpu] [batch=8] [kv_heads=8] [positions=2048]
         [head_dim=128] [unit_mb=16.5] [units=8] [repeats=5]
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from core.args import as_float, as_int
-from experiments.app import kv, timed_command
-from experiments.cli import run_command  # noqa: E402
+from experiments.common.app import kv, timed_command
+from experiments.common.cli import run_command  # noqa: E402
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 

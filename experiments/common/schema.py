@@ -1,6 +1,6 @@
 """The config schemas: dataclasses registered with hydra's ConfigStore, so that a key the schema
 lacks or a value of the wrong type, in an override or in any YAML (a user's own hardware file
-too), is refused while hydra composes the config (experiments.app turns it into one line).
+too), is refused while hydra composes the config (experiments.common.app turns it into one line).
 
 The YAML layout is the one conf/ uses; core.spec's constructors still check values (positive
 sizes, known link names). Planner params schemas are made from the registry's Params classes.

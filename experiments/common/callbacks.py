@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments.cli import on_interrupt
+from experiments.common.cli import on_interrupt
 
 FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
 
@@ -158,7 +158,7 @@ class SweepSummary(Callback):
         self.report = report
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from experiments.collect import collect, write_results
+        from experiments.common.tables import collect, write_results
         from experiments.report import ok_runs, short_table, write_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
-from experiments.pipeline import RunSpec
+from experiments.common.pipeline import RunSpec
 
 EXECUTORS = ("sim", "real")
 

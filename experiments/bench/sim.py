@@ -3,8 +3,8 @@ Klotski's paper workload (prompt 512, generate 32, batch 16), `flexgen` at n=15 
 and its ops/s against a bare simpy event loop timed in the same process.
 
 Usage:
-    python -m experiments.bench_sim [repeat=3] [planner=flexgen]
-    python -m experiments.bench_sim scaling=true   # CPU time and peak memory over four sizes
+    python -m experiments.bench.sim [repeat=3] [planner=flexgen]
+    python -m experiments.bench.sim scaling=true   # CPU time and peak memory over four sizes
 
 Prints, per repeat: the whole CLI run's wall time (a subprocess, as a user runs it), its phases
 measured here (start-up and imports, config, routing, plan, validate, simulate, summarize,
@@ -30,11 +30,11 @@ from typing import Any
 import simpy
 
 from core.errors import MoepipeError
-from experiments.app import command
-from experiments.cli import run_command  # noqa: E402
+from experiments.common.app import command
+from experiments.common.cli import run_command  # noqa: E402
 from planners.registry import make_planner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 RUN = ["model=mixtral-8x7b", "hardware=rtx3090-env1", "workload=paper", "workload.n_batches=15"]
 # (model, n) per size of the scaling table; the paper workload (prompt 512, generate 32) on
@@ -150,7 +150,7 @@ def run_phases(
 
     from core.routing import load_routing
     from core.schedule import validate
-    from experiments.pipeline import (
+    from experiments.common.pipeline import (
         RunResult,
         plan_schedule,
         resolve_n_batches,
@@ -158,7 +158,7 @@ def run_phases(
         summary_of,
         write_run,
     )
-    from experiments.resolve import run_spec
+    from experiments.common.resolve import run_spec
 
     times: dict[str, float] = {}
 
@@ -218,7 +218,7 @@ def scaling(planner: str) -> None:
     )
     for model, n in SIZES:
         code = (
-            "import json, sys; from experiments.bench_sim import one_size; "
+            "import json, sys; from experiments.bench.sim import one_size; "
             f"print(json.dumps(one_size({planner!r}, {model!r}, {n})))"
         )
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

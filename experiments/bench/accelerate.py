@@ -28,7 +28,7 @@ disk tier with O_DIRECT every time):
 - `false`: nothing dropped.
 
 Usage:
-    python -m experiments.bench_accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
+    python -m experiments.bench.accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
         [cold=pass|once|false] [cgroup=true] [slack_mb=256]
 """
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import run_command  # noqa: E402
+from experiments.common.cli import run_command  # noqa: E402
 
 COLD = ("pass", "once", "false")
 _DEFAULTS: dict[str, Any] = dict(
@@ -250,8 +250,8 @@ def _run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     """(RunSpec, HardwareSpec) of the moepipe side, from the bench's options."""
     from core.spec import RoutingConfig, Workload
     from core.types import RoutingSource
-    from experiments.pipeline import RunSpec
-    from experiments.validate import load_hardware, read_hardware
+    from experiments.common.hardware import load_hardware, read_hardware
+    from experiments.common.pipeline import RunSpec
     from real.checkpoint import load_checkpoint
 
     read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
@@ -268,7 +268,7 @@ def _child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from core.types import Tier
-    from experiments.real_run import prompts_for, real_execute
+    from experiments.common.real_run import prompts_for, real_execute
 
     if role == "probe":  # the runtime every side pays before any weight: imports, allocator
         import transformers  # noqa: F401
@@ -326,7 +326,7 @@ def run_side(
     cmd = [
         sys.executable,
         "-m",
-        "experiments.bench_accelerate",
+        "experiments.bench.accelerate",
         *(f"{k}={v}" for k, v in args.items()),
     ]
     cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
@@ -350,7 +350,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     from core.errors import MoepipeError
-    from experiments.cli import as_bool, as_float, as_int, parse_kv
+    from experiments.common.cli import as_bool, as_float, as_int, parse_kv
 
     child = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{_CHILD}=")), None)
     opts = dict(_DEFAULTS, acc_batch=0) if child else dict(_DEFAULTS)

@@ -1,0 +1,166 @@
+"""Hardware profiles: find and read a conf/hardware YAML (or a user's file), size its memory to a
+model, swap in measured link bandwidths, and measure what ops and links cost inside a real run."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from core.errors import MoepipeError
+from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.trace import link_bandwidth
+from core.types import OpKind, Resource, RoutingSource
+from experiments.common.app import check_keys
+from experiments.common.schema import HardwareSchema
+from real.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def with_links(hw: HardwareSpec, bandwidths: dict[Resource, float]) -> HardwareSpec:
+    """`hw` with these links at these bandwidths, bytes/s (latencies kept)."""
+    links = dict(hw.links)
+    for res, bw in bandwidths.items():
+        links[res] = replace(hw.link(res), bandwidth_bytes_per_s=bw)
+    return replace(hw, links=links)
+
+
+def hardware_path(name: str) -> Path:
+    """A conf/hardware name, or the path of a hardware YAML (e.g. one calibrate wrote elsewhere)."""
+    path = (
+        Path(name)
+        if name.endswith((".yaml", ".yml"))
+        else ROOT / "conf" / "hardware" / f"{name}.yaml"
+    )
+    if not path.is_file():
+        fix = (
+            f"hardware.name={path.stem} out={path}"
+            if name.endswith((".yaml", ".yml"))
+            else f"hardware.name={name}"
+        )
+        raise MoepipeError(
+            f"hardware={name}: no such file {path}; run python -m experiments.calibrate {fix}"
+        )
+    return path
+
+
+def read_hardware(name: str) -> dict[str, Any]:
+    """The hardware YAML of `name` (see `hardware_path`) as a mapping with a memory_gb mapping;
+    a MoepipeError naming the file when it is unreadable, empty, not YAML or lacks memory_gb."""
+    path = hardware_path(name)
+    fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
+    try:
+        d = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise MoepipeError(f"{path}: not valid YAML ({problem}{where}); {fix}") from None
+    if not isinstance(d, dict):
+        what = "empty" if d is None else f"a {type(d).__name__}, not a mapping"
+        raise MoepipeError(f"{path}: hardware file is {what}; {fix}")
+    if not isinstance(d.get("memory_gb"), dict):
+        raise MoepipeError(f"{path}: hardware file has no memory_gb mapping; {fix}")
+    check_keys(HardwareSchema, d, str(path))
+    return d
+
+
+def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
+    d = read_hardware(name)
+    d["memory_gb"] = dict(
+        d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
+    )
+    try:
+        return HardwareSpec.from_dict(d)
+    except (MoepipeError, TypeError, AttributeError) as e:
+        path = hardware_path(name)
+        raise MoepipeError(
+            f"{path}: {e}; fix it or write it again with python -m experiments.calibrate out={path}"
+        ) from None
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def measure_in_run(
+    ckpt: str,
+    hw: dict[str, Any],
+    device: torch.device,
+    budget_s: float = 20.0,
+    runs: int = 3,
+    gpu_frac: float = 0.6,
+    cpu_frac: float = 0.15,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """What ops cost inside a real run: small flexgen runs on the checkpoint (2 batches of 2
+    sequences, 8-token prompts, 3 tokens; device pool `gpu_frac` and host RAM `cpu_frac` of the
+    model, so the disk stream is active), at least `runs` of them and more until `budget_s` has passed, their
+    ops pooled. This VM's disk and CPU drift by about 30% over minutes; a window of seconds
+    catches one moment of that, a longer one its middle.
+
+    Returns (per compute kind, the median of each op's measured duration minus the cost model's
+    for it under `hw`, in seconds; per link ("disk", "h2d") that the runs used, the bandwidth
+    its transfers saw, bytes/s, net of the link latency of `hw` (`core.trace.link_bandwidth`)).
+
+    The tables time each kernel alone; in a run the executor's own work around an op (its
+    batch's rows, the KV cache, the forced router ids) and the transfer workers on the other
+    cores come on top, about half a millisecond per op on a 2-core VM. The links differ too:
+    the same 9.4 MB unit read back to back by `measure_store` took 10.8-14.6 ms in six
+    calibrations, and 6.4-12.9 ms (15 of 17 planner runs faster) inside validate's runs; its
+    copy to the device pool took 1.4 ms alone, and 1.4-1.8 ms (median) but 2.3-3.5 ms (mean)
+    in runs, where the copy worker shares two cores with compute and disk reads."""
+    from core.cost import CostModel
+    from core.spec import HardwareSpec
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import real_execute
+
+    spec, _ = load_checkpoint(ckpt)
+    d = copy.deepcopy(hw)
+    d["memory_gb"] = dict(
+        d["memory_gb"],
+        gpu=gpu_frac * spec.total_bytes / 1e9,
+        cpu=cpu_frac * spec.total_bytes / 1e9,
+    )
+    wl = Workload(
+        batch_size=2,
+        n_batches=2,
+        prompt_len=8,
+        gen_len=3,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
+    run = RunSpec(spec, HardwareSpec.from_dict(d), wl, "flexgen", {})
+    extra, kinds, traces = [], [], []
+    deadline = time.perf_counter() + budget_s
+    for i in itertools.count():
+        if i >= max(1, runs) and time.perf_counter() > deadline:
+            break
+        result, _ = real_execute(ckpt, run, "replay", device=str(device))  # cuda:N kept
+        predicted = CostModel(run.hardware).durations(result.schedule)
+        tr = result.trace
+        took = (tr["end_s"] - tr["start_s"]).to_numpy()
+        extra.append(took - predicted[tr["op_id"].to_numpy()])
+        kinds.append(tr["kind"].astype(str).to_numpy())
+        traces.append(tr)
+    ex, kd = np.concatenate(extra), np.concatenate(kinds)
+    per_kind = {
+        str(k): float(np.median(ex[kd == str(k)]))
+        for k in (OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.FFN, OpKind.HEAD)
+        if (kd == str(k)).any()
+    }
+    links = {}
+    for res in (Resource.DISK, Resource.H2D):
+        bw = link_bandwidth(traces, str(res), d["links"][str(res)]["latency_us"] * 1e-6)
+        if bw:
+            links[str(res)] = bw
+    return per_kind, links

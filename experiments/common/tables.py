@@ -1,0 +1,247 @@
+"""Tables the commands share: a sweep's run dirs flattened into one results table (what `collect`
+writes and `report` reads), planner display names, and markdown tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from core.args import output_dir
+from core.errors import MoepipeError
+from core.routing import peek_suffix
+
+
+def markdown(df: pd.DataFrame, index: bool = False) -> str:
+    """A DataFrame as a GitHub markdown table (without the optional `tabulate` dependency)."""
+    d = df.reset_index() if index else df
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    head = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in d.columns]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in d.itertuples(index=False)]
+    return "\n".join(rows)
+
+
+RESULTS = "results"
+SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
+
+
+# summary.json keys that repeat a config.yaml column (summary key -> that column)
+REPEATED = {"planner": "planner.name", "executor": "executor.name", "model": "model.name",
+            "hardware": "hardware.name", "batch_size": "workload.batch_size",
+            "prompt_len": "workload.prompt_len", "gen_len": "workload.gen_len",
+            "params": "planner.params"}  # fmt: skip
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> dotted keys; lists -> JSON strings; scalars as they are."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                out.update(flatten(v, key))
+            elif isinstance(v, list | tuple):
+                out[key] = json.dumps(v)
+            else:
+                out[key] = v
+    return out
+
+
+def run_dirs(sweep_dir: Path) -> list[Path]:
+    """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
+    marks = ("summary.json", "config.yaml", ".hydra")
+    found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
+    found = {d for d in found if d.name != ".hydra" and ".submitit" not in d.parts}
+    return sorted(found)
+
+
+def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(row, None) for a finished run, (None, what is missing) otherwise."""
+    summary_path = run / "summary.json"
+    if not summary_path.exists():
+        failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
+        if failed.exists():
+            try:
+                return None, f"failed on bad input: {failed.read_text().strip()}"
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"failed on bad input (failed.txt unreadable: {_why(e)})"
+        return None, "no summary.json (unfinished or interrupted)"
+    try:
+        summary = json.loads(summary_path.read_text())
+        assert isinstance(summary, dict)
+    except (json.JSONDecodeError, UnicodeDecodeError, AssertionError) as e:
+        return None, f"summary.json unreadable ({type(e).__name__})"
+    except OSError as e:  # a folder of that name, no permission
+        return None, f"summary.json unreadable ({_why(e)})"
+    for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
+        if cfg_path.exists():
+            try:
+                config = yaml.safe_load(cfg_path.read_text()) or {}
+            except yaml.YAMLError:
+                return None, f"{cfg_path.relative_to(run)} unreadable"
+            except (OSError, UnicodeDecodeError) as e:
+                return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
+            break
+    else:
+        return None, "no config.yaml"
+    if "status" not in summary and "throughput_tok_s" not in summary:
+        return None, "summary.json has no metrics"
+    if summary.get("status", "ok") == "ok":
+        check_metrics(summary, summary_path)
+    label = str(summary.get("planner_label", ""))
+    metrics = {k: v for k, v in summary.items() if k not in (*REPEATED, "planner_label")}
+    # a repeated key under its config column's name, kept where the config lacks that column
+    repeated = flatten({REPEATED[k]: v for k, v in summary.items() if k in REPEATED})
+    cfg = flatten(config)
+    row = {**cfg, **{k: v for k, v in repeated.items() if k not in cfg}, **flatten(metrics)}
+    if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
+        row["model.name"] = summary["model"]
+    row.setdefault("status", "ok")
+    row[SYSTEM] = system_of(run, {**row, "planner_label": label})
+    row["has_trace"] = (run / "trace.parquet").exists()
+    return {column_name(k): v for k, v in row.items()}, None
+
+
+def column_name(key: str) -> str:
+    """A results column's name: the dotted key with no spaces (an idle cause such as
+    `load expert@h2d` becomes `gpu_idle_causes_s.load_expert@h2d`)."""
+    return key.replace(" ", "_")
+
+
+# summary.json's metrics (core.trace.summarize): finite numbers, each, in a finished run
+METRICS = ("makespan_s", "prefill_s", "decode_s", "throughput_tok_s", "gpu_bubble_s",
+           "gpu_bubble_frac", "lower_bound_s", "efficiency", "dag_lower_bound_s",
+           "dag_efficiency", "tokens_generated", "ops", "batch_size", "n_batches", "prompt_len",
+           "gen_len")  # fmt: skip
+
+
+METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}
+
+
+def check_metrics(summary: dict[str, Any], path: Path) -> None:
+    """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
+    a finite number (a string, NaN, infinity, a list): such a file was not written by a run, and
+    would go into a table or a figure as if it were a result."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    items = [(k, summary[k]) for k in METRICS if k in summary]
+    for group in METRIC_GROUPS:
+        values = summary.get(group, {})
+        if not isinstance(values, dict):
+            raise MoepipeError(
+                f"{path}: {group} is {values!r}, not a mapping of name -> number; the file is "
+                "not a run's: delete it and run that point again"
+            )
+        items += [(f"{group}.{k}", v) for k, v in values.items()]
+    for key, value in items:
+        if not number(value):
+            raise MoepipeError(
+                f"{path}: {key} is {value!r}, not a finite number; the file is not a run's: "
+                "delete it and run that point again"
+            )
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return str(getattr(e, "strerror", None) or e)
+
+
+def display_name(choice: str | None, planner: str, planner_label: str = "") -> str:
+    """The one name a run's planner goes by in run logs, run dirs, tables and figures: its
+    config's name (conf/planner/<choice>.yaml: the registry key, or a variant of it such as
+    klotski_at_n, whose planner is `klotski`), else the planner's registry key; a run that
+    peeked at the routing says so (an upper bound, or not: `peek_suffix` of its label)."""
+    return (choice or planner) + peek_suffix(planner_label)
+
+
+def system_of(run: Path, row: dict[str, Any]) -> str:
+    """A collected run's `display_name`, from the planner choice hydra recorded in its
+    .hydra/hydra.yaml (none for a run written without hydra)."""
+    planner = str(row.get("planner.name", row.get("planner", "?")))
+    try:
+        hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
+        choice = str(hydra["hydra"]["runtime"]["choices"]["planner"])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        choice = None
+    return display_name(choice, planner, str(row.get("planner_label", "")))
+
+
+def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """The sweep's table (one row per finished run, `run_dir` relative to the sweep) and the
+    problems found ('<run dir>: <what is missing>')."""
+    sweep = Path(sweep_dir)
+    rows, problems = [], []
+    for run in run_dirs(sweep):
+        row, problem = read_run(run)
+        rel = str(run.relative_to(sweep))
+        if problem:
+            problems.append(f"{rel}: {problem}")
+            continue
+        assert row is not None
+        rows.append({"run_dir": rel, **row})
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df = df.sort_values("run_dir", kind="stable").reset_index(drop=True)
+    return df, problems
+
+
+def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
+    out = output_dir(out_dir, "out")  # one line for a folder that cannot be made
+    clean = df.copy()
+    for c in clean.columns:  # parquet needs one type per column
+        if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
+            clean[c] = one_type(clean[c])
+    pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
+    for path in (pq, csv):  # checked before either is written
+        if path.is_dir():
+            raise MoepipeError(
+                f"{path}: is a folder, where the results file goes; remove it or pass out= "
+                "another folder"
+            )
+    try:
+        clean.to_parquet(pq, index=False)
+        clean.to_csv(csv, index=False)
+    except OSError as e:
+        raise MoepipeError(
+            f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"
+        ) from None
+    return pq, csv
+
+
+def one_type(col: pd.Series) -> pd.Series:
+    """A column of mixed types as parquet can hold it: true/false where some runs lack the key
+    as pandas' nullable boolean (it became the strings 'true' and 'NaN'); otherwise a missing
+    value as None and anything but a string as JSON."""
+
+    def missing(v: Any) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    present = [v for v in col if not missing(v)]
+    if present and all(isinstance(v, bool) for v in present):
+        return col.map(lambda v: None if missing(v) else v).astype("boolean")
+    return col.map(lambda v: None if missing(v) else v if isinstance(v, str) else json.dumps(v))
+
+
+def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
+    """`collect` for the CLIs: reports skipped runs on stderr; None (after one line) if
+    `sweep_dir` is no folder or holds a summary.json with a metric that is not a number."""
+    if not sweep_dir.is_dir():
+        print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
+        return None
+    try:
+        df, problems = collect(sweep_dir)
+    except MoepipeError as e:  # a summary.json that no run wrote
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    return df, problems
