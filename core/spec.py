@@ -1,12 +1,11 @@
 """Frozen domain specs: the model (`ModelSpec`), the machine (`HardwareSpec`) and the workload.
 
-Built from plain dicts (resolved hydra YAML) or, for models, from a Hugging Face `config.json`.
-Every validation error names the field and what would fix it.
+Built from plain dicts (resolved hydra YAML) or, for models, from a Hugging Face `config.json`
+(core.hf_config). Every validation error names the field and what would fix it.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -306,134 +305,10 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
-        """Read a Hugging Face `config.json` (file or checkpoint directory)."""
-        p = hf_config_file(path)
-        cfg = read_hf_config(p)
-        return hf_config_to_spec(cfg, name or p.resolve().parent.name, where=str(p))
+        """Read a Hugging Face `config.json` (file or checkpoint directory): core.hf_config."""
+        from core.hf_config import spec_from_hf_config  # it builds ModelSpecs: imports this
 
-
-def hf_config_file(path: str | Path) -> Path:
-    """A checkpoint directory's `config.json`, or the file given; its folder names the model."""
-    p = Path(path)
-    return p / "config.json" if p.is_dir() else p
-
-
-# The config.json fields this project reads, by the type transformers gives them: a value of
-# another type (a string, a float or 0 where a count belongs) is refused naming the field, as a
-# transformers config class would fail on it, before any arithmetic divides by it.
-_HF_COUNTS = (  # whole numbers >= 1
-    "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
-    "num_local_experts", "num_experts", "num_experts_per_tok", "vocab_size",
-    "moe_intermediate_size", "decoder_sparse_step", "moe_layer_freq",
-    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank", "n_routed_experts",
-    "num_layers", "d_model", "d_ff", "num_heads", "d_kv",
-    "max_position_embeddings",
-)  # fmt: skip
-_HF_SIZES = ("shared_expert_intermediate_size", "first_k_dense_replace")  # whole numbers >= 0
-# null or >= 1 (null: head_dim derived, as many KV heads as heads, no q compression). Mixtral's
-# sliding_window and OLMoE's clip_qkv are checked where a family uses them (real.model): Qwen2-MoE
-# writes a sliding_window it ignores (use_sliding_window: false), 0 included.
-_HF_OPTIONAL_COUNTS = ("head_dim", "num_key_value_heads", "q_lora_rank")
-_HF_OPTIONAL_SIZES = ("n_shared_experts",)  # null or >= 0
-_HF_POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "routed_scaling_factor")
-_HF_OPTIONAL_POSITIVE: tuple[str, ...] = ()
-_HF_BOOLS = ("norm_topk_prob", "tie_word_embeddings", "qkv_bias", "attention_bias")
-_HF_STRINGS = ("model_type", "dtype", "torch_dtype", "topk_method", "scoring_func")
-_HF_MAPPINGS = ("rope_scaling", "rope_parameters")  # null or an object
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def read_hf_config(path: str | Path) -> dict[str, Any]:
-    """A Hugging Face `config.json` (file or checkpoint directory) as a dict whose fields this
-    project reads have transformers' types; a ConfigError naming the file and the field for
-    a file that is missing, not UTF-8, not JSON, not an object, or a field of another type."""
-    p = hf_config_file(path)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{p}: no such file; point at a checkpoint directory with a config.json"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); a config.json is JSON") from None
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(
-            f"{p}: holds a JSON {type(cfg).__name__}, not an object of fields; a config.json "
-            'is {"model_type": ..., ...}'
-        )
-    check_hf_config(cfg, str(p))
-    return cfg
-
-
-def check_hf_config(cfg: Mapping[str, Any], where: str) -> None:
-    """Raise a ConfigError naming the first field of `cfg` this project reads whose value has
-    not the type transformers gives it (see `read_hf_config`)."""
-
-    def bad(key: str, what: str) -> ConfigError:
-        return ConfigError(
-            f"{where}: field {key} must be {what}, got {cfg[key]!r}; fix config.json"
-        )
-
-    rules: list[tuple[tuple[str, ...], Any, str]] = [
-        (_HF_COUNTS, lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
-        (_HF_SIZES, lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
-        (
-            _HF_OPTIONAL_COUNTS,
-            lambda v: v is None or (_is_int(v) and v >= 1),
-            "a whole number >= 1 or null",
-        ),
-        (
-            _HF_OPTIONAL_SIZES,
-            lambda v: v is None or (_is_int(v) and v >= 0),
-            "a whole number >= 0 or null",
-        ),
-        (_HF_POSITIVE, lambda v: _is_number(v) and v > 0, "a positive number"),
-        (
-            _HF_OPTIONAL_POSITIVE,
-            lambda v: v is None or (_is_number(v) and v > 0),
-            "a positive number or null",
-        ),
-        (_HF_BOOLS, lambda v: isinstance(v, bool), "true or false"),
-        (("model_type",), lambda v: isinstance(v, str), "a string"),
-        (_HF_STRINGS[1:], lambda v: v is None or isinstance(v, str), "a string"),
-    ]
-    for keys, ok, what in rules:
-        for key in keys:
-            if key in cfg and not ok(cfg[key]):
-                raise bad(key, what)
-    for key in ("num_hidden_layers", "num_layers"):
-        if cfg.get(key, 0) > MAX_LAYERS:
-            raise bad(key, f"at most {MAX_LAYERS} (more than any model has)")
-    for key in _HF_MAPPINGS:
-        v = cfg.get(key)
-        if v is None:
-            continue
-        if not isinstance(v, Mapping):
-            raise bad(key, "an object or null")
-        theta: Any = v.get("rope_theta")
-        if "rope_theta" in v and not (_is_number(theta) and theta > 0):
-            raise ConfigError(
-                f"{where}: field {key}.rope_theta must be a positive number, got {theta!r}; "
-                "fix config.json"
-            )
-    layers = cfg.get("mlp_only_layers")
-    if "mlp_only_layers" in cfg and not (
-        isinstance(layers, list) and all(_is_int(i) and i >= 0 for i in layers)
-    ):
-        raise bad("mlp_only_layers", "a list of layer indices (whole numbers >= 0)")
+        return spec_from_hf_config(path, name)
 
 
 def _has_no_default(cls: type, name: str) -> bool:
@@ -441,175 +316,6 @@ def _has_no_default(cls: type, name: str) -> bool:
 
     f = {f.name: f for f in fields(cls)}[name]
     return f.default is MISSING and f.default_factory is MISSING
-
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-
-
-def hf_dtype_name(cfg: Mapping[str, Any]) -> str:
-    """A config.json's weight dtype: transformers 5 writes `dtype`, older ones `torch_dtype`
-    (read in that order, as transformers does); bfloat16 if neither says."""
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
-
-
-def rope_theta_of(cfg: Mapping[str, Any], default: float) -> float:
-    """A config.json's RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as
-    transformers does), older configs at the top level; `default` if neither has one."""
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    inner = scaling.get("rope_theta") if isinstance(scaling, Mapping) else None
-    return float(inner if inner is not None else cfg.get("rope_theta", default))
-
-
-def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
-    """Map the Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2 and Switch `config.json` layouts to a spec;
-    a ConfigError naming `where` (the file) for a field of the wrong type or a model the fields
-    do not make (top_k above the experts, heads that do not divide, ...)."""
-    check_hf_config(cfg, where)
-    try:
-        return _hf_config_to_spec(cfg, name, where)
-    except ConfigError as e:
-        if str(e).startswith(where):
-            raise
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def _hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str) -> ModelSpec:
-    family = cfg.get("model_type", "")
-
-    def get(key: str, default: Any = None) -> Any:
-        if (
-            cfg.get(key) is not None
-        ):  # null: as if absent (check_hf_config allows it where optional)
-            return cfg[key]
-        if default is None:
-            raise ConfigError(f"{where}: model_type {family!r} needs field {key!r}")
-        return default
-
-    dtype = hf_dtype_name(cfg)
-    if dtype not in _DTYPE_BYTES:
-        raise ConfigError(
-            f"{where}: dtype {dtype!r} has no byte size here; supported: {', '.join(_DTYPE_BYTES)}"
-        )
-    dtype_bytes = _DTYPE_BYTES[dtype]
-    common: dict[str, Any] = dict(name=name, family=family, dtype_bytes=dtype_bytes)
-    if family in ("mixtral", "olmoe"):
-        n = get("num_hidden_layers")
-        heads = get("num_attention_heads")
-        return ModelSpec(
-            **common,
-            n_layers=n,
-            moe_layers=tuple(range(n)),
-            hidden_size=get("hidden_size"),
-            expert_ffn_size=get("intermediate_size"),
-            n_experts=get("num_local_experts") if family == "mixtral" else get("num_experts"),
-            top_k=get("num_experts_per_tok"),
-            n_heads=heads,
-            n_kv_heads=get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
-            vocab_size=get("vocab_size"),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=rope_theta_of(cfg, 1e6),
-        )
-    if family == "qwen2_moe":
-        n = get("num_hidden_layers")
-        heads = get("num_attention_heads")
-        step = cfg.get("decoder_sparse_step", 1)
-        dense_only = set(cfg.get("mlp_only_layers", []))
-        moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
-        return ModelSpec(
-            **common,
-            n_layers=n,
-            moe_layers=moe,
-            hidden_size=get("hidden_size"),
-            expert_ffn_size=get("moe_intermediate_size"),
-            n_experts=get("num_experts"),
-            top_k=get("num_experts_per_tok"),
-            n_heads=heads,
-            n_kv_heads=get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or get("hidden_size") // heads,
-            vocab_size=get("vocab_size"),
-            dense_ffn_size=cfg.get("intermediate_size", 0),
-            shared_ffn_size=cfg.get("shared_expert_intermediate_size", 0),
-            qkv_bias=bool(cfg.get("qkv_bias", True)),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope_theta_of(cfg, 1e6),
-        )
-    if family == "deepseek_v2":
-        n = get("num_hidden_layers")
-        heads = get("num_attention_heads")
-        first_dense = cfg.get("first_k_dense_replace", 0)
-        freq = cfg.get("moe_layer_freq", 1)
-        moe = tuple(i for i in range(first_dense, n) if i % freq == 0)
-        hidden = get("hidden_size")
-        rope, nope = get("qk_rope_head_dim"), get("qk_nope_head_dim")
-        v_dim, kv_rank = get("v_head_dim"), get("kv_lora_rank")
-        q_rank = cfg.get("q_lora_rank")
-        q_params = (
-            hidden * heads * (nope + rope)
-            if not q_rank
-            else hidden * q_rank + q_rank + q_rank * heads * (nope + rope)  # + q_a_layernorm
-        )
-        mla = (
-            q_params
-            + hidden * (kv_rank + rope)
-            + kv_rank  # kv_a_layernorm
-            + kv_rank * heads * (nope + v_dim)
-            + heads * v_dim * hidden
-        )
-        return ModelSpec(
-            **common,
-            n_layers=n,
-            moe_layers=moe,
-            hidden_size=hidden,
-            expert_ffn_size=get("moe_intermediate_size"),
-            n_experts=get("n_routed_experts"),
-            top_k=get("num_experts_per_tok"),
-            n_heads=heads,
-            n_kv_heads=heads,
-            head_dim=v_dim,
-            vocab_size=get("vocab_size"),
-            dense_ffn_size=cfg.get("intermediate_size", 0),
-            shared_ffn_size=(cfg.get("n_shared_experts") or 0) * get("moe_intermediate_size"),
-            kv_dim=kv_rank + rope,  # MLA caches the compressed latent + the RoPE key
-            attn_params=mla,
-            qk_head_dim=nope + rope,
-            latent_expand_params=kv_rank * heads * (nope + v_dim),
-            qk_rope_head_dim=rope,
-            q_lora_rank=q_rank or 0,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope_theta_of(cfg, 1e4),
-        )
-    if family == "switch_transformers":
-        # Encoder stack of the encoder-decoder: every `encoder_sparse_step`-th block is sparse
-        # (blocks 1, 3, ..., 11 for switch-base), as in the replication paper's encoder-only runs.
-        n = get("num_layers")
-        step = get("encoder_sparse_step", 2)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise ConfigError(
-                f"{where}: encoder_sparse_step={step!r}; this needs sparse blocks (an int >= 1)"
-            )
-        return ModelSpec(
-            **common,
-            n_layers=n,
-            # transformers' SwitchTransformersStack: block i is sparse if i % step == 1 (every
-            # block at step 1)
-            moe_layers=tuple(i for i in range(n) if step == 1 or i % step == 1),
-            hidden_size=get("d_model"),
-            expert_ffn_size=get("d_ff"),
-            n_experts=get("num_experts"),
-            top_k=1,
-            n_heads=get("num_heads"),
-            n_kv_heads=get("num_heads"),
-            head_dim=get("d_kv"),
-            vocab_size=get("vocab_size"),
-            activation=Activation.RELU,
-            dense_ffn_size=get("d_ff"),
-            rms_norm_eps=cfg.get("layer_norm_epsilon", 1e-6),
-        )
-    raise ConfigError(
-        f"{where}: model_type {family!r} is not supported; "
-        "supported: mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,66 +435,15 @@ class HardwareSpec:
                 links[Resource(k)] = LinkSpec(
                     float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6
                 )
-
-            def comp(c: Mapping[str, Any]) -> ComputeSpec:
-                tables = {
-                    str(kind): tuple((float(x), float(y)) for x, y in pts)
-                    for kind, pts in dict(c.get("time_tables") or {}).items()
-                }
-                for kind, pts in tables.items():
-                    OpKind(kind)
-                    xs = [x for x, _ in pts]
-                    if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
-                        raise ConfigError(
-                            f"hardware {name}: time_tables.{kind} must be [flops, seconds] points "
-                            "with flops ascending and both >= 0 (experiments.calibrate writes them)"
-                        )
-                kind_overhead = {
-                    str(OpKind(k)): float(v) * 1e-6
-                    for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
-                }
-                sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
-                if sms < 0 or sm_bw < 0:
-                    raise ConfigError(
-                        f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
-                    )
-                comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
-                held = comm_sms + copy_sms
-                if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):
-                    raise ConfigError(
-                        f"hardware {name}: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 "
-                        f"(they cost no compute) or together below sms={sms} (set sms, the "
-                        "device's SM count)"
-                    )
-                return ComputeSpec(
-                    float(c["tflops"]) * 1e12,
-                    float(c["mem_bw_gbps"]) * GB,
-                    float(c.get("overhead_us", 0)) * 1e-6,
-                    kind_overhead,
-                    tables,
-                    sms,
-                    sm_bw,
-                    comm_sms,
-                    copy_sms,
-                )
-
             at = "gpu"
-            gpu = comp(d["gpu"])
+            gpu = _compute_from_dict(d["gpu"], name)
             at = "cpu"
-            cpu = comp(d["cpu"])
+            cpu = _compute_from_dict(d["cpu"], name)
             at = "n_gpus"
             n_gpus = int(d.get("n_gpus", 1))
             at = "sources"
             sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
-            return cls(
-                name=name,
-                memory_bytes=mem,
-                gpu=gpu,
-                cpu=cpu,
-                links=links,
-                n_gpus=n_gpus,
-                sources=sources,
-            )
+            return cls(name, mem, gpu, cpu, links, n_gpus, sources)
         except KeyError as e:
             raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
         except (ValueError, TypeError, AttributeError) as e:
@@ -799,6 +454,47 @@ class HardwareSpec:
                 "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}; "
                 "see conf/hardware/)"
             ) from None
+
+
+def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
+    """One compute device of a hardware YAML (`HardwareSpec.from_dict`)."""
+    tables = {
+        str(kind): tuple((float(x), float(y)) for x, y in pts)
+        for kind, pts in dict(c.get("time_tables") or {}).items()
+    }
+    for kind, pts in tables.items():
+        OpKind(kind)
+        xs = [x for x, _ in pts]
+        if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
+            raise ConfigError(
+                f"hardware {name}: time_tables.{kind} must be [flops, seconds] points "
+                "with flops ascending and both >= 0 (experiments.calibrate writes them)"
+            )
+    kind_overhead = {
+        str(OpKind(k)): float(v) * 1e-6 for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
+    }
+    sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
+    if sms < 0 or sm_bw < 0:
+        raise ConfigError(f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)")
+    comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
+    held = comm_sms + copy_sms
+    if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):
+        raise ConfigError(
+            f"hardware {name}: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 "
+            f"(they cost no compute) or together below sms={sms} (set sms, the "
+            "device's SM count)"
+        )
+    return ComputeSpec(
+        float(c["tflops"]) * 1e12,
+        float(c["mem_bw_gbps"]) * GB,
+        float(c.get("overhead_us", 0)) * 1e-6,
+        kind_overhead,
+        tables,
+        sms,
+        sm_bw,
+        comm_sms,
+        copy_sms,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

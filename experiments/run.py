@@ -33,8 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.bubbles import top_cause
 from core.errors import CapacityError
+from core.hf_config import hf_config_file
 from core.routing import resolve_source
-from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.common.app import hydra_main, remove_if_no_run, running

@@ -14,9 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from core.errors import ConfigError
-from core.spec import ModelSpec, rope_theta_of
-from real.checkpoint import mla_dims
+from core.hf_config import HFConfig, mla_dims, rope_theta_of
+from core.spec import ModelSpec
 
 # Shape legend: B batch, S tokens per sequence this step, H hidden, Hq query heads, Hkv
 # key/value heads, D head dim. MLA (DeepSeek-V2): C latent (kv_lora_rank), R RoPE part of a
@@ -73,16 +72,16 @@ class Rope:
         return cls(1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], spec: ModelSpec, where: str) -> Rope:
-        """The RoPE of a config.json: legacy `rope_scaling` ({"type": ...}) or transformers 5's
-        `rope_parameters` ({"rope_type": ..., "rope_theta": ...}), read with transformers'
-        precedence. Unknown types warn and run plain RoPE; malformed fields raise ConfigError."""
-        key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
-        p = cfg.get(key) or {}
-        if not isinstance(p, Mapping):
-            raise ConfigError(f"{where}: {key} must be a mapping, got {p!r}")
-        kind = p.get("rope_type", p.get("type", "default"))
-        theta = rope_theta_of(cfg, spec.rope_theta)
+    def from_config(cls, cfg: HFConfig | Mapping[str, Any], spec: ModelSpec, where: str = "") -> Rope:
+        """The RoPE of a config.json (an HFConfig, or its fields and `where` they are from):
+        legacy `rope_scaling` ({"type": ...}) or transformers 5's `rope_parameters`
+        ({"rope_type": ..., "rope_theta": ...}), read with transformers' precedence. Unknown types
+        warn and run plain RoPE; malformed fields raise ConfigError naming the file and field."""
+        c = cfg if isinstance(cfg, HFConfig) else HFConfig(cfg, where or "config.json")
+        key = "rope_scaling" if c.get("rope_scaling", None) else "rope_parameters"
+        p = c.sub(key)
+        kind = p.get("rope_type", None) or p.get("type", "default")
+        theta = rope_theta_of(c, spec.rope_theta)
         dim = rotary_dim(spec)
         if kind == "default":
             return cls.plain(dim, theta)
@@ -92,43 +91,41 @@ class Rope:
             log.warning(
                 "%s: RoPE scaling type %r is not implemented (default, linear and yarn are); "
                 "running plain RoPE, so logits differ from transformers'",
-                where,
+                c.where,
                 kind,
             )
             return cls.plain(dim, theta)
-        factor = p.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
-            raise ConfigError(
-                f"{where}: {key}.factor must be a positive number for {kind}, got {factor!r}"
-            )
-        mscale_all_dim = p.get("mscale_all_dim") or 0
+        factor = p.get("factor", None)
+        if factor is None:
+            raise c.error(f"{key}.factor is missing; {kind} needs a positive number")
+        mscale_all_dim = p.get("mscale_all_dim", 0)
         softmax_mscale = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
         if kind == "linear":  # positions / factor, done on the frequencies as transformers does
             return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
-        orig = p.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
-        if not isinstance(orig, int) or orig <= 0:
-            raise ConfigError(
-                f"{where}: {key}.original_max_position_embeddings must be a positive whole "
-                f"number for yarn, got {orig!r}"
+        orig = p.get("original_max_position_embeddings", None) or c.get(
+            "max_position_embeddings", None
+        )
+        if orig is None:
+            raise c.error(
+                f"{key}.original_max_position_embeddings (or max_position_embeddings) is "
+                "missing; yarn needs it"
             )
         inv_freq, attention_factor = _yarn(p, dim, theta, factor, orig)
         return cls(inv_freq, attention_factor, softmax_mscale)
 
 
-def _yarn(
-    p: Mapping[str, Any], dim: int, theta: float, factor: float, orig: int
-) -> tuple[torch.Tensor, float]:
+def _yarn(p: HFConfig, dim: int, theta: float, factor: float, orig: int) -> tuple[torch.Tensor, float]:
     """transformers' _compute_yarn_parameters, op for op: (inv_freq [dim/2], attention_factor).
     Frequencies that turn fewer than beta_slow times over `orig` positions are divided by
     factor, those turning more than beta_fast times are kept, with a linear ramp in between."""
-    mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
-    attention_factor = p.get("attention_factor")
+    mscale, mscale_all_dim = p.get("mscale", None), p.get("mscale_all_dim", None)
+    attention_factor = p.get("attention_factor", None)
     if attention_factor is None:
         if mscale and mscale_all_dim:
             attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
             attention_factor = yarn_mscale(factor)
-    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+    beta_fast, beta_slow = p.get("beta_fast", 32), p.get("beta_slow", 1)
 
     def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))

@@ -2,15 +2,15 @@
 
 `unit_layout(spec)` is the one table of which tensors (HF name, shape) make up each unit a
 schedule moves (a layer's attention, its gate, one expert, ...). `write_checkpoint` writes seeded
-random weights in that layout with the family's real `config.json` fields; `load_checkpoint`
-validates a directory and indexes its tensors (file, dtype, shape, byte offset).
+random weights in that layout with the family's real `config.json` fields (core.hf_config);
+`load_checkpoint` validates a directory and indexes its tensors (file, dtype, shape, byte offset;
+each shard's header checked in real.shards).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,20 +18,25 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import save_file
 
 from core.errors import ConfigError
-from core.spec import ModelSpec, hf_dtype_name, read_hf_config
-from core.types import Activation, Tensor
+from core.hf_config import (
+    HFConfig,
+    hf_dtype_name,
+    mla_dims,
+    read_hf_config,
+    spec_mla_fields,
+    spec_to_hf_config,
+)
+from core.spec import ModelSpec
+from core.types import Tensor
+from real.shards import TensorEntry, index_files, read_header, read_tensor, save_shard
 
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 _TORCH_DTYPE = {4: torch.float32, 2: torch.bfloat16}
-_HF_DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-ST_CODE = {v: k for k, v in ST_DTYPES.items()}
 
 
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
@@ -248,197 +253,6 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes | {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
 
 
-# ---- config.json --------------------------------------------------------------------------
-
-
-def mla_dims(spec: ModelSpec) -> dict[str, Any]:
-    """DeepSeek-V2's MLA sizes, config.json's names: read from the spec (v_head_dim = head_dim,
-    qk_rope_head_dim, qk_nope_head_dim = qk_head_dim - RoPE dims, kv_lora_rank = kv_dim - RoPE
-    dims, q_lora_rank, None if 0), each left 0 in DeepSeek-V2-Lite's proportions to head_dim
-    (128: 128 nope / 64 RoPE / 512 latent, no q compression)."""
-    d = spec.head_dim
-    rope = spec.qk_rope_head_dim or d // 2
-    nope = (spec.qk_head_dim or d + rope) - rope
-    rank = (spec.kv_dim or 4 * d + rope) - rope
-    if min(rope, nope, rank) <= 0:
-        raise ConfigError(
-            f"model {spec.name}: MLA sizes qk_head_dim={spec.qk_head_dim}, kv_dim={spec.kv_dim}, "
-            f"qk_rope_head_dim={rope} leave no room: each of qk_head_dim and kv_dim must exceed "
-            "qk_rope_head_dim"
-        )
-    return dict(
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope,
-        v_head_dim=d,
-        kv_lora_rank=rank,
-        q_lora_rank=spec.q_lora_rank or None,
-    )
-
-
-def _mla_spec_fields(spec: ModelSpec) -> dict[str, int]:
-    """kv_dim, attn_params, qk_head_dim, latent_expand_params and qk_rope_head_dim as
-    core.spec.hf_config_to_spec derives them from `mla_dims` (so the spec round-trips)."""
-    m, h, heads = mla_dims(spec), spec.hidden_size, spec.n_heads
-    nope, rope, v_dim, rank, q_rank = (
-        m["qk_nope_head_dim"],
-        m["qk_rope_head_dim"],
-        m["v_head_dim"],
-        m["kv_lora_rank"],
-        m["q_lora_rank"],
-    )
-    q_params = (
-        h * q_rank + q_rank + q_rank * heads * (nope + rope)  # + q_a_layernorm
-        if q_rank
-        else h * heads * (nope + rope)
-    )
-    params = (
-        q_params
-        + h * (rank + rope)
-        + rank  # kv_a_layernorm
-        + rank * heads * (nope + v_dim)
-        + heads * v_dim * h
-    )
-    return dict(
-        kv_dim=rank + rope,
-        attn_params=params,
-        qk_head_dim=nope + rope,
-        latent_expand_params=rank * heads * (nope + v_dim),
-        qk_rope_head_dim=rope,
-    )
-
-
-def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:
-    """The family's real `config.json` fields for `spec` (inverse of core.spec.hf_config_to_spec)."""
-    fam, n, moe = spec.family, spec.n_layers, list(spec.moe_layers)
-    dense = [i for i in range(n) if i not in spec.moe_layers]
-
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise ConfigError(f"model {spec.name}: a {fam} config.json cannot express {what}")
-
-    cfg: dict[str, Any] = dict(
-        model_type=fam,
-        vocab_size=spec.vocab_size,
-        torch_dtype=_HF_DTYPE_NAME[torch_dtype(spec)],
-        tie_word_embeddings=False,
-    )
-    llama = dict(
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=n,
-        num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads,
-        rms_norm_eps=spec.rms_norm_eps,
-        rope_theta=spec.rope_theta,
-        num_experts_per_tok=spec.top_k,
-        max_position_embeddings=4096,
-    )
-    need(spec.activation == Activation.SWIGLU or fam == "switch_transformers", "ReLU experts")
-    need(fam == "switch_transformers" or spec.activation == Activation.SWIGLU, "SwiGLU experts")
-    if fam in ("mixtral", "olmoe"):
-        need(not dense, f"dense layers {dense} (every layer is MoE)")
-        need(not spec.shared_ffn_size, "shared experts")
-        need(
-            not (spec.kv_dim or spec.attn_params or spec.qk_head_dim),
-            "kv_dim/attn_params/qk_head_dim overrides",
-        )
-        experts = "num_local_experts" if fam == "mixtral" else "num_experts"
-        cfg |= llama | {experts: spec.n_experts, "intermediate_size": spec.expert_ffn_size}
-        cfg |= {
-            "head_dim": spec.head_dim,
-            "architectures": ["MixtralForCausalLM" if fam == "mixtral" else "OlmoeForCausalLM"],
-        }
-        if fam == "olmoe":
-            cfg["norm_topk_prob"] = norm_topk_prob
-        return cfg
-    if fam == "qwen2_moe":
-        need(
-            not (spec.kv_dim or spec.attn_params or spec.qk_head_dim),
-            "kv_dim/attn_params/qk_head_dim overrides",
-        )
-        cfg |= llama | dict(
-            architectures=["Qwen2MoeForCausalLM"],
-            num_experts=spec.n_experts,
-            moe_intermediate_size=spec.expert_ffn_size,
-            shared_expert_intermediate_size=spec.shared_ffn_size,
-            decoder_sparse_step=1,
-            mlp_only_layers=dense,
-            norm_topk_prob=norm_topk_prob,
-            head_dim=spec.head_dim,
-            qkv_bias=spec.qkv_bias,
-        )
-        if spec.dense_ffn_size:
-            cfg["intermediate_size"] = spec.dense_ffn_size
-        return cfg
-    if fam == "deepseek_v2":
-        first = moe[0]
-        need(
-            moe == list(range(first, n)),
-            f"moe_layers {moe} (MoE layers are first_k_dense_replace..n-1)",
-        )
-        need(spec.n_kv_heads == spec.n_heads, "n_kv_heads != n_heads")
-        need(
-            spec.shared_ffn_size % spec.expert_ffn_size == 0,
-            "shared_ffn_size not a multiple of expert_ffn_size",
-        )
-        need(
-            tuple(getattr(spec, k) for k in _mla_spec_fields(spec))
-            == tuple(_mla_spec_fields(spec).values()),
-            "kv_dim/attn_params/qk_head_dim/latent_expand_params other than the MLA sizes of "
-            "head_dim, qk_rope_head_dim and q_lora_rank",
-        )
-        cfg |= (
-            llama
-            | mla_dims(spec)
-            | dict(
-                architectures=["DeepseekV2ForCausalLM"],
-                n_routed_experts=spec.n_experts,
-                n_shared_experts=spec.shared_ffn_size // spec.expert_ffn_size,
-                moe_intermediate_size=spec.expert_ffn_size,
-                first_k_dense_replace=first,
-                moe_layer_freq=1,
-                topk_method="greedy",
-                scoring_func="softmax",
-                routed_scaling_factor=1.0,
-                norm_topk_prob=norm_topk_prob,
-            )
-        )
-        if spec.dense_ffn_size:
-            cfg["intermediate_size"] = spec.dense_ffn_size
-        return cfg
-    if fam == "switch_transformers":
-        # one sparse block 1 is every (n - 1)-th block; otherwise the gap between the first two
-        step = 1 if moe and moe[0] == 0 else (max(2, n - 1) if len(moe) < 2 else moe[1] - moe[0])
-        need(
-            moe == [i for i in range(n) if step == 1 or i % step == 1],
-            f"moe_layers {moe} (transformers' sparse blocks: i % encoder_sparse_step == 1)",
-        )
-        need(
-            spec.top_k == 1 and spec.n_kv_heads == spec.n_heads,
-            "top_k != 1 or n_kv_heads != n_heads",
-        )
-        need(
-            spec.dense_ffn_size == spec.expert_ffn_size,
-            "dense_ffn_size != expert_ffn_size (one d_ff)",
-        )
-        need(spec.activation == Activation.RELU, "SwiGLU experts")
-        return cfg | dict(
-            architectures=["SwitchTransformersForConditionalGeneration"],
-            d_model=spec.hidden_size,
-            d_ff=spec.expert_ffn_size,
-            d_kv=spec.head_dim,
-            num_heads=spec.n_heads,
-            num_layers=n,
-            num_decoder_layers=n,
-            num_experts=spec.n_experts,
-            encoder_sparse_step=step,
-            decoder_sparse_step=step,
-            layer_norm_epsilon=spec.rms_norm_eps,
-            rope_theta=spec.rope_theta,  # ours: Switch uses relative position buckets, we use RoPE
-        )
-    _names(fam)  # raises the unsupported-family error
-    raise AssertionError(fam)
-
-
 # ---- model configs with overrides ---------------------------------------------------------
 
 
@@ -476,7 +290,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
             d["qk_rope_head_dim"] = 0
     spec = ModelSpec.from_dict(d, where=f"{path} with overrides {dict(overrides)}")
     if derive_mla:
-        spec = replace(spec, **_mla_spec_fields(spec))
+        spec = replace(spec, **spec_mla_fields(spec))
     return spec
 
 
@@ -545,12 +359,12 @@ def write_checkpoint(
         stale.unlink(missing_ok=True)
     meta = {"format": "pt"}
     if len(shards) == 1:
-        _save(shards[0], out / SINGLE_FILE, meta)
+        save_shard(shards[0], out / SINGLE_FILE, meta)
     else:
         weight_map, total = {}, 0
         for j, shard in enumerate(shards):
             name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
-            _save(shard, out / name, meta)
+            save_shard(shard, out / name, meta)
             weight_map |= dict.fromkeys(shard, name)
             total += sum(t.nbytes for t in shard.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -559,145 +373,7 @@ def write_checkpoint(
     return out
 
 
-def _save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
-    """safetensors' save_file, its I/O errors (a full disk) raised as the OSError they are."""
-    from safetensors import SafetensorError
-
-    try:
-        save_file(tensors, str(path), metadata=meta)
-    except SafetensorError as e:
-        code = re.search(r"os error (\d+)", str(e))
-        raise OSError(int(code.group(1)) if code else None, str(e), str(path)) from None
-
-
 # ---- loading ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    file: Path  # safetensors file holding the tensor
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int  # byte offset of the tensor's data from the start of the file
-    nbytes: int
-
-
-# bytes per element of every safetensors dtype (the format's own table), to check each tensor's
-# byte range against its shape as safetensors' loader does
-ST_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
-                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}  # fmt: skip
-ST_MAX_HEADER = 100_000_000  # safetensors refuses a larger header
-
-
-def _read_header(path: Path) -> dict[str, TensorEntry]:
-    """A safetensors file's tensors, its header checked by the format's rules (safetensors'
-    `Metadata::validate`): an object of {dtype, shape, data_offsets} entries whose byte ranges
-    match shape x dtype and tile the data exactly. Any breach is one ConfigError naming the
-    file and the tensor; the library's own loader then opens it as a last check."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 0 or 8 + n > size:
-            raise ConfigError(
-                f"{path}: truncated safetensors file ({size} bytes, header cut off); re-copy the checkpoint"
-            )
-        if n > ST_MAX_HEADER:
-            raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ConfigError(
-                f"{path}: corrupt safetensors header; re-copy the checkpoint"
-            ) from None
-    if not isinstance(header, dict):
-        raise ConfigError(
-            f"{path}: safetensors header is a JSON {type(header).__name__}, not an object of "
-            "tensors; re-copy the checkpoint"
-        )
-    out, ranges = {}, []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-                raise ConfigError(f"{path}: __metadata__ must map strings to strings")
-            continue
-        start, end, shape = _check_entry(path, name, meta)
-        if 8 + n + end > size:
-            raise ConfigError(
-                f"{path}: truncated safetensors file: tensor {name} ends at byte {8 + n + end} "
-                f"but the file has {size} bytes; re-copy the checkpoint"
-            )
-        ranges.append((start, end, name))
-        if meta["dtype"] not in ST_DTYPES:
-            raise ConfigError(
-                f"{path}: tensor {name} has dtype {meta['dtype']}; supported: {sorted(ST_DTYPES)}"
-            )
-        out[name] = TensorEntry(path, ST_DTYPES[meta["dtype"]], shape, 8 + n + start, end - start)
-    pos = 0
-    for start, end, name in sorted(ranges):
-        if start != pos:
-            raise ConfigError(
-                f"{path}: tensor {name} starts at data byte {start}, but the tensors before it "
-                f"end at {pos} (safetensors' data holds its tensors back to back); re-copy the "
-                "checkpoint"
-            )
-        pos = end
-    if 8 + n + pos != size:
-        raise ConfigError(
-            f"{path}: {size - 8 - n - pos} bytes past the last tensor (safetensors' data ends "
-            "with it); re-copy the checkpoint"
-        )
-    _library_check(path)
-    return out
-
-
-def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int, ...]]:
-    """(start, end, shape) of one header entry, or a ConfigError naming the tensor."""
-    where = f"{path}: tensor {name}"
-    if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
-        raise ConfigError(
-            f"{where}: header entry {json.dumps(meta)[:80]} is not "
-            "{dtype, shape, data_offsets}; re-copy the checkpoint"
-        )
-    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
-
-    def whole(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-    if not isinstance(dtype, str) or dtype not in ST_ITEM_BYTES:
-        raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(whole(d) for d in shape):
-        raise ConfigError(f"{where}: shape {shape!r} is not a list of whole numbers")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(whole(o) for o in offsets)
-        and offsets[0] <= offsets[1]
-    ):
-        raise ConfigError(
-            f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end"
-        )
-    nbytes = math.prod(shape) * ST_ITEM_BYTES[dtype]
-    if offsets[1] - offsets[0] != nbytes:
-        raise ConfigError(
-            f"{where}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, but shape "
-            f"{shape} of {dtype} needs {nbytes}; the file is corrupt: re-copy the checkpoint"
-        )
-    return offsets[0], offsets[1], tuple(shape)
-
-
-def _library_check(path: Path) -> None:
-    """Open `path` with safetensors' own loader (it maps the file, reading only its header):
-    anything its rules refuse that `_read_header` let pass is refused here, naming the file."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt"):
-            pass
-    except SafetensorError as e:
-        raise ConfigError(f"{path}: safetensors refuses it ({e}); re-copy the checkpoint") from None
 
 
 def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
@@ -719,16 +395,16 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
     if (d / INDEX_FILE).is_file():
-        files = _index_files(d / INDEX_FILE)
+        files = index_files(d / INDEX_FILE)
     elif (d / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:
         raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
     index: dict[str, TensorEntry] = {}
     for f in files:
-        index |= _read_header(d / f)
+        index |= read_header(d / f)
     names = _names(spec.family)
-    if cfg.get("tie_word_embeddings") is True and spec.family != "switch_transformers":
+    if cfg.get("tie_word_embeddings", False) and spec.family != "switch_transformers":
         # the LM head is the embedding (transformers ties them whether or not lm_head is saved;
         # T5's tied head also rescales, and moepipe's Switch is not transformers' model anyway)
         index[names.lm_head] = index[names.embed]
@@ -750,39 +426,6 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     return spec, index
 
 
-def _index_files(path: Path) -> list[str]:
-    """The shard files a `model.safetensors.index.json` names: its weight_map must map tensor
-    names to file names in its own folder."""
-    try:
-        weight_map = json.loads(path.read_bytes().decode("utf-8"))["weight_map"]
-    except (ValueError, KeyError, TypeError):  # not UTF-8 / JSON, a list, no weight_map
-        raise ConfigError(
-            f"{path}: not a safetensors index (a JSON object with a weight_map of tensor name -> "
-            "file); rewrite or re-copy it"
-        ) from None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ConfigError(f"{path}: weight_map must be an object of tensor name -> file name")
-    for name, file in weight_map.items():
-        if not isinstance(file, str) or not file or Path(file).name != file:
-            raise ConfigError(
-                f"{path}: weight_map[{name!r}] = {file!r} is not a file name in the checkpoint's "
-                "folder"
-            )
-    return sorted(set(weight_map.values()))
-
-
-def read_tensor(entry: TensorEntry) -> torch.Tensor:
-    """One tensor's bytes from its file (a plain buffered read)."""
-    with open(entry.file, "rb") as f:
-        f.seek(entry.offset)
-        buf = bytearray(f.read(entry.nbytes))
-    if len(buf) != entry.nbytes:
-        raise OSError(
-            f"{entry.file}: short read at byte {entry.offset} ({len(buf)} of {entry.nbytes})"
-        )
-    return torch.frombuffer(buf, dtype=torch.uint8).view(entry.dtype).reshape(entry.shape)
-
-
 def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, torch.Tensor]]]:
     """Every unit's tensors in RAM under our short keys (the in-memory reference's weights)."""
     spec, index = load_checkpoint(ckpt_dir)
@@ -793,7 +436,7 @@ def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, to
     return spec, units
 
 
-def hf_config(ckpt_dir: str | Path) -> dict[str, Any]:
-    """The raw config.json (for fields the spec does not carry, like norm_topk_prob), its
-    fields' types checked (core.spec.read_hf_config)."""
+def hf_config(ckpt_dir: str | Path) -> HFConfig:
+    """A checkpoint's config.json (for fields the spec does not carry, like norm_topk_prob), its
+    fields read through core.hf_config's checked accessor."""
     return read_hf_config(Path(ckpt_dir) / "config.json")

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from core.errors import ConfigError
+from core.hf_config import hf_runtime, mla_dims
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Activation, Tensor
 from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
-from real.checkpoint import Unit, hf_config, load_units, mla_dims, torch_dtype
+from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
 # Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
@@ -100,11 +100,13 @@ class Model:
     # DeepSeek-V2: the routed experts' weights times this where they are not renormalised
     # (config.json routed_scaling_factor; 1.0 in DeepSeek-V2-Lite)
     routed_scaling: float = 1.0
-    # Mixtral's sliding-window attention (config.json sliding_window): a query sees the latest
-    # this many positions, itself included; None: every earlier position
+    # Sliding-window attention (config.json sliding_window): a query sees the latest this many
+    # positions, itself included; None: every earlier position
     sliding_window: int | None = None
     # OLMoE's clip_qkv: q, k and v clamped to [-clip_qkv, clip_qkv] after QK-norm; None: no clamp
     clip_qkv: float | None = None
+    # The layers with the sliding window (Qwen2-MoE's layer_types); None: every layer (Mixtral)
+    sliding_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -114,41 +116,32 @@ class Model:
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, spec: ModelSpec) -> Model:
+        """The model config.json describes: its RoPE, routing, sliding windows and clip_qkv
+        (core.hf_config.hf_runtime, which refuses in one line what is not implemented)."""
         cfg = hf_config(ckpt_dir)
-        where = str(Path(ckpt_dir) / "config.json")
-        rope = Rope.from_config(cfg, spec, where=where)
-        scaling = 1.0
-        if spec.family == "deepseek_v2":
-            for key, only in (("topk_method", "greedy"), ("scoring_func", "softmax")):
-                if cfg.get(key, only) != only:
-                    raise ConfigError(
-                        f"{where}: {key}={cfg[key]!r}; only {only!r} DeepSeek-V2 routing is "
-                        f"implemented (DeepSeek-V2-Lite's)"
-                    )
-            scaling = float(cfg.get("routed_scaling_factor", 1.0))
-        renormalize = bool(cfg.get("norm_topk_prob", False))
-        if spec.family == "deepseek_v2" and renormalize and spec.top_k > 1:
+        rope = Rope.from_config(cfg, spec)
+        run = hf_runtime(cfg, spec)
+        if spec.family == "deepseek_v2" and run.renormalize and spec.top_k > 1:
             _warn_once(
-                f"{where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "
+                f"{cfg.where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "
                 "router weights as DeepSeek's modeling_deepseek.py does; transformers' "
                 "DeepseekV2 class ignores the field, so its logits differ from these"
             )
-        window = cfg.get("sliding_window") if spec.family == "mixtral" else None
-        if spec.family == "qwen2_moe" and cfg.get("use_sliding_window"):
-            _warn_once(
-                f"{where}: use_sliding_window is not implemented for qwen2_moe; every layer "
-                "attends to all earlier positions, so logits past sliding_window differ"
-            )
-        clip = cfg.get("clip_qkv") if spec.family == "olmoe" else None
-        for key, value, kind in (("sliding_window", window, int), ("clip_qkv", clip, int | float)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, kind) or value <= 0
-            ):
-                raise ConfigError(
-                    f"{where}: {key}={value!r}; set a positive {'whole ' * (kind is int)}number "
-                    "or null (none)"
-                )
-        return cls(spec, renormalize, rope, scaling, window, None if clip is None else float(clip))
+        return cls(
+            spec,
+            run.renormalize,
+            rope,
+            run.routed_scaling,
+            run.sliding_window,
+            run.clip_qkv,
+            run.sliding_layers,
+        )
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`'s attention, None where it sees every earlier position."""
+        if self.sliding_layers is not None and layer not in self.sliding_layers:
+            return None
+        return self.sliding_window
 
     @property
     def float32_combine(self) -> bool:
@@ -197,7 +190,7 @@ class Model:
             "positions must be consecutive"
         )
         assert self.rope is not None  # set by __post_init__
-        cache, window = kv.layers[layer], self.sliding_window
+        cache, window = kv.layers[layer], self.window(layer)
         if self.spec.family == "deepseek_v2":
             out = mla(self.spec, self.rope, w, x, cache, positions, window)  # [B, S, Hq * Dv]
         else:

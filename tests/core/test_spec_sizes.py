@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 
 from core.errors import ConfigError
-from core.spec import ModelSpec, hf_config_to_spec
+from core.hf_config import hf_config_to_spec
+from core.spec import ModelSpec
 from tests.conftest import model_from_conf
 
 
@@ -188,5 +189,5 @@ def test_switch_sparse_blocks_follow_transformers(step, sparse):
 
 
 def test_switch_without_sparse_blocks_is_one_line():
-    with pytest.raises(ConfigError, match=r"encoder_sparse_step=0; this needs sparse blocks"):
+    with pytest.raises(ConfigError, match=r"config.json: encoder_sparse_step must be a positive integer, got 0"):
         hf_config_to_spec({**SWITCH_CFG, "encoder_sparse_step": 0}, "s")

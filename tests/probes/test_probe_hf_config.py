@@ -43,11 +43,11 @@ FIELDS: list[tuple[str, str, Any, str]] = [
     ("mixtral", "num_local_experts", "8", "num_local_experts"),
     ("mixtral", "num_experts_per_tok", 0, "num_experts_per_tok"),
     ("mixtral", "num_experts_per_tok", "2", "num_experts_per_tok"),
-    ("mixtral", "num_experts_per_tok", 99, "top_k"),
+    ("mixtral", "num_experts_per_tok", 99, "num_experts_per_tok=99 exceeds num_local_experts"),
     ("mixtral", "vocab_size", 0, "vocab_size"),
     ("mixtral", "vocab_size", {"n": 1}, "vocab_size"),
     ("mixtral", "num_key_value_heads", 0, "num_key_value_heads"),
-    ("mixtral", "num_key_value_heads", 3, "n_kv_heads"),
+    ("mixtral", "num_key_value_heads", 3, "num_key_value_heads=3"),
     ("mixtral", "head_dim", "16", "head_dim"),
     ("mixtral", "head_dim", 0, "head_dim"),
     ("mixtral", "rope_theta", "1e6", "rope_theta"),
@@ -81,7 +81,7 @@ FIELDS: list[tuple[str, str, Any, str]] = [
     ("deepseek_v2", "moe_layer_freq", 0, "moe_layer_freq"),
     ("deepseek_v2", "first_k_dense_replace", -1, "first_k_dense_replace"),
     ("deepseek_v2", "first_k_dense_replace", "1", "first_k_dense_replace"),
-    ("deepseek_v2", "first_k_dense_replace", 10_000, "moe_layers is empty"),
+    ("deepseek_v2", "first_k_dense_replace", 10_000, "first_k_dense_replace=10000"),
     ("deepseek_v2", "kv_lora_rank", 0, "kv_lora_rank"),
     ("deepseek_v2", "qk_rope_head_dim", "64", "qk_rope_head_dim"),
     ("deepseek_v2", "v_head_dim", 0, "v_head_dim"),
@@ -154,7 +154,7 @@ def test_config_json_missing_or_a_folder(tmp_path: Path) -> None:
 
 def test_valid_configs_still_load() -> None:
     for family, cfg in BASE.items():
-        from core.spec import hf_config_to_spec
+        from core.hf_config import hf_config_to_spec
 
         assert hf_config_to_spec(cfg, family).n_layers > 0
     nulls = {

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.errors import ConfigError
-from core.spec import ModelSpec, hf_config_to_spec
+from core.hf_config import hf_config_to_spec
+from core.spec import ModelSpec
 from core.types import Tensor
 from real import make_checkpoint
 from real.checkpoint import (
@@ -215,13 +216,13 @@ def test_cli_rope_scaling(tmp_path, capsys):
     args = ["model=mixtral-tiny", "hidden_size=64", "n_layers=1"]
     linear = "rope_scaling={type: linear, factor: 2}"
     assert make_checkpoint.main([*args, f"out={tmp_path / 'a'}", linear]) == 0
-    assert hf_config(tmp_path / "a")["rope_scaling"] == {"type": "linear", "factor": 2}
+    assert hf_config(tmp_path / "a").fields["rope_scaling"] == {"type": "linear", "factor": 2}
     assert make_checkpoint.main([*args, f"out={tmp_path / 'b'}", "rope_scaling=yarn"]) == 2
     assert make_checkpoint.main([*args, f"out={tmp_path / 'b'}", "rope_scaling={type: yarn}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "error: rope_scaling=yarn: pass a mapping, e.g. '{type: linear, factor: 2}'",
-        "error: command line: rope_scaling.factor must be a positive number for yarn, got None",
+        "error: command line: rope_scaling.factor is missing; yarn needs a positive number",
     ]
     assert not (tmp_path / "b").exists()
 

@@ -1,0 +1,217 @@
+"""The config.json fields moepipe reads, their types, and the one checked accessor.
+
+`FIELDS` lists every top-level field read with the type transformers 5.24 gives it (`ROPE_FIELDS`
+those of `rope_scaling` / `rope_parameters`); `HFConfig.get` reads a field through its rule, so a
+value of another type or range is one line naming the file and the field:
+`.../config.json: num_attention_heads must be a positive integer, got 0`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+from core.spec import MAX_LAYERS
+
+FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The type of one config.json field: `ok` accepts a value, `what` says what it must be;
+    `nullable`: null reads as absent (the default), as transformers' `X | None` fields do."""
+
+    ok: Callable[[Any], bool]
+    what: str
+    nullable: bool = False
+
+    def or_null(self) -> Rule:
+        return replace(self, what=self.what + " or null", nullable=True)
+
+
+COUNT = Rule(lambda v: _is_int(v) and v >= 1, "a positive integer")
+LAYER_COUNT = Rule(
+    lambda v: _is_int(v) and 1 <= v <= MAX_LAYERS, f"a positive integer at most {MAX_LAYERS}"
+)
+SIZE = Rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
+NUMBER = Rule(_is_number, "a number")
+FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
+TEXT = Rule(lambda v: isinstance(v, str), "a string")
+OBJECT = Rule(lambda v: isinstance(v, Mapping), "an object")
+LAYERS = Rule(
+    lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v),
+    "a list of layer indices (integers >= 0)",
+)
+LAYER_TYPES = Rule(
+    lambda v: isinstance(v, list) and all(t in ("full_attention", "sliding_attention") for t in v),
+    'a list of "full_attention" or "sliding_attention", one per layer',
+)
+
+# Every top-level field moepipe reads, by the type transformers 5.24's config classes give it.
+FIELDS: dict[str, Rule] = {
+    "model_type": TEXT,
+    "dtype": TEXT.or_null(),  # transformers 5; read before torch_dtype, as transformers does
+    "torch_dtype": TEXT.or_null(),
+    "num_hidden_layers": LAYER_COUNT,
+    "num_layers": LAYER_COUNT,  # Switch's encoder blocks
+    "hidden_size": COUNT,
+    "intermediate_size": COUNT,
+    "num_attention_heads": COUNT,
+    "num_key_value_heads": COUNT.or_null(),
+    "head_dim": COUNT.or_null(),
+    "vocab_size": COUNT,
+    "max_position_embeddings": COUNT,
+    "rms_norm_eps": POSITIVE,
+    "rope_theta": POSITIVE,
+    "rope_scaling": OBJECT.or_null(),
+    "rope_parameters": OBJECT.or_null(),
+    "tie_word_embeddings": FLAG,
+    "hidden_act": TEXT,
+    "num_local_experts": COUNT,
+    "num_experts": COUNT,
+    "num_experts_per_tok": COUNT,
+    "norm_topk_prob": FLAG.or_null(),
+    "sliding_window": SIZE.or_null(),  # Qwen2-MoE writes 0 where use_sliding_window is false
+    # Qwen2-MoE
+    "moe_intermediate_size": COUNT,
+    "shared_expert_intermediate_size": SIZE,
+    "decoder_sparse_step": COUNT,
+    "mlp_only_layers": LAYERS.or_null(),
+    "qkv_bias": FLAG,
+    "use_sliding_window": FLAG,
+    "max_window_layers": SIZE,
+    "layer_types": LAYER_TYPES.or_null(),
+    # OLMoE
+    "clip_qkv": POSITIVE.or_null(),
+    "attention_bias": FLAG,
+    # DeepSeek-V2
+    "n_routed_experts": COUNT,
+    "n_shared_experts": SIZE.or_null(),
+    "first_k_dense_replace": SIZE,
+    "moe_layer_freq": COUNT,
+    "kv_lora_rank": COUNT,
+    "q_lora_rank": COUNT.or_null(),
+    "qk_rope_head_dim": COUNT,
+    "qk_nope_head_dim": COUNT,
+    "v_head_dim": COUNT,
+    "routed_scaling_factor": POSITIVE,
+    "topk_method": TEXT.or_null(),
+    "scoring_func": TEXT.or_null(),
+    "mlp_bias": FLAG,
+    # Switch
+    "d_model": COUNT,
+    "d_ff": COUNT,
+    "d_kv": COUNT,
+    "num_heads": COUNT,
+    "encoder_sparse_step": COUNT,
+    "layer_norm_epsilon": POSITIVE,
+}
+# The fields of `rope_scaling` / `rope_parameters` (transformers' modeling_rope_utils).
+ROPE_FIELDS: dict[str, Rule] = {
+    "rope_type": TEXT,
+    "type": TEXT,
+    "rope_theta": POSITIVE,
+    "factor": POSITIVE,
+    "original_max_position_embeddings": COUNT.or_null(),
+    "attention_factor": POSITIVE.or_null(),
+    "mscale": NUMBER.or_null(),
+    "mscale_all_dim": NUMBER.or_null(),
+    "beta_fast": POSITIVE.or_null(),
+    "beta_slow": POSITIVE.or_null(),
+    "truncate": FLAG,
+}
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A config.json's fields and the file they came from; read them with `get`."""
+
+    fields: Mapping[str, Any]
+    where: str  # the file, first in every error
+    prefix: str = ""  # "rope_parameters." for a nested object's fields
+    rules: Mapping[str, Rule] = field(default_factory=lambda: FIELDS)
+
+    @property
+    def family(self) -> str:
+        return str(self.fields.get("model_type", ""))
+
+    def get(self, key: str, default: Any = _REQUIRED, rule: Rule | None = None) -> Any:
+        """The field's value, checked by its rule (`rule` for a family's stricter one); absent
+        (or null where the rule allows it): `default`, and an error naming it without one."""
+        rule = rule or self.rules[key]  # KeyError: a field read without a rule in the table
+        value = self.fields.get(key)
+        if value is None and (key not in self.fields or rule.nullable):
+            if default is _REQUIRED:
+                who = "" if self.prefix else f"; model_type {self.family!r} needs it"
+                raise self.error(f"{self.prefix}{key} is missing{who}")
+            return default
+        if not rule.ok(value):
+            raise self.error(f"{self.prefix}{key} must be {rule.what}, got {value!r}")
+        return value
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {message}")
+
+    def sub(self, key: str) -> HFConfig:
+        """A nested object's fields (null or absent: none), read by `ROPE_FIELDS`."""
+        return HFConfig(self.get(key, {}), self.where, f"{key}.", ROPE_FIELDS)
+
+    def check(self) -> None:
+        """Check every field of the table the file has (and the RoPE objects' fields), so a
+        bad one is refused when the file is read, not when a run first needs it."""
+        for key in self.fields:
+            if key in self.rules:
+                self.get(key, None)
+        if not self.prefix:
+            for key in ("rope_scaling", "rope_parameters"):
+                self.sub(key).check()
+
+
+def hf_config_file(path: str | Path) -> Path:
+    """A checkpoint directory's `config.json`, or the file given; its folder names the model."""
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def read_hf_config(path: str | Path) -> HFConfig:
+    """A Hugging Face `config.json` (file or checkpoint directory), every field it has that
+    moepipe reads checked; a ConfigError naming the file for one that is missing, not UTF-8, not
+    JSON, not an object, or a field of another type or range."""
+    p = hf_config_file(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{p}: no such file; point at a checkpoint directory with a config.json"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); a config.json is JSON") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(
+            f"{p}: holds a JSON {type(fields).__name__}, not an object of fields; a config.json "
+            'is {"model_type": ..., ...}'
+        )
+    cfg = HFConfig(fields, str(p))
+    cfg.check()
+    return cfg

@@ -1,0 +1,98 @@
+"""What the real model runs from config.json beyond the spec: routing (norm_topk_prob,
+routed_scaling_factor), sliding windows (Mixtral's, Qwen2-MoE's per layer), OLMoE's clip_qkv; and
+the one-line refusals of fields transformers honours that moepipe does not implement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.hf_config.fields import COUNT, HFConfig
+from core.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class HFRuntime:
+    """config.json's settings of the real model that the spec does not carry."""
+
+    renormalize: bool = False  # norm_topk_prob: the top-k router weights sum to 1
+    routed_scaling: float = 1.0  # DeepSeek-V2's routed_scaling_factor
+    sliding_window: int | None = None  # positions a query sees, itself included; None: all
+    sliding_layers: tuple[int, ...] | None = None  # layers with the window; None: every one
+    clip_qkv: float | None = None  # OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv]
+
+
+def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
+    """What transformers 5.24 runs from `c` beyond the spec, for `spec.family`; a one-line
+    ConfigError for a field it honours that moepipe does not implement."""
+    _refuse_unimplemented(c, spec)
+    window, layers = _sliding_window(c, spec)
+    clip = c.get("clip_qkv", None) if spec.family == "olmoe" else None
+    return HFRuntime(
+        renormalize=bool(c.get("norm_topk_prob", False)),
+        routed_scaling=float(c.get("routed_scaling_factor", 1.0))
+        if spec.family == "deepseek_v2"
+        else 1.0,
+        sliding_window=window,
+        sliding_layers=layers,
+        clip_qkv=None if clip is None else float(clip),
+    )
+
+
+def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
+    """Refuse fields transformers' class of the family honours whose values moepipe does not
+    run: another activation, projection biases, DeepSeek's other routing methods."""
+    fam = spec.family
+    if fam == "switch_transformers":
+        return
+    act = c.get("hidden_act", "silu")
+    if act != "silu":
+        raise c.error(f"hidden_act={act!r}; only 'silu' (SwiGLU experts) is implemented for {fam}")
+    biased = {"olmoe": ("attention_bias",), "deepseek_v2": ("attention_bias", "mlp_bias")}
+    for key in biased.get(fam, ()):
+        if c.get(key, False):
+            raise c.error(f"{key}=true; {fam} projections without biases are implemented (false)")
+    if fam == "deepseek_v2":
+        for key, only in (("topk_method", "greedy"), ("scoring_func", "softmax")):
+            value = c.get(key, only)
+            if value != only:
+                raise c.error(
+                    f"{key}={value!r}; only {only!r} DeepSeek-V2 routing is implemented "
+                    "(DeepSeek-V2-Lite's)"
+                )
+
+
+def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int, ...] | None]:
+    """(window, layers with it) as transformers runs them: Mixtral's sliding_window on every
+    layer; Qwen2-MoE's on the layers config.json's layer_types marks sliding_attention, or
+    without it (transformers' default) the even-indexed layers below max_window_layers, where
+    use_sliding_window is true."""
+    window_rule = COUNT.or_null()
+    if spec.family == "mixtral":
+        return c.get("sliding_window", None, rule=window_rule), None
+    if spec.family != "qwen2_moe":
+        return None, None
+    used = c.get("use_sliding_window", False)
+    types = c.get("layer_types", None)
+    if types is not None and len(types) != spec.n_layers:
+        raise c.error(
+            f"layer_types has {len(types)} entries for num_hidden_layers={spec.n_layers}; "
+            "give one per layer"
+        )
+    if types is None:
+        below = c.get("max_window_layers", 28)  # transformers' default
+        types = [
+            "sliding_attention" if used and i % 2 == 0 and i < below else "full_attention"
+            for i in range(spec.n_layers)
+        ]
+    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not layers:
+        return None, None
+    if not used:  # transformers then sets sliding_window to 0: those layers would see nothing
+        raise c.error(
+            "layer_types marks sliding_attention layers but use_sliding_window is false; "
+            "set use_sliding_window: true (with sliding_window) or mark them full_attention"
+        )
+    window = c.get("sliding_window", None, rule=window_rule)
+    if window is None:
+        raise c.error("use_sliding_window is true but sliding_window is null; set the window")
+    return window, layers

@@ -1,0 +1,243 @@
+"""config.json -> ModelSpec: one function per family, each field read through `HFConfig.get`,
+relations between fields (top-k within the experts, heads in whole groups, some MoE layer)
+checked under config.json's names before the spec is built."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+from core.hf_config.fields import HFConfig, hf_config_file, read_hf_config
+from core.spec import ModelSpec
+from core.types import Activation
+
+FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
+
+
+def spec_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """The spec of a `config.json` (file or checkpoint directory), named after its folder."""
+    p = hf_config_file(path)
+    cfg = read_hf_config(p)
+    return hf_config_to_spec(cfg.fields, name or p.resolve().parent.name, where=str(p))
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+def hf_dtype_name(cfg: HFConfig) -> str:
+    """A config.json's weight dtype: transformers 5 writes `dtype`, older ones `torch_dtype`
+    (read in that order, as transformers does); bfloat16 if neither says."""
+    return str(cfg.get("dtype", None) or cfg.get("torch_dtype", None) or "bfloat16")
+
+
+def rope_theta_of(cfg: HFConfig, default: float) -> float:
+    """A config.json's RoPE base: transformers 5 keeps it in `rope_parameters` (read first, as
+    transformers does), older configs at the top level; `default` if neither has one."""
+    scaling = (
+        cfg.sub("rope_scaling") if cfg.get("rope_scaling", None) else cfg.sub("rope_parameters")
+    )
+    inner = scaling.get("rope_theta", None)
+    return float(inner if inner is not None else cfg.get("rope_theta", default))
+
+
+def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
+    """Map a config.json's fields (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V2, Switch) to a spec; a
+    ConfigError naming `where` (the file) and the config.json field for a field of the wrong type
+    or range, or fields that make no model (top-k above the experts, heads that do not divide)."""
+    c = HFConfig(cfg, where)
+    c.check()
+    family = c.get("model_type", None)
+    builders = {
+        "mixtral": _llama_fields,
+        "olmoe": _llama_fields,
+        "qwen2_moe": _qwen2_moe_fields,
+        "deepseek_v2": _deepseek_v2_fields,
+        "switch_transformers": _switch_fields,
+    }
+    if family not in builders:
+        what = "is missing" if family is None else f"{family!r} is not supported"
+        raise c.error(f"model_type {what}; supported: {', '.join(FAMILIES)}")
+    dtype = hf_dtype_name(c)
+    if dtype not in DTYPE_BYTES:
+        key = "dtype" if c.get("dtype", None) else "torch_dtype"
+        raise c.error(f"{key} {dtype!r} has no byte size here; supported: {', '.join(DTYPE_BYTES)}")
+    fields = builders[family](c)
+    try:
+        return ModelSpec(name=name, family=family, dtype_bytes=DTYPE_BYTES[dtype], **fields)
+    except ConfigError as e:  # a rule the checks above missed: still named after the file
+        raise c.error(str(e)) from None
+
+
+def _attention_heads(c: HFConfig, hidden: int) -> dict[str, int]:
+    """n_heads, n_kv_heads, head_dim of a GQA config (num_key_value_heads and head_dim default
+    to the heads and hidden_size / heads, as transformers' config classes do)."""
+    heads = c.get("num_attention_heads")
+    kv_heads = c.get("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise c.error(
+            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads} "
+            "(grouped-query attention shares each key/value head among a whole group)"
+        )
+    head_dim = c.get("head_dim", hidden // heads)
+    if head_dim < 1:
+        raise c.error(
+            f"hidden_size={hidden} is less than num_attention_heads={heads}; set head_dim"
+        )
+    return dict(n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def _experts(c: HFConfig, key: str) -> dict[str, int]:
+    """n_experts (config.json's `key`) and top_k, top-k no more than the experts."""
+    n, k = c.get(key), c.get("num_experts_per_tok")
+    if k > n:
+        raise c.error(f"num_experts_per_tok={k} exceeds {key}={n}; set it <= {n}")
+    return dict(n_experts=n, top_k=k)
+
+
+def _some_moe(c: HFConfig, moe: tuple[int, ...], n: int, by: str) -> tuple[int, ...]:
+    if not moe:
+        raise c.error(f"{by} leave no MoE layer among num_hidden_layers={n}")
+    return moe
+
+
+def _dense_size(c: HFConfig, moe: tuple[int, ...], n: int) -> int:
+    """intermediate_size of the dense layers' FFN, needed only where some layer has no experts."""
+    dense = [i for i in range(n) if i not in moe]
+    size = c.get("intermediate_size", 0)
+    if dense and not size:
+        raise c.error(f"intermediate_size is missing; the dense layers {dense} need it")
+    return int(size)
+
+
+def _llama_fields(c: HFConfig) -> dict[str, Any]:
+    """Mixtral and OLMoE: every layer MoE, GQA attention (OLMoE's with QK-norm)."""
+    n, hidden = c.get("num_hidden_layers"), c.get("hidden_size")
+    experts = "num_local_experts" if c.family == "mixtral" else "num_experts"
+    return dict(
+        n_layers=n,
+        moe_layers=tuple(range(n)),
+        hidden_size=hidden,
+        expert_ffn_size=c.get("intermediate_size"),
+        **_experts(c, experts),
+        **_attention_heads(c, hidden),
+        vocab_size=c.get("vocab_size"),
+        rms_norm_eps=c.get("rms_norm_eps", 1e-5),
+        rope_theta=rope_theta_of(c, 1e6),
+    )
+
+
+def _qwen2_moe_fields(c: HFConfig) -> dict[str, Any]:
+    """Qwen2-MoE: layer i has experts unless in mlp_only_layers, where (i + 1) % step == 0."""
+    n, hidden = c.get("num_hidden_layers"), c.get("hidden_size")
+    step = c.get("decoder_sparse_step", 1)
+    dense_only = set(c.get("mlp_only_layers", []))
+    moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
+    _some_moe(c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}")
+    return dict(
+        n_layers=n,
+        moe_layers=moe,
+        hidden_size=hidden,
+        expert_ffn_size=c.get("moe_intermediate_size"),
+        **_experts(c, "num_experts"),
+        **_attention_heads(c, hidden),
+        vocab_size=c.get("vocab_size"),
+        dense_ffn_size=_dense_size(c, moe, n),
+        shared_ffn_size=c.get("shared_expert_intermediate_size", 0),
+        qkv_bias=c.get("qkv_bias", True),
+        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta_of(c, 1e6),
+    )
+
+
+def mla_params(hidden: int, heads: int, m: Mapping[str, Any]) -> int:
+    """Attention weights of one MLA layer from its config.json sizes (`mla_dims`' keys)."""
+    nope, rope, v_dim = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]
+    rank, q_rank = m["kv_lora_rank"], m["q_lora_rank"]
+    q_params = (
+        hidden * q_rank + q_rank + q_rank * heads * (nope + rope)  # + q_a_layernorm
+        if q_rank
+        else hidden * heads * (nope + rope)
+    )
+    return (
+        q_params
+        + hidden * (rank + rope)
+        + rank  # kv_a_layernorm
+        + rank * heads * (nope + v_dim)
+        + heads * v_dim * hidden
+    )
+
+
+def mla_spec_fields(hidden: int, heads: int, m: Mapping[str, Any]) -> dict[str, int]:
+    """The spec's MLA fields (kv_dim, attn_params, qk_head_dim, latent_expand_params,
+    qk_rope_head_dim) of config.json's MLA sizes."""
+    nope, rope, rank = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["kv_lora_rank"]
+    return dict(
+        kv_dim=rank + rope,  # MLA caches the compressed latent + the RoPE key
+        attn_params=mla_params(hidden, heads, m),
+        qk_head_dim=nope + rope,
+        latent_expand_params=rank * heads * (nope + m["v_head_dim"]),
+        qk_rope_head_dim=rope,
+    )
+
+
+def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
+    """DeepSeek-V2: layers from first_k_dense_replace on are MoE (every moe_layer_freq-th, as
+    DeepSeek's modeling code; 1 in V2 and V2-Lite), MLA attention, shared experts."""
+    n, hidden, heads = (
+        c.get("num_hidden_layers"),
+        c.get("hidden_size"),
+        c.get("num_attention_heads"),
+    )
+    first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    moe = tuple(i for i in range(first, n) if i % freq == 0)
+    _some_moe(c, moe, n, f"first_k_dense_replace={first} and moe_layer_freq={freq}")
+    m = {
+        k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
+    }
+    m["q_lora_rank"] = c.get("q_lora_rank", 0)
+    expert = c.get("moe_intermediate_size")
+    return dict(
+        n_layers=n,
+        moe_layers=moe,
+        hidden_size=hidden,
+        expert_ffn_size=expert,
+        **_experts(c, "n_routed_experts"),
+        n_heads=heads,
+        n_kv_heads=heads,
+        head_dim=m["v_head_dim"],
+        vocab_size=c.get("vocab_size"),
+        dense_ffn_size=_dense_size(c, moe, n),
+        shared_ffn_size=c.get("n_shared_experts", 0) * expert,
+        **mla_spec_fields(hidden, heads, m),
+        q_lora_rank=m["q_lora_rank"],
+        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta_of(c, 1e4),
+    )
+
+
+def _switch_fields(c: HFConfig) -> dict[str, Any]:
+    """Switch's encoder stack: block i is sparse where i % encoder_sparse_step == 1 (every block
+    at step 1), as transformers' SwitchTransformersStack (blocks 1, 3, ..., 11 for switch-base),
+    as in the replication paper's encoder-only runs."""
+    n, step = c.get("num_layers"), c.get("encoder_sparse_step", 2)
+    moe = tuple(i for i in range(n) if step == 1 or i % step == 1)
+    if not moe:
+        raise c.error(f"encoder_sparse_step={step} leaves no sparse block among num_layers={n}")
+    heads = c.get("num_heads")
+    return dict(
+        n_layers=n,
+        moe_layers=moe,
+        hidden_size=c.get("d_model"),
+        expert_ffn_size=c.get("d_ff"),
+        n_experts=c.get("num_experts"),
+        top_k=1,
+        n_heads=heads,
+        n_kv_heads=heads,
+        head_dim=c.get("d_kv"),
+        vocab_size=c.get("vocab_size"),
+        activation=Activation.RELU,
+        dense_ffn_size=c.get("d_ff"),
+        rms_norm_eps=c.get("layer_norm_epsilon", 1e-6),
+    )

@@ -1,0 +1,194 @@
+"""safetensors shards of a checkpoint: each header checked by the format's own rules, tensors
+read back, shards written with their I/O errors raised as OSErrors.
+
+`read_header` is the boundary a checkpoint's weights cross: a malformed or truncated file is one
+ConfigError naming the file and the tensor, never a traceback or wrong weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from core.errors import ConfigError
+
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+ST_CODE = {v: k for k, v in ST_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path  # safetensors file holding the tensor
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # byte offset of the tensor's data from the start of the file
+    nbytes: int
+
+
+# bytes per element of every safetensors dtype (the format's own table), to check each tensor's
+# byte range against its shape as safetensors' loader does
+ST_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}  # fmt: skip
+ST_MAX_HEADER = 100_000_000  # safetensors refuses a larger header
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """A safetensors file's tensors, its header checked by the format's rules (safetensors'
+    `Metadata::validate`): an object of {dtype, shape, data_offsets} entries whose byte ranges
+    match shape x dtype and tile the data exactly. Any breach is one ConfigError naming the
+    file and the tensor; the library's own loader then opens it as a last check."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise ConfigError(
+                f"{path}: truncated safetensors file ({size} bytes, header cut off); re-copy the checkpoint"
+            )
+        if n > ST_MAX_HEADER:
+            raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(
+                f"{path}: corrupt safetensors header; re-copy the checkpoint"
+            ) from None
+    if not isinstance(header, dict):
+        raise ConfigError(
+            f"{path}: safetensors header is a JSON {type(header).__name__}, not an object of "
+            "tensors; re-copy the checkpoint"
+        )
+    out, ranges = {}, []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                raise ConfigError(f"{path}: __metadata__ must map strings to strings")
+            continue
+        start, end, shape = _check_entry(path, name, meta)
+        if 8 + n + end > size:
+            raise ConfigError(
+                f"{path}: truncated safetensors file: tensor {name} ends at byte {8 + n + end} "
+                f"but the file has {size} bytes; re-copy the checkpoint"
+            )
+        ranges.append((start, end, name))
+        if meta["dtype"] not in ST_DTYPES:
+            raise ConfigError(
+                f"{path}: tensor {name} has dtype {meta['dtype']}; supported: {sorted(ST_DTYPES)}"
+            )
+        out[name] = TensorEntry(path, ST_DTYPES[meta["dtype"]], shape, 8 + n + start, end - start)
+    pos = 0
+    for start, end, name in sorted(ranges):
+        if start != pos:
+            raise ConfigError(
+                f"{path}: tensor {name} starts at data byte {start}, but the tensors before it "
+                f"end at {pos} (safetensors' data holds its tensors back to back); re-copy the "
+                "checkpoint"
+            )
+        pos = end
+    if 8 + n + pos != size:
+        raise ConfigError(
+            f"{path}: {size - 8 - n - pos} bytes past the last tensor (safetensors' data ends "
+            "with it); re-copy the checkpoint"
+        )
+    _library_check(path)
+    return out
+
+
+def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int, ...]]:
+    """(start, end, shape) of one header entry, or a ConfigError naming the tensor."""
+    where = f"{path}: tensor {name}"
+    if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
+        raise ConfigError(
+            f"{where}: header entry {json.dumps(meta)[:80]} is not "
+            "{dtype, shape, data_offsets}; re-copy the checkpoint"
+        )
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not isinstance(dtype, str) or dtype not in ST_ITEM_BYTES:
+        raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(whole(d) for d in shape):
+        raise ConfigError(f"{where}: shape {shape!r} is not a list of whole numbers")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(whole(o) for o in offsets)
+        and offsets[0] <= offsets[1]
+    ):
+        raise ConfigError(
+            f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end"
+        )
+    nbytes = math.prod(shape) * ST_ITEM_BYTES[dtype]
+    if offsets[1] - offsets[0] != nbytes:
+        raise ConfigError(
+            f"{where}: data_offsets {offsets} hold {offsets[1] - offsets[0]} bytes, but shape "
+            f"{shape} of {dtype} needs {nbytes}; the file is corrupt: re-copy the checkpoint"
+        )
+    return offsets[0], offsets[1], tuple(shape)
+
+
+def _library_check(path: Path) -> None:
+    """Open `path` with safetensors' own loader (it maps the file, reading only its header):
+    anything its rules refuse that `read_header` let pass is refused here, naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except SafetensorError as e:
+        raise ConfigError(f"{path}: safetensors refuses it ({e}); re-copy the checkpoint") from None
+
+
+def index_files(path: Path) -> list[str]:
+    """The shard files a `model.safetensors.index.json` names: its weight_map must map tensor
+    names to file names in its own folder."""
+    try:
+        weight_map = json.loads(path.read_bytes().decode("utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError):  # not UTF-8 / JSON, a list, no weight_map
+        raise ConfigError(
+            f"{path}: not a safetensors index (a JSON object with a weight_map of tensor name -> "
+            "file); rewrite or re-copy it"
+        ) from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConfigError(f"{path}: weight_map must be an object of tensor name -> file name")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not file or Path(file).name != file:
+            raise ConfigError(
+                f"{path}: weight_map[{name!r}] = {file!r} is not a file name in the checkpoint's "
+                "folder"
+            )
+    return sorted(set(weight_map.values()))
+
+
+def read_tensor(entry: TensorEntry) -> torch.Tensor:
+    """One tensor's bytes from its file (a plain buffered read)."""
+    with open(entry.file, "rb") as f:
+        f.seek(entry.offset)
+        buf = bytearray(f.read(entry.nbytes))
+    if len(buf) != entry.nbytes:
+        raise OSError(
+            f"{entry.file}: short read at byte {entry.offset} ({len(buf)} of {entry.nbytes})"
+        )
+    return torch.frombuffer(buf, dtype=torch.uint8).view(entry.dtype).reshape(entry.shape)
+
+
+def save_shard(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """safetensors' save_file, its I/O errors (a full disk) raised as the OSError they are."""
+    from safetensors import SafetensorError
+
+    try:
+        save_file(tensors, str(path), metadata=meta)
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        raise OSError(int(code.group(1)) if code else None, str(e), str(path)) from None
