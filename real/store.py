@@ -1,77 +1,56 @@
 """Tiered weight store of the real executor: disk (O_DIRECT), host RAM, a fixed-capacity device pool.
 
-The disk tier is the checkpoint itself: a unit's (real.checkpoint.Unit) tensors are read straight
-from its safetensors files with O_DIRECT, one aligned read per run of adjacent tensors (the
-4096-aligned range around them, sliced), into an aligned (pinned on CUDA) host buffer. No second
-copy of the model is written. `TieredStore` moves units disk -> host -> device; each unit is one
-contiguous buffer whose tensors are views under the short keys real.model takes.
+The disk tier is the checkpoint itself (real.disk): a unit's (real.checkpoint.Unit) tensors are
+read straight from its safetensors files with O_DIRECT, one aligned read per run of adjacent
+tensors, into an aligned host buffer (real.slabs; pinned on CUDA). No second copy of the model is
+written. `TieredStore` moves units disk -> host -> device; each unit is one contiguous buffer
+whose tensors are views under the short keys real.model takes.
 Every operation is synchronous and thread-safe, and any I/O error raises (no retries).
 """
 
 from __future__ import annotations
 
-import errno
-import logging
-import os
 import threading
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from core.errors import CapacityError, ConfigError, MoepipeError
+from core.errors import CapacityError, MoepipeError
 from core.types import Tier
-from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout
+from real.checkpoint import Unit
+from real.disk import (
+    ALIGN,
+    MERGE_GAP_BYTES,
+    TENSOR_ALIGN,
+    DiskReader,
+    Read,
+    UnitRecord,
+    aligned_empty,
+    round_up,
+    unit_records,
+)
+from real.slabs import HostSlabs
 
-log = logging.getLogger(__name__)
-
-ALIGN = 4096  # O_DIRECT needs block-aligned offset, length and buffer
-TENSOR_ALIGN = 64  # buffers the executor lends start at multiples of this (SIMD alignment)
-MERGE_GAP_BYTES = 64 << 10  # tensors of a unit at most this far apart in a file: one read
-_READ_CHUNK = 0x7FFFF000  # Linux caps one read at this many bytes (a multiple of ALIGN)
+# Re-exported: the store's callers take these from here
+__all__ = [
+    "ALIGN",
+    "MERGE_GAP_BYTES",
+    "TENSOR_ALIGN",
+    "DiskReader",
+    "HostSlabs",
+    "Read",
+    "TieredStore",
+    "UnitRecord",
+    "aligned",
+    "aligned_empty",
+    "resolve_device",
+    "round_up",
+    "unit_records",
+]
 
 Weights = Mapping[str, torch.Tensor]
-
-
-def round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-@dataclass(frozen=True)
-class Read:
-    """One aligned O_DIRECT read of a unit: `nbytes` of `file` from `offset` into the unit's
-    buffer at `into`."""
-
-    file: Path
-    offset: int  # multiple of ALIGN
-    nbytes: int  # multiple of ALIGN (the file may end before: the rest is zeros)
-    into: int  # byte offset in the unit's buffer, a multiple of ALIGN
-    needed: int  # bytes from `offset` that hold tensors: a file ending before them is cut short
-
-
-@dataclass(frozen=True)
-class UnitRecord:
-    """Where one unit's bytes are in the checkpoint and how its buffer splits into tensors."""
-
-    unit: Unit
-    reads: tuple[Read, ...]  # in buffer order
-    nbytes: int  # bytes held per copy: the aligned ranges read, or the device layout if larger
-    # (key, dtype, shape, byte offset in the host buffer) per tensor: where the reads put it
-    tensors: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
-    # the same at TENSOR_ALIGN-aligned offsets: the device pool's layout. Kernels given weights
-    # at the file's alignment (a safetensors header ends where it ends) round differently: an
-    # expert's logits differed from the in-memory forward's in the last bit.
-    placed: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...] = ()
-
-    @property
-    def offset(self) -> int:
-        """Where its first read starts in its file (an order for sequential reading)."""
-        return self.reads[0].offset
-
-
-# ---- the disk tier: where each unit is in the checkpoint ----------------------------------
 
 
 def resolve_device(device: str | None, key: str = "device") -> torch.device:
@@ -101,54 +80,6 @@ def resolve_device(device: str | None, key: str = "device") -> torch.device:
     return dev
 
 
-def unit_records(ckpt_dir: str | Path) -> dict[Unit, UnitRecord]:
-    """Every unit -> its aligned reads from the checkpoint's safetensors files and its tensors'
-    places in the unit's buffer. A unit's tensors that lie within MERGE_GAP_BYTES of each other
-    in one file are one read of the aligned range around them; the buffer holds the ranges one
-    after another, and each tensor is a view at its place in its range."""
-    spec, index = load_checkpoint(ckpt_dir)
-    return {
-        unit: _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
-        for unit, tensors in unit_layout(spec).items()
-    }
-
-
-def _record(unit: Unit, entries: Mapping[str, TensorEntry]) -> UnitRecord:
-    order = sorted(entries.items(), key=lambda ke: (str(ke[1].file), ke[1].offset))
-    runs: list[list[tuple[str, TensorEntry]]] = []
-    for key, e in order:
-        last = runs[-1][-1][1] if runs else None
-        near = last is not None and last.file == e.file
-        if near and e.offset - (last.offset + last.nbytes) <= MERGE_GAP_BYTES:  # type: ignore[union-attr]
-            runs[-1].append((key, e))
-        else:
-            runs.append([(key, e)])
-    reads, tensors, into = [], [], 0
-    for run in runs:
-        start = run[0][1].offset // ALIGN * ALIGN
-        end = round_up(max(e.offset + e.nbytes for _, e in run), ALIGN)
-        needed = max(e.offset + e.nbytes for _, e in run) - start
-        reads.append(Read(run[0][1].file, start, end - start, into, needed))
-        for key, e in run:
-            off = into + e.offset - start
-            if off % e.dtype.itemsize:
-                raise ConfigError(
-                    f"{e.file}: tensor of {unit} ({key}) starts at byte {e.offset}, not a multiple "
-                    f"of its {e.dtype} size; re-save the checkpoint with safetensors"
-                )
-            tensors.append((key, e.dtype, e.shape, off))
-        into += end - start
-    by_key = {k: i for i, k in enumerate(entries)}  # the layout's order
-    tensors.sort(key=lambda t: by_key[t[0]])
-    placed, end = [], 0
-    for key, dtype, shape, _ in tensors:
-        end = round_up(end, TENSOR_ALIGN)
-        placed.append((key, dtype, shape, end))
-        end += entries[key].nbytes
-    nbytes = max(into, round_up(end, ALIGN))
-    return UnitRecord(unit, tuple(reads), nbytes, tuple(tensors), tuple(placed))
-
-
 def aligned(weights: Weights) -> Weights:
     """`weights` with each tensor not at a TENSOR_ALIGN boundary (a host-tier view at the file's
     alignment) copied to one that is, so kernels on them round as on the device layout's."""
@@ -162,192 +93,6 @@ def aligned(weights: Weights) -> Weights:
             t = raw[skip : skip + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
         out[k] = t
     return out
-
-
-# ---- disk ---------------------------------------------------------------------------------
-
-
-def aligned_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
-    """A uint8 CPU buffer of nbytes starting on an ALIGN boundary (pinned if asked)."""
-    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
-    skip = (-raw.data_ptr()) % ALIGN
-    return raw[skip : skip + nbytes]
-
-
-class DiskReader:
-    """Reads byte ranges of one file with O_DIRECT (page cache bypassed) into aligned buffers.
-
-    Where the filesystem refuses O_DIRECT (tmpfs) it logs one warning and reads buffered.
-    """
-
-    def __init__(self, path: str | Path, direct: bool = True) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError(f"{self.path}: missing file; re-copy or rewrite the checkpoint")
-        self.direct = direct and hasattr(os, "O_DIRECT")
-        self.fd = -1
-        if self.direct:
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
-                os.preadv(self.fd, [memoryview(aligned_empty(ALIGN).numpy())], 0)  # probe
-            except OSError as e:
-                if self.fd >= 0:
-                    os.close(self.fd)
-                    self.fd = -1
-                if e.errno != errno.EINVAL:
-                    raise
-                self.direct = False
-                log.warning(
-                    "%s: O_DIRECT unsupported on this filesystem (tmpfs?); reading through the page "
-                    "cache, so reads show RAM, not disk, bandwidth",
-                    self.path,
-                )
-        if not self.direct:
-            self.fd = os.open(self.path, os.O_RDONLY)
-
-    def read_into(self, buf: torch.Tensor, offset: int, needed: int | None = None) -> None:
-        """Fill buf (uint8, ALIGN-aligned address and length) from the file at offset. With
-        `needed`, the file may end after that many bytes (the rest of buf is zeroed): a range
-        rounded up to ALIGN past the end of a file."""
-        assert buf.data_ptr() % ALIGN == 0 and buf.numel() % ALIGN == 0 and offset % ALIGN == 0
-        view = memoryview(buf.numpy())
-        done, n = 0, buf.numel()
-        need = n if needed is None else needed
-        while done < n:
-            chunk = view[done : min(n, done + _READ_CHUNK)]
-            got = os.preadv(self.fd, [chunk], offset + done)
-            if got == 0:
-                if done >= need:
-                    buf[done:].zero_()
-                    return
-                raise OSError(
-                    f"{self.path}: file ends at byte {offset + done}, reading {need} bytes at "
-                    f"{offset}; the file is truncated (changed since it was opened?): re-copy or "
-                    "rewrite it"
-                )
-            done += got
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-# ---- host buffers -------------------------------------------------------------------------
-
-SLAB_BYTES = 64 << 20  # host buffers of one size are cut from slabs of about this many bytes,
-SLAB_SLOTS = 64  # and of at most this many buffers
-
-
-# PyTorch's (private) storage use count; a build without it gets unshared buffers, as before slabs
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _storage_users(t: torch.Tensor) -> int:
-    """Tensors (views included) sharing t's storage, t counted."""
-    assert _USE_COUNT is not None
-    return int(_USE_COUNT(t.untyped_storage()._cdata)) - 1  # less the wrapper's
-
-
-class HostSlabs:
-    """Host-tier buffers by size, cut from ALIGN-aligned slabs that are, on CUDA, pinned at their
-    exact size with cudaHostRegister. PyTorch's pinned allocator rounds every request up to a
-    power of two (a 336 MiB Mixtral-8x7B expert takes 512 MiB, a 16.5 MiB DeepSeek-V2-Lite one
-    32 MiB); here each size wastes at most one slab's unused slots.
-
-    A buffer given back is handed out again only once nothing can still read it: no view of it
-    is alive (a CPU expert computing from it) and the host->device copies queued from it, whose
-    events come with it, have completed."""
-
-    def __init__(self, pin_for: torch.device | None = None) -> None:
-        self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
-        self.reserved_bytes = 0  # in slabs
-        self._lock = threading.Lock()
-        self._free: dict[int, list[tuple[torch.Tensor, tuple[torch.cuda.Event, ...]]]] = {}
-        self._registered: list[weakref.finalize] = []  # each unregisters a pinned slab
-        self._slabs: list[torch.Tensor] = []
-
-    @property
-    def registered(self) -> int:
-        """Slabs pinned with cudaHostRegister (not yet unregistered)."""
-        return len(self._registered)
-
-    def take(self, nbytes: int, alone: bool = False) -> torch.Tensor:
-        """A uint8 buffer of nbytes (a multiple of ALIGN) at an ALIGN boundary; contents undefined.
-        `alone`: a new one comes from a slab of its own (exactly nbytes), for buffers taken once
-        a run (KV caches, activation scratch), where the slots beside it would sit unused."""
-        assert nbytes % ALIGN == 0, nbytes
-        if _USE_COUNT is None:  # cannot tell when a buffer is free to reuse: a fresh one each time
-            return aligned_empty(nbytes, pin=self.pin_for is not None)
-        with self._lock:  # the oldest slot given back that nothing reads, else one still copied
-            free, pick = self._free.setdefault(nbytes, []), None
-            for i, (buf, copying) in enumerate(free):
-                if _storage_users(buf) == 1:
-                    if all(e.query() for e in copying):
-                        pick = i
-                        break
-                    pick = i if pick is None else pick
-            got = free.pop(pick) if pick is not None else None
-        if got is not None:
-            buf, copying = got
-            for e in copying:  # queued copies still read it: wait rather than grow
-                e.synchronize()
-            return buf
-        slots = self._slab(nbytes, 1 if alone else None)  # every free slot is still read by a view
-        with self._lock:
-            self._free[nbytes].extend((b, ()) for b in slots[1:])
-        return slots[0]
-
-    def lend(self, nbytes: int) -> torch.Tensor:
-        """A uint8 view of nbytes, ALIGN-aligned, in a slab of its own size, for a buffer kept a
-        whole run (KV caches, activation scratch); contents undefined. Its slot goes back at
-        once and is reused only once this view and every view of it are gone."""
-        raw = self.take(round_up(max(nbytes, 1), ALIGN), alone=True)
-        view = raw[:nbytes]
-        self.give(raw)
-        return view
-
-    def give(self, buf: torch.Tensor, copying: Sequence[torch.cuda.Event] = ()) -> None:
-        """Return a buffer from `take`; `copying`: events of queued copies that read it."""
-        if _USE_COUNT is None:
-            return
-        with self._lock:
-            self._free[buf.numel()].append((buf, tuple(copying)))
-
-    def close(self) -> None:
-        """Unregister the pinned slabs once no copy can read them (their memory stays valid,
-        pageable)."""
-        with self._lock:
-            registered, self._registered = self._registered, []
-        if registered:
-            torch.cuda.synchronize(self.pin_for)
-        for unregister in registered:
-            unregister()
-
-    def _slab(self, nbytes: int, slots: int | None = None) -> list[torch.Tensor]:
-        """A new slab cut into `slots` (default: as many as SLAB_BYTES holds, at most SLAB_SLOTS)
-        slots of nbytes, each its own storage (so `_storage_users` counts the views of one slot,
-        not of the whole slab)."""
-        n = slots or min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
-        slab = aligned_empty(n * nbytes)
-        whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
-        if self.pin_for is not None:
-            cudart = torch.cuda.cudart()
-            err = cudart.cudaHostRegister(slab.data_ptr(), n * nbytes, 0)
-            if int(err):
-                raise MoepipeError(
-                    f"pinning a {n * nbytes}-byte host slab failed (cudaHostRegister: "
-                    f"{cudart.cudaGetErrorString(err)}); free host memory or shrink the host tier"
-                )
-            # unregistered at `close`, or once no slot is left
-            unregister = weakref.finalize(whole, cudart.cudaHostUnregister, slab.data_ptr())
-            unregister.atexit = False  # at exit the process's pinned memory goes anyway
-            with self._lock:
-                self._registered.append(unregister)
-        with self._lock:
-            self._slabs.append(slab)
-            self.reserved_bytes += n * nbytes
-        return [torch.from_numpy(whole[i * nbytes : (i + 1) * nbytes]) for i in range(n)]
 
 
 # ---- tiers --------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_no_o_direct_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
         return real_open(file, flags, *args)
 
     monkeypatch.setattr(os, "open", refuse_direct)
-    with caplog.at_level(logging.WARNING, logger="real.store"):
+    with caplog.at_level(logging.WARNING, logger="real.disk"):
         r = DiskReader(path)
     buf = aligned_empty(2 * ALIGN)
     r.read_into(buf, 0)
@@ -249,12 +249,12 @@ def test_host_buffers_are_slab_slots_reused_once_nothing_reads_them(
 ):
     """Host buffers are exact-size slots of shared slabs (no power-of-two rounding): a slot given
     back is reused, but not while a view of it is alive (a CPU expert still computing from it)."""
-    monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # mixtral-tiny's units are small: 3 a slab
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 0)  # mixtral-tiny's units are small: 3 a slab
     store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
     n = store.unit_bytes(Unit(Tensor.EXPERT, 0, 0))
-    monkeypatch.setattr("real.store.SLAB_BYTES", 3 * n)
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 3 * n)
     units = [Unit(Tensor.EXPERT, 0, e) for e in range(8)]
     held = {u: store.read_disk(u) for u in units[:4]}
     assert store.slabs.reserved_bytes == 6 * n  # two slabs of three slots, for four units
@@ -279,7 +279,7 @@ def test_host_buffers_are_slab_slots_reused_once_nothing_reads_them(
 def test_a_buffer_taken_alone_is_a_slab_of_its_size_and_reused():
     """`alone` (KV caches, activation scratch: taken once a run) reserves exactly the buffer, not
     a slab of slots that would sit unused; given back and no longer viewed, it is reused."""
-    from real.store import SLAB_SLOTS, HostSlabs
+    from real.slabs import SLAB_SLOTS, HostSlabs
 
     slabs = HostSlabs()
     a = slabs.take(3 * ALIGN, alone=True)
@@ -306,7 +306,7 @@ class _Copy:
 
 
 def test_a_host_slot_still_copied_from_is_waited_for_not_reused_early(monkeypatch):
-    monkeypatch.setattr("real.store.SLAB_BYTES", 2 * ALIGN)
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 2 * ALIGN)
     slabs = HostSlabs()
     a, b = slabs.take(ALIGN), slabs.take(ALIGN)
     queued, landed = _Copy(False), _Copy(True)
@@ -320,7 +320,7 @@ def test_a_host_slot_still_copied_from_is_waited_for_not_reused_early(monkeypatc
 def test_evicting_a_host_copy_waits_for_the_copy_reading_it(mixtral_tiny, tmp_path, monkeypatch):
     """A host copy dropped while `to_device` is about to copy from it: the eviction waits, so
     the slot cannot go to another unit's disk read under the copy."""
-    monkeypatch.setattr("real.store.SLAB_BYTES", 0)  # one slot a slab: a given-back slot is next
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 0)  # one slot a slab: a given-back slot is next
     store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
     store.read_disk(a)
@@ -357,7 +357,7 @@ def test_an_evicted_host_copy_hands_its_queued_copies_to_the_slot(
 ):
     """CUDA copies are queued: the events `to_device` recorded go with the slot when the host
     copy is evicted, and the next read into that slot waits for them (a fake event here)."""
-    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 0)
     store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     a, b = Unit(Tensor.EXPERT, 0, 0), Unit(Tensor.EXPERT, 0, 1)
     store.read_disk(a)
@@ -375,7 +375,7 @@ def test_read_disk_returns_views_the_slot_cannot_be_reused_under(
 ):
     """Another worker evicts the unit and reads one of the same size just as `read_disk` makes
     its views: they still hold the unit's own bytes (made under the lock, they count as users)."""
-    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 0)
     store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
@@ -401,7 +401,7 @@ def test_read_disk_returns_views_the_slot_cannot_be_reused_under(
 def test_resident_views_hold_the_slot_against_a_racing_evict(mixtral_tiny, tmp_path, monkeypatch):
     """`resident` makes its views under the lock: an evict and a read of another unit that
     start while it does so cannot reuse the slot under them."""
-    monkeypatch.setattr("real.store.SLAB_BYTES", 0)
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 0)
     store = TieredStore(mixtral_tiny, device_capacity_bytes=2**30)
     spec, index = load_checkpoint(mixtral_tiny)
     layout = unit_layout(spec)
