@@ -110,6 +110,8 @@ class Rope:
                 f"{key}.original_max_position_embeddings (or max_position_embeddings) is "
                 "missing; yarn needs it"
             )
+        if theta <= 1:  # yarn's ramp divides by log(theta)
+            raise c.error(f"rope_theta={theta} with {key} yarn; yarn needs a RoPE base above 1")
         inv_freq, attention_factor = _yarn(p, dim, theta, factor, orig)
         return cls(inv_freq, attention_factor, softmax_mscale)
 

@@ -31,10 +31,11 @@ from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 # L MoE layers, N routing-trace positions. MLA (DeepSeek-V2): C latent (kv_lora_rank),
 # R RoPE part of a query/key head (qk_rope), Dn its other part (qk_nope), Dv value head dim.
 #
-# Reference: transformers 5.24's classes, bit for bit where the order of ops allows, with one
-# exception: DeepSeek-V2 with norm_topk_prob: true renormalises its top-k router weights as
-# DeepSeek's own modeling_deepseek.py does (transformers' class drops the field; V2 and V2-Lite
-# ship false, where the two agree). Model.from_checkpoint warns where they disagree.
+# Reference: transformers 5.24's classes, bit for bit where the order of ops allows, with two
+# exceptions, both DeepSeek-V2 fields transformers' class drops and DeepSeek's own
+# modeling_deepseek.py honours (as moepipe does): norm_topk_prob: true renormalises the top-k
+# router weights, and moe_layer_freq > 1 leaves layers between MoE layers dense. V2 and V2-Lite
+# ship false and 1, where the two agree; Model.from_checkpoint warns where they disagree.
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
@@ -126,6 +127,12 @@ class Model:
                 f"{cfg.where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "
                 "router weights as DeepSeek's modeling_deepseek.py does; transformers' "
                 "DeepseekV2 class ignores the field, so its logits differ from these"
+            )
+        if spec.family == "deepseek_v2" and cfg.get("moe_layer_freq", 1) != 1:
+            _warn_once(
+                f"{cfg.where}: moe_layer_freq is {cfg.get('moe_layer_freq')}: moepipe leaves the "
+                "layers between MoE layers dense as DeepSeek's modeling_deepseek.py does; "
+                "transformers' DeepseekV2 class ignores the field, so its logits differ"
             )
         return cls(
             spec,

@@ -205,8 +205,8 @@ def read_hf_config(path: str | Path) -> HFConfig:
         raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
     try:
         fields = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of 4300+ digits, nesting
+        raise ConfigError(f"{p}: not valid JSON ({str(e) or 'nested too deeply'})") from None
     if not isinstance(fields, dict):
         raise ConfigError(
             f"{p}: holds a JSON {type(fields).__name__}, not an object of fields; a config.json "

@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
-from core.spec import ModelSpec
+from core.hf_config import FIELDS as READ_FIELDS
+from core.hf_config import ROPE_FIELDS, hf_config_to_spec
+from core.hf_config.fields import COUNT, FLAG, LAYER_COUNT, NUMBER, POSITIVE, SIZE, TEXT, Rule
+from core.spec import MAX_LAYERS, ModelSpec
 from real.checkpoint import load_checkpoint, reduced_spec, spec_to_hf_config
+from real.model import Model
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 BASE = {
@@ -110,6 +114,8 @@ FILES: list[tuple[str, bytes, str]] = [
     ("empty", b"", "not valid JSON"),
     ("cut short", b'{"model_type": "mix', "not valid JSON"),
     ("not JSON", b"model_type: mixtral\n", "not valid JSON"),
+    ("an int of 5000 digits", b'{"vocab_size": ' + b"9" * 5000 + b"}", "not valid JSON"),
+    ("nested 100000 deep", b'{"rope_scaling": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON"),
 ]
 
 
@@ -154,8 +160,6 @@ def test_config_json_missing_or_a_folder(tmp_path: Path) -> None:
 
 def test_valid_configs_still_load() -> None:
     for family, cfg in BASE.items():
-        from core.hf_config import hf_config_to_spec
-
         assert hf_config_to_spec(cfg, family).n_layers > 0
     nulls = {
         **BASE["mixtral"],
@@ -219,3 +223,92 @@ def test_single_run_of_a_bad_config_is_one_line(tmp_path: Path) -> None:
     r = cli("experiments.run", *TINY, f"+model.hf_config={d}", f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, str(d / "config.json"), "num_attention_heads")
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _bad_values(rule: Rule) -> list[Any]:
+    """A value of the wrong type for `rule`, and one out of its range where it has one."""
+    wrong_type: Any = 5 if rule.ok("x") else "x"
+    out_of_range = {
+        COUNT.what: 0,
+        LAYER_COUNT.what: MAX_LAYERS + 1,
+        SIZE.what: -1,
+        POSITIVE.what: 0.0,
+        NUMBER.what: math.nan,
+        FLAG.what: 1,
+        TEXT.what: ["bfloat16"],
+    }.get(rule.what.removesuffix(" or null"))
+    return [wrong_type] + ([] if out_of_range is None else [out_of_range])
+
+
+EVERY_FIELD = [
+    (key, value)
+    for key, rule in READ_FIELDS.items()
+    if key != "model_type"
+    for value in _bad_values(rule)
+] + [
+    (f"rope_parameters.{key}", value)
+    for key, rule in ROPE_FIELDS.items()
+    for value in _bad_values(rule)
+]
+
+
+@pytest.mark.parametrize("key, value", EVERY_FIELD, ids=[f"{k}={v!r}" for k, v in EVERY_FIELD])
+def test_every_field_read_is_checked(tmp_path: Path, key: str, value: Any) -> None:
+    """Every field of the table moepipe reads (core.hf_config.FIELDS, and the RoPE object's),
+    given a value of the wrong type or range, is one line naming the file and the field as
+    config.json names it, whichever family reads it, when the file is read."""
+    cfg = dict(BASE["mixtral"])
+    if key.startswith("rope_parameters."):
+        cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, key.split(".")[1]: value}
+    else:
+        cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    line = raises_one_line(
+        lambda: ModelSpec.from_hf_config(tmp_path), str(tmp_path / "config.json")
+    )
+    assert f"{key} must be" in line, line
+
+
+# (family, fields over the family's config, words): fields transformers 5.24's class honours
+# whose values moepipe does not run, and settings that make no model (sliding windows that see
+# nothing or disagree, a YaRN base its ramp would divide by 0 with)
+UNRUN: list[tuple[str, dict[str, Any], str]] = [
+    ("mixtral", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("qwen2_moe", {"hidden_act": "relu"}, "hidden_act='relu'"),
+    ("olmoe", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
+    ("deepseek_v2", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("olmoe", {"attention_bias": True}, "attention_bias=true"),
+    ("deepseek_v2", {"attention_bias": True}, "attention_bias=true"),
+    ("deepseek_v2", {"mlp_bias": True}, "mlp_bias=true"),
+    ("deepseek_v2", {"topk_method": "group_limited_greedy"}, "topk_method"),
+    ("deepseek_v2", {"scoring_func": "sigmoid"}, "scoring_func"),
+    ("mixtral", {"sliding_window": 0}, "sliding_window must be a positive integer or null"),
+    ("qwen2_moe", {"use_sliding_window": True, "sliding_window": None}, "sliding_window is null"),
+    ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 0}, "sliding_window must be"),
+    ("qwen2_moe", {"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+    ("qwen2_moe", {"layer_types": ["sliding_attention"] * 24}, "use_sliding_window is false"),
+    ("qwen2_moe", {"layer_types": ["global"] * 24}, "layer_types must be"),
+    (
+        "mixtral",
+        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1.0}},
+        "yarn needs a RoPE base above 1",
+    ),
+]
+BASE["olmoe"] = spec_to_hf_config(reduced_spec("olmoe-1b-7b"))
+
+
+@pytest.mark.parametrize("family, fields, words", UNRUN, ids=[w for _, _, w in UNRUN])
+def test_field_moepipe_does_not_run_is_one_line(
+    tmp_path: Path, family: str, fields: dict[str, Any], words: str
+) -> None:
+    """A config.json field transformers honours at a value moepipe does not implement is refused
+    in one line naming the file and the field when the real model is built from it, never run
+    as something else."""
+    cfg = BASE[family] | fields
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    where = str(tmp_path / "config.json")
+
+    def build() -> Model:
+        return Model.from_checkpoint(tmp_path, hf_config_to_spec(cfg, family, where))
+
+    raises_one_line(build, where, words)

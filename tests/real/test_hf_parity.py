@@ -5,7 +5,7 @@ saves it with `save_pretrained` in float32 or bfloat16, and compares moepipe's
 `reference_generate` on that directory with transformers' model loaded from it, greedy:
 float32 logits within 1e-4 and the same greedy tokens in float32 and bfloat16. Every supported
 family, and each config.json field moepipe reads beyond the defaults: Mixtral's sliding_window,
-OLMoE's clip_qkv, Qwen2-MoE's qkv_bias false and head_dim, tied embeddings, DeepSeek-V2's
+Qwen2-MoE's use_sliding_window (sliding_window, max_window_layers, layer_types), OLMoE's clip_qkv, Qwen2-MoE's qkv_bias false and head_dim, tied embeddings, DeepSeek-V2's
 q_lora_rank and MLA sizes outside V2-Lite's proportions, YaRN. A case whose field could leave
 the logits as they are also checks that moepipe without the field gives other logits.
 
@@ -78,6 +78,20 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "qwen2_moe-tied": ("qwen2_moe", {"tie_word_embeddings": True}, ()),
     "qwen2_moe-head_dim": ("qwen2_moe", {"head_dim": 8}, ()),  # not hidden_size / heads
     "qwen2_moe-yarn": ("qwen2_moe", yarn(1e6), ("rope_parameters",)),
+    # layer_types: layers 0 and 2 slide (even and below max_window_layers), 1 and 3 see all
+    "qwen2_moe-sliding_window": (
+        "qwen2_moe",
+        {"num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 3}
+        | {"max_window_layers": 3},
+        ("use_sliding_window", "layer_types"),
+    ),
+    # max_window_layers 1: layer 0 alone slides
+    "qwen2_moe-max_window_layers": (
+        "qwen2_moe",
+        {"num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 2}
+        | {"max_window_layers": 1},
+        ("use_sliding_window", "layer_types"),
+    ),
     "olmoe": ("olmoe", {}, ()),
     "olmoe-clip_qkv": ("olmoe", {"clip_qkv": 0.3}, ("clip_qkv",)),
     "olmoe-yarn": ("olmoe", yarn(1e4), ("rope_parameters",)),
@@ -219,6 +233,27 @@ def test_deepseek_norm_topk_prob_follows_deepseek_and_warns_once(built, prompt, 
         hf_ds.DeepseekV2TopkRouter.forward = forward
     assert torch.equal(tokens, hf_tokens)
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 5, 6])
+@pytest.mark.parametrize("max_window_layers", [0, 1, 3, 28])
+@pytest.mark.parametrize("use", [True, False])
+@pytest.mark.parametrize("saved_types", [True, False])
+def test_qwen2_moe_sliding_layers_are_transformers(layers, max_window_layers, use, saved_types):
+    """The layers moepipe gives Qwen2-MoE's sliding window are those transformers' config marks
+    sliding_attention, from the layer_types save_pretrained writes or, in a config.json without
+    them (older ones), from use_sliding_window and max_window_layers."""
+    from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime
+
+    window = dict(use_sliding_window=use, sliding_window=4, max_window_layers=max_window_layers)
+    cfg = hf_config("qwen2_moe", dict(num_hidden_layers=layers, **window))
+    fields = cfg.to_dict()
+    if not saved_types:
+        fields.pop("layer_types")
+    run = hf_runtime(HFConfig(fields, "config.json"), hf_config_to_spec(fields, "q"))
+    sliding = tuple(i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention")
+    assert run.sliding_layers == (sliding or None)
+    assert run.sliding_window == (4 if sliding else None)
 
 
 @pytest.mark.parametrize("case", CASES)
