@@ -108,6 +108,8 @@ class Model:
     clip_qkv: float | None = None
     # The layers with the sliding window (Qwen2-MoE's layer_types); None: every layer (Mixtral)
     sliding_layers: tuple[int, ...] | None = None
+    # DeepSeek-V2's group_limited_greedy (n_group, topk_group); None: plain top-k
+    expert_groups: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -142,6 +144,7 @@ class Model:
             run.sliding_window,
             run.clip_qkv,
             run.sliding_layers,
+            run.expert_groups,
         )
 
     def window(self, layer: int) -> int | None:
@@ -224,7 +227,6 @@ class Model:
             logits = F.linear(x.float(), w["router"].float())  # [T, E]
         else:
             logits = F.linear(x, w["router"]).float()
-        k = self.spec.top_k
         if self.spec.family == "switch_transformers":
             # HF's Top1Router rounds the float32 probabilities to the activations' dtype, then
             # takes their argmax (ties in that dtype go to the lower expert) and its probability
@@ -237,10 +239,7 @@ class Model:
             if forced_weights is not None:
                 return x, ids, forced_weights.to(logits.device).float()
             return x, ids, probs.gather(-1, ids).float()
-        if forced_ids is None:
-            ids = logits.topk(k, dim=-1).indices
-        else:
-            ids = forced_ids.to(logits.device).long()
+        ids = self._top_k(logits) if forced_ids is None else forced_ids.to(logits.device).long()
         if forced_weights is not None:
             return x, ids, forced_weights.to(logits.device).float()
         if self.spec.family == "mixtral":  # HF's MixtralTopKRouter: top-k probs over their sum
@@ -252,6 +251,21 @@ class Model:
         elif self.routed_scaling != 1.0:  # DeepSeek's MoEGate: scaled where not renormalised
             weights = weights * self.routed_scaling
         return x, ids, weights
+
+    def _top_k(self, logits: torch.Tensor) -> torch.Tensor:
+        """The router's choice: logits [T, E] -> expert ids [T, k]. With expert groups (G of
+        them, E / G experts each), from the topk_group groups of the highest best probability,
+        the others' probabilities zeroed, as transformers' DeepseekV2TopkRouter does."""
+        k = self.spec.top_k
+        if self.expert_groups is None:
+            return logits.topk(k, dim=-1).indices
+        groups, keep = self.expert_groups
+        probs = torch.softmax(logits, dim=-1)  # [T, E]
+        best = probs.view(len(probs), groups, -1).amax(-1)  # [T, G]
+        chosen = torch.zeros_like(best, dtype=torch.bool)
+        chosen.scatter_(1, best.topk(keep, dim=-1).indices, True)  # [T, G]
+        allowed = chosen.repeat_interleave(probs.shape[-1] // groups, dim=1)  # [T, E]
+        return probs.masked_fill(~allowed, 0.0).topk(k, dim=-1).indices
 
     def expert(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
         """One routed expert over some tokens: x [n, H] -> [n, H]."""

@@ -110,6 +110,8 @@ FIELDS: dict[str, Rule] = {
     "v_head_dim": COUNT,
     "routed_scaling_factor": POSITIVE,
     "topk_method": TEXT.or_null(),
+    "n_group": COUNT.or_null(),  # group_limited_greedy: expert groups, and those a token uses
+    "topk_group": COUNT.or_null(),
     "scoring_func": TEXT.or_null(),
     "mlp_bias": FLAG,
     # Switch

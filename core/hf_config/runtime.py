@@ -1,5 +1,5 @@
 """What the real model runs from config.json beyond the spec: routing (norm_topk_prob,
-routed_scaling_factor), sliding windows (Mixtral's, Qwen2-MoE's per layer), OLMoE's clip_qkv; and
+routed_scaling_factor, DeepSeek-V2's expert groups), sliding windows (Mixtral's, Qwen2-MoE's per layer), OLMoE's clip_qkv; and
 the one-line refusals of fields transformers honours that moepipe does not implement."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ class HFRuntime:
     sliding_window: int | None = None  # positions a query sees, itself included; None: all
     sliding_layers: tuple[int, ...] | None = None  # layers with the window; None: every one
     clip_qkv: float | None = None  # OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv]
+    # DeepSeek-V2's group_limited_greedy: (n_group, topk_group), a token's top-k taken from the
+    # topk_group groups of experts with the highest best score; None: plain top-k
+    expert_groups: tuple[int, int] | None = None
 
 
 def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
@@ -35,7 +38,26 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
         sliding_window=window,
         sliding_layers=layers,
         clip_qkv=None if clip is None else float(clip),
+        expert_groups=_expert_groups(c, spec),
     )
+
+
+def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
+    """DeepSeek-V2's (n_group, topk_group) where topk_method is group_limited_greedy (the full
+    V2's: 8 groups, 3 used), checked as transformers' DeepseekV2TopkRouter needs them."""
+    if spec.family != "deepseek_v2" or c.get("topk_method", "greedy") != "group_limited_greedy":
+        return None
+    groups, keep = c.get("n_group"), c.get("topk_group")
+    if spec.n_experts % groups:
+        raise c.error(f"n_routed_experts={spec.n_experts} is not a multiple of n_group={groups}")
+    if keep > groups:
+        raise c.error(f"topk_group={keep} exceeds n_group={groups}")
+    if spec.top_k > keep * (spec.n_experts // groups):
+        raise c.error(
+            f"num_experts_per_tok={spec.top_k} exceeds the {keep * spec.n_experts // groups} "
+            f"experts of topk_group={keep} groups; raise topk_group"
+        )
+    return groups, keep
 
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
@@ -52,12 +74,13 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
         if c.get(key, False):
             raise c.error(f"{key}=true; {fam} projections without biases are implemented (false)")
     if fam == "deepseek_v2":
-        for key, only in (("topk_method", "greedy"), ("scoring_func", "softmax")):
-            value = c.get(key, only)
-            if value != only:
+        methods = {"topk_method": ("greedy", "group_limited_greedy"), "scoring_func": ("softmax",)}
+        for key, valid in methods.items():
+            value = c.get(key, valid[0])
+            if value not in valid:
                 raise c.error(
-                    f"{key}={value!r}; only {only!r} DeepSeek-V2 routing is implemented "
-                    "(DeepSeek-V2-Lite's)"
+                    f"{key}={value!r}; only {' and '.join(map(repr, valid))} DeepSeek-V2 "
+                    "routing is implemented (V2's and V2-Lite's)"
                 )
 
 

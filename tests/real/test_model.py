@@ -336,7 +336,7 @@ def test_deepseek_routed_scaling_factor_equals_hugging_face(tmp_path, prompt):
     assert torch.equal(hf_tokens, tokens)
     torch.testing.assert_close(hf_logits, logits, atol=1e-3, rtol=0)
     assert (plain - logits).abs().max() > 0.1
-    for key, value in (("topk_method", "group_limited_greedy"), ("scoring_func", "sigmoid")):
+    for key, value in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
         (ckpt / "config.json").write_text(json.dumps(cfg | {key: value}))
         with pytest.raises(ConfigError, match=f"config.json: {key}='{value}'; only"):
             Model.from_checkpoint(ckpt, spec)
