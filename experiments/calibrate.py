@@ -53,7 +53,7 @@ from real.calibration import (  # noqa: E402
     measure_store,
 )
 from real.checkpoint import CONF_MODEL_DIR, load_checkpoint
-from real.executor import cpu_compute_threads
+from real.interpreter import cpu_compute_threads
 from real.model import Model
 from real.store import (
     resolve_device,
