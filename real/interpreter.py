@@ -9,10 +9,10 @@ resource is free (one lock per resource); it frees memory at its end. Any worker
 worker and is re-raised; a run where no op runs and none finishes for `stall_timeout_s` raises
 naming the stuck ops, and an op that runs longer than that raises naming it. Never hangs.
 
-A worker that waits says what for (`_Worker.ready`); whoever changes the state (an op's end, a
-free, a new op) wakes only the workers whose wait is over, so an op's start costs one hand-off,
-not a wake-up of every thread (on a 2-core machine each wake-up is a GIL hand-off that delays
-the stream that really can go).
+Per-op cost is kept off the streams: a worker that waits says what for (`_Worker.ready`), and
+whoever changes the state (an op's end, a free, a new op) wakes only the workers whose wait is
+over, not every thread (on a 2-core machine each needless wake-up is a GIL hand-off that delays
+the stream that can go); worker threads are started and set up before the clock starts.
 
 Usage:
     it = Interpreter(work, release, device, capacity, reserves)
@@ -96,6 +96,7 @@ class _Worker:
     ready: Callable[[], bool] | None = None  # set while it waits: true once it may go on
     running: tuple[int, float] | None = None  # (op id, monotonic start) while an op's work runs
     thread: threading.Thread | None = None
+    set_up: threading.Event = field(default_factory=threading.Event)  # ready for the clock
 
 
 class Interpreter:
@@ -135,6 +136,7 @@ class Interpreter:
         self.started = False
         self.t0 = 0.0
         self._workers: dict[str, _Worker] = {}
+        self._go = threading.Event()  # the clock runs: workers set up before it start their ops
         self._locks: dict[str, threading.Lock] = {}
         if self.cuda:
             # blocking events: a worker waiting on one sleeps instead of spinning a CPU core,
@@ -239,22 +241,31 @@ class Interpreter:
         threads_before = torch.get_num_threads()
         if self.compute_threads is not None:
             torch.set_num_threads(self.compute_threads)
-        if before_start is not None:
-            before_start()
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            self._t0_event.record(torch.cuda.current_stream(self.device))  # on the run's device
-            self._t0_event.synchronize()  # elapsed_time needs both events complete
-        self.t0 = time.perf_counter()
         with self.lock:
             self.started = True
-            for w in self._workers.values():
+            workers = list(self._workers.values())
+        try:
+            # a thread's start and set-up (a CUDA stream, OpenMP threads) are not the run's time
+            for w in workers:
                 assert w.thread is not None
                 w.thread.start()
-        try:
+            for w in workers:
+                w.set_up.wait(timeout=self.stall_timeout_s)
+            if before_start is not None:
+                before_start()
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+                self._t0_event.record(torch.cuda.current_stream(self.device))  # the run's device
+                self._t0_event.synchronize()  # elapsed_time needs both events complete
+            self.t0 = time.perf_counter()
+            self._go.set()
             self._watch()
+        except BaseException as e:  # a failed start (a peer lost at the barrier): end the workers
+            self.fail(e)
+            raise
         finally:
             self.started = False
+            self._go.set()  # a failed start: the workers see the error and end
             with self.lock:
                 threads = [w.thread for w in self._workers.values() if w.thread is not None]
             for t in threads:
@@ -321,7 +332,9 @@ class Interpreter:
         torch.set_grad_enabled(False)
         if self.compute_threads is not None:  # OpenMP's thread count is per calling thread
             torch.set_num_threads(self.compute_threads)
-        q, lock = w.queue, w.lock
+        lock = w.lock
+        w.set_up.set()
+        self._go.wait()
         try:
             while True:
                 with self.lock:
@@ -350,7 +363,6 @@ class Interpreter:
             if not isinstance(e, MoepipeError | OSError):
                 log.exception("stream %s failed", w.name)
             self.fail(e)
-        del q
 
     def _next(self, w: _Worker) -> Op | None:
         """(Holding the lock.) The stream's next op once its deps are done and its allocation
@@ -391,7 +403,8 @@ class Interpreter:
     def _timed(
         self, op: Op, spec: StreamSpec, cuda_stream: torch.cuda.Stream | None
     ) -> tuple[float, float]:
-        """Run one op; its (start, end) in seconds from the run's start (CUDA: from events)."""
+        """Run one op and its memory effect (`release`); its (start, end) in seconds from the
+        run's start (CUDA: from events)."""
         if cuda_stream is None:
             start = time.perf_counter() - self.t0
             self.work(op, spec, None)
