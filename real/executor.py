@@ -30,7 +30,7 @@ from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec
 from core.spec import Workload
 from core.types import OpKind, Tensor, Tier
 from real.checkpoint import Unit
-from real.interpreter import Interpreter, _Stop, cpu_compute_threads
+from real.interpreter import Interpreter, _Stop, cache_freed_memory, cpu_compute_threads
 from real.model import KVCache, Model
 from real.ops import OpSemantics
 from real.state import RunOutput, _BatchState, _Pending, resident_units, unit_of
@@ -81,6 +81,8 @@ class Executor(OpSemantics):
         self.peers = peers
         # Torch intra-op threads per worker on a CPU device (None on CUDA: kernels run on the GPU).
         self.compute_threads = None if self.cuda else (compute_threads or cpu_compute_threads())
+        if not self.cuda:
+            cache_freed_memory()
 
     # ---- entry points -----------------------------------------------------------------------
     def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:
