@@ -53,7 +53,7 @@ from real.calibration import (  # noqa: E402
     measure_store,
 )
 from real.checkpoint import CONF_MODEL_DIR, load_checkpoint
-from real.executor import cpu_compute_threads
+from real.interpreter import cache_freed_memory, cpu_compute_threads
 from real.model import Model
 from real.store import (
     resolve_device,
@@ -102,6 +102,8 @@ def calibrate(
     # Time transfers and compute with the torch thread count the real executor runs them with.
     threads_before = torch.get_num_threads()
     threads = cpu_compute_threads() if dev.type == "cpu" else threads_before
+    if dev.type == "cpu":  # the allocator a CPU-only run uses (real.executor)
+        cache_freed_memory()
     torch.set_num_threads(threads)
     try:
         h2d, d2h = measure_links(dev)

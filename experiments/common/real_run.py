@@ -39,8 +39,9 @@ from experiments.common.pipeline import (
 from planners.registry import make_planner
 from real.checkpoint import Unit, load_checkpoint
 from real.distributed import Peers
-from real.executor import Executor, RunOutput, resident_units, unit_of
+from real.executor import Executor
 from real.model import Model, live_routing
+from real.state import RunOutput, resident_units, unit_of
 from real.store import TieredStore, resolve_device
 
 ROUTING_MODES = ("replay", "live")

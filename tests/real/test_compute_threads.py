@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from real.executor import cpu_compute_threads
+from real.interpreter import cpu_compute_threads
 
 
 def test_measured_count_is_a_candidate_and_restores_torch():

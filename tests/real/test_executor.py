@@ -229,9 +229,9 @@ def test_live_run_finds_every_expert_its_gates_choose(mixtral_tiny, planner, bat
 def test_an_expert_runs_its_tokens_in_chunks(mixtral_tiny, monkeypatch):
     """Klotski runs a hot expert over every batch's tokens in one op; in chunks of rows (3
     here, 8,192 in a run) its output is the same."""
-    import real.executor
+    import real.ops
 
-    monkeypatch.setattr(real.executor, "EXPERT_ROWS", 3)
+    monkeypatch.setattr(real.ops, "EXPERT_ROWS", 3)
     spec = spec_for(mixtral_tiny, "klotski")
     result, out = real_execute(mixtral_tiny, spec, "replay")
     assert_matches_reference(mixtral_tiny, spec, result, out)
@@ -496,7 +496,7 @@ def test_cuda_streams_match_in_memory_forward(mixtral_tiny, planner, mode):
 def test_cuda_streams_fill_shared_buffers_part_by_part(f32_ckpt, mode):
     """DeepSeek-V2 shape on 2 GPUs' CUDA streams of one GPU: each stream gates and runs the
     shared experts of its own sequence into buffers the first of them zeroes; every part's rows
-    must survive the other stream's fill (real/executor.py `_landed`)."""
+    must survive the other stream's fill (real/ops.py `_landed`)."""
     ckpt = f32_ckpt("deepseek-v2-lite")
     spec = spec_for(ckpt, "predictive_replication")
     result, out = real_execute(ckpt, spec, mode, device="cuda")

@@ -1,0 +1,512 @@
+"""The op semantics of the real executor: what a load, a free, a gate, an attention, an expert,
+a KV copy or an activation transfer does to the model's weights and activations. The interpreter
+(`real.interpreter`) decides when; these methods do the op, on the calling worker's thread (and
+CUDA stream). `Executor` (real/executor.py) holds the run's state they read and write.
+
+Usage: mixed into `real.executor.Executor`; `_run_op(op, spec, cuda_stream)` and `_release(op)`
+are what its interpreter calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.dispatch import micro_batch_rows, micro_batch_seqs
+from core.errors import MoepipeError, ScheduleError
+from core.routing import GateView
+from core.schedule import Op, StreamSpec
+from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
+from real.checkpoint import Unit
+from real.model import KVCache, expert_tokens, moe_output, new_slots, put_expert
+from real.state import _BatchState, _Pending, bst_index, unit_of
+from real.store import TENSOR_ALIGN, aligned, round_up
+
+log = logging.getLogger(__name__)
+
+# Shape legend: b sequences per batch, P prompt tokens, S tokens this step, T = b*S, H hidden,
+# V vocab, k top-k, E experts.
+
+EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
+
+
+class OpSemantics:
+    """The op code of `Executor`, apart from its interpreter (see the module's docstring)."""
+
+    def _run_op(self, op: Op, spec: StreamSpec, cuda_stream: torch.cuda.Stream | None) -> None:
+        """The op's work; its memory effect (`_release`) follows once the work is done."""
+        k = op.kind
+        if k == OpKind.FREE:
+            return
+        if self.peers is not None and self.peers.moves(op):
+            self.peers.transfer(self, op, spec)
+            return
+        if k == OpKind.LOAD and unit_of(op) is not None:
+            self._load(op, cuda_stream)
+        elif k == OpKind.KV_LOAD:
+            self._kv_copy(op, to_device=True)
+        elif k == OpKind.KV_STORE:
+            self._kv_copy(op, to_device=False)
+        elif k in COMPUTE_KINDS:
+            self._compute(op, spec)
+        else:  # activations to/from the CPU, all-to-all: move the op's bytes for real
+            self._scratch_copy(op)
+
+    def _load(self, op: Op, cuda_stream: torch.cuda.Stream | None) -> None:
+        u = unit_of(op)
+        assert u is not None
+        st = self.store
+        if op.src == Tier.DISK and op.dst == Tier.CPU:
+            with self._refs_lock:
+                self._host_refs[u] = self._host_refs.get(u, 0) + 1
+            st.read_disk(u)
+        elif op.src == Tier.CPU and op.dst == Tier.GPU:
+            with self._refs_lock:
+                self._dev_refs[u] = self._dev_refs.get(u, 0) + 1
+            if not st.holds(u, Tier.CPU):  # the planner assumed a host copy: read it now
+                self._fallbacks += 1
+                log.warning("%s: %s is not in host memory; reading it from disk", op.label(), u)
+                st.read_disk(u)
+            st.to_device(u, cuda_stream)
+        else:
+            self._scratch_copy(op)
+
+    def _release(self, op: Op) -> None:
+        """The end-of-op memory effect on the store: drop the unit's copy on the freed tier; a
+        KV_STORE drops its batch's device cache of the layer (its kernels have finished)."""
+        if op.kind == OpKind.KV_STORE and op.free_tier == Tier.GPU:
+            with self._refs_lock:
+                self._batches[op.batch].kv_dev[op.layer] = None
+            return
+        u = unit_of(op)
+        if u is None or not op.free_bytes or op.free_tier is None:
+            return
+        if op.free_tier == Tier.GPU:
+            refs, tier = self._dev_refs, Tier.GPU
+        elif op.free_tier == Tier.CPU:
+            refs, tier = self._host_refs, Tier.CPU
+        else:
+            return
+        with self._refs_lock:
+            n = refs.get(u, 0)
+            if n <= 0:  # a resident unit whose "free" is bookkeeping only
+                return
+            refs[u] = n - 1
+            drop = n == 1 and not (tier == Tier.CPU and u in self._host_resident)
+        if drop:
+            self.store.evict(u, tier)
+
+    def _weights(self, u: Unit, on_cpu: bool) -> Mapping[str, torch.Tensor]:
+        st = self.store
+        order = (Tier.CPU, Tier.GPU) if on_cpu else (Tier.GPU, Tier.CPU)
+        w = st.resident(u, order[0])
+        if w is None and not on_cpu:
+            w = self._resident.get(u)
+        if w is None:
+            w = st.resident(u, order[1])
+        if w is None and on_cpu:
+            w = self._resident.get(u)
+        if w is None:  # nowhere: the planner relies on a placement we did not preload
+            self._fallbacks += 1
+            log.warning("%s: weights not loaded; reading them synchronously", u)
+            w = st.read_disk(u)
+            if not on_cpu:
+                w = st.to_device(u)
+                self._resident[u] = dict(w)
+                st.evict(u, Tier.CPU)
+            else:
+                self._host_resident.add(u)
+        return aligned(w)  # a host-tier unit's views lie at the file's alignment
+
+    def _compute(self, op: Op, spec: StreamSpec) -> None:
+        m, s = self.model, self.model.spec
+        u = unit_of(op)
+        assert u is not None, f"{op.label()}: compute without weights"
+        w = self._weights(u, spec.resource == Resource.CPU)
+        if op.kind == OpKind.EXPERT:
+            self._expert(op, w)
+            return
+        assert op.batch >= 0, f"{op.label()}: only experts may run over all batches"
+        bst = self._batches[op.batch]
+        if op.kind == OpKind.GATE:
+            self._gate(op, bst, w)
+            return
+        s0, s1 = self._range[op.id]
+        assert 0 <= s0 < s1 <= self.wl.batch_size, f"{op.label()}: covers sequences {s0}..{s1}"
+        h = self._hidden(bst, op.step)  # [b, S, H]
+        if op.kind == OpKind.ATTENTION:
+            if op.layer == 0:
+                tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
+                h[s0:s1] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in[s0:s1])
+            self._finish_moe(bst, h, s0, s1, op.micro, op.step)
+            own = tuple(t[s0:s1] for t in self._kv_dev(bst, op))
+            kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
+            h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
+            self._note_finite(op.step, op.layer, 0, op.batch, "attention", h[s0:s1])
+        elif op.kind == OpKind.FFN:
+            if s.is_moe(op.layer):
+                p = (
+                    bst.pending.get(op.micro)
+                    if self.peers is None
+                    else self.peers.pending(self, op.step, op.layer, op.batch, op.micro)
+                )
+                assert p is not None and p.layer == op.layer, (
+                    f"{op.label()}: shared FFN before its gate"
+                )
+                rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+                y = m.shared_ffn(w, p.normed[rows])  # [rows, H]
+                with self._refs_lock:
+                    if p.shared is None:
+                        p.shared = torch.zeros_like(p.normed)
+                        self._landed()
+                p.shared[rows] = y.to(p.shared.device)
+            else:
+                h[s0:s1] = m.dense_ffn(w, h[s0:s1])
+                self._note_finite(op.step, op.layer, 1, op.batch, "FFN", h[s0:s1])
+        elif op.kind == OpKind.HEAD:
+            self._finish_moe(bst, h, s0, s1, op.micro, op.step)
+            logits = m.head(w, h[s0:s1])  # [s1-s0, V]
+            with self._refs_lock:
+                if bst.logits is None:
+                    bst.logits = logits.new_zeros(self.wl.batch_size, logits.shape[1])
+                    self._landed()
+                bst.written[op.step] += s1 - s0
+            bst.logits[s0:s1] = logits
+            self._note_finite(op.step, s.n_layers, 0, op.batch, "logits", logits)
+            bst.tokens[s0:s1, op.step] = logits.argmax(-1)
+
+    def _hidden(self, bst: _BatchState, step: int) -> torch.Tensor:
+        """The batch's hidden state buffer for `step` (fresh at a new step; two steps before it
+        are over: every op of this batch's step - 1 ran after them, on some stream)."""
+        with self._refs_lock:
+            if step not in bst.hidden:
+                s = self.model.spec
+                shape = (self.wl.batch_size, self.wl.step_tokens(step), s.hidden_size)
+                bst.hidden[step] = torch.zeros(
+                    shape,
+                    dtype=self._resident[Unit(Tensor.EMBED)]["embed"].dtype,
+                    device=self.device,
+                )
+                for old in [x for x in bst.hidden if x < step - 1]:
+                    del bst.hidden[old]
+                self._landed()
+            return bst.hidden[step]
+
+    def _landed(self) -> None:
+        """Wait until this thread's stream has run what it queued. A buffer that ops on other
+        CUDA streams fill part by part (one device's sequences each) is zeroed by the first op
+        that needs it: without this, its fill could land after another stream's rows and wipe
+        them, or a part's rows after the read of the op that completes the buffer."""
+        if self.cuda:
+            self._wait_stream()
+
+    def _wait_stream(self) -> None:
+        """Wait (sleeping, not spinning a core) until this thread's CUDA stream is done."""
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(self.device))
+        done.synchronize()
+
+    def _positions(self, step: int) -> torch.Tensor:
+        p = self.wl.prompt_len
+        return torch.arange(0, p) if step == 0 else torch.arange(p + step - 1, p + step)
+
+    def _gate(self, op: Op, bst: _BatchState, w: Mapping[str, torch.Tensor]) -> None:
+        """The router over the op's sequences [s0, s1) (all of the batch, one device's share, or
+        its part of a micro-batch); the batch's (micro-batch's) routing is published once every
+        sequence of it has been gated."""
+        s, wl = self.model.spec, self.wl
+        moe = s.moe_index(op.layer)
+        s0, s1 = self._range[op.id]
+        fi = fw = None
+        if self._routing is not None:
+            seqs = slice(op.batch * wl.batch_size + s0, op.batch * wl.batch_size + s1)
+            pos = self._routing.step_slice(op.step, wl)
+            fi = torch.from_numpy(
+                self._routing.expert_ids[seqs, pos, moe].reshape(-1, s.top_k).astype(np.int64)
+            )
+            fw = torch.from_numpy(
+                np.ascontiguousarray(
+                    self._routing.gate_weights[seqs, pos, moe].reshape(-1, s.top_k)
+                )
+            )
+        h = self._hidden(bst, op.step)
+        normed, ids, weights = self.model.gate(op.layer, w, h[s0:s1], fi, fw)
+        if self.peers is not None:  # the other ranks' parts arrive by transfer
+            self.peers.gate_part(self, op, normed, ids, weights)
+            return
+        rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+        whole = (s0, s1) == (0, wl.batch_size)
+        if self.cuda and not whole:  # the part that completes the batch reads every part's rows
+            self._wait_stream()
+        with self._refs_lock:
+            # (the previous layer stays pending until every part's attention ran)
+            p = bst.gating.get(op.micro)
+            if p is None:
+                n_rows = wl.batch_size * h.shape[1]
+                # rows no part of this gate covers (another micro-batch's) choose no expert
+                nrm, i, wt = (
+                    (normed, ids, weights)
+                    if whole
+                    else (
+                        normed.new_zeros(n_rows, normed.shape[1]),
+                        ids.new_full((n_rows, ids.shape[1]), -1),
+                        weights.new_zeros(n_rows, weights.shape[1]),
+                    )
+                )
+                outside = ~self._micro_mask(op.micro)  # nothing to gate there, nor to add
+                p = bst.gating[op.micro] = _Pending(
+                    op.step,
+                    op.layer,
+                    nrm,
+                    i,
+                    wt,
+                    new_slots(nrm, s.top_k),
+                    outside.clone(),
+                    outside.clone(),
+                )
+            assert (p.step, p.layer) == (op.step, op.layer), f"{op.label()}: gate parts interleave"
+            if p.normed is not normed:
+                p.normed[rows], p.ids[rows], p.weights[rows] = normed, ids, weights
+                self._landed()  # read by the part that completes the batch, on its stream
+            p.gated[s0:s1] = True
+            if not bool(p.gated.all()):
+                return
+            old = bst.pending.get(op.micro)
+            assert old is None or bool(old.done.all()), f"{op.label()}: previous layer unfinished"
+            bst.pending[op.micro] = p
+            del bst.gating[op.micro]
+        self._publish(op, p, moe)
+
+    def _publish(self, op: Op, p: _Pending, moe: int) -> None:
+        """A gated batch's routing, for the planner (live) and the run's output: at once, or of a
+        micro-batch (its rows, `micro_batch_rows`) and, once every micro-batch of the batch is
+        gated, the whole batch's."""
+        n_e, key = self.model.spec.n_experts, (op.step, moe, op.batch)
+        ids, weights = p.ids.cpu(), p.weights.cpu()
+
+        def view(i: torch.Tensor) -> GateView:
+            return GateView(
+                i.numpy().astype(np.int16), np.bincount(i.flatten().numpy(), minlength=n_e)
+            )
+
+        with self._cv:
+            if op.micro >= 0:
+                ep = self._ep_meta()
+                rows = micro_batch_rows(
+                    self.wl.batch_size,
+                    ep["n_devices"],
+                    ep["micro_batches"],
+                    op.micro,
+                    self.wl.step_tokens(op.step),
+                )
+                self._views[(*key, op.micro)] = view(ids[torch.from_numpy(rows)])
+                parts = self._micro_parts.setdefault(key, [])
+                parts.append((ids, weights))
+                self._cv.notify_all()
+                if len(parts) < ep["micro_batches"]:
+                    return
+                del self._micro_parts[key]
+                ids = torch.stack([i for i, _ in parts]).max(0).values  # -1 outside each's rows
+                weights = torch.stack([w for _, w in parts]).sum(0)  # 0 outside
+            self._views[key] = view(ids)
+            self._used[key] = (ids, weights)
+            self._cv.notify_all()
+
+    def _ep_meta(self) -> dict[str, Any]:
+        """The expert-parallel layout of the schedule under way (a replay's, or the one a live
+        planner is building: its meta is set before its first op)."""
+        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
+        return meta["ep"]
+
+    def _ep_slots(self) -> dict[tuple[int, int, int], list[list[int]]]:
+        """(step, batch, MoE layer) -> each device's expert slots (the planner's placements)."""
+        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
+        return meta["ep_slots"]
+
+    def _micro_mask(self, micro: int) -> torch.Tensor:
+        """[b] bool: the batch's sequences in micro-batch `micro` (-1: all of them)."""
+        bs = self.wl.batch_size
+        if micro < 0:
+            return torch.ones(bs, dtype=torch.bool)
+        ep, mask = self._ep_meta(), torch.zeros(bs, dtype=torch.bool)
+        for d in range(ep["n_devices"]):
+            s0, s1 = micro_batch_seqs(bs, ep["n_devices"], ep["micro_batches"], d, micro)
+            mask[s0:s1] = True
+        return mask
+
+    def _expert(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
+        """One expert over its tokens in one batch, or in every batch of the group (batch=-1)."""
+        batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
+        parts, xs = [], []
+        for b in batches:
+            p = (
+                self._batches[b].pending.get(op.micro)
+                if self.peers is None
+                else self.peers.pending(self, op.step, op.layer, b, op.micro)
+            )
+            assert p is not None and p.layer == op.layer, (
+                f"{op.label()}: batch {b} has no gate output"
+            )
+            rows, slot = expert_tokens(p.ids, op.expert)
+            if op.batch >= 0:  # expert-parallel planners split an expert's tokens over copies
+                t0, t1 = self._range[op.id]
+                if t1 > len(rows):
+                    raise ScheduleError(
+                        f"{op.label()}: runs tokens {t0}..{t1} of the expert, the gate routed {len(rows)}"
+                    )
+                rows, slot = rows[t0:t1], slot[t0:t1]
+            if len(rows):
+                parts.append((p, rows, slot))
+                xs.append(p.normed[rows])  # [n, H]
+        if not xs:
+            return
+        dev = next(iter(w.values())).device
+        x = torch.cat(xs).to(dev) if len(xs) > 1 else xs[0].to(dev)
+        # in chunks of rows: a Klotski group's hot expert can take every token of n batches,
+        # whose [rows, ffn] intermediate at once would be many GB (Mixtral, n = 61: 14 GB)
+        y = torch.cat(
+            [self.model.expert(w, x[i : i + EXPERT_ROWS]) for i in range(0, len(x), EXPERT_ROWS)]
+        )  # [sum n, H]
+        at = 0
+        for p, rows, slot in parts:
+            put_expert(p.slots, rows, slot, y[at : at + len(rows)])
+            at += len(rows)
+
+    def _finish_moe(
+        self, bst: _BatchState, h: torch.Tensor, s0: int, s1: int, micro: int, step: int
+    ) -> None:
+        """Add the pending MoE layer's output (of micro-batch `micro`, at `step`) to sequences
+        [s0, s1) (once)."""
+        p = bst.pending.get(micro)
+        if p is None or bool(p.done[s0:s1].all()):
+            return
+        rows = slice(s0 * h.shape[1], s1 * h.shape[1])
+        shared = None if p.shared is None else p.shared[rows]
+        h[s0:s1] = moe_output(
+            h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine
+        )
+        p.done[s0:s1] = True
+        self._note_finite(step, p.layer, 1, bst_index(self._batches, bst), "MoE", h[s0:s1])
+
+    def _note_finite(
+        self, step: int, layer: int, order: int, batch: int, what: str, x: torch.Tensor
+    ) -> None:
+        """Record (without waiting for it) whether an op's output `x` is finite everywhere."""
+        self._finite.append(((step, layer, order, batch, what), torch.isfinite(x).all()))
+
+    def _check_finite(self) -> None:
+        """A MoepipeError naming the first layer (in step, then layer order) whose output held
+        NaN or infinity: the run's tokens would be computed from garbage."""
+        if not self._finite:
+            return
+        ok = torch.stack([f for _, f in self._finite]).cpu()  # one synchronisation
+        bad = sorted(k for (k, _), f in zip(self._finite, ok.tolist(), strict=True) if not f)
+        if not bad:
+            return
+        step, layer, _, batch, what = bad[0]
+        where = "the LM head" if what == "logits" else f"layer {layer} ({what})"
+        raise MoepipeError(
+            f"non-finite values (NaN or inf) in the output of {where}"
+            + f" at step {step}, batch {batch} ({len(bad)} op output(s) affected); the checkpoint's weights "
+            "hold NaN/inf or overflow their dtype: check or rewrite the checkpoint"
+        )
+
+    def _kv_copy(self, op: Op, to_device: bool) -> None:
+        """KV_LOAD: the batch's past keys/values host -> device; KV_STORE: this step's new ones
+        device -> host (the device buffer is released by the schedule's memory effect)."""
+        p = self.wl.prompt_len
+        bst = self._batches[op.batch]
+        if to_device:
+            span = slice(0, p + op.step - 1)
+        else:
+            span = slice(0, p) if op.step == 0 else slice(p + op.step - 1, p + op.step)
+        assert bst.kv_host is not None, "allocated when the op was added"
+        layers = bst.kv_host.layers[op.layer], self._kv_dev(bst, op)
+        for host, dev in zip(*layers, strict=True):
+            # the host span is contiguous (position-major); the device side is gathered or
+            # scattered by a kernel on the copying stream
+            on_dev = dev.movedim(2, 0)[span]
+            if to_device:
+                on_dev.copy_(host[span], non_blocking=self.cuda)
+            else:
+                host[span].copy_(on_dev, non_blocking=self.cuda)
+
+    def _scratch_copy(self, op: Op) -> None:
+        """Move op.nbytes between host and device scratch buffers (activation transfers)."""
+        n = max(int(op.nbytes), 1)
+        key_src = "dev" if op.src == Tier.GPU else "host"
+        key_dst = "dev" if op.dst == Tier.GPU else "host"
+        src = self._scratch_buf(key_src + "_a", n)
+        dst = self._scratch_buf(key_dst + "_b", n)
+        dst[:n].copy_(src[:n], non_blocking=self.cuda)
+
+    def _scratch_buf(self, key: str, n: int) -> torch.Tensor:
+        with self._refs_lock:
+            buf = self._scratch.get(key)
+            if buf is None or buf.numel() < n:
+                if buf is not None:  # a copy on another stream may still use it: keep it alive
+                    self._retired.append(buf)
+                if key.startswith("dev"):
+                    buf = torch.zeros(max(n, 1 << 20), dtype=torch.uint8, device=self.device)
+                else:  # host: a slab of its exact size (pinned on CUDA), reused only once
+                    # the executor (its scratch and retired buffers) is gone
+                    buf = self.store.slabs.lend(max(n, 1 << 20))
+                self._scratch[key] = buf
+            return buf
+
+    def _kv_dev(self, bst: _BatchState, op: Op) -> tuple[torch.Tensor, ...]:
+        """The batch's device cache of `op.layer`, allocated at its first use. Uninitialised: a
+        position is read only after its attention wrote it or a KV_LOAD brought it back.
+
+        A cache the schedule keeps on the device holds every position the run will write. One
+        it offloads lives from a KV_LOAD (or a prefill's attention, which allocates it) to the
+        KV_STORE that drops it, and holds the positions of that step only, the bytes the
+        schedule's alloc counts (`planners.common`'s kv_load and attention)."""
+        with self._refs_lock:
+            kv = bst.kv_dev[op.layer]
+            if kv is None:
+                p = self.wl.prompt_len
+                if op.kind == OpKind.KV_LOAD:
+                    length = p + op.step
+                elif op.kind == OpKind.ATTENTION and op.alloc_tier == Tier.GPU:
+                    length = p  # an offloaded layer's prefill
+                else:
+                    length = p + self.wl.gen_len
+                kv = bst.kv_dev[op.layer] = tuple(
+                    torch.empty((*shape[:2], length, *shape[3:]), dtype=dtype, device=self.device)
+                    for shape, dtype in self._kv_shapes
+                )
+            return kv
+
+    def _ensure_host_kv(self, batch: int) -> None:
+        bst = self._batches[batch]
+        if bst.kv_host is None:
+            bst.kv_host = self._host_kv(self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len)
+
+    def _host_kv(self, batch: int, max_len: int) -> KVCache:
+        """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
+        positions a KV_LOAD or KV_STORE moves is one contiguous block, which CUDA copies straight
+        from or into pinned memory (a strided span goes through an unpinned temporary). One buffer
+        lent by the store's host slabs, pinned at its exact size on CUDA, reused only once these
+        views are gone."""
+        shapes = KVCache.allocate(self.model.spec, batch, max_len, "meta")
+        layout, end = [], 0
+        for layer in shapes.layers:
+            row = []
+            for t in layer:
+                b, h, m, d = t.shape
+                row.append((end, t.dtype, (m, b, h, d)))
+                end = round_up(end + t.numel() * t.element_size(), TENSOR_ALIGN)
+            layout.append(row)
+        buf = self.store.slabs.lend(end)
+        buf.zero_()
+        return KVCache(
+            tuple(
+                tuple(buf[o:].view(dt)[: int(np.prod(sh))].view(sh) for o, dt, sh in row)
+                for row in layout
+            )
+        )
