@@ -37,6 +37,7 @@ from core.routing import resolve_source
 from core.spec import hf_config_file
 from core.traces import trace_path
 from core.types import RoutingSource
+from experiments.common import ep_inputs
 from experiments.common.app import hydra_main, remove_if_no_run, running
 from experiments.common.callbacks import FAILED
 from experiments.common.cli import (
@@ -73,7 +74,11 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         return json.loads((out_dir / "summary.json").read_text())
     # An older run's summary stays until this run's files are whole (write_run replaces it,
     # with its config.yaml, only then): killed or failed, the dir holds the older result whole.
-    if spec.executor == "sim":
+    if spec.executor == "sim" and ep_inputs.block(cfg):  # held-out routing, training tables
+        spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
+        result = simulate_run(spec, routing)
+        ep_inputs.annotate(result, cfg, spec, routing)
+    elif spec.executor == "sim":
         result = simulate_run(spec)
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
