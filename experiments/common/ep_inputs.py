@@ -250,6 +250,12 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
     routing.check_fits(spec.model, wl)
     params = dict(spec.params)
     own = {**(rep.get("planners") or {}).get(spec.planner, {}), **(rep.get("params") or {})}
+    if "replica_slots" in own:  # the planners compare at one budget
+        raise ConfigError(
+            f"replication: {rep.get('label') or spec.planner} sets replica_slots="
+            f"{own['replica_slots']}, but the planners compare at one budget; set "
+            "replication.replica_slots=N instead"
+        )
     if "initial_load" in names:  # the same budget and training load for every planner
         params["replica_slots"] = int(rep.get("replica_slots", 2))
     params.update(own)

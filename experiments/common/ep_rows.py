@@ -70,8 +70,13 @@ def rows_of(df: pd.DataFrame, one_setting: bool = True) -> list[dict[str, Any]]:
         for key in ("balancedness_per_layer", "expert_phase_util_per_layer"):
             per = r.get(key, {})
             r[key] = {k: per[k] for k in sorted(per, key=int)}
-        causes = r.get("gpu_idle_causes_s", {})  # largest first, as the summary holds them
-        r["gpu_idle_causes_s"] = dict(sorted(causes.items(), key=lambda kv: -kv[1]))
+        # largest first, as the summary holds them; `load expert@h2d` as core.bubbles names it
+        # (collect's column names have no spaces: load_expert@h2d)
+        causes = r.get("gpu_idle_causes_s", {})
+        r["gpu_idle_causes_s"] = {
+            (f"load {k[5:]}" if k.startswith("load_") else k): v
+            for k, v in sorted(causes.items(), key=lambda kv: -kv[1])
+        }
         rows.append(r)
     if one_setting:
         check_one_setting(rows)
