@@ -132,7 +132,12 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                 else ""
             )
         )
-    lines.append("")
+    return [*lines, "", *verdicts(cols, what_runs)]
+
+
+def verdicts(cols: dict[str, list[tuple[float, ...]]], what_runs: str) -> list[str]:
+    """Per case: on how many runs each target is met (`cv_lines`' columns per run)."""
+    lines = []
     for case, per in cols.items():
         k = sum(c[2] >= 0 for c in per)
         ok = "PASS" if k == len(per) else "FAIL"

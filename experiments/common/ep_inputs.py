@@ -53,7 +53,7 @@ def split_index(tr: EsftTrace, seed: int, split: str) -> tuple[np.ndarray, np.nd
     order = np.random.default_rng(seed).permutation(keys)
     rank = {int(k): i for i, k in enumerate(order)}
     idx = np.flatnonzero(held)
-    idx = idx[np.lexsort((tr.pos[idx], [rank[int(k)] for k in tr.seq_key[idx]]))]
+    idx = idx[np.lexsort((tr.pos[idx], np.array([rank[int(k)] for k in tr.seq_key[idx]])))]
     return idx, np.flatnonzero(train)
 
 
@@ -203,8 +203,7 @@ def block(cfg: DictConfig) -> dict[str, Any] | None:
     node = cfg.get("replication")
     if node is None or not node.get("routing"):
         return None
-    rep = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(rep, dict)
+    rep: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
     if rep["routing"] not in ROUTINGS:
         raise ConfigError(
             f"replication.routing={rep['routing']!r} unknown; valid: {', '.join(ROUTINGS)}"

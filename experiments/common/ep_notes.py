@@ -137,7 +137,7 @@ def eplb_lines(
         st, orc = by.get("ep_static"), by.get("oracle_replication")
         gap = st["makespan_s"] - orc["makespan_s"] if st and orc else 0.0
         # shares of a gap under 1% of ep_static's time only magnify noise (-19000%): say its size
-        wide = bool(st) and gap >= NOISE_GAP * st["makespan_s"]
+        wide = st is not None and gap >= NOISE_GAP * st["makespan_s"]
 
         def view(r: dict[str, Any], st: Any = st, gap: float = gap, wide: bool = wide) -> str:
             closes = (

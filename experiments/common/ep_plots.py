@@ -54,7 +54,7 @@ def plot_trade_off(
             if r["case"] in shown and r["batch_size"] == shown[r["case"]]
         )
     )
-    colours = plt.get_cmap("tab20").colors
+    colours = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]  # a ListedColormap
     style = {lab: (colours[i % len(colours)], "os^Dv<>PX*"[i % 10]) for i, lab in enumerate(labels)}
     ncol = min(len(shown), len(labels))  # about one column of labels per 4.5-inch panel
     legend_in = 0.22 * -(-len(labels) // ncol)  # inches: one legend row per ncol labels
@@ -124,7 +124,7 @@ def colours(rows: list[dict[str, Any]]) -> dict[str, Any]:
     restarts per panel: a 12-row case drew two oracle variants in ep_static's and eplb's)."""
     import matplotlib.pyplot as plt
 
-    palette = plt.get_cmap("tab20").colors
+    palette = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]  # a ListedColormap
     return {
         lab: palette[i % len(palette)]
         for i, lab in enumerate(dict.fromkeys(r["planner_label"] for r in rows))
