@@ -151,7 +151,8 @@ class RunSchema:
     # experiments.reproduce_klotski's grid in conf/experiment/klotski_*.yaml (a run ignores it)
     reproduce: dict[str, Any] = field(default_factory=dict)
     trace_json: bool = False  # also write trace.json (else: python -m experiments.trace_json)
-    replication: ReplicationSchema = field(default_factory=ReplicationSchema)
+    # the replication experiment's block (conf/experiment/replication*.yaml); null elsewhere
+    replication: ReplicationSchema | None = None
 
 
 def params_schema(params: type) -> type:
