@@ -149,3 +149,32 @@ def test_a_case_sweeps_reports_and_resumes(tmp_path):
     assert other.returncode == 0 and "already finished" not in other.stderr, other.stderr[-2000:]
     summary = json.loads((out / f"esft-g8/bs8/eplb/{sub}/summary.json").read_text())
     assert "validation" in summary["routing"] and summary["split"] == "validation"
+
+
+CASES = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("replication_*.yaml"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_case_composes_with_each_of_its_rows(case):
+    """Each case's sweep names rows that exist, and each row composes into that case's config:
+    its planner chosen, the case's devices set, the replication block complete."""
+    from hydra import compose, initialize_config_dir
+
+    import experiments.common.app  # noqa: F401  registers the schemas and help configs
+
+    sweep = yaml.safe_load((ROOT / "conf" / "experiment" / f"{case}.yaml").read_text())
+    rows = str(sweep["hydra"]["sweeper"]["params"]["replication_row"]).split(",")
+    assert rows[:4] == ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        for row in rows:
+            cfg = compose("config", [f"experiment={case}", f"replication_row={row}"])
+            assert cfg.replication.case and cfg.replication.routing in (
+                "esft_heldout",
+                "synthetic_olmoe_top1",
+            )
+            row_cfg = yaml.safe_load(
+                (ROOT / "conf" / "replication_row" / f"{row}.yaml").read_text()
+            )
+            assert cfg.planner.name == row_cfg["defaults"][0]["override /planner"]
+            assert cfg.planner.params.n_devices in (4, 8) or row == "ep_static_1lane"
+            assert cfg.replication.label == row_cfg["replication"]["label"]
