@@ -258,6 +258,12 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
     if "initial_load" in names:  # the same budget and training load for every planner
         params["replica_slots"] = int(rep.get("replica_slots", 2))
     params.update(own)
+    if rep["routing"] != "esft_heldout" and params.get("predictor") == "task_mix":
+        raise ConfigError(
+            f"replication: {rep.get('label') or spec.planner} has predictor task_mix, which reads "
+            f"each request's task, but {rep['routing']} routing has none; set "
+            f"replication.planners.{spec.planner}.predictor=window"
+        )
     for key, array in files.items():
         if key in names and not params.get(key) and wanted(key, params):
             path = inputs / f"{key}.npy"

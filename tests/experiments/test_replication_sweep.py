@@ -79,6 +79,12 @@ def test_synthetic_routing_trains_on_its_first_half(tmp_path):
     spec, routing = prepare(
         cfg, _spec("predictive_replication", "switch-base-128", "synthetic"), tmp_path
     )
+    with pytest.raises(ConfigError, match="task_mix, which reads each request's task.*=window"):
+        prepare(
+            _cfg("synthetic_olmoe_top1"),
+            _spec("predictive_replication", "switch-base-128", "synthetic"),
+            tmp_path,
+        )
     assert spec.workload.routing.skew != 1.0 and "first half trains" in routing.description
     assert "task_load" not in spec.params and not spec.params.get("prior_scenarios")
     load = np.load(spec.params["initial_load"])
