@@ -1,114 +1,67 @@
 """5-fold cross-validation of the replication targets (issue 5) on held-out ESFT sequences.
 
-The replication experiment reports its targets on one held-out split (`split=test`, the
-sequences with seq_id % 5 == 0). How much that split moves a figure is seen by running the same
-cases on every fold: fold K runs the sequences with seq_id % 5 == K and trains the tables
-eplb / predictive / oracle start from on the other four. This runs the experiment's target cases
-(`targets_cases`, at the batch the targets are judged at: the largest whose stream does not
-revisit the fold's held-out tokens) on the five folds, then prints per fold and case the
-balancedness and makespan of eplb and predictive, the share of the ep_static -> oracle gap
-predictive closes, and how many folds meet each target.
+The replication report judges its targets on one held-out split (`replication.split=test`, the
+sequences with seq_id % 5 == 0). How much that split moves a figure shows when the same cases
+run on every fold: fold K runs the sequences with seq_id % 5 == K and trains the tables eplb /
+predictive / oracle start from on the other four; `workload.seed` orders a fold's sequences in
+the stream (so each order puts other sequences in each batch). Sweep the target cases over the
+folds (and orders) into one folder, then this prints per fold, order and case the balancedness
+and makespan of eplb and predictive at the fold's fresh batch, the share of the ep_static ->
+oracle gap predictive closes, and how many runs meet each target:
+    for c in esft_g8 esft_g4 esft_g8_b32 esft_g4_b32; do python -m experiments.run -m \
+        experiment=replication_$c replication.split=test,fold1,fold2,fold3,fold4 \
+        workload.seed=0,1,2,3,4,5 replication_row=ep_static,eplb,predictive_replication,oracle_replication \
+        hydra.sweep.dir=runs/replication-cv; done
+    python -m experiments.replication_cv dir=runs/replication-cv
 
-A fold's figures also depend on the order its held-out sequences are streamed in (`seed` shuffles
-them, so each order puts other sequences in each batch).
-`cv_seeds=[0,1,2]` runs every fold in each of those orders (a (fold, seed) row each; the counts
-and means are over all of them); by default the config's `seed` alone.
-
-Usage:
-    python -m experiments.replication_cv                    # folds in runs/replication/cv/<split>
-    python -m experiments.replication_cv out_dir=/tmp/r 'planners.predictive_replication.window=2'
-    python -m experiments.replication_cv 'cv_seeds=[0,1,2,3,4,5]'   # cv/<split>-seed<K> besides
-
-Takes any override of conf/experiment/replication.yaml (the cases other than the target cases
-and the `variants` rows are not run). A fold whose report is written is not run again, so an
-interrupted run resumes; a fold run with other settings is run again.
+(esft_g8 and esft_g4 need only their fresh batch: add workload.batch_size=8.)
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from core.errors import MoepipeError
-from experiments import replication
-from experiments.common.cli import (
-    as_int,
-    run_command,
-)
-from experiments.common.pipeline import code_version
+from experiments.common import ep_rows
+from experiments.common.app import command
+from experiments.common.cli import print_or_exit, run_command, until_interrupted
+from experiments.common.ep_rows import NOISE_GAP
+from experiments.common.tables import collect
 
-log = logging.getLogger(__name__)
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
+FOUR = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
 
 
-def fold_cfg(cfg: DictConfig, split: str, seed: int | None = None) -> DictConfig:
-    """The replication config of one fold: the target cases at their fresh batch
-    (`replication.fresh_batch`, on the fold's split), no variants,
-    out_dir/cv/<split>; with a `seed` other than the config's, that stream order, in
-    out_dir/cv/<split>-seed<seed>."""
-    replication.check_inputs(cfg)  # the case values it reads, in one line each
-    c = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(c, dict)
-    targets = [t for t in c["targets_cases"] if t in c["cases"]]
-    if not targets:
-        raise MoepipeError(
-            f"targets_cases={c['targets_cases']} names none of the cases "
-            f"({', '.join(c['cases'])}); name at least one held-out ESFT case"
-        )
-    cases = {}
-    for name in targets:
-        case = dict(c["cases"][name])
-        if case["routing"] != "esft_heldout":
-            raise MoepipeError(
-                f"cases.{name}: routing {case['routing']!r} has no folds; "
-                f"targets_cases must name esft_heldout cases"
-            )
-        # the batch the targets are judged at: the largest whose stream does not revisit the
-        # fold's held-out tokens (the folds differ in size), else the largest
-        held = len(replication.esft_split(c["trace_dir"], int(c["seed"]), split)[0])
-        case["batch_sizes"] = [replication.fresh_batch(case, held) or max(case["batch_sizes"])]
-        case.pop("variants", None)
-        cases[name] = case
-    where = split if seed is None or seed == c["seed"] else f"{split}-seed{seed}"
-    c.update(split=split, cases=cases, variants={}, out_dir=str(Path(cfg.out_dir) / "cv" / where))
-    if seed is not None:
-        c["seed"] = seed
-    return OmegaConf.create(c)
+@dataclass
+class Options:
+    dir: str = "runs/replication-cv"  # the sweep folder the folds ran into
 
 
-def seeds_of(cfg: DictConfig) -> list[int]:
-    """`cv_seeds`, else the config's `seed`; one clear error for anything but integers."""
-    if not cfg.get("cv_seeds"):
-        return [as_int("seed", cfg.seed, at_least=0)]
-    raw = cfg.cv_seeds
-    if isinstance(raw, (int, str)) or not all(isinstance(x, int) and x >= 0 for x in raw):
-        raise MoepipeError(f"cv_seeds={raw}: give a list of integers >= 0, e.g. cv_seeds=[0,1,2]")
-    return list(dict.fromkeys(int(x) for x in raw))
-
-
-def run_fold(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Runs one fold unless its report exists with the same config and code; returns its rows."""
-    out = Path(cfg.out_dir)
-    report, settings = out / "report.txt", OmegaConf.to_yaml(cfg, resolve=True)
-    profile = replication.CONF / "hardware" / f"{cfg.hardware_profile}.yaml"
-    code = code_version() + " " + hashlib.sha1(profile.read_bytes()).hexdigest()[:16]
-    stamp = out / "code_version.txt"
-    same_code = stamp.exists() and stamp.read_text() == code
-    if report.exists() and same_code and (out / "config.yaml").read_text() == settings:
-        log.info("%s: already run (%s)", cfg.split, report)
-    else:
-        report.unlink(missing_ok=True)
-        lines = replication.run(cfg)
-        stamp.write_text(code)
-        report.write_text("\n".join(lines) + "\n")  # written last: marks the fold complete
-    return replication.read_runs(out)
+def fold_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The four planners' rows of each (fold, stream order) at each case's fresh batch (the
+    largest whose stream does not revisit the fold's held-out tokens, else its largest), keyed
+    by split, or "<split> s<seed>" where the folder holds several orders."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("split") in FOLDS and r["planner"] in FOUR:
+            groups.setdefault((r["split"], int(r["workload"]["seed"])), []).append(r)
+    seeds = {seed for _, seed in groups}
+    out = {}
+    for (split, seed), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], FOLDS.index(kv[0][0]))
+    ):
+        ep_rows.check_one_setting(group)
+        keep = []
+        for case, shape in ep_rows.case_shapes(group).items():
+            bs = ep_rows.fresh_batch(shape, int(shape["split_tokens"])) or max(shape["batch_sizes"])
+            keep += [r for r in group if r["case"] == case and r["batch_size"] == bs]
+        out[split if len(seeds) == 1 else f"{split} s{seed}"] = keep
+    return out
 
 
 def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -138,7 +91,7 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             gap = st["makespan_s"] - orc["makespan_s"]
             # as the report's gap_line: a gap under NOISE_GAP is noise, not judged (nan); no gap
             # at all (the oracle not faster) is judged, and fails: nan closes no half
-            noise = 0 < gap < replication.NOISE_GAP * st["makespan_s"]
+            noise = 0 < gap < NOISE_GAP * st["makespan_s"]
             closed = (
                 (st["makespan_s"] - pr["makespan_s"]) / gap
                 if gap > 0 and not noise
@@ -174,12 +127,17 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
             f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%} {dist:>9.3f}"
             + (
-                f"  (gap closed over the {len(per) - no_gap} with a gap >= {replication.NOISE_GAP:.0%})"
+                f"  (gap closed over the {len(per) - no_gap} with a gap >= {NOISE_GAP:.0%})"
                 if no_gap
                 else ""
             )
         )
-    lines.append("")
+    return [*lines, "", *verdicts(cols, what_runs)]
+
+
+def verdicts(cols: dict[str, list[tuple[float, ...]]], what_runs: str) -> list[str]:
+    """Per case: on how many runs each target is met (`cv_lines`' columns per run)."""
+    lines = []
     for case, per in cols.items():
         k = sum(c[2] >= 0 for c in per)
         ok = "PASS" if k == len(per) else "FAIL"
@@ -192,31 +150,40 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         none = sum(np.isnan(c[5]) for c in judged)  # the oracle not faster: closes nothing
         lines.append(
             f"[{ok}] {case}: predictive closes >= 50% of the gap on {k} of the "
-            f"{len(judged)} {what_runs} whose gap is not under {replication.NOISE_GAP:.0%} of "
+            f"{len(judged)} {what_runs} whose gap is not under {NOISE_GAP:.0%} of "
             f"ep_static's makespan ({len(per) - len(judged)} under it, noise"
             + (f"; {none} with no gap, the oracle not faster, close none)" if none else ")")
         )
     return lines
 
 
-def run(cfg: DictConfig) -> list[str]:
-    t0 = time.time()
-    rows = {}
-    seeds = seeds_of(cfg)
-    for seed in seeds:
-        for split in FOLDS:
-            key = split if len(seeds) == 1 else f"{split} s{seed}"
-            rows[key] = run_fold(fold_cfg(cfg, split, seed))
-            log.info("%s done at %.0f s", key, time.time() - t0)
-    return [
-        *cv_lines(rows),
-        f"folds: {Path(cfg.out_dir) / 'cv'}/<split>/report.txt  ({time.time() - t0:.0f} s)",
-    ]
+def run(opts: Options) -> list[str]:
+    sweep = Path(opts.dir)
+    if not sweep.is_dir():
+        raise MoepipeError(f"dir={sweep}: no such folder; sweep the folds first (see --help)")
+    df, problems = collect(sweep)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    folds = fold_rows(ep_rows.rows_of(df, one_setting=False) if not df.empty else [])
+    if not folds:
+        raise MoepipeError(
+            f"dir={sweep}: no finished held-out ESFT runs of the four planners; sweep the "
+            "folds first (see --help)"
+        )
+    return cv_lines(folds)
+
+
+def _main(opts: Options) -> int:
+    print_or_exit(lambda: run(opts))
+    return 0
+
+
+_app = command("replication_cv", Options, _main, __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command: conf/experiment/replication.yaml with `argv`'s overrides (sys.argv[1:])."""
-    return replication.experiment_main(run, argv, __doc__, Path(__file__).stem)
+    """Ctrl-C: one line and exit 130 (the run dirs are only read)."""
+    return int(until_interrupted(lambda: _app(argv)))
 
 
 if __name__ == "__main__":

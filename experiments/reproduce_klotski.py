@@ -3,8 +3,8 @@ Klotski vs FlexGen at the same n, and Klotski at the n-planner's own n (makespan
 
 Grids come from conf/experiment/klotski_{table3,fig14,vs_flexgen}.yaml. Prints markdown tables
 beside the paper's numbers and writes results.json, *.csv and report.md to `out`. Each run is
-appended to <out>/runs.jsonl as it finishes: an interrupted command, run again, resumes (runs of
-changed code are run again).
+written to its own run dir under <out>/runs/ as it finishes, as experiments.run writes one: an
+interrupted command, run again, resumes (runs of changed code are run again).
 
 Usage:
     python -m experiments.reproduce_klotski [out=runs/reproduce_klotski] [quick=true] [jobs=2]
@@ -14,6 +14,7 @@ Usage:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import sys
 import time
@@ -35,7 +36,7 @@ from experiments.common.cli import (
     run_command,
     until_interrupted,
 )
-from experiments.common.pipeline import code_version
+from experiments.common.pipeline import finished, replace_run, stamp, write_texts
 from experiments.common.tables import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -427,42 +428,40 @@ def read_results(path: Path) -> pd.DataFrame:
     return df
 
 
-DONE = "runs.jsonl"  # in `out`: one finished run per line, what an interrupted command resumes from
+DONE = "runs"  # in `out`: a run dir per finished run (config.yaml, code_version.txt, summary.json)
 
 
 def run_resumable(
-    jobs: list[dict[str, Any]], done_file: Path, workers: int
+    jobs: list[dict[str, Any]], runs_dir: Path, workers: int
 ) -> tuple[list[dict[str, Any]], int]:
     """run_point over `jobs` in `workers` processes: their rows in the jobs' order, and how many
-    ran now. Each finished run is appended to `done_file` as it ends, so a re-run after an
-    interrupt runs only the rest (runs of other code or other jobs in the file are ignored)."""
-    version = code_version()
-    keys = [
+    ran now. Each finished run is written to its own run dir under `runs_dir` as it ends, as
+    experiments.run writes one (`pipeline.finished`: config.yaml, code_version.txt, then
+    summary.json), so a re-run after an interrupt runs only the rest; a run dir of another code
+    or a changed hardware profile runs again."""
+    configs = [
         json.dumps(
-            {**job, "code": version, "profile": _yaml("hardware", job["hardware"])},
-            sort_keys=True,
-            default=str,
+            {**job, "profile": _yaml("hardware", job["hardware"])}, sort_keys=True, default=str
         )
         for job in jobs
     ]
-    done: dict[str, dict[str, Any]] = {}
-    if done_file.is_file():
-        for line in done_file.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-                done[rec["key"]] = rec["row"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by the interrupt
-    todo = [i for i, k in enumerate(keys) if k not in done]
-    if len(todo) < len(jobs):
+    dirs = [
+        runs_dir / f"{job['planner']}_{hashlib.sha256(c.encode()).hexdigest()[:16]}"
+        for job, c in zip(jobs, configs, strict=True)
+    ]
+    done = {
+        i: json.loads((d / "summary.json").read_text())
+        for i, d in enumerate(dirs)
+        if finished(d, configs[i])
+    }
+    todo = [i for i in range(len(jobs)) if i not in done]
+    if done:
         print(
-            f"{len(jobs) - len(todo)} of {len(jobs)} runs already done in {done_file} (same code); "
+            f"{len(done)} of {len(jobs)} runs already done in {runs_dir} (same code); "
             f"running {len(todo)}",
             file=sys.stderr,
         )
-    with ProcessPoolExecutor(workers) as pool, done_file.open("a") as log_:
-        if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
-            log_.write("\n")  # after a line the interrupt cut short
+    with ProcessPoolExecutor(workers) as pool:
         futures = {pool.submit(run_point, jobs[i]): i for i in todo}
         # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
         bar = tqdm(
@@ -475,13 +474,13 @@ def run_resumable(
         )
         on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
         for fut in as_completed(futures):
-            row = fut.result()
+            i = futures[fut]
+            row = json.loads(json.dumps(fut.result(), default=str))
+            replace_run(dirs[i], row, lambda tmp, i=i: write_texts(tmp, stamp(configs[i])))
+            done[i] = row
             bar.update()
-            done[keys[futures[fut]]] = row
-            log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
-            log_.flush()
         bar.close()
-    return [json.loads(json.dumps(done[k], default=str)) for k in keys], len(todo)
+    return [done[i] for i in range(len(jobs))], len(todo)
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")
@@ -497,7 +496,7 @@ class Options:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Ctrl-C: one line and exit 130; finished runs are kept in <out>/runs.jsonl."""
+    """Ctrl-C: one line and exit 130; finished runs are kept in <out>/runs/."""
     return int(until_interrupted(lambda: _app(argv)))
 
 

@@ -37,6 +37,7 @@ from core.hf_config import hf_config_file
 from core.routing import resolve_source
 from core.traces import trace_path
 from core.types import RoutingSource
+from experiments.common import ep_inputs
 from experiments.common.app import hydra_main, remove_if_no_run, running
 from experiments.common.callbacks import FAILED
 from experiments.common.cli import (
@@ -51,11 +52,14 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.pipeline import (
+    CODE,  # noqa: F401  (tests and tools read a run dir's code version under this name)
     RunSpec,
-    code_version,
+    finished,
     replace_run,
     simulate_run,
+    stamp,
     write_run,
+    write_texts,
 )
 from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.schema import RunSchema
@@ -73,7 +77,11 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         return json.loads((out_dir / "summary.json").read_text())
     # An older run's summary stays until this run's files are whole (write_run replaces it,
     # with its config.yaml, only then): killed or failed, the dir holds the older result whole.
-    if spec.executor == "sim":
+    if spec.executor == "sim" and ep_inputs.block(cfg):  # held-out routing, training tables
+        spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
+        result = simulate_run(spec, routing)
+        ep_inputs.annotate(result, cfg, spec, routing)
+    elif spec.executor == "sim":
         result = simulate_run(spec)
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
@@ -84,6 +92,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
     s = result.summary
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
+    choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
     log.info(
         "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
         display_name(choice, s["planner"], s["planner_label"]),
@@ -97,9 +106,6 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         out_dir,
     )
     return s
-
-
-CODE = "code_version.txt"  # in a run dir: the code (pipeline.code_version) it ran with
 
 
 def config_text(cfg: DictConfig, spec: RunSpec | None = None) -> str:
@@ -140,31 +146,6 @@ def model_files_line(cfg: DictConfig) -> str:
         st = f.stat()
         h.update(f"{f.name} {st.st_size} {st.st_mtime_ns}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
-
-
-def stamp(config_yaml: str) -> dict[str, str]:
-    """The files that record what a run dir's summary is of: the config and the code."""
-    return {"config.yaml": config_yaml, CODE: code_version()}
-
-
-def finished(out_dir: Path, config_yaml: str) -> bool:
-    """A run directory is finished when its summary.json exists (written last, atomically) and
-    its config.yaml and code version are this run's: a changed config or code runs again."""
-    summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
-    if not summary.exists():
-        return False
-    if not config.exists() or config.read_text() != config_yaml:
-        log.warning("%s holds a run of another config; running again", out_dir)
-        return False
-    if not code.exists() or code.read_text() != code_version():
-        log.warning("%s holds a run of other code; running again", out_dir)
-        return False
-    try:
-        json.loads(summary.read_text())
-    except ValueError:
-        log.warning("%s: summary.json is not readable JSON; running again", out_dir)
-        return False
-    return True
 
 
 LOCK = ".run.lock"  # in a run dir: held (flock) by the run writing it
@@ -263,11 +244,6 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         line = any_error_line(e)
         print(f"error: {out_dir.name}: {line}", file=sys.stderr)
         (out_dir / FAILED).write_text(f"{line}\n")
-
-
-def write_texts(folder: Path, texts: dict[str, str]) -> None:
-    for name, text in texts.items():
-        (folder / name).write_text(text)
 
 
 if __name__ == "__main__":

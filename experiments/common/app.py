@@ -3,7 +3,7 @@ the module's docstring, a mistyped key refused in one line naming the nearest va
 
 A command declares a dataclass of its options and conf/command/<name>.yaml, and ends with
 `command(name, Options, run, __doc__)` (docs/commands.md; experiments/collect.py is the short
-example). experiments.run and experiments.replication keep their own configs and call
+example). experiments.run keeps its own config (conf/config.yaml) and calls
 `hydra_main` for the same argument handling; run takes `hardware=FILE.yaml` (`group_files`).
 """
 

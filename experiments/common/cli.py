@@ -216,7 +216,7 @@ def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> s
 
 
 # experiment configs that are another command's, not an experiments.run sweep's
-OWN_COMMAND = {"replication": "python -m experiments.replication (or experiments.replication_cv)"}
+OWN_COMMAND: dict[str, str] = {}  # experiment name -> the command that owns its config
 
 
 def another_commands_experiment(argv: Sequence[str]) -> str | None:

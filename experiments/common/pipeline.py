@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,6 +29,8 @@ from core.spec import HardwareSpec, ModelSpec, Workload
 from core.trace import make_trace, summarize, write_chrome
 from core.types import Tier
 from planners.registry import make_planner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -256,8 +259,8 @@ def code_version() -> str:
     that build its inputs, the configs): commands that resume reuse a finished run only under
     the same code. Hardware profiles (conf/hardware) are left out: `experiments.calibrate` adds
     one, which must not make every finished run count as another code's. Each command compares
-    the profile a run used itself: experiments.run its resolved config.yaml, replication its
-    spec, replication_cv and reproduce_klotski the profile's text."""
+    the profile a run used itself: experiments.run its resolved config.yaml, reproduce_klotski
+    the profile's text."""
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha1()
     for folder in ("core", "planners", "sim", "real", "experiments", "conf"):
@@ -265,6 +268,39 @@ def code_version() -> str:
             if f.suffix in (".py", ".yaml") and f.parent != root / "conf" / "hardware":
                 h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     return h.hexdigest()[:16]
+
+
+CODE = "code_version.txt"  # in a run dir: the code (code_version) it ran with
+
+
+def stamp(config_yaml: str) -> dict[str, str]:
+    """The files that record what a run dir's summary is of: the config and the code."""
+    return {"config.yaml": config_yaml, CODE: code_version()}
+
+
+def finished(out_dir: Path, config_yaml: str) -> bool:
+    """A run directory is finished when its summary.json exists (written last, atomically) and
+    its config.yaml and code version are this run's: a changed config or code runs again."""
+    summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
+    if not summary.exists():
+        return False
+    if not config.exists() or config.read_text() != config_yaml:
+        log.warning("%s holds a run of another config; running again", out_dir)
+        return False
+    if not code.exists() or code.read_text() != code_version():
+        log.warning("%s holds a run of other code; running again", out_dir)
+        return False
+    try:
+        json.loads(summary.read_text())
+    except ValueError:
+        log.warning("%s: summary.json is not readable JSON; running again", out_dir)
+        return False
+    return True
+
+
+def write_texts(folder: Path, texts: Mapping[str, str]) -> None:
+    for name, text in texts.items():
+        (folder / name).write_text(text)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

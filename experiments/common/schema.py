@@ -123,6 +123,21 @@ class PlannerSchema:
 
 
 @dataclass
+class ReplicationSchema:
+    """A run's `replication` block (conf/experiment/replication*.yaml; experiments.common.ep_inputs):
+    with `routing` set, the run reads held-out routing and the training tables it prepares."""
+
+    case: str | None = None  # the case the run is of (the report's `case` column)
+    routing: str | None = None  # esft_heldout | synthetic_olmoe_top1; null: the workload's own
+    split: str = "test"  # ESFT sequences run: test | validation | fold1..fold4
+    replica_slots: int = 2  # per device per MoE layer, the same for every replication planner
+    initial_load: str = "train"  # train: the training split's load; eval: the evaluated split's
+    label: str | None = None  # a variant row's name (e.g. eplb[interval=8]); null: the planner's
+    planners: dict[str, Any] = field(default_factory=dict)  # planner -> the experiment's params
+    params: dict[str, Any] = field(default_factory=dict)  # the row's own params, which win
+
+
+@dataclass
 class RunSchema:
     """experiments.run's config (conf/config.yaml): one run's five groups and its own keys."""
 
@@ -136,30 +151,8 @@ class RunSchema:
     # experiments.reproduce_klotski's grid in conf/experiment/klotski_*.yaml (a run ignores it)
     reproduce: dict[str, Any] = field(default_factory=dict)
     trace_json: bool = False  # also write trace.json (else: python -m experiments.trace_json)
-
-
-@dataclass
-class ReplicationOptions:
-    """experiments.replication's (and replication_cv's) config, conf/experiment/replication.yaml:
-    the YAML's comments say what each key does; `planners`, `variants` and `cases` are checked
-    key by key against the YAML itself (an override may change a key, not add one)."""
-
-    out_dir: str = "runs/replication"
-    trace_dir: str = "../shared/traces"
-    hardware_profile: str = "h200-hgx8"  # conf/hardware/<name>.yaml, or a FILE.yaml
-    comm_sms: int | None = None
-    copy_sms: int | None = None
-    replica_slots: int = 2
-    grouped_gemm: bool = True
-    dispatch: str = "even"  # even | balanced
-    write_traces: bool = False
-    seed: int = 0
-    cv_seeds: list[int] = field(default_factory=list)
-    split: str = "test"  # test | validation | fold1..fold4
-    planners: dict[str, Any] = field(default_factory=dict)
-    variants: dict[str, Any] = field(default_factory=dict)
-    cases: dict[str, Any] = field(default_factory=dict)
-    targets_cases: list[str] = field(default_factory=list)
+    # the replication experiment's block (conf/experiment/replication*.yaml); null elsewhere
+    replication: ReplicationSchema | None = None
 
 
 def params_schema(params: type) -> type:
@@ -179,7 +172,6 @@ def register() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunSchema)
-    cs.store(name="replication_schema", node=ReplicationOptions)
     for name in planner_names():
         cs.store(group="planner_params", name=name, node=params_schema(entry(name).params))
 

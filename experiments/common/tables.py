@@ -167,6 +167,8 @@ def system_of(run: Path, row: dict[str, Any]) -> str:
     """A collected run's `display_name`, from the planner choice hydra recorded in its
     .hydra/hydra.yaml (none for a run written without hydra)."""
     planner = str(row.get("planner.name", row.get("planner", "?")))
+    if row.get("variant"):  # a replication row's label, e.g. eplb[interval=8]
+        return display_name(str(row["variant"]), planner, str(row.get("planner_label", "")))
     try:
         hydra = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
         choice = str(hydra["hydra"]["runtime"]["choices"]["planner"])

@@ -1,61 +1,10 @@
-"""The replication cross-validation: which cases each fold runs, the per-fold table and counts,
-and that a completed fold is not run again (an interrupted run resumes)."""
+"""The replication cross-validation over a collected sweep: which runs each (fold, stream
+order) counts, the per-fold table and the counts."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-from omegaconf import OmegaConf
-
-from core.errors import MoepipeError
-from experiments import replication, replication_cv
-from experiments.replication_cv import cv_lines, fold_cfg, run_fold
-from tests.conftest import SHARED_TRACES
-
-CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "replication.yaml"
-
-
-pytestmark = pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
-
-
-def base(tmp_path: Path):
-    cfg = OmegaConf.load(CONF)
-    cfg.out_dir, cfg.trace_dir = str(tmp_path), str(SHARED_TRACES)
-    return cfg
-
-
-def test_a_fold_runs_the_target_cases_at_their_fresh_batch(tmp_path):
-    """fold3 holds 5,722 held-out tokens: 8 batches of 8 x 64 fit (none revisited), 32 x 64 do
-    not; 3 batches of 24 x 64 fit, of 32 x 64 do not; a case whose every batch size wraps falls
-    back to its largest."""
-    cfg = base(tmp_path)
-    cfg.cases["esft-g4"].batch_sizes = [256, 128]
-    f = fold_cfg(cfg, "fold3")
-    assert f.split == "fold3" and f.out_dir == str(tmp_path / "cv" / "fold3")
-    assert sorted(f.cases) == ["esft-g4", "esft-g4-b32", "esft-g8", "esft-g8-b32"]
-    assert not f.variants
-    assert all("variants" not in case for case in f.cases.values())  # the four planners only
-    assert list(f.cases["esft-g8"].batch_sizes) == [8]
-    assert list(f.cases["esft-g4"].batch_sizes) == [256]
-    assert list(f.cases["esft-g8-b32"].batch_sizes) == [24]
-    assert list(fold_cfg(cfg, "test").cases["esft-g8-b32"].batch_sizes) == [32]  # 7,197 tokens
-
-
-def test_a_bad_case_value_is_one_line_before_any_fold(tmp_path):
-    cfg = base(tmp_path)
-    cfg.cases["esft-g8"].prompt_len = "abc"
-    with pytest.raises(MoepipeError, match=r"cases.esft-g8.prompt_len=abc"):
-        fold_cfg(cfg, "test")
-
-
-def test_a_synthetic_target_case_is_one_clear_error(tmp_path):
-    cfg = base(tmp_path)
-    cfg.targets_cases = ["switch-base-128"]
-    with pytest.raises(
-        MoepipeError, match="cases.switch-base-128: routing 'synthetic_olmoe_top1' has no folds"
-    ):
-        fold_cfg(cfg, "test")
+from experiments.common.ep_rows import gap_line
+from experiments.replication_cv import cv_lines, fold_rows
 
 
 def row(planner: str, bal: float, ms: float, dist: float | None = None) -> dict:
@@ -108,33 +57,6 @@ def test_cv_lines_count_the_folds_each_target_meets():
     assert mean.split()[-1] == "0.070"
 
 
-def test_a_completed_fold_is_not_run_again(tmp_path, monkeypatch):
-    calls = []
-
-    def fake_run(cfg):
-        calls.append(cfg.split)
-        out = Path(cfg.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        return ["table"]
-
-    monkeypatch.setattr(replication, "run", fake_run)
-    monkeypatch.setattr(replication, "read_runs", lambda out: [])
-    f = fold_cfg(base(tmp_path), "fold2")
-    run_fold(f)
-    run_fold(f)
-    assert calls == ["fold2"]  # the second call found the report
-    f.planners.eplb.window = 2  # other settings: run again
-    run_fold(f)
-    assert calls == ["fold2", "fold2"]
-    (Path(f.out_dir) / "report.txt").unlink()  # interrupted before the report: run again
-    run_fold(f)
-    assert len(calls) == 3 and replication_cv.FOLDS[0] == "test"
-    monkeypatch.setattr(replication_cv, "code_version", lambda: "other code")
-    run_fold(f)  # the same config under other code: run again
-    assert len(calls) == 4
-
-
 def test_the_mean_gap_closed_skips_folds_without_a_gap():
     """A fold where the oracle is not faster than ep_static, or faster by under 1% (noise), has
     no share to average: the mean is over the folds that have one (not nan). A noise gap is not
@@ -164,22 +86,7 @@ def test_the_mean_gap_closed_skips_folds_without_a_gap():
     lines = cv_lines({"fold2": noise})
     assert next(ln for ln in lines if "closes >= 50%" in ln).startswith("[n/a ]")
     st, _, orc, pr = no_gap  # the report's line of the same fold
-    assert replication.gap_line("esft-g8", 128, st, pr, orc).startswith(
-        "[FAIL] esft-g8 bs=128: no gap"
-    )
-
-
-def test_other_stream_orders_run_beside_the_config_seed(tmp_path):
-    cfg = base(tmp_path)
-    same, other = fold_cfg(cfg, "fold1", 0), fold_cfg(cfg, "fold1", 3)
-    assert same.out_dir == str(tmp_path / "cv" / "fold1") and same.seed == 0
-    assert other.out_dir == str(tmp_path / "cv" / "fold1-seed3") and other.seed == 3
-    assert replication_cv.seeds_of(cfg) == [0]
-    cfg.cv_seeds = [0, 3, 3]
-    assert replication_cv.seeds_of(cfg) == [0, 3]
-    cfg.cv_seeds = ["a"]
-    with pytest.raises(MoepipeError, match=r"cv_seeds=\['a'\]: give a list of integers"):
-        replication_cv.seeds_of(cfg)
+    assert gap_line("esft-g8", 128, st, pr, orc).startswith("[FAIL] esft-g8 bs=128: no gap")
 
 
 def test_cv_lines_count_every_fold_and_seed():
@@ -193,3 +100,39 @@ def test_cv_lines_count_every_fold_and_seed():
     assert any(ln.split()[:4] == ["1", "fold1", "s0", "esft-g8"] for ln in lines)
     assert "[FAIL] esft-g8: predictive balancedness >= eplb's on 2 of 3 runs" in lines
     assert next(ln for ln in lines if ln.startswith("mean")).split()[1:3] == ["3", "runs"]
+
+
+def _run(case: str, planner: str, split: str, seed: int, bs: int, tokens: int) -> dict:
+    return dict(
+        case=case,
+        planner=planner,
+        split=split,
+        batch_size=bs,
+        prompt_len=64,
+        n_batches=8,
+        split_tokens=tokens,
+        run_dir=f"{case}/bs{bs}/{planner}/{split},{seed}",
+        workload={"seed": seed},
+        replication={"routing": "esft_heldout"},
+    )
+
+
+def test_fold_rows_keep_each_folds_fresh_batch_and_the_four_planners():
+    """fold3 holds 5,722 held-out tokens: 8 batches of 8 x 64 fit, 32 x 64 do not; the test
+    split's 7,197 alike; a variant row and a batch that wraps are left out; two stream orders
+    key the folds by seed."""
+    four = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
+    rows = [
+        _run("esft-g8", p, split, seed, bs, tokens)
+        for split, tokens in (("test", 7197), ("fold3", 5722))
+        for seed in (0, 1)
+        for bs in (8, 32)
+        for p in (*four, "eplb[interval=8]")
+    ]
+    folds = fold_rows(rows)
+    assert list(folds) == ["test s0", "fold3 s0", "test s1", "fold3 s1"]
+    for kept in folds.values():
+        assert sorted(r["planner"] for r in kept) == sorted(four)
+        assert {r["batch_size"] for r in kept} == {8}
+    one_seed = fold_rows([r for r in rows if r["workload"]["seed"] == 0])
+    assert list(one_seed) == ["test", "fold3"]

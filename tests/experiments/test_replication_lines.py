@@ -7,10 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.errors import MoepipeError
-from core.spec import HardwareSpec, RoutingConfig
+from core.spec import HardwareSpec
 from core.types import OpKind, Resource
-from experiments.replication import gap_line, utilisation_lines
+from experiments.common.ep_rows import gap_line, utilisation_lines
 
 
 def test_gap_line_says_in_words_when_the_oracle_is_not_faster():
@@ -32,7 +31,7 @@ def test_gap_line_does_not_judge_a_gap_within_noise():
 
 
 def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
-    from experiments.replication import sharing_lines
+    from experiments.common.ep_notes import sharing_lines
 
     def row(case, planner, ms, phase, sharing):
         return dict(
@@ -60,7 +59,7 @@ def test_sharing_lines_compare_shared_lanes_with_partitioned_ones():
 
 
 def test_loop_lines_set_one_lane_beside_g_lanes():
-    from experiments.replication import loop_lines
+    from experiments.common.ep_notes import loop_lines
 
     def row(planner, n, util, ms, label=None):
         return dict(
@@ -89,7 +88,7 @@ def test_loop_lines_set_one_lane_beside_g_lanes():
 
 
 def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
-    from experiments.replication import eplb_lines
+    from experiments.common.ep_notes import eplb_lines
 
     def row(planner, bal, ms, copies, interval=None, bs=128, case="c"):
         plan = {"ep": {"copies": copies}, **({"eplb": {"interval": interval}} if interval else {})}
@@ -132,7 +131,7 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
 
 
 def test_prediction_lines_order_the_planners_by_their_distance_from_the_truth():
-    from experiments.replication import prediction_lines
+    from experiments.common.ep_notes import prediction_lines
 
     def row(planner, tv, bal, ms, bs=32):
         return dict(
@@ -166,7 +165,7 @@ def test_targets_are_judged_where_no_held_out_token_runs_twice():
     """A 1,000-token split and 8 batches of 4-token sequences: bs=16 (512 tokens) is fresh, bs=64
     wraps. The verdicts are at 16; 64 is a note that says it revisits; without a fresh batch the
     verdicts are at the largest and say so."""
-    from experiments.replication import fresh_batch, targets
+    from experiments.common.ep_rows import fresh_batch, targets
 
     case = dict(prompt_len=4, n_batches=8, batch_sizes=[1, 16, 64])
     assert fresh_batch(case, 1000) == 16 and fresh_batch(case, 10) is None
@@ -283,8 +282,9 @@ def test_work_conserving_estimate_by_hand():
     (5 ms; lane 0 alone at the whole GPU would need 3 + 1): 2 ms less, 7 ms. The note compares
     the gains; off lanes there is no estimate."""
     from core.schedule import ScheduleBuilder
+    from experiments.common.ep_inputs import work_conserving_s
+    from experiments.common.ep_notes import work_conserving_lines
     from experiments.common.pipeline import RunResult
-    from experiments.replication import work_conserving_lines, work_conserving_s
 
     raw = yaml.safe_load(Path("conf/hardware/tiny.yaml").read_text())
     raw["gpu"]["overhead_us"] = 1000
@@ -336,177 +336,3 @@ def test_work_conserving_estimate_by_hand():
         "SMs idle lanes leave (work-conserving), ep_static would take about 7.00 ms, not 9.00, "
         "and predictive 6.50, not 7.50: replication's gain 16.7% -> 7.1%"
     ]
-
-
-def test_a_case_can_set_its_own_kernels_and_variants(tmp_path):
-    """cases.<name>.grouped_gemm and .variants (beside the global ones) reach the runs; a case
-    variant naming an unknown planner is refused before anything runs."""
-    from omegaconf import OmegaConf
-
-    from experiments.replication import case_model, check_inputs, run_case
-
-    cfg = OmegaConf.load("conf/experiment/replication.yaml")
-    case = OmegaConf.create(
-        dict(
-            model="tiny",
-            routing="synthetic_olmoe_top1",
-            n_devices=2,
-            lanes=True,
-            lane_sharing="shared",
-            grouped_gemm=False,
-            batch_sizes=[2],
-            prompt_len=8,
-            n_batches=2,
-            planners={"predictive_replication": {"predictor": "window"}},
-            variants={
-                "ep_static[1 lane]": {"planner": "ep_static", "params": {"n_devices": 1}},
-                "orc": {"planner": "oracle_replication", "params": {"gate": "none"}},
-            },
-        )
-    )
-    cfg.variants = {}
-    prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
-    cfg.write_traces = True
-    rows = run_case(cfg, "t", case, prep, tmp_path)
-    one = [r for r in rows if r["planner"] == "ep_static[1 lane]"]
-    assert len(one) == 1 and one[0]["plan"]["ep"]["n_devices"] == 1
-    # a variant of the oracle keeps its upper-bound label
-    assert [r["planner_label"] for r in rows if r["planner"] == "orc"] == [
-        "orc (oracle upper bound)"
-    ]
-    # a rerun under other params and without traces leaves no trace of the earlier run
-    assert (tmp_path / "t" / "bs2" / "eplb" / "trace.parquet").exists()
-    cfg.write_traces = False
-    cfg.planners.eplb.window = 1
-    run_case(cfg, "t", case, prep, tmp_path)
-    assert not (tmp_path / "t" / "bs2" / "eplb" / "trace.parquet").exists()
-    assert not (tmp_path / "t" / "bs2" / "eplb" / "trace.json").exists()
-    assert all(r["plan"]["ep"]["grouped_gemm"] is False for r in rows)
-    assert {r["plan"]["ep"]["lane_sharing"] for r in rows} == {"shared"}
-    case.variants = {"x": {"planner": "nope"}}
-    cfg.cases = {"t": case}  # a copy of the node
-    with pytest.raises(MoepipeError, match=r"cases.t.variants.x.planner='nope'; valid: ep_static"):
-        check_inputs(cfg)
-
-
-def test_a_case_sets_its_planners_params_between_the_configs_and_a_variants(tmp_path):
-    """cases.<name>.planners overrides the config's params of that planner, in its own row and in
-    its variants' (whose own params win); a planner name it does not know is refused first."""
-    from omegaconf import OmegaConf
-
-    from experiments.replication import case_model, check_inputs, run_case
-
-    cfg = OmegaConf.load("conf/experiment/replication.yaml")
-    case = OmegaConf.create(
-        dict(
-            model="tiny",
-            routing="synthetic_olmoe_top1",
-            n_devices=2,
-            lanes=True,
-            batch_sizes=[2, 3],
-            prompt_len=8,
-            n_batches=2,
-            planners={"predictive_replication": {"predictor": "ema", "window": 3}},
-            variants={
-                "p[last]": {"planner": "predictive_replication", "params": {"predictor": "last"}}
-            },
-        )
-    )
-    cfg.variants = {}
-    prep = {"switch_routing": {case_model(case).n_experts: RoutingConfig(source="synthetic")}}
-    rows = run_case(cfg, "t", case, prep, tmp_path)
-    for bs in (2, 3):  # every batch size alike
-        by = {r["planner"]: r["params"] for r in rows if r["batch_size"] == bs}
-        own, var = by["predictive_replication"], by["p[last]"]
-        assert (own["predictor"], own["window"], own["gate"]) == ("ema", 3, "time+copy")
-        assert (var["predictor"], var["window"]) == ("last", 3)
-        assert by["eplb"]["window"] == cfg.planners.eplb.window  # other planners: as before
-    case.planners = {"predictive": {"predictor": "ema"}}
-    cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t.planners.predictive: unknown planner; valid"):
-        check_inputs(cfg)
-    # synthetic routing has no request tasks: task_mix there, in a row or a variant, is refused
-    case.planners = {"predictive_replication": {"predictor": "window"}}
-    case.variants = {
-        "p[tm]": {"planner": "predictive_replication", "params": {"predictor": "task_mix"}}
-    }
-    cfg.cases = {"t": case}
-    with pytest.raises(
-        MoepipeError,
-        match=r"cases.t: p\[tm\] has predictor task_mix, which reads "
-        r"each request's task, but synthetic_olmoe_top1 routing has none; drop "
-        r"that variant, or move it to the ESFT cases' variants",
-    ):
-        check_inputs(cfg)
-    case.variants = {}
-    case.planners = {"predictive_replication": {"predictor": "task_mix"}}
-    cfg.cases = {"t": case}
-    with pytest.raises(
-        MoepipeError,
-        match=r"cases.t: predictive_replication has predictor "
-        r"task_mix.*; set cases.t.planners.predictive_replication.predictor=window",
-    ):
-        check_inputs(cfg)
-    case.planners = {"predictive_replication": "window"}
-    cfg.cases = {"t": case}
-    with pytest.raises(
-        MoepipeError,
-        match=r"cases.t.planners.predictive_replication='window': "
-        r"must be a mapping",
-    ):
-        check_inputs(cfg)
-    # G larger than the experts: one line before any case runs (it came when the case's turn
-    # came, after the earlier cases' runs, naming the planner's param)
-    case.planners, case.n_devices = {}, 5
-    cfg.cases = {"t": case}
-    with pytest.raises(
-        MoepipeError,
-        match=r"cases.t.n_devices=5 gives 5 devices, more than "
-        r"tiny's 4 experts; set it to at most 4",
-    ):
-        check_inputs(cfg)
-    case.n_devices, cfg.hardware_profile = 0, "h200-hgx8"  # 0: the profile's 8 GPUs
-    cfg.cases = {"t": case}
-    with pytest.raises(MoepipeError, match=r"cases.t.n_devices=0 gives 8 devices"):
-        check_inputs(cfg)
-
-
-def test_runs_get_the_training_files_their_predictor_reads():
-    """On held-out ESFT the experiment's predictive (task_mix) gets the per-task loads and the
-    prior scenarios' hedge; its `[window]` variant gets exactly the params the experiment's
-    predictive had before task_mix (the hedge, no per-task loads); the Switch cases' window gets
-    neither."""
-    from omegaconf import OmegaConf
-
-    from experiments.replication import run_params
-
-    cfg = OmegaConf.load("conf/experiment/replication.yaml")
-    out, training = Path(cfg.out_dir), (Path("l.npy"), Path("t.npy"))
-    case = cfg.cases["esft-g8-b32"]
-    own = dict(cfg.planners.predictive_replication)
-    pred = run_params(cfg, "esft-g8-b32", case, "predictive_replication", own, training, out)
-    assert pred["predictor"] == "task_mix"
-    assert pred["task_load"] == str(out / "esft_train_task_load.npy")
-    assert pred["prior_scenarios"] == str(out / "esft_train_groups.npy")
-    window = {**own, **dict(case.variants["predictive_replication[window]"].params)}
-    win = run_params(cfg, "esft-g8-b32", case, "predictive_replication", window, training, out)
-    before = dict(
-        n_devices=8,
-        lanes=False,
-        grouped_gemm=True,
-        dispatch="even",
-        replica_slots=2,
-        initial_load="l.npy",
-        table="t.npy",
-        predictor="window",
-        window=4,
-        prior_weight=2,
-        gate="time+copy",
-        rehome_interval=1,
-        prior_scenarios=str(out / "esft_train_groups.npy"),
-    )
-    assert win == before
-    switch = cfg.cases["switch-base-128-g8"]
-    own = {**own, **dict(switch.planners.predictive_replication)}
-    sw = run_params(cfg, "switch-base-128-g8", switch, "predictive_replication", own, training, out)
-    assert sw["predictor"] == "window" and not {"task_load", "prior_scenarios"} & set(sw)

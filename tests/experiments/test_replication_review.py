@@ -3,18 +3,16 @@ verdicts that agree with the figures they print."""
 
 from __future__ import annotations
 
-import re
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.figure
 import pytest
-from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
-from experiments import replication
-from experiments.replication import gap_line, plot, targets
+from experiments.common.ep_inputs import olmoe_counts
+from experiments.common.ep_plots import plot
+from experiments.common.ep_rows import gap_line, targets
 
 LABELS = ["ep_static", "eplb", "predictive_replication", "oracle_replication",
           *(f"oracle_replication[truth={k}]" for k in range(8))]  # fmt: skip
@@ -24,6 +22,7 @@ def _row(case: str, label: str, i: int) -> dict:
     planner = label.split("[")[0]
     return dict(
         case=case,
+        run_dir=f"{case}/bs32/{label}",
         batch_size=32,
         planner=label if "[" in label else planner,
         planner_label=label,
@@ -45,7 +44,7 @@ def test_every_panel_names_its_lines_and_no_two_planners_share_a_colour(tmp_path
     monkeypatch.setattr(
         matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self)
     )
-    plot(rows, tmp_path)
+    plot(rows, tmp_path, tmp_path)
     per_layer = figs[0]
     panel_b = per_layer.axes[1]
     colours = {ln.get_label(): matplotlib.colors.to_hex(ln.get_color()) for ln in panel_b.lines}
@@ -61,22 +60,7 @@ def test_every_panel_names_its_lines_and_no_two_planners_share_a_colour(tmp_path
 def test_a_missing_olmoe_aggregate_is_one_line(tmp_path):
     (tmp_path / "olmoe-aggregates").mkdir()
     with pytest.raises(MoepipeError, match="olmoe_mixtral_counts.npz"):
-        replication.olmoe_counts(str(tmp_path))
-
-
-def test_prepare_reads_no_olmoe_counts_without_a_synthetic_case(tmp_path, monkeypatch):
-    from tests.conftest import SHARED_TRACES
-
-    if not SHARED_TRACES.exists():
-        pytest.skip("needs ../shared/traces")
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    (traces / "esft-dsv2lite").symlink_to(SHARED_TRACES / "esft-dsv2lite")
-    cfg = OmegaConf.load(replication.CONF / "experiment" / "replication.yaml")
-    cfg.trace_dir, cfg.out_dir = str(traces), str(tmp_path / "out")
-    cfg.cases = {k: v for k, v in cfg.cases.items() if v.routing == "esft_heldout"}
-    (tmp_path / "out").mkdir()
-    assert replication.prepare(cfg, tmp_path / "out")["switch_routing"] == {}
+        olmoe_counts(str(tmp_path))
 
 
 def test_a_verdict_never_contradicts_its_rounded_figure():
@@ -109,22 +93,3 @@ def test_a_verdict_never_contradicts_its_rounded_figure():
     assert bal.startswith("[FAIL]") and "0.947739997 < eplb 0.947740000" in bal
     line = gap_line("c", 8, st, {"makespan_s": 0.010 - 0.499999 * 0.002}, orc)
     assert line.startswith("[FAIL]") and "closes 49.99%" in line
-
-
-@pytest.mark.parametrize("where", ["planners", "variant"])
-def test_no_planner_sets_its_own_replica_budget(where):
-    """The planners compare at one replica budget: `+planners.eplb.replica_slots=6` ran eplb at
-    6 slots beside predictive's 2 and the report compared them unflagged."""
-    cfg = OmegaConf.load(replication.CONF / "experiment" / "replication.yaml")
-    if where == "planners":
-        cfg.planners.eplb.replica_slots = 6
-        label = "eplb"
-    else:
-        label = next(iter(cfg.variants))
-        cfg.variants[label].params.replica_slots = 6
-    with pytest.raises(
-        MoepipeError, match=re.escape(label) + r" sets replica_slots=6.*top-level replica_slots"
-    ):
-        replication.check_inputs(cfg)
-    cfg = OmegaConf.load(replication.CONF / "experiment" / "replication.yaml")
-    replication.check_inputs(cfg)  # the shipped config passes

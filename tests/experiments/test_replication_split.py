@@ -10,7 +10,7 @@ import yaml
 from core.errors import MoepipeError
 from core.spec import HardwareSpec
 from core.traces import load_esft
-from experiments.replication import esft_split
+from experiments.common.ep_inputs import esft_split
 from tests.conftest import SHARED_TRACES
 
 
@@ -34,15 +34,21 @@ def test_validation_and_its_training_exclude_the_test_sequences():
 
 
 def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
-    from experiments.replication import reuse_lines
+    from experiments.common.ep_notes import reuse_lines
 
     cases = {
-        "esft-g8": dict(routing="esft_heldout", prompt_len=64, n_batches=8, batch_sizes=[8, 128]),
+        "esft-g8": dict(
+            routing="esft_heldout",
+            prompt_len=64,
+            n_batches=8,
+            batch_sizes=[8, 128],
+            split_tokens=7197,
+        ),
         "switch": dict(
             routing="synthetic_olmoe_top1", prompt_len=512, n_batches=8, batch_sizes=[128]
         ),
     }
-    lines = reuse_lines(cases, 7197)
+    lines = reuse_lines(cases)
     assert len(lines) == 1  # bs=8 (4096 tokens in all) fits; synthetic cases never wrap
     assert "esft-g8 bs=128: 8 batches of 8192 tokens from a 7197-token held-out split" in lines[0]
     assert "9.1 times" in lines[0] and "largest batch without a repeat: bs=14" in lines[0]
@@ -51,7 +57,7 @@ def test_a_batch_larger_than_the_split_is_noted_with_the_largest_that_fits():
 def test_a_balanced_dispatch_report_says_so_first():
     """The default (even, the issue's split) adds nothing; dispatch=balanced heads the report
     with one line naming it, since its balancedness and target lines are not the issue's."""
-    from experiments.replication import dispatch_lines
+    from experiments.common.ep_notes import dispatch_lines
 
     assert dispatch_lines("even") == []
     first = dispatch_lines("balanced")[0]
@@ -62,9 +68,12 @@ def test_the_report_says_whether_collectives_took_sms():
     """Under the table, one note: the profile's comm_sms, or that collectives ran free."""
     from dataclasses import replace
 
-    from experiments.replication import CONF, hardware_lines
+    from experiments.common.ep_notes import hardware_lines
+    from tests.conftest import ROOT
 
-    hw = HardwareSpec.from_dict(yaml.safe_load((CONF / "hardware" / "h200-hgx8.yaml").read_text()))
+    hw = HardwareSpec.from_dict(
+        yaml.safe_load((ROOT / "conf" / "hardware" / "h200-hgx8.yaml").read_text())
+    )
     assert hardware_lines(hw) == [
         "[note] hardware h200-hgx8: a running all-to-all or all-reduce holds 20 of each GPU's 132 "
         "SMs from its compute (comm_sms; comm_sms=0 runs them free); replica copies none "
@@ -80,7 +89,7 @@ def test_the_report_says_whether_collectives_took_sms():
 def test_plots_show_a_target_case_at_its_judged_batch():
     """esft-g8 is judged at its fresh bs=8 and plotted there, not at its largest (revisited)
     128; a case with no judged batch, or one whose judged batch did not run, at its largest."""
-    from experiments.replication import plotted_batches
+    from experiments.common.ep_rows import plotted_batches
 
     rows = [
         dict(case=c, batch_size=b)
@@ -109,7 +118,7 @@ def test_the_five_folds_partition_the_trace_and_train_on_the_other_four():
 def test_group_loads_are_the_training_split_one_residue_each():
     """predictive's prior scenarios: one load matrix per training residue, summing to the
     training split's load (the test split's four, the validation split's three)."""
-    from experiments.replication import esft_group_loads
+    from experiments.common.ep_inputs import esft_group_loads
 
     for split, groups in (("test", 4), ("validation", 3), ("fold2", 4)):
         loads = esft_group_loads(str(SHARED_TRACES), split)
@@ -125,7 +134,7 @@ def test_batch_balance_sums_layers_as_the_run_metric_does():
     """Batch 0: layers with mean/max 10/20 and 30/40 -> 40/60; batch 1: 5/5 -> 1."""
     import pandas as pd
 
-    from experiments.replication import batch_balance
+    from experiments.common.ep_plots import batch_balance
 
     t = pd.DataFrame({"batch": [0, 0, 1], "mean_tokens": [10, 30, 5], "max_tokens": [20, 40, 5]})
     assert batch_balance(t).tolist() == pytest.approx([40 / 60, 1.0])
@@ -134,7 +143,7 @@ def test_batch_balance_sums_layers_as_the_run_metric_does():
 def test_the_target_corner_is_eplbs_balance_and_half_the_gap():
     """ep_static 10 ms, oracle 8 ms: half the gap closed is 9 ms; eplb's balancedness 0.9. No
     corner without the oracle, or where the oracle is not faster than ep_static."""
-    from experiments.replication import target_corner
+    from experiments.common.ep_plots import target_corner
 
     rows = [
         dict(planner="ep_static", makespan_s=0.010, balancedness=0.7),
@@ -151,7 +160,7 @@ def test_the_target_corner_is_eplbs_balance_and_half_the_gap():
 def test_task_labels_follow_the_evaluation_stream_and_the_task_loads_sum_to_the_training():
     """`esft_tasks` labels each evaluation token in `esft_split`'s order, and its per-task loads
     of the training split add up to the training load matrix eplb and predictive start from."""
-    from experiments.replication import esft_routing, esft_tasks, load_matrix
+    from experiments.common.ep_inputs import esft_routing, esft_tasks, load_matrix
 
     tr = load_esft(str(SHARED_TRACES))
     ids, train = esft_split(str(SHARED_TRACES), 0, "validation")

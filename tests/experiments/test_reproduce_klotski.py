@@ -163,8 +163,10 @@ def test_a_row_beside_the_steps_is_printed_but_not_in_the_ratios():
 
 
 def test_an_interrupted_run_resumes(tmp_path):
-    """Finished runs are appended to runs.jsonl as they end; run again, only the others run, and
-    the rows come back in the jobs' order whichever ran when. A line cut short is ignored."""
+    """Each finished run is written to its own run dir as it ends (config.yaml, code version,
+    then summary.json); run again, only the others run, and the rows come back in the jobs'
+    order whichever ran when. A run dir without its summary (interrupted) runs again, and so
+    does one of other code."""
     from core.spec import Workload
     from experiments.reproduce_klotski import run_resumable
 
@@ -176,13 +178,17 @@ def test_an_interrupted_run_resumes(tmp_path):
             "workload": Workload(1, 2, 4, 2),
         }
 
-    done = tmp_path / "runs.jsonl"
-    first, ran = run_resumable([job("sequential")], done, workers=1)
+    runs = tmp_path / "runs"
+    first, ran = run_resumable([job("sequential")], runs, workers=1)
     assert ran == 1
-    with done.open("a") as f:
-        f.write('{"key": "cut sh')  # the interrupt
-    rows, ran = run_resumable([job("flexgen"), job("sequential")], done, workers=1)
+    (seq,) = runs.iterdir()
+    assert {"config.yaml", "code_version.txt", "summary.json"} <= {p.name for p in seq.iterdir()}
+    rows, ran = run_resumable([job("flexgen"), job("sequential")], runs, workers=1)
     assert ran == 1  # flexgen; sequential is reused
     assert [r["planner"] for r in rows] == ["flexgen", "sequential"]
     assert rows[1] == first[0]
-    assert len(done.read_text().splitlines()) == 3  # sequential, the cut line, flexgen
+    (seq / "summary.json").unlink()  # the interrupt, before the summary
+    (flex,) = [d for d in runs.iterdir() if d != seq]
+    (flex / "code_version.txt").write_text("other code")
+    _, ran = run_resumable([job("flexgen"), job("sequential")], runs, workers=1)
+    assert ran == 2

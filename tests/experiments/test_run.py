@@ -184,7 +184,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
             "planner.params.synk: unknown key; did you mean 'sync'? valid: sync",
         ),
         (["planner=fiddler", "planner.params.policy=x"], "policy must be one of"),
-        (["experiment=replication"], "run python -m experiments.replication"),
+        (["experiment=replication", "planner=ep_static"], "replication.case is not set: run one"),
         (["foo=bar"], "foo: unknown key; valid: checkpoint, executor, hardware, model, planner,"),
         (["workload.routing.skw=1"], "workload.routing.skw: unknown key; did you mean 'skew'?"),
         (["executor.routing_mode=live"], "choose executor=real, which has it"),
@@ -416,19 +416,17 @@ def test_slurm_launcher_without_its_plugin_says_what_to_install():
 
 
 def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
-    """experiments.replication: a misspelt or missing key (hydra: a screen of text, exit 1) is one
-    line naming the nearest key there, exit 2."""
+    """experiments.replication: a misspelt key (hydra: a screen of text, exit 1) is one line
+    naming the nearest key there, exit 2; a folder with no runs is one line too."""
     for args, message in (
-        (["cases.esft-g8.bogus=1"], "cases.esft-g8.bogus: unknown key; valid: batch_sizes,"),
-        (["replica_slot=1"], "replica_slot: unknown key; did you mean 'replica_slots'?"),
-        (["planners.eplb.initial_load=x.npy"], "planners.eplb.initial_load: unknown key;"),
-        (["replica_slots=two"], "replica_slots=two: not a whole number"),
+        (["dirr=x"], "dirr: unknown key; did you mean 'dir'?"),
+        ([f"dir={tmp_path}/none"], "no such folder; run the cases first"),
+        ([f"dir={tmp_path}"], "no finished replication runs"),
     ):
-        cmd = [sys.executable, "-m", "experiments.replication", *args, f"out_dir={tmp_path}/r"]
+        cmd = [sys.executable, "-m", "experiments.replication", *args]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(err) == 1 and message in err[0], r.stderr
-    assert not (tmp_path / "r").exists()
 
 
 def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):

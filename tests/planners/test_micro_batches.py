@@ -16,7 +16,7 @@ from core.schedule import Schedule, validate
 from core.spec import LinkSpec
 from core.types import OpKind, Resource
 from experiments.common.pipeline import RunSpec, simulate_run
-from experiments.replication import utilisation_lines
+from experiments.common.ep_rows import utilisation_lines
 from planners.expert_parallel import ExpertTime
 from tests.planners.ep_common import _MaxCost, tiny_spec
 

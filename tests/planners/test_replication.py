@@ -365,7 +365,7 @@ def test_shared_lanes_share_the_gpus_sms_and_utilisation_reads_sm_time():
     gate/up GEMM has 256 columns, 2 tiles per 128 rows; down 64 columns, 1 tile), averaged 2:1;
     utilisation and expert_phase_util count the whole-GPU seconds of work (`sm_s`), not the
     wall time the ops overlap; the work-conserving estimate is moot there."""
-    from experiments.replication import work_conserving_s
+    from experiments.common.ep_inputs import work_conserving_s
     from planners.expert_parallel import POOL, expert_width
 
     spec = tiny_spec("predictive_replication", lanes=True, lane_sharing="shared", grouped_gemm=True)
