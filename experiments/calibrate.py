@@ -209,8 +209,8 @@ def calibrate(
     }
     out["sources"]["p2p"] = (
         "gloo send/recv between 2 processes of this machine (what executor.distributed=true "
-        "moves tokens and replica copies over), a ping-pong of 64 KiB .. 32 MiB fitted to "
-        "latency + bytes/bandwidth; n_gpus 2: the processes measured"
+        "moves tokens and replica copies over), a ping-pong of 4 KiB .. 32 MiB fitted to "
+        "latency + bytes/bandwidth by relative error; n_gpus 2: the processes measured"
     )
     if ckpt:  # the executor's cost around each compute op, and the links, measured in runs
         extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)

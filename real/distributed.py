@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,7 @@ class Peers:
         self._dest: dict[GateKey, torch.Tensor] = {}
         self._error: BaseException | None = None
         self._listener: threading.Thread | None = None
+        self._posted: list[tuple[Any, torch.Tensor]] = []  # gate parts sent, not yet waited for
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -142,9 +143,22 @@ class Peers:
     def _send(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(tensor, destination rank, tag) each, posted at once, waited for. Through host memory
         (gloo moves CPU tensors; on CUDA the copy out is part of the op)."""
+        for w, _ in self._post(pieces):
+            self._wait(w)
+
+    def _post(self, pieces: list[tuple[torch.Tensor, int, int]]) -> list[tuple[Any, torch.Tensor]]:
+        """(tensor, destination rank, tag) each, posted: (work, host buffer) per piece; the buffer
+        must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
-        works = [dist.isend(b, dst, tag=tag) for b, (_, dst, tag) in zip(bufs, pieces, strict=True)]
-        for w in works:
+        return [
+            (dist.isend(b, dst, tag=tag), b) for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
+        ]
+
+    def _drain(self) -> None:
+        """Wait for the gate parts still on their way to other ranks."""
+        with self._cv:
+            posted, self._posted = self._posted, []
+        for w, _ in posted:
             self._wait(w)
 
     def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
@@ -179,7 +193,9 @@ class Peers:
         key = GateKey(op.step, op.layer, op.batch, op.micro)
         mine = ids.to(torch.int64).cpu(), weights.float().cpu()
         others = [d for d in range(self.world) if d != self.rank]
-        self._send(
+        # posted, not waited for: the gate is done once its routing is computed; the parts travel
+        # while this rank's dispatch waits for the others' (the simulator's gate has no transfer)
+        posted = self._post(
             [
                 (t, d, self.tag("gate", key, self.rank, sub))
                 for d in others
@@ -187,6 +203,7 @@ class Peers:
             ]
         )
         with self._cv:
+            self._posted = [(w, b) for w, b in self._posted if not w.is_completed()] + posted
             self._parts.setdefault(key, {})[self.rank] = mine
             self._own[key] = (op, normed)
             self._cv.notify_all()
@@ -461,8 +478,9 @@ class Peers:
     def gather(self, ex: Executor, schedule: Schedule) -> None:
         """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
         go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
-        counts from the common barrier). An op that waited for another rank's data (a receive,
-        or an expert for the whole routing) counts the wait in its own time."""
+        counts from the common barrier). Each op's start is then when it could begin
+        (`from_ready`), as the simulator and a one-process run have it."""
+        self._drain()
         specs = schedule.streams
         own = [i for i, op in enumerate(ex._ops) if self.runs(specs[op.stream])]
         mine = dict(
@@ -506,6 +524,7 @@ class Peers:
                 bst.written = [a + b for a, b in zip(bst.written, written, strict=True)]
             for k, v in got["used"].items():
                 ex._used.setdefault(k, v)
+        from_ready(ex._ops, specs, ex._start, ex._end)
 
     def _head_rows(self, ex: Executor, specs: Mapping[str, StreamSpec], batch: int) -> torch.Tensor:
         """[b] bool: the batch's sequences this rank's head ops generated."""
@@ -515,3 +534,48 @@ class Peers:
                 s0, s1 = ex._range[op.id]
                 rows[s0:s1] = True
         return rows
+
+
+def from_ready(
+    ops: Sequence[Op], streams: Mapping[str, StreamSpec], start: list[float], end: list[float]
+) -> None:
+    """Move each op's recorded start (in place) to when it could begin. A rank takes another
+    rank's ops as done at once (the op carrying their data honours the dep), so its op starts
+    early and blocks: a receive posted before the sender sends, an expert waiting for the other
+    ranks' gate parts. One process starts an op once all its deps are done, and the simulator
+    runs a transfer from when both of its ends are ready, so here an op starts no earlier than
+    its deps on other ranks end, and a transfer (dispatch, combine, replica copy) no earlier
+    than its other end is posted; the wait before is idle time, as in a one-process run."""
+    dev = [streams[op.stream].device for op in ops]
+    for i, op in enumerate(ops):
+        remote = [end[d] for d in op.deps if dev[d] != dev[i]]
+        if remote and max(remote) > start[i]:
+            start[i] = min(max(remote), end[i])
+    posted = list(start)
+    for i, others in transfer_partners(ops, streams).items():
+        begin = min(posted[p] for p in others)
+        if begin > start[i]:
+            start[i] = min(begin, end[i])
+
+
+def transfer_partners(ops: Sequence[Op], streams: Mapping[str, StreamSpec]) -> dict[int, list[int]]:
+    """Each transfer op's other ends on other devices: a dispatch or combine's ops of the same
+    (step, layer, batch, micro) in the other direction (`p2p` in, `p2p_out` out); a replica
+    copy's one partner (its op on the destination is emitted just before the source's)."""
+    ends: dict[tuple[object, ...], list[int]] = {}
+    out: dict[int, list[int]] = {}
+    for op in ops:
+        res = streams[op.stream].resource
+        if op.kind in (OpKind.DISPATCH, OpKind.COMBINE):
+            key = (op.kind, op.step, op.layer, op.batch, op.micro, res == Resource.P2P_OUT)
+            ends.setdefault(key, []).append(op.id)
+        elif op.kind == OpKind.LOAD and (op.src, op.dst) == (Tier.GPU, Tier.GPU):
+            out[op.id] = [op.id + 1 if res == Resource.P2P else op.id - 1]
+    for (*key, sending), ids in ends.items():
+        other = ends.get((*key, not sending), [])
+        for i in ids:
+            d = streams[ops[i].stream].device
+            partners = [p for p in other if streams[ops[p].stream].device != d]
+            if partners:
+                out[i] = partners
+    return out

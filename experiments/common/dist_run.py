@@ -27,6 +27,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
@@ -267,18 +269,30 @@ def _rank(
 
 
 def measure_d2d(
-    sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25),
-    reps: int = 5,
+    sizes: tuple[int, ...] = (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 23, 1 << 25),
+    reps: int = 9,
     timeout_s: float = 60.0,
 ) -> dict[str, float]:
     """The link the G-process run's transfers take (gloo between 2 processes of this machine):
-    the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
-    {"gbps", "latency_us"}."""
+    the median one-way time of a ping-pong per size, 4 KiB (a dispatch of a few tokens) to
+    32 MiB (a replica copy), fitted to latency + bytes / bandwidth -> {"gbps", "latency_us"}."""
     points = _spawn(2, _pingpong, (sizes, reps, timeout_s))
-    from real.calibration import _fit
-
-    bw, lat = _fit(points)
+    bw, lat = fit_relative(points)
     return {"gbps": bw / 1e9, "latency_us": lat * 1e6}
+
+
+def fit_relative(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(bytes, seconds) points fitted to seconds = latency + bytes / bandwidth by least squares
+    of the relative error -> (bandwidth bytes/s, latency s). An unweighted fit is the large
+    sizes' line, whose intercept is their noise (a few ms here), while most transfers of a run
+    are small: each point counts by its own scale."""
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # rows scaled by 1 / y
+    (lat, per_byte), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    if per_byte <= 0:  # latency-bound throughout: the bandwidth of the largest size alone
+        per_byte = max(y[-1] - max(lat, 0.0), 1e-12) / x[-1]
+    return float(1.0 / per_byte), max(float(lat), 0.0)
 
 
 def _pingpong(
