@@ -15,7 +15,7 @@ Transfers are point-to-point with tags naming the op (gloo), so streams of one r
 them in any order. Rank 0 gathers every rank's op times, tokens and logits at the end.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
-    ex = Executor(store, model, workload, prompts, peers=Peers(schedule.meta["ep"], ...))
+    ex = Executor(store, model, workload, prompts, peers=Peers(schedule.ep, ...))
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ import torch
 import torch.distributed as dist
 
 from core.dispatch import micro_batch_seqs, split_tokens
+from core.ep_layout import EPLayout
 from core.errors import ConfigError, MoepipeError
 from core.schedule import Op, Schedule, StreamSpec
 from core.spec import ModelSpec, Workload
-from core.types import OpKind, Resource, Tensor, Tier
+from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit, torch_dtype, unit_layout
 from real.executor import Executor, _Pending, _Stop
 from real.model import expert_tokens, new_slots, put_expert
@@ -64,25 +65,25 @@ class GateKey:
 class Peers:
     """This process's rank of a G-process run of one expert-parallel schedule."""
 
-    def __init__(self, ep: Mapping[str, Any], spec: ModelSpec, wl: Workload) -> None:
+    def __init__(self, ep: EPLayout, spec: ModelSpec, wl: Workload) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if int(ep["n_devices"]) != self.world:
+        if ep.n_devices != self.world:
             raise ConfigError(
-                f"the schedule has {ep['n_devices']} devices, the process group {self.world} "
+                f"the schedule has {ep.n_devices} devices, the process group {self.world} "
                 "ranks; plan with planner.params.n_devices equal to the number of processes"
             )
-        if ep.get("lanes"):
+        if ep.lanes:
             raise ConfigError(
                 "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
             )
-        if ep.get("dense") == "tensor":
+        if ep.dense == Dense.TENSOR:
             raise ConfigError(
                 "executor.distributed=true runs expert-parallel dense work data-parallel only "
                 "(planner dense=data); dense=tensor has no all-reduce op in the real executor"
             )
         self.spec, self.wl = spec, wl
-        self.micro_batches = int(ep.get("micro_batches") or 1)
-        self.dispatch = str(ep.get("dispatch") or "even")
+        self.micro_batches = ep.micro_batches
+        self.dispatch = ep.dispatch
         self.layout = unit_layout(spec)
         self.dtype = torch_dtype(spec)
         self._cv = threading.Condition()

@@ -28,12 +28,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from core.dispatch import micro_batch_rows, micro_batch_seqs
+from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import CausalRouting, GateView, Routing
 from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec, describe_stuck
@@ -133,7 +134,7 @@ def resident_units(schedule: Schedule, n_experts: int = 0) -> dict[Unit, Tier]:
             out[u] = tier
         elif u in from_disk and u not in to_gpu and tier == Tier.GPU:
             out.setdefault(u, Tier.GPU)  # read to host for a CPU user elsewhere; GPU copy resident
-    if schedule.meta.get("ep"):  # expert parallelism keeps every expert resident on the GPU
+    if schedule.ep is not None:  # expert parallelism keeps every expert resident on the GPU
         for layer in {u.layer for u in computed if u.kind == Tensor.EXPERT}:
             for e in range(n_experts):
                 out.setdefault(Unit(Tensor.EXPERT, layer, e), Tier.GPU)
@@ -239,7 +240,7 @@ class Executor:
         """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
         self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
         self._schedule = schedule
-        self._preload(self._own(resident_units(schedule), schedule.meta))
+        self._preload(self._own(resident_units(schedule), schedule.ep))
         for op in schedule.ops:
             self._add_op(op, schedule.streams[op.stream])
         self._planner_done = True
@@ -262,7 +263,7 @@ class Executor:
         capacity_bytes: Mapping[Tier, int],
         resident: Mapping[Unit, Tier],
         kv_batches: Iterable[int] = (),
-        first_meta: Mapping[str, Any] | None = None,
+        first_ep: EPLayout | None = None,
     ) -> RunOutput:
         """Run with the model's own gates while the planner plans: each op it emits is queued at
         once, and its `CausalRouting` blocks at a gate until that gate op has really run.
@@ -271,11 +272,11 @@ class Executor:
         `resident_units`; planners' placement does not depend on routing values).
         `kv_batches`: the batches whose KV the dry plans keep in host memory; their host caches
         are made before the run starts (else the planner thread pins them mid-run).
-        `first_meta`: a dry plan's meta, whose first expert placement (`ep_slots`) a rank of a
+        `first_ep`: a dry plan's expert-parallel layout, whose first placement a rank of a
         G-process run holds before the start.
         """
         self._reset(capacity_bytes, None, None)
-        self._preload(self._own(resident, first_meta or {}))
+        self._preload(self._own(resident, first_ep))
         for b in kv_batches:
             self._ensure_host_kv(b)
         holder: dict[str, CausalRouting] = {}
@@ -330,11 +331,11 @@ class Executor:
         return self._output(schedule)
 
     # ---- setup ------------------------------------------------------------------------------
-    def _own(self, resident: Mapping[Unit, Tier], meta: Mapping[str, Any]) -> Mapping[Unit, Tier]:
+    def _own(self, resident: Mapping[Unit, Tier], ep: EPLayout | None) -> Mapping[Unit, Tier]:
         """The resident units this process holds: all of them, or one rank's (`Peers`)."""
         if self.peers is None:
             return resident
-        return self.peers.own_units(resident, meta.get("ep_slots", {}))
+        return self.peers.own_units(resident, ep.placements if ep is not None else {})
 
     def _reset(
         self,
@@ -530,7 +531,7 @@ class Executor:
         if dense and op.micro >= 0:
             ep = self._ep_meta()
             self._range[op.id] = micro_batch_seqs(
-                self.wl.batch_size, ep["n_devices"], ep["micro_batches"], spec.device, op.micro
+                self.wl.batch_size, ep.n_devices, ep.micro_batches, spec.device, op.micro
             )
             return
         if dense:
@@ -973,8 +974,8 @@ class Executor:
                 ep = self._ep_meta()
                 rows = micro_batch_rows(
                     self.wl.batch_size,
-                    ep["n_devices"],
-                    ep["micro_batches"],
+                    ep.n_devices,
+                    ep.micro_batches,
                     op.micro,
                     self.wl.step_tokens(op.step),
                 )
@@ -982,7 +983,7 @@ class Executor:
                 parts = self._micro_parts.setdefault(key, [])
                 parts.append((ids, weights))
                 self._cv.notify_all()
-                if len(parts) < ep["micro_batches"]:
+                if len(parts) < ep.micro_batches:
                     return
                 del self._micro_parts[key]
                 ids = torch.stack([i for i, _ in parts]).max(0).values  # -1 outside each's rows
@@ -991,16 +992,16 @@ class Executor:
             self._used[key] = (ids, weights)
             self._cv.notify_all()
 
-    def _ep_meta(self) -> dict[str, Any]:
+    def _ep_meta(self) -> EPLayout:
         """The expert-parallel layout of the schedule under way (a replay's, or the one a live
-        planner is building: its meta is set before its first op)."""
-        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
-        return meta["ep"]
+        planner is building: its layout is set before its first op)."""
+        ep = self._schedule.ep if self._schedule is not None else self._builder.ep
+        assert ep is not None, "an expert-parallel op in a schedule with no layout"
+        return ep
 
     def _ep_slots(self) -> dict[tuple[int, int, int], list[list[int]]]:
         """(step, batch, MoE layer) -> each device's expert slots (the planner's placements)."""
-        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
-        return meta["ep_slots"]
+        return self._ep_meta().placements
 
     def _micro_mask(self, micro: int) -> torch.Tensor:
         """[b] bool: the batch's sequences in micro-batch `micro` (-1: all of them)."""
@@ -1008,8 +1009,8 @@ class Executor:
         if micro < 0:
             return torch.ones(bs, dtype=torch.bool)
         ep, mask = self._ep_meta(), torch.zeros(bs, dtype=torch.bool)
-        for d in range(ep["n_devices"]):
-            s0, s1 = micro_batch_seqs(bs, ep["n_devices"], ep["micro_batches"], d, micro)
+        for d in range(ep.n_devices):
+            s0, s1 = micro_batch_seqs(bs, ep.n_devices, ep.micro_batches, d, micro)
             mask[s0:s1] = True
         return mask
 

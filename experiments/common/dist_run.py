@@ -60,14 +60,14 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
 
     model, _ = load_checkpoint(ckpt)
     spec = resolve_n_batches(replace(spec, model=model, executor="real"))
-    ep = build_schedule(spec, _shape_routing(spec)).meta.get("ep")
-    if not ep:
+    ep = build_schedule(spec, _shape_routing(spec)).ep
+    if ep is None:
         raise ConfigError(
             f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
             f"planner {spec.planner} plans one device (use ep_static, eplb, "
             "predictive_replication or oracle_replication, or executor.distributed=false)"
         )
-    g = int(ep["n_devices"])
+    g = ep.n_devices
     if g > model.n_experts:
         raise ConfigError(
             f"planner.params.n_devices={g} is more than model {model.name}'s {model.n_experts} "
@@ -79,7 +79,7 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
             f"planner.params.n_devices={g}: one process per device, but this machine has "
             f"{cores} CPU cores; lower n_devices (at most {cores})"
         )
-    if g > 1 and ep.get("lanes"):
+    if g > 1 and ep.lanes:
         raise ConfigError(
             "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
         )

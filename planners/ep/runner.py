@@ -18,6 +18,7 @@ from core.dispatch import (
     split_tokens,
     traffic,
 )
+from core.ep_layout import EPLayout
 from core.errors import CapacityError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -194,9 +195,9 @@ class EPRunner:
         )
 
     def _record_layout(self, replica_bytes: int) -> None:
-        """The run's layout in the schedule's `meta["ep"]` (summary.json's `plan.ep`)."""
+        """The run's layout on the schedule (`Schedule.ep`; summary.json's `plan.ep`)."""
         lay = self.layout
-        self.out.meta["ep"] = dict(
+        self.out.ep = EPLayout(
             n_devices=lay.n_devices,
             lanes=lay.lanes,
             lane_share=lay.share if lay.lanes else None,
@@ -234,8 +235,9 @@ class EPRunner:
                         )
                 last = tuple(dense(self, OpKind.HEAD, step, -1, batch, last))
                 t += 1
-        self.out.meta["ep"]["copies"] = self.n_copies
-        self.out.meta["ep"]["pairs_sent"] = self.sent.tolist()
+        self.out.ep = replace(
+            self.ep, copies=self.n_copies, pairs_sent=tuple(int(n) for n in self.sent)
+        )
         self.reserve_staging()
 
     def overlapped(
@@ -283,7 +285,13 @@ class EPRunner:
                 "often (rehome_interval)"
             )
         self.out.reserve(Tier.GPU, total)
-        self.out.meta["ep"]["staging_bytes"] = per_gpu
+        self.out.ep = replace(self.ep, staging_bytes=per_gpu)
+
+    @property
+    def ep(self) -> EPLayout:
+        """The layout this runner records on the schedule."""
+        assert self.out.ep is not None, "set by __post_init__"
+        return self.out.ep
 
     def seqs(self, d: int, micro: int = -1) -> int:
         """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
@@ -430,7 +438,7 @@ class EPRunner:
         assert slots.shape == (self.layout.n_devices, self.layout.slots_per_device), slots.shape
         copy_waits = self.refill(moe, slots, used, step, layer, t)
         # The placement itself, for executors that hold real experts per device (real/distributed.py).
-        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
+        self.ep.placements[(step, batch, moe)] = slots.tolist()
         return slots, copy_waits
 
     def routed(
