@@ -20,6 +20,7 @@ Usage (inside a process group of G ranks, one per device of the schedule):
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -93,7 +94,9 @@ class Peers:
         self._dest: dict[GateKey, torch.Tensor] = {}
         self._error: BaseException | None = None
         self._listener: threading.Thread | None = None
-        self._posted: list[tuple[Any, torch.Tensor]] = []  # gate parts sent, not yet waited for
+        self.gone: PeerLost | None = None  # the first peer found gone
+        # gate parts sent, not yet waited for: (work, buffer, destination rank)
+        self._posted: list[tuple[Any, torch.Tensor, int]] = []
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -144,23 +147,26 @@ class Peers:
     def _send(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(tensor, destination rank, tag) each, posted at once, waited for. Through host memory
         (gloo moves CPU tensors; on CUDA the copy out is part of the op)."""
-        for w, _ in self._post(pieces):
-            self._wait(w)
+        for w, _, dst in self._post(pieces):
+            self._wait(w, dst)
 
-    def _post(self, pieces: list[tuple[torch.Tensor, int, int]]) -> list[tuple[Any, torch.Tensor]]:
-        """(tensor, destination rank, tag) each, posted: (work, host buffer) per piece; the buffer
-        must live until the work completes."""
+    def _post(
+        self, pieces: list[tuple[torch.Tensor, int, int]]
+    ) -> list[tuple[Any, torch.Tensor, int]]:
+        """(tensor, destination rank, tag) each, posted: (work, host buffer, destination) per
+        piece; the buffer must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
         return [
-            (dist.isend(b, dst, tag=tag), b) for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
+            (dist.isend(b, dst, tag=tag), b, dst)
+            for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
         ]
 
     def _drain(self) -> None:
         """Wait for the gate parts still on their way to other ranks."""
         with self._cv:
             posted, self._posted = self._posted, []
-        for w, _ in posted:
-            self._wait(w)
+        for w, _, dst in posted:
+            self._wait(w, dst)
 
     def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(buffer, source rank, tag) each, filled."""
@@ -169,19 +175,38 @@ class Peers:
             for t, _, _ in pieces
         ]
         works = [dist.irecv(b, src, tag=tag) for b, (_, src, tag) in zip(bufs, pieces, strict=True)]
-        for w in works:
-            self._wait(w)
+        for w, (_, src, _) in zip(works, pieces, strict=True):
+            self._wait(w, src)
         for b, (t, _, _) in zip(bufs, pieces, strict=True):
             if b is not t:
                 t.copy_(b)
 
-    def _wait(self, work: Any) -> None:
+    def _wait(self, work: Any, peer: int) -> None:
         try:
             work.wait()
         except RuntimeError as e:
-            raise PeerLost(
-                f"rank {self.rank}: a peer left the run ({str(e).splitlines()[0]})"
-            ) from None
+            raise self.lost(peer, e) from None
+
+    def lost(self, peer: int | None, e: BaseException, when: str = "during the run") -> PeerLost:
+        """The one line for a peer that went away: the rank this one was exchanging with (of 2,
+        the other one), and gloo's own first line."""
+        if peer is None and self.world == 2:
+            peer = 1 - self.rank
+        who = f"rank {peer}" if peer is not None else "another rank"
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = re.sub(r"^\[[^\]]*\] ", "", first).split(". ")[0]  # no source path, one clause
+        lost = PeerLost(f"{who} died or left {when}; rank {self.rank} stopped (gloo: {first})")
+        with self._cv:
+            self.gone = self.gone or lost
+            self._cv.notify_all()
+        return lost
+
+    def wait_gone(self, timeout_s: float) -> PeerLost | None:
+        """The first peer this rank found gone, waiting up to `timeout_s` for one (a launcher
+        that stops the survivors may do so before their transfers fail)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.gone is not None, timeout=timeout_s)
+            return self.gone
 
     # ---- the gate --------------------------------------------------------------------------
     def gate_part(
@@ -204,7 +229,7 @@ class Peers:
             ]
         )
         with self._cv:
-            self._posted = [(w, b) for w, b in self._posted if not w.is_completed()] + posted
+            self._posted = [p for p in self._posted if not p[0].is_completed()] + posted
             self._parts.setdefault(key, {})[self.rank] = mine
             self._own[key] = (op, normed)
             self._cv.notify_all()
@@ -455,9 +480,7 @@ class Peers:
         try:
             dist.barrier()
         except RuntimeError as e:
-            raise PeerLost(
-                f"rank {self.rank}: a peer left before the run ({str(e).splitlines()[0]})"
-            ) from None
+            raise self.lost(None, e, "before the run") from None
         self.listen(ex)
 
     def own_units(
@@ -502,7 +525,10 @@ class Peers:
             used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
         )
         everyone: list[Any] = [None] * self.world
-        dist.all_gather_object(everyone, mine)
+        try:
+            dist.all_gather_object(everyone, mine)
+        except RuntimeError as e:
+            raise self.lost(None, e, "at the run's end") from None
         one_host = len({got["host"] for got in everyone}) == 1
         for got in everyone:
             shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0

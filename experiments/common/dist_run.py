@@ -18,6 +18,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -182,8 +184,6 @@ def _child(
 def _as_rank(rank: int, tmp: Path, run: Any) -> None:
     """Run a spawned rank's work: rank 0's result to tmp/rank0.pkl; an error as one line in
     tmp/rank<r>.err and an exit code `_watch` reads (PEER_LOST: another rank stopped first)."""
-    import sys
-
     try:
         out = run()
         if rank == 0:
@@ -238,6 +238,9 @@ def _rank(
     if init is not None:
         kw.update(init_method=init[0], rank=init[1], world_size=init[2])
     rank = init[1] if init is not None else int(os.environ["RANK"])
+    held: list[Any] = []  # this rank's Peers, once made
+    if init is None:  # torchrun stops the survivors of a failed rank at once (SIGTERM)
+        stop_on_sigterm(rank, held)
     try:
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
@@ -256,7 +259,13 @@ def _rank(
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         try:
             result, out = real_execute(
-                ckpt, spec, routing_mode, routing=routing, device=device, distributed=True
+                ckpt,
+                spec,
+                routing_mode,
+                routing=routing,
+                device=device,
+                distributed=True,
+                on_peers=held.append,
             )
         except MoepipeError as e:
             if _peer_gone(e):
@@ -266,6 +275,28 @@ def _rank(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def stop_on_sigterm(rank: int, held: list[Any] | None = None) -> None:
+    """Under torchrun: on SIGTERM (its agent stops every rank once one fails, often before this
+    one's transfers with the dead rank fail), one line naming the rank that went away, as this
+    rank's transfers find it within a second (`held`: this rank's Peers, once made), or what is
+    known; then exit 2 at once, nothing written."""
+
+    def stopped(*_: Any) -> None:
+        gone = held[0].wait_gone(1.0) if held else None
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+        other = f"rank {1 - rank}" if world == 2 else "another rank"
+        line = (
+            str(gone)
+            if gone is not None
+            else f"rank {rank} was stopped by torchrun (SIGTERM): {other} failed or died "
+            "first, or the launch itself was stopped"
+        )
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        os._exit(FAILED)
+
+    signal.signal(signal.SIGTERM, stopped)
 
 
 def measure_d2d(

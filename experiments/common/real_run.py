@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,11 +77,13 @@ def real_execute(
     device: str | None = None,
     store: TieredStore | None = None,
     distributed: bool = False,
+    on_peers: Callable[[Peers], None] | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
     the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
-    whole run."""
+    whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
+    which peer went away)."""
     if routing_mode not in ROUTING_MODES:
         raise ConfigError(
             f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
@@ -98,14 +101,14 @@ def real_execute(
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts)
             schedule = build_schedule(spec, routing)
-            ex.peers = _peers(schedule, spec) if distributed else None
+            ex.peers = _peers(schedule, spec, on_peers) if distributed else None
             out = ex.run_replay(schedule if distributed else _one_process(schedule), routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
             dry_routing = routing or _shape_routing(spec)
             resident, kv_batches = resident_before_start(spec, dry_routing, distributed)
             first = build_schedule(spec, dry_routing)  # the first placement: no routing read
-            ex.peers = _peers(first, spec) if distributed else None
+            ex.peers = _peers(first, spec, on_peers) if distributed else None
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -133,7 +136,9 @@ def real_execute(
     return RunResult(out.schedule, trace, summary, outputs), out
 
 
-def _peers(schedule: Schedule, spec: RunSpec) -> Peers:
+def _peers(
+    schedule: Schedule, spec: RunSpec, on_peers: Callable[[Peers], None] | None = None
+) -> Peers:
     """This rank's `Peers` for a schedule (or a live run's dry plan) of an expert-parallel
     planner."""
     if schedule.ep is None:
@@ -142,7 +147,10 @@ def _peers(schedule: Schedule, spec: RunSpec) -> Peers:
             f"planner {spec.planner} plans one device (use ep_static, eplb, "
             "predictive_replication or oracle_replication, or executor.distributed=false)"
         )
-    return Peers(schedule.ep, spec.model, spec.workload)
+    peers = Peers(schedule.ep, spec.model, spec.workload)
+    if on_peers is not None:
+        on_peers(peers)
+    return peers
 
 
 def _one_process(schedule: Schedule) -> Schedule:

@@ -251,6 +251,67 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+def torchrun_ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of a torchrun agent's worker processes (their RANK)."""
+    kids = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True)
+    ranks = {}
+    for p in kids.stdout.split():
+        try:
+            env_vars = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        for kv in env_vars:
+            if kv.startswith(b"RANK="):
+                ranks[int(kv[5:])] = int(p)
+    return ranks
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Has the process installed a SIGTERM handler (/proc's caught-signals mask)?"""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize("after_s", [0.0, 8.0])
+def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, after_s):
+    """Under torchrun, rank 1 killed once rank 0's command has started (0 s: it is still
+    setting up) or in the run (8 s later): torchrun stops rank 0 at once (SIGTERM), and rank 0
+    says in one line that rank 1 went away (as its transfers found it, or as the launcher
+    stopped it); non-zero exit, no summary.json, no traceback of ours (torchrun prints its own
+    report)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100")[2:],
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    ranks: dict[int, int] = {}
+    deadline = time.monotonic() + 120
+    while not (1 in ranks and catches_sigterm(ranks[0])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ranks = torchrun_ranks(proc.pid)
+    assert 1 in ranks and catches_sigterm(ranks[0]), "torchrun's ranks did not start"
+    time.sleep(after_s)
+    os.kill(ranks[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (line,) = errors(stderr)
+    assert "rank 1 died or left" in line or "rank 1 failed or died first" in line, line
+    assert "rank 0" in line
+    assert f'File "{ROOT}' not in stderr, stderr[-3000:]
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
     """Rank 0 of 2 under a torchrun-like environment whose rank 1 never starts: one line once
     the rendezvous times out, no summary."""
