@@ -344,17 +344,19 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
         ("eplb", 16, "n_devices=16 must be in [1, 8] (the model's experts)"),
         ("eplb", (os.cpu_count() or 1) + 1, "one process per device, but this machine has"),
         ("flexgen", None, "planner flexgen plans one device"),
+        ("eplb +planner.params.dense=tensor", 2, "planner.params.dense=tensor: executor."),
     ],
 )
 def test_devices_the_machine_cannot_run_are_one_line(
     mixtral_tiny, tmp_path, planner, devices, message
 ):
-    """More processes than experts, or than the machine's cores, or a planner with no devices:
-    one line before any process starts."""
+    """More processes than experts, or than the machine's cores, a planner with no devices, or
+    tensor-parallel dense work (no all-reduce op in the real executor): one line before any
+    process starts."""
     if devices and devices > 8 and "cores" in message:
         pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
     proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices),
+        command(mixtral_tiny, tmp_path, *f"planner={planner}".split(), devices=devices),
         cwd=ROOT,
         env=env(),
         capture_output=True,
