@@ -3,7 +3,8 @@
 Every rank plans (or replays) the whole schedule and keeps the bookkeeping of every op, but runs
 only the ops of its own device's streams (`StreamSpec.device == rank`), with the executor's own
 op semantics. A dep on another rank's op is honoured by the op that carries its data:
-- a gate part sends its (ids, weights) rows to every other rank; a listener thread receives the
+- a gate part hands its (ids, weights) rows to a sender thread, which sends them to every other
+  rank (the gate op is done once its routing is computed); a listener thread receives the
   other ranks' parts, so every rank knows the batch's whole routing (the expert ranges, the live
   planner's view, the run's output) once every part has run;
 - dispatch (`p2p_out`: send, `p2p`: receive) moves each (token, slot) pair's normed row to the
@@ -20,6 +21,7 @@ Usage (inside a process group of G ranks, one per device of the schedule):
 
 from __future__ import annotations
 
+import queue
 import re
 import socket
 import threading
@@ -94,6 +96,10 @@ class Peers:
         self._dest: dict[GateKey, torch.Tensor] = {}
         self._error: BaseException | None = None
         self._listener: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        # this rank's gate parts for the sender thread, in gate order (None: stop)
+        self._outbox: queue.Queue[tuple[GateKey, Op, tuple[torch.Tensor, torch.Tensor]] | None]
+        self._outbox = queue.Queue()
         self.gone: PeerLost | None = None  # the first peer found gone
         # gate parts sent, not yet waited for: (work, buffer, destination rank)
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
@@ -162,7 +168,10 @@ class Peers:
         ]
 
     def _drain(self) -> None:
-        """Wait for the gate parts still on their way to other ranks."""
+        """Stop the sender; wait for the gate parts still on their way to other ranks."""
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join()
         with self._cv:
             posted, self._posted = self._posted, []
         for w, _, dst in posted:
@@ -212,28 +221,41 @@ class Peers:
     def gate_part(
         self, ex: Executor, op: Op, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> None:
-        """This rank's part of a gate (its sequences' rows), sent to every other rank. The batch's
-        routing is assembled (`_assemble`) once every rank's part is here, by whichever comes
-        last, this op or the listener receiving the others'; the ops that read it wait for it
-        (`pending`), as the schedule has them depend on every gate op."""
+        """This rank's part of a gate (its sequences' rows), handed to the sender thread, which
+        sends it to every other rank. The batch's routing is assembled (`_assemble`) once every
+        rank's part is here, by whichever comes last, the sender or the listener receiving the
+        others'; the ops that read it wait for it (`pending`), as the schedule has them depend
+        on every gate op. The gate is done once its routing is computed: exchanging it is the
+        all-to-all's part of the work (the simulator's gate moves nothing), and shows in the
+        dispatch that waits for it."""
         key = GateKey(op.step, op.layer, op.batch, op.micro)
         mine = ids.to(torch.int64).cpu(), weights.float().cpu()
-        others = [d for d in range(self.world) if d != self.rank]
-        # posted, not waited for: the gate is done once its routing is computed; the parts travel
-        # while this rank's dispatch waits for the others' (the simulator's gate has no transfer)
-        posted = self._post(
-            [
-                (t, d, self.tag("gate", key, self.rank, sub))
-                for d in others
-                for sub, t in enumerate(mine)
-            ]
-        )
         with self._cv:
-            self._posted = [p for p in self._posted if not p[0].is_completed()] + posted
             self._parts.setdefault(key, {})[self.rank] = mine
             self._own[key] = (op, normed)
             self._cv.notify_all()
-        self._assemble(ex, key, op)
+        self._outbox.put((key, op, mine))
+
+    def _send_parts(self, ex: Executor) -> None:
+        """The sender thread: each gate part of this rank, posted to the other ranks in gate
+        order (not waited for: `_drain` does at the end), then the routing assembled if it is
+        the last part."""
+        others = [d for d in range(self.world) if d != self.rank]
+        while (item := self._outbox.get()) is not None:
+            key, op, mine = item
+            try:
+                posted = self._post(
+                    [
+                        (t, d, self.tag("gate", key, self.rank, sub))
+                        for d in others
+                        for sub, t in enumerate(mine)
+                    ]
+                )
+            except RuntimeError as e:
+                raise self.lost(None, e) from None
+            with self._cv:
+                self._posted = [p for p in self._posted if not p[0].is_completed()] + posted
+            self._assemble(ex, key, op)
 
     def _check(self, ex: Executor) -> None:
         if self._error is not None:
@@ -271,6 +293,18 @@ class Peers:
 
         self._listener = threading.Thread(target=run, name="gate-listener", daemon=True)
         self._listener.start()
+
+        def send() -> None:
+            try:
+                self._send_parts(ex)
+            except BaseException as e:  # noqa: BLE001 - handed to the executor's main thread
+                with self._cv:
+                    self._error = self._error or e
+                    self._cv.notify_all()
+                ex._fail(e)
+
+        self._sender = threading.Thread(target=send, name="gate-sender", daemon=True)
+        self._sender.start()
 
     def _receive_parts(self, ex: Executor, key: GateKey, op: Op) -> None:
         k = self.spec.top_k

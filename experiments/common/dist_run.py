@@ -33,7 +33,7 @@ import numpy as np
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
-from core.types import Dense
+from core.types import Dense, Resource
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -331,6 +331,63 @@ def fit_relative(points: list[tuple[float, float]]) -> tuple[float, float]:
     if per_byte <= 0:  # latency-bound throughout: the bandwidth of the largest size alone
         per_byte = max(y[-1] - max(lat, 0.0), 1e-12) / x[-1]
     return float(1.0 / per_byte), max(float(lat), 0.0)
+
+
+def measure_p2p_in_run(ckpt: str, hw: dict[str, Any], timeout_s: float = 120.0) -> Any:
+    """The p2p link (`p2p_seen`) one G=2 process run of `ep_static` on the checkpoint's model
+    sees: 2 batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing, every
+    expert resident (the device pool `hw`'s, at least 1.3 x the model). None if it moved
+    nothing."""
+    from core.spec import HardwareSpec, RoutingConfig, Workload
+    from core.types import RoutingSource
+    from real.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(ckpt)
+    d = dict(hw, n_gpus=2)
+    d["memory_gb"] = dict(
+        hw["memory_gb"], gpu=max(hw["memory_gb"]["gpu"], 1.3 * model.total_bytes / 1e9)
+    )
+    hardware = HardwareSpec.from_dict(d)
+    wl = Workload(
+        batch_size=4,
+        n_batches=2,
+        prompt_len=16,
+        gen_len=4,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
+    spec = RunSpec(model, hardware, wl, "ep_static", {"n_devices": 2})
+    out = run_distributed(ckpt, spec, "replay", None, timeout_s)
+    assert out is not None, "a spawned run returns rank 0's result"
+    return p2p_seen([out.result.trace], hardware.link(Resource.P2P))
+
+
+def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> Any:
+    """The p2p link (`core.spec.LinkSpec`) the transfers of G-process runs' traces saw, or None
+    when they have none: its per-transfer latency the mean time of the small ones (dispatch,
+    combine: tokens) beyond their bytes at `link`'s bandwidth, its bandwidth that of the large
+    ones (replica copies) net of that latency, else `link`'s. Means, not medians: a run's
+    makespan adds the slow transfers up too. A transfer's time here holds what the executor
+    does around gloo's (host copies, the pairs' rows), which a ping-pong does not."""
+    from core.spec import LinkSpec
+
+    small: list[float] = []
+    big_bytes = big_s = 0.0
+    n_big = 0
+    for tr in traces:
+        t = tr[tr["resource"].astype(str).str.startswith("p2p") & (tr["bytes"] > 0)]
+        dur = (t["end_s"] - t["start_s"]).to_numpy()
+        nbytes = t["bytes"].to_numpy().astype(float)
+        is_small = nbytes < large_bytes
+        small += list(dur[is_small] - nbytes[is_small] / link.bandwidth_bytes_per_s)
+        big_bytes += float(nbytes[~is_small].sum())
+        big_s += float(dur[~is_small].sum())
+        n_big += int((~is_small).sum())
+    if not small and not big_bytes:
+        return None
+    lat = max(float(np.mean(small)), 0.0) if small else link.latency_s
+    net = big_s - n_big * lat
+    bw = big_bytes / net if big_bytes and net > 0 else link.bandwidth_bytes_per_s
+    return LinkSpec(bw, lat)
 
 
 def _pingpong(

@@ -470,3 +470,34 @@ def test_copies_sent_counts_copy_moves_sources():
             [src for _, src, _ in copy_moves(old.tolist(), new.tolist())], minlength=4
         )
         assert copies_sent(old, new).tolist() == want.tolist()
+
+
+def test_ops_start_when_their_remote_deps_and_other_ends_are_ready():
+    """Times as two ranks record them, in ms: gate g0 (GPU 0) 0-1 and g1 (GPU 1) 0-3; GPU 0
+    sends its tokens (d0, p2p_out) 1-6, GPU 1 posts its receive (d1, p2p) at 3, so 3-6; GPU 1's
+    expert e1 (after its receive and GPU 0's send) recorded 6-8. GPU 0's receive of the combine
+    (c0, after e1) was posted at 1, GPU 1's send of it (c1) ran 8-9. As one process runs them:
+    d0 starts once GPU 1's gate ended (3), d1 with it (3, its own), e1 at 6 as recorded (d0
+    ended at 6), c0 once e1 ended (8), with its other end c1."""
+    from core.schedule import ScheduleBuilder
+    from core.types import Resource
+    from real.distributed import from_ready, transfer_partners
+
+    b = ScheduleBuilder({})
+    for d in (0, 1):
+        b.stream(f"gpu{d}", Resource.GPU, d)
+        b.stream(f"send{d}", Resource.P2P_OUT, d)
+        b.stream(f"in{d}", Resource.P2P, d)
+    g0 = b.add(OpKind.GATE, "gpu0", layer=0)
+    g1 = b.add(OpKind.GATE, "gpu1", layer=0)
+    d0 = b.add(OpKind.DISPATCH, "send0", (g0, g1), layer=0, nbytes=8)
+    d1 = b.add(OpKind.DISPATCH, "in1", (g0, g1), layer=0, nbytes=8)
+    e1 = b.add(OpKind.EXPERT, "gpu1", (d1, d0, g0, g1), layer=0, expert=0)
+    c1 = b.add(OpKind.COMBINE, "send1", (e1,), layer=0, nbytes=8)
+    c0 = b.add(OpKind.COMBINE, "in0", (e1,), layer=0, nbytes=8)
+    s = b.build()
+    assert transfer_partners(s.ops, s.streams) == {d0: [d1], d1: [d0], c1: [c0], c0: [c1]}
+    start = [0.0, 0.0, 1.0, 3.0, 6.0, 8.0, 1.0]
+    end = [1.0, 3.0, 6.0, 6.0, 8.0, 9.0, 9.0]
+    from_ready(s.ops, s.streams, start, end)
+    assert start == [0.0, 0.0, 3.0, 3.0, 6.0, 8.0, 8.0]
