@@ -26,8 +26,7 @@ _EPS = 1e-12
 
 def _gpu_of(schedule: Schedule) -> dict[str, int]:
     """Each GPU compute stream's physical GPU: its device, or 0 for every lane of one GPU."""
-    ep = schedule.meta.get("ep") or {}
-    lanes = bool(ep.get("lanes"))
+    lanes = schedule.ep is not None and schedule.ep.lanes
     return {
         name: 0 if lanes else s.device
         for name, s in schedule.streams.items()

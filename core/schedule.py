@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, TypeGuard, cast
 
 import numpy as np
 
+from core.ep_layout import EPLayout
 from core.errors import CapacityError, ScheduleError
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
@@ -99,6 +100,7 @@ class Schedule:
     capacity_bytes: dict[Tier, int]  # memory of each tier
     resident_bytes: dict[Tier, int]  # held for the whole run (weights placed there, KV cache)
     meta: dict[str, Any] = field(default_factory=dict)  # planner, params, n, placement, labels
+    ep: EPLayout | None = None  # an expert-parallel schedule's device layout
     _columns: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -179,6 +181,7 @@ class ScheduleBuilder:
         self.capacity_bytes = dict(capacity_bytes)
         self.resident_bytes: dict[Tier, int] = {t: 0 for t in Tier}
         self.meta: dict[str, Any] = {}
+        self.ep: EPLayout | None = None  # set by an expert-parallel planner before its first op
         self._sink = sink
 
     def stream(
@@ -206,7 +209,9 @@ class ScheduleBuilder:
         return op.id
 
     def build(self) -> Schedule:
-        return Schedule(self.ops, self.streams, self.capacity_bytes, self.resident_bytes, self.meta)
+        return Schedule(
+            self.ops, self.streams, self.capacity_bytes, self.resident_bytes, self.meta, self.ep
+        )
 
 
 def validate(schedule: Schedule, check_finishes: bool = True) -> None:
@@ -217,7 +222,7 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
 
     Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
     kind, no single allocation exceeds a tier, every expert compute depends on its batch's gate
-    (a micro-batch's: its own; planners are causal), an expert-parallel layout (`meta["ep"]`) uses only the links it
+    (a micro-batch's: its own; planners are causal), an expert-parallel layout (`Schedule.ep`) uses only the links it
     has (lanes: d2d; G GPUs: p2p, p2p_out), and an instant-completion run of the streams
     finishes (no op waits forever for memory that only a later op frees) without freeing
     memory nothing holds.
@@ -281,9 +286,9 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         problem = _shape_problem(shape, streams)
         if problem:
             raise ScheduleError(f"{op.label()}: {problem}")
-    ep = schedule.meta.get("ep")
-    if ep:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
-        problem = _ep_problem(first.values(), streams, bool(ep.get("lanes")))
+    ep = schedule.ep
+    if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
+        problem = _ep_problem(first.values(), streams, ep.lanes)
         if problem:
             raise ScheduleError(problem)
     for ti, tier in enumerate(Tier):
@@ -412,7 +417,7 @@ def _ep_problem(ops: Iterable[Op], streams: Mapping[str, StreamSpec], lanes: boo
     """The first op (in op order) on a link its expert-parallel layout does not have: lanes
     share one GPU's memory (a replica copy runs on its copy path, d2d; no token leaves the GPU),
     G GPUs have no shared memory (a copy between them runs on p2p in and p2p_out out). The IR
-    names lanes and GPUs alike (`gpu:d`), so only the layout (`meta["ep"]`) tells them apart."""
+    names lanes and GPUs alike (`gpu:d`), so only the layout (`Schedule.ep`) tells them apart."""
     wrong = {Resource.P2P, Resource.P2P_OUT} if lanes else {Resource.D2D}
     bad = min(
         (o for o in ops if streams[o.stream].resource in wrong), key=lambda o: o.id, default=None
@@ -422,12 +427,12 @@ def _ep_problem(ops: Iterable[Op], streams: Mapping[str, StreamSpec], lanes: boo
     res = streams[bad.stream].resource
     if lanes:
         return (
-            f"{bad.label()}: on {res}, but the layout is lanes of one GPU (meta ep.lanes), "
+            f"{bad.label()}: on {res}, but the layout is lanes of one GPU (Schedule.ep.lanes), "
             "whose memory they share: a replica copy runs on d2d, and no tokens move"
         )
     return (
         f"{bad.label()}: on d2d (a copy within one GPU), but the layout is G GPUs "
-        "(meta ep.lanes false): a copy between GPUs runs on p2p in and p2p_out out"
+        "(Schedule.ep.lanes false): a copy between GPUs runs on p2p in and p2p_out out"
     )
 
 

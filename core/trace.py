@@ -508,19 +508,13 @@ def summarize(
         .sum()
     )
     tokens = workload.tokens_generated
-    ep = schedule.meta.get("ep")  # expert-parallel runs: balance and utilisation (core/balance.py)
-    balance = (
-        balance_metrics(
-            trace, int(ep["n_devices"]), bool(ep.get("lanes")), bool(ep.get("copy_kernels"))
-        )
-        if ep
-        else {}
-    )
+    ep = schedule.ep  # expert-parallel runs: balance and utilisation (core/balance.py)
+    balance = balance_metrics(trace, ep.n_devices, ep.lanes, ep.copy_kernels) if ep else {}
     if ep and balance and "op_id" in trace:  # were the replica copies prefetched in time?
-        balance.update(copy_waits(schedule, trace, int(ep["n_devices"])))
+        balance.update(copy_waits(schedule, trace, ep.n_devices))
     # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel
     if ep and balance:
-        gpu_busy = makespan * balance["gpu_load" if ep.get("lanes") else "utilisation"]
+        gpu_busy = makespan * balance["gpu_load" if ep.lanes else "utilisation"]
     return {
         **labels,
         "batch_size": workload.batch_size,

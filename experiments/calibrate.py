@@ -211,9 +211,25 @@ def calibrate(
     }
     out["sources"]["p2p"] = (
         "gloo send/recv between 2 processes of this machine (what executor.distributed=true "
-        "moves tokens and replica copies over), a ping-pong of 64 KiB .. 32 MiB fitted to "
-        "latency + bytes/bandwidth; n_gpus 2: the processes measured"
+        "moves tokens and replica copies over), a ping-pong of 4 KiB .. 32 MiB fitted to "
+        "latency + bytes/bandwidth by relative error; n_gpus 2: the processes measured"
     )
+    if ckpt:  # what a G-process run's transfers see: gloo's and the executor's around it
+        from experiments.common.dist_run import measure_p2p_in_run
+
+        alone = dict(out["links"]["p2p"])
+        seen = measure_p2p_in_run(ckpt, out)
+        if seen is not None:
+            out["links"]["p2p"] = {
+                "gbps": round(seen.bandwidth_bytes_per_s / 1e9, 4),
+                "latency_us": round(seen.latency_s * 1e6, 2),
+            }
+            out["sources"]["p2p_in_run"] = (
+                f"{seen.latency_s * 1e6:.0f} us a transfer, {seen.bandwidth_bytes_per_s / 1e9:.3f} "
+                "GB/s: what the transfers of one 2-process ep_static run on the checkpoint took "
+                "(the mean of its dispatches and combines beyond their bytes; its copies' rate, "
+                f"if any); the ping-pong alone gave {alone['latency_us']:g} us, {alone['gbps']:g} GB/s"
+            )
     if ckpt:  # the executor's cost around each compute op, and the links, measured in runs
         extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
         by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}

@@ -171,6 +171,10 @@ def locked(out_dir: Path) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from experiments.common.dist_run import launched, stop_on_sigterm
+
+    if launched():  # one rank of torchrun's, whose agent stops the others when one fails
+        stop_on_sigterm(int(os.environ["RANK"]))
     problem = (
         another_commands_experiment(argv)
         or sweep_experiment_misused(argv)

@@ -70,7 +70,7 @@ from experiments.common.cli import (  # noqa: E402
     output_dir,
     run_command,
 )
-from experiments.common.dist_run import run_distributed  # noqa: E402
+from experiments.common.dist_run import p2p_seen, run_distributed  # noqa: E402
 from experiments.common.hardware import (  # noqa: E402
     load_hardware,
     measure_in_run,  # noqa: E402
@@ -350,6 +350,13 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
                 )
             )
         }
+        # G processes: the p2p link's latency too, from the runs' transfers (small ones are
+        # nearly all latency, which a bandwidth alone cannot stand for)
+        p2p = p2p_seen([r.trace for r in runs], hw.link(Resource.P2P)) if distributed else None
+        if p2p is not None:
+            seen[Resource.P2P] = p2p.bandwidth_bytes_per_s
+            row["run_p2p_latency_us"] = p2p.latency_s * 1e6
+            row["calibrated_p2p_latency_us"] = hw.link(Resource.P2P).latency_s * 1e6
         if distributed:
             row.update(per_device(sim, real))
         for res in kinds:
@@ -362,7 +369,10 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
         ):
             row[k] = float("nan")
         if seen:
-            again = simulate_run(replace(spec, hardware=with_links(hw, seen)), routing)
+            hw_seen = with_links(hw, seen)
+            if p2p is not None:
+                hw_seen = replace(hw_seen, links={**hw_seen.links, Resource.P2P: p2p})
+            again = simulate_run(replace(spec, hardware=hw_seen), routing)
             errors_against(row, "run_links", again.summary)
         if probed[name]:
             # each real run's own prediction, at the links a probe saw just before it
@@ -389,6 +399,12 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             + ", ".join(
                 f"{res} {row[f'run_{res}_gbps']:.2f} GB/s, calibrated "
                 f"{row[f'calibrated_{res}_gbps']:.2f}"
+                + (
+                    f"; + {row['run_p2p_latency_us']:.0f} us a transfer, calibrated "
+                    f"{row['calibrated_p2p_latency_us']:.0f}"
+                    if res == Resource.P2P and "run_p2p_latency_us" in row
+                    else ""
+                )
                 for res in seen
             )
             + f"): {100 * row['err_run_links_makespan_s']:+.1f}%, "

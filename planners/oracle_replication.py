@@ -12,7 +12,7 @@ then no longer a bound, and says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,4 +85,5 @@ class OracleReplication(Planner):
         rep, init = Replicator.for_run(self.params, ctx, layout, "oracle_replication")
         policy = PeekedReplicas(rep, ctx.routing, ctx.workload.n_batches, w, init)
         EPRunner(ctx, out, layout).plan(policy)
-        out.meta["ep"]["prediction_tv"] = policy.error.mean()
+        assert out.ep is not None
+        out.ep = replace(out.ep, prediction_tv=policy.error.mean())

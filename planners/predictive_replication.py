@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -365,4 +365,5 @@ class PredictiveReplication(Planner):
         out.meta["predictor"] = self.params.predictor
         policy = PredictedReplicas(rep, predictor)
         EPRunner(ctx, out, layout).plan(policy)
-        out.meta["ep"]["prediction_tv"] = policy.error.mean()
+        assert out.ep is not None
+        out.ep = replace(out.ep, prediction_tv=policy.error.mean())

@@ -3,7 +3,8 @@
 Every rank plans (or replays) the whole schedule and keeps the bookkeeping of every op, but runs
 only the ops of its own device's streams (`StreamSpec.device == rank`), with the executor's own
 op semantics. A dep on another rank's op is honoured by the op that carries its data:
-- a gate part sends its (ids, weights) rows to every other rank; a listener thread receives the
+- a gate part hands its (ids, weights) rows to a sender thread, which sends them to every other
+  rank (the gate op is done once its routing is computed); a listener thread receives the
   other ranks' parts, so every rank knows the batch's whole routing (the expert ranges, the live
   planner's view, the run's output) once every part has run;
 - dispatch (`p2p_out`: send, `p2p`: receive) moves each (token, slot) pair's normed row to the
@@ -15,14 +16,16 @@ Transfers are point-to-point with tags naming the op (gloo), so streams of one r
 them in any order. Rank 0 gathers every rank's op times, tokens and logits at the end.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
-    ex = Executor(store, model, workload, prompts, peers=Peers(schedule.meta["ep"], ...))
+    ex = Executor(store, model, workload, prompts, peers=Peers(schedule.ep, ...))
 """
 
 from __future__ import annotations
 
+import queue
+import re
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 from core.dispatch import micro_batch_seqs, split_tokens
+from core.ep_layout import EPLayout
 from core.errors import ConfigError, MoepipeError
 from core.schedule import Op, Schedule, StreamSpec
 from core.spec import ModelSpec, Workload
-from core.types import OpKind, Resource, Tensor, Tier
+from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit, torch_dtype, unit_layout
 from real.executor import Executor, _Pending, _Stop
 from real.model import expert_tokens, new_slots, put_expert
@@ -64,25 +68,25 @@ class GateKey:
 class Peers:
     """This process's rank of a G-process run of one expert-parallel schedule."""
 
-    def __init__(self, ep: Mapping[str, Any], spec: ModelSpec, wl: Workload) -> None:
+    def __init__(self, ep: EPLayout, spec: ModelSpec, wl: Workload) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if int(ep["n_devices"]) != self.world:
+        if ep.n_devices != self.world:
             raise ConfigError(
-                f"the schedule has {ep['n_devices']} devices, the process group {self.world} "
+                f"the schedule has {ep.n_devices} devices, the process group {self.world} "
                 "ranks; plan with planner.params.n_devices equal to the number of processes"
             )
-        if ep.get("lanes"):
+        if ep.lanes:
             raise ConfigError(
                 "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
             )
-        if ep.get("dense") == "tensor":
+        if ep.dense == Dense.TENSOR:
             raise ConfigError(
                 "executor.distributed=true runs expert-parallel dense work data-parallel only "
                 "(planner dense=data); dense=tensor has no all-reduce op in the real executor"
             )
         self.spec, self.wl = spec, wl
-        self.micro_batches = int(ep.get("micro_batches") or 1)
-        self.dispatch = str(ep.get("dispatch") or "even")
+        self.micro_batches = ep.micro_batches
+        self.dispatch = ep.dispatch
         self.layout = unit_layout(spec)
         self.dtype = torch_dtype(spec)
         self._cv = threading.Condition()
@@ -92,6 +96,13 @@ class Peers:
         self._dest: dict[GateKey, torch.Tensor] = {}
         self._error: BaseException | None = None
         self._listener: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        # this rank's gate parts for the sender thread, in gate order (None: stop)
+        self._outbox: queue.Queue[tuple[GateKey, Op, tuple[torch.Tensor, torch.Tensor]] | None]
+        self._outbox = queue.Queue()
+        self.gone: PeerLost | None = None  # the first peer found gone
+        # gate parts sent, not yet waited for: (work, buffer, destination rank)
+        self._posted: list[tuple[Any, torch.Tensor, int]] = []
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -142,10 +153,29 @@ class Peers:
     def _send(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(tensor, destination rank, tag) each, posted at once, waited for. Through host memory
         (gloo moves CPU tensors; on CUDA the copy out is part of the op)."""
+        for w, _, dst in self._post(pieces):
+            self._wait(w, dst)
+
+    def _post(
+        self, pieces: list[tuple[torch.Tensor, int, int]]
+    ) -> list[tuple[Any, torch.Tensor, int]]:
+        """(tensor, destination rank, tag) each, posted: (work, host buffer, destination) per
+        piece; the buffer must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
-        works = [dist.isend(b, dst, tag=tag) for b, (_, dst, tag) in zip(bufs, pieces, strict=True)]
-        for w in works:
-            self._wait(w)
+        return [
+            (dist.isend(b, dst, tag=tag), b, dst)
+            for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
+        ]
+
+    def _drain(self) -> None:
+        """Stop the sender; wait for the gate parts still on their way to other ranks."""
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join()
+        with self._cv:
+            posted, self._posted = self._posted, []
+        for w, _, dst in posted:
+            self._wait(w, dst)
 
     def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
         """(buffer, source rank, tag) each, filled."""
@@ -154,43 +184,78 @@ class Peers:
             for t, _, _ in pieces
         ]
         works = [dist.irecv(b, src, tag=tag) for b, (_, src, tag) in zip(bufs, pieces, strict=True)]
-        for w in works:
-            self._wait(w)
+        for w, (_, src, _) in zip(works, pieces, strict=True):
+            self._wait(w, src)
         for b, (t, _, _) in zip(bufs, pieces, strict=True):
             if b is not t:
                 t.copy_(b)
 
-    def _wait(self, work: Any) -> None:
+    def _wait(self, work: Any, peer: int) -> None:
         try:
             work.wait()
         except RuntimeError as e:
-            raise PeerLost(
-                f"rank {self.rank}: a peer left the run ({str(e).splitlines()[0]})"
-            ) from None
+            raise self.lost(peer, e) from None
+
+    def lost(self, peer: int | None, e: BaseException, when: str = "during the run") -> PeerLost:
+        """The one line for a peer that went away: the rank this one was exchanging with (of 2,
+        the other one), and gloo's own first line."""
+        if peer is None and self.world == 2:
+            peer = 1 - self.rank
+        who = f"rank {peer}" if peer is not None else "another rank"
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = re.sub(r"^\[[^\]]*\] ", "", first).split(". ")[0]  # no source path, one clause
+        lost = PeerLost(f"{who} died or left {when}; rank {self.rank} stopped (gloo: {first})")
+        with self._cv:
+            self.gone = self.gone or lost
+            self._cv.notify_all()
+        return lost
+
+    def wait_gone(self, timeout_s: float) -> PeerLost | None:
+        """The first peer this rank found gone, waiting up to `timeout_s` for one (a launcher
+        that stops the survivors may do so before their transfers fail)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.gone is not None, timeout=timeout_s)
+            return self.gone
 
     # ---- the gate --------------------------------------------------------------------------
     def gate_part(
         self, ex: Executor, op: Op, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> None:
-        """This rank's part of a gate (its sequences' rows), sent to every other rank. The batch's
-        routing is assembled (`_assemble`) once every rank's part is here, by whichever comes
-        last, this op or the listener receiving the others'; the ops that read it wait for it
-        (`pending`), as the schedule has them depend on every gate op."""
+        """This rank's part of a gate (its sequences' rows), handed to the sender thread, which
+        sends it to every other rank. The batch's routing is assembled (`_assemble`) once every
+        rank's part is here, by whichever comes last, the sender or the listener receiving the
+        others'; the ops that read it wait for it (`pending`), as the schedule has them depend
+        on every gate op. The gate is done once its routing is computed: exchanging it is the
+        all-to-all's part of the work (the simulator's gate moves nothing), and shows in the
+        dispatch that waits for it."""
         key = GateKey(op.step, op.layer, op.batch, op.micro)
         mine = ids.to(torch.int64).cpu(), weights.float().cpu()
-        others = [d for d in range(self.world) if d != self.rank]
-        self._send(
-            [
-                (t, d, self.tag("gate", key, self.rank, sub))
-                for d in others
-                for sub, t in enumerate(mine)
-            ]
-        )
         with self._cv:
             self._parts.setdefault(key, {})[self.rank] = mine
             self._own[key] = (op, normed)
             self._cv.notify_all()
-        self._assemble(ex, key, op)
+        self._outbox.put((key, op, mine))
+
+    def _send_parts(self, ex: Executor) -> None:
+        """The sender thread: each gate part of this rank, posted to the other ranks in gate
+        order (not waited for: `_drain` does at the end), then the routing assembled if it is
+        the last part."""
+        others = [d for d in range(self.world) if d != self.rank]
+        while (item := self._outbox.get()) is not None:
+            key, op, mine = item
+            try:
+                posted = self._post(
+                    [
+                        (t, d, self.tag("gate", key, self.rank, sub))
+                        for d in others
+                        for sub, t in enumerate(mine)
+                    ]
+                )
+            except RuntimeError as e:
+                raise self.lost(None, e) from None
+            with self._cv:
+                self._posted = [p for p in self._posted if not p[0].is_completed()] + posted
+            self._assemble(ex, key, op)
 
     def _check(self, ex: Executor) -> None:
         if self._error is not None:
@@ -228,6 +293,18 @@ class Peers:
 
         self._listener = threading.Thread(target=run, name="gate-listener", daemon=True)
         self._listener.start()
+
+        def send() -> None:
+            try:
+                self._send_parts(ex)
+            except BaseException as e:  # noqa: BLE001 - handed to the executor's main thread
+                with self._cv:
+                    self._error = self._error or e
+                    self._cv.notify_all()
+                ex._fail(e)
+
+        self._sender = threading.Thread(target=send, name="gate-sender", daemon=True)
+        self._sender.start()
 
     def _receive_parts(self, ex: Executor, key: GateKey, op: Op) -> None:
         k = self.spec.top_k
@@ -437,9 +514,7 @@ class Peers:
         try:
             dist.barrier()
         except RuntimeError as e:
-            raise PeerLost(
-                f"rank {self.rank}: a peer left before the run ({str(e).splitlines()[0]})"
-            ) from None
+            raise self.lost(None, e, "before the run") from None
         self.listen(ex)
 
     def own_units(
@@ -461,8 +536,9 @@ class Peers:
     def gather(self, ex: Executor, schedule: Schedule) -> None:
         """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
         go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
-        counts from the common barrier). An op that waited for another rank's data (a receive,
-        or an expert for the whole routing) counts the wait in its own time."""
+        counts from the common barrier). Each op's start is then when it could begin
+        (`from_ready`), as the simulator and a one-process run have it."""
+        self._drain()
         specs = schedule.streams
         own = [i for i, op in enumerate(ex._ops) if self.runs(specs[op.stream])]
         mine = dict(
@@ -483,7 +559,10 @@ class Peers:
             used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
         )
         everyone: list[Any] = [None] * self.world
-        dist.all_gather_object(everyone, mine)
+        try:
+            dist.all_gather_object(everyone, mine)
+        except RuntimeError as e:
+            raise self.lost(None, e, "at the run's end") from None
         one_host = len({got["host"] for got in everyone}) == 1
         for got in everyone:
             shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
@@ -506,6 +585,7 @@ class Peers:
                 bst.written = [a + b for a, b in zip(bst.written, written, strict=True)]
             for k, v in got["used"].items():
                 ex._used.setdefault(k, v)
+        from_ready(ex._ops, specs, ex._start, ex._end)
 
     def _head_rows(self, ex: Executor, specs: Mapping[str, StreamSpec], batch: int) -> torch.Tensor:
         """[b] bool: the batch's sequences this rank's head ops generated."""
@@ -515,3 +595,48 @@ class Peers:
                 s0, s1 = ex._range[op.id]
                 rows[s0:s1] = True
         return rows
+
+
+def from_ready(
+    ops: Sequence[Op], streams: Mapping[str, StreamSpec], start: list[float], end: list[float]
+) -> None:
+    """Move each op's recorded start (in place) to when it could begin. A rank takes another
+    rank's ops as done at once (the op carrying their data honours the dep), so its op starts
+    early and blocks: a receive posted before the sender sends, an expert waiting for the other
+    ranks' gate parts. One process starts an op once all its deps are done, and the simulator
+    runs a transfer from when both of its ends are ready, so here an op starts no earlier than
+    its deps on other ranks end, and a transfer (dispatch, combine, replica copy) no earlier
+    than its other end is posted; the wait before is idle time, as in a one-process run."""
+    dev = [streams[op.stream].device for op in ops]
+    for i, op in enumerate(ops):
+        remote = [end[d] for d in op.deps if dev[d] != dev[i]]
+        if remote and max(remote) > start[i]:
+            start[i] = min(max(remote), end[i])
+    posted = list(start)
+    for i, others in transfer_partners(ops, streams).items():
+        begin = min(posted[p] for p in others)
+        if begin > start[i]:
+            start[i] = min(begin, end[i])
+
+
+def transfer_partners(ops: Sequence[Op], streams: Mapping[str, StreamSpec]) -> dict[int, list[int]]:
+    """Each transfer op's other ends on other devices: a dispatch or combine's ops of the same
+    (step, layer, batch, micro) in the other direction (`p2p` in, `p2p_out` out); a replica
+    copy's one partner (its op on the destination is emitted just before the source's)."""
+    ends: dict[tuple[object, ...], list[int]] = {}
+    out: dict[int, list[int]] = {}
+    for op in ops:
+        res = streams[op.stream].resource
+        if op.kind in (OpKind.DISPATCH, OpKind.COMBINE):
+            key = (op.kind, op.step, op.layer, op.batch, op.micro, res == Resource.P2P_OUT)
+            ends.setdefault(key, []).append(op.id)
+        elif op.kind == OpKind.LOAD and (op.src, op.dst) == (Tier.GPU, Tier.GPU):
+            out[op.id] = [op.id + 1 if res == Resource.P2P else op.id - 1]
+    for (*key, sending), ids in ends.items():
+        other = ends.get((*key, not sending), [])
+        for i in ids:
+            d = streams[ops[i].stream].device
+            partners = [p for p in other if streams[ops[p].stream].device != d]
+            if partners:
+                out[i] = partners
+    return out

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from core.dispatch import micro_batch_seqs
+from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import CausalRouting, GateView, Routing
 from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec
@@ -89,7 +90,7 @@ class Executor(OpSemantics):
         """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
         self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
         self._schedule = schedule
-        self._preload(self._own(resident_units(schedule), schedule.meta))
+        self._preload(self._own(resident_units(schedule), schedule.ep))
         for op in schedule.ops:
             self._add_op(op, schedule.streams[op.stream])
         self._interp.finish_adding()
@@ -112,7 +113,7 @@ class Executor(OpSemantics):
         capacity_bytes: Mapping[Tier, int],
         resident: Mapping[Unit, Tier],
         kv_batches: Iterable[int] = (),
-        first_meta: Mapping[str, Any] | None = None,
+        first_ep: EPLayout | None = None,
     ) -> RunOutput:
         """Run with the model's own gates while the planner plans: each op it emits is queued at
         once, and its `CausalRouting` blocks at a gate until that gate op has really run.
@@ -121,11 +122,11 @@ class Executor(OpSemantics):
         `resident_units`; planners' placement does not depend on routing values).
         `kv_batches`: the batches whose KV the dry plans keep in host memory; their host caches
         are made before the run starts (else the planner thread pins them mid-run).
-        `first_meta`: a dry plan's meta, whose first expert placement (`ep_slots`) a rank of a
+        `first_ep`: a dry plan's expert-parallel layout, whose first placement a rank of a
         G-process run holds before the start.
         """
         self._reset(capacity_bytes, None, None)
-        self._preload(self._own(resident, first_meta or {}))
+        self._preload(self._own(resident, first_ep))
         for b in kv_batches:
             self._ensure_host_kv(b)
         causal = self._live_routing()
@@ -182,11 +183,11 @@ class Executor(OpSemantics):
         return causal
 
     # ---- setup ------------------------------------------------------------------------------
-    def _own(self, resident: Mapping[Unit, Tier], meta: Mapping[str, Any]) -> Mapping[Unit, Tier]:
+    def _own(self, resident: Mapping[Unit, Tier], ep: EPLayout | None) -> Mapping[Unit, Tier]:
         """The resident units this process holds: all of them, or one rank's (`Peers`)."""
         if self.peers is None:
             return resident
-        return self.peers.own_units(resident, meta.get("ep_slots", {}))
+        return self.peers.own_units(resident, ep.placements if ep is not None else {})
 
     def _reset(
         self,
@@ -283,7 +284,7 @@ class Executor(OpSemantics):
         if dense and op.micro >= 0:
             ep = self._ep_meta()
             self._range[op.id] = micro_batch_seqs(
-                self.wl.batch_size, ep["n_devices"], ep["micro_batches"], spec.device, op.micro
+                self.wl.batch_size, ep.n_devices, ep.micro_batches, spec.device, op.micro
             )
             return
         if dense:

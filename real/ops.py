@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 
 from core.dispatch import micro_batch_rows, micro_batch_seqs
+from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import GateView
 from core.schedule import Op, StreamSpec
@@ -298,8 +298,8 @@ class OpSemantics:
                 ep = self._ep_meta()
                 rows = micro_batch_rows(
                     self.wl.batch_size,
-                    ep["n_devices"],
-                    ep["micro_batches"],
+                    ep.n_devices,
+                    ep.micro_batches,
                     op.micro,
                     self.wl.step_tokens(op.step),
                 )
@@ -307,7 +307,7 @@ class OpSemantics:
                 parts = self._micro_parts.setdefault(key, [])
                 parts.append((ids, weights))
                 self._cv.notify_all()
-                if len(parts) < ep["micro_batches"]:
+                if len(parts) < ep.micro_batches:
                     return
                 del self._micro_parts[key]
                 ids = torch.stack([i for i, _ in parts]).max(0).values  # -1 outside each's rows
@@ -316,16 +316,16 @@ class OpSemantics:
             self._used[key] = (ids, weights)
             self._cv.notify_all()
 
-    def _ep_meta(self) -> dict[str, Any]:
+    def _ep_meta(self) -> EPLayout:
         """The expert-parallel layout of the schedule under way (a replay's, or the one a live
-        planner is building: its meta is set before its first op)."""
-        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
-        return meta["ep"]
+        planner is building: its layout is set before its first op)."""
+        ep = self._schedule.ep if self._schedule is not None else self._builder.ep
+        assert ep is not None, "an expert-parallel op in a schedule with no layout"
+        return ep
 
     def _ep_slots(self) -> dict[tuple[int, int, int], list[list[int]]]:
         """(step, batch, MoE layer) -> each device's expert slots (the planner's placements)."""
-        meta = self._schedule.meta if self._schedule is not None else self._builder.meta
-        return meta["ep_slots"]
+        return self._ep_meta().placements
 
     def _micro_mask(self, micro: int) -> torch.Tensor:
         """[b] bool: the batch's sequences in micro-batch `micro` (-1: all of them)."""
@@ -333,8 +333,8 @@ class OpSemantics:
         if micro < 0:
             return torch.ones(bs, dtype=torch.bool)
         ep, mask = self._ep_meta(), torch.zeros(bs, dtype=torch.bool)
-        for d in range(ep["n_devices"]):
-            s0, s1 = micro_batch_seqs(bs, ep["n_devices"], ep["micro_batches"], d, micro)
+        for d in range(ep.n_devices):
+            s0, s1 = micro_batch_seqs(bs, ep.n_devices, ep.micro_batches, d, micro)
             mask[s0:s1] = True
         return mask
 

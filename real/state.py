@@ -56,7 +56,7 @@ def resident_units(schedule: Schedule, n_experts: int = 0) -> dict[Unit, Tier]:
             out[u] = tier
         elif u in from_disk and u not in to_gpu and tier == Tier.GPU:
             out.setdefault(u, Tier.GPU)  # read to host for a CPU user elsewhere; GPU copy resident
-    if schedule.meta.get("ep"):  # expert parallelism keeps every expert resident on the GPU
+    if schedule.ep is not None:  # expert parallelism keeps every expert resident on the GPU
         for layer in {u.layer for u in computed if u.kind == Tensor.EXPERT}:
             for e in range(n_experts):
                 out.setdefault(Unit(Tensor.EXPERT, layer, e), Tier.GPU)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -27,8 +29,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
+from core.types import Dense, Resource
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -58,14 +63,14 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
 
     model, _ = load_checkpoint(ckpt)
     spec = resolve_n_batches(replace(spec, model=model, executor="real"))
-    ep = build_schedule(spec, _shape_routing(spec)).meta.get("ep")
-    if not ep:
+    ep = build_schedule(spec, _shape_routing(spec)).ep
+    if ep is None:
         raise ConfigError(
             f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
             f"planner {spec.planner} plans one device (use ep_static, eplb, "
             "predictive_replication or oracle_replication, or executor.distributed=false)"
         )
-    g = int(ep["n_devices"])
+    g = ep.n_devices
     if g > model.n_experts:
         raise ConfigError(
             f"planner.params.n_devices={g} is more than model {model.name}'s {model.n_experts} "
@@ -77,9 +82,15 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
             f"planner.params.n_devices={g}: one process per device, but this machine has "
             f"{cores} CPU cores; lower n_devices (at most {cores})"
         )
-    if g > 1 and ep.get("lanes"):
+    if g > 1 and ep.lanes:
         raise ConfigError(
             "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
+        )
+    if ep.dense == Dense.TENSOR:  # before any process starts
+        raise ConfigError(
+            "planner.params.dense=tensor: executor.distributed=true runs dense work "
+            "data-parallel only (the real executor has no all-reduce op yet); set "
+            "+planner.params.dense=data, or run dense=tensor in the simulator"
         )
     return g
 
@@ -180,8 +191,6 @@ def _child(
 def _as_rank(rank: int, tmp: Path, run: Any) -> None:
     """Run a spawned rank's work: rank 0's result to tmp/rank0.pkl; an error as one line in
     tmp/rank<r>.err and an exit code `_watch` reads (PEER_LOST: another rank stopped first)."""
-    import sys
-
     try:
         out = run()
         if rank == 0:
@@ -236,6 +245,9 @@ def _rank(
     if init is not None:
         kw.update(init_method=init[0], rank=init[1], world_size=init[2])
     rank = init[1] if init is not None else int(os.environ["RANK"])
+    held: list[Any] = []  # this rank's Peers, once made
+    if init is None:  # torchrun stops the survivors of a failed rank at once (SIGTERM)
+        stop_on_sigterm(rank, held)
     try:
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
@@ -254,7 +266,13 @@ def _rank(
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         try:
             result, out = real_execute(
-                ckpt, spec, routing_mode, routing=routing, device=device, distributed=True
+                ckpt,
+                spec,
+                routing_mode,
+                routing=routing,
+                device=device,
+                distributed=True,
+                on_peers=held.append,
             )
         except MoepipeError as e:
             if _peer_gone(e):
@@ -266,19 +284,110 @@ def _rank(
             dist.destroy_process_group()
 
 
+def stop_on_sigterm(rank: int, held: list[Any] | None = None) -> None:
+    """Under torchrun: on SIGTERM (its agent stops every rank once one fails, often before this
+    one's transfers with the dead rank fail), one line naming the rank that went away, as this
+    rank's transfers find it within a second (`held`: this rank's Peers, once made), or what is
+    known; then exit 2 at once, nothing written."""
+
+    def stopped(*_: Any) -> None:
+        gone = held[0].wait_gone(1.0) if held else None
+        world = int(os.environ.get("WORLD_SIZE", "0"))
+        other = f"rank {1 - rank}" if world == 2 else "another rank"
+        line = (
+            str(gone)
+            if gone is not None
+            else f"rank {rank} was stopped by torchrun (SIGTERM): {other} failed or died "
+            "first, or the launch itself was stopped"
+        )
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        os._exit(FAILED)
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def measure_d2d(
-    sizes: tuple[int, ...] = (1 << 16, 1 << 20, 1 << 23, 1 << 25),
-    reps: int = 5,
+    sizes: tuple[int, ...] = (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 23, 1 << 25),
+    reps: int = 9,
     timeout_s: float = 60.0,
 ) -> dict[str, float]:
     """The link the G-process run's transfers take (gloo between 2 processes of this machine):
-    the median one-way time of a ping-pong per size, fitted to latency + bytes / bandwidth ->
-    {"gbps", "latency_us"}."""
+    the median one-way time of a ping-pong per size, 4 KiB (a dispatch of a few tokens) to
+    32 MiB (a replica copy), fitted to latency + bytes / bandwidth -> {"gbps", "latency_us"}."""
     points = _spawn(2, _pingpong, (sizes, reps, timeout_s))
-    from real.calibration import _fit
-
-    bw, lat = _fit(points)
+    bw, lat = fit_relative(points)
     return {"gbps": bw / 1e9, "latency_us": lat * 1e6}
+
+
+def fit_relative(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(bytes, seconds) points fitted to seconds = latency + bytes / bandwidth by least squares
+    of the relative error -> (bandwidth bytes/s, latency s). An unweighted fit is the large
+    sizes' line, whose intercept is their noise (a few ms here), while most transfers of a run
+    are small: each point counts by its own scale."""
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # rows scaled by 1 / y
+    (lat, per_byte), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    if per_byte <= 0:  # latency-bound throughout: the bandwidth of the largest size alone
+        per_byte = max(y[-1] - max(lat, 0.0), 1e-12) / x[-1]
+    return float(1.0 / per_byte), max(float(lat), 0.0)
+
+
+def measure_p2p_in_run(ckpt: str, hw: dict[str, Any], timeout_s: float = 120.0) -> Any:
+    """The p2p link (`p2p_seen`) one G=2 process run of `ep_static` on the checkpoint's model
+    sees: 2 batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing, every
+    expert resident (the device pool `hw`'s, at least 1.3 x the model). None if it moved
+    nothing."""
+    from core.spec import HardwareSpec, RoutingConfig, Workload
+    from core.types import RoutingSource
+    from real.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(ckpt)
+    d = dict(hw, n_gpus=2)
+    d["memory_gb"] = dict(
+        hw["memory_gb"], gpu=max(hw["memory_gb"]["gpu"], 1.3 * model.total_bytes / 1e9)
+    )
+    hardware = HardwareSpec.from_dict(d)
+    wl = Workload(
+        batch_size=4,
+        n_batches=2,
+        prompt_len=16,
+        gen_len=4,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
+    spec = RunSpec(model, hardware, wl, "ep_static", {"n_devices": 2})
+    out = run_distributed(ckpt, spec, "replay", None, timeout_s)
+    assert out is not None, "a spawned run returns rank 0's result"
+    return p2p_seen([out.result.trace], hardware.link(Resource.P2P))
+
+
+def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> Any:
+    """The p2p link (`core.spec.LinkSpec`) the transfers of G-process runs' traces saw, or None
+    when they have none: its per-transfer latency the mean time of the small ones (dispatch,
+    combine: tokens) beyond their bytes at `link`'s bandwidth, its bandwidth that of the large
+    ones (replica copies) net of that latency, else `link`'s. Means, not medians: a run's
+    makespan adds the slow transfers up too. A transfer's time here holds what the executor
+    does around gloo's (host copies, the pairs' rows), which a ping-pong does not."""
+    from core.spec import LinkSpec
+
+    small: list[float] = []
+    big_bytes = big_s = 0.0
+    n_big = 0
+    for tr in traces:
+        t = tr[tr["resource"].astype(str).str.startswith("p2p") & (tr["bytes"] > 0)]
+        dur = (t["end_s"] - t["start_s"]).to_numpy()
+        nbytes = t["bytes"].to_numpy().astype(float)
+        is_small = nbytes < large_bytes
+        small += list(dur[is_small] - nbytes[is_small] / link.bandwidth_bytes_per_s)
+        big_bytes += float(nbytes[~is_small].sum())
+        big_s += float(dur[~is_small].sum())
+        n_big += int((~is_small).sum())
+    if not small and not big_bytes:
+        return None
+    lat = max(float(np.mean(small)), 0.0) if small else link.latency_s
+    net = big_s - n_big * lat
+    bw = big_bytes / net if big_bytes and net > 0 else link.bandwidth_bytes_per_s
+    return LinkSpec(bw, lat)
 
 
 def _pingpong(

@@ -74,6 +74,8 @@ def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
     make_planner(spec.planner, spec.params).plan(ctx, builder)
+    if builder.ep is not None:  # a copy for experiments/replication.py, which reads meta only
+        builder.meta["ep"] = builder.ep.summary()
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
     return builder.build()
 
@@ -155,8 +157,9 @@ def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
 def summary_of(
     spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str
 ) -> dict[str, Any]:
-    # ep_slots (every iteration's expert placement) is run data, too large for a summary
-    meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params", "ep_slots")}
+    meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
+    if schedule.ep is not None:
+        meta["ep"] = schedule.ep.summary()
     planner_label = spec.planner + peek_label(schedule.meta)
     return summarize(
         schedule,

@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
-from core.types import OpKind, RoutingSource, Tensor, Tier
+from core.types import Dense, OpKind, RoutingSource, Tensor, Tier
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
@@ -77,11 +78,13 @@ def real_execute(
     device: str | None = None,
     store: TieredStore | None = None,
     distributed: bool = False,
+    on_peers: Callable[[Peers], None] | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
     the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
-    whole run."""
+    whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
+    which peer went away)."""
     if routing_mode not in ROUTING_MODES:
         raise ConfigError(
             f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
@@ -99,14 +102,14 @@ def real_execute(
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts)
             schedule = build_schedule(spec, routing)
-            ex.peers = _peers(schedule, spec) if distributed else None
+            ex.peers = _peers(schedule, spec, on_peers) if distributed else None
             out = ex.run_replay(schedule if distributed else _one_process(schedule), routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
             dry_routing = routing or _shape_routing(spec)
             resident, kv_batches = resident_before_start(spec, dry_routing, distributed)
-            first = build_schedule(spec, dry_routing).meta  # the first placement: no routing read
-            ex.peers = _peers(first, spec) if distributed else None
+            first = build_schedule(spec, dry_routing)  # the first placement: no routing read
+            ex.peers = _peers(first, spec, on_peers) if distributed else None
             cost = CostModel(spec.hardware)
             planner = make_planner(spec.planner, spec.params)
 
@@ -118,7 +121,7 @@ def real_execute(
                     planner=spec.planner, params=dict(spec.params), oracle=causal.peeked
                 )
 
-            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches, first)
+            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches, first.ep)
             validate(out.schedule)
     finally:
         if own_store:
@@ -134,22 +137,27 @@ def real_execute(
     return RunResult(out.schedule, trace, summary, outputs), out
 
 
-def _peers(schedule_or_meta: Schedule | dict, spec: RunSpec) -> Peers:
-    """This rank's `Peers` for a schedule (or a dry plan's meta) of an expert-parallel planner."""
-    meta = schedule_or_meta.meta if isinstance(schedule_or_meta, Schedule) else schedule_or_meta
-    if not meta.get("ep"):
+def _peers(
+    schedule: Schedule, spec: RunSpec, on_peers: Callable[[Peers], None] | None = None
+) -> Peers:
+    """This rank's `Peers` for a schedule (or a live run's dry plan) of an expert-parallel
+    planner."""
+    if schedule.ep is None:
         raise ConfigError(
             f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
             f"planner {spec.planner} plans one device (use ep_static, eplb, "
             "predictive_replication or oracle_replication, or executor.distributed=false)"
         )
-    return Peers(meta["ep"], spec.model, spec.workload)
+    peers = Peers(schedule.ep, spec.model, spec.workload)
+    if on_peers is not None:
+        on_peers(peers)
+    return peers
 
 
 def _one_process(schedule: Schedule) -> Schedule:
     """The schedule, if this process can run it: tensor-parallel dense work (each GPU every
     sequence on its share of the heads, then an all-reduce) needs one process per GPU."""
-    if (schedule.meta.get("ep") or {}).get("dense") == "tensor":
+    if schedule.ep is not None and schedule.ep.dense == Dense.TENSOR:
         raise ConfigError(
             "executor=real runs expert-parallel dense work data-parallel only: set "
             "+planner.params.dense=data (dense=tensor, its heads sharded over GPUs with an "
@@ -192,7 +200,7 @@ def resident_before_start(
             if u.kind == Tensor.EXPERT and u.layer in moe:
                 used[moe[u.layer]].add(u.expert)
         left = [sorted(set(range(n_experts)) - u) for u in used]
-        if dry.meta.get("ep") or not any(left) or sum(map(len, used)) == before:
+        if dry.ep is not None or not any(left) or sum(map(len, used)) == before:
             break  # (expert parallelism holds every expert; or no plan used more)
         routing = replace(routing, expert_ids=_choosing(routing.expert_ids, left, n_experts))
     # units no plan used: where their layer's placement puts them

@@ -18,6 +18,7 @@ from core.dispatch import (
     split_tokens,
     traffic,
 )
+from core.ep_layout import EPLayout
 from core.errors import CapacityError
 from core.planner import PlanContext
 from core.routing import GateView
@@ -25,6 +26,7 @@ from core.schedule import ScheduleBuilder
 from core.types import Dense, OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 from planners.ep.cost import expert_width
+from planners.ep.dense import all_reduce, dense, dense_share
 from planners.ep.params import Layout
 
 POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
@@ -105,7 +107,7 @@ class EPRunner:
         kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
         act = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts - kv)  # one batch's
         tp = lay.dense == Dense.TENSOR and not lay.lanes
-        dense_gpu = self.dense_share(gpus) if tp else dense_w  # one GPU's dense weights
+        dense_gpu = dense_share(self, gpus) if tp else dense_w  # one GPU's dense weights
         # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
         # holds its kv heads of every sequence (MLA: the whole latent)
         kv_share = (
@@ -193,9 +195,9 @@ class EPRunner:
         )
 
     def _record_layout(self, replica_bytes: int) -> None:
-        """The run's layout in the schedule's `meta["ep"]` (summary.json's `plan.ep`)."""
+        """The run's layout on the schedule (`Schedule.ep`; summary.json's `plan.ep`)."""
         lay = self.layout
-        self.out.meta["ep"] = dict(
+        self.out.ep = EPLayout(
             n_devices=lay.n_devices,
             lanes=lay.lanes,
             lane_share=lay.share if lay.lanes else None,
@@ -212,23 +214,6 @@ class EPRunner:
             copy_kernels=bool(self.ctx.hardware.gpu.copy_share) and not lay.lanes,
         )
 
-    def dense_share(self, gpus: int) -> float:
-        """Bytes of the dense weights one GPU holds under tensor-parallel dense work, as `dense`
-        cuts them: 1/G of the heads, FFN columns and vocabulary; MLA's kv_a projection, the
-        routers and the embeddings whole; a GQA kv head on G / n_kv_heads GPUs where the GPUs
-        outnumber them."""
-        m, d = self.ctx.model, self.ctx.model.dtype_bytes
-        whole = m.hidden_size * m.kv_dim * d if m.kv_dim else 0
-        kv_w = 0 if m.kv_dim else 2 * m.hidden_size * m.n_kv_heads * m.head_dim * d
-        attn = (m.attn_bytes - whole - kv_w) / gpus + whole + kv_w / min(gpus, m.n_kv_heads)
-        layers = sum(
-            attn
-            + self.em.tensor_bytes(Tensor.FFN, layer) / gpus
-            + (m.gate_bytes if m.is_moe(layer) else 0)
-            for layer in range(m.n_layers)
-        )
-        return layers + m.embed_bytes + m.head_bytes / gpus
-
     def plan(self, policy: SlotPolicy) -> None:
         m, wl = self.ctx.model, self.ctx.workload
         last: tuple[int, ...] = ()
@@ -241,17 +226,18 @@ class EPRunner:
                     t += 1
                     continue
                 for layer in range(m.n_layers):
-                    attn = self.dense(OpKind.ATTENTION, step, layer, batch, last)
+                    attn = dense(self, OpKind.ATTENTION, step, layer, batch, last)
                     if m.is_moe(layer):
                         last = self.moe_layer(policy, t, step, layer, batch, attn)
                     else:
-                        last = tuple(self.dense(OpKind.FFN, step, layer, batch, attn)) or tuple(
+                        last = tuple(dense(self, OpKind.FFN, step, layer, batch, attn)) or tuple(
                             attn
                         )
-                last = tuple(self.dense(OpKind.HEAD, step, -1, batch, last))
+                last = tuple(dense(self, OpKind.HEAD, step, -1, batch, last))
                 t += 1
-        self.out.meta["ep"]["copies"] = self.n_copies
-        self.out.meta["ep"]["pairs_sent"] = self.sent.tolist()
+        self.out.ep = replace(
+            self.ep, copies=self.n_copies, pairs_sent=tuple(int(n) for n in self.sent)
+        )
         self.reserve_staging()
 
     def overlapped(
@@ -269,11 +255,11 @@ class EPRunner:
                 continue
             nxt = []
             for i in micro:
-                attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
-                ffn = self.dense(OpKind.FFN, step, layer, batch, attn, micro=i)
+                attn = dense(self, OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+                ffn = dense(self, OpKind.FFN, step, layer, batch, attn, micro=i)
                 nxt.append(tuple(ffn or attn))
             lasts = nxt
-        return [tuple(self.dense(OpKind.HEAD, step, -1, batch, lasts[i], micro=i)) for i in micro]
+        return [tuple(dense(self, OpKind.HEAD, step, -1, batch, lasts[i], micro=i)) for i in micro]
 
     def reserve_staging(self) -> None:
         """GPU memory for the experts replica moves bring in while the ones they replace are
@@ -299,7 +285,13 @@ class EPRunner:
                 "often (rehome_interval)"
             )
         self.out.reserve(Tier.GPU, total)
-        self.out.meta["ep"]["staging_bytes"] = per_gpu
+        self.out.ep = replace(self.ep, staging_bytes=per_gpu)
+
+    @property
+    def ep(self) -> EPLayout:
+        """The layout this runner records on the schedule."""
+        assert self.out.ep is not None, "set by __post_init__"
+        return self.out.ep
 
     def seqs(self, d: int, micro: int = -1) -> int:
         """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
@@ -325,131 +317,6 @@ class EPRunner:
         return micro_batch_rows(
             self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches, micro, per
         )
-
-    def dense(
-        self,
-        kind: OpKind,
-        step: int,
-        layer: int,
-        batch: int,
-        deps: tuple[int, ...] | list[int],
-        reduce: bool = True,
-        micro: int = -1,
-    ) -> list[int]:
-        """Dense work of one layer. Data-parallel: device d runs attention / FFN / head for its share
-        of the batch's sequences, reading its own copy of the weights; on lanes, one whole-GPU op
-        over the batch. Tensor-parallel: every device runs every sequence on 1/G of the weights
-        (heads, FFN columns, vocabulary), then the partial sums are all-reduced (`reduce`; the
-        head's logits all-gathered). Returns the ops the next work waits for (one per device)."""
-        m, wl, lay = self.ctx.model, self.ctx.workload, self.layout
-        per_seq = wl.step_tokens(step)
-        tp = lay.dense == Dense.TENSOR
-        ranks = 1 if lay.lanes else lay.n_devices
-        part = lay.n_devices if tp else 1  # each op's share of the weights and flops: 1 / part
-        # a GPU's KV share under tensor parallelism: its KV heads (MLA's latent: all of it), one
-        # of n_kv_heads where the GPUs outnumber them (each kv head held by G / n_kv_heads GPUs)
-        kv_part = 1 if not tp or m.kv_dim else min(lay.n_devices, m.n_kv_heads)
-        # MLA's kv_a projection makes the latent every head reads: each GPU runs all of it
-        whole = m.hidden_size * m.kv_dim if tp and m.kv_dim else 0  # params
-        # GQA's k and v projections: each GPU holds and runs its kv heads' rows (1 / kv_part)
-        kv_w = 2 * m.hidden_size * m.n_kv_heads * m.head_dim if tp and not m.kv_dim else 0
-        ops = []
-        for d in range(ranks):
-            seqs = wl.batch_size if lay.lanes else self.seqs(d, micro)
-            if not seqs:
-                continue
-            tokens = seqs * per_seq
-            if kind == OpKind.ATTENTION:
-                ctx_len = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
-                w_flops, kv_flops = 2 * tokens * whole, 2 * tokens * kv_w
-                flops = (
-                    m.attention_flops(tokens, int(ctx_len), sequences=seqs) - w_flops - kv_flops
-                ) / part
-                flops += w_flops + kv_flops / kv_part
-                kv = seqs * wl.step_context(step) * m.kv_bytes_per_token / kv_part
-                w_bytes, kv_bytes = whole * m.dtype_bytes, kv_w * m.dtype_bytes
-                touch = (m.attn_bytes - w_bytes - kv_bytes) / part + w_bytes + kv_bytes / kv_part
-                touch, tensor = touch + kv, Tensor.ATTENTION
-            elif kind == OpKind.FFN:
-                touch, tensor = self.em.tensor_bytes(Tensor.FFN, layer) / part, Tensor.FFN
-                if not touch:
-                    return []
-                flops = m.ffn_flops(tokens, layer) / part
-            else:
-                tokens, flops = seqs, m.head_flops(seqs) / part
-                touch, tensor = m.head_bytes / part, Tensor.HEAD
-            stream = self.em.compute if lay.lanes else self.compute[d]
-            ops.append(
-                self.out.add(
-                    kind,
-                    stream,
-                    deps,
-                    step=step,
-                    layer=layer,
-                    batch=batch,
-                    micro=micro,
-                    tensor=tensor,
-                    tokens=tokens,
-                    flops=flops,
-                    touch_bytes=touch,
-                )
-            )
-        if not tp or not reduce:
-            return ops
-        tokens = wl.batch_size * per_seq
-        if kind == OpKind.ATTENTION and m.qk_norm:
-            # QK-norm's statistics (a float32 sum of squares of q and of k per token), summed
-            # over the GPUs inside attention; charged after it, the same work on the path
-            ops = self.all_reduce(ops, tokens * 2 * 4, step, layer, batch, tokens)
-        if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
-            return self.all_reduce(
-                ops,
-                wl.batch_size * m.vocab_size * 4,
-                step,
-                layer,
-                batch,
-                tokens=wl.batch_size,
-                gather_only=True,
-            )
-        return self.all_reduce(
-            ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens
-        )
-
-    def all_reduce(
-        self,
-        parts: list[int],
-        nbytes: int,
-        step: int,
-        layer: int,
-        batch: int,
-        tokens: int,
-        gather_only: bool = False,
-    ) -> list[int]:
-        """Sum (or, `gather_only`, concatenate) `nbytes` held by every GPU once `parts` are done:
-        a reduce-scatter and an all-gather through the NVSwitch, each GPU sending (G-1)/G of the
-        bytes in each (NCCL's bandwidth-optimal volume; one link latency per phase). Returns the
-        all-gather op of each GPU."""
-        g = self.layout.n_devices
-        if g == 1:
-            return parts
-        sent = nbytes * (g - 1) // g
-        after: list[int] = list(parts)
-        for _ in range(1 if gather_only else 2):
-            after = [
-                self.out.add(
-                    OpKind.ALL_REDUCE,
-                    self.reduce[d],
-                    tuple(after),
-                    step=step,
-                    layer=layer,
-                    batch=batch,
-                    tensor=Tensor.HIDDEN,
-                    tokens=tokens,
-                    nbytes=sent,
-                )
-                for d in range(g)
-            ]
-        return after
 
     def refill(
         self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int, t: int
@@ -505,14 +372,14 @@ class EPRunner:
         # GPUs each runs its share while the all-to-all brings the routed tokens (the overlap of
         # vLLM's SharedFusedMoE and SGLang's DeepEP path)
         tp = lay.dense == Dense.TENSOR  # every GPU holds every token: no all-to-all, one all-reduce
-        shared = self.dense(OpKind.FFN, step, layer, batch, gates, reduce=not tp)
+        shared = dense(self, OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         start = shared[-1] if lay.lanes and shared else None
         ends = self.routed(slots, view, gates, copy_waits, start, step, layer, batch)
         if tp:  # routed and shared partial sums, summed over the GPUs at once
             n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
             act_bytes = m.hidden_size * m.dtype_bytes
-            shared = self.all_reduce(
-                [*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch, n_tok
+            shared = all_reduce(
+                self, [*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch, n_tok
             )
         done = (*gates, *ends, *shared)
         self.mark_done(moe, done, copy_waits)
@@ -536,13 +403,13 @@ class EPRunner:
         slots, copy_waits = self.placed(policy, t, step, layer, batch)
         gated, whole = [], None
         for i in range(self.layout.micro_batches):
-            attn = self.dense(OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+            attn = dense(self, OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
             parts = [(self.compute[d], self.seqs(d, i), (op,)) for d, op in enumerate(attn)]
             gates, view, last = self.em.gate_micro(
                 step, layer, batch, parts, i, self.layout.micro_batches, self.micro_rows(i, per)
             )
             whole = last or whole
-            gated.append((gates, view, self.dense(OpKind.FFN, step, layer, batch, gates, micro=i)))
+            gated.append((gates, view, dense(self, OpKind.FFN, step, layer, batch, gates, micro=i)))
         assert whole is not None
         policy.observe(t, moe, whole, tuple(g for gates, _, _ in gated for g in gates))
         done = [
@@ -571,7 +438,7 @@ class EPRunner:
         assert slots.shape == (self.layout.n_devices, self.layout.slots_per_device), slots.shape
         copy_waits = self.refill(moe, slots, used, step, layer, t)
         # The placement itself, for executors that hold real experts per device (real/distributed.py).
-        self.out.meta.setdefault("ep_slots", {})[(step, batch, moe)] = slots.tolist()
+        self.ep.placements[(step, batch, moe)] = slots.tolist()
         return slots, copy_waits
 
     def routed(
@@ -588,97 +455,124 @@ class EPRunner:
     ) -> list[int]:
         """The routed experts of a batch (or of micro-batch `micro`, whose routing `view` is)
         under `slots`: the all-to-all's dispatch, each device's expert work and the combine.
-        Returns the ops ending them."""
-        m, lay, b = self.ctx.model, self.layout, self.out
+        Returns the ops ending them.
+
+        All-to-all (G GPUs, data-parallel dense work): each GPU sends the pairs of its own
+        sequences' tokens to the GPUs computing them, out of its link (`p2p_out:d`), while it
+        receives the pairs it computes into it (`p2p:d`), the two directions at once; a GPU's
+        experts wait for its receive and for the sends of every GPU sending to it. The combine
+        sends the results back the same way, once the experts that computed them are done."""
+        m, lay = self.ctx.model, self.layout
         tokens = split_tokens(
             slots, np.asarray(view.counts, dtype=np.int64), lay.dispatch
         )  # [G, E]
-        act_bytes = m.hidden_size * m.dtype_bytes
-        ends: list[int] = []
         common = dict(step=step, layer=layer, batch=batch, micro=micro)
-        # all-to-all (G GPUs, data-parallel dense work): each GPU sends the pairs of its own
-        # sequences' tokens to the GPUs computing them, out of its link (`p2p_out:d`), while it
-        # receives the pairs it computes into it (`p2p:d`), the two directions at once; a GPU's
-        # experts wait for its receive and for the sends of every GPU sending to it. The combine
-        # sends the results back the same way, once the experts that computed them are done.
         g = lay.n_devices
-        moved = np.zeros((g, g), dtype=np.int64)
-        if not lay.lanes and lay.dense != Dense.TENSOR:
+        moved = np.zeros((g, g), dtype=np.int64)  # [src, dst] pairs
+        a2a = bool(self.sends)  # G GPUs, dense work data-parallel (else no token moves)
+        if a2a:
             rows = [self.seqs(d, micro) * self.ctx.workload.step_tokens(step) for d in range(g)]
-            moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))  # [src, dst]
+            moved = traffic(tokens, source_counts(view.ids, rows, m.n_experts))
         home = np.diag(moved)
         out_, in_ = moved.sum(1) - home, moved.sum(0) - home  # [G] pairs sent, received
         self.sent += out_
-
-        def move(kind: OpKind, stream: str, deps: Iterable[int | None], n: int) -> int | None:
-            return (
-                b.add(
-                    kind,
-                    stream,
-                    tuple(deps),
-                    tokens=n,
-                    nbytes=n * act_bytes,
-                    tensor=Tensor.HIDDEN,
-                    **common,
-                )
-                if n
-                else None
-            )
-
-        a2a = bool(self.sends)  # G GPUs, dense work data-parallel (else no token moves)
         sends = [
-            move(OpKind.DISPATCH, self.sends[d], gates, int(out_[d])) if a2a else None
+            self._move(OpKind.DISPATCH, self.sends[d], gates, out_[d], common)
             for d in range(g)
+            if a2a
         ]
         recvs = [
-            move(OpKind.DISPATCH, self.dispatch[d], gates, int(in_[d])) if a2a else None
+            self._move(OpKind.DISPATCH, self.dispatch[d], gates, in_[d], common)
             for d in range(g)
+            if a2a
         ]
         experts: list[int | None] = []
         for d in range(g):
-            n_d = int(tokens[d].sum())
-            waits = (recvs[d], *(sends[s] for s in range(g) if s != d and moved[s, d]))
-            prev: int | None = start
-            busy = np.flatnonzero(tokens[d])
-            if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
-                width = expert_width(m, tokens[d, busy]) if lay.shared else 0
-                prev = b.add(
-                    OpKind.EXPERT,
-                    self.compute[d],
-                    (prev, *waits, *gates, *copy_waits[d]),
-                    tensor=Tensor.EXPERT,
-                    tokens=n_d,
-                    flops=m.expert_flops(n_d),
-                    touch_bytes=len(busy) * m.expert_bytes,
-                    width=width,
-                    **common,
-                )
-            for e in [] if lay.grouped_gemm else busy:
-                n = int(tokens[d, e])
-                prev = b.add(
-                    OpKind.EXPERT,
-                    self.compute[d],
-                    (prev, *waits, *gates, *copy_waits[d]),
-                    expert=int(e),
-                    tensor=Tensor.EXPERT,
-                    tokens=n,
-                    flops=m.expert_flops(n),
-                    touch_bytes=m.expert_bytes,
-                    width=expert_width(m, [n]) if lay.shared else 0,
-                    **common,
-                )
-            experts.append(prev if prev != start else None)
+            waits = (
+                (recvs[d], *(sends[s] for s in range(g) if s != d and moved[s, d])) if a2a else ()
+            )
+            deps = (*waits, *gates, *copy_waits[d])
+            last = self._device_experts(d, tokens[d], deps, start, common)
+            experts.append(last if last != start else None)
+        ends: list[int] = []
         for d in range(g):
             # d sends back the results it computed for others, and receives its own tokens'
             # results once the GPUs computing them are done
             back = came = None
             if a2a:
-                back = move(OpKind.COMBINE, self.sends[d], (experts[d],), int(in_[d]))
-                came = move(
+                back = self._move(OpKind.COMBINE, self.sends[d], (experts[d],), in_[d], common)
+                came = self._move(
                     OpKind.COMBINE,
                     self.combine[d],
                     (experts[x] for x in range(g) if x != d and moved[d, x]),
-                    int(out_[d]),
+                    out_[d],
+                    common,
                 )
             ends.extend(op for op in (experts[d], back, came) if op is not None)
         return ends
+
+    def _move(
+        self,
+        kind: OpKind,
+        stream: str,
+        deps: Iterable[int | None],
+        n: np.integer | int,
+        common: dict[str, int],
+    ) -> int | None:
+        """A dispatch or combine op moving `n` (token, expert) pairs' hidden states (none: no
+        op)."""
+        if not n:
+            return None
+        act_bytes = self.ctx.model.hidden_size * self.ctx.model.dtype_bytes
+        return self.out.add(
+            kind,
+            stream,
+            tuple(deps),
+            tokens=int(n),
+            nbytes=int(n) * act_bytes,
+            tensor=Tensor.HIDDEN,
+            **common,
+        )
+
+    def _device_experts(
+        self,
+        d: int,
+        tokens: np.ndarray,
+        deps: tuple[int | None, ...],
+        start: int | None,
+        common: dict[str, int],
+    ) -> int | None:
+        """Device d's expert work of a layer on its `tokens` [E] per expert, after `deps` (its
+        tokens here, the gates, its replica copies) and `start` (lanes: the shared experts): one
+        grouped GEMM, or one op per expert in turn. Returns the last op (`start`: none)."""
+        m, lay, b = self.ctx.model, self.layout, self.out
+        prev = start
+        busy = np.flatnonzero(tokens)
+        if lay.grouped_gemm and len(busy):  # one grouped GEMM over the device's experts
+            n_d = int(tokens.sum())
+            return b.add(
+                OpKind.EXPERT,
+                self.compute[d],
+                (prev, *deps),
+                tensor=Tensor.EXPERT,
+                tokens=n_d,
+                flops=m.expert_flops(n_d),
+                touch_bytes=len(busy) * m.expert_bytes,
+                width=expert_width(m, tokens[busy]) if lay.shared else 0,
+                **common,
+            )
+        for e in [] if lay.grouped_gemm else busy:
+            n = int(tokens[e])
+            prev = b.add(
+                OpKind.EXPERT,
+                self.compute[d],
+                (prev, *deps),
+                expert=int(e),
+                tensor=Tensor.EXPERT,
+                tokens=n,
+                flops=m.expert_flops(n),
+                touch_bytes=m.expert_bytes,
+                width=expert_width(m, [n]) if lay.shared else 0,
+                **common,
+            )
+        return prev

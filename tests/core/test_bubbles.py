@@ -10,6 +10,7 @@ import pytest
 
 from core.bubbles import causes_tv, idle_causes, top_cause
 from core.cost import CostModel
+from core.ep_layout import EPLayout
 from core.schedule import ScheduleBuilder, validate
 from core.spec import Workload
 from core.trace import make_trace, summarize
@@ -96,7 +97,7 @@ def test_shared_lanes_idle_their_gpu_through_kernel_launches():
     launches 0 -> 1, runs 1 -> 2; B (lane 1) waits for a 2 ms transfer, C (lane 0) for A; both
     launch 2 -> 3 and run 3 -> 5. No kernel runs 0 -> 1 and 2 -> 3: launches, 2 ms."""
     b = lanes_beside_a_transfer()
-    b.meta["ep"] = {"n_devices": 2, "lanes": True}  # two lanes of one GPU
+    b.ep = EPLayout(n_devices=2, lanes=True)  # two lanes of one GPU
     s, trace = simulated(b, pool_hw(sms=4, overhead_us=1000))
     assert idle_causes(s, trace) == pytest.approx({"launch": 2e-3})
 

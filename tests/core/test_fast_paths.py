@@ -191,9 +191,9 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
         problem = _shape_problem(shape, streams)
         if problem:
             raise ScheduleError(f"{op.label()}: {problem}")
-    ep = schedule.meta.get("ep")
-    if ep:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
-        problem = _ep_problem(first.values(), streams, bool(ep.get("lanes")))
+    ep = schedule.ep
+    if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
+        problem = _ep_problem(first.values(), streams, ep.lanes)
         if problem:
             raise ScheduleError(problem)
     cols = schedule.columns()

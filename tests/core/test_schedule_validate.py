@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from core.ep_layout import EPLayout
 from core.errors import CapacityError, MoepipeError, ScheduleError
 from core.schedule import Op, ScheduleBuilder, validate
 from core.types import OpKind, Resource, Tier
@@ -397,7 +398,7 @@ def test_the_finishing_check_does_not_depend_on_stream_order(order):
 )
 def test_an_expert_parallel_layout_uses_only_its_own_links(lanes, res, ok):
     """A gpu -> gpu replica copy may run on p2p, p2p_out or d2d, and the IR names lanes and
-    GPUs alike (`gpu:d`): the layout in `meta["ep"]` says which links there are. Lanes share one
+    GPUs alike (`gpu:d`): the layout (`Schedule.ep`) says which links there are. Lanes share one
     GPU's memory (d2d only); G GPUs have none in common (no d2d). A copy on a link its layout
     lacks is named; without the layout every one of them passes, as before."""
     b, _ = base()
@@ -405,7 +406,7 @@ def test_an_expert_parallel_layout_uses_only_its_own_links(lanes, res, ok):
     b.add(OpKind.EXPERT, "compute", (0,), layer=0, batch=0, expert=1)
     bad = b.add(OpKind.LOAD, "copy", src=Tier.GPU, dst=Tier.GPU, nbytes=1000, layer=0)
     validate(b.build())  # no layout
-    b.meta["ep"] = dict(n_devices=2, lanes=lanes)
+    b.ep = EPLayout(n_devices=2, lanes=lanes)
     s = b.build()
     if ok:
         validate(s)

@@ -106,8 +106,8 @@ def test_balanced_dispatch_in_the_simulator():
     rule (ExpertTime.dispatch), and the run's meta records it."""
     even = simulate_run(tiny_spec("eplb", replica_slots=1))
     bal = simulate_run(tiny_spec("eplb", replica_slots=1, dispatch="balanced"))
-    assert bal.schedule.meta["ep"]["dispatch"] == "balanced"
-    assert even.schedule.meta["ep"]["dispatch"] == "even"
+    assert bal.schedule.ep.dispatch == "balanced"
+    assert even.schedule.ep.dispatch == "even"
     assert bal.summary["balancedness"] >= even.summary["balancedness"]
     # the gate's model: device 0 holds experts 0 and 1, device 1 experts 2 and 0
     slots, load = np.array([[0, 1], [2, 0]]), np.array([5.0, 4, 1])

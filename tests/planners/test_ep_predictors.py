@@ -208,7 +208,7 @@ def test_task_mix_places_by_the_labels_and_needs_them(tmp_path):
         labelled = replace(
             base, labels=np.full(base.expert_ids.shape[:2], label, np.int16), label_names=("a", "b")
         )
-        slots.append(build_schedule(spec, labelled).meta["ep_slots"])
+        slots.append(build_schedule(spec, labelled).ep.placements)
         assert all([0, 2][label] in row for row in slots[-1][(0, 1, 0)])  # batch 1: hot one
     assert slots[0][(0, 0, 0)] == slots[1][(0, 0, 0)]  # the first placement reads no labels
     assert slots[0][(0, 1, 0)] != slots[1][(0, 1, 0)]
@@ -244,7 +244,7 @@ def test_layer_corr_first_placements_do_not_read_the_runs_routing(tmp_path):
         ids = base.expert_ids.copy()
         ids[: spec.workload.batch_size, base.step_slice(0, spec.workload), 0] = hot
         s = build_schedule(spec, Routing(ids, base.gate_weights, base.n_experts, "hot"))
-        first.append(s.meta["ep_slots"][(0, 0, 1)])
+        first.append(s.ep.placements[(0, 0, 1)])
     assert first[0] == first[1]
 
 

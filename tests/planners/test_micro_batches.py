@@ -52,7 +52,7 @@ def test_each_micro_batch_waits_for_its_own_gates_only(planner):
         assert not other & set(o.deps), o.label()
     assert res.summary["plan"]["ep"]["micro_batches"] == 2
     wl = s.workload  # one placement per (step, batch, MoE layer)
-    assert len(res.schedule.meta["ep_slots"]) == wl.n_steps * wl.n_batches * len(s.model.moe_layers)
+    assert len(res.schedule.ep.placements) == wl.n_steps * wl.n_batches * len(s.model.moe_layers)
 
 
 def test_micro_batches_keep_each_sequence_on_its_gpu():

@@ -251,6 +251,67 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+def torchrun_ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of a torchrun agent's worker processes (their RANK)."""
+    kids = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True)
+    ranks = {}
+    for p in kids.stdout.split():
+        try:
+            env_vars = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        for kv in env_vars:
+            if kv.startswith(b"RANK="):
+                ranks[int(kv[5:])] = int(p)
+    return ranks
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Has the process installed a SIGTERM handler (/proc's caught-signals mask)?"""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize("after_s", [0.0, 8.0])
+def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, after_s):
+    """Under torchrun, rank 1 killed once rank 0's command has started (0 s: it is still
+    setting up) or in the run (8 s later): torchrun stops rank 0 at once (SIGTERM), and rank 0
+    says in one line that rank 1 went away (as its transfers found it, or as the launcher
+    stopped it); non-zero exit, no summary.json, no traceback of ours (torchrun prints its own
+    report)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100")[2:],
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    ranks: dict[int, int] = {}
+    deadline = time.monotonic() + 120
+    while not (1 in ranks and catches_sigterm(ranks[0])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ranks = torchrun_ranks(proc.pid)
+    assert 1 in ranks and catches_sigterm(ranks[0]), "torchrun's ranks did not start"
+    time.sleep(after_s)
+    os.kill(ranks[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (line,) = errors(stderr)
+    assert "rank 1 died or left" in line or "rank 1 failed or died first" in line, line
+    assert "rank 0" in line
+    assert f'File "{ROOT}' not in stderr, stderr[-3000:]
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
     """Rank 0 of 2 under a torchrun-like environment whose rank 1 never starts: one line once
     the rendezvous times out, no summary."""
@@ -283,17 +344,19 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
         ("eplb", 16, "n_devices=16 must be in [1, 8] (the model's experts)"),
         ("eplb", (os.cpu_count() or 1) + 1, "one process per device, but this machine has"),
         ("flexgen", None, "planner flexgen plans one device"),
+        ("eplb +planner.params.dense=tensor", 2, "planner.params.dense=tensor: executor."),
     ],
 )
 def test_devices_the_machine_cannot_run_are_one_line(
     mixtral_tiny, tmp_path, planner, devices, message
 ):
-    """More processes than experts, or than the machine's cores, or a planner with no devices:
-    one line before any process starts."""
+    """More processes than experts, or than the machine's cores, a planner with no devices, or
+    tensor-parallel dense work (no all-reduce op in the real executor): one line before any
+    process starts."""
     if devices and devices > 8 and "cores" in message:
         pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
     proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices),
+        command(mixtral_tiny, tmp_path, *f"planner={planner}".split(), devices=devices),
         cwd=ROOT,
         env=env(),
         capture_output=True,
@@ -407,3 +470,34 @@ def test_copies_sent_counts_copy_moves_sources():
             [src for _, src, _ in copy_moves(old.tolist(), new.tolist())], minlength=4
         )
         assert copies_sent(old, new).tolist() == want.tolist()
+
+
+def test_ops_start_when_their_remote_deps_and_other_ends_are_ready():
+    """Times as two ranks record them, in ms: gate g0 (GPU 0) 0-1 and g1 (GPU 1) 0-3; GPU 0
+    sends its tokens (d0, p2p_out) 1-6, GPU 1 posts its receive (d1, p2p) at 3, so 3-6; GPU 1's
+    expert e1 (after its receive and GPU 0's send) recorded 6-8. GPU 0's receive of the combine
+    (c0, after e1) was posted at 1, GPU 1's send of it (c1) ran 8-9. As one process runs them:
+    d0 starts once GPU 1's gate ended (3), d1 with it (3, its own), e1 at 6 as recorded (d0
+    ended at 6), c0 once e1 ended (8), with its other end c1."""
+    from core.schedule import ScheduleBuilder
+    from core.types import Resource
+    from real.distributed import from_ready, transfer_partners
+
+    b = ScheduleBuilder({})
+    for d in (0, 1):
+        b.stream(f"gpu{d}", Resource.GPU, d)
+        b.stream(f"send{d}", Resource.P2P_OUT, d)
+        b.stream(f"in{d}", Resource.P2P, d)
+    g0 = b.add(OpKind.GATE, "gpu0", layer=0)
+    g1 = b.add(OpKind.GATE, "gpu1", layer=0)
+    d0 = b.add(OpKind.DISPATCH, "send0", (g0, g1), layer=0, nbytes=8)
+    d1 = b.add(OpKind.DISPATCH, "in1", (g0, g1), layer=0, nbytes=8)
+    e1 = b.add(OpKind.EXPERT, "gpu1", (d1, d0, g0, g1), layer=0, expert=0)
+    c1 = b.add(OpKind.COMBINE, "send1", (e1,), layer=0, nbytes=8)
+    c0 = b.add(OpKind.COMBINE, "in0", (e1,), layer=0, nbytes=8)
+    s = b.build()
+    assert transfer_partners(s.ops, s.streams) == {d0: [d1], d1: [d0], c1: [c0], c0: [c1]}
+    start = [0.0, 0.0, 1.0, 3.0, 6.0, 8.0, 1.0]
+    end = [1.0, 3.0, 6.0, 6.0, 8.0, 9.0, 9.0]
+    from_ready(s.ops, s.streams, start, end)
+    assert start == [0.0, 0.0, 3.0, 3.0, 6.0, 8.0, 8.0]

@@ -206,7 +206,7 @@ def test_shared_lanes_run_the_same_way(mixtral_tiny, mode):
         {**LANES, "lane_sharing": "shared"},
     )
     result, out = real_execute(mixtral_tiny, spec, mode)
-    assert result.schedule.meta["ep"]["lane_sharing"] == "shared"
+    assert result.schedule.ep.lane_sharing == "shared"
     assert result.trace["sm_s"].isna().all()  # a real trace cannot see the SMs
     assert_matches_reference(mixtral_tiny, spec, result, out)
 
