@@ -158,8 +158,9 @@ class SweepSummary(Callback):
         self.report = report
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from experiments.common.ranking import ok_runs, short_table
+        from experiments.common.report_page import write_report
         from experiments.common.tables import collect, write_results
-        from experiments.report import ok_runs, short_table, write_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         df, problems = collect(sweep_dir)
