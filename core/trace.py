@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.balance import balance_metrics, copy_waits
+from core.balance import balance_metrics, copy_waits, device_of
 from core.bubbles import idle_causes
 from core.schedule import Schedule
 from core.spec import Workload
@@ -155,6 +155,16 @@ def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
         f.write('{"traceEvents": [')
         f.write(", ".join(parts))
         f.write('], "displayTimeUnit": "ms"}')
+
+
+def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:
+    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
+    one per device (`source` named `real:gpu<d>` there only)."""
+    if processes <= 0 or trace.empty:
+        return [trace]
+    dev = device_of(trace["resource"])
+    src = trace["source"].iloc[0]
+    return [trace[dev == d].assign(source=f"{src}:gpu{d}") for d in range(processes)]
 
 
 def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:

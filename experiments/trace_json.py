@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.balance import device_of
 from core.errors import MoepipeError
-from core.trace import write_chrome
+from core.trace import chrome_parts, write_chrome
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 
@@ -38,16 +37,6 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     except (OSError, ValueError, TypeError, AttributeError):
         processes = 0
     return chrome_parts(trace, processes)
-
-
-def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:
-    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
-    one per device (`source` named `real:gpu<d>` there only)."""
-    if processes <= 0 or trace.empty:
-        return [trace]
-    dev = device_of(trace["resource"])
-    src = trace["source"].iloc[0]
-    return [trace[dev == d].assign(source=f"{src}:gpu{d}") for d in range(processes)]
 
 
 @dataclass
