@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +24,7 @@ from core.errors import MoepipeError
 __all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "output_dir", "output_file",
            "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "missing_launcher", "sweep_experiment_misused",
-           "error_line", "any_error_line", "exit_with", "run_command", "parse_kv"]  # fmt: skip
-
-
-def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults overridden by `key=value` arguments; an unknown key or a bare word is an error.
-    Left for bench_accelerate (whose parent passes its children their options this way) and
-    bench_real, until they declare hydra schemas like the other commands."""
-    opts = dict(defaults)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in opts:
-            raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
-        opts[key] = value
-    return opts
+           "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:
