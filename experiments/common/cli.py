@@ -119,6 +119,7 @@ def any_error_line(e: BaseException) -> str:
 
 def exit_with(e: BaseException) -> None:
     """Print `e` as one line (`any_error_line`) on stderr and exit 2."""
+    before_line()
     print(f"error: {any_error_line(e)}", file=sys.stderr)
     sys.exit(2)
 
@@ -134,6 +135,10 @@ def run_command(main: Callable[[], Any]) -> Any:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         return until_interrupted(main)
+    except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again
+        sys.exit(141)  # a shell's status for a process its pipe's reader left (128 + SIGPIPE)
     except Exception as e:
         if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
             raise
@@ -154,14 +159,25 @@ def on_interrupt(text: str, before: Callable[[], Any] | None = None) -> None:
     _BEFORE_LINE[:] = [before] if before else []
 
 
+def before_line() -> None:
+    """Run what must happen before a last line is printed (close a progress bar, whose line
+    it would otherwise continue); once."""
+    for before in _BEFORE_LINE:
+        before()
+    _BEFORE_LINE.clear()
+
+
 def until_interrupted(main: Callable[[], Any]) -> Any:
     """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130.
     What finished is on disk; the line says how to resume (`on_interrupt`)."""
+    import signal
+
+    if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's turn ends
     try:
         return main()
     except KeyboardInterrupt:
-        for before in _BEFORE_LINE:
-            before()
+        before_line()
         _stop_pool_tracker()
         print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
