@@ -16,6 +16,7 @@ import pandas as pd
 
 from core.balance import balance_metrics, copy_waits, device_of
 from core.bubbles import idle_causes
+from core.errors import TraceError
 from core.schedule import Schedule
 from core.spec import Workload
 from core.types import Tier
@@ -155,6 +156,18 @@ def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
         f.write('{"traceEvents": [')
         f.write(", ".join(parts))
         f.write('], "displayTimeUnit": "ms"}')
+
+
+def read_trace(path: Path) -> pd.DataFrame:
+    """A run's trace.parquet; a file that is not one (cut short, overwritten) is a TraceError
+    naming it, not pyarrow's traceback."""
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TraceError(
+            f"{path}: not a readable trace ({why[:120]}); run that run again to rewrite it"
+        ) from None
 
 
 def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:

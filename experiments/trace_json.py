@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from core.errors import MoepipeError
-from core.trace import chrome_parts, write_chrome
+from core.trace import chrome_parts, read_trace, write_chrome
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 
@@ -30,7 +30,7 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     path = run_dir / "trace.parquet" if run_dir.is_dir() else run_dir
     if not path.is_file():
         raise MoepipeError(f"{run_dir}: no trace.parquet there; pass a run directory a run wrote")
-    trace = pd.read_parquet(path)
+    trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:
         processes = int(json.loads(summary.read_text()).get("processes", 0))

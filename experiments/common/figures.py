@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from core.trace import read_trace  # noqa: E402
 from experiments.common.ranking import (  # noqa: E402
     IDLE_SHOWN,
     METRIC_LABELS,
@@ -282,7 +283,7 @@ def _gantt_axis(ax: Any, trace: pd.DataFrame, title: str) -> None:
 def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
     items = []
     for _, r in runs.iterrows():
-        trace = pd.read_parquet(sweep / r["run_dir"] / "trace.parquet")
+        trace = read_trace(sweep / r["run_dir"] / "trace.parquet")
         for source in ("real", "sim"):  # real above sim where a real run exists
             t = trace[trace["source"].astype(str) == source]
             if not t.empty:
