@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -460,28 +461,51 @@ def run_resumable(
             f"running {len(todo)}",
             file=sys.stderr,
         )
-    with ProcessPoolExecutor(workers) as pool, done_file.open("a") as log_:
-        if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
-            log_.write("\n")  # after a line the interrupt cut short
-        futures = {pool.submit(run_point, jobs[i]): i for i in todo}
-        # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
-        bar = tqdm(
-            total=len(todo),
-            desc="reproduce_klotski",
-            unit="run",
-            file=sys.stderr,
-            mininterval=1.0,
-            dynamic_ncols=True,
-        )
-        on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
-        for fut in as_completed(futures):
-            row = fut.result()
-            bar.update()
-            done[keys[futures[fut]]] = row
-            log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
-            log_.flush()
-        bar.close()
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint)
+    try:
+        with done_file.open("a") as log_:
+            if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
+                log_.write("\n")  # after a line the interrupt cut short
+            futures = {pool.submit(run_point, jobs[i]): i for i in todo}
+            # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
+            bar = tqdm(
+                total=len(todo),
+                desc="reproduce_klotski",
+                unit="run",
+                file=sys.stderr,
+                mininterval=1.0,
+                dynamic_ncols=True,
+            )
+            on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
+            for fut in as_completed(futures):
+                row = fut.result()
+                bar.update()
+                done[keys[futures[fut]]] = row
+                log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
+                log_.flush()
+            bar.close()
+    except BaseException:  # Ctrl-C or a failed run: stop now, not after every queued run
+        _stop(pool)
+        raise
+    pool.shutdown()
     return [json.loads(json.dumps(done[k], default=str)) for k in keys], len(todo)
+
+
+def _ignore_sigint() -> None:
+    """A worker leaves Ctrl-C to the parent, which stops the pool and prints the one line (a
+    worker's own KeyboardInterrupt would print its traceback first)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued runs and end the running ones: `shutdown(wait=True)`, what leaving a
+    `with` block does, would wait for every queued run to finish."""
+    # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
+    # the running runs finish before the command ends
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")

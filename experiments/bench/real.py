@@ -272,7 +272,7 @@ def _calibrate_if_missing(hardware: str, ckpt: Path) -> None:
         return
     _progress(f"no {hardware_path(hardware)}: calibrating on {ckpt}")
     cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
-    if subprocess.run([*cmd, f"checkpoint={ckpt}"]).returncode != 0:
+    if subprocess.run([*cmd, f"checkpoint={ckpt}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
         raise MoepipeError(
             f"hardware={hardware}: calibrating it failed (its line is above); run "
             f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"

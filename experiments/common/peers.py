@@ -8,13 +8,13 @@ Usage:
     print("\n".join([*header, *format_rows(rows)]))
 """
 
-
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -292,7 +292,12 @@ def run_side(
     cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
     drop_page_cache(opts["checkpoint"], everything=False)  # charged to whoever reads it next
     try:
-        proc = subprocess.run(cg.wrap(cmd) if cg else cmd, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            cg.wrap(cmd) if cg else cmd,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=ignore_ctrl_c,  # Ctrl-C is the bench's: it kills the child, one line
+        )
         peak = cg.peak_bytes() if cg else None
         oom = cg.oom_killed() if cg else False
     finally:
@@ -428,3 +433,10 @@ def override_value(value: Any) -> str:
         return repr(value)
     text = str(value).replace("'", "\\'")
     return f"'{text}'"
+
+
+def ignore_ctrl_c() -> None:
+    """A child process's start (`preexec_fn`): SIGINT ignored, which stays so across exec. Ctrl-C
+    reaches the whole terminal's group; the parent's `subprocess.run` kills the child on it and
+    prints the one line, which the child's own would repeat."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
