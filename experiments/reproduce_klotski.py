@@ -13,11 +13,13 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -462,32 +464,27 @@ def run_resumable(
             file=sys.stderr,
         )
     pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint)
-    try:
-        with done_file.open("a") as log_:
-            if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
-                log_.write("\n")  # after a line the interrupt cut short
-            futures = {pool.submit(run_point, jobs[i]): i for i in todo}
-            # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
-            bar = tqdm(
-                total=len(todo),
-                desc="reproduce_klotski",
-                unit="run",
-                file=sys.stderr,
-                mininterval=1.0,
-                dynamic_ncols=True,
-            )
-            on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
-            for fut in as_completed(futures):
-                row = fut.result()
-                bar.update()
-                done[keys[futures[fut]]] = row
-                log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
-                log_.flush()
-            bar.close()
-    except BaseException:  # Ctrl-C or a failed run: stop now, not after every queued run
-        _stop(pool)
-        raise
-    pool.shutdown()
+    with pool, _stopped_on_error(pool), done_file.open("a") as log_:
+        if done_file.stat().st_size and not done_file.read_bytes().endswith(b"\n"):
+            log_.write("\n")  # after a line the interrupt cut short
+        futures = {pool.submit(run_point, jobs[i]): i for i in todo}
+        # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
+        bar = tqdm(
+            total=len(todo),
+            desc="reproduce_klotski",
+            unit="run",
+            file=sys.stderr,
+            mininterval=1.0,
+            dynamic_ncols=True,
+        )
+        on_interrupt("finished runs are kept; run the same command again to resume", bar.close)
+        for fut in as_completed(futures):
+            row = fut.result()
+            bar.update()
+            done[keys[futures[fut]]] = row
+            log_.write(json.dumps({"key": keys[futures[fut]], "row": row}, default=str) + "\n")
+            log_.flush()
+        bar.close()
     return [json.loads(json.dumps(done[k], default=str)) for k in keys], len(todo)
 
 
@@ -497,9 +494,19 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def _stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """On Ctrl-C or a failed run, `_stop` the pool: leaving its `with` block alone waits for
+    every queued run to finish (`shutdown(wait=True)`), so the command hung."""
+    try:
+        yield
+    except BaseException:
+        _stop(pool)
+        raise
+
+
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the running ones: `shutdown(wait=True)`, what leaving a
-    `with` block does, would wait for every queued run to finish."""
+    """Cancel the queued runs and end the running ones."""
     # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
     # the running runs finish before the command ends
     procs = list((getattr(pool, "_processes", None) or {}).values())
