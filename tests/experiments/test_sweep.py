@@ -170,7 +170,8 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
         "flexgen, sim",
     ]  # executor.device says no more than the executor
     seeds = df.assign(**{"planner.params.sync": True})
-    assert [len(g) for _, g in line_groups(seeds, "workload.batch_size")] == [4, 2]  # repeats: one line
+    # repeats: one line
+    assert [len(g) for _, g in line_groups(seeds, "workload.batch_size")] == [4, 2]
 
 
 def test_rerun_skips_finished_runs(swept: Path) -> None:
