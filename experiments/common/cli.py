@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from core.args import as_bool, as_float, as_int, output_dir, output_file
+from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
-__all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "output_dir", "output_file",
+__all__ = ["CONF_DIR", "as_float", "as_int", "output_dir", "output_file",
            "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "missing_launcher", "sweep_experiment_misused",
            "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
