@@ -100,6 +100,17 @@ def workers_ignore_ctrl_c() -> str | None:
     return real
 
 
+def remove_if_no_runs(sweep_dir: Path) -> None:
+    """A sweep that failed or was stopped before any of its points started leaves no folder
+    that looks like a sweep: its dir goes when it holds hydra's multirun.yaml alone."""
+    try:
+        if all(p.name == "multirun.yaml" for p in sweep_dir.iterdir()):
+            (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+            sweep_dir.rmdir()
+    except OSError:  # not there, or a point's dir appeared meanwhile: it stays
+        pass
+
+
 class SweepProgress(Callback):
     """A tqdm bar per sweep counting its run dirs that hold a summary.json; prints the wall time
     and how many runs an earlier sweep had finished."""
@@ -124,6 +135,7 @@ class SweepProgress(Callback):
         except OmegaConfBaseException:  # `${nosuch.key}` in it: the launcher fails on it next,
             return  # and that error is the command's one line (hydra would warn of this one)
         total = sweep_size(config)
+        made = not sweep_dir.exists()  # by this sweep: hydra makes it after this callback
         self._python = workers_ignore_ctrl_c()
         self._t0 = time.perf_counter()
         self._started = time.time()
@@ -141,7 +153,7 @@ class SweepProgress(Callback):
         on_interrupt(
             f"finished runs are kept in {here}; to resume, run the same command with "
             f"hydra.sweep.dir={here}",
-            before=bar.close,
+            before=lambda: (bar.close(), made and remove_if_no_runs(sweep_dir)),
         )
 
         def poll() -> None:
