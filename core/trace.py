@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.balance import balance_metrics, copy_waits
+from core.balance import balance_metrics, copy_waits, device_of
 from core.bubbles import idle_causes
+from core.errors import TraceError
 from core.schedule import Schedule
 from core.spec import Workload
 from core.types import Tier
@@ -155,6 +156,28 @@ def write_chrome(path: str | Path, traces: Iterable[pd.DataFrame]) -> None:
         f.write('{"traceEvents": [')
         f.write(", ".join(parts))
         f.write('], "displayTimeUnit": "ms"}')
+
+
+def read_trace(path: Path) -> pd.DataFrame:
+    """A run's trace.parquet; a file that is not one (cut short, overwritten) is a TraceError
+    naming it, not pyarrow's traceback."""
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TraceError(
+            f"{path}: not a readable trace ({why[:120]}); run that run again to rewrite it"
+        ) from None
+
+
+def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:
+    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
+    one per device (`source` named `real:gpu<d>` there only)."""
+    if processes <= 0 or trace.empty:
+        return [trace]
+    dev = device_of(trace["resource"])
+    src = trace["source"].iloc[0]
+    return [trace[dev == d].assign(source=f"{src}:gpu{d}") for d in range(processes)]
 
 
 def _chrome_events(pid: int, df: pd.DataFrame) -> list[str]:

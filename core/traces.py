@@ -331,55 +331,17 @@ def convert_esft(
         out = out.with_name(out.name + ".npz")
     found, folders = _read_sources(src)
     tasks = sorted(found)
-    numbered = sorted({layer for layers in found.values() for layer in layers})
-    if numbered[0] < 1:
-        raise TraceError(
-            f"{src}: not an ESFT routing dump: layer files numbered {numbered}, expected "
-            "<task>/expert_weights_1.txt, expert_weights_2.txt, ..."
+    n_layers = _layer_count(src, found, n_layers)
+    parts = [
+        _task_tokens(
+            found[task], folders[task], ti, n_layers, top_k, n_experts, f"{src}: task {task}"
         )
-    have = max(max(layers) for layers in found.values())
-    if n_layers is not None and have != n_layers:
-        raise TraceError(
-            f"{src}: layer files expert_weights_1..{have}.txt, the ESFT trace has {n_layers} MoE "
-            f"layers; supply every <task>/expert_weights_<1..{n_layers}>.txt"
-        )
-    n_layers = have
-    ids_all: list[np.ndarray] = []  # per sequence [n, L, k]
-    w_all: list[np.ndarray] = []
-    task_all: list[np.ndarray] = []
-    seq_all: list[np.ndarray] = []
-    pos_all: list[np.ndarray] = []
-    for ti, task in enumerate(tasks):
-        missing = sorted(set(range(1, n_layers + 1)) - set(found[task]))
-        if missing:
-            raise TraceError(f"{src}: task {task} lacks expert_weights_{missing}.txt")
-        per_layer = [
-            found[task][layer].rstrip("\n").split("\n") for layer in range(1, n_layers + 1)
-        ]
-        n1 = len(per_layer[0])
-        for li, lines in enumerate(per_layer):
-            if len(lines) != n1:
-                raise TraceError(
-                    f"{folders[task]}/expert_weights_{li + 1}.txt has {len(lines)} lines, "
-                    f"expert_weights_1.txt has {n1}; a task's layer files hold one line per "
-                    "sequence each: supply complete files"
-                )
-        for line in range(n1):
-            layer_ids: list[np.ndarray] = []  # per layer [n, k]
-            layer_w: list[np.ndarray] = []
-            for li, lines in enumerate(per_layer):
-                where = f"{folders[task]}/expert_weights_{li + 1}.txt line {line + 1}"
-                ids, w = _parse_line(lines[line], where, top_k, n_experts)
-                if layer_ids and len(ids) != len(layer_ids[0]):
-                    raise TraceError(f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}")
-                layer_ids.append(ids)
-                layer_w.append(w)
-            n = len(layer_ids[0])
-            ids_all.append(np.stack(layer_ids, axis=1))  # [n, L, k]
-            w_all.append(np.stack(layer_w, axis=1))
-            task_all.append(np.full(n, ti, np.uint8))
-            seq_all.append(np.full(n, line, np.int32))
-            pos_all.append(np.arange(n, dtype=np.int32))
+        for ti, task in enumerate(tasks)
+    ]
+    # per field, every task's sequences in order: expert ids, gate weights, task, seq_id, pos
+    ids_all, w_all, task_all, seq_all, pos_all = (
+        [a for part in parts for a in part[i]] for i in range(5)
+    )
     expert_ids = np.concatenate(ids_all)
     assert expert_ids.min() >= 0 and expert_ids.max() < n_experts  # checked per line
     try:
@@ -402,6 +364,67 @@ def convert_esft(
         top_k=np.int16(top_k),
     )
     log.info("wrote %s: %d tokens, %d tasks", out, len(expert_ids), len(tasks))
+    return out
+
+
+def _layer_count(src: Path, found: dict[str, dict[int, str]], n_layers: int | None) -> int:
+    """The dump's layer count L (its files expert_weights_1..L.txt), checked against the
+    `n_layers` asked for."""
+    numbered = sorted({layer for layers in found.values() for layer in layers})
+    if numbered[0] < 1:
+        raise TraceError(
+            f"{src}: not an ESFT routing dump: layer files numbered {numbered}, expected "
+            "<task>/expert_weights_1.txt, expert_weights_2.txt, ..."
+        )
+    have = max(max(layers) for layers in found.values())
+    if n_layers is not None and have != n_layers:
+        raise TraceError(
+            f"{src}: layer files expert_weights_1..{have}.txt, the ESFT trace has {n_layers} MoE "
+            f"layers; supply every <task>/expert_weights_<1..{n_layers}>.txt"
+        )
+    return have
+
+
+def _task_tokens(
+    layers: dict[int, str],
+    folder: str,
+    ti: int,
+    n_layers: int,
+    top_k: int,
+    n_experts: int,
+    what: str,
+) -> list[list[np.ndarray]]:
+    """One task's layer files (`layers`: layer -> text) as per-sequence arrays: [expert ids
+    [n, L, k], gate weights [n, L, k], task [n], seq_id [n], pos [n]], one list of each."""
+    missing = sorted(set(range(1, n_layers + 1)) - set(layers))
+    if missing:
+        raise TraceError(f"{what} lacks expert_weights_{missing}.txt")
+    per_layer = [layers[layer].rstrip("\n").split("\n") for layer in range(1, n_layers + 1)]
+    n1 = len(per_layer[0])
+    for li, lines in enumerate(per_layer):
+        if len(lines) != n1:
+            raise TraceError(
+                f"{folder}/expert_weights_{li + 1}.txt has {len(lines)} lines, "
+                f"expert_weights_1.txt has {n1}; a task's layer files hold one line per "
+                "sequence each: supply complete files"
+            )
+    out: list[list[np.ndarray]] = [[], [], [], [], []]
+    for line in range(n1):
+        layer_ids: list[np.ndarray] = []  # per layer [n, k]
+        layer_w: list[np.ndarray] = []
+        for li, lines in enumerate(per_layer):
+            where = f"{folder}/expert_weights_{li + 1}.txt line {line + 1}"
+            ids, w = _parse_line(lines[line], where, top_k, n_experts)
+            if layer_ids and len(ids) != len(layer_ids[0]):
+                raise TraceError(f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}")
+            layer_ids.append(ids)
+            layer_w.append(w)
+        n = len(layer_ids[0])
+        out[0].append(np.stack(layer_ids, axis=1))  # [n, L, k]
+        out[1].append(np.stack(layer_w, axis=1))
+        out[2].append(np.full(n, ti, np.uint8))
+        out[3].append(np.full(n, line, np.int32))
+        out[4].append(np.arange(n, dtype=np.int32))
     return out
 
 

@@ -79,6 +79,20 @@ def _git_commit() -> str:
         return "unknown"
 
 
+@dataclass
+class Measured:
+    """What calibrate timed on its own (before the in-run measurement)."""
+
+    h2d: dict[str, float]  # gbps, latency_us
+    d2h: dict[str, float]
+    disk: dict[str, Any]  # gbps, latency_us, direct (O_DIRECT used)
+    tables: dict[str, list[list[float]]]  # the device's kind -> [[flops, seconds], ...]
+    cpu_tables: dict[str, list[list[float]]]  # the same on the CPU
+    cpu_bw: float  # GB/s of a host memcpy
+    overhead_s: float  # the executor's per-op overhead
+    threads: int  # torch intra-op threads the timings ran with
+
+
 def calibrate(
     name: str,
     ckpt: str | None,
@@ -87,6 +101,7 @@ def calibrate(
     disk_mb: int,
     in_run_s: float = 20.0,
 ) -> dict[str, Any]:
+    """The hardware profile of this machine (conf/hardware/<name>.yaml's content)."""
     dev = resolve_device(device)
     if ckpt:
         spec, _ = load_checkpoint(ckpt)
@@ -97,9 +112,22 @@ def calibrate(
         )
         model = Model(spec)
     t0 = time.perf_counter()
-    data_file = ckpt
     disk_dir.mkdir(parents=True, exist_ok=True)
-    # Time transfers and compute with the torch thread count the real executor runs them with.
+    m = _measure(spec, model, ckpt, dev, disk_dir, disk_mb)
+    out = _profile(name, m, dev, spec.name, ckpt, disk_dir, disk_mb)
+    _add_p2p(out, m.overhead_s)
+    if ckpt:
+        _add_p2p_in_run(out, ckpt)
+        _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s)
+    out["sources"]["duration"] = f"{time.perf_counter() - t0:.1f} s"
+    return out
+
+
+def _measure(
+    spec: ModelSpec, model: Model, ckpt: str | None, dev: Any, disk_dir: Path, disk_mb: int
+) -> Measured:
+    """Links, disk, compute tables and the per-op overhead, timed with the torch thread count
+    the real executor runs them with."""
     threads_before = torch.get_num_threads()
     threads = cpu_compute_threads() if dev.type == "cpu" else threads_before
     if dev.type == "cpu":  # the allocator a CPU-only run uses (real.executor)
@@ -127,40 +155,45 @@ def calibrate(
         )
     finally:
         torch.set_num_threads(threads_before)
+    return Measured(h2d, d2h, disk, tables, cpu_tables, cpu_bw, overhead_s, threads)
 
-    def roofline(tables: dict[str, list[list[float]]]) -> float:
-        """Peak flop/s: the largest expert op's flops over its time."""
-        expert = tables[str(OpKind.EXPERT)][-1]
-        return expert[0] / expert[1]
 
-    mem_bw = cpu_bw if dev.type == "cpu" else 1000.0  # CPU pool: a memcpy is the memory bandwidth
+def _compute_entry(
+    tables: dict[str, list[list[float]]], mem_bw: float, overhead_s: float
+) -> dict[str, Any]:
+    """A compute device's profile: its peak (the largest expert op's flops over its time),
+    memory bandwidth, per-op overhead and time tables."""
+    expert = tables[str(OpKind.EXPERT)][-1]
+    return {
+        "tflops": round(expert[0] / expert[1] / 1e12, 6),
+        "mem_bw_gbps": round(mem_bw, 3),
+        "overhead_us": round(overhead_s * 1e6, 1),
+        "time_tables": {
+            k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()
+        },
+    }
+
+
+def _profile(
+    name: str,
+    m: Measured,
+    dev: Any,
+    model_name: str,
+    ckpt: str | None,
+    disk_dir: Path,
+    disk_mb: int,
+) -> dict[str, Any]:
+    """The profile's memory, compute and links, and the `sources` that say where each came
+    from (the command, machine, date and commit first)."""
+    mem_bw = m.cpu_bw if dev.type == "cpu" else 1000.0  # CPU pool: a memcpy is its bandwidth
     if dev.type == "cuda":
-        free, total = torch.cuda.mem_get_info(dev)
-        gpu_gb = total / 1e9 * 0.9
-        gpu_name = torch.cuda.get_device_name(dev)
+        _, total = torch.cuda.mem_get_info(dev)
+        gpu_gb, gpu_name = total / 1e9 * 0.9, torch.cuda.get_device_name(dev)
     else:
-        gpu_gb = _ram_bytes() / 1e9 * 0.25
-        gpu_name = "none (device pool = RAM)"
-
-    def entry(tables: dict[str, list[list[float]]], mem_bw: float) -> dict[str, Any]:
-        return {
-            "tflops": round(roofline(tables) / 1e12, 6),
-            "mem_bw_gbps": round(mem_bw, 3),
-            "overhead_us": round(overhead_s * 1e6, 1),
-            "time_tables": {
-                k: [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in v] for k, v in tables.items()
-            },
-        }
-
-    compute = entry(tables, mem_bw)
-    machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    disk_note = (
-        "O_DIRECT"
-        if disk["direct"]
-        else "buffered (O_DIRECT unsupported here: page-cache bandwidth)"
-    )
-    out: dict[str, Any] = {
+        gpu_gb, gpu_name = _ram_bytes() / 1e9 * 0.25, "none (device pool = RAM)"
+    compute = _compute_entry(m.tables, mem_bw, m.overhead_s)
+    links = {"h2d": m.h2d, "d2h": m.d2h, "disk": m.disk, "disk_write": m.disk}
+    return {
         "name": name,
         "memory_gb": {
             "gpu": round(gpu_gb, 3),
@@ -168,39 +201,65 @@ def calibrate(
             "disk": round(shutil.disk_usage(disk_dir).free / 1e9 * 0.5, 3),
         },
         "gpu": compute,
-        "cpu": copy.deepcopy(compute) if dev.type == "cpu" else entry(cpu_tables, cpu_bw),
+        "cpu": (
+            copy.deepcopy(compute)
+            if dev.type == "cpu"
+            else _compute_entry(m.cpu_tables, m.cpu_bw, m.overhead_s)
+        ),
         # Every op, transfer or compute, also pays the executor's per-op overhead.
         "links": {
-            name: {
-                "gbps": round(m["gbps"], 4),
-                "latency_us": round(m["latency_us"] + overhead_s * 1e6, 2),
+            link: {
+                "gbps": round(x["gbps"], 4),
+                "latency_us": round(x["latency_us"] + m.overhead_s * 1e6, 2),
             }
-            for name, m in (("h2d", h2d), ("d2h", d2h), ("disk", disk), ("disk_write", disk))
+            for link, x in links.items()
         },
-        "sources": {
-            "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
-            "model": f"compute tables of {spec.name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}"
-            + (
-                "; cpu: the same ops on the CPU (torch's default threads, as a GPU run's CPU ops), "
-                "mem_bw_gbps from a host memcpy"
-                if dev.type == "cuda"
-                else ""
-            ),
-            "disk": (
-                f"{data_file}'s safetensors files: its units read with {disk_note} back "
-                "to back in file order, fitted to latency + bytes/bandwidth"
-                if data_file
-                else f"{disk_mb} MB in {disk_dir} read with {disk_note}, 64 KiB .. 16 MiB reads "
-                "fitted to latency + bytes/bandwidth"
-            ),
-            "overhead": f"{overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real executor "
-            "(compute overhead_us; added to every link's latency_us)",
-            "threads": f"torch intra-op threads {threads} (the real executor's on this device)",
-            "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
-        },
+        "sources": _sources(m, dev, gpu_name, model_name, ckpt, disk_dir, disk_mb),
     }
-    # the link a run on G processes moves tokens and replicas over (executor.distributed=true):
-    # gloo between 2 processes of this machine; 2 "GPUs", the processes it was measured between
+
+
+def _sources(
+    m: Measured,
+    dev: Any,
+    gpu_name: str,
+    model_name: str,
+    ckpt: str | None,
+    disk_dir: Path,
+    disk_mb: int,
+) -> dict[str, str]:
+    machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    disk_note = (
+        "O_DIRECT"
+        if m.disk["direct"]
+        else "buffered (O_DIRECT unsupported here: page-cache bandwidth)"
+    )
+    return {
+        "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
+        "model": f"compute tables of {model_name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}"
+        + (
+            "; cpu: the same ops on the CPU (torch's default threads, as a GPU run's CPU ops), "
+            "mem_bw_gbps from a host memcpy"
+            if dev.type == "cuda"
+            else ""
+        ),
+        "disk": (
+            f"{ckpt}'s safetensors files: its units read with {disk_note} back "
+            "to back in file order, fitted to latency + bytes/bandwidth"
+            if ckpt
+            else f"{disk_mb} MB in {disk_dir} read with {disk_note}, 64 KiB .. 16 MiB reads "
+            "fitted to latency + bytes/bandwidth"
+        ),
+        "overhead": f"{m.overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real executor "
+        "(compute overhead_us; added to every link's latency_us)",
+        "threads": f"torch intra-op threads {m.threads} (the real executor's on this device)",
+        "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
+    }
+
+
+def _add_p2p(out: dict[str, Any], overhead_s: float) -> None:
+    """The link a run on G processes moves tokens and replicas over (executor.distributed=true):
+    gloo between 2 processes of this machine; 2 "GPUs", the processes it was measured between."""
     from experiments.common.dist_run import measure_d2d
 
     d2d = measure_d2d()
@@ -214,43 +273,51 @@ def calibrate(
         "moves tokens and replica copies over), a ping-pong of 4 KiB .. 32 MiB fitted to "
         "latency + bytes/bandwidth by relative error; n_gpus 2: the processes measured"
     )
-    if ckpt:  # what a G-process run's transfers see: gloo's and the executor's around it
-        from experiments.common.dist_run import measure_p2p_in_run
 
-        alone = dict(out["links"]["p2p"])
-        seen = measure_p2p_in_run(ckpt, out)
-        if seen is not None:
-            out["links"]["p2p"] = {
-                "gbps": round(seen.bandwidth_bytes_per_s / 1e9, 4),
-                "latency_us": round(seen.latency_s * 1e6, 2),
-            }
-            out["sources"]["p2p_in_run"] = (
-                f"{seen.latency_s * 1e6:.0f} us a transfer, {seen.bandwidth_bytes_per_s / 1e9:.3f} "
-                "GB/s: what the transfers of one 2-process ep_static run on the checkpoint took "
-                "(the mean of its dispatches and combines beyond their bytes; its copies' rate, "
-                f"if any); the ping-pong alone gave {alone['latency_us']:g} us, {alone['gbps']:g} GB/s"
-            )
-    if ckpt:  # the executor's cost around each compute op, and the links, measured in runs
-        extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
-        by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}
-        for dev_key in ("gpu", "cpu") if dev.type == "cpu" else ("gpu",):
-            out[dev_key]["overhead_us_by_kind"] = dict(by_kind)
-        out["sources"]["overhead_by_kind"] = (
-            f"overhead_us plus the median extra time of each compute kind in real flexgen runs "
-            f"for {in_run_s:g} s (2 x 2 sequences, 8-token prompts, 3 tokens, disk tier active) "
-            "over the tables: "
-            + ", ".join(f"{k} +{1e3 * max(0.0, x):.2f} ms" for k, x in extra.items())
+
+def _add_p2p_in_run(out: dict[str, Any], ckpt: str) -> None:
+    """What a G-process run's transfers see, gloo's and the executor's work around them: one
+    2-process ep_static run on the checkpoint replaces the ping-pong's p2p link."""
+    from experiments.common.dist_run import measure_p2p_in_run
+
+    alone = dict(out["links"]["p2p"])
+    seen = measure_p2p_in_run(ckpt, out)
+    if seen is None:
+        return
+    out["links"]["p2p"] = {
+        "gbps": round(seen.bandwidth_bytes_per_s / 1e9, 4),
+        "latency_us": round(seen.latency_s * 1e6, 2),
+    }
+    out["sources"]["p2p_in_run"] = (
+        f"{seen.latency_s * 1e6:.0f} us a transfer, {seen.bandwidth_bytes_per_s / 1e9:.3f} "
+        "GB/s: what the transfers of one 2-process ep_static run on the checkpoint took "
+        "(the mean of its dispatches and combines beyond their bytes; its copies' rate, "
+        f"if any); the ping-pong alone gave {alone['latency_us']:g} us, {alone['gbps']:g} GB/s"
+    )
+
+
+def _add_in_run(
+    out: dict[str, Any], ckpt: str, dev: Any, in_run_s: float, overhead_s: float
+) -> None:
+    """The executor's cost around each compute op, and the links, measured in real runs."""
+    extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
+    by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}
+    for dev_key in ("gpu", "cpu") if dev.type == "cpu" else ("gpu",):
+        out[dev_key]["overhead_us_by_kind"] = dict(by_kind)
+    out["sources"]["overhead_by_kind"] = (
+        f"overhead_us plus the median extra time of each compute kind in real flexgen runs "
+        f"for {in_run_s:g} s (2 x 2 sequences, 8-token prompts, 3 tokens, disk tier active) "
+        "over the tables: "
+        + ", ".join(f"{k} +{1e3 * max(0.0, x):.2f} ms" for k, x in extra.items())
+    )
+    for link, bw in in_run.items():
+        alone = out["links"][link]["gbps"]
+        for key in ("disk", "disk_write") if link == "disk" else (link,):
+            out["links"][key]["gbps"] = round(bw / 1e9, 4)
+        out["sources"][f"{link}_in_run"] = (
+            f"gbps {bw / 1e9:.3f}: what the same runs' {link} transfers delivered (bytes over "
+            f"their time net of latency); timed alone they gave {alone:.3f} GB/s"
         )
-        for link, bw in in_run.items():
-            alone = out["links"][link]["gbps"]
-            for key in ("disk", "disk_write") if link == "disk" else (link,):
-                out["links"][key]["gbps"] = round(bw / 1e9, 4)
-            out["sources"][f"{link}_in_run"] = (
-                f"gbps {bw / 1e9:.3f}: what the same runs' {link} transfers delivered (bytes over "
-                f"their time net of latency); timed alone they gave {alone:.3f} GB/s"
-            )
-    out["sources"]["duration"] = f"{time.perf_counter() - t0:.1f} s"
-    return out
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Evaluate the expert prefetch predictors (planners/prefetch.py) on ESFT routing they did not
 train on: the table is built from the `train` tasks, then groups of `group_seqs` test sequences
 are replayed position by position (a decode step of a batch group), the table updated online.
+It prints the tables; with `out=FILE.csv` it also writes the per-layer table there.
 
 Per layer pair (l-1 -> l) and overall, as in Klotski Fig. 13 (paper: 100%, 58.89%, 42.24%):
   used     fraction of prefetched experts the group used

@@ -13,11 +13,14 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -461,7 +464,8 @@ def run_resumable(
             f"running {len(todo)}",
             file=sys.stderr,
         )
-    with ProcessPoolExecutor(workers) as pool:
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint)
+    with pool, _stopped_on_error(pool):
         futures = {pool.submit(run_point, jobs[i]): i for i in todo}
         # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
         bar = tqdm(
@@ -481,6 +485,33 @@ def run_resumable(
             bar.update()
         bar.close()
     return [done[i] for i in range(len(jobs))], len(todo)
+
+
+def _ignore_sigint() -> None:
+    """A worker leaves Ctrl-C to the parent, which stops the pool and prints the one line (a
+    worker's own KeyboardInterrupt would print its traceback first)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """On Ctrl-C or a failed run, `_stop` the pool: leaving its `with` block alone waits for
+    every queued run to finish (`shutdown(wait=True)`), so the command hung."""
+    try:
+        yield
+    except BaseException:
+        _stop(pool)
+        raise
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued runs and end the running ones."""
+    # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
+    # the running runs finish before the command ends
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")

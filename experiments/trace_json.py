@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.balance import device_of
 from core.errors import MoepipeError
-from core.trace import write_chrome
+from core.trace import chrome_parts, read_trace, write_chrome
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 
@@ -31,23 +30,13 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     path = run_dir / "trace.parquet" if run_dir.is_dir() else run_dir
     if not path.is_file():
         raise MoepipeError(f"{run_dir}: no trace.parquet there; pass a run directory a run wrote")
-    trace = pd.read_parquet(path)
+    trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:
         processes = int(json.loads(summary.read_text()).get("processes", 0))
     except (OSError, ValueError, TypeError, AttributeError):
         processes = 0
     return chrome_parts(trace, processes)
-
-
-def chrome_parts(trace: pd.DataFrame, processes: int = 0) -> list[pd.DataFrame]:
-    """The traces trace.json shows as processes: the run's one, or, of a run on G processes,
-    one per device (`source` named `real:gpu<d>` there only)."""
-    if processes <= 0 or trace.empty:
-        return [trace]
-    dev = device_of(trace["resource"])
-    src = trace["source"].iloc[0]
-    return [trace[dev == d].assign(source=f"{src}:gpu{d}") for d in range(processes)]
 
 
 @dataclass

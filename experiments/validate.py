@@ -59,12 +59,11 @@ from core.balance import device_of  # noqa: E402
 from core.bubbles import causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
-from core.spec import RoutingConfig, Workload  # noqa: E402
+from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
 from experiments.common.app import command, kv  # noqa: E402
 from experiments.common.cli import (  # noqa: E402
-    as_bool,
     as_float,
     as_int,
     output_dir,
@@ -236,7 +235,67 @@ def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> Non
     plt.close(fig)
 
 
+@dataclass
+class Setup:
+    """What every step of a validation reads: the options checked, the model and hardware."""
+
+    ckpt: str
+    names: list[str]  # the planners
+    model: Any  # core.spec.ModelSpec
+    hw: Any  # core.spec.HardwareSpec
+    wl: Workload
+    out: Path
+    fracs: tuple[float, float]  # gpu_frac, cpu_frac
+    repeats: int
+    distributed: bool
+    probe: bool  # links=probe, and not distributed (a probe measures disk and h2d only)
+    hw_dict: dict[str, Any]  # the hardware YAML as read, for calibrate's probe
+
+
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
+    """The validation (module doc): its table, also written to <out>/validate.csv and .md."""
+    setup = _setup(opts)
+    rows: list[dict[str, Any]] = []
+    sims = _simulate_all(setup, rows)
+    reals, probed = _real_runs(setup, sims, rows)
+    # all the validation's probes pooled (the median of each link over every probe): a
+    # calibration taken during the validation, from runs other than the ones predicted
+    pooled = {
+        res: float(np.median(bws))
+        for res in (Resource.DISK, Resource.H2D)
+        if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
+    }
+    for name, (spec, routing, sim) in sims.items():
+        runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
+        # the median run (a trace comes from one run): the lower middle for an even count, so
+        # two repeats do not compare against the slower
+        real = runs[(len(runs) - 1) // 2]
+        if [(o.kind, o.stream, o.deps) for o in sim.schedule.ops] != [
+            (o.kind, o.stream, o.deps) for o in real.schedule.ops
+        ]:
+            raise ScheduleError(
+                f"planner {name} planned different schedules for sim and real on the same routing"
+            )
+        write_run(setup.out / name / "sim", sim)
+        write_run(setup.out / name / "real", real)
+        row = compare(name, sim.trace, real.trace, sim.summary, real.summary)
+        seen, hw_seen = _spans_and_links(row, setup, runs, sim, real)
+        if hw_seen is not None:
+            again = simulate_run(replace(spec, hardware=hw_seen), routing)
+            errors_against(row, "run_links", again.summary)
+        if probed[name]:
+            _probe_errors(row, probed[name], reals[name])
+            pooled_run = simulate_run(replace(spec, hardware=with_links(setup.hw, pooled)), routing)
+            errors_against(row, "window", pooled_run.summary)
+        rows.append(row)
+        plot(name, sim.trace, real.trace, setup.out / f"timeline_{name}.png")
+        _print_row(name, row, seen, bool(probed[name]), setup.distributed, len(real.schedule))
+    return _write_tables(setup, rows)
+
+
+def _setup(opts: dict[str, Any]) -> Setup:
+    """The options checked, the checkpoint read, the hardware sized and the out folder made (a
+    mistake is one line before any run, whose results would be lost after)."""
     links = str(opts["links"])
     if links not in ("calibrated", "probe"):
         raise MoepipeError(f"links={links!r} unknown; valid: calibrated, probe")
@@ -250,194 +309,203 @@ def validate(opts: dict[str, Any]) -> pd.DataFrame:
             f"planners={opts['planners']}: unknown planner(s) {', '.join(unknown)}; valid: "
             f"{', '.join(planner_names())}"
         )
-    distributed = as_bool("executor.distributed", opts["executor.distributed"])
+    distributed = bool(opts["executor.distributed"])
     gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
     cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
     sizes = {
         k: as_int(k, opts[k], at_least=1)
         for k in ("batch_size", "n_batches", "prompt_len", "gen_len", "repeats")
     }
-    read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
+    hw_dict = read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(ckpt)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
-    wl = Workload(
-        batch_size=sizes["batch_size"],
-        n_batches=sizes["n_batches"],
-        prompt_len=sizes["prompt_len"],
-        gen_len=sizes["gen_len"],
-        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
-    )
-    # checked (and made) before the runs, whose results would be lost after
+    repeats = sizes.pop("repeats")
+    wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
     out = output_dir(
         opts["out"]
         or ROOT / "runs" / "validate" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
         "out",
     )
+    probe = links == "probe" and not distributed
+    fracs = (gpu_frac, cpu_frac)
+    return Setup(ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict)
+
+
+def _simulate_all(
+    setup: Setup, rows: list[dict[str, Any]]
+) -> dict[str, tuple[RunSpec, Routing, RunResult]]:
+    """Each planner planned and simulated; one it refuses is a `skipped` row of `rows`."""
     sims: dict[str, tuple[RunSpec, Routing, RunResult]] = {}
-    rows: list[dict[str, Any]] = []
-    for name in names:
+    for name in setup.names:
         try:
-            spec = resolve_n_batches(RunSpec(model, hw, wl, name))
+            spec = resolve_n_batches(RunSpec(setup.model, setup.hw, setup.wl, name))
             routing = load_routing(spec.model, spec.workload)
             sims[name] = spec, routing, simulate_run(spec, routing)
         except MoepipeError as e:
             log.warning("%s skipped: %s", name, e)
             rows.append(dict(planner=name, skipped=str(e)))
-    # Real runs on a shared machine vary run to run, and this VM's disk drifts by +-30% over
-    # minutes: the repeats go round the planners (every planner's runs span the same window)
-    # and each is compared at its median.
+    return sims
+
+
+Probed = list[tuple[RunResult, dict[Resource, float]]]  # (prediction, the probe's bandwidths)
+
+
+def _real_runs(
+    setup: Setup, sims: dict[str, tuple[RunSpec, Routing, RunResult]], rows: list[dict[str, Any]]
+) -> tuple[dict[str, list[RunResult]], dict[str, Probed]]:
+    """Each planner's real runs, and with links=probe each one's prediction. Real runs on a
+    shared machine vary run to run, and this VM's disk drifts by +-30% over minutes: the
+    repeats go round the planners (every planner's runs span the same window) and each is
+    compared at its median. A planner the real executor refuses leaves `sims`."""
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
-    probed: dict[str, list[tuple[RunResult, dict[Resource, float]]]] = {name: [] for name in sims}
-    hw_dict = read_hardware(str(opts["hardware"]))
-    probe = links == "probe" and not distributed  # (a probe measures disk and h2d only)
-    fracs = gpu_frac, cpu_frac
-    for _ in range(sizes["repeats"]):
+    probed: dict[str, Probed] = {name: [] for name in sims}
+    for _ in range(setup.repeats):
         for name, (spec, routing, _) in list(sims.items()):
             # the probe's own failure (its run refused) is the whole command's, not this planner's
-            probe_now = probe_predict(ckpt, hw_dict, spec, routing, fracs) if probe else None
+            probe_now = (
+                probe_predict(setup.ckpt, setup.hw_dict, spec, routing, setup.fracs)
+                if setup.probe
+                else None
+            )
             try:
                 real_spec = replace(spec, executor="real")
-                run = (
-                    (run_distributed(ckpt, real_spec, "replay", None, 120, routing).result, None)
-                    if distributed
-                    else real_execute(ckpt, real_spec, "replay", routing=routing)
-                )
+                if setup.distributed:
+                    dist = run_distributed(setup.ckpt, real_spec, "replay", None, 120, routing)
+                    result = dist.result
+                else:
+                    result, _ = real_execute(setup.ckpt, real_spec, "replay", routing=routing)
             except MoepipeError as e:  # e.g. a working set the real device pool cannot hold
                 log.warning("%s skipped: %s", name, e)
                 rows.append(dict(planner=name, skipped=str(e)))
                 del sims[name]
                 continue
-            reals[name].append(run[0])
+            reals[name].append(result)
             if probe_now:
                 probed[name].append(probe_now)
-    # all the validation's probes pooled (the median of each link over every probe): a
-    # calibration taken during the validation, from runs other than the ones predicted
-    pooled = {
-        res: float(np.median(bws))
-        for res in (Resource.DISK, Resource.H2D)
-        if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
+    return reals, probed
+
+
+RUN_LINKS = (Resource.DISK, Resource.H2D, Resource.P2P)
+
+
+def _spans_and_links(
+    row: dict[str, Any], setup: Setup, runs: list[RunResult], sim: RunResult, real: RunResult
+) -> tuple[dict[Resource, float], HardwareSpec | None]:
+    """`row` gains the memory sizes, the real runs' spread, the per-device columns of a
+    distributed run, and each link's bandwidth as the runs' transfers saw it and as
+    calibrated. Returns the bandwidths seen (bytes/s) and the hardware at those links (None if
+    none was seen), for the simulator to run again at them: the error left once the links'
+    drift since calibration is taken out (a diagnosis)."""
+    hw = setup.hw
+    spans = [r.summary["makespan_s"] for r in runs]
+    row["gpu_gb"], row["cpu_gb"] = hw.memory_bytes[Tier.GPU] / 1e9, hw.memory_bytes[Tier.CPU] / 1e9
+    row["disk_bytes"] = real.summary["bytes_moved"].get("disk", 0)
+    row["real_runs"] = len(spans)
+    row["real_makespan_min_s"], row["real_makespan_max_s"] = min(spans), max(spans)
+    traces = [any_device(r.trace) for r in runs]
+    seen = {
+        res: bw
+        for res in RUN_LINKS
+        if (bw := link_bandwidth(traces, str(res), hw.link(res).latency_s))
     }
-    for name, (spec, routing, sim) in sims.items():
-        runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
-        # the median run (a trace comes from one run): the lower middle for an even count, so
-        # two repeats do not compare against the slower
-        real, spans = runs[(len(runs) - 1) // 2], [r.summary["makespan_s"] for r in runs]
-        if [(o.kind, o.stream, o.deps) for o in sim.schedule.ops] != [
-            (o.kind, o.stream, o.deps) for o in real.schedule.ops
-        ]:
-            raise ScheduleError(
-                f"planner {name} planned different schedules for sim and real on the same routing"
-            )
-        write_run(out / name / "sim", sim)
-        write_run(out / name / "real", real)
-        row = compare(name, sim.trace, real.trace, sim.summary, real.summary)
-        row["gpu_gb"], row["cpu_gb"] = (
-            hw.memory_bytes[Tier.GPU] / 1e9,
-            hw.memory_bytes[Tier.CPU] / 1e9,
+    # G processes: the p2p link's latency too, from the runs' transfers (small ones are
+    # nearly all latency, which a bandwidth alone cannot stand for)
+    p2p = p2p_seen([r.trace for r in runs], hw.link(Resource.P2P)) if setup.distributed else None
+    if p2p is not None:
+        seen[Resource.P2P] = p2p.bandwidth_bytes_per_s
+        row["run_p2p_latency_us"] = p2p.latency_s * 1e6
+        row["calibrated_p2p_latency_us"] = hw.link(Resource.P2P).latency_s * 1e6
+    if setup.distributed:
+        row.update(per_device(sim, real))
+    for res in RUN_LINKS:
+        row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
+        row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
+    for k in ("sim_run_links_makespan_s", "err_run_links_makespan_s", "err_run_links_gpu_bubble_s"):
+        row[k] = float("nan")
+    if not seen:
+        return seen, None
+    hw_seen = with_links(hw, seen)
+    if p2p is not None:
+        hw_seen = replace(hw_seen, links={**hw_seen.links, Resource.P2P: p2p})
+    return seen, hw_seen
+
+
+def _probe_errors(row: dict[str, Any], probed: Probed, reals: list[RunResult]) -> None:
+    """`row` gains the error of each real run's own prediction, at the links a probe saw just
+    before it: the median prediction's, and the median of each against the run it was for."""
+    preds = sorted(probed, key=lambda p: p[0].summary["makespan_s"])
+    errors_against(row, "probe", preds[(len(preds) - 1) // 2][0].summary)
+    row["err_probe_paired_makespan_s"] = float(
+        np.median(
+            [
+                rel(pred.summary["makespan_s"], run.summary["makespan_s"])
+                for (pred, _), run in zip(probed, reals, strict=True)
+            ]
         )
-        row["disk_bytes"] = real.summary["bytes_moved"].get("disk", 0)
-        row["real_runs"] = len(spans)
-        row["real_makespan_min_s"], row["real_makespan_max_s"] = min(spans), max(spans)
-        # The simulator again at the link bandwidths these runs' transfers saw: the error left
-        # once the links' drift since calibration is taken out (a diagnosis, not the prediction).
-        kinds = (Resource.DISK, Resource.H2D, Resource.P2P)
-        seen = {
-            res: bw
-            for res in kinds
-            if (
-                bw := link_bandwidth(
-                    [any_device(r.trace) for r in runs], str(res), hw.link(res).latency_s
-                )
+    )
+    row["probe_disk_gbps"] = float(
+        np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
+    )
+
+
+def _print_row(
+    name: str,
+    row: dict[str, Any],
+    seen: dict[Resource, float],
+    probed: bool,
+    distributed: bool,
+    n_ops: int,
+) -> None:
+    """A planner's line (and, distributed, its per-device line) as its results come in."""
+    at_run_links = (
+        "; at the runs' links ("
+        + ", ".join(
+            f"{res} {row[f'run_{res}_gbps']:.2f} GB/s, calibrated "
+            f"{row[f'calibrated_{res}_gbps']:.2f}"
+            + (
+                f"; + {row['run_p2p_latency_us']:.0f} us a transfer, calibrated "
+                f"{row['calibrated_p2p_latency_us']:.0f}"
+                if res == Resource.P2P and "run_p2p_latency_us" in row
+                else ""
             )
-        }
-        # G processes: the p2p link's latency too, from the runs' transfers (small ones are
-        # nearly all latency, which a bandwidth alone cannot stand for)
-        p2p = p2p_seen([r.trace for r in runs], hw.link(Resource.P2P)) if distributed else None
-        if p2p is not None:
-            seen[Resource.P2P] = p2p.bandwidth_bytes_per_s
-            row["run_p2p_latency_us"] = p2p.latency_s * 1e6
-            row["calibrated_p2p_latency_us"] = hw.link(Resource.P2P).latency_s * 1e6
-        if distributed:
-            row.update(per_device(sim, real))
-        for res in kinds:
-            row[f"run_{res}_gbps"] = seen[res] / 1e9 if res in seen else float("nan")
-            row[f"calibrated_{res}_gbps"] = hw.link(res).bandwidth_bytes_per_s / 1e9
-        for k in (
-            "sim_run_links_makespan_s",
-            "err_run_links_makespan_s",
-            "err_run_links_gpu_bubble_s",
-        ):
-            row[k] = float("nan")
-        if seen:
-            hw_seen = with_links(hw, seen)
-            if p2p is not None:
-                hw_seen = replace(hw_seen, links={**hw_seen.links, Resource.P2P: p2p})
-            again = simulate_run(replace(spec, hardware=hw_seen), routing)
-            errors_against(row, "run_links", again.summary)
-        if probed[name]:
-            # each real run's own prediction, at the links a probe saw just before it
-            preds = sorted(probed[name], key=lambda p: p[0].summary["makespan_s"])
-            errors_against(row, "probe", preds[(len(preds) - 1) // 2][0].summary)
-            # each prediction against the run it was made for (the median of those errors)
-            row["err_probe_paired_makespan_s"] = float(
-                np.median(
-                    [
-                        rel(pred.summary["makespan_s"], run.summary["makespan_s"])
-                        for (pred, _), run in zip(probed[name], reals[name], strict=True)
-                    ]
-                )
-            )
-            row["probe_disk_gbps"] = float(
-                np.median([bws.get(Resource.DISK, np.nan) for _, bws in preds]) / 1e9
-            )
-            pooled_run = simulate_run(replace(spec, hardware=with_links(hw, pooled)), routing)
-            errors_against(row, "window", pooled_run.summary)
-        rows.append(row)
-        plot(name, sim.trace, real.trace, out / f"timeline_{name}.png")
-        at_run_links = (
-            "; at the runs' links ("
-            + ", ".join(
-                f"{res} {row[f'run_{res}_gbps']:.2f} GB/s, calibrated "
-                f"{row[f'calibrated_{res}_gbps']:.2f}"
-                + (
-                    f"; + {row['run_p2p_latency_us']:.0f} us a transfer, calibrated "
-                    f"{row['calibrated_p2p_latency_us']:.0f}"
-                    if res == Resource.P2P and "run_p2p_latency_us" in row
-                    else ""
-                )
-                for res in seen
-            )
-            + f"): {100 * row['err_run_links_makespan_s']:+.1f}%, "
-            f"bubble {100 * row['err_run_links_gpu_bubble_s']:+.1f}%"
-            if seen
-            else ""
+            for res in seen
         )
-        at_probe = (
-            f"; probed links: {100 * row['err_probe_makespan_s']:+.1f}%, "
-            f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%; all probes pooled: "
-            f"{100 * row['err_window_makespan_s']:+.1f}%, "
-            f"bubble {100 * row['err_window_gpu_bubble_s']:+.1f}%"
-            if probed[name]
-            else ""
-        )
-        if distributed:
-            print(
-                f"{name:24s} coverage {100 * row['coverage']:.0f}% of {len(real.schedule)} ops, "
-                f"expert tokens per device sim {row['sim_device_tokens']} real "
-                f"{row['real_device_tokens']} ({'equal' if row['device_tokens_equal'] else 'DIFFER'}), "
-                f"utilisation sim {row['sim_utilisation']:.2f} real {row['real_utilisation']:.2f}",
-                flush=True,
-            )
+        + f"): {100 * row['err_run_links_makespan_s']:+.1f}%, "
+        f"bubble {100 * row['err_run_links_gpu_bubble_s']:+.1f}%"
+        if seen
+        else ""
+    )
+    at_probe = (
+        f"; probed links: {100 * row['err_probe_makespan_s']:+.1f}%, "
+        f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%; all probes pooled: "
+        f"{100 * row['err_window_makespan_s']:+.1f}%, "
+        f"bubble {100 * row['err_window_gpu_bubble_s']:+.1f}%"
+        if probed
+        else ""
+    )
+    if distributed:
         print(
-            f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
-            f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
-            f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
-            f"bubble waits on {row['sim_bubble_waits_on']} (sim) / {row['real_bubble_waits_on']} (real), "
-            f"causes apart {row['bubble_causes_tv']:.2f} "
-            f"(median of {len(spans)} real runs, "
-            f"{min(spans):.3f}-{max(spans):.3f} s){at_run_links}{at_probe}",
+            f"{name:24s} coverage {100 * row['coverage']:.0f}% of {n_ops} ops, "
+            f"expert tokens per device sim {row['sim_device_tokens']} real "
+            f"{row['real_device_tokens']} ({'equal' if row['device_tokens_equal'] else 'DIFFER'}), "
+            f"utilisation sim {row['sim_utilisation']:.2f} real {row['real_utilisation']:.2f}",
             flush=True,
         )
+    print(
+        f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
+        f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
+        f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
+        f"bubble waits on {row['sim_bubble_waits_on']} (sim) / {row['real_bubble_waits_on']} (real), "
+        f"causes apart {row['bubble_causes_tv']:.2f} "
+        f"(median of {row['real_runs']} real runs, "
+        f"{row['real_makespan_min_s']:.3f}-{row['real_makespan_max_s']:.3f} s){at_run_links}{at_probe}",
+        flush=True,
+    )
+
+
+def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """validate.csv and validate.md (the main columns, then per-op-kind mean durations)."""
+    model, hw, out = setup.model, setup.hw, setup.out
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate.csv", index=False)
     main_cols = [c for c in table.columns if not c.endswith("_ms")]

@@ -120,38 +120,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     out = output_dir(
         opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}", "out"
     )
-    rows = []
-    for p in planners:
-        base = dict(n_devices=lanes, lanes=True, grouped_gemm=False)
-        if p != "ep_static":
-            base["replica_slots"] = slots
-        spec = {
-            s: RunSpec(model, hw, wl, p, {**base, "lane_sharing": s})
-            for s in ("partition", "shared")
-        }
-        real = [
-            real_execute(ckpt, spec["shared"], "replay", device=str(device)) for _ in range(repeats)
-        ]
-        routing = real[0][1].routing
-        make = np.array([r.trace["end_s"].max() for r, _ in real])
-        phase = np.array([expert_phases_s(r.trace) for r, _ in real])
-        # what the executor adds to the schedule's own bound with the durations it measured
-        # (the lanes' ops by their share of the GPU: core.trace.work_s)
-        dag = np.array([r.summary["dag_lower_bound_s"] for r, _ in real])
-        row: dict[str, Any] = dict(
-            planner=p,
-            real_ms=1e3 * float(np.median(make)),
-            real_spread=float((make.max() - make.min()) / np.median(make)),
-            real_phase_ms=1e3 * float(np.median(phase)),
-            real_over_dag_lb=float(np.median(make / dag)),
-        )
-        for s, sp in spec.items():
-            sim = simulate_run(sp, routing)
-            row[f"{s}_ms"] = 1e3 * float(sim.trace["end_s"].max())
-            row[f"{s}_err"] = row[f"{s}_ms"] / row["real_ms"] - 1
-            row[f"{s}_phase_ms"] = 1e3 * expert_phases_s(sim.trace)
-            row[f"{s}_phase_err"] = row[f"{s}_phase_ms"] / row["real_phase_ms"] - 1
-        rows.append(row)
+    rows = [_planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device) for p in planners]
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate_lanes.csv", index=False)
     sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
@@ -172,6 +141,50 @@ def report(opts: dict[str, Any]) -> list[str]:
         )
     lines.append(f"wrote {out}/validate_lanes.csv, validate_lanes.md")
     return lines
+
+
+def _planner_row(
+    ckpt: str,
+    model: Any,
+    hw: Any,
+    wl: Workload,
+    p: str,
+    lanes: int,
+    slots: int,
+    repeats: int,
+    device: Any,
+) -> dict[str, Any]:
+    """Planner `p` on `lanes` lanes: the real runs (lanes sharing the GPU) at their median, and
+    the simulator under each lane-sharing model with its error against them."""
+    base = dict(n_devices=lanes, lanes=True, grouped_gemm=False)
+    if p != "ep_static":
+        base["replica_slots"] = slots
+    spec = {
+        s: RunSpec(model, hw, wl, p, {**base, "lane_sharing": s}) for s in ("partition", "shared")
+    }
+    real = [
+        real_execute(ckpt, spec["shared"], "replay", device=str(device)) for _ in range(repeats)
+    ]
+    routing = real[0][1].routing
+    make = np.array([r.trace["end_s"].max() for r, _ in real])
+    phase = np.array([expert_phases_s(r.trace) for r, _ in real])
+    # what the executor adds to the schedule's own bound with the durations it measured
+    # (the lanes' ops by their share of the GPU: core.trace.work_s)
+    dag = np.array([r.summary["dag_lower_bound_s"] for r, _ in real])
+    row: dict[str, Any] = dict(
+        planner=p,
+        real_ms=1e3 * float(np.median(make)),
+        real_spread=float((make.max() - make.min()) / np.median(make)),
+        real_phase_ms=1e3 * float(np.median(phase)),
+        real_over_dag_lb=float(np.median(make / dag)),
+    )
+    for s, sp in spec.items():
+        sim = simulate_run(sp, routing)
+        row[f"{s}_ms"] = 1e3 * float(sim.trace["end_s"].max())
+        row[f"{s}_err"] = row[f"{s}_ms"] / row["real_ms"] - 1
+        row[f"{s}_phase_ms"] = 1e3 * expert_phases_s(sim.trace)
+        row[f"{s}_phase_err"] = row[f"{s}_phase_ms"] / row["real_phase_ms"] - 1
+    return row
 
 
 def _main(args: Options) -> int:

@@ -1,4 +1,5 @@
-"""Host memory of the real executor on this device: what its two host-side layouts buy.
+"""Host memory of the real executor on this device: what its two host-side layouts buy. It
+prints its measurements and writes no files.
 
 1. KV spans. A KV_LOAD moves positions [0, m) of one layer's cache host -> device, a KV_STORE one
    new position back. From a host cache laid out as the device's ([B, H, M, D]) such a span is

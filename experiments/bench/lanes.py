@@ -1,6 +1,7 @@
 """Lanes on one GPU: how far G concurrent expert kernels overlap, measured on CUDA streams, against
 what the shared-lanes model predicts (planner param lane_sharing=shared: `CostModel.cap` and the
-simulator's processor sharing), for one model's expert over several token counts.
+simulator's processor sharing), for one model's expert over several token counts. It prints
+its table and writes no files.
 
 For each row count r: `alone` = one expert MLP over r tokens on one stream; `together` = G such
 kernels (G different experts) on G streams at once, per round. overlap = G x alone / together:

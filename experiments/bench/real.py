@@ -9,7 +9,8 @@ fits). It prints each system's tok/s, the simulator's prediction of the same run
 bound of Klotski's schedule per resource (bytes over the calibrated bandwidth, flops over the
 calibrated rate) and their maximum; its last lines are `moepipe / best peer`, `moepipe /
 physical bound` and the simulator's error. The budget is split 4:1 between the device pool and
-host RAM (on a CPU-only machine both are RAM); the rest of the model stays on disk.
+host RAM (on a CPU-only machine both are RAM); the rest of the model stays on disk. It writes
+the checkpoint (out_dir/<model>[-L<n_layers>]/) and, when calibrating, conf/hardware/<hardware>.yaml.
 
 Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
@@ -30,28 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.args import as_float, as_int
 from core.errors import MoepipeError
-from experiments.common.cli import (
-    as_float,
-    as_int,
-    parse_kv,
-    run_command,
-)
+from experiments.common import peers as pe
+from experiments.common.app import command, kv
+from experiments.common.cli import run_command
+from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
 
-_DEFAULTS: dict[str, Any] = dict(
-    model=None,
-    budget_gb=None,
-    gen_len=4,
-    out_dir="runs/bench_real",
-    n_layers=None,
-    batch_size=8,
-    prompt_len=16,
-    hardware="this-machine",
-    peers="best",
-    cold="once",
-    slack_mb=256,
-)
 PEERS = ("best", "all", "none")
 DEVICE_SHARE = 0.8  # of the budget: the device pool; the rest is host RAM
 SHARD_BYTES = 1 << 30  # checkpoint shards: one in memory at a time while writing
@@ -183,30 +170,63 @@ def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
 # ---- the command -----------------------------------------------------------------------------
 
 
-def run(opts: dict[str, Any]) -> list[str]:
-    from core.types import Tier
-    from experiments.bench import accelerate as ba
-    from experiments.common.hardware import hardware_path
+def run(opts: BenchRealOptions) -> list[str]:
+    """The benchmark's lines (module doc); progress on stderr."""
     from experiments.common.pipeline import simulate_run
 
-    if not opts["model"]:
-        raise MoepipeError("missing model=NAME (a conf/model/NAME.yaml, e.g. olmoe-1b-7b)")
-    if opts["budget_gb"] is None:
-        raise MoepipeError("missing budget_gb=G (memory for weights: device pool + host RAM)")
-    budget = as_float("budget_gb", opts["budget_gb"], positive=True) * 1e9
-    gen_len = as_int("gen_len", opts["gen_len"], at_least=1)
-    batch = as_int("batch_size", opts["batch_size"], at_least=1)
-    prompt_len = as_int("prompt_len", opts["prompt_len"], at_least=1)
-    peers = str(opts["peers"]).lower()
+    spec, budget, peers, cold = _checked(opts)
+    over = opts.n_layers is not None
+    name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
+    ckpt = ensure_checkpoint(spec, Path(opts.out_dir) / name)
+    _calibrate_if_missing(opts.hardware, ckpt)
+    bench = BenchAccelerateOptions(
+        checkpoint=str(ckpt),
+        hardware=opts.hardware,
+        gpu_frac=budget * DEVICE_SHARE / spec.total_bytes,
+        cpu_frac=budget * (1 - DEVICE_SHARE) / spec.total_bytes,
+        batch_size=opts.batch_size,
+        n_batches=1,
+        prompt_len=opts.prompt_len,
+        gen_len=opts.gen_len,
+        cold=cold,
+        slack_mb=opts.slack_mb,
+    )
+    bopts = kv(bench)
+    run_spec, hw = pe.run_spec(bopts)
+    _progress("simulating the same run")
+    sim = simulate_run(run_spec)
+    if peers == "none":
+        rows, header = _moepipe_only(bopts, run_spec)
+    else:
+        rows, header = pe.compare(bopts, run_spec, hw, True, batch_by_batch=peers == "all")
+    cut = f", n_layers cut to {spec.n_layers}" if over else ""
+    lines = [
+        f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
+        f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
+        *_budget_lines(spec, budget, hw),
+        *header[1:],
+        *pe.format_rows(rows)[:-1],
+    ]
+    return lines + _verdict(rows, sim, physical_bound(sim.schedule, hw), opts.batch_size, peers)
+
+
+def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
+    """(the model's spec, the budget in bytes, peers, cold), the options' ranges checked and the
+    budget against one layer's working set and the planner's own fit check (where the hardware
+    is calibrated already), before anything is written."""
+    budget = as_float("budget_gb", opts.budget_gb, positive=True) * 1e9
+    for key in ("gen_len", "batch_size", "prompt_len"):
+        as_int(key, getattr(opts, key), at_least=1)
+    as_int("slack_mb", opts.slack_mb, at_least=0)
+    peers, cold = opts.peers.lower(), opts.cold.lower()
     if peers not in PEERS:
-        raise MoepipeError(f"peers={peers!r} unknown; valid: {', '.join(PEERS)}")
-    cold = str(opts["cold"]).lower()
+        raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
     if cold not in ("once", "pass"):
-        raise MoepipeError(f"cold={cold!r} unknown; valid: once, pass")
+        raise MoepipeError(f"cold={opts.cold!r} unknown; valid: once, pass")
     over: dict[str, Any] = {}
-    if opts["n_layers"] is not None:
-        over["n_layers"] = as_int("n_layers", opts["n_layers"], at_least=1)
-    spec = reduced_spec(str(opts["model"]), **over)
+    if opts.n_layers is not None:
+        over["n_layers"] = as_int("n_layers", opts.n_layers, at_least=1)
+    spec = reduced_spec(opts.model, **over)
     working = _layer_working_set(spec)
     if budget * DEVICE_SHARE < working:
         raise MoepipeError(
@@ -215,72 +235,68 @@ def run(opts: dict[str, Any]) -> list[str]:
             f"{working / 1e9:.2f} GB (embedding, head, a layer's attention, gate and top-k "
             f"experts); raise budget_gb to at least {working / DEVICE_SHARE / 1e9:.2f}"
         )
-    if hardware_path(str(opts["hardware"])).is_file():  # the planner's own fit check, first
-        from core.spec import RoutingConfig, Workload
-        from core.types import RoutingSource
-        from experiments.common.hardware import load_hardware
-        from experiments.common.pipeline import RunSpec, resolve_n_batches
+    _fits(opts, spec, budget)
+    return spec, budget, peers, cold
 
-        early = load_hardware(
-            str(opts["hardware"]),
-            spec.total_bytes,
-            budget * DEVICE_SHARE / spec.total_bytes,
-            budget * (1 - DEVICE_SHARE) / spec.total_bytes,
-        )
-        wl = Workload(
-            batch_size=batch,
-            n_batches=1,
-            prompt_len=prompt_len,
-            gen_len=gen_len,
-            routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
-        )
-        resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
-    cut = f", n_layers cut to {spec.n_layers}" if over else ""
-    name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
-    ckpt = ensure_checkpoint(spec, Path(str(opts["out_dir"])) / name)
-    if not hardware_path(str(opts["hardware"])).is_file():
-        _progress(f"no {hardware_path(str(opts['hardware']))}: calibrating on {ckpt}")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.calibrate",
-                f"hardware.name={opts['hardware']}",
-                f"checkpoint={ckpt}",
-            ],
-            check=True,
-        )
-    bopts = dict(
-        ba._DEFAULTS,
-        checkpoint=str(ckpt),
-        hardware=str(opts["hardware"]),
-        gpu_frac=budget * DEVICE_SHARE / spec.total_bytes,
-        cpu_frac=budget * (1 - DEVICE_SHARE) / spec.total_bytes,
-        batch_size=batch,
-        n_batches=1,
-        prompt_len=prompt_len,
-        gen_len=gen_len,
-        cold=cold,
-        slack_mb=as_int("slack_mb", opts["slack_mb"], at_least=0),
+
+def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
+    """The planner's own fit check, where conf/hardware/<hardware>.yaml exists already."""
+    from core.spec import RoutingConfig, Workload
+    from core.types import RoutingSource
+    from experiments.common.hardware import hardware_path, load_hardware
+    from experiments.common.pipeline import RunSpec, resolve_n_batches
+
+    if not hardware_path(opts.hardware).is_file():
+        return
+    early = load_hardware(
+        opts.hardware,
+        spec.total_bytes,
+        budget * DEVICE_SHARE / spec.total_bytes,
+        budget * (1 - DEVICE_SHARE) / spec.total_bytes,
     )
-    run_spec, hw = ba._run_spec(bopts)
-    _progress("simulating the same run")
-    sim = simulate_run(run_spec)
-    bound = physical_bound(sim.schedule, hw)
-    if peers == "none":
-        rows, header = _moepipe_only(bopts, run_spec)
-    else:
-        rows, header = ba.compare(bopts, run_spec, hw, True, batch_by_batch=peers == "all")
+    wl = Workload(
+        batch_size=opts.batch_size,
+        n_batches=1,
+        prompt_len=opts.prompt_len,
+        gen_len=opts.gen_len,
+        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+    )
+    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
+
+
+def _calibrate_if_missing(hardware: str, ckpt: Path) -> None:
+    """conf/hardware/<hardware>.yaml measured on `ckpt` (experiments.calibrate) when missing."""
+    from experiments.common.hardware import hardware_path
+
+    if hardware_path(hardware).is_file():
+        return
+    _progress(f"no {hardware_path(hardware)}: calibrating on {ckpt}")
+    cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
+    if subprocess.run([*cmd, f"checkpoint={ckpt}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
+        raise MoepipeError(
+            f"hardware={hardware}: calibrating it failed (its line is above); run "
+            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"
+        )
+
+
+def _budget_lines(spec: Any, budget: float, hw: Any) -> list[str]:
+    from core.types import Tier
+
+    return [
+        f"budget {budget / 1e9:g} GB: device pool {hw.memory_bytes[Tier.GPU] / 1e9:.3f} GB + host "
+        f"{hw.memory_bytes[Tier.CPU] / 1e9:.3f} GB; the rest ({1 - budget / spec.total_bytes:.0%}"
+        ") on disk"
+    ]
+
+
+def _verdict(
+    rows: list[Any], sim: Any, bound: dict[str, tuple[float, str]], batch: int, peers: str
+) -> list[str]:
+    """The simulator's row, the physical bound per resource, and the last lines: moepipe over
+    the best peer, over the bound, and the simulator's error."""
     ours = rows[0]
     sim_s = sim.summary["makespan_s"]
     lines = [
-        f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
-        f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
-        f"budget {budget / 1e9:g} GB: device pool {hw.memory_bytes[Tier.GPU] / 1e9:.3f} GB + host "
-        f"{hw.memory_bytes[Tier.CPU] / 1e9:.3f} GB; the rest ({1 - budget / spec.total_bytes:.0%}"
-        ") on disk",
-        *header[1:],
-        *ba.format_rows(rows)[:-1],
         f"{'simulator (same schedule)':40s} {batch:5d} {sim.summary['throughput_tok_s']:8.2f} "
         f"{sim_s:7.2f}",
         "physical bound of Klotski's schedule, per resource:",
@@ -291,7 +307,7 @@ def run(opts: dict[str, Any]) -> list[str]:
     lines.append(f"  {'max':14s} {bound_s:8.2f} s  ({binding})")
     if ours.dag_efficiency is not None:
         lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
-    lines += ba.format_rows(rows)[-1:] if peers != "none" else []
+    lines += pe.format_rows(rows)[-1:] if peers != "none" else []
     if ours.seconds:
         lines.append(
             f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
@@ -305,12 +321,10 @@ def run(opts: dict[str, Any]) -> list[str]:
 
 
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
-    from experiments.bench import accelerate as ba
-
-    got, peak, why = ba.run_side("moepipe", bopts, None)
+    got, peak, why = pe.run_side("moepipe", bopts, None)
     if got is None:
         raise MoepipeError(f"moepipe klotski failed ({why}); see its output above")
-    row = ba.Row(
+    row = pe.Row(
         f"moepipe klotski (n={got['n_batches']})",
         run_spec.workload.batch_size,
         got["tok_s"],
@@ -356,18 +370,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
-    try:
-        lines = run(parse_kv(argv, _DEFAULTS))
-    except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
+def _main(opts: BenchRealOptions) -> int:
+    print("\n".join(run(opts)))
     return 0
 
 
+main = command("bench_real", BenchRealOptions, _main, __doc__)
+
 if __name__ == "__main__":
-    sys.exit(run_command(lambda: main(sys.argv[1:])))
+    sys.exit(run_command(main))

@@ -1,6 +1,7 @@
 """Simulator speed: the phases of a whole `experiments.run` of Mixtral-8x7B on rtx3090-env1,
 Klotski's paper workload (prompt 512, generate 32, batch 16), `flexgen` at n=15 (177,874 ops),
-and its ops/s against a bare simpy event loop timed in the same process.
+and its ops/s against a bare simpy event loop timed in the same process. It prints its table;
+the runs it times write into a temporary folder, removed after.
 
 Usage:
     python -m experiments.bench.sim [repeat=3] [planner=flexgen]

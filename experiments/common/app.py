@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
-from experiments.common.cli import print_or_exit
+from experiments.common.cli import before_line, on_interrupt, print_or_exit
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
@@ -103,6 +103,8 @@ def command(
     def main(argv: Sequence[str] | None = None) -> int:
         argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
         running(schema)
+        # what Ctrl-C's line says, unless the command resumes (reproduce_klotski says so)
+        on_interrupt("stopped before it finished; run the same command again for its output")
         hydra_args = [*PLAIN, f"hydra.job.name={name}"]
         return hydra_main(task, name, argv, doc, hydra_args, conf_dir=COMMAND_DIR)
 
@@ -241,12 +243,14 @@ def hydra_main(
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except MoepipeError as e:
+        before_line()
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
         line = one_line(e, files)
         if line is None:
             raise
+        before_line()
         print(f"error: {line}", file=sys.stderr)
         return 2
     finally:
@@ -357,6 +361,12 @@ def group_files(
                 raise MoepipeError(
                     f"{arg}: no such file; pass a hardware YAML file or a name in conf/{key}/"
                 )
+            try:
+                src.read_bytes().decode()
+            except UnicodeDecodeError as e:
+                raise MoepipeError(
+                    f"{arg}: not UTF-8 text (byte {e.start}); pass a hardware YAML file"
+                ) from None
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")

@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from experiments.common.cli import on_interrupt
@@ -73,6 +74,43 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
     return finished, reused
 
 
+def workers_ignore_ctrl_c() -> str | None:
+    """Start the sweep's worker processes (joblib's, which loky starts as `sys.executable -m
+    ...`) with Ctrl-C ignored, from their first instruction: Ctrl-C reaches every process of
+    the terminal's group, and a worker still importing numpy printed its KeyboardInterrupt
+    traceback before the sweep's one line. The sweep's process stops the pool itself (a worker
+    running a point ignores Ctrl-C already, experiments.run). Returns the real executable, to be
+    restored when the sweep ends; None where no wrapper could be written."""
+    import os
+    import shlex
+    import tempfile
+
+    real = sys.executable
+    if not real or os.name != "posix":
+        return None
+    try:
+        folder = tempfile.mkdtemp(prefix="moepipe-python-")
+        wrapper = Path(folder) / "python"
+        # `trap '' INT` ignores SIGINT, which stays ignored across exec (a handler would not)
+        wrapper.write_text(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(real)} \"$@\"\n")
+        wrapper.chmod(0o755)
+    except OSError:
+        return None
+    sys.executable = str(wrapper)
+    return real
+
+
+def remove_if_no_runs(sweep_dir: Path) -> None:
+    """A sweep that failed or was stopped before any of its points started leaves no folder
+    that looks like a sweep: its dir goes when it holds hydra's multirun.yaml alone."""
+    try:
+        if all(p.name == "multirun.yaml" for p in sweep_dir.iterdir()):
+            (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+            sweep_dir.rmdir()
+    except OSError:  # not there, or a point's dir appeared meanwhile: it stays
+        pass
+
+
 class SweepProgress(Callback):
     """A tqdm bar per sweep counting its run dirs that hold a summary.json; prints the wall time
     and how many runs an earlier sweep had finished."""
@@ -83,6 +121,7 @@ class SweepProgress(Callback):
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._started = 0.0  # wall clock at the sweep's start
+        self._python: str | None = None  # sys.executable while workers_ignore_ctrl_c's is set
 
     def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks into their workers
         return {"poll_s": self.poll_s}
@@ -91,8 +130,13 @@ class SweepProgress(Callback):
         self.__init__(**state)  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+        except OmegaConfBaseException:  # `${nosuch.key}` in it: the launcher fails on it next,
+            return  # and that error is the command's one line (hydra would warn of this one)
         total = sweep_size(config)
+        made = not sweep_dir.exists()  # by this sweep: hydra makes it after this callback
+        self._python = workers_ignore_ctrl_c()
         self._t0 = time.perf_counter()
         self._started = time.time()
         self._stop.clear()
@@ -109,7 +153,7 @@ class SweepProgress(Callback):
         on_interrupt(
             f"finished runs are kept in {here}; to resume, run the same command with "
             f"hydra.sweep.dir={here}",
-            before=bar.close,
+            before=lambda: (bar.close(), made and remove_if_no_runs(sweep_dir)),
         )
 
         def poll() -> None:
@@ -124,6 +168,13 @@ class SweepProgress(Callback):
         self._thread.start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._python is not None:  # the wrapper's folder goes, the real python is back
+            import shutil
+
+            wrapper = Path(sys.executable).parent
+            if wrapper.name.startswith("moepipe-python-"):
+                shutil.rmtree(wrapper, ignore_errors=True)
+            sys.executable, self._python = self._python, None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -158,8 +209,9 @@ class SweepSummary(Callback):
         self.report = report
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from experiments.common.ranking import ok_runs, short_table
+        from experiments.common.report_page import write_report
         from experiments.common.tables import collect, write_results
-        from experiments.report import ok_runs, short_table, write_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         df, problems = collect(sweep_dir)

@@ -12,32 +12,19 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from core.args import as_bool, as_float, as_int, output_dir, output_file
+from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 
-__all__ = ["CONF_DIR", "as_bool", "as_float", "as_int", "output_dir", "output_file",
+__all__ = ["CONF_DIR", "as_float", "as_int", "output_dir", "output_file",
            "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
            "another_commands_experiment", "missing_launcher", "sweep_experiment_misused",
-           "error_line", "any_error_line", "exit_with", "run_command", "parse_kv"]  # fmt: skip
-
-
-def parse_kv(argv: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults overridden by `key=value` arguments; an unknown key or a bare word is an error.
-    Left for bench_accelerate (whose parent passes its children their options this way) and
-    bench_real, until they declare hydra schemas like the other commands."""
-    opts = dict(defaults)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in opts:
-            raise MoepipeError(f"argument {arg!r}: expected key=value with key in {sorted(opts)}")
-        opts[key] = value
-    return opts
+           "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:
@@ -132,6 +119,7 @@ def any_error_line(e: BaseException) -> str:
 
 def exit_with(e: BaseException) -> None:
     """Print `e` as one line (`any_error_line`) on stderr and exit 2."""
+    before_line()
     print(f"error: {any_error_line(e)}", file=sys.stderr)
     sys.exit(2)
 
@@ -147,6 +135,10 @@ def run_command(main: Callable[[], Any]) -> Any:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         return until_interrupted(main)
+    except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again
+        sys.exit(141)  # a shell's status for a process its pipe's reader left (128 + SIGPIPE)
     except Exception as e:
         if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
             raise
@@ -167,14 +159,25 @@ def on_interrupt(text: str, before: Callable[[], Any] | None = None) -> None:
     _BEFORE_LINE[:] = [before] if before else []
 
 
+def before_line() -> None:
+    """Run what must happen before a last line is printed (close a progress bar, whose line
+    it would otherwise continue); once."""
+    for before in _BEFORE_LINE:
+        before()
+    _BEFORE_LINE.clear()
+
+
 def until_interrupted(main: Callable[[], Any]) -> Any:
     """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130.
     What finished is on disk; the line says how to resume (`on_interrupt`)."""
+    import signal
+
+    if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's turn ends
     try:
         return main()
     except KeyboardInterrupt:
-        for before in _BEFORE_LINE:
-            before()
+        before_line()
         _stop_pool_tracker()
         print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)

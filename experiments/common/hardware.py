@@ -62,6 +62,8 @@ def read_hardware(name: str) -> dict[str, Any]:
         d = yaml.safe_load(path.read_text())
     except OSError as e:
         raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise MoepipeError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -26,7 +26,7 @@ from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import HardwareSpec, ModelSpec, Workload
-from core.trace import make_trace, summarize, write_chrome
+from core.trace import chrome_parts, make_trace, summarize, write_chrome
 from core.types import Tier
 from planners.registry import make_planner
 
@@ -200,7 +200,10 @@ def write_run(
     def files(tmp: Path) -> None:
         result.trace.to_parquet(tmp / "trace.parquet", index=False)
         if chrome:
-            write_chrome(tmp / "trace.json", chrome_parts(result))
+            write_chrome(
+                tmp / "trace.json",
+                chrome_parts(result.trace, int(result.summary.get("processes", 0))),
+            )
         write_balance(tmp, result)
         if result.outputs:
             from safetensors.numpy import save_file
@@ -239,13 +242,6 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         atomic_write_text(out_dir / "summary.json", text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def chrome_parts(result: RunResult) -> list[pd.DataFrame]:
-    """The traces trace.json shows as processes: one per device of a run on G processes."""
-    from experiments.trace_json import chrome_parts as parts
-
-    return parts(result.trace, int(result.summary.get("processes", 0)))
 
 
 def write_balance(out: Path, result: RunResult) -> None:

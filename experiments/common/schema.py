@@ -155,6 +155,43 @@ class RunSchema:
     replication: ReplicationSchema | None = None
 
 
+@dataclass
+class BenchAccelerateOptions:
+    """experiments.bench.accelerate's options (the module doc says what each does)."""
+
+    checkpoint: str = MISSING  # a Hugging Face checkpoint directory
+    hardware: str = "this-machine"  # conf/hardware/<name>.yaml, or a FILE.yaml
+    planner: str = "klotski"  # moepipe's planner
+    gpu_frac: float = 0.6  # device pool, as a fraction of the model's bytes
+    cpu_frac: float = 0.15  # host RAM, as a fraction of the model's bytes
+    batch_size: int = 4  # sequences per batch
+    n_batches: int = 15  # batches (moepipe's planner may pick fewer per group)
+    prompt_len: int = 16  # tokens
+    gen_len: int = 4  # tokens generated per sequence
+    cold: str = "pass"  # pass | once | false: when accelerate's weights leave the page cache
+    cgroup: bool = True  # run each system in a memory cgroup where one can be made
+    slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
+    role: str | None = None  # set by the bench for its child processes: probe|moepipe|accelerate
+    acc_batch: int = 0  # set by the bench for an accelerate child: sequences per generate call
+
+
+@dataclass
+class BenchRealOptions:
+    """experiments.bench.real's options (the module doc says what each does)."""
+
+    model: str = MISSING  # conf/model/<name>.yaml
+    budget_gb: float = MISSING  # memory for weights: device pool + host RAM
+    gen_len: int = 4  # tokens generated per sequence
+    out_dir: str = "runs/bench_real"  # where the checkpoint is written (or reused)
+    n_layers: int | None = None  # cut the model to its first n_layers (stated in the output)
+    batch_size: int = 8  # sequences per batch
+    prompt_len: int = 16  # tokens
+    hardware: str = "this-machine"  # conf/hardware/<name>.yaml (calibrated when missing)
+    peers: str = "best"  # best | all | none: which accelerate rows run
+    cold: str = "once"  # once | pass (as in experiments.bench.accelerate)
+    slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
+
+
 def params_schema(params: type) -> type:
     """A planner's Params (frozen, primitives) as a schema dataclass of the same fields."""
     hints = typing.get_type_hints(params)

@@ -390,12 +390,14 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys):
-    """Ctrl-C in a command: one line saying the finished runs are kept, exit status 130."""
-    from experiments.common.cli import until_interrupted
+    """Ctrl-C in a command: one line saying what the command set (`on_interrupt`: that the
+    finished runs are kept, for a sweep), exit status 130."""
+    from experiments.common.cli import on_interrupt, until_interrupted
 
     def interrupted() -> None:
         raise KeyboardInterrupt
 
+    on_interrupt("finished runs are kept; run the same command again to resume")
     with pytest.raises(SystemExit) as e:
         until_interrupted(interrupted)
     assert e.value.code == 130

@@ -115,7 +115,7 @@ def test_collect_names_each_run_by_its_planner_choice(tmp_path: Path) -> None:
 def test_report_lines_keep_the_other_swept_axes_apart() -> None:
     """Throughput against n over a sweep of n and batch size: one line per batch size, not
     their mean (before, Klotski at bs 4 and 16 was drawn as one line of their averages)."""
-    from experiments.report import _lines
+    from experiments.common.ranking import line_groups
 
     df = pd.DataFrame(
         {
@@ -125,13 +125,13 @@ def test_report_lines_keep_the_other_swept_axes_apart() -> None:
             "throughput_tok_s": [1.8, 4.6, 5.7, 8.3],
         }
     )
-    lines = _lines(df, "n_batches")
+    lines = line_groups(df, "n_batches")
     assert [label for label, _ in lines] == ["klotski_at_n, bs 4", "klotski_at_n, bs 16"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [5.7, 8.3]
-    assert len(_lines(df, "n_batches", "workload.batch_size")) == 1
+    assert len(line_groups(df, "n_batches", "workload.batch_size")) == 1
     # runs of one point that differ in another override (sub-dirs of its dir): lines of their own
     df2 = df.assign(run_dir=["p/a=1", "p/a=1", "p/a=2", "p/a=2"], **{"workload.batch_size": 4})
-    assert [label for label, _ in _lines(df2, "n_batches")] == [
+    assert [label for label, _ in line_groups(df2, "n_batches")] == [
         "klotski_at_n, a=1",
         "klotski_at_n, a=2",
     ]
@@ -142,7 +142,7 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
     sync on and off was drawn as one line of their means, and a real run averaged with the
     sim's); other seeds of one config are repeats, averaged; Klotski's own n (an output, one
     per batch size) does not split its line against batch size."""
-    from experiments.report import _lines
+    from experiments.common.ranking import line_groups
 
     df = pd.DataFrame(
         {
@@ -156,7 +156,7 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
             "throughput_tok_s": [6.7, 8.25, 7.9, 9.2, 30.0, 31.0],
         }
     )
-    lines = _lines(df, "workload.batch_size")
+    lines = line_groups(df, "workload.batch_size")
     assert [label for label, _ in lines] == ["flexgen, sync False", "flexgen, sync True", "klotski"]
     assert lines[1][1]["throughput_tok_s"].tolist() == [6.7, 8.25]
     real = df.assign(
@@ -165,12 +165,13 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
             "executor.device": [None, None, "cpu", "cpu", None, None],
         }
     )
-    assert [label for label, _ in _lines(real, "workload.batch_size")][:2] == [
+    assert [label for label, _ in line_groups(real, "workload.batch_size")][:2] == [
         "flexgen, real",
         "flexgen, sim",
     ]  # executor.device says no more than the executor
     seeds = df.assign(**{"planner.params.sync": True})
-    assert [len(g) for _, g in _lines(seeds, "workload.batch_size")] == [4, 2]  # repeats: one line
+    # repeats: one line
+    assert [len(g) for _, g in line_groups(seeds, "workload.batch_size")] == [4, 2]
 
 
 def test_rerun_skips_finished_runs(swept: Path) -> None:
@@ -260,7 +261,8 @@ def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
 def test_report_draws_what_the_bubbles_waited_for(swept: Path, tmp_path: Path) -> None:
     """The tiny sweep's GPUs never idle (no causes: no figure, a note says why); given causes
     (collect's IDLE.<cause> columns, seconds), one bar a run, and the table names the main one."""
-    from experiments.report import IDLE, fig_idle_causes, short_table
+    from experiments.common.figures import fig_idle_causes
+    from experiments.common.ranking import IDLE, short_table
 
     df, _ = collect(swept)
     assert not fig_idle_causes(df, tmp_path / "none.png")
@@ -278,7 +280,8 @@ def test_report_names_the_winner_and_its_margin_above_the_first_figure(
     """The page answers first: before any figure it names the system with the highest
     throughput (each system at its best batch size), its ratio over each other system, and what
     its GPU bubble waits on; the ranked table and the runs table list the fastest first."""
-    from experiments.report import IDLE, write_report
+    from experiments.common.ranking import IDLE
+    from experiments.common.report_page import write_report
 
     df, _ = collect(swept)
     best = df.groupby("system")["throughput_tok_s"].max().sort_values(ascending=False)

@@ -15,8 +15,8 @@ from core.routing import load_routing
 from core.schedule import Schedule, validate
 from core.spec import LinkSpec
 from core.types import OpKind, Resource
-from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.ep_rows import utilisation_lines
+from experiments.common.pipeline import RunSpec, simulate_run
 from planners.expert_parallel import ExpertTime
 from tests.planners.ep_common import _MaxCost, tiny_spec
 

@@ -1,0 +1,442 @@
+"""moepipe against Hugging Face accelerate's disk offload, each system in a child process of
+its own inside a memory cgroup (where one can be made): the library of experiments.bench.accelerate
+and experiments.bench.real. The module doc of experiments/bench/accelerate.py says what each row
+is and what `cold` does.
+
+Usage:
+    rows, header = compare(opts, spec, hw, use_cgroup)   # opts: bench_accelerate's, as a dict
+    print("\n".join([*header, *format_rows(rows)]))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+COLD = ("pass", "once", "false")
+ROLE = "role"  # the option that makes the bench command run one system (in its own process)
+RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON object
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# ---- memory: cgroups and the page cache --------------------------------------------------
+
+
+@dataclass
+class MemoryCgroup:
+    """A child memory cgroup of this process's own, limited to `limit_bytes` (page cache
+    included). `create` returns None where the machine does not let this process make one."""
+
+    path: Path
+    version: int  # 2 (unified) or 1 (the v1 memory controller)
+    limit_bytes: int
+
+    @classmethod
+    def create(cls, name: str, limit_bytes: int) -> MemoryCgroup | None:
+        for version, parent in _own_memory_cgroups():
+            path = parent / f"{name}-{os.getpid()}"
+            try:
+                path.mkdir(exist_ok=True)
+                knob = "memory.max" if version == 2 else "memory.limit_in_bytes"
+                (path / knob).write_text(f"{limit_bytes}\n")
+                if version == 1:  # a limit hit without swap: the OOM killer, not a pause
+                    (path / "memory.swappiness").write_text("0\n")
+                return cls(path, version, limit_bytes)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        return None
+
+    def wrap(self, cmd: Sequence[str]) -> list[str]:
+        """`cmd` started inside the cgroup (its shell joins, then execs it)."""
+        procs = self.path / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh", *cmd]
+
+    def peak_bytes(self) -> int | None:
+        """The most memory (process + page cache charged to it) the cgroup held."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / name).read_text().split()[0])
+        except (OSError, ValueError):
+            return None
+
+    def oom_killed(self) -> bool:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            fields = dict(ln.split() for ln in (self.path / name).read_text().splitlines())
+        except (OSError, ValueError):
+            return False
+        return int(fields.get("oom_kill", 0)) > 0
+
+    def remove(self) -> None:
+        for _ in range(50):  # a killed process leaves the cgroup a moment after it is reaped
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _own_memory_cgroups() -> list[tuple[int, Path]]:
+    """This process's cgroup directories that can hold a memory-limited child: v2 first."""
+    out: list[tuple[int, Path]] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        hid, ctrls, rel = line.split(":", 2)
+        if hid == "0" and ctrls == "":
+            for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+                d = mount / rel.lstrip("/")
+                try:
+                    if "memory" in (d / "cgroup.controllers").read_text().split():
+                        sub = d / "cgroup.subtree_control"
+                        if "memory" not in sub.read_text().split():
+                            sub.write_text("+memory\n")
+                        out.insert(0, (2, d))
+                except OSError:
+                    pass
+        elif "memory" in ctrls.split(","):
+            d = CGROUP_ROOT / "memory" / rel.lstrip("/")
+            if (d / "memory.limit_in_bytes").exists():
+                out.append((1, d))
+    return out
+
+
+def drop_page_cache(*dirs: str | Path, everything: bool = True) -> None:
+    """Evict the files under `dirs` from the page cache, so the next read goes to the disk: with
+    `everything`, all clean pages (via /proc/sys/vm/drop_caches, where this process may write
+    it), else (or where it may not) those files' pages alone (posix_fadvise DONTNEED)."""
+    os.sync()
+    if everything:
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")
+            return
+        except OSError:
+            pass
+    for d in dirs:
+        for p in Path(d).rglob("*"):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+# ---- the systems, each run in a child process --------------------------------------------
+
+
+def placed_mb(model: Any) -> str:
+    """MB of parameters per device of accelerate's device map, e.g. "cpu 159 MB, disk 159 MB"."""
+    where: dict[str, str] = {k: str(v) for k, v in model.hf_device_map.items()}
+    mb: dict[str, float] = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        prefixes = (".".join(parts[:i]) for i in range(len(parts), -1, -1))
+        dev = next((where[q] for q in prefixes if q in where), "?")
+        mb[dev] = mb.get(dev, 0.0) + p.numel() * p.element_size() / 1e6
+    return ", ".join(f"{d} {v:.0f} MB" for d, v in sorted(mb.items()))
+
+
+def run_accelerate(
+    ckpt: str,
+    device_bytes: int,
+    host_bytes: int,
+    prompts: Any,
+    batch_size: int,
+    gen_len: int,
+    cold: str,
+) -> float:
+    """Seconds for greedy generation of `prompts` [N, P], `batch_size` sequences per `generate`
+    call, with accelerate's disk offload holding `device_bytes` on the device and `host_bytes`
+    in host RAM (their sum in RAM without CUDA); `cold` as in the module doc (with "pass", the
+    page-cache drops are not counted)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cuda = torch.cuda.is_available()
+    max_memory: dict[int | str, int] = (
+        {0: device_bytes, "cpu": host_bytes} if cuda else {"cpu": device_bytes + host_bytes}
+    )
+    with tempfile.TemporaryDirectory(prefix="offload-") as folder:
+        model = AutoModelForCausalLM.from_pretrained(
+            ckpt, device_map="auto", max_memory=max_memory, offload_folder=folder, dtype="auto"
+        )
+        model.eval()
+        print(f"accelerate placement: {placed_mb(model)}", file=sys.stderr)
+        dropping = [0.0]  # seconds spent dropping the page cache inside the timed region
+
+        def drop_before_pass(*_: Any) -> None:
+            t = time.perf_counter()
+            drop_page_cache(ckpt, folder, everything=False)  # the weights' files alone
+            dropping[0] += time.perf_counter() - t
+
+        if cold != "false":
+            drop_page_cache(ckpt, folder, everything=False)
+        if cold == "pass":
+            model.register_forward_pre_hook(drop_before_pass)
+        first = "cuda:0" if cuda else "cpu"
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for b in range(0, prompts.shape[0], batch_size):
+                ids = prompts[b : b + batch_size].to(first)
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=gen_len,
+                    min_new_tokens=gen_len,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+        total = time.perf_counter() - t0
+        print(f"accelerate: {dropping[0]:.2f} s of page-cache drops not counted", file=sys.stderr)
+        return total - dropping[0]
+
+
+def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
+    """(RunSpec, HardwareSpec) of the moepipe side, from the bench's options."""
+    from core.spec import RoutingConfig, Workload
+    from core.types import RoutingSource
+    from experiments.common.hardware import load_hardware, read_hardware
+    from experiments.common.pipeline import RunSpec
+    from real.checkpoint import load_checkpoint
+
+    read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
+    model, _ = load_checkpoint(opts["checkpoint"])
+    hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
+    sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
+    wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
+    params = {"n": -1} if opts["planner"] == "klotski" else {}
+    return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
+
+
+def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """Run one system in this (child) process; its result as a JSON-able dict."""
+    import torch
+
+    from core.types import Tier
+    from experiments.common.real_run import prompts_for, real_execute
+
+    if role == "probe":  # the runtime every side pays before any weight: imports, allocator
+        import transformers  # noqa: F401
+
+        torch.ones(1) @ torch.ones(1)
+        return {}
+    spec, hw = run_spec(opts)
+    if role == "moepipe":
+        result, _ = real_execute(opts["checkpoint"], spec, "replay")
+        s = result.summary
+        return {
+            "tok_s": s["throughput_tok_s"],
+            "seconds": s["makespan_s"],
+            "n_batches": s["n_batches"],
+            "dag_efficiency": s.get("dag_efficiency"),
+            "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated,
+        }
+    wl = spec.workload.with_(n_batches=int(opts["n_batches"]))
+    prompts = prompts_for(spec.model, wl)
+    budget, host = int(hw.memory_bytes[Tier.GPU]), int(hw.memory_bytes[Tier.CPU])
+    seconds = run_accelerate(
+        opts["checkpoint"],
+        budget,
+        host,
+        prompts,
+        int(opts["acc_batch"]),
+        wl.gen_len,
+        str(opts["cold"]),
+    )
+    return {
+        "tok_s": wl.tokens_generated / seconds,
+        "seconds": seconds,
+        "tokens": wl.tokens_generated,
+    }
+
+
+@dataclass
+class Row:
+    system: str
+    batch: int  # sequences per generate call (moepipe: per batch, times n)
+    tok_s: float | None  # None: did not fit
+    seconds: float | None
+    peak_rss_bytes: int | None
+    peak_cgroup_bytes: int | None  # RSS + page cache charged to its cgroup
+    note: str = ""
+    dag_efficiency: float | None = None  # moepipe: schedule's own critical path / makespan
+
+
+def run_side(
+    role: str, opts: dict[str, Any], limit_bytes: int | None, **extra: Any
+) -> tuple[dict[str, Any] | None, int | None, str]:
+    """Run `role` in a child process (inside a memory cgroup of `limit_bytes` where one can be
+    made): (its result or None if it failed, the cgroup's peak bytes, why it failed)."""
+    args = {**opts, **extra, ROLE: role}
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.bench.accelerate",
+        *(f"{k}={override_value(v)}" for k, v in args.items()),
+    ]
+    cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
+    drop_page_cache(opts["checkpoint"], everything=False)  # charged to whoever reads it next
+    try:
+        proc = subprocess.run(
+            cg.wrap(cmd) if cg else cmd,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=ignore_ctrl_c,  # Ctrl-C is the bench's: it kills the child, one line
+        )
+        peak = cg.peak_bytes() if cg else None
+        oom = cg.oom_killed() if cg else False
+    finally:
+        if cg:
+            cg.remove()
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1][len(RESULT) :]), peak, ""
+    why = "out of memory (cgroup limit)" if oom else f"exit status {proc.returncode}"
+    return None, peak, why
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def compare(
+    opts: dict[str, Any], spec: Any, hw: Any, use_cgroup: bool, batch_by_batch: bool = True
+) -> tuple[list[Row], list[str]]:
+    """Every row (moepipe, then accelerate all-in-one, then batch by batch unless not
+    `batch_by_batch`) and header lines. Progress on stderr."""
+    from core.errors import MoepipeError
+    from core.types import Tier
+
+    budget = int(hw.memory_bytes[Tier.GPU]) + int(hw.memory_bytes[Tier.CPU])
+    limit = None
+    if use_cgroup:  # the runtime allowance: a bare child's peak, measured under no real limit
+        probe = MemoryCgroup.create("bench-probe", 1 << 50)
+        if probe is not None:
+            probe.remove()
+            _, runtime, _ = run_side("probe", opts, 1 << 50)
+            limit = budget + (runtime or 0) + (int(opts["slack_mb"]) << 20)
+    rows: list[Row] = []
+    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
+    got, peak, why = run_side("moepipe", opts, limit)
+    if got is None:
+        raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
+    n = int(got["n_batches"])
+    rows.append(
+        Row(
+            f"moepipe {spec.planner} (n={n})",
+            spec.workload.batch_size,
+            got["tok_s"],
+            got["seconds"],
+            got["peak_rss_bytes"],
+            peak,
+            dag_efficiency=got.get("dag_efficiency"),
+        )
+    )
+    opts = dict(opts, n_batches=n)
+    every = n * spec.workload.batch_size
+    batch = every
+    while True:  # the largest batch that fits: every prompt at once, halved while it does not
+        print(f"[bench] accelerate, batch {batch} ...", file=sys.stderr, flush=True)
+        got, peak, why = run_side("accelerate", opts, limit, acc_batch=batch)
+        calls = -(-every // batch)
+        name = f"accelerate, {calls} generate call{'s' if calls > 1 else ''}"
+        if got is not None or batch <= spec.workload.batch_size:
+            rows.append(_row(name, batch, got, peak, why))
+            break
+        rows.append(_row(name, batch, None, peak, why))
+        batch = max(spec.workload.batch_size, batch // 2)
+    if batch_by_batch and batch != spec.workload.batch_size:
+        print("[bench] accelerate, batch by batch ...", file=sys.stderr, flush=True)
+        got, peak, why = run_side("accelerate", opts, limit, acc_batch=spec.workload.batch_size)
+        rows.append(
+            _row(
+                f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size, got, peak, why
+            )
+        )
+    mb = spec.model.total_bytes / 1e6
+    tokens = spec.workload.with_(n_batches=n).tokens_generated
+    mem = (
+        f"each in a memory cgroup of {limit / 1e6:.0f} MB (budget + runtime allowance; page "
+        "cache counted)"
+        if limit
+        else "no memory cgroup (not enforced)"
+    )
+    header = [
+        f"model {spec.model.name} {mb:.0f} MB, budget {budget / 1e6:.0f} MB (device "
+        f"{hw.memory_bytes[Tier.GPU] / 1e6:.0f} + host {hw.memory_bytes[Tier.CPU] / 1e6:.0f}), "
+        f"rest on disk, cold={opts['cold']}, {n} x {spec.workload.batch_size} prompts, "
+        f"{tokens} tokens",
+        mem,
+    ]
+    return rows, header
+
+
+def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, why: str) -> Row:
+    if got is None:
+        return Row(name, batch, None, None, None, peak, why)
+    return Row(name, batch, got["tok_s"], got["seconds"], got["peak_rss_bytes"], peak)
+
+
+def format_rows(rows: list[Row]) -> list[str]:
+    """The table, then `moepipe / best peer: X.XXx`."""
+    peers = [r for r in rows if not r.system.startswith("moepipe") and r.tok_s]
+    best = max(peers, key=lambda r: r.tok_s or 0.0) if peers else None
+
+    def mb(b: int | None) -> str:
+        return "-" if b is None else f"{b / 1e6:.0f}"
+
+    out = [
+        f"{'system':40s} {'batch':>5s} {'tok/s':>8s} {'s':>7s} {'RSS MB':>7s} "
+        f"{'RSS+cache MB':>12s} {'x best peer':>11s}"
+    ]
+    for r in rows:
+        if r.tok_s is None:
+            out.append(
+                f"{r.system:40s} {r.batch:5d} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
+                f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}"
+            )
+            continue
+        ratio = f"{r.tok_s / best.tok_s:.2f}x" if best and best.tok_s else "-"
+        out.append(
+            f"{r.system:40s} {r.batch:5d} {r.tok_s:8.2f} {r.seconds:7.2f} "
+            f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}"
+        )
+    ours = rows[0]
+    if best and best.tok_s and ours.tok_s:
+        out.append(f"moepipe / best peer: {ours.tok_s / best.tok_s:.2f}x ({best.system})")
+    return out
+
+
+def override_value(value: Any) -> str:
+    """`value` as a hydra override's value that parses back to it: null, a bool, a number, or a
+    quoted string (a path with spaces, commas or quotes stays one string)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("'", "\\'")
+    return f"'{text}'"
+
+
+def ignore_ctrl_c() -> None:
+    """A child process's start (`preexec_fn`): SIGINT ignored, which stays so across exec. Ctrl-C
+    reaches the whole terminal's group; the parent's `subprocess.run` kills the child on it and
+    prints the one line, which the child's own would repeat."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

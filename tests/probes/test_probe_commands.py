@@ -1,0 +1,177 @@
+"""Probe class: a command's own failure paths (issue 48 part 1), found by probing every command
+with a bad value, a file that is not what it should be, and Ctrl-C sent to its process group as
+a terminal sends it. Each is one line, a non-zero exit, no traceback, and nothing left that
+looks like a result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import pytest
+
+from tests.probes.conftest import ROOT, TINY, cli, one_line
+
+NOT_UTF8 = b"\xff\xfe\x00: [\x80"
+
+
+def test_missing_interpolation_in_the_sweep_dir_is_one_line(tmp_path: Path) -> None:
+    """`hydra.sweep.dir=...${nosuch.key}`: hydra warned of the progress callback's error over
+    five lines before the launcher's own error."""
+    r = cli("experiments.run", "-m", *TINY, f"hydra.sweep.dir={tmp_path}/s_${{nosuch.key}}")
+    one_line(r, "hydra.sweep.dir", "nosuch.key")
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_interpolation_in_the_subdir_starts_its_own_line(tmp_path: Path) -> None:
+    """`hydra.sweep.subdir=...${nosuch.key}`: the error line went on after the progress bar's,
+    on the same line, and the sweep dir was left with hydra's multirun.yaml in it."""
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "workload.n_batches=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.sweep.subdir=s_${nosuch.key}",
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    last = r.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("error: ") and "nosuch.key" in last and "hydra.sweep.subdir" in last
+    assert not (tmp_path / "sweep").exists()  # hydra's multirun.yaml alone is no sweep
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("experiments.run", [*TINY[:1], "workload=tiny", "hardware={file}", "hydra.run.dir={run}"]),
+        ("experiments.bench.lanes", ["hardware={file}", "rows=[8]", "repeats=1", "device=cpu"]),
+    ],
+    ids=["run", "bench.lanes"],
+)
+def test_a_hardware_file_that_is_not_text_is_one_line(
+    tmp_path: Path, module: str, args: list[str]
+) -> None:
+    """A hardware=FILE.yaml of bytes that are not UTF-8: UnicodeDecodeError, reported as an
+    internal error (run) or a traceback."""
+    bad = tmp_path / "mine.yaml"
+    bad.write_bytes(NOT_UTF8)
+    r = cli(module, *[a.format(file=bad, run=tmp_path / "run") for a in args])
+    line = one_line(r, "mine.yaml", "UTF-8")
+    assert "internal error" not in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_trace_that_is_not_parquet_is_one_line(tmp_path: Path) -> None:
+    """trace_json on a run dir whose trace.parquet was overwritten: pyarrow's ArrowInvalid,
+    reported as an internal error."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trace.parquet").write_bytes(b"PAR1 not parquet")
+    line = one_line(cli("experiments.trace_json", f"runs=[{run}]"), "trace.parquet", "run again")
+    assert "internal error" not in line
+    assert not (run / "trace.json").exists()
+
+
+def _interrupt_group(module: str, args: list[str], after_s: float) -> subprocess.CompletedProcess:
+    """`python -m module args`, in a process group of its own, sent SIGINT after `after_s` as a
+    terminal's Ctrl-C is (to every process of the group)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_while_a_command_imports_is_one_line() -> None:
+    """Ctrl-C in the first second, while the command still imports torch: a KeyboardInterrupt
+    traceback from inside an import, and exit status -2."""
+    r = _interrupt_group("experiments.bench.host", ["device=cpu"], 0.3)
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), r.stderr
+
+
+def test_a_sweeps_workers_start_with_ctrl_c_ignored() -> None:
+    """A sweep's joblib workers, started as `sys.executable -m ...`, printed a KeyboardInterrupt
+    traceback when Ctrl-C came while they imported numpy; now they start with SIGINT ignored
+    (the sweep's process stops them and prints the one line)."""
+    from experiments.common.callbacks import workers_ignore_ctrl_c
+
+    real = workers_ignore_ctrl_c()
+    assert real is not None
+    try:
+        code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    finally:
+        wrapper = Path(sys.executable).parent
+        sys.executable = real
+        for p in wrapper.iterdir():
+            p.unlink()
+        wrapper.rmdir()
+    assert r.stdout.strip() == "True", r.stderr
+
+
+def test_bench_children_leave_ctrl_c_to_the_bench() -> None:
+    """A bench's child process (one system each) printed its own `interrupted:` line beside
+    the bench's: it now starts with SIGINT ignored, and the bench kills it."""
+    from experiments.common.peers import ignore_ctrl_c
+
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=ignore_ctrl_c
+    )
+    assert r.stdout.strip() == "True"
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_reproduce_klotskis_pool_stops_at_once() -> None:
+    """Ctrl-C in reproduce_klotski waited for every queued run (leaving the pool's `with`
+    waits for them all): the command hung for the rest of the grid. `_stop` ends the running
+    runs and cancels the queued ones."""
+    from experiments.reproduce_klotski import _ignore_sigint, _stop
+
+    pool = ProcessPoolExecutor(1, initializer=_ignore_sigint)
+    running = pool.submit(_sleep, 60.0)
+    queued = pool.submit(_sleep, 60.0)
+    while not running.running():
+        time.sleep(0.05)
+    procs = list(pool._processes.values())
+    _stop(pool)
+    for p in procs:
+        p.join(timeout=10)
+        assert not p.is_alive()
+    assert queued.cancelled() or isinstance(queued.exception(timeout=10), BrokenProcessPool)
+
+
+def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
+    """`python -m experiments.X --help | head -2`: the rest of the help met a closed pipe and
+    the command printed `error: Broken pipe; check the file and the disk`."""
+    code = (
+        "from experiments.common.cli import run_command\n"
+        "def main():\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "run_command(main)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 141 and r.stderr == "", r.stderr
