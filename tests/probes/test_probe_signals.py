@@ -10,6 +10,7 @@ there). LONG is a simulator run of some 20 s on a 2-core machine, so it is still
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -148,6 +149,43 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     _consistent(run, "flexgen")
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(after_s: float, tmp_path: Path) -> None:
+    """Ctrl-C in the command's first second, while Python imports torch and hydra (or, on a
+    fast machine, a moment later): one line, exit 130, no traceback and no summary.json (before,
+    the import's KeyboardInterrupt traceback and exit -2)."""
+    run = tmp_path / "run"
+    p = _start(run, *LONG)
+    time.sleep(after_s)
+    assert p.poll() is None
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode == 130, err
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+    assert not (run / "summary.json").exists()
+
+
+def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while the run waits for another run's lock on the dir: one line, exit 130, and
+    the other run's files untouched."""
+    run = tmp_path / "run"
+    before = _finished(run)
+    with open(run / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = _start(run, *LONG)
+        deadline = time.time() + 240
+        while "waiting for it to end" not in (run / "run.log").read_text():
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode == 130, (out, err, (run / "run.log").read_text())
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+    assert _result(run) == before
 
 
 def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatch) -> None:
