@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -216,8 +217,10 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     whole, and the folder is removed); then the old summary.json goes, the files move in, the
     earlier run's files the new one lacks go, and the new summary.json is written last."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".partial-"))
+    # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
+    tmp = out_dir / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
+        tmp.mkdir()
         try:
             files(tmp)
         except OSError as e:  # a full disk: the write's error names no file
