@@ -1,26 +1,27 @@
-"""The commands (experiments/*.py, experiments/bench/*.py) and their shared wiring (common/).
+"""The commands (`python -m experiments.<name>`) and their shared wiring (common/, bench/).
 
-A command started with `python -m experiments...` takes Ctrl-C from its first import on: while
-it is still importing (torch takes seconds), Ctrl-C ends it with one line and status 130, not a
-traceback from inside an import; `experiments.common.cli.until_interrupted` takes over once the
-command runs.
+Started as a command, Ctrl-C while Python still imports it (torch, hydra: seconds) is one line
+and exit 130, not an import's traceback; `common.cli.run_command` hands Ctrl-C back to Python's
+KeyboardInterrupt (`command_started`) once the command runs.
 """
 
 import signal
 import sys
+from types import FrameType
 
 
-def _interrupted_while_starting(signum: int, frame: object) -> None:
-    print("interrupted: stopped while starting; nothing was run", file=sys.stderr)
-    sys.exit(130)
+def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
+    print("interrupted: the command had not started; nothing was written", file=sys.stderr)
+    raise SystemExit(130)
 
 
-def _started_as_a_command() -> bool:
-    argv = getattr(sys, "orig_argv", [])
-    return any(
-        a == "-m" and b.startswith("experiments.") for a, b in zip(argv, argv[1:], strict=False)
-    )
+def command_started() -> None:
+    """Ctrl-C raises KeyboardInterrupt again (the command's own handling takes it from here)."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-if _started_as_a_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+# sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
+# docs): a command starting, not code (a test, a notebook) importing this package.
+if sys.argv[:1] == ["-m"]:
+    signal.signal(signal.SIGINT, _interrupted_at_startup)

@@ -1,11 +1,10 @@
-"""RoPE as config.json sets it (plain, `linear` or `yarn`) and the attention variants `Model`
-runs, as pure functions of explicit weights: grouped-query attention (with OLMoE's QK-norm and
-clip_qkv) and DeepSeek-V2's Multi-head Latent Attention.
+"""RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn` or `llama3`) and the
+attention variants `Model` runs, as pure functions of explicit weights: grouped-query attention
+(with OLMoE's QK-norm and clip_qkv) and DeepSeek-V2's Multi-head Latent Attention.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from core.spec import ModelSpec
 
 Weights = Mapping[str, torch.Tensor]  # one unit's tensors by short key
 
-log = logging.getLogger(__name__)
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -46,25 +43,69 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")  # the rope_type values run
+
+
+@dataclass(frozen=True)
+class DynamicNTK:
+    """transformers' `dynamic` RoPE scaling (NTK-aware): a step whose sequence, cache included, is
+    longer than max_position_embeddings raises the RoPE base with that length."""
+
+    theta: float  # the RoPE base up to max_positions
+    dim: int  # rotated dims of a head
+    factor: float  # config.json's rope factor
+    max_positions: int  # config.json's max_position_embeddings
+
+    def base(self, seq_len: int | torch.Tensor) -> Any:
+        """The base at `seq_len` >= max_positions, in the arithmetic transformers' types give it:
+        Python floats at init (seq_len an int), float32 tensors in the forward (a tensor)."""
+        stretch = self.factor * seq_len / self.max_positions - (self.factor - 1)
+        return self.theta * stretch ** (self.dim / (self.dim - 2))
+
+    def inv_freq(self, seq_len: int) -> torch.Tensor:
+        """[dim / 2] float32 for a step whose sequence is `seq_len` long, as transformers'
+        _compute_dynamic_ntk_parameters computes it in the forward, op for op."""
+        base = self.base(torch.tensor(seq_len, dtype=torch.int64))  # 0-dim float32
+        return 1.0 / (base ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim))
+
+
 @dataclass(frozen=True, eq=False)
 class Rope:
-    """RoPE as config.json sets it (plain, `linear` or `yarn`), computed once in the same float32
-    ops as transformers' rotary embedding init (modeling_rope_utils), so the bits agree."""
+    """RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn` or `llama3`), computed in
+    the same float32 ops as transformers' rotary embedding (modeling_rope_utils), so the bits
+    agree."""
 
     inv_freq: torch.Tensor  # [rotary_dim / 2] float32, radians per position of each dim pair
     # Multiplies cos and sin (YaRN's mscale ratio); times 1.0 is exact, so plain RoPE keeps its bits
     attention_factor: float = 1.0
     # DeepSeek-V2 multiplies its softmax scale by this squared (transformers' yarn_apply_mscale)
     softmax_mscale: float = 1.0
-    # inv_freq per device, copied once: an attention op on a CUDA stream must not wait on a
-    # blocking host->device copy of the same 32 floats at every layer
-    _on: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # `dynamic`: the frequencies of a step past max_position_embeddings; None: inv_freq always
+    ntk: DynamicNTK | None = None
+    # frequencies per (device, sequence length past max_position_embeddings or 0), copied once:
+    # an attention op on a CUDA stream must not wait on a blocking host->device copy of the same
+    # 32 floats at every layer
+    _on: dict[tuple[torch.device, int], torch.Tensor] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
-    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
-        """inv_freq [dims / 2] on `device`."""
-        if device not in self._on:
-            self._on[device] = self.inv_freq.to(device)
-        return self._on[device]
+    def inv_freq_on(self, device: torch.device, positions: torch.Tensor) -> torch.Tensor:
+        """The frequencies [dims / 2] on `device` of a step at `positions` [S] (consecutive).
+
+        Dynamic NTK takes the step's sequence length, its last position + 1, as transformers'
+        rotary embedding does in each forward (max(position_ids) + 1). That is transformers'
+        result in every step of a generation whose earlier steps were no longer, the case of a
+        model's first generate and of any whose prompt fits max_position_embeddings; a
+        transformers model keeps its longest length seen until a sequence shorter than
+        max_position_embeddings resets it, which moepipe does not imitate."""
+        seq_len = 0
+        if self.ntk is not None and int(positions[-1]) + 1 > self.ntk.max_positions:
+            seq_len = int(positions[-1]) + 1
+        key = (device, seq_len)
+        if key not in self._on:
+            freqs = self.ntk.inv_freq(seq_len) if self.ntk and seq_len else self.inv_freq
+            self._on[key] = freqs.to(device)
+        return self._on[key]
 
     @classmethod
     def plain(cls, dim: int, theta: float) -> Rope:
@@ -75,45 +116,83 @@ class Rope:
     def from_config(cls, cfg: HFConfig | Mapping[str, Any], spec: ModelSpec, where: str = "") -> Rope:
         """The RoPE of a config.json (an HFConfig, or its fields and `where` they are from):
         legacy `rope_scaling` ({"type": ...}) or transformers 5's `rope_parameters`
-        ({"rope_type": ..., "rope_theta": ...}), read with transformers' precedence. Unknown types
-        warn and run plain RoPE; malformed fields raise ConfigError naming the file and field."""
+        ({"rope_type": ..., "rope_theta": ...}), read with transformers' precedence. Another type
+        (longrope, ...) or a malformed field: a ConfigError naming the file and the field."""
         c = cfg if isinstance(cfg, HFConfig) else HFConfig(cfg, where or "config.json")
         key = "rope_scaling" if c.get("rope_scaling", None) else "rope_parameters"
         p = c.sub(key)
-        kind = p.get("rope_type", None) or p.get("type", "default")
+        type_key = "rope_type" if p.get("rope_type", None) else "type"
+        kind = p.get(type_key, "default")
         theta = rope_theta_of(c, spec.rope_theta)
         dim = rotary_dim(spec)
         if kind == "default":
             return cls.plain(dim, theta)
-        if kind not in ("linear", "yarn"):
-            # Warn, not refuse: schedules and timings do not depend on RoPE, so such a checkpoint
-            # still serves the executor's experiments; only its logits differ from transformers'.
-            log.warning(
-                "%s: RoPE scaling type %r is not implemented (default, linear and yarn are); "
-                "running plain RoPE, so logits differ from transformers'",
-                c.where,
-                kind,
+        if kind not in ROPE_TYPES:
+            raise c.error(
+                f"{key}.{type_key}={kind!r} is not implemented by the real model; it runs "
+                f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
+                "runs this checkpoint's spec)"
             )
-            return cls.plain(dim, theta)
-        factor = p.get("factor", None)
-        if factor is None:
-            raise c.error(f"{key}.factor is missing; {kind} needs a positive number")
+        factor = _required(c, p, key, "factor", kind)
         mscale_all_dim = p.get("mscale_all_dim", 0)
         softmax_mscale = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
         if kind == "linear":  # positions / factor, done on the frequencies as transformers does
             return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
+        if kind == "dynamic":
+            return cls._dynamic(c, key, dim, theta, factor, softmax_mscale)
         orig = p.get("original_max_position_embeddings", None) or c.get(
             "max_position_embeddings", None
         )
         if orig is None:
             raise c.error(
                 f"{key}.original_max_position_embeddings (or max_position_embeddings) is "
-                "missing; yarn needs it"
+                f"missing; {kind} needs it"
             )
+        if kind == "llama3":
+            low = _required(c, p, key, "low_freq_factor", kind)
+            high = _required(c, p, key, "high_freq_factor", kind)
+            return cls(_llama3(dim, theta, factor, orig, low, high), softmax_mscale=softmax_mscale)
         if theta <= 1:  # yarn's ramp divides by log(theta)
             raise c.error(f"rope_theta={theta} with {key} yarn; yarn needs a RoPE base above 1")
         inv_freq, attention_factor = _yarn(p, dim, theta, factor, orig)
         return cls(inv_freq, attention_factor, softmax_mscale)
+
+    @classmethod
+    def _dynamic(
+        cls, c: HFConfig, key: str, dim: int, theta: float, factor: float, softmax_mscale: float
+    ) -> Rope:
+        """Dynamic NTK: plain RoPE of transformers' init base (the base at
+        max_position_embeddings, in Python floats) up to max_position_embeddings, and a base
+        growing with the sequence past it."""
+        if dim <= 2:  # the base's exponent divides by dim - 2
+            raise c.error(f"{key} dynamic with {dim} rotated dims; dynamic NTK needs more than 2")
+        max_positions = c.get("max_position_embeddings")
+        ntk = DynamicNTK(theta, dim, factor, max_positions)
+        init = cls.plain(dim, ntk.base(max_positions)).inv_freq
+        return cls(init, softmax_mscale=softmax_mscale, ntk=ntk)
+
+
+def _required(c: HFConfig, p: HFConfig, key: str, name: str, kind: str) -> Any:
+    value = p.get(name, None)
+    if value is None:
+        raise c.error(f"{key}.{name} is missing; {kind} needs a positive number")
+    return value
+
+
+def _llama3(
+    dim: int, theta: float, factor: float, orig: int, low: float, high: float
+) -> torch.Tensor:
+    """transformers' _compute_llama3_parameters, op for op: inv_freq [dim/2]. Wavelengths below
+    orig / high_freq_factor are kept, those above orig / low_freq_factor divided by factor, and
+    those between interpolated smoothly."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # [dim/2]
+    low_wavelen, high_wavelen = orig / low, orig / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (orig / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def _yarn(p: HFConfig, dim: int, theta: float, factor: float, orig: int) -> tuple[torch.Tensor, float]:
@@ -149,7 +228,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
     """HF-style rotate-half RoPE. x [B, Hx, S, D], positions [S]."""
     d = x.shape[-1]
     assert r.inv_freq.shape == (d // 2,), f"RoPE has {r.inv_freq.shape} frequencies for dim {d}"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, D/2]
+    inv_freq = r.inv_freq_on(x.device, positions)  # [D/2]
+    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [S, D]
     cos = (emb.cos() * r.attention_factor).to(x.dtype)
     sin = (emb.sin() * r.attention_factor).to(x.dtype)
@@ -161,7 +241,8 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tenso
     """DeepSeek-V2's RoPE as transformers computes it: adjacent pairs (x[2i], x[2i+1]) rotated as
     complex numbers in float32. x [B, Hx, S, R], positions [S]."""
     assert r.inv_freq.shape == (x.shape[-1] // 2,), f"RoPE has {r.inv_freq.shape} frequencies"
-    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device)[None, :]  # [S, R/2]
+    inv_freq = r.inv_freq_on(x.device, positions)  # [R/2]
+    freqs = positions.to(x.device).float()[:, None] * inv_freq[None, :]  # [S, R/2]
     cis = torch.polar(torch.ones_like(freqs), freqs) * r.attention_factor  # [S, R/2] complex64
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
     return torch.view_as_real(pairs * cis).flatten(3).type_as(x)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -270,8 +270,6 @@ def measure_compute(
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     units = _random_units(spec, device)
     layer = spec.moe_layers[0] if spec.moe_layers else 0
-    h = spec.hidden_size
-    dtype = torch_dtype(spec)
     tables: dict[str, list[list[float]]] = {}
     deadline = time.perf_counter() + budget_s
     turn = iter(range(1 << 30))
@@ -284,66 +282,82 @@ def measure_compute(
     for t in TOKENS:
         if time.perf_counter() > deadline:
             break
-        x = torch.randn(1, t, h, dtype=dtype, device=device)
-        flat = x[0]
-        kv = KVCache.allocate(spec, 1, t, device)
-        attn = Unit(Tensor.ATTENTION, layer)
-        # Each op kind is timed with the bookkeeping the real executor does inside that op (the
-        # schedule shows no op for it): an attention or head first adds the previous MoE layer's
-        # expert outputs to the hidden state; an expert gathers its tokens and scatters its
-        # output; a gate also allocates the output slots and hands its routing to the host.
-        k = spec.top_k
-        ids = torch.zeros(t, k, dtype=torch.long, device=device)  # [T, k]: every token -> expert 0
-        ids[:, 1:] = torch.arange(1, k, device=device) % max(spec.n_experts, 1)
-        gw = torch.full((t, k), 1.0 / k, dtype=dtype, device=device)  # [T, k]
-        slots = new_slots(flat, k)  # [T, k, H]
-
-        def attention() -> Any:
-            hid = moe_output(x, slots, gw, None)
-            return model.attention(layer, w(attn), hid, kv, torch.arange(t))
-
-        def expert() -> None:
-            rows, slot = expert_tokens(ids, 0)
-            put_expert(
-                slots, rows, slot, model.expert(w(Unit(Tensor.EXPERT, layer, 0)), flat[rows])
-            )
-
-        def head() -> Any:
-            hid = moe_output(x, slots, gw, None)
-            return model.head(w(Unit(Tensor.HEAD)), hid.view(t, 1, h)).argmax(-1)
-
-        # a replayed gate gets its forced routing from the trace's host arrays (int64 ids,
-        # float32 weights whatever the model's dtype), as Executor._gate does
-        ids_host = ids.cpu().numpy()
-        gw_host = gw.float().cpu().numpy()
-
-        def gate() -> None:
-            fi = torch.from_numpy(ids_host.copy())
-            fw = torch.from_numpy(gw_host.copy())
-            normed, chosen, _ = model.gate(layer, w(Unit(Tensor.GATE, layer)), x, fi, fw)
-            new_slots(normed, k)
-            np.bincount(chosen.cpu().flatten().numpy(), minlength=spec.n_experts)
-
-        cases: list[tuple[OpKind, float, Callable[[], Any]]] = [
-            (OpKind.ATTENTION, spec.attention_flops(t, (t + 1) // 2, sequences=1), attention),
-            (OpKind.EXPERT, spec.expert_flops(t), expert),
-            (OpKind.HEAD, spec.head_flops(t), head),
-        ]
-        if spec.is_moe(layer):
-            cases.append((OpKind.GATE, spec.gate_flops(t), gate))
-        ffn_layer = layer if Unit(Tensor.FFN, layer) in units else 0
-        ffn = Unit(Tensor.FFN, ffn_layer)
-        if ffn in units:
-            fn = (
-                (lambda: model.shared_ffn(w(ffn), flat))
-                if spec.is_moe(ffn_layer)
-                else (lambda: model.dense_ffn(w(ffn), x))
-            )
-            cases.append((OpKind.FFN, spec.ffn_flops(t, ffn_layer), fn))
-        for kind, flops, fn in cases:
+        for kind, flops, fn in _compute_cases(spec, model, w, units, layer, t, device):
             tables.setdefault(str(kind), []).append(
                 [float(flops), _timeit(fn, sync, reps=7, budget_s=0.5)]
             )
     for pts in tables.values():
         pts.sort()
     return tables
+
+
+def _compute_cases(
+    spec: ModelSpec,
+    model: Model,
+    w: Callable[[Unit], dict[str, torch.Tensor]],
+    units: Mapping[Unit, Any],
+    layer: int,
+    t: int,
+    device: torch.device,
+) -> list[tuple[OpKind, float, Callable[[], Any]]]:
+    """(op kind, flops, a call running it) of each compute op of `layer` over `t` tokens, its
+    weights read through `w` (a fresh copy each call) from the `units` measure_compute made."""
+    h = spec.hidden_size
+    dtype = torch_dtype(spec)
+    x = torch.randn(1, t, h, dtype=dtype, device=device)
+    flat = x[0]
+    kv = KVCache.allocate(spec, 1, t, device)
+    attn = Unit(Tensor.ATTENTION, layer)
+    # Each op kind is timed with the bookkeeping the real executor does inside that op (the
+    # schedule shows no op for it): an attention or head first adds the previous MoE layer's
+    # expert outputs to the hidden state; an expert gathers its tokens and scatters its
+    # output; a gate also allocates the output slots and hands its routing to the host.
+    k = spec.top_k
+    ids = torch.zeros(t, k, dtype=torch.long, device=device)  # [T, k]: every token -> expert 0
+    ids[:, 1:] = torch.arange(1, k, device=device) % max(spec.n_experts, 1)
+    gw = torch.full((t, k), 1.0 / k, dtype=dtype, device=device)  # [T, k]
+    slots = new_slots(flat, k)  # [T, k, H]
+
+    def attention() -> Any:
+        hid = moe_output(x, slots, gw, None)
+        return model.attention(layer, w(attn), hid, kv, torch.arange(t))
+
+    def expert() -> None:
+        rows, slot = expert_tokens(ids, 0)
+        put_expert(
+            slots, rows, slot, model.expert(w(Unit(Tensor.EXPERT, layer, 0)), flat[rows])
+        )
+
+    def head() -> Any:
+        hid = moe_output(x, slots, gw, None)
+        return model.head(w(Unit(Tensor.HEAD)), hid.view(t, 1, h)).argmax(-1)
+
+    # a replayed gate gets its forced routing from the trace's host arrays (int64 ids,
+    # float32 weights whatever the model's dtype), as Executor._gate does
+    ids_host = ids.cpu().numpy()
+    gw_host = gw.float().cpu().numpy()
+
+    def gate() -> None:
+        fi = torch.from_numpy(ids_host.copy())
+        fw = torch.from_numpy(gw_host.copy())
+        normed, chosen, _ = model.gate(layer, w(Unit(Tensor.GATE, layer)), x, fi, fw)
+        new_slots(normed, k)
+        np.bincount(chosen.cpu().flatten().numpy(), minlength=spec.n_experts)
+
+    cases: list[tuple[OpKind, float, Callable[[], Any]]] = [
+        (OpKind.ATTENTION, spec.attention_flops(t, (t + 1) // 2, sequences=1), attention),
+        (OpKind.EXPERT, spec.expert_flops(t), expert),
+        (OpKind.HEAD, spec.head_flops(t), head),
+    ]
+    if spec.is_moe(layer):
+        cases.append((OpKind.GATE, spec.gate_flops(t), gate))
+    ffn_layer = layer if Unit(Tensor.FFN, layer) in units else 0
+    ffn = Unit(Tensor.FFN, ffn_layer)
+    if ffn in units:
+        fn = (
+            (lambda: model.shared_ffn(w(ffn), flat))
+            if spec.is_moe(ffn_layer)
+            else (lambda: model.dense_ffn(w(ffn), x))
+        )
+        cases.append((OpKind.FFN, spec.ffn_flops(t, ffn_layer), fn))
+    return cases

@@ -5,7 +5,7 @@ Usage: python -m real.make_checkpoint model=mixtral-tiny out=ckpt/ [seed=0] [sca
            [shard_mb=2048] [norm_topk_prob=false] [hidden_size=256 n_layers=8 expert_ffn_size=1024 ...]
            [rope_scaling='{type: yarn, factor: 4, original_max_position_embeddings: 1024}']
 Any other key=value overrides a ModelSpec field (see real.checkpoint.reduced_spec); rope_scaling
-is written into config.json as given (types default, linear and yarn are implemented).
+is written into config.json as given (types default, linear, dynamic, yarn and llama3 run).
 """
 
 from __future__ import annotations

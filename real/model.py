@@ -1,6 +1,6 @@
 """One MoE decoder in PyTorch, split into the pieces a schedule runs separately.
 
-`Model` holds hyperparameters and the RoPE frequencies config.json sets (plain, linear or YaRN);
+`Model` holds hyperparameters and the RoPE config.json sets (plain, linear, dynamic, YaRN, llama3);
 its methods are pure functions of explicit weights (one unit's dict, see
 real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
 `reference_generate` is the plain in-memory forward every executor is compared against.

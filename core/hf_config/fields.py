@@ -135,6 +135,8 @@ ROPE_FIELDS: dict[str, Rule] = {
     "beta_fast": POSITIVE.or_null(),
     "beta_slow": POSITIVE.or_null(),
     "truncate": FLAG,
+    "low_freq_factor": POSITIVE,  # llama3
+    "high_freq_factor": POSITIVE,
 }
 _REQUIRED = object()
 

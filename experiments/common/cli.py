@@ -20,6 +20,7 @@ import yaml
 
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
+from experiments import command_started
 
 __all__ = ["CONF_DIR", "as_float", "as_int", "output_dir", "output_file",
            "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
@@ -133,6 +134,7 @@ def run_command(main: Callable[[], Any]) -> Any:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         os.environ[TRACEBACK_ENV] = "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    command_started()
     try:
         return until_interrupted(main)
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would

@@ -9,11 +9,16 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -221,8 +226,10 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     whole, and the folder is removed); then the old summary.json goes, the files move in, the
     earlier run's files the new one lacks go, and the new summary.json is written last."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".partial-"))
+    # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
+    tmp = out_dir / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
+        tmp.mkdir()
         try:
             files(tmp)
         except OSError as e:  # a full disk: the write's error names no file
@@ -233,15 +240,37 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
                 str(out_dir),
             ) from None
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
-        (out_dir / "summary.json").unlink(missing_ok=True)
-        new = {p.name for p in tmp.iterdir()}
-        for name in sorted(new):
-            os.replace(tmp / name, out_dir / name)
-        for name in set(RUN_FILES) - new:
-            (out_dir / name).unlink(missing_ok=True)
-        atomic_write_text(out_dir / "summary.json", text)
+        with interrupt_deferred():  # Ctrl-C now would leave neither result
+            (out_dir / "summary.json").unlink(missing_ok=True)
+            new = {p.name for p in tmp.iterdir()}
+            for name in sorted(new):
+                os.replace(tmp / name, out_dir / name)
+            for name in set(RUN_FILES) - new:
+                (out_dir / name).unlink(missing_ok=True)
+            atomic_write_text(out_dir / "summary.json", text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def interrupt_deferred() -> Iterator[None]:
+    """Run the block whole under Ctrl-C: a SIGINT that comes meanwhile acts once it ends, as it
+    would have (KeyboardInterrupt, or whatever handler was set). Off the main thread, which
+    cannot set a handler, or under a handler set outside Python, the block runs as is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending and callable(previous):
+            previous(*pending[0])
+        elif pending and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def write_balance(out: Path, result: RunResult) -> None:

@@ -7,9 +7,10 @@ float32 logits within 1e-4 and the same greedy tokens in float32 and bfloat16. E
 family, and each config.json field moepipe reads beyond the defaults: Mixtral's sliding_window,
 Qwen2-MoE's use_sliding_window (with sliding_window, max_window_layers, layer_types), OLMoE's
 clip_qkv, Qwen2-MoE's qkv_bias false and head_dim, tied embeddings, DeepSeek-V2's
-q_lora_rank, group_limited_greedy routing and MLA sizes outside V2-Lite's proportions, YaRN. A
-case whose field could leave the logits as they are also checks that moepipe without the field
-gives other logits.
+q_lora_rank, group_limited_greedy routing and MLA sizes outside V2-Lite's proportions, and RoPE
+scaling (YaRN, dynamic NTK past max_position_embeddings, Llama 3.1's) in every family. A case
+whose field could leave the logits as they are also checks that moepipe without the field (for
+RoPE scaling: plain RoPE of the same base) gives other logits.
 
 Usage: python -m pytest -q tests/real/test_hf_parity.py
 """
@@ -70,16 +71,44 @@ def yarn(theta: float, **more: float) -> dict[str, Any]:
     }
 
 
+def dynamic(theta: float) -> dict[str, Any]:
+    """Dynamic NTK 8x past 2 positions: the 6-token prompt and every decode step are longer, so
+    each step raises the base anew (transformers recomputes it per forward)."""
+    return {
+        "max_position_embeddings": 2,
+        "rope_parameters": {"rope_type": "dynamic", "factor": 8.0, "rope_theta": theta},
+    }
+
+
+def llama3(theta: float) -> dict[str, Any]:
+    """Llama 3.1's scaling 8x from 8 positions: head dims of wavelength below 2 positions kept,
+    above 8 divided by 8, between them interpolated (the fastest pair, 6.3 positions)."""
+    return {
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "rope_theta": theta,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        }
+    }
+
+
 # case -> (family, config fields over the family's, fields whose effect the test checks)
 CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "mixtral": ("mixtral", {}, ()),
     "mixtral-sliding_window": ("mixtral", {"sliding_window": 3}, ("sliding_window",)),
     "mixtral-yarn": ("mixtral", yarn(1e6), ("rope_parameters",)),
+    "mixtral-dynamic": ("mixtral", dynamic(1e6), ("rope_parameters",)),
+    "mixtral-llama3": ("mixtral", llama3(1e6), ("rope_parameters",)),
     "qwen2_moe": ("qwen2_moe", {}, ()),
     "qwen2_moe-no_qkv_bias": ("qwen2_moe", {"qkv_bias": False}, ()),
     "qwen2_moe-tied": ("qwen2_moe", {"tie_word_embeddings": True}, ()),
     "qwen2_moe-head_dim": ("qwen2_moe", {"head_dim": 8}, ()),  # not hidden_size / heads
     "qwen2_moe-yarn": ("qwen2_moe", yarn(1e6), ("rope_parameters",)),
+    "qwen2_moe-dynamic": ("qwen2_moe", dynamic(1e6), ("rope_parameters",)),
+    "qwen2_moe-llama3": ("qwen2_moe", llama3(1e6), ("rope_parameters",)),
     # layer_types: layers 0 and 2 slide (even and below max_window_layers), 1 and 3 see all
     "qwen2_moe-sliding_window": (
         "qwen2_moe",
@@ -97,6 +126,8 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "olmoe": ("olmoe", {}, ()),
     "olmoe-clip_qkv": ("olmoe", {"clip_qkv": 0.3}, ("clip_qkv",)),
     "olmoe-yarn": ("olmoe", yarn(1e4), ("rope_parameters",)),
+    "olmoe-dynamic": ("olmoe", dynamic(1e4), ("rope_parameters",)),
+    "olmoe-llama3": ("olmoe", llama3(1e4), ("rope_parameters",)),
     "deepseek_v2": ("deepseek_v2", {}, ()),
     "deepseek_v2-q_lora_rank": ("deepseek_v2", {"q_lora_rank": 24}, ()),
     # the full V2's routing: the top-2 from the one group (of 4, 2 experts each) of the best
@@ -117,6 +148,8 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
         yarn(1e4, mscale=1.0, mscale_all_dim=0.5),
         ("rope_parameters",),
     ),
+    "deepseek_v2-dynamic": ("deepseek_v2", dynamic(1e4), ("rope_parameters",)),
+    "deepseek_v2-llama3": ("deepseek_v2", llama3(1e4), ("rope_parameters",)),
 }
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -171,11 +204,14 @@ def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def without(ckpt: Path, keys: tuple[str, ...], to: Path) -> Path:
-    """A copy of the checkpoint whose config.json lacks `keys` (the family's defaults)."""
+    """A copy of the checkpoint whose config.json lacks `keys` (the family's defaults), and
+    whose RoPE for `rope_parameters` is plain RoPE of the same base."""
     shutil.copytree(ckpt, to)
     cfg = json.loads((to / "config.json").read_text())
     for key in keys:
-        cfg.pop(key)
+        value = cfg.pop(key)
+        if key == "rope_parameters":
+            cfg[key] = {"rope_type": "default", "rope_theta": value["rope_theta"]}
     (to / "config.json").write_text(json.dumps(cfg))
     return to
 
@@ -184,8 +220,10 @@ def without(ckpt: Path, keys: tuple[str, ...], to: Path) -> Path:
 @pytest.mark.parametrize("case", CASES)
 def test_equals_transformers(case, dtype, built, prompt, tmp_path):
     """Logits within 1e-4 in float32 and greedy tokens equal in both dtypes, bfloat16 logits
-    within one bf16 step of |logit| < 4 (observed: float32 below 1e-6, bfloat16 0 in every case);
-    a field under test moves the logits far from its absence (observed: 1.4 to 4.1)."""
+    within one bf16 step of |logit| < 4 (observed: float32 below 1e-6, bfloat16 0 in every case;
+    0 in both for every RoPE scaling case); a field under test moves the logits far from its
+    absence (observed: 1.4 to 4.1; RoPE scaling from plain RoPE of its base: dynamic 0.14 to
+    1.4, llama3 1.1 to 2.5, YaRN 1.5 to 2.3)."""
     ckpt, hf = built(case, dtype)
     tokens, logits = reference_generate(ckpt, prompt, GEN)
     hf_tokens, hf_logits = hf_greedy(hf, prompt)

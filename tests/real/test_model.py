@@ -4,7 +4,6 @@ device pool at a time) reproduce reference_generate bit for bit."""
 
 import dataclasses
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -307,18 +306,70 @@ def test_yarn_of_deepseek_v2_lite_equals_hugging_face():
     assert not torch.equal(rope.inv_freq, Model(spec).rope.inv_freq)
 
 
-def test_unknown_rope_scaling_warns_and_runs_plain(caplog):
-    """An unimplemented type (here dynamic NTK) warns, naming it, and runs plain RoPE; a type we
-    implement with a missing field is a one-line error naming the field."""
+@pytest.mark.parametrize(
+    "scaling, field",
+    [
+        ({"rope_type": "longrope", "factor": 2.0}, "rope_scaling.rope_type='longrope'"),
+        ({"type": "su", "factor": 2.0}, "rope_scaling.type='su'"),
+        ({"type": "nosuch"}, "rope_scaling.type='nosuch'"),
+    ],
+)
+def test_unimplemented_rope_scaling_is_refused_in_one_line(scaling, field, tmp_path):
+    """A RoPE type the real model does not run (longrope, Phi-3's su, any other string) is one
+    line naming the file, the field and the types it runs, where the model is built: running it
+    as plain RoPE would give logits other than transformers'. A type it runs with a missing field
+    is a one-line error naming the field."""
     spec = reduced_spec("mixtral-tiny")
-    cfg = spec_to_hf_config(spec) | {"rope_scaling": {"type": "dynamic", "factor": 2.0}}
-    with caplog.at_level(logging.WARNING, logger="real.model"):
-        rope = Rope.from_config(cfg, spec, where="ckpt/config.json")
-    assert "ckpt/config.json: RoPE scaling type 'dynamic' is not implemented" in caplog.text
-    assert torch.equal(rope.inv_freq, Model(spec).rope.inv_freq)
-    cfg["rope_scaling"] = {"type": "yarn", "original_max_position_embeddings": 1024}
-    with pytest.raises(ConfigError, match=r"rope_scaling\.factor is missing; yarn needs a positive number"):
+    ckpt = write_checkpoint(spec, tmp_path / "ckpt", seed=1, rope_scaling=scaling)
+    with pytest.raises(ConfigError) as err:
+        Model.from_checkpoint(ckpt, spec)
+    line = str(err.value)
+    assert line.startswith(f"{ckpt / 'config.json'}: {field} is not implemented")
+    assert "'default', 'linear', 'dynamic', 'yarn', 'llama3'" in line and "\n" not in line
+    cfg = spec_to_hf_config(spec) | {"rope_scaling": {"type": "yarn"}}
+    with pytest.raises(ConfigError, match=r"rope_scaling\.factor is missing; yarn needs a"):
         Rope.from_config(cfg, spec, where="ckpt/config.json")
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}
+    with pytest.raises(ConfigError, match=r"rope_scaling\.high_freq_factor is missing; llama3"):
+        Rope.from_config(cfg, spec, where="ckpt/config.json")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rope_type": "dynamic", "factor": 3.0},
+        {"rope_type": "dynamic", "factor": 1.5},
+        {"type": "dynamic", "factor": 2.0},  # the legacy rope_scaling form
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8},
+    ],
+)  # fmt: skip
+def test_dynamic_and_llama3_frequencies_are_transformers(fields):
+    """The frequencies of each step, bit for bit transformers' rotary embedding fed the same
+    steps: a prompt within max_position_embeddings (16), one past it, decode steps growing past
+    it (dynamic NTK raises its base at each), and a new short prompt (reset to the original)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.mixtral import modeling_mixtral as hf_mixtral
+
+    spec = reduced_spec("mixtral-tiny")
+    key = "rope_scaling" if "type" in fields else "rope_parameters"
+    cfg = spec_to_hf_config(spec) | {"max_position_embeddings": 16, "head_dim": spec.head_dim}
+    cfg[key] = fields | {"rope_theta": 1e4}
+    rope = Rope.from_config(cfg, spec, where="config.json")
+    hf_rope = hf_mixtral.MixtralRotaryEmbedding(transformers.MixtralConfig.from_dict(cfg))
+    seen = []
+    for start, n in [(0, 6), (0, 17), (17, 1), (18, 1), (19, 1), (0, 4)]:
+        positions = torch.arange(start, start + n)
+        hf_rope(torch.zeros(1), positions[None])  # updates its inv_freq to this step's
+        mine = rope.inv_freq_on(torch.device("cpu"), positions)
+        assert torch.equal(mine, hf_rope.inv_freq), (start, n)
+        seen.append(mine)
+    plain = Rope.plain(spec.head_dim, 1e4).inv_freq
+    if "dynamic" in fields.values():  # plain within 16 positions, a new base at every length
+        assert torch.equal(seen[0], plain) and torch.equal(seen[-1], plain)
+        assert len({tuple(f.tolist()) for f in seen[1:5]}) == 4
+    else:  # llama3 scales whatever the length
+        assert all(torch.equal(f, seen[0]) for f in seen) and not torch.equal(seen[0], plain)
 
 
 def test_deepseek_routed_scaling_factor_equals_hugging_face(tmp_path, prompt):

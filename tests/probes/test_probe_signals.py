@@ -1,0 +1,220 @@
+"""Probe class: a run killed from outside, as a user or a failing machine kills it, in a
+subprocess. SIGKILL (the OOM killer, `kill -9`) leaves the run dir's `.run.lock` and maybe a
+half-written folder: the next run into the dir proceeds. Ctrl-C (SIGINT to the process group)
+is one line, exit 130, no summary.json where there was none, and the previous result whole.
+
+Each probe stops a run at a moment it waits for rather than at a guessed time: computing (it
+holds the dir's lock, seen in /proc/locks) or writing its files (its `.partial-*` folder is
+there). LONG is a simulator run of some 20 s on a 2-core machine, so it is still running then.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from experiments.run import LOCK
+from tests.probes.conftest import ROOT, TINY, cli
+
+LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
+RESULT = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet")
+
+
+def _start(run: Path, *args: str) -> subprocess.Popen:
+    """`python -m experiments.run args` into `run`, in a session of its own (a terminal's
+    Ctrl-C reaches every process of the foreground group)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", *args, f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _holds_lock(p: subprocess.Popen, run: Path) -> bool:
+    """`p` holds the flock of `run`'s lock file (/proc/locks: pid and inode)."""
+    try:
+        ino = os.stat(run / LOCK).st_ino
+    except FileNotFoundError:
+        return False
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # e.g. 1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF
+        ours = "FLOCK" in fields and str(p.pid) in fields
+        if ours and any(f.endswith(f":{ino}") for f in fields):
+            return True
+    return False
+
+
+def _writing(p: subprocess.Popen, run: Path) -> bool:
+    """`p` is writing its files (the hidden folder it replaces the result from is there)."""
+    return any(run.glob(".partial-*"))
+
+
+MOMENTS: dict[str, Callable[[subprocess.Popen, Path], bool]] = {
+    "computing": _holds_lock,
+    "writing": _writing,
+}
+
+
+def _stop_when(p: subprocess.Popen, run: Path, moment: str, sig: int) -> tuple[int, str]:
+    """Send `sig` to `p`'s process group once `moment` holds (a second into computing, to be
+    past the lock; at once when writing); (its exit status, its stderr)."""
+    deadline = time.time() + 240
+    while not MOMENTS[moment](p, run):
+        assert p.poll() is None, ("ended before it was stopped", p.communicate())
+        assert time.time() < deadline, "never reached the moment"
+        time.sleep(0.005)
+    if moment == "computing":
+        time.sleep(1.0)
+    assert p.poll() is None, "ended before it was stopped: LONG is too short here"
+    os.killpg(p.pid, sig)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err
+
+
+def _result(run: Path) -> dict[str, bytes]:
+    return {f: (run / f).read_bytes() for f in RESULT if (run / f).exists()}
+
+
+def _finished(run: Path) -> dict[str, bytes]:
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    return _result(run)
+
+
+def _consistent(run: Path, planner: str) -> None:
+    """`run` holds one run's result, whole: summary, config and trace of `planner`."""
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["planner"] == planner
+    assert f"planner:\n  name: {planner}" in (run / "config.yaml").read_text()
+    assert (run / "trace.parquet").exists()
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(moment: str, tmp_path: Path) -> None:
+    """A finished run, then a longer one of another planner into the same dir killed with
+    SIGKILL while computing or while writing its files: `.run.lock` stays (a killed process
+    cannot remove it) and the first result is there as it was (the kill came before the new
+    one was whole) or the new one whole; the next run into the dir proceeds (flock dies with
+    its holder), exits 0, and leaves its own whole result and no half-written folder."""
+    run = tmp_path / "run"
+    before = _finished(run)
+    code, err = _stop_when(_start(run, *LONG), run, moment, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    assert (run / LOCK).exists()
+    if _result(run) != before:  # killed in the moment its files went in: the new one, whole
+        _consistent(run, "sequential")
+    r = cli("experiments.run", *TINY[:-1], "planner=layer_prefetch", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    _consistent(run, "layer_prefetch")
+    assert not list(run.glob(".partial-*"))
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize("earlier", [True, False], ids=["rerun", "fresh"])
+def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
+    moment: str, earlier: bool, tmp_path: Path
+) -> None:
+    """Ctrl-C while a run computes or writes its files: one line on stderr (`interrupted: `,
+    saying the run did not finish), exit 130, no traceback; no summary.json in a dir that had
+    none, the previous result there whole and unchanged in one that had one (or, where Ctrl-C
+    came in the moment the new files went in, the new result whole: see the next test), and no
+    half-written folder. A run after it into the dir proceeds."""
+    run = tmp_path / "run"
+    before = _finished(run) if earlier else {}
+    code, err = _stop_when(_start(run, *LONG), run, moment, signal.SIGINT)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+    assert "did not finish" in lines[0], lines[0]
+    if _result(run) != before:
+        _consistent(run, "sequential")
+    assert not list(run.glob(".partial-*"))
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    _consistent(run, "flexgen")
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(after_s: float, tmp_path: Path) -> None:
+    """Ctrl-C in the command's first second, while Python imports torch and hydra (or, on a
+    fast machine, a moment later): one line, exit 130, no traceback and no summary.json (before,
+    the import's KeyboardInterrupt traceback and exit -2)."""
+    run = tmp_path / "run"
+    p = _start(run, *LONG)
+    time.sleep(after_s)
+    assert p.poll() is None
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode == 130, err
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+    assert not (run / "summary.json").exists()
+
+
+def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while the run waits for another run's lock on the dir: one line, exit 130, and
+    the other run's files untouched."""
+    run = tmp_path / "run"
+    before = _finished(run)
+    with open(run / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = _start(run, *LONG)
+        deadline = time.time() + 240
+        while "waiting for it to end" not in (run / "run.log").read_text():
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert p.returncode == 130, (out, err, (run / "run.log").read_text())
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
+    assert _result(run) == before
+
+
+def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C in the moment a finished run's files replace the old ones (after the old
+    summary.json went, between two renames) comes once the new result is whole: the dir never
+    holds some files of each run and no summary. Timing cannot aim at that moment from outside,
+    so the signal is sent from the first rename."""
+    from experiments.common import pipeline
+
+    run = tmp_path / "run"
+    pipeline.replace_run(run, {"planner": "old"}, lambda tmp: _write(tmp, "old"))
+    rename = os.replace
+    sent = []
+
+    def replace_and_signal(src: os.PathLike, dst: os.PathLike) -> None:
+        rename(src, dst)
+        if not sent:
+            sent.append(dst)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(pipeline.os, "replace", replace_and_signal)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
+    assert sent
+    assert json.loads((run / "summary.json").read_text())["planner"] == "new"
+    assert {(run / f).read_text() for f in ("config.yaml", "trace.parquet")} == {"new"}
+    assert not list(run.glob(".partial-*"))
+
+
+def _write(folder: Path, text: str) -> None:
+    for name in ("config.yaml", "trace.parquet"):
+        (folder / name).write_text(text)
