@@ -56,6 +56,7 @@ from experiments.common.pipeline import (
     RunSpec,
     finished,
     replace_run,
+    restore_previous,
     simulate_run,
     stamp,
     write_run,
@@ -165,6 +166,7 @@ def locked(out_dir: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         for partial in out_dir.glob(".partial-*"):
             shutil.rmtree(partial, ignore_errors=True)
+        restore_previous(out_dir)
         yield
 
 

@@ -220,12 +220,17 @@ def write_run(
     replace_run(Path(out_dir), result.summary, files)
 
 
+PREVIOUS = ".previous"  # in a run dir: the earlier result while a new one moves in
+
+
 def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path], None]) -> None:
     """Replace a run directory's result with a new one, on success only: `files(tmp)` writes the
     new files into a hidden folder inside `out_dir` (a full disk or a kill leaves the old result
-    whole, and the folder is removed); then the old summary.json goes, the files move in, the
-    earlier run's files the new one lacks go, and the new summary.json is written last."""
+    whole, and the folder is removed); then the old result moves aside into `.previous`, the new
+    files move in, the new summary.json is written last and `.previous` goes. A kill -9 in that
+    swap leaves `.previous`, which the next run into the dir puts back (`restore_previous`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    restore_previous(out_dir)
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
     tmp = out_dir / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -241,15 +246,40 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
             ) from None
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
         with interrupt_deferred():  # Ctrl-C now would leave neither result
-            (out_dir / "summary.json").unlink(missing_ok=True)
             new = {p.name for p in tmp.iterdir()}
+            _move_aside(out_dir, new | set(RUN_FILES))
             for name in sorted(new):
                 os.replace(tmp / name, out_dir / name)
-            for name in set(RUN_FILES) - new:
-                (out_dir / name).unlink(missing_ok=True)
             atomic_write_text(out_dir / "summary.json", text)
+            shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_aside(out_dir: Path, names: set[str]) -> None:
+    """The old result's files into `.previous`, summary.json first (a dir without it holds no
+    result, so no mix of two runs is ever read as one)."""
+    prev = out_dir / PREVIOUS
+    prev.mkdir(exist_ok=True)
+    for name in ["summary.json", *sorted(names - {"summary.json"})]:
+        if (out_dir / name).exists():
+            os.replace(out_dir / name, prev / name)
+
+
+def restore_previous(out_dir: Path) -> None:
+    """Undo a swap a kill cut short (`replace_run`): where summary.json is missing and
+    `.previous` holds one, the new run's files that had moved in go and the earlier result comes
+    back; where the new summary.json was written, `.previous` only had to go."""
+    prev = out_dir / PREVIOUS
+    if not prev.is_dir():
+        return
+    if not (out_dir / "summary.json").exists() and (prev / "summary.json").exists():
+        for name in RUN_FILES:
+            if not (prev / name).exists():
+                (out_dir / name).unlink(missing_ok=True)
+        for p in sorted(prev.iterdir(), key=lambda p: p.name == "summary.json"):
+            os.replace(p, out_dir / p.name)  # summary.json last
+    shutil.rmtree(prev, ignore_errors=True)
 
 
 @contextmanager
