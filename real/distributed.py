@@ -1,7 +1,8 @@
 """One rank of a G-process real run: the part of `real.executor.Executor` that crosses processes.
 Each rank runs only its own device's ops of the whole schedule; gate parts, dispatch, combine and
 replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
-gathers every rank's ops at the end. How each crossing works: docs/replication-model.md#real-expert-parallelism.
+gathers every rank's ops at the end. How each crossing works:
+docs/replication-model.md#real-expert-parallelism.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
     ex = Executor(store, model, workload, prompts, peers=Peers(schedule.ep, ...))
