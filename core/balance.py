@@ -1,30 +1,7 @@
 """Expert-parallel balance metrics, computed from a trace: per (step, layer, batch) and device,
-the tokens and busy seconds of its expert computes.
-
-- balancedness = sum over layers of mean device tokens / sum of max device tokens (vLLM's EPLB
-  log; 1 = perfect): the token view;
-- utilisation = mean over devices of compute busy seconds / makespan (issue 5's "device
-  utilisation (busy / makespan)", the GPUtil-like load of replication.md §5): the time view;
-  device_busy_frac lists it per device. With `lanes` (G partitions of one GPU) a whole-GPU op
-  (dense work, on stream `compute`) keeps every lane busy;
-- gpu_load = the time some kernel runs on a GPU / makespan, averaged over the GPUs: what
-  GPUtil's `load` (the replication paper's metric, replication.md §1.7) reads. On lanes the G
-  lanes are one GPU, so one lane busy is enough, and it stays high however unbalanced they are.
-  On G GPUs the all-to-all and all-reduce count too: NCCL's and DeepEP's collectives run as
-  kernels on the GPU's SMs (replica copies, by the copy engines, do not, unless the hardware's
-  `gpu.copy_sms` says NCCL's p2p kernels move them);
-- expert_phase_util = expert busy seconds of all devices / (G x the expert phases' spans), where
-  a phase spans from the first expert op of a (step, layer, batch) to its last on any device
-  (a batch run as micro-batches: each one's span, summed):
-  how evenly the devices' expert work ends, in time (per layer: expert_phase_util_per_layer).
-
-Lanes that share the GPU's SMs (a simulated pool, trace column `sm_s`) have no fixed share to
-be busy on: there an op counts the whole-GPU seconds its work used, as G lanes' worth (a lane
-op) or once per lane (a whole-GPU op), so utilisation and expert_phase_util read the share of
-the GPU's SM-time used (an occupancy measure, replication.md §5); launch overheads use none.
-There a lane's device_busy_frac can pass 1: a lane that had the whole GPU did G lanes' work.
-Their gpu_load counts a pool op from the end of its launch (`launch_s`): a kernel runs then,
-not while the host launches it; elsewhere the per-op overhead counts as device time.
+the tokens and busy seconds of its expert computes, summed into balancedness (tokens, mean/max),
+utilisation (busy / makespan), gpu_load (GPUtil's load) and expert_phase_util (how evenly the
+expert phases end). Definitions, and how lanes count: docs/replication-model.md#the-metrics-defined.
 
 Usage:
     m = balance_metrics(trace, n_devices=8)   # -> summary.json fields

@@ -1,41 +1,14 @@
 """Simulator vs real executor: run each planner both ways on the same routing and compare.
 
-Per planner: plan once per executor on the same replayed routing (the schedules are identical,
-checked op by op), run the simulator with the calibrated hardware and the real executor on the
-checkpoint, join the traces on op_id, and tabulate predicted vs measured makespan, GPU bubble,
-lower bound and per-op-kind mean duration with relative errors, and what the bubble waited for
-in each (`sim_bubble_waits_on`, `real_bubble_waits_on`; `bubble_causes_tv`, how far apart the
-two splits of the bubble over its causes are: core.bubbles). The device pool and host RAM
-are sized as fractions of the model (gpu_frac, cpu_frac) so that the disk tier is active.
-Writes <out>/<planner>/{sim,real}/ run directories, validate.csv, validate.md and
-timeline_<planner>.png (sim above real).
+Tabulates predicted against measured makespan, GPU bubble, lower bound, per-op-kind duration and
+bubble causes, and writes <out>/<planner>/{sim,real}/ run dirs, validate.csv, validate.md and
+timeline_<planner>.png. What each column means, the repeats and the link probes:
+docs/commands.md#validate; results: docs/results/validation.md.
 
 Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=[a,b]]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
         [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>] [executor.distributed=true]
-
-executor.distributed=true runs each expert-parallel planner's devices as processes (gloo) and also
-prints, per planner, the share of the schedule's ops the real trace holds exactly once
-(coverage), each device's expert tokens simulated and measured, and their utilisation; the
-simulator runs again at the p2p bandwidth the runs' transfers saw (`run_p2p_gbps`).
-
-The real side runs `repeats` times, round the planners, and is compared at its median makespan
-(of an even count the lower middle run, as a trace comes from one run; the spread is in the table): on a shared machine one real run can be 25% off the next. The simulator
-also runs at the disk and h2d bandwidths the runs' transfers saw (`run_disk_gbps`,
-`run_h2d_gbps`, `err_run_links_makespan_s`, `err_run_links_gpu_bubble_s`): the error left once
-the links' drift since calibration is taken out (a diagnosis of the model, not its prediction).
-
-With `links=probe` (the default), each real run also gets a prediction of its own: just before
-it, a probe (one small flexgen run on the checkpoint, calibrate's in-run measurement) measures
-the disk and h2d bandwidths, and the simulator runs the planner at those (`sim_probe_makespan_s`,
-`err_probe_makespan_s`, `err_probe_gpu_bubble_s`, the median over runs;
-`err_probe_paired_makespan_s`, the median of each run's error against its own prediction).
-Pooled over all the probes of the validation (each link's median), the planner is simulated once
-more
-(`err_window_makespan_s`, `err_window_gpu_bubble_s`): a calibration of the links taken in the
-same minutes as the runs. Both are still predictions, from runs other than the ones predicted;
-they cost one probe run (about a second here) per real run; `links=calibrated` skips them.
 """
 
 from __future__ import annotations

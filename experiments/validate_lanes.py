@@ -1,19 +1,9 @@
 """Replication lanes, simulator vs real: which lanes model predicts G lanes on one device.
 
-Per expert-parallel planner: plan G lanes of one device (per-expert ops, as the real executor
-runs them), run the schedule on the real executor `repeats` times (replayed routing; on CUDA the
-lanes are G CUDA streams, on a CPU G worker threads), and simulate the same schedule on the same
-routing twice: lanes that partition the device (each 1/G of it, `lane_sharing=partition`) and
-lanes that share it (processor sharing capped by each kernel's thread blocks,
-`lane_sharing=shared`). Prints and writes (validate_lanes.csv / .md) the real makespan (median,
-and the spread) beside each model's prediction and its error, and the same for the expert
-phases (first expert start to last expert end of each (step, layer, batch), summed), and the
-real makespan over the schedule's DAG bound with the real run's own durations
-(`real_over_dag_lb`, median: what the executor adds to the schedule; at least 1).
-
-The device's SM count comes from the hardware file (`gpu.sms`) or, on CUDA, from the device, and
-one SM's bandwidth from the file (`sm_mem_bw_gbps`) or an even split; the memory tiers are
-raised to hold the whole model (expert parallelism keeps every expert resident).
+Runs each expert-parallel planner's G lanes of one device for real and simulates the same schedule
+with lanes that partition the device and lanes that share it; prints and writes validate_lanes.csv
+and .md (real makespan and expert phases beside each model's prediction and error). What it
+measures and how the device is sized: docs/commands.md#validate_lanes.
 
 Usage:
     python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml

@@ -1,33 +1,9 @@
 """`predictive_replication`: the replication paper's idea (MoE-MPMC) as a planner: predict each
 MoE layer's per-expert load for the coming iteration, replicate the experts predicted to
 overload into the replica slots (EPLB's greedy, or FasterMoE's cost gate with `gate`), split each
-expert's real tokens evenly over its copies (or by load, `dispatch`), and prefetch the changed
-copies before the layer.
-Homes are packed from `initial_load` and, with `rehome_interval`, re-placed from past loads (the
-window's mean, else the EMA; `task_mix`: from its prediction for the coming iteration) as `eplb`
-re-places every `interval`: re-packed from scratch, or
-moved by a few swaps (each device at most one), whichever the gate finds pays
-(planners/ep/placement.py `Replicator`, `swap_homes`). With `prior_scenarios` the gate
-hedges the first placement of each layer against the prior being another split's load.
-
-Predictors (pluggable, causal):
-- `last`: the previous iteration's loads at that layer;
-- `ema`: an exponential average of past iterations' loads (`ema_alpha` on the newest);
-- `window`: the mean of the last `window` iterations' loads (what `eplb` places from), with
-  `prior_weight` the prior's share counted in as that many iterations;
-- `layer_corr`: this iteration's loads at the previous layer pushed through a layer-to-layer
-  transition table learned from past iterations (Lina/Klotski-style correlation), falling back
-  to `ema` at the first layer and before the table has data. Its copies can only start at the
-  previous layer's gate: one layer of lead time;
-- `task_mix`: the coming iteration's request labels (each token's task, which the scheduler
-  knows when it forms the batch: `CausalRouting.batch_labels`) weighted by each label's share
-  per layer: a training split's (`task_load`), and once iterations have been seen, per label
-  the selections of that label's tokens over the last `window` iterations, pooled, with the
-  training split's share counted in as `prior_weight` iterations' worth of them. No routing of
-  the coming iteration, so the copies have the whole previous iteration of lead, as `window`'s
-  do; the homes are re-placed from the same prediction. The run's first iteration is planned
-  from the prior, as the other predictors' is: its placement is loaded with the model, before
-  any request has arrived.
+expert's tokens over its copies, and prefetch the changed copies before the layer; homes are
+re-placed every `rehome_interval`. Its predictors (`last`, `ema`, `window`, `layer_corr`,
+`task_mix`) and choices: docs/replication-model.md#predictive-replication-and-its-predictors.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """One rank of a G-process real run: the part of `real.executor.Executor` that crosses processes.
-
-Every rank plans (or replays) the whole schedule and keeps the bookkeeping of every op, but runs
-only the ops of its own device's streams (`StreamSpec.device == rank`), with the executor's own
-op semantics. A dep on another rank's op is honoured by the op that carries its data:
-- a gate part hands its (ids, weights) rows to a sender thread, which sends them to every other
-  rank (the gate op is done once its routing is computed); a listener thread receives the
-  other ranks' parts, so every rank knows the batch's whole routing (the expert ranges, the live
-  planner's view, the run's output) once every part has run;
-- dispatch (`p2p_out`: send, `p2p`: receive) moves each (token, slot) pair's normed row to the
-  rank computing it, combine moves the expert's output back; which rank computes a pair follows
-  `split_tokens` over the iteration's placement, as the schedule's expert ops cut their ranges;
-- a replica copy (a GPU -> GPU expert load) sends the expert's weights from the source rank's
-  `replicas_out` op to the destination rank's `replicas` op (the op emitted just before it).
-Transfers are point-to-point with tags naming the op (gloo), so streams of one rank may post
-them in any order. Rank 0 gathers every rank's op times, tokens and logits at the end.
+Each rank runs only its own device's ops of the whole schedule; gate parts, dispatch, combine and
+replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
+gathers every rank's ops at the end. How each crossing works:
+docs/replication-model.md#real-expert-parallelism.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
     ex = Executor(store, model, workload, prompts, peers=Peers(schedule.ep, ...))

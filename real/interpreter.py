@@ -1,18 +1,6 @@
 """The real executor's interpreter: a schedule's streams on worker threads, its deps, memory,
-resources and clock, with no knowledge of what an op does (`real.ops` says that).
-
-One worker thread per stream; on CUDA each also owns a CUDA stream and waits for an op's end
-event before marking it done, so the dependency, memory and resource logic is one host-side code
-path for CPU and GPU. Semantics as in DESIGN.md and sim/: a stream is a FIFO; an op starts once its
-deps are done, its allocation fits the tier (it waits, never over-commits) and its physical
-resource is free (one lock per resource); it frees memory at its end. Any worker error stops every
-worker and is re-raised; a run where no op runs and none finishes for `stall_timeout_s` raises
-naming the stuck ops, and an op that runs longer than that raises naming it. Never hangs.
-
-Per-op cost is kept off the streams: a worker that waits says what for (`_Worker.ready`), and
-whoever changes the state (an op's end, a free, a new op) wakes only the workers whose wait is
-over, not every thread (on a 2-core machine each needless wake-up is a GIL hand-off that delays
-the stream that can go); worker threads are started and set up before the clock starts.
+resources and clock, with no knowledge of what an op does (`real.ops` says that). Its rules
+(one worker per stream, waits and wake-ups, stalls that raise): docs/architecture.md#executors.
 
 Usage:
     it = Interpreter(work, release, device, capacity, reserves)

@@ -1,32 +1,7 @@
 """Peer benchmark: Hugging Face transformers + accelerate disk offload vs moepipe, same checkpoint,
 same prompts, same memory. Prints one row per system (tok/s, memory used, ratio to the best peer);
-it writes no files (accelerate's offload folder is temporary).
-
-Rows:
-- moepipe `planner` (klotski at the n its planner picks) on the real executor: a device pool of
-  `gpu_frac` of the model, host RAM `cpu_frac`, the rest read from disk with O_DIRECT;
-- accelerate as a user who wants throughput runs it: `from_pretrained(device_map="auto",
-  max_memory=..., offload_folder=...)` with `max_memory` of the same sizes (on a CPU-only machine
-  its one "cpu" entry is their sum) and every prompt in one greedy `generate` call (the largest
-  batch that fits the memory limit: halved until it does);
-- accelerate batch by batch (`batch_size` sequences per `generate` call), the second peer row.
-
-Memory: each system runs in a process of its own. Where this process may make a child memory
-cgroup (v2, else v1; as root), each runs in one limited to `budget + runtime_mb` (the runtime
-allowance measured from a bare process that imports torch and transformers, plus `slack_mb`),
-which counts the page cache as well as the process's own memory; its peak is printed beside the
-peak RSS. The checkpoint's pages are evicted before each process starts (pages cached earlier
-would be charged to another cgroup). Where no cgroup can be made, the limit is not enforced and
-the page cache of the weight files is dropped instead (`cold`).
-
-`cold` says how accelerate's memory-mapped, offloaded weights meet the disk (moepipe reads its
-disk tier with O_DIRECT every time):
-- `pass` (default): their page cache is dropped before each forward pass (the drop not timed):
-  the premise of disk offload, a model that does not fit in RAM. On a model smaller than the
-  runtime allowance the cgroup alone would let the cache keep the whole model;
-- `once`: dropped once before the timed run; accelerate then runs from the page cache (as far as
-  the cgroup limit lets it);
-- `false`: nothing dropped.
+it writes no files. Rows, memory limits and the `cold` modes: docs/commands.md#bench_accelerate;
+results: docs/results/peers.md.
 
 Usage:
     python -m experiments.bench.accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]

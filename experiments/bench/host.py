@@ -1,20 +1,7 @@
-"""Host memory of the real executor on this device: what its two host-side layouts buy. It
-prints its measurements and writes no files.
-
-1. KV spans. A KV_LOAD moves positions [0, m) of one layer's cache host -> device, a KV_STORE one
-   new position back. From a host cache laid out as the device's ([B, H, M, D]) such a span is
-   strided, and PyTorch stages a strided host copy through an unpinned temporary; from the
-   executor's position-major host cache ([M, B, H, D], `Executor._host_kv`, cut from the store's
-   host slabs) it is one contiguous pinned block. Both are timed: GPU time between CUDA events,
-   and the host's time in the call (an asynchronous copy returns before it ends).
-2. Host buffers. `units` weight units of `unit_mb` held in the host tier: the bytes PyTorch's
-   pinned allocator would hold for them (it rounds each request up to a power of two: computed,
-   not measured) against what the store's slabs hold (`HostSlabs.reserved_bytes`, measured), and
-   the host -> device rate from a slab slot (memory pinned by cudaHostRegister) against one from a
-   tensor PyTorch pinned, which should match.
-
-Every copy is checked against its source. On a device without CUDA the copies run host -> host
-and nothing is pinned: a dry run of the same code, its times meaningless for a GPU.
+"""Host memory of the real executor on this device: what its two host-side layouts buy
+(position-major KV spans, exact-size pinned slabs) against PyTorch's defaults, every copy checked
+against its source. It prints its measurements and writes no files; what each part times:
+docs/commands.md#bench_host.
 
 Usage:
     python -m experiments.bench.host [device=cuda|cpu] [batch=8] [kv_heads=8] [positions=2048]

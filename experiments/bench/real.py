@@ -1,16 +1,10 @@
 """Real-scale benchmark: moepipe Klotski against Hugging Face accelerate on a random-weight
 checkpoint of a model's real shape, at a memory budget well below the model's size.
 
-It writes (or reuses) the checkpoint in the Hugging Face layout under `out_dir`, calibrates this
-machine where `conf/hardware/<hardware>.yaml` is missing, then runs, each in a memory cgroup of
-the budget plus a runtime allowance (experiments.bench.accelerate): moepipe Klotski at the n its
-planner picks, and accelerate with every prompt in one `generate` call (the largest batch that
-fits). It prints each system's tok/s, the simulator's prediction of the same run, the physical
-bound of Klotski's schedule per resource (bytes over the calibrated bandwidth, flops over the
-calibrated rate) and their maximum; its last lines are `moepipe / best peer`, `moepipe /
-physical bound` and the simulator's error. The budget is split 4:1 between the device pool and
-host RAM (on a CPU-only machine both are RAM); the rest of the model stays on disk. It writes
-the checkpoint (out_dir/<model>[-L<n_layers>]/) and, when calibrating, conf/hardware/<hardware>.yaml.
+Prints each system's tok/s, the simulator's prediction, the physical bound per resource and last
+`moepipe / best peer`, `moepipe / physical bound` and the simulator's error. Writes the checkpoint
+(out_dir/<model>[-L<n_layers>]/) and, when calibrating, conf/hardware/<hardware>.yaml. Details:
+docs/commands.md#bench_real; results: docs/results/bench_real.md.
 
 Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
