@@ -231,6 +231,33 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
     not a proof that no timing deadlocks.
     """
     streams = schedule.streams
+    _check_resident_and_pools(schedule)
+    ops = schedule.ops
+    cols = schedule.columns()
+    owner = _check_ids_and_deps(ops, cols)
+    first = _first_of_each_shape(ops, cols, streams)
+    ep = schedule.ep
+    if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
+        problem = _ep_problem(first.values(), streams, ep.lanes)
+        if problem:
+            raise ScheduleError(problem)
+    for ti, tier in enumerate(Tier):
+        room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
+        over = np.flatnonzero((cols["alloc_tier"] == ti) & (cols["alloc_bytes"] > room))
+        if len(over):
+            op = ops[int(over[0])]
+            raise CapacityError(
+                f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
+                f"only {room / 1e9:.3f} GB is not resident"
+            )
+    _check_gates(schedule, cols, owner)
+    if check_finishes:
+        _check_finishes(schedule)
+
+
+def _check_resident_and_pools(schedule: Schedule) -> None:
+    """Resident memory fits each tier; the streams of one resource share one pool (or none)."""
+    streams = schedule.streams
     for t in Tier:
         if schedule.resident_bytes.get(t, 0) > schedule.capacity_bytes[t]:
             raise CapacityError(
@@ -247,8 +274,11 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
             f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
             "on the same SMs): put every stream of one GPU in one pool, or none"
         )
-    ops = schedule.ops
-    cols = schedule.columns()
+
+
+def _check_ids_and_deps(ops: list[Op], cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Each op's id is its position and its deps name earlier ops; returns, per dep, the op it
+    belongs to."""
     n = len(ops)
     ids = cols["id"]
     ptr, deps = cols["dep_ptr"], cols["dep_idx"]
@@ -260,11 +290,19 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         if op.id != int(np.argmax(bad)):
             raise ScheduleError(f"{op.label()}: id must equal its position {int(np.argmax(bad))}")
         raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
-    # Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
-    # shape once, at its first op, in op order, so the error names the first bad op.
+    return owner
+
+
+def _first_of_each_shape(
+    ops: list[Op], cols: dict[str, np.ndarray], streams: Mapping[str, StreamSpec]
+) -> dict[tuple[Any, ...], Op]:
+    """Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
+    shape once, at its first op, in op order, so the error names the first bad op. Returns each
+    shape's first op (checked by the caller)."""
     no_tier = (cols["alloc_bytes"] < 0) | (cols["free_bytes"] < 0)
     no_tier |= (cols["alloc_bytes"] > 0) & (cols["alloc_tier"] < 0)
     no_tier |= (cols["free_bytes"] > 0) & (cols["free_tier"] < 0)
+    n = len(ops)
     key = np.zeros(n, np.int64)
     for c, size in (
         (cols["kind"], len(OpKind)),
@@ -286,23 +324,7 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         problem = _shape_problem(shape, streams)
         if problem:
             raise ScheduleError(f"{op.label()}: {problem}")
-    ep = schedule.ep
-    if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
-        problem = _ep_problem(first.values(), streams, ep.lanes)
-        if problem:
-            raise ScheduleError(problem)
-    for ti, tier in enumerate(Tier):
-        room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
-        over = np.flatnonzero((cols["alloc_tier"] == ti) & (cols["alloc_bytes"] > room))
-        if len(over):
-            op = ops[int(over[0])]
-            raise CapacityError(
-                f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
-                f"only {room / 1e9:.3f} GB is not resident"
-            )
-    _check_gates(schedule, cols, owner)
-    if check_finishes:
-        _check_finishes(schedule)
+    return first
 
 
 def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarray) -> None:
