@@ -131,10 +131,29 @@ def check_kv_fits(spec: RunSpec) -> None:
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     if routing is None:
         spec = resolve_n_batches(spec)
-    routing = routing if routing is not None else load_routing(spec.model, spec.workload)
+        routing = last_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
     trace = simulate_trace(schedule, spec.hardware)
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+
+
+# The routing `last_routing` built last, by (model, workload): one entry
+_LAST_ROUTING: dict[tuple[ModelSpec, Workload], Routing] = {}
+
+
+def last_routing(model: ModelSpec, workload: Workload) -> Routing:
+    """`load_routing(model, workload)`, reused while the next run asks for the same: a sweep's
+    runs of one model and workload (every planner of a point) build it once per process. Its
+    arrays are read-only, so no run can change the next one's routing. One routing is kept."""
+    key = (model, workload)
+    if key not in _LAST_ROUTING:
+        _LAST_ROUTING.clear()  # before the next is built: at most one in memory
+        routing = load_routing(model, workload)
+        for a in (routing.expert_ids, routing.gate_weights, routing.labels):
+            if a is not None:
+                a.flags.writeable = False
+        _LAST_ROUTING[key] = routing
+    return _LAST_ROUTING[key]
 
 
 def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
