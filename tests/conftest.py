@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +62,34 @@ def tiny_hw() -> HardwareSpec:
 @pytest.fixture
 def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+
+
+def command_here(
+    main: Callable[[Sequence[str]], int],
+    argv: Sequence[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[int, str]:
+    """A command's `main(argv)` in this process as its `python -m` runs it (cli.run_command):
+    (exit status, stderr), each warning it gives counted as a line of stderr, where Python
+    would print it. A second or two of start-up less than a subprocess; tests of what only
+    a fresh process shows (imports, signals) keep the subprocess."""
+    from experiments.common import app, cli
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test
+    # what the command sets for this process (Ctrl-C's line, its schema, its --help): its own
+    for module, name in ((cli, "_ON_INTERRUPT"), (cli, "_BEFORE_LINE"), (app, "_ROOT")):
+        monkeypatch.setattr(module, name, list(getattr(module, name)))
+    monkeypatch.setattr(app, "_HELP", dict(app._HELP))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's filters outside pytest
+        try:
+            code = cli.run_command(lambda: main(list(argv)))
+        except SystemExit as e:
+            code = e.code
+    shown = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))
+    ]
+    return int(code or 0), "\n".join([capsys.readouterr().err, *shown])

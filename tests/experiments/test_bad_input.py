@@ -21,6 +21,7 @@ from experiments import (
 from experiments.bench import accelerate as bench_accelerate
 from experiments.bench import sim as bench_sim
 from real.checkpoint import reduced_spec, write_checkpoint
+from tests.conftest import command_here
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="device=cuda is valid here")
 
@@ -242,15 +243,27 @@ def test_convert_traces_names_the_file_it_wrote(tmp_path, capsys):
         ("+variants.x={planner:nosuch}", ["variants.x.planner='nosuch'", "eplb"]),
     ],
 )
-def test_replication_inputs_are_checked_first(arg, names, tmp_path):
+def test_replication_inputs_are_checked_first(arg, names, tmp_path, capsys, monkeypatch):
     """Checked before the traces are read or any case runs (a config.yaml of an earlier run
-    in out_dir is not overwritten)."""
+    in out_dir is not overwritten). In this process (`command_here`); the fresh process's
+    stderr: `test_replication_input_is_one_line_from_a_fresh_process`."""
+    from experiments import replication
+
+    code, err = command_here(replication.main, [f"out_dir={tmp_path}", arg], capsys, monkeypatch)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert all(n in lines[0] for n in names)
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_replication_input_is_one_line_from_a_fresh_process(tmp_path):
+    """`python -m experiments.replication` with a bad input: one line on stderr, exit 2."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run(
-        [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}", arg],
+        [sys.executable, "-m", "experiments.replication", f"out_dir={tmp_path}", "comm_sms=abc"],
         cwd=root,
         capture_output=True,
         text=True,
@@ -258,5 +271,5 @@ def test_replication_inputs_are_checked_first(arg, names, tmp_path):
     )
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert all(n in lines[0] for n in names)
+    assert "comm_sms=abc: not a whole number" in lines[0]
     assert not (tmp_path / "config.yaml").exists()

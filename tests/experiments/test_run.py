@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from core.trace import TRACE_COLUMNS
+from experiments import run as run_module
 from experiments import trace_json
-from tests.conftest import ROOT, SHARED_TRACES
+from tests.conftest import ROOT, SHARED_TRACES, command_here
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -25,8 +26,7 @@ def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
             "-m",
             "experiments.run",
             *args,
-            f"hydra.run.dir={tmp_path}/run",
-            f"hydra.sweep.dir={tmp_path}/sweep",
+            *run_dirs(tmp_path),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -198,12 +198,34 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         ),
     ],
 )
-def test_bad_input_is_one_clear_line(args, message, tmp_path):
+def test_bad_input_is_one_clear_line(args, message, tmp_path, capsys, monkeypatch):
+    argv = [*TINY, "planner=flexgen", *args, *run_dirs(tmp_path)]
+    code, err = command_here(run_module.main, argv, capsys, monkeypatch)
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),  # from the task
+        (["foo=bar"], "foo: unknown key; valid: checkpoint,"),  # from hydra's composition
+    ],
+)
+def test_bad_input_is_one_line_from_a_fresh_process(args, message, tmp_path):
+    """As `test_bad_input_is_one_clear_line` (which runs the command in this process), through
+    `python -m`: nothing else reaches stderr (a warning, a logging handler's line)."""
     r = run([*TINY, "planner=flexgen", *args], tmp_path)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
-    assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
+    assert not (tmp_path / "run").exists()
+
+
+def run_dirs(tmp_path: Path) -> list[str]:
+    return [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
