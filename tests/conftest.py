@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,10 +70,10 @@ def command_here(
     argv: Sequence[str],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> tuple[int, str]:
+) -> subprocess.CompletedProcess[str]:
     """A command's `main(argv)` in this process as its `python -m` runs it (cli.run_command):
-    (exit status, stderr), each warning it gives counted as a line of stderr, where Python
-    would print it. A second or two of start-up less than a subprocess; tests of what only
+    its exit status, stdout and stderr, each warning it gives counted as a line of stderr,
+    where Python would print it. A second or two of start-up less than a subprocess; tests of what only
     a fresh process shows (imports, signals) keep the subprocess."""
     from experiments.common import app, cli
 
@@ -92,4 +93,5 @@ def command_here(
         for w in caught
         if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))
     ]
-    return int(code or 0), "\n".join([capsys.readouterr().err, *shown])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), int(code or 0), out, "\n".join([err, *shown]))

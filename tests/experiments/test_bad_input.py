@@ -249,9 +249,9 @@ def test_replication_inputs_are_checked_first(arg, names, tmp_path, capsys, monk
     stderr: `test_replication_input_is_one_line_from_a_fresh_process`."""
     from experiments import replication
 
-    code, err = command_here(replication.main, [f"out_dir={tmp_path}", arg], capsys, monkeypatch)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    r = command_here(replication.main, [f"out_dir={tmp_path}", arg], capsys, monkeypatch)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert all(n in lines[0] for n in names)
     assert not (tmp_path / "config.yaml").exists()
 
