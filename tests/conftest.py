@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import warnings
 from collections.abc import Callable, Sequence
@@ -65,6 +66,10 @@ def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
 
 
+# what Python's default warning filters do not print (outside __main__)
+_IGNORED_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
 def command_here(
     main: Callable[[Sequence[str]], int],
     argv: Sequence[str],
@@ -82,16 +87,48 @@ def command_here(
     for module, name in ((cli, "_ON_INTERRUPT"), (cli, "_BEFORE_LINE"), (app, "_ROOT")):
         monkeypatch.setattr(module, name, list(getattr(module, name)))
     monkeypatch.setattr(app, "_HELP", dict(app._HELP))
+    logs = _logging_state()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # Python's filters outside pytest
         try:
             code = cli.run_command(lambda: main(list(argv)))
         except SystemExit as e:
             code = e.code
+        finally:  # hydra's handlers write to this test's captured streams, closed after it
+            _restore_logging(logs)
     shown = [
         f"{w.category.__name__}: {w.message}"
         for w in caught
-        if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))
+        if not issubclass(w.category, _IGNORED_BY_DEFAULT)
     ]
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(list(argv), int(code or 0), out, "\n".join([err, *shown]))
+
+
+def _logging_state() -> dict[str, tuple[list[logging.Handler], int, bool, bool]]:
+    """Every logger's handlers, level, propagate and disabled flags (the root's as "")."""
+    loggers = {"": logging.getLogger()}
+    loggers.update(
+        (name, lg)
+        for name, lg in logging.Logger.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    )
+    return {n: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for n, lg in loggers.items()}
+
+
+def _restore_logging(state: dict[str, tuple[list[logging.Handler], int, bool, bool]]) -> None:
+    """Put back `_logging_state`'s loggers as they were; a logger made since loses its handlers.
+    Handlers added since are closed (hydra's run.log file handler)."""
+    kept = {id(h) for handlers, *_ in state.values() for h in handlers}
+    for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
+        if isinstance(lg, logging.Logger):
+            for h in lg.handlers:
+                if id(h) not in kept:
+                    h.close()
+            if name not in state:
+                lg.handlers.clear()
+    for name, (handlers, level, propagate, disabled) in state.items():
+        lg = logging.getLogger(name or None)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled
