@@ -94,16 +94,17 @@ class Routing:
     def counts(self, workload: Workload) -> np.ndarray:
         """[steps, L, n_batches, E] int32: tokens each expert receives per step, layer and batch."""
         n, bs, e = workload.n_batches, workload.batch_size, self.n_experts
-        out = np.zeros((workload.n_steps, self.n_moe_layers, n, e), dtype=np.int32)
+        n_layers, k = self.n_moe_layers, self.top_k
+        out = np.zeros((workload.n_steps, n_layers, n, e), dtype=np.int32)
+        # [n, 1, L, 1] each (batch, layer)'s first bin: one pass turns int16 ids into bins
+        first = np.arange(n_layers)[None, None, :, None] * n + np.arange(n)[:, None, None, None]
+        first = (first * e).astype(np.intp)
         for step in range(workload.n_steps):
             ids = self.expert_ids[: n * bs, self.step_slice(step, workload)]  # [S, t, L, k]
-            ids = ids.reshape(n, -1, self.n_moe_layers, self.top_k)  # [n, bs*t, L, k]
-            flat = (
-                np.arange(self.n_moe_layers)[None, None, :, None] * n
-                + np.arange(n)[:, None, None, None]
-            ) * e + ids.astype(np.int64)
-            out[step] = np.bincount(flat.ravel(), minlength=self.n_moe_layers * n * e).reshape(
-                self.n_moe_layers, n, e
+            ids = ids.reshape(n, -1, n_layers, k)  # [n, bs*t, L, k]
+            bins = np.add(ids, first, dtype=np.intp)
+            out[step] = np.bincount(bins.ravel(), minlength=n_layers * n * e).reshape(
+                n_layers, n, e
             )
         return out
 

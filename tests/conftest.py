@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +64,71 @@ def tiny_hw() -> HardwareSpec:
 @pytest.fixture
 def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+
+
+# what Python's default warning filters do not print (outside __main__)
+_IGNORED_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def command_here(
+    main: Callable[[Sequence[str]], int],
+    argv: Sequence[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> subprocess.CompletedProcess[str]:
+    """A command's `main(argv)` in this process as its `python -m` runs it (cli.run_command):
+    its exit status, stdout and stderr, each warning it gives counted as a line of stderr,
+    where Python would print it. A second or two of start-up less than a subprocess; tests of what only
+    a fresh process shows (imports, signals) keep the subprocess."""
+    from experiments.common import app, cli
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test
+    # what the command sets for this process (Ctrl-C's line, its schema, its --help): its own
+    for module, name in ((cli, "_ON_INTERRUPT"), (cli, "_BEFORE_LINE"), (app, "_ROOT")):
+        monkeypatch.setattr(module, name, list(getattr(module, name)))
+    monkeypatch.setattr(app, "_HELP", dict(app._HELP))
+    logs = _logging_state()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's filters outside pytest
+        try:
+            code = cli.run_command(lambda: main(list(argv)))
+        except SystemExit as e:
+            code = e.code
+        finally:  # hydra's handlers write to this test's captured streams, closed after it
+            _restore_logging(logs)
+    shown = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if not issubclass(w.category, _IGNORED_BY_DEFAULT)
+    ]
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), int(code or 0), out, "\n".join([err, *shown]))
+
+
+def _logging_state() -> dict[str, tuple[list[logging.Handler], int, bool, bool]]:
+    """Every logger's handlers, level, propagate and disabled flags (the root's as "")."""
+    loggers = {"": logging.getLogger()}
+    loggers.update(
+        (name, lg)
+        for name, lg in logging.Logger.manager.loggerDict.items()
+        if isinstance(lg, logging.Logger)
+    )
+    return {n: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for n, lg in loggers.items()}
+
+
+def _restore_logging(state: dict[str, tuple[list[logging.Handler], int, bool, bool]]) -> None:
+    """Put back `_logging_state`'s loggers as they were; a logger made since loses its handlers.
+    Handlers added since are closed (hydra's run.log file handler)."""
+    kept = {id(h) for handlers, *_ in state.values() for h in handlers}
+    for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
+        if isinstance(lg, logging.Logger):
+            for h in lg.handlers:
+                if id(h) not in kept:
+                    h.close()
+            if name not in state:
+                lg.handlers.clear()
+    for name, (handlers, level, propagate, disabled) in state.items():
+        lg = logging.getLogger(name or None)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled

@@ -303,8 +303,8 @@ def work_conserving_s(result: RunResult, hw: HardwareSpec) -> float | None:
     adds to a phase beyond that is taken off the makespan, the rest left as it ran: an estimate
     that takes the phases to be on the critical path, as lanes run them between whole-GPU dense
     ops. None off lanes, and on lanes that already share the SMs (lane_sharing=shared)."""
-    ep = result.schedule.meta.get("ep") or {}
-    if not ep.get("lanes") or ep.get("lane_sharing") == "shared":
+    ep = result.schedule.ep
+    if ep is None or not ep.lanes or ep.lane_sharing == "shared":
         return None
     cost, ops, t = CostModel(hw), result.schedule.ops, result.trace
     ex = t[t["kind"].astype(str) == str(OpKind.EXPERT)]

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -78,11 +79,24 @@ def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     cost = CostModel(spec.hardware)
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
-    make_planner(spec.planner, spec.params).plan(ctx, builder)
-    if builder.ep is not None:  # a copy for experiments/replication.py, which reads meta only
-        builder.meta["ep"] = builder.ep.summary()
+    with gc_paused():
+        make_planner(spec.planner, spec.params).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
     return builder.build()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off while a planner or the simulator creates its hundreds of
+    thousands of ops and events (long-lived, freed by reference counts): each collection of the
+    young generations would scan them again, a quarter of planning's time. On again after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
@@ -141,10 +155,29 @@ def check_kv_fits(spec: RunSpec) -> None:
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
     if routing is None:
         spec = resolve_n_batches(spec)
-    routing = routing if routing is not None else load_routing(spec.model, spec.workload)
+        routing = last_routing(spec.model, spec.workload)
     schedule = build_schedule(spec, routing)
     trace = simulate_trace(schedule, spec.hardware)
     return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+
+
+# The routing `last_routing` built last, by (model, workload): one entry
+_LAST_ROUTING: dict[tuple[ModelSpec, Workload], Routing] = {}
+
+
+def last_routing(model: ModelSpec, workload: Workload) -> Routing:
+    """`load_routing(model, workload)`, reused while the next run asks for the same: a sweep's
+    runs of one model and workload (every planner of a point) build it once per process. Its
+    arrays are read-only, so no run can change the next one's routing. One routing is kept."""
+    key = (model, workload)
+    if key not in _LAST_ROUTING:
+        _LAST_ROUTING.clear()  # before the next is built: at most one in memory
+        routing = load_routing(model, workload)
+        for a in (routing.expert_ids, routing.gate_weights, routing.labels):
+            if a is not None:
+                a.flags.writeable = False
+        _LAST_ROUTING[key] = routing
+    return _LAST_ROUTING[key]
 
 
 def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
@@ -153,7 +186,8 @@ def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
 
     cost = CostModel(hardware)
     parts = cost.pool_parts(schedule)  # NaN for every op of a schedule without a pool
-    start, end, granted = simulate_times(schedule, cost, parts)
+    with gc_paused():
+        start, end, granted = simulate_times(schedule, cost, parts)
     return make_trace(
         schedule, start, end, source="sim", sm_s=parts[1], launch_s=parts[0], alloc_s=granted
     )

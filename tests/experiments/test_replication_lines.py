@@ -282,6 +282,7 @@ def test_work_conserving_estimate_by_hand():
     (5 ms; lane 0 alone at the whole GPU would need 3 + 1): 2 ms less, 7 ms. The note compares
     the gains; off lanes there is no estimate."""
     from core.schedule import ScheduleBuilder
+    from core.ep_layout import EPLayout
     from experiments.common.ep_inputs import work_conserving_s
     from experiments.common.ep_notes import work_conserving_lines
     from experiments.common.pipeline import RunResult
@@ -296,7 +297,7 @@ def test_work_conserving_estimate_by_hand():
     for d, flops in ((0, 3e9), (1, 1e9)):
         b.add(OpKind.EXPERT, f"lane{d}", flops=flops, step=0, layer=1, batch=0)
     b.add(OpKind.ATTENTION, "compute", (0, 1), step=0, layer=2, batch=0)
-    b.meta["ep"] = {"lanes": True}
+    b.ep = EPLayout(n_devices=2, lanes=True, lane_share=0.5, dense=None)
     trace = pd.DataFrame(
         {
             "op_id": [0, 1, 2],
@@ -311,7 +312,7 @@ def test_work_conserving_estimate_by_hand():
     )
     result = RunResult(b.build(), trace, {})
     assert work_conserving_s(result, hw) == pytest.approx(0.007)
-    b.meta["ep"] = {"lanes": False}
+    b.ep = EPLayout(n_devices=2, lanes=False)
     assert work_conserving_s(RunResult(b.build(), trace, {}), hw) is None
     rows = [
         dict(

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from core.trace import TRACE_COLUMNS
+from experiments import run as run_module
 from experiments import trace_json
-from tests.conftest import ROOT, SHARED_TRACES
+from tests.conftest import ROOT, SHARED_TRACES, command_here
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -25,14 +26,24 @@ def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
             "-m",
             "experiments.run",
             *args,
-            f"hydra.run.dir={tmp_path}/run",
-            f"hydra.sweep.dir={tmp_path}/sweep",
+            *run_dirs(tmp_path),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.fixture
+def run_in(capsys, monkeypatch):
+    """`run` in this process (tests.conftest.command_here): the same result, a second or two of
+    start-up less per call."""
+
+    def go(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+        return command_here(run_module.main, [*args, *run_dirs(tmp_path)], capsys, monkeypatch)
+
+    return go
 
 
 def test_run_writes_the_run_directory(tmp_path):
@@ -198,12 +209,33 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         ),
     ],
 )
-def test_bad_input_is_one_clear_line(args, message, tmp_path):
-    r = run([*TINY, "planner=flexgen", *args], tmp_path)
+def test_bad_input_is_one_clear_line(args, message, tmp_path, run_in):
+    r = run_in([*TINY, "planner=flexgen", *args], tmp_path)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert not (tmp_path / "run").exists()  # a rejected run leaves no run dir
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),  # from the task
+        (["foo=bar"], "foo: unknown key; valid: checkpoint,"),  # from hydra's composition
+    ],
+)
+def test_bad_input_is_one_line_from_a_fresh_process(args, message, tmp_path):
+    """As `test_bad_input_is_one_clear_line` (which runs the command in this process), through
+    `python -m`: nothing else reaches stderr (a warning, a logging handler's line)."""
+    r = run([*TINY, "planner=flexgen", *args], tmp_path)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def run_dirs(tmp_path: Path) -> list[str]:
+    return [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
@@ -264,19 +296,19 @@ def test_unknown_hf_model_type_is_named(tmp_path):
     assert "model_type 'llama' is not supported" in r.stderr
 
 
-def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path):
-    r1 = run([*TINY, "planner=flexgen"], tmp_path)
+def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path, run_in):
+    r1 = run_in([*TINY, "planner=flexgen"], tmp_path)
     summary = tmp_path / "run" / "summary.json"
     first = summary.stat().st_mtime_ns
-    r2 = run([*TINY, "planner=flexgen"], tmp_path)
+    r2 = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert r1.returncode == r2.returncode == 0
     assert "already finished" in r2.stderr + r2.stdout and summary.stat().st_mtime_ns == first
-    r3 = run([*TINY, "planner=flexgen", "workload.gen_len=4"], tmp_path)
+    r3 = run_in([*TINY, "planner=flexgen", "workload.gen_len=4"], tmp_path)
     assert r3.returncode == 0 and "another config" in r3.stderr + r3.stdout
     assert json.loads(summary.read_text())["gen_len"] == 4
 
 
-def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path):
+def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     """A run of `+model.hf_config=DIR` (or a real run's checkpoint=DIR) is finished only for the
     files it read: the same path holding another model's config.json runs again (it was reused,
     the other model's result handed back as this one's)."""
@@ -288,11 +320,11 @@ def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path):
     cfg = spec_to_hf_config(model_from_conf("tiny"))
     (ckpt / "config.json").write_text(json.dumps(cfg))
     args = ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"]
-    assert run(args, tmp_path).returncode == 0
-    r = run(args, tmp_path)
+    assert run_in(args, tmp_path).returncode == 0
+    r = run_in(args, tmp_path)
     assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
     (ckpt / "config.json").write_text(json.dumps(cfg | {"hidden_size": 128}))
-    r = run(args, tmp_path)
+    r = run_in(args, tmp_path)
     assert r.returncode == 0 and "another config" in r.stderr + r.stdout
     assert "# model files" in (tmp_path / "run" / "config.yaml").read_text()
 
@@ -331,29 +363,29 @@ def test_unwritable_run_dir_is_one_line(tmp_path):
     assert lines[0].startswith("error: hydra.run.dir=") and "is a file, not a folder" in lines[0]
 
 
-def test_a_garbled_summary_is_run_again(tmp_path):
+def test_a_garbled_summary_is_run_again(tmp_path, run_in):
     """A summary.json that is not JSON (a disk that filled up, a hand edit) is not a finished run."""
-    assert run([*TINY, "planner=flexgen"], tmp_path).returncode == 0
+    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
-    r = run([*TINY, "planner=flexgen"], tmp_path)
+    r = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0 and "not readable JSON; running again" in r.stdout + r.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
 
 
-def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path):
+def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in):
     """A finished run dir records the code it ran with: under other code it runs again. A rerun
     with bad input fails before it touches the dir: the finished run stays, with its own
     config.yaml (it was deleted, a finished result lost to a typo), and is reused as before."""
-    assert run([*TINY, "planner=flexgen"], tmp_path).returncode == 0
+    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     out = tmp_path / "run"
     (out / "code_version.txt").write_text("other code")
-    r = run([*TINY, "planner=flexgen"], tmp_path)
+    r = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0 and "a run of other code; running again" in r.stdout + r.stderr
     kept = (out / "summary.json").read_text(), (out / "config.yaml").read_text()
-    r = run([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
+    r = run_in([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
     assert r.returncode == 2
     assert ((out / "summary.json").read_text(), (out / "config.yaml").read_text()) == kept
-    r = run([*TINY, "planner=flexgen"], tmp_path)
+    r = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0 and "already finished" in r.stdout + r.stderr
 
 
