@@ -13,7 +13,12 @@ op semantics. A dep on another rank's op is honoured by the op that carries its 
 - a replica copy (a GPU -> GPU expert load) sends the expert's weights from the source rank's
   `replicas_out` op to the destination rank's `replicas` op (the op emitted just before it).
 Transfers are point-to-point with tags naming the op (gloo), so streams of one rank may post
-them in any order. Rank 0 gathers every rank's op times, tokens and logits at the end.
+them in any order. Gate parts go over a process group (a connection) of their own: gloo writes
+a pair's messages in order on one connection, so on the transfers' connection a gate part
+queued behind an 11 MB replica copy or a dispatch's rows, and every dispatch waiting for the
+batch's routing waited with it; the simulator's gate moves nothing. Dispatches, combines and
+copies share one connection per pair, as the simulator runs them one at a time on a device's
+p2p link. Rank 0 gathers every rank's op times, tokens and logits at the end.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
     ex = Executor(store, model, workload, prompts, peers=Peers(schedule.ep, ...))
@@ -103,6 +108,8 @@ class Peers:
         self.gone: PeerLost | None = None  # the first peer found gone
         # gate parts sent, not yet waited for: (work, buffer, destination rank)
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
+        # the gate parts' own connection (module doc); every rank makes it here (collective)
+        self._gate_group = dist.new_group(backend=dist.get_backend())
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -150,20 +157,20 @@ class Peers:
         return mask
 
     # ---- point-to-point ------------------------------------------------------------------
-    def _send(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
+    def _send(self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None) -> None:
         """(tensor, destination rank, tag) each, posted at once, waited for. Through host memory
         (gloo moves CPU tensors; on CUDA the copy out is part of the op)."""
-        for w, _, dst in self._post(pieces):
+        for w, _, dst in self._post(pieces, group):
             self._wait(w, dst)
 
     def _post(
-        self, pieces: list[tuple[torch.Tensor, int, int]]
+        self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None
     ) -> list[tuple[Any, torch.Tensor, int]]:
         """(tensor, destination rank, tag) each, posted: (work, host buffer, destination) per
         piece; the buffer must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
         return [
-            (dist.isend(b, dst, tag=tag), b, dst)
+            (dist.isend(b, dst, group=group, tag=tag), b, dst)
             for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
         ]
 
@@ -177,13 +184,16 @@ class Peers:
         for w, _, dst in posted:
             self._wait(w, dst)
 
-    def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
+    def _recv(self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None) -> None:
         """(buffer, source rank, tag) each, filled."""
         bufs = [
             t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
             for t, _, _ in pieces
         ]
-        works = [dist.irecv(b, src, tag=tag) for b, (_, src, tag) in zip(bufs, pieces, strict=True)]
+        works = [
+            dist.irecv(b, src, group=group, tag=tag)
+            for b, (_, src, tag) in zip(bufs, pieces, strict=True)
+        ]
         for w, (_, src, _) in zip(works, pieces, strict=True):
             self._wait(w, src)
         for b, (t, _, _) in zip(bufs, pieces, strict=True):
@@ -249,7 +259,8 @@ class Peers:
                         (t, d, self.tag("gate", key, self.rank, sub))
                         for d in others
                         for sub, t in enumerate(mine)
-                    ]
+                    ],
+                    self._gate_group,
                 )
             except RuntimeError as e:
                 raise self.lost(None, e) from None
@@ -317,7 +328,7 @@ class Peers:
             w = torch.empty(n, k, dtype=torch.float32)
             pieces += [(ids, d, self.tag("gate", key, d, 0)), (w, d, self.tag("gate", key, d, 1))]
             got[d] = (ids, w)
-        self._recv(pieces)
+        self._recv(pieces, self._gate_group)
         with self._cv:
             self._parts.setdefault(key, {}).update(got)
             self._cv.notify_all()
