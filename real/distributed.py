@@ -1,7 +1,8 @@
 """One rank of a G-process real run: the part of `real.executor.Executor` that crosses processes.
 Each rank runs only its own device's ops of the whole schedule; gate parts, dispatch, combine and
 replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
-gathers every rank's ops at the end. How each crossing works:
+gathers every rank's ops at the end. Gate parts have a connection of their own (gloo keeps a
+pair's messages in order, so they queued behind replica copies). How each crossing works:
 docs/replication-model.md#real-expert-parallelism.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
@@ -14,7 +15,7 @@ import queue
 import re
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from core.spec import ModelSpec, Workload
 from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit, torch_dtype, unit_layout
 from real.executor import Executor, _Pending, _Stop
+from real.gathered_times import from_ready  # noqa: E402
 from real.model import expert_tokens, new_slots, put_expert
 
 # Shape legend: T tokens of a batch (step), k top-k, H hidden, n pairs moved.
@@ -92,6 +94,8 @@ class Peers:
         self.gone: PeerLost | None = None  # the first peer found gone
         # gate parts sent, not yet waited for: (work, buffer, destination rank)
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
+        # the gate parts' own connection (module doc); every rank makes it here (collective)
+        self._gate_group = dist.new_group(backend=dist.get_backend())
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -139,20 +143,20 @@ class Peers:
         return mask
 
     # ---- point-to-point ------------------------------------------------------------------
-    def _send(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
+    def _send(self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None) -> None:
         """(tensor, destination rank, tag) each, posted at once, waited for. Through host memory
         (gloo moves CPU tensors; on CUDA the copy out is part of the op)."""
-        for w, _, dst in self._post(pieces):
+        for w, _, dst in self._post(pieces, group):
             self._wait(w, dst)
 
     def _post(
-        self, pieces: list[tuple[torch.Tensor, int, int]]
+        self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None
     ) -> list[tuple[Any, torch.Tensor, int]]:
         """(tensor, destination rank, tag) each, posted: (work, host buffer, destination) per
         piece; the buffer must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
         return [
-            (dist.isend(b, dst, tag=tag), b, dst)
+            (dist.isend(b, dst, group=group, tag=tag), b, dst)
             for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
         ]
 
@@ -166,13 +170,16 @@ class Peers:
         for w, _, dst in posted:
             self._wait(w, dst)
 
-    def _recv(self, pieces: list[tuple[torch.Tensor, int, int]]) -> None:
+    def _recv(self, pieces: list[tuple[torch.Tensor, int, int]], group: Any = None) -> None:
         """(buffer, source rank, tag) each, filled."""
         bufs = [
             t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
             for t, _, _ in pieces
         ]
-        works = [dist.irecv(b, src, tag=tag) for b, (_, src, tag) in zip(bufs, pieces, strict=True)]
+        works = [
+            dist.irecv(b, src, group=group, tag=tag)
+            for b, (_, src, tag) in zip(bufs, pieces, strict=True)
+        ]
         for w, (_, src, _) in zip(works, pieces, strict=True):
             self._wait(w, src)
         for b, (t, _, _) in zip(bufs, pieces, strict=True):
@@ -238,7 +245,8 @@ class Peers:
                         (t, d, self.tag("gate", key, self.rank, sub))
                         for d in others
                         for sub, t in enumerate(mine)
-                    ]
+                    ],
+                    self._gate_group,
                 )
             except RuntimeError as e:
                 raise self.lost(None, e) from None
@@ -306,7 +314,7 @@ class Peers:
             w = torch.empty(n, k, dtype=torch.float32)
             pieces += [(ids, d, self.tag("gate", key, d, 0)), (w, d, self.tag("gate", key, d, 1))]
             got[d] = (ids, w)
-        self._recv(pieces)
+        self._recv(pieces, self._gate_group)
         with self._cv:
             self._parts.setdefault(key, {}).update(got)
             self._cv.notify_all()
@@ -584,48 +592,3 @@ class Peers:
                 s0, s1 = ex._range[op.id]
                 rows[s0:s1] = True
         return rows
-
-
-def from_ready(
-    ops: Sequence[Op], streams: Mapping[str, StreamSpec], start: list[float], end: list[float]
-) -> None:
-    """Move each op's recorded start (in place) to when it could begin. A rank takes another
-    rank's ops as done at once (the op carrying their data honours the dep), so its op starts
-    early and blocks: a receive posted before the sender sends, an expert waiting for the other
-    ranks' gate parts. One process starts an op once all its deps are done, and the simulator
-    runs a transfer from when both of its ends are ready, so here an op starts no earlier than
-    its deps on other ranks end, and a transfer (dispatch, combine, replica copy) no earlier
-    than its other end is posted; the wait before is idle time, as in a one-process run."""
-    dev = [streams[op.stream].device for op in ops]
-    for i, op in enumerate(ops):
-        remote = [end[d] for d in op.deps if dev[d] != dev[i]]
-        if remote and max(remote) > start[i]:
-            start[i] = min(max(remote), end[i])
-    posted = list(start)
-    for i, others in transfer_partners(ops, streams).items():
-        begin = min(posted[p] for p in others)
-        if begin > start[i]:
-            start[i] = min(begin, end[i])
-
-
-def transfer_partners(ops: Sequence[Op], streams: Mapping[str, StreamSpec]) -> dict[int, list[int]]:
-    """Each transfer op's other ends on other devices: a dispatch or combine's ops of the same
-    (step, layer, batch, micro) in the other direction (`p2p` in, `p2p_out` out); a replica
-    copy's one partner (its op on the destination is emitted just before the source's)."""
-    ends: dict[tuple[object, ...], list[int]] = {}
-    out: dict[int, list[int]] = {}
-    for op in ops:
-        res = streams[op.stream].resource
-        if op.kind in (OpKind.DISPATCH, OpKind.COMBINE):
-            key = (op.kind, op.step, op.layer, op.batch, op.micro, res == Resource.P2P_OUT)
-            ends.setdefault(key, []).append(op.id)
-        elif op.kind == OpKind.LOAD and (op.src, op.dst) == (Tier.GPU, Tier.GPU):
-            out[op.id] = [op.id + 1 if res == Resource.P2P else op.id - 1]
-    for (*key, sending), ids in ends.items():
-        other = ends.get((*key, not sending), [])
-        for i in ids:
-            d = streams[ops[i].stream].device
-            partners = [p for p in other if streams[ops[p].stream].device != d]
-            if partners:
-                out[i] = partners
-    return out

@@ -281,8 +281,8 @@ def test_work_conserving_estimate_by_hand():
     9 ms. Work-conserving, the phase needs its 4 ms of work on the whole GPU plus one overhead
     (5 ms; lane 0 alone at the whole GPU would need 3 + 1): 2 ms less, 7 ms. The note compares
     the gains; off lanes there is no estimate."""
-    from core.schedule import ScheduleBuilder
     from core.ep_layout import EPLayout
+    from core.schedule import ScheduleBuilder
     from experiments.common.ep_inputs import work_conserving_s
     from experiments.common.ep_notes import work_conserving_lines
     from experiments.common.pipeline import RunResult

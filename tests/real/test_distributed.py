@@ -481,7 +481,7 @@ def test_ops_start_when_their_remote_deps_and_other_ends_are_ready():
     ended at 6), c0 once e1 ended (8), with its other end c1."""
     from core.schedule import ScheduleBuilder
     from core.types import Resource
-    from real.distributed import from_ready, transfer_partners
+    from real.gathered_times import from_ready, transfer_partners
 
     b = ScheduleBuilder({})
     for d in (0, 1):
