@@ -389,16 +389,18 @@ def test_an_op_that_runs_too_long_is_named(mixtral_tiny, monkeypatch):
     real_read = TieredStore.read_disk
 
     def slow(self, unit):
+        if not threading.current_thread().name.startswith("stream-"):
+            return real_read(self, unit)  # the preload before the run: not the run's reads
         calls["n"] += 1
-        if calls["n"] > 12:
-            time.sleep(0.3 if calls["n"] < 16 else 2.0)  # three slow reads, then a hung one
+        if calls["n"] > 2:
+            time.sleep(0.3 if calls["n"] < 6 else 2.0)  # three slow reads, then a hung one
         return real_read(self, unit)
 
     monkeypatch.setattr(TieredStore, "read_disk", slow)
     before = threading.active_count()
     with pytest.raises(ScheduleError, match=r"load .* has run for \d+ s \(stall_timeout_s=0.6\)"):
         real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
-    assert calls["n"] >= 16  # the slow reads before it ran to their end
+    assert calls["n"] >= 6  # the slow reads before it ran to their end
     assert threading.active_count() <= before
 
 
