@@ -475,7 +475,9 @@ def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
     }
     sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
     if sms < 0 or sm_bw < 0:
-        raise ConfigError(f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)")
+        raise ConfigError(
+            f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
+        )
     comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
     held = comm_sms + copy_sms
     if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):

@@ -113,7 +113,9 @@ class Rope:
         return cls(1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
     @classmethod
-    def from_config(cls, cfg: HFConfig | Mapping[str, Any], spec: ModelSpec, where: str = "") -> Rope:
+    def from_config(
+        cls, cfg: HFConfig | Mapping[str, Any], spec: ModelSpec, where: str = ""
+    ) -> Rope:
         """The RoPE of a config.json (an HFConfig, or its fields and `where` they are from):
         legacy `rope_scaling` ({"type": ...}) or transformers 5's `rope_parameters`
         ({"rope_type": ..., "rope_theta": ...}), read with transformers' precedence. Another type
@@ -195,7 +197,9 @@ def _llama3(
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn(p: HFConfig, dim: int, theta: float, factor: float, orig: int) -> tuple[torch.Tensor, float]:
+def _yarn(
+    p: HFConfig, dim: int, theta: float, factor: float, orig: int
+) -> tuple[torch.Tensor, float]:
     """transformers' _compute_yarn_parameters, op for op: (inv_freq [dim/2], attention_factor).
     Frequencies that turn fewer than beta_slow times over `orig` positions are divided by
     factor, those turning more than beta_fast times are kept, with a linear ramp in between."""

@@ -324,9 +324,7 @@ def _compute_cases(
 
     def expert() -> None:
         rows, slot = expert_tokens(ids, 0)
-        put_expert(
-            slots, rows, slot, model.expert(w(Unit(Tensor.EXPERT, layer, 0)), flat[rows])
-        )
+        put_expert(slots, rows, slot, model.expert(w(Unit(Tensor.EXPERT, layer, 0)), flat[rows]))
 
     def head() -> Any:
         hid = moe_output(x, slots, gw, None)

@@ -67,7 +67,12 @@ def tiny_workload() -> Workload:
 
 
 # what Python's default warning filters do not print (outside __main__)
-_IGNORED_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+_IGNORED_BY_DEFAULT = (
+    DeprecationWarning,
+    PendingDeprecationWarning,
+    ImportWarning,
+    ResourceWarning,
+)
 
 
 def command_here(
@@ -113,7 +118,9 @@ def _logging_state() -> dict[str, tuple[list[logging.Handler], int, bool, bool]]
         for name, lg in logging.Logger.manager.loggerDict.items()
         if isinstance(lg, logging.Logger)
     )
-    return {n: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for n, lg in loggers.items()}
+    return {
+        n: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for n, lg in loggers.items()
+    }
 
 
 def _restore_logging(state: dict[str, tuple[list[logging.Handler], int, bool, bool]]) -> None:
