@@ -290,7 +290,8 @@ def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, afte
         "--nproc_per_node=2",
         f"--master_port={free_port()}",
         "-m",
-        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100")[2:],
+        # 400 tokens: a run far longer than the 8 s wait, on an idle machine too (100 ended first)
+        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=400")[2:],
     ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
