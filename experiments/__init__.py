@@ -5,6 +5,7 @@ and exit 130, not an import's traceback; `common.cli.run_command` hands Ctrl-C b
 KeyboardInterrupt (`command_started`) once the command runs.
 """
 
+import os
 import signal
 import sys
 from types import FrameType
@@ -12,7 +13,10 @@ from types import FrameType
 
 def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
     print("interrupted: the command had not started; nothing was written", file=sys.stderr)
-    raise SystemExit(130)
+    sys.stderr.flush()
+    # Not SystemExit: raised inside an import, a library's bare `except:` can swallow it (the
+    # command then ran on and exited 0). Nothing is open or written yet, so nothing is lost.
+    os._exit(130)
 
 
 def command_started() -> None:
