@@ -512,6 +512,10 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         proc.terminate()
+    for proc in procs:  # a worker that inherited a SIGTERM handler may outlive terminate()
+        proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")

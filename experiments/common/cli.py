@@ -176,6 +176,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
 
     if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's turn ends
+    sys.unraisablehook = _interrupt_again(sys.unraisablehook)
     try:
         return main()
     except KeyboardInterrupt:
@@ -183,6 +184,22 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         _stop_pool_tracker()
         print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
+
+
+def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An unraisable-exception hook: Ctrl-C's KeyboardInterrupt, when it lands in a callback
+    Python cannot raise from (a weakref callback of the import machinery, a `__del__`), was
+    printed as "Exception ignored" and lost, and the command ran on to exit 0. It is raised
+    again, as a signal, to land where it stops the command."""
+    import signal
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def _stop_pool_tracker() -> None:

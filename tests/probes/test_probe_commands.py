@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -139,28 +137,47 @@ def test_bench_children_leave_ctrl_c_to_the_bench() -> None:
     assert r.stdout.strip() == "True"
 
 
-def _sleep(seconds: float) -> float:
-    time.sleep(seconds)
-    return seconds
+_POOL_STOP = """
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
+from experiments.reproduce_klotski import _ignore_sigint, _stop
 
-def test_reproduce_klotskis_pool_stops_at_once() -> None:
-    """Ctrl-C in reproduce_klotski waited for every queued run (leaving the pool's `with`
-    waits for them all): the command hung for the rest of the grid. `_stop` ends the running
-    runs and cancels the queued ones."""
-    from experiments.reproduce_klotski import _ignore_sigint, _stop
-
+if __name__ == "__main__":
     pool = ProcessPoolExecutor(1, initializer=_ignore_sigint)
-    running = pool.submit(_sleep, 60.0)
-    queued = pool.submit(_sleep, 60.0)
+    running = pool.submit(time.sleep, 60.0)
+    queued = pool.submit(time.sleep, 60.0)
     while not running.running():
         time.sleep(0.05)
     procs = list(pool._processes.values())
     _stop(pool)
     for p in procs:
         p.join(timeout=10)
-        assert not p.is_alive()
-    assert queued.cancelled() or isinstance(queued.exception(timeout=10), BrokenProcessPool)
+    alive = [p.pid for p in procs if p.is_alive()]
+    ended = queued.cancelled() or isinstance(queued.exception(timeout=10), BrokenProcessPool)
+    print(alive, ended)
+"""
+
+
+def test_reproduce_klotskis_pool_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C in reproduce_klotski waited for every queued run (leaving the pool's `with`
+    waits for them all): the command hung for the rest of the grid. `_stop` ends the running
+    runs and cancels the queued ones. In a process of its own, as the command runs it (forked
+    from the test process, a worker inherits whatever signal state earlier tests left)."""
+    script = tmp_path / "pool_stop.py"
+    script.write_text(_POOL_STOP)
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    # the workers' 60 s runs ended within the joins' 10 s, and the queued run never ran
+    assert r.stdout.split()[:2] == ["[]", "True"], r.stdout
 
 
 def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
