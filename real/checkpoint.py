@@ -385,7 +385,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     d = Path(ckpt_dir)
     if not d.is_dir():
         raise ConfigError(
-            f"{d}: no such checkpoint directory; write one with python -m real.make_checkpoint"
+            f"{d}: no such checkpoint directory; write one with python -m experiments.make_checkpoint"
         )
     spec = ModelSpec.from_hf_config(d)
     cfg = hf_config(d)

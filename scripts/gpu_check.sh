@@ -73,7 +73,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert, ~1.4 GB in all
-[ -f "$CKPT/config.json" ] || stage checkpoint 50 python3 -m real.make_checkpoint \
+[ -f "$CKPT/config.json" ] || stage checkpoint 50 python3 -m experiments.make_checkpoint \
   model=mixtral-tiny out="$CKPT" n_layers=8 hidden_size=1024 expert_ffn_size=3584 n_heads=16 \
   n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2 ${CKPT_OVERRIDES:-}
 stage calibrate 100 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$CKPT" \

@@ -240,7 +240,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
     if not ckpt:
         raise ConfigError(
             "executor=real needs checkpoint=DIR (a Hugging Face config.json + *.safetensors; "
-            "make one with python -m real.make_checkpoint model=mixtral-tiny out=ckpt/)"
+            "make one with python -m experiments.make_checkpoint model=mixtral-tiny out=ckpt/)"
         )
     ex: Any = cfg.executor
     device = ex.get("device") or None

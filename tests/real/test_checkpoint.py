@@ -13,7 +13,7 @@ from core.errors import ConfigError
 from core.hf_config import hf_config_to_spec
 from core.spec import ModelSpec
 from core.types import Tensor
-from real import make_checkpoint
+from experiments import make_checkpoint
 from real.checkpoint import (
     INDEX_FILE,
     SINGLE_FILE,

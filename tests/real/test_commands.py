@@ -24,7 +24,7 @@ def sh(*args: str) -> subprocess.CompletedProcess:
 
 def test_checkpoint_calibrate_run_validate(tmp_path):
     ckpt, hw = tmp_path / "ckpt", tmp_path / "calibrated.yaml"
-    sh("real.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
+    sh("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
     assert (ckpt / "config.json").exists() and list(ckpt.glob("*.safetensors"))
     sh(
         "experiments.calibrate",
@@ -108,11 +108,13 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
         (["shard_mb=0"], ["shard_mb=0"]),
         (["norm_topk_prob=maybe"], ["norm_topk_prob=maybe"]),
         (["n_heads=3"], ["n_heads=3", "n_kv_heads=2"]),
+        (["hiden_size=64"], ["hiden_size: unknown key", "did you mean 'hidden_size'"]),
+        (["activation=gelu"], ["activation=gelu", "swiglu"]),
     ],
 )
 def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
     """Exit 2 and one `error: ` line naming the argument, before anything is written."""
-    from real.make_checkpoint import main
+    from experiments.make_checkpoint import main
 
     (tmp_path / "afile").write_text("")
     argv = [a.format(afile=tmp_path / "afile") for a in args]

@@ -1,0 +1,113 @@
+"""Write a seeded random checkpoint (Hugging Face config.json + safetensors) of a conf/model,
+optionally reduced in size, for the real executor's tests and benchmarks.
+
+Usage: python -m experiments.make_checkpoint model=mixtral-tiny out=ckpt/ [seed=0] [scale=1.0]
+           [hidden_size=256 n_layers=8 expert_ffn_size=1024 ...]
+           [rope_scaling='{type: yarn, factor: 4, original_max_position_embeddings: 1024}']
+Every ModelSpec field (hidden_size, n_layers, ...) is an override, its derived fields kept
+consistent (real.checkpoint.reduced_spec); rope_scaling goes into config.json as given (types
+default, linear, dynamic, yarn and llama3 run).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from core.args import as_float, output_dir
+from core.errors import MoepipeError
+from core.spec import ModelSpec
+from experiments.common.app import command
+from experiments.common.cli import run_command, until_interrupted
+from real.attention import Rope
+from real.checkpoint import reduced_spec, spec_to_hf_config, write_checkpoint
+
+
+@dataclass
+class Options:
+    model: str = MISSING  # conf/model/<model>.yaml
+    out: str = MISSING  # the checkpoint folder to write
+    seed: int = 0  # of the random weights
+    scale: float = 1.0  # the weights' standard deviation, times the default
+    shard_mb: float = 2048  # safetensors shard size
+    norm_topk_prob: bool = False  # config.json's norm_topk_prob (renormalise top-k gate weights)
+    rope_scaling: Any = None  # a mapping written into config.json, e.g. {type: linear, factor: 2}
+
+
+def _override_type(hint: Any) -> Any:
+    """A ModelSpec field's type as an optional override's: enums as their value (checked in
+    `check_enums`), tuples as lists."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return Optional[str]  # noqa: UP045  make_dataclass needs a typing object
+    if typing.get_origin(hint) is tuple:
+        return Optional[list[typing.get_args(hint)[0]]]  # noqa: UP045
+    return Optional[hint]  # noqa: UP045
+
+
+_SPEC_HINTS = typing.get_type_hints(ModelSpec)
+Schema = make_dataclass(
+    "MakeCheckpointOptions",
+    [(f.name, _override_type(_SPEC_HINTS[f.name]), field(default=None)) for f in fields(ModelSpec)],
+    bases=(Options,),
+)
+_SPEC_FIELDS = [f.name for f in fields(ModelSpec)]
+
+
+def check_enums(overrides: dict[str, Any]) -> None:
+    """An enum field's override is one of its values (the schema types it as a string)."""
+    for key, value in overrides.items():
+        hint = _SPEC_HINTS[key]
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            valid = [str(m.value) for m in hint]
+            if str(value) not in valid:
+                raise MoepipeError(f"{key}={value}: unknown; valid: {', '.join(valid)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C: one line and exit 130; a cut checkpoint has no config.json, so it is not read."""
+    return int(until_interrupted(lambda: _app(argv)))
+
+
+def _main(opts: Any) -> int:
+    scale = as_float("scale", opts.scale, positive=True)
+    shard_mb = as_float("shard_mb", opts.shard_mb, positive=True)
+    overrides = {k: getattr(opts, k) for k in _SPEC_FIELDS if getattr(opts, k) is not None}
+    check_enums(overrides)
+    spec = reduced_spec(opts.model, **overrides)
+    rope_scaling = opts.rope_scaling
+    if rope_scaling is not None:
+        if not isinstance(rope_scaling, dict):
+            raise MoepipeError(
+                f"rope_scaling={rope_scaling}: pass a mapping, e.g. '{{type: linear, factor: 2}}'"
+            )
+        cfg = spec_to_hf_config(spec) | {"rope_scaling": rope_scaling}
+        Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
+    out = output_dir(opts.out, "out")  # before the weights are made
+    try:
+        out = write_checkpoint(
+            spec,
+            out,
+            seed=opts.seed,
+            scale=scale,
+            shard_bytes=max(int(shard_mb * 2**20), 1),
+            norm_topk_prob=opts.norm_topk_prob,
+            rope_scaling=rope_scaling,
+        )
+    except OSError as e:
+        raise MoepipeError(f"out={out}: cannot write the checkpoint ({e.strerror or e})") from None
+    print(
+        f"wrote {out}: {spec.name} ({spec.family}), "
+        f"{spec.total_bytes / 2**20:.1f} MiB by the spec's count"
+    )
+    return 0
+
+
+_app = command("make_checkpoint", Schema, _main, __doc__)
+
+if __name__ == "__main__":
+    sys.exit(run_command(main))
