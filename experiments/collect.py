@@ -41,9 +41,6 @@ def _main(opts: Options) -> int:
     if loaded is None:
         return 2
     df, problems = loaded
-    if df.empty:
-        print(f"error: no finished runs under {opts.dir}", file=sys.stderr)
-        return 2
     try:
         pq, csv = write_results(df, Path(opts.out or opts.dir))
     except MoepipeError as err:

@@ -71,14 +71,19 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
                 return None, f"failed on bad input: {failed.read_text().strip()}"
             except (OSError, UnicodeDecodeError) as e:
                 return None, f"failed on bad input (failed.txt unreadable: {_why(e)})"
-        return None, "no summary.json (unfinished or interrupted)"
+        return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
+    rerun = "delete it and run the sweep again (finished points are reused)"
     try:
         summary = json.loads(summary_path.read_text())
-        assert isinstance(summary, dict)
-    except (json.JSONDecodeError, UnicodeDecodeError, AssertionError) as e:
-        return None, f"summary.json unreadable ({type(e).__name__})"
+    except json.JSONDecodeError as e:  # a run killed while it wrote the file
+        return None, f"summary.json unreadable (not JSON: {e.msg}, line {e.lineno}); {rerun}"
+    except UnicodeDecodeError:
+        return None, f"summary.json unreadable (not UTF-8 text); {rerun}"
     except OSError as e:  # a folder of that name, no permission
-        return None, f"summary.json unreadable ({_why(e)})"
+        return None, f"summary.json unreadable ({_why(e)}); check that file"
+    if not isinstance(summary, dict):
+        what = f"a JSON {type(summary).__name__}, not an object"
+        return None, f"summary.json unreadable ({what}); {rerun}"
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
@@ -234,16 +239,22 @@ def one_type(col: pd.Series) -> pd.Series:
 
 
 def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
-    """`collect` for the CLIs: reports skipped runs on stderr; None (after one line) if
-    `sweep_dir` is no folder or holds a summary.json with a metric that is not a number."""
+    """`collect` for the CLIs: one line on stderr per skipped run, naming its folder; None after
+    one `error: ` line if `sweep_dir` is no folder, holds no finished run (the line names the
+    first skipped one), or holds a summary.json with a metric that is not a number."""
     if not sweep_dir.is_dir():
-        print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
+        print(f"error: dir={sweep_dir}: not a folder; pass a sweep's folder", file=sys.stderr)
         return None
     try:
         df, problems = collect(sweep_dir)
     except MoepipeError as e:  # a summary.json that no run wrote
         print(f"error: {e}", file=sys.stderr)
         return None
+    if df.empty:
+        first = f": {sweep_dir / problems[0]}" if problems else "; run a sweep into it first"
+        more = f" (and {len(problems) - 1} more run dir(s) skipped)" if len(problems) > 1 else ""
+        print(f"error: no finished run under {sweep_dir}{first}{more}", file=sys.stderr)
+        return None
     for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+        print(f"skipped {sweep_dir / p}", file=sys.stderr)
     return df, problems

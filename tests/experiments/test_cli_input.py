@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import calibrate, collect, convert_traces, report, routing_stats
+from experiments import calibrate, collect, convert_traces, report, routing_stats, run
 from experiments.common import tables
+from tests.conftest import command_here
 from tests.experiments.test_bad_input import one_error
 
 
@@ -114,9 +115,45 @@ def test_collect_skips_a_run_whose_config_is_not_utf8(tmp_path, capsys):
     (sweep / "run1" / "config.yaml").write_bytes(b"planner: \xff\xfe\n")
     assert collect.main([f"dir={sweep}"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err == ["skipped run1: config.yaml unreadable (not UTF-8 text)"]
+    assert err == [f"skipped {sweep / 'run1'}: config.yaml unreadable (not UTF-8 text)"]
     df, problems = tables.collect(sweep)
     assert list(df["run_dir"]) == ["run0", "run2"] and len(problems) == 1
+
+
+@pytest.mark.parametrize("module", [collect, report], ids=["collect", "report"])
+def test_one_torn_summary_among_good_runs_is_one_skipped_line(
+    module, tmp_path, capsys, monkeypatch
+):
+    """A summary.json cut short (a run killed while writing it) among finished tiny runs: the
+    others are read, and one line names that run's folder, the file and the fix."""
+    sweep = tmp_path / "s"
+    for i, planner in enumerate(["flexgen", "sequential", "flexgen"]):
+        argv = ["model=tiny", "hardware=tiny", "workload=tiny", f"planner={planner}"]
+        argv.append(f"hydra.run.dir={sweep / f'run{i}'}")
+        r = command_here(run.main, argv, capsys, monkeypatch)
+        assert r.returncode == 0, r.stderr
+    path = sweep / "run1" / "summary.json"
+    path.write_text(path.read_text()[:40])
+    assert module.main([f"dir={sweep}", f"out={tmp_path / 'o'}"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"skipped {sweep / 'run1'}: summary.json unreadable (not JSON")
+    assert "delete it and run the sweep again" in err[0]
+
+
+@pytest.mark.parametrize("module", [collect, report], ids=["collect", "report"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_sweep_of_only_unreadable_summaries_is_one_error_line(module, n, tmp_path, capsys):
+    """No run readable: one `error: ` line naming the first bad file and the fix (it was a
+    `skipped` line per run and then an error line), exit 2, nothing written."""
+    sweep = _sweep(tmp_path / "s", n=n)
+    for i in range(n):
+        (sweep / f"run{i}" / "summary.json").write_bytes(b"\xff\xfe")
+    assert module.main([f"dir={sweep}", f"out={tmp_path / 'o'}"]) == 2
+    more = [f"and {n - 1} more"] if n > 1 else []
+    one_error(capsys, f"no finished run under {sweep}", str(sweep / "run0"), "summary.json",
+              "not UTF-8", "delete it", *more)  # fmt: skip
+    assert not (tmp_path / "o").exists()
 
 
 def test_collect_skips_a_run_whose_files_are_folders(tmp_path, capsys):
