@@ -68,6 +68,35 @@ ConfigStore.instance().store(
         "template": HELP,
     },
 )
+# experiments.run's groups a user picks (conf/ holds internal ones too: command, planner_params,
+# replication_row)
+RUN_GROUPS = ("model", "hardware", "workload", "planner", "executor", "experiment")
+
+
+def _run_groups() -> str:
+    """--help of experiments.run: each group a user picks, with its choices."""
+    return "\n".join(
+        f"{g}: {', '.join(sorted(p.stem for p in (CONF_DIR / g).glob('*.yaml')))}"
+        for g in RUN_GROUPS
+    )
+
+
+def _run_keys() -> str:
+    """--help of experiments.run: its own keys (not a group's), with their defaults."""
+    import yaml
+
+    from experiments.common.schema import RunSchema
+
+    cfg = OmegaConf.to_container(OmegaConf.structured(RunSchema))
+    assert isinstance(cfg, dict)
+    own = {k: v for k, v in cfg.items() if k not in RUN_GROUPS}
+    return yaml.safe_dump(own, default_flow_style=None, sort_keys=False).strip()
+
+
+OmegaConf.register_new_resolver("run_groups", _run_groups, replace=True)
+OmegaConf.register_new_resolver("run_keys", _run_keys, replace=True)
+# experiments.run's --help: the composed config is 100 lines (every group's keys), so it lists the
+# groups' choices and its own keys; --cfg job prints the rest
 ConfigStore.instance().store(
     group="hydra/help",
     name="run",
@@ -75,9 +104,11 @@ ConfigStore.instance().store(
         "app_name": "${hydra.job.name}",
         "header": "${command_help:}",
         "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
-        "template": HELP.replace(
-            "${hydra.help.footer}",
-            "== Config groups (group=NAME) ==\n$APP_CONFIG_GROUPS\n\n${hydra.help.footer}",
+        "template": (
+            "${hydra.help.header}\n\n"
+            "== Config groups (group=NAME; a group's keys as group.key=VALUE) ==\n"
+            "${run_groups:}\n\n== Its own keys, with their defaults ==\n${run_keys:}\n\n"
+            "${hydra.help.footer}\n"
         ),
     },
 )
