@@ -151,8 +151,8 @@ def test_a_sweep_of_only_unreadable_summaries_is_one_error_line(module, n, tmp_p
         (sweep / f"run{i}" / "summary.json").write_bytes(b"\xff\xfe")
     assert module.main([f"dir={sweep}", f"out={tmp_path / 'o'}"]) == 2
     more = [f"and {n - 1} more"] if n > 1 else []
-    one_error(capsys, f"no finished run under {sweep}", str(sweep / "run0"), "summary.json",
-              "not UTF-8", "delete it", *more)  # fmt: skip
+    names = [f"no finished run under {sweep}", str(sweep / "run0"), "summary.json", "not UTF-8"]
+    one_error(capsys, *names, "delete it", *more)
     assert not (tmp_path / "o").exists()
 
 

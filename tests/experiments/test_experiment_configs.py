@@ -65,8 +65,14 @@ def test_replication_experiment_runs_small(tmp_path):
     report over both: its table, notes, plots and page."""
     out = Path(tmp_path)
     for case, bs in (("esft_g8", 8), ("switch_128_g8", 16)):
-        r = _run("experiments.run", "-m", f"experiment=replication_{case}", f"hydra.sweep.dir={out}",
-                 f"workload.batch_size={bs}", *SMALL)  # fmt: skip
+        r = _run(
+            "experiments.run",
+            "-m",
+            f"experiment=replication_{case}",
+            f"hydra.sweep.dir={out}",
+            f"workload.batch_size={bs}",
+            *SMALL,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     r = _run("experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -99,9 +105,17 @@ def test_replication_experiment_runs_small(tmp_path):
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_cross_validation_runs_small(tmp_path):
     """Two folds in two stream orders swept into one folder; replication_cv counts four runs."""
-    r = _run("experiments.run", "-m", "experiment=replication_esft_g8", f"hydra.sweep.dir={tmp_path}",
-             "workload.batch_size=8", "replication.split=test,fold1", "workload.seed=0,1", FOUR,
-             *SMALL)  # fmt: skip
+    r = _run(
+        "experiments.run",
+        "-m",
+        "experiment=replication_esft_g8",
+        f"hydra.sweep.dir={tmp_path}",
+        "workload.batch_size=8",
+        "replication.split=test,fold1",
+        "workload.seed=0,1",
+        FOUR,
+        *SMALL,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     r = _run("experiments.replication_cv", f"dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -137,8 +137,11 @@ def test_a_case_sweeps_reports_and_resumes(tmp_path):
     assert split_load["variant"] == "oracle_replication[split_load]"
     rep = subprocess.run(
         [sys.executable, "-m", "experiments.replication", f"dir={out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert "esft-g8 bs=8: predictive balancedness" in rep.stdout
     assert "oracle_replication[split_load] (peeks at the routing)" in rep.stdout
