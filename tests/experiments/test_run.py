@@ -296,129 +296,12 @@ def test_unknown_hf_model_type_is_named(tmp_path):
     assert "model_type 'llama' is not supported" in r.stderr
 
 
-def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path, run_in):
-    r1 = run_in([*TINY, "planner=flexgen"], tmp_path)
-    summary = tmp_path / "run" / "summary.json"
-    first = summary.stat().st_mtime_ns
-    r2 = run_in([*TINY, "planner=flexgen"], tmp_path)
-    assert r1.returncode == r2.returncode == 0
-    assert "already finished" in r2.stderr + r2.stdout and summary.stat().st_mtime_ns == first
-    r3 = run_in([*TINY, "planner=flexgen", "workload.gen_len=4"], tmp_path)
-    assert r3.returncode == 0 and "another config" in r3.stderr + r3.stdout
-    assert json.loads(summary.read_text())["gen_len"] == 4
-
-
-def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
-    """A run of `+model.hf_config=DIR` (or a real run's checkpoint=DIR) is finished only for the
-    files it read: the same path holding another model's config.json runs again (it was reused,
-    the other model's result handed back as this one's)."""
-    from real.checkpoint import spec_to_hf_config
-    from tests.conftest import model_from_conf
-
-    ckpt = tmp_path / "ck"
-    ckpt.mkdir()
-    cfg = spec_to_hf_config(model_from_conf("tiny"))
-    (ckpt / "config.json").write_text(json.dumps(cfg))
-    args = ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"]
-    assert run_in(args, tmp_path).returncode == 0
-    r = run_in(args, tmp_path)
-    assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
-    (ckpt / "config.json").write_text(json.dumps(cfg | {"hidden_size": 128}))
-    r = run_in(args, tmp_path)
-    assert r.returncode == 0 and "another config" in r.stderr + r.stdout
-    assert "# model files" in (tmp_path / "run" / "config.yaml").read_text()
-
-
-@pytest.mark.parametrize("planner", ["klotski", "predictive_replication"])
-def test_runs_are_the_same_in_every_process(planner, tmp_path):
-    """A schedule must not depend on Python's per-process string hashing (set or dict order of
-    names), or re-runs that reuse finished runs would mix results of different schedules."""
-    traces = []
-    for seed in ("1", "2"):
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.run",
-                *TINY,
-                f"planner={planner}",
-                f"hydra.run.dir={tmp_path}/{seed}",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        traces.append(pd.read_parquet(tmp_path / seed / "trace.parquet"))
-    assert len(traces[0]) and traces[0].equals(traces[1])
-
-
 def test_unwritable_run_dir_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("")
     r = run([*TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"], tmp_path)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: hydra.run.dir=") and "is a file, not a folder" in lines[0]
-
-
-def test_a_garbled_summary_is_run_again(tmp_path, run_in):
-    """A summary.json that is not JSON (a disk that filled up, a hand edit) is not a finished run."""
-    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
-    (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
-    r = run_in([*TINY, "planner=flexgen"], tmp_path)
-    assert r.returncode == 0 and "not readable JSON; running again" in r.stdout + r.stderr
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
-
-
-def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in):
-    """A finished run dir records the code it ran with: under other code it runs again. A rerun
-    with bad input fails before it touches the dir: the finished run stays, with its own
-    config.yaml (it was deleted, a finished result lost to a typo), and is reused as before."""
-    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
-    out = tmp_path / "run"
-    (out / "code_version.txt").write_text("other code")
-    r = run_in([*TINY, "planner=flexgen"], tmp_path)
-    assert r.returncode == 0 and "a run of other code; running again" in r.stdout + r.stderr
-    kept = (out / "summary.json").read_text(), (out / "config.yaml").read_text()
-    r = run_in([*TINY, "planner=flexgen", "workload.batch_size=0"], tmp_path)
-    assert r.returncode == 2
-    assert ((out / "summary.json").read_text(), (out / "config.yaml").read_text()) == kept
-    r = run_in([*TINY, "planner=flexgen"], tmp_path)
-    assert r.returncode == 0 and "already finished" in r.stdout + r.stderr
-
-
-def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
-    """A run whose routing is the ESFT trace is finished only for the trace file it read: a
-    trace rebuilt at the same trace_dir runs again (it was reused, the old trace's result
-    handed back); synthetic routing records no trace."""
-    import shutil
-
-    from core.traces import TRACE_FILE, TRACE_NAME, trace_path
-
-    src = trace_path(ROOT / "../shared/traces")
-    if not src.is_file():
-        pytest.skip("no ESFT trace at ../shared/traces")
-    copy = tmp_path / "traces" / TRACE_NAME / TRACE_FILE
-    copy.parent.mkdir(parents=True)
-    shutil.copy(src, copy)
-    args = [
-        "model=deepseek-v2-lite",
-        "hardware=h200",
-        "workload=tiny",
-        "planner=flexgen",
-        f"workload.routing.trace_dir={tmp_path / 'traces'}",
-    ]
-    assert run(args, tmp_path).returncode == 0
-    assert "# routing trace" in (tmp_path / "run" / "config.yaml").read_text()
-    r = run(args, tmp_path)
-    assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
-    os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns + 10**9))  # rebuilt
-    r = run(args, tmp_path)
-    assert r.returncode == 0 and "another config" in r.stderr + r.stdout
-    assert run([*TINY, "planner=flexgen"], tmp_path / "syn").returncode == 0
-    assert "# routing trace" not in (tmp_path / "syn" / "run" / "config.yaml").read_text()
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys):
