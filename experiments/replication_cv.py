@@ -1,20 +1,13 @@
 """5-fold cross-validation of the replication targets (issue 5) on held-out ESFT sequences.
 
-The replication report judges its targets on one held-out split (`replication.split=test`, the
-sequences with seq_id % 5 == 0). How much that split moves a figure shows when the same cases
-run on every fold: fold K runs the sequences with seq_id % 5 == K and trains the tables eplb /
-predictive / oracle start from on the other four; `workload.seed` orders a fold's sequences in
-the stream (so each order puts other sequences in each batch). Sweep the target cases over the
-folds (and orders) into one folder, then this prints per fold, order and case the balancedness
-and makespan of eplb and predictive at the fold's fresh batch, the share of the ep_static ->
-oracle gap predictive closes, and how many runs meet each target:
-    for c in esft_g8 esft_g4 esft_g8_b32 esft_g4_b32; do python -m experiments.run -m \
-        experiment=replication_$c replication.split=test,fold1,fold2,fold3,fold4 \
-        workload.seed=0,1,2,3,4,5 replication_row=ep_static,eplb,predictive_replication,oracle_replication \
-        hydra.sweep.dir=runs/replication-cv; done
-    python -m experiments.replication_cv dir=runs/replication-cv
+Fold K runs the sequences with seq_id % 5 == K and trains the tables eplb / predictive / oracle
+start from on the other four; `workload.seed` orders a fold's sequences in the stream. Over a
+folder of the target cases swept over folds and orders (the loop: docs/commands.md#replication_cv)
+it prints per fold, order and case eplb's and predictive's balancedness and makespan at the
+fold's fresh batch, the share of the ep_static -> oracle gap predictive closes, and how many runs
+meet each target.
 
-(esft_g8 and esft_g4 need only their fresh batch: add workload.batch_size=8.)
+Usage: python -m experiments.replication_cv dir=runs/replication-cv
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Lanes on one GPU: how far G concurrent expert kernels overlap, measured on CUDA streams, against
-what the shared-lanes model predicts (planner param lane_sharing=shared: `CostModel.cap` and the
-simulator's processor sharing), for one model's expert over several token counts. It prints
-its table and writes no files.
-
-For each row count r: `alone` = one expert MLP over r tokens on one stream; `together` = G such
-kernels (G different experts) on G streams at once, per round. overlap = G x alone / together:
-1 = the streams serialise, G = they run fully side by side. Measured as GPU time (CUDA events
-around `repeats` rounds, captured in a CUDA graph so that launches do not bound it; eager if
-capture fails, and the line says so). The model's figures simulate the same ops in one pool with
-no per-op overhead; for G identical ops its overlap is min(G, 1 / cap). Where the two disagree,
-the hardware profile's `sms` / `sm_mem_bw_gbps` (or the tile model) is what to fix.
+what the shared-lanes model predicts (`CostModel.cap` and the simulator's processor sharing), for
+one model's expert over several token counts. Prints its table (overlap = G x alone / together:
+1 = the streams serialise, G = fully side by side; docs/commands.md#bench_lanes); writes no files.
 
 Usage:
     python -m experiments.bench.lanes [model=switch-base-128] [hardware=h200] [lanes=8]

@@ -6,12 +6,8 @@ the runs it times write into a temporary folder, removed after.
 Usage:
     python -m experiments.bench.sim [repeat=3] [planner=flexgen]
     python -m experiments.bench.sim scaling=true   # CPU time and peak memory over four sizes
-
-Prints, per repeat: the whole CLI run's wall time (a subprocess, as a user runs it), its phases
-measured here (start-up and imports, config, routing, plan, validate, simulate, summarize,
-write), the run's ops/s over the whole CLI time and its ratio to bare simpy's events/s (targets:
-<= 1.5 s, ratio >= 0.08). `scaling=true` prints, per size up to Mixtral-8x22B at n=61, the ops,
-the seconds and the peak memory of a fresh process that plans, simulates and summarises it.
+Per repeat: the CLI run's wall time, its phases and its ops/s as a ratio to bare simpy's
+events/s (docs/commands.md#bench_sim).
 """
 
 from __future__ import annotations
