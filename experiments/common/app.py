@@ -143,11 +143,12 @@ def command(
 
 
 def list_options(schema: type) -> set[str]:
-    """The names of `schema`'s list options."""
+    """The names of `schema`'s list options (an optional list too)."""
     import typing
 
-    hints = typing.get_type_hints(schema)
-    return {f.name for f in fields(schema) if typing.get_origin(hints[f.name]) is list}
+    return {
+        f.name for f in fields(schema) if typing.get_origin(_field_type(schema, f.name)) is list
+    }
 
 
 def as_list(arg: str, lists: set[str]) -> str:
@@ -516,6 +517,8 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+    if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
+        return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
     if wrong:
         return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"

@@ -201,6 +201,17 @@ def test_cli_writes_reduced_checkpoint(tmp_path, capsys):
     )
 
 
+def test_cli_takes_a_list_as_key_a_b(tmp_path, capsys):
+    """moe_layers=1 and moe_layers=0,2 are [1] and [0, 2], as every command takes a list (a
+    Qwen2-MoE config.json can say which layers are dense; a Mixtral one cannot)."""
+    small = "hidden_size=64 n_layers=3 expert_ffn_size=32 n_experts=4 top_k=2 vocab_size=100"
+    args = ["model=qwen1.5-moe-a2.7b", *small.split(), "dense_ffn_size=64"]
+    assert make_checkpoint.main([*args, f"out={tmp_path / 'a'}", "moe_layers=1"]) == 0
+    assert make_checkpoint.main([*args, f"out={tmp_path / 'b'}", "moe_layers=0,2"]) == 0
+    assert load_checkpoint(tmp_path / "a")[0].moe_layers == (1,)
+    assert load_checkpoint(tmp_path / "b")[0].moe_layers == (0, 2)
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert make_checkpoint.main(["model=nope", f"out={tmp_path}"]) == 2
     assert make_checkpoint.main(["model=tiny", f"out={tmp_path}", "bogus_field=1"]) == 2

@@ -110,6 +110,7 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
         (["n_heads=3"], ["n_heads=3", "n_kv_heads=2"]),
         (["hiden_size=64"], ["hiden_size: unknown key", "did you mean 'hidden_size'"]),
         (["activation=gelu"], ["activation=gelu", "swiglu"]),
+        (["moe_layers=0,x"], ["moe_layers[1]=x", "not a whole number"]),
     ],
 )
 def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
