@@ -274,7 +274,9 @@ def _setup(opts: dict[str, Any]) -> Setup:
         raise MoepipeError(f"links={links!r} unknown; valid: calibrated, probe")
     ckpt = opts["checkpoint"]
     if not ckpt:
-        raise MoepipeError("missing checkpoint=DIR (make one with python -m experiments.make_checkpoint)")
+        raise MoepipeError(
+            "missing checkpoint=DIR (make one with python -m experiments.make_checkpoint)"
+        )
     names = [p for p in str(opts["planners"]).split(",") if p] or planner_names()
     unknown = [p for p in names if p not in planner_names()]
     if unknown:

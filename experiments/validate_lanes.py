@@ -83,7 +83,9 @@ def device_hardware(name: str, model_bytes: int, device: torch.device) -> Hardwa
 
 def report(opts: dict[str, Any]) -> list[str]:
     if not opts["checkpoint"]:
-        raise MoepipeError("checkpoint=DIR is required (python -m experiments.make_checkpoint makes one)")
+        raise MoepipeError(
+            "checkpoint=DIR is required (python -m experiments.make_checkpoint makes one)"
+        )
     planners = [p for p in str(opts["planners"]).split(",") if p]
     for p in planners:
         if p not in EP_PLANNERS:

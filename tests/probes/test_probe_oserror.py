@@ -94,7 +94,8 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
     )
     ck = tmp_path / "ck"
     one_line(
-        cli("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full), str(ck)
+        cli("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),
+        str(ck),
     )
     assert not (ck / "config.json").exists()
     raises_one_line(lambda: load_checkpoint(ck), "config.json", "no such file")
