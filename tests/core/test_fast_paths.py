@@ -491,3 +491,25 @@ def test_chrome_writer_writes_to_chromes_text(runs, tmp_path):
     real["source"] = pd.Categorical(["real"] * len(real))
     write_chrome(tmp_path / "t.json", [trace, real])
     assert (tmp_path / "t.json").read_text() == json.dumps(to_chrome([trace, real]))
+
+
+def test_builder_add_takes_ops_fields_in_order_with_their_defaults():
+    """ScheduleBuilder.add builds an Op positionally: its keywords must be Op's fields (but id,
+    kind, stream, deps), in Op's order, with Op's defaults, or ops would get shifted fields."""
+    import inspect
+
+    from core.schedule import ScheduleBuilder
+
+    params = inspect.signature(ScheduleBuilder.add).parameters
+    kw = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [p.name for p in kw] == list(Op._fields[3:-1])
+    assert {p.name: p.default for p in kw} == {
+        k: v for k, v in Op._field_defaults.items() if k != "deps"
+    }
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    b.stream("s", Resource.GPU)
+    i = b.add(OpKind.FFN, "s", (None,), layer=3, tokens=7, free_tier=Tier.GPU, free_bytes=5)
+    j = b.add(OpKind.FFN, "s", (i, None))
+    assert b.ops[i] == Op(0, OpKind.FFN, "s", layer=3, tokens=7, free_tier=Tier.GPU, free_bytes=5)
+    assert b.ops[j] == Op(1, OpKind.FFN, "s", deps=(0,))
+    assert type(b.ops[j]) is Op and b.ops[j].deps == (0,)
