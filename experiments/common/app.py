@@ -273,7 +273,7 @@ def validate_each_value_once() -> Iterator[None]:
 
     every_point = BasicSweeper.validate_batch_is_legal
 
-    def each_value(self: BasicSweeper, batch: Sequence[Sequence[str]]) -> None:
+    def each_value(self: Any, batch: Sequence[Sequence[str]]) -> None:
         seen: set[str] = set()
         firsts = []
         for point in batch:
