@@ -62,13 +62,15 @@ def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     for g in gpus:
         mine = np.flatnonzero(op_gpu == g)
         kstart = chain.start[mine] + chain.launch[mine]
-        reach = 0.0  # the end of the kernels so far
-        for i in np.argsort(kstart, kind="stable"):
-            if kstart[i] > reach + _EPS:
-                chain.walk(int(mine[i]), reach, float(kstart[i]), waiting=True)
-            reach = max(reach, float(chain.end[mine[i]]))
-        if makespan > reach + _EPS:
-            chain.walk(last, reach, makespan, waiting=False)
+        order = np.argsort(kstart, kind="stable")
+        mine, kstart = mine[order], kstart[order]
+        # before each kernel (in start order) the end of the kernels so far, from 0; an end
+        # that is NaN counts as none (fmax)
+        reach = np.fmax.accumulate(np.r_[0.0, chain.end[mine]])
+        for i in np.flatnonzero(kstart > reach[:-1] + _EPS).tolist():  # the idle gaps
+            chain.walk(int(mine[i]), float(reach[i]), float(kstart[i]), waiting=True)
+        if makespan > reach[-1] + _EPS:
+            chain.walk(last, float(reach[-1]), makespan, waiting=False)
     causes = sorted(chain.out.items(), key=lambda kv: -kv[1])
     return {k: float(v) / len(gpus) for k, v in causes if v > 0}
 
@@ -108,12 +110,13 @@ class _Chain:
             rest, st = divmod(c, len(stream_res))
             k, t = divmod(rest, len(tensors))
             names.append(_label_of(kinds[k], tensors[t], stream_res[st]))
-        self.label = [names[i] for i in inverse.ravel().tolist()]
-        self.resource = [stream_res[i] for i in sid.tolist()]
-        self.tier = [
-            tiers[t] if t >= 0 and b > 0 else ""
-            for t, b in zip(cols["alloc_tier"].tolist(), cols["alloc_bytes"].tolist(), strict=True)
-        ]
+        # per op an index into these names: the walk reads a few thousand ops' names, so they
+        # are looked up as it goes, not made for every op
+        self.labels, self.label_of = names, inverse.ravel().tolist()
+        self.resources, self.resource_of = stream_res, sid.tolist()
+        self.tiers = [*tiers, ""]  # -1: allocates nothing
+        takes = (cols["alloc_tier"] >= 0) & (cols["alloc_bytes"] > 0)
+        self.tier_of = np.where(takes, cols["alloc_tier"], -1).tolist()
         # of its predecessors that ran (deps, the op before on the same stream, the op that held
         # the same resource before it: a stream's transfer queued behind another stream's), the
         # first that ended last: the one the walk steps back to (-1: none)
@@ -174,7 +177,7 @@ class _Chain:
             kernel = self.start[x] + self.launch[x]
             if not waiting:  # x ran until t: its kernel's time is its own
                 s = max(kernel, a)
-                self.out[self.label[x]] += max(t - s, 0.0)
+                self.out[self.labels[self.label_of[x]]] += max(t - s, 0.0)
                 t = min(t, s)
             s = max(self.start[x], a)  # before its kernel, its launch
             self.out["launch"] += max(t - s, 0.0)
@@ -183,7 +186,7 @@ class _Chain:
                 return
             p = self.best_pred[x]
             if p < 0:
-                self.out["late@" + self.resource[x]] += t - a
+                self.out["late@" + self.resources[self.resource_of[x]]] += t - a
                 return
             ready = max(float(self.end[p]), a)
             if ready < t:
@@ -195,13 +198,14 @@ class _Chain:
         """Op x, ready at `ready`, started at `t`: memory until its allocation was granted, then
         the executor's delay (`late`)."""
         mem = 0.0
-        if self.tier[x]:
+        tier = self.tiers[self.tier_of[x]]
+        if tier:
             granted = self.alloc[x] if not np.isnan(self.alloc[x]) else self.start[x]
             mem = min(max(float(granted), ready), t) - ready
             if mem > 0:
-                self.out["memory@" + self.tier[x]] += mem
+                self.out["memory@" + tier] += mem
         if t - ready - mem > 0:
-            self.out["late@" + self.resource[x]] += t - ready - mem
+            self.out["late@" + self.resources[self.resource_of[x]]] += t - ready - mem
 
 
 def top_cause(causes: Mapping[str, float]) -> str:

@@ -67,6 +67,9 @@ class Op(NamedTuple):
         return " ".join(parts) + f" on {self.stream}"
 
 
+_new_op = tuple.__new__  # an Op from its fields in order, without binding keywords
+
+
 @dataclass(frozen=True)
 class StreamSpec:
     name: str
@@ -201,12 +204,66 @@ class ScheduleBuilder:
         """Hold memory for the whole run (resident weights, a KV cache kept on that tier)."""
         self.resident_bytes[tier] += int(nbytes)
 
-    def add(self, kind: OpKind, stream: str, deps: Iterable[int | None] = (), **fields: Any) -> int:
-        op = Op(len(self.ops), kind, stream, deps=tuple(filter(_is_op, deps)), **fields)
-        self.ops.append(op)
+    def add(
+        self,
+        kind: OpKind,
+        stream: str,
+        deps: Iterable[int | None] = (),
+        *,
+        step: Any = 0,
+        layer: Any = _ANY,
+        batch: Any = _ANY,
+        expert: Any = _ANY,
+        micro: Any = _ANY,
+        tensor: Any = Tensor.NONE,
+        nbytes: Any = 0,
+        tokens: Any = 0,
+        flops: Any = 0.0,
+        touch_bytes: Any = 0,
+        width: Any = 0,
+        src: Any = None,
+        dst: Any = None,
+        alloc_tier: Any = None,
+        alloc_bytes: Any = 0,
+        free_tier: Any = None,
+        free_bytes: Any = 0,
+    ) -> int:
+        """Append an op (fields and defaults: `Op`'s, in its order: a test checks they agree;
+        typed Any as planners pass memory effects as `dict[str, object]`).
+        Built positionally, not through `Op(**fields)`: planners call this per op, and binding
+        a dozen keywords twice was a sixth of planning's time."""
+        ops = self.ops
+        i = len(ops)
+        op = _new_op(
+            Op,
+            (
+                i,
+                kind,
+                stream,
+                step,
+                layer,
+                batch,
+                expert,
+                micro,
+                tensor,
+                nbytes,
+                tokens,
+                flops,
+                touch_bytes,
+                width,
+                src,
+                dst,
+                alloc_tier,
+                alloc_bytes,
+                free_tier,
+                free_bytes,
+                tuple(filter(_is_op, deps)),
+            ),
+        )
+        ops.append(op)
         if self._sink is not None:
             self._sink(op)
-        return op.id
+        return i
 
     def build(self) -> Schedule:
         return Schedule(

@@ -19,7 +19,7 @@ from core.bubbles import idle_causes
 from core.errors import TraceError
 from core.schedule import Schedule
 from core.spec import Workload
-from core.types import Tier
+from core.types import OpKind, Tensor, Tier
 
 TRACE_COLUMNS = [
     "source",  # sim | real
@@ -64,22 +64,24 @@ def make_trace(
     ops = schedule.ops
     assert len(start_s) == len(end_s) == len(ops)
     assert all(a is None or len(a) == len(ops) for a in (sm_s, launch_s, alloc_s))
-    nan = np.full(len(ops), np.nan)
-    res = {name: s.resource_id for name, s in schedule.streams.items()}
+    n = len(ops)
+    nan = np.full(n, np.nan)
+    sc = schedule.columns()
+    streams = list(schedule.streams)
     cols: dict[str, Any] = {
-        "source": pd.Categorical([source] * len(ops)),
-        "op_id": np.arange(len(ops), dtype=np.int64),
-        "kind": pd.Categorical([str(o.kind) for o in ops]),
-        "stream": pd.Categorical([o.stream for o in ops]),
-        "resource": pd.Categorical([res[o.stream] for o in ops]),
-        "step": np.fromiter((o.step for o in ops), np.int32, len(ops)),
-        "layer": np.fromiter((o.layer for o in ops), np.int32, len(ops)),
-        "batch": np.fromiter((o.batch for o in ops), np.int32, len(ops)),
-        "micro": np.fromiter((o.micro for o in ops), np.int32, len(ops)),
-        "expert": np.fromiter((o.expert for o in ops), np.int32, len(ops)),
-        "tensor": pd.Categorical([str(o.tensor) for o in ops]),
-        "bytes": np.fromiter((o.nbytes for o in ops), np.int64, len(ops)),
-        "tokens": np.fromiter((o.tokens for o in ops), np.int64, len(ops)),
+        "source": _categorical(np.zeros(n, np.int64), [source]),
+        "op_id": np.arange(n, dtype=np.int64),
+        "kind": _categorical(sc["kind"], [str(k) for k in OpKind]),
+        "stream": _categorical(sc["stream"], streams),
+        "resource": _categorical(sc["stream"], [schedule.streams[s].resource_id for s in streams]),
+        "step": sc["step"].astype(np.int32),
+        "layer": sc["layer"].astype(np.int32),
+        "batch": sc["batch"].astype(np.int32),
+        "micro": sc["micro"].astype(np.int32),
+        "expert": sc["expert"].astype(np.int32),
+        "tensor": _categorical(sc["tensor"], [str(t) for t in Tensor]),
+        "bytes": sc["nbytes"].astype(np.int64),
+        "tokens": sc["tokens"].astype(np.int64),
         "start_s": np.asarray(start_s, dtype=np.float64),
         "end_s": np.asarray(end_s, dtype=np.float64),
         "sm_s": nan if sm_s is None else np.asarray(sm_s, np.float64),
@@ -87,6 +89,16 @@ def make_trace(
         "alloc_s": nan.copy() if alloc_s is None else np.asarray(alloc_s, np.float64),
     }
     return pd.DataFrame(cols, columns=TRACE_COLUMNS)
+
+
+def _categorical(codes: np.ndarray, names: list[str]) -> pd.Categorical:
+    """`pd.Categorical([names[c] for c in codes])` from the codes: categories are the names that
+    occur, sorted (several codes may share a name: streams of one resource)."""
+    present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
+    cats = sorted({names[i] for i in present.tolist()})
+    at = {name: i for i, name in enumerate(cats)}
+    remap = np.array([at.get(name, -1) for name in names], dtype=np.int64)
+    return pd.Categorical.from_codes(remap[codes], categories=pd.Index(cats))
 
 
 def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:

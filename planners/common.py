@@ -336,9 +336,11 @@ class Emitter:
 
         Depends on the gate(s) that routed those tokens: planners are causal.
         """
-        m = self.model
+        m = self.ctx.model
         gates = self.gate_ops[(step, layer)]
         deps = (*deps, *(gates if batch == -1 else gates[batch : batch + 1]))
+        # the planners' most frequent op: the memory effect looked up only at a last use
+        free = self.free_kwargs(Tensor.EXPERT, layer, True) if last_use else {}
         return self.out.add(
             OpKind.EXPERT,
             self.compute,
@@ -351,7 +353,7 @@ class Emitter:
             tokens=tokens,
             flops=m.expert_flops(tokens),
             touch_bytes=m.expert_bytes,
-            **self.free_kwargs(Tensor.EXPERT, layer, last_use),
+            **free,
         )
 
     def ffn(

@@ -27,7 +27,15 @@ from core.schedule import (
     validate,
 )
 from core.spec import Workload
-from core.trace import _heads_tails, peak_bytes, to_chrome, work_s, write_chrome
+from core.trace import (
+    TRACE_COLUMNS,
+    _heads_tails,
+    make_trace,
+    peak_bytes,
+    to_chrome,
+    work_s,
+    write_chrome,
+)
 from core.types import OpKind, Resource, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names
@@ -491,3 +499,68 @@ def test_chrome_writer_writes_to_chromes_text(runs, tmp_path):
     real["source"] = pd.Categorical(["real"] * len(real))
     write_chrome(tmp_path / "t.json", [trace, real])
     assert (tmp_path / "t.json").read_text() == json.dumps(to_chrome([trace, real]))
+
+
+def test_builder_add_takes_ops_fields_in_order_with_their_defaults():
+    """ScheduleBuilder.add builds an Op positionally: its keywords must be Op's fields (but id,
+    kind, stream, deps), in Op's order, with Op's defaults, or ops would get shifted fields."""
+    import inspect
+
+    from core.schedule import ScheduleBuilder
+
+    params = inspect.signature(ScheduleBuilder.add).parameters
+    kw = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [p.name for p in kw] == list(Op._fields[3:-1])
+    assert {p.name: p.default for p in kw} == {
+        k: v for k, v in Op._field_defaults.items() if k != "deps"
+    }
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    b.stream("s", Resource.GPU)
+    i = b.add(OpKind.FFN, "s", (None,), layer=3, tokens=7, free_tier=Tier.GPU, free_bytes=5)
+    j = b.add(OpKind.FFN, "s", (i, None))
+    assert b.ops[i] == Op(0, OpKind.FFN, "s", layer=3, tokens=7, free_tier=Tier.GPU, free_bytes=5)
+    assert b.ops[j] == Op(1, OpKind.FFN, "s", deps=(0,))
+    assert type(b.ops[j]) is Op and b.ops[j].deps == (0,)
+
+
+def ref_make_trace(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray) -> pd.DataFrame:
+    """core.trace.make_trace's columns from the ops, one Python object per op."""
+    ops = schedule.ops
+    res = {name: s.resource_id for name, s in schedule.streams.items()}
+    nan = np.full(len(ops), np.nan)
+    cols = {
+        "source": pd.Categorical(["sim"] * len(ops)),
+        "op_id": np.arange(len(ops), dtype=np.int64),
+        "kind": pd.Categorical([str(o.kind) for o in ops]),
+        "stream": pd.Categorical([o.stream for o in ops]),
+        "resource": pd.Categorical([res[o.stream] for o in ops]),
+        "step": np.fromiter((o.step for o in ops), np.int32, len(ops)),
+        "layer": np.fromiter((o.layer for o in ops), np.int32, len(ops)),
+        "batch": np.fromiter((o.batch for o in ops), np.int32, len(ops)),
+        "micro": np.fromiter((o.micro for o in ops), np.int32, len(ops)),
+        "expert": np.fromiter((o.expert for o in ops), np.int32, len(ops)),
+        "tensor": pd.Categorical([str(o.tensor) for o in ops]),
+        "bytes": np.fromiter((o.nbytes for o in ops), np.int64, len(ops)),
+        "tokens": np.fromiter((o.tokens for o in ops), np.int64, len(ops)),
+        "start_s": np.asarray(start_s, dtype=np.float64),
+        "end_s": np.asarray(end_s, dtype=np.float64),
+        "sm_s": nan,
+        "launch_s": nan.copy(),
+        "alloc_s": nan.copy(),
+    }
+    return pd.DataFrame(cols, columns=TRACE_COLUMNS)
+
+
+def test_make_trace_gives_the_per_op_frame(runs, tmp_path):
+    """make_trace (from the schedule's columns) equals the per-op reference, dtypes and
+    categories included, and writes the same parquet bytes."""
+    for i, (schedule, trace) in enumerate(runs):
+        start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+        new, ref = make_trace(fresh(schedule), start, end, "sim"), ref_make_trace(schedule, start, end)
+        pd.testing.assert_frame_equal(new, ref, check_exact=True, check_categorical=True)
+        for c in ("source", "kind", "stream", "resource", "tensor"):
+            assert list(new[c].cat.categories) == list(ref[c].cat.categories), c
+            assert new[c].cat.codes.dtype == ref[c].cat.codes.dtype, c
+        new.to_parquet(tmp_path / f"new{i}.parquet", index=False)
+        ref.to_parquet(tmp_path / f"ref{i}.parquet", index=False)
+        assert (tmp_path / f"new{i}.parquet").read_bytes() == (tmp_path / f"ref{i}.parquet").read_bytes()
