@@ -98,6 +98,16 @@ def run_spec(cfg: DictConfig) -> RunSpec:
             raise ConfigError(
                 f"executor.{key}: a key of the real executor; choose executor=real, which has it"
             )
+    if executor == "sim" and cfg.executor.get("distributed"):
+        raise ConfigError(
+            "executor.distributed=true: the real executor's processes; choose executor=real "
+            "(the simulator runs every device in one process)"
+        )
+    if executor == "sim" and cfg.get("checkpoint"):
+        raise ConfigError(
+            f"checkpoint={cfg.checkpoint}: read by executor=real only; add executor=real, or "
+            "+model.hf_config=DIR to simulate that checkpoint's shapes"
+        )
     planner = to_dict(cfg.planner, "planner")
     if "name" not in planner:
         raise ConfigError("planner: its config has no name (the registered planner to run)")

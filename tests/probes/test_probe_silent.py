@@ -171,3 +171,35 @@ def test_calibrate_profile_name_stays_in_conf_hardware(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: hardware.name="), err
     assert sorted((ROOT / "conf").rglob("*")) == before
+
+
+def test_calibrate_keeps_a_profile_it_did_not_write(tmp_path: Path) -> None:
+    """`hardware.name=tiny` named a shipped, hand-written profile: calibrate replaced it with
+    this machine's numbers, and every test built on its round numbers changed. Refused before
+    any measuring; a profile calibrate wrote (its first line says so) is re-measured."""
+    before = (ROOT / "conf/hardware/tiny.yaml").read_bytes()
+    r = cli("experiments.calibrate", "hardware.name=tiny", f"disk_dir={tmp_path}")
+    one_line(r, "tiny.yaml", "out=")
+    assert (ROOT / "conf/hardware/tiny.yaml").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.prefetch_eval", ["test=[]"], ["test=[]"]),
+        ("experiments.prefetch_eval", ["train=[]"], ["train=[]"]),
+        ("experiments.reproduce_klotski", ["only=[]"], ["only=[]"]),
+        ("experiments.run", [*TINY, "checkpoint=/nonexistent"], ["checkpoint", "executor=real"]),
+        ("experiments.run", [*TINY, "executor.distributed=true"], ["executor.distributed"]),
+    ],
+    ids=["empty test tasks", "empty train tasks", "no tables", "checkpoint in sim", "dist in sim"],
+)
+def test_an_option_the_run_would_ignore_or_widen_is_refused(
+    tmp_path: Path, module: str, args: list[str], names: list[str]
+) -> None:
+    """An empty task list selected every task, the other side's too (prefetch_eval then tested
+    on its training tasks); `only=[]` ended in an internal error; a checkpoint or
+    `executor.distributed` given to the simulator was ignored without a word."""
+    out = [f"out={tmp_path / 'o'}"] if "klotski" in module else []
+    run = [f"hydra.run.dir={tmp_path / 'run'}"] if module == "experiments.run" else []
+    one_line(cli(module, *args, *out, *run), *names)
