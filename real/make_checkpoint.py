@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         opts, overrides = parse_args(argv)
-        seed = as_int("seed", opts.get("seed", 0))
+        seed = as_int("seed", opts.get("seed", 0), at_least=0)
         scale = as_float("scale", opts.get("scale", 1.0), positive=True)
         shard_mb = as_float("shard_mb", opts.get("shard_mb", 2048), positive=True)
         norm_topk_prob = as_bool("norm_topk_prob", opts.get("norm_topk_prob", False))

@@ -233,9 +233,14 @@ def one_type(col: pd.Series) -> pd.Series:
     return col.map(lambda v: None if missing(v) else v if isinstance(v, str) else json.dumps(v))
 
 
-def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
+def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
     """`collect` for the CLIs: reports skipped runs on stderr; None (after one line) if
-    `sweep_dir` is no folder or holds a summary.json with a metric that is not a number."""
+    `given` is empty (Path("") is the current folder) or no folder, or holds a summary.json
+    with a metric that is not a number."""
+    if not str(given).strip():
+        print(f"error: dir={str(given)!r}: an empty path; pass dir=<the sweep folder>", file=sys.stderr)
+        return None
+    sweep_dir = Path(given)
     if not sweep_dir.is_dir():
         print(f"error: {sweep_dir} is not a directory", file=sys.stderr)
         return None
