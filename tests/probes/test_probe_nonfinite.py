@@ -37,6 +37,8 @@ OVERRIDES = [
     ("model.rope_theta=inf", "rope_theta"),
     ("model.family=gpt", "family"),
     ("model.dtype_bytes=3", "dtype_bytes"),
+    ("executor.rendezvous_timeout_s=nan", "rendezvous_timeout_s"),
+    ("executor.rendezvous_timeout_s=-1", "rendezvous_timeout_s"),  # read by distributed runs alone
 ]
 
 
