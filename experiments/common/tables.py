@@ -87,6 +87,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
                 return None, f"{cfg_path.relative_to(run)} unreadable"
             except (OSError, UnicodeDecodeError) as e:
                 return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
+            if not isinstance(config, dict):  # a run writes a mapping of its keys
+                return None, f"{cfg_path.relative_to(run)} is not a mapping of config keys"
             break
     else:
         return None, "no config.yaml"
@@ -126,8 +128,9 @@ METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # 
 
 def check_metrics(summary: dict[str, Any], path: Path) -> None:
     """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
-    a finite number (a string, NaN, infinity, a list): such a file was not written by a run, and
-    would go into a table or a figure as if it were a result."""
+    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count): such
+    a file was not written by a run, and would go into a table or a figure as if it were a
+    result."""
 
     def number(v: Any) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
@@ -142,9 +145,9 @@ def check_metrics(summary: dict[str, Any], path: Path) -> None:
             )
         items += [(f"{group}.{k}", v) for k, v in values.items()]
     for key, value in items:
-        if not number(value):
+        if not number(value) or value < 0:
             raise MoepipeError(
-                f"{path}: {key} is {value!r}, not a finite number; the file is not a run's: "
+                f"{path}: {key} is {value!r}, not a finite number >= 0; the file is not a run's: "
                 "delete it and run that point again"
             )
 

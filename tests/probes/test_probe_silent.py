@@ -120,7 +120,8 @@ BAD_METRICS = [
     ("throughput_tok_s", "fast"), ("throughput_tok_s", math.nan), ("makespan_s", math.inf),
     ("efficiency", None), ("gpu_bubble_s", [1.0]), ("ops", True),
     ("busy_s", "everything"), ("busy_s.gpu", "1.5"), ("peak_bytes.gpu", -math.inf),
-    ("gpu_idle_causes_s.load expert@h2d", math.nan),
+    ("gpu_idle_causes_s.load expert@h2d", math.nan), ("throughput_tok_s", -5.0),
+    ("busy_s.h2d", -1e-3), ("makespan_s", -1),
 ]  # fmt: skip
 
 
@@ -141,6 +142,16 @@ def test_summary_with_a_bad_metric_is_refused(
     path.write_text(json.dumps(s))  # NaN and Infinity as Python's json writes them
     line = raises_one_line(lambda: collect(mine), str(path), key.partition(".")[0])
     assert "not" in line
+
+
+def test_a_config_yaml_that_is_not_a_mapping_is_skipped(sweep: Path, tmp_path: Path) -> None:
+    """A run dir whose config.yaml is a list was a run with no config columns."""
+    mine = tmp_path / "sweep"
+    shutil.copytree(sweep, mine)
+    shutil.copytree(mine / "good", mine / "bad")
+    (mine / "bad" / "config.yaml").write_text("- a\n- b\n")
+    df, problems = collect(mine)
+    assert len(df) == 1 and any("not a mapping" in p for p in problems), problems
 
 
 def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
