@@ -75,6 +75,14 @@ def as_bool(key: str, value: Any) -> bool:
     raise MoepipeError(f"{key}={value}: not a boolean; pass {key}=true or {key}=false")
 
 
+def _not_empty(path: str | Path, key: str) -> Path:
+    """`path` as a Path; an empty one is refused (Path("") is the current folder, where a
+    command would write unasked: `out=''` put a checkpoint in the repository's root)."""
+    if not str(path).strip():
+        raise MoepipeError(f"{key}={str(path)!r}: an empty path; pass {key}=<a path>")
+    return Path(path)
+
+
 def _writable_folder(folder: Path, key: str, given: Any) -> None:
     """Create `folder` (and its parents) and check a file can be written in it."""
     try:
@@ -100,8 +108,8 @@ def output_file(path: str | Path, key: str) -> Path:
     """`path`, a file a command will write under argument `key`, once its folder exists and can
     be written (created if missing): checked before long work, so that a bad path does not lose
     its results. A MoepipeError naming `key` when the folder cannot be made or written, or the
-    path is a folder."""
-    p = Path(path)
+    path is a folder or empty."""
+    p = _not_empty(path, key)
     if p.is_dir():
         raise MoepipeError(f"{key}={path}: is a folder; pass {key}= a file path")
     _writable_folder(p.parent, key, path)
@@ -113,6 +121,6 @@ def output_file(path: str | Path, key: str) -> Path:
 def output_dir(path: str | Path, key: str) -> Path:
     """`path`, a folder a command will write into under argument `key`, created and checked to
     be writable (see `output_file`)."""
-    p = Path(path)
+    p = _not_empty(path, key)
     _writable_folder(p, key, path)
     return p

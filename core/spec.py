@@ -31,6 +31,16 @@ def _positive(obj: object, *names: str) -> None:
             raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
+def _finite(where: str, **values: Any) -> None:
+    """Every value a finite number: NaN passes every `< 0` and `> 0` check it meets, and inf
+    every `> 0`, so each float a spec holds is checked here first (issue 48)."""
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ConfigError(f"{where}.{key} must be a finite number, got {v!r}")
+
+
+FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
+DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
 _INT_FIELDS = ("n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "n_heads",
                "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes", "dense_ffn_size",
@@ -98,6 +108,16 @@ class ModelSpec:
             )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
+        _positive(self, "rms_norm_eps", "rope_theta")
+        if self.family not in FAMILIES:
+            raise ConfigError(
+                f"model {self.name}: family={self.family!r} unknown; valid: {', '.join(FAMILIES)}"
+            )
+        if self.dtype_bytes not in DTYPE_BYTES:
+            raise ConfigError(
+                f"model {self.name}: dtype_bytes={self.dtype_bytes} is no weight type's size; "
+                f"valid: {', '.join(map(str, DTYPE_BYTES))} (fp8, bf16, fp32, fp64)"
+            )
         for key in (
             "kv_dim",
             "attn_params",
@@ -376,6 +396,20 @@ class HardwareSpec:
     sources: Mapping[str, str] = field(default_factory=dict)  # where each number comes from
 
     def __post_init__(self) -> None:
+        where = f"hardware {self.name}: "
+        for res, link in self.links.items():
+            _finite(f"{where}links.{res}", gbps=link.bandwidth_bytes_per_s / GB,
+                    latency_us=link.latency_s * 1e6)  # fmt: skip
+        for dev in ("gpu", "cpu"):
+            c: ComputeSpec = getattr(self, dev)
+            _finite(f"{where}{dev}", tflops=c.peak_flops_per_s / 1e12,
+                    mem_bw_gbps=c.mem_bw_bytes_per_s / GB, overhead_us=c.kernel_overhead_s * 1e6,
+                    sm_mem_bw_gbps=c.sm_mem_bw_bytes_per_s / GB)  # fmt: skip
+            _finite(f"{where}{dev}.overhead_us_by_kind", **{
+                str(k): v * 1e6 for k, v in c.kind_overhead_s.items()})  # fmt: skip
+            for kind, pts in c.time_tables.items():
+                for i, (x, y) in enumerate(pts):
+                    _finite(f"{where}{dev}.time_tables.{kind}[{i}]", flops=x, seconds=y)
         for tier in Tier:
             cap = self.memory_bytes.get(tier)
             if cap is None or not cap > 0:
@@ -427,7 +461,9 @@ class HardwareSpec:
         name = str(d.get("name", "hardware"))
         at = "memory_gb"  # the field being read, for an error's line
         try:
-            mem = {Tier(k): int(float(v) * GB) for k, v in dict(d["memory_gb"]).items()}
+            mem_gb = {Tier(k): float(v) for k, v in dict(d["memory_gb"]).items()}
+            _finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
+            mem = {k: int(v * GB) for k, v in mem_gb.items()}
             links = {}
             at = "links"
             for k, v in dict(d["links"]).items():
@@ -523,9 +559,7 @@ class RoutingConfig:
             v = getattr(self, f_)
             object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
         for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
-            v = getattr(self, f_)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise ConfigError(f"workload.routing.{f_} must be a number, got {v!r}")
+            _finite("workload.routing", **{f_: getattr(self, f_)})
         for f_ in ("layer_corr", "reuse", "hot_share"):
             v = getattr(self, f_)
             if not 0.0 <= v <= 1.0:

@@ -341,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     return int(until_interrupted(lambda: _app(argv)))
 
 
+MEASURED = b"# Measured by experiments.calibrate"  # the first line of a profile calibrate wrote
+
+
 def _main(args: Options) -> int:
     opts = kv(args)
     try:
@@ -356,12 +359,21 @@ def _main(args: Options) -> int:
         resolve_device(opts["device"])
         # every path is checked before the measuring, which its results would be lost after
         out = output_file(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml", "out")
+        if not opts["out"] and out.is_file() and not out.read_bytes().startswith(MEASURED):
+            raise MoepipeError(
+                f"hardware.name={name}: {out} is a profile calibrate did not write (its numbers "
+                "have other sources), which this would replace; choose another hardware.name, "
+                "or pass out=FILE"
+            )
         disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
         hw = calibrate(name, opts["checkpoint"], opts["device"], disk_dir, disk_mb, in_run_s)
-        header = f"# Measured by experiments.calibrate: {hw['sources']['calibration']}\n"
-        try:
-            out.write_text(header + yaml.safe_dump(hw, sort_keys=False, width=120))
+        header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"
+        tmp = out.with_name(f".{out.name}.partial")
+        try:  # whole or not at all: a full disk or Ctrl-C leaves the previous profile
+            tmp.write_text(header + yaml.safe_dump(hw, sort_keys=False, width=120))
+            os.replace(tmp, out)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise MoepipeError(f"out={out}: cannot write it ({e.strerror or e})") from None
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(opts: Options) -> int:
-    loaded = load_sweep(Path(opts.dir))
+    loaded = load_sweep(opts.dir)
     if loaded is None:
         return 2
     df, problems = loaded

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from core.args import as_float, output_dir
+from core.args import as_float, as_int, output_dir
 from core.errors import MoepipeError
 from core.spec import ModelSpec
 from experiments.common.app import command
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(opts: Any) -> int:
+    seed = as_int("seed", opts.seed, at_least=0)
     scale = as_float("scale", opts.scale, positive=True)
     shard_mb = as_float("shard_mb", opts.shard_mb, positive=True)
     overrides = {k: getattr(opts, k) for k in _SPEC_FIELDS if getattr(opts, k) is not None}
@@ -92,7 +93,7 @@ def _main(opts: Any) -> int:
         out = write_checkpoint(
             spec,
             out,
-            seed=opts.seed,
+            seed=seed,
             scale=scale,
             shard_bytes=max(int(shard_mb * 2**20), 1),
             norm_topk_prob=opts.norm_topk_prob,

@@ -110,6 +110,11 @@ def _main(args: Options) -> int:
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")
         train, test = tuple(map(str, args.train)), tuple(map(str, args.test))
         for flag, tasks in (("train", train), ("test", test)):
+            if not tasks:  # an empty list selects every task, the other side's too
+                raise MoepipeError(
+                    f"{flag}=[]: name at least one task (of {', '.join(trace.task_names)}); "
+                    "an empty list would select every task, the other list's too"
+                )
             unknown = [t for t in tasks if t not in trace.task_names]
             if unknown:
                 raise MoepipeError(

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(opts: Options) -> int:
     sweep_dir = Path(opts.dir)
-    loaded = load_sweep(sweep_dir)
+    loaded = load_sweep(opts.dir)
     if loaded is None:
         return 2
     df, problems = loaded

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import signal
 import sys
 import time
@@ -548,11 +549,19 @@ def _main(args: Options) -> int:
             "vs_flexgen": jobs_vs_flexgen,
         }
         unknown = [n for n in only if n not in makers]
+        if not only:
+            raise MoepipeError(f"only=[]: name at least one table; valid: {','.join(makers)}")
         if unknown:
             raise MoepipeError(f"only={','.join(unknown)}: unknown; valid: {','.join(makers)}")
         if args.jobs < 1:
             raise MoepipeError(
                 f"jobs={args.jobs}: must be >= 1 (worker processes); pass jobs=1 or more"
+            )
+        cores = os.cpu_count() or 1
+        if args.jobs > 4 * cores:  # each worker is a python process of its own, ~200 MB
+            raise MoepipeError(
+                f"jobs={args.jobs}: over 4 worker processes per core of this machine's {cores}; "
+                f"pass jobs={cores}"
             )
         # made and checked before the simulations, whose results would be lost after
         out = output_dir(args.out, "out")

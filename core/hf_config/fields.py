@@ -18,8 +18,6 @@ from typing import Any
 from core.errors import ConfigError
 from core.spec import MAX_LAYERS
 
-FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
-
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)

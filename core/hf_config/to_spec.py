@@ -10,10 +10,8 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.hf_config.fields import HFConfig, hf_config_file, read_hf_config
-from core.spec import ModelSpec
+from core.spec import FAMILIES, ModelSpec
 from core.types import Activation
-
-FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
 
 
 def spec_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:

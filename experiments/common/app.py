@@ -239,7 +239,10 @@ def hydra_main(
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
         flags, overrides = split_flags(argv)
+        check_flags(flags)
         overrides = [plus_plus(o, conf_dir) for o in overrides]
+        for o in overrides:
+            check_bool(o)
         if {"-m", "--multirun"} & set(flags):
             check_sweep(conf_dir, config_name, overrides)
 
@@ -364,6 +367,48 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
             where, valid = miss
             raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
     return f"+{override}"
+
+
+# hydra's own command-line flags (hydra/_internal/utils.py get_args_parser, hydra 1.3)
+_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package",
+          "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path",
+          "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info",
+          "-i"}  # fmt: skip
+
+
+def check_flags(flags: Sequence[str]) -> None:
+    """A flag hydra does not know (`--bogus`, `--out=x`) is one line, not argparse's usage text."""
+    values = False
+    for flag in flags:
+        name = flag.partition("=")[0]
+        if not values and flag.startswith("-") and name not in _FLAGS:
+            raise MoepipeError(
+                f"{flag}: unknown flag; options are key=value (see --help), flags: "
+                "--help, -m, --cfg job, --info"
+            )
+        values = flag in _VALUE_FLAGS
+
+
+_BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def check_bool(override: str) -> None:
+    """`key=2` where the running command's schema has a bool: omegaconf would read any number
+    as true (`trace_json=2`, `quick=5`); refused in one line. Sweeps (`a=true,false`) are
+    checked value by value."""
+    key, sep, value = override.partition("=")
+    if not sep or not _ROOT or key.startswith(("hydra", "~")):
+        return
+    typ: Any = _ROOT[0]
+    for part in key.lstrip("+").split("."):
+        if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
+            return
+        typ = _field_type(typ, part)
+    if typ is not bool or "$" in value:
+        return
+    for v in value.split(","):
+        if v.strip().strip("'\"").lower() not in _BOOLS:
+            raise MoepipeError(f"{key}={value}: not a boolean; pass {key}=true or {key}=false")
 
 
 def _field_type(cls: type, name: str) -> Any:

@@ -54,7 +54,7 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, MissingConfigException):  # an OSError too, but hydra's: a config not found
         options = f"; available: {', '.join(e.options)}" if e.options else ""
         return _flat(str(e).splitlines()[0] + options)
-    if isinstance(e, MemoryError):
+    if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
         where = f"{e.filename}: " if e.filename else ""
@@ -86,6 +86,17 @@ def error_line(e: BaseException) -> str | None:
         lines = [*str(e).splitlines(), *str(e.__cause__ or "").splitlines()]
         return _flat("; ".join(line.strip() for line in lines[:2] if line.strip()) or repr(e))
     return None
+
+
+def _torch_out_of_memory(e: BaseException) -> bool:
+    """torch's allocation failure: `torch.OutOfMemoryError` (CUDA), or on a CPU the allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory"), neither a MemoryError."""
+    if type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and (
+        "can't allocate memory" in text or "CUDA out of memory" in text
+    )
 
 
 def _flat(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.args import as_float
 from core.errors import ConfigError
 from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.common.pipeline import RunSpec
@@ -98,6 +99,19 @@ def run_spec(cfg: DictConfig) -> RunSpec:
             raise ConfigError(
                 f"executor.{key}: a key of the real executor; choose executor=real, which has it"
             )
+    timeout_s = cfg.executor.get("rendezvous_timeout_s")
+    if timeout_s is not None:  # checked in every run, not only the distributed ones that read it
+        as_float("executor.rendezvous_timeout_s", timeout_s, positive=True)
+    if executor == "sim" and cfg.executor.get("distributed"):
+        raise ConfigError(
+            "executor.distributed=true: the real executor's processes; choose executor=real "
+            "(the simulator runs every device in one process)"
+        )
+    if executor == "sim" and cfg.get("checkpoint"):
+        raise ConfigError(
+            f"checkpoint={cfg.checkpoint}: read by executor=real only; add executor=real, or "
+            "+model.hf_config=DIR to simulate that checkpoint's shapes"
+        )
     planner = to_dict(cfg.planner, "planner")
     if "name" not in planner:
         raise ConfigError("planner: its config has no name (the registered planner to run)")

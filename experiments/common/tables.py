@@ -92,6 +92,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
                 return None, f"{cfg_path.relative_to(run)} unreadable"
             except (OSError, UnicodeDecodeError) as e:
                 return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
+            if not isinstance(config, dict):  # a run writes a mapping of its keys
+                return None, f"{cfg_path.relative_to(run)} is not a mapping of config keys"
             break
     else:
         return None, "no config.yaml"
@@ -131,8 +133,9 @@ METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # 
 
 def check_metrics(summary: dict[str, Any], path: Path) -> None:
     """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
-    a finite number (a string, NaN, infinity, a list): such a file was not written by a run, and
-    would go into a table or a figure as if it were a result."""
+    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count): such
+    a file was not written by a run, and would go into a table or a figure as if it were a
+    result."""
 
     def number(v: Any) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
@@ -147,9 +150,9 @@ def check_metrics(summary: dict[str, Any], path: Path) -> None:
             )
         items += [(f"{group}.{k}", v) for k, v in values.items()]
     for key, value in items:
-        if not number(value):
+        if not number(value) or value < 0:
             raise MoepipeError(
-                f"{path}: {key} is {value!r}, not a finite number; the file is not a run's: "
+                f"{path}: {key} is {value!r}, not a finite number >= 0; the file is not a run's: "
                 "delete it and run that point again"
             )
 
@@ -238,10 +241,15 @@ def one_type(col: pd.Series) -> pd.Series:
     return col.map(lambda v: None if missing(v) else v if isinstance(v, str) else json.dumps(v))
 
 
-def load_sweep(sweep_dir: Path) -> tuple[pd.DataFrame, list[str]] | None:
+def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
     """`collect` for the CLIs: one line on stderr per skipped run, naming its folder; None after
-    one `error: ` line if `sweep_dir` is no folder, holds no finished run (the line names the
-    first skipped one), or holds a summary.json with a metric that is not a number."""
+    one `error: ` line if `given` is empty (Path("") is the current folder) or no folder, holds
+    no finished run (the line names the first skipped one), or holds a summary.json with a
+    metric that is not a number."""
+    if not str(given).strip():
+        print(f"error: dir={str(given)!r}: an empty path; pass dir=<the sweep folder>", file=sys.stderr)
+        return None
+    sweep_dir = Path(given)
     if not sweep_dir.is_dir():
         print(f"error: dir={sweep_dir}: not a folder; pass a sweep's folder", file=sys.stderr)
         return None

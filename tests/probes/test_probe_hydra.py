@@ -73,3 +73,24 @@ def test_bad_point_of_a_sweep_goes_to_failed_txt(tmp_path: Path) -> None:
     assert len(failed) == 1 and "nosuch.key" in failed[0].read_text(), r.stderr
     assert failed[0].read_text().count("\n") == 1
     assert len(list(sweep.rglob("summary.json"))) == 1
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--bogus-flag"], ["--bogus-flag", "unknown flag"]),
+        (["--out=x"], ["--out=x", "unknown flag"]),
+        (["trace_json=2"], ["trace_json=2", "not a boolean"]),
+        (["executor.distributed=5"], ["executor.distributed=5", "not a boolean"]),
+        (["-m", "skip_finished=true,3"], ["skip_finished=true,3", "not a boolean"]),
+    ],
+    ids=["unknown flag", "unknown flag with a value", "number as bool", "nested bool", "sweep"],
+)
+def test_an_unknown_flag_or_a_number_for_a_boolean_is_one_line(
+    tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    """argparse would print its usage over 8 lines for a flag hydra does not know; omegaconf
+    reads any number as true where the schema has a bool."""
+    r = cli("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, *names)
+    assert not (tmp_path / "run").exists()

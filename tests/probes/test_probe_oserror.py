@@ -114,3 +114,18 @@ def test_checkpoint_truncated_mid_run_is_one_line(tiny_ckpt: Path, tmp_path: Pat
         raises_one_line(lambda: s.read_disk(last.unit), str(ck / SINGLE_FILE), "truncated")
     finally:
         s.close()
+
+
+def test_torchs_allocation_failure_is_the_out_of_memory_line() -> None:
+    """torch reports a failed allocation as a RuntimeError on a CPU (and OutOfMemoryError on
+    CUDA), not a MemoryError: `bench.host unit_mb=1e12` was an internal error."""
+    import torch
+
+    for e in (
+        RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    ):
+        assert (error_line(e) or "").startswith("out of memory"), e
+    assert error_line(RuntimeError("shape mismatch")) is None  # a bug keeps its traceback file
+    r = cli("experiments.bench.host", "unit_mb=1e12", "device=cpu")
+    one_line(r, "out of memory")

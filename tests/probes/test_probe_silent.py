@@ -120,7 +120,8 @@ BAD_METRICS = [
     ("throughput_tok_s", "fast"), ("throughput_tok_s", math.nan), ("makespan_s", math.inf),
     ("efficiency", None), ("gpu_bubble_s", [1.0]), ("ops", True),
     ("busy_s", "everything"), ("busy_s.gpu", "1.5"), ("peak_bytes.gpu", -math.inf),
-    ("gpu_idle_causes_s.load expert@h2d", math.nan),
+    ("gpu_idle_causes_s.load expert@h2d", math.nan), ("throughput_tok_s", -5.0),
+    ("busy_s.h2d", -1e-3), ("makespan_s", -1),
 ]  # fmt: skip
 
 
@@ -141,6 +142,16 @@ def test_summary_with_a_bad_metric_is_refused(
     path.write_text(json.dumps(s))  # NaN and Infinity as Python's json writes them
     line = raises_one_line(lambda: collect(mine), str(path), key.partition(".")[0])
     assert "not" in line
+
+
+def test_a_config_yaml_that_is_not_a_mapping_is_skipped(sweep: Path, tmp_path: Path) -> None:
+    """A run dir whose config.yaml is a list was a run with no config columns."""
+    mine = tmp_path / "sweep"
+    shutil.copytree(sweep, mine)
+    shutil.copytree(mine / "good", mine / "bad")
+    (mine / "bad" / "config.yaml").write_text("- a\n- b\n")
+    df, problems = collect(mine)
+    assert len(df) == 1 and any("not a mapping" in p for p in problems), problems
 
 
 def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
@@ -171,3 +182,35 @@ def test_calibrate_profile_name_stays_in_conf_hardware(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: hardware.name="), err
     assert sorted((ROOT / "conf").rglob("*")) == before
+
+
+def test_calibrate_keeps_a_profile_it_did_not_write(tmp_path: Path) -> None:
+    """`hardware.name=tiny` named a shipped, hand-written profile: calibrate replaced it with
+    this machine's numbers, and every test built on its round numbers changed. Refused before
+    any measuring; a profile calibrate wrote (its first line says so) is re-measured."""
+    before = (ROOT / "conf/hardware/tiny.yaml").read_bytes()
+    r = cli("experiments.calibrate", "hardware.name=tiny", f"disk_dir={tmp_path}")
+    one_line(r, "tiny.yaml", "out=")
+    assert (ROOT / "conf/hardware/tiny.yaml").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.prefetch_eval", ["test=[]"], ["test=[]"]),
+        ("experiments.prefetch_eval", ["train=[]"], ["train=[]"]),
+        ("experiments.reproduce_klotski", ["only=[]"], ["only=[]"]),
+        ("experiments.run", [*TINY, "checkpoint=/nonexistent"], ["checkpoint", "executor=real"]),
+        ("experiments.run", [*TINY, "executor.distributed=true"], ["executor.distributed"]),
+    ],
+    ids=["empty test tasks", "empty train tasks", "no tables", "checkpoint in sim", "dist in sim"],
+)
+def test_an_option_the_run_would_ignore_or_widen_is_refused(
+    tmp_path: Path, module: str, args: list[str], names: list[str]
+) -> None:
+    """An empty task list selected every task, the other side's too (prefetch_eval then tested
+    on its training tasks); `only=[]` ended in an internal error; a checkpoint or
+    `executor.distributed` given to the simulator was ignored without a word."""
+    out = [f"out={tmp_path / 'o'}"] if "klotski" in module else []
+    run = [f"hydra.run.dir={tmp_path / 'run'}"] if module == "experiments.run" else []
+    one_line(cli(module, *args, *out, *run), *names)

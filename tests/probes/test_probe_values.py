@@ -120,3 +120,24 @@ def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
     monkeypatch.setenv(TRACEBACK_ENV, "1")
     with pytest.raises(KeyError):
         any_error_line(KeyError("x"))
+
+
+@pytest.mark.parametrize(
+    "module, args, key",
+    [
+        ("real.make_checkpoint", ["model=mixtral-tiny", "out="], "out=''"),
+        ("experiments.collect", ["dir="], "dir=''"),
+        ("experiments.report", ["dir="], "dir=''"),
+        ("experiments.routing_stats", ["out="], "out=''"),
+        ("experiments.run", [*TINY, "hydra.run.dir="], "hydra.run.dir=''"),
+    ],
+    ids=["make_checkpoint out", "collect dir", "report dir", "routing_stats out", "run dir"],
+)
+def test_an_empty_path_is_refused_not_the_current_folder(
+    module: str, args: list[str], key: str
+) -> None:
+    """Path("") is the current folder: `out=''` wrote a checkpoint into the repository's root
+    and `dir=''` collected the repository as a sweep. Nothing is written."""
+    before = sorted(p.name for p in ROOT.iterdir())
+    one_line(cli(module, *args), key, "empty path")
+    assert sorted(p.name for p in ROOT.iterdir()) == before
