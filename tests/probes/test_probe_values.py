@@ -125,7 +125,7 @@ def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
 @pytest.mark.parametrize(
     "module, args, key",
     [
-        ("real.make_checkpoint", ["model=mixtral-tiny", "out="], "out=''"),
+        ("experiments.make_checkpoint", ["model=mixtral-tiny", "out="], "out=''"),
         ("experiments.collect", ["dir="], "dir=''"),
         ("experiments.report", ["dir="], "dir=''"),
         ("experiments.routing_stats", ["out="], "out=''"),
