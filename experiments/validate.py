@@ -385,9 +385,11 @@ def _spans_and_links(
     # nearly all latency, which a bandwidth alone cannot stand for)
     p2p = p2p_seen([r.trace for r in runs], hw.link(Resource.P2P)) if setup.distributed else None
     if p2p is not None:
-        seen[Resource.P2P] = p2p.bandwidth_bytes_per_s
-        row["run_p2p_latency_us"] = p2p.latency_s * 1e6
+        seen[Resource.P2P] = p2p.link.bandwidth_bytes_per_s
+        row["run_p2p_latency_us"] = p2p.link.latency_s * 1e6
         row["calibrated_p2p_latency_us"] = hw.link(Resource.P2P).latency_s * 1e6
+        row["run_gate_exchange_us"] = p2p.gate_exchange_s * 1e6
+        row["calibrated_gate_exchange_us"] = hw.processes.gate_exchange_s * 1e6
     if setup.distributed:
         row.update(per_device(sim, real))
     for res in RUN_LINKS:
@@ -398,8 +400,12 @@ def _spans_and_links(
     if not seen:
         return seen, None
     hw_seen = with_links(hw, seen)
-    if p2p is not None:
-        hw_seen = replace(hw_seen, links={**hw_seen.links, Resource.P2P: p2p})
+    if p2p is not None:  # the gate exchange too: the runs' dispatches' wait beyond a transfer
+        hw_seen = replace(
+            hw_seen,
+            links={**hw_seen.links, Resource.P2P: p2p.link},
+            processes=replace(hw.processes, gate_exchange_s=p2p.gate_exchange_s),
+        )
     return seen, hw_seen
 
 
@@ -437,7 +443,9 @@ def _print_row(
             f"{row[f'calibrated_{res}_gbps']:.2f}"
             + (
                 f"; + {row['run_p2p_latency_us']:.0f} us a transfer, calibrated "
-                f"{row['calibrated_p2p_latency_us']:.0f}"
+                f"{row['calibrated_p2p_latency_us']:.0f}; gate exchange "
+                f"{row['run_gate_exchange_us']:.0f} us, calibrated "
+                f"{row['calibrated_gate_exchange_us']:.0f}"
                 if res == Resource.P2P and "run_p2p_latency_us" in row
                 else ""
             )
