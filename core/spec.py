@@ -378,9 +378,15 @@ class ProcessesSpec:
     # per compute kind: an op's time with the G processes computing at once over the cost
     # model's time for it alone (the cores they share, their transfer threads)
     compute_scale: Mapping[str, float] = field(default_factory=dict)
+    # per compute kind: how long an op starts after it is ready (its deps and the op before it
+    # on its stream done), the process's host work between ops (core.bubbles' `late@gpu`)
+    start_delay_s: Mapping[str, float] = field(default_factory=dict)
 
     def scale(self, kind: OpKind | str) -> float:
         return self.compute_scale.get(str(kind), 1.0)
+
+    def delay_s(self, kind: OpKind | str) -> float:
+        return self.start_delay_s.get(str(kind), 0.0)
 
 
 @dataclass(frozen=True)
@@ -434,6 +440,12 @@ class HardwareSpec:
                     f"hardware {self.name}: processes.compute_scale_by_kind.{kind} must be "
                     f"positive, got {x!r}"
                 )
+        for kind, x in self.processes.start_delay_s.items():
+            if x < 0:
+                raise ConfigError(
+                    f"hardware {self.name}: processes.start_delay_us_by_kind.{kind} must be "
+                    f">= 0, got {x * 1e6:g}"
+                )
 
     def link(self, res: Resource) -> LinkSpec:
         if res == Resource.DISK_WRITE and res not in self.links:
@@ -477,6 +489,10 @@ class HardwareSpec:
                 {
                     str(OpKind(k)): float(v)
                     for k, v in dict(proc.get("compute_scale_by_kind") or {}).items()
+                },
+                {
+                    str(OpKind(k)): float(v) * 1e-6
+                    for k, v in dict(proc.get("start_delay_us_by_kind") or {}).items()
                 },
             )
             return cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)

@@ -293,6 +293,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     out["processes"] = {
         "gate_exchange_us": round(seen.gate_exchange_s * 1e6, 1),
         "compute_scale_by_kind": {k: round(x, 3) for k, x in seen.compute_scale.items()},
+        "start_delay_us_by_kind": {k: round(x * 1e6, 1) for k, x in seen.start_delay_s.items()},
     }
     out["sources"]["p2p_in_run"] = (
         f"{link.latency_s * 1e6:.0f} us a transfer, {link.bandwidth_bytes_per_s / 1e9:.3f} "
@@ -305,6 +306,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
         "the same runs: gate_exchange_us, the mean of their dispatches beyond a combine (a "
         "dispatch waits for its batch's routing from every rank); compute_scale_by_kind, "
         "each compute kind's time in them over this profile's cost for it alone (sums); "
+        "start_delay_us_by_kind, the mean time its ops started after they were ready; "
         "applied to expert-parallel schedules whose G devices run as processes"
     )
 

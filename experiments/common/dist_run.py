@@ -340,6 +340,7 @@ class ProcessesSeen:
     link: Any  # core.spec.LinkSpec: the p2p link (`p2p_seen`)
     gate_exchange_s: float  # a dispatch's wait for its batch's routing (`p2p_seen`)
     compute_scale: dict[str, float]  # per compute kind: the runs' time over the model's (`scale_seen`)
+    start_delay_s: dict[str, float]  # per compute kind: ready to started (`delay_seen`)
 
 
 IN_RUN_PLANNER = "eplb"  # a planner that copies replicas too, so that every kind of op shows
@@ -351,8 +352,9 @@ def measure_processes_in_run(
     """What `runs` G=2 process runs of `IN_RUN_PLANNER` on the checkpoint's model see: 2
     batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing (seed 1), every
     expert resident (the device pool `hw`'s, at least 1.3 x the model). The p2p link and the
-    gate exchange (`p2p_seen`) and each compute kind's scale over `hw`'s cost model
-    (`scale_seen`). None if they moved nothing."""
+    gate exchange (`p2p_seen`), each compute kind's scale over `hw`'s cost model
+    (`scale_seen`) and its ops' start after they were ready (`delay_seen`). None if they moved
+    nothing."""
     from core.cost import CostModel
     from core.spec import HardwareSpec, RoutingConfig, Workload
     from core.types import RoutingSource
@@ -383,7 +385,30 @@ def measure_processes_in_run(
         return None
     cost = CostModel(hardware)
     pairs = [(r.trace, cost.durations(r.schedule)) for r in results]
-    return ProcessesSeen(seen.link, seen.gate_exchange_s, scale_seen(pairs))
+    delays = delay_seen([(r.trace, r.schedule) for r in results])
+    return ProcessesSeen(seen.link, seen.gate_exchange_s, scale_seen(pairs), delays)
+
+
+def delay_seen(runs: list[tuple[Any, Any]]) -> dict[str, float]:
+    """Per compute kind, the mean time its ops in runs' (trace, schedule) started after they
+    were ready: after the last of their deps and of the op before them on their stream ended
+    (what `core.bubbles` counts as `late`: the host's work between ops). Ops that started
+    at once count, as 0."""
+    late: dict[str, list[float]] = {}
+    for tr, schedule in runs:
+        n = len(schedule.ops)
+        start, end = np.full(n, np.nan), np.full(n, np.nan)
+        ids = tr["op_id"].to_numpy()
+        start[ids], end[ids] = tr["start_s"].to_numpy(), tr["end_s"].to_numpy()
+        prev: dict[str, int] = {}
+        for op in schedule.ops:
+            before = [*op.deps, *([prev[op.stream]] if op.stream in prev else [])]
+            prev[op.stream] = op.id
+            if op.kind not in COMPUTE_KINDS or np.isnan(start[op.id]):
+                continue
+            ready = max((end[d] for d in before if not np.isnan(end[d])), default=start[op.id])
+            late.setdefault(str(op.kind), []).append(max(start[op.id] - ready, 0.0))
+    return {k: float(np.mean(v)) for k, v in sorted(late.items())}
 
 
 def scale_seen(runs: list[tuple[Any, np.ndarray]]) -> dict[str, float]:
