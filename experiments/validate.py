@@ -29,7 +29,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from core.balance import device_of  # noqa: E402
-from core.bubbles import causes_tv, top_cause  # noqa: E402
+from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
@@ -147,7 +147,8 @@ def compare(
     )
     # why the GPU idled, predicted and measured (core.bubbles): the main cause of each, and how
     # far apart the two splits of the bubble over its causes are (0: the same mix)
-    s_why, r_why = s_sum.get("gpu_idle_causes_s", {}), r_sum.get("gpu_idle_causes_s", {})
+    s_why = by_transfer(s_sum.get("gpu_idle_causes_s", {}))
+    r_why = by_transfer(r_sum.get("gpu_idle_causes_s", {}))
     row["sim_bubble_waits_on"], row["real_bubble_waits_on"] = top_cause(s_why), top_cause(r_why)
     row["bubble_causes_tv"] = causes_tv(s_why, r_why)
     joined = sim.merge(real, on="op_id", suffixes=("_sim", "_real"))
