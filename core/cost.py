@@ -8,9 +8,9 @@ calibrated table times the kernels alone; the overhead is what running one op co
 (not sim/) because planners need it too: Klotski's n-planner solves its inequalities with it.
 
 An expert-parallel schedule whose G devices run as processes of one machine (not lanes) also
-pays the hardware's `processes` terms: each compute op its kind's `compute_scale` and starts its
-kind's `start_delay` after it is ready (`start_delays`), each dispatch the gate exchange
-(`as_processes`).
+pays the hardware's `processes` terms: each compute op its kind's `compute_scale`, each op starts
+its kind's `start_delay` after it is ready (`start_delays`), each dispatch pays the gate
+exchange (`as_processes`).
 
 Streams in a shared pool (CUDA streams on one GPU's SMs) split an op into its overhead (launch,
 on its stream, no SMs) and its work (the seconds it takes at the whole GPU), run by the
@@ -52,15 +52,15 @@ class CostModel:
         self.hw = hardware
 
     def start_delays(self, schedule: Schedule) -> np.ndarray:
-        """Per op, how long after it is ready it starts: its kind's `processes.start_delay` for
-        a compute op of G processes (the host's work between ops), else 0."""
+        """Per op, how long after it is ready it starts: its kind's `processes.start_delay` on
+        G processes (the host's work between ops, a transfer thread's turn), else 0."""
         out = np.zeros(len(schedule.ops))
         delays = self.hw.processes.start_delay_s
         if not delays or not as_processes(schedule):
             return out
         kinds = schedule.columns()["kind"]
         for ki, kind in enumerate(OpKind):
-            if kind in COMPUTE_KINDS and delays.get(str(kind)):
+            if kind != OpKind.FREE and delays.get(str(kind)):
                 out[kinds == ki] = delays[str(kind)]
         return out
 

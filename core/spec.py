@@ -378,8 +378,8 @@ class ProcessesSpec:
     # per compute kind: an op's time with the G processes computing at once over the cost
     # model's time for it alone (the cores they share, their transfer threads)
     compute_scale: Mapping[str, float] = field(default_factory=dict)
-    # per compute kind: how long an op starts after it is ready (its deps and the op before it
-    # on its stream done), the process's host work between ops (core.bubbles' `late@gpu`)
+    # per op kind: how long an op starts after it is ready (its deps and the op before it on
+    # its stream done), the process's host work between ops (core.bubbles' `late`)
     start_delay_s: Mapping[str, float] = field(default_factory=dict)
 
     def scale(self, kind: OpKind | str) -> float:

@@ -340,7 +340,7 @@ class ProcessesSeen:
     link: Any  # core.spec.LinkSpec: the p2p link (`p2p_seen`)
     gate_exchange_s: float  # a dispatch's wait for its batch's routing (`p2p_seen`)
     compute_scale: dict[str, float]  # per compute kind: the runs' time over the model's (`scale_seen`)
-    start_delay_s: dict[str, float]  # per compute kind: ready to started (`delay_seen`)
+    start_delay_s: dict[str, float]  # per op kind: ready to started (`delay_seen`)
 
 
 IN_RUN_PLANNER = "eplb"  # a planner that copies replicas too, so that every kind of op shows
@@ -391,10 +391,10 @@ def measure_processes_in_run(
 
 
 def delay_seen(runs: list[tuple[Any, Any]]) -> dict[str, float]:
-    """Per compute kind, the mean time its ops in runs' (trace, schedule) started after they
-    were ready: after the last of their deps and of the op before them on their stream ended
-    (what `core.bubbles` counts as `late`: the host's work between ops). Ops that started
-    at once count, as 0."""
+    """Per op kind (compute and transfer), the mean time its ops in runs' (trace, schedule)
+    started after they were ready: after the last of their deps and of the op before them on
+    their stream ended (what `core.bubbles` counts as `late`: the host's work between ops, a
+    transfer thread's turn). Ops that started at once count, as 0."""
     late: dict[str, list[float]] = {}
     for tr, schedule in runs:
         n = len(schedule.ops)
@@ -405,7 +405,7 @@ def delay_seen(runs: list[tuple[Any, Any]]) -> dict[str, float]:
         for op in schedule.ops:
             before = [*op.deps, *([prev[op.stream]] if op.stream in prev else [])]
             prev[op.stream] = op.id
-            if op.kind not in COMPUTE_KINDS or np.isnan(start[op.id]):
+            if op.kind == OpKind.FREE or np.isnan(start[op.id]):
                 continue
             ready = max((end[d] for d in before if not np.isnan(end[d])), default=start[op.id])
             late.setdefault(str(op.kind), []).append(max(start[op.id] - ready, 0.0))

@@ -360,6 +360,7 @@ def test_processes_terms_only_where_the_devices_are_processes(lanes):
     processes (lanes: none of it, the lanes are one process's):
 
     expert 2 GFLOP (table 1.5 ms + 0.1 ms overhead) x 2            = 3.2 ms   (lanes 1.6 ms)
+    (and starts 0.5 ms after it is ready, a dispatch 0.25 ms: `start_delays`; lanes 0)
     dispatch 1 MB at 1 GB/s on p2p + 100 us latency + 1 ms exchange = 2.1 ms   (lanes 1.1 ms)
     combine 1 MB: no exchange                                       = 1.1 ms
     gate (no scale given for its kind): 0.1 ms
@@ -402,6 +403,7 @@ def test_processes_terms_only_where_the_devices_are_processes(lanes):
             "processes": {
                 "gate_exchange_us": 1000,
                 "compute_scale_by_kind": {"compute-expert": 2.0},
+                "start_delay_us_by_kind": {"compute-expert": 500, "dispatch": 250},
             },
         }
     )
@@ -414,6 +416,8 @@ def test_processes_terms_only_where_the_devices_are_processes(lanes):
     over, work, _ = cost.pool_parts(s)
     assert over[1] == pytest.approx(0.0001 if lanes else 0.0011)
     assert work[1] == pytest.approx(0.001) and work[3] == pytest.approx(0.001)
+    delays = [0.0, 0.0, 0.0, 0.0] if lanes else [0.0, 0.00025, 0.0005, 0.0]
+    assert cost.start_delays(s) == pytest.approx(delays)
 
 
 def test_a_processes_scale_that_is_not_positive_is_one_config_error():

@@ -94,8 +94,9 @@ def test_scale_seen_is_each_kinds_time_over_the_models_in_sums():
 
 def test_delay_seen_is_the_mean_start_after_ready_per_kind():
     """gate (0-1 ms) -> expert A on the same stream starts at 3 ms (ready at 1: 2 ms late) ->
-    expert B, dep on A, starts at 4 ms as A ends (0 late); a dispatch on another stream is not
-    compute. Experts: (2 + 0) / 2 = 1 ms; the gate, ready at once, 0."""
+    expert B, dep on A, starts at 4 ms as A ends (0 late); the dispatch on its own stream,
+    dep on the gate, starts at 1.5 ms (0.5 ms late). Experts: (2 + 0) / 2 = 1 ms; the gate,
+    ready at once, 0."""
     from core.schedule import ScheduleBuilder
     from experiments.common.dist_run import delay_seen
 
@@ -110,8 +111,10 @@ def test_delay_seen_is_the_mean_start_after_ready_per_kind():
     t = pd.DataFrame(
         {
             "op_id": [0, 1, 2, 3],
-            "start_s": [0.0, 0.001, 0.003, 0.004],
+            "start_s": [0.0, 0.0015, 0.003, 0.004],
             "end_s": [0.001, 0.002, 0.004, 0.005],
         }
     )
-    assert delay_seen([(t, s)]) == pytest.approx({"compute-gate": 0.0, "compute-expert": 0.001})
+    assert delay_seen([(t, s)]) == pytest.approx(
+        {"compute-gate": 0.0, "compute-expert": 0.001, "dispatch": 0.0005}
+    )
