@@ -279,7 +279,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     """What a G-process run's ops see, gloo's and the executor's work around them and the cores
     the processes share: 2-process runs on the checkpoint (`measure_processes_in_run`) replace
     the ping-pong's p2p link and give the profile's `processes` terms."""
-    from experiments.common.dist_run import IN_RUN_PLANNER, measure_processes_in_run
+    from experiments.common.dist_run import IN_RUN_PLANNER, IN_RUNS, measure_processes_in_run
 
     alone = dict(out["links"]["p2p"])
     seen = measure_processes_in_run(ckpt, out)
@@ -297,7 +297,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     }
     out["sources"]["p2p_in_run"] = (
         f"{link.latency_s * 1e6:.0f} us a transfer, {link.bandwidth_bytes_per_s / 1e9:.3f} "
-        f"GB/s: what the transfers of two 2-process {IN_RUN_PLANNER} runs on the checkpoint "
+        f"GB/s: what the transfers of {IN_RUNS} 2-process {IN_RUN_PLANNER} runs on the checkpoint "
         "took (latency: the mean of its combines beyond their bytes; rate: its replica "
         f"copies' net of it); the ping-pong alone gave {alone['latency_us']:g} us, "
         f"{alone['gbps']:g} GB/s"
@@ -306,7 +306,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
         "the same runs: gate_exchange_us, the mean of their dispatches beyond a combine (a "
         "dispatch waits for its batch's routing from every rank); compute_scale_by_kind, "
         "each compute kind's time in them over this profile's cost for it alone (sums); "
-        "start_delay_us_by_kind, the mean time its ops started after they were ready; "
+        "start_delay_us_by_kind, the mean time each kind's ops started after they were ready; "
         "applied to expert-parallel schedules whose G devices run as processes"
     )
 

@@ -345,10 +345,11 @@ class ProcessesSeen:
 
 IN_RUN_PLANNER = "eplb"  # a planner that copies replicas too, so that every kind of op shows
 POOL_OF_MODEL = 1.3  # its device pool: every expert resident, and room for replicas
+IN_RUNS = 3  # runs of it, their ops pooled
 
 
 def measure_processes_in_run(
-    ckpt: str, hw: dict[str, Any], runs: int = 3, timeout_s: float = 120.0
+    ckpt: str, hw: dict[str, Any], runs: int = IN_RUNS, timeout_s: float = 120.0
 ) -> ProcessesSeen | None:
     """What `runs` G=2 process runs of `IN_RUN_PLANNER` on the checkpoint's model see: 2
     batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing (seed 1), every
