@@ -8,6 +8,7 @@ later: the executor's own delay, a real run's host threads or driver; the simula
 Usage:
     causes = idle_causes(schedule, trace)   # {cause: seconds, mean over the GPUs}
     top_cause(causes); causes_tv(sim_causes, real_causes)   # the main one; two runs' mixes apart
+    by_transfer(causes)   # a transfer's send and receive ends as one cause
 """
 
 from __future__ import annotations
@@ -217,10 +218,22 @@ def top_cause(causes: Mapping[str, float]) -> str:
     return f"{name} {causes[name] / total:.0%}"
 
 
+def by_transfer(causes: Mapping[str, float]) -> dict[str, float]:
+    """The causes with a transfer's two ends as one: `dispatch@p2p_out` (the send out of one
+    GPU) counts as `dispatch@p2p` (the receive into the other). The simulator ends both at
+    once and the walk takes the first listed (the receive); a real run ends one a few
+    microseconds after the other, whichever it is by chance."""
+    out: dict[str, float] = defaultdict(float)
+    for k, x in causes.items():
+        out[k.replace(f"@{Resource.P2P_OUT}", f"@{Resource.P2P}")] += x
+    return dict(out)
+
+
 def causes_tv(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     """How differently two runs' bubbles split over their causes: the total variation distance
-    of the two splits (each cause's share of its bubble), 0 the same mix, 1 none in common;
-    NaN where either has no bubble."""
+    of the two splits (each cause's share of its bubble, a transfer's two ends as one:
+    `by_transfer`), 0 the same mix, 1 none in common; NaN where either has no bubble."""
+    a, b = by_transfer(a), by_transfer(b)
     ta, tb = sum(a.values()), sum(b.values())
     if ta <= 0 or tb <= 0:
         return float("nan")

@@ -7,6 +7,11 @@ device (1, or 1/G for a lane holding 1/G of a GPU's SMs), plus the per-op overhe
 calibrated table times the kernels alone; the overhead is what running one op costs on top). It lives in core
 (not sim/) because planners need it too: Klotski's n-planner solves its inequalities with it.
 
+An expert-parallel schedule whose G devices run as processes of one machine (not lanes) also
+pays the hardware's `processes` terms: each compute op its kind's `compute_scale`, each op starts
+its kind's `start_delay` after it is ready (`start_delays`), each dispatch pays the gate
+exchange (`as_processes`).
+
 Streams in a shared pool (CUDA streams on one GPU's SMs) split an op into its overhead (launch,
 on its stream, no SMs) and its work (the seconds it takes at the whole GPU), run by the
 simulator at a varying share of the GPU of at most `cap`: what an op of `width` thread blocks
@@ -35,9 +40,33 @@ def gemm_blocks(rows: Iterable[int], cols: int) -> int:
     return sum(-(-int(r) // TILE) for r in rows if r > 0) * -(-cols // TILE)
 
 
+def as_processes(schedule: Schedule) -> bool:
+    """Do the schedule's devices run as G > 1 processes (devices of their own, not lanes of one
+    GPU), whose ops pay the hardware's `processes` terms?"""
+    ep = schedule.ep
+    return ep is not None and not ep.lanes and ep.n_devices > 1
+
+
 class CostModel:
     def __init__(self, hardware: HardwareSpec) -> None:
         self.hw = hardware
+
+    def start_delays(self, schedule: Schedule) -> np.ndarray:
+        """Per op, how long after it is ready it starts: its kind's `processes.start_delay` on
+        G processes (the host's work between ops, a transfer thread's turn), else 0."""
+        out = np.zeros(len(schedule.ops))
+        delays = self.hw.processes.start_delay_s
+        if not delays or not as_processes(schedule):
+            return out
+        kinds = schedule.columns()["kind"]
+        for ki, kind in enumerate(OpKind):
+            if kind != OpKind.FREE and delays.get(str(kind)):
+                out[kinds == ki] = delays[str(kind)]
+        return out
+
+    def gate_exchange_s(self, schedule: Schedule) -> float:
+        """What a dispatch waits beyond its transfer: the batch's routing reaching every rank."""
+        return self.hw.processes.gate_exchange_s if as_processes(schedule) else 0.0
 
     def overhead_s(self, device: Resource, kind: OpKind) -> float:
         spec: ComputeSpec = self.hw.gpu if device == Resource.GPU else self.hw.cpu
@@ -87,12 +116,15 @@ class CostModel:
         if not pools:
             return over, work, caps
         durations = self.durations(schedule) if durations is None else durations
+        routing_s = self.gate_exchange_s(schedule)
         for op in schedule.ops:
             if op.stream not in pools:
                 continue
             res = schedule.streams[op.stream].resource
-            if op.kind in TRANSFER_KINDS:
-                over[op.id] = self.hw.link(res).latency_s
+            if op.kind in TRANSFER_KINDS:  # the routing's wait is latency, not bandwidth
+                over[op.id] = self.hw.link(res).latency_s + (
+                    routing_s if op.kind == OpKind.DISPATCH else 0.0
+                )
                 caps[op.id] = 1.0
             elif op.kind in COMPUTE_KINDS:
                 over[op.id] = self.overhead_s(res, op.kind)
@@ -132,6 +164,7 @@ class CostModel:
         stream_share = np.array([s.share for s in schedule.streams.values()], dtype=np.float64)
         share = stream_share[cols["stream"]] if len(stream_share) else np.ones(0)
         out = np.zeros(len(schedule.ops))
+        procs = as_processes(schedule)
         for ki in np.unique(cols["kind"]):
             kind = kinds[ki]
             if kind == OpKind.FREE:
@@ -141,10 +174,12 @@ class CostModel:
                 if kind in COMPUTE_KINDS:
                     out[sel] = self.compute_vec(
                         Resource(r), kind, cols["flops"][sel], cols["touch_bytes"][sel], share[sel]
-                    )
+                    ) * (self.hw.processes.scale(kind) if procs else 1.0)
                 else:
                     link = self.hw.link(Resource(r))
                     out[sel] = cols["nbytes"][sel] / link.bandwidth_bytes_per_s + link.latency_s
+                    if kind == OpKind.DISPATCH:
+                        out[sel] += self.gate_exchange_s(schedule)
         return out
 
     def compute_vec(

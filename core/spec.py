@@ -386,6 +386,30 @@ class ComputeSpec:
 
 
 @dataclass(frozen=True)
+class ProcessesSpec:
+    """What the ops of a G-device expert-parallel schedule cost when its devices run as processes
+    of this machine at once (`executor.distributed=true`), beyond their cost alone; measured by
+    `experiments.calibrate` in such a run. The defaults add nothing: a one-process profile's
+    costs are unchanged."""
+
+    # a batch's routing, from its gates to every rank (the gate parts' exchange): every dispatch
+    # of the batch waits for it before its tokens move
+    gate_exchange_s: float = 0.0
+    # per compute kind: an op's time with the G processes computing at once over the cost
+    # model's time for it alone (the cores they share, their transfer threads)
+    compute_scale: Mapping[str, float] = field(default_factory=dict)
+    # per op kind: how long an op starts after it is ready (its deps and the op before it on
+    # its stream done), the process's host work between ops (core.bubbles' `late`)
+    start_delay_s: Mapping[str, float] = field(default_factory=dict)
+
+    def scale(self, kind: OpKind | str) -> float:
+        return self.compute_scale.get(str(kind), 1.0)
+
+    def delay_s(self, kind: OpKind | str) -> float:
+        return self.start_delay_s.get(str(kind), 0.0)
+
+
+@dataclass(frozen=True)
 class HardwareSpec:
     name: str
     memory_bytes: Mapping[Tier, int]  # capacity per tier (GPU: usable by the model)
@@ -394,6 +418,7 @@ class HardwareSpec:
     links: Mapping[Resource, LinkSpec]  # h2d, d2h, disk, disk_write (+ p2p)
     n_gpus: int = 1  # GPUs (or concurrent GPU lanes) for expert parallelism
     sources: Mapping[str, str] = field(default_factory=dict)  # where each number comes from
+    processes: ProcessesSpec = field(default_factory=ProcessesSpec)  # G processes' extra cost
 
     def __post_init__(self) -> None:
         where = f"hardware {self.name}: "
@@ -441,6 +466,20 @@ class HardwareSpec:
                     )
         if self.n_gpus < 1:
             raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
+        if self.processes.gate_exchange_s < 0:
+            raise ConfigError(f"hardware {self.name}: processes.gate_exchange_us must be >= 0")
+        for kind, x in self.processes.compute_scale.items():
+            if not x > 0:
+                raise ConfigError(
+                    f"hardware {self.name}: processes.compute_scale_by_kind.{kind} must be "
+                    f"positive, got {x!r}"
+                )
+        for kind, x in self.processes.start_delay_s.items():
+            if x < 0:
+                raise ConfigError(
+                    f"hardware {self.name}: processes.start_delay_us_by_kind.{kind} must be "
+                    f">= 0, got {x * 1e6:g}"
+                )
 
     def link(self, res: Resource) -> LinkSpec:
         if res == Resource.DISK_WRITE and res not in self.links:
@@ -479,7 +518,20 @@ class HardwareSpec:
             n_gpus = int(d.get("n_gpus", 1))
             at = "sources"
             sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
-            return cls(name, mem, gpu, cpu, links, n_gpus, sources)
+            at = "processes"
+            proc = dict(d.get("processes") or {})
+            processes = ProcessesSpec(
+                float(proc.get("gate_exchange_us", 0)) * 1e-6,
+                {
+                    str(OpKind(k)): float(v)
+                    for k, v in dict(proc.get("compute_scale_by_kind") or {}).items()
+                },
+                {
+                    str(OpKind(k)): float(v) * 1e-6
+                    for k, v in dict(proc.get("start_delay_us_by_kind") or {}).items()
+                },
+            )
+            return cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)
         except KeyError as e:
             raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
         except (ValueError, TypeError, AttributeError) as e:

@@ -117,8 +117,8 @@ def calibrate(
     out = _profile(name, m, dev, spec.name, ckpt, disk_dir, disk_mb)
     _add_p2p(out, m.overhead_s)
     if ckpt:
-        _add_p2p_in_run(out, ckpt)
         _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s)
+        _add_processes_in_run(out, ckpt)  # over the costs measured so far
     out["sources"]["duration"] = f"{time.perf_counter() - t0:.1f} s"
     return out
 
@@ -275,24 +275,39 @@ def _add_p2p(out: dict[str, Any], overhead_s: float) -> None:
     )
 
 
-def _add_p2p_in_run(out: dict[str, Any], ckpt: str) -> None:
-    """What a G-process run's transfers see, gloo's and the executor's work around them: one
-    2-process ep_static run on the checkpoint replaces the ping-pong's p2p link."""
-    from experiments.common.dist_run import measure_p2p_in_run
+def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
+    """What a G-process run's ops see, gloo's and the executor's work around them and the cores
+    the processes share: 2-process runs on the checkpoint (`measure_processes_in_run`) replace
+    the ping-pong's p2p link and give the profile's `processes` terms."""
+    from experiments.common.dist_run import IN_RUN_PLANNER, IN_RUNS, measure_processes_in_run
 
     alone = dict(out["links"]["p2p"])
-    seen = measure_p2p_in_run(ckpt, out)
+    seen = measure_processes_in_run(ckpt, out)
     if seen is None:
         return
+    link = seen.link
     out["links"]["p2p"] = {
-        "gbps": round(seen.bandwidth_bytes_per_s / 1e9, 4),
-        "latency_us": round(seen.latency_s * 1e6, 2),
+        "gbps": round(link.bandwidth_bytes_per_s / 1e9, 4),
+        "latency_us": round(link.latency_s * 1e6, 2),
+    }
+    out["processes"] = {
+        "gate_exchange_us": round(seen.gate_exchange_s * 1e6, 1),
+        "compute_scale_by_kind": {k: round(x, 3) for k, x in seen.compute_scale.items()},
+        "start_delay_us_by_kind": {k: round(x * 1e6, 1) for k, x in seen.start_delay_s.items()},
     }
     out["sources"]["p2p_in_run"] = (
-        f"{seen.latency_s * 1e6:.0f} us a transfer, {seen.bandwidth_bytes_per_s / 1e9:.3f} "
-        "GB/s: what the transfers of one 2-process ep_static run on the checkpoint took "
-        "(the mean of its dispatches and combines beyond their bytes; its copies' rate, "
-        f"if any); the ping-pong alone gave {alone['latency_us']:g} us, {alone['gbps']:g} GB/s"
+        f"{link.latency_s * 1e6:.0f} us a transfer, {link.bandwidth_bytes_per_s / 1e9:.3f} "
+        f"GB/s: what the transfers of {IN_RUNS} 2-process {IN_RUN_PLANNER} runs on the checkpoint "
+        "took (latency: the mean of its combines beyond their bytes; rate: its replica "
+        f"copies' net of it); the ping-pong alone gave {alone['latency_us']:g} us, "
+        f"{alone['gbps']:g} GB/s"
+    )
+    out["sources"]["processes"] = (
+        "the same runs: gate_exchange_us, the mean of their dispatches beyond a combine (a "
+        "dispatch waits for its batch's routing from every rank); compute_scale_by_kind, "
+        "each compute kind's time in them over this profile's cost for it alone (sums); "
+        "start_delay_us_by_kind, the mean time each kind's ops started after they were ready; "
+        "applied to expert-parallel schedules whose G devices run as processes"
     )
 
 

@@ -29,7 +29,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from core.balance import device_of  # noqa: E402
-from core.bubbles import causes_tv, top_cause  # noqa: E402
+from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
@@ -147,7 +147,8 @@ def compare(
     )
     # why the GPU idled, predicted and measured (core.bubbles): the main cause of each, and how
     # far apart the two splits of the bubble over its causes are (0: the same mix)
-    s_why, r_why = s_sum.get("gpu_idle_causes_s", {}), r_sum.get("gpu_idle_causes_s", {})
+    s_why = by_transfer(s_sum.get("gpu_idle_causes_s", {}))
+    r_why = by_transfer(r_sum.get("gpu_idle_causes_s", {}))
     row["sim_bubble_waits_on"], row["real_bubble_waits_on"] = top_cause(s_why), top_cause(r_why)
     row["bubble_causes_tv"] = causes_tv(s_why, r_why)
     joined = sim.merge(real, on="op_id", suffixes=("_sim", "_real"))
@@ -387,9 +388,11 @@ def _spans_and_links(
     # nearly all latency, which a bandwidth alone cannot stand for)
     p2p = p2p_seen([r.trace for r in runs], hw.link(Resource.P2P)) if setup.distributed else None
     if p2p is not None:
-        seen[Resource.P2P] = p2p.bandwidth_bytes_per_s
-        row["run_p2p_latency_us"] = p2p.latency_s * 1e6
+        seen[Resource.P2P] = p2p.link.bandwidth_bytes_per_s
+        row["run_p2p_latency_us"] = p2p.link.latency_s * 1e6
         row["calibrated_p2p_latency_us"] = hw.link(Resource.P2P).latency_s * 1e6
+        row["run_gate_exchange_us"] = p2p.gate_exchange_s * 1e6
+        row["calibrated_gate_exchange_us"] = hw.processes.gate_exchange_s * 1e6
     if setup.distributed:
         row.update(per_device(sim, real))
     for res in RUN_LINKS:
@@ -400,8 +403,12 @@ def _spans_and_links(
     if not seen:
         return seen, None
     hw_seen = with_links(hw, seen)
-    if p2p is not None:
-        hw_seen = replace(hw_seen, links={**hw_seen.links, Resource.P2P: p2p})
+    if p2p is not None:  # the gate exchange too: the runs' dispatches' wait beyond a transfer
+        hw_seen = replace(
+            hw_seen,
+            links={**hw_seen.links, Resource.P2P: p2p.link},
+            processes=replace(hw.processes, gate_exchange_s=p2p.gate_exchange_s),
+        )
     return seen, hw_seen
 
 
@@ -439,7 +446,9 @@ def _print_row(
             f"{row[f'calibrated_{res}_gbps']:.2f}"
             + (
                 f"; + {row['run_p2p_latency_us']:.0f} us a transfer, calibrated "
-                f"{row['calibrated_p2p_latency_us']:.0f}"
+                f"{row['calibrated_p2p_latency_us']:.0f}; gate exchange "
+                f"{row['run_gate_exchange_us']:.0f} us, calibrated "
+                f"{row['calibrated_gate_exchange_us']:.0f}"
                 if res == Resource.P2P and "run_p2p_latency_us" in row
                 else ""
             )

@@ -238,7 +238,8 @@ def _stream_rows(
 ) -> list[list[tuple[Any, ...]]]:
     """Per stream, its ops in program order, flattened into tuples once (attribute access on
     dataclasses dominates otherwise): (id, deps, alloc tier and bytes, free tier and bytes,
-    the lock of its resource, its duration, its share of a fluid, the SMs it holds)."""
+    the lock of its resource, its duration, its share of a fluid, the SMs it holds, how long
+    after it is ready it starts)."""
     n = len(schedule.ops)
     locks = {name: _Lock() for name in {s.resource_id for s in schedule.streams.values()}}
     cols = schedule.columns()
@@ -272,6 +273,7 @@ def _stream_rows(
         durations.tolist(),
         shared,
         holding,
+        cost.start_delays(schedule).tolist(),
         strict=True,
     ):
         per_stream[stream_of[row[0]]].append(row)
@@ -322,7 +324,7 @@ def _run_stream(
     timeout, event = env.timeout, env.event
     start, end, granted = run.start, run.end, run.granted
     done, waiters, pools = run.done, run.waiters, run.pools
-    for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm in ops:
+    for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm, delay in ops:
         for d in deps:
             if not done[d]:
                 ev = waiters[d]
@@ -338,6 +340,8 @@ def _run_stream(
                 pool.waiting.append((a_bytes, ev))
                 yield ev
             granted[op_id] = env._now
+        if delay > 0:  # the host's work before it (G processes: `CostModel.start_delays`)
+            yield timeout(delay)
         if lock is not None:
             if lock.busy:
                 ev = event()

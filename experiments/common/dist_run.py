@@ -33,7 +33,7 @@ import numpy as np
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
-from core.types import Dense, Resource
+from core.types import COMPUTE_KINDS, Dense, OpKind, Resource
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -333,61 +333,144 @@ def fit_relative(points: list[tuple[float, float]]) -> tuple[float, float]:
     return float(1.0 / per_byte), max(float(lat), 0.0)
 
 
-def measure_p2p_in_run(ckpt: str, hw: dict[str, Any], timeout_s: float = 120.0) -> Any:
-    """The p2p link (`p2p_seen`) one G=2 process run of `ep_static` on the checkpoint's model
-    sees: 2 batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing, every
-    expert resident (the device pool `hw`'s, at least 1.3 x the model). None if it moved
-    nothing."""
+@dataclass
+class ProcessesSeen:
+    """What the ops of G-process runs took beyond the cost model's time for them alone."""
+
+    link: Any  # core.spec.LinkSpec: the p2p link (`p2p_seen`)
+    gate_exchange_s: float  # a dispatch's wait for its batch's routing (`p2p_seen`)
+    compute_scale: dict[str, float]  # per compute kind: the runs' time over the model's (`scale_seen`)
+    start_delay_s: dict[str, float]  # per op kind: ready to started (`delay_seen`)
+
+
+IN_RUN_PLANNER = "eplb"  # a planner that copies replicas too, so that every kind of op shows
+POOL_OF_MODEL = 1.3  # its device pool: every expert resident, and room for replicas
+IN_RUNS = 3  # runs of it, their ops pooled
+
+
+def measure_processes_in_run(
+    ckpt: str, hw: dict[str, Any], runs: int = IN_RUNS, timeout_s: float = 120.0
+) -> ProcessesSeen | None:
+    """What `runs` G=2 process runs of `IN_RUN_PLANNER` on the checkpoint's model see: 2
+    batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing (seed 1), every
+    expert resident in a device pool of `POOL_OF_MODEL` x the model, as validation runs the
+    replication planners (not `hw`'s pool: with 25% of RAM, two runs minutes apart saw 11 ms
+    a transfer and 0.10 GB/s copies, against 3.2 ms and 0.25 GB/s at 1.3 x). The p2p link
+    and the gate exchange (`p2p_seen`), each compute kind's scale over `hw`'s cost model
+    (`scale_seen`) and its ops' start after they were ready (`delay_seen`). None if they
+    moved nothing."""
+    from core.cost import CostModel
     from core.spec import HardwareSpec, RoutingConfig, Workload
     from core.types import RoutingSource
     from real.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(ckpt)
     d = dict(hw, n_gpus=2)
-    d["memory_gb"] = dict(
-        hw["memory_gb"], gpu=max(hw["memory_gb"]["gpu"], 1.3 * model.total_bytes / 1e9)
-    )
+    d["memory_gb"] = dict(hw["memory_gb"], gpu=POOL_OF_MODEL * model.total_bytes / 1e9)
     hardware = HardwareSpec.from_dict(d)
     wl = Workload(
         batch_size=4,
         n_batches=2,
         prompt_len=16,
         gen_len=4,
+        seed=1,
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
     )
-    spec = RunSpec(model, hardware, wl, "ep_static", {"n_devices": 2})
-    out = run_distributed(ckpt, spec, "replay", None, timeout_s)
-    assert out is not None, "a spawned run returns rank 0's result"
-    return p2p_seen([out.result.trace], hardware.link(Resource.P2P))
+    spec = RunSpec(model, hardware, wl, IN_RUN_PLANNER, {"n_devices": 2})
+    results = []
+    for _ in range(runs):
+        out = run_distributed(ckpt, spec, "replay", None, timeout_s)
+        assert out is not None, "a spawned run returns rank 0's result"
+        results.append(out.result)
+    seen = p2p_seen([r.trace for r in results], hardware.link(Resource.P2P))
+    if seen is None:
+        return None
+    cost = CostModel(hardware)
+    pairs = [(r.trace, cost.durations(r.schedule)) for r in results]
+    delays = delay_seen([(r.trace, r.schedule) for r in results])
+    return ProcessesSeen(seen.link, seen.gate_exchange_s, scale_seen(pairs), delays)
 
 
-def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> Any:
-    """The p2p link (`core.spec.LinkSpec`) the transfers of G-process runs' traces saw, or None
-    when they have none: its per-transfer latency the mean time of the small ones (dispatch,
-    combine: tokens) beyond their bytes at `link`'s bandwidth, its bandwidth that of the large
-    ones (replica copies) net of that latency, else `link`'s. Means, not medians: a run's
-    makespan adds the slow transfers up too. A transfer's time here holds what the executor
-    does around gloo's (host copies, the pairs' rows), which a ping-pong does not."""
+def delay_seen(runs: list[tuple[Any, Any]]) -> dict[str, float]:
+    """Per op kind (compute and transfer), the mean time its ops in runs' (trace, schedule)
+    started after they were ready: after the last of their deps and of the op before them on
+    their stream ended (what `core.bubbles` counts as `late`: the host's work between ops, a
+    transfer thread's turn). Ops that started at once count, as 0."""
+    late: dict[str, list[float]] = {}
+    for tr, schedule in runs:
+        n = len(schedule.ops)
+        start, end = np.full(n, np.nan), np.full(n, np.nan)
+        ids = tr["op_id"].to_numpy()
+        start[ids], end[ids] = tr["start_s"].to_numpy(), tr["end_s"].to_numpy()
+        prev: dict[str, int] = {}
+        for op in schedule.ops:
+            before = [*op.deps, *([prev[op.stream]] if op.stream in prev else [])]
+            prev[op.stream] = op.id
+            if op.kind == OpKind.FREE or np.isnan(start[op.id]):
+                continue
+            ready = max((end[d] for d in before if not np.isnan(end[d])), default=start[op.id])
+            late.setdefault(str(op.kind), []).append(max(start[op.id] - ready, 0.0))
+    return {k: float(np.mean(v)) for k, v in sorted(late.items())}
+
+
+def scale_seen(runs: list[tuple[Any, np.ndarray]]) -> dict[str, float]:
+    """Per compute kind, the time its ops took in runs' traces over the time the cost model
+    gives them (each run's `CostModel.durations`, by op id): sums, not a median of ratios,
+    for a run's makespan adds the slow ops up too (a rank descheduled while the other
+    computes)."""
+    took: dict[str, float] = {}
+    model: dict[str, float] = {}
+    for tr, predicted in runs:
+        for kind, g in tr.groupby(tr["kind"].astype(str)):
+            if OpKind(kind) not in COMPUTE_KINDS:
+                continue
+            took[kind] = took.get(kind, 0.0) + float((g["end_s"] - g["start_s"]).sum())
+            model[kind] = model.get(kind, 0.0) + float(predicted[g["op_id"].to_numpy()].sum())
+    return {k: took[k] / model[k] for k in sorted(took) if model[k] > 0}
+
+
+@dataclass
+class P2PSeen:
+    link: Any  # core.spec.LinkSpec
+    gate_exchange_s: float
+
+
+def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> P2PSeen | None:
+    """The p2p link (`core.spec.LinkSpec`) and the gate exchange the transfers of G-process
+    runs' traces saw, or None when they have none. Latency: the mean time of the small
+    combines (results going back: nothing but the transfer) beyond their bytes at `link`'s
+    bandwidth. Gate exchange: the mean time of the dispatches beyond that, for a dispatch
+    moves its batch's tokens only once the batch's routing has reached every rank.
+    Bandwidth: that of the large transfers (replica copies) net of the latency, else
+    `link`'s. Means, not medians: a run's makespan adds the slow transfers up too. A
+    transfer's time here holds what the executor does around gloo's (host copies, the pairs'
+    rows), which a ping-pong does not."""
     from core.spec import LinkSpec
 
-    small: list[float] = []
+    extra: dict[str, list[float]] = {str(OpKind.COMBINE): [], str(OpKind.DISPATCH): []}
     big_bytes = big_s = 0.0
     n_big = 0
     for tr in traces:
         t = tr[tr["resource"].astype(str).str.startswith("p2p") & (tr["bytes"] > 0)]
         dur = (t["end_s"] - t["start_s"]).to_numpy()
         nbytes = t["bytes"].to_numpy().astype(float)
+        kind = t["kind"].astype(str).to_numpy()
         is_small = nbytes < large_bytes
-        small += list(dur[is_small] - nbytes[is_small] / link.bandwidth_bytes_per_s)
+        for k, xs in extra.items():
+            sel = is_small & (kind == k)
+            xs += list(dur[sel] - nbytes[sel] / link.bandwidth_bytes_per_s)
         big_bytes += float(nbytes[~is_small].sum())
         big_s += float(dur[~is_small].sum())
         n_big += int((~is_small).sum())
-    if not small and not big_bytes:
+    combine, dispatch = extra[str(OpKind.COMBINE)], extra[str(OpKind.DISPATCH)]
+    if not combine and not dispatch and not big_bytes:
         return None
+    small = combine or dispatch  # no combine: the dispatches stand for the latency
     lat = max(float(np.mean(small)), 0.0) if small else link.latency_s
+    gate = max(float(np.mean(dispatch)) - lat, 0.0) if combine and dispatch else 0.0
     net = big_s - n_big * lat
     bw = big_bytes / net if big_bytes and net > 0 else link.bandwidth_bytes_per_s
-    return LinkSpec(bw, lat)
+    return P2PSeen(LinkSpec(bw, lat), gate)
 
 
 def _pingpong(

@@ -44,6 +44,16 @@ class LinkSchema:
 
 
 @dataclass
+class ProcessesSchema:
+    """What a G-device schedule's ops cost beyond their cost alone when its devices run as
+    processes of the machine at once (core.spec.ProcessesSpec; experiments.calibrate measures it)."""
+
+    gate_exchange_us: float = 0.0  # a batch's routing from its gates to every rank
+    compute_scale_by_kind: dict[str, float] = field(default_factory=dict)  # time at once / alone
+    start_delay_us_by_kind: dict[str, float] = field(default_factory=dict)  # ready -> started
+
+
+@dataclass
 class HardwareSchema:
     name: str = MISSING
     memory_gb: MemorySchema = field(default_factory=MemorySchema)
@@ -52,6 +62,7 @@ class HardwareSchema:
     links: dict[str, LinkSchema] = field(default_factory=dict)  # h2d, d2h, disk, disk_write, p2p
     n_gpus: int = 1
     sources: dict[str, str] = field(default_factory=dict)  # where each number comes from
+    processes: ProcessesSchema = field(default_factory=ProcessesSchema)
 
 
 @dataclass

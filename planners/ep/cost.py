@@ -64,10 +64,15 @@ class ExpertTime:
     # the share of a GPU's SMs a replica copy holds while it runs (`gpu.copy_sms`; G GPUs): the
     # compute beside it runs that much slower, hidden copy or not
     copy_sm_share: float = 0.0
+    # G devices run as processes of one machine at once (`hardware.processes`,
+    # `core.cost.as_processes`): their expert ops' time over the cost model's alone, and how
+    # long after it is ready each starts; 1 and 0 on lanes
+    scale: float = 1.0
+    delay_s: float = 0.0
 
     @classmethod
     def of(cls, ctx: PlanContext, layout: Layout) -> ExpertTime:
-        cost, m = CostModel(ctx.hardware), ctx.model
+        cost, m, procs = CostModel(ctx.hardware), ctx.model, ctx.hardware.processes
         copy_s = cost.transfer_s(Resource.D2D if layout.lanes else Resource.P2P, m.expert_bytes)
         return cls(
             cost,
@@ -81,6 +86,11 @@ class ExpertTime:
             layout.lanes,
             layout.micro_batches,
             0.0 if layout.lanes else ctx.hardware.gpu.copy_share,
+            *(
+                (procs.scale(OpKind.EXPERT), procs.delay_s(OpKind.EXPERT))
+                if not layout.lanes and layout.n_devices > 1
+                else (1.0, 0.0)
+            ),
         )
 
     def queue(self, slots: np.ndarray, resident: np.ndarray) -> int:
@@ -139,7 +149,7 @@ class ExpertTime:
             t = self.cost.compute_vec(
                 Resource.GPU, OpKind.EXPERT, flops, n * float(self.expert_bytes), self.share
             )
-            return np.where(n > 0, m * t, 0.0)
+            return np.where(n > 0, m * (t * self.scale + self.delay_s), 0.0)
         t = self.cost.compute_vec(
             Resource.GPU,
             OpKind.EXPERT,
@@ -147,6 +157,7 @@ class ExpertTime:
             np.full(tokens.size, float(self.expert_bytes)),
             self.share,
         )
+        t = t * self.scale + self.delay_s
         return np.where(busy, m * t.reshape(tokens.shape), 0.0).sum(1)
 
     def _ops(self, tokens: np.ndarray) -> list[tuple[float, float, list[float]]]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.bubbles import causes_tv, idle_causes, top_cause
+from core.bubbles import by_transfer, causes_tv, idle_causes, top_cause
 from core.cost import CostModel
 from core.ep_layout import EPLayout
 from core.schedule import ScheduleBuilder, validate
@@ -149,3 +149,14 @@ def test_top_cause_and_how_far_two_splits_are():
     assert causes_tv(sim, real) == pytest.approx(0.5)
     assert causes_tv(sim, sim) == 0.0
     assert top_cause({}) == "-" and np.isnan(causes_tv({}, real))
+
+
+def test_a_transfers_two_ends_are_one_cause():
+    """Sim: 2 s of dispatch, all on the receive (both ends end at once; the walk takes the
+    first listed); real: 1 s on the receive, 1 s on the send. One cause: TV 0, where apart
+    the splits would be (0.5 + 0.5) / 2 = 0.5 apart."""
+    sim = {"dispatch@p2p": 2.0}
+    real = {"dispatch@p2p": 1.0, "dispatch@p2p_out": 1.0}
+    assert by_transfer(real) == {"dispatch@p2p": 2.0}
+    assert causes_tv(sim, real) == 0.0
+    assert causes_tv(sim, {"dispatch@p2p": 1.0, "combine@p2p_out": 1.0}) == pytest.approx(0.5)

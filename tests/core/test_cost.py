@@ -351,3 +351,83 @@ def test_a_negative_overhead_is_one_config_error(gpu, field):
     }
     with pytest.raises(ConfigError, match=rf"hardware bad: {field} must be >= 0"):
         HardwareSpec.from_dict(raw)
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+def test_processes_terms_only_where_the_devices_are_processes(lanes):
+    """A 2-device expert-parallel schedule on a machine whose `processes` block says 1 ms of
+    gate exchange and experts 2x slower with both processes computing. Hand-worked, as G
+    processes (lanes: none of it, the lanes are one process's):
+
+    expert 2 GFLOP (table 1.5 ms + 0.1 ms overhead) x 2            = 3.2 ms   (lanes 1.6 ms)
+    (and starts 0.5 ms after it is ready, a dispatch 0.25 ms: `start_delays`; lanes 0)
+    dispatch 1 MB at 1 GB/s on p2p + 100 us latency + 1 ms exchange = 2.1 ms   (lanes 1.1 ms)
+    combine 1 MB: no exchange                                       = 1.1 ms
+    gate (no scale given for its kind): 0.1 ms
+
+    In a pool (the p2p streams are one), the exchange is the dispatch's overhead, not work that
+    shares the link's bandwidth. Without the block every op costs what it costs alone."""
+    from core.ep_layout import EPLayout
+
+    def schedule(h: HardwareSpec) -> Any:
+        b = ScheduleBuilder(h.memory_bytes)
+        b.ep = EPLayout(n_devices=2, lanes=lanes)
+        b.stream("compute", Resource.GPU, 0)
+        b.stream("dispatch0", Resource.P2P, 0, pool="p2p:0")
+        b.stream("combine0", Resource.P2P, 0, pool="p2p:0")
+        g = b.add(OpKind.GATE, "compute", layer=0, batch=0)
+        d = b.add(OpKind.DISPATCH, "dispatch0", (g,), layer=0, batch=0, nbytes=10**6)
+        e = b.add(OpKind.EXPERT, "compute", (d,), layer=0, batch=0, flops=2e9)
+        b.add(OpKind.COMBINE, "combine0", (e,), layer=0, batch=0, nbytes=10**6)
+        return b.build()
+
+    links = {
+        "h2d": {"gbps": 1.0, "latency_us": 100},
+        "d2h": {"gbps": 1.0},
+        "disk": {"gbps": 1.0},
+        "p2p": {"gbps": 1.0, "latency_us": 100},
+    }
+    plain = hw(overhead_us=100, tables={"compute-expert": EXPERT_TABLE}, links=links)
+    procs = HardwareSpec.from_dict(
+        {
+            "name": "procs",
+            "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+            "gpu": {
+                "tflops": 1.0,
+                "mem_bw_gbps": 1000.0,
+                "overhead_us": 100,
+                "time_tables": {"compute-expert": EXPERT_TABLE},
+            },
+            "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+            "links": links,
+            "processes": {
+                "gate_exchange_us": 1000,
+                "compute_scale_by_kind": {"compute-expert": 2.0},
+                "start_delay_us_by_kind": {"compute-expert": 500, "dispatch": 250},
+            },
+        }
+    )
+    alone = [0.0001, 0.0011, 0.0016, 0.0011]
+    as_procs = [0.0001, 0.0021, 0.0032, 0.0011]
+    assert CostModel(plain).durations(schedule(plain)) == pytest.approx(alone)
+    s = schedule(procs)
+    cost = CostModel(procs)
+    assert cost.durations(s) == pytest.approx(alone if lanes else as_procs)
+    over, work, _ = cost.pool_parts(s)
+    assert over[1] == pytest.approx(0.0001 if lanes else 0.0011)
+    assert work[1] == pytest.approx(0.001) and work[3] == pytest.approx(0.001)
+    delays = [0.0, 0.0, 0.0, 0.0] if lanes else [0.0, 0.00025, 0.0005, 0.0]
+    assert cost.start_delays(s) == pytest.approx(delays)
+
+
+def test_a_processes_scale_that_is_not_positive_is_one_config_error():
+    d = {
+        "name": "x",
+        "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
+        "gpu": {"tflops": 1, "mem_bw_gbps": 1},
+        "cpu": {"tflops": 1, "mem_bw_gbps": 1},
+        "links": {"h2d": {"gbps": 1}, "d2h": {"gbps": 1}, "disk": {"gbps": 1}},
+        "processes": {"compute_scale_by_kind": {"compute-expert": 0}},
+    }
+    with pytest.raises(ConfigError, match="processes.compute_scale_by_kind.compute-expert"):
+        HardwareSpec.from_dict(d)

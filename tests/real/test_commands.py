@@ -48,6 +48,18 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
     # the link G processes' transfers take (gloo here), for executor.distributed=true runs
     assert prof["links"]["p2p"]["gbps"] > 0 and prof["n_gpus"] == 2
+    # and what 2-process runs' ops took beyond that: the routing's wait, each compute kind's
+    # scale and start delay, which the profile reads back as hardware.processes
+    procs = prof["processes"]
+    assert procs["gate_exchange_us"] >= 0
+    kinds = {"compute-attention", "compute-expert", "compute-gate", "compute-head"}
+    assert kinds <= set(procs["compute_scale_by_kind"]) and kinds <= set(
+        procs["start_delay_us_by_kind"]
+    )
+    from core.spec import HardwareSpec
+
+    spec = HardwareSpec.from_dict(prof)
+    assert spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
 
     conf = tmp_path / "conf" / "hardware"
     conf.mkdir(parents=True)

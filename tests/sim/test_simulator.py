@@ -571,3 +571,41 @@ def test_sms_held_outside_the_device_are_refused(comm_sms, copy_sms, sms):
         match=rf"hardware comm: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 .* sms={sms}",
     ):
         comm_hw(comm_sms, sms, copy_sms)
+
+
+def test_an_op_of_g_processes_starts_its_kinds_delay_after_it_is_ready():
+    """Two devices as processes, experts starting 0.5 s after they are ready (`processes.
+    start_delay_us_by_kind`; the gate has none, and costs nothing here): after the gate at 0,
+    device 0's 1 s expert (1 TFLOP) runs 0.5-1.5; the next, dep on it, 2.0-3.0; device 1's,
+    dep on the first, 2.0-3.0 too. Without the processes layout (one device) the same ops run
+    back to back: 0-1, 1-2."""
+    from core.ep_layout import EPLayout
+
+    d = {
+        "name": "procs",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+        "processes": {"start_delay_us_by_kind": {"compute-expert": 500_000}},
+    }
+    h = HardwareSpec.from_dict(d)
+
+    def schedule(g: int) -> ScheduleBuilder:
+        b = ScheduleBuilder(h.memory_bytes)
+        b.ep = EPLayout(n_devices=g, lanes=False)
+        for dev in range(g):
+            b.stream(f"compute{dev}", Resource.GPU, dev)
+        gate = b.add(OpKind.GATE, "compute0", layer=0, batch=0)
+        a = b.add(OpKind.EXPERT, "compute0", (gate,), layer=0, batch=0, flops=1e12)
+        b.add(OpKind.EXPERT, "compute0", (a, gate), layer=0, batch=0, flops=1e12)
+        if g > 1:
+            b.add(OpKind.EXPERT, "compute1", (a, gate), layer=0, batch=0, flops=1e12)
+        return b
+
+    start, end = run(schedule(2), h)
+    assert list(start) == pytest.approx([0.0, 0.5, 2.0, 2.0])
+    assert list(end) == pytest.approx([0.0, 1.5, 3.0, 3.0])
+    start, end = run(schedule(1), h)
+    assert list(start) == pytest.approx([0.0, 0.0, 1.0])
+    assert list(end) == pytest.approx([0.0, 1.0, 2.0])
