@@ -9,9 +9,11 @@ docs/commands.md#bench_real; results: docs/results/bench_real.md.
 Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
-        [cold=once|pass]
-e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of
-its 27 layers, stated in the output).
+        [cold=once|pass] [n=0] [routing=auto|trace|synthetic] [trace_dir=../shared/traces]
+        [calib_layers=2]
+e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=8 (its routing replayed
+from the ESFT trace); model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of its 27 layers,
+stated in the output).
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def run(opts: BenchRealOptions) -> list[str]:
     over = opts.n_layers is not None
     name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
     ckpt = ensure_checkpoint(spec, Path(opts.out_dir) / name)
-    _calibrate_if_missing(opts.hardware, ckpt)
+    _calibrate_if_missing(opts, spec)
     bench = BenchAccelerateOptions(
         checkpoint=str(ckpt),
         hardware=opts.hardware,
@@ -184,6 +186,9 @@ def run(opts: BenchRealOptions) -> list[str]:
         gen_len=opts.gen_len,
         cold=cold,
         slack_mb=opts.slack_mb,
+        klotski_n=opts.n,
+        routing=opts.routing.lower(),
+        trace_dir=opts.trace_dir,
     )
     bopts = kv(bench)
     run_spec, hw = pe.run_spec(bopts)
@@ -198,6 +203,8 @@ def run(opts: BenchRealOptions) -> list[str]:
         f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
         f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
         *_budget_lines(spec, budget, hw),
+        f"routing: {sim.summary['routing']}",
+        _n_line(sim.schedule.meta.get("n_plan", {})),
         *header[1:],
         *pe.format_rows(rows)[:-1],
     ]
@@ -212,6 +219,9 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     for key in ("gen_len", "batch_size", "prompt_len"):
         as_int(key, getattr(opts, key), at_least=1)
     as_int("slack_mb", opts.slack_mb, at_least=0)
+    as_int("n", opts.n, at_least=0)
+    as_int("calib_layers", opts.calib_layers, at_least=1)
+    pe.checked_routing(opts.routing)
     peers, cold = opts.peers.lower(), opts.cold.lower()
     if peers not in PEERS:
         raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
@@ -236,7 +246,6 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
 def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
     """The planner's own fit check, where conf/hardware/<hardware>.yaml exists already."""
     from core.spec import RoutingConfig, Workload
-    from core.types import RoutingSource
     from experiments.common.hardware import hardware_path, load_hardware
     from experiments.common.pipeline import RunSpec, resolve_n_batches
 
@@ -253,17 +262,25 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
         n_batches=1,
         prompt_len=opts.prompt_len,
         gen_len=opts.gen_len,
-        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+        routing=RoutingConfig(source=opts.routing.lower(), trace_dir=opts.trace_dir),
     )
-    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
+    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n}))
 
 
-def _calibrate_if_missing(hardware: str, ckpt: Path) -> None:
-    """conf/hardware/<hardware>.yaml measured on `ckpt` (experiments.calibrate) when missing."""
+def _calibrate_if_missing(opts: BenchRealOptions, spec: Any) -> None:
+    """conf/hardware/<hardware>.yaml measured (experiments.calibrate) when missing, on a cut of
+    the model to its first `calib_layers` layers (out_dir/<model>-L<k>, written or reused): the
+    same tensors' shapes for the compute tables, while calibrate's small runs, which hold 60% of
+    their checkpoint in the device pool, stay a few GB whatever the model's size."""
     from experiments.common.hardware import hardware_path
 
+    hardware = opts.hardware
     if hardware_path(hardware).is_file():
         return
+    layers = min(opts.calib_layers, spec.n_layers)
+    cut = reduced_spec(opts.model, n_layers=layers)
+    ckpt = ensure_checkpoint(cut, Path(opts.out_dir) / f"{cut.name}-L{layers}")
+    os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
     _progress(f"no {hardware_path(hardware)}: calibrating on {ckpt}")
     cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
     if subprocess.run([*cmd, f"checkpoint={ckpt}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
@@ -271,6 +288,15 @@ def _calibrate_if_missing(hardware: str, ckpt: Path) -> None:
             f"hardware={hardware}: calibrating it failed (its line is above); run "
             f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"
         )
+
+
+def _n_line(plan: dict[str, Any]) -> str:
+    """How Klotski's n was set: by its n-planner (and what bound it) or by hand."""
+    if not plan:
+        return "klotski n: not recorded"
+    how = "its n-planner's choice" if plan.get("n_auto") else "set by hand (n=)"
+    holds = "hold" if plan.get("inequalities_hold") else "do not all hold"
+    return f"klotski n={plan.get('n')}: {how}; binding: {plan.get('binding')}; (4)-(7) {holds}"
 
 
 def _budget_lines(spec: Any, budget: float, hw: Any) -> list[str]:
