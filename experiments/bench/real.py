@@ -10,7 +10,7 @@ Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
         [cold=once|pass] [n=0] [routing=auto|trace|synthetic] [trace_dir=../shared/traces]
-        [calib_layers=2]
+        [calib_layers=6]
 e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=8 (its routing replayed
 from the ESFT trace); model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of its 27 layers,
 stated in the output).
@@ -174,7 +174,7 @@ def run(opts: BenchRealOptions) -> list[str]:
     over = opts.n_layers is not None
     name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
     ckpt = ensure_checkpoint(spec, Path(opts.out_dir) / name)
-    _calibrate_if_missing(opts, spec)
+    _calibrate_if_missing(opts, spec, ckpt)
     bench = BenchAccelerateOptions(
         checkpoint=str(ckpt),
         hardware=opts.hardware,
@@ -267,27 +267,46 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
     resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n}))
 
 
-def _calibrate_if_missing(opts: BenchRealOptions, spec: Any) -> None:
+def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None:
     """conf/hardware/<hardware>.yaml measured (experiments.calibrate) when missing, on a cut of
-    the model to its first `calib_layers` layers (out_dir/<model>-L<k>, written or reused): the
-    same tensors' shapes for the compute tables, while calibrate's small runs, which hold 60% of
-    their checkpoint in the device pool, stay a few GB whatever the model's size."""
+    the model to its first `calib_layers` layers that links `ckpt`'s shards (no second copy):
+    the same tensors' shapes for the compute tables, while calibrate's small runs, which hold
+    60% of their checkpoint in the device pool, stay a few GB whatever the model's size."""
     from experiments.common.hardware import hardware_path
 
     hardware = opts.hardware
     if hardware_path(hardware).is_file():
         return
     layers = min(opts.calib_layers, spec.n_layers)
-    cut = reduced_spec(opts.model, n_layers=layers)
-    ckpt = ensure_checkpoint(cut, Path(opts.out_dir) / f"{cut.name}-L{layers}")
+    cut = linked_cut(ckpt, reduced_spec(opts.model, n_layers=layers), ckpt.parent / ".calib-cut")
     os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
-    _progress(f"no {hardware_path(hardware)}: calibrating on {ckpt}")
+    _progress(f"no {hardware_path(hardware)}: calibrating on {cut} (first {layers} layers)")
     cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
-    if subprocess.run([*cmd, f"checkpoint={ckpt}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
+    if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
         raise MoepipeError(
             f"hardware={hardware}: calibrating it failed (its line is above); run "
-            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"
+            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={cut}"
         )
+
+
+def linked_cut(ckpt: Path, cut: Any, out: Path) -> Path:
+    """`out` (replaced): the checkpoint of `cut` (a model whose first layers are `ckpt`'s),
+    its config.json and index written, its shards symbolic links to `ckpt`'s that hold them."""
+    from real.checkpoint import INDEX_FILE, load_checkpoint, spec_to_hf_config, unit_layout
+
+    _, index = load_checkpoint(ckpt)
+    names = [ts.hf_name for tensors in unit_layout(cut).values() for ts in tensors.values()]
+    weight_map = {n: Path(index[n].file).name for n in names}
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in sorted(set(weight_map.values())):
+        (out / f).symlink_to((ckpt / f).resolve())
+    total = sum(index[n].nbytes for n in names)
+    meta = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(meta, indent=2))
+    (out / "config.json").write_text(json.dumps(spec_to_hf_config(cut), indent=2))
+    load_checkpoint(out)  # the cut checked as any checkpoint is
+    return out
 
 
 def _n_line(plan: dict[str, Any]) -> str:

@@ -196,7 +196,7 @@ class BenchRealOptions:
     n: int = 0  # Klotski's batches per group: 0 = its n-planner's choice, k > 0 = k
     routing: str = "auto"  # auto (the ESFT trace where the model has its shape) | trace | synthetic
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/
-    calib_layers: int = 2  # calibrate (where no profile exists) on a cut of this many layers
+    calib_layers: int = 6  # calibrate (where no profile exists) on a cut of this many layers
 
 
 def params_schema(params: type) -> type:

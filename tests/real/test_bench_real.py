@@ -139,3 +139,34 @@ def test_bad_routing_or_n_is_one_line(tmp_path, capsys, arg, first_words):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(first_words), err
     assert not any(tmp_path.iterdir())
+
+
+def test_linked_cut_reads_the_full_checkpoints_bytes(tmp_path):
+    """The calibration's cut of a checkpoint: config.json of its first layers, shards that are
+    links to the full checkpoint's (no second copy), and each tensor the same bytes."""
+    from real.checkpoint import load_checkpoint, write_checkpoint
+    from real.shards import read_tensor
+
+    full = write_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "full", seed=0)
+    want = bench_real.reduced_spec("mixtral-tiny", n_layers=1)
+    cut = bench_real.linked_cut(full, want, tmp_path / "cut")
+    spec, index = load_checkpoint(cut)
+    assert spec.n_layers == 1 and spec.total_bytes == want.total_bytes < load_checkpoint(full)[0].total_bytes
+    shards = [p for p in cut.iterdir() if p.suffix == ".safetensors"]
+    assert shards and all(p.is_symlink() for p in shards)
+    _, whole = load_checkpoint(full)
+    assert all((read_tensor(e) == read_tensor(whole[n])).all() for n, e in index.items())
+    assert bench_real.linked_cut(full, want, tmp_path / "cut") == cut  # replaced, not refused
+
+
+def test_disk_tier_holds_at_least_the_model():
+    """A profile calibrated on a nearly full disk records a small disk tier; the bench's hardware
+    still has room for the model there, since the checkpoint is on that disk already."""
+    from experiments.common.hardware import with_model_on_disk
+
+    hw = {"memory_gb": {"gpu": 80, "cpu": 16, "disk": 1.5}, "name": "x"}
+    got = with_model_on_disk(hw, 4_000_000_000, 0.5, 0.25)
+    assert got["memory_gb"] == {"gpu": 2.0, "cpu": 1.0, "disk": 4.0}
+    assert hw["memory_gb"]["disk"] == 1.5  # the profile itself untouched
+    roomy = with_model_on_disk({"memory_gb": {"gpu": 1, "cpu": 1, "disk": 9.0}}, 4e9, 0.5, 0.25)
+    assert roomy["memory_gb"]["disk"] == 9.0
