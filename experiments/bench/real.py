@@ -206,7 +206,7 @@ def run(opts: BenchRealOptions) -> list[str]:
         f"routing: {sim.summary['routing']}",
         _n_line(sim.schedule.meta.get("n_plan", {})),
         *header[1:],
-        *pe.format_rows(rows)[:-1],
+        *_table(rows),
     ]
     return lines + _verdict(rows, sim, physical_bound(sim.schedule, hw), opts.batch_size, peers)
 
@@ -346,7 +346,7 @@ def _verdict(
     lines.append(f"  {'max':14s} {bound_s:8.2f} s  ({binding})")
     if ours.dag_efficiency is not None:
         lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
-    lines += pe.format_rows(rows)[-1:] if peers != "none" else []
+    lines += pe.format_rows(rows)[len(_table(rows)) :]  # `moepipe / best peer`, if a peer ran
     if ours.seconds:
         lines.append(
             f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
@@ -357,6 +357,13 @@ def _verdict(
             f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)"
         )
     return lines
+
+
+def _table(rows: list[Any]) -> list[str]:
+    """The rows' table without the `moepipe / best peer` line format_rows ends with when a
+    peer ran."""
+    out = pe.format_rows(rows)
+    return out[:-1] if out[-1].startswith("moepipe / best peer") else out
 
 
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:

@@ -170,3 +170,15 @@ def test_disk_tier_holds_at_least_the_model():
     assert hw["memory_gb"]["disk"] == 1.5  # the profile itself untouched
     roomy = with_model_on_disk({"memory_gb": {"gpu": 1, "cpu": 1, "disk": 9.0}}, 4e9, 0.5, 0.25)
     assert roomy["memory_gb"]["disk"] == 9.0
+
+
+def test_peers_none_prints_the_moepipe_row(tmp_path, capsys):
+    """With no peer the table still holds moepipe's row, and no `best peer` line is printed."""
+    argv = [*TINY, "budget_gb=0.008", f"out_dir={tmp_path}", "peers=none", "n=2"]
+    assert bench_real.main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    row = next(ln for ln in out if ln.startswith("moepipe klotski"))
+    assert row.startswith("moepipe klotski (n=2) ") and float(row[40:].split()[1]) > 0
+    assert any(ln.startswith("klotski n=2: set by hand") for ln in out)
+    assert not any(ln.startswith("moepipe / best peer") for ln in out)
+    assert out[-2].startswith("moepipe / physical bound: ")
