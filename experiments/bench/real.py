@@ -246,10 +246,10 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
 def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
     """The planner's own fit check, where conf/hardware/<hardware>.yaml exists already."""
     from core.spec import RoutingConfig, Workload
-    from experiments.common.hardware import hardware_path, load_hardware
+    from experiments.common.hardware import load_hardware
     from experiments.common.pipeline import RunSpec, resolve_n_batches
 
-    if not hardware_path(opts.hardware).is_file():
+    if not _profile_exists(opts.hardware):
         return
     early = load_hardware(
         opts.hardware,
@@ -272,21 +272,29 @@ def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None
     the model to its first `calib_layers` layers that links `ckpt`'s shards (no second copy):
     the same tensors' shapes for the compute tables, while calibrate's small runs, which hold
     60% of their checkpoint in the device pool, stay a few GB whatever the model's size."""
-    from experiments.common.hardware import hardware_path
-
     hardware = opts.hardware
-    if hardware_path(hardware).is_file():
+    if _profile_exists(hardware):
         return
     layers = min(opts.calib_layers, spec.n_layers)
     cut = linked_cut(ckpt, reduced_spec(opts.model, n_layers=layers), ckpt.parent / ".calib-cut")
     os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
-    _progress(f"no {hardware_path(hardware)}: calibrating on {cut} (first {layers} layers)")
+    _progress(f"no hardware profile {hardware}: calibrating on {cut} (first {layers} layers)")
     cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
     if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
         raise MoepipeError(
             f"hardware={hardware}: calibrating it failed (its line is above); run "
             f"python -m experiments.calibrate hardware.name={hardware} checkpoint={cut}"
         )
+
+
+def _profile_exists(hardware: str) -> bool:
+    """Whether conf/hardware/<hardware>.yaml (or the YAML `hardware` names) is there."""
+    from experiments.common.hardware import hardware_path
+
+    try:
+        return hardware_path(hardware).is_file()
+    except MoepipeError:  # hardware_path refuses a missing profile
+        return False
 
 
 def linked_cut(ckpt: Path, cut: Any, out: Path) -> Path:

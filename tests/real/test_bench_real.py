@@ -182,3 +182,24 @@ def test_peers_none_prints_the_moepipe_row(tmp_path, capsys):
     assert any(ln.startswith("klotski n=2: set by hand") for ln in out)
     assert not any(ln.startswith("moepipe / best peer") for ln in out)
     assert out[-2].startswith("moepipe / physical bound: ")
+
+
+def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
+    """hardware= naming no profile: calibrate runs (here recorded, not run) on a cut of the
+    model's first calib_layers layers that links the bench's checkpoint."""
+    calls = []
+    monkeypatch.setattr(
+        bench_real.subprocess, "run", lambda cmd, **_: calls.append(cmd) or namedtuple("P", "returncode")(0)
+    )
+    ckpt = bench_real.ensure_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "m")
+    opts = bench_real.BenchRealOptions(
+        model="mixtral-tiny", budget_gb=0.008, hardware="no-such-profile", calib_layers=1
+    )
+    bench_real._calibrate_if_missing(opts, bench_real.reduced_spec("mixtral-tiny"), ckpt)
+    (cmd,) = calls
+    assert "hardware.name=no-such-profile" in cmd
+    cut = tmp_path / ".calib-cut"
+    assert f"checkpoint={cut}" in cmd and '"num_hidden_layers": 1' in (cut / "config.json").read_text()
+    calls.clear()
+    bench_real._calibrate_if_missing(bench_real.BenchRealOptions(model="x", budget_gb=1, hardware="tiny"), None, ckpt)
+    assert not calls  # a profile that exists is used as it is
