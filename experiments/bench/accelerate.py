@@ -6,7 +6,8 @@ results: docs/results/peers.md.
 Usage:
     python -m experiments.bench.accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
-        [cold=pass|once|false] [cgroup=true] [slack_mb=256]
+        [cold=pass|once|false] [cgroup=true] [slack_mb=256] [klotski_n=-1]
+        [routing=synthetic|trace|auto] [trace_dir=../shared/traces]
 The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate): each
 child prints its result as one JSON line.
 """
@@ -20,7 +21,16 @@ from core.args import as_float, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command, kv
 from experiments.common.cli import run_command
-from experiments.common.peers import COLD, RESULT, child, compare, format_rows, peak_rss, run_spec
+from experiments.common.peers import (
+    COLD,
+    RESULT,
+    checked_routing,
+    child,
+    compare,
+    format_rows,
+    peak_rss,
+    run_spec,
+)
 from experiments.common.schema import BenchAccelerateOptions
 
 
@@ -35,6 +45,8 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1)
     as_int("slack_mb", d["slack_mb"], at_least=0)
+    as_int("klotski_n", d["klotski_n"], at_least=-1)
+    d["routing"] = checked_routing(str(d["routing"]))
     return d
 
 

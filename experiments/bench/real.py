@@ -9,9 +9,11 @@ docs/commands.md#bench_real; results: docs/results/bench_real.md.
 Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
-        [cold=once|pass]
-e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of
-its 27 layers, stated in the output).
+        [cold=once|pass] [n=0] [routing=auto|trace|synthetic] [trace_dir=../shared/traces]
+        [calib_layers=6]
+e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=8 (its routing replayed
+from the ESFT trace); model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of its 27 layers,
+stated in the output).
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def run(opts: BenchRealOptions) -> list[str]:
     over = opts.n_layers is not None
     name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
     ckpt = ensure_checkpoint(spec, Path(opts.out_dir) / name)
-    _calibrate_if_missing(opts.hardware, ckpt)
+    _calibrate_if_missing(opts, spec, ckpt)
     bench = BenchAccelerateOptions(
         checkpoint=str(ckpt),
         hardware=opts.hardware,
@@ -184,6 +186,9 @@ def run(opts: BenchRealOptions) -> list[str]:
         gen_len=opts.gen_len,
         cold=cold,
         slack_mb=opts.slack_mb,
+        klotski_n=opts.n,
+        routing=opts.routing.lower(),
+        trace_dir=opts.trace_dir,
     )
     bopts = kv(bench)
     run_spec, hw = pe.run_spec(bopts)
@@ -198,8 +203,10 @@ def run(opts: BenchRealOptions) -> list[str]:
         f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
         f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
         *_budget_lines(spec, budget, hw),
+        f"routing: {sim.summary['routing']}",
+        _n_line(sim.schedule.meta.get("n_plan", {})),
         *header[1:],
-        *pe.format_rows(rows)[:-1],
+        *_table(rows),
     ]
     return lines + _verdict(rows, sim, physical_bound(sim.schedule, hw), opts.batch_size, peers)
 
@@ -212,6 +219,9 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     for key in ("gen_len", "batch_size", "prompt_len"):
         as_int(key, getattr(opts, key), at_least=1)
     as_int("slack_mb", opts.slack_mb, at_least=0)
+    as_int("n", opts.n, at_least=0)
+    as_int("calib_layers", opts.calib_layers, at_least=1)
+    pe.checked_routing(opts.routing)
     peers, cold = opts.peers.lower(), opts.cold.lower()
     if peers not in PEERS:
         raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
@@ -236,11 +246,10 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
 def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
     """The planner's own fit check, where conf/hardware/<hardware>.yaml exists already."""
     from core.spec import RoutingConfig, Workload
-    from core.types import RoutingSource
-    from experiments.common.hardware import hardware_path, load_hardware
+    from experiments.common.hardware import load_hardware
     from experiments.common.pipeline import RunSpec, resolve_n_batches
 
-    if not hardware_path(opts.hardware).is_file():
+    if not _profile_exists(opts.hardware):
         return
     early = load_hardware(
         opts.hardware,
@@ -253,24 +262,68 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
         n_batches=1,
         prompt_len=opts.prompt_len,
         gen_len=opts.gen_len,
-        routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
+        routing=RoutingConfig(source=opts.routing.lower(), trace_dir=opts.trace_dir),
     )
-    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": -1}))
+    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n}))
 
 
-def _calibrate_if_missing(hardware: str, ckpt: Path) -> None:
-    """conf/hardware/<hardware>.yaml measured on `ckpt` (experiments.calibrate) when missing."""
-    from experiments.common.hardware import hardware_path
-
-    if hardware_path(hardware).is_file():
+def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None:
+    """conf/hardware/<hardware>.yaml measured (experiments.calibrate) when missing, on a cut of
+    the model to its first `calib_layers` layers that links `ckpt`'s shards (no second copy):
+    the same tensors' shapes for the compute tables, while calibrate's small runs, which hold
+    60% of their checkpoint in the device pool, stay a few GB whatever the model's size."""
+    hardware = opts.hardware
+    if _profile_exists(hardware):
         return
-    _progress(f"no {hardware_path(hardware)}: calibrating on {ckpt}")
+    layers = min(opts.calib_layers, spec.n_layers)
+    cut = linked_cut(ckpt, reduced_spec(opts.model, n_layers=layers), ckpt.parent / ".calib-cut")
+    os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
+    _progress(f"no hardware profile {hardware}: calibrating on {cut} (first {layers} layers)")
     cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
-    if subprocess.run([*cmd, f"checkpoint={ckpt}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
+    if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
         raise MoepipeError(
             f"hardware={hardware}: calibrating it failed (its line is above); run "
-            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"
+            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={cut}"
         )
+
+
+def _profile_exists(hardware: str) -> bool:
+    """Whether conf/hardware/<hardware>.yaml (or the YAML `hardware` names) is there."""
+    from experiments.common.hardware import hardware_path
+
+    try:
+        return hardware_path(hardware).is_file()
+    except MoepipeError:  # hardware_path refuses a missing profile
+        return False
+
+
+def linked_cut(ckpt: Path, cut: Any, out: Path) -> Path:
+    """`out` (replaced): the checkpoint of `cut` (a model whose first layers are `ckpt`'s),
+    its config.json and index written, its shards symbolic links to `ckpt`'s that hold them."""
+    from real.checkpoint import INDEX_FILE, load_checkpoint, spec_to_hf_config, unit_layout
+
+    _, index = load_checkpoint(ckpt)
+    names = [ts.hf_name for tensors in unit_layout(cut).values() for ts in tensors.values()]
+    weight_map = {n: Path(index[n].file).name for n in names}
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in sorted(set(weight_map.values())):
+        (out / f).symlink_to((ckpt / f).resolve())
+    total = sum(index[n].nbytes for n in names)
+    meta = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(meta, indent=2))
+    (out / "config.json").write_text(json.dumps(spec_to_hf_config(cut), indent=2))
+    load_checkpoint(out)  # the cut checked as any checkpoint is
+    return out
+
+
+def _n_line(plan: dict[str, Any]) -> str:
+    """How Klotski's n was set: by its n-planner (and what bound it) or by hand."""
+    if not plan:
+        return "klotski n: not recorded"
+    how = "its n-planner's choice" if plan.get("n_auto") else "set by hand (n=)"
+    holds = "hold" if plan.get("inequalities_hold") else "do not all hold"
+    return f"klotski n={plan.get('n')}: {how}; binding: {plan.get('binding')}; (4)-(7) {holds}"
 
 
 def _budget_lines(spec: Any, budget: float, hw: Any) -> list[str]:
@@ -301,7 +354,7 @@ def _verdict(
     lines.append(f"  {'max':14s} {bound_s:8.2f} s  ({binding})")
     if ours.dag_efficiency is not None:
         lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
-    lines += pe.format_rows(rows)[-1:] if peers != "none" else []
+    lines += pe.format_rows(rows)[len(_table(rows)) :]  # `moepipe / best peer`, if a peer ran
     if ours.seconds:
         lines.append(
             f"moepipe / physical bound: {ours.seconds / bound_s:.2f}x "
@@ -312,6 +365,13 @@ def _verdict(
             f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)"
         )
     return lines
+
+
+def _table(rows: list[Any]) -> list[str]:
+    """The rows' table without the `moepipe / best peer` line format_rows ends with when a
+    peer ran."""
+    out = pe.format_rows(rows)
+    return out[:-1] if out[-1].startswith("moepipe / best peer") else out
 
 
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:

@@ -79,10 +79,7 @@ def read_hardware(name: str) -> dict[str, Any]:
 
 
 def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
-    d = read_hardware(name)
-    d["memory_gb"] = dict(
-        d["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9
-    )
+    d = with_model_on_disk(read_hardware(name), model_bytes, gpu_frac, cpu_frac)
     try:
         return HardwareSpec.from_dict(d)
     except (MoepipeError, TypeError, AttributeError) as e:
@@ -90,6 +87,18 @@ def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float)
         raise MoepipeError(
             f"{path}: {e}; fix it or write it again with python -m experiments.calibrate out={path}"
         ) from None
+
+
+def with_model_on_disk(
+    hw: dict[str, Any], model_bytes: int, gpu_frac: float, cpu_frac: float
+) -> dict[str, Any]:
+    """`hw` with the device pool and host RAM set to fractions of the model, and a disk tier of
+    at least the model: the real executor reads that tier from the checkpoint, which is on the
+    disk already, so the disk's free space (calibrate records half of it) does not bound it."""
+    mem = dict(hw["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9)
+    if "disk" in mem:
+        mem["disk"] = max(float(mem["disk"]), model_bytes / 1e9)
+    return dict(hw, memory_gb=mem)
 
 
 def _ram_bytes() -> int:
@@ -128,12 +137,7 @@ def measure_in_run(
     from experiments.common.real_run import real_execute
 
     spec, _ = load_checkpoint(ckpt)
-    d = copy.deepcopy(hw)
-    d["memory_gb"] = dict(
-        d["memory_gb"],
-        gpu=gpu_frac * spec.total_bytes / 1e9,
-        cpu=cpu_frac * spec.total_bytes / 1e9,
-    )
+    d = with_model_on_disk(copy.deepcopy(hw), spec.total_bytes, gpu_frac, cpu_frac)
     wl = Workload(
         batch_size=2,
         n_batches=2,

@@ -206,6 +206,17 @@ def run_accelerate(
         return total - dropping[0]
 
 
+def checked_routing(routing: str) -> str:
+    """`routing` lower-cased, or a MoepipeError naming the valid sources (live is not one: both
+    sides would then route by their own random gates)."""
+    from core.errors import MoepipeError
+
+    valid = ("auto", "trace", "synthetic")
+    if routing.lower() not in valid:
+        raise MoepipeError(f"routing={routing!r} unknown; valid: {', '.join(valid)}")
+    return routing.lower()
+
+
 def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     """(RunSpec, HardwareSpec) of the moepipe side, from the bench's options."""
     from core.spec import RoutingConfig, Workload
@@ -218,8 +229,12 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     model, _ = load_checkpoint(opts["checkpoint"])
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
     sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
-    wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
-    params = {"n": -1} if opts["planner"] == "klotski" else {}
+    routing = RoutingConfig(
+        source=RoutingSource(str(opts.get("routing", "synthetic")).lower()),
+        trace_dir=str(opts.get("trace_dir", "../shared/traces")),
+    )
+    wl = Workload(**sizes, routing=routing)
+    params = {"n": int(opts.get("klotski_n", -1))} if opts["planner"] == "klotski" else {}
     return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
 
 

@@ -184,6 +184,9 @@ class BenchAccelerateOptions:
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
     role: str | None = None  # set by the bench for its child processes: probe|moepipe|accelerate
     acc_batch: int = 0  # set by the bench for an accelerate child: sequences per generate call
+    klotski_n: int = -1  # moepipe klotski's n: -1 = n_batches, 0 = its n-planner's choice
+    routing: str = "synthetic"  # moepipe's routing: synthetic | trace (ESFT replay) | auto
+    trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/ (routing=trace|auto)
 
 
 @dataclass
@@ -201,6 +204,10 @@ class BenchRealOptions:
     peers: str = "best"  # best | all | none: which accelerate rows run
     cold: str = "once"  # once | pass (as in experiments.bench.accelerate)
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
+    n: int = 0  # Klotski's batches per group: 0 = its n-planner's choice, k > 0 = k
+    routing: str = "auto"  # auto (the ESFT trace where the model has its shape) | trace | synthetic
+    trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/
+    calib_layers: int = 6  # calibrate (where no profile exists) on a cut of this many layers
 
 
 def params_schema(params: type) -> type:
