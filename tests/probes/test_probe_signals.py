@@ -207,8 +207,13 @@ def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatc
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(pipeline.os, "replace", replace_and_signal)
-    with pytest.raises(KeyboardInterrupt):
-        pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
+    # Python's own handler, whatever an earlier test in this process left set
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sent
     assert json.loads((run / "summary.json").read_text())["planner"] == "new"
     assert {(run / f).read_text() for f in ("config.yaml", "trace.parquet")} == {"new"}
