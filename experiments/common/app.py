@@ -304,9 +304,11 @@ def validate_each_value_once() -> Iterator[None]:
     points that bring a value of a swept key not seen before: every value is still checked
     before the sweep starts (a bad choice is one line, as `check_sweep` makes it for the command
     line's), and a point whose combination alone fails fails as its job does."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    # on the base class: hydra's plugin scan loads the basic sweeper's module afresh, so a
+    # BasicSweeper imported here is not the class it runs; the method is Sweeper's own
+    from hydra.plugins.sweeper import Sweeper
 
-    every_point = BasicSweeper.validate_batch_is_legal
+    every_point = Sweeper.validate_batch_is_legal
 
     def each_value(self: Any, batch: Sequence[Sequence[str]]) -> None:
         seen: set[str] = set()
@@ -317,11 +319,11 @@ def validate_each_value_once() -> Iterator[None]:
                 seen.update(point)
         every_point(self, firsts)
 
-    BasicSweeper.validate_batch_is_legal = each_value  # type: ignore[method-assign]
+    Sweeper.validate_batch_is_legal = each_value  # type: ignore[method-assign]
     try:
         yield
     finally:
-        BasicSweeper.validate_batch_is_legal = every_point  # type: ignore[method-assign]
+        Sweeper.validate_batch_is_legal = every_point  # type: ignore[method-assign]
 
 
 def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:

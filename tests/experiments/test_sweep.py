@@ -516,3 +516,34 @@ def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_pa
     by_gpu = {float(r["hardware.memory_gb.gpu"]): r for r in rows.to_dict("records")}
     assert by_gpu[0.00001]["status"] == "infeasible" and by_gpu[0.00001]["model.name"] == "ck"
     assert by_gpu[1.0]["status"] == "ok" and by_gpu[1.0]["model.name"] == "ck"
+
+
+def test_a_sweep_composes_one_point_per_new_value_before_launching(tmp_path, monkeypatch):
+    """Hydra's sweeper checks the points of a sweep before it launches any; the command hands
+    it only those that bring a value not seen before (3 of these 4), on the class hydra runs."""
+    from hydra.plugins.sweeper import Sweeper
+
+    from experiments.run import main
+
+    seen: list[list[list[str]]] = []
+
+    def record(self, batch):  # type: ignore[no-untyped-def]
+        seen.append([list(p) for p in batch])
+        raise SystemExit(3)  # stop before any job runs
+
+    monkeypatch.setattr(Sweeper, "validate_batch_is_legal", record)
+    argv = ["-m", *TINY, "planner=sequential,flexgen", "workload.batch_size=1,2"]
+    assert main([*argv, f"hydra.sweep.dir={tmp_path}"]) == 3
+    (points,) = seen
+    assert len(points) == 3
+    values = {o for p in points for o in p}
+    assert {"planner=sequential", "planner=flexgen"} <= values
+    assert {"workload.batch_size=1", "workload.batch_size=2"} <= values
+    assert Sweeper.validate_batch_is_legal is record  # put back after the sweep
+    # on Sweeper itself: hydra's plugin scan may load the basic sweeper's module afresh (as it
+    # does in a fresh `python -m experiments.run`), so a patch of its class would not be seen
+    from experiments.common.app import validate_each_value_once
+
+    with validate_each_value_once():
+        assert Sweeper.validate_batch_is_legal is not record
+    assert Sweeper.validate_batch_is_legal is record
