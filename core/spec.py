@@ -428,7 +428,7 @@ class HardwareSpec:
             if link.latency_s < 0:
                 raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
         for dev in ("gpu", "cpu"):
-            c: ComputeSpec = getattr(self, dev)
+            c = getattr(self, dev)
             for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):
                 if not getattr(c, f_) > 0:  # named as the YAML names it
                     raise ConfigError(f"hardware {self.name}: {dev}.{key} must be positive")
