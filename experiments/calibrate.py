@@ -381,6 +381,13 @@ def _main(args: Options) -> int:
                 "or pass out=FILE"
             )
         disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
+        free_mb = shutil.disk_usage(disk_dir).free // 2**20
+        if not opts["checkpoint"] and disk_mb > free_mb // 2:  # the disk probe's file
+            raise MoepipeError(
+                f"disk_mb={disk_mb}: the disk under disk_dir={disk_dir} has {free_mb} MB free; "
+                f"the probe file may take half of it at most: pass disk_mb={max(free_mb // 2, 1)} "
+                "or less"
+            )
         hw = calibrate(name, opts["checkpoint"], opts["device"], disk_dir, disk_mb, in_run_s)
         header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"
         tmp = out.with_name(f".{out.name}.partial")

@@ -65,12 +65,16 @@ def measure_disk(disk_dir: Path, size_mb: int) -> dict[str, float]:
     disk_dir.mkdir(parents=True, exist_ok=True)
     path = disk_dir / "calib.bin"
     chunk = 4 << 20
-    with open(path, "wb") as f:
-        block = os.urandom(chunk)
-        for _ in range(max(size_mb * (1 << 20) // chunk, 4)):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
+    try:  # a full disk or Ctrl-C while it is written: the file goes, not left filling the disk
+        with open(path, "wb") as f:
+            block = os.urandom(chunk)
+            for _ in range(max(size_mb * (1 << 20) // chunk, 4)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     reader = DiskReader(path)
     try:
         span = path.stat().st_size

@@ -21,6 +21,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -125,9 +126,17 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
         ]
         for p in procs:
             p.start()
+        # SIGTERM (`kill`, `timeout`, a scheduler) would end this process alone, the ranks
+        # running on as orphans: it unwinds through the `finally` that stops them
+        main = threading.current_thread() is threading.main_thread()  # where handlers go
+        term = signal.getsignal(signal.SIGTERM)
+        if main:
+            signal.signal(signal.SIGTERM, _exit_on_term)
         try:
             _watch(procs, Path(tmp))
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, term)
             for p in procs:
                 if p.is_alive():
                     p.terminate()
@@ -137,6 +146,10 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
                     p.kill()
         with open(Path(tmp) / "rank0.pkl", "rb") as f:
             return pickle.load(f)
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    sys.exit(128 + signum)
 
 
 def _watch(procs: list[Any], tmp: Path) -> None:

@@ -210,7 +210,12 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
     out = []
     for key, g in panel_groups(d):
         pts = [c for c in POINT if c in g.columns]
-        g = g.assign(_point=g[pts].astype(str).agg(" ".join, axis=1) if pts else "")
+        # str of each value: pandas' str dtype keeps a missing key (a run of other code) as NaN
+        g = g.assign(
+            _point=g[pts].astype(object).apply(lambda r: " ".join(map(str, r)), axis=1)
+            if pts
+            else ""
+        )
         lines = line_groups(g, *pts, "n_batches")
         rows, at_point = [], {}  # at_point: {point: [(throughput, line), ...]}
         for label, s in lines:

@@ -87,13 +87,13 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
-                config = yaml.safe_load(cfg_path.read_text()) or {}
+                config = yaml.safe_load(cfg_path.read_text())
             except yaml.YAMLError:
                 return None, f"{cfg_path.relative_to(run)} unreadable"
             except (OSError, UnicodeDecodeError) as e:
                 return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
-            if not isinstance(config, dict):  # a run writes a mapping of its keys
-                return None, f"{cfg_path.relative_to(run)} is not a mapping of config keys"
+            if not isinstance(config, dict) or not config:  # a run writes a mapping of its keys
+                return None, f"{cfg_path.relative_to(run)} is empty or not a mapping of config keys"
             break
     else:
         return None, "no config.yaml"

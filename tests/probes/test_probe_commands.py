@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.probes.conftest import ROOT, TINY, cli, one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
 
@@ -192,3 +193,38 @@ def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 141 and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize(
+    "edit, names",
+    [
+        (lambda df: df.drop(columns=["start_s"]), ["no column(s) start_s"]),
+        (lambda df: df.assign(start_s=df["start_s"].astype(str)), ["column start_s", "not numbers"]),
+        (lambda df: df.assign(end_s=float("nan")), ["end_s=nan"]),
+        (lambda df: df.assign(end_s=df["start_s"] - 1), ["end >= start"]),
+    ],
+    ids=["missing column", "numbers as text", "NaN time", "ends before it starts"],
+)
+def test_a_parquet_that_is_not_a_runs_trace_is_one_line(
+    tmp_path: Path, edit: Any, names: list[str]
+) -> None:
+    """report's timeline figure and trace_json read a run's trace.parquet: a file of another
+    schema was a KeyError or a TypeError deep inside (an internal error), NaN times were drawn."""
+    import pandas as pd
+
+    from core.trace import read_trace
+
+    run = tmp_path / "run"
+    assert cli("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    path = run / "trace.parquet"
+    edit(pd.read_parquet(path)).to_parquet(path)
+    raises_one_line(lambda: read_trace(path), str(path), *names)
+    one_line(cli("experiments.trace_json", f"runs=[{run}]", f"out={tmp_path / 't.json'}"), *names)
+
+
+def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(tmp_path: Path) -> None:
+    """disk_mb=10^8 wrote until the disk was full, and the 60 GB probe file stayed."""
+    r = cli("experiments.calibrate", "hardware.name=x", "disk_mb=100000000",
+            f"out={tmp_path / 'x.yaml'}", f"disk_dir={tmp_path / 'd'}")  # fmt: skip
+    one_line(r, "disk_mb=100000000", "free")
+    assert not list((tmp_path / "d").iterdir()) and not (tmp_path / "x.yaml").exists()

@@ -223,3 +223,24 @@ def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatc
 def _write(folder: Path, text: str) -> None:
     for name in ("config.yaml", "trace.parquet"):
         (folder / name).write_text(text)
+
+
+def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt: Path) -> None:
+    """`kill` (SIGTERM) of the command that started G rank processes ended it alone: the ranks
+    ran on as orphans. They stop with it, and no result is left."""
+    run = tmp_path / "run"
+    p = _start(run, "executor=real", "executor.distributed=true", "hardware=h200-hgx8",
+               "workload=tiny", "planner=eplb", "+planner.params.n_devices=2",
+               f"checkpoint={tiny_ckpt}", "workload.n_batches=40", "workload.gen_len=40")  # fmt: skip
+    ranks: list[str] = []
+    deadline = time.monotonic() + 120
+    while len(ranks) < 2 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
+        ranks = [k for k in kids.stdout.split() if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
+    assert len(ranks) == 2, p.communicate()
+    p.terminate()
+    p.communicate(timeout=60)
+    time.sleep(2)
+    assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
+    assert not (run / "summary.json").exists()

@@ -144,14 +144,30 @@ def test_summary_with_a_bad_metric_is_refused(
     assert "not" in line
 
 
-def test_a_config_yaml_that_is_not_a_mapping_is_skipped(sweep: Path, tmp_path: Path) -> None:
-    """A run dir whose config.yaml is a list was a run with no config columns."""
+@pytest.mark.parametrize("text", ["- a\n- b\n", "", "null\n", "5\n"])
+def test_a_config_yaml_that_is_not_a_mapping_is_skipped(
+    sweep: Path, tmp_path: Path, text: str
+) -> None:
+    """A run dir whose config.yaml is a list or empty was a run with no config columns (and
+    report failed on it with an internal error)."""
     mine = tmp_path / "sweep"
     shutil.copytree(sweep, mine)
     shutil.copytree(mine / "good", mine / "bad")
-    (mine / "bad" / "config.yaml").write_text("- a\n- b\n")
+    (mine / "bad" / "config.yaml").write_text(text)
     df, problems = collect(mine)
     assert len(df) == 1 and any("not a mapping" in p for p in problems), problems
+
+
+def test_report_takes_runs_whose_configs_have_other_keys(sweep: Path, tmp_path: Path) -> None:
+    """A run of other code lacks a config key the others have (NaN in its column): report's
+    ranking joined the point's values as strings and failed with an internal error."""
+    mine = tmp_path / "sweep"
+    shutil.copytree(sweep, mine)
+    shutil.copytree(mine / "good", mine / "old")
+    (mine / "old" / "config.yaml").write_text("planner: {name: flexgen}\n")
+    r = cli("experiments.report", f"dir={mine}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert (mine / "report" / "index.html").is_file()
 
 
 def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
