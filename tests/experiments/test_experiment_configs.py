@@ -60,21 +60,11 @@ FOUR = "replication_row=ep_static,eplb,predictive_replication,oracle_replication
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
-def test_replication_experiment_runs_small(tmp_path):
-    """Two cases swept small into one folder (a held-out ESFT one and a synthetic one), then the
-    report over both: its table, notes, plots and page."""
-    out = Path(tmp_path)
-    for case, bs in (("esft_g8", 8), ("switch_128_g8", 16)):
-        r = _run(
-            "experiments.run",
-            "-m",
-            f"experiment=replication_{case}",
-            f"hydra.sweep.dir={out}",
-            f"workload.batch_size={bs}",
-            *SMALL,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-    r = _run("experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]")
+def test_replication_experiment_runs_small(replication_sweep):
+    """Two cases swept small into one folder (a held-out ESFT one and a synthetic one; the
+    session's, tests/experiments/conftest.py), then the report over both: its table, notes,
+    plots and page."""
+    out, r = replication_sweep.out, replication_sweep.report
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predictive_replication" in r.stdout and "eplb[interval=8]" in r.stdout
     assert "ep_static[tbo]" in r.stdout and "gate=none" in r.stdout
@@ -94,7 +84,7 @@ def test_replication_experiment_runs_small(tmp_path):
     import pandas as pd
 
     runs = sorted(out.glob("esft-g8/bs8/*/*/summary.json"))
-    assert len(runs) == 7  # the four, gate=none, window and interval=8
+    assert len(runs) == 8  # the four, gate=none, window, interval=8 and split_load
     for run in runs:  # one row per (step, layer, batch) of the 26 MoE layers, 2 batches
         balance = pd.read_csv(run.parent / "balance.csv")
         assert len(balance) == 26 * 2 and [f"tokens_{d}" for d in range(8)] == list(
@@ -104,14 +94,17 @@ def test_replication_experiment_runs_small(tmp_path):
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_cross_validation_runs_small(tmp_path):
-    """Two folds in two stream orders swept into one folder; replication_cv counts four runs."""
+    """A fold (trained on the other four) in two stream orders swept into one folder;
+    replication_cv counts two runs, a row per order. (How it keys and counts several folds and
+    orders: tests/experiments/test_replication_cv.py; the test split swept: the session's sweep
+    above.)"""
     r = _run(
         "experiments.run",
         "-m",
         "experiment=replication_esft_g8",
         f"hydra.sweep.dir={tmp_path}",
         "workload.batch_size=8",
-        "replication.split=test,fold1",
+        "replication.split=fold1",
         "workload.seed=0,1",
         FOUR,
         *SMALL,
@@ -119,4 +112,6 @@ def test_replication_cross_validation_runs_small(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     r = _run("experiments.replication_cv", f"dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 4 runs" in r.stdout
+    assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 2 runs" in r.stdout
+    folds = [ln.split()[:4] for ln in r.stdout.splitlines() if ln.split()[:1] == ["1"]]
+    assert folds == [["1", "fold1", "s0", "esft-g8"], ["1", "fold1", "s1", "esft-g8"]]

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
 from experiments.common.ep_inputs import esft_split, load_matrix, prepare
 from experiments.common.pipeline import RunSpec
 from tests.conftest import ROOT, SHARED_TRACES
+from tests.experiments.conftest import ESFT_ROWS, replication_sweep_cmd
 
 needs_traces = pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 BASE = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml").replication
@@ -113,46 +114,41 @@ def test_bad_replication_settings_are_one_line(rep, planner, match, tmp_path):
 
 
 def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=replication_esft_g8",
-           "workload.batch_size=8", "workload.n_batches=2", "workload.prompt_len=8",
-           "replication_row=ep_static,eplb,predictive_replication,oracle_replication,"
-           "oracle_replication_split_load", f"hydra.sweep.dir={out}", *args]  # fmt: skip
+    cmd = replication_sweep_cmd(out, *args)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @needs_traces
-def test_a_case_sweeps_reports_and_resumes(tmp_path):
-    """A tiny esft-g8 sweep: a run dir per row, the report's verdicts over it, the sweep run
-    again reuses every run, and a changed setting in the same run dirs runs them again."""
-    out = tmp_path / "r"
-    r = _sweep(out)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path):
+    """A tiny esft-g8 sweep (the session's): a run dir per row, the report's verdicts over it,
+    the sweep run again reuses every run, and a changed setting in the same run dirs runs them
+    again."""
+    sweep = replication_sweep
     sub = "workload.n_batches=2,workload.prompt_len=8"  # the overrides' own sub-dir
-    rows = sorted(p.parent.parent.name for p in out.glob(f"esft-g8/bs8/*/{sub}/summary.json"))
-    assert rows == ["ep_static", "eplb", "oracle_replication", "oracle_replication_split_load",
-                    "predictive_replication"]  # fmt: skip
+    rows = sorted(p.parent.parent.name for p in sweep.out.glob(f"esft-g8/bs8/*/{sub}/summary.json"))
+    assert rows == sorted(ESFT_ROWS.split(","))
     split_load = json.loads(
-        (out / f"esft-g8/bs8/oracle_replication_split_load/{sub}/summary.json").read_text()
+        (sweep.out / f"esft-g8/bs8/oracle_replication_split_load/{sub}/summary.json").read_text()
     )
     assert split_load["variant"] == "oracle_replication[split_load]"
-    rep = subprocess.run(
-        [sys.executable, "-m", "experiments.replication", f"dir={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    rep = sweep.report
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert "esft-g8 bs=8: predictive balancedness" in rep.stdout
     assert "oracle_replication[split_load] (peeks at the routing)" in rep.stdout
-    assert (out / "index.html").exists() and (out / "results.parquet").exists()
-    again = _sweep(out)
-    assert again.returncode == 0 and "5 already finished, reused" in again.stderr
-    # the same run dirs under another split: config.yaml differs, so they run again
+    assert (sweep.out / "index.html").exists() and (sweep.out / "results.parquet").exists()
+    out = tmp_path / "r"  # a copy: the session's folder stays as its sweeps left it
+    shutil.copytree(sweep.out, out)
+    one = "hydra.launcher.n_jobs=1"  # in the command's process: no worker to start and import
+    again = _sweep(out, one)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{len(rows)} already finished, reused" in again.stderr, again.stderr[-2000:]
+    # the same run dir under another split: config.yaml differs, so it runs again
     keys = "[experiment,replication_row,workload.batch_size,replication.split]"
     other = _sweep(
         out,
+        "replication_row=eplb",
         "replication.split=validation",
+        one,
         f"hydra.job.config.override_dirname.exclude_keys={keys}",
     )
     assert other.returncode == 0 and "already finished" not in other.stderr, other.stderr[-2000:]

@@ -5,7 +5,9 @@ is one line, exit 130, no summary.json where there was none, and the previous re
 
 Each probe stops a run at a moment it waits for rather than at a guessed time: computing (it
 holds the dir's lock, seen in /proc/locks) or writing its files (its `.partial-*` folder is
-there). LONG is a simulator run of some 20 s on a 2-core machine, so it is still running then.
+there). LONG is a simulator run of some 20 s on a 2-core machine, so it is still running then;
+the writing moment is awaited in WRITING, an eighth of LONG's batches, whose files (trace.json
+too) take some 3x LONG's time to write, so that moment comes sooner and lasts longer.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from experiments.run import LOCK
 from tests.probes.conftest import ROOT, TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
+WRITING = [*TINY[:-1], "planner=sequential", "workload.n_batches=50", "workload.gen_len=128",
+           "trace_json=true"]  # fmt: skip
 RESULT = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet")
 
 
@@ -68,6 +72,8 @@ MOMENTS: dict[str, Callable[[subprocess.Popen, Path], bool]] = {
     "computing": _holds_lock,
     "writing": _writing,
 }
+# the run each moment is awaited in
+RUNS = {"computing": LONG, "writing": WRITING}
 
 
 def _stop_when(p: subprocess.Popen, run: Path, moment: str, sig: int) -> tuple[int, str]:
@@ -80,7 +86,7 @@ def _stop_when(p: subprocess.Popen, run: Path, moment: str, sig: int) -> tuple[i
         time.sleep(0.005)
     if moment == "computing":
         time.sleep(1.0)
-    assert p.poll() is None, "ended before it was stopped: LONG is too short here"
+    assert p.poll() is None, f"ended before it was stopped: RUNS[{moment!r}] is too short"
     os.killpg(p.pid, sig)
     _, err = p.communicate(timeout=120)
     return p.returncode, err
@@ -113,7 +119,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(moment: str, tmp_path
     its holder), exits 0, and leaves its own whole result and no half-written folder."""
     run = tmp_path / "run"
     before = _finished(run)
-    code, err = _stop_when(_start(run, *LONG), run, moment, signal.SIGKILL)
+    code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGKILL)
     assert code == -signal.SIGKILL, err
     assert (run / LOCK).exists()
     if _result(run) != before:  # killed in the moment its files went in: the new one, whole
@@ -137,7 +143,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     half-written folder. A run after it into the dir proceeds."""
     run = tmp_path / "run"
     before = _finished(run) if earlier else {}
-    code, err = _stop_when(_start(run, *LONG), run, moment, signal.SIGINT)
+    code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGINT)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130, err
     assert "Traceback" not in err

@@ -1,0 +1,61 @@
+"""Shared fixtures of the experiments tests: one small replication sweep and its report, run
+once per session and read by every test that checks a sweep's folder or the report over it
+(tests/experiments/test_replication_sweep.py, test_experiment_configs.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# the esft-g8 case's rows (its seven) and the split-load row, small: 2 batches of 8 x 8 tokens
+ESFT_ROWS = (
+    "ep_static,eplb,predictive_replication,oracle_replication,predictive_replication_gate_none,"
+    "predictive_replication_window,eplb_interval8,oracle_replication_split_load"
+)
+SMALL = ("workload.n_batches=2", "workload.prompt_len=8")
+
+
+def replication_sweep_cmd(out: Path, *args: str) -> list[str]:
+    """`experiments.run -m` of the small esft-g8 sweep into `out` (`args` last, so they win)."""
+    return [sys.executable, "-m", "experiments.run", "-m", "experiment=replication_esft_g8",
+            "workload.batch_size=8", *SMALL, f"replication_row={ESFT_ROWS}",
+            f"hydra.sweep.dir={out}", *args]  # fmt: skip
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess:
+    """`python -m args...` from the repository root."""
+    cmd = [sys.executable, "-m", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@dataclass(frozen=True)
+class ReplicationSweep:
+    out: Path  # the sweep folder: esft-g8 (bs 8) and switch-base-128-g8 (bs 16) runs
+    esft: subprocess.CompletedProcess  # the esft-g8 sweep's command
+    switch: subprocess.CompletedProcess  # the switch-base-128-g8 sweep's command
+    report: subprocess.CompletedProcess  # experiments.replication over the folder
+
+
+@pytest.fixture(scope="session")
+def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSweep:
+    """Two cases swept small into one folder (a held-out ESFT one, every row of it and the
+    split-load row, and a synthetic one), then `experiments.replication` over both. Tests that
+    change the folder work on a copy."""
+    out = tmp_path_factory.mktemp("replication") / "r"
+    esft = subprocess.run(
+        replication_sweep_cmd(out), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert esft.returncode == 0, esft.stderr[-3000:]
+    switch = run_module("experiments.run", "-m", "experiment=replication_switch_128_g8",
+                        f"hydra.sweep.dir={out}", "workload.batch_size=16", *SMALL)  # fmt: skip
+    assert switch.returncode == 0, switch.stderr[-3000:]
+    report = run_module(
+        "experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]"
+    )
+    return ReplicationSweep(out, esft, switch, report)
