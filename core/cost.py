@@ -25,8 +25,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from core.hardware import ComputeSpec, HardwareSpec
 from core.schedule import Op, Schedule
-from core.spec import ComputeSpec, HardwareSpec
 from core.types import COMPUTE_KINDS, TRANSFER_KINDS, OpKind, Resource
 
 # A GEMM's output tile per thread block: CUTLASS's and DeepGEMM's common 128 x 128 (DeepGEMM also

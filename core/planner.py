@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.cost import CostModel
+from core.hardware import HardwareSpec
 from core.routing import CausalRouting
 from core.schedule import ScheduleBuilder
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.spec import ModelSpec, Workload
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Frozen domain specs: the model (`ModelSpec`), the machine (`HardwareSpec`) and the workload.
+"""Frozen domain specs: the model (`ModelSpec`) and the workload; the machine is
+core.hardware's `HardwareSpec`.
 
 Built from plain dicts (resolved hydra YAML) or, for models, from a Hugging Face `config.json`
 (core.hf_config). Every validation error names the field and what would fix it.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.types import Activation, OpKind, Resource, RoutingSource, Tier
+from core.types import Activation, RoutingSource
 
 GB = 1e9
 GIB = 2**30
@@ -31,7 +32,7 @@ def _positive(obj: object, *names: str) -> None:
             raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
-def _finite(where: str, **values: Any) -> None:
+def check_finite(where: str, **values: Any) -> None:
     """Every value a finite number: NaN passes every `< 0` and `> 0` check it meets, and inf
     every `> 0`, so each float a spec holds is checked here first (issue 48)."""
     for key, v in values.items():
@@ -342,255 +343,6 @@ def _has_no_default(cls: type, name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class LinkSpec:
-    bandwidth_bytes_per_s: float  # sustained bandwidth
-    latency_s: float = 0.0  # fixed cost per transfer
-
-    def time_s(self, nbytes: float) -> float:
-        return nbytes / self.bandwidth_bytes_per_s + self.latency_s
-
-
-@dataclass(frozen=True)
-class ComputeSpec:
-    peak_flops_per_s: float  # dense bf16 peak the kernels reach
-    mem_bw_bytes_per_s: float  # memory bandwidth for weight/KV reads
-    kernel_overhead_s: float = 0.0  # fixed launch cost per op
-    # Per op kind overhead replacing kernel_overhead_s (an eager attention launches dozens of
-    # kernels; one expert GEMM a handful).
-    kind_overhead_s: Mapping[str, float] = field(default_factory=dict)
-    # Calibrated tables: op kind -> ((flops, seconds), ...) sorted by flops. They replace the
-    # roofline for that kind (see core.cost).
-    time_tables: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
-    # Streaming multiprocessors (0 = unknown: every kernel can fill the device) and the memory
-    # bandwidth one SM's thread blocks can draw (0 = mem_bw / sms, an even split): how much of
-    # the device a kernel of few thread blocks can use (core.cost.CostModel.cap).
-    sms: int = 0
-    sm_mem_bw_bytes_per_s: float = 0.0
-    # SMs a collective's kernels (the all-to-all's dispatch and combine, tensor-parallel
-    # all-reduces) hold on each GPU it runs on, for as long as it runs: compute beside it gets the
-    # other sms - comm_sms (sim/executor.py). 0: collectives cost no compute (or sms unknown).
-    comm_sms: int = 0
-    # SMs a replica copy between GPUs holds on each end while it runs: 0 where the copy engines
-    # move it (cudaMemcpyPeerAsync), some where NCCL's p2p kernels do (the real executor's)
-    copy_sms: int = 0
-
-    @property
-    def comm_share(self) -> float:
-        """The share of the device a running collective holds (`comm_sms` / `sms`), 0 unknown."""
-        return self.comm_sms / self.sms if self.sms and self.comm_sms else 0.0
-
-    @property
-    def copy_share(self) -> float:
-        """The share of the device a running replica copy holds (`copy_sms` / `sms`)."""
-        return self.copy_sms / self.sms if self.sms and self.copy_sms else 0.0
-
-
-@dataclass(frozen=True)
-class ProcessesSpec:
-    """What the ops of a G-device expert-parallel schedule cost when its devices run as processes
-    of this machine at once (`executor.distributed=true`), beyond their cost alone; measured by
-    `experiments.calibrate` in such a run. The defaults add nothing: a one-process profile's
-    costs are unchanged."""
-
-    # a batch's routing, from its gates to every rank (the gate parts' exchange): every dispatch
-    # of the batch waits for it before its tokens move
-    gate_exchange_s: float = 0.0
-    # per compute kind: an op's time with the G processes computing at once over the cost
-    # model's time for it alone (the cores they share, their transfer threads)
-    compute_scale: Mapping[str, float] = field(default_factory=dict)
-    # per op kind: how long an op starts after it is ready (its deps and the op before it on
-    # its stream done), the process's host work between ops (core.bubbles' `late`)
-    start_delay_s: Mapping[str, float] = field(default_factory=dict)
-
-    def scale(self, kind: OpKind | str) -> float:
-        return self.compute_scale.get(str(kind), 1.0)
-
-    def delay_s(self, kind: OpKind | str) -> float:
-        return self.start_delay_s.get(str(kind), 0.0)
-
-
-@dataclass(frozen=True)
-class HardwareSpec:
-    name: str
-    memory_bytes: Mapping[Tier, int]  # capacity per tier (GPU: usable by the model)
-    gpu: ComputeSpec
-    cpu: ComputeSpec
-    links: Mapping[Resource, LinkSpec]  # h2d, d2h, disk, disk_write (+ p2p)
-    n_gpus: int = 1  # GPUs (or concurrent GPU lanes) for expert parallelism
-    sources: Mapping[str, str] = field(default_factory=dict)  # where each number comes from
-    processes: ProcessesSpec = field(default_factory=ProcessesSpec)  # G processes' extra cost
-
-    def __post_init__(self) -> None:
-        where = f"hardware {self.name}: "
-        for res, link in self.links.items():
-            _finite(f"{where}links.{res}", gbps=link.bandwidth_bytes_per_s / GB,
-                    latency_us=link.latency_s * 1e6)  # fmt: skip
-        for dev in ("gpu", "cpu"):
-            c: ComputeSpec = getattr(self, dev)
-            _finite(f"{where}{dev}", tflops=c.peak_flops_per_s / 1e12,
-                    mem_bw_gbps=c.mem_bw_bytes_per_s / GB, overhead_us=c.kernel_overhead_s * 1e6,
-                    sm_mem_bw_gbps=c.sm_mem_bw_bytes_per_s / GB)  # fmt: skip
-            _finite(f"{where}{dev}.overhead_us_by_kind", **{
-                str(k): v * 1e6 for k, v in c.kind_overhead_s.items()})  # fmt: skip
-            for kind, pts in c.time_tables.items():
-                for i, (x, y) in enumerate(pts):
-                    _finite(f"{where}{dev}.time_tables.{kind}[{i}]", flops=x, seconds=y)
-        for tier in Tier:
-            cap = self.memory_bytes.get(tier)
-            if cap is None or not cap > 0:
-                raise ConfigError(
-                    f"hardware {self.name}: memory.{tier} must be a positive capacity, got {cap!r}"
-                )
-        for res in (Resource.H2D, Resource.D2H, Resource.DISK):
-            if res not in self.links:
-                raise ConfigError(f"hardware {self.name}: links.{res} is missing")
-        for res, link in self.links.items():
-            if not link.bandwidth_bytes_per_s > 0:
-                raise ConfigError(
-                    f"hardware {self.name}: links.{res}.gbps must be positive, got "
-                    f"{link.bandwidth_bytes_per_s / GB:g}"
-                )
-            if link.latency_s < 0:
-                raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
-        for dev in ("gpu", "cpu"):
-            c = getattr(self, dev)
-            for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):
-                if not getattr(c, f_) > 0:  # named as the YAML names it
-                    raise ConfigError(f"hardware {self.name}: {dev}.{key} must be positive")
-            if c.kernel_overhead_s < 0:
-                raise ConfigError(f"hardware {self.name}: {dev}.overhead_us must be >= 0")
-            for kind, v in c.kind_overhead_s.items():
-                if v < 0:
-                    raise ConfigError(
-                        f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0"
-                    )
-        if self.n_gpus < 1:
-            raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
-        if self.processes.gate_exchange_s < 0:
-            raise ConfigError(f"hardware {self.name}: processes.gate_exchange_us must be >= 0")
-        for kind, x in self.processes.compute_scale.items():
-            if not x > 0:
-                raise ConfigError(
-                    f"hardware {self.name}: processes.compute_scale_by_kind.{kind} must be "
-                    f"positive, got {x!r}"
-                )
-        for kind, x in self.processes.start_delay_s.items():
-            if x < 0:
-                raise ConfigError(
-                    f"hardware {self.name}: processes.start_delay_us_by_kind.{kind} must be "
-                    f">= 0, got {x * 1e6:g}"
-                )
-
-    def link(self, res: Resource) -> LinkSpec:
-        if res == Resource.DISK_WRITE and res not in self.links:
-            return self.links[Resource.DISK]
-        if res == Resource.P2P_OUT and res not in self.links:  # the same link's other direction
-            return self.link(Resource.P2P)
-        if res == Resource.P2P and res not in self.links:
-            return self.links[Resource.H2D]
-        if res == Resource.D2D and res not in self.links:
-            # a device-to-device copy reads and writes each byte in HBM once: half its bandwidth,
-            # at a transfer's launch cost (the GPU link's latency)
-            return LinkSpec(self.gpu.mem_bw_bytes_per_s / 2, self.link(Resource.P2P).latency_s)
-        return self.links[res]
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> HardwareSpec:
-        """From the YAML layout: memory_gb, gpu/cpu {tflops, mem_bw_gbps, overhead_us}, links {gbps, latency_us}."""
-        name = str(d.get("name", "hardware"))
-        at = "memory_gb"  # the field being read, for an error's line
-        try:
-            mem_gb = {Tier(k): float(v) for k, v in dict(d["memory_gb"]).items()}
-            _finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
-            mem = {k: int(v * GB) for k, v in mem_gb.items()}
-            links = {}
-            at = "links"
-            for k, v in dict(d["links"]).items():
-                at = f"links.{k}"
-                links[Resource(k)] = LinkSpec(
-                    float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6
-                )
-            at = "gpu"
-            gpu = _compute_from_dict(d["gpu"], name)
-            at = "cpu"
-            cpu = _compute_from_dict(d["cpu"], name)
-            at = "n_gpus"
-            n_gpus = int(d.get("n_gpus", 1))
-            at = "sources"
-            sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
-            at = "processes"
-            proc = dict(d.get("processes") or {})
-            processes = ProcessesSpec(
-                float(proc.get("gate_exchange_us", 0)) * 1e-6,
-                {
-                    str(OpKind(k)): float(v)
-                    for k, v in dict(proc.get("compute_scale_by_kind") or {}).items()
-                },
-                {
-                    str(OpKind(k)): float(v) * 1e-6
-                    for k, v in dict(proc.get("start_delay_us_by_kind") or {}).items()
-                },
-            )
-            return cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)
-        except KeyError as e:
-            raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
-        except (ValueError, TypeError, AttributeError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(
-                f"hardware {name}: {at}: {e} (the layout: memory_gb {{gpu, cpu, disk}}, gpu and "
-                "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}; "
-                "see conf/hardware/)"
-            ) from None
-
-
-def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
-    """One compute device of a hardware YAML (`HardwareSpec.from_dict`)."""
-    tables = {
-        str(kind): tuple((float(x), float(y)) for x, y in pts)
-        for kind, pts in dict(c.get("time_tables") or {}).items()
-    }
-    for kind, pts in tables.items():
-        OpKind(kind)
-        xs = [x for x, _ in pts]
-        if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
-            raise ConfigError(
-                f"hardware {name}: time_tables.{kind} must be [flops, seconds] points "
-                "with flops ascending and both >= 0 (experiments.calibrate writes them)"
-            )
-    kind_overhead = {
-        str(OpKind(k)): float(v) * 1e-6 for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
-    }
-    sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
-    if sms < 0 or sm_bw < 0:
-        raise ConfigError(
-            f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
-        )
-    comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
-    held = comm_sms + copy_sms
-    if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):
-        raise ConfigError(
-            f"hardware {name}: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 "
-            f"(they cost no compute) or together below sms={sms} (set sms, the "
-            "device's SM count)"
-        )
-    return ComputeSpec(
-        float(c["tflops"]) * 1e12,
-        float(c["mem_bw_gbps"]) * GB,
-        float(c.get("overhead_us", 0)) * 1e-6,
-        kind_overhead,
-        tables,
-        sms,
-        sm_bw,
-        comm_sms,
-        copy_sms,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
 class RoutingConfig:
     source: RoutingSource = RoutingSource.SYNTHETIC
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/
@@ -611,7 +363,7 @@ class RoutingConfig:
             v = getattr(self, f_)
             object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
         for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
-            _finite("workload.routing", **{f_: getattr(self, f_)})
+            check_finite("workload.routing", **{f_: getattr(self, f_)})
         for f_ in ("layer_corr", "reuse", "hot_share"):
             v = getattr(self, f_)
             if not 0.0 <= v <= 1.0:

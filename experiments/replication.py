@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
 from experiments.common.cli import print_or_exit, run_command, until_interrupted

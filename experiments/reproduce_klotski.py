@@ -32,7 +32,8 @@ import yaml
 from tqdm import tqdm
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
 from experiments.common.cli import (
     on_interrupt,

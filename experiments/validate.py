@@ -31,8 +31,9 @@ import torch  # noqa: E402
 from core.balance import device_of  # noqa: E402
 from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
+from core.hardware import HardwareSpec
 from core.routing import Routing, load_routing  # noqa: E402
-from core.spec import HardwareSpec, RoutingConfig, Workload  # noqa: E402
+from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
 from experiments.common.app import command, kv  # noqa: E402
@@ -216,7 +217,7 @@ class Setup:
     ckpt: str
     names: list[str]  # the planners
     model: Any  # core.spec.ModelSpec
-    hw: Any  # core.spec.HardwareSpec
+    hw: Any  # core.hardware.HardwareSpec
     wl: Workload
     out: Path
     fracs: tuple[float, float]  # gpu_frac, cpu_frac

@@ -23,7 +23,8 @@ import pandas as pd
 import torch
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
 from experiments.common.app import command, kv
 from experiments.common.cli import (

@@ -29,10 +29,11 @@ import numpy as np
 
 from core.cost import CostModel
 from core.errors import ConfigError
+from core.hardware import HardwareSpec
 from core.planner import PlanContext, Planner
 from core.routing import GateView, resolve_source
 from core.schedule import ScheduleBuilder
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, RoutingSource, Stream, Tensor, Tier
 from planners.common import Emitter
 from planners.n_planner import N_MAX, NChoice, check_n, placement_for, solve_n

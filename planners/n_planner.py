@@ -22,7 +22,8 @@ import numpy as np
 
 from core.cost import CostModel
 from core.errors import CapacityError
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, Tier
 from planners.placement import Placement, klotski_placement
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import CapacityError
-from core.spec import HardwareSpec, ModelSpec
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec
 from core.types import Tier
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
+from core.hardware import HardwareSpec
 from core.routing import Routing
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.spec import ModelSpec, Workload
 from planners.registry import expert_parallel_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ import yaml
 
 from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
-from core.spec import Activation, HardwareSpec, ModelSpec
+from core.hardware import HardwareSpec
+from core.spec import Activation, ModelSpec
 from core.types import OpKind, Resource
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import (

@@ -350,7 +350,7 @@ def fit_relative(points: list[tuple[float, float]]) -> tuple[float, float]:
 class ProcessesSeen:
     """What the ops of G-process runs took beyond the cost model's time for them alone."""
 
-    link: Any  # core.spec.LinkSpec: the p2p link (`p2p_seen`)
+    link: Any  # core.hardware.LinkSpec: the p2p link (`p2p_seen`)
     gate_exchange_s: float  # a dispatch's wait for its batch's routing (`p2p_seen`)
     compute_scale: dict[str, float]  # per compute kind: the runs' time over the model's (`scale_seen`)
     start_delay_s: dict[str, float]  # per op kind: ready to started (`delay_seen`)
@@ -373,7 +373,8 @@ def measure_processes_in_run(
     (`scale_seen`) and its ops' start after they were ready (`delay_seen`). None if they
     moved nothing."""
     from core.cost import CostModel
-    from core.spec import HardwareSpec, RoutingConfig, Workload
+    from core.hardware import HardwareSpec
+    from core.spec import RoutingConfig, Workload
     from core.types import RoutingSource
     from real.checkpoint import load_checkpoint
 
@@ -444,12 +445,12 @@ def scale_seen(runs: list[tuple[Any, np.ndarray]]) -> dict[str, float]:
 
 @dataclass
 class P2PSeen:
-    link: Any  # core.spec.LinkSpec
+    link: Any  # core.hardware.LinkSpec
     gate_exchange_s: float
 
 
 def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> P2PSeen | None:
-    """The p2p link (`core.spec.LinkSpec`) and the gate exchange the transfers of G-process
+    """The p2p link (`core.hardware.LinkSpec`) and the gate exchange the transfers of G-process
     runs' traces saw, or None when they have none. Latency: the mean time of the small
     combines (results going back: nothing but the transfer) beyond their bytes at `link`'s
     bandwidth. Gate exchange: the mean time of the dispatches beyond that, for a dispatch
@@ -458,7 +459,7 @@ def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> P2PSee
     `link`'s. Means, not medians: a run's makespan adds the slow transfers up too. A
     transfer's time here holds what the executor does around gloo's (host copies, the pairs'
     rows), which a ping-pong does not."""
-    from core.spec import LinkSpec
+    from core.hardware import LinkSpec
 
     extra: dict[str, list[float]] = {str(OpKind.COMBINE): [], str(OpKind.DISPATCH): []}
     big_bytes = big_s = 0.0

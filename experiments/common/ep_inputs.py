@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from core.balance import KEYS
 from core.cost import CostModel
 from core.errors import ConfigError, MoepipeError
+from core.hardware import HardwareSpec
 from core.routing import Routing
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.spec import ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
 from core.traces import EsftTrace, load_esft
 from core.types import OpKind, Resource

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from experiments.common.ep_rows import NOISE_GAP, plotted_batches
 
 

@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource
 from experiments.common.app import check_keys
@@ -132,7 +133,7 @@ def measure_in_run(
     copy to the device pool took 1.4 ms alone, and 1.4-1.8 ms (median) but 2.3-3.5 ms (mean)
     in runs, where the copy worker shares two cores with compute and disk reads."""
     from core.cost import CostModel
-    from core.spec import HardwareSpec
+    from core.hardware import HardwareSpec
     from experiments.common.pipeline import RunSpec
     from experiments.common.real_run import real_execute
 

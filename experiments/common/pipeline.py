@@ -28,10 +28,11 @@ import pandas as pd
 from core.balance import phases
 from core.cost import CostModel
 from core.errors import CapacityError, MoepipeError
+from core.hardware import HardwareSpec
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.spec import ModelSpec, Workload
 from core.trace import chrome_parts, make_trace, summarize, write_chrome
 from core.types import Tier
 from planners.registry import make_planner

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.args import as_float
 from core.errors import ConfigError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.pipeline import RunSpec
 
 EXECUTORS = ("sim", "real")

@@ -46,7 +46,7 @@ class LinkSchema:
 @dataclass
 class ProcessesSchema:
     """What a G-device schedule's ops cost beyond their cost alone when its devices run as
-    processes of the machine at once (core.spec.ProcessesSpec; experiments.calibrate measures it)."""
+    processes of the machine at once (core.hardware.ProcessesSpec; experiments.calibrate measures it)."""
 
     gate_exchange_us: float = 0.0  # a batch's routing from its gates to every rank
     compute_scale_by_kind: dict[str, float] = field(default_factory=dict)  # time at once / alone

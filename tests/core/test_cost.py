@@ -15,8 +15,8 @@ import pytest
 
 from core.cost import CostModel
 from core.errors import ConfigError
+from core.hardware import HardwareSpec
 from core.schedule import ScheduleBuilder, validate
-from core.spec import HardwareSpec
 from core.types import OpKind, Resource, Tier
 
 GB = 10**9

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from core.types import OpKind, Resource
 from experiments.common.ep_rows import gap_line, utilisation_lines
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from core.traces import load_esft
 from experiments.common.ep_inputs import esft_split
 from tests.conftest import SHARED_TRACES

@@ -14,7 +14,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from core.errors import ConfigError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.ep_inputs import esft_split, load_matrix, prepare
 from experiments.common.pipeline import RunSpec
 from tests.conftest import ROOT, SHARED_TRACES

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from core.errors import MoepipeError
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from experiments.reproduce_klotski import (
     PAPER_T3,
     _experiment,

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, Tier
 from experiments.validate import with_links
@@ -49,7 +49,7 @@ def test_p2p_seen_splits_a_dispatchs_wait_for_routing_from_the_link():
     3 ms (1 ms of bytes: latency 1.5 ms, the mean); dispatches 4 ms and 6 ms (gate exchange
     5 - 1 - 1.5 = 2.5 ms); two 10 MB copies take 11.5 ms and 21.5 ms: 20 MB over 33 - 2 x 1.5
     = 30 ms, 0.667 GB/s."""
-    from core.spec import LinkSpec
+    from core.hardware import LinkSpec
     from experiments.common.dist_run import p2p_seen
 
     small = (1 << 20) - 1

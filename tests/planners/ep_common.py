@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.pipeline import RunSpec
 from planners.expert_parallel import ExpertTime, Layout
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.hardware import HardwareSpec
 from core.routing import load_routing
 from core.schedule import validate
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.spec import ModelSpec, RoutingConfig, Workload
 from core.trace import peak_bytes
 from core.types import OpKind, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_run

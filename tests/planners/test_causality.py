@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from core.errors import CapacityError
+from core.hardware import HardwareSpec
 from core.routing import Routing
-from core.spec import HardwareSpec, Workload
+from core.spec import Workload
 from core.types import OpKind
 from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names

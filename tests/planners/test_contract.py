@@ -8,7 +8,7 @@ import pytest
 
 from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from core.trace import make_trace, summarize
 from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names

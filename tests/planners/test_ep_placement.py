@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from core.spec import HardwareSpec, ModelSpec
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec
 from core.types import OpKind, Resource
 from planners.expert_parallel import (
     ExpertTime,

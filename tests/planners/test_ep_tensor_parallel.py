@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from core.errors import CapacityError, ConfigError
-from core.spec import HardwareSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from core.types import OpKind, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
 from tests.planners.ep_common import tiny_spec

@@ -11,7 +11,8 @@ import yaml
 
 from core.cost import CostModel
 from core.errors import CapacityError, ConfigError
-from core.spec import HardwareSpec, Workload
+from core.hardware import HardwareSpec
+from core.spec import Workload
 from core.types import OpKind, Stream, Tensor
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
 from planners.klotski import Klotski, KlotskiParams

@@ -11,9 +11,9 @@ import pytest
 
 from core.balance import balance_metrics, phases
 from core.errors import ConfigError, ScheduleError
+from core.hardware import LinkSpec
 from core.routing import load_routing
 from core.schedule import Schedule, validate
-from core.spec import LinkSpec
 from core.types import OpKind, Resource
 from experiments.common.ep_rows import utilisation_lines
 from experiments.common.pipeline import RunSpec, simulate_run

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from core.cost import CostModel
 from core.errors import CapacityError
-from core.spec import HardwareSpec, ModelSpec, Workload
+from core.hardware import HardwareSpec
+from core.spec import ModelSpec, Workload
 from core.trace import make_trace
 from experiments.common.pipeline import RunSpec, build_schedule
 from planners import planner_names

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from core.errors import CapacityError, ConfigError
-from core.spec import HardwareSpec, LinkSpec, ModelSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec, LinkSpec
+from core.spec import ModelSpec, RoutingConfig, Workload
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
 from tests.planners.ep_common import tiny_spec

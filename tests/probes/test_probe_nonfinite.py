@@ -14,7 +14,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 import experiments.common.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
-from core.spec import HardwareSpec
+from core.hardware import HardwareSpec
 from experiments.common.resolve import run_spec
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 

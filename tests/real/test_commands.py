@@ -56,7 +56,7 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     assert kinds <= set(procs["compute_scale_by_kind"]) and kinds <= set(
         procs["start_delay_us_by_kind"]
     )
-    from core.spec import HardwareSpec
+    from core.hardware import HardwareSpec
 
     spec = HardwareSpec.from_dict(prof)
     assert spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]

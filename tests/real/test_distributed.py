@@ -26,8 +26,9 @@ import torch
 
 from core.balance import device_of
 from core.dispatch import copies_sent, copy_moves
+from core.hardware import HardwareSpec
 from core.routing import load_routing
-from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tensor
 from experiments.common.dist_run import run_distributed
 from experiments.common.pipeline import RunSpec, simulate_run

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from core.errors import ConfigError, MoepipeError, ScheduleError
-from core.spec import HardwareSpec, RoutingConfig, Workload
+from core.hardware import HardwareSpec
+from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import prompts_for, real_execute

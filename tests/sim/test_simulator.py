@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from core.cost import CostModel
 from core.errors import ConfigError, ScheduleError
+from core.hardware import HardwareSpec
 from core.schedule import ScheduleBuilder, validate
-from core.spec import HardwareSpec
 from core.types import OpKind, Resource, Tensor, Tier
 from sim.executor import simulate
 
