@@ -140,17 +140,27 @@ def _write(spec: Any, out: Path) -> None:
 
 def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
     """Per resource of the schedule: (seconds, how) = bytes over the link's calibrated bandwidth,
-    or flops over the compute device's calibrated peak (no latencies, no per-op overheads)."""
+    or flops over the compute device's calibrated peak (no latencies, no per-op overheads); and
+    per compute device its ops' kernels at their calibrated times (time tables, else roofline),
+    still without per-op overheads: where weights stream through RAM (attention, the head) a
+    kernel runs far below the matmul peak, which flops over peak alone would not show."""
+    from core.cost import CostModel
     from core.types import COMPUTE_KINDS, OpKind, Resource
 
+    cost = CostModel(hw)
     moved: dict[Resource, float] = {}
     flops: dict[Resource, float] = {}
+    kernels: dict[Resource, float] = {}
     for op in schedule.ops:
         res = schedule.streams[op.stream].resource
         if op.kind == OpKind.FREE or res == Resource.NONE:
             continue
         if op.kind in COMPUTE_KINDS:
             flops[res] = flops.get(res, 0.0) + float(op.flops)
+            spec = hw.gpu if res == Resource.GPU else hw.cpu
+            overhead = spec.kind_overhead_s.get(str(op.kind), spec.kernel_overhead_s)
+            took = cost.compute_s(res, op.kind, op.flops, op.touch_bytes) - overhead
+            kernels[res] = kernels.get(res, 0.0) + took
         else:
             moved[res] = moved.get(res, 0.0) + float(op.nbytes)
     out: dict[str, tuple[float, str]] = {}
@@ -160,6 +170,8 @@ def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
     for res, f in flops.items():
         peak = (hw.gpu if res == Resource.GPU else hw.cpu).peak_flops_per_s
         out[f"{res} compute"] = (f / peak, f"{f / 1e12:.3f} TFLOP / {peak / 1e12:.3f} TFLOP/s")
+    for res, k in kernels.items():
+        out[f"{res} kernels"] = (k, "calibrated kernel times, no per-op overhead")
     return out
 
 

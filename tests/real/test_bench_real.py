@@ -58,6 +58,10 @@ def test_end_to_end_on_a_tiny_model(tmp_path, capsys):
     bound = next(ln for ln in out if ln.strip().startswith("max "))
     bound_s = float(bound.split()[1])
     assert bound_s > 0 and "(disk)" in bound  # disk binds: 43% of the model is read per pass
+    i = out.index("physical bound of Klotski's schedule, per resource:")
+    per = {ln[:16].strip(): float(ln[16:].split()[0]) for ln in out[i + 1 : out.index(bound)]}
+    assert {"disk", "h2d", "gpu compute", "gpu kernels"} <= set(per)
+    assert bound_s == max(per.values())  # the kernel line counts toward the bound
     assert out[-3].startswith("moepipe / best peer: ")
     assert out[-3].endswith("x (accelerate, 1 generate call)")
     assert printed_ratio(out[-3]) == ratio_of_printed(ours, peer)
