@@ -86,11 +86,15 @@ def command_here(
     its exit status, stdout and stderr, each warning it gives counted as a line of stderr,
     where Python would print it. A second or two of start-up less than a subprocess; tests of what only
     a fresh process shows (imports, signals) keep the subprocess."""
-    from experiments.common import app, cli
+    from experiments.common import app, cli, hydra_errors
 
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test
     # what the command sets for this process (Ctrl-C's line, its schema, its --help): its own
-    for module, name in ((cli, "_ON_INTERRUPT"), (cli, "_BEFORE_LINE"), (app, "_ROOT")):
+    for module, name in (
+        (cli, "_ON_INTERRUPT"),
+        (cli, "_BEFORE_LINE"),
+        (hydra_errors, "ROOT_SCHEMA"),
+    ):
         monkeypatch.setattr(module, name, list(getattr(module, name)))
     monkeypatch.setattr(app, "_HELP", dict(app._HELP))
     logs = _logging_state()

@@ -10,7 +10,6 @@ example). experiments.run keeps its own config (conf/config.yaml) and calls
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 import shutil
@@ -28,9 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
+from experiments.common import hydra_errors
 from experiments.common.cli import before_line, on_interrupt, print_or_exit
+from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
 COMMAND_DIR = CONF_DIR / "command"
@@ -50,7 +50,6 @@ Options are key=value (hydra's override syntax: a list is [a,b], a string with s
 quoted); a key the schema lacks, or a value of the wrong type, is refused in one line.
 --cfg job prints the composed config without running."""
 _HELP: dict[str, str] = {}  # the running command's --help header
-_ROOT: list[type] = []  # the running command's schema
 
 
 def _help_header() -> str:
@@ -213,7 +212,7 @@ def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:
 
 def running(schema: type) -> None:
     """Name the running command's schema, whose fields an error line lists first."""
-    _ROOT[:] = [schema]
+    hydra_errors.ROOT_SCHEMA[:] = [schema]
 
 
 def hydra_main(
@@ -363,7 +362,7 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     if not override.startswith("+") or override.startswith("++") or group:
         return override
     parts = key.split(".")
-    for root in _ROOT[:1]:
+    for root in hydra_errors.ROOT_SCHEMA[:1]:
         miss = _schema_miss(root, parts)
         if miss is not None:
             where, valid = miss
@@ -399,9 +398,9 @@ def check_bool(override: str) -> None:
     as true (`trace_json=2`, `quick=5`); refused in one line. Sweeps (`a=true,false`) are
     checked value by value."""
     key, sep, value = override.partition("=")
-    if not sep or not _ROOT or key.startswith(("hydra", "~")):
+    if not sep or not hydra_errors.ROOT_SCHEMA or key.startswith(("hydra", "~")):
         return
-    typ: Any = _ROOT[0]
+    typ: Any = hydra_errors.ROOT_SCHEMA[0]
     for part in key.lstrip("+").split("."):
         if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
             return
@@ -494,148 +493,3 @@ def group_files(
             out[i] = f"hydra.searchpath=[{entry}{',' + paths if paths else ''}]"
             return out
     return [*out, f"hydra.searchpath=[{entry}]"]
-
-
-# ---- one line for a composition error -------------------------------------------------------
-
-
-def nearest(word: str, valid: Sequence[str]) -> str:
-    """`; did you mean X?` for the valid name nearest `word`, then the valid names."""
-    close = difflib.get_close_matches(word, list(valid), n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{hint}valid: {', '.join(sorted(map(str, valid)))}"
-
-
-def _schema_keys(type_name: str) -> list[str] | None:
-    """The fields of the schema dataclass named `type_name`, from those ConfigStore holds."""
-    for cls in _schema_classes():
-        if cls.__name__ == type_name:
-            return [f.name for f in fields(cls)]
-    return None
-
-
-def _schema_classes() -> list[type]:
-    """Every dataclass reachable from the running command's schema, then from the others
-    stored in ConfigStore."""
-    seen: dict[type, None] = {}
-    for root in _ROOT:
-        _walk_type(root, seen)
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for v in node.values():
-                walk(v)
-            return
-        cls = getattr(getattr(node, "node", None), "_metadata", None)
-        typ = getattr(cls, "object_type", None)
-        if is_dataclass(typ):
-            _walk_type(typ, seen)
-
-    walk(ConfigStore.instance().repo)
-    return list(seen)
-
-
-def _walk_type(cls: type, seen: dict[type, None]) -> None:
-    import typing
-
-    if cls in seen:
-        return
-    seen[cls] = None
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        for t in [hints.get(f.name), *typing.get_args(hints.get(f.name))]:
-            for u in [t, *typing.get_args(t)]:
-                if isinstance(u, type) and is_dataclass(u):
-                    _walk_type(u, seen)
-
-
-def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | None:
-    """A hydra or omegaconf composition error as one line naming the key and the nearest valid
-    one; None for an error of another kind (a bug: its traceback is wanted). `files` maps a
-    config's name to the user's file it was copied from (`group_files`)."""
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
-
-    from experiments.common.cli import error_line
-
-    if not isinstance(e, HydraException | OmegaConfBaseException):
-        return None
-    if isinstance(e, MissingConfigException):
-        return _missing_choice(str(e))
-    if isinstance(e, OverrideParseException):  # `key=[1`: the override named, as error_line does
-        return error_line(e)
-    cause = e if isinstance(e, OmegaConfBaseException) else e.__cause__
-    if not isinstance(cause, OmegaConfBaseException):
-        cause = None
-    text = f"{e}\n{cause}" if cause is not None and cause is not e else str(e)
-    full = re.search(r"full_key: (\S+)", text)
-    key = str(cause.full_key) if cause is not None and cause.full_key else ""
-    key = key or (full.group(1) if full else "")
-    if isinstance(cause, MissingMandatoryValue):
-        return f"{key}: required, it has no default; pass {key}=VALUE"
-    where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named
-    at = f" (in {_config_file(where.group(1), files)})" if where else ""
-    not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
-    if where and not_fields:  # a group's YAML that is a list or a scalar, not a mapping
-        group, _, name = where.group(1).rpartition("/")
-        return (
-            f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
-            f"fields{at}; see conf/{group}/ for the layout"
-        )
-    unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
-    if unknown:
-        name = unknown.group(1)
-        key = (
-            key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
-        )
-        valid = _valid_keys(cause) if cause is not None else None
-        valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
-        return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
-    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    if wrong:
-        need = _KINDS.get(wrong.group(2), wrong.group(2))
-        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
-    if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
-        return f"{key}: not a list{at}; pass {key}=[a,b]"
-    wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
-    if wrong:
-        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
-    merging = re.match(r"Error merging override (\S+)", text)
-    if merging and cause is not None:
-        return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return "; ".join(dict.fromkeys(lines[:2]))
-
-
-def _config_file(name: str, files: dict[str, str] | None) -> str:
-    """Where config `name` (`workload/mine`) came from: the user's file `group_files` copied,
-    conf/<name>.yaml, or a folder on hydra.searchpath."""
-    if (files or {}).get(name):
-        return (files or {})[name]
-    if (CONF_DIR / f"{name}.yaml").is_file():
-        return f"conf/{name}.yaml"
-    return f"{name}.yaml on hydra.searchpath"
-
-
-def _missing_choice(text: str) -> str:
-    """hydra's screen for `group=name` without conf/group/name.yaml, as one line."""
-    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
-    if not m:
-        return text.splitlines()[0]
-    options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
-    group, name = m.groups()
-    return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
-
-
-_KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
-
-
-def _valid_keys(cause: Any) -> list[str] | None:
-    """The keys at the node an omegaconf error names (its parent, or the object type)."""
-    typ = getattr(cause, "object_type", None)
-    if isinstance(typ, type) and is_dataclass(typ):
-        return [f.name for f in fields(typ)]
-    node = getattr(cause, "parent_node", None)
-    if isinstance(node, DictConfig):
-        return [str(k) for k in node]
-    return None
