@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.chrome_trace import chrome_parts, write_chrome
 from core.errors import MoepipeError
-from core.trace import chrome_parts, read_trace, write_chrome
+from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from core.balance import phases
+from core.chrome_trace import chrome_parts, write_chrome
 from core.cost import CostModel
 from core.errors import CapacityError, MoepipeError
 from core.hardware import HardwareSpec
@@ -33,7 +34,7 @@ from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
-from core.trace import chrome_parts, make_trace, summarize, write_chrome
+from core.trace import make_trace, summarize
 from core.types import Tier
 from planners.registry import make_planner
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.bubbles import _EPS, _gpu_of, _label_of, idle_causes
+from core.chrome_trace import to_chrome, write_chrome
 from core.errors import CapacityError, ScheduleError
 from core.schedule import (
     _ANY,
@@ -27,15 +28,7 @@ from core.schedule import (
     validate,
 )
 from core.spec import Workload
-from core.trace import (
-    TRACE_COLUMNS,
-    _heads_tails,
-    make_trace,
-    peak_bytes,
-    to_chrome,
-    work_s,
-    write_chrome,
-)
+from core.trace import TRACE_COLUMNS, _heads_tails, make_trace, peak_bytes, work_s
 from core.types import OpKind, Resource, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names

@@ -21,11 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.chrome_trace import to_chrome, write_chrome
 from core.cost import CostModel
 from core.hardware import HardwareSpec
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import Workload
-from core.trace import TRACE_COLUMNS, make_trace, prefill_s, summarize, to_chrome, write_chrome
+from core.trace import TRACE_COLUMNS, make_trace, prefill_s, summarize
 from core.types import OpKind, Resource, Tier
 from sim.executor import simulate
 
