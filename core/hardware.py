@@ -258,5 +258,3 @@ def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
         comm_sms,
         copy_sms,
     )
-
-

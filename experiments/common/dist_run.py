@@ -352,7 +352,9 @@ class ProcessesSeen:
 
     link: Any  # core.hardware.LinkSpec: the p2p link (`p2p_seen`)
     gate_exchange_s: float  # a dispatch's wait for its batch's routing (`p2p_seen`)
-    compute_scale: dict[str, float]  # per compute kind: the runs' time over the model's (`scale_seen`)
+    compute_scale: dict[
+        str, float
+    ]  # per compute kind: the runs' time over the model's (`scale_seen`)
     start_delay_s: dict[str, float]  # per op kind: ready to started (`delay_seen`)
 
 

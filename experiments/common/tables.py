@@ -247,7 +247,10 @@ def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
     no finished run (the line names the first skipped one), or holds a summary.json with a
     metric that is not a number."""
     if not str(given).strip():
-        print(f"error: dir={str(given)!r}: an empty path; pass dir=<the sweep folder>", file=sys.stderr)
+        print(
+            f"error: dir={str(given)!r}: an empty path; pass dir=<the sweep folder>",
+            file=sys.stderr,
+        )
         return None
     sweep_dir = Path(given)
     if not sweep_dir.is_dir():

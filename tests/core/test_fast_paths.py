@@ -549,11 +549,16 @@ def test_make_trace_gives_the_per_op_frame(runs, tmp_path):
     categories included, and writes the same parquet bytes."""
     for i, (schedule, trace) in enumerate(runs):
         start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
-        new, ref = make_trace(fresh(schedule), start, end, "sim"), ref_make_trace(schedule, start, end)
+        new, ref = (
+            make_trace(fresh(schedule), start, end, "sim"),
+            ref_make_trace(schedule, start, end),
+        )
         pd.testing.assert_frame_equal(new, ref, check_exact=True, check_categorical=True)
         for c in ("source", "kind", "stream", "resource", "tensor"):
             assert list(new[c].cat.categories) == list(ref[c].cat.categories), c
             assert new[c].cat.codes.dtype == ref[c].cat.codes.dtype, c
         new.to_parquet(tmp_path / f"new{i}.parquet", index=False)
         ref.to_parquet(tmp_path / f"ref{i}.parquet", index=False)
-        assert (tmp_path / f"new{i}.parquet").read_bytes() == (tmp_path / f"ref{i}.parquet").read_bytes()
+        assert (tmp_path / f"new{i}.parquet").read_bytes() == (
+            tmp_path / f"ref{i}.parquet"
+        ).read_bytes()

@@ -199,7 +199,10 @@ def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
     "edit, names",
     [
         (lambda df: df.drop(columns=["start_s"]), ["no column(s) start_s"]),
-        (lambda df: df.assign(start_s=df["start_s"].astype(str)), ["column start_s", "not numbers"]),
+        (
+            lambda df: df.assign(start_s=df["start_s"].astype(str)),
+            ["column start_s", "not numbers"],
+        ),
         (lambda df: df.assign(end_s=float("nan")), ["end_s=nan"]),
         (lambda df: df.assign(end_s=df["start_s"] - 1), ["end >= start"]),
     ],

@@ -79,7 +79,11 @@ def test_a_hardware_dict_with_a_non_finite_number_is_one_line(edit, key: str) ->
 def test_a_nan_in_a_users_hardware_yaml_is_one_line(tmp_path: Path) -> None:
     """YAML's `.nan` in a hardware file of the user's config dir, as a user writes one."""
     (tmp_path / "conf" / "hardware").mkdir(parents=True)
-    text = (ROOT / "conf/hardware/tiny.yaml").read_text().replace("h2d: {gbps: 1.0", "h2d: {gbps: .nan")
+    text = (
+        (ROOT / "conf/hardware/tiny.yaml")
+        .read_text()
+        .replace("h2d: {gbps: 1.0", "h2d: {gbps: .nan")
+    )
     (tmp_path / "conf" / "hardware" / "mine.yaml").write_text(text)
     r = cli(
         "experiments.run",

@@ -122,7 +122,9 @@ def test_torchs_allocation_failure_is_the_out_of_memory_line() -> None:
     import torch
 
     for e in (
-        RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"
+        ),
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
     ):
         assert (error_line(e) or "").startswith("out of memory"), e

@@ -243,7 +243,9 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
     while len(ranks) < 2 and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
         kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
-        ranks = [k for k in kids.stdout.split() if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
+        ranks = [
+            k for k in kids.stdout.split() if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()
+        ]
     assert len(ranks) == 2, p.communicate()
     p.terminate()
     p.communicate(timeout=60)

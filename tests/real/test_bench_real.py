@@ -155,7 +155,10 @@ def test_linked_cut_reads_the_full_checkpoints_bytes(tmp_path):
     want = bench_real.reduced_spec("mixtral-tiny", n_layers=1)
     cut = bench_real.linked_cut(full, want, tmp_path / "cut")
     spec, index = load_checkpoint(cut)
-    assert spec.n_layers == 1 and spec.total_bytes == want.total_bytes < load_checkpoint(full)[0].total_bytes
+    assert (
+        spec.n_layers == 1
+        and spec.total_bytes == want.total_bytes < load_checkpoint(full)[0].total_bytes
+    )
     shards = [p for p in cut.iterdir() if p.suffix == ".safetensors"]
     assert shards and all(p.is_symlink() for p in shards)
     _, whole = load_checkpoint(full)
@@ -193,7 +196,9 @@ def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
     model's first calib_layers layers that links the bench's checkpoint."""
     calls = []
     monkeypatch.setattr(
-        bench_real.subprocess, "run", lambda cmd, **_: calls.append(cmd) or namedtuple("P", "returncode")(0)
+        bench_real.subprocess,
+        "run",
+        lambda cmd, **_: calls.append(cmd) or namedtuple("P", "returncode")(0),
     )
     ckpt = bench_real.ensure_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "m")
     opts = bench_real.BenchRealOptions(
@@ -203,7 +208,11 @@ def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
     (cmd,) = calls
     assert "hardware.name=no-such-profile" in cmd
     cut = tmp_path / ".calib-cut"
-    assert f"checkpoint={cut}" in cmd and '"num_hidden_layers": 1' in (cut / "config.json").read_text()
+    assert (
+        f"checkpoint={cut}" in cmd and '"num_hidden_layers": 1' in (cut / "config.json").read_text()
+    )
     calls.clear()
-    bench_real._calibrate_if_missing(bench_real.BenchRealOptions(model="x", budget_gb=1, hardware="tiny"), None, ckpt)
+    bench_real._calibrate_if_missing(
+        bench_real.BenchRealOptions(model="x", budget_gb=1, hardware="tiny"), None, ckpt
+    )
     assert not calls  # a profile that exists is used as it is

@@ -59,7 +59,9 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
     from core.hardware import HardwareSpec
 
     spec = HardwareSpec.from_dict(prof)
-    assert spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
+    assert (
+        spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
+    )
 
     conf = tmp_path / "conf" / "hardware"
     conf.mkdir(parents=True)
