@@ -25,7 +25,14 @@ BASE = {
     "deepseek_v2": spec_to_hf_config(reduced_spec("deepseek-v2-lite")),
     "switch": spec_to_hf_config(reduced_spec("switch-base-128")),
 }
-DROP = object()  # a field removed
+class _Drop:
+    """A field removed (its repr is stable, so test ids are the same in every process)."""
+
+    def __repr__(self) -> str:
+        return "DROP"
+
+
+DROP = _Drop()
 
 # (family, field, value, words the line must hold besides the file)
 FIELDS: list[tuple[str, str, Any, str]] = [
