@@ -46,7 +46,17 @@ def numeric_columns(df: pd.DataFrame) -> list[str]:
     )
 
 
+# summary.json keys every report reads (its table, ranking and figures), whatever the request
+REQUIRED = ("throughput_tok_s", "makespan_s", "n_batches")
+
+
 def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
+    missing = [k for k in REQUIRED if k not in df.columns or df[k].isna().all()]
+    if missing:
+        raise ReportError(
+            f"no run's summary.json holds {', '.join(missing)}; the summaries were not written by "
+            "experiments.run (or by another version): run the sweep again"
+        )
     valid_metrics = numeric_columns(df)
     if metric not in valid_metrics:
         raise ReportError(f"unknown metric {metric!r}; valid: {', '.join(valid_metrics)}")

@@ -365,6 +365,23 @@ def test_report_rejects_unknown_metric_and_column(
     assert "valid:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key", ["makespan_s", "n_batches"])  # (no throughput: collect skips)
+def test_report_of_summaries_without_a_key_it_reads_is_one_line(
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str
+) -> None:
+    """Summaries not written by experiments.run (hand-made, another version) that all lack a
+    key the report reads: one line naming the key, exit 2."""
+    d = tmp_path / "sweep"
+    shutil.copytree(swept, d)
+    for p in d.rglob("summary.json"):
+        s = json.loads(p.read_text())
+        s.pop(key, None)
+        p.write_text(json.dumps(s))
+    assert report_main([f"dir={d}", f"out={tmp_path / 'rep'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0] and "run the sweep again" in err[0], err
+
+
 def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
     browser = next(
         (b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None

@@ -25,6 +25,8 @@ BASE = {
     "deepseek_v2": spec_to_hf_config(reduced_spec("deepseek-v2-lite")),
     "switch": spec_to_hf_config(reduced_spec("switch-base-128")),
 }
+
+
 class _Drop:
     """A field removed (its repr is stable, so test ids are the same in every process)."""
 
