@@ -140,7 +140,7 @@ def test_bench_children_leave_ctrl_c_to_the_bench() -> None:
 
 _POOL_STOP = """
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from experiments.reproduce_klotski import _ignore_sigint, _stop
@@ -156,7 +156,10 @@ if __name__ == "__main__":
     for p in procs:
         p.join(timeout=10)
     alive = [p.pid for p in procs if p.is_alive()]
-    ended = queued.cancelled() or isinstance(queued.exception(timeout=10), BrokenProcessPool)
+    try:  # cancelled, or failed with the broken pool (it may be cancelled while we ask)
+        ended = isinstance(queued.exception(timeout=10), BrokenProcessPool)
+    except CancelledError:
+        ended = True
     print(alive, ended)
 """
 
