@@ -207,6 +207,15 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
                 f"only {room / 1e9:.3f} GB is not resident"
             )
+    ref_gates_causal(schedule)
+    if check_finishes:
+        _check_finishes(schedule)
+
+
+def ref_gates_causal(schedule: Schedule) -> None:
+    """ref_validate's causality rule: each expert op depends on the gate ops of the batches
+    it serves."""
+    ops = schedule.ops
     # (step, layer) -> batch -> its gate ops (one, or one per device gating a share of the
     # batch), each with its micro-batch (-1: the whole batch)
     gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
@@ -233,8 +242,6 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: an expert compute must depend on the gate op(s) of the batches "
                 f"it serves (planners are causal); missing {missing or 'gate'}"
             )
-    if check_finishes:
-        _check_finishes(schedule)
 
 
 def ref_heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,33 +35,7 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
         "in_run_s=1",
         f"out={hw}",
     )
-    prof = yaml.safe_load(hw.read_text())
-    assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
-    assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
-    # each compute kind's cost around its kernel, from a real run: the per-op overhead plus what
-    # the run measured beyond the kernel tables (0.3-0.9 ms per op on a 2-core VM)
-    by_kind = prof["gpu"]["overhead_us_by_kind"]
-    assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(by_kind)
-    assert any(v > prof["gpu"]["overhead_us"] for v in by_kind.values())
-    # the disk and h2d bandwidths as the runs' own transfers saw them
-    assert "disk_in_run" in prof["sources"] and "h2d_in_run" in prof["sources"]
-    assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
-    # the link G processes' transfers take (gloo here), for executor.distributed=true runs
-    assert prof["links"]["p2p"]["gbps"] > 0 and prof["n_gpus"] == 2
-    # and what 2-process runs' ops took beyond that: the routing's wait, each compute kind's
-    # scale and start delay, which the profile reads back as hardware.processes
-    procs = prof["processes"]
-    assert procs["gate_exchange_us"] >= 0
-    kinds = {"compute-attention", "compute-expert", "compute-gate", "compute-head"}
-    assert kinds <= set(procs["compute_scale_by_kind"]) and kinds <= set(
-        procs["start_delay_us_by_kind"]
-    )
-    from core.hardware import HardwareSpec
-
-    spec = HardwareSpec.from_dict(prof)
-    assert (
-        spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
-    )
+    check_profile(hw)
 
     conf = tmp_path / "conf" / "hardware"
     conf.mkdir(parents=True)
@@ -93,6 +67,44 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
         "gpu_frac=0.9",
         "cpu_frac=0.5",
     )
+    check_validate_table(out)
+
+
+def check_profile(hw):
+    """What calibrate measured and wrote: links, kernel tables, per-kind overheads, provenance,
+    and the 2-process terms."""
+    prof = yaml.safe_load(hw.read_text())
+    assert prof["links"]["disk"]["gbps"] > 0 and prof["links"]["h2d"]["gbps"] > 0
+    assert prof["gpu"]["time_tables"]["compute-expert"], "expert time table measured"
+    # each compute kind's cost around its kernel, from a real run: the per-op overhead plus what
+    # the run measured beyond the kernel tables (0.3-0.9 ms per op on a 2-core VM)
+    by_kind = prof["gpu"]["overhead_us_by_kind"]
+    assert {"compute-attention", "compute-expert", "compute-gate", "compute-head"} <= set(by_kind)
+    assert any(v > prof["gpu"]["overhead_us"] for v in by_kind.values())
+    # the disk and h2d bandwidths as the runs' own transfers saw them
+    assert "disk_in_run" in prof["sources"] and "h2d_in_run" in prof["sources"]
+    assert "commit" in hw.read_text().splitlines()[0]  # provenance: machine, date, commit
+    # the link G processes' transfers take (gloo here), for executor.distributed=true runs
+    assert prof["links"]["p2p"]["gbps"] > 0 and prof["n_gpus"] == 2
+    # and what 2-process runs' ops took beyond that: the routing's wait, each compute kind's
+    # scale and start delay, which the profile reads back as hardware.processes
+    procs = prof["processes"]
+    assert procs["gate_exchange_us"] >= 0
+    kinds = {"compute-attention", "compute-expert", "compute-gate", "compute-head"}
+    assert kinds <= set(procs["compute_scale_by_kind"]) and kinds <= set(
+        procs["start_delay_us_by_kind"]
+    )
+    from core.hardware import HardwareSpec
+
+    spec = HardwareSpec.from_dict(prof)
+    assert (
+        spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
+    )
+
+
+def check_validate_table(out):
+    """validate's table: both planners, both makespans, the error columns, a timeline plot and
+    the bubble causes."""
     table = pd.read_csv(out / "validate.csv")
     assert list(table["planner"]) == ["sequential", "flexgen"]
     assert (table["sim_makespan_s"] > 0).all() and (table["real_makespan_s"] > 0).all()
