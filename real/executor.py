@@ -36,6 +36,7 @@ from real.model import KVCache, Model
 from real.ops import OpSemantics
 from real.state import RunOutput, _BatchState, _Pending, resident_units, unit_of
 from real.store import TieredStore
+from real.tensor_parallel import TensorParallel, tensor_parallel
 
 if TYPE_CHECKING:
     from real.distributed import Peers
@@ -229,6 +230,7 @@ class Executor(OpSemantics):
         self._scratch: dict[str, torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
+        self.tp: TensorParallel | None = None  # dense=tensor's, made at the schedule's first op
         self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk
         self._batches = []
         for b in range(wl.n_batches):
@@ -269,6 +271,8 @@ class Executor(OpSemantics):
             # when planned (a replay plans every op before the run's start; a live run makes
             # the dry plans' batches first): pinning a host buffer takes longer than its copies
             self._ensure_host_kv(op.batch)
+        if op.id == 0:
+            self.tp = tensor_parallel(self, self._ep_of_run())
         self._note_range(op, spec)
         # another rank runs it or not; a dep on another rank's op is honoured by the transfer op
         # that brings its data (`real.distributed`)
@@ -281,6 +285,9 @@ class Executor(OpSemantics):
         if op.batch < 0:
             return
         dense = op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD)
+        if dense and self.tp is not None:  # every device every sequence, on its weights' share
+            self._range[op.id] = (0, self.wl.batch_size)
+            return
         if dense and op.micro >= 0:
             ep = self._ep_meta()
             self._range[op.id] = micro_batch_seqs(
@@ -298,6 +305,11 @@ class Executor(OpSemantics):
         first = self._cursor.get(key, 0)
         self._cursor[key] = first + n
         self._range[op.id] = (first, first + n)
+
+    def _ep_of_run(self) -> EPLayout | None:
+        """The expert-parallel layout of the run under way (a live planner sets its layout
+        before its first op), or None."""
+        return self._schedule.ep if self._schedule is not None else self._builder.ep
 
     def _execute(self) -> None:
         """Run every op queued (and, live, those the planner still emits) to the end."""

@@ -4,7 +4,8 @@
 its methods are pure functions of explicit weights (one unit's dict, see
 real.checkpoint.unit_layout), so an executor passes weights from wherever it put them.
 `reference_generate` is the plain in-memory forward every executor is compared against.
-`head_shard` and `ffn_shard` cut a unit's weights into a tensor-parallel rank's share. RoPE and
+`head_shard`, `ffn_shard` and `vocab_shard` cut a unit's weights into a tensor-parallel rank's
+share. RoPE and
 the attention variants (GQA, MLA) are in real/attention.py.
 """
 
@@ -345,6 +346,13 @@ def ffn_shard(w: Weights, cols: tuple[int, int]) -> dict[str, torch.Tensor]:
     lo, hi = cols
     up, down = ("w1", "w3", "wi"), ("w2", "wo")
     return {k: t[lo:hi] if k in up else t[:, lo:hi] if k in down else t for k, t in w.items()}
+
+
+def vocab_shard(w: Weights, rows: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """Head weights of vocabulary rows [lo, hi): their rows of the LM head; the final norm whole.
+    A shard's logits are those rows' columns of the whole's."""
+    lo, hi = rows
+    return dict(w, lm_head=w["lm_head"][lo:hi])
 
 
 # ---- combining routed experts (order-independent, so any schedule gives identical bits) ------

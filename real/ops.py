@@ -10,7 +10,7 @@ are what its interpreter calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ class OpSemantics:
             return
         if self.peers is not None and self.peers.moves(op):
             self.peers.transfer(self, op, spec)
+            return
+        if self.tp is not None and self.tp.runs(op):  # dense=tensor: real/tensor_parallel.py
+            self.tp.run(op, spec)
             return
         if k == OpKind.LOAD and unit_of(op) is not None:
             self._load(op, cuda_stream)
@@ -221,18 +224,7 @@ class OpSemantics:
         s, wl = self.model.spec, self.wl
         moe = s.moe_index(op.layer)
         s0, s1 = self._range[op.id]
-        fi = fw = None
-        if self._routing is not None:
-            seqs = slice(op.batch * wl.batch_size + s0, op.batch * wl.batch_size + s1)
-            pos = self._routing.step_slice(op.step, wl)
-            fi = torch.from_numpy(
-                self._routing.expert_ids[seqs, pos, moe].reshape(-1, s.top_k).astype(np.int64)
-            )
-            fw = torch.from_numpy(
-                np.ascontiguousarray(
-                    self._routing.gate_weights[seqs, pos, moe].reshape(-1, s.top_k)
-                )
-            )
+        fi, fw = self._forced_routing(op, s0, s1)
         h = self._hidden(bst, op.step)
         normed, ids, weights = self.model.gate(op.layer, w, h[s0:s1], fi, fw)
         if self.peers is not None:  # the other ranks' parts arrive by transfer
@@ -280,6 +272,25 @@ class OpSemantics:
             bst.pending[op.micro] = p
             del bst.gating[op.micro]
         self._publish(op, p, moe)
+
+    def _forced_routing(
+        self, op: Op, s0: int, s1: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A replay's experts and weights [T, k] for a gate op over sequences [s0, s1) of its
+        batch; (None, None) where the gate chooses (live)."""
+        if self._routing is None:
+            return None, None
+        s, wl = self.model.spec, self.wl
+        moe = s.moe_index(op.layer)
+        seqs = slice(op.batch * wl.batch_size + s0, op.batch * wl.batch_size + s1)
+        pos = self._routing.step_slice(op.step, wl)
+        fi = torch.from_numpy(
+            self._routing.expert_ids[seqs, pos, moe].reshape(-1, s.top_k).astype(np.int64)
+        )
+        fw = torch.from_numpy(
+            np.ascontiguousarray(self._routing.gate_weights[seqs, pos, moe].reshape(-1, s.top_k))
+        )
+        return fi, fw
 
     def _publish(self, op: Op, p: _Pending, moe: int) -> None:
         """A gated batch's routing, for the planner (live) and the run's output: at once, or of a
@@ -338,13 +349,21 @@ class OpSemantics:
             mask[s0:s1] = True
         return mask
 
-    def _expert(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
-        """One expert over its tokens in one batch, or in every batch of the group (batch=-1)."""
+    def _expert(
+        self,
+        op: Op,
+        w: Mapping[str, torch.Tensor],
+        pending: Callable[[int], _Pending] | None = None,
+    ) -> None:
+        """One expert over its tokens in one batch, or in every batch of the group (batch=-1).
+        `pending`: batch -> the MoE layer it reads (a tensor-parallel device's own)."""
         batches = range(self.wl.n_batches) if op.batch == -1 else (op.batch,)
         parts, xs = [], []
         for b in batches:
             p = (
-                self._batches[b].pending.get(op.micro)
+                pending(b)
+                if pending is not None
+                else self._batches[b].pending.get(op.micro)
                 if self.peers is None
                 else self.peers.pending(self, op.step, op.layer, b, op.micro)
             )

@@ -29,7 +29,7 @@ from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
-from core.types import Dense, OpKind, RoutingSource, Tensor, Tier
+from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
@@ -103,7 +103,7 @@ def real_execute(
             routing = routing or replay_routing(ckpt, spec, prompts)
             schedule = build_schedule(spec, routing)
             ex.peers = _peers(schedule, spec, on_peers) if distributed else None
-            out = ex.run_replay(schedule if distributed else _one_process(schedule), routing)
+            out = ex.run_replay(schedule, routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
             dry_routing = routing or _shape_routing(spec)
@@ -154,18 +154,6 @@ def _peers(
     return peers
 
 
-def _one_process(schedule: Schedule) -> Schedule:
-    """The schedule, if this process can run it: tensor-parallel dense work (each GPU every
-    sequence on its share of the heads, then an all-reduce) needs one process per GPU."""
-    if schedule.ep is not None and schedule.ep.dense == Dense.TENSOR:
-        raise ConfigError(
-            "executor=real runs expert-parallel dense work data-parallel only: set "
-            "+planner.params.dense=data (dense=tensor, its heads sharded over GPUs with an "
-            "all-reduce, runs in the simulator only)"
-        )
-    return schedule
-
-
 def resident_before_start(
     spec: RunSpec, routing: Routing, distributed: bool = False
 ) -> tuple[dict[Unit, Tier], set[int]]:
@@ -185,7 +173,6 @@ def resident_before_start(
     kv_batches: set[int] = set()
     while True:
         dry = build_schedule(spec, routing)
-        dry = dry if distributed else _one_process(dry)
         kv_batches |= {op.batch for op in dry.ops if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE)}
         for unit, tier in resident_units(dry).items():
             resident.setdefault(unit, tier)

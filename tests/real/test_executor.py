@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from core.errors import ConfigError, MoepipeError, ScheduleError
+from core.errors import MoepipeError, ScheduleError
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tier
@@ -159,14 +159,34 @@ def test_micro_batches_match_in_memory_forward(mixtral_tiny, planner, mode):
 
 
 @pytest.mark.parametrize("mode", ["replay", "live"])
-def test_tensor_parallel_dense_is_refused_in_one_process(mixtral_tiny, mode):
-    """dense=tensor (every GPU every sequence on its share of the heads, then an all-reduce)
-    runs for real under torchrun (tests/real/test_distributed.py); in one process it is one clear
-    error, not an executor assertion."""
-    spec = spec_for(mixtral_tiny, "ep_static")
-    spec = RunSpec(spec.model, spec.hardware, spec.workload, spec.planner, {"dense": "tensor"})
-    with pytest.raises(ConfigError, match="runs expert-parallel dense work data-parallel only"):
-        real_execute(mixtral_tiny, spec, mode)
+@pytest.mark.parametrize(
+    "name, planner",
+    [
+        ("mixtral-tiny", "eplb"),
+        ("olmoe-1b-7b", "predictive_replication"),
+        ("deepseek-v2-lite", "ep_static"),
+    ],
+)
+def test_tensor_parallel_dense_matches_in_memory_forward(
+    mixtral_tiny, f32_ckpt, name, planner, mode
+):
+    """dense=tensor on 2 GPUs' streams of one process: each runs every sequence on its half of
+    the heads (mixtral: GQA, a kv head each; OLMoE: QK-norm's statistics summed inside
+    attention; DeepSeek: MLA's latent whole on each, its dense layer's and shared experts' FFN
+    columns halved) and of the vocabulary, and the schedule's all-reduce ops sum the halves.
+    Every all-reduce op runs once, on its device's link; no sequence is split."""
+    ckpt = mixtral_tiny if name == "mixtral-tiny" else f32_ckpt(name)
+    model, _ = load_checkpoint(ckpt)
+    spec = RunSpec(model, RESIDENT_2GPU, WORKLOAD, planner, {"dense": "tensor"})
+    result, out = real_execute(ckpt, spec, mode)
+    assert_matches_reference(ckpt, spec, result, out)
+    t = result.trace
+    assert sorted(t["op_id"]) == list(range(len(result.schedule)))  # every op exactly once
+    reduce = t[t["kind"] == OpKind.ALL_REDUCE.value]
+    assert len(reduce) and set(reduce["resource"].astype(str)) == {"p2p", "p2p:1"}
+    assert not t["kind"].isin([OpKind.DISPATCH.value, OpKind.COMBINE.value]).any()
+    heads = t[t["kind"] == OpKind.HEAD.value]
+    assert (heads["tokens"] == WORKLOAD.batch_size).all() and len(heads) == 2 * 2 * 3
 
 
 RESIDENT_1GPU = hardware(0.05, 0.05)

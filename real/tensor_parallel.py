@@ -1,0 +1,434 @@
+"""Tensor-parallel dense work of an expert-parallel schedule (planner dense=tensor) in the real
+executor: every device runs every sequence of a batch on its shard of the weights (1/G of the
+attention heads, `head_shard`; of the FFN columns, `ffn_shard`; of the vocabulary,
+`vocab_shard`), and the schedule's ALL_REDUCE ops sum the partial results over the devices as
+`planners.ep.dense` emits them: a reduce-scatter round then an all-gather round (attention, a
+dense FFN, an MoE layer's routed and shared experts), or one gather round (the head's logits).
+
+Each device keeps its own hidden state, KV heads, MoE layer and generated tokens, so the G
+devices of one process (virtual devices on threads, `ThreadCollective`) and G processes
+(`ProcessCollective` over torch.distributed, one device each) run the same code. A round's
+devices meet in one collective: in one process at a rendezvous, across processes in a
+torch.distributed collective each rank issues in schedule order (its ALL_REDUCE ops are one
+stream's), through which a dep on another rank's op is honoured.
+
+QK-norm (OLMoE) needs the sums of squares of every head's q and k midway through attention:
+they are summed inside the attention op (its own collective). The planner charges that
+all-reduce as two rounds after attention; those ops run the same collective again on the same
+statistics, so their measured time is a collective of the size planned.
+
+Usage (the executor makes it at a schedule's first op; `Executor._run_op` hands it its ops):
+    tp = tensor_parallel(ex, schedule.ep)   # None unless dense=tensor over G > 1 GPUs
+    if tp is not None and tp.runs(op): tp.run(op, spec)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from core.ep_layout import EPLayout
+from core.errors import MoepipeError
+from core.schedule import Op, StreamSpec
+from core.types import Dense, OpKind, Resource, Tensor
+from real.checkpoint import Unit
+from real.interpreter import _Stop
+from real.model import KVCache, ffn_shard, head_shard, kv_shard, moe_part, new_slots, vocab_shard
+from real.state import _Pending, unit_of
+
+if TYPE_CHECKING:
+    from real.executor import Executor
+
+# Shape legend: b sequences per batch, S tokens this step, T = b*S, H hidden, V vocab, G devices,
+# n a flattened partial's elements (padded to a multiple of G).
+
+_POLL_S = 0.05  # how often a device waiting at a rendezvous re-checks for a failed run
+
+# what an ALL_REDUCE op's round combines (`TensorParallel._what`) and its rounds
+ROUNDS = {"attention": 2, "stats": 2, "ffn": 2, "moe": 2, "logits": 1}
+
+
+def shard(n: int, world: int, rank: int) -> tuple[int, int]:
+    """Rank's contiguous [lo, hi) of n items: n // G each, the first n % G ranks one more."""
+    lo = rank * (n // world) + min(rank, n % world)
+    return lo, lo + n // world + (rank < n % world)
+
+
+class Collective(Protocol):
+    """The G devices of one round meet here: each hands its part, every one gets back theirs."""
+
+    def all_to_all(
+        self, key: object, device: int, chunks: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """`chunks[j]` goes to device j; returns what each device sent this one, in device order."""
+        ...
+
+    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every device's `t`, in device order."""
+        ...
+
+
+class ThreadCollective:
+    """G virtual devices of one process (a worker thread each): a rendezvous per round, keyed
+    by the round (its device-0 op id); raises the interpreter's stop once the run failed."""
+
+    def __init__(self, world: int, failed: Callable[[], bool]) -> None:
+        self.world, self.failed = world, failed
+        self._cv = threading.Condition()
+        self._rounds: dict[object, tuple[dict[int, Any], list[int]]] = {}
+
+    def _meet(self, key: object, device: int, value: Any) -> list[Any]:
+        with self._cv:
+            parts, read = self._rounds.setdefault(key, ({}, [0]))
+            assert device not in parts, f"device {device} met twice at {key}"
+            parts[device] = value
+            self._cv.notify_all()
+            while len(parts) < self.world:
+                if self.failed():
+                    raise _Stop
+                self._cv.wait(_POLL_S)
+            read[0] += 1
+            if read[0] == self.world:  # everyone has its parts: the round is over
+                del self._rounds[key]
+            return [parts[d] for d in range(self.world)]
+
+    def all_to_all(
+        self, key: object, device: int, chunks: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        return [sent[device] for sent in self._meet(key, device, chunks)]
+
+    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
+        return self._meet(key, device, t)
+
+
+class ProcessCollective:
+    """One rank of G processes: torch.distributed collectives on a process group of their own
+    (called from one thread, in schedule order, as every rank calls them). Through host memory
+    on gloo; `lost` turns a failed collective into the run's one line naming the peer."""
+
+    def __init__(self, group: Any, lost: Callable[[BaseException], BaseException]) -> None:
+        import torch.distributed as dist
+
+        self.dist, self.group, self.lost = dist, group, lost
+        self.world = dist.get_world_size(group)
+        self.host = dist.get_backend(group) == "gloo"
+
+    def _on_link(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to("cpu").contiguous() if self.host else t.contiguous()
+
+    def all_to_all(
+        self, key: object, device: int, chunks: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        dev = chunks[0].device
+        send = [self._on_link(c) for c in chunks]
+        got = [torch.empty_like(c) for c in send]
+        try:
+            self.dist.all_to_all(got, send, group=self.group)
+        except RuntimeError as e:
+            raise self.lost(e) from None
+        return [g.to(dev) for g in got]
+
+    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
+        dev, mine = t.device, self._on_link(t)
+        got = [torch.empty_like(mine) for _ in range(self.world)]
+        try:
+            self.dist.all_gather(got, mine, group=self.group)
+        except RuntimeError as e:
+            raise self.lost(e) from None
+        return [g.to(dev) for g in got]
+
+
+@dataclass
+class _Device:
+    """One device's state: its copy of every batch's activations, its KV heads, MoE layer."""
+
+    hidden: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (batch, step)
+    kv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)  # (b, layer)
+    tokens: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> [b, gen] generated
+    moe: dict[int, _Pending] = field(default_factory=dict)  # batch -> its MoE layer under way
+    partial: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> awaiting a reduce
+    stats: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> QK-norm's [b, S, 2]
+    chunk: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> reduced [n / G]
+
+
+def tensor_parallel(ex: Executor, ep: EPLayout | None) -> TensorParallel | None:
+    """The run's tensor-parallel dense work, or None (no layout, data-parallel, one device)."""
+    if ep is None or ep.dense != Dense.TENSOR or ep.lanes or ep.n_devices < 2:
+        return None
+    peers = ex.peers
+    if peers is None:
+        group = ThreadCollective(ep.n_devices, lambda: ex._error is not None)
+        return TensorParallel(ex, ep.n_devices, range(ep.n_devices), group, group)
+    reduce_group, stats_group = peers.tp_groups()
+    return TensorParallel(
+        ex,
+        ep.n_devices,
+        (peers.rank,),
+        ProcessCollective(reduce_group, peers.lost_in_collective),
+        ProcessCollective(stats_group, peers.lost_in_collective),
+    )
+
+
+class TensorParallel:
+    """The dense ops (attention, gate, FFN, head), expert ops and ALL_REDUCE ops of a
+    dense=tensor schedule, for the devices this process runs (`devices`)."""
+
+    def __init__(
+        self,
+        ex: Executor,
+        world: int,
+        devices: range | tuple[int, ...],
+        reduce: Collective,
+        stats: Collective,
+    ) -> None:
+        self.ex, self.world, self.reduce, self.stats_group = ex, world, reduce, stats
+        self.spec = ex.model.spec
+        self.writer = devices[0]  # the device whose results are the run's output
+        self.dev = {d: _Device() for d in devices}
+        self._what_of: dict[int, tuple[str, int]] = {}  # ALL_REDUCE op id -> (what, round)
+        s = self.spec
+        self.heads = [shard(s.n_heads, world, d) for d in range(world)]
+        self.vocab = [shard(s.vocab_size, world, d) for d in range(world)]
+
+    def runs(self, op: Op) -> bool:
+        """Is the op one this class does (rather than the single-process op code)?"""
+        if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE):
+            raise MoepipeError(
+                f"{op.label()}: planner dense=tensor keeps each GPU's KV heads on it; the real "
+                "executor runs no KV offload with it (use dense=data)"
+            )
+        return op.kind in (
+            OpKind.ATTENTION,
+            OpKind.GATE,
+            OpKind.FFN,
+            OpKind.HEAD,
+            OpKind.EXPERT,
+            OpKind.ALL_REDUCE,
+        )
+
+    def run(self, op: Op, spec: StreamSpec) -> None:
+        d = spec.device
+        assert d in self.dev, f"{op.label()}: device {d} is not this process's"
+        assert op.micro < 0 and op.batch >= 0, f"{op.label()}: dense=tensor has no micro-batches"
+        if op.kind == OpKind.ALL_REDUCE:
+            self._all_reduce(op, d)
+            return
+        u = unit_of(op)
+        assert u is not None, f"{op.label()}: compute without weights"
+        w = self.ex._weights(u, spec.resource == Resource.CPU)
+        if op.kind == OpKind.EXPERT:  # the op's chunk of the expert's pairs, as data-parallel
+            self.ex._expert(op, w, pending=lambda b: self.dev[d].moe[b])
+        elif op.kind == OpKind.ATTENTION:
+            self._attention(op, d, w)
+        elif op.kind == OpKind.GATE:
+            self._gate(op, d, w)
+        elif op.kind == OpKind.FFN:
+            self._ffn(op, d, w)
+        else:
+            h = self._hidden(d, op.batch, op.step)
+            lo, hi = self.vocab[d]
+            self.dev[d].partial[op.batch] = self.ex.model.head(vocab_shard(w, (lo, hi)), h)
+
+    # ---- dense ops on one device's shard ------------------------------------------------------
+    def _hidden(self, d: int, batch: int, step: int) -> torch.Tensor:
+        """Device d's hidden state [b, S, H] of the batch at `step` (fresh at a new step; the
+        step before it is over on this device once this one starts)."""
+        held = self.dev[d].hidden
+        if (batch, step) not in held:
+            wl, s = self.ex.wl, self.spec
+            emb = self.ex._resident[Unit(Tensor.EMBED)]["embed"]
+            shape = (wl.batch_size, wl.step_tokens(step), s.hidden_size)
+            held.pop((batch, step - 1), None)
+            held[(batch, step)] = torch.zeros(shape, dtype=emb.dtype, device=self.ex.device)
+        return held[(batch, step)]
+
+    def _kv(self, d: int, batch: int, layer: int) -> KVCache:
+        """Device d's cache of `layer` for the batch: its kv heads (MLA: the whole latent), every
+        position the run writes; the other layers empty."""
+        dev, wl, s = self.dev[d], self.ex.wl, self.spec
+        if (batch, layer) not in dev.kv:
+            lo, hi = kv_shard(s, self.heads[d]) if not s.kv_dim else (0, 1)
+            shapes = KVCache.allocate(
+                s, wl.batch_size, wl.prompt_len + wl.gen_len, "meta", kv_heads=hi - lo
+            ).layers[0]
+            dev.kv[(batch, layer)] = tuple(
+                torch.zeros(t.shape, dtype=t.dtype, device=self.ex.device) for t in shapes
+            )
+        own = dev.kv[(batch, layer)]
+        return KVCache(tuple(own if i == layer else () for i in range(s.n_layers)))
+
+    def _attention(self, op: Op, d: int, w: Any) -> None:
+        """Device d's heads over every sequence: its part of attention's output, to be summed."""
+        ex, dev, b = self.ex, self.dev[d], op.batch
+        h = self._hidden(d, b, op.step)
+        if op.layer == 0:
+            if op.step == 0:
+                tokens_in = ex._batches[b].prompt
+            else:
+                tokens_in = dev.tokens[b][:, op.step - 1 : op.step]
+            h[:] = ex.model.embed(ex._resident[Unit(Tensor.EMBED)], tokens_in)
+        key = ("stats", op.id - d)
+
+        def reduce(stats: torch.Tensor) -> torch.Tensor:  # QK-norm's sums, over every device
+            dev.stats[b] = stats
+            ex._landed()
+            return _ordered_sum(self.stats_group.all_gather(key, d, stats))
+
+        shard_w = head_shard(self.spec, w, self.heads[d])
+        kv = self._kv(d, b, op.layer)
+        dev.partial[b] = ex.model.attention_part(
+            op.layer, shard_w, h, kv, ex._positions(op.step), reduce
+        )
+
+    def _gate(self, op: Op, d: int, w: Any) -> None:
+        """The router over every sequence (its weights are whole on each device): device d's
+        MoE layer; the writer device publishes the routing."""
+        ex, s, b = self.ex, self.spec, op.batch
+        fi, fw = ex._forced_routing(op, 0, ex.wl.batch_size)
+        h = self._hidden(d, b, op.step)
+        normed, ids, weights = ex.model.gate(op.layer, w, h, fi, fw)
+        n = ex.wl.batch_size
+        p = _Pending(
+            op.step,
+            op.layer,
+            normed,
+            ids,
+            weights,
+            new_slots(normed, s.top_k),
+            torch.zeros(n, dtype=torch.bool),
+            torch.ones(n, dtype=torch.bool),
+        )
+        self.dev[d].moe[b] = p
+        if d == self.writer:
+            ex._publish(op, p, s.moe_index(op.layer))
+
+    def _ffn(self, op: Op, d: int, w: Any) -> None:
+        """Device d's FFN columns: an MoE layer's shared experts (its part, added in the layer's
+        sum) or a dense layer's FFN (its part, to be summed)."""
+        ex, dev, b = self.ex, self.dev[d], op.batch
+        width = (w["wi"] if "wi" in w else w["w1"]).shape[0]
+        part = ffn_shard(w, shard(width, self.world, d))
+        if self.spec.is_moe(op.layer):
+            p = dev.moe[b]
+            assert p.layer == op.layer, f"{op.label()}: shared experts before the gate"
+            p.shared = ex.model.shared_ffn(part, p.normed)  # [T, H]
+        else:
+            dev.partial[b] = ex.model.dense_ffn_part(part, self._hidden(d, b, op.step))
+
+    # ---- the all-reduce -------------------------------------------------------------------
+    def _what(self, op: Op) -> tuple[str, int]:
+        """What an ALL_REDUCE op's round combines and which round it is, from its deps as
+        `planners.ep.dense` emits them: after attention, its output (QK-norm: first its
+        statistics, then the output); after a dense FFN, its output; after an MoE layer's gates
+        and experts, the layer's output; after the head, the logits; after a round, the next
+        round (or, after the statistics' last, attention's output)."""
+        if op.id in self._what_of:
+            return self._what_of[op.id]
+        deps = [self.ex._ops[i] for i in op.deps]
+        kinds = {dep.kind for dep in deps}
+        if kinds == {OpKind.ALL_REDUCE}:
+            what, rnd = self._what(deps[0])
+            if rnd < ROUNDS[what]:
+                out = (what, rnd + 1)
+            else:
+                assert what == "stats", f"{op.label()}: a round after a finished {what} reduce"
+                out = ("attention", 1)
+        elif OpKind.HEAD in kinds:
+            out = ("logits", 1)
+        elif OpKind.GATE in kinds:
+            out = ("moe", 1)
+        elif OpKind.ATTENTION in kinds:
+            out = ("stats" if self.spec.qk_norm else "attention", 1)
+        else:
+            assert kinds == {OpKind.FFN}, f"{op.label()}: an all-reduce after {sorted(kinds)}"
+            out = ("ffn", 1)
+        self._what_of[op.id] = out
+        return out
+
+    def _round_key(self, op: Op, d: int) -> int:
+        """The round's id on every device: its device-0 op (`all_reduce` emits a round's ops
+        device by device, consecutively)."""
+        first = self.ex._ops[op.id - d]
+        assert (first.kind, first.step, first.layer, first.batch) == (
+            op.kind,
+            op.step,
+            op.layer,
+            op.batch,
+        ), f"{op.label()}: its round's ops are not consecutive"
+        return op.id - d
+
+    def _all_reduce(self, op: Op, d: int) -> None:
+        what, rnd = self._what(op)
+        ex, dev, b, key = self.ex, self.dev[d], op.batch, self._round_key(op, d)
+        if what == "logits":  # every device's slice of the vocabulary, side by side
+            self._logits(op, d, key)
+            return
+        if rnd == 1:  # reduce-scatter: this device's 1/G of the sum, added in device order
+            part = self._part(what, d, b)
+            chunks = list(_padded(part.reshape(-1), self.world).chunk(self.world))
+            ex._landed()  # (CUDA) another device's thread reads them
+            dev.chunk[b] = _ordered_sum(self.reduce.all_to_all(key, d, chunks))
+            return
+        chunk = dev.chunk.pop(b)  # all-gather: every device's reduced chunk, the whole sum
+        whole = torch.cat(self.reduce.all_gather(key, d, chunk))
+        if what == "stats":  # summed inside attention already (module doc)
+            return
+        h = self._hidden(d, b, op.step)
+        h += whole[: h.numel()].view_as(h)
+        if what == "moe":
+            dev.moe.pop(b)
+        order = 1 if what in ("ffn", "moe") else 0
+        ex._note_finite(op.step, op.layer, order, b, what, h)
+
+    def _part(self, what: str, d: int, b: int) -> torch.Tensor:
+        """Device d's part of what a round-1 op sums."""
+        dev = self.dev[d]
+        if what == "stats":
+            return dev.stats.pop(b)
+        if what == "moe":  # its experts' pairs (the rest are zero) and its shared columns
+            p = dev.moe[b]
+            return moe_part(p.slots, p.weights, p.shared, self.ex.model.float32_combine)
+        return dev.partial.pop(b)
+
+    def _logits(self, op: Op, d: int, key: int) -> None:
+        """The head's gather: the whole logits [b, V] on every device, its next tokens; the
+        writer device's are the run's."""
+        ex, dev, b, wl = self.ex, self.dev[d], op.batch, self.ex.wl
+        part = dev.partial.pop(b)  # [b, V / G]
+        width = max(hi - lo for lo, hi in self.vocab)
+        padded = torch.nn.functional.pad(part, (0, width - part.shape[1]))
+        ex._landed()
+        got = self.reduce.all_gather(key, d, padded)
+        logits = torch.cat(
+            [g[:, : hi - lo] for g, (lo, hi) in zip(got, self.vocab, strict=True)], 1
+        )
+        next_tokens = logits.argmax(-1)  # [b]
+        if b not in dev.tokens:
+            dev.tokens[b] = torch.zeros(
+                wl.batch_size, wl.gen_len, dtype=torch.long, device=ex.device
+            )
+        dev.tokens[b][:, op.step] = next_tokens
+        if d != self.writer:
+            return
+        bst = ex._batches[b]
+        bst.logits = logits
+        bst.tokens[:, op.step] = next_tokens
+        bst.written[op.step] += wl.batch_size
+        ex._note_finite(op.step, self.spec.n_layers, 0, b, "logits", logits)
+
+
+def _padded(flat: torch.Tensor, world: int) -> torch.Tensor:
+    """flat [n'] padded with zeros to a multiple of `world` elements."""
+    return torch.nn.functional.pad(flat, (0, -len(flat) % world))
+
+
+def _ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts added in device order: every device (and process) gets the same bits."""
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total
