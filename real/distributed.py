@@ -1,7 +1,9 @@
 """One rank of a G-process real run: the part of `real.executor.Executor` that crosses processes.
 Each rank runs only its own device's ops of the whole schedule; gate parts, dispatch, combine and
 replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
-gathers every rank's ops at the end. Gate parts have a connection of their own (gloo keeps a
+gathers every rank's ops at the end. With tensor-parallel dense work (planner dense=tensor) every
+rank gates every sequence, no token moves, and the all-reduce ops are collectives
+(real/tensor_parallel.py, on the groups made here). Gate parts have a connection of their own (gloo keeps a
 pair's messages in order, so they queued behind replica copies). How each crossing works:
 docs/replication-model.md#real-expert-parallelism.
 
@@ -70,12 +72,10 @@ class Peers:
             raise ConfigError(
                 "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
             )
-        if ep.dense == Dense.TENSOR:
-            raise ConfigError(
-                "executor.distributed=true runs expert-parallel dense work data-parallel only "
-                "(planner dense=data); dense=tensor has no all-reduce op in the real executor"
-            )
         self.spec, self.wl = spec, wl
+        # dense=tensor: every rank runs every sequence on its shard (real/tensor_parallel.py),
+        # gates them all itself and moves no token; its all-reduces are collectives
+        self.tensor = ep.dense == Dense.TENSOR and self.world > 1
         self.micro_batches = ep.micro_batches
         self.dispatch = ep.dispatch
         self.layout = unit_layout(spec)
@@ -96,6 +96,22 @@ class Peers:
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
         # the gate parts' own connection (module doc); every rank makes it here (collective)
         self._gate_group = dist.new_group(backend=dist.get_backend())
+        # dense=tensor's all-reduce ops (one stream's, in schedule order) and QK-norm's
+        # statistics inside attention (the compute stream's), each on a group of its own
+        self._tp_groups = (
+            (dist.new_group(backend=dist.get_backend()), dist.new_group(backend=dist.get_backend()))
+            if self.tensor
+            else None
+        )
+
+    def tp_groups(self) -> tuple[Any, Any]:
+        """dense=tensor's process groups: (the all-reduce ops', QK-norm's statistics')."""
+        assert self._tp_groups is not None, "a data-parallel run has no tensor-parallel groups"
+        return self._tp_groups
+
+    def lost_in_collective(self, e: BaseException) -> PeerLost:
+        """A tensor-parallel collective that failed: a peer went away."""
+        return self.lost(None, e)
 
     # ---- which ops, rows and tags ------------------------------------------------------------
     def runs(self, spec: StreamSpec) -> bool:
@@ -512,7 +528,8 @@ class Peers:
             dist.barrier()
         except RuntimeError as e:
             raise self.lost(None, e, "before the run") from None
-        self.listen(ex)
+        if not self.tensor:  # dense=tensor: every rank gates every sequence itself
+            self.listen(ex)
 
     def own_units(
         self, resident: Mapping[Unit, Tier], ep_slots: Mapping[Any, Any]
@@ -566,7 +583,7 @@ class Peers:
             for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
                 ex._start[i], ex._end[i] = s0 + shift, e0 + shift
         for r, got in enumerate(everyone):
-            if r == self.rank:
+            if r == self.rank or self.tensor:  # dense=tensor: every rank has every sequence's
                 continue
             for bst, (tokens, logits, written, rows) in zip(
                 ex._batches, got["batches"], strict=True

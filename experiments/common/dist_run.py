@@ -34,7 +34,7 @@ import numpy as np
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
-from core.types import COMPUTE_KINDS, Dense, OpKind, Resource
+from core.types import COMPUTE_KINDS, OpKind, Resource
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -86,12 +86,6 @@ def n_processes(ckpt: str, spec: RunSpec) -> int:
     if g > 1 and ep.lanes:
         raise ConfigError(
             "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
-        )
-    if ep.dense == Dense.TENSOR:  # before any process starts
-        raise ConfigError(
-            "planner.params.dense=tensor: executor.distributed=true runs dense work "
-            "data-parallel only (the real executor has no all-reduce op yet); set "
-            "+planner.params.dense=data, or run dense=tensor in the simulator"
         )
     return g
 

@@ -137,6 +137,44 @@ def test_replication_planners_on_two_processes(mixtral_tiny, planner, mode, batc
         assert set(device_of(copies["resource"])) == {0, 1}
 
 
+@pytest.mark.parametrize(
+    "name, planner, mode",
+    [
+        ("mixtral-tiny", "eplb", "live"),
+        ("mixtral-tiny", "ep_static", "replay"),
+        ("olmoe-mqa", "predictive_replication", "replay"),
+        ("deepseek-v2-lite", "oracle_replication", "replay"),
+    ],
+)
+def test_tensor_parallel_dense_on_two_processes(
+    mixtral_tiny, olmoe_mqa, f32_ckpt, name, planner, mode
+):
+    """dense=tensor on 2 gloo processes: each rank runs every sequence on its half of the heads
+    (mixtral: GQA, a kv head each; olmoe-mqa: QK-norm's statistics summed inside attention over
+    the one kv head both hold; DeepSeek: MLA's latent whole on each, its dense layer's and shared
+    experts' FFN columns halved) and of the vocabulary; the all-reduce ops are collectives each
+    rank issues in schedule order. Tokens and logits are the in-memory forward's; the trace holds
+    every op once, the simulated run's op set, all-reduces on both ranks and no all-to-all."""
+    ckpt = {"mixtral-tiny": mixtral_tiny, "olmoe-mqa": olmoe_mqa}.get(name) or f32_ckpt(name)
+    spec = spec_of(ckpt, planner, 3, dense="tensor")
+    out = run_distributed(str(ckpt), spec, mode, None, 60)
+    wl = spec.workload
+    ref_tokens, ref_logits = reference_generate(
+        ckpt, prompts_for(spec.model, wl), wl.gen_len, out.routing
+    )
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, atol=ATOL, rtol=RTOL)
+    real = out.result.trace
+    assert sorted(real["op_id"]) == list(range(len(out.result.schedule)))
+    sim = simulate_run(spec, routing=out.routing).trace
+    pd.testing.assert_frame_equal(real[OP_FIELDS].astype(str), sim[OP_FIELDS].astype(str))
+    kinds = real["kind"].astype(str)
+    reduce = real[kinds == OpKind.ALL_REDUCE.value]
+    assert set(device_of(reduce["resource"])) == {0, 1}
+    assert not kinds.isin([OpKind.DISPATCH.value, OpKind.COMBINE.value]).any()
+    assert expert_tokens_per_device(real).equals(expert_tokens_per_device(sim))
+
+
 def test_a_batch_smaller_than_the_processes(mixtral_tiny):
     """Batch 1 on 2 processes: rank 1 holds no sequence, runs no dense op, and still computes
     the pairs its experts are given, from the routing rank 0's gate sends it."""
@@ -171,11 +209,13 @@ def env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
-def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path):
+@pytest.mark.parametrize("dense", ["data", "tensor"])
+def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path, dense):
     """`experiments.run ... executor.distributed=true` starts the 2 processes itself and writes
     the run dir every run writes; trace.json shows one process per device."""
+    dense_arg = f"+planner.params.dense={dense}"
     proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, "planner=eplb", "trace_json=true"),
+        command(mixtral_tiny, tmp_path, "planner=eplb", dense_arg, "trace_json=true"),
         cwd=ROOT,
         env=env(),
         capture_output=True,
@@ -193,6 +233,8 @@ def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path):
     assert names == ["real:gpu0", "real:gpu1"]
     trace = pd.read_parquet(tmp_path / "trace.parquet")
     assert sorted(trace["op_id"]) == list(range(summary["ops"]))
+    reduce = trace[trace["kind"].astype(str) == OpKind.ALL_REDUCE.value]
+    assert set(device_of(reduce["resource"])) == ({0, 1} if dense == "tensor" else set())
 
 
 def test_torchrun_runs_the_same_command(mixtral_tiny, tmp_path):
@@ -346,15 +388,13 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
         ("eplb", 16, "n_devices=16 must be in [1, 8] (the model's experts)"),
         ("eplb", (os.cpu_count() or 1) + 1, "one process per device, but this machine has"),
         ("flexgen", None, "planner flexgen plans one device"),
-        ("eplb +planner.params.dense=tensor", 2, "planner.params.dense=tensor: executor."),
     ],
 )
 def test_devices_the_machine_cannot_run_are_one_line(
     mixtral_tiny, tmp_path, planner, devices, message
 ):
-    """More processes than experts, or than the machine's cores, a planner with no devices, or
-    tensor-parallel dense work (no all-reduce op in the real executor): one line before any
-    process starts."""
+    """More processes than experts, or than the machine's cores, or a planner with no devices:
+    one line before any process starts."""
     if devices and devices > 8 and "cores" in message:
         pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
     proc = subprocess.run(
