@@ -58,30 +58,39 @@ def shard(n: int, world: int, rank: int) -> tuple[int, int]:
     return lo, lo + n // world + (rank < n % world)
 
 
+Fold = Callable[[list[torch.Tensor]], torch.Tensor]  # the parts, in device order -> the result
+
+
 class Collective(Protocol):
-    """The G devices of one round meet here: each hands its part, every one gets back theirs."""
+    """The G devices of one round meet here: each hands its part and gets `fold` of the parts it
+    is owed, in device order."""
 
     def all_to_all(
-        self, key: object, device: int, chunks: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """`chunks[j]` goes to device j; returns what each device sent this one, in device order."""
+        self, key: object, device: int, chunks: list[torch.Tensor], fold: Fold
+    ) -> torch.Tensor:
+        """`chunks[j]` goes to device j; folds what each device sent this one."""
         ...
 
-    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
-        """Every device's `t`, in device order."""
+    def all_gather(self, key: object, device: int, t: torch.Tensor, fold: Fold) -> torch.Tensor:
+        """Folds every device's `t`."""
         ...
 
 
 class ThreadCollective:
     """G virtual devices of one process (a worker thread each): a rendezvous per round, keyed
-    by the round (its device-0 op id); raises the interpreter's stop once the run failed."""
+    by the round (its device-0 op id); raises the interpreter's stop once the run failed. The
+    parts stay held until every device has folded them (`landed`: on CUDA, its stream has run
+    the fold), so no part's memory is reused while another device's kernels still read it."""
 
-    def __init__(self, world: int, failed: Callable[[], bool]) -> None:
-        self.world, self.failed = world, failed
+    def __init__(self, world: int, failed: Callable[[], bool], landed: Callable[[], None]) -> None:
+        self.world, self.failed, self.landed = world, failed, landed
         self._cv = threading.Condition()
         self._rounds: dict[object, tuple[dict[int, Any], list[int]]] = {}
 
-    def _meet(self, key: object, device: int, value: Any) -> list[Any]:
+    def _meet(
+        self, key: object, device: int, value: Any, pick: Callable[[Any], torch.Tensor], fold: Fold
+    ) -> torch.Tensor:
+        self.landed()  # (CUDA) the part is computed before another device's thread reads it
         with self._cv:
             parts, read = self._rounds.setdefault(key, ({}, [0]))
             assert device not in parts, f"device {device} met twice at {key}"
@@ -91,18 +100,22 @@ class ThreadCollective:
                 if self.failed():
                     raise _Stop
                 self._cv.wait(_POLL_S)
+            got = [pick(parts[d]) for d in range(self.world)]
+        out = fold(got)
+        self.landed()
+        with self._cv:
             read[0] += 1
-            if read[0] == self.world:  # everyone has its parts: the round is over
+            if read[0] == self.world:  # every device has folded its parts: the round is over
                 del self._rounds[key]
-            return [parts[d] for d in range(self.world)]
+        return out
 
     def all_to_all(
-        self, key: object, device: int, chunks: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        return [sent[device] for sent in self._meet(key, device, chunks)]
+        self, key: object, device: int, chunks: list[torch.Tensor], fold: Fold
+    ) -> torch.Tensor:
+        return self._meet(key, device, chunks, lambda sent: sent[device], fold)
 
-    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
-        return self._meet(key, device, t)
+    def all_gather(self, key: object, device: int, t: torch.Tensor, fold: Fold) -> torch.Tensor:
+        return self._meet(key, device, t, lambda part: part, fold)
 
 
 class ProcessCollective:
@@ -121,8 +134,8 @@ class ProcessCollective:
         return t.detach().to("cpu").contiguous() if self.host else t.contiguous()
 
     def all_to_all(
-        self, key: object, device: int, chunks: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
+        self, key: object, device: int, chunks: list[torch.Tensor], fold: Fold
+    ) -> torch.Tensor:
         dev = chunks[0].device
         send = [self._on_link(c) for c in chunks]
         got = [torch.empty_like(c) for c in send]
@@ -130,16 +143,16 @@ class ProcessCollective:
             self.dist.all_to_all(got, send, group=self.group)
         except RuntimeError as e:
             raise self.lost(e) from None
-        return [g.to(dev) for g in got]
+        return fold([g.to(dev) for g in got])
 
-    def all_gather(self, key: object, device: int, t: torch.Tensor) -> list[torch.Tensor]:
+    def all_gather(self, key: object, device: int, t: torch.Tensor, fold: Fold) -> torch.Tensor:
         dev, mine = t.device, self._on_link(t)
         got = [torch.empty_like(mine) for _ in range(self.world)]
         try:
             self.dist.all_gather(got, mine, group=self.group)
         except RuntimeError as e:
             raise self.lost(e) from None
-        return [g.to(dev) for g in got]
+        return fold([g.to(dev) for g in got])
 
 
 @dataclass
@@ -161,7 +174,7 @@ def tensor_parallel(ex: Executor, ep: EPLayout | None) -> TensorParallel | None:
         return None
     peers = ex.peers
     if peers is None:
-        group = ThreadCollective(ep.n_devices, lambda: ex._error is not None)
+        group = ThreadCollective(ep.n_devices, lambda: ex._error is not None, ex._landed)
         return TensorParallel(ex, ep.n_devices, range(ep.n_devices), group, group)
     reduce_group, stats_group = peers.tp_groups()
     return TensorParallel(
@@ -275,8 +288,7 @@ class TensorParallel:
 
         def reduce(stats: torch.Tensor) -> torch.Tensor:  # QK-norm's sums, over every device
             dev.stats[b] = stats
-            ex._landed()
-            return _ordered_sum(self.stats_group.all_gather(key, d, stats))
+            return self.stats_group.all_gather(key, d, stats, _ordered_sum)
 
         shard_w = head_shard(self.spec, w, self.heads[d])
         kv = self._kv(d, b, op.layer)
@@ -370,11 +382,10 @@ class TensorParallel:
         if rnd == 1:  # reduce-scatter: this device's 1/G of the sum, added in device order
             part = self._part(what, d, b)
             chunks = list(_padded(part.reshape(-1), self.world).chunk(self.world))
-            ex._landed()  # (CUDA) another device's thread reads them
-            dev.chunk[b] = _ordered_sum(self.reduce.all_to_all(key, d, chunks))
+            dev.chunk[b] = self.reduce.all_to_all(key, d, chunks, _ordered_sum)
             return
         chunk = dev.chunk.pop(b)  # all-gather: every device's reduced chunk, the whole sum
-        whole = torch.cat(self.reduce.all_gather(key, d, chunk))
+        whole = self.reduce.all_gather(key, d, chunk, torch.cat)
         if what == "stats":  # summed inside attention already (module doc)
             return
         h = self._hidden(d, b, op.step)
@@ -401,11 +412,13 @@ class TensorParallel:
         part = dev.partial.pop(b)  # [b, V / G]
         width = max(hi - lo for lo, hi in self.vocab)
         padded = torch.nn.functional.pad(part, (0, width - part.shape[1]))
-        ex._landed()
-        got = self.reduce.all_gather(key, d, padded)
-        logits = torch.cat(
-            [g[:, : hi - lo] for g, (lo, hi) in zip(got, self.vocab, strict=True)], 1
-        )
+
+        def side_by_side(got: list[torch.Tensor]) -> torch.Tensor:  # [b, V]
+            return torch.cat(
+                [g[:, : hi - lo] for g, (lo, hi) in zip(got, self.vocab, strict=True)], 1
+            )
+
+        logits = self.reduce.all_gather(key, d, padded, side_by_side)
         next_tokens = logits.argmax(-1)  # [b]
         if b not in dev.tokens:
             dev.tokens[b] = torch.zeros(

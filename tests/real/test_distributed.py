@@ -166,6 +166,7 @@ def test_tensor_parallel_dense_on_two_processes(
     torch.testing.assert_close(out.logits, ref_logits, atol=ATOL, rtol=RTOL)
     real = out.result.trace
     assert sorted(real["op_id"]) == list(range(len(out.result.schedule)))
+    assert set(real["source"]) == {"real"}
     sim = simulate_run(spec, routing=out.routing).trace
     pd.testing.assert_frame_equal(real[OP_FIELDS].astype(str), sim[OP_FIELDS].astype(str))
     kinds = real["kind"].astype(str)

@@ -160,33 +160,38 @@ def test_micro_batches_match_in_memory_forward(mixtral_tiny, planner, mode):
 
 @pytest.mark.parametrize("mode", ["replay", "live"])
 @pytest.mark.parametrize(
-    "name, planner",
+    "name, planner, devices",
     [
-        ("mixtral-tiny", "eplb"),
-        ("olmoe-1b-7b", "predictive_replication"),
-        ("deepseek-v2-lite", "ep_static"),
+        ("mixtral-tiny", "eplb", 2),
+        ("mixtral-tiny", "ep_static", 4),
+        ("olmoe-1b-7b", "predictive_replication", 2),
+        ("deepseek-v2-lite", "ep_static", 2),
     ],
 )
 def test_tensor_parallel_dense_matches_in_memory_forward(
-    mixtral_tiny, f32_ckpt, name, planner, mode
+    mixtral_tiny, f32_ckpt, name, planner, devices, mode
 ):
-    """dense=tensor on 2 GPUs' streams of one process: each runs every sequence on its half of
-    the heads (mixtral: GQA, a kv head each; OLMoE: QK-norm's statistics summed inside
-    attention; DeepSeek: MLA's latent whole on each, its dense layer's and shared experts' FFN
-    columns halved) and of the vocabulary, and the schedule's all-reduce ops sum the halves.
-    Every all-reduce op runs once, on its device's link; no sequence is split."""
+    """dense=tensor on G GPUs' streams of one process: each runs every sequence on its 1/G of
+    the heads (mixtral: GQA's 2 kv heads, one each on 2 GPUs, each held by 2 of 4; OLMoE:
+    QK-norm's statistics summed inside attention; DeepSeek: MLA's latent whole on each, its
+    dense layer's and shared experts' FFN columns split) and of the vocabulary, and the
+    schedule's all-reduce ops sum the parts. Every all-reduce op runs once, on its device's
+    link; no sequence is split."""
     ckpt = mixtral_tiny if name == "mixtral-tiny" else f32_ckpt(name)
     model, _ = load_checkpoint(ckpt)
-    spec = RunSpec(model, RESIDENT_2GPU, WORKLOAD, planner, {"dense": "tensor"})
+    hw = hardware(0.05, 0.05, n_gpus=devices)
+    spec = RunSpec(model, hw, WORKLOAD, planner, {"dense": "tensor", "n_devices": devices})
     result, out = real_execute(ckpt, spec, mode)
     assert_matches_reference(ckpt, spec, result, out)
     t = result.trace
     assert sorted(t["op_id"]) == list(range(len(result.schedule)))  # every op exactly once
+    assert set(t["source"]) == {"real"}
     reduce = t[t["kind"] == OpKind.ALL_REDUCE.value]
-    assert len(reduce) and set(reduce["resource"].astype(str)) == {"p2p", "p2p:1"}
+    links = {"p2p"} | {f"p2p:{d}" for d in range(1, devices)}
+    assert len(reduce) and set(reduce["resource"].astype(str)) == links
     assert not t["kind"].isin([OpKind.DISPATCH.value, OpKind.COMBINE.value]).any()
     heads = t[t["kind"] == OpKind.HEAD.value]
-    assert (heads["tokens"] == WORKLOAD.batch_size).all() and len(heads) == 2 * 2 * 3
+    assert (heads["tokens"] == WORKLOAD.batch_size).all() and len(heads) == devices * 2 * 3
 
 
 RESIDENT_1GPU = hardware(0.05, 0.05)
