@@ -104,8 +104,9 @@ def copy_waits(schedule: Schedule, trace: pd.DataFrame, n_devices: int) -> dict[
 def phases(trace: pd.DataFrame, n_devices: int) -> pd.DataFrame:
     """One row per (step, layer, batch) expert phase: each device's tokens (`tokens_<d>`),
     `max_tokens`, `mean_tokens`, `balancedness` (mean / max), the phase's `span_s` (first expert
-    start to last end, any device; of each micro-batch, summed) and `phase_util` (expert busy seconds / (G x span)): the per
-    layer and batch view of the summary's metrics (a run directory's balance.csv)."""
+    start to last end, any device; of each micro-batch, summed) and `phase_util` (expert busy
+    seconds / (G x span)): the per layer and batch view of the summary's metrics (a run directory's
+    balance.csv)."""
     loads = device_loads(trace, n_devices)
     if loads.empty:
         return pd.DataFrame()

@@ -4,8 +4,9 @@ Transfers take `bytes / bandwidth + latency`; compute takes the roofline
 `max(flops / peak, touch_bytes / memory_bandwidth)`, or a calibrated (flops -> seconds) table
 when the hardware profile has one for that op kind, divided by the stream's `share` of the
 device (1, or 1/G for a lane holding 1/G of a GPU's SMs), plus the per-op overhead (a
-calibrated table times the kernels alone; the overhead is what running one op costs on top). It lives in core
-(not sim/) because planners need it too: Klotski's n-planner solves its inequalities with it.
+calibrated table times the kernels alone; the overhead is what running one op costs on top). It
+lives in core (not sim/) because planners need it too: Klotski's n-planner solves its inequalities
+with it.
 
 An expert-parallel schedule whose G devices run as processes of one machine (not lanes) also
 pays the hardware's `processes` terms: each compute op its kind's `compute_scale`, each op starts

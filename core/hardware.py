@@ -96,15 +96,24 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         where = f"hardware {self.name}: "
         for res, link in self.links.items():
-            check_finite(f"{where}links.{res}", gbps=link.bandwidth_bytes_per_s / GB,
-                    latency_us=link.latency_s * 1e6)  # fmt: skip
+            check_finite(
+                f"{where}links.{res}",
+                gbps=link.bandwidth_bytes_per_s / GB,
+                latency_us=link.latency_s * 1e6,
+            )
         for dev in ("gpu", "cpu"):
             c: ComputeSpec = getattr(self, dev)
-            check_finite(f"{where}{dev}", tflops=c.peak_flops_per_s / 1e12,
-                    mem_bw_gbps=c.mem_bw_bytes_per_s / GB, overhead_us=c.kernel_overhead_s * 1e6,
-                    sm_mem_bw_gbps=c.sm_mem_bw_bytes_per_s / GB)  # fmt: skip
-            check_finite(f"{where}{dev}.overhead_us_by_kind", **{
-                str(k): v * 1e6 for k, v in c.kind_overhead_s.items()})  # fmt: skip
+            check_finite(
+                f"{where}{dev}",
+                tflops=c.peak_flops_per_s / 1e12,
+                mem_bw_gbps=c.mem_bw_bytes_per_s / GB,
+                overhead_us=c.kernel_overhead_s * 1e6,
+                sm_mem_bw_gbps=c.sm_mem_bw_bytes_per_s / GB,
+            )
+            check_finite(
+                f"{where}{dev}.overhead_us_by_kind",
+                **{str(k): v * 1e6 for k, v in c.kind_overhead_s.items()},
+            )
             for kind, pts in c.time_tables.items():
                 for i, (x, y) in enumerate(pts):
                     check_finite(f"{where}{dev}.time_tables.{kind}[{i}]", flops=x, seconds=y)
@@ -169,7 +178,8 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HardwareSpec:
-        """From the YAML layout: memory_gb, gpu/cpu {tflops, mem_bw_gbps, overhead_us}, links {gbps, latency_us}."""
+        """From the YAML layout: memory_gb, gpu/cpu {tflops, mem_bw_gbps, overhead_us},
+        links {gbps, latency_us}."""
         name = str(d.get("name", "hardware"))
         at = "memory_gb"  # the field being read, for an error's line
         try:

@@ -56,7 +56,7 @@ class Routing:
         return int(self.expert_ids.shape[3])
 
     def check_fits(self, model: ModelSpec, workload: Workload) -> None:
-        """Reject a routing whose shape disagrees with the model or is too small for the workload."""
+        """Reject routing whose shape disagrees with the model or is too small for the workload."""
         want = (len(model.moe_layers), model.n_experts, model.top_k)
         have = (self.n_moe_layers, self.n_experts, self.top_k)
         if want != have:
@@ -79,14 +79,14 @@ class Routing:
         return slice(p, p + 1)
 
     def batch_ids(self, step: int, moe_idx: int, batch: int, workload: Workload) -> np.ndarray:
-        """[T, k] expert ids of batch `batch`'s tokens at one step and MoE layer (T = bs * tokens)."""
+        """[T, k] expert ids of batch `batch`'s tokens at a step and MoE layer (T = bs * tokens)."""
         bs = workload.batch_size
         seqs = slice(batch * bs, (batch + 1) * bs)
         ids = self.expert_ids[seqs, self.step_slice(step, workload), moe_idx]
         return ids.reshape(-1, self.top_k)
 
     def batch_labels(self, step: int, batch: int, workload: Workload) -> np.ndarray:
-        """[T] the request label of each of batch `batch`'s tokens at a step, in `batch_ids`' order."""
+        """[T] the request label of each token of batch `batch` at a step, in `batch_ids`' order."""
         assert self.labels is not None, "routing without request labels"
         bs = workload.batch_size
         return self.labels[batch * bs : (batch + 1) * bs, self.step_slice(step, workload)].ravel()
@@ -130,9 +130,10 @@ def load_routing(model: ModelSpec, workload: Workload) -> Routing:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > ram // 2:
         raise TraceError(
-            f"routing for {workload.n_sequences} sequences x {workload.prompt_len + workload.gen_len} "
-            f"tokens would take {need / 2**30:.1f} GiB, over half of this machine's "
-            f"{ram / 2**30:.0f} GiB RAM; reduce workload.batch_size or workload.n_batches"
+            f"routing for {workload.n_sequences} sequences x "
+            f"{workload.prompt_len + workload.gen_len} tokens would take {need / 2**30:.1f} GiB, "
+            f"over half of this machine's {ram / 2**30:.0f} GiB RAM; "
+            "reduce workload.batch_size or workload.n_batches"
         )
     if source == RoutingSource.TRACE:
         from core.traces import esft_routing

@@ -279,9 +279,9 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
 
     Checks: ids and deps (deps point backwards, so no cycles), streams and resources fit the op
     kind, no single allocation exceeds a tier, every expert compute depends on its batch's gate
-    (a micro-batch's: its own; planners are causal), an expert-parallel layout (`Schedule.ep`) uses only the links it
-    has (lanes: d2d; G GPUs: p2p, p2p_out), and an instant-completion run of the streams
-    finishes (no op waits forever for memory that only a later op frees) without freeing
+    (a micro-batch's: its own; planners are causal), an expert-parallel layout (`Schedule.ep`) uses
+    only the links it has (lanes: d2d; G GPUs: p2p, p2p_out), and an instant-completion run of the
+    streams finishes (no op waits forever for memory that only a later op frees) without freeing
     memory nothing holds.
     That run is one order of memory grants: with real durations another order can still leave
     every stream waiting (the simulator then stops, naming them), so it is a necessary check,
@@ -327,7 +327,8 @@ def _check_resident_and_pools(schedule: Schedule) -> None:
     mixed = next((r for r, p in pools.items() if len(p) > 1), None)
     if mixed:
         raise ScheduleError(
-            f"resource {mixed}: streams {sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
+            f"resource {mixed}: streams "
+            f"{sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
             f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
             "on the same SMs): put every stream of one GPU in one pool, or none"
         )

@@ -43,16 +43,30 @@ def check_finite(where: str, **values: Any) -> None:
 FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
 DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
-_INT_FIELDS = ("n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "n_heads",
-               "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes", "dense_ffn_size",
-               "shared_ffn_size", "kv_dim", "attn_params", "qk_head_dim",
-               "latent_expand_params")  # fmt: skip
+_INT_FIELDS = (
+    "n_layers",
+    "hidden_size",
+    "expert_ffn_size",
+    "n_experts",
+    "top_k",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "dtype_bytes",
+    "dense_ffn_size",
+    "shared_ffn_size",
+    "kv_dim",
+    "attn_params",
+    "qk_head_dim",
+    "latent_expand_params",
+)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # Hugging Face model_type this spec maps to (mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers)
+    family: str  # HF model_type: mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers
     n_layers: int  # decoder layers
     moe_layers: tuple[int, ...]  # indices of the layers whose FFN is a routed MoE
     hidden_size: int  # d_model

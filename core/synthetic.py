@@ -4,8 +4,9 @@
 experts), inter-layer correlation (a sparse transition table: slot j of a token follows the row of
 its slot j's expert one layer up) and temporal reuse (a slot repeats the same slot of the previous
 token's draw, before duplicates within a token are redrawn, so the measured reuse of the previous
-token's experts is below `reuse` where steep skew makes duplicates common). `routing_stats` computes the metrics of
-`../shared/traces/README.md`; `fit_synthetic` / `fit_to_counts` pick generator parameters from them.
+token's experts is below `reuse` where steep skew makes duplicates common). `routing_stats` computes
+the metrics of `../shared/traces/README.md`; `fit_synthetic` / `fit_to_counts` pick generator
+parameters from them.
 """
 
 from __future__ import annotations

@@ -125,8 +125,21 @@ def read_trace(path: Path) -> pd.DataFrame:
 
 # what every reader of a trace uses (a trace of older code may lack later columns)
 _REQUIRED = ("source", "op_id", "kind", "stream", "resource", "start_s", "end_s")
-_NUMERIC = ("op_id", "step", "layer", "batch", "micro", "expert", "bytes", "tokens",
-            "start_s", "end_s", "sm_s", "launch_s", "alloc_s")  # fmt: skip
+_NUMERIC = (
+    "op_id",
+    "step",
+    "layer",
+    "batch",
+    "micro",
+    "expert",
+    "bytes",
+    "tokens",
+    "start_s",
+    "end_s",
+    "sm_s",
+    "launch_s",
+    "alloc_s",
+)
 
 
 def check_trace(trace: pd.DataFrame, path: Path) -> None:

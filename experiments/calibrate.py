@@ -227,7 +227,10 @@ def _sources(
     disk_dir: Path,
     disk_mb: int,
 ) -> dict[str, str]:
-    machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, GPU: {gpu_name})"
+    machine = (
+        f"{platform.node()} ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, GPU: {gpu_name})"
+    )
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     disk_note = (
         "O_DIRECT"
@@ -235,8 +238,10 @@ def _sources(
         else "buffered (O_DIRECT unsupported here: page-cache bandwidth)"
     )
     return {
-        "calibration": f"python -m experiments.calibrate on {machine}, {date}, commit {_git_commit()}",
-        "model": f"compute tables of {model_name} ({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}"
+        "calibration": f"python -m experiments.calibrate on {machine}, {date}, "
+        f"commit {_git_commit()}",
+        "model": f"compute tables of {model_name} "
+        f"({ckpt or 'conf/model/mixtral-tiny, random weights'}) on {dev}"
         + (
             "; cpu: the same ops on the CPU (torch's default threads, as a GPU run's CPU ops), "
             "mem_bw_gbps from a host memcpy"
@@ -250,10 +255,11 @@ def _sources(
             else f"{disk_mb} MB in {disk_dir} read with {disk_note}, 64 KiB .. 16 MiB reads "
             "fitted to latency + bytes/bandwidth"
         ),
-        "overhead": f"{m.overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real executor "
-        "(compute overhead_us; added to every link's latency_us)",
+        "overhead": f"{m.overhead_s * 1e6:.0f} us per op: a chain of no-op copies through the real "
+        "executor (compute overhead_us; added to every link's latency_us)",
         "threads": f"torch intra-op threads {m.threads} (the real executor's on this device)",
-        "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; disk: half the free space",
+        "memory": "gpu: 25% of RAM (CPU device pool) or 90% of GPU memory; cpu: 50% of RAM; "
+        "disk: half the free space",
     }
 
 
@@ -403,7 +409,8 @@ def _main(args: Options) -> int:
     links = hw["links"]
     print(
         f"wrote {out}: disk {links['disk']['gbps']:.2f} GB/s, h2d {links['h2d']['gbps']:.2f} GB/s "
-        f"+ {links['h2d']['latency_us']:.0f} us, expert peak {hw['gpu']['tflops'] * 1e3:.1f} GFLOP/s"
+        f"+ {links['h2d']['latency_us']:.0f} us, "
+        f"expert peak {hw['gpu']['tflops'] * 1e3:.1f} GFLOP/s"
     )
     return 0
 

@@ -43,7 +43,8 @@ def _main(args: Options) -> int:
         # checked before the conversion (a minute on the full tarball); numpy writes <out>.npz
         if Path(args.out).is_dir():
             raise MoepipeError(
-                f"out {args.out}: is a folder; pass a file path, e.g. {Path(args.out) / 'esft_routing.npz'}"
+                f"out {args.out}: is a folder; pass a file path, "
+                f"e.g. {Path(args.out) / 'esft_routing.npz'}"
             )
         dest = args.out if args.out.endswith(".npz") else f"{args.out}.npz"
         output_file(dest, "out")

@@ -152,11 +152,13 @@ def _main(args: Options) -> int:
     mean = pairs.mean()
     print(
         f"\noverall (layer pairs): used {mean.used_corr:.1%} (popularity {mean.used_pop:.1%}), "
-        f"hot {mean.hot_corr:.1%} (popularity {mean.hot_pop:.1%}), single-sequence {mean.single_corr:.1%} "
+        f"hot {mean.hot_corr:.1%} (popularity {mean.hot_pop:.1%}), "
+        f"single-sequence {mean.single_corr:.1%} "
         f"(popularity {mean.single_pop:.1%}); paper: 100%, 58.89%, 42.24%"
     )
     print(
-        f"correlation beats popularity (hot) on {(pairs.hot_gain > 0).sum()}/{len(pairs)} layer pairs"
+        "correlation beats popularity (hot) on "
+        f"{(pairs.hot_gain > 0).sum()}/{len(pairs)} layer pairs"
     )
     if args.out:
         try:

@@ -3,7 +3,8 @@
 Runs come from `experiments.run` sweeps of conf/experiment/replication_<case>.yaml into one
 folder (a case each; finished runs are reused when a sweep is run again):
     for c in esft_g8 esft_g4 esft_g8_b32 esft_g4_b32 switch_128 switch_256 switch_128_shared \\
-        switch_128_loop switch_128_g8; do python -m experiments.run -m experiment=replication_$c; done
+        switch_128_loop switch_128_g8; do
+        python -m experiments.run -m experiment=replication_$c; done
     python -m experiments.replication dir=runs/replication
 
 Collects the folder's runs (as experiments.collect), prints the table, the notes and the
@@ -26,15 +27,31 @@ from experiments.common.app import command
 from experiments.common.cli import print_or_exit, run_command, until_interrupted
 from experiments.common.tables import collect, write_results
 
-CASES = ["esft-g8", "esft-g4", "esft-g8-b32", "esft-g4-b32", "switch-base-128",
-         "switch-base-256", "switch-base-128-shared", "switch-base-128-loop",
-         "switch-base-128-g8"]  # fmt: skip
-VARIANTS = ["predictive_replication[gate=none]", "predictive_replication[window]",
-            "eplb[interval=8]", "predictive_replication[layer_corr,gate=none]",
-            "oracle_replication[truth=0.75]", "oracle_replication[truth=0.5]",
-            "oracle_replication[truth=0.25]", "oracle_replication[split_load]",
-            "ep_static[1 lane]", "ep_static[tbo]", "predictive_replication[tbo]",
-            "oracle_replication[tbo]"]  # fmt: skip
+CASES = [
+    "esft-g8",
+    "esft-g4",
+    "esft-g8-b32",
+    "esft-g4-b32",
+    "switch-base-128",
+    "switch-base-256",
+    "switch-base-128-shared",
+    "switch-base-128-loop",
+    "switch-base-128-g8",
+]
+VARIANTS = [
+    "predictive_replication[gate=none]",
+    "predictive_replication[window]",
+    "eplb[interval=8]",
+    "predictive_replication[layer_corr,gate=none]",
+    "oracle_replication[truth=0.75]",
+    "oracle_replication[truth=0.5]",
+    "oracle_replication[truth=0.25]",
+    "oracle_replication[split_load]",
+    "ep_static[1 lane]",
+    "ep_static[tbo]",
+    "predictive_replication[tbo]",
+    "oracle_replication[tbo]",
+]
 
 
 @dataclass
@@ -125,7 +142,7 @@ def run(opts: Options) -> list[str]:
     out = Path(opts.out or opts.dir)
     out.mkdir(parents=True, exist_ok=True)
     lines, judged = report_lines(rows, opts)
-    # every target case gets its trade-off panel: a held-out one at its fresh batch, else its largest
+    # each target case gets its trade-off panel: a held-out one at its fresh batch, else its largest
     pngs = ep_plots.plot(rows, out, sweep, judged)
     lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
     lines.append(f"report: {ep_plots.write_pages(out, lines, pngs)}")

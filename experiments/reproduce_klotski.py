@@ -51,8 +51,12 @@ PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
     "hot": (19.074, 1.127, 44.17),
     "klotski": (22.414, 1.325, 52.85),
 }
-STEP_NAMES = {"simple": "Simple pipeline", "multi": "+ Multi batches",
-              "hot": "+ Only prefetch hot experts", "klotski": "Klotski (+ adjust expert order)"}  # fmt: skip
+STEP_NAMES = {
+    "simple": "Simple pipeline",
+    "multi": "+ Multi batches",
+    "hot": "+ Only prefetch hot experts",
+    "klotski": "Klotski (+ adjust expert order)",
+}
 
 
 def _yaml(group: str, name: str) -> dict[str, Any]:
@@ -256,7 +260,7 @@ def table3_columns() -> list[dict[str, Any]]:
 
 
 def step_ratios(t3: pd.DataFrame) -> dict[tuple[str, str, int], float]:
-    """(step, previous step, column) -> the Table 3 runs' throughput ratio (nan if one is missing)."""
+    """(step, previous step, column) -> Table 3 runs' throughput ratio (nan if one is missing)."""
     tp = {(r.step, int(r.column)): r.throughput_tok_s for r in t3.itertuples()}
     steps, cols = list(PAPER_T3), {c for _, c in tp}
     return {
@@ -333,7 +337,8 @@ def report(df: pd.DataFrame) -> str:
             "",
             "## Klotski at the n-planner's n (bs 16): makespan vs the schedule's lower bound",
             "",
-            "| model / hardware | n | binding inequality | tok/s | makespan s | schedule's lower bound s "
+            "| model / hardware | n | binding inequality | tok/s | makespan s "
+            "| schedule's lower bound s "
             "(binds) | efficiency vs it | busiest-resource bound s | efficiency vs it "
             "| decode-only efficiency (busiest resource) |",
             "|---|---|---|---|---|---|---|---|---|---|",
@@ -353,7 +358,8 @@ def report(df: pd.DataFrame) -> str:
         piv = f14.pivot_table(index="n", columns="batch_size", values="throughput_tok_s")
         lines += [
             "",
-            f"## Fig. 14: Klotski throughput (tok/s) over n and batch size, mixtral-8x7b / rtx3090-env1, "
+            "## Fig. 14: Klotski throughput (tok/s) over n and batch size, "
+            "mixtral-8x7b / rtx3090-env1, "
             f"gen_len={f14.gen_len.max():.0f} (paper: 32)",
             "",
             markdown(piv.round(2), index=True),
@@ -399,16 +405,17 @@ def targets(df: pd.DataFrame) -> list[str]:
             else:
                 ok, want = abs(sim / paper - 1) <= 0.25, "within 25% of"
             out.append(
-                f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} {want} the paper's {paper:.3f}"
+                f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} "
+                f"{want} the paper's {paper:.3f}"
             )
     for r in df[df.table == "auto_n"].itertuples():
         if isinstance(getattr(r, "error", None), str):
             out.append(f"[FAIL] {r.model} / {r.hardware}: Klotski at the n-planner's n: {r.error}")
             continue
         out.append(
-            f"[{'PASS' if 1 / r.dag_efficiency <= 1.10 else 'FAIL'}] {r.model} / {r.hardware}: Klotski at "
-            f"n = {r.n} takes {1 / r.dag_efficiency:.3f}x the schedule's lower bound (target <= 1.10x); "
-            f"{1 / r.efficiency:.3f}x the busiest resource's"
+            f"[{'PASS' if 1 / r.dag_efficiency <= 1.10 else 'FAIL'}] {r.model} / {r.hardware}: "
+            f"Klotski at n = {r.n} takes {1 / r.dag_efficiency:.3f}x the schedule's lower bound "
+            f"(target <= 1.10x); {1 / r.efficiency:.3f}x the busiest resource's"
         )
     return out or ["(no Table 3 or n-planner runs in these results)"]
 

@@ -4,7 +4,8 @@ Mixtral generator fitted to the OLMoE repository's aggregate Mixtral counts.
 Prints both tables and writes them (with the fitted parameters) to routing_stats.json.
 
 Usage:
-    python -m experiments.routing_stats [trace_dir=../shared/traces] [out=routing_stats.json] [seed=0]
+    python -m experiments.routing_stats [trace_dir=../shared/traces] [out=routing_stats.json] \\
+        [seed=0]
 """
 
 from __future__ import annotations

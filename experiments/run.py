@@ -7,9 +7,9 @@ Usage:
 
 Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
 (.run.lock), replacing an earlier result only once the new one is whole; trace.json
-(Chrome/Perfetto) with `trace_json=true`, or later with `python -m experiments.trace_json runs=RUN_DIR`.
-Any failure is one line on stderr and exit 2 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's
-traceback.
+(Chrome/Perfetto) with `trace_json=true`, or later with
+`python -m experiments.trace_json runs=RUN_DIR`. Any failure is one line on stderr and exit 2
+(cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's traceback.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
     log.info(
-        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), efficiency %.3f -> %s",
+        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), "
+        "efficiency %.3f -> %s",
         display_name(choice, s["planner"], s["planner_label"]),
         s["model"],
         s["n_batches"],

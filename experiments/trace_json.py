@@ -2,7 +2,7 @@
 
 Usage:
     python -m experiments.trace_json runs=RUN_DIR                  # writes RUN_DIR/trace.json
-    python -m experiments.trace_json runs=[SIM_DIR,REAL_DIR] out=both.json   # one file, a process each
+    python -m experiments.trace_json runs=[SIM_DIR,REAL_DIR] out=both.json  # 1 file, 2 processes
 
 A run writes trace.parquet only (`trace_json=true` writes trace.json too); open the JSON in
 ui.perfetto.dev: one process per source (per device for a run on G processes), one thread per

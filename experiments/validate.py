@@ -477,13 +477,17 @@ def _print_row(
             flush=True,
         )
     print(
-        f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s real {row['real_makespan_s']:.3f} s "
+        f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s "
+        f"real {row['real_makespan_s']:.3f} s "
         f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
-        f"real/LB {row['real_makespan_over_lb']:.2f}, real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
-        f"bubble waits on {row['sim_bubble_waits_on']} (sim) / {row['real_bubble_waits_on']} (real), "
+        f"real/LB {row['real_makespan_over_lb']:.2f}, "
+        f"real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
+        f"bubble waits on {row['sim_bubble_waits_on']} (sim) / "
+        f"{row['real_bubble_waits_on']} (real), "
         f"causes apart {row['bubble_causes_tv']:.2f} "
         f"(median of {row['real_runs']} real runs, "
-        f"{row['real_makespan_min_s']:.3f}-{row['real_makespan_max_s']:.3f} s){at_run_links}{at_probe}",
+        f"{row['real_makespan_min_s']:.3f}-{row['real_makespan_max_s']:.3f} s)"
+        f"{at_run_links}{at_probe}",
         flush=True,
     )
 
@@ -496,7 +500,8 @@ def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
     main_cols = [c for c in table.columns if not c.endswith("_ms")]
     (out / "validate.md").write_text(
         f"# sim vs real: {model.name} ({model.total_bytes / 1e6:.0f} MB), hardware {hw.name}, "
-        f"GPU {hw.memory_bytes[Tier.GPU] / 1e6:.0f} MB, CPU {hw.memory_bytes[Tier.CPU] / 1e6:.0f} MB\n\n"
+        f"GPU {hw.memory_bytes[Tier.GPU] / 1e6:.0f} MB, "
+        f"CPU {hw.memory_bytes[Tier.CPU] / 1e6:.0f} MB\n\n"
         + markdown(table[main_cols])
         + "\n\n## per-op-kind mean duration (ms)\n\n"
         + markdown(table[["planner", *[c for c in table.columns if c.endswith("_ms")]]])

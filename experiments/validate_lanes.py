@@ -92,7 +92,8 @@ def report(opts: dict[str, Any]) -> list[str]:
         if p not in EP_PLANNERS:
             known = p in planner_names()
             raise MoepipeError(
-                f"planners={opts['planners']}: {p!r} is {'not expert-parallel' if known else 'unknown'}; "
+                f"planners={opts['planners']}: {p!r} is "
+                f"{'not expert-parallel' if known else 'unknown'}; "
                 f"valid: {', '.join(EP_PLANNERS)}"
             )
     lanes = as_int("lanes", opts["lanes"], at_least=2)

@@ -83,7 +83,7 @@ class Emitter:
         stream: str | None = None,
         deps: tuple[int | None, ...] = (),
     ) -> int | None:
-        """Bring one weight unit to the GPU; returns the op its users depend on (None if resident)."""
+        """Bring a weight unit to the GPU; returns the op its users depend on (None if resident)."""
         if not self.streamed(tensor, layer):
             return None
         nbytes = self.tensor_bytes(tensor, layer)

@@ -6,7 +6,9 @@ possible under a fixed number of physical slots. Re-implemented from the descrip
 `../shared/reference/replication.md` §2.1 (hierarchical and global policies); no code copied.
 
 Usage:
-    phy2log, log2phy, logcnt = rebalance_experts(weight, num_replicas=80, num_groups=1, num_nodes=1, num_gpus=8)
+    phy2log, log2phy, logcnt = rebalance_experts(
+        weight, num_replicas=80, num_groups=1, num_nodes=1, num_gpus=8
+    )
     # phy2log [L, R]: logical expert in physical slot s; slot s lives on GPU s // (R / num_gpus)
 """
 
@@ -47,7 +49,8 @@ def replicate_experts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One copy of each logical expert, then each extra copy to the largest per-copy load.
 
-    weight [n, num_log]. Returns phy2log [n, num_phy], replica rank [n, num_phy], logcnt [n, num_log].
+    weight [n, num_log]. Returns phy2log [n, num_phy], replica rank [n, num_phy],
+    logcnt [n, num_log].
     """
     n, num_log = weight.shape
     rows = np.arange(n)
@@ -114,8 +117,8 @@ def check_args(
         raise ConfigError(f"eplb: num_gpus={num_gpus} must be in [1, {e}] (the number of experts)")
     if num_replicas < e or num_replicas % num_gpus:
         raise ConfigError(
-            f"eplb: num_replicas={num_replicas} physical slots must be >= {e} experts and a multiple of "
-            f"num_gpus={num_gpus}"
+            f"eplb: num_replicas={num_replicas} physical slots must be >= {e} experts and a "
+            f"multiple of num_gpus={num_gpus}"
         )
     if num_groups < 1 or num_nodes < 1:
         raise ConfigError(f"eplb: num_groups={num_groups} and num_nodes={num_nodes} must be >= 1")
@@ -123,8 +126,8 @@ def check_args(
         return
     if e % num_groups or num_gpus % num_nodes:  # the hierarchical policy's
         raise ConfigError(
-            f"eplb: need experts ({e}) divisible by num_groups ({num_groups}) and num_gpus ({num_gpus}) "
-            f"divisible by num_nodes ({num_nodes})"
+            f"eplb: need experts ({e}) divisible by num_groups ({num_groups}) and num_gpus "
+            f"({num_gpus}) divisible by num_nodes ({num_nodes})"
         )
 
 

@@ -34,7 +34,7 @@ def cache_placement(
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
     staging = m.expert_bytes  # disk reads pass through CPU; free CPU memory adds read-ahead
-    # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to the cache
+    # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to cache
     working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf
     kw = dict(
         kv_sequences=kv_sequences,

@@ -163,7 +163,7 @@ class Fiddler(Planner):
         act_bytes: int,
         gate: int,
     ) -> int:
-        """Activations to the CPU, the expert there (weights read from host memory), results back."""
+        """Activations to the CPU, the expert there (weights from host memory), results back."""
         m, out = em.model, em.out
         where = dict(step=step, layer=layer, batch=batch, expert=expert)
         deps: tuple[int, ...] = ()

@@ -71,8 +71,8 @@ class FlexGen(Planner):
         )
         out.meta.update(n_batches_shared=n)
         s = _Steps(self.params.sync)
-        # Sub-layers in FlexGen's list: (layer, "attn") then (layer, "moe"); weights of sub-layer j+1
-        # load while j computes, and no earlier than sub-layer j-1 is done (double buffering).
+        # Sub-layers in FlexGen's list: (layer, "attn") then (layer, "moe"); weights of sub-layer
+        # j+1 load while j computes, and no earlier than sub-layer j-1 is done (double buffering).
         done: int | None = None  # last compute of the sub-layer before the current one
         last: int | None = None
         store: int | None = None  # the previous batch's KV store, which runs during this step

@@ -5,8 +5,8 @@ Per step and layer, over a group of n batches:
    behind it); meanwhile the weight stream prefetches the gate and the K predicted hot experts
    (`hot_prefetch`; else the whole MoE layer, FlexGen-style);
 2. gates, batch by batch, once everything the weight stream prefetched for the layer is in
-   (Algorithm 1 syncs the weight stream at each layer boundary); after each gate, its selected experts not yet present or in flight are
-   loaded on the `experts` stream in discovery order;
+   (Algorithm 1 syncs the weight stream at each layer boundary); after each gate, its selected
+   experts not yet present or in flight are loaded on the `experts` stream in discovery order;
 3. experts: with `reorder`, each expert once over all tokens of the group (hot first, then in
    load-issue order), freed after its one use; without, batch by batch in index order, each
    expert freed after its last batch. Meanwhile the next layer's attention weights and batch
@@ -279,7 +279,7 @@ class Klotski(Planner):
     def _gates(
         self, step: int, layer: int, st: _Layer, last: int | None, prev_ids: np.ndarray | None
     ) -> int | None:
-        """Gates batch by batch; each batch's new experts start loading at once (discovery order)."""
+        """Gates batch by batch; a batch's new experts start loading at once (discovery order)."""
         em, n = self.em, self.n
         synced = tuple(
             st.loads.values()

@@ -69,8 +69,8 @@ class MixtralOffloading(Planner):
         if slots < 1:
             raise CapacityError(
                 f"mixtral_offloading: needs one GPU expert slot per MoE layer "
-                f"({n_moe * m.expert_bytes / 1e9:.1f} GB), only {cache_bytes / 1e9:.1f} GB is spare "
-                "(the real system quantizes experts to 2-3 bits to fit); use a smaller batch"
+                f"({n_moe * m.expert_bytes / 1e9:.1f} GB), only {cache_bytes / 1e9:.1f} GB is "
+                "spare (the real system quantizes experts to 2-3 bits to fit); use a smaller batch"
             )
         run = _Run(
             em,

@@ -4,9 +4,9 @@ Times come from the cost model (decode step at mid-generation context); routing 
 (per-layer expert popularity of a warm-up routing) give the hot experts' tokens and the expected
 number of cold experts len(Q) a group of n*bs tokens activates. The smallest n meeting (4)-(7)
 in every streamed MoE layer is chosen (for experts on disk also the disk's pace, which the paper's
-inequalities, written for experts in CPU memory, leave out), then checked against memory: an n that does not fit is
-lowered to the largest that does (what the paper did by hand for 8x22B on Env 1), and the
-summary says so.
+inequalities, written for experts in CPU memory, leave out), then checked against memory: an n that
+does not fit is lowered to the largest that does (what the paper did by hand for 8x22B on Env 1),
+and the summary says so.
 
 Usage:
     choice = solve_n(model, hardware, workload, CostModel(hardware), popularity, hot_k=2)
@@ -30,8 +30,13 @@ from planners.placement import Placement, klotski_placement
 log = logging.getLogger(__name__)
 
 N_MAX = 256  # beyond this the paper asks for manual adjustment
-INEQUALITIES = ("(4) gate loaded", "(5) hot experts loaded", "(6) first cold expert loaded",
-                "(7) next attention ready", "disk read-ahead keeps pace")  # fmt: skip
+INEQUALITIES = (
+    "(4) gate loaded",
+    "(5) hot experts loaded",
+    "(6) first cold expert loaded",
+    "(7) next attention ready",
+    "disk read-ahead keeps pace",
+)
 
 
 @dataclass(frozen=True)
@@ -196,9 +201,12 @@ def placement_for(
             m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers
         )
     except CapacityError as e:
+        kv_gb = (
+            wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9
+        )
         raise CapacityError(
             f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {e}. "
-            f"KV cache of the group: {wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9:.3g} GB, "
+            f"KV cache of the group: {kv_gb:.3g} GB, "
             f"activations {act / 1e9:.3g} GB; "
             + (
                 "pick a smaller n (planner.params.n; where n is -1, the workload's n_batches)"

@@ -56,7 +56,8 @@ class ExpertTable:
         if self.shape != (n_layers, n_experts):
             raise TraceError(
                 f"prefetch table ({self.source}) is for (moe_layers, experts) = {self.shape}, "
-                f"model {model_name} has {(n_layers, n_experts)}; build the table from routing of this model"
+                f"model {model_name} has {(n_layers, n_experts)}; "
+                "build the table from routing of this model"
             )
 
     def observe(self, layer: int, prev: np.ndarray | None, cur: np.ndarray) -> None:

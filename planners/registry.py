@@ -1,7 +1,7 @@
 """Planner registry: `@register("name", Params)` in a planner's own file; the name is the stem
 of `conf/planner/<name>.yaml`, and further YAMLs there may be params variants of a registered
-planner (klotski_at_n, klotski_hot, klotski_multi: `name: klotski`). Params are frozen dataclasses of
-primitives.
+planner (klotski_at_n, klotski_hot, klotski_multi: `name: klotski`). Params are frozen dataclasses
+of primitives.
 
 Usage:
     planner = make_planner("flexgen", {"sync": False})

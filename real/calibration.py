@@ -245,7 +245,7 @@ def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400
 def _random_units(
     spec: ModelSpec, device: torch.device
 ) -> dict[Unit, list[dict[str, torch.Tensor]]]:
-    """Random weights of the units calibration times; each in enough copies to rotate out of cache."""
+    """Random weights of the timed units; each in enough copies to rotate out of cache."""
     g = torch.Generator().manual_seed(0)
     dtype = torch_dtype(spec)
     units: dict[Unit, list[dict[str, torch.Tensor]]] = {}
@@ -270,7 +270,7 @@ def _random_units(
 def measure_compute(
     spec: ModelSpec, model: Model, device: torch.device, budget_s: float = 40.0
 ) -> dict[str, list[list[float]]]:
-    """Time tables: op kind -> [[flops, seconds], ...] over token counts (prefill-shaped attention)."""
+    """Time tables: op kind -> [[flops, s], ...] over token counts (prefill-shaped attention)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     units = _random_units(spec, device)
     layer = spec.moe_layers[0] if spec.moe_layers else 0

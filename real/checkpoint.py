@@ -211,7 +211,8 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
         if spec.shared_ffn_size:
             if not n.shared:
                 raise ConfigError(
-                    f"model {spec.name}: family {spec.family} has no shared experts; set shared_ffn_size: 0"
+                    f"model {spec.name}: family {spec.family} has no shared experts; "
+                    "set shared_ffn_size: 0"
                 )
             shared = _ffn(n.shared, n.dense_mats, i, h, spec.shared_ffn_size)
             if n.shared_gate:
@@ -261,7 +262,8 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
 
     Unless given: head_dim = hidden_size // n_heads when either changes; n_kv_heads follows n_heads
     where it equalled it; moe_layers keep the family's pattern for a new n_layers; shared and
-    Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params/qk_head_dim follow head_dim.
+    Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params/qk_head_dim
+    follow head_dim.
     """
     path = CONF_MODEL_DIR / f"{model}.yaml"
     if not path.is_file():
@@ -385,7 +387,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     d = Path(ckpt_dir)
     if not d.is_dir():
         raise ConfigError(
-            f"{d}: no such checkpoint directory; write one with python -m experiments.make_checkpoint"
+            f"{d}: no such checkpoint directory; "
+            "write one with python -m experiments.make_checkpoint"
         )
     spec = ModelSpec.from_hf_config(d)
     cfg = hf_config(d)

@@ -141,8 +141,8 @@ class DiskReader:
                     raise
                 self.direct = False
                 log.warning(
-                    "%s: O_DIRECT unsupported on this filesystem (tmpfs?); reading through the page "
-                    "cache, so reads show RAM, not disk, bandwidth",
+                    "%s: O_DIRECT unsupported on this filesystem (tmpfs?); reading through the "
+                    "page cache, so reads show RAM, not disk, bandwidth",
                     self.path,
                 )
         if not self.direct:

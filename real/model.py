@@ -289,7 +289,7 @@ class Model:
         return self._ffn(w, rms_norm(hidden, w["post_norm"], self.spec.rms_norm_eps))
 
     def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on each sequence's last token: [B, S, H] -> logits [B, V] float32."""
+        """Final norm + LM head on each sequence's last token: [B, S, H] -> fp32 logits [B, V]."""
         x = rms_norm(hidden[:, -1], w["norm"], self.spec.rms_norm_eps)  # [B, H]
         return F.linear(x, w["lm_head"]).float()
 

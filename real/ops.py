@@ -375,7 +375,8 @@ class OpSemantics:
                 t0, t1 = self._range[op.id]
                 if t1 > len(rows):
                     raise ScheduleError(
-                        f"{op.label()}: runs tokens {t0}..{t1} of the expert, the gate routed {len(rows)}"
+                        f"{op.label()}: runs tokens {t0}..{t1} of the expert, "
+                        f"the gate routed {len(rows)}"
                     )
                 rows, slot = rows[t0:t1], slot[t0:t1]
             if len(rows):
@@ -430,7 +431,8 @@ class OpSemantics:
         where = "the LM head" if what == "logits" else f"layer {layer} ({what})"
         raise MoepipeError(
             f"non-finite values (NaN or inf) in the output of {where}"
-            + f" at step {step}, batch {batch} ({len(bad)} op output(s) affected); the checkpoint's weights "
+            + f" at step {step}, batch {batch} ({len(bad)} op output(s) affected); "
+            "the checkpoint's weights "
             "hold NaN/inf or overflow their dtype: check or rewrite the checkpoint"
         )
 

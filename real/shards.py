@@ -34,8 +34,23 @@ class TensorEntry:
 
 # bytes per element of every safetensors dtype (the format's own table), to check each tensor's
 # byte range against its shape as safetensors' loader does
-ST_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
-                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}  # fmt: skip
+ST_ITEM_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 ST_MAX_HEADER = 100_000_000  # safetensors refuses a larger header
 
 
@@ -52,7 +67,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if n < 0 or 8 + n > size:
             raise ConfigError(
-                f"{path}: truncated safetensors file ({size} bytes, header cut off); re-copy the checkpoint"
+                f"{path}: truncated safetensors file ({size} bytes, header cut off); "
+                "re-copy the checkpoint"
             )
         if n > ST_MAX_HEADER:
             raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")

@@ -1,4 +1,4 @@
-"""Tiered weight store of the real executor: disk (O_DIRECT), host RAM, a fixed-capacity device pool.
+"""The real executor's tiered weight store: disk (O_DIRECT), host RAM, a fixed-capacity device pool.
 
 The disk tier is the checkpoint itself (real.disk): a unit's (real.checkpoint.Unit) tensors are
 read straight from its safetensors files with O_DIRECT, one aligned read per run of adjacent
@@ -213,7 +213,8 @@ class TieredStore:
             return self._views(unit, self.pool.buffers[unit], False)
 
     def to_device(self, unit: Unit, stream: torch.cuda.Stream | None = None) -> Weights:
-        """Copy a host-resident unit into the device pool (allocating unless `alloc`ed); device tensors."""
+        """Copy a host-resident unit into the device pool (allocating unless `alloc`ed); returns
+        its device tensors."""
         with self._cv:
             src = self.host.buffers.get(unit) if unit in self.host.filled else None
             if src is not None:  # the host copy stays until this copy is queued (`evict`)
@@ -343,12 +344,12 @@ class TieredStore:
             what = f"{unit} of {nbytes} bytes"
         raise CapacityError(
             f"{pool.name} of {int(pool.capacity_bytes)} bytes too small for {what} "
-            f"({unit} needs {nbytes} bytes, {pool.used_bytes} in use by {len(pool.buffers)} units); "
-            "free units first or raise the capacity"
+            f"({unit} needs {nbytes} bytes, {pool.used_bytes} in use by {len(pool.buffers)} "
+            "units); free units first or raise the capacity"
         )
 
     def _reserve(self, pool: _Pool, unit: Unit, nbytes: int) -> bool:
-        """Claim space for a load; False if the unit is (or, once a concurrent load ends, is) there."""
+        """Claim space for a load; False if the unit is there or is once a concurrent load ends."""
         with self._cv:
             while unit in pool.busy:
                 self._cv.wait()

@@ -84,8 +84,8 @@ def command_here(
 ) -> subprocess.CompletedProcess[str]:
     """A command's `main(argv)` in this process as its `python -m` runs it (cli.run_command):
     its exit status, stdout and stderr, each warning it gives counted as a line of stderr,
-    where Python would print it. A second or two of start-up less than a subprocess; tests of what only
-    a fresh process shows (imports, signals) keep the subprocess."""
+    where Python would print it. A second or two of start-up less than a subprocess; tests of what
+    only a fresh process shows (imports, signals) keep the subprocess."""
     from experiments.common import app, cli, hydra_errors
 
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test

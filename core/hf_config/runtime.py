@@ -1,6 +1,7 @@
 """What the real model runs from config.json beyond the spec: routing (norm_topk_prob,
-routed_scaling_factor, DeepSeek-V2's expert groups), sliding windows (Mixtral's, Qwen2-MoE's per layer), OLMoE's clip_qkv; and
-the one-line refusals of fields transformers honours that moepipe does not implement."""
+routed_scaling_factor, DeepSeek-V2's expert groups), sliding windows (Mixtral's, Qwen2-MoE's per
+layer), OLMoE's clip_qkv; and the one-line refusals of fields transformers honours that moepipe does
+not implement."""
 
 from __future__ import annotations
 

@@ -131,12 +131,13 @@ def report(opts: dict[str, Any]) -> list[str]:
     hw = HardwareSpec.from_dict(read_hardware(str(opts["hardware"])))
     device = resolve_device(str(opts["device"]), "device")
     cuda = device.type == "cuda"
+    gpu = hw.gpu
+    sm_bw = gpu.sm_mem_bw_bytes_per_s / 1e9 or gpu.mem_bw_bytes_per_s / 1e9 / max(gpu.sms, 1)
     lines = [
         f"{model.name} expert ({model.hidden_size} x {model.expert_ffn_size}, "
         f"{torch_dtype(model)}), {lanes} lanes, "
         f"model: {hw.name} (sms {hw.gpu.sms}, sm_mem_bw "
-        f"{hw.gpu.sm_mem_bw_bytes_per_s / 1e9 or hw.gpu.mem_bw_bytes_per_s / 1e9 / max(hw.gpu.sms, 1):.0f} GB/s)"
-        + ("" if cuda else "; no CUDA here: the model's figures only"),
+        f"{sm_bw:.0f} GB/s)" + ("" if cuda else "; no CUDA here: the model's figures only"),
         f"{'rows':>6} {'width':>6} {'cap':>6} {'model_alone_us':>14} {'model_together_us':>17} "
         f"{'model_overlap':>13}"
         + (f" {'alone_us':>9} {'together_us':>11} {'overlap':>7} run" if cuda else ""),

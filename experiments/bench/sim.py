@@ -223,7 +223,8 @@ def scaling(planner: str) -> None:
             raise MoepipeError(f"{model} n={n}: {r.stderr.strip().splitlines()[-1:]}")
         d = json.loads(r.stdout.strip().splitlines()[-1])
         print(
-            f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} {1e6 * d['run_s'] / d['ops']:>6.1f} "
+            f"{model:>14} {n:>3} {d['ops']:>9} {d['run_s']:>7.2f} "
+            f"{1e6 * d['run_s'] / d['ops']:>6.1f} "
             f"{d['peak_mb']:>8.0f} {1e3 * d['peak_mb'] / d['ops']:>7.2f}"
         )
     print(

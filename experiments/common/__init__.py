@@ -1,1 +1,1 @@
-"""What the commands share: the hydra app wrapper, schemas, the run pipeline and the real-run wiring."""
+"""What the commands share: the hydra app wrapper, schemas, run pipeline and real-run wiring."""

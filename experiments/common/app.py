@@ -36,8 +36,13 @@ from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
 COMMAND_DIR = CONF_DIR / "command"
 # Hydra settings of a command that writes no run dir of hydra's own (all but experiments.run):
 # no .hydra folder, no log file, logging left as the command sets it.
-PLAIN = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
-         "hydra/hydra_logging=none", "hydra/help=command"]  # fmt: skip
+PLAIN = [
+    "hydra.run.dir=.",
+    "hydra.output_subdir=null",
+    "hydra/job_logging=none",
+    "hydra/hydra_logging=none",
+    "hydra/help=command",
+]
 HELP = """\
 ${hydra.help.header}
 
@@ -371,10 +376,32 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
 
 
 # hydra's own command-line flags (hydra/_internal/utils.py get_args_parser, hydra 1.3)
-_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package",
-          "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path",
-          "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info",
-          "-i"}  # fmt: skip
+_FLAGS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--resolve",
+    "--package",
+    "-p",
+    "--run",
+    "-r",
+    "--multirun",
+    "-m",
+    "--shell-completion",
+    "-sc",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+    "--info",
+    "-i",
+}
 
 
 def check_flags(flags: Sequence[str]) -> None:
@@ -436,8 +463,21 @@ def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
 
 
 # hydra's flags that take a value (`--cfg job`): the value stays with its flag
-_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}  # fmt: skip
+_VALUE_FLAGS = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+    "--info",
+    "-i",
+}
 
 
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -22,10 +22,24 @@ from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 from experiments import command_started
 
-__all__ = ["CONF_DIR", "as_float", "as_int", "output_dir", "output_file",
-           "print_or_exit", "exit_on_unwritable_dir", "missing_config", "until_interrupted",
-           "another_commands_experiment", "missing_launcher", "sweep_experiment_misused",
-           "error_line", "any_error_line", "exit_with", "run_command"]  # fmt: skip
+__all__ = [
+    "CONF_DIR",
+    "as_float",
+    "as_int",
+    "output_dir",
+    "output_file",
+    "print_or_exit",
+    "exit_on_unwritable_dir",
+    "missing_config",
+    "until_interrupted",
+    "another_commands_experiment",
+    "missing_launcher",
+    "sweep_experiment_misused",
+    "error_line",
+    "any_error_line",
+    "exit_with",
+    "run_command",
+]
 
 
 def print_or_exit(report: Callable[[], list[str]]) -> None:

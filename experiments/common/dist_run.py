@@ -267,7 +267,8 @@ def _rank(
         if init is None and dist.get_world_size() != n_processes(ckpt, spec):
             raise ConfigError(
                 f"torchrun started {dist.get_world_size()} processes, the schedule has "
-                f"{n_processes(ckpt, spec)} devices; set --nproc_per_node to planner.params.n_devices"
+                f"{n_processes(ckpt, spec)} devices; "
+                "set --nproc_per_node to planner.params.n_devices"
             )
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"

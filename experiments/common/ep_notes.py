@@ -33,7 +33,8 @@ def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
             )
         }
         out.append(
-            f"[note] {case} bs={bs} (lanes): each lane's kernels run on 1/{st['n_devices']} of the SMs; "
+            f"[note] {case} bs={bs} (lanes): each lane's kernels run on "
+            f"1/{st['n_devices']} of the SMs; "
             f"if they could use the SMs idle lanes leave (work-conserving), ep_static would take "
             f"about {ms['wst']:.2f} ms, not {ms['st']:.2f}, and predictive {ms['wpr']:.2f}, not "
             f"{ms['pr']:.2f}: replication's gain {1 - ms['pr'] / ms['st']:.1%} -> "
@@ -44,8 +45,8 @@ def work_conserving_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def sharing_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One note per batch size of each case whose lanes share the GPU's SMs (plain CUDA streams),
-    against the lanes case of the same model and expert kernels that partitions them: ep_static's and
-    predictive's makespans and expert-phase utilisation, and replication's gain, in both."""
+    against the lanes case of the same model and expert kernels that partitions them: ep_static's
+    and predictive's makespans and expert-phase utilisation, and replication's gain, in both."""
 
     def sharing(r: dict[str, Any]) -> str | None:
         ep = r["plan"]["ep"]
@@ -250,9 +251,10 @@ def hardware_lines(hw: HardwareSpec) -> list[str]:
 
 def reuse_lines(cases: Mapping[str, Any]) -> list[str]:
     """One note per held-out ESFT case and batch size whose batches need more tokens than its
-    split holds (`split_tokens`, `ep_rows.case_shapes`): `esft_routing` wraps the stream, so the run revisits the split's sequences.
-    They stay unseen by the training tables, not by what learns online (predictive's EMA,
-    eplb's window) after the first batch. Also names the largest batch that does not wrap."""
+    split holds (`split_tokens`, `ep_rows.case_shapes`): `esft_routing` wraps the stream, so the run
+    revisits the split's sequences. They stay unseen by the training tables, not by what learns
+    online (predictive's EMA, eplb's window) after the first batch. Also names the largest batch
+    that does not wrap."""
     out = []
     for name, case in cases.items():
         if case["routing"] != "esft_heldout":

@@ -242,7 +242,8 @@ def _throughput(rows: list[dict[str, Any]], out: Path, colour: Mapping[str, Any]
 
 CAPTIONS = {  # each plot's caption on the report page
     "balancedness_per_layer.png": "Balancedness (mean / max device tokens) per MoE layer, each "
-    "case at the batch its targets are judged on (a held-out case's fresh batch), else its largest.",
+    "case at the batch its targets are judged on (a held-out case's fresh batch), "
+    "else its largest.",
     "expert_phase_util_per_layer.png": "Expert-phase utilisation per MoE layer: expert busy time "
     "over the devices' expert-phase spans.",
     "balancedness_per_batch.png": "Balancedness of each batch (prefill iteration).",

@@ -138,9 +138,10 @@ def case_shapes(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     """balanced = mean/max device tokens (vLLM); util = mean device compute busy / makespan;
     load = the time a kernel runs on a GPU / makespan (GPUtil's load: the paper's metric; lanes
-    are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase spans): the token view and three time
-    views. late_ms = the most one device's experts waited for replica copies still in flight
-    (`core.balance.copy_waits`): 0 where every copy was prefetched in time."""
+    are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase
+    spans): the token view and three time views. late_ms = the most one device's experts waited for
+    replica copies still in flight (`core.balance.copy_waits`): 0 where every copy was prefetched in
+    time."""
     w = max([16, *(len(r["case"]) for r in rows)])
     pw = max([42, *(len(r["planner_label"]) for r in rows)])
     head = (
@@ -150,9 +151,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} {1e3 * r['makespan_s']:>11.2f} "
-            f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} {r['balancedness']:>8.3f} "
-            f"{r['utilisation']:>6.3f} {r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
+            f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} "
+            f"{1e3 * r['makespan_s']:>11.2f} "
+            f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} "
+            f"{r['balancedness']:>8.3f} {r['utilisation']:>6.3f} "
+            f"{r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
             f"{r['plan']['ep'].get('copies', 0):>6} {1e3 * r.get('copy_wait_s', 0.0):>7.3f}"
         )
     return "\n".join(lines)
@@ -184,7 +187,8 @@ def gap_line(
     gap = st["makespan_s"] - orc["makespan_s"]
     if gap <= 0:
         return (
-            f"[{tag(False)}] {case} bs={bs}{seen}: no gap to close: the oracle is not faster than ep_static "
+            f"[{tag(False)}] {case} bs={bs}{seen}: no gap to close: "
+            "the oracle is not faster than ep_static "
             f"{times}; {who} is {'faster' if ms['pr'] < ms['st'] else 'not faster'} than "
             f"ep_static"
         )
@@ -229,10 +233,10 @@ def targets(
 ) -> list[str]:
     """The issue's targets: balancedness and makespan gap of predictive (and of each variant) on
     each of `cases` at its `fresh` batch (held-out ESFT cases: `fresh_batch`, no sequence seen
-    before, also not online; others: their largest), and utilisation, in each of its three time views, wherever
-    ep_static is below 0.6. The case's largest batch, where it is another, is shown beside as a
-    note: there the stream revisits the split, so from its second batch on the online learners
-    have seen every token they are judged on. A case with no fresh batch is judged at its
+    before, also not online; others: their largest), and utilisation, in each of its three time
+    views, wherever ep_static is below 0.6. The case's largest batch, where it is another, is shown
+    beside as a note: there the stream revisits the split, so from its second batch on the online
+    learners have seen every token they are judged on. A case with no fresh batch is judged at its
     largest, and its lines say it revisits."""
     out, notes = [], []
     fresh = fresh or {}
@@ -308,8 +312,10 @@ def utilisation_lines(rows: list[dict[str, Any]], metric: str, what: str) -> lis
         ]
         why = f"; the oracle upper bound reaches {bound[0]:.3f}" if bound and bound[0] < 0.9 else ""
         out.append(
-            f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] {r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
-            f"{r['planner']} {r[metric]:.3f} < 0.6 -> {best['planner']} {best[metric]:.3f} (target >= 0.9{why})"
+            f"[{'PASS' if best[metric] >= 0.9 else 'FAIL'}] "
+            f"{r['case']} bs={r['batch_size']}{_setting(r)}: {what} "
+            f"{r['planner']} {r[metric]:.3f} < 0.6 -> "
+            f"{best['planner']} {best[metric]:.3f} (target >= 0.9{why})"
         )
         if best[metric] < 0.9:
             out.append("       " + idle_text(best))

@@ -242,10 +242,16 @@ def _layer_window(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float, int,
 
 
 # op kind -> (legend name, colour), for the timelines and their legend
-OP_COLORS = {"compute-attention": ("attention", "tab:blue"), "compute-gate": ("gate", "tab:purple"),
-             "compute-expert": ("expert", "tab:green"), "compute-ffn": ("dense FFN", "tab:olive"),
-             "compute-head": ("head", "tab:gray"), "load": ("load", "tab:orange"),
-             "kv-load": ("kv load", "tab:cyan"), "kv-store": ("kv store", "tab:pink")}  # fmt: skip
+OP_COLORS = {
+    "compute-attention": ("attention", "tab:blue"),
+    "compute-gate": ("gate", "tab:purple"),
+    "compute-expert": ("expert", "tab:green"),
+    "compute-ffn": ("dense FFN", "tab:olive"),
+    "compute-head": ("head", "tab:gray"),
+    "load": ("load", "tab:orange"),
+    "kv-load": ("kv load", "tab:cyan"),
+    "kv-store": ("kv store", "tab:pink"),
+}
 
 
 def _gantt_axis(ax: Any, trace: pd.DataFrame, title: str) -> None:

@@ -117,9 +117,9 @@ def measure_in_run(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """What ops cost inside a real run: small flexgen runs on the checkpoint (2 batches of 2
     sequences, 8-token prompts, 3 tokens; device pool `gpu_frac` and host RAM `cpu_frac` of the
-    model, so the disk stream is active), at least `runs` of them and more until `budget_s` has passed, their
-    ops pooled. This VM's disk and CPU drift by about 30% over minutes; a window of seconds
-    catches one moment of that, a longer one its middle.
+    model, so the disk stream is active), at least `runs` of them and more until `budget_s` has
+    passed, their ops pooled. This VM's disk and CPU drift by about 30% over minutes; a window of
+    seconds catches one moment of that, a longer one its middle.
 
     Returns (per compute kind, the median of each op's measured duration minus the cost model's
     for it under `hw`, in seconds; per link ("disk", "h2d") that the runs used, the bandwidth

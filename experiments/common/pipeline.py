@@ -236,8 +236,8 @@ def write_run(
     chrome: bool = False,
 ) -> None:
     """trace.parquet (the canonical trace), trace.json (Chrome) where `chrome` (else
-    `python -m experiments.trace_json runs=RUN_DIR` writes it), balance.csv for an expert-parallel run,
-    tokens.safetensors for a real run (its prompts and generated tokens) and `texts`
+    `python -m experiments.trace_json runs=RUN_DIR` writes it), balance.csv for an expert-parallel
+    run, tokens.safetensors for a real run (its prompts and generated tokens) and `texts`
     (file name -> text: the config the run is of), then summary.json last and atomically: a
     run directory counts as finished only once summary.json exists. An earlier run's files are
     replaced only once the new ones are whole (`replace_run`)."""

@@ -17,8 +17,12 @@ from core.bubbles import top_cause
 from experiments.common.tables import SYSTEM
 
 # swept workload columns: a figure against one of them draws a line per value of the others
-AXES = {"workload.batch_size": "bs", "n_batches": "n", "workload.prompt_len": "prompt",
-        "workload.gen_len": "gen"}  # fmt: skip
+AXES = {
+    "workload.batch_size": "bs",
+    "n_batches": "n",
+    "workload.prompt_len": "prompt",
+    "workload.gen_len": "gen",
+}
 PANEL = ("model.name", "hardware.name")
 LOWER_IS_BETTER = {"makespan_s", "gpu_bubble_frac", "gpu_bubble_s"}
 METRIC_LABELS = {
@@ -32,8 +36,18 @@ METRIC_LABELS = {
 IDLE = "gpu_idle_causes_s"  # summary.json's {cause: seconds}, flattened by collect to IDLE.<cause>
 IDLE_SHOWN = 7  # causes a figure names; the rest are drawn as one "other"
 WAITS = "bubble_waits_on"  # the runs table's column: top_cause of a run's idle causes
-TABLE_COLUMNS = [SYSTEM, "executor.name", "workload.batch_size", "n_batches", "throughput_tok_s", "makespan_s",
-                 "gpu_bubble_frac", WAITS, "efficiency", "dag_efficiency"]  # fmt: skip
+TABLE_COLUMNS = [
+    SYSTEM,
+    "executor.name",
+    "workload.batch_size",
+    "n_batches",
+    "throughput_tok_s",
+    "makespan_s",
+    "gpu_bubble_frac",
+    WAITS,
+    "efficiency",
+    "dag_efficiency",
+]
 
 
 class ReportError(ValueError):
@@ -149,19 +163,35 @@ def idle_shares(d: pd.DataFrame) -> pd.DataFrame:
 
 def cause_of(column: str) -> str:
     """An idle cause as core.bubbles names it, from collect's column (`IDLE`.load_expert@h2d:
-    `load expert@h2d`; op kinds and tensors have no `_`, so only the part before `@` had a space)."""
+    `load expert@h2d`; op kinds and tensors have no `_`, so only the part before `@` had a space).
+    """
     name = column[len(IDLE) + 1 :]
     head, at, tail = name.partition("@")
     return head.replace("_", " ") + at + tail
 
 
 # what each part of a cause's name means, for the words above the ranked table
-_TENSORS = {"expert": "expert weights", "attention": "attention weights", "gate": "gate weights",
-            "ffn": "dense FFN weights", "embed": "embedding weights", "head": "LM-head weights",
-            "kv": "KV cache", "hidden": "a batch's hidden states (its activations)"}  # fmt: skip
-_RESOURCES = {"h2d": "the host-to-GPU link", "d2h": "the GPU-to-host link", "disk": "disk reads",
-              "disk_write": "disk writes", "p2p": "the GPU-to-GPU link", "p2p_out": "the GPU-to-GPU link",
-              "d2d": "copies within GPU memory", "gpu": "the GPU", "cpu": "the CPU"}  # fmt: skip
+_TENSORS = {
+    "expert": "expert weights",
+    "attention": "attention weights",
+    "gate": "gate weights",
+    "ffn": "dense FFN weights",
+    "embed": "embedding weights",
+    "head": "LM-head weights",
+    "kv": "KV cache",
+    "hidden": "a batch's hidden states (its activations)",
+}
+_RESOURCES = {
+    "h2d": "the host-to-GPU link",
+    "d2h": "the GPU-to-host link",
+    "disk": "disk reads",
+    "disk_write": "disk writes",
+    "p2p": "the GPU-to-GPU link",
+    "p2p_out": "the GPU-to-GPU link",
+    "d2d": "copies within GPU memory",
+    "gpu": "the GPU",
+    "cpu": "the CPU",
+}
 
 
 def cause_meaning(cause: str) -> str:
@@ -171,7 +201,10 @@ def cause_meaning(cause: str) -> str:
     where = _RESOURCES.get(res, res)
     kind, _, what = head.partition(" ")
     if kind == "load" and res in ("disk", "disk_write"):
-        return f"{_TENSORS.get(what, what or 'data')} {'read from' if res == 'disk' else 'written to'} disk"
+        return (
+            f"{_TENSORS.get(what, what or 'data')} "
+            f"{'read from' if res == 'disk' else 'written to'} disk"
+        )
     if kind == "load":
         return f"{_TENSORS.get(what, what or 'data')} crossing {where}"
     if kind in ("kv-load", "kv-store"):
@@ -280,7 +313,10 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
         ]
         text += ": " + ", ".join(others) + "."
         if t.attrs.get("points", 0) > 1:
-            text += f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points where two or more systems ran."
+            text += (
+                f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points "
+                "where two or more systems ran."
+            )
     causes = str(w[WAITS])
     if pd.isna(w["gpu_bubble_frac"]):
         return text
@@ -304,7 +340,8 @@ def short_table(df: pd.DataFrame) -> str:
     d = ok_runs(df)
     shares = idle_shares(d)
     lines = [
-        f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} {'bubble %':>9} {'eff':>6} {'dag':>6}  bubble waits on"
+        f"{'planner':<20} {'model':<14} {'bs':>4} {'n':>4} {'tok/s':>10} {'makespan s':>11} "
+        f"{'bubble %':>9} {'eff':>6} {'dag':>6}  bubble waits on"
     ]
     for _, r in (d.sort_values("throughput_tok_s", ascending=False) if len(d) else d).iterrows():
         dag = r.get("dag_efficiency", float("nan"))
@@ -320,7 +357,8 @@ def short_table(df: pd.DataFrame) -> str:
     bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]
     for _, r in bad.iterrows():
         lines.append(
-            f"{r.get(SYSTEM, '?'):<20} infeasible at bs {r.get('workload.batch_size')}: {r.get('error', '')[:80]}"
+            f"{r.get(SYSTEM, '?'):<20} infeasible at bs {r.get('workload.batch_size')}: "
+            f"{r.get('error', '')[:80]}"
         )
     return "\n".join(lines)
 

@@ -116,9 +116,9 @@ def _line_figures(figs: Figures, df: pd.DataFrame, metric: str, out: Path) -> No
         ),
         "throughput_vs_batch.png",
         f"{mlabel} vs batch size",
-        f"Klotski Fig. 10's shape, one line per system. Read: {up} line at a batch size is the best "
-        "system there; a line that stops short ran out of memory at the next size (the runs table "
-        "lists infeasible runs).",
+        f"Klotski Fig. 10's shape, one line per system. Read: {up} line at a batch size is the "
+        "best system there; a line that stops short ran out of memory at the next size (the runs "
+        "table lists infeasible runs).",
         "no system ran at two or more batch sizes",
     )
     add(
@@ -128,7 +128,8 @@ def _line_figures(figs: Figures, df: pd.DataFrame, metric: str, out: Path) -> No
         "Klotski Fig. 11's shape: each point is a run, its latency the time to finish a group of n "
         "batches; a system's runs at several batch sizes or n are joined."
         + (
-            " Read: up and to the left is better; a point above and left of another beats it on both."
+            " Read: up and to the left is better; "
+            "a point above and left of another beats it on both."
             if metric == "throughput_tok_s"
             else ""
         ),
@@ -145,8 +146,8 @@ def _line_figures(figs: Figures, df: pd.DataFrame, metric: str, out: Path) -> No
         ),
         "throughput_vs_n.png",
         f"{mlabel} vs n",
-        "n is how many batches share each weight load. Read: a line still rising at its right end is "
-        "still bound by weight loads there; where it flattens, compute or memory binds instead.",
+        "n is how many batches share each weight load. Read: a line still rising at its right end "
+        "is still bound by weight loads there; where it flattens, compute or memory binds instead.",
         "no system ran at two or more n",
     )
 
@@ -162,11 +163,12 @@ def _cause_figures(figs: Figures, sweep: Path, df: pd.DataFrame, out: Path) -> N
         "nothing (the mean over its GPUs), split by the op each idle gap waited for, walked back "
         "along the gap's critical chain. Read: the longest segment is what to shorten first. Names "
         "are kind@resource: load expert@h2d is expert weights crossing the host-to-GPU link, load "
-        "hidden@h2d / @d2h a batch's hidden states (its activations) crossing it, as a CPU expert's "
-        "input and output do; kv-load / kv-store the KV cache; dispatch@p2p the all-to-all; "
-        "compute-...@gpu another GPU's (or lane's) work, compute-...@cpu work on the CPU; "
-        "memory@tier an op ready but waiting for memory; launch kernel launches; late@resource an "
-        "op ready with its resource free that started late all the same (the executor's own delay).",
+        "hidden@h2d / @d2h a batch's hidden states (its activations) crossing it, as a CPU "
+        "expert's input and output do; kv-load / kv-store the KV cache; dispatch@p2p the "
+        "all-to-all; compute-...@gpu another GPU's (or lane's) work, compute-...@cpu work on the "
+        "CPU; memory@tier an op ready but waiting for memory; launch kernel launches; "
+        "late@resource an op ready with its resource free that started late all the same (the "
+        "executor's own delay).",
         "no run's GPUs idled, or the runs predate gpu_idle_causes_s",
     )
     runs = pick_gantt_runs(df)
@@ -196,8 +198,8 @@ def _layer_figures(figs: Figures, df: pd.DataFrame, out: Path) -> None:
         "prefetch_accuracy.png",
         "Prefetch accuracy per layer",
         "Share of the experts a planner prefetched that the gate then asked for, per MoE layer. "
-        "Read: a layer well below the others is where the predictor misses, and each miss is a load "
-        "the GPU waits on.",
+        "Read: a layer well below the others is where the predictor misses, and each miss is a "
+        "load the GPU waits on.",
         "no run records prefetch accuracy",
     )
     # expert-parallel runs' balancedness_per_layer ({MoE layer: mean/max device tokens}, which
@@ -218,8 +220,8 @@ def _layer_figures(figs: Figures, df: pd.DataFrame, out: Path) -> None:
         ),
         "load_balance.png",
         "Balancedness per MoE layer",
-        "Expert-parallel runs: the mean over the max of the devices' tokens, per MoE layer. Read: 1 "
-        "is an even load; a line below another leaves its busiest GPU more work, so its layers "
+        "Expert-parallel runs: the mean over the max of the devices' tokens, per MoE layer. Read: "
+        "1 is an even load; a line below another leaves its busiest GPU more work, so its layers "
         "take longer.",
         "no expert-parallel run in this sweep",
     )
@@ -293,16 +295,19 @@ def _html(
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>moepipe report: {e(sweep.name)}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}img{max-width:100%}"
-        "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+        "table{border-collapse:collapse;font-size:13px}"
+        "td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
         ".note{color:#555}.answer{font-size:17px;line-height:1.4}</style></head><body>",
         f"<h1>moepipe report: {e(str(sweep))}</h1>",
         "<h2>Who wins</h2>",
         *_answer_html(df),
-        f"<p>{len(df)} run(s) collected; simulated unless marked real. Data: results.parquet / results.csv.</p>",
+        f"<p>{len(df)} run(s) collected; simulated unless marked real. "
+        "Data: results.parquet / results.csv.</p>",
     ]
     for name, title, caption in figs:
         parts.append(
-            f"<h2>{e(title)}</h2><img src='{e(name)}' alt='{e(title)}'><p class='note'>{e(caption)}</p>"
+            f"<h2>{e(title)}</h2><img src='{e(name)}' alt='{e(title)}'>"
+            f"<p class='note'>{e(caption)}</p>"
         )
     if notes:
         parts.append(

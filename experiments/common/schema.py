@@ -46,7 +46,8 @@ class LinkSchema:
 @dataclass
 class ProcessesSchema:
     """What a G-device schedule's ops cost beyond their cost alone when its devices run as
-    processes of the machine at once (core.hardware.ProcessesSpec; experiments.calibrate measures it)."""
+    processes of the machine at once (core.hardware.ProcessesSpec, which experiments.calibrate
+    measures)."""
 
     gate_exchange_us: float = 0.0  # a batch's routing from its gates to every rank
     compute_scale_by_kind: dict[str, float] = field(default_factory=dict)  # time at once / alone
@@ -135,8 +136,9 @@ class PlannerSchema:
 
 @dataclass
 class ReplicationSchema:
-    """A run's `replication` block (conf/experiment/replication*.yaml; experiments.common.ep_inputs):
-    with `routing` set, the run reads held-out routing and the training tables it prepares."""
+    """A run's `replication` block (conf/experiment/replication*.yaml;
+    experiments.common.ep_inputs): with `routing` set, the run reads held-out routing and the
+    training tables it prepares."""
 
     case: str | None = None  # the case the run is of (the report's `case` column)
     routing: str | None = None  # esft_heldout | synthetic_olmoe_top1; null: the workload's own

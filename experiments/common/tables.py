@@ -32,10 +32,16 @@ SYSTEM = "system"  # a run's planner as every table, figure and log names it (di
 
 
 # summary.json keys that repeat a config.yaml column (summary key -> that column)
-REPEATED = {"planner": "planner.name", "executor": "executor.name", "model": "model.name",
-            "hardware": "hardware.name", "batch_size": "workload.batch_size",
-            "prompt_len": "workload.prompt_len", "gen_len": "workload.gen_len",
-            "params": "planner.params"}  # fmt: skip
+REPEATED = {
+    "planner": "planner.name",
+    "executor": "executor.name",
+    "model": "model.name",
+    "hardware": "hardware.name",
+    "batch_size": "workload.batch_size",
+    "prompt_len": "workload.prompt_len",
+    "gen_len": "workload.gen_len",
+    "params": "planner.params",
+}
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -122,10 +128,24 @@ def column_name(key: str) -> str:
 
 
 # summary.json's metrics (core.trace.summarize): finite numbers, each, in a finished run
-METRICS = ("makespan_s", "prefill_s", "decode_s", "throughput_tok_s", "gpu_bubble_s",
-           "gpu_bubble_frac", "lower_bound_s", "efficiency", "dag_lower_bound_s",
-           "dag_efficiency", "tokens_generated", "ops", "batch_size", "n_batches", "prompt_len",
-           "gen_len")  # fmt: skip
+METRICS = (
+    "makespan_s",
+    "prefill_s",
+    "decode_s",
+    "throughput_tok_s",
+    "gpu_bubble_s",
+    "gpu_bubble_frac",
+    "lower_bound_s",
+    "efficiency",
+    "dag_lower_bound_s",
+    "dag_efficiency",
+    "tokens_generated",
+    "ops",
+    "batch_size",
+    "n_batches",
+    "prompt_len",
+    "gen_len",
+)
 
 
 METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}

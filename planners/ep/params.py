@@ -171,7 +171,8 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     if replicas > g * p.replica_slots:
         raise ConfigError(
             f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
-            f"(n_devices={g} x replica_slots={p.replica_slots}); raise replica_slots or lower replicas"
+            f"(n_devices={g} x replica_slots={p.replica_slots}); "
+            "raise replica_slots or lower replicas"
         )
     dense = Dense.DATA if p.lanes else Dense(p.dense)
     why = ctx.model.tensor_split_error(g) if dense == Dense.TENSOR else None

@@ -119,7 +119,8 @@ def replicate_onto(
     declines it. Either way `polish` then improves the replica slots (kept under a gate only if
     modelled faster). With `scenarios` [S, E] (loads the prediction may turn out to be, e.g. other
     splits' loads) the gate compares placements by their mean busiest-device time over
-    the scenarios (`ExpertTime.span`) instead of under `load` alone; the greedy order stays `load`'s.
+    the scenarios (`ExpertTime.span`) instead of under `load` alone; the greedy order stays
+    `load`'s.
     """
     slots = layout.round_robin() if homes is None else homes.copy()
     load = np.asarray(load, dtype=np.float64)

@@ -138,9 +138,9 @@ class EPRunner:
             fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
             raise CapacityError(
                 f"planner replica_slots={lay.replica_slots}: "
-                f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU on top of "
-                f"{held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; lower "
-                f"replica_slots (at most {fit} fit)"
+                f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU "
+                f"on top of {held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; "
+                f"lower replica_slots (at most {fit} fit)"
             )
         self.out.reserve(Tier.GPU, replica_bytes)
         self.room = int(cap - held - per_gpu * lay.replica_slots * expert_layer)
@@ -321,7 +321,7 @@ class EPRunner:
     def refill(
         self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int, t: int
     ) -> list[tuple[int, ...]]:
-        """Copy ops bringing each device's slots to `slots`; returns per device the ops to wait for."""
+        """Copies bringing each device's slots to `slots`; returns each device's ops to wait for."""
         m = self.ctx.model
         old = self.resident.get(moe)
         if old is None:  # the first placement is loaded before the run, like the home experts
@@ -437,7 +437,7 @@ class EPRunner:
         slots, used = policy.place(t, moe)
         assert slots.shape == (self.layout.n_devices, self.layout.slots_per_device), slots.shape
         copy_waits = self.refill(moe, slots, used, step, layer, t)
-        # The placement itself, for executors that hold real experts per device (real/distributed.py).
+        # The placement itself, for executors holding real experts per device (real/distributed.py).
         self.ep.placements[(step, batch, moe)] = slots.tolist()
         return slots, copy_waits
 

@@ -64,7 +64,8 @@ def test_roofline_compute_bound():
 
 
 def test_roofline_memory_bound():
-    """1 GFLOP touching 10 GB on the GPU: max(1e9 / 1e12, 1e10 / 1e12) = max(1 ms, 10 ms) = 10 ms."""
+    """1 GFLOP touching 10 GB on the GPU: max(1e9 / 1e12, 1e10 / 1e12) = max(1 ms, 10 ms)
+    = 10 ms."""
     cost = CostModel(hw())
     assert cost.compute_s(Resource.GPU, OpKind.EXPERT, 1e9, 1e10) == pytest.approx(0.010)
 
@@ -118,7 +119,8 @@ def test_transfer_is_bytes_over_bandwidth_plus_latency(resource, nbytes, expecte
 
 def test_disk_write_and_p2p_links_are_used_when_present():
     """With disk_write 0.25 GB/s + 0 and p2p 4 GB/s + 10 us declared: 1 GB writes in 1 / 0.25 = 4 s
-    (not the disk read's 1 / 0.5 = 2 s) and crosses p2p in 1 / 4 + 1e-5 = 0.25001 s (not h2d's 1 s)."""
+    (not the disk read's 1 / 0.5 = 2 s) and crosses p2p in 1 / 4 + 1e-5 = 0.25001 s (not h2d's
+    1 s)."""
     links = {
         "h2d": {"gbps": 1.0},
         "d2h": {"gbps": 1.0},
@@ -157,7 +159,8 @@ def test_time_table_interpolates_and_extrapolates(flops, expected_s):
 
 def test_time_table_plus_overhead_only_for_its_kind():
     """Expert table + overhead_us 100: 2 GFLOP takes 1.5 ms (table) + 0.1 ms = 1.6 ms. An FFN has no
-    table: roofline 2e9 / 1e12 = 2 ms + 0.1 ms = 2.1 ms. The CPU has no table: 2e9 / 1e11 = 20 ms."""
+    table: roofline 2e9 / 1e12 = 2 ms + 0.1 ms = 2.1 ms. The CPU has no table: 2e9 / 1e11 =
+    20 ms."""
     cost = CostModel(hw(overhead_us=100, tables={"compute-expert": EXPERT_TABLE}))
     assert cost.compute_s(Resource.GPU, OpKind.EXPERT, 2e9, 0) == pytest.approx(0.0016)
     assert cost.compute_s(Resource.GPU, OpKind.FFN, 2e9, 0) == pytest.approx(0.0021)

@@ -161,7 +161,8 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
     mixed = next((r for r, p in pools.items() if len(p) > 1), None)
     if mixed:
         raise ScheduleError(
-            f"resource {mixed}: streams {sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
+            f"resource {mixed}: streams "
+            f"{sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
             f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
             "on the same SMs): put every stream of one GPU in one pool, or none"
         )

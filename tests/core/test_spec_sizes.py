@@ -162,9 +162,18 @@ def test_negative_optional_size_is_one_clear_error(key):
         ModelSpec.from_dict(fields)
 
 
-SWITCH_CFG = {"model_type": "switch_transformers", "num_layers": 12, "d_model": 768, "d_ff": 3072,
-              "num_experts": 128, "num_heads": 12, "d_kv": 64, "vocab_size": 32128,
-              "encoder_sparse_step": 2, "torch_dtype": "float32"}  # fmt: skip
+SWITCH_CFG = {
+    "model_type": "switch_transformers",
+    "num_layers": 12,
+    "d_model": 768,
+    "d_ff": 3072,
+    "num_experts": 128,
+    "num_heads": 12,
+    "d_kv": 64,
+    "vocab_size": 32128,
+    "encoder_sparse_step": 2,
+    "torch_dtype": "float32",
+}
 
 
 def test_config_dtype_is_read_from_either_key_and_an_unknown_one_is_named():

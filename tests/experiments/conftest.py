@@ -23,9 +23,18 @@ SMALL = ("workload.n_batches=2", "workload.prompt_len=8")
 
 def replication_sweep_cmd(out: Path, *args: str) -> list[str]:
     """`experiments.run -m` of the small esft-g8 sweep into `out` (`args` last, so they win)."""
-    return [sys.executable, "-m", "experiments.run", "-m", "experiment=replication_esft_g8",
-            "workload.batch_size=8", *SMALL, f"replication_row={ESFT_ROWS}",
-            f"hydra.sweep.dir={out}", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "-m",
+        "experiment=replication_esft_g8",
+        "workload.batch_size=8",
+        *SMALL,
+        f"replication_row={ESFT_ROWS}",
+        f"hydra.sweep.dir={out}",
+        *args,
+    ]
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess:
@@ -52,8 +61,14 @@ def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSw
         replication_sweep_cmd(out), cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert esft.returncode == 0, esft.stderr[-3000:]
-    switch = run_module("experiments.run", "-m", "experiment=replication_switch_128_g8",
-                        f"hydra.sweep.dir={out}", "workload.batch_size=16", *SMALL)  # fmt: skip
+    switch = run_module(
+        "experiments.run",
+        "-m",
+        "experiment=replication_switch_128_g8",
+        f"hydra.sweep.dir={out}",
+        "workload.batch_size=16",
+        *SMALL,
+    )
     assert switch.returncode == 0, switch.stderr[-3000:]
     report = run_module(
         "experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]"

@@ -15,10 +15,15 @@ from tests.conftest import ROOT, SHARED_TRACES, conf
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 TINY = [
-    "model=tiny", "hardware=tiny", "workload.batch_size=2", "workload.n_batches=2",
-    "workload.prompt_len=8", "workload.gen_len=2", "workload.routing.source=synthetic",
+    "model=tiny",
+    "hardware=tiny",
+    "workload.batch_size=2",
+    "workload.n_batches=2",
+    "workload.prompt_len=8",
+    "workload.gen_len=2",
+    "workload.routing.source=synthetic",
     "hydra.launcher.n_jobs=1",
-]  # fmt: skip
+]
 EXTRA = {"klotski_vs_flexgen": ["planner=klotski_at_n,flexgen"]}
 
 

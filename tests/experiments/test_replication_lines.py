@@ -110,8 +110,8 @@ def test_eplb_lines_set_predictive_beside_eplb_at_each_interval():
         row("ep_static", 0.8, 74.0, 0),
     ]
     assert eplb_lines(rows, ["c", "absent"]) == [
-        "[note] c bs=128: eplb re-placing every 2 batches 0.9700 / 68.00 ms / 4000 copies, never in "
-        "8 batches 0.9500 / 64.00 ms / 0 copies; predictive 0.9700 / 65.00 ms / 1200 copies: at "
+        "[note] c bs=128: eplb re-placing every 2 batches 0.9700 / 68.00 ms / 4000 copies, never "
+        "in 8 batches 0.9500 / 64.00 ms / 0 copies; predictive 0.9700 / 65.00 ms / 1200 copies: at "
         "least as balanced as eplb's most balanced, slower than its fastest"
     ]
     rows[2].update(balancedness=0.96, makespan_s=0.063)
@@ -242,7 +242,8 @@ def test_utilisation_lines_judge_where_ep_static_is_low_and_name_the_bound():
         row("b", 128, "ep_static", 0.7),
     ]
     assert utilisation_lines(rows, "utilisation", "util") == [
-        "[PASS] a bs=128: util ep_static 0.500 < 0.6 -> predictive_replication 0.950 (target >= 0.9)",
+        "[PASS] a bs=128: util ep_static 0.500 < 0.6 -> "
+        "predictive_replication 0.950 (target >= 0.9)",
         "[FAIL] a bs=1: util ep_static 0.440 < 0.6 -> predictive_replication 0.450 (target >= 0.9; "
         "the oracle upper bound reaches 0.450)",
         # what the best planner's GPUs waited for, 55% of the run in all (core.bubbles)

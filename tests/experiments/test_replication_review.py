@@ -14,8 +14,13 @@ from experiments.common.ep_inputs import olmoe_counts
 from experiments.common.ep_plots import plot
 from experiments.common.ep_rows import gap_line, targets
 
-LABELS = ["ep_static", "eplb", "predictive_replication", "oracle_replication",
-          *(f"oracle_replication[truth={k}]" for k in range(8))]  # fmt: skip
+LABELS = [
+    "ep_static",
+    "eplb",
+    "predictive_replication",
+    "oracle_replication",
+    *(f"oracle_replication[truth={k}]" for k in range(8)),
+]
 
 
 def _row(case: str, label: str, i: int) -> dict:

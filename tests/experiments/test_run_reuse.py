@@ -87,7 +87,7 @@ def test_runs_are_the_same_in_every_process(planner, tmp_path):
 
 
 def test_a_garbled_summary_is_run_again(tmp_path, run_in):
-    """A summary.json that is not JSON (a disk that filled up, a hand edit) is not a finished run."""
+    """A summary.json that is not JSON (a full disk, a hand edit) is not a finished run."""
     assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
     r = run_in([*TINY, "planner=flexgen"], tmp_path)

@@ -392,7 +392,8 @@ def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
     page = tmp_path / "index.html"
     check = (
         "<script>addEventListener('load',()=>{const i=[...document.images];document.title="
-        "'IMAGES '+i.length+' BROKEN '+i.filter(x=>!(x.complete&&x.naturalWidth>0)).length;});</script>"
+        "'IMAGES '+i.length+' BROKEN '+"
+        "i.filter(x=>!(x.complete&&x.naturalWidth>0)).length;});</script>"
     )
     page.write_text(page.read_text().replace("</body>", check + "</body>"))
     r = subprocess.run(

@@ -28,7 +28,7 @@ def tiny_spec(planner: str, **params) -> RunSpec:
 
 
 class _MaxCost:
-    """Stand-in cost model: an op takes max(flops, touch_bytes) seconds (1 flop/s, 1 B/s, no overhead)."""
+    """Stand-in cost model: an op takes max(flops, touch_bytes) s (1 flop/s, 1 B/s, no overhead)."""
 
     def compute_s(self, device, kind, flops, touch_bytes, share=1.0):
         return max(flops, touch_bytes) / share
@@ -38,7 +38,7 @@ class _MaxCost:
 
 
 def _timer(copy_s: float = 0.0) -> ExpertTime:
-    """One token = 1 flop, one expert = 1 byte: a device takes max(its tokens, its distinct experts) s."""
+    """1 token = 1 flop, 1 expert = 1 byte: a device takes max(tokens, distinct experts) s."""
     return ExpertTime(_MaxCost(), 1.0, 1, True, copy_s)  # type: ignore[arg-type]
 
 

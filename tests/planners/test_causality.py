@@ -108,8 +108,8 @@ def test_an_oracle_is_caught_peeking(name, params, tiny_model, tiny_hw):
 
 
 def peek_check_pair(name, params, model, tiny_hw, wl, base, step):
-    """The schedules of `base` and of `changed(base, wl, step)`, on the tight machine where the planner
-    runs there, else on `tiny`."""
+    """The schedules of `base` and of `changed(base, wl, step)`, on the tight machine where the
+    planner runs there, else on `tiny`."""
     d = conf("hardware", "tiny")
     for gpu_gb in (*TIGHT_GPU_GB, None):
         hw = tiny_hw

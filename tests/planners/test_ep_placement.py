@@ -84,7 +84,7 @@ def test_rehoming_takes_a_tie_that_balances_the_tokens():
 
 
 class _SpanTimer:
-    """Stand-in for `ExpertTime` in `Replicator._pays`: given spans and copy queues per placement."""
+    """Stand-in for `ExpertTime` in `Replicator._pays`: set spans and copy queues per placement."""
 
     def __init__(self, copy_s: float, spans: dict, queues: dict) -> None:
         self.copy_s, self.spans, self.queues = copy_s, spans, queues
@@ -236,8 +236,8 @@ def test_first_placement_fills_the_slots_when_that_is_no_slower():
 def test_swap_homes_by_hand():
     """G = 4, two homes each; experts 0 and 4 (load 10 each) share device 0 (home load 20, the
     others 2). The busiest device takes the first of its equally good swaps, expert 0 <-> expert 1
-    of device 1 (delta 9: 11 and 11); the two left (2 and 2) have no swap that lowers their pair. Replica
-    slots come back empty; every expert keeps exactly one home."""
+    of device 1 (delta 9: 11 and 11); the two left (2 and 2) have no swap that lowers their pair.
+    Replica slots come back empty; every expert keeps exactly one home."""
     lay = Layout(n_devices=4, n_experts=8, home_slots=2, replica_slots=1, replicas=4, lanes=False)
     homes = np.array([[0, 4, 5], [1, 5, -1], [2, 6, -1], [3, 7, -1]])
     load = np.array([10.0, 1, 1, 1, 10, 1, 1, 1])

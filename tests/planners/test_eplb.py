@@ -44,7 +44,8 @@ def test_global_policy_hand_worked():
 
 def test_readme_example_hierarchical():
     """DeepSeek EPLB README: 2 layers, 12 experts, 4 groups, 2 nodes, 8 GPUs, 16 slots. The README's
-    phy2log, and layer 0's per-GPU loads as worked out in replication.md §2.1 (max/mean 1.21, 1.24)."""
+    phy2log, and layer 0's per-GPU loads as worked out in replication.md §2.1
+    (max/mean 1.21, 1.24)."""
     w = np.array(
         [
             [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

@@ -23,7 +23,7 @@ PLANNERS = ["ep_static", "eplb", "predictive_replication", "oracle_replication"]
 
 @pytest.mark.parametrize("planner", PLANNERS)
 def test_planner_runs_and_reports_balance(planner):
-    """Validates and simulates on 2 lanes; every routed token is computed once; summary has the fields."""
+    """Validates, simulates on 2 lanes; each routed token computed once; summary has the fields."""
     params = {} if planner == "ep_static" else {"replica_slots": 1}
     res = simulate_run(tiny_spec(planner, lanes=True, **params))
     s = res.summary

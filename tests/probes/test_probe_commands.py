@@ -230,7 +230,12 @@ def test_a_parquet_that_is_not_a_runs_trace_is_one_line(
 
 def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(tmp_path: Path) -> None:
     """disk_mb=10^8 wrote until the disk was full, and the 60 GB probe file stayed."""
-    r = cli("experiments.calibrate", "hardware.name=x", "disk_mb=100000000",
-            f"out={tmp_path / 'x.yaml'}", f"disk_dir={tmp_path / 'd'}")  # fmt: skip
+    r = cli(
+        "experiments.calibrate",
+        "hardware.name=x",
+        "disk_mb=100000000",
+        f"out={tmp_path / 'x.yaml'}",
+        f"disk_dir={tmp_path / 'd'}",
+    )
     one_line(r, "disk_mb=100000000", "free")
     assert not list((tmp_path / "d").iterdir()) and not (tmp_path / "x.yaml").exists()

@@ -59,25 +59,47 @@ CASES: list[tuple[str, Edit, Callable[[bytes], bytes], str]] = [
     ("no dtype", lambda h: _drop(h, "dtype"), lambda d: d, "is not {dtype"),
     ("offsets short", lambda h: _edit(h, data_offsets=[0, _end(h) - 4]), lambda d: d, "needs"),
     ("offsets long", lambda h: _edit(h, data_offsets=[0, _end(h) + 4]), lambda d: d, "needs"),
-    ("shape too big", lambda h: _edit(h, shape=[2 * x for x in h[_first(h)]["shape"]]),
-     lambda d: d, "needs"),
+    (
+        "shape too big",
+        lambda h: _edit(h, shape=[2 * x for x in h[_first(h)]["shape"]]),
+        lambda d: d,
+        "needs",
+    ),
     ("shape too small", lambda h: _edit(h, shape=[1]), lambda d: d, "needs"),
-    ("offsets reversed", lambda h: _edit(h, data_offsets=[_end(h), 0]), lambda d: d,
-     "data_offsets"),
+    (
+        "offsets reversed",
+        lambda h: _edit(h, data_offsets=[_end(h), 0]),
+        lambda d: d,
+        "data_offsets",
+    ),
     ("offsets not ints", lambda h: _edit(h, data_offsets=["0", "8"]), lambda d: d, "data_offsets"),
     ("offsets three", lambda h: _edit(h, data_offsets=[0, 4, 8]), lambda d: d, "data_offsets"),
     ("shape negative", lambda h: _edit(h, shape=[-1, 4]), lambda d: d, "shape"),
     ("shape a string", lambda h: _edit(h, shape="4x4"), lambda d: d, "shape"),
     ("dtype unknown", lambda h: _edit(h, dtype="F13"), lambda d: d, "dtype"),
     ("dtype unsupported", lambda h: _edit(h, dtype="I32"), lambda d: d, "dtype"),
-    ("gap before data", lambda h: {k: ({**v, "data_offsets": [o + 4 for o in v["data_offsets"]]}
-                                       if k != "__metadata__" else v) for k, v in h.items()},
-     lambda d: b"\0" * 4 + d, "starts at data byte"),
+    (
+        "gap before data",
+        lambda h: {
+            k: (
+                {**v, "data_offsets": [o + 4 for o in v["data_offsets"]]}
+                if k != "__metadata__"
+                else v
+            )
+            for k, v in h.items()
+        },
+        lambda d: b"\0" * 4 + d,
+        "starts at data byte",
+    ),
     ("bytes after data", lambda h: h, lambda d: d + b"\0" * 8, "past the last tensor"),
     ("data cut short", lambda h: h, lambda d: d[:-4], "truncated"),
-    ("metadata not strings", lambda h: {**h, "__metadata__": {"format": 1}}, lambda d: d,
-     "__metadata__"),
-]  # fmt: skip
+    (
+        "metadata not strings",
+        lambda h: {**h, "__metadata__": {"format": 1}},
+        lambda d: d,
+        "__metadata__",
+    ),
+]
 
 
 @pytest.fixture

@@ -28,8 +28,13 @@ from experiments.run import LOCK
 from tests.probes.conftest import ROOT, TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
-WRITING = [*TINY[:-1], "planner=sequential", "workload.n_batches=50", "workload.gen_len=128",
-           "trace_json=true"]  # fmt: skip
+WRITING = [
+    *TINY[:-1],
+    "planner=sequential",
+    "workload.n_batches=50",
+    "workload.gen_len=128",
+    "trace_json=true",
+]
 RESULT = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet")
 
 
@@ -235,9 +240,18 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
     """`kill` (SIGTERM) of the command that started G rank processes ended it alone: the ranks
     ran on as orphans. They stop with it, and no result is left."""
     run = tmp_path / "run"
-    p = _start(run, "executor=real", "executor.distributed=true", "hardware=h200-hgx8",
-               "workload=tiny", "planner=eplb", "+planner.params.n_devices=2",
-               f"checkpoint={tiny_ckpt}", "workload.n_batches=40", "workload.gen_len=40")  # fmt: skip
+    p = _start(
+        run,
+        "executor=real",
+        "executor.distributed=true",
+        "hardware=h200-hgx8",
+        "workload=tiny",
+        "planner=eplb",
+        "+planner.params.n_devices=2",
+        f"checkpoint={tiny_ckpt}",
+        "workload.n_batches=40",
+        "workload.gen_len=40",
+    )
     ranks: list[str] = []
     deadline = time.monotonic() + 120
     while len(ranks) < 2 and p.poll() is None and time.monotonic() < deadline:

@@ -117,12 +117,20 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 BAD_METRICS = [
-    ("throughput_tok_s", "fast"), ("throughput_tok_s", math.nan), ("makespan_s", math.inf),
-    ("efficiency", None), ("gpu_bubble_s", [1.0]), ("ops", True),
-    ("busy_s", "everything"), ("busy_s.gpu", "1.5"), ("peak_bytes.gpu", -math.inf),
-    ("gpu_idle_causes_s.load expert@h2d", math.nan), ("throughput_tok_s", -5.0),
-    ("busy_s.h2d", -1e-3), ("makespan_s", -1),
-]  # fmt: skip
+    ("throughput_tok_s", "fast"),
+    ("throughput_tok_s", math.nan),
+    ("makespan_s", math.inf),
+    ("efficiency", None),
+    ("gpu_bubble_s", [1.0]),
+    ("ops", True),
+    ("busy_s", "everything"),
+    ("busy_s.gpu", "1.5"),
+    ("peak_bytes.gpu", -math.inf),
+    ("gpu_idle_causes_s.load expert@h2d", math.nan),
+    ("throughput_tok_s", -5.0),
+    ("busy_s.h2d", -1e-3),
+    ("makespan_s", -1),
+]
 
 
 @pytest.mark.parametrize("key, value", BAD_METRICS, ids=[f"{k}={v!r}" for k, v in BAD_METRICS])

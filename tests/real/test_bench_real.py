@@ -107,16 +107,28 @@ def test_routing_trace_replays_esft_into_the_moepipe_side(tmp_path):
     if not trace_path(trace_dir).is_file():
         pytest.skip("no ESFT trace at /work/shared/traces")
     spec = bench_real.reduced_spec(
-        "deepseek-v2-lite", hidden_size=64, n_heads=4, expert_ffn_size=16, vocab_size=128,
+        "deepseek-v2-lite",
+        hidden_size=64,
+        n_heads=4,
+        expert_ffn_size=16,
+        vocab_size=128,
         dense_ffn_size=48,
-    )  # fmt: skip
+    )
     assert (len(spec.moe_layers), spec.n_experts, spec.top_k) == (26, 64, 6)
     ckpt = write_checkpoint(spec, tmp_path / "ds", seed=0)
     opts = {
-        "checkpoint": str(ckpt), "hardware": "tiny", "planner": "klotski", "gpu_frac": 0.5,
-        "cpu_frac": 0.2, "batch_size": 2, "n_batches": 1, "prompt_len": 4, "gen_len": 2,
-        "klotski_n": 2, "trace_dir": trace_dir,
-    }  # fmt: skip
+        "checkpoint": str(ckpt),
+        "hardware": "tiny",
+        "planner": "klotski",
+        "gpu_frac": 0.5,
+        "cpu_frac": 0.2,
+        "batch_size": 2,
+        "n_batches": 1,
+        "prompt_len": 4,
+        "gen_len": 2,
+        "klotski_n": 2,
+        "trace_dir": trace_dir,
+    }
     for routing in ("trace", "auto"):
         run, _ = pe.run_spec({**opts, "routing": routing})
         assert run.params == {"n": 2}

@@ -50,9 +50,15 @@ TWO_GPUS = HardwareSpec.from_dict(
     )
 )
 # the command-line runs: h200-hgx8 has the GPUs, n_devices takes 2 of them
-RUN = ["executor=real", "executor.distributed=true", "hardware=h200-hgx8",
-       "workload.batch_size=2", "workload.n_batches=2", "workload.prompt_len=6",
-       "workload.gen_len=3"]  # fmt: skip
+RUN = [
+    "executor=real",
+    "executor.distributed=true",
+    "hardware=h200-hgx8",
+    "workload.batch_size=2",
+    "workload.n_batches=2",
+    "workload.prompt_len=6",
+    "workload.gen_len=3",
+]
 
 
 def shard(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -91,8 +97,19 @@ def expert_tokens_per_device(trace: pd.DataFrame) -> pd.Series:
     return ex.groupby(device_of(ex["resource"]))["tokens"].sum()
 
 
-OP_FIELDS = ["op_id", "kind", "stream", "resource", "step", "layer", "batch", "micro", "expert",
-             "bytes", "tokens"]  # fmt: skip
+OP_FIELDS = [
+    "op_id",
+    "kind",
+    "stream",
+    "resource",
+    "step",
+    "layer",
+    "batch",
+    "micro",
+    "expert",
+    "bytes",
+    "tokens",
+]
 
 
 @pytest.mark.parametrize(

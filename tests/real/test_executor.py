@@ -82,7 +82,7 @@ def assert_matches_reference(ckpt: Path, spec: RunSpec, result, out, tol: float 
 
 
 def runnable(planners: list[str]) -> list[tuple[str, str]]:
-    """(planner, routing mode) pairs; an upper bound that peeks at the routing runs on replay only."""
+    """(planner, routing mode) pairs; an upper bound that peeks at routing runs on replay only."""
     return [
         (p, m)
         for p in planners

@@ -44,16 +44,36 @@ COMMON = dict(
 )
 FAMILY = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, intermediate_size=32, head_dim=16)),
-    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, moe_intermediate_size=32,
-                  shared_expert_intermediate_size=48, intermediate_size=48)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            num_experts=8,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            intermediate_size=48,
+        ),
+    ),
     "olmoe": ("OlmoeConfig", dict(num_experts=8, intermediate_size=32)),
     # layer 0 dense, layer 1 MoE with a shared expert; MLA at V2-Lite's proportions (16/8/32)
-    "deepseek_v2": ("DeepseekV2Config", dict(n_routed_experts=8, n_shared_experts=1,
-                    moe_intermediate_size=32, intermediate_size=48, first_k_dense_replace=1,
-                    num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
-                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                    topk_method="greedy", norm_topk_prob=False)),
-}  # fmt: skip
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        dict(
+            n_routed_experts=8,
+            n_shared_experts=1,
+            moe_intermediate_size=32,
+            intermediate_size=48,
+            first_k_dense_replace=1,
+            num_key_value_heads=4,
+            kv_lora_rank=64,
+            q_lora_rank=None,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            topk_method="greedy",
+            norm_topk_prob=False,
+        ),
+    ),
+}
 
 
 def yarn(theta: float, **more: float) -> dict[str, Any]:

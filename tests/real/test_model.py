@@ -145,7 +145,7 @@ def run_piecewise(
     "name", ["mixtral-tiny", "qwen-dense", "deepseek-v2-lite", "switch-base-128"]
 )
 def test_pieces_through_the_store_equal_reference(name, mixtral_tiny, small_ckpt, tmp_path, prompt):
-    """Exact equality: same kernels on the same token groups, experts combined order-independently."""
+    """Exact equality: same kernels, same token groups, experts combined order-independently."""
     if name == "mixtral-tiny":
         ckpt = mixtral_tiny
     elif name == "qwen-dense":
@@ -231,8 +231,17 @@ def test_reference_equals_hugging_face(name, small_ckpt, prompt):
 # frequency), and with mscale != mscale_all_dim, so its cos/sin factor (1.065) and DeepSeek's
 # softmax factor (1.069^2) are not 1. Linear in transformers 5's `rope_parameters` form, its
 # rope_theta overriding the top-level one.
-YARN = {"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 1024,
-        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5}}  # fmt: skip
+YARN = {
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.5,
+    }
+}
 LINEAR = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}
 
 
@@ -340,10 +349,15 @@ def test_unimplemented_rope_scaling_is_refused_in_one_line(scaling, field, tmp_p
         {"rope_type": "dynamic", "factor": 3.0},
         {"rope_type": "dynamic", "factor": 1.5},
         {"type": "dynamic", "factor": 2.0},  # the legacy rope_scaling form
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
     ],
-)  # fmt: skip
+)
 def test_dynamic_and_llama3_frequencies_are_transformers(fields):
     """The frequencies of each step, bit for bit transformers' rotary embedding fed the same
     steps: a prompt within max_position_embeddings (16), one past it, decode steps growing past

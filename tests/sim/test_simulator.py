@@ -69,7 +69,7 @@ def test_load_overlaps_compute_on_another_resource():
 
 
 def test_two_streams_on_one_link_serialize():
-    """Two 1 GB loads on two streams sharing h2d: the second starts when the first ends (1 s, 2 s)."""
+    """Two 1 GB loads on two streams sharing h2d: the second starts as the first ends (1 s, 2 s)."""
     h = hw()
     b = ScheduleBuilder(h.memory_bytes)
     b.stream("weights", Resource.H2D)
