@@ -3,8 +3,9 @@ Each rank runs only its own device's ops of the whole schedule; gate parts, disp
 replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
 gathers every rank's ops at the end. With tensor-parallel dense work (planner dense=tensor) every
 rank gates every sequence, no token moves, and the all-reduce ops are collectives
-(real/tensor_parallel.py, on the groups made here). Gate parts have a connection of their own (gloo keeps a
-pair's messages in order, so they queued behind replica copies). How each crossing works:
+(real/tensor_parallel.py, on the groups made here). Gate parts have a connection of their own
+(gloo keeps a pair's messages in order, so they queued behind replica copies). How each crossing
+works:
 docs/replication-model.md#real-expert-parallelism.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import queue
 import re
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ from core.spec import ModelSpec, Workload
 from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit, torch_dtype, unit_layout
 from real.executor import Executor, _Pending, _Stop
-from real.gathered_times import from_ready  # noqa: E402
+from real.gathered_times import gather_ranks
 from real.model import expert_tokens, new_slots, put_expert
 
 # Shape legend: T tokens of a batch (step), k top-k, H hidden, n pairs moved.
@@ -548,64 +548,5 @@ class Peers:
         return own
 
     def gather(self, ex: Executor, schedule: Schedule) -> None:
-        """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
-        go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
-        counts from the common barrier). Each op's start is then when it could begin
-        (`from_ready`), as the simulator and a one-process run have it."""
-        self._drain()
-        specs = schedule.streams
-        own = [i for i, op in enumerate(ex._ops) if self.runs(specs[op.stream])]
-        mine = dict(
-            host=socket.gethostname(),
-            t0=ex._t0,
-            ops=own,
-            start=[ex._start[i] for i in own],
-            end=[ex._end[i] for i in own],
-            batches=[
-                (
-                    b.tokens.cpu(),
-                    None if b.logits is None else b.logits.cpu(),
-                    list(b.written),
-                    self._head_rows(ex, specs, i),
-                )
-                for i, b in enumerate(ex._batches)
-            ],
-            used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
-        )
-        everyone: list[Any] = [None] * self.world
-        try:
-            dist.all_gather_object(everyone, mine)
-        except RuntimeError as e:
-            raise self.lost(None, e, "at the run's end") from None
-        one_host = len({got["host"] for got in everyone}) == 1
-        for got in everyone:
-            shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
-            for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
-                ex._start[i], ex._end[i] = s0 + shift, e0 + shift
-        for r, got in enumerate(everyone):
-            if r == self.rank or self.tensor:  # dense=tensor: every rank has every sequence's
-                continue
-            for bst, (tokens, logits, written, rows) in zip(
-                ex._batches, got["batches"], strict=True
-            ):
-                if not rows.any():
-                    continue
-                bst.tokens[rows] = tokens[rows].to(bst.tokens.device)
-                if bst.logits is None:
-                    bst.logits = torch.zeros(
-                        self.wl.batch_size, logits.shape[1], dtype=logits.dtype
-                    )
-                bst.logits[rows] = logits[rows].to(bst.logits.device)
-                bst.written = [a + b for a, b in zip(bst.written, written, strict=True)]
-            for k, v in got["used"].items():
-                ex._used.setdefault(k, v)
-        from_ready(ex._ops, specs, ex._start, ex._end)
-
-    def _head_rows(self, ex: Executor, specs: Mapping[str, StreamSpec], batch: int) -> torch.Tensor:
-        """[b] bool: the batch's sequences this rank's head ops generated."""
-        rows = torch.zeros(self.wl.batch_size, dtype=torch.bool)
-        for op in ex._ops:
-            if op.kind == OpKind.HEAD and op.batch == batch and self.runs(specs[op.stream]):
-                s0, s1 = ex._range[op.id]
-                rows[s0:s1] = True
-        return rows
+        """Every rank's op times, tokens and logits, merged on every rank (after the run)."""
+        gather_ranks(self, ex, schedule)

@@ -1,13 +1,23 @@
-"""The op times a G-process run gathers, made comparable with a one-process run's: each op starts
-when its deps on other ranks ended and a transfer when its other end was posted (`from_ready`),
-as the simulator and one process start them."""
+"""What a G-process run gathers at its end (`gather_ranks`): every rank's op times, tokens and
+logits; the times made comparable with a one-process run's: each op starts when its deps on
+other ranks ended and a transfer when its other end was posted (`from_ready`), as the simulator
+and one process start them."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from core.schedule import Op, StreamSpec
+import torch
+import torch.distributed as dist
+
+from core.schedule import Op, Schedule, StreamSpec
 from core.types import OpKind, Resource, Tier
+
+if TYPE_CHECKING:
+    from real.distributed import Peers
+    from real.executor import Executor
 
 
 def from_ready(
@@ -53,3 +63,66 @@ def transfer_partners(ops: Sequence[Op], streams: Mapping[str, StreamSpec]) -> d
             if partners:
                 out[i] = partners
     return out
+
+
+def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
+    """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
+    go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
+    counts from the common barrier). Each op's start is then when it could begin
+    (`from_ready`), as the simulator and a one-process run have it."""
+    peers._drain()
+    specs = schedule.streams
+    own = [i for i, op in enumerate(ex._ops) if peers.runs(specs[op.stream])]
+    mine = dict(
+        host=socket.gethostname(),
+        t0=ex._t0,
+        ops=own,
+        start=[ex._start[i] for i in own],
+        end=[ex._end[i] for i in own],
+        batches=[
+            (
+                b.tokens.cpu(),
+                None if b.logits is None else b.logits.cpu(),
+                list(b.written),
+                _head_rows(peers, ex, specs, i),
+            )
+            for i, b in enumerate(ex._batches)
+        ],
+        used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
+    )
+    everyone: list[Any] = [None] * peers.world
+    try:
+        dist.all_gather_object(everyone, mine)
+    except RuntimeError as e:
+        raise peers.lost(None, e, "at the run's end") from None
+    one_host = len({got["host"] for got in everyone}) == 1
+    for got in everyone:
+        shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
+        for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
+            ex._start[i], ex._end[i] = s0 + shift, e0 + shift
+    for r, got in enumerate(everyone):
+        if r == peers.rank or peers.tensor:  # dense=tensor: every rank has every sequence's
+            continue
+        for bst, (tokens, logits, written, rows) in zip(ex._batches, got["batches"], strict=True):
+            if not rows.any():
+                continue
+            bst.tokens[rows] = tokens[rows].to(bst.tokens.device)
+            if bst.logits is None:
+                bst.logits = torch.zeros(peers.wl.batch_size, logits.shape[1], dtype=logits.dtype)
+            bst.logits[rows] = logits[rows].to(bst.logits.device)
+            bst.written = [a + b for a, b in zip(bst.written, written, strict=True)]
+        for k, v in got["used"].items():
+            ex._used.setdefault(k, v)
+    from_ready(ex._ops, specs, ex._start, ex._end)
+
+
+def _head_rows(
+    peers: Peers, ex: Executor, specs: Mapping[str, StreamSpec], batch: int
+) -> torch.Tensor:
+    """[b] bool: the batch's sequences this rank's head ops generated."""
+    rows = torch.zeros(peers.wl.batch_size, dtype=torch.bool)
+    for op in ex._ops:
+        if op.kind == OpKind.HEAD and op.batch == batch and peers.runs(specs[op.stream]):
+            s0, s1 = ex._range[op.id]
+            rows[s0:s1] = True
+    return rows
