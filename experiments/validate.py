@@ -9,6 +9,7 @@ Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=[a,b]]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
         [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>] [executor.distributed=true]
+        [+planner_params.KEY=VALUE ...]   # e.g. +planner_params.dense=tensor, for every planner
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from experiments.common.pipeline import (  # noqa: E402
 )
 from experiments.common.real_run import real_execute  # noqa: E402
 from experiments.common.tables import markdown  # noqa: E402
-from planners.registry import planner_names  # noqa: E402
+from planners.registry import make_planner, planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +87,8 @@ class Options:
     repeats: int = 3  # real runs per planner
     links: str = "probe"  # probe | calibrated
     executor: DistributedOption = field(default_factory=DistributedOption)
+    # params given to every planner, e.g. planner_params.dense=tensor (each planner must take them)
+    planner_params: dict[str, Any] = field(default_factory=dict)
 
 
 _DEFAULTS: dict[str, Any] = kv(Options())
@@ -225,6 +228,7 @@ class Setup:
     distributed: bool
     probe: bool  # links=probe, and not distributed (a probe measures disk and h2d only)
     hw_dict: dict[str, Any]  # the hardware YAML as read, for calibrate's probe
+    params: dict[str, Any]  # planner_params, every planner's
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
@@ -286,6 +290,12 @@ def _setup(opts: dict[str, Any]) -> Setup:
             f"planners={opts['planners']}: unknown planner(s) {', '.join(unknown)}; valid: "
             f"{', '.join(planner_names())}"
         )
+    params = dict(opts.get("planner_params") or {})
+    for name in names:  # a param a planner lacks: one line now, not a skipped row per planner
+        try:
+            make_planner(name, params)
+        except MoepipeError as e:
+            raise MoepipeError(f"planner_params: {e}") from None
     distributed = bool(opts["executor.distributed"])
     gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
     cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
@@ -305,7 +315,9 @@ def _setup(opts: dict[str, Any]) -> Setup:
     )
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
-    return Setup(ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict)
+    return Setup(
+        ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict, params
+    )
 
 
 def _simulate_all(
@@ -315,7 +327,9 @@ def _simulate_all(
     sims: dict[str, tuple[RunSpec, Routing, RunResult]] = {}
     for name in setup.names:
         try:
-            spec = resolve_n_batches(RunSpec(setup.model, setup.hw, setup.wl, name))
+            spec = resolve_n_batches(
+                RunSpec(setup.model, setup.hw, setup.wl, name, dict(setup.params))
+            )
             routing = load_routing(spec.model, spec.workload)
             sims[name] = spec, routing, simulate_run(spec, routing)
         except MoepipeError as e:

@@ -470,9 +470,12 @@ def p2p_seen(traces: list[Any], link: Any, large_bytes: int = 1 << 20) -> P2PSee
         for k, xs in extra.items():
             sel = is_small & (kind == k)
             xs += list(dur[sel] - nbytes[sel] / link.bandwidth_bytes_per_s)
-        big_bytes += float(nbytes[~is_small].sum())
-        big_s += float(dur[~is_small].sum())
-        n_big += int((~is_small).sum())
+        # the rate from replica copies alone: a large dispatch, combine or all-reduce holds the
+        # executor's work around gloo's (pairs' rows, a collective's rounds) in its time
+        big = ~is_small & (kind == str(OpKind.LOAD))
+        big_bytes += float(nbytes[big].sum())
+        big_s += float(dur[big].sum())
+        n_big += int(big.sum())
     combine, dispatch = extra[str(OpKind.COMBINE)], extra[str(OpKind.DISPATCH)]
     if not combine and not dispatch and not big_bytes:
         return None

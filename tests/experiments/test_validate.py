@@ -48,7 +48,8 @@ def test_p2p_seen_splits_a_dispatchs_wait_for_routing_from_the_link():
     """At 1 GB/s (the calibrated rate for the small ones): combines of 1 MB - 1 B take 2 ms and
     3 ms (1 ms of bytes: latency 1.5 ms, the mean); dispatches 4 ms and 6 ms (gate exchange
     5 - 1 - 1.5 = 2.5 ms); two 10 MB copies take 11.5 ms and 21.5 ms: 20 MB over 33 - 2 x 1.5
-    = 30 ms, 0.667 GB/s."""
+    = 30 ms, 0.667 GB/s. A large all-reduce (a collective's rounds, not one transfer) and a
+    large dispatch are not the link's rate."""
     from core.hardware import LinkSpec
     from experiments.common.dist_run import p2p_seen
 
@@ -61,6 +62,8 @@ def test_p2p_seen_splits_a_dispatchs_wait_for_routing_from_the_link():
             ("dispatch", "p2p_out:0", small, 0.006 + small / 1e9 - 0.001),
             ("load", "p2p:1", 10_000_000, 0.0115),
             ("load", "p2p_out:0", 10_000_000, 0.0215),
+            ("all-reduce", "p2p:0", 10_000_000, 0.5),
+            ("dispatch", "p2p:0", 10_000_000, 0.3),
             ("compute-expert", "gpu:0", 0, 1.0),
         ]
     )

@@ -84,10 +84,20 @@ def test_unknown_links_is_refused_before_any_run(tmp_path):
         v.validate(opts)
 
 
-def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, tmp_path):
-    """executor.distributed=true: eplb on 2 processes (a profile of h200-hgx8 with 2 GPUs); the
-    real trace holds each op of the schedule once (coverage 1) and each device's expert tokens
-    equal the simulator's; the simulator runs again at the p2p rate the runs saw."""
+def test_a_planner_param_no_planner_takes_is_one_line(tmp_path):
+    opts = dict(
+        v._DEFAULTS, checkpoint=str(tmp_path), planners="eplb", planner_params={"densee": "x"}
+    )
+    with pytest.raises(MoepipeError, match=r"planner_params: planner eplb: unknown param"):
+        v.validate(opts)
+
+
+@pytest.mark.parametrize("params", [{}, {"dense": "tensor"}], ids=["data", "tensor"])
+def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, tmp_path, params):
+    """executor.distributed=true: eplb on 2 processes (a profile of h200-hgx8 with 2 GPUs), its
+    dense work data- or tensor-parallel (planner_params.dense); the real trace holds each op of
+    the schedule once (coverage 1) and each device's expert tokens equal the simulator's; the
+    simulator runs again at the p2p rate the runs saw."""
     import yaml
 
     hw = yaml.safe_load((v.ROOT / "conf" / "hardware" / "h200-hgx8.yaml").read_text())
@@ -104,6 +114,7 @@ def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, 
         gpu_frac=2.0,
         cpu_frac=0.5,
         links="calibrated",
+        planner_params=params,
         **{"executor.distributed": "true"},
     )
     row = v.validate(opts).set_index("planner").loc["eplb"]
