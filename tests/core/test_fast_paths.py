@@ -621,3 +621,16 @@ def test_expert_chain_emits_what_expert_calls_would():
             ),
         )
         assert [tuple(map(type, o)) for o in new.ops] == [tuple(map(type, o)) for o in ref.ops]
+
+
+def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
+    """write_trace_parquet (dictionaries only for categorical columns) gives back the frame
+    pandas' default writer gives back, dtypes and categories included."""
+    from experiments.common.pipeline import write_trace_parquet
+
+    for i, (_, trace) in enumerate(runs):
+        write_trace_parquet(trace, tmp_path / f"new{i}.parquet")
+        trace.to_parquet(tmp_path / f"ref{i}.parquet", index=False)
+        new, ref = (pd.read_parquet(tmp_path / f"{w}{i}.parquet") for w in ("new", "ref"))
+        pd.testing.assert_frame_equal(new, ref, check_exact=True, check_categorical=True)
+        pd.testing.assert_frame_equal(new, trace, check_exact=True, check_categorical=True)
