@@ -102,13 +102,19 @@ class Routing:
         for step in range(workload.n_steps):
             ids = self.expert_ids[: n * bs, self.step_slice(step, workload)]  # [S, t, L, k]
             ids = ids.reshape(n, -1, n_layers, k)  # [n, bs*t, L, k]
-            bins = np.add(ids, first, dtype=np.intp)
-            out[step] = np.bincount(bins.ravel(), minlength=n_layers * n * e).reshape(
-                n_layers, n, e
-            )
+            # a few batches at a time: a prompt's bins of every batch at once are tens of MB of
+            # intp, a fresh allocation the kernel faults in page by page (more time than the
+            # counting); blocks of COUNT_BLOCK ids reuse the same memory
+            per = max(1, COUNT_BLOCK // ids[0].size)
+            total = np.zeros(n_layers * n * e, np.int64)
+            for b in range(0, n, per):
+                bins = np.add(ids[b : b + per], first[b : b + per], dtype=np.intp)
+                total += np.bincount(bins.ravel(), minlength=n_layers * n * e)
+            out[step] = total.reshape(n_layers, n, e)
         return out
 
 
+COUNT_BLOCK = 1 << 19  # ids per block of `Routing.counts` (4 MB of intp bins)
 ESFT_SHAPE = (26, 64, 6)  # MoE layers, routed experts, top-k of the ESFT DeepSeek-V2-Lite trace
 
 
