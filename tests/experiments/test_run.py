@@ -513,8 +513,9 @@ def test_hydra_mode_is_read_without_composing_only_where_nothing_sets_it(tmp_pat
         assert Hydra.get_mode is not composed
         assert Hydra.get_mode(None, "config", []) is None  # type: ignore[arg-type]
     assert Hydra.get_mode is composed
-    with mode_unset(["hydra.mode=MULTIRUN"], [CONF_DIR]):
-        assert Hydra.get_mode is composed
+    for other in (["hydra.mode=MULTIRUN"], ["-cd", "elsewhere"], ["hydra.searchpath=[x]"]):
+        with mode_unset(other, [CONF_DIR]):
+            assert Hydra.get_mode is composed
     (tmp_path / "mine.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
     with mode_unset([], [CONF_DIR, tmp_path]):
         assert Hydra.get_mode is composed
