@@ -158,16 +158,7 @@ def run_phases(
     """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
     from hydra import compose, initialize_config_dir
 
-    from core.routing import load_routing
-    from core.schedule import validate
-    from experiments.common.pipeline import (
-        RunResult,
-        plan_schedule,
-        resolve_n_batches,
-        simulate_trace,
-        summary_of,
-        write_run,
-    )
+    from experiments.common.pipeline import gc_paused, resolve_n_batches
     from experiments.common.resolve import run_spec
 
     times: dict[str, float] = {}
@@ -178,6 +169,24 @@ def run_phases(
         return resolve_n_batches(run_spec(cfg))
 
     spec = _timed(times, "config", config)
+    # the collector paused from routing to write, and on again once the run's objects are
+    # freed (when `_run_phases` returns), as experiments.run pauses it
+    with gc_paused():
+        return _run_phases(spec, out, times), times
+
+
+def _run_phases(spec: Any, out: Path | None, times: dict[str, float]) -> int:
+    """The run's phases after config, timed into `times`; its ops."""
+    from core.routing import load_routing
+    from core.schedule import validate
+    from experiments.common.pipeline import (
+        RunResult,
+        plan_schedule,
+        simulate_trace,
+        summary_of,
+        write_run,
+    )
+
     routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
     schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
@@ -187,7 +196,7 @@ def run_phases(
     )
     if out is not None:
         _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))
-    return len(schedule), times
+    return len(schedule)
 
 
 def bench(planner: str, repeat: int) -> None:
