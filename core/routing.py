@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -102,13 +103,19 @@ class Routing:
         for step in range(workload.n_steps):
             ids = self.expert_ids[: n * bs, self.step_slice(step, workload)]  # [S, t, L, k]
             ids = ids.reshape(n, -1, n_layers, k)  # [n, bs*t, L, k]
-            bins = np.add(ids, first, dtype=np.intp)
-            out[step] = np.bincount(bins.ravel(), minlength=n_layers * n * e).reshape(
-                n_layers, n, e
-            )
+            # a few batches at a time: a prompt's bins of every batch at once are tens of MB of
+            # intp, a fresh allocation the kernel faults in page by page (more time than the
+            # counting); blocks of COUNT_BLOCK ids reuse the same memory
+            per = max(1, COUNT_BLOCK // ids[0].size)
+            total = np.zeros(n_layers * n * e, np.int64)
+            for b in range(0, n, per):
+                bins = np.add(ids[b : b + per], first[b : b + per], dtype=np.intp)
+                total += np.bincount(bins.ravel(), minlength=n_layers * n * e)
+            out[step] = total.reshape(n_layers, n, e)
         return out
 
 
+COUNT_BLOCK = 1 << 19  # ids per block of `Routing.counts` (4 MB of intp bins)
 ESFT_SHAPE = (26, 64, 6)  # MoE layers, routed experts, top-k of the ESFT DeepSeek-V2-Lite trace
 
 
@@ -160,6 +167,28 @@ class GateView:
     counts: np.ndarray  # [E] tokens per expert
 
 
+class _ReplayedView(GateView):
+    """A replayed batch's view whose `ids` (a copy of the batch's rows of the routing) are made
+    when first read: most planners read only `counts`, and the copies were a tenth of
+    planning's time."""
+
+    def __init__(self, ids: Callable[[], np.ndarray], counts: np.ndarray) -> None:
+        self._make_ids: Callable[[], np.ndarray] | None = ids
+        self._ids: np.ndarray | None = None
+        self.counts = counts
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            assert self._make_ids is not None
+            self._ids, self._make_ids = self._make_ids(), None
+        return self._ids
+
+    @ids.setter
+    def ids(self, value: np.ndarray) -> None:
+        self._ids, self._make_ids = value, None
+
+
 @dataclass
 class CausalRouting:
     """The planners' only window on routing: layer l of batch b is seen at its gate op.
@@ -193,8 +222,9 @@ class CausalRouting:
         counts = routing.counts(workload)
 
         def source(step: int, moe_idx: int, batch: int) -> GateView:
-            return GateView(
-                routing.batch_ids(step, moe_idx, batch, workload), counts[step, moe_idx, batch]
+            return _ReplayedView(
+                partial(routing.batch_ids, step, moe_idx, batch, workload),
+                counts[step, moe_idx, batch],
             )
 
         def labels(step: int, batch: int) -> np.ndarray:

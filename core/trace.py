@@ -337,18 +337,51 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
         np.minimum.at(first, key, dst)
         keep = np.flatnonzero(first < n)
         succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
-    d = dur.tolist()
-    pp, pl, sp, sl = pred_ptr.tolist(), pred.tolist(), succ_ptr.tolist(), succ.tolist()
+    return _longest_chains(dur.tolist(), np.diff(pred_ptr), pred, np.diff(succ_ptr), succ)
+
+
+def _longest_chains(
+    d: list[float], n_pred: np.ndarray, pred: np.ndarray, n_succ: np.ndarray, succ: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_heads_tails`' two passes over ops in id order, given each op's predecessors (`n_pred`
+    of them, grouped by op in `pred`) and successors. Per op, `fin` (head + duration) and
+    `after` (duration + tail) are kept, added as the per-edge sums were, and an op with one
+    predecessor (or successor), most of them, takes it without building a list."""
+    n = len(d)
+    pl, sl = pred.tolist(), succ.tolist()
     head = [0.0] * n
-    for i in range(n):  # ids are in topological order: predecessors have smaller ids
-        a, b = pp[i], pp[i + 1]
-        if a < b:
-            head[i] = max([head[p] + d[p] for p in pl[a:b]])
+    fin = [x + 0.0 for x in d]  # head + duration (head 0.0 where no op comes before)
+    a = 0
+    for i, c in enumerate(n_pred.tolist()):
+        if c == 1:
+            h = fin[pl[a]]
+            a += 1
+        elif c:
+            b = a + c
+            h = max([fin[p] for p in pl[a:b]])
+            a = b
+        else:
+            continue
+        head[i] = h
+        fin[i] = h + d[i]
     tail = [0.0] * n
+    after = [x + 0.0 for x in d]  # duration + tail
+    cs = n_succ.tolist()
+    b = len(sl)
     for i in range(n - 1, -1, -1):
-        a, b = sp[i], sp[i + 1]
-        if a < b:
-            tail[i] = max([0.0, *[d[s] + tail[s] for s in sl[a:b]]])  # a NaN counts as none
+        c = cs[i]
+        if c == 1:
+            b -= 1
+            t = after[sl[b]]
+            t = t if t > 0.0 else 0.0  # max(0.0, t): a NaN counts as none
+        elif c:
+            a = b - c
+            t = max([0.0, *[after[s] for s in sl[a:b]]])
+            b = a
+        else:
+            continue
+        tail[i] = t
+        after[i] = d[i] + t
     return np.asarray(head), np.asarray(tail)
 
 

@@ -55,6 +55,7 @@ from experiments.common.pipeline import (
     CODE,  # noqa: F401  (tests and tools read a run dir's code version under this name)
     RunSpec,
     finished,
+    gc_paused,
     replace_run,
     restore_previous,
     simulate_run,
@@ -78,20 +79,20 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         return json.loads((out_dir / "summary.json").read_text())
     # An older run's summary stays until this run's files are whole (write_run replaces it,
     # with its config.yaml, only then): killed or failed, the dir holds the older result whole.
-    if spec.executor == "sim" and ep_inputs.block(cfg):  # held-out routing, training tables
-        spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
-        result = simulate_run(spec, routing)
-        ep_inputs.annotate(result, cfg, spec, routing)
-    elif spec.executor == "sim":
-        result = simulate_run(spec)
+    if spec.executor == "sim":
+        # Python's cycle collector stays off until the run's ops and trace are freed (when
+        # `simulated` returns): on again while they live, its next collection would walk the
+        # million objects of a large run (a tenth of a second), and free none of them.
+        with gc_paused():
+            s = simulated(cfg, spec, out_dir, config_yaml)
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
 
         result = real_run(spec, cfg)
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
             return {}
-    write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
-    s = result.summary
+        write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
+        s = result.summary
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
     log.info(
@@ -108,6 +109,18 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         out_dir,
     )
     return s
+
+
+def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -> dict:
+    """A simulated run, written to `out_dir`; its summary."""
+    if ep_inputs.block(cfg):  # held-out routing, training tables
+        spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
+        result = simulate_run(spec, routing)
+        ep_inputs.annotate(result, cfg, spec, routing)
+    else:
+        result = simulate_run(spec)
+    write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
+    return result.summary
 
 
 def config_text(cfg: DictConfig, spec: RunSpec | None = None) -> str:

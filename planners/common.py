@@ -5,8 +5,11 @@ memory effects. Planners decide *order and overlap*; this file knows *what* each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from operator import is_not
+from typing import TypeGuard, cast
 
 import numpy as np
 
@@ -16,6 +19,9 @@ from core.schedule import ScheduleBuilder
 from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.placement import Placement, staged_placement
+
+# a dep that names an op (not None): a C call, made per dep of the hottest ops
+_is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
 
 @dataclass
@@ -339,22 +345,71 @@ class Emitter:
         m = self.ctx.model
         gates = self.gate_ops[(step, layer)]
         deps = (*deps, *(gates if batch == -1 else gates[batch : batch + 1]))
-        # the planners' most frequent op: the memory effect looked up only at a last use
-        free = self.free_kwargs(Tensor.EXPERT, layer, True) if last_use else {}
-        return self.out.add(
-            OpKind.EXPERT,
-            self.compute,
-            deps,
-            step=step,
-            layer=layer,
-            batch=batch,
-            expert=expert,
-            tensor=Tensor.EXPERT,
-            tokens=tokens,
-            flops=m.expert_flops(tokens),
-            touch_bytes=m.expert_bytes,
-            **free,
+        # the planners' most frequent op: built positionally (`ScheduleBuilder.append`, as
+        # `add` would build it), the memory effect looked up only at a last use
+        free_tier, free_bytes = None, 0
+        if last_use and self.streamed(Tensor.EXPERT, layer):
+            free_tier, free_bytes = Tier.GPU, m.expert_bytes
+        return self.out.append(
+            (
+                OpKind.EXPERT,
+                self.compute,
+                step,
+                layer,
+                batch,
+                expert,
+                -1,  # micro: the whole batch
+                Tensor.EXPERT,
+                0,  # nbytes
+                tokens,
+                m.expert_flops(tokens),
+                m.expert_bytes,  # touch_bytes
+                0,  # width
+                None,  # src
+                None,  # dst
+                None,  # alloc_tier
+                0,  # alloc_bytes
+                free_tier,
+                free_bytes,
+                tuple(filter(_is_op, deps)),
+            )
         )
+
+    def expert_chain(
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        counts: Sequence[int],
+        loads: Mapping[int, int | None],
+        last: int | None,
+        extra: tuple[int, ...],
+    ) -> range:
+        """The routed experts of one batch, one after another in index order: expert e (those
+        with tokens, `counts[e]` of them) as `expert(step, layer, batch, e, counts[e],
+        (loads[e], <the op before>, *extra), last_use=False)` would emit it, the first after
+        `last`. Returns the ops' ids (consecutive). One call per batch, not per expert: the
+        hottest loop of a planner that runs every chosen expert of a batch in turn."""
+        m, out = self.ctx.model, self.out
+        gates = self.gate_ops[(step, layer)]
+        tail = tuple(filter(_is_op, (*extra, *gates[batch : batch + 1])))
+        flops, touch = 2.0 * m.expert_params, m.expert_bytes
+        head = (OpKind.EXPERT, self.compute, step, layer, batch)
+        rest = (touch, 0, None, None, None, 0, None, 0)  # touch_bytes, width .. free_bytes
+        start = i = len(out.ops)
+        rows = []
+        for e, count in enumerate(counts):
+            if count:
+                load = loads[e]
+                if load is None or last is None:  # a resident expert, or the first op
+                    deps = tuple(filter(_is_op, (load, last, *tail)))
+                else:
+                    deps = (load, last, *tail)
+                rows.append((*head, e, -1, Tensor.EXPERT, 0, count, flops * count, *rest, deps))
+                last = i
+                i += 1
+        out.extend(rows)
+        return range(start, i)
 
     def ffn(
         self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool

@@ -151,17 +151,16 @@ class FlexGen(Planner):
         if m.is_moe(layer):
             last, view = em.gate(step, layer, k, s.deps(gate_load, last), last_batch=k == n - 1)
             s.add(last)
-            # s.deps and s.add inlined: the planner's hottest loop (one pass per expert op)
-            prev, cur = (s.prev, s.cur) if s.on else ((), None)
-            for e, count in enumerate(view.counts.tolist()):
-                if count:
-                    # Later batches' routing is unknown here, so the expert is freed after the
-                    # last batch.
-                    last = em.expert(
-                        step, layer, k, e, count, (expert_loads[e], last, *prev), last_use=False
-                    )
-                    if cur is not None:
-                        cur.append(last)
+            # s.deps and s.add inlined, the experts emitted in one call: the planner's hottest
+            # loop. Later batches' routing is unknown here, so the experts are freed after the
+            # last batch.
+            ids = em.expert_chain(
+                step, layer, k, view.counts.tolist(), expert_loads, last, s.prev if s.on else ()
+            )
+            if ids:
+                last = ids[-1]
+                if s.on:
+                    s.cur += ids
         ffn = em.ffn(step, layer, k, s.deps(ffn_load, last), last_batch=k == n - 1)
         s.add(ffn)
         return ffn or last

@@ -13,6 +13,7 @@ events/s (docs/commands.md#bench_sim).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -89,11 +90,11 @@ def _timed(times: dict[str, float], phase: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
-def _child(cmd: list[str]) -> tuple[float, float]:
+def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
     """Wall and CPU seconds (user + system) of a subprocess run to its end."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode:
@@ -105,6 +106,18 @@ def _child(cmd: list[str]) -> tuple[float, float]:
 def startup_s() -> float:
     """CPU seconds a fresh interpreter takes to import the run command (hydra and all)."""
     return _child([sys.executable, "-c", "import experiments.run"])[1]
+
+
+def cached_startup_s() -> float:
+    """`startup_s` with Python's bytecode cache on (in a temporary folder, filled by a first
+    import that is not timed), as it is by default: where PYTHONDONTWRITEBYTECODE is set,
+    every process compiles the project's sources again."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": cache}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        cmd = [sys.executable, "-c", "import experiments.run"]
+        _child(cmd, env)
+        return min(_child(cmd, env)[1] for _ in range(2))
 
 
 def cli_run_s(planner: str, out: Path) -> tuple[float, float]:
@@ -145,16 +158,7 @@ def run_phases(
     """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
     from hydra import compose, initialize_config_dir
 
-    from core.routing import load_routing
-    from core.schedule import validate
-    from experiments.common.pipeline import (
-        RunResult,
-        plan_schedule,
-        resolve_n_batches,
-        simulate_trace,
-        summary_of,
-        write_run,
-    )
+    from experiments.common.pipeline import gc_paused, resolve_n_batches
     from experiments.common.resolve import run_spec
 
     times: dict[str, float] = {}
@@ -165,6 +169,24 @@ def run_phases(
         return resolve_n_batches(run_spec(cfg))
 
     spec = _timed(times, "config", config)
+    # the collector paused from routing to write, and on again once the run's objects are
+    # freed (when `_run_phases` returns), as experiments.run pauses it
+    with gc_paused():
+        return _run_phases(spec, out, times), times
+
+
+def _run_phases(spec: Any, out: Path | None, times: dict[str, float]) -> int:
+    """The run's phases after config, timed into `times`; its ops."""
+    from core.routing import load_routing
+    from core.schedule import validate
+    from experiments.common.pipeline import (
+        RunResult,
+        plan_schedule,
+        simulate_trace,
+        summary_of,
+        write_run,
+    )
+
     routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
     schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
@@ -174,7 +196,7 @@ def run_phases(
     )
     if out is not None:
         _timed(times, "write", lambda: write_run(out, RunResult(schedule, trace, summary)))
-    return len(schedule), times
+    return len(schedule)
 
 
 def bench(planner: str, repeat: int) -> None:
@@ -206,6 +228,12 @@ def bench(planner: str, repeat: int) -> None:
         "this process. CPU time, so that other load on the machine does not count; on an idle "
         "machine cli_wall is about cli_cpu"
     )
+    if sys.flags.dont_write_bytecode:  # every process compiles the project's modules again
+        print(
+            "PYTHONDONTWRITEBYTECODE is set: startup and cli include compiling the project's "
+            "sources each time; with Python's default bytecode cache startup takes "
+            f"{cached_startup_s():.2f} s of CPU"
+        )
 
 
 def scaling(planner: str) -> None:

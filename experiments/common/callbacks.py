@@ -19,7 +19,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm import tqdm
 
 from experiments.common.cli import on_interrupt
 
@@ -140,6 +139,9 @@ class SweepProgress(Callback):
         self._t0 = time.perf_counter()
         self._started = time.time()
         self._stop.clear()
+        # a sweep's only: a single run does not import tqdm (and importlib.metadata with it)
+        from tqdm import tqdm
+
         bar = tqdm(
             total=total,
             desc=f"sweep {sweep_dir}",

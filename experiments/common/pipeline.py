@@ -243,7 +243,7 @@ def write_run(
     replaced only once the new ones are whole (`replace_run`)."""
 
     def files(tmp: Path) -> None:
-        result.trace.to_parquet(tmp / "trace.parquet", index=False)
+        write_trace_parquet(result.trace, tmp / "trace.parquet")
         if chrome:
             write_chrome(
                 tmp / "trace.json",
@@ -258,6 +258,15 @@ def write_run(
             (tmp / name).write_text(text)
 
     replace_run(Path(out_dir), result.summary, files)
+
+
+def write_trace_parquet(trace: pd.DataFrame, path: Path) -> None:
+    """trace.parquet: dictionary-encoded where the frame's column is categorical (stream, kind
+    ...) and plain elsewhere. pyarrow's default tries a dictionary on every column, which for
+    ids and times of distinct values only costs: half the write's time, and a larger file. The
+    frame read back is the same."""
+    cats = [c for c in trace.columns if isinstance(trace[c].dtype, pd.CategoricalDtype)]
+    trace.to_parquet(path, index=False, use_dictionary=cats)
 
 
 PREVIOUS = ".previous"  # in a run dir: the earlier result while a new one moves in

@@ -29,7 +29,7 @@ from core.schedule import (
 )
 from core.spec import Workload
 from core.trace import TRACE_COLUMNS, _heads_tails, make_trace, peak_bytes, work_s
-from core.types import OpKind, Resource, Tier
+from core.types import OpKind, Resource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names
 from tests.conftest import RESIDENT, hardware_from_conf, model_from_conf, random_routing
@@ -570,3 +570,75 @@ def test_make_trace_gives_the_per_op_frame(runs, tmp_path):
         assert (tmp_path / f"new{i}.parquet").read_bytes() == (
             tmp_path / f"ref{i}.parquet"
         ).read_bytes()
+
+
+def test_expert_chain_emits_what_expert_calls_would():
+    """Emitter.expert_chain (one call per batch, rows through ScheduleBuilder.extend) gives the
+    ops that Emitter.expert, once per chosen expert, gives: fields, types and deps (a resident
+    expert's load None, the first op with no op before, experts without tokens skipped)."""
+    from core.cost import CostModel
+    from core.planner import PlanContext
+    from core.routing import CausalRouting
+    from core.schedule import ScheduleBuilder
+    from planners.common import Emitter, standard_placement
+
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    routing = random_routing(model, wl)
+    layer = model.moe_layers[0]
+
+    def emitter() -> tuple[Emitter, ScheduleBuilder, list[int | None]]:
+        causal = CausalRouting.replay(routing, wl)
+        ctx = PlanContext(model, hw, wl, causal, CostModel(hw))
+        b = ScheduleBuilder(hw.memory_bytes)
+        em = Emitter(
+            ctx, b, standard_placement(ctx, kv_sequences=wl.n_sequences, layers_in_flight=2)
+        )
+        gates = [em.gate(0, layer, k, (), last_batch=False)[0] for k in range(2)]
+        # the loads' ops (tiny's experts are resident: any op ids stand for them here), and a
+        # resident expert's None
+        loads: list[int | None] = [gates[e % 2] for e in range(model.n_experts)]
+        loads[2] = None
+        return em, b, loads
+
+    counts = [3, 0, 2, 5][: model.n_experts]  # expert 1 gets no tokens
+    for last, extra in ((None, ()), (0, (1, 2))):
+        em, ref, loads = emitter()
+        prev = last
+        for e, count in enumerate(counts):
+            if count:
+                prev = em.expert(0, layer, 1, e, count, (loads[e], prev, *extra), last_use=False)
+        em, new, loads = emitter()
+        ids = em.expert_chain(0, layer, 1, counts, dict(enumerate(loads)), last, extra)
+        assert list(ids) == list(range(len(new.ops) - len(ids), len(new.ops)))
+        assert new.ops == ref.ops and loads[0] is not None
+        first = next(o for o in ref.ops if o.kind == OpKind.EXPERT)
+        assert first == Op(
+            first.id,
+            OpKind.EXPERT,
+            em.compute,
+            layer=layer,
+            batch=1,
+            expert=0,
+            tensor=Tensor.EXPERT,
+            tokens=3,
+            flops=model.expert_flops(3),
+            touch_bytes=model.expert_bytes,
+            deps=tuple(
+                d for d in (loads[0], last, *extra, em.gate_ops[0, layer][1]) if d is not None
+            ),
+        )
+        assert [tuple(map(type, o)) for o in new.ops] == [tuple(map(type, o)) for o in ref.ops]
+
+
+def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
+    """write_trace_parquet (dictionaries only for categorical columns) gives back the frame
+    pandas' default writer gives back, dtypes and categories included."""
+    from experiments.common.pipeline import write_trace_parquet
+
+    for i, (_, trace) in enumerate(runs):
+        write_trace_parquet(trace, tmp_path / f"new{i}.parquet")
+        trace.to_parquet(tmp_path / f"ref{i}.parquet", index=False)
+        new, ref = (pd.read_parquet(tmp_path / f"{w}{i}.parquet") for w in ("new", "ref"))
+        pd.testing.assert_frame_equal(new, ref, check_exact=True, check_categorical=True)
+        pd.testing.assert_frame_equal(new, trace, check_exact=True, check_categorical=True)

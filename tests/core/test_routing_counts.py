@@ -31,9 +31,47 @@ def test_counts_by_hand():
             assert np.bincount(ids_b.ravel(), minlength=3).tolist() == counts[step, 0, b].tolist()
 
 
+@pytest.mark.parametrize("block", [1, 5, 1 << 30])
+def test_counts_in_blocks_of_any_size_are_one_count(block, monkeypatch):
+    """Routing.counts over blocks of batches (COUNT_BLOCK ids: one batch, a few, all) gives
+    the per-batch bincounts of batch_ids."""
+    import core.routing
+
+    monkeypatch.setattr(core.routing, "COUNT_BLOCK", block)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, (6, 7, 3, 2)).astype(np.int16)  # [S, P, L, k]
+    routing = Routing(ids, np.ones(ids.shape, np.float32), 5, "random")
+    wl = Workload(batch_size=2, n_batches=3, prompt_len=4, gen_len=3, routing=RoutingConfig())
+    counts = routing.counts(wl)
+    for step in range(wl.n_steps):
+        for layer in range(3):
+            for b in range(3):
+                want = np.bincount(routing.batch_ids(step, layer, b, wl).ravel(), minlength=5)
+                assert counts[step, layer, b].tolist() == want.tolist()
+
+
 @pytest.mark.parametrize(
     "name", sorted(p.stem for p in (ROOT / "conf" / "hardware").glob("*.yaml"))
 )
 def test_hardware_profile_names_its_sources(name):
     sources = conf("hardware", name).get("sources") or {}
     assert sources and all(isinstance(v, str) and v.strip() for v in sources.values())
+
+
+def test_a_replayed_gate_shows_the_batch_s_ids_when_read():
+    """CausalRouting.replay's views make their ids when first read: the batch's batch_ids, and
+    counts equal to their bincount."""
+    from core.routing import CausalRouting
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 5, (4, 6, 2, 2)).astype(np.int16)  # [S, P, L, k]
+    routing = Routing(ids, np.ones(ids.shape, np.float32), 5, "random")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=3, gen_len=3, routing=RoutingConfig())
+    causal = CausalRouting.replay(routing, wl)
+    for step in range(wl.n_steps):
+        for layer in range(2):
+            for b in range(2):
+                view = causal.at_gate(0, step, layer, b)
+                want = routing.batch_ids(step, layer, b, wl)
+                assert np.array_equal(view.ids, want) and view.ids is view.ids
+                assert view.counts.tolist() == np.bincount(want.ravel(), minlength=5).tolist()

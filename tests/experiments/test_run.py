@@ -498,3 +498,30 @@ def test_run_dir_names_stay_folder_names():
     long = ",".join(f"planner.params.p{i}={i}" for i in range(30))
     a, b = run_dir_name(long), run_dir_name(long + "1")
     assert len(a) == len(b) == RUN_DIR_CHARS and a != b
+
+
+def test_hydra_mode_is_read_without_composing_only_where_nothing_sets_it(tmp_path, run_in):
+    """`mode_unset` skips hydra's composition for `hydra.mode` only where no override and no
+    config file could set it; `hydra.mode=MULTIRUN` still makes a plain run a sweep."""
+    from hydra._internal.hydra import Hydra
+
+    from experiments.common.app import mode_unset
+    from experiments.common.hydra_errors import CONF_DIR
+
+    composed = Hydra.get_mode
+    with mode_unset(["model=tiny"], [CONF_DIR]):  # "model" is no mode
+        assert Hydra.get_mode is not composed
+        assert Hydra.get_mode(None, "config", []) is None  # type: ignore[arg-type]
+    assert Hydra.get_mode is composed
+    for other in (["hydra.mode=MULTIRUN"], ["-cd", "elsewhere"], ["hydra.searchpath=[x]"]):
+        with mode_unset(other, [CONF_DIR]):
+            assert Hydra.get_mode is composed
+    (tmp_path / "mine.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
+    with mode_unset([], [CONF_DIR, tmp_path]):
+        assert Hydra.get_mode is composed
+    r = run_in(
+        [*TINY, "planner=flexgen", "hydra.mode=MULTIRUN", "hydra.launcher.n_jobs=1"], tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "sweep").rglob("summary.json"))) == 1
+    assert not (tmp_path / "run" / "summary.json").exists()
