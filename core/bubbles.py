@@ -35,6 +35,9 @@ def _gpu_of(schedule: Schedule) -> dict[str, int]:
     }
 
 
+_BLOCK = 1 << 17  # ops per block of `_Chain._best_pred`
+
+
 def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     """Seconds each cause kept the GPUs idle, the mean over the GPUs (largest first); they add up
     to the time no kernel ran, the run's `gpu_bubble_s`.
@@ -112,35 +115,49 @@ class _Chain:
             k, t = divmod(rest, len(tensors))
             names.append(_label_of(kinds[k], tensors[t], stream_res[st]))
         # per op an index into these names: the walk reads a few thousand ops' names, so they
-        # are looked up as it goes, not made for every op
-        self.labels, self.label_of = names, inverse.ravel().tolist()
-        self.resources, self.resource_of = stream_res, sid.tolist()
+        # are looked up as it goes, not made for every op. Per-op values stay numpy arrays (a
+        # Python list of a million ints holds 36 MB of boxed ints; the walk reads few of them)
+        self.labels, self.label_of = names, inverse.ravel()
+        self.resources, self.resource_of = stream_res, sid
         self.tiers = [*tiers, ""]  # -1: allocates nothing
         takes = (cols["alloc_tier"] >= 0) & (cols["alloc_bytes"] > 0)
-        self.tier_of = np.where(takes, cols["alloc_tier"], -1).tolist()
+        self.tier_of = np.where(takes, cols["alloc_tier"], -1)
         # of its predecessors that ran (deps, the op before on the same stream, the op that held
         # the same resource before it: a stream's transfer queued behind another stream's), the
         # first that ended last: the one the walk steps back to (-1: none)
         self.best_pred = self._best_pred(schedule, cols)
         self.out: defaultdict[str, float] = defaultdict(float)
 
-    def _best_pred(self, schedule: Schedule, cols: dict[str, np.ndarray]) -> list[int]:
+    def _best_pred(self, schedule: Schedule, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Per op, the first of [*deps, the op before on its stream, the op that held its
         resource before it] that ran, ended last among them (-1: none ran)."""
         n = len(schedule.ops)
-        ptr, deps = cols["dep_ptr"], cols["dep_idx"]
         prev = np.full(n, -1)
         sid = cols["stream"]
         order = np.argsort(sid, kind="stable")  # each stream's ops in op order
         same = sid[order[1:]] == sid[order[:-1]]
         prev[order[1:][same]] = order[:-1][same]
-        held = np.asarray(self._held_before(schedule))
-        # each op's candidates in list order: its deps, then prev, then held (int32: the arrays
-        # are as long as the deps, a run's largest)
+        held = self._held_before(schedule)
+        out = np.full(n, -1)
+        # a block of ops at a time: the candidate arrays are as long as the deps, a run's
+        # largest, and several of them at once were most of a summary's peak memory
+        for lo in range(0, n, _BLOCK):
+            hi = min(lo + _BLOCK, n)
+            out[lo:hi] = self._best_of(cols, lo, hi, prev[lo:hi], held[lo:hi])
+        return out
+
+    def _best_of(
+        self, cols: dict[str, np.ndarray], lo: int, hi: int, prev: np.ndarray, held: np.ndarray
+    ) -> np.ndarray:
+        """`_best_pred` of ops lo..hi-1."""
+        ptr = cols["dep_ptr"][lo : hi + 1]
+        deps = cols["dep_idx"][ptr[0] : ptr[-1]]
+        m = hi - lo
+        # each op's candidates in list order: its deps, then prev, then held (int32)
         counts = np.diff(ptr) + 2
         start = np.r_[0, np.cumsum(counts)[:-1]]
         cand = np.empty(int(counts.sum()), np.int32)
-        cand[np.arange(len(deps)) + 2 * np.repeat(np.arange(n), counts - 2)] = deps
+        cand[np.arange(len(deps)) + 2 * np.repeat(np.arange(m), counts - 2)] = deps
         cand[start + counts - 2] = prev
         cand[start + counts - 1] = held
         end = self.end
@@ -151,11 +168,11 @@ class _Chain:
         del val
         seg = np.searchsorted(start, hit, "right") - 1  # the op each hit is a candidate of
         first = np.r_[True, seg[1:] != seg[:-1]] if len(hit) else np.zeros(0, bool)
-        out = np.full(n, -1)
+        out = np.full(m, -1)
         out[seg[first]] = cand[hit[first]]
-        return out.tolist()
+        return out
 
-    def _held_before(self, schedule: Schedule) -> list[int]:
+    def _held_before(self, schedule: Schedule) -> np.ndarray:
         """Per op, the op that ran on its resource just before it (-1: none), where the resource
         runs one op at a time (not a pool's, whose ops share it)."""
         held = np.full(len(schedule.ops), -1)
@@ -169,7 +186,7 @@ class _Chain:
             ids = np.flatnonzero(ok & (rid == r))
             ids = ids[np.lexsort((self.end[ids], self.start[ids]))]  # zero-length ops first
             held[ids[1:]] = ids[:-1]
-        return held.tolist()
+        return held
 
     def walk(self, x: int, a: float, t: float, waiting: bool) -> None:
         """Lay idle time [a, t) on the chain that ends at op x: at x's kernel start where x
@@ -185,7 +202,7 @@ class _Chain:
             t = min(t, s)
             if t <= a + _EPS:
                 return
-            p = self.best_pred[x]
+            p = int(self.best_pred[x])
             if p < 0:
                 self.out["late@" + self.resources[self.resource_of[x]]] += t - a
                 return

@@ -413,6 +413,19 @@ def test_every_run_summarises_as_the_references_do(runs):
             assert np.array_equal(new, ref)
 
 
+def test_bubble_walk_in_small_blocks_equals_the_reference(runs, monkeypatch):
+    """The predecessor search runs a block of ops at a time (memory); blocks of 7 ops, which cut
+    every op's candidates at arbitrary places, give the reference's causes."""
+    import core.bubbles
+
+    monkeypatch.setattr(core.bubbles, "_BLOCK", 7)
+    for seed, (schedule, trace) in enumerate(runs):
+        s = fresh(schedule)
+        tr = jittered(s, trace, seed, 0.1)
+        assert idle_causes(s, trace) == ref_idle_causes(s, trace)
+        assert idle_causes(s, tr) == ref_idle_causes(s, tr)
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
