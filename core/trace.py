@@ -31,6 +31,7 @@ TRACE_COLUMNS = [
     "layer",
     "batch",
     "micro",  # micro-batch of the batch (two-batch overlap), -1: the whole batch
+    "batches",  # consecutive batches the op covers from `batch` (one attention over several)
     "expert",
     "tensor",
     "bytes",
@@ -78,6 +79,7 @@ def make_trace(
         "layer": sc["layer"].astype(np.int32),
         "batch": sc["batch"].astype(np.int32),
         "micro": sc["micro"].astype(np.int32),
+        "batches": sc["batches"].astype(np.int32),
         "expert": sc["expert"].astype(np.int32),
         "tensor": _categorical(sc["tensor"], [str(t) for t in Tensor]),
         "bytes": sc["nbytes"].astype(np.int64),
@@ -125,7 +127,7 @@ def read_trace(path: Path) -> pd.DataFrame:
 
 # what every reader of a trace uses (a trace of older code may lack later columns)
 _REQUIRED = ("source", "op_id", "kind", "stream", "resource", "start_s", "end_s")
-_NUMERIC = ("op_id", "step", "layer", "batch", "micro", "expert", "bytes", "tokens",
+_NUMERIC = ("op_id", "step", "layer", "batch", "micro", "batches", "expert", "bytes", "tokens",
             "start_s", "end_s", "sm_s", "launch_s", "alloc_s")  # fmt: skip
 
 
