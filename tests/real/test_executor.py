@@ -560,3 +560,18 @@ def test_attention_over_several_batches_matches_in_memory_forward(
     merged = trace[trace["batches"] > 1]
     assert len(merged) == len(spans) and set(merged["kind"]) == {str(OpKind.ATTENTION)}
     assert out.fallback_loads == 0
+
+
+def test_consecutive_batch_caches_are_one_view_else_none():
+    """A span's caches are one view only where they are the next rows of one tensor each."""
+    from real.ops import _consecutive
+
+    group = (torch.arange(6 * 2 * 3.0).view(6, 2, 3, 1), torch.zeros(6, 2, 3, 1))
+    caches = [tuple(t[k * 2 : (k + 1) * 2] for t in group) for k in range(3)]
+    whole = _consecutive(caches[1:])
+    assert whole is not None and torch.equal(whole[0], group[0][2:6])
+    whole[1][0, 0, 0, 0] = 7.0  # a view: writes land in the batches' caches
+    assert caches[1][1][0, 0, 0, 0] == 7.0
+    assert _consecutive([caches[0], caches[2]]) is None  # not adjacent
+    apart = tuple(t.clone() for t in caches[1])
+    assert _consecutive([caches[0], apart]) is None  # made apart
