@@ -576,20 +576,20 @@ class OpSemantics:
 
 def _consecutive(caches: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
     """The caches of consecutive batches (each a tuple of [b, Hkv, M, D] tensors) as one tuple
-    of [n*b, Hkv, M, D] views, where each is the next rows of one tensor (`_group_kv`); None
-    where they are not."""
+    of [n*b, Hkv, M, D] views, where each batch's tensor is the next rows of the same storage
+    (`_group_kv`); None where they are not."""
     out = []
     for parts in zip(*caches, strict=True):
-        first, base = parts[0], parts[0]._base
-        if base is None or any(t._base is not base for t in parts):
-            return None
-        rows, step = first.shape[0], first.stride(0)
+        first = parts[0]
+        rows, stride = first.shape[0], first.stride()
+        storage = first.untyped_storage().data_ptr()
         if any(
-            t.storage_offset() != first.storage_offset() + i * rows * step
+            t.untyped_storage().data_ptr() != storage
             or t.shape != first.shape
+            or t.stride() != stride
+            or t.storage_offset() != first.storage_offset() + i * rows * stride[0]
             for i, t in enumerate(parts)
         ):
             return None
-        start = (first.storage_offset() - base.storage_offset()) // base.stride(0)
-        out.append(base[start : start + rows * len(parts)])
+        out.append(first.as_strided((rows * len(parts), *first.shape[1:]), stride))
     return tuple(out)
