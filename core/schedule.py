@@ -55,6 +55,9 @@ class Op(NamedTuple):
     free_tier: Tier | None = None  # memory released when the op ends ...
     free_bytes: int = 0  # ... this many bytes
     deps: tuple[int, ...] = ()  # ops that must be done before this one starts
+    # consecutive batches a dense compute op covers: batch .. batch + batches - 1 (one attention
+    # call over several batches of a group: their weights read once); 1 = the batch alone
+    batches: int = 1
 
     def label(self) -> str:
         parts = [f"op {self.id} {self.kind}"]
@@ -64,6 +67,8 @@ class Op(NamedTuple):
             v = getattr(self, name)
             if v != _ANY:
                 parts.append(f"{name}={v}")
+                if name == "batch" and self.batches > 1:
+                    parts[-1] += f"..{v + self.batches - 1}"
         return " ".join(parts) + f" on {self.stream}"
 
 
@@ -160,6 +165,7 @@ class Schedule:
             "batch": ints("batch", np.int32),
             "micro": ints("micro", np.int32),
             "expert": ints("expert", np.int32),
+            "batches": ints("batches", np.int32),
             "dep_ptr": np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))],
             "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int32),  # ids < 2**31
         }
@@ -227,6 +233,7 @@ class ScheduleBuilder:
         alloc_bytes: Any = 0,
         free_tier: Any = None,
         free_bytes: Any = 0,
+        batches: Any = 1,
     ) -> int:
         """Append an op (fields and defaults: `Op`'s, in its order: a test checks they agree;
         typed Any as planners pass memory effects as `dict[str, object]`).
@@ -258,6 +265,7 @@ class ScheduleBuilder:
                 free_tier,
                 free_bytes,
                 tuple(filter(_is_op, deps)),
+                batches,
             ),
         )
         ops.append(op)
@@ -267,8 +275,8 @@ class ScheduleBuilder:
 
     def append(self, fields: tuple[Any, ...]) -> int:
         """`add` for a planner's hottest op: `fields` are the Op's after `id`, in `Op`'s order,
-        all of them, deps last and already op ids (no None). Tests check that an op appended
-        equals the one `add` makes."""
+        all of them (deps already op ids, no None; `batches` last). Tests check that an op
+        appended equals the one `add` makes."""
         ops = self.ops
         i = len(ops)
         op = _new_op(Op, (i, *fields))
@@ -328,6 +336,7 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
                 f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
                 f"only {room / 1e9:.3f} GB is not resident"
             )
+    _check_spans(ops, cols)
     _check_gates(schedule, cols, owner)
     if check_finishes:
         _check_finishes(schedule)
@@ -404,6 +413,24 @@ def _first_of_each_shape(
         if problem:
             raise ScheduleError(f"{op.label()}: {problem}")
     return first
+
+
+def _check_spans(ops: list[Op], cols: dict[str, np.ndarray]) -> None:
+    """An op covers at least one batch; only an attention of one batch (not an expert op over
+    all of them, nor a micro-batch's) may cover several consecutive ones."""
+    spans = cols["batches"]
+    bad = spans < 1
+    bad |= (spans > 1) & (
+        (cols["kind"] != list(OpKind).index(OpKind.ATTENTION))
+        | (cols["batch"] < 0)
+        | (cols["micro"] != _ANY)
+    )
+    if bad.any():
+        op = ops[int(np.argmax(bad))]
+        raise ScheduleError(
+            f"{op.label()}: covers {op.batches} batches; an op covers >= 1, and only an "
+            "attention over whole batches (batch >= 0, no micro-batch) covers several"
+        )
 
 
 def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarray) -> None:

@@ -31,6 +31,7 @@ TRACE_COLUMNS = [
     "layer",
     "batch",
     "micro",  # micro-batch of the batch (two-batch overlap), -1: the whole batch
+    "batches",  # consecutive batches the op covers from `batch` (one attention over several)
     "expert",
     "tensor",
     "bytes",
@@ -78,6 +79,7 @@ def make_trace(
         "layer": sc["layer"].astype(np.int32),
         "batch": sc["batch"].astype(np.int32),
         "micro": sc["micro"].astype(np.int32),
+        "batches": sc["batches"].astype(np.int32),
         "expert": sc["expert"].astype(np.int32),
         "tensor": _categorical(sc["tensor"], [str(t) for t in Tensor]),
         "bytes": sc["nbytes"].astype(np.int64),
@@ -131,6 +133,7 @@ _NUMERIC = (
     "layer",
     "batch",
     "micro",
+    "batches",
     "expert",
     "bytes",
     "tokens",

@@ -183,18 +183,31 @@ class Emitter:
         )
 
     def attention(
-        self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        deps: tuple[int | None, ...],
+        last_batch: bool,
+        batches: int = 1,
     ) -> int:
+        """Attention of `batches` consecutive batches from `batch` in one op: the layer's
+        weights read once, each batch's KV read (several only where the layer's KV stays on the
+        GPU: an offloaded cache is loaded and stored batch by batch)."""
         wl, m = self.ctx.workload, self.model
-        tokens = self.bs * wl.step_tokens(step)
+        assert batches == 1 or not self.kv_offloaded(layer), "a span of batches needs GPU KV"
+        seqs = self.bs * batches
+        tokens = seqs * wl.step_tokens(step)
         context = (wl.prompt_len + 1) / 2 if step == 0 else wl.step_context(step)
-        kv_read = int(self.bs * wl.step_context(step) * m.kv_bytes_per_token)
+        kv_read = int(seqs * wl.step_context(step) * m.kv_bytes_per_token)
         extra: dict[str, object] = {}
         if step == 0 and self.kv_offloaded(layer):  # the new KV is built in a GPU buffer
             extra = dict(
                 alloc_tier=Tier.GPU, alloc_bytes=self.bs * wl.prompt_len * m.kv_bytes_per_token
             )
         extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
+        if batches != 1:
+            extra["batches"] = batches
         return self.out.add(
             OpKind.ATTENTION,
             self.compute,
@@ -204,7 +217,7 @@ class Emitter:
             batch=batch,
             tensor=Tensor.ATTENTION,
             tokens=tokens,
-            flops=m.attention_flops(tokens, int(context), sequences=self.bs),
+            flops=m.attention_flops(tokens, int(context), sequences=seqs),
             touch_bytes=m.attn_bytes + kv_read,
             **extra,
         )
@@ -372,6 +385,7 @@ class Emitter:
                 free_tier,
                 free_bytes,
                 tuple(filter(_is_op, deps)),
+                1,  # batches: its own
             )
         )
 
@@ -405,7 +419,7 @@ class Emitter:
                     deps = tuple(filter(_is_op, (load, last, *tail)))
                 else:
                     deps = (load, last, *tail)
-                rows.append((*head, e, -1, Tensor.EXPERT, 0, count, flops * count, *rest, deps))
+                rows.append((*head, e, -1, Tensor.EXPERT, 0, count, flops * count, *rest, deps, 1))
                 last = i
                 i += 1
         out.extend(rows)

@@ -2,7 +2,8 @@
 
 Per step and layer, over a group of n batches:
 1. attention, batch by batch (KV of batch k+1 loads while k computes; k's new KV is stored
-   behind it); meanwhile the weight stream prefetches the gate and the K predicted hot experts
+   behind it), or, with `attn_batches`, over several batches per op where the KV stays on the
+   GPU; meanwhile the weight stream prefetches the gate and the K predicted hot experts
    (`hot_prefetch`; else the whole MoE layer, FlexGen-style);
 2. gates, batch by batch, once everything the weight stream prefetched for the layer is in
    (Algorithm 1 syncs the weight stream at each layer boundary); after each gate, its selected
@@ -58,18 +59,32 @@ class KlotskiParams:
     # without that window (CPU memory too small): experts ranked next after the K hot ones, read
     # from disk before the gates so the disk does not wait on them (dropped if no gate chose them)
     disk_speculate: int = 1
+    # attention over consecutive batches in one op, where a layer's KV stays on the GPU (an
+    # offloaded KV is loaded and stored batch by batch): 1 = batch by batch (the paper's loop),
+    # k > 1 = spans of k batches at every step, 0 = the planner chooses: the whole group at
+    # decode steps where its working set fits the activation room the placement reserves,
+    # batch by batch at prefill (a batch's P tokens per sequence already share the weight read)
+    attn_batches: int = 1
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ConfigError(
                 f"planner klotski: predictor {self.predictor!r}; valid: {', '.join(PREDICTORS)}"
             )
-        least = {"n": -1, "hot_k": 0, "warmup_sequences": 1, "disk_window": 1, "disk_speculate": 0}
+        least = {
+            "n": -1,
+            "hot_k": 0,
+            "warmup_sequences": 1,
+            "disk_window": 1,
+            "disk_speculate": 0,
+            "attn_batches": 0,
+        }
         for name, low in least.items():
             if getattr(self, name) < low:
                 raise ConfigError(
                     f"planner klotski: {name}={getattr(self, name)} must be >= {low}"
                     + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
+                    + (" (1 = batch by batch, 0 = auto)" if name == "attn_batches" else "")
                 )
 
 
@@ -201,10 +216,13 @@ class Klotski(Planner):
             )
             ffn_load = em.load(Tensor.FFN, step, layer)
             attn_last = None
-            for k in range(n):  # attention phase
+            for k, span in self._attn_spans(step, layer):  # attention phase
                 kv = kv_next
-                kv_next = em.kv_load(step, layer, k + 1, deps=(attn_last,)) if k + 1 < n else None
-                last = em.attention(step, layer, k, (attn_load, kv, last), last_batch=k == n - 1)
+                nk = k + span  # the next span's first batch
+                kv_next = em.kv_load(step, layer, nk, deps=(attn_last,)) if nk < n else None
+                last = em.attention(
+                    step, layer, k, (attn_load, kv, last), last_batch=nk == n, batches=span
+                )
                 attn_last = last
                 em.kv_store(step, layer, k, last)
             if moe is not None:
@@ -224,6 +242,24 @@ class Klotski(Planner):
         for k in range(n):
             last = em.head(step, k, (head_load, last), last_batch=k == n - 1)
         self.last = last
+
+    def _attn_spans(self, step: int, layer: int) -> list[tuple[int, int]]:
+        """(first batch, batches) of each attention op of the layer, in batch order."""
+        em, n, k = self.em, self.n, self.params.attn_batches
+        if k == 0:
+            k = n if step > 0 and self._group_attention_fits(step) else 1
+        if k == 1 or em.kv_offloaded(layer):
+            return [(b, 1) for b in range(n)]
+        return [(b, min(k, n - b)) for b in range(0, n, k)]
+
+    def _group_attention_fits(self, step: int) -> bool:
+        """Does one decode attention over the whole group fit the activation room the placement
+        reserves (`placement_for`: 3 hidden states of the group's prompts)? Its working set: q, k,
+        v and the output of each sequence's new token, and its scores over the context."""
+        m, wl = self.em.model, self.em.ctx.workload
+        per_token = 3 * m.hidden_size + m.n_heads * wl.step_context(step)
+        need = wl.n_sequences * wl.step_tokens(step) * per_token * m.dtype_bytes
+        return need <= 3 * wl.n_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
 
     # ---- MoE layer ----------------------------------------------------------------------------
     def _prefetch_moe(

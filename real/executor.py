@@ -296,7 +296,8 @@ class Executor(OpSemantics):
             return
         if dense:
             per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)
-            n = op.tokens // per if op.tokens else self.wl.batch_size
+            # an attention over several batches covers each of them whole
+            n = op.tokens // per // op.batches if op.tokens else self.wl.batch_size
             key: tuple[object, ...] = (op.kind, op.step, op.layer, op.batch)
         elif op.kind == OpKind.EXPERT:
             n, key = op.tokens, (op.kind, op.step, op.layer, op.batch, op.micro, op.expert)

@@ -134,6 +134,9 @@ class OpSemantics:
             self._expert(op, w)
             return
         assert op.batch >= 0, f"{op.label()}: only experts may run over all batches"
+        if op.batches > 1:
+            self._attention_span(op, w)
+            return
         bst = self._batches[op.batch]
         if op.kind == OpKind.GATE:
             self._gate(op, bst, w)
@@ -181,6 +184,48 @@ class OpSemantics:
             bst.logits[s0:s1] = logits
             self._note_finite(op.step, s.n_layers, 0, op.batch, "logits", logits)
             bst.tokens[s0:s1, op.step] = logits.argmax(-1)
+
+    def _attention_span(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
+        """One attention call over the whole batches op.batch .. op.batch + op.batches - 1: the
+        layer's weights are read once for all of them. Their hidden rows are gathered (b
+        sequences x S tokens each, small at decode); their device caches are consecutive slices
+        of the group's cache of the layer (`_kv_dev`), so the call reads and writes them in
+        place. Where they are not (a cache some other op made apart), batch by batch."""
+        m, bs = self.model, self.wl.batch_size
+        if op.kind != OpKind.ATTENTION or op.micro >= 0 or self.peers is not None:
+            raise ScheduleError(
+                f"{op.label()}: only an attention over whole batches, in one process, may span "
+                "several batches"
+            )
+        if op.batch + op.batches > self.wl.n_batches:
+            raise ScheduleError(
+                f"{op.label()}: spans past the group's last batch {self.wl.n_batches - 1}"
+            )
+        assert self._range[op.id] == (0, bs), f"{op.label()}: a span covers whole batches"
+        batches = range(op.batch, op.batch + op.batches)
+        hs = []  # [b, S, H] each
+        for b in batches:
+            bst = self._batches[b]
+            h = self._hidden(bst, op.step)
+            if op.layer == 0:
+                tokens_in = bst.prompt if op.step == 0 else bst.tokens[:, op.step - 1 : op.step]
+                h[:] = m.embed(self._resident[Unit(Tensor.EMBED)], tokens_in)
+            self._finish_moe(bst, h, 0, bs, op.micro, op.step)
+            hs.append(h)
+        caches = [self._kv_dev(self._batches[b], op) for b in batches]
+        whole = _consecutive(caches)  # [n*b, Hkv, M, D] each, or None
+        pos = self._positions(op.step)
+        if whole is None:
+            for h, own in zip(hs, caches, strict=True):
+                kv = KVCache(tuple(own if i == op.layer else () for i in range(m.spec.n_layers)))
+                h[:] = m.attention(op.layer, w, h, kv, pos)
+        else:
+            kv = KVCache(tuple(whole if i == op.layer else () for i in range(m.spec.n_layers)))
+            y = m.attention(op.layer, w, torch.cat(hs), kv, pos)  # [n*b, S, H]
+            for i, h in enumerate(hs):
+                h[:] = y[i * bs : (i + 1) * bs]
+        for b, h in zip(batches, hs, strict=True):
+            self._note_finite(op.step, op.layer, 0, b, "attention", h)
 
     def _hidden(self, bst: _BatchState, step: int) -> torch.Tensor:
         """The batch's hidden state buffer for `step` (fresh at a new step; two steps before it
@@ -495,13 +540,30 @@ class OpSemantics:
                     length = p + op.step
                 elif op.kind == OpKind.ATTENTION and op.alloc_tier == Tier.GPU:
                     length = p  # an offloaded layer's prefill
-                else:
-                    length = p + self.wl.gen_len
+                else:  # kept on the device: one cache for the group, a slice per batch
+                    return self._group_kv(bst, op.layer)
                 kv = bst.kv_dev[op.layer] = tuple(
                     torch.empty((*shape[:2], length, *shape[3:]), dtype=dtype, device=self.device)
                     for shape, dtype in self._kv_shapes
                 )
             return kv
+
+    def _group_kv(self, bst: _BatchState, layer: int) -> tuple[torch.Tensor, ...]:
+        """(holding `_refs_lock`) The device cache of `layer` for every batch of the group
+        still without one, made at once as one tensor per cache tensor, [n*b, Hkv, M, D], each
+        batch's cache its rows [k*b, (k+1)*b): consecutive batches' caches are then one slice
+        of it, which an attention over several batches reads and writes in place."""
+        n, bs, length = self.wl.n_batches, self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len
+        group = tuple(
+            torch.empty((n * bs, *shape[1:2], length, *shape[3:]), dtype=dtype, device=self.device)
+            for shape, dtype in self._kv_shapes
+        )
+        for k, other in enumerate(self._batches):
+            if other.kv_dev[layer] is None:
+                other.kv_dev[layer] = tuple(t[k * bs : (k + 1) * bs] for t in group)
+        kv = bst.kv_dev[layer]
+        assert kv is not None
+        return kv
 
     def _ensure_host_kv(self, batch: int) -> None:
         bst = self._batches[batch]
@@ -531,3 +593,24 @@ class OpSemantics:
                 for row in layout
             )
         )
+
+
+def _consecutive(caches: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
+    """The caches of consecutive batches (each a tuple of [b, Hkv, M, D] tensors) as one tuple
+    of [n*b, Hkv, M, D] views, where each batch's tensor is the next rows of the same storage
+    (`_group_kv`); None where they are not."""
+    out = []
+    for parts in zip(*caches, strict=True):
+        first = parts[0]
+        rows, stride = first.shape[0], first.stride()
+        storage = first.untyped_storage().data_ptr()
+        if any(
+            t.untyped_storage().data_ptr() != storage
+            or t.shape != first.shape
+            or t.stride() != stride
+            or t.storage_offset() != first.storage_offset() + i * rows * stride[0]
+            for i, t in enumerate(parts)
+        ):
+            return None
+        out.append(first.as_strided((rows * len(parts), *first.shape[1:]), stride))
+    return tuple(out)

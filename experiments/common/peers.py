@@ -234,7 +234,11 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
         trace_dir=str(opts.get("trace_dir", "../shared/traces")),
     )
     wl = Workload(**sizes, routing=routing)
-    params = {"n": int(opts.get("klotski_n", -1))} if opts["planner"] == "klotski" else {}
+    params = (
+        {"n": int(opts.get("klotski_n", -1)), "attn_batches": int(opts.get("klotski_attn", 0))}
+        if opts["planner"] == "klotski"
+        else {}
+    )
     return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
 
 

@@ -187,6 +187,9 @@ class BenchAccelerateOptions:
     role: str | None = None  # set by the bench for its child processes: probe|moepipe|accelerate
     acc_batch: int = 0  # set by the bench for an accelerate child: sequences per generate call
     klotski_n: int = -1  # moepipe klotski's n: -1 = n_batches, 0 = its n-planner's choice
+    # moepipe klotski's attn_batches: 0 = its choice (one attention op over the group at decode
+    # where the KV stays on the device), 1 = batch by batch (the paper's loop), k = spans of k
+    klotski_attn: int = 0
     routing: str = "synthetic"  # moepipe's routing: synthetic | trace (ESFT replay) | auto
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/ (routing=trace|auto)
 

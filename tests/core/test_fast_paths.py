@@ -524,7 +524,7 @@ def test_builder_add_takes_ops_fields_in_order_with_their_defaults():
 
     params = inspect.signature(ScheduleBuilder.add).parameters
     kw = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert [p.name for p in kw] == list(Op._fields[3:-1])
+    assert [p.name for p in kw] == [f for f in Op._fields[3:] if f != "deps"]
     assert {p.name: p.default for p in kw} == {
         k: v for k, v in Op._field_defaults.items() if k != "deps"
     }
@@ -534,6 +534,9 @@ def test_builder_add_takes_ops_fields_in_order_with_their_defaults():
     j = b.add(OpKind.FFN, "s", (i, None))
     assert b.ops[i] == Op(0, OpKind.FFN, "s", layer=3, tokens=7, free_tier=Tier.GPU, free_bytes=5)
     assert b.ops[j] == Op(1, OpKind.FFN, "s", deps=(0,))
+    k = b.add(OpKind.ATTENTION, "s", (j,), batch=2, batches=3)
+    assert b.ops[k] == Op(2, OpKind.ATTENTION, "s", batch=2, deps=(1,), batches=3)
+    assert (b.ops[k].batches, b.ops[j].batches) == (3, 1)
     assert type(b.ops[j]) is Op and b.ops[j].deps == (0,)
 
 
@@ -552,6 +555,7 @@ def ref_make_trace(schedule: Schedule, start_s: np.ndarray, end_s: np.ndarray) -
         "layer": np.fromiter((o.layer for o in ops), np.int32, len(ops)),
         "batch": np.fromiter((o.batch for o in ops), np.int32, len(ops)),
         "micro": np.fromiter((o.micro for o in ops), np.int32, len(ops)),
+        "batches": np.fromiter((o.batches for o in ops), np.int32, len(ops)),
         "expert": np.fromiter((o.expert for o in ops), np.int32, len(ops)),
         "tensor": pd.Categorical([str(o.tensor) for o in ops]),
         "bytes": np.fromiter((o.nbytes for o in ops), np.int64, len(ops)),

@@ -190,6 +190,14 @@ def _freed_twice(b: ScheduleBuilder, gate: int) -> int:
     return b.add(OpKind.FREE, "compute", (a,), free_tier=Tier.GPU, free_bytes=GB // 2)
 
 
+def _expert_over_a_span(b: ScheduleBuilder, gate: int) -> int:
+    return b.add(OpKind.EXPERT, "compute", (gate,), layer=0, batch=0, expert=1, batches=2)
+
+
+def _attention_over_no_batch(b: ScheduleBuilder, gate: int) -> int:
+    return b.add(OpKind.ATTENTION, "compute", layer=0, batch=0, batches=0)
+
+
 CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError], list[str]]] = [
     ("dep on a later op", _dep_on_later, ScheduleError, ["must name earlier ops"]),
     ("dep on itself", _dep_on_itself, ScheduleError, ["must name earlier ops"]),
@@ -264,6 +272,18 @@ CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError]
         _freed_twice,
         ScheduleError,
         ["frees 500000000 B of gpu that no earlier op allocated"],
+    ),
+    (
+        "an expert over a span of batches",
+        _expert_over_a_span,
+        ScheduleError,
+        ["batch=0..1", "only an attention over whole batches"],
+    ),
+    (
+        "an attention over no batch",
+        _attention_over_no_batch,
+        ScheduleError,
+        ["covers 0 batches", ">= 1"],
     ),
 ]
 

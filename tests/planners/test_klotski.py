@@ -375,3 +375,75 @@ def test_klotski_plans_with_room_for_the_dense_weights_but_not_the_whole_disk_wi
     assert s["plan"]["placement"]["dense"] == "cpu"
     assert s["plan"]["placement"]["expert_layers"] == {"disk": 2}
     assert s["peak_bytes"]["cpu"] <= 400_000 and s["makespan_s"] > 0
+
+
+def test_attention_spans_merge_batches_where_kv_stays_on_the_gpu(tiny_model, tiny_hw):
+    """attn_batches: 1 (the default) is the paper's schedule op for op; 0 merges the group's
+    attention at each decode layer into one op whose tokens, flops and KV bytes are the sums
+    of its batches' and whose weights are read once; the gates stay per batch, after it."""
+    from core.schedule import validate
+
+    wl = Workload(batch_size=2, n_batches=3, prompt_len=8, gen_len=3)
+    base, _ = plan(tiny_model, tiny_hw, wl)
+    same, _ = plan(tiny_model, tiny_hw, wl, attn_batches=1)
+    assert same.ops == base.ops
+    merged, _ = plan(tiny_model, tiny_hw, wl, attn_batches=0)
+    validate(merged)
+    assert base.meta["placement"]["kv_layers"] == {"gpu": 2}  # KV stays on the GPU
+
+    def attn(s, step, layer):
+        return [
+            o for o in s.ops if o.kind == OpKind.ATTENTION and (o.step, o.layer) == (step, layer)
+        ]
+
+    per = attn(base, 0, 0)
+    assert [(o.batch, o.batches) for o in attn(merged, 0, 0)] == [(k, 1) for k in range(3)]
+    for step in (1, 2):
+        for layer in (0, 1):
+            (op,) = attn(merged, step, layer)
+            per = attn(base, step, layer)
+            assert (op.batch, op.batches) == (0, 3)
+            assert op.tokens == sum(o.tokens for o in per)
+            assert op.flops == pytest.approx(sum(o.flops for o in per))
+            kv = sum(o.touch_bytes - tiny_model.attn_bytes for o in per)
+            assert op.touch_bytes == tiny_model.attn_bytes + kv
+            gates = [
+                o
+                for o in merged.ops
+                if o.kind == OpKind.GATE and (o.step, o.layer) == (step, layer)
+            ]
+            assert [g.batch for g in gates] == [0, 1, 2] and op.id in gates[0].deps
+    assert len(base.ops) - len(merged.ops) == 2 * 2 * 2  # (n - 1) ops per decode layer
+    # the simulator prices the merged op from its sums: less time (per-op overhead once)
+    a = simulate_run(RunSpec(tiny_model, streamed(tiny_hw), wl, "klotski", {"n": -1})).summary
+    b = simulate_run(
+        RunSpec(tiny_model, streamed(tiny_hw), wl, "klotski", {"n": -1, "attn_batches": 0})
+    ).summary
+    assert b["ops"] == a["ops"] - 8
+    assert b["makespan_s"] <= a["makespan_s"]
+    # pairs at every step: the last span of the odd group is one batch
+    pairs, _ = plan(tiny_model, tiny_hw, wl, attn_batches=2)
+    assert [(o.batch, o.batches) for o in attn(pairs, 0, 1)] == [(0, 2), (2, 1)]
+
+
+def test_attention_spans_keep_an_offloaded_kv_batch_by_batch(tiny_model, tiny_hw):
+    """Where a layer's KV is offloaded (loaded and stored per batch), its attention stays batch
+    by batch; the layer whose KV stays on the GPU merges at decode."""
+    from core.types import Tier
+
+    wl = Workload(batch_size=2, n_batches=3, prompt_len=8, gen_len=8)
+    hw = replace(tiny_hw, memory_bytes={**tiny_hw.memory_bytes, Tier.GPU: 300_000})
+    s = build_schedule(
+        RunSpec(tiny_model, hw, wl, "klotski", {"n": -1, "attn_batches": 0}),
+        random_routing(tiny_model, wl, seed=3),
+    )
+    assert s.meta["placement"]["kv_layers"] == {"gpu": 1, "cpu": 1}
+    offloaded = {o.layer for o in s.ops if o.kind == OpKind.KV_LOAD}
+    assert len(offloaded) == 1
+    for o in (o for o in s.ops if o.kind == OpKind.ATTENTION):
+        assert o.batches == (3 if o.step > 0 and o.layer not in offloaded else 1), o.label()
+
+
+def test_attention_spans_param_is_checked():
+    with pytest.raises(ConfigError, match="attn_batches"):
+        make_params("klotski", {"attn_batches": -1})

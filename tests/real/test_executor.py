@@ -560,3 +560,41 @@ def test_a_run_dir_holds_its_prompts_and_tokens(mixtral_tiny, tmp_path):
     assert torch.equal(torch.from_numpy(saved["tokens"]), free)
     write_run(tmp_path / "sim", simulate_run(spec))
     assert not (tmp_path / "sim" / TOKENS_FILE).exists()
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("attn_batches", [0, 2])
+def test_attention_over_several_batches_matches_in_memory_forward(mixtral_tiny, attn_batches, mode):
+    """Klotski's attention over spans of batches (the group's at decode, or pairs at every
+    step, the last span shorter): one call per span over the group's device cache of the layer,
+    whose per-batch slices the spans read and write in place; tokens and logits as the in-memory
+    forward's, every op traced once under its own id."""
+    model, _ = load_checkpoint(mixtral_tiny)
+    wl = WORKLOAD.with_(n_batches=3)
+    spec = RunSpec(model, OFFLOAD, wl, "klotski", {"n": -1, "attn_batches": attn_batches})
+    result, out = real_execute(mixtral_tiny, spec, mode)
+    spans = [o for o in result.schedule.ops if o.kind == OpKind.ATTENTION and o.batches > 1]
+    assert spans, "the placement keeps KV on the device: the planner merges"
+    assert {o.batches for o in spans} == ({3} if attn_batches == 0 else {2})
+    assert all(o.step > 0 for o in spans) == (attn_batches == 0)
+    assert_matches_reference(mixtral_tiny, spec, result, out)
+    trace = result.trace
+    assert sorted(trace["op_id"]) == list(range(len(result.schedule)))
+    merged = trace[trace["batches"] > 1]
+    assert len(merged) == len(spans) and set(merged["kind"]) == {str(OpKind.ATTENTION)}
+    assert out.fallback_loads == 0
+
+
+def test_consecutive_batch_caches_are_one_view_else_none():
+    """A span's caches are one view only where they are the next rows of one tensor each."""
+    from real.ops import _consecutive
+
+    group = (torch.arange(6 * 2 * 3.0).view(6, 2, 3, 1), torch.zeros(6, 2, 3, 1))
+    caches = [tuple(t[k * 2 : (k + 1) * 2] for t in group) for k in range(3)]
+    whole = _consecutive(caches[1:])
+    assert whole is not None and torch.equal(whole[0], group[0][2:6])
+    whole[1][0, 0, 0, 0] = 7.0  # a view: writes land in the batches' caches
+    assert caches[1][1][0, 0, 0, 0] == 7.0
+    assert _consecutive([caches[0], caches[2]]) is None  # not adjacent
+    apart = tuple(t.clone() for t in caches[1])
+    assert _consecutive([caches[0], apart]) is None  # made apart
