@@ -23,7 +23,7 @@ import numpy as np
 from core.cost import CostModel
 from core.errors import CapacityError
 from core.hardware import HardwareSpec
-from core.spec import ModelSpec, Workload
+from core.spec import ModelSpec, Workload, activation_bytes
 from core.types import OpKind, Resource, Tier
 from planners.placement import Placement, klotski_placement
 
@@ -188,9 +188,7 @@ def placement_for(
         2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     )  # two batches' KV in flight
     stream = m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes + m.head_bytes + kv_buf
-    act = (
-        3 * wl.n_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
-    )  # hidden states of the group
+    act = activation_bytes(m, wl).total  # what the executor holds for the group
     try:
         return klotski_placement(
             m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers

@@ -257,6 +257,9 @@ class Executor(OpSemantics):
             st.evict(u, Tier.CPU)
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        # the host copies the device-resident units came through: slabs of their own sizes that
+        # no later read reuses, and memory beyond the host tier's that the schedule counts
+        st.slabs.release_idle()
 
     # ---- scheduling machinery ---------------------------------------------------------------
     def _add_op(self, op: Op, spec: StreamSpec) -> None:

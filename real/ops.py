@@ -20,6 +20,7 @@ from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import GateView
 from core.schedule import Op, StreamSpec
+from core.spec import EXPERT_ROWS
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, expert_tokens, moe_output, new_slots, put_expert
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 # Shape legend: b sequences per batch, P prompt tokens, S tokens this step, T = b*S, H hidden,
 # V vocab, k top-k, E experts.
 
-EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
 
 
 class OpSemantics:

@@ -343,7 +343,7 @@ def test_host_activation_buffers_are_slots_of_the_store_slabs(mixtral_tiny, monk
     real_execute(mixtral_tiny, spec_for(mixtral_tiny, "fiddler"), "replay")
     ex = runs[0]
     host = [b for key, b in ex._scratch.items() if key.startswith("host")]
-    slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in ex.store.slabs._slabs]
+    slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s, _, _ in ex.store.slabs._slabs.values()]
     # each in a slab of its own size: a buffer taken once a run leaves no unused slots beside it
     own = [(b.data_ptr(), b.data_ptr() + round_up(b.numel(), ALIGN)) for b in host]
     assert host and all(o in slabs for o in own)
