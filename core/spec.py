@@ -440,15 +440,16 @@ EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once (real/ops
 @dataclass(frozen=True)
 class ActivationBytes:
     """What an executor holds beside weights and KV for a group of sequences, at its largest
-    (the prefill: every sequence's prompt at once), term by term as real/ops.py keeps it. A
-    placement counts `total` on the device; the real executor's buffers are these."""
+    (the prefill: every sequence's prompt at once), term by term as real/ops.py keeps it.
+    Klotski's placement reserves `total` on the device where its params ask for the real
+    executor's activations (`real_activations`, as the benchmarks of real runs set)."""
 
     hidden: int  # each batch's hidden state [b, P, H], and the next step's [b, 1, H] beside it
     # each batch's MoE layer between its gate and the ops that add its output (one batch's next
     # layer beside them): normed [T, H], slots [T, k, H], the shared experts' [T, H], and the
     # routing, ids [T, k] int64 and weights [T, k] float32
     gate: int
-    logits: int  # [N, V] float32 of every sequence, kept to the run's end, and their copy at the end
+    logits: int  # [N, V] float32 of every sequence, kept to the run's end, and their copy then
     # one op's temporaries: an expert's gathered input, its copy, its output chunks and their
     # concatenation ([T_e, H] each, at most every token of the group) and one chunk's FFN
     # intermediates; a batch's float32 combine of its slots
@@ -459,7 +460,9 @@ class ActivationBytes:
         return self.hidden + self.gate + self.logits + self.transient
 
 
-def activation_bytes(model: ModelSpec, wl: Workload, sequences: int | None = None) -> ActivationBytes:
+def activation_bytes(
+    model: ModelSpec, wl: Workload, sequences: int | None = None
+) -> ActivationBytes:
     """`ActivationBytes` of `sequences` sequences (default: the workload's group) in batches of
     the workload's batch size, at its prompt length."""
     m = model

@@ -13,7 +13,7 @@ import numpy as np
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from core.spec import ModelSpec, activation_bytes
+from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.placement import Placement, staged_placement
 
@@ -405,7 +405,7 @@ def standard_placement(
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     live = kv_sequences if act_sequences is None else act_sequences
-    act = activation_bytes(m, wl, live).total
+    act = 3 * live * wl.prompt_len * m.hidden_size * m.dtype_bytes
     # Experts on disk pass through CPU memory on their way to the GPU: reserve room for one (what
     # progress needs); any CPU memory the placement leaves free serves as read-ahead on top.
     return staged_placement(

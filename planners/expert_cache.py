@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.planner import PlanContext
-from core.spec import activation_bytes
 from core.types import Tensor, Tier
 from planners.common import Emitter
 from planners.placement import Placement, dense_bytes, greedy_placement
@@ -33,7 +32,7 @@ def cache_placement(
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
     dense_stream = max(m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes, m.dense_ffn_bytes)
     kv_buf = 2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
-    act = activation_bytes(m, wl, kv_sequences).total
+    act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
     staging = m.expert_bytes  # disk reads pass through CPU; free CPU memory adds read-ahead
     # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to the cache
     working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf

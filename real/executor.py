@@ -34,7 +34,14 @@ from real.checkpoint import Unit
 from real.interpreter import Interpreter, _Stop, cache_freed_memory, cpu_compute_threads
 from real.model import KVCache, Model
 from real.ops import OpSemantics
-from real.state import RunOutput, _BatchState, _Pending, resident_units, unit_of
+from real.state import (
+    RunOutput,
+    _BatchState,
+    _Pending,
+    host_kv_layers,
+    resident_units,
+    unit_of,
+)
 from real.store import TieredStore
 
 if TYPE_CHECKING:
@@ -90,6 +97,7 @@ class Executor(OpSemantics):
         """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
         self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
         self._schedule = schedule
+        self._kv_layers = host_kv_layers(schedule.ops)
         self._preload(self._own(resident_units(schedule), schedule.ep))
         for op in schedule.ops:
             self._add_op(op, schedule.streams[op.stream])
@@ -227,6 +235,9 @@ class Executor(OpSemantics):
         # Read once at the end (`_check_finite`), so checking costs no synchronisation.
         self._finite: list[tuple[tuple[int, int, int, int, str], torch.Tensor]] = []
         self._scratch: dict[str, torch.Tensor] = {}
+        # batch -> the layers whose KV the schedule keeps in host memory (None: unknown before
+        # the run, as for a live planner: every layer)
+        self._kv_layers: dict[int, frozenset[int]] | None = None
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
         self._range: dict[int, tuple[int, int]] = {}  # op -> [s0, s1) sequences, or token chunk

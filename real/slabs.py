@@ -37,8 +37,13 @@ class HostSlabs:
     is alive (a CPU expert computing from it) and the host->device copies queued from it, whose
     events come with it, have completed."""
 
-    def __init__(self, pin_for: torch.device | None = None) -> None:
+    def __init__(
+        self, pin_for: torch.device | None = None, budget_bytes: float | None = None
+    ) -> None:
         self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
+        # the host tier's memory: a new slab is cut with no more slots than leave the slabs
+        # within it (one at least), so spare slots do not take memory the schedule never counted
+        self.budget_bytes = budget_bytes
         self.reserved_bytes = 0  # in slabs
         self._lock = threading.Lock()
         self._free: dict[int, list[tuple[torch.Tensor, tuple[torch.cuda.Event, ...]]]] = {}
@@ -137,6 +142,9 @@ class HostSlabs:
         slots of nbytes, each its own storage (so `_storage_users` counts the views of one slot,
         not of the whole slab)."""
         n = slots or min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
+        if self.budget_bytes is not None:
+            with self._lock:
+                n = max(1, min(n, int(self.budget_bytes - self.reserved_bytes) // nbytes))
         slab = aligned_empty(n * nbytes)
         whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
         if self.pin_for is not None:

@@ -126,7 +126,11 @@ class TieredStore:
         host_capacity_bytes: int | None = None,
         device: str | torch.device | None = None,
         direct: bool = True,
+        host_budget_bytes: float | None = None,
     ) -> None:
+        """`host_budget_bytes`: the host memory the schedule counts, which the host slabs are cut
+        within (not enforced here: the executor enforces the schedule's); default the host
+        capacity."""
         self.ckpt_dir = Path(ckpt_dir)
         self.records = unit_records(ckpt_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -145,7 +149,9 @@ class TieredStore:
             "host tier", float("inf") if host_capacity_bytes is None else host_capacity_bytes
         )
         self.pool = _Pool("device pool", device_capacity_bytes)
-        self.slabs = HostSlabs(self.device if self._pin else None)  # the host tier's buffers
+        # the host tier's buffers, cut within its capacity where it has one
+        budget = host_capacity_bytes if host_budget_bytes is None else host_budget_bytes
+        self.slabs = HostSlabs(self.device if self._pin else None, budget)
         self._cv = threading.Condition()
         # CUDA: unit -> the event its host->device copy records; a reader not ordered after the
         # copying op (another stream) makes its stream wait on it (`_ready`)

@@ -276,7 +276,7 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
         gen_len=opts.gen_len,
         routing=RoutingConfig(source=opts.routing.lower(), trace_dir=opts.trace_dir),
     )
-    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n}))
+    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n, "real_activations": True}))
 
 
 def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None:

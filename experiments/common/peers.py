@@ -234,7 +234,13 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
         trace_dir=str(opts.get("trace_dir", "../shared/traces")),
     )
     wl = Workload(**sizes, routing=routing)
-    params = {"n": int(opts.get("klotski_n", -1))} if opts["planner"] == "klotski" else {}
+    # a bench's Klotski reserves memory for the real executor's activations: the simulator's
+    # prediction of the run plans the same schedule
+    params = (
+        {"n": int(opts.get("klotski_n", -1)), "real_activations": True}
+        if opts["planner"] == "klotski"
+        else {}
+    )
     return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
 
 

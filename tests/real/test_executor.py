@@ -247,9 +247,9 @@ def test_a_live_runs_host_kv_is_made_before_it_starts(mixtral_tiny, monkeypatch)
     )
     real_host_kv, started = Executor._host_kv, []
 
-    def spy(self, batch, max_len):
+    def spy(self, batch, max_len, layers=None):
         started.append(getattr(self, "_started", False))
-        return real_host_kv(self, batch, max_len)
+        return real_host_kv(self, batch, max_len, layers)
 
     monkeypatch.setattr(Executor, "_host_kv", spy)
     real_execute(mixtral_tiny, spec, "live")
