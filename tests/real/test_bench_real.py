@@ -146,7 +146,7 @@ def test_routing_trace_replays_esft_into_the_moepipe_side(tmp_path):
     }  # fmt: skip
     for routing in ("trace", "auto"):
         run, _ = pe.run_spec({**opts, "routing": routing})
-        assert run.params == {"n": 2}
+        assert run.params == {"n": 2, "real_activations": True}
         got = load_routing(run.model, run.workload.with_(n_batches=2))
         assert got.description.startswith("trace esft-dsv2lite")
     synthetic, _ = pe.run_spec({**opts, "routing": "synthetic"})
