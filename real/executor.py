@@ -87,10 +87,10 @@ class Executor(OpSemantics):
         self.cuda = self.device.type == "cuda"
         self.stall_timeout_s = stall_timeout_s
         self.peers = peers
+        if not self.cuda:  # before any kernel: it sets what oneDNN reads at its first
+            cache_freed_memory()
         # Torch intra-op threads per worker on a CPU device (None on CUDA: kernels run on the GPU).
         self.compute_threads = None if self.cuda else (compute_threads or cpu_compute_threads())
-        if not self.cuda:
-            cache_freed_memory()
 
     # ---- entry points -----------------------------------------------------------------------
     def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:

@@ -7,6 +7,8 @@ Fixture: mixtral-tiny (4 layers, 8 experts, top-2, float32), 4 batches of 2 sequ
 tokens, 3 generated, on the offload hardware of test_executor (10 MB device pool, 8 MB host).
 """
 
+import os
+
 import torch
 
 from core.spec import RoutingConfig, Workload, activation_bytes
@@ -132,3 +134,16 @@ def test_a_batchs_host_kv_holds_the_layers_it_offloads(mixtral_tiny, monkeypatch
         assert layers in offloaded.values()
         for i, tensors in enumerate(kv.layers):
             assert bool(tensors) == (i in layers)
+
+
+def test_onednn_primitive_cache_is_bounded_unless_the_user_set_it(monkeypatch):
+    """A CPU run bounds oneDNN's cache of per-shape primitives (each expert op's token count is
+    a new shape); a capacity the user set stays."""
+    from real.interpreter import cache_freed_memory
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    cache_freed_memory.__wrapped__()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+    cache_freed_memory.__wrapped__()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "256"
