@@ -65,6 +65,11 @@ class KlotskiParams:
     # decode steps where its working set fits the activation room the placement reserves,
     # batch by batch at prefill (a batch's P tokens per sequence already share the weight read)
     attn_batches: int = 1
+    # memory for activations: the real executor's buffers (core.spec.activation_bytes: every
+    # batch's k expert-output slots, logits, ...), as the benchmarks of real runs set it; else
+    # the paper's system's 3 hidden states per prompt token of the group, which the simulated
+    # reproductions of its figures assume
+    real_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
@@ -154,9 +159,13 @@ class Klotski(Planner):
         table = warmup_table(model, wl.with_(n_batches=max(n, N_MAX)), p.warmup_sequences)
         shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
         if p.n == 0:
-            return solve_n(model, hw, wl, cost, shares, self.k_hot(model), p.disk_window)
+            return solve_n(
+                model, hw, wl, cost, shares, self.k_hot(model), p.disk_window, p.real_activations
+            )
         # CapacityError if the hand-set n does not fit
-        return check_n(model, hw, wl, cost, shares, self.k_hot(model), n, p.disk_window)
+        return check_n(
+            model, hw, wl, cost, shares, self.k_hot(model), n, p.disk_window, p.real_activations
+        )
 
     def choose_n_batches(
         self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel
@@ -167,7 +176,7 @@ class Klotski(Planner):
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl, p = ctx.model, ctx.workload, self.params
         choice = self.choose(m, ctx.hardware, wl, ctx.cost)
-        placement = placement_for(m, ctx.hardware, wl, p.disk_window)
+        placement = placement_for(m, ctx.hardware, wl, p.disk_window, p.real_activations)
         em = Emitter(ctx, out, placement)
         self.em, self.n = em, wl.n_batches
         self.experts_stream = out.stream(Stream.EXPERTS, Resource.H2D)

@@ -23,7 +23,7 @@ import numpy as np
 from core.cost import CostModel
 from core.errors import CapacityError
 from core.hardware import HardwareSpec
-from core.spec import ModelSpec, Workload
+from core.spec import ModelSpec, Workload, activation_bytes
 from core.types import OpKind, Resource, Tier
 from planners.placement import Placement, klotski_placement
 
@@ -184,18 +184,29 @@ def failed_at(
     return [i for i in range(len(INEQUALITIES)) if not all(layer[i] for layer in ok)]
 
 
+def group_activation_bytes(model: ModelSpec, wl: Workload, real_activations: bool) -> int:
+    """Activations of the group in `wl` that the GPU holds: the real executor's buffers
+    (`core.spec.activation_bytes`), or the paper's system's 3 hidden states per prompt token."""
+    if real_activations:
+        return activation_bytes(model, wl).total
+    return 3 * wl.n_sequences * wl.prompt_len * model.hidden_size * model.dtype_bytes
+
+
 def placement_for(
-    model: ModelSpec, hw: HardwareSpec, wl: Workload, window_layers: int
+    model: ModelSpec,
+    hw: HardwareSpec,
+    wl: Workload,
+    window_layers: int,
+    real_activations: bool = False,
 ) -> Placement:
-    """Klotski's placement for the group in `wl`; CapacityError names the n that does not fit."""
+    """Klotski's placement for the group in `wl`; CapacityError names the n that does not fit.
+    `real_activations`: count the real executor's activation buffers (`group_activation_bytes`)."""
     m = model
     kv_buf = (
         2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     )  # two batches' KV in flight
     stream = m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes + m.head_bytes + kv_buf
-    act = (
-        3 * wl.n_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
-    )  # hidden states of the group
+    act = group_activation_bytes(m, wl, real_activations)
     try:
         return klotski_placement(
             m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers
@@ -225,6 +236,7 @@ def solve_n(
     shares: np.ndarray,
     k_hot: int,
     window_layers: int = 2,
+    real_activations: bool = False,
 ) -> NChoice:
     """The smallest n meeting (4)-(7) in the MoE layers whose experts are streamed, each n judged
     at its own placement (a larger group's KV cache can push weights off the GPU); memory-checked.
@@ -232,7 +244,7 @@ def solve_n(
     shares [L, E]: per MoE layer, each expert's share of selections (rows sum to 1).
     """
     return smallest_n(
-        timing(model, hw, wl, cost, shares, window_layers),
+        timing(model, hw, wl, cost, shares, window_layers, real_activations),
         wl.batch_size,
         k_hot,
         model.top_k,
@@ -249,9 +261,10 @@ def check_n(
     k_hot: int,
     n: int,
     window_layers: int = 2,
+    real_activations: bool = False,
 ) -> NChoice:
     """A hand-set n, with whether (4)-(7) hold at it (CapacityError if it does not fit)."""
-    t, streamed = timing(model, hw, wl, cost, shares, window_layers)(n)
+    t, streamed = timing(model, hw, wl, cost, shares, window_layers, real_activations)(n)
     failed = (
         failed_at(
             n,
@@ -277,12 +290,13 @@ def timing(
     cost: CostModel,
     shares: np.ndarray,
     window_layers: int,
+    real_activations: bool = False,
 ) -> Callable[[int], tuple[Times, np.ndarray]]:
     """n -> (per streamed MoE layer, its times at n's placement; those layers' shares);
     CapacityError when n's group does not fit."""
 
     def at(n: int) -> tuple[Times, np.ndarray]:
-        placement = placement_for(model, hw, wl.with_(n_batches=n), window_layers)
+        placement = placement_for(model, hw, wl.with_(n_batches=n), window_layers, real_activations)
         streamed = [
             i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
         ]

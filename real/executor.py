@@ -34,7 +34,14 @@ from real.checkpoint import Unit
 from real.interpreter import Interpreter, _Stop, cache_freed_memory, cpu_compute_threads
 from real.model import KVCache, Model
 from real.ops import OpSemantics
-from real.state import RunOutput, _BatchState, _Pending, resident_units, unit_of
+from real.state import (
+    RunOutput,
+    _BatchState,
+    _Pending,
+    host_kv_layers,
+    resident_units,
+    unit_of,
+)
 from real.store import TieredStore
 from real.tensor_parallel import TensorParallel, tensor_parallel
 
@@ -81,16 +88,17 @@ class Executor(OpSemantics):
         self.cuda = self.device.type == "cuda"
         self.stall_timeout_s = stall_timeout_s
         self.peers = peers
+        if not self.cuda:  # before any kernel: it sets what oneDNN reads at its first
+            cache_freed_memory()
         # Torch intra-op threads per worker on a CPU device (None on CUDA: kernels run on the GPU).
         self.compute_threads = None if self.cuda else (compute_threads or cpu_compute_threads())
-        if not self.cuda:
-            cache_freed_memory()
 
     # ---- entry points -----------------------------------------------------------------------
     def run_replay(self, schedule: Schedule, routing: Routing) -> RunOutput:
         """Run a finished schedule with every gate forced to `routing`'s experts and weights."""
         self._reset(schedule.capacity_bytes, schedule.resident_bytes, routing)
         self._schedule = schedule
+        self._kv_layers = host_kv_layers(schedule.ops)
         self._preload(self._own(resident_units(schedule), schedule.ep))
         for op in schedule.ops:
             self._add_op(op, schedule.streams[op.stream])
@@ -228,6 +236,9 @@ class Executor(OpSemantics):
         # Read once at the end (`_check_finite`), so checking costs no synchronisation.
         self._finite: list[tuple[tuple[int, int, int, int, str], torch.Tensor]] = []
         self._scratch: dict[str, torch.Tensor] = {}
+        # batch -> the layers whose KV the schedule keeps in host memory (None: unknown before
+        # the run, as for a live planner: every layer)
+        self._kv_layers: dict[int, frozenset[int]] | None = None
         self._retired: list[torch.Tensor] = []  # outgrown scratch buffers, kept to the run's end
         self._cursor: dict[tuple[object, ...], int] = {}
         self.tp: TensorParallel | None = None  # dense=tensor's, made at the schedule's first op
@@ -259,6 +270,9 @@ class Executor(OpSemantics):
             st.evict(u, Tier.CPU)
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        # the host copies the device-resident units came through: slabs of their own sizes that
+        # no later read reuses, and memory beyond the host tier's that the schedule counts
+        st.slabs.release_idle()
 
     # ---- scheduling machinery ---------------------------------------------------------------
     def _add_op(self, op: Op, spec: StreamSpec) -> None:

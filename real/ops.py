@@ -20,6 +20,7 @@ from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import GateView
 from core.schedule import Op, StreamSpec
+from core.spec import EXPERT_ROWS
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.model import KVCache, expert_tokens, moe_output, new_slots, put_expert
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 # Shape legend: b sequences per batch, P prompt tokens, S tokens this step, T = b*S, H hidden,
 # V vocab, k top-k, E experts.
-
-EXPERT_ROWS = 8192  # tokens an expert op runs through its FFN at once
 
 
 class OpSemantics:
@@ -568,18 +567,24 @@ class OpSemantics:
     def _ensure_host_kv(self, batch: int) -> None:
         bst = self._batches[batch]
         if bst.kv_host is None:
-            bst.kv_host = self._host_kv(self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len)
+            layers = None if self._kv_layers is None else self._kv_layers.get(batch, frozenset())
+            bst.kv_host = self._host_kv(
+                self.wl.batch_size, self.wl.prompt_len + self.wl.gen_len, layers
+            )
 
-    def _host_kv(self, batch: int, max_len: int) -> KVCache:
-        """A batch's host KV cache, zeroed, position-major ([M, B, H, D] each): the span of
-        positions a KV_LOAD or KV_STORE moves is one contiguous block, which CUDA copies straight
-        from or into pinned memory (a strided span goes through an unpinned temporary). One buffer
-        lent by the store's host slabs, pinned at its exact size on CUDA, reused only once these
-        views are gone."""
+    def _host_kv(self, batch: int, max_len: int, layers: frozenset[int] | None = None) -> KVCache:
+        """A batch's host KV cache of `layers` (None: every layer; the others get none), zeroed,
+        position-major ([M, B, H, D] each): the span of positions a KV_LOAD or KV_STORE moves is
+        one contiguous block, which CUDA copies straight from or into pinned memory (a strided
+        span goes through an unpinned temporary). One buffer lent by the store's host slabs,
+        pinned at its exact size on CUDA, reused only once these views are gone."""
         shapes = KVCache.allocate(self.model.spec, batch, max_len, "meta")
         layout, end = [], 0
-        for layer in shapes.layers:
+        for i, layer in enumerate(shapes.layers):
             row = []
+            if layers is not None and i not in layers:
+                layout.append(row)  # kept on the device: no host copy
+                continue
             for t in layer:
                 b, h, m, d = t.shape
                 row.append((end, t.dtype, (m, b, h, d)))

@@ -37,13 +37,19 @@ class HostSlabs:
     is alive (a CPU expert computing from it) and the host->device copies queued from it, whose
     events come with it, have completed."""
 
-    def __init__(self, pin_for: torch.device | None = None) -> None:
+    def __init__(
+        self, pin_for: torch.device | None = None, budget_bytes: float | None = None
+    ) -> None:
         self.pin_for = pin_for  # the CUDA device the slabs are pinned for; None: not pinned
+        # the host tier's memory: a new slab is cut with no more slots than leave the slabs
+        # within it (one at least), so spare slots do not take memory the schedule never counted
+        self.budget_bytes = budget_bytes
         self.reserved_bytes = 0  # in slabs
         self._lock = threading.Lock()
         self._free: dict[int, list[tuple[torch.Tensor, tuple[torch.cuda.Event, ...]]]] = {}
         self._registered: list[weakref.finalize] = []  # each unregisters a pinned slab
-        self._slabs: list[torch.Tensor] = []
+        # slab base address -> (the slab, its slots' bytes, its slots)
+        self._slabs: dict[int, tuple[torch.Tensor, int, int]] = {}
 
     @property
     def registered(self) -> int:
@@ -92,6 +98,35 @@ class HostSlabs:
         with self._lock:
             self._free[buf.numel()].append((buf, tuple(copying)))
 
+    def release_idle(self) -> int:
+        """Drop the slabs whose every slot is given back, unread and uncopied (the host copies
+        the executor's preload made of units that then live in the device pool: each a slab of
+        its own size, which no later read of another size would reuse); their memory goes back
+        to the system. Returns the bytes released."""
+        if _USE_COUNT is None:
+            return 0
+        with self._lock:
+            idle: dict[int, list[int]] = {}  # slab base -> indices into its size's free list
+            for base, (_, nbytes, slots) in self._slabs.items():
+                free = self._free.get(nbytes, [])
+                idx = [
+                    i
+                    for i, (buf, copying) in enumerate(free)
+                    if base <= buf.data_ptr() < base + slots * nbytes
+                    and _storage_users(buf) == 1
+                    and all(e.query() for e in copying)
+                ]
+                if len(idx) == slots:
+                    idle[base] = idx
+            released = 0
+            for base, idx in idle.items():
+                _, nbytes, slots = self._slabs.pop(base)
+                drop = set(idx)
+                self._free[nbytes] = [x for i, x in enumerate(self._free[nbytes]) if i not in drop]
+                released += nbytes * slots
+            self.reserved_bytes -= released
+            return released
+
     def close(self) -> None:
         """Unregister the pinned slabs once no copy can read them (their memory stays valid,
         pageable)."""
@@ -107,6 +142,9 @@ class HostSlabs:
         slots of nbytes, each its own storage (so `_storage_users` counts the views of one slot,
         not of the whole slab)."""
         n = slots or min(max(1, SLAB_BYTES // nbytes), SLAB_SLOTS)
+        if self.budget_bytes is not None:
+            with self._lock:
+                n = max(1, min(n, int(self.budget_bytes - self.reserved_bytes) // nbytes))
         slab = aligned_empty(n * nbytes)
         whole = slab.numpy()  # every slot keeps it alive, and it the slab's memory
         if self.pin_for is not None:
@@ -123,6 +161,6 @@ class HostSlabs:
             with self._lock:
                 self._registered.append(unregister)
         with self._lock:
-            self._slabs.append(slab)
+            self._slabs[slab.data_ptr()] = (slab, nbytes, n)
             self.reserved_bytes += n * nbytes
         return [torch.from_numpy(whole[i * nbytes : (i + 1) * nbytes]) for i in range(n)]

@@ -7,6 +7,7 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,15 @@ def resident_units(schedule: Schedule, n_experts: int = 0) -> dict[Unit, Tier]:
             if u not in from_disk:
                 out.setdefault(u, Tier.CPU)
     return out
+
+
+def host_kv_layers(ops: Iterable[Op]) -> dict[int, frozenset[int]]:
+    """Batch -> the layers whose KV cache the ops keep in host memory (KV_LOAD / KV_STORE)."""
+    out: dict[int, set[int]] = {}
+    for op in ops:
+        if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE):
+            out.setdefault(op.batch, set()).add(op.layer)
+    return {b: frozenset(layers) for b, layers in out.items()}
 
 
 @dataclass

@@ -18,6 +18,7 @@ stated in the output).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -77,8 +78,14 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
         _write(spec, tmp)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written left behind
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise MoepipeError(
+                f"out_dir={out.parent}: the disk filled up while the {need / 1e9:.1f} GB "
+                "checkpoint was written (something else wrote to it meanwhile); the partial "
+                "checkpoint is removed; free disk space or pass out_dir= on a larger disk"
+            ) from None
         raise
     return out
 
@@ -257,6 +264,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
 
 def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
     """The planner's own fit check, where conf/hardware/<hardware>.yaml exists already."""
+    from core.errors import CapacityError
     from core.spec import RoutingConfig, Workload
     from experiments.common.hardware import load_hardware
     from experiments.common.pipeline import RunSpec, resolve_n_batches
@@ -276,7 +284,15 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
         gen_len=opts.gen_len,
         routing=RoutingConfig(source=opts.routing.lower(), trace_dir=opts.trace_dir),
     )
-    resolve_n_batches(RunSpec(spec, early, wl, "klotski", {"n": opts.n}))
+    try:
+        resolve_n_batches(
+            RunSpec(spec, early, wl, "klotski", {"n": opts.n, "real_activations": True})
+        )
+    except CapacityError as e:
+        raise MoepipeError(
+            f"budget_gb={budget / 1e9:g}: Klotski's plan does not fit it ({e}); raise budget_gb, "
+            "or lower batch_size or prompt_len"
+        ) from None
 
 
 def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None:

@@ -66,8 +66,11 @@ def replay_routing(ckpt: str | Path, spec: RunSpec, prompts: torch.Tensor) -> Ro
 def open_store(ckpt: str | Path, spec: RunSpec, device: str | None = None) -> TieredStore:
     # The executor enforces the schedule's GPU capacity; the store's own accounting (units padded
     # to 4 KiB) only guards against runaway growth, so it gets headroom over the hardware's.
+    # The host slabs are cut within the host tier's memory, which the schedule counts.
     cap = 2 * spec.hardware.memory_bytes[Tier.GPU] + (64 << 20)
-    return TieredStore(ckpt, cap, device=device)
+    return TieredStore(
+        ckpt, cap, device=device, host_budget_bytes=spec.hardware.memory_bytes[Tier.CPU]
+    )
 
 
 def real_execute(

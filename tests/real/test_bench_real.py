@@ -4,6 +4,7 @@ a disk without room are one line each, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import errno
 import shutil
 from collections import namedtuple
 
@@ -84,12 +85,38 @@ def test_budget_below_a_layer_is_one_line(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_budget_klotskis_plan_does_not_fit_is_one_line(tmp_path, capsys):
+    """A budget above one layer's top-k working set but below what Klotski's placement needs
+    (a whole layer's experts in transfer, the dense weights, the activations): one line naming
+    budget_gb, exit 2, before any checkpoint is written."""
+    assert bench_real.main([*TINY, "budget_gb=0.004", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: budget_gb=0.004: Klotski's plan does not")
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_disk_without_room_is_one_line(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(1 << 30, (1 << 30) - 4096, 4096))
     assert bench_real.main([*TINY, "budget_gb=0.008", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: out_dir={tmp_path}: 0.0 GB free, the checkpoint needs")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_disk_that_fills_while_writing_is_one_line(tmp_path, capsys, monkeypatch):
+    """The disk had room when the bench looked, and filled while it wrote (another process):
+    one line naming out_dir, exit 2, and the partial checkpoint removed."""
+    real_write = bench_real._write
+
+    def write_then_fill(spec, out):
+        real_write(spec, out)  # the shards are there: the error comes after a real write
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bench_real, "_write", write_then_fill)
+    assert bench_real.main([*TINY, "budget_gb=0.008", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: out_dir={tmp_path}: the disk filled up while")
     assert not any(tmp_path.iterdir())
 
 
@@ -131,7 +158,7 @@ def test_routing_trace_replays_esft_into_the_moepipe_side(tmp_path):
     }
     for routing in ("trace", "auto"):
         run, _ = pe.run_spec({**opts, "routing": routing})
-        assert run.params == {"n": 2, "attn_batches": 0}  # the bench default
+        assert run.params == {"n": 2, "attn_batches": 0, "real_activations": True}
         got = load_routing(run.model, run.workload.with_(n_batches=2))
         assert got.description.startswith("trace esft-dsv2lite")
     synthetic, _ = pe.run_spec({**opts, "routing": "synthetic"})

@@ -272,9 +272,9 @@ def test_a_live_runs_host_kv_is_made_before_it_starts(mixtral_tiny, monkeypatch)
     )
     real_host_kv, started = Executor._host_kv, []
 
-    def spy(self, batch, max_len):
+    def spy(self, batch, max_len, layers=None):
         started.append(getattr(self, "_started", False))
-        return real_host_kv(self, batch, max_len)
+        return real_host_kv(self, batch, max_len, layers)
 
     monkeypatch.setattr(Executor, "_host_kv", spy)
     real_execute(mixtral_tiny, spec, "live")
@@ -368,7 +368,7 @@ def test_host_activation_buffers_are_slots_of_the_store_slabs(mixtral_tiny, monk
     real_execute(mixtral_tiny, spec_for(mixtral_tiny, "fiddler"), "replay")
     ex = runs[0]
     host = [b for key, b in ex._scratch.items() if key.startswith("host")]
-    slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in ex.store.slabs._slabs]
+    slabs = [(s.data_ptr(), s.data_ptr() + s.numel()) for s, _, _ in ex.store.slabs._slabs.values()]
     # each in a slab of its own size: a buffer taken once a run leaves no unused slots beside it
     own = [(b.data_ptr(), b.data_ptr() + round_up(b.numel(), ALIGN)) for b in host]
     assert host and all(o in slabs for o in own)

@@ -474,3 +474,34 @@ def test_cuda_pinned_host_and_stream_copy(mixtral_tiny, tmp_path):
     stream.synchronize()
     assert dev["w1"].is_cuda and torch.equal(dev["w1"].cpu(), host["w1"])
     store.close()
+
+
+def test_release_idle_drops_wholly_free_slabs_only(monkeypatch):
+    """A slab goes back to the system once every slot of it is given back and nothing views
+    it; a slab with a slot taken, or a given-back slot still viewed, stays."""
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 2 * ALIGN)
+    slabs = HostSlabs()
+    a, b = slabs.take(ALIGN), slabs.take(ALIGN)  # one slab of two slots
+    c = slabs.take(3 * ALIGN)  # a slab of its own size
+    assert slabs.reserved_bytes == 5 * ALIGN
+    slabs.give(a)
+    slabs.give(c)
+    view = c[:10]
+    assert slabs.release_idle() == 0  # b is taken; c is still viewed
+    del view
+    assert slabs.release_idle() == 3 * ALIGN and slabs.reserved_bytes == 2 * ALIGN
+    slabs.give(b)
+    assert slabs.release_idle() == 2 * ALIGN and slabs.reserved_bytes == 0
+    assert slabs.take(ALIGN).numel() == ALIGN and slabs.reserved_bytes == 2 * ALIGN  # cut anew
+
+
+def test_slabs_are_cut_within_the_host_budget(monkeypatch):
+    """With a budget (the host tier's memory), a new slab gets no more slots than keep the
+    slabs within it, and one at least once they are over it."""
+    monkeypatch.setattr("real.slabs.SLAB_BYTES", 8 * ALIGN)
+    slabs = HostSlabs(budget_bytes=3 * ALIGN)
+    slabs.take(ALIGN)
+    assert slabs.reserved_bytes == 3 * ALIGN  # 3 slots, not 8
+    slabs.take(ALIGN), slabs.take(ALIGN), slabs.take(ALIGN)
+    assert slabs.reserved_bytes == 4 * ALIGN  # over it: one slot a slab
+    assert len(HostSlabs()._slab(ALIGN)) == 8  # no budget: a whole slab's slots
