@@ -10,6 +10,7 @@ Each 2-process run costs ~20 s on 2 cores (two interpreters importing torch, pla
 """
 
 import json
+import multiprocessing.context as mp_context
 import os
 import signal
 import socket
@@ -30,11 +31,13 @@ from core.hardware import HardwareSpec
 from core.routing import load_routing
 from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tensor
+from experiments import run as run_module
 from experiments.common.dist_run import run_distributed
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import prompts_for
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
+from tests.conftest import command_here
 from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
@@ -409,20 +412,23 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
     ],
 )
 def test_devices_the_machine_cannot_run_are_one_line(
-    mixtral_tiny, tmp_path, planner, devices, message
+    mixtral_tiny, tmp_path, planner, devices, message, capsys, monkeypatch
 ):
     """More processes than experts, or than the machine's cores, or a planner with no devices:
-    one line before any process starts."""
+    one line before any process starts (the command's main in this process, which the test
+    does not let start a rank process)."""
     if devices and devices > 8 and "cores" in message:
         pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
-    proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, *f"planner={planner}".split(), devices=devices),
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    started = []
+
+    def start(self):
+        started.append(self.name)
+        raise RuntimeError("the test refuses to start a rank process")
+
+    monkeypatch.setattr(mp_context.SpawnProcess, "start", start)
+    argv = command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices)[3:]
+    proc = command_here(run_module.main, argv, capsys, monkeypatch)
+    assert not started, "a rank process was started"
     assert proc.returncode != 0
     (line,) = errors(proc.stderr)
     assert message in line, line
