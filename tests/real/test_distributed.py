@@ -258,6 +258,7 @@ def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path, dense):
     assert set(device_of(reduce["resource"])) == ({0, 1} if dense == "tensor" else set())
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_torchrun_runs_the_same_command(mixtral_tiny, tmp_path):
     """A cluster user's launch: torchrun starts the ranks, each runs `experiments.run`; rank 0
     writes the run dir."""
