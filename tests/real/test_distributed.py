@@ -390,7 +390,7 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
         MASTER_PORT=str(free_port()),
     )
     proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, "planner=eplb", "executor.rendezvous_timeout_s=3"),
+        command(mixtral_tiny, tmp_path, "planner=eplb", "executor.rendezvous_timeout_s=1"),
         cwd=ROOT,
         env=e,
         capture_output=True,
@@ -399,7 +399,7 @@ def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
     )
     assert proc.returncode != 0
     (line,) = errors(proc.stderr)
-    assert "rank 0: the process group did not form within executor.rendezvous_timeout_s=3" in line
+    assert "rank 0: the process group did not form within executor.rendezvous_timeout_s=1" in line
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "summary.json").exists()
 
