@@ -19,6 +19,10 @@ ESFT_ROWS = (
     "predictive_replication_window,eplb_interval8,oracle_replication_split_load"
 )
 SMALL = ("workload.n_batches=2", "workload.prompt_len=8")
+# the points in the sweep's own process (still through hydra's joblib launcher): joblib's worker
+# processes each import the project again, a second or two of CPU each; sweeps on two workers
+# are test_sweep.py's shared sweep
+SERIAL = "hydra.launcher.n_jobs=1"
 
 
 def replication_sweep_cmd(out: Path, *args: str) -> list[str]:
@@ -58,7 +62,7 @@ def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSw
     change the folder work on a copy."""
     out = tmp_path_factory.mktemp("replication") / "r"
     esft = subprocess.run(
-        replication_sweep_cmd(out), cwd=ROOT, capture_output=True, text=True, timeout=600
+        replication_sweep_cmd(out, SERIAL), cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert esft.returncode == 0, esft.stderr[-3000:]
     switch = run_module(
@@ -68,6 +72,7 @@ def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSw
         f"hydra.sweep.dir={out}",
         "workload.batch_size=16",
         *SMALL,
+        SERIAL,
     )
     assert switch.returncode == 0, switch.stderr[-3000:]
     report = run_module(

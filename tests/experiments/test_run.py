@@ -240,8 +240,8 @@ def run_dirs(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
-def test_missing_trace_file_is_named(tmp_path):
-    r = run(
+def test_missing_trace_file_is_named(tmp_path, run_in):
+    r = run_in(
         [
             "model=deepseek-v2-lite",
             "hardware=h200",
@@ -255,13 +255,13 @@ def test_missing_trace_file_is_named(tmp_path):
     assert "nowhere" in r.stderr and "esft_routing.npz" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_routing_of_the_wrong_shape_is_rejected(tmp_path):
-    r = run([*TINY, "planner=flexgen", "workload.routing.source=trace"], tmp_path)
+def test_routing_of_the_wrong_shape_is_rejected(tmp_path, run_in):
+    r = run_in([*TINY, "planner=flexgen", "workload.routing.source=trace"], tmp_path)
     assert r.returncode == 2
     assert "(26" in r.stderr and "tiny" in r.stderr, r.stderr
 
 
-def test_model_from_a_hugging_face_config(tmp_path):
+def test_model_from_a_hugging_face_config(tmp_path, run_in):
     """A user points at a local checkpoint directory; the spec comes from its config.json."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -281,7 +281,7 @@ def test_model_from_a_hugging_face_config(tmp_path):
             }
         )
     )
-    r = run(
+    r = run_in(
         ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"], tmp_path
     )
     assert r.returncode == 0, r.stderr
@@ -290,16 +290,16 @@ def test_model_from_a_hugging_face_config(tmp_path):
     assert s["ops"] < 200  # the checkpoint's 2 layers, not the default model's 32
 
 
-def test_unknown_hf_model_type_is_named(tmp_path):
+def test_unknown_hf_model_type_is_named(tmp_path, run_in):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    r = run([*TINY, "planner=flexgen", f"+model.hf_config={tmp_path}"], tmp_path)
+    r = run_in([*TINY, "planner=flexgen", f"+model.hf_config={tmp_path}"], tmp_path)
     assert r.returncode == 2
     assert "model_type 'llama' is not supported" in r.stderr
 
 
-def test_unwritable_run_dir_is_one_line(tmp_path):
+def test_unwritable_run_dir_is_one_line(tmp_path, run_in):
     (tmp_path / "afile").write_text("")
-    r = run([*TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"], tmp_path)
+    r = run_in([*TINY, f"hydra.run.dir={tmp_path / 'afile' / 'run'}"], tmp_path)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: hydra.run.dir=") and "is a file, not a folder" in lines[0]

@@ -6,6 +6,7 @@ looks like a result."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,13 +67,15 @@ def test_a_hardware_file_that_is_not_text_is_one_line(
     assert not (tmp_path / "run").exists()
 
 
-def test_a_trace_that_is_not_parquet_is_one_line(tmp_path: Path) -> None:
+def test_a_trace_that_is_not_parquet_is_one_line(tmp_path: Path, cli_here: Any) -> None:
     """trace_json on a run dir whose trace.parquet was overwritten: pyarrow's ArrowInvalid,
-    reported as an internal error."""
+    reported as an internal error. (In this process: a subprocess trace_json on a bad trace is
+    test_a_parquet_that_is_not_a_runs_trace_is_one_line's.)"""
     run = tmp_path / "run"
     run.mkdir()
     (run / "trace.parquet").write_bytes(b"PAR1 not parquet")
-    line = one_line(cli("experiments.trace_json", f"runs=[{run}]"), "trace.parquet", "run again")
+    r = cli_here("experiments.trace_json", f"runs=[{run}]")
+    line = one_line(r, "trace.parquet", "run again")
     assert "internal error" not in line
     assert not (run / "trace.json").exists()
 
@@ -198,39 +201,56 @@ def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
     assert r.returncode == 141 and r.stderr == "", r.stderr
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run's dir (one subprocess for the module); tests edit a copy."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    return run
+
+
 @pytest.mark.parametrize(
-    "edit, names",
+    "fresh, edit, names",
     [
-        (lambda df: df.drop(columns=["start_s"]), ["no column(s) start_s"]),
+        (True, lambda df: df.drop(columns=["start_s"]), ["no column(s) start_s"]),
         (
+            False,
             lambda df: df.assign(start_s=df["start_s"].astype(str)),
             ["column start_s", "not numbers"],
         ),
-        (lambda df: df.assign(end_s=float("nan")), ["end_s=nan"]),
-        (lambda df: df.assign(end_s=df["start_s"] - 1), ["end >= start"]),
+        (False, lambda df: df.assign(end_s=float("nan")), ["end_s=nan"]),
+        (False, lambda df: df.assign(end_s=df["start_s"] - 1), ["end >= start"]),
     ],
     ids=["missing column", "numbers as text", "NaN time", "ends before it starts"],
 )
 def test_a_parquet_that_is_not_a_runs_trace_is_one_line(
-    tmp_path: Path, edit: Any, names: list[str]
+    tmp_path: Path, finished_run: Path, fresh: bool, edit: Any, names: list[str], cli_here: Any
 ) -> None:
     """report's timeline figure and trace_json read a run's trace.parquet: a file of another
-    schema was a KeyError or a TypeError deep inside (an internal error), NaN times were drawn."""
+    schema was a KeyError or a TypeError deep inside (an internal error), NaN times were drawn.
+    `fresh`: trace_json runs as a user runs it (a subprocess); in the other cases, in this
+    process."""
     import pandas as pd
 
     from core.trace import read_trace
 
     run = tmp_path / "run"
-    assert cli("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    shutil.copytree(finished_run, run)
     path = run / "trace.parquet"
     edit(pd.read_parquet(path)).to_parquet(path)
     raises_one_line(lambda: read_trace(path), str(path), *names)
-    one_line(cli("experiments.trace_json", f"runs=[{run}]", f"out={tmp_path / 't.json'}"), *names)
+    r = (cli if fresh else cli_here)(
+        "experiments.trace_json", f"runs=[{run}]", f"out={tmp_path / 't.json'}"
+    )
+    one_line(r, *names)
 
 
-def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(tmp_path: Path) -> None:
+def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(
+    tmp_path: Path, cli_here: Any
+) -> None:
     """disk_mb=10^8 wrote until the disk was full, and the 60 GB probe file stayed."""
-    r = cli(
+    r = cli_here(
         "experiments.calibrate",
         "hardware.name=x",
         "disk_mb=100000000",

@@ -227,9 +227,11 @@ def test_one_bad_point_does_not_stop_a_sweep(tmp_path: Path) -> None:
     assert len(summaries) == 1 and json.loads(summaries[0].read_text())["model"] == "good"
 
 
-def test_single_run_of_a_bad_config_is_one_line(tmp_path: Path) -> None:
+def test_single_run_of_a_bad_config_is_one_line(tmp_path: Path, cli_here: Any) -> None:
+    """In this process: the sweep above runs as a user runs it."""
     d = _write(tmp_path / "ck", "mixtral", "num_attention_heads", 0)
-    r = cli("experiments.run", *TINY, f"+model.hf_config={d}", f"hydra.run.dir={tmp_path / 'run'}")
+    hf_config = f"+model.hf_config={d}"
+    r = cli_here("experiments.run", *TINY, hf_config, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, str(d / "config.json"), "num_attention_heads")
     assert not (tmp_path / "run" / "summary.json").exists()
 

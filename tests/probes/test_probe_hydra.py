@@ -5,6 +5,7 @@ file or override, alone; in a sweep the bad point's line goes to its failed.txt.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,40 +13,47 @@ from tests.probes.conftest import TINY, cli, one_line
 
 
 @pytest.mark.parametrize(
-    "args, names",
+    "fresh, args, names",
     [
-        (["workload.batch_size=${nosuch.key}"], ["workload.batch_size", "nosuch.key"]),
-        (["workload.batch_size=[1"], ["workload.batch_size=[1", "override"]),
-        (["workload.batch_size=???"], ["workload.batch_size"]),
-        (["workload.gen_len=${oops:1}"], ["workload.gen_len", "oops"]),
+        (True, ["workload.batch_size=${nosuch.key}"], ["workload.batch_size", "nosuch.key"]),
+        (False, ["workload.batch_size=[1"], ["workload.batch_size=[1", "override"]),
+        (False, ["workload.batch_size=???"], ["workload.batch_size"]),
+        (False, ["workload.gen_len=${oops:1}"], ["workload.gen_len", "oops"]),
     ],
     ids=["missing interpolation", "override syntax", "mandatory unset", "unknown resolver"],
 )
-def test_bad_override_is_one_line(tmp_path: Path, args: list[str], names: list[str]) -> None:
-    r = cli("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+def test_bad_override_is_one_line(
+    tmp_path: Path, fresh: bool, args: list[str], names: list[str], cli_here: Any
+) -> None:
+    """`fresh`: the case runs as a user runs it (a subprocess); the others in this process."""
+    run = cli if fresh else cli_here
+    r = run("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, *names)
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
 @pytest.mark.parametrize(
-    "text, names",
+    "fresh, text, names",
     [
-        ("name: mine\n  batch_size: [1\n", ["mine.yaml:2", "not valid YAML"]),
-        ("batch_size: 2\nbatch_size: 3\n", ["mine.yaml"]),
+        (True, "name: mine\n  batch_size: [1\n", ["mine.yaml:2", "not valid YAML"]),
+        (False, "batch_size: 2\nbatch_size: 3\n", ["mine.yaml"]),
         (
+            False,
             "batch_size: ${nosuch.key}\nn_batches: 2\nprompt_len: 8\ngen_len: 3\n",
             ["batch_size", "nosuch.key"],
         ),
-        ("- 1\n- 2\n", ["workload", "not a mapping"]),
+        (False, "- 1\n- 2\n", ["workload", "not a mapping"]),
     ],
     ids=["bad YAML", "duplicate key", "interpolation in the file", "a list"],
 )
 def test_bad_yaml_in_a_users_config_dir_is_one_line(
-    tmp_path: Path, text: str, names: list[str]
+    tmp_path: Path, fresh: bool, text: str, names: list[str], cli_here: Any
 ) -> None:
+    """`fresh`: the case runs as a user runs it (a subprocess); the others in this process."""
     (tmp_path / "conf" / "workload").mkdir(parents=True)
     (tmp_path / "conf" / "workload" / "mine.yaml").write_text(text)
-    r = cli(
+    run = cli if fresh else cli_here
+    r = run(
         "experiments.run",
         *TINY,
         "workload=mine",
@@ -76,21 +84,23 @@ def test_bad_point_of_a_sweep_goes_to_failed_txt(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args, names",
+    "fresh, args, names",
     [
-        (["--bogus-flag"], ["--bogus-flag", "unknown flag"]),
-        (["--out=x"], ["--out=x", "unknown flag"]),
-        (["trace_json=2"], ["trace_json=2", "not a boolean"]),
-        (["executor.distributed=5"], ["executor.distributed=5", "not a boolean"]),
-        (["-m", "skip_finished=true,3"], ["skip_finished=true,3", "not a boolean"]),
+        (True, ["--bogus-flag"], ["--bogus-flag", "unknown flag"]),
+        (False, ["--out=x"], ["--out=x", "unknown flag"]),
+        (True, ["trace_json=2"], ["trace_json=2", "not a boolean"]),
+        (False, ["executor.distributed=5"], ["executor.distributed=5", "not a boolean"]),
+        (False, ["-m", "skip_finished=true,3"], ["skip_finished=true,3", "not a boolean"]),
     ],
     ids=["unknown flag", "unknown flag with a value", "number as bool", "nested bool", "sweep"],
 )
 def test_an_unknown_flag_or_a_number_for_a_boolean_is_one_line(
-    tmp_path: Path, args: list[str], names: list[str]
+    tmp_path: Path, fresh: bool, args: list[str], names: list[str], cli_here: Any
 ) -> None:
     """argparse would print its usage over 8 lines for a flag hydra does not know; omegaconf
-    reads any number as true where the schema has a bool."""
-    r = cli("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    reads any number as true where the schema has a bool. `fresh`: the case runs as a user runs
+    it (a subprocess); the others in this process."""
+    run = cli if fresh else cli_here
+    r = run("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, *names)
     assert not (tmp_path / "run").exists()

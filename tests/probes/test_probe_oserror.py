@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +27,15 @@ def _small_files(limit_bytes: int):  # noqa: ANN202 (a preexec_fn)
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
 
-def test_disk_full_while_writing_a_run_keeps_the_earlier_result(tmp_path: Path) -> None:
+def test_disk_full_while_writing_a_run_keeps_the_earlier_result(
+    tmp_path: Path, cli_here: Any
+) -> None:
     """A finished run, then another config into the same dir on a disk that fills while its
     trace is written: one line naming the run dir, exit != 0, and the first run's
-    summary.json, config.yaml and trace as they were, with no half-written folder left."""
+    summary.json, config.yaml and trace as they were, with no half-written folder left. (The
+    finished run runs in this process; the one whose files are limited, in its own.)"""
     run = tmp_path / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     before = {f: (run / f).read_bytes() for f in ("summary.json", "config.yaml", "trace.parquet")}
     # files up to 8 kB: hydra's (~4 kB) are written, the trace (trace.parquet, ~12 kB; trace.json,
@@ -77,12 +81,12 @@ def test_truncated_checkpoint_is_refused_before_a_run(tiny_ckpt: Path, tmp_path:
         load_checkpoint(ck)
 
 
-def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path) -> None:
+def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path, cli_here: Any) -> None:
     """collect, report and make_checkpoint on a disk that fills while they write: one line
     naming their output folder each; make_checkpoint leaves no config.json beside its cut
     shard, so the folder is not taken for a checkpoint."""
     sweep = tmp_path / "sweep"
-    assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
+    assert cli_here("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
     full = _small_files(4_000)
     one_line(
         cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", preexec_fn=full),

@@ -7,7 +7,9 @@ Each probe stops a run at a moment it waits for rather than at a guessed time: c
 holds the dir's lock, seen in /proc/locks) or writing its files (its `.partial-*` folder is
 there). LONG is a simulator run of some 20 s on a 2-core machine, so it is still running then;
 the writing moment is awaited in WRITING, an eighth of LONG's batches, whose files (trace.json
-too) take some 3x LONG's time to write, so that moment comes sooner and lasts longer.
+too) take some 3x LONG's time to write, so that moment comes sooner and lasts longer. The
+runs before and after the stopped one (a finished result, the next run into the dir) run in the
+test's process (tests.conftest.command_here): only the run stopped needs a process of its own.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from experiments.run import LOCK
-from tests.probes.conftest import ROOT, TINY, cli
+from tests.probes.conftest import ROOT, TINY
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
 WRITING = [
@@ -101,8 +104,9 @@ def _result(run: Path) -> dict[str, bytes]:
     return {f: (run / f).read_bytes() for f in RESULT if (run / f).exists()}
 
 
-def _finished(run: Path) -> dict[str, bytes]:
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+def _finished(run: Path, cli_here: Callable[..., subprocess.CompletedProcess]) -> dict[str, bytes]:
+    """A finished tiny run into `run` (in this process: only the run stopped is a subprocess)."""
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     return _result(run)
 
@@ -116,20 +120,22 @@ def _consistent(run: Path, planner: str) -> None:
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
-def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(moment: str, tmp_path: Path) -> None:
+def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
+    moment: str, tmp_path: Path, cli_here: Any
+) -> None:
     """A finished run, then a longer one of another planner into the same dir killed with
     SIGKILL while computing or while writing its files: `.run.lock` stays (a killed process
     cannot remove it) and the first result is there as it was (the kill came before the new
     one was whole) or the new one whole; the next run into the dir proceeds (flock dies with
     its holder), exits 0, and leaves its own whole result and no half-written folder."""
     run = tmp_path / "run"
-    before = _finished(run)
+    before = _finished(run, cli_here)
     code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGKILL)
     assert code == -signal.SIGKILL, err
     assert (run / LOCK).exists()
     if _result(run) != before:  # killed in the moment its files went in: the new one, whole
         _consistent(run, "sequential")
-    r = cli("experiments.run", *TINY[:-1], "planner=layer_prefetch", f"hydra.run.dir={run}")
+    r = cli_here("experiments.run", *TINY[:-1], "planner=layer_prefetch", f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     _consistent(run, "layer_prefetch")
@@ -139,7 +145,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(moment: str, tmp_path
 @pytest.mark.parametrize("moment", MOMENTS)
 @pytest.mark.parametrize("earlier", [True, False], ids=["rerun", "fresh"])
 def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
-    moment: str, earlier: bool, tmp_path: Path
+    moment: str, earlier: bool, tmp_path: Path, cli_here: Any
 ) -> None:
     """Ctrl-C while a run computes or writes its files: one line on stderr (`interrupted: `,
     saying the run did not finish), exit 130, no traceback; no summary.json in a dir that had
@@ -147,7 +153,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     came in the moment the new files went in, the new result whole: see the next test), and no
     half-written folder. A run after it into the dir proceeds."""
     run = tmp_path / "run"
-    before = _finished(run) if earlier else {}
+    before = _finished(run, cli_here) if earlier else {}
     code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGINT)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130, err
@@ -157,7 +163,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     if _result(run) != before:
         _consistent(run, "sequential")
     assert not list(run.glob(".partial-*"))
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     _consistent(run, "flexgen")
 
@@ -179,11 +185,11 @@ def test_ctrl_c_while_the_command_starts_is_one_line(after_s: float, tmp_path: P
     assert not (run / "summary.json").exists()
 
 
-def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path) -> None:
+def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path, cli_here: Any) -> None:
     """Ctrl-C while the run waits for another run's lock on the dir: one line, exit 130, and
     the other run's files untouched."""
     run = tmp_path / "run"
-    before = _finished(run)
+    before = _finished(run, cli_here)
     with open(run / LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = _start(run, *LONG)

@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,33 +209,39 @@ def test_calibrate_profile_name_stays_in_conf_hardware(
     assert sorted((ROOT / "conf").rglob("*")) == before
 
 
-def test_calibrate_keeps_a_profile_it_did_not_write(tmp_path: Path) -> None:
+def test_calibrate_keeps_a_profile_it_did_not_write(tmp_path: Path, cli_here: Any) -> None:
     """`hardware.name=tiny` named a shipped, hand-written profile: calibrate replaced it with
     this machine's numbers, and every test built on its round numbers changed. Refused before
     any measuring; a profile calibrate wrote (its first line says so) is re-measured."""
     before = (ROOT / "conf/hardware/tiny.yaml").read_bytes()
-    r = cli("experiments.calibrate", "hardware.name=tiny", f"disk_dir={tmp_path}")
+    r = cli_here("experiments.calibrate", "hardware.name=tiny", f"disk_dir={tmp_path}")
     one_line(r, "tiny.yaml", "out=")
     assert (ROOT / "conf/hardware/tiny.yaml").read_bytes() == before
 
 
 @pytest.mark.parametrize(
-    "module, args, names",
+    "fresh, module, args, names",
     [
-        ("experiments.prefetch_eval", ["test=[]"], ["test=[]"]),
-        ("experiments.prefetch_eval", ["train=[]"], ["train=[]"]),
-        ("experiments.reproduce_klotski", ["only=[]"], ["only=[]"]),
-        ("experiments.run", [*TINY, "checkpoint=/nonexistent"], ["checkpoint", "executor=real"]),
-        ("experiments.run", [*TINY, "executor.distributed=true"], ["executor.distributed"]),
+        (True, "experiments.prefetch_eval", ["test=[]"], ["test=[]"]),
+        (False, "experiments.prefetch_eval", ["train=[]"], ["train=[]"]),
+        (False, "experiments.reproduce_klotski", ["only=[]"], ["only=[]"]),
+        (
+            True,
+            "experiments.run",
+            [*TINY, "checkpoint=/nonexistent"],
+            ["checkpoint", "executor=real"],
+        ),
+        (False, "experiments.run", [*TINY, "executor.distributed=true"], ["executor.distributed"]),
     ],
     ids=["empty test tasks", "empty train tasks", "no tables", "checkpoint in sim", "dist in sim"],
 )
 def test_an_option_the_run_would_ignore_or_widen_is_refused(
-    tmp_path: Path, module: str, args: list[str], names: list[str]
+    tmp_path: Path, fresh: bool, module: str, args: list[str], names: list[str], cli_here: Any
 ) -> None:
     """An empty task list selected every task, the other side's too (prefetch_eval then tested
     on its training tasks); `only=[]` ended in an internal error; a checkpoint or
-    `executor.distributed` given to the simulator was ignored without a word."""
+    `executor.distributed` given to the simulator was ignored without a word. `fresh`: the case
+    runs as a user runs it (a subprocess); the others in this process."""
     out = [f"out={tmp_path / 'o'}"] if "klotski" in module else []
     run = [f"hydra.run.dir={tmp_path / 'run'}"] if module == "experiments.run" else []
-    one_line(cli(module, *args, *out, *run), *names)
+    one_line((cli if fresh else cli_here)(module, *args, *out, *run), *names)

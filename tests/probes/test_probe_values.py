@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -67,14 +68,15 @@ def test_a_count_written_as_a_string_reaches_the_model_as_a_number(composer) -> 
     assert n_layers == 2 and type(n_layers) is int
 
 
-@pytest.mark.parametrize("values", ["1e12,2", "true,2"])
+@pytest.mark.parametrize("fresh, values", [(True, "1e12,2"), (False, "true,2")])
 def test_a_value_the_schema_refuses_stops_a_sweep_before_it_starts(
-    tmp_path: Path, values: str
+    tmp_path: Path, fresh: bool, values: str, cli_here: Any
 ) -> None:
     """A swept value that is not of its key's type (the schema's check, when the sweep's points
-    are composed) is one line naming the key before any point runs: nothing is written."""
+    are composed) is one line naming the key before any point runs: nothing is written.
+    `fresh`: the case runs as a user runs it (a subprocess); the other in this process."""
     sweep = tmp_path / "sweep"
-    r = cli(
+    r = (cli if fresh else cli_here)(
         "experiments.run",
         "-m",
         *TINY,
@@ -123,21 +125,22 @@ def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
 
 
 @pytest.mark.parametrize(
-    "module, args, key",
+    "fresh, module, args, key",
     [
-        ("experiments.make_checkpoint", ["model=mixtral-tiny", "out="], "out=''"),
-        ("experiments.collect", ["dir="], "dir=''"),
-        ("experiments.report", ["dir="], "dir=''"),
-        ("experiments.routing_stats", ["out="], "out=''"),
-        ("experiments.run", [*TINY, "hydra.run.dir="], "hydra.run.dir=''"),
+        (True, "experiments.make_checkpoint", ["model=mixtral-tiny", "out="], "out=''"),
+        (False, "experiments.collect", ["dir="], "dir=''"),
+        (False, "experiments.report", ["dir="], "dir=''"),
+        (False, "experiments.routing_stats", ["out="], "out=''"),
+        (True, "experiments.run", [*TINY, "hydra.run.dir="], "hydra.run.dir=''"),
     ],
     ids=["make_checkpoint out", "collect dir", "report dir", "routing_stats out", "run dir"],
 )
 def test_an_empty_path_is_refused_not_the_current_folder(
-    module: str, args: list[str], key: str
+    fresh: bool, module: str, args: list[str], key: str, cli_here: Any
 ) -> None:
     """Path("") is the current folder: `out=''` wrote a checkpoint into the repository's root
-    and `dir=''` collected the repository as a sweep. Nothing is written."""
+    and `dir=''` collected the repository as a sweep. Nothing is written. `fresh`: the case
+    runs as a user runs it (a subprocess); the others in this process, in the same folder."""
     before = sorted(p.name for p in ROOT.iterdir())
-    one_line(cli(module, *args), key, "empty path")
+    one_line((cli if fresh else cli_here)(module, *args), key, "empty path")
     assert sorted(p.name for p in ROOT.iterdir()) == before

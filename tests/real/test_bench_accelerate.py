@@ -14,6 +14,7 @@ def test_unknown_cold_is_one_line(capsys):
     assert err == ["error: cold='sometimes' unknown; valid: pass, once, false"]
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
     """moepipe, accelerate with every prompt in one generate call, and batch by batch: each
     row's tok/s and memory, and the last line's ratio is moepipe's over the best peer row's."""

@@ -28,6 +28,7 @@ def ratio_of_printed(num: float, den: float):
     return pytest.approx((lo + hi) / 2, abs=(hi - lo) / 2 + 0.005)
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_end_to_end_on_a_tiny_model(tmp_path, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")

@@ -22,6 +22,7 @@ def sh(*args: str) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_checkpoint_calibrate_run_validate(tmp_path):
     ckpt, hw = tmp_path / "ckpt", tmp_path / "calibrated.yaml"
     sh("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ckpt}")
