@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -490,9 +491,11 @@ def run_resumable(
 
 
 def _ignore_sigint() -> None:
-    """A worker leaves Ctrl-C to the parent, which stops the pool and prints the one line (a
-    worker's own KeyboardInterrupt would print its traceback first)."""
+    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP) to the parent, which stops the
+    pool and prints the one line (a worker's own KeyboardInterrupt would print its traceback
+    first). SIGTERM keeps its default action: `_stop` ends a worker with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -507,17 +510,24 @@ def _stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the running ones."""
+    """Cancel the queued runs and end the running ones: SIGTERM, and SIGKILL for a worker still
+    there 2 s later. A worker's end is seen on its sentinel, not with join() or is_alive(): the
+    pool's own thread reaps the workers meanwhile (waitpid), and is_alive() of a worker reaped
+    by another thread is True (its waitpid fails with ECHILD), which read as a worker that
+    outlived SIGKILL."""
     # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
     # the running runs finish before the command ends
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         proc.terminate()
-    for proc in procs:  # a worker that inherited a SIGTERM handler may outlive terminate()
-        proc.join(timeout=2.0)
-        if proc.is_alive():
-            proc.kill()
+    left = {proc.sentinel: proc for proc in procs}
+    deadline = time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:
+        for ended in wait(list(left), timeout=max(0.0, deadline - time.monotonic())):
+            left.pop(ended)
+    for proc in left.values():  # a worker that ignores or handles SIGTERM
+        proc.kill()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")
