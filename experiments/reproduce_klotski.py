@@ -420,18 +420,38 @@ def read_results(path: Path) -> pd.DataFrame:
         raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
     try:
         df = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
         raise MoepipeError(f"{path}: not a readable CSV ({e}); run reproduce_klotski again") from e
     if "table" not in df:  # experiments.collect writes a results.csv of the same name
         raise MoepipeError(
             f"{path}: not reproduce_klotski's results (no 'table' column; experiments.collect "
             "writes one of the same name); give out= the folder reproduce_klotski wrote"
         )
+    unknown = sorted(set(df.table.astype(str)) - set(MAKERS))
+    if unknown or df.empty:
+        raise MoepipeError(
+            f"{path}: not reproduce_klotski's results (tables {', '.join(unknown) or 'none'}; "
+            f"it writes {', '.join(MAKERS)}); run reproduce_klotski again"
+        )
     if (df.table == "table3").any() and not {"column", "step"} <= set(df):
         raise MoepipeError(
             f"{path}: written before Table 3 rows were keyed by column and step; run it again"
         )
     return df
+
+
+def report_of(path: Path) -> str:
+    """`report` of a previous run's results.csv (report_only=true). The file is what this code
+    wrote or it is not: a row or column it lacks or holds in another type (a hand-edited file,
+    an older version's) is one line naming it, whatever part of the report meets it first."""
+    df = read_results(path)
+    try:
+        return report(df)
+    except (KeyError, AttributeError, ValueError, TypeError) as e:
+        raise MoepipeError(
+            f"{path}: not results this code writes ({type(e).__name__}: {e}); run "
+            "reproduce_klotski again"
+        ) from None
 
 
 DONE = "runs"  # in `out`: a run dir per finished run (config.yaml, code_version.txt, summary.json)
@@ -551,7 +571,7 @@ def _main(args: Options) -> int:
     only = [str(n) for n in args.only]
     try:
         if args.report_only:
-            print(report(read_results(Path(args.out) / "results.csv")))
+            print(report_of(Path(args.out) / "results.csv"))
             return 0
         makers = {
             "table3": jobs_table3,

@@ -393,18 +393,27 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
     if not summary.exists():
         return False
-    if not config.exists() or config.read_text() != config_yaml:
+    if _text(config) != config_yaml:
         log.warning("%s holds a run of another config; running again", out_dir)
         return False
-    if not code.exists() or code.read_text() != code_version():
+    if _text(code) != code_version():
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        json.loads(summary.read_text())
-    except ValueError:
-        log.warning("%s: summary.json is not readable JSON; running again", out_dir)
-        return False
-    return True
+        whole = isinstance(json.loads(summary.read_text()), dict)
+    except (OSError, ValueError):  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        whole = False
+    if not whole:
+        log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
+    return whole
+
+
+def _text(path: Path) -> str | None:
+    """`path`'s text; None where it is missing, not a file or not UTF-8 (then not this run's)."""
+    try:
+        return path.read_text()
+    except (OSError, ValueError):
+        return None
 
 
 def write_texts(folder: Path, texts: Mapping[str, str]) -> None:
