@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from core.args import output_dir
+from core.args import output_dir, written_whole
 from core.errors import MoepipeError
 from core.routing import peek_suffix
 
@@ -237,9 +237,11 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
                 f"{path}: is a folder, where the results file goes; remove it or pass out= "
                 "another folder"
             )
-    try:
-        clean.to_parquet(pq, index=False)
-        clean.to_csv(csv, index=False)
+    try:  # each file whole or not there: a full disk left a results.parquet cut short
+        with written_whole(pq) as tmp:
+            clean.to_parquet(tmp, index=False)
+        with written_whole(csv) as tmp:
+            clean.to_csv(tmp, index=False)
     except OSError as e:
         raise MoepipeError(
             f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"
