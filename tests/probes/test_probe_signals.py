@@ -254,7 +254,9 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
         ]
     assert len(ranks) == 2, p.communicate()
     p.terminate()
-    p.communicate(timeout=60)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert len(err.splitlines()) == 1 and "did not finish" in _stop_line(err, signal.SIGTERM)
     time.sleep(2)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not (run / "summary.json").exists()
