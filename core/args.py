@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,31 @@ def output_dir(path: str | Path, key: str) -> Path:
     p = _not_empty(path, key)
     _writable_folder(p, key, path)
     return p
+
+
+@contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A path beside `path` (the same folder, the same suffix) to write the output file to; it
+    replaces `path` once the block ends, and is removed if the block fails (a full disk, an
+    interrupt): `path` is the earlier file, whole, or the new one, never one cut short.
+
+    Usage:
+        with written_whole(out / "results.csv") as tmp:
+            df.to_csv(tmp)
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600, as a file open() makes would be
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -133,7 +133,7 @@ class HardwareSpec:
                     f"{link.bandwidth_bytes_per_s / GB:g}"
                 )
             if link.latency_s < 0:
-                raise ConfigError(f"hardware {self.name}: links.{res}.latency must be >= 0")
+                raise ConfigError(f"hardware {self.name}: links.{res}.latency_us must be >= 0")
         for dev in ("gpu", "cpu"):
             c = getattr(self, dev)
             for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):

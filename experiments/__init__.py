@@ -1,8 +1,9 @@
 """The commands (`python -m experiments.<name>`) and their shared wiring (common/, bench/).
 
 Started as a command, Ctrl-C while Python still imports it (torch, hydra: seconds) is one line
-and exit 130, not an import's traceback; `common.cli.run_command` hands Ctrl-C back to Python's
-KeyboardInterrupt (`command_started`) once the command runs.
+and exit 130, not an import's traceback, and SIGTERM or SIGHUP one line and exit 128 + its
+number, not a silent end; `common.cli.run_command` hands them back to Python's
+KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the command runs.
 """
 
 import os
@@ -10,22 +11,43 @@ import signal
 import sys
 from types import FrameType
 
+# what stops a command as Ctrl-C does: `kill`, `timeout`, a scheduler; a closed terminal
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
 
 def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
-    print("interrupted: the command had not started; nothing was written", file=sys.stderr)
+    name = signal.Signals(signum).name
+    said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
+    line = f"{said} the command had not started; nothing was written"
+    rank, world = os.environ.get("RANK"), int(os.environ.get("WORLD_SIZE", "1"))
+    if signum == signal.SIGTERM and rank is not None and world > 1:
+        # one rank of torchrun's, whose agent stops them all once one fails (as
+        # common.dist_run.stop_on_sigterm says once the command runs)
+        other = f"rank {1 - int(rank)}" if world == 2 else "another rank"
+        line = (
+            f"error: rank {rank} was stopped by torchrun (SIGTERM) while it started: {other} "
+            "failed or died first, or the launch itself was stopped"
+        )
+    print(line, file=sys.stderr)
     sys.stderr.flush()
     # Not SystemExit: raised inside an import, a library's bare `except:` can swallow it (the
     # command then ran on and exited 0). Nothing is open or written yet, so nothing is lost.
-    os._exit(130)
+    os._exit(128 + signum)
 
 
 def command_started() -> None:
-    """Ctrl-C raises KeyboardInterrupt again (the command's own handling takes it from here)."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    """Ctrl-C raises KeyboardInterrupt again, and SIGTERM and SIGHUP have their default action
+    until `common.cli.until_interrupted` takes them (the command's own handling)."""
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        if signal.getsignal(signum) is _interrupted_at_startup:
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, default)
 
 
 # sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
 # docs): a command starting, not code (a test, a notebook) importing this package.
 if sys.argv[:1] == ["-m"]:
     signal.signal(signal.SIGINT, _interrupted_at_startup)
+    for _signum in STOP_SIGNALS:
+        if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
+            signal.signal(_signum, _interrupted_at_startup)

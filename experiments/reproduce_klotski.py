@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -426,18 +427,38 @@ def read_results(path: Path) -> pd.DataFrame:
         raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
     try:
         df = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
         raise MoepipeError(f"{path}: not a readable CSV ({e}); run reproduce_klotski again") from e
     if "table" not in df:  # experiments.collect writes a results.csv of the same name
         raise MoepipeError(
             f"{path}: not reproduce_klotski's results (no 'table' column; experiments.collect "
             "writes one of the same name); give out= the folder reproduce_klotski wrote"
         )
+    unknown = sorted(set(df.table.astype(str)) - set(MAKERS))
+    if unknown or df.empty:
+        raise MoepipeError(
+            f"{path}: not reproduce_klotski's results (tables {', '.join(unknown) or 'none'}; "
+            f"it writes {', '.join(MAKERS)}); run reproduce_klotski again"
+        )
     if (df.table == "table3").any() and not {"column", "step"} <= set(df):
         raise MoepipeError(
             f"{path}: written before Table 3 rows were keyed by column and step; run it again"
         )
     return df
+
+
+def report_of(path: Path) -> str:
+    """`report` of a previous run's results.csv (report_only=true). The file is what this code
+    wrote or it is not: a row or column it lacks or holds in another type (a hand-edited file,
+    an older version's) is one line naming it, whatever part of the report meets it first."""
+    df = read_results(path)
+    try:
+        return report(df)
+    except (KeyError, AttributeError, ValueError, TypeError) as e:
+        raise MoepipeError(
+            f"{path}: not results this code writes ({type(e).__name__}: {e}); run "
+            "reproduce_klotski again"
+        ) from None
 
 
 DONE = "runs"  # in `out`: a run dir per finished run (config.yaml, code_version.txt, summary.json)
@@ -497,9 +518,11 @@ def run_resumable(
 
 
 def _ignore_sigint() -> None:
-    """A worker leaves Ctrl-C to the parent, which stops the pool and prints the one line (a
-    worker's own KeyboardInterrupt would print its traceback first)."""
+    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP) to the parent, which stops the
+    pool and prints the one line (a worker's own KeyboardInterrupt would print its traceback
+    first). SIGTERM keeps its default action: `_stop` ends a worker with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -514,17 +537,24 @@ def _stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the running ones."""
+    """Cancel the queued runs and end the running ones: SIGTERM, and SIGKILL for a worker still
+    there 2 s later. A worker's end is seen on its sentinel, not with join() or is_alive(): the
+    pool's own thread reaps the workers meanwhile (waitpid), and is_alive() of a worker reaped
+    by another thread is True (its waitpid fails with ECHILD), which read as a worker that
+    outlived SIGKILL."""
     # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
     # the running runs finish before the command ends
     procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         proc.terminate()
-    for proc in procs:  # a worker that inherited a SIGTERM handler may outlive terminate()
-        proc.join(timeout=2.0)
-        if proc.is_alive():
-            proc.kill()
+    left = {proc.sentinel: proc for proc in procs}
+    deadline = time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:
+        for ended in wait(list(left), timeout=max(0.0, deadline - time.monotonic())):
+            left.pop(ended)
+    for proc in left.values():  # a worker that ignores or handles SIGTERM
+        proc.kill()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")
@@ -548,7 +578,7 @@ def _main(args: Options) -> int:
     only = [str(n) for n in args.only]
     try:
         if args.report_only:
-            print(report(read_results(Path(args.out) / "results.csv")))
+            print(report_of(Path(args.out) / "results.csv"))
             return 0
         makers = {
             "table3": jobs_table3,

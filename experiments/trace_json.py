@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.args import written_whole
 from core.chrome_trace import chrome_parts, write_chrome
 from core.errors import MoepipeError
 from core.trace import read_trace
@@ -57,7 +58,8 @@ def _main(opts: Options) -> int:
         out = Path(opts.out) if opts.out is not None else first / "trace.json"
         traces = [part for r in runs for part in read_traces(r)]
         try:
-            write_chrome(out, traces)
+            with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)
+                write_chrome(tmp, traces)
         except OSError as e:
             raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
     except MoepipeError as e:

@@ -149,7 +149,12 @@ class Klotski(Planner):
 
     # ---- sizing (called by the pipeline before routing exists, and by plan()) ------------------
     def k_hot(self, model: ModelSpec) -> int:
-        return min(self.params.hot_k or model.top_k, model.n_experts)
+        if self.params.hot_k > model.n_experts:  # it was cut to n_experts without a word
+            raise ConfigError(
+                f"planner klotski: hot_k={self.params.hot_k} exceeds the model's "
+                f"{model.n_experts} experts; pass hot_k <= {model.n_experts} (0 = its top-k)"
+            )
+        return self.params.hot_k or model.top_k
 
     def choose(self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel) -> NChoice:
         p = self.params

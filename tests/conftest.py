@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,20 @@ def _restore_logging(state: dict[str, tuple[list[logging.Handler], int, bool, bo
         lg.handlers[:] = handlers
         lg.setLevel(level)
         lg.propagate, lg.disabled = propagate, disabled
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept() -> Iterator[None]:
+    """A test that leaves a signal's handler changed fails (its teardown errs), and the handler
+    is put back: a later test in this process that relies on Ctrl-C's KeyboardInterrupt (or on
+    SIGTERM's default action) would otherwise fail for it, far from the cause."""
+    before = {s: signal.getsignal(s) for s in _SIGNALS}
+    yield
+    changed = [s for s in _SIGNALS if signal.getsignal(s) != before[s]]
+    left = {signal.Signals(s).name: signal.getsignal(s) for s in changed}
+    for s in changed:
+        signal.signal(s, before[s])
+    assert not changed, f"the test left these signals' handlers changed: {left}"

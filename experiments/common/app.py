@@ -140,7 +140,7 @@ def command(
         argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
         running(schema)
         # what Ctrl-C's line says, unless the command resumes (reproduce_klotski says so)
-        on_interrupt("stopped before it finished; run the same command again for its output")
+        on_interrupt("it did not finish; run the same command again for its output")
         hydra_args = [*PLAIN, f"hydra.job.name={name}"]
         return hydra_main(task, name, argv, doc, hydra_args, conf_dir=COMMAND_DIR)
 

@@ -75,11 +75,13 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
 
 def workers_ignore_ctrl_c() -> str | None:
     """Start the sweep's worker processes (joblib's, which loky starts as `sys.executable -m
-    ...`) with Ctrl-C ignored, from their first instruction: Ctrl-C reaches every process of
-    the terminal's group, and a worker still importing numpy printed its KeyboardInterrupt
-    traceback before the sweep's one line. The sweep's process stops the pool itself (a worker
-    running a point ignores Ctrl-C already, experiments.run). Returns the real executable, to be
-    restored when the sweep ends; None where no wrapper could be written."""
+    ...`, and its resource tracker) with Ctrl-C, SIGTERM and SIGHUP ignored, from their first
+    instruction: Ctrl-C reaches every process of the terminal's group (a closed terminal's
+    SIGHUP too, a scheduler's SIGTERM often), and a worker still importing numpy printed its
+    KeyboardInterrupt traceback before the sweep's one line, a tracker killed by SIGHUP its
+    KeyError tracebacks after it. The sweep's process stops the pool itself (joblib kills its
+    workers with SIGKILL). Returns the real executable, to be restored when the sweep ends;
+    None where no wrapper could be written."""
     import os
     import shlex
     import tempfile
@@ -90,8 +92,8 @@ def workers_ignore_ctrl_c() -> str | None:
     try:
         folder = tempfile.mkdtemp(prefix="moepipe-python-")
         wrapper = Path(folder) / "python"
-        # `trap '' INT` ignores SIGINT, which stays ignored across exec (a handler would not)
-        wrapper.write_text(f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(real)} \"$@\"\n")
+        # `trap ''` ignores a signal, which stays ignored across exec (a handler would not)
+        wrapper.write_text(f"#!/bin/sh\ntrap '' INT TERM HUP\nexec {shlex.quote(real)} \"$@\"\n")
         wrapper.chmod(0o755)
     except OSError:
         return None

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import yaml
 
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
-from experiments import command_started
+from experiments import STOP_SIGNALS, command_started
 
 __all__ = [
     "CONF_DIR",
@@ -39,6 +41,7 @@ __all__ = [
     "any_error_line",
     "exit_with",
     "run_command",
+    "Stopped",
 ]
 
 
@@ -151,11 +154,11 @@ def exit_with(e: BaseException) -> None:
 
 
 def run_command(main: Callable[[], Any]) -> Any:
-    """Every command's one error path: `main()`, with Ctrl-C as one line and exit 130
-    (`until_interrupted`), and any failure as one line on stderr and exit 2, without a
-    traceback (`any_error_line`). A hydra app's errors reach here because this sets
-    HYDRA_FULL_ERROR (hydra would otherwise print them itself, over many lines); a user who
-    set it, or MOEPIPE_TRACEBACK=1, gets tracebacks."""
+    """Every command's one error path: `main()`, with Ctrl-C as one line and exit 130, SIGTERM
+    and SIGHUP as one line and exit 143 and 129 (`until_interrupted`), and any failure as one
+    line on stderr and exit 2, without a traceback (`any_error_line`). A hydra app's errors
+    reach here because this sets HYDRA_FULL_ERROR (hydra would otherwise print them itself,
+    over many lines); a user who set it, or MOEPIPE_TRACEBACK=1, gets tracebacks."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         os.environ[TRACEBACK_ENV] = "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -194,21 +197,65 @@ def before_line() -> None:
     _BEFORE_LINE.clear()
 
 
-def until_interrupted(main: Callable[[], Any]) -> Any:
-    """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130.
-    What finished is on disk; the line says how to resume (`on_interrupt`)."""
-    import signal
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (`kill`, `timeout`, a scheduler, a closed terminal), raised where
+    Ctrl-C's KeyboardInterrupt is: every path that Ctrl-C takes (a pool stopped, a lock
+    released, no half-written result, a result going in finished first) serves them too."""
 
-    if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up handler's turn ends
-    sys.unraisablehook = _interrupt_again(sys.unraisablehook)
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+def _default_in_child() -> None:
+    """A forked child (a pool's worker) does not inherit `_raise_stopped`: its parent stops it
+    with SIGTERM (`terminate()`), which must end it, not raise inside the task it runs."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is _raise_stopped:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_in_child)
+
+
+def until_interrupted(main: Callable[[], Any]) -> Any:
+    """`main()`; Ctrl-C ends it with one line, not the launcher's traceback, and exit status 130;
+    SIGTERM or SIGHUP likewise (`Stopped`), "stopped by SIGTERM; ...", exit 128 + its number.
+    What finished is on disk; the line says how to resume (`on_interrupt`). A handler someone
+    else set (torchrun's ranks', `nohup`'s ignored SIGHUP) is left as it is."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # where handlers can be set
+        if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # start-up's turn ends
+        for signum in STOP_SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler == signal.SIG_DFL or getattr(handler, "__module__", "") == "experiments":
+                previous[signum] = signal.signal(signum, _raise_stopped)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _interrupt_again(hook)
     try:
         return main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         before_line()
         _stop_pool_tracker()
+        if isinstance(e, Stopped):
+            print(f"stopped by {e.name}; {_ON_INTERRUPT[0]}", file=sys.stderr)
+            sys.exit(128 + e.signum)
         print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
+    finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
+        sys.unraisablehook = hook
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is _raise_stopped:
+                signal.signal(signum, handler)
 
 
 def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -216,11 +263,11 @@ def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
     Python cannot raise from (a weakref callback of the import machinery, a `__del__`), was
     printed as "Exception ignored" and lost, and the command ran on to exit 0. It is raised
     again, as a signal, to land where it stops the command."""
-    import signal
 
     def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+        e = unraisable.exc_value
+        if isinstance(e, KeyboardInterrupt):
+            signal.raise_signal(e.signum if isinstance(e, Stopped) else signal.SIGINT)
             return
         previous(unraisable)
 

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from core.args import written_whole  # noqa: E402
 from core.trace import read_trace  # noqa: E402
 from experiments.common.ranking import (  # noqa: E402
     IDLE_SHOWN,
@@ -129,7 +130,8 @@ def _finish(fig: Any, ends: list[tuple[Any, float, float, str, Any, bool]], path
         fig.subplots_adjust(wspace=0.5)
     for ax in {id(e[0]): e[0] for e in ends}.values():
         _label_points(ax, [(x, y, label, c, m) for a, x, y, label, c, m in ends if a is ax])
-    fig.savefig(path, dpi=110)
+    with written_whole(path) as tmp:  # whole or not there
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -205,7 +207,8 @@ def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Where the GPU bubbles come from")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with written_whole(path) as tmp:  # whole or not there
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return True
 
@@ -316,7 +319,8 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
     )
     fig.legend(handles=handles, loc="lower center", ncol=9, fontsize=8)  # below the plots
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
-    fig.savefig(path, dpi=100)
+    with written_whole(path) as tmp:  # whole or not there
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return True
 
@@ -340,6 +344,7 @@ def per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pat
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with written_whole(path) as tmp:  # whole or not there
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return True

@@ -36,6 +36,7 @@ from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
+from experiments import STOP_SIGNALS
 from planners.registry import make_planner
 
 log = logging.getLogger(__name__)
@@ -333,23 +334,33 @@ def restore_previous(out_dir: Path) -> None:
 
 @contextmanager
 def interrupt_deferred() -> Iterator[None]:
-    """Run the block whole under Ctrl-C: a SIGINT that comes meanwhile acts once it ends, as it
-    would have (KeyboardInterrupt, or whatever handler was set). Off the main thread, which
-    cannot set a handler, or under a handler set outside Python, the block runs as is."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous is None:
+    """Run the block whole under Ctrl-C, SIGTERM and SIGHUP: one that comes meanwhile acts once
+    it ends, as it would have (KeyboardInterrupt, `Stopped`, or whatever handler was set). Off
+    the main thread, which cannot set a handler, the block runs as is; so does a signal whose
+    handler was set outside Python."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[tuple[int, FrameType | None]] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    previous = {}
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        handler = signal.getsignal(signum)
+        if handler is not None and handler != signal.SIG_IGN:
+            previous[signum] = signal.signal(
+                signum, lambda signum, frame: pending.append((signum, frame))
+            )
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending and callable(previous):
-            previous(*pending[0])
-        elif pending and previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signal.SIGINT)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            signum, frame = pending[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            else:  # SIG_DFL: its default action
+                os.kill(os.getpid(), signum)
 
 
 def write_balance(out: Path, result: RunResult) -> None:
@@ -391,18 +402,27 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
     if not summary.exists():
         return False
-    if not config.exists() or config.read_text() != config_yaml:
+    if _text(config) != config_yaml:
         log.warning("%s holds a run of another config; running again", out_dir)
         return False
-    if not code.exists() or code.read_text() != code_version():
+    if _text(code) != code_version():
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        json.loads(summary.read_text())
-    except ValueError:
-        log.warning("%s: summary.json is not readable JSON; running again", out_dir)
-        return False
-    return True
+        whole = isinstance(json.loads(summary.read_text()), dict)
+    except (OSError, ValueError):  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        whole = False
+    if not whole:
+        log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
+    return whole
+
+
+def _text(path: Path) -> str | None:
+    """`path`'s text; None where it is missing, not a file or not UTF-8 (then not this run's)."""
+    try:
+        return path.read_text()
+    except (OSError, ValueError):
+        return None
 
 
 def write_texts(folder: Path, texts: Mapping[str, str]) -> None:

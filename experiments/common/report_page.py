@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.args import written_whole
 from core.bubbles import top_cause
 from experiments.common.figures import (
     fig_gantt,
@@ -62,7 +63,8 @@ def write_report(
     _layer_figures(figs, df, out)
     write_results(df, out)
     page = out / "index.html"
-    page.write_text(_html(sweep, df, figs.drawn, figs.notes, problems or [], columns))
+    with written_whole(page) as tmp:  # last, and whole: the report's figures are all there
+        tmp.write_text(_html(sweep, df, figs.drawn, figs.notes, problems or [], columns))
     return page
 
 

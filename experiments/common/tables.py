@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from core.args import output_dir
+from core.args import output_dir, written_whole
 from core.errors import MoepipeError
 from core.routing import peek_suffix
 
@@ -149,6 +149,9 @@ METRICS = (
 
 
 METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}
+# past any run's metric (bytes, ops, tokens, seconds); a figure's axis over 1e308 overflows
+MAX_METRIC = 1e30
+TEXTS = ("planner", "model", "planner_label")  # summary.json's names, strings where present
 
 
 def check_metrics(summary: dict[str, Any], path: Path) -> None:
@@ -157,9 +160,20 @@ def check_metrics(summary: dict[str, Any], path: Path) -> None:
     a file was not written by a run, and would go into a table or a figure as if it were a
     result."""
 
-    def number(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    def number(v: Any) -> bool:  # an int past a float's range (10**400) is not one either
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            return False
+        try:
+            return math.isfinite(v) and v <= MAX_METRIC
+        except OverflowError:
+            return False
 
+    for key in TEXTS:
+        if key in summary and not isinstance(summary[key], str):
+            raise MoepipeError(
+                f"{path}: {key} is {_short(summary[key])}, not a name; the file is not a run's: "
+                "delete it and run that point again"
+            )
     items = [(k, summary[k]) for k in METRICS if k in summary]
     for group in METRIC_GROUPS:
         values = summary.get(group, {})
@@ -172,9 +186,15 @@ def check_metrics(summary: dict[str, Any], path: Path) -> None:
     for key, value in items:
         if not number(value) or value < 0:
             raise MoepipeError(
-                f"{path}: {key} is {value!r}, not a finite number >= 0; the file is not a run's: "
-                "delete it and run that point again"
+                f"{path}: {key} is {_short(value)}, not a finite number in "
+                f"[0, {MAX_METRIC:g}]; the file is not a run's: delete it and run that point again"
             )
+
+
+def _short(value: Any) -> str:
+    """`value`'s repr, cut to fit a line (an int of 400 digits, a long list)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _why(e: Exception) -> str:
@@ -237,9 +257,11 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
                 f"{path}: is a folder, where the results file goes; remove it or pass out= "
                 "another folder"
             )
-    try:
-        clean.to_parquet(pq, index=False)
-        clean.to_csv(csv, index=False)
+    try:  # each file whole or not there: a full disk left a results.parquet cut short
+        with written_whole(pq) as tmp:
+            clean.to_parquet(tmp, index=False)
+        with written_whole(csv) as tmp:
+            clean.to_csv(tmp, index=False)
     except OSError as e:
         raise MoepipeError(
             f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"

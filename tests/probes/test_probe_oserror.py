@@ -135,3 +135,53 @@ def test_torchs_allocation_failure_is_the_out_of_memory_line() -> None:
     assert error_line(RuntimeError("shape mismatch")) is None  # a bug keeps its traceback file
     r = cli("experiments.bench.host", "unit_mb=1e12", "device=cpu")
     one_line(r, "out of memory")
+
+
+def test_a_full_disk_leaves_no_output_file_cut_short(tmp_path: Path) -> None:
+    """collect, report and trace_json on a disk that fills while they write (files up to 4 kB):
+    results.parquet was left cut short at 4 kB, report's first figure and trace.json empty,
+    each looking like a result. Now each output file is the earlier one, whole, or none."""
+    sweep = tmp_path / "sweep"
+    assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
+    full = _small_files(4_000)
+    earlier = {"results.csv": "earlier,whole\n1,2\n", "index.html": "<p>earlier</p>\n"}
+    outs = {"c": tmp_path / "c", "r": tmp_path / "r"}
+    for out in outs.values():
+        out.mkdir()
+        for name, text in earlier.items():
+            (out / name).write_text(text)
+    for module, args, out in (
+        ("experiments.collect", [f"dir={sweep}", f"out={outs['c']}"], outs["c"]),
+        ("experiments.report", [f"dir={sweep}", f"out={outs['r']}"], outs["r"]),
+        (
+            "experiments.trace_json",
+            [f"runs=[{sweep / 'a'}]", f"out={tmp_path / 't.json'}"],
+            tmp_path,
+        ),
+    ):
+        one_line(cli(module, *args, preexec_fn=full), str(out))
+    for out in outs.values():
+        left = {p.name: p.read_text() for p in out.iterdir()}
+        assert left == earlier, sorted(left)  # no new file cut short, no temporary one
+    assert not (tmp_path / "t.json").exists() and not list(tmp_path.glob(".t-*"))
+
+
+def test_written_whole_keeps_the_earlier_file_when_the_write_fails(tmp_path: Path) -> None:
+    from core.args import written_whole
+
+    path = tmp_path / "results.csv"
+    path.write_text("earlier\n")
+    with pytest.raises(OSError), written_whole(path) as tmp:
+        tmp.write_text("new, cut")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert path.read_text() == "earlier\n" and sorted(tmp_path.iterdir()) == [path]
+    with written_whole(path) as tmp:
+        tmp.write_text("new\n")
+    assert path.read_text() == "new\n" and sorted(tmp_path.iterdir()) == [path]
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

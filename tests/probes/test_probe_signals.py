@@ -84,9 +84,12 @@ MOMENTS: dict[str, Callable[[subprocess.Popen, Path], bool]] = {
 RUNS = {"computing": LONG, "writing": WRITING}
 
 
-def _stop_when(p: subprocess.Popen, run: Path, moment: str, sig: int) -> tuple[int, str]:
-    """Send `sig` to `p`'s process group once `moment` holds (a second into computing, to be
-    past the lock; at once when writing); (its exit status, its stderr)."""
+def _stop_when(
+    p: subprocess.Popen, run: Path, moment: str, sig: int, group: bool = True
+) -> tuple[int, str]:
+    """Send `sig` to `p`'s process group (or, `group=False`, to `p` alone) once `moment` holds
+    (a second into computing, to be past the lock; at once when writing); (its exit status,
+    its stderr)."""
     deadline = time.time() + 240
     while not MOMENTS[moment](p, run):
         assert p.poll() is None, ("ended before it was stopped", p.communicate())
@@ -95,7 +98,10 @@ def _stop_when(p: subprocess.Popen, run: Path, moment: str, sig: int) -> tuple[i
     if moment == "computing":
         time.sleep(1.0)
     assert p.poll() is None, f"ended before it was stopped: RUNS[{moment!r}] is too short"
-    os.killpg(p.pid, sig)
+    if group:
+        os.killpg(p.pid, sig)
+    else:
+        p.send_signal(sig)
     _, err = p.communicate(timeout=120)
     return p.returncode, err
 
@@ -268,7 +274,271 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
         ]
     assert len(ranks) == 2, p.communicate()
     p.terminate()
-    p.communicate(timeout=60)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert len(err.splitlines()) == 1 and "did not finish" in _stop_line(err, signal.SIGTERM)
     time.sleep(2)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not (run / "summary.json").exists()
+
+
+# SIGTERM (`kill`, `timeout`, a scheduler: to the command alone, or to its group) and SIGHUP (a
+# closed terminal: to the group) stop a command as Ctrl-C does, with one line naming the signal
+# ("stopped by SIGTERM; " and what Ctrl-C's line would say), exit 128 + its number.
+STOPS = {signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+def _stop_line(err: str, sig: int) -> str:
+    """The stopped command's stderr: no traceback, and its last line (a progress bar's lines
+    may come before it) saying which signal stopped it."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(f"stopped by {signal.Signals(sig).name}; "), err
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    "sig, moment, group",
+    [
+        (signal.SIGTERM, "computing", False),
+        (signal.SIGTERM, "writing", False),
+        (signal.SIGHUP, "computing", True),
+    ],
+    ids=["SIGTERM-computing", "SIGTERM-writing", "SIGHUP-computing"],
+)
+def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(
+    sig: int, moment: str, group: bool, tmp_path: Path, cli_here: Any
+) -> None:
+    """`kill` (SIGTERM) of a run while it computes or writes its files, or a closed terminal
+    (SIGHUP to its group): it ended silently with status -15 or -1. Now one line that names the
+    signal and says the run did not finish, exit 143 or 129, the previous result whole (or, at
+    the moment the new one went in, the new one whole), no half-written folder, and its lock
+    released: the next run into the dir proceeds."""
+    run = tmp_path / "run"
+    before = _finished(run, cli_here)
+    p = _start(run, *RUNS[moment])
+    code, err = _stop_when(p, run, moment, sig, group=group)
+    assert code == STOPS[sig], err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+    assert "did not finish" in _stop_line(err, sig)
+    if _result(run) != before:
+        _consistent(run, "sequential")
+    assert not list(run.glob(".partial-*"))
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    _consistent(run, "flexgen")
+
+
+def test_sigterm_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
+    """SIGTERM while Python still imports torch and hydra: one line, exit 143, nothing written
+    (it ended silently, -15)."""
+    run = tmp_path / "run"
+    p = _start(run, *LONG)
+    time.sleep(0.3)
+    assert p.poll() is None
+    p.terminate()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err
+    assert len(err.splitlines()) == 1, err
+    _stop_line(err, signal.SIGTERM)
+    assert not (run / "summary.json").exists()
+
+
+def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
+    """SIGTERM to a `-m` sweep's process group (a scheduler's stop) once one point finished:
+    one last line naming the sweep folder and the `hydra.sweep.dir=` that resumes it, exit 143,
+    no traceback (the pool's workers and joblib's resource tracker ignore it: the sweep stops
+    them), no worker left; that command reuses the finished point and runs the other."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        *TINY[:-1],
+        "planner=sequential",
+        "workload.n_batches=2,400",
+        "workload.gen_len=128",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, "-m", "experiments.run", *args]
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.time() + 240
+    while not list(sweep.rglob("summary.json")):
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    assert p.poll() is None, "the sweep ended before it could be stopped"
+    workers = _descendants(p.pid)
+    os.killpg(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    here = sweep.resolve()
+    assert _stop_line(err, signal.SIGTERM) == (
+        f"stopped by SIGTERM; finished runs are kept in {here}; to resume, run the same "
+        f"command with hydra.sweep.dir={here}"
+    )
+    time.sleep(1.0)
+    assert not [k for k in workers if _running(k)], "workers left running"
+    assert len(list(sweep.rglob("summary.json"))) == 1
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "already finished" in r.stdout + r.stderr
+    assert len(list(sweep.rglob("summary.json"))) == 2
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    found = [int(k) for k in kids.stdout.split()]
+    return found + [g for k in found for g in _descendants(k)]
+
+
+def _running(pid: int) -> bool:
+    """`pid` is there and not a zombie (an ended child its parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _start_command(module: str, *args: str, err: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=err.open("w"),
+        start_new_session=True,
+    )
+
+
+def _await(p: subprocess.Popen, ready: Callable[[], bool], what: str) -> None:
+    deadline = time.time() + 240
+    while not ready():
+        assert p.poll() is None, f"ended before {what}"
+        assert time.time() < deadline, f"never {what}"
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_reproduce_klotski_and_it_resumes(tmp_path: Path) -> None:
+    """SIGTERM to reproduce_klotski (its pool of 2 workers running the grid) once a run
+    finished: one line, exit 143, no worker left; the same command again reuses that run (and
+    is stopped again, by SIGTERM to its group this time, with the same line)."""
+    out, err = tmp_path / "k", tmp_path / "err.txt"
+    args = ("quick=true", f"out={out}", "jobs=2")
+    p = _start_command("experiments.reproduce_klotski", *args, err=err)
+    _await(p, lambda: bool(list(out.glob("runs/*/summary.json"))), "a run finished")
+    workers = _descendants(p.pid)
+    p.terminate()
+    p.wait(timeout=120)
+    assert p.returncode == 143, err.read_text()
+    line = _stop_line(err.read_text(), signal.SIGTERM)
+    assert line.endswith("finished runs are kept; run the same command again to resume"), line
+    time.sleep(1.0)
+    assert not [k for k in workers if _running(k)], "workers left running"
+    done = len(list(out.glob("runs/*/summary.json")))
+    p = _start_command("experiments.reproduce_klotski", *args, err=err)
+    _await(p, lambda: "already done" in err.read_text(), "it found the finished runs")
+    workers = _descendants(p.pid)
+    assert f"{done} of " in err.read_text()
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait(timeout=120)
+    assert p.returncode == 143, err.read_text()
+    _stop_line(err.read_text(), signal.SIGTERM)
+    time.sleep(1.0)
+    assert not [k for k in workers if _running(k)], "workers left running"
+
+
+def test_sigterm_stops_calibrate_and_leaves_nothing(tmp_path: Path) -> None:
+    """SIGTERM to calibrate while it measures: one line, exit 143, no hardware yaml written and
+    no disk probe file left."""
+    out, disk, err = tmp_path / "x.yaml", tmp_path / "d", tmp_path / "err.txt"
+    args = ("hardware.name=x", f"out={out}", f"disk_dir={disk}", "disk_mb=64")
+    p = _start_command("experiments.calibrate", *args, err=err)
+    _await(p, disk.exists, "it started measuring")
+    time.sleep(1.0)
+    p.terminate()
+    p.wait(timeout=120)
+    assert p.returncode == 143, err.read_text()
+    assert len(err.read_text().splitlines()) == 1, err.read_text()
+    assert "did not finish" in _stop_line(err.read_text(), signal.SIGTERM)
+    assert not out.exists()
+    assert not list(disk.iterdir())
+
+
+def test_sigterm_stops_a_real_run(tmp_path: Path, tiny_ckpt: Path, cli_here: Any) -> None:
+    """SIGTERM to a run of the real executor while it computes (it holds the dir's lock): one
+    line, exit 143, no summary.json, and the lock released (a run after it proceeds)."""
+    run = tmp_path / "run"
+    args = [
+        "executor=real",
+        f"checkpoint={tiny_ckpt}",
+        "model=tiny",
+        "hardware=tiny",
+        "workload=tiny",
+        "planner=sequential",
+        "workload.n_batches=400",
+        "workload.gen_len=64",
+    ]
+    p = _start(run, *args)
+    code, err = _stop_when(p, run, "computing", signal.SIGTERM, group=False)
+    assert code == 143, err
+    assert len(err.splitlines()) == 1, err
+    assert "did not finish" in _stop_line(err, signal.SIGTERM)
+    assert not (run / "summary.json").exists()
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+
+
+def test_until_interrupted_leaves_the_handlers_as_it_found_them(capsys) -> None:
+    """In-process (a test, a notebook): SIGTERM's and SIGHUP's handlers are back as they were
+    after the command, and a `Stopped` is the one line and 128 + its number."""
+    from experiments.common.cli import Stopped, until_interrupted
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOPS)}
+    assert until_interrupted(lambda: 7) == 7
+
+    def stopped() -> None:
+        raise Stopped(signal.SIGHUP)
+
+    with pytest.raises(SystemExit) as e:
+        until_interrupted(stopped)
+    assert e.value.code == 129
+    assert capsys.readouterr().err.startswith("stopped by SIGHUP; ")
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigterm_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """As `test_ctrl_c_while_the_result_goes_in_waits_for_it`, for SIGTERM: it comes once the
+    new result is whole."""
+    from experiments.common import cli as cli_module
+    from experiments.common import pipeline
+
+    run = tmp_path / "run"
+    pipeline.replace_run(run, {"planner": "old"}, lambda tmp: _write(tmp, "old"))
+    rename = os.replace
+    sent = []
+
+    def replace_and_signal(src: os.PathLike, dst: os.PathLike) -> None:
+        rename(src, dst)
+        if not sent:
+            sent.append(dst)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(pipeline.os, "replace", replace_and_signal)
+    previous = signal.signal(signal.SIGTERM, cli_module._raise_stopped)
+    try:
+        with pytest.raises(cli_module.Stopped):
+            pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert json.loads((run / "summary.json").read_text())["planner"] == "new"
+    assert not list(run.glob(".partial-*"))

@@ -131,10 +131,18 @@ BAD_METRICS = [
     ("throughput_tok_s", -5.0),
     ("busy_s.h2d", -1e-3),
     ("makespan_s", -1),
+    # an int past a float's range (an OverflowError inside), a float past any run's (a figure's
+    # axis overflowed: an internal error in report), a name that is not a string
+    ("ops", 10**400),
+    ("throughput_tok_s", 1.7e308),
+    ("bytes_moved.h2d", 1e40),
+    ("model", 5),
+    ("planner", {"x": 1}),
+    ("planner_label", [1]),
 ]
 
 
-@pytest.mark.parametrize("key, value", BAD_METRICS, ids=[f"{k}={v!r}" for k, v in BAD_METRICS])
+@pytest.mark.parametrize("key, value", BAD_METRICS, ids=[f"{k}={v!r}"[:40] for k, v in BAD_METRICS])
 def test_summary_with_a_bad_metric_is_refused(
     sweep: Path, tmp_path: Path, key: str, value: object
 ) -> None:

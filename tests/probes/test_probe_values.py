@@ -144,3 +144,71 @@ def test_an_empty_path_is_refused_not_the_current_folder(
     before = sorted(p.name for p in ROOT.iterdir())
     one_line((cli if fresh else cli_here)(module, *args), key, "empty path")
     assert sorted(p.name for p in ROOT.iterdir()) == before
+
+
+# a value of every config group that a run meets when it plans and simulates (a planner's
+# params, the workload, the hardware, the model), each one line naming its key; hot_k past the
+# model's experts was cut to them without a word
+PLANNED = [
+    ["planner=klotski", "planner.params.n=-5"],
+    ["planner=klotski", "planner.params.n=1000000"],
+    ["planner=klotski", "planner.params.hot_k=99"],
+    ["planner=klotski", "planner.params.hot_k=-1"],
+    ["planner=klotski", "planner.params.warmup_sequences=-1"],
+    ["planner=klotski", "planner.params.disk_window=0"],
+    ["planner=klotski", "planner.params.disk_window=-3"],
+    ["planner=klotski", "planner.params.predictor=foo"],
+    ["planner=flexgen", "planner.params.sync=maybe"],
+    ["planner=flexgen", "+planner.params.bogus=1"],
+    ["planner=eplb", "+planner.params.n_devices=0"],
+    ["planner=eplb", "+planner.params.n_devices=-1"],
+    ["planner=eplb", "+planner.params.interval=0"],
+    ["planner=eplb", "+planner.params.interval=-2"],
+    ["planner=predictive_replication", "+planner.params.window=0"],
+    ["planner=predictive_replication", "+planner.params.gate=foo"],
+    ["planner=oracle_replication", "+planner.params.truth=1.5"],
+    ["planner=oracle_replication", "+planner.params.truth=-0.5"],
+    ["planner=oracle_replication", "+planner.params.truth=nan"],
+    ["planner=moe_infinity", "+planner.params.cache_frac=2"],
+    ["planner=ep_static", "+planner.params.lanes=0"],
+    ["planner=fiddler", "+planner.params.bogus=x"],
+    ["planner=mixtral_offloading", "+planner.params.cache_per_layer=-1"],
+    ["planner=flexgen", "workload.prompt_len=0"],
+    ["planner=flexgen", "workload.gen_len=0"],
+    ["planner=flexgen", "workload.n_batches=0"],
+    ["planner=flexgen", "workload.gen_len=-1"],
+    ["planner=flexgen", "workload.prompt_len=100000000"],
+    ["planner=flexgen", "workload.routing.trace_dir=/nonexistent", "workload.routing.source=trace"],
+    ["planner=flexgen", "workload.routing.skew=-1"],
+    ["planner=flexgen", "workload.routing.layer_corr=2"],
+    ["planner=flexgen", "workload.routing.layer_corr=-1"],
+    ["planner=flexgen", "workload.routing.reuse=-0.5"],
+    ["planner=flexgen", "hardware.memory_gb.gpu=0"],
+    ["planner=flexgen", "hardware.memory_gb.cpu=-1"],
+    ["planner=flexgen", "hardware.memory_gb.disk=0"],
+    ["planner=flexgen", "hardware.gpu.mem_bw_gbps=0"],
+    ["planner=flexgen", "hardware.gpu.overhead_us=-5"],
+    ["planner=flexgen", "hardware.links.disk.gbps=0"],
+    ["planner=flexgen", "hardware.links.disk_write.latency_us=-1"],
+    ["planner=flexgen", "hardware.cpu.tflops=0"],
+    ["planner=flexgen", "model.dtype_bytes=0"],
+    ["planner=flexgen", "model.rms_norm_eps=0"],
+    ["planner=flexgen", "model.head_dim=0"],
+    ["planner=flexgen", "model.expert_ffn_size=0"],
+    ["planner=flexgen", "model.vocab_size=0"],
+    ["planner=flexgen", "model.n_heads=0"],
+    ["planner=flexgen", "model.shared_ffn_size=-1"],
+    ["planner=flexgen", "model.dense_ffn_size=-5"],
+    ["planner=flexgen", "model.kv_dim=-1"],
+    ["planner=flexgen", "+model.moe_layers=[99]"],
+    ["planner=flexgen", "+model.moe_layers=[]"],
+    ["planner=flexgen", "model.top_k=0"],
+]
+
+
+@pytest.mark.parametrize("overrides", PLANNED, ids=[" ".join(o) for o in PLANNED])
+def test_a_bad_value_met_while_planning_is_one_line(composer, overrides: list[str]) -> None:  # noqa: ANN001
+    from experiments.common.pipeline import simulate_run
+
+    key = overrides[-1].lstrip("+").split("=")[0].split(".")[-1]
+    raises_one_line(lambda: simulate_run(run_spec(composer(overrides))), key)

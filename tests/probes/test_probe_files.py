@@ -1,0 +1,98 @@
+"""Probe class: a file a command reads back from its own output (reproduce_klotski's
+results.csv, a run dir's summary.json, config.yaml and code_version.txt), malformed, hand-edited,
+from another version or cut short: one line naming the file, or the run done again; never an
+internal error, and never taken for a finished result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.common.pipeline import CODE, finished
+from experiments.reproduce_klotski import report_of
+from tests.probes.conftest import TINY, cli, raises_one_line
+
+RESULTS = [
+    ("a table it never writes", "table\nfoo\n", "tables foo"),
+    ("no rows", "table\n", "tables none"),
+    ("table 3 with a text column", "table,column,step\ntable3,x,y\n", "results.csv"),
+    ("auto_n lacking its columns", "table,n,throughput\nauto_n,a,b\n", "model"),
+    ("fig14 lacking throughput", "table\nfig14\n", "throughput_tok_s"),
+    (
+        "vs_flexgen lacking its planners",
+        "table,model,hardware,batch_size,planner,"
+        "throughput_tok_s,gen_len\nvs_flexgen,m,h,1,flexgen,1.0,4\n",
+        "klotski",
+    ),
+    ("not UTF-8", b"\xff\xfe\x00bad", "not a readable CSV"),
+    ("a binary file", bytes(range(256)), "results.csv"),
+    ("one quote open", 'table,"column\ntable3,1\n', "results.csv"),
+]
+
+
+@pytest.mark.parametrize("text, words", [c[1:] for c in RESULTS], ids=[c[0] for c in RESULTS])
+def test_a_results_csv_report_only_cannot_read_is_one_line(
+    tmp_path: Path, text: str | bytes, words: str
+) -> None:
+    """`reproduce_klotski report_only=true` on a results.csv it did not write as it is: a table
+    named `foo` was printed as an empty report (exit 0), a missing column or a text where a
+    number belongs was a KeyError, AttributeError or ValueError deep in the report."""
+    path = tmp_path / "results.csv"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    raises_one_line(lambda: report_of(path), str(path), words)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run (one subprocess for the module)."""
+    folder = tmp_path_factory.mktemp("run") / "run"
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={folder}")
+    assert r.returncode == 0, r.stderr
+    return folder
+
+
+BROKEN = [
+    ("summary a JSON list", "summary.json", b"[1, 2]"),
+    ("summary a JSON string", "summary.json", b'"done"'),
+    ("summary null", "summary.json", b"null"),
+    ("summary not UTF-8", "summary.json", b"\xff\xfe{}"),
+    ("summary cut short", "summary.json", b'{"planner": "fl'),
+    ("summary a folder", "summary.json", None),
+    ("config not UTF-8", "config.yaml", b"\xff\xfe\x00"),
+    ("config a folder", "config.yaml", None),
+    ("code version not UTF-8", CODE, b"\xff\xfe"),
+    ("code version a folder", CODE, None),
+]
+
+
+@pytest.mark.parametrize("name, data", [c[1:] for c in BROKEN], ids=[c[0] for c in BROKEN])
+def test_a_run_dir_with_a_broken_file_is_not_finished(
+    run: Path, tmp_path: Path, name: str, data: bytes | None
+) -> None:
+    """A rerun into a run dir decides whether its result is finished from these files: a
+    summary.json holding a JSON list was taken for a finished result (the run skipped, the list
+    left as its summary), a config.yaml or code_version.txt not UTF-8 was a UnicodeDecodeError
+    (an internal error). Each is a run not finished: it runs again."""
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    config = (mine / "config.yaml").read_text()
+    assert finished(mine, config)
+    (mine / name).unlink()
+    if data is None:
+        (mine / name).mkdir()
+    else:
+        (mine / name).write_bytes(data)
+    assert not finished(mine, config)
+
+
+def test_a_rerun_over_a_summary_that_is_a_list_runs_again(run: Path, tmp_path: Path) -> None:
+    """As a user meets it: the same command into the dir runs again and leaves a summary."""
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    (mine / "summary.json").write_text("[1, 2]")
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={mine}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert isinstance(json.loads((mine / "summary.json").read_text()), dict)
