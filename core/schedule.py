@@ -416,12 +416,16 @@ def _first_of_each_shape(
 
 
 def _check_spans(ops: list[Op], cols: dict[str, np.ndarray]) -> None:
-    """An op covers at least one batch; only an attention of one batch (not an expert op over
-    all of them, nor a micro-batch's) may cover several consecutive ones."""
+    """An op covers at least one batch; only an attention or a gate of one batch (not an expert
+    op over all of them, nor a micro-batch's) may cover several consecutive ones."""
     spans = cols["batches"]
+    kinds = list(OpKind)
     bad = spans < 1
     bad |= (spans > 1) & (
-        (cols["kind"] != list(OpKind).index(OpKind.ATTENTION))
+        (
+            (cols["kind"] != kinds.index(OpKind.ATTENTION))
+            & (cols["kind"] != kinds.index(OpKind.GATE))
+        )
         | (cols["batch"] < 0)
         | (cols["micro"] != _ANY)
     )
@@ -429,7 +433,7 @@ def _check_spans(ops: list[Op], cols: dict[str, np.ndarray]) -> None:
         op = ops[int(np.argmax(bad))]
         raise ScheduleError(
             f"{op.label()}: covers {op.batches} batches; an op covers >= 1, and only an "
-            "attention over whole batches (batch >= 0, no micro-batch) covers several"
+            "attention or a gate over whole batches (batch >= 0, no micro-batch) covers several"
         )
 
 
@@ -452,26 +456,31 @@ def _check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndar
     gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
     for i in gate_ids.tolist():
         op = ops[i]
-        gates.setdefault((op.step, op.layer), {}).setdefault(op.batch, []).append((op.micro, op.id))
+        for b in range(op.batch, op.batch + op.batches):  # a gate over a span: each batch's
+            gates.setdefault((op.step, op.layer), {}).setdefault(b, []).append((op.micro, op.id))
     step, layer, batch = (cols[c].astype(np.int64) for c in ("step", "layer", "batch"))
-    key = (step * (int(layer.max(initial=0)) + 2) + layer + 1) * (int(batch.max(initial=0)) + 2)
-    key += batch + 1  # one number per (step, layer, batch)
-    gk = key[gate_ids]
+    # each gate op once per batch it covers (a gate over k batches stands for each of them)
+    span = cols["batches"][gate_ids].astype(np.int64)
+    g_rep = np.repeat(gate_ids, span)
+    g_batch = batch[g_rep] + np.arange(len(g_rep)) - np.repeat(np.cumsum(span) - span, span)
+    width = max(int(batch.max(initial=0)), int(g_batch.max(initial=0))) + 2
+    sl = step * (int(layer.max(initial=0)) + 2) + layer + 1  # one number per (step, layer)
+    key = sl * width + batch + 1  # one number per (step, layer, batch)
+    gk = sl[g_rep] * width + g_batch + 1
     uniq, at, count = np.unique(gk, return_index=True, return_counts=True)
-    single = (count == 1) & (cols["micro"][gate_ids[at]] == _ANY)
+    single = (count == 1) & (cols["micro"][g_rep[at]] == _ANY)
     pos = np.searchsorted(uniq, key[experts]).clip(max=max(len(uniq) - 1, 0))
     fast = (cols["batch"][experts] != _ANY) & (len(uniq) > 0)
     if len(uniq):
         fast &= (uniq[pos] == key[experts]) & single[pos]
     need = np.full(n, -2)
-    need[experts[fast]] = gate_ids[at[pos[fast]]]
+    need[experts[fast]] = g_rep[at[pos[fast]]]
     has = np.zeros(n, bool)
     has[owner[cols["dep_idx"] == need[owner]]] = True
     # an op over every batch (micro -1) needs every gate of its layer: count the distinct ones
     # among its deps
     every = (cols["batch"][experts] == _ANY) & (cols["micro"][experts] == _ANY)
     if every.any():
-        sl = step * (int(layer.max(initial=0)) + 2) + layer + 1  # one number per (step, layer)
         wanted = np.zeros(n, bool)
         wanted[experts[every]] = True
         is_gate = np.zeros(n, bool)

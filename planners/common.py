@@ -257,6 +257,25 @@ class Emitter:
         ops, view = self._gate(step, layer, batch, [(self.compute, self.bs, deps)], free)
         return ops[0], view
 
+    def gate_span(
+        self,
+        step: int,
+        layer: int,
+        batch: int,
+        batches: int,
+        deps: tuple[int | None, ...],
+        last_batch: bool,
+    ) -> tuple[int, list[GateView]]:
+        """The routers of batches batch .. batch + batches - 1 as one op (one call per batch
+        inside it, without an op's overhead for each); their routings are all seen at it."""
+        if batches == 1:
+            op, view = self.gate(step, layer, batch, deps, last_batch)
+            return op, [view]
+        free = self.free_kwargs(Tensor.GATE, layer, last_batch)
+        parts = [(self.compute, self.bs * batches, deps)]
+        (op,) = self._gate_ops(step, layer, batch, parts, free, batches=batches)
+        return op, [self._reveal(op, step, layer, b) for b in range(batch, batch + batches)]
+
     def gate_parts(
         self, step: int, layer: int, batch: int, parts: Sequence[tuple[str, int, tuple[int, ...]]]
     ) -> tuple[tuple[int, ...], GateView]:
@@ -311,6 +330,7 @@ class Emitter:
         parts: Sequence[tuple[str, int, tuple[int | None, ...]]],
         free: dict[str, object],
         micro: int = -1,
+        batches: int = 1,
     ) -> tuple[int, ...]:
         m, per = self.model, self.ctx.workload.step_tokens(step)
         ops: list[int] = []
@@ -328,6 +348,7 @@ class Emitter:
                     tokens=seqs * per,
                     flops=m.gate_flops(seqs * per),
                     touch_bytes=m.gate_bytes,
+                    batches=batches,
                     **(free if i == len(parts) - 1 else {}),
                 )
             )
@@ -357,7 +378,8 @@ class Emitter:
         """
         m = self.ctx.model
         gates = self.gate_ops[(step, layer)]
-        deps = (*deps, *(gates if batch == -1 else gates[batch : batch + 1]))
+        # (a gate over several batches is each one's: named once)
+        deps = (*deps, *(dict.fromkeys(gates) if batch == -1 else gates[batch : batch + 1]))
         # the planners' most frequent op: built positionally (`ScheduleBuilder.append`, as
         # `add` would build it), the memory effect looked up only at a last use
         free_tier, free_bytes = None, 0

@@ -59,11 +59,12 @@ class KlotskiParams:
     # without that window (CPU memory too small): experts ranked next after the K hot ones, read
     # from disk before the gates so the disk does not wait on them (dropped if no gate chose them)
     disk_speculate: int = 1
-    # attention over consecutive batches in one op, where a layer's KV stays on the GPU (an
-    # offloaded KV is loaded and stored batch by batch): 1 = batch by batch (the paper's loop),
-    # k > 1 = spans of k batches at every step, 0 = the planner chooses: the whole group at
-    # decode steps where its working set fits the activation room the placement reserves,
-    # batch by batch at prefill (a batch's P tokens per sequence already share the weight read)
+    # attention (and the gates after it) over consecutive batches in one op, where a layer's KV
+    # stays on the GPU (an offloaded KV is loaded and stored batch by batch): 1 = batch by batch
+    # (the paper's loop), k > 1 = spans of k batches at every step, 0 = the planner chooses: the
+    # whole group at decode steps where its working set fits the activation room the placement
+    # reserves, batch by batch at prefill (a batch's P tokens per sequence already share the
+    # weight read)
     attn_batches: int = 1
     # memory for activations: the real executor's buffers (core.spec.activation_bytes: every
     # batch's k expert-output slots, logits, ...), as the benchmarks of real runs set it; else
@@ -250,7 +251,7 @@ class Klotski(Planner):
             if moe is not None:
                 last = self._experts(step, layer, moe, last)
                 prev_ids = np.concatenate([v.ids for v in moe.views])
-                prev_gates = tuple(em.gate_ops[(step, layer)])
+                prev_gates = tuple(dict.fromkeys(em.gate_ops[(step, layer)]))
             for k in range(n):
                 last = em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
         for k in range(n):
@@ -329,20 +330,25 @@ class Klotski(Planner):
     def _gates(
         self, step: int, layer: int, st: _Layer, last: int | None, prev_ids: np.ndarray | None
     ) -> int | None:
-        """Gates batch by batch; a batch's new experts start loading at once (discovery order)."""
+        """Gates batch by batch (or over the attention's spans of batches: one op each, the
+        routers back to back as before); a batch's new experts start loading at once, in
+        discovery order."""
         em, n = self.em, self.n
         synced = tuple(
             st.loads.values()
         )  # Algorithm 1 syncs the weight stream before the gate layer
-        for k in range(n):
-            last, view = em.gate(step, layer, k, (*synced, last), last_batch=k == n - 1)
-            st.views.append(view)
-            for e in map(int, np.flatnonzero(view.counts)):
-                if e not in st.loads:
-                    st.loads[e] = self._load_expert(
-                        step, layer, e, self.experts_stream, deps=(last,), read_deps=(last,)
-                    )
-                    st.order.append(e)
+        for k, span in self._attn_spans(step, layer):
+            last, views = em.gate_span(
+                step, layer, k, span, (*synced, last), last_batch=k + span == n
+            )
+            for view in views:
+                st.views.append(view)
+                for e in map(int, np.flatnonzero(view.counts)):
+                    if e not in st.loads:
+                        st.loads[e] = self._load_expert(
+                            step, layer, e, self.experts_stream, deps=(last,), read_deps=(last,)
+                        )
+                        st.order.append(e)
         mi = em.model.moe_index(layer)
         ids = np.concatenate([v.ids for v in st.views])
         self.predictor.observe(

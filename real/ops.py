@@ -133,6 +133,10 @@ class OpSemantics:
             self._expert(op, w)
             return
         assert op.batch >= 0, f"{op.label()}: only experts may run over all batches"
+        if op.kind == OpKind.GATE and op.batches > 1:  # each batch's router, in one op
+            for b in range(op.batch, op.batch + op.batches):
+                self._gate(op._replace(batch=b, batches=1), self._batches[b], w)
+            return
         if op.batches > 1:
             self._attention_span(op, w)
             return

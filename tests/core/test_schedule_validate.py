@@ -277,7 +277,7 @@ CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError]
         "an expert over a span of batches",
         _expert_over_a_span,
         ScheduleError,
-        ["batch=0..1", "only an attention over whole batches"],
+        ["batch=0..1", "only an attention or a gate over whole batches"],
     ),
     (
         "an attention over no batch",

@@ -567,8 +567,8 @@ def test_a_run_dir_holds_its_prompts_and_tokens(mixtral_tiny, tmp_path):
 def test_attention_over_several_batches_matches_in_memory_forward(mixtral_tiny, attn_batches, mode):
     """Klotski's attention over spans of batches (the group's at decode, or pairs at every
     step, the last span shorter): one call per span over the group's device cache of the layer,
-    whose per-batch slices the spans read and write in place; tokens and logits as the in-memory
-    forward's, every op traced once under its own id."""
+    whose per-batch slices the spans read and write in place, and one gate op per span; tokens
+    and logits as the in-memory forward's, every op traced once under its own id."""
     model, _ = load_checkpoint(mixtral_tiny)
     wl = WORKLOAD.with_(n_batches=3)
     spec = RunSpec(model, OFFLOAD, wl, "klotski", {"n": -1, "attn_batches": attn_batches})
@@ -581,7 +581,10 @@ def test_attention_over_several_batches_matches_in_memory_forward(mixtral_tiny, 
     trace = result.trace
     assert sorted(trace["op_id"]) == list(range(len(result.schedule)))
     merged = trace[trace["batches"] > 1]
-    assert len(merged) == len(spans) and set(merged["kind"]) == {str(OpKind.ATTENTION)}
+    gates = [o for o in result.schedule.ops if o.kind == OpKind.GATE and o.batches > 1]
+    assert len(gates) == len(spans), "the gates follow the attention's spans"
+    assert len(merged) == 2 * len(spans)
+    assert set(merged["kind"]) == {str(OpKind.ATTENTION), str(OpKind.GATE)}
     assert out.fallback_loads == 0
 
 
