@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -156,9 +157,12 @@ def _signal_handlers_kept() -> Iterator[None]:
     is put back: a later test in this process that relies on Ctrl-C's KeyboardInterrupt (or on
     SIGTERM's default action) would otherwise fail for it, far from the cause."""
     before = {s: signal.getsignal(s) for s in _SIGNALS}
+    python = sys.executable  # what the processes a test starts run: ignored signals stay so
     yield
     changed = [s for s in _SIGNALS if signal.getsignal(s) != before[s]]
     left = {signal.Signals(s).name: signal.getsignal(s) for s in changed}
     for s in changed:
         signal.signal(s, before[s])
+    moved, sys.executable = sys.executable, python
     assert not changed, f"the test left these signals' handlers changed: {left}"
+    assert moved == python, f"the test left sys.executable changed: {moved}"

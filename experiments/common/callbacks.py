@@ -87,7 +87,7 @@ def workers_ignore_ctrl_c() -> str | None:
     import tempfile
 
     real = sys.executable
-    if not real or os.name != "posix":
+    if not real or os.name != "posix" or _wrapped(real):
         return None
     try:
         folder = tempfile.mkdtemp(prefix="moepipe-python-")
@@ -99,6 +99,19 @@ def workers_ignore_ctrl_c() -> str | None:
         return None
     sys.executable = str(wrapper)
     return real
+
+
+def _wrapped(executable: str) -> bool:
+    return Path(executable).parent.name.startswith("moepipe-python-")
+
+
+def workers_heed_signals(real: str) -> None:
+    """Undo `workers_ignore_ctrl_c`: the real python back, the wrapper's folder gone."""
+    import shutil
+
+    if _wrapped(sys.executable):
+        shutil.rmtree(Path(sys.executable).parent, ignore_errors=True)
+    sys.executable = real
 
 
 def remove_if_no_runs(sweep_dir: Path) -> None:
@@ -173,12 +186,8 @@ class SweepProgress(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self._python is not None:  # the wrapper's folder goes, the real python is back
-            import shutil
-
-            wrapper = Path(sys.executable).parent
-            if wrapper.name.startswith("moepipe-python-"):
-                shutil.rmtree(wrapper, ignore_errors=True)
-            sys.executable, self._python = self._python, None
+            workers_heed_signals(self._python)
+            self._python = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

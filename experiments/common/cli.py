@@ -241,6 +241,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
                 previous[signum] = signal.signal(signum, _raise_stopped)
     hook = sys.unraisablehook
     sys.unraisablehook = _interrupt_again(hook)
+    python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
     try:
         return main()
     except KeyboardInterrupt as e:
@@ -253,6 +254,11 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         sys.exit(130)
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
+        # and the python its subprocesses start: a sweep that failed or was stopped never
+        # reached the callback that puts it back (a later `sys.executable` would ignore SIGTERM)
+        callbacks = sys.modules.get("experiments.common.callbacks")
+        if callbacks is not None and sys.executable != python:
+            callbacks.workers_heed_signals(python)
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _raise_stopped:
                 signal.signal(signum, handler)

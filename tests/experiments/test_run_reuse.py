@@ -91,7 +91,10 @@ def test_a_garbled_summary_is_run_again(tmp_path, run_in):
     assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
     r = run_in([*TINY, "planner=flexgen"], tmp_path)
-    assert r.returncode == 0 and "not readable JSON; running again" in r.stdout + r.stderr
+    assert (
+        r.returncode == 0
+        and "summary.json is not a readable JSON object; running again" in r.stdout + r.stderr
+    )
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
 
 
