@@ -268,12 +268,19 @@ def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """An unraisable-exception hook: Ctrl-C's KeyboardInterrupt, when it lands in a callback
     Python cannot raise from (a weakref callback of the import machinery, a `__del__`), was
     printed as "Exception ignored" and lost, and the command ran on to exit 0. It is raised
-    again, as a signal, to land where it stops the command."""
+    again, as a signal sent from another thread a moment later: raised from the hook itself,
+    its handler ran inside the hook, where the KeyboardInterrupt was lost the same way (seen in
+    a full test run); sent later, it reaches the main thread once the hook has returned."""
 
     def hook(unraisable: Any) -> None:
         e = unraisable.exc_value
         if isinstance(e, KeyboardInterrupt):
-            signal.raise_signal(e.signum if isinstance(e, Stopped) else signal.SIGINT)
+            signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+            # (a moment later: starting a thread waits for it, where a signal it sent at once
+            # would be handled, still inside this hook)
+            later = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+            later.daemon = True
+            later.start()
             return
         previous(unraisable)
 
