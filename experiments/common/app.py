@@ -408,23 +408,12 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     return f"+{override}"
 
 
-# hydra's own command-line flags (hydra/_internal/utils.py get_args_parser, hydra 1.3)
-_FLAGS = {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--version",
+# hydra's flags that take a value (`--cfg job`): the value stays with its flag
+_VALUE_FLAGS = {
     "--cfg",
     "-c",
-    "--resolve",
     "--package",
     "-p",
-    "--run",
-    "-r",
-    "--multirun",
-    "-m",
-    "--shell-completion",
-    "-sc",
     "--config-path",
     "-cp",
     "--config-name",
@@ -434,6 +423,20 @@ _FLAGS = {
     "--experimental-rerun",
     "--info",
     "-i",
+}
+# hydra's own command-line flags (hydra/_internal/utils.py get_args_parser, hydra 1.3)
+_FLAGS = _VALUE_FLAGS | {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--resolve",
+    "--run",
+    "-r",
+    "--multirun",
+    "-m",
+    "--shell-completion",
+    "-sc",
 }
 
 
@@ -493,24 +496,6 @@ def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
             return ".".join(parts[: i + 1]), names
         typ = _field_type(typ, part)
     return None
-
-
-# hydra's flags that take a value (`--cfg job`): the value stays with its flag
-_VALUE_FLAGS = {
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--experimental-rerun",
-    "--info",
-    "-i",
-}
 
 
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
