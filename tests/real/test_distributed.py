@@ -343,7 +343,10 @@ def catches_sigterm(pid: int) -> bool:
     return bool(mask >> (signal.SIGTERM - 1) & 1)
 
 
-@pytest.mark.parametrize("after_s", [0.0, 8.0])
+@pytest.mark.parametrize(
+    "after_s",
+    [0.0, pytest.param(8.0, marks=pytest.mark.slow)],  # 8 s in: end to end, slow
+)
 def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, after_s):
     """Under torchrun, rank 1 killed once rank 0's command has started (0 s: it is still
     setting up) or in the run (8 s later): torchrun stops rank 0 at once (SIGTERM), and rank 0
