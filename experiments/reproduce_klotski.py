@@ -13,18 +13,14 @@ Usage:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +39,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.pipeline import finished, replace_run, stamp, write_texts
+from experiments.common.pool import ignore_ctrl_c, stopped_on_error
 from experiments.common.tables import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -494,8 +491,8 @@ def run_resumable(
             f"running {len(todo)}",
             file=sys.stderr,
         )
-    pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint)
-    with pool, _stopped_on_error(pool):
+    pool = ProcessPoolExecutor(workers, initializer=ignore_ctrl_c)
+    with pool, stopped_on_error(pool):
         futures = {pool.submit(run_point, jobs[i]): i for i in todo}
         # a bar on stderr, one tick per finished run: the tables go to stdout, untouched
         bar = tqdm(
@@ -515,46 +512,6 @@ def run_resumable(
             bar.update()
         bar.close()
     return [done[i] for i in range(len(jobs))], len(todo)
-
-
-def _ignore_sigint() -> None:
-    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP) to the parent, which stops the
-    pool and prints the one line (a worker's own KeyboardInterrupt would print its traceback
-    first). SIGTERM keeps its default action: `_stop` ends a worker with it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
-    """On Ctrl-C or a failed run, `_stop` the pool: leaving its `with` block alone waits for
-    every queued run to finish (`shutdown(wait=True)`), so the command hung."""
-    try:
-        yield
-    except BaseException:
-        _stop(pool)
-        raise
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the running ones: SIGTERM, and SIGKILL for a worker still
-    there 2 s later. A worker's end is seen on its sentinel, not with join() or is_alive(): the
-    pool's own thread reaps the workers meanwhile (waitpid), and is_alive() of a worker reaped
-    by another thread is True (its waitpid fails with ECHILD), which read as a worker that
-    outlived SIGKILL."""
-    # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
-    # the running runs finish before the command ends
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.terminate()
-    left = {proc.sentinel: proc for proc in procs}
-    deadline = time.monotonic() + 2.0
-    while left and time.monotonic() < deadline:
-        for ended in wait(list(left), timeout=max(0.0, deadline - time.monotonic())):
-            left.pop(ended)
-    for proc in left.values():  # a worker that ignores or handles SIGTERM
-        proc.kill()
 
 
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")

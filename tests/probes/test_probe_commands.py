@@ -147,16 +147,16 @@ from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait
 
-from experiments.reproduce_klotski import _ignore_sigint, _stop
+from experiments.common.pool import ignore_ctrl_c, stop_pool
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(1, initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(1, initializer=ignore_ctrl_c)
     running = pool.submit(time.sleep, 60.0)
     queued = pool.submit(time.sleep, 60.0)
     while not running.running():
         time.sleep(0.05)
     procs = list(pool._processes.values())
-    _stop(pool)
+    stop_pool(pool)
     # each worker's end as its sentinel shows it (is_alive() of a worker the pool's own thread
     # reaped meanwhile says True), well inside the runs' 60 s, with room for a loaded machine
     ended = wait([p.sentinel for p in procs], timeout=30)
@@ -171,7 +171,7 @@ if __name__ == "__main__":
 
 def test_reproduce_klotskis_pool_stops_at_once(tmp_path: Path) -> None:
     """Ctrl-C in reproduce_klotski waited for every queued run (leaving the pool's `with`
-    waits for them all): the command hung for the rest of the grid. `_stop` ends the running
+    waits for them all): the command hung for the rest of the grid. `stop_pool` ends the running
     runs and cancels the queued ones. In a process of its own, as the command runs it (forked
     from the test process, a worker inherits whatever signal state earlier tests left)."""
     script = tmp_path / "pool_stop.py"

@@ -1,0 +1,58 @@
+"""A process pool a command can stop at once: its workers leave Ctrl-C to the command, and on
+Ctrl-C or a failed task the command cancels what is queued and ends what runs (leaving a
+`ProcessPoolExecutor`'s `with` block alone waits for every queued task).
+
+Usage:
+    pool = ProcessPoolExecutor(workers, initializer=ignore_ctrl_c)
+    with pool, stopped_on_error(pool):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import wait
+
+
+def ignore_ctrl_c() -> None:
+    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP) to the parent, which stops the
+    pool and prints the one line (a worker's own KeyboardInterrupt would print its traceback
+    first). SIGTERM keeps its default action: `stop_pool` ends a worker with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def stopped_on_error(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """On Ctrl-C or a failed run, `stop_pool` the pool: leaving its `with` block alone waits for
+    every queued run to finish (`shutdown(wait=True)`), so the command hung."""
+    try:
+        yield
+    except BaseException:
+        stop_pool(pool)
+        raise
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued runs and end the running ones: SIGTERM, and SIGKILL for a worker still
+    there 2 s later. A worker's end is seen on its sentinel, not with join() or is_alive(): the
+    pool's own thread reaps the workers meanwhile (waitpid), and is_alive() of a worker reaped
+    by another thread is True (its waitpid fails with ECHILD), which read as a worker that
+    outlived SIGKILL."""
+    # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
+    # the running runs finish before the command ends
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    left = {proc.sentinel: proc for proc in procs}
+    deadline = time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:
+        for ended in wait(list(left), timeout=max(0.0, deadline - time.monotonic())):
+            left.pop(ended)
+    for proc in left.values():  # a worker that ignores or handles SIGTERM
+        proc.kill()
