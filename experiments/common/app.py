@@ -267,22 +267,14 @@ def hydra_main(
         app = hydra.main(version_base="1.3", config_path=str(conf_dir), config_name=config_name)(
             job
         )
-        saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
-        sys.argv = [sys.argv[0] if sys.argv else config_name, *flags, *hydra_args, *overrides]
-        os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach us, and become one line here
+        argv0 = sys.argv[0] if sys.argv else config_name
         sweep = {"-m", "--multirun"} & set(flags)
-        try:
-            with (
-                validate_each_value_once() if sweep else contextlib.nullcontext(),
-                mode_unset([*flags, *overrides], (conf_dir, Path(tmp))),
-            ):
-                app()
-        finally:
-            sys.argv = saved_argv
-            if saved_env is None:
-                os.environ.pop("HYDRA_FULL_ERROR", None)
-            else:
-                os.environ["HYDRA_FULL_ERROR"] = saved_env
+        with (
+            _as_hydras_argv([argv0, *flags, *hydra_args, *overrides]),
+            validate_each_value_once() if sweep else contextlib.nullcontext(),
+            mode_unset([*flags, *overrides], (conf_dir, Path(tmp))),
+        ):
+            app()
         if raised:
             raise raised[0]
     except SystemExit as e:
@@ -301,6 +293,23 @@ def hydra_main(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return int(result[0] or 0) if result else 0
+
+
+@contextlib.contextmanager
+def _as_hydras_argv(args: list[str]) -> Iterator[None]:
+    """sys.argv as `hydra.main` reads it, and HYDRA_FULL_ERROR set (errors reach `hydra_main`,
+    which makes them one line); both put back after."""
+    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv = args
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        if saved_env is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_env
 
 
 @contextlib.contextmanager
