@@ -32,6 +32,19 @@ from real.model import (
 N, B, P = 15, 4, 16  # batches, sequences per batch, prompt tokens
 
 
+def time_cases(cases: dict[str, Callable[[], object]], reps: int) -> dict[str, list[float]]:
+    """Each case's seconds over `reps` rounds (the cases interleaved), after one warm-up each."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for f in cases.values():
+        f()
+    for _ in range(reps):
+        for k, f in cases.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    return times
+
+
 def main(ckpt: str, reps: int, threads: int) -> None:
     torch.set_num_threads(threads)
     spec, units = load_units(ckpt)
@@ -102,18 +115,11 @@ def main(ckpt: str, reps: int, threads: int) -> None:
         "attention only, 15 calls": lambda: attention_only(False),
         "attention only, 1 call": lambda: attention_only(True),
     }
-    times: dict[str, list[float]] = {k: [] for k in cases}
     with torch.inference_mode():
         ref = forward_step(model, units, nxt, kv, P)[0]
         for merged in (False, True):
             torch.testing.assert_close(klotski(merged), ref, atol=1e-4, rtol=1e-4)
-        for f in cases.values():  # warm-up
-            f()
-        for _ in range(reps):
-            for k, f in cases.items():
-                t = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t)
+        times = time_cases(cases, reps)
     for k, v in times.items():
         print(f"{k:38s} {statistics.median(v) * 1e3:7.1f} ms  (min {min(v) * 1e3:.1f})")
 
