@@ -3,7 +3,8 @@ transformers' forward, moepipe's forward over all 60, Klotski's order (gates per
 expert once over all 60) with attention per batch and with one attention call over the group,
 and the attention calls alone. Medians (and minima) of interleaved reps; outputs checked equal.
 
-Usage, from the repository root: python -m scripts.decode_step_timing CHECKPOINT_DIR [reps=7] [threads=2]
+Usage (from the repository root):
+    python -m scripts.decode_step_timing CHECKPOINT_DIR [reps=7] [threads=2]
 """
 
 from __future__ import annotations
