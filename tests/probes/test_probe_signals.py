@@ -211,11 +211,15 @@ def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path, cli_here:
     assert _result(run) == before
 
 
-def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatch) -> None:
-    """Ctrl-C in the moment a finished run's files replace the old ones (after the old
-    summary.json went, between two renames) comes once the new result is whole: the dir never
-    holds some files of each run and no summary. Timing cannot aim at that moment from outside,
-    so the signal is sent from the first rename."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_while_the_result_goes_in_waits_for_it(
+    sig: int, tmp_path: Path, monkeypatch
+) -> None:
+    """Ctrl-C or SIGTERM in the moment a finished run's files replace the old ones (after the
+    old summary.json went, between two renames) comes once the new result is whole: the dir
+    never holds some files of each run and no summary. Timing cannot aim at that moment from
+    outside, so the signal is sent from the first rename."""
+    from experiments.common import cli as cli_module
     from experiments.common import pipeline
 
     run = tmp_path / "run"
@@ -227,16 +231,21 @@ def test_ctrl_c_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatc
         rename(src, dst)
         if not sent:
             sent.append(dst)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
 
     monkeypatch.setattr(pipeline.os, "replace", replace_and_signal)
-    # Python's own handler, whatever an earlier test in this process left set
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # the command's own handlers, whatever an earlier test in this process left set
+    handler, raised = (
+        (signal.default_int_handler, KeyboardInterrupt)
+        if sig == signal.SIGINT
+        else (cli_module._raise_stopped, cli_module.Stopped)
+    )
+    previous = signal.signal(sig, handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(raised):
             pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(sig, previous)
     assert sent
     assert json.loads((run / "summary.json").read_text())["planner"] == "new"
     assert {(run / f).read_text() for f in ("config.yaml", "trace.parquet")} == {"new"}
@@ -514,34 +523,6 @@ def test_until_interrupted_leaves_the_handlers_as_it_found_them(capsys) -> None:
     assert e.value.code == 129
     assert capsys.readouterr().err.startswith("stopped by SIGHUP; ")
     assert {s: signal.getsignal(s) for s in before} == before
-
-
-def test_sigterm_while_the_result_goes_in_waits_for_it(tmp_path: Path, monkeypatch) -> None:
-    """As `test_ctrl_c_while_the_result_goes_in_waits_for_it`, for SIGTERM: it comes once the
-    new result is whole."""
-    from experiments.common import cli as cli_module
-    from experiments.common import pipeline
-
-    run = tmp_path / "run"
-    pipeline.replace_run(run, {"planner": "old"}, lambda tmp: _write(tmp, "old"))
-    rename = os.replace
-    sent = []
-
-    def replace_and_signal(src: os.PathLike, dst: os.PathLike) -> None:
-        rename(src, dst)
-        if not sent:
-            sent.append(dst)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(pipeline.os, "replace", replace_and_signal)
-    previous = signal.signal(signal.SIGTERM, cli_module._raise_stopped)
-    try:
-        with pytest.raises(cli_module.Stopped):
-            pipeline.replace_run(run, {"planner": "new"}, lambda tmp: _write(tmp, "new"))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert json.loads((run / "summary.json").read_text())["planner"] == "new"
-    assert not list(run.glob(".partial-*"))
 
 
 def test_ctrl_c_lost_in_a_del_still_stops_the_command(capsys) -> None:
