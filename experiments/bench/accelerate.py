@@ -7,7 +7,7 @@ Usage:
     python -m experiments.bench.accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
         [cold=pass|once|false] [cgroup=true] [slack_mb=256] [klotski_n=-1] [klotski_attn=0]
-        [routing=synthetic|trace|auto] [trace_dir=../shared/traces]
+        [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0]
 The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate): each
 child prints its result as one JSON line.
 """
@@ -45,6 +45,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1)
     as_int("slack_mb", d["slack_mb"], at_least=0)
+    as_float("peer_limit", d["peer_limit"], at_least=0.0)
     as_int("klotski_n", d["klotski_n"], at_least=-1)
     as_int("klotski_attn", d["klotski_attn"], at_least=0)
     d["routing"] = checked_routing(str(d["routing"]))

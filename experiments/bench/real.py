@@ -10,7 +10,7 @@ Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
         [cold=once|pass] [n=0] [routing=auto|trace|synthetic] [trace_dir=../shared/traces]
-        [calib_layers=6]
+        [calib_layers=6] [peer_limit=3]
 e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=8 (its routing replayed
 from the ESFT trace); model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of its 27 layers,
 stated in the output).
@@ -205,6 +205,7 @@ def run(opts: BenchRealOptions) -> list[str]:
         gen_len=opts.gen_len,
         cold=cold,
         slack_mb=opts.slack_mb,
+        peer_limit=opts.peer_limit,
         klotski_n=opts.n,
         routing=opts.routing.lower(),
         trace_dir=opts.trace_dir,
@@ -238,6 +239,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     for key in ("gen_len", "batch_size", "prompt_len"):
         as_int(key, getattr(opts, key), at_least=1)
     as_int("slack_mb", opts.slack_mb, at_least=0)
+    as_float("peer_limit", opts.peer_limit, at_least=0.0)
     as_int("n", opts.n, at_least=0)
     as_int("calib_layers", opts.calib_layers, at_least=1)
     pe.checked_routing(opts.routing)

@@ -159,11 +159,13 @@ def run_accelerate(
     batch_size: int,
     gen_len: int,
     cold: str,
-) -> float:
+    limit_s: float = 0.0,
+) -> float | None:
     """Seconds for greedy generation of `prompts` [N, P], `batch_size` sequences per `generate`
     call, with accelerate's disk offload holding `device_bytes` on the device and `host_bytes`
     in host RAM (their sum in RAM without CUDA); `cold` as in the module doc (with "pass", the
-    page-cache drops are not counted)."""
+    page-cache drops are not counted). None where `limit_s` > 0 and the generation (loading not
+    counted) ran that long: it is stopped there."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -190,20 +192,48 @@ def run_accelerate(
             model.register_forward_pre_hook(drop_before_pass)
         first = "cuda:0" if cuda else "cpu"
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            for b in range(0, prompts.shape[0], batch_size):
-                ids = prompts[b : b + batch_size].to(first)
-                model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=gen_len,
-                    min_new_tokens=gen_len,
-                    do_sample=False,
-                    pad_token_id=0,
-                )
+        try:
+            with _time_limit(limit_s), torch.inference_mode():
+                for b in range(0, prompts.shape[0], batch_size):
+                    ids = prompts[b : b + batch_size].to(first)
+                    model.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=gen_len,
+                        min_new_tokens=gen_len,
+                        do_sample=False,
+                        pad_token_id=0,
+                    )
+        except _Stopped:
+            print(f"accelerate: stopped at its time limit, {limit_s:.1f} s", file=sys.stderr)
+            return None
         total = time.perf_counter() - t0
         print(f"accelerate: {dropping[0]:.2f} s of page-cache drops not counted", file=sys.stderr)
         return total - dropping[0]
+
+
+class _Stopped(Exception):
+    """A peer's generation ran past its time limit."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Any:
+    """Raise _Stopped in the block once `seconds` of wall time have passed (0: never). A SIGALRM
+    handler, so it lands between two of the peer's Python-level calls, within one kernel."""
+    if seconds <= 0:
+        yield
+        return
+
+    def stop(*_: Any) -> None:
+        raise _Stopped
+
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def checked_routing(routing: str) -> str:
@@ -282,7 +312,15 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
         int(opts["acc_batch"]),
         wl.gen_len,
         str(opts["cold"]),
+        float(opts.get("acc_limit_s", 0.0)),
     )
+    if seconds is None:  # stopped: it would have taken longer than its limit
+        return {
+            "tok_s": None,
+            "seconds": None,
+            "stopped_s": float(opts["acc_limit_s"]),
+            "tokens": wl.tokens_generated,
+        }
     return {
         "tok_s": wl.tokens_generated / seconds,
         "seconds": seconds,
@@ -300,6 +338,16 @@ class Row:
     peak_cgroup_bytes: int | None  # RSS + page cache charged to its cgroup
     note: str = ""
     dag_efficiency: float | None = None  # moepipe: schedule's own critical path / makespan
+    stopped_s: float | None = None  # a peer stopped at this time limit, `tokens` not all made
+    tokens: int = 0
+
+    @property
+    def tok_s_at_most(self) -> float | None:
+        """Its tok/s, or for a stopped peer the most it could have reached (it would have made
+        `tokens` in more than `stopped_s`)."""
+        if self.tok_s is not None:
+            return self.tok_s
+        return self.tokens / self.stopped_s if self.stopped_s else None
 
 
 def run_side(
@@ -372,7 +420,8 @@ def compare(
             dag_efficiency=got.get("dag_efficiency"),
         )
     )
-    opts = dict(opts, n_batches=n)
+    limit_s = float(opts.get("peer_limit", 0.0)) * float(got["seconds"])
+    opts = dict(opts, n_batches=n, acc_limit_s=limit_s)
     every = n * spec.workload.batch_size
     batch = every
     while True:  # the largest batch that fits: every prompt at once, halved while it does not
@@ -408,19 +457,35 @@ def compare(
         f"{tokens} tokens",
         mem,
     ]
+    if limit_s:
+        header.append(
+            f"accelerate stopped after {opts['peer_limit']:g} x moepipe's makespan "
+            f"({limit_s:.1f} s of generation; loading not counted)"
+        )
     return rows, header
 
 
 def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, why: str) -> Row:
     if got is None:
         return Row(name, batch, None, None, None, peak, why)
-    return Row(name, batch, got["tok_s"], got["seconds"], got["peak_rss_bytes"], peak)
+    return Row(
+        name,
+        batch,
+        got["tok_s"],
+        got["seconds"],
+        got["peak_rss_bytes"],
+        peak,
+        "stopped at its time limit" if got.get("stopped_s") else "",
+        stopped_s=got.get("stopped_s"),
+        tokens=int(got.get("tokens", 0)),
+    )
 
 
 def format_rows(rows: list[Row]) -> list[str]:
-    """The table, then `moepipe / best peer: X.XXx`."""
-    peers = [r for r in rows if not r.system.startswith("moepipe") and r.tok_s]
-    best = max(peers, key=lambda r: r.tok_s or 0.0) if peers else None
+    """The table, then `moepipe / best peer: X.XXx`: against a stopped peer's most possible
+    tok/s where that is the best, `>= X.XXx`."""
+    peers = [r for r in rows if not r.system.startswith("moepipe") and r.tok_s_at_most]
+    best = max(peers, key=lambda r: r.tok_s_at_most or 0.0) if peers else None
 
     def mb(b: int | None) -> str:
         return "-" if b is None else f"{b / 1e6:.0f}"
@@ -430,20 +495,38 @@ def format_rows(rows: list[Row]) -> list[str]:
         f"{'RSS+cache MB':>12s} {'x best peer':>11s}"
     ]
     for r in rows:
-        if r.tok_s is None:
+        head = f"{r.system:40s} {r.batch:5d}"
+        if r.stopped_s:
             out.append(
-                f"{r.system:40s} {r.batch:5d} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
+                f"{head} {'<' + format(r.tok_s_at_most, '.2f'):>8s} "
+                f"{'>' + format(r.stopped_s, '.0f'):>7s} {mb(r.peak_rss_bytes):>7s} "
                 f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}"
             )
             continue
-        ratio = f"{r.tok_s / best.tok_s:.2f}x" if best and best.tok_s else "-"
+        if r.tok_s is None:
+            out.append(
+                f"{head} {'-':>8s} {'-':>7s} {mb(r.peak_rss_bytes):>7s} "
+                f"{mb(r.peak_cgroup_bytes):>12s}   {r.note}"
+            )
+            continue
+        ratio = "-"
+        if best and best.tok_s_at_most:
+            more = ">=" if best.stopped_s else ""
+            ratio = f"{more}{r.tok_s / best.tok_s_at_most:.2f}x"
         out.append(
-            f"{r.system:40s} {r.batch:5d} {r.tok_s:8.2f} {r.seconds:7.2f} "
+            f"{head} {r.tok_s:8.2f} {r.seconds:7.2f} "
             f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}"
         )
     ours = rows[0]
-    if best and best.tok_s and ours.tok_s:
-        out.append(f"moepipe / best peer: {ours.tok_s / best.tok_s:.2f}x ({best.system})")
+    if best and best.tok_s_at_most and ours.tok_s:
+        ratio = ours.tok_s / best.tok_s_at_most
+        if best.stopped_s:
+            out.append(
+                f"moepipe / best peer: >= {ratio:.2f}x ({best.system} stopped at its time limit; "
+                f"at most {best.tok_s_at_most:.2f} tok/s)"
+            )
+        else:
+            out.append(f"moepipe / best peer: {ratio:.2f}x ({best.system})")
     return out
 
 

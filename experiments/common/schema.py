@@ -186,6 +186,10 @@ class BenchAccelerateOptions:
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
     role: str | None = None  # set by the bench for its child processes: probe|moepipe|accelerate
     acc_batch: int = 0  # set by the bench for an accelerate child: sequences per generate call
+    # accelerate's generation stopped after this many times moepipe's makespan (its row then
+    # gives an upper bound on its tok/s); 0 = never stopped
+    peer_limit: float = 0.0
+    acc_limit_s: float = 0.0  # set by the bench for an accelerate child: its limit in seconds
     klotski_n: int = -1  # moepipe klotski's n: -1 = n_batches, 0 = its n-planner's choice
     # moepipe klotski's attn_batches: 0 = its choice (one attention op over the group at decode
     # where the KV stays on the device), 1 = batch by batch (the paper's loop), k = spans of k
@@ -209,6 +213,8 @@ class BenchRealOptions:
     peers: str = "best"  # best | all | none: which accelerate rows run
     cold: str = "once"  # once | pass (as in experiments.bench.accelerate)
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
+    # each accelerate row stopped after this many times moepipe's makespan (0 = never)
+    peer_limit: float = 3.0
     n: int = 0  # Klotski's batches per group: 0 = its n-planner's choice, k > 0 = k
     routing: str = "auto"  # auto (the ESFT trace where the model has its shape) | trace | synthetic
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/

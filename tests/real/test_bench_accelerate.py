@@ -47,3 +47,67 @@ def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
     ratio = float(last.split(":")[1].split("x")[0])
     assert ratio == pytest.approx(tok_s["moepipe klotski (n=2)"] / best, rel=0.02)
     assert "cold=pass" in out[0] and "8 tokens" in out[0]
+
+
+def test_a_time_limit_stops_the_block_and_restores_the_alarm():
+    import signal
+    import time
+
+    from experiments.common.peers import _Stopped, _time_limit
+
+    before = signal.getsignal(signal.SIGALRM)
+    t0 = time.perf_counter()
+    with pytest.raises(_Stopped), _time_limit(0.05):
+        while time.perf_counter() - t0 < 5:
+            time.sleep(0.001)
+    assert time.perf_counter() - t0 < 1
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with _time_limit(0):  # 0: no limit, no alarm
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_stopped_peer_gives_a_lower_bound_on_the_ratio():
+    from experiments.common.peers import Row, format_rows
+
+    ours = Row("moepipe klotski (n=4)", 4, 10.0, 160.0, 1, 1)
+    stopped = Row("accelerate, 1 generate call", 16, None, None, 1, 1, stopped_s=480.0, tokens=1600)
+    slow = Row("accelerate, batch by batch (4 calls)", 4, 2.0, 800.0, 1, 1)
+    out = format_rows([ours, stopped, slow])
+    # 1600 tokens in more than 480 s: at most 3.33 tok/s, so moepipe is at least 3x it
+    assert out[-1] == (
+        "moepipe / best peer: >= 3.00x (accelerate, 1 generate call stopped at its time "
+        "limit; at most 3.33 tok/s)"
+    )
+    assert out[2].split()[5:7] == ["<3.33", ">480"]
+    assert out[3].split()[-1] == ">=0.60x"  # 2.0 against at most 3.33
+    fast = Row("accelerate, batch by batch (4 calls)", 4, 5.0, 320.0, 1, 1)
+    assert format_rows([ours, stopped, fast])[-1] == (
+        "moepipe / best peer: 2.00x (accelerate, batch by batch (4 calls))"
+    )
+
+
+def test_an_accelerate_child_past_its_limit_is_stopped(mixtral_tiny):
+    """The real generate call, stopped by the limit: no tok/s, the limit and the tokens it
+    had to make."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from experiments.bench.accelerate import checked
+    from experiments.common.peers import child
+    from experiments.common.schema import BenchAccelerateOptions
+
+    opts = checked(
+        BenchAccelerateOptions(
+            checkpoint=str(mixtral_tiny),
+            hardware="tiny",
+            n_batches=2,
+            batch_size=2,
+            prompt_len=4,
+            gen_len=2,
+            cold="false",
+            acc_batch=4,
+            acc_limit_s=1e-4,
+        )
+    )
+    got = child("accelerate", opts)
+    assert got == {"tok_s": None, "seconds": None, "stopped_s": 1e-4, "tokens": 8}
