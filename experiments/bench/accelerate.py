@@ -1,15 +1,17 @@
 """Peer benchmark: Hugging Face transformers + accelerate disk offload vs moepipe, same checkpoint,
 same prompts, same memory. Prints one row per system (tok/s, memory used, ratio to the best peer);
-it writes no files. Rows, memory limits and the `cold` modes: docs/commands.md#bench_accelerate;
+it writes no files. Rows, memory limits, `room` and the `cold` modes:
+docs/commands.md#bench_accelerate;
 results: docs/results/peers.md.
 
 Usage:
     python -m experiments.bench.accelerate checkpoint=DIR [hardware=this-machine] [planner=klotski]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
-        [cold=pass|once|false] [cgroup=true] [slack_mb=256] [klotski_n=-1] [klotski_attn=0]
+        [cold=once|pass|false] [cgroup=true] [slack_mb=256] [room=cgroup|tiers]
+        [room_margin_mb=64] [klotski_n=-1] [klotski_attn=0]
         [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0]
-The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate): each
-child prints its result as one JSON line.
+The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate,
+`host_room_mb=` for moepipe): each child prints its result as one JSON line.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from experiments.common.cli import run_command
 from experiments.common.peers import (
     COLD,
     RESULT,
+    checked_room,
     checked_routing,
     child,
     compare,
     format_rows,
+    measure_room,
     peak_rss,
     run_spec,
 )
@@ -46,6 +50,9 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
         as_int(k, d[k], at_least=1)
     as_int("slack_mb", d["slack_mb"], at_least=0)
     as_float("peer_limit", d["peer_limit"], at_least=0.0)
+    d["room"] = checked_room(str(d["room"]), d["cold"])
+    as_int("room_margin_mb", d["room_margin_mb"], at_least=0)
+    as_int("host_room_mb", d["host_room_mb"], at_least=0)
     as_int("klotski_n", d["klotski_n"], at_least=-1)
     as_int("klotski_attn", d["klotski_attn"], at_least=0)
     d["routing"] = checked_routing(str(d["routing"]))
@@ -58,8 +65,11 @@ def _main(opts: BenchAccelerateOptions) -> int:
         result = child(opts.role, d)
         print(RESULT + json.dumps({**result, "peak_rss_bytes": peak_rss()}), flush=True)
         return 0
-    spec, hw = run_spec(d)  # the user's mistakes here, before any child starts
-    rows, header = compare(d, spec, hw, opts.cgroup)
+    _, budget_hw = run_spec({**d, "host_room_mb": 0})  # the user's mistakes, before any child
+    room = measure_room(d, budget_hw, opts.cgroup)
+    d = room.options(d)
+    spec, hw = run_spec(d)  # moepipe's side: its child plans these tiers too
+    rows, header = compare(d, spec, hw, room)
     print("\n".join([*header, *format_rows(rows)]))
     return 0
 

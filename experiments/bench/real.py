@@ -9,8 +9,8 @@ docs/commands.md#bench_real; results: docs/results/bench_real.md.
 Usage:
     python -m experiments.bench.real model=NAME budget_gb=G [gen_len=4] [out_dir=runs/bench_real]
         [n_layers=L] [batch_size=8] [prompt_len=16] [hardware=this-machine] [peers=best|all|none]
-        [cold=once|pass] [n=0] [routing=auto|trace|synthetic] [trace_dir=../shared/traces]
-        [calib_layers=6] [peer_limit=3]
+        [cold=once|pass] [room=cgroup|tiers] [n=0] [routing=auto|trace|synthetic]
+        [trace_dir=../shared/traces] [calib_layers=6] [peer_limit=3]
 e.g. model=olmoe-1b-7b budget_gb=4; model=deepseek-v2-lite budget_gb=8 (its routing replayed
 from the ESFT trace); model=deepseek-v2-lite budget_gb=4 n_layers=8 (a cut of its 27 layers,
 stated in the output).
@@ -206,25 +206,29 @@ def run(opts: BenchRealOptions) -> list[str]:
         cold=cold,
         slack_mb=opts.slack_mb,
         peer_limit=opts.peer_limit,
+        room=opts.room.lower(),
         klotski_n=opts.n,
         routing=opts.routing.lower(),
         trace_dir=opts.trace_dir,
     )
     bopts = kv(bench)
-    run_spec, hw = pe.run_spec(bopts)
+    _, budget_hw = pe.run_spec(bopts)
+    room = pe.measure_room(bopts, budget_hw, peers != "none")
+    bopts = room.options(bopts)
+    run_spec, hw = pe.run_spec(bopts)  # moepipe's side: the simulator plans its child's tiers
     _progress("simulating the same run")
     sim = simulate_run(run_spec)
     if peers == "none":
         rows, header = _moepipe_only(bopts, run_spec)
     else:
-        rows, header = pe.compare(bopts, run_spec, hw, True, batch_by_batch=peers == "all")
+        rows, header = pe.compare(bopts, run_spec, hw, room, batch_by_batch=peers == "all")
     cut = f", n_layers cut to {spec.n_layers}" if over else ""
     lines = [
         f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "
         f"(disk footprint {_size_of(ckpt) / spec.total_bytes:.3f}x the model)",
-        *_budget_lines(spec, budget, hw),
+        *_budget_lines(spec, budget, budget_hw),
         f"routing: {sim.summary['routing']}",
-        _n_line(sim.schedule.meta.get("n_plan", {})),
+        _n_line(room.n_plan or sim.schedule.meta.get("n_plan", {})),
         *header[1:],
         *_table(rows),
     ]
@@ -248,6 +252,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
         raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
     if cold not in ("once", "pass"):
         raise MoepipeError(f"cold={opts.cold!r} unknown; valid: once, pass")
+    pe.checked_room(opts.room, opts.cold)
     over: dict[str, Any] = {}
     if opts.n_layers is not None:
         over["n_layers"] = as_int("n_layers", opts.n_layers, at_least=1)

@@ -4,7 +4,10 @@ and experiments.bench.real. The module doc of experiments/bench/accelerate.py sa
 is and what `cold` does.
 
 Usage:
-    rows, header = compare(opts, spec, hw, use_cgroup)   # opts: bench_accelerate's, as a dict
+    room = measure_room(opts, hw, use_cgroup)   # opts: bench_accelerate's, as a dict
+    opts = room.options(opts)
+    spec, hw = run_spec(opts)   # the moepipe side's, its host room included
+    rows, header = compare(opts, spec, hw, room)
     print("\n".join([*header, *format_rows(rows)]))
 """
 
@@ -20,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +261,7 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(opts["checkpoint"])
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
+    hw = with_host_room(hw, int(opts.get("host_room_mb", 0)) << 20)
     sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
     routing = RoutingConfig(
         source=RoutingSource(str(opts.get("routing", "synthetic")).lower()),
@@ -278,6 +282,17 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     return RunSpec(model, hw, wl, str(opts["planner"]), params), hw
 
 
+def with_host_room(hw: Any, room_bytes: int) -> Any:
+    """`hw` with `room_bytes` more host tier (moepipe's side under room=cgroup; see Room)."""
+    from core.types import Tier
+
+    if room_bytes <= 0:
+        return hw
+    mem = dict(hw.memory_bytes)
+    mem[Tier.CPU] = int(mem[Tier.CPU]) + room_bytes
+    return replace(hw, memory_bytes=mem)
+
+
 def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
     """Run one system in this (child) process; its result as a JSON-able dict."""
     import torch
@@ -290,7 +305,8 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
 
         torch.ones(1) @ torch.ones(1)
         return {}
-    spec, hw = run_spec(opts)
+    # accelerate's max_memory is the budget: the page cache takes the cgroup's room for it
+    spec, hw = run_spec(opts if role == "moepipe" else {**opts, "host_room_mb": 0})
     if role == "moepipe":
         result, _ = real_execute(opts["checkpoint"], spec, "replay")
         s = result.summary
@@ -300,6 +316,7 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
             "n_batches": s["n_batches"],
             "dag_efficiency": s.get("dag_efficiency"),
             "tokens": spec.workload.with_(n_batches=s["n_batches"]).tokens_generated,
+            "n_plan": result.schedule.meta.get("n_plan", {}),  # how its planner set n
         }
     wl = spec.workload.with_(n_batches=int(opts["n_batches"]))
     prompts = prompts_for(spec.model, wl)
@@ -388,39 +405,14 @@ def peak_rss() -> int:
 
 
 def compare(
-    opts: dict[str, Any], spec: Any, hw: Any, use_cgroup: bool, batch_by_batch: bool = True
+    opts: dict[str, Any], spec: Any, hw: Any, room: Room, batch_by_batch: bool = True
 ) -> tuple[list[Row], list[str]]:
-    """Every row (moepipe, then accelerate all-in-one, then batch by batch unless not
-    `batch_by_batch`) and header lines. Progress on stderr."""
-    from core.errors import MoepipeError
-    from core.types import Tier
-
-    budget = int(hw.memory_bytes[Tier.GPU]) + int(hw.memory_bytes[Tier.CPU])
-    limit = None
-    if use_cgroup:  # the runtime allowance: a bare child's peak, measured under no real limit
-        probe = MemoryCgroup.create("bench-probe", 1 << 50)
-        if probe is not None:
-            probe.remove()
-            _, runtime, _ = run_side("probe", opts, 1 << 50)
-            limit = budget + (runtime or 0) + (int(opts["slack_mb"]) << 20)
-    rows: list[Row] = []
-    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
-    got, peak, why = run_side("moepipe", opts, limit)
-    if got is None:
-        raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
-    n = int(got["n_batches"])
-    rows.append(
-        Row(
-            f"moepipe {spec.planner} (n={n})",
-            spec.workload.batch_size,
-            got["tok_s"],
-            got["seconds"],
-            got["peak_rss_bytes"],
-            peak,
-            dag_efficiency=got.get("dag_efficiency"),
-        )
-    )
-    limit_s = float(opts.get("peer_limit", 0.0)) * float(got["seconds"])
+    """Every row (moepipe, its run at the budget tiers where `room` gave it more, then
+    accelerate all-in-one, then batch by batch unless not `batch_by_batch`) and header lines.
+    `opts`, `spec` and `hw`: `room.options`'s, the moepipe side's. Progress on stderr."""
+    limit = room.limit_bytes
+    rows, n = moepipe_rows(opts, spec, room)
+    limit_s = float(opts.get("peer_limit", 0.0)) * float(rows[0].seconds or 0.0)
     opts = dict(opts, n_batches=n, acc_limit_s=limit_s)
     every = n * spec.workload.batch_size
     batch = every
@@ -444,18 +436,12 @@ def compare(
         )
     mb = spec.model.total_bytes / 1e6
     tokens = spec.workload.with_(n_batches=n).tokens_generated
-    mem = (
-        f"each in a memory cgroup of {limit / 1e6:.0f} MB (budget + runtime allowance; page "
-        "cache counted)"
-        if limit
-        else "no memory cgroup (not enforced)"
-    )
     header = [
-        f"model {spec.model.name} {mb:.0f} MB, budget {budget / 1e6:.0f} MB (device "
-        f"{hw.memory_bytes[Tier.GPU] / 1e6:.0f} + host {hw.memory_bytes[Tier.CPU] / 1e6:.0f}), "
+        f"model {spec.model.name} {mb:.0f} MB, budget {room.budget_bytes / 1e6:.0f} MB (device "
+        f"{room.device_bytes / 1e6:.0f} + host {room.host_bytes / 1e6:.0f}), "
         f"rest on disk, cold={opts['cold']}, {n} x {spec.workload.batch_size} prompts, "
         f"{tokens} tokens",
-        mem,
+        *room.lines(hw),
     ]
     if limit_s:
         header.append(
@@ -463,6 +449,191 @@ def compare(
             f"({limit_s:.1f} s of generation; loading not counted)"
         )
     return rows, header
+
+
+# ---- the room: one cgroup limit for every side, and moepipe's tiers within it ------------------
+
+
+ROOM = ("cgroup", "tiers")
+
+
+def checked_room(room: str, cold: str) -> str:
+    """`room` lower-cased, or a MoepipeError for an unknown one, and for room=cgroup with
+    cold=pass: moepipe's host tier would keep in RAM what accelerate's page cache is made to
+    drop before each pass, which is not the same memory for both sides."""
+    from core.errors import MoepipeError
+
+    room, cold = room.lower(), cold.lower()
+    if room not in ROOM:
+        raise MoepipeError(f"room={room!r} unknown; valid: {', '.join(ROOM)}")
+    if room == "cgroup" and cold == "pass":
+        raise MoepipeError(
+            "room=cgroup with cold=pass: moepipe's host tier would hold what accelerate's page "
+            "cache is dropped of before each pass; pass cold=once (both keep what the cgroup "
+            "lets them) or room=tiers (neither keeps more than the budget)"
+        )
+    return room
+
+
+UNLIMITED = 1 << 50  # a cgroup "limit" no run reaches: its peak is measured, nothing enforced
+
+
+def host_room_bytes(limit_bytes: int, budget_peak_bytes: int, margin_bytes: int) -> int:
+    """What moepipe's host tier grows by under room=cgroup: the memory its run at the budget
+    tiers left unused under the cgroup limit, less `margin_bytes`, in whole MiB (0 if none).
+    More host tier holds more of the weights that run read from disk at every step; its other
+    memory (runtime, activations, KV, the device pool) stays as that run measured it, since the
+    run with room keeps its n (`Room.options`)."""
+    return max(0, (limit_bytes - budget_peak_bytes - margin_bytes) >> 20 << 20)
+
+
+@dataclass(frozen=True)
+class Room:
+    """The memory of a comparison. Every side runs in a memory cgroup of `limit_bytes` (the
+    budget + a bare child's peak + slack; page cache counted). accelerate gets the budget as
+    its `max_memory`, and its page cache fills the rest of the limit by itself. moepipe plans
+    exactly its tiers, so with mode "cgroup" its host tier is the budget's plus
+    `host_room_bytes`: what its run at the budget tiers left under the limit, less a margin.
+    With mode "tiers" (or no cgroup) moepipe's tiers are the budget's alone."""
+
+    mode: str  # "cgroup" | "tiers" (the bench's `room` option)
+    device_bytes: int  # the budget's device pool (gpu_frac of the model)
+    host_bytes: int  # the budget's host tier (cpu_frac of the model)
+    limit_bytes: int | None = None  # every side's cgroup limit; None: no cgroup
+    runtime_bytes: int = 0  # the runtime allowance: a bare child's peak (role=probe)
+    slack_bytes: int = 0
+    margin_bytes: int = 0  # kept free under the limit beyond moepipe's measured peak
+    budget_run: dict[str, Any] | None = None  # moepipe's run at the budget tiers (child result)
+    budget_peak_bytes: int | None = None  # its cgroup's peak
+    host_room_bytes: int = 0  # added to moepipe's host tier
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.device_bytes + self.host_bytes
+
+    @property
+    def n_plan(self) -> dict[str, Any]:
+        """How the planner set n where `options` keeps it from the run at the budget tiers
+        (that run's schedule meta), else {} (the run's own schedule says)."""
+        if not self.host_room_bytes or self.budget_run is None:
+            return {}
+        return dict(self.budget_run.get("n_plan") or {})
+
+    def options(self, opts: dict[str, Any]) -> dict[str, Any]:
+        """The bench's options for the moepipe side (its child and the simulator's prediction
+        alike, through run_spec): host_room_mb set and, where there is room, the n of the run
+        at the budget tiers kept, so that only the host tier differs between the two runs."""
+        out = dict(opts, host_room_mb=self.host_room_bytes >> 20)
+        if self.host_room_bytes and self.budget_run is not None:
+            n = int(self.budget_run["n_batches"])
+            out.update(n_batches=n, klotski_n=n)
+        return out
+
+    def lines(self, hw: Any) -> list[str]:
+        """The header's memory lines: what each side was allowed, how moepipe's tiers were set;
+        `hw`: the moepipe side's hardware, as its child and the simulator plan it."""
+        from core.types import Tier
+
+        if self.limit_bytes is None:
+            return [
+                f"no memory cgroup (not enforced); room={self.mode}: moepipe's tiers are the "
+                "budget's"
+            ]
+        mb = 1e6
+        tiers = (
+            f"moepipe's tiers: device {hw.memory_bytes[Tier.GPU] / mb:.0f} + host "
+            f"{hw.memory_bytes[Tier.CPU] / mb:.0f} MB"
+        )
+        lines = [
+            f"each side in a memory cgroup of {self.limit_bytes / mb:.0f} MB (page cache "
+            f"counted) = budget {self.budget_bytes / mb:.0f} + runtime allowance "
+            f"{self.runtime_bytes / mb:.0f} (a bare child's peak) + slack "
+            f"{self.slack_bytes / mb:.0f}; accelerate's max_memory: the budget"
+        ]
+        if self.mode == "tiers":
+            return [*lines, f"room=tiers: {tiers} (the budget's)"]
+        assert self.budget_peak_bytes is not None
+        return [
+            *lines,
+            f"room=cgroup: {tiers} = the budget + {self.host_room_bytes / mb:.0f} MB of host "
+            f"room (limit - peak of its run at the budget tiers {self.budget_peak_bytes / mb:.0f}"
+            f" - margin {self.margin_bytes / mb:.0f}, whole MiB)",
+        ]
+
+
+def measure_room(opts: dict[str, Any], hw: Any, use_cgroup: bool) -> Room:
+    """The comparison's Room (see there): the runtime allowance measured by a bare child (role=
+    probe) in a cgroup without a real limit, and with room=cgroup moepipe's run at the budget
+    tiers in the limit, whose peak sets the host room. `hw`: the budget's hardware (run_spec's
+    without host_room_mb). Progress on stderr."""
+    from core.errors import MoepipeError
+    from core.types import Tier
+
+    room = Room(
+        str(opts.get("room", "cgroup")),
+        int(hw.memory_bytes[Tier.GPU]),
+        int(hw.memory_bytes[Tier.CPU]),
+        slack_bytes=int(opts["slack_mb"]) << 20,
+        margin_bytes=int(opts.get("room_margin_mb", 0)) << 20,
+    )
+    if not use_cgroup:
+        return room
+    probe = MemoryCgroup.create("bench-probe", UNLIMITED)
+    if probe is None:
+        return room
+    probe.remove()
+    _, runtime, _ = run_side("probe", opts, UNLIMITED)
+    room = replace(room, runtime_bytes=runtime or 0)
+    room = replace(room, limit_bytes=room.budget_bytes + room.runtime_bytes + room.slack_bytes)
+    if room.mode == "tiers":
+        return room
+    print(f"[bench] moepipe {opts['planner']} at the budget tiers ...", file=sys.stderr, flush=True)
+    got, peak, why = run_side("moepipe", dict(opts, host_room_mb=0), room.limit_bytes)
+    if got is None:
+        raise MoepipeError(f"moepipe {opts['planner']} failed ({why}); see its output above")
+    assert room.limit_bytes is not None
+    peak = peak or room.limit_bytes  # unread: no room
+    return replace(
+        room,
+        budget_run={**got, "peak_cgroup_bytes": peak},
+        budget_peak_bytes=peak,
+        host_room_bytes=host_room_bytes(room.limit_bytes, peak, room.margin_bytes),
+    )
+
+
+def moepipe_rows(opts: dict[str, Any], spec: Any, room: Room) -> tuple[list[Row], int]:
+    """moepipe's rows and its n: the run of `opts` (`room.options`'s) in the cgroup, then,
+    where the room gave it more host tier, its run at the budget tiers; with no room, that
+    run (already measured) is the one row."""
+    from core.errors import MoepipeError
+
+    def row(name: str, got: dict[str, Any], peak: int | None) -> Row:
+        return Row(
+            name,
+            spec.workload.batch_size,
+            got["tok_s"],
+            got["seconds"],
+            got["peak_rss_bytes"],
+            peak,
+            dag_efficiency=got.get("dag_efficiency"),
+        )
+
+    first = room.budget_run
+    if first is not None and not room.host_room_bytes:
+        n = int(first["n_batches"])
+        return [row(f"moepipe {spec.planner} (n={n})", first, room.budget_peak_bytes)], n
+    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
+    got, peak, why = run_side("moepipe", opts, room.limit_bytes)
+    if got is None:
+        raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
+    n = int(got["n_batches"])
+    if first is None:
+        return [row(f"moepipe {spec.planner} (n={n})", got, peak)], n
+    plus = f"host +{room.host_room_bytes / 1e6:.0f} MB"
+    return [
+        row(f"moepipe {spec.planner} (n={n}), {plus}", got, peak),
+        row(f"moepipe {spec.planner} (n={n}), budget tiers", first, room.budget_peak_bytes),
+    ], n
 
 
 def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, why: str) -> Row:

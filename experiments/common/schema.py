@@ -181,9 +181,14 @@ class BenchAccelerateOptions:
     n_batches: int = 15  # batches (moepipe's planner may pick fewer per group)
     prompt_len: int = 16  # tokens
     gen_len: int = 4  # tokens generated per sequence
-    cold: str = "pass"  # pass | once | false: when accelerate's weights leave the page cache
+    cold: str = "once"  # once | pass | false: when accelerate's weights leave the page cache
     cgroup: bool = True  # run each system in a memory cgroup where one can be made
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
+    # moepipe's tiers: cgroup = the budget's, host tier enlarged by the room the cgroup leaves
+    # (limit - its run's peak at the budget tiers - room_margin_mb); tiers = the budget's alone
+    room: str = "cgroup"
+    room_margin_mb: int = 64  # kept free under the cgroup limit beyond moepipe's measured peak
+    host_room_mb: int = 0  # set by the bench (room=cgroup): added to moepipe's host tier, MiB
     role: str | None = None  # set by the bench for its child processes: probe|moepipe|accelerate
     acc_batch: int = 0  # set by the bench for an accelerate child: sequences per generate call
     # accelerate's generation stopped after this many times moepipe's makespan (its row then
@@ -215,6 +220,7 @@ class BenchRealOptions:
     slack_mb: int = 256  # added to the cgroup limit beyond budget + runtime allowance
     # each accelerate row stopped after this many times moepipe's makespan (0 = never)
     peer_limit: float = 3.0
+    room: str = "cgroup"  # cgroup | tiers: moepipe's tiers (as in experiments.bench.accelerate)
     n: int = 0  # Klotski's batches per group: 0 = its n-planner's choice, k > 0 = k
     routing: str = "auto"  # auto (the ESFT trace where the model has its shape) | trace | synthetic
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/
