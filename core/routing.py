@@ -116,15 +116,16 @@ class Routing:
 
 
 COUNT_BLOCK = 1 << 19  # ids per block of `Routing.counts` (4 MB of intp bins)
-ESFT_SHAPE = (26, 64, 6)  # MoE layers, routed experts, top-k of the ESFT DeepSeek-V2-Lite trace
 
 
 def resolve_source(model: ModelSpec, source: RoutingSource) -> RoutingSource:
-    """`auto` means the real trace for models of its shape and the synthetic generator otherwise."""
+    """`auto` means the real trace for models of its shape (or a cut of it to its first layers)
+    and the synthetic generator otherwise."""
     if source != RoutingSource.AUTO:
         return source
-    shape = (len(model.moe_layers), model.n_experts, model.top_k)
-    return RoutingSource.TRACE if shape == ESFT_SHAPE else RoutingSource.SYNTHETIC
+    from core.traces import replays_esft
+
+    return RoutingSource.TRACE if replays_esft(model) else RoutingSource.SYNTHETIC
 
 
 def load_routing(model: ModelSpec, workload: Workload) -> Routing:

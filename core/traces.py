@@ -179,6 +179,14 @@ def select_tokens(trace: EsftTrace, tasks: tuple[str, ...], exclude: tuple[str, 
     return idx[order]
 
 
+def replays_esft(model: ModelSpec) -> bool:
+    """Whether the ESFT trace can route `model`: its experts and top-k, and at most the trace's
+    MoE layers (a `num_hidden_layers` cut of DeepSeek-V2-Lite replays the first ones)."""
+    return (model.n_experts, model.top_k) == (N_EXPERTS, TOP_K) and (
+        1 <= len(model.moe_layers) <= N_LAYERS
+    )
+
+
 def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
     """Workload sequences cut as consecutive windows of the selected tokens' stream.
 
@@ -187,11 +195,12 @@ def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
     """
     have = (N_LAYERS, N_EXPERTS, TOP_K)
     want = (len(model.moe_layers), model.n_experts, model.top_k)
-    if want != have:
+    if not replays_esft(model):
         raise TraceError(
             f"trace {TRACE_NAME} has ({have[0]} layers, {have[1]} experts, top-{have[2]}); "
             f"model {model.name} has {want}; use workload.routing.source=synthetic for this model"
         )
+    layers = want[0]  # a cut to the first layers replays the trace's first MoE layers
     cfg = workload.routing
     trace = load_esft(cfg.trace_dir)
     idx = select_tokens(trace, cfg.tasks, cfg.exclude_tasks)  # [T']
@@ -203,12 +212,13 @@ def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
     need = s * p
     wraps = (need - 1) // len(stream)
     take = stream[np.arange(need) % len(stream)]  # [S*P]
-    ids = trace.expert_ids[take].astype(np.int16).reshape(s, p, N_LAYERS, TOP_K)
-    w = trace.gate_weights[take].astype(np.float32).reshape(s, p, N_LAYERS, TOP_K)
+    ids = trace.expert_ids[take, :layers].astype(np.int16).reshape(s, p, layers, TOP_K)
+    w = trace.gate_weights[take, :layers].astype(np.float32).reshape(s, p, layers, TOP_K)
     tasks = ",".join(sorted(set(cfg.tasks or trace.task_names) - set(cfg.exclude_tasks)))
+    cut = f", its first {layers} of {N_LAYERS} MoE layers" if layers < N_LAYERS else ""
     desc = (
         f"trace {TRACE_NAME} [{tasks}] {len(stream)} tokens in {len(starts)} sequences, "
-        f"start seq {workload.seed % len(starts)}, wrapped {wraps}x"
+        f"start seq {workload.seed % len(starts)}, wrapped {wraps}x{cut}"
     )
     labels = trace.task[take].astype(np.int16).reshape(s, p)  # each token's task: its request's
     return Routing(ids, w, N_EXPERTS, desc, labels, trace.task_names)

@@ -120,6 +120,26 @@ def test_seed_rotates_start_sequence(traces_dir: Path) -> None:
     )
 
 
+def test_a_layer_cut_replays_the_traces_first_moe_layers(traces_dir: Path) -> None:
+    """A DeepSeek-V2-Lite cut to its first layers (num_hidden_layers) has fewer MoE layers: it
+    replays the trace's first ones, token for token as the whole model would; auto picks the
+    trace for it; a model with more MoE layers than the trace is still refused."""
+    from core.routing import resolve_source
+    from core.types import RoutingSource
+
+    whole = esft_routing(model(), workload(traces_dir))
+    cut = esft_routing(model(7), workload(traces_dir))
+    assert cut.expert_ids.shape == whole.expert_ids.shape[:2] + (7, 6)
+    np.testing.assert_array_equal(cut.expert_ids, whole.expert_ids[:, :, :7])
+    np.testing.assert_array_equal(cut.gate_weights, whole.gate_weights[:, :, :7])
+    assert cut.description.endswith("its first 7 of 26 MoE layers")
+    assert not whole.description.endswith("MoE layers")
+    assert resolve_source(model(7), RoutingSource.AUTO) == RoutingSource.TRACE
+    assert resolve_source(model(7, 8, 2), RoutingSource.AUTO) == RoutingSource.SYNTHETIC
+    with pytest.raises(TraceError, match=r"\(26 layers, 64 experts, top-6\).*has \(27, 64, 6\)"):
+        esft_routing(model(27), workload(traces_dir))
+
+
 def test_shape_mismatch_names_both_shapes(traces_dir: Path) -> None:
     with pytest.raises(
         TraceError, match=r"\(26 layers, 64 experts, top-6\).*mixtral-8x7b has \(32, 8, 2\)"
