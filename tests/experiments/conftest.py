@@ -25,12 +25,10 @@ SMALL = ("workload.n_batches=2", "workload.prompt_len=8")
 SERIAL = "hydra.launcher.n_jobs=1"
 
 
-def replication_sweep_cmd(out: Path, *args: str) -> list[str]:
-    """`experiments.run -m` of the small esft-g8 sweep into `out` (`args` last, so they win)."""
+def replication_sweep_args(out: Path, *args: str) -> list[str]:
+    """`experiments.run`'s arguments: `-m` of the small esft-g8 sweep into `out` (`args` last,
+    so they win)."""
     return [
-        sys.executable,
-        "-m",
-        "experiments.run",
         "-m",
         "experiment=replication_esft_g8",
         "workload.batch_size=8",
@@ -61,9 +59,7 @@ def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSw
     split-load row, and a synthetic one), then `experiments.replication` over both. Tests that
     change the folder work on a copy."""
     out = tmp_path_factory.mktemp("replication") / "r"
-    esft = subprocess.run(
-        replication_sweep_cmd(out, SERIAL), cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    esft = run_module("experiments.run", *replication_sweep_args(out, SERIAL))
     assert esft.returncode == 0, esft.stderr[-3000:]
     switch = run_module(
         "experiments.run",
