@@ -19,6 +19,7 @@ from PIL import Image
 
 from experiments.common.tables import collect, write_results
 from experiments.report import main as report_main
+from tests.conftest import built_once
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
@@ -60,11 +61,16 @@ def sweep_here(cli_here: Any) -> Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("sweep") / "tiny"
-    r = sweep(d, n_jobs=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
-    return d
+    """The shared sweep's folder, swept once for both test processes (tests.conftest.built_once):
+    tests that would change it work on a copy."""
+
+    def build(folder: Path) -> None:
+        r = sweep(folder / "tiny", n_jobs=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
+
+    folder, _ = built_once(tmp_path_factory, "sweep", build)
+    return folder / "tiny"
 
 
 def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
@@ -189,12 +195,14 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
     assert [len(g) for _, g in line_groups(seeds, "workload.batch_size")] == [4, 2]
 
 
-def test_rerun_skips_finished_runs(swept: Path, sweep_here: Any) -> None:
-    before = {p: p.stat().st_mtime_ns for p in swept.glob(POINT)}
-    r = sweep_here(swept)
+def test_rerun_skips_finished_runs(swept: Path, sweep_here: Any, tmp_path: Path) -> None:
+    d = tmp_path / "tiny"  # a copy: another test process may be reading the shared folder
+    shutil.copytree(swept, d)
+    before = {p: p.stat().st_mtime_ns for p in d.glob(POINT)}
+    r = sweep_here(d)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4 run(s) finished (4 already finished, reused)" in r.stderr
-    assert {p: p.stat().st_mtime_ns for p in swept.glob(POINT)} == before
+    assert {p: p.stat().st_mtime_ns for p in d.glob(POINT)} == before
 
 
 def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
