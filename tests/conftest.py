@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
+import importlib
+import json
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -69,6 +75,28 @@ def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
 
 
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
+) -> tuple[Path, Any]:
+    """`build(folder)` once per test session: (its folder, what it returned, JSON). A session-
+    or module-scoped fixture is built once per pytest-xdist worker, so an expensive one that
+    tests on both workers use was built twice; here the first worker to ask builds it under a
+    lock in the session's temporary root, the other waits and reads what it left. Tests must
+    not change the folder (they work on a copy)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing to share
+        folder = tmp_path_factory.mktemp(name)
+        return folder, build(folder)
+    root = tmp_path_factory.getbasetemp().parent  # this session's, above each worker's
+    folder, result = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            folder.mkdir()
+            result.write_text(json.dumps(build(folder)))
+    return folder, json.loads(result.read_text())
+
+
 # what Python's default warning filters do not print (outside __main__)
 _IGNORED_BY_DEFAULT = (
     DeprecationWarning,
@@ -115,6 +143,31 @@ def command_here(
     ]
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(list(argv), int(code or 0), out, "\n".join([err, *shown]))
+
+
+@pytest.fixture
+def cli_here(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`python -m module args...` from the repository root, in this process (`command_here`:
+    the module's `main` as `python -m` runs it), for a command whose test needs no process of
+    its own: a second or two of interpreter start-up less each."""
+
+    def go(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.singleton import Singleton
+
+        main = importlib.import_module(module).main
+        monkeypatch.chdir(ROOT)  # where a user (and tests.probes.conftest.cli) runs it
+        # a fresh process has no hydra initialized: set aside a module's compose context
+        held = Singleton._instances.pop(GlobalHydra, None)
+        try:
+            return command_here(main, args, capsys, monkeypatch)
+        finally:
+            if held is not None:
+                Singleton._instances[GlobalHydra] = held
+
+    return go
 
 
 def _logging_state() -> dict[str, tuple[list[logging.Handler], int, bool, bool]]:

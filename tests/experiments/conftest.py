@@ -1,6 +1,6 @@
 """Shared fixtures of the experiments tests: one small replication sweep and its report, run
-once per session and read by every test that checks a sweep's folder or the report over it
-(tests/experiments/test_replication_sweep.py, test_experiment_configs.py)."""
+once per session (for both test processes) and read by every test that checks a sweep's folder
+or the report over it (tests/experiments/test_replication_sweep.py, test_experiment_configs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, built_once
 
 # the esft-g8 case's rows (its seven) and the split-load row, small: 2 batches of 8 x 8 tokens
 ESFT_ROWS = (
@@ -25,12 +25,10 @@ SMALL = ("workload.n_batches=2", "workload.prompt_len=8")
 SERIAL = "hydra.launcher.n_jobs=1"
 
 
-def replication_sweep_cmd(out: Path, *args: str) -> list[str]:
-    """`experiments.run -m` of the small esft-g8 sweep into `out` (`args` last, so they win)."""
+def replication_sweep_args(out: Path, *args: str) -> list[str]:
+    """`experiments.run`'s arguments: `-m` of the small esft-g8 sweep into `out` (`args` last,
+    so they win)."""
     return [
-        sys.executable,
-        "-m",
-        "experiments.run",
         "-m",
         "experiment=replication_esft_g8",
         "workload.batch_size=8",
@@ -58,24 +56,29 @@ class ReplicationSweep:
 @pytest.fixture(scope="session")
 def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSweep:
     """Two cases swept small into one folder (a held-out ESFT one, every row of it and the
-    split-load row, and a synthetic one), then `experiments.replication` over both. Tests that
-    change the folder work on a copy."""
-    out = tmp_path_factory.mktemp("replication") / "r"
-    esft = subprocess.run(
-        replication_sweep_cmd(out, SERIAL), cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert esft.returncode == 0, esft.stderr[-3000:]
-    switch = run_module(
-        "experiments.run",
-        "-m",
-        "experiment=replication_switch_128_g8",
-        f"hydra.sweep.dir={out}",
-        "workload.batch_size=16",
-        *SMALL,
-        SERIAL,
-    )
-    assert switch.returncode == 0, switch.stderr[-3000:]
-    report = run_module(
-        "experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]"
-    )
-    return ReplicationSweep(out, esft, switch, report)
+    split-load row, and a synthetic one), then `experiments.replication` over both; built once
+    for both test processes (tests.conftest.built_once). Tests that change the folder work on a
+    copy."""
+
+    def build(folder: Path) -> list[list]:
+        out = folder / "r"
+        esft = run_module("experiments.run", *replication_sweep_args(out, SERIAL))
+        assert esft.returncode == 0, esft.stderr[-3000:]
+        switch = run_module(
+            "experiments.run",
+            "-m",
+            "experiment=replication_switch_128_g8",
+            f"hydra.sweep.dir={out}",
+            "workload.batch_size=16",
+            *SMALL,
+            SERIAL,
+        )
+        assert switch.returncode == 0, switch.stderr[-3000:]
+        report = run_module(
+            "experiments.replication", f"dir={out}", "targets_cases=[esft-g8,switch-base-128-g8]"
+        )
+        return [[r.args, r.returncode, r.stdout, r.stderr] for r in (esft, switch, report)]
+
+    folder, done = built_once(tmp_path_factory, "replication", build)
+    esft, switch, report = (subprocess.CompletedProcess(*r) for r in done)
+    return ReplicationSweep(folder / "r", esft, switch, report)

@@ -4,8 +4,6 @@ two, and bad input is one line (CUDA: the gpu-marked run, and scripts/gpu_check.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,13 +53,7 @@ def test_cuda_slab_slots_are_pinned():
     assert all("(pinned: True)" in ln for ln in lines if ln.startswith("host -> cuda"))
 
 
-def test_bad_argument_is_one_line():
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.bench.host", "unit_mb=lots"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_bad_argument_is_one_line(cli_here):
+    r = cli_here("experiments.bench.host", "unit_mb=lots")
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "unit_mb" in err[0]

@@ -3,8 +3,6 @@ min(G, 1 / cap), and on CUDA the measured overlap lies between 1 (serialised) an
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,14 +37,8 @@ def test_model_overlap_is_lanes_or_one_over_cap():
     assert "model's figures only" in lines[0]
 
 
-def test_bad_argument_is_one_line():
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.bench.lanes", "model=nosuch"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_bad_argument_is_one_line(cli_here):
+    r = cli_here("experiments.bench.lanes", "model=nosuch")
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "model=nosuch" in err[0]
 

@@ -1,12 +1,11 @@
 """Every conf/experiment/*.yaml runs (STYLE.md), on a tiny model, hardware and workload, through
-the same command a user types; the replication experiment through its own command."""
+the same command a user types (its `main(argv)`, in the test's process: tests.conftest.cli_here);
+the replication experiment through its own command."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,18 +27,15 @@ EXTRA = {"klotski_vs_flexgen": ["planner=klotski_at_n,flexgen"]}
 
 
 @pytest.mark.parametrize("name", [e for e in EXPERIMENTS if not e.startswith("replication")])
-def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
+def test_experiment_runs_on_a_tiny_workload(name, tmp_path, cli_here):
+    r = cli_here(
         "experiments.run",
         "-m",
         f"experiment={name}",
         *TINY,
         *EXTRA.get(name, []),
         f"hydra.sweep.dir={tmp_path}",
-    ]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in Path(tmp_path).rglob("summary.json")]
     assert summaries and all(s["model"] == "tiny" for s in summaries)
@@ -53,11 +49,6 @@ def test_experiment_runs_on_a_tiny_workload(name, tmp_path):
         assert {s["planner"] for s in summaries} == {
             conf("planner", c)["name"] for c in points["planner"]
         }
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 SMALL = ["workload.n_batches=2", "workload.prompt_len=8", "hydra.launcher.n_jobs=1"]
@@ -98,12 +89,12 @@ def test_replication_experiment_runs_small(replication_sweep):
 
 
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
-def test_replication_cross_validation_runs_small(tmp_path):
+def test_replication_cross_validation_runs_small(tmp_path, cli_here):
     """A fold (trained on the other four) in two stream orders swept into one folder;
     replication_cv counts two runs, a row per order. (How it keys and counts several folds and
     orders: tests/experiments/test_replication_cv.py; the test split swept: the session's sweep
     above.)"""
-    r = _run(
+    r = cli_here(
         "experiments.run",
         "-m",
         "experiment=replication_esft_g8",
@@ -115,7 +106,7 @@ def test_replication_cross_validation_runs_small(tmp_path):
         *SMALL,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _run("experiments.replication_cv", f"dir={tmp_path}")
+    r = cli_here("experiments.replication_cv", f"dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "esft-g8: predictive balancedness >= eplb's on" in r.stdout and "of 2 runs" in r.stdout
     folds = [ln.split()[:4] for ln in r.stdout.splitlines() if ln.split()[:1] == ["1"]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.ep_inputs import esft_split, load_matrix, prepare
 from experiments.common.pipeline import RunSpec
 from tests.conftest import ROOT, SHARED_TRACES
-from tests.experiments.conftest import ESFT_ROWS, replication_sweep_cmd
+from tests.experiments.conftest import ESFT_ROWS, replication_sweep_args
 
 needs_traces = pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 BASE = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml").replication
@@ -114,13 +113,8 @@ def test_bad_replication_settings_are_one_line(rep, planner, match, tmp_path):
         prepare(OmegaConf.create({"replication": block}), _spec(planner), tmp_path)
 
 
-def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = replication_sweep_cmd(out, *args)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
 @needs_traces
-def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path):
+def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path, cli_here):
     """A tiny esft-g8 sweep (the session's): a run dir per row, the report's verdicts over it,
     the sweep run again reuses every run, and a changed setting in the same run dirs runs them
     again."""
@@ -140,13 +134,16 @@ def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path):
     out = tmp_path / "r"  # a copy: the session's folder stays as its sweeps left it
     shutil.copytree(sweep.out, out)
     one = "hydra.launcher.n_jobs=1"  # in the command's process: no worker to start and import
-    again = _sweep(out, one)
+    # the sweeps again in the test's process (tests.conftest.cli_here): the session's ran as a
+    # user's command
+    again = cli_here("experiments.run", *replication_sweep_args(out, one))
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(rows)} already finished, reused" in again.stderr, again.stderr[-2000:]
     # the same run dir under another split: config.yaml differs, so it runs again
     keys = "[experiment,replication_row,workload.batch_size,replication.split]"
-    other = _sweep(
-        out,
+    other = cli_here(
+        "experiments.run",
+        *replication_sweep_args(out),
         "replication_row=eplb",
         "replication.split=validation",
         one,

@@ -109,10 +109,13 @@ def test_sweep_runs_every_planner(tmp_path):
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}
 
 
-def test_bad_point_in_a_sweep_fails_alone(tmp_path):
+def test_bad_point_in_a_sweep_fails_alone(tmp_path, run_in):
     """A bad value in one sweep point is that run's one-line error; the other runs finish, and
-    the sweep exits 2 naming the failed run."""
-    r = run(["-m", *TINY, "planner=flexgen", "workload.batch_size=1,-1,2"], tmp_path)
+    the sweep exits 2 naming the failed run. (In the test's process, one job at a time: the
+    bad points of a sweep on joblib's worker processes are the probe
+    tests/probes/test_probe_hf_config.py::test_one_bad_point_does_not_stop_a_sweep.)"""
+    argv = ["-m", *TINY, "planner=flexgen", "workload.batch_size=1,-1,2", "hydra.launcher.n_jobs=1"]
+    r = run_in(argv, tmp_path)
     assert r.returncode == 2
     assert len(list((tmp_path / "sweep").rglob("summary.json"))) == 2
     failed = list((tmp_path / "sweep").rglob("failed.txt"))
@@ -121,7 +124,7 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path):
     assert f"1 run(s) failed on bad input ({point};" in r.stderr
 
 
-def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
+def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
     """Every experiment's choices and keys compose under the run schema (--cfg job composes
     without running); a mistyped key under an experiment is one line naming the nearest."""
     for name in (
@@ -132,7 +135,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
         "klotski_table3",
         "klotski_vs_flexgen",
     ):
-        r = run(
+        r = run_in(
             [
                 "--cfg",
                 "job",
@@ -144,7 +147,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path):
             tmp_path,
         )
         assert r.returncode == 0 and "planner:" in r.stdout, (name, r.stderr)
-    r = run(["-m", "experiment=compare", "workload.batchsize=8"], tmp_path)
+    r = run_in(["-m", "experiment=compare", "workload.batchsize=8"], tmp_path)
     assert r.returncode == 2
     assert "workload.batchsize: unknown key; did you mean 'batch_size'?" in r.stderr
 
@@ -333,7 +336,7 @@ def test_slurm_launcher_without_its_plugin_says_what_to_install():
     assert missing_launcher(["hydra/launcher=joblib"]) is None
 
 
-def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
+def test_replication_override_of_a_missing_key_is_one_line(tmp_path, cli_here):
     """experiments.replication: a misspelt key (hydra: a screen of text, exit 1) is one line
     naming the nearest key there, exit 2; a folder with no runs is one line too."""
     for args, message in (
@@ -341,8 +344,7 @@ def test_replication_override_of_a_missing_key_is_one_line(tmp_path):
         ([f"dir={tmp_path}/none"], "no such folder; run the cases first"),
         ([f"dir={tmp_path}"], "no finished replication runs"),
     ):
-        cmd = [sys.executable, "-m", "experiments.replication", *args]
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = cli_here("experiments.replication", *args)
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(err) == 1 and message in err[0], r.stderr
 
@@ -461,25 +463,13 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
     assert r.stderr.strip().splitlines()[-1].startswith("interrupted: "), r.stderr
 
 
-def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path):
+def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path, cli_here):
     """The same points swept in another order reuse their runs (the folders were numbered by
     job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""
     args = [*TINY, "planner=flexgen", f"hydra.sweep.dir={tmp_path}/sw", "hydra.launcher.n_jobs=1"]
-    first = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "-m", *args, "workload.prompt_len=8,16"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    first = cli_here("experiments.run", "-m", *args, "workload.prompt_len=8,16")
     assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "-m", *args, "workload.prompt_len=16,8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = cli_here("experiments.run", "-m", *args, "workload.prompt_len=16,8")
     assert again.returncode == 0 and "2 already finished, reused" in again.stderr
     assert "another config" not in again.stdout + again.stderr
     assert len(list((tmp_path / "sw").rglob("summary.json"))) == 2

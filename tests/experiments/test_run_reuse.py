@@ -14,7 +14,7 @@ import pytest
 
 from experiments import run as run_module
 from tests.conftest import ROOT, command_here
-from tests.experiments.test_run import TINY, run, run_dirs
+from tests.experiments.test_run import TINY, run_dirs
 
 
 @pytest.fixture
@@ -60,10 +60,12 @@ def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     assert "# model files" in (tmp_path / "run" / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("planner", ["klotski", "predictive_replication"])
-def test_runs_are_the_same_in_every_process(planner, tmp_path):
+def test_runs_are_the_same_in_every_process(tmp_path):
     """A schedule must not depend on Python's per-process string hashing (set or dict order of
-    names), or re-runs that reuse finished runs would mix results of different schedules."""
+    names), or re-runs that reuse finished runs would mix results of different schedules. Two
+    processes of other hash seeds each run klotski and predictive_replication (a sweep of the
+    two in one process)."""
+    planners = ("klotski", "predictive_replication")
     traces = []
     for seed in ("1", "2"):
         r = subprocess.run(
@@ -71,9 +73,11 @@ def test_runs_are_the_same_in_every_process(planner, tmp_path):
                 sys.executable,
                 "-m",
                 "experiments.run",
+                "-m",
                 *TINY,
-                f"planner={planner}",
-                f"hydra.run.dir={tmp_path}/{seed}",
+                f"planner={','.join(planners)}",
+                "hydra.launcher.n_jobs=1",
+                f"hydra.sweep.dir={tmp_path}/{seed}",
             ],
             cwd=ROOT,
             capture_output=True,
@@ -82,8 +86,15 @@ def test_runs_are_the_same_in_every_process(planner, tmp_path):
             env={**os.environ, "PYTHONHASHSEED": seed},
         )
         assert r.returncode == 0, r.stderr[-2000:]
-        traces.append(pd.read_parquet(tmp_path / seed / "trace.parquet"))
-    assert len(traces[0]) and traces[0].equals(traces[1])
+        traces.append(
+            {
+                json.loads((p.parent / "summary.json").read_text())["planner"]: pd.read_parquet(p)
+                for p in (tmp_path / seed).rglob("trace.parquet")
+            }
+        )
+    assert sorted(traces[0]) == sorted(traces[1]) == sorted(planners)
+    for planner in planners:
+        assert len(traces[0][planner]) and traces[0][planner].equals(traces[1][planner]), planner
 
 
 def test_a_garbled_summary_is_run_again(tmp_path, run_in):
@@ -115,7 +126,7 @@ def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in):
     assert r.returncode == 0 and "already finished" in r.stdout + r.stderr
 
 
-def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
+def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     """A run whose routing is the ESFT trace is finished only for the trace file it read: a
     trace rebuilt at the same trace_dir runs again (it was reused, the old trace's result
     handed back); synthetic routing records no trace."""
@@ -136,12 +147,12 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path):
         "planner=flexgen",
         f"workload.routing.trace_dir={tmp_path / 'traces'}",
     ]
-    assert run(args, tmp_path).returncode == 0
+    assert run_in(args, tmp_path).returncode == 0
     assert "# routing trace" in (tmp_path / "run" / "config.yaml").read_text()
-    r = run(args, tmp_path)
+    r = run_in(args, tmp_path)
     assert r.returncode == 0 and "already finished" in r.stderr + r.stdout
     os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns + 10**9))  # rebuilt
-    r = run(args, tmp_path)
+    r = run_in(args, tmp_path)
     assert r.returncode == 0 and "another config" in r.stderr + r.stdout
-    assert run([*TINY, "planner=flexgen"], tmp_path / "syn").returncode == 0
+    assert run_in([*TINY, "planner=flexgen"], tmp_path / "syn").returncode == 0
     assert "# routing trace" not in (tmp_path / "syn" / "run" / "config.yaml").read_text()

@@ -9,7 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -17,6 +19,7 @@ from PIL import Image
 
 from experiments.common.tables import collect, write_results
 from experiments.report import main as report_main
+from tests.conftest import built_once
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
@@ -25,16 +28,15 @@ POINT = "*/workload=tiny/summary.json"
 
 
 # joblib's worker processes each import the project again (a second or two of CPU): the module's
-# shared sweep runs on two of them, the other sweeps in the sweep's own process (n_jobs=1, still
-# through hydra's joblib launcher), whose results are the same
+# shared sweep runs on two of them, as a user's command; the other sweeps run in the sweep's own
+# process (n_jobs=1, still through hydra's joblib launcher), whose results are the same, and that
+# process is the test's (tests.conftest.cli_here): no interpreter to start
 SERIAL = "hydra.launcher.n_jobs=1"
 
 
-def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.run",
+def sweep_args(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> list[str]:
+    """`experiments.run`'s arguments: the tiny compare sweep into `sweep_dir`."""
+    return [
         "-m",
         "experiment=compare",
         *TINY,
@@ -44,16 +46,31 @@ def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.Completed
         f"hydra.launcher.n_jobs={n_jobs}",
         *extra,
     ]
+
+
+def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "experiments.run", *sweep_args(sweep_dir, *extra, n_jobs=n_jobs)]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture
+def sweep_here(cli_here: Any) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`sweep(sweep_dir, *extra)` of one process, in the test's process."""
+    return lambda sweep_dir, *extra: cli_here("experiments.run", *sweep_args(sweep_dir, *extra))
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("sweep") / "tiny"
-    r = sweep(d, n_jobs=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
-    return d
+    """The shared sweep's folder, swept once for both test processes (tests.conftest.built_once):
+    tests that would change it work on a copy."""
+
+    def build(folder: Path) -> None:
+        r = sweep(folder / "tiny", n_jobs=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
+
+    folder, _ = built_once(tmp_path_factory, "sweep", build)
+    return folder / "tiny"
 
 
 def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
@@ -64,10 +81,12 @@ def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
     assert len(list(swept.rglob("summary.json"))) == 4
 
 
-def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(tmp_path: Path) -> None:
+def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(
+    tmp_path: Path, sweep_here: Any
+) -> None:
     """Sweeping a key the experiment's dir name leaves out (prompt length): one sub-dir per
     value, each with its own summary (before, both wrote one dir and one result was lost)."""
-    r = sweep(
+    r = sweep_here(
         tmp_path / "p", "planner=sequential", "workload.batch_size=2", "workload.prompt_len=8,16"
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -85,10 +104,12 @@ def test_points_that_differ_outside_the_dir_name_get_their_own_dirs(tmp_path: Pa
     assert "workload.prompt_len=16,workload=tiny" in r.stdout
 
 
-def test_planner_variants_of_one_name_get_their_own_run_dirs(tmp_path: Path) -> None:
+def test_planner_variants_of_one_name_get_their_own_run_dirs(
+    tmp_path: Path, sweep_here: Any
+) -> None:
     """klotski_at_n and klotski_hot are both planner `klotski`: the run dirs are named by the
     config choice, so neither overwrites the other (before, one dir held whichever ran last)."""
-    r = sweep(tmp_path / "v", "planner=klotski_at_n,klotski_hot", "workload.batch_size=2")
+    r = sweep_here(tmp_path / "v", "planner=klotski_at_n,klotski_hot", "workload.batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
     runs = sorted(p.parent.parent.name for p in (tmp_path / "v").glob(POINT))
     assert runs == ["tiny_tiny_klotski_at_n_bs2_n2_g8", "tiny_tiny_klotski_hot_bs2_n2_g8"]
@@ -174,12 +195,14 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
     assert [len(g) for _, g in line_groups(seeds, "workload.batch_size")] == [4, 2]
 
 
-def test_rerun_skips_finished_runs(swept: Path) -> None:
-    before = {p: p.stat().st_mtime_ns for p in swept.glob(POINT)}
-    r = sweep(swept)
+def test_rerun_skips_finished_runs(swept: Path, sweep_here: Any, tmp_path: Path) -> None:
+    d = tmp_path / "tiny"  # a copy: another test process may be reading the shared folder
+    shutil.copytree(swept, d)
+    before = {p: p.stat().st_mtime_ns for p in d.glob(POINT)}
+    r = sweep_here(d)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4 run(s) finished (4 already finished, reused)" in r.stderr
-    assert {p: p.stat().st_mtime_ns for p in swept.glob(POINT)} == before
+    assert {p: p.stat().st_mtime_ns for p in d.glob(POINT)} == before
 
 
 def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
@@ -198,14 +221,8 @@ def test_collect_skips_half_written_runs(swept: Path, tmp_path: Path) -> None:
     )
 
 
-def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_collect_cli_writes_parquet_and_csv(swept: Path, tmp_path: Path, cli_here: Any) -> None:
+    r = cli_here("experiments.collect", f"dir={swept}", f"out={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 4
     assert len(pd.read_csv(tmp_path / "results.csv")) == 4
@@ -229,15 +246,11 @@ def test_collect_keeps_true_false_of_a_param_some_planners_lack(tmp_path: Path) 
     assert back["params.tasks"][1] == '["law", "intent"]'
 
 
-def test_collect_cli_out_under_a_file_is_one_line(swept: Path, tmp_path: Path) -> None:
+def test_collect_cli_out_under_a_file_is_one_line(
+    swept: Path, tmp_path: Path, cli_here: Any
+) -> None:
     (tmp_path / "afile").write_text("")
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.collect", f"dir={swept}", f"out={tmp_path / 'afile'}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = cli_here("experiments.collect", f"dir={swept}", f"out={tmp_path / 'afile'}")
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "out=" in err[0], r.stderr
 
@@ -331,13 +344,13 @@ def test_collect_has_one_column_per_quantity(swept: Path) -> None:
     assert {"workload.batch_size", "planner.name", "system", "n_batches"} <= cols
 
 
-def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -> None:
+def test_report_plots_the_balancedness_of_expert_parallel_runs(
+    tmp_path: Path, cli_here: Any
+) -> None:
     """The load-balance figure looked for a plan.*load_balance* key no planner writes, so it
     never appeared: it is drawn from the runs' balancedness_per_layer, a line per planner."""
     d = tmp_path / "ep"
-    cmd = [
-        sys.executable,
-        "-m",
+    r = cli_here(
         "experiments.run",
         "-m",
         *TINY,
@@ -346,8 +359,7 @@ def test_report_plots_the_balancedness_of_expert_parallel_runs(tmp_path: Path) -
         "+hardware.n_gpus=2",
         f"hydra.sweep.dir={d}",
         SERIAL,
-    ]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert report_main([f"dir={d}", f"out={tmp_path / 'rep'}"]) == 0
     png = tmp_path / "rep" / "load_balance.png"
@@ -416,14 +428,12 @@ def test_report_opens_in_headless_chromium(swept: Path, tmp_path: Path) -> None:
 
 
 def test_a_sweep_of_infeasible_runs_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cli_here: Any
 ) -> None:
     """Every run infeasible (Mixtral-8x22B on the tiny machine): the end-of-sweep table lists
     each with its reason, no report is attempted, and the report command says why in one line."""
     d = tmp_path / "inf"
-    cmd = [
-        sys.executable,
-        "-m",
+    r = cli_here(
         "experiments.run",
         "-m",
         "experiment=compare",
@@ -432,8 +442,7 @@ def test_a_sweep_of_infeasible_runs_says_so(
         "planner=sequential",
         f"hydra.sweep.dir={d}",
         SERIAL,
-    ]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sequential           infeasible at bs 16: model mixtral-8x22b" in r.stdout
     assert "no report: every run" in r.stderr and "Traceback" not in r.stderr
@@ -444,7 +453,9 @@ def test_a_sweep_of_infeasible_runs_says_so(
 
 def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(tmp_path: Path) -> None:
     """A point that failed on bad input keeps its failed.txt; a later sweep of other points in
-    the same dir exits 0, and collect names the old point as failed, not as interrupted."""
+    the same dir exits 0, and collect names the old point as failed, not as interrupted.
+    (Commands of their own: a failed.txt written within a second of a sweep's start counts as
+    that sweep's, and the test's process would start the next sweep sooner than that.)"""
     d = tmp_path / "f"
     r = sweep(d, "planner=sequential", "workload.batch_size=-1")
     assert r.returncode == 2 and "failed on bad input" in r.stderr
@@ -486,7 +497,9 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
     assert finished_runs(tmp_path / "absent", start) == (0, 0)
 
 
-def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_path: Path) -> None:
+def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(
+    tmp_path: Path, cli_here: Any
+) -> None:
     """An infeasible point records what a finished one does: its config.yaml carries the model
     files' version (it lacked it, so every rerun found 'another config' and ran it again) and
     its summary names the model it ran, `model.hf_config`'s folder (collect filed it under
@@ -510,10 +523,7 @@ def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_pa
             )
         )
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.run",
+    args = [
         "-m",
         "experiment=compare",
         "hardware=tiny",
@@ -524,9 +534,9 @@ def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(tmp_pa
         f"hydra.sweep.dir={tmp_path / 's'}",
         SERIAL,
     ]
-    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    first = cli_here("experiments.run", *args)
     assert first.returncode == 0 and "infeasible" in first.stderr, first.stderr[-3000:]
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    again = cli_here("experiments.run", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "running again" not in again.stderr and "(2 already finished, reused)" in again.stderr
     d = tmp_path / "s"

@@ -2,8 +2,6 @@
 in the simulator: balance reported, tokens and copies over p2p or lanes, memory per GPU, the
 SM share of collectives and copies, and bad input as one error."""
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -287,10 +285,8 @@ def test_eplb_load_matrix_that_is_no_load(values, match, tmp_path):
         simulate_run(tiny_spec("eplb", initial_load=str(bad)))
 
 
-def test_cli_exits_non_zero_with_one_line(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
+def test_cli_exits_non_zero_with_one_line(tmp_path, cli_here):
+    r = cli_here(
         "experiments.run",
         "model=tiny",
         "hardware=tiny",
@@ -298,8 +294,7 @@ def test_cli_exits_non_zero_with_one_line(tmp_path):
         "planner=predictive_replication",
         "+planner.params.replicas=9",
         f"hydra.run.dir={tmp_path}",
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    )
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("error: planner replicas=9 exceeds")
 

@@ -9,7 +9,6 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -40,32 +39,6 @@ def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subproce
         timeout=timeout,
         **popen,
     )
-
-
-@pytest.fixture
-def cli_here(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`cli(module, *args)` in this process (tests.conftest.command_here: the module's `main`
-    as `python -m` runs it), for cases whose class a subprocess case already shows as a user
-    runs it: a second or two of interpreter start-up less each."""
-    from tests.conftest import command_here
-
-    def go(module: str, *args: str) -> subprocess.CompletedProcess[str]:
-        from hydra.core.global_hydra import GlobalHydra
-        from hydra.core.singleton import Singleton
-
-        main = importlib.import_module(module).main
-        monkeypatch.chdir(ROOT)  # where `cli` runs it
-        # a fresh process has no hydra initialized: set aside a module's compose context
-        held = Singleton._instances.pop(GlobalHydra, None)
-        try:
-            return command_here(main, args, capsys, monkeypatch)
-        finally:
-            if held is not None:
-                Singleton._instances[GlobalHydra] = held
-
-    return go
 
 
 def one_line(r: subprocess.CompletedProcess, *names: str) -> str:

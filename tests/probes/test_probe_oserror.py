@@ -137,12 +137,13 @@ def test_torchs_allocation_failure_is_the_out_of_memory_line() -> None:
     one_line(r, "out of memory")
 
 
-def test_a_full_disk_leaves_no_output_file_cut_short(tmp_path: Path) -> None:
+def test_a_full_disk_leaves_no_output_file_cut_short(tmp_path: Path, cli_here: Any) -> None:
     """collect, report and trace_json on a disk that fills while they write (files up to 4 kB):
     results.parquet was left cut short at 4 kB, report's first figure and trace.json empty,
-    each looking like a result. Now each output file is the earlier one, whole, or none."""
+    each looking like a result. Now each output file is the earlier one, whole, or none. (The
+    run they read runs in this process; the commands whose files are limited, in their own.)"""
     sweep = tmp_path / "sweep"
-    assert cli("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
+    assert cli_here("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
     full = _small_files(4_000)
     earlier = {"results.csv": "earlier,whole\n1,2\n", "index.html": "<p>earlier</p>\n"}
     outs = {"c": tmp_path / "c", "r": tmp_path / "r"}

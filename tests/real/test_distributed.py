@@ -231,18 +231,15 @@ def env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("dense", ["data", "tensor"])
-def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path, dense):
+def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path, dense, capsys, monkeypatch):
     """`experiments.run ... executor.distributed=true` starts the 2 processes itself and writes
-    the run dir every run writes; trace.json shows one process per device."""
+    the run dir every run writes; trace.json shows one process per device. (The command's main
+    in this process: the rank processes are its own either way, and the command as a user
+    starts it is the subprocess of test_a_rank_that_dies_stops_the_run and the probes'.)"""
     dense_arg = f"+planner.params.dense={dense}"
-    proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, "planner=eplb", dense_arg, "trace_json=true"),
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = command(mixtral_tiny, tmp_path, "planner=eplb", dense_arg, "trace_json=true")[3:]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as env() gives the subprocesses
+    proc = command_here(run_module.main, argv, capsys, monkeypatch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("config.yaml", "summary.json", "trace.parquet", "trace.json"):
         assert (tmp_path / name).exists(), name

@@ -9,8 +9,6 @@ blocking, so bits may differ at ~1e-6).
 
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -484,10 +482,8 @@ def test_truncated_checkpoint_names_the_file(mixtral_tiny, tmp_path, monkeypatch
     store.close()
 
 
-def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
+def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path, cli_here):
+    p = cli_here(
         "experiments.run",
         "executor=real",
         f"checkpoint={tmp_path / 'nope'}",
@@ -496,9 +492,6 @@ def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path):
         "workload=tiny",
         "planner=sequential",
         f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    p = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2]
     )
     assert p.returncode == 2, p.stderr
     err = [line for line in p.stderr.splitlines() if line.strip()]

@@ -3,8 +3,6 @@ models' predictions of it, on the same replayed routing."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -63,13 +61,7 @@ def test_a_planner_that_is_not_expert_parallel_is_refused(planners, match, mixtr
         vl.report(opts)
 
 
-def test_cli_error_is_one_line(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.validate_lanes", f"out={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_cli_error_is_one_line(tmp_path, cli_here):
+    r = cli_here("experiments.validate_lanes", f"out={tmp_path}")
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1 and "checkpoint=DIR is required" in err[0]
