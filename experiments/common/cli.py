@@ -243,7 +243,9 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     sys.unraisablehook = _interrupt_again(hook)
     python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
     try:
-        return main()
+        result = main()
+        _raise_unsent()  # an interrupt the hook below caught, which main() outran
+        return result
     except KeyboardInterrupt as e:
         before_line()
         _stop_pool_tracker()
@@ -278,13 +280,39 @@ def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
             signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
             # (a moment later: starting a thread waits for it, where a signal it sent at once
             # would be handled, still inside this hook)
-            later = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+            later = threading.Timer(0.05, _send_again, (signum,))
             later.daemon = True
+            with _UNSENT_LOCK:
+                _UNSENT.append((later, signum))
             later.start()
             return
         previous(unraisable)
 
     return hook
+
+
+# the unraisable hook's interrupts not sent again yet: (its timer, the signal)
+_UNSENT: list[tuple[threading.Timer, int]] = []
+_UNSENT_LOCK = threading.Lock()
+
+
+def _send_again(signum: int) -> None:
+    with _UNSENT_LOCK:
+        _UNSENT[:] = [(t, s) for t, s in _UNSENT if t is not threading.current_thread()]
+    os.kill(os.getpid(), signum)
+
+
+def _raise_unsent() -> None:
+    """Raise, now, an interrupt the unraisable hook is about to send again: a command that
+    ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
+    lost so was seen in a test run)."""
+    with _UNSENT_LOCK:
+        unsent, _UNSENT[:] = list(_UNSENT), []
+    for timer, _ in unsent:
+        timer.cancel()
+    if unsent:
+        signum = unsent[0][1]
+        raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
 
 
 def _stop_pool_tracker() -> None:

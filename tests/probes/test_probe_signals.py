@@ -546,3 +546,28 @@ def test_ctrl_c_lost_in_a_del_still_stops_the_command(capsys) -> None:
         until_interrupted(main)
     assert stop.value.code == 130
     assert capsys.readouterr().err.startswith("interrupted: ")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, capsys) -> None:
+    """The same, where the command ends right after the `__del__`, before the hook's signal is
+    sent again: it ended with exit 0 and nothing said (a SIGHUP in a full test run). It stops
+    as the signal says, and nothing is sent to the process afterwards."""
+    from experiments.common import cli
+    from experiments.common.cli import Stopped, until_interrupted
+
+    class Dies:
+        def __del__(self) -> None:
+            raise Stopped(signum) if signum != signal.SIGINT else KeyboardInterrupt
+
+    def main() -> str:
+        Dies()
+        return "finished"
+
+    with pytest.raises(SystemExit) as stop:
+        until_interrupted(main)
+    assert stop.value.code == (130 if signum == signal.SIGINT else 129)
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted: " if signum == signal.SIGINT else "stopped by SIGHUP; ")
+    assert cli._UNSENT == []
+    time.sleep(0.1)  # past the hook's moment: its timer was cancelled, no signal arrives
