@@ -75,6 +75,15 @@ def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
 
 
+def default_signals() -> None:
+    """`preexec_fn` of a command a test signals: Ctrl-C, SIGTERM and SIGHUP at their default
+    actions, as a command started from a terminal has them. The test run's own may differ: under
+    `nohup` SIGHUP is ignored, in a shell's background job SIGINT is, and a command keeps an
+    ignored signal ignored (as `nohup` asks), so a probe that sends it would see no stop."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def built_once(
     tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
 ) -> tuple[Path, Any]:

@@ -14,7 +14,7 @@ import pytest
 from core.trace import TRACE_COLUMNS
 from experiments import run as run_module
 from experiments import trace_json
-from tests.conftest import ROOT, SHARED_TRACES, command_here
+from tests.conftest import ROOT, SHARED_TRACES, command_here, default_signals
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -402,9 +402,6 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
 
     # Ctrl-C's default action, as a terminal's foreground job has it: a test run started in the
     # background by a non-interactive shell inherits SIGINT ignored, and the sweep would not stop
-    def sigint_default() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -413,7 +410,7 @@ def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=sigint_default,
+        preexec_fn=default_signals,
     )
     deadline = time.time() + 120
     while not list(tmp_path.glob("multirun/*/*/*/*/summary.json")) and time.time() < deadline:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import default_signals
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
@@ -93,6 +94,7 @@ def _interrupt_group(module: str, args: list[str], after_s: float) -> subprocess
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGINT)

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from experiments.run import LOCK
+from tests.conftest import default_signals
 from tests.probes.conftest import ROOT, TINY
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
@@ -54,6 +55,7 @@ def _start(run: Path, *args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
 
 
@@ -378,6 +380,7 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
     deadline = time.time() + 240
     while not list(sweep.rglob("summary.json")):
@@ -426,6 +429,7 @@ def _start_command(module: str, *args: str, err: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=err.open("w"),
         start_new_session=True,
+        preexec_fn=default_signals,
     )
 
 
