@@ -84,6 +84,28 @@ def default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+def user_env() -> dict[str, str]:
+    """The environment a user's command gets in a test: this checkout importable, one thread
+    (two test processes share the machine's cores), hydra's traceback switch unset."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def started(module: str, *args: str, **popen: Any) -> subprocess.Popen:
+    """`python -m module args...` from the repository root as a terminal starts it, for a test
+    that signals it: a session (process group) of its own, as a terminal's job has, which
+    Ctrl-C or a closed terminal reaches whole, and default signal actions
+    (`default_signals`). `popen`: Popen's other arguments (stdout, stderr, text, cwd, env)."""
+    popen = {"cwd": ROOT, "env": user_env(), **popen}
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        start_new_session=True,
+        preexec_fn=default_signals,
+        **popen,
+    )
+
+
 def built_once(
     tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
 ) -> tuple[Path, Any]:

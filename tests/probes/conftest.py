@@ -9,7 +9,6 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import pytest
 from core.errors import MoepipeError
 from experiments.common.cli import error_line
 from real.checkpoint import reduced_spec, write_checkpoint
+from tests.conftest import user_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
@@ -28,12 +28,10 @@ TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
 
 def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subprocess.CompletedProcess:
     """`python -m module args...` from the repository root, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
-        env=env,
+        env=user_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

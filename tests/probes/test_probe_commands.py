@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import default_signals
+from tests.conftest import started
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
@@ -84,18 +84,7 @@ def test_a_trace_that_is_not_parquet_is_one_line(tmp_path: Path, cli_here: Any) 
 def _interrupt_group(module: str, args: list[str], after_s: float) -> subprocess.CompletedProcess:
     """`python -m module args`, in a process group of its own, sent SIGINT after `after_s` as a
     terminal's Ctrl-C is (to every process of the group)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=default_signals,
-    )
+    proc = started(module, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +27,8 @@ from typing import Any
 import pytest
 
 from experiments.run import LOCK
-from tests.conftest import default_signals
-from tests.probes.conftest import ROOT, TINY
+from tests.conftest import started
+from tests.probes.conftest import TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
 WRITING = [
@@ -45,17 +44,13 @@ RESULT = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet")
 def _start(run: Path, *args: str) -> subprocess.Popen:
     """`python -m experiments.run args` into `run`, in a session of its own (a terminal's
     Ctrl-C reaches every process of the foreground group)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "experiments.run", *args, f"hydra.run.dir={run}"],
-        cwd=ROOT,
-        env=env,
+    return started(
+        "experiments.run",
+        *args,
+        f"hydra.run.dir={run}",
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=default_signals,
     )
 
 
@@ -369,19 +364,7 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
         "workload.gen_len=128",
         f"hydra.sweep.dir={sweep}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    cmd = [sys.executable, "-m", "experiments.run", *args]
-    p = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=default_signals,
-    )
+    p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 240
     while not list(sweep.rglob("summary.json")):
         assert p.poll() is None and time.time() < deadline, p.communicate()
@@ -399,7 +382,7 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     time.sleep(1.0)
     assert not [k for k in workers if _running(k)], "workers left running"
     assert len(list(sweep.rglob("summary.json"))) == 1
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = cli("experiments.run", *args)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
     assert len(list(sweep.rglob("summary.json"))) == 2
@@ -420,17 +403,7 @@ def _running(pid: int) -> bool:
 
 
 def _start_command(module: str, *args: str, err: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=err.open("w"),
-        start_new_session=True,
-        preexec_fn=default_signals,
-    )
+    return started(module, *args, stdout=subprocess.DEVNULL, stderr=err.open("w"))
 
 
 def _await(p: subprocess.Popen, ready: Callable[[], bool], what: str) -> None:
