@@ -256,6 +256,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         sys.exit(130)
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
+        _cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
         # and the python its subprocesses start: a sweep that failed or was stopped never
         # reached the callback that puts it back (a later `sys.executable` would ignore SIGTERM)
         callbacks = sys.modules.get("experiments.common.callbacks")
@@ -302,14 +303,20 @@ def _send_again(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _raise_unsent() -> None:
-    """Raise, now, an interrupt the unraisable hook is about to send again: a command that
-    ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
-    lost so was seen in a test run)."""
+def _cancel_unsent() -> list[tuple[threading.Timer, int]]:
+    """The unraisable hook's interrupts not sent again yet, their timers cancelled."""
     with _UNSENT_LOCK:
         unsent, _UNSENT[:] = list(_UNSENT), []
     for timer, _ in unsent:
         timer.cancel()
+    return unsent
+
+
+def _raise_unsent() -> None:
+    """Raise, now, an interrupt the unraisable hook is about to send again: a command that
+    ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
+    lost so was seen in a test run)."""
+    unsent = _cancel_unsent()
     if unsent:
         signum = unsent[0][1]
         raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
