@@ -122,6 +122,30 @@ def _consistent(run: Path, planner: str) -> None:
     assert (run / "trace.parquet").exists()
 
 
+def _summaries(sweep: Path) -> list[Path]:
+    """The sweep's summary.json files; walked again where a run's folder was renamed (its
+    `.partial-*` made whole) during the walk."""
+    while True:
+        try:
+            return list(sweep.rglob("summary.json"))
+        except FileNotFoundError:
+            continue
+
+
+def _whole_and_the_next_run_proceeds(
+    run: Path, before: dict[str, bytes], cli_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """After a stopped run of `sequential` into `run`: the earlier result as it was, or (stopped
+    the moment its files went in) the new one whole; no half-written folder; and the next run
+    (flexgen) into the dir finishes."""
+    if _result(run) != before:
+        _consistent(run, "sequential")
+    assert not list(run.glob(".partial-*"))
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    _consistent(run, "flexgen")
+
+
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     moment: str, tmp_path: Path, cli_here: Any
@@ -163,12 +187,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     assert "Traceback" not in err
     assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
     assert "did not finish" in lines[0], lines[0]
-    if _result(run) != before:
-        _consistent(run, "sequential")
-    assert not list(run.glob(".partial-*"))
-    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    _consistent(run, "flexgen")
+    _whole_and_the_next_run_proceeds(run, before, cli_here)
 
 
 @pytest.mark.parametrize("after_s", [0.3, 1.0])
@@ -327,12 +346,7 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(
     assert code == STOPS[sig], err
     assert len([line for line in err.splitlines() if line.strip()]) == 1, err
     assert "did not finish" in _stop_line(err, sig)
-    if _result(run) != before:
-        _consistent(run, "sequential")
-    assert not list(run.glob(".partial-*"))
-    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    _consistent(run, "flexgen")
+    _whole_and_the_next_run_proceeds(run, before, cli_here)
 
 
 def test_sigterm_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
@@ -366,7 +380,7 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     ]
     p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 240
-    while not list(sweep.rglob("summary.json")):
+    while not _summaries(sweep):
         assert p.poll() is None and time.time() < deadline, p.communicate()
         time.sleep(0.05)
     assert p.poll() is None, "the sweep ended before it could be stopped"
@@ -381,11 +395,11 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     )
     time.sleep(1.0)
     assert not [k for k in workers if _running(k)], "workers left running"
-    assert len(list(sweep.rglob("summary.json"))) == 1
+    assert len(_summaries(sweep)) == 1
     r = cli("experiments.run", *args)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
-    assert len(list(sweep.rglob("summary.json"))) == 2
+    assert len(_summaries(sweep)) == 2
 
 
 def _descendants(pid: int) -> list[int]:
