@@ -310,7 +310,9 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
 
     Of an op's predecessors on one stream only the last counts for its head (it ends no earlier
     than the others, which precede it on that stream), and of its successors on one stream only
-    the first for its tail: the same maxima over a few edges per op in place of every dep."""
+    the first for its tail: the same maxima over a few edges per op in place of every dep. The
+    two passes run one after the other, each with only its own edges as Python lists: together
+    they were a third of a million-op run's peak memory."""
     cols = schedule.columns()
     n = len(schedule.ops)
     # int32 edges: as long as the deps, a run's largest arrays
@@ -324,34 +326,42 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     same = sid[order[1:]] == sid[order[:-1]]
     src = np.r_[deps, order[:-1][same]]  # deps, then the op before on the stream
     dst = np.r_[dst, order[1:][same]]
+    del deps, order, same
+    d = dur.tolist()
     if not (np.isfinite(dur).all() and (dur >= 0).all()):  # the reduction needs durations >= 0
-        pred_ptr, pred, succ_ptr, succ = *_csr(dst, src, n), *_csr(src, dst, n)
-    else:
-        n_streams = len(schedule.streams)
-        # per (op, stream of its predecessor) the last predecessor; per (op, stream of its
-        # successor) the first successor
-        key = dst * np.int32(n_streams) + sid[src]
-        last = np.full(n * n_streams, -1, np.int32)
-        np.maximum.at(last, key, src)
-        keep = np.flatnonzero(last >= 0)
-        pred_ptr, pred = _csr(keep // n_streams, last[keep], n)
-        key = src * np.int32(n_streams) + sid[dst]
-        first = np.full(n * n_streams, n, np.int32)
-        np.minimum.at(first, key, dst)
-        keep = np.flatnonzero(first < n)
-        succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
-    return _longest_chains(dur.tolist(), np.diff(pred_ptr), pred, np.diff(succ_ptr), succ)
+        pred_ptr, pred = _csr(dst, src, n)
+        head = _heads(d, np.diff(pred_ptr), pred)
+        del pred_ptr, pred
+        succ_ptr, succ = _csr(src, dst, n)
+        return head, _tails(d, np.diff(succ_ptr), succ)
+    n_streams = len(schedule.streams)
+    # per (op, stream of its predecessor) the last predecessor; per (op, stream of its
+    # successor) the first successor
+    key = dst * np.int32(n_streams) + sid[src]
+    last = np.full(n * n_streams, -1, np.int32)
+    np.maximum.at(last, key, src)
+    keep = np.flatnonzero(last >= 0)
+    pred_ptr, pred = _csr(keep // n_streams, last[keep], n)
+    del key, last, keep
+    head = _heads(d, np.diff(pred_ptr), pred)
+    del pred_ptr, pred
+    key = src * np.int32(n_streams) + sid[dst]
+    first = np.full(n * n_streams, n, np.int32)
+    np.minimum.at(first, key, dst)
+    keep = np.flatnonzero(first < n)
+    del key, src, dst
+    succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
+    del first, keep
+    return head, _tails(d, np.diff(succ_ptr), succ)
 
 
-def _longest_chains(
-    d: list[float], n_pred: np.ndarray, pred: np.ndarray, n_succ: np.ndarray, succ: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """`_heads_tails`' two passes over ops in id order, given each op's predecessors (`n_pred`
-    of them, grouped by op in `pred`) and successors. Per op, `fin` (head + duration) and
-    `after` (duration + tail) are kept, added as the per-edge sums were, and an op with one
-    predecessor (or successor), most of them, takes it without building a list."""
+def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """`_heads_tails`' pass over ops in id order, given each op's predecessors (`n_pred` of
+    them, grouped by op in `pred`). Per op, `fin` (head + duration) is kept, added as the
+    per-edge sums were, and an op with one predecessor, most of them, takes it without building
+    a list."""
     n = len(d)
-    pl, sl = pred.tolist(), succ.tolist()
+    pl = pred.tolist()
     head = [0.0] * n
     fin = [x + 0.0 for x in d]  # head + duration (head 0.0 where no op comes before)
     a = 0
@@ -367,6 +377,14 @@ def _longest_chains(
             continue
         head[i] = h
         fin[i] = h + d[i]
+    return np.asarray(head)
+
+
+def _tails(d: list[float], n_succ: np.ndarray, succ: np.ndarray) -> np.ndarray:
+    """`_heads_tails`' pass over ops in reverse id order, given each op's successors: per op,
+    `after` (duration + tail), as `_heads` keeps `fin`."""
+    n = len(d)
+    sl = succ.tolist()
     tail = [0.0] * n
     after = [x + 0.0 for x in d]  # duration + tail
     cs = n_succ.tolist()
@@ -385,7 +403,7 @@ def _longest_chains(
             continue
         tail[i] = t
         after[i] = d[i] + t
-    return np.asarray(head), np.asarray(tail)
+    return np.asarray(tail)
 
 
 def _csr(row: np.ndarray, col: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
