@@ -22,11 +22,11 @@ import sys
 from core.args import as_float, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command, kv
+from experiments.common.bench_memory import checked_room
 from experiments.common.cli import run_command
 from experiments.common.peers import (
     COLD,
     RESULT,
-    checked_room,
     checked_routing,
     child,
     compare,

@@ -32,6 +32,7 @@ from core.args import as_float, as_int
 from core.errors import MoepipeError
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
+from experiments.common.bench_memory import checked_room
 from experiments.common.cli import run_command
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
@@ -252,7 +253,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
         raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
     if cold not in ("once", "pass"):
         raise MoepipeError(f"cold={opts.cold!r} unknown; valid: once, pass")
-    pe.checked_room(opts.room, opts.cold)
+    checked_room(opts.room, opts.cold)
     over: dict[str, Any] = {}
     if opts.n_layers is not None:
         over["n_layers"] = as_int("n_layers", opts.n_layers, at_least=1)

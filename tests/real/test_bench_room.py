@@ -12,6 +12,7 @@ import pytest
 from core.types import Tier
 from experiments.bench import accelerate as bench_accelerate
 from experiments.bench import real as bench_real
+from experiments.common import bench_memory as bm
 from experiments.common import peers as pe
 from experiments.common.pipeline import resolve_n_batches
 
@@ -23,11 +24,11 @@ def test_host_room_is_what_the_budget_run_left_less_the_margin():
     """726 MiB limit, the run at the budget tiers peaked at 462 MiB, 64 MiB margin: 200 MiB.
     A peak 1 byte higher leaves 199 MiB (whole MiB, rounded down); a peak at or above the limit
     less the margin leaves none."""
-    assert pe.host_room_bytes(726 * MiB, 462 * MiB, 64 * MiB) == 200 * MiB
-    assert pe.host_room_bytes(726 * MiB, 462 * MiB + 1, 64 * MiB) == 199 * MiB
-    assert pe.host_room_bytes(726 * MiB, 662 * MiB, 64 * MiB) == 0
-    assert pe.host_room_bytes(726 * MiB, 726 * MiB, 0) == 0
-    assert pe.host_room_bytes(726 * MiB, 800 * MiB, 64 * MiB) == 0
+    assert bm.host_room_bytes(726 * MiB, 462 * MiB, 64 * MiB) == 200 * MiB
+    assert bm.host_room_bytes(726 * MiB, 462 * MiB + 1, 64 * MiB) == 199 * MiB
+    assert bm.host_room_bytes(726 * MiB, 662 * MiB, 64 * MiB) == 0
+    assert bm.host_room_bytes(726 * MiB, 726 * MiB, 0) == 0
+    assert bm.host_room_bytes(726 * MiB, 800 * MiB, 64 * MiB) == 0
 
 
 def test_room_options_keep_the_budget_runs_n_only_with_room():
@@ -35,10 +36,10 @@ def test_room_options_keep_the_budget_runs_n_only_with_room():
     (so the two runs differ only in the host tier); without, n is left to the planner."""
     opts = {"n_batches": 15, "klotski_n": 0, "host_room_mb": 9}
     run = {"n_batches": 7, "n_plan": {"n": 7, "n_auto": True}}
-    room = pe.Room("cgroup", 100, 50, budget_run=run, host_room_bytes=200 * MiB)
+    room = bm.Room("cgroup", 100, 50, budget_run=run, host_room_bytes=200 * MiB)
     assert room.options(opts) == {"n_batches": 7, "klotski_n": 7, "host_room_mb": 200}
     assert room.n_plan == {"n": 7, "n_auto": True}
-    none = pe.Room("cgroup", 100, 50, budget_run=run)
+    none = bm.Room("cgroup", 100, 50, budget_run=run)
     assert none.options(opts) == {"n_batches": 15, "klotski_n": 0, "host_room_mb": 0}
     assert none.n_plan == {}
 
@@ -70,7 +71,7 @@ def fake_children(monkeypatch, budget_peak_below_limit: int) -> list[tuple[str, 
     moepipe child reports the n and RunSpec it would plan from its options. Returns the calls:
     (role, options, the moepipe child's RunSpec or None)."""
     calls: list[tuple[str, dict, Any]] = []
-    monkeypatch.setattr(pe.MemoryCgroup, "create", classmethod(lambda cls, *_: FakeCgroup()))
+    monkeypatch.setattr(bm.MemoryCgroup, "create", classmethod(lambda cls, *_: FakeCgroup()))
 
     def run_side(role, opts, limit, **extra):
         if role == "probe":
