@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import started
+from tests.conftest import started, user_env
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
@@ -252,3 +252,29 @@ def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(
     )
     one_line(r, "disk_mb=100000000", "free")
     assert not list((tmp_path / "d").iterdir()) and not (tmp_path / "x.yaml").exists()
+
+
+def test_a_second_calibrate_waits_for_the_first() -> None:
+    """Two calibrates at once each measured the other's load and wrote one temporary file: the
+    second now waits for the machine's lock, saying so, and measures once the first is done."""
+    import fcntl
+
+    from experiments.calibrate import MEASURING_LOCK
+
+    code = "from experiments.calibrate import measuring_alone as m\nwith m(): print('measuring')"
+    with open(MEASURING_LOCK, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a first calibrate, measuring
+        p = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=user_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)
+        waiting = p.poll() is None
+    out, err = p.communicate(timeout=60)  # the lock released: the second goes on
+    assert waiting, f"the second did not wait: {out!r} {err!r}"
+    assert p.returncode == 0 and out == "measuring\n"
+    assert err.count("\n") == 1 and "another calibrate" in err and "waiting" in err
