@@ -3,9 +3,10 @@ Each rank runs only its own device's ops of the whole schedule; gate parts, disp
 replica copies travel between ranks as point-to-point transfers tagged by op (gloo), and rank 0
 gathers every rank's ops at the end. With tensor-parallel dense work (planner dense=tensor) every
 rank gates every sequence, no token moves, and the all-reduce ops are collectives
-(real/tensor_parallel.py, on the groups made here). Gate parts have a connection of their own
-(gloo keeps a pair's messages in order, so they queued behind replica copies). How each crossing
-works:
+(real/tensor_parallel.py, on the groups made here). Gate parts and replica copies each have a
+connection of their own, apart from the all-to-all's: gloo keeps a pair's messages in order, so
+a gate part or a dispatch queued behind a replica copy (7-15 ms a dispatch against 2-4 ms), where
+the schedule runs copies beside the all-to-all, sharing the link. How each crossing works:
 docs/replication-model.md#real-expert-parallelism.
 
 Usage (inside a process group of G ranks, one per device of the schedule):
@@ -96,6 +97,8 @@ class Peers:
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
         # the gate parts' own connection (module doc); every rank makes it here (collective)
         self._gate_group = dist.new_group(backend=dist.get_backend())
+        # replica copies' own connection, so the all-to-all does not wait behind them
+        self._copy_group = dist.new_group(backend=dist.get_backend())
         # dense=tensor's all-reduce ops (one stream's, in schedule order) and QK-norm's
         # statistics inside attention (the compute stream's), each on a group of its own
         self._tp_groups = (
@@ -507,12 +510,18 @@ class Peers:
                 key: torch.empty(self.layout[u][key].shape, dtype=self.dtype, device=ex.device)
                 for key in keys
             }
-            self._recv([(w[key], peer, self.copy_tag(in_id, i)) for i, key in enumerate(keys)])
+            self._recv(
+                [(w[key], peer, self.copy_tag(in_id, i)) for i, key in enumerate(keys)],
+                self._copy_group,
+            )
             with ex._refs_lock:
                 ex._resident[u] = w
         else:
             w = ex._weights(u, on_cpu=False)
-            self._send([(w[key], peer, self.copy_tag(in_id, i)) for i, key in enumerate(keys)])
+            self._send(
+                [(w[key], peer, self.copy_tag(in_id, i)) for i, key in enumerate(keys)],
+                self._copy_group,
+            )
 
     # ---- start and end -----------------------------------------------------------------------
     def moves(self, op: Op) -> bool:
