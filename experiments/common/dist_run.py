@@ -35,7 +35,13 @@ import numpy as np
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
 from core.types import COMPUTE_KINDS, OpKind, Resource
-from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+from experiments.common.pipeline import (
+    RunResult,
+    RunSpec,
+    build_schedule,
+    interrupt_deferred,
+    resolve_n_batches,
+)
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
@@ -118,8 +124,6 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             ctx.Process(target=target, args=(r, g, init, Path(tmp), *args), name=f"rank{r}")
             for r in range(g)
         ]
-        for p in procs:
-            p.start()
         # SIGTERM (`kill`, `timeout`, a scheduler) would end this process alone, the ranks
         # running on as orphans: it unwinds through the `finally` that stops them
         term = signal.getsignal(signal.SIGTERM)  # a command's (cli.Stopped) unwinds already
@@ -127,14 +131,20 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
         if main:
             signal.signal(signal.SIGTERM, _exit_on_term)
         try:
+            # each rank started whole: a signal between a child's start and its being sent what
+            # to run left it reading an empty pipe, and its traceback followed the stop line
+            with interrupt_deferred():
+                for p in procs:
+                    p.start()
             _watch(procs, Path(tmp))
         finally:
             if main:
                 signal.signal(signal.SIGTERM, term)
-            for p in procs:
+            started = [p for p in procs if p.pid is not None]
+            for p in started:
                 if p.is_alive():
                     p.terminate()
-            for p in procs:
+            for p in started:
                 p.join(timeout=10)
                 if p.is_alive():
                     p.kill()
