@@ -167,10 +167,21 @@ class SweepProgress(Callback):
         )
         # the default sweep folder is timestamped: the same command again would start afresh
         here = sweep_dir.resolve()
+
+        def before_last_line() -> None:
+            # the poll thread first: one that was drawing the bar as the last line went out
+            # continued that line after it (seen under load)
+            self._stop.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=5)
+            bar.close()
+            if made:
+                remove_if_no_runs(sweep_dir)
+
         on_interrupt(
             f"finished runs are kept in {here}; to resume, run the same command with "
             f"hydra.sweep.dir={here}",
-            before=lambda: (bar.close(), made and remove_if_no_runs(sweep_dir)),
+            before=before_last_line,
         )
 
         def poll() -> None:
