@@ -75,6 +75,18 @@ def tiny_workload() -> Workload:
     return Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """This test run takes signals as one started from a terminal does (`default_signals`):
+    started in a shell's background job it ignores SIGINT, under `nohup` SIGHUP, and the
+    in-process probes of Ctrl-C and SIGHUP, and the commands the tests start (which keep an
+    ignored signal ignored), would then see no stop."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def default_signals() -> None:
     """`preexec_fn` of a command a test signals: Ctrl-C, SIGTERM and SIGHUP at their default
     actions, as a command started from a terminal has them. The test run's own may differ: under
