@@ -388,6 +388,7 @@ def _verdict(
     bound_s = max(s for s, _ in bound.values())
     binding = max(bound, key=lambda r: bound[r][0])
     lines.append(f"  {'max':14s} {bound_s:8.2f} s  ({binding})")
+    lines += _peer_over_bound(rows, bound_s)
     if ours.dag_efficiency is not None:
         lines.append(f"moepipe dag_efficiency: {ours.dag_efficiency:.3f}")
     lines += pe.format_rows(rows)[len(_table(rows)) :]  # `moepipe / best peer`, if a peer ran
@@ -401,6 +402,24 @@ def _verdict(
             f"(predicted {sim_s:.2f} s, measured {ours.seconds:.2f} s)"
         )
     return lines
+
+
+def _peer_over_bound(rows: list[Any], bound_s: float) -> list[str]:
+    """The best peer's time over the same bound: where moepipe is far from the bound, whether
+    the peer is as far (the resource binds both) or not (moepipe leaves time unused)."""
+    peers = [r for r in rows if not r.system.startswith("moepipe") and r.tok_s_at_most]
+    if not peers or bound_s <= 0:
+        return []
+    best = max(peers, key=lambda r: r.tok_s_at_most or 0.0)
+    if best.seconds:
+        return [
+            f"best peer / physical bound: {best.seconds / bound_s:.2f}x ({best.system}, "
+            f"{best.seconds:.2f} s)"
+        ]
+    return [  # stopped at its time limit: it would have taken longer
+        f"best peer / physical bound: >= {best.stopped_s / bound_s:.2f}x ({best.system}, "
+        f"stopped at {best.stopped_s:.0f} s)"
+    ]
 
 
 def _table(rows: list[Any]) -> list[str]:

@@ -68,6 +68,11 @@ def test_end_to_end_on_a_tiny_model(tmp_path, capsys):
     per = {ln[:16].strip(): float(ln[16:].split()[0]) for ln in out[i + 1 : out.index(bound)]}
     assert {"disk", "h2d", "gpu compute", "gpu kernels"} <= set(per)
     assert bound_s == max(per.values())  # the kernel line counts toward the bound
+    # the peer's time against the same bound: is the resource, or moepipe, what is slow?
+    peer_s = rows["accelerate, 1 generate call"][2]
+    peer_line = next(ln for ln in out if ln.startswith("best peer / physical bound: "))
+    assert peer_line.endswith(f"x (accelerate, 1 generate call, {peer_s} s)")
+    assert printed_ratio(peer_line) == ratio_of_printed(float(peer_s), bound_s)
     assert out[-3].startswith("moepipe / best peer: ")
     assert out[-3].endswith("x (accelerate, 1 generate call)")
     assert printed_ratio(out[-3]) == ratio_of_printed(ours, peer)
