@@ -9,9 +9,11 @@ atomically). Wired in `conf/config.yaml` (`hydra.callbacks.progress`) and
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,7 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
     second before this one began). Under `hydra.output_subdir=null` (no .hydra) a run counts once
     its summary is written in this sweep; reused ones do not."""
     finished = reused = 0
-    for summary in sweep_dir.rglob("summary.json") if sweep_dir.is_dir() else ():
+    for summary in _summaries(sweep_dir):
         try:
             written = summary.stat().st_mtime
             job = summary.parent / ".hydra"
@@ -71,6 +73,17 @@ def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
         reused += old
         finished += 1
     return finished, reused
+
+
+def _summaries(sweep_dir: Path) -> Iterator[Path]:
+    """The summary.json files of the run dirs under `sweep_dir`, read while runs are writing:
+    a folder renamed or removed mid-walk (a run's `.partial-*` staging becoming its result) is
+    skipped, where `Path.rglob` raised FileNotFoundError and the progress thread died with the
+    bar frozen. Hidden folders (`.hydra`, that staging) hold no finished run."""
+    for root, dirs, files in os.walk(sweep_dir):  # scandir errors are skipped (onerror=None)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if "summary.json" in files:
+            yield Path(root) / "summary.json"
 
 
 def workers_ignore_ctrl_c() -> str | None:

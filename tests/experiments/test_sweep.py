@@ -497,6 +497,31 @@ def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
     assert finished_runs(tmp_path / "absent", start) == (0, 0)
 
 
+def test_progress_survives_a_run_dir_renamed_mid_walk(tmp_path: Path, monkeypatch) -> None:
+    """The bar's poll thread walks the sweep while runs write: a folder gone between its listing
+    and its reading (a run's `.partial-*` staging renamed into place) raised FileNotFoundError
+    from `Path.rglob`, the thread died, and the bar stayed at 17/160 to the end of a Fig. 10
+    sweep. A run's staged summary is no finished run either."""
+    import os
+
+    from experiments.common.callbacks import finished_runs
+
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+    (tmp_path / "c" / ".partial-1").mkdir()
+    (tmp_path / "c" / ".partial-1" / "summary.json").write_text("{}")
+    real_scandir = os.scandir
+
+    def scandir(path=".", *a, **k):  # "b" renamed away after the sweep dir was listed
+        if os.fspath(path).endswith(os.sep + "b"):
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return real_scandir(path, *a, **k)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert finished_runs(tmp_path, 0.0) == (2, 0)  # a and c; b is counted on the next poll
+
+
 def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(
     tmp_path: Path, cli_here: Any
 ) -> None:
