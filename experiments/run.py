@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -187,6 +188,12 @@ def locked(out_dir: Path) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     """The command: conf/config.yaml with `argv`'s overrides (default sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # joblib's loky replaces a sweep worker whose memory grew past its leak threshold (a worker
+    # keeps its last routing: pipeline.last_routing) and warns over two lines, though the
+    # worker left cleanly and its queued runs go to the new one
+    warnings.filterwarnings(
+        "ignore", message="A worker stopped while some jobs were given", category=UserWarning
+    )
     from experiments.common.dist_run import launched, stop_on_sigterm
 
     if launched():  # one rank of torchrun's, whose agent stops the others when one fails
