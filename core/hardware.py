@@ -74,6 +74,10 @@ class ProcessesSpec:
     # per op kind: how long an op starts after it is ready (its deps and the op before it on
     # its stream done), the process's host work between ops (core.bubbles' `late`)
     start_delay_s: Mapping[str, float] = field(default_factory=dict)
+    # the share of a process's compute a replica copy it sends or receives holds while it runs:
+    # on a CPU-only machine the copy is a memcpy on the cores that compute (on a GPU the copy
+    # engines move it: 0). The simulator slows that device's compute meanwhile (sim/executor.py)
+    copy_share: float = 0.0
 
     def scale(self, kind: OpKind | str) -> float:
         return self.compute_scale.get(str(kind), 1.0)
@@ -150,6 +154,11 @@ class HardwareSpec:
             raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
         if self.processes.gate_exchange_s < 0:
             raise ConfigError(f"hardware {self.name}: processes.gate_exchange_us must be >= 0")
+        if not 0 <= self.processes.copy_share < 1:
+            raise ConfigError(
+                f"hardware {self.name}: processes.copy_share must be in [0, 1), got "
+                f"{self.processes.copy_share!r}"
+            )
         for kind, x in self.processes.compute_scale.items():
             if not x > 0:
                 raise ConfigError(
@@ -213,6 +222,7 @@ class HardwareSpec:
                     str(OpKind(k)): float(v) * 1e-6
                     for k, v in dict(proc.get("start_delay_us_by_kind") or {}).items()
                 },
+                float(proc.get("copy_share", 0)),
             )
             return cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)
         except KeyError as e:

@@ -290,7 +290,12 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     """What a G-process run's ops see, gloo's and the executor's work around them and the cores
     the processes share: 2-process runs on the checkpoint (`measure_processes_in_run`) replace
     the ping-pong's p2p link and give the profile's `processes` terms."""
-    from experiments.common.dist_run import IN_RUN_PLANNER, IN_RUNS, measure_processes_in_run
+    from experiments.common.dist_run import (
+        IN_RUN_PLANNER,
+        IN_RUNS,
+        measure_copy_share,
+        measure_processes_in_run,
+    )
 
     alone = dict(out["links"]["p2p"])
     seen = measure_processes_in_run(ckpt, out)
@@ -305,6 +310,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
         "gate_exchange_us": round(seen.gate_exchange_s * 1e6, 1),
         "compute_scale_by_kind": {k: round(x, 3) for k, x in seen.compute_scale.items()},
         "start_delay_us_by_kind": {k: round(x * 1e6, 1) for k, x in seen.start_delay_s.items()},
+        "copy_share": round(measure_copy_share(), 3),
     }
     out["sources"]["p2p_in_run"] = (
         f"{link.latency_s * 1e6:.0f} us a transfer, {link.bandwidth_bytes_per_s / 1e9:.3f} "
@@ -318,6 +324,9 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
         "dispatch waits for its batch's routing from every rank); compute_scale_by_kind, "
         "each compute kind's time in them over this profile's cost for it alone (sums); "
         "start_delay_us_by_kind, the mean time each kind's ops started after they were ready; "
+        "copy_share, 1 - a GEMM's time alone over its time while a thread of the same process "
+        "moves 16 MB buffers to and from the other (experiments.common.dist_run."
+        "measure_copy_share); "
         "applied to expert-parallel schedules whose G devices run as processes"
     )
 

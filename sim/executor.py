@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from core.cost import CostModel, water_fill
+from core.cost import CostModel, as_processes, water_fill
 from core.errors import ScheduleError
 from core.schedule import Schedule, describe_stuck
 from core.types import COLLECTIVES, COMPUTE_KINDS, COPY_LINKS, OpKind, Resource, Tensor, Tier
@@ -151,7 +151,12 @@ def _sm_holds(
     n = len(schedule.ops)
     over, work = np.full(n, np.nan), np.full(n, np.nan)
     holding: list[tuple[_Fluid, int] | None] = [None] * n
-    shares = (cost.hw.gpu.comm_share, cost.hw.gpu.copy_share)
+    # a copy's share: its SMs on a GPU (copy_sms), or on G processes of one machine its memcpy
+    # on the cores that compute (`processes.copy_share`)
+    copy_share = cost.hw.gpu.copy_share or (
+        cost.hw.processes.copy_share if as_processes(schedule) else 0.0
+    )
+    shares = (cost.hw.gpu.comm_share, copy_share)
     if not any(shares):
         return {}, holding, over, work
     specs = list(schedule.streams.values())

@@ -536,6 +536,91 @@ def _pingpong(
     _as_rank(rank, tmp, run)
 
 
+def measure_copy_share(
+    nbytes: int = 1 << 24, reps: int = 30, rounds: int = 3, timeout_s: float = 60.0
+) -> float:
+    """The share of a process's compute that a replica copy it sends or receives holds while
+    it runs, on this machine's 2 processes (`processes.copy_share`): each rank times a GEMM
+    alone and while a thread of its own moves `nbytes` buffers to and from the other rank over
+    a gloo group of their own, as the executor's copies do; 1 - alone / beside, the median of
+    `rounds` over both ranks. On a CPU-only machine a copy is a memcpy on the cores that
+    compute; on a GPU the copy engines move it and the share is about 0."""
+    return float(_spawn(2, _copy_contention, (nbytes, reps, rounds, timeout_s)))
+
+
+def _copy_contention(
+    rank: int,
+    world: int,
+    init: str,
+    tmp: Path,
+    nbytes: int,
+    reps: int,
+    rounds: int,
+    timeout_s: float,
+) -> None:
+    def run() -> float:
+        import statistics
+
+        import torch
+        import torch.distributed as dist
+
+        from real.interpreter import cpu_compute_threads
+
+        torch.set_num_threads(cpu_compute_threads())  # the executor's compute threads
+        dist.init_process_group(
+            "gloo",
+            init_method=init,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        try:
+            group = dist.new_group(backend="gloo")  # the copies' own connection
+            a, b = torch.randn(64, 2048), torch.randn(2048, 2048)  # an expert GEMM's shape
+
+            def gemm_s() -> float:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    torch.mm(a, b)
+                return (time.perf_counter() - t0) / reps
+
+            buf = torch.zeros(nbytes, dtype=torch.uint8)
+            shares = []
+            for _ in range(rounds):
+                dist.barrier()
+                alone = gemm_s()
+                # enough exchanges on both ranks to outlast the timing beside them: rank 0's
+                # count, from an exchange timed first, is every rank's
+                t0 = time.perf_counter()
+                _exchange(dist, buf, rank, group)
+                n = torch.tensor([int(3 * reps * alone / (time.perf_counter() - t0)) + 2])
+                dist.broadcast(n, 0)
+                mover = threading.Thread(
+                    target=lambda k=int(n): [_exchange(dist, buf, rank, group) for _ in range(k)]
+                )
+                mover.start()
+                beside = gemm_s()
+                mover.join()
+                shares.append(max(0.0, 1.0 - alone / beside))
+            both = [torch.tensor(shares) for _ in range(world)]
+            dist.all_gather(both, torch.tensor(shares))
+            return statistics.median(float(x) for t in both for x in t)
+        finally:
+            dist.destroy_process_group()
+
+    _as_rank(rank, tmp, run)
+
+
+def _exchange(dist: Any, buf: Any, rank: int, group: Any) -> None:
+    """One buffer to the other rank and one back (a copy each way)."""
+    if rank == 0:
+        dist.send(buf, 1, group=group)
+        dist.recv(buf, 1, group=group)
+    else:
+        dist.recv(buf, 0, group=group)
+        dist.send(buf, 0, group=group)
+
+
 def _cuda_count() -> int:
     import torch
 

@@ -52,6 +52,7 @@ class ProcessesSchema:
     gate_exchange_us: float = 0.0  # a batch's routing from its gates to every rank
     compute_scale_by_kind: dict[str, float] = field(default_factory=dict)  # time at once / alone
     start_delay_us_by_kind: dict[str, float] = field(default_factory=dict)  # ready -> started
+    copy_share: float = 0.0  # of a process's compute, held by a replica copy while it runs
 
 
 @dataclass

@@ -101,6 +101,8 @@ def check_profile(hw):
     assert (
         spec.processes.scale("compute-expert") == procs["compute_scale_by_kind"]["compute-expert"]
     )
+    # a replica copy's share of a process's compute (its memcpy on the cores that compute)
+    assert 0 <= procs["copy_share"] < 1 and spec.processes.copy_share == procs["copy_share"]
 
 
 def check_validate_table(out):

@@ -609,3 +609,44 @@ def test_an_op_of_g_processes_starts_its_kinds_delay_after_it_is_ready():
     start, end = run(schedule(1), h)
     assert list(start) == pytest.approx([0.0, 0.0, 1.0])
     assert list(end) == pytest.approx([0.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("g, ends_ms", [(2, [4.5, 4.0, 2.0]), (1, [4.0, 4.0, 2.0])])
+def test_a_copy_holds_its_processes_share_of_compute(g, ends_ms):
+    """Devices as G processes of one machine (`processes.copy_share` 1/4): a 2 ms replica copy
+    into GPU 0 slows its 4 ms GEMM to 3/4 meanwhile (1.5 ms of work by 2 ms: it ends at 4.5
+    ms); GPU 1's GEMM, with no copy, is not slowed. The same schedule on one process (no
+    processes layout) is not slowed either: the share is what G processes on one machine's
+    cores cost, which `copy_sms` says for a GPU."""
+    from core.ep_layout import EPLayout
+
+    raw = {
+        "name": "procs",
+        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
+        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0},
+        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
+        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
+        "processes": {"copy_share": 0.25},
+    }
+    raw["links"]["p2p"] = {"gbps": 1.0}
+    h = HardwareSpec.from_dict(raw)
+    b = ScheduleBuilder({t: 1 << 30 for t in Tier})
+    b.ep = EPLayout(n_devices=g, lanes=False)
+    for d in range(2):
+        b.add(OpKind.FFN, b.stream(f"compute{d or ''}", Resource.GPU, d), flops=4e9)
+    copy_op(b, b.stream("replicas0", Resource.P2P, 0, pool="p2p:0"))
+    _, end = run(b, h)
+    assert end * 1e3 == pytest.approx(ends_ms)
+
+
+def test_a_processes_copy_share_outside_0_1_is_one_config_error():
+    d = {
+        "name": "x",
+        "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
+        "gpu": {"tflops": 1, "mem_bw_gbps": 1},
+        "cpu": {"tflops": 1, "mem_bw_gbps": 1},
+        "links": {"h2d": {"gbps": 1}, "d2h": {"gbps": 1}, "disk": {"gbps": 1}},
+        "processes": {"copy_share": 1.0},
+    }
+    with pytest.raises(ConfigError, match=r"processes.copy_share must be in \[0, 1\)"):
+        HardwareSpec.from_dict(d)
