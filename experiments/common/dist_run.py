@@ -595,12 +595,21 @@ def _copy_contention(
                 _exchange(dist, buf, rank, group)
                 n = torch.tensor([int(3 * reps * alone / (time.perf_counter() - t0)) + 2])
                 dist.broadcast(n, 0)
-                mover = threading.Thread(
-                    target=lambda k=int(n): [_exchange(dist, buf, rank, group) for _ in range(k)]
-                )
+                failed: list[BaseException] = []
+
+                def move(k: int = int(n), failed: list[BaseException] = failed) -> None:
+                    try:
+                        for _ in range(k):
+                            _exchange(dist, buf, rank, group)
+                    except BaseException as e:  # noqa: BLE001 - raised below, in this rank's main
+                        failed.append(e)
+
+                mover = threading.Thread(target=move)
                 mover.start()
                 beside = gemm_s()
                 mover.join()
+                if failed:  # a peer gone: the rank's one line (`_as_rank`), not a thread's trace
+                    raise failed[0]
                 shares.append(max(0.0, 1.0 - alone / beside))
             both = [torch.tensor(shares) for _ in range(world)]
             dist.all_gather(both, torch.tensor(shares))
