@@ -537,7 +537,7 @@ def _pingpong(
 
 
 def measure_copy_share(
-    nbytes: int = 1 << 24, reps: int = 30, rounds: int = 3, timeout_s: float = 60.0
+    nbytes: int = 1 << 24, reps: int = 40, rounds: int = 5, timeout_s: float = 60.0
 ) -> float:
     """The share of a process's compute that a replica copy it sends or receives holds while
     it runs, on this machine's 2 processes (`processes.copy_share`): each rank times a GEMM
