@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -504,34 +506,19 @@ def _pingpong(
         import statistics
 
         import torch
-        import torch.distributed as dist
 
-        dist.init_process_group(
-            "gloo",
-            init_method=init,
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        try:
+        with _gloo(rank, world, init, timeout_s) as dist:
             points = []
             for n in sizes:
                 buf, times = torch.zeros(n, dtype=torch.uint8), []
                 for i in range(reps + 1):  # the first a warm-up
                     dist.barrier()
                     t0 = time.perf_counter()
-                    if rank == 0:
-                        dist.send(buf, 1)
-                        dist.recv(buf, 1)
-                    else:
-                        dist.recv(buf, 0)
-                        dist.send(buf, 0)
+                    _exchange(dist, buf, rank, None)
                     if i:
                         times.append((time.perf_counter() - t0) / 2)
                 points.append((float(n), statistics.median(times)))
             return points
-        finally:
-            dist.destroy_process_group()
 
     _as_rank(rank, tmp, run)
 
@@ -562,19 +549,11 @@ def _copy_contention(
         import statistics
 
         import torch
-        import torch.distributed as dist
 
         from real.interpreter import cpu_compute_threads
 
         torch.set_num_threads(cpu_compute_threads())  # the executor's compute threads
-        dist.init_process_group(
-            "gloo",
-            init_method=init,
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-        )
-        try:
+        with _gloo(rank, world, init, timeout_s) as dist:
             group = dist.new_group(backend="gloo")  # the copies' own connection
             a, b = torch.randn(64, 2048), torch.randn(2048, 2048)  # an expert GEMM's shape
 
@@ -614,14 +593,26 @@ def _copy_contention(
             both = [torch.tensor(shares) for _ in range(world)]
             dist.all_gather(both, torch.tensor(shares))
             return statistics.median(float(x) for t in both for x in t)
-        finally:
-            dist.destroy_process_group()
 
     _as_rank(rank, tmp, run)
 
 
+@contextmanager
+def _gloo(rank: int, world: int, init: str, timeout_s: float) -> Iterator[Any]:
+    """A spawned rank's gloo process group for a measurement: torch.distributed, in it."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
 def _exchange(dist: Any, buf: Any, rank: int, group: Any) -> None:
-    """One buffer to the other rank and one back (a copy each way)."""
+    """One buffer to the other rank and one back (a copy each way; `group` None: the default)."""
     if rank == 0:
         dist.send(buf, 1, group=group)
         dist.recv(buf, 1, group=group)

@@ -300,9 +300,11 @@ def test_dag_bound_counts_one_resource_between_release_and_delivery():
     assert binds.startswith("h2d")
 
 
-def sm_hw(name: str, links: dict | None = None, **gpu) -> HardwareSpec:
+def sm_hw(
+    name: str, links: dict | None = None, processes: dict | None = None, **gpu
+) -> HardwareSpec:
     """The round machine (1 GB GPU, 1 TFLOP/s, 1000 GB/s, 1 GB/s host links) with these `gpu`
-    fields (sms, overheads, held SMs) and extra `links`."""
+    fields (sms, overheads, held SMs), extra `links` and a `processes` block."""
     raw = {
         "name": name,
         "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
@@ -314,6 +316,7 @@ def sm_hw(name: str, links: dict | None = None, **gpu) -> HardwareSpec:
             "disk": {"gbps": 0.5},
             **(links or {}),
         },
+        "processes": processes or {},
     }
     return HardwareSpec.from_dict(raw)
 
@@ -581,15 +584,7 @@ def test_an_op_of_g_processes_starts_its_kinds_delay_after_it_is_ready():
     back to back: 0-1, 1-2."""
     from core.ep_layout import EPLayout
 
-    d = {
-        "name": "procs",
-        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0},
-        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
-        "processes": {"start_delay_us_by_kind": {"compute-expert": 500_000}},
-    }
-    h = HardwareSpec.from_dict(d)
+    h = sm_hw("procs", processes={"start_delay_us_by_kind": {"compute-expert": 500_000}})
 
     def schedule(g: int) -> ScheduleBuilder:
         b = ScheduleBuilder(h.memory_bytes)
@@ -620,16 +615,7 @@ def test_a_copy_holds_its_processes_share_of_compute(g, ends_ms):
     cores cost, which `copy_sms` says for a GPU."""
     from core.ep_layout import EPLayout
 
-    raw = {
-        "name": "procs",
-        "memory_gb": {"gpu": 1, "cpu": 4, "disk": 100},
-        "gpu": {"tflops": 1.0, "mem_bw_gbps": 1000.0},
-        "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
-        "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
-        "processes": {"copy_share": 0.25},
-    }
-    raw["links"]["p2p"] = {"gbps": 1.0}
-    h = HardwareSpec.from_dict(raw)
+    h = sm_hw("procs", {"p2p": {"gbps": 1.0}}, processes={"copy_share": 0.25})
     b = ScheduleBuilder({t: 1 << 30 for t in Tier})
     b.ep = EPLayout(n_devices=g, lanes=False)
     for d in range(2):
@@ -639,14 +625,7 @@ def test_a_copy_holds_its_processes_share_of_compute(g, ends_ms):
     assert end * 1e3 == pytest.approx(ends_ms)
 
 
-def test_a_processes_copy_share_outside_0_1_is_one_config_error():
-    d = {
-        "name": "x",
-        "memory_gb": {"gpu": 1, "cpu": 1, "disk": 1},
-        "gpu": {"tflops": 1, "mem_bw_gbps": 1},
-        "cpu": {"tflops": 1, "mem_bw_gbps": 1},
-        "links": {"h2d": {"gbps": 1}, "d2h": {"gbps": 1}, "disk": {"gbps": 1}},
-        "processes": {"copy_share": 1.0},
-    }
+@pytest.mark.parametrize("share", [1.0, -0.1, float("nan")])
+def test_a_processes_copy_share_outside_0_1_is_one_config_error(share):
     with pytest.raises(ConfigError, match=r"processes.copy_share must be in \[0, 1\)"):
-        HardwareSpec.from_dict(d)
+        sm_hw("x", processes={"copy_share": share})
