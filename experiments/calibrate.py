@@ -396,9 +396,9 @@ def measuring_alone() -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            holder = _lock_holder(fd)
             print(
-                f"calibrate: another calibrate (pid {holder}) is measuring this machine; "
+                f"calibrate: another calibrate{holder} is measuring this machine; "
                 "waiting for it to end, so that neither measures the other's load",
                 file=sys.stderr,
                 flush=True,
@@ -410,6 +410,19 @@ def measuring_alone() -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock_holder(fd: int) -> str:
+    """ " (pid N)" of the calibrate the lock file names, where that process is alive; "" where
+    the file names none or one that has ended (a lock held by another program)."""
+    try:
+        pid = int(os.pread(fd, 32, 0).decode(errors="replace").strip())
+        os.kill(pid, 0)  # PermissionError: alive, another user's
+    except PermissionError:
+        pass
+    except (ValueError, OSError):  # no pid written, or its process gone
+        return ""
+    return f" (pid {pid})"
 
 
 def _main(args: Options) -> int:
