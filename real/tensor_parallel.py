@@ -7,7 +7,8 @@ dense FFN, an MoE layer's routed and shared experts), or one gather round (the h
 
 Each device keeps its own hidden state, KV heads, MoE layer and generated tokens, so the G
 devices of one process (virtual devices on threads, `ThreadCollective`) and G processes
-(`ProcessCollective` over torch.distributed, one device each) run the same code. A round's
+(`ProcessCollective` over torch.distributed, one device each; such a process keeps only its
+device's shard of each dense unit, `keep_shards`) run the same code. A round's
 devices meet in one collective: in one process at a rendezvous, across processes in a
 torch.distributed collective each rank issues in schedule order (its ALL_REDUCE ops are one
 stream's), through which a dep on another rank's op is honoured.
@@ -25,7 +26,7 @@ Usage (the executor makes it at a schedule's first op; `Executor._run_op` hands 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +35,7 @@ import torch
 from core.ep_layout import EPLayout
 from core.errors import MoepipeError
 from core.schedule import Op, StreamSpec
-from core.types import Dense, OpKind, Resource, Tensor
+from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.interpreter import _Stop
 from real.model import KVCache, ffn_shard, head_shard, kv_shard, moe_part, new_slots, vocab_shard
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 # Shape legend: b sequences per batch, S tokens this step, T = b*S, H hidden, V vocab, G devices,
 # n a flattened partial's elements (padded to a multiple of G).
 
+# the dense units each device holds a shard of (`head_shard`, `ffn_shard`, `vocab_shard`)
+_SHARDED = (Tensor.ATTENTION, Tensor.FFN, Tensor.HEAD)
 _POLL_S = 0.05  # how often a device waiting at a rendezvous re-checks for a failed run
 
 # what an ALL_REDUCE op's round combines (`TensorParallel._what`) and its rounds
@@ -177,13 +180,15 @@ def tensor_parallel(ex: Executor, ep: EPLayout | None) -> TensorParallel | None:
         group = ThreadCollective(ep.n_devices, lambda: ex._error is not None, ex._landed)
         return TensorParallel(ex, ep.n_devices, range(ep.n_devices), group, group)
     reduce_group, stats_group = peers.tp_groups()
-    return TensorParallel(
+    tp = TensorParallel(
         ex,
         ep.n_devices,
         (peers.rank,),
         ProcessCollective(reduce_group, peers.lost_in_collective),
         ProcessCollective(stats_group, peers.lost_in_collective),
     )
+    tp.keep_shards(peers.rank)
+    return tp
 
 
 class TensorParallel:
@@ -206,6 +211,32 @@ class TensorParallel:
         s = self.spec
         self.heads = [shard(s.n_heads, world, d) for d in range(world)]
         self.vocab = [shard(s.vocab_size, world, d) for d in range(world)]
+        self.sharded: set[Unit] = set()  # dense units held as one device's shard (`keep_shards`)
+
+    def keep_shards(self, d: int) -> None:
+        """A process that runs one device of G keeps only that device's shard of each
+        device-resident dense unit (attention, a dense FFN or shared experts, the head), as the
+        planner counts it (`planners.ep.dense.dense_share`): the shard is copied out and the
+        whole unit's buffer goes back to the store. The router and embeddings stay whole."""
+        ex = self.ex
+        for u in [u for u in ex._resident if u.kind in _SHARDED]:
+            part = {k: t.clone() for k, t in self.shard_of(u, d, ex._resident[u]).items()}
+            ex._resident[u] = part
+            if ex.store.holds(u, Tier.GPU):
+                ex.store.free(u)
+            self.sharded.add(u)
+
+    def shard_of(self, u: Unit, d: int, w: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Device d's shard of unit u's weights `w` (`w` itself where this process holds only
+        that shard already, or the unit is not cut)."""
+        if u in self.sharded or u.kind not in _SHARDED:
+            return dict(w)
+        if u.kind == Tensor.ATTENTION:
+            return head_shard(self.spec, dict(w), self.heads[d])
+        if u.kind == Tensor.HEAD:
+            return vocab_shard(dict(w), self.vocab[d])
+        width = (w["wi"] if "wi" in w else w["w1"]).shape[0]
+        return ffn_shard(dict(w), shard(width, self.world, d))
 
     def runs(self, op: Op) -> bool:
         """Is the op one this class does (rather than the single-process op code)?"""
@@ -232,7 +263,7 @@ class TensorParallel:
             return
         u = unit_of(op)
         assert u is not None, f"{op.label()}: compute without weights"
-        w = self.ex._weights(u, spec.resource == Resource.CPU)
+        w = self.shard_of(u, d, self.ex._weights(u, spec.resource == Resource.CPU))
         if op.kind == OpKind.EXPERT:  # the op's chunk of the expert's pairs, as data-parallel
             self.ex._expert(op, w, pending=lambda b: self.dev[d].moe[b])
         elif op.kind == OpKind.ATTENTION:
@@ -243,8 +274,7 @@ class TensorParallel:
             self._ffn(op, d, w)
         else:
             h = self._hidden(d, op.batch, op.step)
-            lo, hi = self.vocab[d]
-            self.dev[d].partial[op.batch] = self.ex.model.head(vocab_shard(w, (lo, hi)), h)
+            self.dev[d].partial[op.batch] = self.ex.model.head(w, h)
 
     # ---- dense ops on one device's shard ------------------------------------------------------
     def _hidden(self, d: int, batch: int, step: int) -> torch.Tensor:
@@ -290,11 +320,8 @@ class TensorParallel:
             dev.stats[b] = stats
             return self.stats_group.all_gather(key, d, stats, _ordered_sum)
 
-        shard_w = head_shard(self.spec, w, self.heads[d])
         kv = self._kv(d, b, op.layer)
-        dev.partial[b] = ex.model.attention_part(
-            op.layer, shard_w, h, kv, ex._positions(op.step), reduce
-        )
+        dev.partial[b] = ex.model.attention_part(op.layer, w, h, kv, ex._positions(op.step), reduce)
 
     def _gate(self, op: Op, d: int, w: Any) -> None:
         """The router over every sequence (its weights are whole on each device): device d's
@@ -321,9 +348,7 @@ class TensorParallel:
     def _ffn(self, op: Op, d: int, w: Any) -> None:
         """Device d's FFN columns: an MoE layer's shared experts (its part, added in the layer's
         sum) or a dense layer's FFN (its part, to be summed)."""
-        ex, dev, b = self.ex, self.dev[d], op.batch
-        width = (w["wi"] if "wi" in w else w["w1"]).shape[0]
-        part = ffn_shard(w, shard(width, self.world, d))
+        ex, dev, b, part = self.ex, self.dev[d], op.batch, w
         if self.spec.is_moe(op.layer):
             p = dev.moe[b]
             assert p.layer == op.layer, f"{op.label()}: shared experts before the gate"

@@ -30,13 +30,16 @@ from core.dispatch import copies_sent, copy_moves
 from core.hardware import HardwareSpec
 from core.routing import load_routing
 from core.spec import RoutingConfig, Workload
-from core.types import OpKind, RoutingSource, Tensor
+from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments import run as run_module
 from experiments.common.dist_run import run_distributed
-from experiments.common.pipeline import RunSpec, simulate_run
-from experiments.common.real_run import prompts_for
+from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
+from experiments.common.real_run import open_store, prompts_for
 from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
+from real.executor import Executor
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
+from real.state import resident_units
+from real.tensor_parallel import TensorParallel, ThreadCollective
 from tests.conftest import command_here
 from tests.real.conftest import small_overrides
 
@@ -194,6 +197,46 @@ def test_tensor_parallel_dense_on_two_processes(
     assert set(device_of(reduce["resource"])) == {0, 1}
     assert not kinds.isin([OpKind.DISPATCH.value, OpKind.COMBINE.value]).any()
     assert expert_tokens_per_device(real).equals(expert_tokens_per_device(sim))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "olmoe-mqa", "mixtral-tiny"])
+def test_a_rank_keeps_only_its_shard_of_the_dense_weights(mixtral_tiny, olmoe_mqa, f32_ckpt, name):
+    """dense=tensor on 2 processes: rank 1 keeps its half of each attention, FFN (DeepSeek's dense
+    layer and shared experts) and head unit, copied out of the whole and equal to the slices the
+    one-process run computes with, and gives the whole units' buffers back to the store; the
+    routers, embeddings and experts stay as they are. The pieces every head reads (MLA's latent
+    projection, a kv head both ranks share, the norms) are kept whole, so a shard is over half."""
+    ckpt = {"mixtral-tiny": mixtral_tiny, "olmoe-mqa": olmoe_mqa}.get(name) or f32_ckpt(name)
+    spec = spec_of(ckpt, "ep_static", 3, dense="tensor")
+    model = load_checkpoint(ckpt)[0]
+    schedule = build_schedule(spec, load_routing(model, spec.workload))
+    ex = Executor(
+        open_store(ckpt, spec),
+        Model.from_checkpoint(ckpt, model),
+        spec.workload,
+        prompts_for(model, spec.workload),
+    )
+    ex._reset(schedule.capacity_bytes, schedule.resident_bytes, None)
+    ex._preload(resident_units(schedule))
+    whole = {u: {k: t.clone() for k, t in w.items()} for u, w in ex._resident.items()}
+    group = ThreadCollective(2, lambda: False, lambda: None)
+    tp, ref = (TensorParallel(ex, 2, (1,), group, group) for _ in range(2))
+    tp.keep_shards(1)
+    cut = {Tensor.ATTENTION, Tensor.FFN, Tensor.HEAD}
+    assert {Tensor.ATTENTION, Tensor.HEAD} <= {u.kind for u in tp.sharded}
+    assert tp.sharded == {u for u in whole if u.kind in cut}
+    for u, w in whole.items():
+        held = ex._resident[u]
+        want = ref.shard_of(u, 1, w)
+        assert held.keys() == want.keys() and all(torch.equal(held[k], want[k]) for k in held)
+        assert (not ex.store.holds(u, Tier.GPU)) == (u in tp.sharded)
+        assert tp.shard_of(u, 1, held).keys() == held.keys()  # no second cut
+        size, full = (sum(t.nbytes for t in x.values()) for x in (held, w))
+        assert size < full if u in tp.sharded else size == full
+    size, full = (
+        sum(t.nbytes for u in tp.sharded for t in x[u].values()) for x in (ex._resident, whole)
+    )
+    assert full / 2 <= size < 0.8 * full
 
 
 def test_a_batch_smaller_than_the_processes(mixtral_tiny):
