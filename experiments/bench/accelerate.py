@@ -9,7 +9,8 @@ Usage:
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=15] [prompt_len=16] [gen_len=4]
         [cold=once|pass|false] [cgroup=true] [slack_mb=256] [room=cgroup|tiers]
         [room_margin_mb=64] [klotski_n=-1] [klotski_attn=0]
-        [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0]
+        [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0] [repeats=3]
+Each row is the median of `repeats` runs of its system, their spread beside it.
 The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate,
 `host_room_mb=` for moepipe): each child prints its result as one JSON line.
 """
@@ -49,6 +50,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1)
     as_int("slack_mb", d["slack_mb"], at_least=0)
+    as_int("repeats", d["repeats"], at_least=1)
     as_float("peer_limit", d["peer_limit"], at_least=0.0)
     d["room"] = checked_room(str(d["room"]), d["cold"])
     as_int("room_margin_mb", d["room_margin_mb"], at_least=0)

@@ -211,6 +211,7 @@ def run(opts: BenchRealOptions) -> list[str]:
         klotski_n=opts.n,
         routing=opts.routing.lower(),
         trace_dir=opts.trace_dir,
+        repeats=1,  # at this scale a run lasts minutes: its spread is small beside it
     )
     bopts = kv(bench)
     _, budget_hw = pe.run_spec(bopts)

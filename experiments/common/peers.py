@@ -255,6 +255,7 @@ class Row:
     dag_efficiency: float | None = None  # moepipe: schedule's own critical path / makespan
     stopped_s: float | None = None  # a peer stopped at this time limit, `tokens` not all made
     tokens: int = 0
+    runs: tuple[float, ...] = ()  # every repeat's tok/s, fastest first (tok_s: their median)
 
     @property
     def tok_s_at_most(self) -> float | None:
@@ -298,6 +299,32 @@ def run_side(
     return None, peak, why
 
 
+def run_repeated(
+    role: str,
+    opts: dict[str, Any],
+    limit_bytes: int | None,
+    first: dict[str, Any] | None = None,
+    **extra: Any,
+) -> tuple[dict[str, Any] | None, int | None, str, list[float]]:
+    """`run_side` `opts["repeats"]` times (default once), each from a page cache dropped as
+    before the first; `first`: a run already made, counted as one. (The run of median time,
+    the slower of two middle ones, or the first run that failed or was stopped; the largest
+    peak; every run's tok/s, fastest first.)"""
+    n = max(1, int(opts.get("repeats", 1)))
+    runs = [first] if first is not None else []
+    peaks: list[int] = []
+    while len(runs) < n:
+        if n > 1:
+            print(f"[bench]   run {len(runs) + 1} of {n}", file=sys.stderr, flush=True)
+        got, peak, why = run_side(role, opts, limit_bytes, **extra)
+        peaks += [peak] if peak is not None else []
+        if got is None or got.get("tok_s") is None:
+            return got, max(peaks, default=None), why, []
+        runs.append(got)
+    runs.sort(key=lambda g: float(g["seconds"]))
+    return runs[len(runs) // 2], max(peaks, default=None), "", [float(g["tok_s"]) for g in runs]
+
+
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
@@ -316,22 +343,21 @@ def compare(
     batch = every
     while True:  # the largest batch that fits: every prompt at once, halved while it does not
         print(f"[bench] accelerate, batch {batch} ...", file=sys.stderr, flush=True)
-        got, peak, why = run_side("accelerate", opts, limit, acc_batch=batch)
+        got, peak, why, runs = run_repeated("accelerate", opts, limit, acc_batch=batch)
         calls = -(-every // batch)
         name = f"accelerate, {calls} generate call{'s' if calls > 1 else ''}"
         if got is not None or batch <= spec.workload.batch_size:
-            rows.append(_row(name, batch, got, peak, why))
+            rows.append(_row(name, batch, got, peak, why, runs))
             break
         rows.append(_row(name, batch, None, peak, why))
         batch = max(spec.workload.batch_size, batch // 2)
     if batch_by_batch and batch != spec.workload.batch_size:
         print("[bench] accelerate, batch by batch ...", file=sys.stderr, flush=True)
-        got, peak, why = run_side("accelerate", opts, limit, acc_batch=spec.workload.batch_size)
-        rows.append(
-            _row(
-                f"accelerate, batch by batch ({n} calls)", spec.workload.batch_size, got, peak, why
-            )
+        got, peak, why, runs = run_repeated(
+            "accelerate", opts, limit, acc_batch=spec.workload.batch_size
         )
+        name = f"accelerate, batch by batch ({n} calls)"
+        rows.append(_row(name, spec.workload.batch_size, got, peak, why, runs))
     mb = spec.model.total_bytes / 1e6
     tokens = spec.workload.with_(n_batches=n).tokens_generated
     header = [
@@ -398,7 +424,7 @@ def moepipe_rows(opts: dict[str, Any], spec: Any, room: Room) -> tuple[list[Row]
     run (already measured) is the one row."""
     from core.errors import MoepipeError
 
-    def row(name: str, got: dict[str, Any], peak: int | None) -> Row:
+    def row(name: str, got: dict[str, Any], peak: int | None, runs: list[float]) -> Row:
         return Row(
             name,
             spec.workload.batch_size,
@@ -407,27 +433,37 @@ def moepipe_rows(opts: dict[str, Any], spec: Any, room: Room) -> tuple[list[Row]
             got["peak_rss_bytes"],
             peak,
             dag_efficiency=got.get("dag_efficiency"),
+            runs=tuple(runs),
         )
 
     first = room.budget_run
-    if first is not None and not room.host_room_bytes:
-        n = int(first["n_batches"])
-        return [row(f"moepipe {spec.planner} (n={n})", first, room.budget_peak_bytes)], n
-    print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
-    got, peak, why = run_side("moepipe", opts, room.limit_bytes)
+    if first is None or room.host_room_bytes or int(opts.get("repeats", 1)) > 1:
+        print(f"[bench] moepipe {spec.planner} ...", file=sys.stderr, flush=True)
+    if first is not None and not room.host_room_bytes:  # that run is the first of its repeats
+        got, peak, why, runs = run_repeated("moepipe", opts, room.limit_bytes, first)
+        peak = max(p for p in (peak, room.budget_peak_bytes, 0) if p is not None) or None
+    else:
+        got, peak, why, runs = run_repeated("moepipe", opts, room.limit_bytes)
     if got is None:
         raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
     n = int(got["n_batches"])
-    if first is None:
-        return [row(f"moepipe {spec.planner} (n={n})", got, peak)], n
+    if first is None or not room.host_room_bytes:
+        return [row(f"moepipe {spec.planner} (n={n})", got, peak, runs)], n
     plus = f"host +{room.host_room_bytes / 1e6:.0f} MB"
     return [
-        row(f"moepipe {spec.planner} (n={n}), {plus}", got, peak),
-        row(f"moepipe {spec.planner} (n={n}), budget tiers", first, room.budget_peak_bytes),
+        row(f"moepipe {spec.planner} (n={n}), {plus}", got, peak, runs),
+        row(f"moepipe {spec.planner} (n={n}), budget tiers", first, room.budget_peak_bytes, []),
     ], n
 
 
-def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, why: str) -> Row:
+def _row(
+    name: str,
+    batch: int,
+    got: dict[str, Any] | None,
+    peak: int | None,
+    why: str,
+    runs: list[float] | None = None,
+) -> Row:
     if got is None:
         return Row(name, batch, None, None, None, peak, why)
     return Row(
@@ -440,6 +476,7 @@ def _row(name: str, batch: int, got: dict[str, Any] | None, peak: int | None, wh
         "stopped at its time limit" if got.get("stopped_s") else "",
         stopped_s=got.get("stopped_s"),
         tokens=int(got.get("tokens", 0)),
+        runs=tuple(runs or ()),
     )
 
 
@@ -475,9 +512,12 @@ def format_rows(rows: list[Row]) -> list[str]:
         if best and best.tok_s_at_most:
             more = ">=" if best.stopped_s else ""
             ratio = f"{more}{r.tok_s / best.tok_s_at_most:.2f}x"
+        spread = (
+            f"   {len(r.runs)} runs {r.runs[-1]:.2f}-{r.runs[0]:.2f}" if len(r.runs) > 1 else ""
+        )
         out.append(
             f"{head} {r.tok_s:8.2f} {r.seconds:7.2f} "
-            f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}"
+            f"{mb(r.peak_rss_bytes):>7s} {mb(r.peak_cgroup_bytes):>12s} {ratio:>11s}{spread}"
         )
     ours = rows[0]
     if best and best.tok_s_at_most and ours.tok_s:

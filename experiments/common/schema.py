@@ -202,6 +202,8 @@ class BenchAccelerateOptions:
     klotski_attn: int = 0
     routing: str = "synthetic"  # moepipe's routing: synthetic | trace (ESFT replay) | auto
     trace_dir: str = "../shared/traces"  # folder holding esft-dsv2lite/ (routing=trace|auto)
+    # runs of each row's system (each from a cold page cache); a row shows their median
+    repeats: int = 3
 
 
 @dataclass

@@ -28,6 +28,7 @@ def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
         "batch_size=2",
         "prompt_len=4",
         "cold=once",
+        "repeats=2",
     ]
     assert bench_accelerate.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -46,6 +47,15 @@ def test_every_row_and_the_ratio_to_the_best_peer(mixtral_tiny, capsys):
         "accelerate, batch by batch (2 calls)",
     ]
     assert [int(r[0]) for r in rows.values()] == [2] * len(ours) + [4, 2]  # sequences per call
+    # each row the median of its 2 runs (the slower), the runs' tok/s beside it; the budget-tier
+    # run that set moepipe's host room, a row of one run
+    for name, r in rows.items():
+        if name.endswith("budget tiers"):
+            assert len(r) == 6
+            continue
+        assert r[6:8] == ["2", "runs"]
+        low, high = map(float, r[8].split("-"))
+        assert low == float(r[1]) <= high
     tok_s = {k: float(r[1]) for k, r in rows.items()}
     assert all(v > 0 for v in tok_s.values())
     assert all(int(r[3]) > 0 for r in rows.values())  # peak RSS MB

@@ -174,7 +174,8 @@ def test_which_moepipe_runs_each_room_starts(
     tiers; with room, twice, and the run with room is the first row (the ratio's)."""
     calls = fake_children(monkeypatch, below_limit)
     argv = [f"checkpoint={mixtral_tiny}", "hardware=tiny", "n_batches=2", "batch_size=4"]
-    assert bench_accelerate.main([*argv, f"room={room}", "gen_len=2", "prompt_len=4"]) == 0
+    argv += [f"room={room}", "gen_len=2", "prompt_len=4", "repeats=1"]
+    assert bench_accelerate.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert [role for role, _, _ in calls] == [*roles, "accelerate"]  # + batch by batch
     assert [ln[:40].strip() for ln in out if ln.startswith("moepipe klotski")] == rows
@@ -183,6 +184,36 @@ def test_which_moepipe_runs_each_room_starts(
     assert tiers.startswith(f"room={room}: moepipe's tiers: ")
     limit = next(ln for ln in out if ln.startswith("each side in a memory cgroup of "))
     assert f"+ runtime allowance {PROBE / 1e6:.0f}" in limit
+
+
+@pytest.mark.parametrize("room", ["cgroup", "tiers"])
+def test_each_row_is_the_median_of_its_repeats(mixtral_tiny, monkeypatch, capsys, room):
+    """repeats=3: every system runs 3 times (moepipe's run at the budget tiers, where no room is
+    left, counted as its first), each row is its runs' median (the fake's seconds 3, 1, 2 for
+    each system in turn: 2) and shows their tok/s from slowest to fastest."""
+    calls = fake_children(monkeypatch, 10 * MiB)
+    seconds = iter([3.0, 1.0, 2.0] * 4)
+    faked = pe.run_side
+
+    def run_side(role, opts, limit, **extra):
+        got, peak, why = faked(role, opts, limit, **extra)
+        if role != "probe":
+            s = next(seconds)
+            got = {**got, "seconds": s, "tok_s": 12.0 / s}
+        return got, peak, why
+
+    monkeypatch.setattr(pe, "run_side", run_side)
+    argv = [f"checkpoint={mixtral_tiny}", "hardware=tiny", "n_batches=2", "batch_size=4"]
+    argv += [f"room={room}", "gen_len=2", "prompt_len=4", "repeats=3"]
+    assert bench_accelerate.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [role for role, _, _ in calls] == ["probe"] + ["moepipe"] * 3 + ["accelerate"] * 6
+    table = out[next(i for i, ln in enumerate(out) if ln.startswith("system ")) + 1 : -1]
+    assert len(table) == 3
+    for ln in table:
+        assert ln[40:].split()[1:3] == ["6.00", "2.00"]  # tok/s, seconds: the median run's
+        assert ln.endswith("3 runs 4.00-12.00")
+    assert out[-1] == "moepipe / best peer: 1.00x (accelerate, 1 generate call)"
 
 
 @pytest.mark.parametrize(
