@@ -55,6 +55,29 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
         sys.exit(2)
 
 
+def our_check(e: BaseException) -> MoepipeError | None:
+    """The check of ours that `e` (hydra's or omegaconf's error) wraps: one raised by a resolver
+    of ours while an interpolation resolved (`${run_model:}`); None if none."""
+    import re
+
+    import core.errors
+
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, MoepipeError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    # from a sweep's worker the chain is lost (pickled): omegaconf's text names our class
+    pattern = r"(\w+) raised while resolving interpolation: (.*?)(?:; full_key: \S+)?$"
+    got = re.match(pattern, (str(e).splitlines() or [""])[0])
+    kind = getattr(core.errors, got.group(1), None) if got else None
+    if got and isinstance(kind, type) and issubclass(kind, MoepipeError):
+        return kind(got.group(2))
+    return None
+
+
 def error_line(e: BaseException) -> str | None:
     """The one line a user sees for an expected failure `e`: their mistake (MoepipeError), an
     OSError (a full disk, a folder they cannot write, a file cut short), a config that does not
@@ -68,6 +91,10 @@ def error_line(e: BaseException) -> str | None:
 
     if isinstance(e, MoepipeError):
         return _flat(str(e))
+    if isinstance(e, HydraException | OmegaConfBaseException):
+        ours = our_check(e)
+        if ours is not None:
+            return _flat(str(ours))
     if isinstance(e, MissingConfigException):  # an OSError too, but hydra's: a config not found
         options = f"; available: {', '.join(e.options)}" if e.options else ""
         return _flat(str(e).splitlines()[0] + options)

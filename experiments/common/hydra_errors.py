@@ -77,7 +77,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    from experiments.common.cli import error_line
+    from experiments.common.cli import error_line, our_check
 
     if not isinstance(e, HydraException | OmegaConfBaseException):
         return None
@@ -92,6 +92,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     full = re.search(r"full_key: (\S+)", text)
     key = str(cause.full_key) if cause is not None and cause.full_key else ""
     key = key or (full.group(1) if full else "")
+    ours = our_check(e)  # a check of ours inside an interpolation (`run_model`)
+    if ours is not None:
+        return str(ours)
     if isinstance(cause, MissingMandatoryValue):
         return f"{key}: required, it has no default; pass {key}=VALUE"
     where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named

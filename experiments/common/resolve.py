@@ -6,6 +6,7 @@ Every mistake becomes a `ConfigError` naming the field.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,35 @@ def model_spec(cfg: DictConfig) -> ModelSpec:
     return ModelSpec.from_dict(d, where=f"model {d.get('name', '?')}")
 
 
+def name_part(value: Any, key: str) -> str:
+    """`value` as a part of a run's folder name; ConfigError naming `key` where it is not a plain
+    name (a `/` or `..` would put the run outside its folder, or nest folders)."""
+    name = str(value)
+    if not re.fullmatch(r"\w[\w.+\-]*", name):
+        raise ConfigError(
+            f"{key}={name!r}: a name is letters, digits, '_', '-', '+' and '.' (it names the "
+            "run's folder); to read a file pass its path as the group, e.g. hardware=FILE.yaml"
+        )
+    return name
+
+
+def hardware_name(*, _root_: DictConfig) -> str:
+    """`${run_hardware:}` in conf/: the hardware's name, for a sweep point's folder."""
+    return name_part(_root_.hardware.name, "hardware.name")
+
+
+OmegaConf.register_new_resolver("run_hardware", hardware_name, replace=True)
+
+
 def run_model_name(*, _root_: DictConfig) -> str:
     """`${run_model:}` in conf/: the name of the model a run runs, for its directory. A real run
     takes its shapes from `checkpoint=`'s folder, whatever `model=` says; `model.hf_config`'s
     folder names the model it reads; else the model group's name."""
-    name = str(_root_.model.name)
     real = _root_.get("executor", {}).get("name") == "real" and _root_.get("checkpoint")
     path = _root_.checkpoint if real else _root_.model.get("hf_config")
     if not path:
-        return name
+        return name_part(_root_.model.name, "model.name")
+    name = str(_root_.model.name)
     # resolved: checkpoint=. names the folder it is; a missing folder (hf_config_file hands it
     # back as it is) names itself, and fails the run later
     given = Path(str(path))
@@ -113,6 +134,9 @@ def run_spec(cfg: DictConfig) -> RunSpec:
             f"checkpoint={cfg.checkpoint}: read by executor=real only; add executor=real, or "
             "+model.hf_config=DIR to simulate that checkpoint's shapes"
         )
+    name_part(cfg.hardware.get("name"), "hardware.name")  # labels that name folders
+    if not cfg.model.get("hf_config"):
+        name_part(cfg.model.get("name"), "model.name")
     planner = to_dict(cfg.planner, "planner")
     if "name" not in planner:
         raise ConfigError("planner: its config has no name (the registered planner to run)")

@@ -253,3 +253,28 @@ def test_an_option_the_run_would_ignore_or_widen_is_refused(
     out = [f"out={tmp_path / 'o'}"] if "klotski" in module else []
     run = [f"hydra.run.dir={tmp_path / 'run'}"] if module == "experiments.run" else []
     one_line((cli if fresh else cli_here)(module, *args, *out, *run), *names)
+
+
+# ---- names that name folders -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, sweep",
+    [
+        ("model.name=x/../../escaped", False),
+        ("hardware.name=../../escaped", True),
+        ("model.name=a/b", True),
+        ("hardware.name=", False),
+    ],
+)
+def test_a_name_that_is_a_path_is_refused(tmp_path: Path, override: str, sweep: bool) -> None:
+    """model.name and hardware.name name a run's folder (`${run_model:}`, `${run_hardware:}`):
+    one with a `/` or `..` put the run outside its folder, a sweep's point outside the sweep's.
+    Refused in one line naming the key, before any folder is made."""
+    where = f"hydra.sweep.dir={tmp_path / 'sw'}" if sweep else f"hydra.run.dir={tmp_path / 'r'}"
+    before = set(tmp_path.parent.iterdir())
+    r = cli("experiments.run", *(["-m"] if sweep else []), *TINY, override, where)
+    bar = f"sweep {tmp_path / 'sw'}:"  # a sweep's progress bar, drawn before the points resolve
+    r.stderr = "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith(bar))
+    one_line(r, override.split("=")[0], "letters, digits")
+    assert not any(tmp_path.iterdir()) and set(tmp_path.parent.iterdir()) == before
