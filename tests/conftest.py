@@ -101,6 +101,7 @@ def user_env() -> dict[str, str]:
     (two test processes share the machine's cores), hydra's traceback switch unset."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
+    env.pop("MOEPIPE_TRACEBACK", None)
     return env
 
 
@@ -162,6 +163,7 @@ def command_here(
     from experiments.common import app, cli, hydra_errors
 
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it: put back after the test
+    monkeypatch.delenv("MOEPIPE_TRACEBACK", raising=False)  # as that one, unset by then
     # what the command sets for this process (Ctrl-C's line, its schema, its --help): its own
     for module, name in (
         (cli, "_ON_INTERRUPT"),

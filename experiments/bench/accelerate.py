@@ -28,6 +28,7 @@ from experiments.common.cli import run_command
 from experiments.common.peers import (
     COLD,
     RESULT,
+    ROLES,
     checked_routing,
     child,
     compare,
@@ -47,6 +48,19 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
         raise MoepipeError(f"cold={opts.cold!r} unknown; valid: {', '.join(COLD)}")
     for k in ("gpu_frac", "cpu_frac"):
         as_float(k, d[k], positive=True)
+    if float(d["gpu_frac"]) + float(d["cpu_frac"]) >= 1:
+        raise MoepipeError(
+            f"gpu_frac={d['gpu_frac']} + cpu_frac={d['cpu_frac']} >= 1: the budget holds the whole "
+            "model, so nothing is offloaded; this bench compares offloading: choose fractions "
+            "that sum below 1"
+        )
+    if d["role"] is not None and d["role"] not in ROLES:
+        raise MoepipeError(
+            f"role={d['role']!r}: set by the bench for its own child processes "
+            f"({', '.join(ROLES)}); leave it out"
+        )
+    if d["role"] == "accelerate":
+        as_int("acc_batch", d["acc_batch"], at_least=1)
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1)
     as_int("slack_mb", d["slack_mb"], at_least=0)

@@ -258,7 +258,19 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     over: dict[str, Any] = {}
     if opts.n_layers is not None:
         over["n_layers"] = as_int("n_layers", opts.n_layers, at_least=1)
+        layers = reduced_spec(opts.model).n_layers
+        if over["n_layers"] > layers:
+            raise MoepipeError(
+                f"n_layers={opts.n_layers}: {opts.model} has {layers} layers; n_layers cuts it "
+                f"to its first n (at most {layers})"
+            )
     spec = reduced_spec(opts.model, **over)
+    if budget >= spec.total_bytes:
+        raise MoepipeError(
+            f"budget_gb={budget / 1e9:g}: {spec.name} ({spec.total_bytes / 1e9:.3g} GB) fits in "
+            "it whole, so nothing is offloaded; this bench compares offloading: choose a budget "
+            "below the model's size"
+        )
     working = _layer_working_set(spec)
     if budget * DEVICE_SHARE < working:
         raise MoepipeError(

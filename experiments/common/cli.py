@@ -186,8 +186,8 @@ def run_command(main: Callable[[], Any]) -> Any:
     line on stderr and exit 2, without a traceback (`any_error_line`). A hydra app's errors
     reach here because this sets HYDRA_FULL_ERROR (hydra would otherwise print them itself,
     over many lines); a user who set it, or MOEPIPE_TRACEBACK=1, gets tracebacks."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        os.environ[TRACEBACK_ENV] = "1"
+    if TRACEBACK_ENV not in os.environ:  # set here, so a command this one starts inherits it
+        os.environ[TRACEBACK_ENV] = "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     command_started()
     try:

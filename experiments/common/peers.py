@@ -34,6 +34,7 @@ from experiments.common.bench_memory import (
 
 COLD = ("pass", "once", "false")
 ROLE = "role"  # the option that makes the bench command run one system (in its own process)
+ROLES = ("probe", "moepipe", "accelerate")  # its values
 RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON object
 
 
@@ -42,7 +43,8 @@ RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON o
 
 def placed_mb(model: Any) -> str:
     """MB of parameters per device of accelerate's device map, e.g. "cpu 159 MB, disk 159 MB"."""
-    where: dict[str, str] = {k: str(v) for k, v in model.hf_device_map.items()}
+    # no map where nothing was offloaded (accelerate left the model whole on one device)
+    where: dict[str, str] = {k: str(v) for k, v in getattr(model, "hf_device_map", {}).items()}
     mb: dict[str, float] = {}
     for name, p in model.named_parameters():
         parts = name.split(".")

@@ -283,3 +283,52 @@ def test_a_second_calibrate_waits_for_the_first() -> None:
     out, err = p.communicate(timeout=60)  # the lock released: the second goes on
     assert "another calibrate" in said and "waiting" in said and still, (said, out, err)
     assert p.returncode == 0 and out == "measuring\n" and err == ""
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("accelerate", ["gpu_frac=0.6", "cpu_frac=0.5"], ["gpu_frac=0.6", "sum below 1"]),
+        ("accelerate", ["role=bogus"], ["role='bogus'", "leave it out"]),
+        ("accelerate", ["role=accelerate"], ["acc_batch=0", ">= 1"]),
+        ("real", ["model=mixtral-tiny", "budget_gb=1"], ["budget_gb=1", "fits in it whole"]),
+        ("real", ["model=mixtral-tiny", "budget_gb=0.001", "n_layers=99"], ["n_layers=99"]),
+    ],
+)
+def test_a_bench_that_would_offload_nothing_is_one_line(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], names: list[str]
+) -> None:
+    """A budget that holds the whole model made accelerate load it whole (no device map), and its
+    child's traceback printed before exit 0; a cut past the model's layers wrote a checkpoint of
+    99 layers; the bench's own child options, set by hand, ended in an internal error."""
+    where = [f"checkpoint={tmp_path}"] if module == "accelerate" else [f"out_dir={tmp_path}"]
+    r = cli_here(f"experiments.bench.{module}", *where, "hardware=tiny", *args)
+    one_line(r, *names)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_command_started_by_another_keeps_tracebacks_off() -> None:
+    """run_command sets HYDRA_FULL_ERROR=1 for hydra's sake; a bench's child inherited it and
+    took it for the user's switch, printing its traceback. The user's choice travels instead."""
+    from experiments.common.cli import TRACEBACK_ENV
+
+    code = (
+        "import os, sys; from experiments.common.cli import run_command; "
+        "run_command(lambda: print(os.environ['MOEPIPE_TRACEBACK']))"
+    )
+    cases = [
+        ({}, "0"),
+        ({"HYDRA_FULL_ERROR": "1"}, "1"),  # the user's
+        ({TRACEBACK_ENV: "1"}, "1"),
+        ({"HYDRA_FULL_ERROR": "1", TRACEBACK_ENV: "0"}, "0"),  # a child of a command
+    ]
+    for env, want in cases:
+        got = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**user_env(), **env},
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        )
+        assert got.stdout.strip() == want, (env, got.stdout, got.stderr)
