@@ -47,8 +47,10 @@ def _main(opts: Options) -> int:
     if loaded is None:
         return 2
     df, problems = loaded
+    out = Path(opts.out or sweep_dir / "report")
+    fresh = not out.exists()
     try:  # one line for a folder that cannot be made, the default <sweep>/report too
-        output_dir(str(opts.out or sweep_dir / "report"), "out")
+        output_dir(str(out), "out")
         page = write_report(
             sweep_dir,
             Path(opts.out) if opts.out else None,
@@ -58,14 +60,24 @@ def _main(opts: Options) -> int:
             problems=problems,
         )
     except (ReportError, MoepipeError) as err:
+        _remove_if_made(out, fresh)
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk while the figures are written: the error names no file
-        out = opts.out or sweep_dir / "report"
+        _remove_if_made(out, fresh)
         print(f"error: out={out}: cannot write the report ({err.strerror or err})", file=sys.stderr)
         return 2
+    except BaseException:
+        _remove_if_made(out, fresh)
+        raise
     print(f"report: {page}")
     return 0
+
+
+def _remove_if_made(out: Path, fresh: bool) -> None:
+    """A report folder this command made, left empty by its failure, goes."""
+    if fresh and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
 
 
 _app = command("report", Options, _main, __doc__)

@@ -56,6 +56,7 @@ from experiments.common.pipeline import (  # noqa: E402
     RunSpec,
     resolve_n_batches,
     simulate_run,
+    staged_outputs,
     write_run,
 )
 from experiments.common.real_run import real_execute  # noqa: E402
@@ -229,14 +230,43 @@ class Setup:
     probe: bool  # links=probe, and not distributed (a probe measures disk and h2d only)
     hw_dict: dict[str, Any]  # the hardware YAML as read, for calibrate's probe
     params: dict[str, Any]  # planner_params, every planner's
+    fresh_out: bool = False  # `out` was made by this validation (a failed one removes it)
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
-    """The validation (module doc): its table, also written to <out>/validate.csv and .md."""
+    """The validation (module doc): its table, also written to <out>/validate.csv and .md; they
+    and the run dirs and timelines replace an earlier validation's in `out` once all are
+    written (a failure or an interrupt leaves that one as it was)."""
     setup = _setup(opts)
+    stage = staged_outputs(setup.out, _earlier_outputs, "validate.csv", setup.fresh_out)
+    with stage as tmp:
+        table = _validate(replace(setup, out=tmp))
+    print(f"wrote {setup.out}/validate.csv, validate.md, timeline_*.png")
+    return table
+
+
+def _earlier_outputs(out: Path) -> set[str]:
+    """The files an earlier validation wrote into `out`, named by its validate.csv."""
+    try:
+        planners = [str(p) for p in pd.read_csv(out / "validate.csv")["planner"]]
+    except (OSError, ValueError, KeyError):
+        return set()
+    names = {p for p in planners if p and "/" not in p and not p.startswith(".")}
+    return {"validate.csv", "validate.md", *names, *(f"timeline_{p}.png" for p in names)}
+
+
+def _validate(setup: Setup) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     sims = _simulate_all(setup, rows)
-    reals, probed = _real_runs(setup, sims, rows)
+    if sims:
+        reals, probed = _real_runs(setup, sims, rows)
+    if not sims:  # a table of skipped rows alone is no validation
+        raise MoepipeError(
+            "every planner was skipped, nothing to compare: "
+            + "; ".join(f"{r['planner']}: {r['skipped']}" for r in rows)
+        )
+    for r in rows:  # the others' rows follow
+        log.warning("%s skipped: %s", r["planner"], r["skipped"])
     # all the validation's probes pooled (the median of each link over every probe): a
     # calibration taken during the validation, from runs other than the ones predicted
     pooled = {
@@ -308,15 +338,15 @@ def _setup(opts: dict[str, Any]) -> Setup:
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
     repeats = sizes.pop("repeats")
     wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
-    out = output_dir(
-        opts["out"]
-        or ROOT / "runs" / "validate" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
-        "out",
+    where = opts["out"] or ROOT / "runs" / "validate" / datetime.datetime.now().strftime(
+        "%Y-%m-%d_%H-%M-%S"
     )
+    fresh = not Path(where).exists()
+    out = output_dir(where, "out")
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
     return Setup(
-        ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict, params
+        ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict, params, fresh
     )
 
 
@@ -333,7 +363,6 @@ def _simulate_all(
             routing = load_routing(spec.model, spec.workload)
             sims[name] = spec, routing, simulate_run(spec, routing)
         except MoepipeError as e:
-            log.warning("%s skipped: %s", name, e)
             rows.append(dict(planner=name, skipped=str(e)))
     return sims
 
@@ -366,7 +395,6 @@ def _real_runs(
                 else:
                     result, _ = real_execute(setup.ckpt, real_spec, "replay", routing=routing)
             except MoepipeError as e:  # e.g. a working set the real device pool cannot hold
-                log.warning("%s skipped: %s", name, e)
                 rows.append(dict(planner=name, skipped=str(e)))
                 del sims[name]
                 continue
@@ -521,7 +549,6 @@ def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
         + markdown(table[["planner", *[c for c in table.columns if c.endswith("_ms")]]])
         + "\n"
     )
-    print(f"wrote {out}/validate.csv, validate.md, timeline_*.png")
     return table
 
 

@@ -306,6 +306,44 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def staged_outputs(
+    out: Path,
+    stale: Callable[[Path], set[str]] = lambda _: set(),
+    last: str = "",
+    made: bool | None = None,
+) -> Iterator[Path]:
+    """A hidden folder inside `out` to write a command's outputs into. When the block ends they
+    replace those of the same names in `out`, with the names `stale(out)` gives (an earlier
+    run's outputs the new ones do not overwrite), all under one deferred interrupt, `last`
+    moved in last; when it fails (an error, a full disk, Ctrl-C) the folder goes and `out`
+    keeps what it had, or goes too where it was made for this (`made`: it was, by the caller;
+    default: where it does not exist yet)."""
+    made = not out.exists() if made is None else made
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        yield tmp
+        new = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == last)
+        with interrupt_deferred():
+            for name in (set(new) | stale(out)) - {tmp.name}:
+                old = out / name
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink(missing_ok=True)
+            for name in new:
+                os.replace(tmp / name, out / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _move_aside(out_dir: Path, names: set[str]) -> None:
     """The old result's files into `.previous`, summary.json first (a dir without it holds no
     result, so no mix of two runs is ever read as one)."""
@@ -409,12 +447,20 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        whole = isinstance(json.loads(summary.read_text()), dict)
+        got = json.loads(summary.read_text())
     except (OSError, ValueError):  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
-        whole = False
-    if not whole:
+        got = None
+    if not isinstance(got, dict):
         log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
-    return whole
+        return False
+    from experiments.common.tables import check_metrics  # (tables reads runs: it imports us)
+
+    try:  # a metric that no run writes (NaN, a negative rate, a string): not a result to reuse
+        check_metrics(got, summary)
+    except MoepipeError as e:
+        log.warning("%s; running again", e)
+        return False
+    return True
 
 
 def _text(path: Path) -> str | None:

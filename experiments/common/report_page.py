@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.args import written_whole
 from core.bubbles import top_cause
 from experiments.common.figures import (
     fig_gantt,
@@ -23,6 +22,7 @@ from experiments.common.figures import (
     per_layer_figure,
     pick_gantt_runs,
 )
+from experiments.common.pipeline import staged_outputs
 from experiments.common.ranking import (
     LOWER_IS_BETTER,
     METRIC_LABELS,
@@ -56,16 +56,18 @@ def write_report(
     df = _plottable(sweep, df)
     columns = columns or []
     check_request(df, metric, columns)
-    out.mkdir(parents=True, exist_ok=True)
-    figs = Figures()
-    _line_figures(figs, df, metric, out)
-    _cause_figures(figs, sweep, df, out)
-    _layer_figures(figs, df, out)
-    write_results(df, out)
-    page = out / "index.html"
-    with written_whole(page) as tmp:  # last, and whole: the report's figures are all there
-        tmp.write_text(_html(sweep, df, figs.drawn, figs.notes, problems or [], columns))
-    return page
+    # into a folder of its own, moved in once whole, the page last: a report that fails midway
+    # (a bad trace, a full disk) leaves no figure of its own beside an earlier page
+    with staged_outputs(out, last="index.html") as tmp:
+        figs = Figures()
+        _line_figures(figs, df, metric, tmp)
+        _cause_figures(figs, sweep, df, tmp)
+        _layer_figures(figs, df, tmp)
+        write_results(df, tmp)
+        (tmp / "index.html").write_text(
+            _html(sweep, df, figs.drawn, figs.notes, problems or [], columns)
+        )
+    return out / "index.html"
 
 
 def _plottable(sweep: Path, df: pd.DataFrame) -> pd.DataFrame:

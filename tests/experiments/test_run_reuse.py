@@ -109,6 +109,21 @@ def test_a_garbled_summary_is_run_again(tmp_path, run_in):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["makespan_s"] > 0
 
 
+@pytest.mark.parametrize("value", ["-1", "NaN", '"fast"'])
+def test_a_summary_with_a_metric_no_run_writes_is_run_again(tmp_path, run_in, value):
+    """A summary.json whose throughput is negative, NaN or a string (a hand edit, another tool)
+    was reused, and went into tables and PASS verdicts as a result."""
+    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
+    path = tmp_path / "run" / "summary.json"
+    text = path.read_text()
+    good = json.loads(text)["throughput_tok_s"]
+    path.write_text(text.replace(f'"throughput_tok_s": {good}', f'"throughput_tok_s": {value}'))
+    r = run_in([*TINY, "planner=flexgen"], tmp_path)
+    assert r.returncode == 0 and "throughput_tok_s is" in r.stdout + r.stderr
+    assert "running again" in r.stdout + r.stderr
+    assert json.loads(path.read_text())["throughput_tok_s"] == good
+
+
 def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in):
     """A finished run dir records the code it ran with: under other code it runs again. A rerun
     with bad input fails before it touches the dir: the finished run stays, with its own

@@ -271,6 +271,25 @@ def test_report_images_exist_and_decode(swept: Path, tmp_path: Path) -> None:
             assert im.size[0] > 100 and im.size[1] > 100
 
 
+def test_a_report_that_fails_leaves_the_earlier_one_whole(swept: Path, tmp_path: Path) -> None:
+    """The report is written into a folder of its own and moved in whole: one that fails at a
+    run's trace (after the first figures) leaves an earlier report's files as they were, and
+    where there was none, no folder. Before, the first figures were left, or overwritten beside
+    the old page."""
+    mine = tmp_path / "sweep"
+    shutil.copytree(swept, mine)
+    out = tmp_path / "report"
+    assert report_main([f"dir={mine}", f"out={out}"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "index.html" in before and any(name.endswith(".png") for name in before)
+    for trace in mine.rglob("trace.parquet"):  # (the gantt figure reads one run's)
+        trace.write_bytes(b"not parquet")
+    assert report_main([f"dir={mine}", f"out={out}"]) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert report_main([f"dir={mine}", f"out={tmp_path / 'new'}"]) == 2
+    assert not (tmp_path / "new").exists()
+
+
 def test_report_draws_what_the_bubbles_waited_for(swept: Path, tmp_path: Path) -> None:
     """The tiny sweep's GPUs never idle (no causes: no figure, a note says why); given causes
     (collect's IDLE.<cause> columns, seconds), one bar a run, and the table names the main one."""

@@ -124,3 +124,66 @@ def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, 
         row["run_p2p_gbps"] > 0
         and row["err_run_links_makespan_s"] == row["err_run_links_makespan_s"]
     )
+
+
+def _opts(ckpt, out, planners):
+    return dict(
+        v._DEFAULTS,
+        checkpoint=str(ckpt),
+        hardware="tiny",
+        repeats=1,
+        planners=planners,
+        out=str(out),
+        gpu_frac=0.9,
+        cpu_frac=0.5,
+    )
+
+
+def test_every_planner_skipped_is_an_error_and_writes_nothing(mixtral_tiny, tmp_path, monkeypatch):
+    """A table of skipped rows alone used to be written, and the command exited 0."""
+
+    def refuse(ckpt, spec, mode, **kw):
+        raise CapacityError("device pool 1 MB cannot hold one layer's working set (9 MB)")
+
+    monkeypatch.setattr(v, "real_execute", refuse)
+    out = tmp_path / "out"
+    with pytest.raises(MoepipeError, match="every planner was skipped.*sequential: device pool"):
+        v.validate(_opts(mixtral_tiny, out, "sequential,flexgen"))
+    assert not out.exists()
+
+
+def test_a_failed_validation_leaves_the_earlier_one_whole(mixtral_tiny, tmp_path, monkeypatch):
+    """Its outputs replace an earlier validation's only once all are written: one that fails
+    midway (here the second planner's real run; a Ctrl-C or a full disk likewise) leaves the
+    earlier run dirs, timelines and tables as they were, with none of its own, and a new one
+    replaces the earlier's files, those of planners it did not run too."""
+    out = tmp_path / "out"
+    v.validate(_opts(mixtral_tiny, out, "sequential,flexgen"))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {p.name for p in out.iterdir()} == {
+        "sequential",
+        "flexgen",
+        "timeline_sequential.png",
+        "timeline_flexgen.png",
+        "validate.csv",
+        "validate.md",
+    }
+    real = v.real_execute
+
+    def fail_second(ckpt, spec, mode, **kw):
+        if spec.planner == "flexgen":
+            raise RuntimeError("the machine went away")
+        return real(ckpt, spec, mode, **kw)
+
+    monkeypatch.setattr(v, "real_execute", fail_second)
+    with pytest.raises(RuntimeError):
+        v.validate(_opts(mixtral_tiny, out, "sequential,flexgen"))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    monkeypatch.setattr(v, "real_execute", real)
+    v.validate(_opts(mixtral_tiny, out, "sequential"))
+    assert {p.name for p in out.iterdir()} == {
+        "sequential",
+        "timeline_sequential.png",
+        "validate.csv",
+        "validate.md",
+    }
