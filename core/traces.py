@@ -34,6 +34,7 @@ N_LAYERS = 26  # MoE layers (model layers 1..26; layer 0 is dense)
 N_EXPERTS = 64  # routed experts per layer
 TOP_K = 6
 _ARRAYS = ("expert_ids", "gate_weights", "task", "seq_id", "pos", "task_names")
+_META = ("num_experts", "top_k", "model_layer")  # what convert_esft records of the model
 _FIX = "pass workload.routing.trace_dir=... or rebuild it with python -m experiments.convert_traces"
 
 
@@ -97,6 +98,7 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
             if missing:
                 raise TraceError(f"{path}: corrupt trace, missing array(s) {missing}; {_FIX}")
             arrs = {a: z[a] for a in _ARRAYS}
+            meta = {a: z[a] for a in _META if a in z.files}
     except TraceError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
@@ -111,6 +113,7 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
         path=path,
     )
     _validate(trace)
+    _validate_meta(trace, meta)
     for a in (trace.expert_ids, trace.gate_weights, trace.task, trace.seq_id, trace.pos):
         a.flags.writeable = False  # shared by every caller through the cache
     log.info("loaded %s: %d tokens", path, trace.n_tokens)
@@ -153,6 +156,27 @@ def _validate(tr: EsftTrace) -> None:
         )
     if int(tr.task.max()) >= len(tr.task_names):
         raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
+
+
+def _validate_meta(tr: EsftTrace, meta: dict[str, np.ndarray]) -> None:
+    """The model the file says it routes (`convert_esft` writes these), and the positions:
+    what the loader assumes of the ESFT model, or a file of another model read as this one."""
+
+    def bad(what: str) -> TraceError:
+        return TraceError(f"{tr.path}: corrupt trace, {what}; {_FIX}")
+
+    for key, want in (("num_experts", N_EXPERTS), ("top_k", TOP_K)):
+        got = meta.get(key)
+        if got is not None and (got.shape != () or int(got) != want):
+            raise bad(f"{key} is {got.tolist()}, the ESFT model's is {want}")
+    layers = meta.get("model_layer")
+    if layers is not None and not np.array_equal(layers, np.arange(1, N_LAYERS + 1)):
+        raise bad(
+            f"model_layer is {layers.tolist()[:8]}{'...' if layers.size > 8 else ''}, "
+            f"the ESFT model's MoE layers are 1..{N_LAYERS}"
+        )
+    if not np.issubdtype(tr.pos.dtype, np.integer) or int(tr.pos.min()) < 0:
+        raise bad("pos must be token positions >= 0")
 
 
 # ---- workload routing -------------------------------------------------------------------------

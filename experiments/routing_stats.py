@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from core.args import written_whole
 from core.errors import MoepipeError, TraceError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
@@ -139,7 +140,8 @@ def _main(args: Options) -> int:
         )
     )
     try:
-        out.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
+        with written_whole(out) as tmp:  # whole or not at all (a full disk cut it short)
+            tmp.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
     except OSError as e:
         print(f"error: out={out}: cannot write it ({e.strerror or e})", file=sys.stderr)
         return 2

@@ -56,6 +56,10 @@ def _main(opts: Options) -> int:
             raise MoepipeError("several runs go into one file: name it with out=FILE")
         first = runs[0] if runs[0].is_dir() else runs[0].parent
         out = Path(opts.out) if opts.out is not None else first / "trace.json"
+        if out.suffix != ".json":
+            raise MoepipeError(f"out={out}: the Chrome trace is JSON; pass out=FILE.json")
+        if out.name in ("summary.json", "config.json") and (out.parent / "summary.json").exists():
+            raise MoepipeError(f"out={out}: a run's own file; pass out= another FILE.json")
         traces = [part for r in runs for part in read_traces(r)]
         try:
             with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)

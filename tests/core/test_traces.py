@@ -203,6 +203,24 @@ def test_corrupt_files(tmp_path: Path) -> None:
     assert load_esft(_write(tmp_path, **_good())).n_tokens == 5
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"num_experts": np.int16(32)}, "num_experts is 32, the ESFT model's is 64"),
+        ({"top_k": np.int16(3)}, "top_k is 3, the ESFT model's is 6"),
+        ({"model_layer": np.arange(1, 6, dtype=np.int16)}, r"model_layer is \[1, 2, 3, 4, 5\]"),
+        ({"pos": np.full(5, -1, np.int32)}, "pos must be token positions >= 0"),
+    ],
+)
+def test_a_trace_of_another_model_is_refused(tmp_path: Path, extra: dict, message: str) -> None:
+    """The model the file records (convert_esft writes num_experts, top_k and model_layer) must
+    be the one the loader assumes, and positions are >= 0: such files were read as ESFT's."""
+    meta = dict(num_experts=np.int16(64), top_k=np.int16(6), model_layer=np.arange(1, 27))
+    assert load_esft(_write(tmp_path, **_good(), **meta)).n_tokens == 5
+    with pytest.raises(TraceError, match=rf"{TRACE_FILE}: corrupt trace, {message}"):
+        load_esft(_write(tmp_path, **(_good() | meta | extra)))
+
+
 def test_converter_small_directory(tmp_path: Path) -> None:
     """Two tasks, two layers; one sequence of 2 tokens and one of 1 token per task."""
     src = tmp_path / "expert_scores"

@@ -101,6 +101,19 @@ def test_trace_json_names_a_folder_without_a_trace(tmp_path, capsys):
     assert "out=FILE" in capsys.readouterr().err
 
 
+def test_trace_json_never_writes_over_a_runs_own_files(tmp_path, capsys):
+    """out=RUN/trace.parquet replaced the run's trace with JSON (exit 0), and a later sweep
+    reused that run: out is a FILE.json, and not a run's summary."""
+    out = tmp_path / "run"
+    assert run_module.main([*TINY, "planner=flexgen", f"hydra.run.dir={out}"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for name, why in (("trace.parquet", "pass out=FILE.json"), ("summary.json", "own file")):
+        assert trace_json.main([f"runs={out}", f"out={out / name}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_sweep_runs_every_planner(tmp_path):
     # one process (n_jobs=1): joblib's workers would each import the project again
     r = run(["-m", *TINY, "planner=sequential,flexgen", "hydra.launcher.n_jobs=1"], tmp_path)

@@ -18,7 +18,7 @@ import real.store as store
 from core.errors import ConfigError
 from experiments.common.cli import error_line
 from real.checkpoint import SINGLE_FILE, load_checkpoint
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 
 def _small_files(limit_bytes: int):  # noqa: ANN202 (a preexec_fn)
@@ -186,3 +186,15 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_routing_stats_on_a_full_disk_leaves_no_file_cut_short(tmp_path: Path) -> None:
+    """Its JSON is written whole or not at all: a disk that filled while it wrote left 4096
+    bytes of invalid JSON."""
+    if not (ROOT.parent / "shared" / "traces" / "esft-dsv2lite").is_dir():
+        pytest.skip("../shared/traces is absent")
+    out = tmp_path / "rs.json"
+    one_line(
+        cli("experiments.routing_stats", f"out={out}", preexec_fn=_small_files(1_000)), str(out)
+    )
+    assert list(tmp_path.iterdir()) == []
