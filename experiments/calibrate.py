@@ -440,6 +440,10 @@ def _main(args: Options) -> int:
         resolve_device(opts["device"])
         # every path is checked before the measuring, which its results would be lost after
         out = output_file(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml", "out")
+        if out.suffix not in (".yaml", ".yml"):  # the other commands take hardware=FILE.yaml
+            raise MoepipeError(
+                f"out={out}: a profile is YAML, read as hardware=FILE.yaml; pass out=FILE.yaml"
+            )
         if not opts["out"] and out.is_file() and not out.read_bytes().startswith(MEASURED):
             raise MoepipeError(
                 f"hardware.name={name}: {out} is a profile calibrate did not write (its numbers "

@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     running(RunSchema)
     return int(
         until_interrupted(
-            lambda: hydra_main(task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware"])
+            lambda: hydra_main(
+                task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware", "model"]
+            )
         )
     )
 

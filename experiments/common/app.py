@@ -535,13 +535,13 @@ def group_files(
             src = Path(value).expanduser()
             if not src.is_file():
                 raise MoepipeError(
-                    f"{arg}: no such file; pass a hardware YAML file or a name in conf/{key}/"
+                    f"{arg}: no such file; pass a {key} YAML file or a name in conf/{key}/"
                 )
             try:
                 src.read_bytes().decode()
             except UnicodeDecodeError as e:
                 raise MoepipeError(
-                    f"{arg}: not UTF-8 text (byte {e.start}); pass a hardware YAML file"
+                    f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
                 ) from None
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,7 @@ def error_line(e: BaseException) -> str | None:
 
     import yaml
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     if isinstance(e, MoepipeError):
         return _flat(str(e))
@@ -122,6 +122,9 @@ def error_line(e: BaseException) -> str | None:
             at = f"{mark.name}:{mark.line + 1}: " if mark is not None else ""
             problem = getattr(cause, "problem", None) or str(cause).splitlines()[0]
             return _flat(f"{at}not valid YAML ({problem}); fix that file")
+    if isinstance(e, MissingMandatoryValue):  # a required field a YAML file left out
+        key = getattr(e, "full_key", None) or "a field"
+        return _flat(f"{key}: required and not set; add it to its YAML file or pass {key}=VALUE")
     if isinstance(e, OmegaConfBaseException):
         key = getattr(e, "full_key", None)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -54,13 +54,29 @@ def hardware_path(name: str) -> Path:
     return path
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader, refusing a key given twice in one mapping (as omegaconf does for the
+    files `run` reads): the later value would win without a word."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_hardware(name: str) -> dict[str, Any]:
     """The hardware YAML of `name` (see `hardware_path`) as a mapping with a memory_gb mapping;
     a MoepipeError naming the file when it is unreadable, empty, not YAML or lacks memory_gb."""
     path = hardware_path(name)
     fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
     try:
-        d = yaml.safe_load(path.read_text())
+        d = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except OSError as e:
         raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

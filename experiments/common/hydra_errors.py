@@ -148,6 +148,13 @@ def _missing_choice(text: str) -> str:
         return text.splitlines()[0]
     options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
     group, name = m.groups()
+    if "/" in group:  # `model=/a/b.txt`: hydra took the value's folders for subgroups
+        key, _, folder = group.partition("/")
+        value = f"{folder}/{name}"
+        return (
+            f"{key}={value}: not a name in conf/{key}/ (a file is taken where it ends in .yaml: "
+            f"{key}=FILE.yaml); {nearest(Path(value).stem, options)}"
+        )
     return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
 
 

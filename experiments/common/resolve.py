@@ -25,8 +25,8 @@ EXECUTORS = ("sim", "real")
 def to_dict(node: Any, key: str = "config") -> dict[str, Any]:
     """A config group's node as a plain dict, resolved; a ConfigError naming `key` when its
     YAML is not a mapping of fields (a list, a scalar)."""
-    if isinstance(node, DictConfig):
-        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    if isinstance(node, DictConfig):  # a required field left out: its key named, not '???'
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     if isinstance(node, Mapping):
         return dict(node)
     raise ConfigError(

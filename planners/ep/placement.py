@@ -30,10 +30,10 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     )
     if not fits:
         raise ConfigError(f"{label} {path}: shape {arr.shape}, the model needs {need}")
-    try:
-        out = arr.astype(np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers") from None
+    # real numbers only: a complex array would lose its imaginary part with a warning
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers (loads are real counts)")
+    out = arr.astype(np.float64)
     if not np.isfinite(out).all() or (out < 0).any():
         raise ConfigError(
             f"{label} {path}: loads must be finite counts >= 0 "

@@ -274,6 +274,7 @@ def test_eplb_load_matrix_of_wrong_shape(tmp_path):
         (np.full((2, 4), np.nan), r"finite counts >= 0.*8 NaN"),
         (-np.ones((2, 4)), "min -1.0"),
         (np.array([["a"] * 4] * 2), "not numbers"),
+        (np.ones((2, 4), np.complex64), "complex64, not numbers"),  # was cast with a warning
     ],
 )
 def test_eplb_load_matrix_that_is_no_load(values, match, tmp_path):

@@ -4,12 +4,13 @@ file or override, alone; in a sweep the bad point's line goes to its failed.txt.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, cli, one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line
 
 
 @pytest.mark.parametrize(
@@ -104,3 +105,67 @@ def test_an_unknown_flag_or_a_number_for_a_boolean_is_one_line(
     r = run("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, *names)
     assert not (tmp_path / "run").exists()
+
+
+def _yaml_without(tmp_path: Path, group: str, name: str, key: str) -> Path:
+    """conf/<group>/<name>.yaml copied to a file of the user's, `key` (a top-level key, or
+    parent.child) left out."""
+    import yaml
+
+    d = yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())
+    parent, _, child = key.rpartition(".")
+    del (d[parent] if parent else d)[child]
+    path = tmp_path / f"my-{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+@pytest.mark.parametrize(
+    "group, name, key",
+    [("hardware", "tiny", "memory_gb.disk"), ("model", "tiny", "top_k")],
+)
+def test_a_users_file_without_a_required_key_names_it(
+    tmp_path: Path, cli_here: Any, group: str, name: str, key: str
+) -> None:
+    """A user's hardware or model file (group=FILE.yaml) that leaves out a required key: its
+    key, 'required', where to set it; before, "could not convert string to float: '???'"."""
+    path = _yaml_without(tmp_path, group, name, key)
+    args = [a for a in TINY if not a.startswith(f"{group}=")]
+    r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, f"{group}.{key}: required and not set", f"{group}.{key}=VALUE")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_users_model_file_runs_and_a_path_not_yaml_is_named(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """model=FILE.yaml is read as hardware=FILE.yaml is; a path that is no .yaml (calibrate's
+    out=x.txt, a typo) is named whole, not split into hydra's sub-groups."""
+    mine = tmp_path / "mine.yaml"
+    shutil.copyfile(ROOT / "conf" / "model" / "tiny.yaml", mine)
+    args = [a for a in TINY if not a.startswith("model=")]
+    r = cli_here("experiments.run", *args, f"model={mine}", f"hydra.run.dir={tmp_path / 'r'}")
+    assert r.returncode == 0 and (tmp_path / "r" / "summary.json").exists(), r.stderr
+    txt = tmp_path / "hw.txt"
+    txt.write_text("name: x\n")
+    r = cli_here("experiments.run", *TINY[:1], f"hardware={txt}", *TINY[2:])
+    one_line(r, f"hardware={txt}: not a name in conf/hardware/", "hardware=FILE.yaml")
+
+
+def test_a_key_twice_in_a_hardware_file_is_refused_by_every_reader(
+    tmp_path: Path, cli_here: Any, tiny_ckpt: Path
+) -> None:
+    """run refused a hardware file with a key given twice (omegaconf); validate and bench.lanes,
+    which read it with yaml, took the later value without a word."""
+    text = (ROOT / "conf" / "hardware" / "tiny.yaml").read_text()
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(text + "\nname: again\n")
+    for module, args in (
+        ("experiments.validate", [f"checkpoint={tiny_ckpt}", f"out={tmp_path / 'v'}"]),
+        ("experiments.bench.lanes", ["model=tiny"]),
+    ):
+        r = cli_here(module, f"hardware={dup}", *args)
+        one_line(r, str(dup), "duplicate key 'name'")
+    assert not (tmp_path / "v").exists()
+    r = cli_here("experiments.calibrate", f"out={tmp_path / 'p.txt'}")
+    one_line(r, "out=", "pass out=FILE.yaml")
