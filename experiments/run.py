@@ -33,7 +33,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from core.bubbles import top_cause
-from core.errors import CapacityError
+from core.errors import CapacityError, ConfigError
 from core.hf_config import hf_config_file
 from core.routing import resolve_source
 from core.traces import trace_path
@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
+    check_routing_overrides(cfg, spec)
     config_yaml = config_text(cfg, spec)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
@@ -110,6 +111,36 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         out_dir,
     )
     return s
+
+
+# the routing knobs each source reads (core.spec.RoutingConfig)
+SYNTHETIC_KNOBS = ("skew", "layer_corr", "reuse", "hot_experts", "hot_share")
+TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
+
+
+def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
+    """A ConfigError where the user's command line sets a routing knob this run's routing does
+    not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
+    tasks on a synthetic one): the run would go on as if it were not given."""
+    if not HydraConfig.initialized():
+        return
+    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    source = resolve_source(spec.model, spec.workload.routing.source)
+    unused = {
+        RoutingSource.TRACE: SYNTHETIC_KNOBS,
+        RoutingSource.SYNTHETIC: ("tasks", "exclude_tasks")
+        + (() if ep_inputs.block(cfg) else ("trace_dir",)),  # a replication case's tables read it
+        RoutingSource.LIVE: SYNTHETIC_KNOBS + ("tasks", "exclude_tasks"),
+    }.get(source, ())
+    for knob in unused:
+        key = f"workload.routing.{knob}"
+        if key in given:
+            reads = "the synthetic generator's" if knob in SYNTHETIC_KNOBS else "the ESFT trace's"
+            raise ConfigError(
+                f"{key}: {reads} knob, but this run's routing is {source} (workload.routing."
+                f"source={spec.workload.routing.source} for {spec.model.name}); drop it, or set "
+                "workload.routing.source to the routing it is for"
+            )
 
 
 def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -> dict:

@@ -278,3 +278,23 @@ def test_a_name_that_is_a_path_is_refused(tmp_path: Path, override: str, sweep: 
     r.stderr = "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith(bar))
     one_line(r, override.split("=")[0], "letters, digits")
     assert not any(tmp_path.iterdir()) and set(tmp_path.parent.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "model, override, reads",
+    [
+        ("tiny", "workload.routing.tasks=[law]", "ESFT trace's"),
+        ("tiny", "workload.routing.exclude_tasks=[law]", "ESFT trace's"),
+        ("tiny", "workload.routing.trace_dir=/nonexistent", "ESFT trace's"),
+        ("deepseek-v2-lite", "workload.routing.skew=5", "synthetic generator's"),
+    ],
+)
+def test_a_routing_knob_the_runs_routing_does_not_read_is_refused(
+    tmp_path: Path, cli_here: Any, model: str, override: str, reads: str
+) -> None:
+    """The trace's tasks on a run of synthetic routing, the generator's skew on one that replays
+    the trace: each ran as if it was not given (exit 0, the default's results)."""
+    args = [f"model={model}", "hardware=tiny", "workload=tiny", "planner=flexgen", override]
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, override.split("=")[0], reads, "workload.routing.source")
+    assert not (tmp_path / "r").exists()
