@@ -64,6 +64,7 @@ from experiments.common.pipeline import (
     write_run,
     write_texts,
 )
+from experiments.common.pool import die_with_parent
 from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.schema import RunSchema
 from experiments.common.tables import display_name
@@ -260,8 +261,10 @@ def task(cfg: DictConfig) -> None:
     elif multiprocessing.current_process().name != "MainProcess":
         # A launcher's pool worker (joblib's) leaves Ctrl-C to the sweep's process, which stops
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
-        # only come before that line.
+        # only come before that line. It dies with the sweep's process (a kill -9 of it left
+        # the workers running).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        die_with_parent()
     # Under torchrun every rank runs this command into the one run dir, which rank 0 alone
     # writes: the other ranks take no lock (waiting on rank 0's, they would never join its
     # process group, and rank 0 would wait for them until the rendezvous timed out).

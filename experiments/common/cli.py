@@ -84,6 +84,7 @@ def error_line(e: BaseException) -> str | None:
     compose or resolve (hydra's and omegaconf's errors, bad YAML). None for anything else, a
     bug, which keeps its traceback."""
     import errno
+    import re
 
     import yaml
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -98,6 +99,13 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, MissingConfigException):  # an OSError too, but hydra's: a config not found
         options = f"; available: {', '.join(e.options)}" if e.options else ""
         return _flat(str(e).splitlines()[0] + options)
+    if type(e).__name__ == "TerminatedWorkerError":  # joblib's (loky): a sweep worker died
+        code = re.search(r"exit codes?[^\d-]*(-?\d+)", str(e))
+        how = f" (exit code {code.group(1)}: killed, or out of memory)" if code else ""
+        return _flat(
+            f"a worker process of the sweep died{how}; the runs it finished are kept: run the "
+            "same command again to run the rest"
+        )
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):

@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +28,8 @@ from typing import Any
 import pytest
 
 from experiments.run import LOCK
-from tests.conftest import started
-from tests.probes.conftest import TINY, cli
+from tests.conftest import started, user_env
+from tests.probes.conftest import ROOT, TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
 WRITING = [
@@ -562,3 +563,65 @@ def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, c
     assert err.startswith("interrupted: " if signum == signal.SIGINT else "stopped by SIGHUP; ")
     assert cli._UNSENT == []
     time.sleep(0.1)  # past the hook's moment: its timer was cancelled, no signal arrives
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_pool_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
+    """A sweep's process killed with SIGKILL left its loky workers running (ignoring Ctrl-C and
+    SIGTERM, by design) for minutes; a worker now asks the kernel to kill it with its parent."""
+    pid_file = tmp_path / "child.pid"
+    child_py, parent_py = tmp_path / "child.py", tmp_path / "parent.py"
+    child_py.write_text(
+        "import os, time\n"
+        "from experiments.common.pool import die_with_parent\n"
+        "die_with_parent()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(120)\n"
+    )
+    parent_py.write_text(
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, {str(child_py)!r}])\n"
+        "time.sleep(120)\n"
+    )
+    p = subprocess.Popen([sys.executable, str(parent_py)], cwd=ROOT, env=user_env())
+    deadline = time.time() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    p.kill()
+    p.wait()
+    deadline = time.time() + 10
+    while _alive(child):
+        assert time.time() < deadline, "the worker outlived its killed parent"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (dead, not yet reaped by init) is dead
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_a_dead_sweep_worker_is_one_line_saying_how_to_resume() -> None:
+    """joblib's TerminatedWorkerError (a worker killed, or out of memory) was an internal error
+    cut off mid-word; it says what happened and that the sweep resumes."""
+    from experiments.common.cli import error_line
+
+    class TerminatedWorkerError(RuntimeError):  # joblib.externals.loky's, by name
+        pass
+
+    e = TerminatedWorkerError(
+        "A worker process managed by the executor was unexpectedly terminated. This could be "
+        "caused by a segmentation fault while calling the function or by an excessive memory "
+        "usage causing the Operating System to kill the worker.\n\nThe exit codes of the "
+        "workers are {SIGKILL(-9)}"
+    )
+    line = error_line(e)
+    assert line is not None and "\n" not in line
+    assert "worker process of the sweep died" in line and "run the same command again" in line
+    assert "exit code -9" in line
