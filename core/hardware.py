@@ -215,11 +215,12 @@ class HardwareSpec:
             processes = ProcessesSpec(
                 float(proc.get("gate_exchange_us", 0)) * 1e-6,
                 {
-                    str(OpKind(k)): float(v)
+                    op_kind(k, f"hardware {name}: processes.compute_scale_by_kind"): float(v)
                     for k, v in dict(proc.get("compute_scale_by_kind") or {}).items()
                 },
                 {
-                    str(OpKind(k)): float(v) * 1e-6
+                    op_kind(k, f"hardware {name}: processes.start_delay_us_by_kind"): float(v)
+                    * 1e-6
                     for k, v in dict(proc.get("start_delay_us_by_kind") or {}).items()
                 },
                 float(proc.get("copy_share", 0)),
@@ -237,14 +238,34 @@ class HardwareSpec:
             ) from None
 
 
+def op_kind(kind: Any, where: str) -> str:
+    """`kind` as an op kind's name, or a ConfigError naming `where` and the valid kinds."""
+    try:
+        return str(OpKind(kind))
+    except ValueError:
+        valid = ", ".join(str(k) for k in OpKind)
+        raise ConfigError(f"{where}: {kind!r} is not an op kind; valid: {valid}") from None
+
+
+def _points(pts: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """A time table's [[flops, seconds], ...], or a ConfigError naming `where`."""
+    try:
+        return tuple((float(x), float(y)) for x, y in pts)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{where}: {pts!r} is not a list of [flops, seconds] pairs (experiments.calibrate "
+            "writes them)"
+        ) from None
+
+
 def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
     """One compute device of a hardware YAML (`HardwareSpec.from_dict`)."""
+    at = f"hardware {name}: time_tables"
     tables = {
-        str(kind): tuple((float(x), float(y)) for x, y in pts)
+        op_kind(kind, at): _points(pts, f"{at}.{kind}")
         for kind, pts in dict(c.get("time_tables") or {}).items()
     }
     for kind, pts in tables.items():
-        OpKind(kind)
         xs = [x for x, _ in pts]
         if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
             raise ConfigError(
@@ -252,7 +273,8 @@ def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
                 "with flops ascending and both >= 0 (experiments.calibrate writes them)"
             )
     kind_overhead = {
-        str(OpKind(k)): float(v) * 1e-6 for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
+        op_kind(k, f"hardware {name}: overhead_us_by_kind"): float(v) * 1e-6
+        for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
     }
     sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
     if sms < 0 or sm_bw < 0:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
 from experiments.common import hydra_errors
-from experiments.common.cli import before_line, on_interrupt, print_or_exit
+from experiments.common.cli import before_line, error_line, on_interrupt, print_or_exit
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
@@ -284,9 +284,11 @@ def hydra_main(
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        line = one_line(e, files)
+        line = one_line(e, files) or (error_line(e) if files else None)
         if line is None:
             raise
+        for name, user_file in files.items():  # the user's file, not the copy hydra read
+            line = line.replace(str(Path(tmp) / f"{name}.yaml"), user_file)
         before_line()
         print(f"error: {line}", file=sys.stderr)
         return 2

@@ -124,6 +124,17 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
     if wrong:
         return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+    typed = re.search(r"Invalid type assigned: \w+ is not a subclass of (\w+)\. value: (.*)", text)
+    if typed:  # a value where a mapping of fields belongs (a link given as a number)
+        fields = ", ".join(_schema_keys(typed.group(1)) or [])
+        merging = re.match(r"Error merging override \+*([^=\s]+)", text)
+        if merging:  # `+hardware.links.p2p={gbps: 1}`: omegaconf cannot make a typed entry
+            entry = re.sub(rf"\.({fields.replace(', ', '|')})$", "", merging.group(1))
+            return (
+                f"{entry}: an override cannot add an entry of {{{fields}}} here; add it to a "
+                "YAML file of the group and pass that (e.g. hardware=FILE.yaml)"
+            )
+        return f"{key or 'a value'}: {typed.group(2)} where a mapping of {fields} belongs{at}"
     merging = re.match(r"Error merging override (\S+)", text)
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"

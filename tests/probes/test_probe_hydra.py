@@ -169,3 +169,36 @@ def test_a_key_twice_in_a_hardware_file_is_refused_by_every_reader(
     assert not (tmp_path / "v").exists()
     r = cli_here("experiments.calibrate", f"out={tmp_path / 'p.txt'}")
     one_line(r, "out=", "pass out=FILE.yaml")
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("+hardware.links.p2p={gbps:1}", ["hardware.links.p2p: an override cannot add"]),
+        ("+hardware.links.p2p.gbps=1", ["hardware.links.p2p: an override cannot add"]),
+        ("+hardware.gpu.time_tables.compute-attention=abc", ["[flops, seconds] pairs"]),
+        ("+hardware.gpu.time_tables.nosuch=[[1,2]]", ["'nosuch' is not an op kind", "valid:"]),
+        ("+hardware.processes.compute_scale_by_kind.x=2", ["'x' is not an op kind"]),
+    ],
+)
+def test_a_hardware_table_override_of_the_wrong_shape_is_one_line(
+    tmp_path: Path, cli_here: Any, override: str, names: list[str]
+) -> None:
+    """A link, time table or per-kind table given the wrong shape or an unknown op kind: one
+    line saying what belongs there (before: "dict is not a subclass of LinkSchema. value: {}",
+    "not enough values to unpack", an unknown key with no valid one)."""
+    r = cli_here("experiments.run", *TINY, override, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, *names)
+
+
+def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: Any) -> None:
+    """Errors in a hardware=FILE.yaml named the temporary copy hydra read (gone by then)."""
+    text = (ROOT / "conf" / "hardware" / "tiny.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "\nlinks: [1\n")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text(text.replace("h2d: {", "h2d: 16.8\n  old_h2d: {", 1))
+    for path, words in ((bad, "not valid YAML"), (scalar, "where a mapping of gbps")):
+        r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
+        line = one_line(r, str(path), words)
+        assert "moepipe-conf-" not in line
