@@ -232,7 +232,7 @@ class SweepProgress(Callback):
         )
         if failed:  # the last end-of-sweep callback (hydra calls them in reverse), so reports ran
             print(
-                f"error: sweep {sweep_dir}: {len(failed)} run(s) failed on bad input "
+                f"error: sweep {sweep_dir}: {len(failed)} run(s) failed "
                 f"({', '.join(failed)}; see {FAILED} in each)",
                 file=sys.stderr,
             )

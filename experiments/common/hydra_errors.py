@@ -128,6 +128,12 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if typed:  # a value where a mapping of fields belongs (a link given as a number)
         fields = ", ".join(_schema_keys(typed.group(1)) or [])
         merging = re.match(r"Error merging override \+*([^=\s]+)", text)
+        if merging and not typed.group(2).startswith("{"):  # `hardware.memory_gb=5`
+            first = fields.split(", ")[0]
+            return (
+                f"{merging.group(1)}={typed.group(2)}: a mapping of {fields} belongs there; "
+                f"set its fields, e.g. {merging.group(1)}.{first}=VALUE"
+            )
         if merging:  # `+hardware.links.p2p={gbps: 1}`: omegaconf cannot make a typed entry
             entry = re.sub(rf"\.({fields.replace(', ', '|')})$", "", merging.group(1))
             return (

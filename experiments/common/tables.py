@@ -74,9 +74,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
         if failed.exists():
             try:
-                return None, f"failed on bad input: {failed.read_text().strip()}"
+                return None, f"failed: {failed.read_text().strip()}"
             except (OSError, UnicodeDecodeError) as e:
-                return None, f"failed on bad input (failed.txt unreadable: {_why(e)})"
+                return None, f"failed (failed.txt unreadable: {_why(e)})"
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:

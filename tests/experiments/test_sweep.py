@@ -477,11 +477,11 @@ def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(tmp_path: Path) -
     that sweep's, and the test's process would start the next sweep sooner than that.)"""
     d = tmp_path / "f"
     r = sweep(d, "planner=sequential", "workload.batch_size=-1")
-    assert r.returncode == 2 and "failed on bad input" in r.stderr
+    assert r.returncode == 2 and "run(s) failed (" in r.stderr
     r = sweep(d, "planner=sequential", "workload.batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
     _, problems = collect(d)
-    assert len(problems) == 1 and "bs-1" in problems[0] and "failed on bad input" in problems[0]
+    assert len(problems) == 1 and "bs-1" in problems[0] and "failed: " in problems[0]
 
 
 def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
