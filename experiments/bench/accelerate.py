@@ -38,6 +38,7 @@ from experiments.common.peers import (
     run_spec,
 )
 from experiments.common.schema import BenchAccelerateOptions
+from planners.registry import make_planner
 
 
 def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
@@ -72,6 +73,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     as_int("klotski_n", d["klotski_n"], at_least=-1)
     as_int("klotski_attn", d["klotski_attn"], at_least=0)
     d["routing"] = checked_routing(str(d["routing"]))
+    make_planner(str(d["planner"]), {})  # an unknown planner, before the children start
     return d
 
 

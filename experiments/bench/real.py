@@ -271,6 +271,15 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
             "it whole, so nothing is offloaded; this bench compares offloading: choose a budget "
             "below the model's size"
         )
+    if opts.routing.lower() == "trace":  # before the calibration and the checkpoint it writes
+        from core.traces import N_EXPERTS, N_LAYERS, TOP_K, replays_esft
+
+        if not replays_esft(spec):
+            raise MoepipeError(
+                f"routing=trace: the ESFT trace routes {N_LAYERS} MoE layers of {N_EXPERTS} "
+                f"experts, top-{TOP_K}; {spec.name} has {len(spec.moe_layers)} of "
+                f"{spec.n_experts}, top-{spec.top_k}: use routing=synthetic (or auto)"
+            )
     working = _layer_working_set(spec)
     if budget * DEVICE_SHARE < working:
         raise MoepipeError(

@@ -112,6 +112,12 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     # a repeated key under its config column's name, kept where the config lacks that column
     repeated = flatten({REPEATED[k]: v for k, v in summary.items() if k in REPEATED})
     cfg = flatten(config)
+    for key in ("workload.batch_size", "workload.prompt_len", "workload.gen_len"):
+        if key in cfg and key in repeated and cfg[key] != repeated[key]:  # an edited config
+            return None, (
+                f"config.yaml's {key} is {cfg[key]!r} where the run's summary has "
+                f"{repeated[key]!r}: not the config it ran; {rerun}"
+            )
     row = {**cfg, **{k: v for k, v in repeated.items() if k not in cfg}, **flatten(metrics)}
     if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
         row["model.name"] = summary["model"]

@@ -293,6 +293,9 @@ def test_a_second_calibrate_waits_for_the_first() -> None:
         ("accelerate", ["role=accelerate"], ["acc_batch=0", ">= 1"]),
         ("real", ["model=mixtral-tiny", "budget_gb=1"], ["budget_gb=1", "fits in it whole"]),
         ("real", ["model=mixtral-tiny", "budget_gb=0.001", "n_layers=99"], ["n_layers=99"]),
+        # found only after calibrating and writing the checkpoint (54 s), or in the child
+        ("real", ["model=mixtral-tiny", "budget_gb=0.005", "routing=trace"], ["routing=trace"]),
+        ("accelerate", ["planner=bogus"], ["unknown planner 'bogus'"]),
     ],
 )
 def test_a_bench_that_would_offload_nothing_is_one_line(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,19 @@ def test_a_rerun_over_a_summary_that_is_a_list_runs_again(run: Path, tmp_path: P
     r = cli("experiments.run", *TINY, f"hydra.run.dir={mine}")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert isinstance(json.loads((mine / "summary.json").read_text()), dict)
+
+
+def test_a_run_whose_config_was_edited_after_it_ran_is_skipped_by_collect(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """`workload.batch_size: big` in a finished run's config.yaml went into results.csv as a
+    batch size; a config that disagrees with its summary is not that run's."""
+    from experiments.common.tables import collect
+
+    run = tmp_path / "sweep" / "a"
+    assert cli_here("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("batch_size: 2", "batch_size: big", 1))
+    df, problems = collect(tmp_path / "sweep")
+    assert df.empty and len(problems) == 1
+    assert "workload.batch_size is 'big'" in problems[0] and "run the sweep again" in problems[0]
