@@ -182,7 +182,10 @@ def test_routing_trace_replays_esft_into_the_moepipe_side(tmp_path):
     [
         ("routing=live", "error: routing='live' unknown; valid: auto, trace, synthetic"),
         ("n=-1", "error: n="),
-        ("routing=trace", "error: trace esft-dsv2lite has (26 layers, 64 experts, top-6)"),
+        (
+            "routing=trace",
+            "error: routing=trace: the ESFT trace routes 26 MoE layers of 64 experts, top-6",
+        ),
     ],
 )
 def test_bad_routing_or_n_is_one_line(tmp_path, capsys, arg, first_words):
