@@ -9,25 +9,36 @@ from core.errors import CapacityError, MoepipeError
 from experiments import validate as v
 
 
-def test_a_real_run_refused_skips_that_planner_only(mixtral_tiny, tmp_path, monkeypatch):
-    real = v.real_execute
-
-    def refuse_flexgen(ckpt, spec, mode, **kw):
-        if spec.planner == "flexgen":
-            raise CapacityError("device pool 1 MB cannot hold one layer's working set (9 MB)")
-        return real(ckpt, spec, mode, **kw)
-
-    monkeypatch.setattr(v, "real_execute", refuse_flexgen)
-    opts = dict(
+def _opts(ckpt, out, planners):
+    return dict(
         v._DEFAULTS,
-        checkpoint=str(mixtral_tiny),
+        checkpoint=str(ckpt),
         hardware="tiny",
-        repeats=2,
-        planners="sequential,flexgen",
-        out=str(tmp_path),
+        repeats=1,
+        planners=planners,
+        out=str(out),
         gpu_frac=0.9,
         cpu_frac=0.5,
     )
+
+
+def _flexgen_fails(monkeypatch, error: Exception) -> None:
+    """validate's real runs of flexgen raise `error`; the other planners' run."""
+    real = v.real_execute
+
+    def run(ckpt, spec, mode, **kw):
+        if spec.planner == "flexgen":
+            raise error
+        return real(ckpt, spec, mode, **kw)
+
+    monkeypatch.setattr(v, "real_execute", run)
+
+
+def test_a_real_run_refused_skips_that_planner_only(mixtral_tiny, tmp_path, monkeypatch):
+    _flexgen_fails(
+        monkeypatch, CapacityError("device pool 1 MB cannot hold one layer's working set (9 MB)")
+    )
+    opts = dict(_opts(mixtral_tiny, tmp_path, "sequential,flexgen"), repeats=2)
     table = v.validate(opts).set_index("planner")
     assert "working set" in table.loc["flexgen", "skipped"]
     assert (
@@ -126,19 +137,6 @@ def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, 
     )
 
 
-def _opts(ckpt, out, planners):
-    return dict(
-        v._DEFAULTS,
-        checkpoint=str(ckpt),
-        hardware="tiny",
-        repeats=1,
-        planners=planners,
-        out=str(out),
-        gpu_frac=0.9,
-        cpu_frac=0.5,
-    )
-
-
 def test_every_planner_skipped_is_an_error_and_writes_nothing(mixtral_tiny, tmp_path, monkeypatch):
     """A table of skipped rows alone used to be written, and the command exited 0."""
 
@@ -169,13 +167,7 @@ def test_a_failed_validation_leaves_the_earlier_one_whole(mixtral_tiny, tmp_path
         "validate.md",
     }
     real = v.real_execute
-
-    def fail_second(ckpt, spec, mode, **kw):
-        if spec.planner == "flexgen":
-            raise RuntimeError("the machine went away")
-        return real(ckpt, spec, mode, **kw)
-
-    monkeypatch.setattr(v, "real_execute", fail_second)
+    _flexgen_fails(monkeypatch, RuntimeError("the machine went away"))
     with pytest.raises(RuntimeError):
         v.validate(_opts(mixtral_tiny, out, "sequential,flexgen"))
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
