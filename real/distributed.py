@@ -548,8 +548,8 @@ class Peers:
         s = self.spec
         first = {}
         for (step, batch, moe), slots in ep_slots.items():
-            if (step, batch) == (0, 0):
-                first[s.moe_layers[moe]] = set(slots[self.rank])
+            if (step, batch) == (0, 0):  # -1: an empty replica slot
+                first[s.moe_layers[moe]] = {int(e) for e in slots[self.rank] if e >= 0}
         own = {u: t for u, t in resident.items() if u.kind != Tensor.EXPERT}
         own.update(
             {Unit(Tensor.EXPERT, layer, e): Tier.GPU for layer, held in first.items() for e in held}

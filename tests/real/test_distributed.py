@@ -613,3 +613,22 @@ def test_ops_start_when_their_remote_deps_and_other_ends_are_ready():
     end = [1.0, 3.0, 6.0, 6.0, 8.0, 9.0, 9.0]
     from_ready(s.ops, s.streams, start, end)
     assert start == [0.0, 0.0, 3.0, 3.0, 6.0, 8.0, 8.0]
+
+
+def test_a_rank_holds_no_unit_for_an_empty_replica_slot(mixtral_tiny):
+    """A placement's empty replica slot (-1) became the unit `expert -1`, and every distributed
+    run of a planner that leaves one empty (oracle_replication's defaults) failed with 'unit
+    L2.expert-1 is not in this model'."""
+    from types import SimpleNamespace
+
+    from real.distributed import Peers
+
+    spec = load_checkpoint(mixtral_tiny)[0]
+    moe = spec.moe_layers
+    slots = {(0, 0, m): np.array([[0, 1, -1], [2, 3, -1]]) for m in range(len(moe))}
+    slots[(0, 0, 0)] = np.array([[0, 1, 4], [2, 3, -1]])
+    rank = SimpleNamespace(spec=spec, rank=1)
+    own = Peers.own_units(rank, {Unit(Tensor.ATTENTION, 0): Tier.GPU}, slots)  # type: ignore[arg-type]
+    experts = {(u.layer, u.expert) for u in own if u.kind == Tensor.EXPERT}
+    assert experts == {(layer, e) for layer in moe for e in (2, 3)}
+    assert Unit(Tensor.ATTENTION, 0) in own
