@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import secrets
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -355,10 +359,40 @@ def write_checkpoint(
                 size = 0
             shards[-1][ts.hf_name] = t
             size += t.nbytes
-    # config.json goes too and is written last: a write cut short (a full disk) leaves no
-    # config.json, so the folder is refused as a checkpoint rather than read half-written
-    for stale in [out / "config.json", *out.glob("model*.safetensors"), out / INDEX_FILE]:
-        stale.unlink(missing_ok=True)
+    # written into a folder of its own, then moved in, config.json last: a write cut short (a
+    # full disk, Ctrl-C) leaves the folder's earlier checkpoint as it was. Where the disk cannot
+    # hold both, the earlier one goes first (config.json first: no half checkpoint is read).
+    new_bytes = sum(t.nbytes for shard in shards for t in shard.values())
+    if shutil.disk_usage(out).free < 1.05 * new_bytes + (64 << 20):
+        _remove_checkpoint_files(out)
+    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        _save_shards(tmp, shards, cfg)
+        _remove_checkpoint_files(out)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _remove_checkpoint_files(out: Path) -> None:
+    """The files of a checkpoint `write_checkpoint` wrote into `out` (by their names only, a
+    user's other files stay), config.json first."""
+    (out / "config.json").unlink(missing_ok=True)
+    for f in out.iterdir():
+        if f.name == INDEX_FILE or _SHARD_NAME.fullmatch(f.name):
+            f.unlink()
+
+
+# the weight files write_checkpoint writes: model.safetensors, or model-00001-of-00003.safetensors
+_SHARD_NAME = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
+
+
+def _save_shards(out: Path, shards: list[dict[str, torch.Tensor]], cfg: dict[str, Any]) -> None:
+    """The checkpoint's files in `out`: its shard(s), the index where there are several, and
+    config.json."""
     meta = {"format": "pt"}
     if len(shards) == 1:
         save_shard(shards[0], out / SINGLE_FILE, meta)
@@ -372,7 +406,6 @@ def write_checkpoint(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    return out
 
 
 # ---- loading ------------------------------------------------------------------------------

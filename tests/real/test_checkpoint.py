@@ -138,6 +138,36 @@ def test_sharded_checkpoint_and_missing_shard(tmp_path):
         load_checkpoint(d)
 
 
+def test_a_rewrite_cut_short_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint written again into its folder: its files are made apart and moved in once
+    whole, so one cut short (a full disk, Ctrl-C: here the third shard's write fails) leaves the
+    earlier checkpoint as it was (before, its files were deleted first); a finished rewrite
+    replaces them, a single file by shards too, and a user's other files in the folder stay."""
+    import real.checkpoint as rc
+
+    d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "ck")
+    (d / "model_backup.safetensors").write_bytes(b"mine")
+    before = {f.name: f.read_bytes() for f in d.iterdir()}
+    real_save, calls = rc.save_shard, []
+
+    def fail_third(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real_save(*args, **kw)
+
+    monkeypatch.setattr(rc, "save_shard", fail_third)
+    with pytest.raises(OSError):
+        write_checkpoint(reduced_spec("mixtral-tiny"), d, seed=1, shard_bytes=2**20)
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == before
+    monkeypatch.setattr(rc, "save_shard", real_save)
+    write_checkpoint(reduced_spec("mixtral-tiny"), d, seed=1, shard_bytes=2**20)
+    assert not (d / SINGLE_FILE).exists() and (d / INDEX_FILE).exists()
+    assert (d / "model_backup.safetensors").read_bytes() == b"mine"
+    assert not [f for f in d.iterdir() if f.name.startswith(".partial")]
+    load_checkpoint(d)
+
+
 def test_missing_dir_and_config(tmp_path, mixtral_tiny):
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         load_checkpoint(tmp_path / "nope")
