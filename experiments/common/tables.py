@@ -3,6 +3,7 @@ writes and `report` reads), planner display names, and markdown tables."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -31,6 +32,7 @@ RESULTS = "results"
 SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
 
 
+CONF = Path(__file__).resolve().parents[2] / "conf"  # conf/planner/<choice>.yaml
 # summary.json keys that repeat a config.yaml column (summary key -> that column)
 REPEATED = {
     "planner": "planner.name",
@@ -228,7 +230,21 @@ def system_of(run: Path, row: dict[str, Any]) -> str:
         choice = str(hydra["hydra"]["runtime"]["choices"]["planner"])
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
         choice = None
+    if choice is not None and _planner_of_choice(choice) != planner:
+        # hydra rewrites .hydra when a run starts: one that failed or was stopped in a finished
+        # run's folder left its own choice beside the earlier run's result
+        choice = None
     return display_name(choice, planner, str(row.get("planner_label", "")))
+
+
+@functools.lru_cache(maxsize=64)
+def _planner_of_choice(choice: str) -> str | None:
+    """The registered planner conf/planner/<choice>.yaml runs (None where there is none)."""
+    try:
+        conf = yaml.safe_load((CONF / "planner" / f"{choice}.yaml").read_text())
+        return str(conf["name"])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return None
 
 
 def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:

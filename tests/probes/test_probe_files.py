@@ -113,3 +113,18 @@ def test_a_run_whose_config_was_edited_after_it_ran_is_skipped_by_collect(
     df, problems = collect(tmp_path / "sweep")
     assert df.empty and len(problems) == 1
     assert "workload.batch_size is 'big'" in problems[0] and "run the sweep again" in problems[0]
+
+
+def test_a_failed_rerun_does_not_relabel_the_kept_result(tmp_path: Path, cli_here: Any) -> None:
+    """A rerun of klotski into a finished flexgen run's folder, refused (bad param): flexgen's
+    result stays, but hydra had rewritten .hydra at the rerun's start, and collect named the
+    kept run 'klotski'."""
+    from experiments.common.tables import collect
+
+    run = tmp_path / "sweep" / "a"
+    assert cli_here("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    bad = [*TINY[:-1], "planner=klotski", "planner.params.disk_window=0"]
+    assert cli_here("experiments.run", *bad, f"hydra.run.dir={run}").returncode == 2
+    df, problems = collect(tmp_path / "sweep")
+    assert not problems and list(df["system"]) == ["flexgen"]
+    assert list(df["planner.name"]) == ["flexgen"]
