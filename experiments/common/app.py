@@ -474,16 +474,30 @@ def check_bool(override: str) -> None:
     key, sep, value = override.partition("=")
     if not sep or not hydra_errors.ROOT_SCHEMA or key.startswith(("hydra", "~")):
         return
-    typ: Any = hydra_errors.ROOT_SCHEMA[0]
-    for part in key.lstrip("+").split("."):
-        if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
-            return
-        typ = _field_type(typ, part)
+    parts = key.lstrip("+").split(".")
+    typ: Any = _planner_param_type(parts[2]) if parts[:2] == ["planner", "params"] else None
+    if typ is None:
+        typ = hydra_errors.ROOT_SCHEMA[0]
+        for part in parts:
+            if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
+                return
+            typ = _field_type(typ, part)
     if typ is not bool or "$" in value:
         return
     for v in value.split(","):
         if v.strip().strip("'\"").lower() not in _BOOLS:
-            raise MoepipeError(f"{key}={value}: not a boolean; pass {key}=true or {key}=false")
+            name = key.lstrip("+")
+            raise MoepipeError(f"{name}={value}: not a boolean; pass {name}=true or {name}=false")
+
+
+def _planner_param_type(name: str) -> Any:
+    """The type of planner param `name` where every registered planner that has it agrees on
+    one (planner.params is a free mapping in the schema: omegaconf would take `sync=2` as
+    true); None otherwise."""
+    from planners.registry import entry, param_names, planner_names
+
+    types_ = {_field_type(entry(p).params, name) for p in planner_names() if name in param_names(p)}
+    return types_.pop() if len(types_) == 1 else None
 
 
 def _field_type(cls: type, name: str) -> Any:

@@ -212,3 +212,21 @@ def test_a_bad_value_met_while_planning_is_one_line(composer, overrides: list[st
 
     key = overrides[-1].lstrip("+").split("=")[0].split(".")[-1]
     raises_one_line(lambda: simulate_run(run_spec(composer(overrides))), key)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["planner=flexgen", "planner.params.sync=2"],
+        ["planner=klotski", "planner.params.hot_prefetch=-1"],
+        ["planner=eplb", "+planner.params.n_devices=2", "+planner.params.lanes=5"],
+    ],
+)
+def test_a_number_for_a_boolean_planner_param_is_refused(
+    tmp_path: Path, cli_here: Any, args: list[str]
+) -> None:
+    """omegaconf read any integer as true for a bool planner param (planner.params is a free
+    mapping in the schema), and the run went on as if `true` was given."""
+    key = args[-1].lstrip("+").split("=")[0]
+    r = cli_here("experiments.run", *TINY[:-1], *args, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, f"{key}=", "not a boolean", f"{key}=true")
