@@ -78,6 +78,12 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         for r in fold_rows:
             by_case.setdefault(r["case"], {})[r["planner"]] = r
         for case, by in sorted(by_case.items()):
+            missing = [name for name in FOUR if name not in by]
+            if missing:
+                raise MoepipeError(
+                    f"fold {key}, case {case}: no finished run of {', '.join(missing)}; run "
+                    "the sweep again to finish it (finished runs are reused)"
+                )
             st, ep = by["ep_static"], by["eplb"]
             orc, pr = by["oracle_replication"], by["predictive_replication"]
             diff = pr["balancedness"] - ep["balancedness"]

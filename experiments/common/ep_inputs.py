@@ -214,6 +214,11 @@ def block(cfg: DictConfig) -> dict[str, Any] | None:
             "replication.case is not set: run one of the cases, e.g. "
             "python -m experiments.run -m experiment=replication_esft_g8"
         )
+    loads = ("train", "eval")  # the tables the replication planners start from
+    if rep.get("initial_load") is not None and rep["initial_load"] not in loads:
+        raise ConfigError(
+            f"replication.initial_load={rep['initial_load']!r} unknown; valid: {', '.join(loads)}"
+        )
     return rep
 
 

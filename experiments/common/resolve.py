@@ -123,7 +123,14 @@ def run_spec(cfg: DictConfig) -> RunSpec:
             )
     timeout_s = cfg.executor.get("rendezvous_timeout_s")
     if timeout_s is not None:  # checked in every run, not only the distributed ones that read it
-        as_float("executor.rendezvous_timeout_s", timeout_s, positive=True)
+        # a rank takes seconds to start (torch's import); past a day the C int of the wait
+        # overflows, and a wait that long is a mistake
+        t = as_float("executor.rendezvous_timeout_s", timeout_s, positive=True)
+        if not 1.0 <= t <= 86400.0:
+            raise ConfigError(
+                f"executor.rendezvous_timeout_s={timeout_s}: must be in [1, 86400] seconds (a "
+                "rank needs a few seconds to start; the default is 120)"
+            )
     if executor == "sim" and cfg.executor.get("distributed"):
         raise ConfigError(
             "executor.distributed=true: the real executor's processes; choose executor=real "

@@ -137,3 +137,30 @@ def test_fold_rows_keep_each_folds_fresh_batch_and_the_four_planners():
         assert {r["batch_size"] for r in kept} == {8}
     one_seed = fold_rows([r for r in rows if r["workload"]["seed"] == 0])
     assert list(one_seed) == ["test", "fold3"]
+
+
+def test_a_fold_without_one_planners_run_is_named():
+    """A fold whose predictive run is missing (deleted, or its summary unreadable) ended in an
+    internal error (KeyError); it names the fold, case and planner, and how to finish it."""
+    import pytest
+
+    from core.errors import MoepipeError
+
+    rows = {"test": fold(0.968, 68.0), "fold1": fold(0.972, 70.5)[:3]}
+    with pytest.raises(MoepipeError, match="fold fold1, case esft-g8: no finished run of predict"):
+        cv_lines(rows)
+
+
+def test_replication_initial_load_is_train_or_eval():
+    """`replication.initial_load=bogus` was taken as `train` without a word."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from core.errors import ConfigError
+    from experiments.common.ep_inputs import block
+
+    rep = {"routing": "esft_heldout", "case": "esft-g4"}
+    for value in ("train", "eval", None):
+        assert block(OmegaConf.create({"replication": {**rep, "initial_load": value}}))
+    with pytest.raises(ConfigError, match="replication.initial_load='bogus' unknown; valid"):
+        block(OmegaConf.create({"replication": {**rep, "initial_load": "bogus"}}))

@@ -39,6 +39,8 @@ OVERRIDES = [
     ("model.dtype_bytes=3", "dtype_bytes"),
     ("executor.rendezvous_timeout_s=nan", "rendezvous_timeout_s"),
     ("executor.rendezvous_timeout_s=-1", "rendezvous_timeout_s"),  # read by distributed runs alone
+    ("executor.rendezvous_timeout_s=1e300", "rendezvous_timeout_s"),  # overflowed a C int
+    ("executor.rendezvous_timeout_s=0.01", "rendezvous_timeout_s"),  # no rank starts that fast
 ]
 
 
