@@ -3,6 +3,8 @@ targets section judges each step ratio against the paper column it stands beside
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -192,3 +194,31 @@ def test_an_interrupted_run_resumes(tmp_path):
     (flex / "code_version.txt").write_text("other code")
     _, ran = run_resumable([job("flexgen"), job("sequential")], runs, workers=1)
     assert ran == 2
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"batch_sizes": 4}, "reproduce.batch_sizes=4: a list of whole numbers"),
+        ({"batch_sizes": ["four"]}, "reproduce.batch_sizes=['four']"),
+        ({"batch_sizes": None, "batchsizes": [4]}, "reproduce.batch_sizes is missing"),
+    ],
+)
+def test_an_edited_experiment_file_is_named(monkeypatch, edit, words):
+    """conf/experiment/klotski_fig14.yaml edited by hand: an int for the batch sizes, or the key
+    renamed, ended in internal errors (TypeError, KeyError)."""
+    import experiments.reproduce_klotski as rk
+
+    real = rk._yaml
+
+    def edited(group, name):
+        d = real(group, name)
+        if name == "klotski_fig14":
+            d["reproduce"].update(edit)
+            d["reproduce"] = {k: v for k, v in d["reproduce"].items() if v is not None}
+        return d
+
+    monkeypatch.setattr(rk, "_yaml", edited)
+    with pytest.raises(MoepipeError, match=re.escape(words)) as info:
+        rk._experiment("klotski_fig14")
+    assert "conf/experiment/klotski_fig14.yaml" in str(info.value)
