@@ -271,7 +271,7 @@ def _sources(
 def _add_p2p(out: dict[str, Any], overhead_s: float) -> None:
     """The link a run on G processes moves tokens and replicas over (executor.distributed=true):
     gloo between 2 processes of this machine; 2 "GPUs", the processes it was measured between."""
-    from experiments.common.dist_run import measure_d2d
+    from experiments.common.dist_measure import measure_d2d
 
     d2d = measure_d2d()
     out["n_gpus"] = 2
@@ -290,7 +290,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     """What a G-process run's ops see, gloo's and the executor's work around them and the cores
     the processes share: 2-process runs on the checkpoint (`measure_processes_in_run`) replace
     the ping-pong's p2p link and give the profile's `processes` terms."""
-    from experiments.common.dist_run import (
+    from experiments.common.dist_measure import (
         IN_RUN_PLANNER,
         IN_RUNS,
         measure_copy_share,

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from tqdm import tqdm
 
 from core.errors import MoepipeError
@@ -38,11 +37,12 @@ from experiments.common.cli import (
     run_command,
     until_interrupted,
 )
+from experiments.common.klotski_conf import conf_yaml as _yaml
+from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pipeline import finished, replace_run, stamp, write_texts
 from experiments.common.pool import ignore_ctrl_c, stopped_on_error
 from experiments.common.tables import markdown
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
     "simple": (5.721, 0.01, 1.149),
     "multi": (18.24, 0.97, 34.07),
@@ -55,50 +55,6 @@ STEP_NAMES = {
     "hot": "+ Only prefetch hot experts",
     "klotski": "Klotski (+ adjust expert order)",
 }
-
-
-def _yaml(group: str, name: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text())
-
-
-# what each table reads of its conf/experiment file's `reproduce` block
-_NEEDS = {
-    "klotski_table3": ("columns", "steps"),
-    "klotski_fig14": ("n", "batch_sizes"),
-    "klotski_vs_flexgen": ("columns", "batch_sizes"),
-}
-
-
-def _experiment(name: str) -> dict[str, Any]:
-    d = _yaml("experiment", name)
-    for parent in [x for x in d.get("defaults", []) if isinstance(x, str) and x != "_self_"]:
-        base = _experiment(parent)
-        base["workload"] = {**base.get("workload", {}), **d.get("workload", {})}
-        base["reproduce"] = {**base.get("reproduce", {}), **d.get("reproduce", {})}
-        d = base
-    _check_reproduce(name, d.get("reproduce"))
-    return d
-
-
-def _check_reproduce(name: str, r: Any) -> None:
-    """A MoepipeError naming the file and key where an edited experiment file's `reproduce`
-    block lacks a key its table reads, or holds a list of sizes that is not one."""
-    where = f"conf/experiment/{name}.yaml"
-    if not isinstance(r, dict):
-        raise MoepipeError(f"{where}: reproduce is {r!r}, not a mapping of its table's keys")
-    for key in _NEEDS.get(name, ()):
-        if key not in r:
-            raise MoepipeError(f"{where}: reproduce.{key} is missing; its table reads it")
-    for key in ("n", "batch_sizes"):
-        v = r.get(key, [1])
-        if not (
-            isinstance(v, list)
-            and v
-            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
-        ):
-            raise MoepipeError(f"{where}: reproduce.{key}={v!r}: a list of whole numbers >= 1")
-    if not isinstance(r.get("columns", []), list):
-        raise MoepipeError(f"{where}: reproduce.columns is not a list of columns")
 
 
 def _workload(exp: dict[str, Any], **over: Any) -> Workload:

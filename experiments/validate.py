@@ -44,7 +44,8 @@ from experiments.common.cli import (  # noqa: E402
     output_dir,
     run_command,
 )
-from experiments.common.dist_run import p2p_seen, run_distributed  # noqa: E402
+from experiments.common.dist_measure import p2p_seen  # noqa: E402
+from experiments.common.dist_run import run_distributed  # noqa: E402
 from experiments.common.hardware import (  # noqa: E402
     load_hardware,
     measure_in_run,  # noqa: E402

@@ -207,9 +207,9 @@ def test_an_interrupted_run_resumes(tmp_path):
 def test_an_edited_experiment_file_is_named(monkeypatch, edit, words):
     """conf/experiment/klotski_fig14.yaml edited by hand: an int for the batch sizes, or the key
     renamed, ended in internal errors (TypeError, KeyError)."""
-    import experiments.reproduce_klotski as rk
+    import experiments.common.klotski_conf as rk
 
-    real = rk._yaml
+    real = rk.conf_yaml
 
     def edited(group, name):
         d = real(group, name)
@@ -218,7 +218,7 @@ def test_an_edited_experiment_file_is_named(monkeypatch, edit, words):
             d["reproduce"] = {k: v for k, v in d["reproduce"].items() if v is not None}
         return d
 
-    monkeypatch.setattr(rk, "_yaml", edited)
+    monkeypatch.setattr(rk, "conf_yaml", edited)
     with pytest.raises(MoepipeError, match=re.escape(words)) as info:
-        rk._experiment("klotski_fig14")
+        rk.experiment("klotski_fig14")
     assert "conf/experiment/klotski_fig14.yaml" in str(info.value)

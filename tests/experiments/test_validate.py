@@ -51,7 +51,7 @@ def test_p2p_seen_splits_a_dispatchs_wait_for_routing_from_the_link():
     = 30 ms, 0.667 GB/s. A large all-reduce (a collective's rounds, not one transfer) and a
     large dispatch are not the link's rate."""
     from core.hardware import LinkSpec
-    from experiments.common.dist_run import p2p_seen
+    from experiments.common.dist_measure import p2p_seen
 
     small = (1 << 20) - 1
     t = _p2p(
@@ -79,7 +79,7 @@ def test_scale_seen_is_each_kinds_time_over_the_models_in_sums():
     """Experts took 1 + 5 ms where the cost model says 2 + 2 ms: 1.5 (a median of ratios would
     say 1.5 too here, 0.5 and 2.5; sums weigh the slow one by its time); a gate 3 ms against
     1 ms: 3; transfers are no compute kind."""
-    from experiments.common.dist_run import scale_seen
+    from experiments.common.dist_measure import scale_seen
 
     t = pd.DataFrame(
         {
@@ -101,7 +101,7 @@ def test_delay_seen_is_the_mean_start_after_ready_per_kind():
     dep on the gate, starts at 1.5 ms (0.5 ms late). Experts: (2 + 0) / 2 = 1 ms; the gate,
     ready at once, 0."""
     from core.schedule import ScheduleBuilder
-    from experiments.common.dist_run import delay_seen
+    from experiments.common.dist_measure import delay_seen
 
     b = ScheduleBuilder({Tier.GPU: 10**9, Tier.CPU: 10**9, Tier.DISK: 10**9})
     b.stream("compute", Resource.GPU, 0)

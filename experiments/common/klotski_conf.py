@@ -1,0 +1,65 @@
+"""The Klotski reproduction's configs, read as files (reproduce_klotski runs its grid without
+hydra): conf/<group>/<name>.yaml, and an experiment file merged with its defaults, the keys its
+table reads checked.
+
+Usage:
+    exp = experiment("klotski_fig14")   # exp["reproduce"]["batch_sizes"], exp["workload"]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core.errors import MoepipeError
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def conf_yaml(group: str, name: str) -> dict[str, Any]:
+    """conf/<group>/<name>.yaml as read."""
+    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+# what each table reads of its conf/experiment file's `reproduce` block
+_NEEDS = {
+    "klotski_table3": ("columns", "steps"),
+    "klotski_fig14": ("n", "batch_sizes"),
+    "klotski_vs_flexgen": ("columns", "batch_sizes"),
+}
+
+
+def experiment(name: str) -> dict[str, Any]:
+    """conf/experiment/<name>.yaml with the files its defaults name merged under it (their
+    workload and reproduce blocks), its reproduce block checked."""
+    d = conf_yaml("experiment", name)
+    for parent in [x for x in d.get("defaults", []) if isinstance(x, str) and x != "_self_"]:
+        base = experiment(parent)
+        base["workload"] = {**base.get("workload", {}), **d.get("workload", {})}
+        base["reproduce"] = {**base.get("reproduce", {}), **d.get("reproduce", {})}
+        d = base
+    _check_reproduce(name, d.get("reproduce"))
+    return d
+
+
+def _check_reproduce(name: str, r: Any) -> None:
+    """A MoepipeError naming the file and key where an edited experiment file's `reproduce`
+    block lacks a key its table reads, or holds a list of sizes that is not one."""
+    where = f"conf/experiment/{name}.yaml"
+    if not isinstance(r, dict):
+        raise MoepipeError(f"{where}: reproduce is {r!r}, not a mapping of its table's keys")
+    for key in _NEEDS.get(name, ()):
+        if key not in r:
+            raise MoepipeError(f"{where}: reproduce.{key} is missing; its table reads it")
+    for key in ("n", "batch_sizes"):
+        v = r.get(key, [1])
+        if not (
+            isinstance(v, list)
+            and v
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+        ):
+            raise MoepipeError(f"{where}: reproduce.{key}={v!r}: a list of whole numbers >= 1")
+    if not isinstance(r.get("columns", []), list):
+        raise MoepipeError(f"{where}: reproduce.columns is not a list of columns")
