@@ -10,6 +10,7 @@ each shard's header checked in real.shards).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -35,6 +36,8 @@ from core.hf_config import (
 from core.spec import ModelSpec
 from core.types import Tensor
 from real.shards import TensorEntry, index_files, read_header, read_tensor, save_shard
+
+log = logging.getLogger(__name__)
 
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 SINGLE_FILE = "model.safetensors"
@@ -386,6 +389,8 @@ def _remove_checkpoint_files(out: Path) -> None:
             f.unlink()
 
 
+_LAYER = re.compile(r"(?:model|encoder|decoder)\.(?:layers|block)\.(\d+)\.")  # a decoder layer's
+
 # the weight files write_checkpoint writes: model.safetensors, or model-00001-of-00003.safetensors
 _SHARD_NAME = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 
@@ -432,6 +437,11 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         )
     if (d / INDEX_FILE).is_file():
         files = index_files(d / INDEX_FILE)
+        if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
+            raise ConfigError(
+                f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
+                "sets of weights; keep the one config.json was written with"
+            )
     elif (d / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:
@@ -439,6 +449,25 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     index: dict[str, TensorEntry] = {}
     for f in files:
         index |= read_header(d / f)
+    listed = list(index)  # the checkpoint's tensors: those its index names, or the file's
+    if (d / INDEX_FILE).is_file():  # each name the index maps to a shard is in that shard
+        wmap = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+        lost = [n for n, f in wmap.items() if n not in index or index[n].file.name != f]
+        if lost:
+            raise ConfigError(
+                f"{d / INDEX_FILE}: weight_map names {lost[0]!r} in {wmap[lost[0]]}, which does "
+                f"not hold it ({len(lost)} such); rewrite or re-copy the index"
+            )
+        listed = list(wmap)
+    layers = {int(m.group(1)) for n in listed if (m := _LAYER.match(n))}
+    if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows
+        log.warning(
+            "%s: num_hidden_layers=%d of the weights' %d layers: the model runs its first %d",
+            d / "config.json",
+            spec.n_layers,
+            max(layers) + 1,
+            spec.n_layers,
+        )
     names = _names(spec.family)
     if cfg.get("tie_word_embeddings", False) and spec.family != "switch_transformers":
         # the LM head is the embedding (transformers ties them whether or not lm_head is saved;

@@ -4,6 +4,7 @@ names, sharding, the make_checkpoint CLI, and one-line errors naming the bad fil
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -330,3 +331,30 @@ def test_switch_sparse_blocks_round_trip_through_config_json(step):
         spec_to_hf_config(dataclasses.replace(spec, moe_layers=(3, 7, 11)))
     one = dataclasses.replace(spec, moe_layers=(1,))  # step 11 says it (step 2 was refused)
     assert hf_config_to_spec(spec_to_hf_config(one), "s").moe_layers == (1,)
+
+
+def test_an_index_and_its_shards_must_agree(tmp_path, caplog):
+    """An index naming a tensor its shard does not hold, or a folder with both a single file and
+    an index, was read without a word; a config.json cut to fewer layers than the weights (as
+    transformers allows) runs the first ones, and says so."""
+    spec = reduced_spec("mixtral-tiny")
+    d = write_checkpoint(spec, tmp_path / "sh", shard_bytes=2**20)
+    meta = json.loads((d / INDEX_FILE).read_text())
+    first = sorted(set(meta["weight_map"].values()))[0]
+    bogus = dict(meta, weight_map={**meta["weight_map"], "model.bogus.weight": first})
+    (d / INDEX_FILE).write_text(json.dumps(bogus))
+    with pytest.raises(ConfigError, match=r"weight_map names 'model.bogus.weight' .* not hold"):
+        load_checkpoint(d)
+    (d / INDEX_FILE).write_text(json.dumps(meta))
+    write_checkpoint(spec, tmp_path / "single")
+    shutil.copyfile(tmp_path / "single" / SINGLE_FILE, d / SINGLE_FILE)
+    with pytest.raises(
+        ConfigError, match=r"holds both model.safetensors and .* \(which names other"
+    ):
+        load_checkpoint(d)
+    (d / SINGLE_FILE).unlink()
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=2)))
+    with caplog.at_level("WARNING", logger="real.checkpoint"):
+        assert load_checkpoint(d)[0].n_layers == 2
+    assert "num_hidden_layers=2 of the weights' 4 layers: the model runs its first 2" in caplog.text
