@@ -139,12 +139,13 @@ def _validate(tr: EsftTrace) -> None:
         raise bad(f"expert_ids must be integers in [0, {N_EXPERTS})")
     if not np.issubdtype(w.dtype, np.number):
         raise bad(f"gate_weights has dtype {w.dtype}, expected float32")
-    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0)))  # [n, 3] (token, layer, slot)
+    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0) & (w <= 1)))  # [n, 3] (token, layer, slot)
     if wrong.size:
         t0, layer, j = wrong[0]
         raise bad(
             f"gate_weights holds {w[t0, layer, j]} at token {t0}, MoE layer {layer + 1} "
-            f"({len(wrong)} NaN, infinite or negative value(s); gate weights are probabilities)"
+            f"({len(wrong)} value(s) NaN, infinite or outside [0, 1]; gate weights are "
+            "probabilities)"
         )
     srt = np.sort(ids, axis=2)  # [T, L, k]
     rep = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))  # [n, 2] (token, layer)
@@ -303,6 +304,15 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
     if not found:
         raise TraceError(f"{src}: no <task>/expert_weights_<layer>.txt files found")
     if src.is_dir():
+        # beside the tasks' folders, a folder without layer files is a task whose dump is lost
+        parents = {posixpath.dirname(f) for f in folders.values()}
+        for parent in sorted(parents):
+            for d in sorted((src / parent).iterdir()):
+                if d.is_dir() and d.name not in found:
+                    raise TraceError(
+                        f"{d}: a task folder without expert_weights_<layer>.txt files; supply "
+                        "its dump, or remove the folder"
+                    )
         return found, {t: str(src / f) for t, f in folders.items()}
     return found, {t: f"{src}: {f}" for t, f in folders.items()}
 
@@ -332,12 +342,16 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
             f"{where}: token {t} has expert id {ids[t, j]}, outside [0, {n_experts}); not a dump "
             f"of a {n_experts}-expert model"
         )
-    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0)))
-    if wrong.size:
-        t, j = wrong[0]
+    # softmax probabilities: each in [0, 1], a token's top-k summing to at most 1 (the dump
+    # rounds each to 4 decimals)
+    wrong = np.argwhere(~(np.isfinite(w) & (w >= 0) & (w <= 1.0)))
+    over = np.flatnonzero(w.sum(axis=1) > 1.0 + top_k * 1e-4) if not wrong.size else wrong[:0, 0]
+    if wrong.size or len(over):
+        t, j = wrong[0] if wrong.size else (over[0], int(np.argmax(w[over[0]])))
         raise TraceError(
-            f"{where}: token {t} has gate weight {w[t, j]}; gate weights are softmax "
-            "probabilities, finite and >= 0: replace the file with the upstream dump"
+            f"{where}: token {t} has gate weight {w[t, j]} (its top-{top_k} sum "
+            f"{w[t].sum():.4f}); gate weights are softmax probabilities, in [0, 1] and summing "
+            "to at most 1: replace the file with the upstream dump"
         )
     srt = np.sort(ids, axis=1)
     rep = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))

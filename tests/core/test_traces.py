@@ -405,6 +405,19 @@ def test_converter_refuses_a_task_in_two_folders(tmp_path: Path) -> None:
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_converter_refuses_weights_summing_past_one_and_an_empty_task(tmp_path: Path) -> None:
+    """Each weight in [0, 1] but a token's top-6 summing past 1 is no softmax; a task folder
+    left empty beside the others was dropped without a word (3 tasks written of 4)."""
+    src = _dump_lines(tmp_path / "a", {1: [_line(list(range(6)), ["0.5"] * 6)]})
+    with pytest.raises(TraceError, match=r"token 0 has gate weight 0.5 \(its top-6 sum 3.0000\)"):
+        convert_esft(src, tmp_path / "o.npz")
+    src = _dump_lines(tmp_path / "b", {1: [_line(list(range(6)), ["0.1"] * 6)]})
+    (src / "empty").mkdir()
+    with pytest.raises(TraceError, match=r"empty: a task folder without expert_weights"):
+        convert_esft(src, tmp_path / "o.npz")
+    assert not (tmp_path / "o.npz").exists()
+
+
 def test_converter_names_the_file_and_line_at_fault(tmp_path: Path) -> None:
     """Out-of-range expert ids and uneven line counts named only the source folder."""
     ok = _line(list(range(6)), ["0.1"] * 6)
@@ -422,7 +435,7 @@ def test_converter_names_the_file_and_line_at_fault(tmp_path: Path) -> None:
         convert_esft(src, tmp_path / "o.npz")
 
 
-@pytest.mark.parametrize("weight", ["nan", "-0.1", "inf"])
+@pytest.mark.parametrize("weight", ["nan", "-0.1", "inf", "7.5"])
 def test_converter_refuses_nan_or_negative_gate_weights(tmp_path: Path, weight: str) -> None:
     src = _dump_lines(tmp_path, {1: [_line(list(range(12)), ["0.1"] * 7 + [weight] + ["0.1"] * 4)]})
     with pytest.raises(
@@ -432,7 +445,7 @@ def test_converter_refuses_nan_or_negative_gate_weights(tmp_path: Path, weight: 
     assert not (tmp_path / "o.npz").exists()
 
 
-@pytest.mark.parametrize("value", [np.nan, -0.5])
+@pytest.mark.parametrize("value", [np.nan, -0.5, 7.5])
 def test_loader_refuses_nan_or_negative_gate_weights(tmp_path: Path, value: float) -> None:
     w = np.full((5, 26, 6), 0.1, np.float32)
     w[2, 3, 1] = value
