@@ -181,6 +181,11 @@ class Klotski(Planner):
     # ---- plan -----------------------------------------------------------------------------
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl, p = ctx.model, ctx.workload, self.params
+        if p.disk_speculate > m.n_experts:  # it was cut by the CPU room without a word
+            raise ConfigError(
+                f"planner klotski: disk_speculate={p.disk_speculate} exceeds the model's "
+                f"{m.n_experts} experts; pass disk_speculate <= {m.n_experts}"
+            )
         choice = self.choose(m, ctx.hardware, wl, ctx.cost)
         placement = placement_for(m, ctx.hardware, wl, p.disk_window, p.real_activations)
         em = Emitter(ctx, out, placement)

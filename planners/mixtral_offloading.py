@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError
+from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -62,6 +62,11 @@ class MixtralOffloading(Planner):
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl, p = ctx.model, ctx.workload, self.params
+        if p.guess_k > m.n_experts:  # it was cut to n_experts without a word
+            raise ConfigError(
+                f"planner mixtral_offloading: guess_k={p.guess_k} exceeds the model's "
+                f"{m.n_experts} experts; pass guess_k <= {m.n_experts} (0 = its top-k)"
+            )
         placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
         em = Emitter(ctx, out, placement)
         n_moe = len(m.moe_layers)

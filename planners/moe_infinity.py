@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError
+from core.errors import CapacityError, ConfigError
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -50,6 +50,12 @@ class MoEInfinity(Planner):
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl, p = ctx.model, ctx.workload, self.params
+        if p.prefetch_distance >= max(len(m.moe_layers), 2):  # no layer that far ahead
+            raise ConfigError(
+                f"planner moe_infinity: prefetch_distance={p.prefetch_distance} reaches past the "
+                f"model's {len(m.moe_layers)} MoE layers; pass at most "
+                f"{max(len(m.moe_layers) - 1, 1)}"
+            )
         placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
         em = Emitter(ctx, out, placement)
         # One FIFO for prefetches and on-demand loads: memory is then granted in program order

@@ -147,12 +147,16 @@ def test_an_empty_path_is_refused_not_the_current_folder(
 
 
 # a value of every config group that a run meets when it plans and simulates (a planner's
-# params, the workload, the hardware, the model), each one line naming its key; hot_k past the
-# model's experts was cut to them without a word
+# params, the workload, the hardware, the model), each one line naming its key; hot_k,
+# disk_speculate, guess_k past the model's experts and prefetch_distance past its layers were cut
+# to them without a word
 PLANNED = [
     ["planner=klotski", "planner.params.n=-5"],
     ["planner=klotski", "planner.params.n=1000000"],
     ["planner=klotski", "planner.params.hot_k=99"],
+    ["planner=klotski", "planner.params.disk_speculate=1000"],
+    ["planner=mixtral_offloading", "planner.params.guess_k=1000"],
+    ["planner=moe_infinity", "planner.params.prefetch_distance=1000"],
     ["planner=klotski", "planner.params.hot_k=-1"],
     ["planner=klotski", "planner.params.warmup_sequences=-1"],
     ["planner=klotski", "planner.params.disk_window=0"],
