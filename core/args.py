@@ -26,9 +26,11 @@ def as_int(key: str, value: Any, *, at_least: int | None = None) -> int:
     n: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
-    elif isinstance(value, str):
-        try:
-            n = int(value.strip())
+    elif isinstance(value, float | str) and not isinstance(value, bool):
+        try:  # "8", or a whole number written as a float: 1e9, 8.0
+            n = int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else None
+            x = float(value) if n is None else float(n)
+            n = int(x) if n is None and x.is_integer() and abs(x) < 2**63 else n
         except ValueError:
             n = None
     bound = "" if at_least is None else f" >= {at_least}"

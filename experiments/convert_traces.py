@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: Options) -> int:
     try:
         # checked before the conversion (a minute on the full tarball); numpy writes <out>.npz
+        if not str(args.out).strip():
+            raise MoepipeError("out='': an empty path; pass out=<a file>, e.g. esft_routing.npz")
         if Path(args.out).is_dir():
             raise MoepipeError(
                 f"out {args.out}: is a folder; pass a file path, "

@@ -23,8 +23,12 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     and what is wrong (`need`: the shape the model needs)."""
     try:
         arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{label} {path}: cannot read a .npy array ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"{label} {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError:  # another format, or pickled objects (never unpickled)
+        raise ConfigError(
+            f"{label} {path}: not a .npy array of numbers (np.save of a numeric array writes one)"
+        ) from None
     fits = arr.ndim == len(shape) and all(
         n == want if want is not None else n >= 1 for n, want in zip(arr.shape, shape, strict=True)
     )

@@ -131,9 +131,17 @@ def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
         (False, "experiments.collect", ["dir="], "dir=''"),
         (False, "experiments.report", ["dir="], "dir=''"),
         (False, "experiments.routing_stats", ["out="], "out=''"),
+        (False, "experiments.convert_traces", ["src=.", "out="], "out=''"),
         (True, "experiments.run", [*TINY, "hydra.run.dir="], "hydra.run.dir=''"),
     ],
-    ids=["make_checkpoint out", "collect dir", "report dir", "routing_stats out", "run dir"],
+    ids=[
+        "make_checkpoint out",
+        "collect dir",
+        "report dir",
+        "routing_stats out",
+        "convert out",
+        "run dir",
+    ],
 )
 def test_an_empty_path_is_refused_not_the_current_folder(
     fresh: bool, module: str, args: list[str], key: str, cli_here: Any
@@ -234,3 +242,13 @@ def test_a_number_for_a_boolean_planner_param_is_refused(
     key = args[-1].lstrip("+").split("=")[0]
     r = cli_here("experiments.run", *TINY[:-1], *args, f"hydra.run.dir={tmp_path / 'r'}")
     one_line(r, f"{key}=", "not a boolean", f"{key}=true")
+
+
+def test_a_whole_number_written_as_a_float_is_one() -> None:
+    """`disk_mb=1e9` was "not a whole number"; 2.5 and nan still are not."""
+    from core.args import as_int
+
+    assert as_int("disk_mb", 1e9) == as_int("disk_mb", "1e9") == 10**9
+    assert as_int("n", 8.0) == as_int("n", " 8 ") == 8
+    for bad in (2.5, "2.5", "nan", "inf", "x", True):
+        raises_one_line(lambda bad=bad: as_int("n", bad), "n=", "not a whole number")
