@@ -190,6 +190,8 @@ class SweepProgress(Callback):
             bar.close()
             if made:
                 remove_if_no_runs(sweep_dir)
+            if not sweep_dir.exists():  # no run had started: nothing was kept to resume from
+                on_interrupt("no run of the sweep had finished; nothing was kept")
 
         on_interrupt(
             f"finished runs are kept in {here}; to resume, run the same command with "

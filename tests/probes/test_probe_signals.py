@@ -625,3 +625,25 @@ def test_a_dead_sweep_worker_is_one_line_saying_how_to_resume() -> None:
     assert line is not None and "\n" not in line
     assert "worker process of the sweep died" in line and "run the same command again" in line
     assert "exit code -9" in line
+
+
+def test_a_stop_before_any_run_finished_says_nothing_was_kept(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) in a sweep's first seconds said 'finished runs are kept in DIR' for a
+    folder the sweep then removed (it held no run)."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY[:-1], "planner=sequential", "workload.n_batches=400"]
+    args += ["workload.gen_len=128", f"hydra.sweep.dir={sweep}"]
+    p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not (sweep / "multirun.yaml").exists():
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert not _summaries(sweep), "a run finished before the sweep could be stopped"
+    os.killpg(p.pid, signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    assert _stop_line(err, signal.SIGTERM) == (
+        "stopped by SIGTERM; no run of the sweep had finished; nothing was kept"
+    )
+    assert not sweep.exists()
