@@ -122,10 +122,16 @@ TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
 def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
-    tasks on a synthetic one): the run would go on as if it were not given."""
+    tasks on a synthetic one), or the distributed rendezvous timeout on a simulated run: the run
+    would go on as if it were not given."""
     if not HydraConfig.initialized():
         return
     given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    if spec.executor == "sim" and "executor.rendezvous_timeout_s" in given:  # (a default too)
+        raise ConfigError(
+            "executor.rendezvous_timeout_s: a key of the real executor's distributed runs; "
+            "choose executor=real executor.distributed=true, which reads it"
+        )
     source = resolve_source(spec.model, spec.workload.routing.source)
     unused = {
         RoutingSource.TRACE: SYNTHETIC_KNOBS,

@@ -298,3 +298,11 @@ def test_a_routing_knob_the_runs_routing_does_not_read_is_refused(
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'r'}")
     one_line(r, override.split("=")[0], reads, "workload.routing.source")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_rendezvous_timeout_on_a_simulated_run_is_refused(tmp_path: Path, cli_here: Any) -> None:
+    """The schema gives every executor the distributed runs' rendezvous timeout (a default),
+    so `executor.rendezvous_timeout_s=5` on a simulated run went on without a word."""
+    args = [*TINY, "executor.rendezvous_timeout_s=5", f"hydra.run.dir={tmp_path / 'r'}"]
+    one_line(cli_here("experiments.run", *args), "executor.rendezvous_timeout_s", "executor=real")
+    assert not (tmp_path / "r").exists()
