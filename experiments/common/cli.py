@@ -9,6 +9,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -185,7 +186,12 @@ def any_error_line(e: BaseException) -> str:
 
 
 def exit_with(e: BaseException) -> None:
-    """Print `e` as one line (`any_error_line`) on stderr and exit 2."""
+    """Print `e` as one line (`any_error_line`) on stderr and exit 2. On a rank of a torchrun
+    launch, a SIGTERM that comes meanwhile is ignored: torchrun stops every rank once one fails,
+    and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+        with contextlib.suppress(ValueError):  # off the main thread no handler can be set
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
     print(f"error: {any_error_line(e)}", file=sys.stderr)
     sys.exit(2)
