@@ -124,8 +124,9 @@ class HardwareSpec:
         for tier in Tier:
             cap = self.memory_bytes.get(tier)
             if cap is None or not cap > 0:
+                got = "nothing" if cap is None else f"{cap} bytes"
                 raise ConfigError(
-                    f"hardware {self.name}: memory.{tier} must be a positive capacity, got {cap!r}"
+                    f"hardware {self.name}: memory_gb.{tier} must be a positive capacity, got {got}"
                 )
         for res in (Resource.H2D, Resource.D2H, Resource.DISK):
             if res not in self.links:
@@ -225,7 +226,9 @@ class HardwareSpec:
                 },
                 float(proc.get("copy_share", 0)),
             )
-            return cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)
+            spec = cls(name, mem, gpu, cpu, links, n_gpus, sources, processes)
+            check_physical(spec)
+            return spec
         except KeyError as e:
             raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
         except (ValueError, TypeError, AttributeError) as e:
@@ -236,6 +239,56 @@ class HardwareSpec:
                 "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}; "
                 "see conf/hardware/)"
             ) from None
+
+
+# What a machine's numbers can be, as a YAML writes them: wide enough for any device from a
+# failing USB disk to a future rack, narrow enough that a slip of units (1e-300, 1e9 s) is named
+# instead of simulated into a makespan of 1e290 s. Checked where a user's YAML comes in
+# (`from_dict`), not in the dataclass, so tests may still build a deliberately extreme machine.
+PHYSICAL: dict[str, tuple[float, float, str]] = {
+    "gbps": (1e-4, 1e6, "GB/s"),
+    "latency_us": (0.0, 1e7, "us"),
+    "tflops": (1e-6, 1e6, "TFLOP/s"),
+    "mem_bw_gbps": (1e-3, 1e6, "GB/s"),
+    "overhead_us": (0.0, 1e7, "us"),
+    "memory_gb": (1e-6, 1e9, "GB"),
+    "gate_exchange_us": (0.0, 1e7, "us"),
+    "start_delay_us": (0.0, 1e7, "us"),
+    "compute_scale": (1e-3, 1e3, "x"),
+}
+
+
+def _in_range(where: str, key: str, value: float) -> None:
+    lo, hi, unit = PHYSICAL[key]
+    if not lo <= value <= hi:
+        raise ConfigError(
+            f"{where}={value:g} is outside what a machine can be ({lo:g} to {hi:g} {unit}); "
+            "check its unit"
+        )
+
+
+def check_physical(hw: HardwareSpec) -> None:
+    """Every number of a hardware YAML within `PHYSICAL`, else a ConfigError naming the field
+    as the YAML names it."""
+    at = f"hardware {hw.name}: "
+    for tier, cap in hw.memory_bytes.items():
+        _in_range(f"{at}memory_gb.{tier}", "memory_gb", cap / GB)
+    for res, link in hw.links.items():
+        _in_range(f"{at}links.{res}.gbps", "gbps", link.bandwidth_bytes_per_s / GB)
+        _in_range(f"{at}links.{res}.latency_us", "latency_us", link.latency_s * 1e6)
+    for dev in ("gpu", "cpu"):
+        c: ComputeSpec = getattr(hw, dev)
+        _in_range(f"{at}{dev}.tflops", "tflops", c.peak_flops_per_s / 1e12)
+        _in_range(f"{at}{dev}.mem_bw_gbps", "mem_bw_gbps", c.mem_bw_bytes_per_s / GB)
+        _in_range(f"{at}{dev}.overhead_us", "overhead_us", c.kernel_overhead_s * 1e6)
+        for kind, v in c.kind_overhead_s.items():
+            _in_range(f"{at}{dev}.overhead_us_by_kind.{kind}", "overhead_us", v * 1e6)
+    p = hw.processes
+    _in_range(f"{at}processes.gate_exchange_us", "gate_exchange_us", p.gate_exchange_s * 1e6)
+    for kind, x in p.compute_scale.items():
+        _in_range(f"{at}processes.compute_scale_by_kind.{kind}", "compute_scale", x)
+    for kind, x in p.start_delay_s.items():
+        _in_range(f"{at}processes.start_delay_us_by_kind.{kind}", "start_delay_us", x * 1e6)
 
 
 def op_kind(kind: Any, where: str) -> str:

@@ -128,6 +128,11 @@ def _main(args: Options) -> int:
         train_ids = np.concatenate([s for s in sequences(trace, train)])  # [T, L, k]
         table = ExpertTable.fit(train_ids, trace.expert_ids.max() + 1, f"ESFT {','.join(train)}")
         test_seqs = sequences(trace, test)
+        if args.group_seqs > len(test_seqs):
+            raise MoepipeError(
+                f"group_seqs={args.group_seqs}: exceeds the {len(test_seqs)} sequences of "
+                f"test={list(test)}; pass group_seqs <= {len(test_seqs)} (one group of them all)"
+            )
         n_experts = int(trace.expert_ids.max()) + 1
         if args.k > n_experts:
             raise MoepipeError(

@@ -41,6 +41,10 @@ from planners.n_planner import N_MAX, NChoice, check_n, placement_for, solve_n
 from planners.prefetch import PREDICTORS, ExpertTable, Predictor
 from planners.registry import register
 
+# the largest warm-up (`KlotskiParams.warmup_sequences`): a table's counts settle within a few
+# hundred sequences, and the synthetic warm-up is drawn whole in memory
+MAX_WARMUP_SEQUENCES = 4096
+
 
 @dataclass(frozen=True)
 class KlotskiParams:
@@ -92,6 +96,12 @@ class KlotskiParams:
                     + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
                     + (" (1 = batch by batch, 0 = auto)" if name == "attn_batches" else "")
                 )
+        if self.warmup_sequences > MAX_WARMUP_SEQUENCES:
+            raise ConfigError(
+                f"planner klotski: warmup_sequences={self.warmup_sequences} is above "
+                f"{MAX_WARMUP_SEQUENCES}: the warm-up table's counts settle long before, and a "
+                "larger warm-up only costs time and memory (the paper's is one batch of 8)"
+            )
 
 
 def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:

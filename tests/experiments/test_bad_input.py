@@ -148,6 +148,7 @@ def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
     "args, names",
     [
         (["group_seqs=0"], ["group_seqs=0"]),
+        (["group_seqs=100000000"], ["group_seqs=100000000", "intent"]),
         (["k=-1"], ["k=-1"]),
         (["out={afile}/pf.csv"], ["out=", "afile"]),
         (["trace_dir={tmp}/none"], ["trace_dir=", "none"]),

@@ -175,7 +175,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
         ),
         (["-m", "model=tiny,mixtral-9x7b"], "model=mixtral-9x7b: no conf/model/mixtral-9x7b.yaml"),
         (["hardware.links.h2d.gbps=-1"], "links.h2d.gbps must be positive"),
-        (["hardware.memory_gb.gpu=0"], "memory.gpu must be a positive capacity"),
+        (["hardware.memory_gb.gpu=0"], "memory_gb.gpu must be a positive capacity"),
         (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
         (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),

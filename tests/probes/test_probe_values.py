@@ -45,6 +45,15 @@ CASES = [
     ("hardware.links.h2d.gbps=-1", "links.h2d"),
     ("hardware.links.h2d.gbps=fast", "links.h2d"),
     ("hardware.gpu.tflops=0", "tflops"),
+    # numbers no machine has: a slip of units, named instead of simulated
+    ("hardware.links.h2d.gbps=1e-300", "links.h2d.gbps=1e-300"),
+    ("hardware.links.disk.gbps=1e12", "links.disk.gbps"),
+    ("hardware.links.h2d.latency_us=1e9", "links.h2d.latency_us"),
+    ("hardware.gpu.tflops=1e-12", "gpu.tflops"),
+    ("hardware.cpu.mem_bw_gbps=1e-9", "cpu.mem_bw_gbps"),
+    ("hardware.gpu.overhead_us=1e9", "gpu.overhead_us"),
+    ("hardware.memory_gb.gpu=1e-12", "memory_gb.gpu"),
+    ("hardware.memory_gb.disk=1e15", "memory_gb.disk"),
     ("hardware.n_gpus=0", "n_gpus"),
     ("executor.name=gpu", "executor"),
 ]
@@ -167,6 +176,7 @@ PLANNED = [
     ["planner=moe_infinity", "planner.params.prefetch_distance=1000"],
     ["planner=klotski", "planner.params.hot_k=-1"],
     ["planner=klotski", "planner.params.warmup_sequences=-1"],
+    ["planner=klotski", "planner.params.warmup_sequences=1000000"],  # a minute and GBs, unasked
     ["planner=klotski", "planner.params.disk_window=0"],
     ["planner=klotski", "planner.params.disk_window=-3"],
     ["planner=klotski", "planner.params.predictor=foo"],
