@@ -58,6 +58,7 @@ from experiments.common.pipeline import (
     finished,
     gc_paused,
     replace_run,
+    restore_hydra_record,
     restore_previous,
     simulate_run,
     stamp,
@@ -276,7 +277,14 @@ def task(cfg: DictConfig) -> None:
     # process group, and rank 0 would wait for them until the rendezvous timed out).
     lock = nullcontext() if torchrun_rank() > 0 else locked(out_dir)
     with lock:
-        run_point(cfg, out_dir, sweep=hc.mode == RunMode.MULTIRUN)
+        try:
+            run_point(cfg, out_dir, sweep=hc.mode == RunMode.MULTIRUN)
+        except BaseException:  # failed, stopped: the earlier result keeps its hydra record
+            if torchrun_rank() == 0:
+                restore_hydra_record(out_dir)
+            raise
+        if (out_dir / FAILED).exists() and torchrun_rank() == 0:  # a sweep's failed point
+            restore_hydra_record(out_dir)
 
 
 def torchrun_rank() -> int:

@@ -302,8 +302,47 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
                 os.replace(tmp / name, out_dir / name)
             atomic_write_text(out_dir / "summary.json", text)
             shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)
+        keep_hydra_record(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# hydra's record of a run (.hydra/: config, hydra.yaml, overrides) is rewritten when any run
+# starts in the dir, before the run can act; the record of the run whose result the dir holds
+# is kept beside it, so that a rerun that fails or is stopped puts it back
+HYDRA = ".hydra"
+HYDRA_KEPT = ".result"  # inside .hydra/
+
+
+def keep_hydra_record(out_dir: Path) -> None:
+    """Copy hydra's record of the run just finished into `.hydra/.result/` (nothing where the
+    run was written without hydra's record)."""
+    rec = out_dir / HYDRA
+    files = [p for p in rec.glob("*.yaml") if p.is_file()] if rec.is_dir() else []
+    if not files:
+        return
+    kept = rec / HYDRA_KEPT
+    tmp = rec / f".kept-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for p in files:
+        shutil.copy2(p, tmp / p.name)
+    shutil.rmtree(kept, ignore_errors=True)
+    os.replace(tmp, kept)
+
+
+def restore_hydra_record(out_dir: Path) -> None:
+    """After a run that did not finish: where the dir holds an earlier result, hydra's record
+    of that result comes back over the one the failed run's start wrote."""
+    rec = out_dir / HYDRA
+    kept = rec / HYDRA_KEPT
+    if not (kept.is_dir() and (out_dir / "summary.json").is_file()):
+        return
+    for p in rec.glob("*.yaml"):
+        if not (kept / p.name).exists():
+            p.unlink(missing_ok=True)
+    for p in kept.iterdir():
+        shutil.copy2(p, rec / p.name)
 
 
 @contextmanager

@@ -65,7 +65,8 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
     """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
     marks = ("summary.json", "config.yaml", ".hydra")
     found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
-    found = {d for d in found if d.name != ".hydra" and ".submitit" not in d.parts}
+    # hydra's own record (.hydra/, with the kept record of a run's result inside) is no run
+    found = {d for d in found if ".hydra" not in d.parts and ".submitit" not in d.parts}
     return sorted(found)
 
 

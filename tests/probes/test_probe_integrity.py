@@ -95,3 +95,25 @@ def test_half_written_folders_of_a_killed_run_are_removed(tmp_path: Path) -> Non
     (run / ".partial-abc" / "summary.json").write_text("{}")
     _finished(run, "flexgen")
     assert not (run / ".partial-abc").exists()
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_failed_rerun_keeps_the_results_hydra_record(tmp_path: Path, sweep: bool) -> None:
+    """hydra rewrites a run dir's .hydra/ (config, hydra.yaml, overrides) when any run starts
+    there, before the run can act: a rerun that fails in a finished run's dir puts the record
+    of the result it kept back, alone or as a sweep's point; one that finishes replaces it."""
+    run = tmp_path / "run"
+    _finished(run, "klotski")
+    record = {p.name: p.read_bytes() for p in (run / ".hydra").glob("*.yaml")}
+    assert "overrides.yaml" in record
+    bad = [*TINY[:-1], "planner=klotski", "planner.params.warmup_sequences=99999"]
+    if sweep:  # one point, the failing one, into the finished run's folder
+        sweep_dir = [f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=run"]
+        r = cli("experiments.run", "-m", *bad, "skip_finished=false", *sweep_dir)
+    else:
+        r = cli("experiments.run", *bad, "skip_finished=false", f"hydra.run.dir={run}")
+    assert r.returncode != 0 and "warmup_sequences=99999" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in (run / ".hydra").glob("*.yaml")} == record
+    assert (run / "summary.json").is_file()
+    _finished(run, "sequential", "skip_finished=false")
+    assert b"sequential" in (run / ".hydra" / "overrides.yaml").read_bytes()
