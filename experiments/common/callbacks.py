@@ -105,8 +105,13 @@ def workers_ignore_ctrl_c() -> str | None:
     try:
         folder = tempfile.mkdtemp(prefix="moepipe-python-")
         wrapper = Path(folder) / "python"
-        # `trap ''` ignores a signal, which stays ignored across exec (a handler would not)
-        wrapper.write_text(f"#!/bin/sh\ntrap '' INT TERM HUP\nexec {shlex.quote(real)} \"$@\"\n")
+        # `trap ''` ignores a signal, which stays ignored across exec (a handler would not).
+        # The tracker of a pool the sweep stopped finds the workers' memmap folders left and
+        # removes them, but warns first, over two lines after the sweep's own: not asked
+        quiet = "-W ignore:resource_tracker:UserWarning"
+        wrapper.write_text(
+            f"#!/bin/sh\ntrap '' INT TERM HUP\nexec {shlex.quote(real)} {quiet} \"$@\"\n"
+        )
         wrapper.chmod(0o755)
     except OSError:
         return None
