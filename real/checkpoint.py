@@ -469,11 +469,14 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             spec.n_layers,
         )
     names = _names(spec.family)
-    if cfg.get("tie_word_embeddings", False) and spec.family != "switch_transformers":
-        # the LM head is the embedding (transformers ties them whether or not lm_head is saved;
-        # T5's tied head also rescales, and moepipe's Switch is not transformers' model anyway)
+    if cfg.get("tie_word_embeddings", False):
+        # the LM head is the embedding (transformers ties them whether or not lm_head is saved).
+        # Switch's is too (its config's default), without T5's rescaling of the hidden state
+        # before a tied head: moepipe's Switch is a documented substitute, not T5's forward
         index[names.lm_head] = index[names.embed]
     dtype = torch_dtype(spec)
+    if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
+        check_all_read(d, spec, cfg, listed)
     for tensors in unit_layout(spec).values():
         for ts in tensors.values():
             e = index.get(ts.hf_name)
@@ -489,6 +492,51 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
                     f"{e.file}: tensor {ts.hf_name} is {e.dtype}, config.json says {dtype}"
                 )
     return spec, index
+
+
+# a checkpoint's tensors that hold what config.json says a layer's FFN is: its routed experts
+_EXPERTS = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.")
+# the config.json fields that decide which layers have experts, per family
+_LAYER_KIND_FIELDS = {
+    "qwen2_moe": "decoder_sparse_step and mlp_only_layers",
+    "deepseek_v2": "first_k_dense_replace and moe_layer_freq",
+}
+
+
+def check_all_read(d: Path, spec: ModelSpec, cfg: HFConfig, listed: list[str]) -> None:
+    """Every tensor of the layers the model runs (and outside them) is one the model reads: a
+    tensor left over means config.json describes another model than the weights (a field
+    moepipe does not model, or another layer layout), which transformers would run and moepipe
+    would silently not. A layer that holds experts where config.json makes it dense names the
+    fields that decide it. Layers past a config.json cut and RoPE's saved inverse frequencies
+    (derived, not weights) are left out."""
+    read = {ts.hf_name for tensors in unit_layout(spec).values() for ts in tensors.values()}
+    if cfg.get("tie_word_embeddings", False):
+        read.add(_names(spec.family).lm_head)
+    unused = []
+    for name in listed:
+        m = _LAYER.match(name)
+        if name in read or name.endswith("rotary_emb.inv_freq"):
+            continue
+        if m and int(m.group(1)) >= spec.n_layers:
+            continue
+        unused.append(name)
+    if not unused:
+        return
+    moe = set(spec.moe_layers)
+    dense_with_experts = sorted({int(m.group(1)) for n in unused if (m := _EXPERTS.match(n))} - moe)
+    if dense_with_experts:
+        fields = _LAYER_KIND_FIELDS.get(spec.family, "config.json")
+        raise ConfigError(
+            f"{d / 'config.json'}: {fields} make layer(s) {dense_with_experts} dense, but the "
+            "checkpoint holds their experts (transformers' DeepseekV2 ignores moe_layer_freq); "
+            "set the fields to the weights' layout"
+        )
+    raise ConfigError(
+        f"{d}: tensor {unused[0]} ({len(unused)} such) is in the checkpoint but config.json "
+        "gives the model nothing that reads it: a field moepipe does not model, or a config.json "
+        "of another model; fix config.json or remove the tensors"
+    )
 
 
 def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, torch.Tensor]]]:

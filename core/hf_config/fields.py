@@ -118,7 +118,10 @@ FIELDS: dict[str, Rule] = {
     "d_kv": COUNT,
     "num_heads": COUNT,
     "encoder_sparse_step": COUNT,
+    "num_sparse_encoder_layers": SIZE,
     "layer_norm_epsilon": POSITIVE,
+    "dense_act_fn": TEXT,
+    "router_bias": FLAG,
 }
 # The fields of `rope_scaling` / `rope_parameters` (transformers' modeling_rope_utils).
 ROPE_FIELDS: dict[str, Rule] = {

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from core.hf_config.fields import COUNT, HFConfig
 from core.spec import ModelSpec
 
+# transformers' names of the SiLU activation (ACT2FN["swish"] is nn.SiLU too)
+SILU = ("silu", "swish")
+
 
 @dataclass(frozen=True)
 class HFRuntime:
@@ -32,7 +35,10 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
     window, layers = _sliding_window(c, spec)
     clip = c.get("clip_qkv", None) if spec.family == "olmoe" else None
     return HFRuntime(
-        renormalize=bool(c.get("norm_topk_prob", False)),
+        # DeepSeek's MoEGate (and transformers') renormalise only a top-k of more than one; a
+        # top-1 weight is scaled by routed_scaling_factor instead
+        renormalize=bool(c.get("norm_topk_prob", False))
+        and (spec.family != "deepseek_v2" or spec.top_k > 1),
         routed_scaling=float(c.get("routed_scaling_factor", 1.0))
         if spec.family == "deepseek_v2"
         else 1.0,
@@ -66,9 +72,16 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     run: another activation, projection biases, DeepSeek's other routing methods."""
     fam = spec.family
     if fam == "switch_transformers":
+        # moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's
+        # weights), but still ReLU experts and routers without bias, as switch-base ships
+        act = c.get("dense_act_fn", "relu")
+        if act != "relu":
+            raise c.error(f"dense_act_fn={act!r}; only 'relu' experts are implemented for {fam}")
+        if c.get("router_bias", False):
+            raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
         return
     act = c.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in SILU:
         raise c.error(f"hidden_act={act!r}; only 'silu' (SwiGLU experts) is implemented for {fam}")
     biased = {"olmoe": ("attention_bias",), "deepseek_v2": ("attention_bias", "mlp_bias")}
     for key in biased.get(fam, ()):

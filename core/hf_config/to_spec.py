@@ -68,11 +68,21 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         raise c.error(str(e)) from None
 
 
+# Absent fields take transformers 5.24's config classes' defaults, family by family (a
+# config.json written by hand or by an older version may leave them out)
+KV_HEADS_ABSENT = {"mixtral": 8, "qwen2_moe": 16}  # others: the attention heads
+ROPE_THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
+
+
 def _attention_heads(c: HFConfig, hidden: int) -> dict[str, int]:
-    """n_heads, n_kv_heads, head_dim of a GQA config (num_key_value_heads and head_dim default
-    to the heads and hidden_size / heads, as transformers' config classes do)."""
+    """n_heads, n_kv_heads, head_dim of a GQA config. num_key_value_heads: where absent, the
+    family's default in transformers (`KV_HEADS_ABSENT`, else the heads); where null, the
+    heads; head_dim defaults to hidden_size / heads, as transformers' config classes do."""
     heads = c.get("num_attention_heads")
-    kv_heads = c.get("num_key_value_heads", heads)
+    absent = "num_key_value_heads" not in c.fields
+    kv_heads = c.get(
+        "num_key_value_heads", KV_HEADS_ABSENT.get(str(c.family), heads) if absent else heads
+    )
     if heads % kv_heads:
         raise c.error(
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads} "
@@ -122,7 +132,7 @@ def _llama_fields(c: HFConfig) -> dict[str, Any]:
         **_attention_heads(c, hidden),
         vocab_size=c.get("vocab_size"),
         rms_norm_eps=c.get("rms_norm_eps", 1e-5),
-        rope_theta=rope_theta_of(c, 1e6),
+        rope_theta=rope_theta_of(c, ROPE_THETA[c.family]),
     )
 
 
@@ -142,10 +152,10 @@ def _qwen2_moe_fields(c: HFConfig) -> dict[str, Any]:
         **_attention_heads(c, hidden),
         vocab_size=c.get("vocab_size"),
         dense_ffn_size=_dense_size(c, moe, n),
-        shared_ffn_size=c.get("shared_expert_intermediate_size", 0),
+        shared_ffn_size=c.get("shared_expert_intermediate_size", 5632),  # transformers'
         qkv_bias=c.get("qkv_bias", True),
         rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta_of(c, 1e6),
+        rope_theta=rope_theta_of(c, ROPE_THETA["qwen2_moe"]),
     )
 
 
@@ -194,7 +204,13 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
     m = {
         k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
     }
-    m["q_lora_rank"] = c.get("q_lora_rank", 0)
+    # absent: 1536 in transformers' class and DeepSeek's own (null: none, as V2-Lite ships)
+    m["q_lora_rank"] = c.get("q_lora_rank", 1536 if "q_lora_rank" not in c.fields else 0)
+    if "n_shared_experts" not in c.fields:  # the two references disagree: the file must say
+        raise c.error(
+            "n_shared_experts is missing: transformers' DeepseekV2Config takes 2 and DeepSeek's "
+            "configuration_deepseek.py none; write the checkpoint's count (null or 0: none)"
+        )
     expert = c.get("moe_intermediate_size")
     return dict(
         n_layers=n,
@@ -207,11 +223,11 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
         head_dim=m["v_head_dim"],
         vocab_size=c.get("vocab_size"),
         dense_ffn_size=_dense_size(c, moe, n),
-        shared_ffn_size=c.get("n_shared_experts", 0) * expert,
+        shared_ffn_size=(c.get("n_shared_experts", 0) or 0) * expert,
         **mla_spec_fields(hidden, heads, m),
         q_lora_rank=m["q_lora_rank"],
         rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta_of(c, 1e4),
+        rope_theta=rope_theta_of(c, ROPE_THETA["deepseek_v2"]),
     )
 
 
@@ -219,8 +235,11 @@ def _switch_fields(c: HFConfig) -> dict[str, Any]:
     """Switch's encoder stack: block i is sparse where i % encoder_sparse_step == 1 (every block
     at step 1), as transformers' SwitchTransformersStack (blocks 1, 3, ..., 11 for switch-base),
     as in the replication paper's encoder-only runs."""
-    n, step = c.get("num_layers"), c.get("encoder_sparse_step", 2)
-    moe = tuple(i for i in range(n) if step == 1 or i % step == 1)
+    n = c.get("num_layers")
+    # absent: as transformers' SwitchTransformersConfig derives it (3 sparse blocks by default)
+    sparse = c.get("num_sparse_encoder_layers", 3)
+    step = c.get("encoder_sparse_step", n // sparse if sparse > 0 else n)
+    moe = tuple(i for i in range(n) if step == 1 or (step > 1 and i % step == 1))
     if not moe:
         raise c.error(f"encoder_sparse_step={step} leaves no sparse block among num_layers={n}")
     heads = c.get("num_heads")

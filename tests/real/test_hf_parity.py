@@ -170,6 +170,16 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     ),
     "deepseek_v2-dynamic": ("deepseek_v2", dynamic(1e4), ("rope_parameters",)),
     "deepseek_v2-llama3": ("deepseek_v2", llama3(1e4), ("rope_parameters",)),
+    # transformers' other name of SiLU (ACT2FN["swish"] is nn.SiLU)
+    "mixtral-swish": ("mixtral", {"hidden_act": "swish"}, ()),
+    # a top-1 weight is scaled, never renormalised to 1, by DeepSeek's code and transformers'
+    "deepseek_v2-top1_norm_scaled": (
+        "deepseek_v2",
+        {"num_experts_per_tok": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.0},
+        (),
+    ),
+    # 8 key/value heads: Mixtral's default where config.json leaves the field out
+    "mixtral-kv8": ("mixtral", {"num_attention_heads": 8, "num_key_value_heads": 8}, ()),
 }
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -340,3 +350,101 @@ def test_spec_sizes_are_the_checkpoints(case, built):
     assert nbytes[-1] == spec.embed_bytes + spec.head_bytes
     cache = KVCache.allocate(spec, 1, 1).layers[0]
     assert sum(t[0, :, 0].numel() for t in cache) == spec.kv_elems_per_token
+
+
+# (case, config.json fields dropped): each left to the family's default in transformers, which
+# the checkpoint was built with (Qwen2-MoE's and OLMoE's RoPE base 1e4, Mixtral's 8 KV heads)
+ABSENT = [
+    ("qwen2_moe", ("rope_parameters", "rope_theta")),
+    ("olmoe", ("rope_parameters", "rope_theta")),
+    ("mixtral-kv8", ("num_key_value_heads",)),
+]
+
+
+@pytest.mark.parametrize("case, keys", ABSENT, ids=[c for c, _ in ABSENT])
+def test_a_field_left_out_takes_transformers_default(case, keys, built, prompt, tmp_path):
+    """A config.json written by hand or by an older transformers may leave a field out; moepipe
+    then runs transformers' default of the family, not another family's (observed before: the
+    RoPE base 1e6 for Qwen2-MoE and OLMoE, 0.9 off; the attention heads for Mixtral's KV heads,
+    a shape error)."""
+    ckpt, hf = built(case, "f32")
+    trimmed = tmp_path / "trimmed"
+    shutil.copytree(ckpt, trimmed)
+    cfg = json.loads((trimmed / "config.json").read_text())
+    for key in keys:
+        cfg.pop(key, None)
+    (trimmed / "config.json").write_text(json.dumps(cfg))
+    tokens, logits = reference_generate(trimmed, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+def _edited(ckpt: Path, to: Path, **fields: Any) -> Path:
+    shutil.copytree(ckpt, to)
+    cfg = json.loads((to / "config.json").read_text())
+    for key, value in fields.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (to / "config.json").write_text(json.dumps(cfg))
+    return to
+
+
+def test_weights_config_json_does_not_describe_are_refused(built, tmp_path):
+    """A checkpoint whose config.json describes another layout than its weights is refused in
+    one line naming the cause, never run with some weights unread: DeepSeek-V2's moe_layer_freq,
+    which transformers ignores (it saves experts in every layer), names the layer-kind fields; a
+    DeepSeek-V2 config.json without n_shared_experts (2 in transformers, none in DeepSeek's
+    code) names that field; a tensor nothing reads is named."""
+    from core.errors import ConfigError
+    from real.checkpoint import load_checkpoint
+    from real.shards import read_header, save_shard
+
+    ds, _ = built("deepseek_v2", "f32")
+    freq = _edited(ds, tmp_path / "freq", first_k_dense_replace=0, moe_layer_freq=2)
+    with pytest.raises(ConfigError, match=r"moe_layer_freq make layer\(s\) \[1\] dense"):
+        load_checkpoint(freq)
+    shared = _edited(ds, tmp_path / "shared", n_shared_experts=None)
+    with pytest.raises(ConfigError, match="n_shared_experts is missing"):
+        load_checkpoint(shared)
+    mx, _ = built("mixtral", "f32")
+    extra = _edited(mx, tmp_path / "extra")
+    index = read_header(extra / "model.safetensors")
+    tensors = {name: read_tensor_of(e) for name, e in index.items()}
+    tensors["model.layers.0.mlp.gate.bias"] = torch.zeros(8)
+    save_shard(tensors, extra / "model.safetensors", {"format": "pt"})
+    with pytest.raises(ConfigError, match=r"tensor model.layers.0.mlp.gate.bias \(1 such\)"):
+        load_checkpoint(extra)
+
+
+def read_tensor_of(entry: Any) -> torch.Tensor:
+    from real.shards import read_tensor
+
+    return read_tensor(entry).clone()
+
+
+def test_switch_tied_head_runs_and_unmodelled_fields_are_refused(tmp_path):
+    """Switch's config default ties the head to the embedding: it runs on the embedding (the
+    lm_head transformers does not save). An activation other than ReLU and a router bias, which
+    moepipe's Switch does not model, are refused naming the field."""
+    from core.errors import ConfigError
+    from real.checkpoint import load_checkpoint
+
+    sizes = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
+    layers = dict(num_layers=2, num_decoder_layers=2)
+    sparse = dict(num_sparse_encoder_layers=1, num_sparse_decoder_layers=1)
+    cfg = transformers.SwitchTransformersConfig(**sizes, **layers, **sparse)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).eval()
+    ckpt = tmp_path / "switch"
+    model.save_pretrained(ckpt)
+    spec, index = load_checkpoint(ckpt)
+    assert index["lm_head.weight"] is index["shared.weight"]
+    tokens, _ = reference_generate(ckpt, torch.zeros(1, 4, dtype=torch.long), 2)
+    assert tokens.shape == (1, 2)
+    for field, value in (("dense_act_fn", "gelu_new"), ("router_bias", True)):
+        bad = _edited(ckpt, tmp_path / field, **{field: value})
+        with pytest.raises(ConfigError, match=field):
+            reference_generate(bad, torch.zeros(1, 4, dtype=torch.long), 2)
