@@ -484,6 +484,9 @@ def summarize(
     # the GPUs' idle time: on G GPUs their mean; on lanes the time no lane runs a kernel
     if ep and balance:
         gpu_busy = makespan * balance["gpu_load" if ep.lanes else "utilisation"]
+    # a GPU busy the whole run sums its ops' times to the makespan give or take rounding
+    # (-8e-22 s seen): no idle time, not a negative one
+    bubble = max(0.0, makespan - gpu_busy)
     return {
         **labels,
         "batch_size": workload.batch_size,
@@ -496,8 +499,8 @@ def summarize(
         "decode_s": makespan - prefill,
         "throughput_tok_s": tokens / makespan if makespan > 0 else 0.0,
         "busy_s": busy,
-        "gpu_bubble_s": makespan - gpu_busy,
-        "gpu_bubble_frac": (makespan - gpu_busy) / makespan if makespan > 0 else 0.0,
+        "gpu_bubble_s": bubble,
+        "gpu_bubble_frac": bubble / makespan if makespan > 0 else 0.0,
         # what the GPUs' idle time waited for (core/bubbles.py); adds up to gpu_bubble_s
         "gpu_idle_causes_s": idle_causes(schedule, trace),
         "lower_bound_s": lower,

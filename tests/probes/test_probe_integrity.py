@@ -117,3 +117,23 @@ def test_a_failed_rerun_keeps_the_results_hydra_record(tmp_path: Path, sweep: bo
     assert (run / "summary.json").is_file()
     _finished(run, "sequential", "skip_finished=false")
     assert b"sequential" in (run / ".hydra" / "overrides.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("model", ["tiny", "mixtral-tiny"])
+def test_a_run_whose_gpu_never_idles_is_collected(tmp_path: Path, model: str) -> None:
+    """A GPU busy for the whole run summed its ops to a hair past the makespan (-8e-22 s of
+    bubble), and collect then refused the run's own summary.json as not a run's."""
+    from experiments.common.tables import check_metrics
+
+    run = tmp_path / "run"
+    r = cli(
+        "experiments.run",
+        f"model={model}",
+        *TINY[1:-1],
+        "planner=klotski",
+        f"hydra.run.dir={run}",
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["gpu_bubble_s"] >= 0 and summary["gpu_bubble_frac"] >= 0
+    check_metrics(summary, run / "summary.json")
