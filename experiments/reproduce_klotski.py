@@ -39,8 +39,8 @@ from experiments.common.cli import (
 )
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
-from experiments.common.pipeline import finished, replace_run, stamp, write_texts
 from experiments.common.pool import ignore_ctrl_c, stopped_on_error
+from experiments.common.run_dir import finished, replace_run, stamp, write_texts
 from experiments.common.tables import markdown
 
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)

@@ -52,21 +52,18 @@ from experiments.common.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
-from experiments.common.pipeline import (
+from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
+from experiments.common.pool import die_with_parent
+from experiments.common.resolve import run_model_name, run_spec
+from experiments.common.run_dir import (
     CODE,  # noqa: F401  (tests and tools read a run dir's code version under this name)
-    RunSpec,
     finished,
-    gc_paused,
     replace_run,
     restore_hydra_record,
     restore_previous,
-    simulate_run,
     stamp,
-    write_run,
     write_texts,
 )
-from experiments.common.pool import die_with_parent
-from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.schema import RunSchema
 from experiments.common.tables import display_name
 
@@ -183,23 +180,32 @@ def trace_line(spec: RunSpec) -> str:
         st = path.stat()
     except OSError:
         return ""
-    return f"# routing trace {path}: {st.st_size} B, mtime {st.st_mtime_ns}\n"
+    return f"# routing trace {path}: {_version(path, st)}\n"
+
+
+def _version(path: Path, st: os.stat_result | None = None) -> str:
+    """A file's version without reading it whole: size, mtime and ctime. An edit in place that
+    keeps the size and puts the mtime back (cp -p, rsync -a, touch -r) still moves the ctime,
+    which no user tool sets; a copy to another place runs again too (a new ctime)."""
+    st = st or path.stat()
+    return f"size {st.st_size} mtime {st.st_mtime_ns} ctime {st.st_ctime_ns}"
 
 
 def model_files_line(cfg: DictConfig) -> str:
     """A comment line for config.yaml naming the version of the files a run reads its model
     from (a real run's checkpoint, `model.hf_config`): a checkpoint rebuilt at the same path
-    makes a finished run run again. Their config.json's bytes, each weight file's size and
-    mtime; empty for a model from conf/model."""
+    makes a finished run run again. Their config.json's and index's bytes and each weight
+    file's version (`_version`); empty for a model from conf/model."""
     real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
     path = cfg.checkpoint if real else cfg.model.get("hf_config")
     if not path:
         return ""
     config = hf_config_file(str(path))
     h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
+    index = config.parent / "model.safetensors.index.json"
+    h.update(index.read_bytes() if index.is_file() else b"")
     for f in sorted(config.parent.glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+        h.update(f"{f.name} {_version(f)}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 

@@ -52,15 +52,15 @@ from experiments.common.hardware import (  # noqa: E402
     read_hardware,
     with_links,
 )
-from experiments.common.pipeline import (  # noqa: E402
+from experiments.common.pipeline import (
     RunResult,
     RunSpec,
     resolve_n_batches,
     simulate_run,
-    staged_outputs,
     write_run,
 )
 from experiments.common.real_run import real_execute  # noqa: E402
+from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import markdown  # noqa: E402
 from planners.registry import make_planner, planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint  # noqa: E402

@@ -32,13 +32,8 @@ from typing import Any
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
-from experiments.common.pipeline import (
-    RunResult,
-    RunSpec,
-    build_schedule,
-    interrupt_deferred,
-    resolve_n_batches,
-)
+from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+from experiments.common.run_dir import interrupt_deferred
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file

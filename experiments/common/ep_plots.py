@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.common.ep_rows import plotted_batches
-from experiments.common.pipeline import atomic_write_text
+from experiments.common.run_dir import atomic_write_text
 
 
 def batch_balance(phases: pd.DataFrame) -> pd.Series:

@@ -22,7 +22,6 @@ from experiments.common.figures import (
     per_layer_figure,
     pick_gantt_runs,
 )
-from experiments.common.pipeline import staged_outputs
 from experiments.common.ranking import (
     LOWER_IS_BETTER,
     METRIC_LABELS,
@@ -37,6 +36,7 @@ from experiments.common.ranking import (
     ok_runs,
     ranking,
 )
+from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import SYSTEM, collect, write_results
 
 

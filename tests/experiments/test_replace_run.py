@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from experiments.common import pipeline
-from experiments.common.pipeline import PREVIOUS, replace_run, restore_previous
+from experiments.common import run_dir
+from experiments.common.run_dir import PREVIOUS, replace_run, restore_previous
 
 
 def _old_run(d):
@@ -50,10 +50,10 @@ def test_a_kill_mid_swap_is_undone_by_the_next_run(tmp_path, monkeypatch, moved_
         (tmp / "trace.parquet").write_text("new trace")
         (tmp / "config.yaml").write_text("new: 1\n")
 
-    monkeypatch.setattr(pipeline.os, "replace", killed_replace)
+    monkeypatch.setattr(run_dir.os, "replace", killed_replace)
     with pytest.raises(SystemExit):
         replace_run(d, {"makespan_s": 2.0}, files)
-    monkeypatch.setattr(pipeline.os, "replace", real_replace)
+    monkeypatch.setattr(run_dir.os, "replace", real_replace)
     assert not (d / "summary.json").exists()  # no result is shown meanwhile, never a mix
     restore_previous(d)
     assert json.loads((d / "summary.json").read_text()) == {"makespan_s": 1.0}

@@ -171,3 +171,53 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     assert r.returncode == 0 and "another config" in r.stderr + r.stdout
     assert run_in([*TINY, "planner=flexgen"], tmp_path / "syn").returncode == 0
     assert "# routing trace" not in (tmp_path / "syn" / "run" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("edit", ["junk", "deleted", "same-size"])
+def test_a_result_file_edited_or_deleted_since_runs_again(tmp_path, run_in, edit):
+    """A finished run's files are listed with their sha256 in files.sha256; a rerun reuses the
+    result only while each is the file the run wrote (a trace.parquet overwritten or deleted
+    was handed back as the result before)."""
+    args = [*TINY, "planner=flexgen"]
+    assert run_in(args, tmp_path).returncode == 0
+    trace = tmp_path / "run" / "trace.parquet"
+    before = trace.read_bytes()
+    if edit == "junk":
+        trace.write_text("junk")
+    elif edit == "deleted":
+        trace.unlink()
+    else:  # one byte flipped, the size and mtime put back
+        st = trace.stat()
+        data = bytearray(before)
+        data[len(data) // 2] ^= 0xFF
+        trace.write_bytes(bytes(data))
+        os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = run_in(args, tmp_path)
+    assert r.returncode == 0 and "trace.parquet is missing or not what" in r.stderr + r.stdout
+    assert trace.read_bytes() == before  # the same run, written again
+    r = run_in(args, tmp_path)
+    assert "already finished" in r.stderr + r.stdout
+
+
+def test_weights_edited_in_place_with_their_mtime_put_back_run_again(tmp_path, run_in):
+    """A model file's version is its size, mtime and ctime: an edit in place that keeps the size
+    and restores the mtime (cp -p, rsync -a, touch -r) moves the ctime, so the run runs again;
+    the checkpoint's index is part of it too."""
+    from real.checkpoint import spec_to_hf_config
+    from tests.conftest import model_from_conf
+
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(spec_to_hf_config(model_from_conf("tiny"))))
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(b"0" * 64)
+    args = ["hardware=tiny", "workload=tiny", "planner=flexgen", f"+model.hf_config={ckpt}"]
+    assert run_in(args, tmp_path).returncode == 0
+    st = weights.stat()
+    weights.write_bytes(b"1" * 64)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = run_in(args, tmp_path)
+    assert r.returncode == 0 and "another config" in r.stderr + r.stdout
+    (ckpt / "model.safetensors.index.json").write_text("{}")
+    r = run_in(args, tmp_path)
+    assert r.returncode == 0 and "another config" in r.stderr + r.stdout

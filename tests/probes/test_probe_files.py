@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from experiments.common.pipeline import CODE, finished
+from experiments.common.run_dir import CODE, finished
 from experiments.reproduce_klotski import report_of
 from tests.probes.conftest import TINY, cli, raises_one_line
 

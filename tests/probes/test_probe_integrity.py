@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common.pipeline import replace_run
+from experiments.common.run_dir import replace_run
 from experiments.run import LOCK
 from tests.probes.conftest import ROOT, TINY, cli
 

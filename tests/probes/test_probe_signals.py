@@ -237,7 +237,7 @@ def test_a_stop_while_the_result_goes_in_waits_for_it(
     never holds some files of each run and no summary. Timing cannot aim at that moment from
     outside, so the signal is sent from the first rename."""
     from experiments.common import cli as cli_module
-    from experiments.common import pipeline
+    from experiments.common import run_dir as pipeline
 
     run = tmp_path / "run"
     pipeline.replace_run(run, {"planner": "old"}, lambda tmp: _write(tmp, "old"))

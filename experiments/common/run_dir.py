@@ -1,0 +1,340 @@
+"""A run directory as a result: its files replaced only by a whole new result
+(`replace_run`, `staged_outputs`), a swap a kill cut short undone (`restore_previous`), hydra's
+record of the result kept through a failed rerun, the code and files a result is of
+(`code_version`, `stamp`, a manifest of each file's hash), and whether a dir already holds this
+run's result (`finished`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from core.errors import MoepipeError
+from experiments import STOP_SIGNALS
+
+log = logging.getLogger(__name__)
+
+TOKENS_FILE = "tokens.safetensors"
+
+MANIFEST = "files.sha256"  # in a run dir: each result file's sha256, as sha256sum writes them
+RUN_FILES = (
+    MANIFEST,
+    "trace.parquet",
+    "trace.json",
+    "balance.csv",
+    TOKENS_FILE,
+)  # write_run's, but the summary
+
+PREVIOUS = ".previous"  # in a run dir: the earlier result while a new one moves in
+
+
+def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path], None]) -> None:
+    """Replace a run directory's result with a new one, on success only: `files(tmp)` writes the
+    new files into a hidden folder inside `out_dir` (a full disk or a kill leaves the old result
+    whole, and the folder is removed); then the old result moves aside into `.previous`, the new
+    files move in, the new summary.json is written last and `.previous` goes. A kill -9 in that
+    swap leaves `.previous`, which the next run into the dir puts back (`restore_previous`).
+    The result's files, summary.json included, are listed with their hashes in `files.sha256`
+    (`sha256sum -c` reads it), which `finished` checks before reusing the result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    restore_previous(out_dir)
+    # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
+    tmp = out_dir / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
+        try:
+            files(tmp)
+            write_manifest(tmp, {"summary.json": text.encode()})
+        except OSError as e:  # a full disk: the write's error names no file
+            raise OSError(
+                e.errno,
+                f"cannot write the run's files ({e.strerror or e}); the "
+                "earlier result there is kept",
+                str(out_dir),
+            ) from None
+        with interrupt_deferred():  # Ctrl-C now would leave neither result
+            new = {p.name for p in tmp.iterdir()}
+            _move_aside(out_dir, new | set(RUN_FILES))
+            for name in sorted(new):
+                os.replace(tmp / name, out_dir / name)
+            atomic_write_text(out_dir / "summary.json", text)
+            shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)
+        keep_hydra_record(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# hydra's record of a run (.hydra/: config, hydra.yaml, overrides) is rewritten when any run
+# starts in the dir, before the run can act; the record of the run whose result the dir holds
+# is kept beside it, so that a rerun that fails or is stopped puts it back
+HYDRA = ".hydra"
+HYDRA_KEPT = ".result"  # inside .hydra/
+
+
+def keep_hydra_record(out_dir: Path) -> None:
+    """Copy hydra's record of the run just finished into `.hydra/.result/` (nothing where the
+    run was written without hydra's record)."""
+    rec = out_dir / HYDRA
+    files = [p for p in rec.glob("*.yaml") if p.is_file()] if rec.is_dir() else []
+    if not files:
+        return
+    kept = rec / HYDRA_KEPT
+    tmp = rec / f".kept-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for p in files:
+        shutil.copy2(p, tmp / p.name)
+    shutil.rmtree(kept, ignore_errors=True)
+    os.replace(tmp, kept)
+
+
+def restore_hydra_record(out_dir: Path) -> None:
+    """After a run that did not finish: where the dir holds an earlier result, hydra's record
+    of that result comes back over the one the failed run's start wrote."""
+    rec = out_dir / HYDRA
+    kept = rec / HYDRA_KEPT
+    if not (kept.is_dir() and (out_dir / "summary.json").is_file()):
+        return
+    for p in rec.glob("*.yaml"):
+        if not (kept / p.name).exists():
+            p.unlink(missing_ok=True)
+    for p in kept.iterdir():
+        shutil.copy2(p, rec / p.name)
+
+
+@contextmanager
+def staged_outputs(
+    out: Path,
+    stale: Callable[[Path], set[str]] = lambda _: set(),
+    last: str = "",
+    made: bool | None = None,
+) -> Iterator[Path]:
+    """A hidden folder inside `out` to write a command's outputs into. When the block ends they
+    replace those of the same names in `out`, with the names `stale(out)` gives (an earlier
+    run's outputs the new ones do not overwrite), all under one deferred interrupt, `last`
+    moved in last; when it fails (an error, a full disk, Ctrl-C) the folder goes and `out`
+    keeps what it had, or goes too where it was made for this (`made`: it was, by the caller;
+    default: where it does not exist yet)."""
+    made = not out.exists() if made is None else made
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir()
+        yield tmp
+        new = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == last)
+        with interrupt_deferred():
+            for name in (set(new) | stale(out)) - {tmp.name}:
+                old = out / name
+                if old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink(missing_ok=True)
+            for name in new:
+                os.replace(tmp / name, out / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_aside(out_dir: Path, names: set[str]) -> None:
+    """The old result's files into `.previous`, summary.json first (a dir without it holds no
+    result, so no mix of two runs is ever read as one)."""
+    prev = out_dir / PREVIOUS
+    prev.mkdir(exist_ok=True)
+    for name in ["summary.json", *sorted(names - {"summary.json"})]:
+        if (out_dir / name).exists():
+            os.replace(out_dir / name, prev / name)
+
+
+def restore_previous(out_dir: Path) -> None:
+    """Undo a swap a kill cut short (`replace_run`): where summary.json is missing and
+    `.previous` holds one, the new run's files that had moved in go and the earlier result comes
+    back; where the new summary.json was written, `.previous` only had to go."""
+    prev = out_dir / PREVIOUS
+    if not prev.is_dir():
+        return
+    if not (out_dir / "summary.json").exists() and (prev / "summary.json").exists():
+        for name in RUN_FILES:
+            if not (prev / name).exists():
+                (out_dir / name).unlink(missing_ok=True)
+        for p in sorted(prev.iterdir(), key=lambda p: p.name == "summary.json"):
+            os.replace(p, out_dir / p.name)  # summary.json last
+    shutil.rmtree(prev, ignore_errors=True)
+
+
+@contextmanager
+def interrupt_deferred() -> Iterator[None]:
+    """Run the block whole under Ctrl-C, SIGTERM and SIGHUP: one that comes meanwhile acts once
+    it ends, as it would have (KeyboardInterrupt, `Stopped`, or whatever handler was set). Off
+    the main thread, which cannot set a handler, the block runs as is; so does a signal whose
+    handler was set outside Python."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+    previous = {}
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        handler = signal.getsignal(signum)
+        if handler is not None and handler != signal.SIG_IGN:
+            previous[signum] = signal.signal(
+                signum, lambda signum, frame: pending.append((signum, frame))
+            )
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            signum, frame = pending[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            else:  # SIG_DFL: its default action
+                os.kill(os.getpid(), signum)
+
+
+def code_version() -> str:
+    """A fingerprint of the code a run depends on (core, planners, sim, real, the experiments
+    that build its inputs, the configs): commands that resume reuse a finished run only under
+    the same code. Hardware profiles (conf/hardware) are left out: `experiments.calibrate` adds
+    one, which must not make every finished run count as another code's. Each command compares
+    the profile a run used itself: experiments.run its resolved config.yaml, reproduce_klotski
+    the profile's text."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha1()
+    for folder in ("core", "planners", "sim", "real", "experiments", "conf"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.suffix in (".py", ".yaml") and f.parent != root / "conf" / "hardware":
+                h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+CODE = "code_version.txt"  # in a run dir: the code (code_version) it ran with
+
+
+def stamp(config_yaml: str) -> dict[str, str]:
+    """The files that record what a run dir's summary is of: the config and the code."""
+    return {"config.yaml": config_yaml, CODE: code_version()}
+
+
+def finished(out_dir: Path, config_yaml: str) -> bool:
+    """A run directory is finished when its summary.json exists (written last, atomically), its
+    config.yaml and code version are this run's (a changed config or code runs again), and its
+    files are those the run wrote (files.sha256: one deleted or edited since runs again)."""
+    summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
+    if not summary.exists():
+        return False
+    if _text(config) != config_yaml:
+        log.warning("%s holds a run of another config; running again", out_dir)
+        return False
+    if _text(code) != code_version():
+        log.warning("%s holds a run of other code; running again", out_dir)
+        return False
+    try:
+        got = json.loads(summary.read_text())
+    except (OSError, ValueError):  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        got = None
+    if not isinstance(got, dict):
+        log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
+        return False
+    from experiments.common.tables import check_metrics  # (tables reads runs: it imports us)
+
+    try:  # a metric that no run writes (NaN, a negative rate, a string): not a result to reuse
+        check_metrics(got, summary)
+    except MoepipeError as e:
+        log.warning("%s; running again", e)
+        return False
+    changed = changed_file(out_dir)
+    if changed is not None:
+        log.warning("%s: %s is missing or not what the run wrote; running again", out_dir, changed)
+        return False
+    return True
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, more: Mapping[str, bytes]) -> None:
+    """`folder/files.sha256`: the sha256 of each file in `folder` and of `more` (name -> the
+    bytes a file of that name will hold), one `<hash>  <name>` line each."""
+    digests = {p.name: _sha256(p) for p in folder.iterdir() if p.is_file()}
+    digests |= {name: hashlib.sha256(data).hexdigest() for name, data in more.items()}
+    digests.pop(MANIFEST, None)
+    (folder / MANIFEST).write_text("".join(f"{h}  {n}\n" for n, h in sorted(digests.items())))
+
+
+def changed_file(out_dir: Path) -> str | None:
+    """The first file of the result in `out_dir` that is missing or not the one the run wrote
+    (by its hash in files.sha256); `files.sha256` itself where it is missing or unreadable."""
+    text = _text(out_dir / MANIFEST)
+    lines = [line.split("  ", 1) for line in (text or "").splitlines()]
+    if not lines or any(len(parts) != 2 for parts in lines):
+        return MANIFEST
+    for digest, name in lines:
+        try:
+            if _sha256(out_dir / name) != digest:
+                return name
+        except OSError:
+            return name
+    return None
+
+
+def _text(path: Path) -> str | None:
+    """`path`'s text; None where it is missing, not a file or not UTF-8 (then not this run's)."""
+    try:
+        return path.read_text()
+    except (OSError, ValueError):
+        return None
+
+
+def write_texts(folder: Path, texts: Mapping[str, str]) -> None:
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file in its folder, renamed over it), with
+    the permissions a plain write gives (mkstemp's are 0600: others in a shared group could not
+    read a run's summary)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    os.replace(tmp, path)
+
+
+def _umask() -> int:
+    """The process's umask, read once at import: setting it to read it is process-wide, and a
+    thread creating a file meanwhile would get mode 0666."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
