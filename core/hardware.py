@@ -5,6 +5,7 @@ Every validation error names the field as the YAML names it and what would fix i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,6 +154,14 @@ class HardwareSpec:
                     )
         if self.n_gpus < 1:
             raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
+        p = self.processes  # NaN and inf pass the range checks below
+        check_finite(f"{where}processes", gate_exchange_us=p.gate_exchange_s * 1e6)
+        check_finite(f"{where}processes", copy_share=p.copy_share)
+        check_finite(f"{where}processes.compute_scale_by_kind", **dict(p.compute_scale))
+        check_finite(
+            f"{where}processes.start_delay_us_by_kind",
+            **{k: v * 1e6 for k, v in p.start_delay_s.items()},
+        )
         if self.processes.gate_exchange_s < 0:
             raise ConfigError(f"hardware {self.name}: processes.gate_exchange_us must be >= 0")
         if not 0 <= self.processes.copy_share < 1:
@@ -195,6 +204,9 @@ class HardwareSpec:
         try:
             mem_gb = {Tier(k): float(v) for k, v in dict(d["memory_gb"]).items()}
             check_finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
+            for tier, gb in mem_gb.items():  # before the bytes: 1e308 GB overflows an int
+                if gb > 0:  # 0 and below: "must be a positive capacity" (__post_init__)
+                    _in_range(f"hardware {name}: memory_gb.{tier}", "memory_gb", gb)
             mem = {k: int(v * GB) for k, v in mem_gb.items()}
             links = {}
             at = "links"
@@ -255,6 +267,9 @@ PHYSICAL: dict[str, tuple[float, float, str]] = {
     "gate_exchange_us": (0.0, 1e7, "us"),
     "start_delay_us": (0.0, 1e7, "us"),
     "compute_scale": (1e-3, 1e3, "x"),
+    "sms": (0, 1e6, "SMs"),  # 0: unknown
+    "sm_mem_bw_gbps": (0, 1e6, "GB/s"),  # 0: unknown
+    "time_table_tflops": (1e-9, 1e6, "TFLOP/s"),  # a point's flops over its seconds
 }
 
 
@@ -283,6 +298,13 @@ def check_physical(hw: HardwareSpec) -> None:
         _in_range(f"{at}{dev}.overhead_us", "overhead_us", c.kernel_overhead_s * 1e6)
         for kind, v in c.kind_overhead_s.items():
             _in_range(f"{at}{dev}.overhead_us_by_kind.{kind}", "overhead_us", v * 1e6)
+        _in_range(f"{at}{dev}.sms", "sms", c.sms)
+        _in_range(f"{at}{dev}.sm_mem_bw_gbps", "sm_mem_bw_gbps", c.sm_mem_bw_bytes_per_s / GB)
+        for kind, pts in c.time_tables.items():
+            for i, (flops, secs) in enumerate(pts):
+                if flops > 0:  # a point's rate; (0, t) is a launch's floor
+                    rate = flops / secs / 1e12 if secs > 0 else math.inf
+                    _in_range(f"{at}{dev}.time_tables.{kind}[{i}] rate", "time_table_tflops", rate)
     p = hw.processes
     _in_range(f"{at}processes.gate_exchange_us", "gate_exchange_us", p.gate_exchange_s * 1e6)
     for kind, x in p.compute_scale.items():

@@ -41,10 +41,16 @@ CHUNK_SEQS = 32  # sequences generated together (bounds the working set)
 def popularity(cfg: RoutingConfig, n_layers: int, n_experts: int, seed: int) -> np.ndarray:
     """[L, E] per-layer selection probabilities: Zipf(skew) over a random expert order per layer."""
     rng = np.random.default_rng([seed, 1])
-    zipf = 1.0 / np.arange(1, n_experts + 1) ** cfg.skew  # [E] by rank
+    with np.errstate(over="ignore"):  # a steep skew: rank**skew past 1e308 weighs 1/inf = 0
+        zipf = 1.0 / np.arange(1, n_experts + 1) ** cfg.skew  # [E] by rank
     zipf /= zipf.sum()
+    if cfg.hot_experts > n_experts:
+        raise ConfigError(
+            f"workload.routing.hot_experts={cfg.hot_experts} exceeds the model's {n_experts} "
+            f"experts; pass at most {n_experts}"
+        )
     if cfg.hot_experts > 0:
-        h = min(cfg.hot_experts, n_experts)
+        h = cfg.hot_experts
         hot, cold = zipf[:h], zipf[h:]
         zipf = np.concatenate(
             [hot / hot.sum() * cfg.hot_share, cold / max(cold.sum(), 1e-300) * (1 - cfg.hot_share)]

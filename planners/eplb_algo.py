@@ -122,9 +122,14 @@ def check_args(
         )
     if num_groups < 1 or num_nodes < 1:
         raise ConfigError(f"eplb: num_groups={num_groups} and num_nodes={num_nodes} must be >= 1")
+    if num_gpus % num_nodes:  # nodes of equal GPUs, whichever policy runs
+        raise ConfigError(
+            f"eplb: num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes}): each "
+            "node holds the same number of GPUs"
+        )
     if num_groups % num_nodes:  # DeepSeek's global policy: one group, one node; nothing to divide
         return
-    if e % num_groups or num_gpus % num_nodes:  # the hierarchical policy's
+    if e % num_groups:  # the hierarchical policy's
         raise ConfigError(
             f"eplb: need experts ({e}) divisible by num_groups ({num_groups}) and num_gpus "
             f"({num_gpus}) divisible by num_nodes ({num_nodes})"

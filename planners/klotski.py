@@ -96,6 +96,11 @@ class KlotskiParams:
                     + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
                     + (" (1 = batch by batch, 0 = auto)" if name == "attn_batches" else "")
                 )
+        if self.attn_batches > N_MAX:  # spans past any group: the whole group, said so
+            raise ConfigError(
+                f"planner klotski: attn_batches={self.attn_batches} exceeds {N_MAX}, the most "
+                "batches a group holds; pass at most the group's n (0 = the planner chooses)"
+            )
         if self.warmup_sequences > MAX_WARMUP_SEQUENCES:
             raise ConfigError(
                 f"planner klotski: warmup_sequences={self.warmup_sequences} is above "
@@ -164,6 +169,13 @@ class Klotski(Planner):
             raise ConfigError(
                 f"planner klotski: hot_k={self.params.hot_k} exceeds the model's "
                 f"{model.n_experts} experts; pass hot_k <= {model.n_experts} (0 = its top-k)"
+            )
+        # it was cut to the layers without a word (the default's 2 on a one-layer model is fine)
+        layers = len(model.moe_layers)
+        if self.params.disk_window > max(layers, KlotskiParams.disk_window):
+            raise ConfigError(
+                f"planner klotski: disk_window={self.params.disk_window} exceeds the model's "
+                f"{layers} MoE layers; pass disk_window <= {layers}"
             )
         return self.params.hot_k or model.top_k
 

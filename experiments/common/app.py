@@ -475,7 +475,8 @@ def check_bool(override: str) -> None:
     if not sep or not hydra_errors.ROOT_SCHEMA or key.startswith(("hydra", "~")):
         return
     parts = key.lstrip("+").split(".")
-    typ: Any = _planner_param_type(parts[2]) if parts[:2] == ["planner", "params"] else None
+    one_param = len(parts) > 2 and parts[:2] == ["planner", "params"]  # not params={...}
+    typ: Any = _planner_param_type(parts[2]) if one_param else None
     if typ is None:
         typ = hydra_errors.ROOT_SCHEMA[0]
         for part in parts:

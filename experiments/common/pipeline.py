@@ -131,8 +131,10 @@ def check_kv_fits(spec: RunSpec) -> None:
         raise MoepipeError(
             f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x "
             f"{m.n_layers} layers would need about {need / 1e9:.3g} GB of this machine's RAM to "
-            f"build ({avail / 1e9:.3g} GB available); reduce prompt_len, batch_size or n_batches"
+            f"build ({avail / 1e9:.3g} GB available); reduce prompt_len, gen_len, batch_size or "
+            "n_batches"
         )
+    check_ops_fit(spec)
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
     if kv > room:
@@ -140,6 +142,28 @@ def check_kv_fits(spec: RunSpec) -> None:
             f"KV cache of {wl.n_sequences} sequences x {wl.seq_positions} tokens "
             f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB); "
             "reduce batch_size, n_batches or the sequence length"
+        )
+
+
+OPS_CHECKED = 1_000_000  # a schedule estimated this large is checked against memory
+BYTES_PER_OP = 1500  # a run's peak RAM per op (docs/results/sim-speed.md: 1.9 GB at 1.23M ops)
+
+
+def check_ops_fit(spec: RunSpec) -> None:
+    """A MoepipeError when the schedule's ops (about: per step, layer and batch, each expert a
+    batch's tokens can reach and a few dense and transfer ops) would take more RAM than the
+    machine has: a gen_len of millions planned for minutes before running out of memory."""
+    m, wl = spec.model, spec.workload
+    experts = min(m.n_experts, wl.batch_size * m.top_k)
+    ops = (wl.gen_len + 1) * m.n_layers * wl.n_batches * (experts + 6)
+    if ops < OPS_CHECKED:
+        return
+    need, avail = ops * BYTES_PER_OP, _available_ram_bytes()
+    if avail is not None and need > avail:
+        raise MoepipeError(
+            f"workload.gen_len={wl.gen_len} x n_batches={wl.n_batches} on {m.n_layers} layers "
+            f"plans about {ops:.3g} ops, about {need / 1e9:.3g} GB of RAM ({avail / 1e9:.3g} GB "
+            "available); lower gen_len or n_batches"
         )
 
 
@@ -222,6 +246,9 @@ def write_run(
     (file name -> text: the config the run is of), then summary.json last and atomically: a
     run directory counts as finished only once summary.json exists. An earlier run's files are
     replaced only once the new ones are whole (`replace_run`)."""
+    from experiments.common.tables import check_result  # (tables reads runs: it imports us)
+
+    check_result(result.summary)
 
     def files(tmp: Path) -> None:
         write_trace_parquet(result.trace, tmp / "trace.parquet")

@@ -163,11 +163,10 @@ MAX_METRIC = 1e30
 TEXTS = ("planner", "model", "planner_label")  # summary.json's names, strings where present
 
 
-def check_metrics(summary: dict[str, Any], path: Path) -> None:
-    """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
-    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count): such
-    a file was not written by a run, and would go into a table or a figure as if it were a
-    result."""
+def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, what it is) of the first entry of a summary that no run writes: a name that is not
+    a string, a metric that is not a finite number in [0, MAX_METRIC]; None where there is
+    none."""
 
     def number(v: Any) -> bool:  # an int past a float's range (10**400) is not one either
         if not isinstance(v, int | float) or isinstance(v, bool):
@@ -179,25 +178,42 @@ def check_metrics(summary: dict[str, Any], path: Path) -> None:
 
     for key in TEXTS:
         if key in summary and not isinstance(summary[key], str):
-            raise MoepipeError(
-                f"{path}: {key} is {_short(summary[key])}, not a name; the file is not a run's: "
-                "delete it and run that point again"
-            )
+            return key, f"{_short(summary[key])}, not a name"
     items = [(k, summary[k]) for k in METRICS if k in summary]
     for group in METRIC_GROUPS:
         values = summary.get(group, {})
         if not isinstance(values, dict):
-            raise MoepipeError(
-                f"{path}: {group} is {values!r}, not a mapping of name -> number; the file is "
-                "not a run's: delete it and run that point again"
-            )
+            return group, f"{_short(values)}, not a mapping of name -> number"
         items += [(f"{group}.{k}", v) for k, v in values.items()]
     for key, value in items:
         if not number(value) or value < 0:
-            raise MoepipeError(
-                f"{path}: {key} is {_short(value)}, not a finite number in "
-                f"[0, {MAX_METRIC:g}]; the file is not a run's: delete it and run that point again"
-            )
+            return key, f"{_short(value)}, not a finite number in [0, {MAX_METRIC:g}]"
+    return None
+
+
+def check_metrics(summary: dict[str, Any], path: Path) -> None:
+    """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
+    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count): such
+    a file was not written by a run, and would go into a table or a figure as if it were a
+    result."""
+    problem = metric_problem(summary)
+    if problem:
+        raise MoepipeError(
+            f"{path}: {problem[0]} is {problem[1]}; the file is not a run's: delete it and run "
+            "that point again"
+        )
+
+
+def check_result(summary: dict[str, Any]) -> None:
+    """Before a run writes its summary: a MoepipeError where a metric came out beyond what a
+    result can hold (a makespan of 1e297 s from a machine of 1e-300 GB/s), which collect and
+    report would refuse afterwards, instead of a result nothing can read."""
+    problem = metric_problem(summary)
+    if problem:
+        raise MoepipeError(
+            f"the run's {problem[0]} came out as {problem[1]}: its hardware, model or workload "
+            "holds a value beyond what the simulator models; check them"
+        )
 
 
 def _short(value: Any) -> str:

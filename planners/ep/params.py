@@ -62,9 +62,11 @@ class EPParams:
             ("lane_sharing", LaneSharing),
         ):
             as_enum(self, name, enum)
-        if not 0.0 <= self.lane_share <= 1.0:
+        # 0 = 1/n_devices; else at least about one SM of the largest GPUs (1/200 of one)
+        if not (self.lane_share == 0.0 or 1e-3 <= self.lane_share <= 1.0):
             raise ConfigError(
-                f"planner lane_share={self.lane_share} must be in [0, 1] (0 = 1/n_devices)"
+                f"planner lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
+                "[0.001, 1] (a lane holds at least one SM)"
             )
         if self.replicas < -1:
             raise ConfigError(

@@ -15,6 +15,10 @@ from core.types import ReplicaGate
 from planners.ep.cost import ExpertTime, predicted_tokens
 from planners.ep.params import Layout, ReplicaParams
 
+# a load file's largest count: far past any run's tokens (a count near 1e308 overflowed the
+# placement's sums into inf with numpy warnings)
+MAX_LOAD = 1e15
+
 
 def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
     """A .npy array of loads or counts whose shape matches `shape` (None: any length >= 1 on that
@@ -38,10 +42,11 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
         raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers (loads are real counts)")
     out = arr.astype(np.float64)
-    if not np.isfinite(out).all() or (out < 0).any():
+    if not np.isfinite(out).all() or (out < 0).any() or (out > MAX_LOAD).any():
+        some = not np.isnan(out).all()
         raise ConfigError(
-            f"{label} {path}: loads must be finite counts >= 0 "
-            f"(min {np.nanmin(out) if not np.isnan(out).all() else 'nan'}, "
+            f"{label} {path}: loads must be finite counts in [0, {MAX_LOAD:g}] "
+            f"(min {np.nanmin(out) if some else 'nan'}, max {np.nanmax(out) if some else 'nan'}, "
             f"{int(np.isnan(out).sum())} NaN)"
         )
     return out

@@ -74,6 +74,7 @@ def test_readme_example_hierarchical():
         ((2, 12), (16, 4, 4, 2), "divisible"),  # GPUs not divisible by nodes
         ((2, 12), (16, 0, 1, 8), "num_groups=0"),
         ((2, 4), (16, 1, 1, 8), "num_gpus=8"),  # more GPUs than experts
+        ((2, 8), (8, 1, 3, 2), "divisible by num_nodes"),  # 2 GPUs on 3 nodes, any policy
     ],
 )
 def test_bad_input_is_one_config_error(shape, args, match):
