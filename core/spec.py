@@ -395,6 +395,11 @@ class RoutingConfig:
             )
 
 
+# a sequence's tokens (prompt + generated): past the longest context any model is trained for
+# (10M); a count of 1e12 otherwise ran until the machine's memory ran out
+MAX_POSITIONS = 1 << 24
+
+
 @dataclass(frozen=True)
 class Workload:
     batch_size: int  # sequences per batch
@@ -409,6 +414,11 @@ class Workload:
             v = getattr(self, f_)
             if not (isinstance(v, int) and v > 0):
                 raise ConfigError(f"workload.{f_} must be a positive integer, got {v!r}")
+        if self.prompt_len + self.gen_len > MAX_POSITIONS:
+            raise ConfigError(
+                f"workload.prompt_len={self.prompt_len} + gen_len={self.gen_len} tokens per "
+                f"sequence exceed {MAX_POSITIONS}, past any model's context; lower them"
+            )
         if (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, numbers.Integral)

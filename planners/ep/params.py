@@ -169,6 +169,11 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         )
     if p.replica_slots < 0:
         raise ConfigError(f"planner replica_slots={p.replica_slots} must be >= 0")
+    if p.replica_slots > e:  # a device holds at most one copy of each expert
+        raise ConfigError(
+            f"planner replica_slots={p.replica_slots} exceeds the model's {e} experts (a "
+            f"device holds one copy of an expert at most); pass replica_slots <= {e}"
+        )
     replicas = g * p.replica_slots if p.replicas < 0 else p.replicas
     if replicas > g * p.replica_slots:
         raise ConfigError(

@@ -186,9 +186,15 @@ def test_lanes_gate_charges_every_lanes_copies_as_one_queue(monkeypatch):
     assert one < each
 
 
-def test_too_many_replica_slots_for_memory_name_the_param():
-    with pytest.raises(CapacityError, match=r"planner replica_slots=\d+: .* lower replica_slots"):
+def test_too_many_replica_slots_name_the_param():
+    """Past the model's experts (a device holds one copy of each at most), or past memory."""
+    with pytest.raises(ConfigError, match=r"planner replica_slots=\d+ exceeds the model's"):
         simulate_run(tiny_spec("predictive_replication", replica_slots=10**6))
+    spec = tiny_spec("predictive_replication", replica_slots=4)  # the model's 4 experts
+    small = {**spec.hardware.memory_bytes, Tier.GPU: 500_000}  # room for one slot
+    spec = replace(spec, hardware=replace(spec.hardware, memory_bytes=small))
+    with pytest.raises(CapacityError, match=r"planner replica_slots=\d+: .* lower replica_slots"):
+        simulate_run(spec)
 
 
 def test_memory_is_checked_per_gpu():

@@ -191,6 +191,8 @@ PLANNED = [
     ["planner=ep_static", "hardware.n_gpus=2", "hardware.processes.gate_exchange_us=inf"],
     ["planner=ep_static", "hardware.n_gpus=2", "hardware.gpu.sms=1000000000000"],
     ["planner=flexgen", "hardware.memory_gb.gpu=1e308"],
+    ["planner=flexgen", "workload.gen_len=1000000000000"],  # ran until memory ran out
+    ["planner=eplb", "hardware.n_gpus=2", "+planner.params.replica_slots=1000000000000"],
     ["planner=klotski", "planner.params.predictor=foo"],
     ["planner=flexgen", "planner.params.sync=maybe"],
     ["planner=flexgen", "+planner.params.bogus=1"],
