@@ -43,6 +43,21 @@ def check_finite(where: str, **values: Any) -> None:
 FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
 DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
+MAX_WIDTH = 1 << 24  # a dimension or count of a layer (16M): past any model's (vocab ~256k)
+_WIDTHS = (
+    "hidden_size",
+    "expert_ffn_size",
+    "n_experts",
+    "top_k",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "dense_ffn_size",
+    "shared_ffn_size",
+    "kv_dim",
+    "qk_head_dim",
+)
 _INT_FIELDS = (
     "n_layers",
     "hidden_size",
@@ -109,6 +124,12 @@ class ModelSpec:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ConfigError(f"model {self.name}: {key} must be a whole number, got {v!r}")
+        for key in _WIDTHS:
+            if getattr(self, key) > MAX_WIDTH:
+                raise ConfigError(
+                    f"model {self.name}: {key}={getattr(self, key)}, wider than any model "
+                    f"(at most {MAX_WIDTH})"
+                )
         if self.n_layers > MAX_LAYERS:
             raise ConfigError(
                 f"model {self.name}: n_layers={self.n_layers}, more than any model has "

@@ -20,6 +20,8 @@ from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 CASES = [
     ("model.n_layers=1e12", "n_layers"),
     ("model.n_layers=1000000000", "n_layers"),
+    ("model.dense_ffn_size=1000000000000", "dense_ffn_size"),  # unused here, but no model's
+    ("model.hidden_size=1000000000000", "hidden_size"),
     ("model.n_layers=2.5", "n_layers"),
     ("model.n_layers='two'", "n_layers"),
     ("model.hidden_size=true", "hidden_size"),
