@@ -243,7 +243,8 @@ def hydra_main(
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
         flags, overrides = split_flags(argv)
-        check_flags(flags)
+        flags = check_flags(flags)
+        check_hydra_overrides(overrides, conf_dir, file_groups)
         overrides = [plus_plus(o, conf_dir) for o in overrides]
         for o in overrides:
             check_bool(o)
@@ -273,6 +274,7 @@ def hydra_main(
             _as_hydras_argv([argv0, *flags, *hydra_args, *overrides]),
             validate_each_value_once() if sweep else contextlib.nullcontext(),
             mode_unset([*flags, *overrides], (conf_dir, Path(tmp))),
+            package_checked(),
         ):
             app()
         if raised:
@@ -312,6 +314,43 @@ def _as_hydras_argv(args: list[str]) -> Iterator[None]:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_env
+
+
+@contextlib.contextmanager
+def package_checked() -> Iterator[None]:
+    """`--cfg job --package KEY` where the config has no KEY: hydra prints a line of its own
+    without `error: ` and exits 1; here it is one line saying what to pass."""
+    from hydra._internal.hydra import Hydra
+    from hydra.types import RunMode
+
+    show = Hydra.show_cfg
+
+    def checked(
+        self: Any,
+        config_name: Any,
+        overrides: Any,
+        cfg_type: str,
+        package: Any,
+        resolve: bool = False,
+    ) -> None:
+        if package not in (None, "_global_"):
+            cfg = self.compose_config(
+                config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False
+            )
+            cfg = self.get_sanitized_cfg(cfg, cfg_type)
+            top = sorted(str(k) for k in cfg)
+            if OmegaConf.select(cfg, package) is None:
+                raise MoepipeError(
+                    f"--package {package}: no such key in the --cfg {cfg_type} config; pass a "
+                    f"dotted key of it (top level: {', '.join(top)})"
+                )
+        show(self, config_name, overrides, cfg_type, package, resolve)
+
+    Hydra.show_cfg = checked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.show_cfg = show  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -451,17 +490,122 @@ _FLAGS = _VALUE_FLAGS | {
 }
 
 
-def check_flags(flags: Sequence[str]) -> None:
-    """A flag hydra does not know (`--bogus`, `--out=x`) is one line, not argparse's usage text."""
-    values = False
-    for flag in flags:
-        name = flag.partition("=")[0]
-        if not values and flag.startswith("-") and name not in _FLAGS:
+# the values hydra's argparse accepts after a flag (hydra/_internal/utils.py, hydra 1.3)
+_CHOICES = {
+    "--cfg": ("job", "hydra", "all"),
+    "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+}
+_SHORT = {"-c": "--cfg", "-i": "--info", "-p": "--package", "-m": "--multirun", "-r": "--run"}
+# what hydra runs: one of these at a time (it raises a ValueError naming its own flags)
+_MODES = ("--run", "--multirun", "--cfg", "--info")
+# hydra flags these commands do not serve, with what to do instead
+_REFUSED = {
+    "--shell-completion": "shell completion is not supported for `python -m` commands; "
+    "see --help for the options",
+    "-sc": "shell completion is not supported for `python -m` commands; see --help for the options",
+    "--experimental-rerun": "rerunning a pickled config is not supported; run the command "
+    "again with the overrides in the run dir's .hydra/overrides.yaml",
+}
+ALL_FLAGS = "flags: --help, -m, --cfg job|hydra|all [--package KEY], --info [WHAT]"
+
+
+def check_flags(flags: list[str]) -> list[str]:
+    """`flags` checked as hydra's argparse would (an unknown flag, a value not among a flag's
+    choices, a flag missing its value, two modes at once), each one line naming the flag, not
+    argparse's 8 lines of usage; returned with `--info`'s value filled in (left out, argparse
+    would take the override after it for its value)."""
+    out: list[str] = []
+    modes: list[str] = []
+    i = 0
+    while i < len(flags):
+        flag, eq, inline = flags[i].partition("=")
+        name = _SHORT.get(flag, flag)
+        if eq and name in _CHOICES:  # `--cfg=job`: as `--cfg job`
+            flags = [*flags[:i], flag, inline, *flags[i + 1 :]]
+        flag = flags[i]
+        if name not in _FLAGS:
             raise MoepipeError(
-                f"{flag}: unknown flag; options are key=value (see --help), flags: "
-                "--help, -m, --cfg job, --info"
+                f"{flag}: unknown flag; options are key=value (see --help), {ALL_FLAGS}"
             )
-        values = flag in _VALUE_FLAGS
+        if name in _REFUSED:
+            raise MoepipeError(f"{flag}: {_REFUSED[name]}")
+        if name in _MODES:
+            modes.append(flag.partition("=")[0])
+        if flag in _VALUE_FLAGS:
+            has_value = i + 1 < len(flags) and not flags[i + 1].startswith("-")
+            if not has_value and name == "--info":
+                out += [flag, "all"]  # hydra's own default for a bare --info
+                i += 1
+                continue
+            if not has_value:
+                raise MoepipeError(f"{flag}: needs a value; {ALL_FLAGS}")
+            value = flags[i + 1]
+            choices = _CHOICES.get(name, ())
+            if choices and value not in choices:
+                raise MoepipeError(
+                    f"{flag} {value}: not a choice; pass one of {', '.join(choices)}"
+                )
+            out += [flag, value]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    if len(set(modes)) > 1:
+        raise MoepipeError(
+            f"{' and '.join(dict.fromkeys(modes))}: only one of -m, --cfg and --info at a time; "
+            "--cfg and --info print the config without running"
+        )
+    return out
+
+
+def check_hydra_overrides(
+    overrides: Sequence[str], conf_dir: Path, file_groups: Sequence[str] = ()
+) -> None:
+    """Overrides hydra would fail on with an internal error, or take and misbehave: an empty key
+    (`=5`), a config group set to null or a number (`hardware=null`), a launcher's n_jobs of
+    0 or beyond what this machine's cores can run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if sep and not key.strip("+~"):
+            raise MoepipeError(f"{o}: an override needs a key; pass key=value (see --help)")
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        key = o.get_key_element().lstrip("+~")
+        if o.is_delete():
+            continue
+        group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if group and not all(isinstance(v, str) for v in values):
+            names = sorted({p.stem for d in (conf_dir, CONF_DIR) for p in (d / key).glob("*.yaml")})
+            raise MoepipeError(
+                f"{o.input_line}: {key} is a config group: pass one of its names "
+                f"({', '.join(names)})" + (f" or {key}=FILE.yaml" if key in file_groups else "")
+            )
+        if key == "hydra.launcher.n_jobs":
+            for v in values:
+                check_n_jobs(o.input_line, v)
+
+
+# a sweep's workers beyond this many per core only wait for a core (and for memory: each is a
+# Python process with torch loaded)
+MAX_JOBS_PER_CORE = 4
+
+
+def check_n_jobs(override: str, n_jobs: Any) -> None:
+    """joblib's n_jobs: N workers, or -k for all cores but k-1; 0, or more workers than the
+    machine can run at once, is refused (1000 on 2 cores took minutes to start)."""
+    cores = os.cpu_count() or 1
+    top = MAX_JOBS_PER_CORE * cores
+    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or not -cores <= n_jobs <= top:
+        raise MoepipeError(
+            f"{override}: n_jobs must be an integer in [1, {top}] ({MAX_JOBS_PER_CORE} per core "
+            f"of this machine's {cores}), or -1 for one worker per core"
+        )
+    if n_jobs == 0:
+        raise MoepipeError(
+            f"{override}: 0 workers run nothing; pass 1 to {top}, or -1 (one per core)"
+        )
 
 
 _BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}

@@ -202,3 +202,40 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
         line = one_line(r, str(path), words)
         assert "moepipe-conf-" not in line
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["--cfg", "bogus"], ["--cfg bogus", "job, hydra, all"]),
+        (["--cfg"], ["--cfg: needs a value"]),
+        (["--cfg", "job", "--package", "bogus.pkg"], ["--package bogus.pkg", "top level:"]),
+        (["--shell-completion"], ["--shell-completion", "not supported"]),
+        (["--experimental-rerun", "/nonexistent.pickle"], ["--experimental-rerun", "overrides"]),
+        (["-m", "--cfg", "job", "workload.batch_size=1,2"], ["-m and --cfg", "only one"]),
+        (["=5"], ["=5: an override needs a key"]),
+        (["hardware=null"], ["hardware=null", "config group", "tiny"]),
+        (["executor=null"], ["executor=null", "config group", "sim"]),
+        (["-m", "hydra.launcher.n_jobs=0", "workload.batch_size=1,2"], ["n_jobs=0"]),
+        (["-m", "hydra.launcher.n_jobs=1000", "workload.batch_size=1,2"], ["n_jobs=1000", "core"]),
+    ],
+)
+def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
+    tmp_path: Path, cli_here: Any, args: list[str], names: list[str]
+) -> None:
+    """Each was argparse's 8 lines of usage, hydra's own line without `error: ` and exit 1, or
+    an "internal error" (with a UserWarning for --experimental-rerun); n_jobs=1000 started 1000
+    workers on 2 cores."""
+    sweep = tmp_path / "s"
+    r = cli_here("experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}")
+    one_line(r, *names)
+    assert not sweep.exists()
+
+
+def test_a_bare_info_flag_prints_hydras_info(cli_here: Any) -> None:
+    """`--info` takes an optional value: argparse took the override after it ("invalid choice:
+    'hydra.job.name=run'"); alone it is hydra's `--info all`, as documented."""
+    r = cli_here("experiments.run", *TINY, "--info")
+    assert r.returncode == 0 and "Installed Hydra Plugins" in r.stdout, r.stderr
+    r = cli_here("experiments.collect", "--info")
+    assert r.returncode == 0 and "Installed Hydra Plugins" in r.stdout, r.stderr
