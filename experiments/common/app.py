@@ -416,7 +416,8 @@ def mode_unset(args: Sequence[str], conf_dirs: Sequence[Path]) -> Iterator[None]
 def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
     """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
     overrides at their first value: a bad choice or key is one line before the sweep starts,
-    not a worker's error under its progress bar. What the values do to a run is its own."""
+    not a worker's error under its progress bar; points that would share a run dir are refused
+    (`check_subdirs`). What the values do to a run is its own."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -424,11 +425,8 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     swept = [o for o in parsed if o.is_sweep_override()]
     if not swept:
         return
-    first = {
-        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-        for o in swept
-    }
-    base = [first.get(o.input_line, o.input_line) for o in parsed]
+    base = _first_point(parsed, swept)
+    first = dict(zip([o.input_line for o in parsed], base, strict=True))
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         for o in swept:
             for value in o.sweep_string_iterator():
@@ -437,6 +435,62 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                     for b in base
                 ]
                 compose(config_name, overrides=point)
+        check_subdirs(config_name, parsed, swept)
+
+
+# what in a subdir template tells every point's folder apart by itself
+_PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
+
+
+def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
+    """Refuse a sweep two of whose points would write the same run dir (`hydra.sweep.subdir=`
+    empty, or a template of values the swept keys do not change): the second point would
+    replace the first's result, and the sweep end with one run fewer than it had points.
+    A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
+    for each point (a config composed per point), inside an initialized hydra."""
+    import itertools
+
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    lines = [o.input_line for o in parsed]
+    cfg = compose(config_name, overrides=_first_point(parsed, swept), return_hydra_config=True)
+    template = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
+    text = "" if template is None else str(template)
+    fix = "give hydra.sweep.subdir a template naming ${hydra.job.override_dirname}"
+    if not text.strip(" ./"):
+        raise MoepipeError(
+            f"hydra.sweep.subdir={text}: every point of the sweep would write the sweep dir "
+            f"itself, each replacing the last; {fix}, or leave it out"
+        )
+    excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
+    if any(key in text for key in _PER_POINT) and not excluded:
+        return
+    seen: dict[str, list[str]] = {}
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
+    swept_lines = [o.input_line for o in swept]
+    for point in itertools.product(*values):
+        chosen = dict(zip(swept_lines, point, strict=True))
+        overrides = [chosen.get(line, line) for line in lines]
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        subdir = os.path.normpath(str(cfg.hydra.sweep.subdir))
+        if subdir in seen:
+            raise MoepipeError(
+                f"hydra.sweep.subdir={text}: points {' '.join(seen[subdir])} and "
+                f"{' '.join(point)} would both write {subdir}, the second replacing the first's "
+                f"result; {fix}, or name a swept key in it"
+            )
+        seen[subdir] = list(point)
+
+
+def _first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
+    """The overrides of a sweep's first point: each swept override at its first value."""
+    first = {
+        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+        for o in swept
+    }
+    return [first.get(o.input_line, o.input_line) for o in parsed]
 
 
 def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:

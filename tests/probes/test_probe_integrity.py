@@ -11,12 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from experiments.common.run_dir import replace_run
 from experiments.run import LOCK
-from tests.probes.conftest import ROOT, TINY, cli
+from tests.probes.conftest import ROOT, TINY, cli, one_line
 
 
 def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
@@ -127,3 +128,28 @@ def test_a_run_whose_gpu_never_idles_is_collected(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["gpu_bubble_s"] >= 0 and summary["gpu_bubble_frac"] >= 0
     check_metrics(summary, run / "summary.json")
+
+
+@pytest.mark.parametrize(
+    "subdir, names",
+    [
+        ("", ["hydra.sweep.subdir=:", "the sweep dir itself"]),
+        ("same", ["hydra.sweep.subdir=same", "both write same"]),
+        ("${workload.n_batches}", ["workload.batch_size=1 and workload.batch_size=2"]),
+    ],
+    ids=["empty", "constant", "a key the sweep does not change"],
+)
+def test_a_sweep_whose_points_share_a_run_dir_is_refused(
+    tmp_path: Path, cli_here: Any, subdir: str, names: list[str]
+) -> None:
+    """Each point wrote the same folder, the second replacing the first's result with only a
+    warning in run.log, and the sweep said "1 run(s) finished" with exit 0. Now nothing runs;
+    a template of a swept key runs both points."""
+    sweep = tmp_path / "s"
+    args = [*TINY, "workload.batch_size=1,2", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", "-m", *args, f"hydra.sweep.subdir={subdir}")
+    one_line(r, *names)
+    assert not sweep.exists()
+    r = cli_here("experiments.run", "-m", *args, "hydra.sweep.subdir=bs${workload.batch_size}")
+    assert r.returncode == 0, r.stderr
+    assert {p.parent.name for p in sweep.rglob("summary.json")} == {"bs1", "bs2"}
