@@ -19,10 +19,22 @@ from typing import Any
 
 from core.errors import MoepipeError
 
+# The largest count of repeats a command takes: each is a whole run or measurement, and a
+# count past this one would run for days with no word, where a typo (1e12) is the likely cause.
+MAX_REPEATS = 1000
+REPEATS_WHY = "each repeat is a whole run; more would take days"
+# The largest workload dimension a real-run command takes (batch size, prompt or generated
+# length, batches): beyond it the tensors alone outgrow any machine's memory.
+MAX_TOKENS = 1 << 20
+TOKENS_WHY = "beyond it the activations outgrow any machine's memory"
 
-def as_int(key: str, value: Any, *, at_least: int | None = None) -> int:
+
+def as_int(
+    key: str, value: Any, *, at_least: int | None = None, at_most: int | None = None, why: str = ""
+) -> int:
     """`value` of argument `key` as an int (a string like "8", or an int); a MoepipeError naming
-    `key` when it is not a whole number or is below `at_least`."""
+    `key` when it is not a whole number, is below `at_least` or above `at_most` (`why`: the
+    reason for that bound, said in the line)."""
     n: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
@@ -39,14 +51,29 @@ def as_int(key: str, value: Any, *, at_least: int | None = None) -> int:
         raise MoepipeError(f"{key}={value}: not a whole number; pass one{bound}, e.g. {example}")
     if at_least is not None and n < at_least:
         raise MoepipeError(f"{key}={value}: must be{bound}; pass e.g. {example}")
+    _check_at_most(key, value, n, at_most, why)
     return n
 
 
+def _check_at_most(key: str, value: Any, x: float, at_most: float | None, why: str) -> None:
+    if at_most is not None and x > at_most:
+        reason = f" ({why})" if why else ""
+        top = f"{int(at_most)}" if float(at_most).is_integer() else f"{at_most:g}"
+        raise MoepipeError(f"{key}={value}: must be <= {top}{reason}; pass a smaller one")
+
+
 def as_float(
-    key: str, value: Any, *, at_least: float | None = None, positive: bool = False
+    key: str,
+    value: Any,
+    *,
+    at_least: float | None = None,
+    positive: bool = False,
+    at_most: float | None = None,
+    why: str = "",
 ) -> float:
     """`value` of argument `key` as a finite float; a MoepipeError naming `key` when it is not a
-    number, is below `at_least`, or (with `positive`) is not above 0."""
+    number, is below `at_least`, (with `positive`) is not above 0, or is above `at_most` (`why`:
+    the reason for that bound)."""
     x: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         x = float(value)
@@ -61,6 +88,7 @@ def as_float(
         raise MoepipeError(f"{key}={value}: must be > 0; pass a positive number, e.g. {key}=1")
     if at_least is not None and x < at_least:
         raise MoepipeError(f"{key}={value}: must be >= {at_least:g}; pass e.g. {key}={at_least:g}")
+    _check_at_most(key, value, x, at_most, why)
     return x
 
 

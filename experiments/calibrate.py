@@ -65,6 +65,9 @@ from real.store import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# The in-run measurement: the links' rates settle within seconds of real runs
+MAX_IN_RUN_S = 3600.0
+IN_RUN_WHY = "an hour of real runs; the links' rates settle within seconds"
 
 
 def _git_commit() -> str:
@@ -435,8 +438,10 @@ def _main(args: Options) -> int:
                 "(it becomes conf/hardware/<name>.yaml and hardware=<name>); to write elsewhere "
                 "pass out=FILE"
             )
-        disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)
-        in_run_s = as_float("in_run_s", opts["in_run_s"], at_least=0.0)
+        disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)  # bounded by the free disk
+        in_run_s = as_float(
+            "in_run_s", opts["in_run_s"], at_least=0.0, at_most=MAX_IN_RUN_S, why=IN_RUN_WHY
+        )
         resolve_device(opts["device"])
         # every path is checked before the measuring, which its results would be lost after
         out = output_file(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml", "out")

@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY  # noqa: E402
 from core.balance import device_of  # noqa: E402
 from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
 from core.errors import MoepipeError, ScheduleError  # noqa: E402
@@ -331,9 +332,12 @@ def _setup(opts: dict[str, Any]) -> Setup:
     gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
     cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
     sizes = {
-        k: as_int(k, opts[k], at_least=1)
-        for k in ("batch_size", "n_batches", "prompt_len", "gen_len", "repeats")
+        k: as_int(k, opts[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
+        for k in ("batch_size", "n_batches", "prompt_len", "gen_len")
     }
+    sizes["repeats"] = as_int(
+        "repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY
+    )
     hw_dict = read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(ckpt)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
@@ -97,13 +98,14 @@ def report(opts: dict[str, Any]) -> list[str]:
                 f"valid: {', '.join(EP_PLANNERS)}"
             )
     lanes = as_int("lanes", opts["lanes"], at_least=2)
-    slots, repeats = (
-        as_int(k, opts[k], at_least=a) for k, a in (("replica_slots", 0), ("repeats", 1))
-    )
+    slots = as_int("replica_slots", opts["replica_slots"], at_least=0, at_most=MAX_TOKENS)
+    repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+    sizes = {
+        k: as_int(k, opts[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
+        for k in ("batch_size", "n_batches", "prompt_len")
+    }
     wl = Workload(
-        batch_size=as_int("batch_size", opts["batch_size"], at_least=1),
-        n_batches=as_int("n_batches", opts["n_batches"], at_least=1),
-        prompt_len=as_int("prompt_len", opts["prompt_len"], at_least=1),
+        **sizes,
         gen_len=1,
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
-from core.args import as_float, as_int
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
@@ -63,9 +63,9 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     if d["role"] == "accelerate":
         as_int("acc_batch", d["acc_batch"], at_least=1)
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
-        as_int(k, d[k], at_least=1)
+        as_int(k, d[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
     as_int("slack_mb", d["slack_mb"], at_least=0)
-    as_int("repeats", d["repeats"], at_least=1)
+    as_int("repeats", d["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
     as_float("peer_limit", d["peer_limit"], at_least=0.0)
     d["room"] = checked_room(str(d["room"]), d["cold"])
     as_int("room_margin_mb", d["room_margin_mb"], at_least=0)

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from core.args import as_float, as_int
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
+from core.errors import MoepipeError
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import run_command  # noqa: E402
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
@@ -38,6 +39,11 @@ class Options:
 
 
 _DEFAULTS: dict[str, Any] = kv(Options())
+
+# What the bench may hold in host memory at once (the KV cache three times, or the buffers):
+# past it the machine swaps, and the figures measure the swap
+MAX_HOST_BYTES = 64e9
+MAX_UNITS = 4096
 
 
 def timed(copy: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
@@ -76,12 +82,16 @@ def slab_tensor(slabs: HostSlabs, shape: tuple[int, ...], dtype: torch.dtype) ->
 def kv_lines(
     opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
 ) -> list[str]:
-    b, h = (
-        as_int("batch", opts["batch"], at_least=1),
-        as_int("kv_heads", opts["kv_heads"], at_least=1),
+    b, h, m, d = (
+        as_int(k, opts[k], at_least=low, at_most=MAX_TOKENS, why=TOKENS_WHY)
+        for k, low in (("batch", 1), ("kv_heads", 1), ("positions", 2), ("head_dim", 1))
     )
-    m = as_int("positions", opts["positions"], at_least=2)
-    d = as_int("head_dim", opts["head_dim"], at_least=1)
+    cache = 2 * b * h * m * d  # bytes of the bf16 cache, held three times over below
+    if cache > MAX_HOST_BYTES:
+        raise MoepipeError(
+            f"batch={b} kv_heads={h} positions={m} head_dim={d}: a {cache / 1e9:.0f} GB cache; "
+            f"at most {MAX_HOST_BYTES / 1e9:.0f} GB (it is held three times in host memory)"
+        )
     dt, pin = torch.bfloat16, device.type == "cuda"
     g = torch.Generator().manual_seed(0)
     src = torch.randn(b, h, m, d, generator=g).to(dt)  # [B, H, M, D] the cache's contents
@@ -145,7 +155,12 @@ def buffer_lines(
     opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
 ) -> list[str]:
     unit = round_up(int(as_float("unit_mb", opts["unit_mb"], positive=True) * 2**20), ALIGN)
-    n = as_int("units", opts["units"], at_least=1)
+    n = as_int("units", opts["units"], at_least=1, at_most=MAX_UNITS, why="each is a slab slot")
+    if n * unit > MAX_HOST_BYTES:
+        raise MoepipeError(
+            f"units={n} x unit_mb={opts['unit_mb']}: {n * unit / 1e9:.0f} GB of host buffers; "
+            f"at most {MAX_HOST_BYTES / 1e9:.0f} GB"
+        )
     before = slabs.reserved_bytes
     slots = [slabs.take(unit) for _ in range(n)]
     held = slabs.reserved_bytes - before
@@ -180,7 +195,7 @@ def buffer_lines(
 
 def report(opts: dict[str, Any]) -> list[str]:
     device = resolve_device(str(opts["device"]), "device")
-    repeats = as_int("repeats", opts["repeats"], at_least=1)
+    repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
     slabs = HostSlabs(device if device.type == "cuda" else None)
     try:
         return [

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY
 from core.cost import CostModel, pool_makespan_s
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
@@ -122,8 +123,11 @@ def measured_s(kernels: list[Callable[[], Any]], repeats: int) -> tuple[float, s
 
 def report(opts: dict[str, Any]) -> list[str]:
     lanes = as_int("lanes", opts["lanes"], at_least=1)
-    repeats = as_int("repeats", opts["repeats"], at_least=1)
-    rows = [as_int("rows", r, at_least=1) for r in str(opts["rows"]).split(",")]
+    repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+    rows = [
+        as_int("rows", r, at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
+        for r in str(opts["rows"]).split(",")
+    ]
     path = CONF_DIR / "model" / f"{opts['model']}.yaml"
     if not path.is_file():
         raise MoepipeError(f"model={opts['model']}: no {path}; name a file of conf/model")

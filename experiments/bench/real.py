@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.args import as_float, as_int
+from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
@@ -243,7 +243,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     is calibrated already), before anything is written."""
     budget = as_float("budget_gb", opts.budget_gb, positive=True) * 1e9
     for key in ("gen_len", "batch_size", "prompt_len"):
-        as_int(key, getattr(opts, key), at_least=1)
+        as_int(key, getattr(opts, key), at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
     as_int("slack_mb", opts.slack_mb, at_least=0)
     as_float("peer_limit", opts.peer_limit, at_least=0.0)
     as_int("n", opts.n, at_least=0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import simpy
 
+from core.args import MAX_REPEATS, REPEATS_WHY, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import run_command  # noqa: E402
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: Options) -> int:
     try:
         make_planner(args.planner, {})  # an unknown planner, before the model is loaded
-        if args.repeat < 1:
-            raise MoepipeError(f"repeat={args.repeat}: must be >= 1")
+        as_int("repeat", args.repeat, at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
         if args.scaling:
             scaling(args.planner)
         else:

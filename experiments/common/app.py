@@ -425,6 +425,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     swept = [o for o in parsed if o.is_sweep_override()]
     if not swept:
         return
+    check_sweep_size(swept)
     base = _first_point(parsed, swept)
     first = dict(zip([o.input_line for o in parsed], base, strict=True))
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
@@ -436,6 +437,33 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                 ]
                 compose(config_name, overrides=point)
         check_subdirs(config_name, parsed, swept)
+
+
+# The most points a sweep takes: each is a run dir of its own and a row of the sweep's table;
+# a million (`range(1,1000000)`) took hours to enumerate before the first ran.
+MAX_SWEEP_POINTS = 100_000
+
+
+def check_sweep_size(swept: Sequence[Any]) -> None:
+    """Refuse a sweep of more than MAX_SWEEP_POINTS points, counted without listing them (a
+    range's length from its bounds), naming the override that makes it so large."""
+    import math
+
+    from hydra.core.override_parser.types import RangeSweep
+
+    total = 1
+    for o in swept:
+        v = o.value()
+        if isinstance(v, RangeSweep) and v.step:
+            n = max(0, math.ceil((v.stop - v.start) / v.step))
+        else:
+            n = len(list(o.sweep_string_iterator()))
+        total *= max(n, 1)
+        if total > MAX_SWEEP_POINTS:
+            raise MoepipeError(
+                f"{o.input_line}: the sweep has {total:,} or more points; at most "
+                f"{MAX_SWEEP_POINTS:,} (each is a run dir of its own): sweep fewer values"
+            )
 
 
 # what in a subdir template tells every point's folder apart by itself

@@ -297,3 +297,34 @@ def test_a_steep_skew_runs_without_numpy_warnings(tmp_path: Path) -> None:
     of its own: in pytest's, warnings do not reach stderr)."""
     r = cli("experiments.run", *TINY, "workload.routing.skew=1000", f"hydra.run.dir={tmp_path}/r")
     assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.bench.sim", ["repeat=1000000000000"], ["repeat=", "<= 1000", "days"]),
+        ("experiments.bench.host", ["repeats=1000000000000"], ["repeats=", "<= 1000"]),
+        ("experiments.bench.host", ["positions=1000000000000"], ["positions=", "memory"]),
+        ("experiments.bench.host", ["batch=4096", "positions=1000000"], ["GB cache"]),
+        ("experiments.bench.host", ["units=4096", "unit_mb=4096"], ["GB of host buffers"]),
+        ("experiments.bench.lanes", ["repeats=1000000000000"], ["repeats=", "<= 1000"]),
+        ("experiments.calibrate", ["in_run_s=1e300", "out=/tmp/c.yaml"], ["in_run_s=", "hour"]),
+        ("experiments.validate", ["repeats=1000000000000"], ["repeats=", "<= 1000"]),
+        ("experiments.validate", ["gen_len=1000000000000"], ["gen_len=", "memory"]),
+        ("experiments.validate_lanes", ["repeats=1000000000000"], ["repeats=", "<= 1000"]),
+        ("experiments.run", ["-m", "workload.batch_size=range(1,1000000)"], ["range(", "100,000"]),
+    ],
+)
+def test_a_huge_count_is_refused_up_front_with_its_reason(
+    tmp_path: Path, cli_here: Any, tiny_ckpt: Path, module: str, args: list[str], names: list[str]
+) -> None:
+    """Each ran on with no word (hours, or for good) where a typo gave a count of 1e12; now each
+    count or duration has an upper bound, said with its reason, before any work starts."""
+    extra = {
+        "experiments.validate": [f"checkpoint={tiny_ckpt}", f"out={tmp_path / 'v'}"],
+        "experiments.validate_lanes": [f"checkpoint={tiny_ckpt}", f"out={tmp_path / 'v'}"],
+        "experiments.run": [*TINY, f"hydra.sweep.dir={tmp_path / 'v'}"],
+    }.get(module, [])
+    r = cli_here(module, *args, *extra)
+    one_line(r, *names)
+    assert not (tmp_path / "v").exists()
