@@ -12,9 +12,11 @@ default, linear, dynamic, yarn and llama3 run).
 from __future__ import annotations
 
 import enum
+import shutil
 import sys
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -30,7 +32,7 @@ from real.checkpoint import reduced_spec, spec_to_hf_config, write_checkpoint
 
 @dataclass
 class Options:
-    model: str = MISSING  # conf/model/<model>.yaml
+    model: str = MISSING  # conf/model/<model>.yaml, or a model YAML file (FILE.yaml)
     out: str = MISSING  # the checkpoint folder to write
     seed: int = 0  # of the random weights
     scale: float = 1.0  # the weights' standard deviation, times the default
@@ -73,8 +75,28 @@ def main(argv: list[str] | None = None) -> int:
     return int(until_interrupted(lambda: _app(argv)))
 
 
+# torch.Generator's seed: a 64-bit integer
+MAX_SEED = 2**63 - 1
+# No draw of a normal past this many standard deviations turns up in any checkpoint (the odds
+# are 1e-23 a weight): a scale whose weights stay finite this far out stays finite
+MAX_SIGMAS = 10.0
+
+
 def _main(opts: Any) -> int:
-    seed = as_int("seed", opts.seed, at_least=0)
+    out = Path(opts.out).absolute()
+    # the topmost folder of `out` that is not there yet (output_dir makes out's parents too)
+    made = next((p for p in (out, *out.parents) if p.parent.exists()), None)
+    fresh = made is not None and not made.exists()
+    try:
+        return _write(opts)
+    except BaseException:  # a failed or stopped run leaves no folder it made
+        if fresh and made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
+def _write(opts: Any) -> int:
+    seed = as_int("seed", opts.seed, at_least=0, at_most=MAX_SEED, why="a 64-bit seed")
     scale = as_float("scale", opts.scale, positive=True)
     shard_mb = as_float("shard_mb", opts.shard_mb, positive=True)
     overrides = {k: getattr(opts, k) for k in _SPEC_FIELDS if getattr(opts, k) is not None}
@@ -88,6 +110,8 @@ def _main(opts: Any) -> int:
             )
         cfg = spec_to_hf_config(spec) | {"rope_scaling": rope_scaling}
         Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
+    check_scale(spec, scale)
+    check_room(spec, Path(opts.out))
     out = output_dir(opts.out, "out")  # before the weights are made
     try:
         out = write_checkpoint(
@@ -106,6 +130,47 @@ def _main(opts: Any) -> int:
         f"{spec.total_bytes / 2**20:.1f} MiB by the spec's count"
     )
     return 0
+
+
+def check_scale(spec: ModelSpec, scale: float) -> None:
+    """Refuse a scale whose weights would overflow the checkpoint's dtype (inf weights, written
+    with exit 0): the largest weight is about scale x a normal draw (the embedding's std)."""
+    import torch
+
+    from real.checkpoint import torch_dtype
+
+    dtype = torch_dtype(spec)
+    largest = min(torch.finfo(dtype).max, torch.finfo(torch.float32).max)
+    if scale > largest / MAX_SIGMAS:
+        raise MoepipeError(
+            f"scale={scale:g}: the weights would overflow {dtype} (largest {largest:.3g}) and be "
+            f"written as inf; pass scale <= {largest / MAX_SIGMAS:.3g}"
+        )
+
+
+def check_room(spec: ModelSpec, out: Path) -> None:
+    """Refuse a checkpoint larger than the free space of the disk `out` is on (a checkpoint
+    there already counts as free: it is replaced), naming both; 393 GB was started on a 60 GB
+    disk."""
+    import shutil
+
+    from real.checkpoint import INDEX_FILE
+
+    where = next((p for p in (out, *out.absolute().parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(where).free
+    if out.is_dir():
+        names = ("config.json", INDEX_FILE)
+        free += sum(
+            f.stat().st_size
+            for f in out.iterdir()
+            if f.is_file() and (f.name in names or f.suffix == ".safetensors")
+        )
+    if spec.total_bytes > free:
+        raise MoepipeError(
+            f"out={out}: the checkpoint is {spec.total_bytes / 1e9:.1f} GB and the disk there has "
+            f"{free / 1e9:.1f} GB free; make the model smaller (n_layers, n_experts, hidden_size) "
+            "or write elsewhere"
+        )
 
 
 _app = command("make_checkpoint", Schema, _main, __doc__)

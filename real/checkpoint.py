@@ -265,17 +265,23 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 
 def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
-    """`conf/model/<model>.yaml` with field overrides, keeping derived fields consistent.
+    """`conf/model/<model>.yaml` (or `model`, a path to a .yaml file) with field overrides,
+    keeping derived fields consistent.
 
     Unless given: head_dim = hidden_size // n_heads when either changes; n_kv_heads follows n_heads
     where it equalled it; moe_layers keep the family's pattern for a new n_layers; shared and
     Switch's dense FFN scale with expert_ffn_size; DeepSeek's MLA kv_dim/attn_params/qk_head_dim
     follow head_dim.
     """
-    path = CONF_MODEL_DIR / f"{model}.yaml"
+    is_file = model.endswith((".yaml", ".yml"))
+    path = Path(model).expanduser() if is_file else CONF_MODEL_DIR / f"{model}.yaml"
+    if not path.is_file() and is_file:
+        raise ConfigError(
+            f"model={model}: no such file; pass a model YAML file or a conf/model name"
+        )
     if not path.is_file():
-        have = sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml"))
-        raise ConfigError(f"{path}: no such model config; choose one of {have}")
+        have = ", ".join(sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml")))
+        raise ConfigError(f"model={model}: no conf/model/{model}.yaml; valid: {have}, or FILE.yaml")
     base = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
     d = {k: v for k, v in vars(base).items()} | dict(overrides)
     given = set(overrides)

@@ -340,3 +340,50 @@ def test_a_command_started_by_another_keeps_tracebacks_off() -> None:
             check=True,
         )
         assert got.stdout.strip() == want, (env, got.stdout, got.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["seed=100000000000000000000"], ["seed=", "64-bit"]),
+        (["n_experts=1000000"], ["GB", "free", "n_experts"]),
+        (["n_layers=100000"], ["GB", "free"]),
+        (["scale=1e308"], ["scale=1e+308", "inf", "scale <="]),
+        (["model=/nonexistent/m.yaml"], ["model=/nonexistent/m.yaml: no such file"]),
+    ],
+)
+def test_make_checkpoint_refuses_what_it_could_not_write(
+    tmp_path: Path, cli_here: Any, args: list[str], names: list[str]
+) -> None:
+    """A seed past 64 bits failed in torch ("Overflow when unpacking long long") leaving an
+    empty out dir; 393 GB of experts were started on a 60 GB disk; scale=1e308 wrote inf
+    weights with exit 0. Each is one line before anything is made."""
+    out = tmp_path / "new" / "ck"
+    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", *args)
+    one_line(r, *names)
+    assert not (tmp_path / "new").exists()
+
+
+def test_make_checkpoint_reads_a_model_file_and_cleans_up_a_failed_write(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model=FILE.yaml was looked up as conf/model/FILE.yaml.yaml; a write that fails (a full
+    disk) leaves no out dir of its own."""
+    import errno
+
+    import real.checkpoint
+
+    mine = tmp_path / "m.yaml"
+    shutil.copyfile(ROOT / "conf" / "model" / "mixtral-tiny.yaml", mine)
+    out = tmp_path / "ck"
+    r = cli_here("experiments.make_checkpoint", f"model={mine}", f"out={out}", "hidden_size=64")
+    assert r.returncode == 0 and (out / "config.json").exists(), r.stderr
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(real.checkpoint, "_save_shards", full)
+    new = tmp_path / "new" / "ck"
+    r = cli_here("experiments.make_checkpoint", f"model={mine}", f"out={new}", "hidden_size=64")
+    one_line(r, "out=", "No space left")
+    assert not (tmp_path / "new").exists()
