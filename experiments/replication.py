@@ -24,7 +24,7 @@ from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
-from experiments.common.cli import print_or_exit, run_command, until_interrupted
+from experiments.common.cli import checked_names, print_or_exit, run_command, until_interrupted
 from experiments.common.tables import collect, write_results
 
 CASES = [
@@ -137,6 +137,13 @@ def judged_variants(rows: list[dict[str, Any]], opts: Options) -> list[str]:
 
 def run(opts: Options) -> list[str]:
     t0 = time.time()
+    for key, valid in (
+        ("cases", CASES),
+        ("variants", VARIANTS),
+        ("targets_cases", CASES),
+        ("judged_variants", VARIANTS),
+    ):
+        checked_names(key, getattr(opts, key), valid)
     sweep = Path(opts.dir)
     rows = load_rows(sweep, opts)
     out = Path(opts.out or opts.dir)

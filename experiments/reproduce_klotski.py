@@ -32,6 +32,7 @@ from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
 from experiments.common.cli import (
+    checked_names,
     on_interrupt,
     output_dir,
     run_command,
@@ -529,11 +530,7 @@ def _main(args: Options) -> int:
             "fig14": jobs_fig14,
             "vs_flexgen": jobs_vs_flexgen,
         }
-        unknown = [n for n in only if n not in makers]
-        if not only:
-            raise MoepipeError(f"only=[]: name at least one table; valid: {','.join(makers)}")
-        if unknown:
-            raise MoepipeError(f"only={','.join(unknown)}: unknown; valid: {','.join(makers)}")
+        checked_names("only", only, list(makers))
         if args.jobs < 1:
             raise MoepipeError(
                 f"jobs={args.jobs}: must be >= 1 (worker processes); pass jobs=1 or more"

@@ -42,6 +42,7 @@ from experiments.common.app import command, kv  # noqa: E402
 from experiments.common.cli import (  # noqa: E402
     as_float,
     as_int,
+    checked_names,
     output_dir,
     run_command,
 )
@@ -315,7 +316,8 @@ def _setup(opts: dict[str, Any]) -> Setup:
         raise MoepipeError(
             "missing checkpoint=DIR (make one with python -m experiments.make_checkpoint)"
         )
-    names = [p for p in str(opts["planners"]).split(",") if p] or planner_names()
+    given = str(opts["planners"]).split(",") if opts["planners"] else []
+    names = checked_names("planners", given, planner_names()) if given else planner_names()
     unknown = [p for p in names if p not in planner_names()]
     if unknown:
         raise MoepipeError(
@@ -329,8 +331,10 @@ def _setup(opts: dict[str, Any]) -> Setup:
         except MoepipeError as e:
             raise MoepipeError(f"planner_params: {e}") from None
     distributed = bool(opts["executor.distributed"])
-    gpu_frac = as_float("gpu_frac", opts["gpu_frac"], positive=True)
-    cpu_frac = as_float("cpu_frac", opts["cpu_frac"], positive=True)
+    gpu_frac, cpu_frac = (
+        as_float(k, opts[k], positive=True, at_most=1.0, why="a share of the model's bytes")
+        for k in ("gpu_frac", "cpu_frac")
+    )
     sizes = {
         k: as_int(k, opts[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
         for k in ("batch_size", "n_batches", "prompt_len", "gen_len")

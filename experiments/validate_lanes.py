@@ -14,8 +14,10 @@ Usage:
 from __future__ import annotations
 
 import datetime
+import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from core.types import OpKind, RoutingSource
 from experiments.common.app import command, kv
 from experiments.common.cli import (
     as_int,
+    checked_names,
     output_dir,
     print_or_exit,
     run_command,
@@ -88,7 +91,7 @@ def report(opts: dict[str, Any]) -> list[str]:
         raise MoepipeError(
             "checkpoint=DIR is required (python -m experiments.make_checkpoint makes one)"
         )
-    planners = [p for p in str(opts["planners"]).split(",") if p]
+    planners = str(opts["planners"]).split(",") if opts["planners"] else []
     for p in planners:
         if p not in EP_PLANNERS:
             known = p in planner_names()
@@ -97,6 +100,7 @@ def report(opts: dict[str, Any]) -> list[str]:
                 f"{'not expert-parallel' if known else 'unknown'}; "
                 f"valid: {', '.join(EP_PLANNERS)}"
             )
+    checked_names("planners", planners, EP_PLANNERS)  # none, or one twice
     lanes = as_int("lanes", opts["lanes"], at_least=2)
     slots = as_int("replica_slots", opts["replica_slots"], at_least=0, at_most=MAX_TOKENS)
     repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
@@ -111,12 +115,24 @@ def report(opts: dict[str, Any]) -> list[str]:
     )
     ckpt = str(opts["checkpoint"])
     model = load_checkpoint(ckpt)[0]
+    if lanes > model.n_experts:  # each lane (device) holds at least one expert
+        raise MoepipeError(
+            f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane holds "
+            f"one at least); pass lanes=2 to {model.n_experts}"
+        )
     device = resolve_device(str(opts["device"]), "device")
     hw = device_hardware(str(opts["hardware"]), model.total_bytes, device)
-    out = output_dir(
-        opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}", "out"
-    )
-    rows = [_planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device) for p in planners]
+    where = opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
+    fresh = not Path(where).exists()
+    out = output_dir(where, "out")
+    try:
+        rows = [
+            _planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device) for p in planners
+        ]
+    except BaseException:  # a failed or stopped run leaves no empty folder that looks like one
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate_lanes.csv", index=False)
     sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)

@@ -48,7 +48,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     if d["cold"] not in COLD:
         raise MoepipeError(f"cold={opts.cold!r} unknown; valid: {', '.join(COLD)}")
     for k in ("gpu_frac", "cpu_frac"):
-        as_float(k, d[k], positive=True)
+        as_float(k, d[k], positive=True, at_most=1.0, why="a share of the model's bytes")
     if float(d["gpu_frac"]) + float(d["cpu_frac"]) >= 1:
         raise MoepipeError(
             f"gpu_frac={d['gpu_frac']} + cpu_frac={d['cpu_frac']} >= 1: the budget holds the whole "

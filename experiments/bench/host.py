@@ -154,7 +154,11 @@ def kv_lines(
 def buffer_lines(
     opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
 ) -> list[str]:
-    unit = round_up(int(as_float("unit_mb", opts["unit_mb"], positive=True) * 2**20), ALIGN)
+    # at least a byte: less rounds to a unit of 0 bytes, whose rate divides by 0
+    unit_mb = as_float(
+        "unit_mb", opts["unit_mb"], at_least=1 / 2**20, at_most=4096.0, why="one expert's weights"
+    )
+    unit = round_up(int(unit_mb * 2**20), ALIGN)
     n = as_int("units", opts["units"], at_least=1, at_most=MAX_UNITS, why="each is a slab slot")
     if n * unit > MAX_HOST_BYTES:
         raise MoepipeError(

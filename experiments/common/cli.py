@@ -32,6 +32,7 @@ __all__ = [
     "output_dir",
     "output_file",
     "print_or_exit",
+    "checked_names",
     "exit_on_unwritable_dir",
     "missing_config",
     "until_interrupted",
@@ -54,6 +55,27 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def checked_names(key: str, names: Sequence[Any], valid: Sequence[str]) -> list[str]:
+    """A list option's names checked: none at all, one given twice (its work done twice, its
+    rows doubled) or one not in `valid` (skipped without a word) is a MoepipeError naming
+    `key` and the valid names."""
+    given = [str(n) for n in names]
+    listed = ", ".join(valid)
+    if not given:
+        raise MoepipeError(f"{key}=[]: name at least one; valid: {listed}")
+    twice = sorted({n for n in given if given.count(n) > 1})
+    if twice:
+        raise MoepipeError(
+            f"{key}=[{','.join(given)}]: {', '.join(twice)} given twice; name each once"
+        )
+    unknown = [n for n in given if n not in valid]
+    if unknown:
+        raise MoepipeError(
+            f"{key}=[{','.join(given)}]: unknown {', '.join(unknown)}; valid: {listed}"
+        )
+    return given
 
 
 def our_check(e: BaseException) -> MoepipeError | None:

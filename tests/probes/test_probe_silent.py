@@ -306,3 +306,35 @@ def test_a_rendezvous_timeout_on_a_simulated_run_is_refused(tmp_path: Path, cli_
     args = [*TINY, "executor.rendezvous_timeout_s=5", f"hydra.run.dir={tmp_path / 'r'}"]
     one_line(cli_here("experiments.run", *args), "executor.rendezvous_timeout_s", "executor=real")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.bench.host", ["unit_mb=1e-300"], ["unit_mb=1e-300", "must be >="]),
+        ("experiments.validate", ["cpu_frac=1e300"], ["cpu_frac=", "<= 1", "share"]),
+        ("experiments.validate", ["planners=[flexgen,flexgen]"], ["flexgen given twice"]),
+        ("experiments.validate_lanes", ["lanes=9"], ["lanes=9", "experts", "lanes=2 to 8"]),
+        ("experiments.validate_lanes", ["planners=[]"], ["planners=[]", "ep_static"]),
+        ("experiments.reproduce_klotski", ["only=[table3,table3]"], ["table3 given twice"]),
+        ("experiments.replication", ["cases=[bogus]"], ["cases=[bogus]", "esft-g8"]),
+        ("experiments.replication", ["cases=[]"], ["cases=[]", "esft-g8"]),
+        ("experiments.replication", ["variants=[bogus]"], ["variants=", "eplb[interval=8]"]),
+        ("experiments.replication", ["judged_variants=[bogus]"], ["judged_variants=", "bogus"]),
+    ],
+)
+def test_a_value_out_of_range_or_a_bad_list_is_refused(
+    tmp_path: Path, cli_here: Any, tiny_ckpt: Path, module: str, args: list[str], names: list[str]
+) -> None:
+    """Each was an internal ZeroDivisionError, accepted (a fraction of 1e300, an empty list
+    writing an empty table, a table run twice, unknown cases ignored with exit 0), or named the
+    planner's n_devices rather than the user's lanes= and left an empty out dir."""
+    extra = {
+        "experiments.validate": [f"checkpoint={tiny_ckpt}", f"out={tmp_path / 'v'}"],
+        "experiments.validate_lanes": [f"checkpoint={tiny_ckpt}", f"out={tmp_path / 'v'}"],
+        "experiments.reproduce_klotski": ["quick=true", f"out={tmp_path / 'v'}"],
+        "experiments.replication": [f"dir={tmp_path}", f"out={tmp_path / 'v'}"],
+    }.get(module, [])
+    r = cli_here(module, *args, *extra)
+    one_line(r, *names)
+    assert not (tmp_path / "v").exists()
