@@ -122,6 +122,12 @@ def read_trace(path: Path) -> pd.DataFrame:
             f"{path}: not a readable trace ({why[:120]}); run that run again to rewrite it"
         ) from None
     check_trace(trace, path)
+    redo = "run that run again to rewrite it"
+    if trace.empty:  # a run writes one row per op, and every run has ops
+        raise TraceError(f"{path}: no ops (0 rows); not a run's trace; {redo}")
+    twice = int(trace.duplicated().sum())
+    if twice:  # each op is one row: a copy would count its time and bytes twice
+        raise TraceError(f"{path}: {twice} of {len(trace)} rows repeat another row whole; {redo}")
     return trace
 
 

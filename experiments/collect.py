@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,17 @@ def _main(opts: Options) -> int:
     if loaded is None:
         return 2
     df, problems = loaded
+    out = Path(opts.out or opts.dir).absolute()
+    # the topmost folder of `out` not there yet: a failed write (a full disk) takes it away
+    made = next((p for p in (out, *out.parents) if p.parent.exists()), out)
+    fresh = not made.exists()
     try:
-        pq, csv = write_results(df, Path(opts.out or opts.dir))
-    except MoepipeError as err:
+        pq, csv = write_results(df, out)
+    except BaseException as err:
+        if fresh:
+            shutil.rmtree(made, ignore_errors=True)
+        if not isinstance(err, MoepipeError):
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{len(df)} run(s), {len(problems)} skipped -> {pq}, {csv}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
@@ -26,6 +27,9 @@ from experiments.common.cli import run_command, until_interrupted
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
 from experiments.common.tables import load_sweep
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -70,8 +74,22 @@ def _main(opts: Options) -> int:
     except BaseException:
         _remove_if_made(out, fresh)
         raise
+    warn_traceless(sweep_dir, df)
     print(f"report: {page}")
     return 0
+
+
+def warn_traceless(sweep_dir: Path, df: pd.DataFrame) -> None:
+    """A warning line for each finished run without a trace.parquet (an infeasible run has
+    none): the report leaves it out of the figures drawn from traces, which said nothing."""
+    if {"has_trace", "status", "run_dir"} <= set(df.columns):  # an infeasible run has none
+        lacking = df[(df["status"] == "ok") & ~df["has_trace"].fillna(False).astype(bool)]
+        for run_dir in lacking["run_dir"]:
+            print(
+                f"warning: {sweep_dir / str(run_dir)}: no trace.parquet; the report leaves it "
+                "out of the Gantt figure (run it again to draw it)",
+                file=sys.stderr,
+            )
 
 
 def _remove_if_made(out: Path, fresh: bool) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from core.args import written_whole
+from core.balance import device_of
 from core.chrome_trace import chrome_parts, write_chrome
 from core.errors import MoepipeError
 from core.trace import read_trace
@@ -35,9 +36,15 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:
-        processes = int(json.loads(summary.read_text()).get("processes", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        processes = 0
+        processes = json.loads(summary.read_text()).get("processes", 0)
+    except (OSError, ValueError, AttributeError):
+        processes = 0  # no summary (a bare trace.parquet): the trace's one part
+    devices = len(set(device_of(trace["resource"]).tolist()))
+    if type(processes) is not int or processes < 0 or processes > max(devices, 1):
+        raise MoepipeError(
+            f"{summary}: processes={processes} is not the run's (its trace has ops of {devices} "
+            f"device(s)); a whole number from 0 to {devices}: run that run again to rewrite it"
+        )
     return chrome_parts(trace, processes)
 
 

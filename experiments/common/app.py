@@ -646,13 +646,12 @@ def check_hydra_overrides(
     """Overrides hydra would fail on with an internal error, or take and misbehave: an empty key
     (`=5`), a config group set to null or a number (`hardware=null`), a launcher's n_jobs of
     0 or beyond what this machine's cores can run."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for o in overrides:
         key, sep, value = o.partition("=")
         if sep and not key.strip("+~"):
             raise MoepipeError(f"{o}: an override needs a key; pass key=value (see --help)")
-    for o in OverridesParser.create().parse_overrides(list(overrides)):
+    for o in map(_parsed, overrides):
         key = o.get_key_element().lstrip("+~")
         if o.is_delete():
             continue
@@ -667,6 +666,28 @@ def check_hydra_overrides(
         if key == "hydra.launcher.n_jobs":
             for v in values:
                 check_n_jobs(o.input_line, v)
+
+
+def _parsed(override: str) -> Any:
+    """`override` parsed by hydra; one whose value holds an unquoted '=' (a sweep's run dir,
+    `.../workload=tiny`), which hydra's grammar refuses with a parse error, is one line saying
+    how to quote it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(override)
+    except HydraException:  # its parse errors (OverrideParseException is one)
+        key, _, value = override.partition("=")
+        if "=" in value and "'" not in value and '"' not in value:
+            items = value.strip("[]").split(",")
+            quoted = ",".join(f"'{item}'" for item in items)
+            fix = f"[{quoted}]" if value.startswith("[") else quoted
+            raise MoepipeError(
+                f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
+                f'{key}="{fix}"'
+            ) from None
+        return OverridesParser.create().parse_overrides([override])[0]  # hydra's own line
 
 
 # a sweep's workers beyond this many per core only wait for a core (and for memory: each is a

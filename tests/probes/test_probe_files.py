@@ -14,7 +14,7 @@ import pytest
 
 from experiments.common.run_dir import CODE, finished
 from experiments.reproduce_klotski import report_of
-from tests.probes.conftest import TINY, cli, raises_one_line
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 RESULTS = [
     ("a table it never writes", "table\nfoo\n", "tables foo"),
@@ -128,3 +128,58 @@ def test_a_failed_rerun_does_not_relabel_the_kept_result(tmp_path: Path, cli_her
     df, problems = collect(tmp_path / "sweep")
     assert not problems and list(df["system"]) == ["flexgen"]
     assert list(df["planner.name"]) == ["flexgen"]
+
+
+@pytest.fixture()
+def a_run(tmp_path: Path, cli_here: Any) -> Path:
+    """A finished tiny run in a sweep-like folder whose name holds '=' (as a sweep's do)."""
+    run = tmp_path / "sweep" / "workload=tiny"
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir='{run}'")
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def test_a_run_dirs_bad_trace_or_summary_is_named(a_run: Path, cli_here: Any) -> None:
+    """summary.json's processes of Infinity was an internal OverflowError and a count the trace
+    does not have was taken; a trace.parquet of 0 rows or every row twice was drawn. A path
+    holding '=' failed in hydra's grammar with no word of how to quote it."""
+    import pandas as pd
+
+    out = f"out={a_run.parent / 'x.json'}"
+    r = cli_here("experiments.trace_json", f"runs=[{a_run}]", out)
+    one_line(r, "must be quoted", f"runs=\"['{a_run}']\"")
+    quoted = f"runs='{a_run}'"
+    summary = a_run / "summary.json"
+    good = summary.read_text()
+    for bad in ("Infinity", "5"):
+        summary.write_text(good.rstrip().rstrip("}") + f', "processes": {bad}}}')
+        one_line(cli_here("experiments.trace_json", quoted, out), "summary.json", "processes=")
+    summary.write_text(good)
+    trace = a_run / "trace.parquet"
+    df = pd.read_parquet(trace)
+    for name, bad_df in (("0 rows", df.iloc[:0]), ("repeat", pd.concat([df, df]))):
+        bad_df.to_parquet(trace)
+        one_line(cli_here("experiments.trace_json", quoted, out), "trace.parquet", name)
+        one_line(cli_here("experiments.report", f"dir={a_run.parent}"), "trace.parquet", name)
+    trace.unlink()
+    r = cli_here("experiments.report", f"dir={a_run.parent}")
+    assert r.returncode == 0, r.stderr
+    assert f"warning: {a_run}: no trace.parquet" in r.stderr
+
+
+def test_collect_that_fails_to_write_leaves_no_folder_of_its_own(
+    a_run: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk collect left the empty out folder it had made."""
+    import errno
+
+    import experiments.collect
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(experiments.collect, "write_results", full)
+    out = a_run.parent / "new" / "out"
+    r = cli_here("experiments.collect", f"dir={a_run.parent}", f"out={out}")
+    one_line(r, "No space left")
+    assert not out.parent.exists()
