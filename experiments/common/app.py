@@ -494,6 +494,11 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
     if any(key in text for key in _PER_POINT) and not excluded:
         return
+    if "hydra:" in text or "hydra." in text:
+        # hydra's runtime values (the job's choices, its override_dirname) are set by its
+        # launcher per job; a config composed here does not hold them (every point read the
+        # same choice), so such a template is left to them
+        return
     seen: dict[str, list[str]] = {}
     values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
     swept_lines = [o.input_line for o in swept]

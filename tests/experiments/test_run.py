@@ -177,7 +177,10 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
         (["hardware.links.h2d.gbps=-1"], "links.h2d.gbps must be positive"),
         (["hardware.memory_gb.gpu=0"], "memory_gb.gpu must be a positive capacity"),
         (["model.top_k=9"], "top_k=9 exceeds n_experts=4"),
-        (["model.expert_ffn_size=100000000"], "does not fit in GPU + CPU + disk"),
+        (
+            ["model.expert_ffn_size=10000000", "hardware.memory_gb.disk=1"],
+            "does not fit in GPU + CPU + disk",
+        ),
         (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
         # a KV cache larger than GPU + CPU memory; a small machine rather than a long prompt,
         # whose routing alone took 13 GB before the check was reached
