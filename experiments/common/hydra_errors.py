@@ -119,6 +119,11 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+    wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
+    if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        got = "null" if wrong.group(1) == "None" else wrong.group(1)
+        return f"{key}={got}: not {need}{at}; give {key} a value"
     if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
         return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
