@@ -1,8 +1,9 @@
 """Real routing trace: DeepSeek ESFT-vanilla-lite (26 MoE layers, 64 experts, top-6), 33,279 tokens.
 
 `load_esft` reads `<trace_dir>/esft-dsv2lite/esft_routing.npz`; `esft_routing` cuts a workload's
-sequences out of its token stream; `convert_esft` rebuilds the npz from the upstream text files
-(see `../shared/traces/README.md` for provenance and both formats).
+sequences out of its token stream; `convert_esft` rebuilds the npz from the upstream text files;
+`load_counts` reads one array of the OLMoE repository's aggregate counts
+(see `../shared/traces/README.md` for provenance and the formats).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 import tarfile
 import tempfile
 import zipfile
@@ -36,6 +38,8 @@ TOP_K = 6
 _ARRAYS = ("expert_ids", "gate_weights", "task", "seq_id", "pos", "task_names")
 _META = ("num_experts", "top_k", "model_layer")  # what convert_esft records of the model
 _FIX = "pass workload.routing.trace_dir=... or rebuild it with python -m experiments.convert_traces"
+COUNTS_NAME = "olmoe-aggregates"
+COUNTS_FILE = "olmoe_mixtral_counts.npz"
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,82 @@ def _validate_meta(tr: EsftTrace, meta: dict[str, np.ndarray]) -> None:
         )
     if not np.issubdtype(tr.pos.dtype, np.integer) or int(tr.pos.min()) < 0:
         raise bad("pos must be token positions >= 0")
+
+
+# ---- aggregate counts (OLMoE repository) -----------------------------------------------------
+
+
+def counts_path(trace_dir: str | Path) -> Path:
+    return Path(trace_dir) / COUNTS_NAME / COUNTS_FILE
+
+
+def load_counts(
+    trace_dir: str | Path,
+    key: str,
+    n_experts: int,
+    *,
+    trace_dir_flag: str = "workload.routing.trace_dir",
+) -> np.ndarray:
+    """[domains, layers, E] expert counts `key` of the aggregate counts file, E = `n_experts`
+    (64 for the `olmoe_*` arrays, 8 for the `mixtral_*` ones), checked: one line naming the file
+    and the array for one that is missing, unreadable, of another dtype or shape, negative,
+    non-finite, or a (domain, layer) that counts no tokens."""
+    path = counts_path(trace_dir)
+    fix = f"pass {trace_dir_flag}=<a folder holding the shipped {COUNTS_NAME}/{COUNTS_FILE}>"
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file; {fix}") from None
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror}; {fix}") from None
+    if not stat.S_ISREG(mode):  # np.load would block on a FIFO, read a device without end
+        raise TraceError(f"{path}: not a regular file ({_kind(mode)}); {fix}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if key not in z.files:
+                raise TraceError(f"{path}: lacks array {key} (it has {sorted(z.files)}); {fix}")
+            counts = z[key]
+    except TraceError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        why = f"{type(e).__name__}: {e}"
+        raise TraceError(f"{path}: not a readable npz, or {key} is not ({why}); {fix}") from None
+    if counts.dtype.kind not in "iuf":  # strings, objects, booleans, complex: not counts
+        raise TraceError(f"{path}: {key} has dtype {counts.dtype}, expected integer counts; {fix}")
+    if counts.ndim != 3 or counts.shape[-1] != n_experts or 0 in counts.shape:
+        raise TraceError(
+            f"{path}: {key} has shape {counts.shape}, expected [domains, layers, {n_experts}] "
+            f"(its model's {n_experts} experts); {fix}"
+        )
+    wrong = np.argwhere(~(np.isfinite(counts) & (counts >= 0)))  # [n, 3] (domain, layer, expert)
+    if wrong.size:
+        d, layer, x = wrong[0]
+        raise TraceError(
+            f"{path}: {key} holds {counts[d, layer, x]} at domain {d}, layer {layer}, expert {x} "
+            f"({len(wrong)} negative or non-finite count(s)); {fix}"
+        )
+    empty = np.argwhere(counts.sum(axis=-1) == 0)  # [n, 2] (domain, layer)
+    if empty.size:
+        d, layer = empty[0]
+        raise TraceError(
+            f"{path}: {key} counts no tokens at domain {d}, layer {layer} ({len(empty)} of "
+            f"{counts.shape[0] * counts.shape[1]} (domain, layer) rows are all zero); {fix}"
+        )
+    return counts
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 # ---- workload routing -------------------------------------------------------------------------

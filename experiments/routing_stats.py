@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.args import written_whole
-from core.errors import MoepipeError, TraceError
+from core.errors import MoepipeError
 from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
-from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_esft
+from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_counts, load_esft
 from experiments.common.app import command
 from experiments.common.cli import (
     as_int,
@@ -56,38 +54,10 @@ MIXTRAL_EXPERTS = 8
 
 
 def mixtral_counts(trace_dir: str) -> np.ndarray:
-    """[domains, layers, 8] Mixtral top-2 expert counts, checked: one line naming the file for
-    a wrong shape, negative or non-finite counts, or a (domain, layer) with no tokens."""
-    path = Path(trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz"
-    key = "mixtral_counts_topk"
-    try:
-        with np.load(path) as z:
-            counts = z[key]  # [domains, layers, 8]
-    except FileNotFoundError:
-        raise TraceError(
-            f"{path}: no such file; pass trace_dir=<the folder holding olmoe-aggregates/>"
-        ) from None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise TraceError(f"{path}: unreadable or lacks {key} ({e})") from None
-    fix = "restore the file from olmoe-aggregates/original or pass trace_dir="
-    if counts.ndim != 3 or counts.shape[-1] != MIXTRAL_EXPERTS or 0 in counts.shape:
-        raise TraceError(
-            f"{path}: {key} has shape {counts.shape}, expected [domains, layers, "
-            f"{MIXTRAL_EXPERTS}] (Mixtral's {MIXTRAL_EXPERTS} experts); {fix}"
-        )
-    if (
-        not np.issubdtype(counts.dtype, np.number)
-        or not (np.isfinite(counts) & (counts >= 0)).all()
-    ):
-        raise TraceError(f"{path}: {key} holds negative, non-finite or non-numeric counts; {fix}")
-    empty = np.argwhere(counts.sum(axis=-1) == 0)  # [n, 2] (domain, layer)
-    if empty.size:
-        d, layer = empty[0]
-        raise TraceError(
-            f"{path}: {key} counts no tokens at domain {d}, layer {layer} ({len(empty)} of "
-            f"{counts.shape[0] * counts.shape[1]} (domain, layer) rows are all zero); {fix}"
-        )
-    return counts
+    """[domains, layers, 8] Mixtral top-2 expert counts, checked (core.traces.load_counts)."""
+    return load_counts(
+        trace_dir, "mixtral_counts_topk", MIXTRAL_EXPERTS, trace_dir_flag="trace_dir"
+    )
 
 
 def mixtral_comparison(counts: np.ndarray, seed: int) -> dict[str, Any]:

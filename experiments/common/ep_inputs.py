@@ -18,12 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.balance import KEYS
 from core.cost import CostModel
-from core.errors import ConfigError, MoepipeError
+from core.errors import ConfigError
 from core.hardware import HardwareSpec
 from core.routing import Routing
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.synthetic import fit_to_counts, synthetic_routing
-from core.traces import EsftTrace, load_esft
+from core.traces import EsftTrace, load_counts, load_esft
 from core.types import OpKind, Resource
 from experiments.common.pipeline import RunResult, RunSpec
 from planners.predictive_replication import transition_counts
@@ -155,15 +155,9 @@ def esft_inputs(trace_dir: str, seed: int, split: str) -> dict[str, Any]:
 
 
 def olmoe_counts(trace_dir: str) -> np.ndarray:
-    """OLMoE's top-1 expert counts, which the synthetic_olmoe_top1 skew is fitted to."""
-    path = Path(trace_dir) / "olmoe-aggregates" / "olmoe_mixtral_counts.npz"
-    try:
-        return np.load(path)["olmoe_counts_top1"]
-    except (OSError, KeyError, ValueError) as e:
-        raise MoepipeError(
-            f"workload.routing.trace_dir={trace_dir}: cannot read {path} ({type(e).__name__}), "
-            "which synthetic_olmoe_top1 fits its skew to; point it at ../shared/traces"
-        ) from None
+    """[5 domains, 3 layers, 64] OLMoE top-1 expert counts, which the synthetic_olmoe_top1 skew
+    is fitted to; checked at load, so a bad file is named, not blamed on the fit's config."""
+    return load_counts(trace_dir, "olmoe_counts_top1", N_EXPERTS)
 
 
 @functools.lru_cache(maxsize=8)

@@ -9,9 +9,11 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,23 @@ def raises_one_line(fn: Callable[[], Any], *names: str) -> str:
         assert name in line, (name, line)
     assert isinstance(info.value, MoepipeError | OSError) or line
     return line
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail, instead of hanging the suite, where code under test blocks (opening a FIFO,
+    reading /dev/zero): SIGALRM interrupts the blocked call and its handler raises."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="session")
