@@ -113,7 +113,7 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
         task=arrs["task"],
         seq_id=arrs["seq_id"],
         pos=arrs["pos"],
-        task_names=tuple(str(t) for t in np.atleast_1d(arrs["task_names"])),
+        task_names=_task_names(path, arrs["task_names"]),
         path=path,
     )
     _validate(trace)
@@ -136,12 +136,25 @@ def _validate(tr: EsftTrace) -> None:
     t = ids.shape[0]
     if t == 0:
         raise bad("it holds no tokens")
-    for name in ("task", "seq_id", "pos"):
-        if getattr(tr, name).shape != (t,):
-            raise bad(f"{name} has shape {getattr(tr, name).shape}, expected ({t},)")
+    for name, what in (
+        ("task", "indices into task_names"),
+        ("seq_id", "sequence numbers"),
+        ("pos", "token positions"),
+    ):
+        a = getattr(tr, name)
+        if a.shape != (t,):
+            raise bad(f"{name} has shape {a.shape}, expected ({t},)")
+        if a.dtype.kind not in "iu":  # a float's fraction, a string: no token's index
+            raise bad(f"{name} has dtype {a.dtype}, expected integers ({what})")
+        if int(a.min()) < 0:  # a token of task -1 was dropped from every selection
+            i = int(np.argmin(a))
+            raise bad(f"{name} must be {what} >= 0 (token {i} has {a[i]})")
+    if int(tr.task.max()) >= len(tr.task_names):
+        raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
+    _validate_order(tr, bad)
     if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= N_EXPERTS:
         raise bad(f"expert_ids must be integers in [0, {N_EXPERTS})")
-    if not np.issubdtype(w.dtype, np.number):
+    if w.dtype.kind != "f":  # complex weights were cast to their real part with a warning
         raise bad(f"gate_weights has dtype {w.dtype}, expected float32")
     wrong = np.argwhere(~(np.isfinite(w) & (w >= 0) & (w <= 1)))  # [n, 3] (token, layer, slot)
     if wrong.size:
@@ -151,6 +164,14 @@ def _validate(tr: EsftTrace) -> None:
             f"({len(wrong)} value(s) NaN, infinite or outside [0, 1]; gate weights are "
             "probabilities)"
         )
+    off = np.argwhere(not_softmax_top_k(w, N_EXPERTS))  # [n, 2] (token, layer)
+    if off.size:
+        t0, layer = off[0]
+        raise bad(
+            f"gate_weights of token {t0} at MoE layer {layer + 1} sum to {w[t0, layer].sum():.4f}"
+            f", the largest {w[t0, layer].max():.4f} ({len(off)} such token-layers); "
+            f"{SOFTMAX_RULE.format(k=TOP_K, e=N_EXPERTS)}"
+        )
     srt = np.sort(ids, axis=2)  # [T, L, k]
     rep = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))  # [n, 2] (token, layer)
     if rep.size:  # a top-k set never repeats an expert (convert_esft refuses the same)
@@ -159,29 +180,87 @@ def _validate(tr: EsftTrace) -> None:
             f"token {t0} repeats an expert within its top-{TOP_K} ids at MoE layer {layer + 1} "
             f"({len(rep)} such token-layers; a top-k set names {TOP_K} distinct experts)"
         )
-    if int(tr.task.max()) >= len(tr.task_names):
-        raise bad(f"task index {int(tr.task.max())} but only {len(tr.task_names)} task_names")
+
+
+# the rule the converter and the loader both apply to a token's top-k gate weights
+SOFTMAX_RULE = (
+    "gate weights are a softmax's top-{k} over {e} experts: each in [0, 1], summing to at most "
+    "1, the largest at least 1/{e}"
+)
+
+
+def not_softmax_top_k(w: np.ndarray, n_experts: int) -> np.ndarray:
+    """[...] mask of the top-k weight groups (`w` [..., k], each weight already in [0, 1]) that
+    no softmax over `n_experts` gives: summing past 1, or all below 1/E (the largest of E
+    probabilities summing to 1 is at least 1/E; an all-zero token is a lost dump). The dump
+    rounds each weight to 4 decimals, which the bounds allow."""
+    k = w.shape[-1]
+    return (w.sum(axis=-1) > 1.0 + k * 1e-4) | (w.max(axis=-1) < 1.0 / n_experts - 1e-4)
+
+
+def _task_names(path: str, names: np.ndarray) -> tuple[str, ...]:
+    """The npz's task_names, checked: distinct non-empty strings (task indexes them, the
+    workload's tasks= names them; convert_esft writes its sorted task folders)."""
+    got = np.atleast_1d(names)
+    if got.dtype.kind != "U" or got.ndim != 1 or got.size == 0:
+        raise TraceError(
+            f"{path}: corrupt trace, task_names is {got.dtype} of shape {got.shape}, expected "
+            f"a list of task names (strings); {_FIX}"
+        )
+    out = tuple(str(n) for n in got)
+    twice = sorted({n for n in out if out.count(n) > 1})
+    if twice or not all(n.strip() for n in out):
+        raise TraceError(
+            f"{path}: corrupt trace, task_names {list(out)} "
+            + (f"repeats {twice}" if twice else "has an empty name")
+            + f"; each task needs its own non-empty name; {_FIX}"
+        )
+    return out
+
+
+def _validate_order(tr: EsftTrace, bad: Any) -> None:
+    """Tokens in (task, seq_id, pos) order, each sequence's positions 0, 1, 2, ... as
+    convert_esft writes them: where they are not, a sequence cut from the stream mixes tokens
+    of others, or repeats one."""
+    key = tr.seq_key  # [T]
+    new = np.r_[True, key[1:] != key[:-1]]  # [T] first token of a sequence run
+    pos = tr.pos.astype(np.int64)
+    want = np.arange(len(pos)) - np.maximum.accumulate(np.where(new, np.arange(len(pos)), 0))
+    back = np.flatnonzero(key[1:] < key[:-1])
+    if back.size:
+        i = int(back[0]) + 1
+        raise bad(
+            f"token {i} (task {tr.task[i]}, seq_id {tr.seq_id[i]}) comes after token {i - 1} "
+            f"(task {tr.task[i - 1]}, seq_id {tr.seq_id[i - 1]}); tokens are in (task, seq_id, "
+            "pos) order"
+        )
+    wrong = np.flatnonzero(pos != want)  # keys ascend: a sequence's tokens are one run
+    if wrong.size:
+        i = int(wrong[0])
+        raise bad(
+            f"token {i} (task {tr.task[i]}, seq_id {tr.seq_id[i]}) has pos {pos[i]}, expected "
+            f"{want[i]}; a sequence's tokens have positions 0, 1, 2, ... in order"
+        )
 
 
 def _validate_meta(tr: EsftTrace, meta: dict[str, np.ndarray]) -> None:
-    """The model the file says it routes (`convert_esft` writes these), and the positions:
-    what the loader assumes of the ESFT model, or a file of another model read as this one."""
+    """The model the file says it routes (`convert_esft` writes these): what the loader assumes
+    of the ESFT model, or a file of another model read as this one."""
 
     def bad(what: str) -> TraceError:
         return TraceError(f"{tr.path}: corrupt trace, {what}; {_FIX}")
 
     for key, want in (("num_experts", N_EXPERTS), ("top_k", TOP_K)):
         got = meta.get(key)
-        if got is not None and (got.shape != () or int(got) != want):
-            raise bad(f"{key} is {got.tolist()}, the ESFT model's is {want}")
+        if got is not None and (got.shape != () or got.dtype.kind not in "iu" or int(got) != want):
+            value = got.tolist() if got.dtype.kind in "iu" else f"{got.tolist()!r} ({got.dtype})"
+            raise bad(f"{key} is {value}, the ESFT model's is {want} (an integer)")
     layers = meta.get("model_layer")
     if layers is not None and not np.array_equal(layers, np.arange(1, N_LAYERS + 1)):
         raise bad(
             f"model_layer is {layers.tolist()[:8]}{'...' if layers.size > 8 else ''}, "
             f"the ESFT model's MoE layers are 1..{N_LAYERS}"
         )
-    if not np.issubdtype(tr.pos.dtype, np.integer) or int(tr.pos.min()) < 0:
-        raise bad("pos must be token positions >= 0")
 
 
 # ---- aggregate counts (OLMoE repository) -----------------------------------------------------
@@ -422,16 +501,15 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
             f"{where}: token {t} has expert id {ids[t, j]}, outside [0, {n_experts}); not a dump "
             f"of a {n_experts}-expert model"
         )
-    # softmax probabilities: each in [0, 1], a token's top-k summing to at most 1 (the dump
-    # rounds each to 4 decimals)
+    # the loader's rule (not_softmax_top_k): each in [0, 1], then the top-k's sum and largest
     wrong = np.argwhere(~(np.isfinite(w) & (w >= 0) & (w <= 1.0)))
-    over = np.flatnonzero(w.sum(axis=1) > 1.0 + top_k * 1e-4) if not wrong.size else wrong[:0, 0]
-    if wrong.size or len(over):
-        t, j = wrong[0] if wrong.size else (over[0], int(np.argmax(w[over[0]])))
+    off = np.flatnonzero(not_softmax_top_k(w, n_experts)) if not wrong.size else wrong[:0, 0]
+    if wrong.size or len(off):
+        t, j = wrong[0] if wrong.size else (off[0], int(np.argmax(w[off[0]])))
         raise TraceError(
             f"{where}: token {t} has gate weight {w[t, j]} (its top-{top_k} sum "
-            f"{w[t].sum():.4f}); gate weights are softmax probabilities, in [0, 1] and summing "
-            "to at most 1: replace the file with the upstream dump"
+            f"{w[t].sum():.4f}); {SOFTMAX_RULE.format(k=top_k, e=n_experts)}: replace the file "
+            "with the upstream dump"
         )
     srt = np.sort(ids, axis=1)
     rep = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
@@ -459,6 +537,8 @@ def convert_esft(
         out = out.with_name(out.name + ".npz")
     found, folders = _read_sources(src)
     tasks = sorted(found)
+    if len(tasks) > 256:  # the npz's task array is uint8
+        raise TraceError(f"{src}: {len(tasks)} task folders, the trace holds at most 256")
     n_layers = _layer_count(src, found, n_layers)
     parts = [
         _task_tokens(

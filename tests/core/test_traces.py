@@ -174,7 +174,7 @@ def _write(tmp_path: Path, **arrays: np.ndarray) -> Path:
 def _good(t: int = 5) -> dict[str, np.ndarray]:
     return dict(
         expert_ids=np.broadcast_to(np.arange(6, dtype=np.uint8), (t, 26, 6)),
-        gate_weights=np.zeros((t, 26, 6), np.float32),
+        gate_weights=np.full((t, 26, 6), 1 / 6, np.float32),
         task=np.zeros(t, np.uint8),
         seq_id=np.zeros(t, np.int32),
         pos=np.arange(t, dtype=np.int32),
