@@ -12,7 +12,6 @@ import logging
 import os
 import posixpath
 import re
-import stat
 import tarfile
 import tempfile
 import zipfile
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
+from core.files import not_regular
 from core.routing import Routing
 from core.spec import ModelSpec, Workload
 
@@ -79,6 +79,9 @@ def load_esft(
     path = trace_path(trace_dir)
     try:
         st = path.stat()
+        kind = not_regular(path)  # np.load would block on a FIFO, read a device without end
+        if kind:
+            raise TraceError(f"{path}: {kind}; {_FIX}")
         return _load_cached(str(path), st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file; {_fix(trace_dir_flag)}") from None
@@ -284,13 +287,14 @@ def load_counts(
     path = counts_path(trace_dir)
     fix = f"pass {trace_dir_flag}=<a folder holding the shipped {COUNTS_NAME}/{COUNTS_FILE}>"
     try:
-        mode = path.stat().st_mode
+        path.stat()
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file; {fix}") from None
     except OSError as e:
         raise TraceError(f"{path}: {e.strerror}; {fix}") from None
-    if not stat.S_ISREG(mode):  # np.load would block on a FIFO, read a device without end
-        raise TraceError(f"{path}: not a regular file ({_kind(mode)}); {fix}")
+    kind = not_regular(path)  # np.load would block on a FIFO, read a device without end
+    if kind:
+        raise TraceError(f"{path}: {kind}; {fix}")
     try:
         with np.load(path, allow_pickle=False) as z:
             if key not in z.files:
@@ -323,20 +327,6 @@ def load_counts(
             f"{counts.shape[0] * counts.shape[1]} (domain, layer) rows are all zero); {fix}"
         )
     return counts
-
-
-def _kind(mode: int) -> str:
-    """What a path that is not a regular file is, in words."""
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 # ---- workload routing -------------------------------------------------------------------------
@@ -442,6 +432,9 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
 
     if src.is_dir():
         for f in sorted(src.rglob("expert_weights_*.txt")):
+            kind = not_regular(f)  # a FIFO would block the read, /dev/zero never end
+            if kind:
+                raise TraceError(f"{f}: {kind}; a routing dump is a text file")
             try:
                 data = f.read_bytes()
             except OSError as e:
@@ -458,6 +451,11 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
         except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
             why = " ".join(str(e).split())  # tarfile's message lists methods on several lines
             raise TraceError(f"{src}: not a readable tar archive ({why})") from None
+    elif src.exists():
+        raise TraceError(
+            f"{src}: {not_regular(src)}; pass a folder of <task>/expert_weights_<layer>.txt "
+            "files or the upstream .tar.gz"
+        )
     else:
         raise TraceError(f"{src}: no such file or directory")
     if not found:

@@ -22,6 +22,7 @@ from core.args import written_whole
 from core.balance import device_of
 from core.chrome_trace import chrome_parts, write_chrome
 from core.errors import MoepipeError
+from core.files import read_small
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
@@ -36,7 +37,7 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:
-        processes = json.loads(summary.read_text()).get("processes", 0)
+        processes = json.loads(read_small(summary)).get("processes", 0)
     except (OSError, ValueError, AttributeError):
         processes = 0  # no summary (a bare trace.parquet): the trace's one part
     devices = len(set(device_of(trace["resource"]).tolist()))

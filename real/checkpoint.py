@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from core.errors import ConfigError
+from core.files import not_regular
 from core.hf_config import (
     HFConfig,
     hf_dtype_name,
@@ -35,7 +36,14 @@ from core.hf_config import (
 )
 from core.spec import ModelSpec
 from core.types import Tensor
-from real.shards import TensorEntry, index_files, read_header, read_tensor, save_shard
+from real.shards import (
+    TensorEntry,
+    index_files,
+    read_header,
+    read_index,
+    read_tensor,
+    save_shard,
+)
 
 log = logging.getLogger(__name__)
 
@@ -441,6 +449,10 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             f"{d / 'config.json'}: dtype float16 is not supported by the real executor "
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
+    for name in (INDEX_FILE, SINGLE_FILE):  # is_file() below would call them absent
+        kind = not_regular(d / name)
+        if kind:
+            raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
     if (d / INDEX_FILE).is_file():
         files = index_files(d / INDEX_FILE)
         if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
@@ -457,7 +469,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         index |= read_header(d / f)
     listed = list(index)  # the checkpoint's tensors: those its index names, or the file's
     if (d / INDEX_FILE).is_file():  # each name the index maps to a shard is in that shard
-        wmap = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+        wmap = read_index(d / INDEX_FILE)
         lost = [n for n, f in wmap.items() if n not in index or index[n].file.name != f]
         if lost:
             raise ConfigError(

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
+from core.files import loads_json, not_regular, read_small
 
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 ST_CODE = {v: k for k, v in ST_DTYPES.items()}
@@ -59,6 +60,9 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     `Metadata::validate`): an object of {dtype, shape, data_offsets} entries whose byte ranges
     match shape x dtype and tile the data exactly. Any breach is one ConfigError naming the
     file and the tensor; the library's own loader then opens it as a last check."""
+    kind = not_regular(path)  # a FIFO would block the read, /dev/zero feed it without end
+    if kind:
+        raise ConfigError(f"{path}: {kind}; a checkpoint shard is a safetensors file")
     if not path.is_file():
         raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
     size = path.stat().st_size
@@ -72,8 +76,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             )
         if n > ST_MAX_HEADER:
             raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")
-        try:
-            header = json.loads(f.read(n))
+        try:  # a tensor named twice: safetensors' parser keeps one entry, the other's bytes lost
+            header = loads_json(f.read(n), where=f"{path}: safetensors header")
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ConfigError(
                 f"{path}: corrupt safetensors header; re-copy the checkpoint"
@@ -169,8 +173,16 @@ def _library_check(path: Path) -> None:
 def index_files(path: Path) -> list[str]:
     """The shard files a `model.safetensors.index.json` names: its weight_map must map tensor
     names to file names in its own folder."""
+    return sorted(set(read_index(path).values()))
+
+
+def read_index(path: Path) -> dict[str, str]:
+    """A `model.safetensors.index.json`'s weight_map (tensor name -> file name in its folder),
+    checked: a regular file of at most 16 MiB, JSON naming no key twice (a tensor in two
+    shards would load from the last)."""
+    data = read_small(path, fix="an index is a JSON file")
     try:
-        weight_map = json.loads(path.read_bytes().decode("utf-8"))["weight_map"]
+        weight_map = loads_json(data.decode("utf-8"), where=str(path))["weight_map"]
     except (ValueError, KeyError, TypeError):  # not UTF-8 / JSON, a list, no weight_map
         raise ConfigError(
             f"{path}: not a safetensors index (a JSON object with a weight_map of tensor name -> "
@@ -184,7 +196,7 @@ def index_files(path: Path) -> list[str]:
                 f"{path}: weight_map[{name!r}] = {file!r} is not a file name in the checkpoint's "
                 "folder"
             )
-    return sorted(set(weight_map.values()))
+    return weight_map
 
 
 def read_tensor(entry: TensorEntry) -> torch.Tensor:

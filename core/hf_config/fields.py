@@ -8,7 +8,6 @@ value of another type or range is one line naming the file and the field:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.files import loads_json, read_small
 from core.spec import MAX_LAYERS
 
 
@@ -62,6 +62,10 @@ LAYER_TYPES = Rule(
 # Every top-level field moepipe reads, by the type transformers 5.24's config classes give it.
 FIELDS: dict[str, Rule] = {
     "model_type": TEXT,
+    "architectures": Rule(
+        lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+        "a list of model class names",
+    ).or_null(),
     "dtype": TEXT.or_null(),  # transformers 5; read before torch_dtype, as transformers does
     "torch_dtype": TEXT.or_null(),
     "num_hidden_layers": LAYER_COUNT,
@@ -190,16 +194,18 @@ class HFConfig:
 def hf_config_file(path: str | Path) -> Path:
     """A checkpoint directory's `config.json`, or the file given; its folder names the model."""
     p = Path(path)
-    return p / "config.json" if p.is_dir() else p
+    # a folder named config.json is the file's place, not a checkpoint: refused as no file
+    return p / "config.json" if p.is_dir() and p.name != "config.json" else p
 
 
 def read_hf_config(path: str | Path) -> HFConfig:
     """A Hugging Face `config.json` (file or checkpoint directory), every field it has that
     moepipe reads checked; a ConfigError naming the file for one that is missing, not UTF-8, not
-    JSON, not an object, or a field of another type or range."""
+    JSON, not an object, or a field of another type or range; not a regular file, over 16 MiB,
+    or a key given twice."""
     p = hf_config_file(path)
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = read_small(p, fix="point at a checkpoint's config.json").decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(
             f"{p}: no such file; point at a checkpoint directory with a config.json"
@@ -209,7 +215,7 @@ def read_hf_config(path: str | Path) -> HFConfig:
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
     try:
-        fields = json.loads(text)
+        fields = loads_json(text, where=str(p))  # a key given twice: its first value would be lost
     except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of 4300+ digits, nesting
         raise ConfigError(f"{p}: not valid JSON ({str(e) or 'nested too deeply'})") from None
     if not isinstance(fields, dict):

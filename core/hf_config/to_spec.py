@@ -4,6 +4,7 @@ checked under config.json's names before the spec is built."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
     if family not in builders:
         what = "is missing" if family is None else f"{family!r} is not supported"
         raise c.error(f"model_type {what}; supported: {', '.join(FAMILIES)}")
+    _check_architectures(c, family)
     dtype = hf_dtype_name(c)
     if dtype not in DTYPE_BYTES:
         key = "dtype" if c.get("dtype", None) else "torch_dtype"
@@ -66,6 +68,34 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         return ModelSpec(name=name, family=family, dtype_bytes=DTYPE_BYTES[dtype], **fields)
     except ConfigError as e:  # a rule the checks above missed: still named after the file
         raise c.error(str(e)) from None
+
+
+# each family's class-name prefix in transformers (MixtralForCausalLM, MixtralModel, ...)
+ARCH_PREFIX = {
+    "mixtral": "Mixtral",
+    "olmoe": "Olmoe",
+    "qwen2_moe": "Qwen2Moe",
+    "deepseek_v2": "DeepseekV2",
+    "switch_transformers": "SwitchTransformers",
+}
+_ARCH = re.compile(rf"^({'|'.join(ARCH_PREFIX.values())})(For[A-Za-z]+|Model)$")
+
+
+def _check_architectures(c: HFConfig, family: str) -> None:
+    """`architectures` naming another known family's class than `model_type`'s: which of the
+    two the weights are is unknown (transformers builds model_type's class and would load the
+    other's weights into it)."""
+    for arch in c.get("architectures", []):
+        m = _ARCH.match(arch)
+        if m and m.group(1) != ARCH_PREFIX[family]:
+            raise c.error(
+                f"architectures names {arch}, a {_family_of(m.group(1))} class, but model_type "
+                f"is {family!r}; make the two agree (the weights are one model's)"
+            )
+
+
+def _family_of(prefix: str) -> str:
+    return next(f for f, p in ARCH_PREFIX.items() if p == prefix)
 
 
 # Absent fields take transformers 5.24's config classes' defaults, family by family (a

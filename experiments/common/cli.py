@@ -23,6 +23,7 @@ import yaml
 
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
+from core.files import read_small
 from experiments import STOP_SIGNALS, command_started
 
 __all__ = [
@@ -465,8 +466,8 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
         for name in names:
             path = conf_dir / "experiment" / f"{name}.yaml"
             try:
-                cfg = yaml.safe_load(path.read_text()) or {}
-            except (OSError, yaml.YAMLError):
+                cfg = yaml.safe_load(read_small(path).decode("utf-8")) or {}
+            except (OSError, ValueError, yaml.YAMLError):  # run's own load words them
                 continue
             if ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params"):
                 sweeps.append(name)

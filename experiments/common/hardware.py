@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from core.errors import MoepipeError
+from core.files import not_regular, read_small
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth
@@ -42,6 +43,9 @@ def hardware_path(name: str) -> Path:
         if name.endswith((".yaml", ".yml"))
         else ROOT / "conf" / "hardware" / f"{name}.yaml"
     )
+    kind = not_regular(path)  # is_file() would call it absent
+    if kind:
+        raise MoepipeError(f"hardware={name}: {path}: {kind}; pass a hardware YAML file")
     if not path.is_file():
         fix = (
             f"hardware.name={path.stem} out={path}"
@@ -76,7 +80,8 @@ def read_hardware(name: str) -> dict[str, Any]:
     path = hardware_path(name)
     fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
     try:
-        d = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
+        text = read_small(path, fix=fix).decode("utf-8")  # a FIFO or /dev/zero: refused
+        d = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except OSError as e:
         raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

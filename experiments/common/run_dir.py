@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
+from core.files import read_small
 from experiments import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,8 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        got = json.loads(summary.read_text())
-    except (OSError, ValueError):  # not UTF-8 or not JSON (UnicodeDecodeError is a ValueError)
+        got = json.loads(read_small(summary))
+    except (OSError, ValueError):  # not UTF-8 or JSON, not a regular file (ConfigError): all
         got = None
     if not isinstance(got, dict):
         log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
@@ -304,8 +305,8 @@ def changed_file(out_dir: Path) -> str | None:
 def _text(path: Path) -> str | None:
     """`path`'s text; None where it is missing, not a file or not UTF-8 (then not this run's)."""
     try:
-        return path.read_text()
-    except (OSError, ValueError):
+        return read_small(path).decode("utf-8")
+    except (OSError, ValueError):  # ConfigError (not a regular file, too big) is a ValueError
         return None
 
 

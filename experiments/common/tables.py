@@ -15,6 +15,7 @@ import yaml
 
 from core.args import output_dir, written_whole
 from core.errors import MoepipeError
+from core.files import read_small
 from core.routing import peek_suffix
 
 
@@ -83,7 +84,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:
-        summary = json.loads(summary_path.read_text())
+        summary = json.loads(read_small(summary_path).decode("utf-8"))
+    except MoepipeError as e:  # a FIFO or device in a run dir's place: refused, not read
+        return None, f"summary.json unreadable ({str(e).removeprefix(f'{summary_path}: ')})"
     except json.JSONDecodeError as e:  # a run killed while it wrote the file
         return None, f"summary.json unreadable (not JSON: {e.msg}, line {e.lineno}); {rerun}"
     except UnicodeDecodeError:
@@ -96,7 +99,10 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
-                config = yaml.safe_load(cfg_path.read_text())
+                config = yaml.safe_load(read_small(cfg_path).decode("utf-8"))
+            except MoepipeError as e:
+                why = str(e).removeprefix(f"{cfg_path}: ")
+                return None, f"{cfg_path.relative_to(run)} unreadable ({why})"
             except yaml.YAMLError:
                 return None, f"{cfg_path.relative_to(run)} unreadable"
             except (OSError, UnicodeDecodeError) as e:

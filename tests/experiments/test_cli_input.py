@@ -17,6 +17,7 @@ from experiments import calibrate, collect, convert_traces, report, routing_stat
 from experiments.common import tables
 from tests.conftest import command_here
 from tests.experiments.test_bad_input import one_error
+from tests.probes.conftest import deadline
 
 
 def _counts_dir(root: Path, counts: np.ndarray) -> Path:
@@ -166,6 +167,20 @@ def test_collect_skips_a_run_whose_files_are_folders(tmp_path, capsys):
     assert list(df["run_dir"]) == ["run0"]
     assert problems[0].startswith("run1: config.yaml unreadable (")
     assert problems[1].startswith("run2: summary.json unreadable (")
+
+
+def test_collect_skips_a_run_whose_files_are_a_fifo_or_dev_zero(tmp_path):
+    """A FIFO summary.json blocked collect forever; config.yaml on /dev/zero read without end."""
+    sweep = _sweep(tmp_path / "s", n=3)
+    (sweep / "run1" / "config.yaml").unlink()
+    (sweep / "run1" / "config.yaml").symlink_to("/dev/zero")
+    (sweep / "run2" / "summary.json").unlink()
+    os.mkfifo(sweep / "run2" / "summary.json")
+    with deadline(20):
+        df, problems = tables.collect(sweep)
+    assert list(df["run_dir"]) == ["run0"]
+    assert problems[0] == "run1: config.yaml unreadable (not a regular file (a character device))"
+    assert problems[1] == "run2: summary.json unreadable (not a regular file (a FIFO))"
 
 
 def _interrupt(*args: object, **kwargs: object) -> None:

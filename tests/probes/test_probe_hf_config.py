@@ -161,6 +161,40 @@ def test_file_that_is_no_config_is_one_line(
     raises_one_line(lambda: load_checkpoint(tmp_path), "config.json", words)
 
 
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """json.loads kept the last of two num_experts_per_tok without a word."""
+    text = json.dumps(BASE["mixtral"])[:-1] + ', "num_experts_per_tok": 1}'
+    (tmp_path / "config.json").write_text(text)
+    raises_one_line(
+        lambda: ModelSpec.from_hf_config(tmp_path), "config.json", "'num_experts_per_tok'", "twice"
+    )
+
+
+@pytest.mark.parametrize(
+    "family, arch, other",
+    [
+        ("mixtral", "Qwen2MoeForCausalLM", "qwen2_moe"),
+        ("olmoe", "MixtralForCausalLM", "mixtral"),
+        ("deepseek_v2", "SwitchTransformersForConditionalGeneration", "switch_transformers"),
+    ],
+)
+def test_architectures_of_another_family_is_refused(
+    tmp_path: Path, family: str, arch: str, other: str
+) -> None:
+    """Qwen2MoeForCausalLM under model_type mixtral ran as Mixtral."""
+    d = _write(tmp_path / "ck", family, "architectures", [arch])
+    raises_one_line(
+        lambda: ModelSpec.from_hf_config(d),
+        "config.json",
+        f"architectures names {arch}",
+        other,
+        f"model_type is '{family}'",
+    )
+    # a class of a family moepipe does not know, or none, says nothing of the weights
+    for archs in (["LlamaForCausalLM"], [], None):
+        assert ModelSpec.from_hf_config(_write(tmp_path / "ok", family, "architectures", archs))
+
+
 def test_config_json_missing_or_a_folder(tmp_path: Path) -> None:
     raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), "config.json", "no such file")
     (tmp_path / "config.json").mkdir()

@@ -1,0 +1,91 @@
+"""Reading a user's small file (a config.json, an index, a YAML): a regular file of bounded
+size, its JSON objects without a key given twice. A plain read blocks forever on a FIFO and
+never ends on /dev/zero; a JSON parser keeps the last of two equal keys without a word.
+
+Usage:
+    data = read_small(path)                 # bytes; ConfigError naming path, or an OSError
+    fields = loads_json(data.decode(), where=str(path))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, MoepipeError
+
+SMALL_FILE_BYTES = 16 * 2**20  # a config.json or index is KBs; a bigger one is not what it says
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words (from its stat's st_mode)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def not_regular(path: str | Path) -> str | None:
+    """None where `path` (links followed) is a regular file or is missing; else what it is, as
+    a message's tail: 'not a regular file (a FIFO)'."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # the caller's read reports it
+    return None if stat.S_ISREG(mode) else f"not a regular file ({file_kind(mode)})"
+
+
+def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = "") -> bytes:
+    """`path`'s bytes. A ConfigError naming it where it is not a regular file or holds more than
+    `limit` bytes (checked on the open file, which O_NONBLOCK keeps a FIFO from blocking);
+    OSErrors (missing, no permission) are the caller's to word."""
+    tail = f"; {fix}" if fix else ""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):  # checked before fdopen, which refuses a directory unnamed
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file ({file_kind(mode)}){tail}")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)  # a file that grows while read stops here too
+    if len(data) > limit:
+        raise ConfigError(
+            f"{path}: over {limit // 2**20} MiB, far larger than a file of its kind (left unread)"
+            f"{tail}"
+        )
+    return data
+
+
+class RepeatedKeyError(MoepipeError):
+    """A JSON object gives one key twice (not a ValueError, so a caller's `except ValueError`
+    for malformed JSON does not reword it)."""
+
+
+def loads_json(text: str | bytes, where: str) -> Any:
+    """`json.loads`, refusing an object that gives a key twice: a RepeatedKeyError naming
+    `where` and the key (json keeps the last value without a word)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise RepeatedKeyError(
+                    f"{where}: key {key!r} appears twice in one JSON object; keep one of them "
+                    "(a JSON reader takes the last without a word)"
+                )
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=unique)
