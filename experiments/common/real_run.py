@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -38,12 +39,14 @@ from experiments.common.pipeline import (
     summary_of,
 )
 from planners.registry import make_planner
-from real.checkpoint import Unit, load_checkpoint
+from real.checkpoint import Unit, hf_config, load_checkpoint
 from real.distributed import Peers
 from real.executor import Executor
 from real.model import Model, live_routing
 from real.state import RunOutput, resident_units, unit_of
 from real.store import TieredStore, resolve_device
+
+log = logging.getLogger(__name__)
 
 ROUTING_MODES = ("replay", "live")
 
@@ -96,6 +99,8 @@ def real_execute(
     spec = replace(spec, model=model_spec, executor="real")
     if routing is None:
         spec = resolve_n_batches(spec)
+    if not distributed or torch.distributed.get_rank() == 0:  # one line per run, not per rank
+        warn_past_context(ckpt, spec.workload)
     prompts = prompts_for(spec.model, spec.workload)
     model = Model.from_checkpoint(ckpt, spec.model)
     own_store = store is None
@@ -221,6 +226,24 @@ def _shape_routing(spec: RunSpec) -> Routing:
     if wl.routing.source == RoutingSource.LIVE:
         wl = wl.with_(routing=replace(wl.routing, source=RoutingSource.SYNTHETIC))
     return load_routing(spec.model, wl)
+
+
+def warn_past_context(ckpt: str | Path, wl: Workload) -> None:
+    """Log one warning where the run feeds the model positions past config.json's
+    max_position_embeddings: not an error (transformers runs it too, RoPE extrapolates), but
+    the model then runs beyond the context it was trained for."""
+    limit = hf_config(ckpt).get("max_position_embeddings", None)  # Switch has none
+    if limit is not None and wl.seq_positions > limit:
+        log.warning(
+            "%s: max_position_embeddings=%d, but workload.prompt_len=%d + gen_len=%d feeds the "
+            "model %d positions; past %d it runs beyond the context it was trained for",
+            Path(ckpt) / "config.json",
+            limit,
+            wl.prompt_len,
+            wl.gen_len,
+            wl.seq_positions,
+            limit,
+        )
 
 
 def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:

@@ -1,7 +1,8 @@
 """Probe class: input that was accepted without a word. Non-finite activations or logits fail
 naming the layer; a routing npz that repeats an expert in one token's top-k is refused; a
 summary.json with a metric that is not a finite number is refused by collect and report,
-naming the file and key; calibrate's profile name cannot leave conf/hardware."""
+naming the file and key; calibrate's profile name cannot leave conf/hardware; a real run past
+config.json's max_position_embeddings warns once."""
 
 from __future__ import annotations
 
@@ -338,3 +339,47 @@ def test_a_value_out_of_range_or_a_bad_list_is_refused(
     r = cli_here(module, *args, *extra)
     one_line(r, *names)
     assert not (tmp_path / "v").exists()
+
+
+# ---- context length -----------------------------------------------------------------------
+
+
+def test_a_real_run_past_max_position_embeddings_warns_once(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """prompt_len 5000 on a max_position_embeddings 4096 checkpoint ran without a word. It is
+    no error (transformers runs it too): one warning naming both numbers. Here 8 positions
+    allowed, 6 prompt + 4 generated tokens feed 9."""
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns("offload"))
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 8}))
+    r = cli(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={ck}",
+        *TINY[1:],
+        "workload.batch_size=2",
+        "workload.n_batches=1",
+        "workload.prompt_len=6",
+        "workload.gen_len=4",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    lines = [ln for ln in out.splitlines() if "max_position_embeddings" in ln]
+    assert len(lines) == 1, out
+    assert "max_position_embeddings=8" in lines[0] and "9 positions" in lines[0], lines[0]
+    r = cli(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={ck}",
+        *TINY[1:],
+        "workload.batch_size=2",
+        "workload.n_batches=1",
+        "workload.prompt_len=5",
+        "workload.gen_len=4",
+        f"hydra.run.dir={tmp_path / 'fits'}",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "max_position_embeddings" not in r.stdout + r.stderr
