@@ -332,7 +332,9 @@ def _setup(opts: dict[str, Any]) -> Setup:
             raise MoepipeError(f"planner_params: {e}") from None
     distributed = bool(opts["executor.distributed"])
     gpu_frac, cpu_frac = (
-        as_float(k, opts[k], positive=True, at_most=1.0, why="a share of the model's bytes")
+        # a share of the model's bytes: above 1 where every device must hold the whole model
+        # and more (an expert-parallel run's resident experts), up to a rack's worth
+        as_float(k, opts[k], positive=True, at_most=64.0, why="a share of the model's bytes")
         for k in ("gpu_frac", "cpu_frac")
     )
     sizes = {
