@@ -58,24 +58,7 @@ _WIDTHS = (
     "kv_dim",
     "qk_head_dim",
 )
-_INT_FIELDS = (
-    "n_layers",
-    "hidden_size",
-    "expert_ffn_size",
-    "n_experts",
-    "top_k",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "vocab_size",
-    "dtype_bytes",
-    "dense_ffn_size",
-    "shared_ffn_size",
-    "kv_dim",
-    "attn_params",
-    "qk_head_dim",
-    "latent_expand_params",
-)
+_INT_FIELDS = ("n_layers", *_WIDTHS, "dtype_bytes", "attn_params", "latent_expand_params")
 
 
 @dataclass(frozen=True)

@@ -126,14 +126,11 @@ def check_kv_fits(spec: RunSpec) -> None:
     routing_bytes = wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12  # ids + weights
     if routing_bytes < ROUTING_CHECK_BYTES:
         return
-    need, avail = routing_bytes * ROUTING_PEAK_FACTOR, _available_ram_bytes()
-    if avail is not None and need > avail:
-        raise MoepipeError(
-            f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x "
-            f"{m.n_layers} layers would need about {need / 1e9:.3g} GB of this machine's RAM to "
-            f"build ({avail / 1e9:.3g} GB available); reduce prompt_len, gen_len, batch_size or "
-            "n_batches"
-        )
+    _check_ram(
+        routing_bytes * ROUTING_PEAK_FACTOR,
+        f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
+        "reduce prompt_len, gen_len, batch_size or n_batches",
+    )
     check_ops_fit(spec)
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
@@ -158,12 +155,21 @@ def check_ops_fit(spec: RunSpec) -> None:
     ops = (wl.gen_len + 1) * m.n_layers * wl.n_batches * (experts + 6)
     if ops < OPS_CHECKED:
         return
-    need, avail = ops * BYTES_PER_OP, _available_ram_bytes()
+    _check_ram(
+        ops * BYTES_PER_OP,
+        f"workload.gen_len={wl.gen_len} x n_batches={wl.n_batches} on {m.n_layers} layers "
+        f"(about {ops:.3g} ops)",
+        "lower gen_len or n_batches",
+    )
+
+
+def _check_ram(need: int, what: str, fix: str) -> None:
+    """A MoepipeError where `what` needs more than this machine's available RAM."""
+    avail = _available_ram_bytes()
     if avail is not None and need > avail:
         raise MoepipeError(
-            f"workload.gen_len={wl.gen_len} x n_batches={wl.n_batches} on {m.n_layers} layers "
-            f"plans about {ops:.3g} ops, about {need / 1e9:.3g} GB of RAM ({avail / 1e9:.3g} GB "
-            "available); lower gen_len or n_batches"
+            f"{what} would need about {need / 1e9:.3g} GB of this machine's RAM "
+            f"({avail / 1e9:.3g} GB available); {fix}"
         )
 
 

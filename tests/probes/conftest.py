@@ -41,6 +41,32 @@ def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subproce
     )
 
 
+def real_run(ckpt: Path, run_dir: Path, *more: str, **kw: Any) -> subprocess.CompletedProcess:
+    """A real run on `ckpt` (tiny hardware and workload, flexgen; `more` overrides after them)
+    into `run_dir`, as a user runs it."""
+    return cli(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={ckpt}",
+        *TINY[1:],
+        *more,
+        f"hydra.run.dir={run_dir}",
+        **kw,
+    )
+
+
+def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """A simulated run of DeepSeek-V2-Lite replaying the ESFT trace in `trace_dir`."""
+    return cli(
+        "experiments.run",
+        "model=deepseek-v2-lite",
+        *TINY[1:],
+        "workload.routing.source=trace",
+        f"workload.routing.trace_dir={trace_dir}",
+        f"hydra.run.dir={run_dir}",
+    )
+
+
 def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
     """The failed command's single stderr line (after hydra's/our logging, which goes to stdout
     or the run's log), checked: exit status != 0, `error: ` first, each of `names` in it, no

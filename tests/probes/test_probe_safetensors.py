@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
-from tests.probes.conftest import cli, one_line, raises_one_line
+from tests.probes.conftest import one_line, raises_one_line, real_run
 
 Header = dict[str, Any]
 
@@ -171,15 +171,7 @@ def test_a_real_run_on_a_malformed_file_is_one_line(ckpt: Path, tmp_path: Path) 
     f = ckpt / SINGLE_FILE
     h, d = _split(f)
     f.write_bytes(_join(_edit(h, data_offsets=[0, _end(h) - 4]), d))
-    r = cli(
-        "experiments.run",
-        "executor=real",
-        f"checkpoint={ckpt}",
-        "hardware=tiny",
-        "workload=tiny",
-        "planner=flexgen",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
+    r = real_run(ckpt, tmp_path / "run")
     one_line(r, str(f), _first(h))
     assert not (tmp_path / "run" / "summary.json").exists()
 

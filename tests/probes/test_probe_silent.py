@@ -24,7 +24,7 @@ from experiments.common.pipeline import RunSpec
 from experiments.common.tables import collect
 from real.checkpoint import SINGLE_FILE, load_checkpoint
 from tests.conftest import hardware_from_conf
-from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, real_run, trace_run
 
 # ---- non-finite activations -----------------------------------------------------------------
 
@@ -92,16 +92,7 @@ def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
         "repeats an expert",
     )
     # as a user runs it: a simulation that replays this trace
-    r = cli(
-        "experiments.run",
-        "model=deepseek-v2-lite",
-        "hardware=tiny",
-        "workload=tiny",
-        "planner=flexgen",
-        "workload.routing.source=trace",
-        f"workload.routing.trace_dir={tmp_path / 'bad'}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
+    r = trace_run(tmp_path / "bad", tmp_path / "run")
     one_line(r, TRACE_FILE, "repeats an expert")
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -354,32 +345,13 @@ def test_a_real_run_past_max_position_embeddings_warns_once(
     shutil.copytree(tiny_ckpt, ck, ignore=shutil.ignore_patterns("offload"))
     cfg = json.loads((ck / "config.json").read_text())
     (ck / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 8}))
-    r = cli(
-        "experiments.run",
-        "executor=real",
-        f"checkpoint={ck}",
-        *TINY[1:],
-        "workload.batch_size=2",
-        "workload.n_batches=1",
-        "workload.prompt_len=6",
-        "workload.gen_len=4",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
+    sizes = ["workload.batch_size=2", "workload.n_batches=1", "workload.gen_len=4"]
+    r = real_run(ck, tmp_path / "run", *sizes, "workload.prompt_len=6")
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
     lines = [ln for ln in out.splitlines() if "max_position_embeddings" in ln]
     assert len(lines) == 1, out
     assert "max_position_embeddings=8" in lines[0] and "9 positions" in lines[0], lines[0]
-    r = cli(
-        "experiments.run",
-        "executor=real",
-        f"checkpoint={ck}",
-        *TINY[1:],
-        "workload.batch_size=2",
-        "workload.n_batches=1",
-        "workload.prompt_len=5",
-        "workload.gen_len=4",
-        f"hydra.run.dir={tmp_path / 'fits'}",
-    )
+    r = real_run(ck, tmp_path / "fits", *sizes, "workload.prompt_len=5")
     assert r.returncode == 0, r.stderr
     assert "max_position_embeddings" not in r.stdout + r.stderr

@@ -18,7 +18,7 @@ from core.spec import ModelSpec
 from core.traces import TRACE_FILE, TRACE_NAME, convert_esft, load_esft
 from experiments.common.hardware import read_hardware
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
-from tests.probes.conftest import cli, deadline, one_line, raises_one_line
+from tests.probes.conftest import cli, deadline, one_line, raises_one_line, real_run
 
 
 def _dir(p: Path) -> None:
@@ -99,15 +99,6 @@ def test_convert_traces_names_a_fifo_source(tmp_path: Path) -> None:
 def test_a_run_with_config_json_on_dev_zero_ends_in_one_line(ckpt: Path, tmp_path: Path) -> None:
     """As the user ran it: the run read /dev/zero until 8 GB, Ctrl-C ignored."""
     _replace(ckpt / "config.json", _zero)
-    r = cli(
-        "experiments.run",
-        "executor=real",
-        f"checkpoint={ckpt}",
-        "hardware=tiny",
-        "workload=tiny",
-        "planner=flexgen",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        timeout=120,
-    )
+    r = real_run(ckpt, tmp_path / "run", timeout=120)
     one_line(r, "config.json", "not a regular file (a character device)")
     assert np.isscalar(r.returncode)

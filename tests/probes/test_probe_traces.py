@@ -27,7 +27,7 @@ from core.traces import (
 )
 from experiments.common.ep_inputs import olmoe_counts
 from tests.conftest import SHARED_TRACES
-from tests.probes.conftest import cli, deadline, one_line, raises_one_line
+from tests.probes.conftest import cli, deadline, one_line, raises_one_line, trace_run
 
 # ---- OLMoE counts npz -------------------------------------------------------------------------
 
@@ -221,16 +221,7 @@ def test_the_converter_and_the_loader_refuse_all_zero_weights(tmp_path: Path) ->
 def test_a_float_task_array_fails_the_run_naming_the_array(tmp_path: Path) -> None:
     """As the user ran it: 'workload.routing selects no tokens', naming the config."""
     d = _esft(tmp_path / "bad", task=np.zeros(12, np.float32))
-    r = cli(
-        "experiments.run",
-        "model=deepseek-v2-lite",
-        "hardware=tiny",
-        "workload=tiny",
-        "planner=flexgen",
-        "workload.routing.source=trace",
-        f"workload.routing.trace_dir={d}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
+    r = trace_run(d, tmp_path / "run")
     line = one_line(r, TRACE_FILE, "task has dtype float32")
     assert "selects no tokens" not in line
     assert not (tmp_path / "run" / "summary.json").exists()
