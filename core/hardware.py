@@ -80,6 +80,31 @@ class ProcessesSpec:
     # engines move it: 0). The simulator slows that device's compute meanwhile (sim/executor.py)
     copy_share: float = 0.0
 
+    def check(self, where: str) -> None:
+        """A ConfigError naming `where`.<field> for a value no machine has: NaN or inf first
+        (they pass the range checks), then each field's range."""
+        check_finite(where, gate_exchange_us=self.gate_exchange_s * 1e6)
+        check_finite(where, copy_share=self.copy_share)
+        check_finite(f"{where}.compute_scale_by_kind", **dict(self.compute_scale))
+        check_finite(
+            f"{where}.start_delay_us_by_kind",
+            **{k: v * 1e6 for k, v in self.start_delay_s.items()},
+        )
+        if self.gate_exchange_s < 0:
+            raise ConfigError(f"{where}.gate_exchange_us must be >= 0")
+        if not 0 <= self.copy_share < 1:
+            raise ConfigError(f"{where}.copy_share must be in [0, 1), got {self.copy_share!r}")
+        for kind, x in self.compute_scale.items():
+            if not x > 0:
+                raise ConfigError(
+                    f"{where}.compute_scale_by_kind.{kind} must be positive, got {x!r}"
+                )
+        for kind, x in self.start_delay_s.items():
+            if x < 0:
+                raise ConfigError(
+                    f"{where}.start_delay_us_by_kind.{kind} must be >= 0, got {x * 1e6:g}"
+                )
+
     def scale(self, kind: OpKind | str) -> float:
         return self.compute_scale.get(str(kind), 1.0)
 
@@ -154,33 +179,7 @@ class HardwareSpec:
                     )
         if self.n_gpus < 1:
             raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
-        p = self.processes  # NaN and inf pass the range checks below
-        check_finite(f"{where}processes", gate_exchange_us=p.gate_exchange_s * 1e6)
-        check_finite(f"{where}processes", copy_share=p.copy_share)
-        check_finite(f"{where}processes.compute_scale_by_kind", **dict(p.compute_scale))
-        check_finite(
-            f"{where}processes.start_delay_us_by_kind",
-            **{k: v * 1e6 for k, v in p.start_delay_s.items()},
-        )
-        if self.processes.gate_exchange_s < 0:
-            raise ConfigError(f"hardware {self.name}: processes.gate_exchange_us must be >= 0")
-        if not 0 <= self.processes.copy_share < 1:
-            raise ConfigError(
-                f"hardware {self.name}: processes.copy_share must be in [0, 1), got "
-                f"{self.processes.copy_share!r}"
-            )
-        for kind, x in self.processes.compute_scale.items():
-            if not x > 0:
-                raise ConfigError(
-                    f"hardware {self.name}: processes.compute_scale_by_kind.{kind} must be "
-                    f"positive, got {x!r}"
-                )
-        for kind, x in self.processes.start_delay_s.items():
-            if x < 0:
-                raise ConfigError(
-                    f"hardware {self.name}: processes.start_delay_us_by_kind.{kind} must be "
-                    f">= 0, got {x * 1e6:g}"
-                )
+        self.processes.check(f"hardware {self.name}: processes")
 
     def link(self, res: Resource) -> LinkSpec:
         if res == Resource.DISK_WRITE and res not in self.links:

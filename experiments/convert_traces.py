@@ -18,7 +18,8 @@ from pathlib import Path
 from omegaconf import MISSING
 
 from core.errors import MoepipeError
-from core.traces import N_LAYERS, convert_esft
+from core.trace_convert import convert_esft
+from core.traces import N_LAYERS
 from experiments.common.app import command
 from experiments.common.cli import (
     output_file,

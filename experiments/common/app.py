@@ -30,6 +30,12 @@ from core.errors import MoepipeError
 from experiments.common import hydra_errors
 from experiments.common.cli import before_line, error_line, on_interrupt, print_or_exit
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
+from experiments.common.overrides import (
+    VALUE_FLAGS,
+    check_flags,
+    check_hydra_overrides,
+    check_sweep,
+)
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
@@ -413,119 +419,6 @@ def mode_unset(args: Sequence[str], conf_dirs: Sequence[Path]) -> Iterator[None]
         Hydra.get_mode = composed  # type: ignore[method-assign]
 
 
-def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
-    """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
-    overrides at their first value: a bad choice or key is one line before the sweep starts,
-    not a worker's error under its progress bar; points that would share a run dir are refused
-    (`check_subdirs`). What the values do to a run is its own."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    swept = [o for o in parsed if o.is_sweep_override()]
-    if not swept:
-        return
-    check_sweep_size(swept)
-    base = _first_point(parsed, swept)
-    first = dict(zip([o.input_line for o in parsed], base, strict=True))
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        for o in swept:
-            for value in o.sweep_string_iterator():
-                point = [
-                    f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
-                    for b in base
-                ]
-                compose(config_name, overrides=point)
-        check_subdirs(config_name, parsed, swept)
-
-
-# The most points a sweep takes: each is a run dir of its own and a row of the sweep's table;
-# a million (`range(1,1000000)`) took hours to enumerate before the first ran.
-MAX_SWEEP_POINTS = 100_000
-
-
-def check_sweep_size(swept: Sequence[Any]) -> None:
-    """Refuse a sweep of more than MAX_SWEEP_POINTS points, counted without listing them (a
-    range's length from its bounds), naming the override that makes it so large."""
-    import math
-
-    from hydra.core.override_parser.types import RangeSweep
-
-    total = 1
-    for o in swept:
-        v = o.value()
-        if isinstance(v, RangeSweep) and v.step:
-            n = max(0, math.ceil((v.stop - v.start) / v.step))
-        else:
-            n = len(list(o.sweep_string_iterator()))
-        total *= max(n, 1)
-        if total > MAX_SWEEP_POINTS:
-            raise MoepipeError(
-                f"{o.input_line}: the sweep has {total:,} or more points; at most "
-                f"{MAX_SWEEP_POINTS:,} (each is a run dir of its own): sweep fewer values"
-            )
-
-
-# what in a subdir template tells every point's folder apart by itself
-_PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
-
-
-def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
-    """Refuse a sweep two of whose points would write the same run dir (`hydra.sweep.subdir=`
-    empty, or a template of values the swept keys do not change): the second point would
-    replace the first's result, and the sweep end with one run fewer than it had points.
-    A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
-    for each point (a config composed per point), inside an initialized hydra."""
-    import itertools
-
-    from hydra import compose
-    from hydra.core.hydra_config import HydraConfig
-
-    lines = [o.input_line for o in parsed]
-    cfg = compose(config_name, overrides=_first_point(parsed, swept), return_hydra_config=True)
-    template = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
-    text = "" if template is None else str(template)
-    fix = "give hydra.sweep.subdir a template naming ${hydra.job.override_dirname}"
-    if not text.strip(" ./"):
-        raise MoepipeError(
-            f"hydra.sweep.subdir={text}: every point of the sweep would write the sweep dir "
-            f"itself, each replacing the last; {fix}, or leave it out"
-        )
-    excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
-    if any(key in text for key in _PER_POINT) and not excluded:
-        return
-    if "hydra:" in text or "hydra." in text:
-        # hydra's runtime values (the job's choices, its override_dirname) are set by its
-        # launcher per job; a config composed here does not hold them (every point read the
-        # same choice), so such a template is left to them
-        return
-    seen: dict[str, list[str]] = {}
-    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
-    swept_lines = [o.input_line for o in swept]
-    for point in itertools.product(*values):
-        chosen = dict(zip(swept_lines, point, strict=True))
-        overrides = [chosen.get(line, line) for line in lines]
-        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        subdir = os.path.normpath(str(cfg.hydra.sweep.subdir))
-        if subdir in seen:
-            raise MoepipeError(
-                f"hydra.sweep.subdir={text}: points {' '.join(seen[subdir])} and "
-                f"{' '.join(point)} would both write {subdir}, the second replacing the first's "
-                f"result; {fix}, or name a swept key in it"
-            )
-        seen[subdir] = list(point)
-
-
-def _first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
-    """The overrides of a sweep's first point: each swept override at its first value."""
-    first = {
-        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-        for o in swept
-    }
-    return [first.get(o.input_line, o.input_line) for o in parsed]
-
-
 def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     """`+a.b=v` checked against the running command's schema: a key it lacks is refused in one
     line (hydra's `+` would add it, unread); else `++a.b=v`, set whether or not a YAML lists it
@@ -543,177 +436,6 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
             where, valid = miss
             raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
     return f"+{override}"
-
-
-# hydra's flags that take a value (`--cfg job`): the value stays with its flag
-_VALUE_FLAGS = {
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--experimental-rerun",
-    "--info",
-    "-i",
-}
-# hydra's own command-line flags (hydra/_internal/utils.py get_args_parser, hydra 1.3)
-_FLAGS = _VALUE_FLAGS | {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--version",
-    "--resolve",
-    "--run",
-    "-r",
-    "--multirun",
-    "-m",
-    "--shell-completion",
-    "-sc",
-}
-
-
-# the values hydra's argparse accepts after a flag (hydra/_internal/utils.py, hydra 1.3)
-_CHOICES = {
-    "--cfg": ("job", "hydra", "all"),
-    "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
-}
-_SHORT = {"-c": "--cfg", "-i": "--info", "-p": "--package", "-m": "--multirun", "-r": "--run"}
-# what hydra runs: one of these at a time (it raises a ValueError naming its own flags)
-_MODES = ("--run", "--multirun", "--cfg", "--info")
-# hydra flags these commands do not serve, with what to do instead
-_REFUSED = {
-    "--shell-completion": "shell completion is not supported for `python -m` commands; "
-    "see --help for the options",
-    "-sc": "shell completion is not supported for `python -m` commands; see --help for the options",
-    "--experimental-rerun": "rerunning a pickled config is not supported; run the command "
-    "again with the overrides in the run dir's .hydra/overrides.yaml",
-}
-ALL_FLAGS = "flags: --help, -m, --cfg job|hydra|all [--package KEY], --info [WHAT]"
-
-
-def check_flags(flags: list[str]) -> list[str]:
-    """`flags` checked as hydra's argparse would (an unknown flag, a value not among a flag's
-    choices, a flag missing its value, two modes at once), each one line naming the flag, not
-    argparse's 8 lines of usage; returned with `--info`'s value filled in (left out, argparse
-    would take the override after it for its value)."""
-    out: list[str] = []
-    modes: list[str] = []
-    i = 0
-    while i < len(flags):
-        flag, eq, inline = flags[i].partition("=")
-        name = _SHORT.get(flag, flag)
-        if eq and name in _CHOICES:  # `--cfg=job`: as `--cfg job`
-            flags = [*flags[:i], flag, inline, *flags[i + 1 :]]
-        flag = flags[i]
-        if name not in _FLAGS:
-            raise MoepipeError(
-                f"{flag}: unknown flag; options are key=value (see --help), {ALL_FLAGS}"
-            )
-        if name in _REFUSED:
-            raise MoepipeError(f"{flag}: {_REFUSED[name]}")
-        if name in _MODES:
-            modes.append(flag.partition("=")[0])
-        if flag in _VALUE_FLAGS:
-            has_value = i + 1 < len(flags) and not flags[i + 1].startswith("-")
-            if not has_value and name == "--info":
-                out += [flag, "all"]  # hydra's own default for a bare --info
-                i += 1
-                continue
-            if not has_value:
-                raise MoepipeError(f"{flag}: needs a value; {ALL_FLAGS}")
-            value = flags[i + 1]
-            choices = _CHOICES.get(name, ())
-            if choices and value not in choices:
-                raise MoepipeError(
-                    f"{flag} {value}: not a choice; pass one of {', '.join(choices)}"
-                )
-            out += [flag, value]
-            i += 2
-            continue
-        out.append(flag)
-        i += 1
-    if len(set(modes)) > 1:
-        raise MoepipeError(
-            f"{' and '.join(dict.fromkeys(modes))}: only one of -m, --cfg and --info at a time; "
-            "--cfg and --info print the config without running"
-        )
-    return out
-
-
-def check_hydra_overrides(
-    overrides: Sequence[str], conf_dir: Path, file_groups: Sequence[str] = ()
-) -> None:
-    """Overrides hydra would fail on with an internal error, or take and misbehave: an empty key
-    (`=5`), a config group set to null or a number (`hardware=null`), a launcher's n_jobs of
-    0 or beyond what this machine's cores can run."""
-
-    for o in overrides:
-        key, sep, value = o.partition("=")
-        if sep and not key.strip("+~"):
-            raise MoepipeError(f"{o}: an override needs a key; pass key=value (see --help)")
-    for o in map(_parsed, overrides):
-        key = o.get_key_element().lstrip("+~")
-        if o.is_delete():
-            continue
-        group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
-        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
-        if group and not all(isinstance(v, str) for v in values):
-            names = sorted({p.stem for d in (conf_dir, CONF_DIR) for p in (d / key).glob("*.yaml")})
-            raise MoepipeError(
-                f"{o.input_line}: {key} is a config group: pass one of its names "
-                f"({', '.join(names)})" + (f" or {key}=FILE.yaml" if key in file_groups else "")
-            )
-        if key == "hydra.launcher.n_jobs":
-            for v in values:
-                check_n_jobs(o.input_line, v)
-
-
-def _parsed(override: str) -> Any:
-    """`override` parsed by hydra; one whose value holds an unquoted '=' (a sweep's run dir,
-    `.../workload=tiny`), which hydra's grammar refuses with a parse error, is one line saying
-    how to quote it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        return OverridesParser.create().parse_override(override)
-    except HydraException:  # its parse errors (OverrideParseException is one)
-        key, _, value = override.partition("=")
-        if "=" in value and "'" not in value and '"' not in value:
-            items = value.strip("[]").split(",")
-            quoted = ",".join(f"'{item}'" for item in items)
-            fix = f"[{quoted}]" if value.startswith("[") else quoted
-            raise MoepipeError(
-                f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
-                f'{key}="{fix}"'
-            ) from None
-        return OverridesParser.create().parse_overrides([override])[0]  # hydra's own line
-
-
-# a sweep's workers beyond this many per core only wait for a core (and for memory: each is a
-# Python process with torch loaded)
-MAX_JOBS_PER_CORE = 4
-
-
-def check_n_jobs(override: str, n_jobs: Any) -> None:
-    """joblib's n_jobs: N workers, or -k for all cores but k-1; 0, or more workers than the
-    machine can run at once, is refused (1000 on 2 cores took minutes to start)."""
-    cores = os.cpu_count() or 1
-    top = MAX_JOBS_PER_CORE * cores
-    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or not -cores <= n_jobs <= top:
-        raise MoepipeError(
-            f"{override}: n_jobs must be an integer in [1, {top}] ({MAX_JOBS_PER_CORE} per core "
-            f"of this machine's {cores}), or -1 for one worker per core"
-        )
-    if n_jobs == 0:
-        raise MoepipeError(
-            f"{override}: 0 workers run nothing; pass 1 to {top}, or -1 (one per core)"
-        )
 
 
 _BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
@@ -787,7 +509,7 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             flags.append(arg)
         else:
             overrides.append(arg)
-        take_value = arg in _VALUE_FLAGS
+        take_value = arg in VALUE_FLAGS
     return flags, overrides
 
 

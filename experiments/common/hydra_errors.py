@@ -115,20 +115,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
-    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    if wrong:
-        need = _KINDS.get(wrong.group(2), wrong.group(2))
-        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
-    wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
-    if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
-        need = _KINDS.get(wrong.group(2), wrong.group(2))
-        got = "null" if wrong.group(1) == "None" else wrong.group(1)
-        return f"{key}={got}: not {need}{at}; give {key} a value"
-    if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
-        return f"{key}: not a list{at}; pass {key}=[a,b]"
-    wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
-    if wrong:
-        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+    wrong_type = _wrong_type(text, key, at)
+    if wrong_type:
+        return wrong_type
     typed = re.search(r"Invalid type assigned: \w+ is not a subclass of (\w+)\. value: (.*)", text)
     if typed:  # a value where a mapping of fields belongs (a link given as a number)
         fields = ", ".join(_schema_keys(typed.group(1)) or [])
@@ -151,6 +140,26 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _wrong_type(text: str, key: str, at: str) -> str | None:
+    """The line for a value of the wrong type (a word for a number, a null where a value
+    belongs, a scalar for a list, a word for a bool); None for an error of another kind."""
+    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    if wrong:
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+    wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
+    if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        got = "null" if wrong.group(1) == "None" else wrong.group(1)
+        return f"{key}={got}: not {need}{at}; give {key} a value"
+    if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
+        return f"{key}: not a list{at}; pass {key}=[a,b]"
+    wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
+    if wrong:
+        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+    return None
 
 
 def _config_file(name: str, files: dict[str, str] | None) -> str:

@@ -10,7 +10,8 @@ import pytest
 from core.errors import TraceError
 from core.routing import load_routing
 from core.spec import ModelSpec, RoutingConfig, Workload
-from core.traces import TRACE_FILE, TRACE_NAME, convert_esft, esft_routing, load_esft
+from core.trace_convert import convert_esft
+from core.traces import TRACE_FILE, TRACE_NAME, esft_routing, load_esft
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,8 @@ import pytest
 
 from core.files import SMALL_FILE_BYTES
 from core.spec import ModelSpec
-from core.traces import TRACE_FILE, TRACE_NAME, convert_esft, load_esft
+from core.trace_convert import convert_esft
+from core.traces import TRACE_FILE, TRACE_NAME, load_esft
 from experiments.common.hardware import read_hardware
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
 from tests.probes.conftest import cli, deadline, one_line, raises_one_line, real_run

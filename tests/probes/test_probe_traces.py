@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.trace_convert import convert_esft
 from core.traces import (
     COUNTS_FILE,
     COUNTS_NAME,
@@ -21,7 +22,6 @@ from core.traces import (
     TOP_K,
     TRACE_FILE,
     TRACE_NAME,
-    convert_esft,
     load_counts,
     load_esft,
 )
