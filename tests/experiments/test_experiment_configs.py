@@ -55,6 +55,7 @@ SMALL = ["workload.n_batches=2", "workload.prompt_len=8", "hydra.launcher.n_jobs
 FOUR = "replication_row=ep_static,eplb,predictive_replication,oracle_replication"
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_experiment_runs_small(replication_sweep):
     """Two cases swept small into one folder (a held-out ESFT one and a synthetic one; the
@@ -88,6 +89,7 @@ def test_replication_experiment_runs_small(replication_sweep):
         )
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 @pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 def test_replication_cross_validation_runs_small(tmp_path, cli_here):
     """A fold (trained on the other four) in two stream orders swept into one folder;

@@ -113,6 +113,7 @@ def test_bad_replication_settings_are_one_line(rep, planner, match, tmp_path):
         prepare(OmegaConf.create({"replication": block}), _spec(planner), tmp_path)
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 @needs_traces
 def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path, cli_here):
     """A tiny esft-g8 sweep (the session's): a run dir per row, the report's verdicts over it,

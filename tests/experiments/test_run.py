@@ -404,6 +404,7 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     assert row is not None and row["model.name"] == "my-ckpt"
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_an_interrupted_sweep_says_how_to_resume_and_resumes(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) in a `-m` sweep under the
     default timestamped folder: one line naming the folder and the `hydra.sweep.dir=` that

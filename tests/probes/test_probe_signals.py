@@ -365,6 +365,7 @@ def test_sigterm_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
     assert not (run / "summary.json").exists()
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     """SIGTERM to a `-m` sweep's process group (a scheduler's stop) once one point finished:
     one last line naming the sweep folder and the `hydra.sweep.dir=` that resumes it, exit 143,
@@ -429,6 +430,7 @@ def _await(p: subprocess.Popen, ready: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_sigterm_stops_reproduce_klotski_and_it_resumes(tmp_path: Path) -> None:
     """SIGTERM to reproduce_klotski (its pool of 2 workers running the grid) once a run
     finished: one line, exit 143, no worker left; the same command again reuses that run (and

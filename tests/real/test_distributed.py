@@ -321,6 +321,7 @@ def errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     """Rank 1 killed while the run sets up or runs: the parent stops rank 0 at once and says
     which rank died, in one line; no peer's traceback, no summary.json."""
