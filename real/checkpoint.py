@@ -29,6 +29,7 @@ from core.files import not_regular
 from core.hf_config import (
     HFConfig,
     hf_dtype_name,
+    hf_runtime,
     mla_dims,
     read_hf_config,
     spec_mla_fields,
@@ -434,7 +435,9 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     """Validate a checkpoint directory; return its spec and HF tensor name -> where its bytes are.
 
     Raises a one-line ConfigError naming the missing directory, config.json or shard, a truncated
-    file, or a tensor whose shape/dtype disagrees with config.json.
+    file, a config.json field the real model does not run (core.hf_config.hf_runtime's refusals,
+    before the tensors such a field adds are found unread), or a tensor whose shape/dtype
+    disagrees with config.json.
     """
     d = Path(ckpt_dir)
     if not d.is_dir():
@@ -493,6 +496,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         # before a tied head: moepipe's Switch is a documented substitute, not T5's forward
         index[names.lm_head] = index[names.embed]
     dtype = torch_dtype(spec)
+    # a field moepipe does not run (attention_bias, ...) is named before the tensors it adds
+    hf_runtime(cfg, spec)
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed)
     for tensors in unit_layout(spec).values():
