@@ -499,7 +499,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     # a field moepipe does not run (attention_bias, ...) is named before the tensors it adds
     hf_runtime(cfg, spec)
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
-        check_all_read(d, spec, cfg, listed)
+        check_all_read(d, spec, cfg, listed, index)
     for tensors in unit_layout(spec).values():
         for ts in tensors.values():
             e = index.get(ts.hf_name)
@@ -526,14 +526,33 @@ _LAYER_KIND_FIELDS = {
 }
 
 
-def check_all_read(d: Path, spec: ModelSpec, cfg: HFConfig, listed: list[str]) -> None:
+# a layer's shared expert(s) in transformers' names (Qwen2-MoE's with its sigmoid gate); group 2:
+# one of its projections
+_SHARED = re.compile(r"model\.layers\.(\d+)\.mlp\.shared_experts?(\.\w+_proj\.weight$)?")
+
+
+def _empty_shared(spec: ModelSpec, listed: list[str], index: Mapping[str, TensorEntry]) -> set[str]:
+    """The shared-expert tensors of the layers whose shared projections all hold no elements,
+    where config.json sizes no shared expert: transformers builds and saves one of width 0 for
+    Qwen2-MoE's shared_expert_intermediate_size 0 and DeepSeek-V2's n_shared_experts 0, which
+    adds exactly 0 (times any gate), as the model without one does."""
+    shared = {n: m for n in listed if not spec.shared_ffn_size and (m := _SHARED.match(n))}
+    held = {int(m[1]) for n, m in shared.items() if m[2] and math.prod(index[n].shape)}
+    zero = {int(m[1]) for m in shared.values() if m[2]} - held
+    return {n for n, m in shared.items() if int(m[1]) in zero}
+
+
+def check_all_read(
+    d: Path, spec: ModelSpec, cfg: HFConfig, listed: list[str], index: Mapping[str, TensorEntry]
+) -> None:
     """Every tensor of the layers the model runs (and outside them) is one the model reads: a
     tensor left over means config.json describes another model than the weights (a field
     moepipe does not model, or another layer layout), which transformers would run and moepipe
     would silently not. A layer that holds experts where config.json makes it dense names the
-    fields that decide it. Layers past a config.json cut and RoPE's saved inverse frequencies
-    (derived, not weights) are left out."""
+    fields that decide it. Layers past a config.json cut, RoPE's saved inverse frequencies
+    (derived, not weights) and a shared expert of width 0 (`_empty_shared`) are left out."""
     read = {ts.hf_name for tensors in unit_layout(spec).values() for ts in tensors.values()}
+    read |= _empty_shared(spec, listed, index)
     if cfg.get("tie_word_embeddings", False):
         read.add(_names(spec.family).lm_head)
     unused = []

@@ -7,6 +7,7 @@ Usage: python -m pytest -q tests/real/test_hf_parity_fields.py
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +16,36 @@ import torch
 
 from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
-from tests.real.test_hf_parity import hf_config
+from real.model import reference_generate
+from tests.real.test_hf_parity import DTYPES, GEN, hf_config, hf_greedy
 
 transformers = pytest.importorskip("transformers")
 
 
-def save(family: str, fields: dict[str, Any], to: Path) -> tuple[Path, Any]:
-    """A seeded float32 model of the family with `fields`, saved by transformers to `to`, and
-    transformers' model loaded back from it."""
+def save(family: str, fields: dict[str, Any], to: Path, dtype: str = "f32") -> tuple[Path, Any]:
+    """A seeded model of the family with `fields` in `dtype` (a key of DTYPES), saved by
+    transformers to `to`, and transformers' model loaded back from it."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(family, fields)).eval()
-    model.save_pretrained(to)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(family, fields))
+    model.to(DTYPES[dtype]).eval().save_pretrained(to)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=DTYPES[dtype])
     return to, loaded.eval()
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    """[B=2, P=6] token ids < 128."""
+    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def assert_transformers(ckpt: Path, hf: Any, prompt: torch.Tensor, dtype: str) -> None:
+    """moepipe's greedy tokens are transformers', its last logits within 1e-4 in float32 (one
+    bf16 step of |logit| < 4 in bfloat16), as tests/real/test_hf_parity.py asks."""
+    tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    tol = 1e-4 if dtype == "f32" else 2**-6
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
 
 
 # (family, field): biases transformers' class adds (and saves) where the field is true
@@ -46,3 +64,24 @@ def test_a_bias_field_is_named_not_its_tensors(family, field, tmp_path):
     ckpt, _ = save(family, {field: True}, tmp_path / "ckpt")
     with pytest.raises(ConfigError, match=rf"config.json: {field}=true; {family} projections"):
         load_checkpoint(ckpt)
+
+
+# (family, the field that sizes the shared expert 0): transformers still saves one, of width 0
+NO_SHARED = [("qwen2_moe", "shared_expert_intermediate_size"), ("deepseek_v2", "n_shared_experts")]
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family, field", NO_SHARED, ids=[f for f, _ in NO_SHARED])
+def test_a_shared_expert_of_width_0_runs_as_none(family, field, dtype, prompt, tmp_path):
+    """A shared expert sized 0 adds exactly 0, so moepipe runs the model without one and gives
+    transformers' logits; before, its saved tensors of no elements (and Qwen2-MoE's gate) were
+    refused as read by nothing. A shared expert with weights config.json sizes 0 is still."""
+    ckpt, hf = save(family, {field: 0}, tmp_path / "ckpt", dtype)
+    assert_transformers(ckpt, hf, prompt, dtype)
+    if dtype == "f32":
+        full, _ = save(family, {}, tmp_path / "full")
+        cfg = json.loads((full / "config.json").read_text()) | {field: 0}
+        (full / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ConfigError, match="shared_expert"):
+            load_checkpoint(full)
