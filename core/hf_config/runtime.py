@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.hf_config.fields import COUNT, HFConfig
+from core.hf_config.fields import COUNT, HFConfig, Rule
 from core.spec import ModelSpec
 
 # transformers' names of the SiLU activation (ACT2FN["swish"] is nn.SiLU too)
@@ -102,8 +102,13 @@ def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int
     """(window, layers with it) as transformers runs them: Mixtral's sliding_window on every
     layer; Qwen2-MoE's on the layers config.json's layer_types marks sliding_attention, or
     without it (transformers' default) the even-indexed layers below max_window_layers, where
-    use_sliding_window is true."""
-    window_rule = COUNT.or_null()
+    use_sliding_window is true. A window of 1 is refused: transformers' sliding cache keeps
+    its last `sliding_window - 1` positions by the slice [-0:], every one, so its decode steps
+    see them all where its prefill sees one."""
+    window_rule = Rule(
+        lambda v: COUNT.ok(v) and v >= 2,
+        "an integer >= 2 (transformers' decode steps do not keep a window of 1)",
+    ).or_null()
     if spec.family == "mixtral":
         return c.get("sliding_window", None, rule=window_rule), None
     if spec.family != "qwen2_moe":

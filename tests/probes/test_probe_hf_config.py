@@ -343,7 +343,7 @@ UNRUN: list[tuple[str, dict[str, Any], str]] = [
         "num_experts_per_tok=6 exceeds",
     ),
     ("deepseek_v2", {"scoring_func": "sigmoid"}, "scoring_func"),
-    ("mixtral", {"sliding_window": 0}, "sliding_window must be a positive integer or null"),
+    ("mixtral", {"sliding_window": 0}, "sliding_window must be an integer >= 2"),
     ("qwen2_moe", {"use_sliding_window": True, "sliding_window": None}, "sliding_window is null"),
     ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 0}, "sliding_window must be"),
     ("qwen2_moe", {"layer_types": ["full_attention"]}, "layer_types has 1 entries"),

@@ -85,3 +85,23 @@ def test_a_shared_expert_of_width_0_runs_as_none(family, field, dtype, prompt, t
         (full / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(ConfigError, match="shared_expert"):
             load_checkpoint(full)
+
+
+# (family, fields): a sliding window of 1 on every layer (Mixtral) or the even ones (Qwen2-MoE)
+WINDOW_1 = [
+    ("mixtral", {"sliding_window": 1}),
+    ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 1, "max_window_layers": 2}),
+]
+
+
+@pytest.mark.parametrize("family, fields", WINDOW_1, ids=[f for f, _ in WINDOW_1])
+def test_a_sliding_window_of_1_is_refused(family, fields, prompt, tmp_path):
+    """transformers' prefill with a window of 1 sees the query alone, but its decode steps see
+    every position (its sliding cache keeps the last `sliding_window - 1` by the slice [-0:]):
+    moepipe, which kept to the window, was 3.3 (Mixtral) and 2.9 (Qwen2-MoE) off its logits
+    after 3 decode steps. It is refused in one line naming the field; a window of 2 matches."""
+    ckpt, _ = save(family, fields, tmp_path / "one")
+    with pytest.raises(ConfigError, match=r"sliding_window must be an integer >= 2"):
+        reference_generate(ckpt, prompt, GEN)
+    ckpt, hf = save(family, fields | {"sliding_window": 2}, tmp_path / "two")
+    assert_transformers(ckpt, hf, prompt, "f32")
