@@ -142,14 +142,8 @@ class Rope:
             return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
         if kind == "dynamic":
             return cls._dynamic(c, key, dim, theta, factor, softmax_mscale)
-        orig = p.get("original_max_position_embeddings", None) or c.get(
-            "max_position_embeddings", None
-        )
-        if orig is None:
-            raise c.error(
-                f"{key}.original_max_position_embeddings (or max_position_embeddings) is "
-                f"missing; {kind} needs it"
-            )
+        # absent: max_position_embeddings, or the family's default of it, as transformers
+        orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
         if kind == "llama3":
             low = _required(c, p, key, "low_freq_factor", kind)
             high = _required(c, p, key, "high_freq_factor", kind)

@@ -144,6 +144,65 @@ ROPE_FIELDS: dict[str, Rule] = {
     "high_freq_factor": POSITIVE,
 }
 _REQUIRED = object()
+# transformers 5.24's config-class defaults of the fields moepipe reads without one of its own,
+# family by family: a config.json that leaves one out runs it, as transformers does. Those
+# without a default there (DeepSeek-V2's num_experts_per_tok, n_group, ...) stay required.
+FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
+    "mixtral": {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "vocab_size": 32000,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 131072,
+    },
+    "qwen2_moe": {
+        "num_hidden_layers": 24,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 16,
+        "vocab_size": 151936,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "max_position_embeddings": 32768,
+    },
+    "olmoe": {
+        "num_hidden_layers": 16,
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_attention_heads": 16,
+        "vocab_size": 50304,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "max_position_embeddings": 4096,
+    },
+    "deepseek_v2": {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_attention_heads": 32,
+        "vocab_size": 102400,
+        "n_routed_experts": 64,
+        "moe_intermediate_size": 1407,
+        "max_position_embeddings": 2048,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    },
+    "switch_transformers": {
+        "d_model": 768,
+        "d_ff": 2048,
+        "d_kv": 64,
+        "num_heads": 12,
+        "num_layers": 12,
+        "num_experts": 8,
+        "vocab_size": 32128,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -161,10 +220,13 @@ class HFConfig:
 
     def get(self, key: str, default: Any = _REQUIRED, rule: Rule | None = None) -> Any:
         """The field's value, checked by its rule (`rule` for a family's stricter one); absent
-        (or null where the rule allows it): `default`, and an error naming it without one."""
+        (or null where the rule allows it): `default`, else the family's in transformers
+        (`FAMILY_DEFAULTS`), and an error naming it without one."""
         rule = rule or self.rules[key]  # KeyError: a field read without a rule in the table
         value = self.fields.get(key)
         if value is None and (key not in self.fields or rule.nullable):
+            if default is _REQUIRED and not self.prefix:
+                default = FAMILY_DEFAULTS.get(self.family, {}).get(key, _REQUIRED)
             if default is _REQUIRED:
                 who = "" if self.prefix else f"; model_type {self.family!r} needs it"
                 raise self.error(f"{self.prefix}{key} is missing{who}")

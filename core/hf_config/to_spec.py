@@ -141,12 +141,10 @@ def _some_moe(c: HFConfig, moe: tuple[int, ...], n: int, by: str) -> tuple[int, 
 
 
 def _dense_size(c: HFConfig, moe: tuple[int, ...], n: int) -> int:
-    """intermediate_size of the dense layers' FFN, needed only where some layer has no experts."""
+    """intermediate_size of the dense layers' FFN, needed only where some layer has no experts
+    (absent: the family's default in transformers)."""
     dense = [i for i in range(n) if i not in moe]
-    size = c.get("intermediate_size", 0)
-    if dense and not size:
-        raise c.error(f"intermediate_size is missing; the dense layers {dense} need it")
-    return int(size)
+    return int(c.get("intermediate_size") if dense else c.get("intermediate_size", 0))
 
 
 def _llama_fields(c: HFConfig) -> dict[str, Any]:

@@ -48,7 +48,6 @@ FIELDS: list[tuple[str, str, Any, str]] = [
     ("mixtral", "num_hidden_layers", 0, "num_hidden_layers"),
     ("mixtral", "num_hidden_layers", 2.5, "num_hidden_layers"),
     ("mixtral", "num_hidden_layers", [2], "num_hidden_layers"),
-    ("mixtral", "num_hidden_layers", DROP, "num_hidden_layers"),
     ("mixtral", "hidden_size", "64", "hidden_size"),
     ("mixtral", "hidden_size", 0, "hidden_size"),
     ("mixtral", "intermediate_size", 0, "intermediate_size"),
@@ -103,7 +102,10 @@ FIELDS: list[tuple[str, str, Any, str]] = [
     ("deepseek_v2", "q_lora_rank", 0, "q_lora_rank"),
     ("deepseek_v2", "routed_scaling_factor", "1.0", "routed_scaling_factor"),
     ("deepseek_v2", "routed_scaling_factor", 0, "routed_scaling_factor"),
-    ("deepseek_v2", "n_routed_experts", DROP, "n_routed_experts"),
+    # left out: transformers' default where its class has one (core.hf_config.FAMILY_DEFAULTS);
+    # these two it has none for (DeepSeek's own code and transformers' differ on the second)
+    ("deepseek_v2", "num_experts_per_tok", DROP, "num_experts_per_tok is missing"),
+    ("deepseek_v2", "n_shared_experts", DROP, "n_shared_experts is missing"),
     ("switch", "num_layers", 0, "num_layers"),
     ("switch", "d_model", "x", "d_model"),
     ("switch", "d_kv", 0, "d_kv"),

@@ -105,3 +105,42 @@ def test_a_sliding_window_of_1_is_refused(family, fields, prompt, tmp_path):
         reference_generate(ckpt, prompt, GEN)
     ckpt, hf = save(family, fields | {"sliding_window": 2}, tmp_path / "two")
     assert_transformers(ckpt, hf, prompt, "f32")
+
+
+# (family, fields at transformers' defaults, those config.json then leaves out)
+ABSENT = [
+    ("mixtral", {"num_experts_per_tok": 2}, ("num_experts_per_tok",)),
+    ("olmoe", {"num_experts_per_tok": 8}, ("num_experts_per_tok",)),
+    ("qwen2_moe", {"intermediate_size": 5632, "mlp_only_layers": [0]}, ("intermediate_size",)),
+    (
+        "deepseek_v2",
+        {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+        ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+    ),
+]
+
+
+@pytest.mark.parametrize("family, fields, keys", ABSENT, ids=[f for f, _, _ in ABSENT])
+def test_a_size_left_out_takes_transformers_default(family, fields, keys, prompt, tmp_path):
+    """A config.json without a size transformers' config class has a default for runs that
+    default, as transformers does; before, moepipe refused it ("num_experts_per_tok is
+    missing"). One without a default there (DeepSeek-V2's num_experts_per_tok) is still refused."""
+    ckpt, _ = save(family, fields, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k not in keys}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    assert_transformers(ckpt, hf, prompt, "f32")
+    if family == "deepseek_v2":
+        cfg.pop("num_experts_per_tok")
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ConfigError, match="num_experts_per_tok is missing"):
+            load_checkpoint(ckpt)
+
+
+def test_family_defaults_are_transformers():
+    """core.hf_config's table of the families' defaults is transformers' config classes'."""
+    from core.hf_config.fields import FAMILY_DEFAULTS
+
+    for family, defaults in FAMILY_DEFAULTS.items():
+        made = transformers.AutoConfig.for_model(family)
+        assert {k: getattr(made, k) for k in defaults} == defaults, family
