@@ -490,14 +490,16 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             spec.n_layers,
         )
     names = _names(spec.family)
+    embed = index.get(names.embed)  # no dtype in config.json: the weights', as transformers'
+    if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
+        spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
     if cfg.get("tie_word_embeddings", False):
         # the LM head is the embedding (transformers ties them whether or not lm_head is saved).
         # Switch's is too (its config's default), without T5's rescaling of the hidden state
         # before a tied head: moepipe's Switch is a documented substitute, not T5's forward
         index[names.lm_head] = index[names.embed]
     dtype = torch_dtype(spec)
-    # a field moepipe does not run (attention_bias, ...) is named before the tensors it adds
-    hf_runtime(cfg, spec)
+    hf_runtime(cfg, spec)  # a field not run (attention_bias, ...) named before its tensors
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
     for tensors in unit_layout(spec).values():

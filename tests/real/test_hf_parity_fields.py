@@ -144,3 +144,16 @@ def test_family_defaults_are_transformers():
     for family, defaults in FAMILY_DEFAULTS.items():
         made = transformers.AutoConfig.for_model(family)
         assert {k: getattr(made, k) for k in defaults} == defaults, family
+
+
+def test_a_config_without_dtype_runs_the_weights_dtype(prompt, tmp_path):
+    """A config.json with neither dtype nor torch_dtype runs its weights in their own dtype, as
+    transformers loads them; before, float32 weights were refused as "config.json says
+    torch.bfloat16", which it does not."""
+    ckpt, hf = save("mixtral", {}, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("dtype", None)
+    cfg.pop("torch_dtype", None)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert load_checkpoint(ckpt)[0].dtype_bytes == 4
+    assert_transformers(ckpt, hf, prompt, "f32")
