@@ -135,15 +135,19 @@ class Rope:
                 f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
                 "runs this checkpoint's spec)"
             )
-        factor = _required(c, p, key, "factor", kind)
+        # absent: max_position_embeddings, or the family's default of it, as transformers
+        orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
+        if kind == "yarn" and "factor" in p.fields and p.get("factor", None) is None:
+            # null (absent: refused, as transformers does): DeepSeek-V3's way, as transformers
+            factor = c.get("max_position_embeddings") / orig  # the stretch over the original
+        else:
+            factor = _required(c, p, key, "factor", kind)
         mscale_all_dim = p.get("mscale_all_dim", 0)
         softmax_mscale = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
         if kind == "linear":  # positions / factor, done on the frequencies as transformers does
             return cls(cls.plain(dim, theta).inv_freq / factor, softmax_mscale=softmax_mscale)
         if kind == "dynamic":
             return cls._dynamic(c, key, dim, theta, factor, softmax_mscale)
-        # absent: max_position_embeddings, or the family's default of it, as transformers
-        orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
         if kind == "llama3":
             low = _required(c, p, key, "low_freq_factor", kind)
             high = _required(c, p, key, "high_freq_factor", kind)

@@ -132,7 +132,7 @@ ROPE_FIELDS: dict[str, Rule] = {
     "rope_type": TEXT,
     "type": TEXT,
     "rope_theta": POSITIVE,
-    "factor": POSITIVE,
+    "factor": POSITIVE.or_null(),  # yarn's null: max_position_embeddings over the original's
     "original_max_position_embeddings": COUNT.or_null(),
     "attention_factor": POSITIVE.or_null(),
     "mscale": NUMBER.or_null(),

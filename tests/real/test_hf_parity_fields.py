@@ -157,3 +157,15 @@ def test_a_config_without_dtype_runs_the_weights_dtype(prompt, tmp_path):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     assert load_checkpoint(ckpt)[0].dtype_bytes == 4
     assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_yarn_factor_null_is_the_stretch_of_max_positions(prompt, tmp_path):
+    """YaRN with factor null (DeepSeek-V3's configs) stretches max_position_embeddings over
+    original_max_position_embeddings, as transformers computes it (here 64 / 16 = 4); before,
+    it was refused ("rope_parameters.factor must be a positive number, got None")."""
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "original_max_position_embeddings": 16}
+    ckpt, hf = save("mixtral", {"rope_parameters": rope | {"factor": None}}, tmp_path / "null")
+    assert json.loads((ckpt / "config.json").read_text())["rope_parameters"]["factor"] is None
+    assert_transformers(ckpt, hf, prompt, "f32")
+    four, _ = save("mixtral", {"rope_parameters": rope | {"factor": 4.0}}, tmp_path / "four")
+    assert torch.equal(reference_generate(four, prompt, GEN)[1], hf_greedy(hf, prompt)[1])
