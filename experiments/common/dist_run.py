@@ -37,6 +37,7 @@ from experiments.common.run_dir import interrupt_deferred
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
+LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
 
 
 @dataclass
@@ -113,7 +114,11 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
         ctx = mp.get_context("spawn")
         init = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [
-            ctx.Process(target=target, args=(r, g, init, Path(tmp), *args), name=f"rank{r}")
+            ctx.Process(
+                target=_rank_process,
+                args=(os.getpid(), target, r, g, init, Path(tmp), *args),
+                name=f"rank{r}",
+            )
             for r in range(g)
         ]
         # SIGTERM (`kill`, `timeout`, a scheduler) would end this process alone, the ranks
@@ -126,8 +131,15 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             # each rank started whole: a signal between a child's start and its being sent what
             # to run left it reading an empty pipe, and its traceback followed the stop line
             with interrupt_deferred():
-                for p in procs:
-                    p.start()
+                # a rank starts with Ctrl-C and SIGHUP blocked (the mask outlives exec) until it
+                # ignores them (`_rank_process`): one at the terminal, while a rank still imported
+                # torch, printed its KeyboardInterrupt's traceback and more
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_PARENT)
+                try:
+                    for p in procs:
+                        p.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             _watch(procs, Path(tmp))
         finally:
             if main:
@@ -142,6 +154,21 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
                     p.kill()
         with open(Path(tmp) / "rank0.pkl", "rb") as f:
             return pickle.load(f)
+
+
+def _rank_process(parent: int, target: Any, *args: Any) -> None:
+    """A spawned rank: it leaves Ctrl-C and SIGHUP to the command, which stops every rank
+    (SIGTERM) and prints the one line, and dies with the command (a launcher killed with
+    SIGKILL left its ranks running the run on); then `target(*args)`."""
+    from experiments.common.pool import die_with_parent
+
+    for signum in LEFT_TO_PARENT:
+        signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
+    die_with_parent()
+    if os.getppid() != parent:  # the command died before this rank asked to die with it
+        os._exit(PEER_LOST)
+    target(*args)
 
 
 def _exit_on_term(signum: int, frame: Any) -> None:
