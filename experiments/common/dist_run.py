@@ -102,9 +102,14 @@ def run_distributed(
     if launched():
         out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing)
         return out if int(os.environ["RANK"]) == 0 else None
+    from experiments.common.real_run import checkpoint_files, unchanged_since
+
+    files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
     g = n_processes(ckpt, spec)
     args = (ckpt, spec, routing_mode, device, timeout_s, routing)
-    return _spawn(g, _child, args)
+    out = _spawn(g, _child, args)
+    unchanged_since(ckpt, files)
+    return out
 
 
 def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:

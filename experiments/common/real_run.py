@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from core.cost import CostModel
-from core.errors import ConfigError
+from core.errors import ConfigError, MoepipeError
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
@@ -39,7 +39,7 @@ from experiments.common.pipeline import (
     summary_of,
 )
 from planners.registry import make_planner
-from real.checkpoint import Unit, hf_config, load_checkpoint
+from real.checkpoint import INDEX_FILE, Unit, hf_config, load_checkpoint
 from real.distributed import Peers
 from real.executor import Executor
 from real.model import Model, live_routing
@@ -95,6 +95,7 @@ def real_execute(
         raise ConfigError(
             f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
         )
+    files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
     model_spec, _ = load_checkpoint(ckpt)
     spec = replace(spec, model=model_spec, executor="real")
     if routing is None:
@@ -142,7 +143,45 @@ def real_execute(
     }
     if distributed:
         summary["processes"] = ex.peers.world if ex.peers is not None else 1
+    unchanged_since(ckpt, files)
     return RunResult(out.schedule, trace, summary, outputs), out
+
+
+FileState = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+
+
+def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
+    """The checkpoint folder's files a run reads (config.json, the safetensors index, the
+    weights' files), each as `FileState`; {} where the folder cannot be listed (the run's
+    reading it says why)."""
+    out = {}
+    try:
+        names = sorted(f.name for f in Path(ckpt).iterdir())
+    except OSError:
+        return {}
+    for name in names:
+        if name.endswith(".safetensors") or name in ("config.json", INDEX_FILE):
+            try:
+                st = (Path(ckpt) / name).stat()
+            except OSError:  # gone meanwhile: missing from the state, a change
+                continue
+            out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def unchanged_since(ckpt: str | Path, before: dict[str, FileState]) -> None:
+    """One line where a checkpoint file was rewritten, replaced, added or removed since
+    `before` (`checkpoint_files`): the run read its weights over its whole length (an offloaded
+    unit each time it is loaded), so its result may mix two checkpoints' weights, which a run
+    on other valid weights showed nowhere."""
+    after = checkpoint_files(ckpt)
+    changed = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    if changed:
+        raise MoepipeError(
+            f"{Path(ckpt) / changed[0]}: changed while the run read the checkpoint (rewritten, "
+            "replaced or removed); the result could mix two checkpoints' weights and was not "
+            "kept: run again once the checkpoint is whole and no longer changes"
+        )
 
 
 def _peers(
