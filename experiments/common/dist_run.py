@@ -4,8 +4,9 @@ one of them under torchrun (RANK / WORLD_SIZE set). Each rank runs its device's 
 schedule (`real.distributed`); rank 0's result (every rank's ops) is the run's.
 
 Faults end the run with one line naming the rank and a non-zero exit, never a peer's traceback:
-a rank that dies stops the others at once (they are terminated), a rank that never joins stops
-the others after `executor.rendezvous_timeout_s`.
+a rank that dies stops the others at once (they are terminated), a rank stopped (SIGSTOP) stops
+them after `STOPPED_S`, a rank that never joins stops the others after
+`executor.rendezvous_timeout_s`. Ctrl-C is the command's: a spawned rank ignores it.
 
 Usage:
     python -m experiments.run executor=real executor.distributed=true checkpoint=DIR \
@@ -15,6 +16,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -37,6 +39,7 @@ from experiments.common.run_dir import interrupt_deferred
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
+STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers wait for it
 LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
 
 
@@ -153,6 +156,10 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             for p in started:
                 if p.is_alive():
                     p.terminate()
+                    with contextlib.suppress(
+                        OSError
+                    ):  # a stopped rank: SIGTERM acts once it goes on
+                        os.kill(p.pid, signal.SIGCONT)
             for p in started:
                 p.join(timeout=10)
                 if p.is_alive():
@@ -181,10 +188,13 @@ def _exit_on_term(signum: int, frame: Any) -> None:
 
 
 def _watch(procs: list[Any], tmp: Path) -> None:
-    """Wait for every rank; the first that fails (not one that stopped because another did)
-    stops the others and the run, with one line naming it."""
+    """Wait for every rank; the first that fails (not one that stopped because another did), or
+    that stays stopped (SIGSTOP) for `STOPPED_S`, stops the others and the run, with one line
+    naming it."""
     left = {p.sentinel: (r, p) for r, p in enumerate(procs)}
     lost_at: float | None = None
+    stopped: dict[int, float] = {}  # rank -> when this loop first saw it stopped
+    last = time.monotonic()
     while left:
         for s in wait(list(left), timeout=0.2):
             r, p = left.pop(s)
@@ -196,8 +206,31 @@ def _watch(procs: list[Any], tmp: Path) -> None:
                 lost_at = lost_at or time.monotonic()
                 continue
             raise MoepipeError(_why(r, code, tmp))
-        if lost_at is not None and time.monotonic() - lost_at > 5:
+        now = time.monotonic()
+        if now - last > 1.0:  # this process was stopped too (Ctrl-Z stops the whole job)
+            stopped.clear()
+        last = now
+        for r, p in left.values():
+            if _is_stopped(p.pid):
+                if now - stopped.setdefault(r, now) > STOPPED_S:
+                    raise MoepipeError(
+                        f"rank {r} was stopped (SIGSTOP or SIGTSTP to it alone) and did not go "
+                        f"on within {STOPPED_S:g} s; the other ranks wait for it, so the run "
+                        "stopped: run it again"
+                    )
+            else:
+                stopped.pop(r, None)
+        if lost_at is not None and now - lost_at > 5:
             raise MoepipeError("real run: a rank lost its peers and no rank says why")
+
+
+def _is_stopped(pid: int) -> bool:
+    """Is the process stopped by a signal (state T; not `t`, a debugger's stop)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone (its sentinel says so next), or no /proc
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["T"]
 
 
 def _why(rank: int, code: int | None, tmp: Path) -> str:

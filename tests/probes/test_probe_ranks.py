@@ -5,11 +5,17 @@ launcher), never a rank's own traceback or a rank running on without its command
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from experiments.common import dist_run
 from experiments.common.dist_run import _as_rank, _spawn
+from tests.probes.conftest import deadline, raises_one_line
 
 
 def _signal_state(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -35,3 +41,42 @@ def test_a_rank_leaves_ctrl_c_to_the_command_and_dies_with_it() -> None:
     before exec until then) and is killed with its parent."""
     got = _spawn(1, _signal_state, ())
     assert got == dict(ignored=[True, True], blocked=[], death=signal.SIGKILL)
+
+
+def _stops_itself(rank: int, world: int, init: str, tmp: Path) -> None:
+    """Rank 1 stops (SIGSTOP) at once; rank 0 waits, as a peer of a stopped rank does."""
+
+    def run() -> None:
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(120)
+
+    _as_rank(rank, tmp, run)
+
+
+@pytest.mark.slow  # two rank processes, each importing the run's modules
+def test_a_stopped_rank_stops_the_run_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped with SIGSTOP held up its peers, named (by their stall check) only after
+    120 s, or never where they waited to join: the command names it once it stays stopped for
+    `STOPPED_S` (shortened here), and ends every rank, the stopped one too."""
+    monkeypatch.setattr(dist_run, "STOPPED_S", 0.5)
+    pids: list[int] = []
+    start = dist_run._watch
+
+    def watch(procs: list[Any], tmp: Path) -> None:
+        pids.extend(p.pid for p in procs)
+        start(procs, tmp)
+
+    monkeypatch.setattr(dist_run, "_watch", watch)
+    with deadline(60):
+        line = raises_one_line(lambda: dist_run._spawn(2, _stops_itself, ()), "rank 1 was stopped")
+    assert "rank 0" not in line
+    assert not [p for p in pids if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
