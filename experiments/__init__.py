@@ -19,8 +19,9 @@ def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
     line = f"{said} the command had not started; nothing was written"
-    rank, world = os.environ.get("RANK"), int(os.environ.get("WORLD_SIZE", "1"))
-    if signum == signal.SIGTERM and rank is not None and world > 1:
+    rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+    world = int(size) if size.isdigit() else 1  # malformed: the command says so once it runs
+    if signum == signal.SIGTERM and rank is not None and rank.isdigit() and world > 1:
         # one rank of torchrun's, whose agent stops them all once one fails (as
         # common.dist_run.stop_on_sigterm says once the command runs)
         other = f"rank {1 - int(rank)}" if world == 2 else "another rank"

@@ -212,8 +212,10 @@ def exit_with(e: BaseException) -> None:
     """Print `e` as one line (`any_error_line`) on stderr and exit 2. On a rank of a torchrun
     launch, a SIGTERM that comes meanwhile is ignored: torchrun stops every rank once one fails,
     and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
-        with contextlib.suppress(ValueError):  # off the main thread no handler can be set
+    # ValueError: malformed launch variables (this error says so) or off the main thread,
+    # where no handler can be set
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
     print(f"error: {any_error_line(e)}", file=sys.stderr)

@@ -80,3 +80,22 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+@pytest.mark.parametrize(
+    "rank, world, names",
+    [
+        ("5", "2", ["RANK=5", "WORLD_SIZE=2"]),
+        ("-1", "2", ["RANK=-1"]),
+        ("x", "2", ["RANK='x'", "not whole numbers"]),
+        ("0", "two", ["WORLD_SIZE='two'", "not whole numbers"]),
+    ],
+)
+def test_launch_variables_out_of_range_are_one_line(
+    rank: str, world: str, names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RANK and WORLD_SIZE as a launcher sets them: a word was int()'s traceback (twice over,
+    as the error path read them again), and RANK=5 of 2 waited out the rendezvous timeout."""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    raises_one_line(dist_run.launched, *names)
