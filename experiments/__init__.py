@@ -52,3 +52,8 @@ if sys.argv[:1] == ["-m"]:
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
             signal.signal(_signum, _interrupted_at_startup)
+    # torch's C++ log goes to stderr beside the one line: c10d's rendezvous retries, each with
+    # its stack dump (MASTER_ADDR unreachable: 76 lines), a gloo pair's closed connection. Read
+    # once, as torch loads; kept where the user set it or asked for tracebacks.
+    if "1" not in (os.environ.get("MOEPIPE_TRACEBACK"), os.environ.get("HYDRA_FULL_ERROR")):
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")

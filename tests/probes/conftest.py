@@ -29,11 +29,12 @@ TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
 
 
 def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subprocess.CompletedProcess:
-    """`python -m module args...` from the repository root, as a user runs it."""
+    """`python -m module args...` from the repository root, as a user runs it (in `env`, a
+    popen argument, else `user_env()`)."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
-        env=user_env(),
+        env=popen.pop("env", None) or user_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import pytest
 
 from experiments.common import dist_run
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.probes.conftest import deadline, raises_one_line
+from tests.conftest import user_env
+from tests.probes.conftest import deadline, one_line, raises_one_line, real_run
 
 
 def _signal_state(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -99,3 +101,21 @@ def test_launch_variables_out_of_range_are_one_line(
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", world)
     raises_one_line(dist_run.launched, *names)
+
+
+@pytest.mark.slow  # a command starting: torch and hydra imported
+def test_a_rendezvous_that_fails_is_one_line_without_torchs_log(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """Rank 1 whose MASTER_ADDR:MASTER_PORT nobody serves: c10d's retries printed 40-80 lines
+    of warnings and stack dumps on stderr before the one line (torch's C++ log, now at FATAL
+    unless the user sets TORCH_CPP_LOG_LEVEL)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(user_env(), RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
+    args = ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
+    args += ["hardware=h200-hgx8", "executor.rendezvous_timeout_s=1"]
+    r = real_run(tiny_ckpt, tmp_path / "run", *args, env=env)
+    one_line(r, "rank 1", "did not form within executor.rendezvous_timeout_s=1")
