@@ -19,6 +19,7 @@ from core.bubbles import idle_causes
 from core.errors import TraceError
 from core.schedule import Schedule
 from core.spec import Workload
+from core.trace_check import check_trace
 from core.types import OpKind, Tensor, Tier
 
 TRACE_COLUMNS = [
@@ -129,50 +130,6 @@ def read_trace(path: Path) -> pd.DataFrame:
     if twice:  # each op is one row: a copy would count its time and bytes twice
         raise TraceError(f"{path}: {twice} of {len(trace)} rows repeat another row whole; {redo}")
     return trace
-
-
-# what every reader of a trace uses (a trace of older code may lack later columns)
-_REQUIRED = ("source", "op_id", "kind", "stream", "resource", "start_s", "end_s")
-_NUMERIC = (
-    "op_id",
-    "step",
-    "layer",
-    "batch",
-    "micro",
-    "batches",
-    "expert",
-    "bytes",
-    "tokens",
-    "start_s",
-    "end_s",
-    "sm_s",
-    "launch_s",
-    "alloc_s",
-)
-
-
-def check_trace(trace: pd.DataFrame, path: Path) -> None:
-    """A TraceError naming `path` and the column when a parquet file is not a run's trace: a
-    column missing, of another type (a number written as text), or an op whose times are not
-    finite or end before they start. Readers would fail on it deep inside, or draw it."""
-    redo = "run that run again to rewrite it"
-    missing = [c for c in _REQUIRED if c not in trace.columns]
-    if missing:
-        raise TraceError(f"{path}: not a run's trace: no column(s) {', '.join(missing)}; {redo}")
-    for col in _NUMERIC:
-        if col in trace.columns and not pd.api.types.is_numeric_dtype(trace[col]):
-            raise TraceError(
-                f"{path}: column {col} is {trace[col].dtype}, not numbers; not a run's trace; "
-                f"{redo}"
-            )
-    start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
-    bad = ~(np.isfinite(start) & np.isfinite(end) & (end >= start))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise TraceError(
-            f"{path}: op {trace['op_id'].iloc[i]} has start_s={start[i]}, end_s={end[i]} (times "
-            f"are finite and end >= start); not a run's trace; {redo}"
-        )
 
 
 def shares_s(start: np.ndarray, end: np.ndarray) -> np.ndarray:

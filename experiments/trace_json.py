@@ -26,6 +26,7 @@ from core.files import read_small
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
+from experiments.common.run_dir import edited_since_run
 
 
 def read_traces(run_dir: Path) -> list[pd.DataFrame]:
@@ -46,6 +47,9 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
             f"{summary}: processes={processes} is not the run's (its trace has ops of {devices} "
             f"device(s)); a whole number from 0 to {devices}: run that run again to rewrite it"
         )
+    edited = edited_since_run(path.parent, ("trace.parquet", "summary.json"))
+    if edited:  # ops cut or retimed by hand would be drawn as the run's
+        raise MoepipeError(f"{edited}; run that run again to rewrite it")
     return chrome_parts(trace, processes)
 
 

@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from core.args import written_whole  # noqa: E402
+from core.errors import MoepipeError  # noqa: E402
 from core.trace import read_trace  # noqa: E402
 from experiments.common.ranking import (  # noqa: E402
     IDLE_SHOWN,
@@ -32,6 +33,7 @@ from experiments.common.ranking import (  # noqa: E402
     ok_runs,
     panel_groups,
 )
+from experiments.common.run_dir import edited_since_run  # noqa: E402
 from experiments.common.tables import SYSTEM  # noqa: E402
 
 MARKERS = "osD^vP*Xph<>"  # one per line, so points at one place stay told apart
@@ -293,6 +295,9 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
     items = []
     for _, r in runs.iterrows():
         trace = read_trace(sweep / r["run_dir"] / "trace.parquet")
+        edited = edited_since_run(sweep / r["run_dir"], ("trace.parquet",))
+        if edited:  # ops cut or retimed by hand would be drawn as the run's
+            raise MoepipeError(f"{edited}; run that run again to rewrite it")
         for source in ("real", "sim"):  # real above sim where a real run exists
             t = trace[trace["source"].astype(str) == source]
             if not t.empty:

@@ -302,6 +302,32 @@ def changed_file(out_dir: Path) -> str | None:
     return None
 
 
+# the files of a run that collect, report and trace_json read back
+READ_BACK = ("summary.json", "config.yaml", "trace.parquet")
+
+
+def edited_since_run(out_dir: Path, names: tuple[str, ...] = READ_BACK) -> str | None:
+    """What is wrong where one of `names` in `out_dir` is not the file the run wrote (its hash in
+    files.sha256 differs: edited, cut short or replaced since); None where each is the run's or
+    the dir has no files.sha256 (a run dir made by hand: nothing to check it against)."""
+    manifest = out_dir / MANIFEST
+    if not manifest.exists():
+        return None
+    text = _text(manifest)
+    lines = [line.split("  ", 1) for line in (text or "").splitlines()]
+    if not lines or any(len(parts) != 2 for parts in lines):
+        return f"{manifest} is not sha256sum's list of the run's files"
+    for digest, name in lines:
+        if name in names and (out_dir / name).exists():
+            try:
+                same = _sha256(out_dir / name) == digest
+            except OSError as e:
+                return f"{out_dir / name} unreadable ({e.strerror})"
+            if not same:
+                return f"{out_dir / name} is not the file the run wrote (its hash in {MANIFEST})"
+    return None
+
+
 def _text(path: Path) -> str | None:
     """`path`'s text; None where it is missing, not a file or not UTF-8 (then not this run's)."""
     try:

@@ -17,6 +17,7 @@ from core.args import output_dir, written_whole
 from core.errors import MoepipeError
 from core.files import read_small
 from core.routing import peek_suffix
+from experiments.common.run_dir import edited_since_run
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
@@ -127,6 +128,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
                 f"config.yaml's {key} is {cfg[key]!r} where the run's summary has "
                 f"{repeated[key]!r}: not the config it ran; {rerun}"
             )
+    edited = edited_since_run(run, ("summary.json", "config.yaml"))
+    if edited:  # a hand-edited metric would be tabulated as the run's (its trace: figures')
+        return None, f"{edited}; {rerun}"
     row = {**cfg, **{k: v for k, v in repeated.items() if k not in cfg}, **flatten(metrics)}
     if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
         row["model.name"] = summary["model"]
