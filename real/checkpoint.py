@@ -456,6 +456,11 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         kind = not_regular(d / name)
         if kind:
             raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
+        if (d / name).is_symlink() and not (d / name).exists():  # dangling, or a loop
+            raise ConfigError(
+                f"{d / name}: a symbolic link to nothing (its target is missing, or it links "
+                "to itself); point it at the file or re-copy the checkpoint"
+            )
     if (d / INDEX_FILE).is_file():
         files = index_files(d / INDEX_FILE)
         if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:

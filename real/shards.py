@@ -191,7 +191,8 @@ def read_index(path: Path) -> dict[str, str]:
     if not isinstance(weight_map, dict) or not weight_map:
         raise ConfigError(f"{path}: weight_map must be an object of tensor name -> file name")
     for name, file in weight_map.items():
-        if not isinstance(file, str) or not file or Path(file).name != file:
+        # a NUL byte no file name holds (open() would fail on it unnamed)
+        if not isinstance(file, str) or not file or Path(file).name != file or "\0" in file:
             raise ConfigError(
                 f"{path}: weight_map[{name!r}] = {file!r} is not a file name in the checkpoint's "
                 "folder"

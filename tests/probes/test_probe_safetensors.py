@@ -148,6 +148,7 @@ def _sharded(ckpt: Path, index: Any) -> None:
         ({"weight_map": {"lm_head.weight": 3}}, "weight_map"),
         ({"weight_map": {"lm_head.weight": "../../etc/passwd"}}, "not a file name"),
         ({"weight_map": {"lm_head.weight": "missing.safetensors"}}, "missing checkpoint shard"),
+        ({"weight_map": {"lm_head.weight": "a\0.safetensors"}}, "not a file name"),
         ("{not json", "not a safetensors index"),
     ],
     ids=[
@@ -158,6 +159,7 @@ def _sharded(ckpt: Path, index: Any) -> None:
         "file a number",
         "file a path",
         "file missing",
+        "file name with a NUL",  # was open()'s ValueError, an internal error
         "not json",
     ],
 )
@@ -192,3 +194,13 @@ def test_a_tensor_named_twice_in_a_header_or_index_is_refused(ckpt: Path) -> Non
     pairs = ", ".join(f'"{n}": "{shard}"' for n in [*h, name] if n != "__metadata__")
     _sharded(ckpt, '{"weight_map": {' + pairs + "}}")
     raises_one_line(lambda: load_checkpoint(ckpt), INDEX_FILE, repr(name), "twice")
+
+
+@pytest.mark.parametrize("target", ["self", "missing"])
+@pytest.mark.parametrize("name", [INDEX_FILE, SINGLE_FILE])
+def test_a_weights_file_that_links_to_nothing_is_named(ckpt: Path, name: str, target: str) -> None:
+    """An index that is a symbolic link to itself or to a missing file was reported as no
+    weights at all ("no model.safetensors or model.safetensors.index.json")."""
+    (ckpt / SINGLE_FILE).unlink()
+    (ckpt / name).symlink_to(name if target == "self" else ckpt / "gone.json")
+    raises_one_line(lambda: load_checkpoint(ckpt), str(ckpt / name), "symbolic link")
