@@ -10,8 +10,6 @@ upstream text files;
 from __future__ import annotations
 
 import logging
-import zipfile
-import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +19,7 @@ import numpy as np
 
 from core.errors import TraceError
 from core.files import not_regular
+from core.npy import NpyError, npz_arrays, npz_names
 from core.routing import Routing
 from core.spec import ModelSpec, Workload
 
@@ -96,16 +95,15 @@ def _fix(flag: str) -> str:
 @lru_cache(maxsize=2)
 def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [a for a in _ARRAYS if a not in z.files]
-            if missing:
-                raise TraceError(f"{path}: corrupt trace, missing array(s) {missing}; {_FIX}")
-            arrs = {a: z[a] for a in _ARRAYS}
-            meta = {a: z[a] for a in _META if a in z.files}
-    except TraceError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        raise TraceError(f"{path}: not a readable npz ({type(e).__name__}: {e}); {_FIX}") from None
+        files = npz_names(path)
+        missing = [a for a in _ARRAYS if a not in files]
+        if missing:
+            raise TraceError(f"{path}: corrupt trace, missing array(s) {missing}; {_FIX}")
+        arrs = npz_arrays(path, _ARRAYS)
+        meta = npz_arrays(path, [a for a in _META if a in files])
+    except (OSError, NpyError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise TraceError(f"{path}: not a readable npz ({why}); {_FIX}") from None
     trace = EsftTrace(
         expert_ids=arrs["expert_ids"],
         gate_weights=arrs["gate_weights"],
@@ -292,14 +290,12 @@ def load_counts(
     if kind:
         raise TraceError(f"{path}: {kind}; {fix}")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if key not in z.files:
-                raise TraceError(f"{path}: lacks array {key} (it has {sorted(z.files)}); {fix}")
-            counts = z[key]
-    except TraceError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        why = f"{type(e).__name__}: {e}"
+        files = npz_names(path)
+        if key not in files:
+            raise TraceError(f"{path}: lacks array {key} (it has {sorted(files)}); {fix}")
+        counts = npz_arrays(path, [key])[key]
+    except (OSError, NpyError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
         raise TraceError(f"{path}: not a readable npz, or {key} is not ({why}); {fix}") from None
     if counts.dtype.kind not in "iuf":  # strings, objects, booleans, complex: not counts
         raise TraceError(f"{path}: {key} has dtype {counts.dtype}, expected integer counts; {fix}")

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from core.errors import ConfigError
+from core.files import not_regular
+from core.npy import NpyError, npy_file
 from core.planner import PlanContext
 from core.types import ReplicaGate
 from planners.ep.cost import ExpertTime, predicted_tokens
@@ -25,13 +27,17 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     axis), finite and >= 0 (all 0 is a table with no pairs yet: a one-MoE-layer model's
     transitions), or one ConfigError naming `label` (the param), the file
     and what is wrong (`need`: the shape the model needs)."""
+    kind = not_regular(path)  # a FIFO would block the read, /dev/zero feed it without end
+    if kind:
+        raise ConfigError(f"{label} {path}: {kind}; pass a .npy file")
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = npy_file(path)
     except OSError as e:
         raise ConfigError(f"{label} {path}: cannot read it ({e.strerror or e})") from None
-    except ValueError:  # another format, or pickled objects (never unpickled)
+    except NpyError as e:  # another format, cut short, or pickled objects (never unpickled)
         raise ConfigError(
-            f"{label} {path}: not a .npy array of numbers (np.save of a numeric array writes one)"
+            f"{label} {path}: not a .npy array of numbers ({e}; np.save of a numeric array "
+            "writes one)"
         ) from None
     fits = arr.ndim == len(shape) and all(
         n == want if want is not None else n >= 1 for n, want in zip(arr.shape, shape, strict=True)
