@@ -36,6 +36,7 @@ from experiments.common.overrides import (
     check_hydra_overrides,
     check_sweep,
 )
+from experiments.common.yaml_size import check_yaml_size
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
@@ -529,11 +530,12 @@ def group_files(
                     f"{arg}: no such file; pass a {key} YAML file or a name in conf/{key}/"
                 )
             try:
-                src.read_bytes().decode()
+                text = src.read_bytes().decode()
             except UnicodeDecodeError as e:
                 raise MoepipeError(
                     f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
                 ) from None
+            check_yaml_size(text, arg, f"pass a {key} YAML file")
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")

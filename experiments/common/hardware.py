@@ -23,6 +23,7 @@ from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource
 from experiments.common.app import check_keys
 from experiments.common.schema import HardwareSchema
+from experiments.common.yaml_size import check_yaml_size
 from real.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +82,7 @@ def read_hardware(name: str) -> dict[str, Any]:
     fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
     try:
         text = read_small(path, fix=fix).decode("utf-8")  # a FIFO or /dev/zero: refused
+        check_yaml_size(text, str(path), fix)  # a billion laughs: a hang
         d = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except OSError as e:
         raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None

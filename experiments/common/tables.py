@@ -18,6 +18,7 @@ from core.errors import MoepipeError
 from core.files import read_small
 from core.routing import peek_suffix
 from experiments.common.run_dir import edited_since_run
+from experiments.common.yaml_size import check_yaml_size
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
@@ -100,7 +101,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
-                config = yaml.safe_load(read_small(cfg_path).decode("utf-8"))
+                text = read_small(cfg_path).decode("utf-8")
+                check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
+                config = yaml.safe_load(text)
             except MoepipeError as e:
                 why = str(e).removeprefix(f"{cfg_path}: ")
                 return None, f"{cfg_path.relative_to(run)} unreadable ({why})"
