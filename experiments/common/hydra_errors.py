@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
@@ -99,13 +101,15 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         return f"{key}: required, it has no default; pass {key}=VALUE"
     where = re.match(r"In '([^']+)'", text)  # a key of a config file: the file named
     at = f" (in {_config_file(where.group(1), files)})" if where else ""
-    not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
-    if where and not_fields:  # a group's YAML that is a list or a scalar, not a mapping
-        group, _, name = where.group(1).rpartition("/")
-        return (
-            f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
-            f"fields{at}; see conf/{group}/ for the layout"
-        )
+    if where:
+        in_file = _not_fields(text, where.group(1), at, files)
+        if in_file:
+            return in_file
+    converted = re.search(r"Cannot convert '(ListConfig|DictConfig)' to (\w+)", text)
+    if converted and key:  # `name: [a]`
+        what = "a list" if converted.group(1) == "ListConfig" else "a mapping"
+        need = _KINDS.get(converted.group(2), converted.group(2))
+        return f"{key}: {what} where {need} belongs{at}; pass {key}=<{need}>"
     unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
     if unknown:
         name = unknown.group(1)
@@ -140,6 +144,64 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -> str | None:
+    """The line for a list (or a scalar) in config `config`'s YAML (`hardware/mine`) where the
+    schema has a mapping of fields: the key of the list in the user's file, or the whole file."""
+    group, _, name = config.rpartition("/")
+    not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
+    if re.search(r"Cannot merge DictConfig with ListConfig", text) or not_fields:
+        schema = re.search(r"object_type=(\w+)", text)
+        path = (files or {}).get(config)
+        inner = _list_key(schema.group(1), path, group) if schema else None
+        if inner or not not_fields:
+            return (
+                f"{inner or group}: a list where a mapping of fields belongs{at}; see "
+                f"conf/{group}/ for the layout"
+            )
+    if not_fields:  # a group's YAML that is a list or a scalar, not a mapping
+        return (
+            f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
+            f"fields{at}; see conf/{group}/ for the layout"
+        )
+    return None
+
+
+def _list_key(type_name: str, path: str | None, group: str) -> str | None:
+    """The dotted key (`hardware.links`) of the first list in the `group` YAML file at `path`
+    where the schema dataclass `type_name` (the group's, or the command's) has a mapping of
+    fields: omegaconf's merge error names no key."""
+    cls = next((c for c in _schema_classes() if c.__name__ == type_name), None)
+    try:
+        data = yaml.safe_load(Path(path).read_text()) if path else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if cls is None:
+        return None
+    if group in typing.get_type_hints(cls):  # the command's schema: the file is its group's
+        return _list_in(cls, {group: data})
+    inner = _list_in(cls, data)
+    return f"{group}.{inner}" if inner else None
+
+
+def _list_in(cls: type, data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return None
+    hints = typing.get_type_hints(cls)
+    for k, v in data.items():
+        t = hints.get(k)
+        sub = next((a for a in (t, *typing.get_args(t)) if is_dataclass(a)), None)
+        if isinstance(v, list) and (sub is not None or typing.get_origin(t) is dict):
+            return str(k)
+        if typing.get_origin(t) is dict and isinstance(sub, type) and isinstance(v, dict):
+            entry = next((e for e, x in v.items() if isinstance(x, list)), None)  # links.h2d
+            inner = str(entry) if entry is not None else None
+        else:
+            inner = _list_in(sub, v) if isinstance(sub, type) else None
+        if inner:
+            return f"{k}.{inner}"
+    return None
 
 
 def _wrong_type(text: str, key: str, at: str) -> str | None:

@@ -239,3 +239,27 @@ def test_a_bare_info_flag_prints_hydras_info(cli_here: Any) -> None:
     assert r.returncode == 0 and "Installed Hydra Plugins" in r.stdout, r.stderr
     r = cli_here("experiments.collect", "--info")
     assert r.returncode == 0 and "Installed Hydra Plugins" in r.stdout, r.stderr
+
+
+LISTS = [
+    ("hardware", "gpu: {tflops: 1.0, mem_bw_gbps: 1000.0, overhead_us: 0}", "gpu: [1, 2]", "gpu"),
+    ("hardware", "links:\n", "links: []\nold_links:\n", "links"),
+    ("hardware", "h2d: {gbps: 1.0, latency_us: 0}", "h2d: [1.0, 0]", "links.h2d"),
+    ("model", "name: tiny", "name: [tiny]", "name"),
+]
+
+
+@pytest.mark.parametrize("group, old, new, key", LISTS, ids=[c[3] for c in LISTS])
+def test_a_list_in_a_users_file_where_fields_belong_names_the_key(
+    tmp_path: Path, cli_here: Any, group: str, old: str, new: str, key: str
+) -> None:
+    """`links: []` was "In 'hardware/file_x': ... Cannot merge DictConfig with ListConfig",
+    naming neither the key nor the user's file; `gpu: [1, 2]` was "its config is a list" (the
+    whole file's), `name: [tiny]` omegaconf's "Cannot convert 'ListConfig' to string"."""
+    path = tmp_path / f"{group}.yaml"
+    text = (ROOT / "conf" / group / "tiny.yaml").read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    args = [a for a in TINY if not a.startswith(f"{group}=")]
+    r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path}/r")
+    one_line(r, f"{group}.{key}: a list where", str(path))
