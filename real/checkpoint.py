@@ -452,26 +452,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             f"{d / 'config.json'}: dtype float16 is not supported by the real executor "
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
-    for name in (INDEX_FILE, SINGLE_FILE):  # is_file() below would call them absent
-        kind = not_regular(d / name)
-        if kind:
-            raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
-        if (d / name).is_symlink() and not (d / name).exists():  # dangling, or a loop
-            raise ConfigError(
-                f"{d / name}: a symbolic link to nothing (its target is missing, or it links "
-                "to itself); point it at the file or re-copy the checkpoint"
-            )
-    if (d / INDEX_FILE).is_file():
-        files = index_files(d / INDEX_FILE)
-        if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
-            raise ConfigError(
-                f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
-                "sets of weights; keep the one config.json was written with"
-            )
-    elif (d / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
+    files = _weight_files(d)
     index: dict[str, TensorEntry] = {}
     for f in files:
         index |= read_header(d / f)
@@ -522,6 +503,32 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
                     f"{e.file}: tensor {ts.hf_name} is {e.dtype}, config.json says {dtype}"
                 )
     return spec, index
+
+
+def _weight_files(d: Path) -> list[str]:
+    """The safetensors files of checkpoint `d`: the ones its index names, or its one file;
+    a ConfigError for weights that are not regular files, links to nothing, or both kinds."""
+    for name in (INDEX_FILE, SINGLE_FILE):  # is_file() below would call them absent
+        kind = not_regular(d / name)
+        if kind:
+            raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
+        if (d / name).is_symlink() and not (d / name).exists():  # dangling, or a loop
+            raise ConfigError(
+                f"{d / name}: a symbolic link to nothing (its target is missing, or it links "
+                "to itself); point it at the file or re-copy the checkpoint"
+            )
+    if (d / INDEX_FILE).is_file():
+        files = index_files(d / INDEX_FILE)
+        if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
+            raise ConfigError(
+                f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
+                "sets of weights; keep the one config.json was written with"
+            )
+    elif (d / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
+    return files
 
 
 # a checkpoint's tensors that hold what config.json says a layer's FFN is: its routed experts
