@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
+from core.files import not_regular, read_small
 from experiments.common import hydra_errors
 from experiments.common.cli import before_line, error_line, on_interrupt, print_or_exit
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
@@ -525,12 +526,16 @@ def group_files(
         key, sep, value = arg.partition("=")
         if sep and key in groups and value.endswith((".yaml", ".yml")):
             src = Path(value).expanduser()
-            if not src.is_file():
+            what = not_regular(src) or (
+                "a symbolic link to nothing" if src.is_symlink() and not src.exists() else ""
+            )
+            if what or not src.is_file():  # a FIFO, a folder or a loop was "no such file"
                 raise MoepipeError(
-                    f"{arg}: no such file; pass a {key} YAML file or a name in conf/{key}/"
+                    f"{arg}: {what or 'no such file'}; pass a {key} YAML file or a name in "
+                    f"conf/{key}/"
                 )
             try:
-                text = src.read_bytes().decode()
+                text = read_small(src, fix=f"pass a {key} YAML file").decode()
             except UnicodeDecodeError as e:
                 raise MoepipeError(
                     f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"

@@ -5,6 +5,7 @@ RecursionError. Aliases of an ordinary size still load."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,21 @@ def test_aliases_of_an_ordinary_size_pass() -> None:
     check_yaml_size(text, "f.yaml", "fix it")
     check_yaml_size("x: [" + ", ".join(["1"] * (MAX_NODES // 20)) + "]\n", "f.yaml", "fix it")
     check_yaml_size("a: " + "[" * 100 + "]" * 100 + "\n", "f.yaml", "fix it")
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "symbolic link to nothing"])
+def test_a_config_path_that_is_no_regular_file_says_what_it_is(
+    tmp_path: Path, cli_here: Any, kind: str
+) -> None:
+    """A FIFO, a folder or a link looping to itself given as hardware=X.yaml was "no such
+    file", which it is not."""
+    path = tmp_path / "hw.yaml"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(path.name)
+    with deadline(60):
+        r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
+    one_line(r, str(path), kind)
