@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
-from core.files import not_regular
+from core.files import not_regular, read_small
 from core.traces import (
     N_EXPERTS,
     SOFTMAX_RULE,
@@ -28,6 +28,11 @@ from core.traces import (
 log = logging.getLogger(__name__)
 
 _LAYER_FILE = re.compile(r"(?:^|/)(?P<task>[^/]+)/expert_weights_(?P<layer>\d+)\.txt$")
+
+
+# a layer's dump is read whole: far past upstream's (under 1 MB), short of a gzip bomb's
+MAX_DUMP_BYTES = 256 * 2**20
+_DUMP_FIX = "a routing dump is far smaller: replace it with upstream's expert_weights_<layer>.txt"
 
 
 def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]:
@@ -63,7 +68,7 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
             if kind:
                 raise TraceError(f"{f}: {kind}; a routing dump is a text file")
             try:
-                data = f.read_bytes()
+                data = read_small(f, limit=MAX_DUMP_BYTES, fix=_DUMP_FIX)
             except OSError as e:
                 raise TraceError(f"{f}: cannot read it ({e.strerror})") from None
             add(f.relative_to(src).as_posix(), data)
@@ -72,6 +77,11 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
             with tarfile.open(src) as tar:
                 for mem in tar.getmembers():
                     if mem.isfile() and _LAYER_FILE.search(mem.name):
+                        if mem.size > MAX_DUMP_BYTES:  # read whole into memory: a gzip bomb
+                            raise TraceError(
+                                f"{src}: {mem.name} holds {mem.size} bytes, over "
+                                f"{MAX_DUMP_BYTES // 2**20} MiB; {_DUMP_FIX}"
+                            )
                         fh = tar.extractfile(mem)
                         assert fh is not None
                         add(mem.name, fh.read())

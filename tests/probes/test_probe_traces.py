@@ -225,3 +225,29 @@ def test_a_float_task_array_fails_the_run_naming_the_array(tmp_path: Path) -> No
     line = one_line(r, TRACE_FILE, "task has dtype float32")
     assert "selects no tokens" not in line
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_routing_dump_past_any_real_one_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each layer's dump is read whole into memory: a gzip bomb in the tarball (or a huge file
+    in the folder) took all the RAM. The limit, 256 MiB, stands in at 100 bytes here."""
+    import tarfile
+
+    import core.trace_convert
+
+    monkeypatch.setattr(core.trace_convert, "MAX_DUMP_BYTES", 100)
+    src = tmp_path / "src" / "intent"
+    src.mkdir(parents=True)
+    line = "\t".join(map(str, range(TOP_K))) + "\t\t" + "\t".join(["0.1000"] * TOP_K) + "\n"
+    (src / "expert_weights_1.txt").write_text(line * 10)  # 10 lines: over 100 bytes
+    tar = tmp_path / "src.tar.gz"
+    with tarfile.open(tar, "w:gz") as t:
+        t.add(src, arcname="intent")
+    for given in (src.parent, tar):
+        raises_one_line(
+            lambda given=given: convert_esft(given, tmp_path / "o.npz", n_layers=1),
+            "expert_weights_1.txt",
+            "upstream",
+        )
+    assert not (tmp_path / "o.npz").exists()
