@@ -69,8 +69,16 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
-    run: another activation, projection biases, DeepSeek's other routing methods."""
+    run: quantized weights, another activation, projection biases, DeepSeek's other routing
+    methods."""
     fam = spec.family
+    quant = c.fields.get("quantization_config")
+    if quant is not None:  # transformers loads the weights through its quantizer
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise c.error(
+            f"quantization_config (quant_method {method!r}): quantized checkpoints are not "
+            "implemented; use the model's unquantized (bfloat16 or float32) checkpoint"
+        )
     if fam == "switch_transformers":
         # moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's
         # weights), but still ReLU experts and routers without bias, as switch-base ships

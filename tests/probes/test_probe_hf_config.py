@@ -345,6 +345,9 @@ UNRUN: list[tuple[str, dict[str, Any], str]] = [
         "num_experts_per_tok=6 exceeds",
     ),
     ("deepseek_v2", {"scoring_func": "sigmoid"}, "scoring_func"),
+    # run as plain weights: transformers dequantizes (or refuses) them
+    ("mixtral", {"quantization_config": {"quant_method": "gptq", "bits": 4}}, "'gptq'"),
+    ("switch", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
     ("mixtral", {"sliding_window": 0}, "sliding_window must be an integer >= 2"),
     ("qwen2_moe", {"use_sliding_window": True, "sliding_window": None}, "sliding_window is null"),
     ("qwen2_moe", {"use_sliding_window": True, "sliding_window": 0}, "sliding_window must be"),
