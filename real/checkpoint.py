@@ -479,7 +479,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     embed = index.get(names.embed)  # no dtype in config.json: the weights', as transformers'
     if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
         spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
-    if cfg.get("tie_word_embeddings", False):
+    if cfg.get("tie_word_embeddings"):
         # the LM head is the embedding (transformers ties them whether or not lm_head is saved).
         # Switch's is too (its config's default), without T5's rescaling of the hidden state
         # before a tied head: moepipe's Switch is a documented substitute, not T5's forward
@@ -567,7 +567,7 @@ def check_all_read(
     (derived, not weights) and a shared expert of width 0 (`_empty_shared`) are left out."""
     read = {ts.hf_name for tensors in unit_layout(spec).values() for ts in tensors.values()}
     read |= _empty_shared(spec, listed, index)
-    if cfg.get("tie_word_embeddings", False):
+    if cfg.get("tie_word_embeddings"):
         read.add(_names(spec.family).lm_head)
     unused = []
     for name in listed:

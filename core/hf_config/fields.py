@@ -147,7 +147,7 @@ _REQUIRED = object()
 # transformers 5.24's config-class defaults of the fields moepipe reads without one of its own,
 # family by family: a config.json that leaves one out runs it, as transformers does. Those
 # without a default there (DeepSeek-V2's num_experts_per_tok, n_group, ...) stay required.
-FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
+FAMILY_DEFAULTS: dict[str, dict[str, int | bool]] = {
     "mixtral": {
         "num_hidden_layers": 32,
         "hidden_size": 4096,
@@ -157,6 +157,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
         "num_local_experts": 8,
         "num_experts_per_tok": 2,
         "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
     },
     "qwen2_moe": {
         "num_hidden_layers": 24,
@@ -168,6 +169,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
         "num_experts_per_tok": 4,
         "moe_intermediate_size": 1408,
         "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
     },
     "olmoe": {
         "num_hidden_layers": 16,
@@ -178,6 +180,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
         "num_experts": 64,
         "num_experts_per_tok": 8,
         "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
     },
     "deepseek_v2": {
         "num_hidden_layers": 32,
@@ -192,6 +195,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
         "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
+        "tie_word_embeddings": False,
     },
     "switch_transformers": {
         "d_model": 768,
@@ -201,6 +205,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
         "num_layers": 12,
         "num_experts": 8,
         "vocab_size": 32128,
+        "tie_word_embeddings": True,
     },
 }
 
@@ -220,12 +225,12 @@ class HFConfig:
 
     def get(self, key: str, default: Any = _REQUIRED, rule: Rule | None = None) -> Any:
         """The field's value, checked by its rule (`rule` for a family's stricter one); absent
-        (or null where the rule allows it): `default`, else the family's in transformers
-        (`FAMILY_DEFAULTS`), and an error naming it without one."""
+        (or null where the rule allows it): `default`, else (absent) the family's in
+        transformers (`FAMILY_DEFAULTS`), and an error naming it without one."""
         rule = rule or self.rules[key]  # KeyError: a field read without a rule in the table
         value = self.fields.get(key)
         if value is None and (key not in self.fields or rule.nullable):
-            if default is _REQUIRED and not self.prefix:
+            if default is _REQUIRED and not self.prefix and key not in self.fields:
                 default = FAMILY_DEFAULTS.get(self.family, {}).get(key, _REQUIRED)
             if default is _REQUIRED:
                 who = "" if self.prefix else f"; model_type {self.family!r} needs it"

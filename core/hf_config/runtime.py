@@ -142,7 +142,8 @@ def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int
             "layer_types marks sliding_attention layers but use_sliding_window is false; "
             "set use_sliding_window: true (with sliding_window) or mark them full_attention"
         )
-    window = c.get("sliding_window", None, rule=window_rule)
+    absent = "sliding_window" not in c.fields  # transformers' default then, 4096; null: none
+    window = c.get("sliding_window", 4096 if absent else None, rule=window_rule)
     if window is None:
         raise c.error("use_sliding_window is true but sliding_window is null; set the window")
     return window, layers

@@ -169,3 +169,36 @@ def test_yarn_factor_null_is_the_stretch_of_max_positions(prompt, tmp_path):
     assert_transformers(ckpt, hf, prompt, "f32")
     four, _ = save("mixtral", {"rope_parameters": rope | {"factor": 4.0}}, tmp_path / "four")
     assert torch.equal(reference_generate(four, prompt, GEN)[1], hf_greedy(hf, prompt)[1])
+
+
+def test_qwen2_moe_sliding_window_left_out_is_transformers(prompt, tmp_path):
+    """Qwen2-MoE with use_sliding_window true and no sliding_window runs transformers' default
+    window, 4096; before, it was refused as "sliding_window is null", which it was not."""
+    from real.model import Model
+
+    window = dict(use_sliding_window=True, sliding_window=4096, max_window_layers=2)
+    ckpt, _ = save("qwen2_moe", window, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("sliding_window")
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    assert hf.config.sliding_window == 4096
+    assert Model.from_checkpoint(ckpt, load_checkpoint(ckpt)[0]).sliding_window == 4096
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_switch_tie_left_out_ties_the_head(tmp_path):
+    """Switch's config.json without tie_word_embeddings ties the head to the embedding, as
+    transformers' default does (and its save_pretrained leaves lm_head out); before, moepipe
+    took the head as untied and refused "tensor lm_head.weight is missing"."""
+    sizes = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
+    layers = dict(num_layers=2, num_decoder_layers=2)
+    sparse = dict(num_sparse_encoder_layers=1, num_sparse_decoder_layers=1)
+    cfg = transformers.SwitchTransformersConfig(**sizes, **layers, **sparse)
+    torch.manual_seed(0)
+    transformers.SwitchTransformersForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    fields = json.loads((tmp_path / "config.json").read_text())
+    fields.pop("tie_word_embeddings")
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    _, index = load_checkpoint(tmp_path)
+    assert index["lm_head.weight"] is index["shared.weight"]
