@@ -91,7 +91,8 @@ FIELDS: dict[str, Rule] = {
     # Qwen2-MoE
     "moe_intermediate_size": COUNT,
     "shared_expert_intermediate_size": SIZE,
-    "decoder_sparse_step": COUNT,
+    # 0 in a Switch config of more sparse decoder layers than layers (transformers: none sparse)
+    "decoder_sparse_step": SIZE,
     "mlp_only_layers": LAYERS.or_null(),
     "qkv_bias": FLAG,
     "use_sliding_window": FLAG,
@@ -121,7 +122,7 @@ FIELDS: dict[str, Rule] = {
     "d_ff": COUNT,
     "d_kv": COUNT,
     "num_heads": COUNT,
-    "encoder_sparse_step": COUNT,
+    "encoder_sparse_step": SIZE,  # 0: no sparse block, as decoder_sparse_step
     "num_sparse_encoder_layers": SIZE,
     "layer_norm_epsilon": POSITIVE,
     "dense_act_fn": TEXT,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.hf_config.fields import HFConfig, hf_config_file, read_hf_config
+from core.hf_config.fields import COUNT, HFConfig, hf_config_file, read_hf_config
 from core.spec import FAMILIES, ModelSpec
 from core.types import Activation
 
@@ -167,7 +167,7 @@ def _llama_fields(c: HFConfig) -> dict[str, Any]:
 def _qwen2_moe_fields(c: HFConfig) -> dict[str, Any]:
     """Qwen2-MoE: layer i has experts unless in mlp_only_layers, where (i + 1) % step == 0."""
     n, hidden = c.get("num_hidden_layers"), c.get("hidden_size")
-    step = c.get("decoder_sparse_step", 1)
+    step = c.get("decoder_sparse_step", 1, rule=COUNT)  # transformers divides by it
     dense_only = set(c.get("mlp_only_layers", []))
     moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
     _some_moe(c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}")

@@ -198,7 +198,6 @@ def test_switch_sparse_blocks_follow_transformers(step, sparse):
 
 
 def test_switch_without_sparse_blocks_is_one_line():
-    with pytest.raises(
-        ConfigError, match=r"config.json: encoder_sparse_step must be a positive integer, got 0"
-    ):
+    # 0: no block sparse, as transformers' SwitchTransformersStack reads it (a dense model)
+    with pytest.raises(ConfigError, match=r"config.json: encoder_sparse_step=0 leaves no sparse"):
         hf_config_to_spec({**SWITCH_CFG, "encoder_sparse_step": 0}, "s")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from core.hf_config import hf_config_to_spec
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
 from tests.real.test_hf_parity import DTYPES, GEN, hf_config, hf_greedy
@@ -202,3 +203,19 @@ def test_switch_tie_left_out_ties_the_head(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(fields))
     _, index = load_checkpoint(tmp_path)
     assert index["lm_head.weight"] is index["shared.weight"]
+
+
+def test_switch_decoder_sparse_step_0_is_not_refused(tmp_path):
+    """transformers writes decoder_sparse_step 0 where a Switch config asks for more sparse
+    decoder layers than it has (its default 3 of 2 here): no decoder block sparse. moepipe, which
+    reads the encoder alone, refused it ("decoder_sparse_step must be a positive integer"),
+    checking it by Qwen2-MoE's rule; Qwen2-MoE's 0, which transformers divides by, still is."""
+    sizes = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
+    layers = dict(num_layers=2, num_decoder_layers=2, num_sparse_encoder_layers=1)
+    cfg = transformers.SwitchTransformersConfig(**sizes, **layers)
+    assert cfg.decoder_sparse_step == 0
+    transformers.SwitchTransformersForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    assert load_checkpoint(tmp_path)[0].moe_layers == (1,)
+    qwen = hf_config("qwen2_moe", {}).to_dict() | {"decoder_sparse_step": 0}
+    with pytest.raises(ConfigError, match="decoder_sparse_step must be a positive integer"):
+        hf_config_to_spec(qwen, "q")
