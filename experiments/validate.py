@@ -32,7 +32,12 @@ import torch  # noqa: E402
 from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY  # noqa: E402
 from core.balance import device_of  # noqa: E402
 from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
-from core.errors import MoepipeError, ScheduleError  # noqa: E402
+from core.errors import (  # noqa: E402
+    CapacityError,
+    ConfigError,
+    MoepipeError,
+    ScheduleError,
+)
 from core.hardware import HardwareSpec
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import RoutingConfig, Workload
@@ -405,7 +410,9 @@ def _real_runs(
                     result = dist.result
                 else:
                     result, _ = real_execute(setup.ckpt, real_spec, "replay", routing=routing)
-            except MoepipeError as e:  # e.g. a working set the real device pool cannot hold
+            except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
+                # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN
+                # weights fail the command (as a skipped row, the table left the planner out)
                 rows.append(dict(planner=name, skipped=str(e)))
                 del sims[name]
                 continue

@@ -1,5 +1,6 @@
 """validate keeps going when one planner's real run is refused: that planner is reported as
-skipped (with the reason) and the others are compared."""
+skipped (with the reason) and the others are compared; a fault in a real run (a dead rank, NaN
+weights, a changed checkpoint) fails the command."""
 
 from __future__ import annotations
 
@@ -179,3 +180,22 @@ def test_a_failed_validation_leaves_the_earlier_one_whole(mixtral_tiny, tmp_path
         "validate.csv",
         "validate.md",
     }
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "rank 1 died (signal 9); the run stopped",
+        "non-finite values (NaN or inf) in the output of layer 1 (MoE) at step 0, batch 0",
+        "ck/model.safetensors: changed while the run read the checkpoint",
+    ],
+)
+def test_a_fault_in_a_real_run_fails_validate(mixtral_tiny, tmp_path, monkeypatch, fault):
+    """A rank killed (or stopped) mid-run, NaN weights, a checkpoint changed under the run were
+    a `skipped` row like a refused plan's: the command exited 0 with a table that left the
+    planner out. A fault fails the command with its line and writes nothing."""
+    _flexgen_fails(monkeypatch, MoepipeError(fault))
+    out = tmp_path / "out"
+    with pytest.raises(MoepipeError, match=fault.replace("(", r"\(").replace(")", r"\)")):
+        v.validate(_opts(mixtral_tiny, out, "sequential,flexgen"))
+    assert not out.exists()
