@@ -29,7 +29,13 @@ import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
 from core.files import not_regular, read_small
 from experiments.common import hydra_errors
-from experiments.common.cli import before_line, error_line, on_interrupt, print_or_exit
+from experiments.common.cli import (
+    before_line,
+    error_line,
+    on_interrupt,
+    print_or_exit,
+    user_conf_dirs,
+)
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
 from experiments.common.overrides import (
     VALUE_FLAGS,
@@ -257,7 +263,8 @@ def hydra_main(
         for o in overrides:
             check_bool(o)
         if {"-m", "--multirun"} & set(flags):
-            check_sweep(conf_dir, config_name, overrides)
+            config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
+            check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
 
         def job(cfg: DictConfig) -> None:
             # hydra would print a line of its own before an exception the job raises: it is
@@ -549,12 +556,18 @@ def group_files(
             added = True
         else:
             out.append(arg)
-    if not added:
+    return with_search_path(out, [tmp]) if added else out
+
+
+def with_search_path(argv: Sequence[str], dirs: Sequence[Path]) -> list[str]:
+    """`argv` with `dirs` first on hydra's search path (the `hydra.searchpath=[...]` override,
+    added where there is none)."""
+    out, entries = list(argv), ",".join(f"file://{d}" for d in dirs)
+    if not dirs:
         return out
-    entry = f"file://{tmp}"
     for i, arg in enumerate(out):
         if arg.startswith("hydra.searchpath="):
             paths = arg.partition("=")[2].strip().strip("[]")
-            out[i] = f"hydra.searchpath=[{entry}{',' + paths if paths else ''}]"
+            out[i] = f"hydra.searchpath=[{entries}{',' + paths if paths else ''}]"
             return out
-    return [*out, f"hydra.searchpath=[{entry}]"]
+    return [*out, f"hydra.searchpath=[{entries}]"]

@@ -468,17 +468,13 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
     if any(a in ("--cfg", "-c", "--help", "-h", "--info", "-i") for a in argv):
         return None  # nothing runs: the config or the help is printed
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    dirs = [conf_dir, *user_conf_dirs(argv)]
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
         names = value.split(",") if key == "experiment" else []
         sweeps = []
         for name in names:
-            path = conf_dir / "experiment" / f"{name}.yaml"
-            try:
-                cfg = yaml.safe_load(read_small(path).decode("utf-8")) or {}
-            except (OSError, ValueError, yaml.YAMLError):  # run's own load words them
-                continue
-            if ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params"):
+            if any(_declares_sweep(d / "experiment" / f"{name}.yaml") for d in dirs):
                 sweeps.append(name)
         if sweeps and len(names) > 1:
             return (
@@ -491,6 +487,34 @@ def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> 
                 f"experiment={sweeps[0]}); without it one default point runs"
             )
     return None
+
+
+def _declares_sweep(path: Path) -> bool:
+    """Whether the experiment file at `path` declares a sweep (hydra.sweeper.params)."""
+    try:
+        cfg = yaml.safe_load(read_small(path).decode("utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError):  # run's own load words them
+        return False
+    return isinstance(cfg, dict) and bool(
+        ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params")
+    )
+
+
+def user_conf_dirs(argv: Sequence[str]) -> list[Path]:
+    """The config folders a command line adds to conf/: `--config-dir DIR` (`-cd`) and the
+    `file://` entries of `hydra.searchpath=[...]`."""
+    out = []
+    for i, arg in enumerate(argv):
+        flag, eq, inline = arg.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            out.append(Path(value))
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            for entry in arg.partition("=")[2].strip().strip("[]").split(","):
+                entry = entry.strip().strip("'\"")
+                if entry.startswith("file://"):
+                    out.append(Path(entry.removeprefix("file://")))
+    return out
 
 
 def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:

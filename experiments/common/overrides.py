@@ -19,26 +19,53 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
     overrides at their first value: a bad choice or key is one line before the sweep starts,
     not a worker's error under its progress bar; points that would share a run dir are refused
-    (`check_subdirs`). What the values do to a run is its own."""
+    (`check_subdirs`). The sweep a config declares (an experiment's `hydra.sweeper.params`)
+    counts towards its size, and a config's `hydra.launcher.n_jobs` is checked as the command
+    line's is. What the values do to a run is its own."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    swept = [o for o in parsed if o.is_sweep_override()]
-    if not swept:
-        return
-    check_sweep_size(swept)
-    base = _first_point(parsed, swept)
-    first = dict(zip([o.input_line for o in parsed], base, strict=True))
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    given = [o for o in parsed if o.is_sweep_override()]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        for o in swept:
+        cfg = compose(config_name, _first_point(parsed, given), return_hydra_config=True)
+        declared = _declared(cfg, parsed)
+        everything = _with_declared(parser.parse_overrides(declared), parsed)
+        swept = [o for o in everything if o.is_sweep_override()]
+        if not swept:
+            return
+        check_sweep_size(swept)
+        base = _first_point(parsed, given)
+        first = dict(zip([o.input_line for o in parsed], base, strict=True))
+        for o in given:
             for value in o.sweep_string_iterator():
                 point = [
                     f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
                     for b in base
                 ]
                 compose(config_name, overrides=point)
-        check_subdirs(config_name, parsed, swept)
+        check_subdirs(config_name, everything, swept)
+
+
+def _declared(cfg: Any, parsed: Sequence[Any]) -> list[str]:
+    """The sweep `cfg` declares (`hydra.sweeper.params`, as `key=values` overrides), its
+    `hydra.launcher.n_jobs` checked where the command line does not set it."""
+    keys = {o.get_key_element() for o in parsed}
+    n_jobs = OmegaConf.select(cfg, "hydra.launcher.n_jobs", default=None)
+    if n_jobs is not None and "hydra.launcher.n_jobs" not in keys:
+        check_n_jobs(f"hydra.launcher.n_jobs={n_jobs} (set in a config file)", n_jobs)
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    return [f"{k}={v}" for k, v in params.items()]
+
+
+def _with_declared(declared: Sequence[Any], parsed: Sequence[Any]) -> list[Any]:
+    """The overrides a sweep's points get, as hydra's basic sweeper makes them: the config's
+    declared sweep first, a command-line override of the same key in its place."""
+    out = {o.get_key_element(): o for o in declared}
+    for o in parsed:
+        out[o.get_key_element()] = o
+    return list(out.values())
 
 
 # The most points a sweep takes: each is a run dir of its own and a row of the sweep's table;

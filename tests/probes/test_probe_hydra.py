@@ -263,3 +263,73 @@ def test_a_list_in_a_users_file_where_fields_belong_names_the_key(
     args = [a for a in TINY if not a.startswith(f"{group}=")]
     r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path}/r")
     one_line(r, f"{group}.{key}: a list where", str(path))
+
+
+def _user_experiment(tmp_path: Path, text: str) -> Path:
+    """A user's config folder holding experiment/mine.yaml (`text` after its package line)."""
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text("# @package _global_\n" + text)
+    return tmp_path / "conf"
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        (
+            "hydra:\n  sweeper:\n    params:\n      workload.seed: range(0,1000000)\n",
+            ["workload.seed=range(0,1000000)", "1,000,000 or more points"],
+        ),
+        (
+            "hydra:\n  launcher:\n    n_jobs: 1000\n",
+            ["hydra.launcher.n_jobs=1000 (set in a config file)", "core"],
+        ),
+    ],
+    ids=["sweep of a million points", "n_jobs of a thousand"],
+)
+def test_a_sweep_or_n_jobs_a_config_file_declares_is_bounded(
+    tmp_path: Path, cli_here: Any, text: str, names: list[str]
+) -> None:
+    """The bounds on a sweep's size and its workers held for the command line only: an
+    experiment file sweeping a million seeds enumerated them for minutes before the first ran,
+    and its n_jobs: 1000 went to joblib unchecked."""
+    conf = _user_experiment(tmp_path, text)
+    sweep = tmp_path / "s"
+    r = cli_here(
+        "experiments.run",
+        "-m",
+        *TINY,
+        f"hydra.searchpath=[file://{conf}]",
+        "experiment=mine",
+        "workload.gen_len=3,4",
+        f"hydra.sweep.dir={sweep}",
+    )
+    one_line(r, *names)
+    assert not sweep.exists()
+
+
+def test_a_users_sweep_experiment_needs_m_and_runs_from_config_dir(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """A sweep experiment in a user's config folder: without -m it ran one default point, as a
+    result, where conf/'s are refused; with -m and --config-dir the sweep's check composed
+    conf/ alone and refused the experiment as unknown."""
+    conf = _user_experiment(tmp_path, "hydra:\n  sweeper:\n    params:\n      workload.seed: 1,2\n")
+    for where in ([f"hydra.searchpath=[file://{conf}]"], ["--config-dir", str(conf)]):
+        r = cli_here(
+            "experiments.run", *TINY, *where, "experiment=mine", f"hydra.run.dir={tmp_path / 'r'}"
+        )
+        one_line(r, "experiment=mine is a sweep: add -m")
+        assert not (tmp_path / "r").exists()
+    sweep = tmp_path / "s"
+    r = cli_here(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "--config-dir",
+        str(conf),
+        "experiment=mine",
+        "hydra/launcher=basic",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(list(sweep.rglob("summary.json"))) == 2
