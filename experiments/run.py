@@ -52,6 +52,7 @@ from experiments.common.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
+from experiments.common.hydra_errors import with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.pool import die_with_parent
 from experiments.common.resolve import run_model_name, run_spec
@@ -317,6 +318,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         infeasible = {"status": "infeasible", "error": str(e), "model": run_model_name(_root_=cfg)}
         replace_run(out_dir, infeasible, lambda tmp: write_texts(tmp, stamp(config_text(cfg))))
     except Exception as e:
+        e = with_key(e, cfg)  # a value read without its key (an interpolation that fails)
         if not sweep:
             remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)

@@ -36,7 +36,7 @@ from experiments.common.cli import (
     print_or_exit,
     user_conf_dirs,
 )
-from experiments.common.hydra_errors import CONF_DIR, nearest, one_line
+from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.overrides import (
     VALUE_FLAGS,
     check_flags,
@@ -275,9 +275,11 @@ def hydra_main(
             try:
                 result.append(task(cfg))
             except Exception as e:
+                keyed = with_key(e, cfg)
                 if HydraConfig.get().mode == RunMode.MULTIRUN:
-                    raise  # a sweep point's: hydra reports it with the point's overrides
-                raised.append(e)
+                    # a sweep point's: hydra reports it with the point's overrides
+                    raise keyed from (None if keyed is not e else e.__cause__)
+                raised.append(keyed)
 
         raised: list[Exception] = []
         app = hydra.main(version_base="1.3", config_path=str(conf_dir), config_name=config_name)(

@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 import experiments.common.schema  # noqa: F401  registers the schemas
+from core.errors import MoepipeError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -118,7 +119,8 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         )
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
-        return f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
+        line = f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
+        return line + _how_to_add(cause, key, text)
     wrong_type = _wrong_type(text, key, at)
     if wrong_type:
         return wrong_type
@@ -143,6 +145,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if key and cause is not None:  # `dir=${oc.env:NOPE}`: omegaconf's lines end `full_key: dir`
+        first = next(ln for ln in lines if not ln.startswith("full_key:"))
+        return f"{key}: {first}{at}; fix that value in the config or override"
     return "; ".join(dict.fromkeys(lines[:2]))
 
 
@@ -204,6 +209,18 @@ def _list_in(cls: type, data: Any) -> str | None:
     return None
 
 
+def _how_to_add(cause: Any, key: str, text: str) -> str:
+    """What to pass for an override of an entry a free mapping lacks (`hardware.gpu.
+    overhead_us_by_kind.load=1`: `+` adds it, as hydra's own message says); empty otherwise."""
+    node = getattr(cause, "parent_node", None)
+    meta = getattr(node, "_metadata", None)
+    free = getattr(meta, "object_type", None) in (None, dict)
+    element = getattr(meta, "element_type", None)
+    if not text.startswith("Could not override") or not free or is_dataclass(element):
+        return ""
+    return f"; the mapping holds no such entry: add one with +{key}=VALUE"
+
+
 def _wrong_type(text: str, key: str, at: str) -> str | None:
     """The line for a value of the wrong type (a word for a number, a null where a value
     belongs, a scalar for a list, a word for a bool); None for an error of another kind."""
@@ -262,4 +279,41 @@ def _valid_keys(cause: Any) -> list[str] | None:
     node = getattr(cause, "parent_node", None)
     if isinstance(node, DictConfig):
         return [str(k) for k in node]
+    return None
+
+
+def with_key(e: Exception, cfg: DictConfig) -> Exception:
+    """An omegaconf error a command met reading `cfg` without the key it was reading (a value's
+    interpolation that fails, read by `cfg.get`): a MoepipeError naming the first key of `cfg`
+    whose value fails so; `e` itself otherwise."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(e, OmegaConfBaseException) or getattr(e, "full_key", None):
+        return e
+    key = _failing_key(cfg, "")
+    if key is None:
+        return e
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return MoepipeError(f"{key}: {msg}; fix that value in the config or override")
+
+
+def _failing_key(node: Any, prefix: str) -> str | None:
+    """The dotted key of the first value under `node` that fails to resolve; None if none."""
+    from omegaconf import ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(node, DictConfig | ListConfig):
+        return None
+    keys = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    for k in keys:
+        if prefix == "" and k == "hydra":
+            continue
+        key = f"{prefix}{k}"
+        try:
+            value = node[k]
+        except OmegaConfBaseException:
+            return key
+        found = _failing_key(value, f"{key}.")
+        if found is not None:
+            return found
     return None

@@ -333,3 +333,36 @@ def test_a_users_sweep_experiment_needs_m_and_runs_from_config_dir(
     )
     assert r.returncode == 0, r.stderr
     assert len(list(sweep.rglob("summary.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.run", [*TINY, "trace_json=${oc.env:MOEPIPE_NOPE}"], ["trace_json: "]),
+        ("experiments.run", [*TINY, "hardware.name=${oc.env:MOEPIPE_NOPE}"], ["hardware.name: "]),
+        ("experiments.collect", ["dir=${oc.env:MOEPIPE_NOPE}"], ["dir: "]),
+        ("experiments.bench.sim", ["repeat=${oc.env:MOEPIPE_NOPE}"], ["repeat: "]),
+    ],
+    ids=["run, read by get", "run, a folder's name", "collect", "bench.sim"],
+)
+def test_an_interpolation_that_fails_names_its_key(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], names: list[str]
+) -> None:
+    """A value whose interpolation fails, read where omegaconf does not say which key it read
+    (`cfg.get`), was a line naming no key ("KeyError raised while resolving interpolation"),
+    or the key last, as `; full_key: dir`, with nothing to do."""
+    run = [f"hydra.run.dir={tmp_path / 'r'}"] if module == "experiments.run" else []
+    r = cli_here(module, *args, *run)
+    line = one_line(r, *names, "MOEPIPE_NOPE", "fix that value")
+    assert line.startswith(f"error: {names[0]}") and "full_key" not in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_entry_a_mapping_lacks_says_how_to_add_it(tmp_path: Path, cli_here: Any) -> None:
+    """`hardware.gpu.overhead_us_by_kind.load=1` (an op kind, without `+`): "unknown key" alone;
+    hydra's own message said to add it with `+`, and `+` adds it."""
+    key = "hardware.gpu.overhead_us_by_kind.load"
+    r = cli_here("experiments.run", *TINY, f"{key}=1", f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, f"{key}: unknown key", f"add one with +{key}=VALUE")
+    r = cli_here("experiments.run", *TINY, f"+{key}=1", f"hydra.run.dir={tmp_path / 'r'}")
+    assert r.returncode == 0, r.stderr
