@@ -258,6 +258,8 @@ def hydra_main(
         argv = group_files(argv, file_groups, Path(tmp), files)
         flags, overrides = split_flags(argv)
         flags = check_flags(flags)
+        if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
+            overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
         check_hydra_overrides(overrides, conf_dir, file_groups)
         overrides = [plus_plus(o, conf_dir) for o in overrides]
         for o in overrides:
@@ -437,6 +439,14 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     free mapping (planner params, replication's cases) the command checks what is added.
     `+group=name` (a default added) is hydra's."""
     key = override.partition("=")[0].lstrip("+")
+    if override.startswith("+") and key.startswith("hydra."):  # hydra's own schema
+        from hydra.conf import HydraConf
+
+        miss = _schema_miss(HydraConf, key.split(".")[1:])
+        if miss is not None:
+            where, valid = miss
+            name = where.rsplit(".", 1)[-1]
+            raise MoepipeError(f"hydra.{where}: unknown key; {nearest(name, valid)}")
     group = (conf_dir / key).is_dir() or key.startswith("hydra")
     if not override.startswith("+") or override.startswith("++") or group:
         return override

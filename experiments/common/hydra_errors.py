@@ -144,6 +144,16 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     merging = re.match(r"Error merging override (\S+)", text)
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
+    twice = re.search(
+        r"Multiple values for ([\w/]+)\. To override a value use 'override \S+: (\S+)'", text
+    )
+    if twice:  # `+experiment=x` where the defaults list already has an experiment
+        group, value = twice.groups()
+        return f"+{group}={value}: {group} has a value already; pass {group}={value} (no +)"
+    again = re.search(r"^([\w/]+) appears more than once in the final defaults list", text)
+    if again:  # `+model=tiny`: a second choice of a group the defaults list has
+        group = again.group(1)
+        return f"{group}: chosen twice (+{group}=... adds a choice); pass {group}=NAME without +"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if key and cause is not None:  # `dir=${oc.env:NOPE}`: omegaconf's lines end `full_key: dir`
         first = next(ln for ln in lines if not ln.startswith("full_key:"))
@@ -253,11 +263,14 @@ def _config_file(name: str, files: dict[str, str] | None) -> str:
 
 def _missing_choice(text: str) -> str:
     """hydra's screen for `group=name` without conf/group/name.yaml, as one line."""
-    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    m = re.search(r"Could not find '([^']+)/([^'/]*)'", text)
     if not m:
         return text.splitlines()[0]
     options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.M)
     group, name = m.groups()
+    if not name:  # `experiment=`
+        names = options or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        return f"{group}=: no name given; pass one of {', '.join(names)}, or leave it out"
     if "/" in group:  # `model=/a/b.txt`: hydra took the value's folders for subgroups
         key, _, folder = group.partition("/")
         value = f"{folder}/{name}"

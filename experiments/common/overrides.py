@@ -236,7 +236,7 @@ def check_flags(flags: list[str]) -> list[str]:
                 continue
             if not has_value:
                 raise MoepipeError(f"{flag}: needs a value; {ALL_FLAGS}")
-            value = flags[i + 1]
+            value = _config_folder(name, flags[i + 1])
             choices = _CHOICES.get(name, ())
             if choices and value not in choices:
                 raise MoepipeError(
@@ -245,6 +245,8 @@ def check_flags(flags: list[str]) -> list[str]:
             out += [flag, value]
             i += 2
             continue
+        if eq and _LONG.get(name, name) in _FOLDERS:  # `--config-dir=DIR`
+            flag = f"{name}={_config_folder(name, inline)}"
         out.append(flag)
         i += 1
     if len(set(modes)) > 1:
@@ -253,6 +255,23 @@ def check_flags(flags: list[str]) -> list[str]:
             "--cfg and --info print the config without running"
         )
     return out
+
+
+# the flags that name a folder of configs, long and short
+_FOLDERS = ("--config-path", "--config-dir")
+_LONG = {"-cp": "--config-path", "-cd": "--config-dir"}
+
+
+def _config_folder(flag: str, value: str) -> str:
+    """`value` of a flag that names a folder of configs, as an absolute path: hydra reads a
+    relative --config-path against the command's module (experiments/common/), not where the
+    user is, and says only that a config module was not found. Other flags' values as given."""
+    if _LONG.get(flag, flag) not in _FOLDERS:
+        return value
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise MoepipeError(f"{flag} {value}: no such folder; pass a folder of config files")
+    return str(folder.absolute())
 
 
 def check_hydra_overrides(
@@ -281,6 +300,35 @@ def check_hydra_overrides(
         if key == "hydra.launcher.n_jobs":
             for v in values:
                 check_n_jobs(o.input_line, v)
+        if key == "hydra.searchpath":
+            check_search_path(o.input_line, o.value())
+
+
+def check_search_path(override: str, entries: Any) -> None:
+    """Each entry of `hydra.searchpath=[...]` a folder (`file://DIR`) or an importable package
+    (`pkg://NAME`) that exists: hydra warns over two lines of one it cannot find and runs
+    without the configs the user meant it to add."""
+    import importlib.util
+
+    for entry in entries if isinstance(entries, list) else []:
+        scheme, sep, where = str(entry).partition("://")
+        if not sep:  # hydra reads a path without a scheme as a folder
+            scheme, where = "file", str(entry)
+        if scheme == "file":
+            found = Path(where).is_dir()
+        elif scheme != "pkg":
+            continue  # ConfigStore's structured://, which hydra checks itself
+        else:
+            try:
+                found = importlib.util.find_spec(where.replace("/", ".")) is not None
+            except (ImportError, ValueError):
+                found = False
+        if not found:
+            what = "a folder" if scheme == "file" else "an importable package"
+            raise MoepipeError(
+                f"{override}: {entry} is not {what}; pass config folders that exist "
+                f"(hydra.searchpath=[file:///path/to/conf])"
+            )
 
 
 def _parsed(override: str) -> Any:

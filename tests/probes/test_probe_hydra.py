@@ -218,6 +218,14 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["executor=null"], ["executor=null", "config group", "sim"]),
         (["-m", "hydra.launcher.n_jobs=0", "workload.batch_size=1,2"], ["n_jobs=0"]),
         (["-m", "hydra.launcher.n_jobs=1000", "workload.batch_size=1,2"], ["n_jobs=1000", "core"]),
+        (["hydra.searchpath=[file:///nonexistent/conf]"], ["/nonexistent/conf is not a folder"]),
+        (["hydra.searchpath=[pkg://moepipe_nosuch]"], ["not an importable package"]),
+        (["+hydra.job.chdri=true"], ["hydra.job.chdri: unknown key", "did you mean 'chdir'"]),
+        (["+hydra/job_logging=disabled"], ["pass hydra/job_logging=disabled (no +)"]),
+        (["+model=tiny"], ["model: chosen twice", "without +"]),
+        (["-cp", "nosuchconf"], ["-cp nosuchconf: no such folder"]),
+        (["--config-dir=/nonexistent"], ["--config-dir /nonexistent: no such folder"]),
+        (["experiment="], ["experiment=: no name given", "fig10"]),
     ],
 )
 def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
@@ -225,7 +233,10 @@ def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
 ) -> None:
     """Each was argparse's 8 lines of usage, hydra's own line without `error: ` and exit 1, or
     an "internal error" (with a UserWarning for --experimental-rerun); n_jobs=1000 started 1000
-    workers on 2 cores."""
+    workers on 2 cores. A search path that does not exist was two lines of UserWarning and a
+    run without it; `+hydra.job.chdri` ran, the key added unread; `+group=` of a chosen group
+    said to write `override` in a YAML file; `-cp` named a module of experiments/common;
+    `experiment=` said only "Could not find 'experiment/'"."""
     sweep = tmp_path / "s"
     r = cli_here("experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}")
     one_line(r, *names)
@@ -366,3 +377,13 @@ def test_an_entry_a_mapping_lacks_says_how_to_add_it(tmp_path: Path, cli_here: A
     one_line(r, f"{key}: unknown key", f"add one with +{key}=VALUE")
     r = cli_here("experiments.run", *TINY, f"+{key}=1", f"hydra.run.dir={tmp_path / 'r'}")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_relative_config_path_and_hydra_help_with_overrides_work(cli_here: Any) -> None:
+    """`-cp conf` (from the repository root) was read against experiments/common/ ("Primary
+    config module 'experiments.common.conf' not found"); `--hydra-help` with the run's overrides
+    composed them against hydra's own config ("workload: unknown key")."""
+    r = cli_here("experiments.run", *TINY, "-cp", "conf", "--cfg", "job")
+    assert r.returncode == 0 and "batch_size: 2" in r.stdout, r.stderr
+    r = cli_here("experiments.run", "--hydra-help", *TINY)
+    assert r.returncode == 0 and "Hydra (" in r.stdout, r.stderr
