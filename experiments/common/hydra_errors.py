@@ -162,19 +162,23 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
 
 
 def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -> str | None:
-    """The line for a list (or a scalar) in config `config`'s YAML (`hardware/mine`) where the
-    schema has a mapping of fields: the key of the list in the user's file, or the whole file."""
+    """The line for a list or a scalar in config `config`'s YAML (`hardware/mine`) where the
+    schema has a mapping of fields: its key in the user's file, or the whole file."""
     group, _, name = config.rpartition("/")
     not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
     if re.search(r"Cannot merge DictConfig with ListConfig", text) or not_fields:
         schema = re.search(r"object_type=(\w+)", text)
         path = (files or {}).get(config)
-        inner = _list_key(schema.group(1), path, group) if schema else None
-        if inner or not not_fields:
+        found = _misplaced(schema.group(1), path, group) if schema else None
+        if found:
+            key, value, cls = found
+            names = ", ".join(f.name for f in fields(cls)) if cls else "fields"
             return (
-                f"{inner or group}: a list where a mapping of fields belongs{at}; see "
-                f"conf/{group}/ for the layout"
+                f"{key}: {type(value).__name__} {repr(value)[:40]} where a mapping of {names} "
+                f"belongs{at}; see conf/{group}/ for the layout"
             )
+        if not not_fields:
+            return f"{group}: a list where a mapping of fields belongs{at}; see conf/{group}/"
     if not_fields:  # a group's YAML that is a list or a scalar, not a mapping
         return (
             f"{group}={name}: its config is a {not_fields.group(1)}, not a mapping of "
@@ -183,10 +187,13 @@ def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -
     return None
 
 
-def _list_key(type_name: str, path: str | None, group: str) -> str | None:
-    """The dotted key (`hardware.links`) of the first list in the `group` YAML file at `path`
-    where the schema dataclass `type_name` (the group's, or the command's) has a mapping of
-    fields: omegaconf's merge error names no key."""
+Misplaced = tuple[str, Any, type | None]  # (dotted key, its value, the schema's class there)
+
+
+def _misplaced(type_name: str, path: str | None, group: str) -> Misplaced | None:
+    """The first value in the `group` YAML file at `path` that is a list or a scalar where the
+    schema dataclass `type_name` (the group's, or the command's) has a mapping of fields:
+    omegaconf's merge error names no key."""
     cls = next((c for c in _schema_classes() if c.__name__ == type_name), None)
     try:
         data = yaml.safe_load(Path(path).read_text()) if path else None
@@ -195,27 +202,32 @@ def _list_key(type_name: str, path: str | None, group: str) -> str | None:
     if cls is None:
         return None
     if group in typing.get_type_hints(cls):  # the command's schema: the file is its group's
-        return _list_in(cls, {group: data})
-    inner = _list_in(cls, data)
-    return f"{group}.{inner}" if inner else None
+        return _misplaced_in(cls, {group: data})
+    found = _misplaced_in(cls, data)
+    return (f"{group}.{found[0]}", *found[1:]) if found else None
 
 
-def _list_in(cls: type, data: Any) -> str | None:
+def _misplaced_in(cls: type, data: Any) -> Misplaced | None:
     if not isinstance(data, dict):
         return None
     hints = typing.get_type_hints(cls)
     for k, v in data.items():
         t = hints.get(k)
         sub = next((a for a in (t, *typing.get_args(t)) if is_dataclass(a)), None)
-        if isinstance(v, list) and (sub is not None or typing.get_origin(t) is dict):
-            return str(k)
-        if typing.get_origin(t) is dict and isinstance(sub, type) and isinstance(v, dict):
-            entry = next((e for e, x in v.items() if isinstance(x, list)), None)  # links.h2d
-            inner = str(entry) if entry is not None else None
-        else:
-            inner = _list_in(sub, v) if isinstance(sub, type) else None
-        if inner:
-            return f"{k}.{inner}"
+        sub = sub if isinstance(sub, type) else None
+        if v is not None and not isinstance(v, dict):
+            if sub is not None and typing.get_origin(t) is not dict:
+                return str(k), v, sub
+            if typing.get_origin(t) is dict:
+                return str(k), v, None
+        if typing.get_origin(t) is dict and sub is not None and isinstance(v, dict):
+            for entry, x in v.items():  # links.h2d: an entry of a mapping of LinkSchema
+                if x is not None and not isinstance(x, dict):
+                    return f"{k}.{entry}", x, sub
+        elif sub is not None:
+            found = _misplaced_in(sub, v)
+            if found:
+                return (f"{k}.{found[0]}", *found[1:])
     return None
 
 

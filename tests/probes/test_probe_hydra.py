@@ -256,6 +256,7 @@ LISTS = [
     ("hardware", "gpu: {tflops: 1.0, mem_bw_gbps: 1000.0, overhead_us: 0}", "gpu: [1, 2]", "gpu"),
     ("hardware", "links:\n", "links: []\nold_links:\n", "links"),
     ("hardware", "h2d: {gbps: 1.0, latency_us: 0}", "h2d: [1.0, 0]", "links.h2d"),
+    ("hardware", "sources:", "processes: 5\nsources:", "processes"),  # "its config is a int"
     ("model", "name: tiny", "name: [tiny]", "name"),
 ]
 
@@ -273,7 +274,8 @@ def test_a_list_in_a_users_file_where_fields_belong_names_the_key(
     path.write_text(text.replace(old, new, 1))
     args = [a for a in TINY if not a.startswith(f"{group}=")]
     r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path}/r")
-    one_line(r, f"{group}.{key}: a list where", str(path))
+    kind = "int 5" if key == "processes" else "list"
+    one_line(r, f"{group}.{key}: ", kind, "where", str(path))
 
 
 def _user_experiment(tmp_path: Path, text: str) -> Path:
