@@ -267,6 +267,7 @@ PHYSICAL: dict[str, tuple[float, float, str]] = {
     "start_delay_us": (0.0, 1e7, "us"),
     "compute_scale": (1e-3, 1e3, "x"),
     "sms": (0, 1e6, "SMs"),  # 0: unknown
+    "n_gpus": (1, 1e5, "GPUs"),  # past the largest training clusters
     "sm_mem_bw_gbps": (0, 1e6, "GB/s"),  # 0: unknown
     "time_table_tflops": (1e-9, 1e6, "TFLOP/s"),  # a point's flops over its seconds
 }
@@ -285,6 +286,7 @@ def check_physical(hw: HardwareSpec) -> None:
     """Every number of a hardware YAML within `PHYSICAL`, else a ConfigError naming the field
     as the YAML names it."""
     at = f"hardware {hw.name}: "
+    _in_range(f"{at}n_gpus", "n_gpus", hw.n_gpus)
     for tier, cap in hw.memory_bytes.items():
         _in_range(f"{at}memory_gb.{tier}", "memory_gb", cap / GB)
     for res, link in hw.links.items():

@@ -59,6 +59,7 @@ CASES = [
     ("+hardware.gpu.time_tables.compute-expert=[[1e300,1e-300]]", "compute-expert[0] rate"),
     ("hardware.gpu.sm_mem_bw_gbps=1e300", "gpu.sm_mem_bw_gbps"),
     ("hardware.n_gpus=0", "n_gpus"),
+    ("hardware.n_gpus=1000000000", "n_gpus=1e+09"),  # was accepted
     ("executor.name=gpu", "executor"),
 ]
 
