@@ -65,9 +65,13 @@ def npz_names(path: str | Path) -> list[str]:
     """The names of the arrays an .npz archive holds."""
     try:
         with zipfile.ZipFile(path) as z:
-            return [n.removesuffix(".npy") for n in z.namelist()]
+            names = [n.removesuffix(".npy") for n in z.namelist()]
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as e:
         raise NpyError(f"not a readable .npz ({type(e).__name__}: {str(e)[:80]})") from None
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # np.load reads the last, as a JSON key given twice: the other is lost
+        raise NpyError(f"holds array {twice[0]} twice (np.savez writes each once)")
+    return names
 
 
 def npz_arrays(path: str | Path, names: Iterable[str]) -> dict[str, np.ndarray]:

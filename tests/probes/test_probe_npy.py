@@ -89,3 +89,14 @@ def test_an_npz_member_numpy_cannot_parse_is_one_line(
     for npz, name, load in loads:
         _replace_member(npz, name, data)
         raises_one_line(load, str(npz), f"array {name}", words)
+
+
+def test_an_npz_holding_an_array_twice_is_refused(tmp_path: Path) -> None:
+    """A zip may hold two members of one name; np.load read the last without a word."""
+    esft = _esft(tmp_path / "esft")
+    npz = esft / TRACE_NAME / TRACE_FILE
+    with zipfile.ZipFile(npz) as z:
+        task = z.read("task.npy")
+    with zipfile.ZipFile(npz, "a") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        z.writestr("task.npy", task)
+    raises_one_line(lambda: load_esft(esft), str(npz), "array task twice")
