@@ -455,7 +455,14 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     files = _weight_files(d)
     index: dict[str, TensorEntry] = {}
     for f in files:
-        index |= read_header(d / f)
+        header = read_header(d / f)
+        twice = sorted(header.keys() & index.keys())
+        if twice:  # transformers loads every shard whole: which copy it keeps is load order
+            raise ConfigError(
+                f"{d}: tensor {twice[0]} is in both {index[twice[0]].file.name} and {f} "
+                f"({len(twice)} such); a checkpoint holds each tensor once: re-copy it"
+            )
+        index |= header
     listed = list(index)  # the checkpoint's tensors: those its index names, or the file's
     if (d / INDEX_FILE).is_file():  # each name the index maps to a shard is in that shard
         wmap = read_index(d / INDEX_FILE)

@@ -204,3 +204,24 @@ def test_a_weights_file_that_links_to_nothing_is_named(ckpt: Path, name: str, ta
     (ckpt / SINGLE_FILE).unlink()
     (ckpt / name).symlink_to(name if target == "self" else ckpt / "gone.json")
     raises_one_line(lambda: load_checkpoint(ckpt), str(ckpt / name), "symbolic link")
+
+
+def test_a_tensor_in_two_shards_is_refused(ckpt: Path) -> None:
+    """Two shards holding one tensor (the index naming the later one) ran on the index's copy
+    without a word; transformers loads every shard whole, and which copy it keeps is load
+    order."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / SINGLE_FILE)
+    (ckpt / SINGLE_FILE).unlink()
+    names = sorted(tensors)
+    shards = {"a.safetensors": names[:3], "b.safetensors": names[3:]}
+    twice = names[0]
+    for shard, held in shards.items():
+        save_file({n: tensors[n] for n in held}, str(ckpt / shard))
+    extra = load_file(ckpt / "b.safetensors") | {twice: torch.zeros_like(tensors[twice])}
+    save_file(extra, str(ckpt / "b.safetensors"))
+    weight_map = {n: s for s, held in shards.items() for n in held} | {twice: "b.safetensors"}
+    (ckpt / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    raises_one_line(lambda: load_checkpoint(ckpt), repr(twice)[1:-1], "a.safetensors and b")
