@@ -506,9 +506,13 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
                     f"expects {list(ts.shape)}"
                 )
             if e.dtype != dtype:
-                raise ConfigError(
-                    f"{e.file}: tensor {ts.hf_name} is {e.dtype}, config.json says {dtype}"
+                said = (
+                    f"config.json says {dtype}"
+                    if cfg.get("dtype", None) or cfg.get("torch_dtype", None)
+                    else f"config.json names no dtype (read as {dtype}): add "
+                    f'"torch_dtype": "{str(e.dtype).removeprefix("torch.")}" to it'
                 )
+                raise ConfigError(f"{e.file}: tensor {ts.hf_name} is {e.dtype}, {said}")
     return spec, index
 
 

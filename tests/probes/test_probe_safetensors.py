@@ -225,3 +225,13 @@ def test_a_tensor_in_two_shards_is_refused(ckpt: Path) -> None:
     weight_map = {n: s for s, held in shards.items() for n in held} | {twice: "b.safetensors"}
     (ckpt / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
     raises_one_line(lambda: load_checkpoint(ckpt), repr(twice)[1:-1], "a.safetensors and b")
+
+
+def test_weights_of_another_dtype_than_a_config_without_one_say_so(ckpt: Path) -> None:
+    """float32 weights under a config.json without torch_dtype were 'config.json says
+    torch.bfloat16', which it does not (bfloat16 is moepipe's reading of no dtype)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    raises_one_line(lambda: load_checkpoint(ckpt), "names no dtype", '"torch_dtype": "float32"')
