@@ -1,7 +1,7 @@
 """How large a YAML text is once its aliases are expanded, checked before any loader expands
 them: a YAML file given on the command line whose aliases nest (a "billion laughs") made the
 config loaders build hundreds of millions of nodes, a hang; one nested thousands deep was a
-RecursionError (libyaml's composer: a crash)."""
+RecursionError (libyaml's composer: a crash); an integer of 5000 digits a ValueError."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from core.errors import MoepipeError
 
 MAX_NODES = 1_000_000  # far past any config moepipe reads (a calibrated hardware file: ~10^4)
 MAX_DEPTH = 200  # levels of nesting; a config has a handful
+MAX_DIGITS = 4000  # under Python's int_max_str_digits (4300), past any count or size
+_INT = "tag:yaml.org,2002:int"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where built: 6x faster
 
 
@@ -31,15 +33,24 @@ def check_yaml_size(text: str, where: str, fix: str) -> None:
     except yaml.YAMLError:
         return  # the loader says what is wrong, and where
     sizes: dict[int, int] = {}
-    if sum(_expanded(doc, sizes) for doc in docs if doc is not None) > MAX_NODES:
+    scalars: list[yaml.ScalarNode] = []
+    if sum(_expanded(doc, sizes, scalars) for doc in docs if doc is not None) > MAX_NODES:
         raise MoepipeError(
             f"{where}: over {MAX_NODES:,} values once its aliases (*name) are expanded (or an "
             f"alias inside itself, endless); no config is that large: {fix}"
         )
+    for node in scalars:  # Python refuses to read an int of more digits (a ValueError)
+        if node.tag == _INT and len(node.value) > MAX_DIGITS:
+            line = node.start_mark.line + 1
+            raise MoepipeError(
+                f"{where}:{line}: an integer of {len(node.value)} digits, past any config "
+                f"value; {fix}"
+            )
 
 
-def _expanded(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """Nodes under `node`, an alias's target counted at each use (each node sized once)."""
+def _expanded(node: yaml.Node, sizes: dict[int, int], scalars: list[yaml.ScalarNode]) -> int:
+    """Nodes under `node`, an alias's target counted at each use (each node sized once); each
+    scalar node met is added to `scalars`."""
     stack, entered = [(node, False)], set()
     while stack:  # post-order without recursion: a long chain of aliases is no RecursionError
         n, children_done = stack.pop()
@@ -52,6 +63,8 @@ def _expanded(node: yaml.Node, sizes: dict[int, int]) -> int:
         if id(n) in entered:  # its own descendant (`&a [*a]`): endless once expanded
             return MAX_NODES + 1
         entered.add(id(n))
+        if isinstance(n, yaml.ScalarNode):
+            scalars.append(n)
         stack.append((n, True))
         stack.extend((k, False) for k in kids if id(k) not in sizes)
     return sizes[id(node)]

@@ -76,3 +76,22 @@ def test_a_config_path_that_is_no_regular_file_says_what_it_is(
     with deadline(60):
         r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
     one_line(r, str(path), kind)
+
+
+def test_an_integer_of_5000_digits_is_named_not_an_internal_error(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """PyYAML's int() of 4300+ digits is Python's ValueError: an internal error in a run given
+    the file, and in collect reading a run dir's config.yaml."""
+    huge = "9" * 5000
+    path = tmp_path / "hw.yaml"
+    text = (ROOT / "conf" / "hardware" / "tiny.yaml").read_text()
+    path.write_text(text.replace("overhead_us: 0}", f"overhead_us: {huge}}}", 1))
+    r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
+    one_line(r, str(path), "5000 digits")
+    run = tmp_path / "sweep" / "a"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"throughput_tok_s": 1.0}')
+    (run / "config.yaml").write_text(f"workload:\n  batch_size: {huge}\n")
+    df, problems = collect(tmp_path / "sweep")
+    assert df.empty and "5000 digits" in problems[0]
