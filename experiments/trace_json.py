@@ -39,7 +39,7 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     summary = path.parent / "summary.json"
     try:
         processes = json.loads(read_small(summary)).get("processes", 0)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         processes = 0  # no summary (a bare trace.parquet): the trace's one part
     devices = len(set(device_of(trace["resource"]).tolist()))
     if type(processes) is not int or processes < 0 or processes > max(devices, 1):

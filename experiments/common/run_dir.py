@@ -250,7 +250,7 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
         return False
     try:
         got = json.loads(read_small(summary))
-    except (OSError, ValueError):  # not UTF-8 or JSON, not a regular file (ConfigError): all
+    except (OSError, ValueError, RecursionError):  # not UTF-8 or JSON, nested 10^5 deep, ...
         got = None
     if not isinstance(got, dict):
         log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)

@@ -93,6 +93,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"summary.json unreadable (not JSON: {e.msg}, line {e.lineno}); {rerun}"
     except UnicodeDecodeError:
         return None, f"summary.json unreadable (not UTF-8 text); {rerun}"
+    except RecursionError:  # json's parser recurses per bracket
+        return None, f"summary.json unreadable (nested too deeply for JSON); {rerun}"
     except OSError as e:  # a folder of that name, no permission
         return None, f"summary.json unreadable ({_why(e)}); check that file"
     if not isinstance(summary, dict):

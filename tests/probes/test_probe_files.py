@@ -183,3 +183,17 @@ def test_collect_that_fails_to_write_leaves_no_folder_of_its_own(
     r = cli_here("experiments.collect", f"dir={a_run.parent}", f"out={out}")
     one_line(r, "No space left")
     assert not out.parent.exists()
+
+
+def test_a_summary_nested_too_deep_for_json_is_not_a_result(tmp_path: Path) -> None:
+    """json's parser recurses per bracket: a summary.json of 10^5 brackets was an internal
+    RecursionError in collect and in the check that reuses a finished run."""
+    from experiments.common.tables import collect
+
+    run = tmp_path / "sweep" / "a"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("workload:\n  batch_size: 2\n")
+    (run / "summary.json").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    df, problems = collect(tmp_path / "sweep")
+    assert df.empty and "nested too deeply" in problems[0]
+    assert not finished(run, "workload:\n  batch_size: 2\n")
