@@ -75,7 +75,8 @@ class RepeatedKeyError(MoepipeError):
 
 def loads_json(text: str | bytes, where: str) -> Any:
     """`json.loads`, refusing an object that gives a key twice: a RepeatedKeyError naming
-    `where` and the key (json keeps the last value without a word)."""
+    `where` and the key (json keeps the last value without a word); nesting past Python's
+    recursion limit is a JSONDecodeError (a ValueError), as other malformed JSON is."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -88,4 +89,7 @@ def loads_json(text: str | bytes, where: str) -> Any:
             out[key] = value
         return out
 
-    return json.loads(text, object_pairs_hook=unique)
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except RecursionError:  # json's parser recurses per bracket: no file of ours nests so
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None

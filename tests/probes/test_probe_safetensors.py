@@ -235,3 +235,17 @@ def test_weights_of_another_dtype_than_a_config_without_one_say_so(ckpt: Path) -
     cfg.pop("dtype", None)
     (ckpt / "config.json").write_text(json.dumps(cfg))
     raises_one_line(lambda: load_checkpoint(ckpt), "names no dtype", '"torch_dtype": "float32"')
+
+
+def test_a_header_or_index_nested_too_deep_for_json_is_one_line(ckpt: Path) -> None:
+    """json's parser recurses per bracket: 10^5 of them in a shard's header or in the index
+    was an internal RecursionError."""
+    deep = "[" * 100_000 + "]" * 100_000
+    f = ckpt / SINGLE_FILE
+    good = f.read_bytes()
+    body = ('{"__metadata__": {"a": ' + deep + "}}").encode()
+    f.write_bytes(len(body).to_bytes(8, "little") + body)
+    raises_one_line(lambda: load_checkpoint(ckpt), str(f), "corrupt safetensors header")
+    f.write_bytes(good)
+    _sharded(ckpt, '{"weight_map": {}, "more": ' + deep + "}")
+    raises_one_line(lambda: load_checkpoint(ckpt), INDEX_FILE, "not a safetensors index")
