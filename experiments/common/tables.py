@@ -203,6 +203,32 @@ def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
     for key, value in items:
         if not number(value) or value < 0:
             return key, f"{_short(value)}, not a finite number in [0, {MAX_METRIC:g}]"
+    return _per_layer_problem(summary, number)
+
+
+# per-layer metrics the report draws: {MoE layer: number} (JSON keys are strings), or a list
+# with null for a layer without one (`plan.` ones are inside the summary's plan)
+PER_LAYER_MAPS = ("balancedness_per_layer", "expert_phase_util_per_layer")
+PER_LAYER_LISTS = ("plan.prefetch_accuracy_per_layer",)
+
+
+def _per_layer_problem(summary: dict[str, Any], number: Any) -> tuple[str, str] | None:
+    """(key, what it is) of a per-layer metric that is not one: a layer that is no whole
+    number, a value that is no finite number >= 0."""
+    for key in PER_LAYER_MAPS:
+        values = summary.get(key, {})
+        if not isinstance(values, dict) or not all(
+            str(k).isdigit() and number(v) and v >= 0 for k, v in values.items()
+        ):
+            return key, f"{_short(values)}, not a mapping of MoE layer -> number >= 0"
+    for key in PER_LAYER_LISTS:
+        group, _, name = key.partition(".")
+        plan = summary.get(group, {})
+        values = plan.get(name, []) if isinstance(plan, dict) else []
+        if not isinstance(values, list) or not all(
+            v is None or (number(v) and v >= 0) for v in values
+        ):
+            return key, f"{_short(values)}, not a list of numbers >= 0 (null: none) per MoE layer"
     return None
 
 

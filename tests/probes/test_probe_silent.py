@@ -131,6 +131,10 @@ BAD_METRICS = [
     ("model", 5),
     ("planner", {"x": 1}),
     ("planner_label", [1]),
+    # per-layer metrics report draws: a ValueError inside it (float('a'), int('x'))
+    ("plan.prefetch_accuracy_per_layer", ["a", "b"]),
+    ("balancedness_per_layer", {"x": 0.5}),
+    ("expert_phase_util_per_layer", {"0": "high"}),
 ]
 
 
