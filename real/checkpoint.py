@@ -440,6 +440,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     disagrees with config.json.
     """
     d = Path(ckpt_dir)
+    if d.exists() and not d.is_dir():  # config.json or a shard named itself
+        raise ConfigError(f"{d}: a file, not a checkpoint directory; pass the folder holding it")
     if not d.is_dir():
         raise ConfigError(
             f"{d}: no such checkpoint directory; "

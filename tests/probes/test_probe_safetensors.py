@@ -249,3 +249,9 @@ def test_a_header_or_index_nested_too_deep_for_json_is_one_line(ckpt: Path) -> N
     f.write_bytes(good)
     _sharded(ckpt, '{"weight_map": {}, "more": ' + deep + "}")
     raises_one_line(lambda: load_checkpoint(ckpt), INDEX_FILE, "not a safetensors index")
+
+
+def test_a_checkpoint_given_as_one_of_its_files_says_so(ckpt: Path) -> None:
+    """checkpoint=DIR/config.json was 'no such checkpoint directory', though it exists."""
+    for f in (ckpt / "config.json", ckpt / SINGLE_FILE):
+        raises_one_line(lambda f=f: load_checkpoint(f), str(f), "a file, not a checkpoint")
