@@ -27,7 +27,8 @@ from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 from real.attention import Rope
-from real.checkpoint import reduced_spec, spec_to_hf_config, write_checkpoint
+from real.checkpoint import reduced_spec, spec_to_hf_config
+from real.checkpoint_write import write_checkpoint
 
 
 @dataclass

@@ -1,21 +1,16 @@
 """Hugging Face-layout checkpoints for the real executor: tensor names, writing and loading.
 
 `unit_layout(spec)` is the one table of which tensors (HF name, shape) make up each unit a
-schedule moves (a layer's attention, its gate, one expert, ...). `write_checkpoint` writes seeded
-random weights in that layout with the family's real `config.json` fields (core.hf_config);
-`load_checkpoint` validates a directory and indexes its tensors (file, dtype, shape, byte offset;
-each shard's header checked in real.shards).
+schedule moves (a layer's attention, its gate, one expert, ...). `real.checkpoint_write` writes
+seeded random weights in that layout; `load_checkpoint` validates a directory and indexes its
+tensors (file, dtype, shape, byte offset; each shard's header checked in real.shards).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import re
-import secrets
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +28,6 @@ from core.hf_config import (
     mla_dims,
     read_hf_config,
     spec_mla_fields,
-    spec_to_hf_config,
 )
 from core.spec import ModelSpec
 from core.types import Tensor
@@ -43,7 +37,6 @@ from real.shards import (
     read_header,
     read_index,
     read_tensor,
-    save_shard,
 )
 
 log = logging.getLogger(__name__)
@@ -328,104 +321,7 @@ def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
     return tuple(i for i in range(n) if i not in dense)
 
 
-# ---- writing ------------------------------------------------------------------------------
-
-
-def _init(
-    key: str, shape: tuple[int, ...], spec: ModelSpec, g: torch.Generator, scale: float
-) -> torch.Tensor:
-    """Seeded weights that keep activations O(1): std 1/sqrt(fan_in); residual-stream outputs
-    (o, w2, wo) shrunk by sqrt(2 * n_layers); router logits of std ~1 so routing is spread out."""
-    if key.endswith("norm"):
-        return torch.ones(shape)
-    x = torch.randn(shape, generator=g)
-    if key == "embed":
-        return x * scale
-    if key.endswith("_bias"):
-        return x * 0.02 * scale
-    std = scale / math.sqrt(shape[-1])
-    if key in ("o", "w2", "wo"):
-        std /= math.sqrt(2 * spec.n_layers)
-    return x * std
-
-
-def write_checkpoint(
-    spec: ModelSpec,
-    out_dir: str | Path,
-    seed: int = 0,
-    scale: float = 1.0,
-    shard_bytes: int = 2 * 2**30,
-    norm_topk_prob: bool = False,
-    rope_scaling: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write `config.json` (with `rope_scaling` if given, written as is) and seeded random weights
-    (sharded past `shard_bytes`) to `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = spec_to_hf_config(spec, norm_topk_prob)
-    if rope_scaling:  # e.g. DeepSeek-V2-Lite's {"type": "yarn", "factor": 40, ...}
-        cfg["rope_scaling"] = dict(rope_scaling)
-    dtype = torch_dtype(spec)
-    g = torch.Generator().manual_seed(seed)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for tensors in unit_layout(spec).values():
-        for key, ts in tensors.items():
-            t = _init(key, ts.shape, spec, g, scale).to(dtype).contiguous()
-            if size and size + t.nbytes > shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][ts.hf_name] = t
-            size += t.nbytes
-    # written into a folder of its own, then moved in, config.json last: a write cut short (a
-    # full disk, Ctrl-C) leaves the folder's earlier checkpoint as it was. Where the disk cannot
-    # hold both, the earlier one goes first (config.json first: no half checkpoint is read).
-    new_bytes = sum(t.nbytes for shard in shards for t in shard.values())
-    if shutil.disk_usage(out).free < 1.05 * new_bytes + (64 << 20):
-        _remove_checkpoint_files(out)
-    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
-        _save_shards(tmp, shards, cfg)
-        _remove_checkpoint_files(out)
-        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _remove_checkpoint_files(out: Path) -> None:
-    """The files of a checkpoint `write_checkpoint` wrote into `out` (by their names only, a
-    user's other files stay), config.json first."""
-    (out / "config.json").unlink(missing_ok=True)
-    for f in out.iterdir():
-        if f.name == INDEX_FILE or _SHARD_NAME.fullmatch(f.name):
-            f.unlink()
-
-
 _LAYER = re.compile(r"(?:model|encoder|decoder)\.(?:layers|block)\.(\d+)\.")  # a decoder layer's
-
-# the weight files write_checkpoint writes: model.safetensors, or model-00001-of-00003.safetensors
-_SHARD_NAME = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
-
-
-def _save_shards(out: Path, shards: list[dict[str, torch.Tensor]], cfg: dict[str, Any]) -> None:
-    """The checkpoint's files in `out`: its shard(s), the index where there are several, and
-    config.json."""
-    meta = {"format": "pt"}
-    if len(shards) == 1:
-        save_shard(shards[0], out / SINGLE_FILE, meta)
-    else:
-        weight_map, total = {}, 0
-        for j, shard in enumerate(shards):
-            name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_shard(shard, out / name, meta)
-            weight_map |= dict.fromkeys(shard, name)
-            total += sum(t.nbytes for t in shard.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -435,9 +331,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     """Validate a checkpoint directory; return its spec and HF tensor name -> where its bytes are.
 
     Raises a one-line ConfigError naming the missing directory, config.json or shard, a truncated
-    file, a config.json field the real model does not run (core.hf_config.hf_runtime's refusals,
-    before the tensors such a field adds are found unread), or a tensor whose shape/dtype
-    disagrees with config.json.
+    file, a config.json field the real model does not run (hf_runtime's refusals, before its
+    tensors are found unread), or a tensor whose shape/dtype disagrees with config.json.
     """
     d = Path(ckpt_dir)
     if d.exists() and not d.is_dir():  # config.json or a shard named itself
@@ -489,19 +384,26 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
         spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
     if cfg.get("tie_word_embeddings"):
-        # the LM head is the embedding (transformers ties them whether or not lm_head is saved).
-        # Switch's is too (its config's default), without T5's rescaling of the hidden state
-        # before a tied head: moepipe's Switch is a documented substitute, not T5's forward
+        # the LM head is the embedding, whether or not lm_head is saved (Switch's: without T5's
+        # rescaling before a tied head; moepipe's Switch is a documented substitute)
         index[names.lm_head] = index[names.embed]
-    dtype = torch_dtype(spec)
     hf_runtime(cfg, spec)  # a field not run (attention_bias, ...) named before its tensors
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
+    _check_shapes(d, spec, cfg, index, ", ".join(files))
+    return spec, index
+
+
+def _check_shapes(
+    d: Path, spec: ModelSpec, cfg: Mapping[str, Any], index: dict[str, TensorEntry], where: str
+) -> None:
+    """Every tensor the model reads is in the checkpoint, of config.json's shape and dtype."""
+    dtype = torch_dtype(spec)
     for tensors in unit_layout(spec).values():
         for ts in tensors.values():
             e = index.get(ts.hf_name)
             if e is None:
-                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {', '.join(files)}")
+                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {where}")
             if e.shape != ts.shape:
                 raise ConfigError(
                     f"{e.file}: tensor {ts.hf_name} has shape {list(e.shape)}, config.json "
@@ -515,7 +417,6 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
                     f'"torch_dtype": "{str(e.dtype).removeprefix("torch.")}" to it'
                 )
                 raise ConfigError(f"{e.file}: tensor {ts.hf_name} is {e.dtype}, {said}")
-    return spec, index
 
 
 def _weight_files(d: Path) -> list[str]:
@@ -553,16 +454,14 @@ _LAYER_KIND_FIELDS = {
 }
 
 
-# a layer's shared expert(s) in transformers' names (Qwen2-MoE's with its sigmoid gate); group 2:
-# one of its projections
+# a layer's shared expert(s) (Qwen2-MoE's with its sigmoid gate); group 2: one of its projections
 _SHARED = re.compile(r"model\.layers\.(\d+)\.mlp\.shared_experts?(\.\w+_proj\.weight$)?")
 
 
 def _empty_shared(spec: ModelSpec, listed: list[str], index: Mapping[str, TensorEntry]) -> set[str]:
-    """The shared-expert tensors of the layers whose shared projections all hold no elements,
-    where config.json sizes no shared expert: transformers builds and saves one of width 0 for
-    Qwen2-MoE's shared_expert_intermediate_size 0 and DeepSeek-V2's n_shared_experts 0, which
-    adds exactly 0 (times any gate), as the model without one does."""
+    """The shared-expert tensors of layers whose shared projections hold no elements, where
+    config.json sizes none: transformers saves one of width 0 for Qwen2-MoE's
+    shared_expert_intermediate_size 0 and DeepSeek-V2's n_shared_experts 0; it adds exactly 0."""
     shared = {n: m for n in listed if not spec.shared_ffn_size and (m := _SHARED.match(n))}
     held = {int(m[1]) for n, m in shared.items() if m[2] and math.prod(index[n].shape)}
     zero = {int(m[1]) for m in shared.values() if m[2]} - held

@@ -96,18 +96,13 @@ def _size_of(d: Path) -> int:
 
 
 def _write(spec: Any, out: Path) -> None:
-    """config.json and seeded random weights (as real.checkpoint.write_checkpoint draws them),
+    """config.json and seeded random weights (as real.checkpoint_write.write_checkpoint draws them),
     one shard of SHARD_BYTES in memory at a time, with progress."""
     import torch
     from safetensors.torch import save_file
 
-    from real.checkpoint import (
-        INDEX_FILE,
-        _init,
-        spec_to_hf_config,
-        torch_dtype,
-        unit_layout,
-    )
+    from real.checkpoint import INDEX_FILE, spec_to_hf_config, torch_dtype, unit_layout
+    from real.checkpoint_write import _init
 
     out.mkdir(parents=True)
     dtype, g = torch_dtype(spec), torch.Generator().manual_seed(0)

@@ -20,7 +20,8 @@ from experiments import (
 )
 from experiments.bench import accelerate as bench_accelerate
 from experiments.bench import sim as bench_sim
-from real.checkpoint import reduced_spec, write_checkpoint
+from real.checkpoint import reduced_spec
+from real.checkpoint_write import write_checkpoint
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="device=cuda is valid here")
 

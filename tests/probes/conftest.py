@@ -21,7 +21,8 @@ import pytest
 
 from core.errors import MoepipeError
 from experiments.common.cli import error_line
-from real.checkpoint import reduced_spec, write_checkpoint
+from real.checkpoint import reduced_spec
+from real.checkpoint_write import write_checkpoint
 from tests.conftest import user_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -371,7 +371,7 @@ def test_make_checkpoint_reads_a_model_file_and_cleans_up_a_failed_write(
     disk) leaves no out dir of its own."""
     import errno
 
-    import real.checkpoint
+    import real.checkpoint_write
 
     mine = tmp_path / "m.yaml"
     shutil.copyfile(ROOT / "conf" / "model" / "mixtral-tiny.yaml", mine)
@@ -382,7 +382,7 @@ def test_make_checkpoint_reads_a_model_file_and_cleans_up_a_failed_write(
     def full(*_: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(real.checkpoint, "_save_shards", full)
+    monkeypatch.setattr(real.checkpoint_write, "_save_shards", full)
     new = tmp_path / "new" / "ck"
     r = cli_here("experiments.make_checkpoint", f"model={mine}", f"out={new}", "hidden_size=64")
     one_line(r, "out=", "No space left")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from real.checkpoint import CONF_MODEL_DIR, reduced_spec, write_checkpoint
+from real.checkpoint import CONF_MODEL_DIR, reduced_spec
+from real.checkpoint_write import write_checkpoint
 
 ALL_MODELS = sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml"))
 

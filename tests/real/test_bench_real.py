@@ -138,7 +138,7 @@ def test_routing_trace_replays_esft_into_the_moepipe_side(tmp_path):
     from core.traces import trace_path
     from core.types import RoutingSource
     from experiments.common import peers as pe
-    from real.checkpoint import write_checkpoint
+    from real.checkpoint_write import write_checkpoint
 
     trace_dir = "/work/shared/traces"
     if not trace_path(trace_dir).is_file():
@@ -200,7 +200,8 @@ def test_bad_routing_or_n_is_one_line(tmp_path, capsys, arg, first_words):
 def test_linked_cut_reads_the_full_checkpoints_bytes(tmp_path):
     """The calibration's cut of a checkpoint: config.json of its first layers, shards that are
     links to the full checkpoint's (no second copy), and each tensor the same bytes."""
-    from real.checkpoint import load_checkpoint, write_checkpoint
+    from real.checkpoint import load_checkpoint
+    from real.checkpoint_write import write_checkpoint
     from real.shards import read_tensor
 
     full = write_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "full", seed=0)

@@ -25,8 +25,8 @@ from real.checkpoint import (
     reduced_spec,
     spec_to_hf_config,
     unit_layout,
-    write_checkpoint,
 )
+from real.checkpoint_write import write_checkpoint
 from tests.real.conftest import ALL_MODELS, small_overrides
 
 

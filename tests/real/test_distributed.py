@@ -35,7 +35,8 @@ from experiments import run as run_module
 from experiments.common.dist_run import run_distributed
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
 from experiments.common.real_run import open_store, prompts_for
-from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, write_checkpoint
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec
+from real.checkpoint_write import write_checkpoint
 from real.executor import Executor
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from real.state import resident_units

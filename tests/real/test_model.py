@@ -12,14 +12,8 @@ import torch
 from core.errors import ConfigError
 from core.routing import Routing
 from core.types import Tensor, Tier
-from real.checkpoint import (
-    Unit,
-    load_checkpoint,
-    load_units,
-    reduced_spec,
-    spec_to_hf_config,
-    write_checkpoint,
-)
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, spec_to_hf_config
+from real.checkpoint_write import write_checkpoint
 from real.model import (
     KVCache,
     Model,

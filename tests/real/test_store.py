@@ -12,14 +12,8 @@ import torch
 
 from core.errors import CapacityError, MoepipeError
 from core.types import Tensor, Tier
-from real.checkpoint import (
-    Unit,
-    load_checkpoint,
-    read_tensor,
-    reduced_spec,
-    unit_layout,
-    write_checkpoint,
-)
+from real.checkpoint import Unit, load_checkpoint, read_tensor, reduced_spec, unit_layout
+from real.checkpoint_write import write_checkpoint
 from real.store import (
     ALIGN,
     DiskReader,
