@@ -135,6 +135,11 @@ class Rope:
                 f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
                 "runs this checkpoint's spec)"
             )
+        if p.get("partial_rotary_factor", 1.0) != 1.0:  # default RoPE: ignored, as transformers
+            raise c.error(
+                f"{key}.partial_rotary_factor={p.get('partial_rotary_factor')} with {kind}; these "
+                "families rotate whole heads (transformers fails on it too)"
+            )
         # absent: max_position_embeddings, or the family's default of it, as transformers
         orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
         if kind == "yarn" and "factor" in p.fields and p.get("factor", None) is None:

@@ -143,6 +143,7 @@ ROPE_FIELDS: dict[str, Rule] = {
     "truncate": FLAG,
     "low_freq_factor": POSITIVE,  # llama3
     "high_freq_factor": POSITIVE,
+    "partial_rotary_factor": POSITIVE,
 }
 _REQUIRED = object()
 # transformers 5.24's config-class defaults of the fields moepipe reads without one of its own,

@@ -219,3 +219,17 @@ def test_switch_decoder_sparse_step_0_is_not_refused(tmp_path):
     qwen = hf_config("qwen2_moe", {}).to_dict() | {"decoder_sparse_step": 0}
     with pytest.raises(ConfigError, match="decoder_sparse_step must be a positive integer"):
         hf_config_to_spec(qwen, "q")
+
+
+def test_partial_rotary_factor_of_a_scaled_rope_is_refused(prompt, tmp_path):
+    """partial_rotary_factor below 1 in a scaled RoPE: transformers computes frequencies for part
+    of a head and then fails to apply them to a whole one; moepipe ran whole-head RoPE, ignoring
+    the field. It is refused in one line naming it. With default RoPE transformers' classes of
+    these families ignore the field, and so moepipe does, with transformers' logits."""
+    rope = {"rope_theta": 1e6, "partial_rotary_factor": 0.5}
+    scaled = {"rope_parameters": rope | {"rope_type": "linear", "factor": 4.0}}
+    ckpt, _ = save("mixtral", scaled, tmp_path / "linear")
+    with pytest.raises(ConfigError, match=r"partial_rotary_factor=0.5 with linear"):
+        reference_generate(ckpt, prompt, GEN)
+    ckpt, hf = save("mixtral", {"rope_parameters": rope | {"rope_type": "default"}}, tmp_path / "d")
+    assert_transformers(ckpt, hf, prompt, "f32")
