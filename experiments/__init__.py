@@ -57,3 +57,16 @@ if sys.argv[:1] == ["-m"]:
     # once, as torch loads; kept where the user set it or asked for tracebacks.
     if "1" not in (os.environ.get("MOEPIPE_TRACEBACK"), os.environ.get("HYDRA_FULL_ERROR")):
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    # One rank of a torchrun launch (RANK, WORLD_SIZE set): killed with its agent, from its first
+    # import on (a torchrun killed with SIGKILL left its ranks running the run on, holding the
+    # terminal's output for minutes); where the agent died before this, ppid is init's already.
+    if os.environ.get("RANK") is not None and os.environ.get("WORLD_SIZE", "1") not in ("0", "1"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux
+            pass
+        else:
+            if os.getppid() == 1:
+                os._exit(1)

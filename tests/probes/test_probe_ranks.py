@@ -4,10 +4,13 @@ launcher), never a rank's own traceback or a rank running on without its command
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -119,3 +122,49 @@ def test_a_rendezvous_that_fails_is_one_line_without_torchs_log(
     args += ["hardware=h200-hgx8", "executor.rendezvous_timeout_s=1"]
     r = real_run(tiny_ckpt, tmp_path / "run", *args, env=env)
     one_line(r, "rank 1", "did not form within executor.rendezvous_timeout_s=1")
+
+
+def _torchrun_ranks(agent: int) -> dict[int, int]:
+    """rank -> pid of the torchrun agent's worker processes (their RANK)."""
+    kids = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True)
+    ranks = {}
+    for pid in kids.stdout.split():
+        with contextlib.suppress(OSError):  # gone meanwhile
+            for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if kv.startswith(b"RANK="):
+                    ranks[int(kv[5:])] = int(pid)
+    return ranks
+
+
+@pytest.mark.slow  # torchrun and two ranks starting
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
+    """torchrun killed with SIGKILL (the OOM killer, a scheduler's kill) left its two ranks
+    running the run on as orphans, holding the terminal's output for minutes. A rank now dies
+    with its agent, from its first import on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
+    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
+    args += ["workload.gen_len=2000", f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    cmd += [f"--master_port={port}", "-m", "experiments.run", *args]
+    agent = subprocess.Popen(
+        cmd, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ranks: dict[int, int] = {}
+    try:
+        with deadline(120):
+            while len(ranks) < 2:
+                time.sleep(0.1)
+                ranks = _torchrun_ranks(agent.pid)
+        agent.kill()
+        agent.wait()
+        with deadline(60):
+            while [p for p in ranks.values() if _alive(p)]:
+                time.sleep(0.1)
+    finally:
+        for pid in ranks.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
