@@ -47,7 +47,8 @@ def command_started() -> None:
 
 # sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
 # docs): a command starting, not code (a test, a notebook) importing this package.
-if sys.argv[:1] == ["-m"]:
+AS_COMMAND = sys.argv[:1] == ["-m"]
+if AS_COMMAND:
     signal.signal(signal.SIGINT, _interrupted_at_startup)
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so

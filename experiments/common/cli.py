@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+import experiments
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
 from core.files import read_small
@@ -314,6 +315,8 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     try:
         result = main()
         _raise_unsent()  # an interrupt the hook below caught, which main() outran
+        if experiments.AS_COMMAND:
+            finished()
         return result
     except KeyboardInterrupt as e:
         before_line()
@@ -334,6 +337,24 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _raise_stopped:
                 signal.signal(signum, handler)
+
+
+def finished() -> None:
+    """The command's work is done and on disk: Ctrl-C, SIGTERM or SIGHUP from now on (Python's
+    shutdown: torch's, hydra's, joblib's cleanup) ends it at once with exit 0 and no line. SIGTERM
+    ended it by the signal with no line, and Ctrl-C raised a traceback in the shutdown."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        if signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays so
+            signal.signal(signum, _exit_finished)
+
+
+def _exit_finished(signum: int, frame: Any) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a write this handler interrupted
+            stream.flush()
+    os._exit(0)
 
 
 def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:

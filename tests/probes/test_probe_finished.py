@@ -1,0 +1,41 @@
+"""A stop (Ctrl-C, SIGTERM, SIGHUP) that comes once a command's work is done and on disk, in
+Python's shutdown after it: the command ends at once, exit 0, no line and no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, user_env
+
+# a command's `python -m` start (experiments sees "-m" as it is imported), its main done, then
+# a stop while the interpreter would still shut down
+_STOPPED_AFTER = """
+import os, signal, sys, time
+sys.argv[:1] = ["-m"]
+import experiments
+from experiments.common.cli import run_command
+code = run_command(lambda: 0)
+os.kill(os.getpid(), signal.{sig})
+time.sleep(30)
+print("ran on")
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_after_the_command_finished_ends_it_quietly(sig: str) -> None:
+    """SIGTERM in the instant after the result was written ended the command by the signal
+    (exit 143) with no line, and Ctrl-C raised a KeyboardInterrupt traceback in the shutdown,
+    for a run whose result was whole."""
+    r = subprocess.run(
+        [sys.executable, "-c", _STOPPED_AFTER.format(sig=sig)],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
