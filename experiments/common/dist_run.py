@@ -218,8 +218,7 @@ def _watch(procs: list[Any], tmp: Path) -> None:
     naming it."""
     left = {p.sentinel: (r, p) for r, p in enumerate(procs)}
     lost_at: float | None = None
-    stopped: dict[int, float] = {}  # rank -> when this loop first saw it stopped
-    last = time.monotonic()
+    stops = Stops()
     while left:
         for s in wait(list(left), timeout=0.2):
             r, p = left.pop(s)
@@ -232,21 +231,76 @@ def _watch(procs: list[Any], tmp: Path) -> None:
                 continue
             raise MoepipeError(_why(r, code, tmp))
         now = time.monotonic()
-        if now - last > 1.0:  # this process was stopped too (Ctrl-Z stops the whole job)
-            stopped.clear()
-        last = now
-        for r, p in left.values():
-            if _is_stopped(p.pid):
-                if now - stopped.setdefault(r, now) > STOPPED_S:
-                    raise MoepipeError(
-                        f"rank {r} was stopped (SIGSTOP or SIGTSTP to it alone) and did not go "
-                        f"on within {STOPPED_S:g} s; the other ranks wait for it, so the run "
-                        "stopped: run it again"
-                    )
-            else:
-                stopped.pop(r, None)
+        r = stops.long_stopped({r: p.pid for r, p in left.values()}, now)
+        if r is not None:
+            raise MoepipeError(stopped_line(r))
         if lost_at is not None and now - lost_at > 5:
             raise MoepipeError("real run: a rank lost its peers and no rank says why")
+
+
+def stopped_line(rank: int) -> str:
+    return (
+        f"rank {rank} was stopped (SIGSTOP or SIGTSTP to it alone) and did not go on within "
+        f"{STOPPED_S:g} s; the other ranks wait for it, so the run stopped: run it again"
+    )
+
+
+class Stops:
+    """Which watched rank stayed stopped (SIGSTOP) for `STOPPED_S`, as a loop polling them
+    sees it; a pause of the loop itself (Ctrl-Z stops the whole job) starts the count again."""
+
+    def __init__(self) -> None:
+        self.since: dict[int, float] = {}  # rank -> when the loop first saw it stopped
+        self.last = time.monotonic()
+
+    def long_stopped(self, pids: dict[int, int], now: float) -> int | None:
+        """The first of `pids` (rank -> pid) stopped for `STOPPED_S` by `now`, or None."""
+        if now - self.last > 1.0:  # this process was stopped too
+            self.since.clear()
+        self.last = now
+        for r, pid in pids.items():
+            if not _is_stopped(pid):
+                self.since.pop(r, None)
+            elif now - self.since.setdefault(r, now) > STOPPED_S:
+                return r
+        return None
+
+
+def watch_local_peers(rank: int) -> None:
+    """Under torchrun: a thread that ends this rank with one line once a rank beside it (a
+    sibling process of the same agent) stays stopped (SIGSTOP) for `STOPPED_S`; the agent then
+    stops the launch. The peers waited for it until their stall check (120 s), and the agent's
+    stop of a stopped rank waits its own grace."""
+    launcher = os.getppid()
+    peers = {r: pid for r, pid in _launched_ranks(launcher).items() if r != rank}
+
+    def watch() -> None:
+        stops = Stops()
+        while True:
+            time.sleep(0.2)
+            r = stops.long_stopped(peers, time.monotonic())
+            if r is not None:
+                print(f"error: {stopped_line(r)}", file=sys.stderr, flush=True)
+                os._exit(FAILED)
+
+    if peers:
+        threading.Thread(target=watch, name="peer-stops", daemon=True).start()
+
+
+def _launched_ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes `launcher` started with RANK set (torchrun's ranks)."""
+    ranks = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((d / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != launcher:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+        for kv in env:
+            if kv.startswith(b"RANK=") and kv[5:].isdigit():
+                ranks[int(kv[5:])] = int(d.name)
+    return ranks
 
 
 def _is_stopped(pid: int) -> bool:
@@ -347,6 +401,7 @@ def _rank(
     held: list[Any] = []  # this rank's Peers, once made
     if init is None:  # torchrun stops the survivors of a failed rank at once (SIGTERM)
         stop_on_sigterm(rank, held)
+        watch_local_peers(rank)  # torchrun started every local rank at once, before this
     try:
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line

@@ -168,3 +168,40 @@ def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
         for pid in ranks.values():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+_WATCHER = """
+import time
+from experiments.common import dist_run
+dist_run.STOPPED_S = 0.3
+time.sleep(1.0)  # rank 1 started, and stopped by the test
+dist_run.watch_local_peers(0)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_torchrun_rank_names_a_stopped_rank_beside_it() -> None:
+    """Under torchrun a rank stopped with SIGSTOP held its peers until their stall check (120
+    s) and the agent's stop waited on it: the launch hung for minutes without a line. A rank
+    watches the ranks its agent started beside it and ends with one line naming the stopped
+    one (this test is the agent: both ranks are its children, with RANK set)."""
+    env = user_env()
+    asleep = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=dict(env, RANK="1")
+    )
+    try:
+        os.kill(asleep.pid, signal.SIGSTOP)
+        watcher = subprocess.run(
+            [sys.executable, "-c", _WATCHER],
+            env=dict(env, RANK="0"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        asleep.kill()
+        asleep.wait()
+    assert watcher.returncode == dist_run.FAILED
+    (line,) = watcher.stderr.splitlines()
+    assert line.startswith("error: rank 1 was stopped (SIGSTOP"), line
