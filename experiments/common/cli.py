@@ -212,15 +212,29 @@ def any_error_line(e: BaseException) -> str:
 def exit_with(e: BaseException) -> None:
     """Print `e` as one line (`any_error_line`) on stderr and exit 2. On a rank of a torchrun
     launch, a SIGTERM that comes meanwhile is ignored: torchrun stops every rank once one fails,
-    and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one."""
+    and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one. A rank other
+    than 0 prints only a line that names it: another (a config error, a checkpoint's) is one
+    every rank meets, which rank 0 prints (each rank printed it: the same line G times)."""
     # ValueError: malformed launch variables (this error says so) or off the main thread,
     # where no handler can be set
     with contextlib.suppress(ValueError):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
-    print(f"error: {any_error_line(e)}", file=sys.stderr)
+    line = any_error_line(e)
+    rank = other_rank()
+    if rank is None or f"rank {rank}" in line:
+        print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
+
+
+def other_rank() -> int | None:
+    """This process's rank where it is a rank other than 0 of a torchrun launch (RANK and
+    WORLD_SIZE > 1 whole numbers), else None."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world.isdigit() and int(world) > 1 and 0 < int(rank) < int(world):
+        return int(rank)
+    return None
 
 
 def run_command(main: Callable[[], Any]) -> Any:
@@ -321,10 +335,13 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     except KeyboardInterrupt as e:
         before_line()
         _stop_pool_tracker()
+        quiet = other_rank() is not None  # Ctrl-C reaches every rank: rank 0 says it
         if isinstance(e, Stopped):
-            print(f"stopped by {e.name}; {_ON_INTERRUPT[0]}", file=sys.stderr)
+            if not quiet:
+                print(f"stopped by {e.name}; {_ON_INTERRUPT[0]}", file=sys.stderr)
             sys.exit(128 + e.signum)
-        print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
+        if not quiet:
+            print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
         sys.exit(130)
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook

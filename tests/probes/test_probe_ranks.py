@@ -205,3 +205,50 @@ def test_a_torchrun_rank_names_a_stopped_rank_beside_it() -> None:
     assert watcher.returncode == dist_run.FAILED
     (line,) = watcher.stderr.splitlines()
     assert line.startswith("error: rank 1 was stopped (SIGSTOP"), line
+
+
+@pytest.mark.parametrize(
+    "rank, error, printed",
+    [
+        ("1", "torchrun started 2 processes, the schedule has 1 devices", False),
+        ("0", "torchrun started 2 processes, the schedule has 1 devices", True),
+        ("1", "rank 1: /ck/model.safetensors: truncated safetensors file", True),
+        ("1", "rank 0 died or left during the run; rank 1 stopped (gloo: ...)", True),
+    ],
+)
+def test_under_torchrun_a_line_every_rank_meets_is_printed_once(
+    rank: str, error: str, printed: bool, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A config error every rank of a torchrun launch meets (here torchrun's process count)
+    was printed by each rank, the same line G times: a rank other than 0 prints only a line
+    that names it (its own fault, or the peer it lost)."""
+    from core.errors import ConfigError
+    from experiments.common.cli import exit_with
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the SIGTERM it ignores: not pytest's
+    with pytest.raises(SystemExit) as stop:
+        exit_with(ConfigError(error))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"error: {error}\n" if printed else "")
+
+
+def test_under_torchrun_ctrl_c_is_one_line_from_rank_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Ctrl-C reaches every rank of a torchrun launch: each printed `interrupted: ...`."""
+    from experiments.common.cli import until_interrupted
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    said = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(SystemExit) as stop:
+            until_interrupted(interrupted)
+        assert stop.value.code == 130
+        said.append(capsys.readouterr().err)
+    assert said[0].startswith("interrupted: ") and said[1] == ""
