@@ -39,6 +39,7 @@ from experiments.common.run_dir import interrupt_deferred
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
+NO_REPORT = 4  # a rank's exit code where it could not write its error file (tmp full)
 STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers wait for it
 LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
 
@@ -313,6 +314,12 @@ def _is_stopped(pid: int) -> bool:
 
 
 def _why(rank: int, code: int | None, tmp: Path) -> str:
+    if code == NO_REPORT:
+        return (
+            f"rank {rank} failed and could not write its result or error to {tmp}: the "
+            "temporary folder is full or not writable; free space there, or set TMPDIR to a "
+            "folder with room"
+        )
     err = tmp / f"rank{rank}.err"
     if err.exists() and err.read_text().strip():
         return err.read_text().strip().splitlines()[0]
@@ -354,13 +361,16 @@ def _as_rank(rank: int, tmp: Path, run: Any) -> None:
         if _peer_gone(e):
             sys.exit(PEER_LOST)
         if isinstance(e, MoepipeError):
-            (tmp / f"rank{rank}.err").write_text(f"{e}\n")
-            sys.exit(FAILED)
-        (tmp / f"rank{rank}.err").write_text(
-            f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
-            + traceback.format_exc()
-        )
-        sys.exit(1)
+            text, code = f"{e}\n", FAILED
+        else:
+            first = str(e).splitlines()[0] if str(e) else ""
+            text = f"rank {rank}: {type(e).__name__}: {first}\n" + traceback.format_exc()
+            code = 1
+        try:
+            (tmp / f"rank{rank}.err").write_text(text)
+        except OSError:  # its folder full (its result's write may be what failed) or gone
+            sys.exit(NO_REPORT)
+        sys.exit(code)
 
 
 def _peer_gone(e: BaseException) -> bool:

@@ -252,3 +252,24 @@ def test_under_torchrun_ctrl_c_is_one_line_from_rank_0(
         assert stop.value.code == 130
         said.append(capsys.readouterr().err)
     assert said[0].startswith("interrupted: ") and said[1] == ""
+
+
+def _cannot_report(rank: int, world: int, init: str, tmp: Path) -> None:
+    """A rank that fails where it cannot write its error file (a full TMPDIR)."""
+
+    def run() -> None:
+        (tmp / f"rank{rank}.err").mkdir()  # its write fails, as ENOSPC does
+        raise OSError(28, "No space left on device", str(tmp / "rank0.tmp"))
+
+    _as_rank(rank, tmp, run)
+
+
+def test_a_rank_that_cannot_write_its_error_is_one_line() -> None:
+    """TMPDIR full: rank 0's result could not be written, nor its error file, and the rank's
+    own traceback (three exceptions chained) came before "rank 0 died (exit code 1)". The rank
+    exits with a code that says so, and the command names the folder."""
+    raises_one_line(
+        lambda: _spawn(1, _cannot_report, ()),
+        "rank 0 failed and could not write its result or error to",
+        "set TMPDIR",
+    )
