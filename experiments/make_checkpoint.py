@@ -23,11 +23,12 @@ from omegaconf import MISSING
 
 from core.args import as_float, as_int, output_dir
 from core.errors import MoepipeError
+from core.hf_config import spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 from real.attention import Rope
-from real.checkpoint import reduced_spec, spec_to_hf_config
+from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
 
 

@@ -101,7 +101,8 @@ def _write(spec: Any, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from real.checkpoint import INDEX_FILE, spec_to_hf_config, torch_dtype, unit_layout
+    from core.hf_config import spec_to_hf_config
+    from real.checkpoint import INDEX_FILE, torch_dtype, unit_layout
     from real.checkpoint_write import _init
 
     out.mkdir(parents=True)
@@ -353,7 +354,8 @@ def _profile_exists(hardware: str) -> bool:
 def linked_cut(ckpt: Path, cut: Any, out: Path) -> Path:
     """`out` (replaced): the checkpoint of `cut` (a model whose first layers are `ckpt`'s),
     its config.json and index written, its shards symbolic links to `ckpt`'s that hold them."""
-    from real.checkpoint import INDEX_FILE, load_checkpoint, spec_to_hf_config, unit_layout
+    from core.hf_config import spec_to_hf_config
+    from real.checkpoint import INDEX_FILE, load_checkpoint, unit_layout
 
     _, index = load_checkpoint(ckpt)
     names = [ts.hf_name for tensors in unit_layout(cut).values() for ts in tensors.values()]

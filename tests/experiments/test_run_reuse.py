@@ -43,7 +43,7 @@ def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     """A run of `+model.hf_config=DIR` (or a real run's checkpoint=DIR) is finished only for the
     files it read: the same path holding another model's config.json runs again (it was reused,
     the other model's result handed back as this one's)."""
-    from real.checkpoint import spec_to_hf_config
+    from core.hf_config import spec_to_hf_config
     from tests.conftest import model_from_conf
 
     ckpt = tmp_path / "ck"
@@ -203,7 +203,7 @@ def test_weights_edited_in_place_with_their_mtime_put_back_run_again(tmp_path, r
     """A model file's version is its size, mtime and ctime: an edit in place that keeps the size
     and restores the mtime (cp -p, rsync -a, touch -r) moves the ctime, so the run runs again;
     the checkpoint's index is part of it too."""
-    from real.checkpoint import spec_to_hf_config
+    from core.hf_config import spec_to_hf_config
     from tests.conftest import model_from_conf
 
     ckpt = tmp_path / "ck"

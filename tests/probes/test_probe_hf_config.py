@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from core.hf_config import FIELDS as READ_FIELDS
-from core.hf_config import ROPE_FIELDS, hf_config_to_spec
+from core.hf_config import ROPE_FIELDS, hf_config_to_spec, spec_to_hf_config
 from core.hf_config.fields import COUNT, FLAG, LAYER_COUNT, NUMBER, POSITIVE, SIZE, TEXT, Rule
 from core.spec import MAX_LAYERS, ModelSpec
-from real.checkpoint import load_checkpoint, reduced_spec, spec_to_hf_config
+from real.checkpoint import load_checkpoint, reduced_spec
 from real.model import Model
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from core.errors import ConfigError
-from core.hf_config import hf_config_to_spec
+from core.hf_config import hf_config_to_spec, spec_to_hf_config
 from core.spec import ModelSpec
 from core.types import Tensor
 from experiments import make_checkpoint
@@ -23,7 +23,6 @@ from real.checkpoint import (
     load_checkpoint,
     load_units,
     reduced_spec,
-    spec_to_hf_config,
     unit_layout,
 )
 from real.checkpoint_write import write_checkpoint
@@ -144,7 +143,7 @@ def test_a_rewrite_cut_short_keeps_the_earlier_checkpoint(tmp_path, monkeypatch)
     whole, so one cut short (a full disk, Ctrl-C: here the third shard's write fails) leaves the
     earlier checkpoint as it was (before, its files were deleted first); a finished rewrite
     replaces them, a single file by shards too, and a user's other files in the folder stay."""
-    import real.checkpoint as rc
+    import real.checkpoint_write as rc
 
     d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "ck")
     (d / "model_backup.safetensors").write_bytes(b"mine")

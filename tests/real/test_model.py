@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from core.hf_config import spec_to_hf_config
 from core.routing import Routing
 from core.types import Tensor, Tier
-from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec, spec_to_hf_config
+from real.checkpoint import Unit, load_checkpoint, load_units, reduced_spec
 from real.checkpoint_write import write_checkpoint
 from real.model import (
     KVCache,
