@@ -228,13 +228,21 @@ def test_a_tensor_in_two_shards_is_refused(ckpt: Path) -> None:
 
 
 def test_weights_of_another_dtype_than_a_config_without_one_say_so(ckpt: Path) -> None:
-    """float32 weights under a config.json without torch_dtype were 'config.json says
-    torch.bfloat16', which it does not (bfloat16 is moepipe's reading of no dtype)."""
+    """Under a config.json without torch_dtype the weights' own dtype is read (transformers'
+    rule); a tensor of another dtype than the rest was 'config.json says torch.bfloat16', which
+    it does not."""
+    from safetensors.torch import load_file, save_file
+
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg.pop("torch_dtype", None)
     cfg.pop("dtype", None)
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    raises_one_line(lambda: load_checkpoint(ckpt), "names no dtype", '"torch_dtype": "float32"')
+    assert load_checkpoint(ckpt)[0].dtype_bytes == 4  # float32 weights, run as float32
+    tensors = load_file(ckpt / SINGLE_FILE)
+    name = next(n for n in tensors if "embed" not in n)
+    tensors[name] = tensors[name].bfloat16()
+    save_file(tensors, ckpt / SINGLE_FILE, metadata={"format": "pt"})
+    raises_one_line(lambda: load_checkpoint(ckpt), name, "names no dtype", '"torch_dtype"')
 
 
 def test_a_header_or_index_nested_too_deep_for_json_is_one_line(ckpt: Path) -> None:
