@@ -330,7 +330,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         result = main()
         _raise_unsent()  # an interrupt the hook below caught, which main() outran
         if experiments.AS_COMMAND:
-            finished()
+            finished(result if isinstance(result, int) else 0)
         return result
     except KeyboardInterrupt as e:
         before_line()
@@ -356,22 +356,23 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
                 signal.signal(signum, handler)
 
 
-def finished() -> None:
-    """The command's work is done and on disk: Ctrl-C, SIGTERM or SIGHUP from now on (Python's
-    shutdown: torch's, hydra's, joblib's cleanup) ends it at once with exit 0 and no line. SIGTERM
-    ended it by the signal with no line, and Ctrl-C raised a traceback in the shutdown."""
+def finished(code: int = 0) -> None:
+    """The command's work is done and on disk, its exit status `code`: Ctrl-C, SIGTERM or SIGHUP
+    from now on (Python's shutdown: torch's, hydra's, joblib's cleanup) ends it at once with that
+    status and no line. SIGTERM ended it by the signal with no line, and Ctrl-C raised a
+    traceback in the shutdown."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays so
-            signal.signal(signum, _exit_finished)
+            signal.signal(signum, lambda signum, frame: _exit_finished(code))
 
 
-def _exit_finished(signum: int, frame: Any) -> None:
+def _exit_finished(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a write this handler interrupted
             stream.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:

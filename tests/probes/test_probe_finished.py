@@ -17,7 +17,7 @@ import os, signal, sys, time
 sys.argv[:1] = ["-m"]
 import experiments
 from experiments.common.cli import run_command
-code = run_command(lambda: 0)
+code = run_command(lambda: {code})
 os.kill(os.getpid(), signal.{sig})
 time.sleep(30)
 print("ran on")
@@ -25,17 +25,17 @@ sys.exit(code)
 """
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
-def test_a_stop_after_the_command_finished_ends_it_quietly(sig: str) -> None:
+@pytest.mark.parametrize("sig, code", [("SIGINT", 0), ("SIGTERM", 0), ("SIGHUP", 0), ("SIGINT", 2)])
+def test_a_stop_after_the_command_finished_ends_it_quietly(sig: str, code: int) -> None:
     """SIGTERM in the instant after the result was written ended the command by the signal
     (exit 143) with no line, and Ctrl-C raised a KeyboardInterrupt traceback in the shutdown,
-    for a run whose result was whole."""
+    for a run whose result was whole. A command that failed keeps its status."""
     r = subprocess.run(
-        [sys.executable, "-c", _STOPPED_AFTER.format(sig=sig)],
+        [sys.executable, "-c", _STOPPED_AFTER.format(sig=sig, code=code)],
         cwd=ROOT,
         env=user_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert (r.returncode, r.stdout, r.stderr) == (code, "", "")
