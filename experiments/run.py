@@ -67,6 +67,7 @@ from experiments.common.run_dir import (
 )
 from experiments.common.schema import RunSchema
 from experiments.common.tables import display_name
+from planners.registry import expert_parallel_names
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,17 @@ TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
 def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
-    tasks on a synthetic one), or the distributed rendezvous timeout on a simulated run: the run
-    would go on as if it were not given."""
+    tasks on a synthetic one), the distributed rendezvous timeout on a simulated run, or
+    hardware.n_gpus for a planner of one GPU: the run would go on as if it were not given."""
     if not HydraConfig.initialized():
         return
     given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    if "hardware.n_gpus" in given and spec.planner not in expert_parallel_names():
+        raise ConfigError(
+            f"hardware.n_gpus: read by the expert-parallel planners only "
+            f"({', '.join(expert_parallel_names())}); planner {spec.planner} runs on one GPU: "
+            "drop it, or choose one of those"
+        )
     if spec.executor == "sim" and "executor.rendezvous_timeout_s" in given:  # (a default too)
         raise ConfigError(
             "executor.rendezvous_timeout_s: a key of the real executor's distributed runs; "

@@ -276,6 +276,17 @@ def test_a_name_that_is_a_path_is_refused(tmp_path: Path, override: str, sweep: 
     assert not any(tmp_path.iterdir()) and set(tmp_path.parent.iterdir()) == before
 
 
+@pytest.mark.parametrize("planner", ["flexgen", "klotski"])
+def test_gpus_for_a_planner_of_one_gpu_are_refused(
+    tmp_path: Path, cli_here: Any, planner: str
+) -> None:
+    """`hardware.n_gpus=4` with an offloading planner ran on one GPU, as if it was not given
+    (only the expert-parallel planners read it)."""
+    args = [*TINY[:3], f"planner={planner}", "hardware.n_gpus=4", f"hydra.run.dir={tmp_path}/r"]
+    one_line(cli_here("experiments.run", *args), "hardware.n_gpus", "ep_static", planner)
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     "model, override, reads",
     [
