@@ -29,6 +29,7 @@ import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
 from core.files import not_regular, read_small
 from experiments.common import hydra_errors
+from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
     before_line,
     error_line,
@@ -251,6 +252,7 @@ def hydra_main(
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _HELP["doc"] = doc or ""
+    name_config_write_errors()
     result: list[Any] = []
     tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
     files: dict[str, str] = {}

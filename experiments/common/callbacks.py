@@ -143,6 +143,56 @@ def remove_if_no_runs(sweep_dir: Path) -> None:
         pass
 
 
+def name_config_write_errors() -> None:
+    """hydra writes a run's .hydra/*.yaml with a bare open and write: the OSError of a write that
+    fails (a full disk) names no file, nor then would its one line. Installed once in each process
+    that runs jobs (the command's, a launcher's workers), the error names the file."""
+    import hydra.core.utils as hydra_utils
+
+    save = hydra_utils._save_config
+    if getattr(save, "names_its_file", False):
+        return
+
+    def named(cfg: DictConfig, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as e:
+            _remove_if_no_run()
+            if e.filename:
+                raise
+            raise OSError(e.errno, e.strerror, str(Path(output_dir) / filename)) from None
+
+    named.names_its_file = True  # type: ignore[attr-defined]
+    hydra_utils._save_config = named
+
+
+def _remove_if_no_run() -> None:
+    """The job's run dir, removed where it holds only what hydra put there (.hydra, the log): a
+    job that failed before it ran leaves no folder that looks like a run."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    if not run_dir.is_dir() or any(
+        p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()
+    ):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        sweep_dir = Path(str(hc.sweep.dir)).absolute()
+    except OmegaConfBaseException:  # a run's (not a sweep's) template may not resolve
+        return
+    for parent in run_dir.parents:  # a sweep point's folders under the sweep dir, if empty
+        if sweep_dir not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
 class SweepProgress(Callback):
     """A tqdm bar per sweep counting its run dirs that hold a summary.json; prints the wall time
     and how many runs an earlier sweep had finished."""
@@ -160,6 +210,7 @@ class SweepProgress(Callback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+        name_config_write_errors()  # in the launcher's worker, which unpickles this
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:

@@ -198,3 +198,40 @@ def test_routing_stats_on_a_full_disk_leaves_no_file_cut_short(tmp_path: Path) -
         cli("experiments.routing_stats", f"out={out}", preexec_fn=_small_files(1_000)), str(out)
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def _disk_full_at_hydras_config(cfg: Any, filename: str, output_dir: Path) -> None:
+    """hydra's write of a run's .hydra/*.yaml on a full disk: the file begun, then ENOSPC from
+    the write, which (unlike open's) names no file."""
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(output_dir) / filename).write_text("")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_at_hydras_record_names_the_file_and_leaves_no_run_dir(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk full while hydra wrote .hydra/config.yaml, before the run began: the line named
+    no file ("No space left on device"), and the run dir stayed, holding .hydra and an empty
+    run.log (in a sweep, each point's). In a sweep's worker the same holds: the worker unpickles
+    the progress callback, which names the writes there."""
+    import pickle
+
+    import hydra.core.utils as hydra_utils
+
+    from experiments.common.callbacks import SweepProgress
+
+    monkeypatch.setattr(hydra_utils, "_save_config", _disk_full_at_hydras_config)
+    run = tmp_path / "run"
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
+    one_line(r, str(run / ".hydra" / "config.yaml"), "free space")
+    assert not run.exists()
+    sweep = tmp_path / "s"
+    args = ["-m", *TINY, "workload.gen_len=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", *args)
+    last = r.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert r.returncode == 2 and ".hydra/config.yaml: No space left" in last, r.stderr
+    assert not [p for p in sweep.iterdir() if p.is_dir()] if sweep.exists() else True
+    monkeypatch.setattr(hydra_utils, "_save_config", _disk_full_at_hydras_config)
+    pickle.loads(pickle.dumps(SweepProgress()))  # as a launcher's worker gets it
+    assert getattr(hydra_utils._save_config, "names_its_file", False)
