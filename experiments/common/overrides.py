@@ -23,18 +23,23 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     counts towards its size, and a config's `hydra.launcher.n_jobs` is checked as the command
     line's is. What the values do to a run is its own."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(list(overrides))
-    given = [o for o in parsed if o.is_sweep_override()]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        # with the config loader, which lists a group's names for `planner=glob(klotski*)`
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        parsed = parser.parse_overrides(list(overrides))
+        given = [o for o in parsed if o.is_sweep_override()]
+        check_sweep_values(given)
         cfg = compose(config_name, _first_point(parsed, given), return_hydra_config=True)
+        check_joblib(cfg)
         declared = _declared(cfg, parsed)
         everything = _with_declared(parser.parse_overrides(declared), parsed)
         swept = [o for o in everything if o.is_sweep_override()]
         if not swept:
             return
+        check_sweep_values(swept)
         check_sweep_size(swept)
         base = _first_point(parsed, given)
         first = dict(zip([o.input_line for o in parsed], base, strict=True))
@@ -46,6 +51,59 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                 ]
                 compose(config_name, overrides=point)
         check_subdirs(config_name, everything, swept)
+
+
+def check_sweep_values(swept: Sequence[Any]) -> None:
+    """Each swept override sweeps one value or more, as the basic sweeper can list them:
+    `range(5,3)` (none) and `range(3,5,0)` were internal errors, `interval(3,5)` (an optimizing
+    sweeper's) hydra's line with nothing to do."""
+    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
+
+    for o in swept:
+        v = o.value()
+        if isinstance(v, IntervalSweep):
+            raise MoepipeError(
+                f"{o.input_line}: interval() is for optimizing sweepers; this sweep lists its "
+                "values: pass a,b,c, range(start,stop,step) or choice(a,b)"
+            )
+        if isinstance(v, RangeSweep) and not v.step:
+            raise MoepipeError(f"{o.input_line}: a range's step is 0; pass a step that is not")
+        if _is_glob(o) and o.config_loader is None:
+            continue  # its names are listed with the config loader (check_sweep)
+        if next(iter(o.sweep_string_iterator()), None) is None:
+            raise MoepipeError(
+                f"{o.input_line}: sweeps no value (a glob that matches no name, or a range "
+                "whose start is not before its stop in the step's direction); pass one or more"
+            )
+
+
+def _is_glob(o: Any) -> bool:
+    """Whether override `o` sweeps a glob of a group's names (`planner=glob(klotski*)`)."""
+    from hydra.core.override_parser.types import Glob
+
+    return isinstance(o.value(), Glob)
+
+
+def check_joblib(cfg: Any) -> None:
+    """The joblib launcher's backend and hints, which joblib takes on its own terms: an unknown
+    backend ran on its default without a word, an unknown `prefer` was an internal error."""
+    launcher = OmegaConf.select(cfg, "hydra.launcher", default=None)
+    if launcher is None or "joblib" not in str(launcher.get("_target_", "")).lower():
+        return
+    import joblib.parallel as jp
+
+    for key, valid in (
+        ("backend", (*jp.BACKENDS, None)),
+        ("prefer", jp.VALID_BACKEND_HINTS),
+        ("require", jp.VALID_BACKEND_CONSTRAINTS),
+    ):
+        value = launcher.get(key)
+        if value not in valid:
+            names = ", ".join(str(v) for v in valid if v is not None)
+            raise MoepipeError(
+                f"hydra.launcher.{key}={value}: not one of joblib's ({names}); pass one, or "
+                "leave it out"
+            )
 
 
 def _declared(cfg: Any, parsed: Sequence[Any]) -> list[str]:
@@ -290,7 +348,11 @@ def check_hydra_overrides(
         if o.is_delete():
             continue
         group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
-        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if o.is_sweep_override():
+            check_sweep_values([o])
+        # a glob's values are a group's names, which take a config loader to list
+        values = list(o.sweep_iterator()) if o.is_sweep_override() and not _is_glob(o) else []
+        values = values if o.is_sweep_override() else [o.value()]
         if group and not all(isinstance(v, str) for v in values):
             names = sorted({p.stem for d in (conf_dir, CONF_DIR) for p in (d / key).glob("*.yaml")})
             raise MoepipeError(

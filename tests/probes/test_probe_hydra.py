@@ -389,3 +389,45 @@ def test_a_relative_config_path_and_hydra_help_with_overrides_work(cli_here: Any
     assert r.returncode == 0 and "batch_size: 2" in r.stdout, r.stderr
     r = cli_here("experiments.run", "--hydra-help", *TINY)
     assert r.returncode == 0 and "Hydra (" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("workload.gen_len=range(5,3)", ["range(5,3): sweeps no value"]),
+        ("workload.gen_len=range(3,5,0)", ["range(3,5,0): a range's step is 0"]),
+        ("workload.gen_len=interval(3,5)", ["interval(3,5): interval() is for optimizing"]),
+        ("planner=glob(nosuch*)", ["glob(nosuch*): sweeps no value"]),
+        ("hydra.launcher.backend=nosuch", ["backend=nosuch: not one of joblib's", "loky"]),
+        ("hydra.launcher.prefer=nosuch", ["prefer=nosuch: not one of joblib's", "threads"]),
+    ],
+)
+def test_a_sweep_of_no_value_or_a_bad_launcher_hint_is_one_line(
+    tmp_path: Path, cli_here: Any, override: str, names: list[str]
+) -> None:
+    """`range(5,3)` and `range(3,5,0)` were internal errors (StopIteration, ValueError),
+    `interval()` hydra's line with nothing to do, a glob "ConfigLoader is not set" whatever it
+    matched; joblib ran an unknown backend as its default and failed inside on `prefer`."""
+    sweep = tmp_path / "s"
+    r = cli_here(
+        "experiments.run",
+        "-m",
+        *TINY,
+        override,
+        "workload.n_batches=1,2",
+        f"hydra.sweep.dir={sweep}",
+    )
+    one_line(r, *names)
+    assert not sweep.exists()
+
+
+def test_a_glob_sweeps_a_groups_names(tmp_path: Path, cli_here: Any) -> None:
+    """`planner=glob(klotski_m*)` was "ConfigLoader is not set": the check of the sweep parsed
+    it without hydra's config loader, which lists a group's names."""
+    sweep = tmp_path / "s"
+    args = ["planner=glob(klotski_m*)", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", "-m", *TINY[:3], *args)
+    assert r.returncode == 0, r.stderr
+    assert [p.parent.parent.name for p in sweep.rglob("summary.json")] == [
+        "tiny_tiny_klotski_multi_bs2_n2_g3"
+    ]
