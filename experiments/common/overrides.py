@@ -178,9 +178,26 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
             f"hydra.sweep.subdir={text}: every point of the sweep would write the sweep dir "
             f"itself, each replacing the last; {fix}, or leave it out"
         )
+    if text.startswith(("/", "~")) or ".." in Path(text).parts:
+        raise MoepipeError(
+            f"hydra.sweep.subdir={text}: a point's folder must stay under the sweep dir (its "
+            "runs would be written elsewhere, and the sweep count none); drop the leading '/' "
+            "and any '..'"
+        )
     excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
     if any(key in text for key in _PER_POINT) and not excluded:
         return
+    if excluded and "override_dirname" in text:
+        exclude = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys") or []
+        varied = [o.get_key_element() for o in swept if len(list(o.sweep_string_iterator())) > 1]
+        if varied and all(
+            k in exclude and k.rsplit(".", 1)[-1].lstrip("+~") not in text for k in varied
+        ):
+            raise MoepipeError(
+                f"hydra.sweep.subdir={text}: the swept {', '.join(varied)} are left out of "
+                "hydra.job.override_dirname (exclude_keys) and named nowhere else in it: every "
+                f"point would write one folder, each replacing the last; {fix} with them"
+            )
     if "hydra:" in text or "hydra." in text:
         # hydra's runtime values (the job's choices, its override_dirname) are set by its
         # launcher per job; a config composed here does not hold them (every point read the

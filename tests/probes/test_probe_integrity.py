@@ -163,3 +163,31 @@ def test_a_sweep_whose_points_share_a_run_dir_is_refused(
         r = cli_here("experiments.run", "-m", *args, "hydra.sweep.subdir=bs${workload.batch_size}")
         assert r.returncode == 0, r.stderr
         assert {p.parent.name for p in sweep.rglob("summary.json")} == {"bs1", "bs2"}
+
+
+@pytest.mark.parametrize(
+    "extra, names",
+    [
+        (["hydra.sweep.subdir=../out${workload.batch_size}"], ["must stay under the sweep dir"]),
+        (["hydra.sweep.subdir=/out${workload.batch_size}"], ["must stay under the sweep dir"]),
+        (
+            [
+                "hydra.sweep.subdir=${hydra.job.override_dirname}",
+                "hydra.job.config.override_dirname.exclude_keys=[workload.batch_size]",
+            ],
+            ["workload.batch_size are left out of hydra.job.override_dirname"],
+        ),
+    ],
+    ids=["up and out", "absolute", "swept key excluded"],
+)
+def test_a_sweep_whose_points_leave_it_or_share_a_dir_by_exclusion_is_refused(
+    tmp_path: Path, cli_here: Any, extra: list[str], names: list[str]
+) -> None:
+    """A subdir of `..` or `/` wrote the points outside the sweep dir, and the sweep said
+    "0 run(s) finished" with exit 0; one of override_dirname with the swept key excluded from it
+    wrote both points into one folder, the second replacing the first ("1 run(s) finished")."""
+    sweep = tmp_path / "s"
+    args = [*TINY, "workload.batch_size=1,2", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", "-m", *args, *extra)
+    one_line(r, *names)
+    assert not sweep.exists() and not (tmp_path / "out1").exists()
