@@ -240,6 +240,8 @@ def _how_to_add(cause: Any, key: str, text: str) -> str:
     element = getattr(meta, "element_type", None)
     if not text.startswith("Could not override") or not free or is_dataclass(element):
         return ""
+    if key.startswith("hydra.sweeper.params."):  # a sweep goes on the command line
+        return "; sweep it on the command line instead (-m KEY=a,b)"
     return f"; the mapping holds no such entry: add one with +{key}=VALUE"
 
 

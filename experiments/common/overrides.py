@@ -381,6 +381,22 @@ def check_hydra_overrides(
                 check_n_jobs(o.input_line, v)
         if key == "hydra.searchpath":
             check_search_path(o.input_line, o.value())
+        under = key.startswith("hydra.sweeper.params.")
+        declared = any(x.lstrip("+").startswith("experiment=") for x in overrides)
+        if key == "hydra.sweeper.params" or (under and (o.input_line[0] == "+" or not declared)):
+            # the basic sweeper's params are null unless a config sets them: omegaconf fails
+            # inside on a key under them, and a mapping given whole is a sweep of its own
+            raise MoepipeError(
+                f"{o.input_line}: sweep on the command line instead (-m KEY=a,b), or in an "
+                "experiment file's hydra.sweeper.params"
+            )
+        if key == "hydra.sweeper.max_batch_size" and not (
+            o.value() is None or (type(o.value()) is int and o.value() >= 1)
+        ):
+            raise MoepipeError(
+                f"{o.input_line}: the points composed at a time; pass an integer >= 1, or null "
+                "for all at once"
+            )
 
 
 def check_search_path(override: str, entries: Any) -> None:

@@ -226,6 +226,9 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["-cp", "nosuchconf"], ["-cp nosuchconf: no such folder"]),
         (["--config-dir=/nonexistent"], ["--config-dir /nonexistent: no such folder"]),
         (["experiment="], ["experiment=: no name given", "fig10"]),
+        (["-m", "hydra.sweeper.params.workload.gen_len=3,4"], ["sweep on the command line"]),
+        (["-m", "hydra.sweeper.params={workload.gen_len: '3,4'}"], ["sweep on the command"]),
+        (["-m", "hydra.sweeper.max_batch_size=0", "workload.gen_len=3,4"], ["integer >= 1"]),
     ],
 )
 def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
@@ -236,7 +239,8 @@ def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
     workers on 2 cores. A search path that does not exist was two lines of UserWarning and a
     run without it; `+hydra.job.chdri` ran, the key added unread; `+group=` of a chosen group
     said to write `override` in a YAML file; `-cp` named a module of experiments/common;
-    `experiment=` said only "Could not find 'experiment/'"."""
+    `experiment=` said only "Could not find 'experiment/'"; the basic sweeper's params (null)
+    and a max_batch_size of 0 were internal errors (omegaconf's and hydra's assertions)."""
     sweep = tmp_path / "s"
     r = cli_here("experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}")
     one_line(r, *names)
