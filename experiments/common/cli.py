@@ -131,6 +131,12 @@ def error_line(e: BaseException) -> str | None:
             f"a worker process of the sweep died{how}; the runs it finished are kept: run the "
             "same command again to run the rest"
         )
+    if type(e).__name__ in ("UncompletedJobError", "FailedJobError"):  # submitit's: a job died
+        said = _flat(str(e))[:300]
+        return (
+            f"a job of the sweep did not finish (submitit: {said}); the runs finished are kept: "
+            "see the job's log under the sweep's .submitit folder, then run the same command"
+        )
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):

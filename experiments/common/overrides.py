@@ -88,7 +88,10 @@ def check_joblib(cfg: Any) -> None:
     """The joblib launcher's backend and hints, which joblib takes on its own terms: an unknown
     backend ran on its default without a word, an unknown `prefer` was an internal error."""
     launcher = OmegaConf.select(cfg, "hydra.launcher", default=None)
-    if launcher is None or "joblib" not in str(launcher.get("_target_", "")).lower():
+    target = "" if launcher is None else str(launcher.get("_target_", "")).lower()
+    if "submitit" in target:
+        check_submitit(launcher)
+    if "joblib" not in target:
         return
     import joblib.parallel as jp
 
@@ -103,6 +106,17 @@ def check_joblib(cfg: Any) -> None:
             raise MoepipeError(
                 f"hydra.launcher.{key}={value}: not one of joblib's ({names}); pass one, or "
                 "leave it out"
+            )
+
+
+def check_submitit(launcher: Any) -> None:
+    """A submitit launcher's limits that would end every job before it ran (`timeout_min=0`:
+    each job killed at once, then an internal error of submitit's)."""
+    for key in ("timeout_min", "cpus_per_task", "tasks_per_node", "nodes", "mem_gb"):
+        value = launcher.get(key)
+        if value is not None and (isinstance(value, bool) or not value >= 1):
+            raise MoepipeError(
+                f"hydra.launcher.{key}={value}: each job would end before it ran; pass 1 or more"
             )
 
 

@@ -387,3 +387,16 @@ def test_make_checkpoint_reads_a_model_file_and_cleans_up_a_failed_write(
     r = cli_here("experiments.make_checkpoint", f"model={mine}", f"out={new}", "hidden_size=64")
     one_line(r, "out=", "No space left")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_submitit_job_that_did_not_finish_is_one_line() -> None:
+    """A submitit job killed (its timeout, the scheduler) ended the sweep with an internal error
+    of submitit's UncompletedJobError, a traceback file and nothing to do."""
+    from submitit.core.utils import UncompletedJobError
+
+    from experiments.common.cli import error_line
+
+    e = UncompletedJobError("Job 7 (task: 0) has not produced any output (state: TIMEOUT)\nx")
+    line = error_line(e)
+    assert line is not None and "\n" not in line
+    assert "Job 7" in line and ".submitit" in line and "run the same command" in line

@@ -229,6 +229,15 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["-m", "hydra.sweeper.params.workload.gen_len=3,4"], ["sweep on the command line"]),
         (["-m", "hydra.sweeper.params={workload.gen_len: '3,4'}"], ["sweep on the command"]),
         (["-m", "hydra.sweeper.max_batch_size=0", "workload.gen_len=3,4"], ["integer >= 1"]),
+        (
+            [
+                "-m",
+                "hydra/launcher=submitit_local",
+                "hydra.launcher.timeout_min=0",
+                "workload.seed=1,2",
+            ],
+            ["hydra.launcher.timeout_min=0: each job would end before it ran"],
+        ),
     ],
 )
 def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
