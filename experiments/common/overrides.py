@@ -451,6 +451,10 @@ def _parsed(override: str) -> Any:
         return OverridesParser.create().parse_override(override)
     except HydraException:  # its parse errors (OverrideParseException is one)
         key, _, value = override.partition("=")
+        if not value.isascii() and "'" not in value and '"' not in value:
+            raise MoepipeError(
+                f"{override}: a value of characters beyond ASCII must be quoted: {key}='{value}'"
+            ) from None
         if "=" in value and "'" not in value and '"' not in value:
             items = value.strip("[]").split(",")
             quoted = ",".join(f"'{item}'" for item in items)

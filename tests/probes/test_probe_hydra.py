@@ -226,6 +226,7 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["-cp", "nosuchconf"], ["-cp nosuchconf: no such folder"]),
         (["--config-dir=/nonexistent"], ["--config-dir /nonexistent: no such folder"]),
         (["experiment="], ["experiment=: no name given", "fig10"]),
+        (["hardware.name=ünï"], ["must be quoted: hardware.name='ünï'"]),
         (["-m", "hydra.sweeper.params.workload.gen_len=3,4"], ["sweep on the command line"]),
         (["-m", "hydra.sweeper.params={workload.gen_len: '3,4'}"], ["sweep on the command"]),
         (["-m", "hydra.sweeper.max_batch_size=0", "workload.gen_len=3,4"], ["integer >= 1"]),
@@ -249,7 +250,8 @@ def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
     run without it; `+hydra.job.chdri` ran, the key added unread; `+group=` of a chosen group
     said to write `override` in a YAML file; `-cp` named a module of experiments/common;
     `experiment=` said only "Could not find 'experiment/'"; the basic sweeper's params (null)
-    and a max_batch_size of 0 were internal errors (omegaconf's and hydra's assertions)."""
+    and a max_batch_size of 0 were internal errors (omegaconf's and hydra's assertions); a
+    value beyond ASCII, unquoted, hydra's "LexerNoViableAltException" with nothing to do."""
     sweep = tmp_path / "s"
     r = cli_here("experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}")
     one_line(r, *names)
