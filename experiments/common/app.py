@@ -154,6 +154,14 @@ def command(
     def main(argv: Sequence[str] | None = None) -> int:
         argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
         running(schema)
+        multirun = [a for a in argv if a in ("-m", "--multirun")]
+        if multirun:  # hydra would run it once per point, each writing the same output
+            print(
+                f"error: {multirun[0]}: {name} runs once, not as a sweep (a second point would "
+                "write over the first's output); run it once per value, or sweep experiments.run",
+                file=sys.stderr,
+            )
+            return 2
         # what Ctrl-C's line says, unless the command resumes (reproduce_klotski says so)
         on_interrupt("it did not finish; run the same command again for its output")
         hydra_args = [*PLAIN, f"hydra.job.name={name}"]

@@ -400,3 +400,21 @@ def test_a_submitit_job_that_did_not_finish_is_one_line() -> None:
     line = error_line(e)
     assert line is not None and "\n" not in line
     assert "Job 7" in line and ".submitit" in line and "run the same command" in line
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("experiments.routing_stats", ["-m", "seed=1,2", "out={out}"]),
+        ("experiments.bench.sim", ["--multirun", "repeat=1,2"]),
+    ],
+)
+def test_a_command_other_than_run_refuses_a_sweep(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str]
+) -> None:
+    """`-m` on a command that runs once ran it once per point, each writing the same output
+    (routing_stats' second seed replaced the first's file) without a word."""
+    out = tmp_path / "stats.json"
+    r = cli_here(module, *[a.format(out=out) for a in args])
+    one_line(r, "runs once, not as a sweep")
+    assert not out.exists()
