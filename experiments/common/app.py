@@ -16,7 +16,6 @@ import shutil
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -40,9 +39,12 @@ from experiments.common.cli import (
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.overrides import (
     VALUE_FLAGS,
+    check_bool,
     check_flags,
     check_hydra_overrides,
+    check_scalar_parent,
     check_sweep,
+    field_type,
 )
 from experiments.common.yaml_size import check_yaml_size
 
@@ -174,9 +176,7 @@ def list_options(schema: type) -> set[str]:
     """The names of `schema`'s list options (an optional list too)."""
     import typing
 
-    return {
-        f.name for f in fields(schema) if typing.get_origin(_field_type(schema, f.name)) is list
-    }
+    return {f.name for f in fields(schema) if typing.get_origin(field_type(schema, f.name)) is list}
 
 
 def as_list(arg: str, lists: set[str]) -> str:
@@ -274,6 +274,7 @@ def hydra_main(
         overrides = [plus_plus(o, conf_dir) for o in overrides]
         for o in overrides:
             check_bool(o)
+            check_scalar_parent(o)
         if {"-m", "--multirun"} & set(flags):
             config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
             check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
@@ -469,52 +470,6 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     return f"+{override}"
 
 
-_BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
-
-
-def check_bool(override: str) -> None:
-    """`key=2` where the running command's schema has a bool: omegaconf would read any number
-    as true (`trace_json=2`, `quick=5`); refused in one line. Sweeps (`a=true,false`) are
-    checked value by value."""
-    key, sep, value = override.partition("=")
-    if not sep or not hydra_errors.ROOT_SCHEMA or key.startswith(("hydra", "~")):
-        return
-    parts = key.lstrip("+").split(".")
-    one_param = len(parts) > 2 and parts[:2] == ["planner", "params"]  # not params={...}
-    typ: Any = _planner_param_type(parts[2]) if one_param else None
-    if typ is None:
-        typ = hydra_errors.ROOT_SCHEMA[0]
-        for part in parts:
-            if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
-                return
-            typ = _field_type(typ, part)
-    if typ is not bool or "$" in value:
-        return
-    for v in value.split(","):
-        if v.strip().strip("'\"").lower() not in _BOOLS:
-            name = key.lstrip("+")
-            raise MoepipeError(f"{name}={value}: not a boolean; pass {name}=true or {name}=false")
-
-
-def _planner_param_type(name: str) -> Any:
-    """The type of planner param `name` where every registered planner that has it agrees on
-    one (planner.params is a free mapping in the schema: omegaconf would take `sync=2` as
-    true); None otherwise."""
-    from planners.registry import entry, param_names, planner_names
-
-    types_ = {_field_type(entry(p).params, name) for p in planner_names() if name in param_names(p)}
-    return types_.pop() if len(types_) == 1 else None
-
-
-def _field_type(cls: type, name: str) -> Any:
-    """The type of dataclass `cls`'s field `name`, Optional unwrapped."""
-    import typing
-
-    t = typing.get_type_hints(cls)[name]
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return args[0] if typing.get_origin(t) in (typing.Union, types.UnionType) and args else t
-
-
 def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
     """Where the dotted key `parts` leaves `root`'s schema (the key so far, the valid names
     there); None when it is in the schema or under a free mapping (dict, Any)."""
@@ -525,7 +480,7 @@ def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
         names = [f.name for f in fields(typ)]
         if part not in names:
             return ".".join(parts[: i + 1]), names
-        typ = _field_type(typ, part)
+        typ = field_type(typ, part)
     return None
 
 

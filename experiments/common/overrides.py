@@ -5,13 +5,16 @@ size and run dirs (`check_sweep`): each problem is one line naming the flag or t
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
+from experiments.common import hydra_errors
 from experiments.common.hydra_errors import CONF_DIR
 
 
@@ -485,3 +488,70 @@ def check_n_jobs(override: str, n_jobs: Any) -> None:
         raise MoepipeError(
             f"{override}: 0 workers run nothing; pass 1 to {top}, or -1 (one per core)"
         )
+
+
+_BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def check_bool(override: str) -> None:
+    """`key=2` where the running command's schema has a bool: omegaconf would read any number
+    as true (`trace_json=2`, `quick=5`); refused in one line. Sweeps (`a=true,false`) are
+    checked value by value."""
+    key, sep, value = override.partition("=")
+    if not sep or not hydra_errors.ROOT_SCHEMA or key.startswith(("hydra", "~")):
+        return
+    parts = key.lstrip("+").split(".")
+    one_param = len(parts) > 2 and parts[:2] == ["planner", "params"]  # not params={...}
+    typ: Any = _planner_param_type(parts[2]) if one_param else None
+    if typ is None:
+        typ = hydra_errors.ROOT_SCHEMA[0]
+        for part in parts:
+            if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
+                return
+            typ = field_type(typ, part)
+    if typ is not bool or "$" in value:
+        return
+    for v in value.split(","):
+        if v.strip().strip("'\"").lower() not in _BOOLS:
+            name = key.lstrip("+")
+            raise MoepipeError(f"{name}={value}: not a boolean; pass {name}=true or {name}=false")
+
+
+def check_scalar_parent(override: str) -> None:
+    """`a.b=v` where the running command's schema makes `a` a value, not a mapping
+    (bench.sim's `planner.params.n=2`, planner being a name): omegaconf's "Cannot convert
+    'dict' to string" named no key."""
+    key = override.partition("=")[0].lstrip("+~")
+    if not hydra_errors.ROOT_SCHEMA or key.startswith("hydra"):
+        return
+    typ: Any = hydra_errors.ROOT_SCHEMA[0]
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if not is_dataclass(typ) or part not in {f.name for f in fields(typ)}:
+            return
+        typ = field_type(typ, part)
+        if typ in (str, int, float, bool):
+            where = ".".join(parts[: i + 1])
+            a = "an" if typ.__name__[0] in "aeiou" else "a"
+            raise MoepipeError(
+                f"{key}: {where} is {a} {typ.__name__}, not a mapping of keys; pass {where}=VALUE"
+            )
+
+
+def _planner_param_type(name: str) -> Any:
+    """The type of planner param `name` where every registered planner that has it agrees on
+    one (planner.params is a free mapping in the schema: omegaconf would take `sync=2` as
+    true); None otherwise."""
+    from planners.registry import entry, param_names, planner_names
+
+    types_ = {field_type(entry(p).params, name) for p in planner_names() if name in param_names(p)}
+    return types_.pop() if len(types_) == 1 else None
+
+
+def field_type(cls: type, name: str) -> Any:
+    """The type of dataclass `cls`'s field `name`, Optional unwrapped."""
+    import typing
+
+    t = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if typing.get_origin(t) in (typing.Union, types.UnionType) and args else t
