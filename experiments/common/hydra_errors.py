@@ -150,6 +150,12 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if twice:  # `+experiment=x` where the defaults list already has an experiment
         group, value = twice.groups()
         return f"+{group}={value}: {group} has a value already; pass {group}={value} (no +)"
+    gone = re.search(r"Could not delete from config\. '([^']+)' does not exist", text)
+    if gone:  # `~out` (its value null) or `~bogus`: hydra's line named no fix
+        return (
+            f"~{gone.group(1)}: nothing to delete (no such key, or its value is null); leave "
+            f"it out, or pass {gone.group(1)}=VALUE"
+        )
     again = re.search(r"^([\w/]+) appears more than once in the final defaults list", text)
     if again:  # `+model=tiny`: a second choice of a group the defaults list has
         group = again.group(1)

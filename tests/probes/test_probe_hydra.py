@@ -454,11 +454,13 @@ def test_a_glob_sweeps_a_groups_names(tmp_path: Path, cli_here: Any) -> None:
         ("experiments.bench.sim", "+planner.params.n=2", ["planner is a str, not a mapping"]),
         ("experiments.bench.sim", "planner.params.n=2", ["planner is a str", "pass planner="]),
         ("experiments.bench.sim", "+repeat.x=2", ["repeat is an int, not a mapping"]),
+        ("experiments.trace_json", "~out", ["~out: nothing to delete", "out=VALUE"]),
     ],
 )
 def test_a_key_under_a_value_is_one_line(
     cli_here: Any, module: str, override: str, names: list[str]
 ) -> None:
     """`planner.params.n=2` where the command's planner is a name: omegaconf's "Cannot convert
-    'dict' to string: '{}'", after `++planner.params.n=2`, an override the user never wrote."""
+    'dict' to string: '{}'", after `++planner.params.n=2`, an override the user never wrote;
+    `~out` of a null out hydra's "Could not delete from config" with nothing to do."""
     one_line(cli_here(module, override), *names)
