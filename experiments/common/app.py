@@ -266,18 +266,7 @@ def hydra_main(
     files: dict[str, str] = {}
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
-        flags, overrides = split_flags(argv)
-        flags = check_flags(flags)
-        if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
-            overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
-        check_hydra_overrides(overrides, conf_dir, file_groups)
-        overrides = [plus_plus(o, conf_dir) for o in overrides]
-        for o in overrides:
-            check_bool(o)
-            check_scalar_parent(o)
-        if {"-m", "--multirun"} & set(flags):
-            config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
-            check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
+        flags, overrides = _checked_args(argv, conf_dir, config_name, file_groups)
 
         def job(cfg: DictConfig) -> None:
             # hydra would print a line of its own before an exception the job raises: it is
@@ -327,6 +316,26 @@ def hydra_main(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return int(result[0] or 0) if result else 0
+
+
+def _checked_args(
+    argv: list[str], conf_dir: Path, config_name: str, file_groups: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """`argv`'s hydra flags and its overrides, each checked before hydra sees them (a flag
+    hydra would misread, an unknown key, a number for a boolean, a sweep past its bounds)."""
+    flags, overrides = split_flags(argv)
+    flags = check_flags(flags)
+    if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
+        overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
+    check_hydra_overrides(overrides, conf_dir, file_groups)
+    overrides = [plus_plus(o, conf_dir) for o in overrides]
+    for o in overrides:
+        check_bool(o)
+        check_scalar_parent(o)
+    if {"-m", "--multirun"} & set(flags):
+        config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
+        check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
+    return flags, overrides
 
 
 @contextlib.contextmanager

@@ -124,26 +124,48 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     wrong_type = _wrong_type(text, key, at)
     if wrong_type:
         return wrong_type
-    typed = re.search(r"Invalid type assigned: \w+ is not a subclass of (\w+)\. value: (.*)", text)
-    if typed:  # a value where a mapping of fields belongs (a link given as a number)
-        fields = ", ".join(_schema_keys(typed.group(1)) or [])
-        merging = re.match(r"Error merging override \+*([^=\s]+)", text)
-        if merging and not typed.group(2).startswith("{"):  # `hardware.memory_gb=5`
-            first = fields.split(", ")[0]
-            return (
-                f"{merging.group(1)}={typed.group(2)}: a mapping of {fields} belongs there; "
-                f"set its fields, e.g. {merging.group(1)}.{first}=VALUE"
-            )
-        if merging:  # `+hardware.links.p2p={gbps: 1}`: omegaconf cannot make a typed entry
-            entry = re.sub(rf"\.({fields.replace(', ', '|')})$", "", merging.group(1))
-            return (
-                f"{entry}: an override cannot add an entry of {{{fields}}} here; add it to a "
-                "YAML file of the group and pass that (e.g. hardware=FILE.yaml)"
-            )
-        return f"{key or 'a value'}: {typed.group(2)} where a mapping of {fields} belongs{at}"
+    typed = _value_for_fields(text, key, at)
+    if typed:
+        return typed
     merging = re.match(r"Error merging override (\S+)", text)
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
+    defaults = _defaults_list_line(text)
+    if defaults:
+        return defaults
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if key and cause is not None:  # `dir=${oc.env:NOPE}`: omegaconf's lines end `full_key: dir`
+        first = next(ln for ln in lines if not ln.startswith("full_key:"))
+        return f"{key}: {first}{at}; fix that value in the config or override"
+    return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _value_for_fields(text: str, key: str, at: str) -> str | None:
+    """A value where a mapping of fields belongs (a link given as a number), or an override
+    that cannot add a typed entry, as one line; None for another error."""
+    typed = re.search(r"Invalid type assigned: \w+ is not a subclass of (\w+)\. value: (.*)", text)
+    if not typed:
+        return None
+    fields = ", ".join(_schema_keys(typed.group(1)) or [])
+    merging = re.match(r"Error merging override \+*([^=\s]+)", text)
+    if merging and not typed.group(2).startswith("{"):  # `hardware.memory_gb=5`
+        first = fields.split(", ")[0]
+        return (
+            f"{merging.group(1)}={typed.group(2)}: a mapping of {fields} belongs there; "
+            f"set its fields, e.g. {merging.group(1)}.{first}=VALUE"
+        )
+    if merging:  # `+hardware.links.p2p={gbps: 1}`: omegaconf cannot make a typed entry
+        entry = re.sub(rf"\.({fields.replace(', ', '|')})$", "", merging.group(1))
+        return (
+            f"{entry}: an override cannot add an entry of {{{fields}}} here; add it to a "
+            "YAML file of the group and pass that (e.g. hardware=FILE.yaml)"
+        )
+    return f"{key or 'a value'}: {typed.group(2)} where a mapping of {fields} belongs{at}"
+
+
+def _defaults_list_line(text: str) -> str | None:
+    """A choice or deletion the defaults list or the config refuses (`+experiment=x` twice,
+    `~bogus`, `+model=tiny`), as one line with what to pass; None for another error."""
     twice = re.search(
         r"Multiple values for ([\w/]+)\. To override a value use 'override \S+: (\S+)'", text
     )
@@ -160,11 +182,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if again:  # `+model=tiny`: a second choice of a group the defaults list has
         group = again.group(1)
         return f"{group}: chosen twice (+{group}=... adds a choice); pass {group}=NAME without +"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if key and cause is not None:  # `dir=${oc.env:NOPE}`: omegaconf's lines end `full_key: dir`
-        first = next(ln for ln in lines if not ln.startswith("full_key:"))
-        return f"{key}: {first}{at}; fix that value in the config or override"
-    return "; ".join(dict.fromkeys(lines[:2]))
+    return None
 
 
 def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -> str | None:
