@@ -23,7 +23,7 @@ from omegaconf import MISSING
 
 from core.args import as_float, as_int, output_dir
 from core.errors import MoepipeError
-from core.hf_config import spec_to_hf_config
+from core.hf_config import hf_config_to_spec, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
@@ -84,6 +84,19 @@ MAX_SEED = 2**63 - 1
 MAX_SIGMAS = 10.0
 
 
+def check_kept(spec: Any, overrides: dict[str, Any], out: Path, norm_topk_prob: bool) -> None:
+    """Each field the user set is one the checkpoint keeps: read back from its config.json (and
+    its folder's name), as a run reads it; a field config.json cannot hold was dropped unread."""
+    back = hf_config_to_spec(spec_to_hf_config(spec, norm_topk_prob), out.absolute().name)
+    for key in overrides:
+        if getattr(back, key) != getattr(spec, key):
+            where = "its folder's name (out=)" if key == "name" else "config.json"
+            raise MoepipeError(
+                f"{key}={overrides[key]}: the checkpoint cannot keep it (a run reads {key}="
+                f"{getattr(back, key)} from {where}); leave {key} out"
+            )
+
+
 def _main(opts: Any) -> int:
     out = Path(opts.out).absolute()
     # the topmost folder of `out` that is not there yet (output_dir makes out's parents too)
@@ -112,6 +125,7 @@ def _write(opts: Any) -> int:
             )
         cfg = spec_to_hf_config(spec) | {"rope_scaling": rope_scaling}
         Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
+    check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_scale(spec, scale)
     check_room(spec, Path(opts.out))
     out = output_dir(opts.out, "out")  # before the weights are made

@@ -350,6 +350,10 @@ def test_a_command_started_by_another_keeps_tracebacks_off() -> None:
         (["n_layers=100000"], ["GB", "free"]),
         (["scale=1e308"], ["scale=1e+308", "inf", "scale <="]),
         (["model=/nonexistent/m.yaml"], ["model=/nonexistent/m.yaml: no such file"]),
+        # set, then dropped unread: a run names the model after its folder, and a Mixtral
+        # config.json has no dense FFN size (every layer holds experts)
+        (["name=../../x"], ["name=../../x", "cannot keep", "name=ck", "out="]),
+        (["dense_ffn_size=64"], ["dense_ffn_size=64", "cannot keep", "dense_ffn_size=0"]),
     ],
 )
 def test_make_checkpoint_refuses_what_it_could_not_write(
@@ -357,7 +361,8 @@ def test_make_checkpoint_refuses_what_it_could_not_write(
 ) -> None:
     """A seed past 64 bits failed in torch ("Overflow when unpacking long long") leaving an
     empty out dir; 393 GB of experts were started on a 60 GB disk; scale=1e308 wrote inf
-    weights with exit 0. Each is one line before anything is made."""
+    weights with exit 0; a field the checkpoint cannot keep was dropped without a word. Each is
+    one line before anything is made."""
     out = tmp_path / "new" / "ck"
     r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", *args)
     one_line(r, *names)
