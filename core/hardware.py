@@ -212,12 +212,13 @@ class HardwareSpec:
             for k, v in dict(d["links"]).items():
                 at = f"links.{k}"
                 links[Resource(k)] = LinkSpec(
-                    float(v["gbps"]) * GB, float(v.get("latency_us", 0)) * 1e-6
+                    _scaled(v["gbps"], GB, f"hardware {name}: {at}.gbps"),
+                    float(v.get("latency_us", 0)) * 1e-6,
                 )
             at = "gpu"
             gpu = _compute_from_dict(d["gpu"], name)
             at = "cpu"
-            cpu = _compute_from_dict(d["cpu"], name)
+            cpu = _compute_from_dict(d["cpu"], name, "cpu")
             at = "n_gpus"
             n_gpus = int(d.get("n_gpus", 1))
             at = "sources"
@@ -334,7 +335,16 @@ def _points(pts: Any, where: str) -> tuple[tuple[float, float], ...]:
         ) from None
 
 
-def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
+def _scaled(value: Any, unit: float, where: str) -> float:
+    """A YAML number in base units (`value` x `unit`); a finite value the unit takes past a
+    float's range (gbps=1e308) is named as given, not as the inf it becomes."""
+    x = float(value)
+    if math.isfinite(x) and not math.isfinite(x * unit):
+        raise ConfigError(f"{where}={x:g} is outside what a machine can be; check its unit")
+    return x * unit
+
+
+def _compute_from_dict(c: Mapping[str, Any], name: str, dev: str = "gpu") -> ComputeSpec:
     """One compute device of a hardware YAML (`HardwareSpec.from_dict`)."""
     at = f"hardware {name}: time_tables"
     tables = {
@@ -352,7 +362,8 @@ def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
         op_kind(k, f"hardware {name}: overhead_us_by_kind"): float(v) * 1e-6
         for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
     }
-    sms, sm_bw = int(c.get("sms", 0)), float(c.get("sm_mem_bw_gbps", 0)) * GB
+    sms = int(c.get("sms", 0))
+    sm_bw = _scaled(c.get("sm_mem_bw_gbps", 0), GB, f"hardware {name}: {dev}.sm_mem_bw_gbps")
     if sms < 0 or sm_bw < 0:
         raise ConfigError(
             f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
@@ -366,8 +377,8 @@ def _compute_from_dict(c: Mapping[str, Any], name: str) -> ComputeSpec:
             "device's SM count)"
         )
     return ComputeSpec(
-        float(c["tflops"]) * 1e12,
-        float(c["mem_bw_gbps"]) * GB,
+        _scaled(c["tflops"], 1e12, f"hardware {name}: {dev}.tflops"),
+        _scaled(c["mem_bw_gbps"], GB, f"hardware {name}: {dev}.mem_bw_gbps"),
         float(c.get("overhead_us", 0)) * 1e-6,
         kind_overhead,
         tables,

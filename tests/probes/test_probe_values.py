@@ -60,6 +60,10 @@ CASES = [
     ("hardware.gpu.sm_mem_bw_gbps=1e300", "gpu.sm_mem_bw_gbps"),
     ("hardware.n_gpus=0", "n_gpus"),
     ("hardware.n_gpus=1000000000", "n_gpus=1e+09"),  # was accepted
+    # a number its unit takes past a float's range is named as given ("got inf" before)
+    ("hardware.links.h2d.gbps=1e308", "links.h2d.gbps=1e+308"),
+    ("hardware.cpu.tflops=1e300", "cpu.tflops=1e+300"),
+    ("hardware.gpu.mem_bw_gbps=1e305", "gpu.mem_bw_gbps=1e+305"),
     ("executor.name=gpu", "executor"),
 ]
 
