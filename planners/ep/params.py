@@ -157,8 +157,13 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     g = p.n_devices or ctx.hardware.n_gpus
     e = ctx.model.n_experts
     if not 1 <= g <= e:
+        given = (  # 0: the hardware's GPU count, named as the user wrote it
+            f"n_devices={g}"
+            if p.n_devices
+            else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
+        )
         raise ConfigError(
-            f"planner n_devices={g} must be in [1, {e}] (the model's experts); lower n_devices"
+            f"planner {given} must be in [1, {e}] (the model's experts); lower n_devices"
         )
     gpus = ctx.hardware.n_gpus
     if not p.lanes and g > gpus:

@@ -333,3 +333,13 @@ def test_a_huge_count_is_refused_up_front_with_its_reason(
     r = cli_here(module, *args, *extra)
     one_line(r, *names)
     assert not (tmp_path / "v").exists()
+
+
+def test_n_devices_0_is_named_as_given_with_the_gpus_it_stands_for(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """`n_devices=0` (the hardware's GPU count) past the experts was "n_devices=64 must be in
+    [1, 4]": a value the user never typed."""
+    args = ["planner=eplb", "hardware.n_gpus=64", "planner.params.n_devices=0"]
+    r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, "n_devices=0 (hardware tiny's n_gpus=64)")
