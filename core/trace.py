@@ -19,38 +19,8 @@ from core.bubbles import idle_causes
 from core.errors import TraceError
 from core.schedule import Schedule
 from core.spec import Workload
-from core.trace_check import check_trace
+from core.trace_check import TRACE_COLUMNS, check_trace
 from core.types import OpKind, Tensor, Tier
-
-TRACE_COLUMNS = [
-    "source",  # sim | real
-    "op_id",
-    "kind",
-    "stream",
-    "resource",
-    "step",
-    "layer",
-    "batch",
-    "micro",  # micro-batch of the batch (two-batch overlap), -1: the whole batch
-    "batches",  # consecutive batches the op covers from `batch` (one attention over several)
-    "expert",
-    "tensor",
-    "bytes",
-    "tokens",
-    "start_s",
-    "end_s",
-    # seconds of the whole GPU an op's work used, where it shared the GPU's SMs with other
-    # streams' ops (a simulated pool: StreamSpec.pool; for a transfer in a link's pool, seconds
-    # of the whole link); NaN where the op held its resource from start to end (its busy time is
-    # end - start) and in real traces, which cannot see SMs
-    "sm_s",
-    # a pool op's launch: seconds from its start until its kernel runs (NaN elsewhere: there
-    # the per-op overhead counts as device time)
-    "launch_s",
-    # when the op's allocation was granted, where that is before its start (the simulator: an
-    # op holds its memory while it waits for a link another stream holds); NaN: at its start
-    "alloc_s",
-]
 
 
 def make_trace(

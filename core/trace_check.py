@@ -13,9 +13,9 @@ import pandas as pd
 from core.errors import TraceError
 from core.types import OpKind
 
-# the columns every trace has held since the first (later ones, micro to alloc_s, may be absent)
-REQUIRED = (
-    "source",
+# a trace.parquet's columns, in order: one row per op (`core.trace.make_trace`)
+TRACE_COLUMNS = [
+    "source",  # sim | real
     "op_id",
     "kind",
     "stream",
@@ -23,13 +23,30 @@ REQUIRED = (
     "step",
     "layer",
     "batch",
+    "micro",  # micro-batch of the batch (two-batch overlap), -1: the whole batch
+    "batches",  # consecutive batches the op covers from `batch` (one attention over several)
     "expert",
     "tensor",
     "bytes",
     "tokens",
     "start_s",
     "end_s",
-)
+    # seconds of the whole GPU an op's work used, where it shared the GPU's SMs with other
+    # streams' ops (a simulated pool: StreamSpec.pool; for a transfer in a link's pool, seconds
+    # of the whole link); NaN where the op held its resource from start to end (its busy time is
+    # end - start) and in real traces, which cannot see SMs
+    "sm_s",
+    # a pool op's launch: seconds from its start until its kernel runs (NaN elsewhere: there
+    # the per-op overhead counts as device time)
+    "launch_s",
+    # when the op's allocation was granted, where that is before its start (the simulator: an
+    # op holds its memory while it waits for a link another stream holds); NaN: at its start
+    "alloc_s",
+]
+
+# columns added after the first traces (a trace read back may lack them); every other is required
+LATER = ("micro", "batches", "sm_s", "launch_s", "alloc_s")
+REQUIRED = tuple(c for c in TRACE_COLUMNS if c not in LATER)
 _TEXT = ("source", "kind", "stream", "resource", "tensor")
 _WHOLE = ("op_id", "step", "layer", "batch", "micro", "batches", "expert", "bytes", "tokens")
 _COUNTS = ("op_id", "bytes", "tokens")  # never negative (the others use -1 for "none")
