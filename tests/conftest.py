@@ -119,6 +119,23 @@ def started(module: str, *args: str, **popen: Any) -> subprocess.Popen:
     )
 
 
+def spawned_ranks(command: int) -> list[int]:
+    """pids of the ranks a distributed run of the `command` process runs, in start order: the
+    children of its forkserver (experiments.common.dist_run), which they fork from."""
+
+    def kids(pid: int) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        return sorted(int(k) for k in out.split())
+
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:  # gone meanwhile
+            return ""
+
+    return [r for s in kids(command) if "forkserver" in cmdline(s) for r in kids(s)]
+
+
 def built_once(
     tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
 ) -> tuple[Path, Any]:

@@ -6,7 +6,8 @@ schedule (`real.distributed`); rank 0's result (every rank's ops) is the run's.
 Faults end the run with one line naming the rank and a non-zero exit, never a peer's traceback:
 a rank that dies stops the others at once (they are terminated), a rank stopped (SIGSTOP) stops
 them after `STOPPED_S`, a rank that never joins stops the others after
-`executor.rendezvous_timeout_s`. Ctrl-C is the command's: a spawned rank ignores it.
+`executor.rendezvous_timeout_s`. Ctrl-C is the command's: a spawned rank ignores it. Spawned
+ranks fork from one server process that imported torch once per command (forkserver).
 
 Usage:
     python -m experiments.run executor=real executor.distributed=true checkpoint=DIR \
@@ -42,6 +43,9 @@ FAILED = 2  # a rank's exit code for an error it wrote to its error file
 NO_REPORT = 4  # a rank's exit code where it could not write its error file (tmp full)
 STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers wait for it
 LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
+# what a rank imports, once in the server its processes fork from (`_context`); experiments first:
+# its __init__ sets what torch reads as it loads
+PRELOAD = ["experiments.common.real_run", "real.distributed", "torch.distributed"]
 
 
 @dataclass
@@ -145,12 +149,12 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
     """Start `target(rank, world, init, tmp, *args)` on G processes, watch them (`_watch`) and
     return what rank 0 left in tmp/rank0.pkl."""
     with tempfile.TemporaryDirectory(prefix="moepipe-ranks-") as tmp:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         init = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [
             ctx.Process(
                 target=_rank_process,
-                args=(os.getpid(), target, r, g, init, Path(tmp), *args),
+                args=(os.getpid(), dict(os.environ), target, r, g, init, Path(tmp), *args),
                 name=f"rank{r}",
             )
             for r in range(g)
@@ -194,7 +198,17 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             return pickle.load(f)
 
 
-def _rank_process(parent: int, target: Any, *args: Any) -> None:
+def _context() -> Any:
+    """Ranks fork from a server process that imported torch and the executor once (forkserver):
+    each spawned rank imported them itself, 2.5 s of CPU per rank before it did anything. The
+    server is a fresh interpreter that never touches CUDA, so a forked rank may (PyTorch's
+    multiprocessing notes: spawn or forkserver for CUDA)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first run's
+    return ctx
+
+
+def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> None:
     """A spawned rank: it leaves Ctrl-C and SIGHUP to the command, which stops every rank
     (SIGTERM) and prints the one line, and dies with the command (a launcher killed with
     SIGKILL left its ranks running the run on); then `target(*args)`."""
@@ -203,9 +217,14 @@ def _rank_process(parent: int, target: Any, *args: Any) -> None:
     for signum in LEFT_TO_PARENT:
         signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
-    die_with_parent()
-    if os.getppid() != parent:  # the command died before this rank asked to die with it
+    die_with_parent()  # its parent is the server, which ends when the command does
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:  # the command died before this rank asked to die with it
         os._exit(PEER_LOST)
+    # the server's environment is the command's at the first run's start: this run's instead
+    os.environ.clear()
+    os.environ.update(env)
     target(*args)
 
 

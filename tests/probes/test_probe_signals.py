@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from experiments.run import LOCK
-from tests.conftest import started, user_env
+from tests.conftest import spawned_ranks, started, user_env
 from tests.probes.conftest import ROOT, TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
@@ -290,14 +290,11 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
         "workload.n_batches=40",
         "workload.gen_len=40",
     )
-    ranks: list[str] = []
+    ranks: list[int] = []
     deadline = time.monotonic() + 120
     while len(ranks) < 2 and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-        kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True)
-        ranks = [
-            k for k in kids.stdout.split() if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()
-        ]
+        ranks = spawned_ranks(p.pid)
     assert len(ranks) == 2, p.communicate()
     p.terminate()
     _, err = p.communicate(timeout=60)

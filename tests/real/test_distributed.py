@@ -41,7 +41,7 @@ from real.executor import Executor
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from real.state import resident_units
 from real.tensor_parallel import TensorParallel, ThreadCollective
-from tests.conftest import command_here
+from tests.conftest import command_here, spawned_ranks
 from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
@@ -334,16 +334,11 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    ranks = []
+    ranks: list[int] = []
     deadline = time.monotonic() + 120
     while len(ranks) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
-        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
-        ranks = sorted(
-            int(p)
-            for p in kids.stdout.split()
-            if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-        )
+        ranks = spawned_ranks(proc.pid)
     assert len(ranks) == 2, "the two rank processes did not start"
     # into the run (or its setup): 2 batches of 100 tokens take the ranks ~15 s here, so the
     # kill lands before the run ends (40 tokens ended within the 8 s this slept before)
