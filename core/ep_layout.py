@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from core.dispatch import micro_batch_rows, micro_batch_seqs
 from core.types import Dense, Dispatch, LaneSharing
 
 # (step, batch, MoE layer index) -> per device its expert slots' ids (-1: empty)
@@ -42,6 +45,23 @@ class EPLayout:
     # every iteration's placement; filled while the planner plans (a live run reads it as it
     # grows), so it is one dict shared by every copy of the layout
     placements: Placements = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def _splitters(self) -> int:
+        """The GPUs whose shares of a batch its micro-batches split: each GPU its own
+        (data-parallel), or the one batch every GPU holds whole (tensor-parallel)."""
+        return 1 if self.dense == Dense.TENSOR else self.n_devices
+
+    def micro_seqs(self, batch_size: int, device: int, micro: int) -> tuple[int, int]:
+        """Sequences [s0, s1) of a batch that `device` runs micro-batch `micro` of (-1: its whole
+        share; tensor-parallel: every device the same ones), `micro_batch_seqs`."""
+        if self._splitters == 1:
+            device = 0
+        return micro_batch_seqs(batch_size, self._splitters, self.micro_batches, device, micro)
+
+    def micro_rows(self, batch_size: int, micro: int, per: int) -> np.ndarray:
+        """The rows of a batch's routing (`per` tokens a sequence) micro-batch `micro` holds."""
+        return micro_batch_rows(batch_size, self._splitters, self.micro_batches, micro, per)
 
     def summary(self) -> dict[str, Any]:
         """The layout as summary.json's `plan.ep` (the placements are run data, left out)."""

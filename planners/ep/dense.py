@@ -116,32 +116,36 @@ def dense(
         )
     if lay.dense != Dense.TENSOR or not reduce or not ops:
         return ops
-    return tp_reduce(r, kind, ops, step, layer, batch)
+    return tp_reduce(r, kind, ops, step, layer, batch, micro)
 
 
 def tp_reduce(
-    r: EPRunner, kind: OpKind, ops: list[int], step: int, layer: int, batch: int
+    r: EPRunner, kind: OpKind, ops: list[int], step: int, layer: int, batch: int, micro: int = -1
 ) -> list[int]:
-    """Tensor-parallel dense ops' partial results, combined over the GPUs: attention's and the
-    FFN's hidden states summed, the head's logits gathered."""
+    """Tensor-parallel dense ops' partial results (of micro-batch `micro`: its sequences'),
+    combined over the GPUs: attention's and the FFN's hidden states summed, the head's logits
+    gathered."""
     m, wl = r.ctx.model, r.ctx.workload
-    tokens = wl.batch_size * wl.step_tokens(step)
+    seqs = r.seqs(0, micro)
+    tokens = seqs * wl.step_tokens(step)
     if kind == OpKind.ATTENTION and m.qk_norm:
         # QK-norm's statistics (a float32 sum of squares of q and of k per token), summed
         # over the GPUs inside attention; charged after it, the same work on the path
-        ops = all_reduce(r, ops, tokens * 2 * 4, step, layer, batch, tokens)
+        ops = all_reduce(r, ops, tokens * 2 * 4, step, layer, batch, tokens, micro=micro)
     if kind == OpKind.HEAD:  # gather every GPU's slice of the vocabulary (float32 logits)
         return all_reduce(
             r,
             ops,
-            wl.batch_size * m.vocab_size * 4,
+            seqs * m.vocab_size * 4,
             step,
             layer,
             batch,
-            tokens=wl.batch_size,
+            tokens=seqs,
             gather_only=True,
+            micro=micro,
         )
-    return all_reduce(r, ops, tokens * m.hidden_size * m.dtype_bytes, step, layer, batch, tokens)
+    act_bytes = tokens * m.hidden_size * m.dtype_bytes
+    return all_reduce(r, ops, act_bytes, step, layer, batch, tokens, micro=micro)
 
 
 def all_reduce(
@@ -153,8 +157,10 @@ def all_reduce(
     batch: int,
     tokens: int,
     gather_only: bool = False,
+    micro: int = -1,
 ) -> list[int]:
-    """Sum (or, `gather_only`, concatenate) `nbytes` held by every GPU once `parts` are done:
+    """Sum (or, `gather_only`, concatenate) `nbytes` held by every GPU once `parts` (of
+    micro-batch `micro`) are done:
     a reduce-scatter and an all-gather through the NVSwitch, each GPU sending (G-1)/G of the
     bytes in each (NCCL's bandwidth-optimal volume; one link latency per phase). Returns the
     all-gather op of each GPU."""
@@ -172,6 +178,7 @@ def all_reduce(
                 step=step,
                 layer=layer,
                 batch=batch,
+                micro=micro,
                 tensor=Tensor.HIDDEN,
                 tokens=tokens,
                 nbytes=sent,

@@ -47,10 +47,10 @@ class EPParams:
     # devices holding it, given every other expert's tokens, so the busiest device holds as few
     # tokens as the placement allows (`balanced_split`). The replica gate models the same rule.
     dispatch: str = Dispatch.EVEN
-    # Two-batch overlap (DeepSeek's and SGLang's TBO; G GPUs with data-parallel dense work): each
-    # batch runs as this many micro-batches of its sequences, each with its own gate, all-to-all
-    # and experts, so that one's dispatch and combine run beside another's compute. They share
-    # the batch's placement (one refill). 1 = the whole batch at once.
+    # Two-batch overlap (DeepSeek's and SGLang's TBO; G GPUs): each batch runs as this many
+    # micro-batches of its sequences, each with its own gate, all-to-all (dense=tensor: its
+    # all-reduces) and experts, so that one's collectives run beside another's compute. They
+    # share the batch's placement (one refill). 1 = the whole batch at once.
     micro_batches: int = 1
 
     def __post_init__(self) -> None:
@@ -194,25 +194,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
     if p.micro_batches > 1:
-        mb, bs = p.micro_batches, ctx.workload.batch_size
-        where = (
-            "lanes=true (one GPU's memory)"
-            if p.lanes
-            else "dense=tensor (every GPU holds every token)"
-            if dense == Dense.TENSOR
-            else ""
-        )
-        if where:
-            raise ConfigError(
-                f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with "
-                f"another's compute, but {where} moves no tokens; use micro_batches=1"
-            )
-        if -(-bs // g) < mb:
-            raise ConfigError(
-                f"planner micro_batches={mb} splits each GPU's share of a batch's sequences, but "
-                f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
-                f"{-(-bs // g)}; lower micro_batches or raise the batch size"
-            )
+        check_micro_batches(p.micro_batches, ctx.workload.batch_size, g, p.lanes, dense)
     return Layout(
         g,
         e,
@@ -227,3 +209,28 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         Dispatch(p.dispatch),
         p.micro_batches,
     )
+
+
+def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> None:
+    """Micro-batches overlap one's collectives (the all-to-all; under tensor-parallel dense
+    work, the all-reduces) with another's compute: none on lanes (one GPU's memory), and each
+    needs a sequence of every share it splits (data-parallel: each GPU's)."""
+    if lanes:
+        raise ConfigError(
+            f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with another's "
+            "compute, but lanes=true (one GPU's memory) moves no tokens; use micro_batches=1"
+        )
+    if dense == Dense.TENSOR:
+        if bs < mb:
+            raise ConfigError(
+                f"planner micro_batches={mb} splits a batch's sequences (dense=tensor: every "
+                f"GPU holds all of them), but workload.batch_size={bs} has fewer; lower "
+                "micro_batches or raise the batch size"
+            )
+        return
+    if -(-bs // g) < mb:
+        raise ConfigError(
+            f"planner micro_batches={mb} splits each GPU's share of a batch's sequences, but "
+            f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
+            f"{-(-bs // g)}; lower micro_batches or raise the batch size"
+        )

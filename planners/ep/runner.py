@@ -10,14 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.dispatch import (
-    copy_moves,
-    micro_batch_rows,
-    micro_batch_seqs,
-    source_counts,
-    split_tokens,
-    traffic,
-)
+from core.dispatch import copy_moves, source_counts, split_tokens, traffic
 from core.ep_layout import EPLayout
 from core.errors import CapacityError
 from core.planner import PlanContext
@@ -246,12 +239,23 @@ class EPRunner:
         """Iteration t as micro-batches (two-batch overlap): each layer emits every micro-batch's
         dense work and gate in turn, then each one's all-to-all and experts, so a GPU's compute
         stream runs micro-batch 1's attention while micro-batch 0's tokens travel, and 0's next
-        attention while 1's results come back. Micro-batch i waits only for its own previous
-        layer (`lasts[i]`, from the previous batch's head at layer 0). Returns each one's head."""
+        attention while 1's results come back. Tensor-parallel dense work moves no token: each
+        layer runs every micro-batch's attention, then each one's gate and experts (or FFN), so
+        one's all-reduces run beside the other's compute (DeepSeek's TBO). Micro-batch i waits
+        only for its own previous layer (`lasts[i]`; at layer 0 the previous batch's head).
+        Returns each one's head."""
         m, micro = self.ctx.model, range(self.layout.micro_batches)
         for layer in range(m.n_layers):
             if m.is_moe(layer):
                 lasts = self.moe_layer_micro(policy, t, step, layer, batch, lasts)
+                continue
+            if self.layout.dense == Dense.TENSOR:  # every attention first (`attentions`)
+                attns = self.attentions(step, layer, batch, lasts)
+                ffns = [
+                    dense(self, OpKind.FFN, step, layer, batch, a, micro=i)
+                    for i, a in enumerate(attns)
+                ]
+                lasts = [tuple(f or a) for f, a in zip(ffns, attns, strict=True)]
                 continue
             nxt = []
             for i in micro:
@@ -260,6 +264,17 @@ class EPRunner:
                 nxt.append(tuple(ffn or attn))
             lasts = nxt
         return [tuple(dense(self, OpKind.HEAD, step, -1, batch, lasts[i], micro=i)) for i in micro]
+
+    def attentions(
+        self, step: int, layer: int, batch: int, lasts: list[tuple[int, ...]]
+    ) -> list[list[int]]:
+        """Every micro-batch's attention of a layer, in turn (tensor-parallel dense work): a
+        GPU's compute stream runs micro-batch 1's attention while micro-batch 0's is all-reduced,
+        rather than wait for that all-reduce before 0's next op. Returns each one's all-reduce."""
+        return [
+            dense(self, OpKind.ATTENTION, step, layer, batch, last, micro=i)
+            for i, last in enumerate(lasts)
+        ]
 
     def reserve_staging(self) -> None:
         """GPU memory for the experts replica moves bring in while the ones they replace are
@@ -296,27 +311,19 @@ class EPRunner:
     def seqs(self, d: int, micro: int = -1) -> int:
         """The sequences of a batch GPU `d` runs dense work (and the gate) on: its share of them
         (data-parallel, the first `batch % G` GPUs one more), or all of them (tensor-parallel).
-        Of micro-batch `micro`: that part of its share (`micro_batch_seqs`: each GPU splits its
-        own sequences, so a sequence stays on its GPU and the all-to-all moves the same pairs as
-        the whole batch's)."""
-        if self.layout.dense == Dense.TENSOR:
-            return self.ctx.workload.batch_size
+        Of micro-batch `micro`: that part of them (`EPLayout.micro_seqs`: data-parallel, each GPU
+        splits its own sequences, so a sequence stays on its GPU and the all-to-all moves the
+        same pairs as the whole batch's; tensor-parallel, every GPU the same part)."""
         s0, s1 = self.micro_seqs(d, micro)
         return s1 - s0
 
     def micro_seqs(self, d: int, micro: int) -> tuple[int, int]:
-        lay = self.layout
-        return micro_batch_seqs(
-            self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches, d, micro
-        )
+        return self.ep.micro_seqs(self.ctx.workload.batch_size, d, micro)
 
     def micro_rows(self, micro: int, per: int) -> np.ndarray:
         """The rows of the batch's routing (`GateView.ids`, `per` tokens a sequence) that
-        micro-batch `micro` holds, GPU by GPU."""
-        lay = self.layout
-        return micro_batch_rows(
-            self.ctx.workload.batch_size, lay.n_devices, lay.micro_batches, micro, per
-        )
+        micro-batch `micro` holds (data-parallel: GPU by GPU)."""
+        return self.ep.micro_rows(self.ctx.workload.batch_size, micro, per)
 
     def refill(
         self, moe: int, slots: np.ndarray, after: tuple[int, ...], step: int, layer: int, t: int
@@ -375,15 +382,21 @@ class EPRunner:
         shared = dense(self, OpKind.FFN, step, layer, batch, gates, reduce=not tp)
         start = shared[-1] if lay.lanes and shared else None
         ends = self.routed(slots, view, gates, copy_waits, start, step, layer, batch)
-        if tp:  # routed and shared partial sums, summed over the GPUs at once
-            n_tok = self.ctx.workload.batch_size * self.ctx.workload.step_tokens(step)
-            act_bytes = m.hidden_size * m.dtype_bytes
-            shared = all_reduce(
-                self, [*gates, *ends, *shared], n_tok * act_bytes, step, layer, batch, n_tok
-            )
+        if tp:
+            shared = self.moe_sum([*gates, *ends, *shared], step, layer, batch)
         done = (*gates, *ends, *shared)
         self.mark_done(moe, done, copy_waits)
         return done
+
+    def moe_sum(
+        self, parts: list[int], step: int, layer: int, batch: int, micro: int = -1
+    ) -> list[int]:
+        """Tensor-parallel: an MoE layer's routed and shared partial sums (of micro-batch
+        `micro`: its tokens'), summed over the GPUs at once."""
+        m = self.ctx.model
+        n_tok = self.seqs(0, micro) * self.ctx.workload.step_tokens(step)
+        act_bytes = m.hidden_size * m.dtype_bytes
+        return all_reduce(self, parts, n_tok * act_bytes, step, layer, batch, n_tok, micro=micro)
 
     def moe_layer_micro(
         self,
@@ -396,30 +409,37 @@ class EPRunner:
     ) -> list[tuple[int, ...]]:
         """An MoE layer of iteration t as micro-batches (`overlapped`): one placement and refill
         for the batch; each micro-batch's attention, gate and shared experts in turn, then each
-        one's all-to-all and experts, moving its tokens as soon as its own gate has run. The
-        policy observes the whole batch once its last micro-batch is gated. Returns the ops
+        one's all-to-all and experts, moving its tokens as soon as its own gate has run
+        (tensor-parallel: every attention, then each one's gate, experts and all-reduce in turn).
+        The policy observes the whole batch once its last micro-batch is gated. Returns the ops
         each micro-batch's next layer waits for."""
         moe, per = self.ctx.model.moe_index(layer), self.ctx.workload.step_tokens(step)
         slots, copy_waits = self.placed(policy, t, step, layer, batch)
-        gated, whole = [], None
+        tp = self.layout.dense == Dense.TENSOR
+        attns = self.attentions(step, layer, batch, lasts) if tp else []
+        gated, done, whole = [], [], None
         for i in range(self.layout.micro_batches):
-            attn = dense(self, OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+            attn = (
+                attns[i]
+                if tp
+                else dense(self, OpKind.ATTENTION, step, layer, batch, lasts[i], micro=i)
+            )
             parts = [(self.compute[d], self.seqs(d, i), (op,)) for d, op in enumerate(attn)]
             gates, view, last = self.em.gate_micro(
                 step, layer, batch, parts, i, self.layout.micro_batches, self.micro_rows(i, per)
             )
             whole = last or whole
-            gated.append((gates, view, dense(self, OpKind.FFN, step, layer, batch, gates, micro=i)))
+            shared = dense(self, OpKind.FFN, step, layer, batch, gates, reduce=not tp, micro=i)
+            gated.append((gates, view, shared))
+            if tp:
+                ends = self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i)
+                summed = self.moe_sum([*gates, *ends, *shared], step, layer, batch, i)
+                done.append((*gates, *ends, *summed))
         assert whole is not None
         policy.observe(t, moe, whole, tuple(g for gates, _, _ in gated for g in gates))
-        done = [
-            (
-                *gates,
-                *self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i),
-                *shared,
-            )
-            for i, (gates, view, shared) in enumerate(gated)
-        ]
+        for i, (gates, view, shared) in enumerate([] if tp else gated):
+            ends = self.routed(slots, view, gates, copy_waits, None, step, layer, batch, i)
+            done.append((*gates, *ends, *shared))
         self.mark_done(moe, tuple(op for d in done for op in d), copy_waits)
         return done
 

@@ -11,7 +11,7 @@ import pytest
 
 from core.balance import balance_metrics, phases
 from core.errors import ConfigError, ScheduleError
-from core.hardware import LinkSpec
+from core.hardware import ComputeSpec, LinkSpec
 from core.routing import load_routing
 from core.schedule import Schedule, validate
 from core.types import OpKind, Resource
@@ -35,12 +35,15 @@ def gates_of(ops, micro: int, step: int, layer: int, batch: int) -> set[int]:
     }
 
 
-@pytest.mark.parametrize("planner", ["ep_static", "predictive_replication"])
-def test_each_micro_batch_waits_for_its_own_gates_only(planner):
+@pytest.mark.parametrize(
+    "planner, dense",
+    [("ep_static", "data"), ("predictive_replication", "data"), ("eplb", "tensor")],
+)
+def test_each_micro_batch_waits_for_its_own_gates_only(planner, dense):
     """Batch 6 on 2 GPUs as 2 micro-batches: every expert op and every dispatch of micro-batch
     i depends on each gate op of micro-batch i (one per GPU) and on none of the other's, so its
     tokens move before the other is gated; the two share one placement per layer."""
-    s = spec(planner, micro_batches=2, replica_slots=1)
+    s = spec(planner, micro_batches=2, replica_slots=1, dense=dense)
     res = simulate_run(s)
     ops = res.schedule.ops
     moved = [o for o in ops if o.kind in (OpKind.EXPERT, OpKind.DISPATCH)]
@@ -136,7 +139,12 @@ def test_validate_names_a_micro_batch_that_skips_its_own_gate():
     "params, batch_size, match",
     [
         ({"lanes": True}, 6, r"micro_batches=2 .*lanes=true .*use micro_batches=1"),
-        ({"dense": "tensor"}, 6, r"micro_batches=2 .*dense=tensor .*use micro_batches=1"),
+        (
+            {"dense": "tensor"},
+            1,
+            r"micro_batches=2 splits a batch's sequences \(dense=tensor: every GPU holds all of "
+            r"them\), but workload.batch_size=1 has fewer",
+        ),
         (
             {},
             2,
@@ -148,6 +156,56 @@ def test_validate_names_a_micro_batch_that_skips_its_own_gate():
 def test_micro_batches_where_no_token_moves_or_too_few_sequences(params, batch_size, match):
     with pytest.raises(ConfigError, match=match):
         simulate_run(spec(batch_size=batch_size, micro_batches=2, **params))
+
+
+def test_tensor_parallel_micro_batches_all_reduce_beside_the_other_ones_compute():
+    """dense=tensor on 2 GPUs, batch 2 (one sequence per micro-batch), one step, tiny's 2 MoE
+    layers, no replica, one grouped expert op per GPU; every compute op takes 1 ms (overhead
+    only) and every all-reduce round 1 ms (link latency only). Per GPU, whole batch, a layer is
+    attention 1 + its all-reduce 2 + gate 1 + experts 1 + the MoE all-reduce 2 = 7 ms; two
+    layers, the head 1 and its gather 1: 16 ms. As 2 micro-batches (compute order A0 A1 | G0
+    E0 | G1 E1 per layer, every all-reduce on its GPU's link in program order):
+      layer 0: A0 0-1, A1 1-2; AR(A0) 1-3, AR(A1) 3-5; G0 E0 3-5; AR(moe0) 5-7 beside G1 E1 5-7;
+               AR(moe1) 7-9
+      layer 1: A0 7-8, A1 9-10; AR(A0) 9-11, AR(A1) 11-13; G0 E0 11-13; AR(moe0) 13-15 beside
+               G1 E1 13-15; AR(moe1) 15-17
+      heads: H0 15-16, H1 17-18; gathers 17-18, 18-19: 19 ms, where the same ops one after
+    another take 14 (compute) + 18 (rounds) = 32 ms. Per-op costs do not shrink with the
+    tokens here, so the overlap only wins back part of the doubled ops."""
+    s = spec("ep_static", batch_size=2, dense="tensor", replica_slots=0, grouped_gemm=True)
+    fast = 1e30  # flop/s, B/s: the roofline's terms vanish, the fixed costs remain
+    hw = replace(
+        s.hardware,
+        gpu=ComputeSpec(fast, fast, 1e-3),
+        links={**s.hardware.links, Resource.P2P: LinkSpec(fast, 1e-3)},
+    )
+    s = replace(s, hardware=hw, workload=replace(s.workload, n_batches=1, gen_len=1))
+    whole = simulate_run(s)
+    assert whole.summary["makespan_s"] == pytest.approx(0.016)
+    micro = simulate_run(replace(s, params={**s.params, "micro_batches": 2}))
+    validate(micro.schedule)
+    assert micro.summary["makespan_s"] == pytest.approx(0.019)
+    tr = micro.trace.assign(micro=[o.micro for o in micro.schedule.ops]).sort_values("op_id")
+
+    def ms(res: str) -> list[tuple[float, float]]:  # GPU 0's compute, or its link
+        t = tr[tr["resource"].astype(str) == res]
+        return [
+            (round(a * 1e3, 6), round(b * 1e3, 6)) for a, b in zip(t.start_s, t.end_s, strict=True)
+        ]
+
+    layer = [(3, 4), (4, 5), (5, 6), (6, 7)]  # G0 E0 G1 E1 of layer 0; layer 1's 8 ms later
+    assert ms("gpu") == [(0, 1), (1, 2), *layer, (7, 8), (9, 10)] + [
+        (a + 8, b + 8) for a, b in layer
+    ] + [(15, 16), (17, 18)]
+    assert ms("p2p") == [(t, t + 1) for t in range(1, 19)]  # the link never waits
+    gpu, link = tr[tr["resource"].astype(str) == "gpu"], tr[tr["resource"].astype(str) == "p2p"]
+    beside = [  # a round of one micro-batch while the other one computes
+        (r.micro, c.micro)
+        for r in link.itertuples()
+        for c in gpu.itertuples()
+        if r.start_s < c.end_s - 1e-9 and c.start_s < r.end_s - 1e-9
+    ]
+    assert {(0, 1), (1, 0)} <= set(beside)
 
 
 def test_micro_batches_below_one_is_a_config_error():
