@@ -385,7 +385,7 @@ class Peers:
                     assert old is None or bool(old.done.all()), f"{key}: previous layer unfinished"
                     bst.pending[key.micro] = p
             self._cv.notify_all()
-        ex._publish(op, p, s.moe_index(key.layer))
+        ex._publish(op, p.ids, p.weights, s.moe_index(key.layer))
 
     def pending(self, ex: Executor, step: int, layer: int, batch: int, micro: int) -> _Pending:
         """The batch's (micro-batch's) MoE layer state, once its whole routing is here."""

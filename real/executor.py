@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from core.dispatch import micro_batch_seqs
 from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import CausalRouting, GateView, Routing
@@ -295,18 +294,15 @@ class Executor(OpSemantics):
     def _note_range(self, op: Op, spec: StreamSpec) -> None:
         """Which share of its batch an op works on, from the ops of its kind emitted before it:
         sequences [s0, s1) for a dense op, a chunk of the expert's tokens for an expert op. A
-        micro-batch's dense op: its GPU's part of it (`micro_batch_seqs`), whatever came before."""
+        micro-batch's dense op, or a tensor-parallel one: its GPU's part of the batch
+        (`EPLayout.micro_seqs`), whatever came before."""
         if op.batch < 0:
             return
         dense = op.kind in (OpKind.ATTENTION, OpKind.GATE, OpKind.FFN, OpKind.HEAD)
-        if dense and self.tp is not None:  # every device every sequence, on its weights' share
-            self._range[op.id] = (0, self.wl.batch_size)
-            return
-        if dense and op.micro >= 0:
+        if dense and (op.micro >= 0 or self.tp is not None):
+            # tensor-parallel: every device the same sequences, on its weights' share
             ep = self._ep_meta()
-            self._range[op.id] = micro_batch_seqs(
-                self.wl.batch_size, ep.n_devices, ep.micro_batches, spec.device, op.micro
-            )
+            self._range[op.id] = ep.micro_seqs(self.wl.batch_size, spec.device, op.micro)
             return
         if dense:
             per = 1 if op.kind == OpKind.HEAD else self.wl.step_tokens(op.step)

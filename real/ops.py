@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from core.dispatch import micro_batch_rows, micro_batch_seqs
 from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import GateView
@@ -320,7 +319,7 @@ class OpSemantics(KVSemantics):
             assert old is None or bool(old.done.all()), f"{op.label()}: previous layer unfinished"
             bst.pending[op.micro] = p
             del bst.gating[op.micro]
-        self._publish(op, p, moe)
+        self._publish(op, p.ids, p.weights, moe)
 
     def _forced_routing(
         self, op: Op, s0: int, s1: int
@@ -341,12 +340,13 @@ class OpSemantics(KVSemantics):
         )
         return fi, fw
 
-    def _publish(self, op: Op, p: _Pending, moe: int) -> None:
-        """A gated batch's routing, for the planner (live) and the run's output: at once, or of a
-        micro-batch (its rows, `micro_batch_rows`) and, once every micro-batch of the batch is
-        gated, the whole batch's."""
+    def _publish(self, op: Op, ids: torch.Tensor, weights: torch.Tensor, moe: int) -> None:
+        """A gated batch's routing (`ids`, `weights` [T, k] over the batch's rows; a
+        micro-batch's: -1 and 0 outside its rows), for the planner (live) and the run's output:
+        at once, or of a micro-batch (its rows, `EPLayout.micro_rows`) and, once every
+        micro-batch of the batch is gated, the whole batch's."""
         n_e, key = self.model.spec.n_experts, (op.step, moe, op.batch)
-        ids, weights = p.ids.cpu(), p.weights.cpu()
+        ids, weights = ids.cpu(), weights.cpu()
 
         def view(i: torch.Tensor) -> GateView:
             return GateView(
@@ -356,13 +356,7 @@ class OpSemantics(KVSemantics):
         with self._cv:
             if op.micro >= 0:
                 ep = self._ep_meta()
-                rows = micro_batch_rows(
-                    self.wl.batch_size,
-                    ep.n_devices,
-                    ep.micro_batches,
-                    op.micro,
-                    self.wl.step_tokens(op.step),
-                )
+                rows = ep.micro_rows(self.wl.batch_size, op.micro, self.wl.step_tokens(op.step))
                 self._views[(*key, op.micro)] = view(ids[torch.from_numpy(rows)])
                 parts = self._micro_parts.setdefault(key, [])
                 parts.append((ids, weights))
@@ -394,7 +388,7 @@ class OpSemantics(KVSemantics):
             return torch.ones(bs, dtype=torch.bool)
         ep, mask = self._ep_meta(), torch.zeros(bs, dtype=torch.bool)
         for d in range(ep.n_devices):
-            s0, s1 = micro_batch_seqs(bs, ep.n_devices, ep.micro_batches, d, micro)
+            s0, s1 = ep.micro_seqs(bs, d, micro)
             mask[s0:s1] = True
         return mask
 

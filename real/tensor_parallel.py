@@ -158,17 +158,21 @@ class ProcessCollective:
         return fold([g.to(dev) for g in got])
 
 
+Part = tuple[int, int]  # (batch, micro-batch; -1: the whole batch)
+
+
 @dataclass
 class _Device:
-    """One device's state: its copy of every batch's activations, its KV heads, MoE layer."""
+    """One device's state: its copy of every batch's activations, its KV heads, MoE layer. A
+    micro-batch's ops read and write its sequences' rows; what awaits a reduce is its own."""
 
     hidden: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (batch, step)
     kv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)  # (b, layer)
     tokens: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> [b, gen] generated
-    moe: dict[int, _Pending] = field(default_factory=dict)  # batch -> its MoE layer under way
-    partial: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> awaiting a reduce
-    stats: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> QK-norm's [b, S, 2]
-    chunk: dict[int, torch.Tensor] = field(default_factory=dict)  # batch -> reduced [n / G]
+    moe: dict[Part, _Pending] = field(default_factory=dict)  # its MoE layer under way
+    partial: dict[Part, torch.Tensor] = field(default_factory=dict)  # awaiting a reduce
+    stats: dict[Part, torch.Tensor] = field(default_factory=dict)  # QK-norm's [b', S, 2]
+    chunk: dict[Part, torch.Tensor] = field(default_factory=dict)  # reduced [n / G]
 
 
 def tensor_parallel(ex: Executor, ep: EPLayout | None) -> TensorParallel | None:
@@ -257,7 +261,7 @@ class TensorParallel:
     def run(self, op: Op, spec: StreamSpec) -> None:
         d = spec.device
         assert d in self.dev, f"{op.label()}: device {d} is not this process's"
-        assert op.micro < 0 and op.batch >= 0, f"{op.label()}: dense=tensor has no micro-batches"
+        assert op.batch >= 0, f"{op.label()}: dense=tensor runs no op over every batch"
         if op.kind == OpKind.ALL_REDUCE:
             self._all_reduce(op, d)
             return
@@ -265,7 +269,7 @@ class TensorParallel:
         assert u is not None, f"{op.label()}: compute without weights"
         w = self.shard_of(u, d, self.ex._weights(u, spec.resource == Resource.CPU))
         if op.kind == OpKind.EXPERT:  # the op's chunk of the expert's pairs, as data-parallel
-            self.ex._expert(op, w, pending=lambda b: self.dev[d].moe[b])
+            self.ex._expert(op, w, pending=lambda b: self.dev[d].moe[(b, op.micro)])
         elif op.kind == OpKind.ATTENTION:
             self._attention(op, d, w)
         elif op.kind == OpKind.GATE:
@@ -273,25 +277,31 @@ class TensorParallel:
         elif op.kind == OpKind.FFN:
             self._ffn(op, d, w)
         else:
-            h = self._hidden(d, op.batch, op.step)
-            self.dev[d].partial[op.batch] = self.ex.model.head(w, h)
+            h = self._hidden(d, op)
+            self.dev[d].partial[(op.batch, op.micro)] = self.ex.model.head(w, h)
 
     # ---- dense ops on one device's shard ------------------------------------------------------
-    def _hidden(self, d: int, batch: int, step: int) -> torch.Tensor:
-        """Device d's hidden state [b, S, H] of the batch at `step` (fresh at a new step; the
-        step before it is over on this device once this one starts)."""
-        held = self.dev[d].hidden
-        if (batch, step) not in held:
+    def _span(self, micro: int) -> tuple[int, int]:
+        """The sequences [s0, s1) of a batch micro-batch `micro` holds (-1: all of them)."""
+        return self.ex._ep_meta().micro_seqs(self.ex.wl.batch_size, 0, micro)
+
+    def _hidden(self, d: int, op: Op) -> torch.Tensor:
+        """Device d's hidden state [b', S, H] of the op's batch at its step, its micro-batch's
+        rows (fresh at a new step; two steps before it are over: one micro-batch's next step
+        may start while another's head still reads this one)."""
+        held, key = self.dev[d].hidden, (op.batch, op.step)
+        if key not in held:
             wl, s = self.ex.wl, self.spec
             emb = self.ex._resident[Unit(Tensor.EMBED)]["embed"]
-            shape = (wl.batch_size, wl.step_tokens(step), s.hidden_size)
-            held.pop((batch, step - 1), None)
-            held[(batch, step)] = torch.zeros(shape, dtype=emb.dtype, device=self.ex.device)
-        return held[(batch, step)]
+            shape = (wl.batch_size, wl.step_tokens(op.step), s.hidden_size)
+            held.pop((op.batch, op.step - 2), None)
+            held[key] = torch.zeros(shape, dtype=emb.dtype, device=self.ex.device)
+        s0, s1 = self._span(op.micro)
+        return held[key][s0:s1]
 
-    def _kv(self, d: int, batch: int, layer: int) -> KVCache:
-        """Device d's cache of `layer` for the batch: its kv heads (MLA: the whole latent), every
-        position the run writes; the other layers empty."""
+    def _kv(self, d: int, batch: int, layer: int, seqs: tuple[int, int]) -> KVCache:
+        """Device d's cache of `layer` for the batch's sequences [s0, s1): its kv heads (MLA:
+        the whole latent), every position the run writes; the other layers empty."""
         dev, wl, s = self.dev[d], self.ex.wl, self.spec
         if (batch, layer) not in dev.kv:
             lo, hi = kv_shard(s, self.heads[d]) if not s.kv_dim else (0, 1)
@@ -301,36 +311,37 @@ class TensorParallel:
             dev.kv[(batch, layer)] = tuple(
                 torch.zeros(t.shape, dtype=t.dtype, device=self.ex.device) for t in shapes
             )
-        own = dev.kv[(batch, layer)]
+        own = tuple(t[seqs[0] : seqs[1]] for t in dev.kv[(batch, layer)])
         return KVCache(tuple(own if i == layer else () for i in range(s.n_layers)))
 
     def _attention(self, op: Op, d: int, w: Any) -> None:
-        """Device d's heads over every sequence: its part of attention's output, to be summed."""
-        ex, dev, b = self.ex, self.dev[d], op.batch
-        h = self._hidden(d, b, op.step)
+        """Device d's heads over every sequence (of the op's micro-batch): its part of
+        attention's output, to be summed."""
+        ex, dev, b, part = self.ex, self.dev[d], op.batch, (op.batch, op.micro)
+        h, (s0, s1) = self._hidden(d, op), self._span(op.micro)
         if op.layer == 0:
             if op.step == 0:
-                tokens_in = ex._batches[b].prompt
+                tokens_in = ex._batches[b].prompt[s0:s1]
             else:
-                tokens_in = dev.tokens[b][:, op.step - 1 : op.step]
+                tokens_in = dev.tokens[b][s0:s1, op.step - 1 : op.step]
             h[:] = ex.model.embed(ex._resident[Unit(Tensor.EMBED)], tokens_in)
         key = ("stats", op.id - d)
 
         def reduce(stats: torch.Tensor) -> torch.Tensor:  # QK-norm's sums, over every device
-            dev.stats[b] = stats
+            dev.stats[part] = stats
             return self.stats_group.all_gather(key, d, stats, _ordered_sum)
 
-        kv = self._kv(d, b, op.layer)
-        dev.partial[b] = ex.model.attention_part(op.layer, w, h, kv, ex._positions(op.step), reduce)
+        kv = self._kv(d, b, op.layer, (s0, s1))
+        pos = ex._positions(op.step)
+        dev.partial[part] = ex.model.attention_part(op.layer, w, h, kv, pos, reduce)
 
     def _gate(self, op: Op, d: int, w: Any) -> None:
-        """The router over every sequence (its weights are whole on each device): device d's
-        MoE layer; the writer device publishes the routing."""
-        ex, s, b = self.ex, self.spec, op.batch
-        fi, fw = ex._forced_routing(op, 0, ex.wl.batch_size)
-        h = self._hidden(d, b, op.step)
-        normed, ids, weights = ex.model.gate(op.layer, w, h, fi, fw)
-        n = ex.wl.batch_size
+        """The router over every sequence of the op's micro-batch (its weights are whole on each
+        device): device d's MoE layer; the writer device publishes the routing."""
+        ex, s, (s0, s1) = self.ex, self.spec, self._span(op.micro)
+        fi, fw = ex._forced_routing(op, s0, s1)
+        normed, ids, weights = ex.model.gate(op.layer, w, self._hidden(d, op), fi, fw)
+        n = s1 - s0
         p = _Pending(
             op.step,
             op.layer,
@@ -341,20 +352,24 @@ class TensorParallel:
             torch.zeros(n, dtype=torch.bool),
             torch.ones(n, dtype=torch.bool),
         )
-        self.dev[d].moe[b] = p
-        if d == self.writer:
-            ex._publish(op, p, s.moe_index(op.layer))
+        self.dev[d].moe[(op.batch, op.micro)] = p
+        if d == self.writer:  # the batch's rows: a micro-batch's, the others none (-1)
+            per, k = ex.wl.step_tokens(op.step), s.top_k
+            all_ids = ids.new_full((ex.wl.batch_size * per, k), -1)
+            all_w = weights.new_zeros(all_ids.shape)
+            all_ids[s0 * per : s1 * per], all_w[s0 * per : s1 * per] = ids, weights
+            ex._publish(op, all_ids, all_w, s.moe_index(op.layer))
 
     def _ffn(self, op: Op, d: int, w: Any) -> None:
         """Device d's FFN columns: an MoE layer's shared experts (its part, added in the layer's
         sum) or a dense layer's FFN (its part, to be summed)."""
-        ex, dev, b, part = self.ex, self.dev[d], op.batch, w
+        ex, dev, key = self.ex, self.dev[d], (op.batch, op.micro)
         if self.spec.is_moe(op.layer):
-            p = dev.moe[b]
+            p = dev.moe[key]
             assert p.layer == op.layer, f"{op.label()}: shared experts before the gate"
-            p.shared = ex.model.shared_ffn(part, p.normed)  # [T, H]
+            p.shared = ex.model.shared_ffn(w, p.normed)  # [T, H]
         else:
-            dev.partial[b] = ex.model.dense_ffn_part(part, self._hidden(d, b, op.step))
+            dev.partial[key] = ex.model.dense_ffn_part(w, self._hidden(d, op))
 
     # ---- the all-reduce -------------------------------------------------------------------
     def _what(self, op: Op) -> tuple[str, int]:
@@ -390,17 +405,18 @@ class TensorParallel:
         """The round's id on every device: its device-0 op (`all_reduce` emits a round's ops
         device by device, consecutively)."""
         first = self.ex._ops[op.id - d]
-        assert (first.kind, first.step, first.layer, first.batch) == (
+        assert (first.kind, first.step, first.layer, first.batch, first.micro) == (
             op.kind,
             op.step,
             op.layer,
             op.batch,
+            op.micro,
         ), f"{op.label()}: its round's ops are not consecutive"
         return op.id - d
 
     def _all_reduce(self, op: Op, d: int) -> None:
         what, rnd = self._what(op)
-        ex, dev, b, key = self.ex, self.dev[d], op.batch, self._round_key(op, d)
+        ex, dev, b, key = self.ex, self.dev[d], (op.batch, op.micro), self._round_key(op, d)
         if what == "logits":  # every device's slice of the vocabulary, side by side
             self._logits(op, d, key)
             return
@@ -413,14 +429,14 @@ class TensorParallel:
         whole = self.reduce.all_gather(key, d, chunk, torch.cat)
         if what == "stats":  # summed inside attention already (module doc)
             return
-        h = self._hidden(d, b, op.step)
+        h = self._hidden(d, op)
         h += whole[: h.numel()].view_as(h)
         if what == "moe":
             dev.moe.pop(b)
         order = 1 if what in ("ffn", "moe") else 0
-        ex._note_finite(op.step, op.layer, order, b, what, h)
+        ex._note_finite(op.step, op.layer, order, op.batch, what, h)
 
-    def _part(self, what: str, d: int, b: int) -> torch.Tensor:
+    def _part(self, what: str, d: int, b: Part) -> torch.Tensor:
         """Device d's part of what a round-1 op sums."""
         dev = self.dev[d]
         if what == "stats":
@@ -431,10 +447,11 @@ class TensorParallel:
         return dev.partial.pop(b)
 
     def _logits(self, op: Op, d: int, key: int) -> None:
-        """The head's gather: the whole logits [b, V] on every device, its next tokens; the
-        writer device's are the run's."""
+        """The head's gather: the whole logits [b', V] of the op's sequences on every device,
+        their next tokens; the writer device's are the run's."""
         ex, dev, b, wl = self.ex, self.dev[d], op.batch, self.ex.wl
-        part = dev.partial.pop(b)  # [b, V / G]
+        s0, s1 = self._span(op.micro)
+        part = dev.partial.pop((b, op.micro))  # [b', V / G]
         width = max(hi - lo for lo, hi in self.vocab)
         padded = torch.nn.functional.pad(part, (0, width - part.shape[1]))
 
@@ -444,18 +461,20 @@ class TensorParallel:
             )
 
         logits = self.reduce.all_gather(key, d, padded, side_by_side)
-        next_tokens = logits.argmax(-1)  # [b]
+        next_tokens = logits.argmax(-1)  # [b']
         if b not in dev.tokens:
             dev.tokens[b] = torch.zeros(
                 wl.batch_size, wl.gen_len, dtype=torch.long, device=ex.device
             )
-        dev.tokens[b][:, op.step] = next_tokens
+        dev.tokens[b][s0:s1, op.step] = next_tokens
         if d != self.writer:
             return
         bst = ex._batches[b]
-        bst.logits = logits
-        bst.tokens[:, op.step] = next_tokens
-        bst.written[op.step] += wl.batch_size
+        if bst.logits is None:  # one device's logits ops write it (the writer's stream)
+            bst.logits = logits.new_zeros(wl.batch_size, logits.shape[1])
+        bst.logits[s0:s1] = logits
+        bst.tokens[s0:s1, op.step] = next_tokens
+        bst.written[op.step] += s1 - s0
         ex._note_finite(op.step, self.spec.n_layers, 0, b, "logits", logits)
 
 

@@ -162,25 +162,27 @@ def test_replication_planners_on_two_processes(mixtral_tiny, planner, mode, batc
 
 
 @pytest.mark.parametrize(
-    "name, planner, mode",
+    "name, planner, mode, micro",
     [
-        ("mixtral-tiny", "eplb", "live"),
-        ("mixtral-tiny", "ep_static", "replay"),
-        ("olmoe-mqa", "predictive_replication", "replay"),
-        ("deepseek-v2-lite", "oracle_replication", "replay"),
+        ("mixtral-tiny", "eplb", "live", 1),
+        ("mixtral-tiny", "ep_static", "replay", 1),
+        ("olmoe-mqa", "predictive_replication", "replay", 1),
+        ("deepseek-v2-lite", "oracle_replication", "replay", 1),
+        ("olmoe-mqa", "predictive_replication", "live", 2),
     ],
 )
 def test_tensor_parallel_dense_on_two_processes(
-    mixtral_tiny, olmoe_mqa, f32_ckpt, name, planner, mode
+    mixtral_tiny, olmoe_mqa, f32_ckpt, name, planner, mode, micro
 ):
     """dense=tensor on 2 gloo processes: each rank runs every sequence on its half of the heads
     (mixtral: GQA, a kv head each; olmoe-mqa: QK-norm's statistics summed inside attention over
     the one kv head both hold; DeepSeek: MLA's latent whole on each, its dense layer's and shared
     experts' FFN columns halved) and of the vocabulary; the all-reduce ops are collectives each
-    rank issues in schedule order. Tokens and logits are the in-memory forward's; the trace holds
-    every op once, the simulated run's op set, all-reduces on both ranks and no all-to-all."""
+    rank issues in schedule order (micro=2: each micro-batch's own, in the schedule's order of
+    the two). Tokens and logits are the in-memory forward's; the trace holds every op once, the
+    simulated run's op set, all-reduces on both ranks and no all-to-all."""
     ckpt = {"mixtral-tiny": mixtral_tiny, "olmoe-mqa": olmoe_mqa}.get(name) or f32_ckpt(name)
-    spec = spec_of(ckpt, planner, 3, dense="tensor")
+    spec = spec_of(ckpt, planner, 3, dense="tensor", micro_batches=micro)
     out = run_distributed(str(ckpt), spec, mode, None, 60)
     wl = spec.workload
     ref_tokens, ref_logits = reference_generate(

@@ -158,29 +158,34 @@ def test_micro_batches_match_in_memory_forward(mixtral_tiny, planner, mode):
 
 @pytest.mark.parametrize("mode", ["replay", "live"])
 @pytest.mark.parametrize(
-    "name, planner, devices",
+    "name, planner, devices, micro",
     [
-        ("mixtral-tiny", "eplb", 2),
-        ("mixtral-tiny", "ep_static", 4),
-        ("olmoe-1b-7b", "predictive_replication", 2),
-        ("deepseek-v2-lite", "ep_static", 2),
+        ("mixtral-tiny", "eplb", 2, 1),
+        ("mixtral-tiny", "ep_static", 4, 1),
+        ("olmoe-1b-7b", "predictive_replication", 2, 1),
+        ("deepseek-v2-lite", "ep_static", 2, 1),
+        ("mixtral-tiny", "predictive_replication", 2, 2),
+        ("deepseek-v2-lite", "eplb", 2, 2),
     ],
 )
 def test_tensor_parallel_dense_matches_in_memory_forward(
-    mixtral_tiny, f32_ckpt, name, planner, devices, mode
+    mixtral_tiny, f32_ckpt, name, planner, devices, micro, mode
 ):
     """dense=tensor on G GPUs' streams of one process: each runs every sequence on its 1/G of
     the heads (mixtral: GQA's 2 kv heads, one each on 2 GPUs, each held by 2 of 4; OLMoE:
     QK-norm's statistics summed inside attention; DeepSeek: MLA's latent whole on each, its
     dense layer's and shared experts' FFN columns split) and of the vocabulary, and the
     schedule's all-reduce ops sum the parts. Every all-reduce op runs once, on its device's
-    link; no sequence is split."""
+    link. micro=2 (two-batch overlap): batch 3 as micro-batches of sequences 0-1 and 2, each
+    with its own attention, gate, experts and all-reduces; logits within 1e-5."""
     ckpt = mixtral_tiny if name == "mixtral-tiny" else f32_ckpt(name)
     model, _ = load_checkpoint(ckpt)
     hw = hardware(0.05, 0.05, n_gpus=devices)
-    spec = RunSpec(model, hw, WORKLOAD, planner, {"dense": "tensor", "n_devices": devices})
+    wl = WORKLOAD.with_(batch_size=3) if micro > 1 else WORKLOAD
+    params = {"dense": "tensor", "n_devices": devices, "micro_batches": micro}
+    spec = RunSpec(model, hw, wl, planner, params)
     result, out = real_execute(ckpt, spec, mode)
-    assert_matches_reference(ckpt, spec, result, out)
+    assert_matches_reference(ckpt, spec, result, out, 1e-5 if micro > 1 else ATOL)
     t = result.trace
     assert sorted(t["op_id"]) == list(range(len(result.schedule)))  # every op exactly once
     assert set(t["source"]) == {"real"}
@@ -189,7 +194,12 @@ def test_tensor_parallel_dense_matches_in_memory_forward(
     assert len(reduce) and set(reduce["resource"].astype(str)) == links
     assert not t["kind"].isin([OpKind.DISPATCH.value, OpKind.COMBINE.value]).any()
     heads = t[t["kind"] == OpKind.HEAD.value]
-    assert (heads["tokens"] == WORKLOAD.batch_size).all() and len(heads) == devices * 2 * 3
+    assert len(heads) == devices * wl.n_batches * wl.gen_len * micro
+    per_step = heads.groupby(["step", "batch", "stream"])["tokens"].sum()
+    assert (per_step == wl.batch_size).all()  # every device's heads cover every sequence
+    if micro > 1:  # every dense, expert and all-reduce op belongs to one micro-batch
+        kinds = [OpKind.ATTENTION, OpKind.GATE, OpKind.EXPERT, OpKind.ALL_REDUCE, OpKind.HEAD]
+        assert set(t.loc[t["kind"].isin([k.value for k in kinds]), "micro"]) == {0, 1}
 
 
 RESIDENT_1GPU = hardware(0.05, 0.05)
