@@ -5,7 +5,8 @@ attention heads, `head_shard`; of the FFN columns, `ffn_shard`; of the vocabular
 `planners.ep.dense` emits them: a reduce-scatter round then an all-gather round (attention, a
 dense FFN, an MoE layer's routed and shared experts), or one gather round (the head's logits).
 
-Each device keeps its own hidden state, KV heads, MoE layer and generated tokens, so the G
+Each device keeps its own hidden state, KV heads, MoE layer and generated tokens (a
+micro-batch's ops, under two-batch overlap, work on its sequences' rows of them), so the G
 devices of one process (virtual devices on threads, `ThreadCollective`) and G processes
 (`ProcessCollective` over torch.distributed, one device each; such a process keeps only its
 device's shard of each dense unit, `keep_shards`) run the same code. A round's
