@@ -67,12 +67,7 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
                 str(out_dir),
             ) from None
         with interrupt_deferred():  # Ctrl-C now would leave neither result
-            new = {p.name for p in tmp.iterdir()}
-            _move_aside(out_dir, new | set(RUN_FILES))
-            for name in sorted(new):
-                os.replace(tmp / name, out_dir / name)
-            atomic_write_text(out_dir / "summary.json", text)
-            shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)
+            _swap(out_dir, tmp, text)
         keep_hydra_record(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,19 +127,22 @@ def staged_outputs(
     made = not out.exists() if made is None else made
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    aside = out / f"{tmp.name}-earlier"  # the outputs replaced, until the new ones are in
     try:
         tmp.mkdir()
         yield tmp
         new = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == last)
         with interrupt_deferred():
-            for name in (set(new) | stale(out)) - {tmp.name}:
-                old = out / name
-                if old.is_dir() and not old.is_symlink():
-                    shutil.rmtree(old)
-                else:
-                    old.unlink(missing_ok=True)
-            for name in new:
-                os.replace(tmp / name, out / name)
+            moved_in: list[str] = []
+            try:
+                _move_aside(out, aside, (set(new) | stale(out)) - {tmp.name, aside.name})
+                for name in new:
+                    os.replace(tmp / name, out / name)
+                    moved_in.append(name)
+            except BaseException:  # the earlier outputs back, as they were
+                _put_back(out, aside, moved_in)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if made and out.is_dir() and not any(out.iterdir()):
@@ -154,14 +152,54 @@ def staged_outputs(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _move_aside(out_dir: Path, names: set[str]) -> None:
-    """The old result's files into `.previous`, summary.json first (a dir without it holds no
+def _swap(out_dir: Path, tmp: Path, summary: str) -> None:
+    """The new result in `tmp` into `out_dir`, its summary.json (`summary`) written last, the old
+    one's files set aside in `.previous` meanwhile. An OSError on the way (a summary.json that
+    cannot be moved: immutable, on a read-only mount) undoes what was done, and the earlier
+    result stays as it was, with no `.previous` beside it."""
+    new = sorted(p.name for p in tmp.iterdir())
+    moved_in: list[str] = []
+    try:
+        _move_aside(out_dir, out_dir / PREVIOUS, set(new) | set(RUN_FILES))
+        for name in new:
+            os.replace(tmp / name, out_dir / name)
+            moved_in.append(name)
+        atomic_write_text(out_dir / "summary.json", summary)
+    except OSError as e:
+        _put_back(out_dir, out_dir / PREVIOUS, moved_in)
+        raise OSError(
+            e.errno,
+            f"cannot replace the run's result ({e.strerror or e}); the earlier result there is "
+            "kept",
+            e.filename or str(out_dir),
+        ) from None
+    shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)
+
+
+def _move_aside(out_dir: Path, aside: Path, names: set[str]) -> None:
+    """The old result's files into `aside`, summary.json first (a dir without it holds no
     result, so no mix of two runs is ever read as one)."""
-    prev = out_dir / PREVIOUS
-    prev.mkdir(exist_ok=True)
+    aside.mkdir(exist_ok=True)
     for name in ["summary.json", *sorted(names - {"summary.json"})]:
-        if (out_dir / name).exists():
-            os.replace(out_dir / name, prev / name)
+        if (out_dir / name).exists() or (out_dir / name).is_symlink():
+            os.replace(out_dir / name, aside / name)
+
+
+def _put_back(out_dir: Path, aside: Path, moved_in: list[str]) -> None:
+    """Undo a swap that failed part way: the new files that moved in go, the old ones come back
+    from `aside` (summary.json last), and `aside` goes."""
+    for name in moved_in:
+        old = out_dir / name
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    try:
+        for p in sorted(aside.iterdir(), key=lambda p: p.name == "summary.json"):
+            os.replace(p, out_dir / p.name)
+        aside.rmdir()
+    except OSError:  # (or aside was never made) what is left, the next run puts back
+        pass
 
 
 def restore_previous(out_dir: Path) -> None:
@@ -350,10 +388,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     the permissions a plain write gives (mkstemp's are 0600: others in a shared group could not
     read a run's summary)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o666 & ~_UMASK)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, `path` immutable: no hidden half-file is left
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _umask() -> int:

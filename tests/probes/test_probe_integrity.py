@@ -191,3 +191,65 @@ def test_a_sweep_whose_points_leave_it_or_share_a_dir_by_exclusion_is_refused(
     r = cli_here("experiments.run", "-m", *args, *extra)
     one_line(r, *names)
     assert not sweep.exists() and not (tmp_path / "out1").exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` (hidden ones too), with a file's bytes."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("refused", ["summary.json", ".summary.json.", "trace.parquet"])
+def test_a_rerun_whose_swap_is_refused_leaves_the_earlier_result_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
+) -> None:
+    """A summary.json that cannot be moved aside (immutable, `chattr +i`), a new summary that
+    cannot take its place, a new file that cannot move in: the rerun fails in one line naming
+    the file, and the dir holds the earlier result exactly, where an empty `.previous` (or the
+    earlier files inside it, with no summary.json in the dir) was left behind."""
+    from experiments.common import run_dir
+
+    run = tmp_path / "run"
+    replace_run(run, {"planner": "old"}, lambda tmp: (tmp / "trace.parquet").write_text("old"))
+    before = _tree(run)
+    real = os.replace
+
+    def refuse(src: Any, dst: Any) -> None:
+        if Path(src).name.startswith(refused):
+            raise PermissionError(1, "Operation not permitted", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(run_dir.os, "replace", refuse)
+    with pytest.raises(OSError) as info:
+        replace_run(run, {"planner": "new"}, lambda tmp: (tmp / "trace.parquet").write_text("new"))
+    assert "earlier result there is kept" in str(info.value) and info.value.filename
+    assert _tree(run) == before
+
+
+def test_outputs_whose_swap_is_refused_stay_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command's outputs (a report page, validate's tables) replaced in one swap: one new file
+    that cannot move in puts the earlier outputs back, where they had been deleted already."""
+    from experiments.common import run_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("a.csv", "b.csv", "index.html"):
+        (out / name).write_text(f"old {name}")
+    before = _tree(out)
+    real = os.replace
+
+    def refuse(src: Any, dst: Any) -> None:
+        staged = Path(src).parent.name.startswith(".partial-")  # not the earlier ones, set aside
+        if Path(src).name == "index.html" and staged and "-earlier" not in str(src):
+            raise PermissionError(1, "Operation not permitted", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(run_dir.os, "replace", refuse)
+    with pytest.raises(PermissionError), run_dir.staged_outputs(out, last="index.html") as tmp:
+        for name in ("a.csv", "b.csv", "index.html"):
+            (tmp / name).write_text(f"new {name}")
+    assert _tree(out) == before
