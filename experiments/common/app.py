@@ -46,6 +46,7 @@ from experiments.common.overrides import (
     check_sweep,
     field_type,
 )
+from experiments.common.run_dir import remove_unused, run_dirs_made
 from experiments.common.yaml_size import check_yaml_size
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
@@ -255,7 +256,27 @@ def hydra_main(
     """Run `task` as a hydra app on `argv` (default sys.argv[1:]) and return its exit status.
     `hydra_args` come before the user's (who may override them). A composition error (unknown
     key, wrong type, missing config) is one `error: ` line and status 2; so is a MoepipeError
-    from the task."""
+    from the task. A run dir hydra made for a run that failed goes where it holds nothing of
+    the run's (`run_dir.remove_unused`)."""
+    status = 2
+    with run_dirs_made() as made:
+        try:
+            status = _hydra_main(task, config_name, argv, doc, hydra_args, file_groups, conf_dir)
+        finally:
+            if status != 0:
+                remove_unused(made)
+    return status
+
+
+def _hydra_main(
+    task: Callable[[DictConfig], Any],
+    config_name: str,
+    argv: Sequence[str] | None,
+    doc: str | None,
+    hydra_args: Sequence[str],
+    file_groups: Sequence[str],
+    conf_dir: Path,
+) -> int:
     import hydra
 
     argv = list(sys.argv[1:] if argv is None else argv)

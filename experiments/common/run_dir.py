@@ -407,3 +407,53 @@ def _umask() -> int:
 
 
 _UMASK = _umask()
+
+
+@contextmanager
+def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
+    """Inside: each single run's dir that hydra makes (not there before), with the topmost of
+    its folders made for it, listed as the run starts. A command whose input is refused
+    (`remove_unused`) then takes them away: hydra makes the dir before it configures logging
+    and before the command reads its options, so an interpolation that fails in either left
+    an empty folder. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
+    import hydra._internal.hydra as hydra_run
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    run_job = hydra_run.run_job
+    made: list[tuple[Path, Path]] = []
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        config, key = kwargs.get("config"), kwargs.get("job_dir_key")
+        if config is not None and key and kwargs.get("job_subdir_key") is None:
+            try:  # as run_job reads it (hydra's `now` caches its time: the same folder)
+                HydraConfig.instance().set_config(config)
+                out = Path(str(OmegaConf.select(config, key))).absolute()
+            except Exception:  # run_job fails on it next, before it makes a folder
+                out = None
+            top = out and next((p for p in (out, *out.parents) if p.parent.exists()), None)
+            if out is not None and top is not None and not top.exists():
+                made.append((out, top))
+        return run_job(*args, **kwargs)
+
+    hydra_run.run_job = noted  # type: ignore[assignment]
+    try:
+        yield made
+    finally:
+        hydra_run.run_job = run_job  # type: ignore[assignment]
+
+
+def remove_unused(made: list[tuple[Path, Path]]) -> None:
+    """The run dirs `run_dirs_made` listed, gone where they hold only what hydra put there
+    (.hydra, a log file), with their folders made for them that are empty then."""
+    for out, top in made:
+        if out.is_dir() and all(p.name == HYDRA or p.suffix == ".log" for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)
+        for folder in (out, *out.parents):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not there
+                if folder.exists():
+                    break
+            if folder == top:
+                break

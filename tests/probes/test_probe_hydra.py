@@ -386,6 +386,29 @@ def test_an_interpolation_that_fails_names_its_key(
     assert not (tmp_path / "r").exists()
 
 
+
+@pytest.mark.parametrize(
+    "module, args, names",
+    [
+        ("experiments.collect", ["dir=${nosuch.key}"], ["dir: ", "nosuch.key"]),
+        ("experiments.collect", ["dir=/nonexistent-moepipe"], ["dir=/nonexistent-moepipe"]),
+        ("experiments.report", ["dir=${nosuch.key}"], ["dir: ", "nosuch.key"]),
+        ("experiments.routing_stats", ["trace_dir=${nosuch.key}"], ["trace_dir: "]),
+        ("experiments.run", [*TINY, "hydra.job.name=${nosuch.key}"], ["nosuch.key"]),
+        ("experiments.run", [*TINY, "workload.batch_size=-1"], ["workload.batch_size"]),
+    ],
+    ids=["collect, interpolation", "collect, no folder", "report", "routing_stats", "log", "run"],
+)
+def test_a_refused_input_leaves_no_run_dir(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], names: list[str]
+) -> None:
+    """hydra makes the run dir (and the folders above it) before it sets up logging and before
+    the command reads its options: a command refusing its input left an empty one behind, and
+    experiments.run, which removes its own, the folders above it."""
+    r = cli_here(module, *args, f"hydra.run.dir={tmp_path / 'new' / 'r'}")
+    one_line(r, *names)
+    assert not (tmp_path / "new").exists()
+
 def test_an_entry_a_mapping_lacks_says_how_to_add_it(tmp_path: Path, cli_here: Any) -> None:
     """`hardware.gpu.overhead_us_by_kind.load=1` (an op kind, without `+`): "unknown key" alone;
     hydra's own message said to add it with `+`, and `+` adds it."""
