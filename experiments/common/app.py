@@ -46,6 +46,7 @@ from experiments.common.overrides import (
     check_sweep,
     field_type,
 )
+from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_unused, run_dirs_made
 from experiments.common.yaml_size import check_yaml_size
 
@@ -350,12 +351,13 @@ def _checked_args(
     if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
         overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     check_hydra_overrides(overrides, conf_dir, file_groups)
+    config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
+    check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]
     for o in overrides:
         check_bool(o)
         check_scalar_parent(o)
     if {"-m", "--multirun"} & set(flags):
-        config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
         check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
     return flags, overrides
 

@@ -375,3 +375,35 @@ def test_a_real_run_past_max_position_embeddings_warns_once(
     r = real_run(ck, tmp_path / "fits", *sizes, "workload.prompt_len=5")
     assert r.returncode == 0, r.stderr
     assert "max_position_embeddings" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["+hydra.launcher.foo=1"], ["hydra.launcher.foo: unknown key", "JoblibLauncher"]),
+        (["++hydra.launcher.n_job=1"], ["hydra.launcher.n_job", "did you mean 'n_jobs'"]),
+        (["+hydra.sweeper.foo=1"], ["hydra.sweeper.foo: unknown key", "BasicSweeper"]),
+        (["hydra/launcher=basic", "+hydra.launcher.n_jobs=2"], ["hydra.launcher.n_jobs"]),
+        (["hydra/launcher=submitit_local", "+hydra.launcher.timeout_mn=3"], ["timeout_min"]),
+        (["+hydra.job_logging.foo=1"], ["hydra.job_logging.foo: unknown key", "handlers"]),
+    ],
+)
+def test_a_key_hydras_launcher_or_sweeper_lacks_is_refused(
+    tmp_path: Path, cli_here: Any, args: list[str], names: list[str]
+) -> None:
+    """hydra's schema types its launcher and sweeper `Any`: a key added to them was taken, and
+    read by nothing (the basic launcher's n_jobs either); so was one of a logging config."""
+    r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, *names)
+    assert not (tmp_path / "r").exists()
+
+
+def test_keys_hydra_and_its_launchers_have_are_taken(tmp_path: Path, cli_here: Any) -> None:
+    """The keys hydra and the chosen launcher define, and one under a free mapping of hydra's."""
+    for args in (
+        ["hydra.launcher.n_jobs=1", "hydra.job.chdir=true", "+hydra.job.env_set.MOEPIPE_X=1"],
+        ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=3"],
+        ["+hydra.job_logging.incremental=false"],
+    ):
+        r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'r'}")
+        assert r.returncode == 0, (args, r.stderr)
