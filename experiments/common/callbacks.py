@@ -8,8 +8,10 @@ atomically). Wired in `conf/config.yaml` (`hydra.callbacks.progress`) and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import secrets
 import sys
 import threading
 import time
@@ -46,33 +48,73 @@ def sweep_size(config: DictConfig) -> int | None:
         return None
 
 
-def finished_runs(sweep_dir: Path, since: float) -> tuple[int, int]:
-    """(finished, reused): the runs of the sweep that started at wall clock `since` that hold a
-    summary.json, and how many of those an earlier sweep wrote. A run dir is this sweep's once
-    its job has started (hydra rewrites its `.hydra/hydra.yaml` then, a reused run's too), so
-    other sweeps' runs in the same fixed sweep dir do not count; it was reused if its summary is
-    older than that start (not by the wall clock: an earlier sweep may have ended within the
-    second before this one began). Under `hydra.output_subdir=null` (no .hydra) a run counts once
-    its summary is written in this sweep; reused ones do not."""
+def finished_runs(sweep_dir: Path, token: str) -> tuple[int, int]:
+    """(finished, reused): the runs of the sweep of `token` that hold a summary.json, and how
+    many of those an earlier sweep wrote. A run is this sweep's once its job has started in it:
+    the job writes the sweep's token into the run dir first (`SweepProgress.on_job_start`), so
+    other sweeps' runs in the same fixed sweep dir do not count, even one started within the
+    second before (which mtimes, whole seconds on some file systems, could not tell apart). It
+    was reused where its summary.json is still the file that was there when its job started."""
     finished = reused = 0
     for summary in _summaries(sweep_dir):
+        mark = _marked(summary.parent)
+        if mark is None or mark.get("sweep") != token:
+            continue
         try:
-            written = summary.stat().st_mtime
-            job = summary.parent / ".hydra"
-            # a run is this sweep's once its job started in it; with hydra.output_subdir=null
-            # (no .hydra) only the summaries this sweep writes count
-            started = (job / "hydra.yaml").stat().st_mtime if job.is_dir() else None
-            if started is None:
-                old, mine = False, written >= since - 1.0
-            else:
-                old, mine = written < started, started >= since - 1.0
+            now = _identity(summary)
         except OSError:  # a rerun just removed it
             continue
-        if not mine:
-            continue
-        reused += old
+        reused += mark.get("earlier") == now
         finished += 1
     return finished, reused
+
+
+SWEEP_MARK = ".sweep.json"  # in a run dir: the token of the sweep whose job ran in it last
+
+
+def mark_run(run_dir: Path, token: str) -> None:
+    """Record in `run_dir` that the sweep of `token` runs it now, and which summary.json it
+    held then (one of an earlier sweep, if any), replacing an earlier sweep's mark."""
+    import json
+
+    from experiments.common.run_dir import atomic_write_text
+
+    try:
+        earlier = _identity(run_dir / "summary.json")
+    except OSError:
+        earlier = None
+    atomic_write_text(run_dir / SWEEP_MARK, json.dumps({"sweep": token, "earlier": earlier}))
+
+
+def _identity(path: Path) -> list[int]:
+    """What tells one file at `path` from the one that replaces it (a result is moved in whole,
+    as a new file): its inode and its mtime in nanoseconds."""
+    st = path.stat()
+    return [st.st_ino, st.st_mtime_ns]
+
+
+def _marked(run_dir: Path) -> dict[str, Any] | None:
+    """The sweep mark of `run_dir`; None where it has none (a job not started yet) or it is not
+    one (written by hand)."""
+    import json
+
+    try:
+        mark = json.loads((run_dir / SWEEP_MARK).read_text())
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) else None
+
+
+def failed_runs(sweep_dir: Path, token: str) -> list[str]:
+    """The run dirs of the sweep of `token` (relative to `sweep_dir`) whose run failed on bad
+    input: a run removes its old failed.txt when it starts again, so one left from an earlier
+    sweep of other points is not this sweep's."""
+    failed = []
+    for path in sweep_dir.rglob(FAILED):
+        mark = _marked(path.parent)
+        if mark is not None and mark.get("sweep") == token:
+            failed.append(str(path.parent.relative_to(sweep_dir)))
+    return sorted(failed)
 
 
 def _summaries(sweep_dir: Path) -> Iterator[Path]:
@@ -202,15 +244,27 @@ class SweepProgress(Callback):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
-        self._started = 0.0  # wall clock at the sweep's start
+        self._token = ""  # this sweep's, in the run dirs its jobs start in (finished_runs)
         self._python: str | None = None  # sys.executable while workers_ignore_ctrl_c's is set
 
     def __getstate__(self) -> dict[str, Any]:  # launchers pickle callbacks into their workers
-        return {"poll_s": self.poll_s}
+        return {"poll_s": self.poll_s, "token": self._token}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+        self.__init__(poll_s=state["poll_s"])  # type: ignore[misc]
+        self._token = state.get("token", "")
         name_config_write_errors()  # in the launcher's worker, which unpickles this
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """In the job's process (a launcher's worker), before the run: its dir is this
+        sweep's from now on. A single run (no sweep, so no token) is not marked."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if not self._token:
+            return
+        # a dir the run cannot write either: its own error says so
+        with contextlib.suppress(OSError):
+            mark_run(Path(HydraConfig.get().runtime.output_dir), self._token)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -221,7 +275,7 @@ class SweepProgress(Callback):
         made = not sweep_dir.exists()  # by this sweep: hydra makes it after this callback
         self._python = workers_ignore_ctrl_c()
         self._t0 = time.perf_counter()
-        self._started = time.time()
+        self._token = secrets.token_hex(8)
         self._stop.clear()
         # a sweep's only: a single run does not import tqdm (and importlib.metadata with it)
         from tqdm import tqdm
@@ -257,10 +311,10 @@ class SweepProgress(Callback):
 
         def poll() -> None:
             while not self._stop.wait(self.poll_s):
-                done, _ = finished_runs(sweep_dir, self._started)
+                done, _ = finished_runs(sweep_dir, self._token)
                 if done != bar.n:
                     bar.update(done - bar.n)
-            bar.update(finished_runs(sweep_dir, self._started)[0] - bar.n)
+            bar.update(finished_runs(sweep_dir, self._token)[0] - bar.n)
             bar.close()
 
         self._thread = threading.Thread(target=poll, daemon=True)
@@ -275,19 +329,13 @@ class SweepProgress(Callback):
             self._thread.join()
         wall = time.perf_counter() - self._t0
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        done, reused = finished_runs(sweep_dir, self._started)
+        done, reused = finished_runs(sweep_dir, self._token)
         earlier = f" ({reused} already finished, reused)" if reused else ""
         print(
             f"sweep {sweep_dir}: {done} run(s) finished{earlier}, wall time {wall:.1f} s",
             file=sys.stderr,
         )
-        # this sweep's failed points (a run removes its old failed.txt when it starts again;
-        # one left from an earlier sweep of other points is not this sweep's)
-        failed = sorted(
-            str(p.parent.relative_to(sweep_dir))
-            for p in sweep_dir.rglob(FAILED)
-            if p.stat().st_mtime >= self._started - 1.0
-        )
+        failed = failed_runs(sweep_dir, self._token)
         if failed:  # the last end-of-sweep callback (hydra calls them in reverse), so reports ran
             print(
                 f"error: sweep {sweep_dir}: {len(failed)} run(s) failed "

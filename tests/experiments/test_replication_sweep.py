@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -141,10 +140,8 @@ def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path, cli_here
     again = cli_here("experiments.run", *replication_sweep_args(out, one))
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(rows)} already finished, reused" in again.stderr, again.stderr[-2000:]
-    # the same run dir under another split: config.yaml differs, so it runs again. A second
-    # apart: a sweep counts as its own the runs whose job started within the second before it
-    # (`callbacks.finished_runs`, for file systems of whole-second mtimes)
-    time.sleep(1.1)
+    # the same run dir under another split: config.yaml differs, so it runs again. Right
+    # after the sweep before: each counts the runs its own jobs marked (`finished_runs`)
     keys = "[experiment,replication_row,workload.batch_size,replication.split]"
     other = cli_here(
         "experiments.run",

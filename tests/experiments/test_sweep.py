@@ -471,50 +471,63 @@ def test_a_sweep_of_infeasible_runs_says_so(
     assert len(err) == 1 and "no feasible runs" in err[0] and "does not fit" in err[0]
 
 
-def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(tmp_path: Path) -> None:
+def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(
+    tmp_path: Path, sweep_here: Any
+) -> None:
     """A point that failed on bad input keeps its failed.txt; a later sweep of other points in
-    the same dir exits 0, and collect names the old point as failed, not as interrupted.
-    (Commands of their own: a failed.txt written within a second of a sweep's start counts as
-    that sweep's, and the test's process would start the next sweep sooner than that.)"""
+    the same dir exits 0, and collect names the old point as failed, not as interrupted. Both
+    in this process, the second within a second of the first: a failed.txt written within the
+    second before a sweep's start counted as that sweep's (mtimes, with a second's slack)."""
     d = tmp_path / "f"
-    r = sweep(d, "planner=sequential", "workload.batch_size=-1")
+    r = sweep_here(d, "planner=sequential", "workload.batch_size=-1")
     assert r.returncode == 2 and "run(s) failed (" in r.stderr
-    r = sweep(d, "planner=sequential", "workload.batch_size=2")
+    r = sweep_here(d, "planner=sequential", "workload.batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
     _, problems = collect(d)
     assert len(problems) == 1 and "bs-1" in problems[0] and "failed: " in problems[0]
 
 
+def test_two_sweeps_in_one_folder_count_their_own_runs(tmp_path: Path, cli_here: Any) -> None:
+    """Two sweeps of other points into one folder, the second right after the first: each
+    counts the runs its jobs ran. The second counted the first's runs whose job had started
+    within the second before it as its own (mtimes, with a second's slack for file systems of
+    whole seconds), and reported 2 finished runs for its 1."""
+    d = tmp_path / "s"
+    base = ["-m", *TINY, "planner=sequential", f"hydra.sweep.dir={d}", SERIAL]
+    r = cli_here("experiments.run", *base, "workload.batch_size=2")
+    assert r.returncode == 0 and f"sweep {d}: 1 run(s) finished, wall" in r.stderr, r.stderr
+    r = cli_here("experiments.run", *base, "workload.batch_size=4")
+    assert r.returncode == 0 and f"sweep {d}: 1 run(s) finished, wall" in r.stderr, r.stderr
+    r = cli_here("experiments.run", *base, "workload.batch_size=2,4")
+    assert f"sweep {d}: 2 run(s) finished (2 already finished, reused)" in r.stderr, r.stderr
+
+
 def test_progress_counts_only_this_sweeps_runs(tmp_path: Path) -> None:
     """A fixed sweep dir (experiment=compare's) holds earlier sweeps' runs: the bar counts the
-    runs whose job started in this sweep (hydra rewrote their .hydra/), reused ones among them
-    (before, every summary.json under the dir counted, so a 2-run sweep could show 6/2)."""
-    import os
+    runs whose job started in this sweep (marked with its token), reused ones among them, those
+    whose summary.json is the one there when the job started (before, every summary.json under
+    the dir counted, so a 2-run sweep could show 6/2)."""
+    from experiments.common.callbacks import finished_runs, mark_run
+    from experiments.common.run_dir import atomic_write_text
 
-    from experiments.common.callbacks import finished_runs
+    def summary(name: str) -> None:
+        atomic_write_text(tmp_path / name / "summary.json", "{}")  # a new file, as runs write
 
-    start = 1_000_000.0
-    for name, job_t, summary_t in [
-        ("old", start - 60, start - 60),
-        ("reused", start + 5, start - 60),
-        ("new", start + 5, start + 9),
-        ("running", start + 5, None),
-    ]:
-        (tmp_path / name / ".hydra").mkdir(parents=True)
-        os.utime(tmp_path / name / ".hydra", (0, 0))
-        hy = tmp_path / name / ".hydra" / "hydra.yaml"
-        hy.write_text("")
-        os.utime(hy, (job_t, job_t))
-        if summary_t is not None:
-            (tmp_path / name / "summary.json").write_text("{}")
-            os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
-    assert finished_runs(tmp_path, start) == (2, 1)
-    for name, summary_t in [("bare_new", start + 9), ("bare_old", start - 60)]:  # no .hydra
+    for name in ("old", "reused", "new", "running", "unstarted"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text("{}")
-        os.utime(tmp_path / name / "summary.json", (summary_t, summary_t))
-    assert finished_runs(tmp_path, start) == (3, 1)
-    assert finished_runs(tmp_path / "absent", start) == (0, 0)
+    mark_run(tmp_path / "old", "earlier")
+    summary("old")
+    summary("reused")
+    mark_run(tmp_path / "reused", "mine")
+    mark_run(tmp_path / "new", "mine")
+    summary("new")
+    mark_run(tmp_path / "running", "mine")
+    summary("unstarted")
+    assert finished_runs(tmp_path, "mine") == (2, 1)
+    summary("reused")  # its rerun replaced the result: this sweep's, not reused
+    assert finished_runs(tmp_path, "mine") == (2, 0)
+    assert finished_runs(tmp_path, "earlier") == (1, 0)
+    assert finished_runs(tmp_path / "absent", "mine") == (0, 0)
 
 
 def test_progress_survives_a_run_dir_renamed_mid_walk(tmp_path: Path, monkeypatch) -> None:
@@ -524,10 +537,11 @@ def test_progress_survives_a_run_dir_renamed_mid_walk(tmp_path: Path, monkeypatc
     sweep. A run's staged summary is no finished run either."""
     import os
 
-    from experiments.common.callbacks import finished_runs
+    from experiments.common.callbacks import finished_runs, mark_run
 
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
+        mark_run(tmp_path / name, "t")
         (tmp_path / name / "summary.json").write_text("{}")
     (tmp_path / "c" / ".partial-1").mkdir()
     (tmp_path / "c" / ".partial-1" / "summary.json").write_text("{}")
@@ -539,7 +553,7 @@ def test_progress_survives_a_run_dir_renamed_mid_walk(tmp_path: Path, monkeypatc
         return real_scandir(path, *a, **k)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    assert finished_runs(tmp_path, 0.0) == (2, 0)  # a and c; b is counted on the next poll
+    assert finished_runs(tmp_path, "t") == (2, 0)  # a and c; b is counted on the next poll
 
 
 def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(
