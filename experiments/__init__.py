@@ -22,13 +22,19 @@ def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
     rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
     world = int(size) if size.isdigit() else 1  # malformed: the command says so once it runs
     if signum == signal.SIGTERM and rank is not None and rank.isdigit() and world > 1:
-        # one rank of torchrun's, whose agent stops them all once one fails (as
-        # common.dist_run.stop_on_sigterm says once the command runs)
-        other = f"rank {1 - int(rank)}" if world == 2 else "another rank"
-        line = (
-            f"error: rank {rank} was stopped by torchrun (SIGTERM) while it started: {other} "
-            "failed or died first, or the launch itself was stopped"
-        )
+        # one rank of torchrun's, whose agent stops them all once one ends: one line for the
+        # launch (as common.dist_run.stop_on_sigterm says once the command runs)
+        from experiments.common.launch_line import first_to_say, gone_peers
+
+        if not first_to_say():
+            os._exit(128 + signum)
+        lost = gone_peers()
+        line = f"error: rank {rank} was stopped (SIGTERM) while it started; nothing was written"
+        if lost:
+            line = (
+                f"error: rank {lost[0]} failed or died first (killed, or ended without a line); "
+                f"torchrun stopped rank {rank} (SIGTERM) while it started"
+            )
     print(line, file=sys.stderr)
     sys.stderr.flush()
     # Not SystemExit: raised inside an import, a library's bare `except:` can swallow it (the

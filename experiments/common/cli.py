@@ -230,7 +230,10 @@ def exit_with(e: BaseException) -> None:
     line = any_error_line(e)
     rank = other_rank()
     if rank is None or f"rank {rank}" in line:
-        print(f"error: {line}", file=sys.stderr)
+        from experiments.common.launch_line import first_to_say
+
+        if first_to_say():  # under torchrun: no other rank said why the launch stopped
+            print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -35,6 +35,8 @@ from typing import Any
 
 from core.errors import ConfigError, MoepipeError
 from core.routing import Routing
+from experiments.common.launch_line import all_local, first_to_say, gone_peers
+from experiments.common.launch_line import launched_ranks as _launched_ranks
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
 from experiments.common.run_dir import interrupt_deferred
 
@@ -300,27 +302,12 @@ def watch_local_peers(rank: int) -> None:
             time.sleep(0.2)
             r = stops.long_stopped(peers, time.monotonic())
             if r is not None:
-                print(f"error: {stopped_line(r)}", file=sys.stderr, flush=True)
+                if first_to_say():
+                    print(f"error: {stopped_line(r)}", file=sys.stderr, flush=True)
                 os._exit(FAILED)
 
     if peers:
         threading.Thread(target=watch, name="peer-stops", daemon=True).start()
-
-
-def _launched_ranks(launcher: int) -> dict[int, int]:
-    """rank -> pid of the processes `launcher` started with RANK set (torchrun's ranks)."""
-    ranks = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((d / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != launcher:
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):  # gone, or not ours to read
-            continue
-        for kv in env:
-            if kv.startswith(b"RANK=") and kv[5:].isdigit():
-                ranks[int(kv[5:])] = int(d.name)
-    return ranks
 
 
 def _is_stopped(pid: int) -> bool:
@@ -469,21 +456,27 @@ def _rank(
 
 
 def stop_on_sigterm(rank: int, held: list[Any] | None = None) -> None:
-    """Under torchrun: on SIGTERM (its agent stops every rank once one fails, often before this
-    one's transfers with the dead rank fail), one line naming the rank that went away, as this
-    rank's transfers find it within a second (`held`: this rank's Peers, once made), or what is
-    known; then exit 2 at once, nothing written."""
+    """Under torchrun: on SIGTERM, one line for the launch, then exit 2 at once, nothing
+    written. Its agent stops every rank once one ends: where another rank said why first
+    (`launch_line.first_to_say`), this one ends without a line; where a rank beside it ended
+    without one (killed), the line names that rank, as this rank's transfers find it within a
+    second (`held`: this rank's Peers, once made); where every rank still runs, this one was
+    the one stopped (a kill of its own, or of the whole launch), and the line says so."""
 
     def stopped(*_: Any) -> None:
-        gone = held[0].wait_gone(1.0) if held else None
-        world = int(os.environ.get("WORLD_SIZE", "0"))
-        other = f"rank {1 - rank}" if world == 2 else "another rank"
-        line = (
-            str(gone)
-            if gone is not None
-            else f"rank {rank} was stopped by torchrun (SIGTERM): {other} failed or died "
-            "first, or the launch itself was stopped"
-        )
+        if not first_to_say():
+            os._exit(FAILED)
+        lost = gone_peers()
+        gone = held[0].wait_gone(1.0) if held and (lost or not all_local()) else None
+        if gone is not None:
+            line = str(gone)
+        elif lost:
+            line = (
+                f"rank {lost[0]} failed or died first (killed, or ended without a line); "
+                f"torchrun stopped rank {rank} (SIGTERM)"
+            )
+        else:
+            line = f"rank {rank} was stopped (SIGTERM); the run did not finish and wrote nothing"
         print(f"error: {line}", file=sys.stderr, flush=True)
         os._exit(FAILED)
 

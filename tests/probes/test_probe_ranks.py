@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,58 @@ def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
         for pid in ranks.values():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Has the process set a SIGTERM handler (/proc's caught-signals mask)?"""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.slow  # torchrun and two ranks starting
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_torchrun_rank_stopped_alone_is_the_one_line(tiny_ckpt: Path, tmp_path: Path) -> None:
+    """SIGTERM to one rank of a torchrun launch (a user's kill, a scheduler's): the rank said
+    torchrun stopped it as rank 0 had failed first, then rank 0, which torchrun stopped next,
+    that rank 1 had: two lines, the first blaming the rank that ran on. The rank stopped says
+    so, and the rank torchrun stops after it says nothing."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
+    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
+    args += ["workload.gen_len=2000", f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    cmd += [f"--master_port={port}", "-m", "experiments.run", *args]
+    agent = subprocess.Popen(
+        cmd, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    ranks: dict[int, int] = {}
+    try:
+        with deadline(120):
+            while not (len(ranks) == 2 and all(map(_catches_sigterm, ranks.values()))):
+                time.sleep(0.1)
+                ranks = _torchrun_ranks(agent.pid)
+        os.kill(ranks[1], signal.SIGTERM)
+        _, stderr = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+        for pid in ranks.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for claim in Path(tempfile.gettempdir()).glob(f"moepipe-launch-{agent.pid}-*"):
+            claim.unlink()
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert lines == [
+        "error: rank 1 was stopped (SIGTERM); the run did not finish and wrote nothing"
+    ] or lines == ["error: rank 1 was stopped (SIGTERM) while it started; nothing was written"], (
+        stderr[-2000:]
+    )
+    assert not (tmp_path / "run" / "summary.json").exists()
 
 
 _WATCHER = """

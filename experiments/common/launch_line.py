@@ -1,0 +1,97 @@
+"""Under torchrun, which rank says why the launch stopped: its agent stops every rank (SIGTERM)
+once one ends, and each rank's line followed the first one's, blaming another rank. The first
+rank to say claims it (a file named after the agent) and the others end without a line. Light
+on imports: a rank's SIGTERM handler uses it while the command still starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def first_to_say() -> bool:
+    """Whether this rank is the first of those its agent started to print why the launch
+    stopped; it claims that now. True outside a torchrun launch of G > 1 ranks, and where no
+    claim can be made (no /proc, a temporary folder that is not writable)."""
+    path = _claim()
+    if path is None:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    _remove_stale(path.parent)
+    return True
+
+
+def gone_peers() -> list[int]:
+    """The ranks the agent started beside this one (LOCAL_WORLD_SIZE of them) that have ended."""
+    try:
+        rank = int(os.environ["RANK"])
+        first = rank - int(os.environ["LOCAL_RANK"])
+        local = range(first, first + int(os.environ["LOCAL_WORLD_SIZE"]))
+    except (KeyError, ValueError):  # not torchrun's: nothing known of the peers
+        return []
+    running = launched_ranks(os.getppid())
+    return [r for r in local if r != rank and r not in running]
+
+
+def all_local() -> bool:
+    """Do all ranks of the launch run on this machine (under one agent)?"""
+    return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+
+
+def launched_ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes `launcher` started with RANK set (torchrun's ranks); an
+    ended one, not yet reaped, shows no environment and is left out."""
+    ranks = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((d / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != launcher:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+        for kv in env:
+            if kv.startswith(b"RANK=") and kv[5:].isdigit():
+                ranks[int(kv[5:])] = int(d.name)
+    return ranks
+
+
+_PREFIX = "moepipe-launch-"
+
+
+def _claim() -> Path | None:
+    """The claim's file: one per agent process (its pid and start time) and restart. None but
+    under torchrun's agent (TORCHELASTIC_RUN_ID: RANK and WORLD_SIZE alone may be a user's)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if not (rank.isdigit() and world.isdigit() and int(world) > 1):
+        return None
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    agent = os.getppid()
+    started = _start_time(agent)
+    if started is None:
+        return None
+    import tempfile
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Path(tempfile.gettempdir()) / f"{_PREFIX}{agent}-{started}-{restart}.said"
+
+
+def _start_time(pid: int) -> str | None:
+    try:  # field 22 of /proc/PID/stat, the 20th after the command's name
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _remove_stale(folder: Path) -> None:
+    """Claims of agents that have ended: one small file per failed launch would pile up."""
+    for p in folder.glob(f"{_PREFIX}*.said"):
+        agent, _, rest = p.name[len(_PREFIX) :].partition("-")
+        if agent.isdigit() and _start_time(int(agent)) != rest.partition("-")[0]:
+            p.unlink(missing_ok=True)
