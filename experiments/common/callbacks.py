@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import secrets
+import shutil
 import sys
 import threading
 import time
@@ -174,15 +175,33 @@ def workers_heed_signals(real: str) -> None:
     sys.executable = real
 
 
-def remove_if_no_runs(sweep_dir: Path) -> None:
-    """A sweep that failed or was stopped before any of its points started leaves no folder
-    that looks like a sweep: its dir goes when it holds hydra's multirun.yaml alone."""
+def remove_if_no_runs(sweep_dir: Path, made: Path | None = None) -> None:
+    """A sweep that failed or was stopped leaves no folder that looks like a run: a point's dir
+    goes where it holds nothing of one (what hydra put there, the sweep's mark: its job failed
+    before it ran, as on a logging config that does not resolve). Where the sweep made its dir
+    (`made`: the topmost folder made for it, the sweep dir or one above), that dir goes too
+    where it then holds hydra's multirun.yaml alone, with the folders up to `made`, if empty."""
+    for root, dirs, files in os.walk(sweep_dir, topdown=False):
+        here = Path(root)
+        if here == sweep_dir or any(d != ".hydra" for d in dirs if (here / d).exists()):
+            continue
+        if all(f == SWEEP_MARK or f.endswith(".log") for f in files):
+            shutil.rmtree(here, ignore_errors=True)
+    if made is None:
+        return
     try:
         if all(p.name == "multirun.yaml" for p in sweep_dir.iterdir()):
             (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
             sweep_dir.rmdir()
     except OSError:  # not there, or a point's dir appeared meanwhile: it stays
-        pass
+        return
+    for folder in sweep_dir.absolute().parents:
+        if made not in (folder, *folder.parents):
+            break
+        try:
+            folder.rmdir()
+        except OSError:  # not empty
+            break
 
 
 def name_config_write_errors() -> None:
@@ -209,8 +228,9 @@ def name_config_write_errors() -> None:
 
 
 def _remove_if_no_run() -> None:
-    """The job's run dir, removed where it holds only what hydra put there (.hydra, the log): a
-    job that failed before it ran leaves no folder that looks like a run."""
+    """The job's run dir, removed where it holds only what hydra put there (.hydra, the log, an
+    earlier sweep's mark): a job that failed before it ran leaves no folder that looks like a
+    run."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -218,7 +238,7 @@ def _remove_if_no_run() -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     if not run_dir.is_dir() or any(
-        p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()
+        p.name not in (".hydra", SWEEP_MARK) and p.suffix != ".log" for p in run_dir.iterdir()
     ):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -272,7 +292,11 @@ class SweepProgress(Callback):
         except OmegaConfBaseException:  # `${nosuch.key}` in it: the launcher fails on it next,
             return  # and that error is the command's one line (hydra would warn of this one)
         total = sweep_size(config)
-        made = not sweep_dir.exists()  # by this sweep: hydra makes it after this callback
+        # the topmost folder made for the sweep, None where its dir is there: hydra makes them
+        # after this callback (a sweep that fails takes them away)
+        where = sweep_dir.absolute()
+        made = next((p for p in (where, *where.parents) if p.parent.exists()), None)
+        made = None if made is None or made.exists() else made
         self._python = workers_ignore_ctrl_c()
         self._t0 = time.perf_counter()
         self._token = secrets.token_hex(8)
@@ -298,8 +322,7 @@ class SweepProgress(Callback):
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=5)
             bar.close()
-            if made:
-                remove_if_no_runs(sweep_dir)
+            remove_if_no_runs(sweep_dir, made)
             if not sweep_dir.exists():  # no run had started: nothing was kept to resume from
                 on_interrupt("no run of the sweep had finished; nothing was kept")
 

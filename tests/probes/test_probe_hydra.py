@@ -5,6 +5,7 @@ file or override, alone; in a sweep the bad point's line goes to its failed.txt.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -386,7 +387,6 @@ def test_an_interpolation_that_fails_names_its_key(
     assert not (tmp_path / "r").exists()
 
 
-
 @pytest.mark.parametrize(
     "module, args, names",
     [
@@ -408,6 +408,29 @@ def test_a_refused_input_leaves_no_run_dir(
     r = cli_here(module, *args, f"hydra.run.dir={tmp_path / 'new' / 'r'}")
     one_line(r, *names)
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_sweep_whose_points_fail_before_they_run_leaves_no_folder(
+    tmp_path: Path, cli_here: Any, launcher: str
+) -> None:
+    """A point's logging config that does not resolve fails its job before the run: the sweep
+    stopped with one line, and left its dir (made for it) with the points' empty folders."""
+    args = ["-m", *TINY[:3], "planner=flexgen,sequential", f"hydra/launcher={launcher}"]
+    sweep = tmp_path / "new" / "s"
+    try:
+        r = cli_here(
+            "experiments.run", *args, "hydra.job.name=${nosuch.key}", f"hydra.sweep.dir={sweep}"
+        )
+    finally:  # joblib keeps its pool of workers for reuse: not past this test
+        pool = sys.modules.get("joblib.externals.loky.reusable_executor")
+        executor = getattr(pool, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=True, kill_workers=True)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: "), r.stderr
+    assert "nosuch.key" in r.stderr.splitlines()[-1]
+    assert not (tmp_path / "new").exists()
+
 
 def test_an_entry_a_mapping_lacks_says_how_to_add_it(tmp_path: Path, cli_here: Any) -> None:
     """`hardware.gpu.overhead_us_by_kind.load=1` (an op kind, without `+`): "unknown key" alone;
