@@ -183,7 +183,9 @@ def remove_if_no_runs(sweep_dir: Path, made: Path | None = None) -> None:
     where it then holds hydra's multirun.yaml alone, with the folders up to `made`, if empty."""
     for root, dirs, files in os.walk(sweep_dir, topdown=False):
         here = Path(root)
-        if here == sweep_dir or any(d != ".hydra" for d in dirs if (here / d).exists()):
+        # a hidden folder is hydra's record or a run's staging (`.partial-*`): not a point's
+        hidden = here.name.startswith(".")
+        if here == sweep_dir or hidden or any(d != ".hydra" for d in dirs if (here / d).exists()):
             continue
         if all(f == SWEEP_MARK or f.endswith(".log") for f in files):
             shutil.rmtree(here, ignore_errors=True)

@@ -253,3 +253,31 @@ def test_outputs_whose_swap_is_refused_stay_as_they_were(
         for name in ("a.csv", "b.csv", "index.html"):
             (tmp / name).write_text(f"new {name}")
     assert _tree(out) == before
+
+
+def test_a_failed_sweeps_clean_up_keeps_every_result(tmp_path: Path) -> None:
+    """A sweep that fails removes its points' dirs that hold nothing of a run (what hydra put
+    there, its mark), and nothing else: a finished point, a failed one's failed.txt, a run's
+    staging folder stay, and so does the sweep's dir that holds them."""
+    from experiments.common.callbacks import SWEEP_MARK, remove_if_no_runs
+
+    sweep = tmp_path / "new" / "s"
+    points = {
+        "done/a": ["summary.json", SWEEP_MARK],
+        "failed/b": ["failed.txt", SWEEP_MARK],
+        "staging/c/.partial-1": [],
+        "empty/d": [SWEEP_MARK, "run.log", ".hydra/config.yaml"],
+    }
+    for point, files in points.items():
+        (sweep / point).mkdir(parents=True)
+        for name in files:
+            (sweep / point / name).parent.mkdir(exist_ok=True)
+            (sweep / point / name).write_text("x")
+    (sweep / "multirun.yaml").write_text("x")
+    remove_if_no_runs(sweep, tmp_path / "new")
+    assert not (sweep / "empty").exists()
+    for point in ("done/a", "failed/b", "staging/c/.partial-1"):
+        assert sorted(p.name for p in (sweep / point).iterdir()) == sorted(
+            n.split("/")[0] for n in points[point]
+        )
+    remove_if_no_runs(tmp_path / "absent", None)  # a sweep whose dir was never made
