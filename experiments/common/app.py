@@ -37,6 +37,12 @@ from experiments.common.cli import (
     user_conf_dirs,
 )
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
+from experiments.common.hydra_hooks import (
+    groups_on_demand,
+    mode_unset,
+    package_checked,
+    validate_each_value_once,
+)
 from experiments.common.overrides import (
     VALUE_FLAGS,
     check_bool,
@@ -377,140 +383,6 @@ def _as_hydras_argv(args: list[str]) -> Iterator[None]:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_env
-
-
-@contextlib.contextmanager
-def package_checked() -> Iterator[None]:
-    """`--cfg job --package KEY` where the config has no KEY: hydra prints a line of its own
-    without `error: ` and exits 1; here it is one line saying what to pass."""
-    from hydra._internal.hydra import Hydra
-    from hydra.types import RunMode
-
-    show = Hydra.show_cfg
-
-    def checked(
-        self: Any,
-        config_name: Any,
-        overrides: Any,
-        cfg_type: str,
-        package: Any,
-        resolve: bool = False,
-    ) -> None:
-        if package not in (None, "_global_"):
-            cfg = self.compose_config(
-                config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False
-            )
-            cfg = self.get_sanitized_cfg(cfg, cfg_type)
-            top = sorted(str(k) for k in cfg)
-            if OmegaConf.select(cfg, package) is None:
-                raise MoepipeError(
-                    f"--package {package}: no such key in the --cfg {cfg_type} config; pass a "
-                    f"dotted key of it (top level: {', '.join(top)})"
-                )
-        show(self, config_name, overrides, cfg_type, package, resolve)
-
-    Hydra.show_cfg = checked  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Hydra.show_cfg = show  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def groups_on_demand() -> Iterator[None]:
-    """`--help`: hydra lists every config group's options for its template before it substitutes
-    it, about 2 s of deep copies, though no command's template shows them; here each of the
-    template's `$NAME`s is computed only where the template holds it."""
-    import string
-
-    from hydra._internal.hydra import Hydra
-
-    get_help = Hydra.get_help
-
-    def on_demand(self: Any, help_cfg: Any, cfg: Any, args_parser: Any, resolve: bool) -> str:
-        def groups(hydras: bool) -> str:
-            return self.format_config_groups(
-                lambda x: (x.startswith("hydra/") or x == "hydra") == hydras
-            )
-
-        values = {
-            "FLAGS_HELP": lambda: self.format_args_help(args_parser),
-            "HYDRA_CONFIG_GROUPS": lambda: groups(True),
-            "APP_CONFIG_GROUPS": lambda: groups(False),
-            "CONFIG": lambda: OmegaConf.to_yaml(cfg, resolve=resolve),
-        }
-
-        class Computed(dict[str, str]):
-            def __missing__(self, key: str) -> str:
-                return values[key]()  # an unknown $NAME: KeyError, as hydra's own
-
-        return string.Template(help_cfg.template).substitute(Computed())
-
-    Hydra.get_help = on_demand  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Hydra.get_help = get_help  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def validate_each_value_once() -> Iterator[None]:
-    """Hydra's basic sweeper composes every point's config before it launches any, one after
-    another in this process while the workers wait (Fig. 10's 160 points: about 15 s of its 2
-    minutes on 2 cores), and each job composes its own again. Inside this, it composes only the
-    points that bring a value of a swept key not seen before: every value is still checked
-    before the sweep starts (a bad choice is one line, as `check_sweep` makes it for the command
-    line's), and a point whose combination alone fails fails as its job does."""
-    # on the base class: hydra's plugin scan loads the basic sweeper's module afresh, so a
-    # BasicSweeper imported here is not the class it runs; the method is Sweeper's own
-    from hydra.plugins.sweeper import Sweeper
-
-    every_point = Sweeper.validate_batch_is_legal
-
-    def each_value(self: Any, batch: Sequence[Sequence[str]]) -> None:
-        seen: set[str] = set()
-        firsts = []
-        for point in batch:
-            if not seen.issuperset(point):
-                firsts.append(point)
-                seen.update(point)
-        every_point(self, firsts)
-
-    Sweeper.validate_batch_is_legal = each_value  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Sweeper.validate_batch_is_legal = every_point  # type: ignore[method-assign]
-
-
-# flags that bring configs from elsewhere (which might set hydra's mode)
-_OTHER_CONFIGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
-# a line of a config that sets hydra's `mode` (a `mode:` key at any depth, or hydra.mode)
-_SETS_MODE = re.compile(r"^\s*(hydra\.)?mode\s*:", re.MULTILINE)
-
-
-@contextlib.contextmanager
-def mode_unset(args: Sequence[str], conf_dirs: Sequence[Path]) -> Iterator[None]:
-    """Hydra composes the whole config once before the run only to read `hydra.mode`
-    (`Hydra.get_mode`), then composes it again to run (0.1 s or more of every run).
-    Where no argument (an override of hydra.mode, another config folder or search path) and no
-    config file under `conf_dirs` can set it, that first composition would find it unset
-    (None), which this returns without composing; hydra then takes the mode from -m as it does
-    for None. Elsewhere hydra composes as it would."""
-    from hydra._internal.hydra import Hydra
-
-    keys = {a.partition("=")[0].lstrip("+~") for a in args}
-    if keys & {"hydra.mode", "hydra.searchpath", *_OTHER_CONFIGS} or any(
-        _SETS_MODE.search(f.read_text()) for d in conf_dirs for f in d.rglob("*.yaml")
-    ):
-        yield
-        return
-    composed = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Hydra.get_mode = composed  # type: ignore[method-assign]
 
 
 def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:

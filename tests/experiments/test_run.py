@@ -509,8 +509,8 @@ def test_hydra_mode_is_read_without_composing_only_where_nothing_sets_it(tmp_pat
     config file could set it; `hydra.mode=MULTIRUN` still makes a plain run a sweep."""
     from hydra._internal.hydra import Hydra
 
-    from experiments.common.app import mode_unset
     from experiments.common.hydra_errors import CONF_DIR
+    from experiments.common.hydra_hooks import mode_unset
 
     composed = Hydra.get_mode
     with mode_unset(["model=tiny"], [CONF_DIR]):  # "model" is no mode

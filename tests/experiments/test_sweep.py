@@ -629,7 +629,7 @@ def test_a_sweep_composes_one_point_per_new_value_before_launching(tmp_path, mon
     assert Sweeper.validate_batch_is_legal is record  # put back after the sweep
     # on Sweeper itself: hydra's plugin scan may load the basic sweeper's module afresh (as it
     # does in a fresh `python -m experiments.run`), so a patch of its class would not be seen
-    from experiments.common.app import validate_each_value_once
+    from experiments.common.hydra_hooks import validate_each_value_once
 
     with validate_each_value_once():
         assert Sweeper.validate_batch_is_legal is not record
