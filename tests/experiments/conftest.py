@@ -1,6 +1,7 @@
 """Shared fixtures of the experiments tests: one small replication sweep and its report, run
 once per session (for both test processes) and read by every test that checks a sweep's folder
-or the report over it (tests/experiments/test_replication_sweep.py, test_experiment_configs.py)."""
+or the report over it (tests/experiments/test_replication_sweep.py, test_experiment_configs.py);
+and the tiny compare sweep that test_sweep.py and test_sweep_report.py read."""
 
 from __future__ import annotations
 
@@ -82,3 +83,42 @@ def replication_sweep(tmp_path_factory: pytest.TempPathFactory) -> ReplicationSw
     folder, done = built_once(tmp_path_factory, "replication", build)
     esft, switch, report = (subprocess.CompletedProcess(*r) for r in done)
     return ReplicationSweep(folder / "r", esft, switch, report)
+
+
+# the shared compare sweep (tests/experiments/test_sweep.py, test_sweep_report.py): tiny runs
+TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
+# a run's dir: its name (the keys an experiment sweeps), then the overrides it leaves out
+POINT = "*/workload=tiny/summary.json"
+
+
+def sweep_args(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> list[str]:
+    """`experiments.run`'s arguments: the tiny compare sweep into `sweep_dir`."""
+    return [
+        "-m",
+        "experiment=compare",
+        *TINY,
+        "planner=sequential,fiddler",
+        "workload.batch_size=2,4",
+        f"hydra.sweep.dir={sweep_dir}",
+        f"hydra.launcher.n_jobs={n_jobs}",
+        *extra,
+    ]
+
+
+def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "experiments.run", *sweep_args(sweep_dir, *extra, n_jobs=n_jobs)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="session")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared sweep's folder, swept once for both test processes (tests.conftest.built_once):
+    tests that would change it work on a copy."""
+
+    def build(folder: Path) -> None:
+        r = sweep(folder / "tiny", n_jobs=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "tok/s" in r.stdout and "report:" in r.stdout  # the end-of-sweep table + report
+
+    folder, _ = built_once(tmp_path_factory, "sweep", build)
+    return folder / "tiny"
