@@ -38,6 +38,13 @@ from core.routing import Routing
 from experiments.common.launch_line import all_local, first_to_say, gone_peers
 from experiments.common.launch_line import launched_ranks as _launched_ranks
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+from experiments.common.rank_server import (
+    LOST,
+    PARENT_VAR,
+    ServerWatch,
+    is_stopped,
+    parent_of,
+)
 from experiments.common.run_dir import interrupt_deferred
 
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -47,7 +54,12 @@ STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers w
 LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
 # what a rank imports, once in the server its processes fork from (`_context`); experiments first:
 # its __init__ sets what torch reads as it loads
-PRELOAD = ["experiments.common.real_run", "real.distributed", "torch.distributed"]
+PRELOAD = [
+    "experiments.common.rank_server_init",
+    "experiments.common.real_run",
+    "real.distributed",
+    "torch.distributed",
+]
 
 
 @dataclass
@@ -167,7 +179,9 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
         main = threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL
         if main:
             signal.signal(signal.SIGTERM, _exit_on_term)
+        server = ServerWatch(STOPPED_S)
         try:
+            server.start()
             # each rank started whole: a signal between a child's start and its being sent what
             # to run left it reading an empty pipe, and its traceback followed the stop line
             with interrupt_deferred():
@@ -176,12 +190,12 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
                 # torch, printed its KeyboardInterrupt's traceback and more
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_PARENT)
                 try:
-                    for p in procs:
-                        p.start()
+                    _start(procs, server)
                 finally:
                     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            _watch(procs, Path(tmp))
+            _watch(procs, Path(tmp), server)
         finally:
+            server.stop()
             if main:
                 signal.signal(signal.SIGTERM, term)
             started = [p for p in procs if p.pid is not None]
@@ -200,11 +214,28 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             return pickle.load(f)
 
 
+def _start(procs: list[Any], server: ServerWatch) -> None:
+    """Start each rank; one line where the server that forks them died or was stopped first
+    (its pipe closed: an EOFError or a refused connection, not the command's fault)."""
+    try:
+        for p in procs:
+            p.start()
+    except (EOFError, ConnectionError):
+        raise MoepipeError(server.why()) from None
+
+
 def _context() -> Any:
     """Ranks fork from a server process that imported torch and the executor once (forkserver):
     each spawned rank imported them itself, 2.5 s of CPU per rank before it did anything. The
     server is a fresh interpreter that never touches CUDA, so a forked rank may (PyTorch's
     multiprocessing notes: spawn or forkserver for CUDA)."""
+    from multiprocessing import resource_tracker
+
+    os.environ[PARENT_VAR] = str(os.getpid())  # the server checks it (`rank_server.as_server`)
+    # the server's start starts multiprocessing's resource tracker first, which unblocks Ctrl-C
+    # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
+    # open, and one at the terminal printed its traceback from the interpreter's start
+    resource_tracker.ensure_running()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first run's
     return ctx
@@ -220,6 +251,10 @@ def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> 
         signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
     die_with_parent()  # its parent is the server, which ends when the command does
+    # the server (and with it the command) died before this rank asked to die with it: the
+    # rank's parent is then another process (init), and nothing would ever stop the rank
+    if parent_of(os.getppid()) not in (parent, None):
+        os._exit(PEER_LOST)
     try:
         os.kill(parent, 0)
     except ProcessLookupError:  # the command died before this rank asked to die with it
@@ -234,10 +269,10 @@ def _exit_on_term(signum: int, frame: Any) -> None:
     sys.exit(128 + signum)
 
 
-def _watch(procs: list[Any], tmp: Path) -> None:
+def _watch(procs: list[Any], tmp: Path, server: ServerWatch) -> None:
     """Wait for every rank; the first that fails (not one that stopped because another did), or
     that stays stopped (SIGSTOP) for `STOPPED_S`, stops the others and the run, with one line
-    naming it."""
+    naming it (or the server, where it died or `server` killed it: each rank's code is LOST)."""
     left = {p.sentinel: (r, p) for r, p in enumerate(procs)}
     lost_at: float | None = None
     stops = Stops()
@@ -251,6 +286,8 @@ def _watch(procs: list[Any], tmp: Path) -> None:
             if code == PEER_LOST:  # the culprit's own exit comes within moments
                 lost_at = lost_at or time.monotonic()
                 continue
+            if code == LOST:
+                raise MoepipeError(server.why())
             raise MoepipeError(_why(r, code, tmp))
         now = time.monotonic()
         r = stops.long_stopped({r: p.pid for r, p in left.values()}, now)
@@ -281,7 +318,7 @@ class Stops:
             self.since.clear()
         self.last = now
         for r, pid in pids.items():
-            if not _is_stopped(pid):
+            if not is_stopped(pid):
                 self.since.pop(r, None)
             elif now - self.since.setdefault(r, now) > STOPPED_S:
                 return r
@@ -308,15 +345,6 @@ def watch_local_peers(rank: int) -> None:
 
     if peers:
         threading.Thread(target=watch, name="peer-stops", daemon=True).start()
-
-
-def _is_stopped(pid: int) -> bool:
-    """Is the process stopped by a signal (state T; not `t`, a debugger's stop)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # gone (its sentinel says so next), or no /proc
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["T"]
 
 
 def _why(rank: int, code: int | None, tmp: Path) -> str:

@@ -98,9 +98,9 @@ def test_a_stopped_rank_stops_the_run_naming_it(monkeypatch: pytest.MonkeyPatch)
     pids: list[int] = []
     start = dist_run._watch
 
-    def watch(procs: list[Any], tmp: Path) -> None:
+    def watch(procs: list[Any], tmp: Path, *rest: Any) -> None:
         pids.extend(p.pid for p in procs)
-        start(procs, tmp)
+        start(procs, tmp, *rest)
 
     monkeypatch.setattr(dist_run, "_watch", watch)
     with deadline(60):

@@ -1,0 +1,110 @@
+"""The forkserver that spawned ranks fork from (`dist_run._context`): what it does as it starts
+(`as_server`, run by `rank_server_init`, its first preload) and a watch of it from the command
+(`ServerWatch`). It is a child of the command and the parent of every rank, so a fault of it is
+a fault of the run: its death lost the ranks' exit codes (multiprocessing reads 255) and, while
+it was stopped (SIGSTOP), the command waited for them for ever."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server to check
+LOST = 255  # multiprocessing's exit code for a process whose server went away
+
+
+def as_server() -> None:
+    """In the server, before it imports torch: Ctrl-C and SIGHUP at the terminal are the
+    command's (one at the server printed its KeyboardInterrupt's traceback under the command's
+    line), and it dies with the command (a command killed with SIGKILL left it importing torch
+    and forking a rank for seconds)."""
+    from experiments.common.pool import die_with_parent
+
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    die_with_parent()
+    parent = os.environ.get(PARENT_VAR)
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        os._exit(0)  # the command died before the server asked to die with it
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of `pid` (from /proc), or None where it is gone or unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def server_pid() -> int | None:
+    """This process's forkserver's pid, once started (multiprocessing keeps it privately)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def is_stopped(pid: int) -> bool:
+    """Is the process stopped by a signal (state T; not `t`, a debugger's stop)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone, or no /proc
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["T"]
+
+
+class ServerWatch:
+    """While a run's ranks start and run: a thread that kills the server once it stays stopped
+    (SIGSTOP) for `stopped_s`, so the command's wait for it ends (a rank's start, or the exit
+    codes it reports); `why()` then says what happened to it, as it does once it died."""
+
+    def __init__(self, stopped_s: float) -> None:
+        self.stopped_s = stopped_s
+        self.killed: int | None = None  # the server's pid, where this watch killed it
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rank-server", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the watch, and the server where it is stopped now (its ranks wait for it)."""
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        pid = server_pid()
+        if pid is not None and is_stopped(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _run(self) -> None:
+        since: float | None = None
+        while not self._done.wait(0.2):
+            pid = server_pid()
+            if pid is None or not is_stopped(pid):
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since > self.stopped_s:
+                self.killed = pid
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)  # its ranks die with it
+                return
+
+    def why(self) -> str:
+        """One line: the server was stopped too long, or died, so the run stopped."""
+        pid = server_pid()
+        if self.killed is not None:
+            return (
+                f"the process that starts the ranks (multiprocessing's forkserver, pid "
+                f"{self.killed}) was stopped (SIGSTOP) and did not go on within "
+                f"{self.stopped_s:g} s, so the run stopped: run it again"
+            )
+        return (
+            f"the process that starts the ranks (multiprocessing's forkserver, pid {pid}) died "
+            "or was killed, and its ranks with it; the run stopped: run it again"
+        )

@@ -1,0 +1,105 @@
+"""Faults of the forkserver that a distributed real run's ranks fork from
+(experiments/common/rank_server.py): it is the ranks' parent and the command's child, so its
+death or stop is the run's, named in one line; it never outlives the command or prints a
+traceback of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.common import dist_run
+from experiments.common.dist_run import _as_rank, _spawn
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT, deadline, raises_one_line
+
+
+def _signals_server(rank: int, world: int, init: str, tmp: Path) -> None:
+    """Rank 0 sends its parent (the server) `MOEPIPE_PROBE_SIGNAL`; each rank then waits, as
+    one whose peer is gone does."""
+
+    def run() -> None:
+        if rank == 0:
+            os.kill(os.getppid(), int(os.environ["MOEPIPE_PROBE_SIGNAL"]))
+        time.sleep(60)
+
+    _as_rank(rank, tmp, run)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
+    _as_rank(rank, tmp, os.getppid)
+
+
+@pytest.mark.parametrize(
+    "sig, names",
+    [(signal.SIGKILL, ["died or was killed"]), (signal.SIGSTOP, ["stopped (SIGSTOP)"])],
+    ids=["SIGKILL", "SIGSTOP"],
+)
+def test_a_fault_of_the_server_is_one_line_and_ends_its_ranks(
+    sig: int, names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server killed mid-run was "rank 1 died (exit code 255)" (multiprocessing's code for
+    a status it lost) while the rank ran on; the server stopped (SIGSTOP) hung the command for
+    ever, its ranks' exit codes never reported. Either is one line naming the server, no rank
+    is left, and the next run starts a new server."""
+    monkeypatch.setattr(dist_run, "STOPPED_S", 0.5)
+    monkeypatch.setenv("MOEPIPE_PROBE_SIGNAL", str(int(sig)))
+    server = _spawn(1, _parent, ())
+    pids: list[int] = []
+    watch = dist_run._watch
+
+    def watched(procs: list[Any], *rest: Any) -> None:
+        pids.extend(p.pid for p in procs)
+        watch(procs, *rest)
+
+    monkeypatch.setattr(dist_run, "_watch", watched)
+    with deadline(60):
+        raises_one_line(lambda: _spawn(2, _signals_server, ()), "forkserver", *names)
+    time.sleep(0.5)  # the ranks' death signal (PDEATHSIG) on the server's
+    assert len(pids) == 2 and not [p for p in pids + [server] if _alive(p)]
+    assert _spawn(1, _parent, ()) not in (server, os.getpid())
+
+
+SERVER_MASK = """
+import os
+from pathlib import Path
+from experiments.common.dist_run import _as_rank, _spawn
+
+def blocked(rank, world, init, tmp):
+    status = Path(f"/proc/{os.getppid()}/status").read_text()
+    _as_rank(rank, tmp, lambda: [l for l in status.splitlines() if l.startswith("SigBlk:")][0])
+
+if __name__ == "__main__":
+    print(_spawn(1, blocked, ()))
+"""
+
+
+def test_the_server_starts_with_ctrl_c_blocked(tmp_path: Path) -> None:
+    """Ctrl-C at the terminal while the server started (the command's first distributed run)
+    printed the server's KeyboardInterrupt traceback from the interpreter's start: starting
+    multiprocessing's resource tracker on the way unblocked Ctrl-C in the command, so the
+    server started with it open. It starts with it blocked, as each rank does."""
+    script = tmp_path / "mask.py"
+    script.write_text(SERVER_MASK)
+    env = dict(user_env(), PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    mask = int(r.stdout.split()[-1], 16)
+    assert mask & (1 << (signal.SIGINT - 1)), r.stdout
