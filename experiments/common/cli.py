@@ -115,6 +115,8 @@ def error_line(e: BaseException) -> str | None:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+    from experiments.common.torch_env import env_line
+
     if isinstance(e, MoepipeError):
         return _flat(str(e))
     if isinstance(e, HydraException | OmegaConfBaseException):
@@ -137,6 +139,8 @@ def error_line(e: BaseException) -> str | None:
             f"a job of the sweep did not finish (submitit: {said}); the runs finished are kept: "
             "see the job's log under the sweep's .submitit folder, then run the same command"
         )
+    if (torch_env := env_line(e)) is not None:
+        return torch_env
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
