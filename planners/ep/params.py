@@ -214,7 +214,14 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
 def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> None:
     """Micro-batches overlap one's collectives (the all-to-all; under tensor-parallel dense
     work, the all-reduces) with another's compute: none on lanes (one GPU's memory), and each
-    needs a sequence of every share it splits (data-parallel: each GPU's)."""
+    needs a sequence of every share it splits (data-parallel: each GPU's). One device has no
+    collective to overlap: its micro-batches only ran the same work in more, smaller ops."""
+    if g == 1 and not lanes:
+        raise ConfigError(
+            f"planner micro_batches={mb} overlaps one micro-batch's all-to-all or all-reduce "
+            "with another's compute, but n_devices=1 has none; use micro_batches=1, or "
+            "n_devices of 2 or more"
+        )
     if lanes:
         raise ConfigError(
             f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with another's "
