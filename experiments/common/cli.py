@@ -86,6 +86,7 @@ def our_check(e: BaseException) -> MoepipeError | None:
     import re
 
     import core.errors
+    from experiments.common.overrides import sweep_in_one_run
 
     seen: set[int] = set()
     cause: BaseException | None = e
@@ -94,6 +95,8 @@ def our_check(e: BaseException) -> MoepipeError | None:
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
+    if (sweep := sweep_in_one_run(e)) is not None:
+        return sweep
     # from a sweep's worker the chain is lost (pickled): omegaconf's text names our class
     pattern = r"(\w+) raised while resolving interpolation: (.*?)(?:; full_key: \S+)?$"
     got = re.match(pattern, (str(e).splitlines() or [""])[0])

@@ -5,6 +5,7 @@ size and run dirs (`check_sweep`): each problem is one line naming the flag or t
 from __future__ import annotations
 
 import os
+import re
 import types
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
@@ -555,3 +556,17 @@ def field_type(cls: type, name: str) -> Any:
     t = typing.get_type_hints(cls)[name]
     args = [a for a in typing.get_args(t) if a is not type(None)]
     return args[0] if typing.get_origin(t) in (typing.Union, types.UnionType) and args else t
+
+
+def sweep_in_one_run(e: BaseException) -> MoepipeError | None:
+    """Hydra's "Ambiguous value" (a comma in an override of one run) as one line: cut to the
+    first of its three fixes, it offered a list and left out the sweep (-m) most meant; and
+    with --help, which composes one run even under -m, the -m given was no fix at all."""
+    got = re.match(r"Ambiguous value for argument '(.*)'", str(e))
+    if got is None:
+        return None
+    return MoepipeError(
+        f"{got.group(1)}: a comma makes it a sweep of values, which one run cannot take: add "
+        "-m to sweep them (--help, --cfg and --info show one run: pass one value), or pass "
+        "key=[a,b] for a list or key='a,b' (quoted) for a string"
+    )

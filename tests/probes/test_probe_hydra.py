@@ -510,3 +510,14 @@ def test_a_key_under_a_value_is_one_line(
     'dict' to string: '{}'", after `++planner.params.n=2`, an override the user never wrote;
     `~out` of a null out hydra's "Could not delete from config" with nothing to do."""
     one_line(cli_here(module, override), *names)
+
+
+@pytest.mark.parametrize(
+    "flags", [[], ["--help", "-m"], ["--help"]], ids=["run", "help-multirun", "help"]
+)
+def test_a_comma_in_one_runs_override_says_to_add_m(flags: list[str], cli_here: Any) -> None:
+    """`model=tiny,tiny` in one run was hydra's "Ambiguous value" cut to its first fix (a
+    list), the sweep (-m) it most likely meant left out; under `--help -m` (help composes one
+    run) it was the same line though -m was there. One line offers each fix."""
+    r = cli_here("experiments.run", *flags, "model=tiny,tiny")
+    one_line(r, "model=tiny,tiny", "add -m", "--help", "key=[a,b]")
