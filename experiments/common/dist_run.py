@@ -450,6 +450,15 @@ def _rank(
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Unable to find address for" in first:  # at once, not a timeout: gloo's interface
+            import socket
+
+            names = ", ".join(n for _, n in socket.if_nameindex())
+            raise MoepipeError(
+                f"rank {rank}: environment GLOO_SOCKET_IFNAME="
+                f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
+                f"machine (it has {names}); set it to one of them, or unset it"
+            ) from None
         raise MoepipeError(
             f"rank {rank}: the process group did not form within executor.rendezvous_timeout_s="
             f"{timeout_s:g} s (a rank never joined, or MASTER_ADDR/MASTER_PORT are wrong): {first}"

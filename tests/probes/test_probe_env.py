@@ -3,9 +3,12 @@ naming the variable, not an internal error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from experiments.common.cli import error_line
+from tests.probes.conftest import raises_one_line
 
 
 def test_a_torch_variable_torch_refuses_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,3 +24,20 @@ def test_a_torch_variable_torch_refuses_is_one_line(monkeypatch: pytest.MonkeyPa
     assert line is not None and "\n" not in line
     assert "TORCH_LOGS='bogus'" in line and "unset it" in line
     assert error_line(ValueError("TORCH_LOGS is bad")) is None
+
+
+def test_a_gloo_interface_that_is_not_there_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GLOO_SOCKET_IFNAME naming no interface failed at once, yet the line said the group did
+    not form within the rendezvous timeout and blamed MASTER_ADDR/MASTER_PORT: it names the
+    variable and the machine's interfaces."""
+    from experiments.common.dist_run import _rank
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    init = (f"file://{tmp_path / 'rendezvous'}", 0, 1)
+    raises_one_line(
+        lambda: _rank("unused", None, "replay", None, 5, init),  # type: ignore[arg-type]
+        "GLOO_SOCKET_IFNAME='bogus0'",
+        "lo",
+    )
