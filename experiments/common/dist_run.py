@@ -234,8 +234,14 @@ def _context() -> Any:
     os.environ[PARENT_VAR] = str(os.getpid())  # the server checks it (`rank_server.as_server`)
     # the server's start starts multiprocessing's resource tracker first, which unblocks Ctrl-C
     # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
-    # open, and one at the terminal printed its traceback from the interpreter's start
-    resource_tracker.ensure_running()
+    # open, and one at the terminal printed its traceback from the interpreter's start. The
+    # tracker ignores Ctrl-C and SIGTERM, not SIGHUP: a closed terminal killed it, and its
+    # relaunch warned in two lines above the command's; it keeps SIGHUP blocked from here
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first run's
     return ctx
