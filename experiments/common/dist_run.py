@@ -149,8 +149,9 @@ def run_distributed(
     if launched():
         out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing)
         return out if int(os.environ["RANK"]) == 0 else None
-    from experiments.common.real_run import checkpoint_files, unchanged_since
+    from experiments.common.real_run import check_routing_mode, checkpoint_files, unchanged_since
 
+    check_routing_mode(routing_mode)  # here, not as each rank's line ("rank 1: ...") once started
     files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
     g = n_processes(ckpt, spec)
     args = (ckpt, spec, routing_mode, device, timeout_s, routing)

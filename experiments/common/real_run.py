@@ -76,6 +76,13 @@ def open_store(ckpt: str | Path, spec: RunSpec, device: str | None = None) -> Ti
     )
 
 
+def check_routing_mode(routing_mode: str) -> None:
+    if routing_mode not in ROUTING_MODES:
+        raise ConfigError(
+            f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
+        )
+
+
 def real_execute(
     ckpt: str | Path,
     spec: RunSpec,
@@ -91,10 +98,7 @@ def real_execute(
     the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
     whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
     which peer went away)."""
-    if routing_mode not in ROUTING_MODES:
-        raise ConfigError(
-            f"executor.routing_mode={routing_mode!r}; valid: {', '.join(ROUTING_MODES)}"
-        )
+    check_routing_mode(routing_mode)
     files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
     model_spec, _ = load_checkpoint(ckpt)
     spec = replace(spec, model=model_spec, executor="real")

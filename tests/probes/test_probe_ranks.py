@@ -355,3 +355,21 @@ def test_a_rank_that_cannot_write_its_error_is_one_line() -> None:
         "rank 0 failed and could not write its result or error to",
         "set TMPDIR",
     )
+
+
+def test_a_bad_routing_mode_is_refused_before_any_rank_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """executor.routing_mode=bogus with executor.distributed=true started every rank, each of
+    which refused it, the line then naming a rank ("rank 1: ...") as if it were at fault."""
+
+    def no_spawn(*args: Any) -> None:
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(dist_run, "_spawn", no_spawn)
+    line = raises_one_line(
+        lambda: dist_run.run_distributed("unused", None, "bogus", None, 5),  # type: ignore[arg-type]
+        "executor.routing_mode='bogus'",
+        "replay, live",
+    )
+    assert "rank" not in line
