@@ -223,6 +223,16 @@ def _start(procs: list[Any], server: ServerWatch) -> None:
             p.start()
     except (EOFError, ConnectionError):
         raise MoepipeError(server.why()) from None
+    except OSError as e:
+        if "AF_UNIX path too long" not in str(e):
+            raise
+        # the server listens on a socket in the temporary folder; "check the file and the
+        # disk" (an OSError's line) named neither the folder nor the fix
+        raise MoepipeError(
+            f"the temporary folder {tempfile.gettempdir()} is too long a path for the socket "
+            "the ranks are started through (at most 107 bytes with its file name); set TMPDIR "
+            "to a shorter folder, e.g. TMPDIR=/tmp"
+        ) from None
 
 
 def _context() -> Any:

@@ -109,3 +109,28 @@ def test_the_server_starts_with_ctrl_c_blocked(tmp_path: Path) -> None:
     server, tracker = (int(m, 16) for m in r.stdout.split()[1::2])
     assert server & (1 << (signal.SIGINT - 1)), r.stdout
     assert tracker & (1 << (signal.SIGHUP - 1)), r.stdout
+
+
+LONG_TMP = """
+from experiments.common.cli import error_line
+from experiments.common.dist_run import _spawn
+
+try:
+    _spawn(1, print, ())
+except Exception as e:
+    print(error_line(e))
+"""
+
+
+def test_a_temporary_folder_too_long_for_the_servers_socket_is_one_line(tmp_path: Path) -> None:
+    """TMPDIR of 100 or more characters: the server's socket there could not be bound, and the
+    line was "AF_UNIX path too long; check the file and the disk", naming neither the folder
+    nor the fix."""
+    long = tmp_path / ("x" * 60) / ("y" * 60)
+    long.mkdir(parents=True)
+    env = dict(user_env(), PYTHONPATH=str(ROOT), TMPDIR=str(long))
+    r = subprocess.run(
+        [sys.executable, "-c", LONG_TMP], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and str(long) in lines[0] and "set TMPDIR" in lines[0], r.stdout
