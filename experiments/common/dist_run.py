@@ -44,6 +44,7 @@ from experiments.common.rank_server import (
     ServerWatch,
     is_stopped,
     parent_of,
+    parent_value,
 )
 from experiments.common.run_dir import interrupt_deferred
 
@@ -242,7 +243,7 @@ def _context() -> Any:
     multiprocessing notes: spawn or forkserver for CUDA)."""
     from multiprocessing import resource_tracker
 
-    os.environ[PARENT_VAR] = str(os.getpid())  # the server checks it (`rank_server.as_server`)
+    os.environ[PARENT_VAR] = parent_value()  # the server reads it (`rank_server.as_server`)
     # the server's start starts multiprocessing's resource tracker first, which unblocks Ctrl-C
     # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
     # open, and one at the terminal printed its traceback from the interpreter's start. The

@@ -26,10 +26,21 @@ def as_server() -> None:
 
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    parent = os.environ.get(PARENT_VAR, "")
+    if not parent.isdigit():  # started off the command's main thread: see `parent_value`
+        return
     die_with_parent()
-    parent = os.environ.get(PARENT_VAR)
-    if parent and parent.isdigit() and os.getppid() != int(parent):
+    if os.getppid() != int(parent):
         os._exit(0)  # the command died before the server asked to die with it
+
+
+def parent_value() -> str:
+    """PARENT_VAR for a server this thread starts: the command's pid, or (off the main thread)
+    a value that keeps the server from dying with its parent, which Linux reads as the thread
+    that started it (a joblib thread's end would kill a server other threads still use)."""
+    if threading.current_thread() is threading.main_thread():
+        return str(os.getpid())
+    return f"{os.getpid()}:thread"
 
 
 def parent_of(pid: int) -> int | None:

@@ -134,3 +134,23 @@ def test_a_temporary_folder_too_long_for_the_servers_socket_is_one_line(tmp_path
     )
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 and str(long) in lines[0] and "set TMPDIR" in lines[0], r.stdout
+
+
+def test_a_server_started_off_the_main_thread_outlives_that_thread() -> None:
+    """The server dies with the command: Linux ties that to the thread that started it, so a
+    server a joblib thread started, dying as that thread ended, would have stopped another
+    thread's run. Started off the main thread, it stays for the next run."""
+    import threading
+
+    from experiments.common.rank_server import server_pid
+
+    pid = server_pid()
+    if pid is not None:  # a server this process started before: the thread must start its own
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(_spawn(1, _parent, ())))
+    t.start()
+    t.join()
+    time.sleep(0.5)  # a death signal on the thread's end would have come by now
+    assert got and _spawn(1, _parent, ()) == got[0]
