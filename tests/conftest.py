@@ -136,6 +136,31 @@ def spawned_ranks(command: int) -> list[int]:
     return [r for s in kids(command) if "forkserver" in cmdline(s) for r in kids(s)]
 
 
+def torchrun_ranks(agent: int) -> dict[int, int]:
+    """rank -> pid of a torchrun agent's worker processes (their RANK)."""
+    kids = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True)
+    ranks = {}
+    for pid in kids.stdout.split():
+        try:
+            env_vars = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        for kv in env_vars:
+            if kv.startswith(b"RANK="):
+                ranks[int(kv[5:])] = int(pid)
+    return ranks
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Has the process installed a SIGTERM handler (/proc's caught-signals mask)?"""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
 def built_once(
     tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
 ) -> tuple[Path, Any]:

@@ -20,7 +20,7 @@ import pytest
 
 from experiments.common import dist_run
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.conftest import user_env
+from tests.conftest import catches_sigterm, torchrun_ranks, user_env
 from tests.probes.conftest import deadline, one_line, raises_one_line, real_run
 
 
@@ -154,18 +154,6 @@ def test_a_rendezvous_that_fails_is_one_line_without_torchs_log(
     one_line(r, "rank 1", "did not form within executor.rendezvous_timeout_s=1")
 
 
-def _torchrun_ranks(agent: int) -> dict[int, int]:
-    """rank -> pid of the torchrun agent's worker processes (their RANK)."""
-    kids = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True)
-    ranks = {}
-    for pid in kids.stdout.split():
-        with contextlib.suppress(OSError):  # gone meanwhile
-            for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                if kv.startswith(b"RANK="):
-                    ranks[int(kv[5:])] = int(pid)
-    return ranks
-
-
 @pytest.mark.slow  # torchrun and two ranks starting
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
@@ -188,7 +176,7 @@ def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
         with deadline(120):
             while len(ranks) < 2:
                 time.sleep(0.1)
-                ranks = _torchrun_ranks(agent.pid)
+                ranks = torchrun_ranks(agent.pid)
         agent.kill()
         agent.wait()
         with deadline(60):
@@ -198,16 +186,6 @@ def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
         for pid in ranks.values():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _catches_sigterm(pid: int) -> bool:
-    """Has the process set a SIGTERM handler (/proc's caught-signals mask)?"""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
-    return bool(mask >> (signal.SIGTERM - 1) & 1)
 
 
 @pytest.mark.slow  # torchrun and two ranks starting
@@ -231,9 +209,9 @@ def test_a_torchrun_rank_stopped_alone_is_the_one_line(tiny_ckpt: Path, tmp_path
     ranks: dict[int, int] = {}
     try:
         with deadline(120):
-            while not (len(ranks) == 2 and all(map(_catches_sigterm, ranks.values()))):
+            while not (len(ranks) == 2 and all(map(catches_sigterm, ranks.values()))):
                 time.sleep(0.1)
-                ranks = _torchrun_ranks(agent.pid)
+                ranks = torchrun_ranks(agent.pid)
         os.kill(ranks[1], signal.SIGTERM)
         _, stderr = agent.communicate(timeout=120)
     finally:

@@ -10,13 +10,9 @@ Each 2-process run costs ~20 s on 2 cores (two interpreters importing torch, pla
 """
 
 import json
-import multiprocessing.context as mp_context
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,7 +37,7 @@ from real.executor import Executor
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from real.state import resident_units
 from real.tensor_parallel import TensorParallel, ThreadCollective
-from tests.conftest import command_here, spawned_ranks
+from tests.conftest import command_here
 from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
@@ -299,186 +295,6 @@ def test_run_command_writes_one_run_dir(mixtral_tiny, tmp_path, dense, capsys, m
     assert sorted(trace["op_id"]) == list(range(summary["ops"]))
     reduce = trace[trace["kind"].astype(str) == OpKind.ALL_REDUCE.value]
     assert set(device_of(reduce["resource"])) == ({0, 1} if dense == "tensor" else set())
-
-
-@pytest.mark.slow  # end to end, run by .ci/run after the README's command
-def test_torchrun_runs_the_same_command(mixtral_tiny, tmp_path):
-    """A cluster user's launch: torchrun starts the ranks, each runs `experiments.run`; rank 0
-    writes the run dir."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        "-m",
-        *command(mixtral_tiny, tmp_path, "planner=ep_static")[2:],
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["processes"] == 2
-
-
-def errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
-
-
-@pytest.mark.slow  # end to end, run by .ci/run after the README's command
-def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
-    """Rank 1 killed while the run sets up or runs: the parent stops rank 0 at once and says
-    which rank died, in one line; no peer's traceback, no summary.json."""
-    proc = subprocess.Popen(
-        command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=100"),
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    ranks: list[int] = []
-    deadline = time.monotonic() + 120
-    while len(ranks) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-        ranks = spawned_ranks(proc.pid)
-    assert len(ranks) == 2, "the two rank processes did not start"
-    # into the run (or its setup): 2 batches of 100 tokens take the ranks ~15 s here, so the
-    # kill lands before the run ends (40 tokens ended within the 8 s this slept before)
-    time.sleep(5)
-    os.kill(ranks[1], signal.SIGKILL)  # started second: rank 1
-    killed = time.monotonic()
-    _, stderr = proc.communicate(timeout=120)
-    assert time.monotonic() - killed < 15
-    assert proc.returncode != 0
-    assert errors(stderr) == ["error: rank 1 died (signal 9); the run stopped"], stderr[-2000:]
-    # the whole of stderr: the launcher's one line, nothing of the ranks' or the launcher's own
-    assert [line for line in stderr.splitlines() if line.strip()] == errors(stderr), stderr
-    assert "Traceback" not in stderr and "Connection reset" not in stderr
-    assert not (tmp_path / "summary.json").exists()
-
-
-def torchrun_ranks(launcher: int) -> dict[int, int]:
-    """rank -> pid of a torchrun agent's worker processes (their RANK)."""
-    kids = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True)
-    ranks = {}
-    for p in kids.stdout.split():
-        try:
-            env_vars = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        for kv in env_vars:
-            if kv.startswith(b"RANK="):
-                ranks[int(kv[5:])] = int(p)
-    return ranks
-
-
-def catches_sigterm(pid: int) -> bool:
-    """Has the process installed a SIGTERM handler (/proc's caught-signals mask)?"""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
-    return bool(mask >> (signal.SIGTERM - 1) & 1)
-
-
-@pytest.mark.parametrize(
-    "after_s",
-    [0.0, pytest.param(8.0, marks=pytest.mark.slow)],  # 8 s in: end to end, slow
-)
-def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, after_s):
-    """Under torchrun, rank 1 killed once rank 0's command has started (0 s: it is still
-    setting up) or in the run (8 s later): torchrun stops rank 0 at once (SIGTERM), and rank 0
-    says in one line that rank 1 went away (as its transfers found it, or as the launcher
-    stopped it); non-zero exit, no summary.json, no traceback of ours (torchrun prints its own
-    report)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        "-m",
-        # 400 tokens: a run far longer than the 8 s wait, on an idle machine too (100 ended first)
-        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=400")[2:],
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    ranks: dict[int, int] = {}
-    deadline = time.monotonic() + 120
-    while not (1 in ranks and catches_sigterm(ranks[0])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        ranks = torchrun_ranks(proc.pid)
-    assert 1 in ranks and catches_sigterm(ranks[0]), "torchrun's ranks did not start"
-    time.sleep(after_s)
-    os.kill(ranks[1], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    (line,) = errors(stderr)
-    assert "rank 1 died or left" in line or "rank 1 failed or died first" in line, line
-    assert "rank 0" in line
-    assert f'File "{ROOT}' not in stderr, stderr[-3000:]
-    assert not (tmp_path / "summary.json").exists()
-
-
-def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
-    """Rank 0 of 2 under a torchrun-like environment whose rank 1 never starts: one line once
-    the rendezvous times out, no summary."""
-    e = dict(
-        env(),
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-    )
-    proc = subprocess.run(
-        command(mixtral_tiny, tmp_path, "planner=eplb", "executor.rendezvous_timeout_s=1"),
-        cwd=ROOT,
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    (line,) = errors(proc.stderr)
-    assert "rank 0: the process group did not form within executor.rendezvous_timeout_s=1" in line
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "summary.json").exists()
-
-
-@pytest.mark.parametrize(
-    "planner, devices, message",
-    [
-        ("eplb", 16, "n_devices=16 must be in [1, 8] (the model's experts)"),
-        ("eplb", (os.cpu_count() or 1) + 1, "one process per device, but this machine has"),
-        ("flexgen", None, "planner flexgen plans one device"),
-    ],
-)
-def test_devices_the_machine_cannot_run_are_one_line(
-    mixtral_tiny, tmp_path, planner, devices, message, capsys, monkeypatch
-):
-    """More processes than experts, or than the machine's cores, or a planner with no devices:
-    one line before any process starts (the command's main in this process, which the test
-    does not let start a rank process)."""
-    if devices and devices > 8 and "cores" in message:
-        pytest.skip("h200-hgx8 plans at most 8 devices; this machine runs 8 processes")
-    started = []
-
-    def start(self):
-        started.append(self.name)
-        raise RuntimeError("the test refuses to start a rank process")
-
-    monkeypatch.setattr(mp_context.SpawnProcess, "start", start)
-    argv = command(mixtral_tiny, tmp_path, f"planner={planner}", devices=devices)[3:]
-    proc = command_here(run_module.main, argv, capsys, monkeypatch)
-    assert not started, "a rank process was started"
-    assert proc.returncode != 0
-    (line,) = errors(proc.stderr)
-    assert message in line, line
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "summary.json").exists()
 
 
 @pytest.mark.parametrize(
