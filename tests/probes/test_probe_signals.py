@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +27,8 @@ from typing import Any
 import pytest
 
 from experiments.run import LOCK
-from tests.conftest import spawned_ranks, started, user_env
-from tests.probes.conftest import ROOT, TINY, cli
+from tests.conftest import spawned_ranks, started
+from tests.probes.conftest import TINY, cli
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
 WRITING = [
@@ -123,7 +122,7 @@ def _consistent(run: Path, planner: str) -> None:
     assert (run / "trace.parquet").exists()
 
 
-def _summaries(sweep: Path) -> list[Path]:
+def summaries(sweep: Path) -> list[Path]:
     """The sweep's summary.json files; walked again where a run's folder was renamed (its
     `.partial-*` made whole) during the walk."""
     while True:
@@ -299,7 +298,7 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
     p.terminate()
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
-    assert len(err.splitlines()) == 1 and "did not finish" in _stop_line(err, signal.SIGTERM)
+    assert len(err.splitlines()) == 1 and "did not finish" in stop_line(err, signal.SIGTERM)
     time.sleep(2)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not (run / "summary.json").exists()
@@ -311,7 +310,7 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
 STOPS = {signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
-def _stop_line(err: str, sig: int) -> str:
+def stop_line(err: str, sig: int) -> str:
     """The stopped command's stderr: no traceback, and its last line (a progress bar's lines
     may come before it) saying which signal stopped it."""
     assert "Traceback" not in err, err
@@ -343,7 +342,7 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(
     code, err = _stop_when(p, run, moment, sig, group=group)
     assert code == STOPS[sig], err
     assert len([line for line in err.splitlines() if line.strip()]) == 1, err
-    assert "did not finish" in _stop_line(err, sig)
+    assert "did not finish" in stop_line(err, sig)
     _whole_and_the_next_run_proceeds(run, before, cli_here)
 
 
@@ -358,7 +357,7 @@ def test_sigterm_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
     _, err = p.communicate(timeout=120)
     assert p.returncode == 143, err
     assert len(err.splitlines()) == 1, err
-    _stop_line(err, signal.SIGTERM)
+    stop_line(err, signal.SIGTERM)
     assert not (run / "summary.json").exists()
 
 
@@ -379,7 +378,7 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     ]
     p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 240
-    while not _summaries(sweep):
+    while not summaries(sweep):
         assert p.poll() is None and time.time() < deadline, p.communicate()
         time.sleep(0.05)
     assert p.poll() is None, "the sweep ended before it could be stopped"
@@ -388,17 +387,17 @@ def test_a_sweep_stopped_by_sigterm_resumes(tmp_path: Path) -> None:
     _, err = p.communicate(timeout=120)
     assert p.returncode == 143, err[-2000:]
     here = sweep.resolve()
-    assert _stop_line(err, signal.SIGTERM) == (
+    assert stop_line(err, signal.SIGTERM) == (
         f"stopped by SIGTERM; finished runs are kept in {here}; to resume, run the same "
         f"command with hydra.sweep.dir={here}"
     )
     time.sleep(1.0)
     assert not [k for k in workers if _running(k)], "workers left running"
-    assert len(_summaries(sweep)) == 1
+    assert len(summaries(sweep)) == 1
     r = cli("experiments.run", *args)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "already finished" in r.stdout + r.stderr
-    assert len(_summaries(sweep)) == 2
+    assert len(summaries(sweep)) == 2
 
 
 def _descendants(pid: int) -> list[int]:
@@ -440,7 +439,7 @@ def test_sigterm_stops_reproduce_klotski_and_it_resumes(tmp_path: Path) -> None:
     p.terminate()
     p.wait(timeout=120)
     assert p.returncode == 143, err.read_text()
-    line = _stop_line(err.read_text(), signal.SIGTERM)
+    line = stop_line(err.read_text(), signal.SIGTERM)
     assert line.endswith("finished runs are kept; run the same command again to resume"), line
     time.sleep(1.0)
     assert not [k for k in workers if _running(k)], "workers left running"
@@ -452,7 +451,7 @@ def test_sigterm_stops_reproduce_klotski_and_it_resumes(tmp_path: Path) -> None:
     os.killpg(p.pid, signal.SIGTERM)
     p.wait(timeout=120)
     assert p.returncode == 143, err.read_text()
-    _stop_line(err.read_text(), signal.SIGTERM)
+    stop_line(err.read_text(), signal.SIGTERM)
     time.sleep(1.0)
     assert not [k for k in workers if _running(k)], "workers left running"
 
@@ -469,7 +468,7 @@ def test_sigterm_stops_calibrate_and_leaves_nothing(tmp_path: Path) -> None:
     p.wait(timeout=120)
     assert p.returncode == 143, err.read_text()
     assert len(err.read_text().splitlines()) == 1, err.read_text()
-    assert "did not finish" in _stop_line(err.read_text(), signal.SIGTERM)
+    assert "did not finish" in stop_line(err.read_text(), signal.SIGTERM)
     assert not out.exists()
     assert not list(disk.iterdir())
 
@@ -492,157 +491,7 @@ def test_sigterm_stops_a_real_run(tmp_path: Path, tiny_ckpt: Path, cli_here: Any
     code, err = _stop_when(p, run, "computing", signal.SIGTERM, group=False)
     assert code == 143, err
     assert len(err.splitlines()) == 1, err
-    assert "did not finish" in _stop_line(err, signal.SIGTERM)
+    assert "did not finish" in stop_line(err, signal.SIGTERM)
     assert not (run / "summary.json").exists()
     r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
-
-
-def test_until_interrupted_leaves_the_handlers_as_it_found_them(capsys) -> None:
-    """In-process (a test, a notebook): SIGTERM's and SIGHUP's handlers are back as they were
-    after the command, and a `Stopped` is the one line and 128 + its number."""
-    from experiments.common.cli import Stopped, until_interrupted
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOPS)}
-    assert until_interrupted(lambda: 7) == 7
-
-    def stopped() -> None:
-        raise Stopped(signal.SIGHUP)
-
-    with pytest.raises(SystemExit) as e:
-        until_interrupted(stopped)
-    assert e.value.code == 129
-    assert capsys.readouterr().err.startswith("stopped by SIGHUP; ")
-    assert {s: signal.getsignal(s) for s in before} == before
-
-
-def test_ctrl_c_lost_in_a_del_still_stops_the_command(capsys) -> None:
-    """Ctrl-C whose KeyboardInterrupt lands in a `__del__` (which Python cannot raise from: it
-    prints "Exception ignored" and runs on) still stops the command: one line, exit 130, not a
-    run that goes on to exit 0 (seen once in a full test run, from the hook's own re-raise)."""
-    from experiments.common.cli import until_interrupted
-
-    class Dies:
-        def __del__(self) -> None:
-            raise KeyboardInterrupt
-
-    def main() -> str:
-        Dies()  # gone at once: its KeyboardInterrupt is unraisable
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-        return "ran on"
-
-    with pytest.raises(SystemExit) as stop:
-        until_interrupted(main)
-    assert stop.value.code == 130
-    assert capsys.readouterr().err.startswith("interrupted: ")
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
-def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, capsys) -> None:
-    """The same, where the command ends right after the `__del__`, before the hook's signal is
-    sent again: it ended with exit 0 and nothing said (a SIGHUP in a full test run). It stops
-    as the signal says, and nothing is sent to the process afterwards."""
-    from experiments.common import cli
-    from experiments.common.cli import Stopped, until_interrupted
-
-    class Dies:
-        def __del__(self) -> None:
-            raise Stopped(signum) if signum != signal.SIGINT else KeyboardInterrupt
-
-    def main() -> str:
-        Dies()
-        return "finished"
-
-    with pytest.raises(SystemExit) as stop:
-        until_interrupted(main)
-    assert stop.value.code == (130 if signum == signal.SIGINT else 129)
-    err = capsys.readouterr().err
-    assert err.startswith("interrupted: " if signum == signal.SIGINT else "stopped by SIGHUP; ")
-    assert cli._UNSENT == []
-    time.sleep(0.1)  # past the hook's moment: its timer was cancelled, no signal arrives
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_pool_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
-    """A sweep's process killed with SIGKILL left its loky workers running (ignoring Ctrl-C and
-    SIGTERM, by design) for minutes; a worker now asks the kernel to kill it with its parent."""
-    pid_file = tmp_path / "child.pid"
-    child_py, parent_py = tmp_path / "child.py", tmp_path / "parent.py"
-    child_py.write_text(
-        "import os, time\n"
-        "from experiments.common.pool import die_with_parent\n"
-        "die_with_parent()\n"
-        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-        "time.sleep(120)\n"
-    )
-    parent_py.write_text(
-        "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, {str(child_py)!r}])\n"
-        "time.sleep(120)\n"
-    )
-    p = subprocess.Popen([sys.executable, str(parent_py)], cwd=ROOT, env=user_env())
-    deadline = time.time() + 60
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.time() < deadline and p.poll() is None
-        time.sleep(0.05)
-    child = int(pid_file.read_text())
-    p.kill()
-    p.wait()
-    deadline = time.time() + 10
-    while _alive(child):
-        assert time.time() < deadline, "the worker outlived its killed parent"
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (dead, not yet reaped by init) is dead
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
-def test_a_dead_sweep_worker_is_one_line_saying_how_to_resume() -> None:
-    """joblib's TerminatedWorkerError (a worker killed, or out of memory) was an internal error
-    cut off mid-word; it says what happened and that the sweep resumes."""
-    from experiments.common.cli import error_line
-
-    class TerminatedWorkerError(RuntimeError):  # joblib.externals.loky's, by name
-        pass
-
-    e = TerminatedWorkerError(
-        "A worker process managed by the executor was unexpectedly terminated. This could be "
-        "caused by a segmentation fault while calling the function or by an excessive memory "
-        "usage causing the Operating System to kill the worker.\n\nThe exit codes of the "
-        "workers are {SIGKILL(-9)}"
-    )
-    line = error_line(e)
-    assert line is not None and "\n" not in line
-    assert "worker process of the sweep died" in line and "run the same command again" in line
-    assert "exit code -9" in line
-
-
-def test_a_stop_before_any_run_finished_says_nothing_was_kept(tmp_path: Path) -> None:
-    """SIGTERM (or Ctrl-C) in a sweep's first seconds said 'finished runs are kept in DIR' for a
-    folder the sweep then removed (it held no run)."""
-    sweep = tmp_path / "sweep"
-    args = ["-m", *TINY[:-1], "planner=sequential", "workload.n_batches=400"]
-    args += ["workload.gen_len=128", f"hydra.sweep.dir={sweep}"]
-    p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while not (sweep / "multirun.yaml").exists():
-        assert p.poll() is None and time.time() < deadline, p.communicate()
-        time.sleep(0.05)
-    time.sleep(0.5)
-    assert not _summaries(sweep), "a run finished before the sweep could be stopped"
-    os.killpg(p.pid, signal.SIGTERM)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 143, err[-2000:]
-    assert _stop_line(err, signal.SIGTERM) == (
-        "stopped by SIGTERM; no run of the sweep had finished; nothing was kept"
-    )
-    assert not sweep.exists()
