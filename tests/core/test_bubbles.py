@@ -18,7 +18,8 @@ from core.types import OpKind, Resource, Tier
 from experiments.common.pipeline import simulate_run
 from sim.executor import simulate_times
 from tests.planners.ep_common import tiny_spec
-from tests.sim.test_simulator import GB, comm_hw, hw, lanes_beside_a_transfer, load, pool_hw
+from tests.sim.test_pools import comm_hw, lanes_beside_a_transfer, pool_hw
+from tests.sim.test_simulator import GB, hw, load
 
 WL = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
 
