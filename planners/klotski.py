@@ -92,18 +92,20 @@ class KlotskiParams:
         for name, low in least.items():
             if getattr(self, name) < low:
                 raise ConfigError(
-                    f"planner klotski: {name}={getattr(self, name)} must be >= {low}"
+                    f"planner klotski: planner.params.{name}={getattr(self, name)} must be >= {low}"
                     + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
                     + (" (1 = batch by batch, 0 = auto)" if name == "attn_batches" else "")
                 )
         if self.attn_batches > N_MAX:  # spans past any group: the whole group, said so
             raise ConfigError(
-                f"planner klotski: attn_batches={self.attn_batches} exceeds {N_MAX}, the most "
+                f"planner klotski: planner.params.attn_batches={self.attn_batches} exceeds "
+                f"{N_MAX}, the most "
                 "batches a group holds; pass at most the group's n (0 = the planner chooses)"
             )
         if self.warmup_sequences > MAX_WARMUP_SEQUENCES:
             raise ConfigError(
-                f"planner klotski: warmup_sequences={self.warmup_sequences} is above "
+                f"planner klotski: planner.params.warmup_sequences={self.warmup_sequences} is "
+                "above "
                 f"{MAX_WARMUP_SEQUENCES}: the warm-up table's counts settle long before, and a "
                 "larger warm-up only costs time and memory (the paper's is one batch of 8)"
             )
@@ -167,14 +169,15 @@ class Klotski(Planner):
     def k_hot(self, model: ModelSpec) -> int:
         if self.params.hot_k > model.n_experts:  # it was cut to n_experts without a word
             raise ConfigError(
-                f"planner klotski: hot_k={self.params.hot_k} exceeds the model's "
+                f"planner klotski: planner.params.hot_k={self.params.hot_k} exceeds the model's "
                 f"{model.n_experts} experts; pass hot_k <= {model.n_experts} (0 = its top-k)"
             )
         # it was cut to the layers without a word (the default's 2 on a one-layer model is fine)
         layers = len(model.moe_layers)
         if self.params.disk_window > max(layers, KlotskiParams.disk_window):
             raise ConfigError(
-                f"planner klotski: disk_window={self.params.disk_window} exceeds the model's "
+                f"planner klotski: planner.params.disk_window={self.params.disk_window} exceeds "
+                "the model's "
                 f"{layers} MoE layers; pass disk_window <= {layers}"
             )
         return self.params.hot_k or model.top_k
@@ -205,7 +208,8 @@ class Klotski(Planner):
         m, wl, p = ctx.model, ctx.workload, self.params
         if p.disk_speculate > m.n_experts:  # it was cut by the CPU room without a word
             raise ConfigError(
-                f"planner klotski: disk_speculate={p.disk_speculate} exceeds the model's "
+                f"planner klotski: planner.params.disk_speculate={p.disk_speculate} exceeds the "
+                "model's "
                 f"{m.n_experts} experts; pass disk_speculate <= {m.n_experts}"
             )
         choice = self.choose(m, ctx.hardware, wl, ctx.cost)

@@ -64,7 +64,8 @@ class MixtralOffloading(Planner):
         m, wl, p = ctx.model, ctx.workload, self.params
         if p.guess_k > m.n_experts:  # it was cut to n_experts without a word
             raise ConfigError(
-                f"planner mixtral_offloading: guess_k={p.guess_k} exceeds the model's "
+                f"planner mixtral_offloading: planner.params.guess_k={p.guess_k} exceeds the "
+                "model's "
                 f"{m.n_experts} experts; pass guess_k <= {m.n_experts} (0 = its top-k)"
             )
         placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)

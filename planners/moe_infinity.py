@@ -52,7 +52,8 @@ class MoEInfinity(Planner):
         m, wl, p = ctx.model, ctx.workload, self.params
         if p.prefetch_distance >= max(len(m.moe_layers), 2):  # no layer that far ahead
             raise ConfigError(
-                f"planner moe_infinity: prefetch_distance={p.prefetch_distance} reaches past the "
+                f"planner moe_infinity: planner.params.prefetch_distance={p.prefetch_distance} "
+                "reaches past the "
                 f"model's {len(m.moe_layers)} MoE layers; pass at most "
                 f"{max(len(m.moe_layers) - 1, 1)}"
             )

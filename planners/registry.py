@@ -81,7 +81,7 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
     for key, value in values.items():
         need = _mismatch(hints[key], value)
         if need:
-            raise ConfigError(f"planner {name}: param {key}={value!r} must be {need}")
+            raise ConfigError(f"planner {name}: planner.params.{key}={value!r} must be {need}")
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:

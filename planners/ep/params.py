@@ -65,23 +65,24 @@ class EPParams:
         # 0 = 1/n_devices; else at least about one SM of the largest GPUs (1/200 of one)
         if not (self.lane_share == 0.0 or 1e-3 <= self.lane_share <= 1.0):
             raise ConfigError(
-                f"planner lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
+                f"planner.params.lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
                 "[0.001, 1] (a lane holds at least one SM)"
             )
         if self.replicas < -1:
             raise ConfigError(
-                f"planner replicas={self.replicas} must be >= 0, or -1 (at most every slot)"
+                f"planner.params.replicas={self.replicas} must be >= 0, or -1 (at most every slot)"
             )
         if self.micro_batches < 1:
             raise ConfigError(
-                f"planner micro_batches={self.micro_batches} must be >= 1 (2: two-batch overlap)"
+                f"planner.params.micro_batches={self.micro_batches} must be >= 1 (2: two-batch "
+                "overlap)"
             )
 
     def no_gate(self, planner: str) -> None:
         """Planners that place without the replica cost gate refuse one."""
         if self.gate != ReplicaGate.NONE:
             raise ConfigError(
-                f"planner gate={str(self.gate)!r}: {planner} has no replica cost gate (the "
+                f"planner.params.gate={str(self.gate)!r}: {planner} has no replica cost gate (the "
                 "replication planners do); drop it"
             )
 
@@ -150,7 +151,7 @@ class ReplicaParams(EPParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rehome_interval < 0:
-            raise ConfigError(f"planner rehome_interval={self.rehome_interval} must be >= 0")
+            raise ConfigError(f"planner.params.rehome_interval={self.rehome_interval} must be >= 0")
 
 
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
@@ -163,26 +164,27 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
         )
         raise ConfigError(
-            f"planner {given} must be in [1, {e}] (the model's experts); lower n_devices"
+            f"planner.params.{given} must be in [1, {e}] (the model's experts); lower n_devices"
         )
     gpus = ctx.hardware.n_gpus
     if not p.lanes and g > gpus:
         raise ConfigError(
-            f"planner n_devices={g} exceeds hardware {ctx.hardware.name}'s n_gpus={gpus}; use "
+            f"planner.params.n_devices={g} exceeds hardware {ctx.hardware.name}'s n_gpus={gpus}; "
+            "use "
             "hardware with more GPUs (hardware.n_gpus), lanes=true for G lanes of one GPU, or "
             "a smaller n_devices"
         )
     if p.replica_slots < 0:
-        raise ConfigError(f"planner replica_slots={p.replica_slots} must be >= 0")
+        raise ConfigError(f"planner.params.replica_slots={p.replica_slots} must be >= 0")
     if p.replica_slots > e:  # a device holds at most one copy of each expert
         raise ConfigError(
-            f"planner replica_slots={p.replica_slots} exceeds the model's {e} experts (a "
+            f"planner.params.replica_slots={p.replica_slots} exceeds the model's {e} experts (a "
             f"device holds one copy of an expert at most); pass replica_slots <= {e}"
         )
     replicas = g * p.replica_slots if p.replicas < 0 else p.replicas
     if replicas > g * p.replica_slots:
         raise ConfigError(
-            f"planner replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
+            f"planner.params.replicas={replicas} exceeds the {g * p.replica_slots} replica slots "
             f"(n_devices={g} x replica_slots={p.replica_slots}); "
             "raise replica_slots or lower replicas"
         )
@@ -190,7 +192,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     why = ctx.model.tensor_split_error(g) if dense == Dense.TENSOR else None
     if why:
         raise ConfigError(
-            f"planner dense=tensor splits attention heads over n_devices={g}, but model "
+            f"planner.params.dense=tensor splits attention heads over n_devices={g}, but model "
             f"{ctx.model.name}'s {why}; use dense=data or another n_devices"
         )
     if p.micro_batches > 1:
@@ -218,26 +220,30 @@ def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> 
     collective to overlap: its micro-batches only ran the same work in more, smaller ops."""
     if g == 1 and not lanes:
         raise ConfigError(
-            f"planner micro_batches={mb} overlaps one micro-batch's all-to-all or all-reduce "
+            f"planner.params.micro_batches={mb} overlaps one micro-batch's all-to-all or "
+            "all-reduce "
             "with another's compute, but n_devices=1 has none; use micro_batches=1, or "
             "n_devices of 2 or more"
         )
     if lanes:
         raise ConfigError(
-            f"planner micro_batches={mb} overlaps one micro-batch's all-to-all with another's "
+            f"planner.params.micro_batches={mb} overlaps one micro-batch's all-to-all with "
+            "another's "
             "compute, but lanes=true (one GPU's memory) moves no tokens; use micro_batches=1"
         )
     if dense == Dense.TENSOR:
         if bs < mb:
             raise ConfigError(
-                f"planner micro_batches={mb} splits a batch's sequences (dense=tensor: every "
+                f"planner.params.micro_batches={mb} splits a batch's sequences (dense=tensor: "
+                "every "
                 f"GPU holds all of them), but workload.batch_size={bs} has fewer; lower "
                 "micro_batches or raise the batch size"
             )
         return
     if -(-bs // g) < mb:
         raise ConfigError(
-            f"planner micro_batches={mb} splits each GPU's share of a batch's sequences, but "
+            f"planner.params.micro_batches={mb} splits each GPU's share of a batch's sequences, "
+            "but "
             f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
             f"{-(-bs // g)}; lower micro_batches or raise the batch size"
         )

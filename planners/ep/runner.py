@@ -130,7 +130,7 @@ class EPRunner:
         if held + per_gpu * lay.replica_slots * expert_layer > cap:
             fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
             raise CapacityError(
-                f"planner replica_slots={lay.replica_slots}: "
+                f"planner.params.replica_slots={lay.replica_slots}: "
                 f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU "
                 f"on top of {held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; "
                 f"lower replica_slots (at most {fit} fit)"
@@ -293,7 +293,8 @@ class EPRunner:
             per_gpu, total = int(each.max()) * eb, int(each.sum()) * eb
         if per_gpu > self.room:
             raise CapacityError(
-                f"planner replica_slots={self.layout.replica_slots}: replica moves bring up to "
+                f"planner.params.replica_slots={self.layout.replica_slots}: replica moves bring up "
+                "to "
                 f"{per_gpu // eb} experts ({per_gpu / 1e9:.3g} GB) to one GPU in one iteration, "
                 f"each held beside the copy it replaces until that is sent, beyond its "
                 f"{max(self.room, 0) / 1e9:.3g} GB free; lower replica_slots, or re-home less "

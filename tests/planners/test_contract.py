@@ -132,10 +132,14 @@ def test_planner_config_runs_the_contract(config, tiny_model, tiny_hw, tiny_work
 @pytest.mark.parametrize(
     "name, values, message",
     [
-        ("klotski", {"disk_window": 1.5}, "param disk_window=1.5 must be an integer"),
-        ("klotski", {"hot_prefetch": "maybe"}, "param hot_prefetch='maybe' must be true or false"),
-        ("klotski", {"n": -5}, "planner klotski: n=-5 must be >= -1"),
-        ("flexgen", {"sync": 1}, "param sync=1 must be true or false"),
+        ("klotski", {"disk_window": 1.5}, "planner.params.disk_window=1.5 must be an integer"),
+        (
+            "klotski",
+            {"hot_prefetch": "maybe"},
+            "planner.params.hot_prefetch='maybe' must be true or false",
+        ),
+        ("klotski", {"n": -5}, "planner klotski: planner.params.n=-5 must be >= -1"),
+        ("flexgen", {"sync": 1}, "planner.params.sync=1 must be true or false"),
         ("predictive_replication", {"ema_alpha": "half"}, "ema_alpha='half' must be a number"),
         ("fiddler", {"resident_share": 1.5}, "resident_share=1.5 must be in [0, 1]"),
         ("moe_infinity", {"history": -1}, "history=-1 must be >= 0"),

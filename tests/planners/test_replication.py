@@ -188,12 +188,16 @@ def test_lanes_gate_charges_every_lanes_copies_as_one_queue(monkeypatch):
 
 def test_too_many_replica_slots_name_the_param():
     """Past the model's experts (a device holds one copy of each at most), or past memory."""
-    with pytest.raises(ConfigError, match=r"planner replica_slots=\d+ exceeds the model's"):
+    with pytest.raises(
+        ConfigError, match=r"planner\.params\.replica_slots=\d+ exceeds the model's"
+    ):
         simulate_run(tiny_spec("predictive_replication", replica_slots=10**6))
     spec = tiny_spec("predictive_replication", replica_slots=4)  # the model's 4 experts
     small = {**spec.hardware.memory_bytes, Tier.GPU: 500_000}  # room for one slot
     spec = replace(spec, hardware=replace(spec.hardware, memory_bytes=small))
-    with pytest.raises(CapacityError, match=r"planner replica_slots=\d+: .* lower replica_slots"):
+    with pytest.raises(
+        CapacityError, match=r"planner\.params\.replica_slots=\d+: .* lower replica_slots"
+    ):
         simulate_run(spec)
 
 
@@ -304,7 +308,7 @@ def test_cli_exits_non_zero_with_one_line(tmp_path, cli_here):
         f"hydra.run.dir={tmp_path}",
     )
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines()[-1].startswith("error: planner replicas=9 exceeds")
+    assert r.stderr.strip().splitlines()[-1].startswith("error: planner.params.replicas=9 exceeds")
 
 
 def test_grouped_gemm_is_one_op_per_device_and_layer():
