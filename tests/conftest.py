@@ -161,6 +161,15 @@ def catches_sigterm(pid: int) -> bool:
     return bool(mask >> (signal.SIGTERM - 1) & 1)
 
 
+def alive(pid: int) -> bool:
+    """Is the process running (a zombie, dead and not yet reaped, is not)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
 def built_once(
     tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]
 ) -> tuple[Path, Any]:

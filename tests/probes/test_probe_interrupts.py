@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import started, user_env
+from tests.conftest import alive, started, user_env
 from tests.probes.conftest import ROOT, TINY
 from tests.probes.test_probe_signals import STOPS, stop_line, summaries
 
@@ -111,19 +111,9 @@ def test_a_pool_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
     p.kill()
     p.wait()
     deadline = time.time() + 10
-    while _alive(child):
+    while alive(child):
         assert time.time() < deadline, "the worker outlived its killed parent"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (dead, not yet reaped by init) is dead
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_a_dead_sweep_worker_is_one_line_saying_how_to_resume() -> None:

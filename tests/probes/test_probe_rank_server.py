@@ -17,7 +17,7 @@ import pytest
 
 from experiments.common import dist_run
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.conftest import user_env
+from tests.conftest import alive, user_env
 from tests.probes.conftest import ROOT, deadline, raises_one_line
 
 
@@ -31,14 +31,6 @@ def _signals_server(rank: int, world: int, init: str, tmp: Path) -> None:
         time.sleep(60)
 
     _as_rank(rank, tmp, run)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -71,7 +63,7 @@ def test_a_fault_of_the_server_is_one_line_and_ends_its_ranks(
     with deadline(60):
         raises_one_line(lambda: _spawn(2, _signals_server, ()), "forkserver", *names)
     time.sleep(0.5)  # the ranks' death signal (PDEATHSIG) on the server's
-    assert len(pids) == 2 and not [p for p in pids + [server] if _alive(p)]
+    assert len(pids) == 2 and not [p for p in pids + [server] if alive(p)]
     assert _spawn(1, _parent, ()) not in (server, os.getpid())
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from experiments.common import dist_run
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.conftest import catches_sigterm, torchrun_ranks, user_env
+from tests.conftest import alive, catches_sigterm, torchrun_ranks, user_env
 from tests.probes.conftest import deadline, one_line, raises_one_line, real_run
 
 
@@ -106,15 +106,7 @@ def test_a_stopped_rank_stops_the_run_naming_it(monkeypatch: pytest.MonkeyPatch)
     with deadline(60):
         line = raises_one_line(lambda: dist_run._spawn(2, _stops_itself, ()), "rank 1 was stopped")
     assert "rank 0" not in line
-    assert not [p for p in pids if _alive(p)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    assert not [p for p in pids if alive(p)]
 
 
 @pytest.mark.parametrize(
@@ -154,20 +146,25 @@ def test_a_rendezvous_that_fails_is_one_line_without_torchs_log(
     one_line(r, "rank 1", "did not form within executor.rendezvous_timeout_s=1")
 
 
+def _torchrun_long_run(ckpt: Path, run: Path) -> list[str]:
+    """torchrun of a 2-rank eplb run of 2000 tokens into `run`: far longer than any probe."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["executor=real", f"checkpoint={ckpt}", "hardware=h200-hgx8", "workload=tiny"]
+    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
+    args += ["workload.gen_len=2000", f"hydra.run.dir={run}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    return cmd + [f"--master_port={port}", "-m", "experiments.run", *args]
+
+
 @pytest.mark.slow  # torchrun and two ranks starting
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
     """torchrun killed with SIGKILL (the OOM killer, a scheduler's kill) left its two ranks
     running the run on as orphans, holding the terminal's output for minutes. A rank now dies
     with its agent, from its first import on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
-    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
-    args += ["workload.gen_len=2000", f"hydra.run.dir={tmp_path / 'run'}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    cmd += [f"--master_port={port}", "-m", "experiments.run", *args]
+    cmd = _torchrun_long_run(tiny_ckpt, tmp_path / "run")
     agent = subprocess.Popen(
         cmd, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -180,7 +177,7 @@ def test_torchruns_ranks_die_with_it(tiny_ckpt: Path, tmp_path: Path) -> None:
         agent.kill()
         agent.wait()
         with deadline(60):
-            while [p for p in ranks.values() if _alive(p)]:
+            while [p for p in ranks.values() if alive(p)]:
                 time.sleep(0.1)
     finally:
         for pid in ranks.values():
@@ -195,14 +192,7 @@ def test_a_torchrun_rank_stopped_alone_is_the_one_line(tiny_ckpt: Path, tmp_path
     torchrun stopped it as rank 0 had failed first, then rank 0, which torchrun stopped next,
     that rank 1 had: two lines, the first blaming the rank that ran on. The rank stopped says
     so, and the rank torchrun stops after it says nothing."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
-    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
-    args += ["workload.gen_len=2000", f"hydra.run.dir={tmp_path / 'run'}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    cmd += [f"--master_port={port}", "-m", "experiments.run", *args]
+    cmd = _torchrun_long_run(tiny_ckpt, tmp_path / "run")
     agent = subprocess.Popen(
         cmd, env=user_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

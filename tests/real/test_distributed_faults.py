@@ -16,16 +16,15 @@ from experiments import run as run_module
 from tests.conftest import catches_sigterm, command_here, spawned_ranks, torchrun_ranks
 from tests.real.test_distributed import ROOT, command, env, free_port
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+
 
 @pytest.mark.slow  # end to end, run by .ci/run after the README's command
 def test_torchrun_runs_the_same_command(mixtral_tiny, tmp_path):
     """A cluster user's launch: torchrun starts the ranks, each runs `experiments.run`; rank 0
     writes the run dir."""
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
+        *TORCHRUN,
         f"--master_port={free_port()}",
         "-m",
         *command(mixtral_tiny, tmp_path, "planner=ep_static")[2:],
@@ -84,10 +83,7 @@ def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, afte
     stopped it); non-zero exit, no summary.json, no traceback of ours (torchrun prints its own
     report)."""
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
+        *TORCHRUN,
         f"--master_port={free_port()}",
         "-m",
         # 400 tokens: a run far longer than the 8 s wait, on an idle machine too (100 ended first)
