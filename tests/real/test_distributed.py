@@ -26,6 +26,7 @@ from core.dispatch import copies_sent, copy_moves
 from core.hardware import HardwareSpec
 from core.routing import load_routing
 from core.spec import RoutingConfig, Workload
+from core.trace import TRACE_COLUMNS
 from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments import run as run_module
 from experiments.common.dist_run import run_distributed
@@ -100,18 +101,11 @@ def expert_tokens_per_device(trace: pd.DataFrame) -> pd.Series:
     return ex.groupby(device_of(ex["resource"]))["tokens"].sum()
 
 
+# what the schedule fixes of an op (not what a run measures): a real trace's equal the simulated
 OP_FIELDS = [
-    "op_id",
-    "kind",
-    "stream",
-    "resource",
-    "step",
-    "layer",
-    "batch",
-    "micro",
-    "expert",
-    "bytes",
-    "tokens",
+    c
+    for c in TRACE_COLUMNS
+    if c not in ("source", "start_s", "end_s", "sm_s", "launch_s", "alloc_s")
 ]
 
 
