@@ -61,6 +61,12 @@ __all__ = [
 
 PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into a builder
 
+# a live run reveals a gate's routing only once the gate has run: a planner that peeks ahead
+LIVE_ORACLE = (
+    "looks at routing before its gate (an oracle); it cannot run with routing_mode=live, use "
+    "routing_mode=replay"
+)
+
 
 class Executor(OpSemantics):
     def __init__(
@@ -171,10 +177,7 @@ class Executor(OpSemantics):
                 holder["causal"].revealed if len(key) == 3 else holder["causal"].micro_revealed
             )
             if key not in revealed:
-                raise MoepipeError(
-                    "this planner looks at routing before its gate (an oracle); it cannot run "
-                    "with routing_mode=live, use routing_mode=replay"
-                )
+                raise MoepipeError(f"this planner {LIVE_ORACLE}")
             with self._cv:
                 self._wait(lambda: key in self._views)
                 return self._views[key]

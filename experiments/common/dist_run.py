@@ -104,15 +104,21 @@ def launch_ranks() -> tuple[int, int] | None:
     return r, w
 
 
-def n_processes(ckpt: str, spec: RunSpec) -> int:
+def n_processes(ckpt: str, spec: RunSpec, routing_mode: str = "replay") -> int:
     """The devices of the schedule `spec` plans (one process each); one line where the machine
-    cannot run them or the planner has none."""
+    cannot run them, the planner has none, or it peeks at routing a live run cannot give it."""
     from experiments.common.real_run import _shape_routing
     from real.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(ckpt)
     spec = resolve_n_batches(replace(spec, model=model, executor="real"))
-    ep = build_schedule(spec, _shape_routing(spec)).ep
+    schedule = build_schedule(spec, _shape_routing(spec))
+    ep = schedule.ep
+    if routing_mode == "live" and schedule.meta.get("oracle"):
+        from real.executor import LIVE_ORACLE
+
+        # here, not as each rank's line ("rank 0: ...") once every rank has started
+        raise ConfigError(f"planner {spec.planner}: {LIVE_ORACLE}")
     if ep is None:
         raise ConfigError(
             f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
@@ -155,7 +161,7 @@ def run_distributed(
 
     check_routing_mode(routing_mode)  # here, not as each rank's line ("rank 1: ...") once started
     files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
-    g = n_processes(ckpt, spec)
+    g = n_processes(ckpt, spec, routing_mode)
     args = (ckpt, spec, routing_mode, device, timeout_s, routing)
     out = _spawn(g, _child, args)
     unchanged_since(ckpt, files)

@@ -341,3 +341,32 @@ def test_a_bad_routing_mode_is_refused_before_any_rank_starts(
         "replay, live",
     )
     assert "rank" not in line
+
+
+def test_a_planner_that_peeks_is_refused_live_before_any_rank_starts(
+    tiny_ckpt: Path, tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oracle_replication (it plans from the coming iteration's routing) with
+    executor.routing_mode=live and executor.distributed=true started every rank, and the line
+    came from one of them ("rank 0: this planner looks at routing ...") once each had run into
+    the peek. The command's own plan shows the peek: it is refused there, naming the planner."""
+
+    def no_spawn(*args: Any) -> None:
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(dist_run, "_spawn", no_spawn)
+    r = cli_here(
+        "experiments.run",
+        "executor=real",
+        "executor.distributed=true",
+        "executor.routing_mode=live",
+        "hardware=h200-hgx8",
+        "workload=tiny",
+        "planner=oracle_replication",
+        "+planner.params.n_devices=2",
+        f"checkpoint={tiny_ckpt}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    line = one_line(r, "planner oracle_replication: looks at routing before its gate")
+    assert "rank" not in line and "routing_mode=replay" in line
+    assert not (tmp_path / "run" / "summary.json").exists()
