@@ -55,6 +55,11 @@ def command_started() -> None:
 # docs): a command starting, not code (a test, a notebook) importing this package.
 AS_COMMAND = sys.argv[:1] == ["-m"]
 if AS_COMMAND:
+    from experiments.common.load_env import bad_variable
+
+    if (_bad := bad_variable(dict(os.environ))) is not None:  # before torch reads it
+        print(f"error: {_bad}", file=sys.stderr)
+        sys.exit(2)
     signal.signal(signal.SIGINT, _interrupted_at_startup)
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so

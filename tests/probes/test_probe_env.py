@@ -3,12 +3,15 @@ naming the variable, not an internal error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from experiments.common.cli import error_line
-from tests.probes.conftest import raises_one_line
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT, TINY, one_line, raises_one_line
 
 
 def test_a_torch_variable_torch_refuses_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,3 +44,40 @@ def test_a_gloo_interface_that_is_not_there_is_one_line(
         "GLOO_SOCKET_IFNAME='bogus0'",
         "lo",
     )
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("OMP_NUM_THREADS", "abc"),
+        ("OMP_NUM_THREADS", "0"),
+        ("OMP_NUM_THREADS", "2,x"),
+        ("MKL_NUM_THREADS", "abc"),
+        ("OMP_DYNAMIC", "maybe"),
+        ("TORCH_SHOW_CPP_STACKTRACES", "abc"),
+    ],
+)
+def test_a_thread_variable_the_libraries_refuse_is_one_line(
+    name: str, value: str, tmp_path: Path
+) -> None:
+    """libgomp and torch read these once, as torch loads: a bad value printed their warning in
+    two lines above the run, which went on (MKL_NUM_THREADS=abc: on one thread, without a
+    word). The command refuses it before torch loads, naming the variable."""
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT,
+        env={**user_env(), name: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    one_line(r, f"{name}={value!r}", "unset it")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "4,2"}, {"OMP_DYNAMIC": "TRUE"}])
+def test_values_the_libraries_take_are_not_refused(env: dict[str, str]) -> None:
+    from experiments.common.load_env import bad_variable
+
+    assert bad_variable({**env, "MKL_NUM_THREADS": ""}) is None
