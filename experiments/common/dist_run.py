@@ -22,6 +22,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -49,6 +50,7 @@ from experiments.common.rank_server import (
 )
 from experiments.common.run_dir import interrupt_deferred
 
+RANK_DIR = "moepipe-ranks-"  # a run's folder for its ranks' results: RANK_DIR<command's pid>-*
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
 NO_REPORT = 4  # a rank's exit code where it could not write its error file (tmp full)
@@ -171,7 +173,8 @@ def run_distributed(
 def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
     """Start `target(rank, world, init, tmp, *args)` on G processes, watch them (`_watch`) and
     return what rank 0 left in tmp/rank0.pkl."""
-    with tempfile.TemporaryDirectory(prefix="moepipe-ranks-") as tmp:
+    remove_stale_rank_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{RANK_DIR}{os.getpid()}-") as tmp:
         ctx = _context()
         init = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [
@@ -221,6 +224,21 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
                     p.kill()
         with open(Path(tmp) / "rank0.pkl", "rb") as f:
             return pickle.load(f)
+
+
+def remove_stale_rank_dirs() -> None:
+    """The ranks' folders (`RANK_DIR<pid>-*` in the temporary folder) of commands that are gone:
+    one killed with SIGKILL cannot remove its own, and each such kill left one behind."""
+    for d in Path(tempfile.gettempdir()).glob(f"{RANK_DIR}*-*"):
+        pid = d.name[len(RANK_DIR) :].partition("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its command is gone (another user's: PermissionError)
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _start(procs: list[Any], server: ServerWatch) -> None:

@@ -370,3 +370,25 @@ def test_a_planner_that_peeks_is_refused_live_before_any_rank_starts(
     line = one_line(r, "planner oracle_replication: looks at routing before its gate")
     assert "rank" not in line and "routing_mode=replay" in line
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_killed_commands_rank_folder_goes_with_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command killed with SIGKILL cannot remove its ranks' folder in the temporary folder,
+    and each such kill left one there. The next distributed run removes the folders of
+    commands that are gone, and keeps those of commands still running."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    stale = tmp_path / f"{dist_run.RANK_DIR}{gone.pid}-abc"
+    running = tmp_path / f"{dist_run.RANK_DIR}{os.getppid()}-def"
+    other = tmp_path / f"{dist_run.RANK_DIR}notapid-ghi"
+    for d in (stale, running, other):
+        d.mkdir()
+        (d / "rank1.err").write_text("left behind\n")
+    assert _spawn(1, _where, ())["cwd"]
+    assert not stale.exists() and running.exists() and other.exists()
+    # this run's own folder went too (multiprocessing may keep a folder of its own here)
+    left = sorted(p.name for p in tmp_path.glob(f"{dist_run.RANK_DIR}*"))
+    assert left == sorted([running.name, other.name])
