@@ -6,7 +6,7 @@ Usage:
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
 Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
-(.run.lock), replacing an earlier result only once the new one is whole; trace.json
+(`common.dir_lock`), replacing an earlier result only once the new one is whole; trace.json
 (Chrome/Perfetto) with `trace_json=true`, or later with
 `python -m experiments.trace_json runs=RUN_DIR`. Any failure is one line on stderr and exit 2
 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's traceback.
@@ -14,7 +14,6 @@ Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's l
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -52,6 +51,7 @@ from experiments.common.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
+from experiments.common.dir_lock import dir_locked
 from experiments.common.hydra_errors import with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.pool import die_with_parent
@@ -217,21 +217,14 @@ def model_files_line(cfg: DictConfig) -> str:
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 
-LOCK = ".run.lock"  # in a run dir: held (flock) by the run writing it
-
-
 @contextmanager
 def locked(out_dir: Path) -> Iterator[None]:
-    """Hold `out_dir`'s lock: a second run into the same dir waits for the first to end (then
-    finds its result, or replaces it), so no run dir holds one run's summary beside another's
-    trace. Hidden folders a killed run left half-written go once the lock is held."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / LOCK, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("%s: another run is writing this run dir; waiting for it to end", out_dir)
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    """Hold `out_dir`'s lock (`dir_lock`; a single run took it before hydra made the dir): a
+    second run into the same dir waits for the first to end (then finds its result, or
+    replaces it), so no run dir holds one run's summary beside another's trace. Hidden folders
+    a killed run left half-written go once the lock is held."""
+    with dir_locked(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
         for partial in out_dir.glob(".partial-*"):
             shutil.rmtree(partial, ignore_errors=True)
         restore_previous(out_dir)
@@ -317,7 +310,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         execute(cfg, out_dir)
     except CapacityError as e:
         if not sweep:
-            remove_if_no_run(out_dir, [FAILED, LOCK])
+            remove_if_no_run(out_dir, [FAILED])
             exit_with(e)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
@@ -327,7 +320,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
     except Exception as e:
         e = with_key(e, cfg)  # a value read without its key (an interpolation that fails)
         if not sweep:
-            remove_if_no_run(out_dir, [FAILED, LOCK])
+            remove_if_no_run(out_dir, [FAILED])
             exit_with(e)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep

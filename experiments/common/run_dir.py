@@ -16,7 +16,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from core.errors import MoepipeError
 from core.files import read_small
 from experiments import STOP_SIGNALS
+from experiments.common.dir_lock import dir_locked
 
 log = logging.getLogger(__name__)
 
@@ -412,16 +413,19 @@ _UMASK = _umask()
 @contextmanager
 def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
     """Inside: each single run's dir that hydra makes (not there before), with the topmost of
-    its folders made for it, listed as the run starts. A command whose input is refused
-    (`remove_unused`) then takes them away: hydra makes the dir before it configures logging
-    and before the command reads its options, so an interpolation that fails in either left
-    an empty folder. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
+    its folders made for it, listed as the run starts. A command whose input is refused or whose
+    run stops before its result (`remove_unused`) then takes them away: hydra makes the dir
+    before it configures logging and before the command reads its options, so an interpolation
+    that fails in either left an empty folder. Each single run's dir is locked (`dir_lock`)
+    before hydra makes it, until the block ends, so a second run into it waits before it writes
+    anything there. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
     import hydra._internal.hydra as hydra_run
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     run_job = hydra_run.run_job
     made: list[tuple[Path, Path]] = []
+    locks = ExitStack()
 
     def noted(*args: Any, **kwargs: Any) -> Any:
         config, key = kwargs.get("config"), kwargs.get("job_dir_key")
@@ -431,6 +435,8 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
                 out = Path(str(OmegaConf.select(config, key))).absolute()
             except Exception:  # run_job fails on it next, before it makes a folder
                 out = None
+            if out is not None and _writes_run_dir():
+                locks.enter_context(dir_locked(out))
             top = out and next((p for p in (out, *out.parents) if p.parent.exists()), None)
             if out is not None and top is not None and not top.exists():
                 made.append((out, top))
@@ -438,9 +444,22 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
 
     hydra_run.run_job = noted  # type: ignore[assignment]
     try:
-        yield made
+        with locks:
+            yield made
     finally:
         hydra_run.run_job = run_job  # type: ignore[assignment]
+
+
+def _writes_run_dir() -> bool:
+    """Does this process write its run dir? Under torchrun only rank 0 does; the other ranks
+    run the command into the same dir and must not wait on rank 0's lock (rank 0 would wait
+    for them to join its process group)."""
+    if "RANK" not in os.environ:
+        return True
+    from experiments.common.dist_run import launch_ranks
+
+    ranks = launch_ranks()
+    return ranks is None or ranks[0] == 0
 
 
 def remove_unused(made: list[tuple[Path, Path]]) -> None:

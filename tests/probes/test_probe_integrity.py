@@ -15,46 +15,45 @@ from typing import Any
 
 import pytest
 
+from experiments.common.dir_lock import lock_file
 from experiments.common.run_dir import replace_run
-from experiments.run import LOCK
 from tests.probes.conftest import ROOT, TINY, cli, one_line
 
 
 def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
-    """While another run holds the dir's lock, a run into it writes nothing and waits; once the
-    lock is free it runs and its summary, config and trace are all its own."""
+    """While another run holds the dir's lock, a run into it says it waits and writes nothing,
+    not even hydra's folder; once the lock is free it runs, its summary, config and trace are
+    all its own, and it takes its lock file away."""
     run = tmp_path / "run"
-    run.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    with open(run / LOCK, "w") as lock:
+    log = tmp_path / "stdout"
+    lock_file(run).parent.mkdir(mode=0o700, exist_ok=True)
+    with open(lock_file(run), "w") as lock, open(log, "w") as out:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = subprocess.Popen(
             [sys.executable, "-m", "experiments.run", *TINY, f"hydra.run.dir={run}"],
             cwd=ROOT,
             env=env,
             text=True,
-            stdout=subprocess.PIPE,
+            stdout=out,
             stderr=subprocess.PIPE,
         )
         try:
             deadline = time.time() + 120
-            while (
-                "waiting" not in (run / "run.log").read_text()
-                if (run / "run.log").exists()
-                else True
-            ):
+            while "another run is writing this run dir" not in log.read_text():
                 assert p.poll() is None and time.time() < deadline, p.communicate()
                 time.sleep(0.2)
-            assert not (run / "summary.json").exists() and not (run / "trace.parquet").exists()
+            assert not run.exists()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    out, err = p.communicate(timeout=300)
+        _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     s = json.loads((run / "summary.json").read_text())
     assert (
         s["planner"] == "flexgen"
         and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
     )
+    assert not lock_file(run).exists()
 
 
 def _finished(run: Path, planner: str, *args: str) -> dict:

@@ -1,7 +1,8 @@
 """Probe class: a run killed from outside, as a user or a failing machine kills it, in a
-subprocess. SIGKILL (the OOM killer, `kill -9`) leaves the run dir's `.run.lock` and maybe a
-half-written folder: the next run into the dir proceeds. Ctrl-C (SIGINT to the process group)
-is one line, exit 130, no summary.json where there was none, and the previous result whole.
+subprocess. SIGKILL (the OOM killer, `kill -9`) leaves the run dir's lock file (in the temp
+dir, `dir_lock`) and maybe a half-written folder: the next run into the dir proceeds. Ctrl-C
+(SIGINT to the process group) is one line, exit 130, no summary.json where there was none (and
+no folder where there was none), and the previous result whole.
 
 Each probe stops a run at a moment it waits for rather than at a guessed time: computing (it
 holds the dir's lock, seen in /proc/locks) or writing its files (its `.partial-*` folder is
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from experiments.run import LOCK
+from experiments.common.dir_lock import lock_file
 from tests.conftest import spawned_ranks, started
 from tests.probes.conftest import TINY, cli
 
@@ -57,7 +58,7 @@ def _start(run: Path, *args: str) -> subprocess.Popen:
 def _holds_lock(p: subprocess.Popen, run: Path) -> bool:
     """`p` holds the flock of `run`'s lock file (/proc/locks: pid and inode)."""
     try:
-        ino = os.stat(run / LOCK).st_ino
+        ino = os.stat(lock_file(run)).st_ino
     except FileNotFoundError:
         return False
     for line in Path("/proc/locks").read_text().splitlines():
@@ -151,7 +152,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     moment: str, tmp_path: Path, cli_here: Any
 ) -> None:
     """A finished run, then a longer one of another planner into the same dir killed with
-    SIGKILL while computing or while writing its files: `.run.lock` stays (a killed process
+    SIGKILL while computing or while writing its files: its lock file stays (a killed process
     cannot remove it) and the first result is there as it was (the kill came before the new
     one was whole) or the new one whole; the next run into the dir proceeds (flock dies with
     its holder), exits 0, and leaves its own whole result and no half-written folder."""
@@ -159,7 +160,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     before = _finished(run, cli_here)
     code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGKILL)
     assert code == -signal.SIGKILL, err
-    assert (run / LOCK).exists()
+    assert lock_file(run).exists()
     if _result(run) != before:  # killed in the moment its files went in: the new one, whole
         _consistent(run, "sequential")
     r = cli_here("experiments.run", *TINY[:-1], "planner=layer_prefetch", f"hydra.run.dir={run}")
@@ -187,6 +188,8 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     assert "Traceback" not in err
     assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
     assert "did not finish" in lines[0], lines[0]
+    if not earlier and not (run / "summary.json").exists():  # no folder that looks like a run
+        assert not run.exists(), sorted(run.rglob("*"))
     _whole_and_the_next_run_proceeds(run, before, cli_here)
 
 
@@ -208,21 +211,33 @@ def test_ctrl_c_while_the_command_starts_is_one_line(after_s: float, tmp_path: P
 
 
 def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path, cli_here: Any) -> None:
-    """Ctrl-C while the run waits for another run's lock on the dir: one line, exit 130, and
-    the other run's files untouched."""
+    """Ctrl-C while the run waits for another run's lock on the dir: it said it waits (on
+    stdout) and wrote nothing into the dir meanwhile; one line, exit 130, and the other run's
+    files untouched."""
     run = tmp_path / "run"
     before = _finished(run, cli_here)
-    with open(run / LOCK, "w") as lock:
+    listed = sorted(p.relative_to(run) for p in run.rglob("*"))
+    log = tmp_path / "stdout"
+    lock_file(run).parent.mkdir(mode=0o700, exist_ok=True)
+    with open(lock_file(run), "w") as lock, open(log, "w") as out:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        p = _start(run, *LONG)
+        p = started(
+            "experiments.run",
+            *LONG,
+            f"hydra.run.dir={run}",
+            text=True,
+            stdout=out,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.time() + 240
-        while "waiting for it to end" not in (run / "run.log").read_text():
+        while "waiting for it to end" not in log.read_text():
             assert p.poll() is None and time.time() < deadline, p.communicate()
             time.sleep(0.05)
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == listed
         os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=120)
+        _, err = p.communicate(timeout=120)
     lines = [line for line in err.splitlines() if line.strip()]
-    assert p.returncode == 130, (out, err, (run / "run.log").read_text())
+    assert p.returncode == 130, (log.read_text(), err)
     assert len(lines) == 1 and lines[0].startswith("interrupted: "), err
     assert _result(run) == before
 
