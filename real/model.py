@@ -123,8 +123,8 @@ class Model:
         """The model config.json describes: its RoPE, routing, sliding windows and clip_qkv
         (core.hf_config.hf_runtime, which refuses in one line what is not implemented)."""
         cfg = hf_config(ckpt_dir)
+        run = hf_runtime(cfg, spec)  # its refusals (an odd rotary dim, ...) before RoPE's
         rope = Rope.from_config(cfg, spec)
-        run = hf_runtime(cfg, spec)
         if spec.family == "deepseek_v2" and run.renormalize and spec.top_k > 1:
             _warn_once(
                 f"{cfg.where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "

@@ -32,6 +32,7 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
     """What transformers 5.24 runs from `c` beyond the spec, for `spec.family`; a one-line
     ConfigError for a field it honours that moepipe does not implement."""
     _refuse_unimplemented(c, spec)
+    _refuse_head_dims(c, spec)
     window, layers = _sliding_window(c, spec)
     clip = c.get("clip_qkv", None) if spec.family == "olmoe" else None
     return HFRuntime(
@@ -104,6 +105,35 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
                     f"{key}={value!r}; only {' and '.join(map(repr, valid))} DeepSeek-V2 "
                     "routing is implemented (V2's and V2-Lite's)"
                 )
+
+
+def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
+    """Refuse heads the real model cannot run, naming the field, before the weights saved for
+    them are blamed: an odd rotary dim (RoPE turns pairs; transformers' validate_rope refuses
+    one on load, and moepipe's Switch runs RoPE on d_kv), and OLMoE heads other than hidden_size
+    / num_attention_heads (its q_norm spans hidden_size: transformers' OlmoeAttention fails)."""
+    why = "transformers refuses an odd one too"
+    if spec.family == "deepseek_v2":
+        field, rotated = "qk_rope_head_dim", c.get("qk_rope_head_dim")
+    elif spec.family == "switch_transformers":
+        field, rotated = "d_kv", spec.head_dim
+        why = "moepipe's Switch runs RoPE in place of T5's relative position buckets"
+    elif c.get("head_dim", None) is not None:
+        field, rotated = "head_dim", spec.head_dim
+    else:
+        field = f"head_dim (hidden_size={spec.hidden_size} / num_attention_heads={spec.n_heads})"
+        rotated = spec.head_dim
+    if rotated % 2:
+        raise c.error(
+            f"{field}={rotated} is odd; RoPE rotates pairs of dims, so {spec.family} heads need "
+            f"an even rotary dim ({why})"
+        )
+    if spec.family == "olmoe" and spec.n_heads * spec.head_dim != spec.hidden_size:
+        raise c.error(
+            f"head_dim={spec.head_dim} x num_attention_heads={spec.n_heads} differs from "
+            f"hidden_size={spec.hidden_size}; OLMoE's q_norm spans hidden_size, so transformers "
+            "runs (and moepipe implements) only heads of hidden_size / num_attention_heads"
+        )
 
 
 def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int, ...] | None]:

@@ -233,3 +233,54 @@ def test_partial_rotary_factor_of_a_scaled_rope_is_refused(prompt, tmp_path):
         reference_generate(ckpt, prompt, GEN)
     ckpt, hf = save("mixtral", {"rope_parameters": rope | {"rope_type": "default"}}, tmp_path / "d")
     assert_transformers(ckpt, hf, prompt, "f32")
+
+
+# (family, fields of transformers' config, the config.json field then set odd, its value)
+ODD_ROTARY = [
+    ("mixtral", {"hidden_size": 60, "head_dim": 16}, "head_dim", 15),
+    ("qwen2_moe", {"hidden_size": 60}, "head_dim", None),  # hidden_size / heads: 15
+    ("olmoe", {"hidden_size": 60}, "head_dim", None),
+    ("deepseek_v2", {}, "qk_rope_head_dim", 5),
+]
+
+
+@pytest.mark.parametrize("family, fields, key, odd", ODD_ROTARY, ids=[f for f, *_ in ODD_ROTARY])
+def test_an_odd_rotary_dim_is_refused_naming_the_field(family, fields, key, odd, tmp_path):
+    """An odd rotary dim, which transformers refuses on load (its validate_rope: "RoPE requires
+    an even rotary dimension"), is refused in one line naming the field; before, a checkpoint
+    of such heads (written by moepipe, as transformers writes none) failed an assert in RoPE."""
+    from core.hf_config import hf_config_to_spec
+    from real.checkpoint_write import write_checkpoint
+
+    cfg = hf_config(family, fields).to_dict()
+    cfg[key] = odd
+    write_checkpoint(hf_config_to_spec(cfg, "odd"), tmp_path)
+    with pytest.raises(ConfigError, match=rf"{key}[^=]*=(15|5) is odd; RoPE rotates pairs"):
+        reference_generate(tmp_path, torch.zeros(1, 4, dtype=torch.long), 2)
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+
+    with pytest.raises(StrictDataclassClassValidationError, match="RoPE requires an even rotary"):
+        transformers.AutoConfig.from_pretrained(tmp_path)
+
+
+def test_switch_of_odd_d_kv_is_refused_naming_it(tmp_path):
+    """Switch of an odd d_kv runs in transformers (T5's relative position buckets), but not in
+    moepipe's substitute, which runs RoPE on d_kv: refused naming d_kv, where before an assert
+    in RoPE failed."""
+    sizes = dict(vocab_size=64, d_model=32, d_kv=15, d_ff=32, num_heads=4, num_experts=4)
+    layers = dict(num_layers=2, num_decoder_layers=2, num_sparse_encoder_layers=1)
+    cfg = transformers.SwitchTransformersConfig(**sizes, **layers, num_sparse_decoder_layers=1)
+    transformers.SwitchTransformersForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"d_kv=15 is odd; .* in place of T5's relative"):
+        reference_generate(tmp_path, torch.zeros(1, 4, dtype=torch.long), 2)
+
+
+def test_olmoe_heads_not_spanning_hidden_size_are_refused_naming_head_dim(prompt, tmp_path):
+    """OLMoE's q_norm spans hidden_size, so transformers saves a model of head_dim 8 x 4 heads
+    over hidden_size 64 but cannot run it; moepipe refuses it naming head_dim, where before it
+    blamed the saved q_norm ("has shape [64], config.json expects [32]")."""
+    ckpt, hf = save("olmoe", {"head_dim": 8}, tmp_path / "ckpt")
+    with pytest.raises(RuntimeError):
+        hf_greedy(hf, prompt)
+    with pytest.raises(ConfigError, match=r"head_dim=8 x num_attention_heads=4 differs from hid"):
+        load_checkpoint(ckpt)
