@@ -33,6 +33,7 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
     ConfigError for a field it honours that moepipe does not implement."""
     _refuse_unimplemented(c, spec)
     _refuse_head_dims(c, spec)
+    _refuse_generate_only(c, spec)
     window, layers = _sliding_window(c, spec)
     clip = c.get("clip_qkv", None) if spec.family == "olmoe" else None
     return HFRuntime(
@@ -134,6 +135,27 @@ def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
             f"hidden_size={spec.hidden_size}; OLMoE's q_norm spans hidden_size, so transformers "
             "runs (and moepipe implements) only heads of hidden_size / num_attention_heads"
         )
+
+
+def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
+    """Refuse attention fields transformers' generate() reads from any config (its masks and
+    DynamicCache) where the family's forward does not: a window or chunks of Mixtral's, OLMoE's
+    or DeepSeek-V2's its decoding applies and its forward ignores. Qwen2-MoE's config always has
+    layer_types (`_sliding_window` reads them), so generate() reads no other field of it."""
+    if spec.family not in ("mixtral", "olmoe", "deepseek_v2"):
+        return
+    keys = ["attention_chunk_size", "layer_types"]
+    if spec.family != "mixtral":  # Mixtral's own field: `_sliding_window` reads it
+        keys.append("sliding_window")
+    for key in keys:
+        value = c.fields.get(key)
+        if value is not None:
+            shown = f"a list of {len(value)}" if isinstance(value, list) else repr(value)
+            raise c.error(
+                f"{key} is {shown}: {spec.family}'s transformers class has no such field; "
+                "transformers' generate() applies it and its forward ignores it, so moepipe "
+                "runs neither: remove it or set it null"
+            )
 
 
 def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int, ...] | None]:
