@@ -220,7 +220,9 @@ def prompt() -> torch.Tensor:
 
 
 def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' greedy decoding: (tokens [B, GEN], last step's logits [B, V] float32)."""
+    """transformers' greedy decoding: (tokens [B, GEN], last step's logits [B, V] float32),
+    every sequence GEN tokens long as moepipe's (with its eos token, 2 in Mixtral's and
+    DeepSeek-V2's configs, transformers would pad a sequence's tokens after it)."""
     with torch.inference_mode():
         out = model.generate(
             prompt,
@@ -229,6 +231,7 @@ def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
             output_logits=True,
             return_dict_in_generate=True,
             pad_token_id=0,
+            eos_token_id=None,
         )
     return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
 
