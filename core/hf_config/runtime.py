@@ -149,6 +149,8 @@ def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
         keys.append("sliding_window")
     for key in keys:
         value = c.fields.get(key)
+        if key == "layer_types" and isinstance(value, list):  # every layer full: nothing changes
+            value = value if set(value) - {"full_attention"} else None
         if value is not None:
             shown = f"a list of {len(value)}" if isinstance(value, list) else repr(value)
             raise c.error(

@@ -311,3 +311,14 @@ def test_a_window_only_generate_applies_is_refused(family, fields, prompt, tmp_p
     with torch.inference_mode():
         assert torch.equal(hf(prompt).logits, plain_hf(prompt).logits)
     assert (hf_greedy(hf, prompt)[1] - hf_greedy(plain_hf, prompt)[1]).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe", "deepseek_v2"])
+def test_layer_types_all_full_attention_run(family, prompt, tmp_path):
+    """layer_types marking every layer full_attention changes nothing transformers runs, so a
+    config.json that carries it (as newer transformers versions write) runs as without it."""
+    plain, _ = save(family, {}, tmp_path / "plain")
+    config = json.loads((plain / "config.json").read_text())
+    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    (plain / "config.json").write_text(json.dumps(config))
+    load_checkpoint(plain)
