@@ -417,8 +417,9 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
     run stops before its result (`remove_unused`) then takes them away: hydra makes the dir
     before it configures logging and before the command reads its options, so an interpolation
     that fails in either left an empty folder. Each single run's dir is locked (`dir_lock`)
-    before hydra makes it, until the block ends, so a second run into it waits before it writes
-    anything there. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
+    before hydra makes it, until the block ends (a command that writes no run dir of hydra's
+    own, `app.PLAIN`, takes no lock on the folder it runs in), so a second run into it waits
+    before it writes anything there. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
     import hydra._internal.hydra as hydra_run
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -435,7 +436,8 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
                 out = Path(str(OmegaConf.select(config, key))).absolute()
             except Exception:  # run_job fails on it next, before it makes a folder
                 out = None
-            if out is not None and _writes_run_dir():
+            own = OmegaConf.select(config, "hydra.output_subdir") is not None  # not `.` (app)
+            if out is not None and own and _writes_run_dir():
                 locks.enter_context(dir_locked(out))
             top = out and next((p for p in (out, *out.parents) if p.parent.exists()), None)
             if out is not None and top is not None and not top.exists():
