@@ -93,6 +93,9 @@ def gc_paused() -> Iterator[None]:
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
     here, before routing for that many sequences is loaded. Others keep the workload's n."""
+    # one batch's ops first: a planner's choice reads routing of every step (Klotski's warm-up
+    # ran for half a minute at a gen_len of a million before the check below refused it)
+    check_ops_fit(replace(spec, workload=spec.workload.with_(n_batches=1)))
     choose = make_planner(spec.planner, spec.params).choose_n_batches
     n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
     if n != spec.workload.n_batches:
@@ -121,6 +124,9 @@ def check_kv_fits(spec: RunSpec) -> None:
     planner (no planner keeps KV on disk): checked before routing for that many tokens is built,
     which for a prompt of millions of tokens would itself take more memory than the machine has."""
     m, wl, hw = spec.model, spec.workload, spec.hardware
+    # the schedule's ops whatever the routing's size: a gen_len of a million on a small model
+    # has little routing but tens of millions of ops
+    check_ops_fit(spec)
     # Below this, routing is cheap to build and the planner's own capacity check says more (a
     # model whose weights do not fit is named as such, not as a KV cache to shrink).
     routing_bytes = wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12  # ids + weights
@@ -131,7 +137,6 @@ def check_kv_fits(spec: RunSpec) -> None:
         f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
         "reduce prompt_len, gen_len, batch_size or n_batches",
     )
-    check_ops_fit(spec)
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
     if kv > room:
