@@ -143,6 +143,17 @@ def load_routing(model: ModelSpec, workload: Workload) -> Routing:
             f"over half of this machine's {ram / 2**30:.0f} GiB RAM; "
             "reduce workload.batch_size or workload.n_batches"
         )
+    if source == RoutingSource.SYNTHETIC:
+        from core.synthetic import table_bytes
+
+        tables = table_bytes(len(model.moe_layers), model.n_experts)
+        if tables > ram // 2:
+            raise TraceError(
+                f"model {model.name}: synthetic routing's tables for {len(model.moe_layers)} MoE "
+                f"layers x n_experts={model.n_experts} would take {tables / 2**30:.1f} GiB, over "
+                f"half of this machine's {ram / 2**30:.0f} GiB RAM; pass fewer layers or experts, "
+                "or replay a trace (workload.routing.source=trace)"
+            )
     if source == RoutingSource.TRACE:
         from core.traces import esft_routing
 

@@ -44,6 +44,9 @@ FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers
 DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
 MAX_WIDTH = 1 << 24  # a dimension or count of a layer (16M): past any model's (vocab ~256k)
+# routed experts per layer: routing holds expert ids as int16 (core.routing), and a larger id
+# wrapped to a negative one unseen; past any model's (Switch-C's 2048)
+MAX_EXPERTS = 2**15 - 1
 _WIDTHS = (
     "hidden_size",
     "expert_ffn_size",
@@ -113,6 +116,11 @@ class ModelSpec:
                     f"model {self.name}: {key}={getattr(self, key)}, wider than any model "
                     f"(at most {MAX_WIDTH})"
                 )
+        if self.n_experts > MAX_EXPERTS:
+            raise ConfigError(
+                f"model {self.name}: n_experts={self.n_experts}, more than routing can name "
+                f"(expert ids are int16: at most {MAX_EXPERTS}); pass a smaller n_experts"
+            )
         if self.n_layers > MAX_LAYERS:
             raise ConfigError(
                 f"model {self.name}: n_layers={self.n_layers}, more than any model has "

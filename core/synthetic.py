@@ -38,6 +38,14 @@ CHUNK_SEQS = 32  # sequences generated together (bounds the working set)
 # ---- generator -------------------------------------------------------------------------------
 
 
+def table_bytes(n_layers: int, n_experts: int) -> int:
+    """About the generator's peak bytes before it draws a token: per MoE layer, the [E, E]
+    float64 transition table (about six such arrays at once) and the float64 steps (about 32
+    bytes an entry) of its [Q] popularity and [E, Q_TR] transition lookups (`_lut`). A model of
+    1e5 layers or 2e4 experts asked for hundreds of GB."""
+    return n_layers * (48 * n_experts**2 + 32 * _Q + 32 * n_experts * _Q_TR)
+
+
 def popularity(cfg: RoutingConfig, n_layers: int, n_experts: int, seed: int) -> np.ndarray:
     """[L, E] per-layer selection probabilities: Zipf(skew) over a random expert order per layer."""
     rng = np.random.default_rng([seed, 1])
