@@ -26,10 +26,9 @@ def micro_batch_seqs(
     ranks each split their own; `micro` -1: the whole share. The planner and the real executor
     both cut micro-batches by this."""
 
-    def share(d: int) -> int:
-        return batch_size // n_devices + (d < batch_size % n_devices)
-
-    s0, n = sum(share(d) for d in range(device)), share(device)
+    base, extra = divmod(batch_size, n_devices)  # the first `extra` GPUs hold one more
+    s0 = device * base + min(device, extra)  # closed form: a sum over G GPUs, called G times
+    n = base + (device < extra)
     if micro < 0:
         return s0, s0 + n
     parts = [n // micro_batches + (i < n % micro_batches) for i in range(micro_batches)]
@@ -183,12 +182,25 @@ def traffic(tokens: np.ndarray, sources: np.ndarray) -> np.ndarray:
     order, as long as `tokens` says: the rule `real.distributed.destinations` sends by. So s
     sends d the overlap of s's run and d's."""
     assert (tokens.sum(0) == sources.sum(0)).all(), "tokens and sources count different pairs"
-    zero = np.zeros((1, tokens.shape[1]), dtype=np.int64)
-    src = np.concatenate([zero, np.cumsum(sources, 0)])  # [G + 1, E] run bounds per expert
-    dst = np.concatenate([zero, np.cumsum(tokens, 0)])
-    lo = np.maximum(src[:-1, None], dst[None, :-1])  # [G src, G dst, E]
-    hi = np.minimum(src[1:, None], dst[None, 1:])
-    return np.clip(hi - lo, 0, None).sum(2)
+    g, e = tokens.shape
+    # Each expert's runs as bounds on one line, expert e's shifted past expert e-1's (by `span`
+    # each): the pieces between the merged bounds of both cuts each lie in one source's run and
+    # one destination's. O(G E log) where the overlap of every pair was a [G, G, E] array (10^10
+    # cells, the machine's memory, at 2,000 devices of 5,000 experts).
+    zero = np.zeros((1, e), dtype=np.int64)
+    src = np.concatenate([zero, np.cumsum(sources, 0, dtype=np.int64)])  # [G + 1, E]
+    dst = np.concatenate([zero, np.cumsum(tokens, 0, dtype=np.int64)])
+    span = int(src[-1].max(initial=0)) + 1
+    shift = np.arange(e, dtype=np.int64) * span  # [E]
+    src_line, dst_line = (src + shift).T.ravel(), (dst + shift).T.ravel()  # [E * (G + 1)] sorted
+    bounds = np.union1d(src_line, dst_line)
+    lo, hi = bounds[:-1], bounds[1:]
+    inside = lo // span == hi // span  # not the gap between one expert's end and the next's
+    lo, size = lo[inside], (hi - lo)[inside]
+    s = (np.searchsorted(src_line, lo, side="right") - 1) % (g + 1)  # the run holding lo
+    d = (np.searchsorted(dst_line, lo, side="right") - 1) % (g + 1)
+    pairs = np.bincount(s * g + d, weights=size, minlength=g * g)
+    return np.rint(pairs).astype(np.int64).reshape(g, g)
 
 
 def copies_sent(old: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -17,6 +17,12 @@ GATES = tuple(ReplicaGate)
 LANE_SHARING = tuple(LaneSharing)
 
 
+# G devices: past any expert-parallel deployment (hundreds of GPUs). Each device's receive of
+# the all-to-all waits on every other's send, G^2 dependencies a layer: 10,000 devices of the
+# tiny model ran for minutes in 8 GB and had not finished.
+MAX_DEVICES = 2048
+
+
 @dataclass(frozen=True)
 class EPParams:
     n_devices: int = 0  # G compute devices; 0 = hardware.n_gpus
@@ -67,6 +73,12 @@ class EPParams:
             raise ConfigError(
                 f"planner.params.lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
                 "[0.001, 1] (a lane holds at least one SM)"
+            )
+        if self.n_devices > MAX_DEVICES:  # before routing is built for them (0: at the layout)
+            raise ConfigError(
+                f"planner.params.n_devices={self.n_devices}: more devices than an expert-parallel "
+                f"run models (at most {MAX_DEVICES}: the all-to-all's dependencies grow as the "
+                "square); lower it"
             )
         if self.replicas < -1:
             raise ConfigError(
@@ -157,14 +169,19 @@ class ReplicaParams(EPParams):
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     g = p.n_devices or ctx.hardware.n_gpus
     e = ctx.model.n_experts
+    given = (  # 0: the hardware's GPU count, named as the user wrote it
+        f"n_devices={g}"
+        if p.n_devices
+        else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
+    )
     if not 1 <= g <= e:
-        given = (  # 0: the hardware's GPU count, named as the user wrote it
-            f"n_devices={g}"
-            if p.n_devices
-            else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
-        )
         raise ConfigError(
             f"planner.params.{given} must be in [1, {e}] (the model's experts); lower n_devices"
+        )
+    if g > MAX_DEVICES:
+        raise ConfigError(
+            f"planner.params.{given}: more devices than an expert-parallel run models (at most "
+            f"{MAX_DEVICES}: the all-to-all's dependencies grow as the square); lower it"
         )
     gpus = ctx.hardware.n_gpus
     if not p.lanes and g > gpus:

@@ -509,9 +509,8 @@ class EPRunner:
         ]
         experts: list[int | None] = []
         for d in range(g):
-            waits = (
-                (recvs[d], *(sends[s] for s in range(g) if s != d and moved[s, d])) if a2a else ()
-            )
+            senders = np.flatnonzero(moved[:, d]) if a2a else ()  # numpy: G of them, G times
+            waits = (recvs[d], *(sends[s] for s in senders if s != d)) if a2a else ()
             deps = (*waits, *gates, *copy_waits[d])
             last = self._device_experts(d, tokens[d], deps, start, common)
             experts.append(last if last != start else None)
@@ -525,7 +524,7 @@ class EPRunner:
                 came = self._move(
                     OpKind.COMBINE,
                     self.combine[d],
-                    (experts[x] for x in range(g) if x != d and moved[d, x]),
+                    (experts[x] for x in np.flatnonzero(moved[d]) if x != d),
                     out_[d],
                     common,
                 )
