@@ -388,6 +388,7 @@ def check_hydra_overrides(
         # a glob's values are a group's names, which take a config loader to list
         values = list(o.sweep_iterator()) if o.is_sweep_override() and not _is_glob(o) else []
         values = values if o.is_sweep_override() else [o.value()]
+        check_home(o.input_line, key, values)
         if group and not all(isinstance(v, str) for v in values):
             names = sorted({p.stem for d in (conf_dir, CONF_DIR) for p in (d / key).glob("*.yaml")})
             raise MoepipeError(
@@ -414,6 +415,25 @@ def check_hydra_overrides(
             raise MoepipeError(
                 f"{o.input_line}: the points composed at a time; pass an integer >= 1, or null "
                 "for all at once"
+            )
+
+
+def check_home(override: str, key: str, values: Sequence[Any]) -> None:
+    """A path written `'~/runs'` (quoted: hydra's grammar takes no bare `~`): no shell expands
+    it there, and a command made a folder named `~` in the current one, or read nothing from
+    it, without a word. Refused, naming the key; strings in a list or mapping too."""
+
+    def strings(v: Any) -> list[str]:
+        if isinstance(v, str):
+            return [v]
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        return [s for x in items for s in strings(x)]
+
+    for v in (s for value in values for s in strings(value)):
+        if v == "~" or v.startswith(("~/", "~" + os.sep)) or re.fullmatch(r"~\w+(/.*)?", v):
+            raise MoepipeError(
+                f"{override}: {v!r} starts with '~', which only a shell expands, not {key}; "
+                f"pass the path with $HOME or in full ({os.path.expanduser(v)})"
             )
 
 
