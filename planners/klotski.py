@@ -44,6 +44,9 @@ from planners.registry import register
 # the largest warm-up (`KlotskiParams.warmup_sequences`): a table's counts settle within a few
 # hundred sequences, and the synthetic warm-up is drawn whole in memory
 MAX_WARMUP_SEQUENCES = 4096
+# token positions of a warm-up sequence at most: its counts settle long before, and a prompt of
+# millions made the warm-up generate routing for minutes before any check of the run's size
+WARMUP_POSITIONS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:
 
     cfg = wl.routing
     n_layers = len(model.moe_layers)
+    prompt = min(wl.prompt_len, WARMUP_POSITIONS)  # the prompt first, then generated tokens
+    gen = max(1, min(wl.gen_len, WARMUP_POSITIONS + 1 - prompt))
     if resolve_source(model, cfg.source) == RoutingSource.TRACE:
         from dataclasses import replace
 
@@ -130,7 +135,7 @@ def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:
         warm_cfg = (
             replace(cfg, tasks=(), exclude_tasks=(*cfg.exclude_tasks, *held)) if held else cfg
         )
-        warm = Workload(sequences, 1, wl.prompt_len, wl.gen_len, warm_cfg, wl.seed + 97)
+        warm = Workload(sequences, 1, prompt, gen, warm_cfg, wl.seed + 97)
         ids = esft_routing(model, warm).expert_ids
         return ExpertTable.fit(
             ids,
@@ -141,7 +146,7 @@ def warmup_table(model: ModelSpec, wl: Workload, sequences: int) -> ExpertTable:
         )
     chunks = -(-wl.n_sequences // CHUNK_SEQS)
     skip = chunks * CHUNK_SEQS
-    warm = Workload(sequences, 1, wl.prompt_len, wl.gen_len, cfg, wl.seed)
+    warm = Workload(sequences, 1, prompt, gen, cfg, wl.seed)
     ids = synthetic_routing(model, warm, first_chunk=chunks).expert_ids
     table = ExpertTable.fit(
         ids, model.n_experts, f"synthetic warm-up, sequences {skip}..{skip + sequences - 1}"

@@ -93,9 +93,10 @@ def gc_paused() -> Iterator[None]:
 def resolve_n_batches(spec: RunSpec) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
     here, before routing for that many sequences is loaded. Others keep the workload's n."""
-    # one batch's ops first: a planner's choice reads routing of every step (Klotski's warm-up
-    # ran for half a minute at a gen_len of a million before the check below refused it)
-    check_ops_fit(replace(spec, workload=spec.workload.with_(n_batches=1)))
+    # one batch's sizes first: a planner's choice builds routing of every step and position
+    # (Klotski's warm-up ran for half a minute, in 4 GB, at a gen_len or prompt_len of a
+    # million before the check below refused it); any n it chooses holds at least that one
+    check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)))
     choose = make_planner(spec.planner, spec.params).choose_n_batches
     n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
     if n != spec.workload.n_batches:

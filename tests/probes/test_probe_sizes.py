@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from core.dispatch import micro_batch_seqs, traffic
-from core.spec import ModelSpec
+from core.spec import ModelSpec, Workload
 from planners.ep.params import MAX_DEVICES, EPParams
 from tests.probes.conftest import TINY, one_line, raises_one_line
 
@@ -113,3 +113,29 @@ def test_more_expert_parallel_devices_than_modelled_is_one_line(
     args = [*TINY[:-1], "planner=eplb", "model.n_experts=2049", "hardware.n_gpus=2049"]
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, "n_devices=0", "n_gpus=2049", f"at most {MAX_DEVICES}")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_klotskis_warm_up_of_a_long_prompt_is_bounded(
+    tiny_model: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Klotski's choice of n generates warm-up routing of whole sequences before any check of
+    the run's size: a prompt of 3M tokens ran past a minute there. Its sequences are now cut
+    to WARMUP_POSITIONS, whatever the workload's."""
+    from planners.klotski import WARMUP_POSITIONS, warmup_table
+
+    seen: list[int] = []
+
+    def record(model: ModelSpec, wl: Workload, first_chunk: int = 0) -> Any:
+        seen.append(wl.seq_positions)
+        raise _Stop
+
+    monkeypatch.setattr("core.synthetic.synthetic_routing", record)
+    for prompt, gen in [(3_000_000, 4), (8, 10_000_000), (WARMUP_POSITIONS, 2)]:
+        wl = Workload(batch_size=2, n_batches=2, prompt_len=prompt, gen_len=gen)
+        with pytest.raises(_Stop):
+            warmup_table(tiny_model, wl, 8)
+    assert seen == [WARMUP_POSITIONS] * 3
