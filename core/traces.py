@@ -267,6 +267,9 @@ def counts_path(trace_dir: str | Path) -> Path:
     return Path(trace_dir) / COUNTS_NAME / COUNTS_FILE
 
 
+MAX_COUNT = 10**15  # tokens one expert of one (domain, layer) counts: past any trace's
+
+
 def load_counts(
     trace_dir: str | Path,
     key: str,
@@ -304,12 +307,15 @@ def load_counts(
             f"{path}: {key} has shape {counts.shape}, expected [domains, layers, {n_experts}] "
             f"(its model's {n_experts} experts); {fix}"
         )
-    wrong = np.argwhere(~(np.isfinite(counts) & (counts >= 0)))  # [n, 3] (domain, layer, expert)
+    # [n, 3] (domain, layer, expert); past MAX_COUNT an int64 row's sum wrapped (2**62 x 8 = 0,
+    # "counts no tokens") and a float's lost its units
+    ok = np.isfinite(counts) & (counts >= 0) & (counts <= MAX_COUNT)
+    wrong = np.argwhere(~ok)
     if wrong.size:
         d, layer, x = wrong[0]
         raise TraceError(
             f"{path}: {key} holds {counts[d, layer, x]} at domain {d}, layer {layer}, expert {x} "
-            f"({len(wrong)} negative or non-finite count(s)); {fix}"
+            f"({len(wrong)} negative, non-finite or above {MAX_COUNT:.0e} count(s)); {fix}"
         )
     empty = np.argwhere(counts.sum(axis=-1) == 0)  # [n, 2] (domain, layer)
     if empty.size:

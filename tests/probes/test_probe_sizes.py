@@ -139,3 +139,16 @@ def test_klotskis_warm_up_of_a_long_prompt_is_bounded(
         with pytest.raises(_Stop):
             warmup_table(tiny_model, wl, 8)
     assert seen == [WARMUP_POSITIONS] * 3
+
+
+@pytest.mark.parametrize("count", [2**62, 1e300], ids=["int64 wraps", "float"])
+def test_an_aggregate_count_past_any_trace_is_named(tmp_path: Path, count: float) -> None:
+    """Counts of 2**62 in the aggregate counts file: a row of 8 summed to 2**65, wrapped to 0,
+    and the line said the row counts no tokens. Now a count past MAX_COUNT is named as such."""
+    from core.traces import COUNTS_FILE, COUNTS_NAME, load_counts
+
+    (tmp_path / COUNTS_NAME).mkdir()
+    counts = np.full((5, 3, 8), count, dtype=np.int64 if isinstance(count, int) else float)
+    np.savez(tmp_path / COUNTS_NAME / COUNTS_FILE, mixtral_counts_topk=counts)
+    load = lambda: load_counts(tmp_path, "mixtral_counts_topk", 8)  # noqa: E731
+    raises_one_line(load, COUNTS_FILE, "mixtral_counts_topk", "above 1e+15")
