@@ -281,6 +281,10 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         got = "null" if wrong.group(1) == "None" else wrong.group(1)
         return f"{key}={got}: not {need}{at}; give {key} a value"
+    null = re.search(r"field '([^']+)' is not Optional", text)
+    if null:  # `workload.batch_size=null`: omegaconf's line said what, not how to fix it
+        name = null.group(1)
+        return f"{name}=null: takes a value, not null{at}; pass {name}=VALUE"
     if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
         return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
