@@ -76,6 +76,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
     check_routing_overrides(cfg, spec)
+    check_not_model_folder(cfg, out_dir)
     config_yaml = config_text(cfg, spec)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
@@ -197,6 +198,20 @@ def _version(path: Path, st: os.stat_result | None = None) -> str:
     which no user tool sets; a copy to another place runs again too (a new ctime)."""
     st = st or path.stat()
     return f"size {st.st_size} mtime {st.st_mtime_ns} ctime {st.st_ctime_ns}"
+
+
+def check_not_model_folder(cfg: DictConfig, out_dir: Path) -> None:
+    """A ConfigError where the run dir is the folder the run reads its model from: its files
+    went beside the weights, and its tokens.safetensors, a weight file to `model_files_line`,
+    changed the model's version at every run (a finished run never counted as finished)."""
+    real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
+    key = "checkpoint" if real else "model.hf_config"
+    path = cfg.get("checkpoint") if real else cfg.model.get("hf_config")
+    if path and hf_config_file(str(path)).parent.resolve() == out_dir.resolve():
+        raise ConfigError(
+            f"hydra.run.dir={out_dir}: the folder of {key}={path}, whose files a run's would "
+            "mix with; pass hydra.run.dir= another folder"
+        )
 
 
 def model_files_line(cfg: DictConfig) -> str:

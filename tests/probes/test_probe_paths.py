@@ -1,9 +1,12 @@
 """Probe class: a path argument a command would take other than as the user meant, without a
 word: a quoted '~/x' (hydra's grammar takes no bare '~', and no shell expands a quoted one)
-made a folder named '~' in the current one."""
+made a folder named '~' in the current one; a run dir that is the folder of the model a run
+reads mixed its files with the weights."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,3 +34,19 @@ def test_a_path_starting_with_a_tilde_is_refused_naming_the_key(
     key = args[-1].partition("=")[0]
     one_line(r, key, "'~", "$HOME")
     assert not (ROOT / "~").exists()
+
+
+@pytest.mark.parametrize("real", [True, False], ids=["checkpoint", "hf_config"])
+def test_a_run_dir_that_is_the_models_folder_is_refused(
+    tmp_path: Path, tiny_ckpt: Path, real: bool, cli_here: Any
+) -> None:
+    """hydra.run.dir= the checkpoint's own folder: the run's files went beside the weights,
+    and its tokens.safetensors changed the model's version, so the finished run ran again at
+    every command. Now one line naming the run dir and the key, and the weights are as they
+    were."""
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path / "ck")
+    model = ["executor=real", f"checkpoint={ckpt}"] if real else [f"+model.hf_config={ckpt}"]
+    args = ["model=mixtral-tiny", *TINY[1:], *model, f"hydra.run.dir={ckpt}"]
+    r = cli_here("experiments.run", *args)
+    one_line(r, f"hydra.run.dir={ckpt}", "checkpoint=" if real else "model.hf_config=")
+    assert not (ckpt / "summary.json").exists() and not (ckpt / "tokens.safetensors").exists()
