@@ -78,6 +78,9 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
 # starts in the dir, before the run can act; the record of the run whose result the dir holds
 # is kept beside it, so that a rerun that fails or is stopped puts it back
 HYDRA = ".hydra"
+# a run dir as a single run starts: the dir, the topmost folder made for it (None: the dir was
+# there), the names it held
+Made = tuple[Path, Path | None, frozenset[str]]
 HYDRA_KEPT = ".result"  # inside .hydra/
 
 
@@ -411,10 +414,11 @@ _UMASK = _umask()
 
 
 @contextmanager
-def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
-    """Inside: each single run's dir that hydra makes (not there before), with the topmost of
-    its folders made for it, listed as the run starts. A command whose input is refused or whose
-    run stops before its result (`remove_unused`) then takes them away: hydra makes the dir
+def run_dirs_made() -> Iterator[list[Made]]:
+    """Inside: each single run's dir, listed as the run starts, with the topmost of its folders
+    made for it (None where it was there before) and the names it held then. A command whose
+    input is refused or whose run stops before its result (`remove_unused`) then takes away a dir
+    hydra made, or in a dir that was there the record and log hydra added: hydra makes the dir
     before it configures logging and before the command reads its options, so an interpolation
     that fails in either left an empty folder. Each single run's dir is locked (`dir_lock`)
     before hydra makes it, until the block ends (a command that writes no run dir of hydra's
@@ -425,7 +429,7 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
     from omegaconf import OmegaConf
 
     run_job = hydra_run.run_job
-    made: list[tuple[Path, Path]] = []
+    made: list[Made] = []
     locks = ExitStack()
 
     def noted(*args: Any, **kwargs: Any) -> Any:
@@ -441,7 +445,9 @@ def run_dirs_made() -> Iterator[list[tuple[Path, Path]]]:
                 locks.enter_context(dir_locked(out))
             top = out and next((p for p in (out, *out.parents) if p.parent.exists()), None)
             if out is not None and top is not None and not top.exists():
-                made.append((out, top))
+                made.append((out, top, frozenset()))
+            elif out is not None and own and out.is_dir():
+                made.append((out, None, frozenset(p.name for p in out.iterdir())))
         return run_job(*args, **kwargs)
 
     hydra_run.run_job = noted  # type: ignore[assignment]
@@ -464,11 +470,22 @@ def _writes_run_dir() -> bool:
     return ranks is None or ranks[0] == 0
 
 
-def remove_unused(made: list[tuple[Path, Path]]) -> None:
-    """The run dirs `run_dirs_made` listed, gone where they hold only what hydra put there
-    (.hydra, a log file), with their folders made for them that are empty then."""
-    for out, top in made:
-        if out.is_dir() and all(p.name == HYDRA or p.suffix == ".log" for p in out.iterdir()):
+def remove_unused(made: list[Made]) -> None:
+    """The run dirs `run_dirs_made` listed, gone where hydra made them and they hold only what
+    hydra put there (.hydra, a log file), with their folders made for them that are empty then;
+    in a dir that was there before, the .hydra and log files that were not."""
+    for out, top, before in made:
+        hydras = [p for p in _listed(out) if p.name == HYDRA or p.suffix == ".log"]
+        if top is None:
+            for p in hydras:
+                if p.name in before:
+                    continue
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+            continue
+        if out.is_dir() and len(hydras) == len(_listed(out)):
             shutil.rmtree(out, ignore_errors=True)
         for folder in (out, *out.parents):
             try:
@@ -478,3 +495,10 @@ def remove_unused(made: list[tuple[Path, Path]]) -> None:
                     break
             if folder == top:
                 break
+
+
+def _listed(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:  # not there (any more), or not a folder
+        return []

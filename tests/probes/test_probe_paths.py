@@ -50,3 +50,18 @@ def test_a_run_dir_that_is_the_models_folder_is_refused(
     r = cli_here("experiments.run", *args)
     one_line(r, f"hydra.run.dir={ckpt}", "checkpoint=" if real else "model.hf_config=")
     assert not (ckpt / "summary.json").exists() and not (ckpt / "tokens.safetensors").exists()
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in tiny_ckpt.iterdir())
+
+
+def test_a_refused_run_into_a_folder_of_the_users_adds_nothing_to_it(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """A run refused into a folder that was there, holding the user's files: hydra's record
+    (.hydra) and run.log, which hydra writes before the run reads its options, go again; the
+    user's files stay as they were."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    r = cli_here("experiments.run", *TINY, "workload.batch_size=0", f"hydra.run.dir={mine}")
+    one_line(r, "workload.batch_size")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
