@@ -110,22 +110,7 @@ class ModelSpec:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ConfigError(f"model {self.name}: {key} must be a whole number, got {v!r}")
-        for key in _WIDTHS:
-            if getattr(self, key) > MAX_WIDTH:
-                raise ConfigError(
-                    f"model {self.name}: {key}={getattr(self, key)}, wider than any model "
-                    f"(at most {MAX_WIDTH})"
-                )
-        if self.n_experts > MAX_EXPERTS:
-            raise ConfigError(
-                f"model {self.name}: n_experts={self.n_experts}, more than routing can name "
-                f"(expert ids are int16: at most {MAX_EXPERTS}); pass a smaller n_experts"
-            )
-        if self.n_layers > MAX_LAYERS:
-            raise ConfigError(
-                f"model {self.name}: n_layers={self.n_layers}, more than any model has "
-                f"(at most {MAX_LAYERS})"
-            )
+        self._check_bounds()
         if isinstance(self.moe_layers, str | bytes) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in self.moe_layers
         ):
@@ -189,6 +174,25 @@ class ModelSpec:
             )
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
             raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
+
+    def _check_bounds(self) -> None:
+        """Sizes past any model's, which would only exhaust memory further on."""
+        for key in _WIDTHS:
+            if getattr(self, key) > MAX_WIDTH:
+                raise ConfigError(
+                    f"model {self.name}: {key}={getattr(self, key)}, wider than any model "
+                    f"(at most {MAX_WIDTH})"
+                )
+        if self.n_experts > MAX_EXPERTS:
+            raise ConfigError(
+                f"model {self.name}: n_experts={self.n_experts}, more than routing can name "
+                f"(expert ids are int16: at most {MAX_EXPERTS}); pass a smaller n_experts"
+            )
+        if self.n_layers > MAX_LAYERS:
+            raise ConfigError(
+                f"model {self.name}: n_layers={self.n_layers}, more than any model has "
+                f"(at most {MAX_LAYERS})"
+            )
 
     # ---- sizes -------------------------------------------------------------------------
     @cached_property
