@@ -6,8 +6,8 @@ Usage:
     python -m experiments.run -m planner=sequential,layer_prefetch,flexgen   # a sweep
 
 Writes config.yaml, trace.parquet and, last, summary.json, under the run dir's lock
-(`common.dir_lock`), replacing an earlier result only once the new one is whole; trace.json
-(Chrome/Perfetto) with `trace_json=true`, or later with
+(.run.lock, `common.dir_lock`), replacing an earlier result only once the new one is whole;
+trace.json (Chrome/Perfetto) with `trace_json=true`, or later with
 `python -m experiments.trace_json runs=RUN_DIR`. Any failure is one line on stderr and exit 2
 (cli.run_command); MOEPIPE_TRACEBACK=1 shows a bug's traceback.
 """
@@ -51,7 +51,7 @@ from experiments.common.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
-from experiments.common.dir_lock import dir_locked
+from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.pool import die_with_parent
@@ -325,7 +325,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         execute(cfg, out_dir)
     except CapacityError as e:
         if not sweep:
-            remove_if_no_run(out_dir, [FAILED])
+            remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
@@ -335,7 +335,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
     except Exception as e:
         e = with_key(e, cfg)  # a value read without its key (an interpolation that fails)
         if not sweep:
-            remove_if_no_run(out_dir, [FAILED])
+            remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)
         # In a sweep a bad point must not stop the others (a worker's exit kills the launcher's
         # pool, and with it the runs in flight): it is recorded, the sweep goes on, and the sweep

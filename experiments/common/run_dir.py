@@ -24,7 +24,7 @@ from typing import Any
 from core.errors import MoepipeError
 from core.files import read_small
 from experiments import STOP_SIGNALS
-from experiments.common.dir_lock import dir_locked
+from experiments.common.dir_lock import LOCK, dir_locked
 
 log = logging.getLogger(__name__)
 
@@ -441,13 +441,15 @@ def run_dirs_made() -> Iterator[list[Made]]:
             except Exception:  # run_job fails on it next, before it makes a folder
                 out = None
             own = OmegaConf.select(config, "hydra.output_subdir") is not None  # not `.` (app)
-            if out is not None and own and _writes_run_dir():
-                locks.enter_context(dir_locked(out))
             top = out and next((p for p in (out, *out.parents) if p.parent.exists()), None)
-            if out is not None and top is not None and not top.exists():
+            new = top is not None and not top.exists()
+            if out is not None and own and _writes_run_dir():
+                locks.enter_context(dir_locked(out))  # makes the dir: `top` was before
+                new = new and {p.name for p in _listed(out)} <= {LOCK}  # not another's since
+            if out is not None and top is not None and new:
                 made.append((out, top, frozenset()))
             elif out is not None and own and out.is_dir():
-                made.append((out, None, frozenset(p.name for p in out.iterdir())))
+                made.append((out, None, frozenset(p.name for p in _listed(out))))
         return run_job(*args, **kwargs)
 
     hydra_run.run_job = noted  # type: ignore[assignment]
@@ -485,7 +487,7 @@ def remove_unused(made: list[Made]) -> None:
                 else:
                     p.unlink(missing_ok=True)
             continue
-        if out.is_dir() and len(hydras) == len(_listed(out)):
+        if out.is_dir() and len(hydras) == len([p for p in _listed(out) if p.name != LOCK]):
             shutil.rmtree(out, ignore_errors=True)
         for folder in (out, *out.parents):
             try:

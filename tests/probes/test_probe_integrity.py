@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from experiments.common.dir_lock import lock_file
+from experiments.common.dir_lock import LOCK
 from experiments.common.run_dir import replace_run
 from tests.probes.conftest import ROOT, TINY, cli, one_line
 
 
 def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
-    """While another run holds the dir's lock, a run into it says it waits and writes nothing,
-    not even hydra's folder; once the lock is free it runs, its summary, config and trace are
-    all its own, and it takes its lock file away."""
+    """While another run holds the dir's lock, a run into it says it waits and writes nothing
+    there (not hydra's record or log); once the lock is free it runs, its summary, config and
+    trace are all its own, and it takes the lock file away."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     log = tmp_path / "stdout"
-    lock_file(run).parent.mkdir(mode=0o700, exist_ok=True)
-    with open(lock_file(run), "w") as lock, open(log, "w") as out:
+    run.mkdir()
+    with open(run / LOCK, "w") as lock, open(log, "w") as out:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = subprocess.Popen(
             [sys.executable, "-m", "experiments.run", *TINY, f"hydra.run.dir={run}"],
@@ -43,7 +43,7 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
             while "another run is writing this run dir" not in log.read_text():
                 assert p.poll() is None and time.time() < deadline, p.communicate()
                 time.sleep(0.2)
-            assert not run.exists()
+            assert [p.name for p in run.iterdir()] == [LOCK]
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
         _, err = p.communicate(timeout=300)
@@ -53,7 +53,7 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
         s["planner"] == "flexgen"
         and "planner:\n  name: flexgen" in (run / "config.yaml").read_text()
     )
-    assert not lock_file(run).exists()
+    assert not (run / LOCK).exists()
 
 
 def _finished(run: Path, planner: str, *args: str) -> dict:

@@ -1,6 +1,6 @@
 """Probe class: a run killed from outside, as a user or a failing machine kills it, in a
-subprocess. SIGKILL (the OOM killer, `kill -9`) leaves the run dir's lock file (in the temp
-dir, `dir_lock`) and maybe a half-written folder: the next run into the dir proceeds. Ctrl-C
+subprocess. SIGKILL (the OOM killer, `kill -9`) leaves the run dir's `.run.lock` and maybe a
+half-written folder: the next run into the dir proceeds. Ctrl-C
 (SIGINT to the process group) is one line, exit 130, no summary.json where there was none (and
 no folder where there was none), and the previous result whole.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from experiments.common.dir_lock import lock_file
+from experiments.common.dir_lock import LOCK
 from tests.conftest import spawned_ranks, started
 from tests.probes.conftest import TINY, cli
 
@@ -58,7 +58,7 @@ def _start(run: Path, *args: str) -> subprocess.Popen:
 def _holds_lock(p: subprocess.Popen, run: Path) -> bool:
     """`p` holds the flock of `run`'s lock file (/proc/locks: pid and inode)."""
     try:
-        ino = os.stat(lock_file(run)).st_ino
+        ino = os.stat(run / LOCK).st_ino
     except FileNotFoundError:
         return False
     for line in Path("/proc/locks").read_text().splitlines():
@@ -152,7 +152,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     moment: str, tmp_path: Path, cli_here: Any
 ) -> None:
     """A finished run, then a longer one of another planner into the same dir killed with
-    SIGKILL while computing or while writing its files: its lock file stays (a killed process
+    SIGKILL while computing or while writing its files: `.run.lock` stays (a killed process
     cannot remove it) and the first result is there as it was (the kill came before the new
     one was whole) or the new one whole; the next run into the dir proceeds (flock dies with
     its holder), exits 0, and leaves its own whole result and no half-written folder."""
@@ -160,7 +160,7 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     before = _finished(run, cli_here)
     code, err = _stop_when(_start(run, *RUNS[moment]), run, moment, signal.SIGKILL)
     assert code == -signal.SIGKILL, err
-    assert lock_file(run).exists()
+    assert (run / LOCK).exists()
     if _result(run) != before:  # killed in the moment its files went in: the new one, whole
         _consistent(run, "sequential")
     r = cli_here("experiments.run", *TINY[:-1], "planner=layer_prefetch", f"hydra.run.dir={run}")
@@ -216,11 +216,10 @@ def test_ctrl_c_while_waiting_for_the_lock_is_one_line(tmp_path: Path, cli_here:
     files untouched."""
     run = tmp_path / "run"
     before = _finished(run, cli_here)
-    listed = sorted(p.relative_to(run) for p in run.rglob("*"))
     log = tmp_path / "stdout"
-    lock_file(run).parent.mkdir(mode=0o700, exist_ok=True)
-    with open(lock_file(run), "w") as lock, open(log, "w") as out:
+    with open(run / LOCK, "w") as lock, open(log, "w") as out:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        listed = sorted(p.relative_to(run) for p in run.rglob("*"))
         p = started(
             "experiments.run",
             *LONG,
