@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -572,6 +571,19 @@ def user_conf_dirs(argv: Sequence[str]) -> list[Path]:
     return out
 
 
+def _remove_empty(folder: Path, top: Path) -> None:
+    """`folder` and its parents up to `top`, each removed only while empty: another run into the
+    same folder may have made it too and taken its lock there since (`dir_lock`), and must
+    not find it gone under it."""
+    for f in (folder, *folder.parents):
+        try:
+            f.rmdir()
+        except OSError:  # not empty (another's by now), or not there
+            return
+        if f == top:
+            return
+
+
 def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     """Exit 2 with one line when a `key=folder` argument (hydra's run or sweep dir) names a folder
     that cannot be made or written: hydra would fail on it with a traceback. Folders with
@@ -586,7 +598,7 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
             try:
                 output_dir(value, key)
                 if made:  # checked, not made: hydra makes it when the run starts
-                    shutil.rmtree(new, ignore_errors=True)
+                    _remove_empty(Path(value), new)
             except MoepipeError as e:
                 print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)

@@ -280,3 +280,29 @@ def test_a_failed_sweeps_clean_up_keeps_every_result(tmp_path: Path) -> None:
             n.split("/")[0] for n in points[point]
         )
     remove_if_no_runs(tmp_path / "absent", None)  # a sweep whose dir was never made
+
+
+def test_the_run_dir_check_leaves_a_folder_another_run_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run checks that its fresh run dir can be made by making it, then takes it away again.
+    Another run into the same dir, started at the same moment, may have made it too and taken
+    its lock there meanwhile: the check took the whole folder away under it (rmtree). Now only
+    empty folders go; an empty one of its own still does."""
+    import experiments.common.cli as cli_mod
+
+    run = tmp_path / "new" / "run"
+    checked = cli_mod.output_dir
+
+    def and_another_run_locks_it(value: str, key: str) -> Path:
+        out = checked(value, key)
+        (out / LOCK).touch()  # the other run's lock, taken between the check and its removal
+        return out
+
+    monkeypatch.setattr(cli_mod, "output_dir", and_another_run_locks_it)
+    cli_mod.exit_on_unwritable_dir([f"hydra.run.dir={run}"], ("hydra.run.dir",))
+    assert (run / LOCK).exists()
+    monkeypatch.setattr(cli_mod, "output_dir", checked)
+    other = tmp_path / "other" / "run"
+    cli_mod.exit_on_unwritable_dir([f"hydra.run.dir={other}"], ("hydra.run.dir",))
+    assert not (tmp_path / "other").exists()

@@ -71,7 +71,10 @@ def _holds_lock(p: subprocess.Popen, run: Path) -> bool:
 
 def _writing(p: subprocess.Popen, run: Path) -> bool:
     """`p` is writing its files (the hidden folder it replaces the result from is there)."""
-    return any(run.glob(".partial-*"))
+    try:
+        return any(run.glob(".partial-*"))
+    except FileNotFoundError:  # the dir went as the glob read it: the run failed, said next
+        return False
 
 
 MOMENTS: dict[str, Callable[[subprocess.Popen, Path], bool]] = {
