@@ -58,6 +58,7 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     # the pool's worker processes: private to concurrent.futures (Python 3.11); where missing,
     # the running runs finish before the command ends
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # private too, as above
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         proc.terminate()
@@ -68,3 +69,8 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
             left.pop(ended)
     for proc in left.values():  # a worker that ignores or handles SIGTERM
         proc.kill()
+    # The pool's thread closes its wake-up pipe as it ends. Left running, it raced the wake-up
+    # concurrent.futures sends it at interpreter exit, which then printed an "Exception
+    # ignored ... Bad file descriptor" traceback after the command's one line.
+    if manager is not None and manager.is_alive():
+        manager.join(timeout=5.0)
