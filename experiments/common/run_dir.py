@@ -78,10 +78,10 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
 # starts in the dir, before the run can act; the record of the run whose result the dir holds
 # is kept beside it, so that a rerun that fails or is stopped puts it back
 HYDRA = ".hydra"
+HYDRA_KEPT = ".result"  # inside .hydra/
 # a run dir as a single run starts: the dir, the topmost folder made for it (None: the dir was
 # there), the names it held
 Made = tuple[Path, Path | None, frozenset[str]]
-HYDRA_KEPT = ".result"  # inside .hydra/
 
 
 def keep_hydra_record(out_dir: Path) -> None:
