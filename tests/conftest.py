@@ -25,6 +25,12 @@ from core.routing import Routing
 from core.spec import ModelSpec, Workload
 from planners.registry import expert_parallel_names
 
+# Where PYTHONDONTWRITEBYTECODE is set (this VM, some CI images), every command a test starts
+# compiles the project's modules again: 0.5 s of `experiments.run`'s 1.5 s start-up. Caching
+# bytecode is Python's default, so the tests turn it back on for themselves and their children.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
