@@ -31,6 +31,15 @@ from planners.registry import expert_parallel_names
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
+# Under xdist, torch's default of one OpenMP thread per core in each worker oversubscribes the
+# cores, and OpenMP's threads spin waiting for each other: tests/real/test_hf_parity.py and
+# test_executor.py took 88.9 s with two workers on the 2-core VM, 25.8 s with one thread each.
+# Each worker gets its share of the cores (set before torch is imported; the commands tests
+# start inherit it). A thread count the user set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
