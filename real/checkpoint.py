@@ -384,14 +384,24 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
         spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
     if cfg.get("tie_word_embeddings"):
-        # the LM head is the embedding, whether or not lm_head is saved (Switch's: without T5's
-        # rescaling before a tied head; moepipe's Switch is a documented substitute)
-        index[names.lm_head] = index[names.embed]
+        _tie_head(index, names)
     hf_runtime(cfg, spec)  # a field not run (attention_bias, ...) named before its tensors
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
     _check_shapes(d, spec, cfg, index, ", ".join(files))
     return spec, index
+
+
+def _tie_head(index: dict[str, TensorEntry], names: _Names) -> None:
+    """tie_word_embeddings as transformers' from_pretrained applies it: where the checkpoint
+    saves one of the embedding and the LM head, the other is that tensor; where it saves both,
+    each runs its own (transformers ties them only where their values are equal, and runs a
+    saved head that differs, warning). Switch's tied head runs without T5's rescaling before
+    it (moepipe's Switch is a documented substitute)."""
+    if names.lm_head not in index and names.embed in index:
+        index[names.lm_head] = index[names.embed]
+    elif names.embed not in index and names.lm_head in index:
+        index[names.embed] = index[names.lm_head]
 
 
 def _check_shapes(

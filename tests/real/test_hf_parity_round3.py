@@ -1,0 +1,59 @@
+"""A third round of config.json fields on checkpoints transformers itself writes
+(tests/real/test_hf_parity.py builds them the same way): a saved LM head where config.json ties
+it.
+
+Usage: python -m pytest -q tests/real/test_hf_parity_round3.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from real.shards import read_header, read_tensor, save_shard
+from tests.real.test_hf_parity_fields import assert_transformers, save
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    """[B=2, P=6] token ids < 128."""
+    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def edit_config(ckpt: Path, **fields: Any) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
+
+
+def load_hf(ckpt: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])
+def test_a_saved_head_runs_where_config_json_ties_it(family, prompt, tmp_path):
+    """tie_word_embeddings true over a checkpoint that saves its own lm_head: transformers
+    (from_pretrained) runs the saved head where it differs from the embedding, and so does
+    moepipe; before, moepipe ran the embedding as the head (observed 3.6 and 4.4 off)."""
+    ckpt, _ = save(family, {}, tmp_path / "ckpt")
+    edit_config(ckpt, tie_word_embeddings=True)
+    hf = load_hf(ckpt)
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_a_tied_checkpoint_of_the_head_alone_runs_it_as_the_embedding(prompt, tmp_path):
+    """A tied checkpoint that saves lm_head but not the embedding: transformers ties the
+    embedding to the saved head, and so does moepipe; before, it refused the checkpoint
+    ("model.embed_tokens.weight is missing")."""
+    ckpt, _ = save("mixtral", {"tie_word_embeddings": True}, tmp_path / "ckpt")
+    file = ckpt / "model.safetensors"
+    tensors = {name: read_tensor(e).clone() for name, e in read_header(file).items()}
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    save_shard(tensors, file, {"format": "pt"})
+    assert_transformers(ckpt, load_hf(ckpt), prompt, "f32")
