@@ -226,6 +226,13 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
         c.get("hidden_size"),
         c.get("num_attention_heads"),
     )
+    kv_heads = c.get("num_key_value_heads", heads)  # absent or null: the heads
+    if kv_heads != heads:  # transformers repeats MLA's per-head keys by heads / kv heads
+        raise c.error(
+            f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; MLA "
+            "expands its latent to one key/value head per query head (transformers' DeepseekV2 "
+            "fails on any other count): set it to num_attention_heads"
+        )
     first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
     moe = tuple(i for i in range(first, n) if i % freq == 0)
     _some_moe(c, moe, n, f"first_k_dense_replace={first} and moe_layer_freq={freq}")

@@ -1,6 +1,6 @@
 """A third round of config.json fields on checkpoints transformers itself writes
 (tests/real/test_hf_parity.py builds them the same way): a saved LM head where config.json ties
-it.
+it, and DeepSeek-V2's num_key_value_heads.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round3.py
 """
@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from core.errors import ConfigError
+from real.checkpoint import load_checkpoint
 from real.shards import read_header, read_tensor, save_shard
 from tests.real.test_hf_parity_fields import assert_transformers, save
 
@@ -57,3 +59,14 @@ def test_a_tied_checkpoint_of_the_head_alone_runs_it_as_the_embedding(prompt, tm
     tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
     save_shard(tensors, file, {"format": "pt"})
     assert_transformers(ckpt, load_hf(ckpt), prompt, "f32")
+
+
+def test_deepseek_kv_heads_other_than_heads_are_refused_naming_the_field(tmp_path):
+    """DeepSeek-V2 with num_key_value_heads 2 of 4 heads: transformers saves it but its MLA
+    fails on it (it repeats the per-head keys by heads / kv heads); moepipe ran it as 4 key/value
+    heads, ignoring the field. It is refused in one line naming the field."""
+    ckpt, hf = save("deepseek_v2", {"num_key_value_heads": 2}, tmp_path / "ckpt")
+    with pytest.raises(RuntimeError):
+        hf(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=2 differs from num_attention_he"):
+        load_checkpoint(ckpt)
