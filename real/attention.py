@@ -135,10 +135,11 @@ class Rope:
                 f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
                 "runs this checkpoint's spec)"
             )
-        if p.get("partial_rotary_factor", 1.0) != 1.0:  # default RoPE: ignored, as transformers
+        partial, partial_key = _partial_rotary_factor(c, p, key)
+        if partial != 1.0:  # default RoPE: ignored, as transformers
             raise c.error(
-                f"{key}.partial_rotary_factor={p.get('partial_rotary_factor')} with {kind}; these "
-                "families rotate whole heads (transformers fails on it too)"
+                f"{partial_key}={partial} with {kind} RoPE; these families rotate whole heads "
+                "(transformers fails on it too): remove it"
             )
         # absent: max_position_embeddings, or the family's default of it, as transformers
         orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
@@ -175,6 +176,15 @@ class Rope:
         ntk = DynamicNTK(theta, dim, factor, max_positions)
         init = cls.plain(dim, ntk.base(max_positions)).inv_freq
         return cls(init, softmax_mscale=softmax_mscale, ntk=ntk)
+
+
+def _partial_rotary_factor(c: HFConfig, p: HFConfig, key: str) -> tuple[float, str]:
+    """(partial_rotary_factor, the field it is read from): the RoPE object's, else config.json's
+    top-level one, which transformers moves into the RoPE object; 1.0 where neither has one."""
+    inner = p.get("partial_rotary_factor", None)
+    if inner is not None:
+        return float(inner), f"{key}.partial_rotary_factor"
+    return float(c.get("partial_rotary_factor", 1.0)), "partial_rotary_factor"
 
 
 def _required(c: HFConfig, p: HFConfig, key: str, name: str, kind: str) -> Any:

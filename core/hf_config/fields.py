@@ -81,6 +81,7 @@ FIELDS: dict[str, Rule] = {
     "rope_theta": POSITIVE,
     "rope_scaling": OBJECT.or_null(),
     "rope_parameters": OBJECT.or_null(),
+    "partial_rotary_factor": POSITIVE.or_null(),  # transformers moves it into rope_parameters
     "tie_word_embeddings": FLAG,
     "hidden_act": TEXT,
     "num_local_experts": COUNT,

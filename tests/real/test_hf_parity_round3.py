@@ -1,6 +1,6 @@
 """A third round of config.json fields on checkpoints transformers itself writes
 (tests/real/test_hf_parity.py builds them the same way): a saved LM head where config.json ties
-it, and DeepSeek-V2's num_key_value_heads.
+it, DeepSeek-V2's num_key_value_heads, and a top-level partial_rotary_factor.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round3.py
 """
@@ -16,7 +16,9 @@ import torch
 
 from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
+from real.model import reference_generate
 from real.shards import read_header, read_tensor, save_shard
+from tests.real.test_hf_parity import GEN
 from tests.real.test_hf_parity_fields import assert_transformers, save
 
 transformers = pytest.importorskip("transformers")
@@ -70,3 +72,23 @@ def test_deepseek_kv_heads_other_than_heads_are_refused_naming_the_field(tmp_pat
         hf(torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(ConfigError, match=r"num_key_value_heads=2 differs from num_attention_he"):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v2"])
+def test_a_top_level_partial_rotary_factor_of_a_scaled_rope_is_refused(family, prompt, tmp_path):
+    """partial_rotary_factor 0.5 at config.json's top level with dynamic RoPE: transformers
+    moves it into rope_parameters and then fails, as with it inside; moepipe read only the one
+    inside and ran whole-head RoPE. It is refused in one line naming the field; with default
+    RoPE both ignore it and agree."""
+    theta = 1e4
+    dynamic = {"rope_type": "dynamic", "factor": 8.0, "rope_theta": theta}
+    fields = {"max_position_embeddings": 2, "rope_parameters": dynamic}
+    ckpt, _ = save(family, fields, tmp_path / "dynamic")
+    edit_config(ckpt, partial_rotary_factor=0.5)
+    with pytest.raises(RuntimeError):
+        load_hf(ckpt)(prompt)
+    with pytest.raises(ConfigError, match=r": partial_rotary_factor=0.5 with dynamic RoPE"):
+        reference_generate(ckpt, prompt, GEN)
+    plain, _ = save(family, {}, tmp_path / "default")
+    edit_config(plain, partial_rotary_factor=0.5)
+    assert_transformers(plain, load_hf(plain), prompt, "f32")
