@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from core.errors import ConfigError
-from core.files import not_regular
+from core.files import not_regular, read_small
 from core.hf_config import (
     HFConfig,
     hf_dtype_name,
@@ -31,6 +31,7 @@ from core.hf_config import (
 )
 from core.spec import ModelSpec
 from core.types import Tensor
+from core.yaml_size import check_yaml_size
 from real.shards import (
     TensorEntry,
     index_files,
@@ -266,6 +267,20 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 # ---- model configs with overrides ---------------------------------------------------------
 
 
+def _model_yaml(path: Path, arg: str) -> Any:
+    """A model YAML file's data; a ConfigError naming `arg` where it is too large, not text, not
+    YAML, or nests or expands past any config (a user's file: the checks a run's group has)."""
+    fix = "pass a model YAML file or a conf/model name"
+    try:
+        text = read_small(path, fix=fix).decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{arg}: not UTF-8 text (byte {e.start}); {fix}") from None
+    except OSError as e:
+        raise ConfigError(f"{arg}: cannot read it ({e.strerror or e}); {fix}") from None
+    check_yaml_size(text, arg, fix)
+    return yaml.safe_load(text)
+
+
 def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
     """`conf/model/<model>.yaml` (or `model`, a path to a .yaml file) with field overrides,
     keeping derived fields consistent.
@@ -284,7 +299,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
     if not path.is_file():
         have = ", ".join(sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml")))
         raise ConfigError(f"model={model}: no conf/model/{model}.yaml; valid: {have}, or FILE.yaml")
-    base = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    base = ModelSpec.from_dict(_model_yaml(path, f"model={model}"), where=str(path))
     d = {k: v for k, v in vars(base).items()} | dict(overrides)
     given = set(overrides)
     if {"hidden_size", "n_heads"} & given and "head_dim" not in given:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
 from core.files import not_regular, read_small
+from core.yaml_size import check_yaml_size
 from experiments.common import hydra_errors
 from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
@@ -54,7 +55,6 @@ from experiments.common.overrides import (
 )
 from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_unused, run_dirs_made
-from experiments.common.yaml_size import check_yaml_size
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option

@@ -117,6 +117,7 @@ def error_line(e: BaseException) -> str | None:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+    from core.yaml_size import yaml_problem
     from experiments.common.torch_env import env_line
 
     if isinstance(e, MoepipeError):
@@ -165,8 +166,7 @@ def error_line(e: BaseException) -> str | None:
         if isinstance(cause, yaml.YAMLError):
             mark = getattr(cause, "problem_mark", None)
             at = f"{mark.name}:{mark.line + 1}: " if mark is not None else ""
-            problem = getattr(cause, "problem", None) or str(cause).splitlines()[0]
-            return _flat(f"{at}not valid YAML ({problem}); fix that file")
+            return _flat(f"{at}not valid YAML ({yaml_problem(cause)[0]}); fix that file")
     if isinstance(e, MissingMandatoryValue):  # a required field a YAML file left out
         key = getattr(e, "full_key", None) or "a field"
         return _flat(f"{key}: required and not set; add it to its YAML file or pass {key}=VALUE")

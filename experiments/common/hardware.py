@@ -21,9 +21,9 @@ from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource
+from core.yaml_size import check_yaml_size, yaml_problem
 from experiments.common.app import check_keys
 from experiments.common.schema import HardwareSchema
-from experiments.common.yaml_size import check_yaml_size
 from real.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,11 +88,10 @@ def read_hardware(name: str) -> dict[str, Any]:
         raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise MoepipeError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise MoepipeError(f"{path}: not valid YAML ({problem}{where}); {fix}") from None
+    except yaml.YAMLError as e:  # a duplicate key (UniqueKeyLoader's)
+        problem, line = yaml_problem(e, text)
+        at = f":{line}" if line else ""
+        raise MoepipeError(f"{path}{at}: not valid YAML ({problem}); {fix}") from None
     if not isinstance(d, dict):
         what = "empty" if d is None else f"a {type(d).__name__}, not a mapping"
         raise MoepipeError(f"{path}: hardware file is {what}; {fix}")

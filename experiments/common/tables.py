@@ -17,8 +17,8 @@ from core.args import output_dir, written_whole
 from core.errors import MoepipeError
 from core.files import read_small
 from core.routing import peek_suffix
+from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
-from experiments.common.yaml_size import check_yaml_size
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:

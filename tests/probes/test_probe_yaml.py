@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from core.yaml_size import MAX_NODES, check_yaml_size
 from experiments.common.tables import collect
-from experiments.common.yaml_size import MAX_NODES, check_yaml_size
 from tests.conftest import ROOT
 from tests.probes.conftest import TINY, deadline, one_line
 

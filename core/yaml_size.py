@@ -1,7 +1,8 @@
 """How large a YAML text is once its aliases are expanded, checked before any loader expands
 them: a YAML file given on the command line whose aliases nest (a "billion laughs") made the
 config loaders build hundreds of millions of nodes, a hang; one nested thousands deep was a
-RecursionError (libyaml's composer: a crash); an integer of 5000 digits a ValueError."""
+RecursionError (libyaml's composer: a crash); an integer of 5000 digits a ValueError. Text that is
+no YAML is named here too: a character YAML refuses (a NUL) left hydra's error without the file."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where built
 
 
 def check_yaml_size(text: str, where: str, fix: str) -> None:
-    """A MoepipeError naming `where` when `text`'s documents, their aliases expanded, hold more
-    than MAX_NODES nodes or nest too deeply to parse; invalid YAML is left to the loader's own
-    error."""
+    """A MoepipeError naming `where` when `text` is not YAML, or its documents, their aliases
+    expanded, hold more than MAX_NODES nodes or nest too deeply to parse."""
     try:
         depth = 0
         for event in yaml.parse(text, Loader=_LOADER):  # libyaml's parser: no recursion
@@ -30,8 +30,10 @@ def check_yaml_size(text: str, where: str, fix: str) -> None:
             elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
                 depth -= 1
         docs = list(yaml.compose_all(text, Loader=_LOADER))
-    except yaml.YAMLError:
-        return  # the loader says what is wrong, and where
+    except yaml.YAMLError as e:
+        problem, line = yaml_problem(e, text)
+        at = f":{line}" if line else ""
+        raise MoepipeError(f"{where}{at}: not valid YAML ({problem}); {fix}") from None
     sizes: dict[int, int] = {}
     scalars: list[yaml.ScalarNode] = []
     if sum(_expanded(doc, sizes, scalars) for doc in docs if doc is not None) > MAX_NODES:
@@ -46,6 +48,18 @@ def check_yaml_size(text: str, where: str, fix: str) -> None:
                 f"{where}:{line}: an integer of {len(node.value)} digits, past any config "
                 f"value; {fix}"
             )
+
+
+def yaml_problem(e: yaml.YAMLError, text: str = "") -> tuple[str, int | None]:
+    """What is wrong in a YAML text, and its line (1-based) where known: a character YAML
+    refuses (a ReaderError) has no mark, only a position in `text`."""
+    if isinstance(e, yaml.reader.ReaderError):
+        line = text.count("\n", 0, e.position) + 1 if text else None
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        return f"character {char}: {e.reason}", line
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0] or type(e).__name__
+    return problem, mark.line + 1 if mark is not None else None
 
 
 def _expanded(node: yaml.Node, sizes: dict[int, int], scalars: list[yaml.ScalarNode]) -> int:
