@@ -136,14 +136,24 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
         ) from None
 
 
+# the files a run dir's result is (experiments.common.run_dir), its summary and sha256 list
+# first: another command's output written over one of them lost the run
+RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "code_version.txt")
+
+
 def output_file(path: str | Path, key: str) -> Path:
     """`path`, a file a command will write under argument `key`, once its folder exists and can
     be written (created if missing): checked before long work, so that a bad path does not lose
     its results. A MoepipeError naming `key` when the folder cannot be made or written, or the
-    path is a folder or empty."""
+    path is a folder, empty, or a run dir's own file (`RUN_FILES`)."""
     p = _not_empty(path, key)
     if p.is_dir():
         raise MoepipeError(f"{key}={path}: is a folder; pass {key}= a file path")
+    if p.name in RUN_FILES and any((p.parent / f).exists() for f in RUN_FILES[:2]):
+        raise MoepipeError(
+            f"{key}={path}: a file of the run in {p.parent} (its result would be lost); pass "
+            f"{key}= another path"
+        )
     _writable_folder(p.parent, key, path)
     if p.exists() and not os.access(p, os.W_OK):
         raise MoepipeError(f"{key}={path}: the file is not writable; pass {key}= another path")

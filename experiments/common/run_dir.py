@@ -164,7 +164,7 @@ def _swap(out_dir: Path, tmp: Path, summary: str) -> None:
     new = sorted(p.name for p in tmp.iterdir())
     moved_in: list[str] = []
     try:
-        _move_aside(out_dir, out_dir / PREVIOUS, set(new) | set(RUN_FILES))
+        _move_aside(out_dir, out_dir / PREVIOUS, {"summary.json", *new, *RUN_FILES})
         for name in new:
             os.replace(tmp / name, out_dir / name)
             moved_in.append(name)
@@ -182,9 +182,10 @@ def _swap(out_dir: Path, tmp: Path, summary: str) -> None:
 
 def _move_aside(out_dir: Path, aside: Path, names: set[str]) -> None:
     """The old result's files into `aside`, summary.json first (a dir without it holds no
-    result, so no mix of two runs is ever read as one)."""
+    result, so no mix of two runs is ever read as one). Only `names` move: a command's outputs
+    written into a run dir (report out=RUN_DIR) took its summary.json, the run's result, too."""
     aside.mkdir(exist_ok=True)
-    for name in ["summary.json", *sorted(names - {"summary.json"})]:
+    for name in sorted(names, key=lambda n: (n != "summary.json", n)):
         if (out_dir / name).exists() or (out_dir / name).is_symlink():
             os.replace(out_dir / name, aside / name)
 

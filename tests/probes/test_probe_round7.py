@@ -6,14 +6,32 @@ error said twice."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from experiments.common.run_dir import staged_outputs
 from real.checkpoint import reduced_spec
 from tests.conftest import ROOT
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run's dir in a sweep folder of its own (one subprocess for the module);
+    tests work on a copy."""
+    run = tmp_path_factory.mktemp("round7") / "sweep" / "run"
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def copied(run: Path, tmp_path: Path) -> Path:
+    """A copy of `run` as tmp_path/sweep/run."""
+    return Path(shutil.copytree(run, tmp_path / "sweep" / "run"))
+
 
 NUL_YAML = "name: mine\nfamily: \x00mixtral\n"  # a control character: yaml's reader refuses it
 
@@ -48,3 +66,43 @@ def test_a_model_file_make_checkpoint_reads_is_checked_as_runs_are(
     path = tmp_path / "m.yaml"
     path.write_text(text)
     raises_one_line(lambda: reduced_spec(str(path)), *words)
+
+
+def test_outputs_staged_into_a_run_dir_leave_its_summary(tmp_path: Path) -> None:
+    """Staged outputs moved the folder's summary.json aside with the names they replace, and
+    dropped it with them: `report out=RUN_DIR` (or validate's out) deleted the run's result."""
+    (tmp_path / "summary.json").write_text("{}")
+    with staged_outputs(tmp_path, last="index.html") as tmp:
+        (tmp / "index.html").write_text("page")
+    assert (tmp_path / "summary.json").read_text() == "{}"
+    assert (tmp_path / "index.html").read_text() == "page"
+
+
+def test_a_report_written_into_a_run_dir_keeps_its_result(
+    tmp_path: Path, finished_run: Path, cli_here: Any
+) -> None:
+    run = copied(finished_run, tmp_path)
+    before = (run / "summary.json").read_bytes()
+    r = cli_here("experiments.report", f"dir={run.parent}", f"out={run}")
+    assert r.returncode == 0, r.stderr
+    assert (run / "summary.json").read_bytes() == before and (run / "index.html").exists()
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("experiments.routing_stats", "config.yaml"),
+        ("experiments.prefetch_eval", "summary.json"),
+        ("experiments.calibrate", "files.sha256"),
+    ],
+)
+def test_an_output_over_a_runs_own_file_is_refused(
+    tmp_path: Path, finished_run: Path, cli_here: Any, module: str, name: str
+) -> None:
+    """routing_stats' JSON went over the run's config.yaml, prefetch_eval's CSV over its
+    summary.json: the run's result was lost, and the next collect skipped it."""
+    run = copied(finished_run, tmp_path)
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
+    r = cli_here(module, f"out={run / name}")
+    one_line(r, f"out={run / name}", "a file of the run")
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
