@@ -157,6 +157,7 @@ def command(
 
     def task(cfg: DictConfig) -> int:
         opts = OmegaConf.to_object(cfg)
+        check_not_empty(opts)
         return int(run(opts) or 0)
 
     lists = list_options(schema)
@@ -178,6 +179,22 @@ def command(
         return hydra_main(task, name, argv, doc, hydra_args, conf_dir=COMMAND_DIR)
 
     return main
+
+
+def check_not_empty(opts: Any) -> None:
+    """An option whose unset value is null, given as '': refused, not read as unset (`out=`
+    took the default folder, calibrate's wrote conf/hardware/). `device` is the exception: ''
+    is every command's "cuda if available" (the benchmarks' default)."""
+    import typing
+
+    for f in fields(opts):
+        hint = typing.get_type_hints(type(opts))[f.name]
+        optional = type(None) in typing.get_args(hint)
+        if optional and f.name != "device" and getattr(opts, f.name) == "":
+            raise MoepipeError(
+                f"{f.name}='': an empty value; drop {f.name}= for its default, or pass "
+                f"{f.name}=<a value>"
+            )
 
 
 def list_options(schema: type) -> set[str]:

@@ -106,3 +106,26 @@ def test_an_output_over_a_runs_own_file_is_refused(
     r = cli_here(module, f"out={run / name}")
     one_line(r, f"out={run / name}", "a file of the run")
     assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("experiments.collect", ["dir={sweep}", "out="]),
+        ("experiments.report", ["dir={sweep}", "out="]),
+        ("experiments.calibrate", ["out="]),
+        ("experiments.calibrate", ["checkpoint="]),
+        ("experiments.validate_lanes", ["out="]),
+        ("experiments.trace_json", ["runs=[{run}]", "out="]),
+    ],
+)
+def test_an_empty_value_for_an_option_null_by_default_is_refused(
+    tmp_path: Path, finished_run: Path, cli_here: Any, module: str, args: list[str]
+) -> None:
+    """`out=` ran as if unset: collect wrote into the sweep, calibrate measured the machine
+    and wrote conf/hardware/<name>.yaml, validate_lanes ran into runs/."""
+    run = copied(finished_run, tmp_path)
+    before = sorted(p.name for p in run.parent.rglob("*"))
+    r = cli_here(module, *(a.format(sweep=run.parent, run=run) for a in args))
+    one_line(r, f"{args[-1].rstrip('=')}=''", "an empty value")
+    assert sorted(p.name for p in run.parent.rglob("*")) == before
