@@ -82,6 +82,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
 
     from experiments.common.cli import error_line, our_check
 
+    null = _override_into_null(e)
+    if null is not None:
+        return null
     if not isinstance(e, HydraException | OmegaConfBaseException):
         return None
     if isinstance(e, MissingConfigException):
@@ -138,6 +141,36 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         first = next(ln for ln in lines if not ln.startswith("full_key:"))
         return f"{key}: {first}{at}; fix that value in the config or override"
     return "; ".join(dict.fromkeys(lines[:2]))
+
+
+def _override_into_null(e: BaseException) -> str | None:
+    """An override of a key under a block the config leaves null (`replication.case=x` without
+    the replication experiment that sets the block), or of the whole block: omegaconf's
+    AssertionError or AttributeError while hydra applies it, "internal error" before. Found by
+    the frame that applies overrides, which holds the override and the config."""
+    from omegaconf import OmegaConf
+
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "_apply_overrides_to_config":
+        tb = tb.tb_next
+    if tb is None or not isinstance(e, AssertionError | AttributeError):
+        return None
+    override, cfg = tb.tb_frame.f_locals.get("override"), tb.tb_frame.f_locals.get("cfg")
+    if override is None or cfg is None:
+        return None
+    parts = str(override.get_key_element()).lstrip("+~").split(".")
+    nulls = [
+        ".".join(parts[:i])
+        for i in range(1, len(parts) + 1)
+        if OmegaConf.select(cfg, ".".join(parts[:i])) is None
+    ]
+    if not nulls:
+        return None
+    given = str(override.input_line).lstrip("+~")  # as the user wrote it, not plus_plus's
+    return (
+        f"{given}: {nulls[0]} is null in this config, a block only the experiment that uses it "
+        "sets; pass that experiment (experiment=NAME) or drop the override"
+    )
 
 
 def _value_for_fields(text: str, key: str, at: str) -> str | None:

@@ -82,7 +82,7 @@ def _hw_files(tmp: Path) -> None:
     [
         (["hardware={tmp}/empty.yaml"], ["empty.yaml", "empty"]),
         (["hardware={tmp}/partial.yaml"], ["partial.yaml", "memory_gb"]),
-        (["hardware={tmp}/syntax.yaml"], ["syntax.yaml", "YAML", "line 2"]),
+        (["hardware={tmp}/syntax.yaml"], ["syntax.yaml:2", "YAML"]),
         (["hardware={tmp}/nosuch.yaml"], ["nosuch.yaml", "out={tmp}/nosuch.yaml"]),
         (["batch_size=abc"], ["batch_size=abc"]),
         (["gpu_frac=abc"], ["gpu_frac=abc"]),

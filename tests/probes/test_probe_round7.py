@@ -129,3 +129,16 @@ def test_an_empty_value_for_an_option_null_by_default_is_refused(
     r = cli_here(module, *(a.format(sweep=run.parent, run=run) for a in args))
     one_line(r, f"{args[-1].rstrip('=')}=''", "an empty value")
     assert sorted(p.name for p in run.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "override", ["replication.case=x", "+replication.case=x", "+replication={case: x}"]
+)
+def test_an_override_into_a_block_the_config_leaves_null_is_one_line(
+    tmp_path: Path, cli_here: Any, override: str
+) -> None:
+    """The replication block is null outside its experiments: omegaconf's AssertionError (or
+    AttributeError) while hydra applied the override was an "internal error"."""
+    r = cli_here("experiments.run", *TINY, override, f"hydra.run.dir={tmp_path}/r")
+    one_line(r, "replication is null", "experiment=")
+    assert not (tmp_path / "r").exists()
