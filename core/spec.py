@@ -409,6 +409,11 @@ class RoutingConfig:
                 f"workload.routing.hot_experts={self.hot_experts} needs hot_share > 0 (the share "
                 "of selections they take; at 0 they would never be chosen)"
             )
+        if self.hot_share > 0 and not self.hot_experts:
+            raise ConfigError(
+                f"workload.routing.hot_share={self.hot_share} needs hot_experts > 0 (how many "
+                "experts take that share; with none the share goes nowhere)"
+            )
 
 
 # a sequence's tokens (prompt + generated): past the longest context any model is trained for

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from core.spec import RoutingConfig
 from experiments.common.run_dir import staged_outputs
 from real.checkpoint import reduced_spec
 from tests.conftest import ROOT
@@ -142,3 +143,10 @@ def test_an_override_into_a_block_the_config_leaves_null_is_one_line(
     r = cli_here("experiments.run", *TINY, override, f"hydra.run.dir={tmp_path}/r")
     one_line(r, "replication is null", "experiment=")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_hot_share_with_no_hot_experts_is_refused() -> None:
+    """hot_share=0.5 alone ran as if unset: the share goes to the hot experts, of which there
+    were none (the reverse, hot_experts without a share, was refused already)."""
+    raises_one_line(lambda: RoutingConfig(hot_share=0.5), "hot_share=0.5", "hot_experts > 0")
+    RoutingConfig(hot_share=0.5, hot_experts=2)  # together they still run
