@@ -123,16 +123,25 @@ TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
 def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
-    tasks on a synthetic one), the distributed rendezvous timeout on a simulated run, or
-    hardware.n_gpus for a planner of one GPU: the run would go on as if it were not given."""
+    tasks on a synthetic one), the distributed rendezvous timeout on a simulated run,
+    hardware.n_gpus for a planner of one GPU, or a model for a real run (its checkpoint's
+    is run): the run would go on as if it were not given."""
     if not HydraConfig.initialized():
         return
-    given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+    overrides = list(HydraConfig.get().overrides.task)
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     if "hardware.n_gpus" in given and spec.planner not in expert_parallel_names():
         raise ConfigError(
             f"hardware.n_gpus: read by the expert-parallel planners only "
             f"({', '.join(expert_parallel_names())}); planner {spec.planner} runs on one GPU: "
             "drop it, or choose one of those"
+        )
+    model = [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0] == "model"]
+    if spec.executor == "real" and model:  # config.yaml recorded it, the run another
+        raise ConfigError(
+            f"{model[0].lstrip('+~')}: a real run takes its model from checkpoint="
+            f"{cfg.checkpoint} (its config.json), whatever model says; drop it (to simulate "
+            "the checkpoint: executor=sim +model.hf_config=DIR)"
         )
     if spec.executor == "sim" and "executor.rendezvous_timeout_s" in given:  # (a default too)
         raise ConfigError(

@@ -150,3 +150,21 @@ def test_a_hot_share_with_no_hot_experts_is_refused() -> None:
     were none (the reverse, hot_experts without a share, was refused already)."""
     raises_one_line(lambda: RoutingConfig(hot_share=0.5), "hot_share=0.5", "hot_experts > 0")
     RoutingConfig(hot_share=0.5, hot_experts=2)  # together they still run
+
+
+@pytest.mark.parametrize("override", ["model=tiny", "model.top_k=1", "+model.hf_config={ckpt}"])
+def test_a_model_given_to_a_real_run_is_refused(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, override: str
+) -> None:
+    """A real run runs its checkpoint's model: model=tiny was ignored without a word, and the
+    run's config.yaml recorded tiny's shapes beside a summary of the checkpoint's."""
+    r = cli_here(
+        "experiments.run",
+        "executor=real",
+        f"checkpoint={tiny_ckpt}",
+        *TINY[1:],
+        override.format(ckpt=tiny_ckpt),
+        f"hydra.run.dir={tmp_path}/r",
+    )
+    one_line(r, override.lstrip("+").split("=")[0], "checkpoint=", "drop it")
+    assert not (tmp_path / "r").exists()

@@ -497,7 +497,6 @@ def test_sigterm_stops_a_real_run(tmp_path: Path, tiny_ckpt: Path, cli_here: Any
     args = [
         "executor=real",
         f"checkpoint={tiny_ckpt}",
-        "model=tiny",
         "hardware=tiny",
         "workload=tiny",
         "planner=sequential",

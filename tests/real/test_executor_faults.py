@@ -126,7 +126,6 @@ def test_cli_missing_checkpoint_is_one_line_exit_2(tmp_path, cli_here):
         "experiments.run",
         "executor=real",
         f"checkpoint={tmp_path / 'nope'}",
-        "model=mixtral-tiny",
         "hardware=tiny",
         "workload=tiny",
         "planner=sequential",
