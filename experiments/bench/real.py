@@ -451,7 +451,7 @@ def _table(rows: list[Any]) -> list[str]:
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
     got, peak, why = pe.run_side("moepipe", bopts, None)
     if got is None:
-        raise MoepipeError(f"moepipe klotski failed ({why}); see its output above")
+        raise pe.side_failed("moepipe klotski", why)
     row = pe.Row(
         f"moepipe klotski (n={got['n_batches']})",
         run_spec.workload.batch_size,

@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from core.errors import MoepipeError
 from experiments.common.bench_memory import (
     UNLIMITED,
     MemoryCgroup,
@@ -142,8 +144,6 @@ def _time_limit(seconds: float) -> Any:
 def checked_routing(routing: str) -> str:
     """`routing` lower-cased, or a MoepipeError naming the valid sources (live is not one: both
     sides would then route by their own random gates)."""
-    from core.errors import MoepipeError
-
     valid = ("auto", "trace", "synthetic")
     if routing.lower() not in valid:
         raise MoepipeError(f"routing={routing!r} unknown; valid: {', '.join(valid)}")
@@ -282,23 +282,53 @@ def run_side(
     ]
     cg = MemoryCgroup.create(f"bench-{role}", limit_bytes) if limit_bytes else None
     drop_page_cache(opts["checkpoint"], everything=False)  # charged to whoever reads it next
+    errors: list[str] = []  # the child's own error line, said once, by the bench
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             cg.wrap(cmd) if cg else cmd,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             preexec_fn=ignore_ctrl_c,  # Ctrl-C is the bench's: it kills the child, one line
         )
+        relay = threading.Thread(target=_relay, args=(proc.stderr, errors), daemon=True)
+        relay.start()
+        try:
+            out = proc.stdout.read() if proc.stdout else ""
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        relay.join()
         peak = cg.peak_bytes() if cg else None
         oom = cg.oom_killed() if cg else False
     finally:
         if cg:
             cg.remove()
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1][len(RESULT) :]), peak, ""
-    why = "out of memory (cgroup limit)" if oom else f"exit status {proc.returncode}"
-    return None, peak, why
+    if oom:
+        return None, peak, "out of memory (cgroup limit)"
+    return None, peak, errors[-1] if errors else f"exit status {proc.returncode}"
+
+
+def _relay(stream: Any, errors: list[str]) -> None:
+    """A child's stderr onto the bench's as it comes, except its `error: ` line, kept in
+    `errors`: the bench's own line says it, instead of a second error line after it."""
+    for line in stream:
+        if line.startswith("error: "):
+            errors.append(line.removeprefix("error: ").strip())
+        else:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def side_failed(system: str, why: str) -> MoepipeError:
+    """The bench's one line for a child that failed: its own error where it printed one."""
+    tail = "; see its output above" if why.startswith("exit status") else ""
+    return MoepipeError(f"{system} failed: {why}{tail}")
 
 
 def run_repeated(
@@ -385,7 +415,6 @@ def measure_room(opts: dict[str, Any], hw: Any, use_cgroup: bool) -> Room:
     probe) in a cgroup without a real limit, and with room=cgroup moepipe's run at the budget
     tiers in the limit, whose peak sets the host room. `hw`: the budget's hardware (run_spec's
     without host_room_mb). Progress on stderr."""
-    from core.errors import MoepipeError
     from core.types import Tier
 
     room = Room(
@@ -409,7 +438,7 @@ def measure_room(opts: dict[str, Any], hw: Any, use_cgroup: bool) -> Room:
     print(f"[bench] moepipe {opts['planner']} at the budget tiers ...", file=sys.stderr, flush=True)
     got, peak, why = run_side("moepipe", dict(opts, host_room_mb=0), room.limit_bytes)
     if got is None:
-        raise MoepipeError(f"moepipe {opts['planner']} failed ({why}); see its output above")
+        raise side_failed(f"moepipe {opts['planner']}", why)
     assert room.limit_bytes is not None
     peak = peak or room.limit_bytes  # unread: no room
     return replace(
@@ -424,7 +453,6 @@ def moepipe_rows(opts: dict[str, Any], spec: Any, room: Room) -> tuple[list[Row]
     """moepipe's rows and its n: the run of `opts` (`room.options`'s) in the cgroup, then,
     where the room gave it more host tier, its run at the budget tiers; with no room, that
     run (already measured) is the one row."""
-    from core.errors import MoepipeError
 
     def row(name: str, got: dict[str, Any], peak: int | None, runs: list[float]) -> Row:
         return Row(
@@ -447,7 +475,7 @@ def moepipe_rows(opts: dict[str, Any], spec: Any, room: Room) -> tuple[list[Row]
     else:
         got, peak, why, runs = run_repeated("moepipe", opts, room.limit_bytes)
     if got is None:
-        raise MoepipeError(f"moepipe {spec.planner} failed ({why}); see its output above")
+        raise side_failed(f"moepipe {spec.planner}", why)
     n = int(got["n_batches"])
     if first is None or not room.host_room_bytes:
         return [row(f"moepipe {spec.planner} (n={n})", got, peak, runs)], n

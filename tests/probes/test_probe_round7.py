@@ -7,12 +7,15 @@ error said twice."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core.spec import RoutingConfig
+from experiments.common import peers
 from experiments.common.run_dir import staged_outputs
 from real.checkpoint import reduced_spec
 from tests.conftest import ROOT
@@ -168,3 +171,21 @@ def test_a_model_given_to_a_real_run_is_refused(
     )
     one_line(r, override.lstrip("+").split("=")[0], "checkpoint=", "drop it")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_bench_childs_error_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench child (moepipe's or accelerate's run) that failed on bad input printed its error
+    line, and the bench a second one after it: "moepipe klotski failed (exit status 2); see
+    its output above". Its progress still passes through; its error is the bench's one line."""
+    child = "import sys; print('progress', file=sys.stderr); sys.exit('error: n=15 does not fit')"
+    popen = subprocess.Popen
+    monkeypatch.setattr(
+        peers.subprocess, "Popen", lambda cmd, **kw: popen([sys.executable, "-c", child], **kw)
+    )
+    got, _, why = peers.run_side("moepipe", {"checkpoint": str(tmp_path)}, None)
+    assert got is None and why == "n=15 does not fit"
+    assert capsys.readouterr().err == "progress\n"
+    line = str(peers.side_failed("moepipe klotski", why))
+    assert line == "moepipe klotski failed: n=15 does not fit"
