@@ -24,6 +24,7 @@ from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
 from experiments.common.app import command
 from experiments.common.cli import (
+    checked_names,
     output_file,
     run_command,
 )
@@ -120,6 +121,13 @@ def _main(args: Options) -> int:
                 raise MoepipeError(
                     f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; the trace has "
                     f"{', '.join(trace.task_names)}"
+                )
+            checked_names(flag, tasks, trace.task_names)  # one given twice: its rows doubled
+            held = {trace.task_names[i] for i in np.unique(trace.task)}
+            if empty := [t for t in tasks if t not in held]:  # a trace cut to some tasks
+                raise MoepipeError(
+                    f"{flag}=[{','.join(tasks)}]: the trace in {args.trace_dir} holds no tokens "
+                    f"of {', '.join(empty)}; name tasks it holds ({', '.join(sorted(held))})"
                 )
         if set(train) & set(test):
             raise MoepipeError(

@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from core.spec import RoutingConfig
 from experiments.common import peers
 from experiments.common.run_dir import staged_outputs
 from real.checkpoint import reduced_spec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SHARED_TRACES
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 
@@ -189,3 +190,19 @@ def test_a_bench_childs_error_is_said_once(
     assert capsys.readouterr().err == "progress\n"
     line = str(peers.side_failed("moepipe klotski", why))
     assert line == "moepipe klotski failed: n=15 does not fit"
+
+
+def test_prefetch_eval_names_a_task_given_twice_or_one_the_trace_lacks(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """train=[law,law] ran (the table labelled "law,law"); a trace cut to some tasks failed
+    on one it lacks with "workload.routing selects no tokens", another command's key."""
+    trace = dict(np.load(SHARED_TRACES / "esft-dsv2lite" / "esft_routing.npz"))
+    keep = trace["task"] == list(trace["task_names"]).index("intent")
+    cut = {k: v[keep] if v.shape[:1] == keep.shape else v for k, v in trace.items()}
+    (tmp_path / "esft-dsv2lite").mkdir()
+    np.savez(tmp_path / "esft-dsv2lite" / "esft_routing.npz", **cut)
+    r = cli_here("experiments.prefetch_eval", "train=[law,law]")
+    one_line(r, "train=[law,law]", "given twice")
+    r = cli_here("experiments.prefetch_eval", f"trace_dir={tmp_path}", "train=[law]")
+    one_line(r, "train=[law]", "no tokens of law", "(intent)")
