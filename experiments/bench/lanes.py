@@ -124,6 +124,8 @@ def measured_s(kernels: list[Callable[[], Any]], repeats: int) -> tuple[float, s
 def report(opts: dict[str, Any]) -> list[str]:
     lanes = as_int("lanes", opts["lanes"], at_least=1)
     repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+    if not str(opts["rows"]):
+        raise MoepipeError("rows=[]: name at least one token count per lane, e.g. rows=[8,64]")
     rows = [
         as_int("rows", r, at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
         for r in str(opts["rows"]).split(",")
@@ -132,6 +134,11 @@ def report(opts: dict[str, Any]) -> list[str]:
     if not path.is_file():
         raise MoepipeError(f"model={opts['model']}: no {path}; name a file of conf/model")
     model = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    if lanes > model.n_experts:  # each lane runs an expert of its own (validate_lanes' bound)
+        raise MoepipeError(
+            f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane runs "
+            f"one of them); pass lanes=1 to {model.n_experts}"
+        )
     hw = HardwareSpec.from_dict(read_hardware(str(opts["hardware"])))
     device = resolve_device(str(opts["device"]), "device")
     cuda = device.type == "cuda"

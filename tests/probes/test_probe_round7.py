@@ -206,3 +206,15 @@ def test_prefetch_eval_names_a_task_given_twice_or_one_the_trace_lacks(
     one_line(r, "train=[law,law]", "given twice")
     r = cli_here("experiments.prefetch_eval", f"trace_dir={tmp_path}", "train=[law]")
     one_line(r, "train=[law]", "no tokens of law", "(intent)")
+
+
+@pytest.mark.parametrize(
+    "arg, words",
+    [("rows=[]", ["rows=[]", "at least one"]), ("lanes=100000", ["lanes=100000", "128 experts"])],
+)
+def test_bench_lanes_refuses_no_rows_or_more_lanes_than_experts(
+    cli_here: Any, arg: str, words: list[str]
+) -> None:
+    """rows=[] said "rows=: not a whole number"; lanes=100000 ran (on CUDA: 100000 streams,
+    each with an expert's weights) where validate_lanes bounds lanes by the experts."""
+    one_line(cli_here("experiments.bench.lanes", arg, "device=cpu"), *words)
