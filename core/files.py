@@ -93,3 +93,12 @@ def loads_json(text: str | bytes, where: str) -> Any:
         return json.loads(text, object_pairs_hook=unique)
     except RecursionError:  # json's parser recurses per bracket: no file of ours nests so
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+def plain_permissions(path: str | Path) -> None:
+    """Give `path` the permissions a plain `open()` gives (0666 less the umask): safetensors'
+    save_file leaves 0600, so a checkpoint or a run's tokens another user of a shared group
+    reads, as every other output of the commands, was unreadable to them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)

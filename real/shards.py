@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError
-from core.files import loads_json, not_regular, read_small
+from core.files import loads_json, not_regular, plain_permissions, read_small
 
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 ST_CODE = {v: k for k, v in ST_DTYPES.items()}
@@ -218,6 +218,7 @@ def save_shard(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str
 
     try:
         save_file(tensors, str(path), metadata=meta)
+        plain_permissions(path)
     except SafetensorError as e:
         code = re.search(r"os error (\d+)", str(e))
         raise OSError(int(code.group(1)) if code else None, str(e), str(path)) from None

@@ -30,6 +30,7 @@ from typing import Any
 
 from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
+from core.files import plain_permissions
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
@@ -115,6 +116,7 @@ def _write(spec: Any, out: Path) -> None:
         nonlocal shard, size, written
         name = f"shard-{len(names):05d}.tmp"
         save_file(shard, str(out / name), metadata={"format": "pt"})
+        plain_permissions(out / name)
         names.append((name, list(shard)))
         written += size
         _progress(f"checkpoint {written / 1e9:.1f} / {spec.total_bytes / 1e9:.1f} GB written")

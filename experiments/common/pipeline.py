@@ -20,6 +20,7 @@ from core.balance import phases
 from core.chrome_trace import chrome_parts, write_chrome
 from core.cost import CostModel
 from core.errors import CapacityError, MoepipeError
+from core.files import plain_permissions
 from core.hardware import HardwareSpec
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing, peek_label
@@ -274,6 +275,7 @@ def write_run(
             from safetensors.numpy import save_file
 
             save_file(result.outputs, str(tmp / TOKENS_FILE))
+            plain_permissions(tmp / TOKENS_FILE)
         for name, text in (texts or {}).items():
             (tmp / name).write_text(text)
 

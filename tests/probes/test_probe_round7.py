@@ -6,6 +6,7 @@ error said twice."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -218,3 +219,13 @@ def test_bench_lanes_refuses_no_rows_or_more_lanes_than_experts(
     """rows=[] said "rows=: not a whole number"; lanes=100000 ran (on CUDA: 100000 streams,
     each with an expert's weights) where validate_lanes bounds lanes by the experts."""
     one_line(cli_here("experiments.bench.lanes", arg, "device=cpu"), *words)
+
+
+def test_a_checkpoints_weights_are_as_readable_as_its_config(tiny_ckpt: Path) -> None:
+    """safetensors' save_file leaves 0600: make_checkpoint's weights (and a real run's
+    tokens.safetensors, bench.real's checkpoint) were unreadable to the rest of a shared
+    group, beside a config.json they could read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in tiny_ckpt.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
