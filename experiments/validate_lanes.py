@@ -37,7 +37,7 @@ from experiments.common.cli import (
     print_or_exit,
     run_command,
 )
-from experiments.common.hardware import read_hardware
+from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
 from experiments.common.tables import markdown
@@ -83,7 +83,7 @@ def device_hardware(name: str, model_bytes: int, device: torch.device) -> Hardwa
         d["gpu"] = dict(
             d["gpu"], sms=torch.cuda.get_device_properties(device).multi_processor_count
         )
-    return HardwareSpec.from_dict(d)
+    return hardware_spec(name, d)
 
 
 def report(opts: dict[str, Any]) -> list[str]:

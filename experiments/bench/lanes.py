@@ -32,7 +32,7 @@ from experiments.common.cli import (
     as_int,
     run_command,
 )
-from experiments.common.hardware import read_hardware
+from experiments.common.hardware import hardware_spec, read_hardware
 from planners.expert_parallel import expert_width
 from real.checkpoint import torch_dtype
 from real.store import resolve_device
@@ -139,7 +139,7 @@ def report(opts: dict[str, Any]) -> list[str]:
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane runs "
             f"one of them); pass lanes=1 to {model.n_experts}"
         )
-    hw = HardwareSpec.from_dict(read_hardware(str(opts["hardware"])))
+    hw = hardware_spec(str(opts["hardware"]), read_hardware(str(opts["hardware"])))
     device = resolve_device(str(opts["device"]), "device")
     cuda = device.type == "cuda"
     gpu = hw.gpu

@@ -103,6 +103,12 @@ def read_hardware(name: str) -> dict[str, Any]:
 
 def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
     d = with_model_on_disk(read_hardware(name), model_bytes, gpu_frac, cpu_frac)
+    return hardware_spec(name, d)
+
+
+def hardware_spec(name: str, d: dict[str, Any]) -> HardwareSpec:
+    """`d`, read from hardware `name`'s file (`read_hardware`), as a HardwareSpec; a value it
+    refuses is a MoepipeError naming the file (HardwareSpec's own line names no file)."""
     try:
         return HardwareSpec.from_dict(d)
     except (MoepipeError, TypeError, AttributeError) as e:

@@ -229,3 +229,19 @@ def test_a_checkpoints_weights_are_as_readable_as_its_config(tiny_ckpt: Path) ->
     os.umask(mask)
     for f in tiny_ckpt.iterdir():
         assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
+
+
+@pytest.mark.parametrize("module", ["experiments.validate_lanes", "experiments.bench.lanes"])
+def test_a_value_a_users_hardware_file_holds_is_named_with_the_file(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, module: str
+) -> None:
+    """validate_lanes' and bench.lanes' hardware=FILE.yaml with a value HardwareSpec refuses
+    said "hardware tiny: links.h2d.gbps must be positive" naming no file (validate and
+    bench.accelerate named it)."""
+    hw = tmp_path / "hw.yaml"
+    hw.write_text(
+        (ROOT / "conf" / "hardware" / "tiny.yaml").read_text().replace("1.0, lat", "-1, lat")
+    )
+    ckpt = [f"checkpoint={tiny_ckpt}"] if module.endswith("validate_lanes") else []
+    r = cli_here(module, *ckpt, f"hardware={hw}", "device=cpu")
+    one_line(r, str(hw), "links.h2d.gbps")
