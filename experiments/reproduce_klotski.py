@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from core.args import written_whole
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
@@ -41,7 +42,14 @@ from experiments.common.cli import (
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pool import ignore_ctrl_c, stopped_on_error
-from experiments.common.run_dir import finished, replace_run, stamp, write_texts
+from experiments.common.run_dir import (
+    finished,
+    remove_empty,
+    replace_run,
+    stamp,
+    topmost_missing,
+    write_texts,
+)
 from experiments.common.tables import markdown
 
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
@@ -542,6 +550,7 @@ def _main(args: Options) -> int:
                 f"pass jobs={cores}"
             )
         # made and checked before the simulations, whose results would be lost after
+        top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -549,16 +558,26 @@ def _main(args: Options) -> int:
     jobs = [j for name in only for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
     t0 = time.perf_counter()
-    rows, ran = run_resumable(jobs, out / DONE, args.jobs)
+    try:
+        rows, ran = run_resumable(jobs, out / DONE, args.jobs)
+    except BaseException:  # no run finished: no empty folder of this command's left
+        remove_empty(out, top)  # its run dirs: replace_run's
+        raise
     df = pd.DataFrame(rows)
     try:  # the folder was checked; this is for one that changed since (removed, disk full)
-        df.to_csv(out / "results.csv", index=False)
-        (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
         reused = f", {len(jobs) - ran} reused from {DONE}" if ran < len(jobs) else ""
         text = (
             report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
         )
-        (out / "report.md").write_text(text + "\n")
+        # each whole or not at all: a full disk left a results.csv cut short, which
+        # report_only=true then read as the results
+        for name, write in (
+            ("results.csv", lambda f: df.to_csv(f, index=False)),
+            ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
+            ("report.md", lambda f: f.write_text(text + "\n")),
+        ):
+            with written_whole(out / name) as tmp:
+                write(tmp)
     except OSError as e:
         print(df.to_csv(index=False))
         print(f"error: out={out}: cannot write the results ({e.strerror or e})", file=sys.stderr)

@@ -50,6 +50,7 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     swap leaves `.previous`, which the next run into the dir puts back (`restore_previous`).
     The result's files, summary.json included, are listed with their hashes in `files.sha256`
     (`sha256sum -c` reads it), which `finished` checks before reusing the result."""
+    top = topmost_missing(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     restore_previous(out_dir)
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
@@ -70,8 +71,32 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         with interrupt_deferred():  # Ctrl-C now would leave neither result
             _swap(out_dir, tmp, text)
         keep_hydra_record(out_dir)
+    except BaseException:  # no folder made for a result that is not there
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(out_dir, top)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def topmost_missing(folder: Path) -> Path | None:
+    """The topmost of `folder` and its parents that is not there (None: `folder` is)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def remove_empty(folder: Path, top: Path | None) -> None:
+    """`folder` and its parents up to `top` (`topmost_missing` before they were made), each
+    while empty: a command that failed leaves no empty folder that looks like a result."""
+    if top is None:
+        return
+    for p in (folder, *folder.parents):
+        try:
+            p.rmdir()
+        except OSError:  # not empty, or not there
+            return
+        if p == top:
+            return
 
 
 # hydra's record of a run (.hydra/: config, hydra.yaml, overrides) is rewritten when any run

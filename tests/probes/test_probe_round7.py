@@ -6,6 +6,7 @@ error said twice."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -14,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from core.spec import RoutingConfig
+from experiments import reproduce_klotski
 from experiments.common import peers
-from experiments.common.run_dir import staged_outputs
+from experiments.common.run_dir import replace_run, staged_outputs
 from real.checkpoint import reduced_spec
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
@@ -245,3 +248,44 @@ def test_a_value_a_users_hardware_file_holds_is_named_with_the_file(
     ckpt = [f"checkpoint={tiny_ckpt}"] if module.endswith("validate_lanes") else []
     r = cli_here(module, *ckpt, f"hardware={hw}", "device=cpu")
     one_line(r, str(hw), "links.h2d.gbps")
+
+
+def _full_disk(*args: Any, **kw: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_run_that_could_not_be_written_leaves_no_folder_made_for_it(tmp_path: Path) -> None:
+    """reproduce_klotski's run dirs (replace_run) on a full disk: the run dir, and the runs/
+    folder made for it, were left empty beside the one-line error."""
+    with pytest.raises(OSError, match="cannot write the run's files"):
+        replace_run(tmp_path / "out" / "runs" / "r", {"makespan_s": 1.0}, _full_disk)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reproduce_klotski_on_a_full_disk_keeps_its_earlier_results_whole(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """results.csv was written in place: a full disk left it cut short, and report_only=true
+    then read the cut file as the results. A command whose runs all failed left its out
+    folder, empty."""
+    monkeypatch.setattr(reproduce_klotski, "run_resumable", _full_disk)
+    r = cli_here("experiments.reproduce_klotski", "only=[auto_n]", f"out={tmp_path / 'rk'}")
+    one_line(r, "No space left")
+    assert not (tmp_path / "rk").exists()
+
+    (tmp_path / "rk").mkdir()
+    (tmp_path / "rk" / "results.csv").write_text("earlier\n")
+    monkeypatch.setattr(reproduce_klotski, "run_resumable", lambda *a: ([{"planner": "x"}], 1))
+    monkeypatch.setattr(reproduce_klotski, "report", lambda df: "the report")
+
+    def cut_short(df: pd.DataFrame, path: Any = None, **kw: Any) -> str | None:
+        if path is None:  # the rows printed instead
+            return "planner\nx\n"
+        Path(path).write_text("plan")
+        return _full_disk()
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", cut_short)
+    r = cli_here("experiments.reproduce_klotski", "only=[auto_n]", f"out={tmp_path / 'rk'}")
+    one_line(r, "cannot write the results")
+    assert (tmp_path / "rk" / "results.csv").read_text() == "earlier\n"
+    assert sorted(p.name for p in (tmp_path / "rk").iterdir()) == ["results.csv"]
