@@ -75,8 +75,8 @@ log = logging.getLogger(__name__)
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
+    check_not_model_folder(cfg, out_dir)  # first: the worst place to write a run
     check_routing_overrides(cfg, spec)
-    check_not_model_folder(cfg, out_dir)
     config_yaml = config_text(cfg, spec)
     if cfg.get("skip_finished", True) and finished(out_dir, config_yaml):
         log.info("%s already finished with this config and code; skipping", out_dir)
