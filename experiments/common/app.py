@@ -54,7 +54,7 @@ from experiments.common.overrides import (
     field_type,
 )
 from experiments.common.plugin_keys import check_plugin_keys
-from experiments.common.run_dir import remove_unused, run_dirs_made
+from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
@@ -158,7 +158,17 @@ def command(
     def task(cfg: DictConfig) -> int:
         opts = OmegaConf.to_object(cfg)
         check_not_empty(opts)
-        return int(run(opts) or 0)
+        # folders an option names that are not there yet: its output checks make them first
+        paths = [Path(v) for v in kv(opts).values() if isinstance(v, str) and v.strip()]
+        made = [(p, topmost_missing(p)) for p in paths]
+        code = 1
+        try:
+            code = int(run(opts) or 0)
+            return code
+        finally:
+            if code:  # failed or stopped: no empty folder of its own left that looks like output
+                for path, top in made:
+                    remove_empty(path, top)
 
     lists = list_options(schema)
 

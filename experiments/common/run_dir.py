@@ -87,14 +87,16 @@ def topmost_missing(folder: Path) -> Path | None:
 
 def remove_empty(folder: Path, top: Path | None) -> None:
     """`folder` and its parents up to `top` (`topmost_missing` before they were made), each
-    while empty: a command that failed leaves no empty folder that looks like a result."""
-    if top is None:
+    while empty: a command that failed leaves no empty folder that looks like a result. Where
+    `folder` is not there, or is a file's path (an output never written), its parents."""
+    if top is None or not folder.is_relative_to(top):
         return
     for p in (folder, *folder.parents):
-        try:
-            p.rmdir()
-        except OSError:  # not empty, or not there
-            return
+        if p.exists() or p.is_symlink():
+            try:
+                p.rmdir()
+            except OSError:  # not empty, or a file (an output written)
+                return
         if p == top:
             return
 

@@ -289,3 +289,25 @@ def test_reproduce_klotski_on_a_full_disk_keeps_its_earlier_results_whole(
     one_line(r, "cannot write the results")
     assert (tmp_path / "rk" / "results.csv").read_text() == "earlier\n"
     assert sorted(p.name for p in (tmp_path / "rk").iterdir()) == ["results.csv"]
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("experiments.routing_stats", ["out={new}/a/rs.json", "trace_dir={tmp}/none"]),
+        ("experiments.prefetch_eval", ["out={new}/pe.csv", "trace_dir={tmp}/none"]),
+        ("experiments.calibrate", ["out={new}/profile.txt"]),
+        ("experiments.calibrate", ["out={tmp}/p.yaml", "disk_dir={new}/d", "disk_mb=99999999"]),
+        ("experiments.convert_traces", ["src={tmp}/none", "out={new}/x.npz"]),
+    ],
+    ids=["routing_stats", "prefetch_eval", "calibrate out", "calibrate disk_dir", "convert"],
+)
+def test_a_refused_command_leaves_no_folder_its_output_check_made(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str]
+) -> None:
+    """The output checks make an output's folder before the long work (to know it can be
+    written); a check or a read after them that failed left those folders, empty."""
+    new = tmp_path / "new"
+    r = cli_here(module, *(a.format(new=new, tmp=tmp_path) for a in args))
+    one_line(r)
+    assert not new.exists()
