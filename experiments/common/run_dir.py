@@ -80,8 +80,12 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
 
 
 def topmost_missing(folder: Path) -> Path | None:
-    """The topmost of `folder` and its parents that is not there (None: `folder` is)."""
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    """The topmost of `folder` and its parents that is not there (None: `folder` is, or is no
+    path this system can hold: a name too long)."""
+    try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    except OSError:
+        return None
     return missing[-1] if missing else None
 
 
