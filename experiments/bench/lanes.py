@@ -134,12 +134,12 @@ def report(opts: dict[str, Any]) -> list[str]:
     if not path.is_file():
         raise MoepipeError(f"model={opts['model']}: no {path}; name a file of conf/model")
     model = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    hw = hardware_spec(str(opts["hardware"]), read_hardware(str(opts["hardware"])))
     if lanes > model.n_experts:  # each lane runs an expert of its own (validate_lanes' bound)
         raise MoepipeError(
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane runs "
             f"one of them); pass lanes=1 to {model.n_experts}"
         )
-    hw = hardware_spec(str(opts["hardware"]), read_hardware(str(opts["hardware"])))
     device = resolve_device(str(opts["device"]), "device")
     cuda = device.type == "cuda"
     gpu = hw.gpu
