@@ -281,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     return int(
         until_interrupted(
             lambda: hydra_main(
-                task, "config", argv, __doc__, ["hydra.job.name=run"], ["hardware", "model"]
+                task,
+                "config",
+                argv,
+                __doc__,
+                ["hydra.job.name=run"],
+                ["hardware", "model", "workload"],
             )
         )
     )

@@ -133,7 +133,9 @@ ConfigStore.instance().store(
     node={
         "app_name": "${hydra.job.name}",
         "header": "${command_help:}",
-        "footer": FOOTER + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml.",
+        "footer": FOOTER
+        + "\nhardware=NAME (conf/hardware/NAME.yaml) or hardware=FILE.yaml; model= and workload="
+        " take a FILE.yaml too.",
         "template": (
             "${hydra.help.header}\n\n"
             "== Config groups (group=NAME; a group's keys as group.key=VALUE) ==\n"

@@ -349,10 +349,13 @@ def _missing_choice(text: str) -> str:
     if "/" in group:  # `model=/a/b.txt`: hydra took the value's folders for subgroups
         key, _, folder = group.partition("/")
         value = f"{folder}/{name}"
-        return (
-            f"{key}={value}: not a name in conf/{key}/ (a file is taken where it ends in .yaml: "
-            f"{key}=FILE.yaml); {nearest(Path(value).stem, options)}"
+        files = (  # a .yaml path got here only where the group takes no file (a planner's)
+            f"conf/{key}/ takes names only: copy the file there and pass its name"
+            if value.endswith((".yaml", ".yml"))
+            else f"a file is taken where it ends in .yaml: {key}=FILE.yaml"
         )
+        near = nearest(Path(value).stem, options)
+        return f"{key}={value}: not a name in conf/{key}/ ({files}); {near}"
     return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
 
 

@@ -311,3 +311,24 @@ def test_a_refused_command_leaves_no_folder_its_output_check_made(
     r = cli_here(module, *(a.format(new=new, tmp=tmp_path) for a in args))
     one_line(r)
     assert not new.exists()
+
+
+def test_a_users_workload_file_runs_and_a_planner_file_is_named_as_unsupported(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """workload=FILE.yaml was refused as "not a name in conf/workload/ (a file is taken where
+    it ends in .yaml)", which it did: now it runs, as model= and hardware= files do; a planner
+    file (its params need their schema) is refused saying so."""
+    wl = tmp_path / "wl.yaml"
+    wl.write_text((ROOT / "conf" / "workload" / "tiny.yaml").read_text())
+    args = [a for a in TINY if not a.startswith("workload=")]
+    r = cli_here("experiments.run", *args, f"workload={wl}", f"hydra.run.dir={tmp_path}/r")
+    assert r.returncode == 0 and (tmp_path / "r" / "summary.json").exists(), r.stderr
+    wl.write_text("batch_size: 0\nn_batches: 1\nprompt_len: 1\ngen_len: 1\n")
+    r = cli_here("experiments.run", *args, f"workload={wl}", f"hydra.run.dir={tmp_path}/s")
+    one_line(r, "workload.batch_size")
+    pl = tmp_path / "pl.yaml"
+    pl.write_text("name: flexgen\n")
+    args = [a for a in TINY if not a.startswith("planner=")]
+    r = cli_here("experiments.run", *args, f"planner={pl}", f"hydra.run.dir={tmp_path}/t")
+    one_line(r, f"planner={pl}", "takes names only")
