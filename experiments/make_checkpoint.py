@@ -29,7 +29,7 @@ from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 from real.attention import Rope
 from real.checkpoint import reduced_spec
-from real.checkpoint_write import write_checkpoint
+from real.checkpoint_write import foreign_checkpoint, write_checkpoint
 
 
 @dataclass
@@ -128,6 +128,12 @@ def _write(opts: Any) -> int:
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_scale(spec, scale)
     check_room(spec, Path(opts.out))
+    theirs = foreign_checkpoint(Path(opts.out))
+    if theirs is not None:  # a real model's, downloaded: writing here deletes its weights
+        raise MoepipeError(
+            f"out={opts.out}: holds a checkpoint without make_checkpoint's mark ({theirs}), "
+            "whose files this would replace; pass out= another folder, or delete them first"
+        )
     out = output_dir(opts.out, "out")  # before the weights are made
     try:
         out = write_checkpoint(

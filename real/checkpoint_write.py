@@ -97,12 +97,41 @@ def _remove_checkpoint_files(out: Path) -> None:
 
 # the weight files write_checkpoint writes: model.safetensors, or model-00001-of-00003.safetensors
 _SHARD_NAME = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
+# the safetensors metadata key each weight file write_checkpoint writes carries: a folder's
+# checkpoint without it is not one it may replace (a real model's, downloaded)
+MARK = "moepipe.write_checkpoint"
+
+
+def foreign_checkpoint(out: Path) -> str | None:
+    """The file that makes `out` hold a checkpoint write_checkpoint did not write (config.json
+    beside no weights of its own, a weight file without its mark), which writing into `out`
+    would delete; None where there is none."""
+    if not out.is_dir():
+        return None
+    names = {f.name for f in out.iterdir()}
+    shards = sorted(n for n in names if _SHARD_NAME.fullmatch(n))
+    for name in shards:
+        if MARK not in _metadata(out / name):
+            return name
+    rest = sorted(names & {"config.json", INDEX_FILE})
+    return rest[0] if rest and not shards else None
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata ({} where it has none or is no safetensors file)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # noqa: BLE001 (unreadable: not ours to replace either)
+        return {}
 
 
 def _save_shards(out: Path, shards: list[dict[str, torch.Tensor]], cfg: dict[str, Any]) -> None:
     """The checkpoint's files in `out`: its shard(s), the index where there are several, and
     config.json."""
-    meta = {"format": "pt"}
+    meta = {"format": "pt", MARK: "seeded random weights"}
     if len(shards) == 1:
         save_shard(shards[0], out / SINGLE_FILE, meta)
     else:

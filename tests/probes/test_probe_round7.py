@@ -332,3 +332,26 @@ def test_a_users_workload_file_runs_and_a_planner_file_is_named_as_unsupported(
     args = [a for a in TINY if not a.startswith("planner=")]
     r = cli_here("experiments.run", *args, f"planner={pl}", f"hydra.run.dir={tmp_path}/t")
     one_line(r, f"planner={pl}", "takes names only")
+
+
+@pytest.mark.parametrize("theirs", ["weights", "config only"])
+def test_make_checkpoint_refuses_to_replace_a_checkpoint_it_did_not_write(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, theirs: str
+) -> None:
+    """out= a downloaded model's folder deleted its config.json and model-*.safetensors and
+    wrote random weights in their place; a checkpoint make_checkpoint wrote is still
+    replaced (a second run into the same out=)."""
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "mixtral"}')
+    if theirs == "weights":
+        from safetensors.numpy import save_file
+
+        save_file({"w": np.zeros(2, np.float32)}, str(out / "model.safetensors"))
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={out}")
+    one_line(r, f"out={out}", "without make_checkpoint's mark")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    ours = copied(tiny_ckpt, tmp_path)  # written by write_checkpoint: marked
+    r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={ours}")
+    assert r.returncode == 0, r.stderr
