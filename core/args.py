@@ -141,11 +141,12 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
 RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "code_version.txt")
 
 
-def output_file(path: str | Path, key: str) -> Path:
+def output_file(path: str | Path, key: str, suffix: str = "") -> Path:
     """`path`, a file a command will write under argument `key`, once its folder exists and can
     be written (created if missing): checked before long work, so that a bad path does not lose
     its results. A MoepipeError naming `key` when the folder cannot be made or written, or the
-    path is a folder, empty, or a run dir's own file (`RUN_FILES`)."""
+    path is a folder, empty, a run dir's own file (`RUN_FILES`), or (given `suffix`, the
+    format's) named for another format."""
     p = _not_empty(path, key)
     if p.is_dir():
         raise MoepipeError(f"{key}={path}: is a folder; pass {key}= a file path")
@@ -153,6 +154,10 @@ def output_file(path: str | Path, key: str) -> Path:
         raise MoepipeError(
             f"{key}={path}: a file of the run in {p.parent} (its result would be lost); pass "
             f"{key}= another path"
+        )
+    if suffix and p.suffix.lower() != suffix:  # JSON went into conf/config.yaml, unasked
+        raise MoepipeError(
+            f"{key}={path}: the file is written as {suffix[1:].upper()}; pass {key}=FILE{suffix}"
         )
     _writable_folder(p.parent, key, path)
     if p.exists() and not os.access(p, os.W_OK):

@@ -428,6 +428,12 @@ def _lock_holder(fd: int) -> str:
     return f" (pid {pid})"
 
 
+def _measured(path: Path) -> bool:
+    """Does `path` start as a profile calibrate wrote (MEASURED)?"""
+    with open(path, "rb") as f:
+        return f.read(len(MEASURED)) == MEASURED
+
+
 def _main(args: Options) -> int:
     opts = kv(args)
     try:
@@ -449,11 +455,16 @@ def _main(args: Options) -> int:
             raise MoepipeError(
                 f"out={out}: a profile is YAML, read as hardware=FILE.yaml; pass out=FILE.yaml"
             )
-        if not opts["out"] and out.is_file() and not out.read_bytes().startswith(MEASURED):
+        if out.is_file() and not _measured(out):  # conf/hardware/tiny.yaml, a user's own
+            given = f"out={out}" if opts["out"] else f"hardware.name={name}: {out}"
             raise MoepipeError(
-                f"hardware.name={name}: {out} is a profile calibrate did not write (its numbers "
-                "have other sources), which this would replace; choose another hardware.name, "
-                "or pass out=FILE"
+                f"{given} is a file calibrate did not write (a profile's numbers of other "
+                "sources), which this would replace; "
+                + (
+                    "pass out= another FILE.yaml"
+                    if opts["out"]
+                    else "choose another hardware.name, or pass out=FILE"
+                )
             )
         disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
         free_mb = shutil.disk_usage(disk_dir).free // 2**20

@@ -107,7 +107,7 @@ def _main(args: Options) -> int:
         if args.k < 0:
             raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
         if args.out:  # checked before the evaluation, whose table would be lost after
-            output_file(args.out, "out")
+            output_file(args.out, "out", ".csv")
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")
         train, test = tuple(map(str, args.train)), tuple(map(str, args.test))
         for flag, tasks in (("train", train), ("test", test)):

@@ -355,3 +355,24 @@ def test_make_checkpoint_refuses_to_replace_a_checkpoint_it_did_not_write(
     ours = copied(tiny_ckpt, tmp_path)  # written by write_checkpoint: marked
     r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={ours}")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "module, arg, words",
+    [
+        ("experiments.routing_stats", "out={tmp}/config.yaml", ["written as JSON"]),
+        ("experiments.prefetch_eval", "out={tmp}/table.json", ["written as CSV"]),
+        ("experiments.calibrate", "out={tmp}/config.yaml", ["calibrate did not write"]),
+    ],
+)
+def test_an_output_over_a_file_of_another_kind_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, arg: str, words: list[str]
+) -> None:
+    """routing_stats out=conf/config.yaml wrote its JSON over the project's config; calibrate
+    out=FILE.yaml replaced any YAML file (the check of a profile it did not write covered
+    hardware.name's default path only)."""
+    for name in ("config.yaml", "table.json"):
+        (tmp_path / name).write_text("mine: 1\n")
+    r = cli_here(module, arg.format(tmp=tmp_path))
+    one_line(r, *words)
+    assert all((tmp_path / n).read_text() == "mine: 1\n" for n in ("config.yaml", "table.json"))
