@@ -66,12 +66,19 @@ def _main(opts: Options) -> int:
             raise MoepipeError("runs=RUN_DIR: name the run directory (or runs=[A,B] out=FILE)")
         if opts.out is None and len(runs) > 1:
             raise MoepipeError("several runs go into one file: name it with out=FILE")
-        first = runs[0] if runs[0].is_dir() else runs[0].parent
-        out = Path(opts.out) if opts.out is not None else first / "trace.json"
+        folders = [(r if r.is_dir() else r.parent).resolve() for r in runs]
+        if len(set(folders)) < len(folders):  # its processes twice in one file
+            raise MoepipeError(f"runs={opts.runs}: a run given twice; name each once")
+        out = Path(opts.out) if opts.out is not None else folders[0] / "trace.json"
         if out.suffix != ".json":
             raise MoepipeError(f"out={out}: the Chrome trace is JSON; pass out=FILE.json")
         if out.name in ("summary.json", "config.json") and (out.parent / "summary.json").exists():
             raise MoepipeError(f"out={out}: a run's own file; pass out= another FILE.json")
+        if (out.parent / "summary.json").exists() and out.parent.resolve() not in folders:
+            raise MoepipeError(  # r2/trace.json holding r1's trace: a mix of two runs
+                f"out={out}: the folder of another run than runs= names; pass out= a file "
+                "outside it, or that run in runs="
+            )
         traces = [part for r in runs for part in read_traces(r)]
         try:
             with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)

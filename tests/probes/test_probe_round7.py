@@ -376,3 +376,17 @@ def test_an_output_over_a_file_of_another_kind_is_refused(
     r = cli_here(module, arg.format(tmp=tmp_path))
     one_line(r, *words)
     assert all((tmp_path / n).read_text() == "mine: 1\n" for n in ("config.yaml", "table.json"))
+
+
+def test_trace_json_refuses_a_run_twice_or_another_runs_folder(
+    tmp_path: Path, finished_run: Path, cli_here: Any
+) -> None:
+    """runs=[A,A] wrote A's processes twice into one file; out=B/trace.json wrote A's trace
+    into run B's folder, where B's own trace.json belongs."""
+    a = copied(finished_run, tmp_path)
+    b = Path(shutil.copytree(a, tmp_path / "sweep" / "b"))
+    r = cli_here("experiments.trace_json", f"runs=[{a},{a}]", f"out={tmp_path}/t.json")
+    one_line(r, "given twice")
+    r = cli_here("experiments.trace_json", f"runs=[{a}]", f"out={b}/trace.json")
+    one_line(r, f"out={b}/trace.json", "another run")
+    assert not (b / "trace.json").exists() and not (tmp_path / "t.json").exists()
