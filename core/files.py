@@ -102,3 +102,30 @@ def plain_permissions(path: str | Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)
+
+
+MOUNTS = "/proc/self/mounts"  # the kernel's table of this process's mounts
+# filesystems whose files live in memory (or are made up by the kernel): a read from them
+# times memory, not a disk
+MEMORY_FILESYSTEMS = frozenset(
+    {"tmpfs", "ramfs", "devtmpfs", "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "hugetlbfs"}
+)
+
+
+def memory_filesystem(path: str | Path) -> str | None:
+    """The type of the memory-backed or virtual filesystem `path` (existing or not) is on, or
+    None for any other (or where the mount table cannot be read)."""
+    real = os.path.realpath(path)
+    try:
+        lines = Path(MOUNTS).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    best, kind = -1, None
+    for line in lines:  # the longest mount point over `real`; a later mount shadows an earlier
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].encode().decode("unicode_escape")  # "\040" is a space in a name
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= best:
+            best, kind = len(point), fields[2]
+    return kind if kind in MEMORY_FILESYSTEMS else None

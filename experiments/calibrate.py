@@ -38,6 +38,7 @@ import torch
 import yaml
 
 from core.errors import MoepipeError
+from core.files import memory_filesystem
 from core.spec import ModelSpec
 from core.types import OpKind
 from experiments.common.app import command, kv
@@ -466,6 +467,7 @@ def _main(args: Options) -> int:
                     else "choose another hardware.name, or pass out=FILE"
                 )
             )
+        _on_a_disk(opts)
         disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
         free_mb = shutil.disk_usage(disk_dir).free // 2**20
         if not opts["checkpoint"] and disk_mb > free_mb // 2:  # the disk probe's file
@@ -494,6 +496,20 @@ def _main(args: Options) -> int:
         f"expert peak {hw['gpu']['tflops'] * 1e3:.1f} GFLOP/s"
     )
     return 0
+
+
+def _on_a_disk(opts: Any) -> None:
+    """Refuse a disk probe on a filesystem in memory (tmpfs, /proc, ...): it would time memory
+    and record it as the disk's bandwidth. With a checkpoint the disk is timed reading it."""
+    key = "checkpoint" if opts["checkpoint"] else "disk_dir"
+    path = str(opts[key] or "")
+    kind = memory_filesystem(path) if path else None
+    if kind:
+        what = "a checkpoint" if opts["checkpoint"] else "a folder"
+        raise MoepipeError(
+            f"{key}={path} is on {kind}, a filesystem in memory: its reads would time memory as "
+            f"the disk's bandwidth; pass {key}= {what} on the disk to model"
+        )
 
 
 _app = command("calibrate", Options, _main, __doc__)
