@@ -120,6 +120,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no config.yaml"
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
+    lacking = summary_lacks(summary)
+    if lacking:  # a summary of another version, or cut by hand: no row the table can show
+        return None, f"summary.json {lacking}; {rerun}"
     if summary.get("status", "ok") == "ok":
         check_metrics(summary, summary_path)
     label = str(summary.get("planner_label", ""))
@@ -175,7 +178,25 @@ METRICS = (
 METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}
 # past any run's metric (bytes, ops, tokens, seconds); a figure's axis over 1e308 overflows
 MAX_METRIC = 1e30
-TEXTS = ("planner", "model", "planner_label")  # summary.json's names, strings where present
+# summary.json's names, strings where present
+TEXTS = ("planner", "model", "planner_label", "executor", "hardware", "routing", "dag_bound_binds")
+MAPPINGS = ("plan", "params")  # summary.json's mappings of the planner's own keys
+# what every finished run's summary holds: the table's and the report's columns
+REQUIRED = ("planner", "model", "makespan_s", "throughput_tok_s")
+STATUSES = ("ok", "infeasible")  # a finished run's, and a point too big for its hardware's
+
+
+def summary_lacks(summary: dict[str, Any]) -> str | None:
+    """What a summary.json lacks that every run writes (a key the table needs, a known
+    status), in words; None where it lacks nothing."""
+    status = summary.get("status", "ok")
+    if status not in STATUSES:
+        return f"has status {_short(status)}, not one of {', '.join(STATUSES)}"
+    if status == "ok":
+        missing = [k for k in REQUIRED if k not in summary]
+        if missing:
+            return f"has no {', '.join(missing)}"
+    return None
 
 
 def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
@@ -194,6 +215,9 @@ def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
     for key in TEXTS:
         if key in summary and not isinstance(summary[key], str):
             return key, f"{_short(summary[key])}, not a name"
+    for key in MAPPINGS:
+        if key in summary and not isinstance(summary[key], dict):
+            return key, f"{_short(summary[key])}, not a mapping of the planner's keys"
     items = [(k, summary[k]) for k in METRICS if k in summary]
     for group in METRIC_GROUPS:
         values = summary.get(group, {})

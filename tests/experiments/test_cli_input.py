@@ -65,7 +65,11 @@ def _sweep(root: Path, n: int = 2) -> Path:
         run = root / f"run{i}"
         run.mkdir(parents=True)
         (run / "config.yaml").write_text(f"planner:\n  name: p{i}\nworkload:\n  batch_size: 2\n")
-        (run / "summary.json").write_text(json.dumps({"throughput_tok_s": 1.0 + i}))
+        (run / "summary.json").write_text(
+            json.dumps(
+                {"planner": f"p{i}", "model": "m", "makespan_s": 1.0, "throughput_tok_s": 1.0 + i}
+            )
+        )
     return root
 
 

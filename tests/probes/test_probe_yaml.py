@@ -46,7 +46,9 @@ def test_a_config_file_that_expands_without_end_is_one_line(
 def test_a_run_dirs_config_yaml_of_laughs_is_skipped_by_collect(tmp_path: Path) -> None:
     run = tmp_path / "sweep" / "a"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text('{"throughput_tok_s": 1.0}')
+    (run / "summary.json").write_text(
+        '{"planner": "p", "model": "m", "makespan_s": 1.0, "throughput_tok_s": 1.0}'
+    )
     (run / "config.yaml").write_text(LAUGHS)
     with deadline(60):
         df, problems = collect(tmp_path / "sweep")
@@ -91,7 +93,9 @@ def test_an_integer_of_5000_digits_is_named_not_an_internal_error(
     one_line(r, str(path), "5000 digits")
     run = tmp_path / "sweep" / "a"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text('{"throughput_tok_s": 1.0}')
+    (run / "summary.json").write_text(
+        '{"planner": "p", "model": "m", "makespan_s": 1.0, "throughput_tok_s": 1.0}'
+    )
     (run / "config.yaml").write_text(f"workload:\n  batch_size: {huge}\n")
     df, problems = collect(tmp_path / "sweep")
     assert df.empty and "5000 digits" in problems[0]
