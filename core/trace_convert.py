@@ -111,6 +111,24 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
     return found, {t: f"{src}: {f}" for t, f in folders.items()}
 
 
+def _numbers(fields: list[str], dtype: Any, where: str, name: str, what: str) -> np.ndarray:
+    """`fields` as an array of `dtype`, or a TraceError naming the first field that is not one
+    (an id of thousands of digits included: Python's int() limit is no user's business)."""
+    try:
+        return np.array(fields, dtype=dtype)
+    except (ValueError, OverflowError):
+        for i, f in enumerate(fields):
+            try:
+                np.array([f], dtype=dtype)
+            except (ValueError, OverflowError):
+                shown = f if len(f) <= 20 else f"{f[:12]}... ({len(f)} characters)"
+                raise TraceError(
+                    f"{where}: {name} {i} is {shown!r}, not {what}; replace the file with the "
+                    "upstream dump"
+                ) from None
+        raise
+
+
 def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """One sequence: ([n, k] ids, [n, k] weights) from `ids... \\t\\t weights...`."""
     parts = text.split("\t\t")
@@ -119,11 +137,8 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
             f"{where}: not an ESFT routing dump line: expected '<ids>\\t\\t<weights>', found "
             f"{len(parts) - 1} separators"
         )
-    try:
-        ids = np.array(parts[0].split("\t"), dtype=np.int64)
-        w = np.array(parts[1].split("\t"), dtype=np.float32)
-    except ValueError as e:
-        raise TraceError(f"{where}: {e}") from None
+    ids = _numbers(parts[0].split("\t"), np.int64, where, "expert id", "a whole number")
+    w = _numbers(parts[1].split("\t"), np.float32, where, "gate weight", "a number")
     if len(ids) != len(w) or len(ids) % top_k:
         raise TraceError(
             f"{where}: {len(ids)} ids and {len(w)} weights; need equal multiples of {top_k}"
