@@ -453,7 +453,7 @@ def _table(rows: list[Any]) -> list[str]:
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
     got, peak, why = pe.run_side("moepipe", bopts, None)
     if got is None:
-        raise pe.side_failed("moepipe klotski", why)
+        raise pe.side_failed("moepipe klotski", why, {**pe.BENCH_OPTIONS, "planner.params.n": "n"})
     row = pe.Row(
         f"moepipe klotski (n={got['n_batches']})",
         run_spec.workload.batch_size,
