@@ -8,6 +8,7 @@ tensors (file, dtype, shape, byte offset; each shard's header checked in real.sh
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -342,6 +343,19 @@ _LAYER = re.compile(r"(?:model|encoder|decoder)\.(?:layers|block)\.(\d+)\.")  # 
 # ---- loading ------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _warn_cut(config: str, mtime_ns: int, n_layers: int, weights_layers: int) -> None:
+    """The warning for a checkpoint cut by its config.json, once per config file a process
+    loads (a run loads its checkpoint to resolve the model, then to run it)."""
+    log.warning(
+        "%s: num_hidden_layers=%d of the weights' %d layers: the model runs its first %d",
+        config,
+        n_layers,
+        weights_layers,
+        n_layers,
+    )
+
+
 def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
     """Validate a checkpoint directory; return its spec and HF tensor name -> where its bytes are.
 
@@ -387,13 +401,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         listed = list(wmap)
     layers = {int(m.group(1)) for n in listed if (m := _LAYER.match(n))}
     if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows
-        log.warning(
-            "%s: num_hidden_layers=%d of the weights' %d layers: the model runs its first %d",
-            d / "config.json",
-            spec.n_layers,
-            max(layers) + 1,
-            spec.n_layers,
-        )
+        cfg_file = d / "config.json"
+        _warn_cut(str(cfg_file), cfg_file.stat().st_mtime_ns, spec.n_layers, max(layers) + 1)
     names = _names(spec.family)
     embed = index.get(names.embed)  # no dtype in config.json: the weights', as transformers'
     if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
