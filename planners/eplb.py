@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
-from planners.ep.params import EPParams, Layout, resolve_layout
+from planners.ep.params import EPParams, Layout, resolve_layout, within_run
 from planners.ep.placement import read_load
 from planners.ep.runner import EPRunner
 from planners.eplb_algo import check_args, rebalance_experts
@@ -94,6 +94,7 @@ class EPLB(Planner):
         self.params = params
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        within_run(self.params, ctx, "eplb", ("window", "interval"))
         layout = resolve_layout(self.params, ctx)
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         if self.params.initial_load:

@@ -19,7 +19,7 @@ from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
 from core.types import ReplicaPredictor
-from planners.ep.params import ReplicaParams, resolve_layout
+from planners.ep.params import ReplicaParams, resolve_layout, within_run
 from planners.ep.placement import PredictionError, Replicator, read_npy
 from planners.ep.runner import EPRunner
 from planners.registry import register
@@ -318,6 +318,7 @@ class PredictiveReplication(Planner):
         self.params = params
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        within_run(self.params, ctx, "predictive_replication", ("window", "rehome_interval"))
         layout = resolve_layout(self.params, ctx)
         rep, init = Replicator.for_run(self.params, ctx, layout, "predictive_replication")
         wl, k = ctx.workload, ctx.model.top_k

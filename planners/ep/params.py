@@ -264,3 +264,19 @@ def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> 
             f"workload.batch_size={bs} over n_devices={g} gives a GPU at most "
             f"{-(-bs // g)}; lower micro_batches or raise the batch size"
         )
+
+
+def within_run(params: object, ctx: PlanContext, planner: str, names: tuple[str, ...]) -> None:
+    """Refuse a count of iterations in `params` (an interval, a window) changed from its default
+    to one the run never reaches: it could never take effect (1e12 for "never")."""
+    wl = ctx.workload
+    total = wl.n_steps * wl.n_batches  # iterations: (step, batch) pairs
+    defaults = type(params)()
+    for name in names:
+        value = getattr(params, name)
+        if value != getattr(defaults, name) and value > total:
+            raise ConfigError(
+                f"{planner}: planner.params.{name}={value} is past the run's {total} iterations "
+                f"(workload.gen_len x workload.n_batches), so it never takes effect; pass at "
+                f"most {total}"
+            )

@@ -445,7 +445,8 @@ def test_replica_moves_reserve_room_for_the_experts_in_flight():
     staging = moving.summary["plan"]["ep"]["staging_bytes"]
     copies = [o for o in moving.schedule.ops if o.kind == OpKind.LOAD and o.tensor == Tensor.EXPERT]
     assert 0 < staging <= len(copies) * eb and staging % eb == 0
-    still = simulate_run(replace(spec, params={**spec.params, "interval": 10**6}))
+    never = spec.workload.n_steps * spec.workload.n_batches  # the run's iterations: no re-place
+    still = simulate_run(replace(spec, params={**spec.params, "interval": never}))
     assert "staging_bytes" not in still.summary["plan"]["ep"]
     grown = moving.schedule.resident_bytes[Tier.GPU] - still.schedule.resident_bytes[Tier.GPU]
     assert grown >= staging  # every GPU's, at least the fullest's
@@ -462,7 +463,8 @@ def test_replica_moves_reserve_room_for_the_experts_in_flight():
     hw = replace(spec.hardware, memory_bytes={**spec.hardware.memory_bytes, Tier.GPU: lo})
     with pytest.raises(CapacityError, match=r"replica moves bring up to \d+ experts .* re-home"):
         simulate_run(replace(spec, hardware=hw))
-    simulate_run(replace(spec, hardware=hw, params={**spec.params, "interval": 10**6}))
+    never = spec.workload.n_steps * spec.workload.n_batches
+    simulate_run(replace(spec, hardware=hw, params={**spec.params, "interval": never}))
 
 
 def test_copy_waits_count_the_experts_a_late_copy_held_back():
