@@ -94,7 +94,7 @@ class EPLB(Planner):
         self.params = params
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
-        within_run(self.params, ctx, "eplb", ("window", "interval"))
+        within_run(self.params, ctx, "eplb", ("interval",))
         layout = resolve_layout(self.params, ctx)
         n_layers, e = len(ctx.model.moe_layers), ctx.model.n_experts
         if self.params.initial_load:

@@ -318,7 +318,7 @@ class PredictiveReplication(Planner):
         self.params = params
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
-        within_run(self.params, ctx, "predictive_replication", ("window", "rehome_interval"))
+        within_run(self.params, ctx, "predictive_replication", ("rehome_interval",))
         layout = resolve_layout(self.params, ctx)
         rep, init = Replicator.for_run(self.params, ctx, layout, "predictive_replication")
         wl, k = ctx.workload, ctx.model.top_k

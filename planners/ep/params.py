@@ -267,7 +267,7 @@ def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> 
 
 
 def within_run(params: object, ctx: PlanContext, planner: str, names: tuple[str, ...]) -> None:
-    """Refuse a count of iterations in `params` (an interval, a window) changed from its default
+    """Refuse a count of iterations in `params` (a re-placement interval) changed from its default
     to one the run never reaches: it could never take effect (1e12 for "never")."""
     wl = ctx.workload
     total = wl.n_steps * wl.n_batches  # iterations: (step, batch) pairs
