@@ -323,6 +323,10 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
     if wrong:
         return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+    wrong = re.search(r"Cannot assign (\w+) to (\w+)", text)
+    if wrong:  # `sources: 5` in a user's YAML, where a mapping belongs
+        need = _KINDS.get(wrong.group(2), wrong.group(2))
+        return f"{key}: {wrong.group(1)} where {need} belongs{at}; give {key} {need}"
     return None
 
 
@@ -359,7 +363,13 @@ def _missing_choice(text: str) -> str:
     return f"{group}={name}: no conf/{group}/{name}.yaml; {nearest(name, options)}"
 
 
-_KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
+_KINDS = {
+    "Integer": "a whole number",
+    "Float": "a number",
+    "Boolean": "true or false",
+    "Dict": "a mapping",
+    "List": "a list",
+}
 
 
 def _valid_keys(cause: Any) -> list[str] | None:

@@ -1,7 +1,8 @@
 """Probe round 8 (issue 48): the last round's leftovers, each fixed as a class: a disk probe on
 a filesystem in memory, a summary.json of a run without the keys every run writes, a routing
 dump's field Python's int() limit refuses, a bench child's error naming the run's keys, a
-warning said twice, and a planner's count of iterations the run never reaches."""
+warning said twice, a planner's count of iterations the run never reaches, and a value of the
+wrong kind in a user's YAML where the schema has a mapping or a list."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from core import files
 from core.trace_convert import _parse_line
@@ -19,6 +21,7 @@ from experiments import calibrate
 from experiments.common.peers import side_failed
 from experiments.common.tables import read_run
 from real import checkpoint
+from tests.conftest import ROOT
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 
@@ -150,3 +153,21 @@ def test_a_window_longer_than_the_run_runs(tmp_path: Path, cli_here: Any, planne
     r = cli_here("experiments.run", *args, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     assert (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("value", [5, "abc"])
+def test_a_scalar_where_a_hardware_file_has_a_mapping_names_key_and_file(
+    tmp_path: Path, cli_here: Any, value: object
+) -> None:
+    """`sources: 5` in a user's hardware file gave "In 'hardware/file_hw': ValidationError
+    raised while composing config:; Cannot assign int to Dict[str, str]": neither the key nor
+    the file."""
+    hw = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**hw, "name": "mine", "sources": value}))
+    run = tmp_path / "r"
+    r = cli_here(
+        "experiments.run", "model=tiny", "workload=tiny", f"hardware={path}", f"hydra.run.dir={run}"
+    )
+    one_line(r, "hardware.sources:", "where a mapping belongs", str(path))
+    assert not run.exists()
