@@ -4,6 +4,7 @@ configured with, checked once."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -12,6 +13,8 @@ import numpy as np
 from core.errors import ConfigError
 from core.planner import PlanContext
 from core.types import Dense, Dispatch, LaneSharing, ReplicaGate
+
+log = logging.getLogger(__name__)
 
 GATES = tuple(ReplicaGate)
 LANE_SHARING = tuple(LaneSharing)
@@ -267,16 +270,20 @@ def check_micro_batches(mb: int, bs: int, g: int, lanes: bool, dense: Dense) -> 
 
 
 def within_run(params: object, ctx: PlanContext, planner: str, names: tuple[str, ...]) -> None:
-    """Refuse a count of iterations in `params` (a re-placement interval) changed from its default
-    to one the run never reaches: it could never take effect (1e12 for "never")."""
+    """Warn where a re-placement interval in `params`, changed from its default, is one the run
+    never reaches (1e12 for "never", or a sweep's row run at a small size): the run goes on
+    without re-placing, as the value says, and its log says so."""
     wl = ctx.workload
-    total = wl.n_steps * wl.n_batches  # iterations: (step, batch) pairs
+    total = wl.n_steps * wl.n_batches  # iterations: (step, batch) pairs; t = 0 never re-places
     defaults = type(params)()
     for name in names:
         value = getattr(params, name)
-        if value != getattr(defaults, name) and value > total:
-            raise ConfigError(
-                f"{planner}: planner.params.{name}={value} is past the run's {total} iterations "
-                f"(workload.gen_len x workload.n_batches), so it never takes effect; pass at "
-                f"most {total}"
+        if value != getattr(defaults, name) and value >= total:
+            log.warning(
+                "%s: planner.params.%s=%s is not below the run's %s iterations (steps x "
+                "workload.n_batches), so this run never re-places",
+                planner,
+                name,
+                value,
+                total,
             )
