@@ -41,7 +41,6 @@ from experiments.common import ep_inputs
 from experiments.common.app import hydra_main, remove_if_no_run, running
 from experiments.common.callbacks import FAILED
 from experiments.common.cli import (
-    another_commands_experiment,
     any_error_line,
     exit_on_unwritable_dir,
     exit_with,
@@ -268,11 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if launched():  # one rank of torchrun's, whose agent stops the others when one fails
         stop_on_sigterm(int(os.environ["RANK"]))
-    problem = (
-        another_commands_experiment(argv)
-        or sweep_experiment_misused(argv)
-        or missing_launcher(argv)
-    )
+    problem = sweep_experiment_misused(argv) or missing_launcher(argv)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -35,9 +35,7 @@ __all__ = [
     "print_or_exit",
     "checked_names",
     "exit_on_unwritable_dir",
-    "missing_config",
     "until_interrupted",
-    "another_commands_experiment",
     "missing_launcher",
     "sweep_experiment_misused",
     "error_line",
@@ -476,32 +474,6 @@ def _stop_pool_tracker() -> None:
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def missing_config(groups: Sequence[Path], group: str, name: str, key: str) -> str | None:
-    """One line naming the valid names when no folder of `groups` (one config group, possibly
-    from several search paths) holds <name>.yaml; None when one does. `key` is the argument."""
-    if any((g / f"{name}.yaml").is_file() for g in groups):
-        return None
-    valid = ", ".join(sorted({p.stem for g in groups for p in g.glob("*.yaml")}))
-    return f"{key}={name}: no conf/{group}/{name}.yaml; valid: {valid}"
-
-
-# experiment configs that are another command's, not an experiments.run sweep's
-OWN_COMMAND: dict[str, str] = {}  # experiment name -> the command that owns its config
-
-
-def another_commands_experiment(argv: Sequence[str]) -> str | None:
-    """`experiment=X` where X is another command's config (experiments.run would ignore its keys
-    and run its default planner into X's out_dir), as one line naming the command."""
-    for arg in argv:
-        key, _, value = arg.lstrip("+").partition("=")
-        for name in value.split(",") if key == "experiment" else ():
-            if name in OWN_COMMAND:
-                return (
-                    f"experiment={name} is the config of another command: run {OWN_COMMAND[name]}"
-                )
-    return None
 
 
 def missing_launcher(argv: Sequence[str]) -> str | None:
