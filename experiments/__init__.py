@@ -55,9 +55,10 @@ def command_started() -> None:
 # docs): a command starting, not code (a test, a notebook) importing this package.
 AS_COMMAND = sys.argv[:1] == ["-m"]
 if AS_COMMAND:
-    from experiments.common.load_env import bad_variable
+    from experiments.common.load_env import bad_variable, openmp_complaint
 
-    if (_bad := bad_variable(dict(os.environ))) is not None:  # before torch reads it
+    _env = dict(os.environ)
+    if (_bad := bad_variable(_env) or openmp_complaint(_env)) is not None:  # before torch
         print(f"error: {_bad}", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGINT, _interrupted_at_startup)

@@ -81,3 +81,59 @@ def test_values_the_libraries_take_are_not_refused(env: dict[str, str]) -> None:
     from experiments.common.load_env import bad_variable
 
     assert bad_variable({**env, "MKL_NUM_THREADS": ""}) is None
+
+
+@pytest.mark.parametrize(
+    "name, value, said",
+    [
+        ("OMP_WAIT_POLICY", "foo", "Invalid value for environment variable OMP_WAIT_POLICY"),
+        ("OMP_PROC_BIND", "foo", "OMP_PROC_BIND"),
+        ("OMP_STACKSIZE", "0", "Stack size less than minimum"),
+        ("OMP_SCHEDULE", "x", "OMP_SCHEDULE"),
+    ],
+)
+def test_other_openmp_variables_libgomp_refuses_are_one_line(
+    name: str, value: str, said: str
+) -> None:
+    """Beyond the variables checked above, libgomp printed its warning above the run, which
+    went on: libgomp itself judges them, loaded alone in a child, and its word is the line."""
+    from experiments.common.load_env import openmp_complaint
+
+    line = openmp_complaint({**user_env(), name: value})
+    assert line is not None and "\n" not in line
+    assert f"{name}={value!r}" in line and said in line and "unset it" in line
+
+
+def test_an_openmp_variable_that_makes_libgomp_loop_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GOMP_CPU_AFFINITY=x made libgomp loop forever as torch loaded: the command hung at 100%
+    CPU before its first line."""
+    from experiments.common import load_env
+
+    monkeypatch.setattr(load_env, "LOAD_TIMEOUT_S", 1.0)
+    line = load_env.openmp_complaint({**user_env(), "GOMP_CPU_AFFINITY": "x"})
+    assert line is not None and "GOMP_CPU_AFFINITY='x'" in line and "did not finish" in line
+
+
+@pytest.mark.parametrize(
+    "env", [{}, {"OMP_WAIT_POLICY": "passive"}, {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}]
+)
+def test_openmp_variables_libgomp_takes_are_not_refused(env: dict[str, str]) -> None:
+    from experiments.common.load_env import openmp_complaint
+
+    assert openmp_complaint({**user_env(), **env}) is None
+
+
+def test_a_run_with_an_openmp_variable_libgomp_refuses_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.run", *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT,
+        env={**user_env(), "OMP_WAIT_POLICY": "foo"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    one_line(r, "OMP_WAIT_POLICY='foo'", "libgomp says")
+    assert not (tmp_path / "run").exists()
