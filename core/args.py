@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
+from core.files import broken_link
 
 # The largest count of repeats a command takes: each is a whole run or measurement, and a
 # count past this one would run for days with no word, where a typo (1e12) is the likely cause.
@@ -121,7 +122,9 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         block = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        link = next((p for p in (folder, *folder.parents) if broken_link(p)), None)
         why = f"{block} is a file, not a folder" if block else (e.strerror or str(e))
+        why = f"{link} is {broken_link(link)[2:-1]}" if link else why
         raise MoepipeError(
             f"{key}={given}: cannot create folder {folder} ({why}); pass {key}= a path under a "
             "writable folder"

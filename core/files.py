@@ -9,6 +9,7 @@ Usage:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -32,6 +33,24 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a file"
+
+
+def broken_link(path: str | Path) -> str:
+    """Where `path` is a symbolic link that leads nowhere, what it is as a message's tail
+    (' (a symbolic link to X, which does not exist)', ' (a symbolic link that loops)'); else ''.
+    A line saying only "not a folder" left the user looking at a name that looked right."""
+    p = Path(path)
+    if not p.is_symlink():
+        return ""
+    try:
+        p.resolve(strict=True)
+    except RuntimeError:  # Python 3.11: a loop
+        return " (a symbolic link that loops)"
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # as newer Pythons raise it
+            return " (a symbolic link that loops)"
+        return f" (a symbolic link to {os.readlink(p)}, which does not exist)"
+    return ""
 
 
 def not_regular(path: str | Path) -> str | None:

@@ -22,7 +22,7 @@ from core.args import written_whole
 from core.balance import device_of
 from core.chrome_trace import chrome_parts, write_chrome
 from core.errors import MoepipeError
-from core.files import read_small
+from core.files import broken_link, read_small
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
@@ -34,7 +34,10 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     processes (its summary.json says `processes`)."""
     path = run_dir / "trace.parquet" if run_dir.is_dir() else run_dir
     if not path.is_file():
-        raise MoepipeError(f"{run_dir}: no trace.parquet there; pass a run directory a run wrote")
+        raise MoepipeError(
+            f"{run_dir}: no trace.parquet there{broken_link(run_dir)}; pass a run directory a "
+            "run wrote"
+        )
     trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:

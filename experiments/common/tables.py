@@ -15,7 +15,7 @@ import yaml
 
 from core.args import output_dir, written_whole
 from core.errors import MoepipeError
-from core.files import read_small
+from core.files import broken_link, read_small
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
@@ -400,7 +400,10 @@ def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
         return None
     sweep_dir = Path(given)
     if not sweep_dir.is_dir():
-        print(f"error: dir={sweep_dir}: not a folder; pass a sweep's folder", file=sys.stderr)
+        print(
+            f"error: dir={sweep_dir}: not a folder{broken_link(sweep_dir)}; pass a sweep's folder",
+            file=sys.stderr,
+        )
         return None
     try:
         df, problems = collect(sweep_dir)

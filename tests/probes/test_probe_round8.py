@@ -175,3 +175,20 @@ def test_a_scalar_where_a_hardware_file_has_a_mapping_names_key_and_file(
     )
     one_line(r, "hardware.sources:", "where a mapping belongs", str(path))
     assert not run.exists()
+
+
+def test_a_broken_symbolic_link_is_named_as_one(tmp_path: Path, cli_here: Any) -> None:
+    """A dangling or looping symbolic link as `dir=`, `runs=` or `out=` was "not a folder" or
+    "cannot create folder (File exists)": right, but the name looked right to the user."""
+    loop, dangling = tmp_path / "loop", tmp_path / "dangling"
+    loop.symlink_to(loop)
+    dangling.symlink_to(tmp_path / "gone")
+    assert files.broken_link(loop) == " (a symbolic link that loops)"
+    assert "gone, which does not exist" in files.broken_link(dangling)
+    assert files.broken_link(tmp_path) == ""
+    r = cli_here("experiments.collect", f"dir={dangling}")
+    one_line(r, f"dir={dangling}", "a symbolic link to", "does not exist")
+    r = cli_here("experiments.trace_json", f"runs={loop}")
+    one_line(r, str(loop), "a symbolic link that loops")
+    r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={loop / 'sub'}")
+    one_line(r, f"out={loop / 'sub'}", "a symbolic link that loops")
