@@ -6,6 +6,7 @@ run's result (`finished`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -13,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import read_small
+from core.files import file_kind, read_small
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -344,8 +346,15 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
 
 
 def _sha256(path: Path) -> str:
+    """`path`'s sha256; an OSError where it is no regular file (opened without blocking: a FIFO
+    in a run file's place hung trace_json until killed, /dev/zero would never end)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)})")
+    with os.fdopen(fd, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
