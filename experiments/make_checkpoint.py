@@ -27,6 +27,7 @@ from core.hf_config import hf_config_to_spec, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
+from experiments.common.dir_lock import dir_locked
 from real.attention import Rope
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import foreign_checkpoint, write_checkpoint
@@ -98,14 +99,18 @@ def check_kept(spec: Any, overrides: dict[str, Any], out: Path, norm_topk_prob: 
 
 
 def _main(opts: Any) -> int:
+    """Hold `out`'s lock (`dir_lock`) throughout: a second make_checkpoint into the same folder
+    waits for the first to end, then replaces its checkpoint whole; two at once each reported
+    success over a folder holding one's config.json and the other's shards."""
     out = Path(opts.out).absolute()
     # the topmost folder of `out` that is not there yet (output_dir makes out's parents too)
     made = next((p for p in (out, *out.parents) if p.parent.exists()), None)
     fresh = made is not None and not made.exists()
     try:
-        return _write(opts)
-    except BaseException:  # a failed or stopped run leaves no folder it made
-        if fresh and made is not None:
+        with dir_locked(output_dir(opts.out, "out")):
+            return _write(opts)
+    except BaseException:  # a failed or stopped run leaves no folder it made, nor another's
+        if fresh and made is not None and not (out.is_dir() and any(out.iterdir())):
             shutil.rmtree(made, ignore_errors=True)
         raise
 

@@ -4,10 +4,15 @@ each reported success over a folder of one's config.json and the other's shards.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from experiments.common.dir_lock import LOCK
 from experiments.trace_json import read_traces
 from tests.probes.conftest import deadline, raises_one_line
 
@@ -23,3 +28,29 @@ def test_a_fifo_in_a_run_files_place_is_refused_at_once(tmp_path: Path, cli_here
 
 
 _TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
+
+
+def test_a_second_make_checkpoint_into_a_folder_waits_for_the_first(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """While another holds the folder's lock, no file of the checkpoint appears; once it lets
+    go, the checkpoint is written whole (as a second make_checkpoint finds the first's)."""
+    out = tmp_path / "ck"
+    out.mkdir()
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: blocks this process's flock too
+    seen: list[bool] = []
+
+    def other_run_ends() -> None:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end and not (out / "config.json").exists():
+            time.sleep(0.02)
+        seen.append((out / "config.json").exists())
+        os.close(fd)
+
+    threading.Thread(target=other_run_ends).start()
+    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", "n_layers=1")
+    assert r.returncode == 0, r.stderr
+    assert seen == [False]
+    assert (out / "config.json").is_file() and not (out / LOCK).exists()
+    shutil.rmtree(out)
