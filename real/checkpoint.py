@@ -30,7 +30,7 @@ from core.hf_config import (
     read_hf_config,
     spec_mla_fields,
 )
-from core.spec import ModelSpec
+from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import check_yaml_size
 from real.shards import (
@@ -328,6 +328,12 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
 
 
 def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
+    """`base`'s pattern of MoE layers over `n` layers; `n` past MAX_LAYERS refused before the
+    list is made (n_layers=1e9 filled the RAM until the kernel killed the command)."""
+    if n > MAX_LAYERS:
+        raise ConfigError(
+            f"model {base.name}: n_layers={n}, more than any model has (at most {MAX_LAYERS})"
+        )
     dense = [i for i in range(base.n_layers) if not base.is_moe(i)]
     if base.family == "deepseek_v2":
         return tuple(range(min(base.moe_layers), n))

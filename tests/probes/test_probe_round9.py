@@ -54,3 +54,11 @@ def test_a_second_make_checkpoint_into_a_folder_waits_for_the_first(
     assert seen == [False]
     assert (out / "config.json").is_file() and not (out / LOCK).exists()
     shutil.rmtree(out)
+
+
+def test_a_billion_layers_are_refused_before_they_are_listed() -> None:
+    """make_checkpoint n_layers=1e9 listed the MoE layers first and was killed for memory."""
+    from real.checkpoint import reduced_spec
+
+    with deadline(5):
+        raises_one_line(lambda: reduced_spec("mixtral-tiny", n_layers=10**9), "n_layers=")
