@@ -133,6 +133,7 @@ def _write(opts: Any) -> int:
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_scale(spec, scale)
     check_room(spec, Path(opts.out))
+    check_ram(spec)
     theirs = foreign_checkpoint(Path(opts.out))
     if theirs is not None:  # a real model's, downloaded: writing here deletes its weights
         raise MoepipeError(
@@ -197,6 +198,20 @@ def check_room(spec: ModelSpec, out: Path) -> None:
             f"out={out}: the checkpoint is {spec.total_bytes / 1e9:.1f} GB and the disk there has "
             f"{free / 1e9:.1f} GB free; make the model smaller (n_layers, n_experts, hidden_size) "
             "or write elsewhere"
+        )
+
+
+def check_ram(spec: ModelSpec) -> None:
+    """Refuse a checkpoint larger than the RAM available: write_checkpoint makes every weight
+    before it writes a file (67 GB asked of a 21 GB machine ran until it was killed)."""
+    from experiments.common import pipeline
+
+    avail = pipeline._available_ram_bytes()
+    if avail is not None and spec.total_bytes > avail:
+        raise MoepipeError(
+            f"model={spec.name}: the checkpoint is {spec.total_bytes / 1e9:.1f} GB and this "
+            f"machine has {avail / 1e9:.1f} GB of RAM available, where its weights are made "
+            "before they are written; make the model smaller (n_layers, n_experts, hidden_size)"
         )
 
 

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from experiments.common.dir_lock import LOCK
 from experiments.trace_json import read_traces
-from tests.probes.conftest import deadline, raises_one_line
+from tests.probes.conftest import deadline, one_line, raises_one_line
 
 
 def test_a_fifo_in_a_run_files_place_is_refused_at_once(tmp_path: Path, cli_here: Any) -> None:
@@ -62,3 +64,15 @@ def test_a_billion_layers_are_refused_before_they_are_listed() -> None:
 
     with deadline(5):
         raises_one_line(lambda: reduced_spec("mixtral-tiny", n_layers=10**9), "n_layers=")
+
+
+def test_a_checkpoint_past_the_ram_is_refused_before_its_weights_are_made(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n_layers=20000 (67 GB) on a 21 GB machine ran until it was killed: its weights are all
+    made in memory before a file is written."""
+    monkeypatch.setattr("experiments.common.pipeline._available_ram_bytes", lambda: 1000)
+    out = tmp_path / "ck"
+    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}")
+    one_line(r, "mixtral-tiny", "RAM available", "n_layers")
+    assert not out.exists()
