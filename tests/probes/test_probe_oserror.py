@@ -18,13 +18,20 @@ import real.store as store
 from core.errors import ConfigError
 from experiments.common.cli import error_line
 from real.checkpoint import SINGLE_FILE, load_checkpoint
+from tests.conftest import user_env
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 
-def _small_files(limit_bytes: int):  # noqa: ANN202 (a preexec_fn)
-    """A process whose files cannot grow past `limit_bytes` (a write past it fails with EFBIG,
-    as on a full disk: Python ignores SIGXFSZ)."""
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+def _small_files(limit_bytes: int) -> dict[str, Any]:
+    """`cli`'s arguments for a process whose files cannot grow past `limit_bytes` (a write past
+    it fails with EFBIG, as on a full disk: Python ignores SIGXFSZ). It writes no bytecode:
+    Python's cache writer does not check for a short write, and renamed a .pyc cut at the limit
+    into the checkout, which every later import of that module then failed on (EOFError)."""
+    limit = (limit_bytes, limit_bytes)
+    return {
+        "preexec_fn": lambda: resource.setrlimit(resource.RLIMIT_FSIZE, limit),
+        "env": {**user_env(), "PYTHONDONTWRITEBYTECODE": "1"},
+    }
 
 
 def test_disk_full_while_writing_a_run_keeps_the_earlier_result(
@@ -45,7 +52,7 @@ def test_disk_full_while_writing_a_run_keeps_the_earlier_result(
         *TINY[:-1],
         "planner=sequential",
         f"hydra.run.dir={run}",
-        preexec_fn=_small_files(8_000),
+        **_small_files(8_000),
     )
     one_line(r, str(run), "cannot write")
     assert {f: (run / f).read_bytes() for f in before} == before
@@ -89,16 +96,16 @@ def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path, cli_here: An
     assert cli_here("experiments.run", *TINY, f"hydra.run.dir={sweep / 'a'}").returncode == 0
     full = _small_files(4_000)
     one_line(
-        cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", preexec_fn=full),
+        cli("experiments.collect", f"dir={sweep}", f"out={tmp_path / 'c'}", **full),
         str(tmp_path / "c"),
     )
     one_line(
-        cli("experiments.report", f"dir={sweep}", f"out={tmp_path / 'r'}", preexec_fn=full),
+        cli("experiments.report", f"dir={sweep}", f"out={tmp_path / 'r'}", **full),
         str(tmp_path / "r"),
     )
     ck = tmp_path / "ck"
     one_line(
-        cli("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ck}", preexec_fn=full),
+        cli("experiments.make_checkpoint", "model=mixtral-tiny", f"out={ck}", **full),
         str(ck),
     )
     assert not ck.exists()  # the folder it made goes with its failure
@@ -160,7 +167,7 @@ def test_a_full_disk_leaves_no_output_file_cut_short(tmp_path: Path, cli_here: A
             tmp_path,
         ),
     ):
-        one_line(cli(module, *args, preexec_fn=full), str(out))
+        one_line(cli(module, *args, **full), str(out))
     for out in outs.values():
         left = {p.name: p.read_text() for p in out.iterdir()}
         assert left == earlier, sorted(left)  # no new file cut short, no temporary one
@@ -194,9 +201,7 @@ def test_routing_stats_on_a_full_disk_leaves_no_file_cut_short(tmp_path: Path) -
     if not (ROOT.parent / "shared" / "traces" / "esft-dsv2lite").is_dir():
         pytest.skip("../shared/traces is absent")
     out = tmp_path / "rs.json"
-    one_line(
-        cli("experiments.routing_stats", f"out={out}", preexec_fn=_small_files(1_000)), str(out)
-    )
+    one_line(cli("experiments.routing_stats", f"out={out}", **_small_files(1_000)), str(out))
     assert list(tmp_path.iterdir()) == []
 
 
