@@ -107,7 +107,8 @@ def _main(opts: Any) -> int:
     made = next((p for p in (out, *out.parents) if p.parent.exists()), None)
     fresh = made is not None and not made.exists()
     try:
-        with dir_locked(output_dir(opts.out, "out")):
+        busy = "another make_checkpoint is writing this folder"
+        with dir_locked(output_dir(opts.out, "out"), busy):
             return _write(opts)
     except BaseException:  # a failed or stopped run leaves no folder it made, nor another's
         if fresh and made is not None and not (out.is_dir() and any(out.iterdir())):

@@ -24,15 +24,15 @@ _HELD: set[str] = set()  # the dirs (resolved) whose lock this process holds
 
 
 @contextmanager
-def dir_locked(out_dir: Path) -> Iterator[None]:
+def dir_locked(out_dir: Path, busy: str = "another run is writing this run dir") -> Iterator[None]:
     """Hold `out_dir`'s lock for the block, making the dir where it is not there; a block
     inside another that holds it already (this process's) just runs. While another process
-    holds it, say so once (on stdout, where hydra logs) and wait."""
+    holds it, say so once (`busy`, on stdout, where hydra logs) and wait."""
     key = str(Path(out_dir).resolve())
     if key in _HELD:
         yield
         return
-    fd = _acquire(out_dir)
+    fd = _acquire(out_dir, busy)
     _HELD.add(key)
     try:
         yield
@@ -42,7 +42,7 @@ def dir_locked(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire(out_dir: Path) -> int:
+def _acquire(out_dir: Path, busy: str) -> int:
     """An fd of `out_dir`'s lock file holding its flock, the path still naming that file."""
     path, told = out_dir / LOCK, False
     while True:
@@ -56,10 +56,7 @@ def _acquire(out_dir: Path) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if not told:
-                    print(
-                        f"{out_dir}: another run is writing this run dir; waiting for it to end",
-                        flush=True,
-                    )
+                    print(f"{out_dir}: {busy}; waiting for it to end", flush=True)
                     told = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
             if os.stat(path).st_ino == os.fstat(fd).st_ino:

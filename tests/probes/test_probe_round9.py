@@ -54,6 +54,7 @@ def test_a_second_make_checkpoint_into_a_folder_waits_for_the_first(
     r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", "n_layers=1")
     assert r.returncode == 0, r.stderr
     assert seen == [False]
+    assert f"{out}: another make_checkpoint is writing this folder; waiting" in r.stdout
     assert (out / "config.json").is_file() and not (out / LOCK).exists()
     shutil.rmtree(out)
 
