@@ -309,15 +309,25 @@ class Stopped(KeyboardInterrupt):
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
-    raise Stopped(signum)
+    """Ctrl-C's KeyboardInterrupt or a stop's `Stopped`, but not inside an import: torch's C++
+    modules run Python while they load, and an exception raised there ends the process in
+    C++'s `terminate` (exit 134, "pybind11::error_already_set"), not with the one line. There
+    it is sent again a moment later (`_send_later`), until the import is done."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            _send_later(signum)
+            return
+        frame = frame.f_back
+    raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
 
 
 def _default_in_child() -> None:
     """A forked child (a pool's worker) does not inherit `_raise_stopped`: its parent stops it
     with SIGTERM (`terminate()`), which must end it, not raise inside the task it runs."""
-    for signum in STOP_SIGNALS:
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(signum) is _raise_stopped:
-            signal.signal(signum, signal.SIG_DFL)
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, default)
 
 
 os.register_at_fork(after_in_child=_default_in_child)
@@ -330,12 +340,12 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     else set (torchrun's ranks', `nohup`'s ignored SIGHUP) is left as it is."""
     previous = {}
     if threading.current_thread() is threading.main_thread():  # where handlers can be set
-        if getattr(signal.getsignal(signal.SIGINT), "__module__", None) == "experiments":
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # start-up's turn ends
-        for signum in STOP_SIGNALS:
+        for signum in (signal.SIGINT, *STOP_SIGNALS):  # start-up's turn ends
             handler = signal.getsignal(signum)
-            if handler == signal.SIG_DFL or getattr(handler, "__module__", "") == "experiments":
-                previous[signum] = signal.signal(signum, _raise_stopped)
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            if handler == default or getattr(handler, "__module__", "") == "experiments":
+                signal.signal(signum, _raise_stopped)
+                previous[signum] = default  # not start-up's "had not started" after this
     hook = sys.unraisablehook
     sys.unraisablehook = _interrupt_again(hook)
     python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
@@ -400,17 +410,21 @@ def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
         e = unraisable.exc_value
         if isinstance(e, KeyboardInterrupt):
             signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-            # (a moment later: starting a thread waits for it, where a signal it sent at once
-            # would be handled, still inside this hook)
-            later = threading.Timer(0.05, _send_again, (signum,))
-            later.daemon = True
-            with _UNSENT_LOCK:
-                _UNSENT.append((later, signum))
-            later.start()
+            _send_later(signum)
             return
         previous(unraisable)
 
     return hook
+
+
+def _send_later(signum: int) -> None:
+    """Send `signum` to this process a moment later, from another thread (starting a thread
+    waits for it, where a signal it sent at once would be handled here, again too early)."""
+    later = threading.Timer(0.05, _send_again, (signum,))
+    later.daemon = True
+    with _UNSENT_LOCK:
+        _UNSENT.append((later, signum))
+    later.start()
 
 
 # the unraisable hook's interrupts not sent again yet: (its timer, the signal)

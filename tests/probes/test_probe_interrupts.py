@@ -84,6 +84,40 @@ def test_an_interrupt_lost_in_a_del_as_the_command_ends_still_stops_it(signum, c
     time.sleep(0.1)  # past the hook's moment: its timer was cancelled, no signal arrives
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_inside_an_import_waits_for_the_import(
+    signum: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A stop that lands while a module loads is raised once the import is done: torch's C++
+    modules run Python as they load, and a `Stopped` raised there ended a real run in C++'s
+    `terminate` (exit 134, "pybind11::error_already_set") in a full test run. The module loads
+    whole, then the one line and 128 + the signal's number."""
+    from experiments.common.cli import until_interrupted
+
+    name = f"loads_while_stopped_{signum}"
+    (tmp_path / f"{name}.py").write_text(
+        f"import os, time\nos.kill(os.getpid(), {int(signum)})\ntime.sleep(0.2)\nLOADED = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def main() -> str:
+        __import__(name)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "ran on"
+
+    try:
+        with pytest.raises(SystemExit) as stop:
+            until_interrupted(main)
+        assert sys.modules[name].LOADED
+    finally:
+        sys.modules.pop(name, None)
+    assert stop.value.code == 128 + signum
+    said = "interrupted: " if signum == signal.SIGINT else "stopped by SIGTERM; "
+    assert capsys.readouterr().err.startswith(said)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_pool_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
     """A sweep's process killed with SIGKILL left its loky workers running (ignoring Ctrl-C and
