@@ -12,6 +12,7 @@ default, linear, dynamic, yarn and llama3 run).
 from __future__ import annotations
 
 import enum
+import math
 import shutil
 import sys
 import typing
@@ -30,7 +31,13 @@ from experiments.common.cli import run_command, until_interrupted
 from experiments.common.dir_lock import dir_locked
 from real.attention import Rope
 from real.checkpoint import reduced_spec
-from real.checkpoint_write import foreign_checkpoint, write_checkpoint
+from real.checkpoint_write import (
+    Shard,
+    foreign_checkpoint,
+    peak_ram_bytes,
+    plan_shards,
+    write_checkpoint,
+)
 
 
 @dataclass
@@ -134,7 +141,9 @@ def _write(opts: Any) -> int:
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_scale(spec, scale)
     check_room(spec, Path(opts.out))
-    check_ram(spec)
+    shard_bytes = max(int(shard_mb * 2**20), 1)
+    plan = plan_shards(spec, shard_bytes)
+    check_ram(plan, shard_mb, spec.name)
     theirs = foreign_checkpoint(Path(opts.out))
     if theirs is not None:  # a real model's, downloaded: writing here deletes its weights
         raise MoepipeError(
@@ -148,9 +157,10 @@ def _write(opts: Any) -> int:
             out,
             seed=seed,
             scale=scale,
-            shard_bytes=max(int(shard_mb * 2**20), 1),
+            shard_bytes=shard_bytes,
             norm_topk_prob=opts.norm_topk_prob,
             rope_scaling=rope_scaling,
+            progress=lambda shard, written: _progress(shard, written, plan),
         )
     except OSError as e:
         raise MoepipeError(f"out={out}: cannot write the checkpoint ({e.strerror or e})") from None
@@ -202,18 +212,30 @@ def check_room(spec: ModelSpec, out: Path) -> None:
         )
 
 
-def check_ram(spec: ModelSpec) -> None:
-    """Refuse a checkpoint larger than the RAM available: write_checkpoint makes every weight
-    before it writes a file (67 GB asked of a 21 GB machine ran until it was killed)."""
-    from experiments.common import pipeline
+def check_ram(plan: list[Shard], shard_mb: float, name: str) -> None:
+    """Refuse a checkpoint whose largest shard (with the draws of its largest tensor) does not fit
+    in the RAM available, naming what would fit: each shard's weights are made just before it
+    is written and let go after, so a model larger than the RAM is written a shard at a time."""
+    from experiments.common.pipeline import check_ram as check
 
-    avail = pipeline._available_ram_bytes()
-    if avail is not None and spec.total_bytes > avail:
-        raise MoepipeError(
-            f"model={spec.name}: the checkpoint is {spec.total_bytes / 1e9:.1f} GB and this "
-            f"machine has {avail / 1e9:.1f} GB of RAM available, where its weights are made "
-            "before they are written; make the model smaller (n_layers, n_experts, hidden_size)"
-        )
+    largest = max(plan, key=lambda shard: shard.nbytes)
+    tensor = max(
+        (ts for shard in plan for _, ts in shard.tensors), key=lambda ts: math.prod(ts.shape)
+    )
+    check(
+        peak_ram_bytes(plan),
+        f"model={name}: making its largest shard ({largest.nbytes / 1e9:.3g} GB of weights at "
+        f"shard_mb={shard_mb:g})",
+        f"pass a smaller shard_mb, or make its largest tensor ({tensor.hf_name}) smaller "
+        "(hidden_size, expert_ffn_size, vocab_size)",
+    )
+
+
+def _progress(shard: Shard, written: int, plan: list[Shard]) -> None:
+    """One line per shard written where there are several (a full-size model's take minutes)."""
+    if len(plan) > 1:
+        total = sum(s.nbytes for s in plan)
+        print(f"{shard.file}: {written / 1e9:.2f} of {total / 1e9:.2f} GB written", flush=True)
 
 
 _app = command("make_checkpoint", Schema, _main, __doc__)

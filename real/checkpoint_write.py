@@ -1,6 +1,7 @@
 """Writing Hugging Face-layout checkpoints of seeded random weights (`write_checkpoint`), in
 the tensor layout `real.checkpoint.unit_layout` lists, with the family's real config.json fields
-(core.hf_config). Tests and benches build their models with it: no model hub is reachable."""
+(core.hf_config), a shard at a time (`plan_shards`): a model larger than the RAM is written.
+Tests and benches build their models with it: no model hub is reachable."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 
 from core.hf_config import spec_to_hf_config
 from core.spec import ModelSpec
-from real.checkpoint import INDEX_FILE, SINGLE_FILE, torch_dtype, unit_layout
+from real.checkpoint import INDEX_FILE, SINGLE_FILE, TensorSpec, torch_dtype, unit_layout
 from real.shards import save_shard
 
 
@@ -26,18 +28,63 @@ def _init(
     key: str, shape: tuple[int, ...], spec: ModelSpec, g: torch.Generator, scale: float
 ) -> torch.Tensor:
     """Seeded weights that keep activations O(1): std 1/sqrt(fan_in); residual-stream outputs
-    (o, w2, wo) shrunk by sqrt(2 * n_layers); router logits of std ~1 so routing is spread out."""
+    (o, w2, wo) shrunk by sqrt(2 * n_layers); router logits of std ~1 so routing is spread out.
+    Scaled in place: one float32 copy of the tensor at a time (a vocabulary's embedding is the
+    largest, 0.4 GB for OLMoE's)."""
     if key.endswith("norm"):
         return torch.ones(shape)
     x = torch.randn(shape, generator=g)
     if key == "embed":
-        return x * scale
+        return x.mul_(scale)
     if key.endswith("_bias"):
-        return x * 0.02 * scale
+        return x.mul_(0.02).mul_(scale)
     std = scale / math.sqrt(shape[-1])
     if key in ("o", "w2", "wo"):
         std /= math.sqrt(2 * spec.n_layers)
-    return x * std
+    return x.mul_(std)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One weight file of a checkpoint, planned from shapes before any of its weights is made."""
+
+    file: str  # its name in the checkpoint's folder
+    tensors: tuple[tuple[str, TensorSpec], ...]  # (unit_layout's key, tensor) in draw order
+    nbytes: int  # its tensors' bytes
+
+
+def plan_shards(spec: ModelSpec, shard_bytes: int) -> list[Shard]:
+    """The checkpoint's tensors in `unit_layout`'s order, cut into shards of at most
+    `shard_bytes` (a larger tensor alone in one), named as Hugging Face names them:
+    model.safetensors alone, else model-00001-of-0000N.safetensors. The names need the count,
+    so the whole plan comes before the first weight."""
+    item_bytes = torch_dtype(spec).itemsize
+    groups: list[list[tuple[str, TensorSpec]]] = [[]]
+    sizes = [0]
+    for tensors in unit_layout(spec).values():
+        for key, ts in tensors.items():
+            nbytes = math.prod(ts.shape) * item_bytes
+            if sizes[-1] and sizes[-1] + nbytes > shard_bytes:
+                groups.append([])
+                sizes.append(0)
+            groups[-1].append((key, ts))
+            sizes[-1] += nbytes
+    n = len(groups)
+    files = (
+        [SINGLE_FILE]
+        if n == 1
+        else [f"model-{j:05d}-of-{n:05d}.safetensors" for j in range(1, n + 1)]
+    )
+    return [Shard(f, tuple(g), size) for f, g, size in zip(files, groups, sizes, strict=True)]
+
+
+def peak_ram_bytes(plan: list[Shard]) -> int:
+    """About the most RAM `write_checkpoint` takes for weights: twice its largest shard (the
+    allocator keeps much of a written shard's memory as it makes the next: 1.3 to 1.8 times a
+    shard measured above the interpreter's own) and the float32 draw of its largest tensor
+    (`_init`'s, before the cast to the checkpoint's dtype)."""
+    largest = max(math.prod(ts.shape) for shard in plan for _, ts in shard.tensors)
+    return 2 * max(shard.nbytes for shard in plan) + 4 * largest
 
 
 def write_checkpoint(
@@ -48,42 +95,51 @@ def write_checkpoint(
     shard_bytes: int = 2 * 2**30,
     norm_topk_prob: bool = False,
     rope_scaling: Mapping[str, Any] | None = None,
+    progress: Callable[[Shard, int], None] | None = None,
 ) -> Path:
     """Write `config.json` (with `rope_scaling` if given, written as is) and seeded random weights
-    (sharded past `shard_bytes`) to `out_dir`."""
+    (sharded past `shard_bytes`) to `out_dir`, one shard in memory at a time; `progress` is
+    told each shard written and the bytes written so far."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = spec_to_hf_config(spec, norm_topk_prob)
     if rope_scaling:  # e.g. DeepSeek-V2-Lite's {"type": "yarn", "factor": 40, ...}
         cfg["rope_scaling"] = dict(rope_scaling)
-    dtype = torch_dtype(spec)
-    g = torch.Generator().manual_seed(seed)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for tensors in unit_layout(spec).values():
-        for key, ts in tensors.items():
-            t = _init(key, ts.shape, spec, g, scale).to(dtype).contiguous()
-            if size and size + t.nbytes > shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][ts.hf_name] = t
-            size += t.nbytes
+    plan = plan_shards(spec, shard_bytes)
     # written into a folder of its own, then moved in, config.json last: a write cut short (a
     # full disk, Ctrl-C) leaves the folder's earlier checkpoint as it was. Where the disk cannot
     # hold both, the earlier one goes first (config.json first: no half checkpoint is read).
-    new_bytes = sum(t.nbytes for shard in shards for t in shard.values())
+    new_bytes = sum(shard.nbytes for shard in plan)
     if shutil.disk_usage(out).free < 1.05 * new_bytes + (64 << 20):
         _remove_checkpoint_files(out)
     tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        _save_shards(tmp, shards, cfg)
+        weights = _Weights(spec, torch.Generator().manual_seed(seed), scale)
+        _save_shards(tmp, plan, weights, cfg, progress)
         _remove_checkpoint_files(out)
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The draw of a checkpoint's weights: one generator, drawn from in the plan's order, so a
+    shard's weights are the same whether the shards before it were kept or written away."""
+
+    spec: ModelSpec
+    g: torch.Generator  # seeded once, before the first shard
+    scale: float  # the weights' standard deviation, times the default
+
+    def make(self, shard: Shard) -> dict[str, torch.Tensor]:
+        dtype = torch_dtype(self.spec)
+        return {
+            ts.hf_name: _init(key, ts.shape, self.spec, self.g, self.scale).to(dtype).contiguous()
+            for key, ts in shard.tensors
+        }
 
 
 def _remove_checkpoint_files(out: Path) -> None:
@@ -128,19 +184,27 @@ def _metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-def _save_shards(out: Path, shards: list[dict[str, torch.Tensor]], cfg: dict[str, Any]) -> None:
-    """The checkpoint's files in `out`: its shard(s), the index where there are several, and
-    config.json."""
+def _save_shards(
+    out: Path,
+    plan: list[Shard],
+    weights: _Weights,
+    cfg: dict[str, Any],
+    progress: Callable[[Shard, int], None] | None,
+) -> None:
+    """The checkpoint's files in `out`: its shard(s), each made just before it is written and
+    let go after, the index where there are several, and config.json last (its mark of a
+    whole checkpoint)."""
     meta = {"format": "pt", MARK: "seeded random weights"}
-    if len(shards) == 1:
-        save_shard(shards[0], out / SINGLE_FILE, meta)
-    else:
-        weight_map, total = {}, 0
-        for j, shard in enumerate(shards):
-            name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_shard(shard, out / name, meta)
-            weight_map |= dict.fromkeys(shard, name)
-            total += sum(t.nbytes for t in shard.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    written = 0
+    for shard in plan:
+        tensors = weights.make(shard)
+        save_shard(tensors, out / shard.file, meta)
+        del tensors  # before the next shard's weights are made
+        written += shard.nbytes
+        if progress is not None:
+            progress(shard, written)
+    if len(plan) > 1:
+        weight_map = {ts.hf_name: shard.file for shard in plan for _, ts in shard.tensors}
+        index = {"metadata": {"total_size": written}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -134,7 +134,7 @@ def check_kv_fits(spec: RunSpec) -> None:
     routing_bytes = wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12  # ids + weights
     if routing_bytes < ROUTING_CHECK_BYTES:
         return
-    _check_ram(
+    check_ram(
         routing_bytes * ROUTING_PEAK_FACTOR,
         f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
         "reduce prompt_len, gen_len, batch_size or n_batches",
@@ -162,7 +162,7 @@ def check_ops_fit(spec: RunSpec) -> None:
     ops = (wl.gen_len + 1) * m.n_layers * wl.n_batches * (experts + 6)
     if ops < OPS_CHECKED:
         return
-    _check_ram(
+    check_ram(
         ops * BYTES_PER_OP,
         f"workload.gen_len={wl.gen_len} x n_batches={wl.n_batches} on {m.n_layers} layers "
         f"(about {ops:.3g} ops)",
@@ -170,13 +170,14 @@ def check_ops_fit(spec: RunSpec) -> None:
     )
 
 
-def _check_ram(need: int, what: str, fix: str) -> None:
-    """A MoepipeError where `what` needs more than this machine's available RAM."""
+def check_ram(need: int, what: str, fix: str) -> None:
+    """A MoepipeError where `what` needs more than this machine's available RAM (the check of
+    every command that sizes its memory before it allocates, make_checkpoint's too)."""
     avail = _available_ram_bytes()
     if avail is not None and need > avail:
         raise MoepipeError(
-            f"{what} would need about {need / 1e9:.3g} GB of this machine's RAM "
-            f"({avail / 1e9:.3g} GB available); {fix}"
+            f"{what} would need about {need / 1e9:.3g} GB of RAM, and this machine has "
+            f"{avail / 1e9:.3g} GB of RAM available; {fix}"
         )
 
 
