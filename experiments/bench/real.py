@@ -30,7 +30,6 @@ from typing import Any
 
 from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
-from core.files import plain_permissions
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
@@ -97,48 +96,14 @@ def _size_of(d: Path) -> int:
 
 
 def _write(spec: Any, out: Path) -> None:
-    """config.json and seeded random weights (as real.checkpoint_write.write_checkpoint draws them),
-    one shard of SHARD_BYTES in memory at a time, with progress."""
-    import torch
-    from safetensors.torch import save_file
+    """config.json and seeded random weights (`write_checkpoint`'s, seed 0), one shard of
+    SHARD_BYTES in memory at a time, with progress."""
+    from real.checkpoint_write import write_checkpoint
 
-    from core.hf_config import spec_to_hf_config
-    from real.checkpoint import INDEX_FILE, torch_dtype, unit_layout
-    from real.checkpoint_write import _init
-
-    out.mkdir(parents=True)
-    dtype, g = torch_dtype(spec), torch.Generator().manual_seed(0)
-    shard: dict[str, torch.Tensor] = {}
-    names: list[tuple[str, list[str]]] = []  # (temporary file name, tensors)
-    size = written = 0
-
-    def flush() -> None:
-        nonlocal shard, size, written
-        name = f"shard-{len(names):05d}.tmp"
-        save_file(shard, str(out / name), metadata={"format": "pt"})
-        plain_permissions(out / name)
-        names.append((name, list(shard)))
-        written += size
+    def progress(_: Any, written: int) -> None:
         _progress(f"checkpoint {written / 1e9:.1f} / {spec.total_bytes / 1e9:.1f} GB written")
-        shard, size = {}, 0
 
-    for tensors in unit_layout(spec).values():
-        for key, ts in tensors.items():
-            t = _init(key, ts.shape, spec, g, 1.0).to(dtype).contiguous()
-            if size and size + t.nbytes > SHARD_BYTES:
-                flush()
-            shard[ts.hf_name] = t
-            size += t.nbytes
-    if shard:
-        flush()
-    weight_map = {}
-    for j, (tmp_name, keys) in enumerate(names):
-        name = f"model-{j + 1:05d}-of-{len(names):05d}.safetensors"
-        os.replace(out / tmp_name, out / name)
-        weight_map |= dict.fromkeys(keys, name)
-    index = {"metadata": {"total_size": written}, "weight_map": weight_map}
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps(spec_to_hf_config(spec), indent=2))
+    write_checkpoint(spec, out, shard_bytes=SHARD_BYTES, progress=progress)
 
 
 # ---- the bound and the prediction ------------------------------------------------------------
