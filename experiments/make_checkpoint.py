@@ -46,7 +46,7 @@ class Options:
     out: str = MISSING  # the checkpoint folder to write
     seed: int = 0  # of the random weights
     scale: float = 1.0  # the weights' standard deviation, times the default
-    shard_mb: float = 2048  # safetensors shard size
+    shard_mb: float = 2048  # safetensors shard size: one is made in RAM at a time
     norm_topk_prob: bool = False  # config.json's norm_topk_prob (renormalise top-k gate weights)
     rope_scaling: Any = None  # a mapping written into config.json, e.g. {type: linear, factor: 2}
 
