@@ -12,6 +12,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import secrets
+import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -148,3 +151,29 @@ def memory_filesystem(path: str | Path) -> str | None:
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= best:
             best, kind = len(point), fields[2]
     return kind if kind in MEMORY_FILESYSTEMS else None
+
+
+_STAGING = re.compile(r"\.partial-(\d+)-[0-9a-f]{8}")
+
+
+def staging_dir(out: Path) -> Path:
+    """A new hidden folder's name in `out` for a writer to stage its files in before they move
+    in (not made yet). A writer killed outright (SIGKILL, out of memory) leaves its folder
+    behind: those whose process is gone are removed here, or they would pile up in a folder
+    rewritten again and again (a run dir, a checkpoint's), their bytes counted against its
+    disk. A live writer's, on this machine, stays."""
+    for old in out.glob(".partial-*"):
+        m = _STAGING.fullmatch(old.name)
+        if m and old.is_dir() and not old.is_symlink() and not _alive(int(m.group(1))):
+            shutil.rmtree(old, ignore_errors=True)
+    return out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; or not a pid at all
+        return True
+    return True

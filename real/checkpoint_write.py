@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from core.files import staging_dir
 from core.hf_config import spec_to_hf_config
 from core.spec import ModelSpec
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, TensorSpec, torch_dtype, unit_layout
@@ -109,10 +109,10 @@ def write_checkpoint(
     # written into a folder of its own, then moved in, config.json last: a write cut short (a
     # full disk, Ctrl-C) leaves the folder's earlier checkpoint as it was. Where the disk cannot
     # hold both, the earlier one goes first (config.json first: no half checkpoint is read).
+    tmp = staging_dir(out)  # a killed writer's staging removed before the disk is counted
     new_bytes = sum(shard.nbytes for shard in plan)
     if shutil.disk_usage(out).free < 1.05 * new_bytes + (64 << 20):
         _remove_checkpoint_files(out)
-    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
         weights = _Weights(spec, torch.Generator().manual_seed(seed), scale)

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import stat
@@ -24,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import file_kind, read_small
+from core.files import file_kind, read_small, staging_dir
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -56,7 +55,7 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     restore_previous(out_dir)
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
-    tmp = out_dir / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = staging_dir(out_dir)
     try:
         tmp.mkdir()
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
@@ -163,7 +162,7 @@ def staged_outputs(
     default: where it does not exist yet)."""
     made = not out.exists() if made is None else made
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = staging_dir(out)
     aside = out / f"{tmp.name}-earlier"  # the outputs replaced, until the new ones are in
     try:
         tmp.mkdir()
