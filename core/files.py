@@ -38,6 +38,14 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
+def no_file_words(mode: int) -> str:
+    """What a path of st_mode `mode` that is no regular file is, where a command reads a file,
+    as a message's tail: 'a folder, where a file belongs', 'not a regular file (a FIFO)'."""
+    if stat.S_ISDIR(mode):
+        return "a folder, where a file belongs"
+    return f"not a regular file ({file_kind(mode)})"
+
+
 def broken_link(path: str | Path) -> str:
     """Where `path` is a symbolic link that leads nowhere, what it is as a message's tail
     (' (a symbolic link to X, which does not exist)', ' (a symbolic link that loops)'); else ''.
@@ -58,12 +66,12 @@ def broken_link(path: str | Path) -> str:
 
 def not_regular(path: str | Path) -> str | None:
     """None where `path` (links followed) is a regular file or is missing; else what it is, as
-    a message's tail: 'not a regular file (a FIFO)'."""
+    a message's tail (`no_file_words`)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return None  # the caller's read reports it
-    return None if stat.S_ISREG(mode) else f"not a regular file ({file_kind(mode)})"
+    return None if stat.S_ISREG(mode) else no_file_words(mode)
 
 
 def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = "") -> bytes:
@@ -79,7 +87,7 @@ def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = ""
         raise
     if not stat.S_ISREG(mode):  # checked before fdopen, which refuses a directory unnamed
         os.close(fd)
-        raise ConfigError(f"{path}: not a regular file ({file_kind(mode)}){tail}")
+        raise ConfigError(f"{path}: {no_file_words(mode)}{tail}")
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)  # a file that grows while read stops here too
     if len(data) > limit:

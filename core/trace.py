@@ -17,6 +17,7 @@ import pandas as pd
 from core.balance import balance_metrics, copy_waits
 from core.bubbles import idle_causes
 from core.errors import TraceError
+from core.files import not_regular
 from core.schedule import Schedule
 from core.spec import Workload
 from core.trace_check import TRACE_COLUMNS, check_trace
@@ -85,6 +86,10 @@ def factorize(col: pd.Series) -> tuple[np.ndarray, list[str]]:
 def read_trace(path: Path) -> pd.DataFrame:
     """A run's trace.parquet; a file that is not one (cut short, overwritten) is a TraceError
     naming it, not pyarrow's traceback."""
+    redo = "run that run again to rewrite it"
+    kind = not_regular(path)  # pyarrow reads a folder as an empty dataset, blocks on a FIFO
+    if kind:
+        raise TraceError(f"{path}: {kind}; {redo}")
     try:
         trace = pd.read_parquet(path)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -93,7 +98,6 @@ def read_trace(path: Path) -> pd.DataFrame:
             f"{path}: not a readable trace ({why[:120]}); run that run again to rewrite it"
         ) from None
     check_trace(trace, path)
-    redo = "run that run again to rewrite it"
     if trace.empty:  # a run writes one row per op, and every run has ops
         raise TraceError(f"{path}: no ops (0 rows); not a run's trace; {redo}")
     twice = int(trace.duplicated().sum())

@@ -33,7 +33,8 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     """The run's trace as trace.json shows it: one part, or one per device of a run on G
     processes (its summary.json says `processes`)."""
     path = run_dir / "trace.parquet" if run_dir.is_dir() else run_dir
-    if not path.is_file():
+    # a folder in the trace's place is there: read_trace says what it is
+    if not (path.exists() if path != run_dir else path.is_file()):
         raise MoepipeError(
             f"{run_dir}: no trace.parquet there{broken_link(run_dir)}; pass a run directory a "
             "run wrote"

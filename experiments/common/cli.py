@@ -153,8 +153,10 @@ def error_line(e: BaseException) -> str | None:
             errno.EACCES: "check its permissions, or choose another folder",
             errno.EPERM: "check its permissions, or choose another folder",
             errno.ENOENT: "check the path",
+            errno.EISDIR: "move that folder away, or name another file",
         }.get(e.errno or 0, "check the file and the disk")
-        return _flat(f"{where}{e.strerror or e}; {fix}")
+        what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
+        return _flat(f"{where}{what}; {fix}")
     if isinstance(e, OverrideParseException):
         return _flat(
             f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import file_kind, read_small, staging_dir
+from core.files import no_file_words, read_small, staging_dir
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -352,7 +352,7 @@ def _sha256(path: Path) -> str:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)})")
+        raise OSError(errno.EINVAL, no_file_words(mode))
     with os.fdopen(fd, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)

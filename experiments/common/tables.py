@@ -86,8 +86,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:
-        summary = json.loads(read_small(summary_path).decode("utf-8"))
-    except MoepipeError as e:  # a FIFO or device in a run dir's place: refused, not read
+        summary = json.loads(read_small(summary_path, fix=rerun).decode("utf-8"))
+    except MoepipeError as e:  # a folder, FIFO or device in its place: refused, not read
         return None, f"summary.json unreadable ({str(e).removeprefix(f'{summary_path}: ')})"
     except json.JSONDecodeError as e:  # a run killed while it wrote the file
         return None, f"summary.json unreadable (not JSON: {e.msg}, line {e.lineno}); {rerun}"
@@ -103,7 +103,7 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
         if cfg_path.exists():
             try:
-                text = read_small(cfg_path).decode("utf-8")
+                text = read_small(cfg_path, fix=rerun).decode("utf-8")
                 check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
                 config = yaml.safe_load(text)
             except MoepipeError as e:

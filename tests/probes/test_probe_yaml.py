@@ -77,7 +77,7 @@ def test_a_config_path_that_is_no_regular_file_says_what_it_is(
         path.symlink_to(path.name)
     with deadline(60):
         r = cli_here("experiments.run", *TINY[:1], f"hardware={path}", *TINY[2:])
-    one_line(r, str(path), kind)
+    one_line(r, str(path), "a folder, where a file belongs" if kind == "directory" else kind)
 
 
 def test_an_integer_of_5000_digits_is_named_not_an_internal_error(
