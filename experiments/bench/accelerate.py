@@ -25,6 +25,7 @@ from core.errors import MoepipeError
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import run_command
+from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.peers import (
     COLD,
     RESULT,
@@ -78,6 +79,11 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
 
 
 def _main(opts: BenchAccelerateOptions) -> int:
+    with named_as(BENCH_OPTIONS):
+        return _bench(opts)
+
+
+def _bench(opts: BenchAccelerateOptions) -> int:
     d = checked(opts)
     if opts.role:  # a child: one system, its result as the last stdout line
         result = child(opts.role, d)

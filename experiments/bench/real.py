@@ -34,6 +34,7 @@ from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import run_command
+from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
 
@@ -418,7 +419,7 @@ def _table(rows: list[Any]) -> list[str]:
 def _moepipe_only(bopts: dict[str, Any], run_spec: Any) -> tuple[list[Any], list[str]]:
     got, peak, why = pe.run_side("moepipe", bopts, None)
     if got is None:
-        raise pe.side_failed("moepipe klotski", why, {**pe.BENCH_OPTIONS, "planner.params.n": "n"})
+        raise pe.side_failed("moepipe klotski", why)
     row = pe.Row(
         f"moepipe klotski (n={got['n_batches']})",
         run_spec.workload.batch_size,
@@ -465,8 +466,20 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+# what the shared bench code (a run's keys, experiments.bench.accelerate's options, which its
+# child processes take) calls this bench's options
+OWN_NAMES = {
+    **BENCH_OPTIONS,
+    "planner.params.n": "n",
+    "workload.n_batches": "n",
+    "klotski_n": "n",
+    "n_batches": "n",  # the children's, which the bench sets to n
+}
+
+
 def _main(opts: BenchRealOptions) -> int:
-    print("\n".join(run(opts)))
+    with named_as(OWN_NAMES):
+        print("\n".join(run(opts)))
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import resource
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from experiments.common.bench_memory import (
     drop_page_cache,
     host_room_bytes,
 )
+from experiments.common.option_names import BENCH_OPTIONS, own_names
 
 COLD = ("pass", "once", "false")
 ROLE = "role"  # the option that makes the bench command run one system (in its own process)
@@ -326,22 +326,10 @@ def _relay(stream: Any, errors: list[str]) -> None:
             sys.stderr.flush()
 
 
-# a run's config keys a child's error names, as the bench's own options the user gave
-BENCH_OPTIONS = {
-    "planner.params.attn_batches": "klotski_attn",
-    "planner.params.n": "klotski_n",
-    "workload.batch_size": "batch_size",
-    "workload.n_batches": "n_batches",
-    "workload.prompt_len": "prompt_len",
-    "workload.gen_len": "gen_len",
-}
-
-
 def side_failed(system: str, why: str, names: dict[str, str] | None = None) -> MoepipeError:
     """The bench's one line for a child that failed: its own error where it printed one, with
     the run's keys it names as the bench's options (`names`, default BENCH_OPTIONS)."""
-    for key, option in (names or BENCH_OPTIONS).items():
-        why = re.sub(rf"\b{re.escape(key)}\b", option, why)
+    why = own_names(why, names or BENCH_OPTIONS)
     tail = "; see its output above" if why.startswith("exit status") else ""
     return MoepipeError(f"{system} failed: {why}{tail}")
 

@@ -1,10 +1,12 @@
 """Probe round 10a (issue 48): a folder in a run file's place, which the reading commands
-called missing or "no column(s)", not a folder."""
+called missing or "no column(s)", not a folder; bench.real's errors naming other commands'
+options (klotski_n, planner.params.n) for its own n."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,26 @@ def test_an_oserror_on_a_folder_says_it_is_one(tmp_path: Path) -> None:
     line = error_line(info.value)
     assert line is not None and str(tmp_path) in line and FOLDER in line
     assert "move that folder away" in line
+
+
+def test_bench_reals_errors_name_its_own_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.real's option is n: a child's failure said klotski_n (bench.accelerate's, which its
+    children take) and the planner's fit check said planner.params.n (a run's key)."""
+    from experiments.bench import real as bench_real
+    from experiments.common.peers import side_failed
+
+    def child_failed(opts: Any) -> None:
+        why = "n=15 batches does not fit; pick a smaller n (planner.params.n; workload.n_batches)"
+        raise side_failed("moepipe klotski", why)
+
+    monkeypatch.setattr(bench_real, "run", child_failed)
+    assert bench_real.main(["model=mixtral-tiny", "budget_gb=1"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "(n; n)" in line and "klotski_n" not in line and "planner.params" not in line
+    monkeypatch.undo()
+    args = ["model=mixtral-tiny", "hardware=tiny", "budget_gb=0.008", f"out_dir={tmp_path}"]
+    assert bench_real.main([*args, "n=1000"]) == 2  # refused by the planner, before any file
+    line = capsys.readouterr().err.strip()
+    assert "pick a smaller n (n;" in line and "planner.params" not in line, line

@@ -1,0 +1,45 @@
+"""What the benches call a run's keys: a line from shared code (the planner, the simulator, a
+child process's relayed error) names the command's own options, not a run's config keys nor
+another bench's options.
+
+Usage:
+    with named_as(BENCH_OPTIONS):  # around a command's body
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+from core.errors import MoepipeError
+
+# a run's config keys a child's error names, as the bench's own options the user gave
+BENCH_OPTIONS = {
+    "planner.params.attn_batches": "klotski_attn",
+    "planner.params.n": "klotski_n",
+    "workload.batch_size": "batch_size",
+    "workload.n_batches": "n_batches",
+    "workload.prompt_len": "prompt_len",
+    "workload.gen_len": "gen_len",
+}
+
+
+def own_names(text: str, names: dict[str, str]) -> str:
+    """`text` with each key of `names` (a run's config key, another command's option) named as
+    the command's own option that sets it: bench.real's user, who passes n=, was told to change
+    klotski_n."""
+    for key, option in names.items():  # not inside a dotted key: `workload.n_batches`'s tail
+        text = re.sub(rf"(?<![\w.]){re.escape(key)}\b", option, text)
+    return text
+
+
+@contextlib.contextmanager
+def named_as(names: dict[str, str]) -> Iterator[None]:
+    """Inside, a MoepipeError's line names the command's own options (`own_names`), whichever
+    shared code (the planner, the simulator, a child's relayed line) raised it."""
+    try:
+        yield
+    except MoepipeError as e:
+        raise MoepipeError(own_names(str(e), names)) from None
