@@ -121,8 +121,9 @@ def _free_memory(
     if gpu_free < 0:
         raise CapacityError(
             f"GPU memory {cap[Tier.GPU] / 1e9:.3g} GB is smaller than the working set "
-            f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights, KV cache "
-            "buffers, activations); use a smaller batch or fewer batches"
+            f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights and KV cache "
+            f"buffers {working_bytes / 1e9:.3g} GB, activations {activation_bytes / 1e9:.3g} GB); "
+            "lower workload.prompt_len or workload.batch_size (or workload.n_batches)"
         )
     return {Tier.GPU: gpu_free, Tier.CPU: cpu_free, Tier.DISK: disk_free}
 

@@ -103,7 +103,50 @@ def resolve_n_batches(spec: RunSpec) -> RunSpec:
     if n != spec.workload.n_batches:
         spec = replace(spec, workload=spec.workload.with_(n_batches=n))
     check_kv_fits(spec)
+    check_plan_fits(spec)
     return spec
+
+
+PROBE_ROUTING_BYTES = 1 << 24  # routing this large takes a second or more to build
+
+
+class _RoutingNeeded(BaseException):
+    """Where a planner first reads `check_plan_fits`'s stand-in routing: its own checks of the
+    model, hardware and workload (its placement) have passed. A BaseException, so that no
+    planner's `except Exception` takes it for its own."""
+
+
+def check_plan_fits(spec: RunSpec) -> None:
+    """The planner's refusals that need no routing (its placement: a working set larger than
+    the GPU), made before a routing that takes seconds to build is built: a prompt_len of three
+    million built routing for a minute before flexgen refused its activations. The planner plans
+    with a stand-in routing up to its first read of it."""
+    m = spec.model
+    if routing_bytes(spec) < PROBE_ROUTING_BYTES:
+        return  # built at once: the plan itself refuses it as soon
+
+    def not_yet(*_: int) -> Any:
+        raise _RoutingNeeded
+
+    stand_in = CausalRouting(not_yet, m.n_experts, m.top_k, labels=not_yet)
+    ctx = PlanContext(m, spec.hardware, spec.workload, stand_in, CostModel(spec.hardware))
+    try:
+        with gc_paused():
+            make_planner(spec.planner, spec.params).plan(
+                ctx, ScheduleBuilder(ctx.hardware.memory_bytes)
+            )
+    except _RoutingNeeded:
+        return
+    except CapacityError:
+        raise
+    except Exception:  # noqa: BLE001 (the stand-in's doing, or the real plan's to say)
+        return
+
+
+def routing_bytes(spec: RunSpec) -> int:
+    """The bytes of the run's routing (top-k ids and gate weights of every token and layer)."""
+    m, wl = spec.model, spec.workload
+    return wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12
 
 
 ROUTING_CHECK_BYTES = 1 << 28  # routing this large is checked against memory before it is built
@@ -131,11 +174,10 @@ def check_kv_fits(spec: RunSpec) -> None:
     check_ops_fit(spec)
     # Below this, routing is cheap to build and the planner's own capacity check says more (a
     # model whose weights do not fit is named as such, not as a KV cache to shrink).
-    routing_bytes = wl.n_sequences * wl.seq_positions * m.n_layers * m.top_k * 12  # ids + weights
-    if routing_bytes < ROUTING_CHECK_BYTES:
+    if routing_bytes(spec) < ROUTING_CHECK_BYTES:
         return
     check_ram(
-        routing_bytes * ROUTING_PEAK_FACTOR,
+        routing_bytes(spec) * ROUTING_PEAK_FACTOR,
         f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
         "reduce prompt_len, gen_len, batch_size or n_batches",
     )

@@ -1,6 +1,7 @@
 """Probe round 10a (issue 48): a folder in a run file's place, which the reading commands
 called missing or "no column(s)", not a folder; bench.real's errors naming other commands'
-options (klotski_n, planner.params.n) for its own n."""
+options (klotski_n, planner.params.n) for its own n; a planner's refusal of a working set past
+the GPU made after a minute of building routing, not before."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from core.spec import Workload
 from core.trace import read_trace
 from experiments.common.cli import error_line
 from experiments.common.tables import collect
 from experiments.trace_json import read_traces
+from planners.registry import expert_parallel_names, planner_names
 from tests.probes.conftest import TINY, cli, raises_one_line
 
 FOLDER = "a folder, where a file belongs"
@@ -76,3 +79,22 @@ def test_bench_reals_errors_name_its_own_n(
     assert bench_real.main([*args, "n=1000"]) == 2  # refused by the planner, before any file
     line = capsys.readouterr().err.strip()
     assert "pick a smaller n (n;" in line and "planner.params" not in line, line
+
+
+@pytest.mark.parametrize("planner", sorted(set(planner_names()) - set(expert_parallel_names())))
+def test_a_working_set_past_the_gpu_is_refused_before_routing_is_built(
+    monkeypatch: pytest.MonkeyPatch, planner: str
+) -> None:
+    """prompt_len=3000000 on the tiny model: routing for it was built (a minute, 5 GB) before
+    the planner's placement found the activations larger than the GPU, and the line named no
+    field ("use a smaller batch or fewer batches")."""
+    from experiments.common import pipeline
+    from tests.conftest import hardware_from_conf, model_from_conf
+
+    def built(*_: Any) -> None:
+        raise AssertionError("routing built before the plan's own refusal")
+
+    monkeypatch.setattr(pipeline, "load_routing", built)
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=3_000_000, gen_len=3)
+    spec = pipeline.RunSpec(model_from_conf("tiny"), hardware_from_conf("tiny"), wl, planner)
+    raises_one_line(lambda: pipeline.simulate_run(spec), "workload.prompt_len")
