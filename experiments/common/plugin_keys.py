@@ -1,7 +1,8 @@
-"""The keys of hydra's chosen launcher and sweeper: `+hydra.launcher.foo=1` added a key that
-neither the plugin nor hydra reads, since hydra's schema types both nodes `Any` (the check of a
-`+` key against a schema, `app.plus_plus`, passed it). Here the config is composed and the key
-refused in one line naming it, where the plugin's node is a structured config that lacks it.
+"""The keys of hydra's chosen launcher and sweeper, and of its callbacks: `+hydra.launcher.foo=1`
+added a key that neither the plugin nor hydra reads, since hydra's schema types these nodes `Any`
+(the check of a `+` key against a schema, `app.plus_plus`, passed it); `+hydra.callbacks.X.foo=1`
+added a callback of no class, which hydra warned of over eight lines at each event and ran on.
+Here the config is composed and the key refused in one line naming it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from core.errors import MoepipeError
 from experiments.common.hydra_errors import nearest
 
 PLUGINS = ("hydra.launcher", "hydra.sweeper")
+CALLBACKS = "hydra.callbacks"  # name -> {_target_: a Callback class, its arguments}
 # hydra's logging configs are `logging.config.dictConfig`'s, which skips a key it does not know
 LOGGING = ("hydra.job_logging", "hydra.hydra_logging")
 DICT_CONFIG_KEYS = (
@@ -39,13 +41,17 @@ def check_plugin_keys(conf_dir: Path, config_name: str, overrides: Sequence[str]
     for o in overrides:
         _check_logging(o)
     added = [o for o in overrides if o.startswith("+") and _plugin_key(o)]
-    if not added:
+    keys = [o.lstrip("+~").partition("=")[0] for o in overrides]
+    callbacks = any(k == CALLBACKS or k.startswith(f"{CALLBACKS}.") for k in keys)
+    if not added and not callbacks:
         return
     cfg = _composed(conf_dir, config_name, [o for o in overrides if o not in added])
     if cfg is None:
         return
     for o in added:
         _check(cfg, o)
+    if callbacks:
+        check_callbacks(cfg)
 
 
 def _plugin_key(override: str) -> str | None:
@@ -104,3 +110,83 @@ def _check_logging(override: str) -> None:
                     f"{node}.{part}: unknown key of a logging config (logging.config.dictConfig "
                     f"skips it); {nearest(part, DICT_CONFIG_KEYS)}; or leave it out"
                 )
+
+
+def check_callbacks(cfg: DictConfig) -> None:
+    """Each of `hydra.callbacks` is a mapping whose `_target_` names a hydra Callback class,
+    its other keys arguments that class takes, of the kind it takes: hydra instantiates them
+    only as the run starts, and said what was wrong over many lines, or warned and ran on."""
+    node: Any = OmegaConf.select(cfg, CALLBACKS)
+    if not isinstance(node, DictConfig):
+        return  # null or a value: omegaconf's own line, in hydra's turn
+    for name in node:
+        where = f"{CALLBACKS}.{name}"
+        entry = node._get_node(name)
+        if not isinstance(entry, DictConfig) or "_target_" not in entry:
+            raise MoepipeError(
+                f"{where}: a callback is a mapping whose _target_ names a hydra Callback class; "
+                f"pass +{where}._target_=module.Class, or leave it out (~{where})"
+            )
+        cls = _callback_class(where, str(entry["_target_"]))
+        _check_arguments(where, cls, entry)
+
+
+def _callback_class(where: str, target: str) -> type:
+    """The class `target` names, a subclass of hydra's Callback, or a MoepipeError."""
+    from hydra._internal.utils import _locate
+    from hydra.experimental.callback import Callback
+
+    fix = f"pass {where}._target_=module.Class of a hydra Callback, or leave it out (~{where})"
+    try:
+        cls = _locate(target)
+    except Exception:  # noqa: BLE001 (hydra's ImportError of many lines, or the module's own)
+        raise MoepipeError(f"{where}._target_={target}: no such class to import; {fix}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise MoepipeError(
+            f"{where}._target_={target}: not a subclass of hydra's "
+            f"hydra.experimental.callback.Callback; {fix}"
+        )
+    return cls
+
+
+KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def _check_arguments(where: str, cls: type, entry: DictConfig) -> None:
+    """The keys of `entry` beside `_target_` name arguments of `cls`, each of the kind its
+    annotation says (where that is a plain bool, int, float or str)."""
+    import inspect
+    import typing
+
+    params = inspect.signature(cls).parameters
+    free = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 (an annotation that does not resolve: kinds unchecked)
+        hints = {}
+    for key in entry:
+        key = str(key)
+        if key.startswith("_") and key.endswith("_"):  # hydra's own: _target_, _partial_, ...
+            continue
+        if key not in params and not free:
+            valid = [p for p in params if params[p].kind is not inspect.Parameter.VAR_POSITIONAL]
+            takes = nearest(key, valid) if valid else f"{cls.__name__} takes none"
+            raise MoepipeError(f"{where}.{key}: unknown key of {cls.__name__}; {takes}")
+        kind = hints.get(key)
+        value = entry._get_node(key)._value()
+        if kind in KINDS and not _is_kind(value, kind):
+            raise MoepipeError(
+                f"{where}.{key}={value!r}: {cls.__name__} takes {KINDS[kind]} there; "
+                f"pass {where}.{key}=<{KINDS[kind]}>"
+            )
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """`value` (as YAML gave it) is one of `kind`: an int is a float too, a bool no number."""
+    if isinstance(value, str) and value.startswith("${"):
+        return True  # an interpolation: its value is known only when resolved
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)

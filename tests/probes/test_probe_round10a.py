@@ -17,7 +17,7 @@ from experiments.common.cli import error_line
 from experiments.common.tables import collect
 from experiments.trace_json import read_traces
 from planners.registry import expert_parallel_names, planner_names
-from tests.probes.conftest import TINY, cli, raises_one_line
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 FOLDER = "a folder, where a file belongs"
 
@@ -98,3 +98,27 @@ def test_a_working_set_past_the_gpu_is_refused_before_routing_is_built(
     wl = Workload(batch_size=2, n_batches=2, prompt_len=3_000_000, gen_len=3)
     spec = pipeline.RunSpec(model_from_conf("tiny"), hardware_from_conf("tiny"), wl, planner)
     raises_one_line(lambda: pipeline.simulate_run(spec), "workload.prompt_len")
+
+
+CALLBACK_CASES = [
+    (["+hydra.callbacks.X.foo=1"], ["hydra.callbacks.X:", "_target_"]),
+    (["hydra.callbacks.progress=5"], ["hydra.callbacks.progress:", "_target_"]),
+    (["+hydra.callbacks.progress.foo=1"], ["hydra.callbacks.progress.foo", "poll_s"]),
+    (["+hydra.callbacks.progress.poll_s=abc"], ["hydra.callbacks.progress.poll_s", "a number"]),
+    (["+hydra.callbacks.X._target_=nosuch.Mod"], ["hydra.callbacks.X._target_=nosuch.Mod"]),
+    (["+hydra.callbacks.X._target_=builtins.dict"], ["builtins.dict", "Callback"]),
+]
+
+
+@pytest.mark.parametrize("args, names", CALLBACK_CASES, ids=[c[0][0] for c in CALLBACK_CASES])
+def test_a_bad_callback_override_is_one_line_naming_its_key(
+    tmp_path: Path, cli_here: Any, args: list[str], names: list[str]
+) -> None:
+    """A callback of no _target_ (or no class, or not a Callback) was warned of over eight
+    lines at each of hydra's events and the run went on, exit 0; an argument its class does not
+    take was 'Error in call to target ...; TypeError(...)', naming no key; a value of the wrong
+    kind was taken."""
+    r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    line = one_line(r, *names)
+    assert "HYDRA_FULL_ERROR" not in line
+    assert not (tmp_path / "run").exists()
