@@ -59,6 +59,7 @@ from experiments.common.hardware import (  # noqa: E402
     read_hardware,
     with_links,
 )
+from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_names
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
@@ -379,7 +380,7 @@ def _simulate_all(
             routing = load_routing(spec.model, spec.workload)
             sims[name] = spec, routing, simulate_run(spec, routing)
         except MoepipeError as e:
-            rows.append(dict(planner=name, skipped=str(e)))
+            rows.append(dict(planner=name, skipped=own_names(str(e), VALIDATE_OPTIONS)))
     return sims
 
 
@@ -413,7 +414,7 @@ def _real_runs(
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN
                 # weights fail the command (as a skipped row, the table left the planner out)
-                rows.append(dict(planner=name, skipped=str(e)))
+                rows.append(dict(planner=name, skipped=own_names(str(e), VALIDATE_OPTIONS)))
                 del sims[name]
                 continue
             reals[name].append(result)
@@ -572,7 +573,8 @@ def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _main(args: Options) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    validate(kv(args))
+    with named_as(VALIDATE_OPTIONS):
+        validate(kv(args))
     return 0
 
 

@@ -25,6 +25,15 @@ BENCH_OPTIONS = {
     "workload.gen_len": "gen_len",
 }
 
+# experiments.validate's: its workload options and planner_params, every planner's
+VALIDATE_OPTIONS = {
+    "workload.batch_size": "batch_size",
+    "workload.n_batches": "n_batches",
+    "workload.prompt_len": "prompt_len",
+    "workload.gen_len": "gen_len",
+    "planner.params": "planner_params",
+}
+
 
 def own_names(text: str, names: dict[str, str]) -> str:
     """`text` with each key of `names` (a run's config key, another command's option) named as

@@ -1,7 +1,8 @@
 """Probe round 10a (issue 48): a folder in a run file's place, which the reading commands
-called missing or "no column(s)", not a folder; bench.real's errors naming other commands'
-options (klotski_n, planner.params.n) for its own n; a planner's refusal of a working set past
-the GPU made after a minute of building routing, not before."""
+called missing or "no column(s)", not a folder; bench.real's and validate's errors naming
+other commands' options (klotski_n, planner.params.n) for their own; a planner's refusal of a
+working set past the GPU made after a minute of building routing, not before; a bad
+hydra.callbacks override warned of over many lines and run, or said without its key."""
 
 from __future__ import annotations
 
@@ -122,3 +123,14 @@ def test_a_bad_callback_override_is_one_line_naming_its_key(
     line = one_line(r, *names)
     assert "HYDRA_FULL_ERROR" not in line
     assert not (tmp_path / "run").exists()
+
+
+def test_validates_errors_name_its_own_options(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """validate's options are batch_size and planner_params: a planner's refusal said
+    workload.batch_size and planner.params.n, a run's keys, which validate does not take."""
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[klotski]", "repeats=1"]
+    r = cli_here("experiments.validate", *args, "+planner_params.n=1000", f"out={tmp_path / 'v'}")
+    line = one_line(r, "planner_params.n", "batch_size")
+    assert "planner.params" not in line and "workload." not in line
