@@ -38,6 +38,7 @@ from experiments.common.cli import (
     run_command,
 )
 from experiments.common.hardware import hardware_spec, read_hardware
+from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
 from experiments.common.tables import markdown
@@ -200,7 +201,11 @@ def _planner_row(
 
 
 def _main(args: Options) -> int:
-    print_or_exit(lambda: report(kv(args)))
+    def named() -> list[str]:  # a planner's line names this command's options
+        with named_as(VALIDATE_LANES_OPTIONS):
+            return report(kv(args))
+
+    print_or_exit(named)
     return 0
 
 

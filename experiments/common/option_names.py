@@ -34,6 +34,14 @@ VALIDATE_OPTIONS = {
     "planner.params": "planner_params",
 }
 
+# experiments.validate_lanes's: the lanes are the expert-parallel planners' devices
+VALIDATE_LANES_OPTIONS = {
+    **{k: v for k, v in VALIDATE_OPTIONS.items() if k.startswith("workload.")},
+    "planner.params.n_devices": "lanes",
+    "planner.params.replica_slots": "replica_slots",
+    "n_devices": "lanes",
+}
+
 
 def own_names(text: str, names: dict[str, str]) -> str:
     """`text` with each key of `names` (a run's config key, another command's option) named as

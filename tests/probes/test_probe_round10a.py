@@ -134,3 +134,15 @@ def test_validates_errors_name_its_own_options(
     r = cli_here("experiments.validate", *args, "+planner_params.n=1000", f"out={tmp_path / 'v'}")
     line = one_line(r, "planner_params.n", "batch_size")
     assert "planner.params" not in line and "workload." not in line
+
+
+def test_validate_lanes_errors_name_its_own_options(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """validate_lanes's options are lanes and replica_slots: a planner's refusal said
+    planner.params.replica_slots, a run's key."""
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[predictive_replication]"]
+    more = ["replica_slots=100", "lanes=2", "device=cpu", "repeats=1", f"out={tmp_path / 'v'}"]
+    r = cli_here("experiments.validate_lanes", *args, *more)
+    line = one_line(r, "replica_slots=100")
+    assert "planner.params" not in line
