@@ -120,6 +120,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         key = (
             key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
         )
+        argument = _argument_line(cause, key, name, at)
+        if argument:
+            return argument
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         line = f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
@@ -381,6 +384,40 @@ def _valid_keys(cause: Any) -> list[str] | None:
     if isinstance(node, DictConfig):
         return [str(k) for k in node]
     return None
+
+
+def _argument_line(cause: Any, key: str, name: str, at: str) -> str | None:
+    """For a key a `_target_` mapping lacks (a hydra callback's, which lists its class alone):
+    how to add an argument its class takes, or the nearest one; None for another mapping."""
+    from omegaconf import OmegaConf
+
+    node = getattr(cause, "parent_node", None)
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return None
+    if is_dataclass(OmegaConf.get_type(node)):  # a plugin's schema: its fields are its keys
+        return None
+    takes = _arguments(str(node._get_node("_target_")._value()))
+    if takes is None:
+        return None
+    if name in takes:
+        return f"{key}: not set in the config{at}; add it with +{key}=VALUE"
+    return f"{key}: unknown key{at}; {nearest(name, takes) if takes else 'it takes none'}"
+
+
+def _arguments(target: str) -> list[str] | None:
+    """The named arguments of the class or function `target` imports as; None where it does
+    not import or takes any keyword."""
+    import inspect
+
+    from hydra._internal.utils import _locate
+
+    try:
+        params = inspect.signature(_locate(target)).parameters.values()
+    except Exception:  # noqa: BLE001 (no such module, or no signature to read)
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
 
 
 def with_key(e: Exception, cfg: DictConfig) -> Exception:

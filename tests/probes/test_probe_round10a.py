@@ -108,6 +108,9 @@ CALLBACK_CASES = [
     (["+hydra.callbacks.progress.poll_s=abc"], ["hydra.callbacks.progress.poll_s", "a number"]),
     (["+hydra.callbacks.X._target_=nosuch.Mod"], ["hydra.callbacks.X._target_=nosuch.Mod"]),
     (["+hydra.callbacks.X._target_=builtins.dict"], ["builtins.dict", "Callback"]),
+    # an argument the config's callback does not list: not "valid: _target_"
+    (["hydra.callbacks.progress.poll_s=3"], ["not set", "+hydra.callbacks.progress.poll_s="]),
+    (["hydra.callbacks.progress.pol=3"], ["hydra.callbacks.progress.pol:", "'poll_s'"]),
 ]
 
 
@@ -118,7 +121,8 @@ def test_a_bad_callback_override_is_one_line_naming_its_key(
     """A callback of no _target_ (or no class, or not a Callback) was warned of over eight
     lines at each of hydra's events and the run went on, exit 0; an argument its class does not
     take was 'Error in call to target ...; TypeError(...)', naming no key; a value of the wrong
-    kind was taken."""
+    kind was taken; an argument the config's callback does not list was an unknown key,
+    "valid: _target_"."""
     r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
     line = one_line(r, *names)
     assert "HYDRA_FULL_ERROR" not in line
