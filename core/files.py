@@ -74,6 +74,13 @@ def not_regular(path: str | Path) -> str | None:
     return None if stat.S_ISREG(mode) else no_file_words(mode)
 
 
+def no_file_there(path: str | Path) -> str:
+    """Why `path` is no file to read, as a message's words: what is there instead (a folder,
+    a FIFO: `no_file_words`), or 'no such file' (with a broken link's words): a folder was
+    called missing where a file belongs."""
+    return not_regular(path) or f"no such file{broken_link(path)}"
+
+
 def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = "") -> bytes:
     """`path`'s bytes. A ConfigError naming it where it is not a regular file or holds more than
     `limit` bytes (checked on the open file, which O_NONBLOCK keeps a FIFO from blocking);

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from core.args import written_whole
 from core.errors import MoepipeError
+from core.files import no_file_there
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
@@ -416,7 +417,10 @@ def targets(df: pd.DataFrame) -> list[str]:
 def read_results(path: Path) -> pd.DataFrame:
     """A previous run's results.csv, for report_only=true."""
     if not path.is_file():
-        raise MoepipeError(f"{path}: no results; run python -m experiments.reproduce_klotski first")
+        raise MoepipeError(
+            f"{path}: no results ({no_file_there(path)}); run python -m "
+            "experiments.reproduce_klotski first"
+        )
     try:
         df = pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from core.errors import ConfigError
-from core.files import not_regular, read_small
+from core.files import no_file_there, not_regular, read_small
 from core.hf_config import (
     HFConfig,
     hf_dtype_name,
@@ -295,7 +295,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
     path = Path(model).expanduser() if is_file else CONF_MODEL_DIR / f"{model}.yaml"
     if not path.is_file() and is_file:
         raise ConfigError(
-            f"model={model}: no such file; pass a model YAML file or a conf/model name"
+            f"model={model}: {no_file_there(path)}; pass a model YAML file or a conf/model name"
         )
     if not path.is_file():
         have = ", ".join(sorted(p.stem for p in CONF_MODEL_DIR.glob("*.yaml")))

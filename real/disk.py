@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from core.errors import ConfigError
+from core.files import no_file_there
 from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,9 @@ class DiskReader:
     def __init__(self, path: str | Path, direct: bool = True) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ConfigError(f"{self.path}: missing file; re-copy or rewrite the checkpoint")
+            raise ConfigError(
+                f"{self.path}: {no_file_there(self.path)}; re-copy or rewrite the checkpoint"
+            )
         self.direct = direct and hasattr(os, "O_DIRECT")
         self.fd = -1
         if self.direct:

@@ -150,3 +150,17 @@ def test_validate_lanes_errors_name_its_own_options(
     r = cli_here("experiments.validate_lanes", *args, *more)
     line = one_line(r, "replica_slots=100")
     assert "planner.params" not in line
+
+
+def test_a_folder_where_an_input_file_belongs_is_not_called_missing(tmp_path: Path) -> None:
+    """model=m.yaml, reproduce_klotski's results.csv and a checkpoint shard that are folders
+    were "no such file", "no results" and "missing file"."""
+    from experiments.reproduce_klotski import read_results
+    from real.checkpoint import reduced_spec
+    from real.disk import DiskReader
+
+    for name in ("m.yaml", "results.csv", "model.safetensors"):
+        (tmp_path / name).mkdir()
+    raises_one_line(lambda: reduced_spec(str(tmp_path / "m.yaml")), "m.yaml", FOLDER)
+    raises_one_line(lambda: read_results(tmp_path / "results.csv"), "results.csv", FOLDER)
+    raises_one_line(lambda: DiskReader(tmp_path / "model.safetensors"), "safetensors", FOLDER)
