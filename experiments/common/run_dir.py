@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import no_file_words, read_small, staging_dir
+from core.files import no_file_words, not_regular, read_small, staging_dir
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -398,7 +398,8 @@ def edited_since_run(out_dir: Path, names: tuple[str, ...] = READ_BACK) -> str |
     text = _text(manifest)
     lines = [line.split("  ", 1) for line in (text or "").splitlines()]
     if not lines or any(len(parts) != 2 for parts in lines):
-        return f"{manifest} is not sha256sum's list of the run's files"
+        what = not_regular(manifest) or "not sha256sum's list of the run's files"
+        return f"{manifest}: {what}"
     for digest, name in lines:
         if name in names and (out_dir / name).exists():
             try:

@@ -31,18 +31,20 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.mark.parametrize("name", ["trace.parquet", "summary.json"])
+@pytest.mark.parametrize("name", ["trace.parquet", "summary.json", "files.sha256", "config.yaml"])
 def test_a_folder_in_a_run_files_place_is_said_to_be_one(
     finished_run: Path, tmp_path: Path, name: str
 ) -> None:
     """trace_json said "no trace.parquet there" and report "no column(s) source, ..." (pyarrow
     reads a folder as an empty dataset) for a trace.parquet that is a folder; collect said
-    "not a regular file (a directory)" of summary.json with nothing to do about it."""
+    "not a regular file (a directory)" of summary.json and config.yaml with nothing to do
+    about it, and "is not sha256sum's list" of files.sha256."""
     run = Path(shutil.copytree(finished_run, tmp_path / "run"))
     (run / name).unlink()
     (run / name).mkdir()
-    raises_one_line(lambda: read_traces(run), f"{run / name}", FOLDER, "run that run again")
-    if name == "trace.parquet":
+    if name != "config.yaml":  # trace_json does not read it
+        raises_one_line(lambda: read_traces(run), f"{run / name}", FOLDER, "run that run again")
+    if name == "trace.parquet":  # collect does not read it; report does
         raises_one_line(lambda: read_trace(run / name), name, FOLDER, "run that run again")
     else:
         _, problems = collect(tmp_path)
