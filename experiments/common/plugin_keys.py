@@ -42,7 +42,10 @@ def check_plugin_keys(conf_dir: Path, config_name: str, overrides: Sequence[str]
         _check_logging(o)
     added = [o for o in overrides if o.startswith("+") and _plugin_key(o)]
     keys = [o.lstrip("+~").partition("=")[0] for o in overrides]
-    callbacks = any(k == CALLBACKS or k.startswith(f"{CALLBACKS}.") for k in keys)
+    # a callback set on the command line, or by a config of the user's (--config-dir)
+    callbacks = any(
+        k in (CALLBACKS, "hydra.searchpath") or k.startswith(f"{CALLBACKS}.") for k in keys
+    )
     if not added and not callbacks:
         return
     cfg = _composed(conf_dir, config_name, [o for o in overrides if o not in added])

@@ -166,3 +166,15 @@ def test_a_folder_where_an_input_file_belongs_is_not_called_missing(tmp_path: Pa
     raises_one_line(lambda: reduced_spec(str(tmp_path / "m.yaml")), "m.yaml", FOLDER)
     raises_one_line(lambda: read_results(tmp_path / "results.csv"), "results.csv", FOLDER)
     raises_one_line(lambda: DiskReader(tmp_path / "model.safetensors"), "safetensors", FOLDER)
+
+
+def test_a_bad_callback_of_a_users_config_dir_is_one_line(tmp_path: Path, cli_here: Any) -> None:
+    """An experiment of the user's --config-dir that adds a callback of no class: hydra
+    warned at each event and the run went on, exit 0."""
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nhydra:\n  callbacks:\n    mine:\n      foo: 1\n"
+    )
+    args = ["--config-dir", str(tmp_path / "conf"), "experiment=mine", *TINY]
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, "hydra.callbacks.mine:", "_target_")
