@@ -1,6 +1,6 @@
-"""What the benches call a run's keys: a line from shared code (the planner, the simulator, a
-child process's relayed error) names the command's own options, not a run's config keys nor
-another bench's options.
+"""What a command whose options are not a run's keys (the benches, validate, validate_lanes)
+calls them: a line from shared code (the planner, the simulator, a child process's relayed
+error) names the command's own options, not a run's config keys nor another command's options.
 
 Usage:
     with named_as(BENCH_OPTIONS):  # around a command's body
