@@ -79,7 +79,7 @@ def greedy_placement(
             raise CapacityError(
                 f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
                 f"({kv_layer * model.n_layers / 1e9:.1f} GB) cannot fit in GPU + CPU memory; "
-                "reduce batch_size, n_batches or the sequence length"
+                "lower workload.batch_size, n_batches, prompt_len or gen_len"
             )
         kv.append(tier)
         resident[tier] += kv_layer

@@ -179,7 +179,7 @@ def check_kv_fits(spec: RunSpec) -> None:
     check_ram(
         routing_bytes(spec) * ROUTING_PEAK_FACTOR,
         f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
-        "reduce prompt_len, gen_len, batch_size or n_batches",
+        "lower workload.prompt_len, gen_len, batch_size or n_batches",
     )
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
@@ -187,7 +187,7 @@ def check_kv_fits(spec: RunSpec) -> None:
         raise CapacityError(
             f"KV cache of {wl.n_sequences} sequences x {wl.seq_positions} tokens "
             f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB); "
-            "reduce batch_size, n_batches or the sequence length"
+            "lower workload.batch_size, n_batches, prompt_len or gen_len"
         )
 
 

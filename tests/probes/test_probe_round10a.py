@@ -178,3 +178,24 @@ def test_a_bad_callback_of_a_users_config_dir_is_one_line(tmp_path: Path, cli_he
     args = ["--config-dir", str(tmp_path / "conf"), "experiment=mine", *TINY]
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, "hydra.callbacks.mine:", "_target_")
+
+
+def test_a_kv_cache_past_the_memory_names_the_fields_to_lower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The KV cache's refusal said "reduce batch_size, n_batches or the sequence length",
+    naming no field of the sequence length."""
+    from core.types import Tier
+    from experiments.common import pipeline
+    from tests.conftest import hardware_from_conf, model_from_conf
+
+    monkeypatch.setattr(pipeline, "ROUTING_CHECK_BYTES", 0)  # checked whatever its size
+    monkeypatch.setattr(pipeline, "_available_ram_bytes", lambda: None)  # not the RAM's line
+    m, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    room = hw.memory_bytes[Tier.GPU] + hw.memory_bytes[Tier.CPU]
+    wl = Workload(
+        batch_size=2, n_batches=2, prompt_len=room // (4 * m.kv_bytes_per_token), gen_len=3
+    )
+    spec = pipeline.RunSpec(m, hw, wl, "flexgen")
+    line = raises_one_line(lambda: pipeline.check_kv_fits(spec), "KV cache", "workload.batch_size")
+    assert "prompt_len" in line and "gen_len" in line
