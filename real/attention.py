@@ -141,8 +141,7 @@ class Rope:
                 f"{partial_key}={partial} with {kind} RoPE; these families rotate whole heads "
                 "(transformers fails on it too): remove it"
             )
-        # absent: max_position_embeddings, or the family's default of it, as transformers
-        orig = p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
+        orig = _original_max_positions(c, p)
         if kind == "yarn" and "factor" in p.fields and p.get("factor", None) is None:
             # null (absent: refused, as transformers does): DeepSeek-V3's way, as transformers
             factor = c.get("max_position_embeddings") / orig  # the stretch over the original
@@ -185,6 +184,16 @@ def _partial_rotary_factor(c: HFConfig, p: HFConfig, key: str) -> tuple[float, s
     if inner is not None:
         return float(inner), f"{key}.partial_rotary_factor"
     return float(c.get("partial_rotary_factor", 1.0)), "partial_rotary_factor"
+
+
+def _original_max_positions(c: HFConfig, p: HFConfig) -> int:
+    """The context length yarn and llama3 stretch, as transformers' standardize_rope_params
+    picks it: config.json's top-level original_max_position_embeddings (Phi-3 keeps it there)
+    over the RoPE object's, else max_position_embeddings (or the family's default of it)."""
+    top = c.get("original_max_position_embeddings", None)
+    return int(
+        top or p.get("original_max_position_embeddings", None) or c.get("max_position_embeddings")
+    )
 
 
 def _required(c: HFConfig, p: HFConfig, key: str, name: str, kind: str) -> Any:

@@ -81,6 +81,8 @@ FIELDS: dict[str, Rule] = {
     "rope_theta": POSITIVE,
     "rope_scaling": OBJECT.or_null(),
     "rope_parameters": OBJECT.or_null(),
+    # yarn's and llama3's pretraining length: transformers puts it over the RoPE object's
+    "original_max_position_embeddings": COUNT.or_null(),
     "partial_rotary_factor": POSITIVE.or_null(),  # transformers moves it into rope_parameters
     "tie_word_embeddings": FLAG,
     "hidden_act": TEXT,

@@ -1,13 +1,15 @@
 """A fourth round of config.json fields on checkpoints transformers itself writes
 (tests/real/test_hf_parity.py builds them the same way): fields earlier rounds left out that
 moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, linear RoPE in
-every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps).
+every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
+those it ran otherwise: a top-level original_max_position_embeddings.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,15 @@ transformers = pytest.importorskip("transformers")
 def prompt() -> torch.Tensor:
     """[B=2, P=6] token ids < 128."""
     return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def edit_config(ckpt: Path, **fields: Any) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
+
+
+def load_hf(ckpt: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 
 def linear(theta: float) -> dict[str, Any]:
@@ -109,3 +120,45 @@ def test_equals_transformers(case, dtype, built, prompt, tmp_path):
         _, logits = hf_greedy(hf, prompt)
         _, plain_logits = reference_generate(without(ckpt, keys, tmp_path / "plain"), prompt, GEN)
         assert (plain_logits - logits).abs().max() > 0.05
+
+
+# (family, RoPE object, the top-level original_max_position_embeddings config.json is given):
+# yarn and llama3 stretch the top-level length where the two differ; yarn with factor null
+# stretches max_position_embeddings (64) over it, 8x here, where the object's 16 gave 4x
+TOP_LEVEL_ORIGINAL = {
+    "mixtral-llama3": (
+        "mixtral",
+        {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e6}
+        | {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+        32,
+    ),
+    "deepseek_v2-yarn": (
+        "deepseek_v2",
+        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+        | {"original_max_position_embeddings": 8, "mscale_all_dim": 0.5},
+        64,
+    ),
+    "qwen2_moe-yarn_factor_null": (
+        "qwen2_moe",
+        {"rope_type": "yarn", "factor": None, "rope_theta": 1e6}
+        | {"original_max_position_embeddings": 16},
+        8,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TOP_LEVEL_ORIGINAL)
+def test_a_top_level_original_max_position_embeddings_is_transformers(case, prompt, tmp_path):
+    """A top-level original_max_position_embeddings in config.json (where Phi-3's keeps it)
+    is the length yarn and llama3 stretch, over the RoPE object's, as transformers'
+    standardize_rope_params puts it (and saves both alike); moepipe read only the object's,
+    as it still gives without the top-level field: 0.6 to 1.6 off transformers' logits."""
+    family, rope, top = TOP_LEVEL_ORIGINAL[case]
+    ckpt, _ = save(family, {"rope_parameters": rope}, tmp_path / "ckpt")
+    edit_config(ckpt, original_max_position_embeddings=top)
+    hf = load_hf(ckpt)
+    assert_transformers(ckpt, hf, prompt, "f32")
+    _, hf_logits = hf_greedy(hf, prompt)
+    inner = without(ckpt, ("original_max_position_embeddings",), tmp_path / "inner")
+    _, inner_logits = reference_generate(inner, prompt, GEN)
+    assert (inner_logits - hf_logits).abs().max() > 0.05
