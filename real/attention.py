@@ -123,6 +123,7 @@ class Rope:
         c = cfg if isinstance(cfg, HFConfig) else HFConfig(cfg, where or "config.json")
         key = "rope_scaling" if c.get("rope_scaling", None) else "rope_parameters"
         p = c.sub(key)
+        _refuse_per_layer_type(c, p, key, spec.family)
         type_key = "rope_type" if p.get("rope_type", None) else "type"
         kind = p.get(type_key, "default")
         theta = rope_theta_of(c, spec.rope_theta)
@@ -175,6 +176,19 @@ class Rope:
         ntk = DynamicNTK(theta, dim, factor, max_positions)
         init = cls.plain(dim, ntk.base(max_positions)).inv_freq
         return cls(init, softmax_mscale=softmax_mscale, ntk=ntk)
+
+
+def _refuse_per_layer_type(c: HFConfig, p: HFConfig, key: str, family: str) -> None:
+    """Refuse RoPE parameters nested by layer type ({"full_attention": {...}, ...}): these
+    families run one RoPE on every layer, and transformers' class fails on the nesting where
+    config.json declares layer_types (Qwen2-MoE's always) and runs default RoPE, the nested
+    objects unread, where it does not; moepipe read them as default RoPE too."""
+    nested = [k for k, v in p.fields.items() if isinstance(v, Mapping)]
+    if nested:
+        raise c.error(
+            f"{key}.{nested[0]} is an object: RoPE parameters per layer type, which {family} "
+            f"does not run (one RoPE for every layer); write one flat {key} object"
+        )
 
 
 def _partial_rotary_factor(c: HFConfig, p: HFConfig, key: str) -> tuple[float, str]:

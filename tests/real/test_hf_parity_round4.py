@@ -2,7 +2,8 @@
 (tests/real/test_hf_parity.py builds them the same way): fields earlier rounds left out that
 moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, linear RoPE in
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
-those it ran otherwise: a top-level original_max_position_embeddings.
+those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
+layer type.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from core.errors import ConfigError
 from real.model import reference_generate
 from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy, without
 from tests.real.test_hf_parity_fields import assert_transformers, save
@@ -162,3 +164,20 @@ def test_a_top_level_original_max_position_embeddings_is_transformers(case, prom
     inner = without(ckpt, ("original_max_position_embeddings",), tmp_path / "inner")
     _, inner_logits = reference_generate(inner, prompt, GEN)
     assert (inner_logits - hf_logits).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "mixtral"])
+def test_rope_parameters_per_layer_type_are_refused(family, prompt, tmp_path):
+    """rope_parameters nested by layer type ({"full_attention": {...}, "sliding_attention":
+    {...}}): transformers' Qwen2-MoE, whose config declares layer_types, fails on it (KeyError
+    'rope_type'), and Mixtral, which declares none, runs default RoPE with the objects unread;
+    moepipe ran both as default RoPE of the top-level base. It is refused in one line naming
+    the field: these families run one RoPE on every layer."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}
+    ckpt, _ = save(family, {}, tmp_path / "ckpt")
+    edit_config(ckpt, rope_parameters={"full_attention": yarn, "sliding_attention": yarn})
+    if family == "qwen2_moe":
+        with pytest.raises(KeyError, match="rope_type"):
+            hf_greedy(load_hf(ckpt), prompt)
+    with pytest.raises(ConfigError, match=r"config.json: rope_parameters.full_attention is an obj"):
+        reference_generate(ckpt, prompt, GEN)
