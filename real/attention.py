@@ -136,12 +136,7 @@ class Rope:
                 f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
                 "runs this checkpoint's spec)"
             )
-        partial, partial_key = _partial_rotary_factor(c, p, key)
-        if partial != 1.0:  # default RoPE: ignored, as transformers
-            raise c.error(
-                f"{partial_key}={partial} with {kind} RoPE; these families rotate whole heads "
-                "(transformers fails on it too): remove it"
-            )
+        _refuse_scaled(c, p, key, kind, spec.family)
         orig = _original_max_positions(c, p)
         if kind == "yarn" and "factor" in p.fields and p.get("factor", None) is None:
             # null (absent: refused, as transformers does): DeepSeek-V3's way, as transformers
@@ -188,6 +183,24 @@ def _refuse_per_layer_type(c: HFConfig, p: HFConfig, key: str, family: str) -> N
         raise c.error(
             f"{key}.{nested[0]} is an object: RoPE parameters per layer type, which {family} "
             f"does not run (one RoPE for every layer); write one flat {key} object"
+        )
+
+
+def _refuse_scaled(c: HFConfig, p: HFConfig, key: str, kind: str, family: str) -> None:
+    """Refuse a scaled RoPE's fields transformers' class of the family fails on, which moepipe
+    would run: a partial_rotary_factor below 1 (these families rotate whole heads), and for
+    DeepSeek-V2 yarn's null factor with mscale_all_dim (its softmax scale takes the factor)."""
+    partial, partial_key = _partial_rotary_factor(c, p, key)
+    if partial != 1.0:  # default RoPE: ignored, as transformers
+        raise c.error(
+            f"{partial_key}={partial} with {kind} RoPE; these families rotate whole heads "
+            "(transformers fails on it too): remove it"
+        )
+    null_factor = "factor" in p.fields and p.get("factor", None) is None
+    if family == "deepseek_v2" and null_factor and p.get("mscale_all_dim", 0):
+        raise c.error(
+            f"{key}.factor is null with mscale_all_dim={p.get('mscale_all_dim')}: transformers' "
+            "DeepseekV2 scales its softmax by the factor and fails on null; write the factor"
         )
 
 

@@ -3,7 +3,7 @@
 moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, linear RoPE in
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
 those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
-layer type.
+layer type, and DeepSeek-V2's yarn factor null with mscale_all_dim.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -181,3 +181,20 @@ def test_rope_parameters_per_layer_type_are_refused(family, prompt, tmp_path):
             hf_greedy(load_hf(ckpt), prompt)
     with pytest.raises(ConfigError, match=r"config.json: rope_parameters.full_attention is an obj"):
         reference_generate(ckpt, prompt, GEN)
+
+
+def test_deepseek_yarn_factor_null_with_mscale_all_dim_is_refused(prompt, tmp_path):
+    """DeepSeek-V2's yarn with factor null and mscale_all_dim: transformers' DeepseekV2 scales
+    its softmax by mscale_all_dim at the factor and fails on null (TypeError); moepipe ran it
+    with the stretch of max_position_embeddings. It is refused in one line naming the field;
+    without mscale_all_dim the two agree."""
+    rope = {"rope_type": "yarn", "factor": None, "rope_theta": 1e4}
+    rope |= {"original_max_position_embeddings": 16}
+    ckpt, _ = save("deepseek_v2", {}, tmp_path / "ckpt")
+    edit_config(ckpt, rope_parameters=rope | {"mscale_all_dim": 1.0})
+    with pytest.raises(TypeError, match="'<=' not supported between instances of 'NoneType'"):
+        load_hf(ckpt)
+    with pytest.raises(ConfigError, match=r"rope_parameters.factor is null with mscale_all_dim"):
+        reference_generate(ckpt, prompt, GEN)
+    edit_config(ckpt, rope_parameters=rope)
+    assert_transformers(ckpt, load_hf(ckpt), prompt, "f32")
