@@ -379,9 +379,11 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         )
     spec = ModelSpec.from_hf_config(d)
     cfg = hf_config(d)
-    if hf_dtype_name(cfg) == "float16":  # 2-byte weights run as bfloat16 here
+    dtype = hf_dtype_name(cfg)
+    if dtype not in ("bfloat16", "float32"):  # float16's 2 bytes would run as bfloat16 here
+        key = "dtype" if cfg.get("dtype", None) else "torch_dtype"
         raise ConfigError(
-            f"{d / 'config.json'}: dtype float16 is not supported by the real executor "
+            f"{d / 'config.json'}: {key} {dtype} is not supported by the real executor "
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
     files = _weight_files(d)

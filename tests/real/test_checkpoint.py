@@ -303,7 +303,7 @@ def test_float16_is_named_and_tied_head_is_the_embedding(tmp_path):
     d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "c")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "float16"}))
-    with pytest.raises(ConfigError, match=r"config.json: dtype float16 .* convert"):
+    with pytest.raises(ConfigError, match=r"config.json: torch_dtype float16 .* convert"):
         load_checkpoint(d)
     (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
     _, index = load_checkpoint(d)  # tied in config.json, lm_head.weight saved: its own

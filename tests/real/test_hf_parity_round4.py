@@ -3,7 +3,8 @@
 moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, linear RoPE in
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
 those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
-layer type, and DeepSeek-V2's yarn factor null with mscale_all_dim.
+layer type, a weight dtype the real executor has no kernels for, and DeepSeek-V2's yarn factor
+null with mscale_all_dim.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from real.checkpoint import load_checkpoint
 from real.model import reference_generate
 from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy, without
 from tests.real.test_hf_parity_fields import assert_transformers, save
@@ -181,6 +183,21 @@ def test_rope_parameters_per_layer_type_are_refused(family, prompt, tmp_path):
             hf_greedy(load_hf(ckpt), prompt)
     with pytest.raises(ConfigError, match=r"config.json: rope_parameters.full_attention is an obj"):
         reference_generate(ckpt, prompt, GEN)
+
+
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_a_dtype_without_kernels_is_refused_naming_the_field(key, tmp_path):
+    """A config.json whose dtype (or older torch_dtype) names a weight dtype the real executor
+    does not run, float8_e4m3fn, is refused naming the file and the field, as float16 is;
+    before, the refusal named neither ("model ...: dtype_bytes=1 has no real-executor dtype")."""
+    ckpt, _ = save("mixtral", {}, tmp_path / "ckpt", "bf16")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("dtype", None)
+    cfg.pop("torch_dtype", None)
+    (ckpt / "config.json").write_text(json.dumps(cfg | {key: "float8_e4m3fn"}))
+    match = rf"config.json: {key} float8_e4m3fn is not supported by the real executor"
+    with pytest.raises(ConfigError, match=match):
+        load_checkpoint(ckpt)
 
 
 def test_deepseek_yarn_factor_null_with_mscale_all_dim_is_refused(prompt, tmp_path):
