@@ -148,6 +148,13 @@ ROPE_FIELDS: dict[str, Rule] = {
     "high_freq_factor": POSITIVE,
     "partial_rotary_factor": POSITIVE,
 }
+# transformers' attribute_map of each family: another name of a field, which transformers sets
+# after the class's own fields, so it wins where config.json gives both
+ALIASES: dict[str, dict[str, str]] = {
+    "mixtral": {"num_local_experts": "num_experts"},
+    "olmoe": {"num_experts": "num_local_experts"},
+    "deepseek_v2": {"n_routed_experts": "num_experts"},
+}
 _REQUIRED = object()
 # transformers 5.24's config-class defaults of the fields moepipe reads without one of its own,
 # family by family: a config.json that leaves one out runs it, as transformers does. Those
@@ -232,6 +239,7 @@ class HFConfig:
         """The field's value, checked by its rule (`rule` for a family's stricter one); absent
         (or null where the rule allows it): `default`, else (absent) the family's in
         transformers (`FAMILY_DEFAULTS`), and an error naming it without one."""
+        key = self.name(key)
         rule = rule or self.rules[key]  # KeyError: a field read without a rule in the table
         value = self.fields.get(key)
         if value is None and (key not in self.fields or rule.nullable):
@@ -244,6 +252,12 @@ class HFConfig:
         if not rule.ok(value):
             raise self.error(f"{self.prefix}{key} must be {rule.what}, got {value!r}")
         return value
+
+    def name(self, key: str) -> str:
+        """The config.json field `key` is read from: its other name in the family (`ALIASES`)
+        where the file has that one, else `key`."""
+        alias = "" if self.prefix else ALIASES.get(self.family, {}).get(key, "")
+        return alias if alias in self.fields else key
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.where}: {message}")

@@ -58,7 +58,8 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
         return None
     groups, keep = c.get("n_group"), c.get("topk_group")
     if spec.n_experts % groups:
-        raise c.error(f"n_routed_experts={spec.n_experts} is not a multiple of n_group={groups}")
+        experts = c.name("n_routed_experts")
+        raise c.error(f"{experts}={spec.n_experts} is not a multiple of n_group={groups}")
     if keep > groups:
         raise c.error(f"topk_group={keep} exceeds n_group={groups}")
     if spec.top_k > keep * (spec.n_experts // groups):

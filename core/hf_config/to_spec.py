@@ -130,7 +130,7 @@ def _experts(c: HFConfig, key: str) -> dict[str, int]:
     """n_experts (config.json's `key`) and top_k, top-k no more than the experts."""
     n, k = c.get(key), c.get("num_experts_per_tok")
     if k > n:
-        raise c.error(f"num_experts_per_tok={k} exceeds {key}={n}; set it <= {n}")
+        raise c.error(f"num_experts_per_tok={k} exceeds {c.name(key)}={n}; set it <= {n}")
     return dict(n_experts=n, top_k=k)
 
 

@@ -3,8 +3,8 @@
 moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, linear RoPE in
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
 those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
-layer type, a weight dtype the real executor has no kernels for, and DeepSeek-V2's yarn factor
-null with mscale_all_dim.
+layer type, a weight dtype the real executor has no kernels for, DeepSeek-V2's yarn factor
+null with mscale_all_dim, and an expert count under its other name (attribute_map).
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -215,3 +215,30 @@ def test_deepseek_yarn_factor_null_with_mscale_all_dim_is_refused(prompt, tmp_pa
         reference_generate(ckpt, prompt, GEN)
     edit_config(ckpt, rope_parameters=rope)
     assert_transformers(ckpt, load_hf(ckpt), prompt, "f32")
+
+
+# (family, the expert count's field, its other name in transformers' attribute_map)
+ALIASED = [
+    ("mixtral", "num_local_experts", "num_experts"),
+    ("olmoe", "num_experts", "num_local_experts"),
+    ("deepseek_v2", "n_routed_experts", "num_experts"),
+]
+
+
+@pytest.mark.parametrize("family, field, alias", ALIASED, ids=[f for f, *_ in ALIASED])
+def test_an_expert_count_under_its_other_name_is_read(family, field, alias, prompt, tmp_path):
+    """A config.json giving the expert count under the name transformers' attribute_map maps
+    to the family's own (Mixtral's num_experts, OLMoE's num_local_experts, DeepSeek-V2's
+    num_experts) sizes the model, and wins over the own name where both are given, as
+    transformers sets it last. moepipe read the own name alone: the family's default count
+    (8, 64, 64) sized the simulator's spec and the checkpoint's 4 experts were refused as
+    "config.json expects [8, 64]"."""
+    ckpt, _ = save(family, {field: 4}, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg[alias] = cfg.pop(field)
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    assert load_checkpoint(ckpt)[0].n_experts == 4
+    assert_transformers(ckpt, load_hf(ckpt), prompt, "f32")
+    edit_config(ckpt, **{field: 8})
+    assert load_hf(ckpt).config.to_dict()[field] == 4
+    assert load_checkpoint(ckpt)[0].n_experts == 4
