@@ -101,6 +101,7 @@ FIELDS: dict[str, Rule] = {
     "use_sliding_window": FLAG,
     "max_window_layers": SIZE,
     "layer_types": LAYER_TYPES.or_null(),
+    "is_causal": FLAG,  # false: transformers' masks see both ways, in any family
     # OLMoE
     "clip_qkv": POSITIVE.or_null(),
     "attention_bias": FLAG,

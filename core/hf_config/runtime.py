@@ -72,8 +72,8 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
-    run: quantized weights, another activation, projection biases, DeepSeek's other routing
-    methods."""
+    run: quantized weights, bidirectional attention, another activation, projection biases,
+    DeepSeek's other routing methods."""
     fam = spec.family
     quant = c.fields.get("quantization_config")
     if quant is not None:  # transformers loads the weights through its quantizer
@@ -91,6 +91,11 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
         if c.get("router_bias", False):
             raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
         return
+    if not c.get("is_causal", True):  # read by transformers' create_causal_mask, any model's
+        raise c.error(
+            "is_causal=false: transformers then masks attention both ways (bidirectional); "
+            f"moepipe runs {fam} as a causal decoder only: remove it or set it true"
+        )
     act = c.get("hidden_act", "silu")
     if act not in SILU:
         raise c.error(f"hidden_act={act!r}; only 'silu' (SwiGLU experts) is implemented for {fam}")

@@ -4,7 +4,8 @@ moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, lin
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
 those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
 layer type, a weight dtype the real executor has no kernels for, DeepSeek-V2's yarn factor
-null with mscale_all_dim, and an expert count under its other name (attribute_map).
+null with mscale_all_dim, an expert count under its other name (attribute_map), and
+is_causal false.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -242,3 +243,19 @@ def test_an_expert_count_under_its_other_name_is_read(family, field, alias, prom
     edit_config(ckpt, **{field: 8})
     assert load_hf(ckpt).config.to_dict()[field] == 4
     assert load_checkpoint(ckpt)[0].n_experts == 4
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"])
+def test_is_causal_false_is_refused(family, prompt, tmp_path):
+    """is_causal false in config.json: transformers' mask functions then let every position see
+    every other (bidirectional), in any family (observed: its logits 2.0 to 2.5 from its causal
+    ones, other greedy tokens); moepipe ran it causal, silently. It is refused in one line
+    naming the field; is_causal true runs as without it."""
+    ckpt, hf = save(family, {}, tmp_path / "ckpt")
+    edit_config(ckpt, is_causal=True)
+    assert_transformers(ckpt, hf, prompt, "f32")
+    edit_config(ckpt, is_causal=False)
+    _, logits = hf_greedy(hf, prompt)
+    assert (hf_greedy(load_hf(ckpt), prompt)[1] - logits).abs().max() > 0.5
+    with pytest.raises(ConfigError, match=r"config.json: is_causal=false: transformers then mas"):
+        load_checkpoint(ckpt)
