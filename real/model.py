@@ -497,6 +497,9 @@ def reference_generate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding with every weight in RAM: step 0 prefills prompt_tokens [B, P] and emits the
     first token, then gen_len-1 decode steps. Returns (tokens [B, gen_len], last logits [B, V]).
+    Every sequence runs gen_len steps past any eos token, with no logits processor: transformers'
+    generate(do_sample=False, eos_token_id=None), whatever generation settings (eos ids,
+    repetition_penalty, ...) the checkpoint's generation_config.json or config.json holds.
 
     forced_routing replays a trace (expert_ids/gate_weights [>=B, >=P+gen_len-1, L, k]) instead
     of the router's own choice.
