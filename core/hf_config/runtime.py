@@ -104,6 +104,11 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
         if c.get(key, False):
             raise c.error(f"{key}=true; {fam} projections without biases are implemented (false)")
     if fam == "deepseek_v2":
+        if "topk_method" in c.fields and c.fields["topk_method"] is None:
+            raise c.error(
+                "topk_method is null: transformers' DeepseekV2 router then picks no experts "
+                "(it fails); set 'greedy' (V2-Lite's) or 'group_limited_greedy' (V2's)"
+            )
         methods = {"topk_method": ("greedy", "group_limited_greedy"), "scoring_func": ("softmax",)}
         for key, valid in methods.items():
             value = c.get(key, valid[0])

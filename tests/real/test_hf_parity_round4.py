@@ -4,8 +4,8 @@ moepipe runs as transformers does (Qwen2-MoE's layer layout, norm_topk_prob, lin
 every family, DeepSeek-V2's dense layers, shared experts and scaling, RMSNorm's eps), and
 those it ran otherwise: a top-level original_max_position_embeddings, RoPE parameters per
 layer type, a weight dtype the real executor has no kernels for, DeepSeek-V2's yarn factor
-null with mscale_all_dim, an expert count under its other name (attribute_map), and
-is_causal false.
+null with mscale_all_dim or topk_method null, an expert count under its other name
+(attribute_map), and is_causal false.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round4.py
 """
@@ -258,4 +258,17 @@ def test_is_causal_false_is_refused(family, prompt, tmp_path):
     _, logits = hf_greedy(hf, prompt)
     assert (hf_greedy(load_hf(ckpt), prompt)[1] - logits).abs().max() > 0.5
     with pytest.raises(ConfigError, match=r"config.json: is_causal=false: transformers then mas"):
+        load_checkpoint(ckpt)
+
+
+def test_deepseek_topk_method_null_is_refused(prompt, tmp_path):
+    """DeepSeek-V2's topk_method null: transformers' DeepseekV2TopkRouter takes neither of its
+    methods and fails (UnboundLocalError), as DeepSeek's own MoEGate would; moepipe read the
+    null as the default, greedy, and ran a model neither runs. It is refused in one line
+    naming the field."""
+    ckpt, _ = save("deepseek_v2", {}, tmp_path / "ckpt")
+    edit_config(ckpt, topk_method=None)
+    with pytest.raises(UnboundLocalError):
+        hf_greedy(load_hf(ckpt), prompt)
+    with pytest.raises(ConfigError, match=r"config.json: topk_method is null: transformers' Dee"):
         load_checkpoint(ckpt)
