@@ -77,7 +77,10 @@ MATCHED: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
         {"q_lora_rank": 24, "rms_norm_eps": 0.5},
         ("rms_norm_eps",),
     ),
+    # QK-norm takes it too, over all heads at once
+    "olmoe-rms_norm_eps": ("olmoe", {"rms_norm_eps": 0.5}, ("rms_norm_eps",)),
     "mixtral-head_dim": ("mixtral", {"head_dim": 8}, ()),  # not hidden_size / heads
+    "mixtral-router_jitter_noise": ("mixtral", {"router_jitter_noise": 0.5}, ()),  # training's
     "mixtral-yarn_attention_factor": (
         "mixtral",
         {
