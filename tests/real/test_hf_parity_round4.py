@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from core.errors import ConfigError
-from real.checkpoint import load_checkpoint
-from real.model import reference_generate
+from real.checkpoint import load_checkpoint, load_units
+from real.model import KVCache, reference_generate
 from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy, without
 from tests.real.test_hf_parity_fields import assert_transformers, save
 
@@ -128,6 +128,24 @@ def test_equals_transformers(case, dtype, built, prompt, tmp_path):
         _, logits = hf_greedy(hf, prompt)
         _, plain_logits = reference_generate(without(ckpt, keys, tmp_path / "plain"), prompt, GEN)
         assert (plain_logits - logits).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("case", MATCHED)
+def test_spec_sizes_are_the_checkpoints(case, built):
+    """The simulator's spec of each case sizes every decoder layer (dense ones and MoE ones
+    with their shared experts), the embedding and head and a token's KV cache as the
+    checkpoint holds them, as tests/real/test_hf_parity.py checks its cases."""
+    ckpt, _ = built(case, "f32")
+    spec, units = load_units(ckpt)
+    nbytes: dict[int, int] = {}
+    for unit, w in units.items():
+        nbytes[unit.layer] = nbytes.get(unit.layer, 0) + sum(t.nbytes for t in w.values())
+    assert [nbytes[i] for i in range(spec.n_layers)] == [
+        spec.layer_bytes(i) for i in range(spec.n_layers)
+    ]
+    assert nbytes[-1] == spec.embed_bytes + spec.head_bytes
+    cache = KVCache.allocate(spec, 1, 1).layers[0]
+    assert sum(t[0, :, 0].numel() for t in cache) == spec.kv_elems_per_token
 
 
 # (family, RoPE object, the top-level original_max_position_embeddings config.json is given):
