@@ -193,20 +193,35 @@ def command(
     return main
 
 
-def check_not_empty(opts: Any) -> None:
-    """An option whose unset value is null, given as '': refused, not read as unset (`out=`
-    took the default folder, calibrate's wrote conf/hardware/). `device` is the exception: ''
-    is every command's "cuda if available" (the benchmarks' default)."""
-    import typing
+def check_not_empty(opts: Any, prefix: str = "") -> None:
+    """An option given as '' (or blanks), or a list option with a blank item, where '' is not
+    its default: refused, not read as the current folder or as unset (`out=` took the default
+    folder, `dir=` read the repository as a sweep, bench.real `hardware=` wrote a checkpoint
+    and then calibrated a profile named ''). `device` is the exception: '' is every command's
+    "cuda if available" (the benchmarks' default)."""
+    from dataclasses import MISSING
 
     for f in fields(opts):
-        hint = typing.get_type_hints(type(opts))[f.name]
-        optional = type(None) in typing.get_args(hint)
-        if optional and f.name != "device" and getattr(opts, f.name) == "":
-            raise MoepipeError(
-                f"{f.name}='': an empty value; drop {f.name}= for its default, or pass "
-                f"{f.name}=<a value>"
+        value, key = getattr(opts, f.name), prefix + f.name
+        if is_dataclass(value):
+            check_not_empty(value, f"{key}.")
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if isinstance(value, list) and any(_blank(v) for v in value):
+            raise MoepipeError(f"{key}={value}: an empty item; drop it, or name a value there")
+        if not _blank(value) or f.name == "device" or default == "":
+            continue
+        fix = f"pass {key}=<a value>"
+        if default not in (MISSING, "???"):  # a required option has no default to fall back on
+            fix = (
+                f"drop {key}= for its default{'' if default is None else f' ({default})'}, or {fix}"
             )
+        raise MoepipeError(f"{key}={value!r}: an empty value; {fix}")
+
+
+def _blank(value: Any) -> bool:
+    """`value` is a string of nothing but blanks (Path() of it is the current folder)."""
+    return isinstance(value, str) and not value.strip()
 
 
 def list_options(schema: type) -> set[str]:

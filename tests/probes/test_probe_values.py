@@ -168,7 +168,7 @@ def test_an_empty_path_is_refused_not_the_current_folder(
     and `dir=''` collected the repository as a sweep. Nothing is written. `fresh`: the case
     runs as a user runs it (a subprocess); the others in this process, in the same folder."""
     before = sorted(p.name for p in ROOT.iterdir())
-    one_line((cli if fresh else cli_here)(module, *args), key, "empty path")
+    one_line((cli if fresh else cli_here)(module, *args), key, "an empty")
     assert sorted(p.name for p in ROOT.iterdir()) == before
 
 
