@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
@@ -61,8 +62,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
             f"role={d['role']!r}: set by the bench for its own child processes "
             f"({', '.join(ROLES)}); leave it out"
         )
-    if d["role"] == "accelerate":
-        as_int("acc_batch", d["acc_batch"], at_least=1)
+    _check_childs_options(d)
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
     as_int("slack_mb", d["slack_mb"], at_least=0)
@@ -76,6 +76,21 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     d["routing"] = checked_routing(str(d["routing"]))
     make_planner(str(d["planner"]), {})  # an unknown planner, before the children start
     return d
+
+
+def _check_childs_options(d: dict[str, Any]) -> None:
+    """The options the bench sets for its children alone: refused from a user (the bench set
+    its own in their place, so `acc_batch=8` ran as if unsaid), checked in a child."""
+    defaults = kv(BenchAccelerateOptions(checkpoint=""))
+    if d["role"] is None:
+        for k in ("host_room_mb", "acc_batch", "acc_limit_s"):
+            if d[k] != defaults[k]:
+                raise MoepipeError(
+                    f"{k}={d[k]}: set by the bench for its own child processes; leave it out"
+                )
+    if d["role"] == "accelerate":
+        as_int("acc_batch", d["acc_batch"], at_least=1)
+        as_float("acc_limit_s", d["acc_limit_s"], at_least=0.0)
 
 
 def _main(opts: BenchAccelerateOptions) -> int:

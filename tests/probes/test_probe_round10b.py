@@ -1,5 +1,6 @@
-"""Probe round 10b (issue 48): an empty value for an option with a default, read as the current
-folder or as a name."""
+"""Probe round 10b (issue 48): an empty value for an option with a default (read as the
+current folder, or as a name), and a benchmark's options for its own children given by a user
+(ignored without a word)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import cli, one_line
+from tests.probes.conftest import cli, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -49,3 +50,24 @@ def test_bench_real_refuses_an_empty_hardware_before_writing(tmp_path: Path) -> 
     )
     one_line(r, "hardware=''", "an empty value", "this-machine")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("arg", ["acc_batch=8", "acc_limit_s=3", "host_room_mb=100"])
+def test_a_bench_childs_option_from_a_user_is_refused(
+    tmp_path: Path, cli_here: Any, arg: str
+) -> None:
+    """bench.accelerate sets these for its own children, over the user's: `acc_batch=8` ran
+    every accelerate row at the batch the bench picked, without a word (as role= is refused)."""
+    r = cli_here("experiments.bench.accelerate", f"checkpoint={tmp_path}/none", arg)
+    one_line(r, arg.split("=")[0], "leave it out")
+
+
+def test_an_accelerate_childs_limit_is_checked() -> None:
+    """acc_limit_s=nan went unchecked into the child's generate loop."""
+    from experiments.bench.accelerate import checked
+    from experiments.common.schema import BenchAccelerateOptions
+
+    opts = BenchAccelerateOptions(
+        checkpoint="ck", role="accelerate", acc_batch=1, acc_limit_s=float("nan")
+    )
+    raises_one_line(lambda: checked(opts), "acc_limit_s=nan")

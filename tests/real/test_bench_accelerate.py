@@ -135,6 +135,7 @@ def test_an_accelerate_child_past_its_limit_is_stopped(mixtral_tiny):
             cold="false",
             acc_batch=4,
             acc_limit_s=1e-4,
+            role="accelerate",
         )
     )
     got = child("accelerate", opts)
