@@ -134,6 +134,11 @@ def error_line(e: BaseException) -> str | None:
             f"a worker process of the sweep died{how}; the runs it finished are kept: run the "
             "same command again to run the rest"
         )
+    if type(e).__module__ == "multiprocessing.context" and type(e).__name__ == "TimeoutError":
+        return (  # joblib's: a point ran past hydra.launcher.timeout
+            "a run of the sweep ran past hydra.launcher.timeout (the seconds a point may take); "
+            "the runs finished are kept: raise it, or leave it out, and run the same command again"
+        )
     if type(e).__name__ in ("UncompletedJobError", "FailedJobError"):  # submitit's: a job died
         said = _flat(str(e))[:300]
         return (

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from core.errors import MoepipeError
 from experiments.common import hydra_errors
 from experiments.common.hydra_errors import CONF_DIR
+from experiments.common.launcher_checks import check_joblib
 
 
 def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
@@ -86,42 +87,6 @@ def _is_glob(o: Any) -> bool:
     from hydra.core.override_parser.types import Glob
 
     return isinstance(o.value(), Glob)
-
-
-def check_joblib(cfg: Any) -> None:
-    """The joblib launcher's backend and hints, which joblib takes on its own terms: an unknown
-    backend ran on its default without a word, an unknown `prefer` was an internal error."""
-    launcher = OmegaConf.select(cfg, "hydra.launcher", default=None)
-    target = "" if launcher is None else str(launcher.get("_target_", "")).lower()
-    if "submitit" in target:
-        check_submitit(launcher)
-    if "joblib" not in target:
-        return
-    import joblib.parallel as jp
-
-    for key, valid in (
-        ("backend", (*jp.BACKENDS, None)),
-        ("prefer", jp.VALID_BACKEND_HINTS),
-        ("require", jp.VALID_BACKEND_CONSTRAINTS),
-    ):
-        value = launcher.get(key)
-        if value not in valid:
-            names = ", ".join(str(v) for v in valid if v is not None)
-            raise MoepipeError(
-                f"hydra.launcher.{key}={value}: not one of joblib's ({names}); pass one, or "
-                "leave it out"
-            )
-
-
-def check_submitit(launcher: Any) -> None:
-    """A submitit launcher's limits that would end every job before it ran (`timeout_min=0`:
-    each job killed at once, then an internal error of submitit's)."""
-    for key in ("timeout_min", "cpus_per_task", "tasks_per_node", "nodes", "mem_gb"):
-        value = launcher.get(key)
-        if value is not None and (isinstance(value, bool) or not value >= 1):
-            raise MoepipeError(
-                f"hydra.launcher.{key}={value}: each job would end before it ran; pass 1 or more"
-            )
 
 
 def _declared(cfg: Any, parsed: Sequence[Any]) -> list[str]:

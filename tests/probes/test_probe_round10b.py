@@ -1,15 +1,20 @@
 """Probe round 10b (issue 48): an empty value for an option with a default (read as the
-current folder, or as a name), and a benchmark's options for its own children given by a user
-(ignored without a word)."""
+current folder, or as a name), a benchmark's options for its own children given by a user
+(ignored without a word), and the joblib launcher's limits that failed as internal errors once
+a sweep was under way."""
 
 from __future__ import annotations
 
+import multiprocessing.context
 from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
-from tests.probes.conftest import cli, one_line, raises_one_line
+from experiments.common.cli import error_line
+from experiments.common.launcher_checks import check_joblib
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -71,3 +76,66 @@ def test_an_accelerate_childs_limit_is_checked() -> None:
         checkpoint="ck", role="accelerate", acc_batch=1, acc_limit_s=float("nan")
     )
     raises_one_line(lambda: checked(opts), "acc_limit_s=nan")
+
+
+def _joblib(**launcher: Any) -> Any:
+    """A config whose launcher is joblib's, at its defaults but `launcher`."""
+    from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+
+    base = OmegaConf.to_container(OmegaConf.structured(JobLibLauncherConf))
+    return OmegaConf.create({"hydra": {"launcher": {**base, **launcher}}})
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"timeout": 0},
+        {"timeout": float("nan")},
+        {"batch_size": 0},
+        {"batch_size": "foo"},
+        {"pre_dispatch": "foo"},
+        {"pre_dispatch": 0},
+        {"max_nbytes": "foo"},
+        {"max_nbytes": -1},
+        {"mmap_mode": "foo"},
+    ],
+)
+def test_a_joblib_limit_joblib_refuses_is_named(setting: dict[str, Any]) -> None:
+    """batch_size=0, pre_dispatch=foo, max_nbytes=foo were internal errors once the sweep had
+    started, timeout=0 its first point stopped; mmap_mode=foo and max_nbytes=-1 ran silently."""
+    ((key, value),) = setting.items()
+    raises_one_line(lambda: check_joblib(_joblib(**setting)), f"hydra.launcher.{key}={value}")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"timeout": 100},
+        {"batch_size": "auto"},
+        {"batch_size": 2},
+        {"pre_dispatch": "3*n_jobs"},
+        {"pre_dispatch": "all"},
+        {"max_nbytes": "1M"},
+        {"max_nbytes": 0},
+    ],
+)
+def test_a_joblib_limit_joblib_takes_is_taken(setting: dict[str, Any]) -> None:
+    check_joblib(_joblib(**setting))
+
+
+def test_a_point_past_the_launchers_timeout_is_one_line(tmp_path: Path) -> None:
+    """A point that ran past `hydra.launcher.timeout` (multiprocessing's TimeoutError, which
+    is no OSError) was an internal error."""
+    line = error_line(multiprocessing.context.TimeoutError())
+    assert line is not None and "hydra.launcher.timeout" in line
+    r = cli(
+        "experiments.run",
+        "-m",
+        *TINY,
+        "workload.seed=0,1",
+        "hydra.launcher.timeout=0.0001",
+        f"hydra.sweep.dir={tmp_path}/s",
+    )
+    # the sweep's progress bar comes first on stderr; its error line is the last
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: a run of the sweep ran past")
