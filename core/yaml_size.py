@@ -2,9 +2,13 @@
 them: a YAML file given on the command line whose aliases nest (a "billion laughs") made the
 config loaders build hundreds of millions of nodes, a hang; one nested thousands deep was a
 RecursionError (libyaml's composer: a crash); an integer of 5000 digits a ValueError. Text that is
-no YAML is named here too: a character YAML refuses (a NUL) left hydra's error without the file."""
+no YAML is named here too: a character YAML refuses (a NUL) left hydra's error without the file.
+`UniqueKeyLoader` reads a user's file as omegaconf reads the files `run` reads: a key given twice
+is refused."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import yaml
 
@@ -90,3 +94,19 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
         return [x for pair in node.value for x in pair]
     return []
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader, refusing a key given twice in one mapping (as omegaconf does for the
+    files `run` reads): the later value would win without a word."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)

@@ -32,7 +32,7 @@ from core.hf_config import (
 )
 from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
-from core.yaml_size import check_yaml_size
+from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from real.shards import (
     TensorEntry,
     index_files,
@@ -279,7 +279,15 @@ def _model_yaml(path: Path, arg: str) -> Any:
     except OSError as e:
         raise ConfigError(f"{arg}: cannot read it ({e.strerror or e}); {fix}") from None
     check_yaml_size(text, arg, fix)
-    return yaml.safe_load(text)
+    try:
+        d = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError as e:  # a key given twice (the later won without a word)
+        problem, line = yaml_problem(e, text)
+        raise ConfigError(f"{arg}:{line or ''}: not valid YAML ({problem}); {fix}") from None
+    if not isinstance(d, dict):  # ModelSpec.from_dict's TypeError, an internal error
+        what = "nothing" if d is None else "a list" if isinstance(d, list) else "a single value"
+        raise ConfigError(f"{arg}: the file holds {what}, not a model's fields; {fix}")
+    return d
 
 
 def reduced_spec(model: str, **overrides: Any) -> ModelSpec:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 
 from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY
 from core.cost import CostModel, pool_makespan_s
@@ -28,13 +27,12 @@ from core.spec import Activation, ModelSpec
 from core.types import OpKind, Resource
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import (
-    CONF_DIR,
     as_int,
     run_command,
 )
 from experiments.common.hardware import hardware_spec, read_hardware
 from planners.expert_parallel import expert_width
-from real.checkpoint import torch_dtype
+from real.checkpoint import reduced_spec, torch_dtype
 from real.store import resolve_device
 
 
@@ -130,10 +128,8 @@ def report(opts: dict[str, Any]) -> list[str]:
         as_int("rows", r, at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
         for r in str(opts["rows"]).split(",")
     ]
-    path = CONF_DIR / "model" / f"{opts['model']}.yaml"
-    if not path.is_file():
-        raise MoepipeError(f"model={opts['model']}: no {path}; name a file of conf/model")
-    model = ModelSpec.from_dict(yaml.safe_load(path.read_text()), where=str(path))
+    # a conf/model name or a user's FILE.yaml, read as make_checkpoint and bench.real read it
+    model = reduced_spec(str(opts["model"]))
     hw = hardware_spec(str(opts["hardware"]), read_hardware(str(opts["hardware"])))
     if lanes > model.n_experts:  # each lane runs an expert of its own (validate_lanes' bound)
         raise MoepipeError(

@@ -21,7 +21,7 @@ from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource
-from core.yaml_size import check_yaml_size, yaml_problem
+from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from experiments.common.app import check_keys
 from experiments.common.schema import HardwareSchema
 from real.checkpoint import load_checkpoint
@@ -57,22 +57,6 @@ def hardware_path(name: str) -> Path:
             f"hardware={name}: no such file {path}; run python -m experiments.calibrate {fix}"
         )
     return path
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's safe loader, refusing a key given twice in one mapping (as omegaconf does for the
-    files `run` reads): the later value would win without a word."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"found duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
 
 
 def read_hardware(name: str) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from experiments.common.cli import error_line
 from experiments.common.launcher_checks import check_joblib
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from real.checkpoint import reduced_spec
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -139,3 +140,36 @@ def test_a_point_past_the_launchers_timeout_is_one_line(tmp_path: Path) -> None:
     # the sweep's progress bar comes first on stderr; its error line is the last
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: a run of the sweep ran past")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", ["holds nothing"]),
+        ("- a\n- b\n", ["holds a list"]),
+        ("5\n", ["holds a single value"]),
+        ((ROOT / "conf" / "model" / "tiny.yaml").read_text() + "n_layers: 3\n", ["duplicate"]),
+    ],
+    ids=["empty", "list", "scalar", "key twice"],
+)
+def test_a_model_file_that_is_no_mapping_is_named(
+    tmp_path: Path, text: str, words: list[str]
+) -> None:
+    """bench.real's and make_checkpoint's `model=FILE.yaml` (reduced_spec): an empty file, a
+    list or a number was an internal TypeError; a key given twice took the later value without
+    a word, where a run refuses it."""
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    raises_one_line(lambda: reduced_spec(str(path)), f"model={path}", *words)
+
+
+def test_bench_lanes_reads_a_model_file(tmp_path: Path, cli_here: Any) -> None:
+    """bench.lanes took only a conf/model name: model=FILE.yaml looked for FILE.yaml.yaml (and
+    read conf/model's files past the checks a run's model has)."""
+    path = tmp_path / "m.yaml"
+    path.write_text((ROOT / "conf" / "model" / "tiny.yaml").read_text())
+    r = cli_here("experiments.bench.lanes", f"model={path}", "lanes=2", "rows=8", "device=cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("tiny expert")
+    path.write_text("")
+    one_line(cli_here("experiments.bench.lanes", f"model={path}", "device=cpu"), "nothing")
