@@ -97,8 +97,9 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if r.returncode:
-        raise MoepipeError(f"{' '.join(cmd[1:3])} failed: {r.stderr.strip().splitlines()[-1:]}")
+    if r.returncode:  # the child's own line, once (not as a Python list, with its `error: `)
+        said = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        raise MoepipeError(f"python {' '.join(cmd[1:3])} failed: {said.removeprefix('error: ')}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return wall, cpu
 

@@ -6,6 +6,7 @@ a sweep was under way."""
 from __future__ import annotations
 
 import multiprocessing.context
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,13 @@ def test_bench_lanes_reads_a_model_file(tmp_path: Path, cli_here: Any) -> None:
     assert r.stdout.splitlines()[0].startswith("tiny expert")
     path.write_text("")
     one_line(cli_here("experiments.bench.lanes", f"model={path}", "device=cpu"), "nothing")
+
+
+def test_a_bench_sim_childs_error_is_its_line() -> None:
+    """A failed run was named as a Python list of its line: `-m experiments.run failed:
+    ["error: expert parallelism ..."]`."""
+    from experiments.bench.sim import _child
+
+    fail = "import sys; sys.stderr.write('progress\\nerror: it broke\\n'); sys.exit(2)"
+    line = raises_one_line(lambda: _child([sys.executable, "-c", fail]), "failed: it broke")
+    assert line.endswith(" failed: it broke"), line
