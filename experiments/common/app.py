@@ -194,11 +194,11 @@ def command(
 
 
 def check_not_empty(opts: Any, prefix: str = "") -> None:
-    """An option given as '' (or blanks), or a list option with a blank item, where '' is not
-    its default: refused, not read as the current folder or as unset (`out=` took the default
-    folder, `dir=` read the repository as a sweep, bench.real `hardware=` wrote a checkpoint
-    and then calibrated a profile named ''). `device` is the exception: '' is every command's
-    "cuda if available" (the benchmarks' default)."""
+    """An option given as '' (or blanks) where '' is not its default, or a list option with a
+    blank item or one given twice (`_check_items`): refused, not read as the current folder or
+    as unset (`out=` took the default folder, `dir=` read the repository as a sweep, bench.real
+    `hardware=` wrote a checkpoint, then calibrated a profile named ''). `device` is the
+    exception: '' is every command's "cuda if available" (the benchmarks' default)."""
     from dataclasses import MISSING
 
     for f in fields(opts):
@@ -207,8 +207,8 @@ def check_not_empty(opts: Any, prefix: str = "") -> None:
             check_not_empty(value, f"{key}.")
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if isinstance(value, list) and any(_blank(v) for v in value):
-            raise MoepipeError(f"{key}={value}: an empty item; drop it, or name a value there")
+        if isinstance(value, list):
+            _check_items(key, value)
         if not _blank(value) or f.name == "device" or default == "":
             continue
         fix = f"pass {key}=<a value>"
@@ -217,6 +217,19 @@ def check_not_empty(opts: Any, prefix: str = "") -> None:
                 f"drop {key}= for its default{'' if default is None else f' ({default})'}, or {fix}"
             )
         raise MoepipeError(f"{key}={value!r}: an empty value; {fix}")
+
+
+def _check_items(key: str, items: list[Any]) -> None:
+    """A list option's items: a blank one, or one given twice (its work done twice, its row or
+    column doubled: bench.lanes `rows=[8,8]`, report `columns=[a,a]`), refused."""
+    if any(_blank(v) for v in items):
+        raise MoepipeError(f"{key}={items}: an empty item; drop it, or name a value there")
+    given = [str(v) for v in items]
+    twice = sorted({v for v in given if given.count(v) > 1})
+    if twice:
+        raise MoepipeError(
+            f"{key}=[{','.join(given)}]: {', '.join(twice)} given twice; name each once"
+        )
 
 
 def _blank(value: Any) -> bool:

@@ -184,3 +184,20 @@ def test_a_bench_sim_childs_error_is_its_line() -> None:
     fail = "import sys; sys.stderr.write('progress\\nerror: it broke\\n'); sys.exit(2)"
     line = raises_one_line(lambda: _child([sys.executable, "-c", fail]), "failed: it broke")
     assert line.endswith(" failed: it broke"), line
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "twice"),
+    [
+        ("experiments.bench.lanes", ["model=tiny", "lanes=2", "rows=[8,8]", "device=cpu"], "8"),
+        ("experiments.report", ["dir={tmp}", "columns=[workload.seed,workload.seed]"], "seed"),
+        ("experiments.reproduce_klotski", ["out={tmp}/k", "only=[table3,table3]"], "table3"),
+    ],
+)
+def test_a_list_item_given_twice_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], twice: str
+) -> None:
+    """rows=[8,8] printed the row twice, columns=[a,a] drew each line's label twice; most list
+    options refused it one by one, now every command's do."""
+    r = cli_here(module, *(a.format(tmp=tmp_path) for a in args))
+    one_line(r, twice, "given twice")
