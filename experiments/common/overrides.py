@@ -445,14 +445,26 @@ def _parsed(override: str) -> Any:
                 f"{override}: a value of characters beyond ASCII must be quoted: {key}='{value}'"
             ) from None
         if "=" in value and "'" not in value and '"' not in value:
-            items = value.strip("[]").split(",")
-            quoted = ",".join(f"'{item}'" for item in items)
-            fix = f"[{quoted}]" if value.startswith("[") else quoted
+            listed = value.startswith("[") and value.endswith("]")
+            quoted = ",".join(f"'{item}'" for item in _items(value[1:-1] if listed else value))
+            fix = f"[{quoted}]" if listed else quoted
             raise MoepipeError(
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
                 f'{key}="{fix}"'
             ) from None
         return OverridesParser.create().parse_overrides([override])[0]  # hydra's own line
+
+
+def _items(text: str) -> list[str]:
+    """`text` split at its commas outside brackets: `a[x=1,y=2],b` is two items (a replication
+    variant's label holds brackets; stripping them all made the quoting shown a bad override)."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]]
 
 
 # a sweep's workers beyond this many per core only wait for a core (and for memory: each is a

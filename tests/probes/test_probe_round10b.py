@@ -201,3 +201,13 @@ def test_a_list_item_given_twice_is_refused(
     options refused it one by one, now every command's do."""
     r = cli_here(module, *(a.format(tmp=tmp_path) for a in args))
     one_line(r, twice, "given twice")
+
+
+def test_the_quoting_shown_for_a_value_with_brackets_is_an_override(cli_here: Any) -> None:
+    """variants=eplb[interval=8] was told to pass variants="['eplb[interval=8']": every bracket
+    stripped, the suggestion was one hydra refuses in turn."""
+    line = one_line(cli_here("experiments.replication", "variants=eplb[interval=8]"), "quoted")
+    fix = line.rsplit(": ", 1)[1]
+    assert fix == "variants=\"['eplb[interval=8]']\"", fix
+    again = one_line(cli_here("experiments.replication", "dir=/nonexistent", fix.replace('"', "")))
+    assert "quoted" not in again
