@@ -19,11 +19,12 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if launched():  # one rank of torchrun's, whose agent stops the others when one fails
         stop_on_sigterm(int(os.environ["RANK"]))
-    problem = sweep_experiment_misused(argv) or missing_launcher(argv)
+    problem = sweep_experiment_misused(argv) or missing_launcher(argv) or misplaced_output(argv)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -285,6 +286,37 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     )
+
+
+def misplaced_output(argv: Sequence[str]) -> str | None:
+    """A hydra key that would put a run's files where the user does not look, taken without a
+    word: `hydra.run.dir` in a sweep (-m), which writes under hydra.sweep.dir (the sweep went to
+    multirun/<date>/ in the current folder); `hydra.job.name=../x` (its log, <name>.log, went
+    beside the run dir); `hydra.output_subdir` (the record a failed rerun puts back is .hydra).
+    None otherwise, and where nothing runs (--cfg, --help)."""
+    if any(a in ("--cfg", "-c", "--help", "-h", "--info", "-i") for a in argv):
+        return None
+    given = {k.lstrip("+"): v for k, sep, v in (a.partition("=") for a in argv) if sep}
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    sweep = multirun or given.get("hydra.mode") == "MULTIRUN"
+    if sweep and "hydra.run.dir" in given and "hydra.sweep.dir" not in given:
+        return (
+            f"hydra.run.dir={given['hydra.run.dir']}: a single run's folder, which a sweep (-m) "
+            f"does not use; pass hydra.sweep.dir={given['hydra.run.dir']}"
+        )
+    name = given.get("hydra.job.name")
+    if name is not None and "$" not in name and not re.fullmatch(r"[\w.+-]+", name):
+        return (
+            f"hydra.job.name={name}: it names the run's log file (<name>.log in the run's "
+            "folder); pass letters, digits, '_', '-', '+' and '.', or leave it out"
+        )
+    sub = given.get("hydra.output_subdir")
+    if sub is not None and sub not in (".hydra", "null"):
+        return (
+            f"hydra.output_subdir={sub}: a run keeps hydra's record in .hydra (a rerun that fails "
+            "puts the finished run's record back from there); leave it out"
+        )
+    return None
 
 
 def task(cfg: DictConfig) -> None:

@@ -97,7 +97,7 @@ def test_trace_json_names_a_folder_without_a_trace(tmp_path, capsys):
     assert trace_json.main([f"runs={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path) in err and "trace.parquet" in err
-    assert trace_json.main([f"runs=[{tmp_path},{tmp_path}]"]) == 2  # two runs, no out=
+    assert trace_json.main([f"runs=[{tmp_path},{tmp_path}/b]"]) == 2  # two runs, no out=
     assert "out=FILE" in capsys.readouterr().err
 
 

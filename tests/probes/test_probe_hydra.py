@@ -29,7 +29,8 @@ def test_bad_override_is_one_line(
 ) -> None:
     """`fresh`: the case runs as a user runs it (a subprocess); the others in this process."""
     run = cli if fresh else cli_here
-    r = run("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    where = [f"hydra.{kind}.dir={tmp_path / 'run'}" for kind in ("run", "sweep")]
+    r = run("experiments.run", *TINY, *args, *where)
     one_line(r, *names)
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -103,7 +104,8 @@ def test_an_unknown_flag_or_a_number_for_a_boolean_is_one_line(
     reads any number as true where the schema has a bool. `fresh`: the case runs as a user runs
     it (a subprocess); the others in this process."""
     run = cli if fresh else cli_here
-    r = run("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    where = [f"hydra.{kind}.dir={tmp_path / 'run'}" for kind in ("run", "sweep")]
+    r = run("experiments.run", *TINY, *args, *where)
     one_line(r, *names)
     assert not (tmp_path / "run").exists()
 

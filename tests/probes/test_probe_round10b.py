@@ -211,3 +211,31 @@ def test_the_quoting_shown_for_a_value_with_brackets_is_an_override(cli_here: An
     assert fix == "variants=\"['eplb[interval=8]']\"", fix
     again = one_line(cli_here("experiments.replication", "dir=/nonexistent", fix.replace('"', "")))
     assert "quoted" not in again
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["-m", "hydra.run.dir={tmp}/r"], "hydra.run.dir="),
+        (["hydra.mode=MULTIRUN", "hydra.run.dir={tmp}/r"], "hydra.run.dir="),
+        (["hydra.job.name=../x", "hydra.run.dir={tmp}/r"], "hydra.job.name=../x"),
+        (["hydra.output_subdir={tmp}/rec", "hydra.run.dir={tmp}/r"], "hydra.output_subdir="),
+    ],
+)
+def test_a_hydra_key_that_writes_a_runs_files_elsewhere_is_refused(
+    tmp_path: Path, cli_here: Any, args: list[str], key: str
+) -> None:
+    """-m with hydra.run.dir ran the sweep into multirun/<date>/ of the current folder (the
+    repository), not the folder given; hydra.job.name=../x wrote the run's log beside its dir;
+    hydra.output_subdir moved the record a failed rerun puts back out of .hydra."""
+    before = sorted(p.name for p in ROOT.iterdir())
+    r = cli_here("experiments.run", *TINY, *(a.format(tmp=tmp_path) for a in args))
+    one_line(r, key)
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in ROOT.iterdir()) == before
+
+
+def test_a_plain_job_name_runs(tmp_path: Path, cli_here: Any) -> None:
+    r = cli_here("experiments.run", *TINY, "hydra.job.name=mine", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mine.log").is_file() and (tmp_path / "summary.json").is_file()
