@@ -147,6 +147,9 @@ def error_line(e: BaseException) -> str | None:
         )
     if (torch_env := env_line(e)) is not None:
         return torch_env
+    loop = re.fullmatch(r"Symlink loop from '(.*)'", str(e)) if type(e) is RuntimeError else None
+    if loop:  # pathlib's Path.resolve() on a link that leads back to itself (no OSError)
+        return _flat(f"{loop[1]}: a symbolic link that loops; pass another path")
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):

@@ -239,3 +239,25 @@ def test_a_plain_job_name_runs(tmp_path: Path, cli_here: Any) -> None:
     r = cli_here("experiments.run", *TINY, "hydra.job.name=mine", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "mine.log").is_file() and (tmp_path / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("experiments.run", [*TINY[1:], "model=deepseek-v2-lite", "hardware=h200"]),
+        ("experiments.prefetch_eval", []),
+    ],
+)
+def test_a_trace_dir_that_is_a_looping_link_is_one_line(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str]
+) -> None:
+    """pathlib's resolve() raises RuntimeError, not OSError, on a link that leads back to
+    itself: `trace_dir=LOOP` was an internal error (any path resolved is the same)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    where = [f"hydra.run.dir={tmp_path}/r"] if module == "experiments.run" else []
+    key = "workload.routing.trace_dir" if module == "experiments.run" else "trace_dir"
+    r = cli_here(module, *args, f"{key}={loop}", *where)
+    one_line(r, str(loop), "a symbolic link that loops")
+    line = error_line(RuntimeError(f"Symlink loop from '{loop}'"))
+    assert line is not None and str(loop) in line
