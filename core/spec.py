@@ -392,6 +392,12 @@ class RoutingConfig:
         for f_ in ("tasks", "exclude_tasks"):  # one task given as a string is a list of one
             v = getattr(self, f_)
             object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
+            twice = sorted({t for t in getattr(self, f_) if getattr(self, f_).count(t) > 1})
+            if twice:  # the same tokens either way, but a sweep's run dir of its own
+                raise ConfigError(
+                    f"workload.routing.{f_}: {', '.join(map(str, twice))} given twice; name each "
+                    "task once"
+                )
         for f_ in ("skew", "layer_corr", "reuse", "hot_share", "hot_experts"):
             check_finite("workload.routing", **{f_: getattr(self, f_)})
         for f_ in ("layer_corr", "reuse", "hot_share"):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from core.spec import RoutingConfig
 from experiments.common.cli import error_line
 from experiments.common.launcher_checks import check_joblib
 from real.checkpoint import reduced_spec
@@ -261,3 +262,10 @@ def test_a_trace_dir_that_is_a_looping_link_is_one_line(
     one_line(r, str(loop), "a symbolic link that loops")
     line = error_line(RuntimeError(f"Symlink loop from '{loop}'"))
     assert line is not None and str(loop) in line
+
+
+def test_a_routing_task_given_twice_is_refused() -> None:
+    """workload.routing.tasks=[law,law] ran as [law], in a run dir (and a sweep's point) of
+    its own."""
+    raises_one_line(lambda: RoutingConfig(tasks=("law", "law")), "tasks", "law given twice")
+    raises_one_line(lambda: RoutingConfig(exclude_tasks=["a", "a"]), "exclude_tasks", "a given")
