@@ -144,12 +144,14 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
 RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "code_version.txt")
 
 
-def output_file(path: str | Path, key: str, suffix: str = "") -> Path:
+def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"") -> Path:
     """`path`, a file a command will write under argument `key`, once its folder exists and can
     be written (created if missing): checked before long work, so that a bad path does not lose
     its results. A MoepipeError naming `key` when the folder cannot be made or written, or the
-    path is a folder, empty, a run dir's own file (`RUN_FILES`), or (given `suffix`, the
-    format's) named for another format."""
+    path is a folder, empty, a run dir's own file (`RUN_FILES`), (given `suffix`, the
+    format's) named for another format, or (given `starts`, how the command's files begin) a
+    file the command did not write: a checkpoint's config.json went under trace_json's and
+    routing_stats' JSON without a word."""
     p = _not_empty(path, key)
     if p.is_dir():
         raise MoepipeError(f"{key}={path}: is a folder; pass {key}= a file path")
@@ -162,10 +164,31 @@ def output_file(path: str | Path, key: str, suffix: str = "") -> Path:
         raise MoepipeError(
             f"{key}={path}: the file is written as {suffix[1:].upper()}; pass {key}=FILE{suffix}"
         )
+    refuse_theirs(p, key, starts)
     _writable_folder(p.parent, key, path)
     if p.exists() and not os.access(p, os.W_OK):
         raise MoepipeError(f"{key}={path}: the file is not writable; pass {key}= another path")
     return p
+
+
+def refuse_theirs(path: Path, key: str, starts: bytes) -> None:
+    """A MoepipeError naming `key` where a file at `path`, which a command is to replace, does
+    not begin with `starts` (how the command's own files begin): another's, which it would
+    lose."""
+    if starts and path.is_file() and not _begins(path, starts):
+        raise MoepipeError(
+            f"{key}={path}: a file this command did not write (it would be lost); pass {key}= "
+            "another path, or move that file away first"
+        )
+
+
+def _begins(path: Path, starts: bytes) -> bool:
+    """Whether the file at `path` begins with `starts` (an unreadable one does not)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(starts)) == starts
+    except OSError:
+        return False
 
 
 def output_dir(path: str | Path, key: str) -> Path:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from core.args import written_whole
 from core.errors import MoepipeError
 from core.traces import load_esft, select_tokens
 from experiments.common.app import command
@@ -107,7 +108,7 @@ def _main(args: Options) -> int:
         if args.k < 0:
             raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
         if args.out:  # checked before the evaluation, whose table would be lost after
-            output_file(args.out, "out", ".csv")
+            output_file(args.out, "out", ".csv", starts=b"layer,")
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")
         train, test = tuple(map(str, args.train)), tuple(map(str, args.test))
         for flag, tasks in (("train", train), ("test", test)):
@@ -175,7 +176,8 @@ def _main(args: Options) -> int:
     )
     if args.out:
         try:
-            df.to_csv(args.out, index=False)
+            with written_whole(args.out) as tmp:  # whole or not there (a full disk cut it short)
+                df.to_csv(tmp, index=False)
         except OSError as e:
             print(f"error: out={args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
             return 2

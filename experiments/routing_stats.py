@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: Options) -> int:
     try:  # every input checked before the statistics, whose results a bad one would lose
         seed = as_int("seed", args.seed, at_least=0)
-        out = output_file(args.out, "out", ".json")
+        out = output_file(args.out, "out", ".json", starts=b'{\n "esft"')
         counts = mixtral_counts(args.trace_dir)
         esft = esft_comparison(args.trace_dir, seed)
         mix = mixtral_comparison(counts, seed)

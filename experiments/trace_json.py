@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.args import written_whole
+from core.args import output_file, written_whole
 from core.balance import device_of
-from core.chrome_trace import chrome_parts, write_chrome
+from core.chrome_trace import CHROME_START, chrome_parts, write_chrome
 from core.errors import MoepipeError
 from core.files import broken_link, read_small
 from core.trace import read_trace
@@ -83,6 +83,8 @@ def _main(opts: Options) -> int:
                 f"out={out}: the folder of another run than runs= names; pass out= a file "
                 "outside it, or that run in runs="
             )
+        # before the traces are read: a folder, one not writable, a file of another kind
+        output_file(out, "out", starts=CHROME_START)
         traces = [part for r in runs for part in read_traces(r)]
         try:
             with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.args import refuse_theirs
 from core.bubbles import top_cause
 from experiments.common.figures import (
     fig_gantt,
@@ -37,7 +38,15 @@ from experiments.common.ranking import (
     ranking,
 )
 from experiments.common.run_dir import staged_outputs
-from experiments.common.tables import SYSTEM, collect, write_results
+from experiments.common.tables import (
+    RESULTS,
+    RESULTS_START,
+    SYSTEM,
+    collect,
+    write_results,
+)
+
+PAGE_START = b"<!doctype html><html><head><meta charset='utf-8'>"  # how every page begins
 
 
 def write_report(
@@ -56,6 +65,8 @@ def write_report(
     df = _plottable(sweep, df)
     columns = columns or []
     check_request(df, metric, columns)
+    refuse_theirs(out / "index.html", "out", PAGE_START)  # a page of the user's own, in out=
+    refuse_theirs(out / f"{RESULTS}.csv", "out", RESULTS_START)
     # into a folder of its own, moved in once whole, the page last: a report that fails midway
     # (a bad trace, a full disk) leaves no figure of its own beside an earlier page
     with staged_outputs(out, last="index.html") as tmp:
@@ -296,7 +307,7 @@ def _html(
     )
     e = html.escape
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
+        PAGE_START.decode(),
         f"<title>moepipe report: {e(sweep.name)}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}img{max-width:100%}"
         "table{border-collapse:collapse;font-size:13px}"

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from core.args import output_dir, written_whole
+from core.args import output_dir, refuse_theirs, written_whole
 from core.errors import MoepipeError
 from core.files import broken_link, read_small
 from core.routing import peek_suffix
@@ -32,6 +32,7 @@ def markdown(df: pd.DataFrame, index: bool = False) -> str:
 
 
 RESULTS = "results"
+RESULTS_START = b"run_dir,"  # how every results.csv write_results writes begins
 SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
 
 
@@ -355,6 +356,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
             clean[c] = one_type(clean[c])
     pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
+    refuse_theirs(csv, "out", RESULTS_START)  # a results.csv of the user's own, in out=
     for path in (pq, csv):  # checked before either is written
         if path.is_dir():
             raise MoepipeError(

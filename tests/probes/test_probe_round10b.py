@@ -269,3 +269,37 @@ def test_a_routing_task_given_twice_is_refused() -> None:
     its own."""
     raises_one_line(lambda: RoutingConfig(tasks=("law", "law")), "tasks", "law given twice")
     raises_one_line(lambda: RoutingConfig(exclude_tasks=["a", "a"]), "exclude_tasks", "a given")
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "name"),
+    [
+        ("experiments.trace_json", ["runs={run}", "out={theirs}"], "config.json"),
+        ("experiments.routing_stats", ["out={theirs}"], "config.json"),
+        ("experiments.prefetch_eval", ["out={theirs}"], "results.csv"),
+        ("experiments.collect", ["dir={sweep}", "out={folder}"], "results.csv"),
+        ("experiments.report", ["dir={sweep}", "out={folder}"], "results.csv"),
+        ("experiments.report", ["dir={sweep}", "out={folder}"], "index.html"),
+    ],
+)
+def test_an_output_over_a_file_the_command_did_not_write_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], name: str
+) -> None:
+    """trace_json's and routing_stats' out=CKPT/config.json wrote their JSON over a
+    checkpoint's config, prefetch_eval's out= a results.csv of the user's its CSV, report's
+    out= a folder of the user's its index.html over theirs: exit 0, the file lost. A file the
+    command wrote itself is still replaced (the same command again)."""
+    run = tmp_path / "sweep" / "run"
+    if module in ("experiments.trace_json", "experiments.collect", "experiments.report"):
+        assert cli_here("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    theirs = tmp_path / "theirs" / name
+    theirs.parent.mkdir()
+    theirs.write_text("theirs\n")
+    fill = {"run": run, "sweep": run.parent, "theirs": theirs, "folder": theirs.parent}
+    one_line(cli_here(module, *(a.format(**fill) for a in args)), str(theirs), "did not write")
+    assert theirs.read_text() == "theirs\n"
+    ours = tmp_path / "ours"
+    fill |= {"theirs": ours / name, "folder": ours}
+    for _ in range(2):
+        r = cli_here(module, *(a.format(**fill) for a in args))
+        assert r.returncode == 0, r.stderr
