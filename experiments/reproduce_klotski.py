@@ -51,7 +51,7 @@ from experiments.common.run_dir import (
     topmost_missing,
     write_texts,
 )
-from experiments.common.tables import markdown
+from experiments.common.tables import csv_of_ours, markdown
 
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
     "simple": (5.721, 0.01, 1.149),
@@ -556,6 +556,7 @@ def _main(args: Options) -> int:
         # made and checked before the simulations, whose results would be lost after
         top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
+        csv_of_ours(out / "results.csv", "table", "reproduce_klotski")  # checked before the runs
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -349,6 +349,24 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
     return df, problems
 
 
+def csv_of_ours(path: Path, column: str, command: str) -> None:
+    """A MoepipeError where the CSV at `path`, which `command` is to replace, has no `column`
+    in its header: a collect's or a user's, which it would lose (reproduce_klotski replaced
+    one once its runs ended)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            header = f.readline(65536).rstrip("\n").split(",")
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError as e:
+        raise MoepipeError(f"out={path}: cannot read it ({e.strerror or e})") from None
+    if column not in header:
+        raise MoepipeError(
+            f"out={path}: a file {command} did not write (it would be lost); pass out= another "
+            "folder, or move that file away first"
+        )
+
+
 def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     out = output_dir(out_dir, "out")  # one line for a folder that cannot be made
     clean = df.copy()

@@ -303,3 +303,20 @@ def test_an_output_over_a_file_the_command_did_not_write_is_refused(
     for _ in range(2):
         r = cli_here(module, *(a.format(**fill) for a in args))
         assert r.returncode == 0, r.stderr
+
+
+def test_reproduce_klotski_refuses_a_results_csv_it_did_not_write(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """out= a folder holding a collect's (or a user's) results.csv: the runs went ahead, and
+    their results replaced it once they ended. Its own results.csv (a `table` column) is one
+    to resume from, or replace."""
+    from experiments.common.tables import csv_of_ours
+
+    (tmp_path / "results.csv").write_text("run_dir,model.name\nr,tiny\n")
+    r = cli_here("experiments.reproduce_klotski", f"out={tmp_path}", "only=[table3]")
+    one_line(r, "results.csv", "did not write")
+    assert (tmp_path / "results.csv").read_text() == "run_dir,model.name\nr,tiny\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+    (tmp_path / "results.csv").write_text("label,table\nx,table3\n")
+    csv_of_ours(tmp_path / "results.csv", "table", "reproduce_klotski")

@@ -274,7 +274,7 @@ def test_reproduce_klotski_on_a_full_disk_keeps_its_earlier_results_whole(
     assert not (tmp_path / "rk").exists()
 
     (tmp_path / "rk").mkdir()
-    (tmp_path / "rk" / "results.csv").write_text("earlier\n")
+    (tmp_path / "rk" / "results.csv").write_text("table\nauto_n\n")
     monkeypatch.setattr(reproduce_klotski, "run_resumable", lambda *a: ([{"planner": "x"}], 1))
     monkeypatch.setattr(reproduce_klotski, "report", lambda df: "the report")
 
@@ -287,7 +287,7 @@ def test_reproduce_klotski_on_a_full_disk_keeps_its_earlier_results_whole(
     monkeypatch.setattr(pd.DataFrame, "to_csv", cut_short)
     r = cli_here("experiments.reproduce_klotski", "only=[auto_n]", f"out={tmp_path / 'rk'}")
     one_line(r, "cannot write the results")
-    assert (tmp_path / "rk" / "results.csv").read_text() == "earlier\n"
+    assert (tmp_path / "rk" / "results.csv").read_text() == "table\nauto_n\n"
     assert sorted(p.name for p in (tmp_path / "rk").iterdir()) == ["results.csv"]
 
 
