@@ -69,7 +69,7 @@ from experiments.common.pipeline import (
 )
 from experiments.common.real_run import real_execute  # noqa: E402
 from experiments.common.run_dir import staged_outputs
-from experiments.common.tables import markdown  # noqa: E402
+from experiments.common.tables import csv_of_ours, markdown  # noqa: E402
 from planners.registry import make_planner, planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint  # noqa: E402
 
@@ -360,6 +360,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
     )
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
+    csv_of_ours(out / "validate.csv", "planner", "validate")  # not lost after the runs
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
     return Setup(

@@ -320,3 +320,16 @@ def test_reproduce_klotski_refuses_a_results_csv_it_did_not_write(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
     (tmp_path / "results.csv").write_text("label,table\nx,table3\n")
     csv_of_ours(tmp_path / "results.csv", "table", "reproduce_klotski")
+
+
+def test_validate_refuses_a_validate_csv_it_did_not_write(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """out= a folder holding a validate.csv of another kind: the runs went ahead, and their
+    table replaced it once they ended."""
+    (tmp_path / "validate.csv").write_text("x,y\n1,2\n")
+    r = cli_here(
+        "experiments.validate", f"checkpoint={tiny_ckpt}", "hardware=tiny", f"out={tmp_path}"
+    )
+    one_line(r, "validate.csv", "did not write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["validate.csv"]
