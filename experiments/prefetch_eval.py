@@ -174,13 +174,17 @@ def _main(args: Options) -> int:
         "correlation beats popularity (hot) on "
         f"{(pairs.hot_gain > 0).sum()}/{len(pairs)} layer pairs"
     )
-    if args.out:
-        try:
-            with written_whole(args.out) as tmp:  # whole or not there (a full disk cut it short)
-                df.to_csv(tmp, index=False)
-        except OSError as e:
-            print(f"error: out={args.out}: cannot write it ({e.strerror or e})", file=sys.stderr)
-            return 2
+    return _write(df, args.out) if args.out else 0
+
+
+def _write(df: pd.DataFrame, out: str) -> int:
+    """The table to `out`, whole or not there (a full disk cut it short); the exit status."""
+    try:
+        with written_whole(out) as tmp:
+            df.to_csv(tmp, index=False)
+    except OSError as e:
+        print(f"error: out={out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        return 2
     return 0
 
 

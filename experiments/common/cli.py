@@ -103,6 +103,21 @@ def our_check(e: BaseException) -> MoepipeError | None:
     return None
 
 
+def _timeout_or_loop(e: BaseException) -> str | None:
+    """The line for joblib's TimeoutError (a sweep's point past hydra.launcher.timeout) or
+    pathlib's RuntimeError for a symbolic link that leads back to itself: neither is an
+    OSError. None for anything else."""
+    import re
+
+    if type(e).__module__ == "multiprocessing.context" and type(e).__name__ == "TimeoutError":
+        return (
+            "a run of the sweep ran past hydra.launcher.timeout (the seconds a point may take); "
+            "the runs finished are kept: raise it, or leave it out, and run the same command again"
+        )
+    loop = re.fullmatch(r"Symlink loop from '(.*)'", str(e)) if type(e) is RuntimeError else None
+    return _flat(f"{loop[1]}: a symbolic link that loops; pass another path") if loop else None
+
+
 def error_line(e: BaseException) -> str | None:
     """The one line a user sees for an expected failure `e`: their mistake (MoepipeError), an
     OSError (a full disk, a folder they cannot write, a file cut short), a config that does not
@@ -134,11 +149,8 @@ def error_line(e: BaseException) -> str | None:
             f"a worker process of the sweep died{how}; the runs it finished are kept: run the "
             "same command again to run the rest"
         )
-    if type(e).__module__ == "multiprocessing.context" and type(e).__name__ == "TimeoutError":
-        return (  # joblib's: a point ran past hydra.launcher.timeout
-            "a run of the sweep ran past hydra.launcher.timeout (the seconds a point may take); "
-            "the runs finished are kept: raise it, or leave it out, and run the same command again"
-        )
+    if (timeout_or_loop := _timeout_or_loop(e)) is not None:
+        return timeout_or_loop
     if type(e).__name__ in ("UncompletedJobError", "FailedJobError"):  # submitit's: a job died
         said = _flat(str(e))[:300]
         return (
@@ -147,9 +159,6 @@ def error_line(e: BaseException) -> str | None:
         )
     if (torch_env := env_line(e)) is not None:
         return torch_env
-    loop = re.fullmatch(r"Symlink loop from '(.*)'", str(e)) if type(e) is RuntimeError else None
-    if loop:  # pathlib's Path.resolve() on a link that leads back to itself (no OSError)
-        return _flat(f"{loop[1]}: a symbolic link that loops; pass another path")
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
