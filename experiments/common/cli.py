@@ -1,5 +1,6 @@
-"""Shared by the commands: printing a report or a user's mistake as one line, and the argument
-checks the schemas (experiments/common/schema.py, experiments/common/app.py) do not cover.
+"""Shared by the commands: printing a report or a user's mistake as one line, Ctrl-C and stops
+as one line (`until_interrupted`), and the argument checks the schemas
+(experiments/common/schema.py, experiments/common/app.py) do not cover (argv_checks.py).
 
 Usage:
     print_or_exit(lambda: run(cfg))                               # report lines, or exit 2
@@ -15,7 +16,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,8 +23,14 @@ import yaml
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError
-from core.files import read_small
 from experiments import STOP_SIGNALS, command_started
+from experiments.common.argv_checks import (
+    CONF_DIR,
+    exit_on_unwritable_dir,
+    missing_launcher,
+    sweep_experiment_misused,
+    user_conf_dirs,
+)
 
 __all__ = [
     "CONF_DIR",
@@ -43,6 +49,7 @@ __all__ = [
     "exit_with",
     "run_command",
     "Stopped",
+    "user_conf_dirs",
 ]
 
 
@@ -126,7 +133,6 @@ def error_line(e: BaseException) -> str | None:
     import errno
     import re
 
-    import yaml
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -504,106 +510,3 @@ def _stop_pool_tracker() -> None:
         executor.shutdown(wait=True, kill_workers=True)
     finalizers(0)  # exit's first step, run early
     stop()
-
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-def missing_launcher(argv: Sequence[str]) -> str | None:
-    """`hydra/launcher=slurm` without its plugin installed: hydra says only that it cannot load
-    `submitit_slurm`."""
-    import importlib.util
-
-    slurm = any(a.partition("=")[::2] == ("hydra/launcher", "slurm") for a in argv)
-    if slurm and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-        return "hydra/launcher=slurm needs its plugin: pip install hydra-submitit-launcher"
-    return None
-
-
-def sweep_experiment_misused(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> str | None:
-    """`experiment=X` of a sweep experiment (its yaml has hydra.sweeper.params) without -m, which
-    runs one default point, or swept with others (`-m experiment=a,b`), which runs one point of
-    each and none of their own sweeps: one line saying how to run it. None otherwise."""
-    if any(a in ("--cfg", "-c", "--help", "-h", "--info", "-i") for a in argv):
-        return None  # nothing runs: the config or the help is printed
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    dirs = [conf_dir, *user_conf_dirs(argv)]
-    for arg in argv:
-        key, _, value = arg.lstrip("+").partition("=")
-        names = value.split(",") if key == "experiment" else []
-        sweeps = []
-        for name in names:
-            if any(_declares_sweep(d / "experiment" / f"{name}.yaml") for d in dirs):
-                sweeps.append(name)
-        if sweeps and len(names) > 1:
-            return (
-                f"experiment={value}: an experiment's own sweep runs only when it is chosen "
-                f"alone; run one command per experiment (-m experiment={sweeps[0]})"
-            )
-        if sweeps and not multirun:
-            return (
-                f"experiment={sweeps[0]} is a sweep: add -m (python -m experiments.run -m "
-                f"experiment={sweeps[0]}); without it one default point runs"
-            )
-    return None
-
-
-def _declares_sweep(path: Path) -> bool:
-    """Whether the experiment file at `path` declares a sweep (hydra.sweeper.params)."""
-    try:
-        cfg = yaml.safe_load(read_small(path).decode("utf-8")) or {}
-    except (OSError, ValueError, yaml.YAMLError):  # run's own load words them
-        return False
-    return isinstance(cfg, dict) and bool(
-        ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params")
-    )
-
-
-def user_conf_dirs(argv: Sequence[str]) -> list[Path]:
-    """The config folders a command line adds to conf/: `--config-dir DIR` (`-cd`) and the
-    `file://` entries of `hydra.searchpath=[...]`."""
-    out = []
-    for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
-        if flag in ("--config-dir", "-cd"):
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            out.append(Path(value))
-        elif arg.lstrip("+").startswith("hydra.searchpath="):
-            for entry in arg.partition("=")[2].strip().strip("[]").split(","):
-                entry = entry.strip().strip("'\"")
-                if entry.startswith("file://"):
-                    out.append(Path(entry.removeprefix("file://")))
-    return out
-
-
-def _remove_empty(folder: Path, top: Path) -> None:
-    """`folder` and its parents up to `top`, each removed only while empty: another run into the
-    same folder may have made it too and taken its lock there since (`dir_lock`), and must
-    not find it gone under it."""
-    for f in (folder, *folder.parents):
-        try:
-            f.rmdir()
-        except OSError:  # not empty (another's by now), or not there
-            return
-        if f == top:
-            return
-
-
-def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
-    """Exit 2 with one line when a `key=folder` argument (hydra's run or sweep dir) names a folder
-    that cannot be made or written: hydra would fail on it with a traceback. Folders with
-    interpolations (`${now:...}`) are left to hydra."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key in keys and "$" not in value:
-            new = next(
-                (p for p in (Path(value), *Path(value).parents) if p.parent.exists()), Path(value)
-            )
-            made = not new.exists()
-            try:
-                output_dir(value, key)
-                if made:  # checked, not made: hydra makes it when the run starts
-                    _remove_empty(Path(value), new)
-            except MoepipeError as e:
-                print(f"error: {e}", file=sys.stderr)
-                sys.exit(2)

@@ -289,7 +289,7 @@ def test_the_run_dir_check_leaves_a_folder_another_run_took(
     Another run into the same dir, started at the same moment, may have made it too and taken
     its lock there meanwhile: the check took the whole folder away under it (rmtree). Now only
     empty folders go; an empty one of its own still does."""
-    import experiments.common.cli as cli_mod
+    import experiments.common.argv_checks as cli_mod
 
     run = tmp_path / "new" / "run"
     checked = cli_mod.output_dir
