@@ -134,6 +134,12 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     if typed:
         return typed
     merging = re.match(r"Error merging override (\S+)", text)
+    if merging and merging.group(1).startswith("~"):  # a key a schema or hydra itself needs
+        name = merging.group(1).lstrip("~").split("=")[0]
+        return (
+            f"~{name}: cannot be deleted (the config needs it); leave it out, or override it "
+            f"instead ({name}=... or {name}.FIELD=...)"
+        )
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
     defaults = _defaults_list_line(text)
