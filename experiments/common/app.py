@@ -524,6 +524,11 @@ def group_files(
                     f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
                 ) from None
             check_yaml_size(text, arg, f"pass a {key} YAML file")
+            if _holds_nothing(text):  # each group a file may give has fields it must set
+                raise MoepipeError(
+                    f"{arg}: the file holds no fields; give the {key}'s fields in it (see "
+                    f"conf/{key}/ for the layout)"
+                )
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")
@@ -533,6 +538,17 @@ def group_files(
         else:
             out.append(arg)
     return with_search_path(out, [tmp]) if added else out
+
+
+def _holds_nothing(text: str) -> bool:
+    """Whether YAML `text` is empty or only comments (a file that does not parse is for the
+    composition's own line, which names its line)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) is None
+    except yaml.YAMLError:
+        return False
 
 
 def with_search_path(argv: Sequence[str], dirs: Sequence[Path]) -> list[str]:

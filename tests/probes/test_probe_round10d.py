@@ -1,0 +1,43 @@
+"""Probe round 10's leftovers: a deletion of a key the config needs (`~hydra.run.dir`,
+`~workload.routing`), whose line was omegaconf's or hydra's own ("HydraConfig was not set",
+"does not support deletion"), and a group's YAML file that holds no fields, whose line named a
+missing key but not the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import TINY
+
+
+@pytest.mark.parametrize(
+    "deleted", ["~hydra.run.dir", "~workload.routing", "~workload.routing.skew"]
+)
+def test_deleting_a_key_the_config_needs_is_one_line_with_the_fix(
+    deleted: str, tmp_path: Path, cli_here: Any
+) -> None:
+    r = cli_here("experiments.run", *TINY, deleted, f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    name = deleted.lstrip("~")
+    assert line.startswith(f"error: {deleted}: cannot be deleted"), line
+    assert f"{name}=..." in line
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("text", ["", "# a comment, no fields\n", "\n\n"])
+@pytest.mark.parametrize("group", ["hardware", "model", "workload"])
+def test_a_group_file_without_fields_is_named(
+    group: str, text: str, tmp_path: Path, cli_here: Any
+) -> None:
+    f = tmp_path / "mine.yaml"
+    f.write_text(text)
+    args = [a for a in TINY if not a.startswith(f"{group}=")]
+    r = cli_here("experiments.run", *args, f"{group}={f}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {group}={f}: the file holds no fields"), line
+    assert f"conf/{group}/" in line
