@@ -120,7 +120,8 @@ def measured_s(kernels: list[Callable[[], Any]], repeats: int) -> tuple[float, s
 
 
 def report(opts: dict[str, Any]) -> list[str]:
-    lanes = as_int("lanes", opts["lanes"], at_least=1)
+    # one lane runs alone: its overlap is 1 by definition (validate_lanes' bound)
+    lanes = as_int("lanes", opts["lanes"], at_least=2, why="one lane has nothing to overlap with")
     repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
     if not str(opts["rows"]):
         raise MoepipeError("rows=[]: name at least one token count per lane, e.g. rows=[8,64]")
@@ -134,7 +135,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     if lanes > model.n_experts:  # each lane runs an expert of its own (validate_lanes' bound)
         raise MoepipeError(
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane runs "
-            f"one of them); pass lanes=1 to {model.n_experts}"
+            f"one of them); pass lanes=2 to {model.n_experts}"
         )
     device = resolve_device(str(opts["device"]), "device")
     cuda = device.type == "cuda"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY
+from tests.probes.conftest import TINY, one_line
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,10 @@ def test_a_group_file_without_fields_is_named(
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: {group}={f}: the file holds no fields"), line
     assert f"conf/{group}/" in line
+
+
+@pytest.mark.parametrize("lanes", ["1", "0"])
+def test_bench_lanes_needs_two_lanes(lanes: str, cli_here: Any) -> None:
+    """bench.lanes lanes=1 ran and printed an overlap of 1, which one lane has by definition
+    (validate_lanes refuses it): refused, as validate_lanes does."""
+    one_line(cli_here("experiments.bench.lanes", f"lanes={lanes}", "device=cpu"), "lanes=", ">= 2")
