@@ -9,6 +9,7 @@ Usage:
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import pandas as pd
@@ -73,7 +74,15 @@ def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
         )
     valid_metrics = numeric_columns(df)
     if metric not in valid_metrics:
-        raise ReportError(f"unknown metric {metric!r}; valid: {', '.join(valid_metrics)}")
+        # the list names what the runs measured: a config key (hardware.n_gpus) or a flag
+        # (skip_finished) is taken, but is no metric to offer
+        measured = [c for c in valid_metrics if not c.startswith(CONFIG) and df[c].dtype != bool]
+        close = difflib.get_close_matches(metric, valid_metrics, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ReportError(
+            f"unknown metric {metric!r}; {hint}the runs' metrics: {', '.join(measured)} (a "
+            "numeric config key, e.g. model.top_k, is taken too)"
+        )
     bad = [c for c in columns if c not in df.columns]
     if bad:
         raise ReportError(

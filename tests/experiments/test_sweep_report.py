@@ -190,7 +190,11 @@ def test_report_rejects_unknown_metric_and_column(
 ) -> None:
     assert report_main([f"dir={swept}", f"out={tmp_path}", "metric=tokens_per_banana"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "valid:" in err[0] and "throughput_tok_s" in err[0]
+    assert len(err) == 1 and "the runs' metrics:" in err[0] and "throughput_tok_s" in err[0]
+    # what the runs measured, not their config keys or flags
+    assert "skip_finished" not in err[0] and "hardware.n_gpus" not in err[0]
+    assert report_main([f"dir={swept}", f"out={tmp_path}", "metric=throughput"]) == 2
+    assert "did you mean 'throughput_tok_s'?" in capsys.readouterr().err
     assert report_main([f"dir={swept}", f"out={tmp_path}", "columns=[no.such]"]) == 2
     assert "valid:" in capsys.readouterr().err
 
