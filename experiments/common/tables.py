@@ -145,7 +145,7 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         row["model.name"] = summary["model"]
     row.setdefault("status", "ok")
     row[SYSTEM] = system_of(run, {**row, "planner_label": label})
-    row["has_trace"] = (run / "trace.parquet").exists()
+    row["has_trace"] = (run / "trace.parquet").is_file()  # a folder in its place is none
     return {column_name(k): v for k, v in row.items()}, None
 
 

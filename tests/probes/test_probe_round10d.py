@@ -48,3 +48,17 @@ def test_bench_lanes_needs_two_lanes(lanes: str, cli_here: Any) -> None:
     """bench.lanes lanes=1 ran and printed an overlap of 1, which one lane has by definition
     (validate_lanes refuses it): refused, as validate_lanes does."""
     one_line(cli_here("experiments.bench.lanes", f"lanes={lanes}", "device=cpu"), "lanes=", ">= 2")
+
+
+def test_collect_counts_no_trace_where_a_folder_has_its_name(tmp_path: Path, cli_here: Any) -> None:
+    """A folder named trace.parquet in a run counted as the run's trace in collect's has_trace,
+    so report drew its figures from it (and failed there) instead of leaving the run out of
+    them with its warning."""
+    from experiments.common.tables import collect
+
+    run = tmp_path / "sweep" / "run"
+    assert cli_here("experiments.run", *TINY, f"hydra.run.dir={run}").returncode == 0
+    (run / "trace.parquet").unlink()
+    (run / "trace.parquet").mkdir()
+    df, _ = collect(tmp_path / "sweep")
+    assert df["has_trace"].tolist() == [False]
