@@ -294,7 +294,8 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
     multirun/<date>/ in the current folder); `hydra.job.name=../x` (its log, <name>.log, went
     beside the run dir); `hydra.output_subdir` (the record a failed rerun puts back is .hydra).
     None otherwise, and where nothing runs (--cfg, --help)."""
-    if any(a in ("--cfg", "-c", "--help", "-h", "--info", "-i") for a in argv):
+    nothing_runs = ("--cfg", "-c", "--help", "-h", "--info", "-i", "--hydra-help")
+    if any(a in nothing_runs or a.startswith(("--shell-completion", "-sc")) for a in argv):
         return None
     given = {k.lstrip("+"): v for k, sep, v in (a.partition("=") for a in argv) if sep}
     multirun = any(a in ("-m", "--multirun") for a in argv)
@@ -303,6 +304,11 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
         return (
             f"hydra.run.dir={given['hydra.run.dir']}: a single run's folder, which a sweep (-m) "
             f"does not use; pass hydra.sweep.dir={given['hydra.run.dir']}"
+        )
+    if not sweep and "hydra.sweep.dir" in given and "hydra.run.dir" not in given:
+        return (
+            f"hydra.sweep.dir={given['hydra.sweep.dir']}: a sweep's folder, which a single run "
+            f"(no -m) does not use; pass hydra.run.dir={given['hydra.sweep.dir']}, or add -m"
         )
     name = given.get("hydra.job.name")
     if name is not None and "$" not in name and not re.fullmatch(r"[\w.+-]+", name):

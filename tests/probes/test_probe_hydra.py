@@ -255,10 +255,12 @@ def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
     `experiment=` said only "Could not find 'experiment/'"; the basic sweeper's params (null)
     and a max_batch_size of 0 were internal errors (omegaconf's and hydra's assertions); a
     value beyond ASCII, unquoted, hydra's "LexerNoViableAltException" with nothing to do."""
-    sweep = tmp_path / "s"
-    r = cli_here("experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}")
+    sweep, run = tmp_path / "s", tmp_path / "r"
+    r = cli_here(
+        "experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}", f"hydra.run.dir={run}"
+    )
     one_line(r, *names)
-    assert not sweep.exists()
+    assert not sweep.exists() and not run.exists()
 
 
 def test_a_bare_info_flag_prints_hydras_info(cli_here: Any) -> None:

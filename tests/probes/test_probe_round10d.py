@@ -62,3 +62,12 @@ def test_collect_counts_no_trace_where_a_folder_has_its_name(tmp_path: Path, cli
     (run / "trace.parquet").mkdir()
     df, _ = collect(tmp_path / "sweep")
     assert df["has_trace"].tolist() == [False]
+
+
+def test_a_sweep_folder_given_to_a_single_run_is_refused(tmp_path: Path, cli_here: Any) -> None:
+    """hydra.sweep.dir=X without -m ran the single run into outputs/<date>/ and left X unused:
+    the mirror of hydra.run.dir in a sweep, which is refused too."""
+    sweep = tmp_path / "sweep"
+    r = cli_here("experiments.run", *TINY, f"hydra.sweep.dir={sweep}")
+    one_line(r, f"hydra.sweep.dir={sweep}", f"hydra.run.dir={sweep}", "-m")
+    assert not sweep.exists()
