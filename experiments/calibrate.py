@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import yaml
 
-from core.errors import MoepipeError
+from core.errors import CapacityError, MoepipeError
 from core.files import memory_filesystem
 from core.spec import ModelSpec
 from core.types import OpKind
@@ -126,8 +126,16 @@ def calibrate(
     out = _profile(name, m, dev, spec.name, ckpt, disk_dir, disk_mb)
     _add_p2p(out, m.overhead_s)
     if ckpt:
-        _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s)
-        _add_processes_in_run(out, ckpt)  # over the costs measured so far
+        try:
+            _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s)
+            _add_processes_in_run(out, ckpt)  # over the costs measured so far
+        except CapacityError as e:  # its fix names a workload and memory calibrate sets itself
+            raise MoepipeError(
+                f"checkpoint={ckpt}: calibrate's in-run runs of {spec.name} "
+                f"({spec.total_bytes / 1e6:.3g} MB) do not fit the memory they give it, a share "
+                f"of the model ({str(e).split(';')[0]}); calibrate on a larger checkpoint (e.g. "
+                "python -m experiments.make_checkpoint model=mixtral-tiny) or without one"
+            ) from None
     out["sources"]["duration"] = f"{time.perf_counter() - t0:.1f} s"
     return out
 

@@ -123,7 +123,8 @@ def _free_memory(
             f"GPU memory {cap[Tier.GPU] / 1e9:.3g} GB is smaller than the working set "
             f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights and KV cache "
             f"buffers {working_bytes / 1e9:.3g} GB, activations {activation_bytes / 1e9:.3g} GB); "
-            "lower workload.prompt_len or workload.batch_size (or workload.n_batches)"
+            "lower workload.prompt_len or workload.batch_size (or workload.n_batches), or raise "
+            "hardware.memory_gb.gpu"
         )
     return {Tier.GPU: gpu_free, Tier.CPU: cpu_free, Tier.DISK: disk_free}
 

@@ -474,6 +474,8 @@ OWN_NAMES = {
     "workload.n_batches": "n",
     "klotski_n": "n",
     "n_batches": "n",  # the children's, which the bench sets to n
+    "hardware.memory_gb.gpu": "budget_gb",  # its device pool is a share of the budget
+    "gpu_frac": "budget_gb",
 }
 
 

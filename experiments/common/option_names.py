@@ -23,6 +23,8 @@ BENCH_OPTIONS = {
     "workload.n_batches": "n_batches",
     "workload.prompt_len": "prompt_len",
     "workload.gen_len": "gen_len",
+    "workload.routing.source": "routing",
+    "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
 }
 
 # experiments.validate's: its workload options and planner_params, every planner's
@@ -32,6 +34,7 @@ VALIDATE_OPTIONS = {
     "workload.prompt_len": "prompt_len",
     "workload.gen_len": "gen_len",
     "planner.params": "planner_params",
+    "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
 }
 
 # experiments.validate_lanes's: the lanes are the expert-parallel planners' devices

@@ -1,0 +1,59 @@
+"""Probe round 10c (issue 48), the real executor's commands as a new user runs them: a device
+pool too small for a planner's working set told validate's and bench.accelerate's users to
+lower workload keys (never gpu_frac, which sizes it) and calibrate's to change keys it does
+not take; bench.accelerate's options for its children taken from a user and dropped; a full
+disk told calibrate's user to pass the disk_mb they had passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from experiments.common.hardware import read_hardware
+from real.checkpoint import reduced_spec
+from real.checkpoint_write import write_checkpoint
+from tests.probes.conftest import one_line, raises_one_line
+
+
+def test_a_device_pool_below_the_working_set_names_gpu_frac(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """validate's device pool is gpu_frac of the model: the line said "lower prompt_len or
+    batch_size (or n_batches)" alone, though raising gpu_frac is what makes it fit."""
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[flexgen]", "repeats=1"]
+    more = ["gpu_frac=0.01", "links=calibrated", f"out={tmp_path / 'v'}"]
+    line = one_line(cli_here("experiments.validate", *args, *more), "gpu_frac", "prompt_len")
+    assert "workload." not in line and "hardware." not in line
+
+
+def test_calibrate_on_a_checkpoint_too_small_for_its_runs_names_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """calibrate checkpoint=<model=tiny's> measured for seconds, then said "lower
+    workload.prompt_len or workload.batch_size": keys calibrate does not take, of runs it
+    sizes itself. The measuring before the in-run runs is stubbed out here."""
+    from experiments import calibrate
+
+    ck = write_checkpoint(reduced_spec("tiny"), tmp_path / "ck", seed=0)
+    monkeypatch.setattr(calibrate, "_measure", lambda *a: SimpleNamespace(overhead_s=0.0))
+    monkeypatch.setattr(calibrate, "_profile", lambda *a: {**read_hardware("tiny"), "sources": {}})
+    monkeypatch.setattr(calibrate, "_add_p2p", lambda *a: None)
+    line = raises_one_line(
+        lambda: calibrate.calibrate("x", str(ck), "cpu", tmp_path, 1, 0.0),
+        f"checkpoint={ck}",
+        "larger checkpoint",
+    )
+    assert "workload." not in line
+
+
+def test_bench_accelerates_routing_refusal_names_its_routing_option() -> None:
+    """routing=trace on a model of another shape said "use workload.routing.source=synthetic",
+    a run's key; the bench's option is routing=synthetic."""
+    from experiments.common.option_names import BENCH_OPTIONS, own_names
+
+    why = "trace esft-dsv2lite has (26 layers, 64 experts, top-6); model m has (4, 8, 2); use "
+    line = own_names(why + "workload.routing.source=synthetic for this model", BENCH_OPTIONS)
+    assert "use routing=synthetic" in line and "workload." not in line
