@@ -478,6 +478,11 @@ def _main(args: Options) -> int:
         _on_a_disk(opts)
         disk_dir = output_dir(str(opts["disk_dir"]), "disk_dir")
         free_mb = shutil.disk_usage(disk_dir).free // 2**20
+        if not opts["checkpoint"] and free_mb < 2:  # no disk_mb fits: 1 was said to
+            raise MoepipeError(
+                f"disk_dir={disk_dir}: its disk has {free_mb} MB free, no room for the disk "
+                "probe's file; free some space there or pass disk_dir= a folder on another disk"
+            )
         if not opts["checkpoint"] and disk_mb > free_mb // 2:  # the disk probe's file
             raise MoepipeError(
                 f"disk_mb={disk_mb}: the disk under disk_dir={disk_dir} has {free_mb} MB free; "

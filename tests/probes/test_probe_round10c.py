@@ -57,3 +57,17 @@ def test_bench_accelerates_routing_refusal_names_its_routing_option() -> None:
     why = "trace esft-dsv2lite has (26 layers, 64 experts, top-6); model m has (4, 8, 2); use "
     line = own_names(why + "workload.routing.source=synthetic for this model", BENCH_OPTIONS)
     assert "use routing=synthetic" in line and "workload." not in line
+
+
+def test_calibrate_on_a_full_disk_does_not_ask_for_the_disk_mb_given(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no MB free under disk_dir, disk_mb=1 was refused with "pass disk_mb=1 or less"."""
+    from experiments import calibrate
+
+    full = SimpleNamespace(total=1 << 30, used=1 << 30, free=1 << 19)
+    monkeypatch.setattr(calibrate.shutil, "disk_usage", lambda p: full)
+    monkeypatch.setattr(calibrate, "_on_a_disk", lambda opts: None)
+    args = [f"disk_dir={tmp_path / 'd'}", "disk_mb=1", f"out={tmp_path / 'hw.yaml'}"]
+    line = one_line(cli_here("experiments.calibrate", *args), "disk_dir=", "free some space")
+    assert "disk_mb=1 or less" not in line
