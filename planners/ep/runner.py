@@ -115,7 +115,8 @@ class EPRunner:
                 f"expert parallelism keeps every expert resident, but {m.name}'s experts "
                 f"({experts / 1e9:.3g} GB) with its dense weights and KV cache do not fit "
                 f"{gpus} GPU(s) of {cap / 1e9:.3g} GB (the fullest holds {held / 1e9:.3g} GB); "
-                "use hardware with more GPU memory, more GPUs, or a smaller model"
+                "use hardware with more GPU memory (raise hardware.memory_gb.gpu), more GPUs, or a "
+                "smaller model"
             )
         b.reserve(Tier.GPU, int(max(0, gpus * dense_gpu - dense_w)))  # the other GPUs' dense copies
         return held
@@ -133,7 +134,7 @@ class EPRunner:
                 f"planner.params.replica_slots={lay.replica_slots}: "
                 f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU "
                 f"on top of {held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; "
-                f"lower replica_slots (at most {fit} fit)"
+                f"lower replica_slots (at most {fit} fit) or raise hardware.memory_gb.gpu"
             )
         self.out.reserve(Tier.GPU, replica_bytes)
         self.room = int(cap - held - per_gpu * lay.replica_slots * expert_layer)

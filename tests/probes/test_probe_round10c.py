@@ -18,14 +18,19 @@ from real.checkpoint_write import write_checkpoint
 from tests.probes.conftest import one_line, raises_one_line
 
 
+@pytest.mark.parametrize(
+    "planner, more",
+    [("flexgen", ["gpu_frac=0.01"]), ("eplb", ["executor.distributed=true", "gpu_frac=0.6"])],
+)
 def test_a_device_pool_below_the_working_set_names_gpu_frac(
-    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, planner: str, more: list[str]
 ) -> None:
     """validate's device pool is gpu_frac of the model: the line said "lower prompt_len or
-    batch_size (or n_batches)" alone, though raising gpu_frac is what makes it fit."""
-    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[flexgen]", "repeats=1"]
-    more = ["gpu_frac=0.01", "links=calibrated", f"out={tmp_path / 'v'}"]
-    line = one_line(cli_here("experiments.validate", *args, *more), "gpu_frac", "prompt_len")
+    batch_size (or n_batches)" alone (flexgen), or "use hardware with more GPU memory" (eplb,
+    whose experts all stay resident), though raising gpu_frac is what makes it fit."""
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", f"planners=[{planner}]", "repeats=1"]
+    more = [*more, "links=calibrated", f"out={tmp_path / 'v'}"]
+    line = one_line(cli_here("experiments.validate", *args, *more), "raise gpu_frac")
     assert "workload." not in line and "hardware." not in line
 
 
