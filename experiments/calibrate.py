@@ -458,6 +458,7 @@ def _main(args: Options) -> int:
             "in_run_s", opts["in_run_s"], at_least=0.0, at_most=MAX_IN_RUN_S, why=IN_RUN_WHY
         )
         resolve_device(opts["device"])
+        _unread(opts)
         # every path is checked before the measuring, which its results would be lost after
         out = output_file(opts["out"] or ROOT / "conf" / "hardware" / f"{name}.yaml", "out")
         if out.suffix not in (".yaml", ".yml"):  # the other commands take hardware=FILE.yaml
@@ -509,6 +510,23 @@ def _main(args: Options) -> int:
         f"expert peak {hw['gpu']['tflops'] * 1e3:.1f} GFLOP/s"
     )
     return 0
+
+
+def _unread(opts: Any) -> None:
+    """Refuse an option given that this calibrate would not read: disk_mb sizes the probe file
+    written without a checkpoint (with one the disk is timed reading its files), in_run_s the
+    real runs made on a checkpoint."""
+    default = Options()
+    if opts["checkpoint"] and opts["disk_mb"] != default.disk_mb:
+        raise MoepipeError(
+            f"disk_mb={opts['disk_mb']}: with checkpoint= the disk is timed reading the "
+            "checkpoint's files, and no probe file of disk_mb is written; leave disk_mb out"
+        )
+    if not opts["checkpoint"] and opts["in_run_s"] != default.in_run_s:
+        raise MoepipeError(
+            f"in_run_s={opts['in_run_s']:g}: the seconds of real runs on a checkpoint, and none "
+            "is given; pass checkpoint=DIR or leave in_run_s out"
+        )
 
 
 def _on_a_disk(opts: Any) -> None:

@@ -1,8 +1,9 @@
 """Probe round 10c (issue 48), the real executor's commands as a new user runs them: a device
 pool too small for a planner's working set told validate's and bench.accelerate's users to
 lower workload keys (never gpu_frac, which sizes it) and calibrate's to change keys it does
-not take; bench.accelerate's options for its children taken from a user and dropped; a full
-disk told calibrate's user to pass the disk_mb they had passed."""
+not take; bench.accelerate's options for its children, and calibrate's disk_mb with a
+checkpoint and in_run_s without one, taken from a user and dropped; a full disk told
+calibrate's user to pass the disk_mb they had passed."""
 
 from __future__ import annotations
 
@@ -76,3 +77,19 @@ def test_calibrate_on_a_full_disk_does_not_ask_for_the_disk_mb_given(
     args = [f"disk_dir={tmp_path / 'd'}", "disk_mb=1", f"out={tmp_path / 'hw.yaml'}"]
     line = one_line(cli_here("experiments.calibrate", *args), "disk_dir=", "free some space")
     assert "disk_mb=1 or less" not in line
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [(["checkpoint={ck}", "disk_mb=64"], "disk_mb=64"), (["in_run_s=5"], "in_run_s=5")],
+)
+def test_a_calibrate_option_it_would_not_read_is_refused(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, args: list[str], name: str
+) -> None:
+    """disk_mb with a checkpoint (its files are timed, no probe file is written) and in_run_s
+    without one (no real runs are made) were taken and dropped: the profile said nothing of
+    them. docs/results/distributed-validation.md's own command passed disk_mb=64 so."""
+    args = [a.format(ck=tiny_ckpt) for a in args]
+    r = cli_here("experiments.calibrate", *args, f"out={tmp_path / 'hw.yaml'}")
+    one_line(r, name, "leave")
+    assert not (tmp_path / "hw.yaml").exists()

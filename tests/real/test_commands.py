@@ -32,7 +32,6 @@ def test_checkpoint_calibrate_run_validate(tmp_path):
         "hardware.name=calibrated",
         f"checkpoint={ckpt}",
         f"disk_dir={tmp_path / 'calib'}",
-        "disk_mb=16",
         "in_run_s=1",
         f"out={hw}",
     )
