@@ -25,12 +25,13 @@ from omegaconf import DictConfig
 
 from core.cost import CostModel
 from core.errors import ConfigError, MoepipeError
+from core.files import memory_filesystem
 from core.planner import PlanContext
 from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace
-from core.types import OpKind, RoutingSource, Tensor, Tier
+from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
@@ -140,6 +141,8 @@ def real_execute(
         if own_store:
             store.close()
     trace = make_trace(out.schedule, out.start_s, out.end_s, source="real")
+    if not distributed or torch.distributed.get_rank() == 0:
+        warn_disk_in_memory(ckpt, trace)
     summary = summary_of(spec, out.schedule, trace, f"{routing_mode}: {out.routing.description}")
     outputs = {
         "prompts": np.ascontiguousarray(prompts.numpy(), dtype=np.int64),  # [n*b, P]
@@ -269,6 +272,20 @@ def _shape_routing(spec: RunSpec) -> Routing:
     if wl.routing.source == RoutingSource.LIVE:
         wl = wl.with_(routing=replace(wl.routing, source=RoutingSource.SYNTHETIC))
     return load_routing(spec.model, wl)
+
+
+def warn_disk_in_memory(ckpt: str | Path, trace: Any) -> None:
+    """Log one warning where the run read weights from its disk tier in a checkpoint on a
+    filesystem in memory: tmpfs takes O_DIRECT (Linux 6.6 on), so nothing else says that its
+    disk reads timed RAM, which the trace and summary then call the disk's."""
+    kind = memory_filesystem(ckpt)
+    if kind and (trace["resource"].astype(str) == str(Resource.DISK)).any():
+        log.warning(
+            "checkpoint=%s is on %s, a filesystem in memory: the run's disk reads timed RAM, "
+            "not a disk; copy the checkpoint to a disk to measure one",
+            ckpt,
+            kind,
+        )
 
 
 def warn_past_context(ckpt: str | Path, wl: Workload) -> None:

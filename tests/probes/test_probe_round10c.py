@@ -3,10 +3,12 @@ pool too small for a planner's working set told validate's and bench.accelerate'
 lower workload keys (never gpu_frac, which sizes it) and calibrate's to change keys it does
 not take; bench.accelerate's options for its children, and calibrate's disk_mb with a
 checkpoint and in_run_s without one, taken from a user and dropped; a full disk told
-calibrate's user to pass the disk_mb they had passed."""
+calibrate's user to pass the disk_mb they had passed; a disk tier read from a checkpoint in
+/dev/shm timed RAM without a word."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 from experiments.common.hardware import read_hardware
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
-from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -93,3 +95,26 @@ def test_a_calibrate_option_it_would_not_read_is_refused(
     r = cli_here("experiments.calibrate", *args, f"out={tmp_path / 'hw.yaml'}")
     one_line(r, name, "leave")
     assert not (tmp_path / "hw.yaml").exists()
+
+
+def test_a_disk_tier_read_from_a_checkpoint_in_memory_is_said(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint in /dev/shm with a disk tier ran without a word: tmpfs takes O_DIRECT
+    (Linux 6.6 on), so DiskReader's fallback warning never came, and the run's disk reads,
+    which timed RAM, went into its trace and summary as the disk's. (The mount table here
+    says the checkpoint's folder is tmpfs.)"""
+    from core import files
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\ntmpfs {tiny_ckpt.parent} tmpfs rw 0 0\n")
+    monkeypatch.setattr(files, "MOUNTS", str(mounts))
+    run = tmp_path / "run"
+    memory = ["hardware.memory_gb.gpu=0.0006", "hardware.memory_gb.cpu=0.0002"]
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", *TINY[1:], *memory, f"hydra.run.dir={run}"]
+    r = cli_here("experiments.run", *args)
+    assert r.returncode == 0, r.stderr
+    log = (run / "run.log").read_text()
+    placement = json.loads((run / "summary.json").read_text())["plan"]["placement"]
+    assert "disk" in placement["expert_layers"]  # the disk tier was read
+    assert f"checkpoint={tiny_ckpt} is on tmpfs, a filesystem in memory" in log
