@@ -67,8 +67,9 @@ def greedy_placement(
     dense_tier = _take(free, (Tier.GPU, Tier.CPU), dense)
     if dense_tier is None:
         raise CapacityError(
-            f"model {model.name}: attention/gate/embedding weights ({dense / 1e9:.1f} GB) fit "
-            "neither GPU nor CPU memory"
+            f"model {model.name}: attention/gate/embedding weights ({dense / 1e9:.3g} GB) fit "
+            "neither GPU nor CPU memory beside the working set; raise hardware.memory_gb.gpu or "
+            "hardware.memory_gb.cpu"
         )
     resident[dense_tier] += dense
 
@@ -78,7 +79,7 @@ def greedy_placement(
         if tier is None:
             raise CapacityError(
                 f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
-                f"({kv_layer * model.n_layers / 1e9:.1f} GB) cannot fit in GPU + CPU memory; "
+                f"({kv_layer * model.n_layers / 1e9:.3g} GB) cannot fit in GPU + CPU memory; "
                 "lower workload.batch_size, n_batches, prompt_len or gen_len"
             )
         kv.append(tier)
@@ -113,8 +114,8 @@ def _free_memory(
     total = model.total_bytes + kv_layer * model.n_layers
     if total > cap[Tier.GPU] + max(cpu_free, 0) + disk_free:
         raise CapacityError(
-            f"model {model.name} ({model.total_bytes / 1e9:.1f} GB weights + KV) does not fit in "
-            f"GPU + CPU + disk ({(cap[Tier.GPU] + cpu_free + disk_free) / 1e9:.1f} GB); "
+            f"model {model.name} ({model.total_bytes / 1e9:.3g} GB weights + KV) does not fit in "
+            f"GPU + CPU + disk ({(cap[Tier.GPU] + cpu_free + disk_free) / 1e9:.3g} GB); "
             "add memory or shrink the workload"
         )
     gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes

@@ -469,6 +469,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 # what the shared bench code (a run's keys, experiments.bench.accelerate's options, which its
 # child processes take) calls this bench's options
 OWN_NAMES = {
+    "hardware.memory_gb.gpu or hardware.memory_gb.cpu": "budget_gb",  # before each alone
     **BENCH_OPTIONS,
     "planner.params.n": "n",
     "workload.n_batches": "n",
@@ -476,6 +477,8 @@ OWN_NAMES = {
     "n_batches": "n",  # the children's, which the bench sets to n
     "hardware.memory_gb.gpu": "budget_gb",  # its device pool is a share of the budget
     "gpu_frac": "budget_gb",
+    "hardware.memory_gb.cpu": "budget_gb",  # and its host tier the rest of it
+    "cpu_frac": "budget_gb",
 }
 
 

@@ -25,6 +25,7 @@ BENCH_OPTIONS = {
     "workload.gen_len": "gen_len",
     "workload.routing.source": "routing",
     "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
+    "hardware.memory_gb.cpu": "cpu_frac",  # and its host tier cpu_frac
 }
 
 # experiments.validate's: its workload options and planner_params, every planner's
@@ -35,6 +36,7 @@ VALIDATE_OPTIONS = {
     "workload.gen_len": "gen_len",
     "planner.params": "planner_params",
     "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
+    "hardware.memory_gb.cpu": "cpu_frac",  # and its host tier cpu_frac
 }
 
 # experiments.validate_lanes's: the lanes are the expert-parallel planners' devices

@@ -118,3 +118,18 @@ def test_a_disk_tier_read_from_a_checkpoint_in_memory_is_said(
     placement = json.loads((run / "summary.json").read_text())["plan"]["placement"]
     assert "disk" in placement["expert_layers"]  # the disk tier was read
     assert f"checkpoint={tiny_ckpt} is on tmpfs, a filesystem in memory" in log
+
+
+def test_dense_weights_that_fit_no_tier_give_their_size_and_the_keys_to_raise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.real model=mixtral-tiny budget_gb=0.008 said "attention/gate/embedding weights
+    (0.0 GB) fit neither GPU nor CPU memory": a size printed to one decimal of a GB, and no
+    key that makes them fit."""
+    from experiments.bench import real as bench_real
+
+    args = ["model=mixtral-tiny", "hardware=tiny", "budget_gb=0.008", f"out_dir={tmp_path}"]
+    assert bench_real.main(args) == 2
+    line = capsys.readouterr().err.strip()
+    assert "weights (0.00133 GB) fit neither" in line and "raise budget_gb." in line, line
+    assert "hardware." not in line and "budget_gb or budget_gb" not in line
