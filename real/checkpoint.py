@@ -385,15 +385,15 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             f"{d}: no such checkpoint directory; "
             "write one with python -m experiments.make_checkpoint"
         )
-    spec = ModelSpec.from_hf_config(d)
     cfg = hf_config(d)
-    dtype = hf_dtype_name(cfg)
+    dtype = hf_dtype_name(cfg)  # before the spec's own list, which holds dtypes only simulated
     if dtype not in ("bfloat16", "float32"):  # float16's 2 bytes would run as bfloat16 here
         key = "dtype" if cfg.get("dtype", None) else "torch_dtype"
         raise ConfigError(
             f"{d / 'config.json'}: {key} {dtype} is not supported by the real executor "
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
+    spec = ModelSpec.from_hf_config(d)
     files = _weight_files(d)
     index: dict[str, TensorEntry] = {}
     for f in files:

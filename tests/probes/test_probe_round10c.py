@@ -133,3 +133,20 @@ def test_dense_weights_that_fit_no_tier_give_their_size_and_the_keys_to_raise(
     line = capsys.readouterr().err.strip()
     assert "weights (0.00133 GB) fit neither" in line and "raise budget_gb." in line, line
     assert "hardware." not in line and "budget_gb or budget_gb" not in line
+
+
+def test_a_dtype_the_real_executor_does_not_run_is_not_listed_as_supported(
+    tmp_path: Path, tiny_ckpt: Path
+) -> None:
+    """torch_dtype "auto" in a checkpoint's config.json said "supported: bfloat16, float16,
+    float32, float8_e4m3fn" (the simulator's sizes), two of which the real executor refuses."""
+    import shutil
+
+    from real.checkpoint import load_checkpoint
+
+    ck = Path(shutil.copytree(tiny_ckpt, tmp_path / "ck"))
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg.pop("dtype", None)
+    (ck / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "auto"}))
+    line = raises_one_line(lambda: load_checkpoint(ck), "config.json", "auto", "bfloat16")
+    assert "float16," not in line and "float8" not in line
