@@ -36,6 +36,7 @@ from core.bubbles import top_cause
 from core.errors import CapacityError, ConfigError
 from core.hf_config import hf_config_file
 from core.routing import resolve_source
+from core.spec import ModelSpec
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.common import ep_inputs
@@ -148,7 +149,11 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
             "executor.rendezvous_timeout_s: a key of the real executor's distributed runs; "
             "choose executor=real executor.distributed=true, which reads it"
         )
-    source = resolve_source(spec.model, spec.workload.routing.source)
+    ran, why = run_model(cfg, spec), f"workload.routing.source={spec.workload.routing.source}"
+    source = resolve_source(ran, spec.workload.routing.source)
+    why = f"{why} for {ran.name}"
+    if spec.executor == "real" and cfg.executor.get("routing_mode") == "live":
+        source, why = RoutingSource.LIVE, "executor.routing_mode=live: the model's own gates"
     unused = {
         RoutingSource.TRACE: SYNTHETIC_KNOBS,
         RoutingSource.SYNTHETIC: ("tasks", "exclude_tasks")
@@ -160,9 +165,8 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
         if key in given:
             reads = "the synthetic generator's" if knob in SYNTHETIC_KNOBS else "the ESFT trace's"
             raise ConfigError(
-                f"{key}: {reads} knob, but this run's routing is {source} (workload.routing."
-                f"source={spec.workload.routing.source} for {spec.model.name}); drop it, or set "
-                "workload.routing.source to the routing it is for"
+                f"{key}: {reads} knob, but this run's routing is {source} ({why}); drop it, "
+                "or set workload.routing.source to the routing it is for"
             )
 
 
@@ -178,20 +182,28 @@ def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -
     return result.summary
 
 
+def run_model(cfg: DictConfig, spec: RunSpec) -> ModelSpec:
+    """The model the run runs: a real run's checkpoint's (its spec holds the config's model)."""
+    if spec.executor == "real" and cfg.get("checkpoint"):
+        return ModelSpec.from_hf_config(cfg.checkpoint)
+    return spec.model
+
+
 def config_text(cfg: DictConfig, spec: RunSpec | None = None) -> str:
     """What a run dir's config.yaml holds, finished or infeasible: the resolved config and the
     version of the model files and the routing trace it reads (`spec`: cfg's, where the caller
     has it)."""
     spec = spec or run_spec(cfg)
-    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(spec)
+    model = run_model(cfg, spec)
+    return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(spec, model)
 
 
-def trace_line(spec: RunSpec) -> str:
+def trace_line(spec: RunSpec, model: ModelSpec) -> str:
     """A comment line for config.yaml naming the version (size, mtime) of the routing trace a
     run reads, where its routing is the trace's: a trace rebuilt at the same `trace_dir` makes
     a finished run run again. Empty for synthetic routing, or a trace that is not there (the
     run then fails naming it)."""
-    if resolve_source(spec.model, spec.workload.routing.source) != RoutingSource.TRACE:
+    if resolve_source(model, spec.workload.routing.source) != RoutingSource.TRACE:
         return ""
     path = trace_path(spec.workload.routing.trace_dir)
     try:

@@ -150,3 +150,24 @@ def test_a_dtype_the_real_executor_does_not_run_is_not_listed_as_supported(
     (ck / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "auto"}))
     line = raises_one_line(lambda: load_checkpoint(ck), "config.json", "auto", "bfloat16")
     assert "float16," not in line and "float8" not in line
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("executor.routing_mode=live", ["executor.routing_mode=live"]),
+        ("workload.routing.source=live", ["source=live for ck"]),
+    ],
+)
+def test_a_routing_knob_a_real_runs_live_gates_do_not_read_is_refused(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, override: str, names: list[str]
+) -> None:
+    """executor.routing_mode=live workload.routing.skew=2 ran (exit 0): the model's own gates
+    route, and the generator's skew only shaped a dry plan. Beside workload.routing.source=live
+    the same knob was refused "for mixtral-8x7b", the config's model, not the checkpoint's."""
+    run = tmp_path / "r"
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", *TINY[1:], override]
+    r = cli_here("experiments.run", *args, "workload.routing.skew=2", f"hydra.run.dir={run}")
+    line = one_line(r, "workload.routing.skew", *names)
+    assert "mixtral-8x7b" not in line
+    assert not run.exists()
