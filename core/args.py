@@ -191,6 +191,16 @@ def _begins(path: Path, starts: bytes) -> bool:
         return False
 
 
+def not_the_checkpoint(path: str | Path, key: str, ckpt: str | Path) -> None:
+    """Refuse an output folder `path` (argument `key`) that is the checkpoint's own folder: a
+    command's files would go in among the weights (a run refuses its run dir there alike)."""
+    if Path(path).expanduser().resolve() == Path(ckpt).resolve():
+        raise MoepipeError(
+            f"{key}={path}: the folder of checkpoint={ckpt}, whose weights this command's files "
+            f"would mix with; pass {key}= another folder"
+        )
+
+
 def output_dir(path: str | Path, key: str) -> Path:
     """`path`, a folder a command will write into under argument `key`, created and checked to
     be writable (see `output_file`)."""

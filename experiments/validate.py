@@ -29,7 +29,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY  # noqa: E402
+from core.args import (  # noqa: E402
+    MAX_REPEATS,
+    MAX_TOKENS,
+    REPEATS_WHY,
+    TOKENS_WHY,
+    not_the_checkpoint,
+)
 from core.balance import device_of  # noqa: E402
 from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
 from core.errors import (  # noqa: E402
@@ -358,6 +364,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
     where = opts["out"] or ROOT / "runs" / "validate" / datetime.datetime.now().strftime(
         "%Y-%m-%d_%H-%M-%S"
     )
+    not_the_checkpoint(where, "out", ckpt)
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
     csv_of_ours(out / "validate.csv", "planner", "validate")  # not lost after the runs

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY
+from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, not_the_checkpoint
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
@@ -124,6 +124,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     device = resolve_device(str(opts["device"]), "device")
     hw = device_hardware(str(opts["hardware"]), model.total_bytes, device)
     where = opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
+    not_the_checkpoint(where, "out", ckpt)
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
     try:

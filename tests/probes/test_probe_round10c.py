@@ -171,3 +171,23 @@ def test_a_routing_knob_a_real_runs_live_gates_do_not_read_is_refused(
     line = one_line(r, "workload.routing.skew", *names)
     assert "mixtral-8x7b" not in line
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "module, more",
+    [
+        ("experiments.validate", ["planners=[flexgen]", "links=calibrated"]),
+        ("experiments.validate_lanes", ["lanes=2", "device=cpu"]),
+    ],
+)
+def test_an_output_folder_that_is_the_checkpoints_is_refused(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, module: str, more: list[str]
+) -> None:
+    """out= the checkpoint's folder wrote validate.csv, timelines and every planner's run dirs
+    in among the weights (a run refuses its run dir there)."""
+    import shutil
+
+    ck = Path(shutil.copytree(tiny_ckpt, tmp_path / "ck"))
+    args = [f"checkpoint={ck}", "hardware=tiny", "repeats=1", *more, f"out={ck}"]
+    one_line(cli_here(module, *args), f"out={ck}", "checkpoint=")
+    assert sorted(p.name for p in ck.iterdir()) == ["config.json", "model.safetensors"]
