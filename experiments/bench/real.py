@@ -56,6 +56,7 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
     beside it that becomes `out` only when whole. A disk without room for it: a MoepipeError
     before anything is written."""
     from real.checkpoint import load_checkpoint
+    from real.checkpoint_write import foreign_checkpoint
 
     if out.is_dir():
         try:
@@ -63,9 +64,17 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
             if got.total_bytes == spec.total_bytes and got.n_layers == spec.n_layers:
                 _progress(f"reusing checkpoint {out}")
                 return out
-            _progress(f"{out} holds another model; writing it again")
+            why = "holds another model"
         except MoepipeError as e:
-            _progress(f"{out} unusable ({e}); writing it again")
+            why = f"unusable ({e})"
+        foreign = foreign_checkpoint(out)  # a downloaded model's: not the bench's to replace
+        if foreign:
+            raise MoepipeError(
+                f"out_dir={out.parent}: {out} holds a checkpoint the bench did not write "
+                f"({foreign} has no mark of make_checkpoint's), which writing its own would "
+                "delete; pass out_dir= another folder"
+            )
+        _progress(f"{out} {why}; writing it again")
     out.parent.mkdir(parents=True, exist_ok=True)
     need = int(spec.total_bytes * 1.01) + (64 << 20)
     free = shutil.disk_usage(out.parent).free + _size_of(out)

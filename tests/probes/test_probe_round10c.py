@@ -191,3 +191,26 @@ def test_an_output_folder_that_is_the_checkpoints_is_refused(
     args = [f"checkpoint={ck}", "hardware=tiny", "repeats=1", *more, f"out={ck}"]
     one_line(cli_here(module, *args), f"out={ck}", "checkpoint=")
     assert sorted(p.name for p in ck.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_bench_real_keeps_a_checkpoint_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """out_dir=<a folder of downloaded models>: bench.real found <out_dir>/mixtral-tiny
+    "unusable" and deleted it to write its random one (make_checkpoint refuses such a folder)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from experiments.bench import real as bench_real
+
+    theirs = tmp_path / "mixtral-tiny"
+    theirs.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(theirs / "model.safetensors"))
+    (theirs / "config.json").write_text('{"model_type": "mixtral", "hidden_size": 10}')
+    args = ["model=mixtral-tiny", "hardware=tiny", "budget_gb=0.011", f"out_dir={tmp_path}"]
+    assert bench_real.main([*args, "peers=none"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: ") and "\n" not in line, line
+    assert "did not write" in line and "out_dir=" in line
+    assert sorted(p.name for p in theirs.iterdir()) == ["config.json", "model.safetensors"]
+    assert (theirs / "config.json").read_text().endswith("10}")
