@@ -449,9 +449,12 @@ class Workload:
         if (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, numbers.Integral)
-            or self.seed < 0
+            or not 0 <= self.seed < 2**64  # the real executor's torch generators take 64 bits
         ):
-            raise ConfigError(f"workload.seed must be an integer >= 0, got {self.seed!r}")
+            raise ConfigError(
+                f"workload.seed must be an integer in [0, 2**64), got {self.seed!r}; pass a "
+                "smaller one"
+            )
 
     @property
     def n_sequences(self) -> int:

@@ -214,3 +214,14 @@ def test_bench_real_keeps_a_checkpoint_it_did_not_write(
     assert "did not write" in line and "out_dir=" in line
     assert sorted(p.name for p in theirs.iterdir()) == ["config.json", "model.safetensors"]
     assert (theirs / "config.json").read_text().endswith("10}")
+
+
+def test_a_seed_past_64_bits_is_refused_not_an_internal_error(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """workload.seed=99999999999999999999 ran simulated (numpy takes any size) and failed a
+    real run as an internal error: torch's generator, which seeds the prompts, takes 64 bits."""
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", *TINY[1:], f"hydra.run.dir={tmp_path}/r"]
+    r = cli_here("experiments.run", *args, "workload.seed=99999999999999999999")
+    one_line(r, "workload.seed", "2**64")
+    assert "internal error" not in r.stderr
