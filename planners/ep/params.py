@@ -70,7 +70,7 @@ class EPParams:
             ("dispatch", Dispatch),
             ("lane_sharing", LaneSharing),
         ):
-            as_enum(self, name, enum)
+            as_enum(self, name, enum, "planner.params.")
         # 0 = 1/n_devices; else at least about one SM of the largest GPUs (1/200 of one)
         if not (self.lane_share == 0.0 or 1e-3 <= self.lane_share <= 1.0):
             raise ConfigError(
@@ -178,8 +178,9 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
     )
     if not 1 <= g <= e:
+        fix = "lower n_devices" if g > e else f"pass n_devices=1 to {e} (0: the hardware's n_gpus)"
         raise ConfigError(
-            f"planner.params.{given} must be in [1, {e}] (the model's experts); lower n_devices"
+            f"planner.params.{given} must be in [1, {e}] (the model's experts); {fix}"
         )
     if g > MAX_DEVICES:
         raise ConfigError(

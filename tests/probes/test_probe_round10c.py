@@ -225,3 +225,20 @@ def test_a_seed_past_64_bits_is_refused_not_an_internal_error(
     r = cli_here("experiments.run", *args, "workload.seed=99999999999999999999")
     one_line(r, "workload.seed", "2**64")
     assert "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "param, names",
+    [
+        ("n_devices=-1", ["n_devices=-1", "pass n_devices=1 to 4"]),
+        ("dense=pipeline", ["planner.params.dense='pipeline' unknown"]),
+    ],
+)
+def test_an_expert_parallel_param_refused_names_its_key_and_fix(
+    tmp_path: Path, cli_here: Any, param: str, names: list[str]
+) -> None:
+    """n_devices=-1 was told to "lower n_devices"; dense=pipeline was "planner dense=..."
+    (no planner.params key)."""
+    args = [*TINY[:3], "planner=eplb", f"+planner.params.{param}", f"hydra.run.dir={tmp_path}/r"]
+    line = one_line(cli_here("experiments.run", *args), *names)
+    assert "lower n_devices" not in line
