@@ -24,7 +24,7 @@ from omegaconf import MISSING
 
 from core.args import as_float, as_int, output_dir
 from core.errors import MoepipeError
-from core.hf_config import hf_config_to_spec, spec_to_hf_config
+from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
@@ -92,6 +92,15 @@ MAX_SEED = 2**63 - 1
 MAX_SIGMAS = 10.0
 
 
+def check_runs(spec: ModelSpec, norm_topk_prob: bool, rope_scaling: Any) -> None:
+    """Refuse a checkpoint the real model would refuse to run (hf_runtime: an odd rotary dim,
+    ...): written, it took its time and disk only for every run on it to fail."""
+    cfg = spec_to_hf_config(spec, norm_topk_prob)
+    if rope_scaling is not None:
+        cfg |= {"rope_scaling": rope_scaling}
+    hf_runtime(HFConfig(cfg, "the config.json it would write"), hf_config_to_spec(cfg, spec.name))
+
+
 def check_kept(spec: Any, overrides: dict[str, Any], out: Path, norm_topk_prob: bool) -> None:
     """Each field the user set is one the checkpoint keeps: read back from its config.json (and
     its folder's name), as a run reads it; a field config.json cannot hold was dropped unread."""
@@ -139,6 +148,7 @@ def _write(opts: Any) -> int:
         cfg = spec_to_hf_config(spec) | {"rope_scaling": rope_scaling}
         Rope.from_config(cfg, spec, where="command line")  # raises on malformed fields
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
+    check_runs(spec, opts.norm_topk_prob, rope_scaling)
     check_scale(spec, scale)
     check_room(spec, Path(opts.out))
     shard_bytes = max(int(shard_mb * 2**20), 1)

@@ -242,3 +242,14 @@ def test_an_expert_parallel_param_refused_names_its_key_and_fix(
     args = [*TINY[:3], "planner=eplb", f"+planner.params.{param}", f"hydra.run.dir={tmp_path}/r"]
     line = one_line(cli_here("experiments.run", *args), *names)
     assert "lower n_devices" not in line
+
+
+def test_make_checkpoint_refuses_a_checkpoint_no_run_could_read(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """head_dim=3 wrote a checkpoint that every run then refused ("head_dim=3 is odd"), as
+    transformers does: the time and disk it took were for nothing."""
+    out = tmp_path / "ck"
+    r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={out}", "head_dim=3")
+    one_line(r, "head_dim=3", "odd")
+    assert not out.exists()
