@@ -29,6 +29,7 @@ from core.spec import ModelSpec
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 from experiments.common.dir_lock import dir_locked
+from experiments.common.option_names import named_as
 from real.attention import Rope
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import (
@@ -114,6 +115,10 @@ def check_kept(spec: Any, overrides: dict[str, Any], out: Path, norm_topk_prob: 
             )
 
 
+# the model's keys its checks name, as this command's own options that set them
+OWN_NAMES = {f"model.{k}": k for k in _SPEC_FIELDS}
+
+
 def _main(opts: Any) -> int:
     """Hold `out`'s lock (`dir_lock`) throughout: a second make_checkpoint into the same folder
     waits for the first to end, then replaces its checkpoint whole; two at once each reported
@@ -124,7 +129,7 @@ def _main(opts: Any) -> int:
     fresh = made is not None and not made.exists()
     try:
         busy = "another make_checkpoint is writing this folder"
-        with dir_locked(output_dir(opts.out, "out"), busy):
+        with dir_locked(output_dir(opts.out, "out"), busy), named_as(OWN_NAMES):
             return _write(opts)
     except BaseException:  # a failed or stopped run leaves no folder it made, nor another's
         if fresh and made is not None and not (out.is_dir() and any(out.iterdir())):

@@ -253,3 +253,11 @@ def test_make_checkpoint_refuses_a_checkpoint_no_run_could_read(
     r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={out}", "head_dim=3")
     one_line(r, "head_dim=3", "odd")
     assert not out.exists()
+
+
+def test_make_checkpoints_errors_name_its_own_options(tmp_path: Path, cli_here: Any) -> None:
+    """make_checkpoint's options are hidden_size=, top_k=, ...: its refusals said
+    model.hidden_size and "set model.top_k <= model.n_experts", a run's keys."""
+    for arg, names in (("hidden_size=0", ["hidden_size"]), ("n_experts=1", ["set top_k <="])):
+        r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={tmp_path / 'c'}", arg)
+        assert "model." not in one_line(r, *names)
