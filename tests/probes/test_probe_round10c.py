@@ -261,3 +261,19 @@ def test_make_checkpoints_errors_name_its_own_options(tmp_path: Path, cli_here: 
     for arg, names in (("hidden_size=0", ["hidden_size"]), ("n_experts=1", ["set top_k <="])):
         r = cli_here("experiments.make_checkpoint", "model=tiny", f"out={tmp_path / 'c'}", arg)
         assert "model." not in one_line(r, *names)
+
+
+def test_a_real_runs_routing_resolves_by_its_checkpoints_model(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """On a checkpoint of DeepSeek-V2-Lite's shape (which replays the ESFT trace), tasks=[law]
+    was refused as "the ESFT trace's knob, but this run's routing is synthetic (... for
+    mixtral-8x7b)": the knob check resolved routing by the config's model, not the
+    checkpoint's. (Its trace_dir holds no trace: the run then fails naming it.)"""
+    sizes = dict(hidden_size=64, expert_ffn_size=16, vocab_size=128, n_heads=2)
+    ck = write_checkpoint(reduced_spec("deepseek-v2-lite", **sizes), tmp_path / "ck", seed=0)
+    args = ["executor=real", f"checkpoint={ck}", *TINY[1:], f"hydra.run.dir={tmp_path / 'r'}"]
+    routing = ["workload.routing.tasks=[law]", f"workload.routing.trace_dir={tmp_path}"]
+    line = one_line(cli_here("experiments.run", *args, *routing))
+    assert "mixtral-8x7b" not in line and "knob" not in line
+    assert str(tmp_path / "esft-dsv2lite") in line
