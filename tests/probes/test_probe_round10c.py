@@ -1,10 +1,14 @@
-"""Probe round 10c (issue 48), the real executor's commands as a new user runs them: a device
-pool too small for a planner's working set told validate's and bench.accelerate's users to
-lower workload keys (never gpu_frac, which sizes it) and calibrate's to change keys it does
-not take; bench.accelerate's options for its children, and calibrate's disk_mb with a
-checkpoint and in_run_s without one, taken from a user and dropped; a full disk told
-calibrate's user to pass the disk_mb they had passed; a disk tier read from a checkpoint in
-/dev/shm timed RAM without a word."""
+"""Probe round 10c (issue 48), the real executor's commands as a new user runs them.
+
+Lines naming the wrong fix: a device pool below a plan's working set named workload keys, not
+gpu_frac (validate, bench.accelerate) and keys calibrate does not take; sizes of "0.0 GB";
+make_checkpoint's and the expert-parallel params' refusals named keys no one types; a full
+disk asked for the disk_mb given; a dtype the real executor refuses listed as supported; a
+routing knob refused "for mixtral-8x7b", the config's model, not the checkpoint's.
+Taken and dropped: bench.accelerate's children's options, calibrate's disk_mb with a
+checkpoint and in_run_s without, routing knobs under live gates, a disk tier in /dev/shm.
+Lost or broken: validate's out= in the checkpoint folder, bench.real's out_dir holding a
+model it did not write, a seed past 64 bits, a make_checkpoint no run could read."""
 
 from __future__ import annotations
 
