@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
+    check_no_chdir()
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
     check_not_model_folder(cfg, out_dir)  # first: the worst place to write a run
     check_routing_overrides(cfg, spec)
@@ -114,6 +115,18 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
         out_dir,
     )
     return s
+
+
+def check_no_chdir() -> None:
+    """Refuse hydra.job.chdir=true: hydra moves the run into its run dir before it starts, so
+    every relative path it reads (checkpoint=, the default workload.routing.trace_dir) would be
+    looked for there, and a relative checkpoint was called the run dir's own folder."""
+    if HydraConfig.initialized() and HydraConfig.get().job.chdir:
+        raise ConfigError(
+            "hydra.job.chdir=true: the run would read its relative paths (checkpoint=, "
+            "workload.routing.trace_dir, ...) from inside its run dir; leave hydra.job.chdir "
+            "false (the run dir is hydra.run.dir either way)"
+        )
 
 
 # the routing knobs each source reads (core.spec.RoutingConfig)

@@ -8,11 +8,13 @@ routing knob refused "for mixtral-8x7b", the config's model, not the checkpoint'
 Taken and dropped: bench.accelerate's children's options, calibrate's disk_mb with a
 checkpoint and in_run_s without, routing knobs under live gates, a disk tier in /dev/shm.
 Lost or broken: validate's out= in the checkpoint folder, bench.real's out_dir holding a
-model it did not write, a seed past 64 bits, a make_checkpoint no run could read."""
+model it did not write, a seed past 64 bits, a make_checkpoint no run could read, a run
+moved by hydra.job.chdir=true into its run dir, away from its relative paths."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +24,7 @@ import pytest
 from experiments.common.hardware import read_hardware
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -281,3 +283,16 @@ def test_a_real_runs_routing_resolves_by_its_checkpoints_model(
     line = one_line(cli_here("experiments.run", *args, *routing))
     assert "mixtral-8x7b" not in line and "knob" not in line
     assert str(tmp_path / "esft-dsv2lite") in line
+
+
+def test_a_run_that_hydra_would_move_into_its_run_dir_is_refused(
+    tmp_path: Path, tiny_ckpt: Path
+) -> None:
+    """hydra.job.chdir=true with checkpoint= a relative path was refused as "the folder of
+    checkpoint=ck" (the run dir, where hydra had moved the run), and a DeepSeek-V2-Lite run
+    looked for the default ../shared/traces beside its run dir."""
+    run, ck = tmp_path / "r", os.path.relpath(tiny_ckpt, ROOT)  # the commands run from ROOT
+    args = ["executor=real", f"checkpoint={ck}", *TINY[1:], f"hydra.run.dir={run}"]
+    r = cli("experiments.run", *args, "hydra.job.chdir=true")
+    one_line(r, "hydra.job.chdir=true", "leave hydra.job.chdir false")
+    assert not run.exists()

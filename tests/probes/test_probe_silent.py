@@ -401,7 +401,7 @@ def test_a_key_hydras_launcher_or_sweeper_lacks_is_refused(
 def test_keys_hydra_and_its_launchers_have_are_taken(tmp_path: Path, cli_here: Any) -> None:
     """The keys hydra and the chosen launcher define, and one under a free mapping of hydra's."""
     for args in (
-        ["hydra.launcher.n_jobs=1", "hydra.job.chdir=true", "+hydra.job.env_set.MOEPIPE_X=1"],
+        ["hydra.launcher.n_jobs=1", "hydra.job.chdir=false", "+hydra.job.env_set.MOEPIPE_X=1"],
         ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=3"],
         ["+hydra.job_logging.incremental=false"],
     ):
