@@ -115,7 +115,7 @@ def test_balanced_dispatch_in_the_simulator():
     assert timer.device_times(slots, load).tolist() == [5.0, 5.0]
     assert _timer().device_times(slots, load).tolist() == [6.5, 3.5]
     with pytest.raises(
-        ConfigError, match="planner dispatch='greedy' unknown; valid: even, balanced"
+        ConfigError, match="planner.params.dispatch='greedy' unknown; valid: even, balanced"
     ):
         simulate_run(tiny_spec("eplb", dispatch="greedy"))
 
