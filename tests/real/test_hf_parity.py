@@ -342,7 +342,12 @@ def test_spec_sizes_are_the_checkpoints(case, built):
     checkpoint holds it: each decoder layer's bytes (q compression, MLA sizes, no Qwen biases
     included), the embedding's and head's (a tied head is moved as a copy of the embedding), and
     the KV cache elements a token takes."""
-    ckpt, _ = built(case, "f32")
+    assert_spec_sizes(built(case, "f32")[0])
+
+
+def assert_spec_sizes(ckpt: Path) -> None:
+    """The spec `load_units` reads from the checkpoint's config.json sizes each decoder layer,
+    the embedding and head, and a token's KV cache as the checkpoint's tensors hold them."""
     spec, units = load_units(ckpt)
     nbytes: dict[int, int] = {}
     for unit, w in units.items():

@@ -33,10 +33,15 @@ def save(family: str, fields: dict[str, Any], to: Path, dtype: str = "f32") -> t
     return to, loaded.eval()
 
 
-@pytest.fixture
-def prompt() -> torch.Tensor:
-    """[B=2, P=6] token ids < 128."""
-    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+def edit_config(ckpt: Path, **fields: Any) -> None:
+    """Rewrite `fields` into the checkpoint's config.json (a field transformers' classes do not
+    write, or a value they refuse to)."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
+
+
+def load_hf(ckpt: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 
 def assert_transformers(ckpt: Path, hf: Any, prompt: torch.Tensor, dtype: str) -> None:

@@ -7,10 +7,6 @@ Usage: python -m pytest -q tests/real/test_hf_parity_round3.py
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
 import torch
 
@@ -19,24 +15,9 @@ from real.checkpoint import load_checkpoint
 from real.model import reference_generate
 from real.shards import read_header, read_tensor, save_shard
 from tests.real.test_hf_parity import GEN
-from tests.real.test_hf_parity_fields import assert_transformers, save
+from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf, save
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture
-def prompt() -> torch.Tensor:
-    """[B=2, P=6] token ids < 128."""
-    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
-
-
-def edit_config(ckpt: Path, **fields: Any) -> None:
-    cfg = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
-
-
-def load_hf(ckpt: Path) -> Any:
-    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])

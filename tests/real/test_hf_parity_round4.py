@@ -17,30 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from core.errors import ConfigError
-from real.checkpoint import load_checkpoint, load_units
-from real.model import KVCache, reference_generate
-from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy, without
-from tests.real.test_hf_parity_fields import assert_transformers, save
+from real.checkpoint import load_checkpoint
+from real.model import reference_generate
+from tests.real.test_hf_parity import DTYPES, GEN, assert_spec_sizes, hf_greedy, without
+from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf, save
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture
-def prompt() -> torch.Tensor:
-    """[B=2, P=6] token ids < 128."""
-    return torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
-
-
-def edit_config(ckpt: Path, **fields: Any) -> None:
-    cfg = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
-
-
-def load_hf(ckpt: Path) -> Any:
-    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 
 def linear(theta: float) -> dict[str, Any]:
@@ -135,17 +119,7 @@ def test_spec_sizes_are_the_checkpoints(case, built):
     """The simulator's spec of each case sizes every decoder layer (dense ones and MoE ones
     with their shared experts), the embedding and head and a token's KV cache as the
     checkpoint holds them, as tests/real/test_hf_parity.py checks its cases."""
-    ckpt, _ = built(case, "f32")
-    spec, units = load_units(ckpt)
-    nbytes: dict[int, int] = {}
-    for unit, w in units.items():
-        nbytes[unit.layer] = nbytes.get(unit.layer, 0) + sum(t.nbytes for t in w.values())
-    assert [nbytes[i] for i in range(spec.n_layers)] == [
-        spec.layer_bytes(i) for i in range(spec.n_layers)
-    ]
-    assert nbytes[-1] == spec.embed_bytes + spec.head_bytes
-    cache = KVCache.allocate(spec, 1, 1).layers[0]
-    assert sum(t[0, :, 0].numel() for t in cache) == spec.kv_elems_per_token
+    assert_spec_sizes(built(case, "f32")[0])
 
 
 # (family, RoPE object, the top-level original_max_position_embeddings config.json is given):
