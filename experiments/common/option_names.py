@@ -15,29 +15,24 @@ from collections.abc import Iterator
 
 from core.errors import MoepipeError
 
-# a run's config keys a child's error names, as the bench's own options the user gave
-BENCH_OPTIONS = {
-    "planner.params.attn_batches": "klotski_attn",
-    "planner.params.n": "klotski_n",
-    "workload.batch_size": "batch_size",
-    "workload.n_batches": "n_batches",
-    "workload.prompt_len": "prompt_len",
-    "workload.gen_len": "gen_len",
-    "workload.routing.source": "routing",
+# the workload's keys and the memory tiers, as the benches and validate name their options
+_WORKLOAD = {f"workload.{k}": k for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
+_MEMORY = {
     "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
     "hardware.memory_gb.cpu": "cpu_frac",  # and its host tier cpu_frac
 }
 
-# experiments.validate's: its workload options and planner_params, every planner's
-VALIDATE_OPTIONS = {
-    "workload.batch_size": "batch_size",
-    "workload.n_batches": "n_batches",
-    "workload.prompt_len": "prompt_len",
-    "workload.gen_len": "gen_len",
-    "planner.params": "planner_params",
-    "hardware.memory_gb.gpu": "gpu_frac",  # its device pool is gpu_frac of the model
-    "hardware.memory_gb.cpu": "cpu_frac",  # and its host tier cpu_frac
+# a run's config keys a child's error names, as the bench's own options the user gave
+BENCH_OPTIONS = {
+    "planner.params.attn_batches": "klotski_attn",
+    "planner.params.n": "klotski_n",
+    **_WORKLOAD,
+    "workload.routing.source": "routing",
+    **_MEMORY,
 }
+
+# experiments.validate's: its workload options and planner_params, every planner's
+VALIDATE_OPTIONS = {**_WORKLOAD, "planner.params": "planner_params", **_MEMORY}
 
 # experiments.validate_lanes's: the lanes are the expert-parallel planners' devices
 VALIDATE_LANES_OPTIONS = {
