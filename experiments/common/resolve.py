@@ -125,8 +125,8 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     if timeout_s is not None:  # checked in every run, not only the distributed ones that read it
         # a rank takes seconds to start (torch's import); past a day the C int of the wait
         # overflows, and a wait that long is a mistake
-        t = as_float("executor.rendezvous_timeout_s", timeout_s, positive=True)
-        if not 1.0 <= t <= 86400.0:
+        t = as_float("executor.rendezvous_timeout_s", timeout_s)  # a number, else its line
+        if not 1.0 <= t <= 86400.0:  # one line for either side of the range
             raise ConfigError(
                 f"executor.rendezvous_timeout_s={timeout_s}: must be in [1, 86400] seconds (a "
                 "rank needs a few seconds to start; the default is 120)"

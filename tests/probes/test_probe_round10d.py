@@ -71,3 +71,17 @@ def test_a_sweep_folder_given_to_a_single_run_is_refused(tmp_path: Path, cli_her
     r = cli_here("experiments.run", *TINY, f"hydra.sweep.dir={sweep}")
     one_line(r, f"hydra.sweep.dir={sweep}", f"hydra.run.dir={sweep}", "-m")
     assert not sweep.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1e300"])
+def test_the_rendezvous_timeout_has_one_range_line(
+    value: str, tmp_path: Path, cli_here: Any
+) -> None:
+    """rendezvous_timeout_s=0 said "must be > 0", 1e300 "must be in [1, 86400]": two bounds for
+    one range. Either side now gives the range."""
+    run = tmp_path / "run"
+    r = cli_here(
+        "experiments.run", *TINY, f"executor.rendezvous_timeout_s={value}", f"hydra.run.dir={run}"
+    )
+    one_line(r, "executor.rendezvous_timeout_s=", "[1, 86400]")
+    assert not run.exists()
