@@ -51,6 +51,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
+from experiments.common.run_dir import remove_empty, topmost_missing  # noqa: E402
 from real.calibration import (  # noqa: E402
     measure_compute,
     measure_disk,
@@ -445,6 +446,15 @@ def _measured(path: Path) -> bool:
 
 def _main(args: Options) -> int:
     opts = kv(args)
+    scratch = Path(str(opts["disk_dir"] or ".")).expanduser()
+    made = topmost_missing(scratch)
+    try:
+        return _calibrate_main(opts)
+    finally:  # the disk probe's folder, where this made it: no empty folder left behind
+        remove_empty(scratch, made)
+
+
+def _calibrate_main(opts: dict[str, Any]) -> int:
     try:
         name = str(opts["hardware.name"])
         if not re.fullmatch(r"\w[\w.\-]*", name):  # a path (../x, a/b) would write elsewhere

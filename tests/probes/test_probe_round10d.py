@@ -85,3 +85,13 @@ def test_the_rendezvous_timeout_has_one_range_line(
     )
     one_line(r, "executor.rendezvous_timeout_s=", "[1, 86400]")
     assert not run.exists()
+
+
+def test_calibrate_leaves_no_empty_disk_dir_it_made(tmp_path: Path, cli_here: Any) -> None:
+    """calibrate made disk_dir (runs/.calib by default) for its probe file and left it behind,
+    empty, once the file was gone: a folder of its own in every place it ran from."""
+    scratch = tmp_path / "new" / "calib"
+    out = tmp_path / "mine.yaml"
+    r = cli_here("experiments.calibrate", f"disk_dir={scratch}", "disk_mb=8", f"out={out}")
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and not (tmp_path / "new").exists()
