@@ -69,6 +69,14 @@ def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
+def tiny_run(run_dir: Path) -> Path:
+    """`run_dir` holding a finished tiny simulated run, made as a user runs it (a module's
+    fixture makes one and its tests edit copies)."""
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    return run_dir
+
+
 def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
     """The failed command's single stderr line (after hydra's/our logging, which goes to stdout
     or the run's log), checked: exit status != 0, `error: ` first, each of `names` in it, no

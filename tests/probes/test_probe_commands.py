@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import started, user_env
-from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, tiny_run
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
 
@@ -208,10 +208,7 @@ def test_a_reader_that_leaves_the_pipe_is_no_error() -> None:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run's dir (one subprocess for the module); tests edit a copy."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    return run
+    return tiny_run(tmp_path_factory.mktemp("finished") / "run")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 
 from experiments.common.run_dir import CODE, finished
 from experiments.reproduce_klotski import report_of
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line, tiny_run
 
 RESULTS = [
     ("a table it never writes", "table\nfoo\n", "tables foo"),
@@ -49,10 +49,7 @@ def test_a_results_csv_report_only_cannot_read_is_one_line(
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run (one subprocess for the module)."""
-    folder = tmp_path_factory.mktemp("run") / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={folder}")
-    assert r.returncode == 0, r.stderr
-    return folder
+    return tiny_run(tmp_path_factory.mktemp("run") / "run")
 
 
 BROKEN = [

@@ -18,17 +18,14 @@ from experiments.common.cli import error_line
 from experiments.common.tables import collect
 from experiments.trace_json import read_traces
 from planners.registry import expert_parallel_names, planner_names
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 
 FOLDER = "a folder, where a file belongs"
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("round10a") / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    return run
+    return tiny_run(tmp_path_factory.mktemp("round10a") / "run")
 
 
 @pytest.mark.parametrize("name", ["trace.parquet", "summary.json", "files.sha256", "config.yaml"])

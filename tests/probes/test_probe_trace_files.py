@@ -16,7 +16,7 @@ import pytest
 
 from core.trace import read_trace
 from experiments.common.tables import collect
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import one_line, raises_one_line, tiny_run
 
 Edit = Callable[[pd.DataFrame], pd.DataFrame]
 
@@ -52,10 +52,7 @@ SCHEMA: list[tuple[str, Edit, str]] = [
 @pytest.fixture(scope="module")
 def a_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run (one subprocess for the module); tests change a copy."""
-    run = tmp_path_factory.mktemp("sweep") / "a"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    return run
+    return tiny_run(tmp_path_factory.mktemp("sweep") / "a")
 
 
 @pytest.fixture
