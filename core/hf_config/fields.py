@@ -131,6 +131,7 @@ FIELDS: dict[str, Rule] = {
     "layer_norm_epsilon": POSITIVE,
     "dense_act_fn": TEXT,
     "router_bias": FLAG,
+    "router_dtype": TEXT,
 }
 # The fields of `rope_scaling` / `rope_parameters` (transformers' modeling_rope_utils).
 ROPE_FIELDS: dict[str, Rule] = {

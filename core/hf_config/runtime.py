@@ -72,8 +72,8 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
-    run: quantized weights, bidirectional attention, another activation, projection biases,
-    DeepSeek's other routing methods."""
+    run: quantized weights, return_dict false (transformers' forward fails on it), bidirectional
+    attention, another activation, projection biases, DeepSeek's other routing methods."""
     fam = spec.family
     quant = c.fields.get("quantization_config")
     if quant is not None:  # transformers loads the weights through its quantizer
@@ -82,14 +82,13 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
             f"quantization_config (quant_method {method!r}): quantized checkpoints are not "
             "implemented; use the model's unquantized (bfloat16 or float32) checkpoint"
         )
+    if c.fields.get("return_dict") is False:  # null, as absent, runs: a tuple of the logits
+        raise c.error(
+            f"return_dict=false: transformers' {fam} forward fails on it (its model's output, "
+            "then a tuple, is not read as one); remove it or set it true"
+        )
     if fam == "switch_transformers":
-        # moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's
-        # weights), but still ReLU experts and routers without bias, as switch-base ships
-        act = c.get("dense_act_fn", "relu")
-        if act != "relu":
-            raise c.error(f"dense_act_fn={act!r}; only 'relu' experts are implemented for {fam}")
-        if c.get("router_bias", False):
-            raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
+        _refuse_switch(c)
         return
     if not c.get("is_causal", True):  # read by transformers' create_causal_mask, any model's
         raise c.error(
@@ -117,6 +116,24 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
                     f"{key}={value!r}; only {' and '.join(map(repr, valid))} DeepSeek-V2 "
                     "routing is implemented (V2's and V2-Lite's)"
                 )
+
+
+def _refuse_switch(c: HFConfig) -> None:
+    """moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's weights),
+    but still ReLU experts and routers without bias computing in float32, as switch-base ships:
+    transformers' router_dtype of bfloat16 (or float16) rounds its router's logits and softmax."""
+    fam = "switch_transformers"
+    act = c.get("dense_act_fn", "relu")
+    if act != "relu":
+        raise c.error(f"dense_act_fn={act!r}; only 'relu' experts are implemented for {fam}")
+    if c.get("router_bias", False):
+        raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
+    router_dtype = c.get("router_dtype", "float32")
+    if router_dtype != "float32":
+        raise c.error(
+            f"router_dtype={router_dtype!r}; {fam} routers computing in 'float32' (switch-base's) "
+            "are implemented: set it 'float32'"
+        )
 
 
 def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
