@@ -1,7 +1,8 @@
 """Hugging Face `config.json` <-> `ModelSpec`, both directions, and the checks of every field
 read: `fields` (the table of fields and the one checked accessor `HFConfig.get`), `to_spec`
 (config.json -> spec, per family), `from_spec` (spec -> config.json), `runtime` (what the real
-model runs beyond the spec, and refusals of what it does not implement).
+model runs beyond the spec, and refusals of what it does not implement), `coverage` (every field
+transformers' classes take, classified).
 
 Usage: `read_hf_config(ckpt_dir)`, `spec_from_hf_config(ckpt_dir)`, `spec_to_hf_config(spec)`.
 """

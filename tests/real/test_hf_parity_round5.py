@@ -1,12 +1,17 @@
-"""A fifth round of config.json fields on checkpoints transformers itself writes
-(tests/real/test_hf_parity.py builds them the same way): return_dict false, which transformers'
-forward fails on, and Switch's router_dtype, which moves its logits.
+"""A fifth round: every field transformers' config classes of the five families take is
+classified in core.hf_config.coverage, and the table is proven on checkpoints transformers
+writes (tests/real/test_hf_parity.py builds them the same way): a NO_EFFECT field leaves
+transformers' own logits as they are and moepipe still gives them, a refused one is refused in
+one line naming it, and READ fields no earlier round compared are compared here.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round5.py
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,9 +20,17 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from core.hf_config.coverage import (
+    COVERAGE,
+    EXTRA_COVERAGE,
+    NO_EFFECT,
+    REFUSED,
+    ROPE_COVERAGE,
+    Handling,
+)
 from real.model import reference_generate
-from tests.real.test_hf_parity import GEN
-from tests.real.test_hf_parity_fields import edit_config, save
+from tests.real.test_hf_parity import GEN, hf_greedy
+from tests.real.test_hf_parity_fields import edit_config, load_hf, save
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,6 +41,7 @@ CLASSES = {
     "deepseek_v2": "DeepseekV2Config",
     "switch_transformers": "SwitchTransformersConfig",
 }
+CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
 
 
 SWITCH = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
@@ -106,3 +120,229 @@ def test_return_dict_false_is_refused(family, base, prompt, tmp_path):
     assert torch.equal(
         reference_generate(bad, prompt, GEN)[0], reference_generate(ckpt, prompt, GEN)[0]
     )
+
+
+def class_fields(family: str) -> set[str]:
+    """The fields transformers' config class of the family takes (its __init__) and a default
+    instance writes (to_dict: the base's model_type and output_attentions, derived ones)."""
+    cls = getattr(transformers, CLASSES[family])
+    taken = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    return (taken | set(cls().to_dict())) - {"_name_or_path"}
+
+
+@pytest.mark.parametrize("family", CLASSES)
+def test_the_table_classifies_every_field_of_transformers_class(family):
+    """COVERAGE names exactly the fields transformers' class takes: a field transformers adds
+    (a new version) fails here until it is classified, as does one the table names in vain."""
+    fields = class_fields(family)
+    table = set(COVERAGE[family])
+    assert not fields - table, f"unclassified {family} fields: {sorted(fields - table)}"
+    assert not table - fields, f"{family} fields transformers has not: {sorted(table - fields)}"
+    hows = {how for how, _ in COVERAGE[family].values()}
+    assert (Handling.SUBSTITUTED in hows) == (family == "switch_transformers")
+
+
+def test_the_rope_table_classifies_every_rope_parameter():
+    """ROPE_COVERAGE names exactly the keys of transformers' RopeParameters."""
+    from transformers.modeling_rope_utils import RopeParameters
+
+    assert set(ROPE_COVERAGE) == set(RopeParameters.__annotations__)
+
+
+# a value other than the class's default for each NO_EFFECT field
+NON_DEFAULT: dict[str, Any] = {
+    "transformers_version": "4.40.0",
+    "output_hidden_states": True,
+    "output_attentions": True,
+    "chunk_size_feed_forward": 2,
+    "is_encoder_decoder": True,
+    "id2label": {"0": "A", "1": "B", "2": "C"},
+    "label2id": {"A": 0, "B": 1, "C": 2},
+    "problem_type": "regression",
+    "use_cache": False,
+    "pad_token_id": 5,
+    "bos_token_id": 9,
+    "eos_token_id": 7,
+    "initializer_range": 0.5,
+    "attention_dropout": 0.5,
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.5,
+    "router_jitter_noise": 0.5,
+    "pretraining_tp": 2,
+    "head_dim": 24,  # DeepSeek-V2's, overwritten by qk_rope_head_dim
+    "qk_head_dim": 7,
+    "router_ignore_padding_tokens": True,
+    "dropout_rate": 0.5,
+    "router_z_loss_coef": 0.5,
+    "initializer_factor": 3.0,
+    "add_router_probs": True,
+}
+QUIET = [(f, k) for f in CLASSES for k, (how, _) in COVERAGE[f].items() if how == NO_EFFECT]
+
+
+@pytest.mark.parametrize("family, field", QUIET, ids=[f"{f}-{k}" for f, k in QUIET])
+def test_no_effect_field_leaves_transformers_logits(family, field, base, prompt, tmp_path):
+    """A NO_EFFECT field at another value than its default: transformers' model loaded from the
+    edited checkpoint gives its forward logits unchanged (the claim is observed, not assumed),
+    and moepipe runs it: transformers' greedy tokens and last logits within 1e-5 (Switch, a
+    substitute of its own: moepipe's tokens and logits as without the field)."""
+    ckpt, hf = base(family)
+    value = NON_DEFAULT[field]
+    assert COVERAGE[family][field][0] == NO_EFFECT
+    changed = edited(ckpt, tmp_path / "edited", **{field: value})
+    assert json.loads((changed / "config.json").read_text())[field] == value
+    if family == "switch_transformers":
+        cls = transformers.SwitchTransformersForConditionalGeneration
+        other = cls.from_pretrained(changed, dtype=torch.float32).eval()
+        reference = reference_generate(ckpt, prompt, GEN)
+    else:
+        other = load_hf(changed)
+        reference = hf_greedy(hf, prompt)
+    assert torch.equal(logits_of(other, prompt), logits_of(hf, prompt))
+    tokens, logits = reference_generate(changed, prompt, GEN)
+    assert torch.equal(tokens, reference[0])
+    torch.testing.assert_close(logits, reference[1], atol=1e-5, rtol=0)
+
+
+# a value each REFUSED field is refused at (its own default runs: every other test's checkpoint)
+REFUSE: dict[str, Any] = {
+    "hidden_act": "gelu",
+    "attention_bias": True,
+    "mlp_bias": True,
+    "dense_act_fn": "gelu_new",
+    "router_bias": True,
+    "router_dtype": "bfloat16",
+    "return_dict": False,
+}
+REFUSED_FIELDS = [(f, k) for f in CLASSES for k, (how, _) in COVERAGE[f].items() if how == REFUSED]
+
+
+@pytest.mark.parametrize(
+    "family, field", REFUSED_FIELDS, ids=[f"{f}-{k}" for f, k in REFUSED_FIELDS]
+)
+def test_refused_field_is_one_line_naming_it(family, field, base, prompt, tmp_path):
+    """A REFUSED_UNLESS_DEFAULT field at another value is refused in one line naming the file
+    and the field, before any weight is read."""
+    ckpt, _ = base(family)
+    bad = edited(ckpt, tmp_path / "bad", **{field: REFUSE[field]})
+    with pytest.raises(ConfigError) as e:
+        reference_generate(bad, prompt, GEN)
+    assert "\n" not in str(e.value)
+    assert f"config.json: {field}=" in str(e.value)
+
+
+# RoPE keys no family reads (longrope's, multimodal RoPE's), over default RoPE and yarn
+QUIET_ROPE = {"short_factor": [2.0] * 4, "long_factor": [3.0] * 4, "mrope_section": [2, 2, 4]}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "rope_theta": 1e6,
+    "original_max_position_embeddings": 8,
+}
+
+
+@pytest.mark.parametrize("key", [k for k, (how, _) in ROPE_COVERAGE.items() if how == NO_EFFECT])
+def test_no_effect_rope_key_leaves_transformers_logits(key, prompt, tmp_path):
+    """A NO_EFFECT key of rope_parameters leaves transformers' logits unchanged, with default
+    RoPE and with yarn, and moepipe gives them within 1e-5."""
+    for kind, rope in (("default", {"rope_type": "default", "rope_theta": 1e6}), ("yarn", YARN)):
+        ckpt, hf = save("mixtral", {"rope_parameters": rope}, tmp_path / kind)
+        edit_config(ckpt, rope_parameters=rope | {key: QUIET_ROPE[key]})
+        assert torch.equal(logits_of(load_hf(ckpt), prompt), logits_of(hf, prompt))
+        tokens, logits = reference_generate(ckpt, prompt, GEN)
+        hf_tokens, hf_logits = hf_greedy(hf, prompt)
+        assert torch.equal(tokens, hf_tokens)
+        torch.testing.assert_close(logits, hf_logits, atol=1e-5, rtol=0)
+
+
+# case -> (family, fields over the family's): READ fields no earlier round compared
+READ_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral-rms_norm_eps": ("mixtral", {"rms_norm_eps": 0.5}),
+    "qwen2_moe-rms_norm_eps": ("qwen2_moe", {"rms_norm_eps": 0.5}),
+    "mixtral-tied": ("mixtral", {"tie_word_embeddings": True}),
+    "olmoe-tied": ("olmoe", {"tie_word_embeddings": True}),
+    "deepseek_v2-tied": ("deepseek_v2", {"tie_word_embeddings": True}),
+    # layer 1 slides: the rule without layer_types (even layers below max_window_layers) would
+    # slide layer 0
+    "qwen2_moe-layer_types": (
+        "qwen2_moe",
+        {"use_sliding_window": True, "sliding_window": 2, "max_window_layers": 2}
+        | {"layer_types": ["full_attention", "sliding_attention"]},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", READ_CASES)
+def test_read_field_equals_transformers(case, prompt, tmp_path):
+    """A READ field at another value than its default: moepipe's greedy tokens are
+    transformers' and its last float32 logits within 1e-5; every field named is READ."""
+    family, fields = READ_CASES[case]
+    assert all(COVERAGE[family][k][0] == Handling.READ for k in fields)
+    ckpt, hf = save(family, fields, tmp_path / "ckpt")
+    for key, value in fields.items():
+        assert json.loads((ckpt / "config.json").read_text())[key] == value
+    tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-5, rtol=0)
+
+
+# (family, value) each refused field outside the classes is refused at
+REFUSE_EXTRA: dict[str, tuple[str, Any]] = {
+    "is_causal": ("mixtral", False),
+    "attention_chunk_size": ("olmoe", 4),
+    "layer_types": ("mixtral", ["sliding_attention", "full_attention"]),
+    "sliding_window": ("deepseek_v2", 3),
+    "quantization_config": ("qwen2_moe", {"quant_method": "fp8"}),
+    "scoring_func": ("deepseek_v2", "sigmoid"),
+}
+EXTRA_REFUSED = [
+    k for k, (how, _) in EXTRA_COVERAGE.items() if how == REFUSED and k != "partial_rotary_factor"
+]
+
+
+@pytest.mark.parametrize("field", EXTRA_REFUSED)
+def test_refused_extra_field_is_one_line_naming_it(field, base, prompt, tmp_path):
+    """A refused field outside the classes (partial_rotary_factor: round 3's test) is refused
+    in one line naming the file and the field."""
+    family, value = REFUSE_EXTRA[field]
+    bad = edited(base(family)[0], tmp_path / "bad", **{field: value})
+    with pytest.raises(ConfigError) as e:
+        reference_generate(bad, prompt, GEN)
+    assert "\n" not in str(e.value)
+    assert f"config.json: {field}" in str(e.value)
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_per_layer_config_leaves_transformers_logits(family, base, prompt, tmp_path):
+    """per_layer_config (transformers' heterogeneous layers) skipping layer 1's MLP: no class of
+    these families applies it, so transformers' logits are unchanged, and moepipe's are them."""
+    ckpt, hf = base(family)
+    changed = edited(ckpt, tmp_path / "per_layer", per_layer_config={"1": {"skip": ["mlp"]}})
+    assert torch.equal(logits_of(load_hf(changed), prompt), logits_of(hf, prompt))
+    tokens, logits = reference_generate(changed, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-5, rtol=0)
+
+
+def test_citations_name_existing_tests():
+    """Each `file::test` a table entry cites is a test function of tests/ (a `...` ending: its
+    prefix), and each `case in file::test_equals_transformers` a case of that file's table."""
+    from tests.real import test_hf_parity, test_hf_parity_round4
+
+    cases = {
+        "test_hf_parity.py": test_hf_parity.CASES,
+        "test_hf_parity_round4.py": test_hf_parity_round4.MATCHED,
+        "test_hf_parity_round5.py": READ_CASES,
+    }
+    tables = [*COVERAGE.values(), ROPE_COVERAGE, EXTRA_COVERAGE]
+    sources = {p.name: p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py")}
+    checked = 0
+    for why in (why for table in tables for _, why in table.values()):
+        for file, name in re.findall(r"(test_\w+\.py)::(\w+)", why):
+            assert f"def {name}" in sources[file], why
+            checked += 1
+        for case, file in re.findall(r"([\w*]+-\w+) in (test_\w+\.py)::test_", why):
+            assert case.startswith("*") or case in cases[file], why
+    assert checked > 50  # the pattern still finds the citations

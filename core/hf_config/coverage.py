@@ -1,0 +1,204 @@
+"""Every field transformers 5.24's config classes of the five families take, and what moepipe does
+with it: `COVERAGE[family][field]` is (how, why). READ: moepipe honours it (the why cites the
+test that proves it); NO_EFFECT: transformers' logits do not change with it (a forward, or greedy
+generate); REFUSED_UNLESS_DEFAULT: another value is refused in one line naming the file and the
+field; SUBSTITUTED: a part of Switch (T5's decoder, relative positions, capacity) that moepipe's
+causal substitute over the encoder's weights replaces. `ROPE_COVERAGE`: rope_parameters' keys;
+`EXTRA_COVERAGE`: fields outside the classes that transformers' shared code reads.
+
+Usage: tests/real/test_hf_parity_round5.py checks the table against transformers' classes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Handling(StrEnum):
+    READ = "read"
+    NO_EFFECT = "no_effect"
+    REFUSED_UNLESS_DEFAULT = "refused_unless_default"
+    SUBSTITUTED = "substituted"  # Switch only
+
+
+READ, NO_EFFECT = Handling.READ, Handling.NO_EFFECT
+REFUSED, SUBSTITUTED = Handling.REFUSED_UNLESS_DEFAULT, Handling.SUBSTITUTED
+Entry = tuple[Handling, str]
+
+_P = "test_hf_parity.py::test_equals_transformers"  # the main parity cases, by family
+_P4 = "test_hf_parity_round4.py::test_equals_transformers"
+_P5 = "test_hf_parity_round5.py::test_read_field_equals_transformers"
+_QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
+_OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
+
+# PreTrainedConfig's own fields, the same in every family
+BASE: dict[str, Entry] = {
+    "model_type": (READ, "picks the family: " + _P),
+    "architectures": (READ, "must name model_type's family: to_spec._check_architectures"),
+    "transformers_version": _OUT,
+    "output_hidden_states": _OUT,
+    "output_attentions": _OUT,
+    # false: transformers' forward fails (null runs, returning a tuple)
+    "return_dict": (REFUSED, "round5's test_return_dict_false_is_refused"),
+    "dtype": (READ, "the weights' dtype, float32 and bfloat16 cases: " + _P),
+    "chunk_size_feed_forward": (NO_EFFECT, "none of these families chunks: " + _QUIET),
+    "is_encoder_decoder": (NO_EFFECT, "generate()'s, not the forward's: " + _QUIET),
+    "id2label": (NO_EFFECT, "classification heads only: " + _QUIET),
+    "label2id": (NO_EFFECT, "classification heads only: " + _QUIET),
+    "problem_type": (NO_EFFECT, "classification losses only: " + _QUIET),
+    "use_cache": (NO_EFFECT, "a KV cache changes no logit: " + _QUIET),
+    "pad_token_id": (NO_EFFECT, "the embedding's padding_idx trains, not runs: " + _QUIET),
+    "bos_token_id": (NO_EFFECT, "a tokenizer's: " + _QUIET),
+    "eos_token_id": (NO_EFFECT, "stops generate(), changes no logit: " + _QUIET),
+    "tie_word_embeddings": (READ, "qwen2_moe-tied in " + _P + ", test_hf_parity_round3.py"),
+}
+# the decoder fields every causal family (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V2) takes
+DECODER: dict[str, Entry] = BASE | {
+    "vocab_size": (READ, _P),
+    "hidden_size": (READ, _P),
+    "intermediate_size": (READ, "experts (Mixtral, OLMoE) or dense layers: " + _P),
+    "num_hidden_layers": (READ, _P),
+    "num_attention_heads": (READ, _P),
+    "num_key_value_heads": (READ, "mixtral-kv8 in " + _P),
+    "hidden_act": (REFUSED, "'silu' or 'swish' (mixtral-swish in " + _P + ")"),
+    "max_position_embeddings": (READ, "dynamic RoPE's threshold: *-dynamic in " + _P),
+    "initializer_range": (NO_EFFECT, "initial weights only; loaded ones win: " + _QUIET),
+    "rms_norm_eps": (READ, "*-rms_norm_eps in " + _P4 + " and " + _P5),
+    "rope_parameters": (READ, "every RoPE type run: *-yarn, *-llama3, ... in " + _P),
+    "attention_dropout": (NO_EFFECT, "training only: " + _QUIET),
+    "num_experts_per_tok": (READ, _P),
+    "output_router_logits": _OUT,
+}
+_AUX = {"router_aux_loss_coef": (NO_EFFECT, "a training loss: " + _QUIET)}
+_NORM = "norm_topk_prob"
+
+COVERAGE: dict[str, dict[str, Entry]] = {
+    "mixtral": DECODER
+    | _AUX
+    | {
+        "head_dim": (READ, "mixtral-head_dim in " + _P4),
+        "sliding_window": (READ, "mixtral-sliding_window in " + _P),
+        "num_local_experts": (READ, _P + "; num_experts too (round4's attribute_map test)"),
+        "router_jitter_noise": (NO_EFFECT, "training only: mixtral-router_jitter_noise in " + _P4),
+    },
+    "qwen2_moe": DECODER
+    | _AUX
+    | {
+        "use_sliding_window": (READ, "qwen2_moe-sliding_window in " + _P),
+        "sliding_window": (READ, "qwen2_moe-sliding_window in " + _P),
+        "max_window_layers": (READ, "qwen2_moe-max_window_layers in " + _P),
+        "layer_types": (READ, "qwen2_moe-layer_types in " + _P5),
+        "decoder_sparse_step": (READ, "qwen2_moe-sparse_step in " + _P4),
+        "mlp_only_layers": (READ, "qwen2_moe-sparse_step in " + _P4),
+        "moe_intermediate_size": (READ, _P),
+        "shared_expert_intermediate_size": (READ, "qwen2_moe-sparse_step in " + _P4),
+        "num_experts": (READ, _P),
+        _NORM: (READ, "qwen2_moe-norm_topk_prob in " + _P4),
+        "qkv_bias": (READ, "qwen2_moe-no_qkv_bias in " + _P),
+    },
+    "olmoe": DECODER
+    | _AUX
+    | {
+        "attention_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
+        "clip_qkv": (READ, "olmoe-clip_qkv in " + _P),
+        "num_experts": (READ, _P + "; num_local_experts too (round4's attribute_map test)"),
+        _NORM: (READ, "olmoe-norm_topk_prob in " + _P4),
+    },
+    "deepseek_v2": DECODER
+    | {
+        "pretraining_tp": (NO_EFFECT, "transformers' DeepseekV2 never reads it: " + _QUIET),
+        # transformers' DeepseekV2Config overwrites both from the MLA sizes
+        "head_dim": (NO_EFFECT, "set to qk_rope_head_dim on load: " + _QUIET),
+        "qk_head_dim": (NO_EFFECT, "set to qk_nope + qk_rope on load: " + _QUIET),
+        "attention_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
+        "mlp_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
+        "first_k_dense_replace": (READ, "deepseek_v2-layers in " + _P4),
+        "kv_lora_rank": (READ, "deepseek_v2-mla_dims in " + _P),
+        "q_lora_rank": (READ, "deepseek_v2-q_lora_rank in " + _P),
+        "qk_nope_head_dim": (READ, "deepseek_v2-mla_dims in " + _P),
+        "qk_rope_head_dim": (READ, "deepseek_v2-mla_dims in " + _P),
+        "v_head_dim": (READ, "deepseek_v2-mla_dims in " + _P),
+        "n_group": (READ, "deepseek_v2-group_limited_greedy in " + _P),
+        "topk_group": (READ, "deepseek_v2-group_limited_greedy in " + _P),
+        "topk_method": (READ, "deepseek_v2-group_limited_greedy in " + _P),
+        "n_routed_experts": (READ, _P + "; num_experts too (round4's attribute_map test)"),
+        "n_shared_experts": (READ, "deepseek_v2-layers in " + _P4),
+        "moe_intermediate_size": (READ, _P),
+        "routed_scaling_factor": (READ, "deepseek_v2-layers in " + _P4),
+        # DeepSeek's own modeling code's rule, which transformers' router lacks (logged)
+        _NORM: (READ, "test_hf_parity.py::test_deepseek_norm_topk_prob_follows_deepseek..."),
+    },
+    "switch_transformers": BASE
+    | {
+        "is_encoder_decoder": (SUBSTITUTED, "moepipe runs the encoder as a causal decoder"),
+        "tie_word_embeddings": (READ, "test_hf_parity_fields.py::test_switch_tie_left_out..."),
+        "vocab_size": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
+        "d_model": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
+        "d_kv": (READ, "test_hf_parity_fields.py::test_switch_of_odd_d_kv_is_refused..."),
+        "d_ff": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
+        "num_layers": (READ, "the encoder's blocks: test_spec_sizes.py's Switch tests"),
+        "num_sparse_encoder_layers": (READ, "test_spec_sizes.py's Switch tests"),
+        "encoder_sparse_step": (READ, "test_checkpoint.py's Switch sparse blocks test"),
+        "num_heads": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
+        "num_experts": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
+        "layer_norm_epsilon": (READ, "the encoder's RMSNorm"),
+        "dense_act_fn": (REFUSED, "'relu': test_hf_parity.py::test_switch_tied_head_runs..."),
+        "router_bias": (REFUSED, "false: test_hf_parity.py::test_switch_tied_head_runs..."),
+        "router_dtype": (REFUSED, "float32: round5's test_switch_router_dtype_..."),
+        "num_decoder_layers": (SUBSTITUTED, "the decoder, which moepipe does not run"),
+        "num_sparse_decoder_layers": (SUBSTITUTED, "the decoder, which moepipe does not run"),
+        "decoder_sparse_step": (SUBSTITUTED, "the decoder, which moepipe does not run"),
+        "relative_attention_num_buckets": (SUBSTITUTED, "moepipe's substitute runs RoPE"),
+        "relative_attention_max_distance": (SUBSTITUTED, "moepipe's substitute runs RoPE"),
+        "expert_capacity": (SUBSTITUTED, "moepipe's experts drop no token"),
+        "router_ignore_padding_tokens": (NO_EFFECT, "the router's training loss: " + _QUIET),
+        "is_decoder": (SUBSTITUTED, "moepipe runs the encoder as a causal decoder"),
+        "add_cross_attention": (SUBSTITUTED, "the decoder, which moepipe does not run"),
+        "router_jitter_noise": (NO_EFFECT, "training only: " + _QUIET),
+        "dropout_rate": (NO_EFFECT, "training only: " + _QUIET),
+        "router_z_loss_coef": (NO_EFFECT, "a training loss: " + _QUIET),
+        "router_aux_loss_coef": (NO_EFFECT, "a training loss: " + _QUIET),
+        "initializer_factor": (NO_EFFECT, "initial weights only: " + _QUIET),
+        "add_router_probs": _OUT,
+    },
+}
+_ROPE = "test_hf_parity.py (*-yarn, *-llama3, *-dynamic) and test_hf_parity_round4.py"
+# transformers' RopeParameters keys (`type`: rope_scaling's older name of rope_type)
+ROPE_COVERAGE: dict[str, Entry] = {
+    "rope_type": (READ, "default, linear, dynamic, yarn, llama3; others refused: " + _ROPE),
+    "rope_theta": (READ, _ROPE),
+    "factor": (READ, _ROPE),
+    "original_max_position_embeddings": (READ, _ROPE),
+    "attention_factor": (READ, "mixtral-yarn_attention_factor in " + _P4),
+    "beta_fast": (READ, _ROPE),
+    "beta_slow": (READ, _ROPE),
+    "truncate": (READ, "mixtral-yarn_attention_factor in " + _P4),
+    "low_freq_factor": (READ, "*-llama3 in " + _P),
+    "high_freq_factor": (READ, "*-llama3 in " + _P),
+    "mscale": (READ, "deepseek_v2-yarn in " + _P),
+    "mscale_all_dim": (READ, "deepseek_v2-yarn in " + _P),
+    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE: test_hf_parity_fields.py"),
+    # longrope's, whose rope_type is refused, and multimodal RoPE's: no family here reads them
+    "short_factor": (NO_EFFECT, _QUIET),
+    "long_factor": (NO_EFFECT, _QUIET),
+    "mrope_section": (NO_EFFECT, _QUIET),
+}
+_F = "test_hf_parity_fields.py"
+# Fields no class above takes that transformers' shared code (masks, RoPE standardisation,
+# loading) reads from any config.json, and DeepSeek's own modeling code's fields
+EXTRA_COVERAGE: dict[str, Entry] = {
+    "torch_dtype": (READ, "dtype's older name: round4's test_a_dtype_without_kernels..."),
+    "rope_scaling": (READ, "rope_parameters' older name: test_hf_parity.py's RoPE cases"),
+    "rope_theta": (READ, "transformers moves it into rope_parameters"),
+    "original_max_position_embeddings": (READ, "round4's test_a_top_level_original_max..."),
+    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE: test_hf_parity_round3.py"),
+    "is_causal": (REFUSED, "true: round4's test_is_causal_false_is_refused"),
+    "attention_chunk_size": (REFUSED, "null: " + _F + "::test_a_window_only_generate..."),
+    # Mixtral's, OLMoE's and DeepSeek-V2's (Qwen2-MoE's own fields are read above)
+    "layer_types": (REFUSED, "all full_attention: " + _F + "::test_a_window_only_generate..."),
+    "sliding_window": (REFUSED, "null (OLMoE, DeepSeek-V2): " + _F),
+    "quantization_config": (REFUSED, "absent: quantized weights are not implemented"),
+    "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
+    "moe_layer_freq": (READ, "DeepSeek's: test_hf_parity.py::test_weights_config_json..."),
+    "scoring_func": (REFUSED, "softmax, DeepSeek's: test_model.py's DeepSeek routing test"),
+}
