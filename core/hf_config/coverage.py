@@ -198,6 +198,7 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     "layer_types": (REFUSED, "all full_attention: " + _F + "::test_a_window_only_generate..."),
     "sliding_window": (REFUSED, "null (OLMoE, DeepSeek-V2): " + _F),
     "quantization_config": (REFUSED, "absent: quantized weights are not implemented"),
+    "transformers_weights": (REFUSED, "model.safetensors: round5's test_transformers_weights_..."),
     "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
     "moe_layer_freq": (READ, "DeepSeek's: test_hf_parity.py::test_weights_config_json..."),
     "scoring_func": (REFUSED, "softmax, DeepSeek's: test_model.py's DeepSeek routing test"),

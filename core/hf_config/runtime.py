@@ -72,8 +72,9 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
-    run: quantized weights, return_dict false (transformers' forward fails on it), bidirectional
-    attention, another activation, projection biases, DeepSeek's other routing methods."""
+    run: quantized weights or weights of another file (transformers_weights), return_dict false
+    (transformers' forward fails on it), bidirectional attention, another activation, projection
+    biases, DeepSeek's other routing methods."""
     fam = spec.family
     quant = c.fields.get("quantization_config")
     if quant is not None:  # transformers loads the weights through its quantizer
@@ -81,6 +82,13 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
         raise c.error(
             f"quantization_config (quant_method {method!r}): quantized checkpoints are not "
             "implemented; use the model's unquantized (bfloat16 or float32) checkpoint"
+        )
+    weights = c.fields.get("transformers_weights")  # transformers loads the file it names
+    if weights is not None and weights not in ("model.safetensors", "model.safetensors.index.json"):
+        raise c.error(
+            f"transformers_weights={weights!r}: transformers loads the weights from that file, "
+            "moepipe from model.safetensors (or model.safetensors.index.json): rename the file "
+            "to that name and remove the field"
         )
     if c.fields.get("return_dict") is False:  # null, as absent, runs: a tuple of the logits
         raise c.error(

@@ -295,6 +295,7 @@ REFUSE_EXTRA: dict[str, tuple[str, Any]] = {
     "sliding_window": ("deepseek_v2", 3),
     "quantization_config": ("qwen2_moe", {"quant_method": "fp8"}),
     "scoring_func": ("deepseek_v2", "sigmoid"),
+    "transformers_weights": ("olmoe", "weights.safetensors"),
 }
 EXTRA_REFUSED = [
     k for k, (how, _) in EXTRA_COVERAGE.items() if how == REFUSED and k != "partial_rotary_factor"
@@ -346,3 +347,25 @@ def test_citations_name_existing_tests():
         for case, file in re.findall(r"([\w*]+-\w+) in (test_\w+\.py)::test_", why):
             assert case.startswith("*") or case in cases[file], why
     assert checked > 50  # the pattern still finds the citations
+
+
+def test_transformers_weights_of_another_file_is_refused(base, prompt, tmp_path):
+    """config.json's transformers_weights names the file transformers loads the weights from:
+    beside model.safetensors, another model's weights.safetensors it names are what
+    transformers runs (other logits); moepipe ran model.safetensors, ignoring the field. It is
+    refused in one line naming it; naming model.safetensors runs as without it."""
+    ckpt, hf = base("mixtral")
+    two = edited(ckpt, tmp_path / "two", transformers_weights="weights.safetensors")
+    torch.manual_seed(1)
+    other = transformers.AutoModelForCausalLM.from_config(hf.config).eval()
+    other.save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "model.safetensors", two / "weights.safetensors")
+    assert not torch.equal(logits_of(load_hf(two), prompt), logits_of(hf, prompt))
+    with pytest.raises(ConfigError, match=r"config.json: transformers_weights='weights.safeten"):
+        reference_generate(two, prompt, GEN)
+    edit_config(two, transformers_weights="model.safetensors")
+    assert torch.equal(logits_of(load_hf(two), prompt), logits_of(hf, prompt))
+    tokens, logits = reference_generate(two, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-5, rtol=0)
