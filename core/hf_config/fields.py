@@ -156,6 +156,11 @@ ALIASES: dict[str, dict[str, str]] = {
     "mixtral": {"num_local_experts": "num_experts"},
     "olmoe": {"num_experts": "num_local_experts"},
     "deepseek_v2": {"n_routed_experts": "num_experts"},
+    "switch_transformers": {
+        "d_model": "hidden_size",
+        "num_heads": "num_attention_heads",
+        "num_layers": "num_hidden_layers",
+    },
 }
 _REQUIRED = object()
 # transformers 5.24's config-class defaults of the fields moepipe reads without one of its own,

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.hf_config.fields import COUNT, HFConfig, hf_config_file, read_hf_config
+from core.hf_config.fields import (
+    COUNT,
+    FAMILY_DEFAULTS,
+    HFConfig,
+    hf_config_file,
+    read_hf_config,
+)
 from core.spec import FAMILIES, ModelSpec
 from core.types import Activation
 
@@ -271,9 +277,12 @@ def _switch_fields(c: HFConfig) -> dict[str, Any]:
     at step 1), as transformers' SwitchTransformersStack (blocks 1, 3, ..., 11 for switch-base),
     as in the replication paper's encoder-only runs."""
     n = c.get("num_layers")
-    # absent: as transformers' SwitchTransformersConfig derives it (3 sparse blocks by default)
+    # absent: as transformers' SwitchTransformersConfig derives it (3 sparse blocks by default),
+    # from num_layers under its own name: its default where config.json has the other name
+    # alone (transformers sets num_hidden_layers after deriving the step)
+    own = c.fields.get("num_layers", FAMILY_DEFAULTS["switch_transformers"]["num_layers"])
     sparse = c.get("num_sparse_encoder_layers", 3)
-    step = c.get("encoder_sparse_step", n // sparse if sparse > 0 else n)
+    step = c.get("encoder_sparse_step", own // sparse if sparse > 0 else own)
     moe = tuple(i for i in range(n) if step == 1 or (step > 1 and i % step == 1))
     if not moe:
         raise c.error(f"encoder_sparse_step={step} leaves no sparse block among num_layers={n}")

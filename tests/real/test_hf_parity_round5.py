@@ -9,6 +9,7 @@ Usage: python -m pytest -q tests/real/test_hf_parity_round5.py
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -369,3 +370,55 @@ def test_transformers_weights_of_another_file_is_refused(base, prompt, tmp_path)
     hf_tokens, hf_logits = hf_greedy(hf, prompt)
     assert torch.equal(tokens, hf_tokens)
     torch.testing.assert_close(logits, hf_logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", CLASSES)
+def test_aliases_are_transformers_attribute_maps(family):
+    """core.hf_config's other names of fields are each class's attribute_map, every one: a
+    config.json giving a field under its other name is read as transformers reads it."""
+    from core.hf_config.fields import ALIASES
+
+    mapped = getattr(transformers, CLASSES[family]).attribute_map
+    assert ALIASES.get(family, {}) == {own: other for other, own in mapped.items()}
+
+
+def test_switch_sizes_under_their_other_names_are_read(base, prompt, tmp_path):
+    """Switch's config.json giving d_model, num_heads and num_layers as hidden_size,
+    num_attention_heads and num_hidden_layers (its attribute_map) is the same model to
+    transformers (the same logits) and now to moepipe (the same spec and tokens); before,
+    moepipe sized it by the class's defaults (d_model 768) and refused its weights."""
+    from real.checkpoint import load_checkpoint
+
+    ckpt, hf = base("switch_transformers")
+    renamed = edited(ckpt, tmp_path / "renamed")
+    cfg = json.loads((renamed / "config.json").read_text())
+    for own, other in (("d_model", "hidden_size"), ("num_heads", "num_attention_heads")):
+        cfg[other] = cfg.pop(own)
+    cfg["num_hidden_layers"] = cfg.pop("num_layers")
+    (renamed / "config.json").write_text(json.dumps(cfg))
+    cls = transformers.SwitchTransformersForConditionalGeneration
+    assert torch.equal(
+        logits_of(cls.from_pretrained(renamed).eval(), prompt), logits_of(hf, prompt)
+    )
+    spec = load_checkpoint(renamed)[0]
+    assert spec == dataclasses.replace(load_checkpoint(ckpt)[0], name=spec.name)
+    tokens, logits = reference_generate(renamed, prompt, GEN)
+    base_tokens, base_logits = reference_generate(ckpt, prompt, GEN)
+    assert torch.equal(tokens, base_tokens)
+    assert torch.equal(logits, base_logits)
+
+
+def test_switch_sparse_step_of_num_hidden_layers_is_transformers():
+    """A Switch config.json of num_hidden_layers 4 (num_layers' other name), 2 sparse encoder
+    blocks and no encoder_sparse_step: transformers derives the step from num_layers' default
+    (12 // 2 = 6, set before the other name), so block 1 alone is sparse, and so moepipe reads it
+    (its step from 4 // 2 made blocks 1 and 3 sparse)."""
+    from core.hf_config import hf_config_to_spec
+
+    fields = dict(SWITCH, num_hidden_layers=4, num_sparse_encoder_layers=2)
+    fields["model_type"] = "switch_transformers"
+    config = transformers.SwitchTransformersConfig.from_dict(fields)
+    model = transformers.SwitchTransformersEncoderModel(config)
+    sparse = tuple(i for i, b in enumerate(model.encoder.block) if b.is_sparse)
+    assert sparse == (1,)
+    assert hf_config_to_spec(fields, "s").moe_layers == sparse
