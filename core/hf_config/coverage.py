@@ -47,7 +47,8 @@ BASE: dict[str, Entry] = {
     "label2id": (NO_EFFECT, "classification heads only: " + _QUIET),
     "problem_type": (NO_EFFECT, "classification losses only: " + _QUIET),
     "use_cache": (NO_EFFECT, "a KV cache changes no logit: " + _QUIET),
-    "pad_token_id": (NO_EFFECT, "the embedding's padding_idx trains, not runs: " + _QUIET),
+    # outside the vocabulary transformers' causal families fail, and moepipe refuses it
+    "pad_token_id": (NO_EFFECT, "padding_idx trains, not runs: " + _QUIET),
     "bos_token_id": (NO_EFFECT, "a tokenizer's: " + _QUIET),
     "eos_token_id": (NO_EFFECT, "stops generate(), changes no logit: " + _QUIET),
     "tie_word_embeddings": (READ, "qwen2_moe-tied in " + _P + ", test_hf_parity_round3.py"),

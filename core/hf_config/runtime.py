@@ -32,6 +32,7 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
     """What transformers 5.24 runs from `c` beyond the spec, for `spec.family`; a one-line
     ConfigError for a field it honours that moepipe does not implement."""
     _refuse_unimplemented(c, spec)
+    _refuse_what_transformers_fails_on(c, spec)
     _refuse_head_dims(c, spec)
     _refuse_generate_only(c, spec)
     window, layers = _sliding_window(c, spec)
@@ -72,9 +73,8 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
 
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
-    run: quantized weights or weights of another file (transformers_weights), return_dict false
-    (transformers' forward fails on it), bidirectional attention, another activation, projection
-    biases, DeepSeek's other routing methods."""
+    run: quantized weights or weights of another file (transformers_weights), bidirectional
+    attention, another activation, projection biases, DeepSeek's other routing methods."""
     fam = spec.family
     quant = c.fields.get("quantization_config")
     if quant is not None:  # transformers loads the weights through its quantizer
@@ -89,11 +89,6 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
             f"transformers_weights={weights!r}: transformers loads the weights from that file, "
             "moepipe from model.safetensors (or model.safetensors.index.json): rename the file "
             "to that name and remove the field"
-        )
-    if c.fields.get("return_dict") is False:  # null, as absent, runs: a tuple of the logits
-        raise c.error(
-            f"return_dict=false: transformers' {fam} forward fails on it (its model's output, "
-            "then a tuple, is not read as one); remove it or set it true"
         )
     if fam == "switch_transformers":
         _refuse_switch(c)
@@ -124,6 +119,26 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
                     f"{key}={value!r}; only {' and '.join(map(repr, valid))} DeepSeek-V2 "
                     "routing is implemented (V2's and V2-Lite's)"
                 )
+
+
+def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
+    """Refuse values of fields without effect elsewhere that transformers' model of the family
+    fails on, which moepipe would run: return_dict false (its inner model's output, then a
+    tuple, is not read as one) and a pad_token_id outside the vocabulary (the causal families'
+    embeddings take it as padding_idx, which torch refuses there)."""
+    if c.fields.get("return_dict") is False:  # null, as absent, runs: a tuple of the logits
+        raise c.error(
+            f"return_dict=false: transformers' {spec.family} forward fails on it (its model's "
+            "output, then a tuple, is not read as one); remove it or set it true"
+        )
+    pad, vocab = c.fields.get("pad_token_id"), spec.vocab_size
+    outside = isinstance(pad, int) and not isinstance(pad, bool) and not -vocab <= pad < vocab
+    if outside and spec.family != "switch_transformers":  # T5's embedding has no padding_idx
+        raise c.error(
+            f"pad_token_id={pad} is outside the vocabulary (vocab_size={vocab}): transformers' "
+            f"{spec.family} embedding refuses it as its padding index; set it below "
+            f"{vocab} or null"
+        )
 
 
 def _refuse_switch(c: HFConfig) -> None:

@@ -422,3 +422,19 @@ def test_switch_sparse_step_of_num_hidden_layers_is_transformers():
     sparse = tuple(i for i, b in enumerate(model.encoder.block) if b.is_sparse)
     assert sparse == (1,)
     assert hf_config_to_spec(fields, "s").moe_layers == sparse
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_pad_token_id_outside_the_vocabulary_is_refused(family, base, prompt, tmp_path):
+    """pad_token_id 128 of a vocabulary of 128: transformers cannot build the causal families'
+    embedding (torch refuses the padding index); moepipe ran it. It is refused in one line
+    naming the field; -1, which torch takes as the last token, runs in both."""
+    ckpt, hf = base(family)
+    bad = edited(ckpt, tmp_path / "pad", pad_token_id=128)
+    with pytest.raises(AssertionError, match="Padding_idx must be within num_embeddings"):
+        load_hf(bad)
+    with pytest.raises(ConfigError, match=r"config.json: pad_token_id=128 is outside the vocab"):
+        reference_generate(bad, prompt, GEN)
+    edit_config(bad, pad_token_id=-1)
+    assert torch.equal(logits_of(load_hf(bad), prompt), logits_of(hf, prompt))
+    assert torch.equal(reference_generate(bad, prompt, GEN)[0], hf_greedy(hf, prompt)[0])
