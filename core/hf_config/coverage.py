@@ -201,6 +201,9 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     "quantization_config": (REFUSED, "absent: quantized weights are not implemented"),
     "transformers_weights": (REFUSED, "model.safetensors: round5's test_transformers_weights_..."),
     "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
+    # Qwen2-MoE's and OLMoE's attention read it though their classes lack it (OLMoE's only as
+    # hidden_size / num_attention_heads, else refused: its q_norm spans hidden_size)
+    "head_dim": (READ, "qwen2_moe-head_dim in " + _P),
     "moe_layer_freq": (READ, "DeepSeek's: test_hf_parity.py::test_weights_config_json..."),
     "scoring_func": (REFUSED, "softmax, DeepSeek's: test_model.py's DeepSeek routing test"),
 }
