@@ -15,10 +15,10 @@ from enum import StrEnum
 
 
 class Handling(StrEnum):
-    READ = "read"
-    NO_EFFECT = "no_effect"
-    REFUSED_UNLESS_DEFAULT = "refused_unless_default"
-    SUBSTITUTED = "substituted"  # Switch only
+    READ = "read"  # moepipe runs it as transformers does
+    NO_EFFECT = "no_effect"  # transformers' logits are the same at any value
+    REFUSED_UNLESS_DEFAULT = "refused_unless_default"  # another value: a one-line ConfigError
+    SUBSTITUTED = "substituted"  # Switch only: T5's part moepipe's substitute replaces
 
 
 READ, NO_EFFECT = Handling.READ, Handling.NO_EFFECT
@@ -34,7 +34,7 @@ _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 # PreTrainedConfig's own fields, the same in every family
 BASE: dict[str, Entry] = {
     "model_type": (READ, "picks the family: " + _P),
-    "architectures": (READ, "must name model_type's family: to_spec._check_architectures"),
+    "architectures": (READ, "model_type's family: test_probe_hf_config.py::test_architectures_"),
     "transformers_version": _OUT,
     "output_hidden_states": _OUT,
     "output_attentions": _OUT,
@@ -42,7 +42,8 @@ BASE: dict[str, Entry] = {
     "return_dict": (REFUSED, "round5's test_return_dict_false_is_refused"),
     "dtype": (READ, "the weights' dtype, float32 and bfloat16 cases: " + _P),
     "chunk_size_feed_forward": (NO_EFFECT, "none of these families chunks: " + _QUIET),
-    "is_encoder_decoder": (NO_EFFECT, "generate()'s, not the forward's: " + _QUIET),
+    # true: transformers' generate() fails on a decoder-only family (its forward runs)
+    "is_encoder_decoder": (REFUSED, "false: round5's test_is_encoder_decoder_true_is_refused"),
     "id2label": (NO_EFFECT, "classification heads only: " + _QUIET),
     "label2id": (NO_EFFECT, "classification heads only: " + _QUIET),
     "problem_type": (NO_EFFECT, "classification losses only: " + _QUIET),

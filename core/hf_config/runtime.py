@@ -124,12 +124,18 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
 def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse values of fields without effect elsewhere that transformers' model of the family
     fails on, which moepipe would run: return_dict false (its inner model's output, then a
-    tuple, is not read as one) and a pad_token_id outside the vocabulary (the causal families'
-    embeddings take it as padding_idx, which torch refuses there)."""
+    tuple, is not read as one), is_encoder_decoder true in a decoder-only family (generate()
+    fails) and a pad_token_id outside the vocabulary (the causal families' embeddings take it
+    as padding_idx, which torch refuses there)."""
     if c.fields.get("return_dict") is False:  # null, as absent, runs: a tuple of the logits
         raise c.error(
             f"return_dict=false: transformers' {spec.family} forward fails on it (its model's "
             "output, then a tuple, is not read as one); remove it or set it true"
+        )
+    if c.fields.get("is_encoder_decoder") is True and spec.family != "switch_transformers":
+        raise c.error(
+            f"is_encoder_decoder=true: transformers' generate() then runs {spec.family} as an "
+            "encoder-decoder and fails; moepipe runs it as the decoder it is: set it false"
         )
     pad, vocab = c.fields.get("pad_token_id"), spec.vocab_size
     outside = isinstance(pad, int) and not isinstance(pad, bool) and not -vocab <= pad < vocab

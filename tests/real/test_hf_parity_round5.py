@@ -156,7 +156,6 @@ NON_DEFAULT: dict[str, Any] = {
     "output_hidden_states": True,
     "output_attentions": True,
     "chunk_size_feed_forward": 2,
-    "is_encoder_decoder": True,
     "id2label": {"0": "A", "1": "B", "2": "C"},
     "label2id": {"A": 0, "B": 1, "C": 2},
     "problem_type": "regression",
@@ -214,6 +213,7 @@ REFUSE: dict[str, Any] = {
     "router_bias": True,
     "router_dtype": "bfloat16",
     "return_dict": False,
+    "is_encoder_decoder": True,
 }
 REFUSED_FIELDS = [(f, k) for f in CLASSES for k, (how, _) in COVERAGE[f].items() if how == REFUSED]
 
@@ -437,4 +437,21 @@ def test_pad_token_id_outside_the_vocabulary_is_refused(family, base, prompt, tm
         reference_generate(bad, prompt, GEN)
     edit_config(bad, pad_token_id=-1)
     assert torch.equal(logits_of(load_hf(bad), prompt), logits_of(hf, prompt))
+    assert torch.equal(reference_generate(bad, prompt, GEN)[0], hf_greedy(hf, prompt)[0])
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_is_encoder_decoder_true_is_refused(family, base, prompt, tmp_path):
+    """is_encoder_decoder true in a decoder-only family: transformers' forward gives the same
+    logits but its generate() takes the model as an encoder-decoder and fails (no decoder
+    inputs, or no start token for them); moepipe generated, ignoring the field. It is refused
+    in one line naming it; false runs."""
+    ckpt, hf = base(family)
+    bad = edited(ckpt, tmp_path / "enc_dec", is_encoder_decoder=True)
+    assert torch.equal(logits_of(load_hf(bad), prompt), logits_of(hf, prompt))
+    with pytest.raises(ValueError, match="input_ids or inputs_embeds|encoder-decoder generation"):
+        hf_greedy(load_hf(bad), prompt)
+    with pytest.raises(ConfigError, match=r"config.json: is_encoder_decoder=true: transformers'"):
+        reference_generate(bad, prompt, GEN)
+    edit_config(bad, is_encoder_decoder=False)
     assert torch.equal(reference_generate(bad, prompt, GEN)[0], hf_greedy(hf, prompt)[0])
