@@ -132,10 +132,12 @@ def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
             f"return_dict=false: transformers' {spec.family} forward fails on it (its model's "
             "output, then a tuple, is not read as one); remove it or set it true"
         )
-    if c.fields.get("is_encoder_decoder") is True and spec.family != "switch_transformers":
+    enc_dec = c.fields.get("is_encoder_decoder")  # transformers takes any truthy value
+    if enc_dec and spec.family != "switch_transformers":
+        shown = "true" if enc_dec is True else repr(enc_dec)
         raise c.error(
-            f"is_encoder_decoder=true: transformers' generate() then runs {spec.family} as an "
-            "encoder-decoder and fails; moepipe runs it as the decoder it is: set it false"
+            f"is_encoder_decoder={shown}: transformers' generate() then runs {spec.family} as "
+            "an encoder-decoder and fails; moepipe runs it as the decoder it is: set it false"
         )
     pad, vocab = c.fields.get("pad_token_id"), spec.vocab_size
     outside = isinstance(pad, int) and not isinstance(pad, bool) and not -vocab <= pad < vocab

@@ -453,5 +453,8 @@ def test_is_encoder_decoder_true_is_refused(family, base, prompt, tmp_path):
         hf_greedy(load_hf(bad), prompt)
     with pytest.raises(ConfigError, match=r"config.json: is_encoder_decoder=true: transformers'"):
         reference_generate(bad, prompt, GEN)
+    edit_config(bad, is_encoder_decoder=1)  # truthy, as transformers takes it
+    with pytest.raises(ConfigError, match=r"config.json: is_encoder_decoder=1: transformers'"):
+        reference_generate(bad, prompt, GEN)
     edit_config(bad, is_encoder_decoder=False)
     assert torch.equal(reference_generate(bad, prompt, GEN)[0], hf_greedy(hf, prompt)[0])
