@@ -359,6 +359,18 @@ def test_pad_token_id_outside_the_vocabulary_is_refused(family, base, prompt, tm
     assert torch.equal(reference_generate(bad, prompt, GEN)[0], hf_greedy(hf, prompt)[0])
 
 
+def test_switch_pad_token_id_outside_the_vocabulary_runs(base, prompt, tmp_path):
+    """Switch's embedding (T5's) takes no padding index, so transformers runs a pad_token_id
+    outside the vocabulary with the same logits, and moepipe runs it as without it."""
+    ckpt, hf = base("switch_transformers")
+    far = edited(ckpt, tmp_path / "pad", pad_token_id=500)
+    cls = transformers.SwitchTransformersForConditionalGeneration
+    assert torch.equal(logits_of(cls.from_pretrained(far).eval(), prompt), logits_of(hf, prompt))
+    assert torch.equal(
+        reference_generate(far, prompt, GEN)[1], reference_generate(ckpt, prompt, GEN)[1]
+    )
+
+
 def test_switch_router_dtype_other_than_float32_is_refused(base, prompt, tmp_path):
     """Switch's router_dtype bfloat16: transformers' router computes its logits and softmax in
     bfloat16, which moves its forward's logits (here a float32 model's); moepipe routed in
