@@ -3,14 +3,14 @@ is a moepipe command, and each `key=value` passes the checks the command makes b
 (`experiments.common.app`: its argv checks, then hydra's composition against its schema), made
 here in-process without running it. A renamed option or module fails here, not for a newcomer.
 
-Read from fenced blocks (bash, sh or unlabelled; `\\` continuations joined, `for VAR in ...; do`
-loops expanded) and from inline code. The rule for what a reader fills in (docs/commands.md):
-a value, or an item of a list value, in capitals (`DIR`, `RUN_DIR`, `FILE.yaml`, `N`), one with
-`<name>` in it, or `...`, is a placeholder, and only its key is checked; `[key=value]` is an
-optional option, checked as given; everything else is literal. A command written with the
-commit it ran at right after it (`` `python -m ...` at d320e94 ``) is a record of that run, left
-unchecked. A hardware profile a documented calibrate writes (`hardware.name=NAME`) counts as a
-placeholder where a run names it.
+Read from code blocks (fenced bash, sh or unlabelled ones, and indented ones; `\\` continuations
+joined, `for VAR in ...; do` loops expanded) and from inline code. The rule for what a reader
+fills in (docs/commands.md): a value, or an item of a list value, in capitals (`DIR`, `RUN_DIR`,
+`FILE.yaml`, `N`), one with `<name>` in it, or `...`, is a placeholder, and only its key is
+checked; `[key=value]` is an optional option, checked as given; everything else is literal. A
+command written with the commit it ran at right after it (`` `python -m ...` at d320e94 ``) is a
+record of that run, left unchecked. A hardware profile a documented calibrate writes
+(`hardware.name=NAME`) counts as a placeholder where a run names it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^ *```(\w*)\n(.*?)^ *```", re.S | re.M)
 SHELL = ("", "bash", "sh", "console")
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(\.ya?ml)?|.*<\w+>.*|\.\.\.")
+INDENTED = re.compile(r"(?<=\n\n)((?:    .*\n)+)")  # a block indented 4 spaces after a blank line
 LOOP = re.compile(r"for (\w+) in ([^;]+); do\n(.*?)\ndone", re.S)
 RECORD = re.compile(r"\)?,? *\n? *at (commit )?[0-9a-f]{7,40}\b")  # `...` at d320e94: ran then
 RUN_FILE_GROUPS = ("hardware", "model", "workload")  # experiments.run's FILE.yaml groups
@@ -59,26 +60,32 @@ class DocCommand:
 
 
 def _spans(page: Path) -> Iterator[tuple[int, str]]:
-    """(line number, shell text) of each shell block's lines (a `\\`-continued line joined to
-    the next) and of each inline code span."""
+    """(line number, shell text) of each shell block's lines, fenced or indented, and of each
+    inline code span."""
     text = page.read_text()
     for m in FENCE.finditer(text):
-        if m.group(1) not in SHELL:
-            continue
-        first = text[: m.start()].count("\n") + 2
-        lines, i = LOOP.sub(_expand, m.group(2)).split("\n"), 0
-        while i < len(lines):
-            start, line = i, lines[i]
-            while line.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                line = line.rstrip()[:-1] + " " + lines[i]
-            inline = re.findall(r"`([^`]+)`", line)  # a layout block's inline code
-            yield from ((first + start, s) for s in (inline or [line]))
-            i += 1
+        if m.group(1) in SHELL:
+            yield from _block(m.group(2), text[: m.start()].count("\n") + 2)
     rest = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    for m in INDENTED.finditer(rest):
+        yield from _block(m.group(1), rest[: m.start(1)].count("\n") + 1)
+    rest = INDENTED.sub(lambda m: "\n" * m.group(0).count("\n"), rest)
     for m in re.finditer(r"`([^`]+)`", rest):
         if not RECORD.match(rest, m.end()):
             yield rest[: m.start()].count("\n") + 1, m.group(1).replace("\n", " ")
+
+
+def _block(body: str, first: int) -> Iterator[tuple[int, str]]:
+    """A code block's lines from line `first` on, a `\\`-continued one joined to the next."""
+    lines, i = LOOP.sub(_expand, body).split("\n"), 0
+    while i < len(lines):
+        start, line = i, lines[i]
+        while line.rstrip().endswith("\\") and i + 1 < len(lines):
+            i += 1
+            line = line.rstrip()[:-1] + " " + lines[i]
+        inline = re.findall(r"`([^`]+)`", line)  # a layout block's inline code
+        yield from ((first + start, s) for s in (inline or [line]))
+        i += 1
 
 
 def _expand(loop: re.Match[str]) -> str:
