@@ -46,6 +46,7 @@ from experiments.common.cli import (
     any_error_line,
     exit_on_unwritable_dir,
     exit_with,
+    key_given_twice,
     missing_launcher,
     on_interrupt,
     run_command,
@@ -293,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if launched():  # one rank of torchrun's, whose agent stops the others when one fails
         stop_on_sigterm(int(os.environ["RANK"]))
-    problem = sweep_experiment_misused(argv) or missing_launcher(argv) or misplaced_output(argv)
+    problem = (
+        key_given_twice(argv)
+        or sweep_experiment_misused(argv)
+        or missing_launcher(argv)
+        or misplaced_output(argv)
+    )
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

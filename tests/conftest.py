@@ -111,6 +111,20 @@ def default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+def overridden(args: Sequence[str], *more: str) -> list[str]:
+    """`args` then `more`, less each argument of `args` that sets a key `more` sets too
+    (`planner=x` for `planner=y`, `+k=1` or `~k` for `k=2`): a command refuses a key given
+    twice, where hydra kept the last. Flags (`-m`) are kept."""
+
+    def key(arg: str) -> str | None:
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+            return None
+        return arg.lstrip("~").partition("=")[0].lstrip("+").strip()
+
+    given = {key(a) for a in more} - {None}
+    return [a for a in args if key(a) not in given] + list(more)
+
+
 def user_env() -> dict[str, str]:
     """The environment a user's command gets in a test: this checkout importable, one thread
     (two test processes share the machine's cores), hydra's traceback switch unset."""

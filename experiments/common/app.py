@@ -33,6 +33,7 @@ from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
     before_line,
     error_line,
+    key_given_twice,
     on_interrupt,
     print_or_exit,
     user_conf_dirs,
@@ -175,7 +176,12 @@ def command(
     lists = list_options(schema)
 
     def main(argv: Sequence[str] | None = None) -> int:
-        argv = [as_list(a, lists) for a in (sys.argv[1:] if argv is None else argv)]
+        argv = list(sys.argv[1:] if argv is None else argv)
+        twice = key_given_twice(argv)
+        if twice:
+            print(f"error: {twice}", file=sys.stderr)
+            return 2
+        argv = [as_list(a, lists) for a in argv]
         running(schema)
         multirun = [a for a in argv if a in ("-m", "--multirun")]
         if multirun:  # hydra would run it once per point, each writing the same output

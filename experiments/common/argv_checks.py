@@ -3,7 +3,7 @@ traceback or run something the user did not mean: a launcher without its plugin,
 experiment without -m, a run or sweep folder that cannot be written.
 
 Usage:
-    line = missing_launcher(argv) or sweep_experiment_misused(argv)   # None: fine
+    line = key_given_twice(argv) or missing_launcher(argv)   # None: fine
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
 """
 
@@ -20,6 +20,26 @@ from core.errors import MoepipeError
 from core.files import read_small
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def key_given_twice(argv: Sequence[str]) -> str | None:
+    """A key the command line sets more than once (`n=3 n=4`, `planner=a +planner=b`,
+    `x=1 ~x`, a group or a hydra.* key alike): hydra kept the last value without a word. One
+    line naming the key and both values; None where each is given once. Flags and their values
+    (`-cd DIR`, `--cfg job`) are not keys; a sweep's list (`-m a=1,2`) is one value."""
+    seen: dict[str, str] = {}
+    for arg in argv:
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+            continue
+        key, _, value = arg.partition("=")
+        if key.startswith("~"):
+            key, value = key[1:], "~ to delete it"
+        key = key.lstrip("+").strip()
+        value = value if value else "''"
+        if key in seen:
+            return f"{key} is given twice ({seen[key]}, then {value}): give it once"
+        seen[key] = value
+    return None
 
 
 def missing_launcher(argv: Sequence[str]) -> str | None:

@@ -27,6 +27,7 @@ from experiments import STOP_SIGNALS, command_started
 from experiments.common.argv_checks import (
     CONF_DIR,
     exit_on_unwritable_dir,
+    key_given_twice,
     missing_launcher,
     sweep_experiment_misused,
     user_conf_dirs,
@@ -41,6 +42,7 @@ __all__ = [
     "print_or_exit",
     "checked_names",
     "exit_on_unwritable_dir",
+    "key_given_twice",
     "until_interrupted",
     "missing_launcher",
     "sweep_experiment_misused",

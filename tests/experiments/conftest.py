@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, built_once
+from tests.conftest import ROOT, built_once, overridden
 
 # the esft-g8 case's rows (its seven) and the split-load row, small: 2 batches of 8 x 8 tokens
 ESFT_ROWS = (
@@ -27,17 +27,17 @@ SERIAL = "hydra.launcher.n_jobs=1"
 
 
 def replication_sweep_args(out: Path, *args: str) -> list[str]:
-    """`experiments.run`'s arguments: `-m` of the small esft-g8 sweep into `out` (`args` last,
-    so they win)."""
-    return [
+    """`experiments.run`'s arguments: `-m` of the small esft-g8 sweep into `out` (`args`
+    replace the keys they set)."""
+    base = [
         "-m",
         "experiment=replication_esft_g8",
         "workload.batch_size=8",
         *SMALL,
         f"replication_row={ESFT_ROWS}",
         f"hydra.sweep.dir={out}",
-        *args,
     ]
+    return overridden(base, *args)
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess:
@@ -92,8 +92,9 @@ POINT = "*/workload=tiny/summary.json"
 
 
 def sweep_args(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> list[str]:
-    """`experiments.run`'s arguments: the tiny compare sweep into `sweep_dir`."""
-    return [
+    """`experiments.run`'s arguments: the tiny compare sweep into `sweep_dir` (`extra` replace
+    the keys they set)."""
+    base = [
         "-m",
         "experiment=compare",
         *TINY,
@@ -101,8 +102,8 @@ def sweep_args(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> list[str]:
         "workload.batch_size=2,4",
         f"hydra.sweep.dir={sweep_dir}",
         f"hydra.launcher.n_jobs={n_jobs}",
-        *extra,
     ]
+    return overridden(base, *extra)
 
 
 def sweep(sweep_dir: Path, *extra: str, n_jobs: int = 1) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,7 @@ from experiments.bench import accelerate as bench_accelerate
 from experiments.bench import sim as bench_sim
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
+from tests.conftest import overridden
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="device=cuda is valid here")
 
@@ -108,7 +109,8 @@ def test_validate_before_the_checkpoint(args, names, tmp_path, capsys):
 def test_validate_with_a_checkpoint(args, names, ckpt, tmp_path, afile, capsys):
     _hw_files(tmp_path)
     argv = [a.format(afile=afile, tmp=tmp_path) for a in args]
-    assert validate.main([f"checkpoint={ckpt}", "hardware=tiny", "planners=flexgen", *argv]) == 2
+    base = [f"checkpoint={ckpt}", "hardware=tiny", "planners=flexgen"]
+    assert validate.main(overridden(base, *argv)) == 2
     one_error(capsys, *names)
 
 
@@ -141,7 +143,7 @@ def test_bench_accelerate(args, names, tmp_path, capsys):
 def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
     argv = [a.format(afile=afile) for a in args]
     out = [f"out={tmp_path / 'rk'}"]
-    assert reproduce_klotski.main(["quick=true", "only=[auto_n]", *out, *argv]) == 2
+    assert reproduce_klotski.main(overridden(["quick=true", "only=[auto_n]", *out], *argv)) == 2
     one_error(capsys, *names)
 
 
@@ -158,7 +160,7 @@ def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
 )
 def test_prefetch_eval(args, names, tmp_path, afile, capsys):
     argv = [a.format(afile=afile, tmp=tmp_path) for a in args]
-    assert prefetch_eval.main(["train=[law]", "test=[intent]", *argv]) == 2
+    assert prefetch_eval.main(overridden(["train=[law]", "test=[intent]"], *argv)) == 2
     line = one_error(capsys, *names)
     assert "workload.routing" not in line
 

@@ -14,7 +14,7 @@ import pytest
 from core.trace import TRACE_COLUMNS
 from experiments import run as run_module
 from experiments import trace_json
-from tests.conftest import ROOT, SHARED_TRACES, command_here, default_signals
+from tests.conftest import ROOT, SHARED_TRACES, command_here, default_signals, overridden
 
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny"]
 
@@ -25,8 +25,7 @@ def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
             sys.executable,
             "-m",
             "experiments.run",
-            *args,
-            *run_dirs(tmp_path),
+            *overridden(run_dirs(tmp_path), *args),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -41,7 +40,8 @@ def run_in(capsys, monkeypatch):
     start-up less per call."""
 
     def go(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-        return command_here(run_module.main, [*args, *run_dirs(tmp_path)], capsys, monkeypatch)
+        argv = overridden(run_dirs(tmp_path), *args)  # a run dir in `args` replaces its own
+        return command_here(run_module.main, argv, capsys, monkeypatch)
 
     return go
 
@@ -233,7 +233,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
     ],
 )
 def test_bad_input_is_one_clear_line(args, message, tmp_path, run_in):
-    r = run_in([*TINY, "planner=flexgen", *args], tmp_path)
+    r = run_in(overridden([*TINY, "planner=flexgen"], *args), tmp_path)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
@@ -250,7 +250,7 @@ def test_bad_input_is_one_clear_line(args, message, tmp_path, run_in):
 def test_bad_input_is_one_line_from_a_fresh_process(args, message, tmp_path):
     """As `test_bad_input_is_one_clear_line` (which runs the command in this process), through
     `python -m`: nothing else reaches stderr (a warning, a logging handler's line)."""
-    r = run([*TINY, "planner=flexgen", *args], tmp_path)
+    r = run(overridden([*TINY, "planner=flexgen"], *args), tmp_path)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr

@@ -23,7 +23,7 @@ from core.errors import MoepipeError
 from experiments.common.cli import error_line
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
-from tests.conftest import user_env
+from tests.conftest import overridden, user_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
@@ -44,17 +44,10 @@ def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subproce
 
 
 def real_run(ckpt: Path, run_dir: Path, *more: str, **kw: Any) -> subprocess.CompletedProcess:
-    """A real run on `ckpt` (tiny hardware and workload, flexgen; `more` overrides after them)
-    into `run_dir`, as a user runs it."""
-    return cli(
-        "experiments.run",
-        "executor=real",
-        f"checkpoint={ckpt}",
-        *TINY[1:],
-        *more,
-        f"hydra.run.dir={run_dir}",
-        **kw,
-    )
+    """A real run on `ckpt` (tiny hardware and workload, flexgen; `more` replace the keys they
+    set) into `run_dir`, as a user runs it."""
+    args = ["executor=real", f"checkpoint={ckpt}", *TINY[1:], f"hydra.run.dir={run_dir}"]
+    return cli("experiments.run", *overridden(args, *more), **kw)
 
 
 def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:

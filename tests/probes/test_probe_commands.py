@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import started, user_env
+from tests.conftest import overridden, started, user_env
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, tiny_run
 
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
@@ -367,7 +367,9 @@ def test_make_checkpoint_refuses_what_it_could_not_write(
     weights with exit 0; a field the checkpoint cannot keep was dropped without a word. Each is
     one line before anything is made."""
     out = tmp_path / "new" / "ck"
-    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", *args)
+    r = cli_here(
+        "experiments.make_checkpoint", *overridden(["model=mixtral-tiny", f"out={out}"], *args)
+    )
     one_line(r, *names)
     assert not (tmp_path / "new").exists()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import overridden
 from tests.probes.conftest import ROOT, TINY, cli, one_line
 
 
@@ -58,8 +59,7 @@ def test_bad_yaml_in_a_users_config_dir_is_one_line(
     run = cli if fresh else cli_here
     r = run(
         "experiments.run",
-        *TINY,
-        "workload=mine",
+        *overridden(TINY, "workload=mine"),
         f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
         f"hydra.run.dir={tmp_path / 'run'}",
     )
@@ -225,7 +225,7 @@ def test_a_users_hardware_file_is_named_in_its_errors(tmp_path: Path, cli_here: 
         (["hydra.searchpath=[pkg://moepipe_nosuch]"], ["not an importable package"]),
         (["+hydra.job.chdri=true"], ["hydra.job.chdri: unknown key", "did you mean 'chdir'"]),
         (["+hydra/job_logging=disabled"], ["pass hydra/job_logging=disabled (no +)"]),
-        (["+model=tiny"], ["model: chosen twice", "without +"]),
+        (["+model=tiny"], ["+model=tiny: model has a value already", "(no +)"]),
         (["-cp", "nosuchconf"], ["-cp nosuchconf: no such folder"]),
         (["--config-dir=/nonexistent"], ["--config-dir /nonexistent: no such folder"]),
         (["experiment="], ["experiment=: no name given", "fig10"]),
@@ -257,7 +257,10 @@ def test_a_hydra_flag_or_override_hydra_fails_on_is_one_line(
     value beyond ASCII, unquoted, hydra's "LexerNoViableAltException" with nothing to do."""
     sweep, run = tmp_path / "s", tmp_path / "r"
     r = cli_here(
-        "experiments.run", *TINY, *args, f"hydra.sweep.dir={sweep}", f"hydra.run.dir={run}"
+        "experiments.run",
+        *overridden(TINY, *args),
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.run.dir={run}",
     )
     one_line(r, *names)
     assert not sweep.exists() and not run.exists()
@@ -477,8 +480,7 @@ def test_a_sweep_of_no_value_or_a_bad_launcher_hint_is_one_line(
     r = cli_here(
         "experiments.run",
         "-m",
-        *TINY,
-        override,
+        *overridden(TINY, override),
         "workload.n_batches=1,2",
         f"hydra.sweep.dir={sweep}",
     )

@@ -17,6 +17,7 @@ from core.spec import RoutingConfig
 from experiments.common.cli import error_line
 from experiments.common.launcher_checks import check_joblib
 from real.checkpoint import reduced_spec
+from tests.conftest import overridden
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 
@@ -245,7 +246,7 @@ def test_a_plain_job_name_runs(tmp_path: Path, cli_here: Any) -> None:
 @pytest.mark.parametrize(
     ("module", "args"),
     [
-        ("experiments.run", [*TINY[1:], "model=deepseek-v2-lite", "hardware=h200"]),
+        ("experiments.run", overridden(TINY, "model=deepseek-v2-lite", "hardware=h200")),
         ("experiments.prefetch_eval", []),
     ],
 )

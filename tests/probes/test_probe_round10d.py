@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import overridden
 from tests.probes.conftest import TINY, one_line
 
 
@@ -19,7 +20,9 @@ from tests.probes.conftest import TINY, one_line
 def test_deleting_a_key_the_config_needs_is_one_line_with_the_fix(
     deleted: str, tmp_path: Path, cli_here: Any
 ) -> None:
-    r = cli_here("experiments.run", *TINY, deleted, f"hydra.run.dir={tmp_path / 'run'}")
+    # the run's folder is the deleted key itself for ~hydra.run.dir (a key given once)
+    run = overridden([f"hydra.run.dir={tmp_path / 'run'}"], deleted)
+    r = cli_here("experiments.run", *TINY, *run)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     name = deleted.lstrip("~")

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 import experiments.common.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
 from experiments.common.cli import TRACEBACK_ENV, any_error_line
 from experiments.common.resolve import run_spec
+from tests.conftest import overridden
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
 
 CASES = [
@@ -341,5 +342,5 @@ def test_n_devices_0_is_named_as_given_with_the_gpus_it_stands_for(
     """`n_devices=0` (the hardware's GPU count) past the experts was "n_devices=64 must be in
     [1, 4]": a value the user never typed."""
     args = ["planner=eplb", "hardware.n_gpus=64", "planner.params.n_devices=0"]
-    r = cli_here("experiments.run", *TINY, *args, f"hydra.run.dir={tmp_path / 'r'}")
+    r = cli_here("experiments.run", *overridden(TINY, *args), f"hydra.run.dir={tmp_path / 'r'}")
     one_line(r, "n_devices=0 (hardware tiny's n_gpus=64)")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, overridden
 
 
 def sh(*args: str) -> subprocess.CompletedProcess:
@@ -147,7 +147,7 @@ def test_make_checkpoint_bad_input_is_one_line(args, names, tmp_path, capsys):
 
     (tmp_path / "afile").write_text("")
     argv = [a.format(afile=tmp_path / "afile") for a in args]
-    assert main(["model=mixtral-tiny", f"out={tmp_path / 'ck'}", *argv]) == 2
+    assert main(overridden(["model=mixtral-tiny", f"out={tmp_path / 'ck'}"], *argv)) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert all(n in lines[0] for n in names), lines[0]

@@ -1,0 +1,70 @@
+"""Probe round 11a (issue 48's leftovers): a key given twice on a command line (hydra kept the
+last without a word), joblib's temp_folder unchecked, an expert-parallel refusal whose numbers
+said the model fit, memory fractions out of range named by one bound, warnings from shared code
+naming a run's keys in the benches and validate, and replication's page written over a user's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import overridden
+from tests.probes.conftest import TINY, one_line
+
+
+@pytest.mark.parametrize(
+    ("module", "first", "then", "line"),
+    [
+        (
+            "experiments.run",
+            "planner=flexgen",
+            "planner=klotski",
+            "planner is given twice (flexgen, then klotski)",
+        ),
+        ("experiments.run", "workload.n_batches=3", "workload.n_batches=4", "(3, then 4)"),
+        (
+            "experiments.run",
+            "+workload.seed=1",
+            "workload.seed=2",
+            "workload.seed is given twice (1, then 2)",
+        ),
+        ("experiments.run", "++workload.seed=1", "~workload.seed", "(1, then ~ to delete it)"),
+        ("experiments.run", "workload.seed=", "workload.seed=2", "('', then 2)"),
+        ("experiments.run", "hydra/launcher=joblib", "hydra/launcher=basic", "hydra/launcher is"),
+        ("experiments.run", "hydra.job.name=a", "hydra.job.name=b", "hydra.job.name is given"),
+        ("experiments.validate", "batch_size=1", "batch_size=2", "batch_size is given twice"),
+        ("experiments.bench.sim", "planner=flexgen", "planner=klotski", "(flexgen, then klotski)"),
+        ("experiments.collect", "dir=a", "dir=b", "dir is given twice (a, then b)"),
+    ],
+)
+def test_a_key_given_twice_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, first: str, then: str, line: str
+) -> None:
+    """`planner=flexgen planner=klotski` ran klotski, `workload.n_batches=3 workload.n_batches=4`
+    ran n=4: hydra keeps the last value without a word. Each form of a key (`+`, `++`, `~`, a
+    group, a hydra key) and every command."""
+    base = overridden(TINY, first) if module == "experiments.run" else [first]
+    r = cli_here(module, *base, then, f"hydra.run.dir={tmp_path / 'run'}")
+    assert one_line(r, line).endswith("give it once")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_key_given_twice_in_a_sweep_is_refused_before_it_starts(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """A sweep's list given once is one value; the same key again after it ran the last."""
+    sweep = tmp_path / "s"
+    args = ["-m", *TINY, "workload.seed=1,2", "workload.seed=3", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", *args)
+    one_line(r, "workload.seed is given twice (1,2, then 3)")
+    assert not sweep.exists()
+
+
+def test_flags_and_a_sweeps_list_are_not_a_key_given_twice() -> None:
+    from experiments.common.argv_checks import key_given_twice
+
+    argv = ["-m", "workload.seed=1,2", "-cd", "conf", "--cfg", "job", "-i", "x", "planner=a"]
+    assert key_given_twice(argv) is None
+    assert key_given_twice(["workload.seed=1", "workload.routing.seed=1", "~model.x"]) is None
