@@ -122,6 +122,16 @@ def _remove_empty(folder: Path, top: Path) -> None:
             return
 
 
+def writable_dir(value: str, key: str) -> None:
+    """A MoepipeError naming `key` when the folder `value` cannot be made or written; a folder
+    this check made is removed again (the command makes it when it runs)."""
+    new = next((p for p in (Path(value), *Path(value).parents) if p.parent.exists()), Path(value))
+    made = not new.exists()
+    output_dir(value, key)
+    if made:  # checked, not made: hydra (or joblib) makes it when the run starts
+        _remove_empty(Path(value), new)
+
+
 def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     """Exit 2 with one line when a `key=folder` argument (hydra's run or sweep dir) names a folder
     that cannot be made or written: hydra would fail on it with a traceback. Folders with
@@ -129,14 +139,8 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if sep and key in keys and "$" not in value:
-            new = next(
-                (p for p in (Path(value), *Path(value).parents) if p.parent.exists()), Path(value)
-            )
-            made = not new.exists()
             try:
-                output_dir(value, key)
-                if made:  # checked, not made: hydra makes it when the run starts
-                    _remove_empty(Path(value), new)
+                writable_dir(value, key)
             except MoepipeError as e:
                 print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)

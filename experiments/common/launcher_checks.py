@@ -1,6 +1,7 @@
 """A sweep's launcher options checked before any point runs: joblib's and submitit's take some
 values on their own terms (run on a default without a word) and fail on others only once the
-sweep is under way, as an internal error. Each problem is one line naming the key."""
+sweep is under way, as an internal error, or its temp_folder a folder that cannot be made
+or written. Each problem is one line naming the key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
+from experiments.common.argv_checks import writable_dir
 
 # numpy.memmap's modes, the ones joblib passes on for the arrays it memory-maps
 MMAP_MODES = ("r+", "r", "w+", "c")
@@ -42,6 +44,9 @@ def check_joblib(cfg: Any) -> None:
                 "leave it out"
             )
     _check_joblib_limits(launcher)
+    temp = launcher.get("temp_folder")
+    if temp is not None:  # joblib's folder for the arrays it shares with its workers
+        writable_dir(str(temp), "hydra.launcher.temp_folder")
 
 
 def _check_joblib_limits(launcher: Any) -> None:

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
+from experiments.common.launcher_checks import check_joblib
 from tests.conftest import overridden
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -68,3 +70,38 @@ def test_flags_and_a_sweeps_list_are_not_a_key_given_twice() -> None:
     argv = ["-m", "workload.seed=1,2", "-cd", "conf", "--cfg", "job", "-i", "x", "planner=a"]
     assert key_given_twice(argv) is None
     assert key_given_twice(["workload.seed=1", "workload.routing.seed=1", "~model.x"]) is None
+
+
+def _joblib(**launcher: Any) -> Any:
+    """A config whose launcher is joblib's, at its defaults but `launcher`."""
+    from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+
+    base = OmegaConf.to_container(OmegaConf.structured(JobLibLauncherConf))
+    return OmegaConf.create({"hydra": {"launcher": {**base, **launcher}}})
+
+
+def test_a_joblib_temp_folder_that_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    """temp_folder= a folder that cannot be made ran without a word (joblib makes it only for
+    the arrays it shares); a folder that can be made passes, and is not left made."""
+    (tmp_path / "afile").write_text("")
+    bad = tmp_path / "afile" / "x"
+    raises_one_line(
+        lambda: check_joblib(_joblib(temp_folder=str(bad))),
+        f"hydra.launcher.temp_folder={bad}",
+        "cannot create folder",
+    )
+    check_joblib(_joblib(temp_folder=str(tmp_path / "new" / "t")))
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_sweeps_joblib_temp_folder_is_checked_before_it_starts(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    (tmp_path / "afile").write_text("")
+    sweep = tmp_path / "s"
+    r = cli_here(
+        "experiments.run", "-m", *TINY, "workload.seed=1,2",
+        f"hydra.launcher.temp_folder={tmp_path / 'afile' / 'x'}", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    one_line(r, "hydra.launcher.temp_folder=", "is a file, not a folder")
+    assert not sweep.exists()
