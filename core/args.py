@@ -93,6 +93,17 @@ def as_float(
     return x
 
 
+def as_share(key: str, value: Any, at_most: float, why: str) -> float:
+    """`value` of argument `key` as a share in (0, `at_most`] (`why`: of what): a MoepipeError
+    naming `key` and the whole range for a number on either side of it, `as_float`'s line for
+    one that is not a number."""
+    x = as_float(key, value)
+    if not 0 < x <= at_most:
+        top = f"{int(at_most)}" if float(at_most).is_integer() else f"{at_most:g}"
+        raise MoepipeError(f"{key}={value}: must be in (0, {top}] ({why}); pass one in that range")
+    return x
+
+
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 

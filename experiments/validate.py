@@ -34,6 +34,7 @@ from core.args import (  # noqa: E402
     MAX_TOKENS,
     REPEATS_WHY,
     TOKENS_WHY,
+    as_share,
     not_the_checkpoint,
 )
 from core.balance import device_of  # noqa: E402
@@ -51,7 +52,6 @@ from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
 from experiments.common.app import command, kv  # noqa: E402
 from experiments.common.cli import (  # noqa: E402
-    as_float,
     as_int,
     checked_names,
     output_dir,
@@ -346,7 +346,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
     gpu_frac, cpu_frac = (
         # a share of the model's bytes: above 1 where every device must hold the whole model
         # and more (an expert-parallel run's resident experts), up to a rack's worth
-        as_float(k, opts[k], positive=True, at_most=64.0, why="a share of the model's bytes")
+        as_share(k, opts[k], 64.0, "a share of the model's bytes")
         for k in ("gpu_frac", "cpu_frac")
     )
     sizes = {

@@ -21,7 +21,15 @@ import json
 import sys
 from typing import Any
 
-from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
+from core.args import (
+    MAX_REPEATS,
+    MAX_TOKENS,
+    REPEATS_WHY,
+    TOKENS_WHY,
+    as_float,
+    as_int,
+    as_share,
+)
 from core.errors import MoepipeError
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
@@ -50,7 +58,7 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     if d["cold"] not in COLD:
         raise MoepipeError(f"cold={opts.cold!r} unknown; valid: {', '.join(COLD)}")
     for k in ("gpu_frac", "cpu_frac"):
-        as_float(k, d[k], positive=True, at_most=1.0, why="a share of the model's bytes")
+        as_share(k, d[k], 1.0, "a share of the model's bytes")
     if float(d["gpu_frac"]) + float(d["cpu_frac"]) >= 1:
         raise MoepipeError(
             f"gpu_frac={d['gpu_frac']} + cpu_frac={d['cpu_frac']} >= 1: the budget holds the whole "

@@ -21,6 +21,7 @@ from planners.common import Emitter, standard_placement
 from planners.ep.cost import expert_width
 from planners.ep.dense import all_reduce, dense, dense_share
 from planners.ep.params import Layout
+from planners.ep.resident import activation_bytes, not_resident
 
 POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
 
@@ -98,7 +99,7 @@ class EPRunner:
         dense_w = m.total_bytes - experts
         p = self.em.placement
         kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
-        act = max(0, b.resident_bytes[Tier.GPU] - dense_w - experts - kv)  # one batch's
+        act = activation_bytes(m, p, b.resident_bytes[Tier.GPU])  # one batch's
         tp = lay.dense == Dense.TENSOR and not lay.lanes
         dense_gpu = dense_share(self, gpus) if tp else dense_w  # one GPU's dense weights
         # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
@@ -110,14 +111,8 @@ class EPRunner:
         )
         act_share = 1 if tp else -(-wl.batch_size // gpus) / wl.batch_size  # TP: every token
         held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share + act * act_share
-        if any(t != Tier.GPU for t in self.em.placement.experts) or held > cap:
-            raise CapacityError(
-                f"expert parallelism keeps every expert resident, but {m.name}'s experts "
-                f"({experts / 1e9:.3g} GB) with its dense weights and KV cache do not fit "
-                f"{gpus} GPU(s) of {cap / 1e9:.3g} GB (the fullest holds {held / 1e9:.3g} GB); "
-                "use hardware with more GPU memory (raise hardware.memory_gb.gpu), more GPUs, or a "
-                "smaller model"
-            )
+        if any(t != Tier.GPU for t in p.experts) or held > cap:
+            raise not_resident(m, p, gpus, cap, held, act)
         b.reserve(Tier.GPU, int(max(0, gpus * dense_gpu - dense_w)))  # the other GPUs' dense copies
         return held
 

@@ -5,6 +5,7 @@ naming a run's keys in the benches and validate, and replication's page written 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,63 @@ def test_a_sweeps_joblib_temp_folder_is_checked_before_it_starts(
     )  # fmt: skip
     one_line(r, "hydra.launcher.temp_folder=", "is a file, not a folder")
     assert not sweep.exists()
+
+
+def _said_to_fit(line: str) -> bool:
+    """Whether an expert-parallel refusal's own numbers say what it holds fits: the fullest
+    GPU's bytes within one GPU, or the bytes it needs within all of them."""
+    gb = r"([\d.]+(?:e[+-]?\d+)?) GB"
+    cap = float(re.search(rf"GPU\(s\) of {gb}", line)[1])  # type: ignore[index]
+    held = re.search(rf"the fullest holds {gb}", line)
+    if held:
+        return float(held[1]) <= cap
+    need, room = re.search(rf"\({gb}\) do not fit", line), re.search(rf"\({gb} in all\)", line)
+    assert need and room, line
+    return float(need[1]) <= float(room[1])
+
+
+def test_an_expert_parallel_refusal_states_numbers_that_do_not_fit(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """tiny's experts on lanes of 0.53 MB: "do not fit 1 GPU(s) of 0.00053 GB (the fullest
+    holds 0.00051 GB)". The placement also held the activations and the working buffers,
+    which the line left out."""
+    args = [
+        "planner=ep_static", "+planner.params.n_devices=2", "+planner.params.lanes=true",
+        "planner.params.replica_slots=0", "hardware.memory_gb.gpu=0.00053",
+    ]  # fmt: skip
+    r = cli_here("experiments.run", *overridden(TINY, *args), f"hydra.run.dir={tmp_path}/r")
+    line = one_line(r, "keeps every expert resident", "hardware.memory_gb.gpu")
+    assert not _said_to_fit(line), line
+
+
+def test_validates_expert_parallel_refusal_at_a_fraction_over_1_adds_up(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any
+) -> None:
+    """gpu_frac=1.3 with eplb on two lanes: "do not fit 1 GPU(s) of 0.000731 GB (the fullest
+    holds 0.000644 GB)", and the fix named was to raise gpu_frac."""
+    r = cli_here(
+        "experiments.validate", f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[eplb]",
+        "gpu_frac=1.3", "+planner_params.n_devices=2", "+planner_params.lanes=true",
+        "repeats=1", f"out={tmp_path}/v",
+    )  # fmt: skip
+    line = one_line(r, "keeps every expert resident", "raise gpu_frac")
+    assert not _said_to_fit(line), line
+
+
+@pytest.mark.parametrize(
+    ("module", "arg", "bound"),
+    [
+        ("experiments.validate", "gpu_frac=0", "(0, 64]"),
+        ("experiments.validate", "cpu_frac=65", "(0, 64]"),
+        ("experiments.bench.accelerate", "gpu_frac=1.3", "(0, 1]"),
+        ("experiments.bench.accelerate", "cpu_frac=-0.5", "(0, 1]"),
+    ],
+)
+def test_a_memory_fraction_out_of_range_names_its_range(
+    tmp_path: Path, cli_here: Any, module: str, arg: str, bound: str
+) -> None:
+    """0 said "must be > 0; ... e.g. gpu_frac=1" (past bench.accelerate's own bound), 65 "must
+    be <= 64": one bound each. Either side now names the range."""
+    r = cli_here(module, f"checkpoint={tmp_path}/none", arg)
+    one_line(r, f"{arg.partition('=')[0]}=", f"must be in {bound}", "share of the model")

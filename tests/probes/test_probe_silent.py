@@ -319,7 +319,7 @@ def test_a_rendezvous_timeout_on_a_simulated_run_is_refused(tmp_path: Path, cli_
     "module, args, names",
     [
         ("experiments.bench.host", ["unit_mb=1e-300"], ["unit_mb=1e-300", "must be >="]),
-        ("experiments.validate", ["cpu_frac=1e300"], ["cpu_frac=", "<= 64", "share"]),
+        ("experiments.validate", ["cpu_frac=1e300"], ["cpu_frac=", "(0, 64]", "share"]),
         ("experiments.validate", ["planners=[flexgen,flexgen]"], ["flexgen given twice"]),
         ("experiments.validate_lanes", ["lanes=9"], ["lanes=9", "experts", "lanes=2 to 8"]),
         ("experiments.validate_lanes", ["planners=[]"], ["planners=[]", "ep_static"]),
