@@ -479,6 +479,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 # child processes take) calls this bench's options
 OWN_NAMES = {
     "hardware.memory_gb.gpu or hardware.memory_gb.cpu": "budget_gb",  # before each alone
+    "gpu_frac or cpu_frac": "budget_gb",  # the same, from a child's line
     **BENCH_OPTIONS,
     "planner.params.n": "n",
     "workload.n_batches": "n",

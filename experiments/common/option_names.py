@@ -1,15 +1,18 @@
 """What a command whose options are not a run's keys (the benches, validate, validate_lanes)
 calls them: a line from shared code (the planner, the simulator, a child process's relayed
-error) names the command's own options, not a run's config keys nor another command's options.
+error, warning or info line) names the command's own options, not a run's config keys nor
+another command's options.
 
 Usage:
     with named_as(BENCH_OPTIONS):  # around a command's body
         ...
+    line = own_names_now(line)  # a child's line, relayed inside that body
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Iterator
 
@@ -52,11 +55,38 @@ def own_names(text: str, names: dict[str, str]) -> str:
     return text
 
 
+# the names of the `named_as` blocks this process is inside, innermost last
+_ACTIVE: list[dict[str, str]] = []
+
+
+def own_names_now(text: str) -> str:
+    """`text` (a child's line the command relays) with the names of the `named_as` block this
+    process is inside; unchanged outside one."""
+    return own_names(text, _ACTIVE[-1]) if _ACTIVE else text
+
+
 @contextlib.contextmanager
 def named_as(names: dict[str, str]) -> Iterator[None]:
-    """Inside, a MoepipeError's line names the command's own options (`own_names`), whichever
-    shared code (the planner, the simulator, a child's relayed line) raised it."""
+    """Inside, a MoepipeError's line and every log record's message (the n-planner's warning,
+    an info line) name the command's own options (`own_names`), whichever shared code (the
+    planner, the simulator, a child's relayed line) raised or logged it."""
+    previous = logging.getLogRecordFactory()
+
+    def renamed(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record: logging reports it as it would have
+            return record
+        record.msg, record.args = own_names(text, names), ()
+        return record
+
+    logging.setLogRecordFactory(renamed)
+    _ACTIVE.append(names)
     try:
         yield
     except MoepipeError as e:
         raise MoepipeError(own_names(str(e), names)) from None
+    finally:
+        _ACTIVE.pop()
+        logging.setLogRecordFactory(previous)

@@ -5,6 +5,8 @@ naming a run's keys in the benches and validate, and replication's page written 
 
 from __future__ import annotations
 
+import io
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.common.launcher_checks import check_joblib
+from experiments.common.option_names import (
+    BENCH_OPTIONS,
+    VALIDATE_LANES_OPTIONS,
+    VALIDATE_OPTIONS,
+    named_as,
+)
 from tests.conftest import overridden
 from tests.probes.conftest import TINY, one_line, raises_one_line
 
@@ -166,3 +174,60 @@ def test_a_memory_fraction_out_of_range_names_its_range(
     be <= 64": one bound each. Either side now names the range."""
     r = cli_here(module, f"checkpoint={tmp_path}/none", arg)
     one_line(r, f"{arg.partition('=')[0]}=", f"must be in {bound}", "share of the model")
+
+
+@pytest.mark.parametrize(
+    ("names", "own"),
+    [
+        (BENCH_OPTIONS, "klotski_n"),
+        (VALIDATE_OPTIONS, "planner_params.n"),
+        (VALIDATE_LANES_OPTIONS, "n_batches"),
+    ],
+)
+def test_a_warning_from_shared_code_names_the_commands_options(
+    names: dict[str, str], own: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The n-planner's warning said "planner.params.n" in bench.accelerate and validate, whose
+    options those are not; their refusals already said the commands' own names."""
+    with caplog.at_level(logging.INFO), named_as(names):
+        logging.getLogger("planners.n_planner").warning(
+            "pick a smaller n (%s; %s)", "planner.params.n", "workload.n_batches"
+        )
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert own in message and "workload.n_batches" not in message, message
+    logging.getLogger("planners.n_planner").warning("outside: %s", "planner.params.n")
+    assert caplog.records[-1].getMessage() == "outside: planner.params.n"
+
+
+def test_bench_reals_n_planner_warning_names_its_own_options(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """bench.real model=mixtral-tiny at 60% of the model: "n=2 does not fit memory (... raise
+    hardware.memory_gb.gpu or hardware.memory_gb.cpu ... (planner.params.n; ...))"."""
+    from experiments.bench import real
+    from experiments.common.schema import BenchRealOptions
+    from real.checkpoint import reduced_spec
+
+    spec = reduced_spec("mixtral-tiny")
+    opts = BenchRealOptions(model="mixtral-tiny", budget_gb=0.6 * spec.total_bytes / 1e9)
+    opts.hardware = "tiny"
+    with caplog.at_level(logging.WARNING), named_as(real.OWN_NAMES):
+        real._fits(opts, spec, opts.budget_gb * 1e9)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "n-planner" in said and "raise budget_gb" in said, said
+    assert "hardware." not in said and "planner.params" not in said, said
+
+
+def test_a_childs_relayed_warning_names_the_benchs_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench.real relayed its accelerate children's warnings as they wrote them: "raise
+    gpu_frac or cpu_frac" (bench.accelerate's options) to a bench.real user."""
+    from experiments.bench import real
+    from experiments.common.peers import _relay
+
+    errors: list[str] = []
+    with named_as(real.OWN_NAMES):
+        _relay(io.StringIO("n-planner: raise gpu_frac or cpu_frac (klotski_n)\nerror: x\n"), errors)
+    assert capsys.readouterr().err == "n-planner: raise budget_gb (n)\n"
+    assert errors == ["x"]
