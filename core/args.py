@@ -182,10 +182,10 @@ def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"
     return p
 
 
-def refuse_theirs(path: Path, key: str, starts: bytes) -> None:
+def refuse_theirs(path: Path, key: str, starts: bytes | tuple[bytes, ...]) -> None:
     """A MoepipeError naming `key` where a file at `path`, which a command is to replace, does
-    not begin with `starts` (how the command's own files begin): another's, which it would
-    lose."""
+    not begin with `starts` (how the command's own files begin; any of several): another's,
+    which it would lose."""
     if starts and path.is_file() and not _begins(path, starts):
         raise MoepipeError(
             f"{key}={path}: a file this command did not write (it would be lost); pass {key}= "
@@ -193,11 +193,12 @@ def refuse_theirs(path: Path, key: str, starts: bytes) -> None:
         )
 
 
-def _begins(path: Path, starts: bytes) -> bool:
+def _begins(path: Path, starts: bytes | tuple[bytes, ...]) -> bool:
     """Whether the file at `path` begins with `starts` (an unreadable one does not)."""
+    prefixes = (starts,) if isinstance(starts, bytes) else starts
     try:
         with path.open("rb") as f:
-            return f.read(len(starts)) == starts
+            return f.read(max(map(len, prefixes))).startswith(prefixes)
     except OSError:
         return False
 

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.args import refuse_theirs
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
 from experiments.common.cli import checked_names, print_or_exit, run_command, until_interrupted
-from experiments.common.tables import collect, write_results
+from experiments.common.tables import RESULTS, RESULTS_START, collect, write_results
 
 CASES = [
     "esft-g8",
@@ -145,8 +146,11 @@ def run(opts: Options) -> list[str]:
     ):
         checked_names(key, getattr(opts, key), valid)
     sweep = Path(opts.dir)
-    rows = load_rows(sweep, opts)
     out = Path(opts.out or opts.dir)
+    # the files it writes, before it reads the runs: none of them another's it would lose
+    refuse_theirs(sweep / f"{RESULTS}.csv", "dir", RESULTS_START)
+    ep_plots.refuse_others(out)
+    rows = load_rows(sweep, opts)
     out.mkdir(parents=True, exist_ok=True)
     lines, judged = report_lines(rows, opts)
     # each target case gets its trade-off panel: a held-out one at its fresh batch, else its largest

@@ -9,8 +9,16 @@ from typing import Any
 
 import pandas as pd
 
+from core.args import refuse_theirs
+from core.errors import MoepipeError
 from experiments.common.ep_rows import plotted_batches
 from experiments.common.run_dir import atomic_write_text
+
+# how each file the report writes begins: one that begins otherwise is another's (a user's page,
+# experiments.report's), which the report would lose
+PAGE_START = b"<!doctype html><html><head><meta charset='utf-8'><title>moepipe replication</title>"
+REPORT_STARTS = (b"case ", b"dispatch=")  # report.txt: the table, or the dispatch note above it
+PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 def batch_balance(phases: pd.DataFrame) -> pd.Series:
@@ -265,11 +273,25 @@ def write_pages(out: Path, lines: list[str], pngs: list[Path]) -> Path:
         for p in pngs
     )
     page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>moepipe replication</title>"
-        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}"
+        PAGE_START.decode() + "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}"
         "img{max-width:100%}</style></head><body><h1>Expert replication (issue 5)</h1>"
         f"<pre>{html.escape(chr(10).join(lines))}</pre>\n{body}\n</body></html>\n"
     )
     for name, text in (("report.txt", "\n".join(lines) + "\n"), ("index.html", page)):
         atomic_write_text(out / name, text)
     return out / "index.html"
+
+
+def refuse_others(out: Path) -> None:
+    """A MoepipeError naming `out` where a file the report writes there (its page, report.txt,
+    a plot) is a folder or a file the report did not write: checked before anything is read or
+    written, so that nothing of the user's is lost."""
+    starts = {"index.html": PAGE_START, "report.txt": REPORT_STARTS}
+    for name in ["index.html", "report.txt", *CAPTIONS]:
+        path = out / name
+        if path.is_dir():
+            raise MoepipeError(
+                f"out={path}: a folder, where the report writes its {name}; pass out= another "
+                "folder, or move that one away first"
+            )
+        refuse_theirs(path, "out", starts.get(name, PNG_START))

@@ -231,3 +231,47 @@ def test_a_childs_relayed_warning_names_the_benchs_options(
         _relay(io.StringIO("n-planner: raise gpu_frac or cpu_frac (klotski_n)\nerror: x\n"), errors)
     assert capsys.readouterr().err == "n-planner: raise budget_gb (n)\n"
     assert errors == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("index.html", "out"),
+        ("report.txt", "out"),
+        ("throughput.png", "out"),
+        ("results.csv", "dir"),
+    ],
+)
+def test_replication_refuses_report_files_it_did_not_write(
+    tmp_path: Path, cli_here: Any, name: str, where: str
+) -> None:
+    """out= a folder of the user's: its index.html, report.txt and plots were written over
+    theirs (exit 0, the files lost). Refused before the sweep's runs are read: no sweep here."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / name).write_text("theirs\n")
+    sweep = theirs if where == "dir" else tmp_path / "sweep"
+    r = cli_here("experiments.replication", f"dir={sweep}", f"out={theirs}")
+    one_line(r, f"{where}={theirs / name}", "did not write")
+    assert [p.name for p in theirs.iterdir()] == [name]
+    assert (theirs / name).read_text() == "theirs\n"
+
+
+def test_replication_takes_its_own_page_and_refuses_a_folder_in_a_files_place(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """Its own files are replaced (the same command again); a folder where a plot goes is
+    named before the runs are read."""
+    from experiments.common.ep_plots import PAGE_START, PNG_START
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.html").write_bytes(PAGE_START + b"<style></style>")
+    (out / "report.txt").write_text("case             bs\n")
+    (out / "throughput.png").write_bytes(PNG_START)
+    r = cli_here("experiments.replication", f"dir={tmp_path}/none", f"out={out}")
+    one_line(r, f"dir={tmp_path}/none", "no such folder")
+    (out / "throughput.png").unlink()
+    (out / "throughput.png").mkdir()
+    r = cli_here("experiments.replication", f"dir={tmp_path}/none", f"out={out}")
+    one_line(r, f"out={out / 'throughput.png'}", "a folder")
