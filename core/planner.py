@@ -29,7 +29,9 @@ class Planner(Protocol):
     """A planner's class subclasses this to take the default `choose_n_batches`."""
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
-        """Emit the whole run's ops into `out`, in program order."""
+        """Emit the whole run's ops into `out`, in program order. A run may call it twice on
+        one planner (a probe of the plan's fit, stopped at its first routing read, then the
+        plan): it starts afresh each time."""
         ...
 
     def choose_n_batches(

@@ -159,7 +159,7 @@ def run_phases(
     """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.common.pipeline import gc_paused, resolve_n_batches
+    from experiments.common.pipeline import gc_paused, resolve_n_batches, run_planner
     from experiments.common.resolve import run_spec
 
     times: dict[str, float] = {}
@@ -167,16 +167,18 @@ def run_phases(
     def config():  # type: ignore[no-untyped-def]
         with _own_hydra(), initialize_config_dir(str(CONF), version_base="1.3"):
             cfg = compose("config", [*overrides, f"planner={planner}"])
-        return resolve_n_batches(run_spec(cfg))
+        spec = run_spec(cfg)
+        run = run_planner(spec)  # the run's one planner, as experiments.run makes it
+        return resolve_n_batches(spec, run), run
 
-    spec = _timed(times, "config", config)
+    spec, run = _timed(times, "config", config)
     # the collector paused from routing to write, and on again once the run's objects are
     # freed (when `_run_phases` returns), as experiments.run pauses it
     with gc_paused():
-        return _run_phases(spec, out, times), times
+        return _run_phases(spec, run, out, times), times
 
 
-def _run_phases(spec: Any, out: Path | None, times: dict[str, float]) -> int:
+def _run_phases(spec: Any, planner: Any, out: Path | None, times: dict[str, float]) -> int:
     """The run's phases after config, timed into `times`; its ops."""
     from core.routing import load_routing
     from core.schedule import validate
@@ -189,7 +191,7 @@ def _run_phases(spec: Any, out: Path | None, times: dict[str, float]) -> int:
     )
 
     routing = _timed(times, "routing", lambda: load_routing(spec.model, spec.workload))
-    schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing))
+    schedule = _timed(times, "plan", lambda: plan_schedule(spec, routing, planner))
     _timed(times, "validate", lambda: validate(schedule, check_finishes=False))
     trace = _timed(times, "simulate", lambda: simulate_trace(schedule, spec.hardware))
     summary = _timed(

@@ -22,7 +22,7 @@ from core.cost import CostModel
 from core.errors import CapacityError, MoepipeError
 from core.files import plain_permissions
 from core.hardware import HardwareSpec
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
@@ -54,15 +54,20 @@ class RunResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def build_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
+def build_schedule(
+    spec: RunSpec, routing: Routing | CausalRouting, planner: Planner | None = None
+) -> Schedule:
     """Plan with replayed routing and validate."""
-    schedule = plan_schedule(spec, routing)
+    schedule = plan_schedule(spec, routing, planner)
     validate(schedule, check_finishes=spec.executor != "sim")
     return schedule
 
 
-def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
-    """Plan with replayed routing (not validated: `build_schedule` does both)."""
+def plan_schedule(
+    spec: RunSpec, routing: Routing | CausalRouting, planner: Planner | None = None
+) -> Schedule:
+    """Plan with replayed routing (not validated: `build_schedule` does both). `planner`: the
+    run's own (`run_planner`), which may have sized the workload already; else a new one."""
     causal = (
         routing
         if isinstance(routing, CausalRouting)
@@ -72,7 +77,7 @@ def plan_schedule(spec: RunSpec, routing: Routing | CausalRouting) -> Schedule:
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
     with gc_paused():
-        make_planner(spec.planner, spec.params).plan(ctx, builder)
+        (planner or run_planner(spec)).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
     return builder.build()
 
@@ -91,19 +96,26 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def resolve_n_batches(spec: RunSpec) -> RunSpec:
+def run_planner(spec: RunSpec) -> Planner:
+    """The run's planner. One for the whole run: what it decides in sizing the workload
+    (Klotski's n-planner) it keeps for the fit probe and the plan, which would decide it again."""
+    return make_planner(spec.planner, spec.params)
+
+
+def resolve_n_batches(spec: RunSpec, planner: Planner | None = None) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
-    here, before routing for that many sequences is loaded. Others keep the workload's n."""
+    here, before routing for that many sequences is loaded. Others keep the workload's n.
+    `planner`: the run's (`run_planner`), to plan with after; else a new one."""
     # one batch's sizes first: a planner's choice builds routing of every step and position
     # (Klotski's warm-up ran for half a minute, in 4 GB, at a gen_len or prompt_len of a
     # million before the check below refused it); any n it chooses holds at least that one
     check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)))
-    choose = make_planner(spec.planner, spec.params).choose_n_batches
-    n = choose(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
+    planner = planner or run_planner(spec)
+    n = planner.choose_n_batches(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
     if n != spec.workload.n_batches:
         spec = replace(spec, workload=spec.workload.with_(n_batches=n))
     check_kv_fits(spec)
-    check_plan_fits(spec)
+    check_plan_fits(spec, planner)
     return spec
 
 
@@ -119,11 +131,11 @@ class _RoutingNeeded(BaseException):
     planner's `except Exception` takes it for its own."""
 
 
-def check_plan_fits(spec: RunSpec) -> None:
+def check_plan_fits(spec: RunSpec, planner: Planner | None = None) -> None:
     """The planner's refusals that need no routing (its placement: a working set larger than
     the GPU), made before a routing that takes seconds to build is built: a prompt_len of three
     million built routing for a minute before flexgen refused its activations. The planner plans
-    with a stand-in routing up to its first read of it."""
+    with a stand-in routing up to its first read of it: `planner`, the run's, or a new one."""
     m = spec.model
     if routing_bytes(spec) < PROBE_ROUTING_BYTES:
         return  # built at once: the plan itself refuses it as soon
@@ -135,9 +147,7 @@ def check_plan_fits(spec: RunSpec) -> None:
     ctx = PlanContext(m, spec.hardware, spec.workload, stand_in, CostModel(spec.hardware))
     try:
         with gc_paused():
-            make_planner(spec.planner, spec.params).plan(
-                ctx, ScheduleBuilder(ctx.hardware.memory_bytes)
-            )
+            (planner or run_planner(spec)).plan(ctx, ScheduleBuilder(ctx.hardware.memory_bytes))
     except _RoutingNeeded:
         return
     except CapacityError:
@@ -227,14 +237,15 @@ def check_ram(need: int, what: str, fix: str) -> None:
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
+    planner = run_planner(spec)
     if routing is None:
-        spec = resolve_n_batches(spec)
+        spec = resolve_n_batches(spec, planner)
         routing = last_routing(spec.model, spec.workload)
     # the collector paused from the plan to the summary, not only while planning and simulating:
     # on again in between, it scanned the schedule's ops in the validator (a young and an old
     # collection, a twentieth of a 178k-op run's time)
     with gc_paused():
-        schedule = build_schedule(spec, routing)
+        schedule = build_schedule(spec, routing, planner)
         trace = simulate_trace(schedule, spec.hardware)
         return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
 

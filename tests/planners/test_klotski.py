@@ -199,6 +199,36 @@ def test_auto_n_is_used_and_recorded(tiny_model, tiny_hw, tiny_workload):
     assert s["plan"]["n_plan"]["n_auto"] and s["plan"]["n_plan"]["binding"]
 
 
+def test_a_run_chooses_its_n_once(tiny_model, tiny_hw, tiny_workload, monkeypatch):
+    """The run sizes the workload, probes the plan's fit (routing of any size probed here) and
+    plans with one planner, which makes its choice of n once (it was made three times, each
+    with a warm-up routing); the plan records the choice a new planner makes at the run's n."""
+    import planners.klotski as k
+
+    calls = []
+    solve = k.solve_n
+    monkeypatch.setattr(k, "solve_n", lambda *a, **kw: calls.append(a[2]) or solve(*a, **kw))
+    monkeypatch.setattr("experiments.common.pipeline.PROBE_ROUTING_BYTES", 0)
+    hw = streamed(tiny_hw)
+    s = simulate_run(RunSpec(tiny_model, hw, tiny_workload, "klotski", {"n": 0})).summary
+    assert len(calls) == 1
+    wl = tiny_workload.with_(n_batches=s["n_batches"])
+    fresh = Klotski(KlotskiParams(n=0)).choose(tiny_model, hw, wl, CostModel(hw))
+    assert s["plan"]["n_plan"] == fresh.meta() and len(calls) == 2
+
+
+def test_a_planner_chooses_again_for_other_hardware(tiny_model, tiny_hw, tiny_workload):
+    """The choice is kept for the inputs it read: other hardware (the same name, a smaller GPU)
+    or another cost model gets its own, the one a new planner makes."""
+    planner, hw = Klotski(KlotskiParams(n=0)), streamed(tiny_hw)
+    for h, cost in [(tiny_hw, tiny_hw), (hw, tiny_hw), (hw, hw), (tiny_hw, tiny_hw)]:
+        got = planner.choose(tiny_model, h, tiny_workload, CostModel(cost))
+        assert got == Klotski(KlotskiParams(n=0)).choose(
+            tiny_model, h, tiny_workload, CostModel(cost)
+        )
+    assert planner.choose(tiny_model, hw, tiny_workload, CostModel(hw)).n != got.n
+
+
 def test_an_n_that_cannot_fit_names_what_it_needs(tiny_model, tiny_hw):
     from core.spec import Workload
 
