@@ -171,6 +171,10 @@ class Klotski(Planner):
         self.params = params
         # the n-planner's last choice, by what it read (`choose`)
         self._chosen: tuple[tuple[object, ...], NChoice] | None = None
+        # warm-up tables by (model, workload): the n-planner's, and the prefetch predictor's,
+        # which the pipeline's fit probe and the plan would each build (a Predictor copies its
+        # table before it updates it)
+        self._tables: dict[tuple[ModelSpec, Workload], ExpertTable] = {}
 
     # ---- sizing (called by the pipeline before routing exists, and by plan()) ------------------
     def k_hot(self, model: ModelSpec) -> int:
@@ -208,7 +212,7 @@ class Klotski(Planner):
         self, model: ModelSpec, hw: HardwareSpec, warm: Workload, cost: CostModel, n: int
     ) -> NChoice:
         p = self.params
-        table = warmup_table(model, warm, p.warmup_sequences)
+        table = self._warmup(model, warm)
         shares = table.marginal / np.maximum(table.marginal.sum(1, keepdims=True), 1)
         if p.n == 0:
             return solve_n(
@@ -218,6 +222,11 @@ class Klotski(Planner):
         return check_n(
             model, hw, warm, cost, shares, self.k_hot(model), n, p.disk_window, p.real_activations
         )
+
+    def _warmup(self, model: ModelSpec, wl: Workload) -> ExpertTable:
+        if (model, wl) not in self._tables:
+            self._tables[model, wl] = warmup_table(model, wl, self.params.warmup_sequences)
+        return self._tables[model, wl]
 
     def choose_n_batches(
         self, model: ModelSpec, hw: HardwareSpec, wl: Workload, cost: CostModel
@@ -238,11 +247,7 @@ class Klotski(Planner):
         em = Emitter(ctx, out, placement)
         self.em, self.n = em, wl.n_batches
         self.experts_stream = out.stream(Stream.EXPERTS, Resource.H2D)
-        table = (
-            warmup_table(m, wl, p.warmup_sequences)
-            if p.predictor in ("correlation", "popularity")
-            else None
-        )
+        table = self._warmup(m, wl) if p.predictor in ("correlation", "popularity") else None
         if table is not None:
             table.check_shape(len(m.moe_layers), m.n_experts, m.name)
         self.predictor = Predictor(p.predictor, table, self.k_hot(m))

@@ -16,7 +16,7 @@ from core.spec import Workload
 from core.types import OpKind, Stream, Tensor
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_run
 from planners.klotski import Klotski, KlotskiParams
-from planners.n_planner import LayerTimes, smallest_n
+from planners.n_planner import N_MAX, LayerTimes, smallest_n
 from planners.registry import make_params
 from tests.conftest import ROOT, conf, model_from_conf, random_routing
 
@@ -201,17 +201,19 @@ def test_auto_n_is_used_and_recorded(tiny_model, tiny_hw, tiny_workload):
 
 def test_a_run_chooses_its_n_once(tiny_model, tiny_hw, tiny_workload, monkeypatch):
     """The run sizes the workload, probes the plan's fit (routing of any size probed here) and
-    plans with one planner, which makes its choice of n once (it was made three times, each
-    with a warm-up routing); the plan records the choice a new planner makes at the run's n."""
+    plans with one planner, which makes its choice of n once (it was made three times) and
+    builds each warm-up table once: the choice's and the predictor's (five before); the plan
+    records the choice a new planner makes at the run's n."""
     import planners.klotski as k
 
-    calls = []
-    solve = k.solve_n
+    calls, tables = [], []
+    solve, warm = k.solve_n, k.warmup_table
     monkeypatch.setattr(k, "solve_n", lambda *a, **kw: calls.append(a[2]) or solve(*a, **kw))
+    monkeypatch.setattr(k, "warmup_table", lambda *a: tables.append(a[1]) or warm(*a))
     monkeypatch.setattr("experiments.common.pipeline.PROBE_ROUTING_BYTES", 0)
     hw = streamed(tiny_hw)
     s = simulate_run(RunSpec(tiny_model, hw, tiny_workload, "klotski", {"n": 0})).summary
-    assert len(calls) == 1
+    assert len(calls) == 1 and [wl.n_batches for wl in tables] == [N_MAX, s["n_batches"]]
     wl = tiny_workload.with_(n_batches=s["n_batches"])
     fresh = Klotski(KlotskiParams(n=0)).choose(tiny_model, hw, wl, CostModel(hw))
     assert s["plan"]["n_plan"] == fresh.meta() and len(calls) == 2
