@@ -295,8 +295,8 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
 def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
     """`_heads_tails`' pass over ops in id order, given each op's predecessors (`n_pred` of
     them, grouped by op in `pred`). Per op, `fin` (head + duration) is kept, added as the
-    per-edge sums were, and an op with one predecessor, most of them, takes it without building
-    a list."""
+    per-edge sums were, and an op with one or two predecessors, most of them, takes their
+    maximum without building a list."""
     n = len(d)
     pl = pred.tolist()
     head = [0.0] * n
@@ -306,6 +306,11 @@ def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
         if c == 1:
             h = fin[pl[a]]
             a += 1
+        elif c == 2:  # most of them (a dep and the op before on its stream): max() unrolled
+            h, x = fin[pl[a]], fin[pl[a + 1]]
+            if x > h:  # max() keeps the first of equals, and a NaN first
+                h = x
+            a += 2
         elif c:
             b = a + c
             h = max([fin[p] for p in pl[a:b]])
@@ -332,6 +337,12 @@ def _tails(d: list[float], n_succ: np.ndarray, succ: np.ndarray) -> np.ndarray:
             b -= 1
             t = after[sl[b]]
             t = t if t > 0.0 else 0.0  # max(0.0, t): a NaN counts as none
+        elif c == 2:  # max([0.0, x, y]) unrolled
+            b -= 2
+            t, x = after[sl[b]], after[sl[b + 1]]
+            t = t if t > 0.0 else 0.0
+            if x > t:
+                t = x
         elif c:
             a = b - c
             t = max([0.0, *[after[s] for s in sl[a:b]]])
