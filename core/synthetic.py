@@ -96,10 +96,13 @@ def _lut(prob: np.ndarray, q: int) -> np.ndarray:
     e = prob.shape[-1]
     cdf = np.cumsum(prob.reshape(-1, e), axis=1)  # [R, E]
     cdf /= cdf[:, -1:]
-    row = np.arange(len(cdf))[:, None]
-    # one searchsorted for all rows: offsetting row r by r keeps the flattened CDFs sorted
+    rows, row = len(cdf), np.arange(len(cdf))[:, None]
+    # lut[r, j] = #{e: cdf[r, e] + r < u[j] + r} (rows offset: the flattened arrays sorted), by
+    # each CDF point searched into the R*q draws (q = 2**16), not each draw into the R*E points
     u = (np.arange(q) + 0.5) / q  # [q]
-    out = np.searchsorted((cdf + row).ravel(), (u + row).ravel()).reshape(-1, q) - row * e
+    k = np.searchsorted((u + row).ravel(), (cdf + row).ravel(), "right").reshape(-1, e) - row * q
+    bounds = np.concatenate([np.zeros((rows, 1), np.int64), k, np.full((rows, 1), q)], axis=1)
+    out = np.repeat(np.tile(np.arange(e + 1, dtype=np.int16), rows), np.diff(bounds).ravel())
     return np.minimum(out, e - 1).astype(np.int16).reshape(*prob.shape[:-1], q)
 
 
