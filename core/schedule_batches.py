@@ -49,13 +49,6 @@ def check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarr
     experts = np.flatnonzero(cols["kind"] == kinds.index(OpKind.EXPERT))
     if not len(experts):
         return
-    # (step, layer, batch) -> its gates (one, or one per device gating a share of the batch),
-    # each with its micro-batch (-1: the whole batch)
-    gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
-    for i in gate_ids.tolist():
-        op = ops[i]
-        for b in range(op.batch, op.batch + op.batches):  # a gate over a span: each batch's
-            gates.setdefault((op.step, op.layer), {}).setdefault(b, []).append((op.micro, op.id))
     step, layer, batch = (cols[c].astype(np.int64) for c in ("step", "layer", "batch"))
     # each gate op once per batch it covers (a gate over k batches stands for each of them)
     span = cols["batches"][gate_ids].astype(np.int64)
@@ -96,10 +89,26 @@ def check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarr
         has[experts[every]] = (n_gates > 0) & (got[experts[every]] == n_gates)
         fast |= every
     check = np.union1d(experts[fast & ~has[experts]], experts[~fast])
+    if not len(check):  # every expert op passed the checks above
+        return
+    gates = _gates_of(ops, gate_ids)
     for i in check.tolist():
         problem = _gate_problem(ops[i], gates)
         if problem:
             raise ScheduleError(problem)
+
+
+def _gates_of(
+    ops: list[Op], gate_ids: np.ndarray
+) -> dict[tuple[int, int], dict[int, list[tuple[int, int]]]]:
+    """(step, layer) -> batch -> its gates (one, or one per device gating a share of the
+    batch), each as (its micro-batch (-1: the whole batch), its id)."""
+    gates: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
+    for i in gate_ids.tolist():
+        op = ops[i]
+        for b in range(op.batch, op.batch + op.batches):  # a gate over a span: each batch's
+            gates.setdefault((op.step, op.layer), {}).setdefault(b, []).append((op.micro, op.id))
+    return gates
 
 
 def _gate_problem(
