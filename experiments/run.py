@@ -57,6 +57,7 @@ from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.pool import die_with_parent
+from experiments.common.reader_left import guard_stdout
 from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.run_dir import (
     CODE,  # noqa: F401  (tests and tools read a run dir's code version under this name)
@@ -372,6 +373,7 @@ def task(cfg: DictConfig) -> None:
         # the workers running).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent()
+        guard_stdout()  # its log lines once the sweep's reader has left (`| head -1`)
     # Under torchrun every rank runs this command into the one run dir, which rank 0 alone
     # writes: the other ranks take no lock (waiting on rank 0's, they would never join its
     # process group, and rank 0 would wait for them until the rendezvous timed out).

@@ -32,6 +32,7 @@ from experiments.common.argv_checks import (
     sweep_experiment_misused,
     user_conf_dirs,
 )
+from experiments.common.reader_left import guard_stdout
 
 __all__ = [
     "CONF_DIR",
@@ -287,6 +288,7 @@ def run_command(main: Callable[[], Any]) -> Any:
         os.environ[TRACEBACK_ENV] = "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     command_started()
+    guard_stdout()
     try:
         return until_interrupted(main)
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would

@@ -1,0 +1,67 @@
+"""stdout whose reader may leave: `python -m experiments.run ... | head -1`.
+
+Once the pipe's reader has gone, a write to stdout fails with EPIPE; a print() raised it in the
+middle of the command's work (routing_stats wrote no out= file) and a log line printed logging's
+"--- Logging error ---" traceback per line. `ReaderMayLeave` turns stdout into /dev/null then,
+so the command finishes its work and its files as it would have, and says nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, TextIO
+
+
+def _stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null: what the stream still buffers, and every write after, goes
+    there (children started later inherit it)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+class ReaderMayLeave:
+    """A stdout whose write or flush, once its pipe's reader has left, drops the text instead
+    of raising (every other attribute is the stream's own)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> None:
+    """Make sys.stdout a `ReaderMayLeave` (once), where it writes to fd 1, and so the stream of
+    each log handler configured on it already (a sweep's worker: hydra set its job's logging
+    up before the job ran)."""
+    out = sys.stdout
+    if out is None or isinstance(out, ReaderMayLeave):
+        return
+    try:
+        if out.fileno() != 1:
+            return
+    except (OSError, ValueError, AttributeError):  # a test's capture, a closed stream
+        return
+    guarded = ReaderMayLeave(out)
+    sys.stdout = guarded  # type: ignore[assignment]
+    for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is out:
+                handler.setStream(guarded)  # type: ignore[arg-type]

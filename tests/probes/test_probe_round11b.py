@@ -1,0 +1,58 @@
+"""Probe round 11b (issue 48): the environment a command meets and boundary values. stdout
+whose reader has left (`... | head -1`, `| true`): a log line printed logging's "--- Logging
+error ---" traceback, and a print() stopped the command before it wrote its files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT, TINY
+
+
+def gone_reader(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args... | true`, the reader gone before the command writes: stdout is
+    a pipe whose read end is closed."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env=user_env(),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "written"),
+    [
+        ("experiments.run", [*TINY, "hydra.run.dir={tmp}/run"], "run/summary.json"),
+        ("experiments.run", ["-m", *TINY, "hydra.sweep.dir={tmp}/sweep"], "sweep"),
+        ("experiments.run", ["--info"], None),
+        ("experiments.routing_stats", ["out={tmp}/s.json"], "s.json"),
+        ("experiments.bench.lanes", ["device=cpu", "rows=[8]", "lanes=2"], None),
+    ],
+    ids=["run", "sweep", "info", "routing_stats", "bench.lanes"],
+)
+def test_a_reader_that_left_stdout_loses_nothing_and_prints_no_traceback(
+    tmp_path: Path, module: str, args: list[str], written: str | None
+) -> None:
+    """The command finishes its work and its files, quietly (stdout goes nowhere after)."""
+    r = gone_reader(module, *(a.format(tmp=tmp_path) for a in args))
+    assert "Traceback" not in r.stderr and "Logging error" not in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    if written == "sweep":
+        assert list((tmp_path / "sweep").rglob("summary.json")), r.stderr
+    elif written is not None:
+        assert (tmp_path / written).is_file(), r.stderr
