@@ -32,7 +32,7 @@ from experiments.common.argv_checks import (
     sweep_experiment_misused,
     user_conf_dirs,
 )
-from experiments.common.reader_left import guard_stdout
+from experiments.common.reader_left import guard_stdout, raise_stdout_failure
 
 __all__ = [
     "CONF_DIR",
@@ -290,7 +290,9 @@ def run_command(main: Callable[[], Any]) -> Any:
     command_started()
     guard_stdout()
     try:
-        return until_interrupted(main)
+        result = until_interrupted(main)
+        raise_stdout_failure()  # the work is done and its files written: its output is not
+        return result
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again

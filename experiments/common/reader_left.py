@@ -1,9 +1,11 @@
-"""stdout whose reader may leave: `python -m experiments.run ... | head -1`.
+"""stdout whose reader may leave (`python -m experiments.run ... | head -1`) or whose disk is
+full (`> /dev/full`).
 
-Once the pipe's reader has gone, a write to stdout fails with EPIPE; a print() raised it in the
-middle of the command's work (routing_stats wrote no out= file) and a log line printed logging's
-"--- Logging error ---" traceback per line. `ReaderMayLeave` turns stdout into /dev/null then,
-so the command finishes its work and its files as it would have, and says nothing more.
+Such a write to stdout failed in the middle of the command's work (a print() raised: routing_stats
+wrote no out= file) or printed logging's "--- Logging error ---" traceback per log line.
+`ReaderMayLeave` turns stdout into /dev/null then, so the command finishes its work and files:
+the reader that left is no error (as `| head` expects), a failed write is one line and exit 2
+once the work is done (`raise_stdout_failure`).
 """
 
 from __future__ import annotations
@@ -28,19 +30,25 @@ class ReaderMayLeave:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.failure: OSError | None = None  # the first failed write but a reader's leaving
+
+    def _failed(self, e: OSError) -> None:
+        if not isinstance(e, BrokenPipeError) and self.failure is None:
+            self.failure = OSError(e.errno, e.strerror, "stdout")
+        _stdout_to_devnull()
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            _stdout_to_devnull()
+        except OSError as e:
+            self._failed(e)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            _stdout_to_devnull()
+        except OSError as e:
+            self._failed(e)
             self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
@@ -65,3 +73,13 @@ def guard_stdout() -> None:
         for handler in getattr(logger, "handlers", ()):
             if isinstance(handler, logging.StreamHandler) and handler.stream is out:
                 handler.setStream(guarded)  # type: ignore[arg-type]
+
+
+def raise_stdout_failure() -> None:
+    """Raise the OSError, naming stdout, of a write to stdout that failed (not a reader's
+    leaving) while the command ran."""
+    out = sys.stdout
+    if isinstance(out, ReaderMayLeave):
+        out.flush()
+        if out.failure is not None:
+            raise out.failure

@@ -1,6 +1,7 @@
 """Probe round 11b (issue 48): the environment a command meets and boundary values. stdout
-whose reader has left (`... | head -1`, `| true`): a log line printed logging's "--- Logging
-error ---" traceback, and a print() stopped the command before it wrote its files."""
+whose reader has left (`... | head -1`, `| true`) or on a full disk (`> /dev/full`): a log line
+printed logging's "--- Logging error ---" traceback, a print() stopped the command before it
+wrote its files, and the full disk's line named no file."""
 
 from __future__ import annotations
 
@@ -12,7 +13,22 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY
+from tests.probes.conftest import ROOT, TINY, one_line
+
+
+def writing_to(stdout: int, module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args... >&stdout`, as a user runs it; stderr captured (stdout: '')."""
+    r = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=user_env(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    r.stdout = ""
+    return r
 
 
 def gone_reader(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -21,15 +37,7 @@ def gone_reader(module: str, *args: str) -> subprocess.CompletedProcess:
     read, write = os.pipe()
     os.close(read)
     try:
-        return subprocess.run(
-            [sys.executable, "-m", module, *args],
-            cwd=ROOT,
-            env=user_env(),
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+        return writing_to(write, module, *args)
     finally:
         os.close(write)
 
@@ -55,4 +63,25 @@ def test_a_reader_that_left_stdout_loses_nothing_and_prints_no_traceback(
     if written == "sweep":
         assert list((tmp_path / "sweep").rglob("summary.json")), r.stderr
     elif written is not None:
+        assert (tmp_path / written).is_file(), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "written"),
+    [
+        ("experiments.run", [*TINY, "hydra.run.dir={tmp}/run"], "run/summary.json"),
+        ("experiments.routing_stats", ["out={tmp}/s.json"], "s.json"),
+        ("experiments.collect", ["--help"], None),
+    ],
+    ids=["run", "routing_stats", "help"],
+)
+def test_stdout_on_a_full_disk_is_one_line_naming_it_after_the_work(
+    tmp_path: Path, module: str, args: list[str], written: str | None
+) -> None:
+    """run printed a log line's traceback and exited 0; routing_stats stopped before its out=
+    file with "No space left on device" naming no file."""
+    with open("/dev/full", "w") as full:
+        r = writing_to(full.fileno(), module, *(a.format(tmp=tmp_path) for a in args))
+    one_line(r, "stdout: No space left on device")
+    if written is not None:
         assert (tmp_path / written).is_file(), r.stderr
