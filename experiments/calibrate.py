@@ -51,6 +51,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
+from experiments.common.resolve import long_name_refused  # noqa: E402
 from experiments.common.run_dir import remove_empty, topmost_missing  # noqa: E402
 from real.calibration import (  # noqa: E402
     measure_compute,
@@ -463,6 +464,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 "(it becomes conf/hardware/<name>.yaml and hardware=<name>); to write elsewhere "
                 "pass out=FILE"
             )
+        long_name_refused(name, "hardware.name", "conf/hardware/<name>.yaml")
         disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)  # bounded by the free disk
         in_run_s = as_float(
             "in_run_s", opts["in_run_s"], at_least=0.0, at_most=MAX_IN_RUN_S, why=IN_RUN_WHY

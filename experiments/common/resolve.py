@@ -52,6 +52,21 @@ def name_part(value: Any, key: str) -> str:
             f"{key}={name!r}: a name is letters, digits, '_', '-', '+' and '.' (it names the "
             "run's folder); to read a file pass its path as the group, e.g. hardware=FILE.yaml"
         )
+    return long_name_refused(name, key, "the run's folder")
+
+
+NAME_CHARS = 64  # a name that names a folder or file, at most (with the rest: 255 bytes)
+
+
+def long_name_refused(name: str, key: str, names: str) -> str:
+    """`name`, or a ConfigError naming `key` where it is too long for the file system once
+    it is part of `names` (the run's folder: File name too long, once the run was set up)."""
+    size = len(name.encode())
+    if size > NAME_CHARS:
+        raise ConfigError(
+            f"{key}={name[:24]}...: a name of {size} bytes; it names {names}, so it is at "
+            f"most {NAME_CHARS}: pass a shorter {key}"
+        )
     return name
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,27 @@ def test_stdout_on_a_full_disk_is_one_line_naming_it_after_the_work(
     one_line(r, "stdout: No space left on device")
     if written is not None:
         assert (tmp_path / written).is_file(), r.stderr
+
+
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "key"),
+    [
+        ("experiments.run", [*TINY, f"model.name={LONG}"], "model.name"),
+        ("experiments.run", [*TINY, f"hardware.name={LONG}"], "hardware.name"),
+        ("experiments.run", ["-m", *TINY, f"hardware.name={LONG}"], "hardware.name"),
+        ("experiments.calibrate", [f"hardware.name={LONG}"], "hardware.name"),
+    ],
+)
+def test_a_name_too_long_for_the_folder_it_names_is_refused_naming_its_key(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], key: str
+) -> None:
+    """A 300-byte model.name failed once the run was set up, "runs/.../<time>_xxx..._flexgen:
+    File name too long; check the file and the disk", naming neither the key nor the fix."""
+    r = cli_here(module, *args, f"hydra.run.dir={tmp_path}/r", f"hydra.sweep.dir={tmp_path}/s")
+    if "-m" in args:  # the sweep's progress bar comes first on stderr; its error line is the last
+        r.stderr = r.stderr.splitlines()[-1]
+    one_line(r, f"{key}=", "300 bytes", f"a shorter {key}")
+    assert list(tmp_path.iterdir()) == []
