@@ -51,6 +51,19 @@ def command_started() -> None:
             signal.signal(signum, default)
 
 
+def _no_cwd() -> str | None:
+    """What is wrong with the current folder, which every relative path is read from: deleted
+    (a shell in a folder removed since), or not to be read. None where it is there."""
+    try:
+        os.getcwd()
+    except OSError as e:
+        return (
+            f"the current folder: {e.strerror} (deleted since the shell entered it?); cd to a "
+            "folder that exists, then run the command again"
+        )
+    return None
+
+
 # sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
 # docs): a command starting, not code (a test, a notebook) importing this package.
 AS_COMMAND = sys.argv[:1] == ["-m"]
@@ -58,8 +71,8 @@ if AS_COMMAND:
     from experiments.common.load_env import bad_variable, openmp_complaint
 
     _env = dict(os.environ)
-    if (_bad := bad_variable(_env) or openmp_complaint(_env)) is not None:  # before torch
-        print(f"error: {_bad}", file=sys.stderr)
+    if (_bad := bad_variable(_env) or openmp_complaint(_env) or _no_cwd()) is not None:
+        print(f"error: {_bad}", file=sys.stderr)  # before torch
         sys.exit(2)
     signal.signal(signal.SIGINT, _interrupted_at_startup)
     for _signum in STOP_SIGNALS:

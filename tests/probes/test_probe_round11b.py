@@ -110,3 +110,31 @@ def test_a_name_too_long_for_the_folder_it_names_is_refused_naming_its_key(
         r.stderr = r.stderr.splitlines()[-1]
     one_line(r, f"{key}=", "300 bytes", f"a shorter {key}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("experiments.run", [*TINY]),
+        ("experiments.collect", ["dir=sweep"]),
+        ("experiments.routing_stats", ["--help"]),
+        ("experiments.make_checkpoint", ["model=mixtral-tiny", "out=ck"]),
+    ],
+)
+def test_a_current_folder_deleted_is_one_line_saying_so(
+    tmp_path: Path, module: str, args: list[str]
+) -> None:
+    """A shell in a folder deleted since: "error: No such file or directory; check the path",
+    naming no path (even for --help)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(
+        ["bash", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', gone, sys.executable, "-m", module]
+        + args,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    one_line(r, "the current folder", "cd to a folder that exists")
+    assert list(tmp_path.iterdir()) == []
