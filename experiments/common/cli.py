@@ -180,6 +180,9 @@ def error_line(e: BaseException) -> str | None:
             errno.EPERM: "check its permissions, or choose another folder",
             errno.ENOENT: "check the path",
             errno.EISDIR: "move that folder away, or name another file",
+            errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
+            "bytes on most): shorten it",
+            errno.ENOTDIR: "a folder in that path is a file: check the path",
         }.get(e.errno or 0, "check the file and the disk")
         what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
         return _flat(f"{where}{what}; {fix}")

@@ -138,3 +138,34 @@ def test_a_current_folder_deleted_is_one_line_saying_so(
     )
     one_line(r, "the current folder", "cd to a folder that exists")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("experiments.run", [*TINY, "hydra.run.dir={tmp}/" + LONG]),
+        ("experiments.collect", ["dir={tmp}/" + LONG]),
+        ("experiments.trace_json", ["runs=[{tmp}/" + LONG + "]"]),
+        ("experiments.routing_stats", ["out={tmp}/" + LONG + ".json"]),
+        ("experiments.make_checkpoint", ["model=mixtral-tiny", "out={tmp}/" + LONG]),
+        ("experiments.bench.lanes", ["hardware={tmp}/" + LONG + ".yaml", "device=cpu"]),
+    ],
+)
+def test_a_name_over_the_file_systems_limit_says_to_shorten_it(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str]
+) -> None:
+    """A path with a 300-byte name: "File name too long; check the file and the disk"."""
+    r = cli_here(module, *(a.format(tmp=tmp_path) for a in args))
+    one_line(r, LONG, "File name too long", "shorten it")
+
+
+def test_a_path_through_a_file_says_so() -> None:
+    """bench.real out_dir=file.txt/sub: "Not a directory; check the file and the disk"."""
+    import errno
+
+    from experiments.common.cli import error_line
+
+    e = OSError(errno.ENOTDIR, "Not a directory", "notes.txt/sub")
+    assert error_line(e) == (
+        "notes.txt/sub: Not a directory; a folder in that path is a file: check the path"
+    )
