@@ -6,6 +6,7 @@ number, not a silent end; `common.cli.run_command` hands them back to Python's
 KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the command runs.
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -51,6 +52,20 @@ def command_started() -> None:
             signal.signal(signum, default)
 
 
+# The exit status of a command whose work is done (`common.cli.finished`); empty until then.
+FINISHED: list[int] = []
+
+
+def _quiet_teardown() -> None:
+    """Registered first, so run last of the exit handlers: a finished command ignores Ctrl-C,
+    SIGTERM and SIGHUP while Python tears its modules down. Python puts their default action
+    back before that (a tenth of a short run's time), so a stop then ended the command by the
+    signal, with no line, its results whole; it now exits with its status."""
+    if FINISHED:
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def _no_cwd() -> str | None:
     """What is wrong with the current folder, which every relative path is read from: deleted
     (a shell in a folder removed since), or not to be read. None where it is there."""
@@ -74,6 +89,7 @@ if AS_COMMAND:
     if (_bad := bad_variable(_env) or openmp_complaint(_env) or _no_cwd()) is not None:
         print(f"error: {_bad}", file=sys.stderr)  # before torch
         sys.exit(2)
+    atexit.register(_quiet_teardown)
     signal.signal(signal.SIGINT, _interrupted_at_startup)
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so

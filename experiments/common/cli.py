@@ -420,6 +420,7 @@ def finished(code: int = 0) -> None:
     traceback in the shutdown."""
     if threading.current_thread() is not threading.main_thread():
         return
+    experiments.FINISHED[:] = [code]  # and after the exit handlers (`_quiet_teardown`)
     for signum in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays so
             signal.signal(signum, lambda signum, frame: _exit_finished(code))

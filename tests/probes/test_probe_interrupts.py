@@ -190,3 +190,41 @@ def test_a_stop_before_any_run_finished_says_nothing_was_kept(tmp_path: Path) ->
         "stopped by SIGTERM; no run of the sweep had finished; nothing was kept"
     )
     assert not sweep.exists()
+
+
+# A module-level object of the finished command's __main__, deleted as Python tears its modules
+# down: by then Python has put the signals' default actions back.
+_LATE_STOP = """
+import os, signal, sys, time
+sys.argv = ["-m"]  # as `python -m experiments.<name>` starts: a command, not an import
+import experiments
+from experiments.common.cli import until_interrupted
+
+class StoppedInTeardown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.{name})
+        time.sleep(0.2)
+
+until_interrupted(lambda: 0)
+late = StoppedInTeardown()
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_while_a_finished_command_tears_down_keeps_its_status(
+    name: str, tmp_path: Path
+) -> None:
+    """A stop that landed after the exit handlers, while Python freed the modules (a tenth of a
+    short run's time), ended a finished command by the signal with no line (exit -15), its
+    results whole. It now exits with the command's status."""
+    script = tmp_path / "late.py"
+    script.write_text(_LATE_STOP.format(name=name))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=user_env(),
+    )
+    assert (done.returncode, done.stderr) == (0, "")
