@@ -159,7 +159,7 @@ def run_phases(
     """The ops and the seconds of each phase of one run, as `experiments.run` runs it."""
     from hydra import compose, initialize_config_dir
 
-    from experiments.common.pipeline import gc_paused, resolve_n_batches, run_planner
+    from experiments.common.pipeline import gc_paused, sized_run
     from experiments.common.resolve import run_spec
 
     times: dict[str, float] = {}
@@ -167,9 +167,7 @@ def run_phases(
     def config():  # type: ignore[no-untyped-def]
         with _own_hydra(), initialize_config_dir(str(CONF), version_base="1.3"):
             cfg = compose("config", [*overrides, f"planner={planner}"])
-        spec = run_spec(cfg)
-        run = run_planner(spec)  # the run's one planner, as experiments.run makes it
-        return resolve_n_batches(spec, run), run
+        return sized_run(run_spec(cfg))  # and the run's one planner, as experiments.run's
 
     spec, run = _timed(times, "config", config)
     # the collector paused from routing to write, and on again once the run's objects are

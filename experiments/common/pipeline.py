@@ -106,6 +106,12 @@ def resolve_n_batches(spec: RunSpec, planner: Planner | None = None) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
     here, before routing for that many sequences is loaded. Others keep the workload's n.
     `planner`: the run's (`run_planner`), to plan with after; else a new one."""
+    return sized_run(spec, planner)[0]
+
+
+def sized_run(spec: RunSpec, planner: Planner | None = None) -> tuple[RunSpec, Planner]:
+    """`resolve_n_batches`, and the run's planner that sized it: made after one batch's sizes
+    are checked, where none is given."""
     # one batch's sizes first: a planner's choice builds routing of every step and position
     # (Klotski's warm-up ran for half a minute, in 4 GB, at a gen_len or prompt_len of a
     # million before the check below refused it); any n it chooses holds at least that one
@@ -116,7 +122,7 @@ def resolve_n_batches(spec: RunSpec, planner: Planner | None = None) -> RunSpec:
         spec = replace(spec, workload=spec.workload.with_(n_batches=n))
     check_kv_fits(spec)
     check_plan_fits(spec, planner)
-    return spec
+    return spec, planner
 
 
 # routing this large takes about a second to build (Mixtral-8x7B, 240 sequences of 520 tokens:
@@ -237,10 +243,11 @@ def check_ram(need: int, what: str, fix: str) -> None:
 
 
 def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
-    planner = run_planner(spec)
     if routing is None:
-        spec = resolve_n_batches(spec, planner)
+        spec, planner = sized_run(spec)
         routing = last_routing(spec.model, spec.workload)
+    else:
+        planner = run_planner(spec)
     # the collector paused from the plan to the summary, not only while planning and simulating:
     # on again in between, it scanned the schedule's ops in the validator (a young and an old
     # collection, a twentieth of a 178k-op run's time)
