@@ -145,11 +145,13 @@ def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path, cli_here
     keys = "[experiment,replication_row,workload.batch_size,replication.split]"
     other = cli_here(
         "experiments.run",
-        *replication_sweep_args(out),
-        "replication_row=eplb",
-        "replication.split=validation",
-        one,
-        f"hydra.job.config.override_dirname.exclude_keys={keys}",
+        *replication_sweep_args(
+            out,
+            "replication_row=eplb",
+            "replication.split=validation",
+            one,
+            f"hydra.job.config.override_dirname.exclude_keys={keys}",
+        ),
     )
     assert other.returncode == 0 and "already finished" not in other.stderr, other.stderr[-2000:]
     summary = json.loads((out / f"esft-g8/bs8/eplb/{sub}/summary.json").read_text())

@@ -38,7 +38,7 @@ from real.executor import Executor
 from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, reference_generate
 from real.state import resident_units
 from real.tensor_parallel import TensorParallel, ThreadCollective
-from tests.conftest import command_here
+from tests.conftest import command_here, overridden
 from tests.real.conftest import small_overrides
 
 ATOL = RTOL = 1e-5
@@ -250,16 +250,8 @@ def test_a_batch_smaller_than_the_processes(mixtral_tiny):
 
 def command(ckpt: Path, out: Path, *args: str, devices: int | None = 2) -> list[str]:
     n = [f"+planner.params.n_devices={devices}"] if devices else []
-    return [
-        sys.executable,
-        "-m",
-        "experiments.run",
-        f"checkpoint={ckpt}",
-        *RUN,
-        *n,
-        f"hydra.run.dir={out}",
-        *args,
-    ]
+    base = [f"checkpoint={ckpt}", *RUN, *n, f"hydra.run.dir={out}"]
+    return [sys.executable, "-m", "experiments.run", *overridden(base, *args)]
 
 
 def env() -> dict[str, str]:
