@@ -73,9 +73,18 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 CKPT=$WORK/ckpt  # 8 layers x 8 experts of 1024 x 3584 in bf16: ~22 MB an expert, ~1.4 GB in all
+# its sizes; CKPT_OVERRIDES ("n_layers=4 ...") replace those it names (a key given twice is refused)
+ckpt_args() {
+  local arg given=" ${CKPT_OVERRIDES:-} "
+  for arg in model=mixtral-tiny n_layers=8 hidden_size=1024 expert_ffn_size=3584 n_heads=16 \
+    n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2; do
+    [[ "$given" == *" ${arg%%=*}="* ]] || echo "$arg"
+  done
+  echo ${CKPT_OVERRIDES:-}
+}
+# shellcheck disable=SC2046  # word splitting intended: key=value words without spaces
 [ -f "$CKPT/config.json" ] || stage checkpoint 50 python3 -m experiments.make_checkpoint \
-  model=mixtral-tiny out="$CKPT" n_layers=8 hidden_size=1024 expert_ffn_size=3584 n_heads=16 \
-  n_kv_heads=4 head_dim=64 vocab_size=4096 dtype_bytes=2 ${CKPT_OVERRIDES:-}
+  out="$CKPT" $(ckpt_args)
 stage calibrate 100 python3 -m experiments.calibrate hardware.name=gpu-check checkpoint="$CKPT" \
   device="$DEVICE" disk_dir="$WORK/calib" in_run_s=8 out="$WORK/gpu-check.yaml"
 HW=$WORK/gpu-check.yaml
