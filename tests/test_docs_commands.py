@@ -33,7 +33,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import app, hydra_errors
-from experiments.common.argv_checks import missing_launcher, sweep_experiment_misused
+from experiments.common.argv_checks import (
+    key_given_twice,
+    missing_launcher,
+    sweep_experiment_misused,
+)
 from experiments.common.schema import RunSchema
 from experiments.run import misplaced_output
 
@@ -171,6 +175,7 @@ def check(cmd: DocCommand) -> None:
         placeholder = sep and (_is_placeholder(value) or (key == "hardware" and value in profiles))
         (open_keys if placeholder else given).append(key if placeholder else a)
     assert all(a.startswith("-") or "=" in a for a in given), f"not key=value: {given}"
+    assert (twice := key_given_twice(args)) is None, twice
     if config == "config":
         problem = sweep_experiment_misused(args) or missing_launcher(args) or misplaced_output(args)
         assert problem is None, problem
