@@ -59,10 +59,27 @@ def own_names(text: str, names: dict[str, str]) -> str:
 _ACTIVE: list[dict[str, str]] = []
 
 
+# per `named_as` block, the lines said in it: its log records' messages and the lines relayed
+_SAID: list[set[str]] = []
+
+
 def own_names_now(text: str) -> str:
     """`text` (a child's line the command relays) with the names of the `named_as` block this
     process is inside; unchanged outside one."""
     return own_names(text, _ACTIVE[-1]) if _ACTIVE else text
+
+
+def said_before(line: str) -> bool:
+    """Has the `named_as` block this process is inside said `line` already (logged it, or
+    relayed it from a child)? A bench's children each choose the n its parent chose, and each
+    warned as the parent had. A blank line, or one outside a block, is never said before."""
+    text = line.strip()
+    if not _SAID or not text:
+        return False
+    if text in _SAID[-1]:
+        return True
+    _SAID[-1].add(text)
+    return False
 
 
 @contextlib.contextmanager
@@ -79,14 +96,18 @@ def named_as(names: dict[str, str]) -> Iterator[None]:
         except Exception:  # a malformed record: logging reports it as it would have
             return record
         record.msg, record.args = own_names(text, names), ()
+        said.add(record.msg.strip())
         return record
 
+    said: set[str] = set()
     logging.setLogRecordFactory(renamed)
     _ACTIVE.append(names)
+    _SAID.append(said)
     try:
         yield
     except MoepipeError as e:
         raise MoepipeError(own_names(str(e), names)) from None
     finally:
         _ACTIVE.pop()
+        _SAID.pop()
         logging.setLogRecordFactory(previous)

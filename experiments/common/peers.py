@@ -33,7 +33,12 @@ from experiments.common.bench_memory import (
     drop_page_cache,
     host_room_bytes,
 )
-from experiments.common.option_names import BENCH_OPTIONS, own_names, own_names_now
+from experiments.common.option_names import (
+    BENCH_OPTIONS,
+    own_names,
+    own_names_now,
+    said_before,
+)
 
 COLD = ("pass", "once", "false")
 ROLE = "role"  # the option that makes the bench command run one system (in its own process)
@@ -318,11 +323,12 @@ def run_side(
 def _relay(stream: Any, errors: list[str]) -> None:
     """A child's stderr onto the bench's as it comes, except its `error: ` line, kept in
     `errors`: the bench's own line says it, instead of a second error line after it. Its
-    warnings name the bench's options (`own_names_now`), as the bench's own do."""
+    warnings name the bench's options (`own_names_now`), as the bench's own do, and a line the
+    bench or an earlier child said already is not said again (`said_before`)."""
     for line in stream:
         if line.startswith("error: "):
             errors.append(line.removeprefix("error: ").strip())
-        else:
+        elif not said_before(own_names_now(line)):
             sys.stderr.write(own_names_now(line))
             sys.stderr.flush()
 

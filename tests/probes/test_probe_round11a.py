@@ -275,3 +275,24 @@ def test_replication_takes_its_own_page_and_refuses_a_folder_in_a_files_place(
     (out / "throughput.png").mkdir()
     r = cli_here("experiments.replication", f"dir={tmp_path}/none", f"out={out}")
     one_line(r, f"out={out / 'throughput.png'}", "a folder")
+
+
+def test_a_warning_the_bench_or_a_child_gave_is_not_relayed_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench.real chose n and warned that n=2 did not fit; then each of its children chose the
+    same n and warned again (the line three to five times). A line said once in the bench's
+    block, logged by it or relayed from a child, is not relayed again; blank lines and other
+    lines are."""
+    from experiments.bench import real
+    from experiments.common.peers import _relay
+
+    warning = "n-planner: n=2 does not fit memory (raise budget_gb)"
+    with named_as(real.OWN_NAMES):
+        logging.getLogger("planners.n_planner").warning(warning)
+        capsys.readouterr()
+        for child in ("a", "b"):
+            _relay(io.StringIO(f"{warning}\n\nchild {child} ran\n{warning}\n"), [])
+    assert capsys.readouterr().err == "\nchild a ran\n\nchild b ran\n"
+    _relay(io.StringIO(f"{warning}\n{warning}\n"), [])  # outside a bench's block: as it came
+    assert capsys.readouterr().err == f"{warning}\n{warning}\n"
