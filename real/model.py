@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from core.hf_config import hf_runtime, mla_dims
+from core.hf_config.generation import Greedy, read_generation
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Activation, Tensor
 from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
 from real.checkpoint import Unit, hf_config, load_units, torch_dtype
+from real.decoding import next_tokens
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
 # Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
@@ -111,6 +113,8 @@ class Model:
     sliding_layers: tuple[int, ...] | None = None
     # DeepSeek-V2's group_limited_greedy (n_group, topk_group); None: plain top-k
     expert_groups: tuple[int, int] | None = None
+    # generation_config.json's settings greedy decoding applies (real.decoding); default: argmax
+    greedy: Greedy = Greedy()
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -146,6 +150,7 @@ class Model:
             run.clip_qkv,
             run.sliding_layers,
             run.expert_groups,
+            read_generation(ckpt_dir, spec.vocab_size),
         )
 
     def window(self, layer: int) -> int | None:
@@ -476,7 +481,8 @@ def _generate(
             logits, step_ids, step_w = forward_step(model, units, step_in, kv, start, forced)
             ids.append(step_ids)
             ws.append(step_w)
-            next_tok = logits.argmax(-1)  # [B]
+            seen = torch.cat([prompt_tokens.long(), *(t[:, None] for t in tokens)], 1)
+            next_tok = next_tokens(model.greedy, logits, seen, p, gen_len)  # [B]
             tokens.append(next_tok)
             start += n
             step_in = next_tok[:, None]
@@ -497,9 +503,9 @@ def reference_generate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding with every weight in RAM: step 0 prefills prompt_tokens [B, P] and emits the
     first token, then gen_len-1 decode steps. Returns (tokens [B, gen_len], last logits [B, V]).
-    Every sequence runs gen_len steps past any eos token, with no logits processor: transformers'
-    generate(do_sample=False, eos_token_id=None), whatever generation settings (eos ids,
-    repetition_penalty, ...) the checkpoint's generation_config.json or config.json holds.
+    Every sequence runs gen_len steps past any eos token: transformers' generate(do_sample=False,
+    max_new_tokens=gen_len, eos_token_id=None), with the logits processors the checkpoint's
+    generation_config.json (or config.json) asks for (core.hf_config.generation).
 
     forced_routing replays a trace (expert_ids/gate_weights [>=B, >=P+gen_len-1, L, k]) instead
     of the router's own choice.

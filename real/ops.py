@@ -22,6 +22,7 @@ from core.schedule import Op, StreamSpec
 from core.spec import EXPERT_ROWS
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
+from real.decoding import next_tokens
 from real.kv_ops import KVSemantics, _consecutive
 from real.model import KVCache, expert_tokens, moe_output, new_slots, put_expert
 from real.state import _BatchState, _Pending, bst_index, unit_of
@@ -186,7 +187,9 @@ class OpSemantics(KVSemantics):
                 bst.written[op.step] += s1 - s0
             bst.logits[s0:s1] = logits
             self._note_finite(op.step, s.n_layers, 0, op.batch, "logits", logits)
-            bst.tokens[s0:s1, op.step] = logits.argmax(-1)
+            seen = torch.cat([bst.prompt[s0:s1], bst.tokens[s0:s1, : op.step]], 1)  # [s, P+step]
+            p, g = bst.prompt.shape[1], self.wl.gen_len
+            bst.tokens[s0:s1, op.step] = next_tokens(m.greedy, logits, seen, p, g)
 
     def _attention_span(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
         """One attention call over the whole batches op.batch .. op.batch + op.batches - 1: the

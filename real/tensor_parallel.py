@@ -38,6 +38,7 @@ from core.errors import MoepipeError
 from core.schedule import Op, StreamSpec
 from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
+from real.decoding import next_tokens
 from real.interpreter import _Stop
 from real.model import KVCache, ffn_shard, head_shard, kv_shard, moe_part, new_slots, vocab_shard
 from real.state import _Pending, unit_of
@@ -462,19 +463,21 @@ class TensorParallel:
             )
 
         logits = self.reduce.all_gather(key, d, padded, side_by_side)
-        next_tokens = logits.argmax(-1)  # [b']
         if b not in dev.tokens:
             dev.tokens[b] = torch.zeros(
                 wl.batch_size, wl.gen_len, dtype=torch.long, device=ex.device
             )
-        dev.tokens[b][s0:s1, op.step] = next_tokens
+        prompt = ex._batches[b].prompt
+        seen = torch.cat([prompt[s0:s1], dev.tokens[b][s0:s1, : op.step]], 1)  # [b', P+step]
+        chosen = next_tokens(ex.model.greedy, logits, seen, prompt.shape[1], wl.gen_len)  # [b']
+        dev.tokens[b][s0:s1, op.step] = chosen
         if d != self.writer:
             return
         bst = ex._batches[b]
         if bst.logits is None:  # one device's logits ops write it (the writer's stream)
             bst.logits = logits.new_zeros(wl.batch_size, logits.shape[1])
         bst.logits[s0:s1] = logits
-        bst.tokens[s0:s1, op.step] = next_tokens
+        bst.tokens[s0:s1, op.step] = chosen
         bst.written[op.step] += s1 - s0
         ex._note_finite(op.step, self.spec.n_layers, 0, b, "logits", logits)
 

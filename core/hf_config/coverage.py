@@ -4,7 +4,9 @@ test that proves it); NO_EFFECT: transformers' logits do not change with it (a f
 generate); REFUSED_UNLESS_DEFAULT: another value is refused in one line naming the file and the
 field; SUBSTITUTED: a part of Switch (T5's decoder, relative positions, capacity) that moepipe's
 causal substitute over the encoder's weights replaces. `ROPE_COVERAGE`: rope_parameters' keys;
-`EXTRA_COVERAGE`: fields outside the classes that transformers' shared code reads.
+`EXTRA_COVERAGE`: fields outside the classes that transformers' shared code reads;
+core.hf_config.generation's `GENERATION_COVERAGE`: generation_config.json's (USER: set by
+moepipe's own call, greedy for gen_len steps, and logged as not applied).
 
 Usage: tests/real/test_hf_parity_round5.py checks the table against transformers' classes.
 """
@@ -19,6 +21,7 @@ class Handling(StrEnum):
     NO_EFFECT = "no_effect"  # transformers' logits are the same at any value
     REFUSED_UNLESS_DEFAULT = "refused_unless_default"  # another value: a one-line ConfigError
     SUBSTITUTED = "substituted"  # Switch only: T5's part moepipe's substitute replaces
+    USER = "user"  # generation_config.json: the run's own call sets it; logged as not applied
 
 
 READ, NO_EFFECT = Handling.READ, Handling.NO_EFFECT

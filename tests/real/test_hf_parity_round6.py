@@ -1,0 +1,410 @@
+"""A sixth round: generation_config.json, the forms save_pretrained writes, and bfloat16.
+
+moepipe runs transformers' `generate(do_sample=False, max_new_tokens=gen_len,
+eos_token_id=None)` with an unpadded prompt (`hf_greedy`) on the checkpoint's folder: every
+field of transformers' GenerationConfig is classified in core.hf_config.generation; the fields
+that change greedy tokens are honoured (tokens and logits against transformers' generate()
+reading the same folder, float32 and bfloat16), the ones the call sets are logged once as not
+applied, the rest refused in one line naming the file and the field. Before, moepipe read no
+generation_config.json: a checkpoint's repetition_penalty, bad_words_ids, ... went unapplied
+without a word.
+
+Usage: python -m pytest -q tests/real/test_hf_parity_round6.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.errors import ConfigError, MoepipeError
+from core.hf_config.coverage import NO_EFFECT, READ, REFUSED, Handling
+from core.hf_config.generation import GENERATION_COVERAGE, GENERATION_FILE
+from real.model import reference_generate
+from tests.real.test_hf_parity import DTYPES, GEN
+from tests.real.test_hf_parity_fields import save
+
+transformers = pytest.importorskip("transformers")
+
+CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """(family, dtype) -> (checkpoint, transformers' model from it), built on first use."""
+    root = tmp_path_factory.mktemp("round6")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(family: str, dtype: str = "f32") -> tuple[Path, Any]:
+        if (family, dtype) not in made:
+            made[family, dtype] = save(family, {}, root / f"{family}-{dtype}", dtype)
+        return made[family, dtype]
+
+    return get
+
+
+def with_generation(ckpt: Path, to: Path, **fields: Any) -> Path:
+    """A copy of the checkpoint whose generation_config.json has `fields` over its own."""
+    shutil.copytree(ckpt, to)
+    gen = json.loads((to / GENERATION_FILE).read_text())
+    (to / GENERATION_FILE).write_text(json.dumps(gen | fields))
+    return to
+
+
+def hf_generate(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' generate() as moepipe runs (its USER fields set by the call): greedy, GEN
+    new tokens past any eos, no time limit, one sequence a prompt, every prompt token attended.
+    Returns (tokens [B, GEN], the last step's raw logits [B, V] float32)."""
+    with torch.inference_mode():
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=GEN,
+            eos_token_id=None,
+            pad_token_id=0,
+            max_time=None,
+            num_return_sequences=1,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
+
+
+def load_hf(ckpt: Path, dtype: str) -> Any:
+    cls = transformers.AutoModelForCausalLM
+    return cls.from_pretrained(ckpt, dtype=DTYPES[dtype]).eval()
+
+
+# The table against transformers' GenerationConfig
+
+
+def test_the_table_classifies_every_generation_field():
+    """GENERATION_COVERAGE names exactly the fields of transformers' GenerationConfig: a field a
+    new version adds fails here until it is classified, as does one the table names in vain."""
+    fields = set(transformers.GenerationConfig().to_dict())
+    table = set(GENERATION_COVERAGE)
+    assert not fields - table, f"unclassified: {sorted(fields - table)}"
+    assert not table - fields, f"not transformers': {sorted(table - fields)}"
+    assert {how for how, _ in GENERATION_COVERAGE.values()} == {
+        READ,
+        NO_EFFECT,
+        REFUSED,
+        Handling.USER,
+    }
+
+
+def test_generation_citations_name_existing_tests():
+    """Each `file::test` the table cites is a test function of tests/ (`...`: its prefix)."""
+    import re
+
+    sources = {p.name: p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py")}
+    cited = [
+        (file, name)
+        for _, why in GENERATION_COVERAGE.values()
+        for file, name in re.findall(r"(test_\w+\.py)::(\w+)", why)
+    ]
+    assert len(cited) == len(GENERATION_COVERAGE)
+    for file, name in cited:
+        assert f"def {name}" in sources[file], name
+
+
+# Honoured: moepipe's tokens are transformers' generate()'s on the same folder
+
+# field -> its value, from the base checkpoint's greedy tokens [B, GEN] (chosen to move them)
+HONOURED: dict[str, Callable[[torch.Tensor], Any]] = {
+    "repetition_penalty": lambda t: 8.0,
+    "no_repeat_ngram_size": lambda t: 1,
+    "bad_words_ids": lambda t: [[int(t[0, 0])], [int(t[1, 0]), int(t[1, 1])]],
+    "suppress_tokens": lambda t: [int(t[0, 1]), int(t[1, 1])],
+    "begin_suppress_tokens": lambda t: [int(t[0, 0]), int(t[1, 0])],
+    "forced_eos_token_id": lambda t: [5, 7],
+    "forced_bos_token_id": lambda t: 9,
+}
+# every READ field of the table is a case
+assert set(HONOURED) == {k for k, (how, _) in GENERATION_COVERAGE.items() if how == READ}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("field", HONOURED)
+@pytest.mark.parametrize("family", CAUSAL)
+def test_honoured_field_equals_transformers_generate(family, field, dtype, base, prompt, tmp_path):
+    """A generation_config.json field that changes greedy tokens: moepipe's tokens are
+    transformers' generate()'s on the same folder, in float32 and bfloat16, and the last
+    logits of each are the same; the field moves the tokens from the base checkpoint's (where
+    moepipe ignored it before). forced_bos_token_id acts on a 1-token prompt alone."""
+    if field == "forced_bos_token_id":
+        prompt = prompt[:, :1]
+    ckpt, hf = base(family, dtype)
+    base_tokens = reference_generate(ckpt, prompt, GEN)[0]
+    assert torch.equal(base_tokens, hf_generate(hf, prompt)[0])
+    changed = with_generation(ckpt, tmp_path / "gen", **{field: HONOURED[field](base_tokens)})
+    tokens, logits = reference_generate(changed, prompt, GEN)
+    hf_tokens, hf_logits = hf_generate(load_hf(changed, dtype), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    tol = 1e-4 if dtype == "f32" else 2**-6
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
+    assert not torch.equal(tokens, base_tokens)
+
+
+def test_config_json_generation_fields_apply_without_generation_config(base, prompt, tmp_path):
+    """Without generation_config.json transformers reads config.json's generation fields (its
+    older place for them): moepipe does too, with transformers' tokens; a refused one there is
+    refused naming config.json. Beside a generation_config.json both ignore them."""
+    ckpt, _ = base("mixtral")
+    both = with_generation(ckpt, tmp_path / "both")
+    config = json.loads((both / "config.json").read_text())
+    (both / "config.json").write_text(json.dumps(config | {"no_repeat_ngram_size": 1}))
+    assert torch.equal(
+        reference_generate(both, prompt, GEN)[0], hf_generate(load_hf(ckpt, "f32"), prompt)[0]
+    )
+    (both / GENERATION_FILE).unlink()
+    tokens = reference_generate(both, prompt, GEN)[0]
+    assert torch.equal(tokens, hf_generate(load_hf(both, "f32"), prompt)[0])
+    assert not torch.equal(tokens, reference_generate(ckpt, prompt, GEN)[0])
+    (both / "config.json").write_text(json.dumps(config | {"num_beams": 2}))
+    with pytest.raises(ConfigError, match=r"config.json: num_beams=2: moepipe decodes greedily"):
+        reference_generate(both, prompt, GEN)
+
+
+# Refused: one line naming the file and the field
+
+# a value each REFUSED field is refused at
+REFUSE: dict[str, Any] = {
+    "num_beams": 2,
+    "num_beam_groups": 2,
+    "diversity_penalty": 0.5,
+    "penalty_alpha": 0.6,
+    "dola_layers": "high",
+    "guidance_scale": 1.5,
+    "sequence_bias": [[[5], 2.0]],
+    "exponential_decay_length_penalty": [2, 1.5],
+    "encoder_repetition_penalty": 1.5,
+    "encoder_no_repeat_ngram_size": 2,
+    "force_words_ids": [[5]],
+    "constraints": [{"token_ids": [5]}],
+    "watermarking_config": {"greenlist_ratio": 0.25},
+    "token_healing": True,
+    "stop_strings": ["ab"],
+    "prompt_lookup_num_tokens": 3,
+    "assistant_early_exit": 1,
+    "use_mtp": True,
+    "speculation_type": "prompt_lookup",
+    "compile_config": {"fullgraph": False},
+    "is_assistant": True,
+}
+assert set(REFUSE) == {k for k, (how, _) in GENERATION_COVERAGE.items() if how == REFUSED}
+
+
+@pytest.mark.parametrize("field", REFUSE)
+def test_refused_field_is_one_line_naming_it(field, base, prompt, tmp_path):
+    """A refused generation_config.json field at another value than its default is refused in
+    one line naming the file and the field, before any weight is read; its default runs."""
+    ckpt, _ = base("olmoe")
+    bad = with_generation(ckpt, tmp_path / "bad", **{field: REFUSE[field]})
+    with pytest.raises(ConfigError) as e:
+        reference_generate(bad, prompt, GEN)
+    assert "\n" not in str(e.value)
+    assert f"{GENERATION_FILE}: {field}=" in str(e.value)
+    default = transformers.GenerationConfig()._get_default_generation_params().get(field)
+    with_generation(ckpt, tmp_path / "default", **{field: default})
+    reference_generate(tmp_path / "default", prompt, 1)
+
+
+# Set by moepipe's call: logged once, not applied
+
+USER_VALUES: dict[str, Any] = {
+    "do_sample": True,
+    "temperature": 0.3,
+    "top_k": 3,
+    "top_p": 0.5,
+    "min_p": 0.2,
+    "typical_p": 0.5,
+    "top_h": 0.5,
+    "epsilon_cutoff": 0.01,
+    "eta_cutoff": 0.01,
+    "max_new_tokens": 1,
+    "max_length": 7,
+    "min_new_tokens": 3,
+    "min_length": 9,
+    "max_time": 0.001,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "num_return_sequences": 1,
+}
+assert set(USER_VALUES) == {k for k, (h, _) in GENERATION_COVERAGE.items() if h == Handling.USER}
+
+
+def test_user_field_is_logged_not_applied(base, prompt, tmp_path, caplog):
+    """The fields moepipe's own call sets (greedy, gen_len steps, no eos stop, an unpadded
+    prompt) are logged in one line naming the file and each, once however often the folder is
+    loaded, and change nothing: the tokens are transformers' generate() with that call."""
+    ckpt, hf = base("qwen2_moe")
+    user = with_generation(ckpt, tmp_path / "user", **USER_VALUES)
+    with caplog.at_level(logging.WARNING, logger="core.hf_config.generation"):
+        tokens, logits = reference_generate(user, prompt, GEN)
+        reference_generate(user, prompt, GEN)
+    lines = [r.getMessage() for r in caplog.records if GENERATION_FILE in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert all(f"{k}=" in lines[0] for k in USER_VALUES), lines[0]
+    assert "not applied" in lines[0]
+    hf_tokens, hf_logits = hf_generate(load_hf(user, "f32"), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    assert torch.equal(tokens, reference_generate(ckpt, prompt, GEN)[0])
+
+
+# NO_EFFECT: transformers' greedy tokens and logits are the same with the field
+
+QUIET: dict[str, Any] = {
+    "length_penalty": 2.0,
+    "early_stopping": True,
+    "remove_invalid_values": True,
+    "renormalize_logits": True,
+    "bos_token_id": 7,
+    "decoder_start_token_id": 7,
+    "output_attentions": True,
+    "output_hidden_states": True,
+    "output_scores": True,
+    "output_logits": False,
+    "return_dict_in_generate": False,
+    "use_cache": False,
+    "cache_implementation": "dynamic",
+    "cache_config": {"max_cache_len": 64},
+    "max_cache_len": 64,
+    "low_memory": True,
+    "prefill_chunk_size": 2,
+    "disable_compile": True,
+    "continuous_batching_config": {"block_size": 16},
+    "num_assistant_tokens": 3,
+    "num_assistant_tokens_schedule": "heuristic",
+    "assistant_confidence_threshold": 0.2,
+    "assistant_lookbehind": 3,
+    "target_lookbehind": 3,
+    "assistant_ensemble_weight": 0.5,
+    "max_matching_ngram_size": 3,
+    "transformers_version": "4.0.0",
+    "_from_model_config": False,
+}
+assert set(QUIET) == {k for k, (how, _) in GENERATION_COVERAGE.items() if how == NO_EFFECT}
+
+
+@pytest.mark.filterwarnings("ignore:Passing ContinuousBatchingConfig through GenerationConfig")
+def test_no_effect_field_leaves_transformers_tokens(base, prompt, tmp_path):
+    """Each NO_EFFECT field at another value: transformers' generate() gives the base
+    checkpoint's greedy tokens and logits, and moepipe gives them, without a word of it."""
+    ckpt, hf = base("deepseek_v2")
+    want_tokens, want_logits = hf_generate(hf, prompt)
+    for field, value in QUIET.items():
+        quiet = with_generation(ckpt, tmp_path / field, **{field: value})
+        got_tokens, got_logits = hf_generate(load_hf(quiet, "f32"), prompt)
+        assert torch.equal(got_tokens, want_tokens), field
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0, msg=field)
+        tokens, logits = reference_generate(quiet, prompt, GEN)
+        assert torch.equal(tokens, want_tokens), field
+        torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=0)
+
+
+# Malformed: one line naming the file (and the field)
+
+# (what the file holds, words the line names)
+MALFORMED = {
+    "not-json": ('{"repetition_penalty": 1.2', ("not valid JSON", "fix or remove it")),
+    "a-list": ("[1, 2]", ("holds a JSON list",)),
+    "twice": ('{"top_k": 5, "top_k": 6}', ("'top_k' appears twice",)),
+    "penalty-text": ('{"repetition_penalty": "1.2"}', ("repetition_penalty must be",)),
+    "penalty-0": ('{"repetition_penalty": 0}', ("repetition_penalty must be a positive",)),
+    "ngram-negative": ('{"no_repeat_ngram_size": -1}', ("no_repeat_ngram_size must be",)),
+    "bad-words-flat": ('{"bad_words_ids": [5, 6]}', ("bad_words_ids must be",)),
+    "bad-words-outside": ('{"bad_words_ids": [[128]]}', ("bad_words_ids", "below 128")),
+    "suppress-text": ('{"suppress_tokens": "5"}', ("suppress_tokens must be",)),
+    "begin-outside": ('{"begin_suppress_tokens": [-1]}', ("begin_suppress_tokens must be",)),
+    "bos-outside": ('{"forced_bos_token_id": 500}', ("forced_bos_token_id must be",)),
+    "eos-empty": ('{"forced_eos_token_id": []}', ("forced_eos_token_id must be a non-empty",)),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_generation_config_is_one_line(case, base, prompt, tmp_path):
+    """A generation_config.json that is not a JSON object, or a field of another type or out
+    of the vocabulary (where transformers' processors fail or index past the logits), is
+    refused in one line naming the file, before any weight is read; before, it was not read."""
+    ckpt, _ = base("mixtral")
+    bad = with_generation(ckpt, tmp_path / "bad")
+    text, words = MALFORMED[case]
+    (bad / GENERATION_FILE).write_text(text)
+    with pytest.raises(MoepipeError) as e:
+        reference_generate(bad, prompt, GEN)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(str(bad / GENERATION_FILE) + ": ")
+    assert all(w in line for w in words), line
+
+
+def test_a_folder_named_generation_config_is_one_line(base, prompt, tmp_path):
+    """A directory where generation_config.json should be is refused naming it."""
+    ckpt, _ = base("mixtral")
+    bad = with_generation(ckpt, tmp_path / "bad")
+    (bad / GENERATION_FILE).unlink()
+    (bad / GENERATION_FILE).mkdir()
+    with pytest.raises(ConfigError, match=rf"{GENERATION_FILE}: a folder, where a file belongs"):
+        reference_generate(bad, prompt, GEN)
+
+
+# The real executor picks its tokens the same way
+
+# a run's settings that each move the tokens (the workload's prompts repeat no token)
+RUN_SETTINGS = {"repetition_penalty": 8.0, "no_repeat_ngram_size": 1, "suppress_tokens": [3, 4]}
+
+
+@pytest.mark.parametrize(
+    "planner, params",
+    [("flexgen", {}), ("ep_static", {"dense": "tensor", "n_devices": 2})],
+    ids=["offload", "dense=tensor"],
+)
+def test_real_run_applies_generation_config(planner, params, base, tmp_path):
+    """A real run (live routing; its HEAD ops in one process, or dense=tensor's vocabulary
+    parts gathered on 2 devices) picks each token with the folder's generation settings: the
+    in-memory reference's and transformers' generate()'s tokens, not the plain argmax's."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import prompts_for, real_execute
+    from real.checkpoint import load_checkpoint
+    from tests.real.test_executor import OFFLOAD, RESIDENT_2GPU, WORKLOAD
+
+    ckpt, _ = base("mixtral")
+    changed = with_generation(ckpt, tmp_path / "gen", **RUN_SETTINGS)
+    model, _ = load_checkpoint(changed)
+    hw = RESIDENT_2GPU if params else OFFLOAD
+    spec = RunSpec(model, hw, WORKLOAD, planner, params)
+    _, out = real_execute(changed, spec, "live")
+    prompts = prompts_for(model, WORKLOAD)
+    tokens, _ = reference_generate(changed, prompts, WORKLOAD.gen_len)
+    assert torch.equal(out.tokens, tokens)
+    assert not torch.equal(tokens, reference_generate(ckpt, prompts, WORKLOAD.gen_len)[0])
+    hf = load_hf(changed, "f32")
+    with torch.inference_mode():
+        hf_tokens = hf.generate(
+            prompts,
+            do_sample=False,
+            max_new_tokens=WORKLOAD.gen_len,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompts),
+        )[:, prompts.shape[1] :]
+    assert torch.equal(out.tokens, hf_tokens)
+
+
+def test_a_real_run_refuses_a_refused_field_in_one_line(base, tmp_path):
+    """experiments.run with executor=real on a folder whose generation_config.json asks for
+    beam search exits non-zero with one line naming the file and the field, no traceback."""
+    from tests.probes.conftest import one_line, real_run
+
+    ckpt, _ = base("mixtral")
+    bad = with_generation(ckpt, tmp_path / "beams", num_beams=4)
+    r = real_run(bad, tmp_path / "run")
+    one_line(r, f"{GENERATION_FILE}: num_beams=4", "greedily")
