@@ -33,6 +33,7 @@ from core.hf_config import (
 from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
+from real.fused_experts import unfuse_experts
 from real.shards import (
     TensorEntry,
     index_files,
@@ -420,6 +421,8 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
         cfg_file = d / "config.json"
         _warn_cut(str(cfg_file), cfg_file.stat().st_mtime_ns, spec.n_layers, max(layers) + 1)
     names = _names(spec.family)
+    if spec.family != "switch_transformers":  # transformers' modules' own names of experts
+        listed = unfuse_experts(d, spec, names, index, listed)
     embed = index.get(names.embed)  # no dtype in config.json: the weights', as transformers'
     if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
         spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
@@ -491,8 +494,19 @@ def _weight_files(d: Path) -> list[str]:
     elif (d / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:
+        variants = sorted(p.name for p in d.glob("model.*") if _VARIANT.match(p.name))
+        if variants:  # save_pretrained(variant=...): transformers loads it only when asked
+            raise ConfigError(
+                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {variants[0]}, a save_pretrained "
+                "variant (transformers loads it only given variant=); rename it and its "
+                "shards without the variant (model.safetensors, model-00001-of-...)"
+            )
         raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
     return files
+
+
+# a save_pretrained variant's weights: model.bf16.safetensors, its index, its shards
+_VARIANT = re.compile(r"model\.\w[\w-]*\.safetensors$")
 
 
 # a checkpoint's tensors that hold what config.json says a layer's FFN is: its routed experts
