@@ -114,6 +114,9 @@ def run_accelerate(
                         min_new_tokens=gen_len,
                         do_sample=False,
                         pad_token_id=0,
+                        # as moepipe's run, whatever the checkpoint's generation_config.json says
+                        max_time=None,
+                        num_return_sequences=1,
                     )
         except _Stopped:
             print(f"accelerate: stopped at its time limit, {limit_s:.1f} s", file=sys.stderr)

@@ -522,3 +522,22 @@ def test_switch_saved_forms_run_as_its_one_file(dtype, prompt, tmp_path):
     one = reference_generate(tmp_path / "one", prompt, GEN)
     sharded = reference_generate(tmp_path / "sharded", prompt, GEN)
     assert torch.equal(one[0], sharded[0]) and torch.equal(one[1], sharded[1])
+
+
+def test_the_accelerate_peer_generates_what_moepipe_runs(base, prompt, tmp_path, monkeypatch):
+    """bench_accelerate's peer generates gen_len tokens a sequence whatever the folder's
+    generation_config.json sets that moepipe's call does not apply (max_time); before, its
+    generate() stopped at the file's time limit, timing less work than moepipe's."""
+    from experiments.common.peers import run_accelerate
+
+    made = []
+    generate = transformers.GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        made.append(generate(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", spy)
+    timed = with_generation(base("mixtral")[0], tmp_path / "timed", max_time=1e-9)
+    run_accelerate(str(timed), 2**30, 2**30, prompt, 2, GEN, "false")
+    assert made and made[0].shape == (2, prompt.shape[1] + GEN)
