@@ -182,19 +182,20 @@ def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
     def token(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab
 
-    def tokens(key: str, nonempty: bool = False) -> tuple[int, ...]:
+    def tokens(key: str) -> tuple[int, ...]:
         v = fields.get(key)
         if v is None:
             return ()
-        if isinstance(v, list) and all(token(t) for t in v) and (v or not nonempty):
+        if isinstance(v, list) and all(token(t) for t in v):
             return tuple(v)
-        raise bad(key, f"a {'non-empty ' * nonempty}list of token ids below {vocab} or null")
+        raise bad(key, f"a list of token ids below {vocab} or null")
 
     penalty = fields.get("repetition_penalty")
     if penalty is None:
         penalty = 1.0
-    elif isinstance(penalty, bool) or not isinstance(penalty, int | float) or not penalty > 0:
-        raise bad("repetition_penalty", "a positive number or null")
+    elif penalty != 1 and not (isinstance(penalty, float) and penalty > 0):
+        # transformers' processor fails on an integer (2, not 2.0)
+        raise bad("repetition_penalty", "a positive float (2.0, not 2) or null")
     ngram = fields.get("no_repeat_ngram_size") or 0
     if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 0:
         raise bad("no_repeat_ngram_size", "an integer >= 0 or null")
@@ -205,16 +206,20 @@ def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
         and all(isinstance(w, list) and w and all(token(t) for t in w) for w in words)
     ):
         raise bad("bad_words_ids", f"a non-empty list of non-empty lists of ids below {vocab}")
+    eos: Any = fields.get("forced_eos_token_id")
+    if not (eos is None or token(eos) or isinstance(eos, list) and eos and all(map(token, eos))):
+        raise bad(
+            "forced_eos_token_id", f"a token id below {vocab}, a non-empty list of them or null"
+        )
     bos = fields.get("forced_bos_token_id")
     if bos is not None and not token(bos):
         raise bad("forced_bos_token_id", f"a token id below {vocab} or null")
-    eos: Any = fields.get("forced_eos_token_id")
     return Greedy(
         float(penalty),
         ngram,
         tuple(tuple(w) for w in words or ()),
         bos,
-        (eos,) if token(eos) else tokens("forced_eos_token_id", True),
+        (eos,) if token(eos) else tuple(eos or ()),
         tokens("suppress_tokens"),
         tokens("begin_suppress_tokens"),
     )

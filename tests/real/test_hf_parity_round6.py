@@ -319,14 +319,17 @@ MALFORMED = {
     "a-list": ("[1, 2]", ("holds a JSON list",)),
     "twice": ('{"top_k": 5, "top_k": 6}', ("'top_k' appears twice",)),
     "penalty-text": ('{"repetition_penalty": "1.2"}', ("repetition_penalty must be",)),
-    "penalty-0": ('{"repetition_penalty": 0}', ("repetition_penalty must be a positive",)),
+    "penalty-0": ('{"repetition_penalty": 0.0}', ("repetition_penalty must be a positive",)),
+    # transformers' processor fails on an integer penalty (1, which it skips, runs)
+    "penalty-int": ('{"repetition_penalty": 2}', ("repetition_penalty must be a positive float",)),
     "ngram-negative": ('{"no_repeat_ngram_size": -1}', ("no_repeat_ngram_size must be",)),
     "bad-words-flat": ('{"bad_words_ids": [5, 6]}', ("bad_words_ids must be",)),
     "bad-words-outside": ('{"bad_words_ids": [[128]]}', ("bad_words_ids", "below 128")),
     "suppress-text": ('{"suppress_tokens": "5"}', ("suppress_tokens must be",)),
     "begin-outside": ('{"begin_suppress_tokens": [-1]}', ("begin_suppress_tokens must be",)),
     "bos-outside": ('{"forced_bos_token_id": 500}', ("forced_bos_token_id must be",)),
-    "eos-empty": ('{"forced_eos_token_id": []}', ("forced_eos_token_id must be a non-empty",)),
+    "eos-empty": ('{"forced_eos_token_id": []}', ("forced_eos_token_id must be a token id",)),
+    "eos-outside": ('{"forced_eos_token_id": 128}', ("forced_eos_token_id must be a token id",)),
 }
 
 
