@@ -154,6 +154,40 @@ def test_honoured_field_equals_transformers_generate(family, field, dtype, base,
     assert not torch.equal(tokens, base_tokens)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", CAUSAL)
+def test_honoured_fields_together_equal_transformers_generate(
+    family, dtype, base, prompt, tmp_path
+):
+    """Every honoured field at once, in generate()'s order (a forced token first, then the
+    suppressions over it): transformers' tokens; with a 1-token prompt, forced_bos_token_id
+    moves begin_suppress_tokens' step one later, as transformers' begin index does."""
+    ckpt, _ = base(family, dtype)
+    for p in (prompt, prompt[:, :1]):
+        base_tokens = reference_generate(ckpt, p, GEN)[0]
+        fields = {k: make(base_tokens) for k, make in HONOURED.items()}
+        fields["begin_suppress_tokens"] = [int(base_tokens[0, 1]), 9]
+        both = with_generation(ckpt, tmp_path / f"all-{p.shape[1]}", **fields)
+        tokens, _ = reference_generate(both, p, GEN)
+        assert torch.equal(tokens, hf_generate(load_hf(both, dtype), p)[0])
+        assert not torch.equal(tokens, base_tokens)
+
+
+def test_switch_applies_the_settings_to_its_own_decoding(prompt, tmp_path):
+    """Switch (moepipe's causal substitute, no transformers reference) applies the folder's
+    settings too: the tokens it chose, suppressed, are never chosen."""
+    from tests.real.test_hf_parity_round5 import SWITCH, SWITCH_LAYERS, SWITCH_SPARSE
+
+    cfg = transformers.SwitchTransformersConfig(**SWITCH, **SWITCH_LAYERS, **SWITCH_SPARSE)
+    torch.manual_seed(0)
+    transformers.SwitchTransformersForConditionalGeneration(cfg).save_pretrained(tmp_path / "s")
+    tokens = reference_generate(tmp_path / "s", prompt, GEN)[0]
+    banned = sorted({int(t) for t in tokens.flatten()})
+    changed = with_generation(tmp_path / "s", tmp_path / "banned", suppress_tokens=banned)
+    again = reference_generate(changed, prompt, GEN)[0]
+    assert not set(again.flatten().tolist()) & set(banned)
+
+
 def test_config_json_generation_fields_apply_without_generation_config(base, prompt, tmp_path):
     """Without generation_config.json transformers reads config.json's generation fields (its
     older place for them): moepipe does too, with transformers' tokens; a refused one there is
