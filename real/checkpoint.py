@@ -494,6 +494,13 @@ def _weight_files(d: Path) -> list[str]:
     elif (d / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:
+        pickled = sorted(p.name for p in d.glob("pytorch_model*.bin*"))
+        if pickled:  # save_pretrained(safe_serialization=False) of transformers before 5
+            raise ConfigError(
+                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {pickled[0]}, torch's pickled "
+                "weights, which moepipe does not read; re-save the model with transformers' "
+                "save_pretrained, whose default writes safetensors"
+            )
         variants = sorted(p.name for p in d.glob("model.*") if _VARIANT.match(p.name))
         if variants:  # save_pretrained(variant=...): transformers loads it only when asked
             raise ConfigError(

@@ -527,10 +527,11 @@ def test_fused_experts_without_their_pair_are_one_line(tmp_path):
         load_checkpoint(ckpt)
 
 
-def test_a_variant_or_float16_is_one_line(tmp_path):
+def test_a_variant_pickle_or_float16_is_one_line(tmp_path):
     """save_pretrained(variant="bf16") writes model.bf16.safetensors, which transformers loads
-    only given variant=: refused naming the file and the rename (before: "no weights");
-    float16 weights are refused naming dtype."""
+    only given variant=: refused naming the file and the rename (before: "no weights"), as is
+    an older save_pretrained's pytorch_model.bin (safe_serialization=False); float16 weights
+    are refused naming dtype."""
     from real.checkpoint import load_checkpoint
 
     torch.manual_seed(0)
@@ -538,6 +539,11 @@ def test_a_variant_or_float16_is_one_line(tmp_path):
     model.save_pretrained(tmp_path / "variant", variant="bf16")
     with pytest.raises(ConfigError, match=r"but model.bf16.safetensors, a save_pretrained var"):
         load_checkpoint(tmp_path / "variant")
+    (tmp_path / "pickled").mkdir()
+    shutil.copy(tmp_path / "variant" / "config.json", tmp_path / "pickled")
+    torch.save(model.state_dict(), tmp_path / "pickled" / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"but pytorch_model.bin, torch's pickled weights"):
+        load_checkpoint(tmp_path / "pickled")
     model.to(torch.float16).save_pretrained(tmp_path / "half")
     with pytest.raises(ConfigError, match=r"config.json: dtype float16 is not supported"):
         load_checkpoint(tmp_path / "half")
