@@ -2,7 +2,7 @@
 `Greedy`): transformers' logits processors, in generate()'s order and with its operations, over
 the float32 logits, then the argmax. Every executor picks its tokens here.
 
-Usage: `next_tokens(model.greedy, logits, seen, prompt_len, gen_len)`.
+Usage: `next_tokens(model.greedy, logits, prompt, generated, gen_len)`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from core.hf_config.generation import Greedy
 
 
 def next_tokens(
-    g: Greedy, logits: torch.Tensor, seen: torch.Tensor, prompt_len: int, gen_len: int
+    g: Greedy, logits: torch.Tensor, prompt: torch.Tensor, generated: torch.Tensor, gen_len: int
 ) -> torch.Tensor:
-    """The next token of each sequence: logits [B, V] of its last position, seen [B, N] its
-    tokens so far (prompt, then those generated), the run prompt_len + gen_len long. Returns
-    [B] int64. Plain settings: logits.argmax(-1), whatever their dtype."""
+    """The next token of each sequence: logits [B, V] of its last position, prompt [B, P] and
+    generated [B, G'] its tokens so far, the run P + gen_len long. Returns [B] int64. Plain
+    settings: logits.argmax(-1), whatever their dtype, with nothing else read."""
     if g.plain:
         return logits.argmax(-1)
     scores = logits.to(torch.float32, copy=True)  # [B, V], as generate() casts them
-    seen = seen.long().to(scores.device)
+    seen = torch.cat([prompt, generated], 1).long().to(scores.device)  # [B, N]
+    prompt_len = prompt.shape[1]
     cur = seen.shape[1]
     if g.repetition_penalty != 1.0:
         got = scores.gather(1, seen)  # [B, N]

@@ -481,8 +481,8 @@ def _generate(
             logits, step_ids, step_w = forward_step(model, units, step_in, kv, start, forced)
             ids.append(step_ids)
             ws.append(step_w)
-            seen = torch.cat([prompt_tokens.long(), *(t[:, None] for t in tokens)], 1)
-            next_tok = next_tokens(model.greedy, logits, seen, p, gen_len)  # [B]
+            so_far = torch.stack(tokens, 1) if tokens else prompt_tokens[:, :0]  # [B, G']
+            next_tok = next_tokens(model.greedy, logits, prompt_tokens, so_far, gen_len)  # [B]
             tokens.append(next_tok)
             start += n
             step_in = next_tok[:, None]

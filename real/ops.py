@@ -187,9 +187,9 @@ class OpSemantics(KVSemantics):
                 bst.written[op.step] += s1 - s0
             bst.logits[s0:s1] = logits
             self._note_finite(op.step, s.n_layers, 0, op.batch, "logits", logits)
-            seen = torch.cat([bst.prompt[s0:s1], bst.tokens[s0:s1, : op.step]], 1)  # [s, P+step]
-            p, g = bst.prompt.shape[1], self.wl.gen_len
-            bst.tokens[s0:s1, op.step] = next_tokens(m.greedy, logits, seen, p, g)
+            so_far = bst.tokens[s0:s1, : op.step]  # [s1-s0, step]
+            chosen = next_tokens(m.greedy, logits, bst.prompt[s0:s1], so_far, self.wl.gen_len)
+            bst.tokens[s0:s1, op.step] = chosen
 
     def _attention_span(self, op: Op, w: Mapping[str, torch.Tensor]) -> None:
         """One attention call over the whole batches op.batch .. op.batch + op.batches - 1: the

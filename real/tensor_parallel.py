@@ -467,9 +467,8 @@ class TensorParallel:
             dev.tokens[b] = torch.zeros(
                 wl.batch_size, wl.gen_len, dtype=torch.long, device=ex.device
             )
-        prompt = ex._batches[b].prompt
-        seen = torch.cat([prompt[s0:s1], dev.tokens[b][s0:s1, : op.step]], 1)  # [b', P+step]
-        chosen = next_tokens(ex.model.greedy, logits, seen, prompt.shape[1], wl.gen_len)  # [b']
+        prompt, so_far = ex._batches[b].prompt[s0:s1], dev.tokens[b][s0:s1, : op.step]
+        chosen = next_tokens(ex.model.greedy, logits, prompt, so_far, wl.gen_len)  # [b']
         dev.tokens[b][s0:s1, op.step] = chosen
         if d != self.writer:
             return
