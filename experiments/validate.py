@@ -46,6 +46,7 @@ from core.errors import (  # noqa: E402
     ScheduleError,
 )
 from core.hardware import HardwareSpec
+from core.planner import Planner
 from core.routing import Routing, load_routing  # noqa: E402
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth  # noqa: E402
@@ -69,8 +70,8 @@ from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_name
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
-    resolve_n_batches,
     simulate_run,
+    sized_run,
     write_run,
 )
 from experiments.common.real_run import real_execute  # noqa: E402
@@ -289,7 +290,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
         for res in (Resource.DISK, Resource.H2D)
         if (bws := [s[res] for ps in probed.values() for _, s in ps if res in s])
     }
-    for name, (spec, routing, sim) in sims.items():
+    for name, (spec, routing, sim, _) in sims.items():
         runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
         # the median run (a trace comes from one run): the lower middle for an even count, so
         # two repeats do not compare against the slower
@@ -375,18 +376,20 @@ def _setup(opts: dict[str, Any]) -> Setup:
     )
 
 
-def _simulate_all(
-    setup: Setup, rows: list[dict[str, Any]]
-) -> dict[str, tuple[RunSpec, Routing, RunResult]]:
+# a planner's sized run, its routing, simulation and planner (its real runs reuse its choices)
+Sim = tuple[RunSpec, Routing, RunResult, Planner]
+
+
+def _simulate_all(setup: Setup, rows: list[dict[str, Any]]) -> dict[str, Sim]:
     """Each planner planned and simulated; one it refuses is a `skipped` row of `rows`."""
-    sims: dict[str, tuple[RunSpec, Routing, RunResult]] = {}
+    sims: dict[str, Sim] = {}
     for name in setup.names:
         try:
-            spec = resolve_n_batches(
+            spec, planner = sized_run(
                 RunSpec(setup.model, setup.hw, setup.wl, name, dict(setup.params))
             )
             routing = load_routing(spec.model, spec.workload)
-            sims[name] = spec, routing, simulate_run(spec, routing)
+            sims[name] = spec, routing, simulate_run(spec, routing, planner), planner
         except MoepipeError as e:
             rows.append(dict(planner=name, skipped=own_names(str(e), VALIDATE_OPTIONS)))
     return sims
@@ -396,7 +399,7 @@ Probed = list[tuple[RunResult, dict[Resource, float]]]  # (prediction, the probe
 
 
 def _real_runs(
-    setup: Setup, sims: dict[str, tuple[RunSpec, Routing, RunResult]], rows: list[dict[str, Any]]
+    setup: Setup, sims: dict[str, Sim], rows: list[dict[str, Any]]
 ) -> tuple[dict[str, list[RunResult]], dict[str, Probed]]:
     """Each planner's real runs, and with links=probe each one's prediction. Real runs on a
     shared machine vary run to run, and this VM's disk drifts by +-30% over minutes: the
@@ -405,7 +408,7 @@ def _real_runs(
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
     probed: dict[str, Probed] = {name: [] for name in sims}
     for _ in range(setup.repeats):
-        for name, (spec, routing, _) in list(sims.items()):
+        for name, (spec, routing, _, planner) in list(sims.items()):
             # the probe's own failure (its run refused) is the whole command's, not this planner's
             probe_now = (
                 probe_predict(setup.ckpt, setup.hw_dict, spec, routing, setup.fracs)
@@ -415,10 +418,14 @@ def _real_runs(
             try:
                 real_spec = replace(spec, executor="real")
                 if setup.distributed:
-                    dist = run_distributed(setup.ckpt, real_spec, "replay", None, 120, routing)
+                    dist = run_distributed(
+                        setup.ckpt, real_spec, "replay", None, 120, routing, planner
+                    )
                     result = dist.result
                 else:
-                    result, _ = real_execute(setup.ckpt, real_spec, "replay", routing=routing)
+                    result, _ = real_execute(
+                        setup.ckpt, real_spec, "replay", routing=routing, planner=planner
+                    )
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN
                 # weights fail the command (as a skipped row, the table left the planner out)

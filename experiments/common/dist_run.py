@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError
+from core.planner import Planner
 from core.routing import Routing
 from experiments.common.launch_line import all_local, first_to_say, gone_peers
 from experiments.common.launch_line import launched_ranks as _launched_ranks
-from experiments.common.pipeline import RunResult, RunSpec, build_schedule, resolve_n_batches
+from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
     LOST,
     PARENT_VAR,
@@ -109,12 +110,20 @@ def launch_ranks() -> tuple[int, int] | None:
 def n_processes(ckpt: str, spec: RunSpec, routing_mode: str = "replay") -> int:
     """The devices of the schedule `spec` plans (one process each); one line where the machine
     cannot run them, the planner has none, or it peeks at routing a live run cannot give it."""
+    return sized_processes(ckpt, spec, routing_mode)[0]
+
+
+def sized_processes(
+    ckpt: str, spec: RunSpec, routing_mode: str = "replay", planner: Planner | None = None
+) -> tuple[int, RunSpec, Planner]:
+    """`n_processes`, the run sized on the checkpoint's model (`sized_run`) and the planner
+    that sized and planned it (`planner`, else a new one), for the ranks to reuse its choices."""
     from experiments.common.real_run import _shape_routing
     from real.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(ckpt)
-    spec = resolve_n_batches(replace(spec, model=model, executor="real"))
-    schedule = build_schedule(spec, _shape_routing(spec))
+    spec, planner = sized_run(replace(spec, model=model, executor="real"), planner)
+    schedule = build_schedule(spec, _shape_routing(spec), planner)
     ep = schedule.ep
     if routing_mode == "live" and schedule.meta.get("oracle"):
         from real.executor import LIVE_ORACLE
@@ -143,7 +152,7 @@ def n_processes(ckpt: str, spec: RunSpec, routing_mode: str = "replay") -> int:
         raise ConfigError(
             "lanes (G streams of one GPU) run in one process; set executor.distributed=false"
         )
-    return g
+    return g, spec, planner
 
 
 def run_distributed(
@@ -153,18 +162,20 @@ def run_distributed(
     device: str | None,
     timeout_s: float,
     routing: Routing | None = None,
+    planner: Planner | None = None,
 ) -> DistOutput | None:
     """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
-    `routing`: replay this routing (else the workload's, as `real_execute`)."""
+    `routing`: replay this routing (else the workload's, as `real_execute`). `planner`: the
+    run's (a simulation's of it), else one made here; the spawned ranks reuse its choices."""
     if launched():
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing)
+        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner)
         return out if int(os.environ["RANK"]) == 0 else None
     from experiments.common.real_run import check_routing_mode, checkpoint_files, unchanged_since
 
     check_routing_mode(routing_mode)  # here, not as each rank's line ("rank 1: ...") once started
     files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
-    g = n_processes(ckpt, spec, routing_mode)
-    args = (ckpt, spec, routing_mode, device, timeout_s, routing)
+    g, _, planner = sized_processes(ckpt, spec, routing_mode, planner)
+    args = (ckpt, spec, routing_mode, device, timeout_s, routing, planner)
     out = _spawn(g, _child, args)
     unchanged_since(ckpt, files)
     return out
@@ -416,12 +427,15 @@ def _child(
     device: str | None,
     timeout_s: float,
     routing: Routing | None,
+    planner: Planner | None = None,
 ) -> None:
     """One spawned rank: its result (rank 0) or its one-line error goes to a file in `tmp`."""
     _as_rank(
         rank,
         tmp,
-        lambda: _rank(ckpt, spec, routing_mode, device, timeout_s, (init, rank, world), routing),
+        lambda: _rank(
+            ckpt, spec, routing_mode, device, timeout_s, (init, rank, world), routing, planner
+        ),
     )
 
 
@@ -475,8 +489,10 @@ def _rank(
     timeout_s: float,
     init: tuple[str, int, int] | None,
     routing: Routing | None = None,
+    planner: Planner | None = None,
 ) -> DistOutput:
-    """This process's rank: join the group (`init`: spawned; else torchrun's env), run."""
+    """This process's rank: join the group (`init`: spawned; else torchrun's env), run.
+    `planner`: the run's, whose choices (Klotski's n) this rank's plans reuse."""
     import torch.distributed as dist
 
     from experiments.common.real_run import real_execute
@@ -507,12 +523,13 @@ def _rank(
             f"{timeout_s:g} s (a rank never joined, or MASTER_ADDR/MASTER_PORT are wrong): {first}"
         ) from None
     try:
-        if init is None and dist.get_world_size() != n_processes(ckpt, spec):
-            raise ConfigError(
-                f"torchrun started {dist.get_world_size()} processes, the schedule has "
-                f"{n_processes(ckpt, spec)} devices; "
-                "set --nproc_per_node to planner.params.n_devices"
-            )
+        if init is None:
+            g, _, planner = sized_processes(ckpt, spec, planner=planner)
+            if dist.get_world_size() != g:
+                raise ConfigError(
+                    f"torchrun started {dist.get_world_size()} processes, the schedule has "
+                    f"{g} devices; set --nproc_per_node to planner.params.n_devices"
+                )
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         try:
@@ -524,6 +541,7 @@ def _rank(
                 device=device,
                 distributed=True,
                 on_peers=held.append,
+                planner=planner,
             )
         except MoepipeError as e:
             if _peer_gone(e):

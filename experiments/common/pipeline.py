@@ -242,12 +242,17 @@ def check_ram(need: int, what: str, fix: str) -> None:
         )
 
 
-def simulate_run(spec: RunSpec, routing: Routing | None = None) -> RunResult:
+def simulate_run(
+    spec: RunSpec, routing: Routing | None = None, planner: Planner | None = None
+) -> RunResult:
+    """Plan, validate, simulate and summarise `spec`: sized here where no `routing` is given,
+    else `spec` is the sized run the routing is of. `planner`: the run's (`sized_run`'s), which
+    keeps its choices; else a new one."""
     if routing is None:
-        spec, planner = sized_run(spec)
+        spec, planner = sized_run(spec, planner)
         routing = last_routing(spec.model, spec.workload)
     else:
-        planner = run_planner(spec)
+        planner = planner or run_planner(spec)
     # the collector paused from the plan to the summary, not only while planning and simulating:
     # on again in between, it scanned the schedule's ops in the validator (a young and an old
     # collection, a twentieth of a 178k-op run's time)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from core.cost import CostModel
 from core.errors import ConfigError, MoepipeError
 from core.files import memory_filesystem
-from core.planner import PlanContext
+from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.spec import ModelSpec, Workload
@@ -36,10 +36,10 @@ from experiments.common.pipeline import (
     RunResult,
     RunSpec,
     build_schedule,
-    resolve_n_batches,
+    run_planner,
+    sized_run,
     summary_of,
 )
-from planners.registry import make_planner
 from real.checkpoint import INDEX_FILE, Unit, hf_config, load_checkpoint
 from real.distributed import Peers
 from real.executor import Executor
@@ -93,18 +93,21 @@ def real_execute(
     store: TieredStore | None = None,
     distributed: bool = False,
     on_peers: Callable[[Peers], None] | None = None,
+    planner: Planner | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
     the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
     whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
-    which peer went away)."""
+    which peer went away). `planner`: the run's (`sized_run`'s, a simulation's of the same run),
+    whose choices (Klotski's n) every plan of the run reuses; else one made here."""
     check_routing_mode(routing_mode)
     files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
     model_spec, _ = load_checkpoint(ckpt)
     spec = replace(spec, model=model_spec, executor="real")
     if routing is None:
-        spec = resolve_n_batches(spec)
+        spec, planner = sized_run(spec, planner)
+    planner = planner or run_planner(spec)  # one for every plan below: each would choose again
     if not distributed or torch.distributed.get_rank() == 0:  # one line per run, not per rank
         warn_past_context(ckpt, spec.workload)
     prompts = prompts_for(spec.model, spec.workload)
@@ -115,20 +118,21 @@ def real_execute(
         ex = Executor(store, model, spec.workload, prompts)
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts)
-            schedule = build_schedule(spec, routing)
+            schedule = build_schedule(spec, routing, planner)
             ex.peers = _peers(schedule, spec, on_peers) if distributed else None
             out = ex.run_replay(schedule, routing)
         else:
             # Dry plans on replayed routing tell where placement-resident units sit.
             dry_routing = routing or _shape_routing(spec)
-            resident, kv_batches = resident_before_start(spec, dry_routing, distributed)
-            first = build_schedule(spec, dry_routing)  # the first placement: no routing read
+            resident, kv_batches = resident_before_start(spec, dry_routing, distributed, planner)
+            # the first placement: no routing read
+            first = build_schedule(spec, dry_routing, planner)
             ex.peers = _peers(first, spec, on_peers) if distributed else None
             cost = CostModel(spec.hardware)
-            planner = make_planner(spec.planner, spec.params)
+            live = planner
 
             def plan(causal: CausalRouting, builder: ScheduleBuilder) -> None:
-                planner.plan(
+                live.plan(
                     PlanContext(spec.model, spec.hardware, spec.workload, causal, cost), builder
                 )
                 builder.meta.update(
@@ -209,7 +213,7 @@ def _peers(
 
 
 def resident_before_start(
-    spec: RunSpec, routing: Routing, distributed: bool = False
+    spec: RunSpec, routing: Routing, distributed: bool = False, planner: Planner | None = None
 ) -> tuple[dict[Unit, Tier], set[int]]:
     """Where each weight unit of a live run must sit before its first op: `resident_units` of dry
     plans, the first on `routing`, each later one on routing that sends every token to experts
@@ -217,7 +221,8 @@ def resident_before_start(
     may choose any expert, and one dry routing can miss some (3 sequences x 7 tokens x top-2 over
     8 experts did), whose weights the live run then read synchronously. A planner's placement at
     t=0 reads no routing (the causal contract), so the plans agree on where a unit starts.
-    Also the batches whose KV the plans keep in host memory (KV_LOAD / KV_STORE ops)."""
+    Also the batches whose KV the plans keep in host memory (KV_LOAD / KV_STORE ops).
+    `planner`: the run's, which plans each of them (else a new one each)."""
     moe = {layer: m for m, layer in enumerate(spec.model.moe_layers)}
     n_experts = spec.model.n_experts
     resident: dict[Unit, Tier] = {}  # from the plans that used the unit
@@ -226,7 +231,7 @@ def resident_before_start(
     guess: dict[Unit, Tier] | None = None
     kv_batches: set[int] = set()
     while True:
-        dry = build_schedule(spec, routing)
+        dry = build_schedule(spec, routing, planner)
         kv_batches |= {op.batch for op in dry.ops if op.kind in (OpKind.KV_LOAD, OpKind.KV_STORE)}
         for unit, tier in resident_units(dry).items():
             resident.setdefault(unit, tier)
