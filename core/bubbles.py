@@ -35,9 +35,6 @@ def _gpu_of(schedule: Schedule) -> dict[str, int]:
     }
 
 
-_BLOCK = 1 << 17  # ops per block of `_Chain._best_pred`
-
-
 def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     """Seconds each cause kept the GPUs idle, the mean over the GPUs (largest first); they add up
     to the time no kernel ran, the run's `gpu_bubble_s`.
@@ -124,53 +121,31 @@ class _Chain:
         self.tier_of = np.where(takes, cols["alloc_tier"], -1)
         # of its predecessors that ran (deps, the op before on the same stream, the op that held
         # the same resource before it: a stream's transfer queued behind another stream's), the
-        # first that ended last: the one the walk steps back to (-1: none)
-        self.best_pred = self._best_pred(schedule, cols)
+        # first that ended last: the one the walk steps back to (`_pred`), found for the few
+        # thousand ops the walk reaches, not for every op
+        self.ops = schedule.ops
+        self.prev = self._prev_on_stream(sid).tolist()
+        self.held = self._held_before(schedule).tolist()
+        self.ends = self.end.tolist()
         self.out: defaultdict[str, float] = defaultdict(float)
 
-    def _best_pred(self, schedule: Schedule, cols: dict[str, np.ndarray]) -> np.ndarray:
-        """Per op, the first of [*deps, the op before on its stream, the op that held its
-        resource before it] that ran, ended last among them (-1: none ran)."""
-        n = len(schedule.ops)
-        prev = np.full(n, -1)
-        sid = cols["stream"]
+    @staticmethod
+    def _prev_on_stream(sid: np.ndarray) -> np.ndarray:
+        """Per op, the op before it on its stream (-1: none)."""
+        prev = np.full(len(sid), -1)
         order = np.argsort(sid, kind="stable")  # each stream's ops in op order
         same = sid[order[1:]] == sid[order[:-1]]
         prev[order[1:][same]] = order[:-1][same]
-        held = self._held_before(schedule)
-        out = np.full(n, -1)
-        # a block of ops at a time: the candidate arrays are as long as the deps, a run's
-        # largest, and several of them at once were most of a summary's peak memory
-        for lo in range(0, n, _BLOCK):
-            hi = min(lo + _BLOCK, n)
-            out[lo:hi] = self._best_of(cols, lo, hi, prev[lo:hi], held[lo:hi])
-        return out
+        return prev
 
-    def _best_of(
-        self, cols: dict[str, np.ndarray], lo: int, hi: int, prev: np.ndarray, held: np.ndarray
-    ) -> np.ndarray:
-        """`_best_pred` of ops lo..hi-1."""
-        ptr = cols["dep_ptr"][lo : hi + 1]
-        deps = cols["dep_idx"][ptr[0] : ptr[-1]]
-        m = hi - lo
-        # each op's candidates in list order: its deps, then prev, then held (int32)
-        counts = np.diff(ptr) + 2
-        start = np.r_[0, np.cumsum(counts)[:-1]]
-        cand = np.empty(int(counts.sum()), np.int32)
-        cand[np.arange(len(deps)) + 2 * np.repeat(np.arange(m), counts - 2)] = deps
-        cand[start + counts - 2] = prev
-        cand[start + counts - 1] = held
-        end = self.end
-        val = np.where(cand >= 0, end[np.maximum(cand, 0)], -np.inf)
-        val[np.isnan(val)] = -np.inf  # a predecessor that never ran
-        best = np.maximum.reduceat(val, start)
-        hit = np.flatnonzero((val > -np.inf) & (val == np.repeat(best, counts)))
-        del val
-        seg = np.searchsorted(start, hit, "right") - 1  # the op each hit is a candidate of
-        first = np.r_[True, seg[1:] != seg[:-1]] if len(hit) else np.zeros(0, bool)
-        out = np.full(m, -1)
-        out[seg[first]] = cand[hit[first]]
-        return out
+    def _pred(self, x: int) -> int:
+        """Of op x's [*deps, the op before on its stream, the op that held its resource before
+        it], the first that ran and ended last (-1: none ran)."""
+        ends, best, who = self.ends, -np.inf, -1
+        for c in (*self.ops[x].deps, self.prev[x], self.held[x]):
+            if c >= 0 and ends[c] > best:  # a NaN end (never ran) is never greater
+                best, who = ends[c], c
+        return who
 
     def _held_before(self, schedule: Schedule) -> np.ndarray:
         """Per op, the op that ran on its resource just before it (-1: none), where the resource
@@ -202,7 +177,7 @@ class _Chain:
             t = min(t, s)
             if t <= a + _EPS:
                 return
-            p = int(self.best_pred[x])
+            p = self._pred(x)
             if p < 0:
                 self.out["late@" + self.resources[self.resource_of[x]]] += t - a
                 return

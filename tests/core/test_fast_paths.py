@@ -121,17 +121,20 @@ def test_every_run_summarises_as_the_references_do(runs):
             assert np.array_equal(new, ref)
 
 
-def test_bubble_walk_in_small_blocks_equals_the_reference(runs, monkeypatch):
-    """The predecessor search runs a block of ops at a time (memory); blocks of 7 ops, which cut
-    every op's candidates at arbitrary places, give the reference's causes."""
-    import core.bubbles
+def test_the_walks_predecessor_is_the_references_for_every_op(runs):
+    """The op the bubble walk steps back to, found as the walk reaches an op: for every op of
+    each run, and of its trace jittered (ties, zero lengths, ops that never ran), the
+    reference's (the first of the predecessors that ran that ended last)."""
+    from core.bubbles import _Chain
+    from tests.core.fast_path_refs import _RefChain
 
-    monkeypatch.setattr(core.bubbles, "_BLOCK", 7)
     for seed, (schedule, trace) in enumerate(runs):
         s = fresh(schedule)
-        tr = jittered(s, trace, seed, 0.1)
-        assert idle_causes(s, trace) == ref_idle_causes(s, trace)
-        assert idle_causes(s, tr) == ref_idle_causes(s, tr)
+        for tr in (trace, jittered(s, trace, seed, 0.1)):
+            new, ref = _Chain(s, tr), _RefChain(s, tr)
+            want = [max(ps, key=lambda d: ref.end[d]) if ps else -1 for ps in ref.preds]
+            assert [new._pred(x) for x in range(len(s.ops))] == want
+            assert idle_causes(s, tr) == ref_idle_causes(s, tr)
 
 
 @settings(
@@ -269,7 +272,7 @@ def test_make_trace_gives_the_per_op_frame(runs, tmp_path):
 
 
 def test_expert_chain_emits_what_expert_calls_would():
-    """Emitter.expert_chain (one call per batch, rows through ScheduleBuilder.extend) gives the
+    """Emitter.expert_chain (one call per batch, its ops through ScheduleBuilder.extend) gives the
     ops that Emitter.expert, once per chosen expert, gives: fields, types and deps (a resident
     expert's load None, the first op with no op before, experts without tokens skipped)."""
     from core.cost import CostModel
