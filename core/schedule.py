@@ -72,7 +72,8 @@ class Op(NamedTuple):
         return " ".join(parts) + f" on {self.stream}"
 
 
-_new_op = tuple.__new__  # an Op from its fields in order, without binding keywords
+# `new_op(Op, (id, kind, ...))`: an Op from all its fields in order, without binding keywords
+new_op = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class ScheduleBuilder:
         a dozen keywords twice was a sixth of planning's time."""
         ops = self.ops
         i = len(ops)
-        op = _new_op(
+        op = new_op(
             Op,
             (
                 i,
@@ -279,20 +280,20 @@ class ScheduleBuilder:
         appended equals the one `add` makes."""
         ops = self.ops
         i = len(ops)
-        op = _new_op(Op, (i, *fields))
+        op = new_op(Op, (i, *fields))
         ops.append(op)
         if self._sink is not None:
             self._sink(op)
         return i
 
-    def extend(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """`append` of each row, in order: their ids are consecutive from `len(self.ops)`."""
-        ops, sink = self.ops, self._sink
-        for fields in rows:
-            op = _new_op(Op, (len(ops), *fields))
-            ops.append(op)
-            if sink is not None:
-                sink(op)
+    def extend(self, ops: list[Op]) -> None:
+        """Ops a planner built whole (`new_op`, for its hottest loop: one tuple per op), in
+        order, their ids consecutive from `len(self.ops)`."""
+        assert not ops or ops[0].id == len(self.ops), "ops' ids are their positions"
+        self.ops += ops
+        if self._sink is not None:
+            for op in ops:
+                self._sink(op)
 
     def build(self) -> Schedule:
         return Schedule(

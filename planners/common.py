@@ -15,7 +15,7 @@ import numpy as np
 
 from core.planner import PlanContext
 from core.routing import GateView
-from core.schedule import ScheduleBuilder
+from core.schedule import Op, ScheduleBuilder, new_op
 from core.spec import ModelSpec
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.placement import Placement, staged_placement
@@ -430,10 +430,9 @@ class Emitter:
         gates = self.gate_ops[(step, layer)]
         tail = tuple(filter(_is_op, (*extra, *gates[batch : batch + 1])))
         flops, touch = 2.0 * m.expert_params, m.expert_bytes
-        head = (OpKind.EXPERT, self.compute, step, layer, batch)
-        rest = (touch, 0, None, None, None, 0, None, 0)  # touch_bytes, width .. free_bytes
+        kind, stream, tensor = OpKind.EXPERT, self.compute, Tensor.EXPERT
         start = i = len(out.ops)
-        rows = []
+        ops = []
         for e, count in enumerate(counts):
             if count:
                 load = loads[e]
@@ -441,10 +440,34 @@ class Emitter:
                     deps = tuple(filter(_is_op, (load, last, *tail)))
                 else:
                     deps = (load, last, *tail)
-                rows.append((*head, e, -1, Tensor.EXPERT, 0, count, flops * count, *rest, deps, 1))
+                fields = (
+                    i,
+                    kind,
+                    stream,
+                    step,
+                    layer,
+                    batch,
+                    e,
+                    -1,  # micro: the whole batch
+                    tensor,
+                    0,  # nbytes
+                    count,  # tokens
+                    flops * count,
+                    touch,  # touch_bytes
+                    0,  # width
+                    None,  # src
+                    None,  # dst
+                    None,  # alloc_tier
+                    0,  # alloc_bytes
+                    None,  # free_tier
+                    0,  # free_bytes
+                    deps,
+                    1,  # batches: its own
+                )
+                ops.append(new_op(Op, fields))
                 last = i
                 i += 1
-        out.extend(rows)
+        out.extend(ops)
         return range(start, i)
 
     def ffn(
