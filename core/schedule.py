@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from operator import is_not, itemgetter
 from typing import Any, NamedTuple, TypeGuard, cast
 
@@ -138,17 +138,18 @@ class Schedule:
         tensor_idx = {t: i for i, t in enumerate(Tensor)}
 
         def ints(name: str, dtype: Any = np.int64) -> np.ndarray:
-            # via float64, as a planner may give a byte count as a float
-            return np.fromiter(field_(name), np.float64, n).astype(dtype)
+            # a planner may give a byte count as a float: numpy truncates it, as astype would
+            return np.fromiter(field_(name), dtype, n)
 
         def coded(name: str, idx: Mapping[Any, int], dtype: Any) -> np.ndarray:
             return np.fromiter(map(idx.__getitem__, field_(name)), dtype, n)
 
+        dep_ptr = np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))]
         cols = {
             "id": ints("id"),
             "kind": coded("kind", kind_idx, np.int16),
             # -1: a stream not declared (validate names it)
-            "stream": np.fromiter((stream_idx.get(s, -1) for s in field_("stream")), np.int16, n),
+            "stream": np.fromiter(map(stream_idx.get, field_("stream"), repeat(-1)), np.int16, n),
             "tensor": coded("tensor", tensor_idx, np.int16),
             "nbytes": ints("nbytes"),
             "tokens": ints("tokens"),
@@ -167,8 +168,9 @@ class Schedule:
             "micro": ints("micro", np.int32),
             "expert": ints("expert", np.int32),
             "batches": ints("batches", np.int32),
-            "dep_ptr": np.r_[0, np.cumsum(np.fromiter(map(len, field_("deps")), np.int64, n))],
-            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int32),  # ids < 2**31
+            "dep_ptr": dep_ptr,
+            # ids < 2**31; counted, so that numpy allocates it once, not as it grows
+            "dep_idx": np.fromiter(chain.from_iterable(field_("deps")), np.int32, int(dep_ptr[-1])),
         }
         self._columns = cols
         return cols

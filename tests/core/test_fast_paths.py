@@ -109,6 +109,23 @@ def test_columns_are_the_rows_they_were(runs):
         assert deps == [list(o.deps) for o in schedule.ops]
 
 
+def test_columns_truncate_a_float_count_as_the_reference():
+    """A planner may give a byte or token count as a float, or a numpy scalar: each column holds
+    what the reference's float64 rows, cast, hold (a float truncated toward zero)."""
+    from core.schedule import StreamSpec
+
+    fields = dict(nbytes=2.9, tokens=np.int64(7), alloc_bytes=3.0, free_bytes=np.float64(1.5))
+    ops = [
+        Op(0, OpKind.LOAD, "w", layer=np.int64(1), alloc_tier=Tier.GPU, **fields),
+        Op(1, OpKind.FREE, "w", step=2.0, free_tier=Tier.GPU, free_bytes=5.99, deps=(0,)),
+    ]
+    s = Schedule(ops, {"w": StreamSpec("w", Resource.H2D)}, {}, {})
+    new, ref = s.columns(), ref_columns(s)
+    for k, v in ref.items():
+        assert new[k].dtype == v.dtype and np.array_equal(new[k], v), k
+    assert new["nbytes"].tolist() == [2, 0] and new["free_bytes"].tolist() == [1, 5]
+
+
 def test_every_run_summarises_as_the_references_do(runs):
     """Bubble causes, heads/tails and peak memory of each planner's simulated run."""
     for schedule, trace in runs:
