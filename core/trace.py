@@ -155,8 +155,20 @@ def busy_s(
     """Seconds each resource spends running ops (one op at a time, or a pool's work: `work_s`,
     or `work` where the caller has it)."""
     work = work_s(trace, schedule) if work is None else work
-    out = work.groupby(trace["resource"].astype(str), observed=True).sum()
+    out = sum_by_name(work, trace["resource"])
     return {str(k): float(v) for k, v in out.items() if k != "none"}
+
+
+def sum_by_name(values: pd.Series, names: pd.Series) -> pd.Series:
+    """`values.groupby(names.astype(str)).sum()`: pandas' (compensated) sums, by name in sorted
+    order. A trace's categorical column of names is grouped by its codes, the same rows in the
+    same order: casting 178k rows to str took six times as long as the sums."""
+    cats = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else None
+    if cats is None or not all(isinstance(c, str) for c in cats) or (names.cat.codes < 0).any():
+        return values.groupby(names.astype(str), observed=True).sum()
+    out = values.groupby(names, observed=True).sum()
+    out.index = out.index.astype(str)
+    return out.sort_index()
 
 
 def bound_resource(schedule: Schedule, trace: pd.DataFrame) -> np.ndarray:
@@ -419,11 +431,8 @@ def summarize(
     lower = float(by.max()) if len(by) else 0.0
     dag, dag_binds = dag_bound(schedule, trace, work)
     dag = max(dag, lower)
-    moved = (
-        trace[trace["bytes"] > 0]
-        .groupby(trace["resource"].astype(str), observed=True)["bytes"]
-        .sum()
-    )
+    sent = trace["bytes"] > 0
+    moved = sum_by_name(trace["bytes"][sent], trace["resource"][sent])
     tokens = workload.tokens_generated
     ep = schedule.ep  # expert-parallel runs: balance and utilisation (core/balance.py)
     balance = balance_metrics(trace, ep.n_devices, ep.lanes, ep.copy_kernels) if ep else {}

@@ -126,6 +126,22 @@ def test_columns_truncate_a_float_count_as_the_reference():
     assert new["nbytes"].tolist() == [2, 0] and new["free_bytes"].tolist() == [1, 5]
 
 
+@pytest.mark.parametrize("cats", [None, ["h2d", "gpu", "d2h"], ["d2h", "gpu", "h2d", "none"]])
+def test_sums_by_name_are_the_str_groupbys(cats):
+    """`sum_by_name` (a categorical column grouped by its codes) gives what grouping its names
+    cast to str gives: the same compensated sums of the same rows, names in sorted order, with
+    categories unsorted, unused, or a row with none (NaN, which str names "nan")."""
+    from core.trace import sum_by_name
+
+    rng = np.random.default_rng(0)
+    names = rng.choice(["gpu", "h2d", "d2h"], 1000).astype(object)
+    values = pd.Series(rng.random(1000) * 10.0 ** rng.integers(-9, 9, 1000))
+    col = pd.Series(names if cats is None else pd.Categorical(names, categories=cats))
+    for c in (col, col.where(np.arange(1000) != 7)):
+        new, ref = sum_by_name(values, c), values.groupby(c.astype(str), observed=True).sum()
+        assert list(new.index) == list(ref.index) and new.to_numpy().tolist() == ref.tolist()
+
+
 def test_every_run_summarises_as_the_references_do(runs):
     """Bubble causes, heads/tails and peak memory of each planner's simulated run."""
     for schedule, trace in runs:
