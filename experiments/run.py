@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
@@ -56,7 +55,6 @@ from experiments.common.cli import (
 from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
-from experiments.common.pool import die_with_parent
 from experiments.common.reader_left import guard_stdout
 from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.run_dir import (
@@ -291,9 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings(
         "ignore", message="A worker stopped while some jobs were given", category=UserWarning
     )
-    from experiments.common.dist_run import launched, stop_on_sigterm
+    from experiments.common.launch_line import launched
 
     if launched():  # one rank of torchrun's, whose agent stops the others when one fails
+        from experiments.common.dist_run import stop_on_sigterm
+
         stop_on_sigterm(int(os.environ["RANK"]))
     problem = (
         key_given_twice(argv)
@@ -357,6 +357,14 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _in_pool_worker() -> bool:
+    """This process is a worker of a launcher's pool (joblib's). multiprocessing, imported here:
+    a single run, which never asks, starts without it."""
+    import multiprocessing
+
+    return multiprocessing.current_process().name != "MainProcess"
+
+
 def task(cfg: DictConfig) -> None:
     """One run, or one point of a sweep."""
     hc = HydraConfig.get()
@@ -366,11 +374,13 @@ def task(cfg: DictConfig) -> None:
             f"the run in {out_dir} did not finish (a run is not resumed: the same "
             "command runs it whole)"
         )
-    elif multiprocessing.current_process().name != "MainProcess":
+    elif _in_pool_worker():
         # A launcher's pool worker (joblib's) leaves Ctrl-C to the sweep's process, which stops
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
         # only come before that line. It dies with the sweep's process (a kill -9 of it left
         # the workers running).
+        from experiments.common.pool import die_with_parent
+
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent()
         guard_stdout()  # its log lines once the sweep's reader has left (`| head -1`)
@@ -391,7 +401,7 @@ def task(cfg: DictConfig) -> None:
 
 def torchrun_rank() -> int:
     """This process's rank in a torchrun launch of G > 1 processes; 0 outside one."""
-    from experiments.common.dist_run import launched
+    from experiments.common.launch_line import launched
 
     return int(os.environ["RANK"]) if launched() else 0
 

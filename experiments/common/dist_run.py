@@ -38,7 +38,13 @@ from typing import Any
 from core.errors import ConfigError, MoepipeError
 from core.planner import Planner
 from core.routing import Routing
-from experiments.common.launch_line import all_local, first_to_say, gone_peers
+from experiments.common.launch_line import (  # noqa: F401 (launched: dist_run's name too)
+    all_local,
+    first_to_say,
+    gone_peers,
+    launch_ranks,
+    launched,
+)
 from experiments.common.launch_line import launched_ranks as _launched_ranks
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
@@ -75,36 +81,6 @@ class DistOutput:
     tokens: Any  # torch.Tensor [n*b, gen_len]
     logits: Any  # torch.Tensor [n*b, V]
     routing: Routing  # the experts the gates used (replayed, or the model's own)
-
-
-def launched() -> bool:
-    """Is this process one rank of a torchrun (or similar) launch of G > 1 processes?"""
-    return launch_ranks() is not None
-
-
-def launch_ranks() -> tuple[int, int] | None:
-    """(RANK, WORLD_SIZE) of this process where it is one rank of a torchrun (or similar) launch
-    of G > 1 processes (both set), else None; one line where they are not whole numbers or the
-    rank is not below the world size (an int() of them was a traceback, and RANK=5 of 2 waited
-    out the rendezvous timeout)."""
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world is None:
-        return None
-    try:
-        r, w = int(rank), int(world)
-    except ValueError:
-        raise ConfigError(
-            f"environment RANK={rank!r}, WORLD_SIZE={world!r}: not whole numbers (torchrun sets "
-            "them for each rank it starts; unset them to run one process)"
-        ) from None
-    if w <= 1:
-        return None
-    if not 0 <= r < w:
-        raise ConfigError(
-            f"environment RANK={r} is not in [0, WORLD_SIZE={w}): each of the WORLD_SIZE "
-            "processes needs its own rank 0 .. WORLD_SIZE - 1 (as torchrun sets them)"
-        )
-    return r, w
 
 
 def n_processes(ckpt: str, spec: RunSpec, routing_mode: str = "replay") -> int:

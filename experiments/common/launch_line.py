@@ -1,13 +1,46 @@
-"""Under torchrun, which rank says why the launch stopped: its agent stops every rank (SIGTERM)
-once one ends, and each rank's line followed the first one's, blaming another rank. The first
-rank to say claims it (a file named after the agent) and the others end without a line. Light
-on imports: a rank's SIGTERM handler uses it while the command still starts.
+"""Whether this process is a rank of a torchrun launch, and under torchrun which rank says why
+the launch stopped: its agent stops every rank (SIGTERM) once one ends, and each rank's line
+followed the first one's, blaming another rank. The first rank to say claims it (a file named
+after the agent) and the others end without a line. Light on imports: a rank's SIGTERM handler
+uses it while the command still starts, and every run asks it first.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from core.errors import ConfigError
+
+
+def launched() -> bool:
+    """Is this process one rank of a torchrun (or similar) launch of G > 1 processes?"""
+    return launch_ranks() is not None
+
+
+def launch_ranks() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) of this process where it is one rank of a torchrun (or similar) launch
+    of G > 1 processes (both set), else None; one line where they are not whole numbers or the
+    rank is not below the world size (an int() of them was a traceback, and RANK=5 of 2 waited
+    out the rendezvous timeout)."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    try:
+        r, w = int(rank), int(world)
+    except ValueError:
+        raise ConfigError(
+            f"environment RANK={rank!r}, WORLD_SIZE={world!r}: not whole numbers (torchrun sets "
+            "them for each rank it starts; unset them to run one process)"
+        ) from None
+    if w <= 1:
+        return None
+    if not 0 <= r < w:
+        raise ConfigError(
+            f"environment RANK={r} is not in [0, WORLD_SIZE={w}): each of the WORLD_SIZE "
+            "processes needs its own rank 0 .. WORLD_SIZE - 1 (as torchrun sets them)"
+        )
+    return r, w
 
 
 def first_to_say() -> bool:

@@ -507,7 +507,7 @@ def _writes_run_dir() -> bool:
     for them to join its process group)."""
     if "RANK" not in os.environ:
         return True
-    from experiments.common.dist_run import launch_ranks
+    from experiments.common.launch_line import launch_ranks
 
     ranks = launch_ranks()
     return ranks is None or ranks[0] == 0
