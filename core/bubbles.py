@@ -155,9 +155,11 @@ class _Chain:
         one_at_a_time = np.array(
             [not s.pool and s.resource != Resource.NONE for s in schedule.streams.values()]
         )
-        rid = np.array([s.resource_id for s in schedule.streams.values()])[sid]
+        # each op's resource id as an index (integers compared, not strings)
+        ids_of = [s.resource_id for s in schedule.streams.values()]
+        rid = np.array([ids_of.index(r) for r in ids_of], dtype=np.int64)[sid]
         ok = one_at_a_time[sid] & ~np.isnan(self.start)
-        for r in np.unique(rid[ok]):
+        for r in np.unique(rid[ok]).tolist():
             ids = np.flatnonzero(ok & (rid == r))
             ids = ids[np.lexsort((self.end[ids], self.start[ids]))]  # zero-length ops first
             held[ids[1:]] = ids[:-1]

@@ -160,8 +160,12 @@ class CostModel:
         """Duration of every op of a schedule, in op order (vectorised `duration_s`)."""
         cols = schedule.columns()
         kinds = list(OpKind)
-        stream_res = np.array([s.resource for s in schedule.streams.values()], dtype=object)
-        res = stream_res[cols["stream"]] if len(stream_res) else np.array([], dtype=object)
+        # each op's resource as an index into `names` (compared as integers, not enum objects)
+        names = list(dict.fromkeys(s.resource for s in schedule.streams.values()))
+        stream_res = np.array(
+            [names.index(s.resource) for s in schedule.streams.values()], dtype=np.int64
+        )
+        res = stream_res[cols["stream"]] if len(stream_res) else np.zeros(0, np.int64)
         stream_share = np.array([s.share for s in schedule.streams.values()], dtype=np.float64)
         share = stream_share[cols["stream"]] if len(stream_share) else np.ones(0)
         out = np.zeros(len(schedule.ops))
@@ -170,8 +174,10 @@ class CostModel:
             kind = kinds[ki]
             if kind == OpKind.FREE:
                 continue
-            for r in set(res[cols["kind"] == ki]):
-                sel = (cols["kind"] == ki) & (res == r)
+            of_kind = cols["kind"] == ki
+            for ri in np.unique(res[of_kind]).tolist():
+                sel = of_kind & (res == ri)
+                r = names[ri]
                 if kind in COMPUTE_KINDS:
                     out[sel] = self.compute_vec(
                         Resource(r), kind, cols["flops"][sel], cols["touch_bytes"][sel], share[sel]
