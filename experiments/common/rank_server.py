@@ -15,6 +15,8 @@ from pathlib import Path
 
 PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server to check
 LOST = 255  # multiprocessing's exit code for a process whose server went away
+# how multiprocessing starts its forkserver (`python -c "from multiprocessing.forkserver ..."`)
+SERVER_CMDLINE = b"from multiprocessing.forkserver import main"
 
 
 def as_server() -> None:
@@ -52,11 +54,20 @@ def parent_of(pid: int) -> int | None:
 
 
 def server_pid() -> int | None:
-    """This process's forkserver's pid, once started (multiprocessing keeps it privately)."""
-    from multiprocessing import forkserver
-
-    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-    return pid if isinstance(pid, int) else None
+    """This process's forkserver's pid while it runs, or None: its child whose command line is
+    multiprocessing's server's (`ForkServer.ensure_running`), found through /proc, not the
+    private attribute multiprocessing keeps it in. One that died shows no command line."""
+    me = os.getpid()
+    found = None
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if parent_of(int(d.name)) != me:
+                continue
+            if SERVER_CMDLINE in (d / "cmdline").read_bytes():
+                found = max(found or 0, int(d.name))
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return found
 
 
 def is_stopped(pid: int) -> bool:
@@ -76,6 +87,7 @@ class ServerWatch:
     def __init__(self, stopped_s: float) -> None:
         self.stopped_s = stopped_s
         self.killed: int | None = None  # the server's pid, where this watch killed it
+        self.seen: int | None = None  # the server's pid, as last seen running
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rank-server", daemon=True)
 
@@ -96,6 +108,7 @@ class ServerWatch:
         since: float | None = None
         while not self._done.wait(0.2):
             pid = server_pid()
+            self.seen = pid or self.seen
             if pid is None or not is_stopped(pid):
                 since = None
                 continue
@@ -108,7 +121,8 @@ class ServerWatch:
 
     def why(self) -> str:
         """One line: the server was stopped too long, or died, so the run stopped."""
-        pid = server_pid()
+        pid = server_pid() or self.seen
+        at = f", pid {pid}" if pid is not None else ""
         if self.killed is not None:
             return (
                 f"the process that starts the ranks (multiprocessing's forkserver, pid "
@@ -116,6 +130,6 @@ class ServerWatch:
                 f"{self.stopped_s:g} s, so the run stopped: run it again"
             )
         return (
-            f"the process that starts the ranks (multiprocessing's forkserver, pid {pid}) died "
+            f"the process that starts the ranks (multiprocessing's forkserver{at}) died "
             "or was killed, and its ranks with it; the run stopped: run it again"
         )
