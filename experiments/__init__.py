@@ -7,6 +7,7 @@ KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the c
 """
 
 import atexit
+import codecs
 import os
 import signal
 import sys
@@ -79,12 +80,37 @@ def _no_cwd() -> str | None:
     return None
 
 
+def _as_typed(e: UnicodeError) -> tuple[str | bytes, int]:
+    """Output's error handler: a character the terminal's encoding lacks is written as the
+    bytes the user typed, where it stands for one (Python's surrogate escape of an undecodable
+    byte of argv, a path or the environment, under LC_ALL=C or a latin-1 file name), so a path
+    in a line pastes back; any other as a backslash escape."""
+    assert isinstance(e, UnicodeEncodeError)
+    c = e.object[e.start]
+    if 0xDC80 <= ord(c) <= 0xDCFF:
+        return bytes([ord(c) - 0xDC00]), e.start + 1
+    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}", e.start + 1
+
+
+codecs.register_error("moepipe.as_typed", _as_typed)
+
+
+def _write_as_typed() -> None:
+    """stdout and stderr write a path's undecodable bytes back as they were (`_as_typed`):
+    under LC_ALL=C a path's `\\udcc3` could not be pasted back."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="moepipe.as_typed")
+
+
 # sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
 # docs): a command starting, not code (a test, a notebook) importing this package.
 AS_COMMAND = sys.argv[:1] == ["-m"]
 if AS_COMMAND:
     from experiments.common.load_env import bad_variable, openmp_complaint
 
+    _write_as_typed()
     _env = dict(os.environ)
     if (_bad := bad_variable(_env) or openmp_complaint(_env) or _no_cwd()) is not None:
         print(f"error: {_bad}", file=sys.stderr)  # before torch

@@ -6,9 +6,14 @@ where a command's plot goes is refused, not overwritten."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT, TINY
 
 
 def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -31,3 +36,35 @@ def test_the_rank_server_is_found_without_multiprocessings_private_pid(
     server = _spawn(1, _parent, ())
     monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", 1)
     assert server_pid() == server
+
+
+def _as_c_locale(*args: bytes) -> subprocess.CompletedProcess[bytes]:
+    """`python -m args...` under LC_ALL=C without UTF-8 mode: argv's bytes beyond ASCII are
+    undecodable, and Python holds them as surrogate escapes."""
+    env = dict(user_env(), LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    cmd = [os.fsencode(sys.executable), b"-m", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        ([b"experiments.run", *(a.encode() for a in TINY), b"hydra.run.dir=PATH/run"], b"hydra"),
+        ([b"experiments.routing_stats", b"out=PATH/s.json"], b"out="),
+        ([b"experiments.trace_json", b"runs='PATH/none'"], b"trace.parquet"),
+        ([b"experiments.report", b"dir='PATH/none'"], b"dir="),
+    ],
+    ids=["run-hint", "routing_stats-hint", "trace_json-missing", "report-missing"],
+)
+def test_a_path_beyond_ascii_prints_back_as_typed_under_the_c_locale(
+    tmp_path: Path, args: list[bytes], key: bytes
+) -> None:
+    """The line naming the path held `\\udcc3\\udca9` for `é` (Python's escapes of bytes the C
+    locale cannot decode), which pastes back as another path; it holds the bytes typed."""
+    path = os.fsencode(tmp_path) + b"/\xc3\xa9"
+    r = _as_c_locale(*(a.replace(b"PATH", path) for a in args))
+    assert r.returncode != 0
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(b"error: "), r.stderr
+    assert key in lines[0] and path in lines[0], lines[0]
+    assert b"\\udc" not in lines[0] and b"Traceback" not in r.stderr
