@@ -182,25 +182,48 @@ def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"
     return p
 
 
-def refuse_theirs(path: Path, key: str, starts: bytes | tuple[bytes, ...]) -> None:
+# moepipe's PNGs say so in a text chunk ahead of the image (matplotlib's `savefig(...,
+# metadata=PNG_METADATA)`): "begins as a PNG" took a user's plot for the command's own
+PNG_METADATA = {"Software": "moepipe"}
+PNG_START = b"\x89PNG\r\n\x1a\n"
+PNG_OURS = b"tEXtSoftware\x00moepipe"
+_HEAD_BYTES = 4096  # where a mark (`holds`) must be: a PNG's text chunks precede its image
+
+
+def refuse_theirs(
+    path: Path, key: str, starts: bytes | tuple[bytes, ...], holds: bytes = b""
+) -> None:
     """A MoepipeError naming `key` where a file at `path`, which a command is to replace, does
-    not begin with `starts` (how the command's own files begin; any of several): another's,
-    which it would lose."""
-    if starts and path.is_file() and not _begins(path, starts):
+    not begin with `starts` (how the command's own files begin; any of several) or lacks the
+    mark `holds` near its start: another's, which it would lose."""
+    if starts and path.is_file() and not _begins(path, starts, holds):
         raise MoepipeError(
             f"{key}={path}: a file this command did not write (it would be lost); pass {key}= "
             "another path, or move that file away first"
         )
 
 
-def _begins(path: Path, starts: bytes | tuple[bytes, ...]) -> bool:
-    """Whether the file at `path` begins with `starts` (an unreadable one does not)."""
+def refuse_their_png(path: Path, key: str) -> None:
+    """`refuse_theirs` for a plot: a PNG moepipe did not write (`PNG_OURS`), or a folder, at
+    `path` is the user's."""
+    if path.is_dir():
+        raise MoepipeError(
+            f"{key}={path}: a folder, where the command writes its plot {path.name}; pass {key}= "
+            "another folder, or move that one away first"
+        )
+    refuse_theirs(path, key, PNG_START, PNG_OURS)
+
+
+def _begins(path: Path, starts: bytes | tuple[bytes, ...], holds: bytes = b"") -> bool:
+    """Whether the file at `path` begins with `starts` and holds `holds` in its first
+    `_HEAD_BYTES` (an unreadable one does not)."""
     prefixes = (starts,) if isinstance(starts, bytes) else starts
     try:
         with path.open("rb") as f:
-            return f.read(max(map(len, prefixes))).startswith(prefixes)
+            head = f.read(max(*map(len, prefixes), _HEAD_BYTES if holds else 0))
     except OSError:
         return False
+    return head.startswith(prefixes) and holds in head
 
 
 def not_the_checkpoint(path: str | Path, key: str, ckpt: str | Path) -> None:

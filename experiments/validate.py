@@ -32,10 +32,12 @@ import torch  # noqa: E402
 from core.args import (  # noqa: E402
     MAX_REPEATS,
     MAX_TOKENS,
+    PNG_METADATA,
     REPEATS_WHY,
     TOKENS_WHY,
     as_share,
     not_the_checkpoint,
+    refuse_their_png,
 )
 from core.balance import device_of  # noqa: E402
 from core.bubbles import by_transfer, causes_tv, top_cause  # noqa: E402
@@ -226,7 +228,7 @@ def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> Non
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     fig.legend(handles, list(colors), loc="upper right", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -369,6 +371,8 @@ def _setup(opts: dict[str, Any]) -> Setup:
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
     csv_of_ours(out / "validate.csv", "planner", "validate")  # not lost after the runs
+    for name in names:  # a plot of the user's where a timeline goes, alike
+        refuse_their_png(out / f"timeline_{name}.png", "out")
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
     return Setup(

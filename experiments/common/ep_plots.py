@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from core.args import refuse_theirs
+from core.args import PNG_METADATA, refuse_their_png, refuse_theirs
 from core.errors import MoepipeError
 from experiments.common.ep_rows import plotted_batches
 from experiments.common.run_dir import atomic_write_text
@@ -18,7 +18,6 @@ from experiments.common.run_dir import atomic_write_text
 # experiments.report's), which the report would lose
 PAGE_START = b"<!doctype html><html><head><meta charset='utf-8'><title>moepipe replication</title>"
 REPORT_STARTS = (b"case ", b"dispatch=")  # report.txt: the table, or the dispatch note above it
-PNG_START = b"\x89PNG\r\n\x1a\n"
 
 
 def batch_balance(phases: pd.DataFrame) -> pd.Series:
@@ -93,7 +92,7 @@ def plot_trade_off(
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0.0, legend_in / (3.6 + legend_in), 1.0, 1.0))
     path = out / "balance_vs_makespan.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
@@ -154,7 +153,7 @@ def _save(fig: Any, axes: Any, path: Path) -> Path:
         if ax.get_legend_handles_labels()[0]:  # a panel with no rows draws no legend
             ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return path
 
@@ -294,4 +293,7 @@ def refuse_others(out: Path) -> None:
                 f"out={path}: a folder, where the report writes its {name}; pass out= another "
                 "folder, or move that one away first"
             )
-        refuse_theirs(path, "out", starts.get(name, PNG_START))
+        if name in starts:
+            refuse_theirs(path, "out", starts[name])
+        else:
+            refuse_their_png(path, "out")

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from core.args import written_whole  # noqa: E402
+from core.args import PNG_METADATA, written_whole  # noqa: E402
 from core.errors import MoepipeError  # noqa: E402
 from core.trace import read_trace  # noqa: E402
 from experiments.common.ranking import (  # noqa: E402
@@ -133,7 +133,7 @@ def _finish(fig: Any, ends: list[tuple[Any, float, float, str, Any, bool]], path
     for ax in {id(e[0]): e[0] for e in ends}.values():
         _label_points(ax, [(x, y, label, c, m) for a, x, y, label, c, m in ends if a is ax])
     with written_whole(path) as tmp:  # whole or not there
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
 
 
@@ -210,7 +210,7 @@ def fig_idle_causes(df: pd.DataFrame, path: Path) -> bool:
     ax.set_title("Where the GPU bubbles come from")
     fig.tight_layout()
     with written_whole(path) as tmp:  # whole or not there
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return True
 
@@ -325,7 +325,7 @@ def fig_gantt(sweep: Path, runs: pd.DataFrame, path: Path) -> bool:
     fig.legend(handles=handles, loc="lower center", ncol=9, fontsize=8)  # below the plots
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     with written_whole(path) as tmp:  # whole or not there
-        fig.savefig(tmp, dpi=100)
+        fig.savefig(tmp, dpi=100, metadata=PNG_METADATA)
     plt.close(fig)
     return True
 
@@ -350,6 +350,6 @@ def per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pat
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     with written_whole(path) as tmp:  # whole or not there
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return True

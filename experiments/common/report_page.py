@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.args import refuse_theirs
+from core.args import refuse_their_png, refuse_theirs
 from core.bubbles import top_cause
 from experiments.common.figures import (
     fig_gantt,
@@ -47,6 +47,15 @@ from experiments.common.tables import (
 )
 
 PAGE_START = b"<!doctype html><html><head><meta charset='utf-8'>"  # how every page begins
+PLOTS = (  # the figures a page may draw, each replacing the one of its name in out=
+    "throughput_vs_batch.png",
+    "throughput_vs_latency.png",
+    "throughput_vs_n.png",
+    "idle_causes.png",
+    "gantt.png",
+    "prefetch_accuracy.png",
+    "load_balance.png",
+)
 
 
 def write_report(
@@ -67,6 +76,8 @@ def write_report(
     check_request(df, metric, columns)
     refuse_theirs(out / "index.html", "out", PAGE_START)  # a page of the user's own, in out=
     refuse_theirs(out / f"{RESULTS}.csv", "out", RESULTS_START)
+    for name in PLOTS:  # a plot of the user's, alike
+        refuse_their_png(out / name, "out")
     # into a folder of its own, moved in once whole, the page last: a report that fails midway
     # (a bad trace, a full disk) leaves no figure of its own beside an earlier page
     with staged_outputs(out, last="index.html") as tmp:

@@ -262,13 +262,14 @@ def test_replication_takes_its_own_page_and_refuses_a_folder_in_a_files_place(
 ) -> None:
     """Its own files are replaced (the same command again); a folder where a plot goes is
     named before the runs are read."""
-    from experiments.common.ep_plots import PAGE_START, PNG_START
+    from core.args import PNG_OURS, PNG_START
+    from experiments.common.ep_plots import PAGE_START
 
     out = tmp_path / "out"
     out.mkdir()
     (out / "index.html").write_bytes(PAGE_START + b"<style></style>")
     (out / "report.txt").write_text("case             bs\n")
-    (out / "throughput.png").write_bytes(PNG_START)
+    (out / "throughput.png").write_bytes(PNG_START + PNG_OURS)
     r = cli_here("experiments.replication", f"dir={tmp_path}/none", f"out={out}")
     one_line(r, f"dir={tmp_path}/none", "no such folder")
     (out / "throughput.png").unlink()

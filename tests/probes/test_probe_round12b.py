@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.args import PNG_OURS, PNG_START
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY
+from tests.probes.conftest import ROOT, TINY, one_line
 
 
 def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -68,3 +70,42 @@ def test_a_path_beyond_ascii_prints_back_as_typed_under_the_c_locale(
     assert len(lines) == 1 and lines[0].startswith(b"error: "), r.stderr
     assert key in lines[0] and path in lines[0], lines[0]
     assert b"\\udc" not in lines[0] and b"Traceback" not in r.stderr
+
+
+def _their_png(path: Path) -> None:
+    """A plot of the user's: a PNG matplotlib drew, not moepipe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("experiments.replication", "throughput.png"),
+        ("experiments.replication", "balance_vs_makespan.png"),
+        ("experiments.report", "gantt.png"),
+        ("experiments.report", "idle_causes.png"),
+    ],
+)
+def test_a_png_of_the_users_where_a_plot_goes_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, name: str
+) -> None:
+    """Any PNG was taken for the command's own and written over (exit 0, the user's plot
+    lost): only one moepipe drew (its text chunk, `PNG_OURS`) is replaced."""
+    from tests.probes.conftest import tiny_run
+
+    sweep = tiny_run(tmp_path / "sweep" / "0").parent
+    out = tmp_path / "out"
+    out.mkdir()
+    _their_png(out / name)
+    before = (out / name).read_bytes()
+    assert before.startswith(PNG_START) and PNG_OURS not in before
+    r = cli_here(module, f"dir={sweep}", f"out={out}")
+    one_line(r, f"out={out / name}", "did not write")
+    assert (out / name).read_bytes() == before
