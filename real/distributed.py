@@ -96,16 +96,19 @@ class Peers:
         # gate parts sent, not yet waited for: (work, buffer, destination rank)
         self._posted: list[tuple[Any, torch.Tensor, int]] = []
         # the gate parts' own connection (module doc); every rank makes it here (collective)
-        self._gate_group = dist.new_group(backend=dist.get_backend())
+        self._gate_group = self._new_group()
         # replica copies' own connection, so the all-to-all does not wait behind them
-        self._copy_group = dist.new_group(backend=dist.get_backend())
+        self._copy_group = self._new_group()
         # dense=tensor's all-reduce ops (one stream's, in schedule order) and QK-norm's
         # statistics inside attention (the compute stream's), each on a group of its own
-        self._tp_groups = (
-            (dist.new_group(backend=dist.get_backend()), dist.new_group(backend=dist.get_backend()))
-            if self.tensor
-            else None
-        )
+        self._tp_groups = (self._new_group(), self._new_group()) if self.tensor else None
+
+    def _new_group(self) -> Any:
+        """A process group of every rank (collective): a peer gone meanwhile is `lost`."""
+        try:
+            return dist.new_group(backend=dist.get_backend())
+        except RuntimeError as e:
+            raise self.lost(None, e, "while the ranks set up") from None
 
     def tp_groups(self) -> tuple[Any, Any]:
         """dense=tensor's process groups: (the all-reduce ops', QK-norm's statistics')."""
@@ -174,10 +177,13 @@ class Peers:
         """(tensor, destination rank, tag) each, posted: (work, host buffer, destination) per
         piece; the buffer must live until the work completes."""
         bufs = [t.detach().to("cpu").contiguous() for t, _, _ in pieces]
-        return [
-            (dist.isend(b, dst, group=group, tag=tag), b, dst)
-            for b, (_, dst, tag) in zip(bufs, pieces, strict=True)
-        ]
+        posted = []
+        for b, (_, dst, tag) in zip(bufs, pieces, strict=True):
+            try:  # a pair gloo knows is closed fails here, not in the wait
+                posted.append((dist.isend(b, dst, group=group, tag=tag), b, dst))
+            except RuntimeError as e:
+                raise self.lost(dst, e) from None
+        return posted
 
     def _drain(self) -> None:
         """Stop the sender; wait for the gate parts still on their way to other ranks."""
@@ -195,10 +201,12 @@ class Peers:
             t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
             for t, _, _ in pieces
         ]
-        works = [
-            dist.irecv(b, src, group=group, tag=tag)
-            for b, (_, src, tag) in zip(bufs, pieces, strict=True)
-        ]
+        works = []
+        for b, (_, src, tag) in zip(bufs, pieces, strict=True):
+            try:  # as in `_post`
+                works.append(dist.irecv(b, src, group=group, tag=tag))
+            except RuntimeError as e:
+                raise self.lost(src, e) from None
         for w, (_, src, _) in zip(works, pieces, strict=True):
             self._wait(w, src)
         for b, (t, _, _) in zip(bufs, pieces, strict=True):

@@ -265,10 +265,9 @@ def exit_with(e: BaseException) -> None:
     line = any_error_line(e)
     rank = other_rank()
     if rank is None or f"rank {rank}" in line:
-        from experiments.common.launch_line import first_to_say
+        from experiments.common.launch_line import say_first
 
-        if first_to_say():  # under torchrun: no other rank said why the launch stopped
-            print(f"error: {line}", file=sys.stderr)
+        say_first(f"error: {line}")  # under torchrun: where no other rank said why it stopped
     sys.exit(2)
 
 

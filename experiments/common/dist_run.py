@@ -38,14 +38,7 @@ from typing import Any
 from core.errors import ConfigError, MoepipeError
 from core.planner import Planner
 from core.routing import Routing
-from experiments.common.launch_line import (  # noqa: F401 (launched: dist_run's name too)
-    all_local,
-    first_to_say,
-    gone_peers,
-    launch_ranks,
-    launched,
-)
-from experiments.common.launch_line import launched_ranks as _launched_ranks
+from experiments.common.launch_line import gone_peers, launched
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
     LOST,
@@ -56,6 +49,7 @@ from experiments.common.rank_server import (
     parent_value,
 )
 from experiments.common.run_dir import interrupt_deferred
+from experiments.common.torchrun_rank import stop_on_sigterm, watch_local_peers
 
 RANK_DIR = "moepipe-ranks-"  # a run's folder for its ranks' results: RANK_DIR<command's pid>-*
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -355,28 +349,6 @@ class Stops:
         return None
 
 
-def watch_local_peers(rank: int) -> None:
-    """Under torchrun: a thread that ends this rank with one line once a rank beside it (a
-    sibling process of the same agent) stays stopped (SIGSTOP) for `STOPPED_S`; the agent then
-    stops the launch. The peers waited for it until their stall check (120 s), and the agent's
-    stop of a stopped rank waits its own grace."""
-    launcher = os.getppid()
-    peers = {r: pid for r, pid in _launched_ranks(launcher).items() if r != rank}
-
-    def watch() -> None:
-        stops = Stops()
-        while True:
-            time.sleep(0.2)
-            r = stops.long_stopped(peers, time.monotonic())
-            if r is not None:
-                if first_to_say():
-                    print(f"error: {stopped_line(r)}", file=sys.stderr, flush=True)
-                os._exit(FAILED)
-
-    if peers:
-        threading.Thread(target=watch, name="peer-stops", daemon=True).start()
-
-
 def _why(rank: int, code: int | None, tmp: Path) -> str:
     if code == NO_REPORT:
         return (
@@ -478,9 +450,10 @@ def _rank(
         kw.update(init_method=init[0], rank=init[1], world_size=init[2])
     rank = init[1] if init is not None else int(os.environ["RANK"])
     held: list[Any] = []  # this rank's Peers, once made
+    watch = None
     if init is None:  # torchrun stops the survivors of a failed rank at once (SIGTERM)
         stop_on_sigterm(rank, held)
-        watch_local_peers(rank)  # torchrun started every local rank at once, before this
+        watch = watch_local_peers(rank, held)  # torchrun started every local rank at once
     try:
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
@@ -493,6 +466,12 @@ def _rank(
                 f"rank {rank}: environment GLOO_SOCKET_IFNAME="
                 f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
                 f"machine (it has {names}); set it to one of them, or unset it"
+            ) from None
+        lost = gone_peers() if init is None else []
+        if lost:  # under torchrun, whose agent had not stopped this rank yet: the rank is known
+            raise MoepipeError(
+                f"rank {lost[0]} died or left before the process group formed; rank {rank} "
+                f"stopped (it waited executor.rendezvous_timeout_s={timeout_s:g} s)"
             ) from None
         raise MoepipeError(
             f"rank {rank}: the process group did not form within executor.rendezvous_timeout_s="
@@ -523,38 +502,12 @@ def _rank(
             if _peer_gone(e):
                 raise
             raise MoepipeError(f"rank {rank}: {e}") from None
+        if watch is not None:  # the last collective is done: a peer that ends now has finished
+            watch.needed.clear()
         return DistOutput(result, out.tokens, out.logits, out.routing)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def stop_on_sigterm(rank: int, held: list[Any] | None = None) -> None:
-    """Under torchrun: on SIGTERM, one line for the launch, then exit 2 at once, nothing
-    written. Its agent stops every rank once one ends: where another rank said why first
-    (`launch_line.first_to_say`), this one ends without a line; where a rank beside it ended
-    without one (killed), the line names that rank, as this rank's transfers find it within a
-    second (`held`: this rank's Peers, once made); where every rank still runs, this one was
-    the one stopped (a kill of its own, or of the whole launch), and the line says so."""
-
-    def stopped(*_: Any) -> None:
-        if not first_to_say():
-            os._exit(FAILED)
-        lost = gone_peers()
-        gone = held[0].wait_gone(1.0) if held and (lost or not all_local()) else None
-        if gone is not None:
-            line = str(gone)
-        elif lost:
-            line = (
-                f"rank {lost[0]} failed or died first (killed, or ended without a line); "
-                f"torchrun stopped rank {rank} (SIGTERM)"
-            )
-        else:
-            line = f"rank {rank} was stopped (SIGTERM); the run did not finish and wrote nothing"
-        print(f"error: {line}", file=sys.stderr, flush=True)
-        os._exit(FAILED)
-
-    signal.signal(signal.SIGTERM, stopped)
 
 
 def _cuda_count() -> int:

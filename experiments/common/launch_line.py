@@ -8,6 +8,8 @@ uses it while the command still starts, and every run asks it first.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -43,6 +45,23 @@ def launch_ranks() -> tuple[int, int] | None:
     return r, w
 
 
+# held while this process claims the line and prints it: another thread of it that would say
+# the launch's line (`say_first`) waits until the line is out, then finds the claim taken
+_SAYING = threading.Lock()
+
+
+def say_first(line: str) -> bool:
+    """Print `line` on stderr where this rank is the first to say why the launch stopped
+    (`first_to_say`), and whether it was. Another thread of this process saying at once waits
+    for this one's line to be out (a thread that found the claim taken and ended the process
+    at once cut the claiming thread's line off)."""
+    with _SAYING:
+        if not first_to_say():
+            return False
+        print(line, file=sys.stderr, flush=True)
+        return True
+
+
 def first_to_say() -> bool:
     """Whether this rank is the first of those its agent started to print why the launch
     stopped; it claims that now. True outside a torchrun launch of G > 1 ranks, and where no
@@ -62,14 +81,20 @@ def first_to_say() -> bool:
 
 def gone_peers() -> list[int]:
     """The ranks the agent started beside this one (LOCAL_WORLD_SIZE of them) that have ended."""
+    running = launched_ranks(os.getppid())
+    return [r for r in local_peers() if r not in running]
+
+
+def local_peers() -> list[int]:
+    """The ranks the agent started beside this one (LOCAL_WORLD_SIZE of them); none outside a
+    torchrun launch."""
     try:
         rank = int(os.environ["RANK"])
         first = rank - int(os.environ["LOCAL_RANK"])
         local = range(first, first + int(os.environ["LOCAL_WORLD_SIZE"]))
     except (KeyError, ValueError):  # not torchrun's: nothing known of the peers
         return []
-    running = launched_ranks(os.getppid())
-    return [r for r in local if r != rank and r not in running]
+    return [r for r in local if r != rank]
 
 
 def all_local() -> bool:

@@ -244,7 +244,7 @@ def test_a_torchrun_rank_names_a_stopped_rank_beside_it() -> None:
         os.kill(asleep.pid, signal.SIGSTOP)
         watcher = subprocess.run(
             [sys.executable, "-c", _WATCHER],
-            env=dict(env, RANK="0"),
+            env=dict(env, RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2"),  # as torchrun's
             capture_output=True,
             text=True,
             timeout=60,

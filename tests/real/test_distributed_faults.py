@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from experiments import run as run_module
-from tests.conftest import catches_sigterm, command_here, spawned_ranks, torchrun_ranks
+from tests.conftest import command_here, spawned_ranks
+from tests.probes.conftest import deadline
 from tests.real.test_distributed import ROOT, command, env, free_port
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
@@ -72,41 +74,75 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
-@pytest.mark.parametrize(
-    "after_s",
-    [0.0, pytest.param(8.0, marks=pytest.mark.slow)],  # 8 s in: end to end, slow
-)
-def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, after_s):
-    """Under torchrun, rank 1 killed once rank 0's command has started (0 s: it is still
-    setting up) or in the run (8 s later): torchrun stops rank 0 at once (SIGTERM), and rank 0
-    says in one line that rank 1 went away (as its transfers found it, or as the launcher
-    stopped it); non-zero exit, no summary.json, no traceback of ours (torchrun prints its own
-    report)."""
+DIE_AT = Path(__file__).parent / "die_at"  # its sitecustomize kills rank 1 at a named point
+
+
+def torchrun_dying(ckpt: Path, out: Path, at: str, *flags: str) -> subprocess.Popen:
+    """torchrun's launch of 2 ranks of `experiments.run`, rank 1 killing itself (SIGKILL) at
+    `at` (tests/real/die_at); stderr piped."""
     cmd = [
         *TORCHRUN,
+        *flags,
         f"--master_port={free_port()}",
         "-m",
-        # 400 tokens: a run far longer than the 8 s wait, on an idle machine too (100 ended first)
-        *command(mixtral_tiny, tmp_path, "planner=eplb", "workload.gen_len=400")[2:],
+        *command(ckpt, out, "planner=eplb", "workload.gen_len=20")[2:],
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    e = dict(env(), MOEPIPE_TEST_DIE_AT=at, PYTHONPATH=f"{DIE_AT}{os.pathsep}{ROOT}")
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    ranks: dict[int, int] = {}
-    deadline = time.monotonic() + 120
-    while not (1 in ranks and catches_sigterm(ranks[0])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        ranks = torchrun_ranks(proc.pid)
-    assert 1 in ranks and catches_sigterm(ranks[0]), "torchrun's ranks did not start"
-    time.sleep(after_s)
-    os.kill(ranks[1], signal.SIGKILL)
+
+
+# each point ~10 s: two of them in the default suite, the rest end to end (slow)
+POINTS = [
+    pytest.param("init", marks=pytest.mark.slow),
+    "groups",
+    pytest.param("barrier", marks=pytest.mark.slow),
+    "transfer",
+    pytest.param("gather", marks=pytest.mark.slow),
+    pytest.param("end", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("at", POINTS)
+def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, at):
+    """Under torchrun, rank 1 killed before the process group forms, while the ranks make
+    their groups (rank 0 blocked in torch's C++, where no Python handler runs: torchrun's
+    SIGTERM went unanswered and its SIGKILL 30 s later left no line), at the run's start,
+    during its transfers, at its end's gather, or after it while rank 0 writes: rank 0 says
+    in one line that rank 1 went away (as its transfers found it, or as torchrun stopped it);
+    non-zero exit, no summary.json, no traceback of ours (torchrun prints its own report).
+    After the run's end rank 0 may have written the run whole first: then it says nothing,
+    and torchrun's report names rank 1."""
+    proc = torchrun_dying(mixtral_tiny, tmp_path, at)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
+    if at == "end" and not errors(stderr):  # rank 0 had written the run whole, and ended
+        assert json.loads((tmp_path / "summary.json").read_text())["processes"] == 2
+        return
     (line,) = errors(stderr)
     assert "rank 1 died or left" in line or "rank 1 failed or died first" in line, line
     assert "rank 0" in line
     assert f'File "{ROOT}' not in stderr, stderr[-3000:]
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("at", ["init", "groups"])
+def test_a_rank_whose_peer_died_stops_unasked(mixtral_tiny, tmp_path, at):
+    """An agent slow to stop the survivors (`--monitor-interval=60`): rank 0, waiting for rank
+    1 to form the process group or its groups (no transfer of its to fail), waited until the
+    rendezvous timeout (120 s) or for ever. It stops by itself within seconds of the death,
+    with one line naming rank 1; the test ends the launch once it has."""
+    proc = torchrun_dying(mixtral_tiny, tmp_path, at, "--monitor-interval=60")
+    assert proc.stderr is not None
+    try:
+        with deadline(60):  # the first error line, as it comes
+            said = iter(proc.stderr.readline, "")
+            line = next((s for s in said if s.startswith("error:")), "rank 0 said nothing")
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert line.startswith("error: rank 1 died or left") and "rank 0 stopped" in line, line
 
 
 def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):
