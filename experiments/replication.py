@@ -26,6 +26,7 @@ from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
 from experiments.common.cli import checked_names, print_or_exit, run_command, until_interrupted
+from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import RESULTS, RESULTS_START, collect, write_results
 
 CASES = [
@@ -151,12 +152,20 @@ def run(opts: Options) -> list[str]:
     refuse_theirs(sweep / f"{RESULTS}.csv", "dir", RESULTS_START)
     ep_plots.refuse_others(out)
     rows = load_rows(sweep, opts)
-    out.mkdir(parents=True, exist_ok=True)
     lines, judged = report_lines(rows, opts)
-    # each target case gets its trade-off panel: a held-out one at its fresh batch, else its largest
-    pngs = ep_plots.plot(rows, out, sweep, judged)
-    lines.append(f"plots: {', '.join(str(p) for p in pngs)}  ({time.time() - t0:.0f} s)")
-    lines.append(f"report: {ep_plots.write_pages(out, lines, pngs)}")
+    # into a folder of its own, moved in once whole (as experiments.report's): a full disk left
+    # plots cut short beside the earlier page, and its OSError named no file
+    try:
+        with staged_outputs(out, last="index.html") as tmp:
+            # each target case gets its trade-off panel: a held-out one at its fresh batch, else
+            # its largest
+            pngs = ep_plots.plot(rows, tmp, sweep, judged)
+            shown = ", ".join(str(out / p.name) for p in pngs)
+            lines.append(f"plots: {shown}  ({time.time() - t0:.0f} s)")
+            lines.append(f"report: {out / 'index.html'}")
+            ep_plots.write_pages(tmp, lines, pngs)
+    except OSError as e:
+        raise MoepipeError(f"out={out}: cannot write the report ({e.strerror or e})") from None
     return lines
 
 

@@ -109,3 +109,35 @@ def test_a_png_of_the_users_where_a_plot_goes_is_refused(
     r = cli_here(module, f"dir={sweep}", f"out={out}")
     one_line(r, f"out={out / name}", "did not write")
     assert (out / name).read_bytes() == before
+
+
+def test_replication_on_a_full_disk_names_out_and_keeps_the_earlier_report(
+    tmp_path: Path, cli_here: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills while replication draws: its PNGs went straight into out= (a plot cut
+    short beside the earlier page) and matplotlib's OSError named no file ("No space left on
+    device; free space on that disk"). The plots and pages are staged and moved in whole; the
+    line names out=."""
+    import errno
+
+    from experiments import replication
+    from experiments.common import ep_plots
+
+    out = tmp_path / "out"
+    out.mkdir()
+    page = ep_plots.PAGE_START + b"<p>the earlier report</p>"
+    (out / "index.html").write_bytes(page)
+
+    def plot(rows: Any, where: Path, *rest: Any) -> list[Path]:
+        (where / "throughput.png").write_bytes(PNG_START + PNG_OURS)  # a first plot, whole
+        with open(where / "balancedness_per_batch.png", "wb") as f:  # the next cut short
+            f.write(PNG_START)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(replication, "load_rows", lambda sweep, opts: [])
+    monkeypatch.setattr(replication, "report_lines", lambda rows, opts: (["case bs"], {}))
+    monkeypatch.setattr(ep_plots, "plot", plot)
+    r = cli_here("experiments.replication", f"dir={tmp_path}", f"out={out}")
+    one_line(r, f"out={out}: cannot write the report (No space left on device)")
+    assert [p.name for p in out.iterdir()] == ["index.html"]
+    assert (out / "index.html").read_bytes() == page
