@@ -141,3 +141,23 @@ def test_replication_on_a_full_disk_names_out_and_keeps_the_earlier_report(
     one_line(r, f"out={out}: cannot write the report (No space left on device)")
     assert [p.name for p in out.iterdir()] == ["index.html"]
     assert (out / "index.html").read_bytes() == page
+
+
+def test_validate_refuses_a_png_of_the_users_where_a_timeline_goes(
+    tmp_path: Path, cli_here: Any, tiny_ckpt: Path
+) -> None:
+    """validate's timeline_<planner>.png replaced a user's plot in out= alike; refused before
+    any run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _their_png(out / "timeline_flexgen.png")
+    before = (out / "timeline_flexgen.png").read_bytes()
+    r = cli_here(
+        "experiments.validate",
+        f"checkpoint={tiny_ckpt}",
+        "hardware=tiny",
+        "planners=[flexgen]",
+        f"out={out}",
+    )
+    one_line(r, f"out={out / 'timeline_flexgen.png'}", "did not write")
+    assert (out / "timeline_flexgen.png").read_bytes() == before
