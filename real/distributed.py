@@ -227,7 +227,15 @@ class Peers:
         who = f"rank {peer}" if peer is not None else "another rank"
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         first = re.sub(r"^\[[^\]]*\] ", "", first).split(". ")[0]  # no source path, one clause
-        lost = PeerLost(f"{who} died or left {when}; rank {self.rank} stopped (gloo: {first})")
+        waited = re.search(r"Timed out waiting (\d+)ms", first)
+        if waited:  # alive but hung or stopped: "died" sent the user to look for a crash
+            lost = PeerLost(
+                f"{who} did not answer within {int(waited.group(1)) / 1000:g} s {when} (hung, "
+                f"stopped or far behind; executor.rendezvous_timeout_s bounds the wait); rank "
+                f"{self.rank} stopped"
+            )
+        else:
+            lost = PeerLost(f"{who} died or left {when}; rank {self.rank} stopped (gloo: {first})")
         with self._cv:
             self.gone = self.gone or lost
             self._cv.notify_all()

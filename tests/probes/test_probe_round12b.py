@@ -161,3 +161,34 @@ def test_validate_refuses_a_png_of_the_users_where_a_timeline_goes(
     )
     one_line(r, f"out={out / 'timeline_flexgen.png'}", "did not write")
     assert (out / "timeline_flexgen.png").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("gloo", "said"),
+    [
+        (
+            "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv "
+            "operation to complete",
+            "rank 1 did not answer within 10 s during the run (hung, stopped or far behind; "
+            "executor.rendezvous_timeout_s bounds the wait); rank 0 stopped",
+        ),
+        (
+            "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41671",
+            "rank 1 died or left during the run; rank 0 stopped (gloo: Connection closed by peer "
+            "[127.0.0.1]:41671)",
+        ),
+    ],
+    ids=["hung", "died"],
+)
+def test_a_peer_that_hangs_is_not_said_to_have_died(gloo: str, said: str) -> None:
+    """A rank hung (alive, not answering) was "rank 1 died or left", once gloo's wait for it
+    timed out: the user looked for a crash. A timeout says the peer did not answer, in how
+    long, and which option bounds the wait."""
+    import threading
+
+    from real.distributed import Peers
+
+    peers = Peers.__new__(Peers)  # the line needs no process group
+    peers.rank, peers.world, peers.gone = 0, 2, None
+    peers._cv = threading.Condition()
+    assert str(peers.lost(1, RuntimeError(gloo))) == said

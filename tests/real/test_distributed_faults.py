@@ -77,7 +77,9 @@ def test_a_rank_that_dies_stops_the_run(mixtral_tiny, tmp_path):
 DIE_AT = Path(__file__).parent / "die_at"  # its sitecustomize kills rank 1 at a named point
 
 
-def torchrun_dying(ckpt: Path, out: Path, at: str, *flags: str) -> subprocess.Popen:
+def torchrun_dying(
+    ckpt: Path, out: Path, at: str, *flags: str, args: tuple[str, ...] = ()
+) -> subprocess.Popen:
     """torchrun's launch of 2 ranks of `experiments.run`, rank 1 killing itself (SIGKILL) at
     `at` (tests/real/die_at); stderr piped."""
     cmd = [
@@ -85,7 +87,7 @@ def torchrun_dying(ckpt: Path, out: Path, at: str, *flags: str) -> subprocess.Po
         *flags,
         f"--master_port={free_port()}",
         "-m",
-        *command(ckpt, out, "planner=eplb", "workload.gen_len=20")[2:],
+        *command(ckpt, out, "planner=eplb", "workload.gen_len=20", *args)[2:],
     ]
     e = dict(env(), MOEPIPE_TEST_DIE_AT=at, PYTHONPATH=f"{DIE_AT}{os.pathsep}{ROOT}")
     return subprocess.Popen(
@@ -143,6 +145,21 @@ def test_a_rank_whose_peer_died_stops_unasked(mixtral_tiny, tmp_path, at):
         proc.kill()
         proc.communicate()
     assert line.startswith("error: rank 1 died or left") and "rank 0 stopped" in line, line
+
+
+@pytest.mark.slow  # the survivor's wait for the hung rank, and torchrun's stop of it: ~20 s
+def test_torchrun_survivor_names_a_hung_rank_within_the_timeout(mixtral_tiny, tmp_path):
+    """Rank 1 alive but answering nothing mid-run: rank 0 stops once its wait passes
+    executor.rendezvous_timeout_s, in one line saying rank 1 did not answer (it said "died"),
+    and torchrun stops rank 1 without a second line."""
+    args = ("executor.rendezvous_timeout_s=5",)
+    proc = torchrun_dying(mixtral_tiny, tmp_path, "hang", args=args)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (line,) = errors(stderr)
+    assert line.startswith("error: rank 1 did not answer within 5 s during the run"), line
+    assert "rank 0 stopped" in line
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_a_rank_that_never_joins(mixtral_tiny, tmp_path):

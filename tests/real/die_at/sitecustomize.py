@@ -1,10 +1,12 @@
 """Put on PYTHONPATH by tests/real/test_distributed_faults.py: rank 1 of a torchrun launch kills
 itself (SIGKILL) at the point MOEPIPE_TEST_DIE_AT names, once the run's modules import (the
-points a survivor meets a dead peer at: before, during and after each collective)."""
+points a survivor meets a dead peer at: before, during and after each collective); at "hang"
+it stops answering mid-run instead."""
 
 import os
 import signal
 import sys
+import time
 from importlib.abc import MetaPathFinder
 from typing import Any
 
@@ -29,7 +31,7 @@ def _patch() -> None:
     if AT in calls:
         setattr(dist, calls[AT], _die)
         return
-    assert AT == "transfer", AT
+    assert AT in ("transfer", "hang"), AT
     import real.distributed as rd
 
     post = rd.Peers._post
@@ -38,6 +40,8 @@ def _patch() -> None:
     def counted(self: Any, *a: Any, **k: Any) -> Any:
         n[0] += 1
         if n[0] > TRANSFERS:
+            if AT == "hang":  # alive, answering nothing
+                time.sleep(3600)
             _die()
         return post(self, *a, **k)
 
