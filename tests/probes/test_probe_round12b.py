@@ -192,3 +192,51 @@ def test_a_peer_that_hangs_is_not_said_to_have_died(gloo: str, said: str) -> Non
     peers.rank, peers.world, peers.gone = 0, 2, None
     peers._cv = threading.Condition()
     assert str(peers.lost(1, RuntimeError(gloo))) == said
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Any:
+    """A folder on a really full disk: a 1 MB tmpfs filled to its last byte (root only; skipped
+    where mounting is refused), unmounted after."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)])
+    if r.returncode != 0:
+        pytest.skip("mount refused")
+    fd = os.open(where / ".fill", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    yield where
+    subprocess.run(["umount", "-l", str(where)])
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "out"),
+    [
+        ("experiments.collect", ["dir={sweep}", "out={full}/c"], "{full}/c"),
+        ("experiments.report", ["dir={sweep}", "out={full}/r"], "out={full}/r"),
+        ("experiments.trace_json", ["runs={sweep}/0", "out={full}/t.json"], "out={full}/t.json"),
+        ("experiments.routing_stats", ["out={full}/s.json"], "out={full}/s.json"),
+        ("experiments.run", [*TINY, "hydra.run.dir={full}/run"], "{full}/run"),
+    ],
+    ids=["collect", "report", "trace_json", "routing_stats", "run"],
+)
+def test_a_command_on_a_really_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path: Path, cli_here: Any, full_disk: Path, module: str, args: list[str], out: str
+) -> None:
+    """A full disk (not a faked errno: a filesystem with no byte free) under a command that
+    writes: one line naming what it writes, and nothing of it left on that disk."""
+    from tests.probes.conftest import tiny_run
+
+    sweep = tiny_run(tmp_path / "sweep" / "0").parent
+    fill = {"sweep": str(sweep), "full": str(full_disk)}
+    r = cli_here(module, *(a.format(**fill) for a in args))
+    one_line(r, out.format(**fill), "No space left on device")
+    assert [p.name for p in full_disk.iterdir()] == [".fill"]
