@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.args import refuse_theirs
+from core.args import output_dir, refuse_theirs
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
@@ -152,6 +152,7 @@ def run(opts: Options) -> list[str]:
     refuse_theirs(sweep / f"{RESULTS}.csv", "dir", RESULTS_START)
     ep_plots.refuse_others(out)
     rows = load_rows(sweep, opts)
+    output_dir(out, "out" if opts.out else "dir")  # a folder it cannot write, named as others do
     lines, judged = report_lines(rows, opts)
     # into a folder of its own, moved in once whole (as experiments.report's): a full disk left
     # plots cut short beside the earlier page, and its OSError named no file

@@ -194,17 +194,23 @@ def test_a_peer_that_hangs_is_not_said_to_have_died(gloo: str, said: str) -> Non
     assert str(peers.lost(1, RuntimeError(gloo))) == said
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path) -> Any:
-    """A folder on a really full disk: a 1 MB tmpfs filled to its last byte (root only; skipped
-    where mounting is refused), unmounted after."""
-    where = tmp_path / "full"
+def _mounted(where: Path, *options: str) -> None:
+    """A 1 MB tmpfs at `where` (root only; the test is skipped where mounting is refused)."""
     where.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)])
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join(["size=1m", *options]), "tmpfs", where]
+    )
     if r.returncode != 0:
         pytest.skip("mount refused")
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Any:
+    """A folder on a really full disk: a 1 MB tmpfs filled to its last byte, unmounted after."""
+    where = tmp_path / "full"
+    _mounted(where)
     fd = os.open(where / ".fill", os.O_WRONLY | os.O_CREAT)
     try:
         while os.write(fd, b"\0" * 65536):
@@ -213,6 +219,15 @@ def full_disk(tmp_path: Path) -> Any:
         pass
     finally:
         os.close(fd)
+    yield where
+    subprocess.run(["umount", "-l", str(where)])
+
+
+@pytest.fixture
+def read_only_disk(tmp_path: Path) -> Any:
+    """A folder on a disk mounted read-only (EROFS), unmounted after."""
+    where = tmp_path / "ro"
+    _mounted(where, "ro")
     yield where
     subprocess.run(["umount", "-l", str(where)])
 
@@ -240,3 +255,16 @@ def test_a_command_on_a_really_full_disk_is_one_line_and_leaves_nothing(
     r = cli_here(module, *(a.format(**fill) for a in args))
     one_line(r, out.format(**fill), "No space left on device")
     assert [p.name for p in full_disk.iterdir()] == [".fill"]
+
+
+def test_replication_into_a_folder_it_cannot_write_says_how_to_fix_it(
+    tmp_path: Path, cli_here: Any, read_only_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """out= where no folder can be made: replication said only "cannot write the report
+    (Read-only file system)" once it had drawn; the others' line names out= and the fix."""
+    from experiments import replication
+
+    monkeypatch.setattr(replication, "load_rows", lambda sweep, opts: [])
+    monkeypatch.setattr(replication, "report_lines", lambda rows, opts: (["case bs"], {}))
+    r = cli_here("experiments.replication", f"dir={tmp_path}", f"out={read_only_disk}/rep")
+    one_line(r, f"out={read_only_disk}/rep: cannot create folder", "pass out= a path")
