@@ -227,6 +227,30 @@ def name_config_write_errors() -> None:
 
     named.names_its_file = True  # type: ignore[attr-defined]
     hydra_utils._save_config = named
+    _name_sweep_record_errors()
+
+
+def _name_sweep_record_errors() -> None:
+    """hydra's basic sweeper writes the sweep's multirun.yaml with `OmegaConf.save`, whose
+    OSError on a full disk (the file's close) names no file: its line was "No space left on
+    device" alone. `OmegaConf.save` names the file it was given (hydra loads its plugins'
+    modules afresh, so the sweeper's module itself cannot be patched beforehand)."""
+    from omegaconf import OmegaConf
+
+    save = OmegaConf.save
+    if getattr(save, "names_its_file", False):
+        return
+
+    def named(config: Any, f: Any, resolve: bool = False) -> None:
+        try:
+            save(config, f, resolve=resolve)
+        except OSError as e:
+            if e.filename or not isinstance(f, str | Path):
+                raise
+            raise OSError(e.errno, e.strerror, str(f)) from None
+
+    named.names_its_file = True  # type: ignore[attr-defined]
+    OmegaConf.save = staticmethod(named)  # type: ignore[method-assign,assignment]
 
 
 def _remove_if_no_run() -> None:

@@ -257,6 +257,18 @@ def test_a_command_on_a_really_full_disk_is_one_line_and_leaves_nothing(
     assert [p.name for p in full_disk.iterdir()] == [".fill"]
 
 
+def test_a_sweep_on_a_really_full_disk_names_hydras_record(cli_here: Any, full_disk: Path) -> None:
+    """hydra's sweeper writes multirun.yaml first; on a full disk its OSError (the file's
+    close) named no file: "No space left on device; free space on that disk" alone. The line
+    (after the sweep's progress bar, as every sweep's) names the file; no sweep dir is left."""
+    r = cli_here("experiments.run", "-m", *TINY, f"hydra.sweep.dir={full_disk}/sweep")
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    lines = [line for line in r.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert all(line.startswith("sweep ") for line in lines[:-1]), r.stderr  # the bar
+    assert lines[-1].startswith(f"error: {full_disk}/sweep/multirun.yaml: No space left"), lines
+    assert [p.name for p in full_disk.iterdir()] == [".fill"]
+
+
 def test_replication_into_a_folder_it_cannot_write_says_how_to_fix_it(
     tmp_path: Path, cli_here: Any, read_only_disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
