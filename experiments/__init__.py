@@ -37,7 +37,7 @@ def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
                 f"error: rank {lost[0]} failed or died first (killed, or ended without a line); "
                 f"torchrun stopped rank {rank} (SIGTERM) while it started"
             )
-    print(line, file=sys.stderr)
+    sys.stderr.write(f"{line}\n")  # one write (launch_line.say_first)
     sys.stderr.flush()
     # Not SystemExit: raised inside an import, a library's bare `except:` can swallow it (the
     # command then ran on and exited 0). Nothing is open or written yet, so nothing is lost.

@@ -58,7 +58,10 @@ def say_first(line: str) -> bool:
     with _SAYING:
         if not first_to_say():
             return False
-        print(line, file=sys.stderr, flush=True)
+        # one write: under torchrun (`python -u`, stderr written through) print's two, the line
+        # and its newline, let the agent's log line in between, on the same line as ours
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
         return True
 
 

@@ -280,3 +280,26 @@ def test_replication_into_a_folder_it_cannot_write_says_how_to_fix_it(
     monkeypatch.setattr(replication, "report_lines", lambda rows, opts: (["case bs"], {}))
     r = cli_here("experiments.replication", f"dir={tmp_path}", f"out={read_only_disk}/rep")
     one_line(r, f"out={read_only_disk}/rep: cannot create folder", "pass out= a path")
+
+
+def test_a_ranks_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun starts ranks with `python -u`: stderr is written through, and print's two
+    writes (the line, then its newline) let the agent's log line in between: "...(gloo:
+    Connection reset by peer)W1206 13:38:09 ... Sending process 23896 closing signal SIGTERM"
+    on one line. The launch's line goes out in one write."""
+    from experiments.common import launch_line
+
+    writes: list[str] = []
+
+    class Through:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Through())
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert launch_line.say_first("error: rank 1 died or left during the run; rank 0 stopped")
+    assert writes == ["error: rank 1 died or left during the run; rank 0 stopped\n"]
