@@ -77,40 +77,41 @@ class PeerWatch:
 
 def watch_local_peers(rank: int, held: list[Any] | None = None) -> PeerWatch:
     """A thread that ends this rank with one line once a rank beside it (a sibling process of
-    the same agent) stays stopped (SIGSTOP) for `dist_run.STOPPED_S`, or has died for `GONE_S`
-    while this rank needs it, or once SIGTERM comes (`stopped`), whatever the main thread is
-    blocked in. The peers waited for a stopped rank until their stall check (120 s), and one
-    blocked in a process group's set-up for a dead rank until the agent killed it."""
+    the same agent), while this rank needs it, stays stopped (SIGSTOP) for
+    `dist_run.STOPPED_S` or has died for `GONE_S`, or once SIGTERM comes (`stopped`), whatever
+    the main thread is blocked in. The peers waited for a stopped rank until their stall
+    check (120 s), and one blocked in a process group's set-up for a dead rank until the agent
+    killed it."""
     watch = PeerWatch(rank, held)
     running = _launched_ranks(os.getppid())
     # a rank that died before this looked (its start: a failed import) is dead from the first
     peers = {r: running.get(r, 0) for r in local_peers()}
-    wake = _sigterm_wakeup()
+    wake = _sigterm_wakeup()  # (read end, write end): the thread keeps both open
     threading.Thread(target=_watch, args=(watch, peers, wake), name="peers", daemon=True).start()
     return watch
 
 
-def _sigterm_wakeup() -> socket.socket | None:
-    """The read end of the signal wakeup fd (a byte per signal Python handles), where this is
-    the main thread and no other wakeup fd is set."""
+def _sigterm_wakeup() -> tuple[socket.socket, socket.socket] | None:
+    """The signal wakeup fd (a byte per signal Python handles) as a socket pair, where this is
+    the main thread and no other wakeup fd is set (an event loop's is left to it)."""
     read, write = socket.socketpair()
     write.setblocking(False)
     try:
-        if signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False) != -1:
-            signal.set_wakeup_fd(-1)  # another's (an event loop): not this one's to take
-            raise ValueError
+        before = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
     except ValueError:  # off the main thread
+        before = None
+    if before is None or before != -1:
+        if before is not None:
+            signal.set_wakeup_fd(before, warn_on_full_buffer=False)
         read.close()
         write.close()
         return None
-    _KEEP.append(write)
-    return read
+    return read, write
 
 
-_KEEP: list[socket.socket] = []  # the wakeup fd's write end, open while the process lives
-
-
-def _watch(watch: PeerWatch, peers: dict[int, int], wake: socket.socket | None) -> None:
+def _watch(
+    watch: PeerWatch, peers: dict[int, int], wake: tuple[socket.socket, socket.socket] | None
+) -> None:
     from experiments.common import dist_run
 
     stops = dist_run.Stops()
@@ -118,10 +119,10 @@ def _watch(watch: PeerWatch, peers: dict[int, int], wake: socket.socket | None) 
     while True:
         if wake is None:
             time.sleep(0.2)
-        elif select.select([wake], [], [], 0.2)[0] and signal.SIGTERM in wake.recv(64):
+        elif select.select([wake[0]], [], [], 0.2)[0] and signal.SIGTERM in wake[0].recv(64):
             stopped(watch.rank, watch.held)
         now = time.monotonic()
-        r = stops.long_stopped(peers, now)
+        r = stops.long_stopped(peers, now) if watch.needed.is_set() else None
         if r is not None:
             say_first(f"error: {dist_run.stopped_line(r)}")
             os._exit(FAILED)
