@@ -16,7 +16,8 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.files import loads_json, read_small
-from core.spec import MAX_LAYERS
+from core.hf_config.rope_keys import check_rope
+from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
 
 
 def _is_int(v: Any) -> bool:
@@ -45,6 +46,15 @@ LAYER_COUNT = Rule(
     lambda v: _is_int(v) and 1 <= v <= MAX_LAYERS, f"a positive integer at most {MAX_LAYERS}"
 )
 SIZE = Rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+# a layer's width or count: past any model's it would only exhaust memory further on
+WIDTH = Rule(
+    lambda v: _is_int(v) and 1 <= v <= MAX_WIDTH, f"a positive integer at most {MAX_WIDTH}"
+)
+WIDTH_OR_0 = Rule(lambda v: _is_int(v) and 0 <= v <= MAX_WIDTH, f"an integer in [0, {MAX_WIDTH}]")
+EXPERTS = Rule(  # expert ids are int16
+    lambda v: _is_int(v) and 1 <= v <= MAX_EXPERTS, f"a positive integer at most {MAX_EXPERTS}"
+)
+FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
 NUMBER = Rule(_is_number, "a number")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
@@ -70,12 +80,12 @@ FIELDS: dict[str, Rule] = {
     "torch_dtype": TEXT.or_null(),
     "num_hidden_layers": LAYER_COUNT,
     "num_layers": LAYER_COUNT,  # Switch's encoder blocks
-    "hidden_size": COUNT,
-    "intermediate_size": COUNT,
-    "num_attention_heads": COUNT,
-    "num_key_value_heads": COUNT.or_null(),
-    "head_dim": COUNT.or_null(),
-    "vocab_size": COUNT,
+    "hidden_size": WIDTH,
+    "intermediate_size": WIDTH,
+    "num_attention_heads": WIDTH,
+    "num_key_value_heads": WIDTH.or_null(),
+    "head_dim": WIDTH.or_null(),
+    "vocab_size": WIDTH,
     "max_position_embeddings": COUNT,
     "rms_norm_eps": POSITIVE,
     "rope_theta": POSITIVE,
@@ -83,17 +93,17 @@ FIELDS: dict[str, Rule] = {
     "rope_parameters": OBJECT.or_null(),
     # yarn's and llama3's pretraining length: transformers puts it over the RoPE object's
     "original_max_position_embeddings": COUNT.or_null(),
-    "partial_rotary_factor": POSITIVE.or_null(),  # transformers moves it into rope_parameters
+    "partial_rotary_factor": FRACTION.or_null(),  # transformers moves it into rope_parameters
     "tie_word_embeddings": FLAG,
     "hidden_act": TEXT,
-    "num_local_experts": COUNT,
-    "num_experts": COUNT,
-    "num_experts_per_tok": COUNT,
+    "num_local_experts": EXPERTS,
+    "num_experts": EXPERTS,
+    "num_experts_per_tok": EXPERTS,
     "norm_topk_prob": FLAG.or_null(),
     "sliding_window": SIZE.or_null(),  # Qwen2-MoE writes 0 where use_sliding_window is false
     # Qwen2-MoE
-    "moe_intermediate_size": COUNT,
-    "shared_expert_intermediate_size": SIZE,
+    "moe_intermediate_size": WIDTH,
+    "shared_expert_intermediate_size": WIDTH_OR_0,
     # 0 in a Switch config of more sparse decoder layers than layers (transformers: none sparse)
     "decoder_sparse_step": SIZE,
     "mlp_only_layers": LAYERS.or_null(),
@@ -106,15 +116,17 @@ FIELDS: dict[str, Rule] = {
     "clip_qkv": POSITIVE.or_null(),
     "attention_bias": FLAG,
     # DeepSeek-V2
-    "n_routed_experts": COUNT,
-    "n_shared_experts": SIZE.or_null(),
+    "n_routed_experts": EXPERTS,
+    "n_shared_experts": Rule(
+        lambda v: _is_int(v) and 0 <= v <= MAX_EXPERTS, f"an integer in [0, {MAX_EXPERTS}]"
+    ).or_null(),
     "first_k_dense_replace": SIZE,
     "moe_layer_freq": COUNT,
-    "kv_lora_rank": COUNT,
-    "q_lora_rank": COUNT.or_null(),
-    "qk_rope_head_dim": COUNT,
-    "qk_nope_head_dim": COUNT,
-    "v_head_dim": COUNT,
+    "kv_lora_rank": WIDTH,
+    "q_lora_rank": WIDTH.or_null(),
+    "qk_rope_head_dim": WIDTH,
+    "qk_nope_head_dim": WIDTH,
+    "v_head_dim": WIDTH,
     "routed_scaling_factor": POSITIVE,
     "topk_method": TEXT.or_null(),
     "n_group": COUNT.or_null(),  # group_limited_greedy: expert groups, and those a token uses
@@ -122,12 +134,14 @@ FIELDS: dict[str, Rule] = {
     "scoring_func": TEXT.or_null(),
     "mlp_bias": FLAG,
     # Switch
-    "d_model": COUNT,
-    "d_ff": COUNT,
-    "d_kv": COUNT,
-    "num_heads": COUNT,
+    "d_model": WIDTH,
+    "d_ff": WIDTH,
+    "d_kv": WIDTH,
+    "num_heads": WIDTH,
     "encoder_sparse_step": SIZE,  # 0: no sparse block, as decoder_sparse_step
     "num_sparse_encoder_layers": SIZE,
+    "num_decoder_layers": SIZE.or_null(),  # T5's decoder, which moepipe's substitute replaces
+    "num_sparse_decoder_layers": SIZE,
     "layer_norm_epsilon": POSITIVE,
     "dense_act_fn": TEXT,
     "router_bias": FLAG,
@@ -148,7 +162,7 @@ ROPE_FIELDS: dict[str, Rule] = {
     "truncate": FLAG,
     "low_freq_factor": POSITIVE,  # llama3
     "high_freq_factor": POSITIVE,
-    "partial_rotary_factor": POSITIVE,
+    "partial_rotary_factor": FRACTION,
 }
 # transformers' attribute_map of each family: another name of a field, which transformers sets
 # after the class's own fields, so it wins where config.json gives both
@@ -281,7 +295,9 @@ class HFConfig:
                 self.get(key, None)
         if not self.prefix:
             for key in ("rope_scaling", "rope_parameters"):
-                self.sub(key).check()
+                rope = self.sub(key)
+                rope.check()
+                check_rope(rope)
 
 
 def hf_config_file(path: str | Path) -> Path:

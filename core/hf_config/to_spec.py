@@ -65,6 +65,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         what = "is missing" if family is None else f"{family!r} is not supported"
         raise c.error(f"model_type {what}; supported: {', '.join(FAMILIES)}")
     _check_architectures(c, family)
+    _check_other_family_fields(c, family)
     dtype = hf_dtype_name(c)
     if dtype not in DTYPE_BYTES:
         key = "dtype" if c.get("dtype", None) else "torch_dtype"
@@ -73,7 +74,16 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
     try:
         return ModelSpec(name=name, family=family, dtype_bytes=DTYPE_BYTES[dtype], **fields)
     except ConfigError as e:  # a rule the checks above missed: still named after the file
-        raise c.error(str(e)) from None
+        made = [f"{k} is {v}" for k, v in DERIVED.items() if f": {k}=" in str(e)]
+        raise c.error(f"{e}{''.join(f' ({m} in config.json)' for m in made[:1])}") from None
+
+
+# spec fields summed from config.json's (each bounded alone), as the spec's errors name them
+DERIVED = {
+    "qk_head_dim": "qk_nope_head_dim + qk_rope_head_dim",
+    "kv_dim": "kv_lora_rank + qk_rope_head_dim",
+    "shared_ffn_size": "n_shared_experts * moe_intermediate_size",
+}
 
 
 # each family's class-name prefix in transformers (MixtralForCausalLM, MixtralModel, ...)
@@ -97,6 +107,53 @@ def _check_architectures(c: HFConfig, family: str) -> None:
             raise c.error(
                 f"architectures names {arch}, a {_family_of(m.group(1))} class, but model_type "
                 f"is {family!r}; make the two agree (the weights are one model's)"
+            )
+
+
+# fields that size or route a model, by the families whose config.json has them (with their other
+# names in `ALIASES`): one of another family's, unread by model_type's, means the two disagree
+FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
+    "num_local_experts": ("mixtral", "olmoe"),
+    "num_experts": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "n_routed_experts": ("deepseek_v2",),
+    "num_experts_per_tok": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2"),
+    "moe_intermediate_size": ("qwen2_moe", "deepseek_v2"),
+    "shared_expert_intermediate_size": ("qwen2_moe",),
+    "n_shared_experts": ("deepseek_v2",),
+    "intermediate_size": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2"),
+    "hidden_size": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "num_hidden_layers": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "num_attention_heads": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "kv_lora_rank": ("deepseek_v2",),
+    "qk_nope_head_dim": ("deepseek_v2",),
+    "qk_rope_head_dim": ("deepseek_v2",),
+    "v_head_dim": ("deepseek_v2",),
+    "first_k_dense_replace": ("deepseek_v2",),
+    "decoder_sparse_step": ("qwen2_moe", "switch_transformers"),
+    "mlp_only_layers": ("qwen2_moe",),
+    "d_model": ("switch_transformers",),
+    "d_ff": ("switch_transformers",),
+    "d_kv": ("switch_transformers",),
+    "num_heads": ("switch_transformers",),
+    "num_layers": ("switch_transformers",),
+    "encoder_sparse_step": ("switch_transformers",),
+    # and that route it: Mixtral renormalises its top-k always, the others as this says
+    "norm_topk_prob": ("qwen2_moe", "olmoe", "deepseek_v2"),
+    "clip_qkv": ("olmoe",),
+}
+
+
+def _check_other_family_fields(c: HFConfig, family: str) -> None:
+    """A field that sizes another family's model but not model_type's (num_local_experts under
+    qwen2_moe, d_model under mixtral): model_type's own field would be read instead, or its
+    transformers default, and the run would be of another model than the file describes."""
+    for key in c.fields:
+        families = FAMILY_FIELDS.get(key, (family,))
+        if family not in families:
+            raise c.error(
+                f"{key} is a field of {' and '.join(families)}, which model_type {family!r} "
+                "does not read (it would size the model from its own fields or their "
+                "defaults); fix model_type or the field's name"
             )
 
 

@@ -1,0 +1,76 @@
+"""The RoPE object's (`rope_scaling` / `rope_parameters`) relations that transformers' rope
+validation only warns about, refused when config.json is read: a key its type does not take, a
+scaling field without a type, `type` and `rope_type` that disagree, a factor below 1, beta_fast
+below beta_slow, llama3's high_freq_factor not above low_freq_factor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.hf_config.coverage import NO_EFFECT, ROPE_COVERAGE
+
+if TYPE_CHECKING:
+    from core.hf_config.fields import HFConfig
+
+_ANY = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+_YARN = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}
+_ORIG = "original_max_position_embeddings"
+# the keys each RoPE type takes (transformers' modeling_rope_utils validation functions)
+TYPE_KEYS: dict[str, frozenset[str]] = {
+    "default": _ANY,
+    "linear": _ANY | {"factor"},
+    "dynamic": _ANY | {"factor", _ORIG},
+    "yarn": _ANY | {"factor", _ORIG} | _YARN,
+    "llama3": _ANY | {"factor", _ORIG, "low_freq_factor", "high_freq_factor"},
+}
+_SCALING = frozenset().union(*TYPE_KEYS.values()) - _ANY
+# keys no family reads (longrope's, multimodal RoPE's): transformers' logits are the same
+_QUIET = frozenset(k for k, (how, _) in ROPE_COVERAGE.items() if how == NO_EFFECT)
+
+
+def check_rope(p: HFConfig) -> None:
+    """Check one RoPE object's (`p`, read by ROPE_FIELDS, its fields already typed) relations;
+    a type moepipe does not know (longrope, ...) is left to the real model, which refuses it."""
+    key = p.prefix.rstrip(".")
+    kinds = {k: p.fields[k] for k in ("rope_type", "type") if p.fields.get(k) is not None}
+    if len(set(kinds.values())) > 1:
+        raise p.error(
+            f"{key}.rope_type={kinds['rope_type']!r} but {key}.type={kinds['type']!r}; "
+            "transformers runs rope_type's: give one type"
+        )
+    kind = next(iter(kinds.values()), None)
+    if kind is None:
+        scaling = sorted(k for k in p.fields if k in _SCALING)
+        if scaling:
+            raise p.error(
+                f"{key} has {scaling[0]} but no rope_type; name the RoPE type it scales "
+                f"({', '.join(k for k in TYPE_KEYS if k != 'default')})"
+            )
+        return
+    if kind not in TYPE_KEYS:
+        return
+    unknown = sorted(k for k in p.fields if k not in TYPE_KEYS[kind] | _QUIET)
+    if unknown:
+        raise p.error(
+            f"{key}.{unknown[0]} is not a key of {kind} RoPE; it takes "
+            f"{', '.join(sorted(TYPE_KEYS[kind]))}: remove or rename it"
+        )
+    _check_values(p, key)
+
+
+def _check_values(p: HFConfig, key: str) -> None:
+    factor = p.fields.get("factor")
+    if factor is not None and factor < 1:
+        raise p.error(f"{key}.factor={factor} must be >= 1 (the context's stretch)")
+    fast, slow = p.fields.get("beta_fast"), p.fields.get("beta_slow")
+    if fast is not None and slow is not None and fast < slow:
+        raise p.error(
+            f"{key}.beta_fast={fast} is below beta_slow={slow}; yarn's ramp runs from beta_fast "
+            "down to beta_slow: swap them"
+        )
+    low, high = p.fields.get("low_freq_factor"), p.fields.get("high_freq_factor")
+    if low is not None and high is not None and high <= low:
+        raise p.error(
+            f"{key}.high_freq_factor={high} must be above low_freq_factor={low} "
+            "(llama3 interpolates between them)"
+        )

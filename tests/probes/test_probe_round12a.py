@@ -1,0 +1,133 @@
+"""Probe round 12a (issue 48): other members of the malformed-input classes. A config.json whose
+widths are past any model's named the spec's field (n_heads) not config.json's; a model_type of
+another family over the first family's fields ran that family's defaults; a RoPE object that
+transformers only warns about (a key its type does not take, a factor below 1, betas or llama3's
+frequencies the wrong way round, two types) ran; and Switch's decoder sizes were not typed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.hf_config import spec_to_hf_config
+from core.spec import ModelSpec
+from real.checkpoint import reduced_spec
+from tests.probes.conftest import raises_one_line
+
+BASE = {
+    "mixtral": spec_to_hf_config(reduced_spec("mixtral-tiny")),
+    "qwen2_moe": spec_to_hf_config(reduced_spec("qwen1.5-moe-a2.7b")),
+    "olmoe": spec_to_hf_config(reduced_spec("olmoe-1b-7b")),
+    "deepseek_v2": spec_to_hf_config(reduced_spec("deepseek-v2-lite")),
+    "switch_transformers": spec_to_hf_config(reduced_spec("switch-base-128")),
+}
+
+
+def _refused(tmp_path: Path, cfg: dict[str, Any], *words: str) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    where = str(tmp_path / "config.json")
+    return raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), where, *words)
+
+
+HUGE = 10**20
+
+
+@pytest.mark.parametrize(
+    ("family", "field"),
+    [
+        ("mixtral", "num_attention_heads"),
+        ("mixtral", "num_local_experts"),
+        ("qwen2_moe", "shared_expert_intermediate_size"),
+        ("olmoe", "intermediate_size"),
+        ("deepseek_v2", "qk_rope_head_dim"),
+        ("deepseek_v2", "n_shared_experts"),
+        ("switch_transformers", "d_kv"),
+        ("switch_transformers", "d_model"),
+    ],
+)
+def test_a_width_past_any_models_names_config_jsons_field(
+    tmp_path: Path, family: str, field: str
+) -> None:
+    """num_attention_heads=1e20 said "n_heads=..., wider than any model", a field config.json
+    does not have."""
+    line = _refused(tmp_path, BASE[family] | {field: HUGE}, f"{field} must be")
+    assert "16777216" in line or "32767" in line, line
+
+
+def test_a_width_summed_past_any_models_names_the_fields_summed(tmp_path: Path) -> None:
+    cfg = BASE["deepseek_v2"] | {"qk_nope_head_dim": 1 << 24, "qk_rope_head_dim": 64}
+    _refused(tmp_path, cfg, "qk_head_dim", "qk_nope_head_dim + qk_rope_head_dim")
+
+
+@pytest.mark.parametrize(
+    ("fields_of", "model_type", "field"),
+    [
+        ("mixtral", "qwen2_moe", "num_local_experts"),
+        ("mixtral", "switch_transformers", "num_experts_per_tok"),
+        ("qwen2_moe", "olmoe", "moe_intermediate_size"),
+        ("olmoe", "mixtral", "norm_topk_prob"),
+        ("deepseek_v2", "mixtral", "n_routed_experts"),
+        ("switch_transformers", "olmoe", "d_model"),
+    ],
+)
+def test_another_familys_fields_under_a_model_type_are_refused(
+    tmp_path: Path, fields_of: str, model_type: str, field: str
+) -> None:
+    """A Mixtral config.json under model_type qwen2_moe ran Qwen2-MoE's 60 experts of 1408
+    (transformers' defaults), the file's num_local_experts unread."""
+    cfg = {k: v for k, v in BASE[fields_of].items() if k != "architectures"}
+    cfg = cfg | {"model_type": model_type}
+    if fields_of == "deepseek_v2":
+        cfg = {k: v for k, v in cfg.items() if k not in ("qk_nope_head_dim", "kv_lora_rank")}
+        cfg = {k: v for k, v in cfg.items() if k not in ("qk_rope_head_dim", "v_head_dim")}
+        cfg = {k: v for k, v in cfg.items() if k != "moe_intermediate_size"}
+    line = _refused(tmp_path, cfg, f"{field} is a field of", f"model_type {model_type!r}")
+    assert "fix model_type" in line
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize(
+    ("rope", "words"),
+    [
+        ({"rope_type": "linear", "factor": 2.0, "fctor": 3.0}, "fctor is not a key of linear"),
+        ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3.0}, "beta_fast is not a key"),
+        ({"factor": 2.0}, "has factor but no rope_type"),
+        ({"type": "linear", "rope_type": "dynamic", "factor": 2.0}, "give one type"),
+        ({"rope_type": "dynamic", "factor": 0.5}, "factor=0.5 must be >= 1"),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 1.0, "beta_slow": 32.0}, "swap"),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            "high_freq_factor=4.0 must be above low_freq_factor=4.0",
+        ),
+        ({"rope_type": "default", "partial_rotary_factor": 2.0}, "partial_rotary_factor must"),
+    ],
+)
+def test_a_rope_object_transformers_warns_about_is_refused(
+    tmp_path: Path, key: str, rope: dict[str, Any], words: str
+) -> None:
+    """Each ran, in the simulator and the real model: transformers logs a warning and runs
+    something other than the file meant (the typo's key unread, the other type)."""
+    for family in ("mixtral", "deepseek_v2"):
+        (tmp_path / family).mkdir()
+        _refused(tmp_path / family, BASE[family] | {key: rope}, key, words)
+
+
+def test_rope_keys_no_family_reads_and_an_empty_object_still_load(tmp_path: Path) -> None:
+    for rope in ({}, {"rope_type": "default", "short_factor": [2.0]}, {"rope_theta": 1e4}):
+        (tmp_path / "config.json").write_text(json.dumps(BASE["mixtral"] | {"rope_scaling": rope}))
+        assert ModelSpec.from_hf_config(tmp_path).n_layers > 0
+
+
+@pytest.mark.parametrize("value", [True, -1, 2.5, "12", [12]])
+@pytest.mark.parametrize("field", ["num_decoder_layers", "num_sparse_decoder_layers"])
+def test_switchs_decoder_sizes_are_typed(tmp_path: Path, field: str, value: Any) -> None:
+    _refused(tmp_path, BASE["switch_transformers"] | {field: value}, f"{field} must be")
