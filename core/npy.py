@@ -81,7 +81,12 @@ def npz_arrays(path: str | Path, names: Iterable[str]) -> dict[str, np.ndarray]:
     try:
         with zipfile.ZipFile(path) as z:
             for name in names:
-                info = z.getinfo(f"{name}.npy")
+                # np.savez names each member NAME.npy; a member without the suffix (a zip of
+                # raw bytes) is read as .npy too, and refused as none
+                have = set(z.namelist())
+                if f"{name}.npy" not in have and name not in have:
+                    raise NpyError(f"lacks array {name}")
+                info = z.getinfo(f"{name}.npy" if f"{name}.npy" in have else name)
                 with z.open(info) as member:
                     try:
                         out[name] = npy_array(member, info.file_size)

@@ -302,6 +302,12 @@ def load_counts(
         raise TraceError(f"{path}: not a readable npz, or {key} is not ({why}); {fix}") from None
     if counts.dtype.kind not in "iuf":  # strings, objects, booleans, complex: not counts
         raise TraceError(f"{path}: {key} has dtype {counts.dtype}, expected integer counts; {fix}")
+    if counts.dtype.kind == "f" and (np.isfinite(counts) & (counts % 1 != 0)).any():
+        at = tuple(int(i) for i in np.argwhere(np.isfinite(counts) & (counts % 1 != 0))[0])
+        raise TraceError(
+            f"{path}: {key} holds {counts[at]} at {list(at)}, a fraction of a token; expected "
+            f"integer counts; {fix}"
+        )
     if counts.ndim != 3 or counts.shape[-1] != n_experts or 0 in counts.shape:
         raise TraceError(
             f"{path}: {key} has shape {counts.shape}, expected [domains, layers, {n_experts}] "

@@ -415,6 +415,13 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
                 f"{d / INDEX_FILE}: weight_map names {lost[0]!r} in {wmap[lost[0]]}, which does "
                 f"not hold it ({len(lost)} such); rewrite or re-copy the index"
             )
+        unlisted = sorted(index.keys() - wmap.keys())
+        if unlisted:  # a stale index: which of the shards' tensors the weights are is unsaid
+            raise ConfigError(
+                f"{d / INDEX_FILE}: weight_map lacks tensor {unlisted[0]!r}, which "
+                f"{index[unlisted[0]].file.name} holds ({len(unlisted)} such); rewrite or "
+                "re-copy the index"
+            )
         listed = list(wmap)
     layers = {int(m.group(1)) for n in listed if (m := _LAYER.match(n))}
     if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows

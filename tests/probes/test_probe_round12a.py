@@ -131,3 +131,66 @@ def test_rope_keys_no_family_reads_and_an_empty_object_still_load(tmp_path: Path
 @pytest.mark.parametrize("field", ["num_decoder_layers", "num_sparse_decoder_layers"])
 def test_switchs_decoder_sizes_are_typed(tmp_path: Path, field: str, value: Any) -> None:
     _refused(tmp_path, BASE["switch_transformers"] | {field: value}, f"{field} must be")
+
+
+def test_an_index_that_lacks_a_tensor_its_shards_hold_is_refused(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """A stale index (a tensor in a shard but not in weight_map) loaded the shard's copy
+    without a word, the index and the shards disagreeing on what the checkpoint holds."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
+
+    ckpt = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ckpt)
+    tensors = load_file(ckpt / SINGLE_FILE)
+    (ckpt / SINGLE_FILE).unlink()
+    save_file(tensors, str(ckpt / "a.safetensors"))
+    names = sorted(tensors)
+    (ckpt / INDEX_FILE).write_text(
+        json.dumps({"weight_map": dict.fromkeys(names[1:], "a.safetensors")})
+    )
+    raises_one_line(
+        lambda: load_checkpoint(ckpt), INDEX_FILE, f"lacks tensor {names[0]!r}", "a.safetensors"
+    )
+    (ckpt / INDEX_FILE).write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, "a.safetensors")})
+    )
+    assert load_checkpoint(ckpt)[0].n_layers == 2
+
+
+def test_an_npz_member_without_the_npy_suffix_is_one_line(tmp_path: Path) -> None:
+    """A zip whose members are raw bytes named `expert_ids` (no `.npy`): npz_names counted
+    them, then reading `expert_ids.npy` was a KeyError traceback."""
+    import zipfile
+
+    from core.traces import TRACE_FILE, TRACE_NAME, load_esft
+
+    (tmp_path / TRACE_NAME).mkdir()
+    with zipfile.ZipFile(tmp_path / TRACE_NAME / TRACE_FILE, "w") as z:
+        for name in ("expert_ids", "gate_weights", "task", "seq_id", "pos", "task_names"):
+            z.writestr(name, b"\0" * 16)
+    raises_one_line(lambda: load_esft(tmp_path), TRACE_FILE, "array expert_ids", "no .npy header")
+
+
+def test_counts_with_a_fraction_of_a_token_are_refused(tmp_path: Path) -> None:
+    """Float counts of 10.5 tokens were fitted; whole floats still load."""
+    import numpy as np
+
+    from core.traces import COUNTS_FILE, COUNTS_NAME, load_counts
+
+    (tmp_path / COUNTS_NAME).mkdir()
+    counts = np.full((5, 3, 64), 10.0)
+    counts[1, 2, 3] = 10.5
+    np.savez(tmp_path / COUNTS_NAME / COUNTS_FILE, olmoe_counts_top1=counts)
+    raises_one_line(
+        lambda: load_counts(tmp_path, "olmoe_counts_top1", 64),
+        COUNTS_FILE,
+        "olmoe_counts_top1 holds 10.5 at [1, 2, 3]",
+        "integer counts",
+    )
+    np.savez(tmp_path / COUNTS_NAME / COUNTS_FILE, olmoe_counts_top1=np.full((5, 3, 64), 10.0))
+    assert load_counts(tmp_path, "olmoe_counts_top1", 64).shape == (5, 3, 64)
