@@ -25,6 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from core.errors import MoepipeError
 from experiments.common.cli import on_interrupt
 
 FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
@@ -99,9 +100,11 @@ def _marked(run_dir: Path) -> dict[str, Any] | None:
     one (written by hand)."""
     import json
 
-    try:
-        mark = json.loads((run_dir / SWEEP_MARK).read_text())
-    except (OSError, ValueError):
+    from core.files import read_small
+
+    try:  # unblocked by a FIFO in its place, as a hand-made file it is not a mark
+        mark = json.loads(read_small(run_dir / SWEEP_MARK))
+    except (OSError, ValueError, RecursionError):  # ConfigError (not a file) is a ValueError
         return None
     return mark if isinstance(mark, dict) else None
 
@@ -227,7 +230,31 @@ def name_config_write_errors() -> None:
 
     named.names_its_file = True  # type: ignore[attr-defined]
     hydra_utils._save_config = named
+    configure = hydra_utils.configure_log
+
+    def log_checked(log_config: DictConfig, *args: Any, **kwargs: Any) -> None:
+        _check_log_files(log_config)
+        configure(log_config, *args, **kwargs)
+
+    hydra_utils.configure_log = log_checked
     _name_sweep_record_errors()
+
+
+def _check_log_files(log_config: DictConfig | None) -> None:
+    """The job's log file(s) where something not a file is in their place: logging's
+    FileHandler blocked on a FIFO (a run that hung) and failed on a folder with "Unable to
+    configure handler 'file'" (an internal error naming no file)."""
+    from core.files import not_regular
+
+    handlers = OmegaConf.select(log_config, "handlers") if log_config is not None else None
+    for name in handlers or {}:
+        filename = OmegaConf.select(log_config, f"handlers.{name}.filename")
+        if filename is None:
+            continue
+        kind = not_regular(str(filename))
+        if kind:
+            _remove_if_no_run()
+            raise MoepipeError(f"{filename}: {kind}, where the run writes its log; move it away")
 
 
 def _name_sweep_record_errors() -> None:

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import no_file_words, not_regular, read_small, staging_dir
+from core.files import loads_json, no_file_words, not_regular, read_small, staging_dir
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -324,8 +324,8 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        got = json.loads(read_small(summary))
-    except (OSError, ValueError, RecursionError):  # not UTF-8 or JSON, nested 10^5 deep, ...
+        got = loads_json(read_small(summary), str(summary))
+    except (OSError, ValueError, RecursionError, MoepipeError):  # not JSON, a key twice, ...
         got = None
     if not isinstance(got, dict):
         log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)

@@ -15,7 +15,7 @@ import yaml
 
 from core.args import output_dir, refuse_theirs, written_whole
 from core.errors import MoepipeError
-from core.files import broken_link, read_small
+from core.files import broken_link, loads_json, read_small
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
@@ -87,7 +87,7 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:
-        summary = json.loads(read_small(summary_path, fix=rerun).decode("utf-8"))
+        summary = loads_json(read_small(summary_path, fix=rerun).decode("utf-8"), str(summary_path))
     except MoepipeError as e:  # a folder, FIFO or device in its place: refused, not read
         return None, f"summary.json unreadable ({str(e).removeprefix(f'{summary_path}: ')})"
     except json.JSONDecodeError as e:  # a run killed while it wrote the file
@@ -176,6 +176,8 @@ METRICS = (
 )
 
 
+# the metrics that count (tokens, ops, batches, lengths): whole numbers in every run's summary
+COUNTS = ("tokens_generated", "ops", "batch_size", "n_batches", "prompt_len", "gen_len")
 METRIC_GROUPS = ("busy_s", "bytes_moved", "peak_bytes", "gpu_idle_causes_s")  # {name: number}
 # past any run's metric (bytes, ops, tokens, seconds); a figure's axis over 1e308 overflows
 MAX_METRIC = 1e30
@@ -228,6 +230,8 @@ def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
     for key, value in items:
         if not number(value) or value < 0:
             return key, f"{_short(value)}, not a finite number in [0, {MAX_METRIC:g}]"
+        if key in COUNTS and value != int(value):  # a run counts whole batches, tokens, ops
+            return key, f"{_short(value)}, not a whole number"
     return _per_layer_problem(summary, number)
 
 

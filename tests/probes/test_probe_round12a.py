@@ -194,3 +194,107 @@ def test_counts_with_a_fraction_of_a_token_are_refused(tmp_path: Path) -> None:
     )
     np.savez(tmp_path / COUNTS_NAME / COUNTS_FILE, olmoe_counts_top1=np.full((5, 3, 64), 10.0))
     assert load_counts(tmp_path, "olmoe_counts_top1", 64).shape == (5, 3, 64)
+
+
+# ---- result files read back --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder"])
+def test_a_run_log_that_is_no_file_is_one_line(tmp_path: Path, cli_here: Any, what: str) -> None:
+    """run.log a FIFO: the run hung in logging's FileHandler (its open waits for a reader); a
+    folder: "internal error (ValueError: Unable to configure handler 'file')"."""
+    import os
+
+    from tests.probes.conftest import TINY, deadline, one_line
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "run.log") if what == "fifo" else (run / "run.log").mkdir()
+    with deadline(120):
+        r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
+    one_line(r, str(run / "run.log"), "where the run writes its log", "move it away")
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "mark",
+    ["FIFO", "[" * 100_000 + "]" * 100_000, "[1]", b"\xff\xfe"],
+    ids=["fifo", "deep", "list", "binary"],
+)
+def test_a_sweep_mark_that_is_none_is_no_mark(tmp_path: Path, mark: Any) -> None:
+    """A resumed sweep read each point's .sweep.json with read_text: a FIFO there hung the
+    sweep's progress thread, and one nested 10^5 deep was a RecursionError traceback."""
+    import os
+    import signal
+
+    from experiments.common.callbacks import SWEEP_MARK, _marked
+
+    class Blocked(Exception):  # not an OSError, which _marked would take for a missing mark
+        pass
+
+    def blocked(signum: int, frame: Any) -> None:
+        raise Blocked
+
+    if mark == "FIFO":
+        os.mkfifo(tmp_path / SWEEP_MARK)
+    else:
+        (tmp_path / SWEEP_MARK).write_bytes(mark if isinstance(mark, bytes) else mark.encode())
+    old = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        assert _marked(tmp_path) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    (tmp_path / SWEEP_MARK).unlink()
+    (tmp_path / SWEEP_MARK).write_text('{"sweep": "t", "earlier": null}')
+    assert _marked(tmp_path) == {"sweep": "t", "earlier": None}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep folder of one finished tiny run, without files.sha256 (a run dir made by hand:
+    what it holds is checked by its own rules)."""
+    from tests.probes.conftest import tiny_run
+
+    root = tmp_path_factory.mktemp("sweep")
+    tiny_run(root / "good")
+    (root / "good" / "files.sha256").unlink()
+    return root
+
+
+def test_a_summary_giving_a_key_twice_is_not_a_run(finished: Path, tmp_path: Path) -> None:
+    """json.loads kept the second makespan_s; collect and report drew it as the run's, and a
+    rerun reused it."""
+    import shutil
+
+    from experiments.common.run_dir import finished as reusable
+    from experiments.common.tables import collect
+
+    mine = tmp_path / "sweep"
+    shutil.copytree(finished, mine)
+    shutil.copytree(mine / "good", mine / "bad")
+    path = mine / "bad" / "summary.json"
+    path.write_text(path.read_text().rstrip()[:-1] + ', "makespan_s": 1.0}')
+    df, problems = collect(mine)
+    assert len(df) == 1, problems
+    assert any("key 'makespan_s' appears twice" in p for p in problems), problems
+    assert not reusable(mine / "bad", (mine / "bad" / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("n_batches", 2.5), ("ops", 70.5), ("tokens_generated", 1e-3)]
+)
+def test_a_count_that_is_no_whole_number_is_not_a_runs(
+    finished: Path, tmp_path: Path, key: str, value: float
+) -> None:
+    """n_batches 2.5 went into the table (and report's axis) as a run's."""
+    import shutil
+
+    from experiments.common.tables import collect
+
+    mine = tmp_path / "sweep"
+    shutil.copytree(finished, mine)
+    path = mine / "good" / "summary.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {key: value}))
+    raises_one_line(lambda: collect(mine), str(path), f"{key} is {value}", "not a whole number")
