@@ -15,6 +15,9 @@ import yaml
 from core.errors import MoepipeError
 
 MAX_NODES = 1_000_000  # far past any config moepipe reads (a calibrated hardware file: ~10^4)
+# values aliases (*name) add, past those the text writes: omegaconf builds each at ~1 ms, so
+# 6 levels of 9 (59,049 values) ran for a minute; no config of ours uses more than a few
+MAX_ALIASED = 10_000
 MAX_DEPTH = 200  # levels of nesting; a config has a handful
 MAX_DIGITS = 4000  # under Python's int_max_str_digits (4300), past any count or size
 _INT = "tag:yaml.org,2002:int"
@@ -40,10 +43,16 @@ def check_yaml_size(text: str, where: str, fix: str) -> None:
         raise MoepipeError(f"{where}{at}: not valid YAML ({problem}); {fix}") from None
     sizes: dict[int, int] = {}
     scalars: list[yaml.ScalarNode] = []
-    if sum(_expanded(doc, sizes, scalars) for doc in docs if doc is not None) > MAX_NODES:
+    total = sum(_expanded(doc, sizes, scalars) for doc in docs if doc is not None)
+    if total > MAX_NODES:
         raise MoepipeError(
             f"{where}: over {MAX_NODES:,} values once its aliases (*name) are expanded (or an "
             f"alias inside itself, endless); no config is that large: {fix}"
+        )
+    if total - len(sizes) > MAX_ALIASED:  # each node written once is in `sizes` once
+        raise MoepipeError(
+            f"{where}: its aliases (*name) repeat {total - len(sizes):,} values, over "
+            f"{MAX_ALIASED:,}; no config needs so many: write the values out, or {fix}"
         )
     for node in scalars:  # Python refuses to read an int of more digits (a ValueError)
         if node.tag == _INT and len(node.value) > MAX_DIGITS:

@@ -298,3 +298,28 @@ def test_a_count_that_is_no_whole_number_is_not_a_runs(
     path = mine / "good" / "summary.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {key: value}))
     raises_one_line(lambda: collect(mine), str(path), f"{key} is {value}", "not a whole number")
+
+
+# six levels of nine aliases: 59,049 values, under the million check_yaml_size allowed
+LAUGHS_6 = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(5)
+)
+
+
+@pytest.mark.parametrize("group", ["hardware", "workload"])
+def test_aliases_omegaconf_would_build_for_a_minute_are_refused(
+    tmp_path: Path, cli_here: Any, group: str
+) -> None:
+    """A file of 59,049 aliased values passed the size check and ran for over a minute while
+    omegaconf built them, before its unknown keys were refused."""
+    from core.yaml_size import check_yaml_size
+    from tests.conftest import ROOT
+    from tests.probes.conftest import TINY, deadline, one_line
+
+    path = tmp_path / f"{group}.yaml"
+    path.write_text((ROOT / "conf" / group / "tiny.yaml").read_text() + LAUGHS_6)
+    args = [a for a in TINY if not a.startswith(f"{group}=")]
+    with deadline(60):
+        r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path}/r")
+    one_line(r, str(path), "aliases (*name) repeat", "over 10,000")
+    check_yaml_size("x: &x [1, 2, 3]\ny: [" + ", ".join(["*x"] * 2000) + "]\n", "f", "fix")
