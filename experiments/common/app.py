@@ -38,6 +38,7 @@ from experiments.common.cli import (
     print_or_exit,
     user_conf_dirs,
 )
+from experiments.common.conf_files import check_conf_dirs
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
     groups_on_demand,
@@ -421,6 +422,7 @@ def _checked_args(
         overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     check_hydra_overrides(overrides, conf_dir, file_groups)
     config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
+    check_conf_dirs([*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))], overrides)
     check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]
     for o in overrides:
@@ -449,11 +451,11 @@ def _as_hydras_argv(args: list[str]) -> Iterator[None]:
 
 
 def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
-    """`+a.b=v` checked against the running command's schema: a key it lacks is refused in one
-    line (hydra's `+` would add it, unread); else `++a.b=v`, set whether or not a YAML lists it
-    (README's `+model.hf_config=DIR` was written before the schemas listed every key). Under a
-    free mapping (planner params, replication's cases) the command checks what is added.
-    `+group=name` (a default added) is hydra's."""
+    """`+a.b=v` (and `++a.b=v`) checked against the running command's schema: a key it lacks is
+    refused in one line (hydra's `+` would add it, unread); else `++a.b=v`, set whether or not
+    a YAML lists it (README's `+model.hf_config=DIR` was written before the schemas listed every
+    key). Under a free mapping (planner params, replication's cases) the command checks what is
+    added. `+group=name` (a default added) is hydra's."""
     key = override.partition("=")[0].lstrip("+")
     if override.startswith("+") and key.startswith("hydra."):  # hydra's own schema
         from hydra.conf import HydraConf
@@ -464,7 +466,7 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
             name = where.rsplit(".", 1)[-1]
             raise MoepipeError(f"hydra.{where}: unknown key; {nearest(name, valid)}")
     group = (conf_dir / key).is_dir() or key.startswith("hydra")
-    if not override.startswith("+") or override.startswith("++") or group:
+    if not override.startswith("+") or group:
         return override
     parts = key.split(".")
     for root in hydra_errors.ROOT_SCHEMA[:1]:
@@ -472,7 +474,7 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
         if miss is not None:
             where, valid = miss
             raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
-    return f"+{override}"
+    return override if override.startswith("++") else f"+{override}"
 
 
 def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:

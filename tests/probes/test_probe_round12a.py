@@ -323,3 +323,80 @@ def test_aliases_omegaconf_would_build_for_a_minute_are_refused(
         r = cli_here("experiments.run", *args, f"{group}={path}", f"hydra.run.dir={tmp_path}/r")
     one_line(r, str(path), "aliases (*name) repeat", "over 10,000")
     check_yaml_size("x: &x [1, 2, 3]\ny: [" + ", ".join(["*x"] * 2000) + "]\n", "f", "fix")
+
+
+# ---- a user's config folder --------------------------------------------------------------
+
+WORKLOAD = "batch_size: 2\nn_batches: 2\nprompt_len: 8\ngen_len: 3\n"
+CONF_FILES: list[tuple[str, dict[str, Any], str]] = [
+    ("not UTF-8", {"workload/mine.yaml": b"\xff\xfe\x00"}, "mine.yaml: not UTF-8 text"),
+    ("nested deep", {"workload/mine.yaml": WORKLOAD + "x: " + "[" * 5000 + "]" * 5000}, "deeply"),
+    ("laughs", {"workload/mine.yaml": WORKLOAD + LAUGHS_6}, "aliases (*name) repeat"),
+    ("defaults a number", {"workload/mine.yaml": "defaults: 5\n" + WORKLOAD}, "defaults is int"),
+    (
+        "defaults naming itself",
+        {"workload/mine.yaml": "defaults:\n  - mine\n  - _self_\n" + WORKLOAD},
+        "leads back to itself",
+    ),
+    (
+        "defaults loop of two",
+        {
+            "workload/mine.yaml": "defaults:\n  - other\n  - _self_\n" + WORKLOAD,
+            "workload/other.yaml": "defaults:\n  - /workload/mine\n  - _self_\n" + WORKLOAD,
+        },
+        "leads back to itself",
+    ),
+    ("a FIFO", {"workload/mine.yaml": "FIFO"}, "mine.yaml: not a regular file (a FIFO)"),
+    ("a folder named mine.yaml", {"workload/mine.yaml": "DIR"}, "mine.yaml: a folder"),
+    ("the option a folder", {"workload/mine/x.yaml": WORKLOAD}, "workload/mine is a folder"),
+]
+
+
+@pytest.mark.parametrize("case, files, words", CONF_FILES, ids=[c[0] for c in CONF_FILES])
+def test_a_bad_file_in_a_users_config_dir_is_one_line(
+    tmp_path: Path, cli_here: Any, case: str, files: dict[str, Any], words: str
+) -> None:
+    """Each was an internal error (UnicodeDecodeError, RecursionError, ValueError), a run of a
+    minute, or "no conf/workload/mine.yaml" of a file that is there."""
+    import os
+
+    from tests.conftest import overridden
+    from tests.probes.conftest import TINY, deadline, one_line
+
+    conf = tmp_path / "conf"
+    for rel, text in files.items():
+        (conf / rel).parent.mkdir(parents=True, exist_ok=True)
+        if text == "FIFO":
+            os.mkfifo(conf / rel)
+        elif text == "DIR":
+            (conf / rel).mkdir()
+        else:
+            (conf / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+    args = [*overridden(TINY, "workload=mine"), f"--config-dir={conf}"]
+    with deadline(60):
+        r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, str(conf), words)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_users_config_dir_of_good_files_runs(tmp_path: Path, cli_here: Any) -> None:
+    from tests.conftest import overridden
+    from tests.probes.conftest import TINY
+
+    (tmp_path / "conf" / "workload").mkdir(parents=True)
+    (tmp_path / "conf" / "workload" / "base.yaml").write_text(WORKLOAD)
+    text = "defaults:\n  - base\n  - _self_\nbatch_size: 1\n"
+    (tmp_path / "conf" / "workload" / "mine.yaml").write_text(text)
+    args = [*overridden(TINY, "workload=mine"), f"--config-dir={tmp_path / 'conf'}"]
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["batch_size"] == 1
+
+
+def test_a_key_added_with_plus_plus_is_checked_as_with_plus(tmp_path: Path, cli_here: Any) -> None:
+    """`++workload.foo=1` was "workload: Workload.__init__() got an unexpected keyword argument
+    'foo'"; `+workload.foo=1` named the key and the valid ones."""
+    from tests.probes.conftest import TINY, one_line
+
+    r = cli_here("experiments.run", *TINY, "++workload.foo=1", f"hydra.run.dir={tmp_path}/r")
+    one_line(r, "workload.foo: unknown key", "valid: batch_size")

@@ -1,0 +1,107 @@
+"""The YAML files of a user's config folders (`--config-dir`, `hydra.searchpath=[file://...]`),
+checked before hydra reads them: hydra's loader raised a UnicodeDecodeError on one not UTF-8,
+a RecursionError on one nested thousands deep or whose defaults list names itself, a ValueError
+on defaults that are no list, and built a "billion laughs" for minutes. Each is one line naming
+the file; a group's option that is a folder, not a file, is named as one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import yaml
+
+from core.errors import MoepipeError
+from core.files import no_file_words, read_small
+from core.yaml_size import check_yaml_size
+
+_SUFFIXES = (".yaml", ".yml")
+_MAX_FILES = 2000  # a config folder holds tens; `--config-dir /` is not walked past this
+
+
+def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str]) -> None:
+    """Each YAML file in `dirs` (the top and two levels of group folders) is a readable config
+    file whose defaults are a list that does not loop; a `group=name` of `overrides` whose name
+    is a folder there says so."""
+    for d in dirs:
+        if not d.is_dir():
+            continue  # the flag's own check names it
+        links = {}  # config (group/name) -> the configs its defaults list names
+        for path in _yaml_paths(d):
+            links[path.relative_to(d).with_suffix("").as_posix()] = _check_file(d, path)
+        _check_loops(d, links)
+        for o in overrides:
+            group, eq, name = o.lstrip("+").partition("=")
+            folder = d / group / name
+            is_file = any((d / group / f"{name}{s}").exists() for s in _SUFFIXES)
+            if eq and name and "/" not in name and folder.is_dir() and not is_file:
+                raise MoepipeError(
+                    f"{o}: {folder} is a folder; an option of {group} is a file {name}.yaml "
+                    f"in {d / group}"
+                )
+
+
+def _yaml_paths(d: Path) -> Iterator[Path]:
+    seen = 0
+    for root, dirs, files in os.walk(d):
+        depth = len(Path(root).relative_to(d).parts)
+        dirs[:] = [x for x in sorted(dirs) if not x.startswith(".") and depth < 2]
+        for name in (*files, *dirs):  # a folder named x.yaml is in `dirs`
+            if name.endswith(_SUFFIXES):
+                seen += 1
+                if seen > _MAX_FILES:
+                    return
+                yield Path(root) / name
+
+
+def _check_file(d: Path, path: Path) -> list[str]:
+    """`path` checked as a config file; the configs (group/name) its defaults list names."""
+    fix = "fix that file or move it out of the config folder"
+    if not path.is_file():
+        what = no_file_words(path.stat().st_mode) if path.exists() else "a link to nothing"
+        raise MoepipeError(f"{path}: {what}; a config is a YAML file: move it out of {d}")
+    try:
+        text = read_small(path, fix=fix).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MoepipeError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from None
+    except OSError as e:
+        raise MoepipeError(f"{path}: cannot read it ({e.strerror or e}); {fix}") from None
+    check_yaml_size(text, str(path), fix)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return []  # hydra's own line names its line
+    if not isinstance(data, dict) or "defaults" not in data:
+        return []
+    defaults = data["defaults"]
+    if not isinstance(defaults, list):
+        raise MoepipeError(
+            f"{path}: defaults is {type(defaults).__name__}, not a list of configs; {fix}"
+        )
+    group = path.relative_to(d).parent.as_posix().strip(".")
+    return [_target(group, e) for e in defaults if isinstance(e, str) and e != "_self_"]
+
+
+def _target(group: str, entry: str) -> str:
+    """The config a defaults entry names: absolute (`/g/x`) or within the file's group."""
+    entry = entry.removeprefix("override ").strip()
+    return entry[1:] if entry.startswith("/") else "/".join(filter(None, [group, entry]))
+
+
+def _check_loops(d: Path, links: dict[str, list[str]]) -> None:
+    """A defaults list that reaches its own file again (hydra recursed until Python's limit)."""
+    for start in links:
+        todo, seen = list(links[start]), set()
+        while todo:
+            node = todo.pop()
+            if node == start:
+                raise MoepipeError(
+                    f"{d / start}.yaml: its defaults list leads back to itself (through "
+                    f"{', '.join(sorted(seen)) or 'its own name'}), a loop without end; remove one"
+                    " of those entries"
+                )
+            if node not in seen:
+                seen.add(node)
+                todo += links.get(node, [])
