@@ -80,10 +80,14 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not summary_path.exists():
         failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
         if failed.exists():
-            try:
-                return None, f"failed: {failed.read_text().strip()}"
+            try:  # a FIFO there blocked read_text: collect and report hung
+                lines = read_small(failed).decode("utf-8").strip().splitlines() or [""]
+            except MoepipeError as e:  # a folder, FIFO or device in its place
+                return None, f"failed (failed.txt unreadable: {str(e).removeprefix(f'{failed}: ')})"
             except (OSError, UnicodeDecodeError) as e:
                 return None, f"failed (failed.txt unreadable: {_why(e)})"
+            more = f" (and {len(lines) - 1} more line(s))" if len(lines) > 1 else ""
+            return None, f"failed: {lines[0]}{more}"  # one line, as run writes it
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:

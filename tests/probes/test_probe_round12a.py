@@ -400,3 +400,32 @@ def test_a_key_added_with_plus_plus_is_checked_as_with_plus(tmp_path: Path, cli_
 
     r = cli_here("experiments.run", *TINY, "++workload.foo=1", f"hydra.run.dir={tmp_path}/r")
     one_line(r, "workload.foo: unknown key", "valid: batch_size")
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder", "lines"])
+def test_a_failed_txt_that_is_no_line_is_skipped_in_one_line(
+    finished: Path, tmp_path: Path, what: str
+) -> None:
+    """A run dir without a summary whose failed.txt is a FIFO hung collect and report
+    (read_text waits for a writer); one of three lines printed them all under `skipped`."""
+    import os
+    import shutil
+
+    from experiments.common.tables import collect
+    from tests.probes.conftest import deadline
+
+    mine = tmp_path / "sweep"
+    shutil.copytree(finished, mine)
+    (mine / "bad" / ".hydra").mkdir(parents=True)
+    failed = mine / "bad" / "failed.txt"
+    if what == "fifo":
+        os.mkfifo(failed)
+    elif what == "folder":
+        failed.mkdir()
+    else:
+        failed.write_text("error one\nerror two\nerror three\n")
+    with deadline(10):
+        df, problems = collect(mine)
+    assert len(df) == 1 and len(problems) == 1 and "\n" not in problems[0], problems
+    words = {"fifo": "(a FIFO)", "folder": "a folder", "lines": "error one (and 2 more line(s))"}
+    assert words[what] in problems[0], problems
