@@ -21,18 +21,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from core.args import (  # noqa: E402
     MAX_REPEATS,
     MAX_TOKENS,
-    PNG_METADATA,
     REPEATS_WHY,
     TOKENS_WHY,
     as_share,
@@ -62,6 +57,7 @@ from experiments.common.cli import (  # noqa: E402
 )
 from experiments.common.dist_measure import p2p_seen  # noqa: E402
 from experiments.common.dist_run import run_distributed  # noqa: E402
+from experiments.common.figures import fig_sim_vs_real  # noqa: E402
 from experiments.common.hardware import (  # noqa: E402
     load_hardware,
     measure_in_run,  # noqa: E402
@@ -208,30 +204,6 @@ def per_device(sim: RunResult, real: RunResult) -> dict[str, Any]:
     return row
 
 
-def plot(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> None:
-    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
-    kinds = sorted(set(sim["kind"].astype(str)) | set(real["kind"].astype(str)))
-    colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
-    for ax, df, title in ((axes[0], sim, "simulated"), (axes[1], real, "measured (real)")):
-        streams = list(dict.fromkeys(df["stream"].astype(str)))
-        for i, s in enumerate(streams):
-            d = df[df["stream"].astype(str) == s]
-            for kind, g in d.groupby(d["kind"].astype(str)):
-                ax.broken_barh(
-                    list(zip(g["start_s"], g["end_s"] - g["start_s"], strict=True)),
-                    (i - 0.4, 0.8),
-                    color=colors[kind],
-                )
-        ax.set_yticks(range(len(streams)), streams)
-        ax.set_title(f"{planner}: {title}, makespan {df['end_s'].max():.3f} s")
-    axes[1].set_xlabel("seconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, list(colors), loc="upper right", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata=PNG_METADATA)
-    plt.close(fig)
-
-
 @dataclass
 class Setup:
     """What every step of a validation reads: the options checked, the model and hardware."""
@@ -315,7 +287,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
             pooled_run = simulate_run(replace(spec, hardware=with_links(setup.hw, pooled)), routing)
             errors_against(row, "window", pooled_run.summary)
         rows.append(row)
-        plot(name, sim.trace, real.trace, setup.out / f"timeline_{name}.png")
+        fig_sim_vs_real(name, sim.trace, real.trace, setup.out / f"timeline_{name}.png")
         _print_row(name, row, seen, bool(probed[name]), setup.distributed, len(real.schedule))
     return _write_tables(setup, rows)
 

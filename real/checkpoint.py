@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from core.errors import ConfigError
-from core.files import no_file_there, not_regular, read_small
+from core.files import no_file_there, read_small
 from core.hf_config import (
     HFConfig,
     hf_dtype_name,
@@ -34,19 +34,20 @@ from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from real.fused_experts import unfuse_experts
-from real.shards import (
+from real.shards import (  # noqa: F401 (the file names: checkpoint's too)
+    INDEX_FILE,
+    SINGLE_FILE,
     TensorEntry,
     index_files,
     read_header,
     read_index,
     read_tensor,
+    weight_files,
 )
 
 log = logging.getLogger(__name__)
 
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 
 _TORCH_DTYPE = {4: torch.float32, 2: torch.bfloat16}
 
@@ -395,7 +396,7 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             "(bfloat16 and float32 are); convert the weights to bfloat16"
         )
     spec = ModelSpec.from_hf_config(d)
-    files = _weight_files(d)
+    files = weight_files(d)
     index: dict[str, TensorEntry] = {}
     for f in files:
         header = read_header(d / f)
@@ -480,50 +481,6 @@ def _check_shapes(
                     f'"torch_dtype": "{str(e.dtype).removeprefix("torch.")}" to it'
                 )
                 raise ConfigError(f"{e.file}: tensor {ts.hf_name} is {e.dtype}, {said}")
-
-
-def _weight_files(d: Path) -> list[str]:
-    """The safetensors files of checkpoint `d`: the ones its index names, or its one file;
-    a ConfigError for weights that are not regular files, links to nothing, or both kinds."""
-    for name in (INDEX_FILE, SINGLE_FILE):  # is_file() below would call them absent
-        kind = not_regular(d / name)
-        if kind:
-            raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
-        if (d / name).is_symlink() and not (d / name).exists():  # dangling, or a loop
-            raise ConfigError(
-                f"{d / name}: a symbolic link to nothing (its target is missing, or it links "
-                "to itself); point it at the file or re-copy the checkpoint"
-            )
-    if (d / INDEX_FILE).is_file():
-        files = index_files(d / INDEX_FILE)
-        if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
-            raise ConfigError(
-                f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
-                "sets of weights; keep the one config.json was written with"
-            )
-    elif (d / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        pickled = sorted(p.name for p in d.glob("pytorch_model*.bin*"))
-        if pickled:  # save_pretrained(safe_serialization=False) of transformers before 5
-            raise ConfigError(
-                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {pickled[0]}, torch's pickled "
-                "weights, which moepipe does not read; re-save the model with transformers' "
-                "save_pretrained, whose default writes safetensors"
-            )
-        variants = sorted(p.name for p in d.glob("model.*") if _VARIANT.match(p.name))
-        if variants:  # save_pretrained(variant=...): transformers loads it only when asked
-            raise ConfigError(
-                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {variants[0]}, a save_pretrained "
-                "variant (transformers loads it only given variant=); rename it and its "
-                "shards without the variant (model.safetensors, model-00001-of-...)"
-            )
-        raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
-    return files
-
-
-# a save_pretrained variant's weights: model.bf16.safetensors, its index, its shards
-_VARIANT = re.compile(r"model\.\w[\w-]*\.safetensors$")
 
 
 # a checkpoint's tensors that hold what config.json says a layer's FFN is: its routed experts

@@ -20,6 +20,9 @@ from safetensors.torch import save_file
 from core.errors import ConfigError
 from core.files import loads_json, not_regular, plain_permissions, read_small
 
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 ST_CODE = {v: k for k, v in ST_DTYPES.items()}
 
@@ -222,3 +225,47 @@ def save_shard(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str
     except SafetensorError as e:
         code = re.search(r"os error (\d+)", str(e))
         raise OSError(int(code.group(1)) if code else None, str(e), str(path)) from None
+
+
+def weight_files(d: Path) -> list[str]:
+    """The safetensors files of checkpoint `d`: the ones its index names, or its one file;
+    a ConfigError for weights that are not regular files, links to nothing, or both kinds."""
+    for name in (INDEX_FILE, SINGLE_FILE):  # is_file() below would call them absent
+        kind = not_regular(d / name)
+        if kind:
+            raise ConfigError(f"{d / name}: {kind}; the checkpoint's weights are files")
+        if (d / name).is_symlink() and not (d / name).exists():  # dangling, or a loop
+            raise ConfigError(
+                f"{d / name}: a symbolic link to nothing (its target is missing, or it links "
+                "to itself); point it at the file or re-copy the checkpoint"
+            )
+    if (d / INDEX_FILE).is_file():
+        files = index_files(d / INDEX_FILE)
+        if (d / SINGLE_FILE).is_file() and SINGLE_FILE not in files:
+            raise ConfigError(
+                f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
+                "sets of weights; keep the one config.json was written with"
+            )
+    elif (d / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        pickled = sorted(p.name for p in d.glob("pytorch_model*.bin*"))
+        if pickled:  # save_pretrained(safe_serialization=False) of transformers before 5
+            raise ConfigError(
+                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {pickled[0]}, torch's pickled "
+                "weights, which moepipe does not read; re-save the model with transformers' "
+                "save_pretrained, whose default writes safetensors"
+            )
+        variants = sorted(p.name for p in d.glob("model.*") if _VARIANT.match(p.name))
+        if variants:  # save_pretrained(variant=...): transformers loads it only when asked
+            raise ConfigError(
+                f"{d}: no {SINGLE_FILE} or {INDEX_FILE}, but {variants[0]}, a save_pretrained "
+                "variant (transformers loads it only given variant=); rename it and its "
+                "shards without the variant (model.safetensors, model-00001-of-...)"
+            )
+        raise ConfigError(f"{d}: no {SINGLE_FILE} or {INDEX_FILE}; the checkpoint has no weights")
+    return files
+
+
+# a save_pretrained variant's weights: model.bf16.safetensors, its index, its shards
+_VARIANT = re.compile(r"model\.\w[\w-]*\.safetensors$")

@@ -353,3 +353,29 @@ def per_layer_figure(df: pd.DataFrame, column: str, ylabel: str, title: str, pat
         fig.savefig(tmp, dpi=110, metadata=PNG_METADATA)
     plt.close(fig)
     return True
+
+
+def fig_sim_vs_real(planner: str, sim: pd.DataFrame, real: pd.DataFrame, path: Path) -> None:
+    """validate's timeline of one planner: its simulated trace above its measured one, each
+    stream a row, each op a bar coloured by its kind."""
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
+    kinds = sorted(set(sim["kind"].astype(str)) | set(real["kind"].astype(str)))
+    colors = {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
+    for ax, df, title in ((axes[0], sim, "simulated"), (axes[1], real, "measured (real)")):
+        streams = list(dict.fromkeys(df["stream"].astype(str)))
+        for i, s in enumerate(streams):
+            d = df[df["stream"].astype(str) == s]
+            for kind, g in d.groupby(d["kind"].astype(str)):
+                ax.broken_barh(
+                    list(zip(g["start_s"], g["end_s"] - g["start_s"], strict=True)),
+                    (i - 0.4, 0.8),
+                    color=colors[kind],
+                )
+        ax.set_yticks(range(len(streams)), streams)
+        ax.set_title(f"{planner}: {title}, makespan {df['end_s'].max():.3f} s")
+    axes[1].set_xlabel("seconds")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, list(colors), loc="upper right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata=PNG_METADATA)
+    plt.close(fig)
