@@ -128,8 +128,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     lacking = summary_lacks(summary)
     if lacking:  # a summary of another version, or cut by hand: no row the table can show
         return None, f"summary.json {lacking}; {rerun}"
-    if summary.get("status", "ok") == "ok":
-        check_metrics(summary, summary_path)
+    ok = summary.get("status", "ok") == "ok"
+    if ok:
+        check_metrics(summary, summary_path, identities=False)
     label = str(summary.get("planner_label", ""))
     metrics = {k: v for k, v in summary.items() if k not in (*REPEATED, "planner_label")}
     # a repeated key under its config column's name, kept where the config lacks that column
@@ -144,6 +145,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     edited = edited_since_run(run, ("summary.json", "config.yaml"))
     if edited:  # a hand-edited metric would be tabulated as the run's (its trace: figures')
         return None, f"{edited}; {rerun}"
+    if ok:  # a run dir made by hand (no files.sha256): its metrics must still agree
+        check_metrics(summary, summary_path)
     row = {**cfg, **{k: v for k, v in repeated.items() if k not in cfg}, **flatten(metrics)}
     if "model" in summary:  # the model it ran: a real run's or hf_config's, not model='s group
         row["model.name"] = summary["model"]
@@ -265,17 +268,48 @@ def _per_layer_problem(summary: dict[str, Any], number: Any) -> tuple[str, str] 
     return None
 
 
-def check_metrics(summary: dict[str, Any], path: Path) -> None:
+def check_metrics(summary: dict[str, Any], path: Path, identities: bool = True) -> None:
     """A MoepipeError naming `path` and the key when a metric of a finished run's summary is not
-    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count): such
-    a file was not written by a run, and would go into a table or a figure as if it were a
-    result."""
-    problem = metric_problem(summary)
+    a finite number >= 0 (a string, NaN, infinity, a list, a negative time, rate or count), or,
+    with `identities`, disagrees with the metrics it is computed from: such a file was not
+    written by a run, and would go into a table or a figure as if it were a result."""
+    problem = metric_problem(summary) or (_identity_problem(summary) if identities else None)
     if problem:
         raise MoepipeError(
             f"{path}: {problem[0]} is {problem[1]}; the file is not a run's: delete it and run "
             "that point again"
         )
+
+
+# summary.json's ratios, as core.trace.summarize computes them: key -> (numerator, denominator)
+RATIOS = {
+    "throughput_tok_s": ("tokens_generated", "makespan_s"),
+    "efficiency": ("lower_bound_s", "makespan_s"),
+    "dag_efficiency": ("dag_lower_bound_s", "makespan_s"),
+    "gpu_bubble_frac": ("gpu_bubble_s", "makespan_s"),
+}
+
+
+def _identity_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, what it is) of a metric that disagrees with the ones it is computed from (a ratio
+    not its numerator over the makespan, decode_s not the makespan less prefill_s, no makespan
+    for a run of ops), as no run writes them; None where they agree or are absent. The
+    metrics' types are checked first (`metric_problem`)."""
+    makespan = summary.get("makespan_s")
+    if makespan is None:
+        return None
+    if makespan == 0 and summary.get("ops", 0) > 0:
+        return "makespan_s", f"0 for a run of {summary['ops']} ops"
+    for key, (num, den) in RATIOS.items():
+        if key in summary and num in summary:
+            want = summary[num] / summary[den] if summary[den] > 0 else 0.0
+            if not math.isclose(summary[key], want, rel_tol=1e-9, abs_tol=1e-12):
+                return key, f"{summary[key]!r}, not {num} / {den} ({want!r})"
+    if "decode_s" in summary and "prefill_s" in summary:
+        want = makespan - summary["prefill_s"]
+        if not math.isclose(summary["decode_s"], want, rel_tol=1e-9, abs_tol=1e-12):
+            return "decode_s", f"{summary['decode_s']!r}, not makespan_s - prefill_s ({want!r})"
+    return None
 
 
 def check_result(summary: dict[str, Any]) -> None:
