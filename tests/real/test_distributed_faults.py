@@ -95,10 +95,10 @@ def torchrun_dying(
     )
 
 
-# each point ~10 s: two of them in the default suite, the rest end to end (slow)
+# each point ~5-10 s: one of them in the default suite, the rest end to end (slow)
 POINTS = [
     pytest.param("init", marks=pytest.mark.slow),
-    "groups",
+    pytest.param("groups", marks=pytest.mark.slow),
     pytest.param("barrier", marks=pytest.mark.slow),
     "transfer",
     pytest.param("gather", marks=pytest.mark.slow),
@@ -129,7 +129,7 @@ def test_torchrun_survivor_names_the_rank_that_died(mixtral_tiny, tmp_path, at):
     assert not (tmp_path / "summary.json").exists()
 
 
-@pytest.mark.parametrize("at", ["init", "groups"])
+@pytest.mark.parametrize("at", [pytest.param("init", marks=pytest.mark.slow), "groups"])
 def test_a_rank_whose_peer_died_stops_unasked(mixtral_tiny, tmp_path, at):
     """An agent slow to stop the survivors (`--monitor-interval=60`): rank 0, waiting for rank
     1 to form the process group or its groups (no transfer of its to fail), waited until the
