@@ -166,7 +166,10 @@ def staged_outputs(
     aside = out / f"{tmp.name}-earlier"  # the outputs replaced, until the new ones are in
     try:
         tmp.mkdir()
-        yield tmp
+        try:
+            yield tmp
+        except OSError as e:  # named where the file goes, not in the hidden folder
+            raise _named_in(e, tmp, out) from None
         new = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == last)
         with interrupt_deferred():
             moved_in: list[str] = []
@@ -186,6 +189,22 @@ def staged_outputs(
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _named_in(e: OSError, tmp: Path, out: Path) -> OSError:
+    """`e` naming the path in `out` where a file staged in `tmp` goes: a full disk named
+    `out/.partial-123-ab12/flexgen/sim/trace.parquet`, a folder the user never sees."""
+    names = []
+    for name in (e.filename, e.filename2):
+        try:
+            names.append(out / Path(os.fsdecode(name)).relative_to(tmp) if name else name)
+        except ValueError:  # not in the staging folder
+            names.append(name)
+    if names == [e.filename, e.filename2]:
+        return e
+    first, second = (str(n) if n else n for n in names)
+    # OSError's 4th argument is winerror: filename2 goes 5th
+    return type(e)(e.errno, e.strerror, first, *((None, second) if second else ()))
 
 
 def _swap(out_dir: Path, tmp: Path, summary: str) -> None:

@@ -303,3 +303,23 @@ def test_a_ranks_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert launch_line.say_first("error: rank 1 died or left during the run; rank 0 stopped")
     assert writes == ["error: rank 1 died or left during the run; rank 0 stopped\n"]
+
+
+def test_a_staged_output_that_fails_is_named_where_it_goes(tmp_path: Path) -> None:
+    """validate on a full disk named `out/.partial-PID-.../flexgen/sim/...`, a folder the user
+    never sees: every command that stages its outputs names the file where it goes, its
+    error's type kept."""
+    import errno
+
+    from experiments.common.run_dir import staged_outputs
+
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as full, staged_outputs(out) as tmp:
+        (tmp / "flexgen").mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "flexgen" / "a.png"))
+    assert full.value.errno == errno.ENOSPC and full.value.filename == str(out / "flexgen/a.png")
+    with pytest.raises(FileNotFoundError) as moved, staged_outputs(out) as tmp:
+        (tmp / "a").write_text("x")
+        os.replace(tmp / "a", tmp / "nowhere" / "b")
+    assert (moved.value.filename, moved.value.filename2) == (str(out / "a"), str(out / "nowhere/b"))
+    assert ".partial" not in str(moved.value) and not out.exists()
