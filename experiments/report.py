@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 from core.args import output_dir
 from core.errors import MoepipeError
+from core.files import no_file_there
 from experiments.common.app import command
 from experiments.common.cli import run_command, until_interrupted
 from experiments.common.ranking import ReportError
@@ -85,9 +86,11 @@ def warn_traceless(sweep_dir: Path, df: pd.DataFrame) -> None:
     if {"has_trace", "status", "run_dir"} <= set(df.columns):  # an infeasible run has none
         lacking = df[(df["status"] == "ok") & ~df["has_trace"].fillna(False).astype(bool)]
         for run_dir in lacking["run_dir"]:
+            # a folder or FIFO in its place is named as such: "no trace.parquet" hid it
+            there = no_file_there(sweep_dir / str(run_dir) / "trace.parquet")
             print(
-                f"warning: {sweep_dir / str(run_dir)}: no trace.parquet; the report leaves it "
-                "out of the Gantt figure (run it again to draw it)",
+                f"warning: {sweep_dir / str(run_dir)}/trace.parquet: {there}; the report leaves "
+                "the run out of the Gantt figure (run it again to draw it)",
                 file=sys.stderr,
             )
 

@@ -161,7 +161,12 @@ def test_a_run_dirs_bad_trace_or_summary_is_named(a_run: Path, cli_here: Any) ->
     trace.unlink()
     r = cli_here("experiments.report", f"dir={a_run.parent}")
     assert r.returncode == 0, r.stderr
-    assert f"warning: {a_run}: no trace.parquet" in r.stderr
+    assert f"warning: {a_run}/trace.parquet: no such file;" in r.stderr
+    trace.mkdir()  # a folder in its place was "no trace.parquet" too
+    r = cli_here("experiments.report", f"dir={a_run.parent}")
+    assert r.returncode == 0, r.stderr
+    assert f"warning: {a_run}/trace.parquet: a folder, where a file belongs;" in r.stderr
+    trace.rmdir()
 
 
 def test_collect_that_fails_to_write_leaves_no_folder_of_its_own(
