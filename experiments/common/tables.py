@@ -294,7 +294,12 @@ def _identity_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
     """(key, what it is) of a metric that disagrees with the ones it is computed from (a ratio
     not its numerator over the makespan, decode_s not the makespan less prefill_s, no makespan
     for a run of ops), as no run writes them; None where they agree or are absent. The
-    metrics' types are checked first (`metric_problem`)."""
+    metrics' types are checked first (`metric_problem`). A summary with `ops` must hold
+    summarize's mappings (busy_s, ...): a table or figure would show them blank."""
+    if "ops" in summary:  # written by summarize, with each of these
+        for group in METRIC_GROUPS:
+            if group not in summary:
+                return group, "missing, which every run's summary holds"
     makespan = summary.get("makespan_s")
     if makespan is None:
         return None

@@ -28,12 +28,13 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def edited(finished: Path, tmp_path: Path, change: Any) -> tuple[Path, Path]:
-    """A copy of the sweep with its run's summary changed by `change(summary)` -> updates."""
+    """A copy of the sweep with its run's summary changed by `change(summary)` -> updates (a
+    key updated to None is left out)."""
     mine = tmp_path / "sweep"
     shutil.copytree(finished, mine)
     path = mine / "good" / "summary.json"
-    summary = json.loads(path.read_text())
-    path.write_text(json.dumps(summary | change(summary)))
+    summary = json.loads(path.read_text()) | change(json.loads(path.read_text()))
+    path.write_text(json.dumps({k: v for k, v in summary.items() if v is not None}))
     return mine, path
 
 
@@ -54,7 +55,8 @@ def test_a_runs_own_summary_agrees_with_itself(finished: Path) -> None:
         ("gpu_bubble_frac", lambda s: {"gpu_bubble_frac": min(1.0, s["gpu_bubble_frac"] + 0.1)}),
         ("decode_s", lambda s: {"decode_s": s["makespan_s"] + 1}),
         ("makespan_s", lambda s: {"makespan_s": 0}),
-    ],
+    ]
+    + [(group, lambda s, g=group: {g: None}) for group in ("busy_s", "peak_bytes")],
 )
 def test_a_metric_apart_from_its_parts_is_not_a_runs(
     finished: Path, tmp_path: Path, key: str, change: Any
