@@ -129,6 +129,8 @@ def keep_hydra_record(out_dir: Path) -> None:
     tmp.mkdir()
     for p in files:
         shutil.copy2(p, tmp / p.name)
+    if kept.is_symlink() or (kept.exists() and not kept.is_dir()):  # a file in its place
+        kept.unlink()  # (rmtree leaves it, and the replace failed naming .kept-PID)
     shutil.rmtree(kept, ignore_errors=True)
     os.replace(tmp, kept)
 

@@ -323,3 +323,21 @@ def test_a_staged_output_that_fails_is_named_where_it_goes(tmp_path: Path) -> No
         os.replace(tmp / "a", tmp / "nowhere" / "b")
     assert (moved.value.filename, moved.value.filename2) == (str(out / "a"), str(out / "nowhere/b"))
     assert ".partial" not in str(moved.value) and not out.exists()
+
+
+@pytest.mark.parametrize("what", ["file", "fifo", "dangling link"])
+def test_a_kept_hydra_record_that_is_no_folder_is_replaced(tmp_path: Path, what: str) -> None:
+    """`.hydra/.result` (where a run dir keeps the record of the run whose result it holds) as a
+    file: the run's replace of it failed, and failed.txt named the temporary `.kept-PID`."""
+    from experiments.common.run_dir import HYDRA, HYDRA_KEPT, keep_hydra_record
+
+    rec = tmp_path / HYDRA
+    rec.mkdir()
+    (rec / "config.yaml").write_text("a: 1\n")
+    kept = rec / HYDRA_KEPT
+    {"file": kept.write_text, "fifo": lambda _: os.mkfifo(kept)}.get(
+        what, lambda _: kept.symlink_to(tmp_path / "nowhere")
+    )("x")
+    keep_hydra_record(tmp_path)
+    assert kept.is_dir() and (kept / "config.yaml").read_text() == "a: 1\n"
+    assert sorted(p.name for p in rec.iterdir()) == sorted(["config.yaml", HYDRA_KEPT])
