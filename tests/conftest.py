@@ -23,6 +23,7 @@ import yaml
 from core.hardware import HardwareSpec
 from core.routing import Routing
 from core.spec import ModelSpec, Workload
+from experiments.common.torchrun_rank import alive  # noqa: F401 (the tests' too)
 from planners.registry import expert_parallel_names
 
 # Where PYTHONDONTWRITEBYTECODE is set (this VM, some CI images), every command a test starts
@@ -188,15 +189,6 @@ def catches_sigterm(pid: int) -> bool:
         return False
     mask = next(int(x.split()[1], 16) for x in status.splitlines() if x.startswith("SigCgt:"))
     return bool(mask >> (signal.SIGTERM - 1) & 1)
-
-
-def alive(pid: int) -> bool:
-    """Is the process running (a zombie, dead and not yet reaped, is not)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def built_once(
