@@ -274,13 +274,6 @@ def _summary(x: np.ndarray) -> dict[str, float]:
     return {"mean": float(np.mean(x)), "min": float(np.min(x)), "max": float(np.max(x))}
 
 
-def _khot(ids: np.ndarray, n_experts: int) -> np.ndarray:
-    """[T, E] float32 membership of each expert in each token's top-k set (ids [T, k])."""
-    out = np.zeros((ids.shape[0], n_experts), np.float32)
-    np.put_along_axis(out, ids, 1.0, axis=1)
-    return out
-
-
 def routing_stats(
     expert_ids: np.ndarray,
     gate_weights: np.ndarray,
@@ -346,38 +339,59 @@ def _scan_layers(
     hits of a token's experts in its predecessor's set (same layer and sequence), and per pair
     of adjacent layers the held-out scores of the successor predictors trained on the rest:
     top-1 by a successor table (acc, in_set) or by popularity (pop_acc), and the top-k set by
-    co-occurrence (recall) or by popularity (pop_recall) when `set_predictor`."""
+    co-occurrence (recall) or by popularity (pop_recall) when `set_predictor`.
+
+    Each figure is counted from the ids, k per token, not from [T, E] membership matrices (a
+    token's k experts are distinct); counts are cast to float32, the dtype the membership
+    matrices had, so every score is the same float as theirs."""
+    sorted_ids = np.sort(ids, axis=2)
+    if (sorted_ids[..., 1:] == sorted_ids[..., :-1]).any():
+        raise ValueError("routing statistics need distinct experts in each token's top-k")
     n_layers, k = ids.shape[1], ids.shape[2]
+    by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2), dtype=np.int32)  # [L, T, k]
     train = ~test
     counts = np.zeros((n_layers, e))
     reuse_hits = 0
     scores: dict[str, list[float]] = {
         n: [] for n in ("acc", "pop_acc", "in_set", "recall", "pop_recall")
     }
-    nxt = _khot(ids[:, 0], e)  # [T, E]
     for layer in range(n_layers):
-        cur = nxt
-        counts[layer] = cur.sum(0)
-        hit = np.take_along_axis(cur[:-1], ids[1:, layer], axis=1)  # [T-1, k] in previous set?
+        cur = by_layer[layer]  # [T, k]
+        counts[layer] = np.bincount(cur.ravel(), minlength=e)
+        hit = _member(cur[1:], cur[:-1])  # [T-1, k] in the previous token's set?
         reuse_hits += int(hit[same_seq].sum())
         if layer == n_layers - 1:
             break
-        nxt = _khot(ids[:, layer + 1], e)
+        nxt = by_layer[layer + 1]
         a, b = top1[:, layer], top1[:, layer + 1]
         table = np.zeros((e, e), np.int64)  # [E, E] train successor counts
         np.add.at(table, (a[train], b[train]), 1)
         pred = table.argmax(1)[a[test]]  # [T_test]
         scores["acc"].append(np.mean(pred == b[test]))
         scores["pop_acc"].append(np.mean(np.bincount(b[train], minlength=e).argmax() == b[test]))
-        scores["in_set"].append(np.mean(nxt[test, pred]))
+        nxt_test = nxt[test]
+        scores["in_set"].append(np.mean(_member(pred[:, None], nxt_test)[:, 0]))
         if not set_predictor:
             continue
-        co = cur[train].T @ nxt[train]  # [E, E] co-occurrence
-        top = np.argsort(-(cur[test] @ co), axis=1)[:, :k]  # [T_test, k]
-        scores["recall"].append(np.take_along_axis(nxt[test], top, 1).sum(1).mean() / k)
-        pop_top = np.argsort(-nxt[train].sum(0))[:k]
-        scores["pop_recall"].append(nxt[test][:, pop_top].sum(1).mean() / k)
+        cur_train, nxt_train = cur[train], nxt[train]
+        pairs = (cur_train[:, :, None] * e + nxt_train[:, None, :]).ravel()
+        co = np.bincount(pairs, minlength=e * e).reshape(e, e).astype(np.float32)  # [E, E]
+        cur_test = cur[test]
+        score = co[cur_test[:, 0]]  # [T_test, E] co-occurrence summed over the token's set
+        for j in range(1, k):
+            score += co[cur_test[:, j]]
+        top = np.argsort(-score, axis=1)[:, :k]  # [T_test, k]
+        scores["recall"].append(_member(top, nxt_test).sum(1).mean() / k)
+        pop = np.bincount(nxt_train.ravel(), minlength=e).astype(np.float32)
+        pop_top = np.argsort(-pop)[:k]
+        hits = _member(np.broadcast_to(pop_top, nxt_test.shape), nxt_test)
+        scores["pop_recall"].append(hits.sum(1).mean() / k)
     return counts, reuse_hits, scores
+
+
+def _member(x: np.ndarray, sets: np.ndarray) -> np.ndarray:
+    """[N, m] float32 1.0 where x[i, j] is in row i of sets [N, k], else 0.0."""
+    return (x[:, :, None] == sets[:, None, :]).any(axis=2).astype(np.float32)
 
 
 def _load_skew(counts: np.ndarray, e: int) -> dict[str, Any]:
