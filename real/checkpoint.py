@@ -50,10 +50,14 @@ log = logging.getLogger(__name__)
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 _TORCH_DTYPE = {4: torch.float32, 2: torch.bfloat16}
+# the dtypes a checkpoint may be saved in; each runs in float32 or bfloat16 (`compute_dtype`)
+SAVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# a run's dtype: "auto" (or None) computes in the saved dtype, as transformers' dtype="auto"
+RUN_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
-    """The weight dtype of a spec: 4 bytes = float32, 2 bytes = bfloat16."""
+    """The compute dtype of a spec: 4 bytes = float32, 2 bytes = bfloat16."""
     try:
         return _TORCH_DTYPE[spec.dtype_bytes]
     except KeyError:
@@ -372,8 +376,11 @@ def _warn_cut(config: str, mtime_ns: int, n_layers: int, weights_layers: int) ->
     )
 
 
-def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEntry]]:
-    """Validate a checkpoint directory; return its spec and HF tensor name -> where its bytes are.
+def load_checkpoint(
+    ckpt_dir: str | Path, dtype: str | None = None
+) -> tuple[ModelSpec, dict[str, TensorEntry]]:
+    """Validate a checkpoint directory; return its spec (dtype_bytes: `compute_dtype(dtype)`'s)
+    and HF tensor name -> where its bytes are (in the saved dtype).
 
     Raises a one-line ConfigError naming the missing directory, config.json or shard, a truncated
     file, a config.json field the real model does not run (hf_runtime's refusals, before its
@@ -388,12 +395,12 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
             "write one with python -m experiments.make_checkpoint"
         )
     cfg = hf_config(d)
-    dtype = hf_dtype_name(cfg)  # before the spec's own list, which holds dtypes only simulated
-    if dtype not in ("bfloat16", "float32"):  # float16's 2 bytes would run as bfloat16 here
+    saved = hf_dtype_name(cfg)  # before the spec's own list, which holds dtypes only simulated
+    if saved not in SAVED_DTYPES:
         key = "dtype" if cfg.get("dtype", None) else "torch_dtype"
         raise ConfigError(
-            f"{d / 'config.json'}: {key} {dtype} is not supported by the real executor "
-            "(bfloat16 and float32 are); convert the weights to bfloat16"
+            f"{d / 'config.json'}: {key} {saved} is not supported by the real executor "
+            f"(weights saved in {' or '.join(SAVED_DTYPES)}); convert the weights to bfloat16"
         )
     spec = ModelSpec.from_hf_config(d)
     files = weight_files(d)
@@ -434,16 +441,39 @@ def load_checkpoint(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[str, TensorEn
     names = _names(spec.family)
     if spec.family != "switch_transformers":  # transformers' modules' own names of experts
         listed = unfuse_experts(d, spec, names, index, listed)
+    stored = SAVED_DTYPES[saved]
     embed = index.get(names.embed)  # no dtype in config.json: the weights', as transformers'
-    if not (cfg.get("dtype", None) or cfg.get("torch_dtype", None)) and embed is not None:
-        spec = replace(spec, dtype_bytes=4 if embed.dtype == torch.float32 else 2)
+    named = cfg.get("dtype", None) or cfg.get("torch_dtype", None)
+    if not named and embed is not None and embed.dtype in SAVED_DTYPES.values():
+        stored = embed.dtype
     if cfg.get("tie_word_embeddings"):
         _tie_head(index, names)
     hf_runtime(cfg, spec)  # a field not run (attention_bias, ...) named before its tensors
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
-    _check_shapes(d, spec, cfg, index, ", ".join(files))
-    return spec, index
+    _check_shapes(d, spec, cfg, index, ", ".join(files), stored)
+    compute = compute_dtype(stored, dtype, d / "config.json")
+    return replace(spec, dtype_bytes=compute.itemsize), index
+
+
+def compute_dtype(stored: torch.dtype, dtype: str | None, config: Path) -> torch.dtype:
+    """The dtype a run computes in: `dtype` (float32 or bfloat16, the weights cast to it as they
+    load, as transformers' from_pretrained(dtype=...)), or with "auto" (None) the saved one.
+    float16 compute is refused (docs/commands.md, "Saved and compute dtypes")."""
+    if dtype in (None, "auto"):
+        if stored == torch.float16:
+            raise ConfigError(
+                f"{config}: the weights are float16 and the run's dtype is auto (theirs): "
+                "float16 compute is not implemented; run them in float32 or bfloat16 "
+                "(executor.dtype=float32 or bfloat16)"
+            )
+        return stored
+    if dtype not in RUN_DTYPES:
+        raise ConfigError(
+            f"executor.dtype={dtype}: not a compute dtype; pass one of {', '.join(RUN_DTYPES)} "
+            "(float16 compute is not implemented: docs/commands.md)"
+        )
+    return SAVED_DTYPES[dtype]
 
 
 def _tie_head(index: dict[str, TensorEntry], names: _Names) -> None:
@@ -459,10 +489,15 @@ def _tie_head(index: dict[str, TensorEntry], names: _Names) -> None:
 
 
 def _check_shapes(
-    d: Path, spec: ModelSpec, cfg: Mapping[str, Any], index: dict[str, TensorEntry], where: str
+    d: Path,
+    spec: ModelSpec,
+    cfg: Mapping[str, Any],
+    index: dict[str, TensorEntry],
+    where: str,
+    dtype: torch.dtype,
 ) -> None:
-    """Every tensor the model reads is in the checkpoint, of config.json's shape and dtype."""
-    dtype = torch_dtype(spec)
+    """Every tensor the model reads is in the checkpoint, of config.json's shape and (saved)
+    dtype."""
     for tensors in unit_layout(spec).values():
         for ts in tensors.values():
             e = index.get(ts.hf_name)
@@ -545,11 +580,15 @@ def check_all_read(
     )
 
 
-def load_units(ckpt_dir: str | Path) -> tuple[ModelSpec, dict[Unit, dict[str, torch.Tensor]]]:
-    """Every unit's tensors in RAM under our short keys (the in-memory reference's weights)."""
-    spec, index = load_checkpoint(ckpt_dir)
+def load_units(
+    ckpt_dir: str | Path, dtype: str | None = None
+) -> tuple[ModelSpec, dict[Unit, dict[str, torch.Tensor]]]:
+    """Every unit's tensors in RAM under our short keys (the in-memory reference's weights), in
+    the run's compute dtype (`load_checkpoint`'s `dtype`)."""
+    spec, index = load_checkpoint(ckpt_dir, dtype)
+    compute = torch_dtype(spec)
     units = {
-        unit: {key: read_tensor(index[ts.hf_name]) for key, ts in tensors.items()}
+        unit: {key: read_tensor(index[ts.hf_name]).to(compute) for key, ts in tensors.items()}
         for unit, tensors in unit_layout(spec).items()
     }
     return spec, units

@@ -10,14 +10,14 @@ import errno
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from core.errors import ConfigError
 from core.files import no_file_there
-from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout
+from real.checkpoint import TensorEntry, Unit, load_checkpoint, torch_dtype, unit_layout
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ class UnitRecord:
     # at the file's alignment (a safetensors header ends where it ends) round differently: an
     # expert's logits differed from the in-memory forward's in the last bit.
     placed: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...] = ()
+    # where the run computes in another dtype than the saved one: (key, saved dtype, shape, byte
+    # offset) per tensor in the buffer the reads fill (of `staged_nbytes`), each converted into
+    # `tensors`' place (then the device layout, in the compute dtype) as it arrives; () : none
+    staged: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...] = ()
+    staged_nbytes: int = 0
 
     @property
     def offset(self) -> int:
@@ -63,16 +68,41 @@ class UnitRecord:
         return self.reads[0].offset
 
 
-def unit_records(ckpt_dir: str | Path) -> dict[Unit, UnitRecord]:
+def unit_records(ckpt_dir: str | Path, dtype: str | None = None) -> dict[Unit, UnitRecord]:
     """Every unit -> its aligned reads from the checkpoint's safetensors files and its tensors'
     places in the unit's buffer. A unit's tensors that lie within MERGE_GAP_BYTES of each other
     in one file are one read of the aligned range around them; the buffer holds the ranges one
-    after another, and each tensor is a view at its place in its range."""
-    spec, index = load_checkpoint(ckpt_dir)
-    return {
-        unit: _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
-        for unit, tensors in unit_layout(spec).items()
-    }
+    after another, and each tensor is a view at its place in its range. `dtype`: the run's
+    compute dtype (`load_checkpoint`'s); a unit saved in another is read into a staging buffer
+    and converted into its buffer (`_convert`), whose bytes are the compute dtype's."""
+    spec, index = load_checkpoint(ckpt_dir, dtype)
+    compute = torch_dtype(spec)
+    records = {}
+    for unit, tensors in unit_layout(spec).items():
+        rec = _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
+        if any(t[1] != compute for t in rec.tensors):
+            rec = _convert(rec, compute)
+        records[unit] = rec
+    return records
+
+
+def _convert(rec: UnitRecord, compute: torch.dtype) -> UnitRecord:
+    """`rec` for a run computing in `compute`: its reads fill a staging buffer (the saved
+    layout), and its host and device buffers hold the tensors in `compute` at TENSOR_ALIGN."""
+    placed, end = [], 0
+    for key, _, shape, _ in rec.tensors:
+        end = round_up(end, TENSOR_ALIGN)
+        placed.append((key, compute, shape, end))
+        end += compute.itemsize * int(torch.Size(shape).numel())
+    staged_nbytes = rec.reads[-1].into + rec.reads[-1].nbytes
+    return replace(
+        rec,
+        nbytes=round_up(end, ALIGN),
+        tensors=tuple(placed),
+        placed=tuple(placed),
+        staged=rec.tensors,
+        staged_nbytes=staged_nbytes,
+    )
 
 
 def _record(unit: Unit, entries: Mapping[str, TensorEntry]) -> UnitRecord:

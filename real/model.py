@@ -460,9 +460,13 @@ def forward_step(
 
 
 def _generate(
-    ckpt_dir: str | Path, prompt_tokens: torch.Tensor, gen_len: int, forced_routing: Routing | None
+    ckpt_dir: str | Path,
+    prompt_tokens: torch.Tensor,
+    gen_len: int,
+    forced_routing: Routing | None,
+    dtype: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Routing]:
-    spec, units = load_units(ckpt_dir)
+    spec, units = load_units(ckpt_dir, dtype)
     model = Model.from_checkpoint(ckpt_dir, spec)
     b, p = prompt_tokens.shape
     kv = KVCache.allocate(spec, b, p + gen_len)
@@ -500,6 +504,7 @@ def reference_generate(
     prompt_tokens: torch.Tensor,
     gen_len: int,
     forced_routing: Routing | None = None,
+    dtype: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding with every weight in RAM: step 0 prefills prompt_tokens [B, P] and emits the
     first token, then gen_len-1 decode steps. Returns (tokens [B, gen_len], last logits [B, V]).
@@ -508,12 +513,15 @@ def reference_generate(
     generation_config.json (or config.json) asks for (core.hf_config.generation).
 
     forced_routing replays a trace (expert_ids/gate_weights [>=B, >=P+gen_len-1, L, k]) instead
-    of the router's own choice.
+    of the router's own choice. dtype: the compute dtype (float32, bfloat16; None or "auto": the
+    saved one), the weights upcast or rounded to it as they load (transformers' dtype=...).
     """
-    tokens, logits, _ = _generate(ckpt_dir, prompt_tokens, gen_len, forced_routing)
+    tokens, logits, _ = _generate(ckpt_dir, prompt_tokens, gen_len, forced_routing, dtype)
     return tokens, logits
 
 
-def live_routing(ckpt_dir: str | Path, prompt_tokens: torch.Tensor, gen_len: int) -> Routing:
+def live_routing(
+    ckpt_dir: str | Path, prompt_tokens: torch.Tensor, gen_len: int, dtype: str | None = None
+) -> Routing:
     """The routing reference_generate chooses itself ([B, P+gen_len-1, L, k]), e.g. to replay."""
-    return _generate(ckpt_dir, prompt_tokens, gen_len, None)[2]
+    return _generate(ckpt_dir, prompt_tokens, gen_len, None, dtype)[2]

@@ -127,12 +127,14 @@ class TieredStore:
         device: str | torch.device | None = None,
         direct: bool = True,
         host_budget_bytes: float | None = None,
+        dtype: str | None = None,
     ) -> None:
         """`host_budget_bytes`: the host memory the schedule counts, which the host slabs are cut
         within (not enforced here: the executor enforces the schedule's); default the host
-        capacity."""
+        capacity. `dtype`: the run's compute dtype (`load_checkpoint`'s); the host and device
+        tiers hold the units in it, the disk tier as saved."""
         self.ckpt_dir = Path(ckpt_dir)
-        self.records = unit_records(ckpt_dir)
+        self.records = unit_records(ckpt_dir, dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._pin = self.device.type == "cuda"
         files = sorted({r.file for rec in self.records.values() for r in rec.reads})
@@ -202,8 +204,7 @@ class TieredStore:
             self._release(self.host, unit, rec.nbytes)
             raise
         try:
-            for r in rec.reads:
-                self.disks[r.file].read_into(buf[r.into : r.into + r.nbytes], r.offset, r.needed)
+            self._read_into(rec, buf)
         except BaseException:
             self.slabs.give(buf)
             self._release(self.host, unit, rec.nbytes)
@@ -211,6 +212,19 @@ class TieredStore:
         with self._cv:  # (re-entrant) views made under the lock, as in `resident`
             self._arrive(self.host, unit, buf)
             return self._views(unit, buf, True)
+
+    def _read_into(self, rec: UnitRecord, buf: torch.Tensor) -> None:
+        """The unit's reads into `buf`; where the run computes in another dtype than the saved
+        one, into a staging buffer first, each tensor then converted into its place in `buf`."""
+        into = aligned_empty(rec.staged_nbytes) if rec.staged else buf
+        for r in rec.reads:
+            self.disks[r.file].read_into(into[r.into : r.into + r.nbytes], r.offset, r.needed)
+        if not rec.staged:
+            return
+        for (_, saved, shape, s), (_, dtype, _, h) in zip(rec.staged, rec.tensors, strict=True):
+            n = int(torch.Size(shape).numel())
+            dst = buf[h : h + n * dtype.itemsize].view(dtype)
+            dst.copy_(into[s : s + n * saved.itemsize].view(saved))
 
     def alloc(self, unit: Unit) -> Weights:
         """Reserve the unit's space in the device pool (contents undefined until `to_device`)."""

@@ -60,20 +60,29 @@ def prompts_for(model: ModelSpec, workload: Workload) -> torch.Tensor:
     )
 
 
-def replay_routing(ckpt: str | Path, spec: RunSpec, prompts: torch.Tensor) -> Routing:
-    """The routing a replay run forces: the workload's source, or the model's own if `live`."""
+def replay_routing(
+    ckpt: str | Path, spec: RunSpec, prompts: torch.Tensor, dtype: str | None = None
+) -> Routing:
+    """The routing a replay run forces: the workload's source, or the model's own if `live`
+    (the in-memory forward's, in the run's compute dtype)."""
     if spec.workload.routing.source == RoutingSource.LIVE:
-        return live_routing(ckpt, prompts, spec.workload.gen_len)
+        return live_routing(ckpt, prompts, spec.workload.gen_len, dtype)
     return load_routing(spec.model, spec.workload)
 
 
-def open_store(ckpt: str | Path, spec: RunSpec, device: str | None = None) -> TieredStore:
+def open_store(
+    ckpt: str | Path, spec: RunSpec, device: str | None = None, dtype: str | None = None
+) -> TieredStore:
     # The executor enforces the schedule's GPU capacity; the store's own accounting (units padded
     # to 4 KiB) only guards against runaway growth, so it gets headroom over the hardware's.
     # The host slabs are cut within the host tier's memory, which the schedule counts.
     cap = 2 * spec.hardware.memory_bytes[Tier.GPU] + (64 << 20)
     return TieredStore(
-        ckpt, cap, device=device, host_budget_bytes=spec.hardware.memory_bytes[Tier.CPU]
+        ckpt,
+        cap,
+        device=device,
+        host_budget_bytes=spec.hardware.memory_bytes[Tier.CPU],
+        dtype=dtype,
     )
 
 
@@ -94,16 +103,19 @@ def real_execute(
     distributed: bool = False,
     on_peers: Callable[[Peers], None] | None = None,
     planner: Planner | None = None,
+    dtype: str | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
     the expert-parallel schedule (`experiments.common.dist_run` starts them); every rank returns the
     whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
     which peer went away). `planner`: the run's (`sized_run`'s, a simulation's of the same run),
-    whose choices (Klotski's n) every plan of the run reuses; else one made here."""
+    whose choices (Klotski's n) every plan of the run reuses; else one made here. `dtype`: the
+    compute dtype (executor.dtype: float32, bfloat16; None or auto: the saved one), which the
+    spec's dtype_bytes and so every tier's but the disk's byte sizes follow."""
     check_routing_mode(routing_mode)
     files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
-    model_spec, _ = load_checkpoint(ckpt)
+    model_spec, _ = load_checkpoint(ckpt, dtype)
     spec = replace(spec, model=model_spec, executor="real")
     if routing is None:
         spec, planner = sized_run(spec, planner)
@@ -113,11 +125,11 @@ def real_execute(
     prompts = prompts_for(spec.model, spec.workload)
     model = Model.from_checkpoint(ckpt, spec.model)
     own_store = store is None
-    store = store or open_store(ckpt, spec, device)
+    store = store or open_store(ckpt, spec, device, dtype)
     try:
         ex = Executor(store, model, spec.workload, prompts)
         if routing_mode == "replay":
-            routing = routing or replay_routing(ckpt, spec, prompts)
+            routing = routing or replay_routing(ckpt, spec, prompts, dtype)
             schedule = build_schedule(spec, routing, planner)
             ex.peers = _peers(schedule, spec, on_peers) if distributed else None
             out = ex.run_replay(schedule, routing)
@@ -325,11 +337,17 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
     if device is not None:
         device = str(resolve_device(str(device), "executor.device"))
     mode = str(ex.get("routing_mode", "replay"))
+    dtype = str(ex.get("dtype") or "auto")
     if ex.get("distributed", False):
+        if dtype != "auto":  # its ranks load the checkpoint themselves, in the saved dtype
+            raise ConfigError(
+                f"executor.dtype={dtype} with executor.distributed=true: a distributed run "
+                "computes in the saved dtype; leave executor.dtype auto or run one process"
+            )
         from experiments.common.dist_run import run_distributed
 
         timeout_s = float(ex.get("rendezvous_timeout_s", 120))
         out = run_distributed(str(ckpt), spec, mode, device, timeout_s)
         return None if out is None else out.result  # None: a rank other than 0 of a torchrun
-    result, _ = real_execute(ckpt, spec, mode, device=device)
+    result, _ = real_execute(ckpt, spec, mode, device=device, dtype=dtype)
     return result

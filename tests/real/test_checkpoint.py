@@ -296,14 +296,15 @@ def test_unit_bytes_equal_what_planners_stream(name, small):
 
 
 def test_float16_is_named_and_tied_head_is_the_embedding(tmp_path):
-    """float16 weights (2-byte weights run as bfloat16 here) get a line naming the config.json
-    field; an LM head tied to the embedding (tie_word_embeddings) reads the embedding's bytes
-    where it is not saved, and its own where it is, as transformers' from_pretrained ties them
-    (only where their values are equal)."""
+    """A config.json's float16 that its float32 weights are not gets a line naming the tensor
+    and what config.json says (float16 weights run: test_hf_parity_round7.py); an LM head tied
+    to the embedding (tie_word_embeddings) reads the embedding's bytes where it is not saved,
+    and its own where it is, as transformers' from_pretrained ties them (only where their
+    values are equal)."""
     d = write_checkpoint(reduced_spec("mixtral-tiny"), tmp_path / "c")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps(cfg | {"torch_dtype": "float16"}))
-    with pytest.raises(ConfigError, match=r"config.json: torch_dtype float16 .* convert"):
+    with pytest.raises(ConfigError, match=r"is torch.float32, config.json says torch.float16"):
         load_checkpoint(d)
     (d / "config.json").write_text(json.dumps(cfg | {"tie_word_embeddings": True}))
     _, index = load_checkpoint(d)  # tied in config.json, lm_head.weight saved: its own

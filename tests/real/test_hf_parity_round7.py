@@ -1,0 +1,171 @@
+"""A seventh round: saved and compute dtypes, generation_config.json's fallbacks, and the
+logit-changing fields of each family.
+
+A checkpoint saved in float16, bfloat16 or float32 (`save_pretrained` after `.to(dtype)`) runs
+in float32 or bfloat16 as transformers' `from_pretrained(dtype=...)` runs it, the weights
+upcast or rounded as they load (the in-memory forward and the real executor's tiers alike);
+before, float16 weights were refused and bfloat16 ones ran only in bfloat16.
+
+Usage: python -m pytest -q tests/real/test_hf_parity_round7.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from real.checkpoint import load_checkpoint, load_units
+from real.model import reference_generate
+from tests.real.test_hf_parity import GEN, hf_config, hf_greedy
+
+transformers = pytest.importorskip("transformers")
+
+CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+SAVED = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+RUN = {"f32": "float32", "bf16": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(family, saved dtype) -> checkpoint: one seeded float32 model per family, cast and saved
+    by transformers in each dtype, built on first use."""
+    root = tmp_path_factory.mktemp("round7")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, dtype: str) -> Path:
+        if (family, dtype) not in made:
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(hf_config(family, {}))
+            made[family, dtype] = root / f"{family}-{dtype}"
+            model.to(SAVED[dtype]).eval().save_pretrained(made[family, dtype])
+        return made[family, dtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def hf_run(saved):
+    """(family, saved, run) -> transformers' model loaded from the checkpoint in the run's
+    dtype, as a user asks from_pretrained(dtype=...), built on first use."""
+    made: dict[tuple[str, str, str], Any] = {}
+
+    def get(family: str, dtype: str, run: str) -> Any:
+        if (family, dtype, run) not in made:
+            ckpt = saved(family, dtype)
+            model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=SAVED[run])
+            made[family, dtype, run] = model.eval()
+        return made[family, dtype, run]
+
+    return get
+
+
+@pytest.mark.parametrize("run", RUN)
+@pytest.mark.parametrize("dtype", SAVED)
+@pytest.mark.parametrize("family", CAUSAL)
+def test_any_saved_dtype_runs_in_the_asked_one(family, dtype, run, saved, hf_run, prompt):
+    """Saved float16/bfloat16/float32 x run float32/bfloat16: transformers' greedy tokens, its
+    float32 logits within 1e-4 (bfloat16: one bf16 step of |logit| < 4). Before, float16 was
+    refused ("torch_dtype float16 is not supported") and a checkpoint ran in its saved dtype
+    only, so a bfloat16 one could not be run in float32."""
+    ckpt = saved(family, dtype)
+    tokens, logits = reference_generate(ckpt, prompt, GEN, dtype=RUN[run])
+    hf_tokens, hf_logits = hf_greedy(hf_run(family, dtype, run), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    tol = 1e-4 if run == "f32" else 2**-6
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_float16_compute_is_refused_in_one_line(family, saved, prompt):
+    """float16 weights with dtype auto (their own) or dtype=float16 are refused naming the fix;
+    the spec's dtype_bytes, not the saved dtype, is the compute dtype."""
+    ckpt = saved(family, "f16")
+    with pytest.raises(
+        ConfigError, match=r"config.json: the weights are float16 and the run's dtype is auto"
+    ):
+        reference_generate(ckpt, prompt, GEN)
+    with pytest.raises(ConfigError, match=r"executor.dtype=float16: not a compute dtype"):
+        load_checkpoint(ckpt, "float16")
+    assert load_checkpoint(ckpt, "bfloat16")[0].dtype_bytes == 2
+    assert load_checkpoint(ckpt, "float32")[0].dtype_bytes == 4
+    assert load_checkpoint(saved(family, "bf16"))[0].dtype_bytes == 2  # auto: the saved one
+    _, units = load_units(saved(family, "bf16"), "float32")
+    assert {t.dtype for w in units.values() for t in w.values()} == {torch.float32}
+
+
+# (family, saved dtype, device pool GB, host GB): small enough that experts come from disk
+EXECUTOR = [("mixtral", "f16", 0.0006, 0.0003), ("deepseek_v2", "bf16", 0.0008, 0.0004)]
+
+
+@pytest.mark.parametrize("family, dtype, gpu_gb, cpu_gb", EXECUTOR, ids=[c[0] for c in EXECUTOR])
+def test_the_executor_runs_a_saved_dtype_in_float32(family, dtype, gpu_gb, cpu_gb, saved, hf_run):
+    """The real executor over the offload tiers (experts read from disk with O_DIRECT into the
+    host tier, then the device pool) runs float16 and bfloat16 weights in float32: transformers'
+    tokens (live routing), and the in-memory forward's float32 logits. The disk tier reads the
+    saved bytes; the host and device tiers hold the compute dtype's, whose byte sizes the spec
+    (and so the schedule) counts, and every tensor there is the saved one upcast."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import prompts_for, real_execute
+    from real.store import TieredStore
+    from tests.real.test_executor import WORKLOAD, hardware
+
+    ckpt = saved(family, dtype)
+    model, _ = load_checkpoint(ckpt, "float32")
+    assert model.dtype_bytes == 4
+    spec = RunSpec(model, hardware(gpu_gb, cpu_gb), WORKLOAD, "layer_prefetch")
+    result, out = real_execute(ckpt, spec, "live", dtype="float32")
+    assert result.summary["bytes_moved"].get("disk", 0) > 0
+    wl = WORKLOAD.with_(n_batches=result.summary["n_batches"])
+    prompts = prompts_for(model, wl)
+    tokens, logits = reference_generate(ckpt, prompts, wl.gen_len, dtype="float32")
+    assert torch.equal(out.tokens, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
+    hf_tokens = hf_run(family, dtype, "f32").generate(
+        prompts, max_new_tokens=wl.gen_len, do_sample=False, pad_token_id=0, eos_token_id=None
+    )[:, prompts.shape[1] :]
+    assert torch.equal(out.tokens, hf_tokens)
+    _, units = load_units(ckpt, "float32")
+    store = TieredStore(ckpt, 1 << 30, dtype="float32")
+    try:
+        for unit, weights in units.items():
+            rec = store.records[unit]
+            payload = [
+                sum(d.itemsize * torch.Size(sh).numel() for _, d, sh, _ in ts)
+                for ts in (rec.staged, rec.tensors)
+            ]
+            assert 2 * payload[0] == payload[1] <= store.unit_bytes(unit)  # 2 bytes read, 4 held
+            got = store.to_device(unit) if store.read_disk(unit) else None
+            assert got is not None
+            for key, t in weights.items():
+                assert torch.equal(got[key], t)
+    finally:
+        store.close()
+
+
+def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
+    """`experiments.run executor=real executor.dtype=float32` on float16 weights writes the
+    in-memory forward's float32 tokens; float16 compute (its `auto`, or asked) is one line
+    naming the key, with no run dir."""
+    from safetensors.torch import load_file
+
+    from tests.probes.conftest import TINY, one_line
+
+    ckpt = saved("mixtral", "f16")
+    args = ["executor=real", f"checkpoint={ckpt}", *TINY[1:]]
+    live = ["executor.routing_mode=live", "executor.dtype=float32"]
+    r = cli_here("experiments.run", *args, *live, f"hydra.run.dir={tmp_path}/r")
+    assert r.returncode == 0, r.stderr
+    out = load_file(tmp_path / "r" / "tokens.safetensors")
+    tokens, _ = reference_generate(ckpt, out["prompts"], out["tokens"].shape[1], dtype="float32")
+    assert torch.equal(out["tokens"], tokens)
+    for more, names in [
+        ([], ["float16", "executor.dtype=float32"]),
+        (["executor.dtype=float16"], ["executor.dtype=float16"]),
+    ]:
+        r = cli_here("experiments.run", *args, *more, f"hydra.run.dir={tmp_path}/no")
+        one_line(r, *names)
+        assert not (tmp_path / "no").exists()
