@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from core.errors import ConfigError
 from core.hf_config.generation import Greedy
 
 
@@ -18,6 +19,8 @@ def next_tokens(
     """The next token of each sequence: logits [B, V] of its last position, prompt [B, P] and
     generated [B, G'] its tokens so far, the run P + gen_len long. Returns [B] int64. Plain
     settings: logits.argmax(-1), whatever their dtype, with nothing else read."""
+    if g.forced_bos_refusal and prompt.shape[1] == 1 and not generated.shape[1]:
+        raise ConfigError(g.forced_bos_refusal)
     if g.plain:
         return logits.argmax(-1)
     scores = logits.to(torch.float32, copy=True)  # [B, V], as generate() casts them

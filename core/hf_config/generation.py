@@ -138,6 +138,9 @@ class Greedy:
     forced_eos_token_id: tuple[int, ...] = ()  # the only choices at the run's last step
     suppress_tokens: tuple[int, ...] = ()  # never chosen
     begin_suppress_tokens: tuple[int, ...] = ()  # not chosen at the first generated step
+    # a forced_bos_token_id outside the vocabulary: a 1-token prompt's one-line refusal
+    # (transformers fails there), ignored by a longer prompt; "": none
+    forced_bos_refusal: str = ""
 
     @property
     def plain(self) -> bool:
@@ -149,8 +152,9 @@ def read_generation(ckpt_dir: str | Path, vocab_size: int) -> Greedy:
     field for a malformed file, a refused field or a value transformers would fail on."""
     d = Path(ckpt_dir)
     path = d / GENERATION_FILE
-    if path.exists() or path.is_symlink():
-        fields, where = _read_object(path), str(path)
+    own = _read_generation_file(path) if path.exists() or path.is_symlink() else None
+    if own is not None:
+        fields, where = own, str(path)
     else:  # transformers reads config.json as a generation config then
         fields, where = _read_object(d / "config.json"), str(d / "config.json")
         fields = {k: v for k, v in fields.items() if k in GENERATION_COVERAGE}
@@ -175,6 +179,100 @@ def read_generation(ckpt_dir: str | Path, vocab_size: int) -> Greedy:
     return _greedy(fields, where, vocab_size)
 
 
+def _read_generation_file(path: Path) -> dict[str, Any] | None:
+    """generation_config.json's fields, or None (logged in one line) where transformers falls
+    back to config.json's: a file it cannot open as a regular file or read as UTF-8 JSON
+    (GenerationConfig.from_pretrained's OSError). JSON of another type than an object, or
+    nested past Python's recursion limit, fails transformers' load: refused in one line."""
+    fix = "a generation config is a small JSON object"
+    why = ""
+    try:
+        if not path.is_file():  # transformers' cached_file: not a file, as missing
+            why = "not a regular file"
+        else:
+            fields = loads_json(read_small(path, fix=fix).decode("utf-8"), where=str(path))
+    except OSError as e:
+        why = f"cannot read it ({e.strerror})"
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text (byte {e.start})"
+    except ValueError as e:  # JSONDecodeError; loads_json's own for nesting too deep
+        if getattr(e, "msg", "") == "nested too deeply":  # transformers' json.loads fails
+            raise ConfigError(
+                f"{path}: not valid JSON (nested too deeply); fix or remove it"
+            ) from None
+        why = f"not valid JSON ({e})"
+    if why:
+        _log_once(
+            f"{path}: {why}; ignored: transformers then reads config.json's generation "
+            "fields instead, and so does moepipe (fix or remove the file)"
+        )
+        return None
+    if not isinstance(fields, dict):  # transformers' GenerationConfig.from_dict fails on it
+        raise ConfigError(
+            f"{path}: holds a JSON {type(fields).__name__}, not an object of fields; fix or "
+            "remove it"
+        )
+    return fields
+
+
+def _suppressed(
+    fields: Mapping[str, Any], key: str, where: str, vocab: int, ignored: list[str]
+) -> tuple[int, ...]:
+    """suppress_tokens' or begin_suppress_tokens' ids as transformers' processors apply them:
+    torch.isin of the vocabulary's ids in the list's tensor, so an id outside [0, vocab) (or
+    a fraction) suppresses nothing, and is added to `ignored`; a list of true/false alone, of
+    other types than numbers, or no list fails transformers: refused in one line."""
+    v = fields.get(key)
+    if v is None:
+        return ()
+    numbers = isinstance(v, list) and all(isinstance(t, int | float) for t in v)
+    if not numbers or (v and all(isinstance(t, bool) for t in v)):
+        raise ConfigError(
+            f"{where}: {key} must be a list of token ids or null, got {_show(v)} (transformers' "
+            "generate() fails on it)"
+        )
+    kept = [int(t) for t in v if float(t).is_integer() and 0 <= t < vocab]
+    outside = [t for t in v if not (float(t).is_integer() and 0 <= t < vocab)]
+    if outside:
+        ignored.append(f"{key} {_show(outside)} (not token ids below vocab_size={vocab})")
+    return tuple(dict.fromkeys(kept))
+
+
+def _no_repeat(fields: Mapping[str, Any], where: str, ignored: list[str]) -> int:
+    """no_repeat_ngram_size as transformers' generate() takes it: at most 0 (or null) adds no
+    processor (a negative one is added to `ignored`); above 0 its processor takes an integer
+    and fails on anything else (refused in one line)."""
+    ngram = fields.get("no_repeat_ngram_size")
+    if ngram is None:
+        return 0
+    if isinstance(ngram, int | float) and ngram <= 0:
+        if ngram < 0:
+            ignored.append(f"no_repeat_ngram_size={_show(ngram)} (not positive)")
+        return 0
+    if not isinstance(ngram, int):  # true runs as 1, as transformers' processor takes it
+        raise ConfigError(
+            f"{where}: no_repeat_ngram_size must be an integer >= 0 or null, got {_show(ngram)}"
+        )
+    return int(ngram)
+
+
+def _forced_bos(fields: Mapping[str, Any], where: str, vocab: int) -> tuple[int | None, str]:
+    """forced_bos_token_id, applied at a 1-token prompt only (as transformers' processor):
+    an id in [-vocab, vocab) is the token it indexes (-1: the last); another value is kept as
+    the one-line refusal a 1-token prompt gets (transformers fails there) and is ignored by
+    a longer prompt, as transformers ignores it."""
+    bos = fields.get("forced_bos_token_id")
+    if bos is None:
+        return None, ""
+    if isinstance(bos, int) and not isinstance(bos, bool) and -vocab <= bos < vocab:
+        return bos % vocab, ""
+    return None, (
+        f"{where}: forced_bos_token_id={_show(bos)} is not a token id below vocab_size="
+        f"{vocab}: transformers' generate() fails on it for a 1-token prompt; fix the field "
+        "or give a longer prompt"
+    )
+
+
 def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
     def bad(key: str, what: str) -> ConfigError:
         return ConfigError(f"{where}: {key} must be {what}, got {_show(fields[key])}")
@@ -182,23 +280,14 @@ def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
     def token(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab
 
-    def tokens(key: str) -> tuple[int, ...]:
-        v = fields.get(key)
-        if v is None:
-            return ()
-        if isinstance(v, list) and all(token(t) for t in v):
-            return tuple(v)
-        raise bad(key, f"a list of token ids below {vocab} or null")
-
     penalty = fields.get("repetition_penalty")
     if penalty is None:
         penalty = 1.0
     elif penalty != 1 and not (isinstance(penalty, float) and penalty > 0):
         # transformers' processor fails on an integer (2, not 2.0)
         raise bad("repetition_penalty", "a positive float (2.0, not 2) or null")
-    ngram = fields.get("no_repeat_ngram_size") or 0
-    if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 0:
-        raise bad("no_repeat_ngram_size", "an integer >= 0 or null")
+    ignored: list[str] = []
+    ngram = _no_repeat(fields, where, ignored)
     words = fields.get("bad_words_ids")
     if words is not None and not (
         isinstance(words, list)
@@ -211,17 +300,22 @@ def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
         raise bad(
             "forced_eos_token_id", f"a token id below {vocab}, a non-empty list of them or null"
         )
-    bos = fields.get("forced_bos_token_id")
-    if bos is not None and not token(bos):
-        raise bad("forced_bos_token_id", f"a token id below {vocab} or null")
+    bos, bos_refusal = _forced_bos(fields, where, vocab)
+    suppress = _suppressed(fields, "suppress_tokens", where, vocab, ignored)
+    begin = _suppressed(fields, "begin_suppress_tokens", where, vocab, ignored)
+    if ignored:
+        _log_once(
+            f"{where}: ignored, as transformers' generate() ignores them: {'; '.join(ignored)}"
+        )
     return Greedy(
         float(penalty),
         ngram,
         tuple(tuple(w) for w in words or ()),
         bos,
         (eos,) if token(eos) else tuple(eos or ()),
-        tokens("suppress_tokens"),
-        tokens("begin_suppress_tokens"),
+        suppress,
+        begin,
+        bos_refusal,
     )
 
 

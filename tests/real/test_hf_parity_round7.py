@@ -11,6 +11,8 @@ Usage: python -m pytest -q tests/real/test_hf_parity_round7.py
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,12 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from core.hf_config.generation import GENERATION_FILE
 from real.checkpoint import load_checkpoint, load_units
 from real.model import reference_generate
 from tests.real.test_hf_parity import GEN, hf_config, hf_greedy
+from tests.real.test_hf_parity_fields import edit_config
+from tests.real.test_hf_parity_round6 import hf_generate, load_hf, with_generation
 
 transformers = pytest.importorskip("transformers")
 
@@ -169,3 +174,92 @@ def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
         r = cli_here("experiments.run", *args, *more, f"hydra.run.dir={tmp_path}/no")
         one_line(r, *names)
         assert not (tmp_path / "no").exists()
+
+
+# generation_config.json: what transformers ignores or falls back from, moepipe too
+
+# field -> its value from the base checkpoint's greedy tokens [B, GEN]: ids transformers'
+# processors ignore beside ones that move the tokens (or alone, where the field is ignored)
+IGNORED: dict[str, Callable[[torch.Tensor], Any]] = {
+    "suppress_tokens": lambda t: [int(t[0, 1]), 128, -1, 2.5, float(t[1, 1])],
+    "begin_suppress_tokens": lambda t: [1000, int(t[0, 0]), -128],
+    "no_repeat_ngram_size": lambda t: -1,
+    "forced_bos_token_id": lambda t: 500,
+}
+
+
+@pytest.mark.parametrize("field", IGNORED)
+def test_what_transformers_ignores_runs_with_one_line(
+    field, saved, hf_run, prompt, tmp_path, caplog
+):
+    """An id outside the vocabulary in suppress_tokens / begin_suppress_tokens (transformers'
+    torch.isin over the vocabulary's ids suppresses nothing for it, and a fraction matches no
+    id), a negative no_repeat_ngram_size (no processor), a forced_bos_token_id outside it with
+    a prompt of more than one token (applied at length 1 only): transformers' generate() tokens
+    and logits, and one line naming what was ignored. Before, each was refused in one line."""
+    ckpt = saved("mixtral", "f32")
+    want, _ = hf_generate(hf_run("mixtral", "f32", "f32"), prompt)
+    changed = with_generation(ckpt, tmp_path / field, **{field: IGNORED[field](want)})
+    hf_tokens, hf_logits = hf_generate(load_hf(changed, "f32"), prompt)
+    with caplog.at_level(logging.WARNING):
+        tokens, logits = reference_generate(changed, prompt, GEN)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+    if field != "forced_bos_token_id":  # ignored by a longer prompt without a word, as there
+        lines = [
+            r.getMessage() for r in caplog.records if "ignored, as transformers'" in r.getMessage()
+        ]
+        assert len(lines) == 1 and field in lines[0] and "\n" not in lines[0]
+
+
+def test_an_outside_forced_bos_is_refused_for_a_one_token_prompt(saved, hf_run, tmp_path):
+    """A 1-token prompt is where transformers applies forced_bos_token_id: outside the
+    vocabulary it fails there (IndexError), and moepipe refuses it in one line; -1 indexes the
+    last token in both."""
+    ckpt = saved("mixtral", "f32")
+    one = torch.tensor([[7], [9]])
+    bad = with_generation(ckpt, tmp_path / "bad", forced_bos_token_id=500)
+    with pytest.raises(ConfigError, match=r"forced_bos_token_id=500 is not a token id below"):
+        reference_generate(bad, one, GEN)
+    last = with_generation(ckpt, tmp_path / "last", forced_bos_token_id=-1)
+    tokens, _ = reference_generate(last, one, GEN)
+    assert torch.equal(tokens, hf_generate(load_hf(last, "f32"), one)[0])
+    assert (tokens[:, 0] == 127).all()
+
+
+# what takes generation_config.json's place, and how transformers' load fails to read it
+FALLBACK = {
+    "not-json": lambda f: f.write_text('{"repetition_penalty": 1.2'),
+    "empty": lambda f: f.write_text(""),
+    "not-utf8": lambda f: f.write_bytes(b'{"repetition_penalty": "\xff"}'),
+    "a-folder": lambda f: f.mkdir(),
+    "dangling-link": lambda f: f.symlink_to(f.parent / "nowhere.json"),
+}
+
+
+@pytest.mark.parametrize("case", FALLBACK)
+def test_an_unreadable_generation_config_falls_back_to_config_json(
+    case, saved, prompt, tmp_path, caplog
+):
+    """A generation_config.json transformers cannot read as JSON (its OSError: not JSON, not
+    UTF-8, no file there) makes it read config.json's generation fields instead (here
+    no_repeat_ngram_size 1, which moves the tokens): moepipe does too, with one line saying the
+    file was ignored. Before, each was refused in one line."""
+    import shutil
+
+    ckpt = with_generation(saved("mixtral", "f32"), tmp_path / "ckpt")
+    edit_config(ckpt, no_repeat_ngram_size=1)
+    (ckpt / GENERATION_FILE).unlink()
+    FALLBACK[case](ckpt / GENERATION_FILE)
+    hf_tokens, hf_logits = hf_generate(load_hf(ckpt, "f32"), prompt)
+    with caplog.at_level(logging.WARNING):
+        tokens, logits = reference_generate(ckpt, prompt, GEN)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+    plain = with_generation(saved("mixtral", "f32"), tmp_path / "plain")
+    assert not torch.equal(tokens, reference_generate(plain, prompt, GEN)[0])  # it moved them
+    lines = [
+        r.getMessage() for r in caplog.records if "ignored: transformers then" in r.getMessage()
+    ]
+    assert len(lines) == 1 and lines[0].startswith(str(ckpt / GENERATION_FILE))
+    shutil.rmtree(ckpt)
