@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,25 @@ from real.decoding import next_tokens
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
 log = logging.getLogger(__name__)
+
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """transformers' NewGELUActivation, op for op (its tanh approximation in Python)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3.0))))
+
+
+# config.json's hidden_act -> the function transformers' ACT2FN computes for it (GATED_ACTS)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu_new": _gelu_new,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
 
 
 @functools.cache
@@ -115,6 +135,8 @@ class Model:
     expert_groups: tuple[int, int] | None = None
     # generation_config.json's settings greedy decoding applies (real.decoding); default: argmax
     greedy: Greedy = Greedy()
+    # config.json's hidden_act: the gated FFNs' activation, a key of ACTIVATIONS
+    hidden_act: str = "silu"
 
     def __post_init__(self) -> None:
         if self.rope is None:  # Model(spec), as calibration and some tests build it
@@ -151,6 +173,7 @@ class Model:
             run.sliding_layers,
             run.expert_groups,
             read_generation(ckpt_dir, spec.vocab_size),
+            run.hidden_act,
         )
 
     def window(self, layer: int) -> int | None:
@@ -301,7 +324,8 @@ class Model:
     def _ffn(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
         if self.spec.activation == Activation.RELU:
             return F.linear(F.relu(F.linear(x, w["wi"])), w["wo"])
-        return F.linear(F.silu(F.linear(x, w["w1"])) * F.linear(x, w["w3"]), w["w2"])
+        act = ACTIVATIONS[self.hidden_act]
+        return F.linear(act(F.linear(x, w["w1"])) * F.linear(x, w["w3"]), w["w2"])
 
 
 # ---- tensor-parallel shares of a unit's weights (views; parts computed with them sum to the whole)

@@ -65,7 +65,7 @@ DECODER: dict[str, Entry] = BASE | {
     "num_hidden_layers": (READ, _P),
     "num_attention_heads": (READ, _P),
     "num_key_value_heads": (READ, "mixtral-kv8 in " + _P),
-    "hidden_act": (REFUSED, "'silu' or 'swish' (mixtral-swish in " + _P + ")"),
+    "hidden_act": (READ, "test_hf_parity_round7.py::test_hidden_act_equals_transformers"),
     "max_position_embeddings": (READ, "dynamic RoPE's threshold: *-dynamic in " + _P),
     "initializer_range": (NO_EFFECT, "initial weights only; loaded ones win: " + _QUIET),
     "rms_norm_eps": (READ, "*-rms_norm_eps in " + _P4 + " and " + _P5),

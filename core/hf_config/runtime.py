@@ -10,8 +10,19 @@ from dataclasses import dataclass
 from core.hf_config.fields import COUNT, HFConfig, Rule
 from core.spec import ModelSpec
 
-# transformers' names of the SiLU activation (ACT2FN["swish"] is nn.SiLU too)
-SILU = ("silu", "swish")
+# the hidden_act names of transformers' ACT2FN that the real model runs in its gated experts
+# and FFNs (act(gate) * up), each as transformers computes it (real.model's ACTIVATIONS)
+GATED_ACTS = (
+    "silu",
+    "swish",
+    "gelu",
+    "gelu_pytorch_tanh",
+    "gelu_new",
+    "quick_gelu",
+    "relu",
+    "sigmoid",
+    "tanh",
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,7 @@ class HFRuntime:
     # DeepSeek-V2's group_limited_greedy: (n_group, topk_group), a token's top-k taken from the
     # topk_group groups of experts with the highest best score; None: plain top-k
     expert_groups: tuple[int, int] | None = None
+    hidden_act: str = "silu"  # the gated FFNs' activation (`GATED_ACTS`); Switch: its relu
 
 
 def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
@@ -49,6 +61,7 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
         sliding_layers=layers,
         clip_qkv=None if clip is None else float(clip),
         expert_groups=_expert_groups(c, spec),
+        hidden_act="relu" if spec.family == "switch_transformers" else c.get("hidden_act", "silu"),
     )
 
 
@@ -99,8 +112,11 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
             f"moepipe runs {fam} as a causal decoder only: remove it or set it true"
         )
     act = c.get("hidden_act", "silu")
-    if act not in SILU:
-        raise c.error(f"hidden_act={act!r}; only 'silu' (SwiGLU experts) is implemented for {fam}")
+    if act not in GATED_ACTS:
+        raise c.error(
+            f"hidden_act={act!r} is not implemented for {fam}; transformers' activations "
+            f"{', '.join(map(repr, GATED_ACTS))} are"
+        )
     biased = {"olmoe": ("attention_bias",), "deepseek_v2": ("attention_bias", "mlp_bias")}
     for key in biased.get(fam, ()):
         if c.get(key, False):

@@ -320,10 +320,10 @@ def test_every_field_read_is_checked(tmp_path: Path, key: str, value: Any) -> No
 # whose values moepipe does not run, and settings that make no model (sliding windows that see
 # nothing or disagree, a YaRN base its ramp would divide by 0 with)
 UNRUN: list[tuple[str, dict[str, Any], str]] = [
-    ("mixtral", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
-    ("qwen2_moe", {"hidden_act": "relu"}, "hidden_act='relu'"),
-    ("olmoe", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
-    ("deepseek_v2", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("mixtral", {"hidden_act": "relu2"}, "hidden_act='relu2'"),
+    ("qwen2_moe", {"hidden_act": "gelu_10"}, "hidden_act='gelu_10'"),
+    ("olmoe", {"hidden_act": "mish"}, "hidden_act='mish'"),
+    ("deepseek_v2", {"hidden_act": "leaky_relu"}, "hidden_act='leaky_relu'"),
     ("olmoe", {"attention_bias": True}, "attention_bias=true"),
     ("deepseek_v2", {"attention_bias": True}, "attention_bias=true"),
     ("deepseek_v2", {"mlp_bias": True}, "mlp_bias=true"),

@@ -24,7 +24,7 @@ from core.hf_config.generation import GENERATION_FILE
 from real.checkpoint import load_checkpoint, load_units
 from real.model import reference_generate
 from tests.real.test_hf_parity import GEN, hf_config, hf_greedy
-from tests.real.test_hf_parity_fields import edit_config
+from tests.real.test_hf_parity_fields import assert_transformers, edit_config, save
 from tests.real.test_hf_parity_round6 import hf_generate, load_hf, with_generation
 
 transformers = pytest.importorskip("transformers")
@@ -263,3 +263,82 @@ def test_an_unreadable_generation_config_falls_back_to_config_json(
     ]
     assert len(lines) == 1 and lines[0].startswith(str(ckpt / GENERATION_FILE))
     shutil.rmtree(ckpt)
+
+
+# config.json fields that change transformers' logits: equal to it, or refused in one line
+
+ACTS = ["gelu", "gelu_pytorch_tanh", "gelu_new", "quick_gelu", "relu", "sigmoid", "tanh"]
+# (family, hidden_act): every activation in Mixtral, gelu and gelu_new in the others
+ACT_CASES = [("mixtral", a) for a in ACTS] + [
+    (f, a) for f in CAUSAL[1:] for a in ("gelu", "gelu_new")
+]
+
+
+@pytest.mark.parametrize("family, act", ACT_CASES, ids=[f"{f}-{a}" for f, a in ACT_CASES])
+def test_hidden_act_equals_transformers(family, act, prompt, tmp_path):
+    """transformers runs hidden_act's ACT2FN function in every family's gated experts, shared
+    experts and dense FFNs (act(gate) * up): moepipe gives its tokens and float32 logits within
+    1e-4. Before, every activation but silu was refused ("only 'silu' is implemented")."""
+    ckpt, hf = save(family, {"hidden_act": act}, tmp_path / "ckpt")
+    assert_transformers(ckpt, hf, prompt, "f32")
+
+
+def test_an_activation_not_implemented_is_one_line(tmp_path, prompt):
+    """An ACT2FN name moepipe does not run (relu2, ...) is refused naming the field and those
+    it runs."""
+    ckpt, _ = save("olmoe", {"hidden_act": "relu2"}, tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match=r"config.json: hidden_act='relu2' is not implemented"):
+        reference_generate(ckpt, prompt, GEN)
+
+
+THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_partial_rotary_factor_of_default_rope_is_ignored_as_transformers(
+    family, saved, hf_run, prompt, tmp_path
+):
+    """Each family's default RoPE (its RotaryEmbedding's own compute_default_rope_parameters)
+    rotates the whole head whatever partial_rotary_factor says, in rope_parameters or at the
+    top level: transformers' logits are those without it, and moepipe's equal them."""
+    import shutil
+
+    want_tokens, want_logits = hf_greedy(hf_run(family, "f32", "f32"), prompt)
+    rope = {"rope_type": "default", "rope_theta": THETA[family], "partial_rotary_factor": 0.5}
+    for name, edit in [
+        ("nested", {"rope_parameters": rope}),
+        ("top", {"partial_rotary_factor": 0.5}),
+    ]:
+        ckpt = Path(shutil.copytree(saved(family, "f32"), tmp_path / name))
+        edit_config(ckpt, **edit)
+        hf_tokens, hf_logits = hf_greedy(load_hf(ckpt, "f32"), prompt)
+        torch.testing.assert_close(hf_logits, want_logits, atol=0, rtol=0)
+        tokens, logits = reference_generate(ckpt, prompt, GEN)
+        assert torch.equal(tokens, hf_tokens)
+        torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+# RoPE types transformers runs for these families that moepipe does not implement
+ROPE_REFUSED = {
+    "longrope": {
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 8,
+    },
+    "proportional": {"factor": 2.0},
+}
+
+
+@pytest.mark.parametrize("kind", ROPE_REFUSED)
+@pytest.mark.parametrize("family", CAUSAL)
+def test_a_rope_type_not_implemented_is_one_line(family, kind, saved, prompt, tmp_path):
+    """longrope (Phi-3's short/long factors) and proportional RoPE, which transformers runs
+    here (but longrope for DeepSeek-V2, where it fails), are refused naming the type and those
+    moepipe runs."""
+    import shutil
+
+    ckpt = Path(shutil.copytree(saved(family, "f32"), tmp_path / "ckpt"))
+    rope = {"rope_type": kind, "rope_theta": THETA[family]} | ROPE_REFUSED[kind]
+    edit_config(ckpt, rope_parameters=rope)
+    with pytest.raises(ConfigError, match=rf"rope_type='{kind}'.*'default', 'linear', 'dynamic'"):
+        reference_generate(ckpt, prompt, GEN)
