@@ -342,3 +342,21 @@ def test_a_rope_type_not_implemented_is_one_line(family, kind, saved, prompt, tm
     edit_config(ckpt, rope_parameters=rope)
     with pytest.raises(ConfigError, match=rf"rope_type='{kind}'.*'default', 'linear', 'dynamic'"):
         reference_generate(ckpt, prompt, GEN)
+
+
+@pytest.mark.parametrize("run", RUN)
+@pytest.mark.parametrize("dtype", SAVED)
+def test_switch_runs_any_saved_dtype_in_the_asked_one(dtype, run, prompt, tmp_path):
+    """Switch (moepipe's causal substitute, which transformers' encoder-decoder is no reference
+    for) saved in float16/bfloat16/float32 and run in float32/bfloat16: bit for bit the run of
+    its weights cast to the run's dtype first and saved in it (a cast at load is a cast)."""
+    from tests.real.test_hf_parity_round5 import SWITCH, SWITCH_LAYERS, SWITCH_SPARSE
+
+    cfg = transformers.SwitchTransformersConfig(**SWITCH, **SWITCH_LAYERS, **SWITCH_SPARSE)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).to(SAVED[dtype])
+    model.save_pretrained(tmp_path / "saved")
+    model.to(SAVED[run]).save_pretrained(tmp_path / "cast")
+    tokens, logits = reference_generate(tmp_path / "saved", prompt, GEN, dtype=RUN[run])
+    want_tokens, want_logits = reference_generate(tmp_path / "cast", prompt, GEN)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logits, want_logits)
