@@ -301,6 +301,9 @@ def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
             "forced_eos_token_id", f"a token id below {vocab}, a non-empty list of them or null"
         )
     bos, bos_refusal = _forced_bos(fields, where, vocab)
+    if bos_refusal:
+        shown = _show(fields["forced_bos_token_id"])
+        ignored.append(f"forced_bos_token_id={shown} (not a token id; a 1-token prompt is refused)")
     suppress = _suppressed(fields, "suppress_tokens", where, vocab, ignored)
     begin = _suppressed(fields, "begin_suppress_tokens", where, vocab, ignored)
     if ignored:

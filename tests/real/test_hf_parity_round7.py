@@ -153,8 +153,9 @@ def test_the_executor_runs_a_saved_dtype_in_float32(family, dtype, gpu_gb, cpu_g
 
 def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
     """`experiments.run executor=real executor.dtype=float32` on float16 weights writes the
-    in-memory forward's float32 tokens; float16 compute (its `auto`, or asked) is one line
-    naming the key, with no run dir."""
+    in-memory forward's float32 tokens; float16 compute (its `auto`, or asked), and another
+    dtype than the saved one in a distributed run, are one line naming the key, with no run
+    dir."""
     from safetensors.torch import load_file
 
     from tests.probes.conftest import TINY, one_line
@@ -170,6 +171,7 @@ def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
     for more, names in [
         ([], ["float16", "executor.dtype=float32"]),
         (["executor.dtype=float16"], ["executor.dtype=float16"]),
+        (["executor.dtype=float32", "executor.distributed=true"], ["executor.distributed=true"]),
     ]:
         r = cli_here("experiments.run", *args, *more, f"hydra.run.dir={tmp_path}/no")
         one_line(r, *names)
@@ -205,11 +207,10 @@ def test_what_transformers_ignores_runs_with_one_line(
         tokens, logits = reference_generate(changed, prompt, GEN)
     assert torch.equal(tokens, hf_tokens)
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
-    if field != "forced_bos_token_id":  # ignored by a longer prompt without a word, as there
-        lines = [
-            r.getMessage() for r in caplog.records if "ignored, as transformers'" in r.getMessage()
-        ]
-        assert len(lines) == 1 and field in lines[0] and "\n" not in lines[0]
+    lines = [
+        r.getMessage() for r in caplog.records if "ignored, as transformers'" in r.getMessage()
+    ]
+    assert len(lines) == 1 and field in lines[0] and "\n" not in lines[0]
 
 
 def test_an_outside_forced_bos_is_refused_for_a_one_token_prompt(saved, hf_run, tmp_path):
