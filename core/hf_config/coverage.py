@@ -43,7 +43,7 @@ BASE: dict[str, Entry] = {
     "output_attentions": _OUT,
     # false: transformers' forward fails (null runs, returning a tuple)
     "return_dict": (REFUSED, "round5's test_return_dict_false_is_refused"),
-    "dtype": (READ, "the weights' dtype, float32 and bfloat16 cases: " + _P),
+    "dtype": (READ, "the saved dtype: test_hf_parity_round7.py::test_any_saved_dtype_runs_..."),
     "chunk_size_feed_forward": (NO_EFFECT, "none of these families chunks: " + _QUIET),
     # true: transformers' generate() fails on a decoder-only family (its forward runs)
     "is_encoder_decoder": (REFUSED, "false: round5's test_is_encoder_decoder_true_is_refused"),
