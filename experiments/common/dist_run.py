@@ -84,14 +84,19 @@ def n_processes(ckpt: str, spec: RunSpec, routing_mode: str = "replay") -> int:
 
 
 def sized_processes(
-    ckpt: str, spec: RunSpec, routing_mode: str = "replay", planner: Planner | None = None
+    ckpt: str,
+    spec: RunSpec,
+    routing_mode: str = "replay",
+    planner: Planner | None = None,
+    dtype: str | None = None,
 ) -> tuple[int, RunSpec, Planner]:
-    """`n_processes`, the run sized on the checkpoint's model (`sized_run`) and the planner
-    that sized and planned it (`planner`, else a new one), for the ranks to reuse its choices."""
+    """`n_processes`, the run sized on the checkpoint's model (`sized_run`, in the compute
+    `dtype`) and the planner that sized and planned it (`planner`, else a new one), for the
+    ranks to reuse its choices."""
     from experiments.common.real_run import _shape_routing
     from real.checkpoint import load_checkpoint
 
-    model, _ = load_checkpoint(ckpt)
+    model, _ = load_checkpoint(ckpt, dtype)
     spec, planner = sized_run(replace(spec, model=model, executor="real"), planner)
     schedule = build_schedule(spec, _shape_routing(spec), planner)
     ep = schedule.ep
@@ -133,19 +138,21 @@ def run_distributed(
     timeout_s: float,
     routing: Routing | None = None,
     planner: Planner | None = None,
+    dtype: str | None = None,
 ) -> DistOutput | None:
     """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
     `routing`: replay this routing (else the workload's, as `real_execute`). `planner`: the
-    run's (a simulation's of it), else one made here; the spawned ranks reuse its choices."""
+    run's (a simulation's of it), else one made here; the spawned ranks reuse its choices.
+    `dtype`: the compute dtype (`real_execute`'s)."""
     if launched():
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner)
+        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner, dtype)
         return out if int(os.environ["RANK"]) == 0 else None
     from experiments.common.real_run import check_routing_mode, checkpoint_files, unchanged_since
 
     check_routing_mode(routing_mode)  # here, not as each rank's line ("rank 1: ...") once started
     files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
-    g, _, planner = sized_processes(ckpt, spec, routing_mode, planner)
-    args = (ckpt, spec, routing_mode, device, timeout_s, routing, planner)
+    g, _, planner = sized_processes(ckpt, spec, routing_mode, planner, dtype)
+    args = (ckpt, spec, routing_mode, device, timeout_s, routing, planner, dtype)
     out = _spawn(g, _child, args)
     unchanged_since(ckpt, files)
     return out
@@ -376,14 +383,14 @@ def _child(
     timeout_s: float,
     routing: Routing | None,
     planner: Planner | None = None,
+    dtype: str | None = None,
 ) -> None:
     """One spawned rank: its result (rank 0) or its one-line error goes to a file in `tmp`."""
+    where = (init, rank, world)
     _as_rank(
         rank,
         tmp,
-        lambda: _rank(
-            ckpt, spec, routing_mode, device, timeout_s, (init, rank, world), routing, planner
-        ),
+        lambda: _rank(ckpt, spec, routing_mode, device, timeout_s, where, routing, planner, dtype),
     )
 
 
@@ -438,9 +445,10 @@ def _rank(
     init: tuple[str, int, int] | None,
     routing: Routing | None = None,
     planner: Planner | None = None,
+    dtype: str | None = None,
 ) -> DistOutput:
-    """This process's rank: join the group (`init`: spawned; else torchrun's env), run.
-    `planner`: the run's, whose choices (Klotski's n) this rank's plans reuse."""
+    """This process's rank: join the group (`init`: spawned; else torchrun's env), run in
+    `dtype`. `planner`: the run's, whose choices (Klotski's n) this rank's plans reuse."""
     import torch.distributed as dist
 
     from experiments.common.real_run import real_execute
@@ -479,7 +487,7 @@ def _rank(
         ) from None
     try:
         if init is None:
-            g, _, planner = sized_processes(ckpt, spec, planner=planner)
+            g, _, planner = sized_processes(ckpt, spec, planner=planner, dtype=dtype)
             if dist.get_world_size() != g:
                 raise ConfigError(
                     f"torchrun started {dist.get_world_size()} processes, the schedule has "
@@ -487,16 +495,10 @@ def _rank(
                 )
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
+        run: dict[str, Any] = dict(routing=routing, device=device, planner=planner, dtype=dtype)
         try:
             result, out = real_execute(
-                ckpt,
-                spec,
-                routing_mode,
-                routing=routing,
-                device=device,
-                distributed=True,
-                on_peers=held.append,
-                planner=planner,
+                ckpt, spec, routing_mode, distributed=True, on_peers=held.append, **run
             )
         except MoepipeError as e:
             if _peer_gone(e):

@@ -339,15 +339,10 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
     mode = str(ex.get("routing_mode", "replay"))
     dtype = str(ex.get("dtype") or "auto")
     if ex.get("distributed", False):
-        if dtype != "auto":  # its ranks load the checkpoint themselves, in the saved dtype
-            raise ConfigError(
-                f"executor.dtype={dtype} with executor.distributed=true: a distributed run "
-                "computes in the saved dtype; leave executor.dtype auto or run one process"
-            )
         from experiments.common.dist_run import run_distributed
 
         timeout_s = float(ex.get("rendezvous_timeout_s", 120))
-        out = run_distributed(str(ckpt), spec, mode, device, timeout_s)
+        out = run_distributed(str(ckpt), spec, mode, device, timeout_s, dtype=dtype)
         return None if out is None else out.result  # None: a rank other than 0 of a torchrun
     result, _ = real_execute(ckpt, spec, mode, device=device, dtype=dtype)
     return result
