@@ -465,7 +465,7 @@ def compute_dtype(stored: torch.dtype, dtype: str | None, config: Path) -> torch
             raise ConfigError(
                 f"{config}: the weights are float16 and the run's dtype is auto (theirs): "
                 "float16 compute is not implemented; run them in float32 or bfloat16 "
-                "(executor.dtype=float32 or bfloat16)"
+                "(executor.dtype=float32 or bfloat16), or save them in bfloat16"
             )
         return stored
     if dtype not in RUN_DTYPES:
