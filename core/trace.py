@@ -175,12 +175,30 @@ def bound_resource(schedule: Schedule, trace: pd.DataFrame) -> np.ndarray:
     """Per trace row, the resource its work counts against in the bounds: its stream's resource
     id, or one name for all streams of a pool (lanes sharing one GPU's SMs, each lane under its
     own device id `gpu`, `gpu:1` ...), whose ops together get at most the whole GPU."""
-    key = {
+    codes, names = factorize(trace["stream"])
+    key = _bound_keys(schedule)
+    return np.array([key.get(s, np.nan) for s in names], dtype=object)[codes]
+
+
+def _bound_keys(schedule: Schedule) -> dict[str, str]:
+    """`bound_resource`'s name of each stream."""
+    return {
         name: f"{s.resource} (pool {s.pool})" if s.pool else s.resource_id
         for name, s in schedule.streams.items()
     }
+
+
+def bound_codes(schedule: Schedule, trace: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """`bound_resource` as codes into its names, sorted; -1 where it is `none` or a stream the
+    schedule lacks (no bound counts those). Grouping by the codes takes the same rows in the
+    same order as by the names, without pandas' inference of a string column (a third of a
+    second per million rows)."""
     codes, names = factorize(trace["stream"])
-    return np.array([key.get(s, np.nan) for s in names], dtype=object)[codes]
+    key = _bound_keys(schedule)
+    per = [key.get(s, "none") for s in names]
+    out = sorted(set(per) - {"none"})
+    at = {r: i for i, r in enumerate(out)}
+    return np.array([at.get(r, -1) for r in per], dtype=np.int64)[codes], out
 
 
 def link_bandwidth(traces: Iterable[pd.DataFrame], resource: str, latency_s: float) -> float | None:
@@ -227,21 +245,31 @@ def dag_bound(
     dur[ids] = (work + (trace["launch_s"].fillna(0.0) if "launch_s" in trace else 0.0)).to_numpy()
     h_arr, t_arr = _heads_tails(schedule, dur)
     # a resource's ops take their work of it (a pool's run side by side, at most the whole GPU)
+    res, res_names = bound_codes(schedule, trace)
+    keep = res >= 0
     frame = pd.DataFrame(
         {
-            "resource": bound_resource(schedule, trace),
-            "step": trace["step"].to_numpy(),
-            "head": h_arr[ids],
-            "dur": work.to_numpy(),
-            "tail": t_arr[ids],
+            "resource": res[keep],
+            "step": trace["step"].to_numpy()[keep],
+            "head": h_arr[ids[keep]],
+            "dur": work.to_numpy()[keep],
+            "tail": t_arr[ids[keep]],
         }
     )
     best = float((h_arr + dur + t_arr).max())  # the critical path
     where = "critical path"
-    for res, g in frame[frame["resource"] != "none"].groupby("resource", sort=True):
-        per = g.groupby("step").agg(head=("head", "min"), dur=("dur", "sum"), tail=("tail", "min"))
-        steps = per.index.to_numpy()
-        h, b, t = (per[c].to_numpy() for c in ("head", "dur", "tail"))
+    # per (resource, step): the same groups, rows and (compensated) sums as per step of each
+    # resource's rows, in the names' sorted order
+    per = frame.groupby(["resource", "step"], sort=True).agg(
+        head=("head", "min"), dur=("dur", "sum"), tail=("tail", "min")
+    )
+    rcodes = per.index.get_level_values(0).to_numpy()
+    steps_all = per.index.get_level_values(1).to_numpy()
+    cols = [per[c].to_numpy() for c in ("head", "dur", "tail")]
+    cuts = [0, *(np.flatnonzero(rcodes[1:] != rcodes[:-1]) + 1).tolist(), len(rcodes)]
+    for a, z in zip(cuts[:-1], cuts[1:], strict=True) if len(rcodes) else ():
+        name, steps = res_names[int(rcodes[a])], steps_all[a:z]
+        h, b, t = (c[a:z] for c in cols)
         up = np.minimum.accumulate(h) + np.cumsum(b) + np.minimum.accumulate(t)  # steps <= s
         down = (
             np.minimum.accumulate(h[::-1]) + np.cumsum(b[::-1]) + np.minimum.accumulate(t[::-1])
@@ -249,7 +277,7 @@ def dag_bound(
         for vals, rel in ((up, "<="), (down, ">=")):
             i = int(np.argmax(vals))
             if vals[i] > best:
-                best, where = float(vals[i]), f"{res}, steps {rel} {int(steps[i])}"
+                best, where = float(vals[i]), f"{name}, steps {rel} {int(steps[i])}"
     return best, where
 
 
@@ -427,7 +455,9 @@ def summarize(
     busy = busy_s(trace, work=work)
     gpu_busy = busy.get("gpu", 0.0)
     # the busiest resource, a pool's lanes counted as the one GPU they share
-    by = work.groupby(bound_resource(schedule, trace)).sum().drop("none", errors="ignore")
+    res, _ = bound_codes(schedule, trace)
+    counted = res >= 0
+    by = work[counted].groupby(res[counted]).sum()
     lower = float(by.max()) if len(by) else 0.0
     dag, dag_binds = dag_bound(schedule, trace, work)
     dag = max(dag, lower)
