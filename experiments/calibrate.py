@@ -45,9 +45,9 @@ from experiments.common.app import command, kv
 from experiments.common.cli import (
     as_float,
     as_int,
+    exit_command,
     output_dir,
     output_file,
-    run_command,
     until_interrupted,
 )
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
@@ -558,4 +558,4 @@ def _on_a_disk(opts: Any) -> None:
 _app = command("calibrate", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

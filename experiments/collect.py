@@ -22,7 +22,7 @@ from omegaconf import MISSING
 
 from core.errors import MoepipeError
 from experiments.common.app import command
-from experiments.common.cli import run_command, until_interrupted
+from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.tables import load_sweep, write_results  # noqa: E402
 
 
@@ -62,4 +62,4 @@ def _main(opts: Options) -> int:
 _app = command("collect", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -22,8 +22,8 @@ from core.trace_convert import convert_esft
 from core.traces import N_LAYERS
 from experiments.common.app import command
 from experiments.common.cli import (
+    exit_command,
     output_file,
-    run_command,
     until_interrupted,
 )
 
@@ -62,4 +62,4 @@ def _main(args: Options) -> int:
 _app = command("convert_traces", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

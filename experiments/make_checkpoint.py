@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import math
 import shutil
-import sys
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from core.errors import MoepipeError
 from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
-from experiments.common.cli import run_command, until_interrupted
+from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.dir_lock import dir_locked
 from experiments.common.option_names import named_as
 from real.attention import Rope
@@ -256,4 +255,4 @@ def _progress(shard: Shard, written: int, plan: list[Shard]) -> None:
 _app = command("make_checkpoint", Schema, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

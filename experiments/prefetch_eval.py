@@ -26,8 +26,8 @@ from core.traces import load_esft, select_tokens
 from experiments.common.app import command
 from experiments.common.cli import (
     checked_names,
+    exit_command,
     output_file,
-    run_command,
 )
 from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
@@ -191,4 +191,4 @@ def _write(df: pd.DataFrame, out: str) -> int:
 _app = command("prefetch_eval", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -25,7 +25,12 @@ from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
-from experiments.common.cli import checked_names, print_or_exit, run_command, until_interrupted
+from experiments.common.cli import (
+    checked_names,
+    exit_command,
+    print_or_exit,
+    until_interrupted,
+)
 from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import RESULTS, RESULTS_START, collect, write_results
 
@@ -184,4 +189,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -22,7 +22,7 @@ import numpy as np
 from core.errors import MoepipeError
 from experiments.common import ep_rows
 from experiments.common.app import command
-from experiments.common.cli import print_or_exit, run_command, until_interrupted
+from experiments.common.cli import exit_command, print_or_exit, until_interrupted
 from experiments.common.ep_rows import NOISE_GAP
 from experiments.common.tables import collect
 
@@ -186,4 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -24,7 +24,7 @@ from core.args import output_dir
 from core.errors import MoepipeError
 from core.files import no_file_there
 from experiments.common.app import command
-from experiments.common.cli import run_command, until_interrupted
+from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
 from experiments.common.tables import load_sweep
@@ -104,4 +104,4 @@ def _remove_if_made(out: Path, fresh: bool) -> None:
 _app = command("report", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -35,9 +35,9 @@ from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
 from experiments.common.cli import (
     checked_names,
+    exit_command,
     on_interrupt,
     output_dir,
-    run_command,
     until_interrupted,
 )
 from experiments.common.klotski_conf import conf_yaml as _yaml
@@ -594,4 +594,4 @@ def _main(args: Options) -> int:
 _app = command("reproduce_klotski", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

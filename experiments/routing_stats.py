@@ -24,8 +24,8 @@ from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_counts, load_esft
 from experiments.common.app import command
 from experiments.common.cli import (
     as_int,
+    exit_command,
     output_file,
-    run_command,
     until_interrupted,
 )
 
@@ -122,4 +122,4 @@ def _main(args: Options) -> int:
 _app = command("routing_stats", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

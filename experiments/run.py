@@ -43,12 +43,12 @@ from experiments.common.app import hydra_main, remove_if_no_run, running
 from experiments.common.callbacks import FAILED
 from experiments.common.cli import (
     any_error_line,
+    exit_command,
     exit_on_unwritable_dir,
     exit_with,
     key_given_twice,
     missing_launcher,
     on_interrupt,
-    run_command,
     sweep_experiment_misused,
     until_interrupted,
 )
@@ -437,4 +437,4 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -24,7 +24,7 @@ from core.errors import MoepipeError
 from core.files import broken_link, loads_json, read_small
 from core.trace import read_trace
 from experiments.common.app import command
-from experiments.common.cli import run_command, until_interrupted
+from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.run_dir import edited_since_run
 
 
@@ -105,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,8 +51,8 @@ from experiments.common.app import command, kv  # noqa: E402
 from experiments.common.cli import (  # noqa: E402
     as_int,
     checked_names,
+    exit_command,
     output_dir,
-    run_command,
 )
 from experiments.common.dist_measure import p2p_seen  # noqa: E402
 from experiments.common.dist_run import run_distributed  # noqa: E402
@@ -572,4 +571,4 @@ def _main(args: Options) -> int:
 main = command("validate", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,9 @@ from experiments.common.app import command, kv
 from experiments.common.cli import (
     as_int,
     checked_names,
+    exit_command,
     output_dir,
     print_or_exit,
-    run_command,
 )
 from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
@@ -213,4 +212,4 @@ def _main(args: Options) -> int:
 main = command("validate_lanes", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -18,7 +18,6 @@ The bench runs itself once per system with `role=...` (and `acc_batch=` for acce
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from core.args import (
@@ -33,7 +32,7 @@ from core.args import (
 from core.errors import MoepipeError
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
-from experiments.common.cli import run_command
+from experiments.common.cli import exit_command
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.peers import (
     COLD,
@@ -124,4 +123,4 @@ def _bench(opts: BenchAccelerateOptions) -> int:
 main = command("bench_accelerate", BenchAccelerateOptions, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

@@ -11,7 +11,6 @@ Usage:
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import torch
 from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
 from experiments.common.app import kv, timed_command
-from experiments.common.cli import run_command  # noqa: E402
+from experiments.common.cli import exit_command  # noqa: E402
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 
@@ -214,4 +213,4 @@ def report(opts: dict[str, Any]) -> list[str]:
 main = timed_command("bench_host", Options, report, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

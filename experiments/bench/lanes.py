@@ -11,7 +11,6 @@ On a device without CUDA only the model's figures are printed.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,7 @@ from core.types import OpKind, Resource
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import (
     as_int,
-    run_command,
+    exit_command,
 )
 from experiments.common.hardware import hardware_spec, read_hardware
 from planners.expert_parallel import expert_width
@@ -170,4 +169,4 @@ def report(opts: dict[str, Any]) -> list[str]:
 main = timed_command("bench_lanes", Options, report, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

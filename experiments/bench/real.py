@@ -33,7 +33,7 @@ from core.errors import MoepipeError
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
-from experiments.common.cli import run_command
+from experiments.common.cli import exit_command
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
@@ -501,4 +501,4 @@ def _main(opts: BenchRealOptions) -> int:
 main = command("bench_real", BenchRealOptions, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

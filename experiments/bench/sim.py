@@ -30,7 +30,7 @@ import simpy
 from core.args import MAX_REPEATS, REPEATS_WHY, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command
-from experiments.common.cli import run_command  # noqa: E402
+from experiments.common.cli import exit_command  # noqa: E402
 from planners.registry import make_planner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,4 +280,4 @@ def one_size(planner: str, model: str, n: int) -> dict[str, float]:
 _app = command("bench_sim", Options, _main, __doc__)
 
 if __name__ == "__main__":
-    sys.exit(run_command(main))
+    exit_command(main)

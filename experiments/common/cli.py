@@ -11,12 +11,13 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -278,6 +279,18 @@ def other_rank() -> int | None:
     if rank.isdigit() and world.isdigit() and int(world) > 1 and 0 < int(rank) < int(world):
         return int(rank)
     return None
+
+
+def exit_command(main: Callable[[], Any]) -> NoReturn:
+    """A command's `__main__`: `sys.exit(run_command(main))`, with what the process still holds
+    frozen out of the cycle collector first (`gc.freeze`). The interpreter's teardown collects
+    again and again while it clears the modules, each time over every object of its imports
+    (pandas, pyarrow, hydra: a hundred thousand): 0.12 s of CPU of every command, for cycles
+    that the process's end frees anyway. atexit's functions and the flush of the standard
+    streams run as before."""
+    code = run_command(main)
+    gc.freeze()
+    sys.exit(code)
 
 
 def run_command(main: Callable[[], Any]) -> Any:
