@@ -8,6 +8,7 @@ KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the c
 
 import atexit
 import codecs
+import gc
 import os
 import signal
 import sys
@@ -51,6 +52,9 @@ def command_started() -> None:
         if signal.getsignal(signum) is _interrupted_at_startup:
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, default)
+    if AS_COMMAND and not gc.isenabled():  # off while the command imported (below)
+        gc.freeze()  # the imports' objects live to the end: no collection walks them again
+        gc.enable()
 
 
 # The exit status of a command whose work is done (`common.cli.finished`); empty until then.
@@ -116,6 +120,9 @@ if AS_COMMAND:
         print(f"error: {_bad}", file=sys.stderr)  # before torch
         sys.exit(2)
     atexit.register(_quiet_teardown)
+    # no collections while the command imports (numpy, pandas, hydra): their objects live on,
+    # and each pass walked all made so far (0.05 s of CPU); on again once it runs
+    gc.disable()
     signal.signal(signal.SIGINT, _interrupted_at_startup)
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
