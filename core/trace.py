@@ -191,8 +191,8 @@ def _bound_keys(schedule: Schedule) -> dict[str, str]:
 def bound_codes(schedule: Schedule, trace: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     """`bound_resource` as codes into its names, sorted; -1 where it is `none` or a stream the
     schedule lacks (no bound counts those). Grouping by the codes takes the same rows in the
-    same order as by the names, without pandas' inference of a string column (a third of a
-    second per million rows)."""
+    same order as by the names, without pandas' inference of a string column (0.03 s of a
+    177,874-op run's summary)."""
     codes, names = factorize(trace["stream"])
     key = _bound_keys(schedule)
     per = [key.get(s, "none") for s in names]
