@@ -19,7 +19,8 @@ import numpy as np
 
 from core.args import written_whole
 from core.errors import MoepipeError
-from core.synthetic import fit_synthetic, fit_to_counts, generate, headline, routing_stats, stats_of
+from core.routing_stats import routing_stats, stats_of
+from core.synthetic import fit_synthetic, fit_to_counts, generate, headline
 from core.traces import N_EXPERTS, N_LAYERS, TOP_K, load_counts, load_esft
 from experiments.common.app import command
 from experiments.common.cli import (

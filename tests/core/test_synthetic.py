@@ -10,6 +10,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.routing import load_routing
+from core.routing_stats import routing_stats, stats_of
 from core.spec import ModelSpec, RoutingConfig, Workload
 from core.synthetic import (
     CHUNK_SEQS,
@@ -17,8 +18,6 @@ from core.synthetic import (
     fit_to_counts,
     generate,
     headline,
-    routing_stats,
-    stats_of,
     synthetic_routing,
 )
 from core.traces import N_EXPERTS, TRACE_FILE, TRACE_NAME, load_esft

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.routing_stats import _scan_layers, stats_of
 from core.spec import RoutingConfig
-from core.synthetic import _scan_layers, generate, stats_of
+from core.synthetic import generate
 
 
 def _reference_scan(ids, top1, e, same_seq, test, set_predictor):
