@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import broken_link
+from core.files import broken_link, staging_file
 
 # The largest count of repeats a command takes: each is a whole run or measurement, and a
 # count past this one would run for days with no word, where a typo (1e12) is the likely cause.
@@ -255,18 +255,9 @@ def written_whole(path: str | Path) -> Iterator[Path]:
             df.to_csv(tmp)
     """
     path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = staging_file(path)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600, as a file open() makes would be
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

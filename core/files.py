@@ -168,20 +168,59 @@ def memory_filesystem(path: str | Path) -> str | None:
     return kind if kind in MEMORY_FILESYSTEMS else None
 
 
-_STAGING = re.compile(r"\.partial-(\d+)-[0-9a-f]{8}")
+# what a staged write leaves while it runs: a folder `.partial-PID-HEX` (its files, before
+# they move in), `.partial-PID-HEX-earlier` (the outputs they replace, set aside meanwhile) and
+# a file `.STEM.partial-PID-HEX.SUFFIX` (one file written whole, then renamed over STEM.SUFFIX;
+# the suffix kept, as a writer may choose its format by it)
+_STAGING = re.compile(
+    r"(?:\.(?P<stem>.+))?\.partial-(?P<pid>\d+)-[0-9a-f]{8}(?P<aside>-earlier)?(?:\.[^.]*)?"
+)
 
 
 def staging_dir(out: Path) -> Path:
     """A new hidden folder's name in `out` for a writer to stage its files in before they move
-    in (not made yet). A writer killed outright (SIGKILL, out of memory) leaves its folder
-    behind: those whose process is gone are removed here, or they would pile up in a folder
-    rewritten again and again (a run dir, a checkpoint's), their bytes counted against its
-    disk. A live writer's, on this machine, stays."""
-    for old in out.glob(".partial-*"):
-        m = _STAGING.fullmatch(old.name)
-        if m and old.is_dir() and not old.is_symlink() and not _alive(int(m.group(1))):
-            shutil.rmtree(old, ignore_errors=True)
+    in (not made yet). What writers killed outright (SIGKILL, out of memory) left there goes
+    first (`clear_leftovers`). A live writer's, on this machine, stays."""
+    clear_leftovers(out)
     return out / f".partial-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def staging_file(path: Path) -> Path:
+    """A new hidden name beside `path` for a file written whole, then renamed over it: one per
+    writer (two writers of one file, as two calibrate runs of one profile, shared one name and
+    each renamed the other's half), and one the next writer or reader knows for a dead one's."""
+    clear_leftovers(path.parent)
+    tag = f"partial-{os.getpid()}-{secrets.token_hex(4)}"
+    return path.with_name(f".{path.stem}.{tag}{path.suffix}")
+
+
+def clear_leftovers(folder: Path) -> None:
+    """Remove from `folder` what writers killed outright (SIGKILL, out of memory) left half
+    done: their staging folders and half-written files, which would pile up in a folder
+    rewritten again and again (a run dir, a checkpoint's, a report's), their bytes counted
+    against its disk. A killed writer's outputs set aside (`-earlier`) come back where no new
+    one took their name, so a kill in the moment a report's files move in loses none. A
+    writer's process still alive (on this machine) keeps its own; what cannot be removed (a
+    folder not ours, read-only) stays, hidden, as every reader skips it."""
+    try:
+        names = [p for p in folder.iterdir() if p.name.startswith(".")]
+    except OSError:
+        return
+    for old in sorted(names, key=lambda p: p.name.endswith("-earlier")):  # staging goes first
+        m = _STAGING.fullmatch(old.name)
+        if not m or _alive(int(m.group("pid"))):
+            continue
+        try:
+            if m.group("aside") and old.is_dir() and not old.is_symlink():
+                for p in old.iterdir():
+                    if not (folder / p.name).exists() and not (folder / p.name).is_symlink():
+                        os.replace(p, folder / p.name)
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        except OSError:
+            continue
 
 
 def _alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ import os
 import posixpath
 import re
 import tarfile
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
-from core.files import not_regular, read_small
+from core.files import not_regular, read_small, staging_file
 from core.traces import (
     N_EXPERTS,
     SOFTMAX_RULE,
@@ -290,33 +289,23 @@ def _atomic_savez(out: Path, **arrays: Any) -> None:
     """`np.savez_compressed` whole or not at all: into a temporary file in `out`'s folder,
     renamed over `out` once complete, so an interrupt or a full disk mid-write keeps the trace
     that was there. (experiments.common.pipeline's atomic_write_text, for core.)"""
+    tmp = staging_file(out)
     try:
-        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        f = open(tmp, "xb")  # noqa: SIM115 (closed below, once written)
     except OSError as e:
         raise TraceError(
             f"{out}: cannot write in {out.parent} ({e.strerror or e}); pass an output path under "
             "a writable folder"
         ) from None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with f:
             np.savez_compressed(f, **arrays)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a shared trace from others
         os.replace(tmp, out)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise TraceError(
             f"{out}: cannot write it ({e.strerror or e}); free space or pass another output path"
         ) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    """The process's umask, read once at import (setting it to read it is process-wide)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()

@@ -38,7 +38,7 @@ import torch
 import yaml
 
 from core.errors import CapacityError, MoepipeError
-from core.files import memory_filesystem
+from core.files import memory_filesystem, staging_file
 from core.spec import ModelSpec
 from core.types import OpKind
 from experiments.common.app import command, kv
@@ -505,7 +505,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
         with measuring_alone():
             hw = calibrate(name, opts["checkpoint"], opts["device"], disk_dir, disk_mb, in_run_s)
             header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"
-            tmp = out.with_name(f".{out.name}.partial")
+            tmp = staging_file(out)
             try:  # whole or not at all: a full disk or Ctrl-C leaves the previous profile
                 tmp.write_text(header + yaml.safe_dump(hw, sort_keys=False, width=120))
                 os.replace(tmp, out)

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.bubbles import top_cause
 from core.errors import CapacityError, ConfigError
+from core.files import clear_leftovers
 from core.hf_config import hf_config_file
 from core.routing import resolve_source
 from core.spec import ModelSpec
@@ -274,8 +275,10 @@ def locked(out_dir: Path) -> Iterator[None]:
     a killed run left half-written go once the lock is held."""
     with dir_locked(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-        for partial in out_dir.glob(".partial-*"):
-            shutil.rmtree(partial, ignore_errors=True)
+        clear_leftovers(out_dir)  # a killed report's outputs set aside come back
+        for partial in out_dir.glob(".partial-*"):  # (a dead writer's, as the lock is ours)
+            if not partial.name.endswith("-earlier"):
+                shutil.rmtree(partial, ignore_errors=True)
         restore_previous(out_dir)
         yield
 

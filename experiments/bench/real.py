@@ -30,6 +30,7 @@ from typing import Any
 
 from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
+from core.files import staging_file
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
@@ -83,8 +84,7 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
             f"out_dir={out.parent}: {free / 1e9:.1f} GB free, the checkpoint needs "
             f"{need / 1e9:.1f} GB; free disk space or pass out_dir= on a larger disk"
         )
-    tmp = out.parent / f".{out.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_file(out)  # a dead writer's removed first
     try:
         _write(spec, tmp)
         shutil.rmtree(out, ignore_errors=True)

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import stat
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -23,7 +22,14 @@ from types import FrameType
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import loads_json, no_file_words, not_regular, read_small, staging_dir
+from core.files import (
+    loads_json,
+    no_file_words,
+    not_regular,
+    read_small,
+    staging_dir,
+    staging_file,
+)
 from experiments import STOP_SIGNALS
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -124,8 +130,7 @@ def keep_hydra_record(out_dir: Path) -> None:
     if not files:
         return
     kept = rec / HYDRA_KEPT
-    tmp = rec / f".kept-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_dir(rec)
     tmp.mkdir()
     for p in files:
         shutil.copy2(p, tmp / p.name)
@@ -450,29 +455,16 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a temporary file in its folder, renamed over it), with
-    the permissions a plain write gives (mkstemp's are 0600: others in a shared group could not
-    read a run's summary)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Write `path` whole or not at all (a hidden file beside it, `staging_file`, renamed over
+    it), with the permissions a plain write gives."""
+    tmp = staging_file(path)
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "x") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:  # a full disk, `path` immutable: no hidden half-file is left
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    """The process's umask, read once at import: setting it to read it is process-wide, and a
-    thread creating a file meanwhile would get mode 0666."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
 
 
 @contextmanager

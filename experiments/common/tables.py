@@ -15,7 +15,7 @@ import yaml
 
 from core.args import output_dir, refuse_theirs, written_whole
 from core.errors import MoepipeError
-from core.files import broken_link, loads_json, read_small
+from core.files import broken_link, clear_leftovers, loads_json, read_small
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
@@ -69,8 +69,12 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
     """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
     marks = ("summary.json", "config.yaml", ".hydra")
     found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
-    # hydra's own record (.hydra/, with the kept record of a run's result inside) is no run
-    found = {d for d in found if ".hydra" not in d.parts and ".submitit" not in d.parts}
+    # a hidden folder is no run: hydra's record (.hydra/, with the kept record of a run's result
+    # inside), a run's staging (`.partial-*`) or its earlier result set aside while the new one
+    # moves in (`.previous`), which a killed run leaves until the next run there puts it back
+    found = {d for d in found if not any(n.startswith(".") for n in d.relative_to(sweep_dir).parts)}
+    for d in found:  # what killed writers left half done goes (as the next writer would)
+        clear_leftovers(d)
     return sorted(found)
 
 

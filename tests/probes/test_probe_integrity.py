@@ -200,7 +200,7 @@ def _tree(folder: Path) -> dict[str, bytes | None]:
     }
 
 
-@pytest.mark.parametrize("refused", ["summary.json", ".summary.json.", "trace.parquet"])
+@pytest.mark.parametrize("refused", ["summary.json", ".summary.partial-", "trace.parquet"])
 def test_a_rerun_whose_swap_is_refused_leaves_the_earlier_result_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
 ) -> None:

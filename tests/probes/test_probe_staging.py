@@ -27,15 +27,17 @@ def _leftover(folder: Path, pid: int, hexpart: str = "0badc0de") -> Path:
 
 
 def test_staging_removes_only_dead_writers_folders(tmp_path: Path) -> None:
-    """A dead writer's folder goes; a live one's (this process's), an aside folder of
-    replaced outputs (`-earlier`) and a name of another shape stay."""
+    """A dead writer's folder goes, and so does its aside folder of replaced outputs
+    (`-earlier`), once they are back in place; a live one's (this process's) and a name of
+    another shape stay."""
     dead = _leftover(tmp_path, _dead_pid())
     live = _leftover(tmp_path, os.getpid())
     aside = _leftover(tmp_path, _dead_pid(), "0badc0de-earlier")
     other = _leftover(tmp_path, 12, "not-hex!")
     new = staging_dir(tmp_path)
-    assert not dead.exists()
-    assert live.exists() and aside.exists() and other.exists()
+    assert not dead.exists() and not aside.exists()
+    assert (tmp_path / "model.safetensors").is_file()  # the output set aside, back
+    assert live.exists() and other.exists()
     assert not new.exists() and new.name.startswith(f".partial-{os.getpid()}-")
 
 

@@ -1,0 +1,154 @@
+"""Probe round 13b (issue 48): a constrained machine, processes, and leftovers. What a writer
+killed outright (SIGKILL, the OOM killer) leaves in a folder is hidden from every reader and
+removed by the next command there, its outputs set aside put back; a name of the user's quoted
+in a line shows even where it is empty; a summary.json's planner `plan` is checked on reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.files import clear_leftovers, staging_dir, staging_file
+from tests.conftest import user_env
+from tests.probes.conftest import ROOT, TINY, cli, tiny_run
+
+# `python -c KILL module args...`: the command, SIGKILLed at its (KILL_AT+1)-th rename, the
+# moment a staged write's file or folder moves in
+KILL = """import os, runpy, sys
+left = [int(os.environ["KILL_AT"])]
+real = os.replace
+def replace(a, b, *k, **kw):
+    left[0] -= 1
+    if left[0] < 0:
+        os.kill(os.getpid(), 9)
+    return real(a, b, *k, **kw)
+os.replace = replace
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def _killed(at: int, module: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(user_env(), KILL_AT=str(at))
+    cmd = [sys.executable, "-c", KILL, module, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+OURS = {".hydra", ".result", ".run.lock", ".sweep.json"}  # a folder's hidden names, not staging
+
+
+def _staged(folder: Path) -> list[str]:
+    """Hidden names in `folder` (at any depth) that are no command's record or lock."""
+    hidden = (p for p in folder.rglob(".*") if p.name not in OURS)
+    return sorted(str(p.relative_to(folder)) for p in hidden)
+
+
+def _dead_pid() -> int:
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    return int(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep dir of one finished tiny run."""
+    return tiny_run(tmp_path_factory.mktemp("s13b") / "sweep" / "0").parent
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "at"),
+    [
+        ("experiments.report", ["dir=SWEEP", "out=OUT"], 0),  # a plot of the page
+        ("experiments.report", ["dir=SWEEP", "out=OUT"], 6),  # the outputs moving in
+        ("experiments.collect", ["dir=SWEEP", "out=OUT"], 0),  # results.parquet
+        ("experiments.routing_stats", ["out=OUT/s.json"], 0),
+        ("experiments.run", [*TINY, "hydra.run.dir=OUT/run"], 0),  # the run's swap
+        ("experiments.make_checkpoint", ["model=tiny", "out=OUT/ck"], 0),
+    ],
+    ids=["report-plot", "report-move", "collect", "routing_stats", "run", "make_checkpoint"],
+)
+def test_a_kill_at_a_staged_write_is_hidden_and_the_next_command_clears_it(
+    tmp_path: Path, sweep: Path, module: str, args: list[str], at: int
+) -> None:
+    """A SIGKILL as a staged file or folder moves in left `.partial-PID-HEX` (or a file of
+    mkstemp's name, which no later command could tell from a live writer's) until the same
+    command ran there again, and a report's earlier outputs set aside (`-earlier`) for good.
+    What it leaves is hidden (a dot name), and the next command there removes it, or puts
+    back the outputs set aside: every earlier file is there after the kill and the rerun."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [a.replace("SWEEP", str(sweep)).replace("OUT", str(out)) for a in args]
+    assert cli(module, *argv).returncode == 0  # an earlier result there
+    earlier = sorted(p.name for p in out.iterdir())
+    if module == "experiments.run":  # another config: not the result there, reused
+        argv.append("workload.n_batches=3")
+    r = _killed(at, module, *argv)
+    assert r.returncode == -9, r.stderr
+    left = _staged(out)
+    assert all(name.split("/")[-1].startswith(".") or "/." in name for name in left), left
+    r = cli(module, *argv)
+    assert r.returncode == 0, r.stderr
+    assert _staged(out) == [] and sorted(p.name for p in out.iterdir()) == earlier
+
+
+def test_a_dead_reports_outputs_set_aside_come_back(tmp_path: Path) -> None:
+    """A kill between setting a report's earlier outputs aside and moving the new ones in: the
+    aside folder stayed for good (`.partial-...-earlier` never matched the cleaner), and the
+    earlier index.html was gone from the folder. The next writer puts back each file no new
+    one replaced, then removes both folders."""
+    pid = _dead_pid()
+    (tmp_path / f".partial-{pid}-0badc0de").mkdir()
+    (tmp_path / f".partial-{pid}-0badc0de" / "gantt.png").write_text("new")
+    aside = tmp_path / f".partial-{pid}-0badc0de-earlier"
+    aside.mkdir()
+    (aside / "index.html").write_text("earlier")
+    (aside / "gantt.png").write_text("earlier")
+    (tmp_path / "gantt.png").write_text("moved in")
+    staging_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gantt.png", "index.html"]
+    assert (tmp_path / "index.html").read_text() == "earlier"
+    assert (tmp_path / "gantt.png").read_text() == "moved in"
+
+
+def test_each_writer_of_one_file_stages_its_own_and_a_dead_ones_goes(tmp_path: Path) -> None:
+    """Two calibrate runs writing one hardware profile shared `.NAME.partial`: each renamed
+    the other's half-written file over the profile, or failed to find its own. Each writer
+    now has its own name (the suffix kept: matplotlib and pandas choose a format by it), and
+    a dead writer's file goes with the next writer's."""
+    out = tmp_path / "hw.yaml"
+    dead = tmp_path / f".hw.partial-{_dead_pid()}-0badc0de.yaml"
+    dead.write_text("half")
+    live = tmp_path / f".hw.partial-{os.getpid()}-0badc0de.yaml"
+    live.write_text("mine")
+    a, b = staging_file(out), staging_file(out)
+    assert a != b and a.suffix == ".yaml" and a.name.startswith(f".hw.partial-{os.getpid()}-")
+    assert not dead.exists() and live.exists()
+    clear_leftovers(tmp_path / "absent")  # a folder not there: nothing to do
+
+
+def test_a_run_set_aside_by_a_kill_is_not_read_as_another_run(sweep: Path, tmp_path: Path) -> None:
+    """A kill in a run's swap leaves its earlier result in `.previous/` (summary.json too) and
+    its staging folder with config.yaml: collect and report counted each as a run of the
+    sweep ("2 run(s), 1 skipped: .partial-... no summary.json"). Hidden folders hold none."""
+    from experiments.common.tables import collect
+
+    s = tmp_path / "s"
+    run = s / "0"
+    run.mkdir(parents=True)
+    for f in (sweep / "0").iterdir():
+        if f.is_file():
+            (run / f.name).write_bytes(f.read_bytes())
+    (run / ".previous").mkdir()
+    (run / ".previous" / "summary.json").write_bytes((run / "summary.json").read_bytes())
+    staged = run / f".partial-{_dead_pid()}-0badc0de"
+    staged.mkdir()
+    (staged / "config.yaml").write_text("x: 1\n")
+    df, skipped = collect(s)
+    assert len(df) == 1 and skipped == []
+    assert not staged.exists()  # a dead writer's, cleared by the reader
+    assert json.loads((run / "summary.json").read_text())
