@@ -22,3 +22,13 @@ class ScheduleError(MoepipeError):
 
 class CapacityError(MoepipeError):
     """Something does not fit in memory (says what it needs and what there is)."""
+
+
+def quoted(name: object) -> str:
+    """A name from a user's file or command line (a tensor, key, field or file) as a line shows
+    it: as is where it reads back unambiguously, else in Python's quotes with its escapes, so
+    that an empty name, a space or a control character in one shows (`tensor '' (1 such)`,
+    where `tensor  (1 such)` hid it)."""
+    text = str(name)
+    plain = text and text.isprintable() and not any(c.isspace() or c in "'\"" for c in text)
+    return text if plain else repr(text)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from core.errors import ConfigError
+from core.errors import ConfigError, quoted
 from core.files import no_file_there, read_small
 from core.hf_config import (
     HFConfig,
@@ -410,7 +410,7 @@ def load_checkpoint(
         twice = sorted(header.keys() & index.keys())
         if twice:  # transformers loads every shard whole: which copy it keeps is load order
             raise ConfigError(
-                f"{d}: tensor {twice[0]} is in both {index[twice[0]].file.name} and {f} "
+                f"{d}: tensor {quoted(twice[0])} is in both {index[twice[0]].file.name} and {f} "
                 f"({len(twice)} such); a checkpoint holds each tensor once: re-copy it"
             )
         index |= header
@@ -420,8 +420,8 @@ def load_checkpoint(
         lost = [n for n, f in wmap.items() if n not in index or index[n].file.name != f]
         if lost:
             raise ConfigError(
-                f"{d / INDEX_FILE}: weight_map names {lost[0]!r} in {wmap[lost[0]]}, which does "
-                f"not hold it ({len(lost)} such); rewrite or re-copy the index"
+                f"{d / INDEX_FILE}: weight_map names {lost[0]!r} in {quoted(wmap[lost[0]])}, "
+                f"which does not hold it ({len(lost)} such); rewrite or re-copy the index"
             )
         # a stale index: which of the shards' tensors the weights are is unsaid; a cut's index
         # (bench.real's linked cut) leaves out the layers past config.json's, which it may
@@ -502,10 +502,10 @@ def _check_shapes(
         for ts in tensors.values():
             e = index.get(ts.hf_name)
             if e is None:
-                raise ConfigError(f"{d}: tensor {ts.hf_name} is missing from {where}")
+                raise ConfigError(f"{d}: tensor {quoted(ts.hf_name)} is missing from {where}")
             if e.shape != ts.shape:
                 raise ConfigError(
-                    f"{e.file}: tensor {ts.hf_name} has shape {list(e.shape)}, config.json "
+                    f"{e.file}: tensor {quoted(ts.hf_name)} has shape {list(e.shape)}, config.json "
                     f"expects {list(ts.shape)}"
                 )
             if e.dtype != dtype:
@@ -515,7 +515,7 @@ def _check_shapes(
                     else f"config.json names no dtype (read as {dtype}): add "
                     f'"torch_dtype": "{str(e.dtype).removeprefix("torch.")}" to it'
                 )
-                raise ConfigError(f"{e.file}: tensor {ts.hf_name} is {e.dtype}, {said}")
+                raise ConfigError(f"{e.file}: tensor {quoted(ts.hf_name)} is {e.dtype}, {said}")
 
 
 # a checkpoint's tensors that hold what config.json says a layer's FFN is: its routed experts
@@ -574,9 +574,9 @@ def check_all_read(
             "set the fields to the weights' layout"
         )
     raise ConfigError(
-        f"{d}: tensor {unused[0]} ({len(unused)} such) is in the checkpoint but config.json "
-        "gives the model nothing that reads it: a field moepipe does not model, or a config.json "
-        "of another model; fix config.json or remove the tensors"
+        f"{d}: tensor {quoted(unused[0])} ({len(unused)} such) is in the checkpoint but "
+        "config.json gives the model nothing that reads it: a field moepipe does not model, or "
+        "a config.json of another model; fix config.json or remove the tensors"
     )
 
 

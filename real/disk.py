@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from core.errors import ConfigError
+from core.errors import ConfigError, quoted
 from core.files import no_file_there
 from real.checkpoint import TensorEntry, Unit, load_checkpoint, torch_dtype, unit_layout
 
@@ -125,8 +125,8 @@ def _record(unit: Unit, entries: Mapping[str, TensorEntry]) -> UnitRecord:
             off = into + e.offset - start
             if off % e.dtype.itemsize:
                 raise ConfigError(
-                    f"{e.file}: tensor of {unit} ({key}) starts at byte {e.offset}, not a multiple "
-                    f"of its {e.dtype} size; re-save the checkpoint with safetensors"
+                    f"{e.file}: tensor of {unit} ({quoted(key)}) starts at byte {e.offset}, not a "
+                    f"multiple of its {e.dtype} size; re-save the checkpoint with safetensors"
                 )
             tensors.append((key, e.dtype, e.shape, off))
         into += end - start

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, quoted
 from core.spec import ModelSpec
 from real.shards import TensorEntry
 
@@ -37,13 +37,15 @@ def unfuse_experts(
             continue
         have, lack = (gate_up, down) if gate_up in index else (down, gate_up)
         if lack not in index:
-            raise ConfigError(f"{d}: tensor {have} is in the checkpoint without {lack}")
+            raise ConfigError(
+                f"{d}: tensor {quoted(have)} is in the checkpoint without {quoted(lack)}"
+            )
         e, f, h = spec.n_experts, spec.expert_ffn_size, spec.hidden_size
         for name, shape in ((gate_up, (e, 2 * f, h)), (down, (e, h, f))):
             if index[name].shape != shape:
                 raise ConfigError(
-                    f"{index[name].file}: tensor {name} has shape {list(index[name].shape)}, "
-                    f"config.json expects {list(shape)}"
+                    f"{index[name].file}: tensor {quoted(name)} has shape "
+                    f"{list(index[name].shape)}, config.json expects {list(shape)}"
                 )
         whole_gate_up, whole_down = index[gate_up], index[down]
         mat = f * h * whole_gate_up.dtype.itemsize  # bytes of one [F, H] or [H, F] matrix
@@ -60,7 +62,8 @@ def unfuse_experts(
                 name = names.expert.format(i=layer, e=x, w=names.expert_mats[key])
                 if name in index:
                     raise ConfigError(
-                        f"{d}: holds layer {layer}'s experts twice, as {gate_up} and as {name}; "
+                        f"{d}: holds layer {layer}'s experts twice, as {quoted(gate_up)} and as "
+                        f"{quoted(name)}; "
                         "keep one of them"
                     )
                 index[name] = entry

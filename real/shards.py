@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from core.errors import ConfigError
+from core.errors import ConfigError, quoted
 from core.files import loads_json, not_regular, plain_permissions, read_small
 
 SINGLE_FILE = "model.safetensors"
@@ -99,22 +99,23 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         start, end, shape = _check_entry(path, name, meta)
         if 8 + n + end > size:
             raise ConfigError(
-                f"{path}: truncated safetensors file: tensor {name} ends at byte {8 + n + end} "
-                f"but the file has {size} bytes; re-copy the checkpoint"
+                f"{path}: truncated safetensors file: tensor {quoted(name)} ends at "
+                f"byte {8 + n + end} but the file has {size} bytes; re-copy the checkpoint"
             )
         ranges.append((start, end, name))
         if meta["dtype"] not in ST_DTYPES:
             raise ConfigError(
-                f"{path}: tensor {name} has dtype {meta['dtype']}; supported: {sorted(ST_DTYPES)}"
+                f"{path}: tensor {quoted(name)} has dtype {meta['dtype']}; supported: "
+                f"{sorted(ST_DTYPES)}"
             )
         out[name] = TensorEntry(path, ST_DTYPES[meta["dtype"]], shape, 8 + n + start, end - start)
     pos = 0
     for start, end, name in sorted(ranges):
         if start != pos:
             raise ConfigError(
-                f"{path}: tensor {name} starts at data byte {start}, but the tensors before it "
-                f"end at {pos} (safetensors' data holds its tensors back to back); re-copy the "
-                "checkpoint"
+                f"{path}: tensor {quoted(name)} starts at data byte {start}, but the tensors "
+                f"before it end at {pos} (safetensors' data holds its tensors back to back); "
+                "re-copy the checkpoint"
             )
         pos = end
     if 8 + n + pos != size:
@@ -128,7 +129,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
 
 def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int, ...]]:
     """(start, end, shape) of one header entry, or a ConfigError naming the tensor."""
-    where = f"{path}: tensor {name}"
+    where = f"{path}: tensor {quoted(name)}"
     if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
         raise ConfigError(
             f"{where}: header entry {json.dumps(meta)[:80]} is not "

@@ -278,7 +278,7 @@ class HFConfig:
         """The config.json field `key` is read from: its other name in the family (`ALIASES`)
         where the file has that one, else `key`."""
         alias = "" if self.prefix else ALIASES.get(self.family, {}).get(key, "")
-        return alias if alias in self.fields else key
+        return alias if alias and alias in self.fields else key  # (a field "" is no alias)
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.where}: {message}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from core.errors import quoted
 from core.hf_config.coverage import NO_EFFECT, ROPE_COVERAGE
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def check_rope(p: HFConfig) -> None:
     unknown = sorted(k for k in p.fields if k not in TYPE_KEYS[kind] | _QUIET)
     if unknown:
         raise p.error(
-            f"{key}.{unknown[0]} is not a key of {kind} RoPE; it takes "
+            f"{key}.{quoted(unknown[0])} is not a key of {kind} RoPE; it takes "
             f"{', '.join(sorted(TYPE_KEYS[kind]))}: remove or rename it"
         )
     _check_values(p, key)

@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 import experiments.common.schema  # noqa: F401  registers the schemas
-from core.errors import MoepipeError
+from core.errors import MoepipeError, quoted
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -114,12 +114,12 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         what = "a list" if converted.group(1) == "ListConfig" else "a mapping"
         need = _KINDS.get(converted.group(2), converted.group(2))
         return f"{key}: {what} where {need} belongs{at}; pass {key}=<{need}>"
-    unknown = re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text)
-    if unknown:
+    unknown = re.search(r"Key '([^']*)' (?:is )?not in (?:struct|'(\w+)')", text)
+    if unknown:  # (a key "" of a YAML file matched no line: a bare ConfigKeyError went out)
         name = unknown.group(1)
-        key = (
-            key if key == name or key.endswith(f".{name}") else ".".join(filter(None, [key, name]))
-        )
+        ends = key == name or key.endswith(f".{name}")
+        parent = (key[: len(key) - len(name)] if ends else key).rstrip(".")
+        key = ".".join(filter(None, [parent, quoted(name)]))  # an empty or odd name shows
         argument = _argument_line(cause, key, name, at)
         if argument:
             return argument

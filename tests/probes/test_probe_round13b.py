@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.files import clear_leftovers, staging_dir, staging_file
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY, cli, tiny_run
+from tests.probes.conftest import ROOT, TINY, cli, one_line, tiny_run
 
 # `python -c KILL module args...`: the command, SIGKILLed at its (KILL_AT+1)-th rename, the
 # moment a staged write's file or folder moves in
@@ -152,3 +153,73 @@ def test_a_run_set_aside_by_a_kill_is_not_read_as_another_run(sweep: Path, tmp_p
     assert len(df) == 1 and skipped == []
     assert not staged.exists()  # a dead writer's, cleared by the reader
     assert json.loads((run / "summary.json").read_text())
+
+
+def _with_tensor(ckpt: Path, to: Path, name: str, **entry: Any) -> Path:
+    """A copy of `ckpt` whose safetensors file holds one more tensor, `name` (2 float32
+    zeros; `entry` replaces fields of its header entry)."""
+    import shutil
+    import struct
+
+    shutil.copytree(ckpt, to)
+    f = to / "model.safetensors"
+    data = f.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    header[name] = {"dtype": "F32", "shape": [2], "data_offsets": [end, end + 8], **entry}
+    text = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :] + b"\0" * 8)
+    return to
+
+
+@pytest.mark.parametrize(
+    ("name", "entry", "shown"),
+    [
+        ("", {}, "tensor '' (1 such)"),
+        (" ", {}, "tensor ' ' (1 such)"),
+        ("a\nb", {}, "tensor 'a\\nb' (1 such)"),
+        ("", {"dtype": "X9"}, "tensor '': unknown safetensors dtype"),
+        ("", {"shape": "x"}, "tensor ''"),
+    ],
+    ids=["empty", "space", "newline", "dtype", "entry"],
+)
+def test_a_tensor_of_an_empty_or_odd_name_shows_quoted(
+    tmp_path: Path, tiny_ckpt: Path, name: str, entry: dict[str, Any], shown: str
+) -> None:
+    """A tensor named "" was "tensor  (1 such)", one of a space alike, and a newline in a
+    name split the line in two: a name that would not read back is quoted."""
+    from real.checkpoint import load_units
+    from tests.probes.conftest import raises_one_line
+
+    ck = _with_tensor(tiny_ckpt, tmp_path / "ck", name, **entry)
+    raises_one_line(lambda: load_units(ck), shown)
+
+
+@pytest.mark.parametrize(
+    ("group", "key", "shown"),
+    [("hardware", '""', "hardware.'': unknown key (in "), ("model", '" "', "model.' ': unknown")],
+)
+def test_a_yaml_files_empty_or_odd_key_shows_quoted(
+    tmp_path: Path, cli_here: Any, group: str, key: str, shown: str
+) -> None:
+    """A hardware YAML's key "" went out as omegaconf's "ConfigKeyError raised while composing
+    config:; Key '' not in 'HardwareSchema'", naming no file; a model's key " " as
+    "model.. : unknown key"."""
+    f = tmp_path / "mine.yaml"
+    f.write_text((ROOT / "conf" / group / "tiny.yaml").read_text() + f"{key}: 1\n")
+    args = [a for a in TINY if not a.startswith(f"{group}=")]
+    r = cli_here("experiments.run", *args, f"{group}={f}", f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, shown, str(f))
+
+
+def test_an_unknown_rope_key_of_an_empty_name_shows_quoted(tmp_path: Path) -> None:
+    from core.hf_config import spec_to_hf_config
+    from core.spec import ModelSpec
+    from real.checkpoint import reduced_spec
+    from tests.probes.conftest import raises_one_line
+
+    cfg = spec_to_hf_config(reduced_spec("mixtral-tiny"))
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0, "": 1}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), "rope_scaling.'' is not a key")
