@@ -19,6 +19,7 @@ from core.files import broken_link, clear_leftovers, loads_json, read_small
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
+from experiments.common.summary_keys import plan_problem
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
@@ -243,7 +244,7 @@ def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
             return key, f"{_short(value)}, not a finite number in [0, {MAX_METRIC:g}]"
         if key in COUNTS and value != int(value):  # a run counts whole batches, tokens, ops
             return key, f"{_short(value)}, not a whole number"
-    return _per_layer_problem(summary, number)
+    return _per_layer_problem(summary, number) or plan_problem(summary)
 
 
 # per-layer metrics the report draws: {MoE layer: number} (JSON keys are strings), or a list

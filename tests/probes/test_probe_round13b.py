@@ -223,3 +223,64 @@ def test_an_unknown_rope_key_of_an_empty_name_shows_quoted(tmp_path: Path) -> No
     cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0, "": 1}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), "rope_scaling.'' is not a key")
+
+
+def _plan(s: dict[str, Any], **keys: Any) -> dict[str, Any]:
+    return {"plan": s["plan"] | keys}
+
+
+def _placed(s: dict[str, Any], **keys: Any) -> dict[str, Any]:
+    return _plan(s, placement=s["plan"]["placement"] | keys)
+
+
+@pytest.mark.parametrize(
+    ("key", "change"),
+    [
+        ("plan.n_batches_shared", lambda s: _plan(s, n_batches_shared=float("nan"))),
+        ("plan.n_batches_shared", lambda s: _plan(s, n_batches_shared=1.5)),
+        ("plan.oracle", lambda s: _plan(s, oracle="yes")),
+        ("plan.placement", lambda s: _plan(s, placement=[1])),
+        ("plan.placement.working_gb", lambda s: _placed(s, working_gb="x")),
+        ("plan.placement.dense", lambda s: _placed(s, dense="gpu0")),
+        ("plan.placement.kv_layers", lambda s: _placed(s, kv_layers={"gpu": -1})),
+        ("plan.prefetch_accuracy", lambda s: _plan(s, prefetch_accuracy=2.0)),
+        ("plan.theirs.a.1", lambda s: _plan(s, theirs={"a": [1, float("inf")]})),
+        ("later_metric", lambda s: {"later_metric": float("-inf")}),
+        ("plan.oracle", lambda s: {"plan.oracle": True}),
+    ],
+)
+def test_a_plan_key_no_run_writes_is_refused_on_reading(
+    tmp_path: Path, sweep: Path, key: str, change: Any
+) -> None:
+    """The planner's `plan` mapping was read back unchecked by collect, report and a rerun's
+    reuse: NaN, a string for a count, a list for the placement, a key taking another's column.
+    Each is one line naming the file and the key."""
+    from experiments.common.run_dir import finished as reusable
+    from experiments.common.tables import collect
+    from tests.probes.conftest import raises_one_line
+    from tests.probes.test_probe_summary_identities import edited
+
+    mine = tmp_path / "m"
+    (mine / "good").mkdir(parents=True)
+    for f in (sweep / "0").iterdir():
+        if f.is_file() and f.name != "files.sha256":  # checked by its own rules, unhashed
+            (mine / "good" / f.name).write_bytes(f.read_bytes())
+    mine, path = edited(mine, tmp_path / "e", change)
+    raises_one_line(lambda: collect(mine), str(path), f"{key} is", "not a run's")
+    assert not reusable(mine / "good", (mine / "good" / "config.yaml").read_text())
+
+
+def test_keys_a_later_version_may_add_are_read(tmp_path: Path, sweep: Path) -> None:
+    """A plan key of a planner this version does not know, and a top-level metric it does not
+    know, are kept as columns (docs/commands.md: a later version may add keys)."""
+    from experiments.common.tables import collect
+    from tests.probes.test_probe_summary_identities import edited
+
+    mine = tmp_path / "m"
+    (mine / "good").mkdir(parents=True)
+    for f in (sweep / "0").iterdir():
+        if f.is_file() and f.name != "files.sha256":
+            (mine / "good" / f.name).write_bytes(f.read_bytes())
+    mine, _ = edited(mine, tmp_path / "e", lambda s: _plan(s, theirs=[1, None]) | {"later": 3})
+    df, skipped = collect(mine)
+    assert skipped == [] and df["later"].tolist() == [3] and "plan.theirs" in df
