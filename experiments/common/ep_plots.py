@@ -107,9 +107,9 @@ def plot(
     at the batch its targets are judged on, `judged`: a held-out case's fresh batch; else its
     largest; read from each run's balance.csv under `sweep`), and throughput against batch
     size; one panel per case, PNGs in `out`."""
-    import matplotlib
+    from experiments.common.mpl_quiet import agg
 
-    matplotlib.use("Agg")
+    agg()
     judged = judged or {}
     shown = plotted_batches(rows, judged)
     title = {

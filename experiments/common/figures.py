@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from experiments.common.mpl_quiet import agg
 
-matplotlib.use("Agg")
+agg()
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402

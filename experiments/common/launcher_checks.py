@@ -28,6 +28,7 @@ def check_joblib(cfg: Any) -> None:
         check_submitit(launcher)
     if "joblib" not in target:
         return
+    _check_worker_locks()  # before joblib's import, which warns over two lines without them
     import joblib.parallel as jp
 
     for key, valid in (
@@ -47,6 +48,26 @@ def check_joblib(cfg: Any) -> None:
     temp = launcher.get("temp_folder")
     if temp is not None:  # joblib's folder for the arrays it shares with its workers
         writable_dir(str(temp), "hydra.launcher.temp_folder")
+
+
+LOCKS_PER_POOL = 16  # semaphores a joblib pool holds at once (loky's queues'), with room
+
+
+def _check_worker_locks() -> None:
+    """The semaphores joblib's pool makes, in /dev/shm: a full /dev/shm raised ENOSPC from
+    deep inside joblib, said as "No space left on device; free space on that disk" (which
+    disk?) and then joblib's warning of serial mode over two more lines."""
+    import multiprocessing
+
+    try:
+        held = [multiprocessing.Lock() for _ in range(LOCKS_PER_POOL)]
+        del held
+    except OSError as e:
+        raise MoepipeError(
+            f"/dev/shm: the sweep's workers cannot get their locks there ({e.strerror or e}); "
+            "free space in /dev/shm (df /dev/shm), or pass hydra/launcher=basic to run the "
+            "points one after another"
+        ) from None
 
 
 def _check_joblib_limits(launcher: Any) -> None:

@@ -284,3 +284,57 @@ def test_keys_a_later_version_may_add_are_read(tmp_path: Path, sweep: Path) -> N
     mine, _ = edited(mine, tmp_path / "e", lambda s: _plan(s, theirs=[1, None]) | {"later": 3})
     df, skipped = collect(mine)
     assert skipped == [] and df["later"].tolist() == [3] and "plan.theirs" in df
+
+
+def _private_mounts() -> None:
+    """Skip unless this test may mount (root; `unshare -m` gives the command a mount namespace
+    of its own, so the machine's /dev/shm and HOME stay as they are)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount in a private namespace")
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -m refused here")
+
+
+def _in_namespace(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["unshare", "-m", "bash", "-c", script],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_sweep_with_dev_shm_full_names_dev_shm(tmp_path: Path) -> None:
+    """joblib's pool makes its locks in /dev/shm: a full one was "No space left on device;
+    free space on that disk, or write elsewhere" (which disk?) and then joblib's warning of
+    serial mode over two more lines. Now one line naming /dev/shm, before any point."""
+    _private_mounts()
+    sweep = tmp_path / "s"
+    r = _in_namespace(
+        "mount -t tmpfs -o size=4k tmpfs /dev/shm && exec python -m experiments.run -m "
+        + " ".join(TINY)
+        + f" workload.batch_size=1,2 hydra.launcher.n_jobs=2 hydra.sweep.dir={sweep}"
+    )
+    one_line(r, "/dev/shm", "hydra/launcher=basic")
+    assert not sweep.exists()
+
+
+def test_a_report_with_a_read_only_home_says_nothing_of_matplotlibs_cache(
+    tmp_path: Path, sweep: Path
+) -> None:
+    """matplotlib, finding no writable config folder under HOME, printed two lines ("mkdir -p
+    failed ...", "Matplotlib created a temporary cache directory ...") on a report that
+    succeeded; it works in a temporary folder then, and says so no more."""
+    _private_mounts()
+    home = tmp_path / "home"
+    home.mkdir()
+    r = _in_namespace(
+        f"mount -t tmpfs -o ro,size=1m tmpfs {home} && HOME={home} MPLCONFIGDIR= exec python -m "
+        f"experiments.report dir={sweep} out={tmp_path / 'out'}"
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert (tmp_path / "out" / "index.html").is_file()
