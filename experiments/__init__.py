@@ -71,7 +71,7 @@ def _quiet_teardown() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
-def _no_cwd() -> str | None:
+def no_cwd() -> str | None:
     """What is wrong with the current folder, which every relative path is read from: deleted
     (a shell in a folder removed since), or not to be read. None where it is there."""
     try:
@@ -99,6 +99,25 @@ def _as_typed(e: UnicodeError) -> tuple[str | bytes, int]:
 codecs.register_error("moepipe.as_typed", _as_typed)
 
 
+def _open_closed_streams() -> None:
+    """A standard stream the shell closed (`>&-`, `2>&-`) gets /dev/null in its place. Python
+    leaves sys.stdout None for one (joblib flushed it as a sweep started its workers: an
+    internal error), and the next file the command opened took the free descriptor, so that
+    what a child process (a sweep worker, a rank) printed went into that file."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: `fd`, in order
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 (for good)
+
+
 def _write_as_typed() -> None:
     """stdout and stderr write a path's undecodable bytes back as they were (`_as_typed`):
     under LC_ALL=C a path's `\\udcc3` could not be pasted back."""
@@ -114,9 +133,10 @@ AS_COMMAND = sys.argv[:1] == ["-m"]
 if AS_COMMAND:
     from experiments.common.load_env import bad_variable, openmp_complaint
 
+    _open_closed_streams()
     _write_as_typed()
     _env = dict(os.environ)
-    if (_bad := bad_variable(_env) or openmp_complaint(_env) or _no_cwd()) is not None:
+    if (_bad := bad_variable(_env) or openmp_complaint(_env) or no_cwd()) is not None:
         print(f"error: {_bad}", file=sys.stderr)  # before torch
         sys.exit(2)
     atexit.register(_quiet_teardown)

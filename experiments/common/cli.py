@@ -134,7 +134,6 @@ def error_line(e: BaseException) -> str | None:
     OSError (a full disk, a folder they cannot write, a file cut short), a config that does not
     compose or resolve (hydra's and omegaconf's errors, bad YAML). None for anything else, a
     bug, which keeps its traceback."""
-    import errno
     import re
 
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -153,6 +152,10 @@ def error_line(e: BaseException) -> str | None:
         options = f"; available: {', '.join(e.options)}" if e.options else ""
         return _flat(str(e).splitlines()[0] + options)
     if type(e).__name__ == "TerminatedWorkerError":  # joblib's (loky): a sweep worker died
+        from experiments import no_cwd  # a worker started in a folder deleted meanwhile
+
+        if (gone := no_cwd()) is not None:
+            return f"a worker process of the sweep could not start in {gone}"
         code = re.search(r"exit codes?[^\d-]*(-?\d+)", str(e))
         how = f" (exit code {code.group(1)}: killed, or out of memory)" if code else ""
         return _flat(
@@ -172,21 +175,7 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, MemoryError) or _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
-        where = f"{e.filename}: " if e.filename else ""
-        fix = {
-            errno.ENOSPC: "free space on that disk, or write elsewhere",
-            errno.EDQUOT: "free space on that disk, or write elsewhere",
-            errno.EROFS: "choose a folder you can write to",
-            errno.EACCES: "check its permissions, or choose another folder",
-            errno.EPERM: "check its permissions, or choose another folder",
-            errno.ENOENT: "check the path",
-            errno.EISDIR: "move that folder away, or name another file",
-            errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
-            "bytes on most): shorten it",
-            errno.ENOTDIR: "a folder in that path is a file: check the path",
-        }.get(e.errno or 0, "check the file and the disk")
-        what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
-        return _flat(f"{where}{what}; {fix}")
+        return _os_error_line(e)
     if isinstance(e, OverrideParseException):
         return _flat(
             f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "
@@ -208,6 +197,34 @@ def error_line(e: BaseException) -> str | None:
         lines = [*str(e).splitlines(), *str(e.__cause__ or "").splitlines()]
         return _flat("; ".join(line.strip() for line in lines[:2] if line.strip()) or repr(e))
     return None
+
+
+def _os_error_line(e: OSError) -> str:
+    """An OSError as one line: the file, what happened and what would fix it."""
+    import errno
+
+    if not e.filename and e.errno == errno.ENOENT:
+        from experiments import no_cwd  # a relative path, its folder deleted under the command
+
+        if (gone := no_cwd()) is not None:
+            return gone
+    where = f"{e.filename}: " if e.filename else ""
+    fix = {
+        errno.ENOSPC: "free space on that disk, or write elsewhere",
+        errno.EFBIG: "a file outgrew the size limit on this shell's files (ulimit -f): "
+        "raise it, or make the output smaller",
+        errno.EDQUOT: "free space on that disk, or write elsewhere",
+        errno.EROFS: "choose a folder you can write to",
+        errno.EACCES: "check its permissions, or choose another folder",
+        errno.EPERM: "check its permissions, or choose another folder",
+        errno.ENOENT: "check the path",
+        errno.EISDIR: "move that folder away, or name another file",
+        errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
+        "bytes on most): shorten it",
+        errno.ENOTDIR: "a folder in that path is a file: check the path",
+    }.get(e.errno or 0, "check the file and the disk")
+    what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
+    return _flat(f"{where}{what}; {fix}")
 
 
 def _torch_out_of_memory(e: BaseException) -> bool:

@@ -325,7 +325,21 @@ def _watch(procs: list[Any], tmp: Path, server: ServerWatch) -> None:
         if r is not None:
             raise MoepipeError(stopped_line(r))
         if lost_at is not None and now - lost_at > 5:
-            raise MoepipeError("real run: a rank lost its peers and no rank says why")
+            raise MoepipeError(f"real run: a rank lost its peers and no rank says why{_seen(tmp)}")
+    if lost_at is not None:  # every rank ended as if another had failed first (each its sockets)
+        raise MoepipeError(
+            f"real run: every rank lost its peers, none failed first{_seen(tmp)}; check the "
+            "limits on open files and processes (ulimit -n, -u) and run it again"
+        )
+
+
+def _seen(tmp: Path) -> str:
+    """What the first rank that lost its peers saw (`_as_rank`'s `.lost` file), as `(rank R:
+    ...)`; empty where none said."""
+    for f in sorted(tmp.glob("rank*.lost")):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            return f" ({f.stem}: {f.read_text().strip()[:200]})"
+    return ""
 
 
 def stopped_line(rank: int) -> str:
@@ -404,10 +418,16 @@ def _as_rank(rank: int, tmp: Path, run: Any) -> None:
                 pickle.dump(out, f)
             os.replace(tmp / "rank0.tmp", tmp / "rank0.pkl")
     except BaseException as e:  # noqa: BLE001 - one line for the parent; the rest in the log
-        if _peer_gone(e):
+        if _peer_gone(e):  # what it saw, for a launch where no rank failed first
+            with contextlib.suppress(OSError):
+                (tmp / f"rank{rank}.lost").write_text(str(e).splitlines()[0] if str(e) else "")
             sys.exit(PEER_LOST)
         if isinstance(e, MoepipeError):
             text, code = f"{e}\n", FAILED
+        elif isinstance(e, OSError):  # said as the single process says it (a disk, a limit)
+            from experiments.common.cli import error_line
+
+            text, code = f"rank {rank}: {error_line(e)}\n" + traceback.format_exc(), 1
         else:
             first = str(e).splitlines()[0] if str(e) else ""
             text = f"rank {rank}: {type(e).__name__}: {first}\n" + traceback.format_exc()

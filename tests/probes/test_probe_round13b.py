@@ -338,3 +338,70 @@ def test_a_report_with_a_read_only_home_says_nothing_of_matplotlibs_cache(
     )
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert (tmp_path / "out" / "index.html").is_file()
+
+
+def test_a_sweep_with_stdout_closed_runs_and_no_child_writes_into_a_file(tmp_path: Path) -> None:
+    """`>&-`: Python leaves sys.stdout None, and joblib flushed it as the sweep started its
+    workers ("internal error (AttributeError: 'NoneType' object has no attribute 'flush')");
+    the next file opened took descriptor 1, so a child's prints went into it. /dev/null now
+    stands in for a closed stream."""
+    sweep = tmp_path / "s"
+    cmd = f"exec python -m experiments.run -m {' '.join(TINY)} workload.batch_size=1,2 "
+    r = subprocess.run(
+        ["bash", "-c", cmd + f"hydra.sweep.dir={sweep} >&-"],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr
+    assert len(list(sweep.rglob("summary.json"))) == 2
+
+
+def test_a_failure_in_a_deleted_current_folder_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command whose current folder was deleted while it ran failed with "No such file or
+    directory; check the path" (which path?), a sweep with "a worker process of the sweep died
+    (exit code 1: killed, or out of memory)"."""
+    from experiments.common.cli import error_line
+
+    gone = tmp_path / "w"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    line = error_line(FileNotFoundError(2, "No such file or directory"))
+    assert line is not None and "the current folder" in line and "cd to a folder" in line
+    died = type("TerminatedWorkerError", (Exception,), {})("exit codes: {1}")
+    line = error_line(died)
+    assert line is not None and "could not start in the current folder" in line
+
+
+def test_a_file_over_ulimit_f_names_the_limit() -> None:
+    import errno
+
+    from experiments.common.cli import error_line
+
+    line = error_line(OSError(errno.EFBIG, "File too large"))
+    assert line is not None and "ulimit -f" in line
+
+
+def test_a_distributed_run_out_of_descriptors_is_one_line(tmp_path: Path, tiny_ckpt: Path) -> None:
+    """Under `ulimit -n 20` each rank's gloo sockets failed and each rank stopped as if the
+    other had died first: the command then read rank 0's missing result ("rank0.pkl: No such
+    file or directory; check the path"). Every rank losing its peers is said as such."""
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
+    args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
+    cmd = f"ulimit -n 20; exec python -m experiments.run {' '.join(args)} "
+    r = subprocess.run(
+        ["bash", "-c", cmd + f"hydra.run.dir={tmp_path / 'r'}"],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = one_line(r)
+    assert "rank0.pkl" not in line
+    assert "ulimit -n" in line or "open files" in line, line
