@@ -211,8 +211,8 @@ def _os_error_line(e: OSError) -> str:
     where = f"{e.filename}: " if e.filename else ""
     fix = {
         errno.ENOSPC: "free space on that disk, or write elsewhere",
-        errno.EFBIG: "a file outgrew the size limit on this shell's files (ulimit -f): "
-        "raise it, or make the output smaller",
+        errno.EFBIG: "a file outgrew the limit on a file's size (the shell's ulimit -f, or "
+        "the disk's file system): raise it, or make the output smaller",
         errno.EDQUOT: "free space on that disk, or write elsewhere",
         errno.EROFS: "choose a folder you can write to",
         errno.EACCES: "check its permissions, or choose another folder",
