@@ -3,6 +3,9 @@
 Each message names the field, file or op at fault and what would fix it.
 """
 
+import difflib
+from collections.abc import Iterable
+
 
 class MoepipeError(Exception):
     """Base class: a mistake in the user's input, reported as one line."""
@@ -32,3 +35,11 @@ def quoted(name: object) -> str:
     text = str(name)
     plain = text and text.isprintable() and not any(c.isspace() or c in "'\"" for c in text)
     return text if plain else repr(text)
+
+
+def did_you_mean(word: str, valid: Iterable[object]) -> str:
+    """`did you mean 'X'? ` for the valid name nearest `word` (case ignored: `BATCH` is `batch`
+    mistyped), else "": a message puts it before its list of valid names."""
+    folded = {str(v).lower(): str(v) for v in valid}
+    close = difflib.get_close_matches(str(word).lower(), list(folded), n=1, cutoff=0.5)
+    return f"did you mean {folded[close[0]]!r}? " if close else ""

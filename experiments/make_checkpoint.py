@@ -22,7 +22,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from core.args import as_float, as_int, output_dir
-from core.errors import MoepipeError
+from core.errors import MoepipeError, did_you_mean
 from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
@@ -77,7 +77,9 @@ def check_enums(overrides: dict[str, Any]) -> None:
         if isinstance(hint, type) and issubclass(hint, enum.Enum):
             valid = [str(m.value) for m in hint]
             if str(value) not in valid:
-                raise MoepipeError(f"{key}={value}: unknown; valid: {', '.join(valid)}")
+                raise MoepipeError(
+                    f"{key}={value}: unknown; {did_you_mean(value, valid)}valid: {', '.join(valid)}"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:

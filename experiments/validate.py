@@ -40,6 +40,7 @@ from core.errors import (  # noqa: E402
     ConfigError,
     MoepipeError,
     ScheduleError,
+    did_you_mean,
 )
 from core.hardware import HardwareSpec
 from core.planner import Planner
@@ -296,7 +297,10 @@ def _setup(opts: dict[str, Any]) -> Setup:
     mistake is one line before any run, whose results would be lost after)."""
     links = str(opts["links"])
     if links not in ("calibrated", "probe"):
-        raise MoepipeError(f"links={links!r} unknown; valid: calibrated, probe")
+        raise MoepipeError(
+            f"links={links!r} unknown; {did_you_mean(links, ('calibrated', 'probe'))}"
+            "valid: calibrated, probe"
+        )
     ckpt = opts["checkpoint"]
     if not ckpt:
         raise MoepipeError(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from core.errors import ConfigError
+from core.errors import ConfigError, did_you_mean
 from core.planner import Planner
 
 
@@ -59,7 +59,10 @@ def expert_parallel_names() -> list[str]:
 def entry(name: str) -> Entry:
     _load_all()
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown planner {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+        raise ConfigError(
+            f"unknown planner {name!r}; {did_you_mean(name, _REGISTRY)}"
+            f"valid: {', '.join(sorted(_REGISTRY))}"
+        )
     return _REGISTRY[name]
 
 

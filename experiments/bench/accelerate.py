@@ -29,7 +29,7 @@ from core.args import (
     as_int,
     as_share,
 )
-from core.errors import MoepipeError
+from core.errors import MoepipeError, did_you_mean
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import exit_command
@@ -55,7 +55,9 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     d = kv(opts)
     d["cold"] = str(d["cold"]).lower()
     if d["cold"] not in COLD:
-        raise MoepipeError(f"cold={opts.cold!r} unknown; valid: {', '.join(COLD)}")
+        raise MoepipeError(
+            f"cold={opts.cold!r} unknown; {did_you_mean(opts.cold, COLD)}valid: {', '.join(COLD)}"
+        )
     for k in ("gpu_frac", "cpu_frac"):
         as_share(k, d[k], 1.0, "a share of the model's bytes")
     if float(d["gpu_frac"]) + float(d["cpu_frac"]) >= 1:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
-from core.errors import MoepipeError
+from core.errors import MoepipeError, did_you_mean
 from core.files import staging_file
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
@@ -224,9 +224,15 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     pe.checked_routing(opts.routing)
     peers, cold = opts.peers.lower(), opts.cold.lower()
     if peers not in PEERS:
-        raise MoepipeError(f"peers={opts.peers!r} unknown; valid: {', '.join(PEERS)}")
+        raise MoepipeError(
+            f"peers={opts.peers!r} unknown; {did_you_mean(opts.peers, PEERS)}"
+            f"valid: {', '.join(PEERS)}"
+        )
     if cold not in ("once", "pass"):
-        raise MoepipeError(f"cold={opts.cold!r} unknown; valid: once, pass")
+        raise MoepipeError(
+            f"cold={opts.cold!r} unknown; {did_you_mean(opts.cold, ('once', 'pass'))}"
+            "valid: once, pass"
+        )
     checked_room(opts.room, opts.cold)
     over: dict[str, Any] = {}
     if opts.n_layers is not None:

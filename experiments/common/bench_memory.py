@@ -131,11 +131,13 @@ def checked_room(room: str, cold: str) -> str:
     """`room` lower-cased, or a MoepipeError for an unknown one, and for room=cgroup with
     cold=pass: moepipe's host tier would keep in RAM what accelerate's page cache is made to
     drop before each pass, which is not the same memory for both sides."""
-    from core.errors import MoepipeError
+    from core.errors import MoepipeError, did_you_mean
 
     room, cold = room.lower(), cold.lower()
     if room not in ROOM:
-        raise MoepipeError(f"room={room!r} unknown; valid: {', '.join(ROOM)}")
+        raise MoepipeError(
+            f"room={room!r} unknown; {did_you_mean(room, ROOM)}valid: {', '.join(ROOM)}"
+        )
     if room == "cgroup" and cold == "pass":
         raise MoepipeError(
             "room=cgroup with cold=pass: moepipe's host tier would hold what accelerate's page "

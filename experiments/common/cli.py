@@ -23,7 +23,7 @@ import yaml
 
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
-from core.errors import MoepipeError
+from core.errors import MoepipeError, did_you_mean
 from experiments import STOP_SIGNALS, command_started
 from experiments.common.argv_checks import (
     CONF_DIR,
@@ -83,7 +83,8 @@ def checked_names(key: str, names: Sequence[Any], valid: Sequence[str]) -> list[
     unknown = [n for n in given if n not in valid]
     if unknown:
         raise MoepipeError(
-            f"{key}=[{','.join(given)}]: unknown {', '.join(unknown)}; valid: {listed}"
+            f"{key}=[{','.join(given)}]: unknown {', '.join(unknown)}; "
+            f"{did_you_mean(unknown[0], valid)}valid: {listed}"
         )
     return given
 

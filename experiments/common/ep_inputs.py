@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.balance import KEYS
 from core.cost import CostModel
-from core.errors import ConfigError
+from core.errors import ConfigError, did_you_mean
 from core.hardware import HardwareSpec
 from core.routing import Routing
 from core.spec import ModelSpec, RoutingConfig, Workload
@@ -40,7 +40,10 @@ INPUTS = "inputs"  # in a run dir: the training tables its planner read
 def residue(split: str) -> int:
     """The seq_id % 5 residue of `split`'s sequences; a one-line error for an unknown split."""
     if split not in SPLITS:
-        raise ConfigError(f"replication.split={split!r} unknown; valid: {', '.join(SPLITS)}")
+        raise ConfigError(
+            f"replication.split={split!r} unknown; {did_you_mean(split, SPLITS)}"
+            f"valid: {', '.join(SPLITS)}"
+        )
     return SPLITS[split]
 
 
@@ -201,7 +204,8 @@ def block(cfg: DictConfig) -> dict[str, Any] | None:
     rep: dict[str, Any] = OmegaConf.to_container(node, resolve=True)  # type: ignore[assignment]
     if rep["routing"] not in ROUTINGS:
         raise ConfigError(
-            f"replication.routing={rep['routing']!r} unknown; valid: {', '.join(ROUTINGS)}"
+            f"replication.routing={rep['routing']!r} unknown; "
+            f"{did_you_mean(rep['routing'], ROUTINGS)}valid: {', '.join(ROUTINGS)}"
         )
     if not rep.get("case"):
         raise ConfigError(
@@ -211,7 +215,8 @@ def block(cfg: DictConfig) -> dict[str, Any] | None:
     loads = ("train", "eval")  # the tables the replication planners start from
     if rep.get("initial_load") is not None and rep["initial_load"] not in loads:
         raise ConfigError(
-            f"replication.initial_load={rep['initial_load']!r} unknown; valid: {', '.join(loads)}"
+            f"replication.initial_load={rep['initial_load']!r} unknown; "
+            f"{did_you_mean(rep['initial_load'], loads)}valid: {', '.join(loads)}"
         )
     return rep
 

@@ -4,7 +4,6 @@ name and what to pass instead (`one_line`), for every command `experiments.commo
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 import experiments.common.schema  # noqa: F401  registers the schemas
-from core.errors import MoepipeError, quoted
+from core.errors import MoepipeError, did_you_mean, quoted
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -25,8 +24,7 @@ ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_
 
 def nearest(word: str, valid: Sequence[str]) -> str:
     """`; did you mean X?` for the valid name nearest `word`, then the valid names."""
-    close = difflib.get_close_matches(word, list(valid), n=1, cutoff=0.5)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    hint = did_you_mean(word, valid)
     return f"{hint}valid: {', '.join(sorted(map(str, valid)))}"
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, did_you_mean
 from experiments.common.bench_memory import (
     UNLIMITED,
     MemoryCgroup,
@@ -155,7 +155,9 @@ def checked_routing(routing: str) -> str:
     sides would then route by their own random gates)."""
     valid = ("auto", "trace", "synthetic")
     if routing.lower() not in valid:
-        raise MoepipeError(f"routing={routing!r} unknown; valid: {', '.join(valid)}")
+        raise MoepipeError(
+            f"routing={routing!r} unknown; {did_you_mean(routing, valid)}valid: {', '.join(valid)}"
+        )
     return routing.lower()
 
 

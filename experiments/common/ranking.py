@@ -9,12 +9,12 @@ Usage:
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import pandas as pd
 
 from core.bubbles import top_cause
+from core.errors import did_you_mean
 from experiments.common.tables import SYSTEM
 
 # swept workload columns: a figure against one of them draws a line per value of the others
@@ -77,16 +77,16 @@ def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
         # the list names what the runs measured: a config key (hardware.n_gpus) or a flag
         # (skip_finished) is taken, but is no metric to offer
         measured = [c for c in valid_metrics if not c.startswith(CONFIG) and df[c].dtype != bool]
-        close = difflib.get_close_matches(metric, valid_metrics, n=1, cutoff=0.5)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ReportError(
-            f"unknown metric {metric!r}; {hint}the runs' metrics: {', '.join(measured)} (a "
+            f"unknown metric {metric!r}; {did_you_mean(metric, valid_metrics)}"
+            f"the runs' metrics: {', '.join(measured)} (a "
             "numeric config key, e.g. model.top_k, is taken too)"
         )
     bad = [c for c in columns if c not in df.columns]
     if bad:
         raise ReportError(
-            f"unknown column(s) {', '.join(bad)}; valid: {', '.join(sorted(df.columns))}"
+            f"unknown column(s) {', '.join(bad)}; {did_you_mean(bad[0], df.columns)}"
+            f"valid: {', '.join(sorted(df.columns))}"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.args import as_float
-from core.errors import ConfigError
+from core.errors import ConfigError, did_you_mean
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.pipeline import RunSpec
@@ -130,7 +130,10 @@ def workload(cfg: DictConfig) -> Workload:
 def run_spec(cfg: DictConfig) -> RunSpec:
     executor = str(cfg.executor.name)
     if executor not in EXECUTORS:
-        raise ConfigError(f"executor {executor!r} unknown; valid: {', '.join(EXECUTORS)}")
+        raise ConfigError(
+            f"executor {executor!r} unknown; {did_you_mean(executor, EXECUTORS)}"
+            f"valid: {', '.join(EXECUTORS)}"
+        )
     for key in ("routing_mode", "device"):  # the schema has them for real runs alone
         if executor == "sim" and cfg.executor.get(key) is not None:
             raise ConfigError(

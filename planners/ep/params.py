@@ -10,7 +10,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, did_you_mean
 from core.planner import PlanContext
 from core.types import Dense, Dispatch, LaneSharing, ReplicaGate
 
@@ -109,7 +109,9 @@ def as_enum(params: object, name: str, enum: type[StrEnum], who: str = "planner 
     try:
         object.__setattr__(params, name, enum(value))
     except ValueError:
-        raise ConfigError(f"{who}{name}={value!r} unknown; valid: {', '.join(enum)}") from None
+        raise ConfigError(
+            f"{who}{name}={value!r} unknown; {did_you_mean(value, enum)}valid: {', '.join(enum)}"
+        ) from None
 
 
 @dataclass(frozen=True)
