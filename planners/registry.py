@@ -78,7 +78,12 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
     unknown = sorted(set(values) - valid)
     if unknown:
         raise ConfigError(
-            f"planner {name}: unknown param(s) {unknown}; valid: {sorted(valid) or 'none'}"
+            f"planner {name}: unknown param(s) {', '.join(unknown)}; "
+            + (
+                f"{did_you_mean(unknown[0], valid)}valid: {', '.join(sorted(valid))}"
+                if valid
+                else f"{name} takes none: leave planner.params out"
+            )
         )
     hints = typing.get_type_hints(cls)
     for key, value in values.items():

@@ -116,8 +116,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert main(["only=[table4]", f"out={tmp_path}"]) == 2
     assert (
         "only=[table4]: unknown table4; did you mean 'table3'? "
-        "valid: table3, auto_n, fig14, vs_flexgen"
-        in capsys.readouterr().err
+        "valid: table3, auto_n, fig14, vs_flexgen" in capsys.readouterr().err
     )
 
 

@@ -4,11 +4,12 @@ in capitals (`BATCH=2`, `links=Probe`) or a choice misspelt (`only=[tabel3]`, `p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -73,3 +74,27 @@ def test_a_commands_misspelt_choice_gets_a_did_you_mean(
     cli_here: Any, module: str, args: list[str], meant: str
 ) -> None:
     one_line(cli_here(module, *args), "unknown", f"did you mean {meant!r}")
+
+
+@pytest.mark.parametrize("planner", ["sequential", "layer_prefetch", "zero_inference"])
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_a_param_of_a_planner_that_takes_none_says_so(
+    cli_here: Any, tmp_path: Path, planner: str, plus: str
+) -> None:
+    """`planner.params.x=1` on sequential was "unknown key" and no more; `+planner.params.x=1`
+    said "valid: none" and `+` on flexgen listed Python's repr of the names."""
+    r = cli_here(
+        "experiments.run",
+        *TINY[:3],
+        f"planner={planner}",
+        f"{plus}planner.params.x=1",
+        f"hydra.run.dir={tmp_path}",
+    )
+    one_line(r, "takes none", "leave")
+
+
+def test_a_misspelt_param_added_with_plus_gets_a_did_you_mean() -> None:
+    from planners.registry import make_params
+
+    line = raises_one_line(lambda: make_params("klotski", {"hot_kk": 1}), "did you mean 'hot_k'")
+    assert "[" not in line
