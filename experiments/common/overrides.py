@@ -452,7 +452,38 @@ def _parsed(override: str) -> Any:
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
                 f'{key}="{fix}"'
             ) from None
+        quoted = _quoted(key, value)
+        if quoted is not None:
+            raise MoepipeError(quoted) from None
         return OverridesParser.create().parse_overrides([override])[0]  # hydra's own line
+
+
+_UNQUOTABLE = "~\n\r;#&'\"%@`!^"  # what hydra's grammar refuses in an unquoted value
+
+
+def _quoted(key: str, value: str) -> str | None:
+    """The line for a value hydra's grammar refuses only for a character it takes quoted (`~`,
+    a newline, `;`, `#`): which character, and the override quoted; None where quoting would
+    not parse either (a bracket left open: hydra's own line says where)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    bad = next((c for c in value if c in _UNQUOTABLE), None)
+    if bad is None or ("'" in value and '"' in value):
+        return None
+    mark = '"' if "'" in value else "'"
+    if value.startswith("[") and value.endswith("]"):  # a list: each item quoted
+        fix = f"{key}=[{','.join(f'{mark}{item}{mark}' for item in _items(value[1:-1]))}]"
+    else:
+        fix = f"{key}={mark}{value}{mark}"
+    try:
+        OverridesParser.create().parse_override(fix)
+    except HydraException:
+        return None
+    home = " (~ is not expanded to your home folder: write the full path)" if bad == "~" else ""
+    shown = f"{key}={value}".replace("\n", "\\n").replace("\r", "\\r")
+    fix = fix.replace("\n", "\\n").replace("\r", "\\r")
+    return f"{shown}: a value holding {bad!r} must be quoted: {fix}{home}"
 
 
 def _items(text: str) -> list[str]:

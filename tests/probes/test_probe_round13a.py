@@ -98,3 +98,22 @@ def test_a_misspelt_param_added_with_plus_gets_a_did_you_mean() -> None:
 
     line = raises_one_line(lambda: make_params("klotski", {"hot_kk": 1}), "did you mean 'hot_k'")
     assert "[" not in line
+
+
+@pytest.mark.parametrize(
+    ("module", "arg", "words"),
+    [
+        ("experiments.collect", "out=~/x", ["out='~/x'", "~ is not expanded"]),
+        ("experiments.make_checkpoint", "out=a\nb", ["out='a\\nb'", "'\\n'"]),
+        ("experiments.trace_json", "runs=[~/a,/b]", ["runs=['~/a','/b']"]),
+        ("experiments.report", "dir=x;y", ["dir='x;y'"]),
+        ("experiments.run", "hydra.run.dir=a#b", ["hydra.run.dir='a#b'"]),
+        ("experiments.routing_stats", "out=a'b", ['out="a\'b"']),
+    ],
+)
+def test_a_value_hydra_takes_only_quoted_says_how_to_quote_it(
+    cli_here: Any, module: str, arg: str, words: list[str]
+) -> None:
+    """`out=~/x` (a path with `~`, a newline, `;`, `#`, a quote) was hydra's
+    "LexerNoViableAltException: out=~/x" and a link to its grammar."""
+    one_line(cli_here(module, arg), "must be quoted", *words)
