@@ -118,7 +118,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         ends = key == name or key.endswith(f".{name}")
         parent = (key[: len(key) - len(name)] if ends else key).rstrip(".")
         key = ".".join(filter(None, [parent, quoted(name)]))  # an empty or odd name shows
-        argument = _argument_line(cause, key, name, at)
+        argument = _argument_line(cause, key, name, at) or _package_line(where, key, at)
         if argument:
             return argument
         valid = _valid_keys(cause) if cause is not None else None
@@ -295,6 +295,36 @@ def _misplaced_in(cls: type, data: Any) -> Misplaced | None:
             if found:
                 return (f"{k}.{found[0]}", *found[1:])
     return None
+
+
+_GROUP_PACKAGE = {g: g for g in ("model", "hardware", "workload", "planner", "executor")}
+_GROUP_PACKAGE["experiment"] = "_global_"
+
+
+def _package_line(where: re.Match[str] | None, key: str, at: str) -> str | None:
+    """The line for a key a user's file of a group put outside the group's package: a model
+    file with `# @package _global_` (or `hardware`), an experiment file without `# @package
+    _global_` (its keys landed under `experiment.`): the header to fix, not the key."""
+    group = where.group(1).split("/")[0] if where and "/" in where.group(1) else ""
+    package = _GROUP_PACKAGE.get(group)
+    if package is None:
+        return None
+    inside = key == group or key.startswith(f"{group}.")
+    if package == "_global_":
+        if not inside:
+            return None
+        return (
+            f"{key}: unknown key{at}; an {group} file sets the run's keys "
+            "(workload.batch_size, ...): make `# @package _global_` its first line"
+        )
+    name = key.rsplit(".", 1)[-1]
+    top = _schema_keys(f"{group.capitalize()}Schema") or []
+    if inside and not (name in top and key != f"{group}.{name}"):  # not a field pushed down
+        return None
+    return (
+        f"{key}: unknown key{at}; a {group} file's fields go under {group}, and a `# @package` "
+        f"line put them elsewhere: remove that line (or write `# @package {group}`)"
+    )
 
 
 def _how_to_add(cause: Any, key: str, text: str) -> str:

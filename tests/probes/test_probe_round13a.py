@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.conftest import overridden
+from tests.probes.conftest import ROOT, TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -117,3 +118,32 @@ def test_a_value_hydra_takes_only_quoted_says_how_to_quote_it(
     """`out=~/x` (a path with `~`, a newline, `;`, `#`, a quote) was hydra's
     "LexerNoViableAltException: out=~/x" and a link to its grammar."""
     one_line(cli_here(module, arg), "must be quoted", *words)
+
+
+TINY_MODEL = (ROOT / "conf/model/tiny.yaml").read_text()
+TINY_WORKLOAD = (ROOT / "conf/workload/tiny.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("group", "text", "words"),
+    [
+        ("model", f"# @package _global_\n{TINY_MODEL}", ["remove that line"]),
+        ("model", f"# @package hardware\n{TINY_MODEL}", ["hardware.family", "remove that line"]),
+        ("workload", f"# @package workload.routing\n{TINY_WORKLOAD}", ["# @package workload"]),
+        ("experiment", "workload:\n  batch_size: 3\n", ["# @package _global_"]),
+        ("experiment", "", ["# @package _global_"]),
+    ],
+    ids=["model-global", "model-hardware", "workload-routing", "experiment-none", "empty"],
+)
+def test_a_users_file_with_a_wrong_package_line_names_that_line(
+    cli_here: Any, tmp_path: Path, group: str, text: str, words: list[str]
+) -> None:
+    """Each named the first key it put out of place and listed the run's keys (a model file
+    under `# @package _global_`: "name: unknown key; valid: checkpoint, ..."; an experiment file
+    without the header: "experiment: unknown key; did you mean 'checkpoint'?")."""
+    (tmp_path / group).mkdir()
+    (tmp_path / group / "mine.yaml").write_text(text)
+    args = [*overridden(TINY, f"{group}=mine"), f"hydra.run.dir={tmp_path / 'run'}"]
+    r = cli_here("experiments.run", "--config-dir", str(tmp_path), *args)
+    one_line(r, f"{group}/mine.yaml", *words)
+    assert not (tmp_path / "run" / "summary.json").exists()
