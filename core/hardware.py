@@ -205,7 +205,7 @@ class HardwareSpec:
             check_finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
             for tier, gb in mem_gb.items():  # before the bytes: 1e308 GB overflows an int
                 if gb > 0:  # 0 and below: "must be a positive capacity" (__post_init__)
-                    _in_range(f"hardware {name}: memory_gb.{tier}", "memory_gb", gb)
+                    _in_range(f"hardware {name}: memory_gb.{tier}", _memory_key(tier), gb)
             mem = {k: int(v * GB) for k, v in mem_gb.items()}
             links = {}
             at = "links"
@@ -264,6 +264,10 @@ PHYSICAL: dict[str, tuple[float, float, str]] = {
     "mem_bw_gbps": (1e-3, 1e6, "GB/s"),
     "overhead_us": (0.0, 1e7, "us"),
     "memory_gb": (1e-6, 1e9, "GB"),
+    # one GPU's memory and one host's RAM: far past any made (hundreds of GB, tens of TB), so
+    # a size written in bytes or MB (80e9, 81920) is named, not simulated as a larger machine
+    "memory_gb.gpu": (1e-6, 1e4, "GB"),
+    "memory_gb.cpu": (1e-6, 1e5, "GB"),
     "gate_exchange_us": (0.0, 1e7, "us"),
     "start_delay_us": (0.0, 1e7, "us"),
     "compute_scale": (1e-3, 1e3, "x"),
@@ -272,6 +276,12 @@ PHYSICAL: dict[str, tuple[float, float, str]] = {
     "sm_mem_bw_gbps": (0, 1e6, "GB/s"),  # 0: unknown
     "time_table_tflops": (1e-9, 1e6, "TFLOP/s"),  # a point's flops over its seconds
 }
+
+
+def _memory_key(tier: object) -> str:
+    """`PHYSICAL`'s key for memory tier `tier`: its own bound where it has one."""
+    own = f"memory_gb.{tier}"
+    return own if own in PHYSICAL else "memory_gb"
 
 
 def _in_range(where: str, key: str, value: float) -> None:
@@ -289,7 +299,7 @@ def check_physical(hw: HardwareSpec) -> None:
     at = f"hardware {hw.name}: "
     _in_range(f"{at}n_gpus", "n_gpus", hw.n_gpus)
     for tier, cap in hw.memory_bytes.items():
-        _in_range(f"{at}memory_gb.{tier}", "memory_gb", cap / GB)
+        _in_range(f"{at}memory_gb.{tier}", _memory_key(tier), cap / GB)
     for res, link in hw.links.items():
         _in_range(f"{at}links.{res}.gbps", "gbps", link.bandwidth_bytes_per_s / GB)
         _in_range(f"{at}links.{res}.latency_us", "latency_us", link.latency_s * 1e6)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import experiments.common.app  # noqa: F401  registers what conf/ composes with (schemas)
 from tests.conftest import overridden
 from tests.probes.conftest import ROOT, TINY, one_line, raises_one_line
 
@@ -147,3 +148,23 @@ def test_a_users_file_with_a_wrong_package_line_names_that_line(
     r = cli_here("experiments.run", "--config-dir", str(tmp_path), *args)
     one_line(r, f"{group}/mine.yaml", *words)
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("hardware.memory_gb.gpu=1000000000", "memory_gb.gpu=1e+09"),  # 1 GB in bytes
+        ("hardware.memory_gb.gpu=81920", "memory_gb.gpu=81920"),  # 80 GB in MB
+        ("hardware.memory_gb.cpu=524288", "memory_gb.cpu=524288"),  # 512 GB in MB
+    ],
+)
+def test_a_memory_size_in_another_unit_is_named(override: str, key: str) -> None:
+    """A GPU of 1e9 GB (1 GB written in bytes) ran: memory_gb's bound was 1e9 GB for every
+    tier, a disk's."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.common.resolve import run_spec
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, override])
+    raises_one_line(lambda: run_spec(cfg), key, "check its unit")
