@@ -86,7 +86,13 @@ def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = ""
     `limit` bytes (checked on the open file, which O_NONBLOCK keeps a FIFO from blocking);
     OSErrors (missing, no permission) are the caller's to word."""
     tail = f"; {fix}" if fix else ""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:  # a socket cannot be opened (ENXIO): say what it is, as for a FIFO
+        kind = not_regular(path) if e.errno == errno.ENXIO else None
+        if kind is None:
+            raise
+        raise ConfigError(f"{path}: {kind}{tail}") from None
     try:
         mode = os.fstat(fd).st_mode
     except OSError:

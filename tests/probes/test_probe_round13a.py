@@ -168,3 +168,20 @@ def test_a_memory_size_in_another_unit_is_named(override: str, key: str) -> None
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, override])
     raises_one_line(lambda: run_spec(cfg), key, "check its unit")
+
+
+def test_a_socket_where_a_config_json_belongs_is_named_a_socket(tmp_path: Path) -> None:
+    """checkpoint=SOCKET said "cannot read it (No such device or address)" (open's ENXIO),
+    where a FIFO said what it is."""
+    import socket
+
+    from core.files import read_small
+    from core.spec import ModelSpec
+
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s"))
+        raises_one_line(lambda: read_small(tmp_path / "s"), "not a regular file (a socket)")
+        raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path / "s"), "a socket")
+    finally:
+        sock.close()
