@@ -102,6 +102,11 @@ class ModelSpec:
     q_lora_rank: int = 0
     # Qwen2-MoE's q/k/v projection biases (config.json qkv_bias); only Qwen has any
     qkv_bias: bool = True
+    # config.json attention_bias: OLMoE's q/k/v/o projection biases, DeepSeek-V2's MLA q_a
+    # (where q is compressed), kv_a and o biases
+    attention_bias: bool = False
+    # config.json mlp_bias: DeepSeek-V2's dense and shared-expert FFN biases (routed experts none)
+    mlp_bias: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
 
@@ -125,6 +130,13 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name}: family={self.family!r} unknown; valid: {', '.join(FAMILIES)}"
             )
+        biased = {"attention_bias": ("olmoe", "deepseek_v2"), "mlp_bias": ("deepseek_v2",)}
+        for key, families in biased.items():
+            if getattr(self, key) and self.family not in families:
+                raise ConfigError(
+                    f"model {self.name}: {key} is implemented for {' and '.join(families)} only; "
+                    f"remove it for {self.family}"
+                )
         if self.dtype_bytes not in DTYPE_BYTES:
             raise ConfigError(
                 f"model {self.name}: dtype_bytes={self.dtype_bytes} is no weight type's size; "
@@ -211,7 +223,7 @@ class ModelSpec:
     @cached_property
     def attn_param_count(self) -> int:
         if self.attn_params:
-            return self.attn_params + self.hidden_size
+            return self.attn_params + self.hidden_size + self.attn_bias_count
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q_o = 2 * self.hidden_size * q_dim
         k_v = 2 * self.hidden_size * kv_dim
@@ -220,7 +232,25 @@ class ModelSpec:
             extra = q_dim + 2 * kv_dim
         elif self.qk_norm:  # QK-norm weights over all heads
             extra = q_dim + kv_dim
-        return q_o + k_v + extra + self.hidden_size  # + input RMSNorm
+        return q_o + k_v + extra + self.attn_bias_count + self.hidden_size  # + input RMSNorm
+
+    @cached_property
+    def attn_bias_count(self) -> int:
+        """attention_bias's parameters per layer: OLMoE's q/k/v/o biases, or MLA's q_a (where
+        q_lora_rank compresses q), kv_a (the latent + RoPE key, kv_dim) and o biases."""
+        if not self.attention_bias:
+            return 0
+        if self.family == "deepseek_v2":
+            rope = self.qk_rope_head_dim or self.head_dim // 2  # mla_dims' defaults
+            return self.q_lora_rank + (self.kv_dim or 4 * self.head_dim + rope) + self.hidden_size
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim + self.hidden_size
+
+    def ffn_bias_count(self, ffn_size: int) -> int:
+        """mlp_bias's parameters of one dense or shared FFN of `ffn_size` columns (up
+        projections' [F] each, down projection's [H])."""
+        if not self.mlp_bias:
+            return 0
+        return (self.ffn_matrices - 1) * ffn_size + self.hidden_size
 
     @cached_property
     def attn_bytes(self) -> int:
@@ -234,7 +264,9 @@ class ModelSpec:
     @cached_property
     def dense_ffn_bytes(self) -> int:
         return (
-            self.ffn_matrices * self.hidden_size * self.dense_ffn_size + self.hidden_size
+            self.ffn_matrices * self.hidden_size * self.dense_ffn_size
+            + self.ffn_bias_count(self.dense_ffn_size)
+            + self.hidden_size
         ) * self.dtype_bytes
 
     @cached_property
@@ -244,7 +276,9 @@ class ModelSpec:
         # Qwen2-MoE's shared expert has a sigmoid gate [1, H]
         gate = self.hidden_size if self.family == "qwen2_moe" else 0
         return (
-            self.ffn_matrices * self.hidden_size * self.shared_ffn_size + gate
+            self.ffn_matrices * self.hidden_size * self.shared_ffn_size
+            + self.ffn_bias_count(self.shared_ffn_size)
+            + gate
         ) * self.dtype_bytes
 
     @cached_property

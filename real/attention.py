@@ -414,11 +414,13 @@ def mla(
     if "q" in w:
         q = F.linear(x, w["q"])  # [B, S, Hq * (Dn+R)]
     else:  # compressed: q_a [Cq, H], its norm (RMSNorm's default eps, as HF's), q_b
-        q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], 1e-6), w["q_b"])
+        q_a = F.linear(x, w["q_a"], w.get("q_a_bias"))  # [B, S, Cq]; biases: attention_bias
+        q = F.linear(rms_norm(q_a, w["q_a_norm"], 1e-6), w["q_b"])
     n_q = q.shape[-1] // (nope + r)
     q = q.view(b, n, n_q, nope + r).transpose(1, 2)  # [B, Hq, S, Dn+R]
     q_nope, q_rope = q.split([nope, r], dim=-1)
-    latent, k_rope = F.linear(x, w["kv_a"]).split([c, r], dim=-1)  # [B, S, C], [B, S, R]
+    kv_a = F.linear(x, w["kv_a"], w.get("kv_a_bias"))  # [B, S, C + R]
+    latent, k_rope = kv_a.split([c, r], dim=-1)  # [B, S, C], [B, S, R]
     # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
     latent = rms_norm(latent, w["kv_a_norm"], 1e-6).view(b, 1, n, c)  # [B, 1, S, C]
     q_rope = rope_pairs(q_rope, positions, rot)  # [B, Hq, S, R]

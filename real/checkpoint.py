@@ -34,6 +34,7 @@ from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from real.fused_experts import unfuse_experts
+from real.hf_names import HFNames, hf_names
 from real.shards import (  # noqa: F401 (the file names: checkpoint's too)
     INDEX_FILE,
     SINGLE_FILE,
@@ -94,99 +95,18 @@ class TensorSpec:
     shape: tuple[int, ...]  # [out, in] for projections (torch Linear layout)
 
 
-@dataclass(frozen=True)
-class _Names:
-    """HF name templates of one family; `{i}` layer, `{e}` expert, `{w}` matrix name."""
-
-    embed: str
-    final_norm: str
-    lm_head: str
-    attn: Mapping[str, str]  # our key -> template
-    post_norm: str
-    router: str
-    expert: str
-    expert_mats: Mapping[str, str]  # our key (w1/w3/w2 or wi/wo) -> HF matrix name
-    dense: str
-    dense_mats: Mapping[str, str]
-    shared: str = ""  # "" = the family has no shared experts
-    shared_gate: str = ""  # Qwen's sigmoid gate on the shared expert
-
-
-def _names(family: str) -> _Names:
-    swiglu = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-    if family == "switch_transformers":
-        # Decoder-only use of the encoder stack's names: block i = layer i; layer.0 is
-        # self-attention, layer.1 the (sparse or dense) feed-forward.
-        b = "encoder.block.{i}.layer."
-        relu = {"wi": "wi", "wo": "wo"}
-        return _Names(
-            embed="shared.weight",
-            final_norm="encoder.final_layer_norm.weight",
-            lm_head="lm_head.weight",
-            attn={"input_norm": b + "0.layer_norm.weight"}
-            | {x: b + f"0.SelfAttention.{x}.weight" for x in "qkvo"},
-            post_norm=b + "1.layer_norm.weight",
-            router=b + "1.mlp.router.classifier.weight",
-            expert=b + "1.mlp.experts.expert_{e}.{w}.weight",
-            expert_mats=relu,
-            dense=b + "1.mlp.{w}.weight",
-            dense_mats=relu,
-        )
-    b = "model.layers.{i}."
-    attn = {"input_norm": b + "input_layernorm.weight"}
-    attn |= {x: b + f"self_attn.{x}_proj.weight" for x in "qkvo"}
-    common: dict[str, Any] = dict(
-        embed="model.embed_tokens.weight",
-        final_norm="model.norm.weight",
-        lm_head="lm_head.weight",
-        attn=attn,
-        post_norm=b + "post_attention_layernorm.weight",
-        dense=b + "mlp.{w}.weight",
-        dense_mats=swiglu,
-    )
-    if family == "mixtral":
-        mats = {"w1": "w1", "w3": "w3", "w2": "w2"}
-        moe = b + "block_sparse_moe."
-        return _Names(
-            **common,
-            router=moe + "gate.weight",
-            expert=moe + "experts.{e}.{w}.weight",
-            expert_mats=mats,
-        )
-    moe = dict(
-        router=b + "mlp.gate.weight", expert=b + "mlp.experts.{e}.{w}.weight", expert_mats=swiglu
-    )
-    if family == "olmoe":  # QK-norm: RMSNorm over the whole projected q and k, before RoPE
-        common["attn"] = attn | {f"{x}_norm": b + f"self_attn.{x}_norm.weight" for x in "qk"}
-        return _Names(**common, **moe)
-    if family == "qwen2_moe":
-        common["attn"] = attn | {f"{x}_bias": b + f"self_attn.{x}_proj.bias" for x in "qkv"}
-        shared = dict(
-            shared=b + "mlp.shared_expert.{w}.weight",
-            shared_gate=b + "mlp.shared_expert_gate.weight",
-        )
-        return _Names(**common, **moe, **shared)
-    if family == "deepseek_v2":  # MLA; q_a, q_a_norm and q_b where q is compressed (full V2)
-        mla = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj"}
-        mla |= {"kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj"}
-        common["attn"] = {"input_norm": b + "input_layernorm.weight"}
-        mla["o"] = "o_proj"
-        common["attn"] |= {k: b + f"self_attn.{x}.weight" for k, x in mla.items()}
-        return _Names(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
-    raise ConfigError(
-        f"model family {family!r} has no real-executor layout; "
-        "use mixtral, qwen2_moe, olmoe, deepseek_v2 or switch_transformers"
-    )
-
-
 def _ffn(
-    template: str, mats: Mapping[str, str], i: int, h: int, f: int, **kw: int
+    template: str, mats: Mapping[str, str], i: int, h: int, f: int, bias: bool = False, **kw: int
 ) -> dict[str, TensorSpec]:
-    """One FFN's matrices: up-projections [F, H] (w1, w3, wi), down-projection [H, F] (w2, wo)."""
+    """One FFN's matrices: up-projections [F, H] (w1, w3, wi), down-projection [H, F] (w2, wo);
+    with `bias` (DeepSeek-V2's mlp_bias), each one's bias too (`w1_bias` [F], `w2_bias` [H])."""
     out = {}
     for key, hf in mats.items():
         shape = (h, f) if key in ("w2", "wo") else (f, h)
         out[key] = TensorSpec(template.format(i=i, w=hf, **kw), shape)
+        if bias:
+            name = template.removesuffix(".weight") + ".bias"
+            out[key + "_bias"] = TensorSpec(name.format(i=i, w=hf, **kw), shape[:1])
     return out
 
 
@@ -194,15 +114,18 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
 
     Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen with qkv_bias,
-    `q_norm k_norm` for OLMoE), or for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o`
+    `q_norm k_norm` for OLMoE, and its `q_bias k_bias v_bias o_bias` with attention_bias), or
+    for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o`
     (HF's q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; sizes from `mla_dims`),
     with `q_a q_a_norm q_b` (q_a_proj, q_a_layernorm, q_b_proj) in place of `q` where
-    config.json's q_lora_rank compresses the query; gate
+    config.json's q_lora_rank compresses the query (+ `q_a_bias kv_a_bias o_bias` with
+    attention_bias); gate
     `post_norm router`; expert `w1 w3 w2` (SwiGLU) or `wi wo` (ReLU); FFN `w1 w3 w2`/`wi wo` plus
-    `post_norm` for a dense layer and `shared_gate` for Qwen's shared expert; embed `embed`; head
+    `post_norm` for a dense layer, `shared_gate` for Qwen's shared expert, `w1_bias` etc. with
+    mlp_bias; embed `embed`; head
     `norm lm_head`.
     """
-    n = _names(spec.family)
+    n = hf_names(spec.family)
     h, v = spec.hidden_size, spec.vocab_size
     attn_shapes = _attn_shapes(spec)
     out: dict[Unit, dict[str, TensorSpec]] = {
@@ -216,7 +139,7 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
         }
         post_norm = {"post_norm": TensorSpec(n.post_norm.format(i=i), (h,))}
         if not spec.is_moe(i):
-            ffn = _ffn(n.dense, n.dense_mats, i, h, spec.dense_ffn_size)
+            ffn = _ffn(n.dense, n.dense_mats, i, h, spec.dense_ffn_size, spec.mlp_bias)
             out[Unit(Tensor.FFN, i)] = post_norm | ffn
             continue
         router = {"router": TensorSpec(n.router.format(i=i), (spec.n_experts, h))}
@@ -231,7 +154,7 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
                     f"model {spec.name}: family {spec.family} has no shared experts; "
                     "set shared_ffn_size: 0"
                 )
-            shared = _ffn(n.shared, n.dense_mats, i, h, spec.shared_ffn_size)
+            shared = _ffn(n.shared, n.dense_mats, i, h, spec.shared_ffn_size, spec.mlp_bias)
             if n.shared_gate:
                 shared["shared_gate"] = TensorSpec(n.shared_gate.format(i=i), (1, h))
             out[Unit(Tensor.FFN, i)] = shared
@@ -255,7 +178,7 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             if q_rank
             else {"q": (heads * qk, h)}
         )
-        return {
+        mla = {
             "input_norm": (h,),
             **q,
             "kv_a": (rank + m["qk_rope_head_dim"], h),
@@ -263,11 +186,13 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             "kv_b": (heads * (m["qk_nope_head_dim"] + m["v_head_dim"]), rank),
             "o": (h, heads * m["v_head_dim"]),
         }
+        biased = ("q_a", "kv_a", "o") if spec.attention_bias else ()
+        return mla | {k + "_bias": mla[k][:1] for k in biased if k in mla}
     q_dim, kv_dim = heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     shapes = {"input_norm": (h,), "q": (q_dim, h), "k": (kv_dim, h), "v": (kv_dim, h)}
     shapes["o"] = (h, q_dim)
-    if spec.qkv_bias:
-        shapes |= {"q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,)}
+    if spec.attention_bias or (spec.qkv_bias and spec.family == "qwen2_moe"):  # Qwen's: no o
+        shapes |= {"q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,), "o_bias": (h,)}
     return shapes | {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
 
 
@@ -438,7 +363,7 @@ def load_checkpoint(
     if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows
         cfg_file = d / "config.json"
         _warn_cut(str(cfg_file), cfg_file.stat().st_mtime_ns, spec.n_layers, max(layers) + 1)
-    names = _names(spec.family)
+    names = hf_names(spec.family)
     if spec.family != "switch_transformers":  # transformers' modules' own names of experts
         listed = unfuse_experts(d, spec, names, index, listed)
     stored = SAVED_DTYPES[saved]
@@ -476,7 +401,7 @@ def compute_dtype(stored: torch.dtype, dtype: str | None, config: Path) -> torch
     return SAVED_DTYPES[dtype]
 
 
-def _tie_head(index: dict[str, TensorEntry], names: _Names) -> None:
+def _tie_head(index: dict[str, TensorEntry], names: HFNames) -> None:
     """tie_word_embeddings as transformers' from_pretrained applies it: where the checkpoint
     saves one of the embedding and the LM head, the other is that tensor; where it saves both,
     each runs its own (transformers ties them only where their values are equal, and runs a
@@ -553,7 +478,7 @@ def check_all_read(
     read = {ts.hf_name for tensors in unit_layout(spec).values() for ts in tensors.values()}
     read |= _empty_shared(spec, listed, index)
     if cfg.get("tie_word_embeddings"):
-        read.add(_names(spec.family).lm_head)
+        read.add(hf_names(spec.family).lm_head)
     unused = []
     for name in listed:
         m = _LAYER.match(name)

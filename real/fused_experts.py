@@ -26,7 +26,7 @@ _ROUTER = "model.layers.{i}.mlp.gate.weight"  # Mixtral's router in transformers
 def unfuse_experts(
     d: Path, spec: ModelSpec, names: Any, index: dict[str, TensorEntry], listed: list[str]
 ) -> list[str]:
-    """Add to `index` each fused MoE layer's per-expert entries (names: checkpoint._Names) and
+    """Add to `index` each fused MoE layer's per-expert entries (names: real.hf_names.HFNames) and
     return the checkpoint's tensor list with them in place of the fused tensors; a ConfigError
     naming a fused tensor without its pair, of another shape, or beside per-expert ones."""
     gone: set[str] = set()

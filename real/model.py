@@ -234,7 +234,7 @@ class Model:
             out = mla(self.spec, self.rope, w, x, cache, positions, window)  # [B, S, Hq * Dv]
         else:
             out = gqa(self.spec, self.rope, w, x, cache, positions, window, self.clip_qkv, reduce)
-        return F.linear(out, w["o"])
+        return F.linear(out, w["o"], w.get("o_bias"))  # o_bias: attention_bias, on one shard
 
     def gate(
         self,
@@ -325,7 +325,8 @@ class Model:
         if self.spec.activation == Activation.RELU:
             return F.linear(F.relu(F.linear(x, w["wi"])), w["wo"])
         act = ACTIVATIONS[self.hidden_act]
-        return F.linear(act(F.linear(x, w["w1"])) * F.linear(x, w["w3"]), w["w2"])
+        up = F.linear(x, w["w3"], w.get("w3_bias"))  # biases: DeepSeek-V2's mlp_bias
+        return F.linear(act(F.linear(x, w["w1"], w.get("w1_bias"))) * up, w["w2"], w.get("w2_bias"))
 
 
 # ---- tensor-parallel shares of a unit's weights (views; parts computed with them sum to the whole)
@@ -358,23 +359,34 @@ def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str,
         )
         q, kv_b, o = slice(lo * qk, hi * qk), slice(lo * kvb, hi * kvb), slice(lo * dv, hi * dv)
         q_key = "q" if "q" in w else "q_b"
-        return dict(w, **{q_key: w[q_key][q]}, kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
+        out = dict(w, **{q_key: w[q_key][q]}, kv_b=w["kv_b"][kv_b], o=w["o"][:, o])
+        return _bias_once(out, "o_bias", lo)
     d, (kv_lo, kv_hi) = spec.head_dim, kv_shard(spec, heads)
     q, kv = slice(lo * d, hi * d), slice(kv_lo * d, kv_hi * d)
     out = dict(w, q=w["q"][q], k=w["k"][kv], v=w["v"][kv], o=w["o"][:, q])
     for key, rows in (("q_bias", q), ("k_bias", kv), ("v_bias", kv), ("q_norm", q), ("k_norm", kv)):
         if key in w:
             out[key] = w[key][rows]
-    return out
+    return _bias_once(out, "o_bias", lo)
+
+
+def _bias_once(w: dict[str, torch.Tensor], key: str, lo: int) -> dict[str, torch.Tensor]:
+    """A shard's weights with the output bias `key` kept by the shard from column 0 only: the
+    shards' parts are summed, so the bias is added once, as in the whole."""
+    if lo:
+        w.pop(key, None)
+    return w
 
 
 def ffn_shard(w: Weights, cols: tuple[int, int]) -> dict[str, torch.Tensor]:
     """FFN weights of intermediate columns [lo, hi): the up-projections' rows, the
-    down-projection's columns. Norms and Qwen's shared gate (a per-token scalar, so it scales each
+    down-projection's columns (mlp_bias: the up-projections' bias rows, the down-projection's
+    bias on the first shard). Norms and Qwen's shared gate (a per-token scalar, so it scales each
     part as it scales the sum) stay whole."""
     lo, hi = cols
-    up, down = ("w1", "w3", "wi"), ("w2", "wo")
-    return {k: t[lo:hi] if k in up else t[:, lo:hi] if k in down else t for k, t in w.items()}
+    up, down = ("w1", "w3", "wi", "w1_bias", "w3_bias"), ("w2", "wo")
+    out = {k: t[lo:hi] if k in up else t[:, lo:hi] if k in down else t for k, t in w.items()}
+    return _bias_once(out, "w2_bias", lo)
 
 
 def vocab_shard(w: Weights, rows: tuple[int, int]) -> dict[str, torch.Tensor]:

@@ -31,6 +31,7 @@ Entry = tuple[Handling, str]
 _P = "test_hf_parity.py::test_equals_transformers"  # the main parity cases, by family
 _P4 = "test_hf_parity_round4.py::test_equals_transformers"
 _P5 = "test_hf_parity_round5.py::test_read_field_equals_transformers"
+_P8 = "test_hf_parity_round8.py::test_bias_equals_transformers"
 _QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
 _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 
@@ -104,7 +105,7 @@ COVERAGE: dict[str, dict[str, Entry]] = {
     "olmoe": DECODER
     | _AUX
     | {
-        "attention_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
+        "attention_bias": (READ, "olmoe attention_bias in " + _P8),
         "clip_qkv": (READ, "olmoe-clip_qkv in " + _P),
         "num_experts": (READ, _P + "; num_local_experts too (round4's attribute_map test)"),
         _NORM: (READ, "olmoe-norm_topk_prob in " + _P4),
@@ -115,8 +116,8 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         # transformers' DeepseekV2Config overwrites both from the MLA sizes
         "head_dim": (NO_EFFECT, "set to qk_rope_head_dim on load: " + _QUIET),
         "qk_head_dim": (NO_EFFECT, "set to qk_nope + qk_rope on load: " + _QUIET),
-        "attention_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
-        "mlp_bias": (REFUSED, "false: test_hf_parity_fields.py's bias test"),
+        "attention_bias": (READ, "deepseek_v2 attention_bias in " + _P8),
+        "mlp_bias": (READ, "deepseek_v2 mlp_bias in " + _P8),
         "first_k_dense_replace": (READ, "deepseek_v2-layers in " + _P4),
         "kv_lora_rank": (READ, "deepseek_v2-mla_dims in " + _P),
         "q_lora_rank": (READ, "deepseek_v2-q_lora_rank in " + _P),

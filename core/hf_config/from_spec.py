@@ -123,7 +123,7 @@ def _llama_config(w: _Writer, norm_topk_prob: bool) -> dict[str, Any]:
         "architectures": ["MixtralForCausalLM" if mixtral else "OlmoeForCausalLM"],
     }
     if not mixtral:
-        cfg["norm_topk_prob"] = norm_topk_prob
+        cfg |= {"norm_topk_prob": norm_topk_prob, "attention_bias": s.attention_bias}
     return cfg
 
 
@@ -178,6 +178,8 @@ def _deepseek_v2_config(w: _Writer, norm_topk_prob: bool) -> dict[str, Any]:
             scoring_func="softmax",
             routed_scaling_factor=1.0,
             norm_topk_prob=norm_topk_prob,
+            attention_bias=s.attention_bias,
+            mlp_bias=s.mlp_bias,
         )
     )
     if s.dense_ffn_size:

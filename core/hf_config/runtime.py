@@ -117,10 +117,6 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
             f"hidden_act={act!r} is not implemented for {fam}; transformers' activations "
             f"{', '.join(map(repr, GATED_ACTS))} are"
         )
-    biased = {"olmoe": ("attention_bias",), "deepseek_v2": ("attention_bias", "mlp_bias")}
-    for key in biased.get(fam, ()):
-        if c.get(key, False):
-            raise c.error(f"{key}=true; {fam} projections without biases are implemented (false)")
     if fam == "deepseek_v2":
         if "topk_method" in c.fields and c.fields["topk_method"] is None:
             raise c.error(

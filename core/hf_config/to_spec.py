@@ -222,6 +222,7 @@ def _llama_fields(c: HFConfig) -> dict[str, Any]:
         **_experts(c, experts),
         **_attention_heads(c, hidden),
         vocab_size=c.get("vocab_size"),
+        attention_bias=c.family == "olmoe" and c.get("attention_bias", False),
         rms_norm_eps=c.get("rms_norm_eps", 1e-5),
         rope_theta=rope_theta_of(c, ROPE_THETA[c.family]),
     )
@@ -324,6 +325,8 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
         shared_ffn_size=(c.get("n_shared_experts", 0) or 0) * expert,
         **mla_spec_fields(hidden, heads, m),
         q_lora_rank=m["q_lora_rank"],
+        attention_bias=c.get("attention_bias", False),
+        mlp_bias=c.get("mlp_bias", False),
         rms_norm_eps=c.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta_of(c, ROPE_THETA["deepseek_v2"]),
     )

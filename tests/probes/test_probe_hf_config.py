@@ -324,9 +324,6 @@ UNRUN: list[tuple[str, dict[str, Any], str]] = [
     ("qwen2_moe", {"hidden_act": "gelu_10"}, "hidden_act='gelu_10'"),
     ("olmoe", {"hidden_act": "mish"}, "hidden_act='mish'"),
     ("deepseek_v2", {"hidden_act": "leaky_relu"}, "hidden_act='leaky_relu'"),
-    ("olmoe", {"attention_bias": True}, "attention_bias=true"),
-    ("deepseek_v2", {"attention_bias": True}, "attention_bias=true"),
-    ("deepseek_v2", {"mlp_bias": True}, "mlp_bias=true"),
     ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
     ("deepseek_v2", {"topk_method": "group_limited_greedy"}, "n_group is missing"),
     (

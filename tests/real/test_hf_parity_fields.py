@@ -1,6 +1,6 @@
 """More config.json fields on checkpoints transformers itself writes (tests/real/test_hf_parity.py
-has the families' main cases and builds them the same way): fields whose tensors moepipe must
-name rather than call unread, and degenerate sizes transformers still saves weights for.
+has the families' main cases and builds them the same way): degenerate sizes transformers still
+saves weights for, and fields left to transformers' defaults.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_fields.py
 """
@@ -52,24 +52,6 @@ def assert_transformers(ckpt: Path, hf: Any, prompt: torch.Tensor, dtype: str) -
     assert torch.equal(tokens, hf_tokens)
     tol = 1e-4 if dtype == "f32" else 2**-6
     torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
-
-
-# (family, field): biases transformers' class adds (and saves) where the field is true
-BIASES = [
-    ("olmoe", "attention_bias"),
-    ("deepseek_v2", "attention_bias"),
-    ("deepseek_v2", "mlp_bias"),
-]
-
-
-@pytest.mark.parametrize("family, field", BIASES, ids=[f"{f}-{k}" for f, k in BIASES])
-def test_a_bias_field_is_named_not_its_tensors(family, field, tmp_path):
-    """A checkpoint with the biases of a field moepipe does not run is refused naming the field,
-    as a config.json alone is; before, the bias tensors were named as read by nothing ("a field
-    moepipe does not model, or a config.json of another model"), the field not at all."""
-    ckpt, _ = save(family, {field: True}, tmp_path / "ckpt")
-    with pytest.raises(ConfigError, match=rf"config.json: {field}=true; {family} projections"):
-        load_checkpoint(ckpt)
 
 
 # (family, the field that sizes the shared expert 0): transformers still saves one, of width 0

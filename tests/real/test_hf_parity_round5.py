@@ -264,8 +264,6 @@ def test_per_layer_config_leaves_transformers_logits(family, base, prompt, tmp_p
 
 # a value each REFUSED field is refused at (its own default runs: every other test's checkpoint)
 REFUSE: dict[str, Any] = {
-    "attention_bias": True,
-    "mlp_bias": True,
     "dense_act_fn": "gelu_new",
     "router_bias": True,
     "router_dtype": "bfloat16",
