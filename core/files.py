@@ -16,6 +16,7 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,18 @@ class RepeatedKeyError(MoepipeError):
     for malformed JSON does not reword it)."""
 
 
-def loads_json(text: str | bytes, where: str) -> Any:
+def loads_json(text: str | bytes, where: str, repeated: Callable[[str], None] | None = None) -> Any:
     """`json.loads`, refusing an object that gives a key twice: a RepeatedKeyError naming
-    `where` and the key (json keeps the last value without a word); nesting past Python's
+    `where` and the key (json keeps the last value without a word), or, given `repeated`, the
+    last value kept as json keeps it and `repeated(key)` called; nesting past Python's
     recursion limit is a JSONDecodeError (a ValueError), as other malformed JSON is."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
-            if key in out:
+            if key in out and repeated is not None:
+                repeated(key)
+            elif key in out:
                 raise RepeatedKeyError(
                     f"{where}: key {key!r} appears twice in one JSON object; keep one of them "
                     "(a JSON reader takes the last without a word)"

@@ -8,6 +8,8 @@ value of another type or range is one line naming the file and the field:
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,8 @@ from core.errors import ConfigError
 from core.files import loads_json, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
+
+log = logging.getLogger(__name__)
 
 
 def _is_int(v: Any) -> bool:
@@ -307,11 +311,30 @@ def hf_config_file(path: str | Path) -> Path:
     return p / "config.json" if p.is_dir() and p.name != "config.json" else p
 
 
+def loads_hf_json(text: str, where: str) -> Any:
+    """`json.loads` as transformers reads config.json and generation_config.json: a key given
+    twice keeps its last value, logged in one line naming the file and the key."""
+
+    def repeated(key: str) -> None:
+        _warn_once(
+            f"{where}: key {key!r} appears twice in one JSON object; transformers takes the "
+            "last value (json.loads), and so does moepipe: keep one of them"
+        )
+
+    return loads_json(text, where, repeated)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """Log `message` once a process: a run reads its checkpoint's files more than once."""
+    log.warning(message)
+
+
 def read_hf_config(path: str | Path) -> HFConfig:
     """A Hugging Face `config.json` (file or checkpoint directory), every field it has that
     moepipe reads checked; a ConfigError naming the file for one that is missing, not UTF-8, not
-    JSON, not an object, or a field of another type or range; not a regular file, over 16 MiB,
-    or a key given twice."""
+    JSON, not an object, or a field of another type or range; not a regular file or over 16 MiB.
+    A key given twice takes its last value, as transformers' json.loads, in a logged line."""
     p = hf_config_file(path)
     try:
         text = read_small(p, fix="point at a checkpoint's config.json").decode("utf-8")
@@ -324,7 +347,7 @@ def read_hf_config(path: str | Path) -> HFConfig:
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
     try:
-        fields = loads_json(text, where=str(p))  # a key given twice: its first value would be lost
+        fields = loads_hf_json(text, str(p))  # a key given twice: its last value, logged
     except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of 4300+ digits, nesting
         raise ConfigError(f"{p}: not valid JSON ({str(e) or 'nested too deeply'})") from None
     if not isinstance(fields, dict):

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.files import loads_json, read_small
+from core.files import read_small
 from core.hf_config.coverage import NO_EFFECT, READ, REFUSED, Entry, Handling
+from core.hf_config.fields import loads_hf_json
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def _read_generation_file(path: Path) -> dict[str, Any] | None:
         if not path.is_file():  # transformers' cached_file: not a file, as missing
             why = "not a regular file"
         else:
-            fields = loads_json(read_small(path, fix=fix).decode("utf-8"), where=str(path))
+            fields = loads_hf_json(read_small(path, fix=fix).decode("utf-8"), str(path))
     except OSError as e:
         why = f"cannot read it ({e.strerror})"
     except UnicodeDecodeError as e:
@@ -329,7 +330,7 @@ def _read_object(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
     try:
-        fields = loads_json(data.decode("utf-8"), where=str(path))  # a key twice: one line
+        fields = loads_hf_json(data.decode("utf-8"), str(path))  # a key twice: the last, logged
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); it is JSON") from None
     except (ValueError, RecursionError) as e:

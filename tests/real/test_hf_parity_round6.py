@@ -350,7 +350,6 @@ def test_no_effect_field_leaves_transformers_tokens(base, prompt, tmp_path):
 # (what the file holds, words the line names)
 MALFORMED = {
     "a-list": ("[1, 2]", ("holds a JSON list",)),
-    "twice": ('{"top_k": 5, "top_k": 6}', ("'top_k' appears twice",)),
     "penalty-text": ('{"repetition_penalty": "1.2"}', ("repetition_penalty must be",)),
     "penalty-0": ('{"repetition_penalty": 0.0}', ("repetition_penalty must be a positive",)),
     # transformers' processor fails on an integer penalty (1, which it skips, runs)

@@ -3,13 +3,16 @@
 OLMoE's `attention_bias` (q/k/v/o projection biases) and DeepSeek-V2's (its MLA's q_a, kv_a and
 o biases; q, q_b and kv_b have none in transformers' module) and `mlp_bias` (the dense layers'
 and shared experts' gate/up/down biases; the routed experts have none) ran in transformers and
-were refused by moepipe in one line.
+were refused by moepipe in one line. A key given twice in config.json or generation_config.json
+was refused too, where transformers' json.loads takes the last value.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round8.py
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +20,12 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from core.hf_config.generation import GENERATION_FILE
 from core.spec import ModelSpec
 from real.checkpoint import load_checkpoint, load_units
 from real.model import ffn_shard, head_shard
 from tests.real.test_hf_parity import DTYPES, assert_spec_sizes, hf_config
-from tests.real.test_hf_parity_fields import assert_transformers
+from tests.real.test_hf_parity_fields import assert_transformers, load_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -169,3 +173,62 @@ def test_a_bias_field_another_family_lacks_is_one_line():
             | dict(n_experts=2, top_k=1, n_heads=2, n_kv_heads=2, head_dim=4, vocab_size=8)
             | dict(attention_bias=True)
         )
+
+
+# A key given twice: transformers' json.loads keeps the last value
+
+
+def with_twice(text: str, key: str, first: Any) -> str:
+    """The JSON object `text` with `key` given once more, first, with the value `first`."""
+    return "{" + json.dumps(key) + ": " + json.dumps(first) + ", " + text.lstrip()[1:]
+
+
+def test_a_key_twice_in_generation_config_takes_the_last(biased, prompt, tmp_path, caplog):
+    """generation_config.json giving repetition_penalty twice: transformers' generate() runs the
+    last value, and so does moepipe, logging one line naming the file and the key. Before:
+    refused ("'repetition_penalty' appears twice")."""
+    import shutil
+
+    from tests.real.test_hf_parity_round6 import hf_generate
+
+    ckpt, _ = biased("olmoe")
+    twice = tmp_path / "twice"
+    shutil.copytree(ckpt, twice)
+    gen = twice / GENERATION_FILE
+    fields = json.loads(gen.read_text()) | {"repetition_penalty": 8.0}
+    gen.write_text(with_twice(json.dumps(fields), "repetition_penalty", 1.0))
+    from real.model import reference_generate
+
+    with caplog.at_level(logging.WARNING):
+        tokens, logits = reference_generate(twice, prompt, 4)
+    lines = [r.getMessage() for r in caplog.records if "appears twice" in r.getMessage()]
+    assert lines == [
+        f"{gen}: key 'repetition_penalty' appears twice in one JSON object; transformers takes "
+        "the last value (json.loads), and so does moepipe: keep one of them"
+    ]
+    hf_tokens, hf_logits = hf_generate(load_hf(twice), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+    plain, _ = reference_generate(ckpt, prompt, 4)
+    assert not torch.equal(tokens, plain)  # the last value (8.0) ran, not the first (1.0)
+
+
+def test_a_key_twice_in_config_json_takes_the_last(biased, prompt, tmp_path, caplog):
+    """config.json giving rms_norm_eps twice (the first a value that would move the logits):
+    transformers' PretrainedConfig reads it with json.loads, the last value, and so does
+    moepipe, logging one line naming the file and the key. Before: refused."""
+    import shutil
+
+    ckpt, _ = biased("olmoe")
+    twice = tmp_path / "twice"
+    shutil.copytree(ckpt, twice)
+    cfg = twice / "config.json"
+    cfg.write_text(with_twice(cfg.read_text(), "rms_norm_eps", 0.5))
+    with caplog.at_level(logging.WARNING):
+        spec, _ = load_checkpoint(twice)
+    assert spec.rms_norm_eps == json.loads(cfg.read_text())["rms_norm_eps"] != 0.5
+    assert any(
+        r.getMessage().startswith(f"{cfg}: key 'rms_norm_eps' appears twice")
+        for r in caplog.records
+    )
+    assert_transformers(twice, load_hf(twice), prompt, "f32")
