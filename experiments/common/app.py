@@ -38,7 +38,8 @@ from experiments.common.cli import (
     print_or_exit,
     user_conf_dirs,
 )
-from experiments.common.conf_files import check_conf_dirs
+from experiments.common.command_options import taken_by
+from experiments.common.conf_files import check_conf_dirs, not_fields
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
     groups_on_demand,
@@ -473,7 +474,8 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
         miss = _schema_miss(root, parts)
         if miss is not None:
             where, valid = miss
-            raise MoepipeError(f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}")
+            line = f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}"
+            raise MoepipeError(line + (taken_by(where) if "." not in where else ""))
     return override if override.startswith("++") else f"+{override}"
 
 
@@ -532,11 +534,7 @@ def group_files(
                     f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
                 ) from None
             check_yaml_size(text, arg, f"pass a {key} YAML file")
-            if _holds_nothing(text):  # each group a file may give has fields it must set
-                raise MoepipeError(
-                    f"{arg}: the file holds no fields; give the {key}'s fields in it (see "
-                    f"conf/{key}/ for the layout)"
-                )
+            _check_holds_fields(arg, key, text)
             stem = "file_" + re.sub(r"\W", "_", src.stem)
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")
@@ -548,15 +546,24 @@ def group_files(
     return with_search_path(out, [tmp]) if added else out
 
 
-def _holds_nothing(text: str) -> bool:
-    """Whether YAML `text` is empty or only comments (a file that does not parse is for the
-    composition's own line, which names its line)."""
+def _check_holds_fields(arg: str, group: str, text: str) -> None:
+    """YAML `text` (of `group=FILE.yaml`) holds a mapping of fields: not nothing (each group a
+    file may give has fields it must set), not a scalar or a list. A file that does not parse
+    is for the composition's own line, which names its line."""
     import yaml
 
     try:
-        return yaml.safe_load(text) is None
+        data = yaml.safe_load(text)
     except yaml.YAMLError:
-        return False
+        return
+    if data is None:
+        raise MoepipeError(
+            f"{arg}: the file holds no fields; give the {group}'s fields in it (see "
+            f"conf/{group}/ for the layout)"
+        )
+    wrong = not_fields(data, group)
+    if wrong:
+        raise MoepipeError(f"{arg}: {wrong}")
 
 
 def with_search_path(argv: Sequence[str], dirs: Sequence[Path]) -> list[str]:

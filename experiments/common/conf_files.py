@@ -8,8 +8,11 @@ the file; a group's option that is a folder, not a file, is named as one.
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Iterator, Sequence
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -73,6 +76,10 @@ def _check_file(d: Path, path: Path) -> list[str]:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         return []  # hydra's own line names its line
+    group = path.relative_to(d).parent.as_posix().strip(".")
+    wrong = not_fields(data, group.split("/")[-1])
+    if wrong:
+        raise MoepipeError(f"{path}: {wrong}")
     if not isinstance(data, dict) or "defaults" not in data:
         return []
     defaults = data["defaults"]
@@ -80,8 +87,29 @@ def _check_file(d: Path, path: Path) -> list[str]:
         raise MoepipeError(
             f"{path}: defaults is {type(defaults).__name__}, not a list of configs; {fix}"
         )
-    group = path.relative_to(d).parent.as_posix().strip(".")
     return [_target(group, e) for e in defaults if isinstance(e, str) and e != "_self_"]
+
+
+def not_fields(data: Any, group: str) -> str | None:
+    """What a config of `group` holds where a mapping of its fields belongs (a scalar, a list:
+    hydra read `tiny` as an unknown key `tiny`), and what it should hold; None for a mapping or
+    an empty file."""
+    if data is None or isinstance(data, dict):
+        return None
+    from experiments.common.schema import RunSchema
+
+    kind = type(data).__name__
+    what = (
+        f"a list of {len(data)}"
+        if isinstance(data, list)
+        else f"a{'n' * (kind[0] in 'aeiou')} {kind}"
+    )
+    shown = "" if isinstance(data, list) else f" {repr(data)[:40]}"
+    schema = typing.get_type_hints(RunSchema).get(group)
+    names = [f.name for f in fields(schema)][:3] if is_dataclass(schema) else []
+    them = f"{group} fields ({', '.join(names)}, ...)" if names else "fields"
+    where = f"conf/{group}/" if group else "conf/"
+    return f"it holds {what}{shown}, not a mapping of {them}; write it as {where} does"
 
 
 def _target(group: str, entry: str) -> str:

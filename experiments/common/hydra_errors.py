@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError, did_you_mean, quoted
+from experiments.common.command_options import taken_by
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -124,6 +125,8 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         line = f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
+        if key == name:  # a top-level key: another command's option, maybe
+            line += taken_by(name)
         if valid == []:  # a schema of no fields (a planner with no params)
             line += f"; {key.rsplit('.', 1)[0]} takes none: leave it out"
         return line + _how_to_add(cause, key, text)

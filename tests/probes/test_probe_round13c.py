@@ -1,0 +1,51 @@
+"""Probe round 13c (issue 48): the leftovers of round 13. Another command's option named no
+command that takes it; a group's YAML holding a scalar read as an unknown key; a field the
+routing source ignores in a user's workload file; a size option with no lower bound; a planner
+param past what the workload or model holds; a param named other than as a user types it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import TINY, one_line
+
+
+@pytest.mark.parametrize(
+    ("module", "arg", "takers"),
+    [
+        ("experiments.bench.host", "gpu_frac=0.5", ["experiments.bench.accelerate"]),
+        ("experiments.run", "+shard_mb=1", ["experiments.make_checkpoint"]),
+        ("experiments.collect", "n_layers=1", ["experiments.bench.real", "make_checkpoint"]),
+        ("experiments.report", "skip_finished=true", ["experiments.run"]),
+    ],
+)
+def test_another_commands_option_names_the_commands_that_take_it(
+    cli_here: Any, module: str, arg: str, takers: list[str]
+) -> None:
+    """`gpu_frac=0.5` given to bench.host was "unknown key; valid: ..." and no more."""
+    one_line(cli_here(module, arg), "unknown key", *takers, "take")
+
+
+@pytest.mark.parametrize("group", ["model", "hardware", "workload", "planner", "executor"])
+@pytest.mark.parametrize(("text", "holds"), [("tiny", "a str 'tiny'"), ("3", "an int 3")])
+def test_a_group_yaml_holding_a_scalar_says_what_it_holds(
+    cli_here: Any, tmp_path: Path, group: str, text: str, holds: str
+) -> None:
+    """A `tiny` in a --config-dir's model/mine.yaml was `model.tiny: unknown key`, a `3`
+    "Invalid loaded object type: int"; given as model=FILE.yaml, the same."""
+    (tmp_path / "c" / group).mkdir(parents=True)
+    (tmp_path / "c" / group / "mine.yaml").write_text(text + "\n")
+    args = [a for a in [*TINY, "executor=sim"] if not a.startswith(f"{group}=")]
+    run = f"hydra.run.dir={tmp_path / 'r'}"
+    r = cli_here(
+        "experiments.run", "--config-dir", str(tmp_path / "c"), *args, f"{group}=mine", run
+    )
+    one_line(r, "mine.yaml", holds, f"mapping of {group} fields", f"conf/{group}/")
+    if group in ("model", "hardware", "workload"):
+        r = cli_here(
+            "experiments.run", *args, f"{group}={tmp_path / 'c' / group / 'mine.yaml'}", run
+        )
+        one_line(r, "mine.yaml", holds, f"mapping of {group} fields")
