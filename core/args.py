@@ -71,10 +71,11 @@ def as_float(
     positive: bool = False,
     at_most: float | None = None,
     why: str = "",
+    low_why: str = "",
 ) -> float:
     """`value` of argument `key` as a finite float; a MoepipeError naming `key` when it is not a
-    number, is below `at_least`, (with `positive`) is not above 0, or is above `at_most` (`why`:
-    the reason for that bound)."""
+    number, is below `at_least` (`low_why`: the reason for that bound), (with `positive`) is not
+    above 0, or is above `at_most` (`why`: the reason for that bound)."""
     x: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         x = float(value)
@@ -88,7 +89,10 @@ def as_float(
     if positive and x <= 0:
         raise MoepipeError(f"{key}={value}: must be > 0; pass a positive number, e.g. {key}=1")
     if at_least is not None and x < at_least:
-        raise MoepipeError(f"{key}={value}: must be >= {at_least:g}; pass e.g. {key}={at_least:g}")
+        since = f" ({low_why})" if low_why else ""
+        raise MoepipeError(
+            f"{key}={value}: must be >= {at_least:g}{since}; pass e.g. {key}={at_least:g}"
+        )
     _check_at_most(key, value, x, at_most, why)
     return x
 

@@ -87,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     return int(until_interrupted(lambda: _app(argv)))
 
 
+# A shard under a megabyte holds a tensor or two: a model's checkpoint would be thousands of
+# files (1e-30 made one file per tensor), each a file a loader opens
+MIN_SHARD_MB = 1.0
+SHARD_WHY = "a smaller shard holds a tensor or two, and the checkpoint thousands of files"
 # torch.Generator's seed: a 64-bit integer
 MAX_SEED = 2**63 - 1
 # No draw of a normal past this many standard deviations turns up in any checkpoint (the odds
@@ -141,7 +145,7 @@ def _main(opts: Any) -> int:
 def _write(opts: Any) -> int:
     seed = as_int("seed", opts.seed, at_least=0, at_most=MAX_SEED, why="a 64-bit seed")
     scale = as_float("scale", opts.scale, positive=True)
-    shard_mb = as_float("shard_mb", opts.shard_mb, positive=True)
+    shard_mb = as_float("shard_mb", opts.shard_mb, at_least=MIN_SHARD_MB, low_why=SHARD_WHY)
     overrides = {k: getattr(opts, k) for k in _SPEC_FIELDS if getattr(opts, k) is not None}
     check_enums(overrides)
     spec = reduced_spec(opts.model, **overrides)

@@ -153,9 +153,14 @@ def kv_lines(
 def buffer_lines(
     opts: dict[str, Any], device: torch.device, slabs: HostSlabs, repeats: int
 ) -> list[str]:
-    # at least a byte: less rounds to a unit of 0 bytes, whose rate divides by 0
+    # at least a page: the buffers are ALIGN-aligned, a smaller unit times the page, not itself
     unit_mb = as_float(
-        "unit_mb", opts["unit_mb"], at_least=1 / 2**20, at_most=4096.0, why="one expert's weights"
+        "unit_mb",
+        opts["unit_mb"],
+        at_least=ALIGN / 2**20,
+        low_why=f"a buffer is {ALIGN} bytes at least",
+        at_most=4096.0,
+        why="one expert's weights",
     )
     unit = round_up(int(unit_mb * 2**20), ALIGN)
     n = as_int("units", opts["units"], at_least=1, at_most=MAX_UNITS, why="each is a slab slot")

@@ -263,9 +263,9 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     if budget * DEVICE_SHARE < working:
         raise MoepipeError(
             f"budget_gb={budget / 1e9:g}: its device pool ({DEVICE_SHARE:.0%}, "
-            f"{budget * DEVICE_SHARE / 1e9:.2f} GB) is below one layer's working set of "
-            f"{working / 1e9:.2f} GB (embedding, head, a layer's attention, gate and top-k "
-            f"experts); raise budget_gb to at least {working / DEVICE_SHARE / 1e9:.2f}"
+            f"{budget * DEVICE_SHARE / 1e9:.3g} GB) is below one layer's working set of "
+            f"{working / 1e9:.3g} GB (embedding, head, a layer's attention, gate and top-k "
+            f"experts); raise budget_gb to at least {working / DEVICE_SHARE / 1e9:.3g}"
         )
     _fits(opts, spec, budget)
     return spec, budget, peers, cold
