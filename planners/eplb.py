@@ -56,7 +56,8 @@ class EPLBPolicy:
             raise ConfigError(
                 f"eplb: {e} experts over n_devices={g} need at least {need} replicas so every "
                 f"device holds as many physical experts (EPLB's layout), got replicas="
-                f"{layout.replicas}; raise planner replica_slots to 1+ (or replicas to {need}+)"
+                f"{layout.replicas}; raise planner.params.replica_slots to 1+ (or replicas to "
+                f"{need}+)"
             )
         check_args(initial.shape, self.n_phy, p.num_groups, p.num_nodes, layout.n_devices)
         self.history: list[np.ndarray] = []  # per iteration: [L, E] counts seen so far

@@ -82,7 +82,8 @@ class KlotskiParams:
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ConfigError(
-                f"planner klotski: predictor {self.predictor!r}; valid: {', '.join(PREDICTORS)}"
+                f"planner klotski: planner.params.predictor={self.predictor!r} unknown; "
+                f"valid: {', '.join(PREDICTORS)}"
             )
         least = {
             "n": -1,
@@ -181,7 +182,8 @@ class Klotski(Planner):
         if self.params.hot_k > model.n_experts:  # it was cut to n_experts without a word
             raise ConfigError(
                 f"planner klotski: planner.params.hot_k={self.params.hot_k} exceeds the model's "
-                f"{model.n_experts} experts; pass hot_k <= {model.n_experts} (0 = its top-k)"
+                f"{model.n_experts} experts; pass planner.params.hot_k <= {model.n_experts} (0 = "
+                "its top-k)"
             )
         # it was cut to the layers without a word (the default's 2 on a one-layer model is fine)
         layers = len(model.moe_layers)
@@ -189,7 +191,7 @@ class Klotski(Planner):
             raise ConfigError(
                 f"planner klotski: planner.params.disk_window={self.params.disk_window} exceeds "
                 "the model's "
-                f"{layers} MoE layers; pass disk_window <= {layers}"
+                f"{layers} MoE layers; pass planner.params.disk_window <= {layers}"
             )
         return self.params.hot_k or model.top_k
 
@@ -240,7 +242,7 @@ class Klotski(Planner):
             raise ConfigError(
                 f"planner klotski: planner.params.disk_speculate={p.disk_speculate} exceeds the "
                 "model's "
-                f"{m.n_experts} experts; pass disk_speculate <= {m.n_experts}"
+                f"{m.n_experts} experts; pass planner.params.disk_speculate <= {m.n_experts}"
             )
         choice = self.choose(m, ctx.hardware, wl, ctx.cost)
         placement = placement_for(m, ctx.hardware, wl, p.disk_window, p.real_activations)

@@ -66,7 +66,8 @@ class MixtralOffloading(Planner):
             raise ConfigError(
                 f"planner mixtral_offloading: planner.params.guess_k={p.guess_k} exceeds the "
                 "model's "
-                f"{m.n_experts} experts; pass guess_k <= {m.n_experts} (0 = its top-k)"
+                f"{m.n_experts} experts; pass planner.params.guess_k <= {m.n_experts} (0 = its "
+                "top-k)"
             )
         placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
         em = Emitter(ctx, out, placement)

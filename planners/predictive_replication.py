@@ -52,7 +52,8 @@ class PredictiveParams(ReplicaParams):
         super().__post_init__()
         if self.predictor not in PREDICTORS:
             raise ConfigError(
-                f"predictive_replication: predictor {self.predictor!r} unknown; valid: "
+                f"predictive_replication: planner.params.predictor={self.predictor!r} unknown; "
+                "valid: "
                 f"{', '.join(PREDICTORS)}"
             )
         object.__setattr__(self, "predictor", ReplicaPredictor(self.predictor))

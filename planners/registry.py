@@ -9,10 +9,12 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -93,10 +95,42 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
+        raise ConfigError(as_typed(name, str(e))) from None
+
+
+# what follows a param's name where a line speaks of its value: `=2`, `<= 8`, `must be`
+_SAID_OF = r"=|\s*(?:<=|>=|<|>)\s|\s+(?:must|exceeds|is)\b"
+
+
+@contextlib.contextmanager
+def own_errors(name: str) -> Iterator[None]:
+    """Inside, planner `name`'s own ConfigError (a line that begins with its name, raised as it
+    plans) is `as_typed`'s line: its params by the keys a user types, its name once."""
+    try:
+        yield
+    except ConfigError as e:
         msg = str(e)
-        raise ConfigError(
-            msg if msg.startswith(f"planner {name}") else f"planner {name}: {msg}"
-        ) from None
+        if re.match(rf"(?:planner )?{re.escape(name)}\b", msg) is None:
+            raise
+        raise ConfigError(as_typed(name, msg)) from None
+
+
+def as_typed(name: str, msg: str) -> str:
+    """Planner `name`'s own error `msg` as one line a user can act on: `planner NAME: ` once
+    (a planner's line began `eplb: ` inside it), and each of its params named by the key a user
+    types (`resident_share=2` as `planner.params.resident_share=2`)."""
+    body = msg
+    while True:  # "planner eplb: eplb: ...": each prefix off
+        rest = re.sub(rf"^(?:planner {re.escape(name)}|{re.escape(name)})\s*:\s*", "", body)
+        if rest == body:
+            break
+        body = rest
+    for param in param_names(name):  # `param=`, `planner param`: not inside a dotted key
+        body = re.sub(
+            rf"(?<![\w.]){re.escape(param)}(?={_SAID_OF})", f"planner.params.{param}", body
+        )
+        body = re.sub(rf"\bplanner {re.escape(param)}\b", f"planner.params.{param}", body)
+    return f"planner {name}: {body}"
 
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

@@ -29,7 +29,7 @@ from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
-from planners.registry import make_planner
+from planners.registry import make_planner, own_errors
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def plan_schedule(
     cost = CostModel(spec.hardware)
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
-    with gc_paused():
+    with gc_paused(), own_errors(spec.planner):
         (planner or run_planner(spec)).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
     return builder.build()
@@ -152,7 +152,7 @@ def check_plan_fits(spec: RunSpec, planner: Planner | None = None) -> None:
     stand_in = CausalRouting(not_yet, m.n_experts, m.top_k, labels=not_yet)
     ctx = PlanContext(m, spec.hardware, spec.workload, stand_in, CostModel(spec.hardware))
     try:
-        with gc_paused():
+        with gc_paused(), own_errors(spec.planner):
             (planner or run_planner(spec)).plan(ctx, ScheduleBuilder(ctx.hardware.memory_bytes))
     except _RoutingNeeded:
         return

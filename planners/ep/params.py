@@ -202,7 +202,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     if p.replica_slots > e:  # a device holds at most one copy of each expert
         raise ConfigError(
             f"planner.params.replica_slots={p.replica_slots} exceeds the model's {e} experts (a "
-            f"device holds one copy of an expert at most); pass replica_slots <= {e}"
+            f"device holds one copy of an expert at most); pass planner.params.replica_slots <= {e}"
         )
     replicas = g * p.replica_slots if p.replicas < 0 else p.replicas
     if replicas > g * p.replica_slots:

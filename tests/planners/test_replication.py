@@ -266,7 +266,7 @@ def test_eplb_rounds_its_replicas_down_to_equal_devices():
     s = simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=2)).summary
     assert s["plan"]["eplb"]["replicas_used"] == 5
     with pytest.raises(
-        ConfigError, match=r"need at least 2 replicas .* raise planner replica_slots"
+        ConfigError, match=r"need at least 2 replicas .* raise planner.params.replica_slots"
     ):
         simulate_run(tiny_spec("eplb", n_devices=3, lanes=True, replica_slots=0))
 

@@ -67,3 +67,52 @@ def test_a_size_option_below_its_bound_names_the_bound(
     args = [a.replace("OUT", str(tmp_path / "ck")) for a in args]
     one_line(cli_here(module, *args), *words, "must be >=")
     assert not (tmp_path / "ck").exists()
+
+
+def _bad_params() -> list[tuple[str, str, Any]]:
+    """(planner, param, a value out of any range) for each number or string param of every
+    registered planner."""
+    import dataclasses
+    import typing
+
+    from planners.registry import entry, planner_names
+
+    out = []
+    for name in planner_names():
+        cls = entry(name).params
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)
+            bad = [-7, 10**9] if int in kinds else [-7.5, 1e9] if float in kinds else []
+            out += [(name, f.name, v) for v in bad + (["zzz"] if str in kinds else [])]
+    return out
+
+
+def test_every_planner_param_line_names_the_param_as_typed_and_the_planner_once() -> None:
+    """fiddler's `resident_share=2` said `resident_share=2.0 must be in [0, 1]` (a user types
+    planner.params.resident_share); eplb's said `planner eplb: eplb: window=0 ...`."""
+    from core.errors import ConfigError
+    from planners.registry import make_params
+
+    wrong = []
+    for name, param, value in _bad_params():
+        try:
+            make_params(name, {param: value})
+        except ConfigError as e:
+            line = str(e)
+            once = line.startswith(f"planner {name}: ") and line.count(f"{name}:") == 1
+            if not once or f"planner.params.{param}" not in line:
+                wrong.append(line)
+    assert not wrong, wrong
+
+
+def test_a_planners_own_line_as_it_plans_names_it_once(cli_here: Any, tmp_path: Path) -> None:
+    r = cli_here(
+        "experiments.run",
+        *TINY[:3],
+        "planner=klotski",
+        "planner.params.hot_k=99",
+        f"hydra.run.dir={tmp_path}",
+    )
+    line = one_line(r, "planner klotski: planner.params.hot_k=99", "planner.params.hot_k <=")
+    assert line.count("klotski:") == 1
