@@ -24,6 +24,7 @@ pipeline calls `choose_n_batches` to size the workload before routing exists), k
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,8 @@ MAX_WARMUP_SEQUENCES = 4096
 # token positions of a warm-up sequence at most: its counts settle long before, and a prompt of
 # millions made the warm-up generate routing for minutes before any check of the run's size
 WARMUP_POSITIONS = 1 << 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class Klotski(Planner):
                 "model's "
                 f"{m.n_experts} experts; pass planner.params.disk_speculate <= {m.n_experts}"
             )
+        self._check_attn_batches(wl.n_batches)
         choice = self.choose(m, ctx.hardware, wl, ctx.cost)
         placement = placement_for(m, ctx.hardware, wl, p.disk_window, p.real_activations)
         em = Emitter(ctx, out, placement)
@@ -316,6 +320,28 @@ class Klotski(Planner):
         for k in range(n):
             last = em.head(step, k, (head_load, last), last_batch=k == n - 1)
         self.last = last
+
+    def _check_attn_batches(self, n: int) -> None:
+        """attn_batches past the group's `n` batches (its spans were cut to the group without a
+        word): refused where the user set the group (planner.params.n, or workload.n_batches
+        with n=-1); where the n-planner chose it (n=0), cut to it, and the log says so."""
+        k = self.params.attn_batches
+        if k <= n:
+            return
+        batches = f"{n} batch{'es' * (n != 1)}"
+        if self.params.n != 0:
+            raise ConfigError(
+                f"planner klotski: planner.params.attn_batches={k} exceeds the group's {batches} "
+                f"(planner.params.n, -1 = workload.n_batches); pass at most {n} (0 = the "
+                "planner chooses)"
+            )
+        log.warning(
+            "planner klotski: planner.params.attn_batches=%d spans the whole group the n-planner "
+            "chose (%s, planner.params.n=0): attention runs over all %d at once",
+            k,
+            batches,
+            n,
+        )
 
     def _attn_spans(self, step: int, layer: int) -> list[tuple[int, int]]:
         """(first batch, batches) of each attention op of the layer, in batch order."""

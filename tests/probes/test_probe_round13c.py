@@ -116,3 +116,29 @@ def test_a_planners_own_line_as_it_plans_names_it_once(cli_here: Any, tmp_path: 
     )
     line = one_line(r, "planner klotski: planner.params.hot_k=99", "planner.params.hot_k <=")
     assert line.count("klotski:") == 1
+
+
+@pytest.mark.parametrize("n", ["-1", "2"])
+def test_klotski_attn_batches_past_a_group_the_user_set_is_refused(
+    cli_here: Any, tmp_path: Path, n: str
+) -> None:
+    """`attn_batches=99` on a group of 2 was accepted (only 256 was a bound): spans cut to the
+    group without a word."""
+    r = cli_here(
+        "experiments.run",
+        *TINY[:3],
+        "planner=klotski",
+        f"planner.params.n={n}",
+        "planner.params.attn_batches=99",
+        f"hydra.run.dir={tmp_path}",
+    )
+    one_line(r, "planner.params.attn_batches=99", "group's 2 batches", "at most 2")
+
+
+def test_klotski_attn_batches_past_a_group_it_chose_is_cut_and_said(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    args = ["planner=klotski", "planner.params.n=0", "planner.params.attn_batches=99"]
+    r = cli_here("experiments.run", *TINY[:3], *args, f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "attn_batches=99 spans the whole group" in r.stdout + r.stderr
