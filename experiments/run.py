@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -40,7 +41,7 @@ from core.spec import ModelSpec
 from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.common import ep_inputs
-from experiments.common.app import hydra_main, remove_if_no_run, running
+from experiments.common.app import USER_FILES, hydra_main, remove_if_no_run, running
 from experiments.common.callbacks import FAILED
 from experiments.common.cli import (
     any_error_line,
@@ -54,7 +55,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.dir_lock import LOCK, dir_locked
-from experiments.common.hydra_errors import with_key
+from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.reader_left import guard_stdout
 from experiments.common.resolve import run_model_name, run_spec
@@ -174,14 +175,39 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
         + (() if ep_inputs.block(cfg) else ("trace_dir",)),  # a replication case's tables read it
         RoutingSource.LIVE: SYNTHETIC_KNOBS + ("tasks", "exclude_tasks"),
     }.get(source, ())
+    in_file, file_knobs = user_workload_knobs()
     for knob in unused:
         key = f"workload.routing.{knob}"
-        if key in given:
+        at = "" if key in given else f" (in {in_file})" if knob in file_knobs else None
+        if at is not None:
             reads = "the synthetic generator's" if knob in SYNTHETIC_KNOBS else "the ESFT trace's"
             raise ConfigError(
-                f"{key}: {reads} knob, but this run's routing is {source} ({why}); drop it, "
-                "or set workload.routing.source to the routing it is for"
+                f"{key}{at}: {reads} knob, but this run's routing is {source} ({why}); drop it"
+                f"{' from that file' if at else ''}, or set workload.routing.source to the "
+                "routing it is for"
             )
+
+
+def user_workload_knobs() -> tuple[str, set[str]]:
+    """The user's own workload file this run composed (workload=FILE.yaml, or one in a
+    --config-dir or hydra.searchpath folder) and the routing knobs it sets; ("", set()) for
+    one of conf/workload/, whose knobs are for whichever source `auto` picks."""
+    hc = HydraConfig.get()
+    name = hc.runtime.choices.get("workload")
+    for src in hc.runtime.config_sources:
+        path = Path(src.path) / "workload" / f"{name}.yaml"
+        if src.schema != "file" or not path.is_file():
+            continue
+        if path.resolve().is_relative_to(CONF_DIR.resolve()):
+            break
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):  # composed already: read as hydra read it
+            break
+        routing = data.get("routing") if isinstance(data, dict) else None
+        shown = USER_FILES.get(str(path), str(path))  # workload=FILE.yaml: FILE, not the copy
+        return shown, set(routing) if isinstance(routing, dict) else set()
+    return "", set()
 
 
 def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -> dict:

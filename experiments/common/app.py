@@ -83,6 +83,7 @@ Options are key=value (hydra's override syntax: a list is [a,b], a string with s
 quoted); a key the schema lacks, or a value of the wrong type, is refused in one line.
 --cfg job prints the composed config without running."""
 _HELP: dict[str, str] = {}  # the running command's --help header
+USER_FILES: dict[str, str] = {}  # the running command's group=FILE.yaml: copy's path -> FILE
 
 
 def _help_header() -> str:
@@ -359,6 +360,8 @@ def _hydra_main(
     files: dict[str, str] = {}
     try:
         argv = group_files(argv, file_groups, Path(tmp), files)
+        USER_FILES.clear()  # the copies hydra reads, by path: a task's line names the user's
+        USER_FILES.update({str(Path(tmp) / f"{k}.yaml"): v for k, v in files.items()})
         flags, overrides = _checked_args(argv, conf_dir, config_name, file_groups)
 
         def job(cfg: DictConfig) -> None:
@@ -396,20 +399,25 @@ def _hydra_main(
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except MoepipeError as e:
         before_line()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_users_files(str(e), files, Path(tmp))}", file=sys.stderr)
         return 2
     except Exception as e:
         line = one_line(e, files) or (error_line(e) if files else None)
         if line is None:
             raise
-        for name, user_file in files.items():  # the user's file, not the copy hydra read
-            line = line.replace(str(Path(tmp) / f"{name}.yaml"), user_file)
         before_line()
-        print(f"error: {line}", file=sys.stderr)
+        print(f"error: {_users_files(line, files, Path(tmp))}", file=sys.stderr)
         return 2
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return int(result[0] or 0) if result else 0
+
+
+def _users_files(line: str, files: dict[str, str], tmp: Path) -> str:
+    """`line` naming the user's file (`group_files`), not the copy of it hydra read."""
+    for name, user_file in files.items():
+        line = line.replace(str(tmp / f"{name}.yaml"), user_file)
+    return line
 
 
 def _checked_args(

@@ -142,3 +142,34 @@ def test_klotski_attn_batches_past_a_group_it_chose_is_cut_and_said(
     r = cli_here("experiments.run", *TINY[:3], *args, f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "attn_batches=99 spans the whole group" in r.stdout + r.stderr
+
+
+WORKLOAD = """batch_size: 2
+n_batches: 2
+prompt_len: 8
+gen_len: 3
+routing:
+  source: synthetic
+  KNOB: [math]
+"""
+
+
+@pytest.mark.parametrize("way", ["file", "config-dir", "searchpath"])
+@pytest.mark.parametrize("knob", ["tasks", "exclude_tasks"])
+def test_a_knob_the_routing_ignores_in_a_users_workload_file_is_refused(
+    cli_here: Any, tmp_path: Path, way: str, knob: str
+) -> None:
+    """`tasks:` in the user's workload file on a synthetic run was ignored without a word (on
+    the command line it was refused)."""
+    mine = tmp_path / "c" / "workload" / "mine.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text(WORKLOAD.replace("KNOB", knob))
+    given = {
+        "file": ["workload=" + str(mine)],
+        "config-dir": ["--config-dir", str(tmp_path / "c"), "workload=mine"],
+        "searchpath": [f"hydra.searchpath=[file://{tmp_path / 'c'}]", "workload=mine"],
+    }[way]
+    run = f"hydra.run.dir={tmp_path / 'r'}"
+    r = cli_here("experiments.run", *given, "model=tiny", "hardware=tiny", "planner=flexgen", run)
+    one_line(r, f"workload.routing.{knob} (in {mine})", "synthetic", "drop it from that file")
+    assert not (tmp_path / "r" / "summary.json").exists()
