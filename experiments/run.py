@@ -408,10 +408,12 @@ def task(cfg: DictConfig) -> None:
         # the pool and says how to resume; the worker's own KeyboardInterrupt traceback would
         # only come before that line. It dies with the sweep's process (a kill -9 of it left
         # the workers running).
+        from experiments.common.callbacks import tracker_python_in_worker
         from experiments.common.pool import die_with_parent
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent()
+        tracker_python_in_worker()
         guard_stdout()  # its log lines once the sweep's reader has left (`| head -1`)
     # Under torchrun every rank runs this command into the one run dir, which rank 0 alone
     # writes: the other ranks take no lock (waiting on rank 0's, they would never join its

@@ -134,14 +134,14 @@ def _summaries(sweep_dir: Path) -> Iterator[Path]:
 
 def workers_ignore_ctrl_c() -> str | None:
     """Start the sweep's worker processes (joblib's, which loky starts as `sys.executable -m
-    ...`, and its resource tracker) with Ctrl-C, SIGTERM and SIGHUP ignored, from their first
-    instruction: Ctrl-C reaches every process of the terminal's group (a closed terminal's
-    SIGHUP too, a scheduler's SIGTERM often), and a worker still importing numpy printed its
-    KeyboardInterrupt traceback before the sweep's one line, a tracker killed by SIGHUP its
-    KeyError tracebacks after it. The sweep's process stops the pool itself (joblib kills its
-    workers with SIGKILL). Returns the real executable, to be restored when the sweep ends;
-    None where no wrapper could be written."""
-    import os
+    ...`, and its resource tracker) with Ctrl-C, SIGTERM, SIGHUP and SIGQUIT ignored, from
+    their first instruction: Ctrl-C reaches every process of the terminal's group (a closed
+    terminal's SIGHUP too, a scheduler's SIGTERM often), and a worker still importing numpy
+    printed its KeyboardInterrupt traceback before the sweep's one line, a tracker killed by
+    SIGHUP or SIGQUIT (loky's, which ran the real python) its KeyError tracebacks after it.
+    The sweep's process stops the pool itself (joblib kills its workers with SIGKILL).
+    Returns the real executable, to be restored when the sweep ends; None where no wrapper
+    could be written."""
     import shlex
     import tempfile
 
@@ -156,13 +156,37 @@ def workers_ignore_ctrl_c() -> str | None:
         # removes them, but warns first, over two lines after the sweep's own: not asked
         quiet = "-W ignore:resource_tracker:UserWarning"
         wrapper.write_text(
-            f"#!/bin/sh\ntrap '' INT TERM HUP\nexec {shlex.quote(real)} {quiet} \"$@\"\n"
+            f"#!/bin/sh\ntrap '' INT TERM HUP QUIT\nexec {shlex.quote(real)} {quiet} \"$@\"\n"
         )
         wrapper.chmod(0o755)
     except OSError:
         return None
     sys.executable = str(wrapper)
+    _set_tracker_python(str(wrapper))
+    os.environ[WRAPPER_ENV] = str(wrapper)  # a worker starts a killed tracker again: with it
     return real
+
+
+WRAPPER_ENV = "MOEPIPE_POOL_PYTHON"  # the sweep's wrapper, for its pool's workers
+
+
+def tracker_python_in_worker() -> None:
+    """In a pool worker: a resource tracker it starts again (the sweep's was killed) runs
+    through the sweep's wrapper too (`workers_ignore_ctrl_c`)."""
+    wrapper = os.environ.get(WRAPPER_ENV)
+    if wrapper and Path(wrapper).is_file():
+        import joblib.externals.loky.backend.spawn  # noqa: F401  (where the worker has it not yet)
+
+        _set_tracker_python(wrapper)
+
+
+def _set_tracker_python(executable: str) -> None:
+    """The python loky starts its resource tracker with (read when loky was imported, not
+    sys.executable): the tracker ignores what the workers ignore. Private to loky (joblib 1.6);
+    where it is missing the tracker runs the real python, as before."""
+    spawn = sys.modules.get("joblib.externals.loky.backend.spawn")
+    if spawn is not None and hasattr(spawn, "_python_exe"):
+        spawn._python_exe = executable
 
 
 def _wrapped(executable: str) -> bool:
@@ -176,6 +200,8 @@ def workers_heed_signals(real: str) -> None:
     if _wrapped(sys.executable):
         shutil.rmtree(Path(sys.executable).parent, ignore_errors=True)
     sys.executable = real
+    _set_tracker_python(real)
+    os.environ.pop(WRAPPER_ENV, None)
 
 
 def remove_if_no_runs(sweep_dir: Path, made: Path | None = None) -> None:

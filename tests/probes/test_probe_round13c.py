@@ -173,3 +173,23 @@ def test_a_knob_the_routing_ignores_in_a_users_workload_file_is_refused(
     r = cli_here("experiments.run", *given, "model=tiny", "hardware=tiny", "planner=flexgen", run)
     one_line(r, f"workload.routing.{knob} (in {mine})", "synthetic", "drop it from that file")
     assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_the_pool_tracker_runs_through_the_wrapper_that_ignores_hup_and_quit() -> None:
+    """loky's resource tracker ran the real python (its executable read when loky was
+    imported), so a SIGHUP or SIGQUIT killed it and the one loky started again printed a
+    KeyError traceback per name after the sweep's lines."""
+    import sys
+
+    import joblib.externals.loky.backend.spawn as spawn
+
+    from experiments.common.callbacks import workers_heed_signals, workers_ignore_ctrl_c
+
+    real = workers_ignore_ctrl_c()
+    assert real is not None
+    try:
+        assert spawn.get_executable() == sys.executable != real
+        assert "trap '' INT TERM HUP QUIT" in Path(sys.executable).read_text()
+    finally:
+        workers_heed_signals(real)
+    assert spawn.get_executable() == sys.executable == real
