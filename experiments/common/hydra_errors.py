@@ -125,8 +125,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         line = f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
-        if key == name:  # a top-level key: another command's option, maybe
-            line += taken_by(name)
+        line += taken_by(name) if key == name else ""  # top-level: another command's option?
         if valid == []:  # a schema of no fields (a planner with no params)
             line += f"; {key.rsplit('.', 1)[0]} takes none: leave it out"
         return line + _how_to_add(cause, key, text)
