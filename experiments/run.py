@@ -68,7 +68,7 @@ from experiments.common.run_dir import (
     stamp,
     write_texts,
 )
-from experiments.common.schema import RunSchema
+from experiments.common.schema import RoutingSchema, RunSchema
 from experiments.common.tables import display_name
 from planners.registry import expert_parallel_names
 
@@ -190,8 +190,9 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
 
 def user_workload_knobs() -> tuple[str, set[str]]:
     """The user's own workload file this run composed (workload=FILE.yaml, or one in a
-    --config-dir or hydra.searchpath folder) and the routing knobs it sets; ("", set()) for
-    one of conf/workload/, whose knobs are for whichever source `auto` picks."""
+    --config-dir or hydra.searchpath folder) and the routing knobs it sets to other than their
+    defaults; ("", set()) for one of conf/workload/, or one whose source is `auto`: its knobs
+    are for whichever source that picks."""
     hc = HydraConfig.get()
     name = hc.runtime.choices.get("workload")
     for src in hc.runtime.config_sources:
@@ -205,8 +206,11 @@ def user_workload_knobs() -> tuple[str, set[str]]:
         except (OSError, ValueError, yaml.YAMLError):  # composed already: read as hydra read it
             break
         routing = data.get("routing") if isinstance(data, dict) else None
+        if not isinstance(routing, dict) or routing.get("source", "synthetic") == "auto":
+            break  # `auto`: a file, like conf/'s, for whichever source it picks
         shown = USER_FILES.get(str(path), str(path))  # workload=FILE.yaml: FILE, not the copy
-        return shown, set(routing) if isinstance(routing, dict) else set()
+        default = RoutingSchema()
+        return shown, {k for k, v in routing.items() if getattr(default, k, v) != v}
     return "", set()
 
 
