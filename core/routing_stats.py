@@ -4,6 +4,7 @@ layer's experts are predicted from this layer's. `core.synthetic` fits its gener
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,8 @@ def _scan_layers(
         raise ValueError("routing statistics need distinct experts in each token's top-k")
     n_layers, k = ids.shape[1], ids.shape[2]
     by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2), dtype=np.int32)  # [L, T, k]
+    # [L, T] each token's set as bits where the experts fit in 64 (else None: compared id by id)
+    masks = _bits(by_layer) if e <= 64 else None
     train = ~test
     counts = np.zeros((n_layers, e))
     reuse_hits = 0
@@ -97,7 +100,8 @@ def _scan_layers(
     for layer in range(n_layers):
         cur = by_layer[layer]  # [T, k]
         counts[layer] = np.bincount(cur.ravel(), minlength=e)
-        hit = _member(cur[1:], cur[:-1])  # [T-1, k] in the previous token's set?
+        sets = _Sets(cur, None if masks is None else masks[layer])
+        hit = sets.member(cur[1:], slice(None, -1))  # [T-1, k] in the previous token's set?
         reuse_hits += int(hit[same_seq].sum())
         if layer == n_layers - 1:
             break
@@ -108,8 +112,8 @@ def _scan_layers(
         pred = table.argmax(1)[a[test]]  # [T_test]
         scores["acc"].append(np.mean(pred == b[test]))
         scores["pop_acc"].append(np.mean(np.bincount(b[train], minlength=e).argmax() == b[test]))
-        nxt_test = nxt[test]
-        scores["in_set"].append(np.mean(_member(pred[:, None], nxt_test)[:, 0]))
+        nxt_sets = _Sets(nxt, None if masks is None else masks[layer + 1])
+        scores["in_set"].append(np.mean(nxt_sets.member(pred[:, None], test)[:, 0]))
         if not set_predictor:
             continue
         cur_train, nxt_train = cur[train], nxt[train]
@@ -120,17 +124,33 @@ def _scan_layers(
         for j in range(1, k):
             score += co[cur_test[:, j]]
         top = np.argsort(-score, axis=1)[:, :k]  # [T_test, k]
-        scores["recall"].append(_member(top, nxt_test).sum(1).mean() / k)
+        scores["recall"].append(nxt_sets.member(top, test).sum(1).mean() / k)
         pop = np.bincount(nxt_train.ravel(), minlength=e).astype(np.float32)
         pop_top = np.argsort(-pop)[:k]
-        hits = _member(np.broadcast_to(pop_top, nxt_test.shape), nxt_test)
+        hits = nxt_sets.member(np.broadcast_to(pop_top, (len(top), k)), test)
         scores["pop_recall"].append(hits.sum(1).mean() / k)
     return counts, reuse_hits, scores
 
 
-def _member(x: np.ndarray, sets: np.ndarray) -> np.ndarray:
-    """[N, m] float32 1.0 where x[i, j] is in row i of sets [N, k], else 0.0."""
-    return (x[:, :, None] == sets[:, None, :]).any(axis=2).astype(np.float32)
+def _bits(ids: np.ndarray) -> np.ndarray:
+    """[...] uint64: bit i set where expert i is in the set ids [..., k] (experts < 64)."""
+    return np.bitwise_or.reduce(np.left_shift(np.uint64(1), ids.astype(np.uint64)), axis=-1)
+
+
+@dataclass(frozen=True)
+class _Sets:
+    """Each token's top-k set of one layer: ids [T, k], and as bits [T] where they fit."""
+
+    ids: np.ndarray
+    bits: np.ndarray | None
+
+    def member(self, x: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
+        """[N, m] float32 1.0 where x[i, j] is in the set of the i-th of `rows`, else 0.0."""
+        if self.bits is not None:
+            shifted = self.bits[rows][:, None] >> x.astype(np.uint64)
+            return (shifted & np.uint64(1)).astype(np.float32)
+        sets = self.ids[rows]
+        return (x[:, :, None] == sets[:, None, :]).any(axis=2).astype(np.float32)
 
 
 def _load_skew(counts: np.ndarray, e: int) -> dict[str, Any]:

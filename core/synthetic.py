@@ -10,6 +10,7 @@ token's experts is below `reuse` where steep skew makes duplicates common). `fit
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -106,13 +107,17 @@ def _lut(prob: np.ndarray, q: int) -> np.ndarray:
     return np.minimum(out, e - 1).astype(np.int16).reshape(*prob.shape[:-1], q)
 
 
+@functools.lru_cache(maxsize=8)
 def gate_pool(n_experts: int, top_k: int, seed: int) -> np.ndarray:
-    """[G, k] float32 descending top-k softmax probabilities of random router logits."""
+    """[G, k] float32 descending top-k softmax probabilities of random router logits, read-only
+    and kept for the next call with the same arguments (a fit generates dozens of routings)."""
     rng = np.random.default_rng([seed, 3])
     logits = rng.normal(0.0, GATE_LOGIT_STD, (_GATE_POOL, n_experts))
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    return -np.sort(-p, axis=1)[:, :top_k].astype(np.float32)
+    out = -np.sort(-p, axis=1)[:, :top_k].astype(np.float32)
+    out.flags.writeable = False
+    return out
 
 
 def _dedupe(

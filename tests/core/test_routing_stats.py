@@ -65,6 +65,7 @@ def _inputs(cfg: RoutingConfig, layers: int, e: int, k: int, seed: int):
         (RoutingConfig(skew=1.5, layer_corr=0.0, reuse=0.0), 4, 8, 2),  # many ties
         (RoutingConfig(skew=0.0, layer_corr=0.5, reuse=0.5), 3, 16, 1),
         (RoutingConfig(skew=0.5, layer_corr=1.0, reuse=0.9), 2, 4, 4),  # k = E
+        (RoutingConfig(skew=0.8, layer_corr=0.6, reuse=0.3), 3, 128, 8),  # sets not bits: E > 64
     ],
 )
 @pytest.mark.parametrize("set_predictor", [True, False])
