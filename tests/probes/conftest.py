@@ -26,6 +26,9 @@ from real.checkpoint_write import write_checkpoint
 from tests.conftest import overridden, user_env
 
 ROOT = Path(__file__).resolve().parents[2]
+# routing_stats fits its generator to the ESFT trace (seconds of CPU a run): a test over
+# several commands runs its routing_stats member in the slow suite, which .ci/run runs too
+SLOW_COMMAND = pytest.mark.slow
 TINY = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
 
 

@@ -18,7 +18,7 @@ from experiments.common.cli import error_line
 from experiments.common.launcher_checks import check_joblib
 from real.checkpoint import reduced_spec
 from tests.conftest import overridden
-from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, cli, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,9 @@ def test_a_routing_task_given_twice_is_refused() -> None:
     ("module", "args", "name"),
     [
         ("experiments.trace_json", ["runs={run}", "out={theirs}"], "config.json"),
-        ("experiments.routing_stats", ["out={theirs}"], "config.json"),
+        pytest.param(
+            "experiments.routing_stats", ["out={theirs}"], "config.json", marks=SLOW_COMMAND
+        ),
         ("experiments.prefetch_eval", ["out={theirs}"], "results.csv"),
         ("experiments.collect", ["dir={sweep}", "out={folder}"], "results.csv"),
         ("experiments.report", ["dir={sweep}", "out={folder}"], "results.csv"),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY, one_line
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, one_line
 
 
 def writing_to(stdout: int, module: str, *args: str) -> subprocess.CompletedProcess:
@@ -49,7 +49,9 @@ def gone_reader(module: str, *args: str) -> subprocess.CompletedProcess:
         ("experiments.run", [*TINY, "hydra.run.dir={tmp}/run"], "run/summary.json"),
         ("experiments.run", ["-m", *TINY, "hydra.sweep.dir={tmp}/sweep"], "sweep"),
         ("experiments.run", ["--info"], None),
-        ("experiments.routing_stats", ["out={tmp}/s.json"], "s.json"),
+        pytest.param(
+            "experiments.routing_stats", ["out={tmp}/s.json"], "s.json", marks=SLOW_COMMAND
+        ),
         ("experiments.bench.lanes", ["device=cpu", "rows=[8]", "lanes=2"], None),
     ],
     ids=["run", "sweep", "info", "routing_stats", "bench.lanes"],
@@ -71,7 +73,9 @@ def test_a_reader_that_left_stdout_loses_nothing_and_prints_no_traceback(
     ("module", "args", "written"),
     [
         ("experiments.run", [*TINY, "hydra.run.dir={tmp}/run"], "run/summary.json"),
-        ("experiments.routing_stats", ["out={tmp}/s.json"], "s.json"),
+        pytest.param(
+            "experiments.routing_stats", ["out={tmp}/s.json"], "s.json", marks=SLOW_COMMAND
+        ),
         ("experiments.collect", ["--help"], None),
     ],
     ids=["run", "routing_stats", "help"],

@@ -15,7 +15,7 @@ import pytest
 
 from core.args import PNG_OURS, PNG_START
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY, one_line
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, one_line
 
 
 def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
@@ -238,7 +238,12 @@ def read_only_disk(tmp_path: Path) -> Any:
         ("experiments.collect", ["dir={sweep}", "out={full}/c"], "{full}/c"),
         ("experiments.report", ["dir={sweep}", "out={full}/r"], "out={full}/r"),
         ("experiments.trace_json", ["runs={sweep}/0", "out={full}/t.json"], "out={full}/t.json"),
-        ("experiments.routing_stats", ["out={full}/s.json"], "out={full}/s.json"),
+        pytest.param(
+            "experiments.routing_stats",
+            ["out={full}/s.json"],
+            "out={full}/s.json",
+            marks=SLOW_COMMAND,
+        ),
         ("experiments.run", [*TINY, "hydra.run.dir={full}/run"], "{full}/run"),
     ],
     ids=["collect", "report", "trace_json", "routing_stats", "run"],

@@ -17,7 +17,7 @@ import pytest
 
 from core.files import clear_leftovers, staging_dir, staging_file
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, TINY, cli, one_line, tiny_run
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, cli, one_line, tiny_run
 
 # `python -c KILL module args...`: the command, SIGKILLed at its (KILL_AT+1)-th rename, the
 # moment a staged write's file or folder moves in
@@ -67,7 +67,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("experiments.report", ["dir=SWEEP", "out=OUT"], 0),  # a plot of the page
         ("experiments.report", ["dir=SWEEP", "out=OUT"], 6),  # the outputs moving in
         ("experiments.collect", ["dir=SWEEP", "out=OUT"], 0),  # results.parquet
-        ("experiments.routing_stats", ["out=OUT/s.json"], 0),
+        pytest.param("experiments.routing_stats", ["out=OUT/s.json"], 0, marks=SLOW_COMMAND),
         ("experiments.run", [*TINY, "hydra.run.dir=OUT/run"], 0),  # the run's swap
         ("experiments.make_checkpoint", ["model=tiny", "out=OUT/ck"], 0),
     ],
