@@ -347,14 +347,7 @@ def test_a_sweep_with_stdout_closed_runs_and_no_child_writes_into_a_file(tmp_pat
     stands in for a closed stream."""
     sweep = tmp_path / "s"
     cmd = f"exec python -m experiments.run -m {' '.join(TINY)} workload.batch_size=1,2 "
-    r = subprocess.run(
-        ["bash", "-c", cmd + f"hydra.sweep.dir={sweep} >&-"],
-        cwd=ROOT,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _bash(cmd + f"hydra.sweep.dir={sweep} >&-")
     assert r.returncode == 0 and "error" not in r.stderr, r.stderr
     assert len(list(sweep.rglob("summary.json"))) == 2
 
@@ -394,14 +387,14 @@ def test_a_distributed_run_out_of_descriptors_is_one_line(tmp_path: Path, tiny_c
     args = ["executor=real", f"checkpoint={tiny_ckpt}", "hardware=h200-hgx8", "workload=tiny"]
     args += ["executor.distributed=true", "planner=eplb", "+planner.params.n_devices=2"]
     cmd = f"ulimit -n 20; exec python -m experiments.run {' '.join(args)} "
-    r = subprocess.run(
-        ["bash", "-c", cmd + f"hydra.run.dir={tmp_path / 'r'}"],
-        cwd=ROOT,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _bash(cmd + f"hydra.run.dir={tmp_path / 'r'}")
     line = one_line(r)
     assert "rank0.pkl" not in line
     assert "ulimit -n" in line or "open files" in line, line
+
+
+def _bash(line: str) -> subprocess.CompletedProcess:
+    """`line` run by bash from the checkout, as a user's shell runs it."""
+    return subprocess.run(
+        ["bash", "-c", line], cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=300
+    )
