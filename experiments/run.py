@@ -131,6 +131,14 @@ def check_no_chdir() -> None:
         )
 
 
+# the executor keys only a real run reads, and what to do instead on a simulated one
+REAL_ONLY_KEYS = {
+    "executor.rendezvous_timeout_s": "'s distributed runs; choose executor=real "
+    "executor.distributed=true, which reads it",
+    "executor.dtype": " (its compute dtype); the simulator times model.dtype_bytes: set that, "
+    "or choose executor=real, which reads it",
+}
+
 # the routing knobs each source reads (core.spec.RoutingConfig)
 SYNTHETIC_KNOBS = ("skew", "layer_corr", "reuse", "hot_experts", "hot_share")
 TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
@@ -139,7 +147,7 @@ TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
 def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
-    tasks on a synthetic one), the distributed rendezvous timeout on a simulated run,
+    tasks on a synthetic one), a real executor key (dtype, rendezvous timeout) on a simulated run,
     hardware.n_gpus for a planner of one GPU, or a model for a real run (its checkpoint's
     is run): the run would go on as if it were not given."""
     if not HydraConfig.initialized():
@@ -159,11 +167,9 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
             f"{cfg.checkpoint} (its config.json), whatever model says; drop it (to simulate "
             "the checkpoint: executor=sim +model.hf_config=DIR)"
         )
-    if spec.executor == "sim" and "executor.rendezvous_timeout_s" in given:  # (a default too)
-        raise ConfigError(
-            "executor.rendezvous_timeout_s: a key of the real executor's distributed runs; "
-            "choose executor=real executor.distributed=true, which reads it"
-        )
+    for key in REAL_ONLY_KEYS if spec.executor == "sim" else ():  # (each has a default too)
+        if key in given:
+            raise ConfigError(f"{key}: a key of the real executor{REAL_ONLY_KEYS[key]}")
     ran, why = run_model(cfg, spec), f"workload.routing.source={spec.workload.routing.source}"
     source = resolve_source(ran, spec.workload.routing.source)
     why = f"{why} for {ran.name}"
