@@ -426,6 +426,12 @@ class RoutingConfig:
         for f_ in ("tasks", "exclude_tasks"):  # one task given as a string is a list of one
             v = getattr(self, f_)
             object.__setattr__(self, f_, (v,) if isinstance(v, str) else tuple(v))
+            named = [t for t in getattr(self, f_) if not isinstance(t, str)]  # [[law]], [{a: 1}]
+            if named:
+                raise ConfigError(
+                    f"workload.routing.{f_}: {named[0]} is not a task's name; pass "
+                    f"workload.routing.{f_}=[law,intent]"
+                )
             twice = sorted({t for t in getattr(self, f_) if getattr(self, f_).count(t) > 1})
             if twice:  # the same tokens either way, but a sweep's run dir of its own
                 raise ConfigError(

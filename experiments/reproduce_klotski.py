@@ -534,6 +534,15 @@ def _main(args: Options) -> int:
     only = [str(n) for n in args.only]
     try:
         if args.report_only:
+            default = Options()
+            for key in ("quick", "jobs", "only"):  # each read by the runs alone
+                value = getattr(args, key)
+                if (list(value) if key == "only" else value) != getattr(default, key):
+                    shown = f"[{','.join(value)}]" if key == "only" else str(value).lower()
+                    raise MoepipeError(
+                        f"{key}={shown}: report_only=true runs nothing, it re-prints "
+                        f"{Path(args.out) / 'results.csv'}; drop {key}= or report_only="
+                    )
             print(report_of(Path(args.out) / "results.csv"))
             return 0
         makers = {

@@ -229,10 +229,14 @@ def check_not_empty(opts: Any, prefix: str = "") -> None:
 
 
 def _check_items(key: str, items: list[Any]) -> None:
-    """A list option's items: a blank one, or one given twice (its work done twice, its row or
-    column doubled: bench.lanes `rows=[8,8]`, report `columns=[a,a]`), refused."""
+    """A list option's items: a blank one, a list or a mapping, or one given twice (its work
+    done twice, its row or column doubled: bench.lanes `rows=[8,8]`, report `columns=[a,a]`),
+    refused."""
     if any(_blank(v) for v in items):
         raise MoepipeError(f"{key}={items}: an empty item; drop it, or name a value there")
+    nested = [v for v in items if isinstance(v, list | dict)]  # `runs=[[a]]`: read as a name
+    if nested:
+        raise MoepipeError(f"{key}={items}: {nested[0]} is not a value; pass {key}=[a,b]")
     given = [str(v) for v in items]
     twice = sorted({v for v in given if given.count(v) > 1})
     if twice:

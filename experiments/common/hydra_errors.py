@@ -185,8 +185,20 @@ def _override_into_null(e: BaseException) -> str | None:
 
 
 def _value_for_fields(text: str, key: str, at: str) -> str | None:
-    """A value where a mapping of fields belongs (a link given as a number), or an override
-    that cannot add a typed entry, as one line; None for another error."""
+    """A value where a mapping of fields belongs (a link given as a number, a list), or an
+    override that cannot add a typed entry, as one line; None for another error."""
+    listed = re.match(
+        r"Error merging override \+*([^=\s]+)=(.*)\nCannot merge DictConfig with", text
+    )
+    if listed:  # `hardware.memory_gb=[1]`: omegaconf's line said what, not how to fix it
+        schema = re.search(r"object_type=(\w+)", text)
+        names = _schema_keys(schema.group(1)) if schema else None
+        example = f"{listed.group(1)}.{names[0]}" if names else f"+{listed.group(1)}.NAME"
+        return (
+            f"{listed.group(1)}={listed.group(2)}: a list where a mapping"
+            f"{' of ' + ', '.join(names) if names else ''} belongs; set its entries, "
+            f"e.g. {example}=VALUE"
+        )
     typed = re.search(r"Invalid type assigned: \w+ is not a subclass of (\w+)\. value: (.*)", text)
     if not typed:
         return None
@@ -359,6 +371,9 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     if null:  # `workload.batch_size=null`: omegaconf's line said what, not how to fix it
         name = null.group(1)
         return f"{name}=null: takes a value, not null{at}; pass {name}=VALUE"
+    null = re.search(r"NoneType is not a subclass of (str|int|float|bool)\.", text)
+    if null:  # `train=[null]`: an item of a list of values (omegaconf's line named no key)
+        return f"{key}=null: an item of a list, which takes no null{at}; drop it or give it a value"
     if re.search(r"is not a ListConfig, list or tuple", text):  # `moe_layers=abc`
         return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)

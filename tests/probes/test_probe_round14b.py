@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize("value", ["float16", "bfloat16", "bogus"])
@@ -24,3 +24,96 @@ def test_a_real_executors_dtype_on_a_simulated_run_is_refused(
     r = cli_here("experiments.run", *TINY, f"executor.dtype={value}", f"hydra.run.dir={run}")
     one_line(r, "executor.dtype", "model.dtype_bytes", "executor=real")
     assert not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "names"),
+    [
+        ("experiments.trace_json", ["runs=[[RUN]]"], ["runs=", "not a value"]),
+        ("experiments.trace_json", ["runs=[RUN,{a:1}]", "out=OUT.json"], ["runs=", "not a value"]),
+        ("experiments.reproduce_klotski", ["only=[[table3]]", "out=OUT"], ["only=", "not a value"]),
+        ("experiments.prefetch_eval", ["train=[[law]]"], ["train=", "not a value"]),
+    ],
+)
+def test_a_list_or_mapping_inside_a_list_option_is_refused(
+    cli_here: Any, tmp_path: Path, module: str, args: list[str], names: list[str]
+) -> None:
+    """`trace_json runs=[[RUN]]` was an internal error (TypeError: expected str, not list),
+    `reproduce_klotski only=[[table3]]` a name "['table3']": a nested item of a list option
+    of names went in as a name."""
+    args = [a.replace("RUN", str(tmp_path)).replace("OUT", str(tmp_path / "o")) for a in args]
+    one_line(cli_here(module, *args), *names)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize("value", ["[[law]]", "[law,[intent]]", "[{a: 1}]"])
+@pytest.mark.parametrize("key", ["tasks", "exclude_tasks"])
+def test_a_nested_task_of_a_trace_run_is_refused(key: str, value: str) -> None:
+    """`workload.routing.tasks=[[law]]` on a run replaying the trace was an internal error
+    (TypeError: unhashable type: 'list')."""
+    from omegaconf import OmegaConf
+
+    from core.spec import RoutingConfig
+
+    tasks = OmegaConf.to_object(OmegaConf.create(f"v: {value}"))["v"]  # as hydra parses it
+    raises_one_line(lambda: RoutingConfig(source="trace", **{key: tasks}), key, "task's name")
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "key"),
+    [
+        ("experiments.prefetch_eval", ["train=[law,null]"], "train[1]=null"),
+        ("experiments.report", ["dir=DIR", "columns=[null]"], "columns[0]=null"),
+        (
+            "experiments.run",
+            [*TINY, "model.moe_layers=[null]", "hydra.run.dir=DIR"],
+            "moe_layers[0]",
+        ),
+        (
+            "experiments.run",
+            [*TINY, "workload.routing.tasks=[null]", "hydra.run.dir=DIR"],
+            "tasks[0]",
+        ),
+    ],
+)
+def test_a_null_item_of_a_list_is_named_with_a_fix(
+    cli_here: Any, tmp_path: Path, module: str, args: list[str], key: str
+) -> None:
+    """`train=[null]` said "train=None: a mapping of  belongs there; set its fields, e.g.
+    train.=VALUE": a list's null item read as a mapping of no fields."""
+    args = [a.replace("DIR", str(tmp_path / "d")) for a in args]
+    one_line(cli_here(module, *args), key, "takes no null", "drop it")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("hardware.memory_gb=[1]", ["a list where a mapping of gpu, cpu, disk", "memory_gb.gpu="]),
+        ("hardware.links.h2d=[1,2]", ["mapping of gbps, latency_us", "links.h2d.gbps="]),
+        ("workload.routing=[a]", ["workload.routing.source="]),
+        ("hardware.gpu.overhead_us_by_kind=[1]", ["+hardware.gpu.overhead_us_by_kind.NAME="]),
+        ("hardware.sources=[a]", ["a list where a mapping", "+hardware.sources.NAME="]),
+    ],
+)
+def test_a_list_where_a_mapping_belongs_is_named_with_a_fix(
+    cli_here: Any, tmp_path: Path, override: str, names: list[str]
+) -> None:
+    """`hardware.memory_gb=[1]` said "Cannot merge DictConfig with ListConfig", omegaconf's
+    words, with nothing to do about it."""
+    run = tmp_path / "r"
+    one_line(cli_here("experiments.run", *TINY, override, f"hydra.run.dir={run}"), *names)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("arg", "shown"),
+    [("quick=true", "quick=true"), ("jobs=1", "jobs=1"), ("only=[table3]", "only=[table3]")],
+)
+def test_reproduce_klotski_report_only_refuses_what_it_would_not_read(
+    cli_here: Any, tmp_path: Path, arg: str, shown: str
+) -> None:
+    """`report_only=true only=[table3]` re-printed the whole report without a word: the runs'
+    options (only, quick, jobs) are not read when nothing runs."""
+    r = cli_here("experiments.reproduce_klotski", "report_only=true", f"out={tmp_path}", arg)
+    one_line(r, shown, "report_only=true runs nothing", "results.csv")
