@@ -33,6 +33,7 @@ from core.files import no_file_there
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
+from experiments.common.argv_checks import unread_beside
 from experiments.common.cli import (
     checked_names,
     exit_command,
@@ -533,16 +534,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: Options) -> int:
     only = [str(n) for n in args.only]
     try:
-        if args.report_only:
-            default = Options()
-            for key in ("quick", "jobs", "only"):  # each read by the runs alone
-                value = getattr(args, key)
-                if (list(value) if key == "only" else value) != getattr(default, key):
-                    shown = f"[{','.join(value)}]" if key == "only" else str(value).lower()
-                    raise MoepipeError(
-                        f"{key}={shown}: report_only=true runs nothing, it re-prints "
-                        f"{Path(args.out) / 'results.csv'}; drop {key}= or report_only="
-                    )
+        if args.report_only:  # the runs' options, read by no run
+            where = f"runs nothing, it re-prints {Path(args.out) / 'results.csv'}"
+            unread_beside(args, ("quick", "jobs", "only"), "report_only=true", where)
             print(report_of(Path(args.out) / "results.csv"))
             return 0
         makers = {

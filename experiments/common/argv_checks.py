@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -144,3 +145,15 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
             except MoepipeError as e:
                 print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)
+
+
+def unread_beside(opts: Any, keys: Sequence[str], flag: str, why: str) -> None:
+    """A MoepipeError naming the first of `keys` that `opts` (a command's options dataclass)
+    holds at other than its default, where `flag` makes the command read none of them."""
+    default = type(opts)()
+    for key in keys:
+        value = getattr(opts, key)
+        if (list(value) if isinstance(value, list) else value) != getattr(default, key):
+            shown = f"[{','.join(map(str, value))}]" if isinstance(value, list) else value
+            shown = str(shown).lower() if isinstance(shown, bool) else shown
+            raise MoepipeError(f"{key}={shown}: {flag} {why}; drop {key}= or {flag}")
