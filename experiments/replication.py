@@ -32,7 +32,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.run_dir import staged_outputs
-from experiments.common.tables import RESULTS, RESULTS_START, collect, write_results
+from experiments.common.tables import RESULTS, RESULTS_START, collect, skipped_note, write_results
 
 CASES = [
     "esft-g8",
@@ -87,14 +87,16 @@ def load_rows(sweep: Path, opts: Options) -> list[dict[str, Any]]:
             "(python -m experiments.run -m experiment=replication_esft_g8)"
         )
     df, problems = collect(sweep)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
     rows = ep_rows.rows_of(df) if not df.empty else []
-    if not rows:
+    if not rows:  # one line: the skipped run dirs in it
+        skipped = skipped_note(sweep, problems)
         raise MoepipeError(
             f"dir={sweep}: no finished replication runs; run a case first "
             "(python -m experiments.run -m experiment=replication_esft_g8)"
+            f"{'; skipped' + skipped if skipped else ''}"
         )
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
     write_results(df, sweep)
     return ep_rows.order_rows(rows, opts.cases, opts.variants)
 

@@ -24,7 +24,7 @@ from experiments.common import ep_rows
 from experiments.common.app import command
 from experiments.common.cli import exit_command, print_or_exit, until_interrupted
 from experiments.common.ep_rows import NOISE_GAP
-from experiments.common.tables import collect
+from experiments.common.tables import collect, skipped_note
 
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
 FOUR = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
@@ -161,14 +161,15 @@ def run(opts: Options) -> list[str]:
     if not sweep.is_dir():
         raise MoepipeError(f"dir={sweep}: no such folder; sweep the folds first (see --help)")
     df, problems = collect(sweep)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
     folds = fold_rows(ep_rows.rows_of(df, one_setting=False) if not df.empty else [])
-    if not folds:
+    if not folds:  # one line: the skipped run dirs in it
+        skipped = skipped_note(sweep, problems)
         raise MoepipeError(
             f"dir={sweep}: no finished held-out ESFT runs of the four planners; sweep the "
-            "folds first (see --help)"
+            f"folds first (see --help){'; skipped' + skipped if skipped else ''}"
         )
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
     return cv_lines(folds)
 
 

@@ -459,6 +459,15 @@ def one_type(col: pd.Series) -> pd.Series:
     return col.map(lambda v: None if missing(v) else v if isinstance(v, str) else json.dumps(v))
 
 
+def skipped_note(sweep: Path, problems: list[str]) -> str:
+    """`: FIRST (and N more run dir(s) skipped)`: what a line saying that no run of `sweep` was
+    read adds, so that it stays one line; "" when none was skipped."""
+    if not problems:
+        return ""
+    more = f" (and {len(problems) - 1} more run dir(s) skipped)" if len(problems) > 1 else ""
+    return f": {sweep / problems[0]}{more}"
+
+
 def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
     """`collect` for the CLIs: one line on stderr per skipped run, naming its folder; None after
     one `error: ` line if `given` is empty (Path("") is the current folder) or no folder, holds
@@ -483,9 +492,8 @@ def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
         print(f"error: {e}", file=sys.stderr)
         return None
     if df.empty:
-        first = f": {sweep_dir / problems[0]}" if problems else "; run a sweep into it first"
-        more = f" (and {len(problems) - 1} more run dir(s) skipped)" if len(problems) > 1 else ""
-        print(f"error: no finished run under {sweep_dir}{first}{more}", file=sys.stderr)
+        first = skipped_note(sweep_dir, problems) or "; run a sweep into it first"
+        print(f"error: no finished run under {sweep_dir}{first}", file=sys.stderr)
         return None
     for p in problems:
         print(f"skipped {sweep_dir / p}", file=sys.stderr)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 
 
 @pytest.mark.parametrize("value", ["float16", "bfloat16", "bogus"])
@@ -117,3 +117,28 @@ def test_reproduce_klotski_report_only_refuses_what_it_would_not_read(
     options (only, quick, jobs) are not read when nothing runs."""
     r = cli_here("experiments.reproduce_klotski", "report_only=true", f"out={tmp_path}", arg)
     one_line(r, shown, "report_only=true runs nothing", "results.csv")
+
+
+@pytest.fixture(scope="module")
+def broken_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep dir of one tiny run whose summary.json is a JSON list: no run to read."""
+    run = tiny_run(tmp_path_factory.mktemp("s14b") / "sweep" / "0")
+    (run / "summary.json").write_text("[1, 2]\n")
+    return run.parent
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("experiments.replication_cv", ["no finished held-out ESFT runs", "skipped: "]),
+        ("experiments.replication", ["no finished replication runs", "skipped: "]),
+        ("experiments.collect", ["no finished run under"]),
+    ],
+)
+def test_a_sweep_of_skipped_runs_fails_in_one_line(
+    cli_here: Any, broken_sweep: Path, module: str, names: list[str]
+) -> None:
+    """replication_cv and replication printed a `skipped DIR: ...` line per unreadable run,
+    then their error: two lines or more, where collect said it in one."""
+    r = cli_here(module, f"dir={broken_sweep}")
+    one_line(r, *names, "summary.json unreadable (a JSON list")
