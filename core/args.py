@@ -131,15 +131,21 @@ def _not_empty(path: str | Path, key: str) -> Path:
     return Path(path)
 
 
+def not_a_folder(folder: Path, e: OSError) -> str:
+    """Why `folder` could not be made (`e`, mkdir's error): the file or the dangling link in
+    its way, else the error's own words."""
+    block = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    link = next((p for p in (folder, *folder.parents) if broken_link(p)), None)
+    why = f"{block} is a file, not a folder" if block else (e.strerror or str(e))
+    return f"{link} is {broken_link(link)[2:-1]}" if link else why
+
+
 def _writable_folder(folder: Path, key: str, given: Any) -> None:
     """Create `folder` (and its parents) and check a file can be written in it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        block = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-        link = next((p for p in (folder, *folder.parents) if broken_link(p)), None)
-        why = f"{block} is a file, not a folder" if block else (e.strerror or str(e))
-        why = f"{link} is {broken_link(link)[2:-1]}" if link else why
+        why = not_a_folder(folder, e)
         raise MoepipeError(
             f"{key}={given}: cannot create folder {folder} ({why}); pass {key}= a path under a "
             "writable folder"

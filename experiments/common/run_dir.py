@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from core.args import not_a_folder
 from core.errors import MoepipeError
 from core.files import (
     loads_json,
@@ -58,7 +59,13 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     The result's files, summary.json included, are listed with their hashes in `files.sha256`
     (`sha256sum -c` reads it), which `finished` checks before reusing the result."""
     top = topmost_missing(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file or a dangling link where the run's folder goes
+        raise MoepipeError(
+            f"{out_dir}: cannot make the run's folder ({not_a_folder(out_dir, e)}); move that "
+            "away and run again"
+        ) from None
     restore_previous(out_dir)
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
     tmp = staging_dir(out_dir)

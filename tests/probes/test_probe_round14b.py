@@ -142,3 +142,23 @@ def test_a_sweep_of_skipped_runs_fails_in_one_line(
     then their error: two lines or more, where collect said it in one."""
     r = cli_here(module, f"dir={broken_sweep}")
     one_line(r, *names, "summary.json unreadable (a JSON list")
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p.write_text("mine\n"), "is a file, not a folder"),
+        (lambda p: p.symlink_to(p.parent / "gone"), "which does not exist"),
+    ],
+    ids=["file", "dangling-link"],
+)
+def test_a_file_where_a_run_folder_goes_is_named(tmp_path: Path, make: Any, words: str) -> None:
+    """A file or a dangling link at one of reproduce_klotski's <out>/runs/<run> folders said
+    "<run>: File exists; check the file and the disk" after the runs before it."""
+    from experiments.common.run_dir import replace_run
+
+    run = tmp_path / "runs" / "flexgen_0"
+    run.parent.mkdir()
+    make(run)
+    raises_one_line(lambda: replace_run(run, {"x": 1}, lambda tmp: None), str(run), words)
+    assert run.is_symlink() or run.read_text() == "mine\n"  # what was there, kept
