@@ -108,9 +108,9 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         in_file = _not_fields(text, where.group(1), at, files)
         if in_file:
             return in_file
-    converted = re.search(r"Cannot convert '(ListConfig|DictConfig)' to (\w+)", text)
-    if converted and key:  # `name: [a]`
-        what = "a list" if converted.group(1) == "ListConfig" else "a mapping"
+    converted = re.search(r"Cannot convert '(ListConfig|DictConfig|list|dict)' to (\w+)", text)
+    if converted and key:  # `name: [a]` in a file, `dir=[a,b]` given
+        what = "a list" if converted.group(1) in ("ListConfig", "list") else "a mapping"
         need = _KINDS.get(converted.group(2), converted.group(2))
         return f"{key}: {what} where {need} belongs{at}; pass {key}=<{need}>"
     unknown = re.search(r"Key '([^']*)' (?:is )?not in (?:struct|'(\w+)')", text)
@@ -420,6 +420,7 @@ def _missing_choice(text: str) -> str:
 
 
 _KINDS = {
+    "string": "a string",
     "Integer": "a whole number",
     "Float": "a number",
     "Boolean": "true or false",

@@ -162,3 +162,26 @@ def test_a_file_where_a_run_folder_goes_is_named(tmp_path: Path, make: Any, word
     make(run)
     raises_one_line(lambda: replace_run(run, {"x": 1}, lambda tmp: None), str(run), words)
     assert run.is_symlink() or run.read_text() == "mine\n"  # what was there, kept
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "key"),
+    [
+        ("experiments.collect", ["dir=[a,b]"], "dir"),
+        ("experiments.trace_json", ["runs=RUN", "out=[a]"], "out"),
+        ("experiments.bench.host", ["device=[cpu]"], "device"),
+        (
+            "experiments.run",
+            [*TINY, "workload.routing.source=[trace]", "hydra.run.dir=RUN"],
+            "workload.routing.source",
+        ),
+        ("experiments.run", [*TINY, "model.name={a: 1}", "hydra.run.dir=RUN"], "model.name"),
+    ],
+)
+def test_a_list_or_mapping_where_a_string_belongs_says_what_to_pass(
+    cli_here: Any, tmp_path: Path, module: str, args: list[str], key: str
+) -> None:
+    """`dir=[a,b]` said omegaconf's "Cannot convert 'list' to string: '['a', 'b']'"."""
+    args = [a.replace("RUN", str(tmp_path / "r")) for a in args]
+    line = one_line(cli_here(module, *args), f"{key}: a ", "where a string belongs", f"pass {key}=")
+    assert "Cannot convert" not in line
