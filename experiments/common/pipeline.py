@@ -223,11 +223,12 @@ def check_ops_fit(spec: RunSpec) -> None:
     ops = (wl.gen_len + 1) * m.n_layers * wl.n_batches * (experts + 6)
     if ops < OPS_CHECKED:
         return
+    # sized_run checks one batch first: then n_batches, whatever was given, is no way out
+    batches = "one batch" if wl.n_batches == 1 else f"n_batches={wl.n_batches}"
     check_ram(
         ops * BYTES_PER_OP,
-        f"workload.gen_len={wl.gen_len} x n_batches={wl.n_batches} on {m.n_layers} layers "
-        f"(about {ops:.3g} ops)",
-        "lower gen_len or n_batches",
+        f"workload.gen_len={wl.gen_len} x {batches} on {m.n_layers} layers (about {ops:.3g} ops)",
+        "lower gen_len" + (" or n_batches" if wl.n_batches > 1 else ""),
     )
 
 

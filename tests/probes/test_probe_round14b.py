@@ -185,3 +185,16 @@ def test_a_list_or_mapping_where_a_string_belongs_says_what_to_pass(
     args = [a.replace("RUN", str(tmp_path / "r")) for a in args]
     line = one_line(cli_here(module, *args), f"{key}: a ", "where a string belongs", f"pass {key}=")
     assert "Cannot convert" not in line
+
+
+def test_ops_past_the_ram_of_one_batch_name_no_n_batches(
+    cli_here: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gen_len=5000000 n_batches=50 said "gen_len=5000000 x n_batches=1 ...; lower gen_len or
+    n_batches": the n of the one batch checked first, not the user's, and a way out that is
+    none (this machine's RAM set to 8 GB, below one batch's need)."""
+    monkeypatch.setattr("experiments.common.pipeline._available_ram_bytes", lambda: 8 * 10**9)
+    run = tmp_path / "r"
+    more = ["workload.gen_len=5000000", "workload.n_batches=50", f"hydra.run.dir={run}"]
+    line = one_line(cli_here("experiments.run", *TINY, *more), "x one batch", "lower gen_len")
+    assert "n_batches" not in line and not run.exists()
