@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
+from core.args import refuse_theirs
 from core.errors import MoepipeError
 from core.trace_convert import convert_esft
 from core.traces import N_LAYERS
@@ -51,6 +52,9 @@ def _main(args: Options) -> int:
             )
         dest = args.out if args.out.endswith(".npz") else f"{args.out}.npz"
         output_file(dest, "out")
+        # a file of the user's there (notes, another npz) would be lost: the trace's begins
+        # as a zip whose first entry is expert_ids.npy
+        refuse_theirs(Path(dest), "out", b"PK\x03\x04", b"expert_ids.npy")
         out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -198,3 +198,17 @@ def test_ops_past_the_ram_of_one_batch_name_no_n_batches(
     more = ["workload.gen_len=5000000", "workload.n_batches=50", f"hydra.run.dir={run}"]
     line = one_line(cli_here("experiments.run", *TINY, *more), "x one batch", "lower gen_len")
     assert "n_batches" not in line and not run.exists()
+
+
+@pytest.mark.parametrize("theirs", [b"my notes\n", b"PK\x03\x04-\x00 another.npy"])
+def test_convert_traces_keeps_a_file_it_did_not_write_at_out(
+    cli_here: Any, tmp_path: Path, theirs: bytes
+) -> None:
+    """convert_traces replaced whatever file was at out= (a user's notes, another npz) without
+    a word, where routing_stats, prefetch_eval and collect refuse a file they did not write;
+    the source is not even read first."""
+    out = tmp_path / "mine.npz"
+    out.write_bytes(theirs)
+    r = cli_here("experiments.convert_traces", f"src={tmp_path / 'nowhere'}", f"out={out}")
+    one_line(r, f"out={out}", "did not write (it would be lost)")
+    assert out.read_bytes() == theirs
