@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.args import output_dir, refuse_theirs
+from core.args import output_dir
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
@@ -32,7 +32,12 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.run_dir import staged_outputs
-from experiments.common.tables import RESULTS, RESULTS_START, collect, skipped_note, write_results
+from experiments.common.tables import (
+    collect,
+    refuse_their_results,
+    skipped_note,
+    write_results,
+)
 
 CASES = [
     "esft-g8",
@@ -156,7 +161,7 @@ def run(opts: Options) -> list[str]:
     sweep = Path(opts.dir)
     out = Path(opts.out or opts.dir)
     # the files it writes, before it reads the runs: none of them another's it would lose
-    refuse_theirs(sweep / f"{RESULTS}.csv", "dir", RESULTS_START)
+    refuse_their_results(sweep, "dir")
     ep_plots.refuse_others(out)
     rows = load_rows(sweep, opts)
     output_dir(out, "out" if opts.out else "dir")  # a folder it cannot write, named as others do

@@ -39,10 +39,9 @@ from experiments.common.ranking import (
 )
 from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import (
-    RESULTS,
-    RESULTS_START,
     SYSTEM,
     collect,
+    refuse_their_results,
     write_results,
 )
 
@@ -75,7 +74,7 @@ def write_report(
     columns = columns or []
     check_request(df, metric, columns)
     refuse_theirs(out / "index.html", "out", PAGE_START)  # a page of the user's own, in out=
-    refuse_theirs(out / f"{RESULTS}.csv", "out", RESULTS_START)
+    refuse_their_results(out, "out")
     for name in PLOTS:  # a plot of the user's, alike
         refuse_their_png(out / name, "out")
     # into a folder of its own, moved in once whole, the page last: a report that fails midway

@@ -34,6 +34,16 @@ def markdown(df: pd.DataFrame, index: bool = False) -> str:
 
 RESULTS = "results"
 RESULTS_START = b"run_dir,"  # how every results.csv write_results writes begins
+PARQUET_START = b"PAR1"  # how every parquet file begins
+
+
+def refuse_their_results(folder: Path, key: str) -> None:
+    """A MoepipeError naming `key` where `folder`'s results.csv or results.parquet, which a
+    command is to replace, is not one that write_results wrote: the user's, which it would lose."""
+    refuse_theirs(folder / f"{RESULTS}.csv", key, RESULTS_START)
+    refuse_theirs(folder / f"{RESULTS}.parquet", key, PARQUET_START)
+
+
 SYSTEM = "system"  # a run's planner as every table, figure and log names it (display_name)
 
 
@@ -426,7 +436,7 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
         if clean[c].dtype == object and clean[c].map(type).nunique() > 1:
             clean[c] = one_type(clean[c])
     pq, csv = out / f"{RESULTS}.parquet", out / f"{RESULTS}.csv"
-    refuse_theirs(csv, "out", RESULTS_START)  # a results.csv of the user's own, in out=
+    refuse_their_results(out, "out")  # a results file of the user's own, in out=
     for path in (pq, csv):  # checked before either is written
         if path.is_dir():
             raise MoepipeError(

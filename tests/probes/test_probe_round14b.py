@@ -212,3 +212,30 @@ def test_convert_traces_keeps_a_file_it_did_not_write_at_out(
     r = cli_here("experiments.convert_traces", f"src={tmp_path / 'nowhere'}", f"out={out}")
     one_line(r, f"out={out}", "did not write (it would be lost)")
     assert out.read_bytes() == theirs
+
+
+@pytest.fixture(scope="module")
+def good_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep dir of one finished tiny run (tests write their outputs elsewhere)."""
+    return tiny_run(tmp_path_factory.mktemp("s14b") / "sweep" / "0").parent
+
+
+@pytest.mark.parametrize(
+    ("module", "key"),
+    [
+        ("experiments.collect", "out"),
+        ("experiments.report", "out"),
+        ("experiments.replication", "dir"),
+    ],
+)
+def test_a_users_results_parquet_is_not_replaced(
+    cli_here: Any, good_sweep: Path, tmp_path: Path, module: str, key: str
+) -> None:
+    """A results.parquet of the user's in out= was replaced by collect, report and replication
+    without a word; only results.csv was checked for being theirs."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "results.parquet").write_text("my notes\n")
+    args = [f"dir={good_sweep}", f"out={folder}"] if key == "out" else [f"dir={folder}"]
+    one_line(cli_here(module, *args), "results.parquet", "did not write (it would be lost)")
+    assert (folder / "results.parquet").read_text() == "my notes\n"
