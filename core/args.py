@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import MoepipeError
-from core.files import broken_link, staging_file
+from core.files import broken_link, not_regular, staging_file
 
 # The largest count of repeats a command takes: each is a whole run or measurement, and a
 # count past this one would run for days with no word, where a typo (1e12) is the likely cause.
@@ -176,6 +176,9 @@ def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"
     p = _not_empty(path, key)
     if p.is_dir():
         raise MoepipeError(f"{key}={path}: is a folder; pass {key}= a file path")
+    special = not_regular(p)  # a FIFO, a socket, a device: the user's, which a replace would drop
+    if special:
+        raise MoepipeError(f"{key}={path}: {special}, where a file goes; pass {key}= a file path")
     if p.name in RUN_FILES and any((p.parent / f).exists() for f in RUN_FILES[:2]):
         raise MoepipeError(
             f"{key}={path}: a file of the run in {p.parent} (its result would be lost); pass "

@@ -239,3 +239,26 @@ def test_a_users_results_parquet_is_not_replaced(
     args = [f"dir={good_sweep}", f"out={folder}"] if key == "out" else [f"dir={folder}"]
     one_line(cli_here(module, *args), "results.parquet", "did not write (it would be lost)")
     assert (folder / "results.parquet").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "name"),
+    [
+        ("experiments.trace_json", ["runs=RUN"], "t.json"),
+        ("experiments.prefetch_eval", ["test=[intent]"], "t.csv"),
+        ("experiments.convert_traces", ["src=RUN"], "t.npz"),
+    ],
+)
+def test_a_fifo_at_out_is_not_replaced(
+    cli_here: Any, tmp_path: Path, module: str, args: list[str], name: str
+) -> None:
+    """A FIFO at out= (a reader of the user's on the other end) was replaced by a regular file
+    and the command exited 0: the file's rename went over it."""
+    import os
+    import stat
+
+    out = tmp_path / name
+    os.mkfifo(out)
+    args = [a.replace("RUN", str(tmp_path / "nowhere")) for a in args]
+    one_line(cli_here(module, *args, f"out={out}"), f"out={out}", "a FIFO", "a file path")
+    assert stat.S_ISFIFO(out.lstat().st_mode)
