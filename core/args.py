@@ -189,7 +189,8 @@ def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"
             f"{key}={path}: the file is written as {suffix[1:].upper()}; pass {key}=FILE{suffix}"
         )
     refuse_theirs(p, key, starts)
-    _writable_folder(p.parent, key, path)
+    # a link is written through (`written_whole`): the folder of the file it names
+    _writable_folder(Path(os.path.realpath(p)).parent if p.is_symlink() else p.parent, key, path)
     if p.exists() and not os.access(p, os.W_OK):
         raise MoepipeError(f"{key}={path}: the file is not writable; pass {key}= another path")
     return p
@@ -261,13 +262,16 @@ def output_dir(path: str | Path, key: str) -> Path:
 def written_whole(path: str | Path) -> Iterator[Path]:
     """A path beside `path` (the same folder, the same suffix) to write the output file to; it
     replaces `path` once the block ends, and is removed if the block fails (a full disk, an
-    interrupt): `path` is the earlier file, whole, or the new one, never one cut short.
+    interrupt): `path` is the earlier file, whole, or the new one, never one cut short. A
+    symbolic link at `path` is written through: the file it names is replaced, not the link.
 
     Usage:
         with written_whole(out / "results.csv") as tmp:
             df.to_csv(tmp)
     """
     path = Path(path)
+    if path.is_symlink():  # the rename would put a file where the user's link was
+        path = Path(os.path.realpath(path))
     tmp = staging_file(path)
     try:
         yield tmp

@@ -262,3 +262,18 @@ def test_a_fifo_at_out_is_not_replaced(
     args = [a.replace("RUN", str(tmp_path / "nowhere")) for a in args]
     one_line(cli_here(module, *args, f"out={out}"), f"out={out}", "a FIFO", "a file path")
     assert stat.S_ISFIFO(out.lstat().st_mode)
+
+
+def test_an_output_through_a_link_replaces_the_file_it_names(
+    cli_here: Any, good_sweep: Path, tmp_path: Path
+) -> None:
+    """out=LINK.json (a link to the user's trace.json elsewhere) put a new regular file where
+    the link was and left the file it names as it was, exit 0: the output went somewhere the
+    user does not look, and their link was gone."""
+    target, link = tmp_path / "kept" / "trace.json", tmp_path / "link.json"
+    run = good_sweep / "0"
+    assert cli_here("experiments.trace_json", f"runs={run}", f"out={target}").returncode == 0
+    target.write_text(target.read_text() + "\n" * 3)  # still its own, told apart
+    link.symlink_to(target)
+    assert cli_here("experiments.trace_json", f"runs={run}", f"out={link}").returncode == 0
+    assert link.is_symlink() and not target.read_text().endswith("\n" * 3)
