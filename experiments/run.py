@@ -154,6 +154,7 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
         return
     overrides = list(HydraConfig.get().overrides.task)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    check_replication_params(cfg, spec, given)
     if "hardware.n_gpus" in given and spec.planner not in expert_parallel_names():
         raise ConfigError(
             f"hardware.n_gpus: read by the expert-parallel planners only "
@@ -192,6 +193,27 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
                 f"{' from that file' if at else ''}, or set workload.routing.source to the "
                 "routing it is for"
             )
+
+
+def check_replication_params(cfg: DictConfig, spec: RunSpec, given: set[str]) -> None:
+    """A ConfigError where the command line sets a planner param (`planner.params.window=8`)
+    that a replication run takes from its experiment's block instead
+    (`replication.planners.eplb.window`, a row's `replication.params`, which win in
+    `ep_inputs.prepare`): the run went on with the block's value, its config.yaml recording 8."""
+    rep = ep_inputs.block(cfg)
+    if rep is None:
+        return
+    blocks = {
+        f"replication.planners.{spec.planner}": (rep.get("planners") or {}).get(spec.planner),
+        "replication.params": rep.get("params"),
+    }
+    for key in sorted(k.split(".", 2)[2] for k in given if k.startswith("planner.params.")):
+        for where, block in blocks.items():
+            if key in (block or {}):
+                raise ConfigError(
+                    f"planner.params.{key}: a replication run takes it from {where}.{key} "
+                    f"({block[key]}), which wins; pass {where}.{key}=VALUE instead"
+                )
 
 
 def user_workload_knobs() -> tuple[str, set[str]]:
