@@ -135,10 +135,14 @@ class Model:
     expert_groups: tuple[int, int] | None = None
     # generation_config.json's settings greedy decoding applies (real.decoding); default: argmax
     greedy: Greedy = Greedy()
-    # config.json's hidden_act: the gated FFNs' activation, a key of ACTIVATIONS
-    hidden_act: str = "silu"
+    # config.json's hidden_act (Switch: dense_act_fn), the FFNs' activation, a key of
+    # ACTIVATIONS; "": the spec's activation (silu gated, relu ungated)
+    hidden_act: str = ""
 
     def __post_init__(self) -> None:
+        if not self.hidden_act:
+            relu = self.spec.activation == Activation.RELU
+            object.__setattr__(self, "hidden_act", "relu" if relu else "silu")
         if self.rope is None:  # Model(spec), as calibration and some tests build it
             object.__setattr__(
                 self, "rope", Rope.plain(rotary_dim(self.spec), self.spec.rope_theta)
@@ -322,9 +326,9 @@ class Model:
         return F.linear(x, w["lm_head"]).float()
 
     def _ffn(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
+        act = ACTIVATIONS[self.hidden_act]  # Switch: its dense_act_fn (T5's DenseActDense)
         if self.spec.activation == Activation.RELU:
-            return F.linear(F.relu(F.linear(x, w["wi"])), w["wo"])
-        act = ACTIVATIONS[self.hidden_act]
+            return F.linear(act(F.linear(x, w["wi"])), w["wo"])
         up = F.linear(x, w["w3"], w.get("w3_bias"))  # biases: DeepSeek-V2's mlp_bias
         return F.linear(act(F.linear(x, w["w1"], w.get("w1_bias"))) * up, w["w2"], w.get("w2_bias"))
 

@@ -148,7 +148,7 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "num_heads": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
         "num_experts": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
         "layer_norm_epsilon": (READ, "the encoder's RMSNorm"),
-        "dense_act_fn": (REFUSED, "'relu': test_hf_parity.py::test_switch_tied_head_runs..."),
+        "dense_act_fn": (READ, "GATED_ACTS': round9's test_switch_dense_act_fn_is_transformers"),
         "router_bias": (REFUSED, "false: test_hf_parity.py::test_switch_tied_head_runs..."),
         "router_dtype": (REFUSED, "float32: round5's test_switch_router_dtype_..."),
         "num_decoder_layers": (SUBSTITUTED, "the decoder, which moepipe does not run"),

@@ -11,7 +11,8 @@ from core.hf_config.fields import COUNT, HFConfig, Rule
 from core.spec import ModelSpec
 
 # the hidden_act names of transformers' ACT2FN that the real model runs in its gated experts
-# and FFNs (act(gate) * up), each as transformers computes it (real.model's ACTIVATIONS)
+# and FFNs (act(gate) * up), and Switch's dense_act_fn in its ungated ones (wo(act(wi x))),
+# each as transformers computes it (real.model's ACTIVATIONS)
 GATED_ACTS = (
     "silu",
     "swish",
@@ -37,7 +38,7 @@ class HFRuntime:
     # DeepSeek-V2's group_limited_greedy: (n_group, topk_group), a token's top-k taken from the
     # topk_group groups of experts with the highest best score; None: plain top-k
     expert_groups: tuple[int, int] | None = None
-    hidden_act: str = "silu"  # the gated FFNs' activation (`GATED_ACTS`); Switch: its relu
+    hidden_act: str = "silu"  # the FFNs' activation (`GATED_ACTS`); Switch: its dense_act_fn
 
 
 def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
@@ -61,7 +62,9 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
         sliding_layers=layers,
         clip_qkv=None if clip is None else float(clip),
         expert_groups=_expert_groups(c, spec),
-        hidden_act="relu" if spec.family == "switch_transformers" else c.get("hidden_act", "silu"),
+        hidden_act=c.get("dense_act_fn", "relu")
+        if spec.family == "switch_transformers"
+        else c.get("hidden_act", "silu"),
     )
 
 
@@ -163,12 +166,16 @@ def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
 
 def _refuse_switch(c: HFConfig) -> None:
     """moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's weights),
-    but still ReLU experts and routers without bias computing in float32, as switch-base ships:
-    transformers' router_dtype of bfloat16 (or float16) rounds its router's logits and softmax."""
+    but still the experts' dense_act_fn (ACT2FN's, those of `GATED_ACTS`) and routers without
+    bias computing in float32, as switch-base ships: transformers' router_dtype of bfloat16 (or
+    float16) rounds its router's logits and softmax."""
     fam = "switch_transformers"
     act = c.get("dense_act_fn", "relu")
-    if act != "relu":
-        raise c.error(f"dense_act_fn={act!r}; only 'relu' experts are implemented for {fam}")
+    if act not in GATED_ACTS:
+        raise c.error(
+            f"dense_act_fn={act!r} is not implemented for {fam}; transformers' activations "
+            f"{', '.join(map(repr, GATED_ACTS))} are"
+        )
     if c.get("router_bias", False):
         raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
     router_dtype = c.get("router_dtype", "float32")

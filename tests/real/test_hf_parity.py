@@ -435,8 +435,8 @@ def read_tensor_of(entry: Any) -> torch.Tensor:
 
 def test_switch_tied_head_runs_and_unmodelled_fields_are_refused(tmp_path):
     """Switch's config default ties the head to the embedding: it runs on the embedding (the
-    lm_head transformers does not save). An activation other than ReLU and a router bias, which
-    moepipe's Switch does not model, are refused naming the field."""
+    lm_head transformers does not save). An activation moepipe does not run and a router bias,
+    which moepipe's Switch does not model, are refused naming the field."""
     from core.errors import ConfigError
     from real.checkpoint import load_checkpoint
 
@@ -452,7 +452,7 @@ def test_switch_tied_head_runs_and_unmodelled_fields_are_refused(tmp_path):
     assert index["lm_head.weight"] is index["shared.weight"]
     tokens, _ = reference_generate(ckpt, torch.zeros(1, 4, dtype=torch.long), 2)
     assert tokens.shape == (1, 2)
-    for field, value in (("dense_act_fn", "gelu_new"), ("router_bias", True)):
+    for field, value in (("dense_act_fn", "mish"), ("router_bias", True)):
         bad = _edited(ckpt, tmp_path / field, **{field: value})
         with pytest.raises(ConfigError, match=field):
             reference_generate(bad, torch.zeros(1, 4, dtype=torch.long), 2)
