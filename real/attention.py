@@ -1,4 +1,5 @@
-"""RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn` or `llama3`) and the
+"""RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn`, `llama3`, `longrope` or
+`proportional`) and the
 attention variants `Model` runs, as pure functions of explicit weights: grouped-query attention
 (with OLMoE's QK-norm and clip_qkv) and DeepSeek-V2's Multi-head Latent Attention.
 """
@@ -43,7 +44,8 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")  # the rope_type values run
+# the rope_type values run: every key of transformers 5.24's ROPE_INIT_FUNCTIONS, and default
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -71,17 +73,20 @@ class DynamicNTK:
 
 @dataclass(frozen=True, eq=False)
 class Rope:
-    """RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn` or `llama3`), computed in
-    the same float32 ops as transformers' rotary embedding (modeling_rope_utils), so the bits
-    agree."""
+    """RoPE as config.json sets it (one of `ROPE_TYPES`), computed in the same float32 ops as
+    transformers' rotary embedding (modeling_rope_utils), so the bits agree."""
 
     inv_freq: torch.Tensor  # [rotary_dim / 2] float32, radians per position of each dim pair
-    # Multiplies cos and sin (YaRN's mscale ratio); times 1.0 is exact, so plain RoPE keeps its bits
+    # Multiplies cos and sin (YaRN's mscale ratio, longrope's attention_factor); times 1.0 is
+    # exact, so plain RoPE keeps its bits
     attention_factor: float = 1.0
     # DeepSeek-V2 multiplies its softmax scale by this squared (transformers' yarn_apply_mscale)
     softmax_mscale: float = 1.0
     # `dynamic`: the frequencies of a step past max_position_embeddings; None: inv_freq always
     ntk: DynamicNTK | None = None
+    # `longrope`: (original_max_position_embeddings, the long factors' frequencies), which a step
+    # whose sequence is longer than that runs; None: inv_freq (the short factors') always
+    long: tuple[int, torch.Tensor] | None = None
     # frequencies per (device, sequence length past max_position_embeddings or 0), copied once:
     # an attention op on a CUDA stream must not wait on a blocking host->device copy of the same
     # 32 floats at every layer
@@ -97,15 +102,27 @@ class Rope:
         result in every step of a generation whose earlier steps were no longer, the case of a
         model's first generate and of any whose prompt fits max_position_embeddings; a
         transformers model keeps its longest length seen until a sequence shorter than
-        max_position_embeddings resets it, which moepipe does not imitate."""
-        seq_len = 0
-        if self.ntk is not None and int(positions[-1]) + 1 > self.ntk.max_positions:
-            seq_len = int(positions[-1]) + 1
+        max_position_embeddings resets it, which moepipe does not imitate. Longrope takes the
+        long factors' in a step whose sequence is longer than original_max_position_embeddings,
+        the short ones' otherwise, as transformers' longrope_frequency_update does in each
+        forward (the cache keeps the keys rotated as their step rotated them)."""
+        end = int(positions[-1]) + 1
+        seq_len = 0  # 0: inv_freq; > 0: dynamic NTK's at that length; -1: longrope's long ones
+        if self.ntk is not None and end > self.ntk.max_positions:
+            seq_len = end
+        elif self.long is not None and end > self.long[0]:
+            seq_len = -1
         key = (device, seq_len)
         if key not in self._on:
-            freqs = self.ntk.inv_freq(seq_len) if self.ntk and seq_len else self.inv_freq
-            self._on[key] = freqs.to(device)
+            self._on[key] = self._freqs(seq_len).to(device)
         return self._on[key]
+
+    def _freqs(self, seq_len: int) -> torch.Tensor:
+        if seq_len > 0 and self.ntk is not None:
+            return self.ntk.inv_freq(seq_len)
+        if seq_len < 0 and self.long is not None:
+            return self.long[1]
+        return self.inv_freq
 
     @classmethod
     def plain(cls, dim: int, theta: float) -> Rope:
@@ -136,8 +153,12 @@ class Rope:
                 f"{', '.join(map(repr, ROPE_TYPES))} (the simulator, which runs no RoPE, still "
                 "runs this checkpoint's spec)"
             )
+        if kind == "proportional":
+            return cls(_proportional(c, p, key, dim, theta))
         _refuse_scaled(c, p, key, kind, spec.family)
         orig = _original_max_positions(c, p)
+        if kind == "longrope":
+            return cls._longrope(c, p, key, dim, theta, orig)
         if kind == "yarn" and "factor" in p.fields and p.get("factor", None) is None:
             # null (absent: refused, as transformers does): DeepSeek-V3's way, as transformers
             factor = c.get("max_position_embeddings") / orig  # the stretch over the original
@@ -171,6 +192,50 @@ class Rope:
         ntk = DynamicNTK(theta, dim, factor, max_positions)
         init = cls.plain(dim, ntk.base(max_positions)).inv_freq
         return cls(init, softmax_mscale=softmax_mscale, ntk=ntk)
+
+    @classmethod
+    def _longrope(
+        cls, c: HFConfig, p: HFConfig, key: str, dim: int, theta: float, orig: int
+    ) -> Rope:
+        """transformers' _compute_longrope_parameters, op for op: the short factors'
+        frequencies up to `orig` positions, the long factors' past them, and cos and sin
+        times attention_factor (absent: sqrt(1 + ln(factor) / ln(orig)), factor absent:
+        max_position_embeddings / orig)."""
+        factor = p.get("factor", None)
+        if factor is None:
+            factor = c.get("max_position_embeddings") / orig
+        attention_factor = p.get("attention_factor", None)
+        if attention_factor is None:
+            if factor > 1.0 and orig == 1:  # transformers divides by log(orig) and fails
+                raise c.error(f"{key}.original_max_position_embeddings=1 with longrope; raise it")
+            scale = math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1.0 else 1.0
+            attention_factor = scale
+        shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim/2]
+
+        def freqs(name: str) -> torch.Tensor:
+            ext = p.get(name, None)
+            if ext is None or len(ext) != dim // 2:
+                has = "is missing" if ext is None else f"has {len(ext)} factors"
+                raise c.error(
+                    f"{key}.{name} {has}; longrope takes one per rotated dim pair, {dim // 2} here"
+                )
+            return 1.0 / (torch.tensor(ext, dtype=torch.float32) * theta**shape)
+
+        short, long = freqs("short_factor"), freqs("long_factor")
+        return cls(short, float(attention_factor), long=(orig, long))
+
+
+def _proportional(c: HFConfig, p: HFConfig, key: str, dim: int, theta: float) -> torch.Tensor:
+    """transformers' _compute_proportional_rope_parameters, op for op: inv_freq [dim/2], the
+    first partial_rotary_factor of the pairs at the frequencies of a `dim`-wide head, the
+    others 0 (not rotated), all divided by factor (absent: 1)."""
+    partial, _ = _partial_rotary_factor(c, p, key)
+    angles = int(partial * dim // 2)
+    rotated = 1.0 / (
+        theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(dtype=torch.float) / dim)
+    )
+    inv_freq = torch.cat((rotated, torch.zeros(dim // 2 - angles, dtype=torch.float32)))
+    return inv_freq / p.get("factor", 1.0)
 
 
 def _refuse_per_layer_type(c: HFConfig, p: HFConfig, key: str, family: str) -> None:

@@ -77,6 +77,7 @@ DECODER: dict[str, Entry] = BASE | {
 }
 _AUX = {"router_aux_loss_coef": (NO_EFFECT, "a training loss: " + _QUIET)}
 _NORM = "norm_topk_prob"
+_F9 = "test_hf_parity_fields.py, test_hf_parity_round9.py::test_rope_type_is_transformers"
 
 COVERAGE: dict[str, dict[str, Entry]] = {
     "mixtral": DECODER
@@ -148,7 +149,7 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "num_heads": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
         "num_experts": (READ, "test_hf_parity.py::test_switch_tied_head_runs..."),
         "layer_norm_epsilon": (READ, "the encoder's RMSNorm"),
-        "dense_act_fn": (READ, "GATED_ACTS': round9's test_switch_dense_act_fn_is_transformers"),
+        "dense_act_fn": (READ, "test_hf_parity_round9.py::test_switch_dense_act_fn_is..."),
         "router_bias": (REFUSED, "false: test_hf_parity.py::test_switch_tied_head_runs..."),
         "router_dtype": (REFUSED, "float32: round5's test_switch_router_dtype_..."),
         "num_decoder_layers": (SUBSTITUTED, "the decoder, which moepipe does not run"),
@@ -183,10 +184,10 @@ ROPE_COVERAGE: dict[str, Entry] = {
     "high_freq_factor": (READ, "*-llama3 in " + _P),
     "mscale": (READ, "deepseek_v2-yarn in " + _P),
     "mscale_all_dim": (READ, "deepseek_v2-yarn in " + _P),
-    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE: test_hf_parity_fields.py"),
-    # longrope's, whose rope_type is refused, and multimodal RoPE's: no family here reads them
-    "short_factor": (NO_EFFECT, _QUIET),
-    "long_factor": (NO_EFFECT, _QUIET),
+    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: " + _F9),
+    "short_factor": (READ, "test_hf_parity_round9.py::test_rope_type_is_transformers"),
+    "long_factor": (READ, "test_hf_parity_round9.py::test_rope_type_is_transformers"),
+    # multimodal RoPE's: no family here reads it
     "mrope_section": (NO_EFFECT, _QUIET),
 }
 _F = "test_hf_parity_fields.py"
@@ -197,7 +198,7 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     "rope_scaling": (READ, "rope_parameters' older name: test_hf_parity.py's RoPE cases"),
     "rope_theta": (READ, "transformers moves it into rope_parameters"),
     "original_max_position_embeddings": (READ, "round4's test_a_top_level_original_max..."),
-    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE: test_hf_parity_round3.py"),
+    "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: round3, round9"),
     "is_causal": (REFUSED, "true: round4's test_is_causal_false_is_refused"),
     "attention_chunk_size": (REFUSED, "null: " + _F + "::test_a_window_only_generate..."),
     # Mixtral's, OLMoE's and DeepSeek-V2's (Qwen2-MoE's own fields are read above)

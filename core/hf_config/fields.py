@@ -64,6 +64,10 @@ NUMBER = Rule(_is_number, "a number")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
 TEXT = Rule(lambda v: isinstance(v, str), "a string")
 OBJECT = Rule(lambda v: isinstance(v, Mapping), "an object")
+FACTORS = Rule(
+    lambda v: isinstance(v, list) and bool(v) and all(_is_number(f) and f > 0 for f in v),
+    "a list of positive numbers, one per rotated dim pair",
+)
 LAYERS = Rule(
     lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v),
     "a list of layer indices (integers >= 0)",
@@ -167,6 +171,8 @@ ROPE_FIELDS: dict[str, Rule] = {
     "low_freq_factor": POSITIVE,  # llama3
     "high_freq_factor": POSITIVE,
     "partial_rotary_factor": FRACTION,
+    "short_factor": FACTORS,  # longrope: per dim pair, up to original_max_position_embeddings
+    "long_factor": FACTORS,  # ... and past it
 }
 # transformers' attribute_map of each family: another name of a field, which transformers sets
 # after the class's own fields, so it wins where config.json gives both

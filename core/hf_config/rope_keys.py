@@ -23,15 +23,17 @@ TYPE_KEYS: dict[str, frozenset[str]] = {
     "dynamic": _ANY | {"factor", _ORIG},
     "yarn": _ANY | {"factor", _ORIG} | _YARN,
     "llama3": _ANY | {"factor", _ORIG, "low_freq_factor", "high_freq_factor"},
+    "longrope": _ANY | {"factor", _ORIG, "attention_factor", "short_factor", "long_factor"},
+    "proportional": _ANY | {"factor"},
 }
 _SCALING = frozenset().union(*TYPE_KEYS.values()) - _ANY
-# keys no family reads (longrope's, multimodal RoPE's): transformers' logits are the same
+# keys no family reads (multimodal RoPE's): transformers' logits are the same
 _QUIET = frozenset(k for k, (how, _) in ROPE_COVERAGE.items() if how == NO_EFFECT)
 
 
 def check_rope(p: HFConfig) -> None:
     """Check one RoPE object's (`p`, read by ROPE_FIELDS, its fields already typed) relations;
-    a type moepipe does not know (longrope, ...) is left to the real model, which refuses it."""
+    a type moepipe does not know is left to the real model, which refuses it."""
     key = p.prefix.rstrip(".")
     kinds = {k: p.fields[k] for k in ("rope_type", "type") if p.fields.get(k) is not None}
     if len(set(kinds.values())) > 1:

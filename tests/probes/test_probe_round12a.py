@@ -122,7 +122,7 @@ def test_a_rope_object_transformers_warns_about_is_refused(
 
 
 def test_rope_keys_no_family_reads_and_an_empty_object_still_load(tmp_path: Path) -> None:
-    for rope in ({}, {"rope_type": "default", "short_factor": [2.0]}, {"rope_theta": 1e4}):
+    for rope in ({}, {"rope_type": "default", "mrope_section": [2, 2, 4]}, {"rope_theta": 1e4}):
         (tmp_path / "config.json").write_text(json.dumps(BASE["mixtral"] | {"rope_scaling": rope}))
         assert ModelSpec.from_hf_config(tmp_path).n_layers > 0
 

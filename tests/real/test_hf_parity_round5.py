@@ -223,8 +223,8 @@ def test_no_effect_field_leaves_transformers_logits(family, field, base, prompt,
     torch.testing.assert_close(logits, reference[1], atol=1e-5, rtol=0)
 
 
-# RoPE keys no family reads (longrope's, multimodal RoPE's), over default RoPE and yarn
-QUIET_ROPE = {"short_factor": [2.0] * 4, "long_factor": [3.0] * 4, "mrope_section": [2, 2, 4]}
+# RoPE keys no family reads (multimodal RoPE's), over default RoPE and yarn
+QUIET_ROPE = {"mrope_section": [2, 2, 4]}
 YARN = {
     "rope_type": "yarn",
     "factor": 4.0,
@@ -264,7 +264,6 @@ def test_per_layer_config_leaves_transformers_logits(family, base, prompt, tmp_p
 
 # a value each REFUSED field is refused at (its own default runs: every other test's checkpoint)
 REFUSE: dict[str, Any] = {
-    "dense_act_fn": "gelu_new",
     "router_bias": True,
     "router_dtype": "bfloat16",
     "return_dict": False,

@@ -317,32 +317,6 @@ def test_partial_rotary_factor_of_default_rope_is_ignored_as_transformers(
         torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
 
 
-# RoPE types transformers runs for these families that moepipe does not implement
-ROPE_REFUSED = {
-    "longrope": {
-        "short_factor": [1.0] * 8,
-        "long_factor": [2.0] * 8,
-        "original_max_position_embeddings": 8,
-    },
-    "proportional": {"factor": 2.0},
-}
-
-
-@pytest.mark.parametrize("kind", ROPE_REFUSED)
-@pytest.mark.parametrize("family", CAUSAL)
-def test_a_rope_type_not_implemented_is_one_line(family, kind, saved, prompt, tmp_path):
-    """longrope (Phi-3's short/long factors) and proportional RoPE, which transformers runs
-    here (but longrope for DeepSeek-V2, where it fails), are refused naming the type and those
-    moepipe runs."""
-    import shutil
-
-    ckpt = Path(shutil.copytree(saved(family, "f32"), tmp_path / "ckpt"))
-    rope = {"rope_type": kind, "rope_theta": THETA[family]} | ROPE_REFUSED[kind]
-    edit_config(ckpt, rope_parameters=rope)
-    with pytest.raises(ConfigError, match=rf"rope_type='{kind}'.*'default', 'linear', 'dynamic'"):
-        reference_generate(ckpt, prompt, GEN)
-
-
 @pytest.mark.parametrize("run", RUN)
 @pytest.mark.parametrize("dtype", SAVED)
 def test_switch_runs_any_saved_dtype_in_the_asked_one(dtype, run, prompt, tmp_path):

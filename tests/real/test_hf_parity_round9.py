@@ -88,3 +88,127 @@ def test_switch_unknown_dense_act_fn_is_one_line(switch, tmp_path):
     edit_config(tmp_path / "c", dense_act_fn="mish")
     with pytest.raises(ConfigError, match="dense_act_fn='mish' is not implemented for switch"):
         load_checkpoint(tmp_path / "c")
+
+
+# RoPE types: every key of transformers 5.24's ROPE_INIT_FUNCTIONS (longrope and proportional
+# were refused), over prompts shorter and longer than longrope's original length
+
+CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+ORIG = 7  # longrope's original_max_position_embeddings: the 6-token prompt's decode crosses it
+
+
+def rope_fields(family: str, kind: str) -> dict[str, Any]:
+    """config.json's RoPE of `kind` for a family (DeepSeek-V2 rotates 8 dims, the others 16)."""
+    dim = 8 if family == "deepseek_v2" else 16
+    if kind == "proportional":  # the first half of the pairs rotated, at half the frequency
+        rope = {"rope_type": kind, "partial_rotary_factor": 0.5, "factor": 2.0}
+    else:
+        g = torch.Generator().manual_seed(3)
+        rope = {
+            "rope_type": kind,
+            "short_factor": (1 + torch.rand(dim // 2, generator=g)).tolist(),
+            "long_factor": (2 + 4 * torch.rand(dim // 2, generator=g)).tolist(),
+            "original_max_position_embeddings": ORIG,
+        }
+    return {"rope_parameters": {"rope_theta": 1e4, **rope}}
+
+
+@pytest.fixture(scope="module")
+def roped(tmp_path_factory):
+    """(family, RoPE type) -> (checkpoint, transformers' model loaded from it), float32."""
+    from tests.real.test_hf_parity_fields import save
+
+    root = tmp_path_factory.mktemp("round9-rope")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(family: str, kind: str) -> tuple[Path, Any]:
+        if (family, kind) not in made:
+            made[family, kind] = save(family, rope_fields(family, kind), root / f"{family}-{kind}")
+        return made[family, kind]
+
+    return get
+
+
+def test_every_rope_type_transformers_initialises_runs():
+    """The types moepipe runs are default and every key of transformers' ROPE_INIT_FUNCTIONS, so
+    a type a new transformers adds fails here until it is implemented or refused."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from real.attention import ROPE_TYPES
+
+    assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+
+
+def long_prompt() -> torch.Tensor:
+    """[B=2, P=10] token ids: a prompt longer than ORIG, so its prefill runs long factors."""
+    return torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("length", ["short", "long"])
+@pytest.mark.parametrize("kind", ["longrope", "proportional"])
+@pytest.mark.parametrize("family", CAUSAL)
+def test_rope_type_is_transformers(family, kind, length, roped, prompt):
+    """longrope (short_factor up to original_max_position_embeddings, long_factor past it,
+    chosen per forward by the step's last position as transformers' generate does: the short
+    prompt's prefill and first decode steps run short factors, its last ones long) and
+    proportional (partial_rotary_factor of the pairs rotated, the rest not): transformers'
+    greedy tokens, its float32 logits within 1e-4. Before: refused ("rope_type='longrope' is
+    not implemented")."""
+    from tests.real.test_hf_parity_fields import assert_transformers
+
+    ckpt, hf = roped(family, kind)
+    assert_transformers(ckpt, hf, prompt if length == "short" else long_prompt(), "f32")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])
+def test_longrope_switches_factors_mid_generation(family, roped, prompt, tmp_path):
+    """The switch counts: with long_factor set to short_factor the short prompt's last decode
+    step (positions past ORIG) gives other logits, and so does proportional's plain twin."""
+    import json
+    import shutil
+
+    from tests.real.test_hf_parity_fields import edit_config
+
+    ckpt, _ = roped(family, "longrope")
+    _, logits = reference_generate(ckpt, prompt, 4)
+    same = tmp_path / "same"
+    shutil.copytree(ckpt, same)
+    rope = json.loads((ckpt / "config.json").read_text())["rope_parameters"]
+    edit_config(same, rope_parameters=rope | {"long_factor": rope["short_factor"]})
+    _, short_only = reference_generate(same, prompt, 4)
+    assert (logits - short_only).abs().max() > 1e-3
+    _, first_steps = reference_generate(ckpt, prompt, 1)  # the prefill, under ORIG: short
+    _, first_same = reference_generate(same, prompt, 1)
+    assert torch.equal(first_steps, first_same)
+
+
+def test_a_longrope_factor_list_of_another_length_is_one_line(roped, tmp_path):
+    """A factor list not of one factor per rotated dim pair is refused naming it (transformers
+    warns, then fails multiplying the frequencies)."""
+    import json
+    import shutil
+
+    from core.errors import ConfigError
+    from tests.real.test_hf_parity_fields import edit_config
+
+    ckpt, _ = roped("olmoe", "longrope")
+    shutil.copytree(ckpt, tmp_path / "c")
+    rope = json.loads((ckpt / "config.json").read_text())["rope_parameters"]
+    edit_config(tmp_path / "c", rope_parameters=rope | {"long_factor": [1.0, 2.0]})
+    with pytest.raises(ConfigError, match=r"long_factor has 2 factors; .* 8 here"):
+        reference_generate(tmp_path / "c", torch.zeros(1, 4, dtype=torch.long), 1)
+
+
+@pytest.mark.parametrize("family", ["olmoe", "deepseek_v2"])
+def test_a_real_run_with_longrope_is_the_in_memory_forward(family, roped):
+    """Offloaded (flexgen: experts from disk and host), the workload's 6-token prompts and 3
+    steps, the last past ORIG: the in-memory forward's tokens, its logits within 1e-5."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import real_execute
+    from tests.real.test_executor import OFFLOAD, WORKLOAD, assert_matches_reference
+
+    ckpt, _ = roped(family, "longrope")
+    model, _ = load_checkpoint(ckpt)
+    spec = RunSpec(model, OFFLOAD, WORKLOAD, "flexgen", {})
+    result, out = real_execute(ckpt, spec, "live")
+    assert_matches_reference(ckpt, spec, result, out, 1e-5)

@@ -313,13 +313,13 @@ def test_yarn_of_deepseek_v2_lite_equals_hugging_face():
 @pytest.mark.parametrize(
     "scaling, field",
     [
-        ({"rope_type": "longrope", "factor": 2.0}, "rope_scaling.rope_type='longrope'"),
+        ({"rope_type": "axial", "factor": 2.0}, "rope_scaling.rope_type='axial'"),
         ({"type": "su", "factor": 2.0}, "rope_scaling.type='su'"),
         ({"type": "nosuch"}, "rope_scaling.type='nosuch'"),
     ],
 )
 def test_unimplemented_rope_scaling_is_refused_in_one_line(scaling, field, tmp_path):
-    """A RoPE type the real model does not run (longrope, Phi-3's su, any other string) is one
+    """A RoPE type the real model does not run (axial, Phi-3's su, any other string) is one
     line naming the file, the field and the types it runs, where the model is built: running it
     as plain RoPE would give logits other than transformers'. A type it runs with a missing field
     is a one-line error naming the field."""
