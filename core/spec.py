@@ -79,6 +79,9 @@ class ModelSpec:
     head_dim: int  # per-head dimension
     vocab_size: int
     dtype_bytes: int = 2  # bytes per weight / KV element (bf16 = 2)
+    # the 2-byte compute dtype is float16, not bfloat16 (a real run's executor.dtype=float16, or
+    # auto on float16 weights): the real executor's, which the simulator's byte counts ignore
+    float16: bool = False
     activation: Activation = Activation.SWIGLU
     dense_ffn_size: int = 0  # intermediate size of the FFN of non-MoE layers
     shared_ffn_size: int = 0  # total intermediate size of shared experts in each MoE layer
@@ -137,6 +140,11 @@ class ModelSpec:
                     f"model {self.name}: {key} is implemented for {' and '.join(families)} only; "
                     f"remove it for {self.family}"
                 )
+        if self.float16 and self.dtype_bytes != 2:
+            raise ConfigError(
+                f"model {self.name}: float16 with dtype_bytes={self.dtype_bytes}; float16 "
+                "weights are 2 bytes: set dtype_bytes 2 or float16 false"
+            )
         if self.dtype_bytes not in DTYPE_BYTES:
             raise ConfigError(
                 f"model {self.name}: dtype_bytes={self.dtype_bytes} is no weight type's size; "

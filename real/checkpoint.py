@@ -51,14 +51,17 @@ log = logging.getLogger(__name__)
 CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 _TORCH_DTYPE = {4: torch.float32, 2: torch.bfloat16}
-# the dtypes a checkpoint may be saved in; each runs in float32 or bfloat16 (`compute_dtype`)
+# the dtypes a checkpoint may be saved in; each runs in any of them (`compute_dtype`)
 SAVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # a run's dtype: "auto" (or None) computes in the saved dtype, as transformers' dtype="auto"
-RUN_DTYPES = ("auto", "float32", "bfloat16")
+RUN_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
-    """The compute dtype of a spec: 4 bytes = float32, 2 bytes = bfloat16."""
+    """The compute dtype of a spec: 4 bytes = float32, 2 bytes = bfloat16 (float16 where the
+    spec says so)."""
+    if spec.float16:
+        return torch.float16
     try:
         return _TORCH_DTYPE[spec.dtype_bytes]
     except KeyError:
@@ -377,26 +380,19 @@ def load_checkpoint(
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
     _check_shapes(d, spec, cfg, index, ", ".join(files), stored)
-    compute = compute_dtype(stored, dtype, d / "config.json")
-    return replace(spec, dtype_bytes=compute.itemsize), index
+    compute = compute_dtype(stored, dtype)
+    return replace(spec, dtype_bytes=compute.itemsize, float16=compute == torch.float16), index
 
 
-def compute_dtype(stored: torch.dtype, dtype: str | None, config: Path) -> torch.dtype:
-    """The dtype a run computes in: `dtype` (float32 or bfloat16, the weights cast to it as they
-    load, as transformers' from_pretrained(dtype=...)), or with "auto" (None) the saved one.
-    float16 compute is refused (docs/commands.md, "Saved and compute dtypes")."""
+def compute_dtype(stored: torch.dtype, dtype: str | None) -> torch.dtype:
+    """The dtype a run computes in: `dtype` (float32, bfloat16 or float16, the weights cast to
+    it as they load, as transformers' from_pretrained(dtype=...)), or with "auto" (None) the
+    saved one (docs/commands.md, "Saved and compute dtypes")."""
     if dtype in (None, "auto"):
-        if stored == torch.float16:
-            raise ConfigError(
-                f"{config}: the weights are float16 and the run's dtype is auto (theirs): "
-                "float16 compute is not implemented; run them in float32 or bfloat16 "
-                "(executor.dtype=float32 or bfloat16), or save them in bfloat16"
-            )
         return stored
     if dtype not in RUN_DTYPES:
         raise ConfigError(
-            f"executor.dtype={dtype}: not a compute dtype; pass one of {', '.join(RUN_DTYPES)} "
-            "(float16 compute is not implemented: docs/commands.md)"
+            f"executor.dtype={dtype}: not a compute dtype; pass one of {', '.join(RUN_DTYPES)}"
         )
     return SAVED_DTYPES[dtype]
 

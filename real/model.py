@@ -553,8 +553,9 @@ def reference_generate(
     generation_config.json (or config.json) asks for (core.hf_config.generation).
 
     forced_routing replays a trace (expert_ids/gate_weights [>=B, >=P+gen_len-1, L, k]) instead
-    of the router's own choice. dtype: the compute dtype (float32, bfloat16; None or "auto": the
-    saved one), the weights upcast or rounded to it as they load (transformers' dtype=...).
+    of the router's own choice. dtype: the compute dtype (float32, bfloat16, float16; None or
+    "auto": the saved one), the weights upcast or rounded to it as they load (transformers'
+    dtype=...).
     """
     tokens, logits, _ = _generate(ckpt_dir, prompt_tokens, gen_len, forced_routing, dtype)
     return tokens, logits

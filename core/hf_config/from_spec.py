@@ -70,7 +70,7 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
     cfg: dict[str, Any] = dict(
         model_type=spec.family,
         vocab_size=spec.vocab_size,
-        torch_dtype=_DTYPE_NAME[spec.dtype_bytes],
+        torch_dtype="float16" if spec.float16 else _DTYPE_NAME[spec.dtype_bytes],
         tie_word_embeddings=False,
     )
     writers = {

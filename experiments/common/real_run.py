@@ -111,8 +111,8 @@ def real_execute(
     whole run. `on_peers`: called with this rank's `Peers` once made (to ask it, on a signal,
     which peer went away). `planner`: the run's (`sized_run`'s, a simulation's of the same run),
     whose choices (Klotski's n) every plan of the run reuses; else one made here. `dtype`: the
-    compute dtype (executor.dtype: float32, bfloat16; None or auto: the saved one), which the
-    spec's dtype_bytes and so every tier's but the disk's byte sizes follow."""
+    compute dtype (executor.dtype: float32, bfloat16, float16; None or auto: the saved one),
+    which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow."""
     check_routing_mode(routing_mode)
     files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
     model_spec, _ = load_checkpoint(ckpt, dtype)

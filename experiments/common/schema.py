@@ -125,7 +125,7 @@ class ExecutorSchema:
     name: str = MISSING  # sim | real
     routing_mode: str | None = None  # real: replay | live
     device: str | None = None  # real: null = cuda if available, else cpu
-    dtype: str = "auto"  # real: compute dtype, float32 | bfloat16; auto: the saved one
+    dtype: str = "auto"  # real: compute dtype, float32 | bfloat16 | float16; auto: the saved one
     distributed: bool = False  # real: an expert-parallel schedule's G devices as G processes
     rendezvous_timeout_s: float = 120.0  # distributed: how long a rank waits for the others
 

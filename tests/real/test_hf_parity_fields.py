@@ -26,10 +26,17 @@ transformers = pytest.importorskip("transformers")
 def save(family: str, fields: dict[str, Any], to: Path, dtype: str = "f32") -> tuple[Path, Any]:
     """A seeded model of the family with `fields` in `dtype` (a key of DTYPES), saved by
     transformers to `to`, and transformers' model loaded back from it."""
+    return save_cast(family, fields, to, DTYPES[dtype], DTYPES[dtype])
+
+
+def save_cast(
+    family: str, fields: dict[str, Any], to: Path, saved: torch.dtype, run: torch.dtype
+) -> tuple[Path, Any]:
+    """`save`, the model saved in `saved` and loaded back in `run`."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(hf_config(family, fields))
-    model.to(DTYPES[dtype]).eval().save_pretrained(to)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=DTYPES[dtype])
+    model.to(saved).eval().save_pretrained(to)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=run)
     return to, loaded.eval()
 
 

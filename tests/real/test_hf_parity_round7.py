@@ -85,16 +85,12 @@ def test_any_saved_dtype_runs_in_the_asked_one(family, dtype, run, saved, hf_run
 
 
 @pytest.mark.parametrize("family", CAUSAL)
-def test_float16_compute_is_refused_in_one_line(family, saved, prompt):
-    """float16 weights with dtype auto (their own) or dtype=float16 are refused naming the fix;
-    the spec's dtype_bytes, not the saved dtype, is the compute dtype."""
+def test_the_spec_carries_the_compute_dtype(family, saved):
+    """The spec's dtype_bytes (and float16), not the saved dtype, is the compute dtype (float16
+    compute: test_hf_parity_round9.py)."""
     ckpt = saved(family, "f16")
-    with pytest.raises(
-        ConfigError, match=r"config.json: the weights are float16 and the run's dtype is auto"
-    ):
-        reference_generate(ckpt, prompt, GEN)
-    with pytest.raises(ConfigError, match=r"executor.dtype=float16: not a compute dtype"):
-        load_checkpoint(ckpt, "float16")
+    assert load_checkpoint(ckpt)[0].float16  # auto: the saved one
+    assert not load_checkpoint(ckpt, "bfloat16")[0].float16
     assert load_checkpoint(ckpt, "bfloat16")[0].dtype_bytes == 2
     assert load_checkpoint(ckpt, "float32")[0].dtype_bytes == 4
     assert load_checkpoint(saved(family, "bf16"))[0].dtype_bytes == 2  # auto: the saved one
@@ -153,8 +149,8 @@ def test_the_executor_runs_a_saved_dtype_in_float32(family, dtype, gpu_gb, cpu_g
 
 def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
     """`experiments.run executor=real executor.dtype=float32` on float16 weights writes the
-    in-memory forward's float32 tokens; float16 compute (its `auto`, or asked) is one line
-    naming the key, with no run dir."""
+    in-memory forward's float32 tokens, and with `auto` its float16 ones; a dtype that is none
+    is one line naming the key, with no run dir."""
     from safetensors.torch import load_file
 
     from tests.probes.conftest import TINY, one_line
@@ -167,13 +163,16 @@ def test_the_run_command_takes_executor_dtype(saved, cli_here, tmp_path):
     out = load_file(tmp_path / "r" / "tokens.safetensors")
     tokens, _ = reference_generate(ckpt, out["prompts"], out["tokens"].shape[1], dtype="float32")
     assert torch.equal(out["tokens"], tokens)
-    for more, names in [
-        ([], ["float16", "executor.dtype=float32"]),
-        (["executor.dtype=float16"], ["executor.dtype=float16"]),
-    ]:
-        r = cli_here("experiments.run", *args, *more, f"hydra.run.dir={tmp_path}/no")
-        one_line(r, *names)
-        assert not (tmp_path / "no").exists()
+    r = cli_here(
+        "experiments.run", *args, "executor.routing_mode=live", f"hydra.run.dir={tmp_path}/h"
+    )
+    assert r.returncode == 0, r.stderr
+    out = load_file(tmp_path / "h" / "tokens.safetensors")
+    tokens, _ = reference_generate(ckpt, out["prompts"], out["tokens"].shape[1])
+    assert torch.equal(out["tokens"], tokens)
+    r = cli_here("experiments.run", *args, "executor.dtype=half", f"hydra.run.dir={tmp_path}/no")
+    one_line(r, "executor.dtype=half")
+    assert not (tmp_path / "no").exists()
 
 
 # generation_config.json: what transformers ignores or falls back from, moepipe too

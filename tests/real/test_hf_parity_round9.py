@@ -212,3 +212,77 @@ def test_a_real_run_with_longrope_is_the_in_memory_forward(family, roped):
     spec = RunSpec(model, OFFLOAD, WORKLOAD, "flexgen", {})
     result, out = real_execute(ckpt, spec, "live")
     assert_matches_reference(ckpt, spec, result, out, 1e-5)
+
+
+# float16 compute: transformers' from_pretrained(dtype=torch.float16) on CPU
+
+SAVED = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+# float16 logits' bound: one float16 step of a logit in [2, 4) (measured: 0 on these
+# checkpoints; docs/commands.md, "Saved and compute dtypes")
+F16_TOL = 2**-9
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory):
+    """(family, saved dtype) -> (checkpoint, transformers' model loaded from it in float16): one
+    seeded float32 model per family, cast and saved by transformers, built on first use."""
+    root = tmp_path_factory.mktemp("round9-f16")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(family: str, dtype: str) -> tuple[Path, Any]:
+        if (family, dtype) not in made:
+            from tests.real.test_hf_parity_fields import save_cast
+
+            to = root / f"{family}-{dtype}"
+            made[family, dtype] = save_cast(family, {}, to, SAVED[dtype], torch.float16)
+        return made[family, dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", SAVED)
+@pytest.mark.parametrize("family", CAUSAL)
+def test_float16_compute_is_transformers(family, dtype, halves, prompt):
+    """Saved float16/bfloat16/float32, run in float16 (executor.dtype=float16; auto on float16
+    weights): transformers' greedy tokens in float16, its logits within F16_TOL. Before:
+    refused ("float16 compute is not implemented")."""
+    from tests.real.test_hf_parity import GEN, hf_greedy
+
+    ckpt, hf = halves(family, dtype)
+    spec, _ = load_checkpoint(ckpt, "float16")
+    assert (spec.dtype_bytes, spec.float16) == (2, True)
+    tokens, logits = reference_generate(
+        ckpt, prompt, GEN, dtype=None if dtype == "f16" else "float16"
+    )
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=F16_TOL, rtol=0)
+
+
+def test_auto_runs_float16_weights_in_float16_and_bad_dtypes_are_one_line(halves):
+    """auto computes in the saved dtype, float16 too (every tensor float16); bfloat16 weights
+    run as bfloat16, not float16; an unknown executor.dtype is one line naming the choices."""
+    from core.errors import ConfigError
+
+    ckpt, _ = halves("olmoe", "f16")
+    spec, units = load_units(ckpt)
+    assert spec.float16 and {t.dtype for w in units.values() for t in w.values()} == {torch.float16}
+    assert not load_checkpoint(halves("olmoe", "bf16")[0])[0].float16
+    with pytest.raises(ConfigError, match=r"executor.dtype=half: not a compute dtype; .*float16"):
+        load_checkpoint(ckpt, "half")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v2"])
+def test_a_real_run_in_float16_is_the_in_memory_forward(family, halves):
+    """The real executor over the offload tiers (flexgen: experts from disk and host) on float16
+    weights, dtype auto: the in-memory float16 forward's tokens and logits."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import real_execute
+    from tests.real.test_executor import OFFLOAD, WORKLOAD, assert_matches_reference
+
+    ckpt, _ = halves(family, "f16")
+    model, _ = load_checkpoint(ckpt)
+    assert model.float16
+    spec = RunSpec(model, OFFLOAD, WORKLOAD, "flexgen", {})
+    result, out = real_execute(ckpt, spec, "live")
+    assert_matches_reference(ckpt, spec, result, out, 0.0)
