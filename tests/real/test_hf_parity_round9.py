@@ -286,3 +286,59 @@ def test_a_real_run_in_float16_is_the_in_memory_forward(family, halves):
     spec = RunSpec(model, OFFLOAD, WORKLOAD, "flexgen", {})
     result, out = real_execute(ckpt, spec, "live")
     assert_matches_reference(ckpt, spec, result, out, 0.0)
+
+
+# DeepSeek-V2's fields transformers 5.24's class ignores and DeepSeek's own code honours
+
+
+def test_deepseek_moe_layer_freq_follows_deepseek_and_warns_in_one_line(prompt, tmp_path, caplog):
+    """transformers' DeepseekV2 puts experts in every layer from first_k_dense_replace on
+    (moe_layer_freq is not even its config's field); DeepSeek's modeling_deepseek.py only in
+    every moe_layer_freq-th, which moepipe follows. A 3-layer model whose layers 0-1 are dense
+    and 2 MoE, saved by transformers (first_k_dense_replace 2), relabelled DeepSeek's way
+    (first_k_dense_replace 1, moe_layer_freq 2: layer 1 dense, 2 MoE): moepipe runs it as
+    transformers runs the original, and warns once, in one line naming the field, the
+    reference and the difference."""
+    import json
+    import logging
+    import shutil
+
+    from tests.real.test_hf_parity import GEN, hf_greedy
+    from tests.real.test_hf_parity_fields import edit_config, save
+
+    ckpt, hf = save(
+        "deepseek_v2", {"num_hidden_layers": 3, "first_k_dense_replace": 2}, tmp_path / "o"
+    )
+    freq = tmp_path / "freq"
+    shutil.copytree(ckpt, freq)
+    edit_config(freq, first_k_dense_replace=1, moe_layer_freq=2)
+    assert "moe_layer_freq" not in json.loads((ckpt / "config.json").read_text())
+    with caplog.at_level(logging.WARNING, logger="real.model"):
+        tokens, logits = reference_generate(freq, prompt, GEN)
+        reference_generate(freq, prompt, GEN)
+    lines = [r.getMessage() for r in caplog.records if r.name == "real.model"]
+    assert lines == [
+        f"{freq / 'config.json'}: moe_layer_freq is 2: moepipe leaves the layers between MoE "
+        "layers dense as DeepSeek's modeling_deepseek.py does; transformers' DeepseekV2 class "
+        "ignores the field, so its logits differ"
+    ]
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+def test_deepseek_norm_topk_prob_warning_is_one_line(prompt, tmp_path, caplog):
+    """norm_topk_prob true (transformers' DeepseekV2TopkRouter still ignores it; DeepSeek's
+    MoEGate renormalises, as moepipe does: test_hf_parity.py compares both): the warning is
+    one line naming the field, the reference chosen and the difference."""
+    import logging
+
+    from tests.real.test_hf_parity_fields import save
+
+    ckpt, _ = save("deepseek_v2", {"norm_topk_prob": True}, tmp_path / "n")
+    with caplog.at_level(logging.WARNING, logger="real.model"):
+        reference_generate(ckpt, prompt, 1)
+    lines = [r.getMessage() for r in caplog.records if r.name == "real.model"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    for words in ("norm_topk_prob is true", "DeepSeek's modeling_deepseek.py", "transformers'"):
+        assert words in lines[0]
