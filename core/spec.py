@@ -267,7 +267,14 @@ class ModelSpec:
     @cached_property
     def gate_bytes(self) -> int:
         """Router + post-attention norm of one MoE layer."""
-        return (self.hidden_size * self.n_experts + self.hidden_size) * self.dtype_bytes
+        router = self.hidden_size * self.n_experts * self.router_dtype_bytes
+        return router + self.hidden_size * self.dtype_bytes
+
+    @property
+    def router_dtype_bytes(self) -> int:
+        """Bytes per router weight: DeepSeek-V2's are float32 at any compute dtype (transformers
+        keeps its gate.weight in float32, _keep_in_fp32_modules_strict), others the compute's."""
+        return max(4, self.dtype_bytes) if self.family == "deepseek_v2" else self.dtype_bytes
 
     @cached_property
     def dense_ffn_bytes(self) -> int:

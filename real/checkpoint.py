@@ -71,6 +71,15 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
         ) from None
 
 
+def weight_dtype(spec: ModelSpec, key: str) -> torch.dtype:
+    """The dtype a unit's tensor `key` runs in: the compute dtype, but DeepSeek-V2's router
+    weight in float32 (`ModelSpec.router_dtype_bytes`), as transformers' from_pretrained keeps it
+    at any dtype, so float32-saved router weights are not rounded."""
+    if key == "router" and spec.router_dtype_bytes == 4:
+        return torch.float32
+    return torch_dtype(spec)
+
+
 # ---- units and names ----------------------------------------------------------------------
 
 
@@ -507,9 +516,11 @@ def load_units(
     """Every unit's tensors in RAM under our short keys (the in-memory reference's weights), in
     the run's compute dtype (`load_checkpoint`'s `dtype`)."""
     spec, index = load_checkpoint(ckpt_dir, dtype)
-    compute = torch_dtype(spec)
     units = {
-        unit: {key: read_tensor(index[ts.hf_name]).to(compute) for key, ts in tensors.items()}
+        unit: {
+            key: read_tensor(index[ts.hf_name]).to(weight_dtype(spec, key))
+            for key, ts in tensors.items()
+        }
         for unit, tensors in unit_layout(spec).items()
     }
     return spec, units

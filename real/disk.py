@@ -17,7 +17,8 @@ import torch
 
 from core.errors import ConfigError, quoted
 from core.files import no_file_there
-from real.checkpoint import TensorEntry, Unit, load_checkpoint, torch_dtype, unit_layout
+from core.spec import ModelSpec
+from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout, weight_dtype
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +77,25 @@ def unit_records(ckpt_dir: str | Path, dtype: str | None = None) -> dict[Unit, U
     compute dtype (`load_checkpoint`'s); a unit saved in another is read into a staging buffer
     and converted into its buffer (`_convert`), whose bytes are the compute dtype's."""
     spec, index = load_checkpoint(ckpt_dir, dtype)
-    compute = torch_dtype(spec)
     records = {}
     for unit, tensors in unit_layout(spec).items():
         rec = _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
-        if any(t[1] != compute for t in rec.tensors):
-            rec = _convert(rec, compute)
+        if any(t[1] != weight_dtype(spec, t[0]) for t in rec.tensors):
+            rec = _convert(rec, spec)
         records[unit] = rec
     return records
 
 
-def _convert(rec: UnitRecord, compute: torch.dtype) -> UnitRecord:
-    """`rec` for a run computing in `compute`: its reads fill a staging buffer (the saved
-    layout), and its host and device buffers hold the tensors in `compute` at TENSOR_ALIGN."""
+def _convert(rec: UnitRecord, spec: ModelSpec) -> UnitRecord:
+    """`rec` for a run computing in `spec`'s dtype: its reads fill a staging buffer (the saved
+    layout), and its host and device buffers hold each tensor in its `weight_dtype` (the
+    compute dtype, DeepSeek-V2's router float32) at TENSOR_ALIGN."""
     placed, end = [], 0
     for key, _, shape, _ in rec.tensors:
         end = round_up(end, TENSOR_ALIGN)
-        placed.append((key, compute, shape, end))
-        end += compute.itemsize * int(torch.Size(shape).numel())
+        dtype = weight_dtype(spec, key)
+        placed.append((key, dtype, shape, end))
+        end += dtype.itemsize * int(torch.Size(shape).numel())
     staged_nbytes = rec.reads[-1].into + rec.reads[-1].nbytes
     return replace(
         rec,

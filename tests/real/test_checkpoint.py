@@ -290,7 +290,10 @@ def test_unit_bytes_equal_what_planners_stream(name, small):
 
     layout = unit_layout(spec)
     for unit, tensors in layout.items():
-        got = sum(math.prod(t.shape) for t in tensors.values()) * spec.dtype_bytes
+        got = sum(
+            math.prod(t.shape) * (spec.router_dtype_bytes if k == "router" else spec.dtype_bytes)
+            for k, t in tensors.items()
+        )
         assert got == planned(unit), f"{name} {unit}: checkpoint {got} B, spec {planned(unit)} B"
     assert sum(map(planned, layout)) == spec.total_bytes
 

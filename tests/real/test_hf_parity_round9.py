@@ -218,7 +218,8 @@ def test_a_real_run_with_longrope_is_the_in_memory_forward(family, roped):
 
 SAVED = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # float16 logits' bound: one float16 step of a logit in [2, 4) (measured: 0 on these
-# checkpoints; docs/commands.md, "Saved and compute dtypes")
+# checkpoints, DeepSeek-V2's float32 router included; docs/commands.md, "Saved and compute
+# dtypes")
 F16_TOL = 2**-9
 
 
@@ -342,3 +343,28 @@ def test_deepseek_norm_topk_prob_warning_is_one_line(prompt, tmp_path, caplog):
     assert len(lines) == 1 and "\n" not in lines[0]
     for words in ("norm_topk_prob is true", "DeepSeek's modeling_deepseek.py", "transformers'"):
         assert words in lines[0]
+
+
+@pytest.mark.parametrize("run", ["float16", "bfloat16"])
+def test_deepseek_router_weights_stay_float32(run, halves, prompt):
+    """transformers keeps DeepSeek-V2's gate.weight in float32 at any dtype
+    (_keep_in_fp32_modules_strict), so float32-saved router weights are not rounded; moepipe
+    keeps them so too, in memory and in the planners' byte counts, and its float16 logits
+    equal transformers' bit for bit. Before: rounded to the compute dtype (float16 logits 2^-10
+    off)."""
+    from tests.real.test_hf_parity import GEN, hf_greedy
+
+    ckpt, hf = halves("deepseek_v2", "f32")
+    assert hf.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    spec, units = load_units(ckpt, run)
+    _, full = load_units(ckpt, "float32")
+    for unit, w in units.items():
+        if unit.kind == Tensor.GATE:
+            assert w["router"].dtype == torch.float32
+            assert torch.equal(w["router"], full[unit]["router"])
+            assert w["post_norm"].dtype == getattr(torch, run)
+            assert sum(t.nbytes for t in w.values()) == spec.gate_bytes
+    if run == "float16":
+        tokens, logits = reference_generate(ckpt, prompt, GEN, dtype=run)
+        hf_tokens, hf_logits = hf_greedy(hf, prompt)
+        assert torch.equal(tokens, hf_tokens) and torch.equal(logits, hf_logits)
