@@ -1,6 +1,11 @@
 """A ninth round: Switch's dense_act_fn, longrope and proportional RoPE, float16 compute, and
 DeepSeek-V2's fields its transformers class ignores, on checkpoints transformers writes.
 
+Switch's dense_act_fn other than relu, longrope and proportional RoPE, and float16 compute
+(executor.dtype=float16, or auto on float16 weights) were refused in one line; each now runs
+as transformers runs it. DeepSeek-V2's router weights, which transformers keeps in float32 at
+any dtype, were rounded to the compute dtype; moe_layer_freq's warning had no test.
+
 Usage: python -m pytest -q tests/real/test_hf_parity_round9.py
 """
 
@@ -368,3 +373,16 @@ def test_deepseek_router_weights_stay_float32(run, halves, prompt):
         tokens, logits = reference_generate(ckpt, prompt, GEN, dtype=run)
         hf_tokens, hf_logits = hf_greedy(hf, prompt)
         assert torch.equal(tokens, hf_tokens) and torch.equal(logits, hf_logits)
+
+
+def test_switch_runs_in_float16(switch, prompt, tmp_path):
+    """Switch (moepipe's causal substitute, which transformers' encoder-decoder is no reference
+    for) saved in float32 and run with executor.dtype=float16: bit for bit the run of its
+    weights saved in float16 (auto), every tensor float16."""
+    ckpt, hf = switch("relu")
+    type(hf).from_pretrained(ckpt, dtype=torch.float16).save_pretrained(tmp_path / "half")
+    tokens, logits = reference_generate(ckpt, prompt, 4, dtype="float16")
+    want_tokens, want_logits = reference_generate(tmp_path / "half", prompt, 4)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logits, want_logits)
+    spec, units = load_units(tmp_path / "half")
+    assert spec.float16 and {t.dtype for w in units.values() for t in w.values()} == {torch.float16}
