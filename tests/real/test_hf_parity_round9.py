@@ -187,6 +187,27 @@ def test_longrope_switches_factors_mid_generation(family, roped, prompt, tmp_pat
     assert torch.equal(first_steps, first_same)
 
 
+def test_longrope_top_level_original_length_and_attention_factor(roped, prompt, tmp_path):
+    """A top-level original_max_position_embeddings (Phi-3 keeps it there) wins over the RoPE
+    object's, as transformers' standardize_rope_params has it, and a given attention_factor
+    replaces the one derived from max_position_embeddings / that length: transformers' tokens
+    and logits on the edited checkpoint, whose last two steps now run long factors."""
+    import json
+    import shutil
+
+    from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf
+
+    ckpt, _ = roped("qwen2_moe", "longrope")
+    edited = tmp_path / "edited"
+    shutil.copytree(ckpt, edited)
+    rope = json.loads((ckpt / "config.json").read_text())["rope_parameters"]
+    fields = {"original_max_position_embeddings": 8, "attention_factor": 1.3}
+    edit_config(edited, original_max_position_embeddings=5, rope_parameters=rope | fields)
+    assert_transformers(edited, load_hf(edited), prompt, "f32")
+    _, logits = reference_generate(edited, prompt, 4)
+    assert (logits - reference_generate(ckpt, prompt, 4)[1]).abs().max() > 1e-3
+
+
 def test_a_longrope_factor_list_of_another_length_is_one_line(roped, tmp_path):
     """A factor list not of one factor per rotated dim pair is refused naming it (transformers
     warns, then fails multiplying the frequencies)."""
