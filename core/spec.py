@@ -140,16 +140,7 @@ class ModelSpec:
                     f"model {self.name}: {key} is implemented for {' and '.join(families)} only; "
                     f"remove it for {self.family}"
                 )
-        if self.float16 and self.dtype_bytes != 2:
-            raise ConfigError(
-                f"model {self.name}: float16 with dtype_bytes={self.dtype_bytes}; float16 "
-                "weights are 2 bytes: set dtype_bytes 2 or float16 false"
-            )
-        if self.dtype_bytes not in DTYPE_BYTES:
-            raise ConfigError(
-                f"model {self.name}: dtype_bytes={self.dtype_bytes} is no weight type's size; "
-                f"valid: {', '.join(map(str, DTYPE_BYTES))} (fp8, bf16, fp32, fp64)"
-            )
+        self._check_dtype()
         for key in (
             "kv_dim",
             "attn_params",
@@ -194,6 +185,18 @@ class ModelSpec:
             )
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
             raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
+
+    def _check_dtype(self) -> None:
+        if self.float16 and self.dtype_bytes != 2:
+            raise ConfigError(
+                f"model {self.name}: float16 with dtype_bytes={self.dtype_bytes}; float16 "
+                "weights are 2 bytes: set dtype_bytes 2 or float16 false"
+            )
+        if self.dtype_bytes not in DTYPE_BYTES:
+            raise ConfigError(
+                f"model {self.name}: dtype_bytes={self.dtype_bytes} is no weight type's size; "
+                f"valid: {', '.join(map(str, DTYPE_BYTES))} (fp8, bf16, fp32, fp64)"
+            )
 
     def _check_bounds(self) -> None:
         """Sizes past any model's, which would only exhaust memory further on."""

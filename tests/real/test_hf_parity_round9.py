@@ -308,6 +308,24 @@ def test_a_dense_tensor_run_in_float16_rounds_its_parts(family, halves):
     torch.testing.assert_close(out.logits, logits, atol=4 * F16_TOL, rtol=0)
 
 
+@pytest.mark.slow
+def test_a_distributed_run_in_float16_is_the_in_memory_forward(halves):
+    """Expert-parallel on 2 gloo processes, float16 weights run as auto: each rank computes in
+    float16 (its dispatch and combine carry float16 rows) and the run is the in-memory float16
+    forward's tokens and logits, bit for bit."""
+    from experiments.common.dist_run import run_distributed
+    from experiments.common.real_run import prompts_for
+    from tests.real.test_distributed import spec_of
+
+    ckpt, _ = halves("olmoe", "f16")
+    spec = spec_of(ckpt, "ep_static", 2)
+    assert spec.model.float16
+    out = run_distributed(str(ckpt), spec, "live", None, 60)
+    wl = spec.workload
+    tokens, logits = reference_generate(ckpt, prompts_for(spec.model, wl), wl.gen_len, out.routing)
+    assert torch.equal(out.tokens, tokens) and torch.equal(out.logits, logits)
+
+
 def test_auto_runs_float16_weights_in_float16_and_bad_dtypes_are_one_line(halves):
     """auto computes in the saved dtype, float16 too (every tensor float16); bfloat16 weights
     run as bfloat16, not float16; an unknown executor.dtype is one line naming the choices."""
@@ -429,3 +447,15 @@ def test_switch_runs_in_float16(switch, prompt, tmp_path):
     assert torch.equal(tokens, want_tokens) and torch.equal(logits, want_logits)
     spec, units = load_units(tmp_path / "half")
     assert spec.float16 and {t.dtype for w in units.values() for t in w.values()} == {torch.float16}
+
+
+def test_a_float16_spec_of_another_width_is_one_line():
+    """float16 names the 2-byte compute dtype: with dtype_bytes 4 it is refused naming both."""
+    from core.errors import ConfigError
+    from core.spec import ModelSpec
+
+    fields = dict(name="m", family="mixtral", n_layers=1, hidden_size=8, expert_ffn_size=8)
+    fields |= dict(n_experts=2, top_k=1, n_heads=2, n_kv_heads=2, head_dim=4, vocab_size=8)
+    with pytest.raises(ConfigError, match="float16 with dtype_bytes=4; float16 weights are 2"):
+        ModelSpec.from_dict(fields | dict(dtype_bytes=4, float16=True))
+    assert ModelSpec.from_dict(fields | dict(dtype_bytes=2, float16=True)).float16
