@@ -195,11 +195,8 @@ def check_kv_fits(spec: RunSpec) -> None:
     # model whose weights do not fit is named as such, not as a KV cache to shrink).
     if routing_bytes(spec) < ROUTING_CHECK_BYTES:
         return
-    check_ram(
-        routing_bytes(spec) * ROUTING_PEAK_FACTOR,
-        f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
-        "lower workload.prompt_len, gen_len, batch_size or n_batches",
-    )
+    # the configuration's own limit first, then this machine's free RAM, which varies from run
+    # to run: a KV cache that no machine of this hardware profile holds is named as such
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
     if kv > room:
@@ -208,6 +205,11 @@ def check_kv_fits(spec: RunSpec) -> None:
             f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB); "
             "lower workload.batch_size, n_batches, prompt_len or gen_len"
         )
+    check_ram(
+        routing_bytes(spec) * ROUTING_PEAK_FACTOR,
+        f"routing for {wl.n_sequences} sequences x {wl.seq_positions} tokens x {m.n_layers} layers",
+        "lower workload.prompt_len, gen_len, batch_size or n_batches",
+    )
 
 
 OPS_CHECKED = 1_000_000  # a schedule estimated this large is checked against memory

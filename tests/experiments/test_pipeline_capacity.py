@@ -8,7 +8,13 @@ import pytest
 
 from core.errors import CapacityError, MoepipeError
 from core.types import Tier
-from experiments.common.pipeline import RunSpec, check_kv_fits, simulate_run
+from experiments.common.pipeline import (
+    ROUTING_PEAK_FACTOR,
+    RunSpec,
+    check_kv_fits,
+    routing_bytes,
+    simulate_run,
+)
 
 
 def test_a_kv_cache_beyond_gpu_and_cpu_memory_is_refused_before_routing(
@@ -24,6 +30,10 @@ def test_a_kv_cache_beyond_gpu_and_cpu_memory_is_refused_before_routing(
     prompt = room // per_position + 2  # one position past the room
     wl = tiny_workload.with_(prompt_len=prompt)
     spec = RunSpec(tiny_model, tiny_hw, wl, "flexgen", {})
+    # whatever RAM this machine has free (here: less than the group's routing needs, more
+    # than one batch's), the configuration's own limit is named
+    need = routing_bytes(spec) * ROUTING_PEAK_FACTOR
+    monkeypatch.setattr("experiments.common.pipeline._available_ram_bytes", lambda: need - 1)
     with (
         mock.patch("experiments.common.pipeline.load_routing") as load,
         pytest.raises(CapacityError, match="KV cache"),
