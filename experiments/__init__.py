@@ -1,9 +1,10 @@
 """The commands (`python -m experiments.<name>`) and their shared wiring (common/, bench/).
 
 Started as a command, Ctrl-C while Python still imports it (torch, hydra: seconds) is one line
-and exit 130, not an import's traceback, and SIGTERM or SIGHUP one line and exit 128 + its
-number, not a silent end; `common.cli.run_command` hands them back to Python's
-KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the command runs.
+and exit 130, not an import's traceback, and SIGTERM, SIGHUP or SIGQUIT (Ctrl-backslash) one
+line and exit 128 + its number, not a silent end; `common.cli.run_command` hands them back to
+Python's KeyboardInterrupt (`command_started`, `common.cli.until_interrupted`) once the command
+runs.
 """
 
 import atexit
@@ -14,8 +15,12 @@ import signal
 import sys
 from types import FrameType
 
-# what stops a command as Ctrl-C does: `kill`, `timeout`, a scheduler; a closed terminal
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# what stops a command as Ctrl-C does: `kill`, `timeout`, a scheduler; a closed terminal;
+# Ctrl-backslash (SIGQUIT, whose default action dumped core with no line)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# what a terminal sends its whole foreground group: a command's helper process (a pool worker,
+# a spawned rank, the server they fork from) leaves them to the command, which says the line
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from core.errors import ConfigError, MoepipeError
 from core.planner import Planner
 from core.routing import Routing
+from experiments import TERMINAL_SIGNALS
 from experiments.common.launch_line import gone_peers, launched
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
@@ -56,7 +57,7 @@ PEER_LOST = 3  # a rank's exit code when it stopped because another one did
 FAILED = 2  # a rank's exit code for an error it wrote to its error file
 NO_REPORT = 4  # a rank's exit code where it could not write its error file (tmp full)
 STOPPED_S = 5.0  # a rank stopped (SIGSTOP) this long stops the run: its peers wait for it
-LEFT_TO_PARENT = (signal.SIGINT, signal.SIGHUP)  # a spawned rank ignores them (`_rank_process`)
+LEFT_TO_PARENT = TERMINAL_SIGNALS  # a spawned rank ignores them (`_rank_process`)
 # what a rank imports, once in the server its processes fork from (`_context`); experiments first:
 # its __init__ sets what torch reads as it loads
 PRELOAD = [
@@ -185,9 +186,9 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
             # each rank started whole: a signal between a child's start and its being sent what
             # to run left it reading an empty pipe, and its traceback followed the stop line
             with interrupt_deferred():
-                # a rank starts with Ctrl-C and SIGHUP blocked (the mask outlives exec) until it
-                # ignores them (`_rank_process`): one at the terminal, while a rank still imported
-                # torch, printed its KeyboardInterrupt's traceback and more
+                # a rank starts with Ctrl-C, SIGHUP and SIGQUIT blocked (the mask outlives exec)
+                # until it ignores them (`_rank_process`): one at the terminal, while a rank
+                # still imported torch, printed its KeyboardInterrupt's traceback and more
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, LEFT_TO_PARENT)
                 try:
                     _start(procs, server)
@@ -261,8 +262,9 @@ def _context() -> Any:
     # and SIGTERM in this process as it does (CPython 3.11): the server then started with Ctrl-C
     # open, and one at the terminal printed its traceback from the interpreter's start. The
     # tracker ignores Ctrl-C and SIGTERM, not SIGHUP: a closed terminal killed it, and its
-    # relaunch warned in two lines above the command's; it keeps SIGHUP blocked from here
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])
+    # relaunch warned in two lines above the command's; it keeps SIGHUP (and Ctrl-backslash's
+    # SIGQUIT) blocked from here
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP, signal.SIGQUIT])
     try:
         resource_tracker.ensure_running()
     finally:
@@ -273,7 +275,7 @@ def _context() -> Any:
 
 
 def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> None:
-    """A spawned rank: it leaves Ctrl-C and SIGHUP to the command, which stops every rank
+    """A spawned rank: it leaves Ctrl-C, SIGHUP and SIGQUIT to the command, which stops every rank
     (SIGTERM) and prints the one line, and dies with the command (a launcher killed with
     SIGKILL left its ranks running the run on); then `target(*args)`."""
     from experiments.common.pool import die_with_parent

@@ -17,14 +17,16 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import wait
 
+from experiments import TERMINAL_SIGNALS
+
 
 def ignore_ctrl_c() -> None:
-    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP) to the parent, which stops the
-    pool and prints the one line (a worker's own KeyboardInterrupt would print its traceback
-    first). SIGTERM keeps its default action: `stop_pool` ends a worker with it. It dies with
-    its parent (`die_with_parent`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    """A worker leaves Ctrl-C (and a closed terminal's SIGHUP, Ctrl-backslash's SIGQUIT) to the
+    parent, which stops the pool and prints the one line (a worker's own KeyboardInterrupt would
+    print its traceback first). SIGTERM keeps its default action: `stop_pool` ends a worker with
+    it. It dies with its parent (`die_with_parent`)."""
+    for signum in TERMINAL_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     die_with_parent()
 
 

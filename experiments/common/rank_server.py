@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from experiments import TERMINAL_SIGNALS
+
 PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server to check
 LOST = 255  # multiprocessing's exit code for a process whose server went away
 # how multiprocessing starts its forkserver (`python -c "from multiprocessing.forkserver ..."`)
@@ -26,7 +28,7 @@ def as_server() -> None:
     and forking a rank for seconds)."""
     from experiments.common.pool import die_with_parent
 
-    for signum in (signal.SIGINT, signal.SIGHUP):
+    for signum in TERMINAL_SIGNALS:  # and Ctrl-backslash's SIGQUIT
         signal.signal(signum, signal.SIG_IGN)
     parent = os.environ.get(PARENT_VAR, "")
     if not parent.isdigit():  # started off the command's main thread: see `parent_value`
