@@ -11,6 +11,7 @@ h2d bandwidths those runs' transfers saw, over `in_run_s` seconds. About 30 s he
 Usage:
     python -m experiments.calibrate hardware.name=this-machine [checkpoint=DIR] [device=cuda]
         [disk_dir=runs/.calib] [disk_mb=256] [in_run_s=20] [out=conf/hardware/this-machine.yaml]
+        [executor.dtype=auto|float32|bfloat16]   # with a checkpoint: its runs' compute dtype
 """
 
 # ruff: noqa: B023  (the timed lambdas run inside their loop iteration)
@@ -53,6 +54,7 @@ from experiments.common.cli import (
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
 from experiments.common.resolve import long_name_refused  # noqa: E402
 from experiments.common.run_dir import remove_empty, topmost_missing  # noqa: E402
+from experiments.common.schema import DtypeOption  # noqa: E402
 from real.calibration import (  # noqa: E402
     measure_compute,
     measure_disk,
@@ -60,7 +62,7 @@ from real.calibration import (  # noqa: E402
     measure_op_overhead,
     measure_store,
 )
-from real.checkpoint import CONF_MODEL_DIR, load_checkpoint
+from real.checkpoint import CONF_MODEL_DIR, load_checkpoint, run_dtype
 from real.interpreter import cache_freed_memory, cpu_compute_threads
 from real.model import Model
 from real.store import (
@@ -111,11 +113,13 @@ def calibrate(
     disk_dir: Path,
     disk_mb: int,
     in_run_s: float = 20.0,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
-    """The hardware profile of this machine (conf/hardware/<name>.yaml's content)."""
+    """The hardware profile of this machine (conf/hardware/<name>.yaml's content), its timings
+    in the checkpoint's compute `dtype` (executor.dtype)."""
     dev = resolve_device(device)
     if ckpt:
-        spec, _ = load_checkpoint(ckpt)
+        spec, _ = load_checkpoint(ckpt, dtype)
         model = Model.from_checkpoint(ckpt, spec)
     else:
         spec = ModelSpec.from_dict(
@@ -124,13 +128,13 @@ def calibrate(
         model = Model(spec)
     t0 = time.perf_counter()
     disk_dir.mkdir(parents=True, exist_ok=True)
-    m = _measure(spec, model, ckpt, dev, disk_dir, disk_mb)
+    m = _measure(spec, model, ckpt, dev, disk_dir, disk_mb, dtype)
     out = _profile(name, m, dev, spec.name, ckpt, disk_dir, disk_mb)
     _add_p2p(out, m.overhead_s)
     if ckpt:
         try:
-            _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s)
-            _add_processes_in_run(out, ckpt)  # over the costs measured so far
+            _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s, dtype)
+            _add_processes_in_run(out, ckpt, dtype)  # over the costs measured so far
         except CapacityError as e:  # its fix names a workload and memory calibrate sets itself
             raise MoepipeError(
                 f"checkpoint={ckpt}: calibrate's in-run runs of {spec.name} "
@@ -143,7 +147,13 @@ def calibrate(
 
 
 def _measure(
-    spec: ModelSpec, model: Model, ckpt: str | None, dev: Any, disk_dir: Path, disk_mb: int
+    spec: ModelSpec,
+    model: Model,
+    ckpt: str | None,
+    dev: Any,
+    disk_dir: Path,
+    disk_mb: int,
+    dtype: str | None = None,
 ) -> Measured:
     """Links, disk, compute tables and the per-op overhead, timed with the torch thread count
     the real executor runs them with."""
@@ -155,12 +165,12 @@ def _measure(
     try:
         h2d, d2h = measure_links(dev)
         if ckpt:  # the executor's own path on the model's unit sizes replaces the raw timings
-            via_store = measure_store(ckpt, dev)
+            via_store = measure_store(ckpt, dev, dtype=dtype)
             disk, h2d = via_store["disk"], via_store["h2d"]
         else:
             disk = measure_disk(disk_dir, disk_mb)
         tables = measure_compute(spec, model, dev)
-        overhead_s = measure_op_overhead(ckpt, dev)
+        overhead_s = measure_op_overhead(ckpt, dev, dtype=dtype)
         # The CPU's own compute (fiddler-style planners run experts there), timed where a GPU run
         # runs it: torch's default thread count; a memcpy between pageable buffers is its memory
         # bandwidth. On a CPU-only machine the device pool is the CPU, timed above.
@@ -300,7 +310,7 @@ def _add_p2p(out: dict[str, Any], overhead_s: float) -> None:
     )
 
 
-def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
+def _add_processes_in_run(out: dict[str, Any], ckpt: str, dtype: str | None = None) -> None:
     """What a G-process run's ops see, gloo's and the executor's work around them and the cores
     the processes share: 2-process runs on the checkpoint (`measure_processes_in_run`) replace
     the ping-pong's p2p link and give the profile's `processes` terms."""
@@ -312,7 +322,7 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
     )
 
     alone = dict(out["links"]["p2p"])
-    seen = measure_processes_in_run(ckpt, out)
+    seen = measure_processes_in_run(ckpt, out, dtype=dtype)
     if seen is None:
         return
     link = seen.link
@@ -346,10 +356,15 @@ def _add_processes_in_run(out: dict[str, Any], ckpt: str) -> None:
 
 
 def _add_in_run(
-    out: dict[str, Any], ckpt: str, dev: Any, in_run_s: float, overhead_s: float
+    out: dict[str, Any],
+    ckpt: str,
+    dev: Any,
+    in_run_s: float,
+    overhead_s: float,
+    dtype: str | None = None,
 ) -> None:
     """The executor's cost around each compute op, and the links, measured in real runs."""
-    extra, in_run = measure_in_run(ckpt, out, dev, in_run_s)
+    extra, in_run = measure_in_run(ckpt, out, dev, in_run_s, dtype=dtype)
     by_kind = {k: round(overhead_s * 1e6 + max(0.0, x) * 1e6, 1) for k, x in extra.items()}
     for dev_key in ("gpu", "cpu") if dev.type == "cpu" else ("gpu",):
         out[dev_key]["overhead_us_by_kind"] = dict(by_kind)
@@ -378,6 +393,7 @@ class ProfileName:
 class Options:
     hardware: ProfileName = field(default_factory=ProfileName)
     checkpoint: str | None = None  # a checkpoint folder to time (default: a reduced Mixtral)
+    executor: DtypeOption = field(default_factory=DtypeOption)  # the checkpoint's runs' dtype
     device: str | None = None  # cuda | cpu; null: cuda if available
     disk_dir: str = "runs/.calib"  # where the disk probe writes its file
     disk_mb: int = 256  # the disk probe's size
@@ -503,7 +519,15 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 "or less"
             )
         with measuring_alone():
-            hw = calibrate(name, opts["checkpoint"], opts["device"], disk_dir, disk_mb, in_run_s)
+            hw = calibrate(
+                name,
+                opts["checkpoint"],
+                opts["device"],
+                disk_dir,
+                disk_mb,
+                in_run_s,
+                run_dtype(opts["executor.dtype"]),
+            )
             header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"
             tmp = staging_file(out)
             try:  # whole or not at all: a full disk or Ctrl-C leaves the previous profile
@@ -533,6 +557,13 @@ def _unread(opts: Any) -> None:
         raise MoepipeError(
             f"disk_mb={opts['disk_mb']}: with checkpoint= the disk is timed reading the "
             "checkpoint's files, and no probe file of disk_mb is written; leave disk_mb out"
+        )
+    dtype = run_dtype(opts["executor.dtype"])
+    if not opts["checkpoint"] and dtype != "auto":
+        raise MoepipeError(
+            f"executor.dtype={dtype}: the compute dtype of a checkpoint's weights, and none is "
+            "given (the reduced Mixtral is timed in its own dtype); pass checkpoint=DIR or "
+            "leave executor.dtype out"
         )
     if not opts["checkpoint"] and opts["in_run_s"] != default.in_run_s:
         raise MoepipeError(

@@ -9,6 +9,7 @@ Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=[a,b]]
         [gpu_frac=0.6] [cpu_frac=0.15] [batch_size=4] [n_batches=2] [prompt_len=16] [gen_len=4]
         [repeats=3] [links=probe|calibrated] [out=runs/validate/<time>] [executor.distributed=true]
+        [executor.dtype=auto|float32|bfloat16]
         [+planner_params.KEY=VALUE ...]   # e.g. +planner_params.dense=tensor, for every planner
 """
 
@@ -74,16 +75,17 @@ from experiments.common.pipeline import (
 )
 from experiments.common.real_run import real_execute  # noqa: E402
 from experiments.common.run_dir import staged_outputs
+from experiments.common.schema import DtypeOption
 from experiments.common.tables import csv_of_ours, markdown  # noqa: E402
 from planners.registry import make_planner, planner_names  # noqa: E402
-from real.checkpoint import load_checkpoint  # noqa: E402
+from real.checkpoint import load_checkpoint, run_dtype  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class DistributedOption:
+class ExecutorOptions(DtypeOption):
     distributed: bool = False  # an expert-parallel planner's devices as processes (gloo)
 
 
@@ -101,7 +103,7 @@ class Options:
     out: str | None = None  # default runs/validate/<time>
     repeats: int = 3  # real runs per planner
     links: str = "probe"  # probe | calibrated
-    executor: DistributedOption = field(default_factory=DistributedOption)
+    executor: ExecutorOptions = field(default_factory=ExecutorOptions)
     # params given to every planner, e.g. planner_params.dense=tensor (each planner must take them)
     planner_params: dict[str, Any] = field(default_factory=dict)
 
@@ -115,6 +117,7 @@ def probe_predict(
     spec: RunSpec,
     routing: Routing,
     fracs: tuple[float, float],
+    dtype: str | None = None,
 ) -> tuple[RunResult, dict[Resource, float]]:
     """The simulator's prediction for a real run about to start, at the link bandwidths a probe
     run saw just now: one small flexgen run on the checkpoint (calibrate's in-run measurement),
@@ -128,6 +131,7 @@ def probe_predict(
         runs=1,
         gpu_frac=fracs[0],
         cpu_frac=fracs[1],
+        dtype=dtype,
     )
     bandwidths = {Resource(k): v for k, v in seen.items()}
     return simulate_run(replace(spec, hardware=with_links(spec.hardware, bandwidths)), routing), (
@@ -221,6 +225,7 @@ class Setup:
     hw_dict: dict[str, Any]  # the hardware YAML as read, for calibrate's probe
     params: dict[str, Any]  # planner_params, every planner's
     fresh_out: bool = False  # `out` was made by this validation (a failed one removes it)
+    dtype: str = "auto"  # executor.dtype: the real runs' compute dtype
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
@@ -321,6 +326,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         except MoepipeError as e:
             raise MoepipeError(f"planner_params: {e}") from None
     distributed = bool(opts["executor.distributed"])
+    dtype = run_dtype(opts["executor.dtype"])
     gpu_frac, cpu_frac = (
         # a share of the model's bytes: above 1 where every device must hold the whole model
         # and more (an expert-parallel run's resident experts), up to a rack's worth
@@ -335,7 +341,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         "repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY
     )
     hw_dict = read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
-    model, _ = load_checkpoint(ckpt)
+    model, _ = load_checkpoint(ckpt, dtype)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
     repeats = sizes.pop("repeats")
     wl = Workload(**sizes, routing=RoutingConfig(source=RoutingSource.SYNTHETIC))
@@ -351,7 +357,20 @@ def _setup(opts: dict[str, Any]) -> Setup:
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
     return Setup(
-        ckpt, names, model, hw, wl, out, fracs, repeats, distributed, probe, hw_dict, params, fresh
+        ckpt,
+        names,
+        model,
+        hw,
+        wl,
+        out,
+        fracs,
+        repeats,
+        distributed,
+        probe,
+        hw_dict,
+        params,
+        fresh,
+        dtype,
     )
 
 
@@ -390,7 +409,7 @@ def _real_runs(
         for name, (spec, routing, _, planner) in list(sims.items()):
             # the probe's own failure (its run refused) is the whole command's, not this planner's
             probe_now = (
-                probe_predict(setup.ckpt, setup.hw_dict, spec, routing, setup.fracs)
+                probe_predict(setup.ckpt, setup.hw_dict, spec, routing, setup.fracs, setup.dtype)
                 if setup.probe
                 else None
             )
@@ -398,12 +417,17 @@ def _real_runs(
                 real_spec = replace(spec, executor="real")
                 if setup.distributed:
                     dist = run_distributed(
-                        setup.ckpt, real_spec, "replay", None, 120, routing, planner
+                        setup.ckpt, real_spec, "replay", None, 120, routing, planner, setup.dtype
                     )
                     result = dist.result
                 else:
                     result, _ = real_execute(
-                        setup.ckpt, real_spec, "replay", routing=routing, planner=planner
+                        setup.ckpt,
+                        real_spec,
+                        "replay",
+                        routing=routing,
+                        planner=planner,
+                        dtype=setup.dtype,
                     )
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN

@@ -9,6 +9,7 @@ Usage:
     python -m experiments.validate_lanes checkpoint=DIR hardware=this-machine|FILE.yaml
         [planners=[ep_static,predictive_replication]] [lanes=4] [replica_slots=1] [batch_size=4]
         [n_batches=4] [prompt_len=32] [repeats=3] [device=] [out=runs/validate_lanes/<time>]
+        [executor.dtype=auto|float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
+from experiments.common.schema import DtypeOption
 from experiments.common.tables import markdown
 from planners.registry import planner_names
-from real.checkpoint import load_checkpoint
+from real.checkpoint import load_checkpoint, run_dtype
 from real.store import resolve_device
 
 EP_PLANNERS = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
@@ -61,6 +63,7 @@ class Options:
     repeats: int = 3
     device: str = ""  # cuda | cpu; empty: cuda if available
     out: str | None = None  # default runs/validate_lanes/<time>
+    executor: DtypeOption = field(default_factory=DtypeOption)  # the real runs' compute dtype
 
 
 _DEFAULTS: dict[str, Any] = kv(Options())
@@ -114,7 +117,8 @@ def report(opts: dict[str, Any]) -> list[str]:
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
     )
     ckpt = str(opts["checkpoint"])
-    model = load_checkpoint(ckpt)[0]
+    dtype = run_dtype(opts["executor.dtype"])
+    model = load_checkpoint(ckpt, dtype)[0]
     if lanes > model.n_experts:  # each lane (device) holds at least one expert
         raise MoepipeError(
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane holds "
@@ -128,7 +132,8 @@ def report(opts: dict[str, Any]) -> list[str]:
     out = output_dir(where, "out")
     try:
         rows = [
-            _planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device) for p in planners
+            _planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device, dtype)
+            for p in planners
         ]
     except BaseException:  # a failed or stopped run leaves no empty folder that looks like one
         if fresh:
@@ -166,6 +171,7 @@ def _planner_row(
     slots: int,
     repeats: int,
     device: Any,
+    dtype: str = "auto",
 ) -> dict[str, Any]:
     """Planner `p` on `lanes` lanes: the real runs (lanes sharing the GPU) at their median, and
     the simulator under each lane-sharing model with its error against them."""
@@ -176,7 +182,8 @@ def _planner_row(
         s: RunSpec(model, hw, wl, p, {**base, "lane_sharing": s}) for s in ("partition", "shared")
     }
     real = [
-        real_execute(ckpt, spec["shared"], "replay", device=str(device)) for _ in range(repeats)
+        real_execute(ckpt, spec["shared"], "replay", device=str(device), dtype=dtype)
+        for _ in range(repeats)
     ]
     routing = real[0][1].routing
     make = np.array([r.trace["end_s"].max() for r, _ in real])

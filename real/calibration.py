@@ -149,7 +149,7 @@ def measure_links(device: torch.device) -> tuple[dict[str, float], dict[str, flo
 
 
 def measure_store(
-    ckpt: str, device: torch.device, budget_s: float = 6.0
+    ckpt: str, device: torch.device, budget_s: float = 6.0, dtype: str | None = None
 ) -> dict[str, dict[str, float]]:
     """Disk and h2d timed through the real executor's own path on the checkpoint's units: a
     `TieredStore` reads a unit from the checkpoint into a host buffer (`read_disk`: a slot of
@@ -158,9 +158,9 @@ def measure_store(
     and cache misses are in the times. Each pass reads every
     unit in file order back to back (the disk stream), then copies every unit (the copy stream);
     at least one pass after a warm-up pass, more within `budget_s`; per-size medians fitted to
-    latency + bytes/bandwidth."""
-    spec, _ = load_checkpoint(ckpt)
-    store = TieredStore(ckpt, 1 << 62, device=device)
+    latency + bytes/bandwidth. `dtype`: the runs' compute dtype (`load_checkpoint`'s)."""
+    spec, _ = load_checkpoint(ckpt, dtype)
+    store = TieredStore(ckpt, 1 << 62, device=device, dtype=dtype)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     # File order is layer order: a forward pass reads the checkpoint front to back, so the
     # passes below do too (a scattered order measured half the bandwidth the runs see here).
@@ -203,14 +203,16 @@ def measure_store(
     return out
 
 
-def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400) -> float:
+def measure_op_overhead(
+    ckpt: str | None, device: torch.device, n_ops: int = 400, dtype: str | None = None
+) -> float:
     """Seconds the real executor spends per op beyond the op's own work: a chain of `n_ops`
     1-byte activation copies alternating between two streams on different resources, each
     waiting for the one before, so every op pays a worker hand-off, the dependency and memory
     checks, the resource lock and the timing. (makespan - summed copy times) / n_ops."""
     if not ckpt:
         return 0.0
-    spec, _ = load_checkpoint(ckpt)
+    spec, _ = load_checkpoint(ckpt, dtype)
     wl = Workload(
         batch_size=1,
         n_batches=1,
@@ -218,7 +220,7 @@ def measure_op_overhead(ckpt: str | None, device: torch.device, n_ops: int = 400
         gen_len=1,
         routing=RoutingConfig(source=RoutingSource.SYNTHETIC),
     )
-    store = TieredStore(ckpt, 1 << 40, device=device)
+    store = TieredStore(ckpt, 1 << 40, device=device, dtype=dtype)
     try:
         ex = Executor(store, Model(spec), wl, torch.zeros(1, 1, dtype=torch.long))
         b = ScheduleBuilder({Tier.GPU: 1 << 40, Tier.CPU: 1 << 40, Tier.DISK: 1 << 40})

@@ -399,11 +399,20 @@ def compute_dtype(stored: torch.dtype, dtype: str | None) -> torch.dtype:
     saved one (docs/commands.md, "Saved and compute dtypes")."""
     if dtype in (None, "auto"):
         return stored
+    return SAVED_DTYPES[run_dtype(dtype)]
+
+
+def run_dtype(dtype: str | None) -> str:
+    """executor.dtype checked (every command that runs a checkpoint takes it): auto (None),
+    float32 or bfloat16; one line naming the option otherwise. A command checks it with its
+    other options, before it measures or runs anything."""
+    if dtype is None:
+        return "auto"
     if dtype not in RUN_DTYPES:
         raise ConfigError(
             f"executor.dtype={dtype}: not a compute dtype; pass one of {', '.join(RUN_DTYPES)}"
         )
-    return SAVED_DTYPES[dtype]
+    return dtype
 
 
 def _tie_head(index: dict[str, TensorEntry], names: HFNames) -> None:

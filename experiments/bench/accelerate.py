@@ -10,6 +10,7 @@ Usage:
         [cold=once|pass|false] [cgroup=true] [slack_mb=256] [room=cgroup|tiers]
         [room_margin_mb=64] [klotski_n=-1] [klotski_attn=0]
         [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0] [repeats=3]
+        [executor.dtype=auto|float32|bfloat16]
 Each row is the median of `repeats` runs of its system, their spread beside it.
 The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate,
 `host_room_mb=` for moepipe): each child prints its result as one JSON line.
@@ -52,7 +53,10 @@ from planners.registry import make_planner
 
 def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     """The options as the peers library reads them (a flat dict), their ranges checked."""
+    from real.checkpoint import run_dtype  # torch's import, in the bench's process alone
+
     d = kv(opts)
+    d["executor.dtype"] = run_dtype(d["executor.dtype"])
     d["cold"] = str(d["cold"]).lower()
     if d["cold"] not in COLD:
         raise MoepipeError(

@@ -71,7 +71,11 @@ IN_RUNS = 3  # runs of it, their ops pooled
 
 
 def measure_processes_in_run(
-    ckpt: str, hw: dict[str, Any], runs: int = IN_RUNS, timeout_s: float = 120.0
+    ckpt: str,
+    hw: dict[str, Any],
+    runs: int = IN_RUNS,
+    timeout_s: float = 120.0,
+    dtype: str | None = None,
 ) -> ProcessesSeen | None:
     """What `runs` G=2 process runs of `IN_RUN_PLANNER` on the checkpoint's model see: 2
     batches of 4 sequences, 16-token prompts, 4 tokens, synthetic routing (seed 1), every
@@ -80,14 +84,14 @@ def measure_processes_in_run(
     a transfer and 0.10 GB/s copies, against 3.2 ms and 0.25 GB/s at 1.3 x). The p2p link
     and the gate exchange (`p2p_seen`), each compute kind's scale over `hw`'s cost model
     (`scale_seen`) and its ops' start after they were ready (`delay_seen`). None if they
-    moved nothing."""
+    moved nothing. `dtype`: the runs' compute dtype (executor.dtype)."""
     from core.cost import CostModel
     from core.hardware import HardwareSpec
     from core.spec import RoutingConfig, Workload
     from core.types import RoutingSource
     from real.checkpoint import load_checkpoint
 
-    model, _ = load_checkpoint(ckpt)
+    model, _ = load_checkpoint(ckpt, dtype)
     d = dict(hw, n_gpus=2)
     d["memory_gb"] = dict(hw["memory_gb"], gpu=POOL_OF_MODEL * model.total_bytes / 1e9)
     hardware = HardwareSpec.from_dict(d)
@@ -102,7 +106,7 @@ def measure_processes_in_run(
     spec = RunSpec(model, hardware, wl, IN_RUN_PLANNER, {"n_devices": 2})
     results = []
     for _ in range(runs):
-        out = run_distributed(ckpt, spec, "replay", None, timeout_s)
+        out = run_distributed(ckpt, spec, "replay", None, timeout_s, dtype=dtype)
         assert out is not None, "a spawned run returns rank 0's result"
         results.append(out.result)
     seen = p2p_seen([r.trace for r in results], hardware.link(Resource.P2P))

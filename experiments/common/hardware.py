@@ -126,6 +126,7 @@ def measure_in_run(
     runs: int = 3,
     gpu_frac: float = 0.6,
     cpu_frac: float = 0.15,
+    dtype: str | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """What ops cost inside a real run: small flexgen runs on the checkpoint (2 batches of 2
     sequences, 8-token prompts, 3 tokens; device pool `gpu_frac` and host RAM `cpu_frac` of the
@@ -149,7 +150,7 @@ def measure_in_run(
     from experiments.common.pipeline import RunSpec
     from experiments.common.real_run import real_execute
 
-    spec, _ = load_checkpoint(ckpt)
+    spec, _ = load_checkpoint(ckpt, dtype)
     d = with_model_on_disk(copy.deepcopy(hw), spec.total_bytes, gpu_frac, cpu_frac)
     wl = Workload(
         batch_size=2,
@@ -164,7 +165,7 @@ def measure_in_run(
     for i in itertools.count():
         if i >= max(1, runs) and time.perf_counter() > deadline:
             break
-        result, _ = real_execute(ckpt, run, "replay", device=str(device))  # cuda:N kept
+        result, _ = real_execute(ckpt, run, "replay", device=str(device), dtype=dtype)
         predicted = CostModel(run.hardware).durations(result.schedule)
         tr = result.trace
         took = (tr["end_s"] - tr["start_s"]).to_numpy()

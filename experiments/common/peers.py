@@ -71,12 +71,14 @@ def run_accelerate(
     gen_len: int,
     cold: str,
     limit_s: float = 0.0,
+    dtype: str = "auto",
 ) -> float | None:
     """Seconds for greedy generation of `prompts` [N, P], `batch_size` sequences per `generate`
     call, with accelerate's disk offload holding `device_bytes` on the device and `host_bytes`
     in host RAM (their sum in RAM without CUDA); `cold` as in the module doc (with "pass", the
     page-cache drops are not counted). None where `limit_s` > 0 and the generation (loading not
-    counted) ran that long: it is stopped there."""
+    counted) ran that long: it is stopped there. `dtype`: executor.dtype, as from_pretrained's
+    (auto: the saved one)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -86,7 +88,11 @@ def run_accelerate(
     )
     with tempfile.TemporaryDirectory(prefix="offload-") as folder:
         model = AutoModelForCausalLM.from_pretrained(
-            ckpt, device_map="auto", max_memory=max_memory, offload_folder=folder, dtype="auto"
+            ckpt,
+            device_map="auto",
+            max_memory=max_memory,
+            offload_folder=folder,
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
         )
         model.eval()
         print(f"accelerate placement: {placed_mb(model)}", file=sys.stderr)
@@ -170,7 +176,7 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
     from real.checkpoint import load_checkpoint
 
     read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
-    model, _ = load_checkpoint(opts["checkpoint"])
+    model, _ = load_checkpoint(opts["checkpoint"], str(opts["executor.dtype"]))
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
     hw = with_host_room(hw, int(opts.get("host_room_mb", 0)) << 20)
     sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
@@ -219,7 +225,9 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
     # accelerate's max_memory is the budget: the page cache takes the cgroup's room for it
     spec, hw = run_spec(opts if role == "moepipe" else {**opts, "host_room_mb": 0})
     if role == "moepipe":
-        result, _ = real_execute(opts["checkpoint"], spec, "replay")
+        result, _ = real_execute(
+            opts["checkpoint"], spec, "replay", dtype=str(opts["executor.dtype"])
+        )
         s = result.summary
         return {
             "tok_s": s["throughput_tok_s"],
@@ -241,6 +249,7 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
         wl.gen_len,
         str(opts["cold"]),
         float(opts.get("acc_limit_s", 0.0)),
+        str(opts["executor.dtype"]),
     )
     if seconds is None:  # stopped: it would have taken longer than its limit
         return {

@@ -121,6 +121,15 @@ class WorkloadSchema:
 
 
 @dataclass
+class DtypeOption:
+    """`executor.dtype` of a command that runs a checkpoint (validate, calibrate, the benches):
+    what experiments.run's executor.dtype means, checked by the same resolver
+    (real.checkpoint.run_dtype, compute_dtype)."""
+
+    dtype: str = "auto"  # real: compute dtype, float32 | bfloat16; auto: the saved one
+
+
+@dataclass
 class ExecutorSchema:
     name: str = MISSING  # sim | real
     routing_mode: str | None = None  # real: replay | live
@@ -177,6 +186,8 @@ class BenchAccelerateOptions:
     checkpoint: str = MISSING  # a Hugging Face checkpoint directory
     hardware: str = "this-machine"  # conf/hardware/<name>.yaml, or a FILE.yaml
     planner: str = "klotski"  # moepipe's planner
+    # both systems' compute dtype (transformers' from_pretrained(dtype=...) for accelerate's)
+    executor: DtypeOption = field(default_factory=DtypeOption)
     gpu_frac: float = 0.6  # device pool, as a fraction of the model's bytes
     cpu_frac: float = 0.15  # host RAM, as a fraction of the model's bytes
     batch_size: int = 4  # sequences per batch

@@ -4,17 +4,21 @@ class. Ctrl-backslash (SIGQUIT) stops every command as SIGTERM does; ...
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from experiments import TERMINAL_SIGNALS
 from experiments.common.dist_run import _as_rank, _spawn
 from tests.conftest import spawned_ranks, started
-from tests.probes.conftest import TINY
+from tests.probes.conftest import TINY, one_line
 from tests.probes.test_probe_signals import (
     LONG,
     _finished,
@@ -113,3 +117,111 @@ def test_sigquit_stops_a_distributed_run_and_its_ranks(tmp_path: Path, tiny_ckpt
         time.sleep(0.1)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not run.exists()
+
+
+# --- executor.dtype in every command that runs a checkpoint ---
+
+
+@pytest.fixture(scope="module")
+def f16_ckpt(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_ckpt` saved in float16 (its weights cast, config.json's torch_dtype float16)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path_factory.mktemp("f16") / "ck"
+    shutil.copytree(tiny_ckpt, d)
+    for f in d.glob("*.safetensors"):
+        weights = {k: v.to(torch.float16) for k, v in load_file(f).items()}
+        save_file(weights, f, metadata={"format": "pt"})
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float16"}))
+    return d
+
+
+# each command that runs a checkpoint, with the options that keep it small
+DTYPE_COMMANDS = {
+    "experiments.validate": ["hardware=tiny", "planners=[flexgen]", "repeats=1", "n_batches=1"],
+    "experiments.validate_lanes": ["hardware=tiny", "planners=[ep_static]", "lanes=2"],
+    "experiments.calibrate": ["hardware.name=probe14a"],
+    "experiments.bench.accelerate": ["hardware=tiny"],
+}
+
+
+def _dtype_args(module: str, ckpt: Path, out: Path) -> list[str]:
+    """`module`'s small arguments on `ckpt`, writing into `out` (bench.accelerate writes no
+    file)."""
+    where = [] if module == "experiments.bench.accelerate" else [f"out={out}"]
+    return [f"checkpoint={ckpt}", *where, *DTYPE_COMMANDS[module]]
+
+
+@pytest.mark.parametrize("module", DTYPE_COMMANDS)
+@pytest.mark.parametrize("value", ["float16", "fp32", "Auto"])
+def test_every_checkpoint_command_refuses_a_bad_dtype_as_run_does(
+    module: str, value: str, f16_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """validate, validate_lanes, calibrate and bench.accelerate had no executor.dtype: a key
+    they do not know. Each takes it now and refuses what experiments.run refuses, in its
+    words, before it runs or writes anything."""
+    out = tmp_path / ("out.yaml" if module == "experiments.calibrate" else "out")
+    r = cli_here(module, *_dtype_args(module, f16_ckpt, out), f"executor.dtype={value}")
+    line = one_line(r, f"executor.dtype={value}: not a compute dtype", "auto, float32, bfloat16")
+    assert "float16 compute is not implemented" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("module", DTYPE_COMMANDS)
+def test_float16_weights_name_executor_dtype_in_every_command(
+    module: str, f16_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """float16 weights at executor.dtype=auto: each command's line names the option that runs
+    them (it said so in a command that had no such option)."""
+    out = tmp_path / ("out.yaml" if module == "experiments.calibrate" else "out")
+    r = cli_here(module, *_dtype_args(module, f16_ckpt, out))
+    one_line(r, "the weights are float16", "executor.dtype=float32 or bfloat16")
+    assert not out.exists()
+
+
+def test_validate_runs_float16_weights_in_the_asked_dtype(
+    f16_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """experiments.validate with executor.dtype runs float16 weights in that dtype: float32's
+    device pool holds twice bfloat16's bytes, in the real run and the simulated one alike."""
+    peaks = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        args = ["hardware=tiny", "planners=[flexgen]", "repeats=1", "n_batches=1"]
+        args += ["batch_size=1", "gen_len=2", "prompt_len=4", "links=calibrated", "gpu_frac=2"]
+        args += [f"checkpoint={f16_ckpt}", f"out={out}", f"executor.dtype={dtype}"]
+        r = cli_here("experiments.validate", *args)
+        assert r.returncode == 0, r.stderr
+        for side in ("sim", "real"):
+            summary = json.loads((out / "flexgen" / side / "summary.json").read_text())
+            peaks[dtype, side] = summary["peak_bytes"]["gpu"]
+    for side in ("sim", "real"):
+        assert peaks["float32", side] == 2 * peaks["bfloat16", side], peaks
+
+
+def test_validate_lanes_and_the_benches_run_float16_weights_in_the_asked_dtype(
+    f16_ckpt: Path, tmp_path: Path
+) -> None:
+    """validate_lanes' runs, bench.accelerate's moepipe side and calibrate's store and
+    overhead timings read float16 weights in the asked dtype (they refused them)."""
+    import torch
+
+    from experiments.common.peers import run_spec
+    from experiments.validate_lanes import report
+    from real.calibration import measure_op_overhead, measure_store
+
+    opts = dict(
+        checkpoint=str(f16_ckpt), hardware="tiny", gpu_frac=0.6, cpu_frac=0.15, planner="klotski"
+    )
+    sizes = dict(batch_size=1, n_batches=1, prompt_len=4, gen_len=2)
+    spec, _ = run_spec({**opts, **sizes, "executor.dtype": "float32"})
+    assert spec.model.dtype_bytes == 4
+    cpu = torch.device("cpu")
+    assert measure_store(str(f16_ckpt), cpu, budget_s=0.0, dtype="bfloat16")["disk"]
+    assert measure_op_overhead(str(f16_ckpt), cpu, n_ops=4, dtype="float32") >= 0
+    lanes = dict(checkpoint=str(f16_ckpt), hardware="tiny", planners="ep_static", lanes=2)
+    lanes |= dict(replica_slots=1, repeats=1, device="cpu", out=str(tmp_path / "l"))
+    lines = report({**lanes, **sizes, "executor.dtype": "bfloat16"})
+    assert lines[-1].startswith("wrote ")
