@@ -356,22 +356,8 @@ def _setup(opts: dict[str, Any]) -> Setup:
         refuse_their_png(out / f"timeline_{name}.png", "out")
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
-    return Setup(
-        ckpt,
-        names,
-        model,
-        hw,
-        wl,
-        out,
-        fracs,
-        repeats,
-        distributed,
-        probe,
-        hw_dict,
-        params,
-        fresh,
-        dtype,
-    )
+    sized = (out, fracs, repeats, distributed, probe, hw_dict, params, fresh, dtype)
+    return Setup(ckpt, names, model, hw, wl, *sized)
 
 
 # a planner's sized run, its routing, simulation and planner (its real runs reuse its choices)
@@ -421,14 +407,8 @@ def _real_runs(
                     )
                     result = dist.result
                 else:
-                    result, _ = real_execute(
-                        setup.ckpt,
-                        real_spec,
-                        "replay",
-                        routing=routing,
-                        planner=planner,
-                        dtype=setup.dtype,
-                    )
+                    run = dict(routing=routing, planner=planner, dtype=setup.dtype)
+                    result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN
                 # weights fail the command (as a skipped row, the table left the planner out)
