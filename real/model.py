@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from core import shards
 from core.hf_config import hf_runtime, mla_dims
 from core.hf_config.generation import Greedy, read_generation
 from core.routing import Routing
@@ -337,15 +338,8 @@ class Model:
 
 
 def kv_shard(spec: ModelSpec, heads: tuple[int, int]) -> tuple[int, int]:
-    """The GQA key/value heads [lo, hi) that query heads `heads` read: whole groups' kv heads, or
-    the one kv head of a group the shard holds part of (a kv head replicated over shards)."""
-    lo, hi = heads
-    rep = spec.n_heads // spec.n_kv_heads
-    kv_lo, kv_hi = lo // rep, -(-hi // rep)
-    assert (lo % rep == 0 and hi % rep == 0) or kv_hi - kv_lo == 1, (
-        f"heads [{lo}, {hi}) split a group of {rep} and span more than one"
-    )
-    return kv_lo, kv_hi
+    """The GQA key/value heads [lo, hi) that query heads `heads` read (`core.shards.kv_shard`)."""
+    return shards.kv_shard(spec.n_heads, spec.n_kv_heads, heads)
 
 
 def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str, torch.Tensor]:

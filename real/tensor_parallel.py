@@ -36,6 +36,7 @@ import torch
 from core.ep_layout import EPLayout
 from core.errors import MoepipeError
 from core.schedule import Op, StreamSpec
+from core.shards import shard
 from core.types import Dense, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.decoding import next_tokens
@@ -55,12 +56,6 @@ _POLL_S = 0.05  # how often a device waiting at a rendezvous re-checks for a fai
 
 # what an ALL_REDUCE op's round combines (`TensorParallel._what`) and its rounds
 ROUNDS = {"attention": 2, "stats": 2, "ffn": 2, "moe": 2, "logits": 1}
-
-
-def shard(n: int, world: int, rank: int) -> tuple[int, int]:
-    """Rank's contiguous [lo, hi) of n items: n // G each, the first n % G ranks one more."""
-    lo = rank * (n // world) + min(rank, n % world)
-    return lo, lo + n // world + (rank < n % world)
 
 
 Fold = Callable[[list[torch.Tensor]], torch.Tensor]  # the parts, in device order -> the result

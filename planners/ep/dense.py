@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from core.hf_config import mla_dims
+from core.shards import kv_shard, shard
+from core.spec import ModelSpec
 from core.types import Dense, OpKind, Tensor
 
 if TYPE_CHECKING:
@@ -25,22 +28,65 @@ class DenseCost:
     tensor: Tensor  # the weights it reads
 
 
-def dense_share(r: EPRunner, gpus: int) -> float:
-    """Bytes of the dense weights one GPU holds under tensor-parallel dense work, as `dense`
-    cuts them: 1/G of the heads, FFN columns and vocabulary; MLA's kv_a projection, the
-    routers and the embeddings whole; a GQA kv head on G / n_kv_heads GPUs where the GPUs
-    outnumber them."""
-    m, d = r.ctx.model, r.ctx.model.dtype_bytes
-    whole = m.hidden_size * m.kv_dim * d if m.kv_dim else 0
-    kv_w = 0 if m.kv_dim else 2 * m.hidden_size * m.n_kv_heads * m.head_dim * d
-    attn = (m.attn_bytes - whole - kv_w) / gpus + whole + kv_w / min(gpus, m.n_kv_heads)
+def dense_share(r: EPRunner, gpus: int, device: int = 0) -> int:
+    """Bytes of the dense weights `device` of `gpus` holds under tensor-parallel dense work, as
+    the real run cuts them (real.model's head_shard, ffn_shard, vocab_shard): its contiguous
+    shard of the query heads, FFN columns and vocabulary rows, with its GQA kv heads (a kv head
+    on every GPU whose query heads read it); the output biases (attention's o, the FFN's down
+    projection) on device 0 alone, as the shards' parts are summed; the norms, MLA's q_a and
+    kv_a projections, the routers and the embeddings whole. Device 0 holds the most."""
+    m = r.ctx.model
     layers = sum(
-        attn
-        + r.em.tensor_bytes(Tensor.FFN, layer) / gpus
-        + (m.gate_bytes if m.is_moe(layer) else 0)
+        _attention_share(m, gpus, device)
+        + _ffn_share(m, r.em.tensor_bytes(Tensor.FFN, layer) // m.dtype_bytes, layer, gpus, device)
+        + (m.gate_bytes // m.dtype_bytes if m.is_moe(layer) else 0)
         for layer in range(m.n_layers)
     )
-    return layers + m.embed_bytes + m.head_bytes / gpus
+    lo, hi = shard(m.vocab_size, gpus, device)
+    head = (hi - lo) * m.hidden_size + m.hidden_size  # its rows of lm_head, the final norm
+    return (layers + head) * m.dtype_bytes + m.embed_bytes
+
+
+def _attention_share(m: ModelSpec, gpus: int, device: int) -> int:
+    """Parameters of one layer's attention on `device` (`dense_share`)."""
+    h = m.hidden_size
+    heads = shard(m.n_heads, gpus, device)
+    n_q = heads[1] - heads[0]
+    o_bias = h if m.attention_bias else 0
+    if m.family == "deepseek_v2":  # MLA: q (or q_b), kv_b and o by heads; q_a and kv_a whole
+        dims = mla_dims(m)
+        qk, v = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"], dims["v_head_dim"]
+        rank = dims["kv_lora_rank"]
+        per_head = (m.q_lora_rank or h) * qk + rank * (dims["qk_nope_head_dim"] + v) + v * h
+        cut = min(m.n_heads * per_head, m.attn_param_count - h - o_bias)  # `attn_params` given
+        whole = m.attn_param_count - cut
+        return whole - (o_bias if device else 0) + cut * n_q // m.n_heads
+    kv = kv_shard(m.n_heads, m.n_kv_heads, heads)
+    d = m.head_dim
+    extra_q = extra_kv = 0  # per head: Qwen's q/k/v biases, QK-norm's weights, OLMoE's biases
+    if m.family == "qwen2_moe" and m.qkv_bias:
+        extra_q, extra_kv = d, 2 * d
+    elif m.qk_norm:
+        extra_q, extra_kv = d, d
+    if m.attention_bias:
+        extra_q, extra_kv = extra_q + d, extra_kv + 2 * d
+    per_q, per_kv = 2 * h * d + extra_q, 2 * h * d + extra_kv  # q rows and o columns; k and v
+    whole = m.attn_param_count - m.n_heads * per_q - m.n_kv_heads * per_kv  # norm and o_bias
+    return whole - (o_bias if device else 0) + n_q * per_q + (kv[1] - kv[0]) * per_kv
+
+
+def _ffn_share(m: ModelSpec, params: int, layer: int, gpus: int, device: int) -> int:
+    """Parameters on `device` of `layer`'s dense FFN or shared experts, of `params` parameters
+    (`dense_share`): its columns of the up and down projections (and of their biases), the down
+    projection's bias on device 0, the norm and Qwen's shared gate whole."""
+    if not params:
+        return 0
+    width = m.shared_ffn_size if m.is_moe(layer) else m.dense_ffn_size
+    down_bias = m.hidden_size if m.mlp_bias else 0
+    per_col = m.ffn_matrices * m.hidden_size + (m.ffn_matrices - 1 if m.mlp_bias else 0)
+    lo, hi = shard(width, gpus, device)
+    whole = params - width * per_col  # the norm, the down projection's bias, Qwen's gate
+    return whole - (down_bias if device else 0) + (hi - lo) * per_col
 
 
 def dense_cost(r: EPRunner, kind: OpKind, step: int, layer: int, seqs: int) -> DenseCost | None:

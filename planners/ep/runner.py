@@ -101,7 +101,9 @@ class EPRunner:
         kv = p.kv_bytes_per_layer * p.kv.count(Tier.GPU)  # every batch's KV on the GPUs
         act = activation_bytes(m, p, b.resident_bytes[Tier.GPU])  # one batch's
         tp = lay.dense == Dense.TENSOR and not lay.lanes
-        dense_gpu = dense_share(self, gpus) if tp else dense_w  # one GPU's dense weights
+        # the fullest GPU's dense weights (tensor parallel: GPU 0's shards, the output biases)
+        shares = [dense_share(self, gpus, d) for d in range(gpus)] if tp else [dense_w] * gpus
+        dense_gpu = shares[0]
         # the fullest GPU: data parallel, GPU 0 (the most sequences); tensor parallel, every GPU
         # holds its kv heads of every sequence (MLA: the whole latent)
         kv_share = (
@@ -113,7 +115,7 @@ class EPRunner:
         held = dense_gpu + -(-m.n_experts // gpus) * expert_layer + kv * kv_share + act * act_share
         if any(t != Tier.GPU for t in p.experts) or held > cap:
             raise not_resident(m, p, gpus, cap, held, act)
-        b.reserve(Tier.GPU, int(max(0, gpus * dense_gpu - dense_w)))  # the other GPUs' dense copies
+        b.reserve(Tier.GPU, int(max(0, sum(shares) - dense_w)))  # the other GPUs' dense copies
         return held
 
     def _reserve_replicas(self, held: float, cap: int) -> int:

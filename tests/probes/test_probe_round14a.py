@@ -225,3 +225,70 @@ def test_validate_lanes_and_the_benches_run_float16_weights_in_the_asked_dtype(
     lanes |= dict(replica_slots=1, repeats=1, device="cpu", out=str(tmp_path / "l"))
     lines = report({**lanes, **sizes, "executor.dtype": "bfloat16"})
     assert lines[-1].startswith("wrote ")
+
+
+# --- dense_share: a tensor-parallel GPU's dense bytes, as the real shards hold them ---
+
+SMALL = dict(hidden_size=64, expert_ffn_size=32, vocab_size=130, n_layers=2)
+MOE = dict(n_experts=4, top_k=2)
+BIASED = {
+    "mixtral-gqa": ("mixtral-tiny", dict(n_heads=4, n_kv_heads=2)),
+    "olmoe-attention_bias": ("olmoe-1b-7b", dict(n_heads=8, n_kv_heads=8, attention_bias=True)),
+    "deepseek-attention_bias-mlp_bias": (
+        "deepseek-v2-lite",
+        dict(n_heads=4, n_kv_heads=4, attention_bias=True, mlp_bias=True),
+    ),
+    "deepseek-q_lora_rank": (
+        "deepseek-v2-lite",
+        dict(n_heads=4, n_kv_heads=4, attention_bias=True, q_lora_rank=16),
+    ),
+}
+
+
+def _shard_bytes(spec: Any, units: dict[Any, dict[str, Any]], gpus: int, d: int) -> int:
+    """Bytes of the dense weights device d of `gpus` holds in a tensor-parallel run: each unit
+    cut as real.tensor_parallel.TensorParallel.shard_of cuts it."""
+    from core.shards import shard
+    from core.types import Tensor
+    from real.model import ffn_shard, head_shard, vocab_shard
+
+    total = 0
+    for u, w in units.items():
+        if u.kind == Tensor.EXPERT:
+            continue
+        if u.kind == Tensor.ATTENTION:
+            w = head_shard(spec, dict(w), shard(spec.n_heads, gpus, d))
+        elif u.kind == Tensor.HEAD:
+            w = vocab_shard(dict(w), shard(spec.vocab_size, gpus, d))
+        elif u.kind == Tensor.FFN:
+            width = (w["wi"] if "wi" in w else w["w1"]).shape[0]
+            w = ffn_shard(dict(w), shard(width, gpus, d))
+        total += sum(t.numel() * t.element_size() for t in w.values())
+    return total
+
+
+@pytest.mark.parametrize("case", BIASED)
+def test_dense_share_is_each_gpus_tensor_parallel_shard_bytes(case: str, tmp_path: Path) -> None:
+    """The planner counted a tensor-parallel GPU's dense bytes as 1/G of every attention and
+    FFN parameter: the o and down-projection biases (OLMoE's and DeepSeek-V2's attention_bias,
+    DeepSeek's mlp_bias), which GPU 0 alone holds, were split over the GPUs, and the norms and
+    MLA's q_a projection, which every GPU holds whole, too. It now equals, byte for byte, what
+    each of 2, 3 and 4 GPUs holds of a real checkpoint's shards (3: uneven shards)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from planners.common import Emitter
+    from planners.ep.dense import dense_share
+    from real.checkpoint import load_units, reduced_spec
+    from real.checkpoint_write import write_checkpoint
+
+    model, fields = BIASED[case]
+    spec = reduced_spec(model, **SMALL, **({} if model == "mixtral-tiny" else MOE), **fields)
+    spec, units = load_units(write_checkpoint(spec, tmp_path / "ck", seed=0))
+    counts = partial(Emitter.tensor_bytes, SimpleNamespace(model=spec))
+    runner: Any = SimpleNamespace(ctx=SimpleNamespace(model=spec), em=SimpleNamespace())
+    runner.em.tensor_bytes = counts
+    for gpus in (2, 3, 4):
+        held = [_shard_bytes(spec, units, gpus, d) for d in range(gpus)]
+        assert [dense_share(runner, gpus, d) for d in range(gpus)] == held, gpus
+        assert held[0] == max(held)
