@@ -10,7 +10,9 @@ Usage:
 from __future__ import annotations
 
 import errno
+import functools
 import json
+import logging
 import os
 import re
 import secrets
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError
+
+log = logging.getLogger(__name__)
 
 SMALL_FILE_BYTES = 16 * 2**20  # a config.json or index is KBs; a bigger one is not what it says
 
@@ -140,6 +144,31 @@ def loads_json(text: str | bytes, where: str, repeated: Callable[[str], None] | 
         return json.loads(text, object_pairs_hook=unique)
     except RecursionError:  # json's parser recurses per bracket: no file of ours nests so
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+def loads_json_as_owner(text: str | bytes, where: str, owner: str) -> Any:
+    """`json.loads` as the format's `owner` reads it (e.g. "transformers takes the last value
+    (json.loads)"): a key given twice keeps its last value, said once a process in one line
+    naming `where`, the key and the owner's rule."""
+
+    def repeated(key: str) -> None:
+        note_once(
+            f"{where}: key {key!r} appears twice in one JSON object; {owner}, and so does "
+            "moepipe: keep one of them"
+        )
+
+    return loads_json(text, where, repeated)
+
+
+# the owner's rule for a JSON file the commands write (summary.json): Python's json wrote it,
+# and its json.loads keeps a repeated key's last value
+PYTHON_JSON = "Python's json, which wrote it, takes the last value (json.loads)"
+
+
+@functools.cache
+def note_once(message: str) -> None:
+    """Log `message` once a process: a command reads a file more than once."""
+    log.warning(message)
 
 
 def plain_permissions(path: str | Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError, quoted
-from core.files import loads_json, not_regular, plain_permissions, read_small
+from core.files import loads_json, not_regular, note_once, plain_permissions, read_small
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -79,8 +80,9 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             )
         if n > ST_MAX_HEADER:
             raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")
-        try:  # a tensor named twice: safetensors' parser keeps one entry, the other's bytes lost
-            header = loads_json(f.read(n), where=f"{path}: safetensors header")
+        twice: list[str] = []  # tensors the header names twice: said once the file passes
+        try:
+            header = loads_json(f.read(n), f"{path}: safetensors header", _twice(path, twice))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ConfigError(
                 f"{path}: corrupt safetensors header; re-copy the checkpoint"
@@ -124,7 +126,30 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             "with it); re-copy the checkpoint"
         )
     _library_check(path)
+    if twice:
+        note_once(
+            f"{path}: safetensors header names tensor {quoted(twice[0])} twice ({len(twice)} "
+            "such); safetensors takes the last entry, and so does moepipe: rewrite the file "
+            "with one"
+        )
     return out
+
+
+def _twice(path: Path, twice: list[str]) -> Callable[[str], None]:
+    """What safetensors does with a key its header gives twice: a tensor keeps its last entry
+    (serde_json's map), its name put in `twice` to be said in one line (the first entry's
+    bytes are then a gap, which the tiling check refuses, as safetensors does); `__metadata__`
+    twice is refused, as safetensors refuses it ("duplicate field")."""
+
+    def repeated(key: str) -> None:
+        if key == "__metadata__":
+            raise ConfigError(
+                f"{path}: safetensors header gives __metadata__ twice, which safetensors "
+                "refuses; re-copy the checkpoint"
+            )
+        twice.append(key)
+
+    return repeated
 
 
 def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int, ...]]:

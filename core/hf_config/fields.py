@@ -8,8 +8,6 @@ value of another type or range is one line naming the file and the field:
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -17,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.files import loads_json, read_small
+from core.files import loads_json_as_owner, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
-
-log = logging.getLogger(__name__)
 
 
 def _is_int(v: Any) -> bool:
@@ -320,20 +316,7 @@ def hf_config_file(path: str | Path) -> Path:
 def loads_hf_json(text: str, where: str) -> Any:
     """`json.loads` as transformers reads config.json and generation_config.json: a key given
     twice keeps its last value, logged in one line naming the file and the key."""
-
-    def repeated(key: str) -> None:
-        _warn_once(
-            f"{where}: key {key!r} appears twice in one JSON object; transformers takes the "
-            "last value (json.loads), and so does moepipe: keep one of them"
-        )
-
-    return loads_json(text, where, repeated)
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """Log `message` once a process: a run reads its checkpoint's files more than once."""
-    log.warning(message)
+    return loads_json_as_owner(text, where, "transformers takes the last value (json.loads)")
 
 
 def read_hf_config(path: str | Path) -> HFConfig:

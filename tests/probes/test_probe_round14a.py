@@ -18,7 +18,7 @@ import pytest
 from experiments import TERMINAL_SIGNALS
 from experiments.common.dist_run import _as_rank, _spawn
 from tests.conftest import spawned_ranks, started
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 from tests.probes.test_probe_signals import (
     LONG,
     _finished,
@@ -292,3 +292,76 @@ def test_dense_share_is_each_gpus_tensor_parallel_shard_bytes(case: str, tmp_pat
         held = [_shard_bytes(spec, units, gpus, d) for d in range(gpus)]
         assert [dense_share(runner, gpus, d) for d in range(gpus)] == held, gpus
         assert held[0] == max(held)
+
+
+# --- a key given twice: each format's owner decides ---
+
+
+def _repeat(ckpt: Path, tmp_path: Path, key: str, entry: Any) -> Path:
+    """A copy of `ckpt` whose safetensors header gives `key` again, last, as `entry`."""
+    from real.checkpoint import SINGLE_FILE
+
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    f = d / SINGLE_FILE
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    body = raw[8 : 8 + n].decode().rstrip()[:-1] + f", {json.dumps(key)}: {json.dumps(entry)}}}"
+    f.write_bytes(len(body.encode()).to_bytes(8, "little") + body.encode() + raw[8 + n :])
+    return d
+
+
+def _header(ckpt: Path) -> dict[str, Any]:
+    from real.checkpoint import SINGLE_FILE
+
+    raw = (ckpt / SINGLE_FILE).read_bytes()
+    return json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+
+
+def test_a_tensor_named_twice_in_a_header_is_read_as_safetensors_reads_it(
+    tiny_ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header naming a tensor twice was refused. safetensors (its format's owner) keeps the
+    last entry and loads the file where that entry tiles the data: moepipe does the same,
+    saying so in one line, and its weights are the library's."""
+    from safetensors.torch import load_file
+
+    from real.checkpoint import SINGLE_FILE, load_checkpoint
+    from real.shards import read_tensor
+
+    name = min(k for k in _header(tiny_ckpt) if k != "__metadata__")
+    d = _repeat(tiny_ckpt, tmp_path, name, _header(tiny_ckpt)[name])
+    with caplog.at_level("WARNING"):
+        _, index = load_checkpoint(d)
+    said = [r.getMessage() for r in caplog.records if "twice" in r.getMessage()]
+    assert said == [
+        f"{d / SINGLE_FILE}: safetensors header names tensor {name} twice (1 such); "
+        "safetensors takes the last entry, and so does moepipe: rewrite the file with one"
+    ]
+    assert read_tensor(index[name]).equal(load_file(d / SINGLE_FILE)[name])
+
+
+@pytest.mark.parametrize("case", ["an entry the last one leaves a gap of", "__metadata__"])
+def test_what_safetensors_refuses_given_twice_is_refused_in_one_line(
+    case: str, tiny_ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tensor's first entry whose bytes the last one leaves uncovered, or __metadata__
+    given twice: safetensors refuses both ("invalid offset", "duplicate field"), and so does
+    moepipe, in one line and no note before it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from real.checkpoint import SINGLE_FILE, load_checkpoint
+
+    h = _header(tiny_ckpt)
+    name = max(k for k in h if k != "__metadata__")  # the last tensor's bytes, at the end
+    key, entry = ("__metadata__", {"format": "np"}) if case == "__metadata__" else (name, h[name])
+    if case != "__metadata__":
+        start = entry["data_offsets"][0]
+        entry = {**entry, "shape": [0], "data_offsets": [start, start]}  # its bytes: a gap
+    d = _repeat(tiny_ckpt, tmp_path, key, entry)
+    with pytest.raises(SafetensorError):
+        load_file(d / SINGLE_FILE)
+    with caplog.at_level("WARNING"):
+        raises_one_line(lambda: load_checkpoint(d), str(d / SINGLE_FILE))
+    assert not [r for r in caplog.records if "twice" in r.getMessage()]
