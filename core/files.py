@@ -171,6 +171,21 @@ def note_once(message: str) -> None:
     log.warning(message)
 
 
+def ulimits(*names: str) -> str:
+    """This process's soft limits as the shell sets them: "ulimit -n 18" for "n" (open files),
+    "ulimit -u 4096" for "u" (processes), "unlimited" where so; empty off POSIX."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return ""
+    which = {"n": resource.RLIMIT_NOFILE, "u": resource.RLIMIT_NPROC}
+    said = []
+    for name in names:
+        soft = resource.getrlimit(which[name])[0]
+        said.append(f"ulimit -{name} {'unlimited' if soft == resource.RLIM_INFINITY else soft}")
+    return ", ".join(said)
+
+
 def plain_permissions(path: str | Path) -> None:
     """Give `path` the permissions a plain `open()` gives (0666 less the umask): safetensors'
     save_file leaves 0600, so a checkpoint or a run's tokens another user of a shared group

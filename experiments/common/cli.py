@@ -24,6 +24,7 @@ import yaml
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError, did_you_mean
+from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started
 from experiments.common.argv_checks import (
     CONF_DIR,
@@ -223,6 +224,10 @@ def _os_error_line(e: OSError) -> str:
         errno.ENAMETOOLONG: "a name in that path is over the file system's limit (255 "
         "bytes on most): shorten it",
         errno.ENOTDIR: "a folder in that path is a file: check the path",
+        errno.EMFILE: f"this process is out of file descriptors ({ulimits('n')}): raise the "
+        "limit (e.g. ulimit -n 4096) and run it again",
+        errno.ENFILE: "the system's table of open files is full: close other programs' files "
+        "(or raise fs.file-max) and run it again",
     }.get(e.errno or 0, "check the file and the disk")
     what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
     return _flat(f"{where}{what}; {fix}")

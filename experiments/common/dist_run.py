@@ -19,9 +19,11 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing as mp
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError
+from core.files import ulimits
 from core.planner import Planner
 from core.routing import Routing
 from experiments import TERMINAL_SIGNALS
@@ -239,6 +242,11 @@ def _start(procs: list[Any], server: ServerWatch) -> None:
     except (EOFError, ConnectionError):
         raise MoepipeError(server.why()) from None
     except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):  # the rank's pipes and the server's socket
+            raise MoepipeError(
+                f"starting {len(procs)} rank processes: {e.strerror} ({ulimits('n')}; each rank "
+                "takes a few descriptors); raise the limit (e.g. ulimit -n 4096) and run it again"
+            ) from None
         if "AF_UNIX path too long" not in str(e):
             raise
         # the server listens on a socket in the temporary folder; "check the file and the
@@ -280,6 +288,7 @@ def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> 
     SIGKILL left its ranks running the run on); then `target(*args)`."""
     from experiments.common.pool import die_with_parent
 
+    sys.excepthook = sys.__excepthook__  # not the server's (`rank_server.as_server`)
     for signum in LEFT_TO_PARENT:
         signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
@@ -327,11 +336,14 @@ def _watch(procs: list[Any], tmp: Path, server: ServerWatch) -> None:
         if r is not None:
             raise MoepipeError(stopped_line(r))
         if lost_at is not None and now - lost_at > 5:
-            raise MoepipeError(f"real run: a rank lost its peers and no rank says why{_seen(tmp)}")
+            raise MoepipeError(
+                f"real run: a rank lost its peers and no rank says why{_seen(tmp)}; check the "
+                f"limits on open files and processes ({ulimits('n', 'u')}) and run it again"
+            )
     if lost_at is not None:  # every rank ended as if another had failed first (each its sockets)
         raise MoepipeError(
             f"real run: every rank lost its peers, none failed first{_seen(tmp)}; check the "
-            "limits on open files and processes (ulimit -n, -u) and run it again"
+            f"limits on open files and processes ({ulimits('n', 'u')}) and run it again"
         )
 
 
@@ -488,15 +500,9 @@ def _rank(
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "Unable to find address for" in first:  # at once, not a timeout: gloo's interface
-            import socket
-
-            names = ", ".join(n for _, n in socket.if_nameindex())
-            raise MoepipeError(
-                f"rank {rank}: environment GLOO_SOCKET_IFNAME="
-                f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
-                f"machine (it has {names}); set it to one of them, or unset it"
-            ) from None
+        at_once = _refused_at_once(rank, first)
+        if at_once is not None:
+            raise at_once from None
         lost = gone_peers() if init is None else []
         if lost:  # under torchrun, whose agent had not stopped this rank yet: the rank is known
             raise MoepipeError(
@@ -532,6 +538,38 @@ def _rank(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _refused_at_once(rank: int, first: str) -> MoepipeError | None:
+    """What failed the process group at once, not by a timeout (`first`: torch's first line),
+    as one line naming the variable and its fix: gloo's interface, the store's port in use,
+    a rank started by hand without MASTER_ADDR or MASTER_PORT. None for anything else."""
+    if "Unable to find address for" in first:
+        import socket
+
+        names = ", ".join(n for _, n in socket.if_nameindex())
+        return MoepipeError(
+            f"rank {rank}: environment GLOO_SOCKET_IFNAME="
+            f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
+            f"machine (it has {names}); set it to one of them, or unset it"
+        )
+    if "EADDRINUSE" in first:  # rank 0 listens on MASTER_PORT for the group's store
+        port = re.search(r"port: (\d+)", first)
+        return MoepipeError(
+            f"rank {rank}: MASTER_PORT={port.group(1) if port else os.environ.get('MASTER_PORT')}"
+            " is in use by another process, so the process group's store cannot listen there; "
+            "set MASTER_PORT to a free port (torchrun: --master_port=PORT, or --standalone, "
+            "which picks a free one)"
+        )
+    unset = re.search(r"environment variable (MASTER_\w+) expected, but not set", first)
+    if unset:
+        return MoepipeError(
+            f"rank {rank}: RANK and WORLD_SIZE are set, {unset.group(1)} is not: a rank started "
+            "by hand joins its group at MASTER_ADDR:MASTER_PORT (torchrun sets both); set them, "
+            "start the ranks with torchrun, or unset RANK and WORLD_SIZE to let the command "
+            "start them"
+        )
+    return None
 
 
 def _cuda_count() -> int:

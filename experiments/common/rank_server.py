@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from core.files import ulimits
 from experiments import TERMINAL_SIGNALS
 
 PARENT_VAR = "MOEPIPE_RANK_SERVER_PARENT"  # the command's pid, for the server to check
@@ -30,12 +33,37 @@ def as_server() -> None:
 
     for signum in TERMINAL_SIGNALS:  # and Ctrl-backslash's SIGQUIT
         signal.signal(signum, signal.SIG_IGN)
+    sys.excepthook = _quiet_end
     parent = os.environ.get(PARENT_VAR, "")
     if not parent.isdigit():  # started off the command's main thread: see `parent_value`
         return
     die_with_parent()
     if os.getppid() != int(parent):
         os._exit(0)  # the command died before the server asked to die with it
+
+
+def _quiet_end(kind: type[BaseException], e: BaseException, tb: Any) -> None:
+    """The server's end by a lost connection or a system limit (out of file descriptors: its
+    `recvfds` raises EOFError, or an AssertionError where the descriptors came cut short) is
+    the command's to say, in its one line naming the limit (`ServerWatch.why`): the server's
+    own traceback came first, over 8 lines. Anything else is printed as Python would (a rank
+    puts Python's hook back: `dist_run._rank_process`)."""
+    last = tb
+    while last is not None and last.tb_next is not None:
+        last = last.tb_next
+    receiving = last is not None and last.tb_frame.f_code.co_name == "recvfds"
+    if not (issubclass(kind, EOFError | OSError) or receiving):
+        sys.__excepthook__(kind, e, tb)
+
+
+def few_descriptors() -> bool:
+    """This process may open fewer files than the ranks' start needs with room to spare (a
+    few per rank, and the server's own): `ulimit -n` below 256."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return False
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 256
 
 
 def parent_value() -> str:
@@ -131,7 +159,10 @@ class ServerWatch:
                 f"{self.killed}) was stopped (SIGSTOP) and did not go on within "
                 f"{self.stopped_s:g} s, so the run stopped: run it again"
             )
+        fix = "run it again"
+        if few_descriptors():  # it dies receiving a rank's descriptors (`_quiet_end`)
+            fix = f"{ulimits('n')} may be too few for it: raise it (e.g. ulimit -n 4096) and {fix}"
         return (
             f"the process that starts the ranks (multiprocessing's forkserver{at}) died "
-            "or was killed, and its ranks with it; the run stopped: run it again"
+            f"or was killed, and its ranks with it; the run stopped: {fix}"
         )

@@ -365,3 +365,84 @@ def test_what_safetensors_refuses_given_twice_is_refused_in_one_line(
     with caplog.at_level("WARNING"):
         raises_one_line(lambda: load_checkpoint(d), str(d / SINGLE_FILE))
     assert not [r for r in caplog.records if "twice" in r.getMessage()]
+
+
+# --- a distributed run's port and file descriptors ---
+
+
+def test_a_hand_started_ranks_port_in_use_is_one_line_naming_it(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """Rank 0 of ranks started by hand (RANK, WORLD_SIZE set) whose MASTER_PORT another
+    process holds: torch's EADDRINUSE came as "the process group did not form within
+    executor.rendezvous_timeout_s", a timeout that never ran. Now the port and the fix."""
+    import socket
+
+    from tests.conftest import user_env
+    from tests.probes.conftest import real_run
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = user_env() | dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+        env |= dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        args = ["executor.distributed=true", "hardware=h200-hgx8", "planner=eplb"]
+        r = real_run(tiny_ckpt, tmp_path / "run", *args, "+planner.params.n_devices=2", env=env)
+    line = one_line(r, f"rank 0: MASTER_PORT={port} is in use", "--standalone")
+    assert "did not form" not in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("unset", ["MASTER_ADDR", "MASTER_PORT"])
+def test_a_hand_started_rank_without_the_masters_address_says_which(
+    unset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's own refusal of env:// without MASTER_ADDR or MASTER_PORT, at once, was told as
+    a rendezvous timeout; now it names the variable and the ways to start ranks."""
+    import torch.distributed as dist
+
+    from experiments.common.dist_run import _refused_at_once
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.delenv(unset)
+    with pytest.raises(ValueError) as info:  # noqa: PT011 (torch's type)
+        dist.init_process_group("gloo", init_method="env://", rank=0, world_size=2)
+    said = _refused_at_once(0, str(info.value).splitlines()[0])
+    assert said is not None and f"{unset} is not" in str(said), info.value
+    assert "unset RANK and WORLD_SIZE" in str(said)
+
+
+@pytest.mark.parametrize("limit", [10, 14, 20])
+def test_a_distributed_run_out_of_file_descriptors_names_the_limit(
+    limit: int, tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """`ulimit -n` too low for the ranks: "Too many open files; check the file and the disk"
+    named neither the limit nor a file; at 14 the ranks' server printed its traceback above
+    the line that it died; at 20, where the ranks start and lose each other, the line named
+    `ulimit -n` but not its value. Now one line naming the limit's value and the fix."""
+    import resource
+
+    from tests.probes.conftest import real_run
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    args = ["executor.distributed=true", "hardware=h200-hgx8", "planner=eplb"]
+    run = tmp_path / "run"
+    r = real_run(tiny_ckpt, run, *args, "+planner.params.n_devices=2", preexec_fn=low)
+    one_line(r, f"ulimit -n {limit}", "run it again")
+    assert not run.exists()
+
+
+def test_an_oserror_out_of_descriptors_names_the_limit() -> None:
+    """EMFILE anywhere (a file, a pipe): the limit's value and how to raise it, not 'check the
+    file and the disk'."""
+    import errno
+
+    from core.files import ulimits
+    from experiments.common.cli import error_line
+
+    line = error_line(OSError(errno.EMFILE, "Too many open files"))
+    assert line is not None and ulimits("n") in line and "ulimit -n 4096" in line, line
