@@ -170,9 +170,11 @@ def test_a_dead_sweep_worker_is_one_line_saying_how_to_resume() -> None:
     assert "exit code -9" in line
 
 
-def test_a_stop_before_any_run_finished_says_nothing_was_kept(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=["SIGTERM", "SIGQUIT"])
+def test_a_stop_before_any_run_finished_says_nothing_was_kept(sig: int, tmp_path: Path) -> None:
     """SIGTERM (or Ctrl-C) in a sweep's first seconds said 'finished runs are kept in DIR' for a
-    folder the sweep then removed (it held no run)."""
+    folder the sweep then removed (it held no run). Ctrl-backslash (SIGQUIT to the group, the
+    pool's workers too) dumped core, exit 131 and no line: the same line now."""
     sweep = tmp_path / "sweep"
     args = ["-m", *TINY[:-1], "planner=sequential", "workload.n_batches=400"]
     args += ["workload.gen_len=128", f"hydra.sweep.dir={sweep}"]
@@ -183,11 +185,11 @@ def test_a_stop_before_any_run_finished_says_nothing_was_kept(tmp_path: Path) ->
         time.sleep(0.05)
     time.sleep(0.5)
     assert not summaries(sweep), "a run finished before the sweep could be stopped"
-    os.killpg(p.pid, signal.SIGTERM)
+    os.killpg(p.pid, sig)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 143, err[-2000:]
-    assert stop_line(err, signal.SIGTERM) == (
-        "stopped by SIGTERM; no run of the sweep had finished; nothing was kept"
+    assert p.returncode == STOPS[sig], err[-2000:]
+    assert stop_line(err, sig) == (
+        f"stopped by {signal.Signals(sig).name}; no run of the sweep had finished; nothing was kept"
     )
     assert not sweep.exists()
 

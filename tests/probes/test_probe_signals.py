@@ -290,9 +290,13 @@ def _write(folder: Path, text: str) -> None:
         (folder / name).write_text(text)
 
 
-def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=["SIGTERM", "SIGQUIT"])
+def test_sigterm_of_a_distributed_run_stops_its_ranks(
+    sig: int, tmp_path: Path, tiny_ckpt: Path
+) -> None:
     """`kill` (SIGTERM) of the command that started G rank processes ended it alone: the ranks
-    ran on as orphans. They stop with it, and no result is left."""
+    ran on as orphans. They stop with it, and no result is left. Ctrl-backslash (SIGQUIT to
+    the terminal's group, the ranks too) dumped core, exit 131 and no line: the same now."""
     run = tmp_path / "run"
     p = _start(
         run,
@@ -312,10 +316,13 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
         time.sleep(0.2)
         ranks = spawned_ranks(p.pid)
     assert len(ranks) == 2, p.communicate()
-    p.terminate()
+    if sig == signal.SIGTERM:
+        p.terminate()
+    else:
+        os.killpg(p.pid, sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 143, err
-    assert len(err.splitlines()) == 1 and "did not finish" in stop_line(err, signal.SIGTERM)
+    assert p.returncode == STOPS[sig], err
+    assert len(err.splitlines()) == 1 and "did not finish" in stop_line(err, sig)
     time.sleep(2)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not (run / "summary.json").exists()
@@ -324,7 +331,7 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(tmp_path: Path, tiny_ckpt:
 # SIGTERM (`kill`, `timeout`, a scheduler: to the command alone, or to its group) and SIGHUP (a
 # closed terminal: to the group) stop a command as Ctrl-C does, with one line naming the signal
 # ("stopped by SIGTERM; " and what Ctrl-C's line would say), exit 128 + its number.
-STOPS = {signal.SIGTERM: 143, signal.SIGHUP: 129}
+STOPS = {signal.SIGTERM: 143, signal.SIGHUP: 129, signal.SIGQUIT: 131}
 
 
 def stop_line(err: str, sig: int) -> str:
