@@ -19,7 +19,7 @@ import pytest
 
 from experiments import TERMINAL_SIGNALS
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 from tests.probes.test_probe_signals import (
     LONG,
     _finished,
@@ -400,3 +400,22 @@ def test_an_oserror_out_of_descriptors_names_the_limit() -> None:
 
     line = error_line(OSError(errno.EMFILE, "Too many open files"))
     assert line is not None and ulimits("n") in line and "ulimit -n 4096" in line, line
+
+
+# --- the probe's further cases (real execution, distributed) ---
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [("null", "executor.routing_mode=null; valid"), ("LIVE", "did you mean 'live'?")],
+)
+def test_a_routing_mode_of_null_or_another_case_is_named_as_given(
+    value: str, said: str, tiny_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """executor.routing_mode=null was refused as "executor.routing_mode='None'", a string
+    the user never typed; LIVE got no nearest name."""
+    run = tmp_path / "run"
+    args = ["executor=real", f"checkpoint={tiny_ckpt}", *TINY[1:], f"hydra.run.dir={run}"]
+    r = cli_here("experiments.run", *args, f"executor.routing_mode={value}")
+    one_line(r, said, "valid: replay, live")
+    assert not run.exists()
