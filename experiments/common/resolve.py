@@ -149,6 +149,12 @@ def run_spec(cfg: DictConfig) -> RunSpec:
                 f"executor.rendezvous_timeout_s={timeout_s}: must be in [1, 86400] seconds (a "
                 "rank needs a few seconds to start; the default is 120)"
             )
+    dtype = cfg.executor.get("dtype")
+    if executor == "sim" and dtype not in (None, "auto"):  # the simulator ran on unchanged
+        raise ConfigError(
+            f"executor.dtype={dtype}: the real executor's compute dtype; the simulator counts "
+            "model.dtype_bytes (set that: 4 float32, 2 bfloat16), or choose executor=real"
+        )
     if executor == "sim" and cfg.executor.get("distributed"):
         raise ConfigError(
             "executor.distributed=true: the real executor's processes; choose executor=real "

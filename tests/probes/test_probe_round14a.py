@@ -419,3 +419,13 @@ def test_a_routing_mode_of_null_or_another_case_is_named_as_given(
     r = cli_here("experiments.run", *args, f"executor.routing_mode={value}")
     one_line(r, said, "valid: replay, live")
     assert not run.exists()
+
+
+def test_a_simulated_run_refuses_a_compute_dtype(tmp_path: Path, cli_here: Any) -> None:
+    """executor.dtype=bfloat16 with executor=sim ran and wrote a result in the model's own
+    dtype_bytes, the option unread, where executor.device and executor.distributed are
+    refused there."""
+    run = tmp_path / "run"
+    r = cli_here("experiments.run", *TINY, "executor.dtype=bfloat16", f"hydra.run.dir={run}")
+    one_line(r, "executor.dtype=bfloat16", "model.dtype_bytes", "executor=real")
+    assert not run.exists()
