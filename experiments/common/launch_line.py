@@ -35,7 +35,12 @@ def launch_ranks() -> tuple[int, int] | None:
             f"environment RANK={rank!r}, WORLD_SIZE={world!r}: not whole numbers (torchrun sets "
             "them for each rank it starts; unset them to run one process)"
         ) from None
-    if w <= 1:
+    if w < 1:  # a launch of no process: the variables are not a launcher's
+        raise ConfigError(
+            f"environment WORLD_SIZE={w}: a launch has at least one process (torchrun sets it "
+            "to the ranks it starts); unset RANK and WORLD_SIZE to run one process"
+        )
+    if w == 1:
         return None
     if not 0 <= r < w:
         raise ConfigError(

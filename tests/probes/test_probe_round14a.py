@@ -429,3 +429,14 @@ def test_a_simulated_run_refuses_a_compute_dtype(tmp_path: Path, cli_here: Any) 
     r = cli_here("experiments.run", *TINY, "executor.dtype=bfloat16", f"hydra.run.dir={run}")
     one_line(r, "executor.dtype=bfloat16", "model.dtype_bytes", "executor=real")
     assert not run.exists()
+
+
+@pytest.mark.parametrize("world", ["0", "-2"])
+def test_a_launch_of_no_process_is_refused(world: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RANK=0 WORLD_SIZE=0 (or below) ran as if unset: a distributed run started its own
+    ranks, the variables unread. They are a launcher's, and malformed: one line."""
+    from experiments.common.launch_line import launched
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", world)
+    raises_one_line(launched, f"WORLD_SIZE={world}", "unset RANK and WORLD_SIZE")
