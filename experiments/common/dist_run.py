@@ -116,16 +116,22 @@ def sized_processes(
             "predictive_replication or oracle_replication, or executor.distributed=false)"
         )
     g = ep.n_devices
+    # n_devices 0 (its default) is hardware.n_gpus: the line names what the user set
+    named = (
+        f"planner.params.n_devices={g}"
+        if spec.params.get("n_devices")
+        else f"planner.params.n_devices=0 (hardware.n_gpus: {g} devices)"
+    )
     if g > model.n_experts:
         raise ConfigError(
-            f"planner.params.n_devices={g} is more than model {model.name}'s {model.n_experts} "
+            f"{named} is more than model {model.name}'s {model.n_experts} "
             "experts: a process would hold none; lower n_devices"
         )
     cores = os.cpu_count() or 1
     if g > cores:
         raise ConfigError(
-            f"planner.params.n_devices={g}: one process per device, but this machine has "
-            f"{cores} CPU cores; lower n_devices (at most {cores})"
+            f"{named}: one process per device, but this machine has {cores} CPU cores; set "
+            f"n_devices lower (at most {cores})"
         )
     if g > 1 and ep.lanes:
         raise ConfigError(

@@ -440,3 +440,16 @@ def test_a_launch_of_no_process_is_refused(world: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", world)
     raises_one_line(launched, f"WORLD_SIZE={world}", "unset RANK and WORLD_SIZE")
+
+
+def test_n_devices_left_at_0_is_named_as_the_hardwares_gpus(
+    tiny_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """planner.params.n_devices=0 (hardware.n_gpus, 8 here) on a 2-core machine was refused as
+    "planner.params.n_devices=8", a value the user never set."""
+    run = tmp_path / "run"
+    args = ["executor=real", "executor.distributed=true", f"checkpoint={tiny_ckpt}"]
+    args += ["hardware=h200-hgx8", "workload=tiny", "planner=eplb", f"hydra.run.dir={run}"]
+    r = cli_here("experiments.run", *args, "+planner.params.n_devices=0")
+    one_line(r, "planner.params.n_devices=0 (hardware.n_gpus: 8 devices)", "set n_devices lower")
+    assert not run.exists()
