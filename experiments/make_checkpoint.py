@@ -226,8 +226,8 @@ def check_room(spec: ModelSpec, out: Path) -> None:
         )
     if spec.total_bytes > free:
         raise MoepipeError(
-            f"out={out}: the checkpoint is {spec.total_bytes / 1e9:.1f} GB and the disk there has "
-            f"{free / 1e9:.1f} GB free; make the model smaller (n_layers, n_experts, hidden_size) "
+            f"out={out}: the checkpoint is {spec.total_bytes / 1e9:.3g} GB and the disk there has "
+            f"{free / 1e9:.3g} GB free; make the model smaller (n_layers, n_experts, hidden_size) "
             "or write elsewhere"
         )
 

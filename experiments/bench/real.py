@@ -81,8 +81,8 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
     free = shutil.disk_usage(out.parent).free + _size_of(out)
     if free < need:
         raise MoepipeError(
-            f"out_dir={out.parent}: {free / 1e9:.1f} GB free, the checkpoint needs "
-            f"{need / 1e9:.1f} GB; free disk space or pass out_dir= on a larger disk"
+            f"out_dir={out.parent}: {free / 1e9:.3g} GB free, the checkpoint needs "
+            f"{need / 1e9:.3g} GB; free disk space or pass out_dir= on a larger disk"
         )
     tmp = staging_file(out)  # a dead writer's removed first
     try:
@@ -93,7 +93,7 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written left behind
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise MoepipeError(
-                f"out_dir={out.parent}: the disk filled up while the {need / 1e9:.1f} GB "
+                f"out_dir={out.parent}: the disk filled up while the {need / 1e9:.3g} GB "
                 "checkpoint was written (something else wrote to it meanwhile); the partial "
                 "checkpoint is removed; free disk space or pass out_dir= on a larger disk"
             ) from None

@@ -453,3 +453,22 @@ def test_n_devices_left_at_0_is_named_as_the_hardwares_gpus(
     r = cli_here("experiments.run", *args, "+planner.params.n_devices=0")
     one_line(r, "planner.params.n_devices=0 (hardware.n_gpus: 8 devices)", "set n_devices lower")
     assert not run.exists()
+
+
+def test_a_small_checkpoint_on_a_fuller_disk_names_both_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny checkpoint (3.9 MB) on a disk with 0.3 MB free (a small tmpfs) was refused as
+    "the checkpoint is 0.0 GB and the disk there has 0.0 GB free": sizes to one decimal of a
+    GB, equal and no reason. Both now to three figures."""
+    import shutil as sh
+    from collections import namedtuple
+
+    from experiments.make_checkpoint import check_room
+    from real.checkpoint import reduced_spec
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda _: usage(300_000, 0, 300_000))
+    spec = reduced_spec("mixtral-tiny")
+    line = raises_one_line(lambda: check_room(spec, tmp_path / "ck"), "0.0003 GB free")
+    assert f"{spec.total_bytes / 1e9:.3g} GB" in line and "0.0 GB" not in line
