@@ -170,6 +170,11 @@ def _write(opts: Any) -> int:
             f"out={opts.out}: holds a checkpoint without make_checkpoint's mark ({theirs}), "
             "whose files this would replace; pass out= another folder, or delete them first"
         )
+    if (Path(opts.out) / "summary.json").is_file():  # as a run refuses the checkpoint's folder
+        raise MoepipeError(
+            f"out={opts.out}: a run's folder (its summary.json), whose files a checkpoint's "
+            "would mix with; pass out= another folder"
+        )
     out = output_dir(opts.out, "out")  # before the weights are made
     try:
         out = write_checkpoint(

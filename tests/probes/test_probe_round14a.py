@@ -19,7 +19,7 @@ import pytest
 
 from experiments import TERMINAL_SIGNALS
 from experiments.common.dist_run import _as_rank, _spawn
-from tests.probes.conftest import TINY, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 from tests.probes.test_probe_signals import (
     LONG,
     _finished,
@@ -472,3 +472,14 @@ def test_a_small_checkpoint_on_a_fuller_disk_names_both_sizes(
     spec = reduced_spec("mixtral-tiny")
     line = raises_one_line(lambda: check_room(spec, tmp_path / "ck"), "0.0003 GB free")
     assert f"{spec.total_bytes / 1e9:.3g} GB" in line and "0.0 GB" not in line
+
+
+def test_make_checkpoint_refuses_a_runs_folder(tmp_path: Path, cli_here: Any) -> None:
+    """make_checkpoint into a finished run's folder wrote config.json and the weights beside
+    its summary.json and trace: one folder both a run and a checkpoint, where a run into a
+    checkpoint's folder is refused. Refused alike now, the run's files as they were."""
+    run = tiny_run(tmp_path / "run")
+    before = sorted(p.name for p in run.iterdir())
+    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={run}")
+    one_line(r, f"out={run}: a run's folder", "pass out= another folder")
+    assert sorted(p.name for p in run.iterdir()) == before
