@@ -410,7 +410,8 @@ def run_dtype(dtype: str | None) -> str:
         return "auto"
     if dtype not in RUN_DTYPES:
         raise ConfigError(
-            f"executor.dtype={dtype}: not a compute dtype; pass one of {', '.join(RUN_DTYPES)}"
+            f"executor.dtype={dtype or repr(dtype)}: not a compute dtype; pass one of "
+            f"{', '.join(RUN_DTYPES)}"
         )
     return dtype
 

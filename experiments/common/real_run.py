@@ -40,7 +40,7 @@ from experiments.common.pipeline import (
     sized_run,
     summary_of,
 )
-from real.checkpoint import INDEX_FILE, Unit, hf_config, load_checkpoint
+from real.checkpoint import INDEX_FILE, Unit, hf_config, load_checkpoint, run_dtype
 from real.distributed import Peers
 from real.executor import Executor
 from real.model import Model, live_routing
@@ -342,7 +342,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
         device = str(resolve_device(str(device), "executor.device"))
     mode = ex.get("routing_mode", "replay")
     check_routing_mode(mode)
-    dtype = str(ex.get("dtype") or "auto")
+    dtype = run_dtype(ex.get("dtype"))  # '' is no dtype: refused, not run as auto
     if ex.get("distributed", False):
         from experiments.common.dist_run import run_distributed
 

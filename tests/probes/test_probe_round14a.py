@@ -94,6 +94,7 @@ def f16_ckpt(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # each command that runs a checkpoint, with the options that keep it small
 DTYPE_COMMANDS = {
+    "experiments.run": ["executor=real", *TINY[1:]],
     "experiments.validate": ["hardware=tiny", "planners=[flexgen]", "repeats=1", "n_batches=1"],
     "experiments.validate_lanes": ["hardware=tiny", "planners=[ep_static]", "lanes=2"],
     "experiments.calibrate": ["hardware.name=probe14a"],
@@ -104,12 +105,13 @@ DTYPE_COMMANDS = {
 def _dtype_args(module: str, ckpt: Path, out: Path) -> list[str]:
     """`module`'s small arguments on `ckpt`, writing into `out` (bench.accelerate writes no
     file)."""
-    where = [] if module == "experiments.bench.accelerate" else [f"out={out}"]
+    where = {"experiments.bench.accelerate": [], "experiments.run": [f"hydra.run.dir={out}"]}
+    where = where.get(module, [f"out={out}"])
     return [f"checkpoint={ckpt}", *where, *DTYPE_COMMANDS[module]]
 
 
 @pytest.mark.parametrize("module", DTYPE_COMMANDS)
-@pytest.mark.parametrize("value", ["float16", "fp32", "Auto"])
+@pytest.mark.parametrize("value", ["float16", "fp32", "Auto", "''"])
 def test_every_checkpoint_command_refuses_a_bad_dtype_as_run_does(
     module: str, value: str, f16_ckpt: Path, tmp_path: Path, cli_here: Any
 ) -> None:
@@ -118,8 +120,15 @@ def test_every_checkpoint_command_refuses_a_bad_dtype_as_run_does(
     words, before it runs or writes anything."""
     out = tmp_path / ("out.yaml" if module == "experiments.calibrate" else "out")
     r = cli_here(module, *_dtype_args(module, f16_ckpt, out), f"executor.dtype={value}")
-    line = one_line(r, f"executor.dtype={value}: not a compute dtype", "auto, float32, bfloat16")
-    assert "float16 compute is not implemented" in line
+    if module == "experiments.run":  # an empty value was run as auto
+        assert not (out / "summary.json").exists()
+    if value == "''":  # the commands' line for an empty value, or the dtype's
+        one_line(r, "executor.dtype='':")
+    else:
+        line = one_line(
+            r, f"executor.dtype={value}: not a compute dtype", "auto, float32, bfloat16"
+        )
+        assert "float16 compute is not implemented" in line
     assert not out.exists()
 
 
