@@ -55,7 +55,7 @@ def test_probe_predicts_each_run_at_the_links_its_probe_saw(mixtral_tiny, tmp_pa
     calls: list[float] = []
     real = v.real_execute
 
-    def slow_probe(ckpt, hw, device, budget_s, runs, gpu_frac, cpu_frac):
+    def slow_probe(ckpt, hw, device, budget_s, runs, gpu_frac, cpu_frac, dtype=None):
         calls.append(gpu_frac)
         return {}, {"disk": hw["links"]["disk"]["gbps"] * 1e9 / 4}
 
