@@ -165,6 +165,12 @@ def loads_json_as_owner(text: str | bytes, where: str, owner: str) -> Any:
 PYTHON_JSON = "Python's json, which wrote it, takes the last value (json.loads)"
 
 
+def read_summary_json(path: Path, fix: str = "") -> Any:
+    """A summary.json a command wrote, read as Python's json reads it (`PYTHON_JSON`): a small
+    regular file (`read_small`), UTF-8 JSON (UnicodeDecodeError, JSONDecodeError otherwise)."""
+    return loads_json_as_owner(read_small(path, fix=fix).decode("utf-8"), str(path), PYTHON_JSON)
+
+
 @functools.cache
 def note_once(message: str) -> None:
     """Log `message` once a process: a command reads a file more than once."""

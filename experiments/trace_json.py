@@ -21,7 +21,7 @@ from core.args import output_file, written_whole
 from core.balance import device_of
 from core.chrome_trace import CHROME_START, chrome_parts, write_chrome
 from core.errors import MoepipeError
-from core.files import PYTHON_JSON, broken_link, loads_json_as_owner, read_small
+from core.files import broken_link, read_summary_json
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
@@ -41,9 +41,7 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     trace = read_trace(path)
     summary = path.parent / "summary.json"
     try:
-        processes = loads_json_as_owner(read_small(summary), str(summary), PYTHON_JSON).get(
-            "processes", 0
-        )
+        processes = read_summary_json(summary).get("processes", 0)
     except (OSError, ValueError, AttributeError, RecursionError):
         processes = 0  # no summary (a bare trace.parquet): the trace's one part
     devices = len(set(device_of(trace["resource"]).tolist()))

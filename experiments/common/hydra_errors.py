@@ -509,3 +509,16 @@ def _failing_key(node: Any, prefix: str) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def not_a_mapping(key: str, head: list[str], tail: list[str], typ: type) -> MoepipeError:
+    """`key` (`head.tail`) sets a key under `head`, which the command's schema makes a `typ`
+    value: one line saying so and what to pass, the command's own option where it takes
+    `tail` itself (make_checkpoint's `model.n_layers=2`: n_layers=), else `head`."""
+    where, rest = ".".join(head), ".".join(tail)
+    own = is_dataclass(ROOT_SCHEMA[0]) and rest in {f.name for f in fields(ROOT_SCHEMA[0])}
+    a = "an" if typ.__name__[0] in "aeiou" else "a"
+    return MoepipeError(
+        f"{key}: {where} is {a} {typ.__name__}, not a mapping of keys; pass "
+        f"{rest if own else where}=VALUE"
+    )

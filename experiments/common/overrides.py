@@ -560,15 +560,7 @@ def check_scalar_parent(override: str) -> None:
             return
         typ = field_type(typ, part)
         if typ in (str, int, float, bool):
-            where, rest = ".".join(parts[: i + 1]), ".".join(parts[i + 1 :])
-            a = "an" if typ.__name__[0] in "aeiou" else "a"
-            root = hydra_errors.ROOT_SCHEMA[0]
-            # make_checkpoint's `model.n_layers=2`: the command takes n_layers= itself
-            own = is_dataclass(root) and rest in {f.name for f in fields(root)}
-            fix = f"{rest}=VALUE, this command's own option" if own else f"{where}=VALUE"
-            raise MoepipeError(
-                f"{key}: {where} is {a} {typ.__name__}, not a mapping of keys; pass {fix}"
-            )
+            raise hydra_errors.not_a_mapping(key, parts[: i + 1], parts[i + 1 :], typ)
 
 
 def _planner_param_type(name: str) -> Any:

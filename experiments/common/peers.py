@@ -77,8 +77,7 @@ def run_accelerate(
     call, with accelerate's disk offload holding `device_bytes` on the device and `host_bytes`
     in host RAM (their sum in RAM without CUDA); `cold` as in the module doc (with "pass", the
     page-cache drops are not counted). None where `limit_s` > 0 and the generation (loading not
-    counted) ran that long: it is stopped there. `dtype`: executor.dtype, as from_pretrained's
-    (auto: the saved one)."""
+    counted) ran that long: it is stopped there. In `dtype` (executor.dtype, from_pretrained's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -87,12 +86,9 @@ def run_accelerate(
         {0: device_bytes, "cpu": host_bytes} if cuda else {"cpu": device_bytes + host_bytes}
     )
     with tempfile.TemporaryDirectory(prefix="offload-") as folder:
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(
-            ckpt,
-            device_map="auto",
-            max_memory=max_memory,
-            offload_folder=folder,
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype),
+            ckpt, device_map="auto", max_memory=max_memory, offload_folder=folder, dtype=torch_dtype
         )
         model.eval()
         print(f"accelerate placement: {placed_mb(model)}", file=sys.stderr)
@@ -225,9 +221,7 @@ def child(role: str, opts: dict[str, Any]) -> dict[str, Any]:
     # accelerate's max_memory is the budget: the page cache takes the cgroup's room for it
     spec, hw = run_spec(opts if role == "moepipe" else {**opts, "host_room_mb": 0})
     if role == "moepipe":
-        result, _ = real_execute(
-            opts["checkpoint"], spec, "replay", dtype=str(opts["executor.dtype"])
-        )
+        result, _ = real_execute(opts["checkpoint"], spec, "replay", dtype=opts["executor.dtype"])
         s = result.summary
         return {
             "tok_s": s["throughput_tok_s"],

@@ -24,11 +24,10 @@ from typing import Any
 from core.args import not_a_folder
 from core.errors import MoepipeError
 from core.files import (
-    PYTHON_JSON,
-    loads_json_as_owner,
     no_file_words,
     not_regular,
     read_small,
+    read_summary_json,
     staging_dir,
     staging_file,
 )
@@ -358,7 +357,7 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
         log.warning("%s holds a run of other code; running again", out_dir)
         return False
     try:
-        got = loads_json_as_owner(read_small(summary), str(summary), PYTHON_JSON)
+        got = read_summary_json(summary)
     except (OSError, ValueError, RecursionError, MoepipeError):  # not JSON, a key twice, ...
         got = None
     if not isinstance(got, dict):

@@ -15,7 +15,7 @@ import yaml
 
 from core.args import output_dir, refuse_theirs, written_whole
 from core.errors import MoepipeError
-from core.files import PYTHON_JSON, broken_link, clear_leftovers, loads_json_as_owner, read_small
+from core.files import broken_link, clear_leftovers, read_small, read_summary_json
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
@@ -106,8 +106,7 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:
-        data = read_small(summary_path, fix=rerun).decode("utf-8")
-        summary = loads_json_as_owner(data, str(summary_path), PYTHON_JSON)
+        summary = read_summary_json(summary_path, fix=rerun)
     except MoepipeError as e:  # a folder, FIFO or device in its place: refused, not read
         return None, f"summary.json unreadable ({str(e).removeprefix(f'{summary_path}: ')})"
     except json.JSONDecodeError as e:  # a run killed while it wrote the file

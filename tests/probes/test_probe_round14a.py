@@ -496,7 +496,10 @@ def test_make_checkpoint_refuses_a_runs_folder(tmp_path: Path, cli_here: Any) ->
 
 def test_a_dotted_key_the_command_takes_itself_is_named(tmp_path: Path, cli_here: Any) -> None:
     """make_checkpoint model=mixtral-tiny model.n_layers=2 (a run's way to resize) was told
-    "pass model=VALUE", which cannot resize; make_checkpoint takes n_layers= itself."""
+    "pass model=VALUE", which cannot resize; make_checkpoint takes n_layers= itself. (A key
+    the command lacks is still told to pass model=VALUE.)"""
     args = ["model=mixtral-tiny", f"out={tmp_path / 'ck'}", "model.n_layers=2"]
     one_line(cli_here("experiments.make_checkpoint", *args), "pass n_layers=VALUE")
     assert not (tmp_path / "ck").exists()
+    args[-1] = "model.nosuch=2"
+    one_line(cli_here("experiments.make_checkpoint", *args), "pass model=VALUE")
