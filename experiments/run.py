@@ -135,9 +135,7 @@ def check_no_chdir() -> None:
 REAL_ONLY_KEYS = {
     "executor.rendezvous_timeout_s": "'s distributed runs; choose executor=real "
     "executor.distributed=true, which reads it",
-    "executor.dtype": " (its compute dtype); the simulator times model.dtype_bytes: set that, "
-    "or choose executor=real, which reads it",
-}
+}  # executor.dtype: common.resolve refuses it on a simulated run, from any config file too
 
 # the routing knobs each source reads (core.spec.RoutingConfig)
 SYNTHETIC_KNOBS = ("skew", "layer_corr", "reuse", "hot_experts", "hot_share")
@@ -147,7 +145,7 @@ TRACE_KNOBS = ("tasks", "exclude_tasks", "trace_dir")
 def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
-    tasks on a synthetic one), a real executor key (dtype, rendezvous timeout) on a simulated run,
+    tasks on a synthetic one), a real executor key (rendezvous timeout) on a simulated run,
     hardware.n_gpus for a planner of one GPU, or a model for a real run (its checkpoint's
     is run): the run would go on as if it were not given."""
     if not HydraConfig.initialized():

@@ -404,7 +404,7 @@ def compute_dtype(stored: torch.dtype, dtype: str | None) -> torch.dtype:
 
 def run_dtype(dtype: str | None) -> str:
     """executor.dtype checked (every command that runs a checkpoint takes it): auto (None),
-    float32 or bfloat16; one line naming the option otherwise. A command checks it with its
+    float32, bfloat16 or float16; one line naming the option otherwise. A command checks it with its
     other options, before it measures or runs anything."""
     if dtype is None:
         return "auto"
