@@ -465,14 +465,16 @@ def test_cli_ctrl_c_keeps_the_trace(
     from experiments.convert_traces import main
 
     out = tmp_path / TRACE_FILE
-    out.write_bytes(b"a good trace")
+    src = _dump(tmp_path / "src", range(1, 27), 6)
+    assert main([f"src={src}", f"out={out}"]) == 0  # the trace already there: this command's
+    before = out.read_bytes()
 
     def interrupt(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(np, "savez_compressed", interrupt)
     try:
-        main([f"src={_dump(tmp_path / 'src', range(1, 27), 6)}", f"out={out}"])
+        main([f"src={src}", f"out={out}"])
     except KeyboardInterrupt:
         pytest.fail("Ctrl-C escaped as a KeyboardInterrupt traceback")
     except SystemExit as e:
@@ -480,4 +482,4 @@ def test_cli_ctrl_c_keeps_the_trace(
     else:
         pytest.fail("returned instead of exiting 130")
     assert capsys.readouterr().err.startswith("interrupted: ")
-    assert out.read_bytes() == b"a good trace"
+    assert out.read_bytes() == before
