@@ -104,12 +104,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def default_signals() -> None:
-    """`preexec_fn` of a command a test signals: Ctrl-C, SIGTERM and SIGHUP at their default
-    actions, as a command started from a terminal has them. The test run's own may differ: under
-    `nohup` SIGHUP is ignored, in a shell's background job SIGINT is, and a command keeps an
-    ignored signal ignored (as `nohup` asks), so a probe that sends it would see no stop."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    """`preexec_fn` of a command a test signals: Ctrl-C, SIGTERM, SIGHUP and Ctrl-backslash's
+    SIGQUIT at their default actions and none blocked, as a command started from a terminal
+    has them. The test run's own may differ: under `nohup` SIGHUP is ignored, in a shell's
+    background job SIGINT is, code a test ran in this process may have left one ignored (a
+    ranks' server's start-up), and a command keeps an ignored signal ignored (as `nohup` asks),
+    so a probe that sends it would see no stop."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def overridden(args: Sequence[str], *more: str) -> list[str]:
