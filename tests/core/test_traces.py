@@ -293,6 +293,7 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert err.startswith("error: ") and "nope.tar.gz" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # the whole ESFT dump converted: .ci/run's slow suite
 def test_converter_reproduces_shipped_npz(traces_dir: Path, tmp_path: Path) -> None:
     """The upstream tarball converts to exactly the shipped arrays (values, dtypes, keys)."""
     tarball = traces_dir / TRACE_NAME / "original" / "esft_expert_scores_original.tar.gz"

@@ -26,7 +26,18 @@ TINY = [
 EXTRA = {"klotski_vs_flexgen": ["planner=klotski_at_n,flexgen"]}
 
 
-@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if not e.startswith("replication")])
+# the sweeps of eight or more points: the slow suite (.ci/run runs it after the README's command)
+LONG = {"compare", "fig10", "fig11"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(e, marks=pytest.mark.slow) if e in LONG else e
+        for e in EXPERIMENTS
+        if not e.startswith("replication")
+    ],
+)
 def test_experiment_runs_on_a_tiny_workload(name, tmp_path, cli_here):
     r = cli_here(
         "experiments.run",

@@ -60,6 +60,7 @@ def test_a_model_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
     assert "# model files" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+@pytest.mark.slow  # runs in several fresh processes: .ci/run's slow suite
 def test_runs_are_the_same_in_every_process(tmp_path):
     """A schedule must not depend on Python's per-process string hashing (set or dict order of
     names), or re-runs that reuse finished runs would mix results of different schedules. Two

@@ -8,9 +8,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow  # a sweep of submitit's processes: .ci/run's slow suite
 def test_a_sweep_runs_through_submitit(tmp_path):
     """Two planners swept with submitit_local: each point's run directory has its summary, of
     its own planner, and submitit's job folders (one per point) hold what its jobs wrote."""

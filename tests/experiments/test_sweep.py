@@ -30,6 +30,7 @@ def sweep_here(cli_here: Any) -> Callable[..., subprocess.CompletedProcess[str]]
     return lambda sweep_dir, *extra: cli_here("experiments.run", *sweep_args(sweep_dir, *extra))
 
 
+@pytest.mark.slow  # two sweeps with their pools: .ci/run's slow suite
 def test_sweep_writes_deterministic_run_dirs(swept: Path) -> None:
     runs = sorted(p.parent.parent.name for p in swept.glob(POINT))
     assert runs == sorted(
@@ -218,6 +219,7 @@ def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(
     assert len(problems) == 1 and "bs-1" in problems[0] and "failed: " in problems[0]
 
 
+@pytest.mark.slow  # two sweeps with their pools: .ci/run's slow suite
 def test_two_sweeps_in_one_folder_count_their_own_runs(tmp_path: Path, cli_here: Any) -> None:
     """Two sweeps of other points into one folder, the second right after the first: each
     counts the runs its jobs ran. The second counted the first's runs whose job had started
@@ -287,6 +289,7 @@ def test_progress_survives_a_run_dir_renamed_mid_walk(tmp_path: Path, monkeypatc
     assert finished_runs(tmp_path, "t") == (2, 0)  # a and c; b is counted on the next poll
 
 
+@pytest.mark.slow  # two sweeps with their pools: .ci/run's slow suite
 def test_an_infeasible_point_of_a_model_file_is_reused_and_named_after_it(
     tmp_path: Path, cli_here: Any
 ) -> None:

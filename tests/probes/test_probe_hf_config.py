@@ -221,6 +221,7 @@ def test_valid_configs_still_load() -> None:
     assert hf_config_to_spec(nulls, "m").head_dim == BASE["mixtral"]["hidden_size"] // 4
 
 
+@pytest.mark.slow  # a sweep with its pool: .ci/run's slow suite
 def test_one_bad_point_does_not_stop_a_sweep(tmp_path: Path) -> None:
     """One command, as a user runs it: a joblib sweep over a good and bad config.json files.
     Each bad point leaves one line in its failed.txt, naming the file and field, and no

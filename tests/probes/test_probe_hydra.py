@@ -417,7 +417,8 @@ def test_a_refused_input_leaves_no_run_dir(
     assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+# joblib's pool of fresh workers: the slow suite (.ci/run runs it after the README's command)
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("joblib", marks=pytest.mark.slow)])
 def test_a_sweep_whose_points_fail_before_they_run_leaves_no_folder(
     tmp_path: Path, cli_here: Any, launcher: str
 ) -> None:

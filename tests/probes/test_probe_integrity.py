@@ -97,6 +97,7 @@ def test_half_written_folders_of_a_killed_run_are_removed(tmp_path: Path) -> Non
     assert not (run / ".partial-abc").exists()
 
 
+@pytest.mark.slow  # a sweep and its rerun: .ci/run's slow suite
 def test_a_failed_rerun_keeps_the_results_hydra_record(tmp_path: Path, cli_here: Any) -> None:
     """hydra rewrites a run dir's .hydra/ (config, hydra.yaml, overrides) when any run starts
     there, before the run can act: a rerun that fails in a finished run's dir puts the record
@@ -142,7 +143,9 @@ def test_a_run_whose_gpu_never_idles_is_collected(tmp_path: Path) -> None:
     "subdir, names",
     [
         ("", ["hydra.sweep.subdir=:", "the sweep dir itself"]),
-        ("same", ["hydra.sweep.subdir=same", "both write same"]),
+        pytest.param(  # a sweep with its pool: the slow suite
+            "same", ["hydra.sweep.subdir=same", "both write same"], marks=pytest.mark.slow
+        ),
         ("${workload.n_batches}", ["workload.batch_size=1 and workload.batch_size=2"]),
     ],
     ids=["empty", "constant", "a key the sweep does not change"],

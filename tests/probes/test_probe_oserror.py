@@ -195,6 +195,7 @@ def _umask() -> int:
     return mask
 
 
+@pytest.mark.slow  # routing_stats' fit, seconds: .ci/run's slow suite
 def test_routing_stats_on_a_full_disk_leaves_no_file_cut_short(tmp_path: Path) -> None:
     """Its JSON is written whole or not at all: a disk that filled while it wrote left 4096
     bytes of invalid JSON."""

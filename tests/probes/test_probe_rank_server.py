@@ -39,7 +39,10 @@ def _parent(rank: int, world: int, init: str, tmp: Path) -> None:
 
 @pytest.mark.parametrize(
     "sig, names",
-    [(signal.SIGKILL, ["died or was killed"]), (signal.SIGSTOP, ["stopped (SIGSTOP)"])],
+    [  # SIGKILL's case, two ranks and their server killed mid-way: the slow suite
+        pytest.param(signal.SIGKILL, ["died or was killed"], marks=pytest.mark.slow),
+        (signal.SIGSTOP, ["stopped (SIGSTOP)"]),
+    ],
     ids=["SIGKILL", "SIGSTOP"],
 )
 def test_a_fault_of_the_server_is_one_line_and_ends_its_ranks(

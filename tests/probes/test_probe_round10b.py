@@ -279,7 +279,9 @@ def test_a_routing_task_given_twice_is_refused() -> None:
         pytest.param(
             "experiments.routing_stats", ["out={theirs}"], "config.json", marks=SLOW_COMMAND
         ),
-        ("experiments.prefetch_eval", ["out={theirs}"], "results.csv"),
+        pytest.param(  # fits the ESFT trace, seconds: the slow suite
+            "experiments.prefetch_eval", ["out={theirs}"], "results.csv", marks=SLOW_COMMAND
+        ),
         ("experiments.collect", ["dir={sweep}", "out={folder}"], "results.csv"),
         ("experiments.report", ["dir={sweep}", "out={folder}"], "results.csv"),
         ("experiments.report", ["dir={sweep}", "out={folder}"], "index.html"),

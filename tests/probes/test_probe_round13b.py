@@ -69,7 +69,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("experiments.collect", ["dir=SWEEP", "out=OUT"], 0),  # results.parquet
         pytest.param("experiments.routing_stats", ["out=OUT/s.json"], 0, marks=SLOW_COMMAND),
         ("experiments.run", [*TINY, "hydra.run.dir=OUT/run"], 0),  # the run's swap
-        ("experiments.make_checkpoint", ["model=tiny", "out=OUT/ck"], 0),
+        pytest.param(  # torch and a checkpoint in a fresh process: the slow suite
+            "experiments.make_checkpoint", ["model=tiny", "out=OUT/ck"], 0, marks=SLOW_COMMAND
+        ),
     ],
     ids=["report-plot", "report-move", "collect", "routing_stats", "run", "make_checkpoint"],
 )
@@ -380,6 +382,7 @@ def test_a_file_over_ulimit_f_names_the_limit() -> None:
     assert line is not None and "ulimit -f" in line
 
 
+@pytest.mark.slow  # two ranks in a fresh process: .ci/run's slow suite
 def test_a_distributed_run_out_of_descriptors_is_one_line(tmp_path: Path, tiny_ckpt: Path) -> None:
     """Under `ulimit -n 20` each rank's gloo sockets failed and each rank stopped as if the
     other had died first: the command then read rank 0's missing result ("rank0.pkl: No such

@@ -365,7 +365,11 @@ def test_a_hand_started_rank_without_the_masters_address_says_which(
     assert "unset RANK and WORLD_SIZE" in str(said)
 
 
-@pytest.mark.parametrize("limit", [10, 14, 20])
+# 14 and 20 start two ranks each before they fail: the slow suite
+@pytest.mark.parametrize(
+    "limit",
+    [10, pytest.param(14, marks=pytest.mark.slow), pytest.param(20, marks=pytest.mark.slow)],
+)
 def test_a_distributed_run_out_of_file_descriptors_names_the_limit(
     limit: int, tiny_ckpt: Path, tmp_path: Path
 ) -> None:

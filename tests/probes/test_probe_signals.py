@@ -290,7 +290,12 @@ def _write(folder: Path, text: str) -> None:
         (folder / name).write_text(text)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT], ids=["SIGTERM", "SIGQUIT"])
+# SIGQUIT's case (SIGTERM's path, another signal: 7 s of two ranks): the slow suite
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, pytest.param(signal.SIGQUIT, marks=pytest.mark.slow)],
+    ids=["SIGTERM", "SIGQUIT"],
+)
 def test_sigterm_of_a_distributed_run_stops_its_ranks(
     sig: int, tmp_path: Path, tiny_ckpt: Path
 ) -> None:
@@ -480,6 +485,7 @@ def test_sigterm_stops_reproduce_klotski_and_it_resumes(tmp_path: Path) -> None:
     assert not [k for k in workers if _running(k)], "workers left running"
 
 
+@pytest.mark.slow  # calibrate in a fresh process: .ci/run's slow suite
 def test_sigterm_stops_calibrate_and_leaves_nothing(tmp_path: Path) -> None:
     """SIGTERM to calibrate while it measures: one line, exit 143, no hardware yaml written and
     no disk probe file left."""

@@ -43,6 +43,7 @@ def test_a_real_run_chooses_its_n_once(mixtral_tiny, choices, mode):
     assert_matches_reference(mixtral_tiny, spec, result, out)
 
 
+@pytest.mark.slow  # validate's real runs of each planner: .ci/run's slow suite
 def test_validate_chooses_each_planners_n_once(mixtral_tiny, tmp_path, choices):
     """validate's simulation of klotski and its two real runs: one choice at validate's
     hardware (the simulator's runs again at the links the runs saw are other hardware's)."""
