@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from core.errors import CapacityError, MoepipeError
+from core.errors import CapacityError, MoepipeError, did_you_mean
 from core.types import Tier
 from real.checkpoint import Unit
 from real.disk import (
@@ -61,8 +61,9 @@ def resolve_device(device: str | None, key: str = "device") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
+        hint = did_you_mean(device.split(":")[0], ("cpu", "cuda"))  # `CPU`, `Cuda:0`, `cuda0`
         raise MoepipeError(
-            f"{key}={device}: not a device; pass {key}=cpu or device=cuda (or cuda:N)"
+            f"{key}={device}: not a device; {hint}pass {key}=cpu or {key}=cuda (or cuda:N)"
         ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():

@@ -499,3 +499,19 @@ def test_slabs_are_cut_within_the_host_budget(monkeypatch):
     slabs.take(ALIGN), slabs.take(ALIGN), slabs.take(ALIGN)
     assert slabs.reserved_bytes == 4 * ALIGN  # over it: one slot a slab
     assert len(HostSlabs()._slab(ALIGN)) == 8  # no budget: a whole slab's slots
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [("CPU", "did you mean 'cpu'? "), ("Cuda:0", "did you mean 'cuda'? "), ("xyzzy", "")],
+)
+def test_a_device_not_torchs_names_the_nearest_and_the_key(given: str, hint: str) -> None:
+    """`executor.device=CPU` was refused saying to pass cpu, without a suggestion, and the
+    line's second choice named `device=`, not the key the user typed."""
+    from real.store import resolve_device
+
+    with pytest.raises(MoepipeError) as info:
+        resolve_device(given, "executor.device")
+    line = str(info.value)
+    assert line.startswith(f"executor.device={given}: not a device; {hint}pass ")
+    assert "executor.device=cpu or executor.device=cuda" in line
