@@ -163,6 +163,9 @@ def loads_json_as_owner(text: str | bytes, where: str, owner: str) -> Any:
 # the owner's rule for a JSON file the commands write (summary.json): Python's json wrote it,
 # and its json.loads keeps a repeated key's last value
 PYTHON_JSON = "Python's json, which wrote it, takes the last value (json.loads)"
+# for a checkpoint's JSON files (config.json, generation_config.json, the safetensors index),
+# which transformers reads with json.load
+TRANSFORMERS_JSON = "transformers takes the last value (json.loads)"
 
 
 def read_summary_json(path: Path, fix: str = "") -> Any:

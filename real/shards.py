@@ -19,7 +19,15 @@ import torch
 from safetensors.torch import save_file
 
 from core.errors import ConfigError, quoted
-from core.files import loads_json, not_regular, note_once, plain_permissions, read_small
+from core.files import (
+    TRANSFORMERS_JSON,
+    loads_json,
+    loads_json_as_owner,
+    not_regular,
+    note_once,
+    plain_permissions,
+    read_small,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -207,11 +215,13 @@ def index_files(path: Path) -> list[str]:
 
 def read_index(path: Path) -> dict[str, str]:
     """A `model.safetensors.index.json`'s weight_map (tensor name -> file name in its folder),
-    checked: a regular file of at most 16 MiB, JSON naming no key twice (a tensor in two
-    shards would load from the last)."""
+    checked: a regular file of at most 16 MiB; a key given twice keeps its last value, as
+    transformers' json.load reads it, with one line (a tensor named twice loads from the last
+    file named)."""
     data = read_small(path, fix="an index is a JSON file")
     try:
-        weight_map = loads_json(data.decode("utf-8"), where=str(path))["weight_map"]
+        text = data.decode("utf-8")
+        weight_map = loads_json_as_owner(text, str(path), TRANSFORMERS_JSON)["weight_map"]
     except (ValueError, KeyError, TypeError):  # not UTF-8 / JSON, a list, no weight_map
         raise ConfigError(
             f"{path}: not a safetensors index (a JSON object with a weight_map of tensor name -> "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.files import loads_json_as_owner, read_small
+from core.files import TRANSFORMERS_JSON, loads_json_as_owner, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
 
@@ -316,7 +316,7 @@ def hf_config_file(path: str | Path) -> Path:
 def loads_hf_json(text: str, where: str) -> Any:
     """`json.loads` as transformers reads config.json and generation_config.json: a key given
     twice keeps its last value, logged in one line naming the file and the key."""
-    return loads_json_as_owner(text, where, "transformers takes the last value (json.loads)")
+    return loads_json_as_owner(text, where, TRANSFORMERS_JSON)
 
 
 def read_hf_config(path: str | Path) -> HFConfig:

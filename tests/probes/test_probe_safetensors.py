@@ -5,6 +5,7 @@ runs on wrong weights."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -178,16 +179,26 @@ def test_a_real_run_on_a_malformed_file_is_one_line(ckpt: Path, tmp_path: Path) 
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-def test_an_index_mapping_a_tensor_twice_is_refused(ckpt: Path) -> None:
-    """JSON lets a key repeat and keeps the last: an index mapping one tensor to two shards
-    was read as if the first entry were not there. (A safetensors header naming a tensor twice
-    is safetensors' to rule on: tests/probes/test_probe_round14a.py.)"""
+def test_an_index_mapping_a_tensor_twice_keeps_the_last_as_transformers(
+    ckpt: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON lets a key repeat and keeps the last: the index's reader is transformers, whose
+    json.load keeps the last entry, and so does moepipe, with one line naming the file and the
+    tensor (it was refused). A last entry naming a file that lacks the tensor is named as
+    such. (A safetensors header naming a tensor twice is safetensors' to rule on:
+    tests/probes/test_probe_round14a.py.)"""
     h, _ = _split(ckpt / SINGLE_FILE)
     name = _first(h)
     shard = "model-00001-of-00001.safetensors"
     pairs = ", ".join(f'"{n}": "{shard}"' for n in [*h, name] if n != "__metadata__")
     _sharded(ckpt, '{"weight_map": {' + pairs + "}}")
-    raises_one_line(lambda: load_checkpoint(ckpt), INDEX_FILE, repr(name), "twice")
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(ckpt)
+    said = [r.getMessage() for r in caplog.records if "appears twice" in r.getMessage()]
+    assert said and all(repr(name) in line and INDEX_FILE in line for line in said)
+    assert "transformers takes the last value" in said[0]
+    (ckpt / INDEX_FILE).write_text('{"weight_map": {' + pairs + f', "{name}": "gone"}}}}')
+    raises_one_line(lambda: load_checkpoint(ckpt), "gone")
 
 
 @pytest.mark.parametrize("target", ["self", "missing"])
