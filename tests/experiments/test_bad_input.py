@@ -22,7 +22,7 @@ from experiments.bench import accelerate as bench_accelerate
 from experiments.bench import sim as bench_sim
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
-from tests.conftest import overridden
+from tests.conftest import NEEDS_TRACES, overridden
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="device=cuda is valid here")
 
@@ -151,11 +151,15 @@ def test_reproduce_klotski(args, names, tmp_path, afile, capsys):
     "args, names",
     [
         (["group_seqs=0"], ["group_seqs=0"]),
-        (["group_seqs=100000000"], ["group_seqs=100000000", "intent"]),
+        pytest.param(
+            ["group_seqs=100000000"], ["group_seqs=100000000", "intent"], marks=NEEDS_TRACES
+        ),
         (["k=-1"], ["k=-1"]),
         (["out={afile}/pf.csv"], ["out=", "afile"]),
         (["trace_dir={tmp}/none"], ["trace_dir=", "none"]),
-        (["train=[law,sumary]"], ["train=[law,sumary]", "'sumary'"]),
+        pytest.param(
+            ["train=[law,sumary]"], ["train=[law,sumary]", "'sumary'"], marks=NEEDS_TRACES
+        ),
     ],
 )
 def test_prefetch_eval(args, names, tmp_path, afile, capsys):

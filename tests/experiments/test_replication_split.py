@@ -11,9 +11,10 @@ from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from core.traces import load_esft
 from experiments.common.ep_inputs import esft_split
-from tests.conftest import SHARED_TRACES
+from tests.conftest import NEEDS_TRACES, SHARED_TRACES
 
 
+@NEEDS_TRACES
 def test_unknown_split_is_one_clear_error():
     with pytest.raises(MoepipeError, match="split='dev' unknown; valid: test, validation"):
         esft_split(str(SHARED_TRACES), 0, "dev")

@@ -17,10 +17,9 @@ from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.ep_inputs import esft_split, load_matrix, prepare
 from experiments.common.pipeline import RunSpec
-from tests.conftest import ROOT, SHARED_TRACES
+from tests.conftest import NEEDS_TRACES, ROOT, SHARED_TRACES
 from tests.experiments.conftest import ESFT_ROWS, replication_sweep_args
 
-needs_traces = pytest.mark.skipif(not SHARED_TRACES.exists(), reason="needs ../shared/traces")
 BASE = OmegaConf.load(ROOT / "conf" / "experiment" / "replication.yaml").replication
 
 
@@ -40,7 +39,7 @@ def _cfg(routing: str = "esft_heldout", **rep) -> OmegaConf:
     return OmegaConf.create({"replication": block})
 
 
-@needs_traces
+@NEEDS_TRACES
 def test_runs_get_the_training_files_their_predictor_reads(tmp_path):
     """On held-out ESFT the experiment's predictive (task_mix) gets the per-task loads and the
     prior scenarios' hedge; its `[window]` row gets the hedge and no per-task loads; a row's own
@@ -61,7 +60,7 @@ def test_runs_get_the_training_files_their_predictor_reads(tmp_path):
     assert routing.labels is not None and "esft test" in routing.description
 
 
-@needs_traces
+@NEEDS_TRACES
 def test_the_split_load_row_packs_from_the_evaluated_splits_own_load(tmp_path):
     rep = {"initial_load": "eval", "params": {"truth_weight": 0.0}}
     spec, _ = prepare(_cfg(**rep), _spec("oracle_replication"), tmp_path)
@@ -72,7 +71,7 @@ def test_the_split_load_row_packs_from_the_evaluated_splits_own_load(tmp_path):
     assert not (np.load(train.params["initial_load"]) == ev).all()
 
 
-@needs_traces
+@NEEDS_TRACES
 def test_synthetic_routing_trains_on_its_first_half(tmp_path):
     """synthetic_olmoe_top1: skew fitted to OLMoE at the model's experts; the training tables
     come from a first half drawn with the run's routing, no task loads or hedge."""
@@ -106,7 +105,7 @@ def test_synthetic_routing_trains_on_its_first_half(tmp_path):
         ({}, "flexgen", "planner flexgen, which is not expert-parallel"),
     ],
 )
-@needs_traces
+@NEEDS_TRACES
 def test_bad_replication_settings_are_one_line(rep, planner, match, tmp_path):
     block = OmegaConf.merge(BASE, {"case": "c", "routing": "esft_heldout"}, rep)
     with pytest.raises(ConfigError, match=match):
@@ -114,7 +113,7 @@ def test_bad_replication_settings_are_one_line(rep, planner, match, tmp_path):
 
 
 @pytest.mark.slow  # end to end, run by .ci/run after the README's command
-@needs_traces
+@NEEDS_TRACES
 def test_a_case_sweeps_reports_and_resumes(replication_sweep, tmp_path, cli_here):
     """A tiny esft-g8 sweep (the session's): a run dir per row, the report's verdicts over it,
     the sweep run again reuses every run, and a changed setting in the same run dirs runs them

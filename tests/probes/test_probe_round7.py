@@ -23,7 +23,7 @@ from experiments import reproduce_klotski
 from experiments.common import peers
 from experiments.common.run_dir import replace_run, staged_outputs
 from real.checkpoint import reduced_spec
-from tests.conftest import ROOT, SHARED_TRACES
+from tests.conftest import NEEDS_TRACES, ROOT, SHARED_TRACES
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 
 
@@ -196,6 +196,7 @@ def test_a_bench_childs_error_is_said_once(
     assert line == "moepipe klotski failed: n=15 does not fit"
 
 
+@NEEDS_TRACES
 def test_prefetch_eval_names_a_task_given_twice_or_one_the_trace_lacks(
     tmp_path: Path, cli_here: Any
 ) -> None:

@@ -23,7 +23,7 @@ from experiments import calibrate
 from experiments.common.pipeline import RunSpec
 from experiments.common.tables import collect
 from real.checkpoint import SINGLE_FILE, load_checkpoint
-from tests.conftest import hardware_from_conf
+from tests.conftest import NEEDS_TRACES, hardware_from_conf
 from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, trace_run
 
 # ---- non-finite activations -----------------------------------------------------------------
@@ -226,8 +226,12 @@ def test_calibrate_keeps_a_profile_it_did_not_write(tmp_path: Path, cli_here: An
 @pytest.mark.parametrize(
     "fresh, module, args, names",
     [
-        (True, "experiments.prefetch_eval", ["test=[]"], ["test=[]"]),
-        (False, "experiments.prefetch_eval", ["train=[]"], ["train=[]"]),
+        pytest.param(
+            True, "experiments.prefetch_eval", ["test=[]"], ["test=[]"], marks=NEEDS_TRACES
+        ),
+        pytest.param(
+            False, "experiments.prefetch_eval", ["train=[]"], ["train=[]"], marks=NEEDS_TRACES
+        ),
         (False, "experiments.reproduce_klotski", ["only=[]"], ["only=[]"]),
         (
             True,
