@@ -42,6 +42,7 @@ from core.files import ulimits
 from core.planner import Planner
 from core.routing import Routing
 from experiments import TERMINAL_SIGNALS
+from experiments.common import rank_stderr
 from experiments.common.launch_line import gone_peers, launched
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
@@ -204,6 +205,7 @@ def _spawn(g: int, target: Any, args: tuple[Any, ...]) -> Any:
                 finally:
                     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             _watch(procs, Path(tmp), server)
+            rank_stderr.relay(g, Path(tmp))
         finally:
             server.stop()
             if main:
@@ -295,6 +297,7 @@ def _rank_process(parent: int, env: dict[str, str], target: Any, *args: Any) -> 
     from experiments.common.pool import die_with_parent
 
     sys.excepthook = sys.__excepthook__  # not the server's (`rank_server.as_server`)
+    rank_stderr.capture(args[0], args[3])  # `target(rank, world, init, tmp, ...)`
     for signum in LEFT_TO_PARENT:
         signal.signal(signum, signal.SIG_IGN)  # drops one that came while blocked
     signal.pthread_sigmask(signal.SIG_UNBLOCK, LEFT_TO_PARENT)
@@ -400,9 +403,7 @@ def _why(rank: int, code: int | None, tmp: Path) -> str:
     err = tmp / f"rank{rank}.err"
     if err.exists() and err.read_text().strip():
         return err.read_text().strip().splitlines()[0]
-    if code is not None and code < 0:
-        return f"rank {rank} died (signal {-code}); the run stopped"
-    return f"rank {rank} died (exit code {code}); the run stopped"
+    return rank_stderr.died_line(rank, code, tmp)
 
 
 def _child(

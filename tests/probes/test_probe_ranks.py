@@ -392,3 +392,49 @@ def test_a_killed_commands_rank_folder_goes_with_the_next_run(
     # this run's own folder went too (multiprocessing may keep a folder of its own here)
     left = sorted(p.name for p in tmp_path.glob(f"{dist_run.RANK_DIR}*"))
     assert left == sorted([running.name, other.name])
+
+
+def _aborts_in_native_code(rank: int, world: int, init: str, tmp: Path) -> None:
+    """A rank that dies as gloo's listener did out of descriptors: C++'s terminate lines written
+    to descriptor 2 past Python, then SIGABRT."""
+    os.write(2, b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n")
+    os.write(
+        2,
+        b"  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:446]"
+        b" rv != -1. -1 vs -1. accept: Too many open files\n",
+    )
+    os.abort()
+
+
+def test_a_rank_aborted_in_native_code_is_one_line_with_what_it_said() -> None:
+    """Under `ulimit -n 20` gloo sometimes aborted a rank inside its listener: the rank's C++
+    terminate lines reached the terminal above "rank 0 died (signal 6); the run stopped", which
+    named neither the cause nor the fix. A rank's standard error goes to its file, and the one
+    line carries its last line, the signal's name and, for descriptors, the limit to raise."""
+    line = raises_one_line(
+        lambda: _spawn(1, _aborts_in_native_code, ()),
+        "rank 0 died (signal 6, SIGABRT: rv != -1. -1 vs -1. accept: Too many open files)",
+        "ulimit -n 4096",
+    )
+    assert "pair.cc" not in line and "terminate called" not in line
+
+
+def _stderr_and_warns(rank: int, world: int, init: str, tmp: Path) -> None:
+    """A rank that says where its descriptor 2 points, after printing a warning there."""
+
+    def run() -> str:
+        print("moepipe: a warning every rank prints", file=sys.stderr, flush=True)
+        return os.readlink("/proc/self/fd/2")
+
+    _as_rank(rank, tmp, run)
+
+
+def test_what_ranks_print_reaches_the_command_once_after_the_run(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Ranks write their standard error to their run's folder (native code's too), and a run
+    that succeeds relays it: each distinct line once, not once per rank."""
+    where = _spawn(2, _stderr_and_warns, ())
+    assert where.endswith("rank0.stderr")
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["moepipe: a warning every rank prints"], err

@@ -185,7 +185,7 @@ def test_a_failed_validation_leaves_the_earlier_one_whole(mixtral_tiny, tmp_path
 @pytest.mark.parametrize(
     "fault",
     [
-        "rank 1 died (signal 9); the run stopped",
+        "rank 1 died (signal 9, SIGKILL); the run stopped",
         "non-finite values (NaN or inf) in the output of layer 1 (MoE) at step 0, batch 0",
         "ck/model.safetensors: changed while the run read the checkpoint",
     ],
