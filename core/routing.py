@@ -25,7 +25,9 @@ from core.types import RoutingSource
 @dataclass(frozen=True)
 class Routing:
     expert_ids: np.ndarray  # [S, P, L, k] int16: S sequences, P positions, L MoE layers, top-k
-    gate_weights: np.ndarray  # [S, P, L, k] float32: router probability of each chosen expert
+    # [S, P, L, k] float32: router probability of each chosen expert (`gate_weights`), or a
+    # function that makes them when they are first read (a simulated run reads none)
+    weights: np.ndarray | Callable[[], np.ndarray]
     n_experts: int
     description: str = ""  # where it came from, for summaries
     # [S, P] int: each token's request label (index into `label_names`, e.g. the ESFT task), or
@@ -34,11 +36,22 @@ class Routing:
     label_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        assert self.expert_ids.shape == self.gate_weights.shape, "ids and weights disagree"
+        if not callable(self.weights):
+            assert self.expert_ids.shape == self.weights.shape, "ids and weights disagree"
         assert self.expert_ids.ndim == 4, "expected [S, P, L, k]"
         if self.labels is not None:
             assert self.labels.shape == self.expert_ids.shape[:2], "labels must be [S, P]"
             assert len(self.label_names) > int(self.labels.max(initial=-1)), "label without a name"
+
+    @property
+    def gate_weights(self) -> np.ndarray:
+        """[S, P, L, k] float32 router probability of each chosen expert (made on first read)."""
+        w = self.weights
+        if callable(w):
+            w = w()
+            assert self.expert_ids.shape == w.shape, "ids and weights disagree"
+            object.__setattr__(self, "weights", w)  # frozen: made once, kept
+        return w
 
     @property
     def n_sequences(self) -> int:

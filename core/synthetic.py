@@ -141,7 +141,6 @@ def _dedupe(
 class _Tables:
     pop_lut: np.ndarray  # [L, Q] int16 popularity draws
     trans_lut: np.ndarray  # [L, E*Q_TR] int16 transition draws, row e at e*Q_TR
-    gates: np.ndarray  # [G, k] float32 gate-weight vectors
     corr_thr: int  # 16-bit threshold: u < corr_thr follows the transition table
     reuse_thr: int  # 16-bit threshold: u < reuse_thr repeats the previous token
     layer_corr: float
@@ -164,36 +163,64 @@ def generate(
     `first_chunk`: start at that block (sequence first_chunk * CHUNK_SEQS of the same stream of
     sequences) without drawing the ones before it.
     """
+    ids, weights = draw(
+        cfg, n_sequences, n_positions, n_layers, n_experts, top_k, seed, first_chunk
+    )
+    return ids, weights()
+
+
+def draw(
+    cfg: RoutingConfig,
+    n_sequences: int,
+    n_positions: int,
+    n_layers: int,
+    n_experts: int,
+    top_k: int,
+    seed: int,
+    first_chunk: int = 0,
+) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+    """`generate`'s expert ids, and a function that draws its gate weights: each block's from
+    its stream where its ids left it, the same numbers whenever it is called. A simulated run
+    reads no weights, and drawing them took a sixth of its routing's time."""
     if top_k > n_experts:
         raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}")
     pop = popularity(cfg, n_layers, n_experts, seed)  # [L, E]
     tables = _Tables(
         pop_lut=_lut(pop, _Q),
         trans_lut=_lut(transition_tables(pop, top_k, seed), _Q_TR).reshape(n_layers, -1),
-        gates=gate_pool(n_experts, top_k, seed),
         corr_thr=round(cfg.layer_corr * _Q) if n_layers > 1 else 0,
         reuse_thr=round(cfg.reuse * _Q),
         layer_corr=cfg.layer_corr,
     )
     ids = np.empty((n_sequences, n_positions, n_layers, top_k), np.int16)
-    weights = np.empty((n_sequences, n_positions, n_layers, top_k), np.float32)
+    states = []  # per block, its stream's kind and state once its ids are drawn
     for c, s0 in enumerate(range(0, n_sequences, CHUNK_SEQS)):
         s1 = min(s0 + CHUNK_SEQS, n_sequences)
         rng = np.random.default_rng([seed, 4, first_chunk + c])
         if s1 - s0 == CHUNK_SEQS:
-            _chunk(tables, ids[s0:s1], weights[s0:s1], n_experts, rng)
+            _chunk(tables, ids[s0:s1], n_experts, rng)
         else:  # a short last block is drawn full-size and cut, so sequences match any S
             part_ids = np.empty((CHUNK_SEQS, *ids.shape[1:]), np.int16)
-            part_w = np.empty((CHUNK_SEQS, *ids.shape[1:]), np.float32)
-            _chunk(tables, part_ids, part_w, n_experts, rng)
-            ids[s0:s1], weights[s0:s1] = part_ids[: s1 - s0], part_w[: s1 - s0]
+            _chunk(tables, part_ids, n_experts, rng)
+            ids[s0:s1] = part_ids[: s1 - s0]
+        states.append((type(rng.bit_generator), rng.bit_generator.state))
+    gates = gate_pool(n_experts, top_k, seed)
+
+    def weights() -> np.ndarray:
+        out = np.empty(ids.shape, np.float32)
+        for c, s0 in enumerate(range(0, n_sequences, CHUNK_SEQS)):
+            kind, state = states[c]
+            bits = kind()
+            bits.state = state
+            w = _gate_weights(gates, bits, (CHUNK_SEQS, *ids.shape[1:]))
+            out[s0 : s0 + CHUNK_SEQS] = w[: n_sequences - s0]
+        return out
+
     return ids, weights
 
 
-def _chunk(
-    t: _Tables, out: np.ndarray, weights: np.ndarray, n_experts: int, rng: np.random.Generator
-) -> None:
-    """Fill out [S, P, L, k] ids and weights of a few sequences, layer by layer.
+def _chunk(t: _Tables, out: np.ndarray, n_experts: int, rng: np.random.Generator) -> None:
+    """Fill out [S, P, L, k] ids of a few sequences, layer by layer.
 
     Works on [P, S*k] arrays (positions first, so the reuse fill is a row-wise running max);
     each random decision is 16 bits of one raw 64-bit draw per slot.
@@ -245,16 +272,24 @@ def _chunk(
         else:
             out.view(wide)[:, :, layer, 0] = tokens.view(wide)[:, 0].reshape(p, s).T
         prev = cur.astype(np.int32)
-    pick = rng.bit_generator.random_raw((s * p * n_layers + 3) // 4).view(np.uint16)
-    pick = (pick[: s * p * n_layers] % len(t.gates)).astype(np.intp)
-    weights[:] = np.take(t.gates, pick, axis=0).reshape(s, p, n_layers, k)
+
+
+def _gate_weights(
+    gates: np.ndarray, bits: np.random.BitGenerator, shape: tuple[int, ...]
+) -> np.ndarray:
+    """[S, P, L, k] float32 gate weights of a block: per token and layer, one of the `gates`
+    [G, k] vectors, picked by 16 bits of the block's stream after its ids."""
+    n = shape[0] * shape[1] * shape[2]
+    pick = bits.random_raw((n + 3) // 4).view(np.uint16)
+    pick = (pick[:n] % len(gates)).astype(np.intp)
+    return np.take(gates, pick, axis=0).reshape(shape)
 
 
 def synthetic_routing(model: ModelSpec, workload: Workload, first_chunk: int = 0) -> Routing:
     """Generated routing shaped for the model and workload, seeded by workload.seed; from
     sequence first_chunk * CHUNK_SEQS of that stream on (`generate`)."""
     cfg = workload.routing
-    ids, w = generate(
+    ids, w = draw(
         cfg,
         workload.n_sequences,
         workload.seq_positions,

@@ -189,7 +189,7 @@ def synthetic_split(model: ModelSpec, wl: Workload) -> tuple[Routing, np.ndarray
     train = both.expert_ids[:n].reshape(-1, *both.expert_ids.shape[2:])
     test = Routing(
         both.expert_ids[n:],
-        both.gate_weights[n:],
+        lambda: both.gate_weights[n:],
         e,
         both.description + " (second half; first half trains)",
     )

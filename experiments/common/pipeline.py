@@ -277,11 +277,19 @@ def last_routing(model: ModelSpec, workload: Workload) -> Routing:
     if key not in _LAST_ROUTING:
         _LAST_ROUTING.clear()  # before the next is built: at most one in memory
         routing = load_routing(model, workload)
-        for a in (routing.expert_ids, routing.gate_weights, routing.labels):
-            if a is not None:
-                a.flags.writeable = False
+        weights = routing.weights
+        if callable(weights):  # weights made when first read: read-only too
+            routing = replace(routing, weights=lambda: _read_only(weights()))
+        for a in (routing.expert_ids, routing.weights, routing.labels):
+            if isinstance(a, np.ndarray):
+                _read_only(a)
         _LAST_ROUTING[key] = routing
     return _LAST_ROUTING[key]
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:

@@ -112,6 +112,63 @@ def test_layer_corr_raises_top1_acc() -> None:
     assert lo < 0.15 < 0.3 < hi
 
 
+@pytest.mark.parametrize(
+    ("s", "first_chunk", "ids_sha", "weights_sha"),
+    [
+        (40, 0, "3d94523dbb05cf2a", "0352a837476e4f4e"),
+        (20, 1, "8b15ce622559af77", "9ede694c5bc3c66b"),
+    ],
+)
+def test_weights_are_drawn_when_read_and_are_the_same_numbers(
+    s: int, first_chunk: int, ids_sha: str, weights_sha: str
+) -> None:
+    """A synthetic routing's gate weights (which a simulated run never reads) are drawn when
+    first read, from each block's stream where its ids left it: the numbers `generate` gave
+    when it drew them with the ids (the digests: before it drew them lazily; 40 sequences end
+    in a short block, and a first block other than 0)."""
+    import hashlib
+
+    from core.synthetic import draw
+
+    def sha(a: np.ndarray) -> str:
+        return hashlib.sha256(a.tobytes()).hexdigest()[:16]
+
+    args = (cfg(), s, 30, 3, 8, 2, 7, first_chunk)
+    ids, weights = draw(*args)
+    assert callable(weights) and sha(ids) == ids_sha
+    assert sha(weights()) == sha(weights()) == weights_sha  # the same on every call
+    assert [sha(a) for a in generate(*args)] == [ids_sha, weights_sha]
+
+
+def test_a_routings_weights_are_made_once_and_kept() -> None:
+    """`Routing.gate_weights` of lazily drawn weights: made on the first read, kept after;
+    `last_routing`'s (a sweep's runs share it) read-only, as its ids are."""
+    from experiments.common.pipeline import last_routing
+
+    m = ModelSpec(
+        name="tiny",
+        family="mixtral",
+        n_layers=2,
+        hidden_size=64,
+        expert_ffn_size=32,
+        n_experts=8,
+        top_k=2,
+        n_heads=2,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=100,
+        moe_layers=(0, 1),
+    )
+    wl = Workload(batch_size=3, n_batches=2, prompt_len=7, gen_len=4, seed=5)
+    r = synthetic_routing(m, wl)
+    assert callable(r.weights)
+    w = r.gate_weights
+    assert r.weights is w and r.gate_weights is w and w.shape == r.expert_ids.shape
+    shared = last_routing(m, wl)
+    np.testing.assert_array_equal(shared.gate_weights, w)
+    assert not shared.gate_weights.flags.writeable and not shared.expert_ids.flags.writeable
+
+
 def test_synthetic_routing_fits_the_model() -> None:
     m = ModelSpec(
         name="mixtral-like",
