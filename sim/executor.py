@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
+from heapq import heappush
 from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL, Timeout
 
 from core.cost import CostModel, as_processes, water_fill
 from core.errors import ScheduleError
@@ -327,6 +329,7 @@ def _run_stream(
     """One stream's process: each op in turn waits for its deps, its memory and its resource,
     runs, and frees its memory."""
     timeout, event = env.timeout, env.event
+    queue, eid, new = env._queue, env._eid, object.__new__
     start, end, granted = run.start, run.end, run.granted
     done, waiters, pools = run.done, run.waiters, run.pools
     for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm, delay in ops:
@@ -358,7 +361,12 @@ def _run_stream(
         if sm is not None:
             sm[0].hold(sm[1], 1)
         if dur > 0:
-            yield timeout(dur)
+            # `timeout(dur)`, inlined (simpy's Timeout.__init__ and Environment.schedule): one
+            # per op, the run's most frequent event; the same (time, priority, id) in the queue
+            ev = new(Timeout)
+            ev.env, ev.callbacks, ev._value, ev._delay, ev._ok = env, [], None, dur, True
+            heappush(queue, (now + dur, NORMAL, next(eid), ev))
+            yield ev
             now = env._now
         if fluid is not None and fluid[1] > 0:
             yield fluid[0].run(op_id, fluid[1], fluid[2])

@@ -296,3 +296,26 @@ def test_dag_bound_counts_one_resource_between_release_and_delivery():
     bound, binds = dag_bound(s, trace)
     assert bound == pytest.approx(5.0) == pytest.approx(trace["end_s"].max())
     assert binds.startswith("h2d")
+
+
+def test_an_ops_run_is_one_event_made_without_env_timeout(monkeypatch):
+    """Each op's duration is one event the stream puts on simpy's queue itself (the run's most
+    frequent event: simpy's `timeout` call costs two Python calls more), at the time, priority
+    and order `env.timeout` would give: a 1 s load, then a 0.5 s compute after it, end at 1 s
+    and 1.5 s, with no `env.timeout` made."""
+    import simpy
+
+    made = []
+    real = simpy.Environment.timeout
+    monkeypatch.setattr(
+        simpy.Environment, "timeout", lambda env, *a, **k: made.append(a) or real(env, *a, **k)
+    )
+    h = hw()
+    b = ScheduleBuilder(h.memory_bytes)
+    b.stream("w", Resource.H2D)
+    b.stream("c", Resource.GPU)
+    a = load(b, "w", GB)
+    b.add(OpKind.FFN, "c", deps=(a,), flops=0.5e12)
+    start, end = run(b, h)
+    assert list(end) == pytest.approx([1.0, 1.5]) and list(start) == pytest.approx([0.0, 1.0])
+    assert made == []
