@@ -35,8 +35,13 @@ class Emitter:
     gate_ops: dict[tuple[int, int], list[int]] = field(
         default_factory=dict
     )  # (step, layer) -> gates by batch
+    # the context's model and batch size, read for nearly every op (plain attributes: a
+    # property's call each time was a fortieth of planning)
+    model: ModelSpec = field(init=False, repr=False)
+    bs: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.model, self.bs = self.ctx.model, self.ctx.workload.batch_size
         b = self.out
         self.compute = b.stream(Stream.COMPUTE, Resource.GPU)
         self.weights = b.stream(Stream.WEIGHTS, Resource.H2D)
@@ -48,13 +53,6 @@ class Emitter:
         b.meta["placement"] = self.placement.summary()
 
     # ---- sizes ------------------------------------------------------------------------
-    @property
-    def model(self) -> ModelSpec:
-        return self.ctx.model
-
-    @property
-    def bs(self) -> int:
-        return self.ctx.workload.batch_size
 
     def tensor_tier(self, tensor: Tensor, layer: int) -> Tier:
         if tensor == Tensor.EXPERT:

@@ -363,6 +363,25 @@ def test_expert_chain_emits_what_expert_calls_would():
         assert [tuple(map(type, o)) for o in new.ops] == [tuple(map(type, o)) for o in ref.ops]
 
 
+def test_emitter_reads_model_and_batch_size_as_plain_attributes():
+    """The emitter's model and batch size, read for nearly every op a planner emits, are the
+    context's, held as the emitter's own attributes (a property's call each time was a
+    fortieth of a flexgen plan)."""
+    from core.cost import CostModel
+    from core.planner import PlanContext
+    from core.routing import CausalRouting
+    from core.schedule import ScheduleBuilder
+    from planners.common import Emitter, standard_placement
+
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    causal = CausalRouting.replay(random_routing(model, wl), wl)
+    ctx = PlanContext(model, hw, wl, causal, CostModel(hw))
+    place = standard_placement(ctx, kv_sequences=wl.n_sequences, layers_in_flight=2)
+    em = Emitter(ctx, ScheduleBuilder(hw.memory_bytes), place)
+    assert vars(em)["model"] is model and vars(em)["bs"] == 2
+
+
 def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
     """write_trace_parquet (dictionaries only for categorical columns) gives back the frame
     pandas' default writer gives back, dtypes and categories included."""
