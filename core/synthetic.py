@@ -146,26 +146,10 @@ class _Tables:
     layer_corr: float
 
 
-def generate(
-    cfg: RoutingConfig,
-    n_sequences: int,
-    n_positions: int,
-    n_layers: int,
-    n_experts: int,
-    top_k: int,
-    seed: int,
-    first_chunk: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """([S, P, L, k] int16 expert ids, [S, P, L, k] float32 gate weights); slot 0 is the top-1.
-
-    Blocks of CHUNK_SEQS sequences are drawn independently (each from its own stream, so a
-    sequence does not depend on how many others are asked for) to keep the work in cache.
-    `first_chunk`: start at that block (sequence first_chunk * CHUNK_SEQS of the same stream of
-    sequences) without drawing the ones before it.
-    """
-    ids, weights = draw(
-        cfg, n_sequences, n_positions, n_layers, n_experts, top_k, seed, first_chunk
-    )
+def generate(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`draw`'s ([S, P, L, k] int16 expert ids, [S, P, L, k] float32 gate weights), the weights
+    drawn at once; slot 0 is the top-1."""
+    ids, weights = draw(*args, **kwargs)
     return ids, weights()
 
 
@@ -179,9 +163,16 @@ def draw(
     seed: int,
     first_chunk: int = 0,
 ) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
-    """`generate`'s expert ids, and a function that draws its gate weights: each block's from
-    its stream where its ids left it, the same numbers whenever it is called. A simulated run
-    reads no weights, and drawing them took a sixth of its routing's time."""
+    """([S, P, L, k] int16 expert ids, a function that draws their [S, P, L, k] float32 gate
+    weights); slot 0 is the top-1.
+
+    Blocks of CHUNK_SEQS sequences are drawn independently (each from its own stream, so a
+    sequence does not depend on how many others are asked for) to keep the work in cache.
+    `first_chunk`: start at that block (sequence first_chunk * CHUNK_SEQS of the same stream of
+    sequences) without drawing the ones before it. The weights are each block's from its
+    stream where its ids left it, the same numbers whenever the function is called: a
+    simulated run reads none, and drawing them took a sixth of its routing's time.
+    """
     if top_k > n_experts:
         raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}")
     pop = popularity(cfg, n_layers, n_experts, seed)  # [L, E]

@@ -144,21 +144,9 @@ def test_a_routings_weights_are_made_once_and_kept() -> None:
     """`Routing.gate_weights` of lazily drawn weights: made on the first read, kept after;
     `last_routing`'s (a sweep's runs share it) read-only, as its ids are."""
     from experiments.common.pipeline import last_routing
+    from tests.conftest import model_from_conf
 
-    m = ModelSpec(
-        name="tiny",
-        family="mixtral",
-        n_layers=2,
-        hidden_size=64,
-        expert_ffn_size=32,
-        n_experts=8,
-        top_k=2,
-        n_heads=2,
-        n_kv_heads=2,
-        head_dim=32,
-        vocab_size=100,
-        moe_layers=(0, 1),
-    )
+    m = model_from_conf("tiny")
     wl = Workload(batch_size=3, n_batches=2, prompt_len=7, gen_len=4, seed=5)
     r = synthetic_routing(m, wl)
     assert callable(r.weights)

@@ -79,15 +79,20 @@ def test_two_streams_on_one_link_serialize():
     assert max(start) == pytest.approx(1.0)
 
 
-def test_compute_waits_for_its_dependency():
-    """compute depends on a 1 s load, takes 0.5 s: ends at 1.5 s."""
+def _load_then_compute() -> tuple[np.ndarray, np.ndarray]:
+    """A 1 s load on h2d, then a 0.5 s compute that depends on it: their start and end times."""
     h = hw()
     b = ScheduleBuilder(h.memory_bytes)
     b.stream("w", Resource.H2D)
     b.stream("c", Resource.GPU)
     a = load(b, "w", GB)
     b.add(OpKind.FFN, "c", deps=(a,), flops=0.5e12)
-    start, end = run(b, h)
+    return run(b, h)
+
+
+def test_compute_waits_for_its_dependency():
+    """compute depends on a 1 s load, takes 0.5 s: ends at 1.5 s."""
+    start, end = _load_then_compute()
     assert (start[1], end[1]) == pytest.approx((1.0, 1.5))
 
 
@@ -310,12 +315,6 @@ def test_an_ops_run_is_one_event_made_without_env_timeout(monkeypatch):
     monkeypatch.setattr(
         simpy.Environment, "timeout", lambda env, *a, **k: made.append(a) or real(env, *a, **k)
     )
-    h = hw()
-    b = ScheduleBuilder(h.memory_bytes)
-    b.stream("w", Resource.H2D)
-    b.stream("c", Resource.GPU)
-    a = load(b, "w", GB)
-    b.add(OpKind.FFN, "c", deps=(a,), flops=0.5e12)
-    start, end = run(b, h)
+    start, end = _load_then_compute()
     assert list(end) == pytest.approx([1.0, 1.5]) and list(start) == pytest.approx([0.0, 1.0])
     assert made == []
