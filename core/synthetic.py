@@ -278,7 +278,8 @@ def _gate_weights(
 
 def synthetic_routing(model: ModelSpec, workload: Workload, first_chunk: int = 0) -> Routing:
     """Generated routing shaped for the model and workload, seeded by workload.seed; from
-    sequence first_chunk * CHUNK_SEQS of that stream on (`generate`)."""
+    sequence first_chunk * CHUNK_SEQS of that stream on (`draw`), its gate weights drawn when
+    first read."""
     cfg = workload.routing
     ids, w = draw(
         cfg,
