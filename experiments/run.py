@@ -243,8 +243,9 @@ def user_workload_knobs() -> tuple[str, set[str]]:
 def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -> dict:
     """A simulated run, written to `out_dir`; its summary."""
     if ep_inputs.block(cfg):  # held-out routing, training tables
-        spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
-        result = simulate_run(spec, routing)
+        with ep_inputs.named_as_written(cfg, spec.planner):
+            spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
+            result = simulate_run(spec, routing)
         ep_inputs.annotate(result, cfg, spec, routing)
     else:
         result = simulate_run(spec)

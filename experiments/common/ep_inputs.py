@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.balance import KEYS
 from core.cost import CostModel
-from core.errors import ConfigError, did_you_mean
+from core.errors import ConfigError, MoepipeError, did_you_mean
 from core.hardware import HardwareSpec
 from core.routing import Routing
 from core.spec import ModelSpec, RoutingConfig, Workload
@@ -275,6 +278,36 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
             np.save(path, array)
             params[key] = str(path)
     return replace(spec, workload=wl, params=params), routing
+
+
+def written_as(rep: dict[str, Any], planner: str) -> dict[str, str]:
+    """Each planner param a replication run takes from its block -> the key the user wrote it
+    as (a row's `replication.params` win over `replication.planners.<planner>`)."""
+    keys = {"replica_slots": "replication.replica_slots"}
+    keys.update(
+        {
+            k: f"replication.planners.{planner}.{k}"
+            for k in (rep.get("planners") or {}).get(planner) or {}
+        }
+    )
+    keys.update({k: f"replication.params.{k}" for k in rep.get("params") or {}})
+    return keys
+
+
+@contextmanager
+def named_as_written(cfg: DictConfig, planner: str) -> Iterator[None]:
+    """Errors of a replication run name each planner param by the key the user wrote
+    (`replication.planners.eplb.interval=0`), not as the planner reads it
+    (`planner.params.interval=0`), which the user never set."""
+    try:
+        yield
+    except MoepipeError as e:
+        rep = block(cfg)
+        keys = written_as(rep, planner) if rep else {}
+        said = re.sub(r"planner\.params\.(\w+)", lambda m: keys.get(m[1], m[0]), str(e))
+        if said == str(e):
+            raise
+        raise type(e)(said) from e
 
 
 def wanted(key: str, params: dict[str, Any]) -> bool:
