@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,10 +134,43 @@ def _not_empty(path: str | Path, key: str) -> Path:
 def not_a_folder(folder: Path, e: OSError) -> str:
     """Why `folder` could not be made (`e`, mkdir's error): the file or the dangling link in
     its way, else the error's own words."""
+    return _in_the_way(folder) or e.strerror or str(e)
+
+
+def _in_the_way(folder: Path) -> str | None:
+    """The dangling link, else the file, in `folder`'s path, as a message's words; None."""
     block = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     link = next((p for p in (folder, *folder.parents) if broken_link(p)), None)
-    why = f"{block} is a file, not a folder" if block else (e.strerror or str(e))
-    return f"{link} is {broken_link(link)[2:-1]}" if link else why
+    if link is not None:
+        return f"{link} is {broken_link(link)[2:-1]}"
+    return f"{block} is a file, not a folder" if block is not None else None
+
+
+def blocked_folder(folder: Path) -> str | None:
+    """Why a run's `folder` could not be made or written, seen without making it: a file or a
+    dangling link in its path, or the nearest folder of it that is there is not writable;
+    None where nothing is in the way. A command that writes many runs checks every run's
+    folder with this before the first run, not one as it reaches it, minutes in."""
+    in_way = _in_the_way(folder)
+    if in_way is not None:
+        return in_way
+    there = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"{there} is not writable"
+    return None
+
+
+def check_run_folders(folders: Sequence[Path]) -> None:
+    """A MoepipeError naming the first of `folders` (each a run's, of one command) that
+    `blocked_folder` finds blocked, and how many are, before any run."""
+    blocked = [(f, why) for f in folders if (why := blocked_folder(f)) is not None]
+    if blocked:
+        (first, why), more = blocked[0], len(blocked) - 1
+        others = f" ({more} other run folder(s) of the {len(folders)} too)" if more else ""
+        raise MoepipeError(
+            f"{first}: cannot make the run's folder ({why}){others}; move that away and run "
+            "again (checked before any run)"
+        )
 
 
 def _writable_folder(folder: Path, key: str, given: Any) -> None:

@@ -27,9 +27,9 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from core.args import written_whole
+from core.args import check_run_folders, written_whole
 from core.errors import MoepipeError
-from core.files import no_file_there
+from core.files import no_file_there, not_regular
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, RoutingConfig, Workload
 from experiments.common.app import command
@@ -485,6 +485,7 @@ def run_resumable(
         if finished(d, configs[i])
     }
     todo = [i for i in range(len(jobs)) if i not in done]
+    check_run_folders([dirs[i] for i in todo])  # each one the pool would reach minutes in
     if done:
         print(
             f"{len(done)} of {len(jobs)} runs already done in {runs_dir} (same code); "
@@ -514,6 +515,7 @@ def run_resumable(
     return [done[i] for i in range(len(jobs))], len(todo)
 
 
+OUTPUTS = ("results.csv", "results.json", "report.md")  # in `out`, beside DONE
 MAKERS = ("table3", "auto_n", "fig14", "vs_flexgen")
 
 
@@ -560,6 +562,12 @@ def _main(args: Options) -> int:
         top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
         csv_of_ours(out / "results.csv", "table", "reproduce_klotski")  # checked before the runs
+        for name in OUTPUTS:
+            if what := not_regular(out / name):
+                raise MoepipeError(
+                    f"out={out}: {out / name}: {what} (the command writes its {name} there); "
+                    "move that away, or pass out= another folder"
+                )
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -579,10 +587,14 @@ def _main(args: Options) -> int:
         )
         # each whole or not at all: a full disk left a results.csv cut short, which
         # report_only=true then read as the results
-        for name, write in (
-            ("results.csv", lambda f: df.to_csv(f, index=False)),
-            ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
-            ("report.md", lambda f: f.write_text(text + "\n")),
+        for name, write in zip(
+            OUTPUTS,
+            (
+                lambda f: df.to_csv(f, index=False),
+                lambda f: f.write_text(json.dumps(rows, indent=1, default=str)),
+                lambda f: f.write_text(text + "\n"),
+            ),
+            strict=True,
         ):
             with written_whole(out / name) as tmp:
                 write(tmp)

@@ -5,6 +5,7 @@ once per value, and no composition only to read `hydra.mode`."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -12,7 +13,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from core.args import check_run_folders
 from core.errors import MoepipeError
+
+# in a folder, what makes it a run dir: hydra's record, or the run's files
+RUN_MARKS = {".hydra", "config.yaml", "summary.json", "failed.txt", ".previous"}
 
 
 @contextlib.contextmanager
@@ -102,6 +107,7 @@ def validate_each_value_once() -> Iterator[None]:
     from hydra.plugins.sweeper import Sweeper
 
     every_point = Sweeper.validate_batch_is_legal
+    launched = [0]  # the jobs of earlier batches: hydra numbers a sweep's jobs on
 
     def each_value(self: Any, batch: Sequence[Sequence[str]]) -> None:
         seen: set[str] = set()
@@ -111,12 +117,57 @@ def validate_each_value_once() -> Iterator[None]:
                 firsts.append(point)
                 seen.update(point)
         every_point(self, firsts)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        if might_block(sweep_dir):
+            check_run_folders(run_folders(self, batch, launched[0]))
+        launched[0] += len(batch)
 
     Sweeper.validate_batch_is_legal = each_value  # type: ignore[method-assign]
     try:
         yield
     finally:
         Sweeper.validate_batch_is_legal = every_point  # type: ignore[method-assign]
+
+
+def might_block(sweep_dir: Path) -> bool:
+    """Whether anything in `sweep_dir` (there from an earlier sweep) could be in the way of a
+    run's folder: a file or a link outside the run dirs, or a folder that is not writable. A
+    fresh sweep dir holds only hydra's multirun.yaml: its points need not be composed."""
+    for root, dirs, files in os.walk(sweep_dir):
+        if not os.access(root, os.W_OK | os.X_OK):
+            return True
+        if RUN_MARKS & {*dirs, *files}:  # a run dir: what is in it is the run's
+            dirs[:] = []
+            continue
+        if set(files) - {"multirun.yaml"} or any(Path(root, d).is_symlink() for d in dirs):
+            return True
+    return False
+
+
+def run_folders(sweeper: Any, batch: Sequence[Sequence[str]], first: int) -> list[Path]:
+    """The run dir of each of `batch`'s points (jobs `first`, `first` + 1, ...), as the launcher
+    composes it: hydra.sweep.dir / hydra.sweep.subdir, with the job's number and choices. A
+    point whose dir does not resolve is left out: its job fails on it with its own line."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    loader = getattr(sweeper, "hydra_context", None)
+    loader = loader.config_loader if loader is not None else sweeper.config_loader
+    sweep_dir, held = Path(str(sweeper.config.hydra.sweep.dir)), HydraConfig.instance().cfg
+    folders = []
+    try:
+        for idx, point in enumerate(batch, first):
+            try:
+                cfg = loader.load_sweep_config(sweeper.config, list(point))
+                with open_dict(cfg):
+                    cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
+                HydraConfig.instance().set_config(cfg)
+                folders.append(sweep_dir / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+            except Exception:  # noqa: BLE001, S112 (the job fails on it with its own line)
+                continue
+    finally:
+        HydraConfig.instance().cfg = held
+    return folders
 
 
 # flags that bring configs from elsewhere (which might set hydra's mode)

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.probes.conftest import TINY
+
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
 
 
@@ -30,4 +32,36 @@ def test_a_replication_blocks_param_is_named_as_written(
     assert r.returncode == 2 and "Traceback" not in r.stderr and "1 run(s) failed" in r.stderr
     (failed,) = tmp_path.rglob("failed.txt")
     assert named in failed.read_text() and "planner.params" not in failed.read_text()
+    assert not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.parametrize(
+    ("blocked", "named"), [("runs", "runs is a file"), ("report.md", "report.md")]
+)
+def test_reproduce_klotski_checks_every_output_before_its_runs(
+    cli_here: Any, tmp_path: Path, blocked: str, named: str
+) -> None:
+    """A file where reproduce_klotski's runs/ goes failed only when the first run ended (minutes
+    in, with its result lost); a folder at report.md, once every run had ended."""
+    (tmp_path / blocked).mkdir() if "." in blocked else (tmp_path / blocked).touch()
+    r = cli_here("experiments.reproduce_klotski", "quick=true", f"out={tmp_path}", "only=[auto_n]")
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and line.startswith("error: ")
+    assert named in line and "reproduce_klotski: " not in r.stderr  # no run started
+    assert sorted(p.name for p in tmp_path.iterdir()) == [blocked]
+
+
+@pytest.mark.parametrize("subdir", ["tiny_tiny_sequential_bs2_n2_g3", "1"])
+def test_a_sweep_checks_every_runs_folder_before_its_first_run(
+    cli_here: Any, tmp_path: Path, subdir: str
+) -> None:
+    """A file where a sweep's second run dir goes failed the sweep when it reached that run,
+    after the first (a whole figure's minutes in); the rest of the sweep never ran."""
+    (tmp_path / subdir).touch()
+    args = [*TINY[:3], "planner=flexgen,sequential", f"hydra.sweep.dir={tmp_path}"]
+    args += ["hydra.sweep.subdir=${hydra.job.num}"] if subdir == "1" else []
+    r = cli_here("experiments.run", "-m", *args, "hydra.launcher.n_jobs=1")
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and line.startswith("error: ")
+    assert f"{tmp_path / subdir} is a file" in line and "before any run" in line
     assert not list(tmp_path.rglob("summary.json"))
