@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,7 +42,7 @@ from experiments.common.cli import (
 )
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
-from experiments.common.pool import ignore_ctrl_c, stopped_on_error
+from experiments.common.pool import checked_workers, ignore_ctrl_c, stopped_on_error
 from experiments.common.run_dir import (
     finished,
     remove_empty,
@@ -548,16 +547,7 @@ def _main(args: Options) -> int:
             "vs_flexgen": jobs_vs_flexgen,
         }
         checked_names("only", only, list(makers))
-        if args.jobs < 1:
-            raise MoepipeError(
-                f"jobs={args.jobs}: must be >= 1 (worker processes); pass jobs=1 or more"
-            )
-        cores = os.cpu_count() or 1
-        if args.jobs > 4 * cores:  # each worker is a python process of its own, ~200 MB
-            raise MoepipeError(
-                f"jobs={args.jobs}: over 4 worker processes per core of this machine's {cores}; "
-                f"pass jobs={cores}"
-            )
+        checked_workers(args.jobs, "jobs")
         # made and checked before the simulations, whose results would be lost after
         top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
@@ -587,14 +577,10 @@ def _main(args: Options) -> int:
         )
         # each whole or not at all: a full disk left a results.csv cut short, which
         # report_only=true then read as the results
-        for name, write in zip(
-            OUTPUTS,
-            (
-                lambda f: df.to_csv(f, index=False),
-                lambda f: f.write_text(json.dumps(rows, indent=1, default=str)),
-                lambda f: f.write_text(text + "\n"),
-            ),
-            strict=True,
+        for name, write in (
+            ("results.csv", lambda f: df.to_csv(f, index=False)),
+            ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
+            ("report.md", lambda f: f.write_text(text + "\n")),
         ):
             with written_whole(out / name) as tmp:
                 write(tmp)

@@ -11,12 +11,14 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import wait
 
+from core.errors import MoepipeError
 from experiments import TERMINAL_SIGNALS
 
 
@@ -76,3 +78,16 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     # ignored ... Bad file descriptor" traceback after the command's one line.
     if manager is not None and manager.is_alive():
         manager.join(timeout=5.0)
+
+
+def checked_workers(n: int, key: str) -> None:
+    """A MoepipeError where `key`=`n` worker processes is below 1, or over 4 per core of this
+    machine (each worker is a python process of its own, ~200 MB)."""
+    if n < 1:
+        raise MoepipeError(f"{key}={n}: must be >= 1 (worker processes); pass {key}=1 or more")
+    cores = os.cpu_count() or 1
+    if n > 4 * cores:
+        raise MoepipeError(
+            f"{key}={n}: over 4 worker processes per core of this machine's {cores}; "
+            f"pass {key}={cores}"
+        )
