@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
 from experiments.common import hydra_errors
+from experiments.common.argv_checks import value_swept_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
 
@@ -80,6 +81,8 @@ def check_sweep_values(swept: Sequence[Any]) -> None:
                 f"{o.input_line}: sweeps no value (a glob that matches no name, or a range "
                 "whose start is not before its stop in the step's direction); pass one or more"
             )
+        if (twice := value_swept_twice(o)) is not None:
+            raise MoepipeError(twice)
 
 
 def _is_glob(o: Any) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY
+from tests.probes.conftest import TINY, one_line
 
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
 
@@ -64,4 +64,23 @@ def test_a_sweep_checks_every_runs_folder_before_its_first_run(
     line = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr and line.startswith("error: ")
     assert f"{tmp_path / subdir} is a file" in line and "before any run" in line
+    assert not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.parametrize(
+    ("sweep", "named"),
+    [
+        ("planner=flexgen,flexgen", "planner=flexgen,flexgen: sweeps flexgen twice"),
+        ("workload.batch_size=choice(2,2)", "sweeps 2 twice"),
+        ("hydra.sweeper.params.planner=sequential,flexgen,flexgen", "sweeps flexgen twice"),
+    ],
+)
+def test_a_value_swept_twice_is_refused(
+    cli_here: Any, tmp_path: Path, sweep: str, named: str
+) -> None:
+    """`-m planner=flexgen,flexgen` ran one run and reported the second as "already finished,
+    reused" though no earlier sweep had run it: both points are one run dir (keyed by the
+    config), and the sweep ended one run short of its points."""
+    r = cli_here("experiments.run", "-m", *TINY[:3], sweep, f"hydra.sweep.dir={tmp_path}")
+    one_line(r, named, "drop the repeat")
     assert not list(tmp_path.rglob("summary.json"))
