@@ -120,8 +120,10 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(summary, dict):
         what = f"a JSON {type(summary).__name__}, not an object"
         return None, f"summary.json unreadable ({what}); {rerun}"
-    for cfg_path in (run / "config.yaml", run / ".hydra" / "config.yaml"):
-        if cfg_path.exists():
+    # the run's resolved config (the run-dir contract, docs/commands.md); hydra's
+    # .hydra/config.yaml, its record before resolving, stood in for one deleted, unsaid
+    for cfg_path in (run / "config.yaml",):
+        if cfg_path.exists() or cfg_path.is_symlink():
             try:
                 text = read_small(cfg_path, fix=rerun).decode("utf-8")
                 check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
@@ -137,7 +139,10 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
                 return None, f"{cfg_path.relative_to(run)} is empty or not a mapping of config keys"
             break
     else:
-        return None, "no config.yaml"
+        return None, (
+            "no config.yaml (the run's resolved config; hydra's .hydra/config.yaml, from "
+            "before resolving, is not read in its place); run it again, which writes one"
+        )
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
     lacking = summary_lacks(summary)

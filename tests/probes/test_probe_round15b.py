@@ -5,12 +5,13 @@ replication block's param named as the planner reads it, not as the user wrote i
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import TINY, one_line, tiny_run
 
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
 
@@ -84,3 +85,28 @@ def test_a_value_swept_twice_is_refused(
     r = cli_here("experiments.run", "-m", *TINY[:3], sweep, f"hydra.sweep.dir={tmp_path}")
     one_line(r, named, "drop the repeat")
     assert not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of two finished tiny runs, `a` and `b` (its tests edit copies)."""
+    top = tmp_path_factory.mktemp("two_runs")
+    tiny_run(top / "a")
+    shutil.copytree(top / "a", top / "b", symlinks=True)
+    return top
+
+
+@pytest.mark.parametrize("module", ["experiments.collect", "experiments.report"])
+def test_a_run_whose_config_yaml_was_deleted_is_skipped_naming_it(
+    cli_here: Any, two_runs: Path, tmp_path: Path, module: str
+) -> None:
+    """collect and report read a run whose config.yaml was deleted from hydra's
+    .hydra/config.yaml (its record before resolving) without a word: a run dir's config is its
+    resolved config.yaml (docs/commands.md)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(two_runs, runs, symlinks=True)
+    (runs / "a" / "config.yaml").unlink()
+    r = cli_here(module, f"dir={runs}", f"out={tmp_path / 'out'}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    (line,) = [s for s in r.stderr.splitlines() if s.startswith("skipped")]
+    assert line.startswith(f"skipped {runs / 'a'}: no config.yaml") and "run it again" in line
