@@ -120,29 +120,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(summary, dict):
         what = f"a JSON {type(summary).__name__}, not an object"
         return None, f"summary.json unreadable ({what}); {rerun}"
-    # the run's resolved config (the run-dir contract, docs/commands.md); hydra's
-    # .hydra/config.yaml, its record before resolving, stood in for one deleted, unsaid
-    for cfg_path in (run / "config.yaml",):
-        if cfg_path.exists() or cfg_path.is_symlink():
-            try:
-                text = read_small(cfg_path, fix=rerun).decode("utf-8")
-                check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
-                config = yaml.safe_load(text)
-            except MoepipeError as e:
-                why = str(e).removeprefix(f"{cfg_path}: ")
-                return None, f"{cfg_path.relative_to(run)} unreadable ({why})"
-            except yaml.YAMLError:
-                return None, f"{cfg_path.relative_to(run)} unreadable"
-            except (OSError, UnicodeDecodeError) as e:
-                return None, f"{cfg_path.relative_to(run)} unreadable ({_why(e)})"
-            if not isinstance(config, dict) or not config:  # a run writes a mapping of its keys
-                return None, f"{cfg_path.relative_to(run)} is empty or not a mapping of config keys"
-            break
-    else:
-        return None, (
-            "no config.yaml (the run's resolved config; hydra's .hydra/config.yaml, from "
-            "before resolving, is not read in its place); run it again, which writes one"
-        )
+    config, why = _run_config(run, rerun)
+    if config is None:
+        return None, why
     if "status" not in summary and "throughput_tok_s" not in summary:
         return None, "summary.json has no metrics"
     lacking = summary_lacks(summary)
@@ -174,6 +154,31 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     row[SYSTEM] = system_of(run, {**row, "planner_label": label})
     row["has_trace"] = (run / "trace.parquet").is_file()  # a folder in its place is none
     return {column_name(k): v for k, v in row.items()}, None
+
+
+def _run_config(run: Path, rerun: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the run's resolved config.yaml, None), or (None, why it is no run's config). Hydra's
+    .hydra/config.yaml, its record from before resolving, stood in for one deleted, unsaid:
+    a run dir's config is its config.yaml (the run-dir contract, docs/commands.md)."""
+    cfg_path = run / "config.yaml"
+    if not (cfg_path.exists() or cfg_path.is_symlink()):
+        return None, (
+            "no config.yaml (the run's resolved config; hydra's .hydra/config.yaml, from "
+            "before resolving, is not read in its place); run it again, which writes one"
+        )
+    try:
+        text = read_small(cfg_path, fix=rerun).decode("utf-8")
+        check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
+        config = yaml.safe_load(text)
+    except MoepipeError as e:
+        return None, f"config.yaml unreadable ({str(e).removeprefix(f'{cfg_path}: ')})"
+    except yaml.YAMLError:
+        return None, "config.yaml unreadable"
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"config.yaml unreadable ({_why(e)})"
+    if not isinstance(config, dict) or not config:  # a run writes a mapping of its keys
+        return None, "config.yaml is empty or not a mapping of config keys"
+    return config, None
 
 
 def column_name(key: str) -> str:
