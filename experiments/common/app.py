@@ -444,7 +444,7 @@ def _checked_args(
     for o in overrides:
         check_bool(o)
         check_scalar_parent(o)
-    if {"-m", "--multirun"} & set(flags):
+    if {"-m", "--multirun"} & set(flags) and not {"--help", "-h"} & set(flags):  # help: one run
         check_sweep(conf_dir, config_name, with_search_path(overrides, config_dirs))
     return flags, overrides
 

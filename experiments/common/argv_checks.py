@@ -159,16 +159,16 @@ def unread_beside(opts: Any, keys: Sequence[str], flag: str, why: str) -> None:
             raise MoepipeError(f"{key}={shown}: {flag} {why}; drop {key}= or {flag}")
 
 
-def value_swept_twice(o: Any) -> str | None:
-    """The line for a sweep override that lists one value twice (`planner=flexgen,flexgen`,
-    `choice(2,2)`), else None: both points would be one run dir (the run dir is keyed by the
-    config), the second reported as reused, the sweep one run short of its points."""
-    seen: set[str] = set()
-    for value in o.sweep_string_iterator():
-        if value in seen:
-            return (
-                f"{o.input_line}: sweeps {value} twice; a sweep runs each point once, into the "
-                "run dir of its config: drop the repeat"
-            )
-        seen.add(value)
-    return None
+def refuse_values_twice(swept: Sequence[Any]) -> None:
+    """A MoepipeError for a sweep override that lists one value twice (`planner=flexgen,flexgen`,
+    `choice(2,2)`): both points would be one run dir (the run dir is keyed by the config), the
+    second reported as reused, the sweep one run short of its points."""
+    for o in swept:
+        seen: set[str] = set()
+        for value in o.sweep_string_iterator():
+            if value in seen:
+                raise MoepipeError(
+                    f"{o.input_line}: sweeps {value} twice; a sweep runs each point once, into "
+                    "the run dir of its config: drop the repeat"
+                )
+            seen.add(value)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
 from experiments.common import hydra_errors
-from experiments.common.argv_checks import value_swept_twice
+from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
 
@@ -46,6 +46,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         if not swept:
             return
         check_sweep_values(swept)
+        refuse_values_twice(swept)  # a sweep's only: one run's `a,a` says to add -m
         check_sweep_size(swept)
         base = _first_point(parsed, given)
         first = dict(zip([o.input_line for o in parsed], base, strict=True))
@@ -81,8 +82,6 @@ def check_sweep_values(swept: Sequence[Any]) -> None:
                 f"{o.input_line}: sweeps no value (a glob that matches no name, or a range "
                 "whose start is not before its stop in the step's direction); pass one or more"
             )
-        if (twice := value_swept_twice(o)) is not None:
-            raise MoepipeError(twice)
 
 
 def _is_glob(o: Any) -> bool:

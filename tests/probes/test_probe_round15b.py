@@ -73,7 +73,7 @@ def test_a_sweep_checks_every_runs_folder_before_its_first_run(
     [
         ("planner=flexgen,flexgen", "planner=flexgen,flexgen: sweeps flexgen twice"),
         ("workload.batch_size=choice(2,2)", "sweeps 2 twice"),
-        ("hydra.sweeper.params.planner=sequential,flexgen,flexgen", "sweeps flexgen twice"),
+        ("workload.batch_size=1,2,1", "workload.batch_size=1,2,1: sweeps 1 twice"),
     ],
 )
 def test_a_value_swept_twice_is_refused(
