@@ -249,6 +249,12 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
         files.update(initial_load=initial, table=data["train_trans"])
         files.update(prior_scenarios=data["train_groups"], task_load=data["task_load"])
     else:
+        if str(rep.get("split", "test")) != "test":  # a split of the ESFT sequences
+            raise ConfigError(
+                f"replication.split={rep['split']}: a split of the held-out ESFT sequences, but "
+                f"this case's routing is {rep['routing']}, which has none; drop it, or run an "
+                "ESFT case (experiment=replication_esft_g8)"
+            )
         rc = wl.routing
         fit = olmoe_fit(rc.trace_dir, spec.model.n_experts, rc.layer_corr, rc.reuse)
         wl = replace(wl, routing=fit)
@@ -305,6 +311,11 @@ def named_as_written(cfg: DictConfig, planner: str) -> Iterator[None]:
         rep = block(cfg)
         keys = written_as(rep, planner) if rep else {}
         said = re.sub(r"planner\.params\.(\w+)", lambda m: keys.get(m[1], m[0]), str(e))
+        said = re.sub(  # make_params' list of names it does not take
+            r"(unknown param\(s\) )([\w, ]+)",
+            lambda m: m[1] + ", ".join(keys.get(n, n) for n in m[2].split(", ")),
+            said,
+        )
         if said == str(e):
             raise
         raise type(e)(said) from e
