@@ -57,6 +57,7 @@ from experiments.common.overrides import (
     field_type,
 )
 from experiments.common.plugin_keys import check_plugin_keys
+from experiments.common.pool import sweep_pool_closed
 from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
@@ -395,6 +396,7 @@ def _hydra_main(
         with (
             _as_hydras_argv([argv0, *flags, *hydra_args, *overrides]),
             validate_each_value_once() if sweep else contextlib.nullcontext(),
+            sweep_pool_closed() if sweep else contextlib.nullcontext(),
             mode_unset([*flags, *overrides], (conf_dir, Path(tmp))),
             package_checked(),
             groups_on_demand(),

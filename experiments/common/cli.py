@@ -568,9 +568,8 @@ def _stop_pool_tracker() -> None:
     # the tracker ends only once every process holding its pipe is gone: a pool joblib keeps
     # for reuse (an in-process sweep's, in a test or a notebook) would keep it, and stop() wait
     # for that pool's idle timeout (300 s), so the pool goes first
-    pool = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(pool, "_executor", None)
-    if executor is not None:
-        executor.shutdown(wait=True, kill_workers=True)
+    from experiments.common.pool import close_sweep_pool
+
+    close_sweep_pool(kill_workers=True)
     finalizers(0)  # exit's first step, run early
     stop()

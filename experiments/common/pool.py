@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -91,3 +92,33 @@ def checked_workers(n: int, key: str) -> None:
             f"{key}={n}: over 4 worker processes per core of this machine's {cores}; "
             f"pass {key}={cores}"
         )
+
+
+def close_sweep_pool(kill_workers: bool = False) -> None:
+    """Close the worker pool joblib keeps for reuse after a sweep (loky's reusable executor,
+    in this process) with its memmapping folders, while the resource tracker that registered
+    them still runs. Left open, its folders were unregistered only at exit, and where that
+    tracker had been stopped meanwhile (an interrupt, `cli._stop_pool_tracker`) the one loky
+    started in its place printed a KeyError traceback per folder after the command's last
+    line, in any process that ran a sweep in-process (a test, a notebook)."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(module, "_executor", None)
+    if executor is None:
+        return
+    terminate = getattr(executor, "terminate", None)  # joblib's MemmappingExecutor's
+    if terminate is not None:
+        terminate(kill_workers=kill_workers)
+    else:
+        executor.shutdown(wait=True, kill_workers=kill_workers)
+
+
+@contextlib.contextmanager
+def sweep_pool_closed() -> Iterator[None]:
+    """A sweep in this block leaves no worker pool behind (`close_sweep_pool`): its workers
+    finish their jobs, or on an error or interrupt are killed."""
+    try:
+        yield
+    except BaseException:
+        close_sweep_pool(kill_workers=True)
+        raise
+    close_sweep_pool()

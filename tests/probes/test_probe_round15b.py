@@ -114,3 +114,36 @@ def test_a_run_whose_config_yaml_was_deleted_is_skipped_naming_it(
     assert r.returncode == 0 and "Traceback" not in r.stderr
     (line,) = [s for s in r.stderr.splitlines() if s.startswith("skipped")]
     assert line.startswith(f"skipped {runs / 'a'}: no config.yaml") and "run it again" in line
+
+
+def test_a_pool_closed_after_a_sweep_leaves_no_folder_for_exit() -> None:
+    """What a sweep runs in (`sweep_pool_closed`, around hydra's launcher) closes joblib's
+    reusable pool and its memmapping folder (an array over joblib's 1 MB memmaps one) while
+    the tracker that registered them runs, not at exit."""
+    import joblib.externals.loky.reusable_executor as reusable
+    import numpy as np
+    from joblib import Parallel, delayed
+
+    from experiments.common.pool import sweep_pool_closed
+
+    with sweep_pool_closed():
+        Parallel(n_jobs=2)(delayed(np.sum)(np.ones(200_000)) for _ in range(2))
+        assert reusable._executor._temp_folder_manager._finalizers  # a folder for exit
+    assert reusable._executor._flags.shutdown
+    assert not reusable._executor._temp_folder_manager._finalizers
+
+
+@pytest.mark.slow  # a joblib pool of fresh workers
+def test_a_sweep_in_process_leaves_no_worker_pool_behind(cli_here: Any, tmp_path: Path) -> None:
+    """A sweep run in-process (a test, a notebook) left joblib's reusable loky pool alive with
+    its memmapping folders registered until exit: once the resource tracker had been stopped
+    meanwhile (an interrupted command's), the one loky started in its place printed a KeyError
+    traceback per folder at the end of the whole pytest run."""
+    import joblib.externals.loky.reusable_executor as reusable
+
+    args = [*TINY[:3], "planner=flexgen,sequential", f"hydra.sweep.dir={tmp_path}"]
+    r = cli_here("experiments.run", "-m", *args, "hydra.launcher.n_jobs=2")
+    assert r.returncode == 0, r.stderr
+    executor = reusable._executor
+    assert executor is not None and executor._flags.shutdown  # this sweep's, closed
+    assert not executor._temp_folder_manager._finalizers  # no folder left for exit
