@@ -198,6 +198,18 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
 RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "code_version.txt")
 
 
+def not_a_run_folder(path: str | Path, key: str) -> None:
+    """A MoepipeError where `path`, the folder a command writes its outputs into (argument
+    `key`), is a run's: it holds a run's summary.json or files.sha256, whose files the outputs
+    would mix with (a report's page and plots, a checkpoint's weights beside a run's trace)."""
+    held = next((f for f in RUN_FILES[:2] if (Path(path) / f).is_file()), None)
+    if held is not None:
+        raise MoepipeError(
+            f"{key}={path}: a run's folder (its {held}), whose files this command's outputs "
+            "would mix with; pass out= another folder"
+        )
+
+
 def output_file(path: str | Path, key: str, suffix: str = "", starts: bytes = b"") -> Path:
     """`path`, a file a command will write under argument `key`, once its folder exists and can
     be written (created if missing): checked before long work, so that a bad path does not lose

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
+from core.args import not_a_run_folder
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
@@ -47,6 +48,7 @@ def _main(opts: Options) -> int:
     made = next((p for p in (out, *out.parents) if p.parent.exists()), out)
     fresh = not made.exists()
     try:
+        not_a_run_folder(out, "out" if opts.out else "dir")  # results.* beside a run's files
         pq, csv = write_results(df, out)
     except BaseException as err:
         if fresh:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from core.args import as_float, as_int, output_dir
+from core.args import as_float, as_int, not_a_run_folder, output_dir
 from core.errors import MoepipeError, did_you_mean
 from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
@@ -170,11 +170,7 @@ def _write(opts: Any) -> int:
             f"out={opts.out}: holds a checkpoint without make_checkpoint's mark ({theirs}), "
             "whose files this would replace; pass out= another folder, or delete them first"
         )
-    if (Path(opts.out) / "summary.json").is_file():  # as a run refuses the checkpoint's folder
-        raise MoepipeError(
-            f"out={opts.out}: a run's folder (its summary.json), whose files a checkpoint's "
-            "would mix with; pass out= another folder"
-        )
+    not_a_run_folder(opts.out, "out")  # as a run refuses the checkpoint's folder
     out = output_dir(opts.out, "out")  # before the weights are made
     try:
         out = write_checkpoint(

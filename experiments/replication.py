@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.args import output_dir
+from core.args import not_a_run_folder, output_dir
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
@@ -164,6 +164,7 @@ def run(opts: Options) -> list[str]:
     refuse_their_results(sweep, "dir")
     ep_plots.refuse_others(out)
     rows = load_rows(sweep, opts)
+    not_a_run_folder(out, "out" if opts.out else "dir")
     output_dir(out, "out" if opts.out else "dir")  # a folder it cannot write, named as others do
     lines, judged = report_lines(rows, opts)
     # into a folder of its own, moved in once whole (as experiments.report's): a full disk left

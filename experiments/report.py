@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
-from core.args import output_dir
+from core.args import not_a_run_folder, output_dir
 from core.errors import MoepipeError
 from core.files import no_file_there
 from experiments.common.app import command
@@ -55,6 +55,7 @@ def _main(opts: Options) -> int:
     out = Path(opts.out or sweep_dir / "report")
     fresh = not out.exists()
     try:  # one line for a folder that cannot be made, the default <sweep>/report too
+        not_a_run_folder(out, "out")
         output_dir(str(out), "out")
         page = write_report(
             sweep_dir,

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from core.args import check_run_folders, written_whole
+from core.args import check_run_folders, not_a_run_folder, written_whole
 from core.errors import MoepipeError
 from core.files import no_file_there, not_regular
 from core.hardware import HardwareSpec
@@ -549,6 +549,7 @@ def _main(args: Options) -> int:
         checked_names("only", only, list(makers))
         checked_workers(args.jobs, "jobs")
         # made and checked before the simulations, whose results would be lost after
+        not_a_run_folder(args.out, "out")
         top = topmost_missing(Path(args.out))
         out = output_dir(args.out, "out")
         csv_of_ours(out / "results.csv", "table", "reproduce_klotski")  # checked before the runs

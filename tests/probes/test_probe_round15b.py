@@ -147,3 +147,26 @@ def test_a_sweep_in_process_leaves_no_worker_pool_behind(cli_here: Any, tmp_path
     executor = reusable._executor
     assert executor is not None and executor._flags.shutdown  # this sweep's, closed
     assert not executor._temp_folder_manager._finalizers  # no folder left for exit
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "key"),
+    [
+        ("experiments.report", ["dir={runs}", "out={runs}/a"], "out="),
+        ("experiments.collect", ["dir={runs}", "out={runs}/a"], "out="),
+        ("experiments.collect", ["dir={runs}/a"], "dir="),
+        ("experiments.reproduce_klotski", ["out={runs}/a", "quick=true"], "out="),
+    ],
+)
+def test_an_output_folder_that_is_a_run_is_refused(
+    cli_here: Any, two_runs: Path, tmp_path: Path, module: str, args: list[str], key: str
+) -> None:
+    """report's page, plots and results.*, and collect's results.* (its default out= being
+    dir=, one run's folder) went in among a run's summary.json and trace, exit 0, where
+    make_checkpoint's weights were refused there."""
+    runs = tmp_path / "runs"
+    shutil.copytree(two_runs, runs, symlinks=True)
+    before = sorted(p.name for p in (runs / "a").iterdir())
+    r = cli_here(module, *(a.format(runs=runs) for a in args))
+    one_line(r, f"{key}{runs / 'a'}: a run's folder (its summary.json)")
+    assert sorted(p.name for p in (runs / "a").iterdir()) == before
