@@ -29,6 +29,7 @@ from core.errors import MoepipeError
 from core.files import not_regular, read_small
 from core.yaml_size import check_yaml_size
 from experiments.common import hydra_errors
+from experiments.common.argv_checks import refuse_group_as_config, refuse_hydras_own
 from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
     before_line,
@@ -439,8 +440,10 @@ def _checked_args(
     if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
         overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     check_hydra_overrides(overrides, conf_dir, file_groups)
+    refuse_hydras_own(overrides)
     config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
     check_conf_dirs([*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))], overrides)
+    refuse_group_as_config(flags, [conf_dir, *config_dirs])
     check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]
     for o in overrides:

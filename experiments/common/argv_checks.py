@@ -172,3 +172,38 @@ def refuse_values_twice(swept: Sequence[Any]) -> None:
                     "the run dir of its config: drop the repeat"
                 )
             seen.add(value)
+
+
+# keys hydra sets as a run starts, over any override: one given was replaced without a word
+HYDRAS_OWN = ("hydra.runtime", "hydra.job.override_dirname")
+
+
+def refuse_hydras_own(overrides: Sequence[str]) -> None:
+    """A MoepipeError for an override of a key hydra computes itself (`hydra.runtime.cwd=`,
+    `hydra.runtime.output_dir=`, `hydra.job.override_dirname=`): the run went on with hydra's
+    value, its record showing hydra's too."""
+    for o in overrides:
+        key = o.partition("=")[0].lstrip("+~")
+        if any(key == own or key.startswith(f"{own}.") for own in HYDRAS_OWN):
+            tip = ", pass hydra.run.dir= or hydra.sweep.dir=" if key.endswith("output_dir") else ""
+            raise MoepipeError(
+                f"{o}: hydra sets {key} itself as the run starts, over any override; leave it "
+                f"out{' (to choose where a run writes' + tip + ')' if tip else ''}"
+            )
+
+
+def refuse_group_as_config(flags: Sequence[str], conf_dirs: Sequence[Path]) -> None:
+    """A MoepipeError for `--config-name GROUP/NAME` (`-cn`), a config group's file where a
+    whole config goes: hydra composed it alone, and failed on the first key the command reads
+    that it lacks ("Key 'executor' is not in struct"), naming no file."""
+    for i, arg in enumerate(flags):
+        flag, eq, inline = arg.partition("=")
+        if flag not in ("--config-name", "-cn"):
+            continue
+        name = inline if eq else (flags[i + 1] if i + 1 < len(flags) else "")
+        group = name.strip("/").split("/")[0]
+        if "/" in name.strip("/") and any((d / group).is_dir() for d in conf_dirs):
+            raise MoepipeError(
+                f"--config-name {name}: a file of config group {group}, not a whole config; "
+                f"pass {group}={name.strip('/').split('/', 1)[1].removesuffix('.yaml')} instead"
+            )

@@ -234,6 +234,14 @@ def _defaults_list_line(text: str) -> str | None:
             f"~{gone.group(1)}: nothing to delete (no such key, or its value is null); leave "
             f"it out, or pass {gone.group(1)}=VALUE"
         )
+    other = re.search(
+        r"Could not delete from config\. The value of '([^']+)' is (.*) and not (.*)\.$", text
+    )
+    if other:  # `~key=3` where key is 2: hydra's line named no fix
+        key, now, given = other.groups()
+        return (
+            f"~{key}={given}: {key} is {now}, not {given}; pass ~{key} to delete it whatever it is"
+        )
     again = re.search(r"^([\w/]+) appears more than once in the final defaults list", text)
     if again:  # `+model=tiny`: a second choice of a group the defaults list has
         group = again.group(1)

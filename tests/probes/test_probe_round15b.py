@@ -170,3 +170,27 @@ def test_an_output_folder_that_is_a_run_is_refused(
     r = cli_here(module, *(a.format(runs=runs) for a in args))
     one_line(r, f"{key}{runs / 'a'}: a run's folder (its summary.json)")
     assert sorted(p.name for p in (runs / "a").iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["hydra.runtime.cwd=/tmp"], ["hydra.runtime.cwd=/tmp: hydra sets", "leave it out"]),
+        (["hydra.runtime.output_dir=OUT"], ["hydra.runtime.output_dir", "hydra.run.dir="]),
+        (["hydra.job.override_dirname=x"], ["hydra.job.override_dirname=x: hydra sets"]),
+        (["~workload.batch_size=3"], ["~workload.batch_size=3: workload.batch_size is 2, not 3"]),
+        (["--config-name", "model/tiny"], ["--config-name model/tiny: a file of config group"]),
+        (["-cn", "hardware/tiny.yaml"], ["a file of config group hardware", "hardware=tiny"]),
+    ],
+)
+def test_a_hydra_feature_misused_is_one_line(
+    cli_here: Any, tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    """`hydra.runtime.cwd=/tmp` (and the other keys hydra computes as a run starts) ran with
+    hydra's value over the user's, exit 0; `~key=3` where key is 2 was hydra's line with no
+    fix; `--config-name model/tiny` failed on "Key 'executor' is not in struct"."""
+    run = tmp_path / "r"
+    given = [a.replace("OUT", str(tmp_path / "o")) for a in args]
+    r = cli_here("experiments.run", *TINY, *given, f"hydra.run.dir={run}")
+    one_line(r, *names)
+    assert not run.exists() and not (tmp_path / "o").exists()
