@@ -18,6 +18,8 @@ from core.errors import MoepipeError
 
 # in a folder, what makes it a run dir: hydra's record, or the run's files
 RUN_MARKS = {".hydra", "config.yaml", "summary.json", "failed.txt", ".previous"}
+# in a sweep's folder, the sweep's own: hydra's record, the table and report at its end
+SWEEP_FILES = {"multirun.yaml", "results.csv", "results.parquet"}
 
 
 @contextlib.contextmanager
@@ -139,7 +141,10 @@ def might_block(sweep_dir: Path) -> bool:
         if RUN_MARKS & {*dirs, *files}:  # a run dir: what is in it is the run's
             dirs[:] = []
             continue
-        if set(files) - {"multirun.yaml"} or any(Path(root, d).is_symlink() for d in dirs):
+        if root == str(sweep_dir):  # the sweep's own outputs: its end's report and table
+            dirs[:] = [d for d in dirs if d != "report"]
+            files = [f for f in files if f not in SWEEP_FILES]
+        if files or any(Path(root, d).is_symlink() for d in dirs):
             return True
     return False
 

@@ -194,3 +194,20 @@ def test_a_hydra_feature_misused_is_one_line(
     r = cli_here("experiments.run", *TINY, *given, f"hydra.run.dir={run}")
     one_line(r, *names)
     assert not run.exists() and not (tmp_path / "o").exists()
+
+
+def test_a_resumed_sweeps_own_files_do_not_make_it_compose_every_point(tmp_path: Path) -> None:
+    """The up-front check of a sweep's run folders composes every point only where something
+    could be in the way: not for a sweep dir holding hydra's record, finished runs and the
+    sweep's own table and report (Fig. 10's 160 points, resumed, would compose each)."""
+    from experiments.common.hydra_hooks import might_block
+
+    for name in ("multirun.yaml", "results.csv", "results.parquet", "report/index.html"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    run = tmp_path / "tiny_tiny_flexgen_bs2_n2_g3" / "workload=tiny"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    assert not might_block(tmp_path)
+    (tmp_path / "tiny_tiny_flexgen_bs2_n2_g3" / "stray").write_text("x")
+    assert might_block(tmp_path)
