@@ -262,7 +262,8 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
         files.update(initial_load=load, table=trans)
     routing.check_fits(spec.model, wl)
     params = dict(spec.params)
-    own = {**(rep.get("planners") or {}).get(spec.planner, {}), **(rep.get("params") or {})}
+    # a planner's entry or the row's params null: none of its own (`eplb: null`, as `{}`)
+    own = {**((rep.get("planners") or {}).get(spec.planner) or {}), **(rep.get("params") or {})}
     if "replica_slots" in own:  # the planners compare at one budget
         raise ConfigError(
             f"replication: {rep.get('label') or spec.planner} sets replica_slots="

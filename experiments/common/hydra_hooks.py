@@ -120,8 +120,16 @@ def validate_each_value_once() -> Iterator[None]:
                 seen.update(point)
         every_point(self, firsts)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        # every value is in a first point: one that puts a run outside the sweep is among them
+        for point, folder in run_folders(self, firsts, launched[0]):
+            if not folder.resolve().is_relative_to(sweep_dir.resolve()):
+                raise MoepipeError(
+                    f"{' '.join(point)}: its run folder {folder} is outside the sweep folder "
+                    "(a value of it names hydra.sweep.subdir's folder with '..' or a leading "
+                    "'/'), where the sweep would not find its result; pass a plain name"
+                )
         if might_block(sweep_dir):
-            check_run_folders(run_folders(self, batch, launched[0]))
+            check_run_folders([f for _, f in run_folders(self, batch, launched[0])])
         launched[0] += len(batch)
 
     Sweeper.validate_batch_is_legal = each_value  # type: ignore[method-assign]
@@ -149,8 +157,10 @@ def might_block(sweep_dir: Path) -> bool:
     return False
 
 
-def run_folders(sweeper: Any, batch: Sequence[Sequence[str]], first: int) -> list[Path]:
-    """The run dir of each of `batch`'s points (jobs `first`, `first` + 1, ...), as the launcher
+def run_folders(
+    sweeper: Any, batch: Sequence[Sequence[str]], first: int
+) -> list[tuple[Sequence[str], Path]]:
+    """Each of `batch`'s points with its run dir (jobs `first`, `first` + 1, ...), as the launcher
     composes it: hydra.sweep.dir / hydra.sweep.subdir, with the job's number and choices. A
     point whose dir does not resolve is left out: its job fails on it with its own line."""
     from hydra.core.hydra_config import HydraConfig
@@ -167,7 +177,8 @@ def run_folders(sweeper: Any, batch: Sequence[Sequence[str]], first: int) -> lis
                 with open_dict(cfg):
                     cfg.hydra.job.id, cfg.hydra.job.num = f"{cfg.hydra.job.name}_{idx}", idx
                 HydraConfig.instance().set_config(cfg)
-                folders.append(sweep_dir / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+                subdir = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+                folders.append((point, sweep_dir / subdir))
             except Exception:  # noqa: BLE001, S112 (the job fails on it with its own line)
                 continue
     finally:

@@ -211,3 +211,24 @@ def test_a_resumed_sweeps_own_files_do_not_make_it_compose_every_point(tmp_path:
     assert not might_block(tmp_path)
     (tmp_path / "tiny_tiny_flexgen_bs2_n2_g3" / "stray").write_text("x")
     assert might_block(tmp_path)
+
+
+def test_a_replication_planners_entry_of_null_runs_as_none(cli_here: Any, tmp_path: Path) -> None:
+    """`replication.planners.eplb=null` (no params of its own) failed its point with an
+    internal error (TypeError: 'NoneType' object is not a mapping) in failed.txt."""
+    args = [*REPLICATION, "replication_row=eplb", "replication.planners.eplb=null"]
+    r = cli_here("experiments.run", *args, f"hydra.sweep.dir={tmp_path}", "hydra.launcher.n_jobs=1")
+    assert r.returncode == 0 and "1 run(s) finished" in r.stderr, r.stderr
+    assert not list(tmp_path.rglob("failed.txt"))
+
+
+def test_a_point_whose_run_folder_leaves_the_sweep_is_refused(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    """`replication.case=..` (a value hydra.sweep.subdir names) ran its point into a folder
+    beside the sweep's: the sweep said "0 run(s) finished", exit 0, its result elsewhere."""
+    args = [*REPLICATION, "replication_row=eplb", "replication.case=.."]
+    r = cli_here("experiments.run", *args, f"hydra.sweep.dir={tmp_path / 's'}")
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and line.startswith("error: ") and "replication.case=.." in line
+    assert "outside the sweep folder" in line and not list(tmp_path.iterdir())
