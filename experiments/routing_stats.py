@@ -45,6 +45,13 @@ def esft_comparison(trace_dir: str, seed: int) -> dict[str, Any]:
     real = routing_stats(
         trace.expert_ids, trace.gate_weights, N_EXPERTS, trace.seq_key, trace.seq_id % 5 == 0
     )
+    if "top1_acc" not in real:  # its successor predictors need tokens of both splits
+        raise MoepipeError(
+            f"trace_dir={trace_dir}: the ESFT trace has {real['tokens']} token(s), "
+            f"{real['train_tokens']} to train on and {real['test_tokens']} held out "
+            "(seq_id % 5 == 0): too few to fit the generator's layer_corr, which then kept its "
+            "start value; rebuild it from the whole dump (python -m experiments.convert_traces)"
+        )
     fit = fit_synthetic(real, (N_LAYERS, N_EXPERTS, TOP_K), seed=seed)
     ids, w = generate(fit.routing, 60, 543, N_LAYERS, N_EXPERTS, TOP_K, seed)  # ~ trace-sized
     synth = stats_of(ids, w, N_EXPERTS)

@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from tests.conftest import NEEDS_TRACES, SHARED_TRACES
 from tests.probes.conftest import TINY, one_line, tiny_run
 
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
@@ -232,3 +234,17 @@ def test_a_point_whose_run_folder_leaves_the_sweep_is_refused(
     line = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and line.startswith("error: ") and "replication.case=.." in line
     assert "outside the sweep folder" in line and not list(tmp_path.iterdir())
+
+
+@NEEDS_TRACES
+def test_routing_stats_refuses_a_trace_too_small_to_fit(tmp_path: Path, cli_here: Any) -> None:
+    """A converted trace of 12 held-out tokens (none to train on) was fitted without a word:
+    the generator's layer_corr kept its start value, written to routing_stats.json as fitted."""
+    from tests.probes.test_probe_traces import _esft
+
+    shutil.copytree(SHARED_TRACES / "olmoe-aggregates", tmp_path / "olmoe-aggregates")
+    _esft(tmp_path, seq_id=np.full(12, 5, np.int32), pos=np.arange(12, dtype=np.int32))
+    out = tmp_path / "stats.json"
+    r = cli_here("experiments.routing_stats", f"trace_dir={tmp_path}", f"out={out}")
+    one_line(r, f"trace_dir={tmp_path}", "0 to train on and 12 held out", "convert_traces")
+    assert not out.exists()
