@@ -494,7 +494,8 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         # exits 2 at its end (SweepProgress) naming the failed runs. An unexpected error is
         # recorded too, with the file holding its traceback.
         line = any_error_line(e)
-        print(f"error: run {out_dir}: {line}", file=sys.stderr)
+        said = line.removeprefix(f"{out_dir}: ")  # an OSError's line names the dir already
+        print(f"error: run {out_dir}: {said}", file=sys.stderr)
         (out_dir / FAILED).write_text(f"{line}\n")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import NEEDS_TRACES, SHARED_TRACES
-from tests.probes.conftest import TINY, one_line, tiny_run
+from tests.probes.conftest import TINY, cli, one_line, tiny_run
 
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
 
@@ -248,3 +248,22 @@ def test_routing_stats_refuses_a_trace_too_small_to_fit(tmp_path: Path, cli_here
     r = cli_here("experiments.routing_stats", f"trace_dir={tmp_path}", f"out={out}")
     one_line(r, f"trace_dir={tmp_path}", "0 to train on and 12 held out", "convert_traces")
     assert not out.exists()
+
+
+def test_a_sweep_points_write_error_names_its_folder_once(tmp_path: Path) -> None:
+    """A point that could not write its files (a file-size limit, a full disk) said
+    `error: run DIR: DIR: cannot write ...`, its folder twice in the one line."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    args = [*TINY[:3], "planner=flexgen", "workload.batch_size=1,2", f"hydra.sweep.dir={tmp_path}"]
+    r = cli("experiments.run", "-m", *args, "hydra.launcher.n_jobs=1", preexec_fn=limited)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    points = [s for s in r.stderr.split("\n") if "error: run " in s]
+    assert len(points) == 2, r.stderr
+    for line in points:
+        run = line.split("error: run ", 1)[1].split(": ", 1)[0]
+        assert line.count(run) == 1 and "cannot write the run's files" in line, line
+    assert not list(tmp_path.rglob("summary.json"))
