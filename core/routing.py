@@ -53,6 +53,12 @@ class Routing:
             object.__setattr__(self, "weights", w)  # frozen: made once, kept
         return w
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a distributed run's ranks, a sweep's workers) with its weights made: the
+        function that makes them is local to the generator and cannot be pickled."""
+        self.gate_weights  # noqa: B018 - makes and keeps them
+        return dict(self.__dict__)
+
     @property
     def n_sequences(self) -> int:
         return int(self.expert_ids.shape[0])

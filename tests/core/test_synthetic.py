@@ -157,6 +157,23 @@ def test_a_routings_weights_are_made_once_and_kept() -> None:
     assert not shared.gate_weights.flags.writeable and not shared.expert_ids.flags.writeable
 
 
+def test_a_routing_whose_weights_are_not_made_yet_pickles() -> None:
+    """A distributed run's ranks are sent the routing pickled; lazily drawn weights (a function
+    local to the generator) failed it ("Can't pickle local object 'draw.<locals>.weights'").
+    Pickled, the weights are made and travel as the array."""
+    import pickle
+
+    from tests.conftest import model_from_conf
+
+    m = model_from_conf("tiny")
+    r = synthetic_routing(m, Workload(batch_size=3, n_batches=2, prompt_len=7, gen_len=4, seed=5))
+    assert callable(r.weights)
+    back = pickle.loads(pickle.dumps(r))
+    assert isinstance(back.weights, np.ndarray)
+    np.testing.assert_array_equal(back.gate_weights, r.gate_weights)
+    np.testing.assert_array_equal(back.expert_ids, r.expert_ids)
+
+
 def test_synthetic_routing_fits_the_model() -> None:
     m = ModelSpec(
         name="mixtral-like",
