@@ -10,6 +10,7 @@ Usage:
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import torch
 
 from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, as_float, as_int
 from core.errors import MoepipeError
+from experiments.common import pipeline
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import exit_command  # noqa: E402
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
@@ -39,10 +41,21 @@ class Options:
 
 _DEFAULTS: dict[str, Any] = kv(Options())
 
-# What the bench may hold in host memory at once (the KV cache three times, or the buffers):
-# past it the machine swaps, and the figures measure the swap
-MAX_HOST_BYTES = 64e9
 MAX_UNITS = 4096
+
+
+def check_host_bytes(need: int, what: str, fix: str) -> None:
+    """A MoepipeError where the bench would hold more host memory at once than this machine has
+    available (past it the machine swaps, and the figures measure the swap): the cap follows the
+    machine, MemAvailable where /proc/meminfo has it, else its physical RAM."""
+    avail = pipeline._available_ram_bytes()
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > avail:
+        raise MoepipeError(
+            f"{what} would hold {need / 1e9:.3g} GB of host memory, and this machine has "
+            f"{avail / 1e9:.3g} GB available; {fix}"
+        )
 
 
 def timed(copy: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
@@ -86,12 +99,14 @@ def kv_lines(
         for k, low in (("batch", 1), ("kv_heads", 1), ("positions", 2), ("head_dim", 1))
     )
     cache = 2 * b * h * m * d  # bytes of the bf16 cache, held three times over below
-    if cache > MAX_HOST_BYTES:
-        raise MoepipeError(
-            f"batch={b} kv_heads={h} positions={m} head_dim={d}: a {cache / 1e9:.0f} GB cache; "
-            f"at most {MAX_HOST_BYTES / 1e9:.0f} GB (it is held three times in host memory)"
-        )
     dt, pin = torch.bfloat16, device.type == "cuda"
+    # its source, the two host layouts, and on a CPU the device's copy (float32 while drawn: as
+    # much as two more, before the layouts are made)
+    check_host_bytes(
+        cache * (3 if pin else 4),
+        f"batch={b} kv_heads={h} positions={m} head_dim={d}: a {cache / 1e9:.3g} GB cache",
+        "lower batch, kv_heads, positions or head_dim",
+    )
     g = torch.Generator().manual_seed(0)
     src = torch.randn(b, h, m, d, generator=g).to(dt)  # [B, H, M, D] the cache's contents
     strided = src.pin_memory() if pin else src.clone()  # the device's layout, pinned
@@ -164,11 +179,12 @@ def buffer_lines(
     )
     unit = round_up(int(unit_mb * 2**20), ALIGN)
     n = as_int("units", opts["units"], at_least=1, at_most=MAX_UNITS, why="each is a slab slot")
-    if n * unit > MAX_HOST_BYTES:
-        raise MoepipeError(
-            f"units={n} x unit_mb={opts['unit_mb']}: {n * unit / 1e9:.0f} GB of host buffers; "
-            f"at most {MAX_HOST_BYTES / 1e9:.0f} GB"
-        )
+    # the slots, and PyTorch's pinned copy of one unit
+    check_host_bytes(
+        (n + 1) * unit,
+        f"units={n} x unit_mb={opts['unit_mb']}: {n * unit / 1e9:.3g} GB of host buffers",
+        "lower either",
+    )
     before = slabs.reserved_bytes
     slots = [slabs.take(unit) for _ in range(n)]
     held = slabs.reserved_bytes - before

@@ -1,0 +1,42 @@
+"""Probe round 15a (issue 48): the real, distributed and checkpoint commands. bench.host's host
+memory cap follows the machine; make_checkpoint writes float16 checkpoints that load back as
+float16; ..."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import experiments.bench.host as bench
+from tests.probes.conftest import raises_one_line
+
+SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
+
+
+def _no_allocation(*args, **kw):
+    raise AssertionError("the bench allocated past the machine's memory")
+
+
+@pytest.mark.parametrize(
+    ("part", "opts", "names"),
+    [
+        ("kv", dict(batch=8, kv_heads=8, positions=65536, head_dim=128), ["batch=8", "positions"]),
+        ("buffers", dict(unit_mb="64", units=64), ["units=64", "unit_mb=64"]),
+    ],
+)
+def test_bench_host_caps_host_memory_at_what_the_machine_has(monkeypatch, part, opts, names):
+    """bench.host capped what it holds at 64 GB whatever the machine: a 2 GB machine was sent
+    into swap by a 1 GB KV cache (held three times) or 4 GB of buffers. The cap is this
+    machine's available RAM, and the line says so."""
+    monkeypatch.setattr("experiments.common.pipeline._available_ram_bytes", lambda: 2 * 10**9)
+    monkeypatch.setattr(torch, "randn", _no_allocation)
+    monkeypatch.setattr(bench.HostSlabs, "take", _no_allocation)
+    slabs = bench.HostSlabs(None)
+    fn = bench.kv_lines if part == "kv" else bench.buffer_lines
+    try:
+        line = raises_one_line(
+            lambda: fn({**SMALL_HOST, **opts}, torch.device("cpu"), slabs, 1), *names
+        )
+    finally:
+        slabs.close()
+    assert "this machine has 2 GB available" in line, line
