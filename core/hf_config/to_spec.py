@@ -72,7 +72,13 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         raise c.error(f"{key} {dtype!r} has no byte size here; supported: {', '.join(DTYPE_BYTES)}")
     fields = builders[family](c)
     try:
-        return ModelSpec(name=name, family=family, dtype_bytes=DTYPE_BYTES[dtype], **fields)
+        return ModelSpec(
+            name=name,
+            family=family,
+            dtype_bytes=DTYPE_BYTES[dtype],
+            float16=dtype == "float16",  # the 2 bytes of float16, not bfloat16's
+            **fields,
+        )
     except ConfigError as e:  # a rule the checks above missed: still named after the file
         made = [f"{k} is {v}" for k, v in DERIVED.items() if f": {k}=" in str(e)]
         raise c.error(f"{e}{''.join(f' ({m} in config.json)' for m in made[:1])}") from None

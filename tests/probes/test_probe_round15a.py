@@ -4,10 +4,14 @@ float16; ..."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import experiments.bench.host as bench
+from experiments import make_checkpoint
+from real.checkpoint import load_checkpoint, torch_dtype
 from tests.probes.conftest import raises_one_line
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
@@ -40,3 +44,19 @@ def test_bench_host_caps_host_memory_at_what_the_machine_has(monkeypatch, part, 
     finally:
         slabs.close()
     assert "this machine has 2 GB available" in line, line
+
+
+def test_make_checkpoint_float16_writes_float16_and_loads_back_as_float16(tmp_path, capsys):
+    """make_checkpoint float16=true was refused: config.json "could not carry it back", though
+    its torch_dtype "float16" does (transformers' own field). The checkpoint's weights are
+    float16 and a run on it computes in float16, as from_pretrained(dtype="auto") does."""
+    out = tmp_path / "f16"
+    assert make_checkpoint.main(["model=tiny", f"out={out}", "float16=true"]) == 0
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float16"
+    spec, index = load_checkpoint(out)
+    assert spec.float16 and torch_dtype(spec) == torch.float16
+    assert {e.dtype for e in index.values()} == {torch.float16}
+    # and where the model's bytes cannot be float16's, one line naming both
+    bad = tmp_path / "f32"
+    assert make_checkpoint.main(["model=mixtral-tiny", f"out={bad}", "float16=true"]) != 0
+    assert "float16" in capsys.readouterr().err and not bad.exists()
