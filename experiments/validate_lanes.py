@@ -124,7 +124,7 @@ def report(opts: dict[str, Any]) -> list[str]:
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane holds "
             f"one at least); pass lanes=2 to {model.n_experts}"
         )
-    device = resolve_device(str(opts["device"]), "device")
+    device = resolve_device(str(opts["device"]), "device", empty_ok=True)
     hw = device_hardware(str(opts["hardware"]), model.total_bytes, device)
     where = opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     not_the_checkpoint(where, "out", ckpt)

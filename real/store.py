@@ -53,11 +53,14 @@ __all__ = [
 Weights = Mapping[str, torch.Tensor]
 
 
-def resolve_device(device: str | None, key: str = "device") -> torch.device:
-    """The torch device of a `key=` argument (unset: cuda where there is one, else cpu); a
-    MoepipeError naming `key=` for one this machine cannot run on."""
-    if not device:
+def resolve_device(device: str | None, key: str = "device", empty_ok: bool = False) -> torch.device:
+    """The torch device of a `key=` argument (unset: cuda where there is one, else cpu; so is
+    '' where `empty_ok`, an option whose default it is); a MoepipeError naming `key=` for one
+    this machine cannot run on, or an empty one where null is the option's unset."""
+    if device is None or (empty_ok and not device):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not device:
+        raise MoepipeError(f"{key}='': no device; pass {key}=cpu or {key}=cuda, or leave it unset")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -78,6 +81,8 @@ def resolve_device(device: str | None, key: str = "device") -> torch.device:
             )
     elif dev.type != "cpu":
         raise MoepipeError(f"{key}={device}: moepipe runs on cpu or cuda; pass one of those")
+    elif dev.index:  # torch takes cpu:N and runs on the one CPU device whatever N is
+        raise MoepipeError(f"{key}={device}: torch has one CPU device; pass {key}=cpu")
     return dev
 
 

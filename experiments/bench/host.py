@@ -218,7 +218,7 @@ def buffer_lines(
 
 
 def report(opts: dict[str, Any]) -> list[str]:
-    device = resolve_device(str(opts["device"]), "device")
+    device = resolve_device(str(opts["device"]), "device", empty_ok=True)
     repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
     slabs = HostSlabs(device if device.type == "cuda" else None)
     try:

@@ -136,7 +136,7 @@ def report(opts: dict[str, Any]) -> list[str]:
             f"lanes={lanes}: more than the model's {model.n_experts} experts (each lane runs "
             f"one of them); pass lanes=2 to {model.n_experts}"
         )
-    device = resolve_device(str(opts["device"]), "device")
+    device = resolve_device(str(opts["device"]), "device", empty_ok=True)
     cuda = device.type == "cuda"
     gpu = hw.gpu
     sm_bw = gpu.sm_mem_bw_bytes_per_s / 1e9 or gpu.mem_bw_bytes_per_s / 1e9 / max(gpu.sms, 1)

@@ -337,7 +337,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
             "make one with python -m experiments.make_checkpoint model=mixtral-tiny out=ckpt/)"
         )
     ex: Any = cfg.executor
-    device = ex.get("device") or None
+    device = ex.get("device")  # '' is no device: refused, not run as unset
     if device is not None:
         device = str(resolve_device(str(device), "executor.device"))
     mode = ex.get("routing_mode", "replay")

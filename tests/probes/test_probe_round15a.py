@@ -12,7 +12,8 @@ import torch
 import experiments.bench.host as bench
 from experiments import make_checkpoint
 from real.checkpoint import load_checkpoint, torch_dtype
-from tests.probes.conftest import raises_one_line
+from real.store import resolve_device
+from tests.probes.conftest import one_line, raises_one_line, real_run
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
 
@@ -60,3 +61,25 @@ def test_make_checkpoint_float16_writes_float16_and_loads_back_as_float16(tmp_pa
     bad = tmp_path / "f32"
     assert make_checkpoint.main(["model=mixtral-tiny", f"out={bad}", "float16=true"]) != 0
     assert "float16" in capsys.readouterr().err and not bad.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "empty_ok", "names"),
+    [
+        ("", False, ["device='': no device", "leave it unset"]),
+        ("cpu:5", False, ["device=cpu:5", "one CPU device", "device=cpu"]),
+        ("cpu:1", True, ["device=cpu:1"]),
+    ],
+)
+def test_a_device_torch_would_take_for_another_is_refused(value, empty_ok, names):
+    """executor.device='' ran as unset (cuda where there is one), and cpu:5 ran on the one CPU
+    device torch has: each a device the user did not name, taken without a word. '' stays the
+    unset value of the options whose default it is (bench.host, bench.lanes, validate_lanes)."""
+    raises_one_line(lambda: resolve_device(value, "device", empty_ok=empty_ok), *names)
+    assert resolve_device("", "device", empty_ok=True).type in ("cpu", "cuda")
+
+
+def test_a_real_run_refuses_an_empty_executor_device(tiny_ckpt, tmp_path):
+    r = real_run(tiny_ckpt, tmp_path / "run", "executor.device=")
+    one_line(r, "executor.device='': no device")
+    assert not (tmp_path / "run" / "summary.json").exists()
