@@ -255,7 +255,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
     d = {k: v for k, v in vars(base).items()} | dict(overrides)
     given = set(overrides)
     if {"hidden_size", "n_heads"} & given and "head_dim" not in given:
-        d["head_dim"] = d["hidden_size"] // d["n_heads"]
+        _derive_head_dim(d, base.name)
     if "n_heads" in given and "n_kv_heads" not in given and base.n_kv_heads == base.n_heads:
         d["n_kv_heads"] = d["n_heads"]
     if "n_layers" in given and "moe_layers" not in given:
@@ -276,6 +276,21 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
     if derive_mla:
         spec = replace(spec, **spec_mla_fields(spec))
     return spec
+
+
+def _derive_head_dim(d: dict[str, Any], name: str) -> None:
+    """head_dim = hidden_size // n_heads in `d`, where both are positive (ModelSpec names a
+    size that is not); a ConfigError naming the two where the quotient is 0 (hidden_size=1 was
+    named as a head_dim the user never set, n_heads=0 a division by zero)."""
+    hidden, heads = d["hidden_size"], d["n_heads"]
+    if not (isinstance(hidden, int) and isinstance(heads, int) and hidden > 0 and heads > 0):
+        return
+    if hidden < heads:
+        raise ConfigError(
+            f"model {name}: hidden_size={hidden} with n_heads={heads} leaves head_dim = "
+            "hidden_size // n_heads = 0; raise hidden_size, lower n_heads or pass head_dim"
+        )
+    d["head_dim"] = hidden // heads
 
 
 def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:

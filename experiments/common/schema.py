@@ -126,7 +126,7 @@ class DtypeOption:
     what experiments.run's executor.dtype means, checked by the same resolver
     (real.checkpoint.run_dtype, compute_dtype)."""
 
-    dtype: str = "auto"  # real: compute dtype, float32 | bfloat16; auto: the saved one
+    dtype: str = "auto"  # compute dtype, float32 | bfloat16 | float16; auto: the saved one
 
 
 @dataclass

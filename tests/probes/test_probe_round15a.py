@@ -11,7 +11,7 @@ import torch
 
 import experiments.bench.host as bench
 from experiments import make_checkpoint
-from real.checkpoint import load_checkpoint, torch_dtype
+from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
 from tests.probes.conftest import one_line, raises_one_line, real_run
 
@@ -83,3 +83,18 @@ def test_a_real_run_refuses_an_empty_executor_device(tiny_ckpt, tmp_path):
     r = real_run(tiny_ckpt, tmp_path / "run", "executor.device=")
     one_line(r, "executor.device='': no device")
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (dict(n_heads=0), ["n_heads must be a positive number, got 0"]),
+        (dict(hidden_size=1), ["hidden_size=1 with n_heads=4", "head_dim", "raise hidden_size"]),
+        (dict(hidden_size=2, n_heads=3), ["hidden_size=2 with n_heads=3"]),
+    ],
+)
+def test_make_checkpoints_derived_head_dim_names_what_was_given(overrides, names):
+    """make_checkpoint (and bench.real) n_heads=0 was an internal error (ZeroDivisionError in
+    the derived head_dim), and hidden_size=1 was named as "head_dim must be a positive number,
+    got 0", a field the user never set."""
+    raises_one_line(lambda: reduced_spec("tiny", **overrides), *names)
