@@ -369,6 +369,11 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
+        whole = _whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
+        if whole is not None:  # 1e9: YAML reads it as a float, and it is one
+            return (
+                f"{key}={wrong.group(1)}: a whole number written as a float{at}; pass {key}={whole}"
+            )
         return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
@@ -392,6 +397,15 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         return f"{key}: {wrong.group(1)} where {need} belongs{at}; give {key} {need}"
     return None
+
+
+def _whole_float(text: str) -> int | None:
+    """The integer a float's text holds (1e9, 8.0), or None."""
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return int(x) if x.is_integer() and abs(x) < 2**63 else None
 
 
 def _config_file(name: str, files: dict[str, str] | None) -> str:

@@ -13,7 +13,7 @@ import experiments.bench.host as bench
 from experiments import make_checkpoint
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
-from tests.probes.conftest import one_line, raises_one_line, real_run
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line, real_run
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
 
@@ -98,3 +98,22 @@ def test_make_checkpoints_derived_head_dim_names_what_was_given(overrides, names
     the derived head_dim), and hidden_size=1 was named as "head_dim must be a positive number,
     got 0", a field the user never set."""
     raises_one_line(lambda: reduced_spec("tiny", **overrides), *names)
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        (
+            "1e9",
+            ["workload.batch_size=1000000000.0: a whole number written as a float", "=1000000000"],
+        ),
+        ("8.0", ["workload.batch_size=8.0: a whole number written as a float", "batch_size=8"]),
+        ("1.5", ["workload.batch_size=1.5: not a whole number"]),
+    ],
+)
+def test_a_whole_number_written_as_a_float_is_named_so(value, names, tmp_path):
+    """An integer option given 1e9 (validate's repeats, calibrate's disk_mb, a run's batch_size)
+    was refused as "not a whole number": YAML reads 1e9 as a float, and the line now says so
+    and gives the number in digits."""
+    r = cli("experiments.run", *TINY, f"workload.batch_size={value}", f"hydra.run.dir={tmp_path}")
+    one_line(r, *names)
