@@ -72,8 +72,10 @@ def measure_disk(disk_dir: Path, size_mb: int) -> dict[str, float]:
                 f.write(block)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as e:
         path.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:  # a write's error names no file: this one
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     reader = DiskReader(path)
     try:

@@ -4,13 +4,17 @@ float16; ..."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import os
 
 import pytest
 import torch
 
 import experiments.bench.host as bench
 from experiments import make_checkpoint
+from real.calibration import measure_disk
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
 from tests.probes.conftest import TINY, cli, one_line, raises_one_line, real_run
@@ -117,3 +121,17 @@ def test_a_whole_number_written_as_a_float_is_named_so(value, names, tmp_path):
     and gives the number in digits."""
     r = cli("experiments.run", *TINY, f"workload.batch_size={value}", f"hydra.run.dir={tmp_path}")
     one_line(r, *names)
+
+
+def test_calibrates_disk_probe_out_of_room_names_its_file(tmp_path, monkeypatch):
+    """calibrate under `ulimit -f` (or a full disk) said "error: File too large; ..." naming no
+    file: the probe file's write raises an OSError without one. The line names the file in
+    disk_dir, and the file is gone."""
+
+    class Full(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr("real.calibration.open", lambda p, mode: Full(p, "w"), raising=False)
+    raises_one_line(lambda: measure_disk(tmp_path, 1), str(tmp_path / "calib.bin"), "ulimit -f")
+    assert not list(tmp_path.iterdir())
