@@ -509,9 +509,9 @@ class Workload:
             or not isinstance(self.seed, numbers.Integral)
             or not 0 <= self.seed < 2**64  # the real executor's torch generators take 64 bits
         ):
+            fix = "a smaller one" if isinstance(self.seed, int) and self.seed > 0 else "e.g. 0"
             raise ConfigError(
-                f"workload.seed must be an integer in [0, 2**64), got {self.seed!r}; pass a "
-                "smaller one"
+                f"workload.seed must be an integer in [0, 2**64), got {self.seed!r}; pass {fix}"
             )
 
     @property

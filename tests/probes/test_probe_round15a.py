@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import experiments.bench.host as bench
+from core.spec import Workload
 from experiments import make_checkpoint
 from real.calibration import measure_disk
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
@@ -135,3 +136,10 @@ def test_calibrates_disk_probe_out_of_room_names_its_file(tmp_path, monkeypatch)
     monkeypatch.setattr("real.calibration.open", lambda p, mode: Full(p, "w"), raising=False)
     raises_one_line(lambda: measure_disk(tmp_path, 1), str(tmp_path / "calib.bin"), "ulimit -f")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("seed", "fix"), [(-1, "pass e.g. 0"), (2**64, "pass a smaller one")])
+def test_a_seed_out_of_range_is_told_which_way_to_go(seed, fix):
+    """workload.seed=-1 was told "pass a smaller one"."""
+    line = raises_one_line(lambda: Workload(1, 1, 1, 1, seed=seed), "workload.seed", fix)
+    assert line.endswith(fix), line
