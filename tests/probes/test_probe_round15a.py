@@ -1,6 +1,8 @@
-"""Probe round 15a (issue 48): the real, distributed and checkpoint commands. bench.host's host
-memory cap follows the machine; make_checkpoint writes float16 checkpoints that load back as
-float16; ..."""
+"""Probe round 15a (issue 48): the real, distributed and checkpoint commands. bench.host's
+host memory cap follows the machine; make_checkpoint writes float16 checkpoints that load back
+as float16; a device named '' or cpu:N is refused, not run elsewhere; a derived head_dim of 0
+names the sizes given; a whole number written as a float is named so; calibrate's probe file is
+named where its write fails; a negative seed is told which way to go."""
 
 from __future__ import annotations
 
