@@ -118,6 +118,7 @@ def real_execute(
     compute dtype (executor.dtype: float32, bfloat16, float16; None or auto: the saved one),
     which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow."""
     check_routing_mode(routing_mode)
+    check_real_params(spec)
     files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
     model_spec, _ = load_checkpoint(ckpt, dtype)
     spec = replace(spec, model=model_spec, executor="real")
@@ -327,6 +328,18 @@ def warn_past_context(ckpt: str | Path, wl: Workload) -> None:
         )
 
 
+def check_real_params(spec: RunSpec) -> None:
+    """Refuse a planner param the real executor cannot run, before the checkpoint is read:
+    grouped_gemm's one op per device per layer (the executor runs one op per expert) was met
+    as a unit L0.expert-1 "not in this model"."""
+    if spec.params.get("grouped_gemm"):
+        raise ConfigError(
+            "planner.params.grouped_gemm=true: a grouped expert op (all of a device's experts in "
+            "one op) runs in the simulator only; set planner.params.grouped_gemm=false for a "
+            "real run"
+        )
+
+
 def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
     """`experiments.run executor=real`: needs `checkpoint=DIR`. None on a torchrun rank other
     than 0 (rank 0 writes the run)."""
@@ -343,6 +356,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
     mode = ex.get("routing_mode", "replay")
     check_routing_mode(mode)
     dtype = run_dtype(ex.get("dtype"))  # '' is no dtype: refused, not run as auto
+    check_real_params(spec)  # here too: a distributed run's ranks would each meet it
     if ex.get("distributed", False):
         from experiments.common.dist_run import run_distributed
 

@@ -19,10 +19,12 @@ import experiments.bench.host as bench
 from core.spec import Workload
 from experiments import make_checkpoint
 from experiments.common import hydra_errors
+from experiments.common.real_run import real_execute
 from experiments.common.schema import WorkloadSchema
 from real.calibration import measure_disk
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
+from tests.planners.ep_common import tiny_spec
 from tests.probes.conftest import one_line, raises_one_line, real_run
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
@@ -150,3 +152,13 @@ def test_a_seed_out_of_range_is_told_which_way_to_go(seed, fix):
     """workload.seed=-1 was told "pass a smaller one"."""
     line = raises_one_line(lambda: Workload(1, 1, 1, 1, seed=seed), "workload.seed", fix)
     assert line.endswith(fix), line
+
+
+def test_a_real_run_refuses_grouped_gemm_before_it_reads_the_checkpoint(tmp_path):
+    """planner.params.grouped_gemm=true on a real run (lanes, processes or validate) failed as
+    "unit L0.expert-1 is not in this model", an internal unit named for a param the real
+    executor does not run. It is refused by name first, whatever the checkpoint."""
+    spec = tiny_spec("ep_static", n_devices=2, lanes=True, grouped_gemm=True)
+    raises_one_line(
+        lambda: real_execute(tmp_path / "none", spec), "planner.params.grouped_gemm=true", "=false"
+    )
