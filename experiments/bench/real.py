@@ -56,16 +56,19 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
     shapes and dtypes as config.json says), else written shard by shard into a temporary folder
     beside it that becomes `out` only when whole. A disk without room for it: a MoepipeError
     before anything is written."""
-    from real.checkpoint import load_checkpoint
+    from core.hf_config import spec_to_hf_config
+    from real.checkpoint import hf_config, load_checkpoint
     from real.checkpoint_write import foreign_checkpoint
 
     if out.is_dir():
         try:
-            got, _ = load_checkpoint(out)
-            if got.total_bytes == spec.total_bytes and got.n_layers == spec.n_layers:
+            load_checkpoint(out)
+            # config.json as this bench writes it for `spec`: equal sizes alone reused a
+            # checkpoint of another rope_theta or rms_norm_eps (conf/model edited between runs)
+            if dict(hf_config(out).fields) == json.loads(json.dumps(spec_to_hf_config(spec))):
                 _progress(f"reusing checkpoint {out}")
                 return out
-            why = "holds another model"
+            why = "holds another model (its config.json differs)"
         except MoepipeError as e:
             why = f"unusable ({e})"
         foreign = foreign_checkpoint(out)  # a downloaded model's: not the bench's to replace

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf, ValidationError
 import experiments.bench.host as bench
 from core.spec import Workload
 from experiments import make_checkpoint
+from experiments.bench.real import ensure_checkpoint
 from experiments.common import hydra_errors
 from experiments.common.real_run import real_execute
 from experiments.common.schema import WorkloadSchema
@@ -162,3 +163,17 @@ def test_a_real_run_refuses_grouped_gemm_before_it_reads_the_checkpoint(tmp_path
     raises_one_line(
         lambda: real_execute(tmp_path / "none", spec), "planner.params.grouped_gemm=true", "=false"
     )
+
+
+def test_bench_real_rewrites_its_checkpoint_when_the_model_changed(tmp_path):
+    """bench.real reused its checkpoint where the sizes matched: after conf/model's rope_theta
+    or rms_norm_eps was edited, the bench ran the old config.json's model without a word. It
+    reuses one whose config.json is the one it would write, and writes the others again."""
+    out = tmp_path / "tiny"
+    ensure_checkpoint(reduced_spec("tiny"), out)
+    first = (out / "config.json").stat().st_mtime_ns
+    ensure_checkpoint(reduced_spec("tiny"), out)
+    assert (out / "config.json").stat().st_mtime_ns == first  # the same model: reused
+    ensure_checkpoint(reduced_spec("tiny", rope_theta=12345.0, rms_norm_eps=1e-3), out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["rope_theta"], cfg["rms_norm_eps"]) == (12345.0, 1e-3)
