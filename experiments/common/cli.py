@@ -278,9 +278,11 @@ def any_error_line(e: BaseException) -> str:
 def exit_with(e: BaseException) -> None:
     """Print `e` as one line (`any_error_line`) on stderr and exit 2. On a rank of a torchrun
     launch, a SIGTERM that comes meanwhile is ignored: torchrun stops every rank once one fails,
-    and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one. A rank other
-    than 0 prints only a line that names it: another (a config error, a checkpoint's) is one
-    every rank meets, which rank 0 prints (each rank printed it: the same line G times)."""
+    and the handler's own line (`dist_run.stop_on_sigterm`) would follow this one. A line every
+    rank meets (a config error, a checkpoint's) is printed once (each rank printed it: the same
+    line G times): under torchrun's agent by the first rank to say (`launch_line.say_first`),
+    elsewhere by rank 0, a rank other than 0 printing only a line that names it. Every rank
+    writes its line to torchrun's error file too (`launch_line.record_error`)."""
     # ValueError: malformed launch variables (this error says so) or off the main thread,
     # where no handler can be set
     with contextlib.suppress(ValueError):
@@ -288,10 +290,14 @@ def exit_with(e: BaseException) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
     line = any_error_line(e)
-    rank = other_rank()
-    if rank is None or f"rank {rank}" in line:
-        from experiments.common.launch_line import say_first
+    from experiments.common.launch_line import claims_lines, record_error, say_first
 
+    record_error(f"error: {line}")  # every rank's, for torchrun's report of the failed ranks
+    rank = other_rank()
+    # under torchrun's agent the first rank to say prints the line, whichever it is: rank 0,
+    # left to say a line every rank meets, was stopped by torchrun once a faster rank 1 ended,
+    # and blamed rank 1 for ending "without a line", the cause said nowhere
+    if rank is None or f"rank {rank}" in line or claims_lines():
         say_first(f"error: {line}")  # under torchrun: where no other rank said why it stopped
     sys.exit(2)
 

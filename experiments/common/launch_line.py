@@ -7,9 +7,11 @@ uses it while the command still starts, and every run asks it first.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -68,6 +70,29 @@ def say_first(line: str) -> bool:
         sys.stderr.write(f"{line}\n")
         sys.stderr.flush()
         return True
+
+
+def record_error(line: str) -> None:
+    """`line` in torchrun's error file for this rank (TORCHELASTIC_ERROR_FILE, in torchelastic's
+    JSON: `errors.ErrorHandler`'s): torchrun's report of a failed rank then shows it (its
+    "traceback" field) in place of a link to torch's docs, the one place it is seen where the
+    ranks' stderr goes to torchrun's --log-dir. Nothing outside a torchelastic launch, and
+    nothing where the file cannot be written (the line is on stderr anyway)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"py_callstack": line, "timestamp": str(int(time.time()))}
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": info}}, f)
+    except OSError:
+        pass
+
+
+def claims_lines() -> bool:
+    """Whether this rank's lines are claimed (`first_to_say`): under torchrun's agent, where
+    one line of the launch is printed whichever rank says it."""
+    return _claim() is not None
 
 
 def first_to_say() -> bool:

@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from experiments.common.launch_line import all_local, gone_peers, local_peers, say_first
+from experiments.common.launch_line import (
+    all_local,
+    gone_peers,
+    local_peers,
+    record_error,
+    say_first,
+)
 from experiments.common.launch_line import launched_ranks as _launched_ranks
 
 FAILED = 2  # the rank's exit code (dist_run.FAILED)
@@ -51,6 +57,7 @@ def stopped(rank: int, held: list[Any] | None) -> NoReturn:
         )
     else:
         line = f"rank {rank} was stopped (SIGTERM); the run did not finish and wrote nothing"
+    record_error(f"error: {line}")
     say_first(f"error: {line}")
     os._exit(FAILED)
 

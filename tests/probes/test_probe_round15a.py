@@ -10,16 +10,21 @@ import errno
 import io
 import json
 import os
+import signal
+import tempfile
 
 import pytest
 import torch
 from omegaconf import OmegaConf, ValidationError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 import experiments.bench.host as bench
+from core.errors import MoepipeError
 from core.spec import Workload
 from experiments import make_checkpoint
 from experiments.bench.real import ensure_checkpoint
 from experiments.common import hydra_errors
+from experiments.common.cli import exit_with
 from experiments.common.real_run import real_execute
 from experiments.common.schema import WorkloadSchema
 from real.calibration import measure_disk
@@ -177,3 +182,42 @@ def test_bench_real_rewrites_its_checkpoint_when_the_model_changed(tmp_path):
     ensure_checkpoint(reduced_spec("tiny", rope_theta=12345.0, rms_norm_eps=1e-3), out)
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["rope_theta"], cfg["rms_norm_eps"]) == (12345.0, 1e-3)
+
+
+def test_a_failed_rank_writes_its_line_where_torchrun_reports_it(tmp_path, monkeypatch, capsys):
+    """Under torchrun a failed rank's one line was on its stderr only: torchrun's own report
+    (its ChildFailedError table, which it prints whatever the ranks do) said "traceback : To
+    enable traceback see ...", and with --redirects/--log-dir the line was nowhere on screen.
+    The rank writes it to TORCHELASTIC_ERROR_FILE, which torchrun's agent reads into the table
+    (torch's own parser reads it back here)."""
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(SystemExit):
+        exit_with(MoepipeError("checkpoint=x: no such folder"))
+    assert capsys.readouterr().err == "error: checkpoint=x: no such folder\n"
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=2, error_file=str(path))
+    table = ChildFailedError("experiments.run", {1: failure}).format_msg()
+    assert "traceback : error: checkpoint=x: no such folder" in table, table
+
+
+def test_under_torchrun_a_line_every_rank_meets_is_said_by_the_first_to_fail(
+    tmp_path, monkeypatch, capsys
+):
+    """A config error every rank meets was left to rank 0: where rank 1 failed first, torchrun
+    stopped rank 0, whose line blamed rank 1 for ending "without a line", and the cause (a
+    missing checkpoint) was on no screen. Under torchrun's agent the first rank to fail says it
+    (the ranks' claim keeps it to one line)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the SIGTERM it ignores: not pytest's
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    said = []
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit):
+            exit_with(MoepipeError("checkpoint=x: no such folder"))
+        said.append(capsys.readouterr().err)
+    assert said == ["error: checkpoint=x: no such folder\n", ""]
