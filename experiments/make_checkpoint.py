@@ -26,7 +26,7 @@ from core.errors import MoepipeError, did_you_mean
 from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
 from experiments.common.app import command
-from experiments.common.cli import exit_command, until_interrupted
+from experiments.common.cli import exit_command, os_error_fix, until_interrupted
 from experiments.common.dir_lock import dir_locked
 from experiments.common.option_names import named_as
 from real.attention import Rope
@@ -184,7 +184,9 @@ def _write(opts: Any) -> int:
             progress=lambda shard, written: _progress(shard, written, plan),
         )
     except OSError as e:
-        raise MoepipeError(f"out={out}: cannot write the checkpoint ({e.strerror or e})") from None
+        raise MoepipeError(
+            f"out={out}: cannot write the checkpoint ({e.strerror or e}); {os_error_fix(e)}"
+        ) from None
     print(
         f"wrote {out}: {spec.name} ({spec.family}), "
         f"{spec.total_bytes / 2**20:.1f} MiB by the spec's count"

@@ -34,7 +34,7 @@ from core.files import staging_file
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
-from experiments.common.cli import exit_command
+from experiments.common.cli import exit_command, os_error_fix
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
@@ -99,6 +99,11 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
                 f"out_dir={out.parent}: the disk filled up while the {need / 1e9:.3g} GB "
                 "checkpoint was written (something else wrote to it meanwhile); the partial "
                 "checkpoint is removed; free disk space or pass out_dir= on a larger disk"
+            ) from None
+        if isinstance(e, OSError):  # named by out_dir, not by the hidden folder it wrote into
+            raise MoepipeError(
+                f"out_dir={out.parent}: cannot write the checkpoint ({e.strerror or e}); the "
+                f"partial checkpoint is removed; {os_error_fix(e)}"
             ) from None
         raise
     return out

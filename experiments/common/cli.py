@@ -212,7 +212,15 @@ def _os_error_line(e: OSError) -> str:
         if (gone := no_cwd()) is not None:
             return gone
     where = f"{e.filename}: " if e.filename else ""
-    fix = {
+    what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
+    return _flat(f"{where}{what}; {os_error_fix(e)}")
+
+
+def os_error_fix(e: OSError) -> str:
+    """What would fix an OSError, by its errno (a command's own line about a write it names)."""
+    import errno
+
+    return {
         errno.ENOSPC: "free space on that disk, or write elsewhere",
         errno.EFBIG: "a file outgrew the limit on a file's size (the shell's ulimit -f, or "
         "the disk's file system): raise it, or make the output smaller",
@@ -230,8 +238,6 @@ def _os_error_line(e: OSError) -> str:
         errno.ENFILE: "the system's table of open files is full: close other programs' files "
         "(or raise fs.file-max) and run it again",
     }.get(e.errno or 0, "check the file and the disk")
-    what = "a folder, where a file belongs" if e.errno == errno.EISDIR else e.strerror or e
-    return _flat(f"{where}{what}; {fix}")
 
 
 def _torch_out_of_memory(e: BaseException) -> bool:

@@ -221,3 +221,23 @@ def test_under_torchrun_a_line_every_rank_meets_is_said_by_the_first_to_fail(
             exit_with(MoepipeError("checkpoint=x: no such folder"))
         said.append(capsys.readouterr().err)
     assert said == ["error: checkpoint=x: no such folder\n", ""]
+
+
+def _too_large(*args, **kw):
+    raise OSError(errno.EFBIG, "Error while serializing: File too large", "/x/.p-1/a.safetensors")
+
+
+def test_a_checkpoint_write_cut_short_names_the_option_and_the_fix(tmp_path, monkeypatch, capsys):
+    """make_checkpoint under `ulimit -f` said "cannot write the checkpoint (... File too large
+    ...)" with no fix, and bench.real named its hidden staging folder's shard, a path the user
+    never gave. Each names its option's folder and the fix for the errno."""
+    monkeypatch.setattr("experiments.make_checkpoint.write_checkpoint", _too_large)
+    assert make_checkpoint.main(["model=tiny", f"out={tmp_path / 'mk'}"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"out={tmp_path / 'mk'}: cannot write" in err, err
+    assert "ulimit -f" in err
+    monkeypatch.setattr("experiments.bench.real._write", _too_large)
+    out = tmp_path / "bench" / "tiny"
+    line = raises_one_line(lambda: ensure_checkpoint(reduced_spec("tiny"), out), "ulimit -f")
+    assert line.startswith(f"out_dir={out.parent}: cannot write the checkpoint"), line
+    assert not out.exists()
