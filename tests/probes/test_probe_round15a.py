@@ -1,8 +1,11 @@
 """Probe round 15a (issue 48): the real, distributed and checkpoint commands. bench.host's
 host memory cap follows the machine; make_checkpoint writes float16 checkpoints that load back
 as float16; a device named '' or cpu:N is refused, not run elsewhere; a derived head_dim of 0
-names the sizes given; a whole number written as a float is named so; calibrate's probe file is
-named where its write fails; a negative seed is told which way to go."""
+names the sizes given; a whole number written as a float is named so; calibrate's probe file and
+a checkpoint write cut short name their file or option and the fix; a negative seed is told
+which way to go; grouped_gemm on a real run is refused by name; bench.real reuses its checkpoint
+only for the same model; under torchrun the first rank to fail says its line, and writes it
+where torchrun's report shows it."""
 
 from __future__ import annotations
 
