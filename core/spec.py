@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ def check_finite(where: str, **values: Any) -> None:
             raise ConfigError(f"{where}.{key} must be a finite number, got {v!r}")
 
 
-FAMILIES = ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers")
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "switch_transformers")
 DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
 MAX_WIDTH = 1 << 24  # a dimension or count of a layer (16M): past any model's (vocab ~256k)
@@ -67,7 +67,7 @@ _INT_FIELDS = ("n_layers", *_WIDTHS, "dtype_bytes", "attn_params", "latent_expan
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str  # HF model_type: mixtral, qwen2_moe, olmoe, deepseek_v2, switch_transformers
+    family: str  # HF model_type: one of FAMILIES
     n_layers: int  # decoder layers
     moe_layers: tuple[int, ...]  # indices of the layers whose FFN is a routed MoE
     hidden_size: int  # d_model
@@ -105,8 +105,8 @@ class ModelSpec:
     q_lora_rank: int = 0
     # Qwen2-MoE's q/k/v projection biases (config.json qkv_bias); only Qwen has any
     qkv_bias: bool = True
-    # config.json attention_bias: OLMoE's q/k/v/o projection biases, DeepSeek-V2's MLA q_a
-    # (where q is compressed), kv_a and o biases
+    # config.json attention_bias: OLMoE's and Qwen3-MoE's q/k/v/o projection biases,
+    # DeepSeek-V2's MLA q_a (where q is compressed), kv_a and o biases
     attention_bias: bool = False
     # config.json mlp_bias: DeepSeek-V2's dense and shared-expert FFN biases (routed experts none)
     mlp_bias: bool = False
@@ -133,7 +133,8 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name}: family={self.family!r} unknown; valid: {', '.join(FAMILIES)}"
             )
-        biased = {"attention_bias": ("olmoe", "deepseek_v2"), "mlp_bias": ("deepseek_v2",)}
+        mla = ("deepseek_v2",)
+        biased = {"attention_bias": ("olmoe", "qwen3_moe", *mla), "mlp_bias": mla}
         for key, families in biased.items():
             if getattr(self, key) and self.family not in families:
                 raise ConfigError(
@@ -236,19 +237,19 @@ class ModelSpec:
         if self.attn_params:
             return self.attn_params + self.hidden_size + self.attn_bias_count
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q_o = 2 * self.hidden_size * q_dim
-        k_v = 2 * self.hidden_size * kv_dim
-        extra = 0
+        q_o, k_v, extra = 2 * self.hidden_size * q_dim, 2 * self.hidden_size * kv_dim, 0
         if self.family == "qwen2_moe" and self.qkv_bias:  # q/k/v projection biases
             extra = q_dim + 2 * kv_dim
         elif self.qk_norm:  # QK-norm weights over all heads
             extra = q_dim + kv_dim
+        elif self.family == "qwen3_moe":  # QK-norm weights of one head, shared by all
+            extra = 2 * self.head_dim
         return q_o + k_v + extra + self.attn_bias_count + self.hidden_size  # + input RMSNorm
 
     @cached_property
     def attn_bias_count(self) -> int:
-        """attention_bias's parameters per layer: OLMoE's q/k/v/o biases, or MLA's q_a (where
-        q_lora_rank compresses q), kv_a (the latent + RoPE key, kv_dim) and o biases."""
+        """attention_bias's parameters per layer: OLMoE's and Qwen3-MoE's q/k/v/o biases, or MLA's
+        q_a (where q_lora_rank compresses q), kv_a (latent + RoPE key, kv_dim) and o biases."""
         if not self.attention_bias:
             return 0
         if self.family == "deepseek_v2":
@@ -320,6 +321,11 @@ class ModelSpec:
     def qk_norm(self) -> bool:
         """OLMoE's QK-norm: RMSNorm over the projected q (and k) of all heads at once."""
         return self.family == "olmoe"
+
+    @property
+    def head_qk_norm(self) -> bool:
+        """Qwen3-MoE's QK-norm: RMSNorm over each projected q (and k) head, weights [head_dim]."""
+        return self.family == "qwen3_moe"
 
     def tensor_split_error(self, world: int) -> str | None:
         """Why this model's attention cannot be split over `world` tensor-parallel ranks (a
@@ -398,7 +404,11 @@ class ModelSpec:
             n = d["n_layers"]  # a bad one is refused by __post_init__, naming it
             ok = isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_LAYERS
             d["moe_layers"] = tuple(range(n)) if ok else ()
-        missing = [f.name for f in fields(cls) if f.name not in d and _has_no_default(cls, f.name)]
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.name not in d and f.default is MISSING and f.default_factory is MISSING
+        ]
         if missing:
             raise ConfigError(f"{where}: missing field(s) {missing}")
         try:
@@ -412,13 +422,6 @@ class ModelSpec:
         from core.hf_config import spec_from_hf_config  # it builds ModelSpecs: imports this
 
         return spec_from_hf_config(path, name)
-
-
-def _has_no_default(cls: type, name: str) -> bool:
-    from dataclasses import MISSING
-
-    f = {f.name: f for f in fields(cls)}[name]
-    return f.default is MISSING and f.default_factory is MISSING
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """RoPE as config.json sets it (plain, `linear`, `dynamic`, `yarn`, `llama3`, `longrope` or
 `proportional`) and the
 attention variants `Model` runs, as pure functions of explicit weights: grouped-query attention
-(with OLMoE's QK-norm and clip_qkv) and DeepSeek-V2's Multi-head Latent Attention.
+(with OLMoE's QK-norm and clip_qkv, Qwen3-MoE's QK-norm per head) and DeepSeek-V2's Multi-head
+Latent Attention.
 """
 
 from __future__ import annotations
@@ -433,7 +434,11 @@ def gqa(
     b, n, _ = x.shape
     n_q, n_kv = w["q"].shape[0] // s.head_dim, w["k"].shape[0] // s.head_dim
     proj = {key: F.linear(x, w[key], w.get(f"{key}_bias")) for key in "qkv"}  # [B, S, n * D]
-    if "q_norm" in w:
+    if s.head_qk_norm:  # Qwen3-MoE: each head [D] normed by one weight shared by all heads
+        for key in "qk":
+            by_head = proj[key].view(b, n, -1, s.head_dim)  # [B, S, n, D]
+            proj[key] = rms_norm(by_head, w[f"{key}_norm"], s.rms_norm_eps).flatten(2)
+    elif "q_norm" in w:
         proj["q"], proj["k"] = qk_norm(spec, w, proj["q"], proj["k"], reduce)
     if clip_qkv is not None:  # OLMoE: after QK-norm, as transformers' OlmoeAttention
         proj = {key: t.clamp(-clip_qkv, clip_qkv) for key, t in proj.items()}

@@ -126,7 +126,8 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
     """Every unit of the model -> its tensors (our short key -> HF name and shape), in file order.
 
     Keys: attention `input_norm q k v o` (+ `q_bias k_bias v_bias` for Qwen with qkv_bias,
-    `q_norm k_norm` for OLMoE, and its `q_bias k_bias v_bias o_bias` with attention_bias), or
+    `q_norm k_norm` for OLMoE and Qwen3-MoE (one head's), and their `q_bias k_bias v_bias
+    o_bias` with attention_bias), or
     for DeepSeek-V2's MLA `input_norm q kv_a kv_a_norm kv_b o`
     (HF's q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; sizes from `mla_dims`),
     with `q_a q_a_norm q_b` (q_a_proj, q_a_layernorm, q_b_proj) in place of `q` where
@@ -205,6 +206,8 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     shapes["o"] = (h, q_dim)
     if spec.attention_bias or (spec.qkv_bias and spec.family == "qwen2_moe"):  # Qwen's: no o
         shapes |= {"q_bias": (q_dim,), "k_bias": (kv_dim,), "v_bias": (kv_dim,), "o_bias": (h,)}
+    if spec.head_qk_norm:  # one weight of a head, shared by all
+        return shapes | {"q_norm": (spec.head_dim,), "k_norm": (spec.head_dim,)}
     return shapes | {"q_norm": (q_dim,), "k_norm": (kv_dim,)}
 
 
@@ -478,6 +481,7 @@ _EXPERTS = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\
 # the config.json fields that decide which layers have experts, per family
 _LAYER_KIND_FIELDS = {
     "qwen2_moe": "decoder_sparse_step and mlp_only_layers",
+    "qwen3_moe": "decoder_sparse_step and mlp_only_layers",
     "deepseek_v2": "first_k_dense_replace and moe_layer_freq",
 }
 

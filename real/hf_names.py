@@ -73,7 +73,9 @@ def hf_names(family: str) -> HFNames:
     moe = dict(
         router=b + "mlp.gate.weight", expert=b + "mlp.experts.{e}.{w}.weight", expert_mats=swiglu
     )
-    if family == "olmoe":  # QK-norm: RMSNorm over the whole projected q and k, before RoPE
+    # QK-norm before RoPE: RMSNorm over the whole projected q and k (OLMoE), or over each head
+    # (Qwen3-MoE); attention_bias: q/k/v/o biases
+    if family in ("olmoe", "qwen3_moe"):
         common["attn"] = attn | {f"{x}_norm": b + f"self_attn.{x}_norm.weight" for x in "qk"}
         common["attn"] |= {f"{x}_bias": b + f"self_attn.{x}_proj.bias" for x in "qkvo"}
         return HFNames(**common, **moe)
@@ -96,5 +98,5 @@ def hf_names(family: str) -> HFNames:
         return HFNames(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
     raise ConfigError(
         f"model family {family!r} has no real-executor layout; "
-        "use mixtral, qwen2_moe, olmoe, deepseek_v2 or switch_transformers"
+        "use mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or switch_transformers"
     )

@@ -343,10 +343,10 @@ def kv_shard(spec: ModelSpec, heads: tuple[int, int]) -> tuple[int, int]:
 
 
 def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """Attention weights of query heads [lo, hi): their rows of q (and biases, and of QK-norm's
-    weights), of k and v their `kv_shard`'s, of kv_b (and q_b) for MLA, their columns of o.
-    MLA's kv_a and its norm make the latent every head reads, and q_a and its norm the query's,
-    so they stay whole (computed on every shard)."""
+    """Attention weights of query heads [lo, hi): their rows of q (and biases, and of OLMoE's
+    QK-norm weights; Qwen3-MoE's, of one head, whole), of k and v their `kv_shard`'s, of kv_b
+    (and q_b) for MLA, their columns of o. MLA's kv_a and its norm make the latent every head
+    reads, and q_a and its norm the query's, so they stay whole (computed on every shard)."""
     lo, hi = heads
     if spec.family == "deepseek_v2":
         m = mla_dims(spec)
@@ -362,8 +362,9 @@ def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str,
     d, (kv_lo, kv_hi) = spec.head_dim, kv_shard(spec, heads)
     q, kv = slice(lo * d, hi * d), slice(kv_lo * d, kv_hi * d)
     out = dict(w, q=w["q"][q], k=w["k"][kv], v=w["v"][kv], o=w["o"][:, q])
-    for key, rows in (("q_bias", q), ("k_bias", kv), ("v_bias", kv), ("q_norm", q), ("k_norm", kv)):
-        if key in w:
+    cut = (("q_bias", q), ("k_bias", kv), ("v_bias", kv), ("q_norm", q), ("k_norm", kv))
+    for key, rows in cut:
+        if key in w and not (spec.head_qk_norm and key.endswith("_norm")):  # [D]: every head's
             out[key] = w[key][rows]
     return _bias_once(out, "o_bias", lo)
 

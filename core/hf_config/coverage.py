@@ -1,4 +1,4 @@
-"""Every field transformers 5.24's config classes of the five families take, and what moepipe does
+"""Every field transformers 5.24's config classes of the six families take, and what moepipe does
 with it: `COVERAGE[family][field]` is (how, why). READ: moepipe honours it (the why cites the
 test that proves it); NO_EFFECT: transformers' logits do not change with it (a forward, or greedy
 generate); REFUSED_UNLESS_DEFAULT: another value is refused in one line naming the file and the
@@ -32,6 +32,7 @@ _P = "test_hf_parity.py::test_equals_transformers"  # the main parity cases, by 
 _P4 = "test_hf_parity_round4.py::test_equals_transformers"
 _P5 = "test_hf_parity_round5.py::test_read_field_equals_transformers"
 _P8 = "test_hf_parity_round8.py::test_bias_equals_transformers"
+_P10 = "test_hf_parity_round10.py::test_qwen3_moe_equals_transformers"
 _QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
 _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 
@@ -58,7 +59,7 @@ BASE: dict[str, Entry] = {
     "eos_token_id": (NO_EFFECT, "stops generate(), changes no logit: " + _QUIET),
     "tie_word_embeddings": (READ, "qwen2_moe-tied in " + _P + ", test_hf_parity_round3.py"),
 }
-# the decoder fields every causal family (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V2) takes
+# the decoder fields every causal family (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2) takes
 DECODER: dict[str, Entry] = BASE | {
     "vocab_size": (READ, _P),
     "hidden_size": (READ, _P),
@@ -102,6 +103,19 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "num_experts": (READ, _P),
         _NORM: (READ, "qwen2_moe-norm_topk_prob in " + _P4),
         "qkv_bias": (READ, "qwen2_moe-no_qkv_bias in " + _P),
+    },
+    "qwen3_moe": DECODER
+    | _AUX
+    | {
+        "use_sliding_window": (READ, "qwen3_moe-sliding_window in " + _P10),
+        "sliding_window": (READ, "qwen3_moe-sliding_window in " + _P10),
+        "decoder_sparse_step": (READ, "qwen3_moe-sparse_step in " + _P10),
+        "mlp_only_layers": (READ, "qwen3_moe-sparse_step in " + _P10),
+        "moe_intermediate_size": (READ, _P10),
+        "num_experts": (READ, _P10 + "; num_local_experts too, the name save_pretrained writes"),
+        "num_local_experts": (READ, _P10),
+        _NORM: (READ, "qwen3_moe-norm_topk_prob in " + _P10),
+        "attention_bias": (READ, "qwen3_moe-attention_bias in " + _P10),
     },
     "olmoe": DECODER
     | _AUX
@@ -201,15 +215,16 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: round3, round9"),
     "is_causal": (REFUSED, "true: round4's test_is_causal_false_is_refused"),
     "attention_chunk_size": (REFUSED, "null: " + _F + "::test_a_window_only_generate..."),
-    # Mixtral's, OLMoE's and DeepSeek-V2's (Qwen2-MoE's own fields are read above)
+    # Mixtral's, Qwen3-MoE's, OLMoE's and DeepSeek-V2's (Qwen2-MoE's own fields are read above)
     "layer_types": (REFUSED, "all full_attention: " + _F + "::test_a_window_only_generate..."),
     "sliding_window": (REFUSED, "null (OLMoE, DeepSeek-V2): " + _F),
     "quantization_config": (REFUSED, "absent: quantized weights are not implemented"),
     "transformers_weights": (REFUSED, "model.safetensors: round5's test_transformers_weights_..."),
     "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
-    # Qwen2-MoE's and OLMoE's attention read it though their classes lack it (OLMoE's only as
-    # hidden_size / num_attention_heads, else refused: its q_norm spans hidden_size)
-    "head_dim": (READ, "qwen2_moe-head_dim in " + _P),
+    # Qwen2-MoE's, Qwen3-MoE's and OLMoE's attention read it though their classes lack it
+    # (OLMoE's only as hidden_size / num_attention_heads, else refused: its q_norm spans
+    # hidden_size)
+    "head_dim": (READ, "qwen2_moe-head_dim in " + _P + "; every case of " + _P10),
     "moe_layer_freq": (READ, "DeepSeek's: test_hf_parity.py::test_weights_config_json..."),
     "scoring_func": (REFUSED, "softmax, DeepSeek's: test_model.py's DeepSeek routing test"),
 }

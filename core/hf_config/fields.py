@@ -105,7 +105,7 @@ FIELDS: dict[str, Rule] = {
     "num_experts_per_tok": EXPERTS,
     "norm_topk_prob": FLAG.or_null(),
     "sliding_window": SIZE.or_null(),  # Qwen2-MoE writes 0 where use_sliding_window is false
-    # Qwen2-MoE
+    # Qwen2-MoE (and Qwen3-MoE, without the shared expert and qkv_bias)
     "moe_intermediate_size": WIDTH,
     "shared_expert_intermediate_size": WIDTH_OR_0,
     # 0 in a Switch config of more sparse decoder layers than layers (transformers: none sparse)
@@ -175,6 +175,9 @@ ROPE_FIELDS: dict[str, Rule] = {
 ALIASES: dict[str, dict[str, str]] = {
     "mixtral": {"num_local_experts": "num_experts"},
     "olmoe": {"num_experts": "num_local_experts"},
+    # Qwen3-MoE's class field num_experts is stored as num_local_experts (its attribute_map),
+    # the name save_pretrained writes and the one transformers keeps where both are given
+    "qwen3_moe": {"num_experts": "num_local_experts"},
     "deepseek_v2": {"n_routed_experts": "num_experts"},
     "switch_transformers": {
         "d_model": "hidden_size",
@@ -207,6 +210,18 @@ FAMILY_DEFAULTS: dict[str, dict[str, int | bool]] = {
         "num_experts": 60,
         "num_experts_per_tok": 4,
         "moe_intermediate_size": 1408,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+    "qwen3_moe": {
+        "num_hidden_layers": 24,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_attention_heads": 32,
+        "vocab_size": 151936,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },

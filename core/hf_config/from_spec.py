@@ -77,6 +77,7 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
         "mixtral": _llama_config,
         "olmoe": _llama_config,
         "qwen2_moe": _qwen2_moe_config,
+        "qwen3_moe": _qwen2_moe_config,
         "deepseek_v2": _deepseek_v2_config,
         "switch_transformers": _switch_config,
     }
@@ -128,19 +129,24 @@ def _llama_config(w: _Writer, norm_topk_prob: bool) -> dict[str, Any]:
 
 
 def _qwen2_moe_config(w: _Writer, norm_topk_prob: bool) -> dict[str, Any]:
+    """Qwen2-MoE's fields, or Qwen3-MoE's: no shared expert, attention_bias for qkv_bias."""
     s = w.spec
     _no_mla(w)
+    qwen3 = s.family == "qwen3_moe"
     cfg = _common(s) | dict(
-        architectures=["Qwen2MoeForCausalLM"],
+        architectures=["Qwen3MoeForCausalLM" if qwen3 else "Qwen2MoeForCausalLM"],
         num_experts=s.n_experts,
         moe_intermediate_size=s.expert_ffn_size,
-        shared_expert_intermediate_size=s.shared_ffn_size,
         decoder_sparse_step=1,
         mlp_only_layers=[i for i in range(s.n_layers) if not s.is_moe(i)],
         norm_topk_prob=norm_topk_prob,
         head_dim=s.head_dim,
-        qkv_bias=s.qkv_bias,
     )
+    if qwen3:
+        w.need(not s.shared_ffn_size, "shared experts")
+        cfg["attention_bias"] = s.attention_bias
+    else:
+        cfg |= dict(shared_expert_intermediate_size=s.shared_ffn_size, qkv_bias=s.qkv_bias)
     if s.dense_ffn_size:
         cfg["intermediate_size"] = s.dense_ffn_size
     return cfg

@@ -1,7 +1,7 @@
 """What the real model runs from config.json beyond the spec: routing (norm_topk_prob,
-routed_scaling_factor, DeepSeek-V2's expert groups), sliding windows (Mixtral's, Qwen2-MoE's per
-layer), OLMoE's clip_qkv; and the one-line refusals of fields transformers honours that moepipe does
-not implement."""
+routed_scaling_factor, DeepSeek-V2's expert groups), sliding windows (Mixtral's and Qwen3-MoE's,
+Qwen2-MoE's per layer), OLMoE's clip_qkv; and the one-line refusals of fields transformers
+honours that moepipe does not implement."""
 
 from __future__ import annotations
 
@@ -217,13 +217,14 @@ def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
 
 def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse attention fields transformers' generate() reads from any config (its masks and
-    DynamicCache) where the family's forward does not: a window or chunks of Mixtral's, OLMoE's
-    or DeepSeek-V2's its decoding applies and its forward ignores. Qwen2-MoE's config always has
-    layer_types (`_sliding_window` reads them), so generate() reads no other field of it."""
-    if spec.family not in ("mixtral", "olmoe", "deepseek_v2"):
+    DynamicCache) where the family's forward does not: a window or chunks of Mixtral's,
+    Qwen3-MoE's, OLMoE's or DeepSeek-V2's its decoding applies and its forward ignores.
+    Qwen2-MoE's config always has layer_types (`_sliding_window` reads them), so generate()
+    reads no other field of it."""
+    if spec.family not in ("mixtral", "qwen3_moe", "olmoe", "deepseek_v2"):
         return
     keys = ["attention_chunk_size", "layer_types"]
-    if spec.family != "mixtral":  # Mixtral's own field: `_sliding_window` reads it
+    if spec.family not in ("mixtral", "qwen3_moe"):  # their own field: `_sliding_window` reads it
         keys.append("sliding_window")
     for key in keys:
         value = c.fields.get(key)
@@ -240,17 +241,23 @@ def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
 
 def _sliding_window(c: HFConfig, spec: ModelSpec) -> tuple[int | None, tuple[int, ...] | None]:
     """(window, layers with it) as transformers runs them: Mixtral's sliding_window on every
-    layer; Qwen2-MoE's on the layers config.json's layer_types marks sliding_attention, or
-    without it (transformers' default) the even-indexed layers below max_window_layers, where
-    use_sliding_window is true. A window of 1 is refused: transformers' sliding cache keeps
-    its last `sliding_window - 1` positions by the slice [-0:], every one, so its decode steps
-    see them all where its prefill sees one."""
+    layer, and Qwen3-MoE's where use_sliding_window is true (its config sets the window null
+    otherwise; null: none); Qwen2-MoE's on the layers config.json's layer_types marks
+    sliding_attention, or without it (transformers' default) the even-indexed layers below
+    max_window_layers, where use_sliding_window is true. A window of 1 is refused:
+    transformers' sliding cache keeps its last `sliding_window - 1` positions by the slice
+    [-0:], every one, so its decode steps see them all where its prefill sees one."""
     window_rule = Rule(
         lambda v: COUNT.ok(v) and v >= 2,
         "an integer >= 2 (transformers' decode steps do not keep a window of 1)",
     ).or_null()
     if spec.family == "mixtral":
         return c.get("sliding_window", None, rule=window_rule), None
+    if spec.family == "qwen3_moe":
+        if not c.get("use_sliding_window", False):
+            return None, None
+        absent = "sliding_window" not in c.fields  # transformers' default then, 4096
+        return c.get("sliding_window", 4096 if absent else None, rule=window_rule), None
     if spec.family != "qwen2_moe":
         return None, None
     used = c.get("use_sliding_window", False)

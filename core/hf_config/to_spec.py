@@ -48,7 +48,8 @@ def rope_theta_of(cfg: HFConfig, default: float) -> float:
 
 
 def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.json") -> ModelSpec:
-    """Map a config.json's fields (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V2, Switch) to a spec; a
+    """Map a config.json's fields (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2, Switch) to a
+    spec; a
     ConfigError naming `where` (the file) and the config.json field for a field of the wrong type
     or range, or fields that make no model (top-k above the experts, heads that do not divide)."""
     c = HFConfig(cfg, where)
@@ -58,6 +59,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         "mixtral": _llama_fields,
         "olmoe": _llama_fields,
         "qwen2_moe": _qwen2_moe_fields,
+        "qwen3_moe": _qwen3_moe_fields,
         "deepseek_v2": _deepseek_v2_fields,
         "switch_transformers": _switch_fields,
     }
@@ -97,6 +99,7 @@ ARCH_PREFIX = {
     "mixtral": "Mixtral",
     "olmoe": "Olmoe",
     "qwen2_moe": "Qwen2Moe",
+    "qwen3_moe": "Qwen3Moe",
     "deepseek_v2": "DeepseekV2",
     "switch_transformers": "SwitchTransformers",
 }
@@ -118,25 +121,27 @@ def _check_architectures(c: HFConfig, family: str) -> None:
 
 # fields that size or route a model, by the families whose config.json has them (with their other
 # names in `ALIASES`): one of another family's, unread by model_type's, means the two disagree
+_CAUSAL = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2")
+_QWEN = ("qwen2_moe", "qwen3_moe")
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    "num_local_experts": ("mixtral", "olmoe"),
-    "num_experts": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "num_local_experts": ("mixtral", "olmoe", "qwen3_moe"),
+    "num_experts": (*_CAUSAL, "switch_transformers"),
     "n_routed_experts": ("deepseek_v2",),
-    "num_experts_per_tok": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2"),
-    "moe_intermediate_size": ("qwen2_moe", "deepseek_v2"),
+    "num_experts_per_tok": _CAUSAL,
+    "moe_intermediate_size": (*_QWEN, "deepseek_v2"),
     "shared_expert_intermediate_size": ("qwen2_moe",),
     "n_shared_experts": ("deepseek_v2",),
-    "intermediate_size": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2"),
-    "hidden_size": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
-    "num_hidden_layers": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
-    "num_attention_heads": ("mixtral", "qwen2_moe", "olmoe", "deepseek_v2", "switch_transformers"),
+    "intermediate_size": _CAUSAL,
+    "hidden_size": (*_CAUSAL, "switch_transformers"),
+    "num_hidden_layers": (*_CAUSAL, "switch_transformers"),
+    "num_attention_heads": (*_CAUSAL, "switch_transformers"),
     "kv_lora_rank": ("deepseek_v2",),
     "qk_nope_head_dim": ("deepseek_v2",),
     "qk_rope_head_dim": ("deepseek_v2",),
     "v_head_dim": ("deepseek_v2",),
     "first_k_dense_replace": ("deepseek_v2",),
-    "decoder_sparse_step": ("qwen2_moe", "switch_transformers"),
-    "mlp_only_layers": ("qwen2_moe",),
+    "decoder_sparse_step": (*_QWEN, "switch_transformers"),
+    "mlp_only_layers": _QWEN,
     "d_model": ("switch_transformers",),
     "d_ff": ("switch_transformers",),
     "d_kv": ("switch_transformers",),
@@ -144,7 +149,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "num_layers": ("switch_transformers",),
     "encoder_sparse_step": ("switch_transformers",),
     # and that route it: Mixtral renormalises its top-k always, the others as this says
-    "norm_topk_prob": ("qwen2_moe", "olmoe", "deepseek_v2"),
+    "norm_topk_prob": (*_QWEN, "olmoe", "deepseek_v2"),
     "clip_qkv": ("olmoe",),
 }
 
@@ -169,8 +174,8 @@ def _family_of(prefix: str) -> str:
 
 # Absent fields take transformers 5.24's config classes' defaults, family by family (a
 # config.json written by hand or by an older version may leave them out)
-KV_HEADS_ABSENT = {"mixtral": 8, "qwen2_moe": 16}  # others: the attention heads
-ROPE_THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
+KV_HEADS_ABSENT = {"mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}  # others: the attention heads
+ROPE_THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "qwen3_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
 
 
 def _attention_heads(c: HFConfig, hidden: int) -> dict[str, int]:
@@ -234,27 +239,48 @@ def _llama_fields(c: HFConfig) -> dict[str, Any]:
     )
 
 
-def _qwen2_moe_fields(c: HFConfig) -> dict[str, Any]:
-    """Qwen2-MoE: layer i has experts unless in mlp_only_layers, where (i + 1) % step == 0."""
-    n, hidden = c.get("num_hidden_layers"), c.get("hidden_size")
+def _qwen_layers(c: HFConfig, n: int) -> tuple[int, ...]:
+    """Qwen2-MoE's and Qwen3-MoE's MoE layers: layer i has experts unless in mlp_only_layers,
+    where (i + 1) % decoder_sparse_step == 0."""
     step = c.get("decoder_sparse_step", 1, rule=COUNT)  # transformers divides by it
     dense_only = set(c.get("mlp_only_layers", []))
     moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
-    _some_moe(c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}")
+    return _some_moe(
+        c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}"
+    )
+
+
+def _qwen_fields(c: HFConfig) -> dict[str, Any]:
+    """The fields Qwen2-MoE and Qwen3-MoE share: `_qwen_layers`, GQA heads, routed experts."""
+    n, hidden = c.get("num_hidden_layers"), c.get("hidden_size")
+    moe = _qwen_layers(c, n)
     return dict(
         n_layers=n,
         moe_layers=moe,
         hidden_size=hidden,
         expert_ffn_size=c.get("moe_intermediate_size"),
+        # Qwen3-MoE's also under num_local_experts, its other name (`ALIASES`)
         **_experts(c, "num_experts"),
         **_attention_heads(c, hidden),
         vocab_size=c.get("vocab_size"),
         dense_ffn_size=_dense_size(c, moe, n),
+        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta_of(c, ROPE_THETA[c.family]),
+    )
+
+
+def _qwen2_moe_fields(c: HFConfig) -> dict[str, Any]:
+    """Qwen2-MoE: a shared expert with a sigmoid gate, q/k/v biases."""
+    return _qwen_fields(c) | dict(
         shared_ffn_size=c.get("shared_expert_intermediate_size", 5632),  # transformers'
         qkv_bias=c.get("qkv_bias", True),
-        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta_of(c, ROPE_THETA["qwen2_moe"]),
     )
+
+
+def _qwen3_moe_fields(c: HFConfig) -> dict[str, Any]:
+    """Qwen3-MoE: no shared expert, per-head QK-norm (real.attention), attention_bias on
+    q/k/v/o (none by default)."""
+    return _qwen_fields(c) | dict(attention_bias=c.get("attention_bias", False))
 
 
 def mla_params(hidden: int, heads: int, m: Mapping[str, Any]) -> int:

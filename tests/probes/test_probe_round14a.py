@@ -185,6 +185,10 @@ MOE = dict(n_experts=4, top_k=2)
 BIASED = {
     "mixtral-gqa": ("mixtral-tiny", dict(n_heads=4, n_kv_heads=2)),
     "olmoe-attention_bias": ("olmoe-1b-7b", dict(n_heads=8, n_kv_heads=8, attention_bias=True)),
+    "qwen3-attention_bias": (  # QK-norm of one head, whole on every GPU
+        "qwen3-30b-a3b",
+        dict(n_heads=4, n_kv_heads=2, head_dim=32, attention_bias=True),
+    ),
     "deepseek-attention_bias-mlp_bias": (
         "deepseek-v2-lite",
         dict(n_heads=4, n_kv_heads=4, attention_bias=True, mlp_bias=True),

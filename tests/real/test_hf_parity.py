@@ -54,6 +54,11 @@ FAMILY = {
         ),
     ),
     "olmoe": ("OlmoeConfig", dict(num_experts=8, intermediate_size=32)),
+    # heads of 32 dims, wider than hidden_size / heads as Qwen3-30B-A3B's (128 > 2048 / 32)
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(num_experts=8, moe_intermediate_size=32, intermediate_size=48, head_dim=32),
+    ),
     # layer 0 dense, layer 1 MoE with a shared expert; MLA at V2-Lite's proportions (16/8/32)
     "deepseek_v2": (
         "DeepseekV2Config",

@@ -8,6 +8,7 @@ Usage: python -m pytest -q tests/real/test_hf_parity_fields.py
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,19 @@ def save(family: str, fields: dict[str, Any], to: Path, dtype: str = "f32") -> t
 
 
 def save_cast(
-    family: str, fields: dict[str, Any], to: Path, saved: torch.dtype, run: torch.dtype
+    family: str,
+    fields: dict[str, Any],
+    to: Path,
+    saved: torch.dtype,
+    run: torch.dtype,
+    prepare: Callable[[Any], None] | None = None,
 ) -> tuple[Path, Any]:
-    """`save`, the model saved in `saved` and loaded back in `run`."""
+    """`save`, the model saved in `saved` and loaded back in `run`; `prepare(model)` first
+    where given (to draw weights transformers initialises to constants)."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(hf_config(family, fields))
+    if prepare is not None:
+        prepare(model)
     model.to(saved).eval().save_pretrained(to)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(to, dtype=run)
     return to, loaded.eval()

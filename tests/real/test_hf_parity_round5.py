@@ -42,11 +42,12 @@ transformers = pytest.importorskip("transformers")
 CLASSES = {
     "mixtral": "MixtralConfig",
     "qwen2_moe": "Qwen2MoeConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
     "olmoe": "OlmoeConfig",
     "deepseek_v2": "DeepseekV2Config",
     "switch_transformers": "SwitchTransformersConfig",
 }
-CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+CAUSAL = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"]
 
 
 SWITCH = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
@@ -136,11 +137,12 @@ def test_the_rope_table_classifies_every_rope_parameter():
 def test_citations_name_existing_tests():
     """Each `file::test` a table entry cites is a test function of tests/ (a `...` ending: its
     prefix), and each `case in file::test_equals_transformers` a case of that file's table."""
-    from tests.real import test_hf_parity, test_hf_parity_round4
+    from tests.real import test_hf_parity, test_hf_parity_round4, test_hf_parity_round10
 
     cases = {
         "test_hf_parity.py": test_hf_parity.CASES,
         "test_hf_parity_round4.py": test_hf_parity_round4.MATCHED,
+        "test_hf_parity_round10.py": test_hf_parity_round10.CASES,
         "test_hf_parity_round5.py": READ_CASES,
     }
     tables = [*COVERAGE.values(), ROPE_COVERAGE, EXTRA_COVERAGE]
@@ -157,12 +159,16 @@ def test_citations_name_existing_tests():
 
 @pytest.mark.parametrize("family", CLASSES)
 def test_aliases_are_transformers_attribute_maps(family):
-    """core.hf_config's other names of fields are each class's attribute_map, every one: a
-    config.json giving a field under its other name is read as transformers reads it."""
+    """core.hf_config's other names of fields are each class's attribute_map, every one, from
+    the field the class declares to its other name (Qwen3-MoE declares num_experts, which its
+    attribute_map stores as num_local_experts; the others the map's target): a config.json
+    giving a field under its other name is read as transformers reads it."""
     from core.hf_config.fields import ALIASES
 
-    mapped = getattr(transformers, CLASSES[family]).attribute_map
-    assert ALIASES.get(family, {}) == {own: other for other, own in mapped.items()}
+    cls = getattr(transformers, CLASSES[family])
+    declared = set(cls.__annotations__)
+    pairs = [(a, b) if a in declared else (b, a) for a, b in cls.attribute_map.items()]
+    assert ALIASES.get(family, {}) == dict(pairs)
 
 
 # NO_EFFECT: transformers' logits unchanged, moepipe's still them
