@@ -202,6 +202,19 @@ class Model:
         probabilities to the activations')."""
         return self.spec.family in ("deepseek_v2", "switch_transformers")
 
+    def clamp_overflow(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Switch in float16, as transformers' SwitchTransformersBlock after each residual add
+        (its attention's, its FFN's or MoE's), op for op: hidden [..., H] clamped to +-(float16's
+        max - 1000) where any of its values is infinite, else to +-max (finite values kept).
+        transformers tests the block's whole batch [B, S, H]; the reference forward passes the
+        same, an executor's op its sequences, which differ only where one sequence overflows
+        and another holds a value within 1000 of the max. Others: `hidden` itself."""
+        if self.spec.family != "switch_transformers" or hidden.dtype != torch.float16:
+            return hidden
+        big = torch.finfo(hidden.dtype).max
+        clamp_value = torch.where(torch.isinf(hidden).any(), big - 1000, big)
+        return torch.clamp(hidden, min=-clamp_value, max=clamp_value)
+
     # ---- pieces ---------------------------------------------------------------------------
     def embed(self, w: Weights, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, S] -> hidden [B, S, H]."""
@@ -213,7 +226,7 @@ class Model:
         """Input norm + causal self-attention (GQA, or MLA for DeepSeek-V2) + residual; writes
         this step's cache entries into `kv` at `positions` [S] (consecutive).
         hidden [B, S, H] -> [B, S, H]."""
-        return hidden + self.attention_part(layer, w, hidden, kv, positions)
+        return self.clamp_overflow(hidden + self.attention_part(layer, w, hidden, kv, positions))
 
     def attention_part(
         self,
@@ -314,7 +327,7 @@ class Model:
 
     def dense_ffn(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         """Post-attention norm + dense FFN + residual of a non-MoE layer: [B, S, H] -> [B, S, H]."""
-        return hidden + self.dense_ffn_part(w, hidden)
+        return self.clamp_overflow(hidden + self.dense_ffn_part(w, hidden))
 
     def dense_ffn_part(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         """`dense_ffn` without the residual, over the FFN columns `w` holds (all, or an
@@ -487,7 +500,9 @@ def forward_step(
         shared = None
         if s.shared_ffn_size:
             shared = model.shared_ffn(units[Unit(Tensor.FFN, layer)], normed)
-        hidden = moe_output(hidden, slots, weights, shared, model.float32_combine)
+        hidden = model.clamp_overflow(
+            moe_output(hidden, slots, weights, shared, model.float32_combine)
+        )
         used_ids.append(ids.view(b, n, -1))
         used_w.append(weights.view(b, n, -1))
     logits = model.head(units[Unit(Tensor.HEAD)], hidden)

@@ -452,8 +452,8 @@ class OpSemantics(KVSemantics):
             return
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         shared = None if p.shared is None else p.shared[rows]
-        h[s0:s1] = moe_output(
-            h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine
+        h[s0:s1] = self.model.clamp_overflow(
+            moe_output(h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine)
         )
         p.done[s0:s1] = True
         self._note_finite(step, p.layer, 1, bst_index(self._batches, bst), "MoE", h[s0:s1])

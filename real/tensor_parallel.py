@@ -428,6 +428,9 @@ class TensorParallel:
             return
         h = self._hidden(d, op)
         h += whole[: h.numel()].view_as(h)
+        clamped = ex.model.clamp_overflow(h)  # Switch in float16, after the residual add
+        if clamped is not h:
+            h.copy_(clamped)
         if what == "moe":
             dev.moe.pop(b)
         order = 1 if what in ("ffn", "moe") else 0

@@ -228,17 +228,23 @@ def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """transformers' greedy decoding: (tokens [B, GEN], last step's logits [B, V] float32),
     every sequence GEN tokens long as moepipe's (with its eos token, 2 in Mixtral's and
     DeepSeek-V2's configs, transformers would pad a sequence's tokens after it)."""
+    out = hf_generate_out(model, prompt, GEN)
+    return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
+
+
+def hf_generate_out(model: Any, prompt: torch.Tensor, gen: int) -> Any:
+    """transformers' generate() output of `gen` greedy tokens a sequence, with every step's
+    logits (`hf_greedy`'s decoding)."""
     with torch.inference_mode():
-        out = model.generate(
+        return model.generate(
             prompt,
-            max_new_tokens=GEN,
+            max_new_tokens=gen,
             do_sample=False,
             output_logits=True,
             return_dict_in_generate=True,
             pad_token_id=0,
             eos_token_id=None,
         )
-    return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
 
 
 def without(ckpt: Path, keys: tuple[str, ...], to: Path) -> Path:

@@ -19,7 +19,7 @@ from core.errors import ConfigError
 from core.hf_config import hf_config_to_spec
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
-from tests.real.test_hf_parity import DTYPES, GEN, hf_config, hf_greedy
+from tests.real.test_hf_parity import DTYPES, GEN, hf_config, hf_generate_out, hf_greedy
 
 transformers = pytest.importorskip("transformers")
 
@@ -194,16 +194,7 @@ def assert_tokens_where_clear(tokens: torch.Tensor, hf: Any, prompt: torch.Tenso
     sequence's first step whose top two logits lie within 1e-4 (there either may be taken
     within the logits' tolerance, and the steps after it follow from that choice); the first
     step of every sequence must be clear, so each sequence is compared."""
-    with torch.inference_mode():
-        out = hf.generate(
-            prompt,
-            max_new_tokens=GEN,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
+    out = hf_generate_out(hf, prompt, GEN)
     steps = torch.stack(out.logits, 1).float()  # [B, GEN, V]
     top2 = steps.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 1e-4  # [B, GEN]

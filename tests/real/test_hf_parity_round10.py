@@ -27,6 +27,7 @@ from tests.real.test_hf_parity import (
     GEN,
     assert_spec_sizes,
     hf_config,
+    hf_generate_out,
     hf_greedy,
     without,
     yarn,
@@ -157,11 +158,12 @@ def test_qwen3_moe_qk_norm_is_per_head(qwen3, prompt):
 
 # The real executor: offloaded (klotski) and expert-parallel, replicated or tensor-parallel
 
+TENSOR = {"dense": "tensor", "n_devices": 2}
 EXECUTORS = [
     ("klotski", {}, "f32"),
     ("klotski", {}, "bf16"),
     ("ep_static", {}, "bf16"),
-    ("eplb", {"dense": "tensor", "n_devices": 2}, "f32"),
+    ("eplb", TENSOR, "f32"),
 ]
 
 
@@ -188,16 +190,7 @@ def test_qwen3_moe_real_executor_equals_transformers(planner, params, dtype, qwe
         assert result.summary["bytes_moved"].get("disk", 0) > 0
     wl = WORKLOAD.with_(n_batches=result.summary["n_batches"])
     prompts = prompts_for(model, wl)
-    with torch.inference_mode():
-        hf_out = hf.generate(
-            prompts,
-            max_new_tokens=wl.gen_len,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
+    hf_out = hf_generate_out(hf, prompts, wl.gen_len)
     assert torch.equal(out.tokens, hf_out.sequences[:, prompts.shape[1] :])
     if dtype == "f32":
         hf_logits = hf_out.logits[-1].float()
@@ -231,3 +224,86 @@ def test_qwen3_moe_refuses_another_familys_field(qwen3, tmp_path):
         with pytest.raises(ConfigError, match=match) as e:
             reference_generate(bad, torch.zeros(1, 4, dtype=torch.long), 2)
         assert "\n" not in str(e.value)
+
+
+# Switch in float16: transformers' blocks clamp hidden states that overflow (T5's clamp)
+
+
+@pytest.fixture(scope="module")
+def switch_overflow(tmp_path_factory):
+    """(checkpoint, transformers' model) of a Switch saved in float16 whose dense block's FFN
+    (block 0's wo) and sparse block's attention (block 1's o) are scaled 3e4 times: both
+    overflow float16 on the module's prompt."""
+    from tests.real.test_hf_parity_round5 import SWITCH, SWITCH_LAYERS, SWITCH_SPARSE
+
+    cfg = transformers.SwitchTransformersConfig(**SWITCH, **SWITCH_LAYERS, **SWITCH_SPARSE)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.encoder.block[0].layer[-1].mlp.wo.weight.mul_(3e4)
+        model.encoder.block[1].layer[0].SelfAttention.o.weight.mul_(3e4)
+    ckpt = tmp_path_factory.mktemp("round10-switch") / "overflow"
+    model.to(torch.float16).save_pretrained(ckpt)
+    return ckpt, model
+
+
+class _Given(torch.nn.Module):
+    """transformers' self-attention layer replaced by its output (the residual sum) given."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        super().__init__()
+        self.out = out
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[Any, ...]:
+        return self.out, None, None
+
+
+@pytest.mark.parametrize("inf", [True, False])
+def test_switch_float16_clamps_as_transformers_block(inf, switch_overflow):
+    """A dense Switch block in float16, its attention's residual sum given (with an infinite
+    value, or without one but within 1000 of float16's max): moepipe's clamp of it, then its
+    FFN with the residual and the clamp, is transformers' SwitchTransformersBlock bit for bit
+    (the FFN's scaled wo overflows: infinities clamped to max - 1000)."""
+    from real.checkpoint import Unit, load_units
+    from real.model import Model
+    from real.model import Tensor as Kind
+
+    ckpt, hf = switch_overflow
+    spec, units = load_units(ckpt)
+    model = Model.from_checkpoint(ckpt, spec)
+    g = torch.Generator().manual_seed(2)
+    summed = torch.randn(2, 6, spec.hidden_size, generator=g).to(torch.float16)
+    summed[0, 1, 3] = float("inf") if inf else 65000.0
+    summed[1, 2, 5] = -65500.0
+    block = type(hf).from_pretrained(ckpt, dtype=torch.float16).encoder.block[0]
+    block.layer[0] = _Given(summed)
+    with torch.inference_mode():
+        want = block(summed)[0]
+        ours = model.dense_ffn(units[Unit(Kind.FFN, 0)], model.clamp_overflow(summed))
+    assert torch.isinf(summed).any() == inf and torch.isfinite(want).all()
+    assert torch.equal(ours, want)
+
+
+@pytest.mark.parametrize("planner, params", [("klotski", {}), ("ep_static", TENSOR)])
+def test_switch_float16_overflow_runs_clamped(planner, params, switch_overflow, monkeypatch):
+    """moepipe's forward and a real run of the overflowing checkpoint give finite logits, the
+    run's tokens the forward's, and its logits bit for bit (dense=tensor: within 2 float16
+    steps of 16, its parts rounded before their sum); before, the run stopped ("non-finite
+    values (NaN or inf) in the output of layer 1 (attention)") and the forward gave NaN
+    logits. Without the clamp they are NaN again (the checkpoint does overflow)."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import prompts_for, real_execute
+    from real.model import Model
+    from tests.real.test_executor import OFFLOAD, RESIDENT_2GPU, WORKLOAD
+
+    ckpt, _ = switch_overflow
+    model, _ = load_checkpoint(ckpt)
+    assert model.float16
+    hw = RESIDENT_2GPU if params else OFFLOAD
+    _, out = real_execute(ckpt, RunSpec(model, hw, WORKLOAD, planner, params), "live")
+    prompts = prompts_for(model, WORKLOAD)
+    tokens, logits = reference_generate(ckpt, prompts, WORKLOAD.gen_len)
+    assert torch.isfinite(logits).all() and torch.equal(out.tokens, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2 * 2**-6 if params else 0, rtol=0)
+    monkeypatch.setattr(Model, "clamp_overflow", lambda self, hidden: hidden)
+    assert not torch.isfinite(reference_generate(ckpt, prompts, WORKLOAD.gen_len)[1]).all()
