@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from core.activations import activation_bytes
 from core.cost import CostModel
 from core.errors import CapacityError
 from core.hardware import HardwareSpec
-from core.spec import ModelSpec, Workload, activation_bytes
+from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, Tier
 from planners.placement import Placement, klotski_placement
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
+from core.activations import EXPERT_ROWS
 from core.ep_layout import EPLayout
 from core.errors import MoepipeError, ScheduleError
 from core.routing import GateView
 from core.schedule import Op, StreamSpec
-from core.spec import EXPERT_ROWS
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
 from real.checkpoint import Unit
 from real.decoding import next_tokens

@@ -11,7 +11,8 @@ import os
 
 import torch
 
-from core.spec import RoutingConfig, Workload, activation_bytes
+from core.activations import activation_bytes
+from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource, Tier
 from experiments.common.pipeline import RunSpec
 from experiments.common.real_run import open_store, real_execute
