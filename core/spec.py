@@ -40,7 +40,16 @@ def check_finite(where: str, **values: Any) -> None:
             raise ConfigError(f"{where}.{key} must be a finite number, got {v!r}")
 
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "switch_transformers")
+FAMILIES = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "switch_transformers",
+)
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")  # Multi-head Latent Attention, float32 routers
 DTYPE_BYTES = (1, 2, 4, 8)  # fp8/int8, bf16/fp16, fp32, fp64
 MAX_LAYERS = 100_000  # decoder layers; far above any model, low enough to list them all
 MAX_WIDTH = 1 << 24  # a dimension or count of a layer (16M): past any model's (vocab ~256k)
@@ -133,7 +142,7 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name}: family={self.family!r} unknown; valid: {', '.join(FAMILIES)}"
             )
-        mla = ("deepseek_v2",)
+        mla = MLA_FAMILIES
         biased = {"attention_bias": ("olmoe", "qwen3_moe", *mla), "mlp_bias": mla}
         for key, families in biased.items():
             if getattr(self, key) and self.family not in families:
@@ -252,7 +261,7 @@ class ModelSpec:
         q_a (where q_lora_rank compresses q), kv_a (latent + RoPE key, kv_dim) and o biases."""
         if not self.attention_bias:
             return 0
-        if self.family == "deepseek_v2":
+        if self.mla:
             rope = self.qk_rope_head_dim or self.head_dim // 2  # mla_dims' defaults
             return self.q_lora_rank + (self.kv_dim or 4 * self.head_dim + rope) + self.hidden_size
         return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim + self.hidden_size
@@ -270,15 +279,16 @@ class ModelSpec:
 
     @cached_property
     def gate_bytes(self) -> int:
-        """Router + post-attention norm of one MoE layer."""
-        router = self.hidden_size * self.n_experts * self.router_dtype_bytes
-        return router + self.hidden_size * self.dtype_bytes
+        """Router (DeepSeek-V3's with its e_score_correction_bias [E]) + post-attention norm of
+        one MoE layer."""
+        rows = self.hidden_size + (self.family == "deepseek_v3")
+        return rows * self.n_experts * self.router_dtype_bytes + self.hidden_size * self.dtype_bytes
 
     @property
     def router_dtype_bytes(self) -> int:
-        """Bytes per router weight: DeepSeek-V2's are float32 at any compute dtype (transformers
+        """Bytes per router weight: DeepSeek's are float32 at any compute dtype (transformers
         keeps its gate.weight in float32, _keep_in_fp32_modules_strict), others the compute's."""
-        return max(4, self.dtype_bytes) if self.family == "deepseek_v2" else self.dtype_bytes
+        return max(4, self.dtype_bytes) if self.mla else self.dtype_bytes
 
     @cached_property
     def dense_ffn_bytes(self) -> int:
@@ -321,6 +331,11 @@ class ModelSpec:
     def qk_norm(self) -> bool:
         """OLMoE's QK-norm: RMSNorm over the projected q (and k) of all heads at once."""
         return self.family == "olmoe"
+
+    @property
+    def mla(self) -> bool:
+        """DeepSeek's Multi-head Latent Attention (V2's and V3's), with their float32 routers."""
+        return self.family in MLA_FAMILIES
 
     @property
     def head_qk_norm(self) -> bool:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from core.hf_config import HFConfig, mla_dims, rope_theta_of
-from core.spec import ModelSpec
+from core.spec import MLA_FAMILIES, ModelSpec
 
 # Shape legend: B batch, S tokens per sequence this step, H hidden, Hq query heads, Hkv
 # key/value heads, D head dim. MLA (DeepSeek-V2): C latent (kv_lora_rank), R RoPE part of a
@@ -36,7 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rotary_dim(spec: ModelSpec) -> int:
     """How many dims of a query/key head RoPE rotates: R for DeepSeek-V2's MLA, else D."""
-    return mla_dims(spec)["qk_rope_head_dim"] if spec.family == "deepseek_v2" else spec.head_dim
+    return mla_dims(spec)["qk_rope_head_dim"] if spec.mla else spec.head_dim
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -263,7 +263,7 @@ def _refuse_scaled(c: HFConfig, p: HFConfig, key: str, kind: str, family: str) -
             "(transformers fails on it too): remove it"
         )
     null_factor = "factor" in p.fields and p.get("factor", None) is None
-    if family == "deepseek_v2" and null_factor and p.get("mscale_all_dim", 0):
+    if family in MLA_FAMILIES and null_factor and p.get("mscale_all_dim", 0):
         raise c.error(
             f"{key}.factor is null with mscale_all_dim={p.get('mscale_all_dim')}: transformers' "
             "DeepseekV2 scales its softmax by the factor and fails on null; write the factor"
@@ -365,6 +365,24 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tenso
     cis = torch.polar(torch.ones_like(freqs), freqs) * r.attention_factor  # [S, R/2] complex64
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # [B, Hx, S, R/2]
     return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
+
+
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, r: Rope) -> torch.Tensor:
+    """DeepSeek-V3's RoPE as transformers' apply_rotary_pos_emb_interleave computes it: pairs
+    (x[2i], x[2i+1]) rotated in the input's dtype, the even dims' results first, then the odd
+    ones'. x [B, Hx, S, R], positions [S]."""
+    d = x.shape[-1]
+    assert r.inv_freq.shape == (d // 2,), f"RoPE has {r.inv_freq.shape} frequencies for dim {d}"
+    freqs = positions.to(x.device).float()[:, None] * r.inv_freq_on(x.device, positions)
+    emb = torch.cat([freqs, freqs], dim=-1)  # [S, R], as transformers' rotary embedding
+    cos = (emb.cos() * r.attention_factor).to(x.dtype)[..., : d // 2]
+    sin = (emb.sin() * r.attention_factor).to(x.dtype)[..., : d // 2]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+# MLA's RoPE layouts (`Model.mla_rope`): V2's pairs, V3's interleave, or rotate_half
+MLA_ROPE = {"pairs": rope_pairs, "interleave": rope_interleaved, "half": rope}
 
 
 def causal_mask(
@@ -469,10 +487,12 @@ def mla(
     cache: tuple[torch.Tensor, ...],
     positions: torch.Tensor,
     window: int | None = None,
+    layout: str = "pairs",
 ) -> torch.Tensor:
-    """DeepSeek-V2's Multi-head Latent Attention in transformers' op order: normed x [B, S, H]
-    -> heads' outputs [B, S, Hq * Dv], Hq as many as `w` holds. Caches the compressed latent
-    and the shared RoPE key. Cq: the query's compression rank (q_lora_rank)."""
+    """DeepSeek-V2's and V3's Multi-head Latent Attention in transformers' op order: normed x
+    [B, S, H] -> heads' outputs [B, S, Hq * Dv], Hq as many as `w` holds. Caches the compressed
+    latent and the shared RoPE key. Cq: the query's compression rank (q_lora_rank). layout:
+    the RoPE's (`MLA_ROPE`)."""
     m = mla_dims(spec)
     nope, r, dv, c = (
         m["qk_nope_head_dim"],
@@ -493,8 +513,9 @@ def mla(
     latent, k_rope = kv_a.split([c, r], dim=-1)  # [B, S, C], [B, S, R]
     # HF's kv_a_layernorm keeps RMSNorm's default eps, not config.rms_norm_eps
     latent = rms_norm(latent, w["kv_a_norm"], 1e-6).view(b, 1, n, c)  # [B, 1, S, C]
-    q_rope = rope_pairs(q_rope, positions, rot)  # [B, Hq, S, R]
-    k_rope = rope_pairs(k_rope.view(b, 1, n, r), positions, rot)  # [B, 1, S, R]
+    rotate = MLA_ROPE[layout]
+    q_rope = rotate(q_rope, positions, rot)  # [B, Hq, S, R]
+    k_rope = rotate(k_rope.view(b, 1, n, r), positions, rot)  # [B, 1, S, R]
     latent_cache, k_rope_cache = cache
     start, end = int(positions[0]), int(positions[-1]) + 1
     latent_cache[:, :, start:end] = latent

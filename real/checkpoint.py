@@ -72,10 +72,10 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
 
 
 def weight_dtype(spec: ModelSpec, key: str) -> torch.dtype:
-    """The dtype a unit's tensor `key` runs in: the compute dtype, but DeepSeek-V2's router
-    weight in float32 (`ModelSpec.router_dtype_bytes`), as transformers' from_pretrained keeps it
-    at any dtype, so float32-saved router weights are not rounded."""
-    if key == "router" and spec.router_dtype_bytes == 4:
+    """The dtype a unit's tensor `key` runs in: the compute dtype, but DeepSeek's router weight
+    (and V3's correction bias) in float32 (`ModelSpec.router_dtype_bytes`), as transformers'
+    from_pretrained keeps it at any dtype, so float32-saved router weights are not rounded."""
+    if key in ("router", "router_bias") and spec.router_dtype_bytes == 4:
         return torch.float32
     return torch_dtype(spec)
 
@@ -156,6 +156,8 @@ def unit_layout(spec: ModelSpec) -> dict[Unit, dict[str, TensorSpec]]:
             out[Unit(Tensor.FFN, i)] = post_norm | ffn
             continue
         router = {"router": TensorSpec(n.router.format(i=i), (spec.n_experts, h))}
+        if n.router_bias:  # DeepSeek-V3's e_score_correction_bias
+            router["router_bias"] = TensorSpec(n.router_bias.format(i=i), (spec.n_experts,))
         out[Unit(Tensor.GATE, i)] = post_norm | router
         for e in range(spec.n_experts):
             out[Unit(Tensor.EXPERT, i, e)] = _ffn(
@@ -182,7 +184,7 @@ def _attn_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Attention tensor shapes by short key ([out, in] for projections); the keys of tensors the
     model has (no Qwen biases without qkv_bias, q or q_a/q_a_norm/q_b for MLA)."""
     h, heads = spec.hidden_size, spec.n_heads
-    if spec.family == "deepseek_v2":
+    if spec.mla:
         m = mla_dims(spec)
         qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
         rank, q_rank = m["kv_lora_rank"], m["q_lora_rank"]
@@ -270,7 +272,7 @@ def reduced_spec(model: str, **overrides: Any) -> ModelSpec:
         if "dense_ffn_size" not in given and base.family == "switch_transformers":
             d["dense_ffn_size"] = d["expert_ffn_size"]
     mla_fields = {"kv_dim", "attn_params", "qk_head_dim", "latent_expand_params"}
-    derive_mla = base.family == "deepseek_v2" and not mla_fields & given
+    derive_mla = base.mla and not mla_fields & given
     if derive_mla:  # the MLA sizes of the new head_dim (and of qk_rope_head_dim, q_lora_rank)
         d |= dict.fromkeys(mla_fields, 0)
         if "qk_rope_head_dim" not in given:
@@ -304,8 +306,8 @@ def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
             f"model {base.name}: n_layers={n}, more than any model has (at most {MAX_LAYERS})"
         )
     dense = [i for i in range(base.n_layers) if not base.is_moe(i)]
-    if base.family == "deepseek_v2":
-        return tuple(range(min(base.moe_layers), n))
+    if base.mla:  # its first dense layers, the last layer MoE at least
+        return tuple(range(min(min(base.moe_layers), n - 1), n))
     if base.family == "switch_transformers":
         step = base.moe_layers[1] - base.moe_layers[0] if len(base.moe_layers) > 1 else 2
         return tuple(i for i in range(n) if i % step == step - 1)
@@ -483,6 +485,7 @@ _LAYER_KIND_FIELDS = {
     "qwen2_moe": "decoder_sparse_step and mlp_only_layers",
     "qwen3_moe": "decoder_sparse_step and mlp_only_layers",
     "deepseek_v2": "first_k_dense_replace and moe_layer_freq",
+    "deepseek_v3": "first_k_dense_replace",
 }
 
 

@@ -27,6 +27,7 @@ class HFNames:
     dense_mats: Mapping[str, str]
     shared: str = ""  # "" = the family has no shared experts
     shared_gate: str = ""  # Qwen's sigmoid gate on the shared expert
+    router_bias: str = ""  # DeepSeek-V3's e_score_correction_bias; "" = none
 
 
 def hf_names(family: str) -> HFNames:
@@ -86,7 +87,8 @@ def hf_names(family: str) -> HFNames:
             shared_gate=b + "mlp.shared_expert_gate.weight",
         )
         return HFNames(**common, **moe, **shared)
-    if family == "deepseek_v2":  # MLA; q_a, q_a_norm and q_b where q is compressed (full V2)
+    if family in ("deepseek_v2", "deepseek_v3"):  # MLA; q_a, q_a_norm and q_b where q is
+        # compressed (full V2, V3)
         mla = {"q": "q_proj", "q_a": "q_a_proj", "q_a_norm": "q_a_layernorm", "q_b": "q_b_proj"}
         mla |= {"kv_a": "kv_a_proj_with_mqa", "kv_a_norm": "kv_a_layernorm", "kv_b": "kv_b_proj"}
         common["attn"] = {"input_norm": b + "input_layernorm.weight"}
@@ -95,8 +97,12 @@ def hf_names(family: str) -> HFNames:
         common["attn"] |= {
             k + "_bias": b + f"self_attn.{mla[k]}.bias" for k in ("q_a", "kv_a", "o")
         }
-        return HFNames(**common, **moe, shared=b + "mlp.shared_experts.{w}.weight")
+        bias = b + "mlp.gate.e_score_correction_bias" if family == "deepseek_v3" else ""
+        return HFNames(
+            **common, **moe, shared=b + "mlp.shared_experts.{w}.weight", router_bias=bias
+        )
     raise ConfigError(
         f"model family {family!r} has no real-executor layout; "
-        "use mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2 or switch_transformers"
+        "use mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3 or "
+        "switch_transformers"
     )

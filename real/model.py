@@ -30,6 +30,7 @@ from core.types import Activation, Tensor
 from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
 from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 from real.decoding import next_tokens
+from real.routers import sigmoid_route, softmax_top_k
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
 # Hq query heads, Hkv key/value heads, D head dim, M cache length, E experts, k top-k,
@@ -94,7 +95,7 @@ class KVCache:
     ) -> KVCache:
         """kv_heads: the GQA key/value heads to hold, all by default (a `head_shard` holds fewer);
         MLA's latent is shared by every head, so its cache is whole either way."""
-        if spec.family == "deepseek_v2":
+        if spec.mla:
             m = mla_dims(spec)
             shapes = [(batch, 1, max_len, d) for d in (m["kv_lora_rank"], m["qk_rope_head_dim"])]
         else:
@@ -132,13 +133,16 @@ class Model:
     clip_qkv: float | None = None
     # The layers with the sliding window (Qwen2-MoE's layer_types); None: every layer (Mixtral)
     sliding_layers: tuple[int, ...] | None = None
-    # DeepSeek-V2's group_limited_greedy (n_group, topk_group); None: plain top-k
+    # DeepSeek-V2's group_limited_greedy (n_group, topk_group), and V3's; None: plain top-k
     expert_groups: tuple[int, int] | None = None
     # generation_config.json's settings greedy decoding applies (real.decoding); default: argmax
     greedy: Greedy = Greedy()
     # config.json's hidden_act (Switch: dense_act_fn), the FFNs' activation, a key of
     # ACTIVATIONS; "": the spec's activation (silu gated, relu ungated)
     hidden_act: str = ""
+    # DeepSeek-V3's sigmoid router and MLA's RoPE layout (core.hf_config.HFRuntime's)
+    sigmoid_router: bool = False
+    mla_rope: str = "pairs"
 
     def __post_init__(self) -> None:
         if not self.hidden_act:
@@ -179,6 +183,8 @@ class Model:
             run.expert_groups,
             read_generation(ckpt_dir, spec.vocab_size),
             run.hidden_act,
+            run.sigmoid_router,
+            run.mla_rope,
         )
 
     def window(self, layer: int) -> int | None:
@@ -193,14 +199,14 @@ class Model:
         `moe_output`): DeepSeek-V2 and Mixtral, whose transformers routers give float32 weights
         that promote the products; Qwen2-MoE's and OLMoE's round their weights to the
         activations' dtype first."""
-        return self.spec.family in ("deepseek_v2", "mixtral")
+        return self.spec.mla or self.spec.family == "mixtral"
 
     @property
     def float32_logits(self) -> bool:
         """Router logits in float32: DeepSeek-V2's (HF keeps its gate in float32), and Switch's
         (HF's Top1Router casts its input and classifier to float32, then rounds the
         probabilities to the activations')."""
-        return self.spec.family in ("deepseek_v2", "switch_transformers")
+        return self.spec.mla or self.spec.family == "switch_transformers"
 
     def clamp_overflow(self, hidden: torch.Tensor) -> torch.Tensor:
         """Switch in float16, as transformers' SwitchTransformersBlock after each residual add
@@ -248,8 +254,8 @@ class Model:
         )
         assert self.rope is not None  # set by __post_init__
         cache, window = kv.layers[layer], self.window(layer)
-        if self.spec.family == "deepseek_v2":
-            out = mla(self.spec, self.rope, w, x, cache, positions, window)  # [B, S, Hq * Dv]
+        if self.spec.mla:
+            out = mla(self.spec, self.rope, w, x, cache, positions, window, self.mla_rope)
         else:
             out = gqa(self.spec, self.rope, w, x, cache, positions, window, self.clip_qkv, reduce)
         return F.linear(out, w["o"], w.get("o_bias"))  # o_bias: attention_bias, on one shard
@@ -286,7 +292,19 @@ class Model:
             if forced_weights is not None:
                 return x, ids, forced_weights.to(logits.device).float()
             return x, ids, probs.gather(-1, ids).float()
-        ids = self._top_k(logits) if forced_ids is None else forced_ids.to(logits.device).long()
+        if self.sigmoid_router:  # DeepSeek-V3's
+            assert self.expert_groups is not None  # hf_runtime gives V3 its groups always
+            args = (self.spec.top_k, self.expert_groups, forced_ids)
+            ids, weights = sigmoid_route(
+                logits, w["router_bias"], *args, self.renormalize, self.routed_scaling
+            )
+            if forced_weights is not None:
+                weights = forced_weights.to(logits.device).float()
+            return x, ids, weights
+        if forced_ids is None:
+            ids = softmax_top_k(logits, self.spec.top_k, self.expert_groups)
+        else:
+            ids = forced_ids.to(logits.device).long()
         if forced_weights is not None:
             return x, ids, forced_weights.to(logits.device).float()
         if self.spec.family == "mixtral":  # HF's MixtralTopKRouter: top-k probs over their sum
@@ -298,21 +316,6 @@ class Model:
         elif self.routed_scaling != 1.0:  # DeepSeek's MoEGate: scaled where not renormalised
             weights = weights * self.routed_scaling
         return x, ids, weights
-
-    def _top_k(self, logits: torch.Tensor) -> torch.Tensor:
-        """The router's choice: logits [T, E] -> expert ids [T, k]. With expert groups (G of
-        them, E / G experts each), from the topk_group groups of the highest best probability,
-        the others' probabilities zeroed, as transformers' DeepseekV2TopkRouter does."""
-        k = self.spec.top_k
-        if self.expert_groups is None:
-            return logits.topk(k, dim=-1).indices
-        groups, keep = self.expert_groups
-        probs = torch.softmax(logits, dim=-1)  # [T, E]
-        best = probs.view(len(probs), groups, -1).amax(-1)  # [T, G]
-        chosen = torch.zeros_like(best, dtype=torch.bool)
-        chosen.scatter_(1, best.topk(keep, dim=-1).indices, True)  # [T, G]
-        allowed = chosen.repeat_interleave(probs.shape[-1] // groups, dim=1)  # [T, E]
-        return probs.masked_fill(~allowed, 0.0).topk(k, dim=-1).indices
 
     def expert(self, w: Weights, x: torch.Tensor) -> torch.Tensor:
         """One routed expert over some tokens: x [n, H] -> [n, H]."""
@@ -361,7 +364,7 @@ def head_shard(spec: ModelSpec, w: Weights, heads: tuple[int, int]) -> dict[str,
     (and q_b) for MLA, their columns of o. MLA's kv_a and its norm make the latent every head
     reads, and q_a and its norm the query's, so they stay whole (computed on every shard)."""
     lo, hi = heads
-    if spec.family == "deepseek_v2":
+    if spec.mla:
         m = mla_dims(spec)
         qk, kvb, dv = (
             m["qk_nope_head_dim"] + m["qk_rope_head_dim"],

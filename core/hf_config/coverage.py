@@ -1,4 +1,4 @@
-"""Every field transformers 5.24's config classes of the six families take, and what moepipe does
+"""Every field transformers 5.24's config classes of the seven families take, and what moepipe does
 with it: `COVERAGE[family][field]` is (how, why). READ: moepipe honours it (the why cites the
 test that proves it); NO_EFFECT: transformers' logits do not change with it (a forward, or greedy
 generate); REFUSED_UNLESS_DEFAULT: another value is refused in one line naming the file and the
@@ -33,6 +33,7 @@ _P4 = "test_hf_parity_round4.py::test_equals_transformers"
 _P5 = "test_hf_parity_round5.py::test_read_field_equals_transformers"
 _P8 = "test_hf_parity_round8.py::test_bias_equals_transformers"
 _P10 = "test_hf_parity_round10.py::test_qwen3_moe_equals_transformers"
+_P10V3 = "test_hf_parity_round10b.py::test_deepseek_v3_equals_transformers"
 _QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
 _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 
@@ -59,7 +60,8 @@ BASE: dict[str, Entry] = {
     "eos_token_id": (NO_EFFECT, "stops generate(), changes no logit: " + _QUIET),
     "tie_word_embeddings": (READ, "qwen2_moe-tied in " + _P + ", test_hf_parity_round3.py"),
 }
-# the decoder fields every causal family (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2) takes
+# the decoder fields every causal family (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2 and
+# V3) takes
 DECODER: dict[str, Entry] = BASE | {
     "vocab_size": (READ, _P),
     "hidden_size": (READ, _P),
@@ -148,6 +150,31 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "routed_scaling_factor": (READ, "deepseek_v2-layers in " + _P4),
         # DeepSeek's own modeling code's rule, which transformers' router lacks (logged)
         _NORM: (READ, "test_hf_parity.py::test_deepseek_norm_topk_prob_follows_deepseek..."),
+    },
+    "deepseek_v3": DECODER
+    | {
+        "pretraining_tp": (NO_EFFECT, "transformers' DeepseekV3 never reads it: " + _QUIET),
+        # its rotary embedding's dims: another than qk_rope_head_dim fails in transformers
+        "head_dim": (REFUSED, "qk_rope_head_dim: round5's test_refused_field_is_one_line..."),
+        "qk_head_dim": (NO_EFFECT, "set to qk_nope + qk_rope on load: " + _QUIET),
+        # multi-token prediction layers, which transformers' DeepseekV3 does not build
+        "num_mtp_layers": (NO_EFFECT, "no MTP module in transformers: " + _QUIET),
+        "num_nextn_predict_layers": (NO_EFFECT, "num_mtp_layers' stored name: " + _QUIET),
+        "attention_bias": (READ, "deepseek_v3-q_lora_rank in " + _P10V3),
+        "first_k_dense_replace": (READ, _P10V3),
+        "kv_lora_rank": (READ, "deepseek_v3-mla_dims in " + _P10V3),
+        "q_lora_rank": (READ, "deepseek_v3-q_lora_rank in " + _P10V3),
+        "qk_nope_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
+        "qk_rope_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
+        "v_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
+        "n_group": (READ, "sigmoid scores of the topk_group best groups: " + _P10V3),
+        "topk_group": (READ, "sigmoid scores of the topk_group best groups: " + _P10V3),
+        "n_routed_experts": (READ, _P10V3 + "; num_local_experts too, its stored name"),
+        "n_shared_experts": (READ, _P10V3),
+        "moe_intermediate_size": (READ, _P10V3),
+        "routed_scaling_factor": (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
+        _NORM: (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
+        "rope_interleave": (READ, "deepseek_v3-rope_half in " + _P10V3),
     },
     "switch_transformers": BASE
     | {

@@ -137,6 +137,8 @@ FIELDS: dict[str, Rule] = {
     "topk_group": COUNT.or_null(),
     "scoring_func": TEXT.or_null(),
     "mlp_bias": FLAG,
+    # DeepSeek-V3: its MLA's RoPE on interleaved pairs (DeepSeek's layout) or on halves
+    "rope_interleave": FLAG.or_null(),
     # Switch
     "d_model": WIDTH,
     "d_ff": WIDTH,
@@ -179,6 +181,11 @@ ALIASES: dict[str, dict[str, str]] = {
     # the name save_pretrained writes and the one transformers keeps where both are given
     "qwen3_moe": {"num_experts": "num_local_experts"},
     "deepseek_v2": {"n_routed_experts": "num_experts"},
+    # V3's class fields stored under their attribute_map names, which win where both are given
+    "deepseek_v3": {
+        "n_routed_experts": "num_local_experts",
+        "num_mtp_layers": "num_nextn_predict_layers",
+    },
     "switch_transformers": {
         "d_model": "hidden_size",
         "num_heads": "num_attention_heads",
@@ -249,6 +256,27 @@ FAMILY_DEFAULTS: dict[str, dict[str, int | bool]] = {
         "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64,
         "v_head_dim": 128,
+        "tie_word_embeddings": False,
+    },
+    "deepseek_v3": {
+        "num_hidden_layers": 61,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "num_attention_heads": 128,
+        "vocab_size": 129280,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "max_position_embeddings": 4096,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_group": 8,
+        "topk_group": 4,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
         "tie_word_embeddings": False,
     },
     "switch_transformers": {

@@ -79,6 +79,7 @@ def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str
         "qwen2_moe": _qwen2_moe_config,
         "qwen3_moe": _qwen2_moe_config,
         "deepseek_v2": _deepseek_v2_config,
+        "deepseek_v3": _deepseek_v2_config,
         "switch_transformers": _switch_config,
     }
     if spec.family not in writers:
@@ -174,20 +175,26 @@ def _deepseek_v2_config(w: _Writer, norm_topk_prob: bool) -> dict[str, Any]:
         _common(s)
         | mla_dims(s)
         | dict(
-            architectures=["DeepseekV2ForCausalLM"],
             n_routed_experts=s.n_experts,
             n_shared_experts=s.shared_ffn_size // s.expert_ffn_size,
             moe_intermediate_size=s.expert_ffn_size,
             first_k_dense_replace=first,
-            moe_layer_freq=1,
-            topk_method="greedy",
-            scoring_func="softmax",
             routed_scaling_factor=1.0,
             norm_topk_prob=norm_topk_prob,
             attention_bias=s.attention_bias,
-            mlp_bias=s.mlp_bias,
         )
     )
+    if s.family == "deepseek_v3":  # one group of every expert: a plain top-k of the scores
+        w.need(not s.mlp_bias, "mlp_bias (DeepSeek-V3's FFNs have no biases)")
+        cfg |= dict(architectures=["DeepseekV3ForCausalLM"], n_group=1, topk_group=1)
+    else:
+        cfg |= dict(
+            architectures=["DeepseekV2ForCausalLM"],
+            moe_layer_freq=1,
+            topk_method="greedy",
+            scoring_func="softmax",
+            mlp_bias=s.mlp_bias,
+        )
     if s.dense_ffn_size:
         cfg["intermediate_size"] = s.dense_ffn_size
     return cfg

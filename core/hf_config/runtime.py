@@ -39,6 +39,12 @@ class HFRuntime:
     # topk_group groups of experts with the highest best score; None: plain top-k
     expert_groups: tuple[int, int] | None = None
     hidden_act: str = "silu"  # the FFNs' activation (`GATED_ACTS`); Switch: its dense_act_fn
+    # DeepSeek-V3's router: sigmoid scores, its e_score_correction_bias added to choose, groups
+    # ranked by their best two; False: a softmax router
+    sigmoid_router: bool = False
+    # MLA's RoPE layout: "pairs" (V2's adjacent pairs as complex numbers), "interleave" (V3's
+    # rope_interleave: even and odd dims), "half" (V3 without it: rotate_half)
+    mla_rope: str = "pairs"
 
 
 def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
@@ -50,14 +56,11 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
     _refuse_generate_only(c, spec)
     window, layers = _sliding_window(c, spec)
     clip = c.get("clip_qkv", None) if spec.family == "olmoe" else None
+    v3 = spec.family == "deepseek_v3"
+    renormalize, routed_scaling = _routing(c, spec)
     return HFRuntime(
-        # DeepSeek's MoEGate (and transformers') renormalise only a top-k of more than one; a
-        # top-1 weight is scaled by routed_scaling_factor instead
-        renormalize=bool(c.get("norm_topk_prob", False))
-        and (spec.family != "deepseek_v2" or spec.top_k > 1),
-        routed_scaling=float(c.get("routed_scaling_factor", 1.0))
-        if spec.family == "deepseek_v2"
-        else 1.0,
+        renormalize=renormalize,
+        routed_scaling=routed_scaling,
         sliding_window=window,
         sliding_layers=layers,
         clip_qkv=None if clip is None else float(clip),
@@ -65,20 +68,44 @@ def hf_runtime(c: HFConfig, spec: ModelSpec) -> HFRuntime:
         hidden_act=c.get("dense_act_fn", "relu")
         if spec.family == "switch_transformers"
         else c.get("hidden_act", "silu"),
+        sigmoid_router=v3,
+        mla_rope=("interleave" if c.get("rope_interleave", True) else "half") if v3 else "pairs",
     )
+
+
+def _routing(c: HFConfig, spec: ModelSpec) -> tuple[bool, float]:
+    """renormalize and routed_scaling as transformers' router of the family applies them.
+    DeepSeek-V2's MoEGate (and transformers') renormalises only a top-k of more than one and
+    scales a weight it does not renormalise; V3's renormalises (norm_topk_prob, absent: true;
+    null: false) any top-k, then scales every weight (absent: 2.5)."""
+    if spec.family == "deepseek_v3":
+        absent = "norm_topk_prob" not in c.fields
+        norm = bool(c.get("norm_topk_prob", True if absent else None))
+        return norm, float(c.get("routed_scaling_factor", 2.5))
+    v2 = spec.family == "deepseek_v2"
+    norm = bool(c.get("norm_topk_prob", False)) and (not v2 or spec.top_k > 1)
+    return norm, float(c.get("routed_scaling_factor", 1.0)) if v2 else 1.0
 
 
 def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
     """DeepSeek-V2's (n_group, topk_group) where topk_method is group_limited_greedy (the full
-    V2's: 8 groups, 3 used), checked as transformers' DeepseekV2TopkRouter needs them."""
-    if spec.family != "deepseek_v2" or c.get("topk_method", "greedy") != "group_limited_greedy":
+    V2's: 8 groups, 3 used), and V3's always (8 and 4 absent), checked as transformers' routers
+    need them."""
+    v3 = spec.family == "deepseek_v3"  # V3 always; V2 with group_limited_greedy
+    v2 = spec.family == "deepseek_v2" and c.get("topk_method", "greedy") == "group_limited_greedy"
+    if not v2 and not v3:
         return None
-    groups, keep = c.get("n_group"), c.get("topk_group")
+    groups, keep = c.get("n_group", rule=COUNT), c.get("topk_group", rule=COUNT)
     if spec.n_experts % groups:
         experts = c.name("n_routed_experts")
         raise c.error(f"{experts}={spec.n_experts} is not a multiple of n_group={groups}")
     if keep > groups:
         raise c.error(f"topk_group={keep} exceeds n_group={groups}")
+    if v3 and spec.n_experts // groups < 2:  # V3 ranks a group by its best two experts
+        raise c.error(
+            f"n_group={groups} leaves fewer than 2 experts a group; DeepSeek-V3 ranks a group "
+            "by its best two (transformers fails too): lower n_group"
+        )
     if spec.top_k > keep * (spec.n_experts // groups):
         raise c.error(
             f"num_experts_per_tok={spec.top_k} exceeds the {keep * spec.n_experts // groups} "
@@ -190,9 +217,10 @@ def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse heads the real model cannot run, naming the field, before the weights saved for
     them are blamed: an odd rotary dim (RoPE turns pairs; transformers' validate_rope refuses
     one on load, and moepipe's Switch runs RoPE on d_kv), and OLMoE heads other than hidden_size
-    / num_attention_heads (its q_norm spans hidden_size: transformers' OlmoeAttention fails)."""
+    / num_attention_heads (its q_norm spans hidden_size: transformers' OlmoeAttention fails),
+    and DeepSeek-V3's head_dim other than qk_rope_head_dim (transformers' fails too)."""
     why = "transformers refuses an odd one too"
-    if spec.family == "deepseek_v2":
+    if spec.mla:
         field, rotated = "qk_rope_head_dim", c.get("qk_rope_head_dim")
     elif spec.family == "switch_transformers":
         field, rotated = "d_kv", spec.head_dim
@@ -213,6 +241,13 @@ def _refuse_head_dims(c: HFConfig, spec: ModelSpec) -> None:
             f"hidden_size={spec.hidden_size}; OLMoE's q_norm spans hidden_size, so transformers "
             "runs (and moepipe implements) only heads of hidden_size / num_attention_heads"
         )
+    given = c.get("head_dim", None)  # V3's rotary embedding takes its dims from head_dim
+    if spec.family == "deepseek_v3" and given not in (None, c.get("qk_rope_head_dim")):
+        raise c.error(
+            f"head_dim={given} differs from qk_rope_head_dim={c.get('qk_rope_head_dim')}: "
+            "transformers' DeepseekV3 then makes RoPE frequencies for head_dim dims and fails "
+            "on its keys; remove head_dim or set it to qk_rope_head_dim"
+        )
 
 
 def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
@@ -221,7 +256,7 @@ def _refuse_generate_only(c: HFConfig, spec: ModelSpec) -> None:
     Qwen3-MoE's, OLMoE's or DeepSeek-V2's its decoding applies and its forward ignores.
     Qwen2-MoE's config always has layer_types (`_sliding_window` reads them), so generate()
     reads no other field of it."""
-    if spec.family not in ("mixtral", "qwen3_moe", "olmoe", "deepseek_v2"):
+    if spec.family not in ("mixtral", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"):
         return
     keys = ["attention_chunk_size", "layer_types"]
     if spec.family not in ("mixtral", "qwen3_moe"):  # their own field: `_sliding_window` reads it

@@ -61,6 +61,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
         "qwen2_moe": _qwen2_moe_fields,
         "qwen3_moe": _qwen3_moe_fields,
         "deepseek_v2": _deepseek_v2_fields,
+        "deepseek_v3": _deepseek_v3_fields,
         "switch_transformers": _switch_fields,
     }
     if family not in builders:
@@ -101,6 +102,7 @@ ARCH_PREFIX = {
     "qwen2_moe": "Qwen2Moe",
     "qwen3_moe": "Qwen3Moe",
     "deepseek_v2": "DeepseekV2",
+    "deepseek_v3": "DeepseekV3",
     "switch_transformers": "SwitchTransformers",
 }
 _ARCH = re.compile(rf"^({'|'.join(ARCH_PREFIX.values())})(For[A-Za-z]+|Model)$")
@@ -121,25 +123,29 @@ def _check_architectures(c: HFConfig, family: str) -> None:
 
 # fields that size or route a model, by the families whose config.json has them (with their other
 # names in `ALIASES`): one of another family's, unread by model_type's, means the two disagree
-_CAUSAL = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2")
+_DS = ("deepseek_v2", "deepseek_v3")
+_CAUSAL = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", *_DS)
 _QWEN = ("qwen2_moe", "qwen3_moe")
 FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
-    "num_local_experts": ("mixtral", "olmoe", "qwen3_moe"),
+    "num_local_experts": ("mixtral", "olmoe", "qwen3_moe", "deepseek_v3"),
     "num_experts": (*_CAUSAL, "switch_transformers"),
-    "n_routed_experts": ("deepseek_v2",),
+    "n_routed_experts": _DS,
     "num_experts_per_tok": _CAUSAL,
-    "moe_intermediate_size": (*_QWEN, "deepseek_v2"),
+    "moe_intermediate_size": (*_QWEN, *_DS),
     "shared_expert_intermediate_size": ("qwen2_moe",),
-    "n_shared_experts": ("deepseek_v2",),
+    "n_shared_experts": _DS,
     "intermediate_size": _CAUSAL,
     "hidden_size": (*_CAUSAL, "switch_transformers"),
     "num_hidden_layers": (*_CAUSAL, "switch_transformers"),
     "num_attention_heads": (*_CAUSAL, "switch_transformers"),
-    "kv_lora_rank": ("deepseek_v2",),
-    "qk_nope_head_dim": ("deepseek_v2",),
-    "qk_rope_head_dim": ("deepseek_v2",),
-    "v_head_dim": ("deepseek_v2",),
-    "first_k_dense_replace": ("deepseek_v2",),
+    "kv_lora_rank": _DS,
+    "qk_nope_head_dim": _DS,
+    "qk_rope_head_dim": _DS,
+    "v_head_dim": _DS,
+    "first_k_dense_replace": _DS,
+    "n_group": _DS,
+    "topk_group": _DS,
+    "routed_scaling_factor": _DS,
     "decoder_sparse_step": (*_QWEN, "switch_transformers"),
     "mlp_only_layers": _QWEN,
     "d_model": ("switch_transformers",),
@@ -149,7 +155,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "num_layers": ("switch_transformers",),
     "encoder_sparse_step": ("switch_transformers",),
     # and that route it: Mixtral renormalises its top-k always, the others as this says
-    "norm_topk_prob": (*_QWEN, "olmoe", "deepseek_v2"),
+    "norm_topk_prob": (*_QWEN, "olmoe", *_DS),
     "clip_qkv": ("olmoe",),
 }
 
@@ -175,7 +181,8 @@ def _family_of(prefix: str) -> str:
 # Absent fields take transformers 5.24's config classes' defaults, family by family (a
 # config.json written by hand or by an older version may leave them out)
 KV_HEADS_ABSENT = {"mixtral": 8, "qwen2_moe": 16, "qwen3_moe": 4}  # others: the attention heads
-ROPE_THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "qwen3_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
+ROPE_THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "qwen3_moe": 1e4, "olmoe": 1e4}
+ROPE_THETA |= {"deepseek_v2": 1e4, "deepseek_v3": 1e4}
 
 
 def _attention_heads(c: HFConfig, hidden: int) -> dict[str, int]:
@@ -317,31 +324,46 @@ def mla_spec_fields(hidden: int, heads: int, m: Mapping[str, Any]) -> dict[str, 
 def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
     """DeepSeek-V2: layers from first_k_dense_replace on are MoE (every moe_layer_freq-th, as
     DeepSeek's modeling code; 1 in V2 and V2-Lite), MLA attention, shared experts."""
-    n, hidden, heads = (
-        c.get("num_hidden_layers"),
-        c.get("hidden_size"),
-        c.get("num_attention_heads"),
-    )
-    kv_heads = c.get("num_key_value_heads", heads)  # absent or null: the heads
-    if kv_heads != heads:  # transformers repeats MLA's per-head keys by heads / kv heads
-        raise c.error(
-            f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; MLA "
-            "expands its latent to one key/value head per query head (transformers' DeepseekV2 "
-            "fails on any other count): set it to num_attention_heads"
-        )
+    n = c.get("num_hidden_layers")
     first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
     moe = tuple(i for i in range(first, n) if i % freq == 0)
     _some_moe(c, moe, n, f"first_k_dense_replace={first} and moe_layer_freq={freq}")
-    m = {
-        k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
-    }
-    # absent: 1536 in transformers' class and DeepSeek's own (null: none, as V2-Lite ships)
-    m["q_lora_rank"] = c.get("q_lora_rank", 1536 if "q_lora_rank" not in c.fields else 0)
     if "n_shared_experts" not in c.fields:  # the two references disagree: the file must say
         raise c.error(
             "n_shared_experts is missing: transformers' DeepseekV2Config takes 2 and DeepSeek's "
             "configuration_deepseek.py none; write the checkpoint's count (null or 0: none)"
         )
+    shared = c.get("n_shared_experts", 0) or 0
+    return _deepseek_fields(c, n, moe, shared) | dict(mlp_bias=c.get("mlp_bias", False))
+
+
+def _deepseek_v3_fields(c: HFConfig) -> dict[str, Any]:
+    """DeepSeek-V3: layers from first_k_dense_replace on are MoE, MLA attention, shared
+    experts (absent: transformers' 1); its FFNs have no biases (no mlp_bias in its class)."""
+    n = c.get("num_hidden_layers")
+    first = c.get("first_k_dense_replace")  # absent: transformers' 3
+    moe = _some_moe(c, tuple(range(first, n)), n, f"first_k_dense_replace={first}")
+    absent = "n_shared_experts" not in c.fields
+    shared = c.get("n_shared_experts") if absent else c.get("n_shared_experts", 0) or 0
+    return _deepseek_fields(c, n, moe, shared)
+
+
+def _deepseek_fields(c: HFConfig, n: int, moe: tuple[int, ...], shared: int) -> dict[str, Any]:
+    """The fields DeepSeek-V2 and V3 share: MLA attention sized by config.json, `shared`
+    shared experts of moe_intermediate_size each, routed experts, attention_bias."""
+    hidden, heads = c.get("hidden_size"), c.get("num_attention_heads")
+    kv_heads = c.get("num_key_value_heads", heads)  # absent or null: the heads
+    if kv_heads != heads:  # transformers repeats MLA's per-head keys by heads / kv heads
+        raise c.error(
+            f"num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; MLA "
+            f"expands its latent to one key/value head per query head (transformers' "
+            f"{ARCH_PREFIX[c.family]} fails on any other count): set it to num_attention_heads"
+        )
+    m = {
+        k: c.get(k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
+    }
+    # absent: 1536 in transformers' class and DeepSeek's own (null: none, as V2-Lite ships)
+    m["q_lora_rank"] = c.get("q_lora_rank", 1536 if "q_lora_rank" not in c.fields else 0)
     expert = c.get("moe_intermediate_size")
     return dict(
         n_layers=n,
@@ -354,13 +376,12 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
         head_dim=m["v_head_dim"],
         vocab_size=c.get("vocab_size"),
         dense_ffn_size=_dense_size(c, moe, n),
-        shared_ffn_size=(c.get("n_shared_experts", 0) or 0) * expert,
+        shared_ffn_size=shared * expert,
         **mla_spec_fields(hidden, heads, m),
         q_lora_rank=m["q_lora_rank"],
         attention_bias=c.get("attention_bias", False),
-        mlp_bias=c.get("mlp_bias", False),
         rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta_of(c, ROPE_THETA["deepseek_v2"]),
+        rope_theta=rope_theta_of(c, ROPE_THETA[c.family]),
     )
 
 

@@ -53,7 +53,7 @@ def _attention_share(m: ModelSpec, gpus: int, device: int) -> int:
     heads = shard(m.n_heads, gpus, device)
     n_q = heads[1] - heads[0]
     o_bias = h if m.attention_bias else 0
-    if m.family == "deepseek_v2":  # MLA: q (or q_b), kv_b and o by heads; q_a and kv_a whole
+    if m.mla:  # MLA: q (or q_b), kv_b and o by heads; q_a and kv_a whole
         dims = mla_dims(m)
         qk, v = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"], dims["v_head_dim"]
         rank = dims["kv_lora_rank"]

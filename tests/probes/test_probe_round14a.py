@@ -193,6 +193,10 @@ BIASED = {
         "deepseek-v2-lite",
         dict(n_heads=4, n_kv_heads=4, attention_bias=True, mlp_bias=True),
     ),
+    "deepseek-v3-q_lora_rank": (  # and its router's correction bias, whole on every GPU
+        "deepseek-v3",
+        dict(n_heads=4, n_kv_heads=4, attention_bias=True, q_lora_rank=16),
+    ),
     "deepseek-q_lora_rank": (
         "deepseek-v2-lite",
         dict(n_heads=4, n_kv_heads=4, attention_bias=True, q_lora_rank=16),

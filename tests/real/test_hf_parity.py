@@ -79,6 +79,11 @@ FAMILY = {
         ),
     ),
 }
+# DeepSeek-V2's shape, V3's router: 4 groups of 2 experts, the best 2 groups kept
+_V2 = {
+    k: v for k, v in FAMILY["deepseek_v2"][1].items() if k not in ("topk_method", "norm_topk_prob")
+}
+FAMILY["deepseek_v3"] = ("DeepseekV3Config", _V2 | dict(n_group=4, topk_group=2))
 
 
 def yarn(theta: float, **more: float) -> dict[str, Any]:

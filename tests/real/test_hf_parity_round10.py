@@ -36,9 +36,10 @@ from tests.real.test_hf_parity_fields import save_cast
 
 transformers = pytest.importorskip("transformers")
 
-# case -> (config.json fields over test_hf_parity's qwen3_moe ones, the fields whose effect the
+# case -> (config.json fields over test_hf_parity's family ones, the fields whose effect the
 # test checks by their absence)
-CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+Cases = dict[str, tuple[dict[str, Any], tuple[str, ...]]]
+CASES: Cases = {
     "qwen3_moe": ({}, ()),
     "qwen3_moe-norm_topk_prob": ({"norm_topk_prob": True}, ("norm_topk_prob",)),
     "qwen3_moe-attention_bias": ({"attention_bias": True}, ()),
@@ -57,10 +58,13 @@ CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 }
 
 
-def _randomise(model: Any) -> None:
-    """Norm weights drawn around 1 and biases around 0 (transformers initialises them to 1 and
-    0), so each q_norm, k_norm and bias moves the logits."""
+def randomise(model: Any) -> None:
+    """Norm weights drawn around 1, biases and DeepSeek-V3's e_score_correction_bias around 0
+    (transformers initialises them to 1 and 0), so each moves the logits or the routing."""
     with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.normal_(1.0, 0.3)
@@ -68,20 +72,23 @@ def _randomise(model: Any) -> None:
                 p.normal_(0.0, 0.5)
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    """(case, dtype) -> (checkpoint, transformers' model loaded from it), built on first use."""
-    root = tmp_path_factory.mktemp("round10")
+def built_cases(root: Path, family: str, cases: Cases) -> Any:
+    """(case, dtype) -> (checkpoint, transformers' model loaded from it) of `cases`' fields
+    over test_hf_parity's `family` ones, `randomise`d, built on first use."""
     made: dict[tuple[str, str], tuple[Path, Any]] = {}
 
     def get(case: str, dtype: str = "f32") -> tuple[Path, Any]:
         if (case, dtype) not in made:
             to, cast = root / f"{case}-{dtype}", DTYPES[dtype]
-            fields = CASES[case][0]
-            made[case, dtype] = save_cast("qwen3_moe", fields, to, cast, cast, _randomise)
+            made[case, dtype] = save_cast(family, cases[case][0], to, cast, cast, randomise)
         return made[case, dtype]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return built_cases(tmp_path_factory.mktemp("round10"), "qwen3_moe", CASES)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -91,20 +98,32 @@ def test_qwen3_moe_equals_transformers(case, dtype, qwen3, prompt, tmp_path):
     1e-4 in float32 and one bf16 step in bfloat16 (observed: below 1e-6, and 0); the spec sizes
     each layer as the checkpoint holds it; a field under test moves the logits from its
     absence. Before: `model_type 'qwen3_moe' is not supported`."""
-    ckpt, hf = qwen3(case, dtype)
-    assert hf.config.model_type == "qwen3_moe"
+    assert_case_is_transformers(qwen3(case, dtype), CASES[case][1], prompt, tmp_path)
+
+
+# fields that set the router's weights: their absence is run free, not on the same routing
+WEIGHING = ("norm_topk_prob", "routed_scaling_factor")
+
+
+def assert_case_is_transformers(
+    built: tuple[Path, Any], keys: tuple[str, ...], prompt: torch.Tensor, tmp_path: Path
+) -> None:
+    """moepipe's greedy tokens on `built` (checkpoint, transformers' model) are transformers',
+    its last logits within 1e-4 in float32 (one bf16 step in bfloat16); in float32 the spec
+    sizes the checkpoint, and without `keys` (config.json's fields under test) the logits move
+    by over 0.05, on the same routing where the keys do not weigh it (`WEIGHING`)."""
+    ckpt, hf = built
     tokens, logits = reference_generate(ckpt, prompt, GEN)
     hf_tokens, hf_logits = hf_greedy(hf, prompt)
     assert torch.equal(tokens, hf_tokens)
-    tol = 1e-4 if dtype == "f32" else 2**-6
-    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
-    if dtype == "f32":
+    f32 = hf.dtype == torch.float32
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4 if f32 else 2**-6, rtol=0)
+    if f32:
         assert_spec_sizes(ckpt)
-        keys = CASES[case][1]
         if keys:
             plain = without(ckpt, keys, tmp_path / "plain")
-            # the same routing (its weights too: norm_topk_prob's run free)
-            routing = None if "norm_topk_prob" in keys else live_routing(ckpt, prompt, GEN)
+            free = set(keys) & set(WEIGHING)
+            routing = None if free else live_routing(ckpt, prompt, GEN)
             _, plain_logits = reference_generate(plain, prompt, GEN, routing)
             assert (plain_logits - logits).abs().max() > 0.05
 
@@ -165,21 +184,29 @@ EXECUTORS = [
     ("ep_static", {}, "bf16"),
     ("eplb", TENSOR, "f32"),
 ]
-
-
-@pytest.mark.parametrize(
+ON_EXECUTORS = pytest.mark.parametrize(
     "planner, params, dtype", EXECUTORS, ids=[f"{p}-{len(k)}-{d}" for p, k, d in EXECUTORS]
 )
+
+
+@ON_EXECUTORS
 def test_qwen3_moe_real_executor_equals_transformers(planner, params, dtype, qwen3):
     """A real run (live routing) of the attention_bias checkpoint gives transformers' greedy
     tokens, and its last logits within 1e-4 of transformers' in float32: klotski streaming
     the experts from disk, ep_static on 2 GPUs' streams, eplb with dense=tensor (each GPU's
     heads, the per-head QK-norm weights whole on each)."""
+    assert_run_is_transformers(qwen3("qwen3_moe-attention_bias", dtype), planner, params)
+
+
+def assert_run_is_transformers(built: tuple[Path, Any], planner: str, params: dict) -> None:
+    """A real run of `built` (checkpoint, transformers' model from it) under `planner` with
+    live routing: transformers' greedy tokens, and in float32 its last logits within 1e-4.
+    klotski on memory that makes it stream the experts from disk, the others on 2 GPUs."""
     from experiments.common.pipeline import RunSpec
     from experiments.common.real_run import prompts_for, real_execute
     from tests.real.test_executor import RESIDENT_2GPU, WORKLOAD, hardware
 
-    ckpt, hf = qwen3("qwen3_moe-attention_bias", dtype)
+    ckpt, hf = built
     model, _ = load_checkpoint(ckpt)
     # GPU memory too small for the two expert layers (197 kB each in float32) beside the rest
     # and klotski's working set, host RAM for half of one: the experts stream from disk
@@ -192,7 +219,7 @@ def test_qwen3_moe_real_executor_equals_transformers(planner, params, dtype, qwe
     prompts = prompts_for(model, wl)
     hf_out = hf_generate_out(hf, prompts, wl.gen_len)
     assert torch.equal(out.tokens, hf_out.sequences[:, prompts.shape[1] :])
-    if dtype == "f32":
+    if model.dtype_bytes == 4:
         hf_logits = hf_out.logits[-1].float()
         torch.testing.assert_close(out.logits, hf_logits, atol=1e-4, rtol=0)
 

@@ -45,9 +45,10 @@ CLASSES = {
     "qwen3_moe": "Qwen3MoeConfig",
     "olmoe": "OlmoeConfig",
     "deepseek_v2": "DeepseekV2Config",
+    "deepseek_v3": "DeepseekV3Config",
     "switch_transformers": "SwitchTransformersConfig",
 }
-CAUSAL = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"]
+CAUSAL = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"]
 
 
 SWITCH = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=32, num_heads=4, num_experts=4)
@@ -137,12 +138,18 @@ def test_the_rope_table_classifies_every_rope_parameter():
 def test_citations_name_existing_tests():
     """Each `file::test` a table entry cites is a test function of tests/ (a `...` ending: its
     prefix), and each `case in file::test_equals_transformers` a case of that file's table."""
-    from tests.real import test_hf_parity, test_hf_parity_round4, test_hf_parity_round10
+    from tests.real import (
+        test_hf_parity,
+        test_hf_parity_round4,
+        test_hf_parity_round10,
+        test_hf_parity_round10b,
+    )
 
     cases = {
         "test_hf_parity.py": test_hf_parity.CASES,
         "test_hf_parity_round4.py": test_hf_parity_round4.MATCHED,
         "test_hf_parity_round10.py": test_hf_parity_round10.CASES,
+        "test_hf_parity_round10b.py": test_hf_parity_round10b.CASES,
         "test_hf_parity_round5.py": READ_CASES,
     }
     tables = [*COVERAGE.values(), ROPE_COVERAGE, EXTRA_COVERAGE]
@@ -194,6 +201,8 @@ NON_DEFAULT: dict[str, Any] = {
     "pretraining_tp": 2,
     "head_dim": 24,  # DeepSeek-V2's, overwritten by qk_rope_head_dim
     "qk_head_dim": 7,
+    "num_mtp_layers": 2,  # DeepSeek-V3's multi-token prediction layers, not built
+    "num_nextn_predict_layers": 2,
     "router_ignore_padding_tokens": True,
     "dropout_rate": 0.5,
     "router_z_loss_coef": 0.5,
@@ -274,6 +283,7 @@ REFUSE: dict[str, Any] = {
     "router_dtype": "bfloat16",
     "return_dict": False,
     "is_encoder_decoder": True,
+    "head_dim": 24,  # DeepSeek-V3's, where qk_rope_head_dim is 8
 }
 REFUSED_FIELDS = [(f, k) for f in CLASSES for k, (how, _) in COVERAGE[f].items() if how == REFUSED]
 
