@@ -29,7 +29,7 @@ from tests.real.test_hf_parity_round6 import hf_generate, load_hf, with_generati
 
 transformers = pytest.importorskip("transformers")
 
-CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+CAUSAL = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"]
 SAVED = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 RUN = {"f32": "float32", "bf16": "bfloat16"}
 
@@ -289,7 +289,8 @@ def test_an_activation_not_implemented_is_one_line(tmp_path, prompt):
         reference_generate(ckpt, prompt, GEN)
 
 
-THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "olmoe": 1e4, "deepseek_v2": 1e4}
+THETA = {"mixtral": 1e6, "qwen2_moe": 1e4, "qwen3_moe": 1e4, "olmoe": 1e4}
+THETA |= {"deepseek_v2": 1e4, "deepseek_v3": 1e4}
 
 
 @pytest.mark.parametrize("family", CAUSAL)

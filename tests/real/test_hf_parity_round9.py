@@ -98,13 +98,14 @@ def test_switch_unknown_dense_act_fn_is_one_line(switch, tmp_path):
 # RoPE types: every key of transformers 5.24's ROPE_INIT_FUNCTIONS (longrope and proportional
 # were refused), over prompts shorter and longer than longrope's original length
 
-CAUSAL = ["mixtral", "qwen2_moe", "olmoe", "deepseek_v2"]
+CAUSAL = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"]
 ORIG = 7  # longrope's original_max_position_embeddings: the 6-token prompt's decode crosses it
 
 
 def rope_fields(family: str, kind: str) -> dict[str, Any]:
-    """config.json's RoPE of `kind` for a family (DeepSeek-V2 rotates 8 dims, the others 16)."""
-    dim = 8 if family == "deepseek_v2" else 16
+    """config.json's RoPE of `kind` for a family (DeepSeek rotates 8 dims, Qwen3-MoE 32, the
+    others 16)."""
+    dim = {"deepseek_v2": 8, "deepseek_v3": 8, "qwen3_moe": 32}.get(family, 16)
     if kind == "proportional":  # the first half of the pairs rotated, at half the frequency
         rope = {"rope_type": kind, "partial_rotary_factor": 0.5, "factor": 2.0}
     else:
