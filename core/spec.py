@@ -147,7 +147,7 @@ class ModelSpec:
         for key, families in biased.items():
             if getattr(self, key) and self.family not in families:
                 raise ConfigError(
-                    f"model {self.name}: {key} is implemented for {' and '.join(families)} only; "
+                    f"model {self.name}: {key} is implemented for {', '.join(families)} only; "
                     f"remove it for {self.family}"
                 )
         self._check_dtype()
