@@ -457,9 +457,10 @@ def _check_shapes(
     dtype: torch.dtype,
 ) -> None:
     """Every tensor the model reads is in the checkpoint, of config.json's shape and (saved)
-    dtype."""
+    dtype, or float32 where it runs in float32 at any dtype (DeepSeek's router weight and
+    V3's correction bias, which its bfloat16 releases save in float32 and transformers keeps)."""
     for tensors in unit_layout(spec).values():
-        for ts in tensors.values():
+        for key, ts in tensors.items():
             e = index.get(ts.hf_name)
             if e is None:
                 raise ConfigError(f"{d}: tensor {quoted(ts.hf_name)} is missing from {where}")
@@ -468,7 +469,8 @@ def _check_shapes(
                     f"{e.file}: tensor {quoted(ts.hf_name)} has shape {list(e.shape)}, config.json "
                     f"expects {list(ts.shape)}"
                 )
-            if e.dtype != dtype:
+            kept = e.dtype == torch.float32 == weight_dtype(spec, key)
+            if e.dtype != dtype and not kept:
                 said = (
                     f"config.json says {dtype}"
                     if cfg.get("dtype", None) or cfg.get("torch_dtype", None)

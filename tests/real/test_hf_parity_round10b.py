@@ -22,7 +22,7 @@ import torch
 from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
 from real.model import live_routing, reference_generate
-from tests.real.test_hf_parity import DTYPES, GEN, yarn
+from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy, yarn
 from tests.real.test_hf_parity_fields import edit_config
 from tests.real.test_hf_parity_round10 import (
     ON_EXECUTORS,
@@ -137,3 +137,30 @@ def test_deepseek_v3_refusals_are_one_line(fields, match, v3, tmp_path):
     with pytest.raises(ConfigError, match=match) as e:
         reference_generate(bad, torch.zeros(1, 4, dtype=torch.long), 2)
     assert "\n" not in str(e.value)
+
+
+def test_deepseek_v3_float32_router_in_bfloat16_weights_runs(v3, prompt, tmp_path):
+    """DeepSeek-V3's bfloat16 releases save the router's weight and correction bias in float32,
+    which transformers loads and keeps in float32: moepipe's forward and a real run (klotski,
+    from disk) give transformers' tokens, the forward its logits (before: "tensor ... is
+    torch.float32, config.json says torch.bfloat16"), and another tensor saved in float32 is
+    still named."""
+    from real.shards import read_header, read_tensor, save_shard
+
+    ckpt, _ = v3("deepseek_v3", "bf16")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(ckpt, mixed)
+    file = mixed / "model.safetensors"
+    t = {n: read_tensor(e).clone() for n, e in read_header(file).items()}
+    router = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
+    save_shard({n: x.float() if n.endswith(router) else x for n, x in t.items()}, file, {})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(mixed, dtype=torch.bfloat16).eval()
+    tokens, logits = reference_generate(mixed, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=2**-6, rtol=0)
+    assert_run_is_transformers((mixed, hf), "klotski", {})  # the disk tier converts them
+    t["model.norm.weight"] = t["model.norm.weight"].float()
+    save_shard({n: x.float() if n.endswith(router) else x for n, x in t.items()}, file, {})
+    with pytest.raises(ConfigError, match="model.norm.weight is torch.float32, config.json says"):
+        load_checkpoint(mixed)
