@@ -95,6 +95,12 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
     v2 = spec.family == "deepseek_v2" and c.get("topk_method", "greedy") == "group_limited_greedy"
     if not v2 and not v3:
         return None
+    for key in ("n_group", "topk_group"):
+        if v3 and key in c.fields and c.fields[key] is None:  # V2 greedy's null means none
+            raise c.error(
+                f"{key} is null: DeepSeek-V3's router always groups its experts (transformers "
+                "fails without); set it (n_group 1, topk_group 1: one group of every expert)"
+            )
     groups, keep = c.get("n_group", rule=COUNT), c.get("topk_group", rule=COUNT)
     if spec.n_experts % groups:
         experts = c.name("n_routed_experts")

@@ -121,7 +121,8 @@ REFUSED = [
     ({"n_group": 3}, "n_routed_experts=8 is not a multiple of n_group=3"),
     ({"topk_group": 5}, "topk_group=5 exceeds n_group=4"),
     ({"n_group": 8, "topk_group": 1}, "n_group=8 leaves fewer than 2 experts a group"),
-    ({"n_group": None}, "n_group must be a positive integer"),
+    ({"n_group": None}, "n_group is null: DeepSeek-V3's router always groups its experts"),
+    ({"topk_group": None}, "topk_group is null: DeepSeek-V3's router always groups"),
     ({"num_key_value_heads": 2}, "num_key_value_heads=2 differs from num_attention_heads=4"),
 ]
 
