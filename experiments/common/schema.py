@@ -92,6 +92,11 @@ class ModelSchema:
     attn_params: int = 0
     qk_head_dim: int = 0
     latent_expand_params: int = 0
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    qkv_bias: bool = True
+    attention_bias: bool = False
+    mlp_bias: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
     hf_config: str | None = None

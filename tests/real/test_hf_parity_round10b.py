@@ -165,3 +165,25 @@ def test_deepseek_v3_float32_router_in_bfloat16_weights_runs(v3, prompt, tmp_pat
     save_shard({n: x.float() if n.endswith(router) else x for n, x in t.items()}, file, {})
     with pytest.raises(ConfigError, match="model.norm.weight is torch.float32, config.json says"):
         load_checkpoint(mixed)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-30b-a3b"])
+def test_the_model_yaml_is_a_run_config(name):
+    """conf/model/deepseek-v3.yaml gives q_lora_rank and qk_rope_head_dim, spec fields the run
+    schema left out: `experiments.run model=deepseek-v3` refused them as unknown keys. Every
+    spec field but the compute dtype's (float16, executor.dtype's) is now a schema key, and
+    both new models' files resolve to their specs."""
+    from dataclasses import fields
+
+    from omegaconf import OmegaConf
+
+    from core.spec import ModelSpec
+    from experiments.common.resolve import model_spec
+    from experiments.common.schema import ModelSchema
+    from real.checkpoint import CONF_MODEL_DIR, reduced_spec
+
+    assert {f.name for f in fields(ModelSpec)} - {f.name for f in fields(ModelSchema)} == {
+        "float16"
+    }
+    model = OmegaConf.merge(ModelSchema, OmegaConf.load(CONF_MODEL_DIR / f"{name}.yaml"))
+    assert model_spec(OmegaConf.create({"model": model})) == reduced_spec(name)
