@@ -40,6 +40,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         check_sweep_values(given)
         cfg = compose(config_name, _first_point(parsed, given), return_hydra_config=True)
         check_joblib(cfg)
+        _names_fit(cfg)
         declared = _declared(cfg, parsed)
         everything = _with_declared(parser.parse_overrides(declared), parsed)
         swept = [o for o in everything if o.is_sweep_override()]
@@ -56,8 +57,20 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                     f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
                     for b in base
                 ]
-                compose(config_name, overrides=point)
+                _names_fit(compose(config_name, overrides=point))
         check_subdirs(config_name, everything, swept)
+
+
+def _names_fit(cfg: Any) -> None:
+    """A run's model and hardware names, which name each point's folder, checked as its folder
+    will take them (`resolve.name_part`): a name too long or not a plain name was each point's
+    error once the pool had started, the sweep's workers up for nothing."""
+    if "model" not in cfg or "hardware" not in cfg:
+        return  # not a run's config
+    from experiments.common.resolve import hardware_name, run_model_name
+
+    hardware_name(_root_=cfg)
+    run_model_name(_root_=cfg)
 
 
 def check_sweep_values(swept: Sequence[Any]) -> None:

@@ -267,3 +267,22 @@ def test_a_sweep_points_write_error_names_its_folder_once(tmp_path: Path) -> Non
         run = line.split("error: run ", 1)[1].split(": ", 1)[0]
         assert line.count(run) == 1 and "cannot write the run's files" in line, line
     assert not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.parametrize(
+    ("sweep", "named"),
+    [
+        (f"hardware.name=tiny,{'x' * 300}", "a name of 300 bytes"),
+        ("model.name=tiny,a/b", "model.name='a/b': a name is letters"),
+    ],
+)
+def test_a_name_no_folder_can_take_is_refused_before_the_sweep_starts(
+    cli_here: Any, tmp_path: Path, sweep: str, named: str
+) -> None:
+    """A sweep point's model or hardware name too long for its folder, or not a plain name,
+    was that point's error once the pool had started and the points before it had run; it is
+    refused before any run, as a single run's is."""
+    d = tmp_path / "sweep"
+    r = cli_here("experiments.run", "-m", *TINY, sweep, f"hydra.sweep.dir={d}")
+    one_line(r, named)
+    assert not d.exists()
