@@ -10,13 +10,18 @@ Usage:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
+from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.types import COLLECTIVES, COPY_LINKS, OpKind, Resource, Stream, Tensor
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 KEYS = ["step", "layer", "batch"]
 

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
+from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.types import OpKind, Resource, Tensor, Tier
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 _EPS = 1e-12
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from core.balance import device_of
+from core.lazy import lazy_module
 from core.trace import TRACE_COLUMNS, factorize
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 def to_chrome(traces: Iterable[pd.DataFrame]) -> dict[str, Any]:

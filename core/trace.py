@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from core.balance import balance_metrics, copy_waits
 from core.bubbles import idle_causes
 from core.errors import TraceError
 from core.files import not_regular
+from core.lazy import lazy_module
 from core.schedule import Schedule
 from core.spec import Workload
 from core.trace_check import TRACE_COLUMNS, check_trace
 from core.types import OpKind, Tensor, Tier
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 def make_trace(

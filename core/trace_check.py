@@ -6,12 +6,18 @@ wrong data."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from core.errors import TraceError
+from core.lazy import lazy_module
 from core.types import OpKind
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 # a trace.parquet's columns, in order: one row per op (`core.trace.make_trace`)
 TRACE_COLUMNS = [

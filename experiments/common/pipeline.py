@@ -11,10 +11,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from core.balance import phases
 from core.chrome_trace import chrome_parts, write_chrome
@@ -22,6 +21,7 @@ from core.cost import CostModel
 from core.errors import CapacityError, MoepipeError
 from core.files import plain_permissions
 from core.hardware import HardwareSpec
+from core.lazy import lazy_module
 from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
@@ -30,6 +30,11 @@ from core.trace import make_trace, summarize
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
 from planners.registry import make_planner, own_errors
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 log = logging.getLogger(__name__)
 

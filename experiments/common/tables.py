@@ -8,18 +8,23 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from core.args import output_dir, refuse_theirs, written_whole
 from core.errors import MoepipeError
 from core.files import broken_link, clear_leftovers, read_small, read_summary_json
+from core.lazy import lazy_module
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
 from experiments.common.run_dir import edited_since_run
 from experiments.common.summary_keys import plan_problem
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
