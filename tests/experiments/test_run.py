@@ -482,6 +482,7 @@ def test_ctrl_c_s_line_comes_after_what_the_pool_s_resource_tracker_says():
     assert r.stderr.strip().splitlines()[-1].startswith("interrupted: "), r.stderr
 
 
+@pytest.mark.slow  # two sweeps end to end, 5 s; test_sweep's folder cases stay in the default
 def test_a_sweep_point_keeps_its_folder_in_any_order_of_the_values(tmp_path, cli_here):
     """The same points swept in another order reuse their runs (the folders were numbered by
     job: `16,8` after `8,16` swapped them, each ran again and replaced the other's)."""

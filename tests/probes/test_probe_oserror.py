@@ -88,6 +88,7 @@ def test_truncated_checkpoint_is_refused_before_a_run(tiny_ckpt: Path, tmp_path:
         load_checkpoint(ck)
 
 
+@pytest.mark.slow  # several commands end to end; the full-disk case before it stays default
 def test_other_commands_on_a_full_disk_are_one_line(tmp_path: Path, cli_here: Any) -> None:
     """collect, report and make_checkpoint on a disk that fills while they write: one line
     naming their output folder each; make_checkpoint leaves no config.json beside its cut

@@ -64,8 +64,10 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("module", "args", "at"),
     [
-        ("experiments.report", ["dir=SWEEP", "out=OUT"], 0),  # a plot of the page
-        ("experiments.report", ["dir=SWEEP", "out=OUT"], 6),  # the outputs moving in
+        # report's two points start a fresh process each, 4 s: the slow suite (collect's and
+        # run's stay in the default one)
+        pytest.param("experiments.report", ["dir=SWEEP", "out=OUT"], 0, marks=SLOW_COMMAND),
+        pytest.param("experiments.report", ["dir=SWEEP", "out=OUT"], 6, marks=SLOW_COMMAND),
         ("experiments.collect", ["dir=SWEEP", "out=OUT"], 0),  # results.parquet
         pytest.param("experiments.routing_stats", ["out=OUT/s.json"], 0, marks=SLOW_COMMAND),
         ("experiments.run", [*TINY, "hydra.run.dir=OUT/run"], 0),  # the run's swap
@@ -342,6 +344,7 @@ def test_a_report_with_a_read_only_home_says_nothing_of_matplotlibs_cache(
     assert (tmp_path / "out" / "index.html").is_file()
 
 
+@SLOW_COMMAND  # a sweep's pool in a fresh process; round 11b's reader-left sweep stays
 def test_a_sweep_with_stdout_closed_runs_and_no_child_writes_into_a_file(tmp_path: Path) -> None:
     """`>&-`: Python leaves sys.stdout None, and joblib flushed it as the sweep started its
     workers ("internal error (AttributeError: 'NoneType' object has no attribute 'flush')");
