@@ -199,6 +199,16 @@ def synthetic_split(model: ModelSpec, wl: Workload) -> tuple[Routing, np.ndarray
     return test, load_matrix(train, e), transition_counts(train, e)
 
 
+def case_set(rep: Any) -> None:
+    """ConfigError where a `replication` block (a mapping) names no case: the base experiment,
+    run without one of its cases."""
+    if not rep.get("case"):
+        raise ConfigError(
+            "replication.case is not set: run one of the cases, e.g. "
+            "python -m experiments.run -m experiment=replication_esft_g8"
+        )
+
+
 def block(cfg: DictConfig) -> dict[str, Any] | None:
     """The config's `replication` block as a dict, or None where it prepares nothing."""
     node = cfg.get("replication")
@@ -210,11 +220,7 @@ def block(cfg: DictConfig) -> dict[str, Any] | None:
             f"replication.routing={rep['routing']!r} unknown; "
             f"{did_you_mean(rep['routing'], ROUTINGS)}valid: {', '.join(ROUTINGS)}"
         )
-    if not rep.get("case"):
-        raise ConfigError(
-            "replication.case is not set: run one of the cases, e.g. "
-            "python -m experiments.run -m experiment=replication_esft_g8"
-        )
+    case_set(rep)
     loads = ("train", "eval")  # the tables the replication planners start from
     if rep.get("initial_load") is not None and rep["initial_load"] not in loads:
         raise ConfigError(

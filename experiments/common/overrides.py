@@ -62,15 +62,21 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
 
 
 def _names_fit(cfg: Any) -> None:
-    """A run's model and hardware names, which name each point's folder, checked as its folder
-    will take them (`resolve.name_part`): a name too long or not a plain name was each point's
-    error once the pool had started, the sweep's workers up for nothing."""
+    """What names each point's folder, checked as its folder will take it: the model and
+    hardware names (`resolve.name_part`) and a replication block's case. A name too long or not
+    a plain name, or the replication experiment run without a case, was each point's error
+    once the pool had started (and left a `None/...` folder), the sweep's workers up for
+    nothing."""
     if "model" not in cfg or "hardware" not in cfg:
         return  # not a run's config
+    from experiments.common.ep_inputs import case_set
     from experiments.common.resolve import hardware_name, run_model_name
 
     hardware_name(_root_=cfg)
     run_model_name(_root_=cfg)
+    rep = cfg.get("replication")
+    if rep is not None and rep.get("routing"):
+        case_set(rep)
 
 
 def check_sweep_values(swept: Sequence[Any]) -> None:

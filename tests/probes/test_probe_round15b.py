@@ -286,3 +286,15 @@ def test_a_name_no_folder_can_take_is_refused_before_the_sweep_starts(
     r = cli_here("experiments.run", "-m", *TINY, sweep, f"hydra.sweep.dir={d}")
     one_line(r, named)
     assert not d.exists()
+
+
+def test_the_replication_experiment_without_a_case_is_refused_before_it_runs(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    """`-m experiment=replication` (the cases' shared base, no case named) failed its one point
+    under the pool and left `None/bs16/ep_static/failed.txt`; it is refused before any run,
+    naming a case to run."""
+    d = tmp_path / "sweep"
+    r = cli_here("experiments.run", "-m", "experiment=replication", f"hydra.sweep.dir={d}")
+    one_line(r, "replication.case is not set", "experiment=replication_esft_g8")
+    assert not d.exists()
