@@ -69,13 +69,13 @@ def _composed(conf_dir: Path, config_name: str, overrides: list[str]) -> DictCon
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from experiments.common.overrides import _first_point
+    from experiments.common.sweep_points import first_point
 
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
             parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
-            first = _first_point(parsed, [o for o in parsed if o.is_sweep_override()])
+            first = first_point(parsed, [o for o in parsed if o.is_sweep_override()])
             return compose(config_name, first, return_hydra_config=True)
     except Exception:  # hydra names what is wrong with it when it composes the config itself
         return None

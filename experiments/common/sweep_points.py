@@ -1,0 +1,88 @@
+"""A sweep's points as hydra will run them: the overrides of its first point (`first_point`) and
+the run dir each point's config gives it (`check_subdirs`), checked before the sweep starts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from core.errors import MoepipeError
+
+_PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
+
+
+def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
+    """Refuse a sweep two of whose points would write the same run dir (`hydra.sweep.subdir=`
+    empty, or a template of values the swept keys do not change): the second point would
+    replace the first's result, and the sweep end with one run fewer than it had points.
+    A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
+    for each point (a config composed per point), inside an initialized hydra."""
+    import itertools
+
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    lines = [o.input_line for o in parsed]
+    cfg = compose(config_name, overrides=first_point(parsed, swept), return_hydra_config=True)
+    template = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
+    text = "" if template is None else str(template)
+    fix = "give hydra.sweep.subdir a template naming ${hydra.job.override_dirname}"
+    if not text.strip(" ./"):
+        raise MoepipeError(
+            f"hydra.sweep.subdir={text}: every point of the sweep would write the sweep dir "
+            f"itself, each replacing the last; {fix}, or leave it out"
+        )
+    if text.startswith(("/", "~")) or ".." in Path(text).parts:
+        raise MoepipeError(
+            f"hydra.sweep.subdir={text}: a point's folder must stay under the sweep dir (its "
+            "runs would be written elsewhere, and the sweep count none); drop the leading '/' "
+            "and any '..'"
+        )
+    excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
+    if any(key in text for key in _PER_POINT) and not excluded:
+        return
+    if excluded and "override_dirname" in text:
+        exclude = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys") or []
+        varied = [o.get_key_element() for o in swept if len(list(o.sweep_string_iterator())) > 1]
+        if varied and all(
+            k in exclude and k.rsplit(".", 1)[-1].lstrip("+~") not in text for k in varied
+        ):
+            raise MoepipeError(
+                f"hydra.sweep.subdir={text}: the swept {', '.join(varied)} are left out of "
+                "hydra.job.override_dirname (exclude_keys) and named nowhere else in it: every "
+                f"point would write one folder, each replacing the last; {fix} with them"
+            )
+    if "hydra:" in text or "hydra." in text:
+        # hydra's runtime values (the job's choices, its override_dirname) are set by its
+        # launcher per job; a config composed here does not hold them (every point read the
+        # same choice), so such a template is left to them
+        return
+    seen: dict[str, list[str]] = {}
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
+    swept_lines = [o.input_line for o in swept]
+    for point in itertools.product(*values):
+        chosen = dict(zip(swept_lines, point, strict=True))
+        overrides = [chosen.get(line, line) for line in lines]
+        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        subdir = os.path.normpath(str(cfg.hydra.sweep.subdir))
+        if subdir in seen:
+            raise MoepipeError(
+                f"hydra.sweep.subdir={text}: points {' '.join(seen[subdir])} and "
+                f"{' '.join(point)} would both write {subdir}, the second replacing the first's "
+                f"result; {fix}, or name a swept key in it"
+            )
+        seen[subdir] = list(point)
+
+
+def first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
+    """The overrides of a sweep's first point: each swept override at its first value."""
+    first = {
+        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+        for o in swept
+    }
+    return [first.get(o.input_line, o.input_line) for o in parsed]
