@@ -18,6 +18,7 @@ from tests.probes.conftest import TINY, cli, one_line, tiny_run
 REPLICATION = ["-m", "experiment=replication_switch_128", "workload.batch_size=2"]
 
 
+@NEEDS_TRACES  # a switch case reads the shipped OLMoE counts
 @pytest.mark.parametrize(
     ("row", "given", "named"),
     [
@@ -215,6 +216,7 @@ def test_a_resumed_sweeps_own_files_do_not_make_it_compose_every_point(tmp_path:
     assert might_block(tmp_path)
 
 
+@NEEDS_TRACES  # a switch case reads the shipped OLMoE counts
 def test_a_replication_planners_entry_of_null_runs_as_none(cli_here: Any, tmp_path: Path) -> None:
     """`replication.planners.eplb=null` (no params of its own) failed its point with an
     internal error (TypeError: 'NoneType' object is not a mapping) in failed.txt."""
