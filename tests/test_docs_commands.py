@@ -212,7 +212,19 @@ def _root_schema() -> Iterator[None]:
     hydra_errors.ROOT_SCHEMA[:] = saved
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: f"{c.where} {c.module}")
+def _params(commands: list[DocCommand]) -> list[Any]:
+    """Each command once; the second and later values of a documented `for` loop (the same line,
+    another value: each composes its whole sweep, seconds apiece) run in the slow suite."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for c in commands:
+        again = (c.where, c.module) in seen
+        seen.add((c.where, c.module))
+        out.append(pytest.param(c, marks=pytest.mark.slow) if again else c)
+    return out
+
+
+@pytest.mark.parametrize("cmd", _params(COMMANDS), ids=lambda c: f"{c.where} {c.module}")
 def test_documented_command_parses(cmd: DocCommand) -> None:
     try:
         check(cmd)

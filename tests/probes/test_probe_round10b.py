@@ -284,7 +284,9 @@ def test_a_routing_task_given_twice_is_refused() -> None:
         ),
         ("experiments.collect", ["dir={sweep}", "out={folder}"], "results.csv"),
         ("experiments.report", ["dir={sweep}", "out={folder}"], "results.csv"),
-        ("experiments.report", ["dir={sweep}", "out={folder}"], "index.html"),
+        pytest.param(  # the whole report drawn first, 2 s: the slow suite
+            "experiments.report", ["dir={sweep}", "out={folder}"], "index.html", marks=SLOW_COMMAND
+        ),
     ],
 )
 def test_an_output_over_a_file_the_command_did_not_write_is_refused(

@@ -88,7 +88,9 @@ def _their_png(path: Path) -> None:
     ("module", "name"),
     [
         ("experiments.replication", "throughput.png"),
-        ("experiments.replication", "balance_vs_makespan.png"),
+        pytest.param(  # throughput.png's case shows the class; 1.7 s: the slow suite
+            "experiments.replication", "balance_vs_makespan.png", marks=pytest.mark.slow
+        ),
         ("experiments.report", "gantt.png"),
         ("experiments.report", "idle_causes.png"),
     ],

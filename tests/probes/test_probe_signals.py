@@ -150,7 +150,8 @@ def _whole_and_the_next_run_proceeds(
     _consistent(run, "flexgen")
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
+# the computing moment of SIGKILL starts three runs for 2 s: the slow suite (writing's stays)
+@pytest.mark.parametrize("moment", [pytest.param("computing", marks=pytest.mark.slow), "writing"])
 def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     moment: str, tmp_path: Path, cli_here: Any
 ) -> None:
@@ -173,8 +174,18 @@ def test_sigkill_leaves_the_lock_and_the_next_run_proceeds(
     assert not list(run.glob(".partial-*"))
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-@pytest.mark.parametrize("earlier", [True, False], ids=["rerun", "fresh"])
+# each point starts two or three runs, 2 s: two of the four in the slow suite, each moment and
+# each kind of folder keeping one in the default suite
+@pytest.mark.parametrize(
+    "moment, earlier",
+    [
+        pytest.param("computing", True, marks=pytest.mark.slow),
+        ("writing", True),
+        ("computing", False),
+        pytest.param("writing", False, marks=pytest.mark.slow),
+    ],
+    ids=["rerun-computing", "rerun-writing", "fresh-computing", "fresh-writing"],
+)
 def test_ctrl_c_is_one_line_and_keeps_the_previous_result(
     moment: str, earlier: bool, tmp_path: Path, cli_here: Any
 ) -> None:
@@ -351,7 +362,7 @@ def stop_line(err: str, sig: int) -> str:
 @pytest.mark.parametrize(
     "sig, moment, group",
     [
-        (signal.SIGTERM, "computing", False),
+        pytest.param(signal.SIGTERM, "computing", False, marks=pytest.mark.slow),  # 2.5 s
         (signal.SIGTERM, "writing", False),
         (signal.SIGHUP, "computing", True),
     ],

@@ -104,7 +104,12 @@ def test_a_planner_param_no_planner_takes_is_one_line(tmp_path):
         v.validate(opts)
 
 
-@pytest.mark.parametrize("params", [{}, {"dense": "tensor"}], ids=["data", "tensor"])
+# two processes validated end to end, 2.5-2.8 s each: data-parallel dense in the slow suite
+@pytest.mark.parametrize(
+    "params",
+    [pytest.param({}, marks=pytest.mark.slow), {"dense": "tensor"}],
+    ids=["data", "tensor"],
+)
 def test_distributed_validation_covers_every_op_and_device_tokens(mixtral_tiny, tmp_path, params):
     """executor.distributed=true: eplb on 2 processes (a profile of h200-hgx8 with 2 GPUs), its
     dense work data- or tensor-parallel (planner_params.dense); the real trace holds each op of
