@@ -82,6 +82,17 @@ def idle_causes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, float]:
     return {k: float(v) / len(gpus) for k, v in causes if v > 0}
 
 
+def small_unique(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(codes, return_inverse=True)` of non-negative integers of a small range (a
+    run's few kind, tensor and stream combinations): the same sorted values and per-code
+    indices, counted by `bincount` instead of sorting every op's code."""
+    if not len(codes) or codes.min() < 0:
+        return np.unique(codes, return_inverse=True)
+    present = np.bincount(codes) > 0
+    uniq = np.flatnonzero(present)
+    return uniq.astype(codes.dtype), (np.cumsum(present) - 1)[codes]
+
+
 def _label_of(kind: OpKind, tensor: Tensor, resource: str) -> str:
     """`kind@resource`; a weight load also names what it moves (`load expert@h2d`)."""
     what = f" {tensor}" if kind == OpKind.LOAD and tensor != Tensor.NONE else ""
@@ -111,7 +122,7 @@ class _Chain:
         combo = (cols["kind"].astype(np.int64) * len(tensors) + cols["tensor"]) * len(
             stream_res
         ) + sid
-        uniq, inverse = np.unique(combo, return_inverse=True)
+        uniq, inverse = small_unique(combo)
         names = []
         for c in uniq.tolist():
             rest, st = divmod(c, len(stream_res))
@@ -120,7 +131,7 @@ class _Chain:
         # per op an index into these names: the walk reads a few thousand ops' names, so they
         # are looked up as it goes, not made for every op. Per-op values stay numpy arrays (a
         # Python list of a million ints holds 36 MB of boxed ints; the walk reads few of them)
-        self.labels, self.label_of = names, inverse.ravel()
+        self.labels, self.label_of = names, inverse
         self.resources, self.resource_of = stream_res, sid
         self.tiers = [*tiers, ""]  # -1: allocates nothing
         takes = (cols["alloc_tier"] >= 0) & (cols["alloc_bytes"] > 0)
@@ -128,10 +139,11 @@ class _Chain:
         # of its predecessors that ran (deps, the op before on the same stream, the op that held
         # the same resource before it: a stream's transfer queued behind another stream's), the
         # first that ended last: the one the walk steps back to (`_pred`), found for the few
-        # thousand ops the walk reaches, not for every op
+        # thousand ops the walk reaches, not for every op (the two per-op arrays read as it goes:
+        # making lists of them took longer than the walk's reads)
         self.ops = schedule.ops
-        self.prev = self._prev_on_stream(sid).tolist()
-        self.held = self._held_before(schedule).tolist()
+        self.prev = self._prev_on_stream(sid)
+        self.held = self._held_before(schedule)
         self.ends = self.end.tolist()
         self.out: defaultdict[str, float] = defaultdict(float)
 
@@ -148,7 +160,7 @@ class _Chain:
         """Of op x's [*deps, the op before on its stream, the op that held its resource before
         it], the first that ran and ended last (-1: none ran)."""
         ends, best, who = self.ends, -np.inf, -1
-        for c in (*self.ops[x].deps, self.prev[x], self.held[x]):
+        for c in (*self.ops[x].deps, int(self.prev[x]), int(self.held[x])):
             if c >= 0 and ends[c] > best:  # a NaN end (never ran) is never greater
                 best, who = ends[c], c
         return who

@@ -142,6 +142,21 @@ def test_sums_by_name_are_the_str_groupbys(cats):
         assert list(new.index) == list(ref.index) and new.to_numpy().tolist() == ref.tolist()
 
 
+@pytest.mark.parametrize("values", [[], [0], [5, 5, 5], [3, 0, 7, 3, 12, 0, 1], [-2, 4, -2]])
+def test_the_walks_label_codes_are_np_uniques(values):
+    """`small_unique` (the bubble walk's kind, tensor and stream combinations counted by
+    bincount) gives `np.unique`'s sorted values and per-code indices: gaps, repeats, a single
+    value, none, and negative codes (which take np.unique itself)."""
+    from core.bubbles import small_unique
+
+    codes = np.array(values, np.int64)
+    rng = np.random.default_rng(len(values))
+    for c in (codes, rng.permutation(np.repeat(codes, 3))):
+        (u, inv), (ref_u, ref_inv) = small_unique(c), np.unique(c, return_inverse=True)
+        assert u.dtype == ref_u.dtype and u.tolist() == ref_u.tolist()
+        assert inv.ravel().tolist() == ref_inv.ravel().tolist() and len(inv) == len(c)
+
+
 def test_every_run_summarises_as_the_references_do(runs):
     """Bubble causes, heads/tails and peak memory of each planner's simulated run."""
     for schedule, trace in runs:
