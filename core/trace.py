@@ -436,15 +436,16 @@ def prefill_s(trace: pd.DataFrame) -> float:
     by batch (prefill, decode, next batch) has one prefill span per batch, and the decode
     steps between them are not prefill. Time no op runs (a real run's start, idle gaps) counts
     as decode, and where one batch's prefill overlaps another's decode, as prefill."""
-    spans = trace.loc[
-        (trace["step"] == 0) & (trace["end_s"] > trace["start_s"]), ["start_s", "end_s"]
-    ]
-    total, reach = 0.0, -np.inf
-    for start, end in spans.sort_values("start_s").itertuples(index=False):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return float(total)
+    start, end = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+    ran = (trace["step"].to_numpy() == 0) & (end > start)
+    start, end = start[ran], end[ran]
+    order = np.argsort(start, kind="quicksort")  # the spans in sort_values' order, ties too
+    start, end = start[order], end[order]
+    # each span's part past the ends before it, added in start order (cumsum adds one by one)
+    reach = np.r_[-np.inf, np.maximum.accumulate(end)[:-1]]
+    grows = end > reach
+    part = end[grows] - np.maximum(start[grows], reach[grows])
+    return float(np.cumsum(part)[-1]) if len(part) else 0.0
 
 
 def summarize(

@@ -1,6 +1,6 @@
 """The per-op Python that the vectorised paths replaced (bubble causes, validate, the gate
-causality check, the DAG bound, peak memory, Schedule.columns, make_trace), kept as references
-that tests/core/test_fast_paths.py compares the fast paths with, to the bit."""
+causality check, the DAG bound, peak memory, prefill time, Schedule.columns, make_trace), kept
+as references that tests/core/test_fast_paths.py compares the fast paths with, to the bit."""
 
 from __future__ import annotations
 
@@ -254,6 +254,19 @@ def ref_heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np
             if tail[p] < t:
                 tail[p] = t
     return np.asarray(head), np.asarray(tail)
+
+
+def ref_prefill_s(trace: pd.DataFrame) -> float:
+    """prefill_s as it was: the step-0 spans sorted by start, their union summed span by span."""
+    spans = trace.loc[
+        (trace["step"] == 0) & (trace["end_s"] > trace["start_s"]), ["start_s", "end_s"]
+    ]
+    total, reach = 0.0, -np.inf
+    for start, end in spans.sort_values("start_s").itertuples(index=False):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return float(total)
 
 
 def ref_peak_bytes(schedule: Schedule, trace: pd.DataFrame) -> dict[str, int]:

@@ -22,7 +22,7 @@ from core.schedule import (
     validate,
 )
 from core.spec import Workload
-from core.trace import _heads_tails, make_trace, peak_bytes, work_s
+from core.trace import _heads_tails, make_trace, peak_bytes, prefill_s, work_s
 from core.types import OpKind, Resource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names
@@ -33,6 +33,7 @@ from tests.core.fast_path_refs import (
     ref_idle_causes,
     ref_make_trace,
     ref_peak_bytes,
+    ref_prefill_s,
     ref_validate,
 )
 from tests.planners.test_replication import tiny_spec
@@ -140,6 +141,25 @@ def test_sums_by_name_are_the_str_groupbys(cats):
     for c in (col, col.where(np.arange(1000) != 7)):
         new, ref = sum_by_name(values, c), values.groupby(c.astype(str), observed=True).sum()
         assert list(new.index) == list(ref.index) and new.to_numpy().tolist() == ref.tolist()
+
+
+def test_prefill_time_is_the_span_by_span_unions(runs, monkeypatch):
+    """`prefill_s` (the step-0 spans' union in numpy, no pass over rows) equals summing the
+    sorted spans one by one, to the bit: each run's trace and the trace jittered (equal starts,
+    zero lengths, spans inside others, ops that never ran), its prefill spans shuffled in time,
+    and none at all."""
+    traces = []
+    for seed, (schedule, trace) in enumerate(runs):
+        rng = np.random.default_rng(seed)
+        shuffled = trace.copy()
+        shift = rng.random(len(trace)) * shuffled["end_s"].max()
+        shuffled["start_s"] += shift
+        shuffled["end_s"] += shift * rng.choice([1.0, 0.5], len(trace))
+        traces += [trace, jittered(schedule, trace, seed, 0.0), shuffled, trace[:0]]
+    with monkeypatch.context() as m:
+        m.setattr(pd.DataFrame, "itertuples", None)  # the reference's loop over rows
+        got = [prefill_s(tr) for tr in traces]
+    assert got == [ref_prefill_s(tr) for tr in traces]
 
 
 @pytest.mark.parametrize("values", [[], [0], [5, 5, 5], [3, 0, 7, 3, 12, 0, 1], [-2, 4, -2]])
