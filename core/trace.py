@@ -340,8 +340,8 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
 def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
     """`_heads_tails`' pass over ops in id order, given each op's predecessors (`n_pred` of
     them, grouped by op in `pred`). Per op, `fin` (head + duration) is kept, added as the
-    per-edge sums were, and an op with one or two predecessors, most of them, takes their
-    maximum without building a list."""
+    per-edge sums were, and an op with one to three predecessors, most of them, takes their
+    maximum as max() would, without building a list."""
     n = len(d)
     pl = pred.tolist()
     head = [0.0] * n
@@ -356,6 +356,13 @@ def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
             if x > h:  # max() keeps the first of equals, and a NaN first
                 h = x
             a += 2
+        elif c == 3:  # the most of the rest (an op waiting on three streams): the same
+            h, x, y = fin[pl[a]], fin[pl[a + 1]], fin[pl[a + 2]]
+            if x > h:
+                h = x
+            if y > h:
+                h = y
+            a += 3
         elif c:
             b = a + c
             h = max([fin[p] for p in pl[a:b]])
@@ -388,6 +395,14 @@ def _tails(d: list[float], n_succ: np.ndarray, succ: np.ndarray) -> np.ndarray:
             t = t if t > 0.0 else 0.0
             if x > t:
                 t = x
+        elif c == 3:
+            b -= 3
+            t, x, y = after[sl[b]], after[sl[b + 1]], after[sl[b + 2]]
+            t = t if t > 0.0 else 0.0
+            if x > t:
+                t = x
+            if y > t:
+                t = y
         elif c:
             a = b - c
             t = max([0.0, *[after[s] for s in sl[a:b]]])

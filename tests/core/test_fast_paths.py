@@ -162,6 +162,41 @@ def test_prefill_time_is_the_span_by_span_unions(runs, monkeypatch):
     assert got == [ref_prefill_s(tr) for tr in traces]
 
 
+def test_head_and_tail_passes_take_max_over_any_number_of_predecessors():
+    """`_heads` and `_tails` unroll max() for ops of one to three neighbours: with 0-5 of them
+    per op, ties, NaN durations first, last and alone, each op's head and tail are what max()
+    over the list gives (a tail at least 0.0), to the bit."""
+    from core.trace import _heads, _tails
+
+    rng = np.random.default_rng(0)
+    n = 400
+    d = np.round(rng.random(n), 1)
+    d[rng.random(n) < 0.05] = np.nan
+    counts = rng.integers(0, 6, n)
+    counts[0] = 0
+    pred = np.concatenate([rng.integers(0, max(i, 1), c) for i, c in enumerate(counts)])
+    fin, head = [x + 0.0 for x in d.tolist()], [0.0] * n
+    a = 0
+    for i, c in enumerate(counts.tolist()):
+        if c:
+            head[i] = max([fin[p] for p in pred[a : a + c].tolist()])
+            fin[i] = head[i] + d[i]
+        a += c
+    got = _heads(d.tolist(), counts, pred)
+    assert np.array_equal(got, np.asarray(head), equal_nan=True)
+    # the same lists read backwards: op i's successors are op n-1-i's predecessors above
+    succ = (n - 1 - pred)[::-1]
+    after, tail = [x + 0.0 for x in d[::-1].tolist()], [0.0] * n
+    b = len(succ)
+    for i, c in reversed(list(enumerate(counts[::-1].tolist()))):
+        if c:
+            tail[i] = max([0.0, *[after[s] for s in succ[b - c : b].tolist()]])
+            after[i] = d[::-1][i] + tail[i]
+        b -= c
+    got = _tails(d[::-1].tolist(), counts[::-1], succ)
+    assert np.array_equal(got, np.asarray(tail), equal_nan=True)
+
+
 @pytest.mark.parametrize("values", [[], [0], [5, 5, 5], [3, 0, 7, 3, 12, 0, 1], [-2, 4, -2]])
 def test_the_walks_label_codes_are_np_uniques(values):
     """`small_unique` (the bubble walk's kind, tensor and stream combinations counted by
