@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -125,6 +126,9 @@ def _dedupe(
 ) -> None:
     """Make each row of ids [N, k] distinct in place: redraw later duplicate slots, then shift."""
     k = ids.shape[1]
+    if k == 2:  # most models (top-2): the same steps, one column against the other
+        _dedupe_pairs(ids, redraw, n_experts)
+        return
     for j in range(1, k):
         rows = np.flatnonzero((ids[:, j : j + 1] == ids[:, :j]).any(axis=1))
         for attempt in range(2 + j):
@@ -135,6 +139,20 @@ def _dedupe(
             ids[rows, j] = redraw(rows, j) if attempt < 2 else (ids[rows, j] + 1) % n_experts
             rows = rows[(ids[rows, j : j + 1] == ids[rows, :j]).any(axis=1)]
         assert rows.size == 0
+
+
+def _dedupe_pairs(
+    ids: np.ndarray, redraw: Callable[[np.ndarray, int], np.ndarray], n_experts: int
+) -> None:
+    """`_dedupe` of ids [N, 2]: the same redraws of the same rows in the same order."""
+    first, second = ids[:, 0], ids[:, 1]  # views: written in place
+    rows = np.flatnonzero(first == second)
+    for attempt in range(3):
+        if rows.size == 0:
+            break
+        second[rows] = redraw(rows, 1) if attempt < 2 else (second[rows] + 1) % n_experts
+        rows = rows[second[rows] == first[rows]]
+    assert rows.size == 0
 
 
 @dataclass(frozen=True)
@@ -223,6 +241,7 @@ def _chunk(t: _Tables, out: np.ndarray, n_experts: int, rng: np.random.Generator
     pos = np.arange(p, dtype=pos_dtype)[:, None]  # [P, 1]
     col = np.arange(n)[None, :]  # [1, S*k]
     wide = {1: np.int16, 2: np.int32, 4: np.int64}.get(k)  # a token's k slots as one element
+    corr_64 = math.ceil(t.layer_corr * 64)
     for layer in range(n_layers):
         raw = rng.bit_generator.random_raw(p * n).view(np.uint16).reshape(p, n, 4)
         cand = np.take(t.pop_lut[layer], raw[..., 0])  # [P, S*k]
@@ -254,7 +273,8 @@ def _chunk(t: _Tables, out: np.ndarray, n_experts: int, rng: np.random.Generator
             if not corr:
                 return from_pop
             tr = t.trans_lut[layer][prev_tok[rows, j] * _Q_TR + (u[1] >> 6)]
-            return np.where(u[1] % 64 < t.layer_corr * 64, tr, from_pop)
+            # u % 64 < layer_corr * 64, compared as integers: u % 64 < its ceiling
+            return np.where((u[1] & 63) < corr_64, tr, from_pop)
 
         tokens = cur.reshape(p * s, k)  # view: [P*S, k]
         _dedupe(tokens, redraw, n_experts)

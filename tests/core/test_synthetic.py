@@ -140,6 +140,33 @@ def test_weights_are_drawn_when_read_and_are_the_same_numbers(
     assert [sha(a) for a in generate(*args)] == [ids_sha, weights_sha]
 
 
+@pytest.mark.parametrize(
+    ("k", "layer_corr", "reuse", "e", "layers", "ids_sha"),
+    [
+        (2, 0.5, 0.25, 8, 3, "2eecdf6dda295b05"),
+        (2, 0.0, 0.0, 8, 3, "0aff574f586ba3b7"),
+        (2, 0.3, 0.0, 4, 3, "6c75fb66b8ffceed"),
+        (2, 0.7, 0.5, 8, 9, "7d1cfc3424d8cfea"),
+        (2, 0.5, 0.25, 2, 3, "b4f66c9cde2e36f4"),  # two experts: redrawn twice, then shifted
+        (3, 0.5, 0.25, 8, 3, "8c8e0fd4063446a3"),
+        (4, 0.9, 0.1, 6, 6, "7e82ba53583d0604"),
+    ],
+)
+def test_expert_ids_are_the_numbers_they_were(
+    k: int, layer_corr: float, reuse: float, e: int, layers: int, ids_sha: str
+) -> None:
+    """The ids, duplicates redrawn (top-2 over its two columns, others slot by slot), are the
+    numbers the generator gave before (digests of its output then), with and without layer
+    correlation and reuse, and with as many experts as slots."""
+    import hashlib
+
+    from core.synthetic import draw
+
+    c = RoutingConfig(skew=1.0, layer_corr=layer_corr, reuse=reuse)
+    ids, _ = draw(c, 40, 30, layers, e, k, 5)
+    assert hashlib.sha256(ids.tobytes()).hexdigest()[:16] == ids_sha
+
+
 def test_a_routings_weights_are_made_once_and_kept() -> None:
     """`Routing.gate_weights` of lazily drawn weights: made on the first read, kept after;
     `last_routing`'s (a sweep's runs share it) read-only, as its ids are."""
