@@ -1,0 +1,81 @@
+"""The eleventh round: the newest families' loose ends, on checkpoints transformers writes.
+
+generation_config.json on Qwen3-MoE and DeepSeek-V3 (round 6's checks, which ran on the four
+older families), DeepSeek-V3's moe_layer_freq (transformers' class ignores it, DeepSeek's code
+leaves the layers between dense: moepipe follows transformers, its stated reference for V3, and
+warns), Switch's float16 clamp decided over the whole batch as transformers' blocks decide it,
+and DeepSeek-V3's FP8 release (float8_e4m3fn weights, a weight_scale_inv per block).
+
+Usage: python -m pytest -q tests/real/test_hf_parity_round11.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from real.model import reference_generate
+from tests.real.test_hf_parity import DTYPES, GEN
+from tests.real.test_hf_parity_fields import save
+from tests.real.test_hf_parity_round6 import (
+    HONOURED,
+    hf_generate,
+    load_hf,
+    save_form,
+    with_generation,
+)
+
+transformers = pytest.importorskip("transformers")
+
+NEWEST = ["qwen3_moe", "deepseek_v3"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """(family, dtype) -> (checkpoint, transformers' model from it), built on first use."""
+    root = tmp_path_factory.mktemp("round11")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(family: str, dtype: str = "f32") -> tuple[Path, Any]:
+        if (family, dtype) not in made:
+            made[family, dtype] = save(family, {}, root / f"{family}-{dtype}", dtype)
+        return made[family, dtype]
+
+    return get
+
+
+# 1. generation_config.json on the newest families
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", NEWEST)
+def test_generation_config_equals_transformers_generate(family, dtype, base, prompt, tmp_path):
+    """Every honoured generation_config.json field at once (round 6's fields, which each alone
+    give transformers' tokens too): the tokens of transformers' generate() on the same folder,
+    the last logits within 1e-4 (a bf16 step), moved from the plain greedy tokens."""
+    ckpt, hf = base(family, dtype)
+    base_tokens = reference_generate(ckpt, prompt, GEN)[0]
+    assert torch.equal(base_tokens, hf_generate(hf, prompt)[0])
+    tol = 1e-4 if dtype == "f32" else 2**-6
+    fields = {k: make(base_tokens) for k, make in HONOURED.items()}
+    changed = with_generation(ckpt, tmp_path / "gen", **fields)
+    tokens, logits = reference_generate(changed, prompt, GEN)
+    hf_tokens, hf_logits = hf_generate(load_hf(changed, dtype), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
+    assert not torch.equal(tokens, base_tokens)
+
+
+@pytest.mark.parametrize("form", ["tied", "fused"])
+@pytest.mark.parametrize("family", NEWEST)
+def test_saved_form_equals_transformers(family, form, prompt, tmp_path):
+    """The family-specific forms save_pretrained writes (a tied head, fused experts) of the newest
+    families: transformers' greedy tokens, logits within 1e-4 in float32 (observed: 1e-6)."""
+    ckpt, hf = save_form(family, form, "f32", tmp_path / "ckpt")
+    tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_generate(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
