@@ -489,6 +489,16 @@ _LAYER_KIND_FIELDS = {
     "deepseek_v2": "first_k_dense_replace and moe_layer_freq",
     "deepseek_v3": "first_k_dense_replace",
 }
+# why a family's layer kinds may differ from a checkpoint another program wrote
+_LAYER_KIND_NOTE = {
+    "deepseek_v2": " (transformers' DeepseekV2 ignores moe_layer_freq)",
+    "deepseek_v3": (
+        " (moe_layer_freq is ignored, as transformers' DeepseekV3 does; DeepSeek's "
+        "modeling_deepseek.py leaves layers between dense)"
+    ),
+}
+# a layer's dense FFN projection (DeepSeek's and Qwen's names)
+_DENSE = re.compile(r"model\.layers\.(\d+)\.mlp\.(?:gate|up|down)_proj\.weight$")
 
 
 # a layer's shared expert(s) (Qwen2-MoE's with its sigmoid gate); group 2: one of its projections
@@ -530,11 +540,14 @@ def check_all_read(
         return
     moe = set(spec.moe_layers)
     dense_with_experts = sorted({int(m.group(1)) for n in unused if (m := _EXPERTS.match(n))} - moe)
-    if dense_with_experts:
+    moe_with_dense = sorted({int(m.group(1)) for n in unused if (m := _DENSE.match(n))} & moe)
+    if dense_with_experts or moe_with_dense:
         fields = _LAYER_KIND_FIELDS.get(spec.family, "config.json")
+        held = "their experts" if dense_with_experts else "a dense FFN"
+        which = "dense" if dense_with_experts else "MoE"
         raise ConfigError(
-            f"{d / 'config.json'}: {fields} make layer(s) {dense_with_experts} dense, but the "
-            "checkpoint holds their experts (transformers' DeepseekV2 ignores moe_layer_freq); "
+            f"{d / 'config.json'}: layer(s) {dense_with_experts or moe_with_dense} are {which} "
+            f"by {fields}, but the checkpoint holds {held}{_LAYER_KIND_NOTE.get(spec.family, '')}; "
             "set the fields to the weights' layout"
         )
     raise ConfigError(

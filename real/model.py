@@ -42,10 +42,22 @@ from real.routers import sigmoid_route, softmax_top_k
 # modeling_deepseek.py honours (as moepipe does): norm_topk_prob: true renormalises the top-k
 # router weights, and moe_layer_freq > 1 leaves layers between MoE layers dense. V2 and V2-Lite
 # ship false and 1, where the two agree; Model.from_checkpoint warns where they disagree.
+# DeepSeek-V3 follows transformers there too: its moe_layer_freq is ignored, with a warning.
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
 
 log = logging.getLogger(__name__)
+
+# moe_layer_freq > 1, where DeepSeek's modeling_deepseek.py (V2 and V3 alike) leaves the layers
+# between MoE layers dense and transformers' classes ignore it: each family's stated reference
+_FREQ_REFERENCE = {
+    "deepseek_v2": "moepipe leaves the layers between MoE layers dense as DeepSeek's "
+    "modeling_deepseek.py does; transformers' DeepseekV2 class ignores the field, so its "
+    "logits differ",
+    "deepseek_v3": "moepipe ignores it as transformers' DeepseekV3 class does (every layer "
+    "from first_k_dense_replace on is MoE); DeepSeek's modeling_deepseek.py leaves the layers "
+    "between dense, so its logits differ",
+}
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -166,11 +178,10 @@ class Model:
                 "router weights as DeepSeek's modeling_deepseek.py does; transformers' "
                 "DeepseekV2 class ignores the field, so its logits differ from these"
             )
-        if spec.family == "deepseek_v2" and cfg.get("moe_layer_freq", 1) != 1:
+        if cfg.get("moe_layer_freq", 1) != 1 and spec.family in _FREQ_REFERENCE:
             _warn_once(
-                f"{cfg.where}: moe_layer_freq is {cfg.get('moe_layer_freq')}: moepipe leaves the "
-                "layers between MoE layers dense as DeepSeek's modeling_deepseek.py does; "
-                "transformers' DeepseekV2 class ignores the field, so its logits differ"
+                f"{cfg.where}: moe_layer_freq is {cfg.get('moe_layer_freq')}: "
+                + _FREQ_REFERENCE[spec.family]
             )
         return cls(
             spec,

@@ -252,6 +252,11 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     # (OLMoE's only as hidden_size / num_attention_heads, else refused: its q_norm spans
     # hidden_size)
     "head_dim": (READ, "qwen2_moe-head_dim in " + _P + "; every case of " + _P10),
-    "moe_layer_freq": (READ, "DeepSeek's: test_hf_parity.py::test_weights_config_json..."),
+    # V2: DeepSeek's reading (layers between dense); V3: transformers' (ignored), both warned
+    "moe_layer_freq": (
+        READ,
+        "V2 DeepSeek's: test_hf_parity.py::test_weights_config_json...; V3 transformers': "
+        "test_hf_parity_round11.py::test_deepseek_v3_moe_layer_freq_follows_transformers...",
+    ),
     "scoring_func": (REFUSED, "softmax, DeepSeek's: test_model.py's DeepSeek routing test"),
 }

@@ -428,7 +428,8 @@ def test_weights_config_json_does_not_describe_are_refused(built, tmp_path):
 
     ds, _ = built("deepseek_v2", "f32")
     freq = _edited(ds, tmp_path / "freq", first_k_dense_replace=0, moe_layer_freq=2)
-    with pytest.raises(ConfigError, match=r"moe_layer_freq make layer\(s\) \[1\] dense"):
+    fields = "first_k_dense_replace and moe_layer_freq"
+    with pytest.raises(ConfigError, match=rf"layer\(s\) \[1\] are dense by {fields}"):
         load_checkpoint(freq)
     shared = _edited(ds, tmp_path / "shared", n_shared_experts=None)
     with pytest.raises(ConfigError, match="n_shared_experts is missing"):

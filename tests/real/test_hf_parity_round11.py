@@ -11,14 +11,18 @@ Usage: python -m pytest -q tests/real/test_hf_parity_round11.py
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from core.errors import ConfigError
+from real.checkpoint import load_checkpoint
 from real.model import reference_generate
-from tests.real.test_hf_parity import DTYPES, GEN
+from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy
 from tests.real.test_hf_parity_fields import save
 from tests.real.test_hf_parity_round6 import (
     HONOURED,
@@ -79,3 +83,37 @@ def test_saved_form_equals_transformers(family, form, prompt, tmp_path):
     hf_tokens, hf_logits = hf_generate(hf, prompt)
     assert torch.equal(tokens, hf_tokens)
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+
+
+# 3. DeepSeek-V3's moe_layer_freq: transformers' reading, with a warning
+
+
+def test_deepseek_v3_moe_layer_freq_follows_transformers_and_warns(prompt, tmp_path, caplog):
+    """moe_layer_freq 2 on DeepSeek-V3: transformers' class ignores it (every layer from
+    first_k_dense_replace on is MoE) and so does moepipe, its stated reference for V3, with
+    transformers' tokens and logits and one warning naming the field and DeepSeek's other
+    reading (before: silent). A checkpoint of DeepSeek's layout (layer 1 a dense FFN) is
+    refused naming the fields and the reading (before: its dense tensors, "a field moepipe
+    does not model")."""
+    from real.shards import read_header, read_tensor, save_shard
+
+    ckpt, hf = save("deepseek_v3", {"moe_layer_freq": 2}, tmp_path / "v3")
+    with caplog.at_level(logging.WARNING, logger="real.model"):
+        tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+    lines = [r.getMessage() for r in caplog.records if "moe_layer_freq is 2" in r.getMessage()]
+    assert len(lines) == 1 and "transformers' DeepseekV3 class does" in lines[0]
+    spec, _ = load_checkpoint(ckpt)
+    dense = tmp_path / "deepseek-layout"
+    shutil.copytree(ckpt, dense)
+    file = dense / "model.safetensors"
+    t = {n: read_tensor(e) for n, e in read_header(file).items()}
+    t = {n: x for n, x in t.items() if not n.startswith("model.layers.1.mlp.")}
+    h, f = spec.hidden_size, spec.dense_ffn_size
+    for proj, shape in (("gate", (f, h)), ("up", (f, h)), ("down", (h, f))):
+        t[f"model.layers.1.mlp.{proj}_proj.weight"] = torch.zeros(shape)
+    save_shard(t, file, {"format": "pt"})
+    with pytest.raises(ConfigError, match=r"layer\(s\) \[1\] are MoE by first_k_dense_replace"):
+        load_checkpoint(dense)
