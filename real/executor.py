@@ -237,6 +237,9 @@ class Executor(OpSemantics):
         # (step, layer, order, batch, what) -> a device bool: were that op's outputs finite?
         # Read once at the end (`_check_finite`), so checking costs no synchronisation.
         self._finite: list[tuple[tuple[int, int, int, int, str], torch.Tensor]] = []
+        # Switch in float16: (step, layer, order), did an op's residual sum overflow, did its
+        # output keep a value within 1000 of the max (`_check_overflow`, read at the end too)
+        self._overflow: list[tuple[tuple[int, int, int], torch.Tensor, torch.Tensor]] = []
         self._scratch: dict[str, torch.Tensor] = {}
         # batch -> the layers whose KV the schedule keeps in host memory (None: unknown before
         # the run, as for a live planner: every layer)
@@ -377,6 +380,7 @@ class Executor(OpSemantics):
         if self.peers is not None:
             self.peers.gather(self, schedule)
         self._check_finite()
+        self._check_overflow()
         for b, bst in enumerate(self._batches):
             if bst.written != [wl.batch_size] * wl.gen_len:
                 raise ScheduleError(

@@ -155,7 +155,8 @@ class OpSemantics(KVSemantics):
             self._finish_moe(bst, h, s0, s1, op.micro, op.step)
             own = tuple(t[s0:s1] for t in self._kv_dev(bst, op))
             kv = KVCache(tuple(own if i == op.layer else () for i in range(s.n_layers)))
-            h[s0:s1] = m.attention(op.layer, w, h[s0:s1], kv, self._positions(op.step))
+            part = m.attention_part(op.layer, w, h[s0:s1], kv, self._positions(op.step))
+            h[s0:s1] = self._clamped((op.step, op.layer, 0), h[s0:s1] + part)
             self._note_finite(op.step, op.layer, 0, op.batch, "attention", h[s0:s1])
         elif op.kind == OpKind.FFN:
             if s.is_moe(op.layer):
@@ -175,7 +176,9 @@ class OpSemantics(KVSemantics):
                         self._landed()
                 p.shared[rows] = y.to(p.shared.device)
             else:
-                h[s0:s1] = m.dense_ffn(w, h[s0:s1])
+                h[s0:s1] = self._clamped(
+                    (op.step, op.layer, 1), h[s0:s1] + m.dense_ffn_part(w, h[s0:s1])
+                )
                 self._note_finite(op.step, op.layer, 1, op.batch, "FFN", h[s0:s1])
         elif op.kind == OpKind.HEAD:
             self._finish_moe(bst, h, s0, s1, op.micro, op.step)
@@ -220,14 +223,15 @@ class OpSemantics(KVSemantics):
             hs.append(h)
         caches = [self._kv_dev(self._batches[b], op) for b in batches]
         whole = _consecutive(caches)  # [n*b, Hkv, M, D] each, or None
-        pos = self._positions(op.step)
+        pos, key = self._positions(op.step), (op.step, op.layer, 0)
         if whole is None:
             for h, own in zip(hs, caches, strict=True):
                 kv = KVCache(tuple(own if i == op.layer else () for i in range(m.spec.n_layers)))
-                h[:] = m.attention(op.layer, w, h, kv, pos)
+                h[:] = self._clamped(key, h + m.attention_part(op.layer, w, h, kv, pos))
         else:
             kv = KVCache(tuple(whole if i == op.layer else () for i in range(m.spec.n_layers)))
-            y = m.attention(op.layer, w, torch.cat(hs), kv, pos)  # [n*b, S, H]
+            x = torch.cat(hs)  # [n*b, S, H]
+            y = self._clamped(key, x + m.attention_part(op.layer, w, x, kv, pos))
             for i, h in enumerate(hs):
                 h[:] = y[i * bs : (i + 1) * bs]
         for b, h in zip(batches, hs, strict=True):
@@ -452,8 +456,11 @@ class OpSemantics(KVSemantics):
             return
         rows = slice(s0 * h.shape[1], s1 * h.shape[1])
         shared = None if p.shared is None else p.shared[rows]
-        h[s0:s1] = self.model.clamp_overflow(
-            moe_output(h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine)
+        h[s0:s1] = self._clamped(
+            (step, p.layer, 1),
+            moe_output(
+                h[s0:s1], p.slots[rows], p.weights[rows], shared, self.model.float32_combine
+            ),
         )
         p.done[s0:s1] = True
         self._note_finite(step, p.layer, 1, bst_index(self._batches, bst), "MoE", h[s0:s1])
@@ -463,6 +470,44 @@ class OpSemantics(KVSemantics):
     ) -> None:
         """Record (without waiting for it) whether an op's output `x` is finite everywhere."""
         self._finite.append(((step, layer, order, batch, what), torch.isfinite(x).all()))
+
+    def _clamped(self, key: tuple[int, int, int], summed: torch.Tensor) -> torch.Tensor:
+        """`Model.clamp_overflow` of an op's residual sum [b, S, H] at key (step, layer, order),
+        noting for Switch in float16 (without waiting for it) whether the sum overflowed and
+        whether it holds a value the clamp of an overflowing batch (to max - 1000) would move:
+        `_check_overflow` refuses a run whose ops decided apart what transformers decides
+        over the whole batch."""
+        out = self.model.clamp_overflow(summed)
+        if out is not summed:  # Switch in float16
+            moved = self.model.clamp_overflow(out.new_full((1,), float("inf")))[0]
+            near = (out.abs() > moved).any()
+            self._overflow.append((key, torch.isinf(summed).any(), near))
+        return out
+
+    def _check_overflow(self) -> None:
+        """A warning where one op of a (step, layer, residual add) overflowed float16 and
+        another kept a value within 1000 of its max: transformers' block clamps its whole batch
+        to max - 1000 where any value overflows, so it would have clamped that value too, which
+        ops that each hold a part of the run's sequences cannot know in time. Where one op
+        holds every sequence, or none of them keeps such a value, the run is transformers'."""
+        if not self._overflow:
+            return
+        flags = torch.stack([torch.stack((i, n)) for _, i, n in self._overflow]).cpu()
+        seen: dict[tuple[int, int, int], list[bool]] = {}
+        for (key, _, _), (inf, near) in zip(self._overflow, flags.tolist(), strict=True):
+            got = seen.setdefault(key, [False, False])
+            got[0], got[1] = got[0] or inf, got[1] or near
+        split = sorted(k for k, (inf, near) in seen.items() if inf and near)
+        if split:
+            step, layer, order = split[0]
+            log.warning(
+                f"layer {layer} ({'FFN' if order else 'attention'}) at step {step} "
+                f"({len(split)} such): one op's sequences overflowed float16 and another op's "
+                "kept a value within 1000 of its max, which transformers' Switch block, "
+                "clamping its whole batch, would have clamped to max - 1000; the logits may "
+                "differ from its: run the sequences in one batch (workload.n_batches=1, no "
+                "micro-batches) for its clamp, or executor.dtype=float32"
+            )
 
     def _check_finite(self) -> None:
         """A MoepipeError naming the first layer (in step, then layer order) whose output held

@@ -428,12 +428,12 @@ class TensorParallel:
             return
         h = self._hidden(d, op)
         h += whole[: h.numel()].view_as(h)
-        clamped = ex.model.clamp_overflow(h)  # Switch in float16, after the residual add
+        order = 1 if what in ("ffn", "moe") else 0
+        clamped = ex._clamped((op.step, op.layer, order), h)  # Switch in float16
         if clamped is not h:
             h.copy_(clamped)
         if what == "moe":
             dev.moe.pop(b)
-        order = 1 if what in ("ffn", "moe") else 0
         ex._note_finite(op.step, op.layer, order, op.batch, what, h)
 
     def _part(self, what: str, d: int, b: Part) -> torch.Tensor:

@@ -117,3 +117,58 @@ def test_deepseek_v3_moe_layer_freq_follows_transformers_and_warns(prompt, tmp_p
     save_shard(t, file, {"format": "pt"})
     with pytest.raises(ConfigError, match=r"layer\(s\) \[1\] are MoE by first_k_dense_replace"):
         load_checkpoint(dense)
+
+
+# 2. Switch in float16: transformers clamps over the whole batch, an executor's op over its part
+
+
+@pytest.fixture(scope="module")
+def switch_split(tmp_path_factory):
+    """A float16 Switch (its head untied) whose token 44 embeds 65000 and token 36 65504 in
+    dimension 3, and whose dense block's wo writes 30 times the sum of its activations there:
+    at that block's FFN add a sequence holding 36 overflows, one holding 44 alone keeps a
+    value within 1000 of float16's max. The executor's prompts hold 44 in batch 0 alone and
+    36 in batch 1 alone."""
+    from tests.real.test_hf_parity_round5 import SWITCH, SWITCH_LAYERS, SWITCH_SPARSE
+
+    layers = SWITCH_LAYERS | SWITCH_SPARSE
+    cfg = transformers.SwitchTransformersConfig(**SWITCH, **layers, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.shared.weight[44, 3], model.shared.weight[36, 3] = 65000.0, 65504.0
+        model.encoder.block[0].layer[-1].mlp.wo.weight[3, :] = 30.0
+    ckpt = tmp_path_factory.mktemp("round11-switch") / "split"
+    model.to(torch.float16).save_pretrained(ckpt)
+    return ckpt
+
+
+def test_switch_float16_clamp_split_over_ops_warns(switch_split, caplog):
+    """transformers' block decides its float16 clamp over its whole batch (max - 1000 where
+    any value is infinite), moepipe's forward over the batch it is given (round 10's
+    test_switch_float16_clamps_as_transformers_block, two sequences), an executor's op over
+    the sequences it holds. A real run whose 4 sequences are one batch clamps as the forward
+    does, its logits bit for bit; in 2 batches, one overflowing and the other keeping 65000,
+    the ops cannot decide together: the run warns in one line naming the layer and the step
+    (before: silent), and here its logits are still the forward's (the norms wash the one
+    value out)."""
+    import dataclasses
+
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import prompts_for, real_execute
+    from tests.real.test_executor import OFFLOAD, WORKLOAD
+
+    spec, _ = load_checkpoint(switch_split)
+    prompts = prompts_for(spec, WORKLOAD)
+    assert (prompts[:2] == 44).any() and not (prompts[2:] == 44).any()
+    assert (prompts[2:] == 36).any() and not (prompts[:2] == 36).any()
+    tokens, logits = reference_generate(switch_split, prompts, WORKLOAD.gen_len)
+    whole = dataclasses.replace(WORKLOAD, batch_size=4, n_batches=1)
+    for wl, warned in ((whole, False), (WORKLOAD, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="real.ops"):
+            _, out = real_execute(switch_split, RunSpec(spec, OFFLOAD, wl, "klotski", {}), "live")
+        assert torch.equal(out.tokens, tokens) and torch.equal(out.logits, logits)
+        lines = [r.getMessage() for r in caplog.records if "overflowed float16" in r.getMessage()]
+        assert len(lines) == warned, lines
+    assert lines[0].startswith("layer 0 (FFN) at step 0 ") and "\n" not in lines[0]
