@@ -24,6 +24,7 @@ from core.errors import ConfigError, quoted
 from core.files import no_file_there, read_small
 from core.hf_config import (
     HFConfig,
+    fp8_block,
     hf_dtype_name,
     hf_runtime,
     mla_dims,
@@ -33,6 +34,7 @@ from core.hf_config import (
 from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
+from real.fp8 import attach_scales, read_weight
 from real.fused_experts import unfuse_experts
 from real.hf_names import HFNames, hf_names
 from real.shards import (  # noqa: F401 (the file names: checkpoint's too)
@@ -395,6 +397,7 @@ def load_checkpoint(
     if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows
         cfg_file = d / "config.json"
         _warn_cut(str(cfg_file), cfg_file.stat().st_mtime_ns, spec.n_layers, max(layers) + 1)
+    listed = attach_scales(index, listed, fp8_block(cfg))  # FP8: each weight with its scales
     names = hf_names(spec.family)
     if spec.family != "switch_transformers":  # transformers' modules' own names of experts
         listed = unfuse_experts(d, spec, names, index, listed)
@@ -470,7 +473,7 @@ def _check_shapes(
                     f"expects {list(ts.shape)}"
                 )
             kept = e.dtype == torch.float32 == weight_dtype(spec, key)
-            if e.dtype != dtype and not kept:
+            if e.dtype != dtype and not kept and e.scale is None:  # FP8: dequantized to dtype
                 said = (
                     f"config.json says {dtype}"
                     if cfg.get("dtype", None) or cfg.get("torch_dtype", None)
@@ -565,7 +568,7 @@ def load_units(
     spec, index = load_checkpoint(ckpt_dir, dtype)
     units = {
         unit: {
-            key: read_tensor(index[ts.hf_name]).to(weight_dtype(spec, key))
+            key: read_weight(index[ts.hf_name]).to(weight_dtype(spec, key))
             for key, ts in tensors.items()
         }
         for unit, tensors in unit_layout(spec).items()

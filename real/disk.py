@@ -19,6 +19,7 @@ from core.errors import ConfigError, quoted
 from core.files import no_file_there
 from core.spec import ModelSpec
 from real.checkpoint import TensorEntry, Unit, load_checkpoint, unit_layout, weight_dtype
+from real.fp8 import SCALE_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class UnitRecord:
     # `tensors`' place (then the device layout, in the compute dtype) as it arrives; () : none
     staged: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...] = ()
     staged_nbytes: int = 0
+    block: tuple[int, int] = (0, 0)  # FP8 weights' scale block (real.fp8), staged beside them
 
     @property
     def offset(self) -> int:
@@ -79,19 +81,26 @@ def unit_records(ckpt_dir: str | Path, dtype: str | None = None) -> dict[Unit, U
     spec, index = load_checkpoint(ckpt_dir, dtype)
     records = {}
     for unit, tensors in unit_layout(spec).items():
-        rec = _record(unit, {key: index[ts.hf_name] for key, ts in tensors.items()})
-        if any(t[1] != weight_dtype(spec, t[0]) for t in rec.tensors):
-            rec = _convert(rec, spec)
+        entries = {key: index[ts.hf_name] for key, ts in tensors.items()}
+        # an FP8 weight's scales are read beside it and dequantize it in the staging buffer
+        scales = {k + SCALE_SUFFIX: e.scale for k, e in entries.items() if e.scale is not None}
+        rec = _record(unit, entries | scales)
+        if scales or any(t[1] != weight_dtype(spec, t[0]) for t in rec.tensors):
+            block = next((e.block for e in entries.values() if e.scale is not None), (0, 0))
+            rec = _convert(rec, spec, block)
         records[unit] = rec
     return records
 
 
-def _convert(rec: UnitRecord, spec: ModelSpec) -> UnitRecord:
+def _convert(rec: UnitRecord, spec: ModelSpec, block: tuple[int, int]) -> UnitRecord:
     """`rec` for a run computing in `spec`'s dtype: its reads fill a staging buffer (the saved
-    layout), and its host and device buffers hold each tensor in its `weight_dtype` (the
-    compute dtype, DeepSeek-V2's router float32) at TENSOR_ALIGN."""
+    layout, FP8 weights' scales of `block` included), and its host and device buffers hold each
+    tensor in its `weight_dtype` (the compute dtype, DeepSeek-V2's router float32) at
+    TENSOR_ALIGN."""
     placed, end = [], 0
     for key, _, shape, _ in rec.tensors:
+        if key.endswith(SCALE_SUFFIX):
+            continue
         end = round_up(end, TENSOR_ALIGN)
         dtype = weight_dtype(spec, key)
         placed.append((key, dtype, shape, end))
@@ -104,6 +113,7 @@ def _convert(rec: UnitRecord, spec: ModelSpec) -> UnitRecord:
         placed=tuple(placed),
         staged=rec.tensors,
         staged_nbytes=staged_nbytes,
+        block=block,
     )
 
 

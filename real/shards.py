@@ -32,7 +32,12 @@ from core.files import (
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+ST_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F8_E4M3": torch.float8_e4m3fn,  # FP8 weights (real.fp8), read with their scales
+}
 ST_CODE = {v: k for k, v in ST_DTYPES.items()}
 
 
@@ -43,6 +48,9 @@ class TensorEntry:
     shape: tuple[int, ...]
     offset: int  # byte offset of the tensor's data from the start of the file
     nbytes: int
+    # an FP8 weight's float32 scales, one per `block` [rows, columns] (real.fp8); None: none
+    scale: TensorEntry | None = None
+    block: tuple[int, int] = (0, 0)
 
 
 # bytes per element of every safetensors dtype (the format's own table), to check each tensor's

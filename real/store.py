@@ -31,6 +31,7 @@ from real.disk import (
     round_up,
     unit_records,
 )
+from real.fp8 import SCALE_SUFFIX, dequantize
 from real.slabs import HostSlabs
 
 # Re-exported: the store's callers take these from here
@@ -227,10 +228,17 @@ class TieredStore:
             self.disks[r.file].read_into(into[r.into : r.into + r.nbytes], r.offset, r.needed)
         if not rec.staged:
             return
-        for (_, saved, shape, s), (_, dtype, _, h) in zip(rec.staged, rec.tensors, strict=True):
+        staged = {key: (saved, shape, s) for key, saved, shape, s in rec.staged}
+        for key, dtype, shape, h in rec.tensors:
+            saved, _, s = staged[key]
             n = int(torch.Size(shape).numel())
             dst = buf[h : h + n * dtype.itemsize].view(dtype)
-            dst.copy_(into[s : s + n * saved.itemsize].view(saved))
+            src = into[s : s + n * saved.itemsize].view(saved)
+            if key + SCALE_SUFFIX in staged:  # FP8: times its blocks' scales (real.fp8)
+                _, grid, g = staged[key + SCALE_SUFFIX]
+                scale = into[g : g + 4 * int(torch.Size(grid).numel())].view(torch.float32)
+                src = dequantize(src.view(shape), scale.view(grid), rec.block).view(-1)
+            dst.copy_(src)
 
     def alloc(self, unit: Unit) -> Weights:
         """Reserve the unit's space in the device pool (contents undefined until `to_device`)."""

@@ -16,7 +16,7 @@ from core.hf_config.fields import (
     read_hf_config,
 )
 from core.hf_config.from_spec import mla_dims, spec_mla_fields, spec_to_hf_config
-from core.hf_config.runtime import HFRuntime, hf_runtime
+from core.hf_config.runtime import HFRuntime, fp8_block, hf_runtime
 from core.hf_config.to_spec import (
     DTYPE_BYTES,
     FAMILIES,
@@ -37,6 +37,7 @@ __all__ = [
     "hf_config_file",
     "hf_config_to_spec",
     "hf_dtype_name",
+    "fp8_block",
     "hf_runtime",
     "mla_dims",
     "read_hf_config",

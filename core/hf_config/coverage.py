@@ -245,7 +245,11 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     # Mixtral's, Qwen3-MoE's, OLMoE's and DeepSeek-V2's (Qwen2-MoE's own fields are read above)
     "layer_types": (REFUSED, "all full_attention: " + _F + "::test_a_window_only_generate..."),
     "sliding_window": (REFUSED, "null (OLMoE, DeepSeek-V2): " + _F),
-    "quantization_config": (REFUSED, "absent: quantized weights are not implemented"),
+    "quantization_config": (
+        READ,
+        "fp8 blocks, dequantized at load; other methods refused: "
+        "test_hf_parity_round11.py::test_deepseek_v3_fp8_...",
+    ),
     "transformers_weights": (REFUSED, "model.safetensors: round5's test_transformers_weights_..."),
     "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
     # Qwen2-MoE's, Qwen3-MoE's and OLMoE's attention read it though their classes lack it

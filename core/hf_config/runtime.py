@@ -6,6 +6,7 @@ honours that moepipe does not implement."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from core.hf_config.fields import COUNT, HFConfig, Rule
 from core.spec import ModelSpec
@@ -120,18 +121,65 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
     return groups, keep
 
 
+# quantization_config's keys of transformers' FineGrainedFP8Config moepipe reads or that change
+# nothing once the weights are dequantized at load (which modules hold scales: the checkpoint's
+# tensors say), with the values they may take (None: any)
+_FP8_KEYS: dict[str, tuple[Any, ...] | None] = {
+    "quant_method": ("fp8",),
+    "fmt": ("e4m3",),
+    "activation_scheme": ("dynamic",),
+    "weight_block_size": None,
+    "modules_to_not_convert": None,
+    "dequantize": None,
+    "scale_fmt": ("float",),
+    "modules_to_convert": (None,),
+    "expert_dtype": ("fp8",),
+}
+
+
+def fp8_block(c: HFConfig) -> tuple[int, int] | None:
+    """quantization_config's FP8 block [rows, columns] (DeepSeek-V3's release: float8_e4m3fn
+    weights, a float32 weight_scale_inv per block, dequantized at load as transformers does
+    without a GPU); None without quantization_config; one line for any other quantization."""
+    quant = c.fields.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    if not isinstance(quant, dict) or method != "fp8":  # transformers' quantizer loads it
+        raise c.error(
+            f"quantization_config (quant_method {method!r}): quantized checkpoints are not "
+            "implemented but fp8 (DeepSeek-V3's blocks); use the model's unquantized (bfloat16 "
+            "or float32) checkpoint"
+        )
+    for key, value in quant.items():
+        if key not in _FP8_KEYS:
+            raise c.error(
+                f"quantization_config.{key}: not a field of transformers' FineGrainedFP8Config "
+                f"moepipe knows; fp8 runs with {', '.join(_FP8_KEYS)}"
+            )
+        allowed = _FP8_KEYS[key]
+        if allowed is not None and value not in allowed:
+            raise c.error(
+                f"quantization_config.{key}={value!r}: moepipe runs fp8 weights with "
+                f"{' or '.join(map(repr, allowed))} only; use the model's unquantized checkpoint"
+            )
+    block = quant.get("weight_block_size")
+    if not (
+        isinstance(block, list) and len(block) == 2 and all(type(n) is int and n > 0 for n in block)
+    ):
+        raise c.error(
+            f"quantization_config.weight_block_size={block!r}: fp8 weights run with a block of "
+            "two positive integers [rows, columns] (DeepSeek-V3's [128, 128])"
+        )
+    return block[0], block[1]
+
+
 def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
     """Refuse fields transformers' class of the family honours whose values moepipe does not
     run: quantized weights or weights of another file (transformers_weights), bidirectional
     attention, another activation, projection biases, DeepSeek's other routing methods."""
     fam = spec.family
-    quant = c.fields.get("quantization_config")
-    if quant is not None:  # transformers loads the weights through its quantizer
-        method = quant.get("quant_method") if isinstance(quant, dict) else quant
-        raise c.error(
-            f"quantization_config (quant_method {method!r}): quantized checkpoints are not "
-            "implemented; use the model's unquantized (bfloat16 or float32) checkpoint"
-        )
+    fp8_block(c)  # any quantization but DeepSeek-V3's FP8 blocks is refused
     weights = c.fields.get("transformers_weights")  # transformers loads the file it names
     if weights is not None and weights not in ("model.safetensors", "model.safetensors.index.json"):
         raise c.error(

@@ -11,6 +11,7 @@ Usage: python -m pytest -q tests/real/test_hf_parity_round11.py
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -172,3 +173,142 @@ def test_switch_float16_clamp_split_over_ops_warns(switch_split, caplog):
         lines = [r.getMessage() for r in caplog.records if "overflowed float16" in r.getMessage()]
         assert len(lines) == warned, lines
     assert lines[0].startswith("layer 0 (FFN) at step 0 ") and "\n" not in lines[0]
+
+
+# 4. DeepSeek-V3's FP8 release: float8_e4m3fn weights, a float32 weight_scale_inv per block
+
+FP8_BLOCK = 8  # DeepSeek's release: 128; 8 divides every size of the test's model
+
+
+def fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [R, C] as DeepSeek's release stores it: float8_e4m3fn of w / scale, scale (float32,
+    [R / block, C / block]) the block's largest magnitude over float8's largest value."""
+    r, c = w.shape
+    f8 = torch.float8_e4m3fn
+    g = w.float().reshape(r // block, block, c // block, block)
+    scale = g.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(f8).max
+    return (g / scale[:, None, :, None]).to(f8).reshape(r, c), scale
+
+
+def write_fp8(ckpt: Path, to: Path) -> Path:
+    """A copy of a DeepSeek-V3 checkpoint quantized as DeepSeek's release is: every linear
+    weight of the layers in float8 blocks with its weight_scale_inv; the embedding, the head,
+    the norms and the router (its weight and correction bias) as saved; quantization_config as
+    the release's config.json has it."""
+    from real.shards import read_header, read_tensor, save_shard
+    from tests.real.test_hf_parity_fields import edit_config
+
+    shutil.copytree(ckpt, to)
+    file = to / "model.safetensors"
+    out = {}
+    for name, e in read_header(file).items():
+        x = read_tensor(e)
+        linear = name.startswith("model.layers.") and x.dim() == 2 and "norm" not in name
+        if linear and not name.endswith("mlp.gate.weight"):
+            out[name], out[name + "_scale_inv"] = fp8_blocks(x, FP8_BLOCK)
+        else:
+            out[name] = x
+    save_shard(out, file, {"format": "pt"})
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    edit_config(to, quantization_config=fp8 | {"weight_block_size": [FP8_BLOCK, FP8_BLOCK]})
+    return to
+
+
+@pytest.fixture(scope="module")
+def v3_fp8(tmp_path_factory):
+    """dtype -> (DeepSeek-V3's q_lora_rank checkpoint in FP8 blocks, transformers' model
+    loaded from it: without a GPU, dequantized to the dtype), built on first use."""
+    from tests.real.test_hf_parity_round10 import built_cases
+    from tests.real.test_hf_parity_round10b import CASES
+
+    root = tmp_path_factory.mktemp("round11-fp8")
+    plain = built_cases(root, "deepseek_v3", CASES)
+    made: dict[str, tuple[Path, Any]] = {}
+
+    def get(dtype: str = "f32") -> tuple[Path, Any]:
+        if dtype not in made:
+            ckpt = write_fp8(plain("deepseek_v3-q_lora_rank", dtype)[0], root / f"fp8-{dtype}")
+            made[dtype] = ckpt, load_hf(ckpt, dtype)
+        return made[dtype]
+
+    return get
+
+
+@pytest.mark.filterwarnings("ignore")  # transformers: "requires a GPU ... dequantizing"
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_deepseek_v3_fp8_equals_transformers(dtype, v3_fp8, prompt):
+    """DeepSeek-V3's FP8 form (float8_e4m3fn weights, a float32 weight_scale_inv per 8x8
+    block): moepipe dequantizes each weight at load as transformers does (the weight in
+    float32 times its block's scale, cast to the run's dtype), with transformers' greedy
+    tokens and its logits within 1e-4 in float32 (one bf16 step in bfloat16; observed: 0 in
+    both). Before: "quantization_config (quant_method 'fp8'): quantized checkpoints are not
+    implemented"."""
+    ckpt, hf = v3_fp8(dtype)
+    assert hf.model.layers[1].self_attn.o_proj.weight.dtype == DTYPES[dtype]
+    tokens, logits = reference_generate(ckpt, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(hf, prompt)
+    assert torch.equal(tokens, hf_tokens)
+    tol = 1e-4 if dtype == "f32" else 2**-6
+    torch.testing.assert_close(logits, hf_logits, atol=tol, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_deepseek_v3_fp8_real_executor_equals_transformers(v3_fp8):
+    """A real run of the FP8 checkpoint streaming its experts from disk (klotski): the disk
+    tier reads the float8 bytes and their scales and dequantizes them into the host buffer,
+    with transformers' greedy tokens and last logits within 1e-4."""
+    from tests.real.test_hf_parity_round10 import assert_run_is_transformers
+
+    assert_run_is_transformers(v3_fp8("f32"), "klotski", {})
+
+
+# quantization_config or FP8 tensors moepipe does not run: one line naming the field or tensor
+FP8_REFUSED = {
+    "method": ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes'"),
+    "per-tensor": ({"weight_block_size": None}, "weight_block_size=None: fp8 weights run with"),
+    "block-3": ({"weight_block_size": [8, 8, 8]}, "weight_block_size=\\[8, 8, 8\\]"),
+    "e5m2": ({"fmt": "e5m2"}, "quantization_config.fmt='e5m2': moepipe runs fp8"),
+    "static": ({"activation_scheme": "static"}, "activation_scheme='static'"),
+    "unknown": ({"group_size": 64}, "quantization_config.group_size: not a field"),
+    "grid": ({"weight_block_size": [16, 8]}, "weight_block_size \\[16, 8\\] over"),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", FP8_REFUSED)
+def test_deepseek_v3_fp8_refusals_are_one_line(case, v3_fp8, tmp_path):
+    """A quantization_config moepipe does not run (another method, per-tensor scales, e5m2,
+    static activation scales, a field it does not know) or a block that does not make the
+    saved scale grid is refused in one line naming the field (or the tensor)."""
+    from tests.real.test_hf_parity_fields import edit_config
+
+    base, _ = v3_fp8("f32")
+    bad = tmp_path / "bad"
+    shutil.copytree(base, bad)
+    fields, match = FP8_REFUSED[case]
+    quant = json.loads((bad / "config.json").read_text())["quantization_config"]
+    edit_config(bad, quantization_config=quant | fields)
+    with pytest.raises(ConfigError, match=match) as e:
+        load_checkpoint(bad)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_deepseek_v3_fp8_tensors_without_their_pair_are_one_line(v3_fp8, tmp_path):
+    """A float8 weight whose weight_scale_inv is missing, or scales without their float8
+    weight, are refused in one line naming the tensor."""
+    from real.shards import read_header, read_tensor, save_shard
+
+    base, _ = v3_fp8("f32")
+    name = "model.layers.1.self_attn.o_proj.weight"
+    for drop, match in ((name + "_scale_inv", "has no"), (name, "scales no float8_e4m3fn")):
+        bad = tmp_path / drop
+        shutil.copytree(base, bad)
+        file = bad / "model.safetensors"
+        t = {n: read_tensor(e) for n, e in read_header(file).items() if n != drop}
+        if drop == name:
+            t[name] = torch.zeros(t[name + "_scale_inv"].shape[0] * FP8_BLOCK, 64)
+        save_shard(t, file, {"format": "pt"})
+        with pytest.raises(ConfigError, match=match) as e:
+            load_checkpoint(bad)
+        assert "\n" not in str(e.value) and name in str(e.value)

@@ -308,7 +308,6 @@ REFUSE_EXTRA: dict[str, tuple[str, Any]] = {
     "attention_chunk_size": ("olmoe", 4),
     "layer_types": ("mixtral", ["sliding_attention", "full_attention"]),
     "sliding_window": ("deepseek_v2", 3),
-    "quantization_config": ("qwen2_moe", {"quant_method": "fp8"}),
     "scoring_func": ("deepseek_v2", "sigmoid"),
     "transformers_weights": ("olmoe", "weights.safetensors"),
 }
