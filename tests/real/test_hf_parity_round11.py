@@ -40,16 +40,13 @@ NEWEST = ["qwen3_moe", "deepseek_v3"]
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """(family, dtype) -> (checkpoint, transformers' model from it), built on first use."""
+    """(family, dtype) -> (checkpoint, transformers' model from it) of test_hf_parity's fields
+    of the family, `randomise`d (round 10's), built on first use."""
+    from tests.real.test_hf_parity_round10 import built_cases
+
     root = tmp_path_factory.mktemp("round11")
-    made: dict[tuple[str, str], tuple[Path, Any]] = {}
-
-    def get(family: str, dtype: str = "f32") -> tuple[Path, Any]:
-        if (family, dtype) not in made:
-            made[family, dtype] = save(family, {}, root / f"{family}-{dtype}", dtype)
-        return made[family, dtype]
-
-    return get
+    made = {f: built_cases(root, f, {f: ({}, ())}) for f in NEWEST}
+    return lambda family, dtype="f32": made[family](family, dtype)
 
 
 # 1. generation_config.json on the newest families
