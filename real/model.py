@@ -12,7 +12,6 @@ the attention variants (GQA, MLA) are in real/attention.py.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from core.types import Activation, Tensor
 from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
 from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 from real.decoding import next_tokens
+from real.reference_notes import warn_where_references_differ
 from real.routers import sigmoid_route, softmax_top_k
 
 # Shape legend: B batch, S tokens per sequence this step, T = B*S tokens, H hidden, V vocab,
@@ -42,22 +42,10 @@ from real.routers import sigmoid_route, softmax_top_k
 # modeling_deepseek.py honours (as moepipe does): norm_topk_prob: true renormalises the top-k
 # router weights, and moe_layer_freq > 1 leaves layers between MoE layers dense. V2 and V2-Lite
 # ship false and 1, where the two agree; Model.from_checkpoint warns where they disagree.
-# DeepSeek-V3 follows transformers there too: its moe_layer_freq is ignored, with a warning.
+# DeepSeek-V3 follows transformers there too: its moe_layer_freq is ignored, with a warning, as
+# are a scoring_func or topk_method other than the only ones DeepSeek's V3 code implements.
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
-
-log = logging.getLogger(__name__)
-
-# moe_layer_freq > 1, where DeepSeek's modeling_deepseek.py (V2 and V3 alike) leaves the layers
-# between MoE layers dense and transformers' classes ignore it: each family's stated reference
-_FREQ_REFERENCE = {
-    "deepseek_v2": "moepipe leaves the layers between MoE layers dense as DeepSeek's "
-    "modeling_deepseek.py does; transformers' DeepseekV2 class ignores the field, so its "
-    "logits differ",
-    "deepseek_v3": "moepipe ignores it as transformers' DeepseekV3 class does (every layer "
-    "from first_k_dense_replace on is MoE); DeepSeek's modeling_deepseek.py leaves the layers "
-    "between dense, so its logits differ",
-}
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -77,12 +65,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
 }
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """A warning about a checkpoint, logged once a process (every forward reloads the model)."""
-    log.warning(message)
 
 
 @dataclass(frozen=True)
@@ -172,17 +154,7 @@ class Model:
         cfg = hf_config(ckpt_dir)
         run = hf_runtime(cfg, spec)  # its refusals (an odd rotary dim, ...) before RoPE's
         rope = Rope.from_config(cfg, spec)
-        if spec.family == "deepseek_v2" and run.renormalize and spec.top_k > 1:
-            _warn_once(
-                f"{cfg.where}: norm_topk_prob is true: moepipe renormalises DeepSeek-V2's top-k "
-                "router weights as DeepSeek's modeling_deepseek.py does; transformers' "
-                "DeepseekV2 class ignores the field, so its logits differ from these"
-            )
-        if cfg.get("moe_layer_freq", 1) != 1 and spec.family in _FREQ_REFERENCE:
-            _warn_once(
-                f"{cfg.where}: moe_layer_freq is {cfg.get('moe_layer_freq')}: "
-                + _FREQ_REFERENCE[spec.family]
-            )
+        warn_where_references_differ(cfg, spec, run.renormalize)
         return cls(
             spec,
             run.renormalize,

@@ -309,7 +309,7 @@ def test_deepseek_norm_topk_prob_follows_deepseek_and_warns_once(built, prompt, 
     cfg = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps(cfg | {"norm_topk_prob": True}))
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    with caplog.at_level(logging.WARNING, logger="real.model"):
+    with caplog.at_level(logging.WARNING, logger="real.reference_notes"):
         tokens, logits = reference_generate(ckpt, prompt, GEN)
         reference_generate(ckpt, prompt, GEN)
     assert caplog.text.count("norm_topk_prob is true") == 1

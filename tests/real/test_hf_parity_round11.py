@@ -96,7 +96,7 @@ def test_deepseek_v3_moe_layer_freq_follows_transformers_and_warns(prompt, tmp_p
     from real.shards import read_header, read_tensor, save_shard
 
     ckpt, hf = save("deepseek_v3", {"moe_layer_freq": 2}, tmp_path / "v3")
-    with caplog.at_level(logging.WARNING, logger="real.model"):
+    with caplog.at_level(logging.WARNING, logger="real.reference_notes"):
         tokens, logits = reference_generate(ckpt, prompt, GEN)
     hf_tokens, hf_logits = hf_greedy(hf, prompt)
     assert torch.equal(tokens, hf_tokens)
@@ -115,6 +115,27 @@ def test_deepseek_v3_moe_layer_freq_follows_transformers_and_warns(prompt, tmp_p
     save_shard(t, file, {"format": "pt"})
     with pytest.raises(ConfigError, match=r"layer\(s\) \[1\] are MoE by first_k_dense_replace"):
         load_checkpoint(dense)
+
+
+def test_deepseek_v3_router_fields_of_deepseeks_code_warn(base, prompt, tmp_path, caplog):
+    """scoring_func and topk_method, which transformers' DeepseekV3 class does not have (it
+    scores by sigmoid and ranks groups, always) and DeepSeek's V3 code implements at sigmoid
+    and noaux_tc alone: at another value moepipe runs transformers' router, with its tokens
+    and logits, and warns once naming each field (before: silent)."""
+    from tests.real.test_hf_parity_fields import edit_config
+
+    ckpt, _ = base("deepseek_v3")
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    edit_config(other, scoring_func="softmax", topk_method="greedy")
+    with caplog.at_level(logging.WARNING, logger="real.reference_notes"):
+        tokens, logits = reference_generate(other, prompt, GEN)
+    hf_tokens, hf_logits = hf_greedy(load_hf(other, "f32"), prompt)
+    assert torch.equal(tokens, hf_tokens)
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
+    lines = [r.getMessage() for r in caplog.records if "DeepseekV3 class does" in r.getMessage()]
+    assert len(lines) == 2 and "scoring_func='softmax'" in lines[0]
+    assert "topk_method='greedy'" in lines[1] and "noaux_tc" in lines[1]
 
 
 # 2. Switch in float16: transformers clamps over the whole batch, an executor's op over its part

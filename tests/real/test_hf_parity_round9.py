@@ -381,10 +381,10 @@ def test_deepseek_moe_layer_freq_follows_deepseek_and_warns_in_one_line(prompt, 
     shutil.copytree(ckpt, freq)
     edit_config(freq, first_k_dense_replace=1, moe_layer_freq=2)
     assert "moe_layer_freq" not in json.loads((ckpt / "config.json").read_text())
-    with caplog.at_level(logging.WARNING, logger="real.model"):
+    with caplog.at_level(logging.WARNING, logger="real.reference_notes"):
         tokens, logits = reference_generate(freq, prompt, GEN)
         reference_generate(freq, prompt, GEN)
-    lines = [r.getMessage() for r in caplog.records if r.name == "real.model"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "real.reference_notes"]
     assert lines == [
         f"{freq / 'config.json'}: moe_layer_freq is 2: moepipe leaves the layers between MoE "
         "layers dense as DeepSeek's modeling_deepseek.py does; transformers' DeepseekV2 class "
@@ -404,9 +404,9 @@ def test_deepseek_norm_topk_prob_warning_is_one_line(prompt, tmp_path, caplog):
     from tests.real.test_hf_parity_fields import save
 
     ckpt, _ = save("deepseek_v2", {"norm_topk_prob": True}, tmp_path / "n")
-    with caplog.at_level(logging.WARNING, logger="real.model"):
+    with caplog.at_level(logging.WARNING, logger="real.reference_notes"):
         reference_generate(ckpt, prompt, 1)
-    lines = [r.getMessage() for r in caplog.records if r.name == "real.model"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "real.reference_notes"]
     assert len(lines) == 1 and "\n" not in lines[0]
     for words in ("norm_topk_prob is true", "DeepSeek's modeling_deepseek.py", "transformers'"):
         assert words in lines[0]
