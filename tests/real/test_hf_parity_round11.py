@@ -200,15 +200,28 @@ FP8_BLOCK = 8  # DeepSeek's release: 128; 8 divides every size of the test's mod
 
 def fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """w [R, C] as DeepSeek's release stores it: float8_e4m3fn of w / scale, scale (float32,
-    [R / block, C / block]) the block's largest magnitude over float8's largest value."""
-    r, c = w.shape
-    f8 = torch.float8_e4m3fn
-    g = w.float().reshape(r // block, block, c // block, block)
+    [ceil(R / block), ceil(C / block)]) the block's largest magnitude over float8's largest
+    value, the last block of a dimension the block does not divide cut short."""
+    f8, (r, c) = torch.float8_e4m3fn, w.shape
+    g = torch.zeros(-(-r // block) * block, -(-c // block) * block)
+    g[:r, :c] = w.float()
+    g = g.reshape(g.shape[0] // block, block, g.shape[1] // block, block)
     scale = g.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(f8).max
-    return (g / scale[:, None, :, None]).to(f8).reshape(r, c), scale
+    q = (g / scale[:, None, :, None]).to(f8).flatten(0, 1).flatten(1, 2)
+    return q[:r, :c].contiguous(), scale
 
 
-def write_fp8(ckpt: Path, to: Path) -> Path:
+def dequantized(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    """DeepSeek's weight_dequant (its inference/kernel.py) of q [R, C]: each block of q, the
+    last of a dimension cut short, times its scale, in float32."""
+    r, c = q.shape
+    g = torch.zeros(scale.shape[0] * block, scale.shape[1] * block)
+    g[:r, :c] = q.float()
+    g = g.reshape(scale.shape[0], block, scale.shape[1], block) * scale[:, None, :, None]
+    return g.flatten(0, 1).flatten(1, 2)[:r, :c].contiguous()
+
+
+def write_fp8(ckpt: Path, to: Path, block: int = FP8_BLOCK) -> Path:
     """A copy of a DeepSeek-V3 checkpoint quantized as DeepSeek's release is: every linear
     weight of the layers in float8 blocks with its weight_scale_inv; the embedding, the head,
     the norms and the router (its weight and correction bias) as saved; quantization_config as
@@ -223,12 +236,12 @@ def write_fp8(ckpt: Path, to: Path) -> Path:
         x = read_tensor(e)
         linear = name.startswith("model.layers.") and x.dim() == 2 and "norm" not in name
         if linear and not name.endswith("mlp.gate.weight"):
-            out[name], out[name + "_scale_inv"] = fp8_blocks(x, FP8_BLOCK)
+            out[name], out[name + "_scale_inv"] = fp8_blocks(x, block)
         else:
             out[name] = x
     save_shard(out, file, {"format": "pt"})
     fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
-    edit_config(to, quantization_config=fp8 | {"weight_block_size": [FP8_BLOCK, FP8_BLOCK]})
+    edit_config(to, quantization_config=fp8 | {"weight_block_size": [block, block]})
     return to
 
 
@@ -278,6 +291,36 @@ def test_deepseek_v3_fp8_real_executor_equals_transformers(v3_fp8):
     from tests.real.test_hf_parity_round10 import assert_run_is_transformers
 
     assert_run_is_transformers(v3_fp8("f32"), "klotski", {})
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_deepseek_v3_fp8_partial_blocks_dequantize_as_deepseeks_kernel(prompt, tmp_path):
+    """A block that does not divide a weight (the release's kv_a_proj_with_mqa: 576 rows in
+    blocks of 128; here 72, 24 and 96 in blocks of 16) leaves its last block short, as
+    DeepSeek's weight_dequant reads it (transformers 5.24's CPU dequantizer fails on such a
+    grid: "issues during automatic conversion"). moepipe's tokens and logits are, bit for bit,
+    those of the float32 checkpoint holding the weights DeepSeek's kernel dequantizes."""
+    from real.shards import read_header, read_tensor, save_shard
+    from tests.real.test_hf_parity_round10 import built_cases
+    from tests.real.test_hf_parity_round10b import CASES
+
+    plain = built_cases(tmp_path, "deepseek_v3", CASES)("deepseek_v3-q_lora_rank")[0]
+    fp8 = write_fp8(plain, tmp_path / "fp8", 16)
+    t = {n: read_tensor(e) for n, e in read_header(fp8 / "model.safetensors").items()}
+    assert t["model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale_inv"].shape == (5, 4)
+    file = plain / "model.safetensors"
+    save_shard(
+        {
+            n: dequantized(x, t[n + "_scale_inv"], 16) if n + "_scale_inv" in t else x
+            for n, x in t.items()
+            if not n.endswith("_scale_inv")
+        },
+        file,
+        {"format": "pt"},
+    )
+    tokens, logits = reference_generate(fp8, prompt, GEN)
+    want_tokens, want_logits = reference_generate(plain, prompt, GEN)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logits, want_logits)
 
 
 # quantization_config or FP8 tensors moepipe does not run: one line naming the field or tensor
