@@ -1,10 +1,12 @@
 """The eleventh round: the newest families' loose ends, on checkpoints transformers writes.
 
 generation_config.json on Qwen3-MoE and DeepSeek-V3 (round 6's checks, which ran on the four
-older families), DeepSeek-V3's moe_layer_freq (transformers' class ignores it, DeepSeek's code
-leaves the layers between dense: moepipe follows transformers, its stated reference for V3, and
-warns), Switch's float16 clamp decided over the whole batch as transformers' blocks decide it,
-and DeepSeek-V3's FP8 release (float8_e4m3fn weights, a weight_scale_inv per block).
+older families); DeepSeek-V3's moe_layer_freq, scoring_func and topk_method (transformers'
+class ignores them, DeepSeek's code reads them: moepipe follows transformers, its stated
+reference for V3, and warns); Switch's float16 clamp, which transformers decides over its whole
+batch and a real run's ops over their own sequences (a warning where that differs); and
+DeepSeek-V3's FP8 release (float8_e4m3fn weights, a float32 weight_scale_inv per block),
+dequantized at load as transformers does.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round11.py
 """
@@ -284,13 +286,15 @@ def test_deepseek_v3_fp8_equals_transformers(dtype, v3_fp8, prompt):
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_deepseek_v3_fp8_real_executor_equals_transformers(v3_fp8):
-    """A real run of the FP8 checkpoint streaming its experts from disk (klotski): the disk
-    tier reads the float8 bytes and their scales and dequantizes them into the host buffer,
-    with transformers' greedy tokens and last logits within 1e-4."""
-    from tests.real.test_hf_parity_round10 import assert_run_is_transformers
+@pytest.mark.parametrize("planner", ["klotski", "eplb"])
+def test_deepseek_v3_fp8_real_executor_equals_transformers(planner, v3_fp8):
+    """A real run of the FP8 checkpoint, streaming its experts from disk (klotski: the disk
+    tier reads the float8 bytes and their scales and dequantizes them into the host buffer) or
+    with dense=tensor on 2 GPUs (eplb: each GPU's heads of the dequantized MLA): transformers'
+    greedy tokens and last logits within 1e-4."""
+    from tests.real.test_hf_parity_round10 import TENSOR, assert_run_is_transformers
 
-    assert_run_is_transformers(v3_fp8("f32"), "klotski", {})
+    assert_run_is_transformers(v3_fp8("f32"), planner, TENSOR if planner == "eplb" else {})
 
 
 @pytest.mark.filterwarnings("ignore")
