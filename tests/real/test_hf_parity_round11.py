@@ -85,6 +85,16 @@ def test_saved_form_equals_transformers(family, form, prompt, tmp_path):
     torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", NEWEST)
+def test_real_run_applies_generation_config(family, base, tmp_path):
+    """Round 6's real run (flexgen, live routing) on the newest families: a run whose folder
+    sets repetition_penalty, no_repeat_ngram_size and suppress_tokens picks each token with
+    them, the in-memory forward's and transformers' generate()'s tokens."""
+    from tests.real import test_hf_parity_round6 as round6
+
+    round6.test_real_run_applies_generation_config("flexgen", {}, lambda _: base(family), tmp_path)
+
+
 # 3. DeepSeek-V3's moe_layer_freq: transformers' reading, with a warning
 
 
