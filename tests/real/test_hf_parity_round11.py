@@ -25,7 +25,7 @@ import torch
 from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
-from tests.real.test_hf_parity import DTYPES, GEN, hf_greedy
+from tests.real.test_hf_parity import DTYPES, GEN, dynamic, hf_greedy, yarn
 from tests.real.test_hf_parity_fields import save
 from tests.real.test_hf_parity_round6 import (
     HONOURED,
@@ -387,3 +387,49 @@ def test_deepseek_v3_fp8_tensors_without_their_pair_are_one_line(v3_fp8, tmp_pat
         with pytest.raises(ConfigError, match=match) as e:
             load_checkpoint(bad)
         assert "\n" not in str(e.value) and name in str(e.value)
+
+
+# 5. Other field values of the newest families, probed against transformers (all equal)
+
+
+def linear(theta: float) -> dict[str, Any]:
+    """Linear RoPE scaling (position interpolation) 4x."""
+    return {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": theta}}
+
+
+# case -> (family, config.json fields over test_hf_parity's family ones)
+PROBED: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_moe-linear": ("qwen3_moe", linear(1e6)),
+    "qwen3_moe-dynamic": ("qwen3_moe", dynamic(1e6)),
+    "qwen3_moe-window-yarn": (
+        "qwen3_moe",
+        {"use_sliding_window": True, "sliding_window": 4} | yarn(1e6),
+    ),
+    "deepseek_v3-n_group1": ("deepseek_v3", {"n_group": 1, "topk_group": 1}),
+    "deepseek_v3-first_k0": ("deepseek_v3", {"first_k_dense_replace": 0, "n_shared_experts": 2}),
+    "deepseek_v3-dynamic": ("deepseek_v3", dynamic(1e4) | {"num_experts_per_tok": 3}),
+}
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """family -> (case, dtype) -> (checkpoint, transformers' model) of PROBED's fields."""
+    from tests.real.test_hf_parity_round10 import built_cases
+
+    root = tmp_path_factory.mktemp("round11-probed")
+    return {
+        f: built_cases(root, f, {k: (v, ()) for k, (g, v) in PROBED.items() if g == f})
+        for f in NEWEST
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PROBED)
+def test_probed_field_values_equal_transformers(case, dtype, probed, prompt, tmp_path):
+    """Field values of the newest families no earlier round ran (linear and dynamic RoPE,
+    a window with YaRN; one expert group, no dense layer, top-3 with dynamic RoPE): greedy
+    tokens equal transformers', logits within 1e-4 in float32 (observed: 6e-7 and 0)."""
+    from tests.real.test_hf_parity_round10 import assert_case_is_transformers
+
+    family = PROBED[case][0]
+    assert_case_is_transformers(probed[family](case, dtype), (), prompt, tmp_path)
