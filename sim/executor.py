@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import simpy
-from simpy.events import NORMAL, Timeout
+from simpy.events import NORMAL, URGENT, Timeout
 
 from core.cost import CostModel, as_processes, water_fill
 from core.errors import ScheduleError
@@ -211,7 +211,7 @@ def simulate_times(
     run = _Run(n, pools)
     for ops in _stream_rows(schedule, cost, env, pool_parts):
         if ops:
-            env.process(_run_stream(env, run, schedule, ops))
+            _start(env, _run_stream(env, run, schedule, ops))
     env.run()
     if not all(run.done):
         free = {t: pools[i].free for i, t in enumerate(_TIERS)}
@@ -321,6 +321,27 @@ def _shared_work(
         assert fluid is not None
         shared[i] = (fluid, float(work[i]), float(caps[i]))
     return durations, shared, holding
+
+
+def _start(env: simpy.Environment, stream: Generator[simpy.Event, Any, None]) -> None:
+    """Run a stream's generator as simpy's `env.process` would, at the same instants and in
+    the same order (its start an URGENT event of time 0, as simpy's `Initialize`), through a
+    callback of two calls per event: the streams' ops wait only on events that succeed (no
+    failure to throw in) and not yet processed, and nothing waits on a stream's end (simpy's
+    Process event, which it schedules when the generator ends, is left out: the other events
+    keep their order)."""
+    send = stream.send
+
+    def resume(event: simpy.Event) -> None:
+        try:
+            nxt = send(event._value)
+        except StopIteration:
+            return
+        nxt.callbacks.append(resume)
+
+    init = simpy.Event(env)
+    init.callbacks, init._ok, init._value = [resume], True, None
+    env.schedule(init, URGENT)
 
 
 def _run_stream(
