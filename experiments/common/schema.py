@@ -9,12 +9,14 @@ sizes, known link names). Planner params schemas are made from the registry's Pa
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, make_dataclass
+from functools import partial
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.core.config_store import ConfigNode, ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 @dataclass
@@ -257,15 +259,43 @@ def params_schema(params: type) -> type:
     return make_dataclass(f"{params.__name__}Schema", specs)
 
 
+class _MadeWhenLoaded(ConfigNode):
+    """A ConfigStore entry whose config (OmegaConf's of a schema, 2 ms each to make) is made
+    when hydra first loads it: a run loads its own planner's params, of a dozen stored. Hydra
+    copies the entry and replaces the copy's node (`ConfigStore.load`): the copies share the
+    one made."""
+
+    def __init__(self, name: str, group: str, make: Callable[[], type]) -> None:
+        self._made: list[DictConfig] = []  # shared by copy.copy's copies
+        self._make = make
+        super().__init__(name=name, node=None, group=group, package=None, provider=None)
+
+    @property  # type: ignore[override]
+    def node(self) -> DictConfig:
+        if "_node" in vars(self):  # a copy's own (ConfigStore.load's deep copy)
+            return vars(self)["_node"]
+        if not self._made:
+            self._made.append(OmegaConf.structured(self._make()))
+        return self._made[0]
+
+    @node.setter
+    def node(self, value: DictConfig | None) -> None:
+        if value is not None:
+            vars(self)["_node"] = value
+
+
 def register() -> None:
     """Store every schema in ConfigStore: run_schema (conf/config.yaml's first default) and
-    each planner's params (planner_params/<name>, the planner YAMLs' first default)."""
+    each planner's params (planner_params/<name>, the planner YAMLs' first default), the
+    latter made into configs when hydra loads one."""
     from planners.registry import entry, planner_names
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunSchema)
+    group = cs.repo.setdefault("planner_params", {})
     for name in planner_names():
-        cs.store(group="planner_params", name=name, node=params_schema(entry(name).params))
+        make = partial(params_schema, entry(name).params)
+        group[f"{name}.yaml"] = _MadeWhenLoaded(f"{name}.yaml", "planner_params", make)
 
 
 register()
