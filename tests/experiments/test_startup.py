@@ -1,0 +1,54 @@
+"""What a simulated run's start-up makes and imports: nothing it does not use."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from experiments.common import schema
+from planners.registry import entry, planner_names
+from tests.conftest import user_env
+from tests.probes.conftest import TINY, cli
+
+
+def test_a_single_run_imports_no_process_pool(tmp_path):
+    """A single simulated run, as a user types it, imports neither a process pool nor
+    multiprocessing (a sweep's: 5 ms of every run's start-up), and writes its run. (pandas
+    imports concurrent.futures' threads itself.)"""
+    env = {**user_env(), "PYTHONPROFILEIMPORTTIME": "1"}
+    r = cli("experiments.run", *TINY, f"hydra.run.dir={tmp_path}", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "experiments.common.run_dir" in imported  # (the import times were read)
+    pool = {"multiprocessing", "concurrent.futures.process", "experiments.common.pool"}
+    assert not imported & pool
+    assert (tmp_path / "summary.json").exists()
+
+
+def test_planner_params_are_made_into_configs_when_loaded(monkeypatch):
+    """The schemas are stored at import, but each planner's params become an OmegaConf config
+    (2 ms each) only when hydra loads them: a run loads its own planner's alone. Loaded, each
+    is the config of its Params' schema, loaded twice the same config."""
+    made = []
+    real = OmegaConf.structured
+    monkeypatch.setattr(OmegaConf, "structured", lambda *a, **k: made.append(a) or real(*a, **k))
+    cs = ConfigStore.instance()
+    saved = dict(cs.repo.get("planner_params", {}))
+    try:
+        schema.register()
+        assert len(made) == 1  # run_schema's
+        for name in planner_names():
+            node = cs.load(f"planner_params/{name}.yaml").node
+            ref = real(schema.params_schema(entry(name).params))
+            assert (
+                node == ref
+                and OmegaConf.get_type(node).__name__ == f"{entry(name).params.__name__}Schema"
+            )
+            assert cs.load(f"planner_params/{name}.yaml").node == node
+        assert len(made) == 1 + len(planner_names())
+    finally:
+        cs.repo["planner_params"] = saved
