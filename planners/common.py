@@ -42,6 +42,10 @@ class Emitter:
 
     def __post_init__(self) -> None:
         self.model, self.bs = self.ctx.model, self.ctx.workload.batch_size
+        self._streamed: dict[tuple[Tensor, int], bool] = {}
+        self._bytes: dict[tuple[Tensor, int], int] = {}
+        # an attention op's fields but its batch and deps, by (step, layer, last batch, batches)
+        self._attention: dict[tuple[int, int, bool, int], dict[str, object]] = {}
         b = self.out
         self.compute = b.stream(Stream.COMPUTE, Resource.GPU)
         self.weights = b.stream(Stream.WEIGHTS, Resource.H2D)
@@ -60,6 +64,13 @@ class Emitter:
         return self.placement.dense
 
     def tensor_bytes(self, tensor: Tensor, layer: int) -> int:
+        key = (tensor, layer)
+        known = self._bytes.get(key)
+        if known is None:  # (the model is frozen: asked for most ops, known once)
+            known = self._bytes[key] = self._tensor_bytes(tensor, layer)
+        return known
+
+    def _tensor_bytes(self, tensor: Tensor, layer: int) -> int:
         m = self.model
         if tensor == Tensor.ATTENTION:
             return m.attn_bytes
@@ -75,7 +86,12 @@ class Emitter:
 
     def streamed(self, tensor: Tensor, layer: int) -> bool:
         """True when the tensor must be loaded to the GPU before use (and freed after)."""
-        return self.tensor_tier(tensor, layer) != Tier.GPU and self.tensor_bytes(tensor, layer) > 0
+        key = (tensor, layer)
+        known = self._streamed.get(key)
+        if known is None:  # (the placement is frozen: asked for nearly every op, known once)
+            tier, nbytes = self.tensor_tier(tensor, layer), self.tensor_bytes(tensor, layer)
+            known = self._streamed[key] = tier != Tier.GPU and nbytes > 0
+        return known
 
     # ---- loads --------------------------------------------------------------------------
     def load(
@@ -192,6 +208,16 @@ class Emitter:
         """Attention of `batches` consecutive batches from `batch` in one op: the layer's
         weights read once, each batch's KV read (several only where the layer's KV stays on the
         GPU: an offloaded cache is loaded and stored batch by batch)."""
+        key = (step, layer, last_batch, batches)
+        fields = self._attention.get(key)
+        if fields is None:
+            fields = self._attention[key] = self._attention_fields(*key)
+        return self.out.add(OpKind.ATTENTION, self.compute, deps, batch=batch, **fields)
+
+    def _attention_fields(
+        self, step: int, layer: int, last_batch: bool, batches: int
+    ) -> dict[str, object]:
+        """`attention`'s op fields but its batch and deps (the same for every batch)."""
         wl, m = self.ctx.workload, self.model
         assert batches == 1 or not self.kv_offloaded(layer), "a span of batches needs GPU KV"
         seqs = self.bs * batches
@@ -206,13 +232,9 @@ class Emitter:
         extra.update(self.free_kwargs(Tensor.ATTENTION, layer, last_batch))
         if batches != 1:
             extra["batches"] = batches
-        return self.out.add(
-            OpKind.ATTENTION,
-            self.compute,
-            deps,
+        return dict(
             step=step,
             layer=layer,
-            batch=batch,
             tensor=Tensor.ATTENTION,
             tokens=tokens,
             flops=m.attention_flops(tokens, int(context), sequences=seqs),

@@ -457,6 +457,48 @@ def test_emitter_reads_model_and_batch_size_as_plain_attributes():
     assert vars(em)["model"] is model and vars(em)["bs"] == 2
 
 
+def test_emitter_works_out_a_layers_attention_and_sizes_once(monkeypatch):
+    """An attention op's fields but its batch and deps, and whether (and how many bytes of) a
+    weight unit is streamed, are worked out once per emitter (the model and placement are
+    frozen): three batches' attention at one step and layer ask the model once, and give the
+    ops a fresh emitter gives each."""
+    from core.cost import CostModel
+    from core.planner import PlanContext
+    from core.routing import CausalRouting
+    from core.schedule import ScheduleBuilder
+    from core.spec import ModelSpec
+    from planners.common import Emitter, standard_placement
+
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=3, prompt_len=8, gen_len=3)
+    causal = CausalRouting.replay(random_routing(model, wl), wl)
+    ctx = PlanContext(model, hw, wl, causal, CostModel(hw))
+    place = standard_placement(ctx, kv_sequences=wl.n_sequences, layers_in_flight=2)
+
+    def emitter() -> Emitter:
+        return Emitter(ctx, ScheduleBuilder(hw.memory_bytes), place)
+
+    asked = []
+    real = ModelSpec.attention_flops
+    monkeypatch.setattr(
+        ModelSpec, "attention_flops", lambda m, *a, **k: asked.append(a) or real(m, *a, **k)
+    )
+    em = emitter()
+    for k in range(3):
+        em.attention(1, 0, k, (k - 1,), last_batch=k == 2)
+        em.streamed(Tensor.ATTENTION, 0)
+    assert len(asked) == 2  # once for batches 0 and 1, once for the last (it frees weights)
+    for k in range(3):
+        fresh = emitter()
+        fresh.attention(1, 0, k, (k - 1,), last_batch=k == 2)
+        assert fresh.out.ops[0][1:] == em.out.ops[k][1:]
+    tiers = []
+    monkeypatch.setattr(Emitter, "tensor_tier", lambda e, *a: tiers.append(a) or place.dense)
+    em = emitter()
+    assert [em.streamed(Tensor.GATE, 1) for _ in range(3)] == [em.streamed(Tensor.GATE, 1)] * 3
+    assert len(tiers) == 1
+
+
 def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
     """write_trace_parquet (dictionaries only for categorical columns) gives back the frame
     pandas' default writer gives back, dtypes and categories included."""
