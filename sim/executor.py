@@ -350,7 +350,9 @@ def _run_stream(
     """One stream's process: each op in turn waits for its deps, its memory and its resource,
     runs, and frees its memory."""
     timeout, event = env.timeout, env.event
-    queue, eid, new = env._queue, env._eid, object.__new__
+    queue, eid = env._queue, env._eid
+    ran = object.__new__(Timeout)  # an op's run (`dur` below)
+    ran.env, ran.callbacks, ran._value, ran._delay, ran._ok = env, [], None, 0, True
     start, end, granted = run.start, run.end, run.granted
     done, waiters, pools = run.done, run.waiters, run.pools
     for op_id, deps, a_tier, a_bytes, f_tier, f_bytes, lock, dur, fluid, sm, delay in ops:
@@ -383,11 +385,12 @@ def _run_stream(
             sm[0].hold(sm[1], 1)
         if dur > 0:
             # `timeout(dur)`, inlined (simpy's Timeout.__init__ and Environment.schedule): one
-            # per op, the run's most frequent event; the same (time, priority, id) in the queue
-            ev = new(Timeout)
-            ev.env, ev.callbacks, ev._value, ev._delay, ev._ok = env, [], None, dur, True
-            heappush(queue, (now + dur, NORMAL, next(eid), ev))
-            yield ev
+            # per op, the run's most frequent event; the same (time, priority, id) in the
+            # queue. The stream's one event, made again ready: it waits on one at a time, and
+            # simpy has popped the last one from its queue by the time the stream goes on
+            ran.callbacks = []
+            heappush(queue, (now + dur, NORMAL, next(eid), ran))
+            yield ran
             now = env._now
         if fluid is not None and fluid[1] > 0:
             yield fluid[0].run(op_id, fluid[1], fluid[2])
