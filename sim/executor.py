@@ -232,7 +232,7 @@ class _Run:
         self.start = [0.0] * n
         self.end = [0.0] * n
         self.granted = [np.nan] * n
-        self.done = bytearray(n)
+        self.done = [False] * n  # (a list reads faster than a bytearray: 1.7 million reads)
         self.waiters: list[simpy.Event | None] = [None] * n  # events of ops someone waits for
         self.pools = pools
 
@@ -409,7 +409,7 @@ def _run_stream(
                 f"{_TIERS[f_tier]}, more than the ops before it hold: each free must match "
                 "an allocation still held"
             )
-        done[op_id] = 1
+        done[op_id] = True
         ev = waiters[op_id]
         if ev is not None:
             ev.succeed()
