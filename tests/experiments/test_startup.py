@@ -52,3 +52,26 @@ def test_planner_params_are_made_into_configs_when_loaded(monkeypatch):
         assert len(made) == 1 + len(planner_names())
     finally:
         cs.repo["planner_params"] = saved
+
+
+def test_a_single_runs_result_is_kept_to_the_commands_end(monkeypatch):
+    """A single run started as a command keeps its result (its ops, its trace) to the end,
+    where the process's memory goes whole (`cli.leave`), with the collector walking none of it
+    (frozen); a sweep's point, or a run in a process that goes on, is freed as it ends."""
+    import gc
+    from types import SimpleNamespace
+
+    from hydra.types import RunMode
+
+    import experiments
+    from experiments import run
+
+    frozen: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr(run, "_KEPT", [])
+    for as_command, mode in ((False, RunMode.RUN), (True, RunMode.MULTIRUN), (True, RunMode.RUN)):
+        monkeypatch.setattr(experiments, "AS_COMMAND", as_command)
+        config = SimpleNamespace(mode=mode)
+        monkeypatch.setattr(run.HydraConfig, "get", staticmethod(lambda c=config: c))
+        run.kept_to_exit(f"result of {mode}")
+    assert run._KEPT == ["result of RunMode.RUN"] and frozen == [1]
