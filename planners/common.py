@@ -459,7 +459,7 @@ class Emitter:
                 if load is None or last is None:  # a resident expert, or the first op
                     deps = tuple(filter(_is_op, (load, last, *tail)))
                 else:
-                    deps = (load, last, *tail)
+                    deps = (load, last) + tail  # (a C-level join: no list made)
                 fields = (
                     i,
                     kind,

@@ -47,7 +47,7 @@ class _Steps:
         self.cur: list[int] = []
 
     def deps(self, *deps: int | None) -> tuple[int | None, ...]:
-        return (*deps, *self.prev) if self.on else deps
+        return deps + self.prev if self.on else deps
 
     def add(self, *ops: int | None) -> None:
         if self.on:
