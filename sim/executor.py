@@ -264,10 +264,10 @@ def _stream_rows(
     ]
     durations, shared, holding = _shared_work(schedule, cost, env, pool_parts, stream_of)
     free_kind = list(OpKind).index(OpKind.FREE)
-    lock_of = [
-        None if k == free_kind else stream_locks[s]
-        for k, s in zip(cols["kind"].tolist(), cols["stream"].tolist(), strict=True)
-    ]
+    # per op its stream's lock (a free takes none), picked at C level: [ops] object
+    lock_of = np.array([*stream_locks, None], dtype=object)[
+        np.where(cols["kind"] == free_kind, -1, cols["stream"])
+    ].tolist()
     per_stream: list[list[tuple[Any, ...]]] = [[] for _ in specs]
     for row in zip(
         range(n),
