@@ -303,33 +303,21 @@ def test_dag_bound_counts_one_resource_between_release_and_delivery():
     assert binds.startswith("h2d")
 
 
-def test_an_ops_run_is_one_event_made_without_env_timeout(monkeypatch):
+@pytest.mark.parametrize("made_by", ["Environment.timeout", "Process.__init__"])
+def test_a_run_makes_no_timeout_and_no_process(monkeypatch, made_by):
     """Each op's duration is one event the stream puts on simpy's queue itself (the run's most
     frequent event: simpy's `timeout` call costs two Python calls more), at the time, priority
-    and order `env.timeout` would give: a 1 s load, then a 0.5 s compute after it, end at 1 s
-    and 1.5 s, with no `env.timeout` made."""
+    and order `env.timeout` would give; each stream's generator is resumed by a callback of its
+    own (`sim.executor._start`), not by a simpy Process, whose resume takes several Python
+    calls per event more. A 1 s load, then a 0.5 s compute after it, end at 1 s and 1.5 s,
+    with no `env.timeout` and no Process made."""
     import simpy
 
+    cls, name = made_by.split(".")
     made = []
-    real = simpy.Environment.timeout
+    real = getattr(getattr(simpy, cls), name)
     monkeypatch.setattr(
-        simpy.Environment, "timeout", lambda env, *a, **k: made.append(a) or real(env, *a, **k)
-    )
-    start, end = _load_then_compute()
-    assert list(end) == pytest.approx([1.0, 1.5]) and list(start) == pytest.approx([0.0, 1.0])
-    assert made == []
-
-
-def test_streams_run_without_simpy_processes(monkeypatch):
-    """Each stream's generator is resumed by a callback of its own (`sim.executor._start`), not
-    by a simpy Process, whose resume takes several Python calls per event more: the 1 s load
-    and the 0.5 s compute after it still end at 1 s and 1.5 s, with no Process made."""
-    import simpy
-
-    made = []
-    real = simpy.Process.__init__
-    monkeypatch.setattr(
-        simpy.Process, "__init__", lambda p, *a, **k: made.append(a) or real(p, *a, **k)
+        getattr(simpy, cls), name, lambda obj, *a, **k: made.append(a) or real(obj, *a, **k)
     )
     start, end = _load_then_compute()
     assert list(end) == pytest.approx([1.0, 1.5]) and list(start) == pytest.approx([0.0, 1.0])
