@@ -244,7 +244,7 @@ def test_dense_share_is_each_gpus_tensor_parallel_shard_bytes(case: str, tmp_pat
     model, fields = BIASED[case]
     spec = reduced_spec(model, **SMALL, **({} if model == "mixtral-tiny" else MOE), **fields)
     spec, units = load_units(write_checkpoint(spec, tmp_path / "ck", seed=0))
-    counts = partial(Emitter.tensor_bytes, SimpleNamespace(model=spec))
+    counts = partial(Emitter._tensor_bytes, SimpleNamespace(model=spec))  # the count, uncached
     runner: Any = SimpleNamespace(ctx=SimpleNamespace(model=spec), em=SimpleNamespace())
     runner.em.tensor_bytes = counts
     for gpus in (2, 3, 4):
