@@ -121,6 +121,17 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     return s
 
 
+def check_point(cfg: DictConfig) -> None:
+    """A sweep point's config checked as its run checks it first (`execute`), nothing run or
+    written: a bad value every point shares is refused before the sweep starts."""
+    check_no_chdir()
+    spec = run_spec(cfg)
+    check_routing_overrides(cfg, spec)
+    rep = ep_inputs.block(cfg)
+    if rep is not None:
+        ep_inputs.check_block(rep, spec)
+
+
 def check_no_chdir() -> None:
     """Refuse hydra.job.chdir=true: hydra moves the run into its run dir before it starts, so
     every relative path it reads (checkpoint=, the default workload.routing.trace_dir) would be
@@ -382,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
-    running(RunSchema)
+    running(RunSchema, check_point)
     return int(
         until_interrupted(
             lambda: hydra_main(

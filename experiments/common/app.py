@@ -3,9 +3,8 @@ the module's docstring, a mistyped key refused in one line naming the nearest va
 
 A command declares a dataclass of its options and conf/command/<name>.yaml, and ends with
 `command(name, Options, run, __doc__)` (docs/commands.md; experiments/collect.py is the short
-example). experiments.run keeps its own config (conf/config.yaml) and calls
-`hydra_main` for the same argument handling; run takes `hardware=FILE.yaml` (`group_files`).
-"""
+example). experiments.run keeps its own config (conf/config.yaml) and calls `hydra_main` for
+the same argument handling; run takes `hardware=FILE.yaml` (`group_files`)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError
 from core.files import not_regular, read_small
 from core.yaml_size import check_yaml_size
-from experiments.common import hydra_errors
+from experiments.common import hydra_errors, sweep_points
 from experiments.common.argv_checks import refuse_group_as_config, refuse_hydras_own
 from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
@@ -320,9 +319,10 @@ def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def running(schema: type) -> None:
-    """Name the running command's schema, whose fields an error line lists first."""
+def running(schema: type, check: Callable[[DictConfig], None] | None = None) -> None:
+    """The running command's schema (its fields lead an error's list), its sweep points' check."""
     hydra_errors.ROOT_SCHEMA[:] = [schema]
+    sweep_points.POINT_CHECK[:] = [] if check is None else [check]
 
 
 def hydra_main(

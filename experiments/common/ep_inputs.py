@@ -237,11 +237,7 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
     `replication.params` (a row's own), which win."""
     rep = block(cfg)
     assert rep is not None
-    if spec.planner not in expert_parallel_names():
-        raise ConfigError(
-            f"replication.routing is set for planner {spec.planner}, which is not expert-"
-            f"parallel; valid: {', '.join(expert_parallel_names())}"
-        )
+    own = check_block(rep, spec)
     wl, names = spec.workload, param_names(spec.planner)
     inputs = out_dir / INPUTS
     inputs.mkdir(parents=True, exist_ok=True)
@@ -255,12 +251,6 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
         files.update(initial_load=initial, table=data["train_trans"])
         files.update(prior_scenarios=data["train_groups"], task_load=data["task_load"])
     else:
-        if str(rep.get("split", "test")) != "test":  # a split of the ESFT sequences
-            raise ConfigError(
-                f"replication.split={rep['split']}: a split of the held-out ESFT sequences, but "
-                f"this case's routing is {rep['routing']}, which has none; drop it, or run an "
-                "ESFT case (experiment=replication_esft_g8)"
-            )
         rc = wl.routing
         fit = olmoe_fit(rc.trace_dir, spec.model.n_experts, rc.layer_corr, rc.reuse)
         wl = replace(wl, routing=fit)
@@ -268,6 +258,33 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
         files.update(initial_load=load, table=trans)
     routing.check_fits(spec.model, wl)
     params = dict(spec.params)
+    if "initial_load" in names:  # the same budget and training load for every planner
+        params["replica_slots"] = int(rep.get("replica_slots", 2))
+    params.update(own)
+    for key, array in files.items():
+        if key in names and not params.get(key) and wanted(key, params):
+            path = inputs / f"{key}.npy"
+            np.save(path, array)
+            params[key] = str(path)
+    return replace(spec, workload=wl, params=params), routing
+
+
+def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """A ConfigError where the block's settings do not fit this run's planner or routing, checked
+    before anything is prepared (a sweep checks them before its first point: `run.check_point`);
+    else the planner params the block sets for it (`replication.planners.<planner>`, then the
+    row's `replication.params`)."""
+    if spec.planner not in expert_parallel_names():
+        raise ConfigError(
+            f"replication.routing is set for planner {spec.planner}, which is not expert-"
+            f"parallel; valid: {', '.join(expert_parallel_names())}"
+        )
+    if rep["routing"] != "esft_heldout" and str(rep.get("split", "test")) != "test":
+        raise ConfigError(
+            f"replication.split={rep['split']}: a split of the held-out ESFT sequences, but "
+            f"this case's routing is {rep['routing']}, which has none; drop it, or run an "
+            "ESFT case (experiment=replication_esft_g8)"
+        )
     # a planner's entry or the row's params null: none of its own (`eplb: null`, as `{}`)
     own = {**((rep.get("planners") or {}).get(spec.planner) or {}), **(rep.get("params") or {})}
     if "replica_slots" in own:  # the planners compare at one budget
@@ -276,21 +293,14 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
             f"{own['replica_slots']}, but the planners compare at one budget; set "
             "replication.replica_slots=N instead"
         )
-    if "initial_load" in names:  # the same budget and training load for every planner
-        params["replica_slots"] = int(rep.get("replica_slots", 2))
-    params.update(own)
-    if rep["routing"] != "esft_heldout" and params.get("predictor") == "task_mix":
+    predictor = own.get("predictor", spec.params.get("predictor"))
+    if rep["routing"] != "esft_heldout" and predictor == "task_mix":
         raise ConfigError(
             f"replication: {rep.get('label') or spec.planner} has predictor task_mix, which reads "
             f"each request's task, but {rep['routing']} routing has none; set "
             f"replication.planners.{spec.planner}.predictor=window"
         )
-    for key, array in files.items():
-        if key in names and not params.get(key) and wanted(key, params):
-            path = inputs / f"{key}.npy"
-            np.save(path, array)
-            params[key] = str(path)
-    return replace(spec, workload=wl, params=params), routing
+    return own
 
 
 def written_as(rep: dict[str, Any], planner: str) -> dict[str, str]:

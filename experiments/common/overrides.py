@@ -19,16 +19,16 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
-from experiments.common.sweep_points import check_subdirs, first_point
+from experiments.common.sweep_points import check_shared, check_subdirs, first_point
 
 
 def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
     """Compose a sweep's config once per value of each swept override (`model=a,b`), the other
     overrides at their first value: a bad choice or key is one line before the sweep starts,
     not a worker's error under its progress bar; points that would share a run dir are refused
-    (`check_subdirs`). The sweep a config declares (an experiment's `hydra.sweeper.params`)
-    counts towards its size, and a config's `hydra.launcher.n_jobs` is checked as the command
-    line's is. What the values do to a run is its own."""
+    (`check_subdirs`), and so is a bad value every point would fail on (`check_shared`). The
+    sweep a config declares (an experiment's `hydra.sweeper.params`) counts towards its size,
+    and a config's `hydra.launcher.n_jobs` is checked as the command line's is."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -46,6 +46,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         everything = _with_declared(parser.parse_overrides(declared), parsed)
         swept = [o for o in everything if o.is_sweep_override()]
         if not swept:
+            check_shared(config_name, everything, swept)  # a sweep of one point
             return
         check_sweep_values(swept)
         refuse_values_twice(swept)  # a sweep's only: one run's `a,a` says to add -m
@@ -60,6 +61,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                 ]
                 _names_fit(compose(config_name, overrides=point))
         check_subdirs(config_name, everything, swept)
+        check_shared(config_name, everything, swept)
 
 
 def _names_fit(cfg: Any) -> None:

@@ -1,10 +1,12 @@
-"""A sweep's points as hydra will run them: the overrides of its first point (`first_point`) and
-the run dir each point's config gives it (`check_subdirs`), checked before the sweep starts."""
+"""A sweep's points as hydra will run them: the overrides of its first point (`first_point`), the
+run dir each point's config gives it (`check_subdirs`), and a bad value every point shares
+(`check_shared`), checked before the sweep starts."""
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,12 @@ from core.errors import MoepipeError
 
 _PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
 
+# the running command's check of one point's config (its job's, without running it), if any
+POINT_CHECK: list[Callable[[Any], None]] = []
+# the most points `check_shared` composes looking for one that passes, where they fail on lines
+# of their own: beyond, the sweep runs and each point that fails says why
+MAX_CHECKED_POINTS = 32
+
 
 def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
     """Refuse a sweep two of whose points would write the same run dir (`hydra.sweep.subdir=`
@@ -21,8 +29,6 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     replace the first's result, and the sweep end with one run fewer than it had points.
     A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
     for each point (a config composed per point), inside an initialized hydra."""
-    import itertools
-
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
@@ -86,3 +92,75 @@ def first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
         for o in swept
     }
     return [first.get(o.input_line, o.input_line) for o in parsed]
+
+
+def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
+    """Refuse a sweep every point of which would fail on its config (a value it does not sweep,
+    `workload.gen_len=0`) with the one line a single run prints, before any point runs or has a
+    folder; each failed after the sweep had started, one line per point. The points of each
+    swept value come first (the first point, then each other value with the rest at their
+    first): the first that passes lets the sweep run, its points with a bad value of their own
+    failing alone. Where those all fail on one line it is shared; on lines of their own, the
+    other points are checked too (up to MAX_CHECKED_POINTS). Needs an initialized hydra."""
+    from core.errors import MoepipeError
+    from experiments.common.cli import error_line
+
+    if not POINT_CHECK:
+        return
+    lines: list[str] = []
+    for n, point in enumerate(_value_points_first(parsed, swept)):
+        if n == MAX_CHECKED_POINTS:
+            return
+        line = _point_line(config_name, point, POINT_CHECK[0], error_line)
+        if line is None:
+            return
+        lines.append(line)
+        if n + 1 == _n_value_points(swept) and len(set(lines)) == 1:
+            break
+    raise MoepipeError(lines[0])
+
+
+def _n_value_points(swept: Sequence[Any]) -> int:
+    return 1 + sum(len(list(o.sweep_string_iterator())) - 1 for o in swept)
+
+
+def _value_points_first(parsed: Sequence[Any], swept: Sequence[Any]) -> Iterator[list[str]]:
+    """A sweep's points (overrides), each once: the first point, each other value of a swept
+    key with the others at their first, then the rest in the sweep's order."""
+    lines = [o.input_line for o in parsed]
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
+    keys = [o.input_line for o in swept]
+    first = [v[0] for v in values]
+    seen: set[tuple[str, ...]] = set()
+    singles = [first[:i] + [v] + first[i + 1 :] for i, vs in enumerate(values) for v in vs[1:]]
+    for point in itertools.chain([first], singles, itertools.product(*values)):
+        if tuple(point) in seen:
+            continue
+        seen.add(tuple(point))
+        chosen = dict(zip(keys, point, strict=True))
+        yield [chosen.get(line, line) for line in lines]
+
+
+def _point_line(
+    config_name: str, point: list[str], check: Callable[[Any], None], line_of: Any
+) -> str | None:
+    """The one line `check` fails with on `point`'s config as its job composes it; None where
+    it passes, or fails on what is no user's mistake (a bug: its job says so)."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from experiments.common.hydra_errors import with_key
+
+    held, cfg = HydraConfig.instance().cfg, None
+    try:
+        cfg = compose(config_name, overrides=point, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]  # as the job gets it
+        check(cfg)
+        return None
+    except Exception as e:  # noqa: BLE001 (each kind is the job's: its line, or none)
+        return line_of(e if cfg is None else with_key(e, cfg))
+    finally:
+        HydraConfig.instance().cfg = held

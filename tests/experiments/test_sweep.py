@@ -211,8 +211,8 @@ def test_an_earlier_sweeps_failed_point_does_not_fail_the_next(
     in this process, the second within a second of the first: a failed.txt written within the
     second before a sweep's start counted as that sweep's (mtimes, with a second's slack)."""
     d = tmp_path / "f"
-    r = sweep_here(d, "planner=sequential", "workload.batch_size=-1")
-    assert r.returncode == 2 and "run(s) failed (" in r.stderr
+    r = sweep_here(d, "planner=sequential", "workload.batch_size=-1,4")
+    assert r.returncode == 2 and "1 run(s) failed (" in r.stderr
     r = sweep_here(d, "planner=sequential", "workload.batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
     _, problems = collect(d)

@@ -1,0 +1,59 @@
+"""Probe round 16a (issue 48): the simulated commands and their sweeps, by class of failure.
+
+Each test is one class that failed, parametrized over the cases that showed it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import TINY, one_line
+
+TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        ([*TWO_POINTS, "workload.gen_len=0"], ["workload.gen_len", "got 0"]),
+        ([*TWO_POINTS, "hardware.memory_gb.gpu=-1"], ["memory_gb.gpu", "positive capacity"]),
+        ([*TWO_POINTS, "hardware.links.h2d.gbps=0"], ["links.h2d.gbps", "positive"]),
+        ([*TINY, "workload.batch_size=1,2", "workload.n_batches=0"], ["workload.n_batches"]),
+        ([*TINY, "workload.batch_size=1,2", "workload.seed=${oc.env:MOEPIPE_NOPE_16A}"], ["seed"]),
+        ([*TWO_POINTS, "hydra/launcher=submitit_local", "workload.gen_len=0"], ["gen_len"]),
+        ([*TINY, "workload.gen_len=0"], ["workload.gen_len"]),  # a sweep of one point
+        (["experiment=compare", "workload.gen_len=0"], ["workload.gen_len"]),
+        (["experiment=fig11", "hardware.links.h2d.gbps=0"], ["links.h2d.gbps"]),
+        (
+            ["experiment=replication_switch_128", "replication.split=validation"],
+            ["replication.split=validation", "has none"],
+        ),
+        # every point fails, each on its own line: the first point's
+        ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len", "got 0"]),
+    ],
+)
+def test_a_bad_value_every_point_shares_is_refused_before_the_sweep(
+    cli_here: Any, tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    """A bad value the sweep does not sweep failed every point once the sweep had started, one
+    line per point under the progress bar, each point's folder left with its failed.txt; it is
+    the one line a single run prints, before any point runs or has a folder."""
+    sweep = tmp_path / "sweep"
+    r = cli_here("experiments.run", "-m", *args, f"hydra.sweep.dir={sweep}")
+    one_line(r, *names)
+    assert not sweep.exists()
+
+
+def test_a_point_whose_own_value_is_bad_still_fails_alone(cli_here: Any, tmp_path: Path) -> None:
+    """The first point's own swept value is bad (`gen_len=0,2`): the other point runs, the bad
+    one's line goes to its failed.txt, and the sweep exits 2 naming it."""
+    sweep = tmp_path / "sweep"
+    args = [*TINY, "workload.gen_len=0,2", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"]
+    r = cli_here("experiments.run", "-m", *args)
+    assert r.returncode == 2 and "1 run(s) failed" in r.stderr, r.stderr
+    (failed,) = sweep.rglob("failed.txt")
+    assert "workload.gen_len must be a positive integer, got 0" in failed.read_text()
+    assert len(list(sweep.rglob("summary.json"))) == 1
