@@ -55,6 +55,7 @@ from experiments.common.overrides import (
     check_scalar_parent,
     check_sweep,
     field_type,
+    schema_miss,
 )
 from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
@@ -481,7 +482,7 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
     if override.startswith("+") and key.startswith("hydra."):  # hydra's own schema
         from hydra.conf import HydraConf
 
-        miss = _schema_miss(HydraConf, key.split(".")[1:])
+        miss = schema_miss(HydraConf, key.split(".")[1:])
         if miss is not None:
             where, valid = miss
             name = where.rsplit(".", 1)[-1]
@@ -491,26 +492,12 @@ def plus_plus(override: str, conf_dir: Path = CONF_DIR) -> str:
         return override
     parts = key.split(".")
     for root in hydra_errors.ROOT_SCHEMA[:1]:
-        miss = _schema_miss(root, parts)
+        miss = schema_miss(root, parts)
         if miss is not None:
             where, valid = miss
             line = f"{where}: unknown key; {nearest(where.rsplit('.', 1)[-1], valid)}"
             raise MoepipeError(line + (taken_by(where) if "." not in where else ""))
     return override if override.startswith("++") else f"+{override}"
-
-
-def _schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
-    """Where the dotted key `parts` leaves `root`'s schema (the key so far, the valid names
-    there); None when it is in the schema or under a free mapping (dict, Any)."""
-    typ: Any = root
-    for i, part in enumerate(parts):
-        if not is_dataclass(typ):
-            return None
-        names = [f.name for f in fields(typ)]
-        if part not in names:
-            return ".".join(parts[: i + 1]), names
-        typ = field_type(typ, part)
-    return None
 
 
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:

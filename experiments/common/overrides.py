@@ -521,6 +521,28 @@ def _planner_param_type(name: str) -> Any:
     return types_.pop() if len(types_) == 1 else None
 
 
+def schema_miss(root: type, parts: list[str]) -> tuple[str, list[str]] | None:
+    """Where the dotted key `parts` leaves `root`'s schema (the key so far, the valid names
+    there); None when it is in the schema or under a free mapping (dict, Any). A mapping of
+    dataclasses (`hardware.links`: name -> LinkSchema) takes any name, then that schema's keys:
+    `+hardware.links.h2d.nosuch=1` was added unread."""
+    import typing
+
+    typ: Any = root
+    for i, part in enumerate(parts):
+        key_args = typing.get_args(typ) if typing.get_origin(typ) is dict else ()
+        if len(key_args) == 2 and is_dataclass(key_args[1]):
+            typ = key_args[1]  # `part` names an entry of the mapping, any name
+            continue
+        if not is_dataclass(typ):
+            return None
+        names = [f.name for f in fields(typ)]
+        if part not in names:
+            return ".".join(parts[: i + 1]), names
+        typ = field_type(typ, part)
+    return None
+
+
 def field_type(cls: type, name: str) -> Any:
     """The type of dataclass `cls`'s field `name`, Optional unwrapped."""
     import typing

@@ -57,3 +57,21 @@ def test_a_point_whose_own_value_is_bad_still_fails_alone(cli_here: Any, tmp_pat
     (failed,) = sweep.rglob("failed.txt")
     assert "workload.gen_len must be a positive integer, got 0" in failed.read_text()
     assert len(list(sweep.rglob("summary.json"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("+hardware.links.h2d.nosuch=1", ["hardware.links.h2d.nosuch", "gbps, latency_us"]),
+        ("++hardware.links.disk.gbs=1", ["hardware.links.disk.gbs", "gbps"]),
+        ("+hardware.links.d2h.latency=1", ["hardware.links.d2h.latency", "latency_us"]),
+    ],
+)
+def test_a_key_added_under_an_entry_of_a_mapping_of_schemas_is_checked(
+    cli_here: Any, tmp_path: Path, override: str, names: list[str]
+) -> None:
+    """`+hardware.links.h2d.nosuch=1` ran (exit 0), the key added and read by nothing: under
+    `links` (a mapping of LinkSchema) any name is an entry, but its keys are LinkSchema's."""
+    r = cli_here("experiments.run", *TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, *names)
+    assert not (tmp_path / "run").exists()
