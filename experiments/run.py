@@ -123,13 +123,17 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 
 def check_point(cfg: DictConfig) -> None:
     """A sweep point's config checked as its run checks it first (`execute`), nothing run or
-    written: a bad value every point shares is refused before the sweep starts."""
+    written: a bad value every point shares is refused before the sweep starts. A point too
+    big for the machine passes: in a sweep it is a result (infeasible), not a failure."""
     check_no_chdir()
-    spec = run_spec(cfg)
-    check_routing_overrides(cfg, spec)
-    rep = ep_inputs.block(cfg)
-    if rep is not None:
-        ep_inputs.check_block(rep, spec)
+    try:
+        spec = run_spec(cfg)
+        check_routing_overrides(cfg, spec)
+        rep = ep_inputs.block(cfg)
+        if rep is not None:
+            ep_inputs.check_block(rep, spec)
+    except CapacityError:
+        return
 
 
 def check_no_chdir() -> None:

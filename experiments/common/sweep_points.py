@@ -4,7 +4,6 @@ run dir each point's config gives it (`check_subdirs`), and a bad value every po
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -18,9 +17,6 @@ _PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
 
 # the running command's check of one point's config (its job's, without running it), if any
 POINT_CHECK: list[Callable[[Any], None]] = []
-# the most points `check_shared` composes looking for one that passes, where they fail on lines
-# of their own: beyond, the sweep runs and each point that fails says why
-MAX_CHECKED_POINTS = 32
 
 
 def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
@@ -29,6 +25,8 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     replace the first's result, and the sweep end with one run fewer than it had points.
     A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
     for each point (a config composed per point), inside an initialized hydra."""
+    import itertools
+
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
@@ -97,47 +95,36 @@ def first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
 def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
     """Refuse a sweep every point of which would fail on its config (a value it does not sweep,
     `workload.gen_len=0`) with the one line a single run prints, before any point runs or has a
-    folder; each failed after the sweep had started, one line per point. The points of each
-    swept value come first (the first point, then each other value with the rest at their
-    first): the first that passes lets the sweep run, its points with a bad value of their own
-    failing alone. Where those all fail on one line it is shared; on lines of their own, the
-    other points are checked too (up to MAX_CHECKED_POINTS). Needs an initialized hydra."""
+    folder; each failed after the sweep had started, one line per point. The first point is
+    checked, then, where it fails, each other value of each swept key with the others at
+    their first: one that passes lets the sweep run, its points with a bad value of their own
+    failing alone; where none does, no value the sweep tries avoids the failure. Needs an
+    initialized hydra."""
     from core.errors import MoepipeError
     from experiments.common.cli import error_line
 
     if not POINT_CHECK:
         return
-    lines: list[str] = []
-    for n, point in enumerate(_value_points_first(parsed, swept)):
-        if n == MAX_CHECKED_POINTS:
-            return
+    first = None
+    for point in _value_points(parsed, swept):
         line = _point_line(config_name, point, POINT_CHECK[0], error_line)
         if line is None:
             return
-        lines.append(line)
-        if n + 1 == _n_value_points(swept) and len(set(lines)) == 1:
-            break
-    raise MoepipeError(lines[0])
+        first = first or line
+    raise MoepipeError(str(first))
 
 
-def _n_value_points(swept: Sequence[Any]) -> int:
-    return 1 + sum(len(list(o.sweep_string_iterator())) - 1 for o in swept)
-
-
-def _value_points_first(parsed: Sequence[Any], swept: Sequence[Any]) -> Iterator[list[str]]:
-    """A sweep's points (overrides), each once: the first point, each other value of a swept
-    key with the others at their first, then the rest in the sweep's order."""
+def _value_points(parsed: Sequence[Any], swept: Sequence[Any]) -> Iterator[list[str]]:
+    """A sweep's first point (its overrides), then each other value of a swept key with the
+    others at their first."""
     lines = [o.input_line for o in parsed]
     values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
-    keys = [o.input_line for o in swept]
     first = [v[0] for v in values]
-    seen: set[tuple[str, ...]] = set()
-    singles = [first[:i] + [v] + first[i + 1 :] for i, vs in enumerate(values) for v in vs[1:]]
-    for point in itertools.chain([first], singles, itertools.product(*values)):
-        if tuple(point) in seen:
-            continue
-        seen.add(tuple(point))
-        chosen = dict(zip(keys, point, strict=True))
+    points = [first] + [
+        first[:i] + [v] + first[i + 1 :] for i, vs in enumerate(values) for v in vs[1:]
+    ]
+    for point in points:
+        chosen = dict(zip([o.input_line for o in swept], point, strict=True))
         yield [chosen.get(line, line) for line in lines]
 
 
