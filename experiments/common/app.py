@@ -443,7 +443,8 @@ def _checked_args(
     check_hydra_overrides(overrides, conf_dir, file_groups)
     refuse_hydras_own(overrides)
     config_dirs = [d.absolute() for d in user_conf_dirs(flags)]  # --config-dir's
-    check_conf_dirs([*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))], overrides)
+    user_dirs = [*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))]
+    check_conf_dirs(user_dirs, overrides, conf_dir)
     refuse_group_as_config(flags, [conf_dir, *config_dirs])
     check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]

@@ -2,7 +2,8 @@
 checked before hydra reads them: hydra's loader raised a UnicodeDecodeError on one not UTF-8,
 a RecursionError on one nested thousands deep or whose defaults list names itself, a ValueError
 on defaults that are no list, and built a "billion laughs" for minutes. Each is one line naming
-the file; a group's option that is a folder, not a file, is named as one.
+the file; a group's option that is a folder, not a file, is named as one, and so is a file that
+the shipped conf/ has under the same name (hydra reads conf/'s first: the user's, never).
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ _SUFFIXES = (".yaml", ".yml")
 _MAX_FILES = 2000  # a config folder holds tens; `--config-dir /` is not walked past this
 
 
-def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str]) -> None:
+def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str], shipped: Path) -> None:
     """Each YAML file in `dirs` (the top and two levels of group folders) is a readable config
-    file whose defaults are a list that does not loop; a `group=name` of `overrides` whose name
-    is a folder there says so."""
+    file whose defaults are a list that does not loop, and not one the `shipped` config folder
+    has under its name; a `group=name` of `overrides` whose name is a folder there says so."""
     for d in dirs:
         if not d.is_dir():
             continue  # the flag's own check names it
         links = {}  # config (group/name) -> the configs its defaults list names
         for path in _yaml_paths(d):
             links[path.relative_to(d).with_suffix("").as_posix()] = _check_file(d, path)
+            _not_shadowed(path, path.relative_to(d), shipped)
         _check_loops(d, links)
         for o in overrides:
             group, eq, name = o.lstrip("+").partition("=")
@@ -44,6 +46,24 @@ def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str]) -> None:
                     f"{o}: {folder} is a folder; an option of {group} is a file {name}.yaml "
                     f"in {d / group}"
                 )
+
+
+def _not_shadowed(path: Path, rel: Path, shipped: Path) -> None:
+    """A MoepipeError where the `shipped` config folder has the user's `path` (`rel` in its own
+    folder) under its name, unless both hold the same text: hydra finds the shipped one first,
+    and the user's edits to a copy of it (`model/tiny.yaml`, the command's own `config.yaml`)
+    were run without a word, unread."""
+    theirs = shipped / rel
+    try:
+        if path.resolve() == theirs.resolve() or path.read_bytes() == theirs.read_bytes():
+            return
+    except OSError:  # conf/ has none of that name (or the user's is checked by _check_file)
+        return
+    other = f"pass {rel.parts[0]}=<that name>" if len(rel.parts) > 1 else "pass --config-name"
+    raise MoepipeError(
+        f"{path}: {theirs} has its name and is read first, so this file would never be read; "
+        f"give it a name of its own (and {other}), or leave the shipped config's name to it"
+    )
 
 
 def _yaml_paths(d: Path) -> Iterator[Path]:

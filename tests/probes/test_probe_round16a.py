@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import ROOT, TINY, one_line
 
 TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
 
@@ -33,6 +33,10 @@ TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
         ),
         # every point fails, each on its own line: the first point's
         ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len", "got 0"]),
+        (
+            [*TINY[:1], *TINY[2:], "hardware=tiny,h200", "hardware.memory_gb.gpu=-1"],
+            ["hardware tiny: memory_gb.gpu"],
+        ),
     ],
 )
 def test_a_bad_value_every_point_shares_is_refused_before_the_sweep(
@@ -75,3 +79,38 @@ def test_a_key_added_under_an_entry_of_a_mapping_of_schemas_is_checked(
     r = cli_here("experiments.run", *TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
     one_line(r, *names)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["--config-dir", "hydra.searchpath"])
+@pytest.mark.parametrize(
+    ("rel", "text", "names"),
+    [
+        ("model/tiny.yaml", "n_layers: 3\n", ["model/tiny.yaml", "pass model=<that name>"]),
+        ("workload/tiny.yaml", "gen_len: 0\n", ["workload/tiny.yaml", "never be read"]),
+        ("config.yaml", "workload:\n  gen_len: 0\n", ["config.yaml", "--config-name"]),
+    ],
+)
+def test_a_users_config_the_shipped_conf_has_by_name_is_refused(
+    cli_here: Any, tmp_path: Path, where: str, rel: str, text: str, names: list[str]
+) -> None:
+    """A user's config folder holding conf/'s model/tiny.yaml (or config.yaml), edited: hydra
+    reads conf/'s first, and the run went on with the shipped values, exit 0, the user's
+    edit unread."""
+    conf = tmp_path / "conf"
+    shipped = ROOT / "conf" / rel
+    (conf / rel).parent.mkdir(parents=True, exist_ok=True)
+    (conf / rel).write_text(shipped.read_text() + text)
+    given = [f"--config-dir={conf}"] if where == "--config-dir" else [f"{where}=[file://{conf}]"]
+    r = cli_here("experiments.run", *TINY, *given, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, *names)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_users_copy_of_a_shipped_config_as_it_is_runs(cli_here: Any, tmp_path: Path) -> None:
+    """A copy left as it is changes nothing: it is not refused."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "tiny.yaml").write_text(
+        (ROOT / "conf" / "model" / "tiny.yaml").read_text()
+    )
+    args = [*TINY, f"--config-dir={tmp_path / 'conf'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert cli_here("experiments.run", *args).returncode == 0
