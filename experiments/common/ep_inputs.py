@@ -279,7 +279,15 @@ def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
             f"replication.routing is set for planner {spec.planner}, which is not expert-"
             f"parallel; valid: {', '.join(expert_parallel_names())}"
         )
-    if rep["routing"] != "esft_heldout" and str(rep.get("split", "test")) != "test":
+    slots = rep.get("replica_slots", 2)  # every replication planner's budget, ep_static's not
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+        raise ConfigError(
+            f"replication.replica_slots={slots}: the replicas each planner may place per device "
+            "and MoE layer; pass a whole number >= 0"
+        )
+    if rep["routing"] == "esft_heldout":
+        residue(str(rep.get("split", "test")))  # a split of the ESFT sequences it names
+    elif str(rep.get("split", "test")) != "test":
         raise ConfigError(
             f"replication.split={rep['split']}: a split of the held-out ESFT sequences, but "
             f"this case's routing is {rep['routing']}, which has none; drop it, or run an "

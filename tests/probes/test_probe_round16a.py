@@ -31,6 +31,14 @@ TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
             ["experiment=replication_switch_128", "replication.split=validation"],
             ["replication.split=validation", "has none"],
         ),
+        (
+            ["experiment=replication_esft_g8", "replication.split=nosuch"],
+            ["replication.split='nosuch' unknown", "fold1"],
+        ),
+        (
+            ["experiment=replication_switch_128_shared", "replication.replica_slots=-1"],
+            ["replication.replica_slots=-1", "whole number >= 0"],
+        ),
         # every point fails, each on its own line: the first point's
         ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len", "got 0"]),
         (
