@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import MoepipeError
 from experiments.common.cli import on_interrupt
+from experiments.common.reader_left import bar_stream
 
 FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
 
@@ -387,7 +388,7 @@ class SweepProgress(Callback):
             total=total,
             desc=f"sweep {sweep_dir}",
             unit="run",
-            file=sys.stderr,
+            file=bar_stream(),
             dynamic_ncols=True,
             mininterval=1.0,
         )

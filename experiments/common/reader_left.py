@@ -16,26 +16,26 @@ import sys
 from typing import Any, TextIO
 
 
-def _stdout_to_devnull() -> None:
-    """Point fd 1 at /dev/null: what the stream still buffers, and every write after, goes
+def _to_devnull(fd: int) -> None:
+    """Point `fd` at /dev/null: what the stream still buffers, and every write after, goes
     there (children started later inherit it)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+    os.dup2(devnull, fd)
     os.close(devnull)
 
 
 class ReaderMayLeave:
-    """A stdout whose write or flush, once its pipe's reader has left, drops the text instead
-    of raising (every other attribute is the stream's own)."""
+    """A stdout (or stderr: `fd` 2) whose write or flush, once its pipe's reader has left,
+    drops the text instead of raising (every other attribute is the stream's own)."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
+    def __init__(self, stream: TextIO, fd: int = 1) -> None:
+        self._stream, self._fd = stream, fd
         self.failure: OSError | None = None  # the first failed write but a reader's leaving
 
     def _failed(self, e: OSError) -> None:
         if not isinstance(e, BrokenPipeError) and self.failure is None:
-            self.failure = OSError(e.errno, e.strerror, "stdout")
-        _stdout_to_devnull()
+            self.failure = OSError(e.errno, e.strerror, "stdout" if self._fd == 1 else "stderr")
+        _to_devnull(self._fd)
 
     def write(self, text: str) -> int:
         try:
@@ -73,6 +73,19 @@ def guard_stdout() -> None:
         for handler in getattr(logger, "handlers", ()):
             if isinstance(handler, logging.StreamHandler) and handler.stream is out:
                 handler.setStream(guarded)  # type: ignore[arg-type]
+
+
+def bar_stream() -> TextIO:
+    """stderr for a progress bar, whose write once stderr's reader has left (a sweep piped to a
+    reader that stopped) drops the text instead of raising: tqdm writes holding its lock, and
+    the error left the lock held, so the bar's close as the sweep's process ended waited on it
+    forever (every point finished, the process never ended, deaf to Ctrl-C and SIGTERM)."""
+    err = sys.stderr
+    try:
+        fd = err.fileno()
+    except (OSError, ValueError, AttributeError):  # a test's capture: it has no reader to leave
+        return err
+    return ReaderMayLeave(err, fd) if fd == 2 else err  # type: ignore[return-value]
 
 
 def raise_stdout_failure() -> None:

@@ -5,6 +5,8 @@ Each test is one class that failed, parametrized over the cases that showed it.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,29 @@ def test_a_users_copy_of_a_shipped_config_as_it_is_runs(cli_here: Any, tmp_path:
     )
     args = [*TINY, f"--config-dir={tmp_path / 'conf'}", f"hydra.run.dir={tmp_path / 'run'}"]
     assert cli_here("experiments.run", *args).returncode == 0
+
+
+def test_a_sweeps_bar_drops_its_text_once_stderrs_reader_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sweep piped to a reader that stopped: the bar's write raised BrokenPipeError inside
+    tqdm's lock, and the sweep's process, every point finished, waited at its end on that lock
+    forever, deaf to Ctrl-C and SIGTERM. The bar's stream drops the text instead."""
+    from tqdm import tqdm
+
+    from experiments.common.reader_left import bar_stream
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has left
+    saved = os.dup(2)
+    try:
+        os.dup2(write, 2)
+        monkeypatch.setattr(sys, "stderr", os.fdopen(2, "w", closefd=False))
+        bar = tqdm(total=2, file=bar_stream(), mininterval=0)
+        bar.update(1)
+        bar.update(1)
+        bar.close()  # each raised BrokenPipeError, with sys.stderr as the bar's stream
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write)
