@@ -72,7 +72,7 @@ from experiments.common.run_dir import (
 )
 from experiments.common.schema import RoutingSchema, RunSchema
 from experiments.common.tables import display_name
-from planners.registry import expert_parallel_names
+from planners.registry import expert_parallel_names, make_params
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,10 @@ def check_point(cfg: DictConfig) -> None:
         spec = run_spec(cfg)
         check_routing_overrides(cfg, spec)
         rep = ep_inputs.block(cfg)
-        if rep is not None:
+        if rep is not None:  # the block's params join the planner's as the run prepares it
             ep_inputs.check_block(rep, spec)
+        else:
+            make_params(spec.planner, spec.params)
     except CapacityError:
         return
 

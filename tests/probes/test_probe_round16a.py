@@ -23,6 +23,7 @@ TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
         ([*TWO_POINTS, "workload.gen_len=0"], ["workload.gen_len", "got 0"]),
         ([*TWO_POINTS, "hardware.memory_gb.gpu=-1"], ["memory_gb.gpu", "positive capacity"]),
         ([*TWO_POINTS, "hardware.links.h2d.gbps=0"], ["links.h2d.gbps", "positive"]),
+        ([*TWO_POINTS, "+planner.params.nosuch=1"], ["planner flexgen: unknown param(s) nosuch"]),
         ([*TINY, "workload.batch_size=1,2", "workload.n_batches=0"], ["workload.n_batches"]),
         ([*TINY, "workload.batch_size=1,2", "workload.seed=${oc.env:MOEPIPE_NOPE_16A}"], ["seed"]),
         ([*TWO_POINTS, "hydra/launcher=submitit_local", "workload.gen_len=0"], ["gen_len"]),
