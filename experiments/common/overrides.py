@@ -362,8 +362,13 @@ def check_search_path(override: str, entries: Any) -> None:
             scheme, where = "file", str(entry)
         if scheme == "file":
             found = Path(where).is_dir()
-        elif scheme != "pkg":
-            continue  # ConfigStore's structured://, which hydra checks itself
+        elif scheme == "structured":
+            continue  # ConfigStore's, which hydra checks itself
+        elif scheme != "pkg":  # hydra's internal error: "No config source registered for ..."
+            raise MoepipeError(
+                f"{override}: {entry}: hydra reads configs from file://, pkg:// and "
+                "structured:// sources only; pass a folder as file:///path/to/conf"
+            )
         else:
             try:
                 found = importlib.util.find_spec(where.replace("/", ".")) is not None

@@ -151,3 +151,15 @@ def test_a_sweeps_bar_drops_its_text_once_stderrs_reader_left(
         os.dup2(saved, 2)
         os.close(saved)
         os.close(write)
+
+
+@pytest.mark.parametrize("entry", ["http://x", "s3://bucket/conf", "ftp:///conf"])
+def test_a_search_path_of_a_scheme_hydra_has_no_source_for_is_one_line(
+    cli_here: Any, tmp_path: Path, entry: str
+) -> None:
+    """`hydra.searchpath=[http://x]` was an internal error (hydra's ValueError: "No config
+    source registered for schema http") with its traceback in a file."""
+    run = tmp_path / "run"
+    r = cli_here("experiments.run", *TINY, f"hydra.searchpath=[{entry}]", f"hydra.run.dir={run}")
+    one_line(r, entry, "file://")
+    assert "internal error" not in r.stderr and not run.exists()
