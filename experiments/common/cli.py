@@ -459,12 +459,14 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         before_line()
         _stop_pool_tracker()
         quiet = other_rank() is not None  # Ctrl-C reaches every rank: rank 0 says it
+        from experiments.common.launch_line import say_first  # claimed under torchrun's agent
+
         if isinstance(e, Stopped):
             if not quiet:
-                print(f"stopped by {e.name}; {_ON_INTERRUPT[0]}", file=sys.stderr)
+                say_first(f"stopped by {e.name}; {_ON_INTERRUPT[0]}")
             sys.exit(128 + e.signum)
         if not quiet:
-            print(f"interrupted: {_ON_INTERRUPT[0]}", file=sys.stderr)
+            say_first(f"interrupted: {_ON_INTERRUPT[0]}")
         sys.exit(130)
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook

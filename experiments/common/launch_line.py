@@ -167,10 +167,8 @@ def _claim() -> Path | None:
     started = _start_time(agent)
     if started is None:
         return None
-    import tempfile
-
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return Path(tempfile.gettempdir()) / f"{_PREFIX}{agent}-{started}-{restart}.said"
+    return Path(tempfile_dir()) / f"{_PREFIX}{agent}-{started}-{restart}.said"
 
 
 def _start_time(pid: int) -> str | None:
@@ -186,3 +184,21 @@ def _remove_stale(folder: Path) -> None:
         agent, _, rest = p.name[len(_PREFIX) :].partition("-")
         if agent.isdigit() and _start_time(int(agent)) != rest.partition("-")[0]:
             p.unlink(missing_ok=True)
+
+
+def said_under(agent: int) -> bool:
+    """Whether a rank that `agent` (this process, where it runs torchrun's agent:
+    `experiments.torchrun`) started said the launch's line (`first_to_say`); its claims are
+    removed, the launch being over."""
+    started = _start_time(agent)
+    said = False
+    for p in Path(tempfile_dir()).glob(f"{_PREFIX}{agent}-{started}-*.said"):
+        said = True
+        p.unlink(missing_ok=True)
+    return said
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()

@@ -1,0 +1,128 @@
+"""torchrun, ending in one line: `python -m experiments.torchrun [torchrun's args] -m
+experiments.run ...` takes torchrun's arguments and runs torch's own launcher
+(`torch.distributed.run`'s `parse_args` and `run`) inside the commands' error path.
+
+Plain torchrun's own process prints a Python traceback where the launch fails: its
+`--master_port` taken (`DistNetworkError`), Ctrl-C or Ctrl-\\ (`SignalException`), a failed rank
+(`ChildFailedError` and its table), below the rank's own line. Here a taken port names the port
+and the fix, a signal ends with the commands' interrupt line and exit status, and a failed rank's
+line (from its error file, `TORCHELASTIC_ERROR_FILE`) is printed once: by the rank itself where its
+stderr is this terminal's, else here. The agent's log (its OMP_NUM_THREADS banner, "Sending process
+... closing signal") is kept off stderr unless LOGLEVEL is set or tracebacks are asked for.
+
+Usage: python -m experiments.torchrun --standalone --nproc_per_node=2 -m experiments.run \\
+           executor=real executor.distributed=true checkpoint=ckpt/ planner=eplb ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+from typing import Any
+
+from core.errors import ConfigError, MoepipeError
+from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
+from experiments.common.launch_line import said_under
+
+FAILED = 2  # the commands' exit status for a failure
+# Ctrl-C's line where no rank said one (the launch stopped while its ranks started)
+on_interrupt("the launch did not finish and its ranks were stopped; run the same command again")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun's launch of `argv` (sys.argv's by default); 0 where every rank succeeded."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    parser = get_args_parser()
+    parser.error = _usage_error  # type: ignore[method-assign]
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    _quiet_agent()
+    try:
+        run(args)
+    except SignalException as e:
+        _interrupted(signal.Signals(e.sigval))
+    except ChildFailedError as e:
+        line = _failed_line(e)
+        if said_under(os.getpid()) and not _stderr_redirected(args):
+            sys.exit(FAILED)  # the rank said its line on this terminal
+        raise MoepipeError(line) from None
+    except ValueError as e:  # torchrun's checks of its arguments (--nproc_per_node=abc)
+        raise ConfigError(f"torchrun: {e}; see python -m experiments.torchrun --help") from None
+    except RuntimeError as e:
+        raise _port_taken(e, args) or e from None
+    finally:
+        said_under(os.getpid())  # the ranks' claim, once the launch is over
+    return 0
+
+
+def _usage_error(message: str) -> None:
+    """argparse's error (usage and a line, exit 2) as the commands' one line."""
+    raise ConfigError(f"torchrun: {message}; see python -m experiments.torchrun --help")
+
+
+def _quiet_agent() -> None:
+    """The agent's log off stderr: torch's loggers under torch.distributed, unless the user set
+    LOGLEVEL (torchrun's own switch) or asked for tracebacks."""
+    if "LOGLEVEL" in os.environ or os.environ.get(TRACEBACK_ENV) == "1":
+        return
+    quiet = logging.getLogger("torch.distributed")  # torch's logging gives it a handler
+    for handler in quiet.handlers:
+        handler.addFilter(lambda record: False)
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+
+
+def _interrupted(signum: signal.Signals) -> None:
+    """Ctrl-C, Ctrl-\\ or a stop reached the agent, which stopped its ranks: a rank that said
+    the interrupt's line leaves the exit status only; else the commands' line is said here."""
+    if said_under(os.getpid()):
+        sys.exit(130 if signum == signal.SIGINT else 128 + signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Stopped(signum)
+
+
+def _failed_line(e: Any) -> str:
+    """The line of the first rank that failed with one (its error file's), else what ended the
+    first to fail (an exit status, a signal)."""
+    failures = sorted(e.failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    for _, failure in failures:
+        message = failure.message  # the error file's: {"message": LINE, ...} as ours write it
+        message = str(message.get("message", "") if isinstance(message, dict) else message)
+        if failure.error_file_data and message.startswith("error: "):
+            return message.removeprefix("error: ").splitlines()[0]
+    rank, failure = failures[0]
+    if failure.exitcode < 0:
+        how = f"signal {-failure.exitcode}, {failure.signal_name()}"
+    else:
+        how = f"exit status {failure.exitcode}"
+    return (
+        f"rank {rank} ended ({how}) without a line; the run did not finish and wrote nothing: "
+        "see the rank's output above (or in --log-dir) and run it again"
+    )
+
+
+def _stderr_redirected(args: Any) -> bool:
+    """Do the ranks' stderr go to files (--redirects 2 or 3, any rank's), not this terminal?"""
+    return bool(re.search(r"(^|[:,])\s*[23]\s*($|,)", str(args.redirects or "0")))
+
+
+def _port_taken(e: RuntimeError, args: Any) -> ConfigError | None:
+    """torch's DistNetworkError where the agent's store could not listen on its port (in use)."""
+    if "EADDRINUSE" not in str(e):
+        return None
+    port = re.search(r"port: (\d+)", str(e))
+    given = port.group(1) if port else args.master_port
+    return ConfigError(
+        f"--master_port={given}: another process is listening on that port; pass another "
+        "--master_port, or --standalone to take a free one"
+    )
+
+
+if __name__ == "__main__":
+    exit_command(main)
