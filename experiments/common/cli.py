@@ -458,8 +458,11 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
     except KeyboardInterrupt as e:
         before_line()
         _stop_pool_tracker()
-        quiet = other_rank() is not None  # Ctrl-C reaches every rank: rank 0 says it
-        from experiments.common.launch_line import say_first  # claimed under torchrun's agent
+        from experiments.common.launch_line import claims_lines, say_first
+
+        # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
+        # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
+        quiet = other_rank() is not None and not claims_lines()
 
         if isinstance(e, Stopped):
             if not quiet:

@@ -1,7 +1,9 @@
 """Probe round 16b (issue 48): the real, distributed and checkpoint commands. torchrun's own
 process ended every failed launch in a traceback (a taken --master_port, Ctrl-C or Ctrl-\\, a
 failed rank's ChildFailedError and its table): `python -m experiments.torchrun`, torchrun's
-arguments and launcher in the commands' error path, ends in one line."""
+arguments and launcher in the commands' error path, ends in one line. Under torchrun's agent
+Ctrl-C's line is said by the first rank to say it (rank 0, blocked in a transfer, blamed rank 1
+for leaving)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from experiments import torchrun
 from experiments.common.cli import until_interrupted
-from experiments.common.launch_line import _PREFIX, _start_time, tempfile_dir
+from experiments.common.launch_line import _PREFIX, _start_time, say_first, tempfile_dir
 from tests.conftest import user_env
 from tests.probes.conftest import ROOT, one_line, raises_one_line
 
@@ -140,6 +143,29 @@ def test_a_failed_rank_is_its_one_line_once(
     else:
         raises_one_line(lambda: torchrun.main(argv), *names)
     assert not _claim_by_rank().exists()
+
+
+def test_under_torchruns_agent_ctrl_c_is_said_by_the_first_rank(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches every rank; rank 0 alone said it, and rank 0 blocked in a gloo transfer
+    (a signal waits for the C++ call) found rank 1 gone first and blamed it ("rank 1 died or
+    left while rank 0 waited for it"), the interrupt said nowhere. Under torchrun's agent the
+    first rank to say claims the line, whichever it is; the others say nothing."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    said = []
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            until_interrupted(interrupted)
+        assert stop.value.code == 130
+        said.append(capsys.readouterr().err)
+    assert said[0].startswith("interrupted: ") and said[1] == "", said
+    assert not say_first("error: rank 1 died or left while rank 0 waited for it")
 
 
 def _launch(ckpt: Path, run: Path, *more: str) -> list[str]:
