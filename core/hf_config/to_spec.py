@@ -251,6 +251,12 @@ def _qwen_layers(c: HFConfig, n: int) -> tuple[int, ...]:
     where (i + 1) % decoder_sparse_step == 0."""
     step = c.get("decoder_sparse_step", 1, rule=COUNT)  # transformers divides by it
     dense_only = set(c.get("mlp_only_layers", []))
+    past = sorted(i for i in dense_only if i >= n)
+    if past:  # transformers never meets such a layer: a typo, or a config.json of another model
+        raise c.error(
+            f"mlp_only_layers={sorted(dense_only)} names layer {past[0]}, past the model's "
+            f"num_hidden_layers={n} (layers 0..{n - 1}); list layers of this model only"
+        )
     moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
     return _some_moe(
         c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}"

@@ -3,7 +3,8 @@ process ended every failed launch in a traceback (a taken --master_port, Ctrl-C 
 failed rank's ChildFailedError and its table): `python -m experiments.torchrun`, torchrun's
 arguments and launcher in the commands' error path, ends in one line. Under torchrun's agent
 Ctrl-C's line is said by the first rank to say it (rank 0, blocked in a transfer, blamed rank 1
-for leaving)."""
+for leaving). A Qwen config.json's mlp_only_layers naming a layer past the model is refused, and
+a layer whose experts config.json makes dense no longer blames DeepseekV2 in every family."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from experiments import torchrun
 from experiments.common.cli import until_interrupted
 from experiments.common.launch_line import _PREFIX, _start_time, say_first, tempfile_dir
+from real.checkpoint import load_checkpoint, reduced_spec
+from real.checkpoint_write import write_checkpoint
 from tests.conftest import user_env
 from tests.probes.conftest import ROOT, one_line, raises_one_line
+from tests.real.conftest import small_overrides
 
 RUN = ["-m", "experiments.run", "executor=real"]
 
@@ -166,6 +170,42 @@ def test_under_torchruns_agent_ctrl_c_is_said_by_the_first_rank(tmp_path, monkey
         said.append(capsys.readouterr().err)
     assert said[0].startswith("interrupted: ") and said[1] == "", said
     assert not say_first("error: rank 1 died or left while rank 0 waited for it")
+
+
+def _qwen3(tmp_path: Path, **fields) -> Path:
+    spec = reduced_spec("qwen3-30b-a3b", **small_overrides("qwen3-30b-a3b"))
+    ckpt = write_checkpoint(spec, tmp_path / "q3", seed=0)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | fields))
+    return ckpt
+
+
+@pytest.mark.parametrize("layers", [[3], [0, 99], [2, 7]])
+def test_mlp_only_layers_past_the_model_is_refused(layers, tmp_path):
+    """mlp_only_layers=[99] of a 3-layer Qwen3-MoE ran without a word (transformers meets no
+    such layer): a typo, or the config.json of another model."""
+    past = min(i for i in layers if i >= 3)
+    raises_one_line(
+        lambda: load_checkpoint(_qwen3(tmp_path, mlp_only_layers=layers)),
+        "config.json",
+        "mlp_only_layers",
+        f"layer {past}",
+        "num_hidden_layers=3",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"mlp_only_layers": [0]}, ["decoder_sparse_step and mlp_only_layers", "[0]"]),
+        ({"decoder_sparse_step": 2}, ["decoder_sparse_step and mlp_only_layers", "[0, 2]"]),
+    ],
+)
+def test_a_dense_layer_holding_experts_names_the_familys_fields(fields, names, tmp_path):
+    """A Qwen config.json that makes a layer holding experts dense was told "(transformers'
+    DeepseekV2 ignores moe_layer_freq)", a field and a class of another family."""
+    line = raises_one_line(lambda: load_checkpoint(_qwen3(tmp_path, **fields)), *names)
+    assert "Deepseek" not in line, line
 
 
 def _launch(ckpt: Path, run: Path, *more: str) -> list[str]:
