@@ -376,8 +376,11 @@ class Interpreter:
         except _Stop:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            # re-raised there with this thread's frames: the command's one line (an expected
+            # failure: out of memory) or its traceback file (a bug). Logged, the traceback went
+            # to the console and run.log above that line, out of memory's too.
             if not isinstance(e, MoepipeError | OSError):
-                log.exception("stream %s failed", w.name)
+                log.debug("stream %s failed", w.name, exc_info=True)
             self.fail(e)
 
     def _next(self, w: _Worker) -> Op | None:

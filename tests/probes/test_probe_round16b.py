@@ -25,9 +25,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from experiments import torchrun
 from experiments.common.cli import until_interrupted
 from experiments.common.launch_line import _PREFIX, _start_time, say_first, tempfile_dir
+from experiments.common.real_run import real_execute
 from real.checkpoint import load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
 from tests.conftest import user_env
+from tests.planners.ep_common import tiny_spec
 from tests.probes.conftest import ROOT, one_line, raises_one_line
 from tests.real.conftest import small_overrides
 
@@ -260,3 +262,21 @@ def test_ctrl_c_under_the_launcher_is_one_line(tiny_ckpt, tmp_path):
     (line,) = err.splitlines()
     assert line.startswith("interrupted: "), err
     assert not (run / "summary.json").exists()
+
+
+def _cannot_allocate(*args, **kw):
+    raise RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 10000000000 bytes. Error code 12"
+    )
+
+
+def test_an_op_out_of_memory_is_the_line_without_a_logged_traceback(tiny_ckpt, monkeypatch, caplog):
+    """workload.prompt_len=100000 on a small machine: the stream thread that failed logged
+    "stream compute failed" with the allocator's traceback (30 lines on the console and in
+    run.log) above the one line, "out of memory; ...". The error goes to the main thread, with
+    its frames (the traceback file of an unexpected one), and nothing is logged above it."""
+    monkeypatch.setattr("real.interpreter.Interpreter._timed", _cannot_allocate)
+    caplog.set_level("INFO")
+    raises_one_line(lambda: real_execute(tiny_ckpt, tiny_spec("ep_static")), "out of memory")
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
