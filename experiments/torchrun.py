@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign]
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    nproc = str(args.nproc_per_node).strip()
+    if nproc.lstrip("-").isdigit() and int(nproc) < 1:  # torchrun's bare assert
+        raise ConfigError(
+            f"--nproc_per_node={nproc}: start at least 1 process a node (or pass gpu, cpu or auto)"
+        )
     _quiet_agent()
     try:
         run(args)
@@ -51,13 +56,22 @@ def main(argv: list[str] | None = None) -> int:
         if said_under(os.getpid()) and not _stderr_redirected(args):
             sys.exit(FAILED)  # the rank said its line on this terminal
         raise MoepipeError(line) from None
-    except ValueError as e:  # torchrun's checks of its arguments (--nproc_per_node=abc)
-        raise ConfigError(f"torchrun: {e}; see python -m experiments.torchrun --help") from None
+    except (ValueError, AssertionError) as e:  # torchrun's checks of its arguments
+        raise _argument_error(e) from None
     except RuntimeError as e:
+        if str(e).startswith("nnodes="):  # --nnodes=2:1:3, not MIN:MAX
+            raise _argument_error(e) from None
         raise _port_taken(e, args) or e from None
     finally:
         said_under(os.getpid())  # the ranks' claim, once the launch is over
     return 0
+
+
+def _argument_error(e: BaseException) -> ConfigError:
+    """torchrun's refusal of an argument (--nproc_per_node=abc, --nnodes=2:1): a ValueError, an
+    AssertionError or a RuntimeError with its traceback, as one line."""
+    said = str(e).strip() or type(e).__name__
+    return ConfigError(f"torchrun: {said}; see python -m experiments.torchrun --help")
 
 
 def _usage_error(message: str) -> None:

@@ -59,11 +59,18 @@ def test_a_taken_master_port_names_the_port_and_the_fix(launcher_env):
         (["--nproc_per_node=abc", *RUN], ["torchrun: ", "nproc_per_node value: abc"]),
         (["--no-such-flag", *RUN], ["torchrun: ", "--no-such-flag"]),
         ([], ["torchrun: ", "training_script"]),
+        (["--nproc_per_node=0", *RUN], ["--nproc_per_node=0", "at least 1"]),
+        (["--nproc_per_node=-1", *RUN], ["--nproc_per_node=-1", "at least 1"]),
+        (["--nnodes=2:1", *RUN], ["torchrun: ", "min_nodes"]),
+        (["--nnodes=1:2:3", *RUN], ["torchrun: ", "nnodes=1:2:3"]),
+        (["--nnodes=abc", *RUN], ["torchrun: ", "'abc'"]),
+        (["--standalone", "--nproc_per_node=2", "--max-restarts=-1", *RUN], ["max_restarts"]),
     ],
 )
 def test_torchruns_argument_errors_are_one_line(argv, names, launcher_env):
-    """argparse's usage and error (two lines), and torchrun's ValueError for a process count it
-    cannot read (a traceback)."""
+    """argparse's usage and error (two lines), and torchrun's refusals of its arguments, each a
+    traceback: a ValueError for a process count it cannot read, a bare AssertionError for none,
+    an AssertionError or RuntimeError for a node range out of order or not MIN:MAX."""
     raises_one_line(lambda: torchrun.main(argv), *names)
 
 
