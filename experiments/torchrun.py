@@ -41,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign]
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    nproc = str(args.nproc_per_node).strip()
-    if nproc.lstrip("-").isdigit() and int(nproc) < 1:  # torchrun's bare assert
-        raise ConfigError(
-            f"--nproc_per_node={nproc}: start at least 1 process a node (or pass gpu, cpu or auto)"
-        )
+    _checked(args)
     _quiet_agent()
     try:
         run(args)
@@ -65,6 +61,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         said_under(os.getpid())  # the ranks' claim, once the launch is over
     return 0
+
+
+def _checked(args: Any) -> None:
+    """What torchrun meets only with a bare assert (a process count below 1, a monitor interval
+    of 0) or in every rank (each printing python's own line: a script or module not found)."""
+    import importlib.util
+
+    nproc = str(args.nproc_per_node).strip()
+    if nproc.lstrip("-").isdigit() and int(nproc) < 1:
+        raise ConfigError(
+            f"--nproc_per_node={nproc}: start at least 1 process a node (or pass gpu, cpu or auto)"
+        )
+    if not args.monitor_interval > 0:
+        raise ConfigError(f"--monitor-interval={args.monitor_interval}: pass seconds > 0 (0.1)")
+    target = args.training_script
+    if args.module and not args.no_python:
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):  # its package is not there, or a name like '.x'
+            found = False
+        if not found:
+            raise ConfigError(f"-m {target}: no such module here; e.g. -m experiments.run")
+    elif not args.no_python and not os.path.isfile(target):
+        raise ConfigError(
+            f"{target}: no such script; pass its path, or a module with -m (-m experiments.run)"
+        )
 
 
 def _argument_error(e: BaseException) -> ConfigError:

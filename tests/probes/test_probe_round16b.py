@@ -65,12 +65,18 @@ def test_a_taken_master_port_names_the_port_and_the_fix(launcher_env):
         (["--nnodes=1:2:3", *RUN], ["torchrun: ", "nnodes=1:2:3"]),
         (["--nnodes=abc", *RUN], ["torchrun: ", "'abc'"]),
         (["--standalone", "--nproc_per_node=2", "--max-restarts=-1", *RUN], ["max_restarts"]),
+        (["--monitor-interval=0", *RUN], ["--monitor-interval=0", "> 0"]),
+        (["--nproc_per_node=2", "nosuch_script.py"], ["nosuch_script.py: no such script"]),
+        (["--nproc_per_node=2", "-m", "nosuch_module"], ["-m nosuch_module: no such module"]),
+        (["-m", "experiments.nosuch"], ["-m experiments.nosuch: no such module"]),
+        (["-m", "nosuch.pkg.mod"], ["-m nosuch.pkg.mod: no such module"]),
     ],
 )
 def test_torchruns_argument_errors_are_one_line(argv, names, launcher_env):
     """argparse's usage and error (two lines), and torchrun's refusals of its arguments, each a
     traceback: a ValueError for a process count it cannot read, a bare AssertionError for none,
-    an AssertionError or RuntimeError for a node range out of order or not MIN:MAX."""
+    an AssertionError or RuntimeError for a node range out of order or not MIN:MAX; a script or
+    module not found, python's own line from every rank and then torchrun's table."""
     raises_one_line(lambda: torchrun.main(argv), *names)
 
 
