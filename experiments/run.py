@@ -396,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         or misplaced_output(argv)
     )
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
+        from experiments.common.launch_line import say_error
+
+        say_error(f"error: {problem}")  # under torchrun: once, not once a rank
         return 2
     exit_on_unwritable_dir(argv, ("hydra.run.dir", "hydra.sweep.dir"))
     running(RunSchema, check_point)

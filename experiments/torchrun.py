@@ -29,7 +29,8 @@ from experiments.common.launch_line import said_under
 
 FAILED = 2  # the commands' exit status for a failure
 # Ctrl-C's line where no rank said one (the launch stopped while its ranks started)
-on_interrupt("the launch did not finish and its ranks were stopped; run the same command again")
+STOPPED = "the launch did not finish and its ranks were stopped; run the same command again"
+on_interrupt(STOPPED)  # from here: Ctrl-C while torch imports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    on_interrupt(STOPPED)  # called in-process, after another command set its own
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign]
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

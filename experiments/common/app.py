@@ -47,6 +47,7 @@ from experiments.common.hydra_hooks import (
     package_checked,
     validate_each_value_once,
 )
+from experiments.common.launch_line import say_error
 from experiments.common.overrides import (
     VALUE_FLAGS,
     check_bool,
@@ -408,16 +409,13 @@ def _hydra_main(
             raise raised[0]
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except MoepipeError as e:
-        before_line()
-        print(f"error: {_users_files(str(e), files, Path(tmp))}", file=sys.stderr)
-        return 2
     except Exception as e:
-        line = one_line(e, files) or (error_line(e) if files else None)
+        ours = isinstance(e, MoepipeError)
+        line = str(e) if ours else one_line(e, files) or (error_line(e) if files else None)
         if line is None:
             raise
         before_line()
-        print(f"error: {_users_files(line, files, Path(tmp))}", file=sys.stderr)
+        say_error(f"error: {_users_files(line, files, Path(tmp))}")
         return 2
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -143,7 +143,9 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
             try:
                 writable_dir(value, key)
             except MoepipeError as e:
-                print(f"error: {e}", file=sys.stderr)
+                from experiments.common.launch_line import say_error
+
+                say_error(f"error: {e}")  # under torchrun: once, not once a rank
                 sys.exit(2)
 
 

@@ -295,16 +295,12 @@ def exit_with(e: BaseException) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
-    line = any_error_line(e)
-    from experiments.common.launch_line import claims_lines, record_error, say_first
+    from experiments.common.launch_line import say_error
 
-    record_error(f"error: {line}")  # every rank's, for torchrun's report of the failed ranks
-    rank = other_rank()
     # under torchrun's agent the first rank to say prints the line, whichever it is: rank 0,
     # left to say a line every rank meets, was stopped by torchrun once a faster rank 1 ended,
     # and blamed rank 1 for ending "without a line", the cause said nowhere
-    if rank is None or f"rank {rank}" in line or claims_lines():
-        say_first(f"error: {line}")  # under torchrun: where no other rank said why it stopped
+    say_error(f"error: {any_error_line(e)}")
     sys.exit(2)
 
 

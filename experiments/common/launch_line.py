@@ -202,3 +202,15 @@ def tempfile_dir() -> str:
     import tempfile
 
     return tempfile.gettempdir()
+
+
+def say_error(line: str) -> None:
+    """`line` (`error: ...`) on stderr as a rank of a launch says it: in torchrun's error file
+    (`record_error`), and printed once a launch, under torchrun's agent by the first rank to say
+    (`say_first`), elsewhere by rank 0, a rank other than 0 printing only a line that names it.
+    Outside a launch, printed."""
+    record_error(line)  # every rank's, for torchrun's report of the failed ranks
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    other = rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
+    if not other or f"rank {rank}" in line or claims_lines():
+        say_first(line)

@@ -293,3 +293,34 @@ def test_an_op_out_of_memory_is_the_line_without_a_logged_traceback(tiny_ckpt, m
     caplog.set_level("INFO")
     raises_one_line(lambda: real_execute(tiny_ckpt, tiny_spec("ep_static")), "out of memory")
     assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuchkey=1"],  # composing the config (the hydra app's own error path)
+        ["hydra.run.dir=/tmp/a=b"],  # the run's argument checks, before hydra
+        ["workload=tiny", "workload=tiny"],  # a key given twice
+        ["hydra.run.dir=/proc/no/run"],  # a run dir that cannot be made
+    ],
+)
+def test_under_torchruns_agent_a_start_up_error_is_said_once(argv, tmp_path, monkeypatch, capsys):
+    """A config error met while the run composes its config (or checks its arguments) was
+    printed by every rank without the launch's claim: under torchrun each rank's line, then
+    the launcher's "rank 0 ended without a line" (or a rank still starting blamed rank 0).
+    It is said once, by the first rank to say, and claimed."""
+    from experiments import run
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the ranks' handlers: not pytest's
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    said = []
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:  # as the command exits
+            sys.exit(run.main(argv))
+        assert stop.value.code == 2
+        said.append(capsys.readouterr().err)
+    assert said[0].startswith("error: ") and said[1] == "", said
