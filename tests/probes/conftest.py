@@ -129,3 +129,25 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
         n_layers=2,
     )
     return write_checkpoint(spec, tmp_path_factory.mktemp("probe") / "ck", seed=0)
+
+
+def said_by_ranks_1_then_0(
+    fn: Callable[[], Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> list[tuple[Any, str]]:
+    """(exit code, stderr) of `fn()` run as rank 1 and then rank 0 of a 2-rank launch under
+    torchrun's agent (its run id set, the ranks' claim made under `tmp_path`), in-process: the
+    signal handlers a rank sets are not pytest's."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    said = []
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            fn()
+        said.append((stop.value.code, capsys.readouterr().err))
+    return said

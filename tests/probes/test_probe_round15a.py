@@ -13,8 +13,6 @@ import errno
 import io
 import json
 import os
-import signal
-import tempfile
 
 import pytest
 import torch
@@ -34,7 +32,7 @@ from real.calibration import measure_disk
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
 from tests.planners.ep_common import tiny_spec
-from tests.probes.conftest import one_line, raises_one_line, real_run
+from tests.probes.conftest import one_line, raises_one_line, real_run, said_by_ranks_1_then_0
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
 
@@ -212,18 +210,13 @@ def test_under_torchrun_a_line_every_rank_meets_is_said_by_the_first_to_fail(
     stopped rank 0, whose line blamed rank 1 for ending "without a line", and the cause (a
     missing checkpoint) was on no screen. Under torchrun's agent the first rank to fail says it
     (the ranks' claim keeps it to one line)."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
-    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the SIGTERM it ignores: not pytest's
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
-    said = []
-    for rank in ("1", "0"):
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit):
-            exit_with(MoepipeError("checkpoint=x: no such folder"))
-        said.append(capsys.readouterr().err)
-    assert said == ["error: checkpoint=x: no such folder\n", ""]
+    said = said_by_ranks_1_then_0(
+        lambda: exit_with(MoepipeError("checkpoint=x: no such folder")),
+        tmp_path,
+        monkeypatch,
+        capsys,
+    )
+    assert said == [(2, "error: checkpoint=x: no such folder\n"), (2, "")]
 
 
 def _too_large(*args, **kw):

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from real.checkpoint import load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
 from tests.conftest import user_env
 from tests.planners.ep_common import tiny_spec
-from tests.probes.conftest import ROOT, one_line, raises_one_line
+from tests.probes.conftest import ROOT, one_line, raises_one_line, said_by_ranks_1_then_0
 from tests.real.conftest import small_overrides
 
 RUN = ["-m", "experiments.run", "executor=real"]
@@ -169,21 +168,15 @@ def test_under_torchruns_agent_ctrl_c_is_said_by_the_first_rank(tmp_path, monkey
     (a signal waits for the C++ call) found rank 1 gone first and blamed it ("rank 1 died or
     left while rank 0 waited for it"), the interrupt said nowhere. Under torchrun's agent the
     first rank to say claims the line, whichever it is; the others say nothing."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
-    monkeypatch.setenv("WORLD_SIZE", "2")
 
     def interrupted():
         raise KeyboardInterrupt
 
-    said = []
-    for rank in ("1", "0"):
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit) as stop:
-            until_interrupted(interrupted)
-        assert stop.value.code == 130
-        said.append(capsys.readouterr().err)
-    assert said[0].startswith("interrupted: ") and said[1] == "", said
+    said = said_by_ranks_1_then_0(
+        lambda: until_interrupted(interrupted), tmp_path, monkeypatch, capsys
+    )
+    assert said[0][1].startswith("interrupted: ") and said[1][1] == "", said
+    assert [code for code, _ in said] == [130, 130]
     assert not say_first("error: rank 1 died or left while rank 0 waited for it")
 
 
@@ -311,16 +304,6 @@ def test_under_torchruns_agent_a_start_up_error_is_said_once(argv, tmp_path, mon
     It is said once, by the first rank to say, and claimed."""
     from experiments import run
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the ranks' claim is made
-    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the ranks' handlers: not pytest's
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
-    said = []
-    for rank in ("1", "0"):
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit) as stop:  # as the command exits
-            sys.exit(run.main(argv))
-        assert stop.value.code == 2
-        said.append(capsys.readouterr().err)
-    assert said[0].startswith("error: ") and said[1] == "", said
+    said = said_by_ranks_1_then_0(lambda: sys.exit(run.main(argv)), tmp_path, monkeypatch, capsys)
+    assert said[0][0] == said[1][0] == 2
+    assert said[0][1].startswith("error: ") and said[1][1] == "", said
