@@ -40,9 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     on_interrupt(STOPPED)  # called in-process, after another command set its own
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv[: argv.index("-m") if "-m" in argv else len(argv)]):
+        print(
+            f"{__doc__.strip()}\n\n== Options\ntorchrun's: python -m torch.distributed.run --help"
+        )
+        return 0
     parser = get_args_parser()
     parser.error = _usage_error  # type: ignore[method-assign]
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     _checked(args)
     _quiet_agent()
     try:

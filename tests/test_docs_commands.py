@@ -111,6 +111,10 @@ def doc_commands() -> list[DocCommand]:
                     continue
                 words = shlex.split(part, comments=True)
                 i = next(i for i, w in enumerate(words) if w.startswith("experiments"))
+                if words[i] == "experiments.torchrun":  # torchrun's args, then the run's
+                    if "experiments.run" not in words[i:]:
+                        continue
+                    i = words.index("experiments.run", i)
                 cmd = DocCommand(f"{where}:{number}", words[i], tuple(words[i + 1 :]))
                 out.setdefault(cmd.line, cmd)
     return list(out.values())
