@@ -1,10 +1,13 @@
 """Probe round 16b (issue 48): the real, distributed and checkpoint commands. torchrun's own
 process ended every failed launch in a traceback (a taken --master_port, Ctrl-C or Ctrl-\\, a
 failed rank's ChildFailedError and its table): `python -m experiments.torchrun`, torchrun's
-arguments and launcher in the commands' error path, ends in one line. Under torchrun's agent
-Ctrl-C's line is said by the first rank to say it (rank 0, blocked in a transfer, blamed rank 1
-for leaving). A Qwen config.json's mlp_only_layers naming a layer past the model is refused, and
-a layer whose experts config.json makes dense no longer blames DeepseekV2 in every family."""
+arguments and launcher in the commands' error path, ends in one line, and names torchrun's
+refused arguments and a missing script or module before any rank starts. Under torchrun's
+agent Ctrl-C's line, and a run's start-up error (composing its config, checking its
+arguments), are said once by the first rank to say (rank 0, blocked in a transfer, blamed rank
+1 for leaving; each rank printed a start-up error). A Qwen config.json's mlp_only_layers naming
+a layer past the model is refused, and a dense layer holding experts no longer blames
+DeepseekV2 in every family. An op out of memory no longer logs its traceback above the line."""
 
 from __future__ import annotations
 
