@@ -25,6 +25,7 @@ import torch
 from core.errors import ConfigError
 from real.checkpoint import load_checkpoint
 from real.model import reference_generate
+from tests.real.fp8_ckpt import FP8_BLOCK, write_fp8
 from tests.real.test_hf_parity import DTYPES, GEN, dynamic, hf_greedy, yarn
 from tests.real.test_hf_parity_fields import save
 from tests.real.test_hf_parity_round6 import (
@@ -207,21 +208,6 @@ def test_switch_float16_clamp_split_over_ops_warns(switch_split, caplog):
 
 # 4. DeepSeek-V3's FP8 release: float8_e4m3fn weights, a float32 weight_scale_inv per block
 
-FP8_BLOCK = 8  # DeepSeek's release: 128; 8 divides every size of the test's model
-
-
-def fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [R, C] as DeepSeek's release stores it: float8_e4m3fn of w / scale, scale (float32,
-    [ceil(R / block), ceil(C / block)]) the block's largest magnitude over float8's largest
-    value, the last block of a dimension the block does not divide cut short."""
-    f8, (r, c) = torch.float8_e4m3fn, w.shape
-    g = torch.zeros(-(-r // block) * block, -(-c // block) * block)
-    g[:r, :c] = w.float()
-    g = g.reshape(g.shape[0] // block, block, g.shape[1] // block, block)
-    scale = g.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(f8).max
-    q = (g / scale[:, None, :, None]).to(f8).flatten(0, 1).flatten(1, 2)
-    return q[:r, :c].contiguous(), scale
-
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
     """DeepSeek's weight_dequant (its inference/kernel.py) of q [R, C]: each block of q, the
@@ -231,30 +217,6 @@ def dequantized(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tenso
     g[:r, :c] = q.float()
     g = g.reshape(scale.shape[0], block, scale.shape[1], block) * scale[:, None, :, None]
     return g.flatten(0, 1).flatten(1, 2)[:r, :c].contiguous()
-
-
-def write_fp8(ckpt: Path, to: Path, block: int = FP8_BLOCK) -> Path:
-    """A copy of a DeepSeek-V3 checkpoint quantized as DeepSeek's release is: every linear
-    weight of the layers in float8 blocks with its weight_scale_inv; the embedding, the head,
-    the norms and the router (its weight and correction bias) as saved; quantization_config as
-    the release's config.json has it."""
-    from real.shards import read_header, read_tensor, save_shard
-    from tests.real.test_hf_parity_fields import edit_config
-
-    shutil.copytree(ckpt, to)
-    file = to / "model.safetensors"
-    out = {}
-    for name, e in read_header(file).items():
-        x = read_tensor(e)
-        linear = name.startswith("model.layers.") and x.dim() == 2 and "norm" not in name
-        if linear and not name.endswith("mlp.gate.weight"):
-            out[name], out[name + "_scale_inv"] = fp8_blocks(x, block)
-        else:
-            out[name] = x
-    save_shard(out, file, {"format": "pt"})
-    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
-    edit_config(to, quantization_config=fp8 | {"weight_block_size": [block, block]})
-    return to
 
 
 @pytest.fixture(scope="module")
