@@ -70,7 +70,8 @@ _WIDTHS = (
     "kv_dim",
     "qk_head_dim",
 )
-_INT_FIELDS = ("n_layers", *_WIDTHS, "dtype_bytes", "attn_params", "latent_expand_params")
+_COUNTS = ("dtype_bytes", "attn_params", "latent_expand_params", "disk_dtype_bytes")
+_INT_FIELDS = ("n_layers", *_WIDTHS, *_COUNTS)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,10 @@ class ModelSpec:
     mlp_bias: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
+    # bytes per expert weight on disk: 1 for FP8 (DeepSeek-V3's release: a float32 scale per
+    # `disk_block` [rows, columns] of each matrix, dequantized at load); 0: the in-memory bytes
+    disk_dtype_bytes: int = 0
+    disk_block: tuple[int, int] = (128, 128)
 
     def __post_init__(self) -> None:
         for key in _INT_FIELDS:  # before any arithmetic: "2", 2.5 and true are not counts
@@ -151,6 +156,7 @@ class ModelSpec:
                     f"remove it for {self.family}"
                 )
         self._check_dtype()
+        self._check_disk()
         for key in (
             "kv_dim",
             "attn_params",
@@ -196,6 +202,22 @@ class ModelSpec:
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
             raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
 
+    def _check_disk(self) -> None:
+        if self.disk_dtype_bytes not in (0, 1):
+            raise ConfigError(
+                f"model {self.name}: disk_dtype_bytes={self.disk_dtype_bytes}; 1 (FP8 experts "
+                "on disk, a float32 scale per disk_block) or 0 (the disk holds dtype_bytes)"
+            )
+        block = self.disk_block
+        if not isinstance(block, tuple | list) or not (
+            len(block) == 2 and all(type(n) is int and 0 < n <= MAX_WIDTH for n in block)
+        ):
+            raise ConfigError(
+                f"model {self.name}: disk_block={block!r}; pass two positive integers [rows, "
+                "columns] (DeepSeek-V3's [128, 128])"
+            )
+        object.__setattr__(self, "disk_block", tuple(block))
+
     def _check_dtype(self) -> None:
         if self.float16 and self.dtype_bytes != 2:
             raise ConfigError(
@@ -240,6 +262,20 @@ class ModelSpec:
     @cached_property
     def expert_bytes(self) -> int:
         return self.expert_params * self.dtype_bytes
+
+    @cached_property
+    def expert_disk_bytes(self) -> int:
+        """Bytes of one expert as the disk holds and a read moves them: FP8's 1 a weight and a
+        float32 scale a block (real.fp8's grid: the last block of a dimension cut short)."""
+        if not self.disk_dtype_bytes:
+            return self.expert_bytes
+        rows, cols = self.disk_block
+        h, f = self.hidden_size, self.expert_ffn_size
+        up = -(-f // rows) * -(-h // cols)  # gate and up projections [F, H]
+        down = -(-h // rows) * -(-f // cols)  # down projection [H, F]
+        return self.expert_params * self.disk_dtype_bytes + 4 * (
+            (self.ffn_matrices - 1) * up + down
+        )
 
     @cached_property
     def attn_param_count(self) -> int:

@@ -62,12 +62,13 @@ def _override_type(hint: Any) -> Any:
 
 
 _SPEC_HINTS = typing.get_type_hints(ModelSpec)
+# the fields a written checkpoint can take: it writes no FP8 (the disk_* fields' form)
+_SPEC_FIELDS = [f.name for f in fields(ModelSpec) if not f.name.startswith("disk_")]
 Schema = make_dataclass(
     "MakeCheckpointOptions",
-    [(f.name, _override_type(_SPEC_HINTS[f.name]), field(default=None)) for f in fields(ModelSpec)],
+    [(name, _override_type(_SPEC_HINTS[name]), field(default=None)) for name in _SPEC_FIELDS],
     bases=(Options,),
 )
-_SPEC_FIELDS = [f.name for f in fields(ModelSpec)]
 
 
 def check_enums(overrides: dict[str, Any]) -> None:

@@ -84,6 +84,13 @@ class Emitter:
             return m.head_bytes
         raise AssertionError(tensor)
 
+    def disk_read_bytes(self, tensor: Tensor, layer: int) -> int:
+        """Bytes a disk read of the unit moves: as the disk holds them (an FP8 expert's 1 a
+        weight and its scales, `ModelSpec.expert_disk_bytes`); the host holds `tensor_bytes`."""
+        if tensor == Tensor.EXPERT:
+            return self.model.expert_disk_bytes
+        return self.tensor_bytes(tensor, layer)
+
     def streamed(self, tensor: Tensor, layer: int) -> bool:
         """True when the tensor must be loaded to the GPU before use (and freed after)."""
         key = (tensor, layer)
@@ -108,7 +115,7 @@ class Emitter:
             return None
         nbytes = self.tensor_bytes(tensor, layer)
         tier = self.tensor_tier(tensor, layer)
-        common = dict(step=step, layer=layer, expert=expert, tensor=tensor, nbytes=nbytes)
+        common = dict(step=step, layer=layer, expert=expert, tensor=tensor)
         if tier == Tier.DISK:
             read = self.out.add(
                 OpKind.LOAD,
@@ -118,6 +125,7 @@ class Emitter:
                 dst=Tier.CPU,
                 alloc_tier=Tier.CPU,
                 alloc_bytes=nbytes,
+                nbytes=self.disk_read_bytes(tensor, layer),
                 **common,
             )
             return self.out.add(
@@ -130,6 +138,7 @@ class Emitter:
                 alloc_bytes=nbytes,
                 free_tier=Tier.CPU,
                 free_bytes=nbytes,
+                nbytes=nbytes,
                 **common,
             )
         return self.out.add(
@@ -140,6 +149,7 @@ class Emitter:
             dst=Tier.GPU,
             alloc_tier=Tier.GPU,
             alloc_bytes=nbytes,
+            nbytes=nbytes,
             **common,
         )
 

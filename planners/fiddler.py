@@ -175,7 +175,7 @@ class Fiddler(Planner):
                     em.disk,
                     (gate,),
                     tensor=Tensor.EXPERT,
-                    nbytes=m.expert_bytes,
+                    nbytes=m.expert_disk_bytes,  # as the disk holds it (FP8: 1 a weight)
                     src=Tier.DISK,
                     dst=Tier.CPU,
                     alloc_tier=Tier.CPU,

@@ -510,7 +510,7 @@ class Klotski(Planner):
         )
 
     def _disk_read(self, step: int, layer: int, e: int, deps: tuple[int | None, ...]) -> int:
-        em, nbytes = self.em, self.em.model.expert_bytes
+        em, m = self.em, self.em.model
         return em.out.add(
             OpKind.LOAD,
             em.disk,
@@ -519,11 +519,11 @@ class Klotski(Planner):
             layer=layer,
             expert=e,
             tensor=Tensor.EXPERT,
-            nbytes=nbytes,
+            nbytes=m.expert_disk_bytes,  # as the disk holds it; the host the in-memory bytes
             src=Tier.DISK,
             dst=Tier.CPU,
             alloc_tier=Tier.CPU,
-            alloc_bytes=nbytes,
+            alloc_bytes=m.expert_bytes,
         )
 
     def _cpu_room(self) -> int:
@@ -554,7 +554,6 @@ class Klotski(Planner):
             for e in range(m.n_experts):
                 if (step, layer, e) in self.disk_reads:
                     continue
-                nbytes = m.expert_bytes
                 self.disk_reads[(step, layer, e)] = em.out.add(
                     OpKind.LOAD,
                     em.disk,
@@ -563,11 +562,11 @@ class Klotski(Planner):
                     layer=layer,
                     expert=e,
                     tensor=Tensor.EXPERT,
-                    nbytes=nbytes,
+                    nbytes=m.expert_disk_bytes,
                     src=Tier.DISK,
                     dst=Tier.CPU,
                     alloc_tier=Tier.CPU,
-                    alloc_bytes=nbytes,
+                    alloc_bytes=m.expert_bytes,
                 )
 
     def _drop_unused_reads(self, step: int, layer: int, after: int | None) -> None:

@@ -302,7 +302,7 @@ def timing(
             i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
         ]
         base = layer_times(model, wl, cost, placement)
-        read_s = cost.transfer_s(Resource.DISK, model.expert_bytes)
+        read_s = cost.transfer_s(Resource.DISK, model.expert_disk_bytes)
         cpu_room = hw.memory_bytes[Tier.CPU] - placement.resident_bytes.get(Tier.CPU, 0)
         if cpu_room >= window_layers * model.n_experts * model.expert_bytes:
             # Klotski's rolling window: the disk reads every expert of each disk layer

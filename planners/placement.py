@@ -142,18 +142,22 @@ def _place_experts(
     model: ModelSpec, free: dict[Tier, int], resident: dict[Tier, int], dense_tier: Tier
 ) -> list[Tier]:
     """Per layer, the first tier with room for all its routed experts (GPU, CPU, disk), added
-    to `resident`; a layer without experts gets the dense weights' tier."""
+    to `resident` (on disk at the bytes the disk holds: FP8's 1 a weight and its scales); a
+    layer without experts gets the dense weights' tier."""
     layer_experts = model.n_experts * model.expert_bytes
+    on_disk = model.n_experts * model.expert_disk_bytes
     experts: list[Tier] = []
     for layer in range(model.n_layers):
         if not model.is_moe(layer):
             experts.append(dense_tier)
             continue
-        tier = _take(free, (Tier.GPU, Tier.CPU, Tier.DISK), layer_experts)
+        tier = _take(free, (Tier.GPU, Tier.CPU), layer_experts) or _take(
+            free, (Tier.DISK,), on_disk
+        )
         if tier is None:  # pragma: no cover - excluded by the total check above
             raise CapacityError(f"layer {layer}'s experts fit nowhere")
         experts.append(tier)
-        resident[tier] += layer_experts
+        resident[tier] += on_disk if tier == Tier.DISK else layer_experts
     return experts
 
 

@@ -17,6 +17,7 @@ from core.hf_config.fields import (
     hf_config_file,
     read_hf_config,
 )
+from core.hf_config.runtime import fp8_block
 from core.spec import FAMILIES, ModelSpec
 from core.types import Activation
 
@@ -73,7 +74,7 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
     if dtype not in DTYPE_BYTES:
         key = "dtype" if c.get("dtype", None) else "torch_dtype"
         raise c.error(f"{key} {dtype!r} has no byte size here; supported: {', '.join(DTYPE_BYTES)}")
-    fields = builders[family](c)
+    fields = builders[family](c) | _disk_fields(c)
     try:
         return ModelSpec(
             name=name,
@@ -85,6 +86,15 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
     except ConfigError as e:  # a rule the checks above missed: still named after the file
         made = [f"{k} is {v}" for k, v in DERIVED.items() if f": {k}=" in str(e)]
         raise c.error(f"{e}{''.join(f' ({m} in config.json)' for m in made[:1])}") from None
+
+
+def _disk_fields(c: HFConfig) -> dict[str, Any]:
+    """FP8 blocks (quantization_config's fp8, DeepSeek-V3's release): the experts' bytes on
+    disk, 1 a weight and a float32 scale a block, which the disk's reads move; else none."""
+    quant = c.fields.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return {}  # not quantized, or refused where a checkpoint is read (fp8_block)
+    return dict(disk_dtype_bytes=1, disk_block=fp8_block(c))
 
 
 # spec fields summed from config.json's (each bounded alone), as the spec's errors name them

@@ -101,6 +101,8 @@ class ModelSchema:
     mlp_bias: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
+    disk_dtype_bytes: int = 0  # 1: FP8 experts on disk (DeepSeek-V3's release)
+    disk_block: list[int] = field(default_factory=lambda: [128, 128])
     hf_config: str | None = None
 
 
