@@ -43,21 +43,35 @@ def attach_scales(
                 f"{scale.file}: tensor {quoted(name)} scales no float8_e4m3fn weight "
                 f"{quoted(weight)}; re-copy the checkpoint"
             )
-        grid = scale_grid(e.shape, block) if len(e.shape) == 2 else None
+        _check_matrix(weight, e)
+        grid = scale_grid(e.shape, block)
         if scale.dtype != torch.float32 or scale.shape != grid:
             raise ConfigError(
                 f"{scale.file}: tensor {quoted(name)} is {scale.dtype} {list(scale.shape)}; "
                 f"weight_block_size {list(block)} over {quoted(weight)} {list(e.shape)} makes "
-                f"float32 {list(grid or ())}: fix quantization_config or re-copy the checkpoint"
+                f"float32 {list(grid)}: fix quantization_config or re-copy the checkpoint"
             )
         index[weight] = replace(e, scale=scale, block=block)
     bare = sorted(n for n, e in index.items() if e.dtype == FP8 and e.scale is None)
     if bare:
+        _check_matrix(bare[0], index[bare[0]])
         raise ConfigError(
             f"{index[bare[0]].file}: float8_e4m3fn tensor {quoted(bare[0])} has no "
             f"{quoted(bare[0] + SCALE_SUFFIX)} ({len(bare)} such); re-copy the checkpoint"
         )
     return [n for n in listed if not n.endswith(SCALE_SUFFIX)]
+
+
+def _check_matrix(name: str, e: TensorEntry) -> None:
+    """One line for a float8 tensor that is not one matrix: transformers' fused experts
+    (save_original_format=False: [E, 2F, H] and [E, H, F]), whose scales moepipe does not split
+    by expert."""
+    if len(e.shape) != 2:
+        raise ConfigError(
+            f"{e.file}: float8_e4m3fn tensor {quoted(name)} is {list(e.shape)}, experts fused "
+            "into one tensor: FP8 runs with one tensor per expert matrix only; save the "
+            "checkpoint with save_original_format=True (DeepSeek's release's form)"
+        )
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

@@ -9,6 +9,7 @@ Usage: python -m pytest -q tests/real/test_fp8_bytes.py
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from core.spec import ModelSpec
 from core.types import Resource, Tensor, Tier
 from real.checkpoint import load_checkpoint, reduced_spec, unit_layout
 from real.checkpoint_write import write_checkpoint
+from real.shards import read_header, read_tensor, save_shard
 from tests.real.conftest import small_overrides
 from tests.real.fp8_ckpt import write_fp8
 
@@ -129,3 +131,27 @@ def test_spec_refuses_disk_fields_it_cannot_count(field, value, match):
     with pytest.raises(ConfigError, match=match) as e:
         ModelSpec.from_dict(d | {"vocab_size": 8, field: value})
     assert "\n" not in str(e.value)
+
+
+def test_fused_fp8_experts_are_refused_in_one_line(fp8, tmp_path):
+    """FP8 experts fused as transformers' modules hold them (save_original_format=False:
+    gate_up_proj [E, 2F, H] with its scales): one line saying what is not run and how to save
+    it. Before: "is float32 [16, 8, 4]; weight_block_size [16, 16] over ... makes float32 []"."""
+    ckpt = tmp_path / "fused"
+    shutil.copytree(fp8(), ckpt)
+    file = ckpt / "model.safetensors"
+    t = {n: read_tensor(e) for n, e in read_header(file).items()}
+    pre = "model.layers.2.mlp.experts."
+    for m in ("gate_up_proj", "down_proj"):
+        parts = [("gate", "up")] if m == "gate_up_proj" else [("down",)]
+        for s in ("", "_scale_inv"):
+            t[pre + m + s] = torch.stack(
+                [
+                    torch.cat([t.pop(f"{pre}{x}.{p}_proj.weight{s}") for p in parts[0]])
+                    for x in range(16)
+                ]
+            )
+    save_shard(t, file, {"format": "pt"})
+    with pytest.raises(ConfigError, match="save_original_format=True") as e:
+        load_checkpoint(ckpt)
+    assert "\n" not in str(e.value) and "model.layers.2.mlp.experts." in str(e.value)
