@@ -125,7 +125,13 @@ FIELDS: dict[str, Rule] = {
         lambda v: _is_int(v) and 0 <= v <= MAX_EXPERTS, f"an integer in [0, {MAX_EXPERTS}]"
     ).or_null(),
     "first_k_dense_replace": SIZE,
-    "moe_layer_freq": COUNT,
+    # 0: transformers' classes ignore the field, DeepSeek's modeling_deepseek.py takes each
+    # layer index modulo it (a ZeroDivisionError): no reference defines it
+    "moe_layer_freq": Rule(
+        COUNT.ok,
+        "a positive integer (transformers ignores moe_layer_freq and DeepSeek's "
+        "modeling_deepseek.py cannot run 0, so no reference defines it; write 1)",
+    ),
     "kv_lora_rank": WIDTH,
     "q_lora_rank": WIDTH.or_null(),
     "qk_rope_head_dim": WIDTH,

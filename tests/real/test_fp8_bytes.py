@@ -9,6 +9,7 @@ Usage: python -m pytest -q tests/real/test_fp8_bytes.py
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -155,3 +156,16 @@ def test_fused_fp8_experts_are_refused_in_one_line(fp8, tmp_path):
     with pytest.raises(ConfigError, match="save_original_format=True") as e:
         load_checkpoint(ckpt)
     assert "\n" not in str(e.value) and "model.layers.2.mlp.experts." in str(e.value)
+
+
+def test_v3_moe_layer_freq_0_says_no_reference_defines_it(fp8, tmp_path):
+    """moe_layer_freq 0: transformers ignores the field, DeepSeek's code takes each layer
+    modulo it. One line saying so. Before: only "must be a positive integer, got 0"."""
+    ckpt = tmp_path / "freq"
+    shutil.copytree(fp8(), ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(cfg | {"moe_layer_freq": 0}))
+    with pytest.raises(ConfigError, match="moe_layer_freq must be") as e:
+        load_checkpoint(ckpt)
+    assert "transformers ignores" in str(e.value) and "cannot run 0" in str(e.value)
+    assert "\n" not in str(e.value)
