@@ -165,8 +165,9 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
     """A ConfigError where the user's command line sets a routing knob this run's routing does
     not read (the synthetic generator's skew on a run that replays the ESFT trace, the trace's
     tasks on a synthetic one), a real executor key (rendezvous timeout) on a simulated run,
-    hardware.n_gpus for a planner of one GPU, or a model for a real run (its checkpoint's
-    is run): the run would go on as if it were not given."""
+    hardware.n_gpus for a planner of one GPU, a model for a real run (its checkpoint's is
+    run), or a model field beside model.hf_config (its config.json's is simulated): the run
+    would go on as if it were not given."""
     if not HydraConfig.initialized():
         return
     overrides = list(HydraConfig.get().overrides.task)
@@ -184,6 +185,13 @@ def check_routing_overrides(cfg: DictConfig, spec: RunSpec) -> None:
             f"{model[0].lstrip('+~')}: a real run takes its model from checkpoint="
             f"{cfg.checkpoint} (its config.json), whatever model says; drop it (to simulate "
             "the checkpoint: executor=sim +model.hf_config=DIR)"
+        )
+    shaped = [o.lstrip("+~") for o in model if "." in o.split("=")[0]]
+    shaped = [o for o in shaped if o.split("=")[0] != "model.hf_config"]
+    if spec.executor == "sim" and cfg.model.get("hf_config") and shaped:
+        raise ConfigError(
+            f"{shaped[0]}: the model's fields come from model.hf_config={cfg.model.hf_config} "
+            "(its config.json), whatever model.* says; drop it, or edit that config.json"
         )
     for key in REAL_ONLY_KEYS if spec.executor == "sim" else ():  # (each has a default too)
         if key in given:

@@ -163,3 +163,21 @@ def test_a_search_path_of_a_scheme_hydra_has_no_source_for_is_one_line(
     r = cli_here("experiments.run", *TINY, f"hydra.searchpath=[{entry}]", f"hydra.run.dir={run}")
     one_line(r, entry, "file://")
     assert "internal error" not in r.stderr and not run.exists()
+
+
+# --- a model field beside model.hf_config: the config.json's is simulated ---
+
+
+@pytest.mark.parametrize("field", ["model.n_layers=1", "+model.top_k=1", "model.name=other"])
+def test_a_model_field_beside_hf_config_is_refused(
+    field: str, tiny_ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    """`+model.hf_config=DIR model.n_layers=1` simulated the folder's config.json, all its
+    layers, without a word about the field given: now one line naming it, and no run folder."""
+    run = tmp_path / "run"
+    hf = f"+model.hf_config={tiny_ckpt}"
+    r = cli_here("experiments.run", *TINY, hf, field, f"hydra.run.dir={run}")
+    line = one_line(r)
+    assert r.returncode != 0 and field.lstrip("+") in line and "model.hf_config" in line, line
+    assert not run.exists()
+    assert cli_here("experiments.run", *TINY, hf, f"hydra.run.dir={run}").returncode == 0
