@@ -60,33 +60,43 @@ def finished_runs(sweep_dir: Path, token: str) -> tuple[int, int]:
     was reused where its summary.json is still the file that was there when its job started."""
     finished = reused = 0
     for summary in _summaries(sweep_dir):
-        mark = _marked(summary.parent)
-        if mark is None or mark.get("sweep") != token:
+        sweeps = _sweeps(summary.parent)
+        if token not in sweeps:
             continue
         try:
             now = _identity(summary)
         except OSError:  # a rerun just removed it
             continue
-        reused += mark.get("earlier") == now
+        reused += sweeps[token] == now
         finished += 1
     return finished, reused
 
 
-SWEEP_MARK = ".sweep.json"  # in a run dir: the token of the sweep whose job ran in it last
+SWEEP_MARK = ".sweep.json"  # in a run dir: the tokens of the sweeps whose jobs ran in it
+MARKED_SWEEPS = 32  # the latest sweeps a mark keeps: more at once into one dir is not a use
 
 
 def mark_run(run_dir: Path, token: str) -> None:
     """Record in `run_dir` that the sweep of `token` runs it now, and which summary.json it
-    held then (one of an earlier sweep, if any), replacing an earlier sweep's mark."""
+    held then (one of an earlier sweep, if any), beside the other sweeps' marks: two sweeps
+    into one sweep dir at once each count the runs their jobs ran in, where the second's mark
+    replaced the first's and the first said "0 run(s) finished". Written under the run dir's
+    lock (`dir_lock`), so the summary.json it names is not one a run is replacing, and two
+    jobs' marks are not written over each other; a job waits there for another run of it."""
     import json
 
+    from experiments.common.dir_lock import dir_locked
     from experiments.common.run_dir import atomic_write_text
 
-    try:
-        earlier = _identity(run_dir / "summary.json")
-    except OSError:
-        earlier = None
-    atomic_write_text(run_dir / SWEEP_MARK, json.dumps({"sweep": token, "earlier": earlier}))
+    with dir_locked(run_dir):
+        try:
+            earlier = _identity(run_dir / "summary.json")
+        except OSError:
+            earlier = None
+        sweeps = {k: v for k, v in _sweeps(run_dir).items() if k != token}
+        sweeps[token] = earlier
+        kept = dict(list(sweeps.items())[-MARKED_SWEEPS:])
+        atomic_write_text(run_dir / SWEEP_MARK, json.dumps({"sweeps": kept}))
 
 
 def _identity(path: Path) -> list[int]:
@@ -110,14 +120,20 @@ def _marked(run_dir: Path) -> dict[str, Any] | None:
     return mark if isinstance(mark, dict) else None
 
 
+def _sweeps(run_dir: Path) -> dict[str, Any]:
+    """The sweeps marked in `run_dir`, each token with the summary.json's identity its job
+    found there (None: none); none where it has no mark."""
+    sweeps = (_marked(run_dir) or {}).get("sweeps")
+    return sweeps if isinstance(sweeps, dict) else {}
+
+
 def failed_runs(sweep_dir: Path, token: str) -> list[str]:
     """The run dirs of the sweep of `token` (relative to `sweep_dir`) whose run failed on bad
     input: a run removes its old failed.txt when it starts again, so one left from an earlier
     sweep of other points is not this sweep's."""
     failed = []
     for path in sweep_dir.rglob(FAILED):
-        mark = _marked(path.parent)
-        if mark is not None and mark.get("sweep") == token:
+        if token in _sweeps(path.parent):
             failed.append(str(path.parent.relative_to(sweep_dir)))
     return sorted(failed)
 
