@@ -412,6 +412,9 @@ class SweepProgress(Callback):
         here = sweep_dir.resolve()
 
         def before_last_line() -> None:
+            from experiments.common.local_jobs import stop_local_jobs
+
+            stop_local_jobs()  # submitit_local's jobs ignore the signal; joblib's pool is gone
             # the poll thread first: one that was drawing the bar as the last line went out
             # continued that line after it (seen under load)
             self._stop.set()

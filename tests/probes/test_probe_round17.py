@@ -1,6 +1,12 @@
 """Probe round 17 (issue 48): sweeps run twice at once, non-finite numbers, and the torchrun
 launcher's loose ends.
 
+Two sweeps into one sweep dir at once: the first said "0 run(s) finished" for the runs it ran,
+the second's jobs having written their token over its own in each run dir's mark; each sweep's
+token is kept now. A sweep under hydra/launcher=submitit_local stopped by Ctrl-C or SIGTERM
+printed its line while its jobs (which ignore both) ran on and wrote their results after it:
+they are killed before the line, as joblib's pool is.
+
 A non-finite value of a numeric option (inf, -inf, nan, 1e999, YAML's .inf and .nan, a quoted
 'inf') said "must be a finite number" when Python reads it and "not a number" (or "not a whole
 number") when YAML spells it: each says the key and "must be a finite number", as the specs'
@@ -9,6 +15,8 @@ own check does.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +68,39 @@ def test_two_sweeps_at_once_each_count_the_runs_they_ran(tmp_path: Path) -> None
     mark_run(runs[0], "third")  # a third sweep, after both: it reuses their results
     assert finished_runs(tmp_path, "third") == (1, 1)
     assert finished_runs(tmp_path, "first") == (2, 0)
+
+
+TASK = "import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, [2, 15]); time.sleep(60)"
+CONTROLLER = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {TASK!r}])"
+
+
+def test_a_stopped_sweeps_local_jobs_are_stopped_with_it() -> None:
+    """submitit's local job: a controller (`submitit.local._local` in its command line) and
+    its task, both deaf to Ctrl-C and SIGTERM, ran on after the sweep's line; the sweep's
+    interrupt kills both, and they are gone once it returns."""
+    import submitit.local.local  # noqa: F401  (the sweep's launcher has it loaded)
+
+    from experiments.common.local_jobs import stop_local_jobs
+    from experiments.common.rank_server import parent_of
+
+    controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, "submitit.local._local"])
+    try:
+        task = None
+        while task is None and controller.poll() is None:
+            task = next((p for p in _pids() if parent_of(p) == controller.pid), None)
+        stop_local_jobs()
+        assert controller.poll() is not None
+        assert task is not None and _state(task) in ("gone", "Z")  # a zombie runs no more
+    finally:
+        controller.kill()
+
+
+def _pids() -> list[int]:
+    return [int(d.name) for d in Path("/proc").glob("[0-9]*")]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "gone"
