@@ -25,7 +25,7 @@ from typing import Any
 
 from core.errors import ConfigError, MoepipeError
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
-from experiments.common.launch_line import said_under
+from experiments.common.launch_line import said_under, say_as_agent
 
 FAILED = 2  # the commands' exit status for a failure
 # Ctrl-C's line where no rank said one (the launch stopped while its ranks started)
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import get_args_parser, run
 
     on_interrupt(STOPPED)  # called in-process, after another command set its own
+    _SIGNALLED.clear()
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv[: argv.index("-m") if "-m" in argv else len(argv)]):
         print(
@@ -51,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _checked(args)
     _quiet_agent()
+    _say_signals_here()
     try:
         run(args)
     except SignalException as e:
-        _interrupted(signal.Signals(e.sigval))
+        _interrupted(_SIGNALLED[0] if _SIGNALLED else signal.Signals(e.sigval))
     except ChildFailedError as e:
         line = _failed_line(e)
         if said_under(os.getpid()) and not _stderr_redirected(args):
@@ -119,6 +121,31 @@ def _quiet_agent() -> None:
         handler.addFilter(lambda record: False)
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
+
+
+_SIGNALLED: list[signal.Signals] = []  # the signal the launcher got, passed on as SIGINT
+
+
+def _say_signals_here() -> None:
+    """A signal to the launcher (`kill`, a scheduler's SIGTERM) is said here, as a single run
+    says it ("stopped by SIGTERM; ..."), before torch's handler (`SignalException`) passes it
+    on to the ranks: rank 0 said it as its own ("rank 0 was stopped (SIGTERM)"). A signal to
+    the terminal's whole group reaches the ranks too, and the first to say it says it."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    torchs = api._terminate_process_handler
+    if getattr(torchs, "says_it", False):  # a launch before this one, in-process
+        return
+
+    def said_here(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
+        say_as_agent(f"{said} {STOPPED}")
+        _SIGNALLED[:] = [signal.Signals(signum)]
+        torchs(signal.SIGINT, frame)  # passed on as SIGINT: a rank then takes its run dir away
+
+    said_here.says_it = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = said_here
 
 
 def _interrupted(signum: signal.Signals) -> None:

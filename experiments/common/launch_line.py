@@ -153,6 +153,7 @@ def launched_ranks(launcher: int) -> dict[int, int]:
 
 
 _PREFIX = "moepipe-launch-"
+_RESTART = b"TORCHELASTIC_RESTART_COUNT="  # in a rank's environment
 
 
 def _claim() -> Path | None:
@@ -163,12 +164,42 @@ def _claim() -> Path | None:
         return None
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
-    agent = os.getppid()
+    return _claim_of(os.getppid(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _claim_of(agent: int, restart: str) -> Path | None:
     started = _start_time(agent)
     if started is None:
         return None
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return Path(tempfile_dir()) / f"{_PREFIX}{agent}-{started}-{restart}.said"
+
+
+def say_as_agent(line: str) -> bool:
+    """Print `line` where no rank this process started (as torchrun's agent:
+    `experiments.torchrun`) said the launch's line first, and claim it for them: a signal to
+    the launcher, which it passes on to its ranks as SIGTERM, is said by the launcher, not by a
+    rank as its own. The claim is that of the ranks running now (their restart's)."""
+    restart = "0"
+    for pid in launched_ranks(os.getpid()).values():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        found = [kv.partition(b"=")[2].decode() for kv in env if kv.startswith(_RESTART)]
+        restart = found[0] if found and found[0].isdigit() else restart
+        break
+    path = _claim_of(os.getpid(), restart)
+    with _SAYING:
+        if path is not None:
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                return False
+            except OSError:
+                pass
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+        return True
 
 
 def _start_time(pid: int) -> str | None:

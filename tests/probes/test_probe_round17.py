@@ -7,6 +7,10 @@ token is kept now. A sweep under hydra/launcher=submitit_local stopped by Ctrl-C
 printed its line while its jobs (which ignore both) ran on and wrote their results after it:
 they are killed before the line, as joblib's pool is.
 
+`python -m experiments.torchrun`: SIGTERM to the launcher was said by rank 0 as its own ("rank
+0 was stopped (SIGTERM)"), the run dir left behind; the launcher says the commands' "stopped by
+SIGTERM; ..." and passes the signal on as SIGINT, so the ranks take their run dir away.
+
 A non-finite value of a numeric option (inf, -inf, nan, 1e999, YAML's .inf and .nan, a quoted
 'inf') said "must be a finite number" when Python reads it and "not a number" (or "not a whole
 number") when YAML spells it: each says the key and "must be a finite number", as the specs'
@@ -15,6 +19,8 @@ own check does.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +110,43 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_sigterm_to_the_launcher_is_said_by_it_and_passed_on_as_sigint(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
+    """The launcher's SIGTERM (torch's handler raises SignalException, and the agent passes the
+    signal on to the ranks): rank 0, stopped by it, said the launch's line as its own."""
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from experiments import torchrun
+    from experiments.common.cli import until_interrupted
+    from experiments.common.launch_line import say_first
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the launch's claim is made
+    monkeypatch.setenv("LOGLEVEL", "WARNING")  # the test process's logging kept
+    passed = []
+
+    def signalled(args: Any) -> None:
+        try:
+            api._terminate_process_handler(signal.SIGTERM, None)
+        except SignalException as e:
+            passed.append(e.sigval)
+            with monkeypatch.context() as rank0:  # rank 0, stopped, says its line if first
+                rank0.setattr(os, "getppid", os.getpid)
+                for name, value in (("RANK", "0"), ("WORLD_SIZE", "2")):
+                    rank0.setenv(name, value)
+                rank0.setenv("TORCHELASTIC_RUN_ID", "probe")
+                say_first("error: rank 0 was stopped (SIGTERM); the run did not finish")
+            raise
+
+    monkeypatch.setattr("torch.distributed.run.run", signalled)
+    with pytest.raises(SystemExit) as stop:
+        until_interrupted(lambda: torchrun.main(["--nproc_per_node=2", "-m", "experiments.run"]))
+    assert stop.value.code == 143 and passed == [signal.SIGINT]
+    err = capsys.readouterr().err
+    assert err == f"stopped by SIGTERM; {torchrun.STOPPED}\n", err
+    assert list(tmp_path.iterdir()) == []  # the claim, gone with the launch
