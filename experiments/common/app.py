@@ -47,7 +47,7 @@ from experiments.common.hydra_hooks import (
     package_checked,
     validate_each_value_once,
 )
-from experiments.common.launch_line import say_error
+from experiments.common.launch_line import printed_once, say_error
 from experiments.common.overrides import (
     VALUE_FLAGS,
     check_bool,
@@ -403,6 +403,7 @@ def _hydra_main(
             mode_unset([*flags, *overrides], (conf_dir, Path(tmp))),
             package_checked(),
             groups_on_demand(),
+            printed_once(flags),
         ):
             app()
         if raised:

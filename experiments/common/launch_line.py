@@ -12,6 +12,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -245,3 +247,20 @@ def say_error(line: str) -> None:
     other = rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
     if not other or f"rank {rank}" in line or claims_lines():
         say_first(line)
+
+
+# hydra's flags that print instead of running (the help, a config, hydra's info)
+PRINTING_FLAGS = frozenset({"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info"})
+
+
+@contextmanager
+def printed_once(flags: Sequence[str]) -> Iterator[None]:
+    """A command's --help (--cfg, --info: what prints in place of a run) printed once a launch:
+    by rank 0, a rank other than 0 printing nothing (under torchrun each rank printed it)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    other = rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
+    if not (other and PRINTING_FLAGS & set(flags)):
+        yield
+        return
+    with open(os.devnull, "w") as nowhere, redirect_stdout(nowhere):
+        yield

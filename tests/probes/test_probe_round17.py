@@ -9,7 +9,8 @@ they are killed before the line, as joblib's pool is.
 
 `python -m experiments.torchrun`: SIGTERM to the launcher was said by rank 0 as its own ("rank
 0 was stopped (SIGTERM)"), the run dir left behind; the launcher says the commands' "stopped by
-SIGTERM; ..." and passes the signal on as SIGINT, so the ranks take their run dir away.
+SIGTERM; ..." and passes the signal on as SIGINT, so the ranks take their run dir away. `--help`
+(--cfg, --info) of the launched command was printed by every rank; rank 0 alone prints it.
 
 A non-finite value of a numeric option (inf, -inf, nan, 1e999, YAML's .inf and .nan, a quoted
 'inf') said "must be a finite number" when Python reads it and "not a number" (or "not a whole
@@ -150,3 +151,20 @@ def test_sigterm_to_the_launcher_is_said_by_it_and_passed_on_as_sigint(
     err = capsys.readouterr().err
     assert err == f"stopped by SIGTERM; {torchrun.STOPPED}\n", err
     assert list(tmp_path.iterdir()) == []  # the claim, gone with the launch
+
+
+@pytest.mark.parametrize("flag", ["--help", "--cfg=job", "--info"])
+def test_what_prints_in_place_of_a_run_is_printed_by_rank_0_alone(
+    cli_here: Any, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    """`python -m experiments.torchrun --nproc_per_node=2 -m experiments.run --help`: the
+    run's help once per rank."""
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # a rank's handlers, not pytest's
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    printed = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        r = cli_here("experiments.run", flag, *TINY)
+        assert r.returncode == 0, r.stderr
+        printed.append(r.stdout)
+    assert printed[0].strip() and printed[1] == "", printed
