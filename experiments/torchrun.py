@@ -17,6 +17,7 @@ Usage: python -m experiments.torchrun --standalone --nproc_per_node=2 -m experim
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -35,6 +36,7 @@ on_interrupt(STOPPED)  # from here: Ctrl-C while torch imports
 
 def main(argv: list[str] | None = None) -> int:
     """torchrun's launch of `argv` (sys.argv's by default); 0 where every rank succeeded."""
+    _checked_loglevel()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -83,8 +85,12 @@ def _checked(args: Any) -> None:
         raise ConfigError(
             f"--nproc_per_node={nproc}: start at least 1 process a node (or pass gpu, cpu or auto)"
         )
-    if not args.monitor_interval > 0:
+    if not (math.isfinite(args.monitor_interval) and args.monitor_interval > 0):
         raise ConfigError(f"--monitor-interval={args.monitor_interval}: pass seconds > 0 (0.1)")
+    _checked_nodes(args)
+    _checked_streams(args, nproc)
+    _resolved("--master_addr", None if args.standalone else args.master_addr)
+    _resolved("--local_addr", args.local_addr)
     target = args.training_script
     if args.module and not args.no_python:
         try:
@@ -97,6 +103,66 @@ def _checked(args: Any) -> None:
         raise ConfigError(
             f"{target}: no such script; pass its path, or a module with -m (-m experiments.run)"
         )
+
+
+def _checked_loglevel() -> None:
+    """LOGLEVEL, which torch's loggers are set to as torchrun's modules are imported (a name
+    logging does not know was an internal error)."""
+    level = os.environ.get("LOGLEVEL")
+    if level is not None and level not in logging.getLevelNamesMapping():
+        raise ConfigError(
+            f"environment LOGLEVEL={level!r}: not a logging level (torchrun's agent reads it); "
+            "set it to DEBUG, INFO, WARNING or ERROR, or unset it"
+        )
+
+
+def _checked_nodes(args: Any) -> None:
+    """--nnodes (N or MIN:MAX; int()'s own line named no flag) and --node_rank, which must be
+    one of the nodes (a rank past them waited for ever for nodes that never come)."""
+    nnodes = str(args.nnodes).strip()
+    if not re.fullmatch(r"\d+(:\d+)?", nnodes):
+        raise ConfigError(
+            f"--nnodes={nnodes} (or PET_NNODES): pass a number of nodes, N or MIN:MAX (1, 2:4)"
+        )
+    most = int(nnodes.rpartition(":")[2])
+    static = args.rdzv_backend == "static" and not args.standalone  # the rest number nodes
+    if static and not 0 <= args.node_rank < max(most, 1):
+        raise ConfigError(
+            f"--node_rank={args.node_rank}: not one of the {most} node(s) of --nnodes={nnodes}; "
+            f"pass 0 .. {most - 1}, one per node"
+        )
+
+
+def _checked_streams(args: Any, nproc: str) -> None:
+    """--redirects and --tee (torch's line named only the value and its pattern), and a
+    --local-ranks-filter naming no rank the node starts (every rank's output went unseen)."""
+    for flag, value in (("--redirects", args.redirects), ("--tee", args.tee)):
+        if not re.fullmatch(r"[0123]|(\d:[0123],)*\d:[0123]", str(value).strip()):
+            raise ConfigError(
+                f"{flag}={value}: pass 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every "
+                "rank or per local rank (0:1,1:2)"
+            )
+    ranks = str(args.local_ranks_filter or "").strip()
+    listed = ranks and nproc.isdigit() and re.fullmatch(r"\d+(,\d+)*", ranks)
+    if listed and not {int(r) for r in ranks.split(",")} & set(range(int(nproc))):
+        raise ConfigError(
+            f"--local-ranks-filter={ranks}: no local rank of --nproc_per_node={nproc} "
+            f"(0 .. {int(nproc) - 1}); nothing any rank prints would be shown"
+        )
+
+
+def _resolved(flag: str, host: str | None) -> None:
+    """`host` a name this machine resolves: the agent retried one it cannot for ever."""
+    import socket
+
+    if not host:
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        raise ConfigError(
+            f"{flag}={host}: no such host here; pass a name or address of one"
+        ) from None
 
 
 def _argument_error(e: BaseException) -> ConfigError:

@@ -11,6 +11,11 @@ they are killed before the line, as joblib's pool is.
 0 was stopped (SIGTERM)"), the run dir left behind; the launcher says the commands' "stopped by
 SIGTERM; ..." and passes the signal on as SIGINT, so the ranks take their run dir away. `--help`
 (--cfg, --info) of the launched command was printed by every rank; rank 0 alone prints it.
+Probing the launcher's arguments: a --node_rank past --nnodes, or a --master_addr or
+--local_addr no host has, waited for ever; --monitor-interval=inf and a LOGLEVEL logging does
+not know were internal errors; --nnodes=abc, --redirects=9 and --tee=9 named no flag; a
+--local-ranks-filter of no rank showed nothing. Each is one line naming the flag, before any
+rank starts.
 
 A non-finite value of a numeric option (inf, -inf, nan, 1e999, YAML's .inf and .nan, a quoted
 'inf') said "must be a finite number" when Python reads it and "not a number" (or "not a whole
@@ -168,3 +173,39 @@ def test_what_prints_in_place_of_a_run_is_printed_by_rank_0_alone(
         assert r.returncode == 0, r.stderr
         printed.append(r.stdout)
     assert printed[0].strip() and printed[1] == "", printed
+
+
+RUN = ["-m", "experiments.run", "executor=real"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--nnodes=abc", *RUN], ["--nnodes=abc", "N or MIN:MAX"]),
+        (["--nnodes=1", "--node_rank=5", *RUN], ["--node_rank=5", "--nnodes=1"]),
+        (["--nnodes=2", "--node_rank=-1", *RUN], ["--node_rank=-1", "0 .. 1"]),
+        (["--monitor-interval=inf", *RUN], ["--monitor-interval=inf", "seconds > 0"]),
+        (["--redirects=9", *RUN], ["--redirects=9", "0:1,1:2"]),
+        (["--tee=9", *RUN], ["--tee=9", "3 (both)"]),
+        (["--nproc_per_node=2", "--local-ranks-filter=9", *RUN], ["--local-ranks-filter=9"]),
+        (["--master_addr=nosuch.invalid", *RUN], ["--master_addr=nosuch.invalid", "no such"]),
+        (["--local_addr=nosuch.invalid", *RUN], ["--local_addr=nosuch.invalid", "no such"]),
+    ],
+)
+def test_the_launchers_odd_arguments_are_one_line_naming_the_flag(
+    argv: list[str], names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments import torchrun
+    from tests.probes.conftest import raises_one_line
+
+    monkeypatch.setenv("LOGLEVEL", "WARNING")  # the test process's logging kept
+    raises_one_line(lambda: torchrun.main(argv), *names)
+
+
+def test_a_loglevel_logging_does_not_know_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch sets its loggers to LOGLEVEL as torchrun's modules are imported."""
+    from experiments import torchrun
+    from tests.probes.conftest import raises_one_line
+
+    monkeypatch.setenv("LOGLEVEL", "NOSUCH")
+    raises_one_line(lambda: torchrun.main(["--nproc_per_node=2", *RUN]), "LOGLEVEL='NOSUCH'")
