@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from experiments.common.rank_server import parent_of
+from experiments.common.torchrun_rank import alive
 
 GONE_S = 5.0  # how long to wait for a killed task to be gone
 CONTROLLER = b"submitit.local._local"  # in the command line of a job's controller
@@ -39,7 +40,7 @@ def stop_local_jobs() -> None:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
     deadline = time.monotonic() + GONE_S
-    while any(_running(pid) for pid in tasks) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in tasks) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -52,12 +53,3 @@ def _is_controller(pid: int) -> bool:
 
 def _pids() -> list[int]:
     return [int(d.name) for d in Path("/proc").glob("[0-9]*")]
-
-
-def _running(pid: int) -> bool:
-    """Does `pid` still run (not gone, and no zombie waiting to be reaped)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
