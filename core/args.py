@@ -48,12 +48,21 @@ def as_int(
             n = None
     bound = "" if at_least is None else f" >= {at_least}"
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
+    if n is None and _non_finite(value):  # inf, nan: in the words of every other number's check
+        raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")
     if n is None:
         raise MoepipeError(f"{key}={value}: not a whole number; pass one{bound}, e.g. {example}")
     if at_least is not None and n < at_least:
         raise MoepipeError(f"{key}={value}: must be{bound}; pass e.g. {example}")
     _check_at_most(key, value, n, at_most, why)
     return n
+
+
+def _non_finite(value: Any) -> bool:
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_at_most(key: str, value: Any, x: float, at_most: float | None, why: str) -> None:
