@@ -88,6 +88,7 @@ def _checked(args: Any) -> None:
     if not (math.isfinite(args.monitor_interval) and args.monitor_interval > 0):
         raise ConfigError(f"--monitor-interval={args.monitor_interval}: pass seconds > 0 (0.1)")
     _checked_nodes(args)
+    _checked_rdzv_conf(str(args.rdzv_conf))
     _checked_streams(args, nproc)
     _resolved("--master_addr", None if args.standalone else args.master_addr)
     _resolved("--local_addr", args.local_addr)
@@ -131,6 +132,39 @@ def _checked_nodes(args: Any) -> None:
             f"--node_rank={args.node_rank}: not one of the {most} node(s) of --nnodes={nnodes}; "
             f"pass 0 .. {most - 1}, one per node"
         )
+
+
+# --rdzv_conf's keys torch's rendezvous backends read as a whole number of seconds (or a count):
+# a word there was read by one backend (c10d's read_timeout: a ValueError in the agent) or by
+# none (`timeout` is etcd's; c10d's are join_, last_call_ and close_timeout), without a word
+RDZV_WHOLE = (
+    "timeout",
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "read_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+)
+RDZV_BOOL = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")  # as torch reads is_host
+
+
+def _checked_rdzv_conf(conf: str) -> None:
+    """--rdzv_conf (KEY=VALUE,...) by torch's own parser; its whole-number and boolean keys
+    by their kind."""
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    try:
+        config = _parse_rendezvous_config(conf)
+    except ValueError as e:
+        raise ConfigError(f"--rdzv_conf={conf}: {e}") from None
+    for key, value in config.items():
+        if key in RDZV_WHOLE and not (value.isdigit() and int(value) > 0):
+            raise ConfigError(
+                f"--rdzv_conf={conf}: {key}={value} is not a whole number > 0; pass e.g. {key}=60"
+            )
+        if key == "is_host" and value.lower() not in RDZV_BOOL:
+            raise ConfigError(f"--rdzv_conf={conf}: is_host={value}; pass is_host=true or false")
 
 
 def _checked_streams(args: Any, nproc: str) -> None:
