@@ -43,3 +43,17 @@ def did_you_mean(word: str, valid: Iterable[object]) -> str:
     folded = {str(v).lower(): str(v) for v in valid}
     close = difflib.get_close_matches(str(word).lower(), list(folded), n=1, cutoff=0.5)
     return f"did you mean {folded[close[0]]!r}? " if close else ""
+
+
+def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or stop (`Stopped`) an error was raised while handling, if any: a signal that
+    lands inside a library's `try` (hydra composing its config) can leave its `finally` to fail
+    on the half-built state, and that error, not the signal, reaches the command."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

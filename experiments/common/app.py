@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 import experiments.common.schema  # noqa: F401  registers the schemas
-from core.errors import MoepipeError
+from core.errors import MoepipeError, interrupt_behind
 from core.files import not_regular, read_small
 from core.yaml_size import check_yaml_size
 from experiments.common import hydra_errors, sweep_points
@@ -411,6 +411,8 @@ def _hydra_main(
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except Exception as e:
+        if (stop := interrupt_behind(e)) is not None:  # said as the stop it was
+            raise stop from None
         ours = isinstance(e, MoepipeError)
         line = str(e) if ours else one_line(e, files) or (error_line(e) if files else None)
         if line is None:

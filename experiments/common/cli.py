@@ -24,7 +24,7 @@ import yaml
 
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
-from core.errors import MoepipeError, did_you_mean
+from core.errors import MoepipeError, did_you_mean, interrupt_behind
 from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started
 from experiments.common.argv_checks import (
@@ -451,22 +451,13 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         if experiments.AS_COMMAND:
             finished(result if isinstance(result, int) else 0)
         return result
+    except Exception as e:  # raised while a stop unwound (a `finally` of hydra's that failed)
+        stop = interrupt_behind(e)
+        if stop is None:
+            raise
+        _say_interrupted(stop)
     except KeyboardInterrupt as e:
-        before_line()
-        _stop_pool_tracker()
-        from experiments.common.launch_line import claims_lines, say_first
-
-        # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
-        # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
-        quiet = other_rank() is not None and not claims_lines()
-
-        if isinstance(e, Stopped):
-            if not quiet:
-                say_first(f"stopped by {e.name}; {_ON_INTERRUPT[0]}")
-            sys.exit(128 + e.signum)
-        if not quiet:
-            say_first(f"interrupted: {_ON_INTERRUPT[0]}")
-        sys.exit(130)
+        _say_interrupted(e)
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
         _cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
@@ -478,6 +469,25 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _raise_stopped:
                 signal.signal(signum, handler)
+
+
+def _say_interrupted(e: KeyboardInterrupt) -> None:
+    """Ctrl-C's or a stop's one line, and its exit status."""
+    before_line()
+    _stop_pool_tracker()
+    from experiments.common.launch_line import claims_lines, say_first
+
+    # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
+    # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
+    quiet = other_rank() is not None and not claims_lines()
+
+    if isinstance(e, Stopped):
+        if not quiet:
+            say_first(f"stopped by {e.name}; {_ON_INTERRUPT[0]}")
+        sys.exit(128 + e.signum)
+    if not quiet:
+        say_first(f"interrupted: {_ON_INTERRUPT[0]}")
+    sys.exit(130)
 
 
 def finished(code: int = 0) -> None:

@@ -214,3 +214,50 @@ def test_a_loglevel_logging_does_not_know_is_one_line(monkeypatch: pytest.Monkey
 
     monkeypatch.setenv("LOGLEVEL", "NOSUCH")
     raises_one_line(lambda: torchrun.main(["--nproc_per_node=2", *RUN]), "LOGLEVEL='NOSUCH'")
+
+
+# --- a signal inside a library's `try`: said as the stop it was ---
+
+
+def _failing_while_stopped() -> None:
+    """Hydra's composition hit by SIGTERM: its `finally` fails on the half-built config, and its
+    error handling turns that into an error of its own."""
+    from experiments.common import cli
+
+    try:
+        try:
+            raise cli.Stopped(signal.SIGTERM)
+        finally:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+    except AttributeError as e:
+        raise ValueError("hydra.job.config.override_dirname.exclude_keys: bad") from e
+
+
+def test_an_error_raised_while_a_stop_unwound_is_said_as_the_stop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGTERM 0.3 s into a run landed inside hydra's config composition, whose `finally` then
+    failed on the half-built config ('NoneType' object has no attribute
+    '_invalidate_flags_cache'): the run said that as a config error, exit 2, not "stopped by
+    SIGTERM", exit 143. Any error raised while a stop or Ctrl-C unwound is said as that stop."""
+    from experiments.common import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.until_interrupted(_failing_while_stopped)
+    err = capsys.readouterr().err
+    assert stop.value.code == 143, err
+    assert err.strip().startswith("stopped by SIGTERM; ") and "exclude_keys" not in err, err
+
+
+def test_a_runs_error_raised_while_a_stop_unwound_is_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_here: Any
+) -> None:
+    """The same where a run's hydra app meets it (`app.hydra_main`, whose errors are one
+    `error: ` line and status 2): "stopped by SIGTERM", exit 143, and no run folder."""
+    import experiments.run
+
+    monkeypatch.setattr(experiments.run, "task", lambda cfg: _failing_while_stopped())
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 143, r.stderr
+    assert r.stderr.strip().startswith("stopped by SIGTERM; "), r.stderr
+    assert "error" not in r.stderr and not (tmp_path / "run").exists(), r.stderr
