@@ -5,6 +5,7 @@ Each message names the field, file or op at fault and what would fix it.
 
 import difflib
 from collections.abc import Iterable
+from typing import TypeVar
 
 
 class MoepipeError(Exception):
@@ -45,15 +46,24 @@ def did_you_mean(word: str, valid: Iterable[object]) -> str:
     return f"did you mean {folded[close[0]]!r}? " if close else ""
 
 
-def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or stop (`Stopped`) an error was raised while handling, if any: a signal that
-    lands inside a library's `try` (hydra composing its config) can leave its `finally` to fail
-    on the half-built state, and that error, not the signal, reaches the command."""
+_E = TypeVar("_E", bound=BaseException)
+
+
+def in_chain(e: BaseException, kind: type[_E]) -> _E | None:
+    """The first exception of `kind` in `e`'s chain of causes and contexts (`e` first); None
+    if none."""
     seen: set[int] = set()
     cause: BaseException | None = e
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
+        if isinstance(cause, kind):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or stop (`Stopped`) an error was raised while handling, if any: a signal that
+    lands inside a library's `try` (hydra composing its config) can leave its `finally` to fail
+    on the half-built state, and that error, not the signal, reaches the command."""
+    return in_chain(e, KeyboardInterrupt)

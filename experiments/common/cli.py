@@ -99,13 +99,8 @@ def our_check(e: BaseException) -> MoepipeError | None:
     import core.errors
     from experiments.common.overrides import sweep_in_one_run
 
-    seen: set[int] = set()
-    cause: BaseException | None = e
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, MoepipeError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+    if (ours := core.errors.in_chain(e, MoepipeError)) is not None:
+        return ours
     if (sweep := sweep_in_one_run(e)) is not None:
         return sweep
     # from a sweep's worker the chain is lost (pickled): omegaconf's text names our class
