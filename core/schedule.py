@@ -11,8 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import chain, repeat
-from operator import is_not
+from itertools import chain
+from operator import is_not, itemgetter
 from typing import Any, NamedTuple, TypeGuard, cast
 
 import numpy as np
@@ -159,6 +159,26 @@ _CODED: dict[str, tuple[Mapping[Any, int], Any]] = {
 }
 
 
+class _Shapes(dict[tuple[Any, ...], int]):
+    """An op's coded fields (`_CODED`'s, then its stream) -> a number for them, given as they
+    are first met (a C-level lookup for every op after: one per op, not one per field);
+    `codes` holds each number's codes, in `_CODED`'s order then the stream's index (-1: a
+    stream not declared, which validate names). A value that is not its field's raises
+    KeyError, as each field's lookup did."""
+
+    def __init__(self, streams: Mapping[str, StreamSpec]) -> None:
+        super().__init__()
+        self.stream_idx = {s: i for i, s in enumerate(streams)}
+        self.codes: list[int] = []
+
+    def __missing__(self, key: tuple[Any, ...]) -> int:
+        *fields, stream = key
+        codes = [idx[v] for (idx, _), v in zip(_CODED.values(), fields, strict=True)]
+        self.codes += (*codes, self.stream_idx.get(stream, -1))
+        number = self[key] = len(self)
+        return number
+
+
 def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.ndarray]:
     """`Schedule.columns`. A block of ops is read into one [ops, fields] object array in one
     C-level pass, and each numeric column cast from it (numpy's int() and float() of each
@@ -166,10 +186,12 @@ def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.n
     times as long."""
     n, width = len(ops), len(Op._fields)
     at = {name: i for i, name in enumerate(Op._fields)}
-    stream_idx = {s: i for i, s in enumerate(streams)}
     out = {name: np.empty(n, dt) for name, dt in _NUMERIC.items()}
     out |= {name: np.empty(n, dt) for name, (_, dt) in _CODED.items()}
     out["stream"] = np.empty(n, np.int16)
+    shapes = _Shapes(streams)
+    shape_of = itemgetter(*(at[name] for name in (*_CODED, "stream")))
+    shape = np.empty(n, np.int64)
     n_deps = np.empty(n, np.int64)
     deps: list[np.ndarray] = []
     for a in range(0, n, _BLOCK):
@@ -179,16 +201,15 @@ def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.n
         rows = np.fromiter(chain.from_iterable(block), object, m * width).reshape(m, width)
         for name, dt in _NUMERIC.items():
             out[name][a : a + m] = rows[:, at[name]].astype(dt)
-        for name, (idx, dt) in _CODED.items():
-            out[name][a : a + m] = np.fromiter(map(idx.__getitem__, rows[:, at[name]]), dt, m)
-        # -1: a stream not declared (validate names it)
-        got = map(stream_idx.get, rows[:, at["stream"]], repeat(-1))
-        out["stream"][a : a + m] = np.fromiter(got, np.int16, m)
+        shape[a : a + m] = np.fromiter(map(shapes.__getitem__, map(shape_of, block)), np.int64, m)
         col = rows[:, at["deps"]]
         n_deps[a : a + m] = np.fromiter(map(len, col), np.int64, m)
         # ids < 2**31; counted, so that numpy allocates them once, not as they grow
         flat = chain.from_iterable(col)
         deps.append(np.fromiter(flat, np.int32, int(n_deps[a : a + m].sum())))
+    codes = np.array(shapes.codes, np.int64).reshape(-1, len(_CODED) + 1)[shape]  # [ops, 8]
+    for k, name in enumerate((*_CODED, "stream")):
+        out[name][:] = codes[:, k]
     out["dep_ptr"] = np.r_[0, np.cumsum(n_deps)]
     out["dep_idx"] = np.concatenate(deps) if deps else np.zeros(0, np.int32)
     return out

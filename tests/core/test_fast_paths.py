@@ -527,3 +527,29 @@ def test_streams_resumed_without_processes_run_as_simpy_processes(runs, monkeypa
             ref = sim.executor.simulate_times(schedule, CostModel(hw))
         for a, b in zip(new, ref, strict=True):
             assert np.array_equal(a, b, equal_nan=True)
+
+
+def test_coded_columns_are_each_ops_codes(runs):
+    """Each op's kind, tensor, tiers and stream, coded once per distinct combination: the code
+    of each field of each op (a field given as its string, a stream not declared: -1, on every
+    planner's run); a value that is no member of its field raises KeyError naming it."""
+    from core.schedule import StreamSpec
+
+    tiers = {None: -1, **{t: i for i, t in enumerate(Tier)}}
+    w = {"w": StreamSpec("w", Resource.H2D)}
+    mixed = [
+        Op(0, OpKind.LOAD, "w", tensor=Tensor.EXPERT, src=Tier.CPU, dst=Tier.GPU),
+        Op(1, "load", "w", tensor="expert", src="cpu", dst="gpu"),  # type: ignore[arg-type]
+        Op(2, OpKind.FREE, "nowhere", free_tier=Tier.GPU, free_bytes=1),
+        Op(3, OpKind.LOAD, "w", tensor=Tensor.EXPERT, src=Tier.CPU, dst=Tier.GPU),
+    ]
+    for s in [fresh(schedule) for schedule, _ in runs] + [Schedule(mixed, w, {}, {})]:
+        cols, streams = s.columns(), list(s.streams)
+        for name, codes in (("kind", list(OpKind)), ("tensor", list(Tensor))):
+            assert cols[name].tolist() == [codes.index(getattr(o, name)) for o in s.ops]
+        for name in ("src", "dst", "alloc_tier", "free_tier"):
+            assert cols[name].tolist() == [tiers[getattr(o, name)] for o in s.ops]
+        want = [streams.index(o.stream) if o.stream in streams else -1 for o in s.ops]
+        assert cols["stream"].tolist() == want
+    with pytest.raises(KeyError, match="'loads'"):
+        Schedule([*mixed, Op(4, "loads", "w")], w, {}, {}).columns()  # type: ignore[arg-type]
