@@ -23,6 +23,19 @@ from planners.placement import Placement, staged_placement
 # a dep that names an op (not None): a C call, made per dep of the hottest ops
 _is_op = cast("Callable[[int | None], TypeGuard[int]]", partial(is_not, None))
 
+# an op's fields (after its id) before its batch, those between its batch and its deps, and its
+# batches: what ops of one kind and place share, made once (an op from them is one tuple, not
+# `ScheduleBuilder.add`'s keywords bound again for each)
+_Proto = tuple[tuple[object, ...], tuple[object, ...], int]
+_BATCH, _DEPS = Op._fields.index("batch"), Op._fields.index("deps")
+
+
+def _proto(kind: OpKind, stream: str, fields: Mapping[str, object]) -> _Proto:
+    """`_Proto` of the op `ScheduleBuilder.add(kind, stream, ..., **fields)` adds: its fields
+    and defaults are `Op`'s, in its order (a test checks they agree)."""
+    op = Op(0, kind, stream, **fields)  # type: ignore[arg-type]
+    return op[1:_BATCH], op[_BATCH + 1 : _DEPS], op.batches
+
 
 @dataclass
 class Emitter:
@@ -44,8 +57,8 @@ class Emitter:
         self.model, self.bs = self.ctx.model, self.ctx.workload.batch_size
         self._streamed: dict[tuple[Tensor, int], bool] = {}
         self._bytes: dict[tuple[Tensor, int], int] = {}
-        # an attention op's fields but its batch and deps, by (step, layer, last batch, batches)
-        self._attention: dict[tuple[int, int, bool, int], dict[str, object]] = {}
+        # an op's fields but its batch and deps (`_Proto`), by its kind and what sets them
+        self._protos: dict[tuple[object, ...], _Proto] = {}
         b = self.out
         self.compute = b.stream(Stream.COMPUTE, Resource.GPU)
         self.weights = b.stream(Stream.WEIGHTS, Resource.H2D)
@@ -177,6 +190,31 @@ class Emitter:
             return dict(free_tier=Tier.GPU, free_bytes=self.tensor_bytes(tensor, layer))
         return {}
 
+    def _op(self, key: tuple[object, ...], batch: int, deps: tuple[int | None, ...]) -> int:
+        """Add the op of `key` (its kind, then what sets its other fields: `_new_proto`) for
+        `batch` after `deps`: from its fields made once (`_Proto`), one tuple."""
+        proto = self._protos.get(key)
+        if proto is None:
+            proto = self._protos[key] = self._new_proto(key)
+        head, rest, span = proto
+        return self.out.append((*head, batch, *rest, tuple(filter(_is_op, deps)), span))
+
+    def _new_proto(self, key: tuple[object, ...]) -> _Proto:
+        """The fields of `_op`'s key's ops: (kind, step, layer, ...)."""
+        kind = cast(OpKind, key[0])
+        step, layer = cast(tuple[int, int], key[1:3])
+        if kind == OpKind.ATTENTION:  # (..., last batch, batches)
+            last_batch, batches = cast(tuple[bool, int], key[3:])
+            fields = self._attention_fields(step, layer, last_batch, batches)
+            return _proto(kind, self.compute, fields)
+        if kind == OpKind.GATE:  # (..., last batch): one batch's router
+            free = self.free_kwargs(Tensor.GATE, layer, cast(bool, key[3]))
+            return _proto(kind, self.compute, self._gate_fields(step, layer, self.bs, free))
+        if kind == OpKind.KV_LOAD:
+            return _proto(kind, self.kv_load_stream, self._kv_load_fields(step, layer))
+        assert kind == OpKind.KV_STORE, kind
+        return _proto(kind, self.kv_store_stream, self._kv_store_fields(step, layer))
+
     # ---- attention and KV ----------------------------------------------------------------
     def kv_offloaded(self, layer: int) -> bool:
         return self.placement.kv[layer] != Tier.GPU
@@ -187,17 +225,16 @@ class Emitter:
         """Load a batch's past KV of one layer to the GPU (decode steps, KV kept on CPU)."""
         if step == 0 or not self.kv_offloaded(layer):
             return None
-        wl = self.ctx.workload
-        past = self.bs * (wl.step_context(step) - 1) * self.model.kv_bytes_per_token
-        buf = self.bs * wl.step_context(step) * self.model.kv_bytes_per_token
         prev = self.last_kv_store.get((layer, batch))
-        return self.out.add(
-            OpKind.KV_LOAD,
-            self.kv_load_stream,
-            (*deps, prev),
+        return self._op((OpKind.KV_LOAD, step, layer), batch, (*deps, prev))
+
+    def _kv_load_fields(self, step: int, layer: int) -> dict[str, object]:
+        wl, m = self.ctx.workload, self.model
+        past = self.bs * (wl.step_context(step) - 1) * m.kv_bytes_per_token
+        buf = self.bs * wl.step_context(step) * m.kv_bytes_per_token
+        return dict(
             step=step,
             layer=layer,
-            batch=batch,
             tensor=Tensor.KV,
             nbytes=past,
             src=Tier.CPU,
@@ -218,11 +255,7 @@ class Emitter:
         """Attention of `batches` consecutive batches from `batch` in one op: the layer's
         weights read once, each batch's KV read (several only where the layer's KV stays on the
         GPU: an offloaded cache is loaded and stored batch by batch)."""
-        key = (step, layer, last_batch, batches)
-        fields = self._attention.get(key)
-        if fields is None:
-            fields = self._attention[key] = self._attention_fields(*key)
-        return self.out.add(OpKind.ATTENTION, self.compute, deps, batch=batch, **fields)
+        return self._op((OpKind.ATTENTION, step, layer, last_batch, batches), batch, deps)
 
     def _attention_fields(
         self, step: int, layer: int, last_batch: bool, batches: int
@@ -256,36 +289,32 @@ class Emitter:
         """Write the batch's new KV back to CPU and release its GPU buffer."""
         if not self.kv_offloaded(layer):
             return None
+        op = self._op((OpKind.KV_STORE, step, layer), batch, (attn,))
+        self.last_kv_store[(layer, batch)] = op
+        return op
+
+    def _kv_store_fields(self, step: int, layer: int) -> dict[str, object]:
         wl, m = self.ctx.workload, self.model
         new = self.bs * wl.step_tokens(step) * m.kv_bytes_per_token
-        buf = (
-            self.bs * (wl.prompt_len if step == 0 else wl.step_context(step)) * m.kv_bytes_per_token
-        )
-        op = self.out.add(
-            OpKind.KV_STORE,
-            self.kv_store_stream,
-            (attn,),
+        context = wl.prompt_len if step == 0 else wl.step_context(step)
+        return dict(
             step=step,
             layer=layer,
-            batch=batch,
             tensor=Tensor.KV,
             nbytes=new,
             src=Tier.GPU,
             dst=Tier.CPU,
             free_tier=Tier.GPU,
-            free_bytes=buf,
+            free_bytes=self.bs * context * m.kv_bytes_per_token,
         )
-        self.last_kv_store[(layer, batch)] = op
-        return op
 
     # ---- MoE and FFN -------------------------------------------------------------------------
     def gate(
         self, step: int, layer: int, batch: int, deps: tuple[int | None, ...], last_batch: bool
     ) -> tuple[int, GateView]:
         """Run the router for one batch; the only place a planner learns that batch's routing."""
-        free = self.free_kwargs(Tensor.GATE, layer, last_batch)
-        ops, view = self._gate(step, layer, batch, [(self.compute, self.bs, deps)], free)
-        return ops[0], view
+        op = self._op((OpKind.GATE, step, layer, last_batch), batch, deps)
+        return op, self._reveal(op, step, layer, batch)
 
     def gate_span(
         self,
@@ -362,27 +391,31 @@ class Emitter:
         micro: int = -1,
         batches: int = 1,
     ) -> tuple[int, ...]:
-        m, per = self.model, self.ctx.workload.step_tokens(step)
         ops: list[int] = []
         for i, (stream, seqs, deps) in enumerate(parts):
+            fields = self._gate_fields(step, layer, seqs, free if i == len(parts) - 1 else {})
             ops.append(
                 self.out.add(
-                    OpKind.GATE,
-                    stream,
-                    deps,
-                    step=step,
-                    layer=layer,
-                    batch=batch,
-                    micro=micro,
-                    tensor=Tensor.GATE,
-                    tokens=seqs * per,
-                    flops=m.gate_flops(seqs * per),
-                    touch_bytes=m.gate_bytes,
-                    batches=batches,
-                    **(free if i == len(parts) - 1 else {}),
+                    OpKind.GATE, stream, deps, batch=batch, micro=micro, batches=batches, **fields
                 )
             )
         return tuple(ops)
+
+    def _gate_fields(
+        self, step: int, layer: int, seqs: int, free: dict[str, object]
+    ) -> dict[str, object]:
+        """A gate op's fields over `seqs` sequences, with the memory effect `free`, but its
+        stream, deps, batch, micro-batch and batches."""
+        m, per = self.model, self.ctx.workload.step_tokens(step)
+        return dict(
+            step=step,
+            layer=layer,
+            tensor=Tensor.GATE,
+            tokens=seqs * per,
+            flops=m.gate_flops(seqs * per),
+            touch_bytes=m.gate_bytes,
+            **free,
+        )
 
     def _reveal(self, gate: int, step: int, layer: int, batch: int) -> GateView:
         """The batch's routing, seen at its last gate op `gate`."""
