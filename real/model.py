@@ -11,8 +11,6 @@ the attention variants (GQA, MLA) are in real/attention.py.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from core.hf_config.generation import Greedy, read_generation
 from core.routing import Routing
 from core.spec import ModelSpec
 from core.types import Activation, Tensor
+from real.activations import ACTIVATIONS
 from real.attention import Rope, Weights, gqa, mla, rms_norm, rotary_dim
 from real.checkpoint import Unit, hf_config, load_units, torch_dtype
 from real.decoding import next_tokens
@@ -46,25 +45,6 @@ from real.routers import sigmoid_route, softmax_top_k
 # are a scoring_func or topk_method other than the only ones DeepSeek's V3 code implements.
 # Substitution (documented, deliberate): Switch runs as a causal decoder with RoPE and 1/sqrt(D)
 # scaling instead of T5's relative position buckets, and without expert capacity dropping.
-
-
-def _gelu_new(x: torch.Tensor) -> torch.Tensor:
-    """transformers' NewGELUActivation, op for op (its tanh approximation in Python)."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3.0))))
-
-
-# config.json's hidden_act -> the function transformers' ACT2FN computes for it (GATED_ACTS)
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
-    "gelu_new": _gelu_new,
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "relu": F.relu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
 
 
 @dataclass(frozen=True)

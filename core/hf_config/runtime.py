@@ -13,7 +13,8 @@ from core.spec import ModelSpec
 
 # the hidden_act names of transformers' ACT2FN that the real model runs in its gated experts
 # and FFNs (act(gate) * up), and Switch's dense_act_fn in its ungated ones (wo(act(wi x))),
-# each as transformers computes it (real.model's ACTIVATIONS)
+# each as transformers computes it (real.activations' ACTIVATIONS): every ACT2FN name but
+# those of `LEARNED_ACTS`
 GATED_ACTS = (
     "silu",
     "swish",
@@ -24,7 +25,23 @@ GATED_ACTS = (
     "relu",
     "sigmoid",
     "tanh",
+    "gelu_10",
+    "gelu_accurate",
+    "gelu_fast",
+    "gelu_python",
+    "gelu_python_tanh",
+    "hardswish",
+    "laplace",
+    "leaky_relu",
+    "linear",
+    "mish",
+    "relu2",
+    "relu6",
+    "sqrtsoftplus",
 )
+# ACT2FN's names whose module holds weights of its own (saved beside each FFN's), which no
+# family here ships and moepipe does not load: name -> transformers' class
+LEARNED_ACTS = {"prelu": "nn.PReLU", "xielu": "XIELUActivation"}
 
 
 @dataclass(frozen=True)
@@ -195,12 +212,7 @@ def _refuse_unimplemented(c: HFConfig, spec: ModelSpec) -> None:
             "is_causal=false: transformers then masks attention both ways (bidirectional); "
             f"moepipe runs {fam} as a causal decoder only: remove it or set it true"
         )
-    act = c.get("hidden_act", "silu")
-    if act not in GATED_ACTS:
-        raise c.error(
-            f"hidden_act={act!r} is not implemented for {fam}; transformers' activations "
-            f"{', '.join(map(repr, GATED_ACTS))} are"
-        )
+    _refuse_act(c, "hidden_act", c.get("hidden_act", "silu"), fam)
     if fam == "deepseek_v2":
         if "topk_method" in c.fields and c.fields["topk_method"] is None:
             raise c.error(
@@ -245,18 +257,29 @@ def _refuse_what_transformers_fails_on(c: HFConfig, spec: ModelSpec) -> None:
         )
 
 
+def _refuse_act(c: HFConfig, field: str, act: str, fam: str) -> None:
+    """Refuse an activation the real model does not run: one with learned weights of its own
+    (`LEARNED_ACTS`), or a name transformers' ACT2FN does not have."""
+    if act in LEARNED_ACTS:
+        raise c.error(
+            f"{field}={act!r} is transformers' {LEARNED_ACTS[act]}, an activation with learned "
+            f"weights of its own, which moepipe does not load for {fam}; any other ACT2FN name "
+            "runs"
+        )
+    if act not in GATED_ACTS:
+        raise c.error(
+            f"{field}={act!r} is not implemented for {fam}; transformers' activations "
+            f"{', '.join(map(repr, GATED_ACTS))} are"
+        )
+
+
 def _refuse_switch(c: HFConfig) -> None:
     """moepipe's Switch is a substitute (DESIGN: a causal decoder over the encoder's weights),
     but still the experts' dense_act_fn (ACT2FN's, those of `GATED_ACTS`) and routers without
     bias computing in float32, as switch-base ships: transformers' router_dtype of bfloat16 (or
     float16) rounds its router's logits and softmax."""
     fam = "switch_transformers"
-    act = c.get("dense_act_fn", "relu")
-    if act not in GATED_ACTS:
-        raise c.error(
-            f"dense_act_fn={act!r} is not implemented for {fam}; transformers' activations "
-            f"{', '.join(map(repr, GATED_ACTS))} are"
-        )
+    _refuse_act(c, "dense_act_fn", c.get("dense_act_fn", "relu"), fam)
     if c.get("router_bias", False):
         raise c.error(f"router_bias=true; {fam} routers without a bias are implemented")
     router_dtype = c.get("router_dtype", "float32")

@@ -326,10 +326,10 @@ def test_every_field_read_is_checked(tmp_path: Path, key: str, value: Any) -> No
 # whose values moepipe does not run, and settings that make no model (sliding windows that see
 # nothing or disagree, a YaRN base its ramp would divide by 0 with)
 UNRUN: list[tuple[str, dict[str, Any], str]] = [
-    ("mixtral", {"hidden_act": "relu2"}, "hidden_act='relu2'"),
-    ("qwen2_moe", {"hidden_act": "gelu_10"}, "hidden_act='gelu_10'"),
-    ("olmoe", {"hidden_act": "mish"}, "hidden_act='mish'"),
-    ("deepseek_v2", {"hidden_act": "leaky_relu"}, "hidden_act='leaky_relu'"),
+    ("mixtral", {"hidden_act": "prelu"}, "hidden_act='prelu'"),
+    ("qwen2_moe", {"hidden_act": "xielu"}, "hidden_act='xielu'"),
+    ("olmoe", {"hidden_act": "relu3"}, "hidden_act='relu3'"),
+    ("deepseek_v2", {"hidden_act": "gelu_99"}, "hidden_act='gelu_99'"),
     ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
     ("deepseek_v2", {"topk_method": "group_limited_greedy"}, "n_group is missing"),
     (

@@ -282,10 +282,12 @@ def test_hidden_act_equals_transformers(family, act, prompt, tmp_path):
 
 
 def test_an_activation_not_implemented_is_one_line(tmp_path, prompt):
-    """An ACT2FN name moepipe does not run (relu2, ...) is refused naming the field and those
-    it runs."""
-    ckpt, _ = save("olmoe", {"hidden_act": "relu2"}, tmp_path / "ckpt")
-    with pytest.raises(ConfigError, match=r"config.json: hidden_act='relu2' is not implemented"):
+    """A name transformers' ACT2FN does not have (relu3) is refused naming the field and
+    those moepipe runs (round 12's test_an_activation_of_learned_weights_is_one_line: the
+    ACT2FN names it does not run)."""
+    ckpt, _ = save("olmoe", {}, tmp_path / "ckpt")
+    edit_config(ckpt, hidden_act="relu3")
+    with pytest.raises(ConfigError, match=r"config.json: hidden_act='relu3' is not implemented"):
         reference_generate(ckpt, prompt, GEN)
 
 
