@@ -34,6 +34,7 @@ _P5 = "test_hf_parity_round5.py::test_read_field_equals_transformers"
 _P8 = "test_hf_parity_round8.py::test_bias_equals_transformers"
 _P10 = "test_hf_parity_round10.py::test_qwen3_moe_equals_transformers"
 _P10V3 = "test_hf_parity_round10b.py::test_deepseek_v3_equals_transformers"
+_P12 = "test_hf_parity_round12.py::test_field_equals_transformers"
 _QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
 _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 
@@ -68,11 +69,12 @@ DECODER: dict[str, Entry] = BASE | {
     "intermediate_size": (READ, "experts (Mixtral, OLMoE) or dense layers: " + _P),
     "num_hidden_layers": (READ, _P),
     "num_attention_heads": (READ, _P),
-    "num_key_value_heads": (READ, "mixtral-kv8 in " + _P),
-    "hidden_act": (READ, "test_hf_parity_round7.py::test_hidden_act_equals_transformers"),
+    "num_key_value_heads": (READ, "mixtral-kv8 in " + _P + "; one (MQA): *-mqa in " + _P12),
+    # every ACT2FN name but prelu and xielu (learned weights: refused in one line)
+    "hidden_act": (READ, "test_hf_parity_round12.py::test_activation_is_act2fn_bit_for_bit"),
     "max_position_embeddings": (READ, "dynamic RoPE's threshold: *-dynamic in " + _P),
     "initializer_range": (NO_EFFECT, "initial weights only; loaded ones win: " + _QUIET),
-    "rms_norm_eps": (READ, "*-rms_norm_eps in " + _P4 + " and " + _P5),
+    "rms_norm_eps": (READ, "*-rms_norm_eps in " + _P4 + ", " + _P5 + "; *-mqa in " + _P12),
     "rope_parameters": (READ, "every RoPE type run: *-yarn, *-llama3, ... in " + _P),
     "attention_dropout": (NO_EFFECT, "training only: " + _QUIET),
     "num_experts_per_tok": (READ, _P),
@@ -167,10 +169,10 @@ COVERAGE: dict[str, dict[str, Entry]] = {
         "qk_nope_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
         "qk_rope_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
         "v_head_dim": (READ, "deepseek_v3-mla_dims in " + _P10V3),
-        "n_group": (READ, "sigmoid scores of the topk_group best groups: " + _P10V3),
+        "n_group": (READ, "the topk_group best groups: " + _P10V3 + "; 1: *-one_group in " + _P12),
         "topk_group": (READ, "sigmoid scores of the topk_group best groups: " + _P10V3),
         "n_routed_experts": (READ, _P10V3 + "; num_local_experts too, its stored name"),
-        "n_shared_experts": (READ, _P10V3),
+        "n_shared_experts": (READ, "deepseek_v3-shared, deepseek_v3-one_group in " + _P12),
         "moe_intermediate_size": (READ, _P10V3),
         "routed_scaling_factor": (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
         _NORM: (READ, "deepseek_v3-no_norm_top1 in " + _P10V3),
@@ -223,7 +225,7 @@ ROPE_COVERAGE: dict[str, Entry] = {
     "truncate": (READ, "mixtral-yarn_attention_factor in " + _P4),
     "low_freq_factor": (READ, "*-llama3 in " + _P),
     "high_freq_factor": (READ, "*-llama3 in " + _P),
-    "mscale": (READ, "deepseek_v2-yarn in " + _P),
+    "mscale": (READ, "deepseek_v2-yarn in " + _P + "; V3's release: *-yarn_shipped in " + _P12),
     "mscale_all_dim": (READ, "deepseek_v2-yarn in " + _P),
     "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: " + _F9),
     "short_factor": (READ, "test_hf_parity_round9.py::test_rope_type_is_transformers"),
@@ -236,7 +238,11 @@ _F = "test_hf_parity_fields.py"
 # loading) reads from any config.json, and DeepSeek's own modeling code's fields
 EXTRA_COVERAGE: dict[str, Entry] = {
     "torch_dtype": (READ, "dtype's older name: round4's test_a_dtype_without_kernels..."),
-    "rope_scaling": (READ, "rope_parameters' older name: test_hf_parity.py's RoPE cases"),
+    "rope_scaling": (
+        READ,
+        "rope_parameters' older name: "
+        "test_hf_parity_round12.py::test_v3_shipped_legacy_rope_scaling_equals_transformers",
+    ),
     "rope_theta": (READ, "transformers moves it into rope_parameters"),
     "original_max_position_embeddings": (READ, "round4's test_a_top_level_original_max..."),
     "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: round3, round9"),

@@ -143,6 +143,7 @@ def test_citations_name_existing_tests():
         test_hf_parity_round4,
         test_hf_parity_round10,
         test_hf_parity_round10b,
+        test_hf_parity_round12,
     )
 
     cases = {
@@ -150,6 +151,7 @@ def test_citations_name_existing_tests():
         "test_hf_parity_round4.py": test_hf_parity_round4.MATCHED,
         "test_hf_parity_round10.py": test_hf_parity_round10.CASES,
         "test_hf_parity_round10b.py": test_hf_parity_round10b.CASES,
+        "test_hf_parity_round12.py": test_hf_parity_round12.CASES,
         "test_hf_parity_round5.py": READ_CASES,
     }
     tables = [*COVERAGE.values(), ROPE_COVERAGE, EXTRA_COVERAGE]
