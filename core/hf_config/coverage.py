@@ -4,7 +4,8 @@ test that proves it); NO_EFFECT: transformers' logits do not change with it (a f
 generate); REFUSED_UNLESS_DEFAULT: another value is refused in one line naming the file and the
 field; SUBSTITUTED: a part of Switch (T5's decoder, relative positions, capacity) that moepipe's
 causal substitute over the encoder's weights replaces. `ROPE_COVERAGE`: rope_parameters' keys;
-`EXTRA_COVERAGE`: fields outside the classes that transformers' shared code reads;
+`EXTRA_COVERAGE`: fields outside the classes that transformers' shared code reads, and
+those released config.json files carry that nothing reads (NO_EFFECT: accepted, ignored);
 core.hf_config.generation's `GENERATION_COVERAGE`: generation_config.json's (USER: set by
 moepipe's own call, greedy for gen_len steps, and logged as not applied).
 
@@ -35,6 +36,8 @@ _P8 = "test_hf_parity_round8.py::test_bias_equals_transformers"
 _P10 = "test_hf_parity_round10.py::test_qwen3_moe_equals_transformers"
 _P10V3 = "test_hf_parity_round10b.py::test_deepseek_v3_equals_transformers"
 _P12 = "test_hf_parity_round12.py::test_field_equals_transformers"
+_P12U = "test_hf_parity_round12.py::test_a_released_field_no_class_takes_is_ignored"
+_P12S = "test_hf_parity_round12.py::test_switch_t5_feed_forward_fields_are_ignored"
 _QUIET = "round5's test_no_effect_field_leaves_transformers_logits"
 _OUT = (NO_EFFECT, "an output or training switch: " + _QUIET)
 
@@ -258,6 +261,17 @@ EXTRA_COVERAGE: dict[str, Entry] = {
     ),
     "transformers_weights": (REFUSED, "model.safetensors: round5's test_transformers_weights_..."),
     "per_layer_config": (NO_EFFECT, "no family here applies it: " + _QUIET),
+    # released config.json files' fields no class here takes and nothing reads: DeepSeek's own
+    # code's training and expert-parallel settings and remote-code map, Qwen3-30B-A3B's
+    # max_window_layers (Qwen2-MoE's field), T5's and Switch's feed-forward and router names
+    "aux_loss_alpha": (NO_EFFECT, "a training loss: " + _P12U),
+    "seq_aux": (NO_EFFECT, "a training loss: " + _P12U),
+    "ep_size": (NO_EFFECT, "DeepSeek's expert parallelism: " + _P12U),
+    "auto_map": (NO_EFFECT, "remote code, unused without trust_remote_code: " + _P12U),
+    "max_window_layers": (NO_EFFECT, "Qwen3-MoE: " + _P12U),
+    "feed_forward_proj": (NO_EFFECT, "Switch: " + _P12S),
+    "is_gated_act": (NO_EFFECT, "Switch: " + _P12S),
+    "router_type": (NO_EFFECT, "Switch: " + _P12S),
     # Qwen2-MoE's, Qwen3-MoE's and OLMoE's attention read it though their classes lack it
     # (OLMoE's only as hidden_size / num_attention_heads, else refused: its q_norm spans
     # hidden_size)

@@ -10,7 +10,10 @@ DeepSeek-V3, DeepSeek-V3 with two shared experts and no dense layer, and with on
 and no shared expert; through moepipe's forward and klotski's real run, float32 and bfloat16.
 And every name of transformers' ACT2FN as hidden_act: each runs as transformers computes it
 (before, 13 were refused) but prelu and xielu, whose learned weights moepipe does not load,
-refused in one line.
+refused in one line. Fields released config.json files carry that no class takes and nothing
+reads (DeepSeek's aux_loss_alpha, seq_aux, ep_size, auto_map; Qwen3's max_window_layers;
+Switch's feed_forward_proj, is_gated_act, router_type) leave transformers' logits and moepipe's
+as they are.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round12.py
 """
@@ -197,3 +200,50 @@ def test_an_activation_of_learned_weights_is_one_line(act, built, tmp_path):
     fields["dense_act_fn"] = act
     with pytest.raises(ConfigError, match=rf"dense_act_fn='{act}' is transformers'"):
         hf_runtime(HFConfig(fields, "config.json"), hf_config_to_spec(fields, "s"))
+
+
+# fields released config.json files carry that no class of theirs takes and nothing reads
+# (DeepSeek's own code's training and parallelism settings, its remote-code map; the
+# Qwen2-MoE field Qwen3-30B-A3B's file keeps)
+UNREAD = {
+    "deepseek_v3-shared": {"aux_loss_alpha": 0.001, "seq_aux": True, "ep_size": 8}
+    | {"auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}},
+    "qwen3_moe-mqa": {"max_window_layers": 1},
+}
+
+
+@pytest.mark.parametrize("case", UNREAD)
+def test_a_released_field_no_class_takes_is_ignored(case, built, prompt, tmp_path):
+    """Each field of UNREAD leaves transformers' logits as they are (bit for bit), and moepipe
+    accepts it and gives those logits and tokens (EXTRA_COVERAGE: NO_EFFECT)."""
+    from core.hf_config.coverage import EXTRA_COVERAGE, NO_EFFECT
+
+    assert all(EXTRA_COVERAGE[k][0] == NO_EFFECT for k in UNREAD[case])
+    ckpt, hf = built(case)
+    edited = Path(shutil.copytree(ckpt, tmp_path / "edited"))
+    edit_config(edited, **UNREAD[case])
+    hf_edited = load_hf(edited)
+    torch.testing.assert_close(hf_greedy(hf_edited, prompt)[1], hf_greedy(hf, prompt)[1])
+    assert_transformers(edited, hf_edited, prompt, "f32")
+
+
+def test_switch_t5_feed_forward_fields_are_ignored(prompt, tmp_path):
+    """T5's feed_forward_proj and is_gated_act and Switch's router_type, which switch-base-8's
+    config.json carries and neither SwitchTransformersConfig nor its model reads: transformers'
+    logits are the same with a gated activation named, and so are moepipe's."""
+    from tests.real.test_hf_parity_round5 import SWITCH, SWITCH_LAYERS, SWITCH_SPARSE, logits_of
+
+    cfg = transformers.SwitchTransformersConfig(**SWITCH, **SWITCH_LAYERS, **SWITCH_SPARSE)
+    torch.manual_seed(0)
+    model = transformers.SwitchTransformersForConditionalGeneration(cfg).eval()
+    model.save_pretrained(tmp_path / "base")
+    edited = Path(shutil.copytree(tmp_path / "base", tmp_path / "edited"))
+    fields = {"feed_forward_proj": "gated-gelu", "is_gated_act": True, "router_type": "x"}
+    edit_config(edited, **fields)
+    cls = transformers.SwitchTransformersForConditionalGeneration
+    assert torch.equal(
+        logits_of(cls.from_pretrained(edited).eval(), prompt), logits_of(model, prompt)
+    )
+    tokens, logits = reference_generate(edited, prompt, 2)
+    base_tokens, base_logits = reference_generate(tmp_path / "base", prompt, 2)
+    assert torch.equal(tokens, base_tokens) and torch.equal(logits, base_logits)
