@@ -229,7 +229,8 @@ ROPE_COVERAGE: dict[str, Entry] = {
     "low_freq_factor": (READ, "*-llama3 in " + _P),
     "high_freq_factor": (READ, "*-llama3 in " + _P),
     "mscale": (READ, "deepseek_v2-yarn in " + _P + "; V3's release: *-yarn_shipped in " + _P12),
-    "mscale_all_dim": (READ, "deepseek_v2-yarn in " + _P),
+    # DeepSeek's softmax takes it under linear, dynamic and llama3 too (elsewhere: refused)
+    "mscale_all_dim": (READ, "deepseek_v2-yarn in " + _P + "; *-linear_mscale in " + _P12),
     "partial_rotary_factor": (REFUSED, "1 with scaled RoPE but proportional: " + _F9),
     "short_factor": (READ, "test_hf_parity_round9.py::test_rope_type_is_transformers"),
     "long_factor": (READ, "test_hf_parity_round9.py::test_rope_type_is_transformers"),

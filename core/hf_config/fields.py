@@ -352,7 +352,7 @@ class HFConfig:
             for key in ("rope_scaling", "rope_parameters"):
                 rope = self.sub(key)
                 rope.check()
-                check_rope(rope)
+                check_rope(rope, self.family)
 
 
 def hf_config_file(path: str | Path) -> Path:

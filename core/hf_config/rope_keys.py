@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import quoted
 from core.hf_config.coverage import NO_EFFECT, ROPE_COVERAGE
+from core.spec import MLA_FAMILIES
 
 if TYPE_CHECKING:
     from core.hf_config.fields import HFConfig
@@ -27,13 +28,18 @@ TYPE_KEYS: dict[str, frozenset[str]] = {
     "proportional": _ANY | {"factor"},
 }
 _SCALING = frozenset().union(*TYPE_KEYS.values()) - _ANY
+# DeepSeek-V2's and V3's attention scale their softmax by yarn_get_mscale(factor,
+# mscale_all_dim)^2 under any scaled type (transformers' yarn_apply_mscale), so these types
+# take it there too; longrope and proportional, where that fails or moepipe does not, do not
+_MLA_KEYS = {k: frozenset({"mscale_all_dim"}) for k in ("linear", "dynamic", "llama3")}
 # keys no family reads (multimodal RoPE's): transformers' logits are the same
 _QUIET = frozenset(k for k, (how, _) in ROPE_COVERAGE.items() if how == NO_EFFECT)
 
 
-def check_rope(p: HFConfig) -> None:
-    """Check one RoPE object's (`p`, read by ROPE_FIELDS, its fields already typed) relations;
-    a type moepipe does not know is left to the real model, which refuses it."""
+def check_rope(p: HFConfig, family: str) -> None:
+    """Check one RoPE object's (`p`, read by ROPE_FIELDS, its fields already typed) of a
+    `family`'s config.json relations; a type moepipe does not know is left to the real model,
+    which refuses it."""
     key = p.prefix.rstrip(".")
     kinds = {k: p.fields[k] for k in ("rope_type", "type") if p.fields.get(k) is not None}
     if len(set(kinds.values())) > 1:
@@ -52,11 +58,14 @@ def check_rope(p: HFConfig) -> None:
         return
     if kind not in TYPE_KEYS:
         return
-    unknown = sorted(k for k in p.fields if k not in TYPE_KEYS[kind] | _QUIET)
+    takes = TYPE_KEYS[kind] | (
+        _MLA_KEYS.get(kind, frozenset()) if family in MLA_FAMILIES else set()
+    )
+    unknown = sorted(k for k in p.fields if k not in takes | _QUIET)
     if unknown:
         raise p.error(
             f"{key}.{quoted(unknown[0])} is not a key of {kind} RoPE; it takes "
-            f"{', '.join(sorted(TYPE_KEYS[kind]))}: remove or rename it"
+            f"{', '.join(sorted(takes))}: remove or rename it"
         )
     _check_values(p, key)
 

@@ -2,18 +2,19 @@
 against the parity tests, each field no round ran in a family run there at a value its real
 models ship or an edge value the class takes.
 
-New here: Qwen3-MoE and DeepSeek-V3 under dynamic and llama3 RoPE and the YaRN forms
-their releases ship (DeepSeek-V3's legacy rope_scaling, mscale 1 and mscale_all_dim 1, factor
-40), DeepSeek-V2's shipped YaRN (mscale 0.707), one key/value head (MQA) in every GQA family,
-vocab_size 131 (not a multiple of 8), rms_norm_eps in Qwen3-MoE (its per-head QK-norm too) and
-DeepSeek-V3, DeepSeek-V3 with two shared experts and no dense layer, and with one expert group
-and no shared expert; through moepipe's forward and klotski's real run, float32 and bfloat16.
-And every name of transformers' ACT2FN as hidden_act: each runs as transformers computes it
-(before, 13 were refused) but prelu and xielu, whose learned weights moepipe does not load,
-refused in one line. Fields released config.json files carry that no class takes and nothing
-reads (DeepSeek's aux_loss_alpha, seq_aux, ep_size, auto_map; Qwen3's max_window_layers;
-Switch's feed_forward_proj, is_gated_act, router_type) leave transformers' logits and moepipe's
-as they are.
+New here: Qwen3-MoE and DeepSeek-V3 under dynamic and llama3 RoPE, DeepSeek's mscale_all_dim
+under llama3 and linear RoPE (its softmax scale; before, refused as no key of theirs), the
+YaRN forms their releases ship (DeepSeek-V3's legacy rope_scaling, mscale 1 and mscale_all_dim
+1, factor 40), DeepSeek-V2's shipped YaRN (mscale 0.707), one key/value head (MQA) in every
+GQA family, vocab_size 131 (not a multiple of 8), rms_norm_eps in Qwen3-MoE (its per-head
+QK-norm too) and DeepSeek-V3, DeepSeek-V3 with two shared experts and no dense layer, and with
+one expert group and no shared expert; through moepipe's forward and klotski's real run,
+float32 and bfloat16. And every name of transformers' ACT2FN as hidden_act: each runs as
+transformers computes it (before, 13 were refused) but prelu and xielu, whose learned weights
+moepipe does not load, refused in one line. Fields released config.json files carry that no
+class takes and nothing reads (DeepSeek's aux_loss_alpha, seq_aux, ep_size, auto_map; Qwen3's
+max_window_layers; Switch's feed_forward_proj, is_gated_act, router_type) leave transformers'
+logits and moepipe's as they are.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round12.py
 """
@@ -33,6 +34,7 @@ from real.activations import ACTIVATIONS
 from real.model import reference_generate
 from tests.real.test_hf_parity import DTYPES, dynamic, hf_greedy, llama3
 from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf, save_cast
+from tests.real.test_hf_parity_round4 import linear
 from tests.real.test_hf_parity_round10 import (
     assert_case_is_transformers,
     assert_run_is_transformers,
@@ -52,6 +54,11 @@ def shipped_yarn(factor: float, **more: float) -> dict[str, Any]:
     return {"rope_parameters": rope | {"original_max_position_embeddings": 4, **more}}
 
 
+def with_mscale(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields`' RoPE object with mscale_all_dim 0.7 (DeepSeek-V2's release: 0.707)."""
+    return {"rope_parameters": fields["rope_parameters"] | {"mscale_all_dim": 0.7}}
+
+
 _BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # one key/value head (MQA) and a vocabulary of 131 (not a multiple of 8), with an ACT2FN name
 # moepipe refused before
@@ -64,7 +71,9 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "qwen3_moe-yarn_shipped": ("qwen3_moe", shipped_yarn(4.0), ROPE),
     "qwen3_moe-mqa": ("qwen3_moe", _MQA | {"rms_norm_eps": 0.5, "hidden_act": "mish"}, ()),
     "deepseek_v3-dynamic": ("deepseek_v3", dynamic(1e4), ROPE),
-    "deepseek_v3-llama3": ("deepseek_v3", llama3(1e4), ROPE),
+    # DeepSeek's softmax takes mscale_all_dim under any scaled type, not yarn's alone
+    "deepseek_v3-llama3_mscale": ("deepseek_v3", with_mscale(llama3(1e4)), ROPE),
+    "deepseek_v2-linear_mscale": ("deepseek_v2", with_mscale(linear(1e4)), ROPE),
     "deepseek_v3-yarn_shipped": (
         "deepseek_v3",
         shipped_yarn(40.0, mscale=1.0, mscale_all_dim=1.0, **_BETAS),
@@ -140,6 +149,23 @@ def test_v3_shipped_legacy_rope_scaling_equals_transformers(built, prompt, tmp_p
     _, want = hf_greedy(hf, prompt)
     torch.testing.assert_close(hf_greedy(hf_legacy, prompt)[1], want, atol=0, rtol=0)
     assert_transformers(legacy, hf_legacy, prompt, "f32")
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3-llama3_mscale", "deepseek_v2-linear_mscale"])
+def test_deepseek_mscale_all_dim_of_any_scaled_rope_counts(case, built, prompt, tmp_path):
+    """mscale_all_dim under llama3 or linear RoPE in DeepSeek moves the logits (transformers'
+    yarn_apply_mscale scales the softmax under any type but default; the cases above match
+    them). Before: refused, "mscale_all_dim is not a key of llama3 RoPE"."""
+    from real.model import live_routing
+
+    ckpt, _ = built(case)
+    plain = Path(shutil.copytree(ckpt, tmp_path / "plain"))
+    rope = dict(CASES[case][1]["rope_parameters"])
+    del rope["mscale_all_dim"]
+    edit_config(plain, rope_parameters=rope)
+    _, logits = reference_generate(ckpt, prompt, 2)
+    _, plain_logits = reference_generate(plain, prompt, 2, live_routing(ckpt, prompt, 2))
+    assert (logits - plain_logits).abs().max() > 0.05
 
 
 # the real executor: klotski streaming the experts from disk
