@@ -325,20 +325,16 @@ def _shared_work(
 
 def _start(env: simpy.Environment, stream: Generator[simpy.Event, Any, None]) -> None:
     """Run a stream's generator as simpy's `env.process` would, at the same instants and in
-    the same order (its start an URGENT event of time 0, as simpy's `Initialize`), through a
-    callback of two calls per event: the streams' ops wait only on events that succeed (no
-    failure to throw in) and not yet processed, and nothing waits on a stream's end (simpy's
-    Process event, which it schedules when the generator ends, is left out: the other events
-    keep their order)."""
-    send = stream.send
-
-    def resume(event: simpy.Event) -> None:
-        try:
-            nxt = send(event._value)
-        except StopIteration:
-            return
-        nxt.callbacks.append(resume)
-
+    the same order (its start an URGENT event of time 0, as simpy's `Initialize`). Each event
+    it waits on calls the generator's own `send`, which the generator adds to the event's
+    callbacks itself (`_run_stream`): one C-level call per event, no Python frame around it.
+    The streams' ops wait only on events that succeed (no failure to throw in) and not yet
+    processed, and nothing waits on a stream's end (simpy's Process event, which it schedules
+    when the generator ends, is left out: the other events keep their order). Primed here and
+    handed its `send`, the generator waits at its second `yield` for the start event."""
+    resume: Any = stream.send  # a callback: what it returns, simpy drops
+    next(stream)
+    stream.send(resume)
     init = simpy.Event(env)
     init.callbacks, init._ok, init._value = [resume], True, None
     env.schedule(init, URGENT)
@@ -348,9 +344,12 @@ def _run_stream(
     env: simpy.Environment, run: _Run, schedule: Schedule, ops: list[tuple[Any, ...]]
 ) -> Generator[simpy.Event, Any, None]:
     """One stream's process: each op in turn waits for its deps, its memory and its resource,
-    runs, and frees its memory."""
-    timeout, event = env.timeout, env.event
-    queue, eid = env._queue, env._eid
+    runs, and frees its memory. It adds `resume` (its own `send`, from `_start`'s priming) to
+    each event it waits on, then yields the event (simpy's loop ignores it; a Process would
+    wait on it); at its end it waits on an event that never triggers (no StopIteration)."""
+    resume = yield env.event()
+    yield env.event()  # from here at the start event
+    timeout, event, queue, eid = env.timeout, env.event, env._queue, env._eid
     ran = object.__new__(Timeout)  # an op's run (`dur` below)
     ran.env, ran.callbacks, ran._value, ran._delay, ran._ok = env, [], None, 0, True
     start, end, granted = run.start, run.end, run.granted
@@ -361,6 +360,7 @@ def _run_stream(
                 ev = waiters[d]
                 if ev is None:
                     ev = waiters[d] = event()
+                ev.callbacks.append(resume)
                 yield ev
         if a_bytes:
             pool = pools[a_tier]
@@ -369,14 +369,18 @@ def _run_stream(
             else:
                 ev = event()
                 pool.waiting.append((a_bytes, ev))
+                ev.callbacks.append(resume)
                 yield ev
             granted[op_id] = env._now
         if delay > 0:  # the host's work before it (G processes: `CostModel.start_delays`)
-            yield timeout(delay)
+            ev = timeout(delay)
+            ev.callbacks.append(resume)
+            yield ev
         if lock is not None:
             if lock.busy:
                 ev = event()
                 lock.queue.append(ev)
+                ev.callbacks.append(resume)
                 yield ev  # the releaser hands the lock over: busy stays True
             else:
                 lock.busy = True
@@ -388,12 +392,14 @@ def _run_stream(
             # per op, the run's most frequent event; the same (time, priority, id) in the
             # queue. The stream's one event, made again ready: it waits on one at a time, and
             # simpy has popped the last one from its queue by the time the stream goes on
-            ran.callbacks = []
+            ran.callbacks = [resume]
             heappush(queue, (now + dur, NORMAL, next(eid), ran))
             yield ran
             now = env._now
         if fluid is not None and fluid[1] > 0:
-            yield fluid[0].run(op_id, fluid[1], fluid[2])
+            ev = fluid[0].run(op_id, fluid[1], fluid[2])
+            ev.callbacks.append(resume)
+            yield ev
             now = env._now
         end[op_id] = now
         if sm is not None:
@@ -413,3 +419,4 @@ def _run_stream(
         ev = waiters[op_id]
         if ev is not None:
             ev.succeed()
+    yield event()

@@ -324,6 +324,31 @@ def test_a_run_makes_no_timeout_and_no_process(monkeypatch, made_by):
     assert made == []
 
 
+def test_each_event_resumes_its_streams_by_their_own_send(monkeypatch):
+    """Each event a stream waits on (an op's run, a dep) calls the stream generator's own `send`
+    (added by the generator itself), not a Python function around it, a frame less per event:
+    a 1 s load and a 0.5 s compute after it end at 1 s and 1.5 s, and every callback of every
+    event simpy runs is a generator's send."""
+    import types
+
+    import simpy
+
+    seen = []
+    real = simpy.Environment.step
+
+    def step(env):
+        if env._queue:  # (the last step finds it empty and ends the run)
+            seen.extend(env._queue[0][3].callbacks)
+        real(env)
+
+    monkeypatch.setattr(simpy.Environment, "step", step)
+    start, end = _load_then_compute()
+    assert list(end) == pytest.approx([1.0, 1.5]) and list(start) == pytest.approx([0.0, 1.0])
+    assert len(seen) == 5  # two starts, the load's run, the dep, the compute's run
+    assert all(getattr(c, "__name__", "") == "send" for c in seen)
+    assert all(isinstance(getattr(c, "__self__", None), types.GeneratorType) for c in seen)
+
+
 def test_a_stream_runs_its_ops_on_one_event(monkeypatch):
     """A stream waits on one op's run at a time, so one event of its own stands for each run
     in turn, put back on simpy's queue (an object made per op was a tenth of the simulation):
