@@ -371,9 +371,15 @@ def write_trace_parquet(trace: pd.DataFrame, path: Path) -> None:
     """trace.parquet: dictionary-encoded where the frame's column is categorical (stream, kind
     ...) and plain elsewhere. pyarrow's default tries a dictionary on every column, which for
     ids and times of distinct values only costs: half the write's time, and a larger file. The
-    frame read back is the same."""
+    frame read back is the same. The bytes are `trace.to_parquet(path, index=False,
+    use_dictionary=cats)`'s, written by pyarrow itself: pandas' writer converts the columns on
+    a pool of threads and writes through a Python file object, a fifth more CPU for this."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     cats = [c for c in trace.columns if isinstance(trace[c].dtype, pd.CategoricalDtype)]
-    trace.to_parquet(path, index=False, use_dictionary=cats)
+    table = pa.Table.from_pandas(trace, preserve_index=False, nthreads=1)
+    pq.write_table(table, str(path), compression="snappy", use_dictionary=cats)
 
 
 def write_balance(out: Path, result: RunResult) -> None:

@@ -512,6 +512,23 @@ def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
         pd.testing.assert_frame_equal(new, trace, check_exact=True, check_categorical=True)
 
 
+def test_trace_parquet_is_pandas_writers_file_without_it(runs, tmp_path, monkeypatch):
+    """write_trace_parquet writes the bytes `DataFrame.to_parquet` writes with its dictionaries,
+    by pyarrow itself (pandas' writer converts on a pool of threads and writes through a Python
+    file object): the same file, with to_parquet out of reach."""
+    from experiments.common.pipeline import write_trace_parquet
+
+    refs = []
+    for i, (_, trace) in enumerate(runs):
+        cats = [c for c in trace.columns if isinstance(trace[c].dtype, pd.CategoricalDtype)]
+        trace.to_parquet(tmp_path / f"ref{i}.parquet", index=False, use_dictionary=cats)
+        refs.append((tmp_path / f"ref{i}.parquet").read_bytes())
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", None)
+    for i, (_, trace) in enumerate(runs):
+        write_trace_parquet(trace, tmp_path / f"new{i}.parquet")
+        assert (tmp_path / f"new{i}.parquet").read_bytes() == refs[i]
+
+
 def test_streams_resumed_without_processes_run_as_simpy_processes(runs, monkeypatch):
     """The simulator's own resume of each stream (`sim.executor._start`) gives every planner's
     run the start, end and grant times simpy's `env.process` gives it, to the bit (pools, SM
