@@ -312,10 +312,10 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     d = dur.tolist()
     if not (np.isfinite(dur).all() and (dur >= 0).all()):  # the reduction needs durations >= 0
         pred_ptr, pred = _csr(dst, src, n)
-        head = _heads(d, np.diff(pred_ptr), pred)
+        head = _heads(d, _plus_zero(dur), np.diff(pred_ptr), pred)
         del pred_ptr, pred
         succ_ptr, succ = _csr(src, dst, n)
-        return head, _tails(d, np.diff(succ_ptr), succ)
+        return head, _tails(d, _plus_zero(dur), np.diff(succ_ptr), succ)
     n_streams = len(schedule.streams)
     # per (op, stream of its predecessor) the last predecessor; per (op, stream of its
     # successor) the first successor
@@ -325,7 +325,7 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     keep = np.flatnonzero(last >= 0)
     pred_ptr, pred = _csr(keep // n_streams, last[keep], n)
     del key, last, keep
-    head = _heads(d, np.diff(pred_ptr), pred)
+    head = _heads(d, _plus_zero(dur), np.diff(pred_ptr), pred)
     del pred_ptr, pred
     key = src * np.int32(n_streams) + sid[dst]
     first = np.full(n * n_streams, n, np.int32)
@@ -334,18 +334,24 @@ def _heads_tails(schedule: Schedule, dur: np.ndarray) -> tuple[np.ndarray, np.nd
     del key, src, dst
     succ_ptr, succ = _csr(keep // n_streams, first[keep], n)
     del first, keep
-    return head, _tails(d, np.diff(succ_ptr), succ)
+    return head, _tails(d, _plus_zero(dur), np.diff(succ_ptr), succ)
 
 
-def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
+def _plus_zero(dur: np.ndarray) -> list[float]:
+    """Each duration + 0.0 (a -0.0 made 0.0), as a list: `[x + 0.0 for x in dur.tolist()]`,
+    the same IEEE sums, added in numpy."""
+    return (dur + 0.0).tolist()
+
+
+def _heads(d: list[float], fin: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
     """`_heads_tails`' pass over ops in id order, given each op's predecessors (`n_pred` of
-    them, grouped by op in `pred`). Per op, `fin` (head + duration) is kept, added as the
-    per-edge sums were, and an op with one to three predecessors, most of them, takes their
-    maximum as max() would, without building a list."""
+    them, grouped by op in `pred`). Per op, `fin` (head + duration; on entry each duration
+    + 0.0, `_plus_zero`: head 0.0 where no op comes before) is kept, added as the per-edge
+    sums were, and an op with one to three predecessors, most of them, takes their maximum as
+    max() would, without building a list."""
     n = len(d)
     pl = pred.tolist()
     head = [0.0] * n
-    fin = [x + 0.0 for x in d]  # head + duration (head 0.0 where no op comes before)
     a = 0
     for i, c in enumerate(n_pred.tolist()):
         if c == 1:
@@ -374,13 +380,12 @@ def _heads(d: list[float], n_pred: np.ndarray, pred: np.ndarray) -> np.ndarray:
     return np.asarray(head)
 
 
-def _tails(d: list[float], n_succ: np.ndarray, succ: np.ndarray) -> np.ndarray:
+def _tails(d: list[float], after: list[float], n_succ: np.ndarray, succ: np.ndarray) -> np.ndarray:
     """`_heads_tails`' pass over ops in reverse id order, given each op's successors: per op,
-    `after` (duration + tail), as `_heads` keeps `fin`."""
+    `after` (duration + tail; on entry each duration + 0.0), as `_heads` keeps `fin`."""
     n = len(d)
     sl = succ.tolist()
     tail = [0.0] * n
-    after = [x + 0.0 for x in d]  # duration + tail
     cs = n_succ.tolist()
     b = len(sl)
     for i in range(n - 1, -1, -1):

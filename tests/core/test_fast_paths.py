@@ -22,7 +22,7 @@ from core.schedule import (
     validate,
 )
 from core.spec import Workload
-from core.trace import _heads_tails, make_trace, peak_bytes, prefill_s, work_s
+from core.trace import _heads_tails, _plus_zero, make_trace, peak_bytes, prefill_s, work_s
 from core.types import OpKind, Resource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, build_schedule, simulate_trace
 from planners import planner_names
@@ -187,7 +187,7 @@ def test_head_and_tail_passes_take_max_over_any_number_of_predecessors():
             head[i] = max([fin[p] for p in pred[a : a + c].tolist()])
             fin[i] = head[i] + d[i]
         a += c
-    got = _heads(d.tolist(), counts, pred)
+    got = _heads(d.tolist(), _plus_zero(d), counts, pred)
     assert np.array_equal(got, np.asarray(head), equal_nan=True)
     # the same lists read backwards: op i's successors are op n-1-i's predecessors above
     succ = (n - 1 - pred)[::-1]
@@ -198,7 +198,7 @@ def test_head_and_tail_passes_take_max_over_any_number_of_predecessors():
             tail[i] = max([0.0, *[after[s] for s in succ[b - c : b].tolist()]])
             after[i] = d[::-1][i] + tail[i]
         b -= c
-    got = _tails(d[::-1].tolist(), counts[::-1], succ)
+    got = _tails(d[::-1].tolist(), _plus_zero(d[::-1]), counts[::-1], succ)
     assert np.array_equal(got, np.asarray(tail), equal_nan=True)
 
 
@@ -510,6 +510,17 @@ def test_trace_parquet_reads_back_as_the_frame_it_was(runs, tmp_path):
         new, ref = (pd.read_parquet(tmp_path / f"{w}{i}.parquet") for w in ("new", "ref"))
         pd.testing.assert_frame_equal(new, ref, check_exact=True, check_categorical=True)
         pd.testing.assert_frame_equal(new, trace, check_exact=True, check_categorical=True)
+
+
+def test_durations_plus_zero_added_in_numpy_are_pythons_sums():
+    """The DAG bound's passes start from each duration + 0.0, added in numpy (`_plus_zero`), not
+    in a Python loop over the ops: the same IEEE sums bit for bit (-0.0 made 0.0, a NaN kept,
+    subnormals and infinities as they are)."""
+    dur = np.array([-0.0, 0.0, 1.5, 1e-310, -1e-310, np.inf, -np.inf, np.nan, 0.1 + 0.2, -3.0])
+    got = _plus_zero(dur)
+    want = [x + 0.0 for x in dur.tolist()]
+    assert type(got) is list and [type(x) for x in got] == [float] * len(want)
+    assert np.array(got).tobytes() == np.array(want).tobytes()
 
 
 def test_trace_parquet_is_pandas_writers_file_without_it(runs, tmp_path, monkeypatch):
