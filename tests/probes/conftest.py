@@ -9,6 +9,7 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from core.errors import MoepipeError
 from experiments.common.cli import error_line
 from real.checkpoint import reduced_spec
 from real.checkpoint_write import write_checkpoint
-from tests.conftest import overridden, user_env
+from tests.conftest import built_once, overridden, user_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # routing_stats fits its generator to the ESFT trace (seconds of CPU a run): a test over
@@ -65,11 +66,29 @@ def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-def tiny_run(run_dir: Path) -> Path:
-    """`run_dir` holding a finished tiny simulated run, made as a user runs it (a module's
-    fixture makes one and its tests edit copies)."""
+# the test session's temporary root, where `tiny_run` keeps the run it copies
+_SESSION: list[pytest.TempPathFactory] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tiny_run_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _SESSION[:] = [tmp_path_factory]
+
+
+def _made_tiny_run(run_dir: Path) -> None:
     r = cli("experiments.run", *TINY, f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr
+
+
+def tiny_run(run_dir: Path) -> Path:
+    """`run_dir` holding a finished tiny simulated run, made as a user runs it (a module's
+    fixture makes one and its tests edit copies): one run a test session (both test processes,
+    tests.conftest.built_once), copied into `run_dir`."""
+    if not _SESSION:  # outside a test session
+        _made_tiny_run(run_dir)
+        return run_dir
+    made, _ = built_once(_SESSION[0], "tiny_run", lambda f: _made_tiny_run(f / "run"))
+    shutil.copytree(made / "run", run_dir, symlinks=True)
     return run_dir
 
 

@@ -24,17 +24,14 @@ from experiments.common import peers
 from experiments.common.run_dir import replace_run, staged_outputs
 from real.checkpoint import reduced_spec
 from tests.conftest import NEEDS_TRACES, ROOT, SHARED_TRACES
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run's dir in a sweep folder of its own (one subprocess for the module);
     tests work on a copy."""
-    run = tmp_path_factory.mktemp("round7") / "sweep" / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    return run
+    return tiny_run(tmp_path_factory.mktemp("round7") / "sweep" / "run")
 
 
 def copied(run: Path, tmp_path: Path) -> Path:

@@ -22,7 +22,7 @@ from experiments.common.peers import side_failed
 from experiments.common.tables import read_run
 from real import checkpoint
 from tests.conftest import ROOT
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 
 
 def test_memory_filesystems_are_told_from_disks() -> None:
@@ -49,10 +49,7 @@ def test_a_disk_dir_in_memory_is_refused(
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("round8") / "sweep" / "run"
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr
-    return run
+    return tiny_run(tmp_path_factory.mktemp("round8") / "sweep" / "run")
 
 
 def edited(run: Path, tmp_path: Path, change: Any) -> Path:
