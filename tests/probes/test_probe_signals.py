@@ -339,7 +339,9 @@ def test_sigterm_of_a_distributed_run_stops_its_ranks(
     _, err = p.communicate(timeout=60)
     assert p.returncode == STOPS[sig], err
     assert len(err.splitlines()) == 1 and "did not finish" in stop_line(err, sig)
-    time.sleep(2)
+    gone = time.monotonic() + 2  # the ranks' stop takes them within 2 s of the command's end
+    while [k for k in ranks if Path(f"/proc/{k}").exists()] and time.monotonic() < gone:
+        time.sleep(0.02)
     assert not [k for k in ranks if Path(f"/proc/{k}").exists()], "ranks left running"
     assert not (run / "summary.json").exists()
 
