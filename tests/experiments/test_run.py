@@ -114,9 +114,9 @@ def test_trace_json_never_writes_over_a_runs_own_files(tmp_path, capsys, run_in)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
-def test_sweep_runs_every_planner(tmp_path):
+def test_sweep_runs_every_planner(tmp_path, run_in):
     # one process (n_jobs=1): joblib's workers would each import the project again
-    r = run(["-m", *TINY, "planner=sequential,flexgen", "hydra.launcher.n_jobs=1"], tmp_path)
+    r = run_in(["-m", *TINY, "planner=sequential,flexgen", "hydra.launcher.n_jobs=1"], tmp_path)
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "sweep").rglob("summary.json"))
     assert {json.loads(p.read_text())["planner"] for p in summaries} == {"sequential", "flexgen"}

@@ -22,18 +22,20 @@ from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, ti
 NOT_UTF8 = b"\xff\xfe\x00: [\x80"
 
 
-def test_missing_interpolation_in_the_sweep_dir_is_one_line(tmp_path: Path) -> None:
+def test_missing_interpolation_in_the_sweep_dir_is_one_line(tmp_path: Path, cli_here: Any) -> None:
     """`hydra.sweep.dir=...${nosuch.key}`: hydra warned of the progress callback's error over
     five lines before the launcher's own error."""
-    r = cli("experiments.run", "-m", *TINY, f"hydra.sweep.dir={tmp_path}/s_${{nosuch.key}}")
+    r = cli_here("experiments.run", "-m", *TINY, f"hydra.sweep.dir={tmp_path}/s_${{nosuch.key}}")
     one_line(r, "hydra.sweep.dir", "nosuch.key")
     assert not any(tmp_path.iterdir())
 
 
-def test_missing_interpolation_in_the_subdir_starts_its_own_line(tmp_path: Path) -> None:
+def test_missing_interpolation_in_the_subdir_starts_its_own_line(
+    tmp_path: Path, cli_here: Any
+) -> None:
     """`hydra.sweep.subdir=...${nosuch.key}`: the error line went on after the progress bar's,
     on the same line, and the sweep dir was left with hydra's multirun.yaml in it."""
-    r = cli(
+    r = cli_here(
         "experiments.run",
         "-m",
         *TINY,

@@ -14,7 +14,7 @@ import pytest
 
 from experiments.common.run_dir import CODE, finished
 from experiments.reproduce_klotski import report_of
-from tests.probes.conftest import TINY, cli, one_line, raises_one_line, tiny_run
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
 
 RESULTS = [
     ("a table it never writes", "table\nfoo\n", "tables foo"),
@@ -86,12 +86,14 @@ def test_a_run_dir_with_a_broken_file_is_not_finished(
     assert not finished(mine, config)
 
 
-def test_a_rerun_over_a_summary_that_is_a_list_runs_again(run: Path, tmp_path: Path) -> None:
+def test_a_rerun_over_a_summary_that_is_a_list_runs_again(
+    run: Path, tmp_path: Path, cli_here: Any
+) -> None:
     """As a user meets it: the same command into the dir runs again and leaves a summary."""
     mine = tmp_path / "run"
     shutil.copytree(run, mine)
     (mine / "summary.json").write_text("[1, 2]")
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={mine}")
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={mine}")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert isinstance(json.loads((mine / "summary.json").read_text()), dict)
 

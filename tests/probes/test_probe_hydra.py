@@ -67,11 +67,11 @@ def test_bad_yaml_in_a_users_config_dir_is_one_line(
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-def test_bad_point_of_a_sweep_goes_to_failed_txt(tmp_path: Path) -> None:
+def test_bad_point_of_a_sweep_goes_to_failed_txt(tmp_path: Path, cli_here: Any) -> None:
     """A sweep (the basic launcher: one process) over a good value and an interpolation that
     does not resolve: the good point finishes, the bad one leaves one line in failed.txt."""
     sweep = tmp_path / "sweep"
-    r = cli(
+    r = cli_here(
         "experiments.run",
         "-m",
         *TINY,

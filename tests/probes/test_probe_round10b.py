@@ -46,16 +46,15 @@ def test_an_empty_value_for_an_option_with_a_default_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bench_real_refuses_an_empty_hardware_before_writing(tmp_path: Path) -> None:
+def test_bench_real_refuses_an_empty_hardware_before_writing(tmp_path: Path, cli_here: Any) -> None:
     """bench.real hardware= wrote the checkpoint, then calibrated a profile named '' and
     failed with two error lines."""
-    r = cli(
+    r = cli_here(
         "experiments.bench.real",
         "model=tiny",
         "budget_gb=0.0003",
         f"out_dir={tmp_path}/b",
         "hardware=",
-        timeout=120,
     )
     one_line(r, "hardware=''", "an empty value", "this-machine")
     assert not (tmp_path / "b").exists()

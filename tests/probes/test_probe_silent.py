@@ -24,7 +24,15 @@ from experiments.common.pipeline import RunSpec
 from experiments.common.tables import collect
 from real.checkpoint import SINGLE_FILE, load_checkpoint
 from tests.conftest import NEEDS_TRACES, hardware_from_conf
-from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line, trace_run
+from tests.probes.conftest import (
+    ROOT,
+    TINY,
+    cli,
+    one_line,
+    raises_one_line,
+    tiny_run,
+    trace_run,
+)
 
 # ---- non-finite activations -----------------------------------------------------------------
 
@@ -104,8 +112,7 @@ def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sweep folder of one finished tiny run (one subprocess for the module)."""
     root = tmp_path_factory.mktemp("sweep")
-    r = cli("experiments.run", *TINY, f"hydra.run.dir={root / 'good'}")
-    assert r.returncode == 0, r.stderr
+    tiny_run(root / "good")
     return root
 
 
@@ -171,14 +178,16 @@ def test_a_config_yaml_that_is_not_a_mapping_is_skipped(
     assert len(df) == 1 and any("not a mapping" in p for p in problems), problems
 
 
-def test_report_takes_runs_whose_configs_have_other_keys(sweep: Path, tmp_path: Path) -> None:
+def test_report_takes_runs_whose_configs_have_other_keys(
+    sweep: Path, tmp_path: Path, cli_here: Any
+) -> None:
     """A run of other code lacks a config key the others have (NaN in its column): report's
     ranking joined the point's values as strings and failed with an internal error."""
     mine = tmp_path / "sweep"
     shutil.copytree(sweep, mine)
     shutil.copytree(mine / "good", mine / "old")
     (mine / "old" / "config.yaml").write_text("planner: {name: flexgen}\n")
-    r = cli("experiments.report", f"dir={mine}")
+    r = cli_here("experiments.report", f"dir={mine}")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert (mine / "report" / "index.html").is_file()
 
@@ -267,13 +276,15 @@ def test_an_option_the_run_would_ignore_or_widen_is_refused(
         ("hardware.name=", False),
     ],
 )
-def test_a_name_that_is_a_path_is_refused(tmp_path: Path, override: str, sweep: bool) -> None:
+def test_a_name_that_is_a_path_is_refused(
+    tmp_path: Path, override: str, sweep: bool, cli_here: Any
+) -> None:
     """model.name and hardware.name name a run's folder (`${run_model:}`, `${run_hardware:}`):
     one with a `/` or `..` put the run outside its folder, a sweep's point outside the sweep's.
     Refused in one line naming the key, before any folder is made."""
     where = f"hydra.sweep.dir={tmp_path / 'sw'}" if sweep else f"hydra.run.dir={tmp_path / 'r'}"
     before = set(tmp_path.parent.iterdir())
-    r = cli("experiments.run", *(["-m"] if sweep else []), *TINY, override, where)
+    r = cli_here("experiments.run", *(["-m"] if sweep else []), *TINY, override, where)
     bar = f"sweep {tmp_path / 'sw'}:"  # a sweep's progress bar, drawn before the points resolve
     r.stderr = "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith(bar))
     one_line(r, override.split("=")[0], "letters, digits")

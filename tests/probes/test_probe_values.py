@@ -107,12 +107,12 @@ def test_a_value_the_schema_refuses_stops_a_sweep_before_it_starts(
     assert not list(sweep.rglob("summary.json")) and not list(sweep.rglob("failed.txt"))
 
 
-def test_bad_values_in_a_sweep(tmp_path: Path) -> None:
+def test_bad_values_in_a_sweep(tmp_path: Path, cli_here: Any) -> None:
     """One sweep a user runs (the basic launcher: one process): each bad value of the point
     (of its key's type, refused by the run's own checks) is one line in its failed.txt, the good
     point finishes."""
     sweep = tmp_path / "sweep"
-    r = cli(
+    r = cli_here(
         "experiments.run",
         "-m",
         *TINY,
