@@ -28,7 +28,7 @@ TWO_POINTS = [*TINY[:-1], "planner=flexgen,sequential"]
         ([*TINY, "workload.batch_size=1,2", "workload.seed=${oc.env:MOEPIPE_NOPE_16A}"], ["seed"]),
         ([*TWO_POINTS, "hydra/launcher=submitit_local", "workload.gen_len=0"], ["gen_len"]),
         ([*TINY, "workload.gen_len=0"], ["workload.gen_len"]),  # a sweep of one point
-        (["experiment=compare", "workload.gen_len=0"], ["workload.gen_len"]),
+        # an experiment's declared sweep (fig11's two keys; compare's one key was its case too)
         (["experiment=fig11", "hardware.links.h2d.gbps=0"], ["links.h2d.gbps"]),
         (
             ["experiment=replication_switch_128", "replication.split=validation"],
