@@ -66,13 +66,15 @@ def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-# the test session's temporary root, where `tiny_run` keeps the run it copies
+# the test session's temporary root, and the run `tiny_run` copies once it is made there
 _SESSION: list[pytest.TempPathFactory] = []
+_MADE: list[Path] = []
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _tiny_run_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     _SESSION[:] = [tmp_path_factory]
+    _MADE.clear()
 
 
 def _made_tiny_run(run_dir: Path) -> None:
@@ -87,8 +89,10 @@ def tiny_run(run_dir: Path) -> Path:
     if not _SESSION:  # outside a test session
         _made_tiny_run(run_dir)
         return run_dir
-    made, _ = built_once(_SESSION[0], "tiny_run", lambda f: _made_tiny_run(f / "run"))
-    shutil.copytree(made / "run", run_dir, symlinks=True)
+    if not _MADE:  # built_once makes it again for each call in a run without xdist
+        made, _ = built_once(_SESSION[0], "tiny_run", lambda f: _made_tiny_run(f / "run"))
+        _MADE.append(made / "run")
+    shutil.copytree(_MADE[0], run_dir, symlinks=True)
     return run_dir
 
 
