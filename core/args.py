@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +49,7 @@ def as_int(
             n = None
     bound = "" if at_least is None else f" >= {at_least}"
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
-    if n is None and _non_finite(value):  # inf, nan: in the words of every other number's check
+    if n is None and non_finite(value):  # inf, nan: in the words of every other number's check
         raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")
     if n is None:
         raise MoepipeError(f"{key}={value}: not a whole number; pass one{bound}, e.g. {example}")
@@ -58,10 +59,18 @@ def as_int(
     return n
 
 
-def _non_finite(value: Any) -> bool:
+def non_finite(value: Any) -> bool:
+    """Does `value` spell infinity or NaN: a float, or a string as Python reads it (inf, 1e999,
+    nan) or as YAML writes it (.inf, -.Inf, .NaN), which hydra's override parser keeps as a
+    string? Every check of a number says such a value in one wording, "KEY must be a finite
+    number, got VALUE"."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\.inf|\.nan", value.strip(), re.I):
+        return True
     try:
         return not math.isfinite(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from core.args import non_finite
 from core.errors import ConfigError, did_you_mean
 from core.planner import Planner
 
@@ -89,6 +90,10 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
         )
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
+        if _numeric(hints[key]) and non_finite(value):  # in every number's one wording
+            raise ConfigError(
+                f"planner {name}: planner.params.{key} must be a finite number, got {value}"
+            )
         need = _mismatch(hints[key], value)
         if need:
             raise ConfigError(f"planner {name}: planner.params.{key}={value!r} must be {need}")
@@ -134,6 +139,12 @@ def as_typed(name: str, msg: str) -> str:
 
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _numeric(hint: Any) -> bool:
+    """Does a param of type `hint` take a number (an int or a float, maybe among others)?"""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    return int in options or float in options
 
 
 def _mismatch(hint: Any, value: Any) -> str:

@@ -4,7 +4,6 @@ name and what to pass instead (`one_line`), for every command `experiments.commo
 
 from __future__ import annotations
 
-import math
 import re
 import typing
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 import experiments.common.schema  # noqa: F401  registers the schemas
+from core.args import non_finite
 from core.errors import MoepipeError, did_you_mean, quoted
 from experiments.common.command_options import taken_by
 
@@ -368,7 +368,7 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     """The line for a value of the wrong type (a word for a number, a null where a value
     belongs, a scalar for a list, a word for a bool); None for an error of another kind."""
     wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    if wrong and _non_finite(wrong.group(1)):  # YAML's .inf, or inf for a whole number
+    if wrong and non_finite(wrong.group(1)):  # YAML's .inf, or inf for a whole number
         return f"{key} must be a finite number, got {wrong.group(1)}{at}"  # as check_finite's
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
@@ -400,17 +400,6 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         return f"{key}: {wrong.group(1)} where {need} belongs{at}; give {key} {need}"
     return None
-
-
-def _non_finite(text: str) -> bool:
-    """Does `text` spell infinity or NaN, as Python reads it (inf, 1e999, nan) or as YAML
-    writes it (.inf, -.Inf, .NaN), which hydra's override parser keeps as a string?"""
-    if re.fullmatch(r"[+-]?\.inf|\.nan", text.strip(), re.IGNORECASE):
-        return True
-    try:
-        return not math.isfinite(float(text))
-    except ValueError:
-        return False
 
 
 def _whole_float(text: str) -> int | None:
