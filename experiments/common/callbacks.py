@@ -227,14 +227,24 @@ def remove_if_no_runs(sweep_dir: Path, made: Path | None = None) -> None:
     before it ran, as on a logging config that does not resolve). Where the sweep made its dir
     (`made`: the topmost folder made for it, the sweep dir or one above), that dir goes too
     where it then holds hydra's multirun.yaml alone, with the folders up to `made`, if empty."""
+    from experiments.common.dir_lock import LOCK, held_if_free
+
     for root, dirs, files in os.walk(sweep_dir, topdown=False):
         here = Path(root)
         # a hidden folder is hydra's record or a run's staging (`.partial-*`): not a point's
         hidden = here.name.startswith(".")
-        if here == sweep_dir or hidden or any(d != ".hydra" for d in dirs if (here / d).exists()):
+        if (
+            here == sweep_dir
+            or hidden
+            or any(not _unfinished(d) for d in dirs if (here / d).exists())
+        ):
             continue
-        if all(f == SWEEP_MARK or f.endswith(".log") for f in files):
-            shutil.rmtree(here, ignore_errors=True)
+        if not all(f in (SWEEP_MARK, LOCK) or f.endswith(".log") for f in files):
+            continue
+        # a job killed as the sweep stopped left its lock: free now, where no run holds it
+        with held_if_free(here) as free:
+            if free:
+                shutil.rmtree(here, ignore_errors=True)
     if made is None:
         return
     try:
@@ -250,6 +260,12 @@ def remove_if_no_runs(sweep_dir: Path, made: Path | None = None) -> None:
             folder.rmdir()
         except OSError:  # not empty
             break
+
+
+def _unfinished(folder: str) -> bool:
+    """Is `folder`, in a point's dir, hydra's record or a killed run's half-written result
+    (`.partial-*`, not the `-earlier` result a replaced one keeps)?"""
+    return folder == ".hydra" or (folder.startswith(".partial-") and "-earlier" not in folder)
 
 
 def name_config_write_errors() -> None:

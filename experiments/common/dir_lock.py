@@ -42,6 +42,34 @@ def dir_locked(out_dir: Path, busy: str = "another run is writing this run dir")
         os.close(fd)
 
 
+@contextmanager
+def held_if_free(out_dir: Path) -> Iterator[bool]:
+    """Inside: True while holding `out_dir`'s lock where no process held it (the lock file a
+    run killed with SIGKILL left is free), False where a process does, this one included, or
+    `out_dir` is not there. Never waits, and never makes the dir: a sweep stopped takes away
+    its points' dirs that hold no result, but not one another sweep's run is writing."""
+    path = out_dir / LOCK
+    if str(out_dir.resolve()) in _HELD or not out_dir.is_dir():
+        yield False
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # the dir went, or cannot be written: nothing to take away here
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        free = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except OSError:  # held (BlockingIOError), or unlinked by its holder as it let go
+        free = False
+    try:
+        yield free
+    finally:
+        if free:
+            path.unlink(missing_ok=True)
+        os.close(fd)
+
+
 def _acquire(out_dir: Path, busy: str) -> int:
     """An fd of `out_dir`'s lock file holding its flock, the path still naming that file."""
     path, told = out_dir / LOCK, False

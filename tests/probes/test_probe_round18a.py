@@ -1,5 +1,10 @@
 """Probe round 18a (issue 48): the simulated and analysis commands, by class of failure.
 
+A sweep stopped (Ctrl-C, SIGTERM) under joblib or submitit_local left each point that had not
+finished a folder holding `.run.lock`, `.sweep.json`, `run.log` and `.hydra`, no result: its
+job was killed with SIGKILL and its lock file stayed. Such a folder goes now, under its lock
+(one a live run holds stays), and the same command still resumes every point once.
+
 A non-finite planner param said its planner's own range ("must be a finite number >= 0",
 "must be an integer", "must be in (0, 1]"): every numeric param of every planner says "KEY must
 be a finite number, got VALUE", the wording of every other number's check.
@@ -7,11 +12,95 @@ be a finite number, got VALUE", the wording of every other number's check.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
+import subprocess
+import time
 import typing
+from pathlib import Path
 
 import pytest
 
-from tests.probes.conftest import raises_one_line
+from tests.conftest import started
+from tests.probes.conftest import TINY, cli, raises_one_line
+from tests.probes.test_probe_signals import summaries
+
+HYDRA = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+
+
+def _point(sweep: Path, name: str, *files: str) -> Path:
+    run = sweep / name / "workload=tiny"
+    for f in (*HYDRA, ".sweep.json", "run.log", *files):
+        (run / f).parent.mkdir(parents=True, exist_ok=True)
+        (run / f).write_text("x")
+    return run
+
+
+# what a point's dir held as its sweep stopped, and whether it goes (no result, no live run)
+POINTS = {
+    "killed_while_computing": ((".run.lock",), True),
+    "killed_while_its_result_was_staged": ((".run.lock", ".partial-12-ab/summary.json"), True),
+    "never_locked": ((), True),
+    "finished": (("summary.json", "trace.parquet"), False),
+    "failed_on_bad_input": (("failed.txt", ".run.lock"), False),
+    "an_earlier_result_moving_back": ((".previous/summary.json", ".run.lock"), False),
+    "a_users_own_file": (("notes.txt",), False),
+}
+
+
+def test_a_stopped_sweeps_points_without_a_result_leave_no_folder(tmp_path: Path) -> None:
+    """The folders a stopped sweep's killed jobs left (lock, mark, log, hydra's record, a
+    half-staged result) go; a finished or failed point's, one holding an earlier result or a
+    user's file, and one whose lock a live run holds (another sweep's, into the same dir) stay,
+    as does the sweep dir itself."""
+    from experiments.common.callbacks import remove_if_no_runs
+
+    sweep = tmp_path / "sweep"
+    runs = {name: _point(sweep, name, *files) for name, (files, _) in POINTS.items()}
+    live = _point(sweep, "another_sweeps_live_run", ".run.lock")
+    fd = os.open(live / ".run.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: flock keeps it from this one too
+    try:
+        remove_if_no_runs(sweep)
+    finally:
+        os.close(fd)
+    for name, (_, goes) in POINTS.items():
+        assert runs[name].parent.exists() != goes, name
+    assert (live / ".run.lock").exists() and (live / "run.log").exists()
+
+
+SWEEP = ["-m", *TINY[:-1], "planner=sequential", "workload.n_batches=2,400", "workload.gen_len=128"]
+
+
+@pytest.mark.slow  # end to end: a sweep stopped and resumed, 15 s a case
+@pytest.mark.parametrize(
+    ("launcher", "sig"),
+    [("joblib", signal.SIGINT), ("submitit_local", signal.SIGTERM), ("basic", signal.SIGINT)],
+)
+def test_a_stopped_sweep_leaves_no_unfinished_point_and_resumes(
+    tmp_path: Path, launcher: str, sig: int
+) -> None:
+    """Stopped once its first point finished: the sweep's line, and no folder of the point it
+    was running; the same command reuses the first point and runs the other, once."""
+    sweep = tmp_path / "sweep"
+    args = [*SWEEP, f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"]
+    p = started("experiments.run", *args, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not summaries(sweep):
+        assert p.poll() is None and time.time() < deadline, p.communicate()
+        time.sleep(0.05)
+    os.killpg(p.pid, sig)
+    _, err = p.communicate(timeout=120)
+    assert "Traceback" not in err and p.returncode == 128 + sig, err
+    assert "to resume, run the same command" in err.splitlines()[-1], err
+    # (submitit keeps its jobs' logs in .submitit, a finished sweep's too)
+    points = [d.name for d in sweep.iterdir() if d.name != "multirun.yaml" and d.name[0] != "."]
+    assert points == ["tiny_tiny_sequential_bs2_n2_g128"], points
+    r = cli("experiments.run", *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 run(s) finished (1 already finished, reused)" in r.stderr
+    assert len(summaries(sweep)) == 2
 
 
 def _numeric_params() -> list[tuple[str, str]]:
