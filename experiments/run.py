@@ -44,7 +44,7 @@ from core.traces import trace_path
 from core.types import RoutingSource
 from experiments.common import ep_inputs
 from experiments.common.app import USER_FILES, hydra_main, remove_if_no_run, running
-from experiments.common.callbacks import FAILED
+from experiments.common.callbacks import FAILED, mark_job_locked
 from experiments.common.cli import (
     any_error_line,
     exit_command,
@@ -379,6 +379,7 @@ def locked(out_dir: Path) -> Iterator[None]:
             if not partial.name.endswith("-earlier"):
                 shutil.rmtree(partial, ignore_errors=True)
         restore_previous(out_dir)
+        mark_job_locked(out_dir)  # a sweep's job: the result it finds now is the one it reuses
         yield
 
 

@@ -99,6 +99,20 @@ def mark_run(run_dir: Path, token: str) -> None:
         atomic_write_text(run_dir / SWEEP_MARK, json.dumps({"sweeps": kept}))
 
 
+_JOB_SWEEP: list[str] = []  # the token of the sweep whose job this process runs now
+
+
+def mark_job_locked(run_dir: Path) -> None:
+    """Mark `run_dir` again for the sweep whose job runs in this process (none outside a sweep),
+    by the run as it holds the dir's lock (`run.locked`): two sweeps' jobs both marked it at
+    their start, before either run took the lock, and the second to run counted the result
+    the first had just written as one it ran. Marked under the lock, the summary.json it names
+    is the one the run then reuses, or none. A dir it cannot write: the run's own error says."""
+    if _JOB_SWEEP:
+        with contextlib.suppress(OSError):
+            mark_run(run_dir, _JOB_SWEEP[0])
+
+
 def _identity(path: Path) -> list[int]:
     """What tells one file at `path` from the one that replaces it (a result is moved in whole,
     as a new file): its inode and its mtime in nanoseconds."""
@@ -392,11 +406,16 @@ class SweepProgress(Callback):
         sweep's from now on. A single run (no sweep, so no token) is not marked."""
         from hydra.core.hydra_config import HydraConfig
 
+        _JOB_SWEEP[:] = [self._token] if self._token else []
         if not self._token:
             return
-        # a dir the run cannot write either: its own error says so
+        # a dir the run cannot write either: its own error says so. The run marks it again
+        # under its lock (`mark_job_locked`); this mark names a job that fails before that
         with contextlib.suppress(OSError):
             mark_run(Path(HydraConfig.get().runtime.output_dir), self._token)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        _JOB_SWEEP.clear()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:

@@ -5,6 +5,11 @@ finished a folder holding `.run.lock`, `.sweep.json`, `run.log` and `.hydra`, no
 job was killed with SIGKILL and its lock file stayed. Such a folder goes now, under its lock
 (one a live run holds stays), and the same command still resumes every point once.
 
+Two sweeps into one sweep dir at once both marked a point's dir as their jobs started, before
+either run took its lock, and the second to run counted the result the first had just written
+as one it ran: the run marks its dir again under its lock, so the result named there is the one
+it reuses.
+
 A non-finite planner param said its planner's own range ("must be a finite number >= 0",
 "must be an integer", "must be in (0, 1]"): every numeric param of every planner says "KEY must
 be a finite number, got VALUE", the wording of every other number's check.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -101,6 +107,45 @@ def test_a_stopped_sweep_leaves_no_unfinished_point_and_resumes(
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2 run(s) finished (1 already finished, reused)" in r.stderr
     assert len(summaries(sweep)) == 2
+
+
+@pytest.mark.slow  # end to end: two sweeps at once, 10 s
+def test_two_sweeps_started_together_run_each_point_once(tmp_path: Path) -> None:
+    """Two sweeps of the same two points into one sweep dir, started together: each point is
+    run by one and reused by the other, so their lines together say two reused."""
+    sweep = tmp_path / "sweep"
+    args = [*SWEEP[:-2], "workload.gen_len=8,16", "hydra/launcher=basic"]
+    pipes = {"text": True, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    ps = [started("experiments.run", *args, f"hydra.sweep.dir={sweep}", **pipes) for _ in "ab"]
+    errs = [p.communicate(timeout=240)[1] for p in ps]
+    assert [p.returncode for p in ps] == [0, 0], errs
+    reused = [int(n) for err in errs for n in re.findall(r"\((\d+) already finished", err)]
+    assert sum(reused) == 2, errs
+    assert len(summaries(sweep)) == 2
+
+
+def test_two_sweeps_marking_a_point_before_either_runs_count_it_once(tmp_path: Path) -> None:
+    """Both sweeps' jobs marked the point at their start; the first to take the lock runs it,
+    the second then finds its result: the second counts it as reused, where it counted it as
+    a run of its own (both said "1 run(s) finished", neither "already finished")."""
+    import experiments.common.callbacks as callbacks
+    from experiments.common.run_dir import atomic_write_text
+    from experiments.run import locked
+
+    run = tmp_path / "sweep" / "0"
+    run.mkdir(parents=True)
+    callbacks.mark_run(run, "first")
+    callbacks.mark_run(run, "second")
+    for token in ("first", "second"):  # each job's run, one after the other under the lock
+        callbacks._JOB_SWEEP[:] = [token]
+        try:
+            with locked(run):
+                if not (run / "summary.json").exists():
+                    atomic_write_text(run / "summary.json", "{}")
+        finally:
+            callbacks._JOB_SWEEP.clear()
+    assert callbacks.finished_runs(run.parent, "first") == (1, 0)
+    assert callbacks.finished_runs(run.parent, "second") == (1, 1)
 
 
 def _numeric_params() -> list[tuple[str, str]]:
