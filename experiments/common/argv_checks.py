@@ -209,3 +209,18 @@ def refuse_group_as_config(flags: Sequence[str], conf_dirs: Sequence[Path]) -> N
                 f"--config-name {name}: a file of config group {group}, not a whole config; "
                 f"pass {group}={name.strip('/').split('/', 1)[1].removesuffix('.yaml')} instead"
             )
+
+
+def refuse_idle_flags(flags: Sequence[str], short: dict[str, str]) -> None:
+    """--resolve and --package (-p) change what --cfg (or --help) prints; without either hydra
+    ran the command (a sweep, with -m) as if --package were not there, and said --resolve in
+    an internal error. `short`: each short flag's long name."""
+    names = [short.get(f, f) for f in flags]
+    if "--cfg" in names or "--help" in names:
+        return
+    idle = next((f for f in flags if short.get(f, f) in ("--resolve", "--package")), None)
+    if idle is not None:
+        raise MoepipeError(
+            f"{idle}: changes what --cfg prints, and no --cfg is given; add --cfg job (or "
+            f"hydra, all), or leave {idle} out"
+        )

@@ -305,12 +305,41 @@ def name_config_write_errors() -> None:
     hydra_utils._save_config = named
     configure = hydra_utils.configure_log
 
-    def log_checked(log_config: DictConfig, *args: Any, **kwargs: Any) -> None:
+    def log_checked(log_config: DictConfig, verbose: Any = False) -> None:
         _check_log_files(log_config)
-        configure(log_config, *args, **kwargs)
+        _check_verbose(verbose)
+        try:
+            configure(log_config, verbose)
+        except (ValueError, TypeError, AttributeError, ImportError) as e:  # logging's dictConfig
+            raise MoepipeError(_logging_refused(log_config, e)) from None
 
     hydra_utils.configure_log = log_checked
+    import hydra._internal.hydra as hydra_internal  # its own name for it: the hydra_logging's
+
+    hydra_internal.configure_log = log_checked  # type: ignore[attr-defined]
     _name_sweep_record_errors()
+
+
+def _check_verbose(verbose: Any) -> None:
+    """hydra.verbose as hydra takes it (true, a logger's name, a list of names): a number or a
+    mapping failed hydra's bare assert, an internal error."""
+    names = OmegaConf.is_list(verbose) and all(isinstance(v, str) for v in verbose)
+    if not (isinstance(verbose, bool | str) or names):
+        raise MoepipeError(
+            f"hydra.verbose={verbose}: not true, false, a logger's name or a list of names; "
+            "pass hydra.verbose=true (every logger) or hydra.verbose=[__main__]"
+        )
+
+
+def _logging_refused(log_config: DictConfig | None, e: BaseException) -> str:
+    """One line for a logging config (hydra.job_logging, hydra.hydra_logging) that Python's
+    logging refuses (a level it does not know, a handler's class that is not one): its key,
+    logging's words and their cause ("Unknown level: 'NOPE'")."""
+    key = log_config._get_full_key(None) if isinstance(log_config, DictConfig) else ""
+    key = key or "hydra.job_logging"
+    said = "; ".join(str(x) for x in (e, e.__cause__) if x is not None and str(x))
+    group = key.replace(".", "/", 1)
+    return f"{key}: {said}; fix that logging config, or pass {group}=default"
 
 
 def _check_log_files(log_config: DictConfig | None) -> None:

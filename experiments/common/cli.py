@@ -175,10 +175,9 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, OSError):
         return _os_error_line(e)
     if isinstance(e, OverrideParseException):
-        return _flat(
-            f"override {e.override!r}: {str(e.message).splitlines()[0]} (see "
-            "https://hydra.cc/docs/advanced/override_grammar/basic)"
-        )
+        from experiments.common.hydra_errors import parse_problem
+
+        return _flat(f"override {e.override!r}: {parse_problem(str(e.message))}")
     for cause in (e, e.__cause__, e.__context__):
         if isinstance(cause, yaml.YAMLError):
             mark = getattr(cause, "problem_mark", None)

@@ -155,6 +155,19 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     return "; ".join(dict.fromkeys(lines[:2]))
 
 
+def parse_problem(message: str) -> str:
+    """What hydra's parse error `message` says is wrong, on its lines after the first ("Error
+    parsing override 'KEY=VALUE'", which names no cause): `choice()`'s "empty choice is not
+    legal", a keyword argument before a value, an unknown function with those hydra has."""
+    lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    causes = [re.sub(r"^\w+ while evaluating '.*?': ", "", line) for line in lines]
+    why = "; ".join(c for c in causes if not c.startswith("See https://")) or (
+        message.splitlines()[0] if message else "not hydra's override syntax"
+    )
+    page = "extended" if "(" in message.partition("\n")[0] else "basic"  # a function's page
+    return f"{why} (see https://hydra.cc/docs/advanced/override_grammar/{page})"
+
+
 def _override_into_null(e: BaseException) -> str | None:
     """An override of a key under a block the config leaves null (`replication.case=x` without
     the replication experiment that sets the block), or of the whole block: omegaconf's
@@ -431,7 +444,10 @@ def _missing_choice(text: str) -> str:
     if not name:  # `experiment=`
         names = options or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return f"{group}=: no name given; pass one of {', '.join(names)}, or leave it out"
-    if "/" in group:  # `model=/a/b.txt`: hydra took the value's folders for subgroups
+    if group.startswith("hydra/"):  # `hydra/launcher=nosuch`: a group of hydra's own
+        return f"{group}={name}: not a config of {group}; {nearest(name, options)}"
+    if "/" in group and not (CONF_DIR / group).is_dir():  # `model=/a/b.txt`: hydra took
+        # the value's folders for subgroups
         key, _, folder = group.partition("/")
         value = f"{folder}/{name}"
         files = (  # a .yaml path got here only where the group takes no file (a planner's)

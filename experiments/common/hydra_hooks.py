@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from core.args import check_run_folders
 from core.errors import MoepipeError
@@ -50,13 +51,45 @@ def package_checked() -> Iterator[None]:
                     f"--package {package}: no such key in the --cfg {cfg_type} config; pass a "
                     f"dotted key of it (top level: {', '.join(top)})"
                 )
-        show(self, config_name, overrides, cfg_type, package, resolve)
+        try:
+            show(self, config_name, overrides, cfg_type, package, resolve)
+        except OmegaConfBaseException as e:  # --resolve: omegaconf's error names no key
+            if not resolve or getattr(e, "full_key", None):
+                raise
+            cfg = self.compose_config(
+                config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False
+            )
+            key = _unresolved(self.get_sanitized_cfg(cfg, cfg_type))
+            if key is None:
+                raise
+            raise MoepipeError(
+                f"{key}: {str(e).splitlines()[0]}; fix that value in the config or override"
+            ) from None
 
     Hydra.show_cfg = checked  # type: ignore[method-assign]
     try:
         yield
     finally:
         Hydra.show_cfg = show  # type: ignore[method-assign]
+
+
+def _unresolved(cfg: Any, at: str = "") -> str | None:
+    """The dotted key of the first value of `cfg` whose interpolation does not resolve."""
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    keys = range(len(cfg)) if isinstance(cfg, ListConfig) else list(cfg.keys())
+    for k in keys:
+        key = f"{at}.{k}" if at else str(k)
+        try:
+            value = cfg[k]
+        except OmegaConfBaseException:
+            return key
+        if isinstance(value, DictConfig | ListConfig):
+            found = _unresolved(value, key)
+            if found is not None:
+                return found
+    return None
 
 
 @contextlib.contextmanager

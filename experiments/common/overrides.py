@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
 from experiments.common import hydra_errors
-from experiments.common.argv_checks import refuse_values_twice
+from experiments.common.argv_checks import refuse_idle_flags, refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
 from experiments.common.sweep_points import check_shared, check_subdirs, first_point
@@ -260,6 +260,7 @@ def check_flags(flags: list[str]) -> list[str]:
             f"{' and '.join(dict.fromkeys(modes))}: only one of -m, --cfg and --info at a time; "
             "--cfg and --info print the config without running"
         )
+    refuse_idle_flags(out, {**_SHORT, "-h": "--help"})
     return out
 
 
@@ -397,6 +398,9 @@ def _parsed(override: str) -> Any:
             raise MoepipeError(
                 f"{override}: a value of characters beyond ASCII must be quoted: {key}='{value}'"
             ) from None
+        call = re.fullmatch(r"\s*(\w+)\s*\(.*\)\s*", value, re.DOTALL)
+        if call and call.group(1) in _SWEEP_FUNCTIONS:  # a keyword argument: hydra's own line
+            return OverridesParser.create().parse_overrides([override])[0]
         if "=" in value and "'" not in value and '"' not in value:
             listed = value.startswith("[") and value.endswith("]")
             quoted = ",".join(f"'{item}'" for item in _items(value[1:-1] if listed else value))
@@ -411,6 +415,9 @@ def _parsed(override: str) -> Any:
         return OverridesParser.create().parse_overrides([override])[0]  # hydra's own line
 
 
+# hydra's grammar's functions, whose keyword arguments (`sort(1,2,reverse=true)`) hold '='
+_SWEEP_FUNCTIONS = {"choice", "range", "interval", "sort", "shuffle", "tag", "glob", "extend_list"}
+_SWEEP_FUNCTIONS |= {"int", "float", "str", "bool", "json_str"}
 _UNQUOTABLE = "~\n\r;#&'\"%@`!^"  # what hydra's grammar refuses in an unquoted value
 
 
@@ -558,9 +565,16 @@ def field_type(cls: type, name: str) -> Any:
 
 
 def sweep_in_one_run(e: BaseException) -> MoepipeError | None:
-    """Hydra's "Ambiguous value" (a comma in an override of one run) as one line: cut to the
+    """Hydra's "Ambiguous value" (a comma in an override of one run) and its "Sweep parameters
+    ... requires --multirun" (a range(), choice() or glob()) as one line: cut to the
     first of its three fixes, it offered a list and left out the sweep (-m) most meant; and
     with --help, which composes one run even under -m, the -m given was no fix at all."""
+    swept = re.match(r"Sweep parameters '(.*)' requires --multirun", str(e))
+    if swept is not None:  # range(), choice(), glob(): hydra's line named -m's long form alone
+        return MoepipeError(
+            f"{swept.group(1)}: a sweep of values, which one run cannot take: add -m to sweep "
+            "them (--help, --cfg and --info show one run: pass one value)"
+        )
     got = re.match(r"Ambiguous value for argument '(.*)'", str(e))
     if got is None:
         return None

@@ -25,11 +25,12 @@ import subprocess
 import time
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import started
-from tests.probes.conftest import TINY, cli, raises_one_line
+from tests.probes.conftest import TINY, cli, one_line, raises_one_line
 from tests.probes.test_probe_signals import summaries
 
 HYDRA = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
@@ -173,3 +174,41 @@ def test_every_planners_non_finite_param_is_said_in_one_wording(value: object) -
             lambda n=name, k=key: make_params(n, {k: value}),
             f"planner {name}: planner.params.{key} must be a finite number, got {value}",
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        # hydra's parse error: its cause, not "Error parsing override" alone
+        (["-m", "workload.seed=choice()"], ["empty choice is not legal"]),
+        (["-m", "workload.seed=shuffle(1,2,seed=1)"], ["unexpected keyword argument 'seed'"]),
+        (["-m", "workload.seed=nosuchfn(1)"], ["Unknown function 'nosuchfn'", "choice"]),
+        # a keyword argument's '=' is not a run dir's: no quoting offered
+        (["-m", "workload.seed=sort(reverse=true,1,2)"], ["positional argument follows keyword"]),
+        # range(), choice(), glob() in one run: -m named, as a comma's sweep says it
+        (["workload.seed=range(1,3)"], ["workload.seed=range(1,3)", "add -m"]),
+        (["workload.seed=choice(1,2)"], ["add -m"]),
+        # --resolve and --package change --cfg's print: alone, an internal error or ignored
+        (["--resolve"], ["--resolve", "add --cfg job"]),
+        (["--package", "workload"], ["--package", "add --cfg job"]),
+        (["-p", "workload"], ["-p: changes what --cfg prints"]),
+        # a group of hydra's own named as typed, not as `hydra=job_logging/nosuch`
+        (["hydra/job_logging=nosuch"], ["hydra/job_logging=nosuch", "valid: default"]),
+        (["hydra/launcher=nosuch"], ["hydra/launcher=nosuch", "joblib"]),
+        # a logging config logging refuses, hydra.verbose hydra asserts on: internal errors
+        (["hydra.job_logging.root.level=NOPE"], ["hydra.job_logging", "Unknown level: 'NOPE'"]),
+        (["hydra.hydra_logging.root.level=NOPE"], ["hydra.hydra_logging", "hydra/hydra_logging"]),
+        (["hydra.verbose=123"], ["hydra.verbose=123", "hydra.verbose=true"]),
+        # --cfg --resolve of a value that does not resolve: the key named
+        (["--cfg", "job", "--resolve", "workload.seed=${nosuch.key}"], ["workload.seed: Interp"]),
+    ],
+)
+def test_hydras_own_syntax_and_flags_are_one_line_naming_the_cause(
+    cli_here: Any, tmp_path: Path, args: list[str], names: list[str]
+) -> None:
+    """Each was a line naming no cause, a wrong cause, the wrong key, an internal error, or
+    (--package alone) a run as if the flag were not there; no folder is left."""
+    run = tmp_path / "run"
+    r = cli_here("experiments.run", *args, *TINY, f"hydra.run.dir={run}", f"hydra.sweep.dir={run}")
+    one_line(r, *names)
+    assert not run.exists()
