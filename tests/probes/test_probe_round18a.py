@@ -13,6 +13,13 @@ it reuses.
 A non-finite planner param said its planner's own range ("must be a finite number >= 0",
 "must be an integer", "must be in (0, 1]"): every numeric param of every planner says "KEY must
 be a finite number, got VALUE", the wording of every other number's check.
+
+Probing hydra's own syntax and flags: an override hydra cannot parse named no cause ("Error
+parsing override"), a sweep function's keyword argument was taken for a run dir's '=',
+range()/choice()/glob() in one run said hydra's "--multirun" line, --resolve without --cfg was
+an internal error and --package without it was ignored, --cfg --resolve named no key,
+`hydra/job_logging=nosuch` was said as `hydra=job_logging/nosuch`, and a logging level logging
+does not know or a numeric hydra.verbose was an internal error: each is one line with its cause.
 """
 
 from __future__ import annotations
