@@ -102,12 +102,17 @@ def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) 
     initialized hydra."""
     from core.errors import MoepipeError
     from experiments.common.cli import error_line
+    from experiments.common.hydra_errors import one_line
 
     if not POINT_CHECK:
         return
     first = None
     for point in _value_points(parsed, swept):
-        line = _point_line(config_name, point, POINT_CHECK[0], error_line)
+        # a point that does not compose (a value of hydra.sweeper.params of the wrong type) is
+        # said as a command line's value is, naming its key, not in hydra's merging words
+        line = _point_line(
+            config_name, point, POINT_CHECK[0], lambda e: one_line(e) or error_line(e)
+        )
         if line is None:
             return
         first = first or line

@@ -20,6 +20,8 @@ range()/choice()/glob() in one run said hydra's "--multirun" line, --resolve wit
 an internal error and --package without it was ignored, --cfg --resolve named no key,
 `hydra/job_logging=nosuch` was said as `hydra=job_logging/nosuch`, and a logging level logging
 does not know or a numeric hydra.verbose was an internal error: each is one line with its cause.
+A value of the wrong type in a user's `hydra.sweeper.params` said hydra's "Error merging
+override" words; it is said as on the command line.
 """
 
 from __future__ import annotations
@@ -219,3 +221,22 @@ def test_hydras_own_syntax_and_flags_are_one_line_naming_the_cause(
     r = cli_here("experiments.run", *args, *TINY, f"hydra.run.dir={run}", f"hydra.sweep.dir={run}")
     one_line(r, *names)
     assert not run.exists()
+
+
+def test_a_sweeper_params_value_of_the_wrong_type_is_said_as_on_the_command_line(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    """`hydra.sweeper.params` in a user's experiment file, a list (or '') for a whole number: it
+    said hydra's "Error merging override ...; Value ... could not be converted to Integer"; it
+    says what the command line's `workload.gen_len=[2,3]` does."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine18a.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      workload.gen_len: [2, 3]\n"
+    )
+    sweep = tmp_path / "sweep"
+    args = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine18a"]
+    r = cli_here("experiments.run", "-m", *TINY, *args, f"hydra.sweep.dir={sweep}")
+    one_line(
+        r, "workload.gen_len=[2, 3]", "not a whole number; pass workload.gen_len=<a whole number>"
+    )
+    assert not sweep.exists()
