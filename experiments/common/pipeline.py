@@ -232,10 +232,15 @@ def check_ops_fit(spec: RunSpec) -> None:
         return
     # sized_run checks one batch first: then n_batches, whatever was given, is no way out
     batches = "one batch" if wl.n_batches == 1 else f"n_batches={wl.n_batches}"
-    check_ram(
-        ops * BYTES_PER_OP,
-        f"workload.gen_len={wl.gen_len} x {batches} on {m.n_layers} layers (about {ops:.3g} ops)",
-        "lower gen_len" + (" or n_batches" if wl.n_batches > 1 else ""),
+    what = f"workload.gen_len={wl.gen_len} x {batches} on {m.n_layers} layers (about {ops:.3g} ops)"
+    fix = "lower gen_len" + (" or n_batches" if wl.n_batches > 1 else "")
+    check_ram(ops * BYTES_PER_OP, what, fix)
+    # it fits, but plans and simulates for minutes with nothing said: said once, up front
+    log.warning(
+        "%s needs about %.3g GB of RAM and minutes to simulate; Ctrl-C stops it (%s to shorten)",
+        what,
+        ops * BYTES_PER_OP / 1e9,
+        fix,
     )
 
 

@@ -22,6 +22,10 @@ an internal error and --package without it was ignored, --cfg --resolve named no
 does not know or a numeric hydra.verbose was an internal error: each is one line with its cause.
 A value of the wrong type in a user's `hydra.sweeper.params` said hydra's "Error merging
 override" words; it is said as on the command line.
+
+A run of millions of ops that fits the machine's RAM (`workload.n_batches=100000` on the tiny
+model: 8e6 ops, 12 GB) planned and simulated for minutes with nothing said: one line up front
+says its ops, RAM, that Ctrl-C stops it and how to shorten it.
 """
 
 from __future__ import annotations
@@ -240,3 +244,27 @@ def test_a_sweeper_params_value_of_the_wrong_type_is_said_as_on_the_command_line
         r, "workload.gen_len=[2, 3]", "not a whole number; pass workload.gen_len=<a whole number>"
     )
     assert not sweep.exists()
+
+
+def test_a_run_of_millions_of_ops_that_fits_says_so_up_front(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workload.n_batches=100000 on the tiny model: about 8e6 ops, 12 GB, under this machine's
+    RAM, so not refused; it planned and simulated for minutes with nothing said. One line says
+    its ops, RAM and how to shorten it, and that Ctrl-C stops it; a small run says nothing."""
+    from types import SimpleNamespace
+
+    from experiments.common import pipeline
+
+    monkeypatch.setattr(pipeline, "_available_ram_bytes", lambda: 10**15)
+    model = SimpleNamespace(n_experts=4, top_k=2, n_layers=2)
+    said = []
+    for n_batches in (100000, 2):
+        caplog.clear()
+        workload = SimpleNamespace(batch_size=2, gen_len=3, n_batches=n_batches)
+        spec: Any = SimpleNamespace(model=model, workload=workload)  # what the check reads
+        pipeline.check_ops_fit(spec)
+        said.append([r.getMessage() for r in caplog.records if "ops)" in r.getMessage()])
+    assert len(said[0]) == 1 and not said[1], said
+    assert "about 8e+06 ops" in said[0][0] and "Ctrl-C stops it" in said[0][0]
+    assert "lower gen_len or n_batches" in said[0][0]
