@@ -24,7 +24,7 @@ import signal
 import sys
 from typing import Any
 
-from core.errors import ConfigError, MoepipeError
+from core.errors import ConfigError, MoepipeError, did_you_mean, quoted
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.launch_line import said_under, say_as_agent
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     _checked_loglevel()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     on_interrupt(STOPPED)  # called in-process, after another command set its own
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         if said_under(os.getpid()) and not _stderr_redirected(args):
             sys.exit(FAILED)  # the rank said its line on this terminal
         raise MoepipeError(line) from None
+    except RendezvousError as e:
+        raise _rendezvous_failed(e, args) from None
     except (ValueError, AssertionError) as e:  # torchrun's checks of its arguments
         raise _argument_error(e) from None
     except RuntimeError as e:
@@ -88,7 +91,8 @@ def _checked(args: Any) -> None:
     if not (math.isfinite(args.monitor_interval) and args.monitor_interval > 0):
         raise ConfigError(f"--monitor-interval={args.monitor_interval}: pass seconds > 0 (0.1)")
     _checked_nodes(args)
-    _checked_rdzv_conf(str(args.rdzv_conf))
+    _checked_rdzv_conf(str(args.rdzv_conf), "c10d" if args.standalone else args.rdzv_backend)
+    _checked_signals()
     _checked_streams(args, nproc)
     _resolved("--master_addr", None if args.standalone else args.master_addr)
     _resolved("--local_addr", args.local_addr)
@@ -149,9 +153,29 @@ RDZV_WHOLE = (
 RDZV_BOOL = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")  # as torch reads is_host
 
 
-def _checked_rdzv_conf(conf: str) -> None:
+# the --rdzv_conf keys each of torch's rendezvous backends reads (--standalone's is c10d):
+# another key was ignored without a word (c10d reads join_timeout, not etcd's `timeout`; static
+# its rank from --node_rank). A backend of a plugin is not checked.
+_DYNAMIC = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+)
+RDZV_KEYS = {
+    "c10d": (*_DYNAMIC, "is_host", "store_type"),
+    "etcd-v2": (*_DYNAMIC, "protocol", "ssl_cert", "ssl_cert_key", "ca_cert"),
+    "etcd": ("timeout", "last_call_timeout", "etcd_prefix", "protocol", "cert", "key", "cacert"),
+    "static": ("timeout",),
+}
+
+
+def _checked_rdzv_conf(conf: str, backend: str) -> None:
     """--rdzv_conf (KEY=VALUE,...) by torch's own parser; its whole-number and boolean keys
-    by their kind."""
+    by their kind, and each key one the chosen backend reads."""
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
     try:
@@ -165,6 +189,37 @@ def _checked_rdzv_conf(conf: str) -> None:
             )
         if key == "is_host" and value.lower() not in RDZV_BOOL:
             raise ConfigError(f"--rdzv_conf={conf}: is_host={value}; pass is_host=true or false")
+    known = RDZV_KEYS.get(backend)
+    unread = [key for key in config if known is not None and key not in known]
+    if unread:
+        raise ConfigError(
+            f"--rdzv_conf={conf}: {quoted(unread[0])} is no key of the {backend} rendezvous "
+            f"(--rdzv_backend), which would ignore it; "
+            f"{_nearest(unread[0], known or ())}its keys: {', '.join(known or ())}"
+        )
+
+
+def _nearest(key: str, known: tuple[str, ...]) -> str:
+    """`did you mean ...? ` for a key: etcd's and static's `timeout` is c10d's join_timeout."""
+    if key == "timeout" and "join_timeout" in known:
+        return "did you mean 'join_timeout' (how long to wait for the nodes)? "
+    return did_you_mean(key, known)
+
+
+def _checked_signals() -> None:
+    """TORCHELASTIC_SIGNALS_TO_HANDLE (the signals the agent passes on to its ranks): a name
+    that is no signal was skipped with a warning in the agent's hidden log."""
+    names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    if names is None:
+        return
+    for name in names.split(","):
+        sig = getattr(signal, name.strip(), None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(
+                f"environment TORCHELASTIC_SIGNALS_TO_HANDLE={names}: {quoted(name.strip())} is "
+                "no signal a handler can take; list names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT "
+                "(its default), or unset it"
+            )
 
 
 def _checked_streams(args: Any, nproc: str) -> None:
@@ -275,6 +330,22 @@ def _failed_line(e: Any) -> str:
     return (
         f"rank {rank} ended ({how}) without a line; the run did not finish and wrote nothing: "
         "see the rank's output above (or in --log-dir) and run it again"
+    )
+
+
+def _rendezvous_failed(e: Exception, args: Any) -> MoepipeError:
+    """The agent's rendezvous failed (torch's RendezvousError and its traceback): most often
+    two launches of one --rdzv_id at one --rdzv_endpoint, whose store went with the first."""
+    why = {
+        "RendezvousConnectionError": "lost its store (the launch hosting it there ended)",
+        "RendezvousTimeoutError": "timed out: not every node joined in time",
+        "RendezvousClosedError": "is closed: a launch of that id has finished",
+        "RendezvousGracefulExitError": "was left by this node",
+    }.get(type(e).__name__, f"failed ({type(e).__name__})")
+    where = f"--rdzv_id={args.rdzv_id} at --rdzv_endpoint={args.rdzv_endpoint or 'localhost'}"
+    return MoepipeError(
+        f"{where}: the rendezvous {why}; the run did not start: give each launch its own "
+        "--rdzv_id and endpoint port (or --standalone) and run it again"
     )
 
 
