@@ -115,15 +115,14 @@ class ModelSpec:
     q_lora_rank: int = 0
     # Qwen2-MoE's q/k/v projection biases (config.json qkv_bias); only Qwen has any
     qkv_bias: bool = True
-    # config.json attention_bias: OLMoE's and Qwen3-MoE's q/k/v/o projection biases,
-    # DeepSeek-V2's MLA q_a (where q is compressed), kv_a and o biases
+    # config.json attention_bias: OLMoE's and Qwen3-MoE's q/k/v/o biases, DeepSeek-V2's q_a, kv_a, o
     attention_bias: bool = False
     # config.json mlp_bias: DeepSeek-V2's dense and shared-expert FFN biases (routed experts none)
     mlp_bias: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
-    # bytes per expert weight on disk: 1 for FP8 (DeepSeek-V3's release: a float32 scale per
-    # `disk_block` [rows, columns] of each matrix, dequantized at load); 0: the in-memory bytes
+    # bytes per expert weight on disk: 1 for FP8 (DeepSeek-V3's release, a float32 scale per
+    # `disk_block` of each matrix); 2 or 4: a width cast at load; 0: the in-memory dtype_bytes
     disk_dtype_bytes: int = 0
     disk_block: tuple[int, int] = (128, 128)
 
@@ -203,10 +202,11 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
 
     def _check_disk(self) -> None:
-        if self.disk_dtype_bytes not in (0, 1):
+        if self.disk_dtype_bytes not in (0, 1, 2, 4):
             raise ConfigError(
-                f"model {self.name}: disk_dtype_bytes={self.disk_dtype_bytes}; 1 (FP8 experts "
-                "on disk, a float32 scale per disk_block) or 0 (the disk holds dtype_bytes)"
+                f"model {self.name}: disk_dtype_bytes={self.disk_dtype_bytes}; 1 (FP8 experts, "
+                "a float32 scale per disk_block), 2 or 4 (saved in 16 or 32 bits, cast at load) "
+                "or 0 (the disk holds dtype_bytes)"
             )
         block = self.disk_block
         if not isinstance(block, tuple | list) or not (
@@ -265,10 +265,10 @@ class ModelSpec:
 
     @cached_property
     def expert_disk_bytes(self) -> int:
-        """Bytes of one expert as the disk holds and a read moves them: FP8's 1 a weight and a
-        float32 scale a block (real.fp8's grid: the last block of a dimension cut short)."""
-        if not self.disk_dtype_bytes:
-            return self.expert_bytes
+        """Bytes of one expert as the disk holds and a read moves them: the saved width's, or
+        FP8's 1 a weight and a float32 scale a block (real.fp8's grid, the last block cut short)."""
+        if self.disk_dtype_bytes != 1:  # as saved, in its own width or the compute dtype's
+            return self.expert_params * (self.disk_dtype_bytes or self.dtype_bytes)
         rows, cols = self.disk_block
         h, f = self.hidden_size, self.expert_ffn_size
         up = -(-f // rows) * -(-h // cols)  # gate and up projections [F, H]

@@ -412,8 +412,17 @@ def load_checkpoint(
     if spec.family != "switch_transformers":  # moepipe's Switch reads its encoder alone
         check_all_read(d, spec, cfg, listed, index)
     _check_shapes(d, spec, cfg, index, ", ".join(files), stored)
+    return _computed_in(spec, stored, dtype), index
+
+
+def _computed_in(spec: ModelSpec, stored: torch.dtype, dtype: str | None) -> ModelSpec:
+    """`spec` run in `compute_dtype(stored, dtype)`: its dtype_bytes the compute dtype's, and
+    where that is not the saved one its disk_dtype_bytes the saved width (the store reads the
+    saved bytes and casts them into its host buffer), unless FP8's already."""
     compute = compute_dtype(stored, dtype)
-    return replace(spec, dtype_bytes=compute.itemsize, float16=compute == torch.float16), index
+    disk = spec.disk_dtype_bytes or (stored.itemsize if stored != compute else 0)
+    run = dict(dtype_bytes=compute.itemsize, float16=compute == torch.float16)
+    return replace(spec, disk_dtype_bytes=disk, **run)
 
 
 def compute_dtype(stored: torch.dtype, dtype: str | None) -> torch.dtype:

@@ -20,9 +20,16 @@ are gathered with its results and rank 0 warns as a single process does.
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+from pathlib import Path
 
+import pytest
+import torch
+
+from core.types import Resource, Tensor
 from experiments import torchrun
+from real.checkpoint import load_checkpoint, reduced_spec
+from real.checkpoint_write import write_checkpoint
 from tests.probes.conftest import raises_one_line
 
 RUN = ["-m", "experiments.run", "executor=real"]
@@ -75,3 +82,76 @@ def test_a_failed_rendezvous_names_its_id_and_endpoint(error, launcher_env, monk
     monkeypatch.setattr("torch.distributed.run.run", failed)
     argv = ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29533", "--rdzv_id=same", *RUN]
     raises_one_line(lambda: torchrun.main(argv), "--rdzv_id=same", "localhost:29533", "own")
+
+
+# --- 2. disk bytes of a run in another dtype than the checkpoint's ---
+
+
+@pytest.fixture(scope="module")
+def saved_in(tmp_path_factory):
+    """dtype_bytes -> a small mixtral checkpoint saved in that width (2: bfloat16)."""
+    root = tmp_path_factory.mktemp("round18b-dtype")
+    made: dict[int, Path] = {}
+
+    def get(width: int) -> Path:
+        if width not in made:
+            shape = dict(hidden_size=64, n_heads=4, n_kv_heads=2, expert_ffn_size=32, n_layers=2)
+            spec = reduced_spec("mixtral-tiny", vocab_size=128, dtype_bytes=width, **shape)
+            made[width] = write_checkpoint(spec, root / f"w{width}", seed=0)
+        return made[width]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("saved", "dtype", "gpu_gb"), [(2, "float32", 5e-4), (4, "bfloat16", 25e-5), (2, None, 25e-5)]
+)
+def test_disk_reads_count_the_bytes_the_checkpoint_holds(
+    saved_in, saved, dtype, gpu_gb, monkeypatch
+):
+    """klotski streaming experts from disk: each disk read is the expert's bytes as saved (the
+    tensors' safetensors byte ranges the store reads), each host->device copy the compute
+    dtype's, and the run's disk bytes (validate's disk_bytes) what the store read. Before: a
+    bfloat16 checkpoint run in float32 counted 4 bytes a weight on disk."""
+    from experiments.common.pipeline import RunSpec
+    from experiments.common.real_run import real_execute
+    from real.store import TieredStore
+    from tests.real.test_executor import WORKLOAD, hardware
+
+    read = []
+    real_read = TieredStore._read_into
+
+    def counted(self, rec, buf):
+        if rec.unit.kind == Tensor.EXPERT:
+            held = rec.staged or rec.tensors  # the saved tensors the reads fill
+            read.append(sum(torch.Size(s).numel() * d.itemsize for _, d, s, _ in held))
+        return real_read(self, rec, buf)
+
+    monkeypatch.setattr(TieredStore, "_read_into", counted)
+    ckpt = saved_in(saved)
+    model, index = load_checkpoint(ckpt, dtype)
+    expert = model.expert_params
+    assert model.expert_disk_bytes == expert * saved
+    assert model.expert_bytes == expert * (4 if dtype == "float32" else 2)
+    held = [e.nbytes for n, e in index.items() if ".experts.0." in n and "layers.0." in n]
+    assert sum(held) == model.expert_disk_bytes  # the byte ranges of one expert's tensors
+    disk_bound = RunSpec(model, hardware(gpu_gb, 5e-5), WORKLOAD, "klotski", {})
+    result, _ = real_execute(ckpt, disk_bound, dtype=dtype)
+    trace = result.trace
+    disk = trace[trace["resource"].astype(str) == str(Resource.DISK)]
+    h2d = trace[(trace["resource"].astype(str) == str(Resource.H2D)) & (trace["expert"] >= 0)]
+    assert len(disk) and set(disk["bytes"]) == {model.expert_disk_bytes}
+    assert set(h2d["bytes"]) == {model.expert_bytes}
+    assert result.summary["bytes_moved"]["disk"] == sum(read) == len(disk) * expert * saved
+
+
+def test_a_simulated_spec_in_its_own_dtype_counts_as_before():
+    """Without a saved width (a simulation, a run in the saved dtype) the disk holds the
+    compute dtype's bytes; a width no checkpoint is saved in is one line."""
+    from core.errors import ConfigError
+
+    spec = reduced_spec("mixtral-tiny")
+    assert spec.disk_dtype_bytes == 0 and spec.expert_disk_bytes == spec.expert_bytes
+    assert dataclasses.replace(spec, disk_dtype_bytes=2).expert_disk_bytes == 2 * spec.expert_params
+    with pytest.raises(ConfigError, match="disk_dtype_bytes=8; 1"):
+        dataclasses.replace(spec, disk_dtype_bytes=8)
