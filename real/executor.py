@@ -240,6 +240,7 @@ class Executor(OpSemantics):
         # Switch in float16: (step, layer, order), did an op's residual sum overflow, did its
         # output keep a value within 1000 of the max (`_check_overflow`, read at the end too)
         self._overflow: list[tuple[tuple[int, int, int], torch.Tensor, torch.Tensor]] = []
+        self._overflow_ranks: dict[tuple[int, int, int], list[bool]] | None = None  # every rank's
         self._scratch: dict[str, torch.Tensor] = {}
         # batch -> the layers whose KV the schedule keeps in host memory (None: unknown before
         # the run, as for a live planner: every layer)

@@ -89,12 +89,18 @@ def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
             for i, b in enumerate(ex._batches)
         ],
         used={k: (i.cpu(), w.cpu()) for k, (i, w) in ex._used.items()},
+        overflow=ex._overflow_seen(),  # Switch in float16: decided over every rank's sequences
     )
     everyone: list[Any] = [None] * peers.world
     try:
         dist.all_gather_object(everyone, mine)
     except RuntimeError as e:
         raise peers.lost(None, e, "at the run's end") from None
+    merged: dict[tuple[int, int, int], list[bool]] = {}
+    for got in everyone:
+        for key, flags in got["overflow"].items():
+            merged[key] = [a or b for a, b in zip(merged.get(key, flags), flags, strict=True)]
+    ex._overflow_ranks = merged
     one_host = len({got["host"] for got in everyone}) == 1
     for got in everyone:
         shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0

@@ -484,19 +484,29 @@ class OpSemantics(KVSemantics):
             self._overflow.append((key, torch.isinf(summed).any(), near))
         return out
 
-    def _check_overflow(self) -> None:
-        """A warning where one op of a (step, layer, residual add) overflowed float16 and
-        another kept a value within 1000 of its max: transformers' block clamps its whole batch
-        to max - 1000 where any value overflows, so it would have clamped that value too, which
-        ops that each hold a part of the run's sequences cannot know in time. Where one op
-        holds every sequence, or none of them keeps such a value, the run is transformers'."""
+    def _overflow_seen(self) -> dict[tuple[int, int, int], list[bool]]:
+        """(step, layer, order) -> [did an op's sum overflow, did an op keep a value within 1000
+        of float16's max], over this process's ops (Switch in float16; else empty)."""
         if not self._overflow:
-            return
+            return {}
         flags = torch.stack([torch.stack((i, n)) for _, i, n in self._overflow]).cpu()
         seen: dict[tuple[int, int, int], list[bool]] = {}
         for (key, _, _), (inf, near) in zip(self._overflow, flags.tolist(), strict=True):
             got = seen.setdefault(key, [False, False])
             got[0], got[1] = got[0] or inf, got[1] or near
+        return seen
+
+    def _check_overflow(self) -> None:
+        """A warning where one op of a (step, layer, residual add) overflowed float16 and
+        another kept a value within 1000 of its max: transformers' block clamps its whole batch
+        to max - 1000 where any value overflows, so it would have clamped that value too, which
+        ops that each hold a part of the run's sequences cannot know in time. Where one op
+        holds every sequence, or none of them keeps such a value, the run is transformers'.
+        A distributed run's ranks each hold their sequences: `gather_ranks` merged every rank's
+        flags into `_overflow_ranks`, and rank 0 says the run's line."""
+        seen = self._overflow_ranks if self._overflow_ranks is not None else self._overflow_seen()
+        if self.peers is not None and self.peers.rank != 0:
+            return
         split = sorted(k for k, (inf, near) in seen.items() if inf and near)
         if split:
             step, layer, order = split[0]
@@ -505,8 +515,9 @@ class OpSemantics(KVSemantics):
                 f"({len(split)} such): one op's sequences overflowed float16 and another op's "
                 "kept a value within 1000 of its max, which transformers' Switch block, "
                 "clamping its whole batch, would have clamped to max - 1000; the logits may "
-                "differ from its: run the sequences in one batch (workload.n_batches=1, no "
-                "micro-batches) for its clamp, or executor.dtype=float32"
+                "differ from its: run the sequences in one batch of one process "
+                "(workload.n_batches=1, no micro-batches, no executor.distributed) for its "
+                "clamp, or executor.dtype=float32"
             )
 
     def _check_finite(self) -> None:

@@ -155,3 +155,28 @@ def test_a_simulated_spec_in_its_own_dtype_counts_as_before():
     assert dataclasses.replace(spec, disk_dtype_bytes=2).expert_disk_bytes == 2 * spec.expert_params
     with pytest.raises(ConfigError, match="disk_dtype_bytes=8; 1"):
         dataclasses.replace(spec, disk_dtype_bytes=8)
+
+
+# --- 3. Switch's float16 clamp, decided over every rank's sequences ---
+
+
+@pytest.mark.slow
+def test_switch_float16_clamp_split_over_ranks_warns(tmp_path, capfd):
+    """One batch of 4 sequences on 2 gloo processes: rank 0 holds the 2 whose value stays
+    within 1000 of float16's max, rank 1 the 2 that overflow (round 11's checkpoint). A single
+    process runs them in one op and clamps as transformers; the ranks decided apart, without a
+    word. Now rank 0 warns once, naming the layer and step, as a single process's split does."""
+    from core.spec import RoutingConfig, Workload
+    from core.types import RoutingSource
+    from experiments.common.dist_run import run_distributed
+    from experiments.common.pipeline import RunSpec
+    from tests.real.test_distributed import TWO_GPUS
+    from tests.real.test_hf_parity_round11 import switch_split_ckpt
+
+    ckpt = switch_split_ckpt(tmp_path / "split")
+    routing = RoutingConfig(source=RoutingSource.SYNTHETIC)
+    wl = Workload(batch_size=4, n_batches=1, prompt_len=6, gen_len=3, routing=routing)
+    spec = RunSpec(load_checkpoint(ckpt)[0], TWO_GPUS, wl, "ep_static", {})
+    assert run_distributed(str(ckpt), spec, "live", None, 120) is not None
+    said = [line for line in capfd.readouterr().err.splitlines() if "overflowed float16" in line]
+    assert len(said) == 1 and "layer 0 (FFN) at step 0 " in said[0], said

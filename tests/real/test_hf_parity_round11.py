@@ -156,6 +156,10 @@ def test_deepseek_v3_router_fields_of_deepseeks_code_warn(base, prompt, tmp_path
 
 @pytest.fixture(scope="module")
 def switch_split(tmp_path_factory):
+    return switch_split_ckpt(tmp_path_factory.mktemp("round11-switch") / "split")
+
+
+def switch_split_ckpt(ckpt: Path) -> Path:
     """A float16 Switch (its head untied) whose token 44 embeds 65000 and token 36 65504 in
     dimension 3, and whose dense block's wo writes 30 times the sum of its activations there:
     at that block's FFN add a sequence holding 36 overflows, one holding 44 alone keeps a
@@ -170,7 +174,6 @@ def switch_split(tmp_path_factory):
     with torch.no_grad():
         model.shared.weight[44, 3], model.shared.weight[36, 3] = 65000.0, 65504.0
         model.encoder.block[0].layer[-1].mlp.wo.weight[3, :] = 30.0
-    ckpt = tmp_path_factory.mktemp("round11-switch") / "split"
     model.to(torch.float16).save_pretrained(ckpt)
     return ckpt
 
