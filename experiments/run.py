@@ -58,6 +58,7 @@ from experiments.common.cli import (
 )
 from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import CONF_DIR, with_key
+from experiments.common.launch_line import check_split_over_ranks
 from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
 from experiments.common.reader_left import guard_stdout
 from experiments.common.resolve import run_model_name, run_spec
@@ -81,6 +82,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     check_no_chdir()
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
+    check_split_over_ranks(spec.executor, bool(OmegaConf.select(cfg, "executor.distributed")))
     check_not_model_folder(cfg, out_dir)  # first: the worst place to write a run
     check_routing_overrides(cfg, spec)
     config_yaml = config_text(cfg, spec)

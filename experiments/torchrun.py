@@ -97,6 +97,12 @@ def _checked(args: Any) -> None:
     _resolved("--master_addr", None if args.standalone else args.master_addr)
     _resolved("--local_addr", args.local_addr)
     target = args.training_script
+    if args.run_path and (args.module or args.no_python):  # run_path(sys.argv[0]) of a name
+        given = "-m" if args.module else "--no-python"
+        raise ConfigError(
+            f"--run-path runs a script file by its path, not {given} {target}: drop "
+            "--run-path, or pass the script's path (experiments/run.py)"
+        )
     if args.module and not args.no_python:
         try:
             found = importlib.util.find_spec(target) is not None

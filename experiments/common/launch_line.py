@@ -137,6 +137,21 @@ def all_local() -> bool:
     return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
 
 
+def check_split_over_ranks(executor: str, distributed: bool) -> None:
+    """Under a launch of G > 1 processes only a distributed real run splits its work over the
+    ranks: any other ran whole on every rank, into one run dir, the last to end replacing the
+    others' result, without a word."""
+    ranks = launch_ranks()
+    if ranks is None or (executor == "real" and distributed):
+        return
+    raise ConfigError(
+        f"torchrun started {ranks[1]} processes (WORLD_SIZE), but a run of executor={executor} "
+        "without executor.distributed=true runs whole in each of them, into one run dir: pass "
+        "executor=real executor.distributed=true with an expert-parallel planner, or "
+        "--nproc_per_node=1"
+    )
+
+
 def launched_ranks(launcher: int) -> dict[int, int]:
     """rank -> pid of the processes `launcher` started with RANK set (torchrun's ranks); an
     ended one, not yet reaped, shows no environment and is left out."""

@@ -21,6 +21,7 @@ are gathered with its results and rank 0 warns as a single process does.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,31 @@ def test_a_failed_rendezvous_names_its_id_and_endpoint(error, launcher_env, monk
     monkeypatch.setattr("torch.distributed.run.run", failed)
     argv = ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29533", "--rdzv_id=same", *RUN]
     raises_one_line(lambda: torchrun.main(argv), "--rdzv_id=same", "localhost:29533", "own")
+
+
+def test_run_path_with_a_module_is_one_line(launcher_env):
+    """--run-path with -m: torch's run_path of the module's name failed in the rank with a
+    FileNotFoundError only the agent's hidden log held ("rank 0 ended ... without a line")."""
+    raises_one_line(lambda: torchrun.main(["--run-path", *RUN]), "--run-path", "-m experiments.run")
+
+
+@pytest.mark.parametrize(
+    "args", [["executor=sim"], ["executor=real", "executor.distributed=false"]]
+)
+def test_a_run_each_rank_would_run_whole_is_one_line(args, tmp_path, monkeypatch, capsys):
+    """Under torchrun's 2 ranks a run that is not distributed ran whole on each rank into one
+    run dir (two log lines, the last rank's result kept), exit 0. Now the first rank says one
+    line and neither runs."""
+    from experiments import run
+    from tests.probes.conftest import TINY, said_by_ranks_1_then_0
+
+    out = tmp_path / "r"
+    argv = [*TINY, *args, f"hydra.run.dir={out}"]
+    said = said_by_ranks_1_then_0(lambda: sys.exit(run.main(argv)), tmp_path, monkeypatch, capsys)
+    assert [code for code, _ in said] == [2, 2] and said[1][1] == "", said
+    line = said[0][1].strip()
+    assert "\n" not in line and "WORLD_SIZE" in line and "executor.distributed=true" in line
+    assert not (out / "summary.json").exists()
 
 
 # --- 2. disk bytes of a run in another dtype than the checkpoint's ---
