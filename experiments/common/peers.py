@@ -39,6 +39,7 @@ from experiments.common.option_names import (
     own_names_now,
     said_before,
 )
+from experiments.common.pool import leave_stops_to_parent as ignore_ctrl_c  # a child's start
 
 COLD = ("pass", "once", "false")
 ROLE = "role"  # the option that makes the bench command run one system (in its own process)
@@ -591,10 +592,3 @@ def override_value(value: Any) -> str:
         return repr(value)
     text = str(value).replace("'", "\\'")
     return f"'{text}'"
-
-
-def ignore_ctrl_c() -> None:
-    """A child process's start (`preexec_fn`): SIGINT ignored, which stays so across exec. Ctrl-C
-    reaches the whole terminal's group; the parent's `subprocess.run` kills the child on it and
-    prints the one line, which the child's own would repeat."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)

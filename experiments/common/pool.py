@@ -33,6 +33,17 @@ def ignore_ctrl_c() -> None:
     die_with_parent()
 
 
+def leave_stops_to_parent() -> None:
+    """A child command's start (`preexec_fn`): the stops its whole group gets (Ctrl-C, a closed
+    terminal's SIGHUP, Ctrl-\\, a scheduler's SIGTERM to the group) ignored, which stays so
+    across exec; the parent (`subprocess.run`, `run_side`) kills the child on them and prints
+    the one line, which the child's own would repeat (bench.real's calibrate said "stopped by
+    SIGTERM" beside the bench's). It dies with the parent (`die_with_parent`)."""
+    for signum in (*TERMINAL_SIGNALS, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    die_with_parent()
+
+
 def die_with_parent() -> None:
     """On Linux, this process is killed when the one that started it dies: a sweep killed
     with SIGKILL left its pool's workers running their runs, ignoring Ctrl-C, for minutes.

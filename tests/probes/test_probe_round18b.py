@@ -206,3 +206,24 @@ def test_switch_float16_clamp_split_over_ranks_warns(tmp_path, capfd):
     assert run_distributed(str(ckpt), spec, "live", None, 120) is not None
     said = [line for line in capfd.readouterr().err.splitlines() if "overflowed float16" in line]
     assert len(said) == 1 and "layer 0 (FFN) at step 0 " in said[0], said
+
+
+# --- a bench's child command and a stop sent to the whole group ---
+
+
+def test_a_bench_child_leaves_every_group_stop_to_the_bench():
+    """bench.real's calibrate (and bench.accelerate's systems) ignored only Ctrl-C: SIGTERM to
+    the group (a scheduler's, `kill -TERM -PGID`) made the child say "stopped by SIGTERM; the
+    command had not started" beside the bench's own line. Each group stop is the bench's now."""
+    import subprocess
+
+    from experiments.common.peers import ignore_ctrl_c
+
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    code = (
+        f"import signal as s; print(all(s.getsignal(getattr(s, n)) is s.SIG_IGN for n in {names}))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=ignore_ctrl_c
+    )
+    assert r.stdout.strip() == "True", r.stdout
