@@ -41,6 +41,7 @@ from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
+from experiments.common.run_dir import atomic_write_text
 from experiments.common.schema import DtypeOption
 from experiments.common.tables import markdown
 from planners.registry import planner_names
@@ -135,20 +136,12 @@ def report(opts: dict[str, Any]) -> list[str]:
             _planner_row(ckpt, model, hw, wl, p, lanes, slots, repeats, device, dtype)
             for p in planners
         ]
+        table = pd.DataFrame(rows)
+        head = _written(out, table, model, hw, wl, lanes, repeats, device)
     except BaseException:  # a failed or stopped run leaves no empty folder that looks like one
         if fresh:
             shutil.rmtree(out, ignore_errors=True)
         raise
-    table = pd.DataFrame(rows)
-    table.to_csv(out / "validate_lanes.csv", index=False)
-    sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
-    head = (
-        f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
-        f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
-        f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
-        f"{repeats} real run(s)"
-    )
-    (out / "validate_lanes.md").write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
     lines = [head, table.round(4).to_string(index=False)]
     for r in rows:
         better = min(("partition", "shared"), key=lambda s: abs(r[f"{s}_err"]))
@@ -159,6 +152,30 @@ def report(opts: dict[str, Any]) -> list[str]:
         )
     lines.append(f"wrote {out}/validate_lanes.csv, validate_lanes.md")
     return lines
+
+
+def _written(
+    out: Path,
+    table: pd.DataFrame,
+    model: Any,
+    hw: Any,
+    wl: Workload,
+    lanes: int,
+    repeats: int,
+    device: Any,
+) -> str:
+    """validate_lanes.csv and .md written into `out`, each whole or not at all (a full disk
+    left a cut-short table beside an earlier one lost); the table's heading line."""
+    atomic_write_text(out / "validate_lanes.csv", table.to_csv(index=False))
+    sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
+    head = (
+        f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
+        f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
+        f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
+        f"{repeats} real run(s)"
+    )
+    atomic_write_text(out / "validate_lanes.md", f"# {head}\n\n{markdown(table.round(4))}\n")
+    return head
 
 
 def _planner_row(

@@ -207,7 +207,10 @@ def staged_outputs(
 
 def _named_in(e: OSError, tmp: Path, out: Path) -> OSError:
     """`e` naming the path in `out` where a file staged in `tmp` goes: a full disk named
-    `out/.partial-123-ab12/flexgen/sim/trace.parquet`, a folder the user never sees."""
+    `out/.partial-123-ab12/flexgen/sim/trace.parquet`, a folder the user never sees. A write
+    that named no file (matplotlib's savefig, pandas' to_csv on a full disk) names `out`."""
+    if not e.filename:
+        return type(e)(e.errno, e.strerror, str(out))
     names = []
     for name in (e.filename, e.filename2):
         try:
@@ -463,13 +466,18 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all (a hidden file beside it, `staging_file`, renamed over
-    it), with the permissions a plain write gives."""
+    it), with the permissions a plain write gives. A write's OSError (a full disk) names `path`."""
     tmp = staging_file(path)
     try:
         with open(tmp, "x") as f:
             f.write(text)
         os.replace(tmp, path)
-    except BaseException:  # a full disk, `path` immutable: no hidden half-file is left
+    except OSError as e:  # a full disk, `path` immutable: no hidden half-file is left
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 

@@ -227,3 +227,48 @@ def test_a_bench_child_leaves_every_group_stop_to_the_bench():
         [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=ignore_ctrl_c
     )
     assert r.stdout.strip() == "True", r.stdout
+
+
+# --- a full disk where the write names no file ---
+
+
+def test_a_staged_write_that_names_no_file_names_the_output_folder(tmp_path):
+    """validate on a disk that filled while matplotlib saved a timeline: its OSError names no
+    file, and the line said only "No space left on device; free space ..." (which disk?)."""
+    import errno
+
+    from experiments.common.cli import error_line
+    from experiments.common.run_dir import staged_outputs
+
+    out = tmp_path / "v"
+    with pytest.raises(OSError) as info, staged_outputs(out):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert info.value.filename == str(out) and not out.exists()
+    assert error_line(info.value).startswith(f"{out}: No space left on device; free space")
+
+
+def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    """atomic_write_text (validate_lanes' tables, a run's JSON files): f.write's OSError on a
+    full disk names no file; it names the file now, and leaves neither it nor a half-file."""
+    import errno
+
+    from experiments.common import run_dir
+
+    class Full:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_dir, "open", Full, raising=False)
+    path = tmp_path / "validate_lanes.csv"
+    with pytest.raises(OSError) as info:
+        run_dir.atomic_write_text(path, "planner\n")
+    assert info.value.filename == str(path) and list(tmp_path.iterdir()) == []
