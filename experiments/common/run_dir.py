@@ -69,12 +69,14 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
     restore_previous(out_dir)
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
     tmp = staging_dir(out_dir)
+    record: Path | None = None
     try:
         tmp.mkdir()
         text = json.dumps(summary, indent=2, default=str)  # before the old summary goes
         try:
             files(tmp)
             write_manifest(tmp, {"summary.json": text.encode()})
+            record = staged_hydra_record(out_dir)  # a full disk fails here, not once swapped
         except OSError as e:  # a full disk: the write's error names no file
             raise OSError(
                 e.errno,
@@ -84,9 +86,11 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
             ) from None
         with interrupt_deferred():  # Ctrl-C now would leave neither result
             _swap(out_dir, tmp, text)
-        keep_hydra_record(out_dir)
+            _put_hydra_record(out_dir, record)
     except BaseException:  # no folder made for a result that is not there
         shutil.rmtree(tmp, ignore_errors=True)
+        if record is not None:
+            shutil.rmtree(record, ignore_errors=True)
         remove_empty(out_dir, top)
         raise
     finally:
@@ -132,19 +136,37 @@ Made = tuple[Path, Path | None, frozenset[str]]
 def keep_hydra_record(out_dir: Path) -> None:
     """Copy hydra's record of the run just finished into `.hydra/.result/` (nothing where the
     run was written without hydra's record)."""
+    _put_hydra_record(out_dir, staged_hydra_record(out_dir))
+
+
+def staged_hydra_record(out_dir: Path) -> Path | None:
+    """hydra's record of the run copied into a hidden folder of `.hydra/` (None: no record),
+    before the run's result goes in: a full disk there failed the run after its result was in
+    place, its staging folder left in `.hydra/`."""
     rec = out_dir / HYDRA
     files = [p for p in rec.glob("*.yaml") if p.is_file()] if rec.is_dir() else []
     if not files:
-        return
-    kept = rec / HYDRA_KEPT
+        return None
     tmp = staging_dir(rec)
-    tmp.mkdir()
-    for p in files:
-        shutil.copy2(p, tmp / p.name)
+    try:
+        tmp.mkdir()
+        for p in files:
+            shutil.copy2(p, tmp / p.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _put_hydra_record(out_dir: Path, staged: Path | None) -> None:
+    """The staged record (`staged_hydra_record`) as `.hydra/.result/`."""
+    if staged is None:
+        return
+    kept = out_dir / HYDRA / HYDRA_KEPT
     if kept.is_symlink() or (kept.exists() and not kept.is_dir()):  # a file in its place
         kept.unlink()  # (rmtree leaves it, and the replace failed naming .kept-PID)
     shutil.rmtree(kept, ignore_errors=True)
-    os.replace(tmp, kept)
+    os.replace(staged, kept)
 
 
 def restore_hydra_record(out_dir: Path) -> None:

@@ -272,3 +272,27 @@ def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     with pytest.raises(OSError) as info:
         run_dir.atomic_write_text(path, "planner\n")
     assert info.value.filename == str(path) and list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_the_hydra_record_is_kept_leaves_no_result(tmp_path, monkeypatch):
+    """A run on a nearly full disk: its result was swapped in, then copying hydra's record
+    into .hydra/.result failed: the command said it failed (exit 2) and left summary.json,
+    trace.parquet and a .hydra/.partial-* folder. The record is staged before the swap now:
+    the run fails with nothing of its result left."""
+    import errno
+
+    from experiments.common import run_dir
+
+    out = tmp_path / "r"
+    (out / run_dir.HYDRA).mkdir(parents=True)
+    (out / run_dir.HYDRA / "config.yaml").write_text("a: 1\n")
+
+    def full(src, dst, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(run_dir.shutil, "copy2", full)
+    with pytest.raises(OSError, match="cannot write the run's files") as info:
+        run_dir.replace_run(out, {"x": 1}, lambda tmp: (tmp / "trace.parquet").write_bytes(b"x"))
+    assert info.value.filename == str(out)
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == [run_dir.HYDRA, f"{run_dir.HYDRA}/config.yaml"], left
