@@ -528,6 +528,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 in_run_s,
                 run_dtype(opts["executor.dtype"]),
             )
+            replaced = out.is_file()  # an earlier measurement's, said so below
             header = f"{MEASURED.decode()}: {hw['sources']['calibration']}\n"
             tmp = staging_file(out)
             try:  # whole or not at all: a full disk or Ctrl-C leaves the previous profile
@@ -541,7 +542,8 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
         return 2
     links = hw["links"]
     print(
-        f"wrote {out}: disk {links['disk']['gbps']:.2f} GB/s, h2d {links['h2d']['gbps']:.2f} GB/s "
+        f"{'replaced the earlier profile' if replaced else 'wrote'} {out}: "
+        f"disk {links['disk']['gbps']:.2f} GB/s, h2d {links['h2d']['gbps']:.2f} GB/s "
         f"+ {links['h2d']['latency_us']:.0f} us, "
         f"expert peak {hw['gpu']['tflops'] * 1e3:.1f} GFLOP/s"
     )

@@ -296,3 +296,20 @@ def test_a_full_disk_while_the_hydra_record_is_kept_leaves_no_result(tmp_path, m
     assert info.value.filename == str(out)
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     assert left == [run_dir.HYDRA, f"{run_dir.HYDRA}/config.yaml"], left
+
+
+def test_calibrate_over_its_own_earlier_profile_says_it_replaced_it(tmp_path, monkeypatch, capsys):
+    """calibrate into a name it measured before replaces that profile (one of other sources is
+    refused: round 13): it said "wrote" either way; it says it replaced the earlier one."""
+    from experiments import calibrate
+
+    links = {"disk": {"gbps": 1.0}, "h2d": {"gbps": 2.0, "latency_us": 5.0}}
+    hw = {"sources": {"calibration": "probe"}, "links": links, "gpu": {"tflops": 0.01}}
+    monkeypatch.setattr(calibrate, "calibrate", lambda *a, **k: hw)
+    out = tmp_path / "p.yaml"
+    said = []
+    for _ in range(2):
+        assert calibrate.main([f"out={out}", f"disk_dir={tmp_path / 'd'}", "disk_mb=1"]) == 0
+        said.append(capsys.readouterr().out.strip().splitlines()[-1])
+    assert said[0].startswith(f"wrote {out}: "), said
+    assert said[1].startswith(f"replaced the earlier profile {out}: "), said
