@@ -16,6 +16,13 @@ now (`ModelSpec.disk_dtype_bytes`), as it was for FP8.
 Switch in float16 under executor.distributed: transformers decides its clamp over the whole
 batch; each rank decided over its own sequences and the split went unsaid. Each rank's flags
 are gathered with its results and rank 0 warns as a single process does.
+
+Found probing: under torchrun's 2 ranks a run that is not distributed ran whole on each rank
+into one run dir (exit 0), and --run-path with -m failed in the rank unsaid: each is one line.
+A SIGTERM to a bench's whole process group made its child calibrate say a second line. A full
+disk's write that names no file (matplotlib, pandas) said no folder; validate_lanes wrote its
+tables in place. A run on a nearly full disk failed after its result was in place, leaving
+summary.json and a staging folder. calibrate replaced a profile it had measured, silently.
 """
 
 from __future__ import annotations
