@@ -216,14 +216,22 @@ def _writable_folder(folder: Path, key: str, given: Any) -> None:
 RUN_FILES = ("summary.json", "files.sha256", "config.yaml", "trace.parquet", "code_version.txt")
 
 
-def not_a_run_folder(path: str | Path, key: str) -> None:
+# the tables a validation writes last into its folder (experiments.validate, validate_lanes)
+VALIDATION_FILES = ("validate.csv", "validate_lanes.csv")
+
+
+def not_a_run_folder(path: str | Path, key: str, own: tuple[str, ...] = ()) -> None:
     """A MoepipeError where `path`, the folder a command writes its outputs into (argument
-    `key`), is a run's: it holds a run's summary.json or files.sha256, whose files the outputs
-    would mix with (a report's page and plots, a checkpoint's weights beside a run's trace)."""
-    held = next((f for f in RUN_FILES[:2] if (Path(path) / f).is_file()), None)
+    `key`), is a run's or a validation's: it holds a run's summary.json or files.sha256, or a
+    validation's table, whose files the outputs would mix with (a report's page and plots, a
+    checkpoint's weights beside a run's trace). `own`: the command's own table, which an
+    earlier run of it left (validate's validate.csv)."""
+    names = [f for f in (*RUN_FILES[:2], *VALIDATION_FILES) if f not in own]
+    held = next((f for f in names if (Path(path) / f).is_file()), None)
     if held is not None:
+        whose = "a validation's" if held in VALIDATION_FILES else "a run's"
         raise MoepipeError(
-            f"{key}={path}: a run's folder (its {held}), whose files this command's outputs "
+            f"{key}={path}: {whose} folder (its {held}), whose files this command's outputs "
             "would mix with; pass out= another folder"
         )
 

@@ -31,6 +31,7 @@ from core.args import (  # noqa: E402
     REPEATS_WHY,
     TOKENS_WHY,
     as_share,
+    not_a_run_folder,
     not_the_checkpoint,
     refuse_their_png,
 )
@@ -349,6 +350,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         "%Y-%m-%d_%H-%M-%S"
     )
     not_the_checkpoint(where, "out", ckpt)
+    not_a_run_folder(where, "out", own=("validate.csv",))
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
     csv_of_ours(out / "validate.csv", "planner", "validate")  # not lost after the runs

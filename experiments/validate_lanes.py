@@ -24,7 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from core.args import MAX_REPEATS, MAX_TOKENS, REPEATS_WHY, TOKENS_WHY, not_the_checkpoint
+from core.args import (
+    MAX_REPEATS,
+    MAX_TOKENS,
+    REPEATS_WHY,
+    TOKENS_WHY,
+    not_a_run_folder,
+    not_the_checkpoint,
+)
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
@@ -129,6 +136,7 @@ def report(opts: dict[str, Any]) -> list[str]:
     hw = device_hardware(str(opts["hardware"]), model.total_bytes, device)
     where = opts["out"] or f"runs/validate_lanes/{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
     not_the_checkpoint(where, "out", ckpt)
+    not_a_run_folder(where, "out", own=("validate_lanes.csv",))
     fresh = not Path(where).exists()
     out = output_dir(where, "out")
     try:

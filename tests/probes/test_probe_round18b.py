@@ -320,3 +320,25 @@ def test_calibrate_over_its_own_earlier_profile_says_it_replaced_it(tmp_path, mo
         said.append(capsys.readouterr().out.strip().splitlines()[-1])
     assert said[0].startswith(f"wrote {out}: "), said
     assert said[1].startswith(f"replaced the earlier profile {out}: "), said
+
+
+@pytest.mark.parametrize(
+    ("held", "own", "refused"),
+    [
+        ("validate.csv", (), "a validation's folder (its validate.csv)"),  # make_checkpoint's
+        ("validate_lanes.csv", ("validate.csv",), "a validation's folder"),  # validate's
+        ("summary.json", ("validate.csv",), "a run's folder (its summary.json)"),  # validate's
+        ("validate.csv", ("validate.csv",), None),  # validate into its own earlier out
+    ],
+)
+def test_an_out_folder_holding_another_commands_results_is_one_line(tmp_path, held, own, refused):
+    """make_checkpoint wrote its weights into a validation's folder, and validate its tables
+    and run dirs into a run's, without a word (a run's folder was refused by the other
+    commands already)."""
+    from core.args import not_a_run_folder
+
+    (tmp_path / held).write_text("x\n")
+    if refused is None:
+        not_a_run_folder(tmp_path, "out", own)
+    else:
+        raises_one_line(lambda: not_a_run_folder(tmp_path, "out", own), f"out={tmp_path}", refused)
