@@ -96,11 +96,7 @@ def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
         dist.all_gather_object(everyone, mine)
     except RuntimeError as e:
         raise peers.lost(None, e, "at the run's end") from None
-    merged: dict[tuple[int, int, int], list[bool]] = {}
-    for got in everyone:
-        for key, flags in got["overflow"].items():
-            merged[key] = [a or b for a, b in zip(merged.get(key, flags), flags, strict=True)]
-    ex._overflow_ranks = merged
+    ex._overflow_ranks = merged_overflow([got["overflow"] for got in everyone])
     one_host = len({got["host"] for got in everyone}) == 1
     for got in everyone:
         shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
@@ -132,3 +128,15 @@ def _head_rows(
             s0, s1 = ex._range[op.id]
             rows[s0:s1] = True
     return rows
+
+
+def merged_overflow(
+    ranks: list[dict[tuple[int, int, int], list[bool]]],
+) -> dict[tuple[int, int, int], list[bool]]:
+    """Every rank's Switch float16 flags (`Executor._overflow_seen`) as one run's: per (step,
+    layer, residual add), did any rank's op overflow, did any keep a value near the max."""
+    merged: dict[tuple[int, int, int], list[bool]] = {}
+    for seen in ranks:
+        for key, flags in seen.items():
+            merged[key] = [a or b for a, b in zip(merged.get(key, flags), flags, strict=True)]
+    return merged

@@ -342,3 +342,15 @@ def test_an_out_folder_holding_another_commands_results_is_one_line(tmp_path, he
         not_a_run_folder(tmp_path, "out", own)
     else:
         raises_one_line(lambda: not_a_run_folder(tmp_path, "out", own), f"out={tmp_path}", refused)
+
+
+def test_the_ranks_overflow_flags_merge_into_the_runs():
+    """Rank 0 kept a value near float16's max at layer 0's FFN add, rank 1 overflowed there:
+    the run's flags hold both (the warning's condition), as one process's ops would."""
+    from real.gathered_times import merged_overflow
+
+    rank0 = {(0, 0, 1): [False, True], (0, 1, 0): [False, False]}
+    rank1 = {(0, 0, 1): [True, False], (1, 0, 1): [True, False]}
+    merged = merged_overflow([rank0, rank1])
+    assert merged == {(0, 0, 1): [True, True], (0, 1, 0): [False, False], (1, 0, 1): [True, False]}
+    assert merged_overflow([{}, {}]) == {}
