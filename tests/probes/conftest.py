@@ -167,10 +167,15 @@ def said_by_ranks_1_then_0(
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
-    said = []
-    for rank in ("1", "0"):
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit) as stop:
-            fn()
-        said.append((stop.value.code, capsys.readouterr().err))
+    from tests.conftest import _logging_state, _restore_logging
+
+    said, logs = [], _logging_state()
+    try:
+        for rank in ("1", "0"):
+            monkeypatch.setenv("RANK", rank)
+            with pytest.raises(SystemExit) as stop:
+                fn()
+            said.append((stop.value.code, capsys.readouterr().err))
+    finally:  # a run's hydra set its job logging up: its file handler must not outlive the test
+        _restore_logging(logs)
     return said
