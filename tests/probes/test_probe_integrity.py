@@ -259,16 +259,18 @@ def test_outputs_whose_swap_is_refused_stay_as_they_were(
 
 def test_a_failed_sweeps_clean_up_keeps_every_result(tmp_path: Path) -> None:
     """A sweep that fails removes its points' dirs that hold nothing of a run (what hydra put
-    there, its mark), and nothing else: a finished point, a failed one's failed.txt, a run's
-    staging folder stay, and so does the sweep's dir that holds them."""
+    there, its mark, a killed run's half-staged `.partial-*`), and nothing else: a finished
+    point, a failed one's failed.txt, the earlier result a replacing run set aside stay, and so
+    does the sweep's dir that holds them."""
     from experiments.common.callbacks import SWEEP_MARK, remove_if_no_runs
 
     sweep = tmp_path / "new" / "s"
     points = {
         "done/a": ["summary.json", SWEEP_MARK],
         "failed/b": ["failed.txt", SWEEP_MARK],
-        "staging/c/.partial-1": [],
+        "staging/c/.partial-1-earlier": [],
         "empty/d": [SWEEP_MARK, "run.log", ".hydra/config.yaml"],
+        "killed/e/.partial-2": [],
     }
     for point, files in points.items():
         (sweep / point).mkdir(parents=True)
@@ -277,8 +279,8 @@ def test_a_failed_sweeps_clean_up_keeps_every_result(tmp_path: Path) -> None:
             (sweep / point / name).write_text("x")
     (sweep / "multirun.yaml").write_text("x")
     remove_if_no_runs(sweep, tmp_path / "new")
-    assert not (sweep / "empty").exists()
-    for point in ("done/a", "failed/b", "staging/c/.partial-1"):
+    assert not (sweep / "empty").exists() and not (sweep / "killed").exists()
+    for point in ("done/a", "failed/b", "staging/c/.partial-1-earlier"):
         assert sorted(p.name for p in (sweep / point).iterdir()) == sorted(
             n.split("/")[0] for n in points[point]
         )

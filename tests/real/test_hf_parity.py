@@ -469,7 +469,7 @@ def test_switch_tied_head_runs_and_unmodelled_fields_are_refused(tmp_path):
     assert index["lm_head.weight"] is index["shared.weight"]
     tokens, _ = reference_generate(ckpt, torch.zeros(1, 4, dtype=torch.long), 2)
     assert tokens.shape == (1, 2)
-    for field, value in (("dense_act_fn", "mish"), ("router_bias", True)):
+    for field, value in (("dense_act_fn", "prelu"), ("router_bias", True)):
         bad = _edited(ckpt, tmp_path / field, **{field: value})
         with pytest.raises(ConfigError, match=field):
             reference_generate(bad, torch.zeros(1, 4, dtype=torch.long), 2)
