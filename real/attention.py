@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from core.hf_config import HFConfig, mla_dims, rope_theta_of
+from core.hf_config.rope_keys import yarn_betas
 from core.spec import MLA_FAMILIES, ModelSpec
 
 # Shape legend: B batch, S tokens per sequence this step, H hidden, Hq query heads, Hkv
@@ -325,7 +326,7 @@ def _yarn(
             attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
             attention_factor = yarn_mscale(factor)
-    beta_fast, beta_slow = p.get("beta_fast", 32), p.get("beta_slow", 1)
+    beta_fast, beta_slow = yarn_betas(p)
 
     def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))

@@ -57,6 +57,7 @@ EXPERTS = Rule(  # expert ids are int16
 FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]")
 POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
 NUMBER = Rule(_is_number, "a number")
+BETA = Rule(lambda v: _is_number(v) and v >= 0, "a positive number, 0 (the default)")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
 TEXT = Rule(lambda v: isinstance(v, str), "a string")
 OBJECT = Rule(lambda v: isinstance(v, Mapping), "an object")
@@ -169,8 +170,9 @@ ROPE_FIELDS: dict[str, Rule] = {
     "attention_factor": POSITIVE.or_null(),
     "mscale": NUMBER.or_null(),
     "mscale_all_dim": NUMBER.or_null(),
-    "beta_fast": POSITIVE.or_null(),
-    "beta_slow": POSITIVE.or_null(),
+    # yarn's betas: 0 or null is the default (32, 1), as transformers' `or 32` / `or 1` reads it
+    "beta_fast": BETA.or_null(),
+    "beta_slow": BETA.or_null(),
     "truncate": FLAG,
     "low_freq_factor": POSITIVE,  # llama3
     "high_freq_factor": POSITIVE,

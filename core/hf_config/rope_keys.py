@@ -74,8 +74,8 @@ def _check_values(p: HFConfig, key: str) -> None:
     factor = p.fields.get("factor")
     if factor is not None and factor < 1:
         raise p.error(f"{key}.factor={factor} must be >= 1 (the context's stretch)")
-    fast, slow = p.fields.get("beta_fast"), p.fields.get("beta_slow")
-    if fast is not None and slow is not None and fast < slow:
+    fast, slow = yarn_betas(p)
+    if fast < slow:
         raise p.error(
             f"{key}.beta_fast={fast} is below beta_slow={slow}; yarn's ramp runs from beta_fast "
             "down to beta_slow: swap them"
@@ -86,3 +86,9 @@ def _check_values(p: HFConfig, key: str) -> None:
             f"{key}.high_freq_factor={high} must be above low_freq_factor={low} "
             "(llama3 interpolates between them)"
         )
+
+
+def yarn_betas(p: HFConfig) -> tuple[float, float]:
+    """yarn's (beta_fast, beta_slow) as transformers reads them: absent, null or 0 is the
+    default, 32 and 1 (`get("beta_fast") or 32`)."""
+    return p.get("beta_fast", None) or 32, p.get("beta_slow", None) or 1
