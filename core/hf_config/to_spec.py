@@ -225,9 +225,14 @@ def _experts(c: HFConfig, key: str) -> dict[str, int]:
     return dict(n_experts=n, top_k=k)
 
 
-def _some_moe(c: HFConfig, moe: tuple[int, ...], n: int, by: str) -> tuple[int, ...]:
+def _some_moe(c: HFConfig, moe: tuple[int, ...], n: int, *by: str) -> tuple[int, ...]:
+    """`moe`, refused where empty: `by`, the fields that chose it ("a=1", "b=2"), said."""
     if not moe:
-        raise c.error(f"{by} leave no MoE layer among num_hidden_layers={n}")
+        said = " and ".join(by)
+        raise c.error(
+            f"{said} {'leaves' if len(by) == 1 else 'leave'} no MoE layer among "
+            f"num_hidden_layers={n}"
+        )
     return moe
 
 
@@ -268,9 +273,9 @@ def _qwen_layers(c: HFConfig, n: int) -> tuple[int, ...]:
             f"num_hidden_layers={n} (layers 0..{n - 1}); list layers of this model only"
         )
     moe = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
-    return _some_moe(
-        c, moe, n, f"decoder_sparse_step={step} and mlp_only_layers={sorted(dense_only)}"
-    )
+    by = [f"decoder_sparse_step={step}"] * (step != 1)  # the fields that leave layers dense
+    by += [f"mlp_only_layers={sorted(dense_only)}"] * bool(dense_only)
+    return _some_moe(c, moe, n, *by)
 
 
 def _qwen_fields(c: HFConfig) -> dict[str, Any]:
@@ -343,7 +348,8 @@ def _deepseek_v2_fields(c: HFConfig) -> dict[str, Any]:
     n = c.get("num_hidden_layers")
     first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
     moe = tuple(i for i in range(first, n) if i % freq == 0)
-    _some_moe(c, moe, n, f"first_k_dense_replace={first} and moe_layer_freq={freq}")
+    by = [f"first_k_dense_replace={first}"] * bool(first) + [f"moe_layer_freq={freq}"] * (freq != 1)
+    _some_moe(c, moe, n, *by)  # the fields that leave layers dense
     if "n_shared_experts" not in c.fields:  # the two references disagree: the file must say
         raise c.error(
             "n_shared_experts is missing: transformers' DeepseekV2Config takes 2 and DeepSeek's "
