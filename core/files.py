@@ -10,6 +10,7 @@ Usage:
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import json
 import logging
@@ -294,3 +295,67 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):  # another user's process; or not a pid at all
         return True
     return True
+
+
+# in a folder a writer rewrites whole (a run dir, make_checkpoint's out): held (flock) while it
+# writes (experiments.common.dir_lock), gone once it ends; a SIGKILLed writer's stays, unheld
+WRITE_LOCK = ".run.lock"
+HELD_HERE: set[str] = set()  # the folders (resolved) whose WRITE_LOCK this process holds
+
+
+def being_written(folder: Path) -> bool:
+    """Does a live process hold `folder`'s WRITE_LOCK? Asked without making the file (a
+    reader may not write there): a folder without one, whose lock died with its writer
+    (SIGKILL), or whose lock this process holds (its own writes), is not being written."""
+    if str(folder.resolve()) in HELD_HERE:
+        return False
+    try:
+        fd = os.open(folder / WRITE_LOCK, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a lock file flock cannot take (a FIFO, a folder by that name): no writer's
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+State = tuple[tuple[str, int, int, int], ...]  # (name, inode, size, mtime ns) of each file
+
+
+def unwritten_state(folder: Path, what: str) -> State:
+    """Each file of `folder` (a checkpoint) as (name, inode, size, mtime ns), for
+    `unchanged_since` to tell that what was read of it is of one `what`. A folder whose writer
+    holds its lock now (`being_written`; make_checkpoint) is refused: its files move in one by
+    one, and a run read one checkpoint's config.json with another's shards."""
+    if being_written(folder):
+        raise ConfigError(
+            f"{folder}: another process (make_checkpoint) is writing this {what} now (it holds "
+            f"{WRITE_LOCK} there); run once it has ended"
+        )
+    try:
+        files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError:  # no folder: the reader says so
+        return ()
+    state = []
+    for p in files:
+        try:
+            st = p.stat()
+        except OSError:  # gone meanwhile: the next state differs
+            continue
+        state.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(state)
+
+
+def unchanged_since(folder: Path, what: str, before: State) -> None:
+    """Refuse where `folder`'s files are not those `unwritten_state` saw (`before`): what was
+    read may be of two of `what`."""
+    if unwritten_state(folder, what) != before:
+        raise ConfigError(
+            f"{folder}: its files changed while they were read (another process rewrote the "
+            f"{what}); run again once nothing writes it"
+        )

@@ -25,7 +25,8 @@ from core.files import broken_link, read_summary_json
 from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
-from experiments.common.run_dir import edited_since_run
+from experiments.common.dir_lock import dir_locked
+from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 
 
 def read_traces(run_dir: Path) -> list[pd.DataFrame]:
@@ -84,12 +85,15 @@ def _main(opts: Options) -> int:
             )
         # before the traces are read: a folder, one not writable, a file of another kind
         output_file(out, "out", starts=CHROME_START)
-        traces = [part for r in runs for part in read_traces(r)]
-        try:
-            with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)
-                write_chrome(tmp, traces)
-        except OSError as e:
-            raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
+        # read and written while no run rewrites out's folder (a run dir: its lock), so that
+        # trace.json is of the trace.parquet beside it
+        with dir_locked(out.parent, OUTPUTS_BUSY):
+            traces = [part for r in runs for part in read_traces(r)]
+            try:
+                with written_whole(out) as tmp:  # whole or not there (a full disk cut it short)
+                    write_chrome(tmp, traces)
+            except OSError as e:
+                raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from core.errors import ConfigError, quoted
-from core.files import no_file_there, read_small
+from core.files import no_file_there, read_small, unchanged_since, unwritten_state
 from core.hf_config import (
     HFConfig,
     fp8_block,
@@ -343,9 +343,16 @@ def load_checkpoint(
 
     Raises a one-line ConfigError naming the missing directory, config.json or shard, a truncated
     file, a config.json field the real model does not run (hf_runtime's refusals, before its
-    tensors are found unread), or a tensor whose shape/dtype disagrees with config.json.
+    tensors are found unread), a tensor whose shape/dtype disagrees with config.json, or a
+    checkpoint another process writes meanwhile (`core.files.unwritten_state`).
     """
-    d = Path(ckpt_dir)
+    before = unwritten_state(Path(ckpt_dir), "checkpoint")
+    loaded = _load_checkpoint(Path(ckpt_dir), dtype)
+    unchanged_since(Path(ckpt_dir), "checkpoint", before)
+    return loaded
+
+
+def _load_checkpoint(d: Path, dtype: str | None) -> tuple[ModelSpec, dict[str, TensorEntry]]:
     if d.exists() and not d.is_dir():  # config.json or a shard named itself
         raise ConfigError(f"{d}: a file, not a checkpoint directory; pass the folder holding it")
     if not d.is_dir():

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from core.errors import CapacityError, MoepipeError, did_you_mean
+from core.files import unchanged_since, unwritten_state
 from core.types import Tier
 from real.checkpoint import Unit
 from real.disk import (
@@ -141,6 +142,8 @@ class TieredStore:
         capacity. `dtype`: the run's compute dtype (`load_checkpoint`'s); the host and device
         tiers hold the units in it, the disk tier as saved."""
         self.ckpt_dir = Path(ckpt_dir)
+        # the files read whole once opened: what was opened is the checkpoint the records are of
+        before = unwritten_state(self.ckpt_dir, "checkpoint")
         self.records = unit_records(ckpt_dir, dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._pin = self.device.type == "cuda"
@@ -149,6 +152,7 @@ class TieredStore:
         try:
             for f in files:
                 self.disks[f] = DiskReader(f, direct)
+            unchanged_since(self.ckpt_dir, "checkpoint", before)
         except BaseException:
             for d in self.disks.values():
                 d.close()

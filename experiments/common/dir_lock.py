@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOCK = ".run.lock"  # in a run dir: held (flock) by the run writing it, gone once it ends
+from core.files import HELD_HERE as _HELD
+from core.files import WRITE_LOCK
 
-_HELD: set[str] = set()  # the dirs (resolved) whose lock this process holds
+LOCK = WRITE_LOCK  # in a run dir: held (flock) by the run writing it, gone once it ends
 
 
 @contextmanager

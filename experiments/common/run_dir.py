@@ -183,6 +183,9 @@ def restore_hydra_record(out_dir: Path) -> None:
         shutil.copy2(p, rec / p.name)
 
 
+OUTPUTS_BUSY = "another command is moving its outputs into this folder"
+
+
 @contextmanager
 def staged_outputs(
     out: Path,
@@ -207,7 +210,9 @@ def staged_outputs(
         except OSError as e:  # named where the file goes, not in the hidden folder
             raise _named_in(e, tmp, out) from None
         new = sorted((p.name for p in tmp.iterdir()), key=lambda name: name == last)
-        with interrupt_deferred():
+        # one writer's outputs move in at a time: two reports at once left a page of one
+        # beside the other's figures, and one set the other's new files aside and removed them
+        with dir_locked(out, OUTPUTS_BUSY), interrupt_deferred():
             moved_in: list[str] = []
             try:
                 _move_aside(out, aside, (set(new) | stale(out)) - {tmp.name, aside.name})

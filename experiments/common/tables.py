@@ -18,7 +18,8 @@ from core.files import broken_link, clear_leftovers, read_small, read_summary_js
 from core.lazy import lazy_module
 from core.routing import peek_suffix
 from core.yaml_size import check_yaml_size
-from experiments.common.run_dir import edited_since_run
+from experiments.common.dir_lock import dir_locked
+from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 from experiments.common.summary_keys import plan_problem
 
 if TYPE_CHECKING:
@@ -458,11 +459,14 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
                 f"{path}: is a folder, where the results file goes; remove it or pass out= "
                 "another folder"
             )
-    try:  # each file whole or not there: a full disk left a results.parquet cut short
-        with written_whole(pq) as tmp:
-            clean.to_parquet(tmp, index=False)
-        with written_whole(csv) as tmp:
-            clean.to_csv(tmp, index=False)
+    # each file whole or not there (a full disk left a results.parquet cut short), and the two
+    # of one collect: two at once (one while a sweep still ran) left one's beside the other's
+    try:
+        with dir_locked(out, OUTPUTS_BUSY):
+            with written_whole(pq) as tmp:
+                clean.to_parquet(tmp, index=False)
+            with written_whole(csv) as tmp:
+                clean.to_csv(tmp, index=False)
     except OSError as e:
         raise MoepipeError(
             f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"
