@@ -171,8 +171,9 @@ CHANGES = {
 }
 
 
+@pytest.mark.parametrize("reader", ["load_checkpoint", "unit_records"])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_a_checkpoint_changed_while_loaded_is_refused(ckpt, monkeypatch, change):
+def test_a_checkpoint_changed_while_loaded_is_refused(ckpt, monkeypatch, change, reader):
     """A writer that starts and ends while the checkpoint is read (between config.json and the
     shards' headers): one line, not one checkpoint's config.json with the other's shards."""
     import real.checkpoint as checkpoint
@@ -185,7 +186,25 @@ def test_a_checkpoint_changed_while_loaded_is_refused(ckpt, monkeypatch, change)
         return got
 
     monkeypatch.setattr(checkpoint, "_load_checkpoint", rewritten_meanwhile)
-    raises_one_line(lambda: load_checkpoint(ckpt), str(ckpt), "changed while they were read")
+    raises_one_line(lambda: READERS[reader](ckpt), str(ckpt), "changed while they were read")
+
+
+LOCK_FILES = {
+    "a folder": lambda p: p.mkdir(),
+    "a FIFO": os.mkfifo,
+    "a dangling link": lambda p: p.symlink_to(p.with_name("nowhere")),
+    "unreadable": lambda p: (p.touch(), p.chmod(0)),
+}
+
+
+@pytest.mark.parametrize("kind", list(LOCK_FILES))
+def test_a_lock_no_writer_can_hold_is_no_writer(ckpt, kind):
+    """A `.run.lock` that is no lock file (a folder, a FIFO, a dangling link; unreadable, as
+    root reads it anyway or not) is no writer's: the checkpoint is read, not refused nor
+    blocked on."""
+    LOCK_FILES[kind](ckpt / WRITE_LOCK)
+    assert not being_written(ckpt)
+    load_checkpoint(ckpt)
 
 
 @pytest.mark.parametrize("change", ["config.json replaced", "shard replaced"])
