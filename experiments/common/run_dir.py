@@ -39,13 +39,8 @@ log = logging.getLogger(__name__)
 TOKENS_FILE = "tokens.safetensors"
 
 MANIFEST = "files.sha256"  # in a run dir: each result file's sha256, as sha256sum writes them
-RUN_FILES = (
-    MANIFEST,
-    "trace.parquet",
-    "trace.json",
-    "balance.csv",
-    TOKENS_FILE,
-)  # write_run's, but the summary
+# write_run's, but the summary
+RUN_FILES = (MANIFEST, "trace.parquet", "trace.json", "balance.csv", TOKENS_FILE)
 
 PREVIOUS = ".previous"  # in a run dir: the earlier result while a new one moves in
 
