@@ -335,6 +335,8 @@ def written_whole(path: str | Path) -> Iterator[Path]:
     replaces `path` once the block ends, and is removed if the block fails (a full disk, an
     interrupt): `path` is the earlier file, whole, or the new one, never one cut short. A
     symbolic link at `path` is written through: the file it names is replaced, not the link.
+    An OSError that names no file (pandas' to_csv, matplotlib's savefig on a full disk) names
+    `path`, as `atomic_write_text`'s does.
 
     Usage:
         with written_whole(out / "results.csv") as tmp:
@@ -347,5 +349,9 @@ def written_whole(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)

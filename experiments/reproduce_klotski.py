@@ -587,7 +587,8 @@ def _main(args: Options) -> int:
                 write(tmp)
     except OSError as e:
         print(df.to_csv(index=False))
-        print(f"error: out={out}: cannot write the results ({e.strerror or e})", file=sys.stderr)
+        where = e.filename or out  # the file a full disk stopped, not only its folder
+        print(f"error: {where}: cannot write the results ({e.strerror or e})", file=sys.stderr)
         return 2
     print(text)
     return 0
