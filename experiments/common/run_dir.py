@@ -62,6 +62,9 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
             "away and run again"
         ) from None
     restore_previous(out_dir)
+    # what a failed write leaves: an earlier result only where there was one
+    had = (out_dir / "summary.json").exists()
+    kept = "the earlier result there is kept" if had else "no result is left there"
     # named before it exists, so that a Ctrl-C at any moment of making it finds it removed
     tmp = staging_dir(out_dir)
     record: Path | None = None
@@ -75,12 +78,11 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         except OSError as e:  # a full disk: the write's error names no file
             raise OSError(
                 e.errno,
-                f"cannot write the run's files ({e.strerror or e}); the "
-                "earlier result there is kept",
+                f"cannot write the run's files ({e.strerror or e}); {kept}",
                 str(out_dir),
             ) from None
         with interrupt_deferred():  # Ctrl-C now would leave neither result
-            _swap(out_dir, tmp, text)
+            _swap(out_dir, tmp, text, kept)
             _put_hydra_record(out_dir, record)
     except BaseException:  # no folder made for a result that is not there
         shutil.rmtree(tmp, ignore_errors=True)
@@ -246,7 +248,7 @@ def _named_in(e: OSError, tmp: Path, out: Path) -> OSError:
     return type(e)(e.errno, e.strerror, first, *((None, second) if second else ()))
 
 
-def _swap(out_dir: Path, tmp: Path, summary: str) -> None:
+def _swap(out_dir: Path, tmp: Path, summary: str, kept: str) -> None:
     """The new result in `tmp` into `out_dir`, its summary.json (`summary`) written last, the old
     one's files set aside in `.previous` meanwhile. An OSError on the way (a summary.json that
     cannot be moved: immutable, on a read-only mount) undoes what was done, and the earlier
@@ -263,8 +265,7 @@ def _swap(out_dir: Path, tmp: Path, summary: str) -> None:
         _put_back(out_dir, out_dir / PREVIOUS, moved_in)
         raise OSError(
             e.errno,
-            f"cannot replace the run's result ({e.strerror or e}); the earlier result there is "
-            "kept",
+            f"cannot replace the run's result ({e.strerror or e}); {kept}",
             e.filename or str(out_dir),
         ) from None
     shutil.rmtree(out_dir / PREVIOUS, ignore_errors=True)

@@ -3,15 +3,20 @@
 A result file written whole (`written_whole`: prefetch_eval's table, reproduce_klotski's
 results, the figures) on a disk that filled while pandas or matplotlib wrote it raised an
 OSError that named no file: it names the file now, and nothing half-written stays.
+
+A run's result that could not be written (a full disk) said "the earlier result there is kept"
+where there was none (a first run into a fresh folder): it says so only where there was one.
 """
 
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 
 from core.args import written_whole
+from experiments.common.run_dir import replace_run
 
 
 def test_a_whole_write_that_names_no_file_names_its_file(tmp_path):
@@ -24,3 +29,24 @@ def test_a_whole_write_that_names_no_file_names_its_file(tmp_path):
     assert info.value.filename == str(out)
     assert out.read_text() == "earlier\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def _full_disk(tmp: Path) -> None:
+    (tmp / "trace.parquet").write_text("half")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_says_an_earlier_result_is_kept_only_where_there_was_one(tmp_path):
+    """reproduce_klotski's first run into a fresh folder, on a full disk, said "the earlier
+    result there is kept"; there was none. A second run's line still says it is kept."""
+    run = tmp_path / "run"
+    with pytest.raises(OSError) as info:
+        replace_run(run, {"planner": "new"}, _full_disk)
+    assert "no result is left there" in str(info.value) and "earlier" not in str(info.value)
+    assert not run.exists()
+
+    replace_run(run, {"planner": "old"}, lambda tmp: (tmp / "trace.parquet").write_text("old"))
+    with pytest.raises(OSError) as info:
+        replace_run(run, {"planner": "new"}, _full_disk)
+    assert "the earlier result there is kept" in str(info.value)
+    assert (run / "trace.parquet").read_text() == "old"
