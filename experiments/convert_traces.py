@@ -2,7 +2,7 @@
 
 SRC is a directory holding `<task>/expert_weights_<layer>.txt` files, or the upstream tarball.
 
-Writes OUT (.npz added when missing).
+Writes OUT (.npz added when missing); an OUT that is a device, FIFO or folder is refused.
 
 Usage:
     python -m experiments.convert_traces \
@@ -19,6 +19,7 @@ from omegaconf import MISSING
 
 from core.args import refuse_theirs
 from core.errors import MoepipeError
+from core.files import not_regular
 from core.trace_convert import convert_esft
 from core.traces import N_LAYERS
 from experiments.common.app import command
@@ -49,6 +50,12 @@ def _main(args: Options) -> int:
             raise MoepipeError(
                 f"out {args.out}: is a folder; pass a file path, "
                 f"e.g. {Path(args.out) / 'esft_routing.npz'}"
+            )
+        special = not_regular(args.out)  # out=/dev/full wrote /dev/full.npz, unsaid
+        if special:
+            raise MoepipeError(
+                f"out={args.out}: {special}, not a file this command writes; pass out= a "
+                "file path, e.g. esft_routing.npz"
             )
         dest = args.out if args.out.endswith(".npz") else f"{args.out}.npz"
         output_file(dest, "out")

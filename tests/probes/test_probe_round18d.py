@@ -6,17 +6,22 @@ OSError that named no file: it names the file now, and nothing half-written stay
 
 A run's result that could not be written (a full disk) said "the earlier result there is kept"
 where there was none (a first run into a fresh folder): it says so only where there was one.
+
+`convert_traces out=/dev/full` wrote `/dev/full.npz` (`.npz` goes onto a name without it): an
+`out` that is a device, a FIFO or a folder is refused in one line.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 
 from core.args import written_whole
 from experiments.common.run_dir import replace_run
+from tests.probes.conftest import one_line
 
 
 def test_a_whole_write_that_names_no_file_names_its_file(tmp_path):
@@ -50,3 +55,13 @@ def test_a_full_disk_says_an_earlier_result_is_kept_only_where_there_was_one(tmp
         replace_run(run, {"planner": "new"}, _full_disk)
     assert "the earlier result there is kept" in str(info.value)
     assert (run / "trace.parquet").read_text() == "old"
+
+
+def test_convert_traces_refuses_an_out_it_would_append_npz_to(tmp_path, cli_here):
+    """out=/dev/full wrote /dev/full.npz: `.npz` went onto a device's name. A FIFO stands in
+    for the device here; the trace is never converted and nothing lands beside it."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = cli_here("experiments.convert_traces", f"src={tmp_path / 'nosuch'}", f"out={fifo}")
+    one_line(r, f"out={fifo}", "FIFO", "pass out= a file path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
