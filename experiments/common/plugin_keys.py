@@ -31,6 +31,13 @@ DICT_CONFIG_KEYS = (
     "incremental",
     "disable_existing_loggers",
 )
+# the keys dictConfig reads of an entry of a section, which skips any other; a handler's other
+# keys go to its class, which refuses one it does not take (logging's own error)
+ENTRY_KEYS = {
+    "root": ("level", "handlers", "filters"),
+    "loggers": ("level", "handlers", "filters", "propagate"),
+    "formatters": ("format", "datefmt", "style", "class", "validate", "defaults"),
+}
 
 
 def check_plugin_keys(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
@@ -107,12 +114,30 @@ def _check_logging(override: str) -> None:
     key = override.lstrip("+").partition("=")[0]
     for node in LOGGING:
         if override.startswith("+") and key.startswith(f"{node}."):
-            part = key[len(node) + 1 :].split(".")[0]
+            part, *rest = key[len(node) + 1 :].split(".")
             if part not in DICT_CONFIG_KEYS:
                 raise MoepipeError(
                     f"{node}.{part}: unknown key of a logging config (logging.config.dictConfig "
                     f"skips it); {nearest(part, DICT_CONFIG_KEYS)}; or leave it out"
                 )
+            _check_logging_entry(f"{node}.{part}", part, rest)
+
+
+def _check_logging_entry(where: str, section: str, rest: list[str]) -> None:
+    """`+hydra.job_logging.root.nosuch=1`, `...loggers.NAME.nosuch=1`: a key of an entry that
+    dictConfig skips, as it does a section's it does not know."""
+    if section not in ENTRY_KEYS:
+        return
+    if section != "root":  # an entry of the section by its name: the user's
+        if len(rest) < 2:
+            return
+        where, rest = f"{where}.{rest[0]}", rest[1:]
+    if rest and rest[0] not in ENTRY_KEYS[section]:
+        raise MoepipeError(
+            f"{where}.{rest[0]}: unknown key of a logging config's {section} entry "
+            f"(logging.config.dictConfig skips it); {nearest(rest[0], ENTRY_KEYS[section])}; "
+            "or leave it out"
+        )
 
 
 def check_callbacks(cfg: DictConfig) -> None:

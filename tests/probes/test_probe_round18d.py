@@ -9,6 +9,9 @@ where there was none (a first run into a fresh folder): it says so only where th
 
 `convert_traces out=/dev/full` wrote `/dev/full.npz` (`.npz` goes onto a name without it): an
 `out` that is a device, a FIFO or a folder is refused in one line.
+
+`+hydra.job_logging.root.nosuch=1` (a logger's or a formatter's key alike) was skipped by
+Python's logging, unsaid: the key is refused in one line naming it and the keys it takes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pytest
 
 from core.args import written_whole
 from experiments.common.run_dir import replace_run
-from tests.probes.conftest import one_line
+from tests.probes.conftest import TINY, one_line
 
 
 def test_a_whole_write_that_names_no_file_names_its_file(tmp_path):
@@ -65,3 +68,20 @@ def test_convert_traces_refuses_an_out_it_would_append_npz_to(tmp_path, cli_here
     r = cli_here("experiments.convert_traces", f"src={tmp_path / 'nosuch'}", f"out={fifo}")
     one_line(r, f"out={fifo}", "FIFO", "pass out= a file path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+@pytest.mark.parametrize(
+    ("arg", "names"),
+    [
+        ("+hydra.job_logging.root.nosuch=1", ["hydra.job_logging.root.nosuch", "valid: filters"]),
+        ("+hydra.hydra_logging.root.levle=INFO", ["root.levle", "did you mean 'level'"]),
+        ("+hydra.job_logging.loggers.core.nosuch=1", ["loggers.core.nosuch", "propagate"]),
+        ("+hydra.job_logging.formatters.simple.fmt=x", ["formatters.simple.fmt", "format"]),
+    ],
+)
+def test_a_logging_entrys_unknown_key_is_one_line(cli_here, tmp_path, arg, names):
+    """Python's logging skips a key it does not read in a root, logger or formatter entry: the
+    run went on as if it were not there. No run folder is left."""
+    run = tmp_path / "run"
+    one_line(cli_here("experiments.run", arg, *TINY, f"hydra.run.dir={run}"), *names)
+    assert not run.exists()
