@@ -321,15 +321,20 @@ def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None
     if _profile_exists(hardware):
         return
     layers = min(opts.calib_layers, spec.n_layers)
-    cut = linked_cut(ckpt, reduced_spec(opts.model, n_layers=layers), ckpt.parent / ".calib-cut")
-    os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
-    _progress(f"no hardware profile {hardware}: calibrating on {cut} (first {layers} layers)")
-    cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
-    if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode != 0:
-        raise MoepipeError(
-            f"hardware={hardware}: calibrating it failed (its line is above); run "
-            f"python -m experiments.calibrate hardware.name={hardware} checkpoint={cut}"
-        )
+    cut = ckpt.parent / ".calib-cut"
+    try:  # the profile, once written, needs no checkpoint: the cut goes on every way out
+        linked_cut(ckpt, reduced_spec(opts.model, n_layers=layers), cut)
+        os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
+        _progress(f"no hardware profile {hardware}: calibrating on {cut} (first {layers} layers)")
+        cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
+        if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode:
+            raise MoepipeError(
+                f"hardware={hardware}: calibrating it failed (its line is above); run this "
+                f"bench again, or python -m experiments.calibrate hardware.name={hardware} "
+                f"checkpoint={ckpt}"
+            )
+    finally:
+        shutil.rmtree(cut, ignore_errors=True)
 
 
 def _profile_exists(hardware: str) -> bool:

@@ -12,6 +12,9 @@ where there was none (a first run into a fresh folder): it says so only where th
 
 `+hydra.job_logging.root.nosuch=1` (a logger's or a formatter's key alike) was skipped by
 Python's logging, unsaid: the key is refused in one line naming it and the keys it takes.
+
+`experiments.bench.real` stopped (Ctrl-C) while it calibrated left `.calib-cut` beside its
+checkpoint: the cut goes on every way out, as the profile written needs none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from core.args import written_whole
+from experiments.bench import real as bench_real
 from experiments.common.run_dir import replace_run
 from tests.probes.conftest import TINY, one_line
 
@@ -85,3 +89,22 @@ def test_a_logging_entrys_unknown_key_is_one_line(cli_here, tmp_path, arg, names
     run = tmp_path / "run"
     one_line(cli_here("experiments.run", arg, *TINY, f"hydra.run.dir={run}"), *names)
     assert not run.exists()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError])
+def test_a_bench_calibration_stopped_leaves_no_cut(tmp_path, monkeypatch, stop):
+    """bench.real stopped (Ctrl-C) or failing while calibrate ran left `.calib-cut`, a hidden
+    folder of links and a config, beside its checkpoint."""
+
+    def stopped(cmd, **_):
+        raise stop()
+
+    monkeypatch.setattr(bench_real.subprocess, "run", stopped)
+    spec = bench_real.reduced_spec("mixtral-tiny")
+    ckpt = bench_real.ensure_checkpoint(spec, tmp_path / "m")
+    opts = bench_real.BenchRealOptions(
+        model="mixtral-tiny", budget_gb=0.008, hardware="no-such-profile", calib_layers=1
+    )
+    with pytest.raises(stop):
+        bench_real._calibrate_if_missing(opts, spec, ckpt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

@@ -249,12 +249,15 @@ def test_peers_none_prints_the_moepipe_row(tmp_path, capsys):
 def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
     """hardware= naming no profile: calibrate runs (here recorded, not run) on a cut of the
     model's first calib_layers layers that links the bench's checkpoint."""
-    calls = []
-    monkeypatch.setattr(
-        bench_real.subprocess,
-        "run",
-        lambda cmd, **_: calls.append(cmd) or namedtuple("P", "returncode")(0),
-    )
+    calls, configs = [], []
+    cut = tmp_path / ".calib-cut"
+
+    def calibrate(cmd, **_):
+        calls.append(cmd)
+        configs.append((cut / "config.json").read_text())  # the cut, as calibrate reads it
+        return namedtuple("P", "returncode")(0)
+
+    monkeypatch.setattr(bench_real.subprocess, "run", calibrate)
     ckpt = bench_real.ensure_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "m")
     opts = bench_real.BenchRealOptions(
         model="mixtral-tiny", budget_gb=0.008, hardware="no-such-profile", calib_layers=1
@@ -262,10 +265,8 @@ def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
     bench_real._calibrate_if_missing(opts, bench_real.reduced_spec("mixtral-tiny"), ckpt)
     (cmd,) = calls
     assert "hardware.name=no-such-profile" in cmd
-    cut = tmp_path / ".calib-cut"
-    assert (
-        f"checkpoint={cut}" in cmd and '"num_hidden_layers": 1' in (cut / "config.json").read_text()
-    )
+    assert f"checkpoint={cut}" in cmd and '"num_hidden_layers": 1' in configs[0]
+    assert not cut.exists()  # the profile is written: the cut goes
     calls.clear()
     bench_real._calibrate_if_missing(
         bench_real.BenchRealOptions(model="x", budget_gb=1, hardware="tiny"), None, ckpt
