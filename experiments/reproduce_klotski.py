@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -576,15 +577,14 @@ def _main(args: Options) -> int:
         text = (
             report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
         )
-        # each whole or not at all: a full disk left a results.csv cut short, which
-        # report_only=true then read as the results
-        for name, write in (
-            ("results.csv", lambda f: df.to_csv(f, index=False)),
-            ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
-            ("report.md", lambda f: f.write_text(text + "\n")),
-        ):
-            with written_whole(out / name) as tmp:
-                write(tmp)
+        # all three whole or none replaced: report_only=true reads results.csv as the results
+        with ExitStack() as files:  # each replaces its file as the stack closes, after all
+            for name, write in (
+                ("results.csv", lambda f: df.to_csv(f, index=False)),
+                ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
+                ("report.md", lambda f: f.write_text(text + "\n")),
+            ):
+                write(files.enter_context(written_whole(out / name)))
     except OSError as e:
         print(df.to_csv(index=False))
         where = e.filename or out  # the file a full disk stopped, not only its folder

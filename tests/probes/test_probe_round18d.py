@@ -3,6 +3,8 @@
 A result file written whole (`written_whole`: prefetch_eval's table, reproduce_klotski's
 results, the figures) on a disk that filled while pandas or matplotlib wrote it raised an
 OSError that named no file: it names the file now, and nothing half-written stays.
+reproduce_klotski's three result files are replaced all together or none (a full disk at the
+last left the first new beside the earlier others).
 
 A run's result that could not be written (a full disk) said "the earlier result there is kept"
 where there was none (a first run into a fresh folder): it says so only where there was one.
@@ -22,10 +24,12 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.args import written_whole
+from experiments import reproduce_klotski
 from experiments.bench import real as bench_real
 from experiments.common.run_dir import replace_run
 from tests.probes.conftest import TINY, one_line
@@ -108,3 +112,26 @@ def test_a_bench_calibration_stopped_leaves_no_cut(tmp_path, monkeypatch, stop):
     with pytest.raises(stop):
         bench_real._calibrate_if_missing(opts, spec, ckpt)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_reproduce_klotski_replaces_its_results_all_or_none(tmp_path, monkeypatch, cli_here):
+    """A full disk at report.md, after results.csv was written whole, left the new
+    results.csv beside the earlier report.md: none is replaced now, and the line names the
+    file the disk stopped."""
+    out = tmp_path / "rk"
+    out.mkdir()
+    (out / "results.csv").write_text("table\nauto_n\n")
+    monkeypatch.setattr(reproduce_klotski, "run_resumable", lambda *a: ([{"planner": "x"}], 1))
+    monkeypatch.setattr(reproduce_klotski, "report", lambda df: "the report")
+    write_text = Path.write_text
+
+    def full_at_report(self: Path, text: str, *a: Any, **kw: Any) -> int:
+        if self.parent == out and self.name.startswith(".report"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(self, text, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_at_report)
+    r = cli_here("experiments.reproduce_klotski", "only=[auto_n]", f"out={out}")
+    one_line(r, str(out / "report.md"), "No space left")
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv"]
+    assert (out / "results.csv").read_text() == "table\nauto_n\n"
