@@ -37,6 +37,7 @@ ENTRY_KEYS = {
     "root": ("level", "handlers", "filters"),
     "loggers": ("level", "handlers", "filters", "propagate"),
     "formatters": ("format", "datefmt", "style", "class", "validate", "defaults"),
+    "filters": ("name",),
 }
 
 

@@ -12,7 +12,7 @@ where there was none (a first run into a fresh folder): it says so only where th
 `convert_traces out=/dev/full` wrote `/dev/full.npz` (`.npz` goes onto a name without it): an
 `out` that is a device, a FIFO or a folder is refused in one line.
 
-`+hydra.job_logging.root.nosuch=1` (a logger's or a formatter's key alike) was skipped by
+`+hydra.job_logging.root.nosuch=1` (a logger's, formatter's or filter's key alike) was skipped by
 Python's logging, unsaid: the key is refused in one line naming it and the keys it takes.
 
 `experiments.bench.real` stopped (Ctrl-C) while it calibrated left `.calib-cut` beside its
@@ -85,6 +85,7 @@ def test_convert_traces_refuses_an_out_it_would_append_npz_to(tmp_path, cli_here
         ("+hydra.hydra_logging.root.levle=INFO", ["root.levle", "did you mean 'level'"]),
         ("+hydra.job_logging.loggers.core.nosuch=1", ["loggers.core.nosuch", "propagate"]),
         ("+hydra.job_logging.formatters.simple.fmt=x", ["formatters.simple.fmt", "format"]),
+        ("+hydra.job_logging.filters.mine.nmae=core", ["filters.mine.nmae", "'name'"]),
     ],
 )
 def test_a_logging_entrys_unknown_key_is_one_line(cli_here, tmp_path, arg, names):
