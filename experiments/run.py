@@ -26,6 +26,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -38,6 +39,7 @@ from core.bubbles import top_cause
 from core.errors import CapacityError, ConfigError
 from core.files import clear_leftovers
 from core.hf_config import hf_config_file
+from core.planner import Planner
 from core.routing import resolve_source
 from core.spec import ModelSpec
 from core.traces import trace_path
@@ -59,7 +61,14 @@ from experiments.common.cli import (
 from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.launch_line import check_split_over_ranks
-from experiments.common.pipeline import RunSpec, gc_paused, simulate_run, write_run
+from experiments.common.pipeline import (
+    RunSpec,
+    check_kv_fits,
+    gc_paused,
+    run_planner,
+    simulate_run,
+    write_run,
+)
 from experiments.common.reader_left import guard_stdout
 from experiments.common.resolve import run_model_name, run_spec
 from experiments.common.run_dir import (
@@ -126,7 +135,8 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
 def check_point(cfg: DictConfig) -> None:
     """A sweep point's config checked as its run checks it first (`execute`), nothing run or
     written: a bad value every point shares is refused before the sweep starts. A point too
-    big for the machine passes: in a sweep it is a result (infeasible), not a failure."""
+    big for the hardware passes: in a sweep it is a result (infeasible), not a failure; one
+    whose schedule or routing would not fit this machine's RAM fails, as its run would."""
     check_no_chdir()
     try:
         spec = run_spec(cfg)
@@ -136,8 +146,18 @@ def check_point(cfg: DictConfig) -> None:
             ep_inputs.check_block(rep, spec)
         else:
             make_params(spec.planner, spec.params)
+        check_sizes_fit(spec)
     except CapacityError:
         return
+
+
+def check_sizes_fit(spec: RunSpec) -> None:
+    """`sized_run`'s checks of RAM that need no plan: one batch's, then the workload's own
+    n_batches where the planner keeps it (one that sizes its group, Klotski's `n: 0`, chooses
+    its n as the run starts)."""
+    check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)), warn=False)
+    if type(run_planner(spec)).choose_n_batches is Planner.choose_n_batches:
+        check_kv_fits(spec, warn=False)
 
 
 def check_no_chdir() -> None:

@@ -188,14 +188,15 @@ def _available_ram_bytes() -> int | None:
     return None
 
 
-def check_kv_fits(spec: RunSpec) -> None:
+def check_kv_fits(spec: RunSpec, warn: bool = True) -> None:
     """A CapacityError when the group's KV cache cannot fit in GPU + CPU memory, whatever the
     planner (no planner keeps KV on disk): checked before routing for that many tokens is built,
-    which for a prompt of millions of tokens would itself take more memory than the machine has."""
+    which for a prompt of millions of tokens would itself take more memory than the machine has.
+    `warn`: say a run that fits but has millions of ops (not where a sweep checks its points)."""
     m, wl, hw = spec.model, spec.workload, spec.hardware
     # the schedule's ops whatever the routing's size: a gen_len of a million on a small model
     # has little routing but tens of millions of ops
-    check_ops_fit(spec)
+    check_ops_fit(spec, warn)
     # Below this, routing is cheap to build and the planner's own capacity check says more (a
     # model whose weights do not fit is named as such, not as a KV cache to shrink).
     if routing_bytes(spec) < ROUTING_CHECK_BYTES:
@@ -221,7 +222,7 @@ OPS_CHECKED = 1_000_000  # a schedule estimated this large is checked against me
 BYTES_PER_OP = 1500  # a run's peak RAM per op (docs/results/sim-speed.md: 1.9 GB at 1.23M ops)
 
 
-def check_ops_fit(spec: RunSpec) -> None:
+def check_ops_fit(spec: RunSpec, warn: bool = True) -> None:
     """A MoepipeError when the schedule's ops (about: per step, layer and batch, each expert a
     batch's tokens can reach and a few dense and transfer ops) would take more RAM than the
     machine has: a gen_len of millions planned for minutes before running out of memory."""
@@ -235,6 +236,8 @@ def check_ops_fit(spec: RunSpec) -> None:
     what = f"workload.gen_len={wl.gen_len} x {batches} on {m.n_layers} layers (about {ops:.3g} ops)"
     fix = "lower gen_len" + (" or n_batches" if wl.n_batches > 1 else "")
     check_ram(ops * BYTES_PER_OP, what, fix)
+    if not warn:
+        return
     # it fits, but plans and simulates for minutes with nothing said: said once, up front
     log.warning(
         "%s needs about %.3g GB of RAM and minutes to simulate; Ctrl-C stops it (%s to shorten)",

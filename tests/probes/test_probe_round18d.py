@@ -17,6 +17,11 @@ Python's logging, unsaid: the key is refused in one line naming it and the keys 
 
 `experiments.bench.real` stopped (Ctrl-C) while it calibrated left `.calib-cut` beside its
 checkpoint: the cut goes on every way out, as the profile written needs none.
+
+A sweep whose every point's schedule would need more RAM than the machine has
+(`-m planner=flexgen,sequential workload.n_batches=100000000`) started, and each point failed
+under the progress bar with its own failed.txt: the before-sweep check passed every size. The
+RAM checks that need no plan run there too: the single run's one line, before any folder.
 """
 
 from __future__ import annotations
@@ -136,3 +141,37 @@ def test_reproduce_klotski_replaces_its_results_all_or_none(tmp_path, monkeypatc
     one_line(r, str(out / "report.md"), "No space left")
     assert sorted(p.name for p in out.iterdir()) == ["results.csv"]
     assert (out / "results.csv").read_text() == "table\nauto_n\n"
+
+
+def test_a_sweep_every_point_of_which_outgrows_ram_is_refused_up_front(
+    cli_here, tmp_path, monkeypatch
+):
+    """Each point's ops need more RAM than the machine has: one line, no sweep folder. A planner
+    that sizes its own group (Klotski's `n: 0`) is not judged by the workload's n_batches."""
+    from dataclasses import replace
+
+    from core.spec import Workload
+    from experiments import run
+    from experiments.common import pipeline
+    from tests.conftest import hardware_from_conf, model_from_conf
+
+    monkeypatch.setattr(pipeline, "_available_ram_bytes", lambda: 10**9)
+    sweep = tmp_path / "sweep"
+    many = "workload.n_batches=10000000"
+    r = cli_here(
+        "experiments.run",
+        "-m",
+        *TINY[:3],
+        "planner=flexgen,sequential",
+        many,
+        f"hydra.sweep.dir={sweep}",
+    )
+    one_line(r, "n_batches=10000000", "GB of RAM", "lower gen_len or n_batches")
+    assert not sweep.exists()
+    wl = Workload(batch_size=2, n_batches=10**7, prompt_len=8, gen_len=3)
+    spec = pipeline.RunSpec(
+        model_from_conf("tiny"), hardware_from_conf("tiny"), wl, "klotski", {"n": 0}
+    )
+    run.check_sizes_fit(spec)  # Klotski chooses its n: one batch's sizes are checked
+    with pytest.raises(Exception, match="GB of RAM"):
+        run.check_sizes_fit(replace(spec, planner="flexgen", params={}))
