@@ -82,6 +82,7 @@ from experiments.common.run_dir import (
 )
 from experiments.common.schema import RoutingSchema, RunSchema
 from experiments.common.tables import display_name
+from experiments.common.unused_n import warn_unused_n_batches
 from planners.registry import expert_parallel_names, make_params
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
             return {}
         write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
         s = result.summary
+    warn_unused_n_batches(spec, s["n_batches"])
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
     log.info(

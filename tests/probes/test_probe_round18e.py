@@ -1,0 +1,50 @@
+"""Probe round 18e (issue 48): three small leftovers.
+
+A value the user typed that the run silently ignored: `planner=klotski
+workload.n_batches=1000000` ran klotski's own n (`planner.params.n: 0`) and never said the
+user's n_batches went unused. One warning line names both fields and the fix; an experiment
+file's or the workload conf's own n_batches is not the user's and is not warned of.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import TINY
+
+KLOTSKI = [*TINY[:3], "planner=klotski"]
+UNUSED = "was not used"
+
+
+def test_a_typed_n_batches_klotski_sizes_away_is_warned_of_once(
+    cli_here: Any, tmp_path: Path
+) -> None:
+    """klotski (n: 0) picks its own n on the tiny model (1): the typed 1000 went unused."""
+    r = cli_here(
+        "experiments.run", *KLOTSKI, "workload.n_batches=1000", f"hydra.run.dir={tmp_path}"
+    )
+    assert r.returncode == 0, r.stderr
+    said = [x for x in (r.stdout + r.stderr).splitlines() if UNUSED in x]
+    assert len(said) == 1, said
+    for name in ("workload.n_batches=1000", "planner.params.n=0", "planner.params.n=-1"):
+        assert name in said[0]
+    assert "drop workload.n_batches" in said[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*KLOTSKI],  # the workload conf's own n_batches: not the user's
+        [*KLOTSKI, "workload.n_batches=1000", "planner.params.n=-1"],  # it runs the typed n
+        [*TINY, "workload.n_batches=2"],  # flexgen keeps the workload's n
+    ],
+)
+def test_no_warning_where_nothing_typed_went_unused(
+    cli_here: Any, tmp_path: Path, args: list[str]
+) -> None:
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert UNUSED not in r.stdout + r.stderr
