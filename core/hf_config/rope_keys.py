@@ -77,8 +77,9 @@ def _check_values(p: HFConfig, key: str) -> None:
     fast, slow = yarn_betas(p)
     if fast < slow:
         raise p.error(
-            f"{key}.beta_fast={fast} is below beta_slow={slow}; yarn's ramp runs from beta_fast "
-            "down to beta_slow: swap them"
+            f"{key}.{_as_written(p, 'beta_fast', fast)} is below "
+            f"{_as_written(p, 'beta_slow', slow)}; yarn's ramp runs from beta_fast down to "
+            "beta_slow: swap them"
         )
     low, high = p.fields.get("low_freq_factor"), p.fields.get("high_freq_factor")
     if low is not None and high is not None and high <= low:
@@ -92,3 +93,14 @@ def yarn_betas(p: HFConfig) -> tuple[float, float]:
     """yarn's (beta_fast, beta_slow) as transformers reads them: absent, null or 0 is the
     default, 32 and 1 (`get("beta_fast") or 32`)."""
     return p.get("beta_fast", None) or 32, p.get("beta_slow", None) or 1
+
+
+def _as_written(p: HFConfig, name: str, read: float) -> str:
+    """`name=value` as config.json has it, with the default transformers reads (`read`) where
+    that is not what was written: 0 or null (`beta_fast=0 (transformers' default 32)`)."""
+    if name not in p.fields:
+        return f"{name} (absent: transformers' default {read:g})"
+    raw = p.fields[name]
+    if raw:
+        return f"{name}={raw}"
+    return f"{name}={'null' if raw is None else raw} (transformers' default {read:g})"
