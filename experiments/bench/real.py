@@ -42,6 +42,10 @@ from real.checkpoint import reduced_spec
 PEERS = ("best", "all", "none")
 DEVICE_SHARE = 0.8  # of the budget: the device pool; the rest is host RAM
 SHARD_BYTES = 1 << 30  # checkpoint shards: one in memory at a time while writing
+HEADERS_SHARE = 0.01  # of the tensors' bytes: safetensors headers and config.json stay under it
+# left free on the disk past the checkpoint: a disk filled to its last block fails every later
+# write there, the bench's own and other processes'
+DISK_HEADROOM_BYTES = 64 << 20
 
 
 def _progress(msg: str) -> None:
@@ -80,13 +84,7 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
             )
         _progress(f"{out} {why}; writing it again")
     out.parent.mkdir(parents=True, exist_ok=True)
-    need = int(spec.total_bytes * 1.01) + (64 << 20)
-    free = shutil.disk_usage(out.parent).free + _size_of(out)
-    if free < need:
-        raise MoepipeError(
-            f"out_dir={out.parent}: {free / 1e9:.3g} GB free, the checkpoint needs "
-            f"{need / 1e9:.3g} GB; free disk space or pass out_dir= on a larger disk"
-        )
+    _check_disk_room(spec, out)
     tmp = staging_file(out)  # a dead writer's removed first
     try:
         _write(spec, tmp)
@@ -96,7 +94,8 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written left behind
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise MoepipeError(
-                f"out_dir={out.parent}: the disk filled up while the {need / 1e9:.3g} GB "
+                f"out_dir={out.parent}: the disk filled up while the "
+                f"{spec.total_bytes / 1e9:.3g} GB "
                 "checkpoint was written (something else wrote to it meanwhile); the partial "
                 "checkpoint is removed; free disk space or pass out_dir= on a larger disk"
             ) from None
@@ -107,6 +106,32 @@ def ensure_checkpoint(spec: Any, out: Path) -> Path:
             ) from None
         raise
     return out
+
+
+def _check_disk_room(spec: Any, out: Path) -> None:
+    """A MoepipeError, naming each part of the room needed, where the disk of `out` lacks it:
+    the checkpoint's tensors, its headers and config.json (under HEADERS_SHARE of them), and
+    DISK_HEADROOM_BYTES left free past them. A checkpoint at `out` now does not count as free:
+    it stays until the new one, written beside it, is whole."""
+    tensors = spec.total_bytes
+    headers = int(tensors * HEADERS_SHARE)
+    need = tensors + headers + DISK_HEADROOM_BYTES
+    free = shutil.disk_usage(out.parent).free
+    if free >= need:
+        return
+    old = _size_of(out)
+    fix = (
+        f"remove {out} ({old / 1e9:.3g} GB, kept until the new checkpoint is whole), "
+        if old and free + old >= need
+        else ""
+    )
+    raise MoepipeError(
+        f"out_dir={out.parent}: {free / 1e9:.3g} GB free, writing the checkpoint needs "
+        f"{need / 1e9:.3g} GB: {tensors / 1e9:.3g} GB of tensors + {headers / 1e9:.3g} GB for "
+        f"its headers and config.json + {DISK_HEADROOM_BYTES / 1e9:.3g} GB "
+        f"({DISK_HEADROOM_BYTES >> 20} MiB) left free past it; {fix}free disk space or pass "
+        "out_dir= on a larger disk"
+    )
 
 
 def _size_of(d: Path) -> int:

@@ -8,11 +8,18 @@ file's or the workload conf's own n_batches is not the user's and is not warned 
 A misleading YaRN line: a config.json's `rope_scaling` yarn with `beta_fast: 0` and `beta_slow:
 40` said "beta_fast=32 is below ..." where the file says 0: it says `beta_fast=0 (transformers'
 default 32)`, and likewise for null and an absent beta.
+
+experiments.bench.real's disk-room check said "the checkpoint needs 0.0812 GB" of a checkpoint
+of 0.0139 GB: the rest was a 1% allowance for its headers and 64 MiB left free past it, unsaid.
+The line names each part. A checkpoint already at out_dir (another model's) counted as free
+room, but it stays until the new one, written beside it, is whole: it no longer counts, and
+the line says to remove it where that would make room.
 """
 
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +84,44 @@ def test_a_yarn_beta_of_0_is_said_as_written(
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     line = raises_one_line(lambda: ModelSpec.from_hf_config(tmp_path), "rope_scaling.", said)
     assert "swap them" in line
+
+
+USAGE = namedtuple("USAGE", "total used free")
+
+
+def test_bench_reals_disk_room_names_each_part(tmp_path: Path, monkeypatch: Any) -> None:
+    """mixtral-tiny: 13,914,624 bytes of tensors (0.0139 GB), 1% of that for headers and
+    config.json, 64 MiB (0.0671 GB) left free: 0.0812 GB, on a disk with 4 kB free."""
+    from experiments.bench import real as bench_real
+
+    monkeypatch.setattr(bench_real.shutil, "disk_usage", lambda _: USAGE(1 << 30, 0, 4096))
+    spec = reduced_spec("mixtral-tiny")
+    raises_one_line(
+        lambda: bench_real.ensure_checkpoint(spec, tmp_path / "ck"),
+        "writing the checkpoint needs 0.0812 GB: 0.0139 GB of tensors + 0.000139 GB for its "
+        "headers and config.json + 0.0671 GB (64 MiB) left free past it",
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_reals_old_checkpoint_is_not_counted_as_free_room(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A checkpoint of another model at out_dir stays until the new one is whole: with room
+    for the new one only if the old one's bytes count, the bench started and filled the disk.
+    Before: it wrote (the check added the old one's size to the free room)."""
+    from experiments.bench import real as bench_real
+    from real.checkpoint_write import write_checkpoint
+
+    spec, out = reduced_spec("mixtral-tiny"), tmp_path / "ck"
+    write_checkpoint(spec, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"rope_theta": 12345.0}))
+    need = spec.total_bytes + int(spec.total_bytes * 0.01) + (64 << 20)
+    free = need - (1 << 20)  # 1 MiB short: the old checkpoint's 14 MB would cover it
+    monkeypatch.setattr(bench_real.shutil, "disk_usage", lambda _: USAGE(1 << 30, 0, free))
+    raises_one_line(
+        lambda: bench_real.ensure_checkpoint(spec, out),
+        f"remove {out} (0.0139 GB, kept until the new checkpoint is whole)",
+    )
+    assert json.loads((out / "config.json").read_text())["rope_theta"] == 12345.0

@@ -111,7 +111,7 @@ def test_a_disk_without_room_is_one_line(tmp_path, capsys, monkeypatch):
     assert bench_real.main([*TINY, "budget_gb=0.008", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     # sizes to three figures (a small disk's free space read 0.0 GB)
-    assert err[-1].startswith(f"error: out_dir={tmp_path}: 4.1e-06 GB free, the checkpoint needs")
+    assert err[-1].startswith(f"error: out_dir={tmp_path}: 4.1e-06 GB free, writing the checkpoint")
     assert not any(tmp_path.iterdir())
 
 
