@@ -45,10 +45,25 @@ def evaluate(
     table: ExpertTable, test: list[np.ndarray], kind: str, k: int, group_seqs: int
 ) -> pd.DataFrame:
     """Rows (layer, used, hot, single, n) summed over groups; the predictor learns online."""
+    from tqdm import tqdm
+
     pred = Predictor(kind, table, k)
     n_layers, n_experts = table.shape
     acc = np.zeros((n_layers, 4))  # used, hot, single, groups
-    for g0 in range(0, len(test), group_seqs):
+    # a bar on stderr, a tick per group (group_seqs=1 on a whole task runs for minutes): the
+    # table goes to stdout, untouched
+    starts = range(0, len(test), group_seqs)
+    bar = tqdm(
+        starts,
+        desc=f"prefetch_eval {kind}",
+        unit="group",
+        file=sys.stderr,
+        mininterval=1.0,
+        dynamic_ncols=True,
+        leave=False,
+        disable=None,  # off a terminal (a pipe, a log): nothing added to stderr
+    )
+    for g0 in bar:
         group = test[g0 : g0 + group_seqs]
         for pos in range(max(len(s) for s in group)):
             ids = np.stack(

@@ -14,6 +14,10 @@ of 0.0139 GB: the rest was a 1% allowance for its headers and 64 MiB left free p
 The line names each part. A checkpoint already at out_dir (another model's) counted as free
 room, but it stays until the new one, written beside it, is whole: it no longer counts, and
 the line says to remove it where that would make room.
+
+`experiments.prefetch_eval group_seqs=1` over a whole task ran for minutes with nothing shown:
+in a terminal a bar on stderr counts its groups (the table on stdout untouched); off a
+terminal (a pipe, a log) nothing is added.
 """
 
 from __future__ import annotations
@@ -125,3 +129,28 @@ def test_bench_reals_old_checkpoint_is_not_counted_as_free_room(
         f"remove {out} (0.0139 GB, kept until the new checkpoint is whole)",
     )
     assert json.loads((out / "config.json").read_text())["rope_theta"] == 12345.0
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_prefetch_eval_shows_its_groups_in_a_terminal_only(tty, monkeypatch):
+    """A bar on stderr, a tick per group, where stderr is a terminal; nothing where it is not."""
+    import io
+    import sys
+
+    import numpy as np
+
+    from experiments.prefetch_eval import evaluate
+    from planners.prefetch import ExpertTable
+
+    class Err(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    err = Err()
+    monkeypatch.setattr(sys, "stderr", err)
+    rng = np.random.default_rng(0)
+    test = [rng.integers(0, 4, size=(3, 2, 2)) for _ in range(5)]  # [P, L, k] each
+    df = evaluate(ExpertTable.empty(2, 4), test, "popularity", 2, 1)
+    assert len(df) == 2
+    shown = err.getvalue()
+    assert ("prefetch_eval popularity" in shown and "/5 " in shown) if tty else shown == "", shown
