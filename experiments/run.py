@@ -39,7 +39,6 @@ from core.bubbles import top_cause
 from core.errors import CapacityError, ConfigError
 from core.files import clear_leftovers
 from core.hf_config import hf_config_file
-from core.planner import Planner
 from core.routing import resolve_source
 from core.spec import ModelSpec
 from core.traces import trace_path
@@ -65,8 +64,8 @@ from experiments.common.pipeline import (
     RunSpec,
     check_kv_fits,
     gc_paused,
-    run_planner,
     simulate_run,
+    sizes_its_group,
     write_run,
 )
 from experiments.common.reader_left import guard_stdout
@@ -158,7 +157,7 @@ def check_sizes_fit(spec: RunSpec) -> None:
     n_batches where the planner keeps it (one that sizes its group, Klotski's `n: 0`, chooses
     its n as the run starts)."""
     check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)), warn=False)
-    if type(run_planner(spec)).choose_n_batches is Planner.choose_n_batches:
+    if not sizes_its_group(spec):
         check_kv_fits(spec, warn=False)
 
 

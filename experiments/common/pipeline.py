@@ -107,6 +107,12 @@ def run_planner(spec: RunSpec) -> Planner:
     return make_planner(spec.planner, spec.params)
 
 
+def sizes_its_group(spec: RunSpec) -> bool:
+    """Does the run's planner choose its own n (Klotski's `n: 0`), rather than keep the
+    workload's n_batches (`Planner.choose_n_batches`, the default)?"""
+    return type(run_planner(spec)).choose_n_batches is not Planner.choose_n_batches
+
+
 def resolve_n_batches(spec: RunSpec, planner: Planner | None = None) -> RunSpec:
     """Planners that size their batch group (Klotski's `n: 0` = auto) set workload.n_batches
     here, before routing for that many sequences is loaded. Others keep the workload's n.

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from core.planner import Planner
-from experiments.common.pipeline import RunSpec, run_planner
+from experiments.common.pipeline import RunSpec, sizes_its_group
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ def warn_unused_n_batches(spec: RunSpec, ran_n: int) -> None:
     typed = spec.workload.n_batches
     if ran_n == typed or not given_n_batches():
         return
-    if type(run_planner(spec)).choose_n_batches is Planner.choose_n_batches:
+    if not sizes_its_group(spec):
         return  # the planner keeps the workload's n: nothing of the user's went unused
     n = spec.params.get("n")
     log.warning(
