@@ -28,6 +28,7 @@ from experiments.common.cli import (
     output_file,
     until_interrupted,
 )
+from experiments.common.dir_lock import output_locked
 
 
 @dataclass
@@ -61,8 +62,9 @@ def _main(args: Options) -> int:
         output_file(dest, "out")
         # a file of the user's there (notes, another npz) would be lost: the trace's begins
         # as a zip whose first entry is expert_ids.npy
-        refuse_theirs(Path(dest), "out", b"PK\x03\x04", b"expert_ids.npy")
-        out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
+        with output_locked(dest, "out", "convert_traces"):  # two at once: the last won, unsaid
+            refuse_theirs(Path(dest), "out", b"PK\x03\x04", b"expert_ids.npy")
+            out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
     except MoepipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

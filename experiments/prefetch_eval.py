@@ -29,6 +29,7 @@ from experiments.common.cli import (
     exit_command,
     output_file,
 )
+from experiments.common.dir_lock import output_locked
 from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
 
@@ -117,6 +118,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: Options) -> int:
+    if not str(args.out).strip():
+        return _evaluated(args)
+    try:
+        with output_locked(args.out, "out", "prefetch_eval"):  # two at once: the last won
+            return _evaluated(args)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _evaluated(args: Options) -> int:
     try:
         if args.group_seqs < 1:
             raise MoepipeError(f"group_seqs={args.group_seqs}: must be >= 1 (sequences per group)")

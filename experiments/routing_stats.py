@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from experiments.common.cli import (
     output_file,
     until_interrupted,
 )
+from experiments.common.dir_lock import output_locked
 
 ROWS = (
     "max_over_mean_median",
@@ -101,6 +103,15 @@ def _main(args: Options) -> int:
     try:  # every input checked before the statistics, whose results a bad one would lose
         seed = as_int("seed", args.seed, at_least=0)
         out = output_file(args.out, "out", ".json", starts=b'{\n "esft"')
+        with output_locked(out, "out", "routing_stats"):  # two at once: the last won, unsaid
+            return _stats(args, seed, out)
+    except MoepipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _stats(args: Options, seed: int, out: Path) -> int:
+    try:
         counts = mixtral_counts(args.trace_dir)
         esft = esft_comparison(args.trace_dir, seed)
         mix = mixtral_comparison(counts, seed)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.errors import MoepipeError
 from core.files import HELD_HERE as _HELD
 from core.files import WRITE_LOCK
 
@@ -95,4 +96,37 @@ def _acquire(out_dir: Path, busy: str) -> int:
         except BaseException:
             os.close(fd)
             raise
+        os.close(fd)
+
+
+@contextmanager
+def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
+    """Hold the lock of `out`, a file the command (`command`) writes whole, for the block: a
+    second command writing the same file meanwhile is refused in one line (the last to end
+    replaced the first's file, unsaid). The lock, `.<name>.lock` beside `out`, goes as the
+    block ends; one a killed command left is free. Where the folder cannot hold it (not there,
+    read-only), the command's own write says so."""
+    path = Path(out)
+    lock = path.parent / f".{path.name}.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mine = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except OSError:  # held (BlockingIOError), or unlinked by its holder as it let go
+            mine = False
+        if not mine:
+            raise MoepipeError(
+                f"{key}={out}: another {command} is writing this file now (it holds "
+                f"{lock.name} beside it); run once it has ended, or pass another {key}="
+            )
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # before the lock goes, as dir_locked's
+    finally:
         os.close(fd)
