@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import MoepipeError
 from experiments.common.cli import on_interrupt
+from experiments.common.plugin_keys import check_logging_config
 from experiments.common.reader_left import bar_stream
 
 FAILED = "failed.txt"  # in a run dir of a sweep: the run's bad input, one line (experiments.run)
@@ -308,6 +309,7 @@ def name_config_write_errors() -> None:
     def log_checked(log_config: DictConfig, verbose: Any = False) -> None:
         _check_log_files(log_config)
         _check_verbose(verbose)
+        check_logging_config(log_config)  # a key dictConfig skips, unsaid
         try:
             configure(log_config, verbose)
         except (ValueError, TypeError, AttributeError, ImportError) as e:  # logging's dictConfig

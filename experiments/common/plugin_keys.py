@@ -7,6 +7,7 @@ Here the config is composed and the key refused in one line naming it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -36,7 +37,9 @@ DICT_CONFIG_KEYS = (
 ENTRY_KEYS = {
     "root": ("level", "handlers", "filters"),
     "loggers": ("level", "handlers", "filters", "propagate"),
-    "formatters": ("format", "datefmt", "style", "class", "validate", "defaults"),
+    # `defaults` only where dictConfig reads it (Python 3.12): 3.11's skipped it, unsaid
+    "formatters": ("format", "datefmt", "style", "class", "validate")
+    + (("defaults",) if sys.version_info >= (3, 12) else ()),
     "filters": ("name",),
 }
 
@@ -139,6 +142,28 @@ def _check_logging_entry(where: str, section: str, rest: list[str]) -> None:
             f"(logging.config.dictConfig skips it); {nearest(rest[0], ENTRY_KEYS[section])}; "
             "or leave it out"
         )
+
+
+def check_logging_config(log_config: Any) -> None:
+    """Each key of a composed logging config (hydra.job_logging or hydra.hydra_logging, from a
+    config file of the user's or the command line) that dictConfig reads: one it skips, a
+    formatter's `defaults` under Python 3.11 among them, is refused in one line naming it."""
+    if not isinstance(log_config, DictConfig):
+        return
+    node = log_config._get_full_key(None) or "hydra.job_logging"
+    for part in log_config:
+        _check_logging(f"+{node}.{part}=x")
+        entries = log_config.get(part)
+        if not isinstance(entries, DictConfig) or part not in ENTRY_KEYS:
+            continue
+        if part == "root":
+            for key in entries:
+                _check_logging_entry(f"{node}.root", "root", [str(key)])
+            continue
+        for name, entry in entries.items():  # a logger's name may hold dots: not split
+            if isinstance(entry, DictConfig) and "()" not in entry:  # a factory's: its own
+                for key in entry:
+                    _check_logging_entry(f"{node}.{part}", part, [str(name), str(key)])
 
 
 def check_callbacks(cfg: DictConfig) -> None:
