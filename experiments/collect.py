@@ -24,7 +24,7 @@ from core.args import not_a_run_folder
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
-from experiments.common.tables import load_sweep, write_results  # noqa: E402
+from experiments.common.tables import counted, load_sweep, write_results  # noqa: E402
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _main(opts: Options) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{len(df)} run(s), {len(problems)} skipped -> {pq}, {csv}")
+    print(f"{counted(df, problems)} -> {pq}, {csv}")
     return 0
 
 

@@ -27,7 +27,7 @@ from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
-from experiments.common.tables import load_sweep
+from experiments.common.tables import counted, load_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +77,7 @@ def _main(opts: Options) -> int:
         _remove_if_made(out, fresh)
         raise
     warn_traceless(sweep_dir, df)
-    print(f"report: {page}")
+    print(f"report: {page} ({counted(df, problems)})")  # as collect counts them
     return 0
 
 

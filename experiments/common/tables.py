@@ -86,6 +86,10 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
     """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
     marks = ("summary.json", "config.yaml", ".hydra")
     found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
+    # a run dir linked into the sweep (ln -s): rglob does not follow it, and it went unsaid
+    found |= {
+        p for p in sweep_dir.rglob("*") if p.is_symlink() and any((p / m).exists() for m in marks)
+    }
     # a hidden folder is no run: hydra's record (.hydra/, with the kept record of a run's result
     # inside), a run's staging (`.partial-*`) or its earlier result set aside while the new one
     # moves in (`.previous`), which a killed run leaves until the next run there puts it back
@@ -495,6 +499,23 @@ def skipped_note(sweep: Path, problems: list[str]) -> str:
         return ""
     more = f" (and {len(problems) - 1} more run dir(s) skipped)" if len(problems) > 1 else ""
     return f": {sweep / problems[0]}{more}"
+
+
+def counted(df: pd.DataFrame, problems: list[str]) -> str:
+    """`N run(s), M skipped`, and the finished runs whose summary.json lacks a metric every run
+    writes now (one of an older moepipe, written before the key was added): kept, a result,
+    with the runs and the keys named, as their columns in the table are empty."""
+    said = f"{len(df)} run(s), {len(problems)} skipped"
+    ok = df[df["status"] == "ok"] if "status" in df.columns else df.iloc[:0]
+    kept = [k for k in METRICS if k not in REPEATED]  # those go under their config column
+    lacking = [k for k in kept if k not in ok.columns or ok[k].isna().any()]
+    if ok.empty or not lacking:
+        return said
+    older = ok[ok.reindex(columns=lacking).isna().any(axis=1)]
+    return (
+        f"{said}, {len(older)} with an older summary.json ({older['run_dir'].iloc[0]}/"
+        f"summary.json ...) without {', '.join(lacking)}: kept, those columns empty there"
+    )
 
 
 def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:

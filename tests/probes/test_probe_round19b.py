@@ -1,0 +1,130 @@
+"""Probe round 19b (issue 48): the files a user hands the simulated side and the analysis
+commands.
+
+Two commands writing one output file at once (`convert_traces`, `routing_stats`, `prefetch_eval`
+with the same `out=`): the last to end replaced the first's file, unsaid. The output's lock,
+`.<name>.lock` beside it, is held while a command runs; the second is refused in one line.
+
+A logging config's key that Python's logging.config.dictConfig skips, from a config file of the
+user's as well as the command line (a formatter's `defaults`, which only Python 3.12 reads): the
+key is refused in one line naming it.
+
+A summary.json of an older moepipe, without a metric every run writes now (`dag_efficiency`):
+its row went into the table with those columns empty, unsaid. It is kept (a result) and collect's
+and report's count line names the run and the keys it lacks; one without a key the table needs
+(`makespan_s`) is skipped in one line, as before, and counted by both.
+
+A run dir linked into a sweep (`ln -s`) was not followed: collect and report left it out, unsaid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.common.dir_lock import output_locked
+from experiments.common.plugin_keys import check_logging_config
+from tests.probes.conftest import TINY, one_line, raises_one_line, tiny_run
+
+OUTPUTS = [
+    ("experiments.convert_traces", "out.npz", ["src=nosuch"]),
+    ("experiments.routing_stats", "out.json", ["trace_dir=nosuch"]),
+    ("experiments.prefetch_eval", "out.csv", ["trace_dir=nosuch"]),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "args"), OUTPUTS, ids=[m[12:] for m, *_ in OUTPUTS])
+def test_a_second_writer_of_one_output_file_is_refused(
+    tmp_path: Path, cli_here: Any, module: str, name: str, args: list[str]
+) -> None:
+    out = tmp_path / name
+    with output_locked(out, "out", "other"):  # another command writing it now
+        r = cli_here(module, f"out={out}", *args)
+    one_line(r, f"out={out}", "is writing this file now", "another out=")
+    assert not out.exists() and not list(tmp_path.iterdir())  # its lock went as it let go
+
+
+LOGGING = {
+    "version": 1,
+    "formatters": {"simple": {"format": "%(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "simple"}},
+    "loggers": {"my.dotted.name": {"level": "INFO"}},
+    "root": {"level": "INFO", "handlers": ["console"]},
+}
+
+
+def test_a_logging_config_files_keys_dictconfig_reads_pass() -> None:
+    check_logging_config(OmegaConf.create({"hydra": {"job_logging": LOGGING}}).hydra.job_logging)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's dictConfig reads it")
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ("formatters.simple", "defaults"),
+        ("loggers.my.dotted.name", "nosuch"),
+        ("root", "propagate"),
+        ("", "nosuch"),
+    ],
+)
+def test_a_logging_config_files_key_dictconfig_skips_is_refused(where: str, key: str) -> None:
+    cfg = OmegaConf.create({"hydra": {"job_logging": LOGGING}})
+    node = OmegaConf.select(cfg, f"hydra.job_logging.{where}".rstrip("."))
+    if where.startswith("loggers."):
+        node = cfg.hydra.job_logging.loggers["my.dotted.name"]
+    node[key] = 1
+    raises_one_line(lambda: check_logging_config(cfg.hydra.job_logging), key, "leave it out")
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's dictConfig reads it")
+def test_a_formatters_defaults_on_the_command_line_is_refused(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    key = "hydra.job_logging.formatters.simple.defaults"
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", f"+{key}={{a:1}}")
+    one_line(r, key, "dictConfig skips it")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def older(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep of three runs: one as written, one of an older summary (no dag_efficiency or
+    dag_lower_bound_s), one without makespan_s; the two edited as by hand (no files.sha256)."""
+    sweep = tmp_path_factory.mktemp("older")
+    tiny_run(sweep / "a")
+    for name, drop in (("b", ("dag_efficiency", "dag_lower_bound_s")), ("c", ("makespan_s",))):
+        shutil.copytree(sweep / "a", sweep / name)
+        (sweep / name / "files.sha256").unlink()
+        summary = json.loads((sweep / name / "summary.json").read_text())
+        (sweep / name / "summary.json").write_text(
+            json.dumps({k: v for k, v in summary.items() if k not in drop})
+        )
+    return sweep
+
+
+@pytest.mark.parametrize("module", ["experiments.collect", "experiments.report"])
+def test_an_older_summary_is_kept_and_named_a_cut_one_skipped(
+    older: Path, tmp_path: Path, cli_here: Any, module: str
+) -> None:
+    r = cli_here(module, f"dir={older}", f"out={tmp_path / 'out'}")
+    assert r.returncode == 0, r.stderr
+    said = "2 run(s), 1 skipped, 1 with an older summary.json (b/summary.json"
+    assert said in r.stdout and "without dag_lower_bound_s, dag_efficiency" in r.stdout
+    assert f"skipped {older / 'c'}: summary.json has no makespan_s" in r.stderr
+
+
+def test_a_run_dir_linked_into_a_sweep_is_read(older: Path, tmp_path: Path) -> None:
+    from experiments.common.tables import collect
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    os.symlink(older / "a", sweep / "linked")
+    df, problems = collect(sweep)
+    assert list(df["run_dir"]) == ["linked"] and not problems
