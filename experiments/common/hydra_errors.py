@@ -390,6 +390,12 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
             return (
                 f"{key}={wrong.group(1)}: a whole number written as a float{at}; pass {key}={whole}"
             )
+        unit = _unit_of(key) if re.match(r"\s*[-+.\d]+\s*[a-zA-Z]", wrong.group(1)) else None
+        if unit:  # "16GB": the unit is in the key's name, the value a bare number
+            return (
+                f"{key}={wrong.group(1)}: not {need}{at}; the unit is {unit}, as the key's name "
+                f"says: pass {key}=<a number in {unit}>, without a unit"
+            )
         return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
@@ -412,6 +418,27 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     if wrong:  # `sources: 5` in a user's YAML, where a mapping belongs
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         return f"{key}: {wrong.group(1)} where {need} belongs{at}; give {key} {need}"
+    return None
+
+
+# the unit a config key's name carries (memory_gb.gpu, links.h2d.gbps, gpu.overhead_us)
+_UNITS = (
+    ("gbps", "GB/s"),
+    ("_gb", "GB"),
+    ("tflops", "TFLOP/s"),
+    ("_us", "microseconds"),
+    ("_ms", "milliseconds"),
+    ("_bytes", "bytes"),
+    ("_s", "seconds"),
+)
+
+
+def _unit_of(key: str) -> str | None:
+    """The unit the nearest part of dotted `key` names that carries one, or None."""
+    for part in reversed(key.split(".")):
+        unit = next((u for suffix, u in _UNITS if part.endswith(suffix)), None)
+        if unit:
+            return unit
     return None
 
 
