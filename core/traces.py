@@ -99,6 +99,12 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> EsftTrace:
         missing = [a for a in _ARRAYS if a not in files]
         if missing:
             raise TraceError(f"{path}: corrupt trace, missing array(s) {missing}; {_FIX}")
+        unknown = [a for a in files if a not in (*_ARRAYS, *_META)]
+        if unknown:  # a misspelled model record (num_expert) went unchecked, unsaid
+            raise TraceError(
+                f"{path}: holds array(s) {unknown} that no routing trace has (it has "
+                f"{', '.join((*_ARRAYS, *_META))}); {_FIX}"
+            )
         arrs = npz_arrays(path, _ARRAYS)
         meta = npz_arrays(path, [a for a in _META if a in files])
     except (OSError, NpyError) as e:
