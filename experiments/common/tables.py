@@ -17,7 +17,7 @@ from core.errors import MoepipeError
 from core.files import broken_link, clear_leftovers, read_small, read_summary_json
 from core.lazy import lazy_module
 from core.routing import peek_suffix
-from core.yaml_size import check_yaml_size
+from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from experiments.common.dir_lock import dir_locked
 from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 from experiments.common.summary_keys import plan_problem
@@ -179,11 +179,13 @@ def _run_config(run: Path, rerun: str) -> tuple[dict[str, Any] | None, str | Non
     try:
         text = read_small(cfg_path, fix=rerun).decode("utf-8")
         check_yaml_size(text, str(cfg_path), rerun)  # a billion laughs: a hang
-        config = yaml.safe_load(text)
+        config = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except MoepipeError as e:
         return None, f"config.yaml unreadable ({str(e).removeprefix(f'{cfg_path}: ')})"
-    except yaml.YAMLError:
-        return None, "config.yaml unreadable"
+    except yaml.YAMLError as e:  # a key twice in a mapping too: the later won, unsaid
+        problem, line = yaml_problem(e, text)
+        at = f"line {line}: " if line else ""
+        return None, f"config.yaml unreadable ({at}{problem}); {rerun}"
     except (OSError, UnicodeDecodeError) as e:
         return None, f"config.yaml unreadable ({_why(e)})"
     if not isinstance(config, dict) or not config:  # a run writes a mapping of its keys

@@ -15,6 +15,14 @@ and report's count line names the run and the keys it lacks; one without a key t
 (`makespan_s`) is skipped in one line, as before, and counted by both.
 
 A run dir linked into a sweep (`ln -s`) was not followed: collect and report left it out, unsaid.
+Its config.yaml with a key twice in one mapping was read with the later value, unsaid: the run is
+skipped in one line naming the key and its line, as a config file hydra reads is refused.
+
+A value with a unit where a bare number belongs (`hardware.memory_gb.gpu=16GB`, a hardware YAML's
+`gbps: 25GB/s`) said "not a number": the line says the unit the key's name carries.
+
+An ESFT routing npz holding an array no trace has (a misspelled `num_expert`, whose check of the
+model then did not run) was read, unsaid: it is refused in one line naming the array.
 """
 
 from __future__ import annotations
@@ -128,3 +136,42 @@ def test_a_run_dir_linked_into_a_sweep_is_read(older: Path, tmp_path: Path) -> N
     os.symlink(older / "a", sweep / "linked")
     df, problems = collect(sweep)
     assert list(df["run_dir"]) == ["linked"] and not problems
+
+
+def test_a_run_dirs_config_with_a_key_twice_is_skipped_naming_it(
+    older: Path, tmp_path: Path
+) -> None:
+    from experiments.common.tables import collect
+
+    run = tmp_path / "sweep" / "r"
+    shutil.copytree(older / "b", run)  # no files.sha256: as made by hand
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(f"{text}planner: {{name: other}}\n")
+    df, problems = collect(run.parent)
+    assert df.empty and "found duplicate key 'planner'" in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "unit"),
+    [
+        ("hardware.memory_gb.gpu", "16GB", "GB"),
+        ("hardware.links.h2d.gbps", "25GB/s", "GB/s"),
+        ("hardware.gpu.overhead_us", "5us", "microseconds"),
+    ],
+)
+def test_a_number_with_a_unit_is_told_the_unit_its_key_names(
+    tmp_path: Path, cli_here: Any, key: str, value: str, unit: str
+) -> None:
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", f"{key}={value}")
+    one_line(r, f"{key}={value}", f"the unit is {unit}", "without a unit")
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_esft_trace_with_an_array_no_trace_has_is_refused(tmp_path: Path) -> None:
+    import numpy as np
+
+    from core.traces import load_esft
+    from tests.probes.test_probe_traces import _esft
+
+    d = _esft(tmp_path, num_expert=np.array(64))
+    raises_one_line(lambda: load_esft(str(d)), "esft_routing.npz", "['num_expert']", "no routing")
