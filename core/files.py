@@ -87,6 +87,19 @@ def no_file_there(path: str | Path) -> str:
     return not_regular(path) or f"no such file{broken_link(path)}"
 
 
+def no_folder_there(path: str | Path) -> str:
+    """Why `path` is no folder to read, as a message's words: 'a file, where a folder belongs',
+    'not a folder (a FIFO)', or 'no such folder' (with a broken link's words): a file given
+    where a folder belongs was called missing."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"no such folder{broken_link(path)}"
+    if stat.S_ISREG(mode):
+        return "a file, where a folder belongs"
+    return "no such folder" if stat.S_ISDIR(mode) else f"not a folder ({file_kind(mode)})"
+
+
 def read_small(path: str | Path, *, limit: int = SMALL_FILE_BYTES, fix: str = "") -> bytes:
     """`path`'s bytes. A ConfigError naming it where it is not a regular file or holds more than
     `limit` bytes (checked on the open file, which O_NONBLOCK keeps a FIFO from blocking);

@@ -10,6 +10,7 @@ upstream text files;
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import TraceError
-from core.files import not_regular
+from core.files import no_folder_there, not_regular
 from core.npy import NpyError, npz_arrays, npz_names
 from core.routing import Routing
 from core.spec import ModelSpec, Workload
@@ -71,6 +72,7 @@ def load_esft(
 
     `trace_dir_flag` is how the calling command takes the trace folder (e.g. `trace_dir`), for
     the fix an error suggests."""
+    _a_folder(trace_dir, trace_dir_flag, f"{TRACE_NAME}/{TRACE_FILE}")
     path = trace_path(trace_dir)
     try:
         st = path.stat()
@@ -86,6 +88,15 @@ def load_esft(
         if trace_dir_flag == "workload.routing.trace_dir":
             raise
         raise TraceError(str(e).replace(_FIX, _fix(trace_dir_flag))) from None
+
+
+def _a_folder(trace_dir: str | Path, flag: str, holding: str) -> None:
+    """A TraceError where `trace_dir` is there but no folder (a file, the .npz itself, a FIFO):
+    its file's line said "Not a directory" of a path under it."""
+    if os.path.lexists(trace_dir) and not os.path.isdir(trace_dir):
+        raise TraceError(
+            f"{flag}={trace_dir}: {no_folder_there(trace_dir)}; pass the folder holding {holding}"
+        )
 
 
 def _fix(flag: str) -> str:
@@ -287,6 +298,7 @@ def load_counts(
     (64 for the `olmoe_*` arrays, 8 for the `mixtral_*` ones), checked: one line naming the file
     and the array for one that is missing, unreadable, of another dtype or shape, negative,
     non-finite, or a (domain, layer) that counts no tokens."""
+    _a_folder(trace_dir, trace_dir_flag, f"{COUNTS_NAME}/{COUNTS_FILE}")
     path = counts_path(trace_dir)
     fix = f"pass {trace_dir_flag}=<a folder holding the shipped {COUNTS_NAME}/{COUNTS_FILE}>"
     try:

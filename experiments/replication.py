@@ -22,6 +22,7 @@ from typing import Any
 
 from core.args import not_a_run_folder, output_dir
 from core.errors import MoepipeError
+from core.files import no_folder_there
 from core.hardware import HardwareSpec
 from experiments.common import ep_notes, ep_plots, ep_rows
 from experiments.common.app import command
@@ -88,7 +89,7 @@ def load_rows(sweep: Path, opts: Options) -> list[dict[str, Any]]:
     """The sweep's replication runs, ordered, after writing its results table (collect's)."""
     if not sweep.is_dir():
         raise MoepipeError(
-            f"dir={sweep}: no such folder; run the cases first "
+            f"dir={sweep}: {no_folder_there(sweep)}; run the cases first "
             "(python -m experiments.run -m experiment=replication_esft_g8)"
         )
     df, problems = collect(sweep)

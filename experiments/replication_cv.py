@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import MoepipeError
+from core.files import no_folder_there
 from experiments.common import ep_rows
 from experiments.common.app import command
 from experiments.common.cli import exit_command, print_or_exit, until_interrupted
@@ -159,7 +160,9 @@ def verdicts(cols: dict[str, list[tuple[float, ...]]], what_runs: str) -> list[s
 def run(opts: Options) -> list[str]:
     sweep = Path(opts.dir)
     if not sweep.is_dir():
-        raise MoepipeError(f"dir={sweep}: no such folder; sweep the folds first (see --help)")
+        raise MoepipeError(
+            f"dir={sweep}: {no_folder_there(sweep)}; sweep the folds first (see --help)"
+        )
     df, problems = collect(sweep)
     folds = fold_rows(ep_rows.rows_of(df, one_setting=False) if not df.empty else [])
     if not folds:  # one line: the skipped run dirs in it

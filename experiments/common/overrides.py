@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
+from core.files import no_folder_there
 from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_idle_flags, refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
@@ -277,7 +278,8 @@ def _config_folder(flag: str, value: str) -> str:
         return value
     folder = Path(value).expanduser()
     if not folder.is_dir():
-        raise MoepipeError(f"{flag} {value}: no such folder; pass a folder of config files")
+        there = no_folder_there(folder)
+        raise MoepipeError(f"{flag} {value}: {there}; pass a folder of config files")
     return str(folder.absolute())
 
 

@@ -279,9 +279,9 @@ def test_converter_names_a_layer_file_that_is_not_text(tmp_path: Path) -> None:
 
 def test_trace_dir_naming_the_file_itself_is_one_line(traces_dir: Path) -> None:
     """trace_dir pointed at the .npz (not the folder holding esft-dsv2lite/): a TraceError
-    naming the path and the flag, not a NotADirectoryError traceback."""
+    naming the flag and what its path is, not a NotADirectoryError traceback."""
     npz = traces_dir / TRACE_NAME / TRACE_FILE
-    with pytest.raises(TraceError, match=r"Not a directory; pass workload.routing.trace_dir="):
+    with pytest.raises(TraceError, match=r"trace_dir=.*: a file, where a folder belongs; pass"):
         load_esft(npz)
 
 

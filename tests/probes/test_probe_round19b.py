@@ -23,6 +23,10 @@ A value with a unit where a bare number belongs (`hardware.memory_gb.gpu=16GB`, 
 
 An ESFT routing npz holding an array no trace has (a misspelled `num_expert`, whose check of the
 model then did not run) was read, unsaid: it is refused in one line naming the array.
+
+A file where a folder belongs (`trace_dir=`, `--config-dir`, replication's and replication_cv's
+`dir=`) was called "no such folder", or named a path under it "Not a directory": the line says
+what is there (a file, a FIFO, a link to nothing).
 """
 
 from __future__ import annotations
@@ -175,3 +179,23 @@ def test_an_esft_trace_with_an_array_no_trace_has_is_refused(tmp_path: Path) -> 
 
     d = _esft(tmp_path, num_expert=np.array(64))
     raises_one_line(lambda: load_esft(str(d)), "esft_routing.npz", "['num_expert']", "no routing")
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "names"),
+    [
+        ("experiments.prefetch_eval", ["trace_dir={f}"], ["trace_dir={f}: a file, where a folder"]),
+        ("experiments.replication_cv", ["dir={f}"], ["dir={f}: a file, where a folder belongs"]),
+        ("experiments.replication", ["dir={f}"], ["dir={f}: a file, where a folder belongs"]),
+        ("experiments.run", ["--config-dir", "{f}", *TINY], ["--config-dir {f}: a file, where"]),
+    ],
+    ids=["prefetch_eval", "replication_cv", "replication", "config-dir"],
+)
+def test_a_file_where_a_folder_belongs_is_called_a_file(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], names: list[str]
+) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_text("mine\n")
+    r = cli_here(module, *(a.format(f=f) for a in args))
+    one_line(r, *(n.format(f=f) for n in names))
+    assert f.read_text() == "mine\n"
