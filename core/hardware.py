@@ -335,14 +335,25 @@ def op_kind(kind: Any, where: str) -> str:
 
 
 def _points(pts: Any, where: str) -> tuple[tuple[float, float], ...]:
-    """A time table's [[flops, seconds], ...], or a ConfigError naming `where`."""
-    try:
-        return tuple((float(x), float(y)) for x, y in pts)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{where}: {pts!r} is not a list of [flops, seconds] pairs (experiments.calibrate "
-            "writes them)"
-        ) from None
+    """A time table's [[flops, seconds], ...], or a ConfigError naming `where` and the first
+    point that is no pair of numbers (the whole table in the line hid which)."""
+    fix = "[flops, seconds] pairs (experiments.calibrate writes them)"
+    if not isinstance(pts, list | tuple):
+        raise ConfigError(f"{where}: {_short(pts)} is not a list of {fix}")
+    out = []
+    for i, p in enumerate(pts):
+        try:
+            x, y = p
+            out.append((float(x), float(y)))
+        except (TypeError, ValueError):
+            why = f"{_short(p)} is not a pair of numbers; give {fix}"
+            raise ConfigError(f"{where}[{i}]: {why}") from None
+    return tuple(out)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _scaled(value: Any, unit: float, where: str) -> float:
@@ -362,11 +373,15 @@ def _compute_from_dict(c: Mapping[str, Any], name: str, dev: str = "gpu") -> Com
         for kind, pts in dict(c.get("time_tables") or {}).items()
     }
     for kind, pts in tables.items():
-        xs = [x for x, _ in pts]
-        if not pts or xs != sorted(xs) or min(xs) < 0 or min(y for _, y in pts) < 0:
+        bad = next(
+            (i for i, (x, y) in enumerate(pts) if x < 0 or y < 0 or (i and x < pts[i - 1][0])),
+            None,
+        )
+        if not pts or bad is not None:
+            point = "it has none" if bad is None else f"[{bad}] is {list(pts[bad])}"
             raise ConfigError(
                 f"hardware {name}: time_tables.{kind} must be [flops, seconds] points "
-                "with flops ascending and both >= 0 (experiments.calibrate writes them)"
+                f"with flops ascending and both >= 0 ({point}; experiments.calibrate writes them)"
             )
     kind_overhead = {
         op_kind(k, f"hardware {name}: overhead_us_by_kind"): float(v) * 1e-6

@@ -27,6 +27,9 @@ model then did not run) was read, unsaid: it is refused in one line naming the a
 A file where a folder belongs (`trace_dir=`, `--config-dir`, replication's and replication_cv's
 `dir=`) was called "no such folder", or named a path under it "Not a directory": the line says
 what is there (a file, a FIFO, a link to nothing).
+
+A hardware file's (calibrate's) time table with a point that is no [flops, seconds] pair said so
+of the whole table, printed whole in the line: the line names the point by its index.
 """
 
 from __future__ import annotations
@@ -199,3 +202,23 @@ def test_a_file_where_a_folder_belongs_is_called_a_file(
     r = cli_here(module, *(a.format(f=f) for a in args))
     one_line(r, *(n.format(f=f) for n in names))
     assert f.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("table", "names"),
+    [
+        ([[1e5, 1e-3], [2e5, "fast"]], ["compute-attention[1]: [200000.0, 'fast']", "a pair"]),
+        ([[1e5, 1e-3], [2e5]], ["compute-attention[1]: [200000.0]", "a pair of numbers"]),
+        ([[2e5, 1e-3], [1e5, 1e-3]], ["flops ascending", "[1] is [100000.0, 0.001]"]),
+        ("abc", ["compute-attention: 'abc' is not a list"]),
+    ],
+    ids=["word", "single", "descending", "scalar"],
+)
+def test_a_time_tables_bad_point_is_named_not_the_whole_table(table: Any, names: list[str]) -> None:
+    import yaml
+
+    from core.hardware import HardwareSpec
+
+    d = yaml.safe_load((Path(__file__).parents[2] / "conf/hardware/tiny.yaml").read_text())
+    d["gpu"]["time_tables"] = {"compute-attention": table}
+    raises_one_line(lambda: HardwareSpec.from_dict(d), *names)
