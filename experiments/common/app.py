@@ -29,6 +29,7 @@ from core.files import not_regular, read_small
 from core.yaml_size import check_yaml_size
 from experiments.common import hydra_errors, sweep_points
 from experiments.common.argv_checks import refuse_group_as_config, refuse_hydras_own
+from experiments.common.bool_values import strict_bools
 from experiments.common.callbacks import name_config_write_errors
 from experiments.common.cli import (
     before_line,
@@ -365,6 +366,7 @@ def _hydra_main(
     argv = list(sys.argv[1:] if argv is None else argv)
     _HELP["doc"] = doc or ""
     name_config_write_errors()
+    strict_bools()  # `sync: 2` in a YAML file: true, unsaid
     result: list[Any] = []
     tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
     files: dict[str, str] = {}

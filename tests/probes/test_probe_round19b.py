@@ -30,6 +30,9 @@ what is there (a file, a FIFO, a link to nothing).
 
 A hardware file's (calibrate's) time table with a point that is no [flops, seconds] pair said so
 of the whole table, printed whole in the line: the line names the point by its index.
+
+A true/false field given a whole number in a YAML file (`sync: 2`) was read as true, unsaid
+(the command line refuses `planner.params.sync=2`): refused in one line naming key and file.
 """
 
 from __future__ import annotations
@@ -222,3 +225,16 @@ def test_a_time_tables_bad_point_is_named_not_the_whole_table(table: Any, names:
     d = yaml.safe_load((Path(__file__).parents[2] / "conf/hardware/tiny.yaml").read_text())
     d["gpu"]["time_tables"] = {"compute-attention": table}
     raises_one_line(lambda: HardwareSpec.from_dict(d), *names)
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "'2'"])
+def test_a_whole_number_for_a_yaml_files_bool_is_refused(
+    tmp_path: Path, cli_here: Any, value: str
+) -> None:
+    (tmp_path / "conf" / "planner").mkdir(parents=True)
+    text = (Path(__file__).parents[2] / "conf/planner/flexgen.yaml").read_text()
+    (tmp_path / "conf/planner/mine.yaml").write_text(text.replace("sync: true", f"sync: {value}"))
+    args = ["--config-dir", str(tmp_path / "conf"), *TINY[:3], "planner=mine"]
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'r'}")
+    one_line(r, "planner.params.sync=", "not true or false", "planner/mine.yaml")
+    assert not (tmp_path / "r").exists()
