@@ -186,6 +186,12 @@ def convert_esft(
         out = out.with_name(out.name + ".npz")
     found, folders = _read_sources(src)
     tasks = sorted(found)
+    odd = [t for t in tasks if not t.isprintable()]
+    if odd:  # as load_esft refuses it: the trace written would never load
+        raise TraceError(
+            f"{src}: task folder {folders[odd[0]]!r} holds a newline, tab or other control "
+            "character; rename it (a task's name is its folder's)"
+        )
     if len(tasks) > 256:  # the npz's task array is uint8
         raise TraceError(f"{src}: {len(tasks)} task folders, the trace holds at most 256")
     n_layers = _layer_count(src, found, n_layers)

@@ -222,6 +222,12 @@ def _task_names(path: str, names: np.ndarray) -> tuple[str, ...]:
             f"a list of task names (strings); {_FIX}"
         )
     out = tuple(str(n) for n in got)
+    odd = [n for n in out if not n.isprintable()]
+    if odd:  # a newline or a tab in a name split the one line that names the tasks
+        raise TraceError(
+            f"{path}: corrupt trace, task name {odd[0]!r} holds a newline, tab or other control "
+            f"character; rename that task (its folder, for convert_traces); {_FIX}"
+        )
     twice = sorted({n for n in out if out.count(n) > 1})
     if twice or not all(n.strip() for n in out):
         raise TraceError(

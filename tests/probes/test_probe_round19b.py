@@ -33,6 +33,9 @@ of the whole table, printed whole in the line: the line names the point by its i
 
 A true/false field given a whole number in a YAML file (`sync: 2`) was read as true, unsaid
 (the command line refuses `planner.params.sync=2`): refused in one line naming key and file.
+
+A routing trace's task name with a newline or a tab (convert_traces names a task by its folder)
+was written and read, and split every line that names the tasks: both refuse it.
 """
 
 from __future__ import annotations
@@ -238,3 +241,20 @@ def test_a_whole_number_for_a_yaml_files_bool_is_refused(
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'r'}")
     one_line(r, "planner.params.sync=", "not true or false", "planner/mine.yaml")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_task_name_with_a_newline_is_refused_written_or_read(tmp_path: Path) -> None:
+    import numpy as np
+
+    from core.trace_convert import convert_esft
+    from core.traces import load_esft
+    from tests.probes.test_probe_traces import _esft
+
+    d = _esft(tmp_path / "read", task_names=np.array(["in\ntent", "law"]))
+    raises_one_line(lambda: load_esft(str(d)), "esft_routing.npz", "'in\\ntent'", "rename")
+    src = tmp_path / "src" / "t\nx"
+    src.mkdir(parents=True)
+    (src / "expert_weights_1.txt").write_text("0\t1\t\t0.5\t0.5\n")
+    out = tmp_path / "out.npz"
+    raises_one_line(lambda: convert_esft(src.parent, out), "task folder", "rename it")
+    assert not out.exists()
