@@ -422,8 +422,8 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
     for run in run_dirs(sweep):
         row, problem = read_run(run)
         rel = str(run.relative_to(sweep))
-        if problem:
-            problems.append(f"{rel}: {problem}")
+        if problem:  # a newline in a folder's name split the line that names it
+            problems.append(f"{rel if rel.isprintable() else repr(rel)}: {problem}")
             continue
         assert row is not None
         rows.append({"run_dir": rel, **row})
@@ -514,8 +514,10 @@ def counted(df: pd.DataFrame, problems: list[str]) -> str:
     if ok.empty or not lacking:
         return said
     older = ok[ok.reindex(columns=lacking).isna().any(axis=1)]
+    first = str(older["run_dir"].iloc[0])
     return (
-        f"{said}, {len(older)} with an older summary.json ({older['run_dir'].iloc[0]}/"
+        f"{said}, {len(older)} with an older summary.json "
+        f"({first if first.isprintable() else repr(first)}/"
         f"summary.json ...) without {', '.join(lacking)}: kept, those columns empty there"
     )
 

@@ -35,7 +35,8 @@ A true/false field given a whole number in a YAML file (`sync: 2`) was read as t
 (the command line refuses `planner.params.sync=2`): refused in one line naming key and file.
 
 A routing trace's task name with a newline or a tab (convert_traces names a task by its folder)
-was written and read, and split every line that names the tasks: both refuse it.
+was written and read, and split every line that names the tasks: both refuse it. A sweep's run
+dir whose name holds a newline split collect's and report's `skipped` line: it is shown quoted.
 """
 
 from __future__ import annotations
@@ -262,3 +263,12 @@ def test_a_task_name_with_a_newline_is_refused_written_or_read(tmp_path: Path) -
     out = tmp_path / "out.npz"
     raises_one_line(lambda: convert_esft(src.parent, out), "task folder", "rename it")
     assert not out.exists()
+
+
+def test_a_skipped_run_dir_with_a_newline_is_one_line(
+    older: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    sweep = tmp_path / "sweep"
+    shutil.copytree(older / "c", sweep / "a\nb")  # no makespan_s: skipped
+    r = cli_here("experiments.collect", f"dir={sweep}")
+    one_line(r, "no finished run", "'a\\nb': summary.json has no makespan_s")
