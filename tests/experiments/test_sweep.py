@@ -24,10 +24,17 @@ from tests.experiments.conftest import POINT, SERIAL, TINY, sweep_args
 # results are the same, and that process is the test's (tests.conftest.cli_here)
 
 
+# the end-of-sweep HTML report (a second or two of figures): the shared sweep writes one, and
+# test_sweep_report.py reads it; these sweeps test the runs' dirs, counts and table
+NO_REPORT = "+hydra.callbacks.summary.report=false"
+
+
 @pytest.fixture
 def sweep_here(cli_here: Any) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`sweep(sweep_dir, *extra)` of one process, in the test's process."""
-    return lambda sweep_dir, *extra: cli_here("experiments.run", *sweep_args(sweep_dir, *extra))
+    """`sweep(sweep_dir, *extra)` of one process, in the test's process, without its report."""
+    return lambda sweep_dir, *extra: cli_here(
+        "experiments.run", *sweep_args(sweep_dir, NO_REPORT, *extra)
+    )
 
 
 @pytest.mark.slow  # two sweeps with their pools: .ci/run's slow suite
