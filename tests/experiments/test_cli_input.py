@@ -7,15 +7,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from experiments import calibrate, collect, convert_traces, report, routing_stats, run
+from experiments import calibrate, collect, convert_traces, report, routing_stats
 from experiments.common import tables
-from tests.conftest import command_here
 from tests.experiments.test_bad_input import one_error
 from tests.probes.conftest import deadline
 
@@ -126,23 +126,19 @@ def test_collect_skips_a_run_whose_config_is_not_utf8(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("module", [collect, report], ids=["collect", "report"])
-def test_one_torn_summary_among_good_runs_is_one_skipped_line(
-    module, tmp_path, capsys, monkeypatch
-):
-    """A summary.json cut short (a run killed while writing it) among finished tiny runs: the
-    others are read, and one line names that run's folder, the file and the fix."""
+def test_one_torn_summary_among_good_runs_is_one_skipped_line(module, tmp_path, capsys, swept):
+    """A summary.json cut short (a run killed while writing it) among finished tiny runs (a
+    copy of the session's tiny sweep, tests/experiments/conftest.py): the others are read, and
+    one line names that run's folder, the file and the fix."""
     sweep = tmp_path / "s"
-    for i, planner in enumerate(["flexgen", "sequential", "flexgen"]):
-        argv = ["model=tiny", "hardware=tiny", "workload=tiny", f"planner={planner}"]
-        argv.append(f"hydra.run.dir={sweep / f'run{i}'}")
-        r = command_here(run.main, argv, capsys, monkeypatch)
-        assert r.returncode == 0, r.stderr
-    path = sweep / "run1" / "summary.json"
+    shutil.copytree(swept, sweep)
+    torn = sweep / "tiny_tiny_fiddler_bs2_n2_g8" / "workload=tiny"
+    path = torn / "summary.json"
     path.write_text(path.read_text()[:40])
     assert module.main([f"dir={sweep}", f"out={tmp_path / 'o'}"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1, err
-    assert err[0].startswith(f"skipped {sweep / 'run1'}: summary.json unreadable (not JSON")
+    assert err[0].startswith(f"skipped {torn}: summary.json unreadable (not JSON")
     assert "delete it and run the sweep again" in err[0]
 
 
