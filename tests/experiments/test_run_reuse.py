@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,25 @@ def run_in(capsys, monkeypatch):
         return command_here(run_module.main, [*args, *run_dirs(tmp_path)], capsys, monkeypatch)
 
     return go
+
+
+@pytest.fixture(scope="session")
+def _finished_runs() -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture
+def finished(tmp_path, tmp_path_factory, run_in, _finished_runs) -> list[str]:
+    """A finished tiny flexgen run in `tmp_path`, as `run_in([*TINY, "planner=flexgen"],
+    tmp_path)` leaves it: run once per test process and copied (a tiny run's start-up in this
+    process is most of a test's time); returns those arguments."""
+    args = [*TINY, "planner=flexgen"]
+    if "run" not in _finished_runs:
+        first = tmp_path_factory.mktemp("finished")
+        assert run_in(args, first).returncode == 0
+        _finished_runs["run"] = first / "run"
+    shutil.copytree(_finished_runs["run"], tmp_path / "run")
+    return args
 
 
 def test_rerun_reuses_a_finished_run_only_for_the_same_config(tmp_path, run_in):
@@ -98,9 +118,8 @@ def test_runs_are_the_same_in_every_process(tmp_path):
         assert len(traces[0][planner]) and traces[0][planner].equals(traces[1][planner]), planner
 
 
-def test_a_garbled_summary_is_run_again(tmp_path, run_in):
+def test_a_garbled_summary_is_run_again(tmp_path, run_in, finished):
     """A summary.json that is not JSON (a full disk, a hand edit) is not a finished run."""
-    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     (tmp_path / "run" / "summary.json").write_text('{"makespan_s": ')
     r = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert (
@@ -111,10 +130,9 @@ def test_a_garbled_summary_is_run_again(tmp_path, run_in):
 
 
 @pytest.mark.parametrize("value", ["-1", "NaN", '"fast"'])
-def test_a_summary_with_a_metric_no_run_writes_is_run_again(tmp_path, run_in, value):
+def test_a_summary_with_a_metric_no_run_writes_is_run_again(tmp_path, run_in, finished, value):
     """A summary.json whose throughput is negative, NaN or a string (a hand edit, another tool)
     was reused, and went into tables and PASS verdicts as a result."""
-    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     path = tmp_path / "run" / "summary.json"
     text = path.read_text()
     good = json.loads(text)["throughput_tok_s"]
@@ -125,11 +143,10 @@ def test_a_summary_with_a_metric_no_run_writes_is_run_again(tmp_path, run_in, va
     assert json.loads(path.read_text())["throughput_tok_s"] == good
 
 
-def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in):
+def test_a_run_of_other_code_or_a_failed_rerun_is_not_reused(tmp_path, run_in, finished):
     """A finished run dir records the code it ran with: under other code it runs again. A rerun
     with bad input fails before it touches the dir: the finished run stays, with its own
     config.yaml (it was deleted, a finished result lost to a typo), and is reused as before."""
-    assert run_in([*TINY, "planner=flexgen"], tmp_path).returncode == 0
     out = tmp_path / "run"
     (out / "code_version.txt").write_text("other code")
     r = run_in([*TINY, "planner=flexgen"], tmp_path)
@@ -175,12 +192,11 @@ def test_a_trace_rebuilt_at_the_same_path_runs_again(tmp_path, run_in):
 
 
 @pytest.mark.parametrize("edit", ["junk", "deleted", "same-size"])
-def test_a_result_file_edited_or_deleted_since_runs_again(tmp_path, run_in, edit):
+def test_a_result_file_edited_or_deleted_since_runs_again(tmp_path, run_in, finished, edit):
     """A finished run's files are listed with their sha256 in files.sha256; a rerun reuses the
     result only while each is the file the run wrote (a trace.parquet overwritten or deleted
     was handed back as the result before)."""
-    args = [*TINY, "planner=flexgen"]
-    assert run_in(args, tmp_path).returncode == 0
+    args = finished
     trace = tmp_path / "run" / "trace.parquet"
     before = trace.read_bytes()
     if edit == "junk":
