@@ -46,8 +46,10 @@ def run_in(capsys, monkeypatch):
     return go
 
 
-def test_run_writes_the_run_directory(tmp_path):
-    r = run([*TINY, "planner=flexgen"], tmp_path)
+def test_run_writes_the_run_directory(tmp_path, run_in):
+    """(In this process: the command as a user starts it writes its run dir in the probes, and
+    fails in one line in test_bad_input_is_one_line_from_a_fresh_process.)"""
+    r = run_in([*TINY, "planner=flexgen"], tmp_path)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "run"
     for f in ("config.yaml", "summary.json", "trace.parquet"):
