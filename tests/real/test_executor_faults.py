@@ -12,6 +12,7 @@ from core.errors import ScheduleError
 from core.types import Tier
 from experiments.common.real_run import real_execute
 from real.executor import Executor
+from real.interpreter import Interpreter
 from real.store import TieredStore
 from tests.real.test_executor import spec_for
 
@@ -49,17 +50,27 @@ def test_an_op_that_runs_too_long_is_named(mixtral_tiny, monkeypatch):
     left behind; reads that each take a while but finish are not a stall."""
     short_stall_timeout(monkeypatch, 0.6)
     calls = {"n": 0}
-    real_read = TieredStore.read_disk
+    real_read, real_stall = TieredStore.read_disk, Interpreter._stall
+    stalled = threading.Event()  # the run has found its stall: the hung read may end
 
     def slow(self, unit):
         if not threading.current_thread().name.startswith("stream-"):
             return real_read(self, unit)  # the preload before the run: not the run's reads
         calls["n"] += 1
-        if calls["n"] > 2:
-            time.sleep(0.3 if calls["n"] < 6 else 2.0)  # three slow reads, then a hung one
+        if 2 < calls["n"] < 6:  # three slow reads
+            time.sleep(0.3)
+        elif calls["n"] >= 6:  # then a hung one, until the run has named it
+            stalled.wait(timeout=60)
         return real_read(self, unit)
 
+    def stall(self, *args):
+        error = real_stall(self, *args)
+        if error is not None:
+            stalled.set()
+        return error
+
     monkeypatch.setattr(TieredStore, "read_disk", slow)
+    monkeypatch.setattr(Interpreter, "_stall", stall)
     before = threading.active_count()
     with pytest.raises(ScheduleError, match=r"load .* has run for \d+ s \(stall_timeout_s=0.6\)"):
         real_execute(mixtral_tiny, spec_for(mixtral_tiny, "flexgen"), "replay")
