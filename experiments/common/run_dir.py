@@ -522,6 +522,7 @@ def run_dirs_made() -> Iterator[list[Made]]:
 
     run_job = hydra_run.run_job
     made: list[Made] = []
+    OPEN_RUN_DIRS.append(made)
     locks = ExitStack()
 
     def noted(*args: Any, **kwargs: Any) -> Any:
@@ -550,6 +551,20 @@ def run_dirs_made() -> Iterator[list[Made]]:
             yield made
     finally:
         hydra_run.run_job = run_job  # type: ignore[assignment]
+        OPEN_RUN_DIRS.remove(made)
+
+
+# the lists of `run_dirs_made` blocks not left yet: what a process that ends at once
+# (`os._exit`: a torchrun rank stopped while its main thread is blocked in C++) takes away first
+OPEN_RUN_DIRS: list[list[Made]] = []
+
+
+def remove_unused_now() -> None:
+    """`remove_unused` of every run dir listed so far, for a process about to end at once
+    without unwinding (`os._exit`): a torchrun rank stopped (SIGTERM) or ended by its watch
+    thread left its run dir holding only hydra's .hydra and run.log."""
+    for made in list(OPEN_RUN_DIRS):
+        remove_unused(made)
 
 
 def _writes_run_dir() -> bool:

@@ -7,10 +7,12 @@ and on a rank beside it that died or stays stopped, whatever the main thread is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -58,7 +60,19 @@ def stopped(rank: int, held: list[Any] | None) -> NoReturn:
     else:
         line = f"rank {rank} was stopped (SIGTERM); the run did not finish and wrote nothing"
     record_error(f"error: {line}")
-    say_first(f"error: {line}")
+    ended(f"error: {line}")
+
+
+def ended(line: str) -> NoReturn:
+    """Say `line` (where no rank said one first) and end this rank at once (`os._exit`: its main
+    thread may be blocked in C++), its run dir taken away first where it holds only what hydra
+    put there (`run_dir.remove_unused_now`): exiting so skipped the command's `finally`, and
+    a SIGHUP to the launch's group left a run dir of .hydra and run.log."""
+    say_first(line)
+    run_dir = sys.modules.get("experiments.common.run_dir")  # none listed where not imported
+    if run_dir is not None:
+        with contextlib.suppress(Exception):  # ends the same, whatever the disk says
+            run_dir.remove_unused_now()
     os._exit(FAILED)
 
 
@@ -131,16 +145,14 @@ def _watch(
         now = time.monotonic()
         r = stops.long_stopped(peers, now) if watch.needed.is_set() else None
         if r is not None:
-            say_first(f"error: {dist_run.stopped_line(r)}")
-            os._exit(FAILED)
+            ended(f"error: {dist_run.stopped_line(r)}")
         dead = [q for q, pid in peers.items() if not (pid and alive(pid))]
         if not (dead and watch.needed.is_set()):
             dead_since = None
             continue
         dead_since = dead_since or now
         if now - dead_since > GONE_S:
-            say_first(
+            ended(
                 f"error: rank {dead[0]} died or left while rank {watch.rank} waited for it; "
                 f"rank {watch.rank} stopped (rank {dead[0]} gone {GONE_S:g} s)"
             )
-            os._exit(FAILED)
