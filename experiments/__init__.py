@@ -9,11 +9,17 @@ runs.
 
 import atexit
 import codecs
+import contextlib
 import gc
 import os
 import signal
 import sys
 from types import FrameType
+
+try:  # here, not when memory ran out: an import then fails too
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
 
 # what stops a command as Ctrl-C does: `kill`, `timeout`, a scheduler; a closed terminal;
 # Ctrl-backslash (SIGQUIT, whose default action dumped core with no line)
@@ -89,6 +95,41 @@ def no_cwd() -> str | None:
     return None
 
 
+def out_of_memory(e: BaseException) -> str | None:
+    """The line for a failure to get memory (a MemoryError, or a library that could not map
+    itself, as torch's libtorch_cpu.so under `ulimit -v`), naming the shell's limit on the
+    process's address space where one is set: "make the model smaller" was said to a command
+    whose import alone outgrew `ulimit -v`. None for any other error."""
+    text = str(e)
+    if not (
+        isinstance(e, MemoryError)
+        or (isinstance(e, OSError | ImportError) and "failed to map segment" in text)
+        or "cannot allocate memory" in text.lower()
+    ):
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else -1
+    if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+        return (
+            f"out of memory under the shell's limit on this process's memory (ulimit -v "
+            f"{soft // 1024}, in kB); raise it (ulimit -v unlimited) and run the command again"
+        )
+    return "out of memory; make the workload or the model smaller (or use a larger machine)"
+
+
+def _said_at_startup(kind: type[BaseException], e: BaseException, tb: object) -> None:
+    """sys.excepthook while a command imports (torch, hydra): memory that ran out there
+    (`ulimit -v`) is the one line and exit 2, not the import's traceback."""
+    line = out_of_memory(e) if os.environ.get("MOEPIPE_TRACEBACK") != "1" else None
+    if line is None:
+        sys.__excepthook__(kind, e, tb)  # type: ignore[arg-type]
+        return
+    with contextlib.suppress(Exception):  # a stream that fails: the status still says it
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {line}\n")
+        sys.stderr.flush()
+    os._exit(2)
+
+
 def _as_typed(e: UnicodeError) -> tuple[str | bytes, int]:
     """Output's error handler: a character the terminal's encoding lacks is written as the
     bytes the user typed, where it stands for one (Python's surrogate escape of an undecodable
@@ -145,6 +186,7 @@ if AS_COMMAND:
         print(f"error: {_bad}", file=sys.stderr)  # before torch
         sys.exit(2)
     atexit.register(_quiet_teardown)
+    sys.excepthook = _said_at_startup
     # no collections while the command imports (numpy, pandas, hydra): their objects live on,
     # and each pass walked all made so far (0.05 s of CPU); on again once it runs
     gc.disable()

@@ -26,7 +26,7 @@ import experiments
 from core.args import as_float, as_int, output_dir, output_file
 from core.errors import MoepipeError, did_you_mean, interrupt_behind
 from core.files import ulimits
-from experiments import STOP_SIGNALS, command_started
+from experiments import STOP_SIGNALS, command_started, out_of_memory
 from experiments.common.argv_checks import (
     CONF_DIR,
     exit_on_unwritable_dir,
@@ -170,7 +170,9 @@ def error_line(e: BaseException) -> str | None:
         )
     if (torch_env := env_line(e)) is not None:
         return torch_env
-    if isinstance(e, MemoryError) or _torch_out_of_memory(e):
+    if (memory := out_of_memory(e)) is not None:
+        return memory
+    if _torch_out_of_memory(e):
         return "out of memory; make the workload or the model smaller (or use a larger machine)"
     if isinstance(e, OSError):
         return _os_error_line(e)

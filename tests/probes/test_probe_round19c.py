@@ -5,16 +5,22 @@ Classes:
    thread's line for a dead or stopped peer, while its main thread is blocked in C++) skipped
    the command's `finally` and left its run dir holding only hydra's .hydra and run.log (a
    SIGHUP to the launch's group, once in 4 tries): the rank now takes the dir away first.
+2. Memory that ran out while a command imported torch (`ulimit -v`, RLIMIT_AS) was a
+   MemoryError's or an ImportError's traceback (make_checkpoint, calibrate, validate), and
+   once running, "make the model smaller" for a limit of the shell's: one line naming it.
 """
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from experiments.common import run_dir, torchrun_rank
+from experiments.common.cli import error_line
+from tests.probes.conftest import cli, one_line
 
 
 class _Exited(Exception):
@@ -49,3 +55,35 @@ def test_a_torchrun_rank_ended_at_once_takes_its_run_dir_away(
                 torchrun_rank.ended("error: rank 1 died or left while rank 0 waited for it")
         assert not (tmp_path / "runs").exists()
     assert run_dir.OPEN_RUN_DIRS == []
+
+
+# --- 2. memory that ran out: while a command imports torch, and under `ulimit -v` ---
+
+
+@pytest.mark.parametrize(
+    "e",
+    [MemoryError(), ImportError("libtorch_cpu.so: failed to map segment from shared object")],
+    ids=["MemoryError", "mmap-failed"],
+)
+def test_memory_out_names_the_shells_limit(e: BaseException, monkeypatch: Any) -> None:
+    """`ulimit -v` too low for torch's import: MemoryError's traceback from the import (or an
+    ImportError, "failed to map segment"), and where the line came, "make the model
+    smaller" for a limit of the shell's. Now one line naming `ulimit -v` and its fix."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (600_000 * 1024, -1))
+    line = error_line(e)
+    assert line is not None and "ulimit -v 600000" in line and "unlimited" in line, line
+
+
+def test_memory_out_while_a_command_imports_is_one_line() -> None:
+    """A command that runs out of memory importing torch (`ulimit -v 250000`)."""
+    limit = (250_000 * 1024,) * 2
+    r = cli(
+        "experiments.make_checkpoint",
+        "model=mixtral-tiny",
+        "out=/nonexistent/never",
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, limit),
+    )
+    assert r.returncode == 2, r.stderr
+    one_line(r, "out of memory", "ulimit -v 250000")
