@@ -19,7 +19,6 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from core.args import check_run_folders, not_a_run_folder, written_whole
+from core.args import check_run_folders, not_a_run_folder
 from core.errors import MoepipeError
 from core.files import no_file_there, not_regular
 from core.hardware import HardwareSpec
@@ -41,6 +40,7 @@ from experiments.common.cli import (
     output_dir,
     until_interrupted,
 )
+from experiments.common.deferred import written_together
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pool import checked_workers, ignore_ctrl_c, stopped_on_error
@@ -578,13 +578,11 @@ def _main(args: Options) -> int:
             report(df) + f"\n\n({ran} simulated runs in {time.perf_counter() - t0:.0f} s{reused})"
         )
         # all three whole or none replaced: report_only=true reads results.csv as the results
-        with ExitStack() as files:  # each replaces its file as the stack closes, after all
-            for name, write in (
-                ("results.csv", lambda f: df.to_csv(f, index=False)),
-                ("results.json", lambda f: f.write_text(json.dumps(rows, indent=1, default=str))),
-                ("report.md", lambda f: f.write_text(text + "\n")),
-            ):
-                write(files.enter_context(written_whole(out / name)))
+        names = ("results.csv", "results.json", "report.md")
+        with written_together(*(out / name for name in names)) as (csv, js, md):
+            df.to_csv(csv, index=False)
+            js.write_text(json.dumps(rows, indent=1, default=str))
+            md.write_text(text + "\n")
     except OSError as e:
         print(df.to_csv(index=False))
         where = e.filename or out  # the file a full disk stopped, not only its folder

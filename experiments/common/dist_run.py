@@ -43,6 +43,7 @@ from core.planner import Planner
 from core.routing import Routing
 from experiments import TERMINAL_SIGNALS
 from experiments.common import rank_stderr
+from experiments.common.deferred import interrupt_deferred
 from experiments.common.launch_line import gone_peers, launched
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
 from experiments.common.rank_server import (
@@ -53,7 +54,6 @@ from experiments.common.rank_server import (
     parent_of,
     parent_value,
 )
-from experiments.common.run_dir import interrupt_deferred
 from experiments.common.torchrun_rank import stop_on_sigterm, watch_local_peers
 
 RANK_DIR = "moepipe-ranks-"  # a run's folder for its ranks' results: RANK_DIR<command's pid>-*

@@ -12,13 +12,10 @@ import json
 import logging
 import os
 import shutil
-import signal
 import stat
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from core.args import not_a_folder
@@ -31,7 +28,7 @@ from core.files import (
     staging_dir,
     staging_file,
 )
-from experiments import STOP_SIGNALS
+from experiments.common.deferred import interrupt_deferred
 from experiments.common.dir_lock import LOCK, dir_locked
 
 log = logging.getLogger(__name__)
@@ -312,37 +309,6 @@ def restore_previous(out_dir: Path) -> None:
         for p in sorted(prev.iterdir(), key=lambda p: p.name == "summary.json"):
             os.replace(p, out_dir / p.name)  # summary.json last
     shutil.rmtree(prev, ignore_errors=True)
-
-
-@contextmanager
-def interrupt_deferred() -> Iterator[None]:
-    """Run the block whole under Ctrl-C, SIGTERM and SIGHUP: one that comes meanwhile acts once
-    it ends, as it would have (KeyboardInterrupt, `Stopped`, or whatever handler was set). Off
-    the main thread, which cannot set a handler, the block runs as is; so does a signal whose
-    handler was set outside Python."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[tuple[int, FrameType | None]] = []
-    previous = {}
-    for signum in (signal.SIGINT, *STOP_SIGNALS):
-        handler = signal.getsignal(signum)
-        if handler is not None and handler != signal.SIG_IGN:
-            previous[signum] = signal.signal(
-                signum, lambda signum, frame: pending.append((signum, frame))
-            )
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if pending:
-            signum, frame = pending[0]
-            handler = previous[signum]
-            if callable(handler):
-                handler(signum, frame)
-            else:  # SIG_DFL: its default action
-                os.kill(os.getpid(), signum)
 
 
 def code_version() -> str:

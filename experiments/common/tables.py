@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from core.args import output_dir, refuse_theirs, written_whole
+from core.args import output_dir, refuse_theirs
 from core.errors import MoepipeError
 from core.files import broken_link, clear_leftovers, read_small, read_summary_json
 from core.lazy import lazy_module
 from core.routing import peek_suffix
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
+from experiments.common.deferred import written_together
 from experiments.common.dir_lock import dir_locked
 from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 from experiments.common.summary_keys import plan_problem
@@ -468,11 +469,9 @@ def write_results(df: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     # each file whole or not there (a full disk left a results.parquet cut short), and the two
     # of one collect: two at once (one while a sweep still ran) left one's beside the other's
     try:
-        with dir_locked(out, OUTPUTS_BUSY):
-            with written_whole(pq) as tmp:
-                clean.to_parquet(tmp, index=False)
-            with written_whole(csv) as tmp:
-                clean.to_csv(tmp, index=False)
+        with dir_locked(out, OUTPUTS_BUSY), written_together(pq, csv) as (pq_tmp, csv_tmp):
+            clean.to_parquet(pq_tmp, index=False)
+            clean.to_csv(csv_tmp, index=False)
     except OSError as e:
         raise MoepipeError(
             f"{e.filename or out}: cannot write it ({e.strerror or e}); pass out= a writable folder"

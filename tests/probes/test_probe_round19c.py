@@ -8,11 +8,16 @@ Classes:
 2. Memory that ran out while a command imported torch (`ulimit -v`, RLIMIT_AS) was a
    MemoryError's or an ImportError's traceback (make_checkpoint, calibrate, validate), and
    once running, "make the model smaller" for a limit of the shell's: one line naming it.
+3. A stop between the replacements of a result's files (collect's results.parquet and
+   results.csv, reproduce_klotski's three) left a new file beside an earlier one: they are
+   replaced together, the stop deferred until all are in (`deferred.written_together`).
 """
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +92,33 @@ def test_memory_out_while_a_command_imports_is_one_line() -> None:
     )
     assert r.returncode == 2, r.stderr
     one_line(r, "out of memory", "ulimit -v 250000")
+
+
+# --- 3. a stop between the files of one result ---
+
+
+def test_a_stop_between_collects_two_files_replaces_both_or_neither(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """collect stopped (SIGTERM) once results.parquet had replaced the earlier one: the new
+    results.parquet beside the earlier results.csv. The stop now acts once both are in."""
+    import pandas as pd
+
+    import core.args
+    from experiments.common.cli import until_interrupted
+    from experiments.common.tables import write_results
+
+    out = tmp_path / "c"
+    write_results(pd.DataFrame({"run_dir": ["x"], "a": [0]}), out)
+    replace = os.replace
+
+    def replace_then_stop(src: Any, dst: Any) -> None:
+        replace(src, dst)
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode
+
+    monkeypatch.setattr(core.args.os, "replace", replace_then_stop)
+    with pytest.raises(SystemExit):
+        until_interrupted(lambda: write_results(pd.DataFrame({"run_dir": ["x"], "a": [1]}), out))
+    monkeypatch.undo()
+    got = [pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "results.csv")]
+    assert [list(df["a"]) for df in got] == [[1], [1]]
