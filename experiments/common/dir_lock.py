@@ -35,8 +35,8 @@ def dir_locked(out_dir: Path, busy: str = "another run is writing this run dir")
         yield
         return
     fd = _acquire(out_dir, busy)
-    _HELD.add(key)
     try:
+        _HELD.add(key)
         yield
     finally:
         _HELD.discard(key)
@@ -93,7 +93,8 @@ def _acquire(out_dir: Path, busy: str) -> int:
                 return fd
         except FileNotFoundError:  # its holder unlinked it, or removed the dir, as it let go
             pass
-        except BaseException:
+        except BaseException:  # a stop as it waited, or once it held the lock: no file left
+            _unlink_if_held(path, fd)
             os.close(fd)
             raise
         os.close(fd)
@@ -130,3 +131,15 @@ def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
             lock.unlink(missing_ok=True)  # before the lock goes, as dir_locked's
     finally:
         os.close(fd)
+
+
+def _unlink_if_held(path: Path, fd: int) -> None:
+    """Unlink the lock file `fd` is open on where this process holds (or can take) its lock:
+    a command stopped as it took the lock (SIGTERM) left `.run.lock` in its output folder.
+    One another process holds is left to it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            path.unlink()
+    except OSError:  # held by another (BlockingIOError), or gone already
+        pass

@@ -11,6 +11,8 @@ Classes:
 3. A stop between the replacements of a result's files (collect's results.parquet and
    results.csv, reproduce_klotski's three) left a new file beside an earlier one: they are
    replaced together, the stop deferred until all are in (`deferred.written_together`).
+4. A stop as a command took its output folder's lock (`dir_lock`) left `.run.lock` there:
+   the file is unlinked where this process holds its lock.
 """
 
 from __future__ import annotations
@@ -122,3 +124,26 @@ def test_a_stop_between_collects_two_files_replaces_both_or_neither(
     monkeypatch.undo()
     got = [pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "results.csv")]
     assert [list(df["a"]) for df in got] == [[1], [1]]
+
+
+# --- 4. a stop as a command takes its output folder's lock ---
+
+
+def test_a_stop_as_the_lock_is_taken_leaves_no_lock_file(tmp_path: Path, monkeypatch: Any) -> None:
+    """collect stopped (SIGTERM) as it took its out folder's lock left `.run.lock` there."""
+    import fcntl
+
+    from experiments.common import dir_lock
+
+    flock, calls = fcntl.flock, []
+
+    def flock_then_stop(fd: int, op: int) -> None:
+        flock(fd, op)
+        calls.append(op)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as Ctrl-C's handler raises it, right after the lock
+
+    monkeypatch.setattr(dir_lock.fcntl, "flock", flock_then_stop)
+    with pytest.raises(KeyboardInterrupt), dir_lock.dir_locked(tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []
