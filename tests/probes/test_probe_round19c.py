@@ -13,12 +13,16 @@ Classes:
    replaced together, the stop deferred until all are in (`deferred.written_together`).
 4. A stop as a command took its output folder's lock (`dir_lock`) left `.run.lock` there:
    the file is unlinked where this process holds its lock.
+5. A read-only or full disk (EROFS, ENOSPC, EDQUOT, EFBIG) at a writing command's lock or
+   its output's replace, as probed by hand on a remounted tmpfs: one line, nothing left.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,7 @@ import pytest
 
 from experiments.common import run_dir, torchrun_rank
 from experiments.common.cli import error_line
-from tests.probes.conftest import cli, one_line
+from tests.probes.conftest import cli, one_line, tiny_run
 
 
 class _Exited(Exception):
@@ -147,3 +151,49 @@ def test_a_stop_as_the_lock_is_taken_leaves_no_lock_file(tmp_path: Path, monkeyp
     with pytest.raises(KeyboardInterrupt), dir_lock.dir_locked(tmp_path):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+# --- 5. a read-only or full disk at a writing command's lock or output (no mount needed) ---
+
+_WRITERS = {
+    "collect": (["dir=SWEEP", "out=OUT"], "c"),
+    "trace_json": (["runs=SWEEP/a", "out=OUT"], "t.json"),
+    "make_checkpoint": (["model=mixtral-tiny", "out=OUT"], "ck"),
+}
+
+
+@pytest.mark.parametrize(
+    "command, point, code",
+    [
+        ("collect", "lock", errno.EROFS),
+        ("collect", "replace", errno.ENOSPC),
+        ("trace_json", "lock", errno.EDQUOT),
+        ("trace_json", "replace", errno.EFBIG),
+        ("make_checkpoint", "lock", errno.ENOSPC),
+        ("make_checkpoint", "replace", errno.EROFS),
+    ],
+)
+def test_a_read_only_or_full_disk_at_a_lock_or_an_output_is_one_line(
+    command: str, point: str, code: int, tmp_path: Path, monkeypatch: Any, cli_here: Any
+) -> None:
+    """As on a read-only mount (EROFS) or a full one (ENOSPC, EDQUOT, EFBIG), probed by hand
+    with a remounted tmpfs: the output folder's lock file that cannot be made, or the output
+    that cannot replace its staged copy. One line naming the path, exit 2, nothing left."""
+    sweep = tmp_path / "sweep"
+    if command != "make_checkpoint":
+        shutil.copytree(tiny_run(tmp_path / "run"), sweep / "a")
+    args, name = _WRITERS[command]
+    out = tmp_path / "o" / name
+    real_open = os.open
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if point == "replace" or str(path).endswith(".run.lock"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace" if point == "replace" else "open", refused)
+    argv = [a.replace("SWEEP", str(sweep)).replace("OUT", str(out)) for a in args]
+    r = cli_here(f"experiments.{command}", *argv)
+    monkeypatch.undo()
+    one_line(r, str(tmp_path / "o"))
+    assert r.returncode == 2 and not (tmp_path / "o").exists(), r.stderr
