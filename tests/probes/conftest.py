@@ -47,23 +47,34 @@ def cli(module: str, *args: str, timeout: float = 300, **popen: Any) -> subproce
     )
 
 
-def real_run(ckpt: Path, run_dir: Path, *more: str, **kw: Any) -> subprocess.CompletedProcess:
-    """A real run on `ckpt` (tiny hardware and workload, flexgen; `more` replace the keys they
-    set) into `run_dir`, as a user runs it."""
+def real_args(ckpt: Path, run_dir: Path, *more: str) -> list[str]:
+    """`experiments.run`'s arguments of a real run on `ckpt` (tiny hardware and workload,
+    flexgen; `more` replace the keys they set) into `run_dir`: `cli_here` runs them in this
+    process where the test is not of the process itself (a second of start-up less)."""
     args = ["executor=real", f"checkpoint={ckpt}", *TINY[1:], f"hydra.run.dir={run_dir}"]
-    return cli("experiments.run", *overridden(args, *more), **kw)
+    return overridden(args, *more)
 
 
-def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    """A simulated run of DeepSeek-V2-Lite replaying the ESFT trace in `trace_dir`."""
-    return cli(
-        "experiments.run",
+def real_run(ckpt: Path, run_dir: Path, *more: str, **kw: Any) -> subprocess.CompletedProcess:
+    """A real run (`real_args`) as a user runs it, in a process of its own."""
+    return cli("experiments.run", *real_args(ckpt, run_dir, *more), **kw)
+
+
+def trace_args(trace_dir: Path, run_dir: Path) -> list[str]:
+    """`experiments.run`'s arguments of a simulated run of DeepSeek-V2-Lite replaying the ESFT
+    trace in `trace_dir` (for `cli_here`, or `trace_run`)."""
+    return [
         "model=deepseek-v2-lite",
         *TINY[1:],
         "workload.routing.source=trace",
         f"workload.routing.trace_dir={trace_dir}",
         f"hydra.run.dir={run_dir}",
-    )
+    ]
+
+
+def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """`trace_args`' run as a user runs it, in a process of its own."""
+    return cli("experiments.run", *trace_args(trace_dir, run_dir))
 
 
 # the test session's temporary root, and the run `tiny_run` copies once it is made there

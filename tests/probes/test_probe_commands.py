@@ -58,13 +58,13 @@ def test_missing_interpolation_in_the_subdir_starts_its_own_line(
     ids=["run", "bench.lanes"],
 )
 def test_a_hardware_file_that_is_not_text_is_one_line(
-    tmp_path: Path, module: str, args: list[str]
+    tmp_path: Path, module: str, args: list[str], cli_here: Any
 ) -> None:
     """A hardware=FILE.yaml of bytes that are not UTF-8: UnicodeDecodeError, reported as an
     internal error (run) or a traceback."""
     bad = tmp_path / "mine.yaml"
     bad.write_bytes(NOT_UTF8)
-    r = cli(module, *[a.format(file=bad, run=tmp_path / "run") for a in args])
+    r = cli_here(module, *[a.format(file=bad, run=tmp_path / "run") for a in args])
     line = one_line(r, "mine.yaml", "UTF-8")
     assert "internal error" not in line
     assert not (tmp_path / "run").exists()

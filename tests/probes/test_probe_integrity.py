@@ -17,7 +17,7 @@ import pytest
 
 from experiments.common.dir_lock import LOCK
 from experiments.common.run_dir import replace_run
-from tests.probes.conftest import ROOT, TINY, cli, one_line
+from tests.probes.conftest import ROOT, TINY, one_line
 
 
 def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
@@ -56,18 +56,20 @@ def test_a_second_run_into_a_locked_dir_waits(tmp_path: Path) -> None:
     assert not (run / LOCK).exists()
 
 
-def _finished(run: Path, planner: str, *args: str) -> dict:
-    r = cli("experiments.run", *TINY[:-1], f"planner={planner}", *args, f"hydra.run.dir={run}")
+def _finished(cli_here: Any, run: Path, planner: str, *args: str) -> dict:
+    """A finished run into `run` (in this process: its tests are not of a process's own)."""
+    how = [*TINY[:-1], f"planner={planner}", *args, f"hydra.run.dir={run}"]
+    r = cli_here("experiments.run", *how)
     assert r.returncode == 0, r.stderr
     return json.loads((run / "summary.json").read_text())
 
 
-def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path) -> None:
+def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path, cli_here: Any) -> None:
     """A re-run that fails or is interrupted while writing keeps the old result whole and
     consistent (summary, config.yaml, traces); one that finishes replaces all of them. Both
     runs write trace.json too (`trace_json=true`: it is written on demand)."""
     run = tmp_path / "run"
-    first = _finished(run, "flexgen", "trace_json=true")
+    first = _finished(cli_here, run, "flexgen", "trace_json=true")
     files = ("summary.json", "config.yaml", "code_version.txt", "trace.parquet", "trace.json")
     before = {f: (run / f).read_bytes() for f in files}
 
@@ -83,17 +85,17 @@ def test_rerun_of_another_config_replaces_only_when_whole(tmp_path: Path) -> Non
         assert {f: (run / f).read_bytes() for f in files} == before
         assert not list(run.glob(".partial-*"))
 
-    second = _finished(run, "sequential", "trace_json=true")
+    second = _finished(cli_here, run, "sequential", "trace_json=true")
     assert second["planner"] == "sequential" != first["planner"]
     assert "name: sequential" in (run / "config.yaml").read_text()
     assert (run / "trace.parquet").read_bytes() != before["trace.parquet"]
 
 
-def test_half_written_folders_of_a_killed_run_are_removed(tmp_path: Path) -> None:
+def test_half_written_folders_of_a_killed_run_are_removed(tmp_path: Path, cli_here: Any) -> None:
     run = tmp_path / "run"
     (run / ".partial-abc").mkdir(parents=True)
     (run / ".partial-abc" / "summary.json").write_text("{}")
-    _finished(run, "flexgen")
+    _finished(cli_here, run, "flexgen")
     assert not (run / ".partial-abc").exists()
 
 
@@ -126,13 +128,13 @@ def test_a_failed_rerun_keeps_the_results_hydra_record(tmp_path: Path, cli_here:
     assert b"sequential" in (run / ".hydra" / "overrides.yaml").read_bytes()
 
 
-def test_a_run_whose_gpu_never_idles_is_collected(tmp_path: Path) -> None:
+def test_a_run_whose_gpu_never_idles_is_collected(tmp_path: Path, cli_here: Any) -> None:
     """A GPU busy for the whole run summed its ops to a hair past the makespan (-8e-22 s of
     bubble), and collect then refused the run's own summary.json as not a run's."""
     from experiments.common.tables import check_metrics
 
     run = tmp_path / "run"
-    r = cli("experiments.run", *TINY[:-1], "planner=klotski", f"hydra.run.dir={run}")
+    r = cli_here("experiments.run", *TINY[:-1], "planner=klotski", f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["gpu_bubble_s"] >= 0 and summary["gpu_bubble_frac"] >= 0

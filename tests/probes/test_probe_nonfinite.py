@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from hydra import compose, initialize_config_dir
 import experiments.common.app  # noqa: F401  registers what conf/ composes with (schemas, hydra/help)
 from core.hardware import HardwareSpec
 from experiments.common.resolve import run_spec
-from tests.probes.conftest import ROOT, TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, one_line, raises_one_line
 
 OVERRIDES = [
     ("workload.routing.skew=nan", "workload.routing.skew"),
@@ -78,7 +79,7 @@ def test_a_hardware_dict_with_a_non_finite_number_is_one_line(edit, key: str) ->
     raises_one_line(lambda: HardwareSpec.from_dict(d), key)
 
 
-def test_a_nan_in_a_users_hardware_yaml_is_one_line(tmp_path: Path) -> None:
+def test_a_nan_in_a_users_hardware_yaml_is_one_line(tmp_path: Path, cli_here: Any) -> None:
     """YAML's `.nan` in a hardware file of the user's config dir, as a user writes one."""
     (tmp_path / "conf" / "hardware").mkdir(parents=True)
     text = (
@@ -87,7 +88,7 @@ def test_a_nan_in_a_users_hardware_yaml_is_one_line(tmp_path: Path) -> None:
         .replace("h2d: {gbps: 1.0", "h2d: {gbps: .nan")
     )
     (tmp_path / "conf" / "hardware" / "mine.yaml").write_text(text)
-    r = cli(
+    r = cli_here(
         "experiments.run",
         *[a for a in TINY if not a.startswith("hardware=")],
         "hardware=mine",

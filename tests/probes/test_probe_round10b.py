@@ -18,7 +18,7 @@ from experiments.common.cli import error_line
 from experiments.common.launcher_checks import check_joblib
 from real.checkpoint import reduced_spec
 from tests.conftest import overridden
-from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, cli, one_line, raises_one_line
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, one_line, raises_one_line
 
 
 @pytest.mark.parametrize(
@@ -126,12 +126,12 @@ def test_a_joblib_limit_joblib_takes_is_taken(setting: dict[str, Any]) -> None:
     check_joblib(_joblib(**setting))
 
 
-def test_a_point_past_the_launchers_timeout_is_one_line(tmp_path: Path) -> None:
+def test_a_point_past_the_launchers_timeout_is_one_line(tmp_path: Path, cli_here: Any) -> None:
     """A point that ran past `hydra.launcher.timeout` (multiprocessing's TimeoutError, which
     is no OSError) was an internal error."""
     line = error_line(multiprocessing.context.TimeoutError())
     assert line is not None and "hydra.launcher.timeout" in line
-    r = cli(
+    r = cli_here(
         "experiments.run",
         "-m",
         *TINY,

@@ -32,7 +32,7 @@ from real.calibration import measure_disk
 from real.checkpoint import load_checkpoint, reduced_spec, torch_dtype
 from real.store import resolve_device
 from tests.planners.ep_common import tiny_spec
-from tests.probes.conftest import one_line, raises_one_line, real_run, said_by_ranks_1_then_0
+from tests.probes.conftest import one_line, raises_one_line, real_args, said_by_ranks_1_then_0
 
 SMALL_HOST = dict(batch=2, kv_heads=3, positions=40, head_dim=16, unit_mb="1.5", units=5)
 
@@ -98,8 +98,8 @@ def test_a_device_torch_would_take_for_another_is_refused(value, empty_ok, names
     assert resolve_device("", "device", empty_ok=True).type in ("cpu", "cuda")
 
 
-def test_a_real_run_refuses_an_empty_executor_device(tiny_ckpt, tmp_path):
-    r = real_run(tiny_ckpt, tmp_path / "run", "executor.device=")
+def test_a_real_run_refuses_an_empty_executor_device(tiny_ckpt, tmp_path, cli_here):
+    r = cli_here("experiments.run", *real_args(tiny_ckpt, tmp_path / "run", "executor.device="))
     one_line(r, "executor.device='': no device")
     assert not (tmp_path / "run" / "summary.json").exists()
 

@@ -122,12 +122,12 @@ def test_a_checkpoint_being_written_is_refused(ckpt, reader):
     READERS[reader](ckpt)  # and read once it has ended
 
 
-def test_a_real_run_on_a_checkpoint_being_written_is_one_line(ckpt, tmp_path):
+def test_a_real_run_on_a_checkpoint_being_written_is_one_line(ckpt, tmp_path, cli_here):
     """`experiments.run executor=real` on it: one line, no run dir. Before: the run ran."""
-    from tests.probes.conftest import one_line, real_run
+    from tests.probes.conftest import one_line, real_args
 
     with held(ckpt):
-        r = real_run(ckpt, tmp_path / "run")
+        r = cli_here("experiments.run", *real_args(ckpt, tmp_path / "run"))
     one_line(r, str(ckpt), "writing this checkpoint now")
     assert not (tmp_path / "run").exists()
 

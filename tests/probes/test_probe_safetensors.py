@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
-from tests.probes.conftest import one_line, raises_one_line, real_run
+from tests.probes.conftest import one_line, raises_one_line, real_args
 
 Header = dict[str, Any]
 
@@ -169,12 +169,14 @@ def test_malformed_index_is_one_line(ckpt: Path, index: Any, words: str) -> None
     raises_one_line(lambda: load_checkpoint(ckpt), words)
 
 
-def test_a_real_run_on_a_malformed_file_is_one_line(ckpt: Path, tmp_path: Path) -> None:
+def test_a_real_run_on_a_malformed_file_is_one_line(
+    ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
     """As a user runs it: a real run whose shard's data_offsets disagree with its shape."""
     f = ckpt / SINGLE_FILE
     h, d = _split(f)
     f.write_bytes(_join(_edit(h, data_offsets=[0, _end(h) - 4]), d))
-    r = real_run(ckpt, tmp_path / "run")
+    r = cli_here("experiments.run", *real_args(ckpt, tmp_path / "run"))
     one_line(r, str(f), _first(h))
     assert not (tmp_path / "run" / "summary.json").exists()
 

@@ -31,7 +31,7 @@ from tests.probes.conftest import (
     one_line,
     raises_one_line,
     tiny_run,
-    trace_run,
+    trace_args,
 )
 
 # ---- non-finite activations -----------------------------------------------------------------
@@ -85,7 +85,7 @@ def _npz(folder: Path, ids: np.ndarray) -> Path:
     return folder
 
 
-def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
+def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path, cli_here: Any) -> None:
     rng = np.random.default_rng(0)
     ids = np.stack(
         [np.stack([rng.permutation(N_EXPERTS)[:TOP_K] for _ in range(N_LAYERS)]) for _ in range(40)]
@@ -100,7 +100,7 @@ def test_routing_npz_repeating_an_expert_is_refused(tmp_path: Path) -> None:
         "repeats an expert",
     )
     # as a user runs it: a simulation that replays this trace
-    r = trace_run(tmp_path / "bad", tmp_path / "run")
+    r = cli_here("experiments.run", *trace_args(tmp_path / "bad", tmp_path / "run"))
     one_line(r, TRACE_FILE, "repeats an expert")
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -193,7 +193,7 @@ def test_report_takes_runs_whose_configs_have_other_keys(
 
 
 def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
-    sweep: Path, tmp_path: Path
+    sweep: Path, tmp_path: Path, cli_here: Any
 ) -> None:
     mine = tmp_path / "sweep"
     shutil.copytree(sweep, mine)
@@ -203,7 +203,7 @@ def test_collect_and_report_refuse_a_bad_summary_as_users_run_them(
         path.read_text().replace('"throughput_tok_s": ', '"throughput_tok_s": "x", "_": ')
     )
     for module in ("experiments.collect", "experiments.report"):
-        r = cli(module, f"dir={mine}")
+        r = cli_here(module, f"dir={mine}")
         one_line(r, str(path), "throughput_tok_s")
     assert not (mine / "results.csv").exists() and not (mine / "report").exists()
 

@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from core.trace_convert import convert_esft
 from core.traces import TRACE_FILE, TRACE_NAME, load_esft
 from experiments.common.hardware import read_hardware
 from real.checkpoint import INDEX_FILE, SINGLE_FILE, load_checkpoint
-from tests.probes.conftest import cli, deadline, one_line, raises_one_line, real_run
+from tests.probes.conftest import deadline, one_line, raises_one_line, real_run
 
 
 def _dir(p: Path) -> None:
@@ -89,10 +90,13 @@ def test_a_trace_or_hardware_file_that_is_no_regular_file(
             raises_one_line(lambda: convert_esft(src, tmp_path / "o.npz"), "src", words)
 
 
-def test_convert_traces_names_a_fifo_source(tmp_path: Path) -> None:
+def test_convert_traces_names_a_fifo_source(tmp_path: Path, cli_here: Any) -> None:
     """As the user ran it: 'no such file or directory' for a FIFO that is there."""
     os.mkfifo(tmp_path / "src")
-    r = cli("experiments.convert_traces", f"src={tmp_path / 'src'}", f"out={tmp_path / 'o'}")
+    with deadline(20):
+        r = cli_here(
+            "experiments.convert_traces", f"src={tmp_path / 'src'}", f"out={tmp_path / 'o'}"
+        )
     one_line(r, "src", "not a regular file (a FIFO)")
     assert not (tmp_path / "o.npz").exists()
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from core.traces import (
 )
 from experiments.common.ep_inputs import olmoe_counts
 from tests.conftest import SHARED_TRACES
-from tests.probes.conftest import cli, deadline, one_line, raises_one_line, trace_run
+from tests.probes.conftest import deadline, one_line, raises_one_line, trace_args
 
 # ---- OLMoE counts npz -------------------------------------------------------------------------
 
@@ -99,7 +100,7 @@ def test_the_shipped_counts_load() -> None:
     assert load_counts(SHARED_TRACES, "mixtral_counts_topk", 8).shape == (5, 3, 8)
 
 
-def test_a_switch_sweep_names_the_counts_file_in_failed_txt(tmp_path: Path) -> None:
+def test_a_switch_sweep_names_the_counts_file_in_failed_txt(tmp_path: Path, cli_here: Any) -> None:
     """As the user ran it: the Mixtral array in OLMoE's place blamed the config (lower
     layer_corr) in failed.txt."""
     if not SHARED_TRACES.is_dir():
@@ -108,7 +109,7 @@ def test_a_switch_sweep_names_the_counts_file_in_failed_txt(tmp_path: Path) -> N
     shutil.copytree(SHARED_TRACES / COUNTS_NAME, d / COUNTS_NAME)
     (d / COUNTS_NAME / COUNTS_FILE).unlink()
     _counts(d, **{KEY: MIXTRAL})
-    r = cli(
+    r = cli_here(
         "experiments.run",
         "-m",
         "experiment=replication_switch_128",
@@ -218,10 +219,10 @@ def test_the_converter_and_the_loader_refuse_all_zero_weights(tmp_path: Path) ->
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_a_float_task_array_fails_the_run_naming_the_array(tmp_path: Path) -> None:
+def test_a_float_task_array_fails_the_run_naming_the_array(tmp_path: Path, cli_here: Any) -> None:
     """As the user ran it: 'workload.routing selects no tokens', naming the config."""
     d = _esft(tmp_path / "bad", task=np.zeros(12, np.float32))
-    r = trace_run(d, tmp_path / "run")
+    r = cli_here("experiments.run", *trace_args(d, tmp_path / "run"))
     line = one_line(r, TRACE_FILE, "task has dtype float32")
     assert "selects no tokens" not in line
     assert not (tmp_path / "run" / "summary.json").exists()
