@@ -17,7 +17,7 @@ import pytest
 
 from core.files import clear_leftovers, staging_dir, staging_file
 from tests.conftest import user_env
-from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, cli, one_line, tiny_run
+from tests.probes.conftest import ROOT, SLOW_COMMAND, TINY, one_line, tiny_run
 
 # `python -c KILL module args...`: the command, SIGKILLed at its (KILL_AT+1)-th rename, the
 # moment a staged write's file or folder moves in
@@ -78,7 +78,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ids=["report-plot", "report-move", "collect", "routing_stats", "run", "make_checkpoint"],
 )
 def test_a_kill_at_a_staged_write_is_hidden_and_the_next_command_clears_it(
-    tmp_path: Path, sweep: Path, module: str, args: list[str], at: int
+    tmp_path: Path, sweep: Path, module: str, args: list[str], at: int, cli_here: Any
 ) -> None:
     """A SIGKILL as a staged file or folder moves in left `.partial-PID-HEX` (or a file of
     mkstemp's name, which no later command could tell from a live writer's) until the same
@@ -88,7 +88,8 @@ def test_a_kill_at_a_staged_write_is_hidden_and_the_next_command_clears_it(
     out = tmp_path / "out"
     out.mkdir()
     argv = [a.replace("SWEEP", str(sweep)).replace("OUT", str(out)) for a in args]
-    assert cli(module, *argv).returncode == 0  # an earlier result there
+    # the commands before and after the kill in this process: only the killed one needs its own
+    assert cli_here(module, *argv).returncode == 0  # an earlier result there
     earlier = sorted(p.name for p in out.iterdir())
     if module == "experiments.run":  # another config: not the result there, reused
         argv.append("workload.n_batches=3")
@@ -96,7 +97,7 @@ def test_a_kill_at_a_staged_write_is_hidden_and_the_next_command_clears_it(
     assert r.returncode == -9, r.stderr
     left = _staged(out)
     assert all(name.split("/")[-1].startswith(".") or "/." in name for name in left), left
-    r = cli(module, *argv)
+    r = cli_here(module, *argv)
     assert r.returncode == 0, r.stderr
     assert _staged(out) == [] and sorted(p.name for p in out.iterdir()) == earlier
 
