@@ -65,7 +65,9 @@ def test_a_fault_of_the_server_is_one_line_and_ends_its_ranks(
     monkeypatch.setattr(dist_run, "_watch", watched)
     with deadline(60):
         raises_one_line(lambda: _spawn(2, _signals_server, ()), "forkserver", *names)
-    time.sleep(0.5)  # the ranks' death signal (PDEATHSIG) on the server's
+    gone = time.monotonic() + 10  # the ranks' death signal (PDEATHSIG) on the server's
+    while [p for p in pids + [server] if alive(p)] and time.monotonic() < gone:
+        time.sleep(0.02)
     assert len(pids) == 2 and not [p for p in pids + [server] if alive(p)]
     assert _spawn(1, _parent, ()) not in (server, os.getpid())
 
@@ -142,7 +144,9 @@ def test_a_server_started_off_the_main_thread_outlives_that_thread() -> None:
     pid = server_pid()
     if pid is not None:  # a server this process started before: the thread must start its own
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+        gone = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < gone:
+            time.sleep(0.02)
     got: list[int] = []
     t = threading.Thread(target=lambda: got.append(_spawn(1, _parent, ())))
     t.start()
