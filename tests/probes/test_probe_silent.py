@@ -30,6 +30,7 @@ from tests.probes.conftest import (
     cli,
     one_line,
     raises_one_line,
+    real_args,
     tiny_run,
     trace_args,
 )
@@ -378,8 +379,7 @@ def test_a_real_run_past_max_position_embeddings_warns_once(
     sizes = ["workload.batch_size=2", "workload.n_batches=1", "workload.gen_len=4"]
 
     def real_run(ck: Path, run: Path, *more: str) -> Any:  # in this process: a second less
-        args = ["executor=real", f"checkpoint={ck}", *TINY[1:], *more, f"hydra.run.dir={run}"]
-        return cli_here("experiments.run", *args)
+        return cli_here("experiments.run", *real_args(ck, run, *more))
 
     r = real_run(ck, tmp_path / "run", *sizes, "workload.prompt_len=6")
     assert r.returncode == 0, r.stderr
