@@ -91,6 +91,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
     check_no_chdir()
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
+    files = first_read(cfg, spec)
     check_split_over_ranks(spec.executor, bool(OmegaConf.select(cfg, "executor.distributed")))
     check_not_model_folder(cfg, out_dir)  # first: the worst place to write a run
     check_routing_overrides(cfg, spec)
@@ -109,7 +110,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
 
-        result = real_run(spec, cfg)
+        result = real_run(spec, cfg, files)
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
             return {}
         write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
@@ -316,6 +317,17 @@ def kept_to_exit(result: object) -> None:
     if experiments.AS_COMMAND and HydraConfig.get().mode == RunMode.RUN:
         gc.freeze()
         _KEPT.append(result)
+
+
+def first_read(cfg: DictConfig, spec: RunSpec) -> dict | None:
+    """A real run's checkpoint files as they are before the run first reads its config.json
+    (to check its options and record its model), which the run compares at its end: a rewrite
+    between that read and the run's own load was not compared. None for a simulated run."""
+    if spec.executor != "real" or not cfg.get("checkpoint"):
+        return None
+    from experiments.common.real_run import checkpoint_files  # torch: only for real runs
+
+    return checkpoint_files(cfg.checkpoint)
 
 
 def run_model(cfg: DictConfig, spec: RunSpec) -> ModelSpec:

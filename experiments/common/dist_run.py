@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, MoepipeError
 from core.files import ulimits
@@ -55,6 +55,9 @@ from experiments.common.rank_server import (
     parent_value,
 )
 from experiments.common.torchrun_rank import stop_on_sigterm, watch_local_peers
+
+if TYPE_CHECKING:
+    from experiments.common.real_run import FileState
 
 RANK_DIR = "moepipe-ranks-"  # a run's folder for its ranks' results: RANK_DIR<command's pid>-*
 PEER_LOST = 3  # a rank's exit code when it stopped because another one did
@@ -150,18 +153,23 @@ def run_distributed(
     routing: Routing | None = None,
     planner: Planner | None = None,
     dtype: str | None = None,
+    files: dict[str, FileState] | None = None,
 ) -> DistOutput | None:
     """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
     `routing`: replay this routing (else the workload's, as `real_execute`). `planner`: the
     run's (a simulation's of it), else one made here; the spawned ranks reuse its choices.
-    `dtype`: the compute dtype (`real_execute`'s)."""
-    if launched():
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner, dtype)
-        return out if int(os.environ["RANK"]) == 0 else None
+    `dtype`: the compute dtype (`real_execute`'s). `files`: the checkpoint's state where the
+    command first read it (`real_execute`'s), else taken here."""
     from experiments.common.real_run import check_routing_mode, checkpoint_files, unchanged_since
 
+    if launched():
+        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner, dtype)
+        if files is not None:
+            unchanged_since(ckpt, files)
+        return out if int(os.environ["RANK"]) == 0 else None
     check_routing_mode(routing_mode)  # here, not as each rank's line ("rank 1: ...") once started
-    files = checkpoint_files(ckpt)  # the ranks start apart: one may read it before a change
+    if files is None:  # the ranks start apart: one may read it before a change
+        files = checkpoint_files(ckpt)
     g, _, planner = sized_processes(ckpt, spec, routing_mode, planner, dtype)
     args = (ckpt, spec, routing_mode, device, timeout_s, routing, planner, dtype)
     out = _spawn(g, _child, args)

@@ -108,6 +108,7 @@ def real_execute(
     on_peers: Callable[[Peers], None] | None = None,
     planner: Planner | None = None,
     dtype: str | None = None,
+    files: dict[str, FileState] | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
@@ -116,10 +117,13 @@ def real_execute(
     which peer went away). `planner`: the run's (`sized_run`'s, a simulation's of the same run),
     whose choices (Klotski's n) every plan of the run reuses; else one made here. `dtype`: the
     compute dtype (executor.dtype: float32, bfloat16, float16; None or auto: the saved one),
-    which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow."""
+    which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow.
+    `files`: the checkpoint's `checkpoint_files` where the command read it first (a run's
+    config.json, to record and check its model), so a change since then fails the run too."""
     check_routing_mode(routing_mode)
     check_real_params(spec)
-    files = checkpoint_files(ckpt)  # a change while the run reads them fails it at the end
+    if files is None:  # a change while the run reads them fails it at the end
+        files = checkpoint_files(ckpt)
     model_spec, _ = load_checkpoint(ckpt, dtype)
     spec = replace(spec, model=model_spec, executor="real")
     if routing is None:
@@ -175,7 +179,9 @@ def real_execute(
     return RunResult(out.schedule, trace, summary, outputs), out
 
 
-FileState = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+# device, inode, size, modification and change times (ns): an edit in place that keeps the
+# size and puts the mtime back (cp -p, touch -r) still moves the ctime, which no tool sets
+FileState = tuple[int, int, int, int, int]
 
 
 def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
@@ -193,7 +199,7 @@ def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
                 st = (Path(ckpt) / name).stat()
             except OSError:  # gone meanwhile: missing from the state, a change
                 continue
-            out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return out
 
 
@@ -340,9 +346,12 @@ def check_real_params(spec: RunSpec) -> None:
         )
 
 
-def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
+def real_run(
+    spec: RunSpec, cfg: DictConfig, files: dict[str, FileState] | None = None
+) -> RunResult | None:
     """`experiments.run executor=real`: needs `checkpoint=DIR`. None on a torchrun rank other
-    than 0 (rank 0 writes the run)."""
+    than 0 (rank 0 writes the run). `files`: the checkpoint's `checkpoint_files` before the
+    command first read it (`real_execute`)."""
     ckpt = cfg.get("checkpoint")
     if not ckpt:
         raise ConfigError(
@@ -361,7 +370,7 @@ def real_run(spec: RunSpec, cfg: DictConfig) -> RunResult | None:
         from experiments.common.dist_run import run_distributed
 
         timeout_s = float(ex.get("rendezvous_timeout_s", 120))
-        out = run_distributed(str(ckpt), spec, mode, device, timeout_s, dtype=dtype)
+        out = run_distributed(str(ckpt), spec, mode, device, timeout_s, dtype=dtype, files=files)
         return None if out is None else out.result  # None: a rank other than 0 of a torchrun
-    result, _ = real_execute(ckpt, spec, mode, device=device, dtype=dtype)
+    result, _ = real_execute(ckpt, spec, mode, device=device, dtype=dtype, files=files)
     return result
