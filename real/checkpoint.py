@@ -42,6 +42,7 @@ from real.shards import (  # noqa: F401 (the file names: checkpoint's too)
     SINGLE_FILE,
     TensorEntry,
     index_files,
+    index_metadata,
     read_header,
     read_index,
     read_tensor,
@@ -399,7 +400,7 @@ def _load_checkpoint(d: Path, dtype: str | None) -> tuple[ModelSpec, dict[str, T
                 f"{index[unlisted[0]].file.name} holds ({len(unlisted)} such); rewrite or "
                 "re-copy the index"
             )
-        listed = list(wmap)
+        listed = index_metadata(d / INDEX_FILE, wmap, index)  # its total_size, if stale
     layers = {int(m.group(1)) for n in listed if (m := _LAYER.match(n))}
     if layers and max(layers) >= spec.n_layers:  # a cut by config.json, as transformers allows
         cfg_file = d / "config.json"

@@ -247,6 +247,38 @@ def read_index(path: Path) -> dict[str, str]:
     return weight_map
 
 
+def index_metadata(
+    path: Path, weight_map: dict[str, str], index: dict[str, TensorEntry]
+) -> list[str]:
+    """The tensors `weight_map` (the index at `path`'s, each found in its shard in `index`)
+    names, its `metadata` checked as transformers reads it: an object (from_pretrained takes
+    index["metadata"] and fails on another type), refused otherwise in one line; absent, or
+    a `total_size` other than the bytes of the tensors named (save_pretrained's sum), one
+    logged line, as the index is then stale or hand-made (the tensors are checked anyway)."""
+    text = read_small(path, fix="an index is a JSON file").decode("utf-8")
+    data = loads_json_as_owner(text, str(path), TRANSFORMERS_JSON)
+    meta = data.get("metadata")
+    if "metadata" in data and not isinstance(meta, dict):
+        raise ConfigError(
+            f"{path}: metadata is {json.dumps(meta)[:40]}, not an object (transformers' "
+            'from_pretrained fails on it); write "metadata": {"total_size": BYTES}'
+        )
+    held = sum(index[n].nbytes for n in weight_map)
+    size = meta.get("total_size") if meta is not None else None
+    if meta is None or size is None:
+        note_once(
+            f"{path}: no metadata.total_size (transformers' save_pretrained writes the bytes of "
+            f"its tensors, here {held}); add it, or rewrite the index"
+        )
+    elif size != held or isinstance(size, bool):
+        note_once(
+            f"{path}: metadata.total_size is {json.dumps(size)[:40]}, but the tensors its "
+            f"weight_map names hold {held} bytes (a stale or hand-edited index); set it to "
+            f"{held}, or rewrite the index"
+        )
+    return list(weight_map)
+
+
 def read_tensor(entry: TensorEntry) -> torch.Tensor:
     """One tensor's bytes from its file (a plain buffered read)."""
     with open(entry.file, "rb") as f:

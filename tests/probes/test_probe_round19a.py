@@ -9,15 +9,20 @@ with it (an edit that keeps the size and puts the modification time back moves i
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from experiments import run as run_module
-from tests.probes.conftest import TINY, one_line
+from real.checkpoint import INDEX_FILE, load_checkpoint, reduced_spec
+from real.checkpoint_write import write_checkpoint
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @pytest.fixture
@@ -64,3 +69,77 @@ def test_a_rewrite_between_the_runs_two_reads_is_one_line(
     )
     one_line(r, str(ckpt / "config.json"), "changed while the run read")
     assert not (run_dir / "summary.json").exists()
+
+
+# -- a sharded checkpoint's index: its metadata, read as transformers reads it ---------------
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probes' tiny model in three shards and an index."""
+    spec = reduced_spec(
+        "mixtral-tiny", hidden_size=64, n_heads=4, expert_ffn_size=32, vocab_size=128, n_layers=2
+    )
+    out = tmp_path_factory.mktemp("r19a") / "sharded"
+    return write_checkpoint(spec, out, seed=0, shard_bytes=200_000)
+
+
+@pytest.fixture
+def index_of(sharded: Path, tmp_path: Path) -> Callable[[Any], Path]:
+    """A copy of `sharded` whose index's metadata is the value given (DROP: none)."""
+
+    def edit(meta: Any) -> Path:
+        d = Path(shutil.copytree(sharded, tmp_path / "ck"))
+        data = json.loads((d / INDEX_FILE).read_text())
+        data.pop("metadata")
+        if meta is not DROP:
+            data["metadata"] = meta
+        (d / INDEX_FILE).write_text(json.dumps(data))
+        return d
+
+    return edit
+
+
+DROP = "<no metadata>"
+
+
+@pytest.mark.parametrize("meta", [[], None, "x", 3], ids=["list", "null", "string", "number"])
+def test_an_index_whose_metadata_is_no_object_is_one_line(
+    index_of: Callable[[Any], Path], meta: Any
+) -> None:
+    """transformers' from_pretrained takes index["metadata"] and fails on anything but an
+    object (a TypeError); moepipe ran it without a word."""
+    d = index_of(meta)
+    raises_one_line(lambda: load_checkpoint(d), str(d / INDEX_FILE), "metadata is", "not an object")
+
+
+@pytest.mark.parametrize(
+    ("meta", "said"),
+    [
+        (DROP, "no metadata.total_size"),
+        ({}, "no metadata.total_size"),
+        ({"total_size": 1}, "metadata.total_size is 1, but"),
+        ({"total_size": "562432"}, 'metadata.total_size is "562432", but'),
+        ({"total_size": -5}, "metadata.total_size is -5, but"),
+        ({"total_size": True}, "metadata.total_size is true, but"),
+    ],
+    ids=["absent", "no total_size", "wrong", "a string", "negative", "true"],
+)
+def test_an_index_whose_total_size_is_not_its_tensors_bytes_says_so(
+    index_of: Callable[[Any], Path], meta: Any, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stale or hand-made index (its tensors are each checked in their shard) loads, as in
+    transformers, which does not read total_size, but not without a word: one line names it."""
+    d = index_of(meta)
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(d)
+    lines = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(lines) == 1 and str(d / INDEX_FILE) in lines[0], caplog.text
+
+
+def test_an_index_as_save_pretrained_writes_it_says_nothing(
+    sharded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(sharded)
+    assert "total_size" not in caplog.text
