@@ -96,6 +96,8 @@ FIELDS: dict[str, Rule] = {
     "rope_theta": POSITIVE,
     "rope_scaling": OBJECT.or_null(),
     "rope_parameters": OBJECT.or_null(),
+    # transformers' quantizers read it as an object (core.hf_config.runtime.fp8_block)
+    "quantization_config": OBJECT.or_null(),
     # yarn's and llama3's pretraining length: transformers puts it over the RoPE object's
     "original_max_position_embeddings": COUNT.or_null(),
     "partial_rotary_factor": FRACTION.or_null(),  # transformers moves it into rope_parameters
