@@ -364,10 +364,10 @@ def _load_checkpoint(d: Path, dtype: str | None) -> tuple[ModelSpec, dict[str, T
     cfg = hf_config(d)
     saved = hf_dtype_name(cfg)  # before the spec's own list, which holds dtypes only simulated
     if saved not in SAVED_DTYPES:
-        key = "dtype" if cfg.get("dtype", None) else "torch_dtype"
+        key = "dtype" if cfg.get("dtype", None) is not None else "torch_dtype"
         raise ConfigError(
-            f"{d / 'config.json'}: {key} {saved} is not supported by the real executor "
-            f"(weights saved in {' or '.join(SAVED_DTYPES)}); convert the weights to bfloat16"
+            f"{d / 'config.json'}: {key} {saved or repr(saved)} is not supported by the real "
+            f"executor (weights saved in {' or '.join(SAVED_DTYPES)}); convert them to bfloat16"
         )
     spec = ModelSpec.from_hf_config(d)
     files = weight_files(d)

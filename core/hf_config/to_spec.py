@@ -32,10 +32,22 @@ def spec_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 
+# torch's other names of a dtype, which transformers' getattr(torch, dtype) reads as it
+TORCH_DTYPE_ALIASES = {"float": "float32", "half": "float16"}
+
+
+def hf_dtype_key(cfg: HFConfig) -> str:
+    """The field a config.json names its weights' dtype in: transformers 5 writes `dtype`,
+    older ones `torch_dtype`; `dtype` wins where it is not null, as in transformers."""
+    return "dtype" if cfg.get("dtype", None) is not None else "torch_dtype"
+
+
 def hf_dtype_name(cfg: HFConfig) -> str:
-    """A config.json's weight dtype: transformers 5 writes `dtype`, older ones `torch_dtype`
-    (read in that order, as transformers does); bfloat16 if neither says."""
-    return str(cfg.get("dtype", None) or cfg.get("torch_dtype", None) or "bfloat16")
+    """A config.json's weight dtype (`hf_dtype_key`'s field, torch's other names read as
+    transformers reads them); bfloat16 if neither field says. An empty string is a dtype no
+    torch has (transformers' getattr(torch, "") fails), not an absent one."""
+    value = cfg.get(hf_dtype_key(cfg), None)
+    return "bfloat16" if value is None else TORCH_DTYPE_ALIASES.get(value, str(value))
 
 
 def rope_theta_of(cfg: HFConfig, default: float) -> float:
@@ -72,8 +84,10 @@ def hf_config_to_spec(cfg: Mapping[str, Any], name: str, where: str = "config.js
     _check_other_family_fields(c, family)
     dtype = hf_dtype_name(c)
     if dtype not in DTYPE_BYTES:
-        key = "dtype" if c.get("dtype", None) else "torch_dtype"
-        raise c.error(f"{key} {dtype!r} has no byte size here; supported: {', '.join(DTYPE_BYTES)}")
+        raise c.error(
+            f"{hf_dtype_key(c)} {dtype!r} has no byte size here; supported: "
+            f"{', '.join(DTYPE_BYTES)}"
+        )
     fields = builders[family](c) | _disk_fields(c)
     try:
         return ModelSpec(

@@ -143,3 +143,32 @@ def test_an_index_as_save_pretrained_writes_it_says_nothing(
     with caplog.at_level(logging.WARNING):
         load_checkpoint(sharded)
     assert "total_size" not in caplog.text
+
+
+# -- config.json's dtype as transformers reads it: getattr(torch, value) ----------------------
+
+
+def _config(ckpt: Path, **fields: Any) -> Path:
+    config = ckpt / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | fields))
+    return ckpt
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"torch_dtype": ""}, "torch_dtype ''"),
+        ({"dtype": ""}, "dtype ''"),  # beside torch_dtype float32: dtype is read
+    ],
+    ids=["torch_dtype empty", "dtype empty"],
+)
+def test_an_empty_dtype_is_one_line(ckpt: Path, fields: dict, names: str) -> None:
+    """An empty string was read as no dtype (the weights' own, or torch_dtype's), where
+    transformers' getattr(torch, "") fails: nothing says what the file meant."""
+    raises_one_line(lambda: load_checkpoint(_config(ckpt, **fields)), "config.json", names)
+
+
+def test_torchs_other_name_of_a_dtype_reads_as_transformers_reads_it(ckpt: Path) -> None:
+    """ "float" is torch.float32 to transformers (getattr(torch, "float")); it was refused as
+    a dtype with no byte size."""
+    assert load_checkpoint(_config(ckpt, torch_dtype="float"))[0].dtype_bytes == 4
