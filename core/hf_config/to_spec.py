@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.files import note_once
 from core.hf_config.fields import (
     COUNT,
     FAMILY_DEFAULTS,
@@ -129,15 +130,23 @@ ARCH_PREFIX = {
     "deepseek_v3": "DeepseekV3",
     "switch_transformers": "SwitchTransformers",
 }
-_ARCH = re.compile(rf"^({'|'.join(ARCH_PREFIX.values())})(For[A-Za-z]+|Model)$")
+_ARCH = re.compile(rf"^({'|'.join(ARCH_PREFIX.values())})(For[A-Za-z]+|[A-Za-z]*Model)$")
 
 
 def _check_architectures(c: HFConfig, family: str) -> None:
     """`architectures` naming another known family's class than `model_type`'s: which of the
     two the weights are is unknown (transformers builds model_type's class and would load the
-    other's weights into it)."""
+    other's weights into it). A class of no family moepipe runs (LlamaForCausalLM under
+    mixtral) says nothing of the weights, which are checked against model_type's model: one
+    logged line, as transformers' AutoModelForCausalLM builds model_type's class too."""
     for arch in c.get("architectures", []):
         m = _ARCH.match(arch)
+        if not m:
+            note_once(
+                f"{c.where}: architectures names {arch}, no class of model_type {family!r} "
+                f"({ARCH_PREFIX[family]}ForCausalLM); moepipe runs model_type's model, as "
+                "transformers' AutoModelForCausalLM does; make architectures and model_type agree"
+            )
         if m and m.group(1) != ARCH_PREFIX[family]:
             raise c.error(
                 f"architectures names {arch}, a {_family_of(m.group(1))} class, but model_type "

@@ -172,3 +172,31 @@ def test_torchs_other_name_of_a_dtype_reads_as_transformers_reads_it(ckpt: Path)
     """ "float" is torch.float32 to transformers (getattr(torch, "float")); it was refused as
     a dtype with no byte size."""
     assert load_checkpoint(_config(ckpt, torch_dtype="float"))[0].dtype_bytes == 4
+
+
+# -- config.json's architectures: a class of no family moepipe runs --------------------------
+
+
+@pytest.mark.parametrize(
+    ("archs", "said"),
+    [
+        (["LlamaForCausalLM"], "LlamaForCausalLM"),
+        (["MixtralForCausalLM", "FooModel"], "FooModel"),
+        (["MixtralForCausalLM"], None),
+        (["MixtralModel"], None),
+        ([], None),
+    ],
+    ids=["llama", "second unknown", "own", "own model", "empty"],
+)
+def test_an_architecture_of_no_family_is_said(
+    ckpt: Path, archs: list, said: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """LlamaForCausalLM under model_type mixtral ran as Mixtral without a word (transformers'
+    AutoModelForCausalLM builds Mixtral too; the weights decide): it loads, in one line."""
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(_config(ckpt, architectures=archs))
+    lines = [r.getMessage() for r in caplog.records if "architectures names" in r.getMessage()]
+    if said is None:
+        assert not lines, lines
+    else:
+        assert len(lines) == 1 and said in lines[0] and "'mixtral'" in lines[0], lines
