@@ -74,7 +74,7 @@ from experiments.common.pipeline import (
     sized_run,
     write_run,
 )
-from experiments.common.real_run import real_execute  # noqa: E402
+from experiments.common.real_run import FileState, checkpoint_files, real_execute  # noqa: E402
 from experiments.common.run_dir import staged_outputs
 from experiments.common.schema import DtypeOption
 from experiments.common.tables import csv_of_ours, markdown  # noqa: E402
@@ -227,6 +227,9 @@ class Setup:
     params: dict[str, Any]  # planner_params, every planner's
     fresh_out: bool = False  # `out` was made by this validation (a failed one removes it)
     dtype: str = "auto"  # executor.dtype: the real runs' compute dtype
+    # the checkpoint's files before its first read here: every planner's real run fails on a
+    # change since, not only on one during it (the table would compare two checkpoints' runs)
+    files: dict[str, FileState] | None = None
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
@@ -342,6 +345,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         "repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY
     )
     hw_dict = read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
+    files = checkpoint_files(ckpt)
     model, _ = load_checkpoint(ckpt, dtype)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, gpu_frac, cpu_frac)
     repeats = sizes.pop("repeats")
@@ -359,7 +363,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
     probe = links == "probe" and not distributed
     fracs = (gpu_frac, cpu_frac)
     sized = (out, fracs, repeats, distributed, probe, hw_dict, params, fresh, dtype)
-    return Setup(ckpt, names, model, hw, wl, *sized)
+    return Setup(ckpt, names, model, hw, wl, *sized, files=files)
 
 
 # a planner's sized run, its routing, simulation and planner (its real runs reuse its choices)
@@ -405,11 +409,21 @@ def _real_runs(
                 real_spec = replace(spec, executor="real")
                 if setup.distributed:
                     dist = run_distributed(
-                        setup.ckpt, real_spec, "replay", None, 120, routing, planner, setup.dtype
+                        setup.ckpt,
+                        real_spec,
+                        "replay",
+                        None,
+                        120,
+                        routing,
+                        planner,
+                        setup.dtype,
+                        files=setup.files,
                     )
                     result = dist.result
                 else:
-                    run = dict(routing=routing, planner=planner, dtype=setup.dtype)
+                    run = dict(
+                        routing=routing, planner=planner, dtype=setup.dtype, files=setup.files
+                    )
                     result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN

@@ -148,8 +148,9 @@ def measure_in_run(
     from core.cost import CostModel
     from core.hardware import HardwareSpec
     from experiments.common.pipeline import RunSpec
-    from experiments.common.real_run import real_execute
+    from experiments.common.real_run import checkpoint_files, real_execute
 
+    files = checkpoint_files(ckpt)  # each run fails on a change since, not only during it
     spec, _ = load_checkpoint(ckpt, dtype)
     d = with_model_on_disk(copy.deepcopy(hw), spec.total_bytes, gpu_frac, cpu_frac)
     wl = Workload(
@@ -165,7 +166,7 @@ def measure_in_run(
     for i in itertools.count():
         if i >= max(1, runs) and time.perf_counter() > deadline:
             break
-        result, _ = real_execute(ckpt, run, "replay", device=str(device), dtype=dtype)
+        result, _ = real_execute(ckpt, run, "replay", device=str(device), dtype=dtype, files=files)
         predicted = CostModel(run.hardware).durations(result.schedule)
         tr = result.trace
         took = (tr["end_s"] - tr["start_s"]).to_numpy()

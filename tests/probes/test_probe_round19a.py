@@ -200,3 +200,34 @@ def test_an_architecture_of_no_family_is_said(
         assert not lines, lines
     else:
         assert len(lines) == 1 and said in lines[0] and "'mixtral'" in lines[0], lines
+
+
+# -- a command running a checkpoint more than once: each run from the command's first read ----
+
+
+def test_validate_fails_where_the_checkpoint_changed_between_two_planners(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """validate read the checkpoint, then ran each planner on it; a rewrite between two
+    planners' runs was inside neither run's check, and the table compared runs of two
+    checkpoints (calibrate's runs are checked alike, from its first read)."""
+    from core.errors import MoepipeError
+    from experiments import validate as v
+
+    real = v.real_execute
+    ran: list[str] = []
+
+    def then_rewritten(*a: Any, **kw: Any) -> Any:
+        out = real(*a, **kw)
+        ran.append(a[1].planner)
+        _rewrite_config(ckpt, keep_mtime=True)
+        return out
+
+    monkeypatch.setattr(v, "real_execute", then_rewritten)
+    sizes = dict(batch_size=1, n_batches=1, prompt_len=4, gen_len=1, links="calibrated")
+    opts = dict(v._DEFAULTS, checkpoint=str(ckpt), hardware="tiny", repeats=1, **sizes)
+    opts |= dict(gpu_frac=2.0, cpu_frac=0.5)
+    opts |= dict(planners="sequential,flexgen", out=str(tmp_path / "out"))
+    with pytest.raises(MoepipeError, match="changed while the run read"):
+        v.validate(opts)
+    assert ran == ["sequential"] and not (tmp_path / "out").exists()
