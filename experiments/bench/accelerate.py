@@ -117,11 +117,14 @@ def _bench(opts: BenchAccelerateOptions) -> int:
         result = child(opts.role, d)
         print(RESULT + json.dumps({**result, "peak_rss_bytes": peak_rss()}), flush=True)
         return 0
-    _, budget_hw = run_spec({**d, "host_room_mb": 0})  # the user's mistakes, before any child
-    room = measure_room(d, budget_hw, opts.cgroup)
-    d = room.options(d)
-    spec, hw = run_spec(d)  # moepipe's side: its child plans these tiers too
-    rows, header = compare(d, spec, hw, room)
+    from experiments.common.real_run import unchanged_throughout
+
+    with unchanged_throughout(str(d["checkpoint"])):  # every system's child on one checkpoint
+        _, budget_hw = run_spec({**d, "host_room_mb": 0})  # the user's mistakes, before a child
+        room = measure_room(d, budget_hw, opts.cgroup)
+        d = room.options(d)
+        spec, hw = run_spec(d)  # moepipe's side: its child plans these tiers too
+        rows, header = compare(d, spec, hw, room)
     print("\n".join([*header, *format_rows(rows)]))
     return 0
 

@@ -195,11 +195,13 @@ def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
 def run(opts: BenchRealOptions) -> list[str]:
     """The benchmark's lines (module doc); progress on stderr."""
     from experiments.common.pipeline import simulate_run
+    from experiments.common.real_run import checkpoint_files, unchanged_since
 
     spec, budget, peers, cold = _checked(opts)
     over = opts.n_layers is not None
     name = f"{spec.name}{f'-L{spec.n_layers}' if over else ''}"
     ckpt = ensure_checkpoint(spec, Path(opts.out_dir) / name)
+    files = checkpoint_files(ckpt)  # every system's child runs this one checkpoint
     _calibrate_if_missing(opts, spec, ckpt)
     bench = BenchAccelerateOptions(
         checkpoint=str(ckpt),
@@ -230,6 +232,7 @@ def run(opts: BenchRealOptions) -> list[str]:
         rows, header = _moepipe_only(bopts, run_spec)
     else:
         rows, header = pe.compare(bopts, run_spec, hw, room, batch_by_batch=peers == "all")
+    unchanged_since(ckpt, files)  # a rewrite between two systems' runs: not one checkpoint
     cut = f", n_layers cut to {spec.n_layers}" if over else ""
     lines = [
         f"{name}: {spec.total_bytes / 1e9:.2f} GB checkpoint{cut} at {ckpt} "

@@ -14,7 +14,8 @@ Usage:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,16 @@ def unchanged_since(ckpt: str | Path, before: dict[str, FileState]) -> None:
             "replaced or removed); the result could mix two checkpoints' weights and was not "
             "kept: run again once the checkpoint is whole and no longer changes"
         )
+
+
+@contextmanager
+def unchanged_throughout(ckpt: str | Path) -> Iterator[None]:
+    """Fail where the checkpoint changed (`unchanged_since`) between the block's start and its
+    end: a bench's systems each load it in a child process of their own, and a rewrite between
+    two of them would compare runs of two checkpoints."""
+    files = checkpoint_files(ckpt)
+    yield
+    unchanged_since(ckpt, files)
 
 
 def _peers(

@@ -4,7 +4,19 @@ A real run read its checkpoint's config.json twice: first to check its options a
 model in config.yaml, then to run it; its check that nothing changed the checkpoint began at the
 second read, so a rewrite between the two ran one config.json and recorded another. The state of
 the files is taken before the first read now and compared at the run's end, their change time
-with it (an edit that keeps the size and puts the modification time back moves it).
+with it (an edit that keeps the size and puts the modification time back moves it). The class
+beyond one run: validate's planners, calibrate's runs and a bench's systems (each in a child of
+its own) each read the checkpoint again; a rewrite between two of them compared two checkpoints.
+Each is checked from the command's first read.
+
+A safetensors index whose `metadata` was a list, null or a string (transformers'
+from_pretrained fails on it) ran without a word, and so did one whose `total_size` was wrong,
+a string, negative or absent: the first is one line, the second one logged line.
+
+config.json's dtype read as transformers' getattr(torch, dtype) reads it: an empty string was
+taken for no dtype (transformers fails on it), and torch's `float` and `half` were refused.
+A `quantization_config` that is no object was said as a quantization method; `architectures`
+naming a class of no family moepipe runs (LlamaForCausalLM under mixtral) ran without a word.
 """
 
 from __future__ import annotations
@@ -231,3 +243,29 @@ def test_validate_fails_where_the_checkpoint_changed_between_two_planners(
     with pytest.raises(MoepipeError, match="changed while the run read"):
         v.validate(opts)
     assert ran == ["sequential"] and not (tmp_path / "out").exists()
+
+
+def test_a_bench_fails_where_the_checkpoint_changed_between_its_systems(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """bench.accelerate (and bench.real, through the same children) runs moepipe and then
+    accelerate, each loading the checkpoint in a child of its own: a rewrite between the two
+    children was inside neither's check, and the table compared two checkpoints' runs."""
+    from core.errors import MoepipeError
+    from experiments.bench import accelerate as acc
+    from experiments.common.schema import BenchAccelerateOptions
+
+    class Room:
+        def options(self, d: dict) -> dict:
+            return d
+
+    def compared(*a: Any) -> tuple[list, list[str]]:
+        _rewrite_config(ckpt, keep_mtime=True)  # between one system's child and the next's
+        return [], ["header"]
+
+    monkeypatch.setattr(acc, "measure_room", lambda *a: Room())
+    monkeypatch.setattr(acc, "compare", compared)
+    opts = BenchAccelerateOptions(checkpoint=str(ckpt), hardware="tiny", cgroup=False)
+    with pytest.raises(MoepipeError, match="changed while the run read"):
+        acc._bench(opts)
+    assert "header" not in capsys.readouterr().out
