@@ -172,6 +172,7 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "num_hidden_layers": (*_CAUSAL, "switch_transformers"),
     "num_attention_heads": (*_CAUSAL, "switch_transformers"),
     "kv_lora_rank": _DS,
+    "q_lora_rank": _DS,
     "qk_nope_head_dim": _DS,
     "qk_rope_head_dim": _DS,
     "v_head_dim": _DS,
@@ -191,6 +192,13 @@ FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
     "norm_topk_prob": (*_QWEN, "olmoe", *_DS),
     "clip_qkv": ("olmoe",),
 }
+# flags that add a family's biases, refused where true in a family whose class has no such
+# field (transformers ignores it and runs no biases); false is every other family's reading
+FAMILY_FLAGS: dict[str, tuple[str, ...]] = {
+    "qkv_bias": ("qwen2_moe",),
+    "attention_bias": ("olmoe", "qwen3_moe", *_DS),
+    "mlp_bias": ("deepseek_v2",),
+}
 
 
 def _check_other_family_fields(c: HFConfig, family: str) -> None:
@@ -198,6 +206,13 @@ def _check_other_family_fields(c: HFConfig, family: str) -> None:
     qwen2_moe, d_model under mixtral): model_type's own field would be read instead, or its
     transformers default, and the run would be of another model than the file describes."""
     for key in c.fields:
+        flag = FAMILY_FLAGS.get(key, (family,))
+        if family not in flag and c.fields[key] is True:
+            raise c.error(
+                f"{key} is true, but it is a field of {' and '.join(flag)}, not of model_type "
+                f"{family!r}: transformers ignores it there and runs no biases; remove it, or "
+                "fix model_type"
+            )
         families = FAMILY_FIELDS.get(key, (family,))
         if family not in families:
             raise c.error(

@@ -269,3 +269,49 @@ def test_a_bench_fails_where_the_checkpoint_changed_between_its_systems(
     with pytest.raises(MoepipeError, match="changed while the run read"):
         acc._bench(opts)
     assert "header" not in capsys.readouterr().out
+
+
+# -- config.json: another family's field that sizes attention or adds biases -----------------
+
+_MODELS = {
+    "mixtral": "mixtral-tiny",
+    "qwen2_moe": "qwen1.5-moe-a2.7b",
+    "qwen3_moe": "qwen3-30b-a3b",
+    "olmoe": "olmoe-1b-7b",
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "fields", "said"),
+    [
+        ("mixtral", {"q_lora_rank": 16}, "q_lora_rank is a field of deepseek_v2"),
+        ("mixtral", {"qkv_bias": True}, "qkv_bias is true, but it is a field of qwen2_moe"),
+        ("mixtral", {"attention_bias": True}, "attention_bias is true"),
+        ("qwen2_moe", {"attention_bias": True}, "not of model_type 'qwen2_moe'"),
+        ("olmoe", {"mlp_bias": True}, "mlp_bias is true"),
+        ("mixtral", {"attention_bias": False, "mlp_bias": False}, None),  # as Llama's template
+        ("qwen3_moe", {"attention_bias": True}, None),  # its own
+    ],
+    ids=[
+        "q_lora_rank",
+        "qkv_bias",
+        "attention_bias",
+        "qwen2 attn bias",
+        "mlp_bias",
+        "false",
+        "own",
+    ],
+)
+def test_another_familys_attention_field_is_refused(
+    family: str, fields: dict, said: str | None
+) -> None:
+    """q_lora_rank, or a bias flag set true, under a family whose transformers class has no
+    such field ran as if absent (transformers ignores them): the file describes another model
+    than the one run, as another family's sizes do (round 13's FAMILY_FIELDS)."""
+    from core.hf_config import hf_config_to_spec, spec_to_hf_config
+
+    cfg = spec_to_hf_config(reduced_spec(_MODELS[family])) | fields
+    if said is None:
+        assert hf_config_to_spec(cfg, "m", "config.json").family == family
+    else:
+        raises_one_line(lambda: hf_config_to_spec(cfg, "m", "config.json"), "config.json", said)
