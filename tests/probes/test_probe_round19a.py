@@ -17,6 +17,8 @@ config.json's dtype read as transformers' getattr(torch, dtype) reads it: an emp
 taken for no dtype (transformers fails on it), and torch's `float` and `half` were refused.
 A `quantization_config` that is no object was said as a quantization method; `architectures`
 naming a class of no family moepipe runs (LlamaForCausalLM under mixtral) ran without a word.
+`q_lora_rank`, or a bias flag set true, under a family whose class has no such field ran as if
+absent: refused, as another family's sizes are.
 """
 
 from __future__ import annotations
