@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.files import TRANSFORMERS_JSON, loads_json_as_owner, read_small
+from core.files import TRANSFORMERS_JSON, loads_json_as_owner, note_once, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
 
@@ -357,6 +357,28 @@ class HFConfig:
                 rope = self.sub(key)
                 rope.check()
                 check_rope(rope, self.family)
+            self._note_rope_given_twice()
+
+    def _note_rope_given_twice(self) -> None:
+        """One logged line where config.json gives RoPE twice, differently: rope_scaling and
+        rope_parameters (transformers runs `rope_scaling or rope_parameters`), or a top-level
+        rope_theta or partial_rotary_factor beside the RoPE object's (its own wins there)."""
+        both = [self.fields.get(k) for k in ("rope_scaling", "rope_parameters")]
+        if all(both) and both[0] != both[1]:
+            note_once(
+                f"{self.where}: rope_scaling and rope_parameters differ; transformers runs "
+                "rope_scaling's, and so does moepipe: keep one of them"
+            )
+        rope, key = (both[0], "rope_scaling") if both[0] else (both[1], "rope_parameters")
+        if not isinstance(rope, Mapping):  # none (both checked objects or null already)
+            return
+        for name in ("rope_theta", "partial_rotary_factor"):
+            top, own = self.fields.get(name), rope.get(name)
+            if top is not None and own is not None and top != own:
+                note_once(
+                    f"{self.where}: {name}={top} but {key}.{name}={own}; transformers runs "
+                    f"{key}'s, and so does moepipe: keep one of them"
+                )
 
 
 def hf_config_file(path: str | Path) -> Path:

@@ -18,7 +18,9 @@ taken for no dtype (transformers fails on it), and torch's `float` and `half` we
 A `quantization_config` that is no object was said as a quantization method; `architectures`
 naming a class of no family moepipe runs (LlamaForCausalLM under mixtral) ran without a word.
 `q_lora_rank`, or a bias flag set true, under a family whose class has no such field ran as if
-absent: refused, as another family's sizes are.
+absent: refused, as another family's sizes are. RoPE given twice, differently (rope_scaling
+and rope_parameters, a top-level rope_theta beside the object's) ran transformers' choice
+without a word: it still does, in one logged line.
 """
 
 from __future__ import annotations
@@ -317,3 +319,45 @@ def test_another_familys_attention_field_is_refused(
         assert hf_config_to_spec(cfg, "m", "config.json").family == family
     else:
         raises_one_line(lambda: hf_config_to_spec(cfg, "m", "config.json"), "config.json", said)
+
+
+# -- config.json giving RoPE twice, differently ----------------------------------------------
+
+_LINEAR = {"rope_type": "linear", "factor": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (
+            {"rope_scaling": _LINEAR, "rope_parameters": {**_LINEAR, "factor": 4.0}},
+            "rope_scaling and rope_parameters differ",
+        ),
+        (
+            {"rope_theta": 1e6, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+            "rope_theta=1000000.0 but rope_parameters.rope_theta=500.0",
+        ),
+        (
+            {"partial_rotary_factor": 0.5, "rope_scaling": {**_LINEAR, "partial_rotary_factor": 1}},
+            "partial_rotary_factor=0.5 but rope_scaling.partial_rotary_factor=1",
+        ),
+        ({"rope_theta": 1e6, "rope_scaling": _LINEAR, "rope_parameters": _LINEAR}, None),
+    ],
+    ids=["two objects", "rope_theta", "partial_rotary_factor", "the same"],
+)
+def test_rope_given_twice_differently_is_said(
+    tmp_path: Path, fields: dict, said: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """transformers runs `rope_scaling or rope_parameters`, and the RoPE object's rope_theta
+    over the top-level one, without a word; so did moepipe, where the file says two things."""
+    from core.hf_config import hf_config_to_spec, spec_to_hf_config
+
+    cfg = spec_to_hf_config(reduced_spec("mixtral-tiny")) | fields
+    where = str(tmp_path / "config.json")  # its own line: each is said once a process
+    with caplog.at_level(logging.WARNING):
+        hf_config_to_spec(cfg, "m", where)
+    lines = [r.getMessage() for r in caplog.records if where in r.getMessage()]
+    if said is None:
+        assert not lines, lines
+    else:
+        assert len(lines) == 1 and said in lines[0], lines
