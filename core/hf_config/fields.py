@@ -358,6 +358,26 @@ class HFConfig:
                 rope.check()
                 check_rope(rope, self.family)
             self._note_rope_given_twice()
+            self._note_yarn_factor()
+
+    def _note_yarn_factor(self) -> None:
+        """One logged line where yarn's factor is not max_position_embeddings over
+        original_max_position_embeddings (nor that ratio 1), as transformers' yarn validation
+        warns: the explicit factor runs, in both."""
+        rope = self.fields.get("rope_scaling") or self.fields.get("rope_parameters")
+        if not isinstance(rope, Mapping) or "yarn" not in (rope.get("rope_type"), rope.get("type")):
+            return
+        factor, longest = rope.get("factor"), self.fields.get("max_position_embeddings")
+        original = rope.get(_ORIGINAL, self.fields.get(_ORIGINAL))
+        if not (factor and longest and original):  # absent: transformers infers them
+            return
+        implicit = longest / original
+        if implicit not in (factor, 1):
+            note_once(
+                f"{self.where}: yarn's factor={factor}, but max_position_embeddings={longest} "
+                f"over {_ORIGINAL}={original} is {implicit:g}; transformers runs the factor, and "
+                f"so does moepipe: set one of them to agree"
+            )
 
     def _note_rope_given_twice(self) -> None:
         """One logged line where config.json gives RoPE twice, differently: rope_scaling and
@@ -379,6 +399,9 @@ class HFConfig:
                     f"{self.where}: {name}={top} but {key}.{name}={own}; transformers runs "
                     f"{key}'s, and so does moepipe: keep one of them"
                 )
+
+
+_ORIGINAL = "original_max_position_embeddings"
 
 
 def hf_config_file(path: str | Path) -> Path:

@@ -20,7 +20,8 @@ naming a class of no family moepipe runs (LlamaForCausalLM under mixtral) ran wi
 `q_lora_rank`, or a bias flag set true, under a family whose class has no such field ran as if
 absent: refused, as another family's sizes are. RoPE given twice, differently (rope_scaling
 and rope_parameters, a top-level rope_theta beside the object's) ran transformers' choice
-without a word: it still does, in one logged line.
+without a word: it still does, in one logged line, as does yarn's factor where it is not the
+positions' ratio (transformers warns there too).
 """
 
 from __future__ import annotations
@@ -324,6 +325,13 @@ def test_another_familys_attention_field_is_refused(
 # -- config.json giving RoPE twice, differently ----------------------------------------------
 
 _LINEAR = {"rope_type": "linear", "factor": 2.0}
+YARN_IDS = ["yarn factor not the ratio", "yarn factor the ratio", "yarn ratio 1"]
+
+
+def _yarn(factor: float, original: int) -> dict:
+    """Fields of yarn RoPE of `factor` from `original` positions to 4096."""
+    rope = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+    return {"max_position_embeddings": 4096, "rope_scaling": rope}
 
 
 @pytest.mark.parametrize(
@@ -342,14 +350,18 @@ _LINEAR = {"rope_type": "linear", "factor": 2.0}
             "partial_rotary_factor=0.5 but rope_scaling.partial_rotary_factor=1",
         ),
         ({"rope_theta": 1e6, "rope_scaling": _LINEAR, "rope_parameters": _LINEAR}, None),
+        (_yarn(4.0, 99999), "yarn's factor=4.0, but max_position_embeddings=4096 over"),
+        (_yarn(4.0, 1024), None),  # 4096 / 1024
+        (_yarn(4.0, 4096), None),  # a ratio of 1: transformers' own inference, said by none
     ],
-    ids=["two objects", "rope_theta", "partial_rotary_factor", "the same"],
+    ids=["two objects", "rope_theta", "partial_rotary_factor", "the same", *YARN_IDS],
 )
 def test_rope_given_twice_differently_is_said(
     tmp_path: Path, fields: dict, said: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """transformers runs `rope_scaling or rope_parameters`, and the RoPE object's rope_theta
-    over the top-level one, without a word; so did moepipe, where the file says two things."""
+    over the top-level one, without a word; so did moepipe, where the file says two things.
+    yarn's factor other than the positions' ratio: transformers warns, moepipe said nothing."""
     from core.hf_config import hf_config_to_spec, spec_to_hf_config
 
     cfg = spec_to_hf_config(reduced_spec("mixtral-tiny")) | fields
