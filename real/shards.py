@@ -89,13 +89,19 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     with open(path, "rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 0 or 8 + n > size:
+        first = f.read(1)  # a header is a JSON object: "{" (after JSON's whitespace)
+        cut = n < 0 or 8 + n > size
+        if n > ST_MAX_HEADER or (cut and first and first not in b"{ \t\r\n"):  # JSON, a zip
+            raise ConfigError(
+                f"{path}: not a safetensors file (it starts {(head + first)!r}, not a header's "
+                "length and then its JSON object); re-copy the checkpoint"
+            )
+        f.seek(8)
+        if cut:
             raise ConfigError(
                 f"{path}: truncated safetensors file ({size} bytes, header cut off); "
                 "re-copy the checkpoint"
             )
-        if n > ST_MAX_HEADER:
-            raise ConfigError(f"{path}: safetensors header of {n} bytes, over the format's limit")
         twice: list[str] = []  # tensors the header names twice: said once the file passes
         try:
             header = loads_json(f.read(n), f"{path}: safetensors header", _twice(path, twice))

@@ -21,7 +21,8 @@ naming a class of no family moepipe runs (LlamaForCausalLM under mixtral) ran wi
 absent: refused, as another family's sizes are. RoPE given twice, differently (rope_scaling
 and rope_parameters, a top-level rope_theta beside the object's) ran transformers' choice
 without a word: it still does, in one logged line, as does yarn's factor where it is not the
-positions' ratio (transformers warns there too).
+positions' ratio (transformers warns there too). A shard that is no safetensors file (JSON
+text, torch's zip or pickle under its name) was said to be a truncated one.
 """
 
 from __future__ import annotations
@@ -373,3 +374,19 @@ def test_rope_given_twice_differently_is_said(
         assert not lines, lines
     else:
         assert len(lines) == 1 and said in lines[0], lines
+
+
+# -- a weights file that is no safetensors file at all ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'{\n  "model_type": "mixtral"\n}\n' * 4, b"PK\x03\x04" + bytes(200), b"\x80\x02}q\x00." * 9],
+    ids=["json text", "torch.save zip", "a pickle"],
+)
+def test_a_weights_file_of_another_format_says_so(ckpt: Path, data: bytes) -> None:
+    """A JSON file, or torch's zip or pickle, under a shard's name read its first 8 bytes as a
+    header length past the file and said "truncated safetensors file (header cut off)", which
+    no re-copy fixes: it is no safetensors file, which the line says now."""
+    (ckpt / "model.safetensors").write_bytes(data)
+    raises_one_line(lambda: load_checkpoint(ckpt), "model.safetensors", "not a safetensors file")
