@@ -328,6 +328,12 @@ def weight_files(d: Path) -> list[str]:
                 f"{d}: holds both {SINGLE_FILE} and {INDEX_FILE} (which names other files), two "
                 "sets of weights; keep the one config.json was written with"
             )
+        stray = sorted({p.name for p in d.glob("*.safetensors")} - set(files))
+        if stray:  # an earlier sharding's, or another format's (consolidated.safetensors)
+            note_once(
+                f"{d / stray[0]}: a safetensors file {INDEX_FILE} does not name ({len(stray)} "
+                "such); transformers and moepipe read none of it: remove it, or rewrite the index"
+            )
     elif (d / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:

@@ -11,7 +11,8 @@ Each is checked from the command's first read.
 
 A safetensors index whose `metadata` was a list, null or a string (transformers'
 from_pretrained fails on it) ran without a word, and so did one whose `total_size` was wrong,
-a string, negative or absent: the first is one line, the second one logged line.
+a string, negative or absent: the first is one line, the second one logged line; so is a
+safetensors file beside the index that it does not name.
 
 config.json's dtype read as transformers' getattr(torch, dtype) reads it: an empty string was
 taken for no dtype (transformers fails on it), and torch's `float` and `half` were refused.
@@ -390,3 +391,16 @@ def test_a_weights_file_of_another_format_says_so(ckpt: Path, data: bytes) -> No
     no re-copy fixes: it is no safetensors file, which the line says now."""
     (ckpt / "model.safetensors").write_bytes(data)
     raises_one_line(lambda: load_checkpoint(ckpt), "model.safetensors", "not a safetensors file")
+
+
+def test_a_shard_the_index_does_not_name_is_said(
+    sharded: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier sharding's file left beside the index (transformers reads only the files
+    the index names, and so does moepipe) was passed over without a word."""
+    d = Path(shutil.copytree(sharded, tmp_path / "ck"))
+    shutil.copyfile(d / "model-00001-of-00003.safetensors", d / "model-00001-of-00002.safetensors")
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(d)
+    lines = [r.getMessage() for r in caplog.records if "does not name" in r.getMessage()]
+    assert len(lines) == 1 and "model-00001-of-00002.safetensors" in lines[0], caplog.text
