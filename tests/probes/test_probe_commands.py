@@ -264,21 +264,23 @@ def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(
     assert not (tmp_path / "d").exists() and not (tmp_path / "x.yaml").exists()
 
 
-def test_a_second_calibrate_waits_for_the_first() -> None:
+def test_a_second_calibrate_waits_for_the_first(tmp_path: Path) -> None:
     """Two calibrates at once each measured the other's load and wrote one temporary file: the
-    second now waits for the machine's lock, saying so, and measures once the first is done."""
+    second now waits for the machine's lock, saying so, and measures once the first is done.
+    The lock is the one in the temporary folder (`TMPDIR`): the test's own, so that a calibrate
+    or this test of another checkout on the machine does not hold it meanwhile."""
     import fcntl
     import select
 
     from experiments.calibrate import MEASURING_LOCK
 
     code = "from experiments.calibrate import measuring_alone as m\nwith m(): print('measuring')"
-    with open(MEASURING_LOCK, "a+") as held:
+    with open(tmp_path / MEASURING_LOCK.name, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a first calibrate, measuring
         p = subprocess.Popen(
             [sys.executable, "-c", code],
             cwd=ROOT,
-            env=user_env(),
+            env={**user_env(), "TMPDIR": str(tmp_path)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
