@@ -9,8 +9,6 @@ where the boundary function is the whole story, to keep the suite fast.
 
 from __future__ import annotations
 
-import copy
-import io
 import shutil
 import signal
 import subprocess
@@ -77,41 +75,6 @@ def trace_args(trace_dir: Path, run_dir: Path) -> list[str]:
 def trace_run(trace_dir: Path, run_dir: Path) -> subprocess.CompletedProcess:
     """`trace_args`' run as a user runs it, in a process of its own."""
     return cli("experiments.run", *trace_args(trace_dir, run_dir))
-
-
-# each config text hydra composed (omegaconf's YAML loader), parsed: (type, text) -> its objects
-_PARSED: dict[tuple[str, str | bytes], Any] = {}
-
-
-def _parsed_once(load: Callable[..., Any]) -> Callable[..., Any]:
-    """`yaml.load` that parses each text omegaconf's loader reads once a session and hands out
-    a copy: a command run in this process (`cli_here`) composes conf/'s same files afresh each
-    time, and parsing them was a fifth of a compose (the tiny config's: 0.21 s, 0.17 s with
-    this). Parsing is a function of the text, so each result is what parsing it again gives; a
-    text that fails parses again each time, with its stream's name, for the error as it was."""
-
-    def load_once(stream: Any, Loader: Any) -> Any:  # noqa: N803 (yaml.load's own name)
-        if not hasattr(stream, "read") or "OmegaConfLoader" not in Loader.__qualname__:
-            return load(stream, Loader=Loader)
-        text = stream.read()
-        key = (type(text).__name__, text)
-        if key not in _PARSED:
-            again = io.StringIO(text) if isinstance(text, str) else io.BytesIO(text)
-            again.name = getattr(stream, "name", "<file>")  # type: ignore[misc]
-            _PARSED[key] = load(again, Loader=Loader)
-        return copy.deepcopy(_PARSED[key])
-
-    return load_once
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _configs_parsed_once() -> Iterator[None]:
-    """`_parsed_once` for the test session's in-process commands."""
-    import yaml
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(yaml, "load", _parsed_once(yaml.load))
-        yield
 
 
 # the test session's temporary root, and the run `tiny_run` copies once it is made there
