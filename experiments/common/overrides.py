@@ -20,7 +20,13 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_idle_flags, refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
-from experiments.common.sweep_points import check_shared, check_subdirs, first_point
+from experiments.common.sweep_points import (
+    check_shared,
+    check_subdirs,
+    composed,
+    composing,
+    first_point,
+)
 
 
 def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
@@ -30,17 +36,17 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
     (`check_subdirs`), and so is a bad value every point would fail on (`check_shared`). The
     sweep a config declares (an experiment's `hydra.sweeper.params`) counts towards its size,
     and a config's `hydra.launcher.n_jobs` is checked as the command line's is."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"), composing():
         # with the config loader, which lists a group's names for `planner=glob(klotski*)`
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         parsed = parser.parse_overrides(list(overrides))
         given = [o for o in parsed if o.is_sweep_override()]
         check_sweep_values(given)
-        cfg = compose(config_name, first_point(parsed, given), return_hydra_config=True)
+        cfg = composed(config_name, first_point(parsed, given))
         check_joblib(cfg)
         _names_fit(cfg)
         declared = _declared(cfg, parsed)
@@ -60,7 +66,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                     f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
                     for b in base
                 ]
-                _names_fit(compose(config_name, overrides=point))
+                _names_fit(composed(config_name, point))
         check_subdirs(config_name, everything, swept)
         check_shared(config_name, everything, swept)
 

@@ -4,8 +4,10 @@ run dir each point's config gives it (`check_subdirs`), and a bad value every po
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,33 @@ _PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
 
 # the running command's check of one point's config (its job's, without running it), if any
 POINT_CHECK: list[Callable[[Any], None]] = []
+# the configs composed while a sweep is checked (`composing`), by their config and overrides
+_COMPOSED: list[dict[tuple[str, ...], Any]] = []
+
+
+@contextmanager
+def composing() -> Iterator[None]:
+    """Compose each point's config once while a sweep is checked (`composed`): a sweep's first
+    point was composed four times (for its launcher, its names, its folder and the values every
+    point shares), about 0.1 s each. Forgotten as the block ends: a config file may change
+    before the next command in the same process composes it."""
+    _COMPOSED.append({})
+    try:
+        yield
+    finally:
+        _COMPOSED.pop()
+
+
+def composed(config_name: str, overrides: Sequence[str]) -> Any:
+    """`compose(config_name, overrides, return_hydra_config=True)`, kept for the sweep's check
+    (`composing`). Its callers read it; one that changes it changes a copy."""
+    from hydra import compose
+
+    key = (config_name, *overrides)
+    kept = _COMPOSED[-1] if _COMPOSED else {}
+    if key not in kept:
+        kept[key] = compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    return kept[key]
 
 
 def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) -> None:
@@ -27,11 +56,10 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     for each point (a config composed per point), inside an initialized hydra."""
     import itertools
 
-    from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
     lines = [o.input_line for o in parsed]
-    cfg = compose(config_name, overrides=first_point(parsed, swept), return_hydra_config=True)
+    cfg = composed(config_name, first_point(parsed, swept))
     template = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
     text = "" if template is None else str(template)
     fix = "give hydra.sweep.subdir a template naming ${hydra.job.override_dirname}"
@@ -71,7 +99,7 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     for point in itertools.product(*values):
         chosen = dict(zip(swept_lines, point, strict=True))
         overrides = [chosen.get(line, line) for line in lines]
-        cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+        cfg = composed(config_name, overrides)
         HydraConfig.instance().set_config(cfg)
         subdir = os.path.normpath(str(cfg.hydra.sweep.subdir))
         if subdir in seen:
@@ -138,7 +166,6 @@ def _point_line(
 ) -> str | None:
     """The one line `check` fails with on `point`'s config as its job composes it; None where
     it passes, or fails on what is no user's mistake (a bug: its job says so)."""
-    from hydra import compose
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
@@ -146,7 +173,7 @@ def _point_line(
 
     held, cfg = HydraConfig.instance().cfg, None
     try:
-        cfg = compose(config_name, overrides=point, return_hydra_config=True)
+        cfg = copy.deepcopy(composed(config_name, point))  # its hydra node taken away below
         HydraConfig.instance().set_config(cfg)
         with open_dict(cfg):
             del cfg["hydra"]  # as the job gets it
