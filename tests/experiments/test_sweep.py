@@ -375,3 +375,28 @@ def test_a_sweep_composes_one_point_per_new_value_before_launching(tmp_path, mon
     with validate_each_value_once():
         assert Sweeper.validate_batch_is_legal is not record
     assert Sweeper.validate_batch_is_legal is record
+
+
+def test_the_checks_before_a_sweep_compose_each_point_once(tmp_path, monkeypatch):
+    """A sweep's checks before it launches (its launcher, names, folders, shared values) read
+    each point's config composed once: its first point was composed four times, 0.1 s each."""
+    import hydra
+    from hydra.plugins.sweeper import Sweeper
+
+    from experiments.run import main
+
+    composed: list[tuple[str, ...]] = []
+    compose = hydra.compose
+
+    def counted(config_name, overrides=(), **kwargs):  # type: ignore[no-untyped-def]
+        composed.append(tuple(overrides))
+        return compose(config_name, overrides=overrides, **kwargs)
+
+    def stop(self, batch):  # type: ignore[no-untyped-def]
+        raise SystemExit(3)  # before any job runs
+
+    monkeypatch.setattr(hydra, "compose", counted)
+    monkeypatch.setattr(Sweeper, "validate_batch_is_legal", stop)
+    argv = ["-m", *TINY, "planner=sequential,flexgen", "workload.batch_size=1,2"]
+    assert main([*argv, f"hydra.sweep.dir={tmp_path}"]) == 3
+    assert len(composed) == len(set(composed)) == 3, composed
