@@ -106,12 +106,16 @@ def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
     second command writing the same file meanwhile is refused in one line (the last to end
     replaced the first's file, unsaid). The lock, `.<name>.lock` beside `out`, goes as the
     block ends; one a killed command left is free. Where the folder cannot hold it (not there,
-    read-only), the command's own write says so."""
+    read-only, a file), the command's own write says so. A folder not there yet is made first,
+    as the write would (two writers into it were not kept apart), and taken away again where
+    the block left nothing in it."""
     path = Path(out)
     lock = path.parent / f".{path.name}.lock"
+    made = _made_folders(path.parent)
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
+        _remove_empty(made)
         yield
         return
     try:
@@ -131,6 +135,29 @@ def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
             lock.unlink(missing_ok=True)  # before the lock goes, as dir_locked's
     finally:
         os.close(fd)
+        _remove_empty(made)
+
+
+def _made_folders(folder: Path) -> list[Path]:
+    """Make `folder` where it is not there: the folders made, deepest first ([] where it was
+    there, or cannot be made: a read-only parent, a file in the way)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        _remove_empty(missing)  # those made before the one that failed
+        return []
+    return missing
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Take away the folders `_made_folders` made, deepest first, while each is empty: those
+    the block wrote into stay."""
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:  # a file in it (the command's output), or gone already
+            return
 
 
 def _unlink_if_held(path: Path, fd: int) -> None:
