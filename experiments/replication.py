@@ -35,7 +35,9 @@ from experiments.common.cli import (
 from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import (
     collect,
+    counted,
     refuse_their_results,
+    say_skipped,
     skipped_note,
     write_results,
 )
@@ -101,8 +103,8 @@ def load_rows(sweep: Path, opts: Options) -> list[dict[str, Any]]:
             "(python -m experiments.run -m experiment=replication_esft_g8)"
             f"{'; skipped' + skipped if skipped else ''}"
         )
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+    say_skipped(sweep, problems)
+    print(f"{sweep}: {counted(df, problems)}", file=sys.stderr)  # as collect counts them
     write_results(df, sweep)
     return ep_rows.order_rows(rows, opts.cases, opts.variants)
 

@@ -548,6 +548,12 @@ def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
         first = skipped_note(sweep_dir, problems) or "; run a sweep into it first"
         print(f"error: no finished run under {sweep_dir}{first}", file=sys.stderr)
         return None
-    for p in problems:
-        print(f"skipped {sweep_dir / p}", file=sys.stderr)
+    say_skipped(sweep_dir, problems)
     return df, problems
+
+
+def say_skipped(sweep: Path, problems: list[str]) -> None:
+    """One line on stderr per run dir of `sweep` that `collect` skipped, naming its folder:
+    the words collect, report, replication and replication_cv print."""
+    for p in problems:
+        print(f"skipped {sweep / p}", file=sys.stderr)

@@ -15,10 +15,15 @@ Classes:
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from experiments.common.dir_lock import output_locked
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import raises_one_line, tiny_run
 
 # --- 1. two writers of one output file in a folder not there yet ---
 
@@ -46,3 +51,50 @@ def test_a_folder_written_into_stays_and_one_that_cannot_be_made_runs_the_write(
     with output_locked(tmp_path / "file" / "sub" / "o.json", "out", "c"):
         ran.append(1)  # the command's own write then names the folder, in one line
     assert ran and (tmp_path / "file").read_text() == "mine\n"
+
+
+# --- 2. replication's and replication_cv's skipped lines and count, in collect's words ---
+
+
+@pytest.fixture(scope="module")
+def older(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep of a run as written, one of an older summary.json (no dag_efficiency) and one
+    without makespan_s (skipped)."""
+    sweep = tmp_path_factory.mktemp("older")
+    tiny_run(sweep / "a")
+    for name, drop in (("b", "dag_efficiency"), ("c", "makespan_s")):
+        shutil.copytree(sweep / "a", sweep / name)
+        (sweep / name / "files.sha256").unlink()
+        summary = json.loads((sweep / name / "summary.json").read_text())
+        del summary[drop]
+        (sweep / name / "summary.json").write_text(json.dumps(summary))
+    return sweep
+
+
+def _read_replication(sweep: Path, monkeypatch: Any) -> None:
+    from experiments import replication
+
+    monkeypatch.setattr(replication.ep_rows, "rows_of", lambda df, **k: [{"case": "x"}])
+    monkeypatch.setattr(replication.ep_rows, "order_rows", lambda rows, *a: rows)
+    monkeypatch.setattr(replication, "write_results", lambda df, sweep: None)
+    replication.load_rows(sweep, replication.Options(dir=str(sweep)))
+
+
+def _read_replication_cv(sweep: Path, monkeypatch: Any) -> None:
+    from experiments import replication_cv
+
+    monkeypatch.setattr(replication_cv, "fold_rows", lambda rows: {"s": rows})
+    monkeypatch.setattr(replication_cv.ep_rows, "rows_of", lambda df, **k: [{"case": "x"}])
+    monkeypatch.setattr(replication_cv, "cv_lines", lambda folds: [])
+    replication_cv.run(replication_cv.Options(dir=str(sweep)))
+
+
+@pytest.mark.parametrize("read", [_read_replication, _read_replication_cv])
+def test_replications_skipped_lines_and_count_are_collects(
+    older: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, read: Any
+) -> None:
+    read(older, monkeypatch)
+    err = capsys.readouterr().err
+    assert f"skipped {older / 'c'}: summary.json has no makespan_s" in err, err
+    said = "2 run(s), 1 skipped, 1 with an older summary.json (b/summary.json ...) without"
+    assert f"{older}: {said}" in err and "dag_efficiency: kept, those columns empty" in err
