@@ -250,6 +250,12 @@ def read_index(path: Path) -> dict[str, str]:
                 f"{path}: weight_map[{name!r}] = {file!r} is not a file name in the checkpoint's "
                 "folder"
             )
+        if file.lower().endswith(".json"):  # config.json, the index itself: read as weights
+            raise ConfigError(
+                f"{path}: weight_map[{name!r}] = {file!r} names a JSON file of the checkpoint, "
+                "not a shard (a safetensors file); rewrite the index to name the shard that "
+                "holds the tensor"
+            )
     return weight_map
 
 

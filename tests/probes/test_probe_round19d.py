@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from experiments.common.dir_lock import output_locked
+from real.shards import read_index
 from tests.probes.conftest import raises_one_line, tiny_run
 
 # --- 1. two writers of one output file in a folder not there yet ---
@@ -98,3 +99,14 @@ def test_replications_skipped_lines_and_count_are_collects(
     assert f"skipped {older / 'c'}: summary.json has no makespan_s" in err, err
     said = "2 run(s), 1 skipped, 1 with an older summary.json (b/summary.json ...) without"
     assert f"{older}: {said}" in err and "dag_efficiency: kept, those columns empty" in err
+
+
+# --- 3. an index naming a checkpoint's JSON file as a shard ---
+
+
+@pytest.mark.parametrize("named", ["config.json", "model.safetensors.index.json"])
+def test_an_index_naming_a_json_file_as_a_shard_says_rewrite_it(tmp_path: Path, named: str) -> None:
+    index = tmp_path / "model.safetensors.index.json"
+    shard = "model-00001-of-00001.safetensors"
+    index.write_text(json.dumps({"weight_map": {"lm_head.weight": shard, "w": named}}))
+    raises_one_line(lambda: read_index(index), str(index), repr(named), "not a shard", "rewrite")
