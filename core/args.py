@@ -48,6 +48,7 @@ def as_int(
         except ValueError:
             n = None
     bound = "" if at_least is None else f" >= {at_least}"
+    bound += ", a positive integer" if at_least == 1 else ""
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
     if n is None and non_finite(value):  # inf, nan: in the words of every other number's check
         raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")

@@ -178,7 +178,7 @@ class HardwareSpec:
                         f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0"
                     )
         if self.n_gpus < 1:
-            raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1")
+            raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1, a positive integer")
         self.processes.check(f"hardware {self.name}: processes")
 
     def link(self, res: Resource) -> LinkSpec:

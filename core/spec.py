@@ -22,14 +22,14 @@ GB = 1e9
 GIB = 2**30
 
 
-def _positive(obj: object, *names: str) -> None:
-    where = {"ModelSpec": "model", "HardwareSpec": "hardware"}.get(
-        type(obj).__name__, type(obj).__name__
-    )
+def _positive(obj: Any, *names: str) -> None:
+    where = {"ModelSpec": "model", "HardwareSpec": "hardware"}.get(type(obj).__name__, "spec")
     for name in names:
         value = getattr(obj, name)
         if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-            raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
+            whole = any(f.name == name and f.type in ("int", int) for f in fields(obj))
+            what = "integer" if whole else "number"
+            raise ConfigError(f"{where}.{name} must be a positive {what}, got {value!r}")
 
 
 def check_finite(where: str, **values: Any) -> None:

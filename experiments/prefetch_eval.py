@@ -131,7 +131,10 @@ def _main(args: Options) -> int:
 def _evaluated(args: Options) -> int:
     try:
         if args.group_seqs < 1:
-            raise MoepipeError(f"group_seqs={args.group_seqs}: must be >= 1 (sequences per group)")
+            raise MoepipeError(
+                f"group_seqs={args.group_seqs}: must be >= 1, a positive integer "
+                "(sequences per group)"
+            )
         if args.k < 0:
             raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
         if args.out:  # checked before the evaluation, whose table would be lost after

@@ -96,7 +96,9 @@ def checked_workers(n: int, key: str) -> None:
     """A MoepipeError where `key`=`n` worker processes is below 1, or over 4 per core of this
     machine (each worker is a python process of its own, ~200 MB)."""
     if n < 1:
-        raise MoepipeError(f"{key}={n}: must be >= 1 (worker processes); pass {key}=1 or more")
+        raise MoepipeError(
+            f"{key}={n}: must be >= 1, a positive integer (worker processes); pass {key}=1 or more"
+        )
     cores = os.cpu_count() or 1
     if n > 4 * cores:
         raise MoepipeError(

@@ -196,7 +196,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
         (["workload.seed=abc"], "workload.seed=abc: not a whole number"),
         (["workload.routing.tasks=abc"], "workload.routing.tasks: not a list; pass"),
         (["workload.seed=-1"], "workload.seed must be an integer in [0, 2**64)"),
-        (["model.n_experts=0"], "model.n_experts must be a positive number, got 0"),
+        (["model.n_experts=0"], "model.n_experts must be a positive integer, got 0"),
         (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
         (["model.activation=tanh"], "activation='tanh' unknown; valid: swiglu, relu"),
         (["hardware.memory_gb=5"], "hardware.memory_gb=5: a mapping of gpu, cpu, disk belongs"),

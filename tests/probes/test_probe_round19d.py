@@ -15,6 +15,7 @@ Classes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,6 +23,9 @@ from typing import Any
 
 import pytest
 
+from core.args import as_int
+from core.errors import MoepipeError
+from core.spec import ModelSpec
 from experiments.common.dir_lock import output_locked
 from real.shards import read_index
 from tests.probes.conftest import raises_one_line, tiny_run
@@ -110,3 +114,29 @@ def test_an_index_naming_a_json_file_as_a_shard_says_rewrite_it(tmp_path: Path, 
     shard = "model-00001-of-00001.safetensors"
     index.write_text(json.dumps({"weight_map": {"lm_head.weight": shard, "w": named}}))
     raises_one_line(lambda: read_index(index), str(index), repr(named), "not a shard", "rewrite")
+
+
+# --- 4. an integer at 0 is "a positive integer" ---
+
+_COUNTS = ["n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "n_heads"]
+
+
+def test_every_integer_model_field_at_0_says_a_positive_integer(tiny_ckpt: Path) -> None:
+    spec = ModelSpec.from_hf_config(tiny_ckpt)
+    for name in [*_COUNTS, "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes"]:
+        with pytest.raises(MoepipeError, match=f"{name} must be a positive integer, got 0"):
+            dataclasses.replace(spec, **{name: 0})
+    with pytest.raises(MoepipeError, match="rope_theta must be a positive number, got 0"):
+        dataclasses.replace(spec, rope_theta=0.0)
+
+
+def test_make_checkpoints_head_dim_0_says_a_positive_integer(tmp_path: Path, cli_here: Any) -> None:
+    r = cli_here(
+        "experiments.make_checkpoint", "model=mixtral-tiny", "head_dim=0", f"out={tmp_path / 'ck'}"
+    )
+    assert r.returncode == 2 and "head_dim must be a positive integer, got 0" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_an_integer_option_at_least_1_says_a_positive_integer(value: str) -> None:
+    raises_one_line(lambda: as_int("jobs", value, at_least=1), f"jobs={value}", "positive integer")
