@@ -16,7 +16,9 @@ Classes:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import pytest
 from core.args import as_int
 from core.errors import MoepipeError
 from core.spec import ModelSpec
-from experiments.common.dir_lock import output_locked
+from experiments.common.dir_lock import LOCK, dir_locked, output_locked
 from real.shards import read_index
 from tests.probes.conftest import raises_one_line, tiny_run
 
@@ -140,3 +142,27 @@ def test_make_checkpoints_head_dim_0_says_a_positive_integer(tmp_path: Path, cli
 @pytest.mark.parametrize("value", ["0", "x"])
 def test_an_integer_option_at_least_1_says_a_positive_integer(value: str) -> None:
     raises_one_line(lambda: as_int("jobs", value, at_least=1), f"jobs={value}", "positive integer")
+
+
+# --- 5. a stop while waiting for a run dir's lock another holds ---
+
+
+def test_a_stop_while_waiting_leaves_the_holders_lock_file_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.common import dir_lock
+
+    theirs = os.open(tmp_path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # another run's
+    fcntl.flock(theirs, fcntl.LOCK_EX)
+    flock = fcntl.flock
+
+    def stopped_while_waiting(fd: int, op: int) -> None:
+        if op == fcntl.LOCK_EX:  # the blocking wait: a Ctrl-C there
+            raise KeyboardInterrupt
+        flock(fd, op)
+
+    monkeypatch.setattr(dir_lock.fcntl, "flock", stopped_while_waiting)
+    with pytest.raises(KeyboardInterrupt), dir_locked(tmp_path):
+        pass
+    assert os.stat(tmp_path / LOCK).st_ino == os.fstat(theirs).st_ino  # the holder's, kept
+    os.close(theirs)
