@@ -44,11 +44,13 @@ from experiments.common.cli import (
     output_dir,
     print_or_exit,
 )
+from experiments.common.deferred import written_together
+from experiments.common.dir_lock import dir_locked
 from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.option_names import VALIDATE_LANES_OPTIONS, named_as
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import real_execute
-from experiments.common.run_dir import atomic_write_text
+from experiments.common.run_dir import OUTPUTS_BUSY
 from experiments.common.schema import DtypeOption
 from experiments.common.tables import markdown
 from planners.registry import planner_names
@@ -173,8 +175,9 @@ def _written(
     device: Any,
 ) -> str:
     """validate_lanes.csv and .md written into `out`, each whole or not at all (a full disk
-    left a cut-short table beside an earlier one lost); the table's heading line."""
-    atomic_write_text(out / "validate_lanes.csv", table.to_csv(index=False))
+    left a cut-short table beside an earlier one lost), and the two of one run: a stop or a
+    failure between them, or a second validate_lanes into `out`, left one run's csv beside
+    another's md. The table's heading line."""
     sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
     head = (
         f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
@@ -182,7 +185,10 @@ def _written(
         f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
         f"{repeats} real run(s)"
     )
-    atomic_write_text(out / "validate_lanes.md", f"# {head}\n\n{markdown(table.round(4))}\n")
+    csv, md = out / "validate_lanes.csv", out / "validate_lanes.md"
+    with dir_locked(out, OUTPUTS_BUSY), written_together(csv, md) as (csv_tmp, md_tmp):
+        csv_tmp.write_text(table.to_csv(index=False))
+        md_tmp.write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
     return head
 
 

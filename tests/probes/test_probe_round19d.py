@@ -166,3 +166,32 @@ def test_a_stop_while_waiting_leaves_the_holders_lock_file_to_it(
         pass
     assert os.stat(tmp_path / LOCK).st_ino == os.fstat(theirs).st_ino  # the holder's, kept
     os.close(theirs)
+
+
+# --- probed beyond the list: validate_lanes' two tables, written as one ---
+
+
+def test_validate_lanes_tables_are_both_new_or_both_earlier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure (a full disk) or a stop between validate_lanes.csv and .md left the new csv
+    beside the earlier md; two runs into one out= were not kept apart either."""
+    import errno
+    from types import SimpleNamespace as NS
+
+    import pandas as pd
+
+    from experiments import validate_lanes
+
+    for name in ("validate_lanes.csv", "validate_lanes.md"):
+        (tmp_path / name).write_text("earlier\n")
+
+    def full(table: Any) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(validate_lanes, "markdown", full)
+    gpu = NS(sm_mem_bw_bytes_per_s=1e9, mem_bw_bytes_per_s=1e9, sms=1)
+    stub = NS(name="m", total_bytes=1, gpu=gpu, batch_size=1, n_batches=1, prompt_len=1)
+    with pytest.raises(OSError, match="No space"):
+        validate_lanes._written(tmp_path, pd.DataFrame({"a": [1]}), stub, stub, stub, 2, 1, "cpu")
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["earlier\n", "earlier\n"]
