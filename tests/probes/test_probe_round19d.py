@@ -11,6 +11,8 @@ Classes:
 4. An integer option or model field at 0 "must be a positive number": "a positive integer".
 5. A stop while a command waits for a run dir's lock another holds: the `.run.lock` there is
    the holder's (it unlinks it as it lets go), left to it.
+6. Probed beyond the list: validate_lanes wrote its csv and md one after the other, unlocked
+   (a full disk or a stop between them left a new csv beside an earlier md): written together.
 """
 
 from __future__ import annotations
