@@ -75,26 +75,34 @@ ST_ITEM_BYTES = {
 ST_MAX_HEADER = 100_000_000  # safetensors refuses a larger header
 
 
+def _shard_size(path: Path) -> int:
+    """The bytes of shard `path`, a regular file: a FIFO would block the read, /dev/zero feed
+    it without end."""
+    kind = not_regular(path)
+    if kind:
+        raise ConfigError(f"{path}: {kind}; a checkpoint shard is a safetensors file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
+    return path.stat().st_size
+
+
 def read_header(path: Path) -> dict[str, TensorEntry]:
     """A safetensors file's tensors, its header checked by the format's rules (safetensors'
     `Metadata::validate`): an object of {dtype, shape, data_offsets} entries whose byte ranges
     match shape x dtype and tile the data exactly. Any breach is one ConfigError naming the
     file and the tensor; the library's own loader then opens it as a last check."""
-    kind = not_regular(path)  # a FIFO would block the read, /dev/zero feed it without end
-    if kind:
-        raise ConfigError(f"{path}: {kind}; a checkpoint shard is a safetensors file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: missing checkpoint shard; re-copy or rewrite the checkpoint")
-    size = path.stat().st_size
+    size = _shard_size(path)
     with open(path, "rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         first = f.read(1)  # a header is a JSON object: "{" (after JSON's whitespace)
         cut = n < 0 or 8 + n > size
         if n > ST_MAX_HEADER or (cut and first and first not in b"{ \t\r\n"):  # JSON, a zip
+            # a name no shard has (tokenizer.model) came from the index, not a bad copy
+            fix = "re-copy the checkpoint" if path.suffix == ".safetensors" else _NOT_A_SHARD
             raise ConfigError(
                 f"{path}: not a safetensors file (it starts {(head + first)!r}, not a header's "
-                "length and then its JSON object); re-copy the checkpoint"
+                f"length and then its JSON object); {fix}"
             )
         f.seek(8)
         if cut:
@@ -219,6 +227,9 @@ def _library_check(path: Path) -> None:
             pass
     except SafetensorError as e:
         raise ConfigError(f"{path}: safetensors refuses it ({e}); re-copy the checkpoint") from None
+
+
+_NOT_A_SHARD = "the index names a file that is not a shard: rewrite the index"
 
 
 def index_files(path: Path) -> list[str]:

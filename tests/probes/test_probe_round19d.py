@@ -6,8 +6,9 @@ Classes:
    would, and taken away again where nothing was written into it.
 2. replication and replication_cv said `skipped REL` without the sweep's path, and no count of
    the runs with an older summary.json: one helper and one wording with collect and report.
-3. A sharded index naming config.json or itself as a tensor's file was "not a safetensors
-   file; re-copy the checkpoint": it names a file that is not a shard; rewrite the index.
+3. A sharded index naming config.json or itself (or any file no shard is named as) as a
+   tensor's file was "not a safetensors file; re-copy the checkpoint": it names a file that is
+   not a shard; rewrite the index.
 4. An integer option or model field at 0 "must be a positive number": "a positive integer".
 5. A stop while a command waits for a run dir's lock another holds: the `.run.lock` there is
    the holder's (it unlinks it as it lets go), left to it.
@@ -31,7 +32,7 @@ from core.args import as_int
 from core.errors import MoepipeError
 from core.spec import ModelSpec
 from experiments.common.dir_lock import LOCK, dir_locked, output_locked
-from real.shards import read_index
+from real.shards import read_header, read_index
 from tests.probes.conftest import raises_one_line, tiny_run
 
 # --- 1. two writers of one output file in a folder not there yet ---
@@ -118,6 +119,19 @@ def test_an_index_naming_a_json_file_as_a_shard_says_rewrite_it(tmp_path: Path, 
     shard = "model-00001-of-00001.safetensors"
     index.write_text(json.dumps({"weight_map": {"lm_head.weight": shard, "w": named}}))
     raises_one_line(lambda: read_index(index), str(index), repr(named), "not a shard", "rewrite")
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [("tokenizer.model", "rewrite the index"), ("model.safetensors", "re-copy the checkpoint")],
+)
+def test_a_named_file_that_is_no_safetensors_says_what_fixes_it(
+    tmp_path: Path, name: str, fix: str
+) -> None:
+    """A shard's name came from the index: a file of another kind under a name no shard has
+    (tokenizer.model) is the index's mistake, which no re-copy fixes."""
+    (tmp_path / name).write_bytes(b"PK\x03\x04" + bytes(60))  # a zip, as torch.save's
+    raises_one_line(lambda: read_header(tmp_path / name), name, "not a safetensors file", fix)
 
 
 # --- 4. an integer at 0 is "a positive integer" ---
