@@ -95,6 +95,14 @@ def no_cwd() -> str | None:
     return None
 
 
+def address_space_limited() -> bool:
+    """Whether the shell limits this process's address space (`ulimit -v`)."""
+    if resource is None:
+        return False
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return soft not in (-1, resource.RLIM_INFINITY)
+
+
 def out_of_memory(e: BaseException) -> str | None:
     """The line for a failure to get memory (a MemoryError, or a library that could not map
     itself, as torch's libtorch_cpu.so under `ulimit -v`), naming the shell's limit on the
@@ -199,6 +207,12 @@ if AS_COMMAND:
     # once, as torch loads; kept where the user set it or asked for tracebacks.
     if "1" not in (os.environ.get("MOEPIPE_TRACEBACK"), os.environ.get("HYDRA_FULL_ERROR")):
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    if address_space_limited():
+        # pyarrow's default allocator (mimalloc) reserves address space for each of its
+        # threads: under `ulimit -v` (1.4 GB) a thread could not start, and reading a trace
+        # hung for good (it aborted in a bare `python`); the system allocator reserves none.
+        # Read once, as pyarrow loads; kept where the user set it.
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     # One rank of a torchrun launch (RANK, WORLD_SIZE set): killed with its agent, from its first
     # import on (a torchrun killed with SIGKILL left its ranks running the run on, holding the
     # terminal's output for minutes); where the agent died before this, ppid is init's already.

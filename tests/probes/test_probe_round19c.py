@@ -15,6 +15,8 @@ Classes:
    the file is unlinked where this process holds its lock.
 5. A read-only or full disk (EROFS, ENOSPC, EDQUOT, EFBIG) at a writing command's lock or
    its output's replace, as probed by hand on a remounted tmpfs: one line, nothing left.
+6. Under `ulimit -v`, reading a trace (pyarrow's threads, its allocator's reservations) hung
+   or was an internal error: commands under the limit take Arrow's system allocator.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pytest
 
 from experiments.common import run_dir, torchrun_rank
 from experiments.common.cli import error_line
+from tests.conftest import user_env
 from tests.probes.conftest import cli, one_line, tiny_run
 
 
@@ -98,6 +101,26 @@ def test_memory_out_while_a_command_imports_is_one_line() -> None:
     )
     assert r.returncode == 2, r.stderr
     one_line(r, "out of memory", "ulimit -v 250000")
+
+
+def test_a_trace_is_read_under_a_shells_memory_limit(tmp_path: Path) -> None:
+    """Under `ulimit -v` pyarrow's default allocator (mimalloc) could not start its reader's
+    threads, as it reserves address space for each: on the 2-core VM trace_json hung for good,
+    deaf to SIGTERM, at `ulimit -v 1464843`, and at 1600000 said an internal error ("Failed to
+    launch worker thread"). Commands under an address-space limit take Arrow's system
+    allocator. With the machine's thread count (the tests' one thread would hide it)."""
+    run = tiny_run(tmp_path / "run")
+    env = {k: v for k, v in user_env().items() if k != "OMP_NUM_THREADS"}
+    limit = (1_600_000 * 1024,) * 2
+    r = cli(
+        "experiments.trace_json",
+        f"runs={run}",
+        env=env,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, limit),
+    )
+    assert r.returncode == 0, r.stderr
+    assert (run / "trace.json").stat().st_size > 0
 
 
 # --- 3. a stop between the files of one result ---
