@@ -95,12 +95,13 @@ def no_cwd() -> str | None:
     return None
 
 
-def address_space_limited() -> bool:
-    """Whether the shell limits this process's address space (`ulimit -v`)."""
+def address_space_limit() -> int | None:
+    """The shell's limit on this process's address space (`ulimit -v`), in bytes; None where
+    there is none."""
     if resource is None:
-        return False
+        return None
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return soft not in (-1, resource.RLIM_INFINITY)
+    return None if soft in (-1, resource.RLIM_INFINITY) else soft
 
 
 def out_of_memory(e: BaseException) -> str | None:
@@ -115,8 +116,8 @@ def out_of_memory(e: BaseException) -> str | None:
         or "cannot allocate memory" in text.lower()
     ):
         return None
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else -1
-    if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+    soft = address_space_limit()
+    if soft is not None:
         return (
             f"out of memory under the shell's limit on this process's memory (ulimit -v "
             f"{soft // 1024}, in kB); raise it (ulimit -v unlimited) and run the command again"
@@ -207,7 +208,7 @@ if AS_COMMAND:
     # once, as torch loads; kept where the user set it or asked for tracebacks.
     if "1" not in (os.environ.get("MOEPIPE_TRACEBACK"), os.environ.get("HYDRA_FULL_ERROR")):
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    if address_space_limited():
+    if address_space_limit() is not None:
         # pyarrow's default allocator (mimalloc) reserves address space for each of its
         # threads: under `ulimit -v` (1.4 GB) a thread could not start, and reading a trace
         # hung for good (it aborted in a bare `python`); the system allocator reserves none.

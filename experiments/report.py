@@ -27,7 +27,7 @@ from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
-from experiments.common.tables import counted, load_sweep
+from experiments.common.tables import counted, load_sweep, shown
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,10 +89,9 @@ def warn_traceless(sweep_dir: Path, df: pd.DataFrame) -> None:
         for run_dir in lacking["run_dir"]:
             # a folder or FIFO in its place is named as such: "no trace.parquet" hid it
             there = no_file_there(sweep_dir / str(run_dir) / "trace.parquet")
-            shown = str(run_dir) if str(run_dir).isprintable() else repr(str(run_dir))
             print(
-                f"warning: {sweep_dir / shown}/trace.parquet: {there}; the report leaves "
-                "the run out of the Gantt figure (run it again to draw it)",
+                f"warning: {sweep_dir / shown(str(run_dir))}/trace.parquet: {there}; the report "
+                "leaves the run out of the Gantt figure (run it again to draw it)",
                 file=sys.stderr,
             )
 

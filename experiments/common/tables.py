@@ -424,7 +424,7 @@ def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
         row, problem = read_run(run)
         rel = str(run.relative_to(sweep))
         if problem:  # a newline in a folder's name split the line that names it
-            problems.append(f"{rel if rel.isprintable() else repr(rel)}: {problem}")
+            problems.append(f"{shown(rel)}: {problem}")
             continue
         assert row is not None
         rows.append({"run_dir": rel, **row})
@@ -502,6 +502,12 @@ def skipped_note(sweep: Path, problems: list[str]) -> str:
     return f": {sweep / problems[0]}{more}"
 
 
+def shown(name: str) -> str:
+    """A run dir's name as a line shows it: quoted where it holds a newline or another
+    character that does not print (one split the line that names it), else as it is."""
+    return name if name.isprintable() else repr(name)
+
+
 def counted(df: pd.DataFrame, problems: list[str]) -> str:
     """`N run(s), M skipped`, and the finished runs whose summary.json lacks a metric every run
     writes now (one of an older moepipe, written before the key was added): kept, a result,
@@ -516,7 +522,7 @@ def counted(df: pd.DataFrame, problems: list[str]) -> str:
     first = str(older["run_dir"].iloc[0])
     return (
         f"{said}, {len(older)} with an older summary.json "
-        f"({first if first.isprintable() else repr(first)}/"
+        f"({shown(first)}/"
         f"summary.json ...) without {', '.join(lacking)}: kept, those columns empty there"
     )
 
