@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +38,8 @@ SPLITS = {"test": 0, "validation": 1, "fold1": 1, "fold2": 2, "fold3": 3, "fold4
 # split -> the seq_id % 5 residue of its sequences
 N_EXPERTS = 64  # the ESFT trace's routed experts
 INPUTS = "inputs"  # in a run dir: the training tables its planner read
+# the params naming a training table a replication run writes into INPUTS as <param>.npy
+TABLES = ("initial_load", "table", "prior_scenarios", "task_load")
 
 
 def residue(split: str) -> int:
@@ -237,7 +239,7 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
     `replication.params` (a row's own), which win."""
     rep = block(cfg)
     assert rep is not None
-    own = check_block(rep, spec)
+    check_block(rep, spec)
     wl, names = spec.workload, param_names(spec.planner)
     inputs = out_dir / INPUTS
     inputs.mkdir(parents=True, exist_ok=True)
@@ -257,10 +259,7 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
         routing, load, trans = synthetic_split(spec.model, wl)
         files.update(initial_load=load, table=trans)
     routing.check_fits(spec.model, wl)
-    params = dict(spec.params)
-    if "initial_load" in names:  # the same budget and training load for every planner
-        params["replica_slots"] = int(rep.get("replica_slots", 2))
-    params.update(own)
+    params = block_params(rep, spec.planner, spec.params)
     for key, array in files.items():
         if key in names and not params.get(key) and wanted(key, params):
             path = inputs / f"{key}.npy"
@@ -293,8 +292,7 @@ def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
             f"this case's routing is {rep['routing']}, which has none; drop it, or run an "
             "ESFT case (experiment=replication_esft_g8)"
         )
-    # a planner's entry or the row's params null: none of its own (`eplb: null`, as `{}`)
-    own = {**((rep.get("planners") or {}).get(spec.planner) or {}), **(rep.get("params") or {})}
+    own = own_params(rep, spec.planner)
     if "replica_slots" in own:  # the planners compare at one budget
         raise ConfigError(
             f"replication: {rep.get('label') or spec.planner} sets replica_slots="
@@ -309,6 +307,22 @@ def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
             f"replication.planners.{spec.planner}.predictor=window"
         )
     return own
+
+
+def own_params(rep: dict[str, Any], planner: str) -> dict[str, Any]:
+    """The planner params the block sets: `replication.planners.<planner>`, then a row's
+    `replication.params`, which win (an entry null: none of its own, as `{}`)."""
+    return {**((rep.get("planners") or {}).get(planner) or {}), **(rep.get("params") or {})}
+
+
+def block_params(rep: dict[str, Any], planner: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The planner params a replication run runs and records in its summary, but its training
+    files (`TABLES`, written into its run dir): the config's `params`, the one replica budget
+    where the planner takes training loads, then the block's own (`own_params`)."""
+    out = dict(params)
+    if "initial_load" in param_names(planner):  # the same budget for every planner
+        out["replica_slots"] = int(rep.get("replica_slots", 2))
+    return out | own_params(rep, planner)
 
 
 def written_as(rep: dict[str, Any], planner: str) -> dict[str, str]:

@@ -20,6 +20,8 @@ from core.routing import peek_suffix
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from experiments.common.deferred import written_together
 from experiments.common.dir_lock import dir_locked
+from experiments.common.run_config import REPEATED, config_disagrees, flatten
+from experiments.common.run_config import short as _short
 from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 from experiments.common.summary_keys import plan_problem
 
@@ -55,32 +57,6 @@ SYSTEM = "system"  # a run's planner as every table, figure and log names it (di
 
 
 CONF = Path(__file__).resolve().parents[2] / "conf"  # conf/planner/<choice>.yaml
-# summary.json keys that repeat a config.yaml column (summary key -> that column)
-REPEATED = {
-    "planner": "planner.name",
-    "executor": "executor.name",
-    "model": "model.name",
-    "hardware": "hardware.name",
-    "batch_size": "workload.batch_size",
-    "prompt_len": "workload.prompt_len",
-    "gen_len": "workload.gen_len",
-    "params": "planner.params",
-}
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> dotted keys; lists -> JSON strings; scalars as they are."""
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict):
-                out.update(flatten(v, key))
-            elif isinstance(v, list | tuple):
-                out[key] = json.dumps(v)
-            else:
-                out[key] = v
-    return out
 
 
 def run_dirs(sweep_dir: Path) -> list[Path]:
@@ -147,12 +123,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     # a repeated key under its config column's name, kept where the config lacks that column
     repeated = flatten({REPEATED[k]: v for k, v in summary.items() if k in REPEATED})
     cfg = flatten(config)
-    for key in ("workload.batch_size", "workload.prompt_len", "workload.gen_len"):
-        if key in cfg and key in repeated and cfg[key] != repeated[key]:  # an edited config
-            return None, (
-                f"config.yaml's {key} is {cfg[key]!r} where the run's summary has "
-                f"{repeated[key]!r}: not the config it ran; {rerun}"
-            )
+    disagree = config_disagrees(config, summary)
+    if disagree:  # an edited config, or a run dir put together by hand
+        return None, f"{disagree}: not the config it ran; {rerun}"
     edited = edited_since_run(run, ("summary.json", "config.yaml"))
     if edited:  # a hand-edited metric would be tabulated as the run's (its trace: figures')
         return None, f"{edited}; {rerun}"
@@ -365,12 +338,6 @@ def check_result(summary: dict[str, Any]) -> None:
             f"the run's {problem[0]} came out as {problem[1]}: its hardware, model or workload "
             "holds a value beyond what the simulator models; check them"
         )
-
-
-def _short(value: Any) -> str:
-    """`value`'s repr, cut to fit a line (an int of 400 digits, a long list)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _why(e: Exception) -> str:

@@ -1,0 +1,104 @@
+"""What a run dir's summary.json records of its config, checked against its config.yaml: a run
+writes both from one config, so a field they disagree on is an edited config or a run dir put
+together by hand (`collect`, `report` and `replication` skip it, naming the field)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.errors import MoepipeError
+
+# summary.json keys that repeat a config.yaml column (summary key -> that column)
+REPEATED = {
+    "planner": "planner.name",
+    "executor": "executor.name",
+    "model": "model.name",
+    "hardware": "hardware.name",
+    "batch_size": "workload.batch_size",
+    "prompt_len": "workload.prompt_len",
+    "gen_len": "workload.gen_len",
+    "params": "planner.params",
+}
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> dotted keys; lists -> JSON strings; scalars as they are."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                out.update(flatten(v, key))
+            elif isinstance(v, list | tuple):
+                out[key] = json.dumps(v)
+            else:
+                out[key] = v
+    return out
+
+
+# summary.json's keys a run writes from its config as config.yaml holds them: the model is
+# the one that ran (a checkpoint's), which config.yaml's model.name need not name
+AS_CONFIGURED = tuple(k for k in REPEATED if k not in ("model", "params"))
+
+
+def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """Where a run's summary.json records a field of its config (the planner, its executor and
+    hardware, the workload's sizes, each of the planner's `params`) other than its config.yaml
+    holds, the first such field in words; None where they agree."""
+    cfg = flatten(config)
+    for key in AS_CONFIGURED:
+        if key in summary and REPEATED[key] in cfg and not _same(cfg[REPEATED[key]], summary[key]):
+            return _differs(REPEATED[key], cfg[REPEATED[key]], key, summary[key])
+    params = summary.get("params")
+    if not isinstance(params, dict):  # an older summary's, without them: nothing to compare
+        return None
+    planner = config.get("planner")
+    planner = planner if isinstance(planner, dict) else {}
+    given = planner.get("params")
+    given = dict(given) if isinstance(given, dict) else {}
+    rep = config.get("replication")
+    if isinstance(rep, dict) and rep.get("routing"):  # a replication run: its block's too
+        from experiments.common import ep_inputs  # (planners' registry: only where needed)
+
+        try:
+            given = ep_inputs.block_params(rep, str(planner.get("name")), given)
+        except (MoepipeError, ValueError, TypeError, AttributeError):
+            return "config.yaml's replication block is not one a run reads"
+        tables = {k: f"{ep_inputs.INPUTS}/{k}.npy" for k in ep_inputs.TABLES}
+        for key, path in tables.items():  # the training tables it wrote into its run dir
+            if not given.get(key) and str(params.get(key, "")).endswith(path):
+                given[key] = params[key]
+    for key in sorted(given.keys() | params.keys(), key=str):
+        if not (key in given and key in params and _same(given[key], params[key])):
+            return _differs(
+                f"planner.params.{key}",
+                given.get(key, _NONE),
+                f"params.{key}",
+                params.get(key, _NONE),
+            )
+    return None
+
+
+_NONE = object()  # a key a mapping does not hold
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The one value written twice (YAML, JSON): true is not 1, and 2 is 2.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _differs(key: str, given: Any, summary_key: str, ran: Any) -> str:
+    said = f"has no {key}" if given is _NONE else f"'s {key} is {short(given)}"
+    has = f"has no {summary_key}" if ran is _NONE else f"has {summary_key} {short(ran)}"
+    return f"config.yaml{' ' if given is _NONE else ''}{said} where the run's summary.json {has}"
+
+
+def short(value: Any) -> str:
+    """`value`'s repr, cut to fit a line (an int of 400 digits, a long list)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."

@@ -1,0 +1,80 @@
+"""Probe round 20a (issue 48): the leftovers of round 19, each fixed as a class.
+
+Classes:
+1. A run dir made by hand (no files.sha256) whose summary.json records a config field other
+   than its config.yaml holds (the planner's `params`, its executor, its hardware) was
+   collected: only the workload's sizes were compared. Every field summary.json records from
+   the config is, as the run wrote it (a replication run's block params too): collect,
+   report and replication skip such a dir, in their one skipped line, naming the field.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from experiments.common.tables import collect
+from tests.probes.conftest import tiny_run
+
+# --- 1. a hand-made run dir whose summary records a config field its config.yaml does not ---
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run, without its files.sha256: as a run dir put together by hand."""
+    run = tiny_run(tmp_path_factory.mktemp("made") / "a")
+    (run / "files.sha256").unlink()
+    return run
+
+
+def _edited(made: Path, to: Path, edit: Any) -> Path:
+    run = Path(shutil.copytree(made, to / "sweep" / "r"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    edit(config)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda c: c["planner"]["params"].update(sync=False), "planner.params.sync is False"),
+        (lambda c: c["planner"]["params"].update(sync=1), "planner.params.sync is 1"),
+        (lambda c: c["planner"]["params"].update(extra=3), "planner.params.extra is 3"),
+        (lambda c: c["planner"].update(params={}), "has no planner.params.sync"),
+        (lambda c: c["hardware"].update(name="other"), "hardware.name is 'other'"),
+        (lambda c: c["executor"].update(name="real"), "executor.name is 'real'"),
+    ],
+)
+def test_a_config_field_its_summary_records_otherwise_is_skipped(
+    made: Path, tmp_path: Path, edit: Any, said: str
+) -> None:
+    _edited(made, tmp_path, edit)
+    df, problems = collect(tmp_path / "sweep")
+    assert df.empty and len(problems) == 1, problems
+    assert problems[0].startswith("r: config.yaml") and said in problems[0], problems[0]
+    assert "summary.json has" in problems[0] and "not the config it ran" in problems[0]
+
+
+def test_a_config_that_agrees_with_its_summary_is_collected(made: Path, tmp_path: Path) -> None:
+    _edited(made, tmp_path, lambda c: c["planner"]["params"].update(sync=True))
+    df, problems = collect(tmp_path / "sweep")
+    assert len(df) == 1 and not problems
+
+
+def test_a_replication_runs_block_params_are_read_as_it_ran(tmp_path: Path) -> None:
+    """A replication run's summary holds the params its block set and the tables it wrote
+    into its run dir (wherever the sweep was moved since), beside its config's."""
+    from experiments.common.tables import config_disagrees
+
+    rep = {"routing": "synthetic", "replica_slots": 3, "planners": {"eplb": {"window": 8}}}
+    config = {"planner": {"name": "eplb", "params": {"interval": 4}}, "replication": rep}
+    ran = {"interval": 4, "window": 8, "replica_slots": 3}
+    ran |= {"initial_load": "/moved/r/inputs/initial_load.npy"}
+    assert config_disagrees(config, {"params": ran}) is None
+    said = config_disagrees(config, {"params": ran | {"window": 16}})
+    assert said and "planner.params.window is 8" in said and "params.window 16" in said
