@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,20 +61,25 @@ CONF = Path(__file__).resolve().parents[2] / "conf"  # conf/planner/<choice>.yam
 
 
 def run_dirs(sweep_dir: Path) -> list[Path]:
-    """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary."""
+    """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary,
+    found in one walk of the sweep. A run dir linked into it (ln -s) is one too: the walk does
+    not follow the link (a loop of links would never end), and it went unsaid. A hidden folder
+    is no run, nor is anything under one: hydra's record (.hydra/, with the kept record of a
+    run's result inside), a run's staging (`.partial-*`) or its earlier result set aside while
+    the new one moves in (`.previous`), which a killed run leaves until the next run there puts
+    it back."""
     marks = ("summary.json", "config.yaml", ".hydra")
-    found = {p.parent for m in marks for p in sweep_dir.rglob(m)}
-    # a run dir linked into the sweep (ln -s): rglob does not follow it, and it went unsaid
-    found |= {
-        p for p in sweep_dir.rglob("*") if p.is_symlink() and any((p / m).exists() for m in marks)
-    }
-    # a hidden folder is no run: hydra's record (.hydra/, with the kept record of a run's result
-    # inside), a run's staging (`.partial-*`) or its earlier result set aside while the new one
-    # moves in (`.previous`), which a killed run leaves until the next run there puts it back
-    found = {d for d in found if not any(n.startswith(".") for n in d.relative_to(sweep_dir).parts)}
+    found = []
+    for top, dirs, files in os.walk(sweep_dir):
+        here = Path(top)
+        if any(m in dirs or m in files for m in marks):
+            found.append(here)
+        linked = [here / n for n in dirs if not n.startswith(".") and (here / n).is_symlink()]
+        found += [d for d in linked if any((d / m).exists() for m in marks)]
+        dirs[:] = [n for n in dirs if not n.startswith(".")]
     for d in found:  # what killed writers left half done goes (as the next writer would)
         clear_leftovers(d)
-    return sorted(found)
+    return sorted(set(found))
 
 
 def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:

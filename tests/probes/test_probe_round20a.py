@@ -6,18 +6,22 @@ Classes:
    collected: only the workload's sizes were compared. Every field summary.json records from
    the config is, as the run wrote it (a replication run's block params too): collect,
    report and replication skip such a dir, in their one skipped line, naming the field.
+6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
+   for linked run dirs): one walk, the same run dirs.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from experiments.common.tables import collect
+from experiments.common.tables import collect, run_dirs
 from tests.probes.conftest import tiny_run
 
 # --- 1. a hand-made run dir whose summary records a config field its config.yaml does not ---
@@ -78,3 +82,28 @@ def test_a_replication_runs_block_params_are_read_as_it_ran(tmp_path: Path) -> N
     assert config_disagrees(config, {"params": ran}) is None
     said = config_disagrees(config, {"params": ran | {"window": 16}})
     assert said and "planner.params.window is 8" in said and "params.window 16" in said
+
+
+# --- 6. one walk of the sweep ---
+
+
+def test_run_dirs_walks_each_folder_once(made: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    """A sweep of a run, a nested sweep's run, a linked run dir and a hidden folder (a
+    staging's, holding a config.yaml): the same run dirs, each folder listed once."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(made, sweep / "a")
+    shutil.copytree(made, sweep / "nested" / "b")
+    os.symlink(made, sweep / "linked")
+    (sweep / ".partial-x").mkdir()
+    (sweep / ".partial-x" / "config.yaml").write_text("a: 1\n")
+    real, listed = os.scandir, Counter[str]()
+
+    def counted(path: Any = ".") -> Any:
+        listed[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    found = run_dirs(sweep)
+    monkeypatch.undo()
+    assert [p.relative_to(sweep).as_posix() for p in found] == ["a", "linked", "nested/b"]
+    assert listed and max(listed.values()) == 1, listed
