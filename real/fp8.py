@@ -51,6 +51,7 @@ def attach_scales(
                 f"weight_block_size {list(block)} over {quoted(weight)} {list(e.shape)} makes "
                 f"float32 {list(grid)}: fix quantization_config or re-copy the checkpoint"
             )
+        _check_scales(name, scale)
         index[weight] = replace(e, scale=scale, block=block)
     bare = sorted(n for n, e in index.items() if e.dtype == FP8 and e.scale is None)
     if bare:
@@ -60,6 +61,22 @@ def attach_scales(
             f"{quoted(bare[0] + SCALE_SUFFIX)} ({len(bare)} such); re-copy the checkpoint"
         )
     return [n for n in listed if not n.endswith(SCALE_SUFFIX)]
+
+
+def _check_scales(name: str, scale: TensorEntry) -> None:
+    """One line for a block scale that is 0, negative, NaN or infinite: transformers would
+    multiply the block by it; no quantizer writes one (a block's scale is its largest magnitude
+    over FP8's, > 0 and finite). Read once, as the checkpoint is opened: a grid is 1/16384th
+    of its weight's values."""
+    values = read_tensor(scale)  # [rows/br, columns/bc] float32
+    bad = ~(torch.isfinite(values) & (values > 0))
+    if bool(bad.any()):
+        at = [int(i) for i in bad.nonzero()[0]]
+        raise ConfigError(
+            f"{scale.file}: tensor {quoted(name)} holds {float(values[tuple(at)])} at block {at} "
+            f"({int(bad.sum())} such), where a scale is a finite number > 0; re-copy or "
+            "re-quantize the checkpoint"
+        )
 
 
 def _check_matrix(name: str, e: TensorEntry) -> None:

@@ -6,6 +6,8 @@ Classes:
    collected: only the workload's sizes were compared. Every field summary.json records from
    the config is, as the run wrote it (a replication run's block params too): collect,
    report and replication skip such a dir, in their one skipped line, naming the field.
+2. An FP8 `weight_scale_inv` of 0, a negative, NaN or infinity was accepted (transformers
+   would multiply by it): one line naming the tensor, the block and the file, at the open.
 6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
    for linked run dirs): one walk, the same run dirs.
 """
@@ -22,7 +24,7 @@ import pytest
 import yaml
 
 from experiments.common.tables import collect, run_dirs
-from tests.probes.conftest import tiny_run
+from tests.probes.conftest import raises_one_line, tiny_run
 
 # --- 1. a hand-made run dir whose summary records a config field its config.yaml does not ---
 
@@ -82,6 +84,37 @@ def test_a_replication_runs_block_params_are_read_as_it_ran(tmp_path: Path) -> N
     assert config_disagrees(config, {"params": ran}) is None
     said = config_disagrees(config, {"params": ran | {"window": 16}})
     assert said and "planner.params.window is 8" in said and "params.window 16" in said
+
+
+# --- 2. an FP8 block scale that is no finite number > 0 ---
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
+def test_an_fp8_scale_that_is_no_finite_positive_number_is_one_line(
+    tmp_path: Path, bad: float
+) -> None:
+    import torch
+
+    from real.fp8 import attach_scales
+    from real.shards import read_header, save_shard
+
+    file = tmp_path / "model.safetensors"
+    scale = torch.ones(2, 2)
+    scale[1, 0] = bad
+    w = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    save_shard({"w.weight": w, "w.weight_scale_inv": scale}, file, {"format": "pt"})
+    index = read_header(file)
+    raises_one_line(
+        lambda: attach_scales(index, list(index), (8, 8)),
+        str(file),
+        "tensor w.weight_scale_inv holds",
+        "block [1, 0]",
+        "a finite number > 0",
+    )
+    scale[1, 0] = 0.25  # a scale as a quantizer writes it
+    save_shard({"w.weight": w, "w.weight_scale_inv": scale}, file, {"format": "pt"})
+    index = read_header(file)
+    assert attach_scales(index, list(index), (8, 8)) == ["w.weight"]
 
 
 # --- 6. one walk of the sweep ---
