@@ -396,7 +396,15 @@ def model_files_line(cfg: DictConfig) -> str:
     h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
     index = config.parent / "model.safetensors.index.json"
     h.update(index.read_bytes() if index.is_file() else b"")
-    for f in sorted(config.parent.glob("*.safetensors")):
+    if real:  # the weights' files it reads (a stray file beside them is read by no one)
+        from experiments.common.real_run import read_files  # (torch: a real run's only)
+
+        weights = [
+            config.parent / n for n in read_files(config.parent) if n.endswith(".safetensors")
+        ]
+    else:
+        weights = sorted(config.parent.glob("*.safetensors"))
+    for f in weights:
         h.update(f"{f.name} {_version(f)}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 

@@ -45,6 +45,7 @@ from real.checkpoint import INDEX_FILE, Unit, hf_config, load_checkpoint, run_dt
 from real.distributed import Peers
 from real.executor import Executor
 from real.model import Model, live_routing
+from real.shards import weight_files
 from real.state import RunOutput, resident_units, unit_of
 from real.store import TieredStore, resolve_device
 
@@ -187,21 +188,33 @@ FileState = tuple[int, int, int, int, int]
 
 def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
     """The checkpoint folder's files a run reads (config.json, the safetensors index, the
-    weights' files), each as `FileState`; {} where the folder cannot be listed (the run's
-    reading it says why)."""
+    weights' files it names: `read_files`), each as `FileState`; {} where the folder cannot
+    be listed (the run's reading it says why)."""
     out = {}
-    try:
-        names = sorted(f.name for f in Path(ckpt).iterdir())
-    except OSError:
-        return {}
-    for name in names:
-        if name.endswith(".safetensors") or name in ("config.json", INDEX_FILE):
-            try:
-                st = (Path(ckpt) / name).stat()
-            except OSError:  # gone meanwhile: missing from the state, a change
-                continue
-            out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    for name in read_files(Path(ckpt)):
+        try:
+            st = (Path(ckpt) / name).stat()
+        except OSError:  # gone meanwhile: missing from the state, a change
+            continue
+        out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return out
+
+
+def read_files(ckpt: Path) -> list[str]:
+    """The names of the files checkpoint `ckpt` is read from: config.json, its index and the
+    weights' files it names, or its one model.safetensors (`weight_files`). A safetensors file
+    beside them that none names (an earlier sharding's) is read by no one: rewritten while a
+    run reads the checkpoint, it changed nothing the run read. Where the index cannot be read,
+    every safetensors file (the run's reading it says why)."""
+    try:
+        names = sorted(f.name for f in ckpt.iterdir())
+    except OSError:
+        return []
+    try:
+        weights = set(weight_files(ckpt))
+    except (MoepipeError, OSError, ValueError):
+        weights = {n for n in names if n.endswith(".safetensors")}
+    return [n for n in names if n in weights or n in ("config.json", INDEX_FILE)]
 
 
 def unchanged_since(ckpt: str | Path, before: dict[str, FileState]) -> None:

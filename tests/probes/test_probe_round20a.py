@@ -8,12 +8,16 @@ Classes:
    report and replication skip such a dir, in their one skipped line, naming the field.
 2. An FP8 `weight_scale_inv` of 0, a negative, NaN or infinity was accepted (transformers
    would multiply by it): one line naming the tensor, the block and the file, at the open.
+3. A stray safetensors file in a checkpoint folder (one the index does not name) counted in the
+   checkpoint's change check: rewritten during a run, it failed the run. Only the files the
+   checkpoint is read from count (config.json, the index, the weights' files it names).
 6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
    for linked run dirs): one walk, the same run dirs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections import Counter
@@ -23,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from core.errors import MoepipeError
 from experiments.common.tables import collect, run_dirs
 from tests.probes.conftest import raises_one_line, tiny_run
 
@@ -115,6 +120,32 @@ def test_an_fp8_scale_that_is_no_finite_positive_number_is_one_line(
     save_shard({"w.weight": w, "w.weight_scale_inv": scale}, file, {"format": "pt"})
     index = read_header(file)
     assert attach_scales(index, list(index), (8, 8)) == ["w.weight"]
+
+
+# --- 3. a stray safetensors file is none of the checkpoint's ---
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_stray_safetensors_file_rewritten_is_no_change(
+    tiny_ckpt: Path, tmp_path: Path, indexed: bool
+) -> None:
+    from experiments.common.real_run import checkpoint_files, unchanged_since
+    from real.shards import INDEX_FILE, read_header
+
+    ck = Path(shutil.copytree(tiny_ckpt, tmp_path / "ck"))
+    if indexed:  # an index naming the one file
+        names = read_header(ck / "model.safetensors")
+        wmap = dict.fromkeys(names, "model.safetensors")
+        (ck / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    stray = ck / "model-00001-of-00002.safetensors"
+    shutil.copyfile(ck / "model.safetensors", stray)
+    before = checkpoint_files(ck)
+    assert stray.name not in before and "model.safetensors" in before
+    stray.write_bytes(b"rewritten")
+    unchanged_since(ck, before)  # no change the run read
+    os.utime(ck / "config.json")  # a file it reads: its change time moves
+    with pytest.raises(MoepipeError, match="config.json: changed while the run read"):
+        unchanged_since(ck, before)
 
 
 # --- 6. one walk of the sweep ---
