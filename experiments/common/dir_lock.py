@@ -7,7 +7,9 @@ filesystem) are kept apart too. A second run into the dir makes the dir and its 
 they are not there, then waits. The holder unlinks the file as it lets go (and may have removed
 the whole dir before): a waiter that then gets the lock on the unlinked file sees that the path
 names another file, or none, and tries again (the usual way to remove an flock's file safely).
-A process killed with SIGKILL leaves the file, whose lock died with it.
+A process killed with SIGKILL leaves the file, whose lock died with it. A stop (SIGINT,
+SIGTERM) leaves none, wherever it comes: each lock's open is inside the block that lets it
+go, and a file a stop made before its fd was kept is unlinked where it is free.
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ def dir_locked(out_dir: Path, busy: str = "another run is writing this run dir")
     if key in _HELD:
         yield
         return
-    fd = _acquire(out_dir, busy)
+    held: list[int] = []  # the lock file's fd, put there before its flock is taken
     try:
+        _acquire(out_dir, busy, held)
         _HELD.add(key)
         yield
     finally:
         _HELD.discard(key)
-        (out_dir / LOCK).unlink(missing_ok=True)  # before the lock goes: a waiter then retries
-        os.close(fd)
+        _let_go(out_dir / LOCK, held)  # unlinked before the lock goes: a waiter then retries
 
 
 @contextmanager
@@ -50,53 +52,75 @@ def held_if_free(out_dir: Path) -> Iterator[bool]:
     run killed with SIGKILL left is free), False where a process does, this one included, or
     `out_dir` is not there. Never waits, and never makes the dir: a sweep stopped takes away
     its points' dirs that hold no result, but not one another sweep's run is writing."""
-    path = out_dir / LOCK
+    path, held = out_dir / LOCK, []
     if str(out_dir.resolve()) in _HELD or not out_dir.is_dir():
         yield False
         return
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # the dir went, or cannot be written: nothing to take away here
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        free = os.stat(path).st_ino == os.fstat(fd).st_ino
-    except OSError:  # held (BlockingIOError), or unlinked by its holder as it let go
-        free = False
-    try:
+    try:  # the open inside: a stop as it returned left a lock file no one unlinked
+        try:
+            _open_into(path, held)
+            fcntl.flock(held[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = os.stat(path).st_ino == os.fstat(held[0]).st_ino
+        except OSError:  # the dir went or cannot be written, the lock is held (BlockingIOError)
+            free = False  # or its holder unlinked the file as it let go
         yield free
     finally:
-        if free:
-            path.unlink(missing_ok=True)
-        os.close(fd)
+        _let_go(path, held)  # unlinked where it was free (then ours); left to its holder
 
 
-def _acquire(out_dir: Path, busy: str) -> int:
-    """An fd of `out_dir`'s lock file holding its flock, the path still naming that file."""
+def _acquire(out_dir: Path, busy: str, held: list[int]) -> None:
+    """`held` = [an fd of `out_dir`'s lock file holding its flock, the path still naming that
+    file]. The fd is in `held` from its open on (before its flock), so that a stop at any
+    point leaves the caller what it must let go (`_let_go`)."""
     path, told = out_dir / LOCK, False
     while True:
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            _open_into(path, held)
         except FileNotFoundError:  # the dir went (its holder removed it) since the mkdir
             continue
+        fd = held[0]
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not told:
-                    print(f"{out_dir}: {busy}; waiting for it to end", flush=True)
-                    told = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not told:
+                print(f"{out_dir}: {busy}; waiting for it to end", flush=True)
+                told = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
+                return
         except FileNotFoundError:  # its holder unlinked it, or removed the dir, as it let go
             pass
-        except BaseException:  # a stop as it waited, or once it held the lock: no file left
-            _unlink_if_held(path, fd)
-            os.close(fd)
-            raise
+        held.clear()
+        os.close(fd)
+
+
+def _open_into(path: Path, held: list[int]) -> None:
+    """Open (making it) the lock file `path` into `held`. A stop (SIGINT, SIGTERM) comes
+    between bytecodes: one as `os.open` returned, before its fd was kept, made a lock file no
+    one would unlink; that one, free, goes (`_unlink_if_free`)."""
+    try:
+        held[:] = [os.open(path, os.O_RDWR | os.O_CREAT, 0o644)]
+    except OSError:
+        raise
+    except BaseException:
+        if not held:
+            _unlink_if_free(path)
+        raise
+
+
+def _let_go(path: Path, held: list[int]) -> None:
+    """Let the lock file `path` go, `held` its fd where it was opened: unlinked where this
+    process holds its lock or none does (a stop as the lock was taken), then closed; one
+    another process holds is left to it."""
+    if not held:
+        _unlink_if_free(path)
+        return
+    fd = held.pop()
+    try:
+        _unlink_if_held(path, fd)
+    finally:
         os.close(fd)
 
 
@@ -111,17 +135,16 @@ def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
     the block left nothing in it."""
     path = Path(out)
     lock = path.parent / f".{path.name}.lock"
-    made = _made_folders(path.parent)
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        _remove_empty(made)
-        yield
-        return
-    try:
+    made, held = _made_folders(path.parent), []
+    try:  # the open inside: a stop as it returned left a lock file no one unlinked
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            mine = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            _open_into(lock, held)
+        except OSError:
+            held.clear()
+        try:
+            if held:
+                fcntl.flock(held[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mine = not held or os.stat(lock).st_ino == os.fstat(held[0]).st_ino
         except OSError:  # held (BlockingIOError), or unlinked by its holder as it let go
             mine = False
         if not mine:
@@ -129,12 +152,9 @@ def output_locked(out: str | Path, key: str, command: str) -> Iterator[None]:
                 f"{key}={out}: another {command} is writing this file now (it holds "
                 f"{lock.name} beside it); run once it has ended, or pass another {key}="
             )
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)  # before the lock goes, as dir_locked's
+        yield
     finally:
-        os.close(fd)
+        _let_go(lock, held)  # unlinked before the lock goes, as dir_locked's
         _remove_empty(made)
 
 
@@ -158,6 +178,19 @@ def _remove_empty(made: list[Path]) -> None:
             p.rmdir()
         except OSError:  # a file in it (the command's output), or gone already
             return
+
+
+def _unlink_if_free(path: Path) -> None:
+    """Unlink the lock file `path` where no process holds its lock: one a stop left as it was
+    made, before its fd was kept (an open file of no lock holds none)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # not there (or not ours to open): nothing to take away
+        return
+    try:
+        _unlink_if_held(path, fd)
+    finally:
+        os.close(fd)
 
 
 def _unlink_if_held(path: Path, fd: int) -> None:

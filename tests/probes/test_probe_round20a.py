@@ -11,6 +11,9 @@ Classes:
 3. A stray safetensors file in a checkpoint folder (one the index does not name) counted in the
    checkpoint's change check: rewritten during a run, it failed the run. Only the files the
    checkpoint is read from count (config.json, the index, the weights' files it names).
+5. A stop (SIGINT, SIGTERM) as a lock's `os.open` returned, before its fd was kept, left a free
+   lock file (dir_locked, held_if_free, output_locked): the open is inside the block that
+   lets the lock go, and the file a stop left unkept, free, goes.
 6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
    for linked run dirs): one walk, the same run dirs.
 """
@@ -28,6 +31,8 @@ import pytest
 import yaml
 
 from core.errors import MoepipeError
+from experiments.common import dir_lock
+from experiments.common.dir_lock import LOCK, dir_locked, held_if_free, output_locked
 from experiments.common.tables import collect, run_dirs
 from tests.probes.conftest import raises_one_line, tiny_run
 
@@ -146,6 +151,49 @@ def test_a_stray_safetensors_file_rewritten_is_no_change(
     os.utime(ck / "config.json")  # a file it reads: its change time moves
     with pytest.raises(MoepipeError, match="config.json: changed while the run read"):
         unchanged_since(ck, before)
+
+
+# --- 5. a stop as a lock's open returned ---
+
+
+def _stop_after_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`os.open` in dir_lock opens, then a stop comes before its fd is kept (once)."""
+    real, calls = os.open, []
+
+    def opened_then_stopped(*a: Any) -> int:
+        fd = real(*a)
+        if not calls:
+            calls.append(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(dir_lock.os, "open", opened_then_stopped)
+
+
+def _enter(cm: Any) -> None:
+    with cm:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("take", "lock"),
+    [
+        (lambda d: _enter(dir_locked(d)), LOCK),
+        (lambda d: _enter(held_if_free(d)), LOCK),
+        (lambda d: _enter(output_locked(d / "out.json", "out", "c")), ".out.json.lock"),
+    ],
+    ids=["dir_locked", "held_if_free", "output_locked"],
+)
+def test_a_stop_as_a_locks_open_returned_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, take: Any, lock: str
+) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    _stop_after_open(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        take(d)
+    monkeypatch.undo()
+    assert list(d.iterdir()) == [], f"{lock} left"
 
 
 # --- 6. one walk of the sweep ---
