@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core.bubbles import top_cause
@@ -56,8 +57,13 @@ class ReportError(ValueError):
 
 
 def numeric_columns(df: pd.DataFrame) -> list[str]:
+    """The columns a figure can draw as a metric: numbers, not true/false (has_trace, a flag),
+    which pandas counts as numeric and a figure drew as 0 and 1."""
+    types = pd.api.types
     return sorted(
-        c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and df[c].notna().any()
+        c
+        for c in df.columns
+        if types.is_numeric_dtype(df[c]) and not types.is_bool_dtype(df[c]) and df[c].notna().any()
     )
 
 
@@ -76,9 +82,14 @@ def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
     if metric not in valid_metrics:
         # the list names what the runs measured: a config key (hardware.n_gpus) or a flag
         # (skip_finished) is taken, but is no metric to offer
-        measured = [c for c in valid_metrics if not c.startswith(CONFIG) and df[c].dtype != bool]
+        measured = [c for c in valid_metrics if not c.startswith(CONFIG)]
+        said = (
+            f"metric {metric!r} is a column of {_kind(df[metric])}, not of numbers a figure draws; "
+            if metric in df.columns
+            else f"unknown metric {metric!r}; {did_you_mean(metric, valid_metrics)}"
+        )
         raise ReportError(
-            f"unknown metric {metric!r}; {did_you_mean(metric, valid_metrics)}"
+            f"{said}"
             f"the runs' metrics: {', '.join(measured)} (a "
             "numeric config key, e.g. model.top_k, is taken too)"
         )
@@ -88,6 +99,14 @@ def check_request(df: pd.DataFrame, metric: str, columns: list[str]) -> None:
             f"unknown column(s) {', '.join(bad)}; {did_you_mean(bad[0], df.columns)}"
             f"valid: {', '.join(sorted(df.columns))}"
         )
+
+
+def _kind(col: pd.Series) -> str:
+    """What a column that is no metric holds, in words."""
+    present = col.dropna()
+    if present.empty:
+        return "no values"
+    return "true/false" if all(isinstance(v, bool | np.bool_) for v in present) else "text"
 
 
 def ok_runs(df: pd.DataFrame) -> pd.DataFrame:

@@ -16,6 +16,8 @@ Classes:
    lets the lock go, and the file a stop left unkept, free, goes.
 6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
    for linked run dirs): one walk, the same run dirs.
+7. `report metric=has_trace` (true/false) drew 0 and 1: a column of true/false, or of text, is
+   no metric, in one line naming what it holds and the runs' metrics.
 """
 
 from __future__ import annotations
@@ -219,3 +221,25 @@ def test_run_dirs_walks_each_folder_once(made: Path, tmp_path: Path, monkeypatch
     monkeypatch.undo()
     assert [p.relative_to(sweep).as_posix() for p in found] == ["a", "linked", "nested/b"]
     assert listed and max(listed.values()) == 1, listed
+
+
+# --- 7. a metric that is a column of true/false or of text ---
+
+
+@pytest.mark.parametrize(
+    ("metric", "said"),
+    [("has_trace", "a column of true/false"), ("model.name", "a column of text")],
+)
+def test_a_metric_of_no_numbers_is_one_line(metric: str, said: str) -> None:
+    import pandas as pd
+
+    from experiments.common.ranking import ReportError, check_request
+
+    one = {"throughput_tok_s": 1.0, "makespan_s": 1.0, "n_batches": 2, "model.name": "tiny"}
+    df = pd.DataFrame([one | {"has_trace": True}, one | {"has_trace": False}])
+    with pytest.raises(ReportError) as e:
+        check_request(df, metric, [])
+    line = str(e.value)
+    assert "\n" not in line and f"metric {metric!r} is {said}" in line
+    assert "the runs' metrics: makespan_s, n_batches, throughput_tok_s" in line
+    check_request(df, "n_batches", [])
