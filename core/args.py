@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_below, integer_words
 from core.files import broken_link, not_regular, staging_file
 
 # The largest count of repeats a command takes: each is a whole run or measurement, and a
@@ -47,15 +47,16 @@ def as_int(
             n = int(x) if n is None and x.is_integer() and abs(x) < 2**63 else n
         except ValueError:
             n = None
-    bound = "" if at_least is None else f" >= {at_least}"
-    bound += ", a positive integer" if at_least == 1 else ""
+    bound = "" if at_least is None else f" {integer_words(at_least)}"
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
     if n is None and non_finite(value):  # inf, nan: in the words of every other number's check
         raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")
     if n is None:
-        raise MoepipeError(f"{key}={value}: not a whole number; pass one{bound}, e.g. {example}")
+        raise MoepipeError(
+            f"{key}={value}: not a whole number; pass{bound or ' one'}, e.g. {example}"
+        )
     if at_least is not None and n < at_least:
-        raise MoepipeError(f"{key}={value}: must be{bound}; pass e.g. {example}")
+        raise MoepipeError(f"{integer_below(key, value, at_least)}; pass e.g. {example}")
     _check_at_most(key, value, n, at_most, why)
     return n
 

@@ -67,3 +67,16 @@ def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
     lands inside a library's `try` (hydra composing its config) can leave its `finally` to fail
     on the half-built state, and that error, not the signal, reaches the command."""
     return in_chain(e, KeyboardInterrupt)
+
+
+def integer_words(at_least: int) -> str:
+    """The one wording of an integer field's lower bound, in every config and option: "a
+    positive integer" (>= 1), "a non-negative integer" (>= 0), else "an integer >= N"."""
+    named = {1: "a positive integer", 0: "a non-negative integer"}
+    return named.get(at_least, f"an integer >= {at_least}")
+
+
+def integer_below(key: str, value: object, at_least: int, note: str = "") -> str:
+    """`KEY=VALUE: must be a positive integer (NOTE)`: the line of every integer field or
+    option below its bound (`integer_words`), naming the field and its value."""
+    return f"{key}={value}: must be {integer_words(at_least)}" + (f" ({note})" if note else "")

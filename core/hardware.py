@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, integer_below
 from core.spec import GB, check_finite
 from core.types import OpKind, Resource, Tier
 
@@ -178,7 +178,7 @@ class HardwareSpec:
                         f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0"
                     )
         if self.n_gpus < 1:
-            raise ConfigError(f"hardware {self.name}: n_gpus must be >= 1, a positive integer")
+            raise ConfigError(f"hardware {self.name}: {integer_below('n_gpus', self.n_gpus, 1)}")
         self.processes.check(f"hardware {self.name}: processes")
 
     def link(self, res: Resource) -> LinkSpec:
@@ -389,10 +389,10 @@ def _compute_from_dict(c: Mapping[str, Any], name: str, dev: str = "gpu") -> Com
     }
     sms = int(c.get("sms", 0))
     sm_bw = _scaled(c.get("sm_mem_bw_gbps", 0), GB, f"hardware {name}: {dev}.sm_mem_bw_gbps")
-    if sms < 0 or sm_bw < 0:
-        raise ConfigError(
-            f"hardware {name}: sms={sms} and sm_mem_bw_gbps must be >= 0 (0 = unknown)"
-        )
+    if sms < 0:
+        raise ConfigError(f"hardware {name}: {integer_below(f'{dev}.sms', sms, 0, '0 = unknown')}")
+    if sm_bw < 0:
+        raise ConfigError(f"hardware {name}: {dev}.sm_mem_bw_gbps must be >= 0 (0 = unknown)")
     comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
     held = comm_sms + copy_sms
     if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, integer_below
 from core.types import Activation, RoutingSource
 
 GB = 1e9
@@ -27,9 +27,9 @@ def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-            whole = any(f.name == name and f.type in ("int", int) for f in fields(obj))
-            what = "integer" if whole else "number"
-            raise ConfigError(f"{where}.{name} must be a positive {what}, got {value!r}")
+            if any(f.name == name and f.type in ("int", int) for f in fields(obj)):
+                raise ConfigError(integer_below(f"{where}.{name}", repr(value), 1))
+            raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
 
 
 def check_finite(where: str, **values: Any) -> None:
@@ -520,7 +520,7 @@ class RoutingConfig:
             raise ConfigError(f"workload.routing.skew must be >= 0, got {self.skew}")
         if not isinstance(self.hot_experts, int) or self.hot_experts < 0:
             raise ConfigError(
-                f"workload.routing.hot_experts must be an integer >= 0, got {self.hot_experts!r}"
+                integer_below("workload.routing.hot_experts", repr(self.hot_experts), 0)
             )
         if self.hot_experts and not self.hot_share > 0:
             raise ConfigError(
@@ -552,7 +552,7 @@ class Workload:
         for f_ in ("batch_size", "n_batches", "prompt_len", "gen_len"):
             v = getattr(self, f_)
             if not (isinstance(v, int) and v > 0):
-                raise ConfigError(f"workload.{f_} must be a positive integer, got {v!r}")
+                raise ConfigError(integer_below(f"workload.{f_}", repr(v), 1))
         if self.prompt_len + self.gen_len > MAX_POSITIONS:
             raise ConfigError(
                 f"workload.prompt_len={self.prompt_len} + gen_len={self.gen_len} tokens per "

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from core.args import written_whole
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_below
 from core.traces import load_esft, select_tokens
 from experiments.common.app import command
 from experiments.common.cli import (
@@ -132,11 +132,10 @@ def _evaluated(args: Options) -> int:
     try:
         if args.group_seqs < 1:
             raise MoepipeError(
-                f"group_seqs={args.group_seqs}: must be >= 1, a positive integer "
-                "(sequences per group)"
+                integer_below("group_seqs", args.group_seqs, 1, "sequences per group")
             )
         if args.k < 0:
-            raise MoepipeError(f"k={args.k}: must be >= 0 (0 = the trace's top-k)")
+            raise MoepipeError(integer_below("k", args.k, 0, "0 = the trace's top-k"))
         if args.out:  # checked before the evaluation, whose table would be lost after
             output_file(args.out, "out", ".csv", starts=b"layer,")
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, integer_below
 from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
@@ -39,10 +39,9 @@ class EPLBParams(EPParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.no_gate("eplb")
-        if self.window < 1 or self.interval < 1:
-            raise ConfigError(
-                f"eplb: window={self.window} and interval={self.interval} must be >= 1"
-            )
+        for name in ("window", "interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"eplb: {integer_below(name, getattr(self, name), 1)}")
 
 
 class EPLBPolicy:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.cost import CostModel
-from core.errors import ConfigError
+from core.errors import ConfigError, integer_below
 from core.hardware import HardwareSpec
 from core.planner import PlanContext, Planner
 from core.routing import GateView, resolve_source
@@ -98,10 +98,11 @@ class KlotskiParams:
         }
         for name, low in least.items():
             if getattr(self, name) < low:
+                note = {"n": "-1 = workload.n_batches, 0 = auto"}.get(name, "")
+                note = "1 = batch by batch, 0 = auto" if name == "attn_batches" else note
+                key = f"planner.params.{name}"
                 raise ConfigError(
-                    f"planner klotski: planner.params.{name}={getattr(self, name)} must be >= {low}"
-                    + (" (-1 = workload.n_batches, 0 = auto)" if name == "n" else "")
-                    + (" (1 = batch by batch, 0 = auto)" if name == "attn_batches" else "")
+                    f"planner klotski: {integer_below(key, getattr(self, name), low, note)}"
                 )
         if self.attn_batches > N_MAX:  # spans past any group: the whole group, said so
             raise ConfigError(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError
+from core.errors import CapacityError, ConfigError, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -50,7 +50,7 @@ class MixtralOffloadingParams:
 
     def __post_init__(self) -> None:
         if self.guess_k < 0:
-            raise ValueError(f"guess_k={self.guess_k} must be >= 0 (0: the model's top-k)")
+            raise ValueError(integer_below("guess_k", self.guess_k, 0, "0: the model's top-k"))
         if not 0 < self.cache_share <= 1:
             raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError
+from core.errors import CapacityError, ConfigError, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -38,7 +38,7 @@ class MoEInfinityParams:
     def __post_init__(self) -> None:
         for name in ("prefetch_distance", "history"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+                raise ValueError(integer_below(name, getattr(self, name), 0))
         if not 0 < self.cache_share <= 1:
             raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
 

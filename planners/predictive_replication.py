@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, integer_below
 from core.planner import PlanContext, Planner
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
@@ -68,7 +68,7 @@ class PredictiveParams(ReplicaParams):
                 f"{self.predictor}; drop task_load or set predictor=task_mix"
             )
         if self.window < 1:
-            raise ConfigError(f"predictive_replication: window={self.window} must be >= 1")
+            raise ConfigError(f"predictive_replication: {integer_below('window', self.window, 1)}")
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ConfigError(
                 f"predictive_replication: prior_weight={self.prior_weight} must be a finite "

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import wait
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_below
 from experiments import TERMINAL_SIGNALS
 
 
@@ -96,9 +96,7 @@ def checked_workers(n: int, key: str) -> None:
     """A MoepipeError where `key`=`n` worker processes is below 1, or over 4 per core of this
     machine (each worker is a python process of its own, ~200 MB)."""
     if n < 1:
-        raise MoepipeError(
-            f"{key}={n}: must be >= 1, a positive integer (worker processes); pass {key}=1 or more"
-        )
+        raise MoepipeError(f"{integer_below(key, n, 1, 'worker processes')}; pass {key}=1 or more")
     cores = os.cpu_count() or 1
     if n > 4 * cores:
         raise MoepipeError(

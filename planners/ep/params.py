@@ -10,7 +10,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from core.errors import ConfigError, did_you_mean
+from core.errors import ConfigError, did_you_mean, integer_below
 from core.planner import PlanContext
 from core.types import Dense, Dispatch, LaneSharing, ReplicaGate
 
@@ -85,12 +85,13 @@ class EPParams:
             )
         if self.replicas < -1:
             raise ConfigError(
-                f"planner.params.replicas={self.replicas} must be >= 0, or -1 (at most every slot)"
+                integer_below("planner.params.replicas", self.replicas, -1, "-1: every slot")
             )
         if self.micro_batches < 1:
             raise ConfigError(
-                f"planner.params.micro_batches={self.micro_batches} must be >= 1 (2: two-batch "
-                "overlap)"
+                integer_below(
+                    "planner.params.micro_batches", self.micro_batches, 1, "2: two-batch overlap"
+                )
             )
 
     def no_gate(self, planner: str) -> None:
@@ -168,7 +169,9 @@ class ReplicaParams(EPParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rehome_interval < 0:
-            raise ConfigError(f"planner.params.rehome_interval={self.rehome_interval} must be >= 0")
+            raise ConfigError(
+                integer_below("planner.params.rehome_interval", self.rehome_interval, 0)
+            )
 
 
 def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
@@ -198,7 +201,7 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             "a smaller n_devices"
         )
     if p.replica_slots < 0:
-        raise ConfigError(f"planner.params.replica_slots={p.replica_slots} must be >= 0")
+        raise ConfigError(integer_below("planner.params.replica_slots", p.replica_slots, 0))
     if p.replica_slots > e:  # a device holds at most one copy of each expert
         raise ConfigError(
             f"planner.params.replica_slots={p.replica_slots} exceeds the model's {e} experts (a "

@@ -329,7 +329,9 @@ def test_negative_sm_count_is_one_config_error():
         "cpu": {"tflops": 0.1, "mem_bw_gbps": 100.0},
         "links": {"h2d": {"gbps": 1.0}, "d2h": {"gbps": 1.0}, "disk": {"gbps": 0.5}},
     }
-    with pytest.raises(ConfigError, match="hardware bad: sms=-1 and sm_mem_bw_gbps must be >= 0"):
+    with pytest.raises(
+        ConfigError, match="hardware bad: gpu.sms=-1: must be a non-negative integer"
+    ):
         HardwareSpec.from_dict(raw)
 
 

@@ -323,8 +323,8 @@ def test_fit_to_counts_at_another_expert_count(traces_dir: Path) -> None:
     "kw,match",
     [
         ({"hot_experts": 2}, "hot_experts=2 needs hot_share > 0"),
-        ({"hot_experts": -3, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got -3"),
-        ({"hot_experts": 2.5, "hot_share": 0.4}, "hot_experts must be an integer >= 0, got 2.5"),
+        ({"hot_experts": -3, "hot_share": 0.4}, "hot_experts=-3: must be a non-negative integer"),
+        ({"hot_experts": 2.5, "hot_share": 0.4}, "hot_experts=2.5: must be a non-negative integer"),
     ],
 )
 def test_bad_hot_experts_is_one_line(kw, match) -> None:

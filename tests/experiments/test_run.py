@@ -134,7 +134,7 @@ def test_bad_point_in_a_sweep_fails_alone(tmp_path, run_in):
     assert r.returncode == 2
     assert len(list((tmp_path / "sweep").rglob("summary.json"))) == 2
     failed = list((tmp_path / "sweep").rglob("failed.txt"))
-    assert len(failed) == 1 and "batch_size must be a positive integer" in failed[0].read_text()
+    assert len(failed) == 1 and "batch_size=-1: must be a positive integer" in failed[0].read_text()
     point = failed[0].parent.relative_to(tmp_path / "sweep")
     assert f"1 run(s) failed ({point};" in r.stderr
 
@@ -178,7 +178,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
             ["model.expert_ffn_size=10000000", "hardware.memory_gb.disk=1"],
             "does not fit in GPU + CPU + disk",
         ),
-        (["workload.batch_size=0"], "workload.batch_size must be a positive integer"),
+        (["workload.batch_size=0"], "workload.batch_size=0: must be a positive integer"),
         # a KV cache larger than GPU + CPU memory; a small machine rather than a long prompt,
         # whose routing alone took 13 GB before the check was reached
         (
@@ -196,7 +196,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
         (["workload.seed=abc"], "workload.seed=abc: not a whole number"),
         (["workload.routing.tasks=abc"], "workload.routing.tasks: not a list; pass"),
         (["workload.seed=-1"], "workload.seed must be an integer in [0, 2**64)"),
-        (["model.n_experts=0"], "model.n_experts must be a positive integer, got 0"),
+        (["model.n_experts=0"], "model.n_experts=0: must be a positive integer"),
         (["model.n_heads=3"], "n_heads=3 is not a multiple of n_kv_heads=2"),
         (["model.activation=tanh"], "activation='tanh' unknown; valid: swiglu, relu"),
         (["hardware.memory_gb=5"], "hardware.memory_gb=5: a mapping of gpu, cpu, disk belongs"),

@@ -209,7 +209,7 @@ def test_tensor_parallel_micro_batches_all_reduce_beside_the_other_ones_compute(
 
 
 def test_micro_batches_below_one_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"micro_batches=0 must be >= 1"):
+    with pytest.raises(ConfigError, match=r"micro_batches=0: must be a positive integer"):
         simulate_run(spec(micro_batches=0))
 
 

@@ -238,7 +238,7 @@ def test_memory_is_checked_per_gpu():
         ("eplb", {"initial_load": "tests/planners/missing.npy"}, "cannot read"),
         ("oracle_replication", {"truth_weight": 1.5}, r"truth_weight=1.5 must be in \[0, 1\]"),
         # ran as -1 (every slot)
-        ("predictive_replication", {"replicas": -5}, r"replicas=-5 must be >= 0, or -1"),
+        ("predictive_replication", {"replicas": -5}, r"replicas=-5: must be an integer >= -1"),
         # accepted and never read
         ("eplb", {"gate": "time+copy"}, "gate='time\\+copy': eplb has no replica cost gate"),
         ("ep_static", {"gate": "time"}, "gate='time': ep_static has no replica cost gate"),

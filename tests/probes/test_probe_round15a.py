@@ -107,7 +107,7 @@ def test_a_real_run_refuses_an_empty_executor_device(tiny_ckpt, tmp_path, cli_he
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        (dict(n_heads=0), ["n_heads must be a positive integer, got 0"]),
+        (dict(n_heads=0), ["n_heads=0: must be a positive integer"]),
         (dict(hidden_size=1), ["hidden_size=1 with n_heads=4", "head_dim", "raise hidden_size"]),
         (dict(hidden_size=2, n_heads=3), ["hidden_size=2 with n_heads=3"]),
     ],

@@ -22,7 +22,7 @@ SMALL_REP = "workload.batch_size=8"
 @pytest.mark.parametrize(
     ("args", "names"),
     [
-        ([*TWO_POINTS, "workload.gen_len=0"], ["workload.gen_len", "got 0"]),
+        ([*TWO_POINTS, "workload.gen_len=0"], ["workload.gen_len=0", "a positive integer"]),
         ([*TWO_POINTS, "hardware.memory_gb.gpu=-1"], ["memory_gb.gpu", "positive capacity"]),
         ([*TWO_POINTS, "hardware.links.h2d.gbps=0"], ["links.h2d.gbps", "positive"]),
         ([*TWO_POINTS, "+planner.params.nosuch=1"], ["planner flexgen: unknown param(s) nosuch"]),
@@ -45,7 +45,7 @@ SMALL_REP = "workload.batch_size=8"
             ["replication.replica_slots=-1", "whole number >= 0"],
         ),
         # every point fails, each on its own line: the first point's
-        ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len", "got 0"]),
+        ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len=0", "a positive integer"]),
         (
             [*TINY[:1], *TINY[2:], "hardware=tiny,h200", "hardware.memory_gb.gpu=-1"],
             ["hardware tiny: memory_gb.gpu"],
@@ -72,7 +72,7 @@ def test_a_point_whose_own_value_is_bad_still_fails_alone(cli_here: Any, tmp_pat
     r = cli_here("experiments.run", "-m", *args)
     assert r.returncode == 2 and "1 run(s) failed" in r.stderr, r.stderr
     (failed,) = sweep.rglob("failed.txt")
-    assert "workload.gen_len must be a positive integer, got 0" in failed.read_text()
+    assert "workload.gen_len=0: must be a positive integer" in failed.read_text()
     assert len(list(sweep.rglob("summary.json"))) == 1
 
 

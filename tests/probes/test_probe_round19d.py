@@ -142,7 +142,7 @@ _COUNTS = ["n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k", "
 def test_every_integer_model_field_at_0_says_a_positive_integer(tiny_ckpt: Path) -> None:
     spec = ModelSpec.from_hf_config(tiny_ckpt)
     for name in [*_COUNTS, "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes"]:
-        with pytest.raises(MoepipeError, match=f"{name} must be a positive integer, got 0"):
+        with pytest.raises(MoepipeError, match=f"{name}=0: must be a positive integer"):
             dataclasses.replace(spec, **{name: 0})
     with pytest.raises(MoepipeError, match="rope_theta must be a positive number, got 0"):
         dataclasses.replace(spec, rope_theta=0.0)
@@ -152,7 +152,7 @@ def test_make_checkpoints_head_dim_0_says_a_positive_integer(tmp_path: Path, cli
     r = cli_here(
         "experiments.make_checkpoint", "model=mixtral-tiny", "head_dim=0", f"out={tmp_path / 'ck'}"
     )
-    assert r.returncode == 2 and "head_dim must be a positive integer, got 0" in r.stderr
+    assert r.returncode == 2 and "head_dim=0: must be a positive integer" in r.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "x"])

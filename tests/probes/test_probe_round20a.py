@@ -11,6 +11,10 @@ Classes:
 3. A stray safetensors file in a checkpoint folder (one the index does not name) counted in the
    checkpoint's change check: rewritten during a run, it failed the run. Only the files the
    checkpoint is read from count (config.json, the index, the weights' files it names).
+4. An integer field or option below its bound was said in several wordings (the planners'
+   `window=0 must be >= 1`, the workload's `gen_len must be a positive integer, got 0`,
+   as_int's `must be >= 1, a positive integer`): one, `KEY=VALUE: must be a positive integer`
+   (or a non-negative one), through one helper (core.errors.integer_below).
 5. A stop (SIGINT, SIGTERM) as a lock's `os.open` returned, before its fd was kept, left a free
    lock file (dir_locked, held_if_free, output_locked): the open is inside the block that
    lets the lock go, and the file a stop left unkept, free, goes.
@@ -153,6 +157,84 @@ def test_a_stray_safetensors_file_rewritten_is_no_change(
     os.utime(ck / "config.json")  # a file it reads: its change time moves
     with pytest.raises(MoepipeError, match="config.json: changed while the run read"):
         unchanged_since(ck, before)
+
+
+# --- 4. one wording for every integer field below its bound ---
+
+
+def _hardware(**more: Any) -> Any:
+    from core.hardware import HardwareSpec
+    from tests.probes.conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
+    raw["gpu"] |= more.pop("gpu", {})
+    return HardwareSpec.from_dict(raw | more)
+
+
+def _planner(name: str, **params: Any) -> Any:
+    from planners.registry import make_params
+
+    return make_params(name, params)
+
+
+def _workload(**sizes: int) -> Any:
+    from core.spec import Workload
+
+    return Workload(**({"batch_size": 1, "n_batches": 1, "prompt_len": 1, "gen_len": 1} | sizes))
+
+
+def _routing(hot: Any) -> Any:
+    from core.spec import RoutingConfig
+
+    return RoutingConfig(hot_experts=hot, hot_share=0.5)
+
+
+def _as_int(value: Any, at_least: int) -> Any:
+    from core.args import as_int
+
+    return as_int("jobs", value, at_least=at_least)
+
+
+def _workers(n: int) -> Any:
+    from experiments.common.pool import checked_workers
+
+    return checked_workers(n, "jobs")
+
+
+_INTEGERS = [
+    (lambda: _workload(gen_len=0), "workload.gen_len=0", " positive"),
+    (lambda: _routing(-3), "workload.routing.hot_experts=-3", " non-negative"),
+    (lambda: _hardware(n_gpus=0), "n_gpus=0", " positive"),
+    (lambda: _hardware(gpu={"sms": -1}), "gpu.sms=-1", " non-negative"),
+    (lambda: _planner("eplb", interval=0), "planner.params.interval=0", " positive"),
+    (lambda: _planner("predictive_replication", window=0), "planner.params.window=0", " positive"),
+    (lambda: _planner("ep_static", micro_batches=0), "planner.params.micro_batches=0", " positive"),
+    (lambda: _planner("eplb", window=0), "planner.params.window=0", " positive"),
+    (lambda: _planner("eplb", replicas=-2), "planner.params.replicas=-2", "n integer >= -1"),
+    (lambda: _planner("klotski", disk_window=0), "planner.params.disk_window=0", " positive"),
+    (lambda: _planner("klotski", hot_k=-1), "planner.params.hot_k=-1", " non-negative"),
+    (lambda: _planner("moe_infinity", history=-1), "planner.params.history=-1", " non-negative"),
+    (
+        lambda: _planner("mixtral_offloading", guess_k=-1),
+        "planner.params.guess_k=-1",
+        " non-negative",
+    ),
+    (lambda: _as_int(0, 1), "jobs=0", " positive"),
+    (lambda: _as_int(-1, 0), "jobs=-1", " non-negative"),
+    (lambda: _workers(0), "jobs=0", " positive"),
+]
+
+
+@pytest.mark.parametrize(("make", "said", "sign"), _INTEGERS, ids=[c[1] for c in _INTEGERS])
+def test_an_integer_field_below_its_bound_is_said_in_one_wording(
+    make: Any, said: str, sign: str
+) -> None:
+    """Each integer field of a hardware, workload or planner config and each integer option,
+    below its bound: `KEY=VALUE: must be a positive integer` (or a non-negative one), where
+    the planners said `>= 1`, the workload `... must be a positive integer, got 0`."""
+    line = raises_one_line(make, f"{said}: must be a{sign}")
+    assert ">= 0" not in line and ">= 1" not in line, line
+    assert line.count("integer") == 1, line
 
 
 # --- 5. a stop as a lock's open returned ---
