@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_words
 from experiments.common.argv_checks import writable_dir
 
 # numpy.memmap's modes, the ones joblib passes on for the arrays it memory-maps
@@ -84,10 +84,10 @@ def _check_joblib_limits(launcher: Any) -> None:
         refuse("timeout", "not a number of seconds > 0 (each point's limit)")
     batch = launcher.get("batch_size")
     if batch != "auto" and not (_whole(batch) and batch >= 1):
-        refuse("batch_size", "not 'auto' or a whole number >= 1 (points per batch)")
+        refuse("batch_size", f"must be 'auto' or {integer_words(1)} (points per batch)")
     pre = launcher.get("pre_dispatch")
     if pre != "all" and not _at_least_one(pre, lambda v: jp.eval_expr(v.replace("n_jobs", "1"))):
-        refuse("pre_dispatch", "not 'all', a whole number >= 1 or an expression like 2*n_jobs")
+        refuse("pre_dispatch", f"not 'all', {integer_words(1)} or an expression like 2*n_jobs")
     nbytes = launcher.get("max_nbytes")
     if nbytes is not None and not _at_least_one(nbytes, jp.memstr_to_bytes, zero=True):
         refuse("max_nbytes", "not a size joblib reads (a whole number of bytes >= 0, or 1M, 2G)")

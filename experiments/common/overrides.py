@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_words
 from core.files import no_folder_there
 from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_idle_flags, refuse_values_twice
@@ -335,8 +335,8 @@ def check_hydra_overrides(
             o.value() is None or (type(o.value()) is int and o.value() >= 1)
         ):
             raise MoepipeError(
-                f"{o.input_line}: the points composed at a time; pass an integer >= 1, or null "
-                "for all at once"
+                f"{o.input_line}: the points composed at a time; pass {integer_words(1)}, or "
+                "null for all at once"
             )
 
 

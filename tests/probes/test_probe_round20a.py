@@ -237,6 +237,14 @@ def test_an_integer_field_below_its_bound_is_said_in_one_wording(
     assert line.count("integer") == 1, line
 
 
+def test_a_launchers_integer_below_its_bound_is_said_in_the_same_words() -> None:
+    """joblib's batch_size=0 said `not 'auto' or a whole number >= 1`."""
+    from experiments.common.launcher_checks import _check_joblib_limits
+
+    line = raises_one_line(lambda: _check_joblib_limits({"batch_size": 0}), "batch_size=0")
+    assert "must be 'auto' or a positive integer" in line and ">= 1" not in line, line
+
+
 # --- 5. a stop as a lock's open returned ---
 
 
