@@ -60,7 +60,7 @@ def finished_runs(sweep_dir: Path, token: str) -> tuple[int, int]:
     second before (which mtimes, whole seconds on some file systems, could not tell apart). It
     was reused where its summary.json is still the file that was there when its job started."""
     finished = reused = 0
-    for summary in _summaries(sweep_dir):
+    for summary in _run_files(sweep_dir, "summary.json"):
         sweeps = _sweeps(summary.parent)
         if token not in sweeps:
             continue
@@ -147,21 +147,22 @@ def failed_runs(sweep_dir: Path, token: str) -> list[str]:
     input: a run removes its old failed.txt when it starts again, so one left from an earlier
     sweep of other points is not this sweep's."""
     failed = []
-    for path in sweep_dir.rglob(FAILED):
+    for path in _run_files(sweep_dir, FAILED):
         if token in _sweeps(path.parent):
             failed.append(str(path.parent.relative_to(sweep_dir)))
     return sorted(failed)
 
 
-def _summaries(sweep_dir: Path) -> Iterator[Path]:
-    """The summary.json files of the run dirs under `sweep_dir`, read while runs are writing:
-    a folder renamed or removed mid-walk (a run's `.partial-*` staging becoming its result) is
-    skipped, where `Path.rglob` raised FileNotFoundError and the progress thread died with the
-    bar frozen. Hidden folders (`.hydra`, that staging) hold no finished run."""
+def _run_files(sweep_dir: Path, name: str) -> Iterator[Path]:
+    """The files `name` (summary.json, failed.txt) of the run dirs under `sweep_dir`, read
+    while runs are writing: a folder renamed or removed mid-walk (a run's `.partial-*` staging
+    becoming its result, another sweep's run in the same dir) is skipped, where `Path.rglob`
+    raised FileNotFoundError (the progress thread died with the bar frozen; the sweep's end
+    line was a traceback). Hidden folders (`.hydra`, that staging) hold no run's."""
     for root, dirs, files in os.walk(sweep_dir):  # scandir errors are skipped (onerror=None)
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if "summary.json" in files:
-            yield Path(root) / "summary.json"
+        if name in files:
+            yield Path(root) / name
 
 
 def workers_ignore_ctrl_c() -> str | None:

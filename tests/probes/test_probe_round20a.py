@@ -19,7 +19,8 @@ Classes:
    lock file (dir_locked, held_if_free, output_locked): the open is inside the block that
    lets the lock go, and the file a stop left unkept, free, goes.
 6. collect's run_dirs walked the sweep four times (an rglob per mark, then one of every entry
-   for linked run dirs): one walk, the same run dirs.
+   for linked run dirs): one walk, the same run dirs. Probed beyond: a sweep's end counted its
+   failed runs with an rglob, a traceback where a folder went mid-walk: os.walk, which skips it.
 7. `report metric=has_trace` (true/false) drew 0 and 1: a column of true/false, or of text, is
    no metric, in one line naming what it holds and the runs' metrics.
 """
@@ -311,6 +312,28 @@ def test_run_dirs_walks_each_folder_once(made: Path, tmp_path: Path, monkeypatch
     monkeypatch.undo()
     assert [p.relative_to(sweep).as_posix() for p in found] == ["a", "linked", "nested/b"]
     assert listed and max(listed.values()) == 1, listed
+
+
+def test_a_sweeps_failed_runs_are_found_while_a_folder_goes_mid_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's end counted its failed runs with an rglob, which raised FileNotFoundError
+    where a folder went mid-walk (a run's staging moved into place, another sweep's run in the
+    same dir): its progress count walks as os.walk does, skipping it; so does this."""
+    from experiments.common.callbacks import FAILED, failed_runs
+
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / FAILED).write_text("bad input\n")
+    real = os.scandir
+
+    def going(path: Any = ".") -> Any:
+        if Path(path).name == "gone":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", going)
+    assert failed_runs(tmp_path, "token") == []  # none of this sweep's
 
 
 # --- 7. a metric that is a column of true/false or of text ---
