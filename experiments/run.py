@@ -386,25 +386,26 @@ def check_not_model_folder(cfg: DictConfig, out_dir: Path) -> None:
 def model_files_line(cfg: DictConfig) -> str:
     """A comment line for config.yaml naming the version of the files a run reads its model
     from (a real run's checkpoint, `model.hf_config`): a checkpoint rebuilt at the same path
-    makes a finished run run again. Their config.json's and index's bytes and each weight
-    file's version (`_version`); empty for a model from conf/model."""
+    makes a finished run run again. config.json's bytes, and the version (`_version`) of each
+    other file a real run reads (`read_files`: generation_config.json too, whose rewrite
+    reused a run of the earlier decoding); for `model.hf_config`, the index's bytes and each
+    weight file's version. Empty for a model from conf/model."""
     real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
     path = cfg.checkpoint if real else cfg.model.get("hf_config")
     if not path:
         return ""
     config = hf_config_file(str(path))
     h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
-    index = config.parent / "model.safetensors.index.json"
-    h.update(index.read_bytes() if index.is_file() else b"")
-    if real:  # the weights' files it reads (a stray file beside them is read by no one)
+    if real:  # the files it reads: a stray weights file beside them is read by no one
         from experiments.common.real_run import read_files  # (torch: a real run's only)
 
-        weights = [
-            config.parent / n for n in read_files(config.parent) if n.endswith(".safetensors")
-        ]
-    else:
-        weights = sorted(config.parent.glob("*.safetensors"))
-    for f in weights:
+        for name in read_files(config.parent):  # the index, the weights, generation settings
+            if name != config.name:
+                h.update(f"{name} {_version(config.parent / name)}\n".encode())
+        return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
+    index = config.parent / "model.safetensors.index.json"
+    h.update(index.read_bytes() if index.is_file() else b"")
+    for f in sorted(config.parent.glob("*.safetensors")):  # a model rebuilt there
         h.update(f"{f.name} {_version(f)}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from core.cost import CostModel
 from core.errors import ConfigError, MoepipeError, did_you_mean
 from core.files import memory_filesystem
+from core.hf_config.generation import GENERATION_FILE
 from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing
 from core.schedule import Schedule, ScheduleBuilder, validate
@@ -187,9 +188,8 @@ FileState = tuple[int, int, int, int, int]
 
 
 def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
-    """The checkpoint folder's files a run reads (config.json, the safetensors index, the
-    weights' files it names: `read_files`), each as `FileState`; {} where the folder cannot
-    be listed (the run's reading it says why)."""
+    """The checkpoint folder's files a run reads (`read_files`), each as `FileState`; {}
+    where the folder cannot be listed (the run's reading it says why)."""
     out = {}
     for name in read_files(Path(ckpt)):
         try:
@@ -202,7 +202,9 @@ def checkpoint_files(ckpt: str | Path) -> dict[str, FileState]:
 
 def read_files(ckpt: Path) -> list[str]:
     """The names of the files checkpoint `ckpt` is read from: config.json, its index and the
-    weights' files it names, or its one model.safetensors (`weight_files`). A safetensors file
+    weights' files it names, or its one model.safetensors (`weight_files`), and its
+    generation_config.json (the greedy decoding's settings: a rewrite of it ran a finished
+    run's result again as this one's, and changed a run's decoding unsaid). A safetensors file
     beside them that none names (an earlier sharding's) is read by no one: rewritten while a
     run reads the checkpoint, it changed nothing the run read. Where the index cannot be read,
     every safetensors file (the run's reading it says why)."""
@@ -214,7 +216,7 @@ def read_files(ckpt: Path) -> list[str]:
         weights = set(weight_files(ckpt))
     except (MoepipeError, OSError, ValueError):
         weights = {n for n in names if n.endswith(".safetensors")}
-    return [n for n in names if n in weights or n in ("config.json", INDEX_FILE)]
+    return [n for n in names if n in weights or n in ("config.json", INDEX_FILE, GENERATION_FILE)]
 
 
 def unchanged_since(ckpt: str | Path, before: dict[str, FileState]) -> None:

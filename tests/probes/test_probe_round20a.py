@@ -11,6 +11,9 @@ Classes:
 3. A stray safetensors file in a checkpoint folder (one the index does not name) counted in the
    checkpoint's change check: rewritten during a run, it failed the run. Only the files the
    checkpoint is read from count (config.json, the index, the weights' files it names).
+   Probed beyond: generation_config.json, which a real run reads, counted in neither that
+   check nor config.yaml's model-files line (a rewrite reused a finished run of the earlier
+   decoding), and a stray file counted in that line.
 4. An integer field or option below its bound was said in several wordings (the planners'
    `window=0 must be >= 1`, the workload's `gen_len must be a positive integer, got 0`,
    as_int's `must be >= 1, a positive integer`): one, `KEY=VALUE: must be a positive integer`
@@ -244,6 +247,27 @@ def test_a_launchers_integer_below_its_bound_is_said_in_the_same_words() -> None
 
     line = raises_one_line(lambda: _check_joblib_limits({"batch_size": 0}), "batch_size=0")
     assert "must be 'auto' or a positive integer" in line and ">= 1" not in line, line
+
+
+def test_a_real_runs_model_files_line_versions_the_files_it_reads(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """config.yaml's model-files line (a finished run is reused only for the same line) of a
+    real run counts its generation_config.json (a rewrite reused the earlier decoding's
+    result), and no stray safetensors file (one copied in ran the run again)."""
+    from omegaconf import OmegaConf
+
+    from experiments.common.real_run import checkpoint_files
+    from experiments.run import model_files_line
+
+    ck = Path(shutil.copytree(tiny_ckpt, tmp_path / "ck"))
+    real = OmegaConf.create({"executor": {"name": "real"}, "checkpoint": str(ck), "model": {}})
+    before = model_files_line(real)
+    shutil.copyfile(ck / "model.safetensors", ck / "model-00001-of-00002.safetensors")
+    assert model_files_line(real) == before
+    (ck / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert model_files_line(real) != before
+    assert "generation_config.json" in checkpoint_files(ck)
 
 
 # --- 5. a stop as a lock's open returned ---
