@@ -24,7 +24,7 @@ import signal
 import sys
 from typing import Any
 
-from core.errors import ConfigError, MoepipeError, did_you_mean, quoted
+from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, quoted
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.launch_line import said_under, say_as_agent
 
@@ -191,7 +191,7 @@ def _checked_rdzv_conf(conf: str, backend: str) -> None:
     for key, value in config.items():
         if key in RDZV_WHOLE and not (value.isdigit() and int(value) > 0):
             raise ConfigError(
-                f"--rdzv_conf={conf}: {key}={value} is not a whole number > 0; pass e.g. {key}=60"
+                f"--rdzv_conf={conf}: {integer_below(key, value, 1)}; pass e.g. {key}=60"
             )
         if key == "is_host" and value.lower() not in RDZV_BOOL:
             raise ConfigError(f"--rdzv_conf={conf}: is_host={value}; pass is_host=true or false")

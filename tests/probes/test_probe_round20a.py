@@ -17,7 +17,8 @@ Classes:
 4. An integer field or option below its bound was said in several wordings (the planners'
    `window=0 must be >= 1`, the workload's `gen_len must be a positive integer, got 0`,
    as_int's `must be >= 1, a positive integer`): one, `KEY=VALUE: must be a positive integer`
-   (or a non-negative one), through one helper (core.errors.integer_below).
+   (or a non-negative one), through one helper (core.errors.integer_below); the sweep
+   launchers' and torchrun's --rdzv_conf integer options too.
 5. A stop (SIGINT, SIGTERM) as a lock's `os.open` returned, before its fd was kept, left a free
    lock file (dir_locked, held_if_free, output_locked): the open is inside the block that
    lets the lock go, and the file a stop left unkept, free, goes.
@@ -247,6 +248,15 @@ def test_a_launchers_integer_below_its_bound_is_said_in_the_same_words() -> None
 
     line = raises_one_line(lambda: _check_joblib_limits({"batch_size": 0}), "batch_size=0")
     assert "must be 'auto' or a positive integer" in line and ">= 1" not in line, line
+
+
+def test_a_rendezvous_integer_below_its_bound_is_said_in_the_same_words() -> None:
+    """torchrun's --rdzv_conf=timeout=0 said `is not a whole number > 0`."""
+    from experiments.torchrun import _checked_rdzv_conf
+
+    raises_one_line(
+        lambda: _checked_rdzv_conf("timeout=0", "static"), "timeout=0: must be a positive integer"
+    )
 
 
 def test_a_real_runs_model_files_line_versions_the_files_it_reads(
