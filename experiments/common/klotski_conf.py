@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, integer_words
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -60,6 +60,8 @@ def _check_reproduce(name: str, r: Any) -> None:
             and v
             and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
         ):
-            raise MoepipeError(f"{where}: reproduce.{key}={v!r}: a list of whole numbers >= 1")
+            raise MoepipeError(
+                f"{where}: reproduce.{key}={v!r}: must be a list, each {integer_words(1)}"
+            )
     if not isinstance(r.get("columns", []), list):
         raise MoepipeError(f"{where}: reproduce.columns is not a list of columns")

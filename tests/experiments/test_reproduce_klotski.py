@@ -202,7 +202,7 @@ def test_an_interrupted_run_resumes(tmp_path):
 @pytest.mark.parametrize(
     "edit, words",
     [
-        ({"batch_sizes": 4}, "reproduce.batch_sizes=4: a list of whole numbers"),
+        ({"batch_sizes": 4}, "reproduce.batch_sizes=4: must be a list, each a positive integer"),
         ({"batch_sizes": ["four"]}, "reproduce.batch_sizes=['four']"),
         ({"batch_sizes": None, "batchsizes": [4]}, "reproduce.batch_sizes is missing"),
     ],

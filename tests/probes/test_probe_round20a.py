@@ -18,7 +18,7 @@ Classes:
    `window=0 must be >= 1`, the workload's `gen_len must be a positive integer, got 0`,
    as_int's `must be >= 1, a positive integer`): one, `KEY=VALUE: must be a positive integer`
    (or a non-negative one), through one helper (core.errors.integer_below); the sweep
-   launchers' and torchrun's --rdzv_conf integer options too.
+   launchers', torchrun's --rdzv_conf and reproduce_klotski's integer options too.
 5. A stop (SIGINT, SIGTERM) as a lock's `os.open` returned, before its fd was kept, left a free
    lock file (dir_locked, held_if_free, output_locked): the open is inside the block that
    lets the lock go, and the file a stop left unkept, free, goes.
@@ -248,6 +248,24 @@ def test_a_launchers_integer_below_its_bound_is_said_in_the_same_words() -> None
 
     line = raises_one_line(lambda: _check_joblib_limits({"batch_size": 0}), "batch_size=0")
     assert "must be 'auto' or a positive integer" in line and ">= 1" not in line, line
+
+
+def test_reproduce_klotskis_integer_lists_are_said_in_the_same_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An experiment file's `reproduce.n: [0]` said `a list of whole numbers >= 1`."""
+    import experiments.common.klotski_conf as rk
+
+    real = rk.conf_yaml
+
+    def edited(group: str, name: str) -> Any:
+        conf = real(group, name)
+        conf["reproduce"]["n"] = [0]
+        return conf
+
+    monkeypatch.setattr(rk, "conf_yaml", edited)
+    line = raises_one_line(lambda: rk.experiment("klotski_fig14"), "reproduce.n=[0]: must be")
+    assert "each a positive integer" in line and ">= 1" not in line, line
 
 
 def test_a_rendezvous_integer_below_its_bound_is_said_in_the_same_words() -> None:
