@@ -239,10 +239,12 @@ def hf_greedy(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def hf_generate_out(model: Any, prompt: torch.Tensor, gen: int) -> Any:
     """transformers' generate() output of `gen` greedy tokens a sequence, with every step's
-    logits (`hf_greedy`'s decoding)."""
+    logits (`hf_greedy`'s decoding), of the unpadded prompt moepipe runs: without an all-ones
+    attention_mask, generate() masks each prompt token equal to pad_token_id."""
     with torch.inference_mode():
         return model.generate(
             prompt,
+            attention_mask=torch.ones_like(prompt),
             max_new_tokens=gen,
             do_sample=False,
             output_logits=True,

@@ -164,3 +164,28 @@ def test_rope_form_equals_transformers(family, form, base, long_prompt, tmp_path
     assert_transformers(edited, load_hf(edited), long_prompt, "f32")
     _, logits = reference_generate(edited, long_prompt, GEN)
     assert (logits - plain_logits).abs().max() > 0.01
+
+
+def test_a_prompt_holding_the_pad_id_equals_transformers_unmasked(base, prompt):
+    """moepipe runs a prompt unpadded, as transformers' generate() with an all-ones
+    attention_mask (`hf_generate_out`'s call). Without one, generate() masks each prompt token
+    equal to pad_token_id, and a prompt holding it decodes otherwise (observed: 0.5 to 2.8 off,
+    tokens differing, in every family): a parity check must pass the mask. Before, the parity
+    tests' call passed none, so a prompt holding 0 failed them with moepipe right."""
+    ckpt, _ = base("mixtral")
+    hf = load_hf(ckpt)
+    holding = prompt.clone()
+    holding[0, 2] = 0  # the pad_token_id hf_generate_out passes
+    assert_transformers(ckpt, hf, holding, "f32")
+    with torch.inference_mode():
+        masked = hf.generate(
+            holding,
+            max_new_tokens=1,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    _, logits = reference_generate(ckpt, holding, 1)
+    assert (masked.logits[0].float() - logits)[0].abs().max() > 0.05
+    torch.testing.assert_close(masked.logits[0].float()[1], logits[1], atol=1e-4, rtol=0)
