@@ -2,11 +2,13 @@
 on one checkpoint as a release combines them, and the config.json forms of RoPE that older
 transformers versions and other families' tools write.
 
-A probe of 772 cases (every field the six causal families' forwards read, one at a time and in
+A probe of 844 cases (every field the six causal families' forwards read, one at a time and in
 combinations; float32, bfloat16 and float16 saves, sharded saves, compute dtypes other than the
-saved one, klotski's and fiddler's real runs, generation_config.json's processors; Switch's
-fields for tracebacks) found each checkpoint transformers 5.24 writes and runs equal to it, or
-refused in one line, or (DeepSeek-V2's norm_topk_prob) run as DeepSeek's code with a warning.
+saved one, klotski's and fiddler's real runs, generation_config.json's processors, ten prompts
+of eight greedy steps in bfloat16; Switch's fields for tracebacks) found each checkpoint
+transformers 5.24 writes and runs equal to it, refused in one line, or (DeepSeek-V2's
+norm_topk_prob) run as DeepSeek's code with a warning. The one mismatch it showed was the
+parity tests' own: their generate() call masked prompt tokens equal to pad_token_id.
 These cases pin the combinations and forms no round ran: DeepSeek's q_lora_rank beside
 attention_bias and mlp_bias, V3's low-rank queries under YaRN with half-split RoPE, one expert
 group scaled without renormalising, Qwen3-MoE's biased MQA of narrow heads in a sliding window,
