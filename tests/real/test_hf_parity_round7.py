@@ -23,7 +23,7 @@ from core.errors import ConfigError
 from core.hf_config.generation import GENERATION_FILE
 from real.checkpoint import load_checkpoint, load_units
 from real.model import reference_generate
-from tests.real.test_hf_parity import GEN, hf_config, hf_greedy
+from tests.real.test_hf_parity import GEN, hf_config, hf_generate_out, hf_greedy
 from tests.real.test_hf_parity_fields import assert_transformers, edit_config, save
 from tests.real.test_hf_parity_round6 import hf_generate, load_hf, with_generation
 
@@ -125,9 +125,8 @@ def test_the_executor_runs_a_saved_dtype_in_float32(family, dtype, gpu_gb, cpu_g
     tokens, logits = reference_generate(ckpt, prompts, wl.gen_len, dtype="float32")
     assert torch.equal(out.tokens, tokens)
     torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
-    hf_tokens = hf_run(family, dtype, "f32").generate(
-        prompts, max_new_tokens=wl.gen_len, do_sample=False, pad_token_id=0, eos_token_id=None
-    )[:, prompts.shape[1] :]
+    hf_out = hf_generate_out(hf_run(family, dtype, "f32"), prompts, wl.gen_len)
+    hf_tokens = hf_out.sequences[:, prompts.shape[1] :]
     assert torch.equal(out.tokens, hf_tokens)
     _, units = load_units(ckpt, "float32")
     store = TieredStore(ckpt, 1 << 30, dtype="float32")

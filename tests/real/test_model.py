@@ -195,16 +195,10 @@ def hf_generate(ckpt, prompt: torch.Tensor, gen_len: int) -> tuple[torch.Tensor,
     (tokens [B, gen_len], last logits [B, V] float32) as reference_generate returns them."""
     transformers = pytest.importorskip("transformers")
     dtype = torch.bfloat16 if load_checkpoint(ckpt)[0].dtype_bytes == 2 else torch.float32
+    from tests.real.test_hf_parity import hf_generate_out  # the unpadded prompt moepipe runs
+
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=dtype).eval()
-    with torch.inference_mode():
-        out = hf.generate(
-            prompt,
-            max_new_tokens=gen_len,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
+    out = hf_generate_out(hf, prompt, gen_len)
     return out.sequences[:, prompt.shape[1] :], out.logits[-1].float()
 
 
