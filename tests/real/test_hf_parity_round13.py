@@ -191,3 +191,17 @@ def test_a_prompt_holding_the_pad_id_equals_transformers_unmasked(base, prompt):
     _, logits = reference_generate(ckpt, holding, 1)
     assert (masked.logits[0].float() - logits)[0].abs().max() > 0.05
     torch.testing.assert_close(masked.logits[0].float()[1], logits[1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["olmoe-clip_norm_bias_yarn", "deepseek_v3-q_lora_yarn_half"])
+def test_klotski_run_of_combined_fields_equals_transformers(case, root):
+    """A real run (live routing, klotski streaming the experts from disk) of a combination:
+    transformers' greedy tokens, its float32 logits within 1e-4 (the 6-token prompts run past
+    ORIG, so YaRN stretches them). At test_hf_parity's full width, which the helper's memory
+    sizes to stream."""
+    from tests.real.test_hf_parity_round10 import assert_run_is_transformers
+
+    family, fields, _ = CASES[case]
+    f32 = torch.float32
+    built = save_cast(family, fields, root / f"{case}-klotski", f32, f32, randomise)
+    assert_run_is_transformers(built, "klotski", {})
