@@ -161,19 +161,43 @@ def unread_beside(opts: Any, keys: Sequence[str], flag: str, why: str) -> None:
             raise MoepipeError(f"{key}={shown}: {flag} {why}; drop {key}= or {flag}")
 
 
-def refuse_values_twice(swept: Sequence[Any]) -> None:
+def refuse_values_twice(swept: Sequence[Any], cfg: Any = None) -> None:
     """A MoepipeError for a sweep override that lists one value twice (`planner=flexgen,flexgen`,
-    `choice(2,2)`): both points would be one run dir (the run dir is keyed by the config), the
-    second reported as reused, the sweep one run short of its points."""
+    `choice(2,2)`), or two that the key reads as one (`workload.gen_len=2,'2'`,
+    `workload.seed=1,01`: where `cfg`, a point's config, holds a number or a boolean there):
+    both points would be one run dir (the run dir is keyed by the config), the second reported
+    as reused, the sweep one run short of its points; or two run dirs of one config."""
+    from omegaconf import OmegaConf
+
     for o in swept:
-        seen: set[str] = set()
+        key = o.get_key_element().lstrip("+~")
+        held = None if cfg is None else OmegaConf.select(cfg, key, default=None)
+        seen: dict[Any, str] = {}
         for value in o.sweep_string_iterator():
-            if value in seen:
+            typed = _as_read(value, held)
+            if typed in seen:
+                also = "" if seen[typed] == value else f" ({seen[typed]} and {value} are one {key})"
                 raise MoepipeError(
-                    f"{o.input_line}: sweeps {value} twice; a sweep runs each point once, into "
-                    "the run dir of its config: drop the repeat"
+                    f"{o.input_line}: sweeps {value} twice{also}; a sweep runs each point once, "
+                    "into the run dir of its config: drop the repeat"
                 )
-            seen.add(value)
+            seen[typed] = value
+
+
+def _as_read(value: str, held: Any) -> Any:
+    """A swept value as a config key holding `held` reads it: a number or boolean converted
+    (`'2'`, `02` and `2` are one int), any other (a name, a string) without its quotes."""
+    text = value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else value
+    try:
+        if isinstance(held, bool):
+            return {"true": True, "yes": True, "on": True, "1": True}.get(
+                text.lower(), False if text.lower() in ("false", "no", "off", "0") else text
+            )
+        if isinstance(held, int | float):
+            return type(held)(text)
+    except ValueError:
+        pass
+    return text
 
 
 # keys hydra sets as a run starts, over any override: one given was replaced without a word

@@ -23,9 +23,12 @@ from experiments.common.launcher_checks import check_joblib
 from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
+    check_sweep_dir,
     composed,
     composing,
     first_point,
+    names_a_folder,
+    names_fit,
 )
 
 
@@ -48,7 +51,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         check_sweep_values(given)
         cfg = composed(config_name, first_point(parsed, given))
         check_joblib(cfg)
-        _names_fit(cfg)
+        names_fit(cfg)
         declared = _declared(cfg, parsed)
         everything = _with_declared(parser.parse_overrides(declared), parsed)
         swept = [o for o in everything if o.is_sweep_override()]
@@ -56,37 +59,20 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
             check_shared(config_name, everything, swept)  # a sweep of one point
             return
         check_sweep_values(swept)
-        refuse_values_twice(swept)  # a sweep's only: one run's `a,a` says to add -m
+        refuse_values_twice(swept, cfg)  # a sweep's only: one run's `a,a` says to add -m
         check_sweep_size(swept)
         base = first_point(parsed, given)
         first = dict(zip([o.input_line for o in parsed], base, strict=True))
-        for o in given:
+        for o in filter(names_a_folder, given):
             for value in o.sweep_string_iterator():
                 point = [
                     f"{o.get_key_element()}={value}" if b == first[o.input_line] else b
                     for b in base
                 ]
-                _names_fit(composed(config_name, point))
+                names_fit(composed(config_name, point))
+        check_sweep_dir(cfg, swept)
         check_subdirs(config_name, everything, swept)
         check_shared(config_name, everything, swept)
-
-
-def _names_fit(cfg: Any) -> None:
-    """What names each point's folder, checked as its folder will take it: the model and
-    hardware names (`resolve.name_part`) and a replication block's case. A name too long or not
-    a plain name, or the replication experiment run without a case, was each point's error
-    once the pool had started (and left a `None/...` folder), the sweep's workers up for
-    nothing."""
-    if "model" not in cfg or "hardware" not in cfg:
-        return  # not a run's config
-    from experiments.common.ep_inputs import case_set
-    from experiments.common.resolve import hardware_name, run_model_name
-
-    hardware_name(_root_=cfg)
-    run_model_name(_root_=cfg)
-    rep = cfg.get("replication")
-    if rep is not None and rep.get("routing"):
-        case_set(rep)
 
 
 def check_sweep_values(swept: Sequence[Any]) -> None:

@@ -5,6 +5,7 @@ run dir each point's config gives it (`check_subdirs`), and a bad value every po
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,8 +15,6 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.errors import MoepipeError
-
-_PER_POINT = ("hydra.job.override_dirname", "hydra.job.num", "hydra.job.id")
 
 # the running command's check of one point's config (its job's, without running it), if any
 POINT_CHECK: list[Callable[[Any], None]] = []
@@ -52,12 +51,10 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     """Refuse a sweep two of whose points would write the same run dir (`hydra.sweep.subdir=`
     empty, or a template of values the swept keys do not change): the second point would
     replace the first's result, and the sweep end with one run fewer than it had points.
-    A template naming a per-point value (`_PER_POINT`) tells them apart; another is resolved
-    for each point (a config composed per point), inside an initialized hydra."""
-    import itertools
-
-    from hydra.core.hydra_config import HydraConfig
-
+    A template naming the job's number tells them apart, and so does one naming a swept key's
+    value; each point over the keys it does not name is resolved (a config composed per point,
+    hydra's runtime choices with it: `x_${hydra:runtime.choices.hardware}` over planners was one
+    folder), inside an initialized hydra."""
     lines = [o.input_line for o in parsed]
     cfg = composed(config_name, first_point(parsed, swept))
     template = OmegaConf.to_container(cfg.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
@@ -74,32 +71,81 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
             "runs would be written elsewhere, and the sweep count none); drop the leading '/' "
             "and any '..'"
         )
-    excluded = any(o.get_key_element().startswith("hydra.job.config") for o in parsed)
-    if any(key in text for key in _PER_POINT) and not excluded:
-        return
-    if excluded and "override_dirname" in text:
-        exclude = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys") or []
-        varied = [o.get_key_element() for o in swept if len(list(o.sweep_string_iterator())) > 1]
-        if varied and all(
-            k in exclude and k.rsplit(".", 1)[-1].lstrip("+~") not in text for k in varied
-        ):
+    if "hydra.job.num" in text or "hydra.job.id" in text:
+        return  # a folder per job
+    exclude = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys") or []
+    varied = [o for o in swept if len(list(o.sweep_string_iterator())) > 1]
+    if "override_dirname" in text:
+        unnamed = [o for o in varied if _key(o) in exclude and not _named(_key(o), text)]
+        if unnamed and len(unnamed) == len(varied):
             raise MoepipeError(
-                f"hydra.sweep.subdir={text}: the swept {', '.join(varied)} are left out of "
+                f"hydra.sweep.subdir={text}: the swept "
+                f"{', '.join(_key(o) for o in unnamed)} are left out of "
                 "hydra.job.override_dirname (exclude_keys) and named nowhere else in it: every "
                 f"point would write one folder, each replacing the last; {fix} with them"
             )
-    if "hydra:" in text or "hydra." in text:
-        # hydra's runtime values (the job's choices, its override_dirname) are set by its
-        # launcher per job; a config composed here does not hold them (every point read the
-        # same choice), so such a template is left to them
-        return
+    else:
+        unnamed = [o for o in varied if not _named(_key(o), text)]
+    # a key the folder's name holds tells its points apart (a value the key reads as another,
+    # `2,'2'`, is refused as swept twice); each other is resolved point by point, the keys
+    # named at their first value: a config composed per point holds hydra's runtime choices
+    _distinct_subdirs(config_name, lines, swept, unnamed, text, fix)
+
+
+def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
+    """Refuse a `hydra.sweep.dir` that names a swept key's value (`g${workload.gen_len}`,
+    `${hydra:runtime.choices.planner}`) or the job's own (`${hydra.job.num}`): each point's
+    job resolved it for itself and wrote a sweep folder of its own, while the sweep counted,
+    tabled and reported only the first's, saying one run where two ran. `cfg`: the first
+    point's config."""
+    hydra_sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
+    text = str(hydra_sweep.get("dir") or "")  # type: ignore[union-attr]
+    per_job = [k for k in ("hydra.job.", "hydra:job.") if k in text]
+    named = per_job + [_key(o) for o in swept if _named(_key(o), text)]
+    if named:
+        raise MoepipeError(
+            f"hydra.sweep.dir={text}: names {named[0].rstrip('.')}, which differs from point to "
+            "point, so each would write a sweep folder of its own and the sweep count one; "
+            "name it in hydra.sweep.subdir instead"
+        )
+
+
+def _key(o: Any) -> str:
+    return str(o.get_key_element()).lstrip("+~")
+
+
+def _named(key: str, template: str) -> bool:
+    """Whether a subdir template names `key`'s value (`${workload.gen_len}`, a group's
+    `${hydra:runtime.choices.planner}`, the model's and hardware's `${run_model:}` resolvers)."""
+    resolver = {"model": "run_model:", "hardware": "run_hardware:"}.get(key)
+    return (
+        f"{{{key}}}" in template
+        or f"choices.{key}}}" in template
+        or bool(resolver and resolver in template)
+    )
+
+
+def _distinct_subdirs(
+    config_name: str,
+    lines: Sequence[str],
+    swept: Sequence[Any],
+    unnamed: Sequence[Any],
+    text: str,
+    fix: str,
+) -> None:
+    """Each point over the values of the `unnamed` swept keys (the others at their first value)
+    composed, and its subdir resolved: two that are one folder are refused."""
+    from hydra.core.hydra_config import HydraConfig
+
+    first = {
+        o.input_line: f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+        for o in swept
+    }
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in unnamed]
     seen: dict[str, list[str]] = {}
-    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
-    swept_lines = [o.input_line for o in swept]
     for point in itertools.product(*values):
-        chosen = dict(zip(swept_lines, point, strict=True))
-        overrides = [chosen.get(line, line) for line in lines]
-        cfg = composed(config_name, overrides)
+        chosen = dict(first) | dict(zip([o.input_line for o in unnamed], point, strict=True))
+        cfg = composed(config_name, [chosen.get(line, line) for line in lines])
         HydraConfig.instance().set_config(cfg)
         subdir = os.path.normpath(str(cfg.hydra.sweep.subdir))
         if subdir in seen:
@@ -109,6 +155,35 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
                 f"result; {fix}, or name a swept key in it"
             )
         seen[subdir] = list(point)
+
+
+# the config roots a point's folder name is read from (`names_fit`): a swept key under another
+# (`workload.seed=range(0,3000)`) names no folder, and composing each of its values (0.1 s each)
+# held a sweep of thousands of points for minutes before its first ran, with nothing said
+_NAMING_ROOTS = ("model", "hardware", "replication", "experiment")
+
+
+def names_a_folder(o: Any) -> bool:
+    """Whether swept override `o` can change what names a point's folder (`_NAMING_ROOTS`)."""
+    return o.get_key_element().lstrip("+~").split(".")[0] in _NAMING_ROOTS
+
+
+def names_fit(cfg: Any) -> None:
+    """What names each point's folder, checked as its folder will take it: the model and
+    hardware names (`resolve.name_part`) and a replication block's case. A name too long or not
+    a plain name, or the replication experiment run without a case, was each point's error
+    once the pool had started (and left a `None/...` folder), the sweep's workers up for
+    nothing."""
+    if "model" not in cfg or "hardware" not in cfg:
+        return  # not a run's config
+    from experiments.common.ep_inputs import case_set
+    from experiments.common.resolve import hardware_name, run_model_name
+
+    hardware_name(_root_=cfg)
+    run_model_name(_root_=cfg)
+    rep = cfg.get("replication")
+    if rep is not None and rep.get("routing"):
+        case_set(rep)
 
 
 def first_point(parsed: Sequence[Any], swept: Sequence[Any]) -> list[str]:
@@ -126,8 +201,8 @@ def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) 
     folder; each failed after the sweep had started, one line per point. The first point is
     checked, then, where it fails, each other value of each swept key with the others at
     their first: one that passes lets the sweep run, its points with a bad value of their own
-    failing alone; where none does, no value the sweep tries avoids the failure. Needs an
-    initialized hydra."""
+    failing alone; where none does (of a key's first VALUES_TRIED), no value the sweep tries
+    avoids the failure. Needs an initialized hydra."""
     from core.errors import MoepipeError
     from experiments.common.cli import error_line
     from experiments.common.hydra_errors import one_line
@@ -147,11 +222,23 @@ def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) 
     raise MoepipeError(str(first))
 
 
+# the values of one swept key `check_shared` tries (its first point failed): each is a config
+# composed (0.2 s); all 3000 of `workload.seed=range(0,3000) workload.gen_len=0` held the sweep
+# for ten minutes before its one line
+VALUES_TRIED = 32
+
+
 def _value_points(parsed: Sequence[Any], swept: Sequence[Any]) -> Iterator[list[str]]:
     """A sweep's first point (its overrides), then each other value of a swept key with the
-    others at their first."""
+    others at their first (a key's first VALUES_TRIED)."""
     lines = [o.input_line for o in parsed]
-    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in swept]
+    values = [
+        [
+            f"{o.get_key_element()}={v}"
+            for v in itertools.islice(o.sweep_string_iterator(), VALUES_TRIED)
+        ]
+        for o in swept
+    ]
     first = [v[0] for v in values]
     points = [first] + [
         first[:i] + [v] + first[i + 1 :] for i, vs in enumerate(values) for v in vs[1:]
