@@ -158,8 +158,11 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
 def parse_problem(message: str) -> str:
     """What hydra's parse error `message` says is wrong, on its lines after the first ("Error
     parsing override 'KEY=VALUE'", which names no cause): `choice()`'s "empty choice is not
-    legal", a keyword argument before a value, an unknown function with those hydra has."""
+    legal", a keyword argument before a value, an unknown function with those hydra has, and
+    a sweep among a function's values (`shuffle(1,choice(2,3))`, hydra's AssertionError)."""
     lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    if re.search(r"\b(?:Choice|Range|Interval)Sweep\b|^AssertionError ", "\n".join(lines), re.M):
+        lines = ["a sweep among a sweep's values; list them in one: a,b,c or choice(a,b,c)"]
     causes = [re.sub(r"^\w+ while evaluating '.*?': ", "", line) for line in lines]
     why = "; ".join(c for c in causes if not c.startswith("See https://")) or (
         message.splitlines()[0] if message else "not hydra's override syntax"

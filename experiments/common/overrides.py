@@ -24,11 +24,14 @@ from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
     check_sweep_dir,
+    check_sweep_values,
     composed,
     composing,
     first_point,
+    is_glob,
     names_a_folder,
     names_fit,
+    refuse_nested_sweeps,
 )
 
 
@@ -73,37 +76,6 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         check_sweep_dir(cfg, swept)
         check_subdirs(config_name, everything, swept)
         check_shared(config_name, everything, swept)
-
-
-def check_sweep_values(swept: Sequence[Any]) -> None:
-    """Each swept override sweeps one value or more, as the basic sweeper can list them:
-    `range(5,3)` (none) and `range(3,5,0)` were internal errors, `interval(3,5)` (an optimizing
-    sweeper's) hydra's line with nothing to do."""
-    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
-
-    for o in swept:
-        v = o.value()
-        if isinstance(v, IntervalSweep):
-            raise MoepipeError(
-                f"{o.input_line}: interval() is for optimizing sweepers; this sweep lists its "
-                "values: pass a,b,c, range(start,stop,step) or choice(a,b)"
-            )
-        if isinstance(v, RangeSweep) and not v.step:
-            raise MoepipeError(f"{o.input_line}: a range's step is 0; pass a step that is not")
-        if _is_glob(o) and o.config_loader is None:
-            continue  # its names are listed with the config loader (check_sweep)
-        if next(iter(o.sweep_string_iterator()), None) is None:
-            raise MoepipeError(
-                f"{o.input_line}: sweeps no value (a glob that matches no name, or a range "
-                "whose start is not before its stop in the step's direction); pass one or more"
-            )
-
-
-def _is_glob(o: Any) -> bool:
-    """Whether override `o` sweeps a glob of a group's names (`planner=glob(klotski*)`)."""
-    from hydra.core.override_parser.types import Glob
-
-    return isinstance(o.value(), Glob)
 
 
 def _declared(cfg: Any, parsed: Sequence[Any]) -> list[str]:
@@ -290,11 +262,12 @@ def check_hydra_overrides(
         key = o.get_key_element().lstrip("+~")
         if o.is_delete():
             continue
+        refuse_nested_sweeps([o])
         group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
         if o.is_sweep_override():
             check_sweep_values([o])
         # a glob's values are a group's names, which take a config loader to list
-        values = list(o.sweep_iterator()) if o.is_sweep_override() and not _is_glob(o) else []
+        values = list(o.sweep_iterator()) if o.is_sweep_override() and not is_glob(o) else []
         values = values if o.is_sweep_override() else [o.value()]
         check_home(o.input_line, key, values)
         if group and not all(isinstance(v, str) for v in values):

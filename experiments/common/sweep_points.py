@@ -270,3 +270,63 @@ def _point_line(
         return line_of(e if cfg is None else with_key(e, cfg))
     finally:
         HydraConfig.instance().cfg = held
+
+
+def check_sweep_values(swept: Sequence[Any]) -> None:
+    """Each swept override sweeps one value or more, as the basic sweeper can list them:
+    `range(5,3)` (none) and `range(3,5,0)` were internal errors, `interval(3,5)` (an optimizing
+    sweeper's) hydra's line with nothing to do, `choice(1,choice(2,3))` omegaconf's words on
+    hydra's own type."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    for o in swept:
+        v = o.value()
+        if isinstance(v, ChoiceSweep) and any(_holds_sweep(x) for x in v.list):
+            # hydra lists none of its values (omegaconf's "tags: Unexpected type annotation")
+            raise MoepipeError(
+                f"{o.input_line}: a sweep among a sweep's values; list them in one: "
+                "a,b,c or choice(a,b,c)"
+            )
+        if isinstance(v, IntervalSweep):
+            raise MoepipeError(
+                f"{o.input_line}: interval() is for optimizing sweepers; this sweep lists its "
+                "values: pass a,b,c, range(start,stop,step) or choice(a,b)"
+            )
+        if isinstance(v, RangeSweep) and not v.step:
+            raise MoepipeError(f"{o.input_line}: a range's step is 0; pass a step that is not")
+        if is_glob(o) and o.config_loader is None:
+            continue  # its names are listed with the config loader (check_sweep)
+        if next(iter(o.sweep_string_iterator()), None) is None:
+            raise MoepipeError(
+                f"{o.input_line}: sweeps no value (a glob that matches no name, or a range "
+                "whose start is not before its stop in the step's direction); pass one or more"
+            )
+
+
+def _holds_sweep(value: Any) -> bool:
+    """Whether an override's value is, or holds in a list or dict, a sweep (`choice(2,3)`)."""
+    from hydra.core.override_parser.types import Sweep
+
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, Sweep) or (
+        isinstance(value, list) and any(_holds_sweep(x) for x in value)
+    )
+
+
+def refuse_nested_sweeps(parsed: Sequence[Any]) -> None:
+    """A MoepipeError for a list or dict value holding a sweep (`workload.routing.tasks=[a,
+    choice(b,c)]`): hydra passed its object on, said as `ChoiceSweep(tags=set(), ...)`."""
+    for o in parsed:
+        if not o.is_sweep_override() and _holds_sweep(o.value()):
+            raise MoepipeError(
+                f"{o.input_line}: a sweep inside a list or dict; sweep the whole value "
+                f"instead ({o.get_key_element()}=[a,b],[a,c])"
+            )
+
+
+def is_glob(o: Any) -> bool:
+    """Whether override `o` sweeps a glob of a group's names (`planner=glob(klotski*)`)."""
+    from hydra.core.override_parser.types import Glob
+
+    return isinstance(o.value(), Glob)

@@ -16,6 +16,11 @@ Classes:
    before its first point ran (0.2 s each: ten minutes, nothing said); and with a bad value
    every point shares, every value again before the one line. Only the keys that name a
    point's folder are composed per value, and a key's first 32 values tried.
+5. A sweep among a sweep's values (`choice(1,choice(2,3))`, `1,choice(2,3)`) said omegaconf's
+   "tags: Unexpected type annotation: Set[str]", one inside `sort()`/`shuffle()` hydra's
+   "Invalid arguments: (1, ChoiceSweep(...))" or a bare AssertionError, and one in a list or
+   dict (`[1,choice(2,3)]`) was passed on as `[1, ChoiceSweep(tags=set(), ...)]`: each is one
+   line saying to list the values in one sweep (a list's: to sweep the whole value).
 """
 
 from __future__ import annotations
@@ -149,3 +154,24 @@ def test_a_sweep_of_thousands_of_points_is_checked_without_composing_each(
     monkeypatch.setattr(sweep_points, "VALUES_TRIED", 3)  # each tried is 0.2 s here
     raises_one_line(lambda: check_sweep(CONF_DIR, "config", args), "workload.gen_len")
     assert compositions[0] < 10 + 3 + 1
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("choice(1,choice(2,3))", "a sweep among a sweep's values"),
+        ("1,choice(2,3)", "a sweep among a sweep's values"),
+        ("sort(1,choice(2,3))", "a sweep among a sweep's values"),
+        ("shuffle(1,choice(2,3))", "a sweep among a sweep's values"),
+        ("choice(1,range(2,4))", "a sweep among a sweep's values"),
+        ("[1,choice(2,3)]", "a sweep inside a list or dict"),
+    ],
+)
+def test_a_sweep_nested_in_a_value_is_one_line(
+    tmp_path: Path, cli_here: Any, value: str, said: str
+) -> None:
+    r = cli_here(
+        "experiments.run", *SWEEP, f"workload.gen_len={value}", f"hydra.sweep.dir={tmp_path}/s"
+    )
+    one_line(r, said)
+    assert not (tmp_path / "s").exists()
