@@ -58,6 +58,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         declared = _declared(cfg, parsed)
         everything = _with_declared(parser.parse_overrides(declared), parsed)
         swept = [o for o in everything if o.is_sweep_override()]
+        check_sweep_dir(cfg, swept)
         if not swept:
             check_shared(config_name, everything, swept)  # a sweep of one point
             return
@@ -73,7 +74,6 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                     for b in base
                 ]
                 names_fit(composed(config_name, point))
-        check_sweep_dir(cfg, swept)
         check_subdirs(config_name, everything, swept)
         check_shared(config_name, everything, swept)
 

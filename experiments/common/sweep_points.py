@@ -96,8 +96,8 @@ def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
     """Refuse a `hydra.sweep.dir` that names a swept key's value (`g${workload.gen_len}`,
     `${hydra:runtime.choices.planner}`) or the job's own (`${hydra.job.num}`): each point's
     job resolved it for itself and wrote a sweep folder of its own, while the sweep counted,
-    tabled and reported only the first's, saying one run where two ran. `cfg`: the first
-    point's config."""
+    tabled and reported only the first's, saying one run where two ran; or that is a run's
+    folder (`_not_a_run`). `cfg`: the first point's config."""
     hydra_sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
     text = str(hydra_sweep.get("dir") or "")  # type: ignore[union-attr]
     per_job = [k for k in ("hydra.job.", "hydra:job.") if k in text]
@@ -107,6 +107,28 @@ def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
             f"hydra.sweep.dir={text}: names {named[0].rstrip('.')}, which differs from point to "
             "point, so each would write a sweep folder of its own and the sweep count one; "
             "name it in hydra.sweep.subdir instead"
+        )
+    _not_a_run(cfg)
+
+
+def _not_a_run(cfg: Any) -> None:
+    """Refuse a sweep dir that is a run's folder (its summary.json or files.sha256, a single
+    run's or one of a sweep's points): the sweep wrote its points and multirun.yaml beside
+    that run's result, and `collect` then refused the folder as a run's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from core.args import RUN_FILES
+
+    HydraConfig.instance().set_config(cfg)
+    try:
+        where = Path(str(cfg.hydra.sweep.dir))
+    except Exception:  # noqa: BLE001 (a value that does not resolve: hydra's own line says so)
+        return
+    held = next((f for f in RUN_FILES[:2] if (where / f).is_file()), None)
+    if held is not None:
+        raise MoepipeError(
+            f"hydra.sweep.dir={where}: a run's folder (its {held}), which the sweep's points "
+            "would be written beside; pass hydra.sweep.dir= another folder"
         )
 
 

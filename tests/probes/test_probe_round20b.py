@@ -21,6 +21,9 @@ Classes:
    "Invalid arguments: (1, ChoiceSweep(...))" or a bare AssertionError, and one in a list or
    dict (`[1,choice(2,3)]`) was passed on as `[1, ChoiceSweep(tags=set(), ...)]`: each is one
    line saying to list the values in one sweep (a list's: to sweep the whole value).
+6. A sweep into a run's folder (a single run's `hydra.run.dir`, or one of a sweep's points)
+   wrote its points and multirun.yaml beside that run's result, exit 0, and `collect` then
+   refused the folder as a run's: refused before any point runs.
 """
 
 from __future__ import annotations
@@ -175,3 +178,13 @@ def test_a_sweep_nested_in_a_value_is_one_line(
     )
     one_line(r, said)
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("held", ["summary.json", "files.sha256"])
+def test_a_sweep_into_a_runs_folder_is_refused(tmp_path: Path, cli_here: Any, held: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / held).write_text("{}")
+    r = cli_here("experiments.run", *SWEEP, "hydra/launcher=basic", f"hydra.sweep.dir={run}")
+    one_line(r, f"hydra.sweep.dir={run}: a run's folder (its {held})")
+    assert [p.name for p in run.iterdir()] == [held]
