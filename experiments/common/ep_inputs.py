@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from core import traces
 from core.balance import KEYS
 from core.cost import CostModel
 from core.errors import ConfigError, MoepipeError, did_you_mean
@@ -268,6 +269,20 @@ def prepare(cfg: DictConfig, spec: RunSpec, out_dir: Path) -> tuple[RunSpec, Rou
     return replace(spec, workload=wl, params=params), routing
 
 
+def _fits_esft(model: ModelSpec) -> None:
+    """A ConfigError where `model` is not of the ESFT trace's shape, which an ESFT case replays
+    whatever the model: each point of its sweep failed on it after the sweep had started (the
+    routing's `check_fits`), one line a point."""
+    have = (traces.N_LAYERS, N_EXPERTS, traces.TOP_K)
+    want = (len(model.moe_layers), model.n_experts, model.top_k)
+    if want != have:
+        raise ConfigError(
+            f"replication.routing=esft_heldout replays the ESFT trace, whose (moe_layers, "
+            f"experts, top_k) = {have}; model {model.name} has {want}: drop model= (the case "
+            "runs its own) or pass a model of that shape"
+        )
+
+
 def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     """A ConfigError where the block's settings do not fit this run's planner or routing, checked
     before anything is prepared (a sweep checks them before its first point: `run.check_point`);
@@ -286,6 +301,7 @@ def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
         )
     if rep["routing"] == "esft_heldout":
         residue(str(rep.get("split", "test")))  # a split of the ESFT sequences it names
+        _fits_esft(spec.model)
     elif str(rep.get("split", "test")) != "test":
         raise ConfigError(
             f"replication.split={rep['split']}: a split of the held-out ESFT sequences, but "

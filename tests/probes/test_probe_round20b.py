@@ -24,6 +24,9 @@ Classes:
 6. A sweep into a run's folder (a single run's `hydra.run.dir`, or one of a sweep's points)
    wrote its points and multirun.yaml beside that run's result, exit 0, and `collect` then
    refused the folder as a run's: refused before any point runs.
+7. An ESFT replication case on a model not of the ESFT trace's shape (`-m
+   experiment=replication_esft_g4 model=tiny`) started, and each of its 14 points failed on
+   the routing's shape, one line each: the case's check (run before the sweep starts) says it.
 """
 
 from __future__ import annotations
@@ -188,3 +191,19 @@ def test_a_sweep_into_a_runs_folder_is_refused(tmp_path: Path, cli_here: Any, he
     r = cli_here("experiments.run", *SWEEP, "hydra/launcher=basic", f"hydra.sweep.dir={run}")
     one_line(r, f"hydra.sweep.dir={run}: a run's folder (its {held})")
     assert [p.name for p in run.iterdir()] == [held]
+
+
+def test_an_esft_case_on_a_model_of_another_shape_is_refused_before_it_runs(
+    tiny_model: Any,
+) -> None:
+    from types import SimpleNamespace
+
+    from experiments.common.ep_inputs import check_block
+
+    spec = SimpleNamespace(planner="eplb", params={}, model=tiny_model)
+    rep = {"routing": "esft_heldout", "split": "test"}
+    raises_one_line(
+        lambda: check_block(rep, spec),  # type: ignore[arg-type]
+        "replication.routing=esft_heldout",
+        "(26, 64, 6); model tiny has (2, 4, 2)",
+    )
