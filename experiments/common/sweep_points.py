@@ -223,8 +223,8 @@ def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) 
     folder; each failed after the sweep had started, one line per point. The first point is
     checked, then, where it fails, each other value of each swept key with the others at
     their first: one that passes lets the sweep run, its points with a bad value of their own
-    failing alone; where none does (of a key's first VALUES_TRIED), no value the sweep tries
-    avoids the failure. Needs an initialized hydra."""
+    failing alone; where none does (of a key's first VALUES_TRIED and its last), no value the
+    sweep tries avoids the failure. Needs an initialized hydra."""
     from core.errors import MoepipeError
     from experiments.common.cli import error_line
     from experiments.common.hydra_errors import one_line
@@ -250,17 +250,18 @@ def check_shared(config_name: str, parsed: Sequence[Any], swept: Sequence[Any]) 
 VALUES_TRIED = 32
 
 
+def _tried(override: Any) -> list[str]:
+    """The values of a swept key `check_shared` tries: its first VALUES_TRIED and its last (a
+    range whose first values are all bad, `range(-40,10)`, may end in good ones)."""
+    values = list(override.sweep_string_iterator())
+    return values[:VALUES_TRIED] + values[-1:] if len(values) > VALUES_TRIED else values
+
+
 def _value_points(parsed: Sequence[Any], swept: Sequence[Any]) -> Iterator[list[str]]:
     """A sweep's first point (its overrides), then each other value of a swept key with the
-    others at their first (a key's first VALUES_TRIED)."""
+    others at their first (a key's first VALUES_TRIED and its last)."""
     lines = [o.input_line for o in parsed]
-    values = [
-        [
-            f"{o.get_key_element()}={v}"
-            for v in itertools.islice(o.sweep_string_iterator(), VALUES_TRIED)
-        ]
-        for o in swept
-    ]
+    values = [[f"{o.get_key_element()}={v}" for v in _tried(o)] for o in swept]
     first = [v[0] for v in values]
     points = [first] + [
         first[:i] + [v] + first[i + 1 :] for i, vs in enumerate(values) for v in vs[1:]

@@ -162,6 +162,23 @@ def test_a_sweep_of_thousands_of_points_is_checked_without_composing_each(
     assert compositions[0] < 10 + 3 + 1
 
 
+def test_a_sweep_whose_first_values_fail_and_last_passes_is_not_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from core.errors import MoepipeError
+    from experiments.common import sweep_points
+    from experiments.common.hydra_errors import CONF_DIR
+    from experiments.common.overrides import check_sweep
+
+    def bad_below_2999(cfg: Any) -> None:  # each of its points fails alone but the last
+        if cfg.workload.seed < 2999:
+            raise MoepipeError(f"workload.seed={cfg.workload.seed}: not this one")
+
+    monkeypatch.setattr(sweep_points, "POINT_CHECK", [bad_below_2999])
+    monkeypatch.setattr(sweep_points, "VALUES_TRIED", 3)
+    check_sweep(CONF_DIR, "config", [*TINY, "workload.seed=range(0,3000)"])  # not refused
+
+
 @pytest.mark.parametrize(
     ("value", "said"),
     [
