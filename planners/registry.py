@@ -92,7 +92,8 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
     for key, value in values.items():
         if _numeric(hints[key]) and non_finite(value):  # in every number's one wording
             raise ConfigError(
-                f"planner {name}: planner.params.{key} must be a finite number, got {value}"
+                f"planner {name}: planner.params.{key} must be a finite number, got {value}; "
+                "pass a finite one"
             )
         need = _mismatch(hints[key], value)
         if need:

@@ -383,9 +383,15 @@ def _how_to_add(cause: Any, key: str, text: str) -> str:
 def _wrong_type(text: str, key: str, at: str) -> str | None:
     """The line for a value of the wrong type (a word for a number, a null where a value
     belongs, a scalar for a list, a word for a bool); None for an error of another kind."""
-    wrong = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    wrong = re.search(r"Value '.*' of type 'dict' could not be converted to (\w+)", text)
+    if wrong:  # `gpu_frac={a:1}`: omegaconf's line quoted the mapping and said no fix
+        need = _KINDS.get(wrong.group(1), wrong.group(1))
+        return f"{key}: a mapping where {need} belongs{at}; pass {key}=<{need}>"
+    # (a list's items quoted: `['a']`)
+    wrong = re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if wrong and non_finite(wrong.group(1)):  # YAML's .inf, or inf for a whole number
-        return f"{key} must be a finite number, got {wrong.group(1)}{at}"  # as check_finite's
+        need = _KINDS.get(wrong.group(2), wrong.group(2))  # in check_finite's words
+        return f"{key} must be a finite number, got {wrong.group(1)}{at}; pass {key}=<{need}>"
     if wrong:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         whole = _whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
