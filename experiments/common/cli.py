@@ -179,6 +179,11 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, OverrideParseException):
         from experiments.common.hydra_errors import parse_problem
 
+        if e.override and "=" not in e.override and not e.override.startswith("~"):
+            return _flat(  # `foo`: hydra says "missing EQUAL at '<EOF>'"
+                f"{e.override!r}: an argument without '='; options are given as key=value "
+                "(--help lists them)"
+            )
         return _flat(f"override {e.override!r}: {parse_problem(str(e.message))}")
     for cause in (e, e.__cause__, e.__context__):
         if isinstance(cause, yaml.YAMLError):

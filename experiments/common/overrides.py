@@ -197,6 +197,9 @@ def check_flags(flags: list[str]) -> list[str]:
             )
         if name in _REFUSED:
             raise MoepipeError(f"{flag}: {_REFUSED[name]}")
+        if eq and name not in VALUE_FLAGS:  # `--help=1`: argparse's 8 lines of usage
+            bare = flag.partition("=")[0]
+            raise MoepipeError(f"{flag}: {bare} takes no value; pass {bare} alone, {ALL_FLAGS}")
         if name in _MODES:
             modes.append(flag.partition("=")[0])
         if flag in VALUE_FLAGS:
