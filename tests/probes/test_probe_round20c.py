@@ -1,0 +1,106 @@
+"""Probe round 20c (issue 48): every command's key=value options, systematically, and the real
+executor's and the distributed path's config surface.
+
+Classes:
+1. A mapping or a list given where a number belongs (`gpu_frac={a:1}`, `repeats=[1]` in a
+   file) was omegaconf's own line, the value quoted back and no fix: what was given, what
+   belongs, and the option to pass, as for a mapping where a string belongs.
+2. NaN or infinity where a whole number belongs (`repeat=nan`), in a planner's params or a
+   spec's field: "must be a finite number" said no fix; each says to pass a finite one.
+3. A flag that takes no value given one (`--help=1`, `-m=1`, `--run=x`) was argparse's 8 lines
+   of usage: one line naming the flag, to pass it alone.
+4. A positional argument (`foo`, `dir`) was hydra's "missing EQUAL at '<EOF>'": one line that
+   says options are given as key=value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.spec import check_finite
+from planners.registry import make_params
+from tests.probes.conftest import one_line, raises_one_line
+
+# --- 1. a mapping or a list where a number belongs ---
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "line"),
+    [
+        (
+            "experiments.routing_stats",
+            ["seed={a:1}"],
+            "seed: a mapping where a whole number belongs; pass seed=<a whole number>",
+        ),
+        (
+            "experiments.make_checkpoint",
+            ["model=mixtral-tiny", "out=D", "scale={a:1}"],
+            "scale: a mapping where a number belongs; pass scale=<a number>",
+        ),
+    ],
+)
+def test_a_mapping_where_a_number_belongs_says_what_to_pass(
+    tmp_path: Path, cli_here: Any, module: str, args: list[str], line: str
+) -> None:
+    args = [a.replace("=D", f"={tmp_path / 'x'}") for a in args]
+    assert one_line(cli_here(module, *args)) == f"error: {line}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_field_given_a_mapping_says_what_to_pass(tmp_path: Path, cli_here: Any) -> None:
+    r = cli_here(
+        "experiments.run",
+        *["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"],
+        "workload.batch_size={a:1}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    one_line(r, "workload.batch_size: a mapping where a whole number belongs; pass")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 2. NaN or infinity: a finite number to pass ---
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_whole_number_option_says_to_pass_one(cli_here: Any, value: str) -> None:
+    r = cli_here("experiments.bench.sim", f"repeat={value}")
+    one_line(r, f"repeat must be a finite number, got {value}; pass repeat=<a whole number>")
+
+
+def test_a_non_finite_planner_param_or_spec_field_says_to_pass_a_finite_one() -> None:
+    raises_one_line(
+        lambda: make_params("fiddler", {"resident_share": float("nan")}),
+        "planner.params.resident_share must be a finite number, got nan; pass a finite one",
+    )
+    with pytest.raises(ConfigError, match="got inf; pass a finite one"):
+        check_finite("hardware.gpu", tflops=float("inf"))
+
+
+# --- 3. a flag that takes no value given one ---
+
+
+@pytest.mark.parametrize("flag", ["--help=1", "-m=1", "--version=2"])
+def test_a_flag_given_a_value_it_takes_none_of_is_one_line(
+    tmp_path: Path, cli_here: Any, flag: str
+) -> None:
+    bare = flag.partition("=")[0]
+    r = cli_here("experiments.collect", f"dir={tmp_path}", flag)
+    one_line(r, f"{flag}: {bare} takes no value; pass {bare} alone")
+    assert r.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 4. a positional argument ---
+
+
+@pytest.mark.parametrize("arg", ["foo", "+dir"])
+def test_a_positional_argument_says_options_are_key_value(
+    tmp_path: Path, cli_here: Any, arg: str
+) -> None:
+    r = cli_here("experiments.collect", f"dir={tmp_path}", arg)
+    one_line(r, f"{arg!r}: an argument without '='; options are given as key=value")
+    assert list(tmp_path.iterdir()) == []
