@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.errors import MoepipeError, integer_words
+from core.errors import MoepipeError, did_you_mean, integer_words
 from core.files import no_folder_there
 from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_idle_flags, refuse_values_twice
@@ -193,7 +193,8 @@ def check_flags(flags: list[str]) -> list[str]:
         flag = flags[i]
         if name not in _FLAGS:
             raise MoepipeError(
-                f"{flag}: unknown flag; options are key=value (see --help), {ALL_FLAGS}"
+                f"{flag}: unknown flag; {_nearest_flag(flag)}options are key=value "
+                f"(see --help), {ALL_FLAGS}"
             )
         if name in _REFUSED:
             raise MoepipeError(f"{flag}: {_REFUSED[name]}")
@@ -230,6 +231,15 @@ def check_flags(flags: list[str]) -> list[str]:
         )
     refuse_idle_flags(out, {**_SHORT, "-h": "--help"})
     return out
+
+
+def _nearest_flag(flag: str) -> str:
+    """`did you mean '--help'? ` for a mistyped long flag (`--hlep`), `did you mean 'out=x'? `
+    for an option written as a flag (`--out=x`), else empty."""
+    names = sorted(f[2:] for f in _FLAGS if f.startswith("--"))
+    near = did_you_mean(flag.partition("=")[0].lstrip("-"), names).replace("'", "'--", 1)
+    option = flag.lstrip("-")
+    return near or (f"did you mean {option!r}? " if "=" in option[1:] else "")
 
 
 # the flags that name a folder of configs, long and short

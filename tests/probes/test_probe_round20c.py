@@ -11,6 +11,8 @@ Classes:
    of usage: one line naming the flag, to pass it alone.
 4. A positional argument (`foo`, `dir`) was hydra's "missing EQUAL at '<EOF>'": one line that
    says options are given as key=value.
+5. A mistyped flag (`--hlep`) or an option written as a flag (`--out=x`) was "unknown flag"
+   with no did-you-mean, as an unknown option has: the nearest flag, or the option.
 """
 
 from __future__ import annotations
@@ -104,3 +106,17 @@ def test_a_positional_argument_says_options_are_key_value(
     r = cli_here("experiments.collect", f"dir={tmp_path}", arg)
     one_line(r, f"{arg!r}: an argument without '='; options are given as key=value")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- 5. a mistyped flag, or an option written as one ---
+
+
+@pytest.mark.parametrize(
+    ("flag", "hint"), [("--hlep", "did you mean '--help'?"), ("--out=x", "did you mean 'out=x'?")]
+)
+def test_a_mistyped_flag_says_the_nearest(
+    tmp_path: Path, cli_here: Any, flag: str, hint: str
+) -> None:
+    one_line(
+        cli_here("experiments.collect", f"dir={tmp_path}", flag), f"{flag}: unknown flag; {hint}"
+    )
