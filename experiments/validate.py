@@ -70,6 +70,7 @@ from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_name
 from experiments.common.pipeline import (
     RunResult,
     RunSpec,
+    expert_parallel_only,
     simulate_run,
     sized_run,
     write_run,
@@ -330,6 +331,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         except MoepipeError as e:
             raise MoepipeError(f"planner_params: {e}") from None
     distributed = bool(opts["executor.distributed"])
+    names = expert_parallel_only(names, given) if distributed else names
     dtype = run_dtype(opts["executor.dtype"])
     gpu_frac, cpu_frac = (
         # a share of the model's bytes: above 1 where every device must hold the whole model

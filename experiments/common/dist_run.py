@@ -45,7 +45,7 @@ from experiments import TERMINAL_SIGNALS
 from experiments.common import rank_stderr
 from experiments.common.deferred import interrupt_deferred
 from experiments.common.launch_line import gone_peers, launched
-from experiments.common.pipeline import RunResult, RunSpec, build_schedule, sized_run
+from experiments.common.pipeline import RunResult, RunSpec, build_schedule, one_device, sized_run
 from experiments.common.rank_server import (
     LOST,
     PARENT_VAR,
@@ -114,11 +114,7 @@ def sized_processes(
         # here, not as each rank's line ("rank 0: ...") once every rank has started
         raise ConfigError(f"planner {spec.planner}: {LIVE_ORACLE}")
     if ep is None:
-        raise ConfigError(
-            f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
-            f"planner {spec.planner} plans one device (use ep_static, eplb, "
-            "predictive_replication or oracle_replication, or executor.distributed=false)"
-        )
+        raise one_device([spec.planner])
     g = ep.n_devices
     # n_devices 0 (its default) is hardware.n_gpus: the line names what the user set
     named = (

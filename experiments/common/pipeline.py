@@ -18,7 +18,7 @@ import numpy as np
 from core.balance import phases
 from core.chrome_trace import chrome_parts, write_chrome
 from core.cost import CostModel
-from core.errors import CapacityError, MoepipeError
+from core.errors import CapacityError, ConfigError, MoepipeError
 from core.files import plain_permissions
 from core.hardware import HardwareSpec
 from core.lazy import lazy_module
@@ -29,7 +29,7 @@ from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
-from planners.registry import make_planner, own_errors
+from planners.registry import expert_parallel_names, make_planner, own_errors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -403,3 +403,27 @@ def write_balance(out: Path, result: RunResult) -> None:
         phases(result.trace, int(result.summary["n_devices"])).to_csv(
             out / "balance.csv", index=False
         )
+
+
+def one_device(planners: list[str]) -> ConfigError:
+    """The error of executor.distributed=true given `planners` that plan one device."""
+    ep = expert_parallel_names()
+    which = (
+        f"planner {planners[0]} plans"
+        if len(planners) == 1
+        else f"planners {', '.join(planners)} plan"
+    )
+    return ConfigError(
+        "executor.distributed=true runs an expert-parallel planner's devices as processes; "
+        f"{which} one device (use {', '.join(ep[:-1])} or {ep[-1]}, or executor.distributed=false)"
+    )
+
+
+def expert_parallel_only(names: list[str], given: list[str]) -> list[str]:
+    """The planners a distributed validation runs: the expert-parallel ones of `names` where
+    none was `given`; else `names`, refused where one plans one device (its row skipped after
+    the others' runs, it said so only then)."""
+    one = [n for n in names if n not in expert_parallel_names()]
+    if one and given:
+        raise ConfigError(f"planners={','.join(given)}: {one_device(one)}")
+    return [n for n in names if n not in one]

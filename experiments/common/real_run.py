@@ -38,6 +38,7 @@ from experiments.common.pipeline import (
     RunResult,
     RunSpec,
     build_schedule,
+    one_device,
     run_planner,
     sized_run,
     summary_of,
@@ -250,11 +251,7 @@ def _peers(
     """This rank's `Peers` for a schedule (or a live run's dry plan) of an expert-parallel
     planner."""
     if schedule.ep is None:
-        raise ConfigError(
-            f"executor.distributed=true runs an expert-parallel planner's devices as processes; "
-            f"planner {spec.planner} plans one device (use ep_static, eplb, "
-            "predictive_replication or oracle_replication, or executor.distributed=false)"
-        )
+        raise one_device([spec.planner])
     peers = Peers(schedule.ep, spec.model, spec.workload)
     if on_peers is not None:
         on_peers(peers)

@@ -13,6 +13,9 @@ Classes:
    says options are given as key=value.
 5. A mistyped flag (`--hlep`) or an option written as a flag (`--out=x`) was "unknown flag"
    with no did-you-mean, as an unknown option has: the nearest flag, or the option.
+6. validate with executor.distributed=true and a planner that plans one device (flexgen)
+   ran the others' real runs first and then said the planner was skipped: refused in one line
+   up front, as a run refuses it; with no planners given, only the expert-parallel ones run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.spec import check_finite
+from experiments.common.pipeline import expert_parallel_only
 from planners.registry import make_params
 from tests.probes.conftest import one_line, raises_one_line
 
@@ -120,3 +124,22 @@ def test_a_mistyped_flag_says_the_nearest(
     one_line(
         cli_here("experiments.collect", f"dir={tmp_path}", flag), f"{flag}: unknown flag; {hint}"
     )
+
+
+# --- 6. validate's executor.distributed=true with a planner of one device ---
+
+
+def test_validate_distributed_with_a_one_device_planner_is_refused_up_front(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    out = tmp_path / "val"
+    args = ["checkpoint=CK", f"out={out}", "executor.distributed=true", "planners=[eplb,flexgen]"]
+    r = cli_here("experiments.validate", *args)
+    one_line(r, "planners=eplb,flexgen: executor.distributed=true", "planner flexgen plans one")
+    assert not out.exists()
+
+
+def test_validate_distributed_with_no_planners_given_runs_the_expert_parallel_ones() -> None:
+    names = ["eplb", "flexgen", "klotski", "ep_static"]
+    assert expert_parallel_only(names, []) == ["eplb", "ep_static"]
+    assert expert_parallel_only(["eplb"], ["eplb"]) == ["eplb"]
