@@ -355,14 +355,33 @@ def _calibrate_if_missing(opts: BenchRealOptions, spec: Any, ckpt: Path) -> None
         os.sync()  # the checkpoint's dirty pages written back: the disk is measured quiet
         _progress(f"no hardware profile {hardware}: calibrating on {cut} (first {layers} layers)")
         cmd = [sys.executable, "-m", "experiments.calibrate", f"hardware.name={hardware}"]
-        if subprocess.run([*cmd, f"checkpoint={cut}"], preexec_fn=pe.ignore_ctrl_c).returncode:
+        why = _run_child([*cmd, f"checkpoint={cut}"])
+        if why:
             raise MoepipeError(
-                f"hardware={hardware}: calibrating it failed (its line is above); run this "
-                f"bench again, or python -m experiments.calibrate hardware.name={hardware} "
-                f"checkpoint={ckpt}"
+                f"hardware={hardware}: calibrating it failed ({why}); run this bench again, or "
+                f"python -m experiments.calibrate hardware.name={hardware} checkpoint={ckpt}"
             )
     finally:
         shutil.rmtree(cut, ignore_errors=True)
+
+
+def _run_child(cmd: list[str]) -> str:
+    """`cmd` run to its end, its stderr relayed but for its `error: ` line (`pe.relay`), which
+    is returned (its exit status where it said none; empty where it succeeded): the bench's
+    own line says it, not a second error line before it."""
+    errors: list[str] = []
+    with subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, text=True, preexec_fn=pe.ignore_ctrl_c
+    ) as proc:
+        try:
+            pe.relay(proc.stderr, errors)
+            proc.wait()
+        except BaseException:  # Ctrl-C is the bench's: the child (which ignores it) goes too
+            proc.kill()
+            raise
+    if not proc.returncode:
+        return ""
+    return errors[-1] if errors else f"exit status {proc.returncode}"
 
 
 def _profile_exists(hardware: str) -> bool:

@@ -306,8 +306,8 @@ def run_side(
             text=True,
             preexec_fn=ignore_ctrl_c,  # Ctrl-C is the bench's: it kills the child, one line
         )
-        relay = threading.Thread(target=_relay, args=(proc.stderr, errors), daemon=True)
-        relay.start()
+        relaying = threading.Thread(target=relay, args=(proc.stderr, errors), daemon=True)
+        relaying.start()
         try:
             out = proc.stdout.read() if proc.stdout else ""
             proc.wait()
@@ -315,7 +315,7 @@ def run_side(
             proc.kill()
             proc.wait()
             raise
-        relay.join()
+        relaying.join()
         peak = cg.peak_bytes() if cg else None
         oom = cg.oom_killed() if cg else False
     finally:
@@ -329,7 +329,7 @@ def run_side(
     return None, peak, errors[-1] if errors else f"exit status {proc.returncode}"
 
 
-def _relay(stream: Any, errors: list[str]) -> None:
+def relay(stream: Any, errors: list[str]) -> None:
     """A child's stderr onto the bench's as it comes, except its `error: ` line, kept in
     `errors`: the bench's own line says it, instead of a second error line after it. Its
     warnings name the bench's options (`own_names_now`), as the bench's own do, and a line the

@@ -224,11 +224,11 @@ def test_a_childs_relayed_warning_names_the_benchs_options(
     """bench.real relayed its accelerate children's warnings as they wrote them: "raise
     gpu_frac or cpu_frac" (bench.accelerate's options) to a bench.real user."""
     from experiments.bench import real
-    from experiments.common.peers import _relay
+    from experiments.common.peers import relay
 
     errors: list[str] = []
     with named_as(real.OWN_NAMES):
-        _relay(io.StringIO("n-planner: raise gpu_frac or cpu_frac (klotski_n)\nerror: x\n"), errors)
+        relay(io.StringIO("n-planner: raise gpu_frac or cpu_frac (klotski_n)\nerror: x\n"), errors)
     assert capsys.readouterr().err == "n-planner: raise budget_gb (n)\n"
     assert errors == ["x"]
 
@@ -286,14 +286,14 @@ def test_a_warning_the_bench_or_a_child_gave_is_not_relayed_again(
     block, logged by it or relayed from a child, is not relayed again; blank lines and other
     lines are."""
     from experiments.bench import real
-    from experiments.common.peers import _relay
+    from experiments.common.peers import relay
 
     warning = "n-planner: n=2 does not fit memory (raise budget_gb)"
     with named_as(real.OWN_NAMES):
         logging.getLogger("planners.n_planner").warning(warning)
         capsys.readouterr()
         for child in ("a", "b"):
-            _relay(io.StringIO(f"{warning}\n\nchild {child} ran\n{warning}\n"), [])
+            relay(io.StringIO(f"{warning}\n\nchild {child} ran\n{warning}\n"), [])
     assert capsys.readouterr().err == "\nchild a ran\n\nchild b ran\n"
-    _relay(io.StringIO(f"{warning}\n{warning}\n"), [])  # outside a bench's block: as it came
+    relay(io.StringIO(f"{warning}\n{warning}\n"), [])  # outside a bench's block: as it came
     assert capsys.readouterr().err == f"{warning}\n{warning}\n"

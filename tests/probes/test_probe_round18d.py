@@ -106,10 +106,10 @@ def test_a_bench_calibration_stopped_leaves_no_cut(tmp_path, monkeypatch, stop):
     """bench.real stopped (Ctrl-C) or failing while calibrate ran left `.calib-cut`, a hidden
     folder of links and a config, beside its checkpoint."""
 
-    def stopped(cmd, **_):
+    def stopped(cmd):
         raise stop()
 
-    monkeypatch.setattr(bench_real.subprocess, "run", stopped)
+    monkeypatch.setattr(bench_real, "_run_child", stopped)
     spec = bench_real.reduced_spec("mixtral-tiny")
     ckpt = bench_real.ensure_checkpoint(spec, tmp_path / "m")
     opts = bench_real.BenchRealOptions(

@@ -16,10 +16,14 @@ Classes:
 6. validate with executor.distributed=true and a planner that plans one device (flexgen)
    ran the others' real runs first and then said the planner was skipped: refused in one line
    up front, as a run refuses it; with no planners given, only the expert-parallel ones run.
+7. bench.real's calibrate child that failed (a second bench calibrating the same machine at
+   once) printed its error line, then the bench's "calibrating it failed (its line is above)":
+   two error lines. The child's line is said in the bench's one, its progress relayed.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +147,16 @@ def test_validate_distributed_with_no_planners_given_runs_the_expert_parallel_on
     names = ["eplb", "flexgen", "klotski", "ep_static"]
     assert expert_parallel_only(names, []) == ["eplb", "ep_static"]
     assert expert_parallel_only(["eplb"], ["eplb"]) == ["eplb"]
+
+
+# --- 7. bench.real's calibrate child: its error said in the bench's one line ---
+
+
+def test_a_failed_child_of_bench_real_is_said_in_its_line(capsys: pytest.CaptureFixture) -> None:
+    from experiments.bench.real import _run_child
+
+    said = "import sys; print('calibrating', file=sys.stderr); sys.exit('error: x is busy')"
+    assert _run_child([sys.executable, "-c", said]) == "x is busy"
+    assert capsys.readouterr().err == "calibrating\n"  # its progress, not its error line
+    assert _run_child([sys.executable, "-c", "import sys; sys.exit(3)"]) == "exit status 3"
+    assert _run_child([sys.executable, "-c", "pass"]) == ""

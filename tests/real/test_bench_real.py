@@ -252,12 +252,12 @@ def test_a_missing_profile_is_calibrated_on_a_linked_cut(tmp_path, monkeypatch):
     calls, configs = [], []
     cut = tmp_path / ".calib-cut"
 
-    def calibrate(cmd, **_):
+    def calibrate(cmd):
         calls.append(cmd)
         configs.append((cut / "config.json").read_text())  # the cut, as calibrate reads it
-        return namedtuple("P", "returncode")(0)
+        return ""  # it succeeded
 
-    monkeypatch.setattr(bench_real.subprocess, "run", calibrate)
+    monkeypatch.setattr(bench_real, "_run_child", calibrate)
     ckpt = bench_real.ensure_checkpoint(bench_real.reduced_spec("mixtral-tiny"), tmp_path / "m")
     opts = bench_real.BenchRealOptions(
         model="mixtral-tiny", budget_gb=0.008, hardware="no-such-profile", calib_layers=1
