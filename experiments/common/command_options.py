@@ -5,6 +5,7 @@ importing them: the error path stays fast and loads no torch.
 
 Usage:
     line += taken_by("gpu_frac")  # "; experiments.bench.accelerate, experiments.bench.real take it"
+    line += taken_elsewhere("executor.lanes", RunSchema)  # "; planner.params.lanes (of ...) ..."
 """
 
 from __future__ import annotations
@@ -26,6 +27,31 @@ def taken_by(option: str) -> str:
     if not which:
         return ""
     return f"; {', '.join(which)} {'takes' if len(which) == 1 else 'take'} it"
+
+
+# experiments.run's groups whose fields a user may put under another (`executor.lanes`)
+_GROUPS = ("model", "hardware", "workload", "executor")
+
+
+def taken_elsewhere(key: str, root: type | None) -> str:
+    """`; planner.params.lanes takes it (ep_static, eplb, ...)` for `executor.lanes`, a key of
+    experiments.run (`root` its RunSchema) under one group that is another group's field or a
+    planner's param; empty for any other key or command."""
+    group, _, name = key.partition(".")
+    if getattr(root, "__name__", "") != "RunSchema" or group not in (*_GROUPS, "planner"):
+        return ""
+    schema = ROOT / _RUN[1]
+    where = [
+        f"{g}.{name}"
+        for g in _GROUPS
+        if g != group and name in _fields(schema, f"{g.capitalize()}Schema", set())
+    ]
+    from planners.registry import param_names, planner_names
+
+    takes = [p for p in planner_names() if name in param_names(p)]
+    if takes and group != "planner":
+        where.append(f"planner.params.{name} ({', '.join(takes)})")
+    return f"; {' and '.join(where)} {'takes' if len(where) == 1 else 'take'} it" if where else ""
 
 
 @functools.cache

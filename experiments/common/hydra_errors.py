@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.args import non_finite
 from core.errors import MoepipeError, did_you_mean, quoted
-from experiments.common.command_options import taken_by
+from experiments.common.command_options import taken_by, taken_elsewhere
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -126,7 +126,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         valid = _valid_keys(cause) if cause is not None else None
         valid = valid or (_schema_keys(unknown.group(2)) if unknown.group(2) else None)
         line = f"{key}: unknown key{at}" + (f"; {nearest(name, valid)}" if valid else "")
-        line += taken_by(name) if key == name else ""  # top-level: another command's option?
+        line += taken_by(name) if key == name else taken_elsewhere(key, ROOT_SCHEMA[0])
         if valid == []:  # a schema of no fields (a planner with no params)
             line += f"; {key.rsplit('.', 1)[0]} takes none: leave it out"
         return line + _how_to_add(cause, key, text)

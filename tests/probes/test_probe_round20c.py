@@ -19,6 +19,9 @@ Classes:
 7. bench.real's calibrate child that failed (a second bench calibrating the same machine at
    once) printed its error line, then the bench's "calibrating it failed (its line is above)":
    two error lines. The child's line is said in the bench's one, its progress relayed.
+8. A run's key under the wrong group (`executor.lanes`, `executor.micro_batches`,
+   `workload.dtype`): "unknown key" and the group's fields, none of them it; the line names the
+   group's field, or the planners' param, that takes it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import pytest
 
 from core.errors import ConfigError
 from core.spec import check_finite
+from experiments.common.command_options import taken_elsewhere
 from experiments.common.pipeline import expert_parallel_only
+from experiments.common.schema import RunSchema
 from planners.registry import make_params
 from tests.probes.conftest import one_line, raises_one_line
 
@@ -160,3 +165,28 @@ def test_a_failed_child_of_bench_real_is_said_in_its_line(capsys: pytest.Capture
     assert capsys.readouterr().err == "calibrating\n"  # its progress, not its error line
     assert _run_child([sys.executable, "-c", "import sys; sys.exit(3)"]) == "exit status 3"
     assert _run_child([sys.executable, "-c", "pass"]) == ""
+
+
+# --- 8. a run's key under the wrong group ---
+
+
+def test_a_run_key_under_the_wrong_group_names_where_it_goes(tmp_path: Path, cli_here: Any) -> None:
+    args = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
+    r = cli_here("experiments.run", *args, "executor.micro_batches=2", f"hydra.run.dir={tmp_path}")
+    one_line(r, "executor.micro_batches: unknown key", "; planner.params.micro_batches (ep_static")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("workload.dtype", "; executor.dtype takes it"),
+        ("hardware.distributed", "; executor.distributed takes it"),
+        ("planner.gen_len", "; workload.gen_len takes it"),
+        ("workload.nosuch", ""),
+        ("lanes", ""),  # a top-level key: taken_by's
+    ],
+)
+def test_taken_elsewhere_names_the_group_that_takes_a_key(key: str, said: str) -> None:
+    assert taken_elsewhere(key, RunSchema) == said
+    assert taken_elsewhere(key, None) == ""  # another command's: its own schema's words
