@@ -22,6 +22,9 @@ Classes:
 8. A run's key under the wrong group (`executor.lanes`, `executor.micro_batches`,
    `workload.dtype`): "unknown key" and the group's fields, none of them it; the line names the
    group's field, or the planners' param, that takes it.
+9. An override two keys below a free mapping's missing entry (validate's
+   `planner_params.klotski.n=3`, `hardware.gpu.overhead_us_by_kind.load.x=1`) said to add the
+   entry alone (`+planner_params.klotski=VALUE`): the key given, with `+`.
 """
 
 from __future__ import annotations
@@ -190,3 +193,15 @@ def test_a_run_key_under_the_wrong_group_names_where_it_goes(tmp_path: Path, cli
 def test_taken_elsewhere_names_the_group_that_takes_a_key(key: str, said: str) -> None:
     assert taken_elsewhere(key, RunSchema) == said
     assert taken_elsewhere(key, None) == ""  # another command's: its own schema's words
+
+
+# --- 9. an override below a free mapping's missing entry ---
+
+
+def test_an_override_below_a_missing_entry_says_to_add_the_key_given(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    args = ["model=tiny", "hardware=tiny", "workload=tiny", "planner=flexgen"]
+    given = "hardware.gpu.overhead_us_by_kind.load.x"
+    r = cli_here("experiments.run", *args, f"{given}=1", f"hydra.run.dir={tmp_path}")
+    one_line(r, f"add one with +{given}=VALUE")
