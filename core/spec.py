@@ -37,9 +37,7 @@ def check_finite(where: str, **values: Any) -> None:
     every `> 0`, so each float a spec holds is checked here first (issue 48)."""
     for key, v in values.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ConfigError(
-                f"{where}.{key} must be a finite number, got {v!r}; pass a finite one"
-            )
+            raise ConfigError(f"{where}.{key} must be a finite number, got {v!r}; pass one")
 
 
 FAMILIES = (
