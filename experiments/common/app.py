@@ -41,6 +41,7 @@ from experiments.common.cli import (
 )
 from experiments.common.command_options import taken_by
 from experiments.common.conf_files import check_conf_dirs, not_fields
+from experiments.common.flags import VALUE_FLAGS, check_flags
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
     groups_on_demand,
@@ -50,9 +51,7 @@ from experiments.common.hydra_hooks import (
 )
 from experiments.common.launch_line import printed_once, say_error
 from experiments.common.overrides import (
-    VALUE_FLAGS,
     check_bool,
-    check_flags,
     check_hydra_overrides,
     check_scalar_parent,
     check_sweep,
