@@ -230,6 +230,15 @@ def check_search_path(override: str, entries: Any) -> None:
             )
 
 
+def _ascii_quoted(value: str) -> str:
+    """`value` with each item beyond ASCII quoted, as hydra's grammar needs: `é` -> `'é'`, a
+    list's `[law,é]` -> `[law,'é']` (quoted whole, it would be one string), a sweep's `a,é`."""
+    listed = value.startswith("[") and value.endswith("]")
+    items = (value[1:-1] if listed else value).split(",")
+    quoted = ",".join(i if i.isascii() else f"'{i.strip()}'" for i in items)
+    return f"[{quoted}]" if listed else quoted
+
+
 def _parsed(override: str) -> Any:
     """`override` parsed by hydra; one whose value holds an unquoted '=' (a sweep's run dir,
     `.../workload=tiny`), which hydra's grammar refuses with a parse error, is one line saying
@@ -243,7 +252,8 @@ def _parsed(override: str) -> Any:
         key, _, value = override.partition("=")
         if not value.isascii() and "'" not in value and '"' not in value:
             raise MoepipeError(
-                f"{override}: a value of characters beyond ASCII must be quoted: {key}='{value}'"
+                f"{override}: a value of characters beyond ASCII must be quoted: "
+                f"{key}={_ascii_quoted(value)}"
             ) from None
         call = re.fullmatch(r"\s*(\w+)\s*\(.*\)\s*", value, re.DOTALL)
         if call and call.group(1) in _SWEEP_FUNCTIONS:  # a keyword argument: hydra's own line

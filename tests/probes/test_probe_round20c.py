@@ -25,6 +25,8 @@ Classes:
 9. An override two keys below a free mapping's missing entry (validate's
    `planner_params.klotski.n=3`, `hardware.gpu.overhead_us_by_kind.load.x=1`) said to add the
    entry alone (`+planner_params.klotski=VALUE`): the key given, with `+`.
+10. A list or a sweep with an item beyond ASCII (`train=[law,é]`) said to quote the whole
+   value (`train='[law,é]'`, one string, not a list): each such item is quoted.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import pytest
 from core.errors import ConfigError
 from core.spec import check_finite
 from experiments.common.command_options import taken_elsewhere
+from experiments.common.overrides import _parsed
 from experiments.common.pipeline import expert_parallel_only
 from experiments.common.schema import RunSchema
 from planners.registry import make_params
@@ -205,3 +208,14 @@ def test_an_override_below_a_missing_entry_says_to_add_the_key_given(
     given = "hardware.gpu.overhead_us_by_kind.load.x"
     r = cli_here("experiments.run", *args, f"{given}=1", f"hydra.run.dir={tmp_path}")
     one_line(r, f"add one with +{given}=VALUE")
+
+
+# --- 10. an item beyond ASCII in a list or a sweep ---
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [("é", "'é'"), ("[law,é]", "[law,'é']"), ("[é]", "['é']"), ("a,é", "a,'é'")],
+)
+def test_an_item_beyond_ascii_is_quoted_alone(value: str, fix: str) -> None:
+    raises_one_line(lambda: _parsed(f"train={value}"), f"must be quoted: train={fix}")
