@@ -1,6 +1,5 @@
 """One line for a hydra/omegaconf composition error: the key or file at fault, the nearest valid
-name and what to pass instead (`one_line`), for every command `experiments.common.app` builds.
-"""
+name and what to pass instead (`one_line`), for every command `experiments.common.app` builds."""
 
 from __future__ import annotations
 
@@ -158,8 +157,8 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
 def parse_problem(message: str) -> str:
     """What hydra's parse error `message` says is wrong, on its lines after the first ("Error
     parsing override 'KEY=VALUE'", which names no cause): `choice()`'s "empty choice is not
-    legal", a keyword argument before a value, an unknown function with those hydra has, and
-    a sweep among a function's values (`shuffle(1,choice(2,3))`, hydra's AssertionError)."""
+    legal", a keyword argument before a value, an unknown function with those hydra has, a
+    sweep among a function's values (`shuffle(1,choice(2,3))`, hydra's AssertionError)."""
     lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
     if re.search(r"\b(?:Choice|Range|Interval)Sweep\b|^AssertionError ", "\n".join(lines), re.M):
         lines = ["a sweep among a sweep's values; list them in one: a,b,c or choice(a,b,c)"]
@@ -388,7 +387,6 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
     if wrong:  # `gpu_frac={a:1}`: omegaconf's line quoted the mapping and said no fix
         need = _KINDS.get(wrong.group(1), wrong.group(1))
         return f"{key}: a mapping where {need} belongs{at}; pass {key}=<{need}>"
-    # (a list's items quoted: `['a']`)
     wrong = re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if wrong and non_finite(wrong.group(1)):  # YAML's .inf, or inf for a whole number
         need = _KINDS.get(wrong.group(2), wrong.group(2))  # in check_finite's words
