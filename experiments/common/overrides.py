@@ -73,8 +73,8 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
                     for b in base
                 ]
                 names_fit(composed(config_name, point))
+        check_shared(config_name, everything, swept)  # a bad value's line before its folder's
         check_subdirs(config_name, everything, swept)
-        check_shared(config_name, everything, swept)
 
 
 def _declared(cfg: Any, parsed: Sequence[Any]) -> list[str]:

@@ -191,8 +191,8 @@ RUN = ["-m", "experiments.run", "executor=real"]
         (["--master_addr=nosuch.invalid", *RUN], ["--master_addr=nosuch.invalid", "no such"]),
         (["--local_addr=nosuch.invalid", *RUN], ["--local_addr=nosuch.invalid", "no such"]),
         # --rdzv_conf's numbers and flags: read by no backend (timeout) or late, in the agent
-        (["--rdzv_conf=timeout=abc", *RUN], ["--rdzv_conf=timeout=abc", "whole number > 0"]),
-        (["--rdzv_conf=read_timeout=0", *RUN], ["read_timeout=0", "whole number > 0"]),
+        (["--rdzv_conf=timeout=abc", *RUN], ["--rdzv_conf=timeout=abc", "positive integer"]),
+        (["--rdzv_conf=read_timeout=0", *RUN], ["read_timeout=0", "positive integer"]),
         (["--rdzv_conf=is_host=maybe", *RUN], ["--rdzv_conf=is_host=maybe", "true or false"]),
         (["--rdzv_conf==x", *RUN], ["--rdzv_conf==x", "<key1>=<value1>"]),
     ],
