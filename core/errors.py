@@ -4,6 +4,7 @@ Each message names the field, file or op at fault and what would fix it.
 """
 
 import difflib
+import numbers
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -80,3 +81,14 @@ def integer_below(key: str, value: object, at_least: int, note: str = "") -> str
     """`KEY=VALUE: must be a positive integer (NOTE)`: the line of every integer field or
     option below its bound (`integer_words`), naming the field and its value."""
     return f"{key}={value}: must be {integer_words(at_least)}" + (f" ({note})" if note else "")
+
+
+def integer_field(key: str, value: object, at_least: int, fix: str, note: str = "") -> int:
+    """`value` of integer field `key`, read from a YAML or JSON file, at least `at_least`; else
+    a ConfigError in `integer_below`'s line with what to do after it (`fix`). Only an integer
+    is one: 2.5 was 2, `true` 1 and "8" 8 without a word under int(); 2.0 is refused as the
+    hydra schema refuses it in the same YAML, and NaN and inf are no integer either."""
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not whole or int(value) < at_least:  # type: ignore[call-overload]
+        raise ConfigError(f"{integer_below(key, repr(value), at_least, note)}; {fix}")
+    return int(value)  # type: ignore[call-overload]

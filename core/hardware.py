@@ -10,9 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import ConfigError, integer_below
+from core.errors import ConfigError, integer_field
 from core.spec import GB, check_finite
 from core.types import OpKind, Resource, Tier
+
+# what to do with a hardware number out of its range: the line's fix
+_MEASURED = "set the measured value (python -m experiments.calibrate measures it)"
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,21 @@ class ProcessesSpec:
             **{k: v * 1e6 for k, v in self.start_delay_s.items()},
         )
         if self.gate_exchange_s < 0:
-            raise ConfigError(f"{where}.gate_exchange_us must be >= 0")
+            raise ConfigError(f"{where}.gate_exchange_us must be >= 0; {_MEASURED}")
         if not 0 <= self.copy_share < 1:
-            raise ConfigError(f"{where}.copy_share must be in [0, 1), got {self.copy_share!r}")
+            raise ConfigError(
+                f"{where}.copy_share must be in [0, 1), got {self.copy_share!r}; {_MEASURED}"
+            )
         for kind, x in self.compute_scale.items():
             if not x > 0:
                 raise ConfigError(
-                    f"{where}.compute_scale_by_kind.{kind} must be positive, got {x!r}"
+                    f"{where}.compute_scale_by_kind.{kind} must be positive, got {x!r}; {_MEASURED}"
                 )
         for kind, x in self.start_delay_s.items():
             if x < 0:
                 raise ConfigError(
-                    f"{where}.start_delay_us_by_kind.{kind} must be >= 0, got {x * 1e6:g}"
+                    f"{where}.start_delay_us_by_kind.{kind} must be >= 0, got {x * 1e6:g}; "
+                    f"{_MEASURED}"
                 )
 
     def scale(self, kind: OpKind | str) -> float:
@@ -152,33 +158,43 @@ class HardwareSpec:
             if cap is None or not cap > 0:
                 got = "nothing" if cap is None else f"{cap} bytes"
                 raise ConfigError(
-                    f"hardware {self.name}: memory_gb.{tier} must be a positive capacity, got {got}"
+                    f"hardware {self.name}: memory_gb.{tier} must be a positive capacity, got "
+                    f"{got}; set its size in GB"
                 )
         for res in (Resource.H2D, Resource.D2H, Resource.DISK):
             if res not in self.links:
-                raise ConfigError(f"hardware {self.name}: links.{res} is missing")
+                raise ConfigError(
+                    f"hardware {self.name}: links.{res} is missing; add {res}: {{gbps: ..., "
+                    "latency_us: ...}} under links (as conf/hardware/'s files have it)"
+                )
         for res, link in self.links.items():
             if not link.bandwidth_bytes_per_s > 0:
                 raise ConfigError(
                     f"hardware {self.name}: links.{res}.gbps must be positive, got "
-                    f"{link.bandwidth_bytes_per_s / GB:g}"
+                    f"{link.bandwidth_bytes_per_s / GB:g}; {_MEASURED}"
                 )
             if link.latency_s < 0:
-                raise ConfigError(f"hardware {self.name}: links.{res}.latency_us must be >= 0")
+                raise ConfigError(
+                    f"hardware {self.name}: links.{res}.latency_us must be >= 0; {_MEASURED}"
+                )
         for dev in ("gpu", "cpu"):
             c = getattr(self, dev)
             for f_, key in (("peak_flops_per_s", "tflops"), ("mem_bw_bytes_per_s", "mem_bw_gbps")):
                 if not getattr(c, f_) > 0:  # named as the YAML names it
-                    raise ConfigError(f"hardware {self.name}: {dev}.{key} must be positive")
+                    raise ConfigError(
+                        f"hardware {self.name}: {dev}.{key} must be positive; {_MEASURED}"
+                    )
             if c.kernel_overhead_s < 0:
-                raise ConfigError(f"hardware {self.name}: {dev}.overhead_us must be >= 0")
+                raise ConfigError(
+                    f"hardware {self.name}: {dev}.overhead_us must be >= 0; {_MEASURED}"
+                )
             for kind, v in c.kind_overhead_s.items():
                 if v < 0:
                     raise ConfigError(
-                        f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0"
+                        f"hardware {self.name}: {dev}.overhead_us_by_kind.{kind} must be >= 0; "
+                        f"{_MEASURED}"
                     )
-        if self.n_gpus < 1:
-            raise ConfigError(f"hardware {self.name}: {integer_below('n_gpus', self.n_gpus, 1)}")
+        integer_field(f"hardware {self.name}: n_gpus", self.n_gpus, 1, "set it to the GPUs it has")
         self.processes.check(f"hardware {self.name}: processes")
 
     def link(self, res: Resource) -> LinkSpec:
@@ -220,7 +236,9 @@ class HardwareSpec:
             at = "cpu"
             cpu = _compute_from_dict(d["cpu"], name, "cpu")
             at = "n_gpus"
-            n_gpus = int(d.get("n_gpus", 1))
+            n_gpus = integer_field(
+                f"hardware {name}: n_gpus", d.get("n_gpus", 1), 1, "set it to the GPUs it has"
+            )
             at = "sources"
             sources = {str(k): str(v) for k, v in dict(d.get("sources") or {}).items()}
             at = "processes"
@@ -242,7 +260,10 @@ class HardwareSpec:
             check_physical(spec)
             return spec
         except KeyError as e:
-            raise ConfigError(f"hardware {name}: {at}: missing field {e.args[0]!r}") from None
+            raise ConfigError(
+                f"hardware {name}: {at}: missing field {e.args[0]!r}; add it (conf/hardware/'s "
+                "files have every field)"
+            ) from None
         except (ValueError, TypeError, AttributeError) as e:
             if isinstance(e, ConfigError):
                 raise
@@ -387,13 +408,15 @@ def _compute_from_dict(c: Mapping[str, Any], name: str, dev: str = "gpu") -> Com
         op_kind(k, f"hardware {name}: overhead_us_by_kind"): float(v) * 1e-6
         for k, v in dict(c.get("overhead_us_by_kind") or {}).items()
     }
-    sms = int(c.get("sms", 0))
+    at = f"hardware {name}: {dev}."
+    sms = integer_field(f"{at}sms", c.get("sms", 0), 0, "set the device's SM count", "0 = unknown")
     sm_bw = _scaled(c.get("sm_mem_bw_gbps", 0), GB, f"hardware {name}: {dev}.sm_mem_bw_gbps")
-    if sms < 0:
-        raise ConfigError(f"hardware {name}: {integer_below(f'{dev}.sms', sms, 0, '0 = unknown')}")
     if sm_bw < 0:
-        raise ConfigError(f"hardware {name}: {dev}.sm_mem_bw_gbps must be >= 0 (0 = unknown)")
-    comm_sms, copy_sms = int(c.get("comm_sms", 0)), int(c.get("copy_sms", 0))
+        raise ConfigError(f"{at}sm_mem_bw_gbps must be >= 0 (0 = unknown); set 0 or a bandwidth")
+    comm_sms, copy_sms = (
+        integer_field(f"{at}{k}", c.get(k, 0), 0, "set the SMs it holds (0: none)")
+        for k in ("comm_sms", "copy_sms")
+    )
     held = comm_sms + copy_sms
     if min(comm_sms, copy_sms) < 0 or (held > 0 and held >= sms):
         raise ConfigError(

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, integer_below
+from core.errors import ConfigError, integer_field
 from core.types import Activation, RoutingSource
 
 GB = 1e9
@@ -28,8 +28,8 @@ def _positive(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
             if any(f.name == name and f.type in ("int", int) for f in fields(obj)):
-                raise ConfigError(integer_below(f"{where}.{name}", repr(value), 1))
-            raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}")
+                integer_field(f"{where}.{name}", value, 1, "set a positive one")
+            raise ConfigError(f"{where}.{name} must be a positive number, got {value!r}; set one")
 
 
 def check_finite(where: str, **values: Any) -> None:
@@ -130,14 +130,14 @@ class ModelSpec:
         for key in _INT_FIELDS:  # before any arithmetic: "2", 2.5 and true are not counts
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ConfigError(f"model {self.name}: {key} must be a whole number, got {v!r}")
+                raise ConfigError(f"model {self.name}: {key}={v!r}: must be an integer; set one")
         self._check_bounds()
         if isinstance(self.moe_layers, str | bytes) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in self.moe_layers
         ):
             raise ConfigError(
                 f"model {self.name}: moe_layers must be a list of layer indices, got "
-                f"{self.moe_layers!r}"
+                f"{self.moe_layers!r}; list integers, e.g. [0, 1]"
             )
         _positive(self, "n_layers", "hidden_size", "expert_ffn_size", "n_experts", "top_k")
         _positive(self, "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes")
@@ -196,7 +196,7 @@ class ModelSpec:
         if bad or len(set(self.moe_layers)) != len(self.moe_layers):
             raise ConfigError(
                 f"model {self.name}: moe_layers {list(self.moe_layers)} must be distinct "
-                f"indices in [0, {self.n_layers})"
+                f"indices in [0, {self.n_layers}); list each such layer once"
             )
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
             raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
@@ -236,7 +236,7 @@ class ModelSpec:
             if getattr(self, key) > MAX_WIDTH:
                 raise ConfigError(
                     f"model {self.name}: {key}={getattr(self, key)}, wider than any model "
-                    f"(at most {MAX_WIDTH})"
+                    f"(at most {MAX_WIDTH}); pass the model's own"
                 )
         if self.n_experts > MAX_EXPERTS:
             raise ConfigError(
@@ -246,7 +246,7 @@ class ModelSpec:
         if self.n_layers > MAX_LAYERS:
             raise ConfigError(
                 f"model {self.name}: n_layers={self.n_layers}, more than any model has "
-                f"(at most {MAX_LAYERS})"
+                f"(at most {MAX_LAYERS}); pass the model's own"
             )
 
     # ---- sizes -------------------------------------------------------------------------
@@ -461,7 +461,7 @@ class ModelSpec:
             if f.name not in d and f.default is MISSING and f.default_factory is MISSING
         ]
         if missing:
-            raise ConfigError(f"{where}: missing field(s) {missing}")
+            raise ConfigError(f"{where}: missing field(s) {missing}; add them (see conf/model/)")
         try:
             return cls(**d)
         except TypeError as e:
@@ -515,13 +515,12 @@ class RoutingConfig:
         for f_ in ("layer_corr", "reuse", "hot_share"):
             v = getattr(self, f_)
             if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"workload.routing.{f_} must be in [0, 1], got {v}")
+                raise ConfigError(f"workload.routing.{f_} must be in [0, 1], got {v}; pass one")
         if self.skew < 0:
-            raise ConfigError(f"workload.routing.skew must be >= 0, got {self.skew}")
-        if not isinstance(self.hot_experts, int) or self.hot_experts < 0:
             raise ConfigError(
-                integer_below("workload.routing.hot_experts", repr(self.hot_experts), 0)
+                f"workload.routing.skew must be >= 0, got {self.skew}; pass 0 (even) or more"
             )
+        integer_field("workload.routing.hot_experts", self.hot_experts, 0, "pass 0 (none) or more")
         if self.hot_experts and not self.hot_share > 0:
             raise ConfigError(
                 f"workload.routing.hot_experts={self.hot_experts} needs hot_share > 0 (the share "
@@ -550,9 +549,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         for f_ in ("batch_size", "n_batches", "prompt_len", "gen_len"):
-            v = getattr(self, f_)
-            if not (isinstance(v, int) and v > 0):
-                raise ConfigError(integer_below(f"workload.{f_}", repr(v), 1))
+            integer_field(f"workload.{f_}", getattr(self, f_), 1, f"pass workload.{f_}=1 or more")
         if self.prompt_len + self.gen_len > MAX_POSITIONS:
             raise ConfigError(
                 f"workload.prompt_len={self.prompt_len} + gen_len={self.gen_len} tokens per "

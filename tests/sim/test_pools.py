@@ -283,15 +283,21 @@ def test_a_gemm_after_the_collective_runs_at_full_rate():
     assert end * 1e3 == pytest.approx([2.0, 6.0])
 
 
-@pytest.mark.parametrize(
-    "comm_sms, copy_sms, sms", [(4, 0, 4), (-1, 0, 4), (1, 0, 0), (2, 2, 4), (0, -1, 4)]
-)
+@pytest.mark.parametrize("comm_sms, copy_sms, sms", [(4, 0, 4), (1, 0, 0), (2, 2, 4)])
 def test_sms_held_outside_the_device_are_refused(comm_sms, copy_sms, sms):
     with pytest.raises(
         ConfigError,
         match=rf"hardware comm: comm_sms={comm_sms} and copy_sms={copy_sms} must be 0 .* sms={sms}",
     ):
         comm_hw(comm_sms, sms, copy_sms)
+
+
+@pytest.mark.parametrize(
+    "comm_sms, copy_sms, key", [(-1, 0, "comm_sms=-1"), (0, -1, "copy_sms=-1")]
+)
+def test_sms_held_below_0_are_refused(comm_sms, copy_sms, key):
+    with pytest.raises(ConfigError, match=rf"gpu.{key}: must be a non-negative integer; set"):
+        comm_hw(comm_sms, 4, copy_sms)
 
 
 def test_an_op_of_g_processes_starts_its_kinds_delay_after_it_is_ready():
