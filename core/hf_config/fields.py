@@ -28,6 +28,11 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# the fix of a config.json field's line: the model's released file has every field right
+RELEASED = "{} it as the model's released config.json has it"
+RESAVE = "copy the model's released config.json, or re-save it with save_pretrained"
+
+
 @dataclass(frozen=True)
 class Rule:
     """The type of one config.json field: `ok` accepts a value, `what` says what it must be;
@@ -327,10 +332,12 @@ class HFConfig:
                 default = FAMILY_DEFAULTS.get(self.family, {}).get(key, _REQUIRED)
             if default is _REQUIRED:
                 who = "" if self.prefix else f"; model_type {self.family!r} needs it"
-                raise self.error(f"{self.prefix}{key} is missing{who}")
+                raise self.error(f"{self.prefix}{key} is missing{who}; {RELEASED.format('add')}")
             return default
         if not rule.ok(value):
-            raise self.error(f"{self.prefix}{key} must be {rule.what}, got {value!r}")
+            raise self.error(
+                f"{self.prefix}{key} must be {rule.what}, got {value!r}; {RELEASED.format('set')}"
+            )
         return value
 
     def name(self, key: str) -> str:
@@ -436,7 +443,9 @@ def read_hf_config(path: str | Path) -> HFConfig:
     try:
         fields = loads_hf_json(text, str(p))  # a key given twice: its last value, logged
     except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of 4300+ digits, nesting
-        raise ConfigError(f"{p}: not valid JSON ({str(e) or 'nested too deeply'})") from None
+        raise ConfigError(
+            f"{p}: not valid JSON ({str(e) or 'nested too deeply'}); {RESAVE}"
+        ) from None
     if not isinstance(fields, dict):
         raise ConfigError(
             f"{p}: holds a JSON {type(fields).__name__}, not an object of fields; a config.json "

@@ -230,7 +230,7 @@ def _suppressed(
     if not numbers or (v and all(isinstance(t, bool) for t in v)):
         raise ConfigError(
             f"{where}: {key} must be a list of token ids or null, got {_show(v)} (transformers' "
-            "generate() fails on it)"
+            "generate() fails on it); list ids below vocab_size, or remove the field"
         )
     kept = [int(t) for t in v if float(t).is_integer() and 0 <= t < vocab]
     outside = [t for t in v if not (float(t).is_integer() and 0 <= t < vocab)]
@@ -252,7 +252,8 @@ def _no_repeat(fields: Mapping[str, Any], where: str, ignored: list[str]) -> int
         return 0
     if not isinstance(ngram, int):  # true runs as 1, as transformers' processor takes it
         raise ConfigError(
-            f"{where}: no_repeat_ngram_size must be an integer >= 0 or null, got {_show(ngram)}"
+            f"{where}: no_repeat_ngram_size must be an integer >= 0 or null, got "
+            f"{_show(ngram)}; set it as the model's released generation_config.json has it"
         )
     return int(ngram)
 
@@ -276,7 +277,10 @@ def _forced_bos(fields: Mapping[str, Any], where: str, vocab: int) -> tuple[int 
 
 def _greedy(fields: Mapping[str, Any], where: str, vocab: int) -> Greedy:
     def bad(key: str, what: str) -> ConfigError:
-        return ConfigError(f"{where}: {key} must be {what}, got {_show(fields[key])}")
+        return ConfigError(
+            f"{where}: {key} must be {what}, got {_show(fields[key])}; set it as the model's "
+            "released generation_config.json has it"
+        )
 
     def token(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab

@@ -73,7 +73,9 @@ def check_rope(p: HFConfig, family: str) -> None:
 def _check_values(p: HFConfig, key: str) -> None:
     factor = p.fields.get("factor")
     if factor is not None and factor < 1:
-        raise p.error(f"{key}.factor={factor} must be >= 1 (the context's stretch)")
+        raise p.error(
+            f"{key}.factor={factor} must be >= 1 (the context's stretch); set the model's own"
+        )
     fast, slow = yarn_betas(p)
     if fast < slow:
         raise p.error(

@@ -122,9 +122,12 @@ def _expert_groups(c: HFConfig, spec: ModelSpec) -> tuple[int, int] | None:
     groups, keep = c.get("n_group", rule=COUNT), c.get("topk_group", rule=COUNT)
     if spec.n_experts % groups:
         experts = c.name("n_routed_experts")
-        raise c.error(f"{experts}={spec.n_experts} is not a multiple of n_group={groups}")
+        raise c.error(
+            f"{experts}={spec.n_experts} is not a multiple of n_group={groups}; set n_group to "
+            "a divisor of it, as the model's released config.json has it"
+        )
     if keep > groups:
-        raise c.error(f"topk_group={keep} exceeds n_group={groups}")
+        raise c.error(f"topk_group={keep} exceeds n_group={groups}; set it <= {groups}")
     if v3 and spec.n_experts // groups < 2:  # V3 ranks a group by its best two experts
         raise c.error(
             f"n_group={groups} leaves fewer than 2 experts a group; DeepSeek-V3 ranks a group "

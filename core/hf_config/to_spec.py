@@ -458,7 +458,10 @@ def _switch_fields(c: HFConfig) -> dict[str, Any]:
     step = c.get("encoder_sparse_step", own // sparse if sparse > 0 else own)
     moe = tuple(i for i in range(n) if step == 1 or (step > 1 and i % step == 1))
     if not moe:
-        raise c.error(f"encoder_sparse_step={step} leaves no sparse block among num_layers={n}")
+        raise c.error(
+            f"encoder_sparse_step={step} leaves no sparse block among num_layers={n}; set it "
+            "to 1 (every block sparse) or a step below num_layers"
+        )
     heads = c.get("num_heads")
     return dict(
         n_layers=n,

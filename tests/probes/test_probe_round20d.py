@@ -7,14 +7,18 @@ Classes:
    `batch_size: true` passed as 1. Each is one line,
    `KEY=VALUE: must be a positive (or non-negative) integer; <what to do>`
    (core.errors.integer_field); 2.0 is refused as the hydra schema refuses it in the same YAML.
-2. A refusal that named the field and its value but not what to do: the hardware YAML's range
-   checks, the workload's routing ranges. Each line now ends in its fix.
+2. A refusal that named the field and its value but not what to do: config.json's generic
+   field check (`rms_norm_eps: 0`, `routed_scaling_factor: -1`, `qk_nope_head_dim: 0`, a
+   missing field) and its RoPE, expert-group and Switch checks, generation_config.json's
+   fields, the hardware YAML's range checks, the workload's routing ranges. Each line now
+   ends in its fix.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,10 @@ import pytest
 import yaml
 
 from core.hardware import HardwareSpec
+from core.hf_config import hf_config_to_spec, spec_to_hf_config
+from core.hf_config.fields import HFConfig
+from core.hf_config.generation import read_generation
+from core.hf_config.runtime import hf_runtime
 from core.spec import ModelSpec, RoutingConfig, Workload
 from real.checkpoint import reduced_spec
 from tests.probes.conftest import ROOT, raises_one_line
@@ -68,6 +76,67 @@ def test_a_model_count_of_2_5_says_an_integer() -> None:
 
 
 # --- 2. every refusal says what to do ---
+
+_DEEPSEEK = spec_to_hf_config(reduced_spec("deepseek-v2-lite"))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("rms_norm_eps", 0),
+        ("rope_theta", -1.0),
+        ("routed_scaling_factor", 0),
+        ("routed_scaling_factor", -1.5),
+        ("qk_nope_head_dim", 0),
+        ("num_attention_heads", 2.5),
+        ("num_experts_per_tok", None),  # absent, with no default
+    ],
+)
+def test_a_config_json_field_out_of_range_says_the_fix(key: str, value: Any) -> None:
+    cfg = dict(_DEEPSEEK)
+    cfg.pop(key) if value is None else cfg.__setitem__(key, value)
+    line = raises_one_line(lambda: hf_config_to_spec(cfg, "m", "ck/config.json"), key)
+    assert "as the model's released config.json has it" in line, line
+
+
+_GROUPS = {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}
+_SWITCH = spec_to_hf_config(reduced_spec("switch-base-128"))
+
+
+@pytest.mark.parametrize(
+    ("base", "fields", "fix"),
+    [
+        (_DEEPSEEK, {"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "set the model's"),
+        (_DEEPSEEK, _GROUPS | {"n_group": 3}, "set n_group"),
+        (_DEEPSEEK, _GROUPS | {"topk_group": 99}, "set it <="),
+        (_SWITCH, {"num_layers": 1, "encoder_sparse_step": 2}, "set it to 1"),
+    ],
+)
+def test_a_config_json_shape_check_says_the_fix(
+    base: dict[str, Any], fields: dict[str, Any], fix: str
+) -> None:
+    cfg = base | fields
+
+    def read() -> None:  # the spec, then what a run reads beside it (real.checkpoint's order)
+        hf_runtime(HFConfig(cfg, "ck/config.json"), hf_config_to_spec(cfg, "m", "ck/config.json"))
+
+    raises_one_line(read, "config.json", fix)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"repetition_penalty": 2},
+        {"no_repeat_ngram_size": "3"},
+        {"suppress_tokens": "all"},
+        {"bad_words_ids": [[]]},
+    ],
+)
+def test_a_generation_config_field_says_the_fix(tmp_path: Path, fields: dict[str, Any]) -> None:
+    (tmp_path / "generation_config.json").write_text(json.dumps(fields))
+    (key,) = fields
+    line = raises_one_line(lambda: read_generation(tmp_path, 100), key)
+    assert "; " in line.rsplit(")", 1)[-1], line
 
 
 @pytest.mark.parametrize(
