@@ -97,11 +97,17 @@ def make_params(name: str, values: Mapping[str, Any] | None = None) -> Any:
             )
         need = _mismatch(hints[key], value)
         if need:
-            raise ConfigError(f"planner {name}: planner.params.{key}={value!r} must be {need}")
+            raise ConfigError(
+                f"planner {name}: planner.params.{key}={value!r} must be {need}; pass "
+                f"planner.params.{key}=<{need}>"
+            )
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:
-        raise ConfigError(as_typed(name, str(e))) from None
+        line = as_typed(name, str(e))
+        said = ";" in re.sub(r"\([^)]*\)", "", line)  # a fix of its own (not inside a note)
+        fix = "" if said else f"; pass one it allows (conf/planner/{name}.yaml: defaults)"
+        raise ConfigError(line + fix) from None
 
 
 # what follows a param's name where a line speaks of its value: `=2`, `<= 8`, `must be`

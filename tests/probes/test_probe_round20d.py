@@ -10,8 +10,9 @@ Classes:
 2. A refusal that named the field and its value but not what to do: config.json's generic
    field check (`rms_norm_eps: 0`, `routed_scaling_factor: -1`, `qk_nope_head_dim: 0`, a
    missing field) and its RoPE, expert-group and Switch checks, generation_config.json's
-   fields, the hardware YAML's range checks, the workload's routing ranges. Each line now
-   ends in its fix.
+   fields, a non-finite number in a YAML the schema checks, the hardware YAML's range checks,
+   the workload's routing ranges, every planner's params (`resident_share=1.5 must be in
+   [0, 1]`). Each line now ends in its fix.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from core.hf_config.fields import HFConfig
 from core.hf_config.generation import read_generation
 from core.hf_config.runtime import hf_runtime
 from core.spec import ModelSpec, RoutingConfig, Workload
+from experiments.common.app import check_keys
+from experiments.common.schema import HardwareSchema
 from real.checkpoint import reduced_spec
 from tests.probes.conftest import ROOT, raises_one_line
 
@@ -139,6 +142,11 @@ def test_a_generation_config_field_says_the_fix(tmp_path: Path, fields: dict[str
     assert "; " in line.rsplit(")", 1)[-1], line
 
 
+def test_a_non_finite_integer_in_a_yaml_says_the_fix() -> None:
+    d = _hw("n_gpus", math.nan)
+    raises_one_line(lambda: check_keys(HardwareSchema, d, "my.yaml"), "n_gpus", "; pass n_gpus=")
+
+
 @pytest.mark.parametrize(
     ("key", "value", "fix"),
     [
@@ -166,3 +174,26 @@ def test_a_routing_share_out_of_range_says_the_fix(key: str, value: float) -> No
 
 def test_a_model_yaml_missing_a_field_says_the_fix(tmp_path: Path) -> None:
     raises_one_line(lambda: ModelSpec.from_dict({"name": "m"}), "missing field", "conf/model/")
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("fiddler", {"resident_share": 1.5}),
+        ("fiddler", {"policy": "fast"}),
+        ("eplb", {"window": 0}),
+        ("klotski", {"n": -5}),
+        ("klotski", {"disk_window": 1.5}),
+        ("klotski", {"disk_window": math.nan}),
+        ("predictive_replication", {"ema_alpha": 0}),
+        ("mixtral_offloading", {"guess_k": -1}),
+        ("moe_infinity", {"cache_share": 0.0}),
+        ("oracle_replication", {"truth_weight": 2.0}),
+    ],
+)
+def test_a_planner_param_out_of_range_says_the_fix(name: str, values: dict[str, Any]) -> None:
+    from planners.registry import make_params
+
+    (key,) = values
+    line = raises_one_line(lambda: make_params(name, values), f"planner.params.{key}")
+    assert "; pass" in line, line
