@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from core.errors import MoepipeError, integer_words
+from core.errors import MoepipeError, integer_field, integer_words
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -52,7 +52,10 @@ def _check_reproduce(name: str, r: Any) -> None:
         raise MoepipeError(f"{where}: reproduce is {r!r}, not a mapping of its table's keys")
     for key in _NEEDS.get(name, ()):
         if key not in r:
-            raise MoepipeError(f"{where}: reproduce.{key} is missing; its table reads it")
+            raise MoepipeError(
+                f"{where}: reproduce.{key} is missing; its table reads it: add it, as the "
+                "file's version in git has it"
+            )
     for key in ("n", "batch_sizes"):
         v = r.get(key, [1])
         if not (
@@ -61,7 +64,30 @@ def _check_reproduce(name: str, r: Any) -> None:
             and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
         ):
             raise MoepipeError(
-                f"{where}: reproduce.{key}={v!r}: must be a list, each {integer_words(1)}"
+                f"{where}: reproduce.{key}={v!r}: must be a list, each {integer_words(1)}; "
+                "write e.g. [1, 4]"
             )
     if not isinstance(r.get("columns", []), list):
-        raise MoepipeError(f"{where}: reproduce.columns is not a list of columns")
+        raise MoepipeError(
+            f"{where}: reproduce.columns is not a list of columns; list {{model, hardware, n}}"
+        )
+    for i, c in enumerate(r.get("columns", [])):
+        _check_column(f"{where}: reproduce.columns[{i}]", c)
+
+
+# Table 3's columns in the paper (reproduce_klotski.PAPER_T3): 8x7B / Env 1, 8x22B / Env 1,
+# 8x22B / Env 2; a column's `paper_column` names the one it stands beside
+PAPER_COLUMNS = 3
+
+
+def _check_column(where: str, c: Any) -> None:
+    """One Table 3 column: a mapping whose `n` (batches per group) is a positive integer and
+    whose `paper_column` an index of the paper's columns (int() truncated 0.5 to 0)."""
+    if not isinstance(c, dict):
+        raise MoepipeError(f"{where} is {c!r}, not a mapping; give {{model, hardware, n}}")
+    if "n" in c:
+        integer_field(f"{where}.n", c["n"], 1, "write the batches per group, e.g. 15")
+    if "paper_column" in c:
+        fix = f"write the paper's column it stands beside: 0 to {PAPER_COLUMNS - 1}"
+        if integer_field(f"{where}.paper_column", c["paper_column"], 0, fix) >= PAPER_COLUMNS:
+            raise MoepipeError(f"{where}.paper_column={c['paper_column']}: past them; {fix}")

@@ -4,7 +4,8 @@ Classes:
 1. A non-integral number where an integer belongs was truncated without a word: a hardware
    YAML's `n_gpus`, `sms`, `comm_sms` and `copy_sms` went through int() (`sms: 2.5` ran as 2,
    `n_gpus: true` as 1, `n_gpus: "2"` as 2, NaN a line on the YAML's layout), and a workload's
-   `batch_size: true` passed as 1. Each is one line,
+   `batch_size: true` passed as 1, and reproduce_klotski's Table 3 column's `paper_column: 0.5`
+   stood beside the paper's column 0 (3: past its columns, an IndexError). Each is one line,
    `KEY=VALUE: must be a positive (or non-negative) integer; <what to do>`
    (core.errors.integer_field); 2.0 is refused as the hydra schema refuses it in the same YAML.
 2. A refusal that named the field and its value but not what to do: config.json's generic
@@ -76,6 +77,22 @@ def test_a_model_count_of_2_5_says_an_integer() -> None:
     spec = reduced_spec("tiny")
     line = raises_one_line(lambda: dataclasses.replace(spec, top_k=2.5), "top_k=2.5")
     assert "must be an integer; set one" in line, line
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("paper_column", 0.5), ("paper_column", True), ("paper_column", 3), ("n", 2.5), ("n", "15")],
+)
+def test_a_klotski_table3_column_integer_that_is_none_is_one_line(key: str, value: Any) -> None:
+    """reproduce_klotski read a column's paper_column with int(): 0.5 stood beside column 0."""
+    from experiments.common.klotski_conf import _check_reproduce
+
+    column = {"model": "tiny", "hardware": "tiny", "n": 15} | {key: value}
+    r = {"columns": [column], "steps": {}}
+    line = raises_one_line(
+        lambda: _check_reproduce("klotski_table3", r), f"reproduce.columns[0].{key}="
+    )
+    assert "; write" in line, line
 
 
 # --- 2. every refusal says what to do ---
@@ -197,3 +214,17 @@ def test_a_planner_param_out_of_range_says_the_fix(name: str, values: dict[str, 
     (key,) = values
     line = raises_one_line(lambda: make_params(name, values), f"planner.params.{key}")
     assert "; pass" in line, line
+
+
+@pytest.mark.parametrize(
+    ("r", "fix"),
+    [
+        ({"batch_sizes": [1]}, "missing; its table reads it: add it"),
+        ({"n": [0], "batch_sizes": [1]}, "[1, 4]"),
+    ],
+)
+def test_a_klotski_reproduce_block_says_the_fix(r: dict[str, Any], fix: str) -> None:
+    from experiments.common.klotski_conf import _check_reproduce
+
+    line = raises_one_line(lambda: _check_reproduce("klotski_fig14", r), fix)
+    assert "; " in line.rsplit("reproduce.", 1)[-1], line
