@@ -183,7 +183,7 @@ class ModelSpec:
             raise ConfigError(
                 f"model {self.name}: n_heads={self.n_heads} is not a multiple of "
                 f"n_kv_heads={self.n_kv_heads} (grouped-query attention shares each KV head "
-                "among n_heads / n_kv_heads query heads)"
+                "among n_heads / n_kv_heads query heads); set n_kv_heads to a divisor of it"
             )
         if self.top_k > self.n_experts:
             raise ConfigError(
@@ -199,7 +199,9 @@ class ModelSpec:
                 f"indices in [0, {self.n_layers}); list each such layer once"
             )
         if len(self.moe_layers) < self.n_layers and self.dense_ffn_size <= 0:
-            raise ConfigError(f"model {self.name}: layers without experts need dense_ffn_size > 0")
+            raise ConfigError(
+                f"model {self.name}: layers without experts need dense_ffn_size > 0; set it"
+            )
 
     def _check_disk(self) -> None:
         if self.disk_dtype_bytes not in (0, 1, 2, 4):

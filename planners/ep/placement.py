@@ -22,6 +22,10 @@ from planners.ep.params import Layout, ReplicaParams
 MAX_LOAD = 1e15
 
 
+# what to do with a load file that is no load matrix: the line's fix
+_REMAKE = "write it again with np.save of the counts (a replication run writes its own)"
+
+
 def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) -> np.ndarray:
     """A .npy array of loads or counts whose shape matches `shape` (None: any length >= 1 on that
     axis), finite and >= 0 (all 0 is a table with no pairs yet: a one-MoE-layer model's
@@ -43,17 +47,19 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
         n == want if want is not None else n >= 1 for n, want in zip(arr.shape, shape, strict=True)
     )
     if not fits:
-        raise ConfigError(f"{label} {path}: shape {arr.shape}, the model needs {need}")
+        raise ConfigError(f"{label} {path}: shape {arr.shape}, the model needs {need}; {_REMAKE}")
     # real numbers only: a complex array would lose its imaginary part with a warning
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise ConfigError(f"{label} {path}: dtype {arr.dtype}, not numbers (loads are real counts)")
+        raise ConfigError(
+            f"{label} {path}: dtype {arr.dtype}, not numbers (loads are real counts); {_REMAKE}"
+        )
     out = arr.astype(np.float64)
     if not np.isfinite(out).all() or (out < 0).any() or (out > MAX_LOAD).any():
         some = not np.isnan(out).all()
         raise ConfigError(
             f"{label} {path}: loads must be finite counts in [0, {MAX_LOAD:g}] "
             f"(min {np.nanmin(out) if some else 'nan'}, max {np.nanmax(out) if some else 'nan'}, "
-            f"{int(np.isnan(out).sum())} NaN)"
+            f"{int(np.isnan(out).sum())} NaN); {_REMAKE}"
         )
     return out
 

@@ -13,7 +13,8 @@ Classes:
    missing field) and its RoPE, expert-group and Switch checks, generation_config.json's
    fields, a non-finite number in a YAML the schema checks, the hardware YAML's range checks,
    the workload's routing ranges, every planner's params (`resident_share=1.5 must be in
-   [0, 1]`). Each line now ends in its fix.
+   [0, 1]`), a training load .npy of the wrong shape, type or values, a model's heads that do
+   not divide and dense layers without a width. Each line now ends in its fix.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -228,3 +230,26 @@ def test_a_klotski_reproduce_block_says_the_fix(r: dict[str, Any], fix: str) -> 
 
     line = raises_one_line(lambda: _check_reproduce("klotski_fig14", r), fix)
     assert "; " in line.rsplit("reproduce.", 1)[-1], line
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.ones((3, 4)), np.ones((2, 4), dtype=np.complex64), np.full((2, 4), np.nan)],
+    ids=["shape", "complex", "nan"],
+)
+def test_a_training_load_file_says_the_fix(tmp_path: Path, array: np.ndarray) -> None:
+    from planners.ep.placement import read_load
+
+    np.save(tmp_path / "load.npy", array)
+    path = str(tmp_path / "load.npy")
+    raises_one_line(lambda: read_load(path, 2, 4, "eplb"), "initial_load", "write it again")
+
+
+@pytest.mark.parametrize(
+    ("fields", "fix"),
+    [({"n_heads": 4, "n_kv_heads": 3}, "set n_kv_heads"), ({"dense_ffn_size": 0}, "; set it")],
+)
+def test_a_model_shape_check_says_the_fix(fields: dict[str, Any], fix: str) -> None:
+    spec = reduced_spec("tiny")
+    over = fields if "n_heads" in fields else fields | {"moe_layers": spec.moe_layers[:1]}
+    raises_one_line(lambda: dataclasses.replace(spec, **over), fix)
