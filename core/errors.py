@@ -92,3 +92,14 @@ def integer_field(key: str, value: object, at_least: int, fix: str, note: str = 
     if not whole or int(value) < at_least:  # type: ignore[call-overload]
         raise ConfigError(f"{integer_below(key, repr(value), at_least, note)}; {fix}")
     return int(value)  # type: ignore[call-overload]
+
+
+def gb_apart(*sizes_bytes: int) -> tuple[str, ...]:
+    """Sizes in bytes as GB, to 3 significant digits, or to as many more as tell two different
+    sizes apart: a refusal's "GPU memory A GB is smaller than the working set B GB" one byte
+    short read "7e-05 GB is smaller than ... 7e-05 GB". Equal sizes read the same."""
+    for digits in range(3, 18):
+        shown = tuple(f"{b / 1e9:.{digits}g}" for b in sizes_bytes)
+        if len(set(shown)) == len(set(sizes_bytes)):
+            break
+    return shown

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeGuard, cast
 import numpy as np
 
 from core.ep_layout import EPLayout
-from core.errors import CapacityError, ScheduleError
+from core.errors import CapacityError, ScheduleError, gb_apart
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
@@ -374,9 +374,9 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
         over = np.flatnonzero((cols["alloc_tier"] == ti) & (cols["alloc_bytes"] > room))
         if len(over):
             op = ops[int(over[0])]
+            wants, has = gb_apart(op.alloc_bytes, room)
             raise CapacityError(
-                f"{op.label()}: allocates {op.alloc_bytes / 1e9:.3f} GB of {tier}, "
-                f"only {room / 1e9:.3f} GB is not resident"
+                f"{op.label()}: allocates {wants} GB of {tier}, only {has} GB is not resident"
             )
     from core.schedule_batches import check_gates, check_spans  # (it imports this module)
 
@@ -391,10 +391,8 @@ def _check_resident_and_pools(schedule: Schedule) -> None:
     streams = schedule.streams
     for t in Tier:
         if schedule.resident_bytes.get(t, 0) > schedule.capacity_bytes[t]:
-            raise CapacityError(
-                f"resident {t} memory {schedule.resident_bytes[t] / 1e9:.3g} GB exceeds the "
-                f"{t} capacity {schedule.capacity_bytes[t] / 1e9:.3g} GB"
-            )
+            held, has = gb_apart(schedule.resident_bytes[t], schedule.capacity_bytes[t])
+            raise CapacityError(f"resident {t} memory {held} GB exceeds the {t} capacity {has} GB")
     pools: dict[str, set[str]] = {}  # resource -> the pools of its streams ("" for none)
     for spec in streams.values():
         pools.setdefault(spec.resource_id, set()).add(spec.pool)

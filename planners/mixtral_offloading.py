@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError, integer_below
+from core.errors import CapacityError, ConfigError, gb_apart, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -74,10 +74,11 @@ class MixtralOffloading(Planner):
         n_moe = len(m.moe_layers)
         slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
         if slots < 1:
+            needs, spare = gb_apart(n_moe * m.expert_bytes, cache_bytes)
             raise CapacityError(
-                f"mixtral_offloading: needs one GPU expert slot per MoE layer "
-                f"({n_moe * m.expert_bytes / 1e9:.1f} GB), only {cache_bytes / 1e9:.1f} GB is "
-                "spare (the real system quantizes experts to 2-3 bits to fit); use a smaller batch"
+                f"mixtral_offloading: needs one GPU expert slot per MoE layer ({needs} GB), only "
+                f"{spare} GB is spare (the real system quantizes experts to 2-3 bits to fit); "
+                "use a smaller batch"
             )
         run = _Run(
             em,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError, integer_below
+from core.errors import CapacityError, ConfigError, gb_apart, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -65,9 +65,10 @@ class MoEInfinity(Planner):
         on_demand = em.weights
         capacity = cache_bytes // m.expert_bytes
         if capacity < 1:
+            spare, needs = gb_apart(cache_bytes, m.expert_bytes)
             raise CapacityError(
-                f"moe_infinity: no GPU room for an expert cache ({cache_bytes / 1e9:.3g} GB spare, "
-                f"one expert is {m.expert_bytes / 1e9:.3g} GB); use a smaller batch"
+                f"moe_infinity: no GPU room for an expert cache ({spare} GB spare, one expert is "
+                f"{needs} GB); use a smaller batch"
             )
         cache = LRUCache(em, capacity)
         n_moe = len(m.moe_layers)

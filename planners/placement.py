@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import CapacityError
+from core.errors import CapacityError, gb_apart
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec
 from core.types import Tier
@@ -105,25 +105,28 @@ def _free_memory(
     those do not fit, or the weights and KV (`kv_layer` bytes a layer) fit no tier at all."""
     cap = dict(hw.memory_bytes)
     if least_staging > cap[Tier.CPU]:
+        has, needs = gb_apart(cap[Tier.CPU], least_staging)
         raise CapacityError(
-            f"CPU memory {cap[Tier.CPU] / 1e9:.3f} GB is smaller than the staging area "
-            f"{least_staging / 1e9:.3f} GB that disk reads pass through; add CPU memory"
+            f"CPU memory {has} GB is smaller than the staging area {needs} GB that disk reads "
+            "pass through; add CPU memory"
         )
     cpu_free = cap[Tier.CPU] - least_staging  # for the total: the rest of staging is a preference
     disk_free = cap[Tier.DISK]
     total = model.total_bytes + kv_layer * model.n_layers
-    if total > cap[Tier.GPU] + max(cpu_free, 0) + disk_free:
+    room = cap[Tier.GPU] + max(cpu_free, 0) + disk_free
+    if total > room:
+        needs, has = gb_apart(total, room)
         raise CapacityError(
-            f"model {model.name} ({model.total_bytes / 1e9:.3g} GB weights + KV) does not fit in "
-            f"GPU + CPU + disk ({(cap[Tier.GPU] + cpu_free + disk_free) / 1e9:.3g} GB); "
-            "add memory or shrink the workload"
+            f"model {model.name} ({needs} GB weights + KV) does not fit in GPU + CPU + disk "
+            f"({has} GB); add memory or shrink the workload"
         )
     gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
     if gpu_free < 0:
+        has, needs = gb_apart(cap[Tier.GPU], working_bytes + activation_bytes)
         raise CapacityError(
-            f"GPU memory {cap[Tier.GPU] / 1e9:.3g} GB is smaller than the working set "
-            f"{(working_bytes + activation_bytes) / 1e9:.3g} GB (streamed weights and KV cache "
-            f"buffers {working_bytes / 1e9:.3g} GB, activations {activation_bytes / 1e9:.3g} GB); "
+            f"GPU memory {has} GB is smaller than the working set {needs} GB (streamed weights "
+            f"and KV cache buffers {working_bytes / 1e9:.3g} GB, activations "
+            f"{activation_bytes / 1e9:.3g} GB); "
             "lower workload.prompt_len or workload.batch_size (or workload.n_batches), or raise "
             "hardware.memory_gb.gpu"
         )

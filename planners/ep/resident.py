@@ -4,7 +4,7 @@ fit: the placement's activations (`activation_bytes`) and one line whose numbers
 
 from __future__ import annotations
 
-from core.errors import CapacityError
+from core.errors import CapacityError, gb_apart
 from core.spec import ModelSpec
 from core.types import Tier
 from planners.placement import Placement
@@ -33,17 +33,19 @@ def not_resident(
     and its working buffers), which the fullest GPU's count leaves out."""
     experts = model.n_experts * model.expert_bytes * len(model.moe_layers)
     if held > cap:
+        has, holds = gb_apart(cap, int(held))
         need = (
-            f"with its dense weights and KV cache do not fit {gpus} GPU(s) of {cap / 1e9:.3g} GB "
-            f"(the fullest holds {held / 1e9:.3g} GB)"
+            f"with its dense weights and KV cache do not fit {gpus} GPU(s) of {has} GB "
+            f"(the fullest holds {holds} GB)"
         )
     else:
         kv = p.kv_bytes_per_layer * model.n_layers
         total = model.total_bytes + kv + act + p.working_bytes
+        needs, has, all_ = gb_apart(total, cap, gpus * cap)
         need = (
             f"with its dense weights, KV cache, activations and {p.working_bytes / 1e9:.3g} GB "
-            f"of buffers ({total / 1e9:.3g} GB) do not fit {gpus} GPU(s) of {cap / 1e9:.3g} GB "
-            f"({gpus * cap / 1e9:.3g} GB in all)"
+            f"of buffers ({needs} GB) do not fit {gpus} GPU(s) of {has} GB"
+            + (f" ({all_} GB in all)" if gpus > 1 else "")
         )
     return CapacityError(
         f"expert parallelism keeps every expert resident, but {model.name}'s experts "

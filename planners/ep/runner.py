@@ -12,7 +12,7 @@ import numpy as np
 
 from core.dispatch import copy_moves, source_counts, split_tokens, traffic
 from core.ep_layout import EPLayout
-from core.errors import CapacityError
+from core.errors import CapacityError, gb_apart
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
@@ -127,10 +127,11 @@ class EPRunner:
         per_gpu = lay.n_devices if lay.lanes else 1  # devices whose slots one GPU holds
         if held + per_gpu * lay.replica_slots * expert_layer > cap:
             fit = max(0, int((cap - held) // (per_gpu * expert_layer)))
+            slots = per_gpu * lay.replica_slots * expert_layer
+            adds, holds, has, _ = gb_apart(slots, int(held), cap, int(held) + slots)
             raise CapacityError(
-                f"planner.params.replica_slots={lay.replica_slots}: "
-                f"{per_gpu * lay.replica_slots * expert_layer / 1e9:.3g} GB of replicas a GPU "
-                f"on top of {held / 1e9:.3g} GB already resident exceed its {cap / 1e9:.3g} GB; "
+                f"planner.params.replica_slots={lay.replica_slots}: {adds} GB of replicas a GPU "
+                f"on top of {holds} GB already resident exceed its {has} GB; "
                 f"lower replica_slots (at most {fit} fit) or raise hardware.memory_gb.gpu"
             )
         self.out.reserve(Tier.GPU, replica_bytes)
@@ -290,12 +291,13 @@ class EPRunner:
             each = per_iter.max(0)  # [G] the most each GPU gains in one iteration
             per_gpu, total = int(each.max()) * eb, int(each.sum()) * eb
         if per_gpu > self.room:
+            brings, free = gb_apart(per_gpu, max(self.room, 0))
             raise CapacityError(
                 f"planner.params.replica_slots={self.layout.replica_slots}: replica moves bring up "
                 "to "
-                f"{per_gpu // eb} experts ({per_gpu / 1e9:.3g} GB) to one GPU in one iteration, "
+                f"{per_gpu // eb} experts ({brings} GB) to one GPU in one iteration, "
                 f"each held beside the copy it replaces until that is sent, beyond its "
-                f"{max(self.room, 0) / 1e9:.3g} GB free; lower replica_slots, or re-home less "
+                f"{free} GB free; lower replica_slots, or re-home less "
                 "often (rehome_interval)"
             )
         self.out.reserve(Tier.GPU, total)

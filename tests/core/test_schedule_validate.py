@@ -253,13 +253,13 @@ CASES: list[tuple[str, Callable[[ScheduleBuilder, int], int], type[MoepipeError]
         "allocation over the tier",
         _alloc_over_tier,
         CapacityError,
-        ["allocates 2.000 GB of gpu", "only 1.000 GB"],
+        ["allocates 2 GB of gpu", "only 1 GB"],
     ),
     (
         "allocation over what resident leaves",
         _alloc_over_room_left_by_resident,
         CapacityError,
-        ["allocates 0.500 GB of gpu", "only 0.250 GB"],
+        ["allocates 0.5 GB of gpu", "only 0.25 GB"],
     ),
     (
         "waits for memory freed later",
