@@ -25,8 +25,9 @@ def cache_placement(
 
     First pass: the greedy placement with the planner's streaming working set; the GPU memory it
     leaves after dense weights and KV (`spare`) becomes the cache (`cache_share` of it). Second
-    pass: the same placement with the cache added to the working set, so no expert layer lands
-    on the GPU statically (the cache holds them dynamically instead).
+    pass: the same placement with all of `spare` added to the working set, so no expert layer
+    lands on the GPU statically (the cache holds them dynamically instead): a `cache_share`
+    below 1 leaves the rest of it unused, not given to an expert layer.
     """
     m, wl, hw = ctx.model, ctx.workload, ctx.hardware
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
@@ -47,11 +48,19 @@ def cache_placement(
     kv_gpu = first.kv.count(Tier.GPU) * first.kv_bytes_per_layer
     spare = hw.memory_bytes[Tier.GPU] - working - act - dense_gpu - kv_gpu
     cache = max(int(spare * cache_share), 0)
-    placement = greedy_placement(m, hw, working_bytes=working + cache, **kw)
+    placement = greedy_placement(m, hw, working_bytes=working + max(spare, 0), **kw)
     assert Tier.GPU not in [placement.experts[i] for i in m.moe_layers], (
         "experts must be off the GPU"
     )
     return placement, cache
+
+
+def cache_fix(cache_share: float) -> str:
+    """What to do where a cache of `cache_share` of the spare GPU memory holds no expert: the
+    share first, where it is below 1 (a smaller batch leaves the share as small)."""
+    if cache_share < 1:
+        return f"raise planner.params.cache_share (now {cache_share:g}), or use a smaller batch"
+    return "use a smaller batch"
 
 
 @dataclass

@@ -26,7 +26,13 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter
-from planners.expert_cache import LRUCache, PrefetchStats, cache_placement, top_experts
+from planners.expert_cache import (
+    LRUCache,
+    PrefetchStats,
+    cache_fix,
+    cache_placement,
+    top_experts,
+)
 from planners.registry import register
 
 
@@ -78,7 +84,7 @@ class MixtralOffloading(Planner):
             raise CapacityError(
                 f"mixtral_offloading: needs one GPU expert slot per MoE layer ({needs} GB), only "
                 f"{spare} GB is spare (the real system quantizes experts to 2-3 bits to fit); "
-                "use a smaller batch"
+                + cache_fix(p.cache_share)
             )
         run = _Run(
             em,

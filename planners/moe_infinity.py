@@ -25,7 +25,13 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter
-from planners.expert_cache import LRUCache, PrefetchStats, cache_placement, top_experts
+from planners.expert_cache import (
+    LRUCache,
+    PrefetchStats,
+    cache_fix,
+    cache_placement,
+    top_experts,
+)
 from planners.registry import register
 
 
@@ -68,7 +74,7 @@ class MoEInfinity(Planner):
             spare, needs = gb_apart(cache_bytes, m.expert_bytes)
             raise CapacityError(
                 f"moe_infinity: no GPU room for an expert cache ({spare} GB spare, one expert is "
-                f"{needs} GB); use a smaller batch"
+                f"{needs} GB); " + cache_fix(p.cache_share)
             )
         cache = LRUCache(em, capacity)
         n_moe = len(m.moe_layers)

@@ -3,7 +3,8 @@ accepts reports numbers that mean what they say (tests/probes/invariants.py), or
 in one line whose numbers say why. Classes found:
 
 - a refusal at the GPU's edge read "GPU memory 7e-05 GB is smaller than the working set 7e-05
-  GB": sizes one byte apart printed alike (core.errors.gb_apart).
+  GB": sizes one byte apart printed alike (core.errors.gb_apart);
+- an expert cache of a small planner.params.cache_share gave an AssertionError traceback.
 
 The whole sweep of every planner at each edge runs in the slow suite.
 """
@@ -129,6 +130,16 @@ def test_sizes_one_byte_apart_read_apart() -> None:
     assert gb_apart(70016, 70015) == ("7.002e-05", "7.001e-05")
     assert gb_apart(10**9, 10**9, 2 * 10**9) == ("1", "1", "2")  # equal sizes read alike
     assert gb_apart(123_456_789_012, 123_456_789_011) == ("123.456789012", "123.456789011")
+
+
+@pytest.mark.parametrize("planner", ["mixtral_offloading", "moe_infinity"])
+def test_a_cache_share_at_its_bound_is_refused_or_honest(planner: str) -> None:
+    """cache_share=1e-9 left GPU memory the placement gave to an expert layer: an
+    AssertionError ("experts must be off the GPU"); the rest of the spare memory stays unused."""
+    model, hw = model_from_conf("tiny"), hardware()
+    spec = RunSpec(model, hw, TINY_WL, planner, {"cache_share": 1e-9})
+    raises_one_line(lambda: simulate_run(spec), "planner.params.cache_share", "raise")
+    honest(RunSpec(model, hw, TINY_WL, planner, {"cache_share": 0.5}))
 
 
 def _synthetic(**kw: Any) -> RoutingConfig:
