@@ -183,7 +183,11 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
         else f"n_devices=0 (hardware {ctx.hardware.name}'s n_gpus={g})"
     )
     if not 1 <= g <= e:
-        fix = "lower n_devices" if g > e else f"pass n_devices=1 to {e} (0: the hardware's n_gpus)"
+        fix = (
+            f"pass n_devices=1 to {e} (0: the hardware's n_gpus)"
+            if g <= e or not p.n_devices  # 0 given: lowering it is no way out
+            else "lower n_devices"
+        )
         raise ConfigError(
             f"planner.params.{given} must be in [1, {e}] (the model's experts); {fix}"
         )

@@ -4,7 +4,8 @@ in one line whose numbers say why. Classes found:
 
 - a refusal at the GPU's edge read "GPU memory 7e-05 GB is smaller than the working set 7e-05
   GB": sizes one byte apart printed alike (core.errors.gb_apart);
-- an expert cache of a small planner.params.cache_share gave an AssertionError traceback.
+- an expert cache of a small planner.params.cache_share gave an AssertionError traceback;
+- n_devices=0 on more GPUs than experts was told to "lower n_devices".
 
 The whole sweep of every planner at each edge runs in the slow suite.
 """
@@ -140,6 +141,14 @@ def test_a_cache_share_at_its_bound_is_refused_or_honest(planner: str) -> None:
     spec = RunSpec(model, hw, TINY_WL, planner, {"cache_share": 1e-9})
     raises_one_line(lambda: simulate_run(spec), "planner.params.cache_share", "raise")
     honest(RunSpec(model, hw, TINY_WL, planner, {"cache_share": 0.5}))
+
+
+def test_n_devices_0_on_more_gpus_than_experts_names_a_way_out() -> None:
+    """n_devices=0 (the hardware's GPUs) was told to "lower n_devices", which is 0 already."""
+    model = model_from_conf("tiny")
+    spec = RunSpec(model, hardware(n_gpus=model.n_experts + 1), TINY_WL, "ep_static")
+    line = raises_one_line(lambda: simulate_run(spec), "n_devices=0", "n_devices=1 to")
+    assert "lower n_devices" not in line
 
 
 def _synthetic(**kw: Any) -> RoutingConfig:
