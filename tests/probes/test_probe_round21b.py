@@ -5,7 +5,8 @@ in one line whose numbers say why. Classes found:
 - a refusal at the GPU's edge read "GPU memory 7e-05 GB is smaller than the working set 7e-05
   GB": sizes one byte apart printed alike (core.errors.gb_apart);
 - an expert cache of a small planner.params.cache_share gave an AssertionError traceback;
-- n_devices=0 on more GPUs than experts was told to "lower n_devices".
+- n_devices=0 on more GPUs than experts was told to "lower n_devices";
+- a lower bound past the makespan by rounding: an efficiency of 1.0000000000000002.
 
 The whole sweep of every planner at each edge runs in the slow suite.
 """
@@ -149,6 +150,14 @@ def test_n_devices_0_on_more_gpus_than_experts_names_a_way_out() -> None:
     spec = RunSpec(model, hardware(n_gpus=model.n_experts + 1), TINY_WL, "ep_static")
     line = raises_one_line(lambda: simulate_run(spec), "n_devices=0", "n_devices=1 to")
     assert "lower n_devices" not in line
+
+
+@pytest.mark.parametrize("planner", ["klotski", "sequential"])
+def test_a_bound_past_the_makespan_by_rounding_is_the_makespan(planner: str) -> None:
+    """A resource busy the whole run summed its ops' times past the makespan by rounding:
+    efficiency or dag_efficiency 1.0000000000000002 in summary.json."""
+    for workload in (TINY_WL, Workload(batch_size=4, n_batches=4, prompt_len=16, gen_len=4)):
+        honest(RunSpec(model_from_conf("tiny"), hardware(), workload, planner))
 
 
 def _synthetic(**kw: Any) -> RoutingConfig:
