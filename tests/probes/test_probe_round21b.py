@@ -23,7 +23,13 @@ from core.errors import CapacityError, ConfigError, gb_apart
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.types import Tier
-from experiments.common.pipeline import RunSpec, simulate_run
+from experiments.common.pipeline import (
+    RunSpec,
+    build_schedule,
+    last_routing,
+    simulate_run,
+    sized_run,
+)
 from planners import planner_names
 from tests.conftest import conf, model_from_conf
 from tests.probes.conftest import raises_one_line
@@ -56,13 +62,14 @@ def honest(spec: RunSpec) -> None:
     assert not run_problems(sized, result), run_problems(sized, result)
 
 
-def least_gpu(planner: str, lo: int = 10_000, hi: int = 2_000_000) -> int:
+def least_gpu(planner: str, lo: int = 10_000, hi: int = 1_000_000) -> int:
     """The fewest GPU bytes `planner` runs the tiny model's workload in (refused below)."""
     model, hw = model_from_conf("tiny"), hardware()
 
-    def runs(gpu: int) -> bool:
+    def runs(gpu: int) -> bool:  # planned and validated: the simulation refuses nothing more
         try:
-            simulate_run(RunSpec(model, gpu_of(hw, gpu), TINY_WL, planner))
+            spec, made = sized_run(RunSpec(model, gpu_of(hw, gpu), TINY_WL, planner))
+            build_schedule(spec, last_routing(spec.model, spec.workload), made)
         except (CapacityError, ConfigError):
             return False
         return True
