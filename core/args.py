@@ -35,7 +35,7 @@ def as_int(
     key: str, value: Any, *, at_least: int | None = None, at_most: int | None = None, why: str = ""
 ) -> int:
     """`value` of argument `key` as an int (a string like "8", or an int); a MoepipeError naming
-    `key` when it is not a whole number, is below `at_least` or above `at_most` (`why`: the
+    `key` when it is not an integer, is below `at_least` or above `at_most` (`why`: the
     reason for that bound, said in the line)."""
     n: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -47,14 +47,12 @@ def as_int(
             n = int(x) if n is None and x.is_integer() and abs(x) < 2**63 else n
         except ValueError:
             n = None
-    bound = "" if at_least is None else f" {integer_words(at_least)}"
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
     if n is None and non_finite(value):  # inf, nan: in the words of every other number's check
         raise MoepipeError(f"{key} must be a finite number, got {value}; pass e.g. {example}")
     if n is None:
-        raise MoepipeError(
-            f"{key}={value}: not a whole number; pass{bound or ' one'}, e.g. {example}"
-        )
+        word = "an integer" if at_least is None else integer_words(at_least)
+        raise MoepipeError(f"{key}={value}: must be {word}; pass e.g. {example}")
     if at_least is not None and n < at_least:
         raise MoepipeError(f"{integer_below(key, value, at_least)}; pass e.g. {example}")
     _check_at_most(key, value, n, at_most, why)

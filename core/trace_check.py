@@ -83,7 +83,7 @@ def check_trace(trace: pd.DataFrame, path: Path) -> None:
     for col in (c for c in _WHOLE if c in trace.columns):
         dtype = trace[col].dtype
         if not pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
-            _fail(path, f"column {col} is {dtype}, not whole numbers")
+            _fail(path, f"column {col} is {dtype}, not integers")
         if trace[col].isna().any():
             _fail(path, f"column {col} has nulls")
     for col in (c for c in _COUNTS if (trace[c] < 0).any()):

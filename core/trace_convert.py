@@ -136,7 +136,7 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
             f"{where}: not an ESFT routing dump line: expected '<ids>\\t\\t<weights>', found "
             f"{len(parts) - 1} separators"
         )
-    ids = _numbers(parts[0].split("\t"), np.int64, where, "expert id", "a whole number")
+    ids = _numbers(parts[0].split("\t"), np.int64, where, "expert id", "an integer")
     w = _numbers(parts[1].split("\t"), np.float32, where, "gate weight", "a number")
     if len(ids) != len(w) or len(ids) % top_k:
         raise TraceError(

@@ -49,7 +49,7 @@ def read_traces(run_dir: Path) -> list[pd.DataFrame]:
     if type(processes) is not int or processes < 0 or processes > max(devices, 1):
         raise MoepipeError(
             f"{summary}: processes={processes} is not the run's (its trace has ops of {devices} "
-            f"device(s)); a whole number from 0 to {devices}: run that run again to rewrite it"
+            f"device(s)); an integer from 0 to {devices}: run that run again to rewrite it"
         )
     edited = edited_since_run(path.parent, ("trace.parquet", "summary.json"))
     if edited:  # ops cut or retimed by hand would be drawn as the run's

@@ -198,7 +198,7 @@ def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int,
     if not isinstance(dtype, str) or dtype not in ST_ITEM_BYTES:
         raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}")
     if not isinstance(shape, list) or not all(whole(d) for d in shape):
-        raise ConfigError(f"{where}: shape {shape!r} is not a list of whole numbers")
+        raise ConfigError(f"{where}: shape {shape!r} is not a list of integers")
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2

@@ -297,7 +297,7 @@ def check_block(rep: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
         raise ConfigError(
             f"replication.replica_slots={slots}: the replicas each planner may place per device "
-            "and MoE layer; pass a whole number >= 0"
+            "and MoE layer; pass a non-negative integer"
         )
     if rep["routing"] == "esft_heldout":
         residue(str(rep.get("split", "test")))  # a split of the ESFT sequences it names

@@ -395,21 +395,19 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         whole = _whole_float(wrong.group(1)) if wrong.group(2) == "Integer" else None
         if whole is not None:  # 1e9: YAML reads it as a float, and it is one
-            return (
-                f"{key}={wrong.group(1)}: a whole number written as a float{at}; pass {key}={whole}"
-            )
+            return f"{key}={wrong.group(1)}: an integer written as a float{at}; pass {key}={whole}"
         unit = _unit_of(key) if re.match(r"\s*[-+.\d]+\s*[a-zA-Z]", wrong.group(1)) else None
         if unit:  # "16GB": the unit is in the key's name, the value a bare number
             return (
-                f"{key}={wrong.group(1)}: not {need}{at}; the unit is {unit}, as the key's name "
-                f"says: pass {key}=<a number in {unit}>, without a unit"
+                f"{key}={wrong.group(1)}: must be {need}{at}; the unit is {unit}, as the key's "
+                f"name says: pass {key}=<a number in {unit}>, without a unit"
             )
-        return f"{key}={wrong.group(1)}: not {need}{at}; pass {key}=<{need}>"
+        return f"{key}={wrong.group(1)}: must be {need}{at}; pass {key}=<{need}>"
     wrong = re.search(r"Incompatible value '([^']*)' for field of type '(\w+)'", text)
     if wrong:  # `n_layers: null` in a YAML of the user's (a field that takes no null)
         need = _KINDS.get(wrong.group(2), wrong.group(2))
         got = "null" if wrong.group(1) == "None" else wrong.group(1)
-        return f"{key}={got}: not {need}{at}; give {key} a value"
+        return f"{key}={got}: must be {need}{at}; give {key} a value"
     null = re.search(r"field '([^']+)' is not Optional", text)
     if null:  # `workload.batch_size=null`: omegaconf's line said what, not how to fix it
         name = null.group(1)
@@ -421,7 +419,7 @@ def _wrong_type(text: str, key: str, at: str) -> str | None:
         return f"{key}: not a list{at}; pass {key}=[a,b]"
     wrong = re.search(r"Value '([^']*)' is not a valid bool", text)
     if wrong:
-        return f"{key}={wrong.group(1)}: not true or false{at}; pass {key}=true or false"
+        return f"{key}={wrong.group(1)}: must be true or false{at}; pass {key}=true or false"
     wrong = re.search(r"Cannot assign (\w+) to (\w+)", text)
     if wrong:  # `sources: 5` in a user's YAML, where a mapping belongs
         need = _KINDS.get(wrong.group(2), wrong.group(2))
@@ -497,7 +495,7 @@ def _missing_choice(text: str) -> str:
 
 _KINDS = {
     "string": "a string",
-    "Integer": "a whole number",
+    "Integer": "an integer",
     "Float": "a number",
     "Boolean": "true or false",
     "Dict": "a mapping",

@@ -36,7 +36,7 @@ def launch_ranks() -> tuple[int, int] | None:
         r, w = int(rank), int(world)
     except ValueError:
         raise ConfigError(
-            f"environment RANK={rank!r}, WORLD_SIZE={world!r}: not whole numbers (torchrun sets "
+            f"environment RANK={rank!r}, WORLD_SIZE={world!r}: must be integers (torchrun sets "
             "them for each rank it starts; unset them to run one process)"
         ) from None
     if w < 1:  # a launch of no process: the variables are not a launcher's

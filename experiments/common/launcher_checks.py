@@ -90,7 +90,7 @@ def _check_joblib_limits(launcher: Any) -> None:
         refuse("pre_dispatch", f"not 'all', {integer_words(1)} or an expression like 2*n_jobs")
     nbytes = launcher.get("max_nbytes")
     if nbytes is not None and not _at_least_one(nbytes, jp.memstr_to_bytes, zero=True):
-        refuse("max_nbytes", "not a size joblib reads (a whole number of bytes >= 0, or 1M, 2G)")
+        refuse("max_nbytes", "not a size joblib reads (a non-negative integer of bytes, or 1M, 2G)")
 
 
 def _number(value: Any) -> bool:

@@ -32,7 +32,7 @@ def bad_variable(env: dict[str, str]) -> str | None:
         value = env.get(name)
         if value is not None and not form.fullmatch(value):
             return (
-                f"environment variable {name}={value!r} is not a thread count (a whole number "
+                f"environment variable {name}={value!r} is not a thread count (an integer "
                 f"above 0{', or a list like 4,2' if ',' in form.pattern else ''}); set it, e.g. "
                 f"{name}=2, or unset it"
             )

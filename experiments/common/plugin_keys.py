@@ -203,7 +203,7 @@ def _callback_class(where: str, target: str) -> type:
     return cls
 
 
-KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _check_arguments(where: str, cls: type, entry: DictConfig) -> None:

@@ -255,7 +255,7 @@ def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:
         if not number(value) or value < 0:
             return key, f"{_short(value)}, not a finite number in [0, {MAX_METRIC:g}]"
         if key in COUNTS and value != int(value):  # a run counts whole batches, tokens, ops
-            return key, f"{_short(value)}, not a whole number"
+            return key, f"{_short(value)}, must be an integer"
     return _per_layer_problem(summary, number) or plan_problem(summary)
 
 

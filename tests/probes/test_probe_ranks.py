@@ -114,8 +114,8 @@ def test_a_stopped_rank_stops_the_run_naming_it(monkeypatch: pytest.MonkeyPatch)
     [
         ("5", "2", ["RANK=5", "WORLD_SIZE=2"]),
         ("-1", "2", ["RANK=-1"]),
-        ("x", "2", ["RANK='x'", "not whole numbers"]),
-        ("0", "two", ["WORLD_SIZE='two'", "not whole numbers"]),
+        ("x", "2", ["RANK='x'", "must be integers"]),
+        ("0", "two", ["WORLD_SIZE='two'", "must be integers"]),
     ],
 )
 def test_launch_variables_out_of_range_are_one_line(

@@ -307,7 +307,7 @@ def test_a_count_that_is_no_whole_number_is_not_a_runs(
     shutil.copytree(finished, mine)
     path = mine / "good" / "summary.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {key: value}))
-    raises_one_line(lambda: collect(mine), str(path), f"{key} is {value}", "not a whole number")
+    raises_one_line(lambda: collect(mine), str(path), f"{key} is {value}", "must be an integer")
 
 
 # six levels of nine aliases: 59,049 values, under the million check_yaml_size allowed

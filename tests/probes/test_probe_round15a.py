@@ -122,14 +122,14 @@ def test_make_checkpoints_derived_head_dim_names_what_was_given(overrides, names
 @pytest.mark.parametrize(
     ("value", "names"),
     [
-        (1e9, ["batch_size=1000000000.0: a whole number written as a float", "=1000000000"]),
-        (8.0, ["batch_size=8.0: a whole number written as a float", "pass batch_size=8"]),
-        (1.5, ["batch_size=1.5: not a whole number"]),
+        (1e9, ["batch_size=1000000000.0: an integer written as a float", "=1000000000"]),
+        (8.0, ["batch_size=8.0: an integer written as a float", "pass batch_size=8"]),
+        (1.5, ["batch_size=1.5: must be an integer"]),
     ],
 )
 def test_a_whole_number_written_as_a_float_is_named_so(value, names):
     """An integer option given 1e9 (validate's repeats, calibrate's disk_mb, a run's batch_size)
-    was refused as "not a whole number": YAML reads 1e9 as a float, and the line now says so
+    was refused as "must be an integer": YAML reads 1e9 as a float, and the line now says so
     and gives the number in digits."""
     cfg = OmegaConf.structured(WorkloadSchema)
     with pytest.raises(ValidationError) as info:

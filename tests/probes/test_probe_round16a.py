@@ -42,7 +42,7 @@ SMALL_REP = "workload.batch_size=8"
         ),
         (
             ["experiment=replication_switch_128_shared", SMALL_REP, "replication.replica_slots=-1"],
-            ["replication.replica_slots=-1", "whole number >= 0"],
+            ["replication.replica_slots=-1", "a non-negative integer"],
         ),
         # every point fails, each on its own line: the first point's
         ([*TINY, "workload.gen_len=0,-1"], ["workload.gen_len=0", "a positive integer"]),

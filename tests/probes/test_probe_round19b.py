@@ -244,7 +244,7 @@ def test_a_whole_number_for_a_yaml_files_bool_is_refused(
     (tmp_path / "conf/planner/mine.yaml").write_text(text.replace("sync: true", f"sync: {value}"))
     args = ["--config-dir", str(tmp_path / "conf"), *TINY[:3], "planner=mine"]
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'r'}")
-    one_line(r, "planner.params.sync=", "not true or false", "planner/mine.yaml")
+    one_line(r, "planner.params.sync=", "must be true or false", "planner/mine.yaml")
     assert not (tmp_path / "r").exists()
 
 

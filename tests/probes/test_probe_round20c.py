@@ -55,7 +55,7 @@ from tests.probes.conftest import one_line, raises_one_line
         (
             "experiments.routing_stats",
             ["seed={a:1}"],
-            "seed: a mapping where a whole number belongs; pass seed=<a whole number>",
+            "seed: a mapping where an integer belongs; pass seed=<an integer>",
         ),
         (
             "experiments.make_checkpoint",
@@ -79,7 +79,7 @@ def test_a_run_field_given_a_mapping_says_what_to_pass(tmp_path: Path, cli_here:
         "workload.batch_size={a:1}",
         f"hydra.run.dir={tmp_path / 'run'}",
     )
-    one_line(r, "workload.batch_size: a mapping where a whole number belongs; pass")
+    one_line(r, "workload.batch_size: a mapping where an integer belongs; pass")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -89,7 +89,7 @@ def test_a_run_field_given_a_mapping_says_what_to_pass(tmp_path: Path, cli_here:
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_non_finite_whole_number_option_says_to_pass_one(cli_here: Any, value: str) -> None:
     r = cli_here("experiments.bench.sim", f"repeat={value}")
-    one_line(r, f"repeat must be a finite number, got {value}; pass repeat=<a whole number>")
+    one_line(r, f"repeat must be a finite number, got {value}; pass repeat=<an integer>")
 
 
 def test_a_non_finite_planner_param_or_spec_field_says_to_pass_a_finite_one() -> None:

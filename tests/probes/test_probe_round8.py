@@ -88,7 +88,7 @@ def test_a_summary_key_of_the_wrong_type_is_not_tabulated(
     "text, words",
     [
         ("9" * 5000 + "\t1\t\t0.5\t0.5", ["f.txt:3", "expert id 0", "5000 characters"]),
-        ("9" * 30 + "\t1\t\t0.5\t0.5", ["f.txt:3", "expert id 0", "not a whole number"]),
+        ("9" * 30 + "\t1\t\t0.5\t0.5", ["f.txt:3", "expert id 0", "not an integer"]),
         ("1\t2\t\t0.5\tx", ["f.txt:3", "gate weight 1", "'x'"]),
     ],
     ids=["5000 digits", "past int64", "a word"],

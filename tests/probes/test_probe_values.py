@@ -277,14 +277,14 @@ def test_a_number_for_a_boolean_planner_param_is_refused(
 
 
 def test_a_whole_number_written_as_a_float_is_one() -> None:
-    """`disk_mb=1e9` was "not a whole number"; 2.5 still is not, and nan or inf is not finite,
-    in the words every other number's check uses (it said "not a whole number")."""
+    """`disk_mb=1e9` was "must be an integer"; 2.5 still is not, and nan or inf is not finite,
+    in the words every other number's check uses (it said "must be an integer")."""
     from core.args import as_int
 
     assert as_int("disk_mb", 1e9) == as_int("disk_mb", "1e9") == 10**9
     assert as_int("n", 8.0) == as_int("n", " 8 ") == 8
     for bad in (2.5, "2.5", "x", True):
-        raises_one_line(lambda bad=bad: as_int("n", bad), "n=", "not a whole number")
+        raises_one_line(lambda bad=bad: as_int("n", bad), "n=", "must be an integer")
     for bad in ("nan", "inf", "-inf", float("inf"), "1e999"):
         raises_one_line(lambda bad=bad: as_int("n", bad), "n must be a finite number, got ")
 
