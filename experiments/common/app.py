@@ -300,16 +300,25 @@ def timed_command(
     return command(name, schema, run, doc)
 
 
-def check_keys(schema: type, d: Any, where: str) -> None:
+def check_keys(schema: type, d: Any, where: str) -> Any:
     """A YAML mapping read outside hydra (validate's hardware=FILE.yaml) checked against
     `schema`: a MoepipeError of one line naming `where` and the key when the schema refuses
-    it."""
+    it; else `d` with each quoted value the schema reads as a number or bool (`sms: "8"`) read
+    so, as a run's config (omegaconf) reads the same file."""
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        OmegaConf.merge(OmegaConf.structured(schema), d)
+        typed = OmegaConf.merge(OmegaConf.structured(schema), d)
     except OmegaConfBaseException as e:
         raise MoepipeError(f"{where}: {one_line(e)}") from None
+    return _as_typed(d, OmegaConf.to_container(typed, resolve=False))
+
+
+def _as_typed(d: Any, typed: Any) -> Any:
+    """`d`'s values, each string its schema field (in `typed`) holds as another type taken so."""
+    if isinstance(d, dict) and isinstance(typed, dict):
+        return {k: _as_typed(v, typed[k]) if k in typed else v for k, v in d.items()}
+    return typed if isinstance(d, str) and isinstance(typed, int | float) else d
 
 
 def remove_if_no_run(out_dir: Path, own: Sequence[str] = ()) -> None:

@@ -63,7 +63,7 @@ def read_hardware(name: str) -> dict[str, Any]:
     """The hardware YAML of `name` (see `hardware_path`) as a mapping with a memory_gb mapping;
     a MoepipeError naming the file when it is unreadable, empty, not YAML or lacks memory_gb."""
     path = hardware_path(name)
-    fix = f"fix it or write it again with python -m experiments.calibrate out={path}"
+    fix = calibrate_fix(path)
     try:
         text = read_small(path, fix=fix).decode("utf-8")  # a FIFO or /dev/zero: refused
         check_yaml_size(text, str(path), fix)  # a billion laughs: a hang
@@ -81,8 +81,7 @@ def read_hardware(name: str) -> dict[str, Any]:
         raise MoepipeError(f"{path}: hardware file is {what}; {fix}")
     if not isinstance(d.get("memory_gb"), dict):
         raise MoepipeError(f"{path}: hardware file has no memory_gb mapping; {fix}")
-    check_keys(HardwareSchema, d, str(path))
-    return d
+    return dict(check_keys(HardwareSchema, d, str(path)))
 
 
 def load_hardware(name: str, model_bytes: int, gpu_frac: float, cpu_frac: float) -> HardwareSpec:
@@ -97,9 +96,14 @@ def hardware_spec(name: str, d: dict[str, Any]) -> HardwareSpec:
         return HardwareSpec.from_dict(d)
     except (MoepipeError, TypeError, AttributeError) as e:
         path = hardware_path(name)
-        raise MoepipeError(
-            f"{path}: {e}; fix it or write it again with python -m experiments.calibrate out={path}"
-        ) from None
+        # a field's line ends in its own fix; one line carries one
+        fix = "" if isinstance(e, MoepipeError) and "; " in str(e) else "; " + calibrate_fix(path)
+        raise MoepipeError(f"{path}: {e}{fix}") from None
+
+
+def calibrate_fix(path: Path) -> str:
+    """What to do with a hardware file that is refused: fix it, or let calibrate write it."""
+    return f"fix it or write it again with python -m experiments.calibrate out={path}"
 
 
 def with_model_on_disk(

@@ -5,15 +5,23 @@ Classes:
    summary checks said "not a whole number", core.errors' integer fields "must be an
    integer". Every line now says "must be an integer" (or the bound's words, "must be a
    positive integer"), and "must be a number" / "must be true or false" for the other kinds.
+2. A quoted number in a hardware YAML (`sms: "8"`) ran under experiments.run (omegaconf reads
+   it as 8) but was refused by the commands that read the YAML themselves (validate,
+   calibrate, the benches), in a line with two fixes (the field's and the file's). Every reader
+   now takes it as omegaconf does, and a refused field's line carries its one fix.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import yaml
 
 from core.args import as_int
+from core.types import Resource
 from experiments.common.app import check_keys
+from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.hydra_errors import _wrong_type
 from experiments.common.schema import HardwareSchema
 from tests.probes.conftest import ROOT, raises_one_line
@@ -47,3 +55,27 @@ def test_hydra_type_lines_say_must_be():
     assert "k=2: must be true or false" in str(
         _wrong_type("Value '2' is not a valid bool (type: str)", "k", "")
     )
+
+
+def _hw_file(tmp_path: Path, gpu: dict, gbps: object = 1.0) -> str:
+    d = {**TINY_HW, "gpu": {**TINY_HW["gpu"], **gpu}}
+    d["links"] = {**d["links"], "h2d": {"gbps": gbps, "latency_us": 0}}
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def test_a_quoted_number_in_a_hardware_yaml_is_read_as_a_run_reads_it(tmp_path):
+    """`sms: "8"` and `gbps: "16"` ran under experiments.run and were refused by validate's,
+    calibrate's and the benches' own read of the same file."""
+    name = _hw_file(tmp_path, {"sms": "8"}, gbps="16")
+    hw = hardware_spec(name, read_hardware(name))
+    assert hw.gpu.sms == 8
+    assert hw.links[Resource.H2D].bandwidth_bytes_per_s == 16e9
+
+
+def test_a_refused_hardware_field_carries_one_fix(tmp_path):
+    """`sms: -1` said the field's fix and then the file's "fix it or write it again"."""
+    name = _hw_file(tmp_path, {"sms": -1})
+    line = raises_one_line(lambda: hardware_spec(name, read_hardware(name)), "gpu.sms=-1")
+    assert "write it again" not in line
