@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from core.errors import ConfigError, quoted
+from core.errors import ConfigError, did_you_mean, quoted
 from core.files import no_file_there, read_small, unchanged_since, unwritten_state
 from core.hf_config import (
     HFConfig,
@@ -31,6 +31,7 @@ from core.hf_config import (
     read_hf_config,
     spec_mla_fields,
 )
+from core.hf_config.to_spec import RUN_DTYPE_ALIASES
 from core.spec import MAX_LAYERS, ModelSpec
 from core.types import Tensor
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
@@ -443,14 +444,13 @@ def compute_dtype(stored: torch.dtype, dtype: str | None) -> torch.dtype:
 
 
 def run_dtype(dtype: str | None) -> str:
-    """executor.dtype checked (every command that runs a checkpoint takes it): auto (None),
-    float32, bfloat16 or float16; one line naming the option otherwise. A command checks it with its
-    other options, before it measures or runs anything."""
-    if dtype is None:
-        return "auto"
+    """executor.dtype checked (every command that runs a checkpoint takes it, before it runs):
+    auto (None), float32, bfloat16, float16 or an alias (bf16, half); else one line naming it."""
+    dtype = "auto" if dtype is None else RUN_DTYPE_ALIASES.get(str(dtype), dtype)
     if dtype not in RUN_DTYPES:
+        near = did_you_mean(dtype, RUN_DTYPES)
         raise ConfigError(
-            f"executor.dtype={dtype or repr(dtype)}: not a compute dtype; pass one of "
+            f"executor.dtype={dtype or repr(dtype)}: not a compute dtype; {near}pass one of "
             f"{', '.join(RUN_DTYPES)}"
         )
     return dtype

@@ -35,6 +35,14 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
 # torch's other names of a dtype, which transformers' getattr(torch, dtype) reads as it
 TORCH_DTYPE_ALIASES = {"float": "float32", "half": "float16"}
+# executor.dtype's other names: torch's (torch.half) and the short ones of accelerate and
+# transformers' TrainingArguments (bf16, fp16)
+RUN_DTYPE_ALIASES = {
+    **TORCH_DTYPE_ALIASES,
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+}
 
 
 def hf_dtype_key(cfg: HFConfig) -> str:

@@ -111,7 +111,7 @@ def _dtype_args(module: str, ckpt: Path, out: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("module", DTYPE_COMMANDS)
-@pytest.mark.parametrize("value", ["fp16", "fp32", "Auto", "''"])
+@pytest.mark.parametrize("value", ["int8", "fp8", "Auto", "''"])
 def test_every_checkpoint_command_refuses_a_bad_dtype_as_run_does(
     module: str, value: str, f16_ckpt: Path, tmp_path: Path, cli_here: Any
 ) -> None:

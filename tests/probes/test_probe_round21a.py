@@ -9,6 +9,8 @@ Classes:
    it as 8) but was refused by the commands that read the YAML themselves (validate,
    calibrate, the benches), in a line with two fixes (the field's and the file's). Every reader
    now takes it as omegaconf does, and a refused field's line carries its one fix.
+3. `executor.dtype=bf16` (fp16, half, fp32) was refused with no did-you-mean: each is now
+   the dtype it names, as torch and accelerate name it, and a near miss names the nearest.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from experiments.common.app import check_keys
 from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.hydra_errors import _wrong_type
 from experiments.common.schema import HardwareSchema
+from real.checkpoint import run_dtype
 from tests.probes.conftest import ROOT, raises_one_line
 
 TINY_HW = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
@@ -79,3 +82,17 @@ def test_a_refused_hardware_field_carries_one_fix(tmp_path):
     name = _hw_file(tmp_path, {"sms": -1})
     line = raises_one_line(lambda: hardware_spec(name, read_hardware(name)), "gpu.sms=-1")
     assert "write it again" not in line
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16"), ("fp32", "float32")],
+)
+def test_a_dtype_alias_is_the_dtype_it_names(alias, name):
+    """`executor.dtype=bf16` (or half, fp16, fp32) was "not a compute dtype", with no
+    did-you-mean: torch and accelerate name the dtypes so."""
+    assert run_dtype(alias) == name
+
+
+def test_a_dtype_near_miss_names_the_nearest():
+    raises_one_line(lambda: run_dtype("bfloat"), "executor.dtype=bfloat", "'bfloat16'")
