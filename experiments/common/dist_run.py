@@ -120,8 +120,13 @@ def sized_processes(
     named = (
         f"planner.params.n_devices={g}"
         if spec.params.get("n_devices")
-        else f"planner.params.n_devices=0 (hardware.n_gpus: {g} devices)"
+        else f"planner.params.n_devices=0 (hardware.n_gpus: {g} device{'s' * (g != 1)})"
     )
+    if g == 1:  # one rank alone, as if distributed: said, as a planner of one device is
+        raise ConfigError(
+            f"{named} with executor.distributed=true: one device runs in one process; set "
+            "planner.params.n_devices=2 or more, or executor.distributed=false"
+        )
     if g > model.n_experts:
         raise ConfigError(
             f"{named} is more than model {model.name}'s {model.n_experts} "

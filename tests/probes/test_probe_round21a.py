@@ -11,10 +11,13 @@ Classes:
    now takes it as omegaconf does, and a refused field's line carries its one fix.
 3. `executor.dtype=bf16` (fp16, half, fp32) was refused with no did-you-mean: each is now
    the dtype it names, as torch and accelerate name it, and a near miss names the nearest.
+4. `executor.distributed=true` with `planner.params.n_devices=1` (or 0 on one GPU) ran one
+   rank without a word; it is refused as a planner of one device is, naming n_devices.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,11 +26,13 @@ import yaml
 from core.args import as_int
 from core.types import Resource
 from experiments.common.app import check_keys
+from experiments.common.dist_run import n_processes
 from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.hydra_errors import _wrong_type
 from experiments.common.schema import HardwareSchema
 from real.checkpoint import run_dtype
 from tests.probes.conftest import ROOT, raises_one_line
+from tests.real.test_executor import spec_for
 
 TINY_HW = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
 
@@ -96,3 +101,14 @@ def test_a_dtype_alias_is_the_dtype_it_names(alias, name):
 
 def test_a_dtype_near_miss_names_the_nearest():
     raises_one_line(lambda: run_dtype("bfloat"), "executor.dtype=bfloat", "'bfloat16'")
+
+
+@pytest.mark.parametrize("planner", ["ep_static", "eplb"])
+def test_a_distributed_run_of_one_device_is_refused(tiny_ckpt, planner):
+    """n_devices=1 under executor.distributed=true started one rank, as if distributed."""
+    spec = replace(spec_for(tiny_ckpt, planner), params={"n_devices": 1})
+    raises_one_line(
+        lambda: n_processes(str(tiny_ckpt), spec),
+        "planner.params.n_devices=1 with executor.distributed=true",
+        "executor.distributed=false",
+    )
