@@ -31,6 +31,7 @@ from experiments.common.sweep_points import (
     names_a_folder,
     names_fit,
     refuse_nested_sweeps,
+    refuse_sweeps_of_one_result,
 )
 
 
@@ -63,6 +64,7 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
             return
         check_sweep_values(swept)
         refuse_values_twice(swept, cfg)  # a sweep's only: one run's `a,a` says to add -m
+        refuse_sweeps_of_one_result(swept)  # the command line's, or a config's declared
         check_sweep_size(swept)
         base = first_point(parsed, given)
         first = dict(zip([o.input_line for o in parsed], base, strict=True))

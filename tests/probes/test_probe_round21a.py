@@ -13,6 +13,9 @@ Classes:
    the dtype it names, as torch and accelerate name it, and a near miss names the nearest.
 4. `executor.distributed=true` with `planner.params.n_devices=1` (or 0 on one GPU) ran one
    rank without a word; it is refused as a planner of one device is, naming n_devices.
+5. A sweep of a key no point's result depends on (`-m skip_finished=true,false`, trace_json)
+   ran two run dirs of one result; a sweep of hydra's own key (`hydra.job.chdir=true,false`)
+   was hydra's line with no fix. Each is refused before the sweep, saying what to do.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.hydra_errors import _wrong_type
 from experiments.common.schema import HardwareSchema
 from real.checkpoint import run_dtype
-from tests.probes.conftest import ROOT, raises_one_line
+from tests.probes.conftest import ROOT, TINY, raises_one_line
 from tests.real.test_executor import spec_for
 
 TINY_HW = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
@@ -112,3 +115,22 @@ def test_a_distributed_run_of_one_device_is_refused(tiny_ckpt, planner):
         "planner.params.n_devices=1 with executor.distributed=true",
         "executor.distributed=false",
     )
+
+
+@pytest.mark.parametrize(
+    ("swept", "words"),
+    [
+        ("skip_finished=true,false", "drop skip_finished from the sweep"),
+        ("trace_json=true,false", "drop trace_json from the sweep"),
+        ("hydra.job.chdir=true,false", "hydra's own keys cannot be swept"),
+        ("hydra.verbose=true,false", "run the sweep once per value"),
+        ("hydra/job_logging=default,disabled", "hydra/job_logging=<one value>"),
+    ],
+)
+def test_a_sweep_of_a_key_of_no_result_is_refused(swept, words):
+    """`-m skip_finished=true,false` ran two run dirs of one result; a sweep of hydra's own
+    key was hydra's "Sweeping over Hydra's configuration is not supported", with no fix."""
+    from experiments.common.hydra_errors import CONF_DIR
+    from experiments.common.overrides import check_sweep
+
+    raises_one_line(lambda: check_sweep(CONF_DIR, "config", [*TINY, swept]), swept, words)
