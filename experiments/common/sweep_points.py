@@ -130,6 +130,24 @@ def _not_a_run(cfg: Any) -> None:
             f"hydra.sweep.dir={where}: a run's folder (its {held}), which the sweep's points "
             "would be written beside; pass hydra.sweep.dir= another folder"
         )
+    _launcher_folder(cfg)
+
+
+def _launcher_folder(cfg: Any) -> None:
+    """Refuse a submitit launcher's `submitit_folder` (its jobs' logs) that a file is in the way
+    of: submitit's mkdir said "File exists" of the file alone, once the sweep had started."""
+    from core.args import blocked_folder
+
+    try:
+        given = OmegaConf.select(cfg, "hydra.launcher.submitit_folder", default=None)
+    except Exception:  # noqa: BLE001 (a value that does not resolve: hydra's own line says so)
+        return
+    why = None if given is None else blocked_folder(Path(str(given).split("%", 1)[0]))
+    if why is not None:  # `%j`: the job's id, a folder each
+        raise MoepipeError(
+            f"hydra.launcher.submitit_folder={given}: {why}; pass hydra.launcher."
+            "submitit_folder= a folder (the jobs' logs go in it)"
+        )
 
 
 def _key(o: Any) -> str:

@@ -16,6 +16,8 @@ Classes:
 5. A sweep of a key no point's result depends on (`-m skip_finished=true,false`, trace_json)
    ran two run dirs of one result; a sweep of hydra's own key (`hydra.job.chdir=true,false`)
    was hydra's line with no fix. Each is refused before the sweep, saying what to do.
+6. `hydra.launcher.submitit_folder=<a file>` said "File exists; check the file and the disk"
+   once the sweep had started; it is named before the sweep, with "pass a folder".
 """
 
 from __future__ import annotations
@@ -134,3 +136,19 @@ def test_a_sweep_of_a_key_of_no_result_is_refused(swept, words):
     from experiments.common.overrides import check_sweep
 
     raises_one_line(lambda: check_sweep(CONF_DIR, "config", [*TINY, swept]), swept, words)
+
+
+def test_a_submitit_folder_that_is_a_file_is_named_before_the_sweep(tmp_path):
+    """`hydra.launcher.submitit_folder=<a file>` said "<file>: File exists; check the file and
+    the disk" once the sweep had started, naming no key."""
+    from experiments.common.hydra_errors import CONF_DIR
+    from experiments.common.overrides import check_sweep
+
+    (tmp_path / "f").write_text("")
+    launcher = ["hydra/launcher=submitit_local", f"hydra.launcher.submitit_folder={tmp_path}/f"]
+    args = [*TINY, "workload.seed=1,2", *launcher]
+    raises_one_line(
+        lambda: check_sweep(CONF_DIR, "config", args),
+        f"hydra.launcher.submitit_folder={tmp_path}/f",
+        "a folder",
+    )
