@@ -111,28 +111,36 @@ def check_args(
 ) -> None:
     """Raise ConfigError, one line, for a load matrix or layout EPLB cannot place."""
     if len(shape) != 2 or shape[1] < 1:
-        raise ConfigError(f"eplb: load matrix must be [layers, experts], got shape {shape}")
+        raise ConfigError(
+            f"eplb: load matrix must be [layers, experts], got shape {shape}; pass one "
+            "of that shape"
+        )
     e = shape[1]
     if num_gpus < 1 or num_gpus > e:
-        raise ConfigError(f"eplb: num_gpus={num_gpus} must be in [1, {e}] (the number of experts)")
+        raise ConfigError(
+            f"eplb: num_gpus={num_gpus} must be in [1, {e}] (the number of experts); pass one in it"
+        )
     if num_replicas < e or num_replicas % num_gpus:
         raise ConfigError(
             f"eplb: num_replicas={num_replicas} physical slots must be >= {e} experts and a "
-            f"multiple of num_gpus={num_gpus}"
+            f"multiple of num_gpus={num_gpus}; pass such a multiple"
         )
     if num_groups < 1 or num_nodes < 1:
-        raise ConfigError(f"eplb: num_groups={num_groups} and num_nodes={num_nodes} must be >= 1")
+        raise ConfigError(
+            f"eplb: num_groups={num_groups} and num_nodes={num_nodes} must be >= 1; pass 1 or more"
+        )
     if num_gpus % num_nodes:  # nodes of equal GPUs, whichever policy runs
         raise ConfigError(
             f"eplb: num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes}): each "
-            "node holds the same number of GPUs"
+            "node holds the same number of GPUs; pass a num_nodes that divides num_gpus"
         )
     if num_groups % num_nodes:  # DeepSeek's global policy: one group, one node; nothing to divide
         return
     if e % num_groups:  # the hierarchical policy's
         raise ConfigError(
             f"eplb: need experts ({e}) divisible by num_groups ({num_groups}) and num_gpus "
-            f"({num_gpus}) divisible by num_nodes ({num_nodes})"
+            f"({num_gpus}) divisible by num_nodes ({num_nodes}); pass a num_groups that divides "
+            f"{e}"
         )
 
 

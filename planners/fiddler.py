@@ -44,9 +44,11 @@ class FiddlerParams:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+            raise ValueError(f"policy={self.policy!r} unknown; pass one of {POLICIES}")
         if not 0 <= self.resident_share <= 1:
-            raise ValueError(f"resident_share={self.resident_share} must be in [0, 1]")
+            raise ValueError(
+                f"resident_share={self.resident_share} must be in [0, 1]; pass a share in it"
+            )
 
 
 @register("fiddler", FiddlerParams)

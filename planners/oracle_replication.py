@@ -36,7 +36,7 @@ class OracleParams(ReplicaParams):
         if not (math.isfinite(self.truth_weight) and 0.0 <= self.truth_weight <= 1.0):
             raise ConfigError(
                 f"oracle_replication: truth_weight={self.truth_weight} must be in [0, 1] "
-                "(1: the true load, an upper bound; 0: the prior alone)"
+                "(1: the true load, an upper bound; 0: the prior alone); pass one in it"
             )
 
 

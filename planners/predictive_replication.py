@@ -60,7 +60,8 @@ class PredictiveParams(ReplicaParams):
         if self.predictor == ReplicaPredictor.TASK_MIX and not self.task_load:
             raise ConfigError(
                 "predictive_replication: predictor task_mix needs task_load=<.npy [labels, MoE "
-                "layers, experts]>, a training split's load per request label"
+                "layers, experts]>, a training split's load per request label; pass it, or "
+                "choose another predictor"
             )
         if self.task_load and self.predictor != ReplicaPredictor.TASK_MIX:
             raise ConfigError(
@@ -68,15 +69,19 @@ class PredictiveParams(ReplicaParams):
                 f"{self.predictor}; drop task_load or set predictor=task_mix"
             )
         if self.window < 1:
-            raise ConfigError(f"predictive_replication: {integer_below('window', self.window, 1)}")
+            raise ConfigError(
+                f"predictive_replication: {integer_below('window', self.window, 1)}; pass "
+                "window=1 or more (iterations in the load's mean)"
+            )
         if not (math.isfinite(self.prior_weight) and self.prior_weight >= 0):
             raise ConfigError(
                 f"predictive_replication: prior_weight={self.prior_weight} must be a finite "
-                "number >= 0 (iterations' worth of the prior in the window's mean)"
+                "number >= 0 (iterations' worth of the prior in the window's mean); pass one"
             )
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(
-                f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]"
+                f"predictive_replication: ema_alpha={self.ema_alpha} must be in (0, 1]; pass "
+                "one in it (1: the last iteration's load alone)"
             )
 
 

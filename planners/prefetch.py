@@ -94,7 +94,9 @@ class Predictor:
         if kind not in PREDICTORS:
             raise ConfigError(f"predictor {kind!r} unknown; valid: {', '.join(PREDICTORS)}")
         if kind in ("correlation", "popularity") and table is None:
-            raise ConfigError(f"predictor {kind} needs a warm-up table")
+            raise ConfigError(
+                f"predictor {kind} needs a warm-up table; give it one, or use another"
+            )
         self.kind = kind
         self.k = k
         self.table = table.copy() if table is not None else None  # online updates stay here

@@ -120,11 +120,15 @@ def workload(cfg: DictConfig) -> Workload:
     try:
         rc = RoutingConfig(**routing)
     except TypeError as e:
-        raise ConfigError(f"workload.routing: {e}") from None
+        raise ConfigError(
+            f"workload.routing: {e}; check the key's name and type (--help lists them)"
+        ) from None
     try:
         return Workload(**d, routing=rc)
     except TypeError as e:
-        raise ConfigError(f"workload: {e}") from None
+        raise ConfigError(
+            f"workload: {e}; check the key's name and type (--help lists them)"
+        ) from None
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

@@ -75,7 +75,7 @@ class EPParams:
         if not (self.lane_share == 0.0 or 1e-3 <= self.lane_share <= 1.0):
             raise ConfigError(
                 f"planner.params.lane_share={self.lane_share} must be 0 (= 1/n_devices) or in "
-                "[0.001, 1] (a lane holds at least one SM)"
+                "[0.001, 1] (a lane holds at least one SM); pass lane_share=0 or a share in it"
             )
         if self.n_devices > MAX_DEVICES:  # before routing is built for them (0: at the layout)
             raise ConfigError(
@@ -86,12 +86,14 @@ class EPParams:
         if self.replicas < -1:
             raise ConfigError(
                 integer_below("planner.params.replicas", self.replicas, -1, "-1: every slot")
+                + "; pass planner.params.replicas=-1 or more"
             )
         if self.micro_batches < 1:
             raise ConfigError(
                 integer_below(
                     "planner.params.micro_batches", self.micro_batches, 1, "2: two-batch overlap"
                 )
+                + "; pass planner.params.micro_batches=1 or more"
             )
 
     def no_gate(self, planner: str) -> None:
@@ -171,6 +173,7 @@ class ReplicaParams(EPParams):
         if self.rehome_interval < 0:
             raise ConfigError(
                 integer_below("planner.params.rehome_interval", self.rehome_interval, 0)
+                + "; pass planner.params.rehome_interval=0 (homes stay fixed) or more"
             )
 
 
@@ -205,7 +208,10 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
             "a smaller n_devices"
         )
     if p.replica_slots < 0:
-        raise ConfigError(integer_below("planner.params.replica_slots", p.replica_slots, 0))
+        raise ConfigError(
+            integer_below("planner.params.replica_slots", p.replica_slots, 0)
+            + "; pass planner.params.replica_slots=0 (no replicas) or more"
+        )
     if p.replica_slots > e:  # a device holds at most one copy of each expert
         raise ConfigError(
             f"planner.params.replica_slots={p.replica_slots} exceeds the model's {e} experts (a "

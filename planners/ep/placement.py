@@ -37,7 +37,10 @@ def read_npy(path: str, label: str, shape: tuple[int | None, ...], need: str) ->
     try:
         arr = npy_file(path)
     except OSError as e:
-        raise ConfigError(f"{label} {path}: cannot read it ({e.strerror or e})") from None
+        raise ConfigError(
+            f"{label} {path}: cannot read it ({e.strerror or e}); check the path, or pass "
+            "another .npy file"
+        ) from None
     except NpyError as e:  # another format, cut short, or pickled objects (never unpickled)
         raise ConfigError(
             f"{label} {path}: not a .npy array of numbers ({e}; np.save of a numeric array "

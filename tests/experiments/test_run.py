@@ -214,7 +214,7 @@ def test_an_experiments_own_choices_and_keys_pass_the_schema(tmp_path, run_in):
             ["planner.params.synk=true"],
             "planner.params.synk: unknown key; did you mean 'sync'? valid: sync",
         ),
-        (["planner=fiddler", "planner.params.policy=x"], "policy must be one of"),
+        (["planner=fiddler", "planner.params.policy=x"], "policy='x' unknown; pass one of"),
         (["experiment=replication", "planner=ep_static"], "replication.case is not set: run one"),
         (["foo=bar"], "foo: unknown key; valid: checkpoint, executor, hardware, model, planner,"),
         (["workload.routing.skw=1"], "workload.routing.skw: unknown key; did you mean 'skew'?"),

@@ -18,6 +18,9 @@ Classes:
    was hydra's line with no fix. Each is refused before the sweep, saying what to do.
 6. `hydra.launcher.submitit_folder=<a file>` said "File exists; check the file and the disk"
    once the sweep had started; it is named before the sweep, with "pass a folder".
+7. Lines that stated the rule and no fix: `planner.params.replica_slots=-1 must be >= 0`, a
+   planner's table that cannot be read, the prefetch predictors', EPLB's argument checks and
+   resolve.py's workload wrappers. Each now ends in what to do.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from experiments.common.dist_run import n_processes
 from experiments.common.hardware import hardware_spec, read_hardware
 from experiments.common.hydra_errors import _wrong_type
 from experiments.common.schema import HardwareSchema
+from planners.ep.placement import read_npy
+from planners.prefetch import Predictor
 from real.checkpoint import run_dtype
 from tests.probes.conftest import ROOT, TINY, raises_one_line
 from tests.real.test_executor import spec_for
@@ -152,3 +157,52 @@ def test_a_submitit_folder_that_is_a_file_is_named_before_the_sweep(tmp_path):
         f"hydra.launcher.submitit_folder={tmp_path}/f",
         "a folder",
     )
+
+
+def _replica_slots_below_0() -> None:
+    from types import SimpleNamespace
+
+    from planners.ep.params import EPParams, resolve_layout
+
+    p = EPParams(replica_slots=-1)
+    model = SimpleNamespace(n_experts=4)
+    resolve_layout(p, SimpleNamespace(model=model, hardware=SimpleNamespace(n_gpus=2, name="h")))
+
+
+@pytest.mark.parametrize(
+    ("fn", "fix"),
+    [
+        (_replica_slots_below_0, "; pass planner.params.replica_slots=0"),
+        (lambda: read_npy("/nonexist.npy", "table", (None,), "a list"), "; check the path"),
+        (lambda: Predictor("correlation", None, 1), "; give it one"),
+    ],
+)
+def test_a_planners_own_check_says_the_fix(fn, fix):
+    """`replica_slots=-1 must be >= 0`, `table /nonexist: cannot read it` and the prefetch
+    predictors' checks stated the rule and no fix."""
+    raises_one_line(fn, fix)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [((4,), 4, 1, 1, 1), ((2, 4), 4, 1, 1, 8), ((2, 4), 5, 1, 1, 2), ((2, 8), 8, 1, 3, 2)],
+)
+def test_eplbs_own_checks_say_the_fix(args):
+    """EPLB's argument checks said the rule (`num_gpus=8 must be in [1, 4]`) and no fix."""
+    from planners.eplb_algo import check_args
+
+    raises_one_line(lambda: check_args(*args), "eplb: ", "; pass")
+
+
+@pytest.mark.parametrize("where", ["workload", "workload.routing"])
+def test_a_workload_key_its_class_refuses_says_the_fix(where):
+    """resolve.py's wrappers said `workload: Workload.__init__() got an unexpected keyword
+    argument 'nosuch'` and nothing to do."""
+    from omegaconf import OmegaConf
+
+    from experiments.common.resolve import workload
+
+    d = yaml.safe_load((ROOT / "conf" / "workload" / "tiny.yaml").read_text())
+    (d if where == "workload" else d["routing"])["nosuch"] = 1
+    cfg = OmegaConf.create({"workload": d})
+    raises_one_line(lambda: workload(cfg), f"{where}: ", "'nosuch'", "; check the key's name")
