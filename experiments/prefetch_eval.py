@@ -133,9 +133,12 @@ def _evaluated(args: Options) -> int:
         if args.group_seqs < 1:
             raise MoepipeError(
                 integer_below("group_seqs", args.group_seqs, 1, "sequences per group")
+                + "; pass group_seqs=1 or more"
             )
         if args.k < 0:
-            raise MoepipeError(integer_below("k", args.k, 0, "0 = the trace's top-k"))
+            raise MoepipeError(
+                integer_below("k", args.k, 0, "0 = the trace's top-k") + "; pass k=0 or more"
+            )
         if args.out:  # checked before the evaluation, whose table would be lost after
             output_file(args.out, "out", ".csv", starts=b"layer,")
         trace = load_esft(args.trace_dir, trace_dir_flag="trace_dir")

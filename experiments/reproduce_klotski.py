@@ -91,7 +91,8 @@ def with_overrides(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or leaf not in node:
-            raise MoepipeError(f"hardware_overrides: {key!r} is not a field of the hardware YAML")
+            why = "is not a field of the hardware YAML; fix its name (conf/hardware/) or drop it"
+            raise MoepipeError(f"hardware_overrides: {key!r} {why}")
         node[leaf] = value
     return out
 

@@ -242,7 +242,8 @@ def _checked_streams(args: Any, nproc: str) -> None:
     if listed and not {int(r) for r in ranks.split(",")} & set(range(int(nproc))):
         raise ConfigError(
             f"--local-ranks-filter={ranks}: no local rank of --nproc_per_node={nproc} "
-            f"(0 .. {int(nproc) - 1}); nothing any rank prints would be shown"
+            f"(0 .. {int(nproc) - 1}); nothing any rank prints would be shown: pass ranks in "
+            "that range"
         )
 
 

@@ -277,7 +277,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
         if over["n_layers"] > layers:
             raise MoepipeError(
                 f"n_layers={opts.n_layers}: {opts.model} has {layers} layers; n_layers cuts it "
-                f"to its first n (at most {layers})"
+                f"to its first n: pass n_layers=1 to {layers}"
             )
     spec = reduced_spec(opts.model, **over)
     if budget >= spec.total_bytes:

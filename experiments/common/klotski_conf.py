@@ -49,7 +49,10 @@ def _check_reproduce(name: str, r: Any) -> None:
     block lacks a key its table reads, or holds a list of sizes that is not one."""
     where = f"conf/experiment/{name}.yaml"
     if not isinstance(r, dict):
-        raise MoepipeError(f"{where}: reproduce is {r!r}, not a mapping of its table's keys")
+        raise MoepipeError(
+            f"{where}: reproduce is {r!r}, not a mapping of its table's keys; write it as the "
+            "shipped file has it (git checkout that file)"
+        )
     for key in _NEEDS.get(name, ()):
         if key not in r:
             raise MoepipeError(

@@ -330,7 +330,7 @@ def check_n_jobs(override: str, n_jobs: Any) -> None:
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or not -cores <= n_jobs <= top:
         raise MoepipeError(
             f"{override}: n_jobs must be an integer in [1, {top}] ({MAX_JOBS_PER_CORE} per core "
-            f"of this machine's {cores}), or -1 for one worker per core"
+            f"of this machine's {cores}), or -1 for one worker per core; pass one of those"
         )
     if n_jobs == 0:
         raise MoepipeError(

@@ -20,13 +20,16 @@ Classes:
    once the sweep had started; it is named before the sweep, with "pass a folder".
 7. Lines that stated the rule and no fix: `planner.params.replica_slots=-1 must be >= 0`, a
    planner's table that cannot be read, the prefetch predictors', EPLB's argument checks and
-   resolve.py's workload wrappers. Each now ends in what to do.
+   resolve.py's workload wrappers, and the commands' own (reproduce_klotski's
+   hardware_overrides, an experiment file's reproduce block, joblib's n_jobs, prefetch_eval's
+   bounds, bench.real's n_layers, torchrun's --local-ranks-filter). Each now ends in its fix.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -206,3 +209,23 @@ def test_a_workload_key_its_class_refuses_says_the_fix(where):
     (d if where == "workload" else d["routing"])["nosuch"] = 1
     cfg = OmegaConf.create({"workload": d})
     raises_one_line(lambda: workload(cfg), f"{where}: ", "'nosuch'", "; check the key's name")
+
+
+def _commands_checks() -> list[Any]:
+    from experiments.common.klotski_conf import _check_reproduce
+    from experiments.common.overrides import check_n_jobs
+    from experiments.reproduce_klotski import with_overrides
+
+    return [
+        lambda: with_overrides({"gpu": {}}, {"gpu.nosuch": 1}),
+        lambda: _check_reproduce("klotski_fig14", [1]),
+        lambda: check_n_jobs("hydra.launcher.n_jobs=x", "x"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_a_commands_own_check_says_the_fix(i):
+    """reproduce_klotski's `hardware_overrides` key that is no field, an experiment file's
+    `reproduce` that is no mapping and joblib's n_jobs stated the rule and no fix."""
+    line = raises_one_line(_commands_checks()[i])
+    assert any(w in line for w in ("; check", "; write", "; pass", "; fix")), line
