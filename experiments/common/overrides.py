@@ -126,9 +126,6 @@ def check_sweep_size(swept: Sequence[Any]) -> None:
             )
 
 
-# what in a subdir template tells every point's folder apart by itself
-
-
 def check_hydra_overrides(
     overrides: Sequence[str], conf_dir: Path, file_groups: Sequence[str] = ()
 ) -> None:
