@@ -152,8 +152,8 @@ def _evaluated(args: Options) -> int:
             unknown = [t for t in tasks if t not in trace.task_names]
             if unknown:
                 raise MoepipeError(
-                    f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; the trace has "
-                    f"{', '.join(trace.task_names)}"
+                    f"{flag}=[{','.join(tasks)}]: unknown task(s) {unknown}; pass tasks the "
+                    f"trace has: {', '.join(trace.task_names)}"
                 )
             checked_names(flag, tasks, trace.task_names)  # one given twice: its rows doubled
             held = {trace.task_names[i] for i in np.unique(trace.task)}
@@ -164,7 +164,8 @@ def _evaluated(args: Options) -> int:
                 )
         if set(train) & set(test):
             raise MoepipeError(
-                f"train={list(train)} and test={list(test)} overlap; evaluate on unseen tasks"
+                f"train={list(train)} and test={list(test)} overlap; drop "
+                f"{sorted(set(train) & set(test))} from one of them (evaluate on unseen tasks)"
             )
         train_ids = np.concatenate([s for s in sequences(trace, train)])  # [T, L, k]
         table = ExpertTable.fit(train_ids, trace.expert_ids.max() + 1, f"ESFT {','.join(train)}")

@@ -264,6 +264,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
         raise MoepipeError(
             "every planner was skipped, nothing to compare: "
             + "; ".join(f"{r['planner']}: {r['skipped']}" for r in rows)
+            + "; fix one planner's refusal as it says, or pass planners=[...] that fit"
         )
     for r in rows:  # the others' rows follow
         log.warning("%s skipped: %s", r["planner"], r["skipped"])
@@ -276,8 +277,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
     }
     for name, (spec, routing, sim, _) in sims.items():
         runs = sorted(reals[name], key=lambda r: r.summary["makespan_s"])
-        # the median run (a trace comes from one run): the lower middle for an even count, so
-        # two repeats do not compare against the slower
+        # the median run (a trace is one run's); of an even count the lower, not the slower
         real = runs[(len(runs) - 1) // 2]
         if [(o.kind, o.stream, o.deps) for o in sim.schedule.ops] != [
             (o.kind, o.stream, o.deps) for o in real.schedule.ops

@@ -527,7 +527,9 @@ def _rank(
             ) from None
         raise MoepipeError(
             f"rank {rank}: the process group did not form within executor.rendezvous_timeout_s="
-            f"{timeout_s:g} s (a rank never joined, or MASTER_ADDR/MASTER_PORT are wrong): {first}"
+            f"{timeout_s:g} s (a rank never joined, or MASTER_ADDR/MASTER_PORT are wrong): "
+            f"{first}; start every rank with the same MASTER_ADDR/MASTER_PORT, or raise the "
+            "timeout"
         ) from None
     try:
         if init is None:

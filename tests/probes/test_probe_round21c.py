@@ -1,0 +1,63 @@
+"""Round 21c of issue 48: refusals whose line named what is wrong but not what to do. Each
+line is made by a real call, in this process, and must end in its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import CapacityError, MoepipeError
+from experiments.common import dist_run
+from experiments.common.pipeline import RunSpec
+from tests.conftest import NEEDS_TRACES
+from tests.probes.conftest import one_line
+
+
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [
+        (["test=[nosuch]"], "pass tasks the trace has:"),
+        (["train=[law]", "test=[law]"], "drop ['law'] from one of them"),
+    ],
+)
+@NEEDS_TRACES
+def test_prefetch_evals_task_refusals_end_in_their_fix(
+    cli_here: Any, args: list[str], fix: str
+) -> None:
+    """An unknown task said only "the trace has ..."; an overlap "evaluate on unseen tasks"."""
+    one_line(cli_here("experiments.prefetch_eval", *args), fix)
+
+
+def test_a_process_group_that_did_not_form_says_what_to_do(monkeypatch: Any) -> None:
+    """A spawned rank's rendezvous timeout named the causes (a rank never joined, a wrong
+    MASTER_ADDR/MASTER_PORT) and torch's line, but no fix."""
+    import torch.distributed as dist
+
+    def timed_out(**kw: Any) -> None:
+        raise RuntimeError("Timed out initializing process group")
+
+    monkeypatch.setattr(dist, "init_process_group", timed_out)
+    init = ("tcp://127.0.0.1:1", 0, 2)
+    with pytest.raises(MoepipeError) as e:
+        dist_run._rank("ckpt", RunSpec.__new__(RunSpec), "live", None, 1.0, init)
+    assert "did not form" in str(e.value) and "raise the timeout" in str(e.value), e.value
+
+
+def test_validate_with_every_planner_skipped_says_what_to_do(
+    tmp_path: Path, tiny_ckpt: Path, cli_here: Any, monkeypatch: Any
+) -> None:
+    """Each planner's refusal carries its own fix; the line that joined them ended in the last
+    one's, as if one planner's fix were the whole story."""
+    from experiments import validate
+
+    def refuse(spec: Any) -> Any:
+        raise CapacityError("device pool 1 MB cannot hold a layer (9 MB); raise gpu_frac")
+
+    monkeypatch.setattr(validate, "sized_run", refuse)
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[flexgen]", f"out={tmp_path}/v"]
+    line = one_line(cli_here("experiments.validate", *args), "every planner was skipped")
+    assert line.endswith("or pass planners=[...] that fit"), line
+    assert not (tmp_path / "v").exists()
