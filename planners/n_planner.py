@@ -216,10 +216,11 @@ def placement_for(
         kv_gb = (
             wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9
         )
+        # the GPU's line names the activations already: said once
+        acts = "" if "activations" in str(e) else f", activations {act / 1e9:.3g} GB"
         raise CapacityError(
             f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {e}. "
-            f"KV cache of the group: {kv_gb:.3g} GB, "
-            f"activations {act / 1e9:.3g} GB; "
+            f"KV cache of the group: {kv_gb:.3g} GB{acts}; "
             + (
                 "pick a smaller n (planner.params.n; where n is -1, the workload's n_batches)"
                 if wl.n_batches > 1

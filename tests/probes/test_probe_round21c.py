@@ -1,5 +1,6 @@
-"""Round 21c of issue 48: refusals whose line named what is wrong but not what to do. Each
-line is made by a real call, in this process, and must end in its fix.
+"""Round 21c of issue 48: refusals whose line named what is wrong but not what to do (klotski's
+GPU edge also named the activations twice). Each line is made by a real call, in this process,
+and must end in its fix.
 """
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ import pytest
 from core.errors import CapacityError, MoepipeError
 from experiments.common import dist_run
 from experiments.common.pipeline import RunSpec
-from tests.conftest import NEEDS_TRACES
-from tests.probes.conftest import one_line
+from tests.conftest import NEEDS_TRACES, overridden
+from tests.probes.conftest import TINY, one_line
+
+
+def test_klotskis_refusal_at_the_gpu_edge_names_the_activations_once(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    """hardware.memory_gb.gpu=0.00001: the placement's line says "activations 6.14e-06 GB", and
+    the n-planner's addition said it again."""
+    args = overridden(TINY, "planner=klotski", "hardware.memory_gb.gpu=0.00001")
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path}/r")
+    line = one_line(r, "does not fit", "raise hardware.memory_gb.gpu")
+    assert line.count("activations") == 1, line
 
 
 @pytest.mark.parametrize(
