@@ -267,7 +267,8 @@ class TieredStore:
             if src is not None:  # the host copy stays until this copy is queued (`evict`)
                 self._copying[unit] = self._copying.get(unit, 0) + 1
         if src is None:
-            raise MoepipeError(
+            # the executor's bug, not the user's: a validated schedule reads before it copies
+            raise AssertionError(
                 f"to_device({unit}): the unit is not in the host tier; read_disk it first"
             )
         try:
@@ -345,7 +346,8 @@ class TieredStore:
             while unit in pool.busy or (pool is self.host and unit in self._copying):
                 self._cv.wait()
             if unit not in pool.buffers:
-                raise MoepipeError(f"evict({unit}, {tier}): the unit is not in the {pool.name}")
+                # a validated schedule frees only what it holds: the executor's bug
+                raise AssertionError(f"evict({unit}, {tier}): the unit is not in the {pool.name}")
             buf = pool.buffers.pop(unit)
             pool.filled.discard(unit)
             pool.used_bytes -= self._record(unit).nbytes
@@ -370,7 +372,7 @@ class TieredStore:
 
     def _pool(self, tier: Tier) -> _Pool:
         if tier == Tier.DISK:
-            raise MoepipeError("the disk tier holds every unit; evict from Tier.CPU or Tier.GPU")
+            raise AssertionError("the disk tier holds every unit; evict from Tier.CPU or Tier.GPU")
         return self.pool if tier == Tier.GPU else self.host
 
     def _views(self, unit: Unit, buf: torch.Tensor, host: bool) -> dict[str, torch.Tensor]:

@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from core.errors import CapacityError, MoepipeError
+from core.types import Tensor, Tier
 from experiments.common import dist_run
+from experiments.common.cli import error_line
 from experiments.common.pipeline import RunSpec
+from real.checkpoint import Unit
+from real.store import TieredStore
 from tests.conftest import NEEDS_TRACES, overridden
 from tests.probes.conftest import TINY, one_line
 
@@ -73,3 +77,22 @@ def test_validate_with_every_planner_skipped_says_what_to_do(
     line = one_line(cli_here("experiments.validate", *args), "every planner was skipped")
     assert line.endswith("or pass planners=[...] that fit"), line
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize(
+    "misuse",
+    [
+        lambda s, u: s.to_device(u),
+        lambda s, u: s.evict(u, Tier.GPU),
+        lambda s, u: s.evict(u, Tier.DISK),
+    ],
+    ids=["to_device", "evict", "evict_disk"],
+)
+def test_a_store_misused_by_the_executor_is_an_internal_error(tiny_ckpt: Path, misuse: Any) -> None:
+    """The store's own invariants (a unit copied before it was read, one freed twice) were
+    MoepipeErrors: the CLI printed them as the user's mistake, with no fix a user could make.
+    They are the executor's bugs: the CLI now says so and keeps the traceback."""
+    store = TieredStore(str(tiny_ckpt), device_capacity_bytes=1)
+    with pytest.raises(AssertionError) as e:
+        misuse(store, Unit(Tensor.EXPERT, 0, 0))
+    assert not isinstance(e.value, MoepipeError) and error_line(e.value) is None
