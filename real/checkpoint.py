@@ -307,7 +307,8 @@ def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
     list is made (n_layers=1e9 filled the RAM until the kernel killed the command)."""
     if n > MAX_LAYERS:
         raise ConfigError(
-            f"model {base.name}: n_layers={n}, more than any model has (at most {MAX_LAYERS})"
+            f"model {base.name}: n_layers={n}, more than any model has; pass n_layers <= "
+            f"{MAX_LAYERS}"
         )
     dense = [i for i in range(base.n_layers) if not base.is_moe(i)]
     if base.mla:  # its first dense layers, the last layer MoE at least
@@ -483,16 +484,20 @@ def _check_shapes(
         for key, ts in tensors.items():
             e = index.get(ts.hf_name)
             if e is None:
-                raise ConfigError(f"{d}: tensor {quoted(ts.hf_name)} is missing from {where}")
+                raise ConfigError(
+                    f"{d}: tensor {quoted(ts.hf_name)} is missing from {where}; re-download the "
+                    "checkpoint whole, or fix config.json to the model its tensors are of"
+                )
             if e.shape != ts.shape:
                 raise ConfigError(
                     f"{e.file}: tensor {quoted(ts.hf_name)} has shape {list(e.shape)}, config.json "
-                    f"expects {list(ts.shape)}"
+                    f"expects {list(ts.shape)}; fix config.json to the model its tensors are of, "
+                    "or re-download the file"
                 )
             kept = e.dtype == torch.float32 == weight_dtype(spec, key)
             if e.dtype != dtype and not kept and e.scale is None:  # FP8: dequantized to dtype
                 said = (
-                    f"config.json says {dtype}"
+                    f"config.json says {dtype}; re-save the tensor in {dtype}"
                     if cfg.get("dtype", None) or cfg.get("torch_dtype", None)
                     else f"config.json names no dtype (read as {dtype}): add "
                     f'"torch_dtype": "{str(e.dtype).removeprefix("torch.")}" to it'

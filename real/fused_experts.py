@@ -45,7 +45,8 @@ def unfuse_experts(
             if index[name].shape != shape:
                 raise ConfigError(
                     f"{index[name].file}: tensor {quoted(name)} has shape "
-                    f"{list(index[name].shape)}, config.json expects {list(shape)}"
+                    f"{list(index[name].shape)}, config.json expects {list(shape)}; fix "
+                    "config.json to the model its tensors are of, or re-download the file"
                 )
         whole_gate_up, whole_down = index[gate_up], index[down]
         mat = f * h * whole_gate_up.dtype.itemsize  # bytes of one [F, H] or [H, F] matrix

@@ -5,17 +5,19 @@ and must end in its fix.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.errors import CapacityError, MoepipeError
+from core.errors import CapacityError, ConfigError, MoepipeError
 from core.types import Tensor, Tier
 from experiments.common import dist_run
 from experiments.common.cli import error_line
 from experiments.common.pipeline import RunSpec
-from real.checkpoint import Unit
+from real.checkpoint import Unit, load_checkpoint, reduced_spec
 from real.store import TieredStore
 from tests.conftest import NEEDS_TRACES, overridden
 from tests.probes.conftest import TINY, one_line
@@ -96,3 +98,32 @@ def test_a_store_misused_by_the_executor_is_an_internal_error(tiny_ckpt: Path, m
     with pytest.raises(AssertionError) as e:
         misuse(store, Unit(Tensor.EXPERT, 0, 0))
     assert not isinstance(e.value, MoepipeError) and error_line(e.value) is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "fix"),
+    [
+        ({"num_hidden_layers": 3}, "re-download the checkpoint whole, or fix config.json"),
+        ({"intermediate_size": 16}, "fix config.json to the model its tensors are of"),
+        ({"torch_dtype": "float16"}, "re-save the tensor in torch.float16"),
+    ],
+    ids=["missing", "shape", "dtype"],
+)
+def test_a_checkpoint_at_odds_with_its_config_says_what_to_do(
+    tmp_path: Path, tiny_ckpt: Path, edit: dict[str, Any], fix: str
+) -> None:
+    """A tensor missing, of another shape or another dtype than config.json says was named,
+    with no word of what to do about it."""
+    ckpt = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ConfigError) as e:
+        load_checkpoint(ckpt)
+    assert fix in str(e.value), e.value
+
+
+def test_a_reduced_model_of_too_many_layers_says_how_many_to_pass() -> None:
+    """n_layers=10**9 said "more than any model has (at most ...)", the fix left to infer."""
+    with pytest.raises(ConfigError, match=r"pass n_layers <= \d+"):
+        reduced_spec("mixtral-tiny", n_layers=10**9)
