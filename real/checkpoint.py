@@ -39,6 +39,7 @@ from real.fp8 import attach_scales, read_weight
 from real.fused_experts import unfuse_experts
 from real.hf_names import HFNames, hf_names
 from real.shards import (  # noqa: F401 (the file names: checkpoint's too)
+    AT_ODDS,
     INDEX_FILE,
     SINGLE_FILE,
     TensorEntry,
@@ -307,8 +308,7 @@ def _moe_pattern(base: ModelSpec, n: int) -> tuple[int, ...]:
     list is made (n_layers=1e9 filled the RAM until the kernel killed the command)."""
     if n > MAX_LAYERS:
         raise ConfigError(
-            f"model {base.name}: n_layers={n}, more than any model has; pass n_layers <= "
-            f"{MAX_LAYERS}"
+            f"model {base.name}: n_layers={n}, over any model's; pass n_layers <= {MAX_LAYERS}"
         )
     dense = [i for i in range(base.n_layers) if not base.is_moe(i)]
     if base.mla:  # its first dense layers, the last layer MoE at least
@@ -484,15 +484,11 @@ def _check_shapes(
         for key, ts in tensors.items():
             e = index.get(ts.hf_name)
             if e is None:
-                raise ConfigError(
-                    f"{d}: tensor {quoted(ts.hf_name)} is missing from {where}; re-download the "
-                    "checkpoint whole, or fix config.json to the model its tensors are of"
-                )
+                raise ConfigError(f"{d}: tensor {quoted(ts.hf_name)} is not in {where}; {AT_ODDS}")
             if e.shape != ts.shape:
                 raise ConfigError(
                     f"{e.file}: tensor {quoted(ts.hf_name)} has shape {list(e.shape)}, config.json "
-                    f"expects {list(ts.shape)}; fix config.json to the model its tensors are of, "
-                    "or re-download the file"
+                    f"expects {list(ts.shape)}; {AT_ODDS}"
                 )
             kept = e.dtype == torch.float32 == weight_dtype(spec, key)
             if e.dtype != dtype and not kept and e.scale is None:  # FP8: dequantized to dtype

@@ -17,7 +17,7 @@ from typing import Any
 
 from core.errors import ConfigError, quoted
 from core.spec import ModelSpec
-from real.shards import TensorEntry
+from real.shards import AT_ODDS, TensorEntry
 
 _FUSED = "model.layers.{i}.mlp.experts."
 _ROUTER = "model.layers.{i}.mlp.gate.weight"  # Mixtral's router in transformers' modules
@@ -45,8 +45,7 @@ def unfuse_experts(
             if index[name].shape != shape:
                 raise ConfigError(
                     f"{index[name].file}: tensor {quoted(name)} has shape "
-                    f"{list(index[name].shape)}, config.json expects {list(shape)}; fix "
-                    "config.json to the model its tensors are of, or re-download the file"
+                    f"{list(index[name].shape)}, config.json expects {list(shape)}; {AT_ODDS}"
                 )
         whole_gate_up, whole_down = index[gate_up], index[down]
         mat = f * h * whole_gate_up.dtype.itemsize  # bytes of one [F, H] or [H, F] matrix

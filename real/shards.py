@@ -31,6 +31,8 @@ from core.files import (
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# the fix where a checkpoint's tensors and its config.json disagree
+AT_ODDS = "fix config.json to the model its tensors are of, or re-download the checkpoint"
 
 ST_DTYPES = {
     "F32": torch.float32,
@@ -126,7 +128,9 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     for name, meta in header.items():
         if name == "__metadata__":
             if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-                raise ConfigError(f"{path}: __metadata__ must map strings to strings")
+                raise ConfigError(
+                    f"{path}: __metadata__ must map strings to strings; re-copy the checkpoint"
+                )
             continue
         start, end, shape = _check_entry(path, name, meta)
         if 8 + n + end > size:
@@ -137,8 +141,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         ranges.append((start, end, name))
         if meta["dtype"] not in ST_DTYPES:
             raise ConfigError(
-                f"{path}: tensor {quoted(name)} has dtype {meta['dtype']}; supported: "
-                f"{sorted(ST_DTYPES)}"
+                f"{path}: tensor {quoted(name)} has dtype {meta['dtype']}; re-save it in one "
+                f"of {sorted(ST_DTYPES)}"
             )
         out[name] = TensorEntry(path, ST_DTYPES[meta["dtype"]], shape, 8 + n + start, end - start)
     pos = 0
@@ -196,9 +200,11 @@ def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int,
         return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
     if not isinstance(dtype, str) or dtype not in ST_ITEM_BYTES:
-        raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}")
+        raise ConfigError(f"{where}: unknown safetensors dtype {dtype!r}; re-copy the checkpoint")
     if not isinstance(shape, list) or not all(whole(d) for d in shape):
-        raise ConfigError(f"{where}: shape {shape!r} is not a list of integers")
+        raise ConfigError(
+            f"{where}: shape {shape!r} is not a list of integers; re-copy the checkpoint"
+        )
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
@@ -206,7 +212,8 @@ def _check_entry(path: Path, name: str, meta: Any) -> tuple[int, int, tuple[int,
         and offsets[0] <= offsets[1]
     ):
         raise ConfigError(
-            f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end"
+            f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end; re-copy "
+            "the checkpoint"
         )
     nbytes = math.prod(shape) * ST_ITEM_BYTES[dtype]
     if offsets[1] - offsets[0] != nbytes:
@@ -253,7 +260,10 @@ def read_index(path: Path) -> dict[str, str]:
             "file); rewrite or re-copy it"
         ) from None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ConfigError(f"{path}: weight_map must be an object of tensor name -> file name")
+        raise ConfigError(
+            f"{path}: weight_map must be an object of tensor name -> file name; rewrite or "
+            "re-copy it"
+        )
     for name, file in weight_map.items():
         # a NUL byte no file name holds (open() would fail on it unnamed)
         if not isinstance(file, str) or not file or Path(file).name != file or "\0" in file:

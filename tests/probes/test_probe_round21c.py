@@ -18,6 +18,7 @@ from experiments.common import dist_run
 from experiments.common.cli import error_line
 from experiments.common.pipeline import RunSpec
 from real.checkpoint import Unit, load_checkpoint, reduced_spec
+from real.shards import read_header, read_index
 from real.store import TieredStore
 from tests.conftest import NEEDS_TRACES, overridden
 from tests.probes.conftest import TINY, one_line
@@ -103,7 +104,10 @@ def test_a_store_misused_by_the_executor_is_an_internal_error(tiny_ckpt: Path, m
 @pytest.mark.parametrize(
     ("edit", "fix"),
     [
-        ({"num_hidden_layers": 3}, "re-download the checkpoint whole, or fix config.json"),
+        (
+            {"num_hidden_layers": 3},
+            "fix config.json to the model its tensors are of, or re-download",
+        ),
         ({"intermediate_size": 16}, "fix config.json to the model its tensors are of"),
         ({"torch_dtype": "float16"}, "re-save the tensor in torch.float16"),
     ],
@@ -127,3 +131,41 @@ def test_a_reduced_model_of_too_many_layers_says_how_many_to_pass() -> None:
     """n_layers=10**9 said "more than any model has (at most ...)", the fix left to infer."""
     with pytest.raises(ConfigError, match=r"pass n_layers <= \d+"):
         reduced_spec("mixtral-tiny", n_layers=10**9)
+
+
+def _shard(path: Path, header: dict[str, Any], data: int = 8) -> Path:
+    """A safetensors file of `header` and `data` zero bytes."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(data))
+    return path
+
+
+_ENTRY = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+@pytest.mark.parametrize(
+    ("header", "fix"),
+    [
+        ({"__metadata__": {"a": 1}, "w": _ENTRY}, "strings; re-copy the checkpoint"),
+        ({"w": {**_ENTRY, "dtype": "Q9"}}, "dtype 'Q9'; re-copy the checkpoint"),
+        ({"w": {**_ENTRY, "shape": ["2"]}}, "integers; re-copy the checkpoint"),
+        ({"w": {**_ENTRY, "data_offsets": [8, 0]}}, "begin <= end; re-copy the checkpoint"),
+        ({"w": {**_ENTRY, "dtype": "I32"}}, "re-save it in one of"),
+    ],
+    ids=["metadata", "unknown_dtype", "shape", "offsets", "unsupported_dtype"],
+)
+def test_a_malformed_safetensors_header_says_what_to_do(
+    tmp_path: Path, header: dict[str, Any], fix: str
+) -> None:
+    """Each named the breach of the format and stopped there."""
+    with pytest.raises(ConfigError) as e:
+        read_header(_shard(tmp_path / "model.safetensors", header))
+    assert fix in str(e.value), e.value
+
+
+def test_an_index_whose_weight_map_is_empty_says_what_to_do(tmp_path: Path) -> None:
+    """`"weight_map": {}` said what it must be, not what to do."""
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(ConfigError, match="rewrite or re-copy it"):
+        read_index(index)
