@@ -526,12 +526,12 @@ class RoutingConfig:
         if self.hot_experts and not self.hot_share > 0:
             raise ConfigError(
                 f"workload.routing.hot_experts={self.hot_experts} needs hot_share > 0 (the share "
-                "of selections they take; at 0 they would never be chosen)"
+                "of selections they take; at 0 they would never be chosen): set both, or neither"
             )
         if self.hot_share > 0 and not self.hot_experts:
             raise ConfigError(
                 f"workload.routing.hot_share={self.hot_share} needs hot_experts > 0 (how many "
-                "experts take that share; with none the share goes nowhere)"
+                "experts take that share; with none the share goes nowhere): set both, or neither"
             )
 
 

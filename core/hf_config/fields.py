@@ -437,7 +437,7 @@ def read_hf_config(path: str | Path) -> HFConfig:
             f"{p}: no such file; point at a checkpoint directory with a config.json"
         ) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); a config.json is JSON") from None
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); {RESAVE}") from None
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
     try:
@@ -448,8 +448,8 @@ def read_hf_config(path: str | Path) -> HFConfig:
         ) from None
     if not isinstance(fields, dict):
         raise ConfigError(
-            f"{p}: holds a JSON {type(fields).__name__}, not an object of fields; a config.json "
-            'is {"model_type": ..., ...}'
+            f"{p}: holds a JSON {type(fields).__name__}, not an object of fields "
+            f'({{"model_type": ..., ...}}); {RESAVE}'
         )
     cfg = HFConfig(fields, str(p))
     cfg.check()

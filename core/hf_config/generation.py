@@ -336,7 +336,9 @@ def _read_object(path: Path) -> dict[str, Any]:
     try:
         fields = loads_hf_json(data.decode("utf-8"), str(path))  # a key twice: the last, logged
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); it is JSON") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.start}); re-save it as the JSON it should be"
+        ) from None
     except (ValueError, RecursionError) as e:
         raise ConfigError(
             f"{path}: not valid JSON ({str(e) or 'nested too deeply'}); fix or remove it"

@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 from core.errors import CapacityError, ConfigError, MoepipeError
+from core.hf_config.fields import read_hf_config
+from core.hf_config.generation import read_generation
+from core.spec import RoutingConfig
 from core.types import Tensor, Tier
 from experiments.common import dist_run
 from experiments.common.cli import error_line
@@ -169,3 +172,38 @@ def test_an_index_whose_weight_map_is_empty_says_what_to_do(tmp_path: Path) -> N
     index.write_text(json.dumps({"weight_map": {}}))
     with pytest.raises(ConfigError, match="rewrite or re-copy it"):
         read_index(index)
+
+
+@pytest.mark.parametrize(
+    ("fields", "fix"),
+    [
+        ({"hot_experts": 2}, "set both, or neither"),
+        ({"hot_share": 0.5}, "set both, or neither"),
+    ],
+    ids=["hot_experts_alone", "hot_share_alone"],
+)
+def test_half_a_hot_set_says_to_set_both(fields: dict[str, Any], fix: str) -> None:
+    """hot_experts without hot_share (or the other way round) said what the other is for."""
+    with pytest.raises(ConfigError, match=fix):
+        RoutingConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    ("text", "fix"),
+    [(b"\xff{}", "re-save it with save_pretrained"), (b"[1]", "re-save it with save_pretrained")],
+    ids=["not_utf8", "not_an_object"],
+)
+def test_a_config_json_that_is_no_object_says_what_to_do(
+    tmp_path: Path, text: bytes, fix: str
+) -> None:
+    """A config.json not UTF-8, or a JSON list, said what a config.json is, not what to do."""
+    (tmp_path / "config.json").write_bytes(text)
+    with pytest.raises(ConfigError, match=fix):
+        read_hf_config(tmp_path)
+
+
+def test_a_generation_config_not_utf8_says_what_to_do(tmp_path: Path) -> None:
+    """It said "it is JSON" and stopped."""
+    (tmp_path / "config.json").write_bytes(b"\xff{}")
+    with pytest.raises(ConfigError, match="re-save it as the JSON"):
+        read_generation(tmp_path, 8)
