@@ -31,6 +31,7 @@ _LAYER_FILE = re.compile(r"(?:^|/)(?P<task>[^/]+)/expert_weights_(?P<layer>\d+)\
 
 # a layer's dump is read whole: far past upstream's (under 1 MB), short of a gzip bomb's
 MAX_DUMP_BYTES = 256 * 2**20
+_REPLACE = "replace the file with the upstream dump"
 _DUMP_FIX = "a routing dump is far smaller: replace it with upstream's expert_weights_<layer>.txt"
 
 
@@ -93,9 +94,11 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
             "files or the upstream .tar.gz"
         )
     else:
-        raise TraceError(f"{src}: no such file or directory")
+        raise TraceError(f"{src}: no such file or directory; pass the dump's folder or .tar.gz")
     if not found:
-        raise TraceError(f"{src}: no <task>/expert_weights_<layer>.txt files found")
+        raise TraceError(
+            f"{src}: no <task>/expert_weights_<layer>.txt files found; pass a folder of them"
+        )
     if src.is_dir():
         # beside the tasks' folders, a folder without layer files is a task whose dump is lost
         parents = {posixpath.dirname(f) for f in folders.values()}
@@ -140,7 +143,8 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
     w = _numbers(parts[1].split("\t"), np.float32, where, "gate weight", "a number")
     if len(ids) != len(w) or len(ids) % top_k:
         raise TraceError(
-            f"{where}: {len(ids)} ids and {len(w)} weights; need equal multiples of {top_k}"
+            f"{where}: {len(ids)} ids and {len(w)} weights, not equal multiples of {top_k}; "
+            f"{_REPLACE}"
         )
     ids, w = ids.reshape(-1, top_k), w.reshape(-1, top_k)
     outside = np.argwhere((ids < 0) | (ids >= n_experts))  # [n, 2] (token, slot)
@@ -148,7 +152,7 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
         t, j = outside[0]
         raise TraceError(
             f"{where}: token {t} has expert id {ids[t, j]}, outside [0, {n_experts}); not a dump "
-            f"of a {n_experts}-expert model"
+            f"of a {n_experts}-expert model; {_REPLACE}"
         )
     # the loader's rule (not_softmax_top_k): each in [0, 1], then the top-k's sum and largest
     wrong = np.argwhere(~(np.isfinite(w) & (w >= 0) & (w <= 1.0)))
@@ -165,7 +169,7 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
     if rep.size:  # a top-k set never repeats an expert: the groups of k are misaligned
         raise TraceError(
             f"{where}: token {rep[0]} repeats an expert within its {top_k} ids; not a top-{top_k} "
-            f"dump (ESFT logs 6 distinct experts per token)"
+            f"dump (ESFT logs 6 distinct experts per token); {_REPLACE}"
         )
     return ids, w
 
@@ -261,7 +265,7 @@ def _task_tokens(
     [n, L, k], gate weights [n, L, k], task [n], seq_id [n], pos [n]], one list of each."""
     missing = sorted(set(range(1, n_layers + 1)) - set(layers))
     if missing:
-        raise TraceError(f"{what} lacks expert_weights_{missing}.txt")
+        raise TraceError(f"{what} lacks expert_weights_{missing}.txt; supply every layer's file")
     per_layer = [layers[layer].rstrip("\n").split("\n") for layer in range(1, n_layers + 1)]
     n1 = len(per_layer[0])
     for li, lines in enumerate(per_layer):
@@ -279,7 +283,9 @@ def _task_tokens(
             where = f"{folder}/expert_weights_{li + 1}.txt line {line + 1}"
             ids, w = _parse_line(lines[line], where, top_k, n_experts)
             if layer_ids and len(ids) != len(layer_ids[0]):
-                raise TraceError(f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}")
+                raise TraceError(
+                    f"{where}: {len(ids)} tokens, layer 1 has {len(layer_ids[0])}; {_REPLACE}"
+                )
             layer_ids.append(ids)
             layer_w.append(w)
         n = len(layer_ids[0])

@@ -6,16 +6,18 @@ and must end in its fix.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.errors import CapacityError, ConfigError, MoepipeError
+from core.errors import CapacityError, ConfigError, MoepipeError, TraceError
 from core.hf_config.fields import read_hf_config
 from core.hf_config.generation import read_generation
 from core.spec import RoutingConfig
+from core.trace_convert import convert_esft
 from core.types import Tensor, Tier
 from experiments.common import dist_run
 from experiments.common.cli import error_line
@@ -207,3 +209,34 @@ def test_a_generation_config_not_utf8_says_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_bytes(b"\xff{}")
     with pytest.raises(ConfigError, match="re-save it as the JSON"):
         read_generation(tmp_path, 8)
+
+
+def _dump(root: Path, *layers: str) -> Path:
+    """An ESFT routing dump of one task, `layers` the text of expert_weights_1.txt, ..."""
+    (root / "dump").mkdir()
+    for i, text in enumerate(layers, 1):
+        (root / "dump" / "law").mkdir(exist_ok=True)
+        (root / "dump" / "law" / f"expert_weights_{i}.txt").write_text(text)
+    return root / "dump"
+
+
+@pytest.mark.parametrize(
+    ("layers", "fix"),
+    [
+        (None, "pass the dump's folder or .tar.gz"),
+        ((), "pass a folder of them"),
+        (("1\t2\t3\t\t0.3\t0.2\n",), "replace the file with the upstream dump"),
+        (("1\t99\t\t0.3\t0.2\n",), "replace the file with the upstream dump"),
+        (("1\t1\t\t0.3\t0.2\n",), "replace the file with the upstream dump"),
+        (("1\t2\t\t0.3\t0.2\n", "1\t2\t3\t4\t\t0.3\t0.2\t0.3\t0.2\n"), "layer 1 has 1; replace"),
+    ],
+    ids=["no_such_path", "no_files", "ids_and_weights", "outside", "repeat", "tokens"],
+)
+def test_an_esft_dump_refusal_says_what_to_do(
+    tmp_path: Path, layers: tuple[str, ...] | None, fix: str
+) -> None:
+    """Each named what is wrong with the dump and stopped there."""
+    src = tmp_path / "none" if layers is None else _dump(tmp_path, *layers)
+    n = max(len(layers or ()), 1)
+    with pytest.raises(TraceError, match=re.escape(fix)):
+        convert_esft(src, tmp_path / "out.npz", n_experts=8, top_k=2, n_layers=n)
