@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from experiments.common.run_config import short as _short
+
 TIERS = ("gpu", "cpu", "disk")
 
 
@@ -104,8 +106,3 @@ def _one_column(summary: dict[str, Any]) -> tuple[str, str] | None:
         if holder is not None:
             return str(key), f"a key beside {head}'s own {rest!r}: both are the column {key}"
     return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
