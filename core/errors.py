@@ -29,6 +29,11 @@ class CapacityError(MoepipeError):
     """Something does not fit in memory (says what it needs and what there is)."""
 
 
+def cannot_read(path: object, e: OSError) -> str:
+    """One line for a file an OSError kept from being read, ending in its fix."""
+    return f"{path}: cannot read it ({e.strerror or e}); check that it is a file you may read"
+
+
 def quoted(name: object) -> str:
     """A name from a user's file or command line (a tensor, key, field or file) as a line shows
     it: as is where it reads back unambiguously, else in Python's quotes with its escapes, so

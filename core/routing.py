@@ -88,7 +88,8 @@ class Routing:
             raise TraceError(
                 f"routing ({self.description}) covers {self.n_sequences} sequences x "
                 f"{self.n_positions} positions; the workload needs {workload.n_sequences} x "
-                f"{workload.seq_positions}"
+                f"{workload.seq_positions}; lower workload.n_batches, batch_size, prompt_len or "
+                "gen_len, or pass routing that covers them"
             )
 
     def step_slice(self, step: int, workload: Workload) -> slice:

@@ -206,7 +206,7 @@ class ModelSpec:
     def _check_disk(self) -> None:
         if self.disk_dtype_bytes not in (0, 1, 2, 4):
             raise ConfigError(
-                f"model {self.name}: disk_dtype_bytes={self.disk_dtype_bytes}; 1 (FP8 experts, "
+                f"model {self.name}: disk_dtype_bytes={self.disk_dtype_bytes}; set 1 (FP8 experts, "
                 "a float32 scale per disk_block), 2 or 4 (saved in 16 or 32 bits, cast at load) "
                 "or 0 (the disk holds dtype_bytes)"
             )

@@ -192,7 +192,7 @@ def draw(
     simulated run reads none, and drawing them took a sixth of its routing's time.
     """
     if top_k > n_experts:
-        raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}")
+        raise ConfigError(f"top_k={top_k} exceeds n_experts={n_experts}; pass top_k <= n_experts")
     pop = popularity(cfg, n_layers, n_experts, seed)  # [L, E]
     tables = _Tables(
         pop_lut=_lut(pop, _Q),
@@ -453,12 +453,13 @@ def fit_to_counts(
         or not (c.reshape(-1, c.shape[-1]).sum(1) > 0).all()
     ):
         raise ConfigError(
-            f"counts must be non-negative [E] or [..., E] with E >= 2, got shape {c.shape}"
+            f"counts must be non-negative [E] or [..., E] with E >= 2, got shape {c.shape}; "
+            "pass each expert's token count, a row per layer, no row all zero"
         )
     rows = c.reshape(-1, c.shape[-1])
     e = rows.shape[1] if n_experts is None else int(n_experts)
     if e < 2:
-        raise ConfigError(f"n_experts must be >= 2 to fit a skew at, got {e}")
+        raise ConfigError(f"n_experts must be >= 2 to fit a skew at, got {e}; pass n_experts >= 2")
     want = counts_stats(rows)
     hot_share = 0.0
     if hot_experts > 0:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import TraceError
+from core.errors import TraceError, cannot_read
 from core.files import not_regular, read_small, staging_file
 from core.traces import (
     N_EXPERTS,
@@ -66,11 +66,13 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
         for f in sorted(src.rglob("expert_weights_*.txt")):
             kind = not_regular(f)  # a FIFO would block the read, /dev/zero never end
             if kind:
-                raise TraceError(f"{f}: {kind}; a routing dump is a text file")
+                raise TraceError(
+                    f"{f}: {kind}; a routing dump is a text file: remove it or replace it"
+                )
             try:
                 data = read_small(f, limit=MAX_DUMP_BYTES, fix=_DUMP_FIX)
             except OSError as e:
-                raise TraceError(f"{f}: cannot read it ({e.strerror})") from None
+                raise TraceError(cannot_read(f, e)) from None
             add(f.relative_to(src).as_posix(), data)
     elif src.is_file():
         try:
@@ -87,7 +89,10 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
                         add(mem.name, fh.read())
         except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
             why = " ".join(str(e).split())  # tarfile's message lists methods on several lines
-            raise TraceError(f"{src}: not a readable tar archive ({why})") from None
+            raise TraceError(
+                f"{src}: not a readable tar archive ({why}); re-download it, or pass the dump's "
+                "folder"
+            ) from None
     elif src.exists():
         raise TraceError(
             f"{src}: {not_regular(src)}; pass a folder of <task>/expert_weights_<layer>.txt "
@@ -137,7 +142,7 @@ def _parse_line(text: str, where: str, top_k: int, n_experts: int) -> tuple[np.n
     if len(parts) != 2:
         raise TraceError(
             f"{where}: not an ESFT routing dump line: expected '<ids>\\t\\t<weights>', found "
-            f"{len(parts) - 1} separators"
+            f"{len(parts) - 1} separators; {_REPLACE}"
         )
     ids = _numbers(parts[0].split("\t"), np.int64, where, "expert id", "an integer")
     w = _numbers(parts[1].split("\t"), np.float32, where, "gate weight", "a number")
@@ -197,7 +202,10 @@ def convert_esft(
             "character; rename it (a task's name is its folder's)"
         )
     if len(tasks) > 256:  # the npz's task array is uint8
-        raise TraceError(f"{src}: {len(tasks)} task folders, the trace holds at most 256")
+        raise TraceError(
+            f"{src}: {len(tasks)} task folders, the trace holds at most 256; convert at most 256 "
+            "tasks at a time (move the others out)"
+        )
     n_layers = _layer_count(src, found, n_layers)
     parts = [
         _task_tokens(
@@ -241,7 +249,7 @@ def _layer_count(src: Path, found: dict[str, dict[int, str]], n_layers: int | No
     if numbered[0] < 1:
         raise TraceError(
             f"{src}: not an ESFT routing dump: layer files numbered {numbered}, expected "
-            "<task>/expert_weights_1.txt, expert_weights_2.txt, ..."
+            "<task>/expert_weights_1.txt, expert_weights_2.txt, ...; rename them so"
         )
     have = max(max(layers) for layers in found.values())
     if n_layers is not None and have != n_layers:

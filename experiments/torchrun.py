@@ -187,7 +187,7 @@ def _checked_rdzv_conf(conf: str, backend: str) -> None:
     try:
         config = _parse_rendezvous_config(conf)
     except ValueError as e:
-        raise ConfigError(f"--rdzv_conf={conf}: {e}") from None
+        raise ConfigError(f"--rdzv_conf={conf}: {e}; write it as KEY=VALUE,KEY=VALUE") from None
     for key, value in config.items():
         if key in RDZV_WHOLE and not (value.isdigit() and int(value) > 0):
             raise ConfigError(

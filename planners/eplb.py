@@ -41,7 +41,10 @@ class EPLBParams(EPParams):
         self.no_gate("eplb")
         for name in ("window", "interval"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"eplb: {integer_below(name, getattr(self, name), 1)}")
+                raise ConfigError(
+                    f"eplb: {integer_below(name, getattr(self, name), 1)}; pass "
+                    f"planner.params.{name}=1 or more"
+                )
 
 
 class EPLBPolicy:

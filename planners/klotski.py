@@ -102,7 +102,8 @@ class KlotskiParams:
                 note = "1 = batch by batch, 0 = auto" if name == "attn_batches" else note
                 key = f"planner.params.{name}"
                 raise ConfigError(
-                    f"planner klotski: {integer_below(key, getattr(self, name), low, note)}"
+                    f"planner klotski: {integer_below(key, getattr(self, name), low, note)}; "
+                    f"pass {key}={low} or more"
                 )
         if self.attn_batches > N_MAX:  # spans past any group: the whole group, said so
             raise ConfigError(

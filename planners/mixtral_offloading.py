@@ -58,7 +58,9 @@ class MixtralOffloadingParams:
         if self.guess_k < 0:
             raise ValueError(integer_below("guess_k", self.guess_k, 0, "0: the model's top-k"))
         if not 0 < self.cache_share <= 1:
-            raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
+            raise ValueError(
+                f"cache_share={self.cache_share} must be in (0, 1]; pass a share in it, e.g. 0.5"
+            )
 
 
 @register("mixtral_offloading", MixtralOffloadingParams)

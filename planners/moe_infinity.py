@@ -46,7 +46,9 @@ class MoEInfinityParams:
             if getattr(self, name) < 0:
                 raise ValueError(integer_below(name, getattr(self, name), 0))
         if not 0 < self.cache_share <= 1:
-            raise ValueError(f"cache_share={self.cache_share} must be in (0, 1]")
+            raise ValueError(
+                f"cache_share={self.cache_share} must be in (0, 1]; pass a share in it, e.g. 0.5"
+            )
 
 
 @register("moe_infinity", MoEInfinityParams)

@@ -85,7 +85,8 @@ class Executor(OpSemantics):
         if tuple(prompts.shape) != (wl.n_sequences, wl.prompt_len):
             raise MoepipeError(
                 f"prompts have shape {list(prompts.shape)}, the workload needs "
-                f"[{wl.n_sequences}, {wl.prompt_len}] (n_batches*batch_size, prompt_len)"
+                f"[{wl.n_sequences}, {wl.prompt_len}] (n_batches*batch_size, prompt_len); "
+                "pass prompts of that shape"
             )
         self.store, self.model, self.wl = store, model, wl
         self.prompts = prompts.long()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, cannot_read
 from core.files import TRANSFORMERS_JSON, loads_json_as_owner, note_once, read_small
 from core.hf_config.rope_keys import check_rope
 from core.spec import MAX_EXPERTS, MAX_LAYERS, MAX_WIDTH
@@ -439,7 +439,7 @@ def read_hf_config(path: str | Path) -> HFConfig:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); {RESAVE}") from None
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
+        raise ConfigError(cannot_read(p, e)) from None
     try:
         fields = loads_hf_json(text, str(p))  # a key given twice: its last value, logged
     except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of 4300+ digits, nesting

@@ -54,7 +54,10 @@ class _Writer:
     def need(self, ok: bool, what: str) -> None:
         if not ok:
             s = self.spec
-            raise ConfigError(f"model {s.name}: a {s.family} config.json cannot express {what}")
+            raise ConfigError(
+                f"model {s.name}: a {s.family} config.json cannot express {what}; "
+                f"choose a model without them, or a family whose config.json has them"
+            )
 
 
 def spec_to_hf_config(spec: ModelSpec, norm_topk_prob: bool = False) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, cannot_read
 from core.files import read_small
 from core.hf_config.coverage import NO_EFFECT, READ, REFUSED, Entry, Handling
 from core.hf_config.fields import loads_hf_json
@@ -332,7 +332,7 @@ def _read_object(path: Path) -> dict[str, Any]:
     try:
         data = read_small(path, fix="a generation config is a small JSON object")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
+        raise ConfigError(cannot_read(path, e)) from None
     try:
         fields = loads_hf_json(data.decode("utf-8"), str(path))  # a key twice: the last, logged
     except UnicodeDecodeError as e:

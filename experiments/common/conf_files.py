@@ -44,7 +44,7 @@ def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str], shipped: Pat
             if eq and name and "/" not in name and folder.is_dir() and not is_file:
                 raise MoepipeError(
                     f"{o}: {folder} is a folder; an option of {group} is a file {name}.yaml "
-                    f"in {d / group}"
+                    f"in {d / group}: write it there, or rename the folder"
                 )
 
 

@@ -98,7 +98,7 @@ def check_flags(flags: list[str]) -> list[str]:
                 i += 1
                 continue
             if not has_value:
-                raise MoepipeError(f"{flag}: needs a value; {ALL_FLAGS}")
+                raise MoepipeError(f"{flag}: needs a value; give it one ({ALL_FLAGS})")
             value = _config_folder(name, flags[i + 1])
             choices = _CHOICES.get(name, ())
             if choices and value not in choices:

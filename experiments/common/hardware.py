@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import yaml
 
-from core.errors import MoepipeError
+from core.errors import MoepipeError, cannot_read
 from core.files import not_regular, read_small
 from core.hardware import HardwareSpec
 from core.spec import RoutingConfig, Workload
@@ -69,7 +69,7 @@ def read_hardware(name: str) -> dict[str, Any]:
         check_yaml_size(text, str(path), fix)  # a billion laughs: a hang
         d = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except OSError as e:
-        raise MoepipeError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise MoepipeError(cannot_read(path, e)) from None
     except UnicodeDecodeError as e:
         raise MoepipeError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from None
     except yaml.YAMLError as e:  # a duplicate key (UniqueKeyLoader's)

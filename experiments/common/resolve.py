@@ -30,8 +30,8 @@ def to_dict(node: Any, key: str = "config") -> dict[str, Any]:
     if isinstance(node, Mapping):
         return dict(node)
     raise ConfigError(
-        f"{key}: its config is a {type(node).__name__}, not a mapping of fields; see "
-        f"conf/{key}/ for the layout"
+        f"{key}: its config is a {type(node).__name__}, not a mapping of fields; write it as "
+        f"one, as conf/{key}/'s files are"
     )
 
 
@@ -151,7 +151,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         if not 1.0 <= t <= 86400.0:  # one line for either side of the range
             raise ConfigError(
                 f"executor.rendezvous_timeout_s={timeout_s}: must be in [1, 86400] seconds (a "
-                "rank needs a few seconds to start; the default is 120)"
+                "rank needs a few seconds to start); set it in that range, e.g. the default 120"
             )
     dtype = cfg.executor.get("dtype")
     if executor == "sim" and dtype not in (None, "auto"):  # the simulator ran on unchanged
@@ -174,10 +174,13 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         name_part(cfg.model.get("name"), "model.name")
     planner = to_dict(cfg.planner, "planner")
     if "name" not in planner:
-        raise ConfigError("planner: its config has no name (the registered planner to run)")
+        raise ConfigError(
+            "planner: its config has no name (the registered planner to run); set planner.name"
+        )
     if not isinstance(planner.get("params") or {}, Mapping):
         raise ConfigError(
-            f"planner.params must be a mapping of param -> value, got {planner['params']!r}"
+            f"planner.params must be a mapping of param -> value, got {planner['params']!r}; "
+            "write it as planner.params.<param>=<value>"
         )
     return RunSpec(
         model=model_spec(cfg),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from core.args import output_dir, refuse_theirs
-from core.errors import MoepipeError
+from core.errors import MoepipeError, cannot_read
 from core.files import broken_link, clear_leftovers, read_small, read_summary_json
 from core.lazy import lazy_module
 from core.routing import peek_suffix
@@ -417,7 +417,7 @@ def csv_of_ours(path: Path, column: str, command: str) -> None:
     except (FileNotFoundError, IsADirectoryError):
         return
     except OSError as e:
-        raise MoepipeError(f"out={path}: cannot read it ({e.strerror or e})") from None
+        raise MoepipeError(cannot_read(f"out={path}", e)) from None
     if column not in header:
         raise MoepipeError(
             f"out={path}: a file {command} did not write (it would be lost); pass out= another "

@@ -1,0 +1,132 @@
+"""Probe round 22a (issue 48): the leftovers of round 21.
+
+Classes:
+1. Refusals that named what is wrong and stopped there: a file that cannot be read, the
+   synthetic generator's and routing's shape checks, an ESFT dump's line, tar and task count,
+   a config.json a family cannot express, disk_dtype_bytes, a planner's integer and
+   cache_share bounds, a flag without its value, planner.params not a mapping, the rendezvous
+   timeout's range, --rdzv_conf's syntax, a config option that is a folder. Each ends in its fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from core.spec import Workload
+from tests.conftest import model_from_conf, random_routing
+from tests.probes.conftest import raises_one_line
+
+
+def _tar(tmp_path: Path) -> Any:
+    from core.trace_convert import convert_esft
+
+    (tmp_path / "dump.tar.gz").write_bytes(b"not a tar")
+    return lambda: convert_esft(tmp_path / "dump.tar.gz", tmp_path / "o.npz", 8, 2, 1)
+
+
+def _line(tmp_path: Path) -> Any:
+    from core.trace_convert import convert_esft
+
+    (tmp_path / "d" / "law").mkdir(parents=True)
+    (tmp_path / "d" / "law" / "expert_weights_1.txt").write_text("1\t2\t0.5\t0.5\n")
+    return lambda: convert_esft(tmp_path / "d", tmp_path / "o.npz", 8, 2, 1)
+
+
+def _layer_0(tmp_path: Path) -> Any:
+    from core.trace_convert import convert_esft
+
+    (tmp_path / "d" / "law").mkdir(parents=True)
+    (tmp_path / "d" / "law" / "expert_weights_0.txt").write_text("1\t2\t\t0.5\t0.5\n")
+    return lambda: convert_esft(tmp_path / "d", tmp_path / "o.npz", 8, 2, 1)
+
+
+def _coverage(tmp_path: Path) -> Any:
+    model = model_from_conf("tiny")
+    r = random_routing(model, Workload(batch_size=1, n_batches=1, prompt_len=2, gen_len=1))
+    return lambda: r.check_fits(model, Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3))
+
+
+def _from_spec(tmp_path: Path) -> Any:
+    from core.hf_config.from_spec import spec_to_hf_config
+
+    model = model_from_conf("tiny")
+    return lambda: spec_to_hf_config(replace(model, family="mixtral", shared_ffn_size=8))
+
+
+def _params(name: str, values: dict[str, Any]) -> Any:
+    from planners.registry import make_params
+
+    return lambda tmp_path: lambda: make_params(name, values)
+
+
+def _synthetic(tmp_path: Path) -> Any:
+    from core.spec import RoutingConfig
+    from core.synthetic import draw
+
+    return lambda: draw(RoutingConfig(), 1, 1, 1, 2, 3, 0)
+
+
+def _counts(shape: tuple[int, ...], n_experts: int | None = None) -> Any:
+    from core.synthetic import fit_to_counts
+
+    return lambda tmp_path: lambda: fit_to_counts(np.ones(shape), 1, n_experts=n_experts)
+
+
+def _flag(tmp_path: Path) -> Any:
+    from experiments.common.flags import check_flags
+
+    return lambda: check_flags(["--cfg"])
+
+
+CLASS1 = {
+    "tar": (_tar, "re-download it, or pass the dump's folder"),
+    "dump_line": (_line, "replace the file with the upstream dump"),
+    "layer_numbering": (_layer_0, "rename them so"),
+    "routing_coverage": (_coverage, "pass routing that covers them"),
+    "from_spec": (_from_spec, "choose a model without them"),
+    "synthetic_top_k": (_synthetic, "pass top_k <= n_experts"),
+    "counts_shape": (_counts((1,)), "pass each expert's token count"),
+    "counts_n_experts": (_counts((3,), 1), "pass n_experts >= 2"),
+    "eplb_window": (_params("eplb", {"window": 0}), "pass planner.params.window=1 or more"),
+    "klotski_n": (_params("klotski", {"n": -5}), "pass planner.params.n=-1 or more"),
+    "cache_share": (_params("moe_infinity", {"cache_share": 0}), "pass a share in it"),
+    "flag_value": (_flag, "give it one"),
+}
+
+
+@pytest.mark.parametrize(("make", "fix"), list(CLASS1.values()), ids=list(CLASS1))
+def test_a_refusal_ends_in_its_fix(tmp_path: Path, make: Any, fix: str) -> None:
+    """Each said what is wrong (`not a readable tar archive (...)`, `top_k=3 exceeds
+    n_experts=2`, `cache_share=0 must be in (0, 1]`) and no word of what to do."""
+    raises_one_line(make(tmp_path), fix)
+
+
+def _denied(*a: Any, **kw: Any) -> bytes:
+    raise PermissionError(13, "Permission denied")
+
+
+@pytest.mark.parametrize(
+    ("module", "fn", "arg"),
+    [
+        ("core.hf_config.fields", "read_hf_config", "."),
+        ("core.hf_config.generation", "_read_object", "generation_config.json"),
+        ("experiments.common.hardware", "read_hardware", None),
+    ],
+    ids=["config_json", "generation_config", "hardware"],
+)
+def test_a_file_that_cannot_be_read_says_what_to_do(
+    tmp_path: Path, monkeypatch: Any, module: str, fn: str, arg: str | None
+) -> None:
+    """`config.json: cannot read it (Permission denied)`, and no word of what to do."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, "read_small", _denied)
+    where = "tiny" if arg is None else tmp_path / arg
+    line = raises_one_line(lambda: getattr(mod, fn)(where), "Permission denied")
+    assert line.endswith("check that it is a file you may read"), line
