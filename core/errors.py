@@ -25,6 +25,12 @@ class ScheduleError(MoepipeError):
     """A schedule is malformed, or can never finish (names the stuck ops)."""
 
 
+class ScheduleBug(ScheduleError):
+    """A schedule that breaks the IR's own rules (ids, deps, streams, spans, gates, frees): a
+    planner's or an executor's bug, which no config of the user's causes or fixes. The CLIs
+    print it as an internal error, its traceback kept in a file, not as the user's mistake."""
+
+
 class CapacityError(MoepipeError):
     """Something does not fit in memory (says what it needs and what there is)."""
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeGuard, cast
 import numpy as np
 
 from core.ep_layout import EPLayout
-from core.errors import CapacityError, ScheduleError, gb_apart
+from core.errors import CapacityError, ScheduleBug, ScheduleError, gb_apart
 from core.types import ALSO_ON, COMPUTE_KINDS, LINK_OF, OpKind, Resource, Tensor, Tier
 
 _ANY = -1  # "no layer / batch / expert" and "all batches of the group"
@@ -368,7 +368,7 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
     if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
         problem = _ep_problem(first.values(), streams, ep.lanes)
         if problem:
-            raise ScheduleError(problem)
+            raise ScheduleBug(problem)
     for ti, tier in enumerate(Tier):
         room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
         over = np.flatnonzero((cols["alloc_tier"] == ti) & (cols["alloc_bytes"] > room))
@@ -376,7 +376,8 @@ def validate(schedule: Schedule, check_finishes: bool = True) -> None:
             op = ops[int(over[0])]
             wants, has = gb_apart(op.alloc_bytes, room)
             raise CapacityError(
-                f"{op.label()}: allocates {wants} GB of {tier}, only {has} GB is not resident"
+                f"{op.label()}: allocates {wants} GB of {tier}, only {has} GB is not resident; "
+                f"raise hardware.memory_gb.{tier}, or pass planner params that hold less"
             )
     from core.schedule_batches import check_gates, check_spans  # (it imports this module)
 
@@ -392,13 +393,16 @@ def _check_resident_and_pools(schedule: Schedule) -> None:
     for t in Tier:
         if schedule.resident_bytes.get(t, 0) > schedule.capacity_bytes[t]:
             held, has = gb_apart(schedule.resident_bytes[t], schedule.capacity_bytes[t])
-            raise CapacityError(f"resident {t} memory {held} GB exceeds the {t} capacity {has} GB")
+            raise CapacityError(
+                f"resident {t} memory {held} GB exceeds the {t} capacity {has} GB; raise "
+                f"hardware.memory_gb.{t}, or pass planner params that keep less resident"
+            )
     pools: dict[str, set[str]] = {}  # resource -> the pools of its streams ("" for none)
     for spec in streams.values():
         pools.setdefault(spec.resource_id, set()).add(spec.pool)
     mixed = next((r for r, p in pools.items() if len(p) > 1), None)
     if mixed:
-        raise ScheduleError(
+        raise ScheduleBug(
             f"resource {mixed}: streams "
             f"{sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
             f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
@@ -418,8 +422,8 @@ def _check_ids_and_deps(ops: list[Op], cols: dict[str, np.ndarray]) -> np.ndarra
     if bad.any():
         op = ops[int(np.argmax(bad))]
         if op.id != int(np.argmax(bad)):
-            raise ScheduleError(f"{op.label()}: id must equal its position {int(np.argmax(bad))}")
-        raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
+            raise ScheduleBug(f"{op.label()}: id must equal its position {int(np.argmax(bad))}")
+        raise ScheduleBug(f"{op.label()}: deps {op.deps} must name earlier ops")
     return owner
 
 
@@ -453,7 +457,7 @@ def _first_of_each_shape(
     for shape, op in first.items():
         problem = _shape_problem(shape, streams)
         if problem:
-            raise ScheduleError(f"{op.label()}: {problem}")
+            raise ScheduleBug(f"{op.label()}: {problem}")
     return first
 
 
@@ -530,33 +534,59 @@ def _check_finishes(schedule: Schedule) -> None:
             if op.free_bytes:
                 free[op.free_tier] += op.free_bytes  # type: ignore[index]
                 if free[op.free_tier] > room[op.free_tier]:  # type: ignore[index]
-                    raise ScheduleError(
+                    raise ScheduleBug(
                         f"{op.label()}: frees {op.free_bytes} B of {op.free_tier} that no "
                         f"earlier op allocated (freed twice, or before its allocation)"
                     )
             queues[op.stream].popleft()
             ran.append(op.id)
         if not ran:
-            raise ScheduleError(
-                "schedule can never finish: " + describe_stuck(schedule, done, free)
-            )
+            raise stuck_error(schedule, done, free, "schedule can never finish")
         for i in ran:  # done at the round's end: their successors start in the next
             done[i] = 1
         remaining -= len(ran)
+
+
+def stuck_error(
+    schedule: Schedule, done: bytearray | list[bool], free: Mapping[Tier, int], what: str
+) -> ScheduleError:
+    """`what: <each blocked stream's head and what it waits for>`. Where a head waits for memory
+    its tier lacks, the user's config can fix it (a larger tier); where every head waits only on
+    other ops, the planner ordered them so (a ScheduleBug)."""
+    short = sorted({str(op.alloc_tier) for op in _stuck_heads(schedule, done) if _short(op, free)})
+    line = f"{what}: {describe_stuck(schedule, done, free)}"
+    if not short:
+        return ScheduleBug(line)
+    tiers = " or ".join(f"hardware.memory_gb.{t}" for t in short)
+    return ScheduleError(f"{line}; raise {tiers}, or pass planner params that hold less")
+
+
+def _stuck_heads(schedule: Schedule, done: bytearray | list[bool]) -> list[Op]:
+    """The first op not done of each stream."""
+    heads: dict[str, Op] = {}
+    for op in schedule.ops:
+        if not done[op.id] and op.stream not in heads:
+            heads[op.stream] = op
+    return list(heads.values())
+
+
+def _short(op: Op, free: Mapping[Tier, int]) -> bool:
+    """`op` waits for memory its tier does not have free."""
+    return (
+        bool(op.alloc_bytes) and op.alloc_tier is not None and free[op.alloc_tier] < op.alloc_bytes
+    )
 
 
 def describe_stuck(
     schedule: Schedule, done: bytearray | list[bool], free: Mapping[Tier, int]
 ) -> str:
     """Name the op at the head of each blocked stream and what it waits for."""
-    heads: dict[str, Op] = {}
-    for op in schedule.ops:
-        if not done[op.id] and op.stream not in heads:
-            heads[op.stream] = op
     parts = []
-    for op in heads.values():
+    for op in _stuck_heads(schedule, done):
         waits = [f"op {d}" for d in op.deps if not done[d]]
-        if op.alloc_bytes and op.alloc_tier is not None and free[op.alloc_tier] < op.alloc_bytes:
-            waits.append(f"{op.alloc_bytes} B of {op.alloc_tier} ({free[op.alloc_tier]} B free)")
+        if _short(op, free):
+            tier = op.alloc_tier
+            assert tier is not None
+            waits.append(f"{op.alloc_bytes} B of {tier} ({free[tier]} B free)")
         parts.append(f"{op.label()} waits for {', '.join(waits) or 'its stream'}")
     return "; ".join(parts)

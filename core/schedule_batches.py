@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from core.errors import ScheduleError
+from core.errors import ScheduleBug
 from core.schedule import _ANY, Op, Schedule
 from core.types import OpKind
 
@@ -29,7 +29,7 @@ def check_spans(ops: list[Op], cols: dict[str, np.ndarray]) -> None:
     )
     if bad.any():
         op = ops[int(np.argmax(bad))]
-        raise ScheduleError(
+        raise ScheduleBug(
             f"{op.label()}: covers {op.batches} batches; an op covers >= 1, and only an "
             "attention or a gate over whole batches (batch >= 0, no micro-batch) covers several"
         )
@@ -95,7 +95,7 @@ def check_gates(schedule: Schedule, cols: dict[str, np.ndarray], owner: np.ndarr
     for i in check.tolist():
         problem = _gate_problem(ops[i], gates)
         if problem:
-            raise ScheduleError(problem)
+            raise ScheduleBug(problem)
 
 
 def _gates_of(

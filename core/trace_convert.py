@@ -32,6 +32,7 @@ _LAYER_FILE = re.compile(r"(?:^|/)(?P<task>[^/]+)/expert_weights_(?P<layer>\d+)\
 # a layer's dump is read whole: far past upstream's (under 1 MB), short of a gzip bomb's
 MAX_DUMP_BYTES = 256 * 2**20
 _REPLACE = "replace the file with the upstream dump"
+_TAR_FIX = "re-download it, or pass the dump's folder"
 _DUMP_FIX = "a routing dump is far smaller: replace it with upstream's expert_weights_<layer>.txt"
 
 
@@ -89,10 +90,7 @@ def _read_sources(src: Path) -> tuple[dict[str, dict[int, str]], dict[str, str]]
                         add(mem.name, fh.read())
         except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
             why = " ".join(str(e).split())  # tarfile's message lists methods on several lines
-            raise TraceError(
-                f"{src}: not a readable tar archive ({why}); re-download it, or pass the dump's "
-                "folder"
-            ) from None
+            raise TraceError(f"{src}: not a readable tar archive ({why}); {_TAR_FIX}") from None
     elif src.exists():
         raise TraceError(
             f"{src}: {not_regular(src)}; pass a folder of <task>/expert_weights_<layer>.txt "

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from core.ep_layout import EPLayout
-from core.errors import MoepipeError, ScheduleError
+from core.errors import MoepipeError, ScheduleBug
 from core.routing import CausalRouting, GateView, Routing
 from core.schedule import Op, Schedule, ScheduleBuilder, StreamSpec
 from core.spec import Workload
@@ -385,7 +385,7 @@ class Executor(OpSemantics):
         self._check_overflow()
         for b, bst in enumerate(self._batches):
             if bst.written != [wl.batch_size] * wl.gen_len:
-                raise ScheduleError(
+                raise ScheduleBug(
                     f"batch {b}: head ops covered {bst.written} sequences per step, expected "
                     f"{wl.batch_size} each"
                 )

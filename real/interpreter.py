@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.errors import MoepipeError, ScheduleError
+from core.errors import MoepipeError, ScheduleBug, ScheduleError
 from core.schedule import Op, Schedule, StreamSpec, describe_stuck
 from core.types import OpKind, Resource, Tier
 
@@ -407,7 +407,7 @@ class Interpreter:
             assert self.free is not None and op.free_tier is not None
             self.free[op.free_tier] += op.free_bytes
             if self.free[op.free_tier] > self.room[op.free_tier]:
-                raise ScheduleError(  # as the simulator's check (sim/executor.py)
+                raise ScheduleBug(  # as the simulator's check (sim/executor.py)
                     f"{op.label()} frees {op.free_bytes} B of {op.free_tier}, more "
                     "than the ops before it hold: each free must match an "
                     "allocation still held"

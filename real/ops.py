@@ -17,7 +17,7 @@ import torch
 
 from core.activations import EXPERT_ROWS
 from core.ep_layout import EPLayout
-from core.errors import MoepipeError, ScheduleError
+from core.errors import MoepipeError, ScheduleBug
 from core.routing import GateView
 from core.schedule import Op, StreamSpec
 from core.types import COMPUTE_KINDS, OpKind, Resource, Tensor, Tier
@@ -202,12 +202,12 @@ class OpSemantics(KVSemantics):
         place. Where they are not (a cache some other op made apart), batch by batch."""
         m, bs = self.model, self.wl.batch_size
         if op.kind != OpKind.ATTENTION or op.micro >= 0 or self.peers is not None:
-            raise ScheduleError(
+            raise ScheduleBug(
                 f"{op.label()}: only an attention over whole batches, in one process, may span "
                 "several batches"
             )
         if op.batch + op.batches > self.wl.n_batches:
-            raise ScheduleError(
+            raise ScheduleBug(
                 f"{op.label()}: spans past the group's last batch {self.wl.n_batches - 1}"
             )
         assert self._range[op.id] == (0, bs), f"{op.label()}: a span covers whole batches"
@@ -424,7 +424,7 @@ class OpSemantics(KVSemantics):
             if op.batch >= 0:  # expert-parallel planners split an expert's tokens over copies
                 t0, t1 = self._range[op.id]
                 if t1 > len(rows):
-                    raise ScheduleError(
+                    raise ScheduleBug(
                         f"{op.label()}: runs tokens {t0}..{t1} of the expert, "
                         f"the gate routed {len(rows)}"
                     )

@@ -28,8 +28,8 @@ import simpy
 from simpy.events import NORMAL, URGENT, Timeout
 
 from core.cost import CostModel, as_processes, water_fill
-from core.errors import ScheduleError
-from core.schedule import Schedule, describe_stuck
+from core.errors import ScheduleBug
+from core.schedule import Schedule, stuck_error
 from core.types import COLLECTIVES, COMPUTE_KINDS, COPY_LINKS, OpKind, Resource, Tensor, Tier
 
 _TIERS = list(Tier)
@@ -215,10 +215,7 @@ def simulate_times(
     env.run()
     if not all(run.done):
         free = {t: pools[i].free for i, t in enumerate(_TIERS)}
-        raise ScheduleError(
-            "simulation stopped with ops left (deadlock): "
-            + describe_stuck(schedule, run.done, free)
-        )
+        raise stuck_error(schedule, run.done, free, "simulation stopped with ops left (deadlock)")
     return np.asarray(run.start), np.asarray(run.end), np.asarray(run.granted)
 
 
@@ -410,7 +407,7 @@ def _run_stream(
             else:
                 lock.busy = False
         if f_bytes and not pools[f_tier].release(f_bytes):
-            raise ScheduleError(
+            raise ScheduleBug(
                 f"op {op_id} ({schedule.ops[op_id].kind}) frees {f_bytes} B of "
                 f"{_TIERS[f_tier]}, more than the ops before it hold: each free must match "
                 "an allocation still held"

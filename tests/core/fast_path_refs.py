@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from core.bubbles import _EPS, _gpu_of, _label_of
-from core.errors import CapacityError, ScheduleError
+from core.errors import CapacityError, ScheduleBug
 from core.schedule import (
     _ANY,
     Op,
@@ -148,7 +148,7 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
         pools.setdefault(spec.resource_id, set()).add(spec.pool)
     mixed = next((r for r, p in pools.items() if len(p) > 1), None)
     if mixed:
-        raise ScheduleError(
+        raise ScheduleBug(
             f"resource {mixed}: streams "
             f"{sorted(s.name for s in streams.values() if s.resource_id == mixed)} "
             f"mix pools {sorted(pools[mixed])} (a stream outside the pool would run beside its ops "
@@ -157,9 +157,9 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
     ops = schedule.ops
     for i, op in enumerate(ops):
         if op.id != i:
-            raise ScheduleError(f"{op.label()}: id must equal its position {i}")
+            raise ScheduleBug(f"{op.label()}: id must equal its position {i}")
         if op.deps and not (min(op.deps) >= 0 and max(op.deps) < i):
-            raise ScheduleError(f"{op.label()}: deps {op.deps} must name earlier ops")
+            raise ScheduleBug(f"{op.label()}: deps {op.deps} must name earlier ops")
     # Ops of one shape (kind, stream, tiers, memory effect) pass or fail together: check each
     # shape once, at its first op, in op order, so the error names the first bad op.
     first: dict[tuple[Any, ...], Op] = {}
@@ -180,12 +180,12 @@ def ref_validate(schedule: Schedule, check_finishes: bool = True) -> None:
     for shape, op in first.items():
         problem = _shape_problem(shape, streams)
         if problem:
-            raise ScheduleError(f"{op.label()}: {problem}")
+            raise ScheduleBug(f"{op.label()}: {problem}")
     ep = schedule.ep
     if ep is not None:  # an expert-parallel layout: G lanes of one GPU, or G GPUs
         problem = _ep_problem(first.values(), streams, ep.lanes)
         if problem:
-            raise ScheduleError(problem)
+            raise ScheduleBug(problem)
     cols = schedule.columns()
     for ti, tier in enumerate(Tier):
         room = schedule.capacity_bytes[tier] - schedule.resident_bytes.get(tier, 0)
@@ -227,7 +227,7 @@ def ref_gates_causal(schedule: Schedule) -> None:
         need = [g for micro, g in mine if op.micro == _ANY or micro in (_ANY, op.micro)]
         missing = [g for g in need if g not in op.deps]
         if not need or missing:
-            raise ScheduleError(
+            raise ScheduleBug(
                 f"{op.label()}: an expert compute must depend on the gate op(s) of the batches "
                 f"it serves (planners are causal); missing {missing or 'gate'}"
             )

@@ -6,6 +6,10 @@ Classes:
    a config.json a family cannot express, disk_dtype_bytes, a planner's integer and
    cache_share bounds, a flag without its value, planner.params not a mapping, the rendezvous
    timeout's range, --rdzv_conf's syntax, a config option that is a folder. Each ends in its fix.
+2. A schedule that breaks the IR's own rules (deps, streams, spans, gates, frees) is a
+   planner's bug (`ScheduleBug`): the CLI says "internal error ... please report it", where it
+   printed the planner's bug as the user's mistake. A schedule a config can fix (an allocation
+   over a tier, memory that never frees) stays the user's one line, naming the tier to raise.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.errors import MoepipeError
 from core.spec import Workload
 from tests.conftest import model_from_conf, random_routing
 from tests.probes.conftest import raises_one_line
@@ -130,3 +135,69 @@ def test_a_file_that_cannot_be_read_says_what_to_do(
     where = "tiny" if arg is None else tmp_path / arg
     line = raises_one_line(lambda: getattr(mod, fn)(where), "Permission denied")
     assert line.endswith("check that it is a file you may read"), line
+
+
+def _schedule(*ops: dict[str, Any]) -> Any:
+    from core.schedule import ScheduleBuilder
+    from core.types import OpKind, Resource, Tier
+
+    b = ScheduleBuilder({Tier.GPU: 10**9, Tier.CPU: 4 * 10**9, Tier.DISK: 10**11})
+    b.stream("weights", Resource.H2D)
+    b.stream("compute", Resource.GPU)
+    b.add(OpKind.GATE, "compute", step=0, layer=0, batch=0)
+    load = dict(src=Tier.CPU, dst=Tier.GPU, nbytes=1, layer=0, alloc_tier=Tier.GPU)
+    for op in ops:
+        if "alloc_bytes" in op:
+            b.add(OpKind.LOAD, "weights", **{**load, **op})
+        else:
+            b.add(OpKind.FFN, op.pop("stream", "compute"), layer=0, **op)
+    return b.build()
+
+
+PLANNER_BUGS = {
+    "dep_on_later": lambda: ({"deps": (0, 2)},),
+    "undeclared_stream": lambda: ({"stream": "nosuch"},),
+}
+
+
+@pytest.mark.parametrize("ops", list(PLANNER_BUGS.values()), ids=list(PLANNER_BUGS))
+def test_a_planners_bad_schedule_is_an_internal_error(
+    tmp_path: Path, monkeypatch: Any, ops: Any
+) -> None:
+    """`op 1: deps (0, 2) must name earlier ops` was printed as the user's mistake, though no
+    config of theirs makes or fixes it."""
+    import tempfile
+
+    from core.errors import ScheduleBug
+    from core.schedule import validate
+    from experiments.common.cli import TRACEBACK_ENV, any_error_line, error_line
+
+    with pytest.raises(ScheduleBug) as e:
+        validate(_schedule(*ops()))
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert error_line(e.value) is None
+    assert any_error_line(e.value).startswith("internal error (ScheduleBug: op 1")
+
+
+@pytest.mark.parametrize(
+    ("ops", "fix"),
+    [
+        (({"alloc_bytes": 2 * 10**9},), "raise hardware.memory_gb.gpu"),
+        (
+            ({"alloc_bytes": 3 * 10**9 // 4}, {"alloc_bytes": 3 * 10**9 // 4}),
+            "raise hardware.memory_gb.gpu, or pass planner params that hold less",
+        ),
+    ],
+    ids=["over_the_tier", "never_freed"],
+)
+def test_a_schedule_a_config_can_fix_names_the_tier(ops: Any, fix: str) -> None:
+    """`allocates 2 GB of gpu, only 1 GB is not resident` and `schedule can never finish: ...`
+    named the fault and no fix."""
+    from core.schedule import validate
+    from experiments.common.cli import error_line
+
+    with pytest.raises(MoepipeError) as e:
+        validate(_schedule(*ops))
+    line = error_line(e.value)
+    assert line is not None and fix in line, line
