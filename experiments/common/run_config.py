@@ -50,6 +50,9 @@ def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | N
     for key in AS_CONFIGURED:
         if key in summary and REPEATED[key] in cfg and not _same(cfg[REPEATED[key]], summary[key]):
             return _differs(REPEATED[key], cfg[REPEATED[key]], key, summary[key])
+    routing = routing_disagrees(cfg, summary.get("routing"))
+    if routing:
+        return routing
     params = summary.get("params")
     if not isinstance(params, dict):  # an older summary's, without them: nothing to compare
         return None
@@ -81,6 +84,85 @@ def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | N
 
 
 _NONE = object()  # a key a mapping does not hold
+_SYNTHETIC = ("skew", "layer_corr", "reuse")  # the generator's knobs its description names
+
+
+def routing_disagrees(cfg: dict[str, Any], said: Any) -> str | None:
+    """Where a summary's `routing` (free text: `synthetic skew=1 ... seed=0`, `trace ... [law]
+    ...`, behind a real run's `replay: `) is not what config.yaml's workload (flattened) draws:
+    the first field that differs in words; None where they agree or the text is of no source a
+    config names (a live gate's, another version's)."""
+    text = said.removeprefix("replay: ") if isinstance(said, str) else ""
+    kind, _, rest = text.partition(" ")
+    source = str(cfg.get("workload.routing.source", "auto"))
+    # a replication run draws its own (a fitted skew, a split of the trace)
+    if kind not in ("synthetic", "trace") or source == "live" or cfg.get("replication.routing"):
+        return None
+    if source not in ("auto", kind):
+        return (
+            f"config.yaml's workload.routing.source is {source!r} where the run's summary.json "
+            f"has routing {short(text)}"
+        )
+    ran = dict(f.partition("=")[::2] for f in rest.split() if "=" in f)
+    want = {k: cfg.get(f"workload.routing.{k}") for k in _SYNTHETIC}
+    hot = cfg.get("workload.routing.hot_experts") or 0
+    want |= {"hot": f"{hot}@{cfg.get('workload.routing.hot_share')}" if hot else None}
+    want |= {"seed": cfg.get("workload.seed")}
+    if kind == "trace":  # `trace <name> [tasks] ...`: the tasks a config selects
+        return _tasks_differ(cfg, rest)
+    for key, value in want.items():
+        got = ran.get(key)
+        if (value is not None or key == "hot") and not _same_text(value, got):
+            where = {"seed": "workload.seed", "hot": "workload.routing.hot_experts"}.get(key)
+            shown = hot if key == "hot" else value
+            said = f"{key}={got}" if got is not None else f"no {key}="
+            return (
+                f"config.yaml's {where or f'workload.routing.{key}'} is {short(shown)} where "
+                f"the run's summary.json has routing {said}"
+            )
+    return None
+
+
+def _same_text(value: Any, got: str | None) -> bool:
+    """A config's value and the text a summary wrote of it (`:g` for a number)."""
+    if value is None or got is None:
+        return value is None and got is None
+    if isinstance(value, str) and "@" in value:  # hot: `<experts>@<share>`
+        n, _, share = value.partition("@")
+        return _same_text(int(n), got.partition("@")[0]) and _same_text(
+            float(share), got.partition("@")[2]
+        )
+    try:
+        return float(value) == float(got)
+    except (TypeError, ValueError):
+        return str(value) == got
+
+
+def _names(value: Any) -> set[str]:
+    """A flattened list of task names (its JSON), or one name given as a string."""
+    try:
+        names = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        names = [value]
+    return {str(n) for n in (names if isinstance(names, list) else [names] if names else [])}
+
+
+def _tasks_differ(cfg: dict[str, Any], rest: str) -> str | None:
+    """A trace replay's `[a,b]` tasks, against the config's tasks and exclude_tasks."""
+    if "[" not in rest:
+        return None
+    ran = set(filter(None, rest.partition("[")[2].partition("]")[0].split(",")))
+    tasks, exclude = (_names(cfg.get(f"workload.routing.{k}")) for k in ("tasks", "exclude_tasks"))
+    want = tasks - exclude if tasks else None
+    if (want is not None and ran != want) or ran & exclude:
+        key = "tasks" if want is not None and ran != want else "exclude_tasks"
+        return _differs(
+            f"workload.routing.{key}",
+            sorted(tasks if key == "tasks" else exclude),
+            "routing tasks",
+            sorted(ran),
+        )
+    return None
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -24,7 +24,7 @@ import pytest
 from core.errors import MoepipeError
 from core.spec import Workload
 from tests.conftest import model_from_conf, random_routing
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import raises_one_line, tiny_run
 
 
 def _tar(tmp_path: Path) -> Any:
@@ -201,3 +201,54 @@ def test_a_schedule_a_config_can_fix_names_the_tier(ops: Any, fix: str) -> None:
         validate(_schedule(*ops))
     line = error_line(e.value)
     assert line is not None and fix in line, line
+
+
+_SYNTH = {"source": "synthetic", "skew": 1.0, "layer_corr": 0.5, "reuse": 0.25, "hot_experts": 0}
+_RAN = "synthetic skew=1 layer_corr=0.5 reuse=0.25 seed=0"
+
+
+@pytest.mark.parametrize(
+    ("routing", "said", "words"),
+    [
+        ({}, _RAN, None),
+        ({}, f"replay: {_RAN}", None),
+        ({}, "live: live (the model's gate)", None),
+        ({"skew": 2.0}, _RAN, "workload.routing.skew is 2.0 where the run's summary.json has"),
+        ({}, _RAN.replace("seed=0", "seed=3"), "workload.seed is 0"),
+        ({}, _RAN.replace("seed", "hot=2@0.5 seed"), "hot_experts is 0"),
+        ({"source": "trace"}, _RAN, "workload.routing.source is 'trace'"),
+        (
+            {"source": "trace", "tasks": ["law"]},
+            "trace esft-dsv2lite [law,math] 9 tokens in 1 sequences, start seq 0, wrapped 0x",
+            "workload.routing.tasks is ['law'] where the run's summary.json has routing tasks",
+        ),
+    ],
+    ids=["same", "replay", "live", "skew", "seed", "hot", "source", "tasks"],
+)
+def test_a_summarys_routing_is_checked_against_the_config(
+    routing: dict[str, Any], said: str, words: str | None
+) -> None:
+    """A hand-made run dir whose summary.json says `routing: synthetic skew=2 ...` was
+    collected as the run of a config.yaml with `workload.routing.skew: 1.0`."""
+    from experiments.common.run_config import config_disagrees
+
+    config = {"workload": {"seed": 0, "routing": {**_SYNTH, **routing}}}
+    line = config_disagrees(config, {"routing": said})
+    assert (line is None) if words is None else (line is not None and words in line), line
+
+
+def test_a_run_dir_whose_routing_is_not_its_configs_is_skipped(tmp_path: Path) -> None:
+    """collect's `skipped` line, as for a planner param the summary records otherwise."""
+    import yaml
+
+    from experiments.common.tables import collect
+
+    run = tiny_run(tmp_path / "sweep" / "r")
+    (run / "files.sha256").unlink()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert collect(tmp_path / "sweep")[1] == []
+    config["workload"]["routing"]["skew"] = 3.5
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    df, problems = collect(tmp_path / "sweep")
+    assert df.empty and "workload.routing.skew is 3.5" in problems[0], problems
+    assert "not the config it ran" in problems[0]
