@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,13 +72,16 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
             "runs would be written elsewhere, and the sweep count none); drop the leading '/' "
             "and any '..'"
         )
-    if "hydra.job.num" in text or "hydra.job.id" in text:
+    reached = expanded(cfg, text)  # `${tag}`, `+tag=${planner.name}`: names planner too
+    if "hydra.job.num" in reached or "hydra.job.id" in reached:
         return  # a folder per job
     exclude = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys") or []
     varied = [o for o in swept if len(list(o.sweep_string_iterator())) > 1]
     if "override_dirname" in text:
-        unnamed = [o for o in varied if _key(o) in exclude and not _named(_key(o), text)]
-        if unnamed and len(unnamed) == len(varied):
+        unnamed = [o for o in varied if _key(o) in exclude and not _named(_key(o), reached)]
+        # a field of a swept group's (`${planner.name}`): resolved point by point below
+        fields = any(f"{{{_key(o)}." in reached for o in unnamed)
+        if unnamed and len(unnamed) == len(varied) and not fields:
             raise MoepipeError(
                 f"hydra.sweep.subdir={text}: the swept "
                 f"{', '.join(_key(o) for o in unnamed)} are left out of "
@@ -85,7 +89,7 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
                 f"point would write one folder, each replacing the last; {fix} with them"
             )
     else:
-        unnamed = [o for o in varied if not _named(_key(o), text)]
+        unnamed = [o for o in varied if not _named(_key(o), reached)]
     # a key the folder's name holds tells its points apart (a value the key reads as another,
     # `2,'2'`, is refused as swept twice); each other is resolved point by point, the keys
     # named at their first value: a config composed per point holds hydra's runtime choices
@@ -100,13 +104,18 @@ def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
     folder (`_not_a_run`). `cfg`: the first point's config."""
     hydra_sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
     text = str(hydra_sweep.get("dir") or "")  # type: ignore[union-attr]
-    per_job = [k for k in ("hydra.job.", "hydra:job.") if k in text]
-    named = per_job + [_key(o) for o in swept if _named(_key(o), text)]
+    reached = expanded(cfg, text)
+    per_job = [k for k in ("hydra.job.", "hydra:job.") if k in reached]
+    # a field of a swept group's (`${planner.name}`) differs from point to point too
+    named = per_job + [
+        _key(o) for o in swept if _named(_key(o), reached) or f"{{{_key(o)}." in reached
+    ]
+    via = "" if not named or named[0] in text else " (through the keys it interpolates)"
     if named:
         raise MoepipeError(
-            f"hydra.sweep.dir={text}: names {named[0].rstrip('.')}, which differs from point to "
-            "point, so each would write a sweep folder of its own and the sweep count one; "
-            "name it in hydra.sweep.subdir instead"
+            f"hydra.sweep.dir={text}: names {named[0].rstrip('.')}{via}, which differs from "
+            "point to point, so each would write a sweep folder of its own and the sweep count "
+            "one; name it in hydra.sweep.subdir instead"
         )
     _not_a_run(cfg)
 
@@ -152,6 +161,32 @@ def _launcher_folder(cfg: Any) -> None:
 
 def _key(o: Any) -> str:
     return str(o.get_key_element()).lstrip("+~")
+
+
+_INTERPOLATED = re.compile(r"\$\{([\w.\[\]-]+)\}")  # `${a.b}`: a key's value, not a resolver's
+
+
+def expanded(cfg: Any, template: str) -> str:
+    """`template` and the raw value of each key it interpolates, theirs in turn: a template
+    that reaches a swept key only through another key (`hydra.sweep.subdir=${tag}` with
+    `+tag=${planner.name}`) names it as much as one that names it itself."""
+    out, seen = [template], set()
+    todo = _INTERPOLATED.findall(template)
+    while todo and len(seen) < 100:  # a loop of interpolations: omegaconf's own line says so
+        key = todo.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        parent, _, last = key.rpartition(".")
+        try:
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            raw = OmegaConf.to_container(node, resolve=False).get(last)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 (not a mapping there, or a value that does not resolve)
+            continue
+        if isinstance(raw, str):
+            out.append(raw)
+            todo += _INTERPOLATED.findall(raw)
+    return " ".join(out)
 
 
 def _named(key: str, template: str) -> bool:

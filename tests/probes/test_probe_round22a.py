@@ -10,6 +10,11 @@ Classes:
    planner's bug (`ScheduleBug`): the CLI says "internal error ... please report it", where it
    printed the planner's bug as the user's mistake. A schedule a config can fix (an allocation
    over a tier, memory that never frees) stays the user's one line, naming the tier to raise.
+3. A hand-made run dir whose summary.json's `routing` (`synthetic skew=2 ... seed=0`) is not
+   what config.yaml's workload draws was collected as that config's run; it is skipped.
+4. A sweep folder template that reaches a swept key only through another key
+   (`hydra.sweep.dir=out/${tag}`, `+tag=${planner.name}`) was not seen as naming it: a sweep
+   dir per point ran, and a subdir that does separate the points was refused.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 from core.errors import MoepipeError
 from core.spec import Workload
 from tests.conftest import model_from_conf, random_routing
-from tests.probes.conftest import raises_one_line, tiny_run
+from tests.probes.conftest import TINY, raises_one_line, tiny_run
 
 
 def _tar(tmp_path: Path) -> Any:
@@ -252,3 +257,45 @@ def test_a_run_dir_whose_routing_is_not_its_configs_is_skipped(tmp_path: Path) -
     df, problems = collect(tmp_path / "sweep")
     assert df.empty and "workload.routing.skew is 3.5" in problems[0], problems
     assert "not the config it ran" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["planner=flexgen,klotski", "hydra.sweep.dir=out/${tag}", "+tag=${planner.name}"],
+            "names planner (through the keys it interpolates)",
+        ),
+        (
+            ["workload.gen_len=2,3", "hydra.sweep.dir=out/${tag}", "+tag=g${workload.gen_len}"],
+            "names workload.gen_len (through",
+        ),
+        (["planner=flexgen,klotski", "hydra.sweep.subdir=${tag}", "+tag=x"], "would both write x"),
+        (
+            [
+                "planner=flexgen,klotski",
+                "hydra.sweep.subdir=${hydra.job.override_dirname}_${tag}",
+                "+tag=${planner.name}",
+                "hydra.job.config.override_dirname.exclude_keys=[planner]",
+            ],
+            None,
+        ),
+        (["planner=flexgen,klotski", "hydra.sweep.subdir=${tag}", "+tag=${hydra.job.num}"], None),
+    ],
+    ids=["dir_group", "dir_key", "subdir_one_folder", "subdir_excluded_but_reached", "job_num"],
+)
+def test_a_sweep_folder_reached_through_an_interpolation_counts(
+    args: list[str], words: str | None
+) -> None:
+    """The first two ran a sweep folder per point, the sweep counting one; the last two were
+    refused ("left out of hydra.job.override_dirname", omegaconf's missing hydra.job.num)
+    though each point has a folder of its own."""
+    import experiments.run  # noqa: F401 (its help config, which a composed config names)
+    from experiments.common.hydra_errors import CONF_DIR
+    from experiments.common.overrides import check_sweep
+
+    given = [a for a in TINY if not a.startswith("planner=")] + args
+    if words is None:
+        check_sweep(CONF_DIR, "config", given)
+    else:
+        raises_one_line(lambda: check_sweep(CONF_DIR, "config", given), words)
