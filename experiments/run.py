@@ -388,8 +388,9 @@ def model_files_line(cfg: DictConfig) -> str:
     from (a real run's checkpoint, `model.hf_config`): a checkpoint rebuilt at the same path
     makes a finished run run again. config.json's bytes, and the version (`_version`) of each
     other file a real run reads (`read_files`: generation_config.json too, whose rewrite
-    reused a run of the earlier decoding); for `model.hf_config`, the index's bytes and each
-    weight file's version. Empty for a model from conf/model."""
+    reused a run of the earlier decoding); for `model.hf_config`, config.json's alone (a
+    simulated run reads no other: a rewritten weight file ran a finished simulation again).
+    Empty for a model from conf/model."""
     real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
     path = cfg.checkpoint if real else cfg.model.get("hf_config")
     if not path:
@@ -402,11 +403,6 @@ def model_files_line(cfg: DictConfig) -> str:
         for name in read_files(config.parent):  # the index, the weights, generation settings
             if name != config.name:
                 h.update(f"{name} {_version(config.parent / name)}\n".encode())
-        return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
-    index = config.parent / "model.safetensors.index.json"
-    h.update(index.read_bytes() if index.is_file() else b"")
-    for f in sorted(config.parent.glob("*.safetensors")):  # a model rebuilt there
-        h.update(f"{f.name} {_version(f)}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 

@@ -15,6 +15,9 @@ Classes:
 4. A sweep folder template that reaches a swept key only through another key
    (`hydra.sweep.dir=out/${tag}`, `+tag=${planner.name}`) was not seen as naming it: a sweep
    dir per point ran, and a subdir that does separate the points was refused.
+5. A simulated run on `model.hf_config` counted the checkpoint's weight files in config.yaml's
+   model-files line, though it reads config.json alone: a rewritten weight file ran a finished
+   simulation again. The line counts what the run reads.
 """
 
 from __future__ import annotations
@@ -299,3 +302,26 @@ def test_a_sweep_folder_reached_through_an_interpolation_counts(
         check_sweep(CONF_DIR, "config", given)
     else:
         raises_one_line(lambda: check_sweep(CONF_DIR, "config", given), words)
+
+
+def test_a_simulated_runs_model_files_line_counts_config_json_alone(
+    tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """A weight file rewritten (or one copied in) beside config.json changed the line, and a
+    finished simulation ran again; config.json rewritten changes it."""
+    import json
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from experiments.run import model_files_line
+
+    ck = Path(shutil.copytree(tiny_ckpt, tmp_path / "ck"))
+    sim = OmegaConf.create({"executor": {"name": "sim"}, "model": {"hf_config": str(ck)}})
+    before = model_files_line(sim)
+    (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes() + b"\0")
+    shutil.copyfile(ck / "model.safetensors", ck / "model-00001-of-00002.safetensors")
+    assert model_files_line(sim) == before
+    config = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps(config | {"hidden_size": 128}))
+    assert model_files_line(sim) != before
