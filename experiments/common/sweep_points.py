@@ -381,19 +381,26 @@ def check_sweep_values(swept: Sequence[Any]) -> None:
 
 # a run's keys that change how it is run or kept, not its result: a sweep of one makes points
 # of one result, each in a run dir of its own
-SAME_RESULT_KEYS = ("skip_finished", "trace_json")
+SAME_RESULT_KEYS = ("skip_finished", "trace_json", "executor.rendezvous_timeout_s")
 
 
 def refuse_sweeps_of_one_result(swept: Sequence[Any]) -> None:
     """A MoepipeError for a swept key no point's result depends on: a key of SAME_RESULT_KEYS,
-    or one of hydra's own (`hydra.job.chdir=true,false`, `hydra/job_logging=a,b`), which
-    hydra sets once for the whole sweep and refused in a line with nothing to do."""
+    reproduce_klotski's `reproduce.*`, or one of hydra's own (`hydra.job.chdir=true,false`,
+    `hydra/job_logging=a,b`), which hydra sets once for the whole sweep and refused in a line
+    with nothing to do."""
     for o in swept:
         key = o.get_key_element().lstrip("+~")
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             raise MoepipeError(
                 f"{o.input_line}: hydra's own keys cannot be swept (hydra sets them once per "
                 f"sweep); run the sweep once per value, each with {key}=<one value>"
+            )
+        if key == "reproduce" or key.startswith("reproduce."):  # reproduce_klotski's grid
+            raise MoepipeError(
+                f"{o.input_line}: {key} is experiments.reproduce_klotski's, which a run ignores, "
+                f"so the sweep's points would be runs of one result; drop {key} from the sweep "
+                "(python -m experiments.reproduce_klotski runs its grid)"
             )
         if key in SAME_RESULT_KEYS:
             raise MoepipeError(

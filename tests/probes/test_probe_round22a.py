@@ -18,6 +18,9 @@ Classes:
 5. A simulated run on `model.hf_config` counted the checkpoint's weight files in config.yaml's
    model-files line, though it reads config.json alone: a rewritten weight file ran a finished
    simulation again. The line counts what the run reads.
+6. A sweep of reproduce_klotski's `reproduce.*` (which a run ignores) or of
+   executor.rendezvous_timeout_s (a wait, no result) ran runs of one result; it is refused as
+   a sweep of skip_finished is.
 """
 
 from __future__ import annotations
@@ -325,3 +328,21 @@ def test_a_simulated_runs_model_files_line_counts_config_json_alone(
     config = json.loads((ck / "config.json").read_text())
     (ck / "config.json").write_text(json.dumps(config | {"hidden_size": 128}))
     assert model_files_line(sim) != before
+
+
+@pytest.mark.parametrize(
+    ("swept", "words"),
+    [
+        ("+reproduce.n=1,2", "reproduce.n is experiments.reproduce_klotski's"),
+        ("+reproduce=1,2", "drop reproduce from the sweep"),
+        ("executor.rendezvous_timeout_s=60,120", "drop executor.rendezvous_timeout_s from"),
+    ],
+)
+def test_a_sweep_of_a_commands_key_of_no_result_is_refused(swept: str, words: str) -> None:
+    """Each ran two run dirs of one result."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from experiments.common.sweep_points import refuse_sweeps_of_one_result
+
+    parsed = OverridesParser.create().parse_overrides([swept])
+    raises_one_line(lambda: refuse_sweeps_of_one_result(parsed), swept, words)
