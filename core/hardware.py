@@ -155,13 +155,15 @@ class HardwareSpec:
                     check_finite(f"{where}{dev}.time_tables.{kind}[{i}]", flops=x, seconds=y)
         for tier in Tier:
             cap = self.memory_bytes.get(tier)
+            if tier == Tier.DISK and cap == 0:
+                continue  # no disk tier (memory_gb.disk: null)
             if cap is None or not cap > 0:
                 got = "nothing" if cap is None else f"{cap} bytes"
                 raise ConfigError(
                     f"hardware {self.name}: memory_gb.{tier} must be a positive capacity, got "
                     f"{got}; set its size in GB"
                 )
-        for res in (Resource.H2D, Resource.D2H, Resource.DISK):
+        for res in (Resource.H2D, Resource.D2H, Resource.DISK)[: 3 if self.has_disk else 2]:
             if res not in self.links:
                 raise ConfigError(
                     f"hardware {self.name}: links.{res} is missing; add {res}: {{gbps: ..., "
@@ -197,6 +199,11 @@ class HardwareSpec:
         integer_field(f"hardware {self.name}: n_gpus", self.n_gpus, 1, "set it to the GPUs it has")
         self.processes.check(f"hardware {self.name}: processes")
 
+    @property
+    def has_disk(self) -> bool:
+        """Whether the machine has a disk tier (`memory_gb.disk: null` says it has none)."""
+        return self.memory_bytes.get(Tier.DISK, 0) > 0
+
     def link(self, res: Resource) -> LinkSpec:
         if res == Resource.DISK_WRITE and res not in self.links:
             return self.links[Resource.DISK]
@@ -217,7 +224,15 @@ class HardwareSpec:
         name = str(d.get("name", "hardware"))
         at = "memory_gb"  # the field being read, for an error's line
         try:
-            mem_gb = {Tier(k): float(v) for k, v in dict(d["memory_gb"]).items()}
+            given = dict(d["memory_gb"])
+            if "disk" in given and given["disk"] is None:  # no disk tier: a capacity of none
+                given["disk"] = 0.0
+            elif given.get("disk") == 0:  # 0 would read as null: said so, as a size is wanted
+                raise ConfigError(
+                    f"hardware {name}: memory_gb.disk=0: set its size in GB, or null for a "
+                    "machine without a disk tier"
+                )
+            mem_gb = {Tier(k): float(v) for k, v in given.items()}
             check_finite(f"hardware {name}: memory_gb", **{str(k): v for k, v in mem_gb.items()})
             for tier, gb in mem_gb.items():  # before the bytes: 1e308 GB overflows an int
                 if gb > 0:  # 0 and below: "must be a positive capacity" (__post_init__)
@@ -320,7 +335,8 @@ def check_physical(hw: HardwareSpec) -> None:
     at = f"hardware {hw.name}: "
     _in_range(f"{at}n_gpus", "n_gpus", hw.n_gpus)
     for tier, cap in hw.memory_bytes.items():
-        _in_range(f"{at}memory_gb.{tier}", _memory_key(tier), cap / GB)
+        if cap or tier != Tier.DISK:  # no disk tier: nothing to range
+            _in_range(f"{at}memory_gb.{tier}", _memory_key(tier), cap / GB)
     for res, link in hw.links.items():
         _in_range(f"{at}links.{res}.gbps", "gbps", link.bandwidth_bytes_per_s / GB)
         _in_range(f"{at}links.{res}.latency_us", "latency_us", link.latency_s * 1e6)

@@ -303,6 +303,9 @@ def timing(
             i for i, layer in enumerate(model.moe_layers) if placement.experts[layer] != Tier.GPU
         ]
         base = layer_times(model, wl, cost, placement)
+        on_disk = [placement.experts[model.moe_layers[i]] == Tier.DISK for i in streamed]
+        if not any(on_disk):  # a machine without a disk tier has no disk link to time
+            return [base] * len(streamed), shares[streamed]
         read_s = cost.transfer_s(Resource.DISK, model.expert_disk_bytes)
         cpu_room = hw.memory_bytes[Tier.CPU] - placement.resident_bytes.get(Tier.CPU, 0)
         if cpu_room >= window_layers * model.n_experts * model.expert_bytes:
@@ -310,7 +313,6 @@ def timing(
             disk = replace(base, io_disk_layer_s=model.n_experts * read_s)
         else:  # each expert read when its copy is issued: the slower link paces the copies
             disk = replace(base, io_expert_s=max(base.io_expert_s, read_s))
-        on_disk = [placement.experts[model.moe_layers[i]] == Tier.DISK for i in streamed]
         return [disk if d else base for d in on_disk], shares[streamed]
 
     return at

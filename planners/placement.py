@@ -59,6 +59,8 @@ def greedy_placement(
     goes to the dense weights and the KV cache first; then up to `cpu_staging_bytes` of what is
     left (at least one expert, what a disk read needs to pass through) is kept free for disk
     reads on their way to the GPU, before experts take CPU memory."""
+    if not hw.has_disk:  # no disk reads to stage
+        cpu_staging_bytes = 0
     least_staging = min(cpu_staging_bytes, model.expert_bytes)
     kv_layer = kv_sequences * kv_tokens * model.kv_bytes_per_token
     free = _free_memory(model, hw, kv_layer, working_bytes, activation_bytes, least_staging)
@@ -116,6 +118,13 @@ def _free_memory(
     room = cap[Tier.GPU] + max(cpu_free, 0) + disk_free
     if total > room:
         needs, has = gb_apart(total, room)
+        if not hw.has_disk:
+            raise CapacityError(
+                f"model {model.name} ({needs} GB weights + KV) does not fit in GPU + CPU ({has} "
+                f"GB), and hardware {hw.name} has no disk tier (memory_gb.disk: null); set "
+                "hardware.memory_gb.disk to the GB of a disk to offload to (and links.disk), "
+                "or add memory or shrink the workload"
+            )
         raise CapacityError(
             f"model {model.name} ({needs} GB weights + KV) does not fit in GPU + CPU + disk "
             f"({has} GB); add memory or shrink the workload"

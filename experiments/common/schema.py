@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 class MemorySchema:
     gpu: float = MISSING  # GB usable by the model
     cpu: float = MISSING  # GB
-    disk: float = MISSING  # GB
+    disk: float | None = MISSING  # GB; null: no disk tier (every weight in GPU and CPU memory)
 
 
 @dataclass

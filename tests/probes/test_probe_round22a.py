@@ -21,6 +21,9 @@ Classes:
 6. A sweep of reproduce_klotski's `reproduce.*` (which a run ignores) or of
    executor.rendezvous_timeout_s (a wait, no result) ran runs of one result; it is refused as
    a sweep of skip_finished is.
+7. A hardware profile could not say "no disk tier" (`memory_gb.disk` required, `links.disk`
+   too). `disk: null` now says it: every planner places the model in GPU and CPU memory, and
+   one that does not fit there is refused in one line naming hardware.memory_gb.disk.
 """
 
 from __future__ import annotations
@@ -346,3 +349,39 @@ def test_a_sweep_of_a_commands_key_of_no_result_is_refused(swept: str, words: st
 
     parsed = OverridesParser.create().parse_overrides([swept])
     raises_one_line(lambda: refuse_sweeps_of_one_result(parsed), swept, words)
+
+
+def _no_disk(cpu_gb: float = 4.0) -> Any:
+    import yaml
+
+    from core.hardware import HardwareSpec
+    from tests.probes.conftest import ROOT
+
+    d = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
+    d["memory_gb"] |= {"disk": None, "cpu": cpu_gb}
+    d["links"] = {k: v for k, v in d["links"].items() if not k.startswith("disk")}
+    return HardwareSpec.from_dict(d)
+
+
+@pytest.mark.parametrize("planner", ["flexgen", "klotski", "fiddler"])
+def test_a_machine_without_a_disk_tier_runs_what_fits_in_memory(planner: str) -> None:
+    """`memory_gb.disk: null` said "must be a positive capacity, got nothing" (and a profile
+    without links.disk "links.disk is missing"), though the model fits in CPU memory."""
+    from core.routing import load_routing
+    from experiments.common.pipeline import RunSpec, simulate_run, sized_run
+
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    spec, made = sized_run(RunSpec(model_from_conf("tiny"), _no_disk(), wl, planner, {}))
+    result = simulate_run(spec, load_routing(spec.model, spec.workload), made)
+    assert not _no_disk().has_disk and result.summary["makespan_s"] > 0
+
+
+def test_a_model_past_gpu_and_cpu_without_a_disk_tier_names_the_disk() -> None:
+    from core.routing import load_routing
+    from experiments.common.pipeline import RunSpec, build_schedule
+
+    wl = Workload(batch_size=1, n_batches=1, prompt_len=2, gen_len=1)
+    spec = RunSpec(model_from_conf("mixtral-8x7b"), _no_disk(), wl, "flexgen", {})
+    routing = load_routing(spec.model, wl)
+    line = raises_one_line(lambda: build_schedule(spec, routing), "no disk tier")
+    assert "set hardware.memory_gb.disk" in line, line
