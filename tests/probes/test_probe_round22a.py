@@ -279,7 +279,6 @@ def test_a_run_dir_whose_routing_is_not_its_configs_is_skipped(tmp_path: Path) -
             ["workload.gen_len=2,3", "hydra.sweep.dir=out/${tag}", "+tag=g${workload.gen_len}"],
             "names workload.gen_len (through",
         ),
-        (["planner=flexgen,klotski", "hydra.sweep.subdir=${tag}", "+tag=x"], "would both write x"),
         (
             [
                 "planner=flexgen,klotski",
@@ -291,7 +290,7 @@ def test_a_run_dir_whose_routing_is_not_its_configs_is_skipped(tmp_path: Path) -
         ),
         (["planner=flexgen,klotski", "hydra.sweep.subdir=${tag}", "+tag=${hydra.job.num}"], None),
     ],
-    ids=["dir_group", "dir_key", "subdir_one_folder", "subdir_excluded_but_reached", "job_num"],
+    ids=["dir_group", "dir_key", "subdir_excluded_but_reached", "job_num"],
 )
 def test_a_sweep_folder_reached_through_an_interpolation_counts(
     args: list[str], words: str | None
