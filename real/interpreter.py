@@ -332,7 +332,8 @@ class Interpreter:
                 return ScheduleError(
                     f"real run: {self.ops[oid].label()} has run for "
                     f"{now - since:.0f} s (stall_timeout_s={self.stall_timeout_s:g}); "
-                    "a hung disk read or collective?"
+                    "a hung disk read or collective? check the disk and the other ranks, then "
+                    "run it again"
                 )
         elif now - last_time > self.stall_timeout_s:
             free = self.free or {t: 0 for t in Tier}

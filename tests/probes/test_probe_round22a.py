@@ -5,7 +5,8 @@ Classes:
    synthetic generator's and routing's shape checks, an ESFT dump's line, tar and task count,
    a config.json a family cannot express, disk_dtype_bytes, a planner's integer and
    cache_share bounds, a flag without its value, planner.params not a mapping, the rendezvous
-   timeout's range, --rdzv_conf's syntax, a config option that is a folder. Each ends in its fix.
+   timeout's range, --rdzv_conf's syntax, a config option that is a folder, a real run's op that
+   ran past its stall timeout. Each ends in its fix.
 2. A schedule that breaks the IR's own rules (deps, streams, spans, gates, frees) is a
    planner's bug (`ScheduleBug`): the CLI says "internal error ... please report it", where it
    printed the planner's bug as the user's mistake. A schedule a config can fix (an allocation
@@ -102,6 +103,20 @@ def _flag(tmp_path: Path) -> Any:
     return lambda: check_flags(["--cfg"])
 
 
+def _stall(tmp_path: Path) -> Any:
+    from types import SimpleNamespace
+
+    from real.interpreter import Interpreter
+
+    op = SimpleNamespace(label=lambda: "load expert 0")
+    run = SimpleNamespace(ops=[op], stall_timeout_s=1.0)
+
+    def stalled() -> None:
+        raise Interpreter._stall(run, [(0, 0.0)], 5.0, 0.0)  # type: ignore[arg-type,misc]
+
+    return stalled
+
+
 CLASS1 = {
     "tar": (_tar, "re-download it, or pass the dump's folder"),
     "dump_line": (_line, "replace the file with the upstream dump"),
@@ -115,6 +130,7 @@ CLASS1 = {
     "klotski_n": (_params("klotski", {"n": -5}), "pass planner.params.n=-1 or more"),
     "cache_share": (_params("moe_infinity", {"cache_share": 0}), "pass a share in it"),
     "flag_value": (_flag, "give it one"),
+    "real_run_stalled": (_stall, "check the disk and the other ranks"),
 }
 
 
