@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.errors import MoepipeError, ScheduleBug, ScheduleError
-from core.schedule import Op, Schedule, StreamSpec, describe_stuck
+from core.schedule import Op, Schedule, StreamSpec, stuck_error
 from core.types import OpKind, Resource, Tier
 
 log = logging.getLogger(__name__)
@@ -338,10 +338,9 @@ class Interpreter:
         elif now - last_time > self.stall_timeout_s:
             free = self.free or {t: 0 for t in Tier}
             stuck = Schedule(self.ops, dict(self.streams), self.capacity, {}, {})
-            return ScheduleError(
-                f"real run made no progress for {self.stall_timeout_s:g} s: "
-                + describe_stuck(stuck, self.done, free)
-            )
+            # memory a tier lacks: the user's to raise; ops waiting on each other: a bug
+            what = f"real run made no progress for {self.stall_timeout_s:g} s"
+            return stuck_error(stuck, self.done, free, what)
         return None
 
     def _worker(self, w: _Worker) -> None:
