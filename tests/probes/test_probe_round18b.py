@@ -186,7 +186,7 @@ def test_a_simulated_spec_in_its_own_dtype_counts_as_before():
     spec = reduced_spec("mixtral-tiny")
     assert spec.disk_dtype_bytes == 0 and spec.expert_disk_bytes == spec.expert_bytes
     assert dataclasses.replace(spec, disk_dtype_bytes=2).expert_disk_bytes == 2 * spec.expert_params
-    with pytest.raises(ConfigError, match="disk_dtype_bytes=8; 1"):
+    with pytest.raises(ConfigError, match="disk_dtype_bytes=8; set 1"):
         dataclasses.replace(spec, disk_dtype_bytes=8)
 
 

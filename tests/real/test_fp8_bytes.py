@@ -120,7 +120,7 @@ def test_planned_disk_tier_holds_fp8_bytes_host_and_gpu_dequantized():
 @pytest.mark.parametrize(
     "field, value, match",
     [
-        ("disk_dtype_bytes", 3, "disk_dtype_bytes=3; 1 .FP8"),
+        ("disk_dtype_bytes", 3, "disk_dtype_bytes=3; set 1 .FP8"),
         ("disk_block", [0, 128], "disk_block=\\[0, 128\\]; pass two"),
     ],
 )
