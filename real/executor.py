@@ -63,8 +63,8 @@ PlanFn = Callable[[CausalRouting, ScheduleBuilder], None]  # runs a planner into
 
 # a live run reveals a gate's routing only once the gate has run: a planner that peeks ahead
 LIVE_ORACLE = (
-    "looks at routing before its gate (an oracle); it cannot run with routing_mode=live, use "
-    "routing_mode=replay"
+    "looks at routing before its gate (an oracle), which executor.routing_mode=live cannot give "
+    "it; pass executor.routing_mode=replay"
 )
 
 

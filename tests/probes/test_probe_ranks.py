@@ -368,7 +368,7 @@ def test_a_planner_that_peeks_is_refused_live_before_any_rank_starts(
         f"hydra.run.dir={tmp_path / 'run'}",
     )
     line = one_line(r, "planner oracle_replication: looks at routing before its gate")
-    assert "rank" not in line and "routing_mode=replay" in line
+    assert "rank" not in line and "pass executor.routing_mode=replay" in line
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
