@@ -284,8 +284,8 @@ class HardwareSpec:
                 raise
             raise ConfigError(
                 f"hardware {name}: {at}: {e} (the layout: memory_gb {{gpu, cpu, disk}}, gpu and "
-                "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}; "
-                "see conf/hardware/)"
+                "cpu {tflops, mem_bw_gbps, overhead_us}, links {<link>: {gbps, latency_us}}); "
+                "write it as conf/hardware/'s files have it"
             ) from None
 
 

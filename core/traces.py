@@ -367,7 +367,7 @@ def select_tokens(trace: EsftTrace, tasks: tuple[str, ...], exclude: tuple[str, 
     if unknown:
         raise TraceError(
             f"workload.routing.tasks/exclude_tasks name unknown task(s) {unknown}; "
-            f"trace {TRACE_NAME} has {list(names)}"
+            f"trace {TRACE_NAME} has {list(names)}: pass names from those"
         )
     keep = set(tasks or names) - set(exclude)
     mask = np.isin(trace.task, [names.index(t) for t in sorted(keep)])

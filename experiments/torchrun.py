@@ -265,12 +265,14 @@ def _argument_error(e: BaseException) -> ConfigError:
     """torchrun's refusal of an argument (--nproc_per_node=abc, --nnodes=2:1): a ValueError, an
     AssertionError or a RuntimeError with its traceback, as one line."""
     said = str(e).strip() or type(e).__name__
-    return ConfigError(f"torchrun: {said}; see python -m experiments.torchrun --help")
+    return ConfigError(f"torchrun: {said}; run python -m experiments.torchrun --help for its flags")
 
 
 def _usage_error(message: str) -> None:
     """argparse's error (usage and a line, exit 2) as the commands' one line."""
-    raise ConfigError(f"torchrun: {message}; see python -m experiments.torchrun --help")
+    raise ConfigError(
+        f"torchrun: {message}; run python -m experiments.torchrun --help for its flags"
+    )
 
 
 def _quiet_agent() -> None:

@@ -72,7 +72,8 @@ def _check_reproduce(name: str, r: Any) -> None:
             )
     if not isinstance(r.get("columns", []), list):
         raise MoepipeError(
-            f"{where}: reproduce.columns is not a list of columns; list {{model, hardware, n}}"
+            f"{where}: reproduce.columns is not a list of columns; write it as a list of "
+            "{model, hardware, n} mappings"
         )
     for i, c in enumerate(r.get("columns", [])):
         _check_column(f"{where}: reproduce.columns[{i}]", c)

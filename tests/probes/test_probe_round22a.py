@@ -117,6 +117,37 @@ def _stall(tmp_path: Path) -> Any:
     return stalled
 
 
+def _hardware_layout(tmp_path: Path) -> Any:
+    import yaml
+
+    from core.hardware import HardwareSpec
+    from tests.probes.conftest import ROOT
+
+    d = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
+    return lambda: HardwareSpec.from_dict({**d, "memory_gb": "x"})
+
+
+def _unknown_task(tmp_path: Path) -> Any:
+    from types import SimpleNamespace
+
+    from core.traces import select_tokens
+
+    trace = SimpleNamespace(task_names=("law",))
+    return lambda: select_tokens(trace, ("nosuch",), ())  # type: ignore[arg-type]
+
+
+def _torchrun_usage(tmp_path: Path) -> Any:
+    from experiments import torchrun
+
+    return lambda: torchrun.main(["--nproc-per-node"])
+
+
+def _columns(tmp_path: Path) -> Any:
+    from experiments.common.klotski_conf import _check_reproduce
+
+    return lambda: _check_reproduce("other", {"columns": 3})
+
+
 CLASS1 = {
     "tar": (_tar, "re-download it, or pass the dump's folder"),
     "dump_line": (_line, "replace the file with the upstream dump"),
@@ -131,6 +162,10 @@ CLASS1 = {
     "cache_share": (_params("moe_infinity", {"cache_share": 0}), "pass a share in it"),
     "flag_value": (_flag, "give it one"),
     "real_run_stalled": (_stall, "check the disk and the other ranks"),
+    "hardware_layout": (_hardware_layout, "write it as conf/hardware/'s files have it"),
+    "unknown_task": (_unknown_task, "pass names from those"),
+    "torchrun_usage": (_torchrun_usage, "run python -m experiments.torchrun --help"),
+    "klotski_columns": (_columns, "write it as a list of {model, hardware, n} mappings"),
 }
 
 
