@@ -5,6 +5,7 @@ together by hand (`collect`, `report` and `replication` skip it, naming the fiel
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from core.errors import MoepipeError
@@ -109,7 +110,7 @@ def routing_disagrees(cfg: dict[str, Any], said: Any) -> str | None:
     want |= {"hot": f"{hot}@{cfg.get('workload.routing.hot_share')}" if hot else None}
     want |= {"seed": cfg.get("workload.seed")}
     if kind == "trace":  # `trace <name> [tasks] ...`: the tasks a config selects
-        return _tasks_differ(cfg, rest)
+        return _tasks_differ(cfg, rest) or _start_differs(cfg.get("workload.seed"), rest)
     for key, value in want.items():
         got = ran.get(key)
         if (value is not None or key == "hot") and not _same_text(value, got):
@@ -136,6 +137,17 @@ def _same_text(value: Any, got: str | None) -> bool:
         return float(value) == float(got)
     except (TypeError, ValueError):
         return str(value) == got
+
+
+def _start_differs(seed: Any, rest: str) -> str | None:
+    """A trace replay's `in N sequences, start seq S`: the sequence workload.seed starts at."""
+    m = re.search(r"in (\d+) sequences, start seq (\d+)", rest)
+    if m is None or not isinstance(seed, int) or seed % int(m[1]) == int(m[2]):
+        return None
+    return (
+        f"config.yaml's workload.seed is {seed} where the run's summary.json has routing start "
+        f"seq {m[2]} of {m[1]} (seed % {m[1]})"
+    )
 
 
 def _names(value: Any) -> set[str]:

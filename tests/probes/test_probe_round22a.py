@@ -287,8 +287,13 @@ _RAN = "synthetic skew=1 layer_corr=0.5 reuse=0.25 seed=0"
             "trace esft-dsv2lite [law,math] 9 tokens in 1 sequences, start seq 0, wrapped 0x",
             "workload.routing.tasks is ['law'] where the run's summary.json has routing tasks",
         ),
+        (
+            {"source": "trace"},
+            "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 3, wrapped 0x",
+            "workload.seed is 0 where the run's summary.json has routing start seq 3 of 4",
+        ),
     ],
-    ids=["same", "replay", "live", "skew", "seed", "hot", "source", "tasks"],
+    ids=["same", "replay", "live", "skew", "seed", "hot", "source", "tasks", "trace_seed"],
 )
 def test_a_summarys_routing_is_checked_against_the_config(
     routing: dict[str, Any], said: str, words: str | None
