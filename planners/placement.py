@@ -215,6 +215,8 @@ def klotski_placement(
     """
     layer_experts = model.n_experts * model.expert_bytes
     transfer = layer_experts + stream_bytes
-    # The rolling disk -> CPU window: `window_layers` expert layers, or as much as CPU memory has.
-    staging = min(window_layers * layer_experts, hw.memory_bytes[Tier.CPU])
+    # The rolling disk -> CPU window: `window_layers` expert layers, or as much as CPU memory has
+    # but never less than the one expert a disk read passes through (a CPU smaller than that is
+    # refused up front, not met as an op that cannot allocate)
+    staging = max(min(window_layers * layer_experts, hw.memory_bytes[Tier.CPU]), model.expert_bytes)
     return staged_placement(model, hw, staging, kv_sequences, kv_tokens, transfer, activation_bytes)

@@ -90,3 +90,22 @@ def _trace_problems(result: RunResult) -> list[str]:
 def summary_values(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary's scalar metrics (for a probe's table)."""
     return {k: v for k, v in summary.items() if isinstance(v, int | float)}
+
+
+def fraction_problems(summary: dict[str, Any], path: str = "") -> list[str]:
+    """Each fraction of the summary (a key naming a fraction, share, ratio or efficiency,
+    nested ones too; a count `n_...` is none) outside [0, 1]."""
+    problems = []
+    for key, value in summary.items():
+        at = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict):
+            problems += fraction_problems(value, at)
+        elif (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and not str(key).startswith("n_")
+            and any(w in str(key) for w in ("frac", "efficiency", "share", "ratio"))
+            and not 0 <= value <= 1
+        ):
+            problems.append(f"{at} {value} outside [0, 1]")
+    return problems
