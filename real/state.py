@@ -48,7 +48,9 @@ def resident_units(schedule: Schedule, n_experts: int = 0) -> dict[Unit, Tier]:
             from_disk.add(u)
         elif op.kind == OpKind.LOAD and op.src == Tier.CPU and op.dst == Tier.GPU:
             to_gpu.add(u)
-        elif op.kind in COMPUTE_KINDS:
+        elif op.kind in COMPUTE_KINDS or (op.kind == OpKind.LOAD and op.src == op.dst):
+            # a replica copy (GPU to GPU) reads a copy some GPU holds: resident there, as a
+            # unit computed on; a live run may compute it before the copy, where no plan did
             res = schedule.streams[op.stream].resource
             computed.setdefault(u, Tier.CPU if res == Resource.CPU else Tier.GPU)
     out = {u: Tier.CPU for u in to_gpu - from_disk}

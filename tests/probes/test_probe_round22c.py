@@ -25,12 +25,13 @@ import pytest
 import torch
 
 from core.hardware import HardwareSpec
+from core.routing import load_routing
 from core.spec import RoutingConfig, Workload
-from core.types import RoutingSource
+from core.types import RoutingSource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
-from experiments.common.real_run import prompts_for, real_execute
+from experiments.common.real_run import prompts_for, real_execute, resident_before_start
 from planners import planner_names
-from real.checkpoint import load_checkpoint, reduced_spec
+from real.checkpoint import Unit, load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
 from real.model import reference_generate
 from tests.conftest import RESIDENT
@@ -101,6 +102,24 @@ def honest_real(ckpt: Path, spec: RunSpec, mode: str = "replay", dtype: str = "f
     problems = run_problems(replace(spec, model=model, workload=wl), result)
     assert not problems + fraction_problems(result.summary), problems
     assert sorted(result.trace["op_id"]) == list(range(len(result.schedule)))
+
+
+def test_a_live_expert_parallel_run_preloads_every_expert_it_may_compute() -> None:
+    """Qwen1.5-MoE's shape (16 experts, top-4, shared experts), eplb: the dry plan computed
+    L0.expert1 nowhere but copied it between the GPUs, so it was not preloaded, and the live
+    run's first gate that chose it read it synchronously ("weights not loaded")."""
+    model = reduced_spec("qwen1.5-moe-a2.7b", **small_overrides("qwen1.5-moe-a2.7b"))
+    spec = RunSpec(model, RESIDENT_2GPU, workload(), "eplb")
+    resident, _ = resident_before_start(spec, load_routing(model, spec.workload))
+    experts = {Unit(Tensor.EXPERT, layer, e) for layer in model.moe_layers for e in range(16)}
+    assert {u for u in experts if resident.get(u) != Tier.GPU} == set()
+
+
+@pytest.mark.slow
+def test_a_live_eplb_run_reads_only_what_its_schedule_loads(ckpt: Any) -> None:
+    honest_real(
+        ckpt("qwen1.5-moe-a2.7b"), spec_of(ckpt("qwen1.5-moe-a2.7b"), "eplb", workload()), "live"
+    )
 
 
 def mixtral_tiny_spec(planner: str, cpu_bytes: int) -> RunSpec:
