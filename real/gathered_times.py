@@ -29,14 +29,21 @@ def from_ready(
     ranks' gate parts. One process starts an op once all its deps are done, and the simulator
     runs a transfer from when both of its ends are ready, so here an op starts no earlier than
     its deps on other ranks end, and a transfer (dispatch, combine, replica copy) no earlier
-    than its other end is posted; the wait before is idle time, as in a one-process run."""
+    than its other end is posted; the wait before is idle time, as in a one-process run.
+    A send is over once its data arrived: it ends no later than its other ends, the receives
+    (a sending rank's call may return later, and a receiver's next op, which depends on the
+    send, would seem to run before its dep ended: a critical path longer than the run)."""
+    partners = transfer_partners(ops, streams)
+    for i, others in partners.items():
+        if streams[ops[i].stream].resource == Resource.P2P_OUT:
+            end[i] = max(start[i], min(end[i], max(end[p] for p in others)))
     dev = [streams[op.stream].device for op in ops]
     for i, op in enumerate(ops):
         remote = [end[d] for d in op.deps if dev[d] != dev[i]]
         if remote and max(remote) > start[i]:
             start[i] = min(max(remote), end[i])
     posted = list(start)
-    for i, others in transfer_partners(ops, streams).items():
+    for i, others in partners.items():
         begin = min(posted[p] for p in others)
         if begin > start[i]:
             start[i] = min(begin, end[i])

@@ -26,13 +26,15 @@ import torch
 
 from core.hardware import HardwareSpec
 from core.routing import load_routing
+from core.schedule import ScheduleBuilder
 from core.spec import RoutingConfig, Workload
-from core.types import RoutingSource, Tensor, Tier
+from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import prompts_for, real_execute, resident_before_start
 from planners import planner_names
 from real.checkpoint import Unit, load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
+from real.gathered_times import from_ready
 from real.model import reference_generate
 from tests.conftest import RESIDENT
 from tests.probes.conftest import raises_one_line
@@ -120,6 +122,27 @@ def test_a_live_eplb_run_reads_only_what_its_schedule_loads(ckpt: Any) -> None:
     honest_real(
         ckpt("qwen1.5-moe-a2.7b"), spec_of(ckpt("qwen1.5-moe-a2.7b"), "eplb", workload()), "live"
     )
+
+
+def test_a_send_ends_when_its_data_arrived() -> None:
+    """Times as two ranks record them, in ms: gate g0 (GPU 0) 0-1; GPU 0's send d0 1-6, its
+    call returning late; GPU 1's receive d1 1-3 (the data in at 3); GPU 1's expert e1 (after
+    d1 and d0) 3-4. The expert ran before its dep d0 ended: the critical path 0-1-6-6 was past
+    the run's end (4). The send ends at 3, when its receive did."""
+    b = ScheduleBuilder({})
+    for d in (0, 1):
+        b.stream(f"gpu{d}", Resource.GPU, d)
+        b.stream(f"send{d}", Resource.P2P_OUT, d)
+        b.stream(f"in{d}", Resource.P2P, d)
+    g0 = b.add(OpKind.GATE, "gpu0", layer=0)
+    d0 = b.add(OpKind.DISPATCH, "send0", (g0,), layer=0, nbytes=8)
+    d1 = b.add(OpKind.DISPATCH, "in1", (g0,), layer=0, nbytes=8)
+    b.add(OpKind.EXPERT, "gpu1", (d1, d0, g0), layer=0, expert=0)
+    s = b.build()
+    start, end = [0.0, 1.0, 1.0, 3.0], [1.0, 6.0, 3.0, 4.0]
+    from_ready(s.ops, s.streams, start, end)
+    assert (start, end) == ([0.0, 1.0, 1.0, 3.0], [1.0, 3.0, 3.0, 4.0])
+    assert all(end[d] <= start[op.id] for op in s.ops for d in op.deps)
 
 
 def mixtral_tiny_spec(planner: str, cpu_bytes: int) -> RunSpec:
