@@ -232,6 +232,9 @@ class Executor(OpSemantics):
         self._dev_refs: dict[Unit, int] = {}
         self._host_refs: dict[Unit, int] = {}
         self._refs_lock = threading.Lock()
+        # units' copies a free is evicting, and the condition a load of one waits on (`_hold`)
+        self._evicting: set[tuple[Unit, Tier]] = set()
+        self._evicted = threading.Condition(self._refs_lock)
         self._resident: dict[Unit, dict[str, torch.Tensor]] = {}
         self._host_resident: set[Unit] = set()
         self._fallbacks = 0

@@ -64,12 +64,10 @@ class OpSemantics(KVSemantics):
         assert u is not None
         st = self.store
         if op.src == Tier.DISK and op.dst == Tier.CPU:
-            with self._refs_lock:
-                self._host_refs[u] = self._host_refs.get(u, 0) + 1
+            self._hold(u, Tier.CPU)
             st.read_disk(u)
         elif op.src == Tier.CPU and op.dst == Tier.GPU:
-            with self._refs_lock:
-                self._dev_refs[u] = self._dev_refs.get(u, 0) + 1
+            self._hold(u, Tier.GPU)
             if not st.holds(u, Tier.CPU):  # the planner assumed a host copy: read it now
                 self._fallbacks += 1
                 log.warning("%s: %s is not in host memory; reading it from disk", op.label(), u)
@@ -77,6 +75,16 @@ class OpSemantics(KVSemantics):
             st.to_device(u, cuda_stream)
         else:
             self._scratch_copy(op)
+
+    def _hold(self, u: Unit, tier: Tier) -> None:
+        """Count a load's reference to the unit's copy in `tier`, once an eviction of that copy
+        that a free began has ended. A free and a later load of the same unit need not be
+        ordered: the load found the copy the free was about to evict, the free evicted it, and
+        the compute after the load read the unit synchronously ("weights not loaded")."""
+        refs = self._dev_refs if tier == Tier.GPU else self._host_refs
+        with self._evicted:
+            self._evicted.wait_for(lambda: (u, tier) not in self._evicting)
+            refs[u] = refs.get(u, 0) + 1
 
     def _release(self, op: Op) -> None:
         """The end-of-op memory effect on the store: drop the unit's copy on the freed tier; a
@@ -100,8 +108,15 @@ class OpSemantics(KVSemantics):
                 return
             refs[u] = n - 1
             drop = n == 1 and not (tier == Tier.CPU and u in self._host_resident)
+            if drop:  # a load of the unit meanwhile waits for the eviction (`_hold`)
+                self._evicting.add((u, tier))
         if drop:
-            self.store.evict(u, tier)
+            try:
+                self.store.evict(u, tier)
+            finally:
+                with self._evicted:
+                    self._evicting.discard((u, tier))
+                    self._evicted.notify_all()
 
     def _weights(self, u: Unit, on_cpu: bool) -> Mapping[str, torch.Tensor]:
         st = self.store

@@ -8,6 +8,9 @@ fraction it reports is past 1; or it is refused in one line with a fix. Classes 
   dry plan only copied between GPUs was never preloaded, and a live gate chose it first;
 - on 2 processes a send's end came from the sending rank's call, which returned after the
   receiver's next op had run: a critical path past the makespan (dag_efficiency 1.08);
+- a free and a later load of one unit, which a schedule need not order (moe_infinity's cache
+  evicts and reloads an expert), raced: the load found the copy the free then evicted, and the
+  expert was read synchronously (40 batches of 1 sequence, 1 run in 10);
 - Klotski on a CPU smaller than one expert planned a disk read it could not stage, refused
   as an op that cannot allocate, with no fix.
 
@@ -17,6 +20,7 @@ suite.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,16 +30,22 @@ import torch
 
 from core.hardware import HardwareSpec
 from core.routing import load_routing
-from core.schedule import ScheduleBuilder
+from core.schedule import Op, ScheduleBuilder
 from core.spec import RoutingConfig, Workload
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
 from experiments.common.pipeline import RunSpec, simulate_run
-from experiments.common.real_run import prompts_for, real_execute, resident_before_start
+from experiments.common.real_run import (
+    open_store,
+    prompts_for,
+    real_execute,
+    resident_before_start,
+)
 from planners import planner_names
 from real.checkpoint import Unit, load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
+from real.executor import Executor
 from real.gathered_times import from_ready
-from real.model import reference_generate
+from real.model import Model, reference_generate
 from tests.conftest import RESIDENT
 from tests.probes.conftest import raises_one_line
 from tests.probes.invariants import fraction_problems, run_problems
@@ -143,6 +153,48 @@ def test_a_send_ends_when_its_data_arrived() -> None:
     from_ready(s.ops, s.streams, start, end)
     assert (start, end) == ([0.0, 1.0, 1.0, 3.0], [1.0, 3.0, 3.0, 4.0])
     assert all(end[d] <= start[op.id] for op in s.ops for d in op.deps)
+
+
+def test_a_load_waits_for_the_eviction_a_free_began(ckpt: Any) -> None:
+    """A free drops the unit's last reference and evicts it; a load of the unit comes in
+    between: it counted its reference and found the copy still there, and the eviction then
+    took it away. The load now waits for the eviction and copies the unit in again."""
+    path = ckpt("mixtral-tiny")
+    spec = spec_of(path, "flexgen", workload())
+    store = open_store(path, spec, None, None)
+    ex = Executor(
+        store,
+        Model.from_checkpoint(path, spec.model),
+        spec.workload,
+        prompts_for(spec.model, spec.workload),
+    )
+    ex._reset(OFFLOAD.memory_bytes, dict.fromkeys(Tier, 0), None)
+    u, unit = Unit(Tensor.EXPERT, 1, 0), dict(layer=1, expert=0, tensor=Tensor.EXPERT)
+    load = Op(1, OpKind.LOAD, "h2d", **unit, src=Tier.CPU, dst=Tier.GPU)  # type: ignore[arg-type]
+    free = Op(0, OpKind.FREE, "compute", **unit, free_tier=Tier.GPU, free_bytes=1)  # type: ignore[arg-type]
+    store.read_disk(u)
+    ex._load(load, None)  # its one reference
+    evicting, go, evict = threading.Event(), threading.Event(), store.evict
+
+    def held_evict(unit: Unit, tier: Tier) -> None:
+        evicting.set()
+        go.wait(10)
+        evict(unit, tier)
+
+    store.evict = held_evict  # type: ignore[method-assign]
+    try:
+        freeing = threading.Thread(target=ex._release, args=(free,))
+        freeing.start()
+        evicting.wait(10)
+        loading = threading.Thread(target=ex._load, args=(load, None))
+        loading.start()
+        loading.join(0.3)  # (the old load ended here, with the copy it found)
+        go.set()
+        freeing.join()
+        loading.join()
+        assert store.resident(u, Tier.GPU) is not None
+    finally:
+        store.close()
 
 
 def mixtral_tiny_spec(planner: str, cpu_bytes: int) -> RunSpec:
