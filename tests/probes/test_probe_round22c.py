@@ -33,6 +33,7 @@ from core.routing import load_routing
 from core.schedule import Op, ScheduleBuilder
 from core.spec import RoutingConfig, Workload
 from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
+from experiments.common.dist_run import run_distributed
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import (
     open_store,
@@ -99,10 +100,19 @@ def spec_of(ckpt: Path, planner: str, wl: Workload, hw: HardwareSpec | None = No
     return RunSpec(load_checkpoint(ckpt)[0], hw, wl, planner)
 
 
-def honest_real(ckpt: Path, spec: RunSpec, mode: str = "replay", dtype: str = "float32") -> None:
+def honest_real(
+    ckpt: Path, spec: RunSpec, mode: str = "replay", dtype: str = "float32", ranks: bool = False
+) -> None:
     """The run's tokens are the in-memory forward's (its logits within TOL), it read nothing
-    the schedule did not load, and its summary and trace hold every invariant."""
-    result, out = real_execute(ckpt, spec, mode, dtype=dtype)
+    the schedule did not load, and its summary and trace hold every invariant. `ranks`: on 2
+    gloo processes."""
+    if ranks:
+        dist = run_distributed(str(ckpt), spec, mode, None, 60, dtype=dtype)
+        assert dist is not None
+        result, out = dist.result, dist
+    else:
+        result, out = real_execute(ckpt, spec, mode, dtype=dtype)
+        assert out.fallback_loads == 0  # every weight a compute used, the schedule loaded
     wl = spec.workload.with_(n_batches=result.summary["n_batches"])
     model = load_checkpoint(ckpt, dtype)[0]
     tokens, logits = reference_generate(
@@ -110,7 +120,6 @@ def honest_real(ckpt: Path, spec: RunSpec, mode: str = "replay", dtype: str = "f
     )
     assert torch.equal(out.tokens, tokens)
     torch.testing.assert_close(out.logits, logits, atol=TOL[dtype], rtol=TOL[dtype])
-    assert out.fallback_loads == 0  # every weight a compute used, the schedule loaded
     problems = run_problems(replace(spec, model=model, workload=wl), result)
     assert not problems + fraction_problems(result.summary), problems
     assert sorted(result.trace["op_id"]) == list(range(len(result.schedule)))
@@ -275,3 +284,11 @@ def test_every_planner_on_every_family_at_one_token(ckpt: Any, planner: str, fam
 def test_every_planner_in_each_half_dtype(ckpt: Any, planner: str, dtype: str) -> None:
     path = ckpt("mixtral-tiny")
     honest_real(path, spec_of(path, planner, workload(n_batches=3)), "replay", dtype)
+
+
+@pytest.mark.slow
+def test_expert_parallelism_on_two_processes_at_one_token(ckpt: Any) -> None:
+    """One sequence of one prompt token over 2 gloo processes: a send ended past its receiver's
+    next op, and the critical path past the makespan (dag_efficiency 1.08, 1 run in 3)."""
+    path = ckpt("mixtral-tiny")
+    honest_real(path, spec_of(path, "ep_static", workload(**ONE)), ranks=True)
