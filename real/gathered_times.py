@@ -74,8 +74,7 @@ def transfer_partners(ops: Sequence[Op], streams: Mapping[str, StreamSpec]) -> d
 
 def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
     """Every rank's op times, tokens and logits, merged on every rank (after the run). Times
-    go on rank 0's clock (ranks of one host share the monotonic clock; across hosts each
-    counts from the common barrier). Each op's start is then when it could begin
+    go on one clock (`clock_shifts`); each op's start is then when it could begin
     (`from_ready`), as the simulator and a one-process run have it."""
     peers._drain()
     specs = schedule.streams
@@ -105,8 +104,8 @@ def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
         raise peers.lost(None, e, "at the run's end") from None
     ex._overflow_ranks = merged_overflow([got["overflow"] for got in everyone])
     one_host = len({got["host"] for got in everyone}) == 1
-    for got in everyone:
-        shift = got["t0"] - everyone[0]["t0"] if one_host else 0.0
+    shifts = clock_shifts([got["t0"] for got in everyone], one_host)
+    for got, shift in zip(everyone, shifts, strict=True):
         for i, s0, e0 in zip(got["ops"], got["start"], got["end"], strict=True):
             ex._start[i], ex._end[i] = s0 + shift, e0 + shift
     for r, got in enumerate(everyone):
@@ -123,6 +122,16 @@ def gather_ranks(peers: Peers, ex: Executor, schedule: Schedule) -> None:
         for k, v in got["used"].items():
             ex._used.setdefault(k, v)
     from_ready(ex._ops, specs, ex._start, ex._end)
+
+
+def clock_shifts(t0s: Sequence[float], one_host: bool) -> list[float]:
+    """What to add to each rank's op times (from its own start `t0`) to put them on the clock
+    of the rank that started first, from its start: ranks of one host share the monotonic
+    clock and leave the barrier a little apart (on rank 0's clock, a rank that left it first
+    ran ops before 0, busy time outside the makespan); across hosts each counts from the
+    common barrier."""
+    first = min(t0s)
+    return [t0 - first if one_host else 0.0 for t0 in t0s]
 
 
 def _head_rows(

@@ -45,7 +45,7 @@ from planners import planner_names
 from real.checkpoint import Unit, load_checkpoint, reduced_spec
 from real.checkpoint_write import write_checkpoint
 from real.executor import Executor
-from real.gathered_times import from_ready
+from real.gathered_times import clock_shifts, from_ready
 from real.model import Model, reference_generate
 from tests.conftest import RESIDENT
 from tests.probes.conftest import raises_one_line
@@ -123,6 +123,7 @@ def honest_real(
     problems = run_problems(replace(spec, model=model, workload=wl), result)
     assert not problems + fraction_problems(result.summary), problems
     assert sorted(result.trace["op_id"]) == list(range(len(result.schedule)))
+    assert (result.trace["start_s"] >= 0).all()  # no op before the run's start
 
 
 def test_a_live_expert_parallel_run_preloads_every_expert_it_may_compute() -> None:
@@ -286,9 +287,33 @@ def test_every_planner_in_each_half_dtype(ckpt: Any, planner: str, dtype: str) -
     honest_real(path, spec_of(path, planner, workload(n_batches=3)), "replay", dtype)
 
 
+def test_ranks_clocks_start_at_the_first_rank() -> None:
+    """Rank 1 left the barrier 4 ms before rank 0: on rank 0's clock its first ops started at
+    -4 ms, busy time outside the makespan, and the GPUs' idle causes summed past gpu_bubble_s
+    (0.0682 against 0.0674 s; DeepSeek-V2's shape, predictive_replication, live)."""
+    assert clock_shifts([5.0, 4.996], one_host=True) == pytest.approx([0.004, 0.0])
+    assert clock_shifts([5.0, 4.996], one_host=False) == [0.0, 0.0]
+
+
+# (planner, family, workload sizes, routing mode) on 2 gloo processes
+RANKS = [
+    ("ep_static", "mixtral-tiny", ONE, "replay"),
+    (
+        "predictive_replication",
+        "deepseek-v2-lite",
+        dict(n_batches=1, prompt_len=2, gen_len=2),
+        "live",
+    ),
+]
+
+
 @pytest.mark.slow
-def test_expert_parallelism_on_two_processes_at_one_token(ckpt: Any) -> None:
-    """One sequence of one prompt token over 2 gloo processes: a send ended past its receiver's
-    next op, and the critical path past the makespan (dag_efficiency 1.08, 1 run in 3)."""
-    path = ckpt("mixtral-tiny")
-    honest_real(path, spec_of(path, "ep_static", workload(**ONE)), ranks=True)
+@pytest.mark.parametrize(("planner", "family", "sizes", "mode"), RANKS)
+def test_expert_parallelism_on_two_processes(
+    ckpt: Any, planner: str, family: str, sizes: dict[str, int], mode: str
+) -> None:
+    """One sequence of one prompt token: a send ended past its receiver's next op, and the
+    critical path past the makespan (dag_efficiency 1.08, 1 run in 3). DeepSeek-V2's shape:
+    the ranks' clocks (`test_ranks_clocks_start_at_the_first_rank`)."""
+    path = ckpt(family)
+    honest_real(path, spec_of(path, planner, workload(**sizes)), mode, ranks=True)
