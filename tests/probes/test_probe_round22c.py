@@ -30,9 +30,9 @@ import torch
 
 from core.hardware import HardwareSpec
 from core.routing import load_routing
-from core.schedule import Op, ScheduleBuilder
+from core.schedule import Op
 from core.spec import RoutingConfig, Workload
-from core.types import OpKind, Resource, RoutingSource, Tensor, Tier
+from core.types import OpKind, RoutingSource, Tensor, Tier
 from experiments.common.dist_run import run_distributed
 from experiments.common.pipeline import RunSpec, simulate_run
 from experiments.common.real_run import (
@@ -50,7 +50,8 @@ from real.model import Model, reference_generate
 from tests.conftest import RESIDENT
 from tests.probes.conftest import raises_one_line
 from tests.probes.invariants import fraction_problems, run_problems
-from tests.real.conftest import small_overrides
+from tests.real.conftest import small_overrides, two_rank_builder
+from tests.real.test_model import FAMILIES
 
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-3}  # logits, as tests/real's
 ONE = dict(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
@@ -149,11 +150,7 @@ def test_a_send_ends_when_its_data_arrived() -> None:
     call returning late; GPU 1's receive d1 1-3 (the data in at 3); GPU 1's expert e1 (after
     d1 and d0) 3-4. The expert ran before its dep d0 ended: the critical path 0-1-6-6 was past
     the run's end (4). The send ends at 3, when its receive did."""
-    b = ScheduleBuilder({})
-    for d in (0, 1):
-        b.stream(f"gpu{d}", Resource.GPU, d)
-        b.stream(f"send{d}", Resource.P2P_OUT, d)
-        b.stream(f"in{d}", Resource.P2P, d)
+    b = two_rank_builder()
     g0 = b.add(OpKind.GATE, "gpu0", layer=0)
     d0 = b.add(OpKind.DISPATCH, "send0", (g0,), layer=0, nbytes=8)
     d1 = b.add(OpKind.DISPATCH, "in1", (g0,), layer=0, nbytes=8)
@@ -256,17 +253,6 @@ def test_a_real_run_at_an_edge_is_honest(
 ) -> None:
     path = ckpt(family)
     honest_real(path, spec_of(path, planner, workload(**sizes), hw), mode, dtype)
-
-
-FAMILIES = [
-    "mixtral-tiny",
-    "qwen1.5-moe-a2.7b",
-    "qwen3-30b-a3b",
-    "olmoe-1b-7b",
-    "deepseek-v2-lite",
-    "deepseek-v3",
-    "switch-base-128",
-]
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.schedule import ScheduleBuilder
+from core.types import Resource
 from real.checkpoint import CONF_MODEL_DIR, reduced_spec
 from real.checkpoint_write import write_checkpoint
 
@@ -71,3 +73,14 @@ def f32_ckpt(ckpt_root):
         return made[name]
 
     return get
+
+
+def two_rank_builder() -> ScheduleBuilder:
+    """A schedule builder with streams gpu{d}, send{d} (p2p_out) and in{d} (p2p) on devices 0
+    and 1: the ops of two ranks' transfers."""
+    b = ScheduleBuilder({})
+    for d in (0, 1):
+        b.stream(f"gpu{d}", Resource.GPU, d)
+        b.stream(f"send{d}", Resource.P2P_OUT, d)
+        b.stream(f"in{d}", Resource.P2P, d)
+    return b

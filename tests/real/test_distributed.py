@@ -39,7 +39,7 @@ from real.model import KVCache, Model, ffn_shard, head_shard, kv_shard, referenc
 from real.state import resident_units
 from real.tensor_parallel import TensorParallel, ThreadCollective
 from tests.conftest import command_here, overridden
-from tests.real.conftest import small_overrides
+from tests.real.conftest import small_overrides, two_rank_builder
 
 ATOL = RTOL = 1e-5
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,15 +392,9 @@ def test_ops_start_when_their_remote_deps_and_other_ends_are_ready():
     (c0, after e1) was posted at 1, GPU 1's send of it (c1) ran 8-9. As one process runs them:
     d0 starts once GPU 1's gate ended (3), d1 with it (3, its own), e1 at 6 as recorded (d0
     ended at 6), c0 once e1 ended (8), with its other end c1."""
-    from core.schedule import ScheduleBuilder
-    from core.types import Resource
     from real.gathered_times import from_ready, transfer_partners
 
-    b = ScheduleBuilder({})
-    for d in (0, 1):
-        b.stream(f"gpu{d}", Resource.GPU, d)
-        b.stream(f"send{d}", Resource.P2P_OUT, d)
-        b.stream(f"in{d}", Resource.P2P, d)
+    b = two_rank_builder()
     g0 = b.add(OpKind.GATE, "gpu0", layer=0)
     g1 = b.add(OpKind.GATE, "gpu1", layer=0)
     d0 = b.add(OpKind.DISPATCH, "send0", (g0, g1), layer=0, nbytes=8)
