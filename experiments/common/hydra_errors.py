@@ -377,7 +377,8 @@ def _how_to_add(cause: Any, key: str, text: str) -> str:
     if key.startswith("hydra.sweeper.params."):  # a sweep goes on the command line
         return "; sweep it on the command line instead (-m KEY=a,b)"
     given = re.match(r"Could not override '([^']+)'", text)  # `a.b.c=1`: a is the entry missing
-    return f"; the mapping holds no such entry: add one with +{given[1] if given else key}=VALUE"
+    name = given[1] if given and not key.startswith(f"{given[1]}.") else key  # `a={b: 1}`: a.b
+    return f"; the mapping holds no such entry: add one with +{name}=VALUE"
 
 
 def _wrong_type(text: str, key: str, at: str) -> str | None:

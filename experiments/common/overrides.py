@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import types
+import typing
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -149,6 +150,7 @@ def check_hydra_overrides(
         values = list(o.sweep_iterator()) if o.is_sweep_override() and not is_glob(o) else []
         values = values if o.is_sweep_override() else [o.value()]
         check_home(o.input_line, key, values)
+        refuse_held_group(o.input_line, key, values)
         if group and not all(isinstance(v, str) for v in values):
             names = sorted({p.stem for d in (conf_dir, CONF_DIR) for p in (d / key).glob("*.yaml")})
             raise MoepipeError(
@@ -176,6 +178,34 @@ def check_hydra_overrides(
                 f"{o.input_line}: the points composed at a time; pass {integer_words(1)}, or "
                 "null for all at once"
             )
+
+
+def refuse_held_group(override: str, key: str, values: Sequence[Any]) -> None:
+    """`KEY=VALUE` where KEY is also a group of hydra's config tree that no user picks (conf/
+    command, ConfigStore's planner_params) or, on a command other than experiments.run, any
+    group: hydra read it as that group's pick and failed inside on a number or null
+    (`planner_params=5`), or named its defaults list, or a group this command takes no key
+    of. The running command's schema says what KEY is: a key it lacks, or its mapping."""
+    from hydra.core.config_store import ConfigStore
+
+    from experiments.common.command_options import taken_by
+    from experiments.common.schema import RunSchema
+
+    held = key == "command" or isinstance(ConfigStore.instance().repo.get(key), dict)
+    group = held or (CONF_DIR / key).is_dir()
+    if not hydra_errors.ROOT_SCHEMA or not group or key == "hydra":
+        return
+    root = hydra_errors.ROOT_SCHEMA[0]
+    miss = schema_miss(root, [key])
+    if miss is not None and (held or root is not RunSchema):
+        where, valid = miss
+        line = f"{where}: unknown key; {hydra_errors.nearest(where, valid)}"
+        raise MoepipeError(line + taken_by(where))
+    mapping = miss is None and typing.get_origin(field_type(root, key)) is dict
+    if mapping and not all(isinstance(v, dict) for v in values):
+        raise MoepipeError(
+            f"{override}: {key} is a mapping of keys, not one value; pass +{key}.KEY=VALUE"
+        )
 
 
 def check_home(override: str, key: str, values: Sequence[Any]) -> None:

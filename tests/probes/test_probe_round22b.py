@@ -1,0 +1,53 @@
+"""Round 22b of issue 48: a fresh probe of every command as a new user would type it, and a
+failing machine. Each class it found is a test here; each line is made by a real call, in this
+process.
+
+- A key that is also a group hydra holds for itself (ConfigStore's `planner_params`,
+  conf/command) or, on a command other than experiments.run, any group: hydra read it as that
+  group's pick, and `planner_params=5` was an internal error, `planner_params=x` hydra's
+  "No match in the defaults list ... use +planner_params=x", `command=5` a list of the
+  commands as if one could be picked, and collect's `model=5` "pass one of its names" of a key
+  collect does not take.
+- A free mapping given whole with an entry it lacks (`planner_params={sync: true}`) said to add
+  `+planner_params=VALUE`, which is the mapping, not the entry.
+- bench_accelerate's routing=trace on a model of another shape than the trace's was found in
+  moepipe's child, after the bench had said it started it (bench_real refused it up front).
+- A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
+  (`executor.device`, `device`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import one_line
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "names"),
+    [
+        ("experiments.validate", ["planner_params=5"], ["is a mapping", "+planner_params.KEY="]),
+        ("experiments.validate", ["planner_params=null"], ["is a mapping"]),
+        ("experiments.validate", ["planner_params=x"], ["planner_params=x: planner_params is"]),
+        ("experiments.run", ["planner_params=5"], ["planner_params: unknown key", "validate"]),
+        ("experiments.run", ["command=validate"], ["command: unknown key; valid: checkpoint"]),
+        ("experiments.collect", ["dir=x", "model=5"], ["model: unknown key; valid: dir, out"]),
+    ],
+)
+def test_a_key_that_is_a_group_hydra_holds_says_what_the_key_is(
+    cli_here: Any, module: str, args: list[str], names: list[str]
+) -> None:
+    """Said before hydra reads the key as a pick of its own group."""
+    one_line(cli_here(module, *args), *names)
+
+
+def test_a_whole_mappings_missing_entry_names_the_entry_to_add(
+    cli_here: Any, tiny_ckpt: Path
+) -> None:
+    """`planner_params={sync: true}`: the line said `+planner_params=VALUE`, the whole mapping
+    again, which the command refuses."""
+    args = [f"checkpoint={tiny_ckpt}", "planner_params={sync: true}"]
+    one_line(cli_here("experiments.validate", *args), "add one with +planner_params.sync=VALUE")
