@@ -33,7 +33,7 @@ from core.errors import MoepipeError, did_you_mean
 from core.files import staging_file
 from experiments.common import peers as pe
 from experiments.common.app import command, kv
-from experiments.common.bench_memory import checked_room
+from experiments.common.bench_memory import check_trace_routing, checked_room
 from experiments.common.cli import exit_command, os_error_fix
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
@@ -286,15 +286,7 @@ def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
             "it whole, so nothing is offloaded; this bench compares offloading: choose a budget "
             "below the model's size"
         )
-    if opts.routing.lower() == "trace":  # before the calibration and the checkpoint it writes
-        from core.traces import N_EXPERTS, N_LAYERS, TOP_K, replays_esft
-
-        if not replays_esft(spec):
-            raise MoepipeError(
-                f"routing=trace: the ESFT trace routes {N_LAYERS} MoE layers of {N_EXPERTS} "
-                f"experts, top-{TOP_K}; {spec.name} has {len(spec.moe_layers)} of "
-                f"{spec.n_experts}, top-{spec.top_k}: use routing=synthetic (or auto)"
-            )
+    check_trace_routing(opts.routing, spec)  # before the calibration and the checkpoint
     working = _layer_working_set(spec)
     if budget * DEVICE_SHARE < working:
         raise MoepipeError(

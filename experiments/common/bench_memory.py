@@ -231,3 +231,18 @@ class Room:
             f"room (limit - peak of its run at the budget tiers {self.budget_peak_bytes / mb:.0f}"
             f" - margin {self.margin_bytes / mb:.0f}, whole MiB)",
         ]
+
+
+def check_trace_routing(routing: str, spec: Any) -> None:
+    """routing=trace on a model of another shape than the ESFT trace's: refused before the
+    bench starts a child (bench_accelerate, which found it in moepipe's child, after a line
+    that it had started) or writes a checkpoint (bench_real)."""
+    from core.errors import MoepipeError
+    from core.traces import N_EXPERTS, N_LAYERS, TOP_K, replays_esft
+
+    if routing.lower() == "trace" and not replays_esft(spec):
+        raise MoepipeError(
+            f"routing=trace: the ESFT trace routes {N_LAYERS} MoE layers of {N_EXPERTS} "
+            f"experts, top-{TOP_K}; {spec.name} has {len(spec.moe_layers)} of "
+            f"{spec.n_experts}, top-{spec.top_k}: use routing=synthetic (or auto)"
+        )

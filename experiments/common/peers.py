@@ -30,6 +30,7 @@ from experiments.common.bench_memory import (
     UNLIMITED,
     MemoryCgroup,
     Room,
+    check_trace_routing,
     drop_page_cache,
     host_room_bytes,
 )
@@ -174,6 +175,7 @@ def run_spec(opts: dict[str, Any]) -> tuple[Any, Any]:
 
     read_hardware(str(opts["hardware"]))  # its problems before the checkpoint's
     model, _ = load_checkpoint(opts["checkpoint"], str(opts["executor.dtype"]))
+    check_trace_routing(str(opts.get("routing", "synthetic")), model)
     hw = load_hardware(str(opts["hardware"]), model.total_bytes, opts["gpu_frac"], opts["cpu_frac"])
     hw = with_host_room(hw, int(opts.get("host_room_mb", 0)) << 20)
     sizes = {k: opts[k] for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}

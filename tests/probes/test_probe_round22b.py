@@ -51,3 +51,17 @@ def test_a_whole_mappings_missing_entry_names_the_entry_to_add(
     again, which the command refuses."""
     args = [f"checkpoint={tiny_ckpt}", "planner_params={sync: true}"]
     one_line(cli_here("experiments.validate", *args), "add one with +planner_params.sync=VALUE")
+
+
+def test_bench_accelerates_trace_routing_of_another_shape_is_refused_up_front(
+    cli_here: Any, tiny_ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before a child starts, as bench_real refuses it before its checkpoint."""
+    from experiments.common import peers
+
+    def no_child(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("a child started")
+
+    monkeypatch.setattr(peers, "measure_room", no_child)
+    args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "routing=trace"]
+    one_line(cli_here("experiments.bench.accelerate", *args), "routing=trace:", "routing=synthetic")
