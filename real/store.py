@@ -79,7 +79,7 @@ def resolve_device(device: str | None, key: str = "device", empty_ok: bool = Fal
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise MoepipeError(
                 f"{key}={device}: there are {torch.cuda.device_count()} CUDA device(s); pass "
-                f"device=cuda:N with N < {torch.cuda.device_count()}"
+                f"{key}=cuda:N with N < {torch.cuda.device_count()}"
             )
     elif dev.type != "cpu":
         raise MoepipeError(f"{key}={device}: moepipe runs on cpu or cuda; pass one of those")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import MoepipeError
 from tests.probes.conftest import one_line
 
 
@@ -65,3 +66,17 @@ def test_bench_accelerates_trace_routing_of_another_shape_is_refused_up_front(
     monkeypatch.setattr(peers, "measure_room", no_child)
     args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "routing=trace"]
     one_line(cli_here("experiments.bench.accelerate", *args), "routing=trace:", "routing=synthetic")
+
+
+def test_a_cuda_index_past_the_devices_names_the_key_in_its_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from real.store import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(MoepipeError) as e:
+        resolve_device("cuda:3", key="executor.device")
+    assert "pass executor.device=cuda:N with N < 1" in str(e.value), e.value
