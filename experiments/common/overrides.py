@@ -141,6 +141,7 @@ def check_hydra_overrides(
     for o in map(_parsed, overrides):
         key = o.get_key_element().lstrip("+~")
         if o.is_delete():
+            refuse_held_group(o.input_line, key, [])
             continue
         refuse_nested_sweeps([o])
         group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
@@ -185,7 +186,8 @@ def refuse_held_group(override: str, key: str, values: Sequence[Any]) -> None:
     command, ConfigStore's planner_params) or, on a command other than experiments.run, any
     group: hydra read it as that group's pick and failed inside on a number or null
     (`planner_params=5`), or named its defaults list, or a group this command takes no key
-    of. The running command's schema says what KEY is: a key it lacks, or its mapping."""
+    of; `~KEY` looked for that pick to delete. The running command's schema says what KEY is:
+    a key it lacks, or its mapping (`values`: empty where the override deletes it)."""
     from hydra.core.config_store import ConfigStore
 
     from experiments.common.command_options import taken_by
@@ -205,6 +207,11 @@ def refuse_held_group(override: str, key: str, values: Sequence[Any]) -> None:
     if mapping and not all(isinstance(v, dict) for v in values):
         raise MoepipeError(
             f"{override}: {key} is a mapping of keys, not one value; pass +{key}.KEY=VALUE"
+        )
+    if mapping and not values:  # `~KEY`: hydra looked for the group's pick to delete
+        raise MoepipeError(
+            f"{override}: {key} is a mapping of keys, empty unless given; leave it out, or "
+            f"pass +{key}.KEY=VALUE"
         )
 
 

@@ -7,7 +7,7 @@ process.
   group's pick, and `planner_params=5` was an internal error, `planner_params=x` hydra's
   "No match in the defaults list ... use +planner_params=x", `command=5` a list of the
   commands as if one could be picked, and collect's `model=5` "pass one of its names" of a key
-  collect does not take.
+  collect does not take; `~planner_params` said "Could not delete ... the defaults list".
 - A free mapping given whole with an entry it lacks (`planner_params={sync: true}`) said to add
   `+planner_params=VALUE`, which is the mapping, not the entry.
 - bench_accelerate's routing=trace on a model of another shape than the trace's was found in
@@ -36,6 +36,8 @@ from tests.probes.conftest import one_line
         ("experiments.run", ["planner_params=5"], ["planner_params: unknown key", "validate"]),
         ("experiments.run", ["command=validate"], ["command: unknown key; valid: checkpoint"]),
         ("experiments.collect", ["dir=x", "model=5"], ["model: unknown key; valid: dir, out"]),
+        ("experiments.collect", ["dir=x", "~planner_params"], ["planner_params: unknown key"]),
+        ("experiments.validate", ["~planner_params"], ["empty unless given", "+planner_params."]),
     ],
 )
 def test_a_key_that_is_a_group_hydra_holds_says_what_the_key_is(
