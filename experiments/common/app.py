@@ -40,7 +40,7 @@ from experiments.common.cli import (
     user_conf_dirs,
 )
 from experiments.common.command_options import taken_by
-from experiments.common.conf_files import check_conf_dirs, not_fields
+from experiments.common.conf_files import check_conf_dirs, not_fields, unquoted
 from experiments.common.flags import VALUE_FLAGS, check_flags
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
@@ -535,7 +535,8 @@ def group_files(
     `files` maps the config's name back to the user's file, for error lines."""
     out, added = [], False
     for arg in argv:
-        key, sep, value = arg.partition("=")
+        key, sep, typed = arg.partition("=")
+        value = unquoted(typed)  # a path beyond ASCII or with a space, quoted
         if sep and key in groups and value.endswith((".yaml", ".yml")):
             src = Path(value).expanduser()
             what = not_regular(src) or (
@@ -554,7 +555,7 @@ def group_files(
                 ) from None
             check_yaml_size(text, arg, f"pass a {key} YAML file")
             _check_holds_fields(arg, key, text)
-            stem = "file_" + re.sub(r"\W", "_", src.stem)
+            stem = "file_" + re.sub(r"[^A-Za-z0-9_]", "_", src.stem)  # a name hydra takes bare
             (tmp / key).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp / key / f"{stem}.yaml")
             files[f"{key}/{stem}"] = str(src)

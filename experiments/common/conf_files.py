@@ -153,3 +153,11 @@ def _check_loops(d: Path, links: dict[str, list[str]]) -> None:
             if node not in seen:
                 seen.add(node)
                 todo += links.get(node, [])
+
+
+def unquoted(value: str) -> str:
+    """An override's value as hydra reads it where the user quoted it whole (`hardware='/a b/h
+    é.yaml'`: a value beyond ASCII must be quoted); as typed otherwise."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0])
+    return value

@@ -12,6 +12,9 @@ process.
   `+planner_params=VALUE`, which is the mapping, not the entry.
 - bench_accelerate's routing=trace on a model of another shape than the trace's was found in
   moepipe's child, after the bench had said it started it (bench_real refused it up front).
+- `hardware=FILE.yaml` (model=, workload= alike) quoted, as a path beyond ASCII must be, or
+  with a space, was "not a name in conf/hardware/"; unquoted beyond ASCII it became a config
+  name beyond ASCII, refused as unquoted: a file of such a name could not be given at all.
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -24,7 +27,7 @@ from typing import Any
 import pytest
 
 from core.errors import MoepipeError
-from tests.probes.conftest import one_line
+from tests.probes.conftest import ROOT, TINY, one_line
 
 
 @pytest.mark.parametrize(
@@ -82,3 +85,18 @@ def test_a_cuda_index_past_the_devices_names_the_key_in_its_fix(
     with pytest.raises(MoepipeError) as e:
         resolve_device("cuda:3", key="executor.device")
     assert "pass executor.device=cuda:N with N < 1" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("quote", ["'", ""])
+def test_a_group_file_beyond_ascii_or_with_a_space_is_read(
+    tmp_path: Path, cli_here: Any, quote: str
+) -> None:
+    """As a conf/hardware/ name is read: the run writes its result."""
+    import shutil
+
+    hw = tmp_path / "my hw é.yaml"
+    shutil.copyfile(ROOT / "conf/hardware/tiny.yaml", hw)
+    args = [*TINY[:1], f"hardware={quote}{hw}{quote}", *TINY[2:], f"hydra.run.dir={tmp_path}/r"]
+    r = cli_here("experiments.run", *args)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "r/summary.json").is_file()
