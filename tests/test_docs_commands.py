@@ -189,7 +189,8 @@ def check(cmd: DocCommand) -> None:
     given = [app.as_list(a, app.list_options(schema)) for a in given]
     tmp = Path(tempfile.mkdtemp(prefix="moepipe-doc-"))
     try:
-        given = app.group_files(given, file_groups, tmp, {})
+        given, added = app.group_files(given, file_groups, tmp, {})
+        given = app.with_search_path(given, [tmp] if added else [])
         flags, overrides = app._checked_args(given, conf_dir, config, file_groups)
         if "-m" not in flags:  # a sweep's points were composed by _checked_args
             with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):

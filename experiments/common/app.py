@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -25,8 +24,6 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments.common.schema  # noqa: F401  registers the schemas
 from core.errors import MoepipeError, interrupt_behind
-from core.files import not_regular, read_small
-from core.yaml_size import check_yaml_size
 from experiments.common import hydra_errors, sweep_points
 from experiments.common.argv_checks import refuse_group_as_config, refuse_hydras_own
 from experiments.common.bool_values import strict_bools
@@ -40,7 +37,7 @@ from experiments.common.cli import (
     user_conf_dirs,
 )
 from experiments.common.command_options import taken_by
-from experiments.common.conf_files import check_conf_dirs, not_fields, unquoted
+from experiments.common.conf_files import check_conf_dirs, group_files
 from experiments.common.flags import VALUE_FLAGS, check_flags
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
@@ -379,7 +376,8 @@ def _hydra_main(
     tmp = tempfile.mkdtemp(prefix="moepipe-conf-")
     files: dict[str, str] = {}
     try:
-        argv = group_files(argv, file_groups, Path(tmp), files)
+        argv, added = group_files(argv, file_groups, Path(tmp), files)
+        argv = with_search_path(argv, [Path(tmp)] if added else [])
         USER_FILES.clear()  # the copies hydra reads, by path: a task's line names the user's
         USER_FILES.update({str(Path(tmp) / f"{k}.yaml"): v for k, v in files.items()})
         flags, overrides = _checked_args(argv, conf_dir, config_name, file_groups)
@@ -525,65 +523,6 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             overrides.append(arg)
         take_value = arg in VALUE_FLAGS
     return flags, overrides
-
-
-def group_files(
-    argv: list[str], groups: Sequence[str], tmp: Path, files: dict[str, str]
-) -> list[str]:
-    """`hardware=FILE.yaml` (a group of `groups`) as a config of that group: the file is copied
-    to <tmp>/hardware/<stem>.yaml, which a search path entry adds, and the argument names it.
-    `files` maps the config's name back to the user's file, for error lines."""
-    out, added = [], False
-    for arg in argv:
-        key, sep, typed = arg.partition("=")
-        value = unquoted(typed)  # a path beyond ASCII or with a space, quoted
-        if sep and key in groups and value.endswith((".yaml", ".yml")):
-            src = Path(value).expanduser()
-            what = not_regular(src) or (
-                "a symbolic link to nothing" if src.is_symlink() and not src.exists() else ""
-            )
-            if what or not src.is_file():  # a FIFO, a folder or a loop was "no such file"
-                raise MoepipeError(
-                    f"{arg}: {what or 'no such file'}; pass a {key} YAML file or a name in "
-                    f"conf/{key}/"
-                )
-            try:
-                text = read_small(src, fix=f"pass a {key} YAML file").decode()
-            except UnicodeDecodeError as e:
-                raise MoepipeError(
-                    f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
-                ) from None
-            check_yaml_size(text, arg, f"pass a {key} YAML file")
-            _check_holds_fields(arg, key, text)
-            stem = "file_" + re.sub(r"[^A-Za-z0-9_]", "_", src.stem)  # a name hydra takes bare
-            (tmp / key).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / key / f"{stem}.yaml")
-            files[f"{key}/{stem}"] = str(src)
-            out.append(f"{key}={stem}")
-            added = True
-        else:
-            out.append(arg)
-    return with_search_path(out, [tmp]) if added else out
-
-
-def _check_holds_fields(arg: str, group: str, text: str) -> None:
-    """YAML `text` (of `group=FILE.yaml`) holds a mapping of fields: not nothing (each group a
-    file may give has fields it must set), not a scalar or a list. A file that does not parse
-    is for the composition's own line, which names its line."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return
-    if data is None:
-        raise MoepipeError(
-            f"{arg}: the file holds no fields; give the {group}'s fields in it (see "
-            f"conf/{group}/ for the layout)"
-        )
-    wrong = not_fields(data, group)
-    if wrong:
-        raise MoepipeError(f"{arg}: {wrong}")
 
 
 def with_search_path(argv: Sequence[str], dirs: Sequence[Path]) -> list[str]:

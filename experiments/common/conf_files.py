@@ -9,6 +9,8 @@ the shipped conf/ has under the same name (hydra reads conf/'s first: the user's
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import fields, is_dataclass
@@ -18,7 +20,7 @@ from typing import Any
 import yaml
 
 from core.errors import MoepipeError
-from core.files import no_file_words, read_small
+from core.files import no_file_words, not_regular, read_small
 from core.yaml_size import check_yaml_size
 
 _SUFFIXES = (".yaml", ".yml")
@@ -161,3 +163,73 @@ def unquoted(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1].replace("\\" + value[0], value[0])
     return value
+
+
+def group_files(
+    argv: list[str], groups: Sequence[str], tmp: Path, files: dict[str, str]
+) -> tuple[list[str], bool]:
+    """`hardware=FILE.yaml` (a group of `groups`) as a config of that group: the file is copied
+    to <tmp>/hardware/<stem>.yaml, which a search path entry adds (where the second value is
+    true), and the argument names it; a sweep's files (`-m hardware=a.yaml,b.yaml`) each so.
+    `files` maps the config's name back to the user's file, for error lines."""
+    out, added = [], False
+    for arg in argv:
+        key, sep, typed = arg.partition("=")
+        whole = unquoted(typed)  # a path quoted: beyond ASCII, a space, a comma
+        values = [whole] if whole != typed else [unquoted(v) for v in typed.split(",")]
+        if sep and key in groups and all(v.endswith((".yaml", ".yml")) for v in values):
+            stems = [_group_file(arg, key, Path(v).expanduser(), tmp, files) for v in values]
+            out.append(f"{key}={','.join(stems)}")
+            added = True
+        else:
+            out.append(arg)
+    return out, added
+
+
+def _group_file(arg: str, key: str, src: Path, tmp: Path, files: dict[str, str]) -> str:
+    """The config name under `tmp` of `src`, a file given as `key`'s config, checked and
+    copied there."""
+    what = not_regular(src) or (
+        "a symbolic link to nothing" if src.is_symlink() and not src.exists() else ""
+    )
+    if what or not src.is_file():  # a FIFO, a folder or a loop was "no such file"
+        where = "" if arg == f"{key}={src}" else f" ({src})"  # which, of a sweep's or quoted
+        raise MoepipeError(
+            f"{arg}: {what or 'no such file'}{where}; pass a {key} YAML file or a name in "
+            f"conf/{key}/"
+        )
+    try:
+        text = read_small(src, fix=f"pass a {key} YAML file").decode()
+    except UnicodeDecodeError as e:
+        raise MoepipeError(
+            f"{arg}: not UTF-8 text (byte {e.start}); pass a {key} YAML file"
+        ) from None
+    check_yaml_size(text, arg, f"pass a {key} YAML file")
+    _check_holds_fields(arg, key, text)
+    stem = base = "file_" + re.sub(r"[^A-Za-z0-9_]", "_", src.stem)  # a name hydra takes bare
+    while files.get(f"{key}/{stem}", str(src)) != str(src):  # a sweep's d1/h.yaml,d2/h.yaml
+        stem = f"{base}_{len(files)}"
+    (tmp / key).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, tmp / key / f"{stem}.yaml")
+    files[f"{key}/{stem}"] = str(src)
+    return stem
+
+
+def _check_holds_fields(arg: str, group: str, text: str) -> None:
+    """YAML `text` (of `group=FILE.yaml`) holds a mapping of fields: not nothing (each group a
+    file may give has fields it must set), not a scalar or a list. A file that does not parse
+    is for the composition's own line, which names its line."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return
+    if data is None:
+        raise MoepipeError(
+            f"{arg}: the file holds no fields; give the {group}'s fields in it (see "
+            f"conf/{group}/ for the layout)"
+        )
+    wrong = not_fields(data, group)
+    if wrong:
+        raise MoepipeError(f"{arg}: {wrong}")

@@ -14,7 +14,8 @@ process.
   moepipe's child, after the bench had said it started it (bench_real refused it up front).
 - `hardware=FILE.yaml` (model=, workload= alike) quoted, as a path beyond ASCII must be, or
   with a space, was "not a name in conf/hardware/"; unquoted beyond ASCII it became a config
-  name beyond ASCII, refused as unquoted: a file of such a name could not be given at all.
+  name beyond ASCII, refused as unquoted: a file of such a name could not be given at all. A
+  sweep of files (`-m hardware=d1/h.yaml,d2/h.yaml`) was "no such file" of the two joined.
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -100,3 +101,19 @@ def test_a_group_file_beyond_ascii_or_with_a_space_is_read(
     r = cli_here("experiments.run", *args)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "r/summary.json").is_file()
+
+
+def test_a_sweep_of_group_files_reads_each_of_them(tmp_path: Path) -> None:
+    """Two files of one name in two folders: two configs, each its own file's text."""
+    from experiments.common.conf_files import group_files
+
+    for d in ("d1", "d2"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "h.yaml").write_text(f"name: {d}\n")
+    files: dict[str, str] = {}
+    arg = f"hardware={tmp_path}/d1/h.yaml,{tmp_path}/d2/h.yaml"
+    out, added = group_files([arg], ["hardware"], tmp_path / "conf", files)
+    names = out[0].partition("=")[2].split(",")
+    assert added and len(set(names)) == 2, out
+    texts = [(tmp_path / "conf/hardware" / f"{n}.yaml").read_text() for n in names]
+    assert texts == ["name: d1\n", "name: d2\n"], texts
