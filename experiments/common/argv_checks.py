@@ -19,6 +19,7 @@ import yaml
 from core.args import output_dir
 from core.errors import MoepipeError
 from core.files import read_small
+from experiments.common.conf_files import unquoted
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -138,7 +139,8 @@ def exit_on_unwritable_dir(argv: Sequence[str], keys: Sequence[str]) -> None:
     that cannot be made or written: hydra would fail on it with a traceback. Folders with
     interpolations (`${now:...}`) are left to hydra."""
     for arg in argv:
-        key, sep, value = arg.partition("=")
+        key, sep, typed = arg.partition("=")
+        value = unquoted(typed)  # `hydra.run.dir='/a b/é'`: hydra reads it without its quotes
         if sep and key in keys and "$" not in value:
             try:
                 writable_dir(value, key)

@@ -16,6 +16,8 @@ process.
   with a space, was "not a name in conf/hardware/"; unquoted beyond ASCII it became a config
   name beyond ASCII, refused as unquoted: a file of such a name could not be given at all. A
   sweep of files (`-m hardware=d1/h.yaml,d2/h.yaml`) was "no such file" of the two joined.
+- `hydra.run.dir='/x y/é'` (quoted, as a path beyond ASCII must be) was not checked up front
+  as the unquoted path is: a file there said "File exists; check the file and the disk".
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -117,3 +119,13 @@ def test_a_sweep_of_group_files_reads_each_of_them(tmp_path: Path) -> None:
     assert added and len(set(names)) == 2, out
     texts = [(tmp_path / "conf/hardware" / f"{n}.yaml").read_text() for n in names]
     assert texts == ["name: d1\n", "name: d2\n"], texts
+
+
+def test_a_quoted_run_dir_is_checked_as_an_unquoted_one(tmp_path: Path, capsys: Any) -> None:
+    from experiments.common.argv_checks import exit_on_unwritable_dir
+
+    (tmp_path / "a file é").write_text("x")
+    with pytest.raises(SystemExit):
+        exit_on_unwritable_dir([f"hydra.run.dir='{tmp_path}/a file é'"], ("hydra.run.dir",))
+    err = capsys.readouterr().err
+    assert "a file é is a file, not a folder" in err and "pass hydra.run.dir=" in err, err
