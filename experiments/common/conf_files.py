@@ -40,7 +40,8 @@ def check_conf_dirs(dirs: Sequence[Path], overrides: Sequence[str], shipped: Pat
             _not_shadowed(path, path.relative_to(d), shipped)
         _check_loops(d, links)
         for o in overrides:
-            group, eq, name = o.lstrip("+").partition("=")
+            group, eq, typed = o.lstrip("+").partition("=")
+            name = unquoted(typed)  # `model='afold'` names afold as hydra reads it
             folder = d / group / name
             is_file = any((d / group / f"{name}{s}").exists() for s in _SUFFIXES)
             if eq and name and "/" not in name and folder.is_dir() and not is_file:

@@ -17,7 +17,8 @@ process.
   name beyond ASCII, refused as unquoted: a file of such a name could not be given at all. A
   sweep of files (`-m hardware=d1/h.yaml,d2/h.yaml`) was "no such file" of the two joined.
 - `hydra.run.dir='/x y/é'` (quoted, as a path beyond ASCII must be) was not checked up front
-  as the unquoted path is: a file there said "File exists; check the file and the disk".
+  as the unquoted path is: a file there said "File exists; check the file and the disk". So
+  was a quoted pick of a folder in a config folder of the user's (`model='afold'`).
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -129,3 +130,14 @@ def test_a_quoted_run_dir_is_checked_as_an_unquoted_one(tmp_path: Path, capsys: 
         exit_on_unwritable_dir([f"hydra.run.dir='{tmp_path}/a file é'"], ("hydra.run.dir",))
     err = capsys.readouterr().err
     assert "a file é is a file, not a folder" in err and "pass hydra.run.dir=" in err, err
+
+
+def test_a_quoted_pick_of_a_folder_in_a_users_config_dir_names_the_folder(
+    tmp_path: Path,
+) -> None:
+    from experiments.common.conf_files import check_conf_dirs
+
+    (tmp_path / "model/afold").mkdir(parents=True)
+    with pytest.raises(MoepipeError) as e:
+        check_conf_dirs([tmp_path], ["model='afold'"], ROOT / "conf")
+    assert "afold is a folder; an option of model is a file afold.yaml" in str(e.value), e.value
