@@ -161,9 +161,12 @@ def _check_loops(d: Path, links: dict[str, list[str]]) -> None:
 def unquoted(value: str) -> str:
     """An override's value as hydra reads it where the user quoted it whole (`hardware='/a b/h
     é.yaml'`: a value beyond ASCII must be quoted); as typed otherwise."""
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1].replace("\\" + value[0], value[0])
-    return value
+    quote, inner = value[:1], value[1:-1]
+    if len(value) < 2 or quote not in ("'", '"') or value[-1] != quote:
+        return value
+    if quote in inner.replace("\\" + quote, ""):  # `'a.yaml','b.yaml'`: two values, each quoted
+        return value
+    return inner.replace("\\" + quote, quote)
 
 
 def group_files(

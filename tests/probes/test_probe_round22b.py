@@ -106,15 +106,18 @@ def test_a_group_file_beyond_ascii_or_with_a_space_is_read(
     assert (tmp_path / "r/summary.json").is_file()
 
 
-def test_a_sweep_of_group_files_reads_each_of_them(tmp_path: Path) -> None:
-    """Two files of one name in two folders: two configs, each its own file's text."""
+@pytest.mark.parametrize("quote", ["", "'"])
+def test_a_sweep_of_group_files_reads_each_of_them(tmp_path: Path, quote: str) -> None:
+    """Two files of one name in two folders: two configs, each its own file's text (each
+    quoted: `'d1/h.yaml','d2/h.yaml'` is no one quoted path)."""
     from experiments.common.conf_files import group_files
 
     for d in ("d1", "d2"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "h.yaml").write_text(f"name: {d}\n")
     files: dict[str, str] = {}
-    arg = f"hardware={tmp_path}/d1/h.yaml,{tmp_path}/d2/h.yaml"
+    q = quote
+    arg = f"hardware={q}{tmp_path}/d1/h.yaml{q},{q}{tmp_path}/d2/h.yaml{q}"
     out, added = group_files([arg], ["hardware"], tmp_path / "conf", files)
     names = out[0].partition("=")[2].split(",")
     assert added and len(set(names)) == 2, out
