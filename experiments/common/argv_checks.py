@@ -45,13 +45,23 @@ def key_given_twice(argv: Sequence[str]) -> str | None:
 
 
 def missing_launcher(argv: Sequence[str]) -> str | None:
-    """`hydra/launcher=slurm` without its plugin installed: hydra says only that it cannot load
-    `submitit_slurm`."""
+    """`hydra/launcher=slurm` without its plugin installed (hydra says only that it cannot load
+    `submitit_slurm`), or on a machine without slurm (submitit's RuntimeError, inside)."""
     import importlib.util
+    import shutil
 
-    slurm = any(a.partition("=")[::2] == ("hydra/launcher", "slurm") for a in argv)
+    picks = (a.partition("=") for a in argv)
+    slurm = any((k, unquoted(v)) == ("hydra/launcher", "slurm") for k, _, v in picks)
     if slurm and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
         return "hydra/launcher=slurm needs its plugin: pip install hydra-submitit-launcher"
+    nothing_runs = {"--cfg", "-c", "--help", "-h", "--info", "-i", "--hydra-help"} & set(argv)
+    sweep = {"-m", "--multirun"} & set(argv) and not nothing_runs
+    if slurm and sweep and shutil.which("srun") is None:  # submitit failed inside on it
+        return (
+            "hydra/launcher=slurm: no slurm on this machine (no srun on PATH) to submit the "
+            "sweep's jobs to; run it on the cluster's login node, or pass "
+            "hydra/launcher=submitit_local (or leave the launcher out) to run it here"
+        )
     return None
 
 

@@ -19,6 +19,8 @@ process.
 - `hydra.run.dir='/x y/é'` (quoted, as a path beyond ASCII must be) was not checked up front
   as the unquoted path is: a file there said "File exists; check the file and the disk". So
   was a quoted pick of a folder in a config folder of the user's (`model='afold'`).
+- A sweep with `hydra/launcher=slurm` on a machine without slurm was an internal error
+  (submitit's RuntimeError: no srun).
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -144,3 +146,16 @@ def test_a_quoted_pick_of_a_folder_in_a_users_config_dir_names_the_folder(
     with pytest.raises(MoepipeError) as e:
         check_conf_dirs([tmp_path], ["model='afold'"], ROOT / "conf")
     assert "afold is a folder; an option of model is a file afold.yaml" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("pick", ["slurm", "'slurm'"])
+def test_a_slurm_sweep_off_a_cluster_says_where_to_run_it(
+    monkeypatch: pytest.MonkeyPatch, pick: str
+) -> None:
+    import shutil
+
+    from experiments.common.argv_checks import missing_launcher
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    line = missing_launcher(["-m", "model=tiny", f"hydra/launcher={pick}"]) or ""
+    assert "no srun on PATH" in line and "hydra/launcher=submitit_local" in line, line
