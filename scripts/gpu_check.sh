@@ -38,7 +38,6 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # the repo, uninstalled
 DEVICE=${DEVICE:-cuda}
 WORK=${1:-runs/gpu_check}
-mkdir -p "$WORK"
 TEE=
 if [ -n "${OUT:-}" ]; then  # the log survives a killed run
   exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -57,14 +56,21 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, record its s
   return "$rc"
 }
 
-python3 - "$DEVICE" <<'EOF' || exit 1
+case "$DEVICE" in
+  cuda | cpu) ;;
+  *) echo "error: DEVICE=$DEVICE: pass DEVICE=cuda (a GPU machine) or DEVICE=cpu (a dry run)" >&2
+     exit 2 ;;
+esac
+python3 - "$DEVICE" <<'EOF' || exit 2
 import sys, torch
+if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+    sys.exit("error: no CUDA device here; DEVICE=cpu bash scripts/gpu_check.sh for a dry run")
 print("torch", torch.__version__, "cuda", torch.version.cuda)
 if sys.argv[1] == "cuda":
-    assert torch.cuda.is_available(), "no CUDA device (DEVICE=cpu for a dry run)"
     p = torch.cuda.get_device_properties(0)
     print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} GPU(s)")
 EOF
+mkdir -p "$WORK"  # once the device is one to check: a refusal leaves no folder
 
 if [ "$DEVICE" = cuda ]; then
   stage gpu-tests 120 python3 -m pytest -q -rf -p no:cacheprovider -m gpu \

@@ -21,6 +21,8 @@ process.
   was a quoted pick of a folder in a config folder of the user's (`model='afold'`).
 - A sweep with `hydra/launcher=slurm` on a machine without slurm was an internal error
   (submitit's RuntimeError: no srun).
+- scripts/gpu_check.sh without CUDA ended in a Python traceback (an assert), and DEVICE=tpu
+  ran every stage to its failure.
 - A CUDA index past the devices named `device=cuda:N` as the fix whatever the key
   (`executor.device`, `device`).
 """
@@ -33,6 +35,7 @@ from typing import Any
 import pytest
 
 from core.errors import MoepipeError
+from tests.conftest import user_env
 from tests.probes.conftest import ROOT, TINY, one_line
 
 
@@ -159,3 +162,23 @@ def test_a_slurm_sweep_off_a_cluster_says_where_to_run_it(
     monkeypatch.setattr(shutil, "which", lambda name: None)
     line = missing_launcher(["-m", "model=tiny", f"hydra/launcher={pick}"]) or ""
     assert "no srun on PATH" in line and "hydra/launcher=submitit_local" in line, line
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda"])
+def test_gpu_check_refuses_a_device_it_cannot_check_in_one_line(
+    tmp_path: Path, device: str
+) -> None:
+    """Before its folder is made; `cuda` where the machine has none."""
+    import subprocess
+
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the script would run its stages")
+    env = {**user_env(), "DEVICE": device}
+    script = str(ROOT / "scripts/gpu_check.sh")
+    r = subprocess.run(
+        ["bash", script, str(tmp_path / "w")], env=env, capture_output=True, text=True
+    )
+    one_line(r, "DEVICE=cpu")
+    assert not (tmp_path / "w").exists()
