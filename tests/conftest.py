@@ -70,10 +70,13 @@ def _parsed_once(load: Callable[..., Any]) -> Callable[..., Any]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _configs_parsed_once() -> Iterator[None]:
-    """`_parsed_once` for the test session's in-process commands."""
+    """`_parsed_once` for the test session's in-process commands, and the steps of hydra's
+    compose that `tests.compose_cache` keeps."""
     import yaml
 
-    with pytest.MonkeyPatch.context() as m:
+    from tests.compose_cache import composing_kept
+
+    with pytest.MonkeyPatch.context() as m, composing_kept():
         m.setattr(yaml, "load", _parsed_once(yaml.load))
         yield
 

@@ -1,0 +1,157 @@
+"""Hydra's compose, made cheaper for a test session's in-process commands (`cli_here`): each
+command composes conf/'s same files afresh, and a compose of the tiny config took 0.2-0.5 s,
+most of it in making the same objects again. Five steps of it keep what they made, and each
+later call gets a copy that is what making it again would give:
+
+- a config file loaded (`FileConfigSource.load_config`): OmegaConf's config of a file's text,
+  kept by its source, path and text (a file a test edits is another text), copied by pickle
+  (10 times faster than making it from the text);
+- a stored schema loaded (`ConfigStore.load`): hydra deep-copies it each time; a pickle of it
+  is copied instead, where it pickles (a schema class made at run time does not: deep copy);
+- an override parsed (`OverridesParser.parse_rule`): kept by its text, deep-copied;
+- the copy of the config sources each compose makes (`CachingConfigRepository`): the copy of
+  the structured configs' source shares ConfigStore's one store (a compose loads copies of
+  its entries, never changes it) where hydra deep-copied the whole store;
+- a value's interpolation parsed (OmegaConf's `grammar_parser.parse`): its parse tree kept by
+  the text, rule and mode, and shared (OmegaConf's visitors read a tree, never change it).
+
+What fails (a missing file, bad YAML, a bad override) is not kept and fails again each time in
+hydra's own code, with its own words. Files other than regular ones (a FIFO, /dev/zero) and
+large ones are read by hydra as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+# the largest config file kept (a probe's huge or endless file is hydra's to read)
+_KEPT_BYTES = 1 << 20
+# a marker of a stored schema that does not pickle
+_UNPICKLED = b""
+
+
+def _file_loader(load: Callable[..., Any]) -> Callable[..., Any]:
+    """`FileConfigSource.load_config` keeping each file's config by its source, path and text."""
+    from hydra.plugins.config_source import ConfigResult
+
+    kept: dict[tuple[str, ...], tuple[bytes, dict[str, Any], str, str]] = {}
+
+    def text_of(full_path: str) -> str | None:
+        try:
+            st = os.stat(full_path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _KEPT_BYTES:
+                return None
+            with open(full_path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, ValueError):  # hydra's read says what is wrong
+            return None
+
+    def load_config(self: Any, config_path: str) -> Any:
+        name = self._normalize_file_name(config_path)
+        full_path = os.path.realpath(os.path.join(self.path, name))
+        text = text_of(full_path)
+        if text is None:
+            return load(self, config_path)
+        key = (self.path, name, full_path, text)
+        if key not in kept:
+            made = load(self, config_path)
+            if text_of(full_path) != text:  # rewritten meanwhile: which text it read is unknown
+                return made
+            kept[key] = (pickle.dumps(made.config), dict(made.header), made.path, made.provider)
+        config, header, path, provider = kept[key]
+        return ConfigResult(
+            config=pickle.loads(config), path=path, provider=provider, header=dict(header)
+        )
+
+    return load_config
+
+
+def _schema_loader(load: Callable[..., Any]) -> Callable[..., Any]:
+    """`ConfigStore.load` copying each stored schema's config by pickle where it pickles."""
+    kept: dict[int, tuple[Any, bytes]] = {}  # id(stored node) -> (that node, its pickle)
+
+    def load_config(self: Any, config_path: str) -> Any:
+        stored = self._load(config_path)
+        node = stored.node
+        if id(node) not in kept or kept[id(node)][0] is not node:
+            try:
+                kept[id(node)] = (node, pickle.dumps(node))
+            except Exception:  # noqa: BLE001 (a class made at run time, or anything: deep copy)
+                kept[id(node)] = (node, _UNPICKLED)
+        pickled = kept[id(node)][1]
+        if pickled == _UNPICKLED:
+            return load(self, config_path)
+        ret = copy.copy(stored)  # as hydra's: the stored entry itself is not changed
+        ret.node = pickle.loads(pickled)
+        return ret
+
+    return load_config
+
+
+def _override_parser(parse: Callable[..., Any]) -> Callable[..., Any]:
+    """`OverridesParser.parse_rule` keeping each parsed override by its text."""
+    kept: dict[str, Any] = {}
+
+    def parse_rule(self: Any, s: str, rule_name: str) -> Any:
+        if rule_name != "override":
+            return parse(self, s, rule_name)
+        if s not in kept:
+            kept[s] = parse(self, s, rule_name)
+        return copy.deepcopy(kept[s])
+
+    return parse_rule
+
+
+def _grammar_parser(parse: Callable[..., Any]) -> Callable[..., Any]:
+    """OmegaConf's `grammar_parser.parse` keeping each parse tree by its arguments."""
+    kept: dict[tuple[str, str, str], Any] = {}
+
+    def parse_kept(
+        value: str, parser_rule: str = "configValue", lexer_mode: str = "DEFAULT_MODE"
+    ) -> Any:
+        key = (value, parser_rule, lexer_mode)
+        if key not in kept:
+            kept[key] = parse(value, parser_rule, lexer_mode)
+        return kept[key]
+
+    return parse_kept
+
+
+def _source_copied_sharing_the_store(self: Any, memo: dict[int, Any]) -> Any:
+    """`StructuredConfigSource`'s deep copy: itself copied, its `store` (ConfigStore's) shared."""
+    made = copy.copy(self)
+    memo[id(self)] = made
+    return made
+
+
+@contextmanager
+def composing_kept() -> Iterator[None]:
+    """The steps above keep what they made while the block runs."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.plugins import Plugins
+    from omegaconf import _utils, base, grammar_parser
+
+    Plugins.instance()  # its discovery registers the config sources' classes, its own copies
+    file_source = SourcesRegistry.instance().resolve("file")
+    structured_source = SourcesRegistry.instance().resolve("structured")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(file_source, "load_config", _file_loader(file_source.load_config))
+        m.setattr(ConfigStore, "load", _schema_loader(ConfigStore.load))
+        m.setattr(OverridesParser, "parse_rule", _override_parser(OverridesParser.parse_rule))
+        m.setattr(
+            structured_source, "__deepcopy__", _source_copied_sharing_the_store, raising=False
+        )
+        parse = _grammar_parser(grammar_parser.parse)
+        for module in (_utils, base):  # where OmegaConf calls it from
+            m.setattr(module, "parse", parse)
+        yield

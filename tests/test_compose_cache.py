@@ -1,0 +1,51 @@
+"""The test session's kept steps of hydra's compose (tests/compose_cache.py, on for every test by
+tests/conftest.py) give what composing afresh gives: an edited file's new text, a copy that a
+command may change, an override's parse that a caller may change, a failure each time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from tests.compose_cache import composing_kept
+
+
+def _composed(conf_dir: Path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", list(overrides)), resolve=True)  # type: ignore[return-value]
+
+
+def test_an_edited_file_composes_as_its_new_text(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("a: 1\nb: ${a}\n")
+    with composing_kept():
+        assert _composed(tmp_path) == {"a": 1, "b": 1}
+        (tmp_path / "config.yaml").write_text("a: 2\nb: ${a}\n")
+        assert _composed(tmp_path) == {"a": 2, "b": 2}
+        (tmp_path / "config.yaml").write_text("a: [\n")
+        for _ in range(2):  # a file that does not parse fails each time, in hydra's words
+            with pytest.raises(Exception, match="config.yaml"):
+                _composed(tmp_path)
+
+
+def test_what_a_compose_returns_is_its_own(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("a: {b: 1}\n")
+    with composing_kept(), initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        first = compose("config", ["a.b=2"])
+        first.a.b = 3
+        assert compose("config", ["a.b=2"]).a.b == 2
+        assert compose("config").a.b == 1
+
+
+def test_a_parsed_override_is_the_callers_own() -> None:
+    with composing_kept():
+        (first,) = OverridesParser.create().parse_overrides(["x=1,2"])
+        first.key_or_group = "changed"
+        (again,) = OverridesParser.create().parse_overrides(["x=1,2"])
+        assert again.key_or_group == "x" and list(again.sweep_string_iterator()) == ["1", "2"]
+        for _ in range(2):
+            with pytest.raises(Exception, match="no viable alternative"):
+                OverridesParser.create().parse_overrides(["x=["])
