@@ -64,9 +64,9 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
             check_shared(config_name, everything, swept)  # a sweep of one point
             return
         check_sweep_values(swept)
+        check_sweep_size(swept)  # before any check that lists each point's values
         refuse_values_twice(swept, cfg)  # a sweep's only: one run's `a,a` says to add -m
         refuse_sweeps_of_one_result(swept)  # the command line's, or a config's declared
-        check_sweep_size(swept)
         base = first_point(parsed, given)
         first = dict(zip([o.input_line for o in parsed], base, strict=True))
         for o in filter(names_a_folder, given):
