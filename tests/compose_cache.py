@@ -1,11 +1,13 @@
 """Hydra's compose, made cheaper for a test session's in-process commands (`cli_here`): each
 command composes conf/'s same files afresh, and a compose of the tiny config took 0.2-0.5 s,
-most of it in making the same objects again. Five steps of it keep what they made, and each
+most of it in making the same objects again. Six steps of it keep what they made, and each
 later call gets a copy that is what making it again would give:
 
 - a config file loaded (`FileConfigSource.load_config`): OmegaConf's config of a file's text,
   kept by its source, path and text (a file a test edits is another text), copied by pickle
   (10 times faster than making it from the text);
+- a config of hydra's own (`pkg://hydra.conf`, `ImportlibResourcesConfigSource.load_config`):
+  kept by its path, copied by pickle;
 - a stored schema loaded (`ConfigStore.load`): hydra deep-copies it each time; a pickle of it
   is copied instead, where it pickles (a schema class made at run time does not: deep copy);
 - an override parsed (`OverridesParser.parse_rule`): kept by its text, deep-copied;
@@ -38,10 +40,23 @@ _KEPT_BYTES = 1 << 20
 _UNPICKLED = b""
 
 
-def _file_loader(load: Callable[..., Any]) -> Callable[..., Any]:
-    """`FileConfigSource.load_config` keeping each file's config by its source, path and text."""
+def _kept(made: Any) -> tuple[bytes, dict[str, Any], str, str]:
+    """A loaded ConfigResult as kept: its config pickled, its header, path and provider."""
+    return pickle.dumps(made.config), dict(made.header), made.path, made.provider
+
+
+def _result(kept: tuple[bytes, dict[str, Any], str, str]) -> Any:
+    """A ConfigResult of its own made of one `_kept`."""
     from hydra.plugins.config_source import ConfigResult
 
+    config, header, path, provider = kept
+    return ConfigResult(
+        config=pickle.loads(config), path=path, provider=provider, header=dict(header)
+    )
+
+
+def _file_loader(load: Callable[..., Any]) -> Callable[..., Any]:
+    """`FileConfigSource.load_config` keeping each file's config by its source, path and text."""
     kept: dict[tuple[str, ...], tuple[bytes, dict[str, Any], str, str]] = {}
 
     def text_of(full_path: str) -> str | None:
@@ -65,11 +80,23 @@ def _file_loader(load: Callable[..., Any]) -> Callable[..., Any]:
             made = load(self, config_path)
             if text_of(full_path) != text:  # rewritten meanwhile: which text it read is unknown
                 return made
-            kept[key] = (pickle.dumps(made.config), dict(made.header), made.path, made.provider)
-        config, header, path, provider = kept[key]
-        return ConfigResult(
-            config=pickle.loads(config), path=path, provider=provider, header=dict(header)
-        )
+            kept[key] = _kept(made)
+        return _result(kept[key])
+
+    return load_config
+
+
+def _package_loader(load: Callable[..., Any]) -> Callable[..., Any]:
+    """`ImportlibResourcesConfigSource.load_config` keeping each config of hydra's own package
+    (`pkg://hydra.conf`: its files come with hydra) by its path."""
+    kept: dict[str, tuple[bytes, dict[str, Any], str, str]] = {}
+
+    def load_config(self: Any, config_path: str) -> Any:
+        if self.path != "hydra.conf":
+            return load(self, config_path)
+        if config_path not in kept:
+            kept[config_path] = _kept(load(self, config_path))
+        return _result(kept[config_path])
 
     return load_config
 
@@ -144,8 +171,10 @@ def composing_kept() -> Iterator[None]:
     Plugins.instance()  # its discovery registers the config sources' classes, its own copies
     file_source = SourcesRegistry.instance().resolve("file")
     structured_source = SourcesRegistry.instance().resolve("structured")
+    package_source = SourcesRegistry.instance().resolve("pkg")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(file_source, "load_config", _file_loader(file_source.load_config))
+        m.setattr(package_source, "load_config", _package_loader(package_source.load_config))
         m.setattr(ConfigStore, "load", _schema_loader(ConfigStore.load))
         m.setattr(OverridesParser, "parse_rule", _override_parser(OverridesParser.parse_rule))
         m.setattr(

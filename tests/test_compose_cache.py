@@ -38,6 +38,10 @@ def test_what_a_compose_returns_is_its_own(tmp_path: Path) -> None:
         first.a.b = 3
         assert compose("config", ["a.b=2"]).a.b == 2
         assert compose("config").a.b == 1
+        with_hydra = compose("config", return_hydra_config=True)  # hydra's own configs' too
+        hydras = OmegaConf.to_yaml(with_hydra.hydra)
+        with_hydra.hydra.help.app_name = "changed"
+        assert OmegaConf.to_yaml(compose("config", return_hydra_config=True).hydra) == hydras
 
 
 def test_a_parsed_override_is_the_callers_own() -> None:
