@@ -53,3 +53,18 @@ def test_a_parsed_override_is_the_callers_own() -> None:
         for _ in range(2):
             with pytest.raises(Exception, match="no viable alternative"):
                 OverridesParser.create().parse_overrides(["x=["])
+
+
+def test_an_interpolated_default_follows_each_composes_choice(tmp_path: Path) -> None:
+    """A default of c/z.yaml interpolates the choice of `a` its parent made: the same defaults
+    list each time, another choice."""
+    (tmp_path / "config.yaml").write_text("defaults:\n  - c: z\n  - a: x\n  - _self_\n")
+    for group in ("a", "b", "c"):
+        (tmp_path / group).mkdir()
+        for name in ("x", "y", "z"):
+            (tmp_path / group / f"{name}.yaml").write_text(f"{group}{name}: 1\n")
+    (tmp_path / "c" / "z.yaml").write_text("defaults:\n  - /b: ${a}\n  - _self_\n")
+    with composing_kept():
+        for choice in ("y", "x", "y"):
+            want = {"a": {f"a{choice}": 1}, "c": {"b": {f"b{choice}": 1}}}
+            assert _composed(tmp_path, f"a={choice}") == want
