@@ -16,7 +16,9 @@ from tests.compose_cache import composing_kept
 
 def _composed(conf_dir: Path, *overrides: str) -> dict:
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return OmegaConf.to_container(compose("config", list(overrides)), resolve=True)  # type: ignore[return-value]
+        out = OmegaConf.to_container(compose("config", list(overrides)), resolve=True)
+    assert isinstance(out, dict)
+    return out
 
 
 def test_an_edited_file_composes_as_its_new_text(tmp_path: Path) -> None:
