@@ -186,9 +186,9 @@ def _source_copied_sharing_the_store(self: Any, memo: dict[int, Any]) -> Any:
     return made
 
 
-@contextmanager
-def composing_kept() -> Iterator[None]:
-    """The steps above keep what they made while the block runs."""
+def _patches() -> list[tuple[Any, str, Any]]:
+    """The (owner, name, replacement) of each step above, in hydra 1.3's and OmegaConf 2.3's
+    names (an ImportError or AttributeError where another version moved one)."""
     from hydra._internal import defaults_list
     from hydra._internal.sources_registry import SourcesRegistry
     from hydra.core.config_store import ConfigStore
@@ -200,17 +200,31 @@ def composing_kept() -> Iterator[None]:
     file_source = SourcesRegistry.instance().resolve("file")
     structured_source = SourcesRegistry.instance().resolve("structured")
     package_source = SourcesRegistry.instance().resolve("pkg")
+    parse = _grammar_parser(grammar_parser.parse)
+    return [
+        (file_source, "load_config", _file_loader(file_source.load_config)),
+        (package_source, "load_config", _package_loader(package_source.load_config)),
+        (ConfigStore, "load", _schema_loader(ConfigStore.load)),
+        (OverridesParser, "parse_rule", _override_parser(OverridesParser.parse_rule)),
+        (structured_source, "__deepcopy__", _source_copied_sharing_the_store),
+        (
+            defaults_list,
+            "_create_interpolation_map",
+            _interpolation_map(defaults_list._create_interpolation_map),
+        ),
+        *((module, "parse", parse) for module in (_utils, base)),  # where OmegaConf calls it
+    ]
+
+
+@contextmanager
+def composing_kept() -> Iterator[None]:
+    """The steps above keep what they made while the block runs; where hydra or OmegaConf is
+    another version whose names moved, nothing is kept and each compose is hydra's own."""
+    try:
+        patches = _patches()
+    except (ImportError, AttributeError):
+        patches = []
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(file_source, "load_config", _file_loader(file_source.load_config))
-        m.setattr(package_source, "load_config", _package_loader(package_source.load_config))
-        m.setattr(ConfigStore, "load", _schema_loader(ConfigStore.load))
-        m.setattr(OverridesParser, "parse_rule", _override_parser(OverridesParser.parse_rule))
-        m.setattr(
-            structured_source, "__deepcopy__", _source_copied_sharing_the_store, raising=False
-        )
-        made = defaults_list._create_interpolation_map
-        m.setattr(defaults_list, "_create_interpolation_map", _interpolation_map(made))
-        parse = _grammar_parser(grammar_parser.parse)
-        for module in (_utils, base):  # where OmegaConf calls it from
-            m.setattr(module, "parse", parse)
+        for owner, name, replacement in patches:
+            m.setattr(owner, name, replacement, raising=False)
         yield
