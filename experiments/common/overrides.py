@@ -142,6 +142,7 @@ def check_hydra_overrides(
         key = o.get_key_element().lstrip("+~")
         if o.is_delete():
             refuse_held_group(o.input_line, key, [])
+            refuse_option_delete(o.input_line, key)
             continue
         refuse_nested_sweeps([o])
         group = (conf_dir / key).is_dir() or (CONF_DIR / key).is_dir() or key in file_groups
@@ -213,6 +214,27 @@ def refuse_held_group(override: str, key: str, values: Sequence[Any]) -> None:
             f"{override}: {key} is a mapping of keys, empty unless given; leave it out, or "
             f"pass +{key}.KEY=VALUE"
         )
+
+
+def refuse_option_delete(override: str, key: str) -> None:
+    """`~KEY` where KEY is one of the running command's own options with a default (run's
+    `~trace_json`, validate's `~gen_len`): hydra deleted it and the command ran on its default
+    without a word. A group's pick (`~model`) and a null option (hydra's "nothing to delete")
+    are left to hydra's lines."""
+    from dataclasses import MISSING
+
+    root = hydra_errors.ROOT_SCHEMA[0] if hydra_errors.ROOT_SCHEMA else None
+    option = next((f for f in fields(root) if f.name == key), None) if root else None
+    if option is None or is_dataclass(field_type(root, key)):
+        return
+    default = option.default_factory() if option.default_factory is not MISSING else option.default
+    if default is None or default is MISSING:
+        return
+    shown = OmegaConf.to_yaml({key: default}).strip().partition(": ")[2]
+    raise MoepipeError(
+        f"{override}: an option cannot be deleted (left out, it is its default, {shown}); pass "
+        f"{key}=VALUE instead"
+    )
 
 
 def check_home(override: str, key: str, values: Sequence[Any]) -> None:
