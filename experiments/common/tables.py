@@ -83,19 +83,20 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(row, None) for a finished run, (None, what is missing) otherwise."""
+    """(row, None) for a finished run, (None, what is missing) otherwise. A run dir with
+    failed.txt beside summary.json is a finished run's folder whose later run (another config,
+    in a sweep) failed: that run kept the earlier result, and the point is failed, as the
+    sweep's end line said."""
     summary_path = run / "summary.json"
+    failed = _failed(run)
+    if failed and summary_path.exists():
+        return None, (
+            f"{failed}; summary.json beside failed.txt is an earlier run's, kept: delete "
+            "failed.txt to collect that one"
+        )
+    if failed:
+        return None, failed
     if not summary_path.exists():
-        failed = run / "failed.txt"  # experiments.run's one line for a point's bad input
-        if failed.exists():
-            try:  # a FIFO there blocked read_text: collect and report hung
-                lines = read_small(failed).decode("utf-8").strip().splitlines() or [""]
-            except MoepipeError as e:  # a folder, FIFO or device in its place
-                return None, f"failed (failed.txt unreadable: {str(e).removeprefix(f'{failed}: ')})"
-            except (OSError, UnicodeDecodeError) as e:
-                return None, f"failed (failed.txt unreadable: {_why(e)})"
-            more = f" (and {len(lines) - 1} more line(s))" if len(lines) > 1 else ""
-            return None, f"failed: {lines[0]}{more}"  # one line, as run writes it
         return None, "no summary.json (unfinished or interrupted; run the sweep again to finish)"
     rerun = "delete it and run the sweep again (finished points are reused)"
     try:
@@ -386,6 +387,22 @@ def _planner_of_choice(choice: str) -> str | None:
         return str(conf["name"])
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
         return None
+
+
+def _failed(run: Path) -> str | None:
+    """`failed: LINE`, experiments.run's one line in `run`'s failed.txt for a point's bad
+    input (or why it cannot be read); None where there is no failed.txt."""
+    failed = run / "failed.txt"
+    if not failed.exists():
+        return None
+    try:  # a FIFO there blocked read_text: collect and report hung
+        lines = read_small(failed).decode("utf-8").strip().splitlines() or [""]
+    except MoepipeError as e:  # a folder, FIFO or device in its place
+        return f"failed (failed.txt unreadable: {str(e).removeprefix(f'{failed}: ')})"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"failed (failed.txt unreadable: {_why(e)})"
+    more = f" (and {len(lines) - 1} more line(s))" if len(lines) > 1 else ""
+    return f"failed: {lines[0]}{more}"  # one line, as run writes it
 
 
 def collect(sweep_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:

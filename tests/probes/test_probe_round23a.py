@@ -4,15 +4,20 @@ Classes:
 1. `~KEY` where KEY is one of a command's own options with a default (a run's `~trace_json`,
    validate's `~gen_len`, report's `~metric`): hydra deleted it and the command ran on the
    default without a word. Refused in one line naming the default and `KEY=VALUE`.
+2. A run dir with failed.txt beside summary.json (a finished run's folder whose later run, of
+   another config, failed and kept the earlier result) was collected as finished, though the
+   sweep's end line named the point as failed. collect and report skip it, naming both files
+   and how to collect the earlier result.
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import raises_one_line, tiny_run
 
 
 @pytest.mark.parametrize(
@@ -51,3 +56,16 @@ def test_deleting_a_group_or_a_null_option_is_left_to_hydras_line(
 
     monkeypatch.setattr(hydra_errors, "ROOT_SCHEMA", [RunSchema])
     check_hydra_overrides([deleted], hydra_errors.CONF_DIR)  # hydra's own one line follows
+
+
+def test_a_finished_run_dir_with_failed_txt_is_skipped_naming_both(tmp_path: Path) -> None:
+    from experiments.common.tables import collect
+
+    run = tiny_run(tmp_path / "sweep" / "point")
+    assert len(collect(tmp_path / "sweep")[0]) == 1
+    (run / "failed.txt").write_text("planner.params.n=-5: must be ...; pass n >= 0\n")
+    rows, (skipped,) = collect(tmp_path / "sweep")
+    assert rows.empty
+    assert skipped.startswith("point: failed: planner.params.n=-5"), skipped
+    assert "summary.json beside failed.txt is an earlier run's" in skipped, skipped
+    assert "delete failed.txt to collect that one" in skipped and "\n" not in skipped
