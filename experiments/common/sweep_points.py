@@ -382,11 +382,17 @@ def check_sweep_values(swept: Sequence[Any]) -> None:
 # a run's keys that change how it is run or kept, not its result: a sweep of one makes points
 # of one result, each in a run dir of its own
 SAME_RESULT_KEYS = ("skip_finished", "trace_json", "executor.rendezvous_timeout_s")
+# key -> (what it names, the sweep of what sets it with the settings it names)
+NAMING_KEYS = {
+    "replication.case": ("case column", "experiment=replication_A,replication_B"),
+    "replication.label": ("variant row", "replication_row=A,B"),
+}
 
 
 def refuse_sweeps_of_one_result(swept: Sequence[Any]) -> None:
     """A MoepipeError for a swept key no point's result depends on: a key of SAME_RESULT_KEYS,
-    reproduce_klotski's `reproduce.*`, or one of hydra's own (`hydra.job.chdir=true,false`,
+    reproduce_klotski's `reproduce.*`, a replication case's or row's name (NAMING_KEYS: its
+    file sets it with the settings it names), or one of hydra's own (`hydra.job.chdir=true,false`,
     `hydra/job_logging=a,b`), which hydra sets once for the whole sweep and refused in a line
     with nothing to do."""
     for o in swept:
@@ -401,6 +407,12 @@ def refuse_sweeps_of_one_result(swept: Sequence[Any]) -> None:
                 f"{o.input_line}: {key} is experiments.reproduce_klotski's, which a run ignores, "
                 f"so the sweep's points would be runs of one result; drop {key} from the sweep "
                 "(python -m experiments.reproduce_klotski runs its grid)"
+            )
+        if key in NAMING_KEYS:  # a replication case's or row's name: its file sets both
+            raise MoepipeError(
+                f"{o.input_line}: {key} only names a run (the replication report's "
+                f"{NAMING_KEYS[key][0]}), so the sweep's points would be runs of one result; "
+                f"drop {key} from the sweep, and sweep {NAMING_KEYS[key][1]} instead"
             )
         if key in SAME_RESULT_KEYS:
             raise MoepipeError(

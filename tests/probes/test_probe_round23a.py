@@ -8,6 +8,10 @@ Classes:
    another config, failed and kept the earlier result) was collected as finished, though the
    sweep's end line named the point as failed. collect and report skip it, naming both files
    and how to collect the earlier result.
+3. A sweep of `replication.case` or `replication.label`, which only name a run (the replication
+   report's case column, its variant row), ran two run dirs of one result: refused before it
+   starts, like round 22a's sweep of `reproduce.*`, saying what to sweep instead (the case's
+   experiment file, the row's file, which set the name with the settings it names).
 """
 
 from __future__ import annotations
@@ -69,3 +73,21 @@ def test_a_finished_run_dir_with_failed_txt_is_skipped_naming_both(tmp_path: Pat
     assert skipped.startswith("point: failed: planner.params.n=-5"), skipped
     assert "summary.json beside failed.txt is an earlier run's" in skipped, skipped
     assert "delete failed.txt to collect that one" in skipped and "\n" not in skipped
+
+
+@pytest.mark.parametrize(
+    ("swept", "instead"),
+    [
+        ("replication.case=a,b", "sweep experiment=replication_A,replication_B instead"),
+        ("+replication.label=x,y", "sweep replication_row=A,B instead"),
+    ],
+)
+def test_a_sweep_of_a_replication_name_is_refused(swept: str, instead: str) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from experiments.common.sweep_points import refuse_sweeps_of_one_result
+
+    parsed = OverridesParser.create().parse_overrides([swept])
+    key = swept.lstrip("+").partition("=")[0]
+    line = raises_one_line(lambda: refuse_sweeps_of_one_result(parsed), swept, instead)
+    assert f"{key} only names a run" in line and f"drop {key} from the sweep" in line, line
