@@ -126,13 +126,16 @@ def sized_run(spec: RunSpec, planner: Planner | None = None) -> tuple[RunSpec, P
     # one batch's sizes first: a planner's choice builds routing of every step and position
     # (Klotski's warm-up ran for half a minute, in 4 GB, at a gen_len or prompt_len of a
     # million before the check below refused it); any n it chooses holds at least that one
-    check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)))
+    check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)), warn=False)
     planner = planner or run_planner(spec)
     n = planner.choose_n_batches(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
     if n != spec.workload.n_batches:
         spec = replace(spec, workload=spec.workload.with_(n_batches=n))
-    check_kv_fits(spec)
+    check_kv_fits(spec, warn=False)
     check_plan_fits(spec, planner)
+    check_ops_fit(
+        spec
+    )  # a long run said once it passed every refusal: a refused one says only that
     return spec, planner
 
 
@@ -154,8 +157,8 @@ def check_plan_fits(spec: RunSpec, planner: Planner | None = None) -> None:
     million built routing for a minute before flexgen refused its activations. The planner plans
     with a stand-in routing up to its first read of it: `planner`, the run's, or a new one."""
     m = spec.model
-    if routing_bytes(spec) < PROBE_ROUTING_BYTES:
-        return  # built at once: the plan itself refuses it as soon
+    if routing_bytes(spec) < PROBE_ROUTING_BYTES and op_count(spec) < OPS_CHECKED:
+        return  # built at once, and planned before long: the plan itself refuses it as soon
 
     def not_yet(*_: int) -> Any:
         raise _RoutingNeeded
@@ -228,13 +231,24 @@ OPS_CHECKED = 1_000_000  # a schedule estimated this large is checked against me
 BYTES_PER_OP = 1500  # a run's peak RAM per op (docs/results/sim-speed.md: 1.9 GB at 1.23M ops)
 
 
+def op_count(spec: RunSpec) -> int:
+    """About how many ops the run's schedule has: per step, layer and batch, each expert a
+    batch's tokens can reach and a few dense and transfer ops."""
+    m, wl = spec.model, spec.workload
+    return (
+        (wl.gen_len + 1)
+        * m.n_layers
+        * wl.n_batches
+        * (min(m.n_experts, wl.batch_size * m.top_k) + 6)
+    )
+
+
 def check_ops_fit(spec: RunSpec, warn: bool = True) -> None:
     """A MoepipeError when the schedule's ops (about: per step, layer and batch, each expert a
     batch's tokens can reach and a few dense and transfer ops) would take more RAM than the
     machine has: a gen_len of millions planned for minutes before running out of memory."""
     m, wl = spec.model, spec.workload
-    experts = min(m.n_experts, wl.batch_size * m.top_k)
-    ops = (wl.gen_len + 1) * m.n_layers * wl.n_batches * (experts + 6)
+    ops = op_count(spec)
     if ops < OPS_CHECKED:
         return
     # sized_run checks one batch first: then n_batches, whatever was given, is no way out

@@ -12,6 +12,9 @@ Classes:
    report's case column, its variant row), ran two run dirs of one result: refused before it
    starts, like round 22a's sweep of `reproduce.*`, saying what to sweep instead (the case's
    experiment file, the row's file, which set the name with the settings it names).
+4. A run of millions of ops (`validate gen_len=100000`) logged that it needs minutes and GB
+   (twice: one batch's, then the group's) and was then refused for GPU memory: the planner's
+   placement is now checked first, and a run that passes every check says it once.
 """
 
 from __future__ import annotations
@@ -91,3 +94,34 @@ def test_a_sweep_of_a_replication_name_is_refused(swept: str, instead: str) -> N
     key = swept.lstrip("+").partition("=")[0]
     line = raises_one_line(lambda: refuse_sweeps_of_one_result(parsed), swept, instead)
     assert f"{key} only names a run" in line and f"drop {key} from the sweep" in line, line
+
+
+@pytest.mark.parametrize(("gpu_gb", "warned"), [(0.001, 0), (None, 1)])
+def test_a_long_run_is_said_once_and_only_where_it_is_not_refused(
+    gpu_gb: float | None,
+    warned: int,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    from core.errors import CapacityError
+    from core.hardware import HardwareSpec
+    from core.spec import Workload
+    from experiments.common import pipeline
+    from tests.conftest import model_from_conf
+    from tests.probes.conftest import ROOT
+
+    monkeypatch.setattr(pipeline, "_available_ram_bytes", lambda: 10**15)
+    d = yaml.safe_load((ROOT / "conf" / "hardware" / "tiny.yaml").read_text())
+    d["memory_gb"]["gpu"] = gpu_gb or d["memory_gb"]["gpu"]
+    hw = HardwareSpec.from_dict(d)
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=100000)
+    spec = pipeline.RunSpec(model_from_conf("tiny"), hw, wl, "flexgen", {})
+    if warned:
+        pipeline.sized_run(spec)
+    else:
+        with pytest.raises(CapacityError, match="GPU memory"):
+            pipeline.sized_run(spec)
+    said = [r.getMessage() for r in caplog.records if "minutes to simulate" in r.getMessage()]
+    assert len(said) == warned, said
