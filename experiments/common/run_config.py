@@ -110,7 +110,11 @@ def routing_disagrees(cfg: dict[str, Any], said: Any) -> str | None:
     want |= {"hot": f"{hot}@{cfg.get('workload.routing.hot_share')}" if hot else None}
     want |= {"seed": cfg.get("workload.seed")}
     if kind == "trace":  # `trace <name> [tasks] ...`: the tasks a config selects
-        return _tasks_differ(cfg, rest) or _start_differs(cfg.get("workload.seed"), rest)
+        return (
+            _tasks_differ(cfg, rest)
+            or _start_differs(cfg.get("workload.seed"), rest)
+            or _layers_differ(cfg.get("model.moe_layers"), rest)
+        )
     for key, value in want.items():
         got = ran.get(key)
         if (value is not None or key == "hot") and not _same_text(value, got):
@@ -157,6 +161,30 @@ def _names(value: Any) -> set[str]:
     except ValueError:
         names = [value]
     return {str(n) for n in (names if isinstance(names, list) else [names] if names else [])}
+
+
+def _layers_differ(moe_layers: Any, rest: str) -> str | None:
+    """A trace replay's `, its first L of N MoE layers` (a model of fewer MoE layers than the
+    trace's replays its first ones; none said: all N), against the config's model.moe_layers
+    (absent where the model is a config.json's, which config.yaml does not hold)."""
+    try:
+        layers = json.loads(moe_layers) if isinstance(moe_layers, str) else None
+    except json.JSONDecodeError:
+        return None
+    n = re.search(
+        r"in \d+ sequences,.*wrapped \d+x(?:, its first (\d+) of (\d+) MoE layers)?", rest
+    )
+    if not isinstance(layers, list) or n is None:
+        return None
+    from core.traces import N_LAYERS  # (numpy: only where a trace run is read)
+
+    said = int(n[1]) if n[1] else N_LAYERS
+    if len(layers) == said:
+        return None
+    return (
+        f"config.yaml's model.moe_layers has {len(layers)} MoE layers where the run's "
+        f"summary.json has routing of the trace's first {said}"
+    )
 
 
 def _tasks_differ(cfg: dict[str, Any], rest: str) -> str | None:

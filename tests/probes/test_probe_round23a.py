@@ -15,6 +15,9 @@ Classes:
 4. A run of millions of ops (`validate gen_len=100000`) logged that it needs minutes and GB
    (twice: one batch's, then the group's) and was then refused for GPU memory: the planner's
    placement is now checked first, and a run that passes every check says it once.
+5. A trace replay's summary text was read back against its config for tasks and start sequence,
+   not its layer cut (`, its first L of 26 MoE layers`): a run dir whose config.yaml has other
+   model.moe_layers is skipped too.
 """
 
 from __future__ import annotations
@@ -125,3 +128,27 @@ def test_a_long_run_is_said_once_and_only_where_it_is_not_refused(
             pipeline.sized_run(spec)
     said = [r.getMessage() for r in caplog.records if "minutes to simulate" in r.getMessage()]
     assert len(said) == warned, said
+
+
+_TRACE = "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 0, wrapped 0x"
+
+
+@pytest.mark.parametrize(
+    ("n_moe", "said", "words"),
+    [
+        (26, _TRACE, None),
+        (3, f"{_TRACE}, its first 3 of 26 MoE layers", None),
+        (None, f"{_TRACE}, its first 3 of 26 MoE layers", None),  # a config.json's model
+        (4, f"{_TRACE}, its first 3 of 26 MoE layers", "has 4 MoE layers where the run's"),
+        (3, _TRACE, "model.moe_layers has 3 MoE layers where the run's summary.json has routing"),
+    ],
+)
+def test_a_trace_replays_layer_cut_is_checked_against_the_config(
+    n_moe: int | None, said: str, words: str | None
+) -> None:
+    from experiments.common.run_config import config_disagrees
+
+    model = {} if n_moe is None else {"moe_layers": list(range(1, n_moe + 1))}
+    config = {"model": model, "workload": {"seed": 0, "routing": {"source": "trace"}}}
+    line = config_disagrees(config, {"routing": said})
+    assert (line is None) if words is None else (line is not None and words in line), line
