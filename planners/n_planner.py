@@ -213,6 +213,8 @@ def placement_for(
             m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers
         )
     except CapacityError as e:
+        if wl != _least(wl) and _refused(m, hw, _least(wl), window_layers, real_activations):
+            raise  # the least workload is refused too: no smaller n or batch helps, e's fix does
         kv_gb = (
             wl.n_sequences * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token * m.n_layers / 1e9
         )
@@ -228,6 +230,22 @@ def placement_for(
                 "(workload.prompt_len, workload.gen_len), or use hardware with more memory"
             )
         ) from None
+
+
+def _least(wl: Workload) -> Workload:
+    """The smallest workload of `wl`'s kind: one batch of one sequence, one token each way."""
+    return wl.with_(n_batches=1, batch_size=1, prompt_len=1, gen_len=1)
+
+
+def _refused(
+    m: ModelSpec, hw: HardwareSpec, wl: Workload, window_layers: int, real_activations: bool
+) -> bool:
+    """Whether `placement_for` refuses `wl`."""
+    try:
+        placement_for(m, hw, wl, window_layers, real_activations)
+    except CapacityError:
+        return True
+    return False
 
 
 def solve_n(

@@ -187,7 +187,9 @@ def resolve_layout(p: EPParams, ctx: PlanContext) -> Layout:
     )
     if not 1 <= g <= e:
         fix = (
-            f"pass n_devices=1 to {e} (0: the hardware's n_gpus)"
+            "pass n_devices=1 (one expert: one device holds it)"
+            if e == 1
+            else f"pass n_devices=1 to {e} (0: the hardware's n_gpus)"
             if g <= e or not p.n_devices  # 0 given: lowering it is no way out
             else "lower n_devices"
         )

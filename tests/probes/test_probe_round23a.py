@@ -18,12 +18,17 @@ Classes:
 5. A trace replay's summary text was read back against its config for tasks and start sequence,
    not its layer cut (`, its first L of 26 MoE layers`): a run dir whose config.yaml has other
    model.moe_layers is skipped too.
+6. Fixes that did not help: a one-expert model's n_devices refusal said "pass n_devices=1 to
+   1"; klotski's refusal of a CPU below one expert (the disk reads' staging) said "pick a
+   smaller n", which no n changes. It says the tier's own fix where the least workload (one
+   batch of one sequence) is refused too.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,3 +157,48 @@ def test_a_trace_replays_layer_cut_is_checked_against_the_config(
     config = {"model": model, "workload": {"seed": 0, "routing": {"source": "trace"}}}
     line = config_disagrees(config, {"routing": said})
     assert (line is None) if words is None else (line is not None and words in line), line
+
+
+def _hardware(cpu_bytes: int = 10**9, n_gpus: int = 1, gpu_bytes: int = 10**7) -> Any:
+    from core.hardware import HardwareSpec
+
+    return HardwareSpec.from_dict(
+        dict(
+            name="probe23a",
+            memory_gb=dict(gpu=gpu_bytes / 1e9, cpu=cpu_bytes / 1e9, disk=1.0),
+            gpu=dict(tflops=0.05, mem_bw_gbps=10),
+            cpu=dict(tflops=0.02, mem_bw_gbps=5),
+            links=dict(h2d=dict(gbps=5), d2h=dict(gbps=5), disk=dict(gbps=1)),
+            n_gpus=n_gpus,
+        )
+    )
+
+
+_WL = dict(batch_size=2, n_batches=2, prompt_len=6, gen_len=3)
+
+
+def test_klotski_on_a_cpu_below_one_expert_says_the_tiers_fix_alone() -> None:
+    from core.spec import Workload
+    from experiments.common.pipeline import RunSpec, simulate_run
+    from tests.conftest import model_from_conf
+
+    spec = RunSpec(
+        model_from_conf("tiny"), _hardware(1000, gpu_bytes=400_000), Workload(**_WL), "klotski"
+    )
+    line = raises_one_line(lambda: simulate_run(spec), "staging area", "add CPU memory")
+    assert "smaller n" not in line and line.endswith("add CPU memory"), line
+
+
+@pytest.mark.parametrize("n_devices", [0, 2])
+def test_a_one_expert_models_n_devices_says_pass_1(n_devices: int) -> None:
+    from dataclasses import replace
+
+    from core.spec import Workload
+    from experiments.common.pipeline import RunSpec, simulate_run
+    from tests.conftest import model_from_conf
+
+    model = replace(model_from_conf("tiny"), n_experts=1, top_k=1)
+    wl, hw = Workload(**_WL), _hardware(n_gpus=2)
+    spec = RunSpec(model, hw, wl, "ep_static", {"n_devices": n_devices})
+    line = raises_one_line(lambda: simulate_run(spec), f"n_devices={n_devices}")
+    assert line.endswith("pass n_devices=1 (one expert: one device holds it)"), line
