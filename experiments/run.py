@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import experiments
 from core.bubbles import top_cause
-from core.errors import CapacityError, ConfigError
+from core.errors import CapacityError, ConfigError, quoted
 from core.files import clear_leftovers
 from core.hf_config import hf_config_file
 from core.routing import resolve_source
@@ -57,6 +57,7 @@ from experiments.common.cli import (
     sweep_experiment_misused,
     until_interrupted,
 )
+from experiments.common.conf_files import as_typed_path, unquoted
 from experiments.common.dir_lock import LOCK, dir_locked
 from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.launch_line import check_split_over_ranks
@@ -474,18 +475,22 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
     nothing_runs = ("--cfg", "-c", "--help", "-h", "--info", "-i", "--hydra-help")
     if any(a in nothing_runs or a.startswith(("--shell-completion", "-sc")) for a in argv):
         return None
-    given = {k.lstrip("+"): v for k, sep, v in (a.partition("=") for a in argv) if sep}
+    # each value as hydra reads it (`hydra.run.dir='/a b/é'` is the folder /a b/é): the line
+    # names that folder (`quoted`: a space shows), its fix an override that parses back to it
+    given = {k.lstrip("+"): unquoted(v) for k, sep, v in (a.partition("=") for a in argv) if sep}
     multirun = any(a in ("-m", "--multirun") for a in argv)
     sweep = multirun or given.get("hydra.mode") == "MULTIRUN"
     if sweep and "hydra.run.dir" in given and "hydra.sweep.dir" not in given:
+        run_dir = given["hydra.run.dir"]
         return (
-            f"hydra.run.dir={given['hydra.run.dir']}: a single run's folder, which a sweep (-m) "
-            f"does not use; pass hydra.sweep.dir={given['hydra.run.dir']}"
+            f"hydra.run.dir={quoted(run_dir)}: a single run's folder, which a sweep (-m) does not "
+            f"use; pass hydra.sweep.dir={as_typed_path(run_dir)}"
         )
     if not sweep and "hydra.sweep.dir" in given and "hydra.run.dir" not in given:
+        sweep_dir = given["hydra.sweep.dir"]
         return (
-            f"hydra.sweep.dir={given['hydra.sweep.dir']}: a sweep's folder, which a single run "
-            f"(no -m) does not use; pass hydra.run.dir={given['hydra.sweep.dir']}, or add -m"
+            f"hydra.sweep.dir={quoted(sweep_dir)}: a sweep's folder, which a single run (no -m) "
+            f"does not use; pass hydra.run.dir={as_typed_path(sweep_dir)}, or add -m"
         )
     name = given.get("hydra.job.name")
     if name is not None and "$" not in name and not re.fullmatch(r"[\w.+-]+", name):

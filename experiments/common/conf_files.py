@@ -169,6 +169,25 @@ def unquoted(value: str) -> str:
     return inner.replace("\\" + quote, quote)
 
 
+def override_value(value: Any) -> str:
+    """`value` as a hydra override's value that parses back to it: null, a bool, a number, or a
+    quoted string (a path with spaces, commas or quotes stays one string)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("'", "\\'")
+    return f"'{text}'"
+
+
+def as_typed_path(path: str) -> str:
+    """A path (`unquoted`'s, as hydra reads it) as a line's `pass KEY=...` shows it: as is
+    where hydra's grammar takes it unquoted, else quoted (a space, a letter beyond ASCII)."""
+    return path if re.fullmatch(r"[\w./:+-]+", path, re.ASCII) else override_value(path)
+
+
 def group_files(
     argv: list[str], groups: Sequence[str], tmp: Path, files: dict[str, str]
 ) -> tuple[list[str], bool]:

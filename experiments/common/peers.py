@@ -34,6 +34,7 @@ from experiments.common.bench_memory import (
     drop_page_cache,
     host_room_bytes,
 )
+from experiments.common.conf_files import override_value
 from experiments.common.option_names import (
     BENCH_OPTIONS,
     own_names,
@@ -581,16 +582,3 @@ def format_rows(rows: list[Row]) -> list[str]:
         else:
             out.append(f"moepipe / best peer: {ratio:.2f}x ({best.system})")
     return out
-
-
-def override_value(value: Any) -> str:
-    """`value` as a hydra override's value that parses back to it: null, a bool, a number, or a
-    quoted string (a path with spaces, commas or quotes stays one string)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int | float):
-        return repr(value)
-    text = str(value).replace("'", "\\'")
-    return f"'{text}'"

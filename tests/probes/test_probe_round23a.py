@@ -22,6 +22,9 @@ Classes:
    1"; klotski's refusal of a CPU below one expert (the disk reads' staging) said "pick a
    smaller n", which no n changes. It says the tier's own fix where the least workload (one
    batch of one sequence) is refused too.
+7. The `-m` versus `hydra.run.dir` lines printed a quoted folder with its quotes (round 22b
+   read it unquoted in the folder check): they name the folder as the run reads it, and their
+   fix is an override that parses back to it (quoted only where hydra needs it).
 """
 
 from __future__ import annotations
@@ -202,3 +205,32 @@ def test_a_one_expert_models_n_devices_says_pass_1(n_devices: int) -> None:
     spec = RunSpec(model, hw, wl, "ep_static", {"n_devices": n_devices})
     line = raises_one_line(lambda: simulate_run(spec), f"n_devices={n_devices}")
     assert line.endswith("pass n_devices=1 (one expert: one device holds it)"), line
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["-m", "hydra.run.dir='/tmp/r'"],
+            "hydra.run.dir=/tmp/r: a single run's folder, which a sweep (-m) does not use; "
+            "pass hydra.sweep.dir=/tmp/r",
+        ),
+        (
+            ["-m", "hydra.run.dir='/tmp/a b'"],
+            "hydra.run.dir='/tmp/a b': a single run's folder, which a sweep (-m) does not use; "
+            "pass hydra.sweep.dir='/tmp/a b'",
+        ),
+        (
+            ['hydra.sweep.dir="/tmp/é"'],
+            "hydra.sweep.dir=/tmp/é: a sweep's folder, which a single run (no -m) does not use; "
+            "pass hydra.run.dir='/tmp/é', or add -m",
+        ),
+        (["hydra.job.name='abc'"], None),  # the name abc: it was refused as not one
+    ],
+)
+def test_a_misplaced_run_dir_is_named_as_the_run_reads_it(
+    args: list[str], line: str | None
+) -> None:
+    from experiments.run import misplaced_output
+
+    assert misplaced_output(args) == line
