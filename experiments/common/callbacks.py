@@ -58,11 +58,13 @@ def finished_runs(sweep_dir: Path, token: str) -> tuple[int, int]:
     the job writes the sweep's token into the run dir first (`SweepProgress.on_job_start`), so
     other sweeps' runs in the same fixed sweep dir do not count, even one started within the
     second before (which mtimes, whole seconds on some file systems, could not tell apart). It
-    was reused where its summary.json is still the file that was there when its job started."""
+    was reused where its summary.json is still the file that was there when its job started.
+    One with failed.txt beside its summary.json failed (that summary is an earlier run's, kept),
+    as `failed_runs` and `collect` count it."""
     finished = reused = 0
     for summary in _run_files(sweep_dir, "summary.json"):
         sweeps = _sweeps(summary.parent)
-        if token not in sweeps:
+        if token not in sweeps or (summary.parent / FAILED).exists():  # its rerun failed
             continue
         try:
             now = _identity(summary)

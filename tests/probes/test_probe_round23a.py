@@ -6,8 +6,9 @@ Classes:
    default without a word. Refused in one line naming the default and `KEY=VALUE`.
 2. A run dir with failed.txt beside summary.json (a finished run's folder whose later run, of
    another config, failed and kept the earlier result) was collected as finished, though the
-   sweep's end line named the point as failed. collect and report skip it, naming both files
-   and how to collect the earlier result.
+   sweep's end line named the point as failed (and counted it as finished and reused too).
+   collect and report skip it, naming both files and how to collect the earlier result, and
+   the sweep's count of finished runs leaves it out.
 3. A sweep of `replication.case` or `replication.label`, which only name a run (the replication
    report's case column, its variant row), ran two run dirs of one result: refused before it
    starts, like round 22a's sweep of `reproduce.*`, saying what to sweep instead (the case's
@@ -82,11 +83,16 @@ def test_deleting_a_group_or_a_null_option_is_left_to_hydras_line(
 
 
 def test_a_finished_run_dir_with_failed_txt_is_skipped_naming_both(tmp_path: Path) -> None:
+    from experiments.common.callbacks import failed_runs, finished_runs, mark_run
     from experiments.common.tables import collect
 
     run = tiny_run(tmp_path / "sweep" / "point")
+    mark_run(run, "sweep23a")  # the sweep's end line counts it
     assert len(collect(tmp_path / "sweep")[0]) == 1
+    assert finished_runs(tmp_path / "sweep", "sweep23a") == (1, 1)
     (run / "failed.txt").write_text("planner.params.n=-5: must be ...; pass n >= 0\n")
+    assert finished_runs(tmp_path / "sweep", "sweep23a") == (0, 0)
+    assert failed_runs(tmp_path / "sweep", "sweep23a") == ["point"]
     rows, (skipped,) = collect(tmp_path / "sweep")
     assert rows.empty
     assert skipped.startswith("point: failed: planner.params.n=-5"), skipped
