@@ -134,6 +134,7 @@ def test_validates_errors_name_its_own_options(
     """validate's options are batch_size and planner_params: a planner's refusal said
     workload.batch_size and planner.params.n, a run's keys, which validate does not take."""
     args = [f"checkpoint={tiny_ckpt}", "hardware=tiny", "planners=[klotski]", "repeats=1"]
+    args += ["gpu_frac=0.9"]  # one batch fits, n=1000 does not: the fix names n
     r = cli_here("experiments.validate", *args, "+planner_params.n=1000", f"out={tmp_path / 'v'}")
     line = one_line(r, "planner_params.n", "batch_size")
     assert "planner.params" not in line and "workload." not in line

@@ -36,7 +36,7 @@ def test_klotskis_refusal_at_the_gpu_edge_names_the_activations_once(
     the n-planner's addition said it again."""
     args = overridden(TINY, "planner=klotski", "hardware.memory_gb.gpu=0.00001")
     r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path}/r")
-    line = one_line(r, "does not fit", "raise hardware.memory_gb.gpu")
+    line = one_line(r, "smaller than the working set", "raise hardware.memory_gb.gpu")
     assert line.count("activations") == 1, line
 
 
