@@ -370,6 +370,16 @@ def _version(path: Path, st: os.stat_result | None = None) -> str:
     return f"size {st.st_size} mtime {st.st_mtime_ns} ctime {st.st_ctime_ns}"
 
 
+def _readable_version(path: Path) -> str:
+    """`_version`, or why the file cannot be stat'ed (a dangling or looping symlink): the
+    checkpoint's reading then says what is wrong with it, with its fix, or ignores it where
+    transformers does (a generation_config.json it cannot open)."""
+    try:
+        return _version(path)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+
+
 def check_not_model_folder(cfg: DictConfig, out_dir: Path) -> None:
     """A ConfigError where the run dir is the folder the run reads its model from: its files
     went beside the weights, and its tokens.safetensors, a weight file to `model_files_line`,
@@ -403,7 +413,7 @@ def model_files_line(cfg: DictConfig) -> str:
 
         for name in read_files(config.parent):  # the index, the weights, generation settings
             if name != config.name:
-                h.update(f"{name} {_version(config.parent / name)}\n".encode())
+                h.update(f"{name} {_readable_version(config.parent / name)}\n".encode())
     return f"# model files {config.parent}: {h.hexdigest()[:16]}\n"
 
 

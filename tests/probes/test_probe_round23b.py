@@ -1,0 +1,75 @@
+"""Round 23b of issue 48: a real run's files and faults, probed afresh (204 cases: every file of
+the HF layout missing, empty, cut short, a symlink to a file, a folder, nothing or itself, a
+folder in its place; sharded indexes naming a file twice, a tensor in two files, paths out of
+the folder; tensors of another dtype, extra or missing; config.json and the weights at odds in
+each shape field; odd generation_config.json; a finished run's files edited at the same size;
+the checkpoint rewritten between runs; a read-only checkpoint; a full disk; SIGKILL, SIGTERM
+and SIGINT mid-run, then the same command again). Classes found:
+
+- a checkpoint file that cannot be stat'ed (a symlink to nothing or to itself) stopped a run
+  before the checkpoint was read, at the config record's version line, as a bare OSError: a
+  dangling or looping generation_config.json, which transformers (and moepipe's own reader)
+  ignore, refused the run, and a dangling weights file or index was named without its fix;
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.run import model_files_line
+from real.checkpoint import load_checkpoint
+from tests.probes.conftest import raises_one_line, real_args
+
+GEN = "generation_config.json"
+WEIGHTS = "model.safetensors"
+
+
+def _dangling(p: Path) -> None:
+    p.symlink_to(p.parent / "nowhere")
+
+
+def _loop(p: Path) -> None:
+    p.symlink_to(p)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory, tiny_ckpt: Path) -> Path:
+    """A copy of the tiny checkpoint, which the tests below give broken files of their own."""
+    return Path(shutil.copytree(tiny_ckpt, tmp_path_factory.mktemp("r23b") / "ck"))
+
+
+def _with(ckpt: Path, tmp_path: Path, name: str, make: Any) -> Path:
+    """A copy of `ckpt` whose file `name` is replaced by what `make` makes in its place."""
+    d = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    (d / name).unlink(missing_ok=True)
+    make(d / name)
+    return d
+
+
+def _real_cfg(d: Path) -> Any:
+    return OmegaConf.create({"executor": {"name": "real"}, "checkpoint": str(d), "model": {}})
+
+
+@pytest.mark.parametrize("make", [_dangling, _loop], ids=["dangling", "loop"])
+@pytest.mark.parametrize("name", [GEN, WEIGHTS])
+def test_a_file_that_cannot_be_stated_is_left_to_the_checkpoints_reader(
+    ckpt: Path, tmp_path: Path, name: str, make: Any
+) -> None:
+    d = _with(ckpt, tmp_path, name, make)
+    assert "# model files" in model_files_line(_real_cfg(d))  # was a bare OSError
+    if name == WEIGHTS:  # the reader names the link and its fix
+        raises_one_line(lambda: load_checkpoint(d), WEIGHTS, "symbolic link", "re-copy")
+
+
+def test_a_generation_config_linking_nowhere_runs_as_transformers_runs(
+    ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    d = _with(ckpt, tmp_path, GEN, _dangling)
+    r = cli_here("experiments.run", *real_args(d, tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
