@@ -424,12 +424,29 @@ def loads_hf_json(text: str, where: str) -> Any:
     return loads_json_as_owner(text, where, TRANSFORMERS_JSON)
 
 
+# files of a checkpoint's folder other than its config.json (transformers' names)
+_OTHER_FILES = ("generation_config.json", "model.safetensors.index.json", "tokenizer.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _not_another_checkpoint_file(p: Path) -> None:
+    """A ConfigError where `p`, given as the model's config.json, is another file of a
+    checkpoint (its weights, index or generation settings): read as config.json it was
+    refused as not UTF-8 or of the wrong fields, a fix that rewrote the wrong file."""
+    if p.name in _OTHER_FILES or p.name.endswith(_WEIGHT_SUFFIXES):
+        raise ConfigError(
+            f"{p}: a checkpoint's {p.name}, not its config.json; pass the checkpoint's folder "
+            f"({p.parent})"
+        )
+
+
 def read_hf_config(path: str | Path) -> HFConfig:
     """A Hugging Face `config.json` (file or checkpoint directory), every field it has that
     moepipe reads checked; a ConfigError naming the file for one that is missing, not UTF-8, not
     JSON, not an object, or a field of another type or range; not a regular file or over 16 MiB.
     A key given twice takes its last value, as transformers' json.loads, in a logged line."""
     p = hf_config_file(path)
+    _not_another_checkpoint_file(p)
     try:
         text = read_small(p, fix="point at a checkpoint's config.json").decode("utf-8")
     except FileNotFoundError:

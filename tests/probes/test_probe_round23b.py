@@ -10,6 +10,9 @@ and SIGINT mid-run, then the same command again). Classes found:
   before the checkpoint was read, at the config record's version line, as a bare OSError: a
   dangling or looping generation_config.json, which transformers (and moepipe's own reader)
   ignore, refused the run, and a dangling weights file or index was named without its fix;
+- `checkpoint=` (or `model.hf_config=`) naming another file of a checkpoint (its weights, its
+  index, its generation settings) was read as config.json: "not UTF-8 text; copy the model's
+  released config.json", a fix that rewrote the wrong file.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from core.hf_config.fields import read_hf_config
 from experiments.run import model_files_line
 from real.checkpoint import load_checkpoint
-from tests.probes.conftest import raises_one_line, real_args
+from tests.probes.conftest import one_line, raises_one_line, real_args
 
 GEN = "generation_config.json"
 WEIGHTS = "model.safetensors"
@@ -73,3 +77,22 @@ def test_a_generation_config_linking_nowhere_runs_as_transformers_runs(
     r = cli_here("experiments.run", *real_args(d, tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("name", [WEIGHTS, "model.safetensors.index.json", GEN, "x.bin"])
+def test_another_file_of_a_checkpoint_given_as_its_config_names_the_folder(
+    ckpt: Path, name: str
+) -> None:
+    p = ckpt / name
+    if not p.exists():
+        p.write_text("{}")
+    line = raises_one_line(lambda: read_hf_config(p), name, "not its config.json")
+    assert f"({ckpt})" in line
+
+
+def test_a_run_given_the_weights_file_names_the_checkpoints_folder(
+    ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    r = cli_here("experiments.run", *real_args(ckpt / WEIGHTS, tmp_path / "run"))
+    one_line(r, WEIGHTS, "not its config.json", str(ckpt))
+    assert not (tmp_path / "run").exists()
