@@ -31,8 +31,8 @@ def attach_scales(
     """Each float8 weight of `index` given its scales (`TensorEntry.scale`) and `block`
     (quantization_config's; None: no FP8, `listed` as it is); the scales' own names taken out
     of `index` and `listed` (what the model reads is the weight). One line naming the tensor
-    for a float8 weight without scales, scales without their weight, or a scale grid of
-    another shape than the block makes."""
+    for a float8 weight without scales, scales without their weight, a scale grid of
+    another shape than the block makes, or quantization_config over no float8 weight."""
     if block is None:
         return listed
     for name in [n for n in index if n.endswith(SCALE_SUFFIX)]:
@@ -59,6 +59,13 @@ def attach_scales(
         raise ConfigError(
             f"{index[bare[0]].file}: float8_e4m3fn tensor {quoted(bare[0])} has no "
             f"{quoted(bare[0] + SCALE_SUFFIX)} ({len(bare)} such); re-copy the checkpoint"
+        )
+    if index and not any(e.scale is not None for e in index.values()):
+        raise ConfigError(
+            f"{next(iter(index.values())).file.parent / 'config.json'}: quantization_config "
+            "says fp8, but no tensor is float8_e4m3fn with its scales (the weights are not "
+            "quantized, and transformers would load them into FP8 layers with no scales); "
+            "remove quantization_config, or re-copy the checkpoint"
         )
     return [n for n in listed if not n.endswith(SCALE_SUFFIX)]
 

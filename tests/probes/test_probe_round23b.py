@@ -12,11 +12,14 @@ and SIGINT mid-run, then the same command again). Classes found:
   ignore, refused the run, and a dangling weights file or index was named without its fix;
 - `checkpoint=` (or `model.hf_config=`) naming another file of a checkpoint (its weights, its
   index, its generation settings) was read as config.json: "not UTF-8 text; copy the model's
-  released config.json", a fix that rewrote the wrong file.
+  released config.json", a fix that rewrote the wrong file;
+- a config.json whose quantization_config says fp8 over weights none of which is float8 with
+  its scales ran them unscaled without a word (transformers loads them into FP8 layers).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -81,13 +84,12 @@ def test_a_generation_config_linking_nowhere_runs_as_transformers_runs(
 
 @pytest.mark.parametrize("name", [WEIGHTS, "model.safetensors.index.json", GEN, "x.bin"])
 def test_another_file_of_a_checkpoint_given_as_its_config_names_the_folder(
-    ckpt: Path, name: str
+    tmp_path: Path, name: str
 ) -> None:
-    p = ckpt / name
-    if not p.exists():
-        p.write_text("{}")
+    p = tmp_path / name
+    p.write_text("{}")  # JSON, but not a config: read as one, it was refused as of no family
     line = raises_one_line(lambda: read_hf_config(p), name, "not its config.json")
-    assert f"({ckpt})" in line
+    assert f"({tmp_path})" in line
 
 
 def test_a_run_given_the_weights_file_names_the_checkpoints_folder(
@@ -96,3 +98,18 @@ def test_a_run_given_the_weights_file_names_the_checkpoints_folder(
     r = cli_here("experiments.run", *real_args(ckpt / WEIGHTS, tmp_path / "run"))
     one_line(r, WEIGHTS, "not its config.json", str(ckpt))
     assert not (tmp_path / "run").exists()
+
+
+def test_an_fp8_quantization_config_over_unquantized_weights_is_one_line(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    d = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [16, 16],
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    raises_one_line(lambda: load_checkpoint(d), "config.json", "quantization_config", "float8")
