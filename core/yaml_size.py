@@ -8,6 +8,7 @@ is refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -73,6 +74,25 @@ def yaml_problem(e: yaml.YAMLError, text: str = "") -> tuple[str, int | None]:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0] or type(e).__name__
     return problem, mark.line + 1 if mark is not None else None
+
+
+def yaml_place(e: yaml.YAMLError) -> str:
+    """`FILE:LINE: ` where YAML error `e` came from a file: its mark's, or for a character YAML
+    refuses (a ReaderError, which has no mark) the file's name and the line of its position;
+    "" where it came from a string."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:
+        return f"{mark.name}:{mark.line + 1}: "
+    name = getattr(e, "name", None)
+    if not isinstance(e, yaml.reader.ReaderError) or not isinstance(name, str):
+        return ""
+    if name.startswith("<"):  # "<unicode string>", "<file>": no path to name
+        return ""
+    try:
+        text = Path(name).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return f"{name}: "
+    return f"{name}:{yaml_problem(e, text)[1]}: "
 
 
 def _expanded(node: yaml.Node, sizes: dict[int, int], scalars: list[yaml.ScalarNode]) -> int:

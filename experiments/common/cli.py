@@ -137,7 +137,7 @@ def error_line(e: BaseException) -> str | None:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    from core.yaml_size import yaml_problem
+    from core.yaml_size import yaml_place, yaml_problem
     from experiments.common.torch_env import env_line
 
     if isinstance(e, MoepipeError):  # a planner's schedule that breaks the IR: its bug
@@ -187,9 +187,8 @@ def error_line(e: BaseException) -> str | None:
         return _flat(f"override {e.override!r}: {parse_problem(str(e.message))}")
     for cause in (e, e.__cause__, e.__context__):
         if isinstance(cause, yaml.YAMLError):
-            mark = getattr(cause, "problem_mark", None)
-            at = f"{mark.name}:{mark.line + 1}: " if mark is not None else ""
-            return _flat(f"{at}not valid YAML ({yaml_problem(cause)[0]}); fix that file")
+            problem = yaml_problem(cause)[0]
+            return _flat(f"{yaml_place(cause)}not valid YAML ({problem}); fix that file")
     if isinstance(e, MissingMandatoryValue):  # a required field a YAML file left out
         key = getattr(e, "full_key", None) or "a field"
         return _flat(f"{key}: required and not set; add it to its YAML file or pass {key}=VALUE")

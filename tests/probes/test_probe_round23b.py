@@ -14,7 +14,10 @@ and SIGINT mid-run, then the same command again). Classes found:
   index, its generation settings) was read as config.json: "not UTF-8 text; copy the model's
   released config.json", a fix that rewrote the wrong file;
 - a config.json whose quantization_config says fp8 over weights none of which is float8 with
-  its scales ran them unscaled without a word (transformers loads them into FP8 layers).
+  its scales ran them unscaled without a word (transformers loads them into FP8 layers);
+- a YAML file hydra reads (a hardware profile cut or overwritten with NUL bytes, a user's
+  group file) holding a character YAML refuses: "not valid YAML (character #x0000 ...); fix
+  that file", naming no file (PyYAML's ReaderError has no mark, only the stream's name).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from core.hf_config.fields import read_hf_config
+from experiments.common.cli import error_line
 from experiments.run import model_files_line
 from real.checkpoint import load_checkpoint
 from tests.probes.conftest import one_line, raises_one_line, real_args
@@ -113,3 +118,15 @@ def test_an_fp8_quantization_config_over_unquantized_weights_is_one_line(
     }
     (d / "config.json").write_text(json.dumps(cfg))
     raises_one_line(lambda: load_checkpoint(d), "config.json", "quantization_config", "float8")
+
+
+@pytest.mark.parametrize("text", [b"name: x\nlinks: \x00\n", b"name: x\n\x07: 1\n"])
+def test_a_yaml_file_with_a_character_yaml_refuses_is_named_with_its_line(
+    tmp_path: Path, text: bytes
+) -> None:
+    p = tmp_path / "hw.yaml"
+    p.write_bytes(text)
+    with open(p) as f, pytest.raises(yaml.YAMLError) as info:
+        yaml.safe_load(f)
+    line = error_line(info.value)
+    assert line is not None and line.startswith(f"{p}:2: not valid YAML (character #x00"), line
