@@ -192,6 +192,12 @@ def _write(opts: Any) -> int:
         f"wrote {out}: {spec.name} ({spec.family}), "
         f"{spec.total_bytes / 2**20:.1f} MiB by the spec's count"
     )
+    kept = Path(out) / "generation_config.json"  # a user's file: kept, but said
+    if kept.exists() or kept.is_symlink():
+        print(
+            f"kept {kept}, which runs of this checkpoint read (make_checkpoint writes none): "
+            "remove it if it was the earlier model's"
+        )
     return 0
 
 

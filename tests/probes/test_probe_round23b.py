@@ -17,7 +17,9 @@ and SIGINT mid-run, then the same command again). Classes found:
   its scales ran them unscaled without a word (transformers loads them into FP8 layers);
 - a YAML file hydra reads (a hardware profile cut or overwritten with NUL bytes, a user's
   group file) holding a character YAML refuses: "not valid YAML (character #x0000 ...); fix
-  that file", naming no file (PyYAML's ReaderError has no mark, only the stream's name).
+  that file", naming no file (PyYAML's ReaderError has no mark, only the stream's name);
+- make_checkpoint over an earlier checkpoint kept its generation_config.json (a user's file,
+  by design) without a word, so the new model's runs decoded with the earlier one's settings.
 """
 
 from __future__ import annotations
@@ -130,3 +132,14 @@ def test_a_yaml_file_with_a_character_yaml_refuses_is_named_with_its_line(
         yaml.safe_load(f)
     line = error_line(info.value)
     assert line is not None and line.startswith(f"{p}:2: not valid YAML (character #x00"), line
+
+
+def test_make_checkpoint_says_it_kept_an_earlier_generation_config(
+    ckpt: Path, tmp_path: Path, cli_here: Any
+) -> None:
+    d = Path(shutil.copytree(ckpt, tmp_path / "ck"))
+    (d / GEN).write_text('{"repetition_penalty": 1.5}')
+    args = ["model=mixtral-tiny", f"out={d}", "n_layers=1", "hidden_size=32", "vocab_size=64"]
+    r = cli_here("experiments.make_checkpoint", *args, "n_heads=2", "n_kv_heads=1")
+    assert r.returncode == 0, r.stderr
+    assert f"kept {d / GEN}" in r.stdout and (d / GEN).is_file()
