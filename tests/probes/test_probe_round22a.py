@@ -349,14 +349,19 @@ def test_a_run_dir_whose_routing_is_not_its_configs_is_skipped(tmp_path: Path) -
     ids=["dir_group", "dir_key", "subdir_excluded_but_reached", "job_num"],
 )
 def test_a_sweep_folder_reached_through_an_interpolation_counts(
-    args: list[str], words: str | None
+    args: list[str], words: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first two ran a sweep folder per point, the sweep counting one; the last two were
     refused ("left out of hydra.job.override_dirname", omegaconf's missing hydra.job.num)
-    though each point has a folder of its own."""
+    though each point has a folder of its own. The sweep folder's checks alone: the per-point
+    check a command registers (`POINT_CHECK`, left set by any in-process command run before)
+    is taken away, as a job resolving `${hydra.job.num}` outside hydra's node fails on it."""
     import experiments.run  # noqa: F401 (its help config, which a composed config names)
+    from experiments.common import sweep_points
     from experiments.common.hydra_errors import CONF_DIR
     from experiments.common.overrides import check_sweep
+
+    monkeypatch.setattr(sweep_points, "POINT_CHECK", [])
 
     given = [a for a in TINY if not a.startswith("planner=")] + args
     if words is None:
