@@ -371,9 +371,8 @@ def _version(path: Path, st: os.stat_result | None = None) -> str:
 
 
 def _readable_version(path: Path) -> str:
-    """`_version`, or why the file cannot be stat'ed (a dangling or looping symlink): the
-    checkpoint's reading then says what is wrong with it, with its fix, or ignores it where
-    transformers does (a generation_config.json it cannot open)."""
+    """`_version`, or why a file cannot be stat'ed (a dangling symlink): the checkpoint's reader
+    says what is wrong, or ignores it as transformers does (a generation_config.json)."""
     try:
         return _version(path)
     except OSError as e:
@@ -400,8 +399,7 @@ def model_files_line(cfg: DictConfig) -> str:
     makes a finished run run again. config.json's bytes, and the version (`_version`) of each
     other file a real run reads (`read_files`: generation_config.json too, whose rewrite
     reused a run of the earlier decoding); for `model.hf_config`, config.json's alone (a
-    simulated run reads no other: a rewritten weight file ran a finished simulation again).
-    Empty for a model from conf/model."""
+    simulation reads no other file). Empty for a model from conf/model."""
     real = cfg.executor.get("name") == "real" and cfg.get("checkpoint")
     path = cfg.checkpoint if real else cfg.model.get("hf_config")
     if not path:
@@ -485,8 +483,7 @@ def misplaced_output(argv: Sequence[str]) -> str | None:
     nothing_runs = ("--cfg", "-c", "--help", "-h", "--info", "-i", "--hydra-help")
     if any(a in nothing_runs or a.startswith(("--shell-completion", "-sc")) for a in argv):
         return None
-    # each value as hydra reads it (`hydra.run.dir='/a b/é'` is the folder /a b/é): the line
-    # names that folder (`quoted`: a space shows), its fix an override that parses back to it
+    # each value as hydra reads it (`hydra.run.dir='/a b/é'` is the folder /a b/é), for the line
     given = {k.lstrip("+"): unquoted(v) for k, sep, v in (a.partition("=") for a in argv) if sep}
     multirun = any(a in ("-m", "--multirun") for a in argv)
     sweep = multirun or given.get("hydra.mode") == "MULTIRUN"
