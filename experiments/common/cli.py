@@ -35,6 +35,7 @@ from experiments.common.argv_checks import (
     sweep_experiment_misused,
     user_conf_dirs,
 )
+from experiments.common.conf_files import chosen_file
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
 
 __all__ = [
@@ -191,7 +192,8 @@ def error_line(e: BaseException) -> str | None:
             return _flat(f"{yaml_place(cause)}not valid YAML ({problem}); fix that file")
     if isinstance(e, MissingMandatoryValue):  # a required field a YAML file left out
         key = getattr(e, "full_key", None) or "a field"
-        return _flat(f"{key}: required and not set; add it to its YAML file or pass {key}=VALUE")
+        into = chosen_file(key) or "its YAML file"
+        return _flat(f"{key}: required and not set; add it to {into} or pass {key}=VALUE")
     if isinstance(e, OmegaConfBaseException):
         key = getattr(e, "full_key", None)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -256,3 +256,28 @@ def _check_holds_fields(arg: str, group: str, text: str) -> None:
     wrong = not_fields(data, group)
     if wrong:
         raise MoepipeError(f"{arg}: {wrong}")
+
+
+def chosen_file(key: str) -> str | None:
+    """The YAML file the running job took `key`'s group from (`hardware.name`: the user's
+    `hardware=FILE.yaml`, or conf/hardware/NAME.yaml), for a line about a field that file left
+    out; None outside a job, or where the key is no group's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from experiments.common.app import USER_FILES
+
+    group = key.split(".", 1)[0]
+    try:
+        choice = HydraConfig.get().runtime.choices.get(group)
+    except Exception:  # noqa: BLE001 (no job running: nothing to name)
+        return None
+    if not isinstance(choice, str) or "." not in key:
+        return None
+    copied = next((v for k, v in USER_FILES.items() if k.endswith(f"/{group}/{choice}.yaml")), "")
+    if copied:
+        return copied
+    from experiments.common.hydra_errors import CONF_DIR
+
+    return (
+        f"conf/{group}/{choice}.yaml" if (CONF_DIR / group / f"{choice}.yaml").is_file() else None
+    )

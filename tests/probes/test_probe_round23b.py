@@ -143,3 +143,15 @@ def test_make_checkpoint_says_it_kept_an_earlier_generation_config(
     r = cli_here("experiments.make_checkpoint", *args, "n_heads=2", "n_kv_heads=1")
     assert r.returncode == 0, r.stderr
     assert f"kept {d / GEN}" in r.stdout and (d / GEN).is_file()
+
+
+def test_a_profile_that_leaves_out_a_required_field_is_named(tmp_path: Path, cli_here: Any) -> None:
+    """A hardware profile cut before its `name:` said "add it to its YAML file", naming no file
+    (validate named it): the line names the file the run took the group from."""
+    hw = tmp_path / "cut.yaml"
+    text = (Path(__file__).parents[2] / "conf" / "hardware" / "tiny.yaml").read_text()
+    hw.write_text("".join(x for x in text.splitlines(True) if not x.startswith("name:")))
+    args = ["model=tiny", "workload=tiny", "planner=flexgen", f"hardware={hw}"]
+    r = cli_here("experiments.run", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    one_line(r, "hardware.name", f"add it to {hw}")
+    assert not (tmp_path / "run").exists()
