@@ -34,6 +34,10 @@ class Routing:
     # None where the source has none (synthetic routing, a live gate)
     labels: np.ndarray | None = None
     label_names: tuple[str, ...] = ()
+    # where it came from as data, written beside `description` (summary.json's routing_fields):
+    # `source` (synthetic, trace, live, esft) and what drew it (a generator's knobs and seed, a
+    # trace's tasks, sequences and layer cut), so a reader compares fields, not the words
+    fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not callable(self.weights):

@@ -316,7 +316,13 @@ def synthetic_routing(model: ModelSpec, workload: Workload, first_chunk: int = 0
         + (f" hot={cfg.hot_experts}@{cfg.hot_share:g}" if cfg.hot_experts else "")
         + f" seed={workload.seed}"
     )
-    return Routing(ids, w, model.n_experts, desc)
+    fields = {
+        "source": "synthetic",
+        **{k: getattr(cfg, k) for k in ("skew", "layer_corr", "reuse", "hot_experts", "hot_share")},
+        "seed": workload.seed,
+        "moe_layers": len(model.moe_layers),
+    }
+    return Routing(ids, w, model.n_experts, desc, fields=fields)
 
 
 # ---- fitting ---------------------------------------------------------------------------------

@@ -416,11 +416,25 @@ def esft_routing(model: ModelSpec, workload: Workload) -> Routing:
     take = stream[np.arange(need) % len(stream)]  # [S*P]
     ids = trace.expert_ids[take, :layers].astype(np.int16).reshape(s, p, layers, TOP_K)
     w = trace.gate_weights[take, :layers].astype(np.float32).reshape(s, p, layers, TOP_K)
-    tasks = ",".join(sorted(set(cfg.tasks or trace.task_names) - set(cfg.exclude_tasks)))
+    drawn = sorted(set(cfg.tasks or trace.task_names) - set(cfg.exclude_tasks))
+    tasks = ",".join(drawn)
     cut = f", its first {layers} of {N_LAYERS} MoE layers" if layers < N_LAYERS else ""
     desc = (
         f"trace {TRACE_NAME} [{tasks}] {len(stream)} tokens in {len(starts)} sequences, "
         f"start seq {workload.seed % len(starts)}, wrapped {wraps}x{cut}"
     )
+    fields = {
+        "source": "trace",
+        "trace": TRACE_NAME,
+        "tasks": drawn,
+        "exclude_tasks": sorted(cfg.exclude_tasks),
+        "tokens": len(stream),
+        "sequences": len(starts),
+        "start_seq": workload.seed % len(starts),
+        "seed": workload.seed,
+        "wrapped": wraps,
+        "moe_layers": layers,
+        "trace_moe_layers": N_LAYERS,
+    }
     labels = trace.task[take].astype(np.int16).reshape(s, p)  # each token's task: its request's
-    return Routing(ids, w, N_EXPERTS, desc, labels, trace.task_names)
+    return Routing(ids, w, N_EXPERTS, desc, labels, trace.task_names, fields)

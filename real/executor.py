@@ -404,13 +404,15 @@ class Executor(OpSemantics):
             pos = slice(first, first + n_pos)
             ids[seqs, pos, moe] = i.view(wl.batch_size, n_pos, k).numpy()
             ws[seqs, pos, moe] = w.view(wl.batch_size, n_pos, k).float().numpy()
-        desc = self._routing.description if self._routing is not None else "live (the model's gate)"
+        given = self._routing
+        desc = given.description if given is not None else "live (the model's gate)"
+        fields = dict(given.fields) if given is not None else {"source": "live"}
         return RunOutput(
             schedule,
             np.asarray(self._start),
             np.asarray(self._end),
             tokens,
             logits,
-            Routing(ids, ws, s.n_experts, desc),
+            Routing(ids, ws, s.n_experts, desc, fields=fields),
             self._fallbacks,
         )

@@ -511,6 +511,7 @@ def _generate(
         torch.cat(ws, 1).numpy(),
         spec.n_experts,
         f"live routing of {ckpt_dir}",
+        fields={"source": "live", "checkpoint": str(ckpt_dir)},
     )
     return torch.stack(tokens, dim=1), logits, routing
 

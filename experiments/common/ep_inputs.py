@@ -134,6 +134,7 @@ def esft_routing(
         f"esft {split} (seq_id % 5 == {SPLITS[split]}), {len(eval_ids)} tokens",
         labels,
         task_names,
+        {"source": "esft", "split": split, "seq_id_mod_5": SPLITS[split], "tokens": len(eval_ids)},
     )
 
 
@@ -198,6 +199,7 @@ def synthetic_split(model: ModelSpec, wl: Workload) -> tuple[Routing, np.ndarray
         lambda: both.gate_weights[n:],
         e,
         both.description + " (second half; first half trains)",
+        fields={**both.fields, "half": "second"},
     )
     return test, load_matrix(train, e), transition_counts(train, e)
 

@@ -295,7 +295,7 @@ def simulate_run(
     with gc_paused():
         schedule = build_schedule(spec, routing, planner)
         trace = simulate_trace(schedule, spec.hardware)
-        return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing.description))
+        return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing))
 
 
 # The routing `last_routing` built last, by (model, workload): one entry
@@ -339,8 +339,11 @@ def simulate_trace(schedule: Schedule, hardware: HardwareSpec) -> pd.DataFrame:
 
 
 def summary_of(
-    spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing_desc: str
+    spec: RunSpec, schedule: Schedule, trace: pd.DataFrame, routing: Routing, mode: str = ""
 ) -> dict[str, Any]:
+    """summary.json's labels and metrics; its routing twice, from one object: `routing` the
+    description tables print (behind a real run's `mode: `), `routing_fields` the same as
+    data, which collect and report compare with config.yaml (run_config.routing_disagrees)."""
     meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
     if schedule.ep is not None:
         meta["ep"] = schedule.ep.summary()
@@ -355,7 +358,8 @@ def summary_of(
         executor=spec.executor,
         model=spec.model.name,
         hardware=spec.hardware.name,
-        routing=routing_desc,
+        routing=f"{mode}: {routing.description}" if mode else routing.description,
+        routing_fields=dict(routing.fields),
         plan=meta,
     )
 

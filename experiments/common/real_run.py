@@ -172,7 +172,7 @@ def real_execute(
     trace = make_trace(out.schedule, out.start_s, out.end_s, source="real")
     if not distributed or torch.distributed.get_rank() == 0:
         warn_disk_in_memory(ckpt, trace)
-    summary = summary_of(spec, out.schedule, trace, f"{routing_mode}: {out.routing.description}")
+    summary = summary_of(spec, out.schedule, trace, out.routing, routing_mode)
     outputs = {
         "prompts": np.ascontiguousarray(prompts.numpy(), dtype=np.int64),  # [n*b, P]
         "tokens": np.ascontiguousarray(out.tokens.cpu().numpy(), dtype=np.int64),  # [n*b, gen]

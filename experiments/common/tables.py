@@ -126,7 +126,9 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     if ok:
         check_metrics(summary, summary_path, identities=False)
     label = str(summary.get("planner_label", ""))
-    metrics = {k: v for k, v in summary.items() if k not in (*REPEATED, "planner_label")}
+    # (routing_fields: read back against config.yaml; its text, `routing`, is the column)
+    left = (*REPEATED, "planner_label", "routing_fields")
+    metrics = {k: v for k, v in summary.items() if k not in left}
     # a repeated key under its config column's name, kept where the config lacks that column
     repeated = flatten({REPEATED[k]: v for k, v in summary.items() if k in REPEATED})
     cfg = flatten(config)
