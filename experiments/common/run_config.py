@@ -5,7 +5,6 @@ together by hand (`collect`, `report` and `replication` skip it, naming the fiel
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from core.errors import MoepipeError
@@ -51,7 +50,7 @@ def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | N
     for key in AS_CONFIGURED:
         if key in summary and REPEATED[key] in cfg and not _same(cfg[REPEATED[key]], summary[key]):
             return _differs(REPEATED[key], cfg[REPEATED[key]], key, summary[key])
-    routing = routing_disagrees(cfg, summary.get("routing"))
+    routing = routing_disagrees(cfg, summary)
     if routing:
         return routing
     params = summary.get("params")
@@ -85,73 +84,67 @@ def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | N
 
 
 _NONE = object()  # a key a mapping does not hold
-_SYNTHETIC = ("skew", "layer_corr", "reuse")  # the generator's knobs its description names
+# per routing source, its summary.json routing_fields that config.yaml's columns set
+DRAWN_FROM = {
+    "synthetic": {
+        **{k: f"workload.routing.{k}" for k in ("skew", "layer_corr", "reuse", "hot_experts")},
+        "hot_share": "workload.routing.hot_share",  # (only where there are hot experts)
+        "seed": "workload.seed",
+    },
+    "trace": {
+        "tasks": "workload.routing.tasks",  # (only where it names some: else every task)
+        "exclude_tasks": "workload.routing.exclude_tasks",
+        "seed": "workload.seed",
+    },
+}
 
 
-def routing_disagrees(cfg: dict[str, Any], said: Any) -> str | None:
-    """Where a summary's `routing` (free text: `synthetic skew=1 ... seed=0`, `trace ... [law]
-    ...`, behind a real run's `replay: `) is not what config.yaml's workload (flattened) draws:
-    the first field that differs in words; None where they agree or the text is of no source a
-    config names (a live gate's, another version's)."""
-    text = said.removeprefix("replay: ") if isinstance(said, str) else ""
-    kind, _, rest = text.partition(" ")
-    source = str(cfg.get("workload.routing.source", "auto"))
-    # a replication run draws its own (a fitted skew, a split of the trace)
-    if kind not in ("synthetic", "trace") or source == "live" or cfg.get("replication.routing"):
+def routing_disagrees(cfg: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """Where a summary's `routing_fields` (the routing it ran, as data) is not what config.yaml
+    (flattened) draws: the first field that differs in words; None where they agree, where the
+    summary has no fields (`tables.summary_lacks` refuses a `routing` without them) or where the
+    run is a replication case's (it draws its own: a fitted skew, a split of the trace)."""
+    ran = summary.get("routing_fields")
+    if not isinstance(ran, dict) or cfg.get("replication.routing"):
         return None
-    if source not in ("auto", kind):
-        return (
-            f"config.yaml's workload.routing.source is {source!r} where the run's summary.json "
-            f"has routing {short(text)}"
-        )
-    ran = dict(f.partition("=")[::2] for f in rest.split() if "=" in f)
-    want = {k: cfg.get(f"workload.routing.{k}") for k in _SYNTHETIC}
-    hot = cfg.get("workload.routing.hot_experts") or 0
-    want |= {"hot": f"{hot}@{cfg.get('workload.routing.hot_share')}" if hot else None}
-    want |= {"seed": cfg.get("workload.seed")}
-    if kind == "trace":  # `trace <name> [tasks] ...`: the tasks a config selects
-        return (
-            _tasks_differ(cfg, rest)
-            or _start_differs(cfg.get("workload.seed"), rest)
-            or _layers_differ(cfg.get("model.moe_layers"), rest)
-        )
-    for key, value in want.items():
-        got = ran.get(key)
-        if (value is not None or key == "hot") and not _same_text(value, got):
-            where = {"seed": "workload.seed", "hot": "workload.routing.hot_experts"}.get(key)
-            shown = hot if key == "hot" else value
-            said = f"{key}={got}" if got is not None else f"no {key}="
-            return (
-                f"config.yaml's {where or f'workload.routing.{key}'} is {short(shown)} where "
-                f"the run's summary.json has routing {said}"
-            )
+    source, got = str(cfg.get("workload.routing.source", "auto")), ran.get("source", _NONE)
+    mode = cfg.get("executor.routing_mode")  # a real run's: live runs its model's own gates
+    source = "live" if mode == "live" else source
+    key = "executor.routing_mode" if mode and "live" in (source, got) else "workload.routing.source"
+    if source != got and not (source == "auto" and isinstance(got, str) and got in DRAWN_FROM):
+        return _differs(key, cfg.get(key, _NONE), "routing_fields.source", got)
+    for key, given, field in _wanted(cfg, str(got)):
+        if not _same(given, ran.get(field, _NONE)):
+            return _differs(key, given, f"routing_fields.{field}", ran.get(field, _NONE))
     return None
 
 
-def _same_text(value: Any, got: str | None) -> bool:
-    """A config's value and the text a summary wrote of it (`:g` for a number)."""
-    if value is None or got is None:
-        return value is None and got is None
-    if isinstance(value, str) and "@" in value:  # hot: `<experts>@<share>`
-        n, _, share = value.partition("@")
-        return _same_text(int(n), got.partition("@")[0]) and _same_text(
-            float(share), got.partition("@")[2]
-        )
-    try:
-        return float(value) == float(got)
-    except (TypeError, ValueError):
-        return str(value) == got
-
-
-def _start_differs(seed: Any, rest: str) -> str | None:
-    """A trace replay's `in N sequences, start seq S`: the sequence workload.seed starts at."""
-    m = re.search(r"in (\d+) sequences, start seq (\d+)", rest)
-    if m is None or not isinstance(seed, int) or seed % int(m[1]) == int(m[2]):
-        return None
-    return (
-        f"config.yaml's workload.seed is {seed} where the run's summary.json has routing start "
-        f"seq {m[2]} of {m[1]} (seed % {m[1]})"
-    )
+def _wanted(cfg: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:
+    """(config.yaml's key, its value, the routing field it sets) for each field of `source`'s
+    routing that config.yaml (flattened) sets: a task list sorted (those named less those
+    excluded; none named: every task), the number of the model's MoE layers where config.yaml
+    holds the model that ran (not a checkpoint's or a config.json's)."""
+    out = []
+    excluded = _names(cfg.get("workload.routing.exclude_tasks"))
+    for field, key in DRAWN_FROM.get(source, {}).items():
+        if key not in cfg or field == "hot_share" and not cfg.get("workload.routing.hot_experts"):
+            continue  # (a share of no hot experts draws nothing)
+        given = cfg[key]
+        if field == "exclude_tasks":
+            given = sorted(excluded)
+        elif field == "tasks" and _names(given):
+            given = sorted(_names(given) - excluded)
+        elif field == "tasks":  # none named: every task of the trace's less those excluded
+            continue
+        out.append((key, given, field))
+    try:  # a list, flattened to its JSON
+        layers = json.loads(str(cfg.get("model.moe_layers")))
+    except ValueError:
+        layers = None
+    checkpoint = cfg.get("model.hf_config") or cfg.get("executor.name") == "real"
+    if isinstance(layers, list) and not checkpoint:
+        out.append(("len(model.moe_layers)", len(layers), "moe_layers"))
+    return out
 
 
 def _names(value: Any) -> set[str]:
@@ -161,48 +154,6 @@ def _names(value: Any) -> set[str]:
     except ValueError:
         names = [value]
     return {str(n) for n in (names if isinstance(names, list) else [names] if names else [])}
-
-
-def _layers_differ(moe_layers: Any, rest: str) -> str | None:
-    """A trace replay's `, its first L of N MoE layers` (a model of fewer MoE layers than the
-    trace's replays its first ones; none said: all N), against the config's model.moe_layers
-    (absent where the model is a config.json's, which config.yaml does not hold)."""
-    try:
-        layers = json.loads(moe_layers) if isinstance(moe_layers, str) else None
-    except json.JSONDecodeError:
-        return None
-    n = re.search(
-        r"in \d+ sequences,.*wrapped \d+x(?:, its first (\d+) of (\d+) MoE layers)?", rest
-    )
-    if not isinstance(layers, list) or n is None:
-        return None
-    from core.traces import N_LAYERS  # (numpy: only where a trace run is read)
-
-    said = int(n[1]) if n[1] else N_LAYERS
-    if len(layers) == said:
-        return None
-    return (
-        f"config.yaml's model.moe_layers has {len(layers)} MoE layers where the run's "
-        f"summary.json has routing of the trace's first {said}"
-    )
-
-
-def _tasks_differ(cfg: dict[str, Any], rest: str) -> str | None:
-    """A trace replay's `[a,b]` tasks, against the config's tasks and exclude_tasks."""
-    if "[" not in rest:
-        return None
-    ran = set(filter(None, rest.partition("[")[2].partition("]")[0].split(",")))
-    tasks, exclude = (_names(cfg.get(f"workload.routing.{k}")) for k in ("tasks", "exclude_tasks"))
-    want = tasks - exclude if tasks else None
-    if (want is not None and ran != want) or ran & exclude:
-        key = "tasks" if want is not None and ran != want else "exclude_tasks"
-        return _differs(
-            f"workload.routing.{key}",
-            sorted(tasks if key == "tasks" else exclude),
-            "routing tasks",
-            sorted(ran),
-        )
-    return None
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -337,8 +337,9 @@ def stamp(config_yaml: str) -> dict[str, str]:
 
 def finished(out_dir: Path, config_yaml: str) -> bool:
     """A run directory is finished when its summary.json exists (written last, atomically), its
-    config.yaml and code version are this run's (a changed config or code runs again), and its
-    files are those the run wrote (files.sha256: one deleted or edited since runs again)."""
+    config.yaml and code version are this run's (a changed config or code runs again), it holds
+    what this version's summary does (`routing_fields`), and its files are those the run wrote
+    (files.sha256: one deleted or edited since runs again)."""
     summary, config, code = out_dir / "summary.json", out_dir / "config.yaml", out_dir / CODE
     if not summary.exists():
         return False
@@ -355,12 +356,16 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     if not isinstance(got, dict):
         log.warning("%s: summary.json is not a readable JSON object; running again", out_dir)
         return False
-    from experiments.common.tables import check_metrics  # (tables reads runs: it imports us)
+    from experiments.common.tables import check_metrics, routing_lacks  # (it imports us)
 
     try:  # a metric that no run writes (NaN, a negative rate, a string): not a result to reuse
         check_metrics(got, summary)
     except MoepipeError as e:
         log.warning("%s; running again", e)
+        return False
+    lacking = routing_lacks(got)  # an older version's, as collect skips it: no result to reuse
+    if lacking:
+        log.warning("%s: summary.json %s; running again", out_dir, lacking)
         return False
     changed = changed_file(out_dir)
     if changed is not None:

@@ -226,7 +226,21 @@ def summary_lacks(summary: dict[str, Any]) -> str | None:
         missing = [k for k in REQUIRED if k not in summary]
         if missing:
             return f"has no {', '.join(missing)}"
-    return None
+    return routing_lacks(summary)
+
+
+def routing_lacks(summary: dict[str, Any]) -> str | None:
+    """Where a summary.json has its routing's text but not its `routing_fields` mapping, which
+    config.yaml is checked by (`run_config.routing_disagrees`): an older moepipe's, not to be
+    read as agreeing with its config unchecked (collect skips it, a resumed run runs again)."""
+    fields = summary.get("routing_fields", _NONE)
+    if "routing" not in summary or isinstance(fields, dict):
+        return None
+    said = "no routing_fields" if fields is _NONE else f"routing_fields {_short(fields)}"
+    return f"has routing but {said} (the routing as data, which an older moepipe left out)"
+
+
+_NONE = object()  # a key a summary does not hold
 
 
 def metric_problem(summary: dict[str, Any]) -> tuple[str, str] | None:

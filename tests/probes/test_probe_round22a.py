@@ -269,41 +269,49 @@ def test_a_schedule_a_config_can_fix_names_the_tier(ops: Any, fix: str) -> None:
 
 
 _SYNTH = {"source": "synthetic", "skew": 1.0, "layer_corr": 0.5, "reuse": 0.25, "hot_experts": 0}
-_RAN = "synthetic skew=1 layer_corr=0.5 reuse=0.25 seed=0"
+# a synthetic run's summary.json routing_fields, as the run of _SYNTH with seed 0 writes them
+_RAN = {**_SYNTH, "hot_share": 0.0, "seed": 0}
+_TRACE = {"source": "trace", "tasks": ["law"], "exclude_tasks": [], "start_seq": 0, "seed": 0}
 
 
 @pytest.mark.parametrize(
-    ("routing", "said", "words"),
+    ("routing", "ran", "words"),
     [
         ({}, _RAN, None),
-        ({}, f"replay: {_RAN}", None),
-        ({}, "live: live (the model's gate)", None),
-        ({"skew": 2.0}, _RAN, "workload.routing.skew is 2.0 where the run's summary.json has"),
-        ({}, _RAN.replace("seed=0", "seed=3"), "workload.seed is 0"),
-        ({}, _RAN.replace("seed", "hot=2@0.5 seed"), "hot_experts is 0"),
+        ({"executor": {"name": "real", "routing_mode": "replay"}}, _RAN, None),
+        ({"executor": {"name": "real", "routing_mode": "live"}}, {"source": "live"}, None),
+        (
+            {"skew": 2.0},
+            _RAN,
+            "workload.routing.skew is 2.0 where the run's summary.json has routing_fields.skew 1",
+        ),
+        ({}, {**_RAN, "seed": 3}, "workload.seed is 0"),
+        ({}, {**_RAN, "hot_experts": 2, "hot_share": 0.5}, "hot_experts is 0"),
         ({"source": "trace"}, _RAN, "workload.routing.source is 'trace'"),
         (
             {"source": "trace", "tasks": ["law"]},
-            "trace esft-dsv2lite [law,math] 9 tokens in 1 sequences, start seq 0, wrapped 0x",
-            "workload.routing.tasks is ['law'] where the run's summary.json has routing tasks",
+            {**_TRACE, "tasks": ["law", "math"]},
+            "workload.routing.tasks is ['law'] where the run's summary.json has routing_fields.",
         ),
         (
             {"source": "trace"},
-            "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 3, wrapped 0x",
-            "workload.seed is 0 where the run's summary.json has routing start seq 3 of 4",
+            {**_TRACE, "start_seq": 3, "seed": 3},
+            "workload.seed is 0 where the run's summary.json has routing_fields.seed 3",
         ),
     ],
     ids=["same", "replay", "live", "skew", "seed", "hot", "source", "tasks", "trace_seed"],
 )
 def test_a_summarys_routing_is_checked_against_the_config(
-    routing: dict[str, Any], said: str, words: str | None
+    routing: dict[str, Any], ran: dict[str, Any], words: str | None
 ) -> None:
-    """A hand-made run dir whose summary.json says `routing: synthetic skew=2 ...` was
-    collected as the run of a config.yaml with `workload.routing.skew: 1.0`."""
+    """A hand-made run dir whose summary.json ran `synthetic skew=2 ...` was collected as the
+    run of a config.yaml with `workload.routing.skew: 1.0` (its `routing_fields` since round
+    24a: the routing as data)."""
     from experiments.common.run_config import config_disagrees
 
-    config = {"workload": {"seed": 0, "routing": {**_SYNTH, **routing}}}
-    line = config_disagrees(config, {"routing": said})
+    executor = routing.pop("executor", {})
+    config = {"executor": executor, "workload": {"seed": 0, "routing": {**_SYNTH, **routing}}}
+    line = config_disagrees(config, {"routing": "(its text)", "routing_fields": ran})
     assert (line is None) if words is None else (line is not None and words in line), line
 
 

@@ -149,27 +149,30 @@ def test_a_long_run_is_said_once_and_only_where_it_is_not_refused(
     assert len(said) == warned, said
 
 
-_TRACE = "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 0, wrapped 0x"
+# a trace replay's summary.json routing_fields (round 24a: the routing as data)
+_TRACE = {"source": "trace", "tasks": ["law"], "exclude_tasks": [], "seed": 0}
 
 
 @pytest.mark.parametrize(
-    ("n_moe", "said", "words"),
+    ("n_moe", "cut", "words"),
     [
-        (26, _TRACE, None),
-        (3, f"{_TRACE}, its first 3 of 26 MoE layers", None),
-        (None, f"{_TRACE}, its first 3 of 26 MoE layers", None),  # a config.json's model
-        (4, f"{_TRACE}, its first 3 of 26 MoE layers", "has 4 MoE layers where the run's"),
-        (3, _TRACE, "model.moe_layers has 3 MoE layers where the run's summary.json has routing"),
+        (26, 26, None),
+        (3, 3, None),
+        (None, 3, None),  # a config.json's model
+        (4, 3, "len(model.moe_layers) is 4 where the run's summary.json has routing_fields."),
+        (3, 26, "len(model.moe_layers) is 3 where the run's summary.json has routing_fields."),
     ],
 )
 def test_a_trace_replays_layer_cut_is_checked_against_the_config(
-    n_moe: int | None, said: str, words: str | None
+    n_moe: int | None, cut: int, words: str | None
 ) -> None:
     from experiments.common.run_config import config_disagrees
 
     model = {} if n_moe is None else {"moe_layers": list(range(1, n_moe + 1))}
     config = {"model": model, "workload": {"seed": 0, "routing": {"source": "trace"}}}
-    line = config_disagrees(config, {"routing": said})
+    line = config_disagrees(
+        config, {"routing": "", "routing_fields": {**_TRACE, "moe_layers": cut}}
+    )
     assert (line is None) if words is None else (line is not None and words in line), line
 
 
