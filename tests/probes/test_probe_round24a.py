@@ -147,7 +147,7 @@ def test_the_description_is_not_read() -> None:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run, the files.sha256 of which each test writes again after its edit."""
+    """A finished tiny run (one subprocess a test session); each test edits a copy."""
     return tiny_run(tmp_path_factory.mktemp("r24a") / "run")
 
 
@@ -266,3 +266,26 @@ def test_a_live_gate_and_a_replay_are_told_apart(mode: str, source: str, words: 
     config = _config("synthetic", executor={"name": "real", "routing_mode": mode})
     line = _disagrees(config, {**_RAN["synthetic"], "source": source})
     assert line is not None and f"{words}routing_fields.source {source!r}" in line, line
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+def test_a_real_runs_fields_are_its_routings(tiny_ckpt: Path, mode: str) -> None:
+    """A real run writes the fields of the routing it forced (replay) or that it is live, which
+    its config agrees with, and the replay's text as before, behind `replay: `."""
+    from experiments.common.real_run import real_execute
+    from experiments.common.run_config import config_disagrees
+    from tests.real.test_executor import spec_for
+
+    spec = spec_for(tiny_ckpt, "flexgen")
+    summary = real_execute(tiny_ckpt, spec, mode)[0].summary
+    config = _config("synthetic", executor={"name": "real", "routing_mode": mode})
+    config["workload"]["seed"] = spec.workload.seed
+    config["workload"]["routing"].update(hot_experts=0, skew=1.0)
+    if mode == "live":
+        assert summary["routing_fields"] == {"source": "live"}
+    else:
+        assert summary["routing"].startswith("replay: synthetic skew=1 ")
+        assert summary["routing_fields"]["source"] == "synthetic"
+    assert config_disagrees(config, summary) is None
+    config["executor"]["routing_mode"] = "live" if mode == "replay" else "replay"
+    assert "executor.routing_mode" in str(config_disagrees(config, summary))
