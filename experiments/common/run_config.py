@@ -139,7 +139,7 @@ def _wanted(cfg: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:
         out.append((key, given, field))
     try:  # a list, flattened to its JSON
         layers = json.loads(str(cfg.get("model.moe_layers")))
-    except ValueError:
+    except (ValueError, RecursionError):  # (a hand-made config's string, a list nested deep)
         layers = None
     checkpoint = cfg.get("model.hf_config") or cfg.get("executor.name") == "real"
     if isinstance(layers, list) and not checkpoint:

@@ -116,6 +116,8 @@ def test_each_routing_field_that_differs_is_named(
         ),
         # a replication case draws its own (a fitted skew, a split of the trace)
         (_config("synthetic", replication={"routing": "esft_heldout"}), {"source": "esft"}),
+        # a hand-made config's string that is no list of layers (json recursed past its limit)
+        (_config("synthetic", model={"moe_layers": "[" * 5000}), _RAN["synthetic"]),
     ],
     ids=[
         "synthetic",
@@ -127,6 +129,7 @@ def test_each_routing_field_that_differs_is_named(
         "real",
         "live",
         "replication",
+        "deep_string",
     ],
 )
 def test_agreeing_routing_fields_are_accepted(config: dict[str, Any], ran: dict[str, Any]) -> None:
