@@ -236,8 +236,9 @@ def routing_lacks(summary: dict[str, Any]) -> str | None:
     fields = summary.get("routing_fields", _NONE)
     if "routing" not in summary or isinstance(fields, dict):
         return None
-    said = "no routing_fields" if fields is _NONE else f"routing_fields {_short(fields)}"
-    return f"has routing but {said} (the routing as data, which an older moepipe left out)"
+    if fields is _NONE:
+        return "has routing but no routing_fields (the routing as data; an older moepipe's)"
+    return f"has routing_fields {_short(fields)}, not a mapping of the routing's fields"
 
 
 _NONE = object()  # a key a summary does not hold
