@@ -307,55 +307,104 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
                     "runs": len(runs),
                 }
             )
-        t = pd.DataFrame(rows).sort_values(RANK, ascending=False, kind="stable")
-        t.insert(0, "rank", range(1, len(t) + 1))
+        t = pd.DataFrame(rows)
+        t.insert(0, "rank", ranks(t[RANK].tolist()))
+        t = t.sort_values(["rank", "planner"], kind="stable")  # a tie in name order, not noise
         t["leader_over_it"] = t[RANK].iloc[0] / t[RANK]
-        winners = [max(v)[1] for v in at_point.values() if len(v) > 1]
-        t["wins"] = [winners.count(label) for label in t["planner"]]
-        t.attrs["points"] = len(winners)
+        firsts = [fastest(v) for v in at_point.values() if len(v) > 1]
+        t["wins"] = [sum(label in f for f in firsts) for label in t["planner"]]
+        t["tied_wins"] = [sum(label in f and len(f) > 1 for f in firsts) for label in t["planner"]]
+        t.attrs["points"] = len(firsts)
         out.append((key, t.reset_index(drop=True)))
     return out
+
+
+# throughputs this close are one: two schedules of the same times, summed in another order,
+# differ by 1e-16 of their value, and a ranking by that noise would name a winner of a tie
+TIE = 1e-9
+
+
+def tied(a: float, b: float) -> bool:
+    return abs(a - b) <= TIE * max(abs(a), abs(b))
+
+
+def ranks(values: list[float]) -> list[int]:
+    """Each value's rank, highest first, tied values sharing the best rank (1, 1, 3)."""
+    return [1 + sum(w > v and not tied(w, v) for w in values) for v in values]
+
+
+def fastest(at_point: list[tuple[float, str]]) -> list[str]:
+    """The lines fastest at one point of the sweep: more than one where they tie."""
+    top = max(v for v, _ in at_point)
+    return sorted(label for v, label in at_point if tied(v, top))
 
 
 def _mean(runs: pd.DataFrame, column: str) -> float:
     return float(runs[column].mean()) if column in runs else float("nan")
 
 
-def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
-    """The ranking of one panel in words (plain text): who wins, by how much over each other
-    system, and what the winner's GPU bubble waits on."""
-    w = t.iloc[0]
-    where = f" on {' / '.join(map(str, key))}" if key else ""
-    at = (
-        f" (its best point: batch {int(w['batch_size'])}, n {int(w['n'])})"
-        if pd.notna(w["batch_size"]) and pd.notna(w["n"])
-        else ""
+def _point_of(r: pd.Series) -> str:
+    """A ranked line's best point in words ("" where its runs do not record it)."""
+    if pd.isna(r["batch_size"]) or pd.isna(r["n"]):
+        return ""
+    return f"batch {int(r['batch_size'])}, n {int(r['n'])}"
+
+
+def _leaders(t: pd.DataFrame, where: str) -> str:
+    """Who has the highest throughput: the one line, or the lines that tie for it."""
+    top = t[t["rank"] == 1]
+    w = top.iloc[0]
+    if len(top) == 1:
+        at = f" (its best point: {_point_of(w)})" if _point_of(w) else ""
+        return f"{w['planner']} has the highest throughput{where}, {w[RANK]:.2f} tok/s{at}"
+    names = ", ".join(top["planner"].iloc[:-1]) + f" and {top['planner'].iloc[-1]}"
+    ats = "; ".join(f"{r['planner']} at {_point_of(r)}" for _, r in top.iterrows() if _point_of(r))
+    return f"{names} tie for the highest throughput{where}, {w[RANK]:.2f} tok/s" + (
+        f" ({ats})" if ats else ""
     )
-    text = f"{w['planner']} has the highest throughput{where}, {w[RANK]:.2f} tok/s{at}"
+
+
+def _wins(t: pd.DataFrame) -> str:
+    """At how many of the sweep's points the leading line (or each tied one) is fastest."""
+    points, top = t.attrs.get("points", 0), t[t["rank"] == 1]
+    if points < 2:
+        return ""
+    if len(top) > 1:
+        each = ", ".join(f"{r['planner']} {int(r['wins'])}" for _, r in top.iterrows())
+        return f" Fastest, ties included, at: {each} of the {points} points where two or more ran."
+    w = top.iloc[0]
+    tie = f", tied at {int(w['tied_wins'])} of them" if w["tied_wins"] else ""
+    return (
+        f" It is the fastest at {int(w['wins'])} of the {points} points "
+        f"where two or more systems ran{tie}."
+    )
+
+
+def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
+    """The ranking of one panel in words (plain text): who wins (the lines that tie, where
+    they do), by how much over each other system, and what the winner's GPU bubble waits on."""
+    w = t.iloc[0]
+    text = _leaders(t, f" on {' / '.join(map(str, key))}" if key else "")
+    rest = t[t["rank"] > 1]
     if len(t) == 1:
         text += ", the only system in this sweep."
     else:
         others = [
-            f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})"
-            for _, r in t.iloc[1:].iterrows()
+            f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})" for _, r in rest.iterrows()
         ]
-        text += ": " + ", ".join(others) + "."
-        if t.attrs.get("points", 0) > 1:
-            text += (
-                f" It is the fastest at {int(w['wins'])} of the {t.attrs['points']} points "
-                "where two or more systems ran."
-            )
+        text += (": " + ", ".join(others) if others else "") + "." + _wins(t)
+    its = "Its" if len(rest) == len(t) - 1 else f"{w['planner']}'s"
     causes = str(w[WAITS])
     if pd.isna(w["gpu_bubble_frac"]):
         return text
     if causes == "-":
-        text += f" Its GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
+        text += f" {its} GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
             "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain."
         )
     else:
         top = causes.split(", ")[0].rsplit(" ", 1)
         text += (
-            f" Its GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
+            f" {its} GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
             f" bubble waits on {causes}: mostly {cause_meaning(top[0])}."
         )
     return text

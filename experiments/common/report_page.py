@@ -291,8 +291,10 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
             ratio: "{:.2f}x".format,
             "GPU bubble": lambda v: f"{100 * v:.1f}%",
         }
-        shown = t.drop(columns=["runs", *(["wins"] if t.attrs.get("points", 0) < 2 else [])])
-        names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points)"
+        few = t.attrs.get("points", 0) < 2
+        shown = t.drop(columns=["runs", "tied_wins", *(["wins"] if few else [])])
+        ties = ", ties included" if t["tied_wins"].any() else ""
+        names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points{ties})"
         shown = shown.rename(columns=names)
         parts.append(f"<p class='answer'>{html.escape(answer(key, t))}</p>")
         parts.append(shown.to_html(index=False, formatters=fmt, na_rep="-", border=0))

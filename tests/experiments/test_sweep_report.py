@@ -142,6 +142,8 @@ def test_report_names_the_winner_and_its_margin_above_the_first_figure(
     from experiments.common.report_page import write_report
 
     df, _ = collect(swept)
+    # the tiny runs fit the GPU: both systems run the same times, a tie; make one the faster
+    df.loc[df["system"] == "sequential", "throughput_tok_s"] /= 2
     best = df.groupby("system")["throughput_tok_s"].max().sort_values(ascending=False)
     winner, other = best.index
     ms = df["makespan_s"]  # the tiny runs never idle: give every run a bubble of known causes

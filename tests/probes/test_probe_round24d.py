@@ -1,0 +1,68 @@
+"""Round 24d of issue 48: are the printed numbers true? Each number an analysis command prints
+or writes, recomputed from the files it reads (trace.parquet, summary.json, config.yaml).
+Classes found:
+
+- a ranking decided by rounding noise: lines of equal throughput (the same times summed in
+  another order, 1e-16 apart) were ranked 1, 2, 3, the first named the winner alone and
+  credited with none of the points ("fastest at 0 of the 2 points"); ties now share a rank
+  and are named as ties.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from experiments.common.ranking import answer, ranking
+
+# two throughputs of one schedule's times, summed in two orders (the tiny sweep's flexgen and
+# fiddler): equal but for the last bits
+EQUAL = (1157293.1068536448, 1157293.1068536434)
+
+
+def runs(*rows: tuple[str, int, float]) -> pd.DataFrame:
+    """A collected sweep of tiny runs: (system, batch size, tok/s) each."""
+    out: list[dict[str, Any]] = []
+    for system, batch, tok_s in rows:
+        tokens = batch * 2 * 3
+        out.append(
+            {
+                "system": system,
+                "model.name": "tiny",
+                "hardware.name": "tiny",
+                "workload.batch_size": batch,
+                "workload.n_batches": 2,
+                "workload.prompt_len": 8,
+                "workload.gen_len": 3,
+                "n_batches": 2,
+                "throughput_tok_s": tok_s,
+                "makespan_s": tokens / tok_s,
+                "gpu_bubble_frac": 0.0,
+                "status": "ok",
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def test_equal_throughputs_tie_in_the_ranking_not_by_their_rounding() -> None:
+    """Two systems equal to 1e-15 at both batch sizes, a third half as fast: the two share
+    rank 1, each is fastest (tied) at both points, and the answer names the tie."""
+    hi, lo = EQUAL
+    (key, t), = ranking(
+        runs(("zeta", 2, lo), ("zeta", 4, hi), ("alpha", 2, hi), ("alpha", 4, lo),
+             ("mid", 2, hi / 2), ("mid", 4, hi / 2))
+    )  # fmt: skip
+    assert t["planner"].tolist() == ["alpha", "zeta", "mid"]
+    assert t["rank"].tolist() == [1, 1, 3]
+    assert t["wins"].tolist() == [2, 2, 0]
+    text = answer(key, t)
+    assert text.startswith("alpha and zeta tie for the highest throughput on tiny / tiny")
+    assert "2.00x mid" in text and "x zeta" not in text
+
+
+def test_a_faster_line_still_wins_alone() -> None:
+    """1% apart is no tie: one winner, its ratio over the other, its wins counted."""
+    ((key, t),) = ranking(runs(("a", 2, 101.0), ("b", 2, 100.0), ("a", 4, 99.0), ("b", 4, 100.0)))
+    assert t["rank"].tolist() == [1, 2] and t["wins"].tolist() == [1, 1]
+    assert answer(key, t).startswith("a has the highest throughput on tiny / tiny, 101.00 tok/s")
