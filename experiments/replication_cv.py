@@ -25,7 +25,7 @@ from experiments.common import ep_rows
 from experiments.common.app import command
 from experiments.common.cli import exit_command, print_or_exit, until_interrupted
 from experiments.common.ep_rows import NOISE_GAP
-from experiments.common.tables import collect, counted, say_skipped, skipped_note
+from experiments.common.tables import collect, counted, fixed, say_skipped, skipped_note
 
 FOLDS = ("test", "fold1", "fold2", "fold3", "fold4")  # fold 0 is the test split
 FOUR = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
@@ -101,8 +101,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             dist = float("nan") if dist is None else float(dist)
             lines.append(
                 f"{k:>4} {key:13} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
-                f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {1e3 * ep['makespan_s']:>8.2f} "
-                f"{1e3 * pr['makespan_s']:>8.2f} {closed:>10.0%} {dist:>9.3f}"
+                f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {fixed(1e3 * ep['makespan_s']):>8} "
+                f"{fixed(1e3 * pr['makespan_s']):>8} {closed:>10.0%} {dist:>9.3f}"
             )
             cols.setdefault(case, []).append(
                 (
@@ -125,7 +125,7 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         no_gap = sum(np.isnan(c[5]) for c in per)
         lines.append(
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
-            f"{diff:>+8.4f} {em:>8.2f} {pm:>8.2f} {closed:>10.0%} {dist:>9.3f}"
+            f"{diff:>+8.4f} {fixed(em):>8} {fixed(pm):>8} {closed:>10.0%} {dist:>9.3f}"
             + (
                 f"  (gap closed over the {len(per) - no_gap} with a gap >= {NOISE_GAP:.0%})"
                 if no_gap

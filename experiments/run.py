@@ -81,7 +81,7 @@ from experiments.common.run_dir import (
     write_texts,
 )
 from experiments.common.schema import RoutingSchema, RunSchema
-from experiments.common.tables import display_name
+from experiments.common.tables import display_name, fixed
 from experiments.common.unused_n import warn_unused_n_batches
 from planners.registry import expert_parallel_names, make_params
 
@@ -120,13 +120,13 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
     log.info(
-        "%s %s n=%d: %.2f tok/s, makespan %.2f s, GPU bubble %.1f%% (waits on %s), "
+        "%s %s n=%d: %s tok/s, makespan %s s, GPU bubble %.1f%% (waits on %s), "
         "efficiency %.3f -> %s",
         display_name(choice, s["planner"], s["planner_label"]),
         s["model"],
         s["n_batches"],
-        s["throughput_tok_s"],
-        s["makespan_s"],
+        fixed(s["throughput_tok_s"]),
+        fixed(s["makespan_s"]),
         100 * s["gpu_bubble_frac"],
         top_cause(s["gpu_idle_causes_s"]),
         s["efficiency"],

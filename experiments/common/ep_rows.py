@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from core.errors import MoepipeError
+from experiments.common.tables import fixed
 
 # row label order within a case and batch: the four the targets compare, then the variants
 ROW_ORDER = ("ep_static", "eplb", "predictive_replication", "oracle_replication")
@@ -152,7 +153,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} "
-            f"{1e3 * r['makespan_s']:>11.2f} "
+            f"{fixed(1e3 * r['makespan_s']):>11} "
             f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} "
             f"{r['balancedness']:>8.3f} {r['utilisation']:>6.3f} "
             f"{r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "

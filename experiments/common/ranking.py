@@ -16,7 +16,7 @@ import pandas as pd
 
 from core.bubbles import top_cause
 from core.errors import did_you_mean
-from experiments.common.tables import SYSTEM
+from experiments.common.tables import SYSTEM, fixed
 
 # swept workload columns: a figure against one of them draws a line per value of the others
 AXES = {
@@ -356,10 +356,10 @@ def _leaders(t: pd.DataFrame, where: str) -> str:
     w = top.iloc[0]
     if len(top) == 1:
         at = f" (its best point: {_point_of(w)})" if _point_of(w) else ""
-        return f"{w['planner']} has the highest throughput{where}, {w[RANK]:.2f} tok/s{at}"
+        return f"{w['planner']} has the highest throughput{where}, {fixed(w[RANK])} tok/s{at}"
     names = ", ".join(top["planner"].iloc[:-1]) + f" and {top['planner'].iloc[-1]}"
     ats = "; ".join(f"{r['planner']} at {_point_of(r)}" for _, r in top.iterrows() if _point_of(r))
-    return f"{names} tie for the highest throughput{where}, {w[RANK]:.2f} tok/s" + (
+    return f"{names} tie for the highest throughput{where}, {fixed(w[RANK])} tok/s" + (
         f" ({ats})" if ats else ""
     )
 
@@ -390,7 +390,8 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
         text += ", the only system in this sweep."
     else:
         others = [
-            f"{r['leader_over_it']:.2f}x {r['planner']} ({r[RANK]:.2f})" for _, r in rest.iterrows()
+            f"{r['leader_over_it']:.2f}x {r['planner']} ({fixed(r[RANK])})"
+            for _, r in rest.iterrows()
         ]
         text += (": " + ", ".join(others) if others else "") + "." + _wins(t)
     its = "Its" if len(rest) == len(t) - 1 else f"{w['planner']}'s"
@@ -427,7 +428,8 @@ def short_table(df: pd.DataFrame) -> str:
         where = f"  {where}" if where else ""
         lines.append(
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
-            f"{int(r['n_batches']):>4} {r['throughput_tok_s']:>10.2f} {r['makespan_s']:>11.2f} "
+            f"{int(r['n_batches']):>4} {fixed(r['throughput_tok_s']):>10} "
+            f"{fixed(r['makespan_s']):>11} "
             f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}  "
             f"{top_cause(shares.loc[r.name].to_dict()):<20}{where}"
         )

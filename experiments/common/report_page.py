@@ -41,6 +41,7 @@ from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import (
     SYSTEM,
     collect,
+    fixed,
     refuse_their_results,
     write_results,
 )
@@ -286,8 +287,8 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
             "leader_over_it": ratio,
         }
         fmt = {
-            "tok/s": "{:.2f}".format,
-            "makespan s": "{:.2f}".format,
+            "tok/s": fixed,
+            "makespan s": fixed,
             ratio: "{:.2f}x".format,
             "GPU bubble": lambda v: f"{100 * v:.1f}%",
         }

@@ -32,6 +32,14 @@ else:
     pd = lazy_module("pandas")
 
 
+def fixed(x: float, places: int = 2) -> str:
+    """`x` to `places` decimals, or to 3 significant digits where the decimals would show fewer
+    (a 10 us makespan is 1.04e-05 s, not 0.00 s; a 0.4 ms one 0.0004, not 0.00)."""
+    if x != 0 and math.isfinite(x) and abs(x) < 10.0 ** (2 - places):
+        return f"{x:.3g}"
+    return f"{x:.{places}f}"
+
+
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
     """A DataFrame as a GitHub markdown table (without the optional `tabulate` dependency)."""
     d = df.reset_index() if index else df

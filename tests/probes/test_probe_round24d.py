@@ -5,7 +5,10 @@ Classes found:
 - a ranking decided by rounding noise: lines of equal throughput (the same times summed in
   another order, 1e-16 apart) were ranked 1, 2, 3, the first named the winner alone and
   credited with none of the points ("fastest at 0 of the 2 points"); ties now share a rank
-  and are named as ties.
+  and are named as ties;
+- a fixed number of decimals that rounds a number to nothing: a tiny run's makespan (10 us,
+  0.4 ms) printed `0.00 s` by the run's line, the compare table, and report's ranked table,
+  and a replication table's milliseconds alike; such a number now keeps 3 significant digits.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.common.ranking import answer, ranking
+from experiments.common.ranking import answer, ranking, short_table
+from experiments.common.report_page import _answer_html
 
 # two throughputs of one schedule's times, summed in two orders (the tiny sweep's flexgen and
 # fiddler): equal but for the last bits
@@ -39,6 +43,8 @@ def runs(*rows: tuple[str, int, float]) -> pd.DataFrame:
                 "throughput_tok_s": tok_s,
                 "makespan_s": tokens / tok_s,
                 "gpu_bubble_frac": 0.0,
+                "efficiency": 1.0,
+                "dag_efficiency": 1.0,
                 "status": "ok",
             }
         )
@@ -66,3 +72,16 @@ def test_a_faster_line_still_wins_alone() -> None:
     ((key, t),) = ranking(runs(("a", 2, 101.0), ("b", 2, 100.0), ("a", 4, 99.0), ("b", 4, 100.0)))
     assert t["rank"].tolist() == [1, 2] and t["wins"].tolist() == [1, 1]
     assert answer(key, t).startswith("a has the highest throughput on tiny / tiny, 101.00 tok/s")
+
+
+def test_a_makespan_of_microseconds_is_not_printed_as_zero() -> None:
+    """12 tokens at 1157293 tok/s take 1.04e-05 s: the compare table and the report's ranked
+    table print that, not 0.00; a number of 1 or more keeps its 2 decimals (README's table)."""
+    d = runs(("a", 2, EQUAL[0]), ("b", 2, 29987.33))
+    table = short_table(d)
+    assert " 1.04e-05 " in table and " 0.0004 " in table and " 0.00 " not in table
+    page = "".join(_answer_html(d))
+    assert "<td>1.04e-05</td>" in page and "<td>0.00</td>" not in page
+    from experiments.common.tables import fixed  # new with the fix
+
+    assert [fixed(256.6), fixed(0.5), fixed(0.0), fixed(1.0)] == ["256.60", "0.5", "0.00", "1.00"]
