@@ -73,7 +73,7 @@ from experiments.common.pipeline import (
 from experiments.common.real_run import FileState, checkpoint_files, real_execute  # noqa: E402
 from experiments.common.run_dir import staged_outputs
 from experiments.common.schema import DtypeOption
-from experiments.common.tables import csv_of_ours, markdown  # noqa: E402
+from experiments.common.tables import csv_of_ours, fixed, markdown  # noqa: E402
 from planners.registry import make_planner, planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint, run_dtype  # noqa: E402
 
@@ -551,8 +551,8 @@ def _print_row(
             flush=True,
         )
     print(
-        f"{name:24s} makespan sim {row['sim_makespan_s']:.3f} s "
-        f"real {row['real_makespan_s']:.3f} s "
+        f"{name:24s} makespan sim {fixed(row['sim_makespan_s'], 3)} s "
+        f"real {fixed(row['real_makespan_s'], 3)} s "
         f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
         f"real/LB {row['real_makespan_over_lb']:.2f}, "
         f"real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
@@ -560,7 +560,7 @@ def _print_row(
         f"{row['real_bubble_waits_on']} (real), "
         f"causes apart {row['bubble_causes_tv']:.2f} "
         f"(median of {row['real_runs']} real runs, "
-        f"{row['real_makespan_min_s']:.3f}-{row['real_makespan_max_s']:.3f} s)"
+        f"{fixed(row['real_makespan_min_s'], 3)}-{fixed(row['real_makespan_max_s'], 3)} s)"
         f"{at_run_links}{at_probe}",
         flush=True,
     )
@@ -573,9 +573,9 @@ def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
     table.to_csv(out / "validate.csv", index=False)
     main_cols = [c for c in table.columns if not c.endswith("_ms")]
     (out / "validate.md").write_text(
-        f"# sim vs real: {model.name} ({model.total_bytes / 1e6:.0f} MB), hardware {hw.name}, "
-        f"GPU {hw.memory_bytes[Tier.GPU] / 1e6:.0f} MB, "
-        f"CPU {hw.memory_bytes[Tier.CPU] / 1e6:.0f} MB\n\n"
+        f"# sim vs real: {model.name} ({fixed(model.total_bytes / 1e6, 0)} MB), "
+        f"hardware {hw.name}, GPU {fixed(hw.memory_bytes[Tier.GPU] / 1e6, 0)} MB, "
+        f"CPU {fixed(hw.memory_bytes[Tier.CPU] / 1e6, 0)} MB\n\n"
         + markdown(table[main_cols])
         + "\n\n## per-op-kind mean duration (ms)\n\n"
         + markdown(table[["planner", *[c for c in table.columns if c.endswith("_ms")]]])

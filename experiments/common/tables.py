@@ -43,7 +43,7 @@ def fixed(x: float, places: int = 2) -> str:
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
     """A DataFrame as a GitHub markdown table (without the optional `tabulate` dependency)."""
     d = df.reset_index() if index else df
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    fmt = lambda v: fixed(v, 3) if isinstance(v, float) else str(v)  # noqa: E731
     head = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in d.columns]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in d.itertuples(index=False)]

@@ -8,17 +8,24 @@ Classes found:
   and are named as ties;
 - a fixed number of decimals that rounds a number to nothing: a tiny run's makespan (10 us,
   0.4 ms) printed `0.00 s` by the run's line, the compare table, and report's ranked table,
-  and a replication table's milliseconds alike; such a number now keeps 3 significant digits.
+  and a replication table's milliseconds alike, validate's line and validate.md (its 0.6 ms
+  simulated makespan 0.001 s, its per-op milliseconds 0.000, its 0.28 MB CPU "0 MB") and every
+  markdown table of the commands: such a number now keeps 3 significant digits.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
+import pytest
 
+from core.types import Tier
 from experiments.common.ranking import answer, ranking, short_table
 from experiments.common.report_page import _answer_html
+from experiments.common.tables import markdown
 
 # two throughputs of one schedule's times, summed in two orders (the tiny sweep's flexgen and
 # fiddler): equal but for the last bits
@@ -85,3 +92,38 @@ def test_a_makespan_of_microseconds_is_not_printed_as_zero() -> None:
     from experiments.common.tables import fixed  # new with the fix
 
     assert [fixed(256.6), fixed(0.5), fixed(0.0), fixed(1.0)] == ["256.60", "0.5", "0.00", "1.00"]
+
+
+def test_validate_prints_a_makespan_under_a_millisecond_to_its_digits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tiny checkpoint's simulated makespan of 0.000595 s: validate's line and validate.md
+    print it (and a 0.28 MB CPU), not 0.001 s and 0 MB; a markdown table's 0.083 us op too."""
+    from experiments import validate
+
+    row = {
+        "planner": "klotski",
+        "sim_makespan_s": 0.000595,
+        "real_makespan_s": 0.0296,
+        "err_makespan_s": 0.000595 / 0.0296 - 1,
+        "err_gpu_bubble_s": -0.71,
+        "real_makespan_over_lb": 1.07,
+        "real_makespan_over_dag_lb": 1.07,
+        "sim_bubble_waits_on": "-",
+        "real_bubble_waits_on": "-",
+        "bubble_causes_tv": 0.5,
+        "real_runs": 1,
+        "real_makespan_min_s": 0.0296,
+        "real_makespan_max_s": 0.0296,
+        "compute-expert_sim_ms": 0.000083,
+    }
+    validate._print_row("klotski", row, {}, False, False, 92)
+    assert "makespan sim 0.000595 s real 0.0296 s (-98.0%)" in capsys.readouterr().out
+    model = SimpleNamespace(name="ck", total_bytes=562_000)
+    hw = SimpleNamespace(name="tiny", memory_bytes={Tier.GPU: 844_000, Tier.CPU: 281_000})
+    setup = SimpleNamespace(model=model, hw=hw, out=tmp_path)
+    validate._write_tables(setup, [row])  # type: ignore[arg-type]
+    md = (tmp_path / "validate.md").read_text()
+    assert md.startswith("# sim vs real: ck (0.562 MB), hardware tiny, GPU 0.844 MB, CPU 0.281 MB")
+    assert "| 0.000595 | 0.0296 |" in md and "| 8.3e-05 |" in md
+    assert markdown(pd.DataFrame({"tok/s": [30.43]})).endswith("| 30.430 |")
