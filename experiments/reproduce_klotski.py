@@ -358,7 +358,7 @@ def report(df: pd.DataFrame) -> str:
             "mixtral-8x7b / rtx3090-env1, "
             f"gen_len={f14.gen_len.max():.0f} (paper: 32)",
             "",
-            markdown(piv.round(2), index=True),
+            markdown(piv, index=True),  # 3 decimals, as the table below: not 2 padded to 3
         ]
     vs = df[df.table == "vs_flexgen"]
     if len(vs):

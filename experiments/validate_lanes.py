@@ -188,7 +188,7 @@ def _written(
     csv, md = out / "validate_lanes.csv", out / "validate_lanes.md"
     with dir_locked(out, OUTPUTS_BUSY), written_together(csv, md) as (csv_tmp, md_tmp):
         csv_tmp.write_text(table.to_csv(index=False))
-        md_tmp.write_text(f"# {head}\n\n{markdown(table.round(4))}\n")
+        md_tmp.write_text(f"# {head}\n\n{markdown(table)}\n")  # rounded once, by markdown
     return head
 
 

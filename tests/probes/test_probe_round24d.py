@@ -10,7 +10,10 @@ Classes found:
   0.4 ms) printed `0.00 s` by the run's line, the compare table, and report's ranked table,
   and a replication table's milliseconds alike, validate's line and validate.md (its 0.6 ms
   simulated makespan 0.001 s, its per-op milliseconds 0.000, its 0.28 MB CPU "0 MB") and every
-  markdown table of the commands: such a number now keeps 3 significant digits.
+  markdown table of the commands: such a number now keeps 3 significant digits;
+- a number rounded twice: reproduce_klotski's Fig. 14 table rounded each tok/s to 2 decimals
+  and printed 3 (1.876 as 1.880: 17 of its 20 cells, and 9.446 beside the vs-FlexGen table's
+  9.446 for the same run as 9.450); validate_lanes' markdown rounded to 4, then to 3.
 """
 
 from __future__ import annotations
@@ -127,3 +130,13 @@ def test_validate_prints_a_makespan_under_a_millisecond_to_its_digits(
     assert md.startswith("# sim vs real: ck (0.562 MB), hardware tiny, GPU 0.844 MB, CPU 0.281 MB")
     assert "| 0.000595 | 0.0296 |" in md and "| 8.3e-05 |" in md
     assert markdown(pd.DataFrame({"tok/s": [30.43]})).endswith("| 30.430 |")
+
+
+def test_reproduce_klotskis_fig14_prints_each_throughput_once_rounded() -> None:
+    """Fig. 14's cells have the third decimal of their own value, as the vs-FlexGen table's."""
+    from experiments.reproduce_klotski import report
+
+    df = pd.DataFrame(
+        {"table": "fig14", "planner": "klotski", "n": [1, 1], "batch_size": [4, 8]}
+    ).assign(gen_len=2, throughput_tok_s=[1.0497, 1.8763])
+    assert "| 1 | 1.050 | 1.876 |" in report(df)
