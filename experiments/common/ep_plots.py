@@ -240,7 +240,7 @@ def _throughput(rows: list[dict[str, Any]], out: Path, colour: Mapping[str, Any]
         ax.set(
             title=case,
             xlabel="batch size (sequences)",
-            ylabel="tokens / s",
+            ylabel="prompt tokens / s",  # not generated: a run's throughput_tok_s
             xscale="log",
             yscale="log",
         )

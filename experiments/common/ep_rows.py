@@ -137,7 +137,9 @@ def case_shapes(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """balanced = mean/max device tokens (vLLM); util = mean device compute busy / makespan;
+    """prompt_tok/s = the prompt tokens of the run's batches over its makespan (a replication
+    case generates one token: a run's throughput_tok_s, generated tokens, is prompt_len times
+    fewer); balanced = mean/max device tokens (vLLM); util = mean device compute busy / makespan;
     load = the time a kernel runs on a GPU / makespan (GPUtil's load: the paper's metric; lanes
     are one GPU; on GPUs the all-to-all's kernels count); phase = expert busy / (G x expert-phase
     spans): the token view and three time views. late_ms = the most one device's experts waited for
@@ -146,7 +148,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     w = max([16, *(len(r["case"]) for r in rows)])
     pw = max([42, *(len(r["planner_label"]) for r in rows)])
     head = (
-        f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'tok/s':>9} {'balanced':>8} "
+        f"{'case':{w}} {'bs':>4} {'planner':{pw}} {'makespan_ms':>11} {'prompt_tok/s':>12} "
+        f"{'balanced':>8} "
         f"{'util':>6} {'load':>6} {'phase':>6} {'copies':>6} {'late_ms':>7}"
     )
     lines = [head, "-" * len(head)]
@@ -154,7 +157,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['case']:{w}} {r['batch_size']:>4} {r['planner_label']:{pw}} "
             f"{fixed(1e3 * r['makespan_s']):>11} "
-            f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>9.0f} "
+            f"{r['batch_size'] * r['n_batches'] * r['prompt_len'] / r['makespan_s']:>12.0f} "
             f"{r['balancedness']:>8.3f} {r['utilisation']:>6.3f} "
             f"{r.get('gpu_load', float('nan')):>6.3f} {r['expert_phase_util']:>6.3f} "
             f"{r['plan']['ep'].get('copies', 0):>6} {1e3 * r.get('copy_wait_s', 0.0):>7.3f}"

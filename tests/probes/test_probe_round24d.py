@@ -13,7 +13,10 @@ Classes found:
   markdown table of the commands: such a number now keeps 3 significant digits;
 - a number rounded twice: reproduce_klotski's Fig. 14 table rounded each tok/s to 2 decimals
   and printed 3 (1.876 as 1.880: 17 of its 20 cells, and 9.446 beside the vs-FlexGen table's
-  9.446 for the same run as 9.450); validate_lanes' markdown rounded to 4, then to 3.
+  9.446 for the same run as 9.450); validate_lanes' markdown rounded to 4, then to 3;
+- one name, two quantities: replication's table and throughput.png said `tok/s` of prompt
+  tokens (21625 for an esft-g8 run) where report and collect say tok/s of generated tokens for
+  the same run (2703): they say prompt tokens now.
 """
 
 from __future__ import annotations
@@ -140,3 +143,25 @@ def test_reproduce_klotskis_fig14_prints_each_throughput_once_rounded() -> None:
         {"table": "fig14", "planner": "klotski", "n": [1, 1], "batch_size": [4, 8]}
     ).assign(gen_len=2, throughput_tok_s=[1.0497, 1.8763])
     assert "| 1 | 1.050 | 1.876 |" in report(df)
+
+
+def test_replications_tok_s_says_it_counts_prompt_tokens() -> None:
+    """An esft-g8 run of 2 batches of 8 sequences of 8 prompt tokens in 5.92 ms: 21622 prompt
+    tokens/s, under a header that says so (its throughput_tok_s, of 16 generated tokens, is
+    2703)."""
+    from experiments.common.ep_rows import table
+
+    row = {
+        "case": "esft-g8",
+        "batch_size": 8,
+        "n_batches": 2,
+        "prompt_len": 8,
+        "planner_label": "ep_static",
+        "makespan_s": 0.00592,
+        "balancedness": 0.67,
+        "utilisation": 0.93,
+        "expert_phase_util": 0.95,
+        "plan": {"ep": {"copies": 0}},
+    }
+    head, _, line = table([row]).splitlines()
+    assert head.split()[4] == "prompt_tok/s" and line.split()[4] == "21622"
