@@ -21,6 +21,7 @@ import numpy as np
 
 from core.lazy import lazy_module
 from core.schedule import Schedule
+from core.shown import short_of
 from core.types import OpKind, Resource, Tensor, Tier
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ def top_cause(causes: Mapping[str, float]) -> str:
     if total <= 0:
         return "-"
     name = max(causes, key=lambda k: causes[k])
-    return f"{name} {causes[name] / total:.0%}"
+    return f"{name} {short_of(causes[name] / total, '.0%', 0, 1)}"  # 99.5%, not 100%: not all
 
 
 def by_transfer(causes: Mapping[str, float]) -> dict[str, float]:

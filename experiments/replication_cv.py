@@ -21,6 +21,7 @@ import numpy as np
 
 from core.errors import MoepipeError
 from core.files import no_folder_there
+from core.shown import short_of
 from experiments.common import ep_rows
 from experiments.common.app import command
 from experiments.common.cli import exit_command, print_or_exit, until_interrupted
@@ -102,7 +103,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             lines.append(
                 f"{k:>4} {key:13} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
                 f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {fixed(1e3 * ep['makespan_s']):>8} "
-                f"{fixed(1e3 * pr['makespan_s']):>8} {closed:>10.0%} {dist:>9.3f}"
+                f"{fixed(1e3 * pr['makespan_s']):>8} {short_of(closed, '.0%', 0, 1):>10} "
+                f"{dist:>9.3f}"
             )
             cols.setdefault(case, []).append(
                 (
@@ -125,7 +127,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         no_gap = sum(np.isnan(c[5]) for c in per)
         lines.append(
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
-            f"{diff:>+8.4f} {fixed(em):>8} {fixed(pm):>8} {closed:>10.0%} {dist:>9.3f}"
+            f"{diff:>+8.4f} {fixed(em):>8} {fixed(pm):>8} {short_of(closed, '.0%', 0, 1):>10} "
+            f"{dist:>9.3f}"
             + (
                 f"  (gap closed over the {len(per) - no_gap} with a gap >= {NOISE_GAP:.0%})"
                 if no_gap

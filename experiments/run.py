@@ -35,7 +35,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 import experiments
-from core.bubbles import top_cause
 from core.errors import CapacityError, ConfigError, quoted
 from core.files import clear_leftovers
 from core.hf_config import hf_config_file
@@ -81,7 +80,7 @@ from experiments.common.run_dir import (
     write_texts,
 )
 from experiments.common.schema import RoutingSchema, RunSchema
-from experiments.common.tables import display_name, fixed
+from experiments.common.tables import display_name, run_line
 from experiments.common.unused_n import warn_unused_n_batches
 from planners.registry import expert_parallel_names, make_params
 
@@ -119,19 +118,7 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     warn_unused_n_batches(spec, s["n_batches"])
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
-    log.info(
-        "%s %s n=%d: %s tok/s, makespan %s s, GPU bubble %.1f%% (waits on %s), "
-        "efficiency %.3f -> %s",
-        display_name(choice, s["planner"], s["planner_label"]),
-        s["model"],
-        s["n_batches"],
-        fixed(s["throughput_tok_s"]),
-        fixed(s["makespan_s"]),
-        100 * s["gpu_bubble_frac"],
-        top_cause(s["gpu_idle_causes_s"]),
-        s["efficiency"],
-        out_dir,
-    )
+    log.info("%s", run_line(display_name(choice, s["planner"], s["planner_label"]), s, out_dir))
     return s
 
 

@@ -47,6 +47,7 @@ from core.errors import (  # noqa: E402
 from core.hardware import HardwareSpec
 from core.planner import Planner
 from core.routing import Routing, load_routing  # noqa: E402
+from core.shown import error, fixed, short_of  # noqa: E402
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth  # noqa: E402
 from core.types import OpKind, Resource, RoutingSource, Tier  # noqa: E402
@@ -73,7 +74,7 @@ from experiments.common.pipeline import (
 from experiments.common.real_run import FileState, checkpoint_files, real_execute  # noqa: E402
 from experiments.common.run_dir import staged_outputs
 from experiments.common.schema import DtypeOption
-from experiments.common.tables import csv_of_ours, fixed, markdown  # noqa: E402
+from experiments.common.tables import csv_of_ours, markdown  # noqa: E402
 from planners.registry import make_planner, planner_names  # noqa: E402
 from real.checkpoint import load_checkpoint, run_dtype  # noqa: E402
 
@@ -529,22 +530,22 @@ def _print_row(
             )
             for res in seen
         )
-        + f"): {100 * row['err_run_links_makespan_s']:+.1f}%, "
-        f"bubble {100 * row['err_run_links_gpu_bubble_s']:+.1f}%"
+        + f"): {error(row['err_run_links_makespan_s'])}, "
+        f"bubble {error(row['err_run_links_gpu_bubble_s'])}"
         if seen
         else ""
     )
     at_probe = (
-        f"; probed links: {100 * row['err_probe_makespan_s']:+.1f}%, "
-        f"bubble {100 * row['err_probe_gpu_bubble_s']:+.1f}%; all probes pooled: "
-        f"{100 * row['err_window_makespan_s']:+.1f}%, "
-        f"bubble {100 * row['err_window_gpu_bubble_s']:+.1f}%"
+        f"; probed links: {error(row['err_probe_makespan_s'])}, "
+        f"bubble {error(row['err_probe_gpu_bubble_s'])}; all probes pooled: "
+        f"{error(row['err_window_makespan_s'])}, "
+        f"bubble {error(row['err_window_gpu_bubble_s'])}"
         if probed
         else ""
     )
     if distributed:
         print(
-            f"{name:24s} coverage {100 * row['coverage']:.0f}% of {n_ops} ops, "
+            f"{name:24s} coverage {short_of(row['coverage'], '.0%', 0, 1)} of {n_ops} ops, "
             f"expert tokens per device sim {row['sim_device_tokens']} real "
             f"{row['real_device_tokens']} ({'equal' if row['device_tokens_equal'] else 'DIFFER'}), "
             f"utilisation sim {row['sim_utilisation']:.2f} real {row['real_utilisation']:.2f}",
@@ -553,7 +554,7 @@ def _print_row(
     print(
         f"{name:24s} makespan sim {fixed(row['sim_makespan_s'], 3)} s "
         f"real {fixed(row['real_makespan_s'], 3)} s "
-        f"({100 * row['err_makespan_s']:+.1f}%), bubble {100 * row['err_gpu_bubble_s']:+.1f}%, "
+        f"({error(row['err_makespan_s'])}), bubble {error(row['err_gpu_bubble_s'])}, "
         f"real/LB {row['real_makespan_over_lb']:.2f}, "
         f"real/DAG-LB {row['real_makespan_over_dag_lb']:.2f}, "
         f"bubble waits on {row['sim_bubble_waits_on']} (sim) / "

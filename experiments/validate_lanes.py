@@ -34,6 +34,7 @@ from core.args import (
 )
 from core.errors import MoepipeError
 from core.hardware import HardwareSpec
+from core.shown import error, fixed
 from core.spec import RoutingConfig, Workload
 from core.types import OpKind, RoutingSource
 from experiments.common.app import command, kv
@@ -156,9 +157,9 @@ def report(opts: dict[str, Any]) -> list[str]:
     for r in rows:
         better = min(("partition", "shared"), key=lambda s: abs(r[f"{s}_err"]))
         lines.append(
-            f"{r['planner']}: makespan error partition {r['partition_err']:+.0%}, shared "
-            f"{r['shared_err']:+.0%} (closer: {better}); expert phases "
-            f"{r['partition_phase_err']:+.0%} / {r['shared_phase_err']:+.0%}"
+            f"{r['planner']}: makespan error partition {error(r['partition_err'], 0)}, shared "
+            f"{error(r['shared_err'], 0)} (closer: {better}); expert phases "
+            f"{error(r['partition_phase_err'], 0)} / {error(r['shared_phase_err'], 0)}"
         )
     lines.append(f"wrote {out}/validate_lanes.csv, validate_lanes.md")
     return lines
@@ -180,7 +181,7 @@ def _written(
     another's md. The table's heading line."""
     sm_bw = hw.gpu.sm_mem_bw_bytes_per_s or hw.gpu.mem_bw_bytes_per_s / max(hw.gpu.sms, 1)
     head = (
-        f"{model.name} ({model.total_bytes / 1e6:.0f} MB) as {lanes} lanes on {device} "
+        f"{model.name} ({fixed(model.total_bytes / 1e6, 0)} MB) as {lanes} lanes on {device} "
         f"({hw.name}, sms {hw.gpu.sms or 'unknown'}, sm_mem_bw {sm_bw / 1e9:.0f} GB/s), "
         f"batch {wl.batch_size} x {wl.n_batches}, prompt {wl.prompt_len}, "
         f"{repeats} real run(s)"

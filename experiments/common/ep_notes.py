@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from core.hardware import HardwareSpec
+from core.shown import short_of
 from experiments.common.ep_rows import NOISE_GAP, plotted_batches
 
 
@@ -142,7 +143,8 @@ def eplb_lines(
 
         def view(r: dict[str, Any], st: Any = st, gap: float = gap, wide: bool = wide) -> str:
             closes = (
-                f", closes {(st['makespan_s'] - r['makespan_s']) / gap:.0%} of the gap"
+                f", closes {short_of((st['makespan_s'] - r['makespan_s']) / gap, '.0%', 0, 1)} "
+                "of the gap"
                 if wide
                 else ""
             )

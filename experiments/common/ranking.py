@@ -16,6 +16,7 @@ import pandas as pd
 
 from core.bubbles import top_cause
 from core.errors import did_you_mean
+from core.shown import short_of
 from experiments.common.tables import SYSTEM, fixed
 
 # swept workload columns: a figure against one of them draws a line per value of the others
@@ -263,7 +264,7 @@ def causes_text(shares: pd.Series, top: int = 3, at_least: float = 0.05) -> str:
     if total <= 0:
         return "-"
     parts = shares[shares / total >= at_least].sort_values(ascending=False).head(top)
-    return ", ".join(f"{c} {v / total:.0%}" for c, v in parts.items())
+    return ", ".join(f"{c} {short_of(v / total, '.0%', 0, 1)}" for c, v in parts.items())
 
 
 RANK = "throughput_tok_s"  # what the ranking orders by (higher is better)
@@ -399,16 +400,22 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
     if pd.isna(w["gpu_bubble_frac"]):
         return text
     if causes == "-":
-        text += f" {its} GPUs are idle {100 * w['gpu_bubble_frac']:.1f}% of the run" + (
+        text += f" {its} GPUs are idle {bubble_pct(w['gpu_bubble_frac'])}% of the run" + (
             "." if w["gpu_bubble_frac"] > 0 else ": no bubble to explain."
         )
     else:
         top = causes.split(", ")[0].rsplit(" ", 1)
         text += (
-            f" {its} GPUs compute nothing {100 * w['gpu_bubble_frac']:.1f}% of the run, and that"
+            f" {its} GPUs compute nothing {bubble_pct(w['gpu_bubble_frac'])}% of the run, and that"
             f" bubble waits on {causes}: mostly {cause_meaning(top[0])}."
         )
     return text
+
+
+def bubble_pct(frac: float) -> str:
+    """A GPU bubble's share of the run in percent, 1 decimal: 100.0 only where the GPU never
+    computed, 0.0 only where it never idled (99.96% reads 99.96)."""
+    return short_of(100 * frac, ".1f", 0, 100)
 
 
 def short_table(df: pd.DataFrame) -> str:
@@ -430,7 +437,8 @@ def short_table(df: pd.DataFrame) -> str:
             f"{r[SYSTEM]:<20} {r.get('model.name', ''):<14} {int(r['workload.batch_size']):>4} "
             f"{int(r['n_batches']):>4} {fixed(r['throughput_tok_s']):>10} "
             f"{fixed(r['makespan_s']):>11} "
-            f"{100 * r['gpu_bubble_frac']:>9.1f} {r['efficiency']:>6.3f} {dag:>6.3f}  "
+            f"{bubble_pct(r['gpu_bubble_frac']):>9} {short_of(r['efficiency'], '.3f', 0, 1):>6} "
+            f"{short_of(dag, '.3f', 0, 1):>6}  "
             f"{top_cause(shares.loc[r.name].to_dict()):<20}{where}"
         )
     bad = df[df.get("status", pd.Series("ok", index=df.index)).fillna("ok") != "ok"]

@@ -15,6 +15,7 @@ import pandas as pd
 
 from core.args import refuse_their_png, refuse_theirs
 from core.bubbles import top_cause
+from core.shown import short_of
 from experiments.common.figures import (
     fig_gantt,
     fig_idle_causes,
@@ -32,6 +33,7 @@ from experiments.common.ranking import (
     WAITS,
     ReportError,
     answer,
+    bubble_pct,
     check_request,
     idle_shares,
     ok_runs,
@@ -272,6 +274,10 @@ def runs_table(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     )[cols]
 
 
+def _share(v: float) -> str:
+    return short_of(v, ".4g", 0, 1) if pd.notna(v) else "-"
+
+
 def _answer_html(df: pd.DataFrame) -> list[str]:
     """The page's first section: per panel, the answer in words and the ranked table."""
     parts = []
@@ -290,7 +296,7 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
             "tok/s": fixed,
             "makespan s": fixed,
             ratio: "{:.2f}x".format,
-            "GPU bubble": lambda v: f"{100 * v:.1f}%",
+            "GPU bubble": lambda v: f"{bubble_pct(v)}%",
         }
         few = t.attrs.get("points", 0) < 2
         shown = t.drop(columns=["runs", "tied_wins", *(["wins"] if few else [])])
@@ -315,8 +321,11 @@ def _html(
     problems: list[str],
     columns: list[str],
 ) -> str:
-    table = runs_table(df, columns).to_html(
-        index=False, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0
+    runs = runs_table(df, columns)
+    # a share of the run is 1 or 0 only where it is (0.99996 is no "1"), with the digits to say so
+    share = {c: _share for c in ("gpu_bubble_frac", "efficiency", "dag_efficiency") if c in runs}
+    table = runs.to_html(
+        index=False, formatters=share, float_format=lambda v: f"{v:.4g}", na_rep="-", border=0
     )
     e = html.escape
     parts = [

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from core.args import output_dir, refuse_theirs
+from core.bubbles import top_cause
 from core.errors import MoepipeError, cannot_read
 from core.files import broken_link, clear_leftovers, read_small, read_summary_json
 from core.lazy import lazy_module
 from core.routing import peek_suffix
+from core.shown import fixed, short_of
 from core.yaml_size import UniqueKeyLoader, check_yaml_size, yaml_problem
 from experiments.common.deferred import written_together
 from experiments.common.dir_lock import dir_locked
@@ -30,14 +32,6 @@ if TYPE_CHECKING:
     import pandas as pd
 else:
     pd = lazy_module("pandas")
-
-
-def fixed(x: float, places: int = 2) -> str:
-    """`x` to `places` decimals, or to 3 significant digits where the decimals would show fewer
-    (a 10 us makespan is 1.04e-05 s, not 0.00 s; a 0.4 ms one 0.0004, not 0.00)."""
-    if x != 0 and math.isfinite(x) and abs(x) < 10.0 ** (2 - places):
-        return f"{x:.3g}"
-    return f"{x:.{places}f}"
 
 
 def markdown(df: pd.DataFrame, index: bool = False) -> str:
@@ -402,6 +396,18 @@ def system_of(run: Path, row: dict[str, Any]) -> str:
         # run's folder left its own choice beside the earlier run's result
         choice = None
     return display_name(choice, planner, str(row.get("planner_label", "")))
+
+
+def run_line(name: str, s: dict[str, Any], out_dir: Path | str) -> str:
+    """A finished run's line (summary `s` of the run in `out_dir`), each number as it is: a
+    10 us makespan 1.04e-05 s, a 99.96% bubble not 100.0% (`core.shown`)."""
+    return (
+        f"{name} {s['model']} n={s['n_batches']}: {fixed(s['throughput_tok_s'])} tok/s, "
+        f"makespan {fixed(s['makespan_s'])} s, "
+        f"GPU bubble {short_of(100 * s['gpu_bubble_frac'], '.1f', 0, 100)}% "
+        f"(waits on {top_cause(s['gpu_idle_causes_s'])}), "
+        f"efficiency {short_of(s['efficiency'], '.3f', 0, 1)} -> {out_dir}"
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -16,7 +16,12 @@ Classes found:
   9.446 for the same run as 9.450); validate_lanes' markdown rounded to 4, then to 3;
 - one name, two quantities: replication's table and throughput.png said `tok/s` of prompt
   tokens (21625 for an esft-g8 run) where report and collect say tok/s of generated tokens for
-  the same run (2703): they say prompt tokens now.
+  the same run (2703): they say prompt tokens now;
+- a share, an error or an efficiency rounded onto a bound it does not reach: the main job's
+  flexgen bubble, 99.53% of it waiting on expert loads and 0.47% on the KV cache, read
+  `load expert@h2d 100%` (all of it), validate_lanes' errors of -99.98% read -100% (a
+  prediction of nothing), an efficiency of 0.9996 read 1.000; each keeps the digits that set it
+  off its bound now (`core.shown.short_of`): 99.5%, -99.98%, 0.9996.
 """
 
 from __future__ import annotations
@@ -165,3 +170,29 @@ def test_replications_tok_s_says_it_counts_prompt_tokens() -> None:
     }
     head, _, line = table([row]).splitlines()
     assert head.split()[4] == "prompt_tok/s" and line.split()[4] == "21622"
+
+
+def test_a_share_or_error_is_not_rounded_onto_its_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The main job's flexgen bubble: 99.53% on expert loads is not `100%`; an exact 100% still
+    is. An efficiency of 0.9996 and a bubble of 99.996% keep their digits; validate's error
+    of -99.98% is not -100%."""
+    from core.bubbles import top_cause
+    from experiments import validate
+    from experiments.common.ranking import causes_text
+
+    flexgen = {"load expert@h2d": 0.99531, "kv-load@h2d": 0.00469}
+    assert top_cause(flexgen) == "load expert@h2d 99.5%"
+    assert top_cause({"load expert@h2d": 2.0}) == "load expert@h2d 100%"
+    assert causes_text(pd.Series(flexgen)) == "load expert@h2d 99.5%"
+    d = runs(("a", 2, 100.0)).assign(efficiency=0.9996, gpu_bubble_frac=0.99996)
+    line = short_table(d).splitlines()[1]
+    assert " 99.996 0.9996  1.000 " in line  # dag_efficiency is 1: it reads 1.000
+    row = {"err_makespan_s": -0.9998, "err_gpu_bubble_s": 0.0004, "real_makespan_over_lb": 1.0}
+    row |= {"real_makespan_over_dag_lb": 1.0, "bubble_causes_tv": 0.0, "real_runs": 1}
+    row |= {k: "-" for k in ("sim_bubble_waits_on", "real_bubble_waits_on")}
+    row |= {k: 0.1 for k in ("sim_makespan_s", "real_makespan_s")}
+    validate._print_row("a", row | {"real_makespan_min_s": 0.1, "real_makespan_max_s": 0.1}, {},
+                        False, False, 1)  # fmt: skip
+    assert "(-99.98%), bubble +0.04%" in capsys.readouterr().out
