@@ -294,7 +294,10 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
             mean = s.groupby("_point", sort=False)[RANK].mean()
             for point, v in mean.items():
                 at_point.setdefault(point, []).append((v, label))
-            runs = s[s["_point"] == mean.idxmax()]
+            # the first of the points that tie for its best (in the sweep's order), not the one
+            # its last bits favour
+            best = [point for point, v in mean.items() if tied(v, mean.max())]
+            runs = s[s["_point"] == best[0]]
             first = runs.iloc[0]
             rows.append(
                 {
@@ -306,6 +309,7 @@ def ranking(df: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
                     "gpu_bubble_frac": _mean(runs, "gpu_bubble_frac"),
                     WAITS: causes_text(shares.loc[runs.index].mean()) if not shares.empty else "-",
                     "runs": len(runs),
+                    "tied_points": len(best) - 1,
                 }
             )
         t = pd.DataFrame(rows)
@@ -348,7 +352,9 @@ def _point_of(r: pd.Series) -> str:
     """A ranked line's best point in words ("" where its runs do not record it)."""
     if pd.isna(r["batch_size"]) or pd.isna(r["n"]):
         return ""
-    return f"batch {int(r['batch_size'])}, n {int(r['n'])}"
+    k = int(r.get("tied_points", 0))
+    also = f", tied at {k} other point{'s' if k > 1 else ''}" if k else ""
+    return f"batch {int(r['batch_size'])}, n {int(r['n'])}{also}"
 
 
 def _leaders(t: pd.DataFrame, where: str) -> str:

@@ -299,7 +299,7 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
             "GPU bubble": lambda v: f"{bubble_pct(v)}%",
         }
         few = t.attrs.get("points", 0) < 2
-        shown = t.drop(columns=["runs", "tied_wins", *(["wins"] if few else [])])
+        shown = t.drop(columns=["runs", "tied_wins", "tied_points", *(["wins"] if few else [])])
         ties = ", ties included" if t["tied_wins"].any() else ""
         names["wins"] = f"fastest at (of {t.attrs.get('points', 0)} points{ties})"
         shown = shown.rename(columns=names)

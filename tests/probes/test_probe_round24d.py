@@ -4,8 +4,8 @@ Classes found:
 
 - a ranking decided by rounding noise: lines of equal throughput (the same times summed in
   another order, 1e-16 apart) were ranked 1, 2, 3, the first named the winner alone and
-  credited with none of the points ("fastest at 0 of the 2 points"); ties now share a rank
-  and are named as ties;
+  credited with none of the points ("fastest at 0 of the 2 points"), and a line's "best point"
+  was the batch size its last bits favoured; ties now share a rank and are named as ties;
 - a fixed number of decimals that rounds a number to nothing: a tiny run's makespan (10 us,
   0.4 ms) printed `0.00 s` by the run's line, the compare table, and report's ranked table,
   and a replication table's milliseconds alike, validate's line and validate.md (its 0.6 ms
@@ -83,6 +83,8 @@ def test_equal_throughputs_tie_in_the_ranking_not_by_their_rounding() -> None:
     text = answer(key, t)
     assert text.startswith("alpha and zeta tie for the highest throughput on tiny / tiny")
     assert "2.00x mid" in text and "x zeta" not in text
+    # each line's best point: the first of its two equal ones, said to be tied
+    assert "zeta at batch 2, n 2, tied at 1 other point" in text
 
 
 def test_a_faster_line_still_wins_alone() -> None:
