@@ -52,7 +52,7 @@ from experiments.common.run_dir import (
     topmost_missing,
     write_texts,
 )
-from experiments.common.tables import csv_of_ours, markdown
+from experiments.common.tables import csv_of_ours, markdown, short_of
 
 PAPER_T3 = {  # Table 3 per step, tokens/s: (8x7B Env1, 8x22B Env1, 8x22B Env2)
     "simple": (5.721, 0.01, 1.149),
@@ -307,7 +307,7 @@ def table3_lines(t3: pd.DataFrame) -> list[str]:
         cells = []
         for i, (_, p) in enumerate(cols):
             sim = ratio.get((b, a, i), float("nan"))
-            cells.append(f"{sim:.3f} | {PAPER_T3[b][p] / PAPER_T3[a][p]:.3f}")
+            cells.append(f"{short_of(sim, '.3f', 1)} | {PAPER_T3[b][p] / PAPER_T3[a][p]:.3f}")
         lines.append(f"| {b} / {a} ({planners[b]} / {planners[a]}) | " + " | ".join(cells) + " |")
     return [
         *lines,
@@ -394,15 +394,15 @@ def targets(df: pd.DataFrame) -> list[str]:
             )
             out.append(
                 f"[{'PASS' if sim > 1 else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = "
-                f"{sim:.3f} improves (> 1)"
+                f"{short_of(sim, '.3f', 1)} improves (> 1)"
             )
             if p == 1:  # the disk-bound column: within a factor of 2
                 ok, want = paper / 2 <= sim <= 2 * paper, "within 2x of"
             else:
                 ok, want = abs(sim / paper - 1) <= 0.25, "within 25% of"
             out.append(
-                f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = {sim:.3f} "
-                f"{want} the paper's {paper:.3f}"
+                f"[{'PASS' if ok else 'FAIL'}] {where}: {planners[b]} / {planners[a]} = "
+                f"{short_of(sim, '.3f', 1)} {want} the paper's {paper:.3f}"
             )
     for r in df[df.table == "auto_n"].itertuples():
         if isinstance(getattr(r, "error", None), str):
@@ -410,8 +410,9 @@ def targets(df: pd.DataFrame) -> list[str]:
             continue
         out.append(
             f"[{'PASS' if 1 / r.dag_efficiency <= 1.10 else 'FAIL'}] {r.model} / {r.hardware}: "
-            f"Klotski at n = {r.n} takes {1 / r.dag_efficiency:.3f}x the schedule's lower bound "
-            f"(target <= 1.10x); {1 / r.efficiency:.3f}x the busiest resource's"
+            f"Klotski at n = {r.n} takes {short_of(1 / r.dag_efficiency, '.3f', 1, 1.1)}x the "
+            f"schedule's lower bound (target <= 1.10x); {short_of(1 / r.efficiency, '.3f', 1)}x "
+            "the busiest resource's"
         )
     return out or ["(no Table 3 or n-planner runs in these results)"]
 

@@ -105,7 +105,8 @@ def loop_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['utilisation']:.3f} -> {st['utilisation']:.3f} -> {pr['utilisation']:.3f}, "
             f"GPU load {r['gpu_load']:.3f} -> {st['gpu_load']:.3f} -> {pr['gpu_load']:.3f}, "
             f"makespan {1e3 * r['makespan_s']:.2f} -> {1e3 * st['makespan_s']:.2f} -> "
-            f"{1e3 * pr['makespan_s']:.2f} ms ({r['makespan_s'] / pr['makespan_s']:.2f}x)"
+            f"{1e3 * pr['makespan_s']:.2f} ms "
+            f"({short_of(r['makespan_s'] / pr['makespan_s'], '.2f', 1)}x)"
         )
     return out
 

@@ -333,6 +333,12 @@ def tied(a: float, b: float) -> bool:
     return abs(a - b) <= TIE * max(abs(a), abs(b))
 
 
+def times(ratio: float) -> str:
+    """The leader's ratio over a line: 1.00x only for a tie, else with the digits that set it
+    off 1 (1.0002x: the leader is faster, if by little)."""
+    return "1.00x" if tied(ratio, 1.0) else f"{short_of(ratio, '.2f', 1)}x"
+
+
 def ranks(values: list[float]) -> list[int]:
     """Each value's rank, highest first, tied values sharing the best rank (1, 1, 3)."""
     return [1 + sum(w > v and not tied(w, v) for w in values) for v in values]
@@ -397,7 +403,7 @@ def answer(key: tuple[Any, ...], t: pd.DataFrame) -> str:
         text += ", the only system in this sweep."
     else:
         others = [
-            f"{r['leader_over_it']:.2f}x {r['planner']} ({fixed(r[RANK])})"
+            f"{times(r['leader_over_it'])} {r['planner']} ({fixed(r[RANK])})"
             for _, r in rest.iterrows()
         ]
         text += (": " + ", ".join(others) if others else "") + "." + _wins(t)

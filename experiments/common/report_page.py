@@ -38,6 +38,7 @@ from experiments.common.ranking import (
     idle_shares,
     ok_runs,
     ranking,
+    times,
 )
 from experiments.common.run_dir import staged_outputs
 from experiments.common.tables import (
@@ -295,7 +296,7 @@ def _answer_html(df: pd.DataFrame) -> list[str]:
         fmt = {
             "tok/s": fixed,
             "makespan s": fixed,
-            ratio: "{:.2f}x".format,
+            ratio: times,
             "GPU bubble": lambda v: f"{bubble_pct(v)}%",
         }
         few = t.attrs.get("points", 0) < 2

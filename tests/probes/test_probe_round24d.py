@@ -21,7 +21,9 @@ Classes found:
   flexgen bubble, 99.53% of it waiting on expert loads and 0.47% on the KV cache, read
   `load expert@h2d 100%` (all of it), validate_lanes' errors of -99.98% read -100% (a
   prediction of nothing), an efficiency of 0.9996 read 1.000; each keeps the digits that set it
-  off its bound now (`core.shown.short_of`): 99.5%, -99.98%, 0.9996.
+  off its bound now (`core.shown.short_of`): 99.5%, -99.98%, 0.9996. So does a ratio at 1
+  (report's `1.00x` for a leader 0.02% faster, which reads as a tie) or at its target
+  (reproduce_klotski's `1.100x ... [FAIL]` against `<= 1.10x`).
 """
 
 from __future__ import annotations
@@ -198,3 +200,15 @@ def test_a_share_or_error_is_not_rounded_onto_its_bound(
     validate._print_row("a", row | {"real_makespan_min_s": 0.1, "real_makespan_max_s": 0.1}, {},
                         False, False, 1)  # fmt: skip
     assert "(-99.98%), bubble +0.04%" in capsys.readouterr().out
+
+
+def test_a_ratio_reads_as_its_bound_only_where_it_is() -> None:
+    """A leader 0.02% faster is 1.0002x, not 1.00x (a tie); Klotski at 1.1004x its bound
+    fails a target of <= 1.10x and says 1.1004x, not 1.100x."""
+    from experiments.reproduce_klotski import targets
+
+    ((key, t),) = ranking(runs(("a", 2, 100.02), ("b", 2, 100.0)))
+    assert "1.0002x b (100.00)" in answer(key, t)
+    auto_n = {"table": "auto_n", "model": "m", "hardware": "h", "n": 61, "efficiency": 0.9}
+    (line,) = targets(pd.DataFrame([auto_n | {"dag_efficiency": 1 / 1.1004}]))
+    assert line.startswith("[FAIL]") and "takes 1.1004x the schedule's lower bound" in line
