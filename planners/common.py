@@ -585,12 +585,14 @@ def standard_placement(
     act = 3 * live * wl.prompt_len * m.hidden_size * m.dtype_bytes
     # Experts on disk pass through CPU memory on their way to the GPU: reserve room for one (what
     # progress needs); any CPU memory the placement leaves free serves as read-ahead on top.
+    weights = layers_in_flight * layer_max + m.head_bytes
     return staged_placement(
         m,
         ctx.hardware,
         m.expert_bytes,
         kv_sequences,
         wl.prompt_len + wl.gen_len,
-        layers_in_flight * layer_max + m.head_bytes + kv_buf,
+        weights + kv_buf,
         act,
+        working_weight_bytes=weights,
     )

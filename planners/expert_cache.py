@@ -8,7 +8,7 @@ Causality: nothing here reads routing; callers feed it only what a gate op has r
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,12 +36,14 @@ def cache_placement(
     act = 3 * kv_sequences * wl.prompt_len * m.hidden_size * m.dtype_bytes
     staging = m.expert_bytes  # disk reads pass through CPU; free CPU memory adds read-ahead
     # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to cache
-    working = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes + kv_buf
+    weights = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes
+    working = weights + kv_buf
     kw = dict(
         kv_sequences=kv_sequences,
         kv_tokens=wl.prompt_len + wl.gen_len,
         activation_bytes=act,
         cpu_staging_bytes=staging,
+        working_weight_bytes=weights,
     )
     first = greedy_placement(m, hw, working_bytes=working, **kw)
     dense_gpu = dense_bytes(m) if first.dense == Tier.GPU else 0
@@ -55,12 +57,20 @@ def cache_placement(
     return placement, cache
 
 
-def cache_fix(cache_share: float) -> str:
-    """What to do where a cache of `cache_share` of the spare GPU memory holds no expert: the
-    share first, where it is below 1 (a smaller batch leaves the share as small)."""
-    if cache_share < 1:
-        return f"raise planner.params.cache_share (now {cache_share:g}), or use a smaller batch"
-    return "use a smaller batch"
+def cache_fix(ctx: PlanContext, cache_share: float, needs_bytes: int) -> str:
+    """What to do where a cache of `cache_share` of the spare GPU memory (one sequence a batch
+    slot, as its planners place) holds less than `needs_bytes`: the whole share, or the least
+    workload (one sequence, one token each way), each named only where it would hold them;
+    then more GPU memory, which always does."""
+    fixes = []
+    if cache_share < 1 and cache_placement(ctx, ctx.workload.batch_size, 1)[1] >= needs_bytes:
+        fixes.append(f"raise planner.params.cache_share (now {cache_share:g})")
+    least = replace(
+        ctx, workload=ctx.workload.with_(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
+    )
+    if cache_placement(least, 1, 1, cache_share)[1] >= needs_bytes:
+        fixes.append("use a smaller batch or context (workload.batch_size, workload.prompt_len)")
+    return ", or ".join([*fixes, "raise hardware.memory_gb.gpu"])
 
 
 @dataclass

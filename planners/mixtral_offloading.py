@@ -86,7 +86,7 @@ class MixtralOffloading(Planner):
             raise CapacityError(
                 f"mixtral_offloading: needs one GPU expert slot per MoE layer ({needs} GB), only "
                 f"{spare} GB is spare (the real system quantizes experts to 2-3 bits to fit); "
-                + cache_fix(p.cache_share)
+                + cache_fix(ctx, p.cache_share, n_moe * m.expert_bytes)
             )
         run = _Run(
             em,

@@ -76,7 +76,7 @@ class MoEInfinity(Planner):
             spare, needs = gb_apart(cache_bytes, m.expert_bytes)
             raise CapacityError(
                 f"moe_infinity: no GPU room for an expert cache ({spare} GB spare, one expert is "
-                f"{needs} GB); " + cache_fix(p.cache_share)
+                f"{needs} GB); " + cache_fix(ctx, p.cache_share, m.expert_bytes)
             )
         cache = LRUCache(em, capacity)
         n_moe = len(m.moe_layers)

@@ -206,12 +206,11 @@ def placement_for(
     kv_buf = (
         2 * wl.batch_size * (wl.prompt_len + wl.gen_len) * m.kv_bytes_per_token
     )  # two batches' KV in flight
-    stream = m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes + m.head_bytes + kv_buf
+    stream = m.attn_bytes + m.gate_bytes + m.shared_ffn_bytes + m.head_bytes
     act = group_activation_bytes(m, wl, real_activations)
+    context = wl.prompt_len + wl.gen_len
     try:
-        return klotski_placement(
-            m, hw, wl.n_sequences, wl.prompt_len + wl.gen_len, stream, act, window_layers
-        )
+        return klotski_placement(m, hw, wl.n_sequences, context, stream, act, window_layers, kv_buf)
     except CapacityError as e:
         if wl != _least(wl) and _refused(m, hw, _least(wl), window_layers, real_activations):
             raise  # the least workload is refused too: no smaller n or batch helps, e's fix does

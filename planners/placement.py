@@ -54,16 +54,20 @@ def greedy_placement(
     working_bytes: int,
     activation_bytes: int = 0,
     cpu_staging_bytes: int = 0,
+    working_weight_bytes: int = 0,
 ) -> Placement:
     """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each. CPU memory
     goes to the dense weights and the KV cache first; then up to `cpu_staging_bytes` of what is
     left (at least one expert, what a disk read needs to pass through) is kept free for disk
-    reads on their way to the GPU, before experts take CPU memory."""
+    reads on their way to the GPU, before experts take CPU memory. `working_weight_bytes`: the
+    streamed weights' part of `working_bytes`, which no smaller workload shrinks (the rest, KV
+    buffers, scales with it)."""
     if not hw.has_disk:  # no disk reads to stage
         cpu_staging_bytes = 0
     least_staging = min(cpu_staging_bytes, model.expert_bytes)
     kv_layer = kv_sequences * kv_tokens * model.kv_bytes_per_token
-    free = _free_memory(model, hw, kv_layer, working_bytes, activation_bytes, least_staging)
+    working = _Working(working_weight_bytes, working_bytes - working_weight_bytes, activation_bytes)
+    free = _free_memory(model, hw, kv_layer, working, least_staging)
     resident = {Tier.GPU: activation_bytes, Tier.CPU: 0, Tier.DISK: 0}
     dense = dense_bytes(model)
     dense_tier = _take(free, (Tier.GPU, Tier.CPU), dense)
@@ -94,12 +98,42 @@ def greedy_placement(
     return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
 
 
+@dataclass(frozen=True)
+class _Working:
+    """The GPU memory a planner keeps free beside the placement, in its parts."""
+
+    weight_bytes: int  # streamed weights: as large for the smallest workload
+    buffer_bytes: int  # KV cache buffers: scale with the batch and the context
+    activation_bytes: int  # activations: scale with the batch and the prompt
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.buffer_bytes + self.activation_bytes
+
+    def refusal(self, gpu_bytes: int) -> str:
+        """The line of a GPU of `gpu_bytes` smaller than this working set: a smaller workload
+        is named only where the weights leave room for one."""
+        has, needs = gb_apart(gpu_bytes, self.total_bytes)
+        fix = "raise hardware.memory_gb.gpu"
+        if self.weight_bytes < gpu_bytes:
+            fix = (
+                "lower workload.prompt_len or workload.batch_size (or workload.n_batches), or "
+                + fix
+            )
+        else:
+            fix += " (the streamed weights alone exceed it: no smaller workload fits)"
+        return (
+            f"GPU memory {has} GB is smaller than the working set {needs} GB (streamed weights "
+            f"{self.weight_bytes / 1e9:.3g} GB, KV cache buffers {self.buffer_bytes / 1e9:.3g} "
+            f"GB, activations {self.activation_bytes / 1e9:.3g} GB); {fix}"
+        )
+
+
 def _free_memory(
     model: ModelSpec,
     hw: HardwareSpec,
     kv_layer: int,
-    working_bytes: int,
-    activation_bytes: int,
+    working: _Working,
     least_staging: int,
 ) -> dict[Tier, int]:
     """Each tier's memory free for the placement: the GPU's beside the working set and the
@@ -118,27 +152,22 @@ def _free_memory(
     room = cap[Tier.GPU] + max(cpu_free, 0) + disk_free
     if total > room:
         needs, has = gb_apart(total, room)
+        # a smaller workload shrinks only the KV cache: named where the weights alone fit
+        more = "add memory" + (" or shrink the workload" if model.total_bytes <= room else "")
         if not hw.has_disk:
             raise CapacityError(
                 f"model {model.name} ({needs} GB weights + KV) does not fit in GPU + CPU ({has} "
                 f"GB), and hardware {hw.name} has no disk tier (memory_gb.disk: null); set "
                 "hardware.memory_gb.disk to the GB of a disk to offload to (and links.disk), "
-                "or add memory or shrink the workload"
+                f"or {more}"
             )
         raise CapacityError(
             f"model {model.name} ({needs} GB weights + KV) does not fit in GPU + CPU + disk "
-            f"({has} GB); add memory or shrink the workload"
+            f"({has} GB); {more}"
         )
-    gpu_free = cap[Tier.GPU] - working_bytes - activation_bytes
+    gpu_free = cap[Tier.GPU] - working.total_bytes
     if gpu_free < 0:
-        has, needs = gb_apart(cap[Tier.GPU], working_bytes + activation_bytes)
-        raise CapacityError(
-            f"GPU memory {has} GB is smaller than the working set {needs} GB (streamed weights "
-            f"and KV cache buffers {working_bytes / 1e9:.3g} GB, activations "
-            f"{activation_bytes / 1e9:.3g} GB); "
-            "lower workload.prompt_len or workload.batch_size (or workload.n_batches), or raise "
-            "hardware.memory_gb.gpu"
-        )
+        raise CapacityError(working.refusal(cap[Tier.GPU]))
     return {Tier.GPU: gpu_free, Tier.CPU: cpu_free, Tier.DISK: disk_free}
 
 
@@ -181,6 +210,7 @@ def staged_placement(
     kv_tokens: int,
     working_bytes: int,
     activation_bytes: int = 0,
+    working_weight_bytes: int = 0,
 ) -> Placement:
     """`greedy_placement`; where experts spill to disk, placed again with `staging_bytes` of CPU
     memory reserved for the disk reads to pass through on their way to the GPU."""
@@ -189,6 +219,7 @@ def staged_placement(
         kv_tokens=kv_tokens,
         working_bytes=working_bytes,
         activation_bytes=activation_bytes,
+        working_weight_bytes=working_weight_bytes,
     )
     first = greedy_placement(model, hw, **kw)
     if Tier.DISK not in first.experts:
@@ -204,9 +235,11 @@ def klotski_placement(
     stream_bytes: int,
     activation_bytes: int,
     window_layers: int,
+    kv_buffer_bytes: int = 0,
 ) -> Placement:
     """Klotski's placement (paper §6.1): GPU room for one layer of experts (the transfer space)
-    plus the streamed non-expert units (`stream_bytes`), then `greedy_placement`'s order.
+    plus the streamed non-expert units (`stream_bytes` of weights, `kv_buffer_bytes` of KV
+    buffers), then `greedy_placement`'s order.
 
     CPU memory goes to weights before any staging: when the experts do not all fit in RAM, a
     rolling window of `window_layers` expert layers is kept in CPU memory and the disk stream
@@ -214,9 +247,12 @@ def klotski_placement(
     not fit the GPU takes CPU before experts do (the experts spill to disk instead).
     """
     layer_experts = model.n_experts * model.expert_bytes
-    transfer = layer_experts + stream_bytes
+    weights = layer_experts + stream_bytes
     # The rolling disk -> CPU window: `window_layers` expert layers, or as much as CPU memory has
     # but never less than the one expert a disk read passes through (a CPU smaller than that is
     # refused up front, not met as an op that cannot allocate)
     staging = max(min(window_layers * layer_experts, hw.memory_bytes[Tier.CPU]), model.expert_bytes)
-    return staged_placement(model, hw, staging, kv_sequences, kv_tokens, transfer, activation_bytes)
+    working = weights + kv_buffer_bytes
+    return staged_placement(
+        model, hw, staging, kv_sequences, kv_tokens, working, activation_bytes, weights
+    )
