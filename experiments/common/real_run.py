@@ -133,8 +133,13 @@ def real_execute(
     if routing is None:
         spec, planner = sized_run(spec, planner)
     planner = planner or run_planner(spec)  # one for every plan below: each would choose again
-    if not distributed or torch.distributed.get_rank() == 0:  # one line per run, not per rank
-        warn_past_context(ckpt, spec.workload)
+    # one line per run, not per rank, once its plan is accepted: a refused run says only that
+    says = not distributed or torch.distributed.get_rank() == 0
+
+    def planned() -> None:
+        if says:
+            warn_past_context(ckpt, spec.workload)
+
     prompts = prompts_for(spec.model, spec.workload)
     model = Model.from_checkpoint(ckpt, spec.model)
     own_store = store is None
@@ -144,34 +149,15 @@ def real_execute(
         if routing_mode == "replay":
             routing = routing or replay_routing(ckpt, spec, prompts, dtype)
             schedule = build_schedule(spec, routing, planner)
+            planned()
             ex.peers = _peers(schedule, spec, on_peers) if distributed else None
             out = ex.run_replay(schedule, routing)
         else:
-            # Dry plans on replayed routing tell where placement-resident units sit.
-            dry_routing = routing or _shape_routing(spec)
-            resident, kv_batches = resident_before_start(spec, dry_routing, distributed, planner)
-            # the first placement: no routing read
-            first = build_schedule(spec, dry_routing, planner)
-            ex.peers = _peers(first, spec, on_peers) if distributed else None
-            cost = CostModel(spec.hardware)
-            live = planner
-
-            def plan(causal: CausalRouting, builder: ScheduleBuilder) -> None:
-                live.plan(
-                    PlanContext(spec.model, spec.hardware, spec.workload, causal, cost), builder
-                )
-                builder.meta.update(
-                    planner=spec.planner, params=dict(spec.params), oracle=causal.peeked
-                )
-
-            out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches, first.ep)
-            validate(out.schedule)
+            out = _run_live(ex, spec, routing, planner, distributed, on_peers, planned)
     finally:
         if own_store:
             store.close()
     trace = make_trace(out.schedule, out.start_s, out.end_s, source="real")
-    if not distributed or torch.distributed.get_rank() == 0:
-        warn_disk_in_memory(ckpt, trace)
     summary = summary_of(spec, out.schedule, trace, out.routing, routing_mode)
     outputs = {
         "prompts": np.ascontiguousarray(prompts.numpy(), dtype=np.int64),  # [n*b, P]
@@ -180,7 +166,37 @@ def real_execute(
     if distributed:
         summary["processes"] = ex.peers.world if ex.peers is not None else 1
     unchanged_since(ckpt, files)
+    if says:  # after the checkpoint's last check: a run it fails says only that
+        warn_disk_in_memory(ckpt, trace)
     return RunResult(out.schedule, trace, summary, outputs), out
+
+
+def _run_live(
+    ex: Executor,
+    spec: RunSpec,
+    routing: Routing | None,
+    planner: Planner,
+    distributed: bool,
+    on_peers: Callable[[Peers], None] | None,
+    planned: Callable[[], None],
+) -> RunOutput:
+    """`real_execute`'s live run (its gates choose each layer's experts as it runs), as there;
+    `planned` is called once its first plan is accepted."""
+    # Dry plans on replayed routing tell where placement-resident units sit.
+    dry_routing = routing or _shape_routing(spec)
+    resident, kv_batches = resident_before_start(spec, dry_routing, distributed, planner)
+    first = build_schedule(spec, dry_routing, planner)  # the first placement: no routing read
+    planned()
+    ex.peers = _peers(first, spec, on_peers) if distributed else None
+    cost = CostModel(spec.hardware)
+
+    def plan(causal: CausalRouting, builder: ScheduleBuilder) -> None:
+        planner.plan(PlanContext(spec.model, spec.hardware, spec.workload, causal, cost), builder)
+        builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
+
+    out = ex.run_live(plan, spec.hardware.memory_bytes, resident, kv_batches, first.ep)
+    validate(out.schedule)
+    return out
 
 
 # device, inode, size, modification and change times (ns): an edit in place that keeps the

@@ -2,12 +2,17 @@
 name only fixes that help:
 
 - a capacity refusal at the GPU's edge named a smaller workload where the weights alone exceed
-  the GPU (the placement had its working set as one number, not its parts).
+  the GPU (the placement had its working set as one number, not its parts);
+- a real run past its model's context logged that warning, then its plan's refusal: a refused
+  run must print only its refusal.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +72,30 @@ def test_weights_past_every_tier_name_no_smaller_workload(has_disk: bool) -> Non
     disk = {} if has_disk else {"memory_gb.disk": None}
     line = _refusal("flexgen", tiers, TINY_WL, "add memory", **disk)
     assert "shrink the workload" not in line, line
+
+
+@pytest.fixture(scope="module")
+def short_context_ckpt(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_ckpt with max_position_embeddings=8: TINY_WL's 8 + 3 tokens run past it."""
+    ckpt = shutil.copytree(tiny_ckpt, tmp_path_factory.mktemp("short") / "ck")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8}))
+    return ckpt
+
+
+@pytest.mark.parametrize(("gpu", "warned"), [(10_000, 0), (None, 1)])
+def test_a_run_past_its_context_warns_only_once_its_plan_is_accepted(
+    short_context_ckpt: Path, gpu: int | None, warned: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    from experiments.common.real_run import real_execute
+
+    tiny = hardware()
+    if gpu is not None:
+        tiny = replace(tiny, memory_bytes={**tiny.memory_bytes, Tier.GPU: gpu})
+    spec = RunSpec(model_from_conf("tiny"), tiny, TINY_WL, "flexgen")
+    if warned:
+        real_execute(short_context_ckpt, spec)
+    else:
+        raises_one_line(lambda: real_execute(short_context_ckpt, spec), "GPU memory")
+    said = [r for r in caplog.records if "max_position_embeddings" in r.getMessage()]
+    assert len(said) == warned, said
