@@ -31,6 +31,11 @@ class ScheduleBug(ScheduleError):
     print it as an internal error, its traceback kept in a file, not as the user's mistake."""
 
 
+class PlannerBug(ScheduleBug):
+    """A ScheduleBug of a researcher's own planner (one the project does not ship): theirs to
+    fix, so the CLIs print it as one line naming the planner, not as an internal error."""
+
+
 class CapacityError(MoepipeError):
     """Something does not fit in memory (says what it needs and what there is)."""
 

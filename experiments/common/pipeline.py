@@ -29,7 +29,7 @@ from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
-from planners.registry import expert_parallel_names, make_planner, own_errors
+from planners.registry import expert_parallel_names, make_planner, own_bugs, own_errors
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,7 +64,8 @@ def build_schedule(
 ) -> Schedule:
     """Plan with replayed routing and validate."""
     schedule = plan_schedule(spec, routing, planner)
-    validate(schedule, check_finishes=spec.executor != "sim")
+    with own_bugs(spec.planner):
+        validate(schedule, check_finishes=spec.executor != "sim")
     return schedule
 
 
@@ -292,7 +293,7 @@ def simulate_run(
     # the collector paused from the plan to the summary, not only while planning and simulating:
     # on again in between, it scanned the schedule's ops in the validator (a young and an old
     # collection, a twentieth of a 178k-op run's time)
-    with gc_paused():
+    with gc_paused(), own_bugs(spec.planner):
         schedule = build_schedule(spec, routing, planner)
         trace = simulate_trace(schedule, spec.hardware)
         return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing))

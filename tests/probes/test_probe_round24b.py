@@ -4,22 +4,31 @@ name only fixes that help:
 - a capacity refusal at the GPU's edge named a smaller workload where the weights alone exceed
   the GPU (the placement had its working set as one number, not its parts);
 - a real run past its model's context logged that warning, then its plan's refusal: a refused
-  run must print only its refusal.
+  run must print only its refusal;
+- a researcher's own planner whose schedule breaks the IR was an "internal error ... please
+  report it": it is theirs to fix, so the line names the planner and the rule; the project's
+  own planners' stay a bug to report.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.errors import PlannerBug, ScheduleBug
+from core.planner import PlanContext, Planner
+from core.schedule import ScheduleBuilder
 from core.spec import Workload
-from core.types import Tier
+from core.types import OpKind, Resource, Tier
+from experiments.common.cli import error_line
 from experiments.common.pipeline import RunSpec, simulate_run
+from planners import registry
+from planners.registry import Entry, make_planner
 from tests.conftest import model_from_conf
 from tests.probes.conftest import raises_one_line
 from tests.probes.test_probe_round21b import TINY_WL, hardware
@@ -99,3 +108,37 @@ def test_a_run_past_its_context_warns_only_once_its_plan_is_accepted(
         raises_one_line(lambda: real_execute(short_context_ckpt, spec), "GPU memory")
     said = [r for r in caplog.records if "max_position_embeddings" in r.getMessage()]
     assert len(said) == warned, said
+
+
+@dataclass(frozen=True)
+class _NoParams:
+    pass
+
+
+class _DepOnLater:
+    """A researcher's planner: flexgen's schedule and one op that depends on a later op."""
+
+    def __init__(self, params: _NoParams) -> None:
+        pass
+
+    def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
+        make_planner("flexgen").plan(ctx, out)
+        out.add(OpKind.FFN, out.stream("probe", Resource.GPU), deps=(len(out.ops) + 1,))
+
+    choose_n_batches = Planner.choose_n_batches
+
+
+def test_a_researchers_planner_that_breaks_the_ir_is_told_to_fix_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(registry._REGISTRY, "probe_dep", Entry("probe_dep", _DepOnLater, _NoParams))
+    spec = RunSpec(model_from_conf("tiny"), hardware(), TINY_WL, "probe_dep")
+    line = raises_one_line(lambda: simulate_run(spec), "planner probe_dep's schedule", "must name")
+    assert "fix planner probe_dep" in line and "report" not in line, line
+
+
+def test_a_shipped_planners_broken_schedule_stays_a_bug_to_report() -> None:
+    assert set(registry.planner_names()) >= registry.PROJECT_PLANNERS  # none renamed
+    with pytest.raises(ScheduleBug) as e, registry.own_bugs("klotski"):
+        raise ScheduleBug("op 1: deps (0, 2) must name earlier ops")
+    assert not isinstance(e.value, PlannerBug) and error_line(e.value) is None
