@@ -116,14 +116,13 @@ def routing_disagrees(cfg: dict[str, Any], summary: dict[str, Any]) -> str | Non
     for key, given, field in _wanted(cfg, str(got)):
         if not _same(given, ran.get(field, _NONE)):
             return _differs(key, given, f"routing_fields.{field}", ran.get(field, _NONE))
-    return None
+    return _layers_differ(cfg, ran) if got in DRAWN_FROM else None
 
 
 def _wanted(cfg: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:
     """(config.yaml's key, its value, the routing field it sets) for each field of `source`'s
     routing that config.yaml (flattened) sets: a task list sorted (those named less those
-    excluded; none named: every task), the number of the model's MoE layers where config.yaml
-    holds the model that ran (not a checkpoint's or a config.json's)."""
+    excluded; none named: every task). The MoE layers are `_layers_differ`'s."""
     out = []
     excluded = _names(cfg.get("workload.routing.exclude_tasks"))
     for field, key in DRAWN_FROM.get(source, {}).items():
@@ -137,14 +136,46 @@ def _wanted(cfg: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:
         elif field == "tasks":  # none named: every task of the trace's less those excluded
             continue
         out.append((key, given, field))
-    try:  # a list, flattened to its JSON
-        layers = json.loads(str(cfg.get("model.moe_layers")))
-    except (ValueError, RecursionError):  # (a hand-made config's string, a list nested deep)
-        layers = None
-    checkpoint = cfg.get("model.hf_config") or cfg.get("executor.name") == "real"
-    if isinstance(layers, list) and not checkpoint:
-        out.append(("len(model.moe_layers)", len(layers), "moe_layers"))
     return out
+
+
+def _layers_differ(cfg: dict[str, Any], ran: dict[str, Any]) -> str | None:
+    """The number of MoE layers a run's routing covered (`routing_fields.moe_layers`) against
+    its model's (`_moe_layers`); None where they agree or the model's cannot be read."""
+    layers, where = _moe_layers(cfg)
+    got = ran.get("moe_layers", _NONE)
+    if layers is None or _same(len(layers), got):
+        return None
+    if where == "model.moe_layers":
+        return _differs("len(model.moe_layers)", len(layers), "routing_fields.moe_layers", got)
+    said = "has no routing_fields.moe_layers" if got is _NONE else f"has {short(got)} of them"
+    return f"{where} has {len(layers)} MoE layers where the run's summary.json {said}"
+
+
+def _moe_layers(cfg: dict[str, Any]) -> tuple[list[Any] | None, str]:
+    """The MoE layers of the model a run's config.yaml (flattened) names, and where they are
+    read: where the model is a config.json's (a real run's checkpoint, a model.hf_config), whose
+    layers config.yaml does not hold (model.moe_layers: null, or the config group's, not the
+    checkpoint's), that file's as it is now (a run dir of a config.json edited since is then
+    stale), else config.yaml's model.moe_layers. None where there are none to read (a
+    checkpoint moved away, a hand-made config's string or a list nested deep)."""
+    real = cfg.get("executor.name") == "real"
+    path = (cfg.get("checkpoint") if real else None) or cfg.get("model.hf_config")
+    if not path:
+        try:  # a list, flattened to its JSON
+            layers = json.loads(str(cfg.get("model.moe_layers")))
+        except (ValueError, RecursionError):
+            return None, ""
+        return (layers if isinstance(layers, list) else None), "model.moe_layers"
+    from core.hf_config import hf_config_file
+    from core.spec import ModelSpec
+
+    try:
+        moe = ModelSpec.from_hf_config(str(path)).moe_layers
+        where = str(hf_config_file(str(path)))
+    except (MoepipeError, OSError, ValueError):
+        return None, ""
+    return list(moe), f"{where} (config.yaml's model)"
 
 
 def _names(value: Any) -> set[str]:

@@ -7,7 +7,10 @@ name only fixes that help:
   run must print only its refusal;
 - a researcher's own planner whose schedule breaks the IR was an "internal error ... please
   report it": it is theirs to fix, so the line names the planner and the rule; the project's
-  own planners' stay a bug to report.
+  own planners' stay a bug to report;
+- round 23a's read-back of a trace replay's layer cut against model.moe_layers did nothing where
+  the model is a config.json's (model.hf_config, a real run's checkpoint): config.yaml holds
+  no layers there, so config.json's are read.
 """
 
 from __future__ import annotations
@@ -142,3 +145,30 @@ def test_a_shipped_planners_broken_schedule_stays_a_bug_to_report() -> None:
     with pytest.raises(ScheduleBug) as e, registry.own_bugs("klotski"):
         raise ScheduleBug("op 1: deps (0, 2) must name earlier ops")
     assert not isinstance(e.value, PlannerBug) and error_line(e.value) is None
+
+
+_TRACE = "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 0, wrapped 0x"
+
+
+@pytest.mark.parametrize("key", ["model.hf_config", "checkpoint"])
+@pytest.mark.parametrize(("cut", "stale"), [(2, False), (3, True), (None, True)])
+def test_a_trace_replays_layer_cut_is_checked_against_config_json(
+    tiny_ckpt: Path, key: str, cut: int | None, stale: bool
+) -> None:
+    """tiny_ckpt's config.json has 2 MoE layers: a summary of the trace's first 3 (or all 26)
+    was collected as its run (config.yaml's model.moe_layers: null, or a config group's)."""
+    from experiments.common.run_config import config_disagrees
+
+    def config(path: Path) -> dict[str, Any]:  # as config.yaml holds it: moe_layers null
+        model = {"moe_layers": [0] if key == "checkpoint" else None}  # model=...: not the run's
+        run = {"executor": {"name": "real"}, "checkpoint": str(path)}
+        return {
+            "model": model | ({"hf_config": str(path)} if key == "model.hf_config" else {}),
+            "workload": {"seed": 0, "routing": {"source": "trace"}},
+            **(run if key == "checkpoint" else {}),
+        }
+
+    said = _TRACE + (f", its first {cut} of 26 MoE layers" if cut else "")
+    line = config_disagrees(config(tiny_ckpt), {"routing": said})
+    assert (line is not None and "config.json" in line and "2 MoE layers" in line) == stale, line
+    assert config_disagrees(config(tiny_ckpt / "gone"), {"routing": said}) is None  # moved away
