@@ -161,6 +161,7 @@ def _write(opts: Any) -> int:
     check_kept(spec, overrides, Path(opts.out), opts.norm_topk_prob)
     check_runs(spec, opts.norm_topk_prob, rope_scaling)
     check_scale(spec, scale)
+    check_usable(spec)
     check_room(spec, Path(opts.out))
     shard_bytes = max(int(shard_mb * 2**20), 1)
     plan = plan_shards(spec, shard_bytes)
@@ -215,6 +216,34 @@ def check_scale(spec: ModelSpec, scale: float) -> None:
             f"scale={scale:g}: the weights would overflow {dtype} (largest {largest:.3g}) and be "
             f"written as inf; pass scale <= {largest / MAX_SIGMAS:.3g}"
         )
+
+
+def check_usable(spec: ModelSpec) -> None:
+    """Refuse a value transformers accepts but moepipe's run cannot use: RMSNorm and RoPE's
+    frequencies are computed in float32, where an rms_norm_eps past its largest is inf (every
+    normalised activation 0: the same token every step) and a rope_theta past its range inf
+    or 0 (no rotation, or inf frequencies); a vocabulary of one token generates only it."""
+    import torch
+
+    f32 = torch.finfo(torch.float32)
+    low, high = f"{f32.tiny:.3g}", f"{f32.max:.3g}"  # rounded inwards: each a float32
+    ranges = {  # field: (the range's words, whether a value is in it, why not)
+        "rms_norm_eps": (
+            f"in (0, {high}]",
+            lambda v: 0 < v <= float(high),
+            "RMSNorm runs in float32, where it is inf and every normalised activation 0",
+        ),
+        "rope_theta": (
+            f"in [{low}, {high}]",
+            lambda v: float(low) <= v <= float(high),
+            "RoPE's frequencies are float32, where it is 0 or inf",
+        ),
+        "vocab_size": ("at least 2", lambda v: v >= 2, "a model of one token generates only it"),
+    }
+    for key, (span, usable, why) in ranges.items():
+        value = getattr(spec, key)
+        if not usable(value):
+            raise MoepipeError(f"{key}={value:g}: {why}; pass {key} {span}")
 
 
 def check_room(spec: ModelSpec, out: Path) -> None:

@@ -10,7 +10,9 @@ name only fixes that help:
   own planners' stay a bug to report;
 - round 23a's read-back of a trace replay's layer cut against model.moe_layers did nothing where
   the model is a config.json's (model.hf_config, a real run's checkpoint): config.yaml holds
-  no layers there, so config.json's are read.
+  no layers there, so config.json's are read;
+- make_checkpoint wrote what transformers accepts and moepipe's run cannot use: rms_norm_eps=1e308
+  (every normalised activation 0), a rope_theta float32 makes 0 or inf, vocab_size=1.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from experiments.common.pipeline import RunSpec, simulate_run
 from planners import registry
 from planners.registry import Entry, make_planner
 from tests.conftest import model_from_conf
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import one_line, raises_one_line
 from tests.probes.test_probe_round21b import TINY_WL, hardware
 
 LEAST_WL = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
@@ -172,3 +174,31 @@ def test_a_trace_replays_layer_cut_is_checked_against_config_json(
     line = config_disagrees(config(tiny_ckpt), {"routing": said})
     assert (line is not None and "config.json" in line and "2 MoE layers" in line) == stale, line
     assert config_disagrees(config(tiny_ckpt / "gone"), {"routing": said}) is None  # moved away
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "span"),
+    [
+        ("rms_norm_eps", 1e308, "in (0, 3.4e+38]"),
+        ("rope_theta", 1e-300, "in [1.18e-38, 3.4e+38]"),
+        ("rope_theta", 1e39, "in [1.18e-38, 3.4e+38]"),
+        ("vocab_size", 1, "at least 2"),
+    ],
+)
+def test_make_checkpoint_refuses_a_value_its_run_cannot_use(
+    field: str, value: float, span: str
+) -> None:
+    """Each was written with exit 0: the run generated token 0 at every step."""
+    from experiments.make_checkpoint import check_usable
+    from real.checkpoint import reduced_spec
+
+    spec = reduced_spec("mixtral-tiny", **{field: value})
+    raises_one_line(lambda: check_usable(spec), f"{field}=", f"pass {field} {span}")
+    check_usable(reduced_spec("mixtral-tiny", rms_norm_eps=3.4e38, rope_theta=1.18e-38))
+
+
+def test_make_checkpoint_writes_nothing_it_refuses(tmp_path: Path, cli_here: Any) -> None:
+    out = tmp_path / "ck"
+    r = cli_here("experiments.make_checkpoint", "model=mixtral-tiny", f"out={out}", "vocab_size=1")
+    one_line(r, "vocab_size=1", "at least 2")
+    assert not out.exists()
