@@ -8,14 +8,16 @@ Causality: nothing here reads routing; callers feed it only what a gate op has r
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from core.errors import CapacityError
 from core.planner import PlanContext
 from core.types import Tensor, Tier
 from planners.common import Emitter
-from planners.placement import Placement, dense_bytes, greedy_placement
+from planners.placement import GpuEdgeError, Placement, dense_bytes, greedy_placement
 
 
 def cache_placement(
@@ -57,18 +59,42 @@ def cache_placement(
     return placement, cache
 
 
+def sized_cache(
+    ctx: PlanContext, cache_share: float, needs_bytes: int, short: Callable[[int], str]
+) -> tuple[Placement, int]:
+    """`cache_placement` of one batch (one layer in flight), refused where its cache holds less
+    than `needs_bytes` (`short(cache bytes)`: the line's start, saying what it needs and has),
+    or where its working set does not fit; each refusal names only the fixes that help."""
+    try:
+        placement, cache = cache_placement(ctx, ctx.workload.batch_size, 1, cache_share)
+    except GpuEdgeError as e:  # a smaller workload helps only where its cache holds them
+        if _least_cache(ctx, cache_share) < needs_bytes:
+            raise CapacityError(e.only_gpu) from None
+        raise
+    if cache < needs_bytes:
+        raise CapacityError(short(cache) + cache_fix(ctx, cache_share, needs_bytes))
+    return placement, cache
+
+
+def _least_cache(ctx: PlanContext, cache_share: float) -> int:
+    """The cache of the least workload of `ctx`'s kind (one sequence, one token each way); -1
+    where even that does not fit."""
+    least = ctx.workload.with_(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
+    try:
+        return cache_placement(replace(ctx, workload=least), 1, 1, cache_share)[1]
+    except CapacityError:
+        return -1
+
+
 def cache_fix(ctx: PlanContext, cache_share: float, needs_bytes: int) -> str:
     """What to do where a cache of `cache_share` of the spare GPU memory (one sequence a batch
     slot, as its planners place) holds less than `needs_bytes`: the whole share, or the least
-    workload (one sequence, one token each way), each named only where it would hold them;
-    then more GPU memory, which always does."""
+    workload, each named only where it would hold them; then more GPU memory, which always
+    does."""
     fixes = []
     if cache_share < 1 and cache_placement(ctx, ctx.workload.batch_size, 1)[1] >= needs_bytes:
         fixes.append(f"raise planner.params.cache_share (now {cache_share:g})")
-    least = replace(
-        ctx, workload=ctx.workload.with_(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
-    )
-    if cache_placement(least, 1, 1, cache_share)[1] >= needs_bytes:
+    if _least_cache(ctx, cache_share) >= needs_bytes:
         fixes.append("use a smaller batch or context (workload.batch_size, workload.prompt_len)")
     return ", or ".join([*fixes, "raise hardware.memory_gb.gpu"])
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError, gb_apart, integer_below
+from core.errors import ConfigError, gb_apart, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -29,8 +29,7 @@ from planners.common import Emitter
 from planners.expert_cache import (
     LRUCache,
     PrefetchStats,
-    cache_fix,
-    cache_placement,
+    sized_cache,
     top_experts,
 )
 from planners.registry import register
@@ -77,17 +76,18 @@ class MixtralOffloading(Planner):
                 f"{m.n_experts} experts; pass planner.params.guess_k <= {m.n_experts} (0 = its "
                 "top-k)"
             )
-        placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
-        em = Emitter(ctx, out, placement)
         n_moe = len(m.moe_layers)
-        slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
-        if slots < 1:
-            needs, spare = gb_apart(n_moe * m.expert_bytes, cache_bytes)
-            raise CapacityError(
+
+        def short(cache: int) -> str:
+            needs, spare = gb_apart(n_moe * m.expert_bytes, cache)
+            return (
                 f"mixtral_offloading: needs one GPU expert slot per MoE layer ({needs} GB), only "
                 f"{spare} GB is spare (the real system quantizes experts to 2-3 bits to fit); "
-                + cache_fix(ctx, p.cache_share, n_moe * m.expert_bytes)
             )
+
+        placement, cache_bytes = sized_cache(ctx, p.cache_share, n_moe * m.expert_bytes, short)
+        em = Emitter(ctx, out, placement)
+        slots = min(cache_bytes // m.expert_bytes // n_moe, m.n_experts)
         run = _Run(
             em,
             {layer: LRUCache(em, slots) for layer in m.moe_layers},

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import CapacityError, ConfigError, gb_apart, integer_below
+from core.errors import ConfigError, gb_apart, integer_below
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
@@ -28,8 +28,7 @@ from planners.common import Emitter
 from planners.expert_cache import (
     LRUCache,
     PrefetchStats,
-    cache_fix,
-    cache_placement,
+    sized_cache,
     top_experts,
 )
 from planners.registry import register
@@ -65,19 +64,21 @@ class MoEInfinity(Planner):
                 f"model's {len(m.moe_layers)} MoE layers; pass at most "
                 f"{max(len(m.moe_layers) - 1, 1)}"
             )
-        placement, cache_bytes = cache_placement(ctx, wl.batch_size, 1, p.cache_share)
+
+        def short(cache: int) -> str:
+            spare, needs = gb_apart(cache, m.expert_bytes)
+            return (
+                f"moe_infinity: no GPU room for an expert cache ({spare} GB spare, one expert is "
+                f"{needs} GB); "
+            )
+
+        placement, cache_bytes = sized_cache(ctx, p.cache_share, m.expert_bytes, short)
         em = Emitter(ctx, out, placement)
         # One FIFO for prefetches and on-demand loads: memory is then granted in program order
         # (an on-demand load on its own stream could take the memory an eviction freed for an
         # earlier prefetch, and deadlock).
         on_demand = em.weights
         capacity = cache_bytes // m.expert_bytes
-        if capacity < 1:
-            spare, needs = gb_apart(cache_bytes, m.expert_bytes)
-            raise CapacityError(
-                f"moe_infinity: no GPU room for an expert cache ({spare} GB spare, one expert is "
-                f"{needs} GB); " + cache_fix(ctx, p.cache_share, m.expert_bytes)
-            )
         cache = LRUCache(em, capacity)
         n_moe = len(m.moe_layers)
         stats = PrefetchStats(n_moe)

@@ -110,23 +110,29 @@ class _Working:
     def total_bytes(self) -> int:
         return self.weight_bytes + self.buffer_bytes + self.activation_bytes
 
-    def refusal(self, gpu_bytes: int) -> str:
-        """The line of a GPU of `gpu_bytes` smaller than this working set: a smaller workload
+    def refusal(self, gpu_bytes: int) -> GpuEdgeError:
+        """The refusal of a GPU of `gpu_bytes` smaller than this working set: a smaller workload
         is named only where the weights leave room for one."""
         has, needs = gb_apart(gpu_bytes, self.total_bytes)
-        fix = "raise hardware.memory_gb.gpu"
-        if self.weight_bytes < gpu_bytes:
-            fix = (
-                "lower workload.prompt_len or workload.batch_size (or workload.n_batches), or "
-                + fix
-            )
-        else:
-            fix += " (the streamed weights alone exceed it: no smaller workload fits)"
-        return (
+        said = (
             f"GPU memory {has} GB is smaller than the working set {needs} GB (streamed weights "
             f"{self.weight_bytes / 1e9:.3g} GB, KV cache buffers {self.buffer_bytes / 1e9:.3g} "
-            f"GB, activations {self.activation_bytes / 1e9:.3g} GB); {fix}"
+            f"GB, activations {self.activation_bytes / 1e9:.3g} GB); "
         )
+        only_gpu = said + "raise hardware.memory_gb.gpu (no smaller workload fits)"
+        if self.weight_bytes >= gpu_bytes:
+            return GpuEdgeError(only_gpu, only_gpu)
+        workload = "lower workload.prompt_len or workload.batch_size (or workload.n_batches)"
+        return GpuEdgeError(f"{said}{workload}, or raise hardware.memory_gb.gpu", only_gpu)
+
+
+class GpuEdgeError(CapacityError):
+    """A GPU smaller than a planner's working set. `only_gpu`: its line where a planner knows
+    that no smaller workload fits either (a cache it needs besides)."""
+
+    def __init__(self, line: str, only_gpu: str) -> None:
+        super().__init__(line)
+        self.only_gpu = only_gpu
 
 
 def _free_memory(
@@ -167,7 +173,7 @@ def _free_memory(
         )
     gpu_free = cap[Tier.GPU] - working.total_bytes
     if gpu_free < 0:
-        raise CapacityError(working.refusal(cap[Tier.GPU]))
+        raise working.refusal(cap[Tier.GPU])
     return {Tier.GPU: gpu_free, Tier.CPU: cpu_free, Tier.DISK: disk_free}
 
 

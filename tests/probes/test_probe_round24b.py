@@ -61,6 +61,7 @@ def _refusal(
         ("flexgen", 10_000, TINY_WL),
         ("moe_infinity", 10_000, TINY_WL),
         ("moe_infinity", 70_000, LEAST_WL),
+        ("moe_infinity", 70_000, TINY_WL),  # its working set, where no workload leaves a cache
         ("mixtral_offloading", 70_000, LEAST_WL),
     ],
 )
@@ -68,7 +69,8 @@ def test_a_gpu_no_workload_fits_names_no_workload(
     planner: str, gpu: int, workload: Workload
 ) -> None:
     """klotski at 1e-05 GB: "lower workload.prompt_len or workload.batch_size ..., or raise
-    hardware.memory_gb.gpu"; the caches at batch 1: "use a smaller batch"."""
+    hardware.memory_gb.gpu"; the caches at batch 1: "use a smaller batch"; moe_infinity's
+    working set named a smaller workload, whose cache then held no expert."""
     line = _refusal(planner, {Tier.GPU: gpu}, workload, "raise hardware.memory_gb.gpu")
     assert "workload." not in line and "smaller batch" not in line, line
 
