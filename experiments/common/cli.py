@@ -24,7 +24,7 @@ import yaml
 
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
-from core.errors import MoepipeError, PlannerBug, ScheduleBug, did_you_mean, interrupt_behind
+from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind
 from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started, out_of_memory
 from experiments.common.argv_checks import (
@@ -131,9 +131,8 @@ def _timeout_or_loop(e: BaseException) -> str | None:
 def error_line(e: BaseException) -> str | None:
     """The one line a user sees for an expected failure `e`: their mistake (MoepipeError), an
     OSError (a full disk, a folder they cannot write, a file cut short), a config that does not
-    compose or resolve (hydra's and omegaconf's errors, bad YAML), a researcher's planner's
-    broken schedule (PlannerBug). None for anything else, a bug (a shipped planner's
-    ScheduleBug among them), which keeps its traceback."""
+    compose or resolve (hydra's and omegaconf's errors, bad YAML). None for anything else, a
+    bug (a shipped planner's ScheduleBug, not a PlannerBug), which keeps its traceback."""
     import re
 
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -143,8 +142,7 @@ def error_line(e: BaseException) -> str | None:
     from experiments.common.torch_env import env_line
 
     if isinstance(e, MoepipeError):  # a shipped planner's schedule that breaks the IR: a bug
-        ours = isinstance(e, ScheduleBug) and not isinstance(e, PlannerBug)
-        return None if ours else _flat(str(e))
+        return None if type(e) is ScheduleBug else _flat(str(e))
     if isinstance(e, HydraException | OmegaConfBaseException):
         ours = our_check(e)
         if ours is not None:
