@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +58,7 @@ from experiments.common.cli import (
 )
 from experiments.common.conf_files import as_typed_path, unquoted
 from experiments.common.dir_lock import LOCK, dir_locked
+from experiments.common.held_warnings import warnings_held
 from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.launch_line import check_split_over_ranks
 from experiments.common.pipeline import (
@@ -87,8 +88,7 @@ from planners.registry import expert_parallel_names, make_params
 log = logging.getLogger(__name__)
 
 
-def execute(cfg: DictConfig, out_dir: Path) -> dict:
-    (out_dir / FAILED).unlink(missing_ok=True)  # an earlier attempt's bad input, now retried
+def execute(cfg: DictConfig, out_dir: Path, said: Callable[[], None] = lambda: None) -> dict:
     check_no_chdir()
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
     files = first_read(cfg, spec)
@@ -110,11 +110,12 @@ def execute(cfg: DictConfig, out_dir: Path) -> dict:
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
 
-        result = real_run(spec, cfg, files)
+        result = real_run(spec, cfg, files, said)  # said(): once its plan is accepted
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
             return {}
         write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
         s = result.summary
+    said()  # the warnings held back (warnings_held), before the run's own
     warn_unused_n_batches(spec, s["n_batches"])
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
@@ -327,8 +328,7 @@ def run_model(cfg: DictConfig, spec: RunSpec) -> ModelSpec:
 
 def config_text(cfg: DictConfig, spec: RunSpec | None = None) -> str:
     """What a run dir's config.yaml holds, finished or infeasible: the resolved config and the
-    version of the model files and the routing trace it reads (`spec`: cfg's, where the caller
-    has it)."""
+    version of the model files and routing trace it reads (`spec`: cfg's, where known)."""
     spec = spec or run_spec(cfg)
     model = run_model(cfg, spec)
     return OmegaConf.to_yaml(cfg, resolve=True) + model_files_line(cfg) + trace_line(spec, model)
@@ -350,16 +350,15 @@ def trace_line(spec: RunSpec, model: ModelSpec) -> str:
 
 
 def _version(path: Path, st: os.stat_result | None = None) -> str:
-    """A file's version without reading it whole: size, mtime and ctime. An edit in place that
-    keeps the size and puts the mtime back (cp -p, rsync -a, touch -r) still moves the ctime,
-    which no user tool sets; a copy to another place runs again too (a new ctime)."""
+    """A file's version without reading it whole: size, mtime and ctime (which an edit in place
+    that puts the mtime back, cp -p or touch -r, still moves; no user tool sets it)."""
     st = st or path.stat()
     return f"size {st.st_size} mtime {st.st_mtime_ns} ctime {st.st_ctime_ns}"
 
 
 def _readable_version(path: Path) -> str:
-    """`_version`, or why a file cannot be stat'ed (a dangling symlink): the checkpoint's reader
-    says what is wrong, or ignores it as transformers does (a generation_config.json)."""
+    """`_version`, or why a file cannot be stat'ed (a dangling symlink), which the checkpoint's
+    reader says or ignores (a generation_config.json, as transformers does)."""
     try:
         return _version(path)
     except OSError as e:
@@ -558,7 +557,8 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
     the sweep goes on."""
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
-        execute(cfg, out_dir)
+        with warnings_held() as said:  # a run its plan refuses says only that
+            execute(cfg, out_dir, said)
     except CapacityError as e:
         if not sweep:
             remove_if_no_run(out_dir, [FAILED, LOCK])

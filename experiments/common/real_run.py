@@ -114,6 +114,7 @@ def real_execute(
     planner: Planner | None = None,
     dtype: str | None = None,
     files: dict[str, FileState] | None = None,
+    on_planned: Callable[[], None] | None = None,
 ) -> tuple[RunResult, RunOutput]:
     """Plan and run `spec` on the checkpoint; the model spec is taken from the checkpoint.
     `distributed`: this process is one rank of an initialised process group, one per device of
@@ -124,7 +125,8 @@ def real_execute(
     compute dtype (executor.dtype: float32, bfloat16, float16; None or auto: the saved one),
     which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow.
     `files`: the checkpoint's `checkpoint_files` where the command read it first (a run's
-    config.json, to record and check its model), so a change since then fails the run too."""
+    config.json, to record and check its model), so a change since then fails the run too.
+    `on_planned`: called once the run's plan is accepted (`warnings_held`'s `said`)."""
     check_routing_mode(routing_mode)
     check_real_params(spec)
     if files is None:  # a change while the run reads them fails it at the end
@@ -138,6 +140,8 @@ def real_execute(
     says = not distributed or torch.distributed.get_rank() == 0
 
     def planned() -> None:
+        if on_planned is not None:
+            on_planned()
         if says:
             warn_past_context(ckpt, spec.workload)
 
@@ -387,11 +391,14 @@ def check_real_params(spec: RunSpec) -> None:
 
 
 def real_run(
-    spec: RunSpec, cfg: DictConfig, files: dict[str, FileState] | None = None
+    spec: RunSpec,
+    cfg: DictConfig,
+    files: dict[str, FileState] | None = None,
+    on_planned: Callable[[], None] | None = None,
 ) -> RunResult | None:
     """`experiments.run executor=real`: needs `checkpoint=DIR`. None on a torchrun rank other
     than 0 (rank 0 writes the run). `files`: the checkpoint's `checkpoint_files` before the
-    command first read it (`real_execute`)."""
+    command first read it, and `on_planned` (`real_execute`)."""
     ckpt = cfg.get("checkpoint")
     if not ckpt:
         raise ConfigError(
@@ -416,5 +423,7 @@ def real_run(
             )
         return None if out is None else out.result  # None: a rank other than 0 of a torchrun
     with own_bugs(spec.planner):
-        result, _ = real_execute(ckpt, spec, mode, device=device, dtype=dtype, files=files)
+        result, _ = real_execute(
+            ckpt, spec, mode, device=device, dtype=dtype, files=files, on_planned=on_planned
+        )
     return result

@@ -3,8 +3,8 @@ name only fixes that help:
 
 - a capacity refusal at the GPU's edge named a smaller workload where the weights alone exceed
   the GPU (the placement had its working set as one number, not its parts);
-- a real run past its model's context logged that warning, then its plan's refusal: a refused
-  run must print only its refusal;
+- a real run past its model's context logged that warning, then its plan's refusal (and so did
+  a checkpoint's notes, read before the plan): a refused run must print only its refusal;
 - a researcher's own planner whose schedule breaks the IR was an "internal error ... please
   report it": it is theirs to fix, so the line names the planner and the rule; the project's
   own planners' stay a bug to report;
@@ -35,7 +35,7 @@ from experiments.common.pipeline import RunSpec, simulate_run
 from planners import registry
 from planners.registry import Entry, make_planner
 from tests.conftest import model_from_conf
-from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.conftest import one_line, raises_one_line, real_args
 from tests.probes.test_probe_round21b import TINY_WL, hardware
 
 LEAST_WL = Workload(batch_size=1, n_batches=1, prompt_len=1, gen_len=1)
@@ -90,13 +90,18 @@ def test_weights_past_every_tier_name_no_smaller_workload(has_disk: bool) -> Non
     assert "shrink the workload" not in line, line
 
 
+def _edited(ckpt: Path, to: Path, **fields: Any) -> Path:
+    """A copy of checkpoint `ckpt` at `to`, its config.json's `fields` set."""
+    ckpt = shutil.copytree(ckpt, to)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, **fields}))
+    return ckpt
+
+
 @pytest.fixture(scope="module")
 def short_context_ckpt(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny_ckpt with max_position_embeddings=8: TINY_WL's 8 + 3 tokens run past it."""
-    ckpt = shutil.copytree(tiny_ckpt, tmp_path_factory.mktemp("short") / "ck")
-    config = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8}))
-    return ckpt
+    return _edited(tiny_ckpt, tmp_path_factory.mktemp("short") / "ck", max_position_embeddings=8)
 
 
 @pytest.mark.parametrize(("gpu", "warned"), [(10_000, 0), (None, 1)])
@@ -115,6 +120,21 @@ def test_a_run_past_its_context_warns_only_once_its_plan_is_accepted(
         raises_one_line(lambda: real_execute(short_context_ckpt, spec), "GPU memory")
     said = [r for r in caplog.records if "max_position_embeddings" in r.getMessage()]
     assert len(said) == warned, said
+
+
+@pytest.mark.parametrize("gpu_gb", [0.00001, None])
+def test_a_checkpoints_note_is_said_only_once_its_plan_is_accepted(
+    tiny_ckpt: Path, tmp_path: Path, cli_here: Any, gpu_gb: float | None
+) -> None:
+    """A config.json cutting its weights' layers (num_hidden_layers=1 of 2) logged that note
+    as the checkpoint was read, then the plan's refusal (GPU memory)."""
+    ckpt = _edited(tiny_ckpt, tmp_path / "ck", num_hidden_layers=1)  # a note once a process
+    gpu = [f"hardware.memory_gb.gpu={gpu_gb}"] if gpu_gb else []
+    r = cli_here("experiments.run", *real_args(ckpt, tmp_path / "r", *gpu))
+    said = (r.stdout + r.stderr).count("num_hidden_layers=1 of the weights' 2 layers")
+    if gpu_gb:
+        one_line(r, "GPU memory")
+    assert said == (0 if gpu_gb else 1), r.stdout + r.stderr
 
 
 @dataclass(frozen=True)
