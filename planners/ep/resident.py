@@ -1,13 +1,33 @@
 """What an expert-parallel run keeps resident on its GPUs, and its refusal where that does not
 fit: the placement's activations (`activation_bytes`) and one line whose numbers add up
-(`not_resident`), whichever of the fullest GPU or the GPUs together it is that overflows."""
+(`not_resident`), whichever of the fullest GPU or the GPUs together it is that overflows; a
+working set past the GPUs names no smaller workload where the experts leave no room for one
+(`resident_edge`)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from core.errors import CapacityError, gb_apart
 from core.spec import ModelSpec
 from core.types import Tier
-from planners.placement import Placement
+from planners.placement import GpuEdgeError, Placement
+
+
+@contextmanager
+def resident_edge(model: ModelSpec, gpus: int, cap: int) -> Iterator[None]:
+    """Inside, a working set past `gpus` GPUs of `cap` bytes (`GpuEdgeError`) names only more
+    GPU memory where no workload fits: a GPU's share of the experts and of the dense weights
+    (at least theirs over the GPUs, as tensor parallelism splits them) exceeds it."""
+    try:
+        yield
+    except GpuEdgeError as e:
+        expert_layer = len(model.moe_layers) * model.expert_bytes  # one expert of every layer
+        dense = model.total_bytes - model.n_experts * expert_layer
+        if -(-model.n_experts // gpus) * expert_layer + dense // gpus > cap:
+            raise CapacityError(e.only_gpu) from None
+        raise
 
 
 def activation_bytes(model: ModelSpec, p: Placement, gpu_bytes: int) -> int:

@@ -21,7 +21,7 @@ from planners.common import Emitter, standard_placement
 from planners.ep.cost import expert_width
 from planners.ep.dense import all_reduce, dense, dense_share
 from planners.ep.params import Layout
-from planners.ep.resident import activation_bytes, not_resident
+from planners.ep.resident import activation_bytes, not_resident, resident_edge
 
 POOL = "gpu-sms"  # the shared lanes' pool: one GPU's SMs
 
@@ -78,16 +78,17 @@ class EPRunner:
         hw, wl, b = self.ctx.hardware, self.ctx.workload, self.out
         both = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: gpus * cap})
         b.capacity_bytes[Tier.GPU] = gpus * cap
-        return Emitter(
-            self.ctx,
-            b,
-            standard_placement(
-                replace(self.ctx, hardware=both),
-                kv_sequences=wl.n_sequences,
-                layers_in_flight=0,
-                act_sequences=wl.batch_size,
-            ),
-        )
+        with resident_edge(self.ctx.model, gpus, cap):
+            return Emitter(
+                self.ctx,
+                b,
+                standard_placement(
+                    replace(self.ctx, hardware=both),
+                    kv_sequences=wl.n_sequences,
+                    layers_in_flight=0,
+                    act_sequences=wl.batch_size,
+                ),
+            )
 
     def _check_resident(self, gpus: int, cap: int) -> float:
         """Bytes the fullest GPU holds (dense weights, its experts, KV and activations);

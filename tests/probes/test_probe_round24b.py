@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from core.errors import PlannerBug, ScheduleBug
+from core.errors import MoepipeError, PlannerBug, ScheduleBug
 from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.spec import Workload
 from core.types import OpKind, Resource, Tier
 from experiments.common.cli import error_line
 from experiments.common.pipeline import RunSpec, simulate_run
-from planners import registry
+from planners import planner_names, registry
 from planners.registry import Entry, make_planner
 from tests.conftest import model_from_conf
 from tests.probes.conftest import one_line, raises_one_line, real_args
@@ -62,6 +62,7 @@ def _refusal(
         ("moe_infinity", 10_000, TINY_WL),
         ("moe_infinity", 70_000, LEAST_WL),
         ("moe_infinity", 70_000, TINY_WL),  # its working set, where no workload leaves a cache
+        ("ep_static", 40_000, TINY_WL),  # its working set, where no workload leaves the experts
         ("mixtral_offloading", 70_000, LEAST_WL),
     ],
 )
@@ -73,6 +74,30 @@ def test_a_gpu_no_workload_fits_names_no_workload(
     working set named a smaller workload, whose cache then held no expert."""
     line = _refusal(planner, {Tier.GPU: gpu}, workload, "raise hardware.memory_gb.gpu")
     assert "workload." not in line and "smaller batch" not in line, line
+
+
+_GPU_BYTES = [5_000, 40_000, 70_000, 100_000, 150_000, 300_000, 500_000, 800_000]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planner", planner_names())
+def test_every_planner_names_a_smaller_workload_only_where_one_fits(planner: str) -> None:
+    """At each GPU size the least workload (one sequence, one token each way) is refused at,
+    TINY_WL's refusal names no smaller workload."""
+
+    def refusal(gpu: int, workload: Workload) -> str | None:
+        tiny = hardware()
+        tiny = replace(tiny, memory_bytes={**tiny.memory_bytes, Tier.GPU: gpu})
+        try:
+            simulate_run(RunSpec(model_from_conf("tiny"), tiny, workload, planner))
+        except MoepipeError as e:
+            return error_line(e)
+        return None
+
+    for gpu in _GPU_BYTES:
+        if refusal(gpu, LEAST_WL) is not None:
+            line = refusal(gpu, TINY_WL) or ""
+            assert not any(w in line for w in ("workload.", "smaller batch", "smaller n")), line
 
 
 def test_a_gpu_a_smaller_workload_fits_still_names_it() -> None:
