@@ -1,8 +1,9 @@
-"""Round 24b of issue 48: last session's leftovers, one class a test group. Each refusal must
-name only fixes that help:
+"""Round 24b of issue 48: last session's leftovers, one class a test group:
 
 - a capacity refusal at the GPU's edge named a smaller workload where the weights alone exceed
-  the GPU (the placement had its working set as one number, not its parts);
+  the GPU (the placement had its working set as one number, not its parts), or where the least
+  workload leaves no expert cache or no room for expert parallelism's experts: a refusal names
+  only fixes that help;
 - a real run past its model's context logged that warning, then its plan's refusal (and so did
   a checkpoint's notes, read before the plan): a refused run must print only its refusal;
 - a researcher's own planner whose schedule breaks the IR was an "internal error ... please
