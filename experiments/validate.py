@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from experiments.common.hardware import (  # noqa: E402
     read_hardware,
     with_links,
 )
+from experiments.common.held_warnings import warnings_held
 from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_names
 from experiments.common.pipeline import (
     RunResult,
@@ -227,16 +229,18 @@ class Setup:
     # the checkpoint's files before its first read here: every planner's real run fails on a
     # change since, not only on one during it (the table would compare two checkpoints' runs)
     files: dict[str, FileState] | None = None
+    said: Callable[[], None] = lambda: None  # warnings_held's: once a real run's plan is accepted
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
     """The validation (module doc): its table, also written to <out>/validate.csv and .md; they
     and the run dirs and timelines replace an earlier validation's in `out` once all are
     written (a failure or an interrupt leaves that one as it was)."""
-    setup = _setup(opts)
-    stage = staged_outputs(setup.out, _earlier_outputs, "validate.csv", setup.fresh_out)
-    with stage as tmp:
-        table = _validate(replace(setup, out=tmp))
+    with warnings_held() as said:  # a validation whose real runs are all refused says only that
+        setup = replace(_setup(opts), said=said)
+        stage = staged_outputs(setup.out, _earlier_outputs, "validate.csv", setup.fresh_out)
+        with stage as tmp:
+            table = _validate(replace(setup, out=tmp))
     print(f"wrote {setup.out}/validate.csv, validate.md, timeline_*.png")
     return table
 
@@ -391,10 +395,9 @@ Probed = list[tuple[RunResult, dict[Resource, float]]]  # (prediction, the probe
 def _real_runs(
     setup: Setup, sims: dict[str, Sim], rows: list[dict[str, Any]]
 ) -> tuple[dict[str, list[RunResult]], dict[str, Probed]]:
-    """Each planner's real runs, and with links=probe each one's prediction. Real runs on a
-    shared machine vary run to run, and this VM's disk drifts by +-30% over minutes: the
-    repeats go round the planners (every planner's runs span the same window) and each is
-    compared at its median. A planner the real executor refuses leaves `sims`."""
+    """Each planner's real runs, and with links=probe each one's prediction. Real runs vary
+    (this VM's disk by +-30% over minutes): the repeats go round the planners (every planner's
+    span the same window), each compared at its median. One the executor refuses leaves `sims`."""
     reals: dict[str, list[RunResult]] = {name: [] for name in sims}
     probed: dict[str, Probed] = {name: [] for name in sims}
     for _ in range(setup.repeats):
@@ -420,10 +423,10 @@ def _real_runs(
                         files=setup.files,
                     )
                     result = dist.result
+                    setup.said()
                 else:
-                    run = dict(
-                        routing=routing, planner=planner, dtype=setup.dtype, files=setup.files
-                    )
+                    run = dict(routing=routing, planner=planner, dtype=setup.dtype)
+                    run |= dict(files=setup.files, on_planned=setup.said)
                     result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN

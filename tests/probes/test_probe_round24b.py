@@ -5,7 +5,8 @@
   workload leaves no expert cache or no room for expert parallelism's experts: a refusal names
   only fixes that help;
 - a real run past its model's context logged that warning, then its plan's refusal (and so did
-  a checkpoint's notes, read before the plan): a refused run must print only its refusal;
+  a checkpoint's notes, read before the plan, in a run and in validate): a refused run must
+  print only its refusal;
 - a researcher's own planner whose schedule breaks the IR was an "internal error ... please
   report it": it is theirs to fix, so the line names the planner and the rule; the project's
   own planners' stay a bug to report;
@@ -161,6 +162,34 @@ def test_a_checkpoints_note_is_said_only_once_its_plan_is_accepted(
     if gpu_gb:
         one_line(r, "GPU memory")
     assert said == (0 if gpu_gb else 1), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_validates_checkpoint_note_waits_for_an_accepted_real_run(
+    tiny_ckpt: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    refused: bool,
+) -> None:
+    """validate read the checkpoint (its note), then refused: every planner's real run was."""
+    from core.errors import CapacityError
+    from experiments import validate as v
+
+    def run(ckpt: Path, spec: Any, mode: str, **kw: Any) -> Any:
+        if refused:
+            raise CapacityError("device pool 1 MB cannot hold one layer's working set (9 MB)")
+        kw["on_planned"]()
+        raise MoepipeError("stop here: the plan was accepted")
+
+    monkeypatch.setattr(v, "real_execute", run)
+    ckpt = _edited(tiny_ckpt, tmp_path / "ck", num_hidden_layers=1)
+    opts = dict(v._DEFAULTS, checkpoint=str(ckpt), hardware="tiny", planners="flexgen")
+    ends = "every planner was skipped" if refused else "the plan was accepted"
+    with pytest.raises(MoepipeError, match=ends):
+        v.validate(dict(opts, repeats=1, out=str(tmp_path / "out"), gpu_frac=4, cpu_frac=4))
+    said = [r for r in caplog.records if "num_hidden_layers=1 of" in r.getMessage()]
+    assert len(said) == (0 if refused else 1), said
 
 
 @dataclass(frozen=True)
