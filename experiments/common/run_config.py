@@ -161,6 +161,8 @@ def _moe_layers(cfg: dict[str, Any]) -> tuple[list[Any] | None, str]:
     checkpoint moved away, a hand-made config's string or a list nested deep)."""
     real = cfg.get("executor.name") == "real"
     path = (cfg.get("checkpoint") if real else None) or cfg.get("model.hf_config")
+    if real and not path:  # (its config group's layers are not the checkpoint's)
+        return None, ""
     if not path:
         try:  # a list, flattened to its JSON
             layers = json.loads(str(cfg.get("model.moe_layers")))

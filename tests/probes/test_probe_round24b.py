@@ -227,6 +227,7 @@ def test_a_shipped_planners_broken_schedule_stays_a_bug_to_report() -> None:
 
 
 _TRACE = "trace esft-dsv2lite [law] 9 tokens in 4 sequences, start seq 0, wrapped 0x"
+_TRACE_FIELDS = {"source": "trace", "trace": "esft-dsv2lite", "tasks": ["law"], "seed": 0}
 
 
 @pytest.mark.parametrize("key", ["model.hf_config", "checkpoint"])
@@ -248,9 +249,10 @@ def test_a_trace_replays_layer_cut_is_checked_against_config_json(
         }
 
     said = _TRACE + (f", its first {cut} of 26 MoE layers" if cut else "")
-    line = config_disagrees(config(tiny_ckpt), {"routing": said})
+    ran = {"routing": said, "routing_fields": _TRACE_FIELDS | {"moe_layers": cut or 26}}
+    line = config_disagrees(config(tiny_ckpt), ran)
     assert (line is not None and "config.json" in line and "2 MoE layers" in line) == stale, line
-    assert config_disagrees(config(tiny_ckpt / "gone"), {"routing": said}) is None  # moved away
+    assert config_disagrees(config(tiny_ckpt / "gone"), ran) is None  # moved away
 
 
 @pytest.mark.parametrize(
