@@ -1,9 +1,8 @@
 """Simulator vs real executor: run each planner both ways on the same routing and compare.
 
 Tabulates predicted against measured makespan, GPU bubble, lower bound, per-op-kind duration and
-bubble causes, and writes <out>/<planner>/{sim,real}/ run dirs, validate.csv, validate.md and
-timeline_<planner>.png. What each column means, the repeats and the link probes:
-docs/commands.md#validate; results: docs/results/validation.md.
+bubble causes, into <out>/<planner>/{sim,real}/ run dirs, validate.csv, validate.md and
+timeline_<planner>.png: docs/commands.md#validate; results: docs/results/validation.md.
 
 Usage:
     python -m experiments.validate checkpoint=DIR hardware=this-machine|FILE.yaml [planners=[a,b]]
