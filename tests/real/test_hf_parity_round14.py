@@ -1,24 +1,29 @@
 """The fourteenth round (issue 48): a probe with fresh eyes, and the cases it ran that no round
 pinned.
 
-A probe of 1,900 cases on checkpoints transformers 5.24 writes: each field of the six causal
+A probe of 1,608 cases on checkpoints transformers 5.24 writes: each field of the six causal
 families' config classes at a value other than the default, one at a time (38 a family: sizes,
 norms, activations, top-k 1 and all, every RoPE type with its rarer keys, float16 and bfloat16
 saves and a compute dtype other than the saved one, 1-token and 9-token prompts of 3 and 5
-sequences, 8 kB shards); every config.json field left out, one at a time, and RoPE's other forms;
-JSON numbers of the other kind; tensors beside the model's; router ties; generation_config.json's
-ids at and past the vocabulary and eos (one id, a list, hit by the first step); widths of 256 in
-bfloat16 and float16; and every planner's real run on ten such checkpoints and four workload
-shapes, dense=tensor in three dtypes. moepipe ran each as transformers (float32 logits within
-1e-6, bfloat16 and float16 bit for bit) or refused it in one line, but where the reference is
-its own by design: DeepSeek-V2's norm_topk_prob (DeepSeek's code, warned), dense=tensor's
-rounding of each device's part in bfloat16, decoding past eos, and dynamic NTK as a fresh model
-runs it (transformers' model keeps its longest length across generate() calls).
-These cases pin the ones no round ran: experts whose router rows tie, broken as torch.topk
-breaks them; RoPE's config.json forms that leave rope_theta out (each family's default) or
-carry a second, ignored source beside rope_parameters; stale tensors transformers skips (older
-saves' rotary inv_freq, a layer past num_hidden_layers); generation ids past the vocabulary,
-which transformers' processors skip; and dynamic NTK's reference.
+sequences, 8 kB shards), and edge values; every config.json field left out, one at a time, and
+RoPE's other forms; JSON numbers of the other kind; tensors beside the model's; router ties;
+generation_config.json's ids past the vocabulary and eos (one id, a list, hit by the first
+step); fused experts; widths of 256 in bfloat16 and float16; every planner's real run on 34
+such checkpoints and eight workload shapes; dense=tensor on 18 in three dtypes. transformers itself
+failed 212 (a size left out, a float where it takes an int). Of the 1,396 others, moepipe ran
+1,294 as transformers (float32 logits within 5e-6, bfloat16 and float16 bit for bit), refused
+73 in one line naming the field or tensor, and ran 29 by its own documented reference:
+decoding past eos (24, logged), DeepSeek-V2's norm_topk_prob (DeepSeek's code, warned),
+dense=tensor's rounding of each device's part in half precision (4). No traceback, no silent
+difference. transformers' dynamic NTK keeps its longest length across generate() calls on one
+model; moepipe runs each as a fresh model, as docs/commands.md says.
+These cases pin the ones no round ran against transformers: experts whose router rows tie,
+broken as torch.topk breaks them; RoPE's config.json forms that leave rope_theta out (each
+family's default) or carry a second source beside rope_parameters (rope_scaling's runs, a
+top-level rope_theta does not); tensors transformers skips (older saves' rotary inv_freq, a
+layer past num_hidden_layers); dynamic NTK's reference; and, slow, every planner on three
+fresh checkpoints (Qwen3-MoE's fused experts in bfloat16 among them) and widths of 256 in
+bfloat16 and float16.
 
 Usage: python -m pytest -q tests/real/test_hf_parity_round14.py
 """
@@ -37,7 +42,6 @@ from real.model import live_routing, reference_generate
 from real.shards import read_header, save_shard
 from tests.real.test_hf_parity import DTYPES, GEN, hf_generate_out, hf_greedy, read_tensor_of
 from tests.real.test_hf_parity_fields import assert_transformers, edit_config, load_hf, save_cast
-from tests.real.test_hf_parity_round6 import with_generation
 from tests.real.test_hf_parity_round10 import randomise
 
 transformers = pytest.importorskip("transformers")
@@ -161,22 +165,6 @@ def test_a_tensor_transformers_skips_is_skipped(case, theta_500, prompt, tmp_pat
     save_shard(tensors, file, {"format": "pt"})
     assert_transformers(edited, load_hf(edited), prompt, "f32")
     assert torch.equal(reference_generate(edited, prompt, GEN)[1], logits)
-
-
-@pytest.mark.parametrize(
-    "field", ["suppress_tokens", pytest.param("begin_suppress_tokens", marks=SLOW)]
-)
-def test_a_generation_id_past_the_vocabulary_is_skipped(field, theta_500, prompt, tmp_path):
-    """suppress_tokens and begin_suppress_tokens with an id at vocab_size and past it beside
-    the first token each sequence chose: transformers' processors mask the vocabulary's ids
-    they list (isin), so those past it do nothing, and moepipe's tokens are transformers'."""
-    ckpt, _ = theta_500("mixtral")
-    first = reference_generate(ckpt, prompt, 1)[0][:, 0].tolist()  # [B]
-    gen = with_generation(ckpt, tmp_path / field, **{field: [*first, 128, 500]})
-    hf_tokens, _ = hf_greedy(load_hf(gen), prompt)
-    tokens, _ = reference_generate(gen, prompt, GEN)
-    assert torch.equal(tokens, hf_tokens)
-    assert not set(first) & set(tokens[:, 0].tolist())
 
 
 def test_dynamic_ntk_is_a_fresh_models(prompt, tmp_path):
