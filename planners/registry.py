@@ -10,7 +10,10 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import numbers
+import pkgutil
 import re
 import types
 import typing
@@ -31,6 +34,9 @@ class Entry:
 
 
 _REGISTRY: dict[str, Entry] = {}
+# a planner file that did not import (a name taken, a syntax error): raised at the registry's
+# first use, inside a command's one error path, not at the import every command makes
+_BROKEN: list[ConfigError] = []
 
 # the planners the project ships: a broken schedule of one is the project's bug to report; of
 # any other (a researcher's own, registered from its own file) the researcher's to fix
@@ -56,16 +62,67 @@ T = TypeVar("T")
 
 def register(name: str, params: type) -> Callable[[T], T]:
     def deco(cls: T) -> T:
-        assert name not in _REGISTRY, f"planner {name} registered twice"
+        where = _file_of(cls)
+        had = _REGISTRY.get(name)
+        if had is not None and _file_of(had.factory) != where:  # not the same file read again
+            raise ConfigError(
+                f"{where}: planner name {name!r} is taken by {_file_of(had.factory)}; "
+                f"give @register another name (and conf/planner/<name>.yaml its stem)"
+            )
+        if not (isinstance(params, type) and dataclasses.is_dataclass(params)):
+            raise ConfigError(
+                f"{where}: @register({name!r}, {getattr(params, '__name__', params)}): its params "
+                "must be a class: a frozen dataclass of primitives (@dataclass(frozen=True))"
+            )
         _REGISTRY[name] = Entry(name, cls, params)  # type: ignore[arg-type]
         return cls
 
     return deco
 
 
+def _file_of(obj: Any) -> str:
+    """The file, as a path from the repository root, that defines class `obj`."""
+    return obj.__module__.replace(".", "/") + ".py"
+
+
+def import_planners(path: list[str], package: str) -> None:
+    """Import every module of `package` (at `path`), each registering its planners. One that
+    fails (a planner name taken, a syntax error, a missing import) is kept as one line naming
+    its file, raised by the registry's first use (`_load_all`)."""
+    for m in pkgutil.iter_modules(path):
+        module = f"{package}.{m.name}"
+        try:
+            importlib.import_module(module)
+        except ConfigError as e:
+            _BROKEN.append(e)
+        except SyntaxError as e:
+            _BROKEN.append(_broken(module, f"line {e.lineno}: {e.msg} (SyntaxError)", e))
+        except Exception as e:  # the user's own file: whatever its import raised
+            _BROKEN.append(_broken(module, f"{type(e).__name__}: {e}", e))
+
+
+def _broken(module: str, what: str, cause: Exception) -> ConfigError:
+    """The line for planner module `module` whose import raised `cause` (`what`)."""
+    error = ConfigError(
+        f"{module.replace('.', '/')}.py: the planner file does not import ({what}); fix it, "
+        "or move it out of planners/"
+    )
+    error.__cause__ = cause
+    return error
+
+
 def planner_names() -> list[str]:
     _load_all()
     return sorted(_REGISTRY)
+
+
+def registered() -> dict[str, Entry]:
+    """The planners registered, with no error for a planner file that did not import: for what
+    an import of a command does (its schemas stored), whose first use of the registry then
+    names that file (`_load_all`)."""
+    import planners  # noqa: F401  (imports every planner module, which registers it)
+
+    return dict(sorted(_REGISTRY.items()))
 
 
 def expert_parallel_names() -> list[str]:
@@ -216,3 +273,6 @@ def make_planner(name: str, values: Mapping[str, Any] | None = None) -> Planner:
 
 def _load_all() -> None:
     import planners  # noqa: F401  (imports every planner module, which registers it)
+
+    if _BROKEN:
+        raise _BROKEN[0]

@@ -290,13 +290,13 @@ def register() -> None:
     """Store every schema in ConfigStore: run_schema (conf/config.yaml's first default) and
     each planner's params (planner_params/<name>, the planner YAMLs' first default), the
     latter made into configs when hydra loads one."""
-    from planners.registry import entry, planner_names
+    from planners.registry import registered
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunSchema)
     group = cs.repo.setdefault("planner_params", {})
-    for name in planner_names():
-        make = partial(params_schema, entry(name).params)
+    for name, entry in registered().items():
+        make = partial(params_schema, entry.params)
         group[f"{name}.yaml"] = _MadeWhenLoaded(f"{name}.yaml", "planner_params", make)
 
 
