@@ -1,6 +1,6 @@
-"""validate's rules about batches: which ops may cover several batches (`Op.batches`), and
-that every expert compute depends on the gate op(s) of the batches it serves (planners are
-causal)."""
+"""validate's rules about batches: which ops may cover several batches (`Op.batches`), that
+every expert compute depends on the gate op(s) of the batches it serves (planners are causal),
+and that the schedule computes every batch's tokens (`check_work`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from core.errors import ScheduleBug
 from core.schedule import _ANY, Op, Schedule
+from core.spec import ModelSpec, Workload
 from core.types import OpKind
 
 
@@ -131,3 +132,27 @@ def _gate_problem(
             f"it serves (planners are causal); missing {missing or 'gate'}"
         )
     return ""
+
+
+def check_work(schedule: Schedule, model: ModelSpec, workload: Workload) -> None:
+    """The schedule computes the whole run: every token's attention at every layer, its top-k
+    experts at every MoE layer, and each step's head over every sequence. A planner that leaves
+    work out (a batch, a layer, every op: an empty plan) would otherwise report a makespan and
+    a throughput for tokens it never computed; raise naming the first kind short of its total
+    (a kind may count more: G tensor-parallel GPUs each compute every token's attention)."""
+    cols = schedule.columns()
+    kinds = list(OpKind)
+    positions = workload.n_sequences * workload.seq_positions  # tokens through each layer
+    need = {
+        OpKind.ATTENTION: positions * model.n_layers,
+        OpKind.EXPERT: positions * len(model.moe_layers) * model.top_k,
+        OpKind.HEAD: workload.n_sequences * workload.n_steps,
+    }
+    for kind, total in need.items():
+        done = int(cols["tokens"][cols["kind"] == kinds.index(kind)].sum())
+        if done < total:  # more where G tensor-parallel GPUs each compute every token
+            raise ScheduleBug(
+                f"planner {schedule.meta.get('planner', '')}: its schedule computes {done} of "
+                f"the {total} {kind.removeprefix('compute-')} tokens of the run; plan every "
+                "step, batch and layer of ctx.workload and ctx.model"
+            )

@@ -25,6 +25,7 @@ from core.lazy import lazy_module
 from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
+from core.schedule_batches import check_work
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
@@ -62,10 +63,11 @@ class RunResult:
 def build_schedule(
     spec: RunSpec, routing: Routing | CausalRouting, planner: Planner | None = None
 ) -> Schedule:
-    """Plan with replayed routing and validate."""
+    """Plan with replayed routing and validate: the IR's rules, and the whole run's work."""
     schedule = plan_schedule(spec, routing, planner)
     with own_bugs(spec.planner):
         validate(schedule, check_finishes=spec.executor != "sim")
+        check_work(schedule, spec.model, spec.workload)
     return schedule
 
 

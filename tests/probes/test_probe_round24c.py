@@ -6,17 +6,28 @@ and the docs' own commands). Classes found:
   syntax error; a missing import; params that are not a dataclass) ended every command, even
   `--help`, in a traceback: `import planners` runs at a command's import, before its one error
   path. Now the file is kept as one line naming it, raised at the registry's first use;
+- a planner whose schedule leaves work out (an empty plan, a `plan` that returns a value and
+  emits nothing, a layer or a batch skipped) ran, wrote summary.json and reported a throughput
+  for tokens it never computed (twice the true one with half the batches). Now each run checks
+  the schedule computes every token's attention, experts and head (`check_work`).
 """
 
 from __future__ import annotations
 
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.errors import ScheduleBug
+from core.spec import Workload
+from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
+from planners.sequential import Sequential
+from tests.conftest import hardware_from_conf, model_from_conf, random_routing
 from tests.probes.conftest import raises_one_line
 
 HEAD = "from dataclasses import dataclass\nfrom planners.registry import register\n"
@@ -68,3 +79,40 @@ def test_the_same_planner_file_read_again_registers_again(own_registry: None) ->
     entry = registry.entry("sequential")
     registry.register("sequential", entry.params)(entry.factory)
     assert registry.entry("sequential").factory is entry.factory
+
+
+@dataclass(frozen=True)
+class _NoParams:
+    pass
+
+
+class _LeavesOut(Sequential):
+    """`sequential`'s plan with part of the run (`skip`) left out."""
+
+    skip = ""
+
+    def plan(self, ctx: Any, out: Any) -> Any:
+        if self.skip == "all":
+            return None
+        if self.skip == "returns":  # the schedule returned, not emitted
+            return [1, 2, 3]
+        model, workload = ctx.model, ctx.workload
+        if self.skip == "layer":
+            model = type(model)(**{**vars(model), "n_layers": 1, "moe_layers": (0,)})
+        if self.skip == "batch":
+            workload = type(workload)(**{**vars(workload), "n_batches": 1})
+        return super().plan(type(ctx)(model, ctx.hardware, workload, ctx.routing, ctx.cost), out)
+
+
+@pytest.mark.parametrize("skip", ["all", "returns", "layer", "batch"])
+def test_a_schedule_that_leaves_work_out_is_refused(
+    skip: str, monkeypatch: pytest.MonkeyPatch, own_registry: None
+) -> None:
+    """tiny (2 layers) x 2 batches of 2 sequences, prompt 8, 3 tokens: 4 x 10 positions x 2
+    layers = 80 attention tokens; the plans short of them ran and reported a throughput."""
+    cls = type(f"LeavesOut{skip}", (_LeavesOut,), {"skip": skip})
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    with pytest.raises(ScheduleBug, match=r"planner mine: its schedule computes \d+ of the \d+ "):
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
