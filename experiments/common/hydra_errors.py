@@ -18,6 +18,11 @@ import experiments.common.schema  # noqa: F401  registers the schemas
 from core.args import non_finite
 from core.errors import MoepipeError, did_you_mean, quoted
 from experiments.common.command_options import taken_by, taken_elsewhere
+from experiments.common.defaults_errors import (
+    GROUP_PACKAGE,
+    defaults_list_line,
+    override_outside_global,
+)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
@@ -144,7 +149,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
         )
     if merging and cause is not None:
         return f"{merging.group(1)}: {str(cause).splitlines()[0]}"
-    defaults = _defaults_list_line(text)
+    defaults = defaults_list_line(text) or override_outside_global(text, at)
     if defaults:
         return defaults
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -235,36 +240,6 @@ def _value_for_fields(text: str, key: str, at: str) -> str | None:
     return f"{key or 'a value'}: {typed.group(2)} where a mapping of {fields} belongs{at}"
 
 
-def _defaults_list_line(text: str) -> str | None:
-    """A choice or deletion the defaults list or the config refuses (`+experiment=x` twice,
-    `~bogus`, `+model=tiny`), as one line with what to pass; None for another error."""
-    twice = re.search(
-        r"Multiple values for ([\w/]+)\. To override a value use 'override \S+: (\S+)'", text
-    )
-    if twice:  # `+experiment=x` where the defaults list already has an experiment
-        group, value = twice.groups()
-        return f"+{group}={value}: {group} has a value already; pass {group}={value} (no +)"
-    gone = re.search(r"Could not delete from config\. '([^']+)' does not exist", text)
-    if gone:  # `~out` (its value null) or `~bogus`: hydra's line named no fix
-        return (
-            f"~{gone.group(1)}: nothing to delete (no such key, or its value is null); leave "
-            f"it out, or pass {gone.group(1)}=VALUE"
-        )
-    other = re.search(
-        r"Could not delete from config\. The value of '([^']+)' is (.*) and not (.*)\.$", text
-    )
-    if other:  # `~key=3` where key is 2: hydra's line named no fix
-        key, now, given = other.groups()
-        return (
-            f"~{key}={given}: {key} is {now}, not {given}; pass ~{key} to delete it whatever it is"
-        )
-    again = re.search(r"^([\w/]+) appears more than once in the final defaults list", text)
-    if again:  # `+model=tiny`: a second choice of a group the defaults list has
-        group = again.group(1)
-        return f"{group}: chosen twice (+{group}=... adds a choice); pass {group}=NAME without +"
-    return None
-
-
 def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -> str | None:
     """The line for a list or a scalar in config `config`'s YAML (`hardware/mine`) where the
     schema has a mapping of fields: its key in the user's file, or the whole file."""
@@ -335,16 +310,12 @@ def _misplaced_in(cls: type, data: Any) -> Misplaced | None:
     return None
 
 
-_GROUP_PACKAGE = {g: g for g in ("model", "hardware", "workload", "planner", "executor")}
-_GROUP_PACKAGE["experiment"] = "_global_"
-
-
 def _package_line(where: re.Match[str] | None, key: str, at: str) -> str | None:
     """The line for a key a user's file of a group put outside the group's package: a model
     file with `# @package _global_` (or `hardware`), an experiment file without `# @package
     _global_` (its keys landed under `experiment.`): the header to fix, not the key."""
     group = where.group(1).split("/")[0] if where and "/" in where.group(1) else ""
-    package = _GROUP_PACKAGE.get(group)
+    package = GROUP_PACKAGE.get(group)
     if package is None:
         return None
     inside = key == group or key.startswith(f"{group}.")

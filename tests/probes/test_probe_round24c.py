@@ -9,7 +9,12 @@ and the docs' own commands). Classes found:
 - a planner whose schedule leaves work out (an empty plan, a `plan` that returns a value and
   emits nothing, a layer or a batch skipped) ran, wrote summary.json and reported a throughput
   for tokens it never computed (twice the true one with half the batches). Now each run checks
-  the schedule computes every token's attention, experts and head (`check_work`).
+  the schedule computes every token's attention, experts and head (`check_work`);
+- a file of a user's config dir that picks another group in its defaults (`override /model:
+  tiny`) outside `# @package _global_` (an experiment file without the header, a model file)
+  was hydra's "Could not override 'model@experiment.model'. Did you mean to override model?",
+  no fix named. Now the line names the file and the header to add, or where such a default
+  belongs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import one_line, raises_one_line
 
 HEAD = "from dataclasses import dataclass\nfrom planners.registry import register\n"
 PLANNER = HEAD + (
@@ -116,3 +121,29 @@ def test_a_schedule_that_leaves_work_out_is_refused(
     wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
     with pytest.raises(ScheduleBug, match=r"planner mine: its schedule computes \d+ of the \d+ "):
         build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
+
+
+GROUP_OVERRIDES = {
+    "experiment/nopkg.yaml": ("make `# @package _global_` its first line", "experiment=nopkg"),
+    "model/picks.yaml": ("only an experiment file", "model=picks"),
+}
+
+
+@pytest.mark.parametrize("file", sorted(GROUP_OVERRIDES))
+def test_a_default_that_picks_another_group_outside_global_names_the_header(
+    file: str, tmp_path: Path, cli_here: Any
+) -> None:
+    """`override /hardware: tiny` in a user's file whose keys land under its own group."""
+    said, choice = GROUP_OVERRIDES[file]
+    (tmp_path / file).parent.mkdir(parents=True)
+    (tmp_path / file).write_text("defaults:\n  - override /hardware: tiny\n")
+    r = cli_here(
+        "experiments.run",
+        "--config-dir",
+        str(tmp_path),
+        choice,
+        "workload=tiny",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    line = one_line(r, "override /hardware", file, said)
+    assert not (tmp_path / "run" / "summary.json").exists(), line
