@@ -74,10 +74,34 @@ def register(name: str, params: type) -> Callable[[T], T]:
                 f"{where}: @register({name!r}, {getattr(params, '__name__', params)}): its params "
                 "must be a class: a frozen dataclass of primitives (@dataclass(frozen=True))"
             )
+        odd = _not_primitive(params)
+        if odd:
+            raise ConfigError(
+                f"{where}: @register({name!r}, {params.__name__}): {odd}; "
+                "params are primitives (bool, int, float, str, or a union of them with None), "
+                "which a YAML file and an override give: use one (a str for a list of names)"
+            )
         _REGISTRY[name] = Entry(name, cls, params)  # type: ignore[arg-type]
         return cls
 
     return deco
+
+
+def _not_primitive(params: type) -> str:
+    """The first field of dataclass `params` whose type is not a primitive, as `P.name is TYPE`
+    (a tuple arrives from YAML as a list, unchecked and unhashable); "" if none."""
+    try:
+        hints = typing.get_type_hints(params)
+    except Exception as e:  # a hint that names nothing importable
+        return f"a type hint of {params.__name__} does not resolve ({e})"
+    for f in fields(params):
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        options = typing.get_args(hint) if union else (hint,)
+        if not all(t in _KINDS or t is type(None) for t in options):
+            shown = hint.__name__ if isinstance(hint, type) else str(hint)
+            return f"{params.__name__}.{f.name} is {shown}"
+    return ""
 
 
 def _file_of(obj: Any) -> str:
