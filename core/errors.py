@@ -5,7 +5,9 @@ Each message names the field, file or op at fault and what would fix it.
 
 import difflib
 import numbers
+import traceback
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TypeVar
 
 
@@ -84,6 +86,16 @@ def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
     lands inside a library's `try` (hydra composing its config) can leave its `finally` to fail
     on the half-built state, and that error, not the signal, reaches the command."""
     return in_chain(e, KeyboardInterrupt)
+
+
+def raised_at(e: BaseException, root: str) -> str:
+    """`, at FILE:LINE in FUNCTION` for the innermost frame of `e`'s traceback in a file under
+    folder `root` (a researcher's own planner file, where the bug is theirs); "" if none."""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(Path(root).resolve()):
+            return f", at {path.relative_to(Path(root).resolve())}:{frame.lineno} in {frame.name}"
+    return ""
 
 
 def integer_words(at_least: int) -> str:

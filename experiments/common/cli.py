@@ -24,7 +24,7 @@ import yaml
 
 import experiments
 from core.args import as_float, as_int, output_dir, output_file
-from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind
+from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind, raised_at
 from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started, out_of_memory
 from experiments.common.argv_checks import (
@@ -276,7 +276,7 @@ def any_error_line(e: BaseException) -> str:
     fd, path = tempfile.mkstemp(prefix="moepipe-traceback-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         traceback.print_exception(e, file=f)
-    what = _flat(str(e))[:200] or "no message"
+    what = _flat(str(e))[:200] + raised_at(e, f"{experiments.__path__[0]}/..") or "no message"
     return (
         f"internal error ({type(e).__name__}: {what}); a bug or an input nothing checks: "
         f"please report it with the command and {path} (its traceback)"

@@ -17,6 +17,9 @@ and the docs' own commands). Classes found:
   was hydra's "Could not override 'model@experiment.model'. Did you mean to override model?",
   no fix named. Now the line names the file and the header to add, or where such a default
   belongs;
+- a planner that raises in `plan` (a researcher's bug) was "internal error (ValueError: my
+  bug); ... please report it", the file the bug is in named nowhere but the traceback file;
+  now the line says where it was raised (`at planners/mine.py:12 in plan`);
 - a documented command that did not run as written (docs/commands.md's DeepSeek-V3 FP8 line,
   on the default hardware: its working set does not fit the GPU).
 """
@@ -34,6 +37,7 @@ import pytest
 
 from core.errors import ScheduleBug
 from core.spec import Workload
+from experiments.common.cli import any_error_line
 from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
 from planners.sequential import Sequential
@@ -131,6 +135,26 @@ def test_a_schedule_that_leaves_work_out_is_refused(
     wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
     with pytest.raises(ScheduleBug, match=r"planner mine: its schedule computes \d+ of the \d+ "):
         build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
+
+
+class _Raises(Sequential):
+    def plan(self, ctx: Any, out: Any) -> None:
+        raise ValueError("my bug")
+
+
+def test_a_planner_that_raises_is_named_where_it_raised(
+    monkeypatch: pytest.MonkeyPatch, own_registry: None
+) -> None:
+    monkeypatch.setenv("MOEPIPE_TRACEBACK", "0")
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", _Raises, _NoParams))
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    with pytest.raises(ValueError, match="my bug") as info:
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
+    line = any_error_line(info.value)
+    Path(line.rsplit(" and ", 1)[1].split(" ")[0]).unlink()  # its traceback file
+    assert "(ValueError: my bug, at tests/probes/test_probe_round24c.py:" in line, line
+    assert " in plan)" in line, line
 
 
 GROUP_OVERRIDES = {

@@ -134,7 +134,7 @@ def test_an_unchecked_error_is_one_line_with_its_traceback_in_a_file(
         {}["missing"]  # noqa: B018 (an error nothing turns into a line)
     except KeyError as e:
         line = any_error_line(e)
-    assert "\n" not in line and line.startswith("internal error (KeyError: 'missing')")
+    assert "\n" not in line and line.startswith("internal error (KeyError: 'missing'")
     path = Path(line.rsplit(" and ", 1)[1].split(" (its traceback)")[0])
     assert "Traceback" in path.read_text() and "missing" in path.read_text()
     os.unlink(path)
