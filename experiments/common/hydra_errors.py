@@ -26,6 +26,7 @@ from experiments.common.defaults_errors import (
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
+USER_DIRS: list[Path] = []  # its command line's config folders (set by `app._checked_args`)
 
 
 def nearest(word: str, valid: Sequence[str]) -> str:
@@ -247,8 +248,13 @@ def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -
     not_fields = re.search(r"Merge error: (\w+) is not a subclass of \w+", text)
     if re.search(r"Cannot merge DictConfig with ListConfig", text) or not_fields:
         schema = re.search(r"object_type=(\w+)", text)
-        path = (files or {}).get(config)
+        path = (files or {}).get(config) or _file_of(config)
         found = _misplaced(schema.group(1), path, group) if schema else None
+        if found and isinstance(found[1], dict):  # a mapping where the schema has a list
+            return (
+                f"{found[0]}: a mapping {repr(found[1])[:40]} where a list belongs{at}; write "
+                f"it as [a, b] (see conf/{group}/)"
+            )
         if found:
             key, value, cls = found
             names = ", ".join(f.name for f in fields(cls)) if cls else "fields"
@@ -266,13 +272,22 @@ def _not_fields(text: str, config: str, at: str, files: dict[str, str] | None) -
     return None
 
 
+def _file_of(config: str) -> str | None:
+    """The file config `config` (`model/mine`) was read from: conf/'s (where a researcher adds
+    one), or a config folder of the command line's (`--config-dir`, `hydra.searchpath`)."""
+    for folder in [CONF_DIR, *USER_DIRS]:
+        if (folder / f"{config}.yaml").is_file():
+            return str(folder / f"{config}.yaml")
+    return None
+
+
 Misplaced = tuple[str, Any, type | None]  # (dotted key, its value, the schema's class there)
 
 
 def _misplaced(type_name: str, path: str | None, group: str) -> Misplaced | None:
     """The first value in the `group` YAML file at `path` that is a list or a scalar where the
-    schema dataclass `type_name` (the group's, or the command's) has a mapping of fields:
-    omegaconf's merge error names no key."""
+    schema dataclass `type_name` (the group's, or the command's) has a mapping of fields, or a
+    mapping where it has a list: omegaconf's merge error names no key."""
     cls = next((c for c in _schema_classes() if c.__name__ == type_name), None)
     try:
         data = yaml.safe_load(Path(path).read_text()) if path else None
@@ -292,6 +307,10 @@ def _misplaced_in(cls: type, data: Any) -> Misplaced | None:
     hints = typing.get_type_hints(cls)
     for k, v in data.items():
         t = hints.get(k)
+        if isinstance(v, dict) and any(
+            typing.get_origin(a) in (list, tuple) for a in (t, *typing.get_args(t))
+        ):  # `disk_block: {a: 1}`: omegaconf's merge error said "a list where a mapping"
+            return str(k), v, None
         sub = next((a for a in (t, *typing.get_args(t)) if is_dataclass(a)), None)
         sub = sub if isinstance(sub, type) else None
         if v is not None and not isinstance(v, dict):

@@ -17,6 +17,11 @@ and the docs' own commands). Classes found:
   was hydra's "Could not override 'model@experiment.model'. Did you mean to override model?",
   no fix named. Now the line names the file and the header to add, or where such a default
   belongs;
+- a field of a group's YAML holding a list where a mapping belongs (`sources: [a]`,
+  `memory_gb: [1]`, `routing: [a]`) or a mapping where a list belongs (`disk_block: {a: 1}`)
+  was blamed on the whole file ("hardware: a list where a mapping of fields belongs", "its
+  config is a list"), or inverted, for a file in conf/ or a user's config folder (only a
+  `hardware=FILE.yaml` was read for its key). Now the line names the field and what it holds;
 - a planner that raises in `plan` (a researcher's bug) was "internal error (ValueError: my
   bug); ... please report it", the file the bug is in named nowhere but the traceback file;
   now the line says where it was raised (`at planners/mine.py:12 in plan`);
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from core.errors import ScheduleBug
 from core.spec import Workload
@@ -181,6 +187,37 @@ def test_a_default_that_picks_another_group_outside_global_names_the_header(
     )
     line = one_line(r, "override /hardware", file, said)
     assert not (tmp_path / "run" / "summary.json").exists(), line
+
+
+NOT_ITS_KIND = {  # (group, field, its YAML) -> what the line says
+    ("hardware", "sources", "[a]"): "hardware.sources: list ['a'] where a mapping",
+    ("hardware", "memory_gb", "[1]"): "hardware.memory_gb: list [1] where a mapping of gpu,",
+    ("workload", "routing", "[a]"): "workload.routing: list ['a'] where a mapping of source,",
+    ("model", "disk_block", "{a: 1}"): "model.disk_block: a mapping {'a': 1} where a list",
+    ("model", "moe_layers", "{a: 1}"): "model.moe_layers: a mapping {'a': 1} where a list",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_ITS_KIND), ids=lambda c: f"{c[0]}.{c[1]}")
+def test_a_field_of_the_wrong_container_kind_is_named(
+    case: tuple[str, str, str], tmp_path: Path, cli_here: Any
+) -> None:
+    """tiny's YAML copied into a config folder of the user's, one field of it changed."""
+    group, key, value = case
+    data = yaml.safe_load((ROOT / "conf" / group / "tiny.yaml").read_text())
+    data.update({key: yaml.safe_load(value), **({"name": "mine"} if "name" in data else {})})
+    (tmp_path / group).mkdir()
+    (tmp_path / group / "mine.yaml").write_text(yaml.safe_dump(data))
+    picks = {"model": "model=tiny", "hardware": "hardware=tiny", "workload": "workload=tiny"}
+    picks[group] = f"{group}=mine"
+    r = cli_here(
+        "experiments.run",
+        "--config-dir",
+        str(tmp_path),
+        *picks.values(),
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    one_line(r, NOT_ITS_KIND[case], f"{group}/mine.yaml")
 
 
 @pytest.mark.slow
