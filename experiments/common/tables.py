@@ -156,6 +156,11 @@ def _run_config(run: Path, rerun: str) -> tuple[dict[str, Any] | None, str | Non
     .hydra/config.yaml, its record from before resolving, stood in for one deleted, unsaid:
     a run dir's config is its config.yaml (the run-dir contract, docs/commands.md)."""
     cfg_path = run / "config.yaml"
+    if not (cfg_path.exists() or cfg_path.is_symlink()) and run.name in ("sim", "real"):
+        return None, (  # a run again would not write one: `dir=runs` over validate's output
+            "no config.yaml: experiments.validate's run of one planner (its sim/ and real/ "
+            "keep none); this reads experiments.run's runs: point dir= at a sweep of them"
+        )
     if not (cfg_path.exists() or cfg_path.is_symlink()):
         return None, (
             "no config.yaml (the run's resolved config; hydra's .hydra/config.yaml, from "

@@ -22,6 +22,9 @@ and the docs' own commands). Classes found:
   was blamed on the whole file ("hardware: a list where a mapping of fields belongs", "its
   config is a list"), or inverted, for a file in conf/ or a user's config folder (only a
   `hardware=FILE.yaml` was read for its key). Now the line names the field and what it holds;
+- `collect dir=runs` (or `report`) over a folder holding experiments.validate's output skipped
+  each of its sim/ and real/ runs with "no config.yaml ...; run it again, which writes one":
+  validate does not. Now the line says whose run it is and where to point dir=;
 - a planner that raises in `plan` (a researcher's bug) was "internal error (ValueError: my
   bug); ... please report it", the file the bug is in named nowhere but the traceback file;
   now the line says where it was raised (`at planners/mine.py:12 in plan`);
@@ -45,6 +48,7 @@ from core.errors import ScheduleBug
 from core.spec import Workload
 from experiments.common.cli import any_error_line
 from experiments.common.pipeline import RunSpec, build_schedule
+from experiments.common.tables import read_run
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
@@ -218,6 +222,16 @@ def test_a_field_of_the_wrong_container_kind_is_named(
         f"hydra.run.dir={tmp_path / 'run'}",
     )
     one_line(r, NOT_ITS_KIND[case], f"{group}/mine.yaml")
+
+
+def test_a_run_of_validate_under_collect_is_named_as_validates(tmp_path: Path) -> None:
+    """validate's `<out>/<planner>/real/`: a summary.json and no config.yaml, by design."""
+    run = tmp_path / "validate" / "flexgen" / "real"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"throughput_tok_s": 1.0}')
+    row, why = read_run(run)
+    assert row is None and why is not None
+    assert "experiments.validate's run of one planner" in why and "point dir=" in why, why
 
 
 @pytest.mark.slow
