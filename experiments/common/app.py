@@ -37,7 +37,7 @@ from experiments.common.cli import (
     user_conf_dirs,
 )
 from experiments.common.command_options import taken_by
-from experiments.common.conf_files import check_conf_dirs, group_files
+from experiments.common.conf_files import check_conf_dirs, check_planner_files, group_files
 from experiments.common.flags import VALUE_FLAGS, check_flags
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
@@ -455,6 +455,7 @@ def _checked_args(
     user_dirs = [*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))]
     hydra_errors.USER_DIRS[:] = user_dirs  # where a line about a file of theirs reads it
     check_conf_dirs(user_dirs, overrides, conf_dir)
+    check_planner_files([conf_dir, *user_dirs], overrides)
     refuse_group_as_config(flags, [conf_dir, *config_dirs])
     check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]

@@ -281,3 +281,35 @@ def chosen_file(key: str) -> str | None:
     return (
         f"conf/{group}/{choice}.yaml" if (CONF_DIR / group / f"{choice}.yaml").is_file() else None
     )
+
+
+_SCHEMA_LINE = re.compile(r"/planner_params@params:\s*([\w.-]+)")
+_NAME_LINE = re.compile(r"^name:\s*([\w.-]+)\s*$", re.M)
+
+
+def check_planner_files(dirs: Sequence[Path], overrides: Sequence[str]) -> None:
+    """Each planner file the `overrides` choose (`planner=mine`, `planner=a,b`) from `dirs`
+    whose defaults take the params schema of another planner than its `name` (sequential.yaml
+    copied, its name changed, its defaults line not): hydra then refused the params the file
+    sets as unknown keys ("takes none: leave it out"), or added the other planner's own. A
+    MoepipeError naming the line to write. Read as text, not parsed."""
+    from planners.registry import registered
+
+    chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "planner"]
+    names = {n.strip(" '\"") for value in chosen for n in value.split(",")}
+    paths = [d / "planner" / f"{n}.yaml" for d in dirs for n in sorted(names) if n]
+    entries = registered() if paths else {}
+    for path in paths:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue  # not there (another folder's), or named by `_check_file` or hydra
+        schema, name = _SCHEMA_LINE.search(text), _NAME_LINE.search(text)
+        if not (schema and name) or schema[1] not in entries or name[1] not in entries:
+            continue
+        if entries[schema[1]].params is not entries[name[1]].params:
+            raise MoepipeError(
+                f"{path}: its defaults take /planner_params@params: {schema[1]}, planner "
+                f"{schema[1]}'s params, but it is planner {name[1]}; write "
+                f"`- /planner_params@params: {name[1]}`"
+            )

@@ -22,6 +22,10 @@ and the docs' own commands). Classes found:
   was blamed on the whole file ("hardware: a list where a mapping of fields belongs", "its
   config is a list"), or inverted, for a file in conf/ or a user's config folder (only a
   `hardware=FILE.yaml` was read for its key). Now the line names the field and what it holds;
+- a planner file copied from another (sequential.yaml) with its `name` changed but not its
+  defaults line (`/planner_params@params: sequential`) was "planner.params.depth: unknown key;
+  planner.params takes none: leave it out", or ran with the other planner's params added
+  ("unknown param(s) sync"). Now the chosen file is named with the line to write;
 - `collect dir=runs` (or `report`) over a folder holding experiments.validate's output skipped
   each of its sim/ and real/ runs with "no config.yaml ...; run it again, which writes one":
   validate does not. Now the line says whose run it is and where to point dir=;
@@ -52,7 +56,7 @@ from experiments.common.tables import read_run
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import ROOT, one_line, raises_one_line
+from tests.probes.conftest import ROOT, TINY, one_line, raises_one_line
 
 HEAD = "from dataclasses import dataclass\nfrom planners.registry import register\n"
 PLANNER = HEAD + (
@@ -167,6 +171,8 @@ def test_a_planner_that_raises_is_named_where_it_raised(
     assert " in plan)" in line, line
 
 
+TINY_ARGS = TINY[:3]  # model, hardware, workload
+
 GROUP_OVERRIDES = {
     "experiment/nopkg.yaml": ("make `# @package _global_` its first line", "experiment=nopkg"),
     "model/picks.yaml": ("only an experiment file", "model=picks"),
@@ -232,6 +238,32 @@ def test_a_run_of_validate_under_collect_is_named_as_validates(tmp_path: Path) -
     row, why = read_run(run)
     assert row is None and why is not None
     assert "experiments.validate's run of one planner" in why and "point dir=" in why, why
+
+
+@pytest.mark.parametrize("params", ["{sync: false}", "{}"])
+def test_a_planner_file_taking_another_planners_params_names_the_line(
+    params: str, tmp_path: Path, cli_here: Any
+) -> None:
+    """flexgen's params set under sequential's schema (none), or left to it."""
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "planner" / "mine.yaml").write_text(
+        "defaults:\n  - /planner_params@params: sequential\n  - _self_\n"
+        f"name: flexgen\nparams: {params}\n"
+    )
+    r = cli_here(
+        "experiments.run",
+        "--config-dir",
+        str(tmp_path),
+        *TINY_ARGS,
+        "planner=mine",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    one_line(
+        r,
+        "planner/mine.yaml",
+        "/planner_params@params: sequential",
+        "write `- /planner_params@params: flexgen`",
+    )
 
 
 @pytest.mark.slow
