@@ -90,7 +90,10 @@ def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
 
 def raised_at(e: BaseException, root: str) -> str:
     """`, at FILE:LINE in FUNCTION` for the innermost frame of `e`'s traceback in a file under
-    folder `root` (a researcher's own planner file, where the bug is theirs); "" if none."""
+    folder `root` (a researcher's own planner file, where the bug is theirs); "" if none, or
+    for a check of ours (a ScheduleBug names its op or planner: the check's line is no news)."""
+    if isinstance(e, MoepipeError):
+        return ""
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         path = Path(frame.filename).resolve()
         if path.is_relative_to(Path(root).resolve()):

@@ -147,8 +147,16 @@ def test_a_schedule_that_leaves_work_out_is_refused(
     monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
     model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
     wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
-    with pytest.raises(ScheduleBug, match=r"planner mine: its schedule computes \d+ of the \d+ "):
+    with pytest.raises(
+        ScheduleBug, match=r"planner mine: its schedule computes \d+ of the \d+ "
+    ) as e:
         build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
+    if skip == "all":  # its line: the planner's fault, not where the check raised
+        monkeypatch.setenv("MOEPIPE_TRACEBACK", "0")
+        line = any_error_line(e.value)
+        Path(line.rsplit(" and ", 1)[1].split(" ")[0]).unlink()  # its traceback file
+        assert "(ScheduleBug: planner mine: its schedule computes 0 of the 80 attention" in line
+        assert ", at core/" not in line, line
 
 
 class _Raises(Sequential):
