@@ -19,6 +19,12 @@ def fixed(x: float, places: int = 2) -> str:
     return f"{x:.{places}f}"
 
 
+def gb(nbytes: int) -> float:
+    """`nbytes` in GB for summary.json: to 3 decimals, or to 3 significant digits where the
+    decimals would show 0 GB of bytes a run holds (a tiny model's 393216 B is 0.000393)."""
+    return float(fixed(nbytes / 1e9, 3))
+
+
 def short_of(x: float, spec: str, *bounds: float) -> str:
     """`format(x, spec)` (`spec` such as ".1f", "+.0%", ".4g"), with up to 3 more digits where
     it would print one of `bounds` that `x` is not: a share of 0.9953 as `.0%` reads 99.5%, not

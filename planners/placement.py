@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.errors import CapacityError, gb_apart
 from core.hardware import HardwareSpec
+from core.shown import gb
 from core.spec import ModelSpec
 from core.types import Tier
 
@@ -32,8 +33,8 @@ class Placement:
             "dense": str(self.dense),
             "kv_layers": count(self.kv),
             "expert_layers": count(self.experts),
-            "resident_gb": {str(k): round(v / 1e9, 3) for k, v in self.resident_bytes.items()},
-            "working_gb": round(self.working_bytes / 1e9, 3),
+            "resident_gb": {str(k): gb(v) for k, v in self.resident_bytes.items()},
+            "working_gb": gb(self.working_bytes),
         }
 
 

@@ -16,6 +16,7 @@ from core.errors import CapacityError, gb_apart
 from core.planner import PlanContext
 from core.routing import GateView
 from core.schedule import ScheduleBuilder
+from core.shown import gb
 from core.types import Dense, OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter, standard_placement
 from planners.ep.cost import expert_width
@@ -197,7 +198,7 @@ class EPRunner:
             replica_slots=lay.replica_slots,
             replicas=lay.replicas,
             slots_per_device=lay.slots_per_device,
-            replica_gb=round(replica_bytes / 1e9, 3),
+            replica_gb=gb(replica_bytes),
             grouped_gemm=lay.grouped_gemm,
             dense=None if lay.lanes else lay.dense,
             lane_sharing=lay.lane_sharing if lay.lanes else None,
