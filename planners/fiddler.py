@@ -15,7 +15,7 @@ CPU experts run on a `cpu_compute` stream, overlapping the GPU's resident expert
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -25,6 +25,7 @@ from core.schedule import ScheduleBuilder
 from core.types import OpKind, Resource, Stream, Tensor, Tier
 from planners.common import Emitter
 from planners.expert_cache import cache_placement
+from planners.placement import Placement
 from planners.registry import register
 
 POLICIES = ("latency", "cpu", "gpu")
@@ -69,7 +70,9 @@ class Fiddler(Planner):
         resident = _resident_experts(
             m.moe_layers, m.n_experts, int(spare * p.resident_share) // m.expert_bytes
         )
-        out.reserve(Tier.GPU, sum(len(v) for v in resident.values()) * m.expert_bytes)
+        held = sum(len(v) for v in resident.values()) * m.expert_bytes
+        out.reserve(Tier.GPU, held)
+        out.meta["placement"] = _held_placement(placement, resident, m.n_experts, held).summary()
         where = {"cpu": 0, "gpu_loaded": 0, "gpu_resident": 0}  # experts run by where they ran
         last: int | None = None
         for batch in range(wl.n_batches):
@@ -217,6 +220,22 @@ class Fiddler(Planner):
             dst=Tier.GPU,
             **where,
         )
+
+
+def _held_placement(
+    placement: Placement, resident: dict[int, set[int]], n_experts: int, held_bytes: int
+) -> Placement:
+    """`placement` as the run holds it: a layer whose experts all stay on the GPU lives there
+    (its host copy is never read), and the GPU's resident bytes count the held experts, which
+    the working set no longer keeps free."""
+    experts = tuple(
+        Tier.GPU if len(resident.get(layer, ())) == n_experts else tier
+        for layer, tier in enumerate(placement.experts)
+    )
+    on = dict(placement.resident_bytes)
+    on[Tier.GPU] = on.get(Tier.GPU, 0) + held_bytes
+    working = placement.working_bytes - held_bytes
+    return replace(placement, experts=experts, resident_bytes=on, working_bytes=working)
 
 
 def _resident_experts(
