@@ -125,7 +125,7 @@ class MoEInfinity(Planner):
                 history = [*history, eam / max(float(np.linalg.norm(eam)), 1e-12)][-p.history :]
         out.meta.update(
             n_batches_shared=1,
-            cache_experts=capacity,
+            cache_experts=min(capacity, len(m.moe_layers) * m.n_experts),  # room past all: idle
             cache_hit_rate=round(cache.hits / max(cache.hits + cache.misses, 1), 4),
             **stats.summary(),
         )
