@@ -1,0 +1,117 @@
+"""What a simulated run says about itself against what its schedule does (issue 48, round 24g):
+each statement of summary.json's `plan` block (where each unit lives, what is resident, cache
+sizes, shares of experts by where they ran) checked against the ops that run and the memory the
+schedule holds. `statement_problems` lists each one false; an empty list is a true plan block.
+
+Usage: `assert not statement_problems(spec, result)` with a `pipeline.RunResult` of `spec`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from core.schedule import Op, Schedule
+from core.types import OpKind, Resource, Tensor, Tier
+from experiments.common.pipeline import RunResult, RunSpec
+
+DENSE = (Tensor.ATTENTION, Tensor.GATE, Tensor.FFN, Tensor.EMBED, Tensor.HEAD)
+OFF_GPU = (Tier.CPU, Tier.DISK)
+
+
+def statement_problems(spec: RunSpec, result: RunResult) -> list[str]:
+    """Each statement of the run's `plan` block that its schedule contradicts."""
+    plan, sched = result.summary["plan"], result.schedule
+    placement = plan.get("placement", {})
+    problems = _expert_tier_problems(spec, plan, sched)
+    problems += _dense_kv_problems(spec, placement, sched.ops)
+    problems += _count_problems(spec, plan, sched)
+    return problems
+
+
+def _to_gpu(op: Op, tensor: Tensor) -> bool:
+    return op.kind == OpKind.LOAD and op.tensor == tensor and op.dst == Tier.GPU
+
+
+def _expert_tier_problems(spec: RunSpec, plan: dict[str, Any], sched: Schedule) -> list[str]:
+    """Expert layers said to be on the GPU are never read from CPU or disk; those said to be
+    off it reach the GPU by a load before a GPU computes with them."""
+    placement, plan_resident = plan.get("placement", {}), plan.get("resident_experts", 0)
+    if "expert_layers" not in placement:
+        return []
+    n_moe, problems = len(spec.model.moe_layers), []
+    gpu_layers = placement["expert_layers"].get("gpu", 0)
+    loaded = {(o.layer, o.expert) for o in sched.ops if _to_gpu(o, Tensor.EXPERT)}
+    on_gpu = {
+        (o.layer, o.expert)
+        for o in sched.ops
+        if o.kind == OpKind.EXPERT and sched.streams[o.stream].resource != Resource.CPU
+    }
+    # run on a GPU, never moved there: layers said to be on the GPU, or the experts a plan
+    # says it keeps resident besides (fiddler's `resident_experts`)
+    never = on_gpu - loaded
+    by_layer = Counter(layer for layer, _ in never)
+    whole = sum(1 for n in by_layer.values() if n == spec.model.n_experts)
+    if whole > gpu_layers:
+        problems.append(
+            f"expert_layers says {gpu_layers} of {n_moe} on the GPU, but all experts of {whole} "
+            "layers run there and are never loaded"
+        )
+    besides = len(never) - gpu_layers * spec.model.n_experts
+    if besides > plan_resident:
+        problems.append(
+            f"{besides} experts off the GPU layers run there and are never loaded, but the "
+            f"plan says {plan_resident} are resident"
+        )
+    from_off = {o.layer for o in sched.ops if _to_gpu(o, Tensor.EXPERT) and o.src in OFF_GPU}
+    if len(from_off) > n_moe - gpu_layers:
+        problems.append(
+            f"expert_layers says {n_moe - gpu_layers} off the GPU, but {len(from_off)} layers' "
+            "experts are loaded from CPU or disk"
+        )
+    return problems
+
+
+def _dense_kv_problems(spec: RunSpec, placement: dict[str, Any], ops: list[Op]) -> list[str]:
+    """Dense weights and KV said to be on the GPU are never read from CPU or disk."""
+    problems = []
+    if placement.get("dense") == "gpu" and any(
+        o.src in OFF_GPU for o in ops if o.tensor in DENSE and _to_gpu(o, o.tensor)
+    ):
+        problems.append("dense says gpu, but dense weights are loaded from CPU or disk")
+    if "kv_layers" in placement:
+        kv_gpu = placement["kv_layers"].get("gpu", 0)
+        kv_off = {o.layer for o in ops if o.kind == OpKind.KV_LOAD and o.src in OFF_GPU}
+        if len(kv_off) > spec.model.n_layers - kv_gpu:
+            problems.append(
+                f"kv_layers says {kv_gpu} on the GPU, but {len(kv_off)} of "
+                f"{spec.model.n_layers} layers load KV from CPU or disk"
+            )
+    return problems
+
+
+def _count_problems(spec: RunSpec, plan: dict[str, Any], sched: Schedule) -> list[str]:
+    """Counts and sizes: caches no larger than the model's experts, shares of experts by where
+    they ran as the ops ran, and a size in GB that shows 0 only where nothing is held."""
+    m, problems = spec.model, []
+    experts = len(m.moe_layers) * m.n_experts
+    for key in ("cache_experts", "resident_experts"):
+        if key in plan and plan[key] > experts:
+            problems.append(f"{key} {plan[key]} > the model's {experts} routed experts")
+    if "expert_share_cpu" in plan:
+        runs = Counter(
+            sched.streams[o.stream].resource == Resource.CPU
+            for o in sched.ops
+            if o.kind == OpKind.EXPERT
+        )
+        share = runs[True] / max(sum(runs.values()), 1)
+        if abs(plan["expert_share_cpu"] - share) > 1e-3:
+            problems.append(f"expert_share_cpu {plan['expert_share_cpu']} != {share:.4f}")
+    held = sched.resident_bytes
+    for tier, gb in plan.get("placement", {}).get("resident_gb", {}).items():
+        if gb == 0 and held.get(Tier(tier), 0) > 0:
+            problems.append(f"resident_gb.{tier} says 0 while {held[Tier(tier)]} bytes are held")
+    ep = plan.get("ep", {})
+    if ep.get("replica_gb") == 0 and ep.get("replicas", 0) > 0:
+        problems.append(f"ep.replica_gb says 0 for {ep['replicas']} replicas")
+    return problems
