@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from core.schedule import Op, Schedule
+from core.shown import gb
 from core.types import OpKind, Resource, Tensor, Tier
 from experiments.common.pipeline import RunResult, RunSpec
 
@@ -26,6 +27,7 @@ def statement_problems(spec: RunSpec, result: RunResult) -> list[str]:
     problems = _expert_tier_problems(spec, plan, sched)
     problems += _dense_kv_problems(spec, placement, sched.ops)
     problems += _count_problems(spec, plan, sched)
+    problems += _held_problems(plan, sched)
     return problems
 
 
@@ -108,10 +110,29 @@ def _count_problems(spec: RunSpec, plan: dict[str, Any], sched: Schedule) -> lis
         if abs(plan["expert_share_cpu"] - share) > 1e-3:
             problems.append(f"expert_share_cpu {plan['expert_share_cpu']} != {share:.4f}")
     held = sched.resident_bytes
-    for tier, gb in plan.get("placement", {}).get("resident_gb", {}).items():
-        if gb == 0 and held.get(Tier(tier), 0) > 0:
+    for tier, said in plan.get("placement", {}).get("resident_gb", {}).items():
+        if said == 0 and held.get(Tier(tier), 0) > 0:
             problems.append(f"resident_gb.{tier} says 0 while {held[Tier(tier)]} bytes are held")
     ep = plan.get("ep", {})
     if ep.get("replica_gb") == 0 and ep.get("replicas", 0) > 0:
         problems.append(f"ep.replica_gb says 0 for {ep['replicas']} replicas")
+    return problems
+
+
+def _held_problems(plan: dict[str, Any], sched: Schedule) -> list[str]:
+    """The placement's resident GB is memory the schedule holds for the whole run; an EP run's
+    `copies` are the replica copies its links carry."""
+    problems = []
+    for tier, said in plan.get("placement", {}).get("resident_gb", {}).items():
+        held = gb(sched.resident_bytes.get(Tier(tier), 0))
+        if said > held:
+            problems.append(f"resident_gb.{tier} says {said} while the run holds {held} GB")
+    ep = plan.get("ep", {})
+    if "copies" in ep:
+        # a copy lands by its destination's link (P2P), or within one GPU on lanes (D2D); its
+        # leaving op on the source's outgoing link (P2P_OUT) is the same copy
+        into = {n for n, s in sched.streams.items() if s.resource in (Resource.P2P, Resource.D2D)}
+        copies = sum(1 for o in sched.ops if o.kind == OpKind.LOAD and o.stream in into)
+        if copies != ep["copies"]:
+            problems.append(f"ep.copies says {ep['copies']} while {copies} copies run")
     return problems

@@ -9,7 +9,8 @@ what its schedule does (tests/probes/statements.py). Classes found:
 - moe_infinity's `cache_experts` counted room past the model's routed experts (20341 of 8).
 
 A few runs here; every planner on the tiny model and on Mixtral at small n, at five memory
-budgets each, in the slow suite.
+budgets each, and the expert-parallel ones on 8 GPUs and on 4 lanes of one, in the slow
+suite.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from core.spec import RoutingConfig, Workload
 from core.types import RoutingSource
 from experiments.common.pipeline import RunResult, RunSpec, simulate_run
 from planners import planner_names
-from tests.conftest import conf, model_from_conf
+from planners.registry import expert_parallel_names
+from tests.conftest import conf, hardware_from_conf, model_from_conf
 from tests.probes.invariants import run_problems
 from tests.probes.statements import statement_problems
 
@@ -106,12 +108,14 @@ def test_cache_counts_no_more_than_the_experts(runs: Any) -> None:
 
 
 def _matrix() -> list[tuple[str, str, str]]:
-    return [
+    cases = [
         (model, planner, budget)
         for model, budgets in (("tiny", TINY_GB), ("mixtral", MIX_GB))
         for budget in budgets
         for planner in planner_names()
     ]
+    ep = expert_parallel_names()
+    return cases + [("mixtral", p, "hgx8") for p in ep] + [("olmoe", p, "lanes") for p in ep]
 
 
 @pytest.mark.slow
@@ -119,6 +123,13 @@ def _matrix() -> list[tuple[str, str, str]]:
 def test_every_planner_at_every_budget(model: str, planner: str, budget: str) -> None:
     if model == "tiny":
         spec = tiny_spec(planner, budget)
+    elif model == "olmoe":  # 4 lanes of one H200: replica copies within one GPU's memory
+        h200, olmoe = hardware_from_conf("h200"), model_from_conf("olmoe-1b-7b")
+        spec = RunSpec(olmoe, h200, MIX_WL, planner, {"lanes": True, "n_devices": 4})
+    elif budget == "hgx8":  # replicas and their copies between 8 GPUs
+        spec = RunSpec(
+            model_from_conf("mixtral-8x7b"), hardware_from_conf("h200-hgx8"), MIX_WL, planner
+        )
     else:
         hw = hardware("rtx3090-env1", *MIX_GB[budget])
         spec = RunSpec(model_from_conf("mixtral-8x7b"), hw, MIX_WL, planner)
