@@ -15,6 +15,8 @@ suite.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +27,14 @@ from core.shown import gb
 from core.spec import RoutingConfig, Workload
 from core.types import RoutingSource
 from experiments.common.pipeline import RunResult, RunSpec, simulate_run
+from experiments.common.real_run import real_execute
 from planners import planner_names
 from planners.registry import expert_parallel_names
+from real.checkpoint import load_checkpoint
 from tests.conftest import conf, hardware_from_conf, model_from_conf
 from tests.probes.invariants import run_problems
 from tests.probes.statements import statement_problems
+from tests.probes.test_probe_round22c import hardware as real_hardware
 
 SYN = RoutingConfig(source=RoutingSource.SYNTHETIC)
 TINY_WL = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3, routing=SYN)
@@ -138,3 +143,44 @@ def test_every_planner_at_every_budget(model: str, planner: str, budget: str) ->
     except MoepipeError:  # refused in one line (probes elsewhere check the line): no statement
         return
     assert not statement_problems(spec, result)
+
+
+# a real run's plan block on the probes' tiny checkpoint (2 layers of 8 fp32 experts of
+# 24576 B): budget -> (GPU, CPU) bytes: every expert on the GPU, a few, none (some on disk);
+# the expert-parallel planners on 2 GPUs
+REAL_HW = {"roomy": (50_000_000, 50_000_000), "g400k": (400_000, 8_000_000)}
+REAL_HW |= {"disk": (300_000, 150_000)}
+
+
+def real_statements(ckpt: Path, planner: str, budget: str) -> list[str]:
+    n_gpus = 2 if planner in expert_parallel_names() else 1
+    hw = real_hardware(*REAL_HW[budget], n_gpus)
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=6, gen_len=3, routing=SYN)
+    spec = RunSpec(load_checkpoint(ckpt)[0], hw, wl, planner)
+    try:
+        result, _ = real_execute(ckpt, spec, "replay")
+    except MoepipeError:  # refused in one line: no statement
+        return []
+    return statement_problems(replace(spec, workload=wl.with_(**_sized(result))), result)
+
+
+def _sized(result: RunResult) -> dict[str, int]:
+    return {"n_batches": result.summary["n_batches"]}
+
+
+@pytest.mark.parametrize("planner", ["fiddler", "moe_infinity"])
+def test_a_real_run_says_what_its_schedule_does(tiny_ckpt: Path, planner: str) -> None:
+    assert not real_statements(tiny_ckpt, planner, "roomy")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("planner", "budget"),
+    [
+        (p, b)
+        for p in planner_names()
+        for b in (["roomy"] if p in expert_parallel_names() else sorted(REAL_HW))
+    ],
+)
+def test_every_planner_real(tiny_ckpt: Path, planner: str, budget: str) -> None:
+    assert not real_statements(tiny_ckpt, planner, budget)
