@@ -1,7 +1,8 @@
 """What a simulated run says about itself against what its schedule does (issue 48, round 24g):
 each statement of summary.json's `plan` block (where each unit lives, what is resident, cache
-sizes, shares of experts by where they ran) checked against the ops that run and the memory the
-schedule holds. `statement_problems` lists each one false; an empty list is a true plan block.
+sizes, shares of experts by where they ran, replica copies, the n chosen, experts prefetched,
+the placement within its budget) checked against the ops that run and the memory the schedule
+holds. `statement_problems` lists each one false; an empty list is a true plan block.
 
 Usage: `assert not statement_problems(spec, result)` with a `pipeline.RunResult` of `spec`.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from core.schedule import Op, Schedule
 from core.shown import gb
-from core.types import OpKind, Resource, Tensor, Tier
+from core.types import OpKind, Resource, Stream, Tensor, Tier
 from experiments.common.pipeline import RunResult, RunSpec
 
 DENSE = (Tensor.ATTENTION, Tensor.GATE, Tensor.FFN, Tensor.EMBED, Tensor.HEAD)
@@ -28,6 +29,7 @@ def statement_problems(spec: RunSpec, result: RunResult) -> list[str]:
     problems += _dense_kv_problems(spec, placement, sched.ops)
     problems += _count_problems(spec, plan, sched)
     problems += _held_problems(plan, sched)
+    problems += _budget_problems(result.summary, sched)
     return problems
 
 
@@ -135,4 +137,31 @@ def _held_problems(plan: dict[str, Any], sched: Schedule) -> list[str]:
         copies = sum(1 for o in sched.ops if o.kind == OpKind.LOAD and o.stream in into)
         if copies != ep["copies"]:
             problems.append(f"ep.copies says {ep['copies']} while {copies} copies run")
+    return problems
+
+
+def _budget_problems(summary: dict[str, Any], sched: Schedule) -> list[str]:
+    """The placement fits the GPU it was given, what it holds shows in each tier's peak, the n
+    a planner says it chose is the run's, and Klotski prefetches at most `hot_k` experts a
+    layer and batch."""
+    plan, problems = summary["plan"], []
+    placement = plan.get("placement", {})
+    cap = sched.capacity_bytes[Tier.GPU]
+    if "working_gb" in placement:
+        fit = placement["resident_gb"].get("gpu", 0) + placement["working_gb"]
+        if fit > gb(cap) * (1 + 1e-3):  # each GB figure is rounded
+            problems.append(f"resident_gb.gpu + working_gb {fit} > the GPU's {gb(cap)} GB")
+    for tier, held in sched.resident_bytes.items():
+        if summary["peak_bytes"][str(tier)] < held:
+            problems.append(f"peak_bytes.{tier} {summary['peak_bytes'][str(tier)]} < {held} held")
+    if "n_plan" in plan and plan["n_plan"]["n"] != summary["n_batches"]:
+        problems.append(f"n_plan.n {plan['n_plan']['n']} != n_batches {summary['n_batches']}")
+    if "hot_k" in plan:
+        ahead = Counter(
+            (o.step, o.layer, o.batch)
+            for o in sched.ops
+            if _to_gpu(o, Tensor.EXPERT) and o.stream == Stream.WEIGHTS
+        )
+        if max(ahead.values(), default=0) > plan["hot_k"]:
+            problems.append(f"hot_k {plan['hot_k']} < {max(ahead.values())} prefetched a layer")
     return problems
