@@ -148,8 +148,9 @@ def _budget_problems(summary: dict[str, Any], sched: Schedule) -> list[str]:
     placement = plan.get("placement", {})
     cap = sched.capacity_bytes[Tier.GPU]
     if "working_gb" in placement:
-        fit = placement["resident_gb"].get("gpu", 0) + placement["working_gb"]
-        if fit > gb(cap) * (1 + 1e-3):  # each GB figure is rounded
+        parts = (placement["resident_gb"].get("gpu", 0), placement["working_gb"])
+        fit = sum(parts)
+        if fit > gb(cap) + sum(map(_rounded_by, (*parts, gb(cap)))):
             problems.append(f"resident_gb.gpu + working_gb {fit} > the GPU's {gb(cap)} GB")
     for tier, held in sched.resident_bytes.items():
         if summary["peak_bytes"][str(tier)] < held:
@@ -165,3 +166,9 @@ def _budget_problems(summary: dict[str, Any], sched: Schedule) -> list[str]:
         if max(ahead.values(), default=0) > plan["hot_k"]:
             problems.append(f"hot_k {plan['hot_k']} < {max(ahead.values())} prefetched a layer")
     return problems
+
+
+def _rounded_by(shown_gb: float) -> float:
+    """The most `core.shown.gb` moves a figure: half its last of 3 decimals, or of its 3
+    significant digits below 0.1."""
+    return 5e-4 if shown_gb >= 0.1 else 5e-3 * shown_gb
