@@ -1,8 +1,9 @@
-"""What a simulated run says about itself against what its schedule does (issue 48, round 24g):
-each statement of summary.json's `plan` block (where each unit lives, what is resident, cache
-sizes, shares of experts by where they ran, replica copies, the n chosen, experts prefetched,
-the placement within its budget) checked against the ops that run and the memory the schedule
-holds. `statement_problems` lists each one false; an empty list is a true plan block.
+"""What a run, simulated or real, says about itself against what its schedule does (issue 48,
+round 24g): each statement of summary.json's `plan` block (where each unit lives, what is
+resident, cache sizes, shares of experts by where they ran, replica copies, the n chosen,
+experts prefetched, the placement within its budget) checked against the ops that run and the
+memory the schedule holds. `statement_problems` lists each one false; an empty list is a
+true plan block.
 
 Usage: `assert not statement_problems(spec, result)` with a `pipeline.RunResult` of `spec`.
 """
