@@ -1,13 +1,16 @@
 """The docs name what the code has: docs/architecture.md's module map places every package,
 module and conf/ group (and names nothing that is gone), each placed module says what it is in
-a docstring, and docs/commands.md documents every option each command's schema takes. A new
-module or option fails here naming what to add, rather than leaving the docs a session behind.
-Read as text, without importing the modules: well under a second."""
+a docstring, docs/commands.md documents every option each command's schema takes (read from the
+sources by experiments.common.command_options, as a refused key's line names them), and its
+summary.json table has a row for every key a reader of this version reads. A new module, option
+or key fails here naming what to add, rather than leaving the docs a session behind."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from experiments.common import command_options, summary_keys, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "sim", "real", "planners", "experiments")
@@ -65,3 +68,75 @@ def _has_docstring(path: Path) -> bool:
 def test_placed_modules_have_docstrings() -> None:
     bare = sorted(m for m in _code_modules() if not _has_docstring(ROOT / m))
     assert not bare, f"these modules say nothing of what they are (add a docstring): {bare}"
+
+
+COMMANDS = ROOT / "docs" / "commands.md"
+
+
+def _command_sections() -> dict[str, str]:
+    """docs/commands.md's `### name` sections (their `####` parts included), by name."""
+    text = COMMANDS.read_text()
+    found = re.finditer(r"^### (\w+)\n(.*?)(?=^#{2,3} |\Z)", text, re.S | re.M)
+    return {m.group(1): m.group(2) for m in found}
+
+
+def _documented(key: str, text: str) -> bool:
+    """Whether `text` documents option `key`: `key=...` anywhere, or `key` as a word (not a
+    dotted key's tail) in inline code."""
+    word = rf"(?<![\w.]){re.escape(key)}"
+    return bool(re.search(word + "=", text) or re.search(rf"`[^`\n]*{word}\b[^`\n]*`", text))
+
+
+def _undocumented() -> dict[str, list[str]]:
+    """Each command -> the options its schema takes that its section never names. make_checkpoint
+    takes every ModelSpec field, documented as a rule; its own options are checked one by one."""
+    sections = _command_sections()
+    out = {}
+    for module, names in command_options._options().items():
+        name = module.removeprefix("experiments.").replace(".", "_")
+        text = sections.get(name, "")
+        if name == "make_checkpoint":
+            assert "any `ModelSpec` field" in text, "make_checkpoint's ModelSpec rule is gone"
+            names = frozenset(
+                command_options._fields(
+                    ROOT / "experiments" / "make_checkpoint.py", "Options", set()
+                )
+            )
+        out[module] = sorted(k for k in names if not _documented(k, text))
+    return out
+
+
+def test_commands_md_documents_every_option() -> None:
+    missing = {m: keys for m, keys in _undocumented().items() if keys}
+    assert not missing, "docs/commands.md lacks these options (name each in its command's " + (
+        "section, `key` or `key=...`): "
+        + "; ".join(f"{m}: {', '.join(keys)}" for m, keys in missing.items())
+    )
+
+
+def _summary_keys() -> list[str]:
+    """The summary.json keys a reader of this version reads, as the table names them: a
+    top-level key, `group.<name>` for a mapping of name -> number, `plan.key` for the plan's."""
+    top = [*tables.TEXTS, *tables.MAPPINGS, *tables.METRICS, *tables.PER_LAYER_MAPS, "status"]
+    groups = [f"{g}.<" for g in tables.METRIC_GROUPS]
+    plan = [f"plan.{k}" for k in summary_keys.PLAN_KEYS]
+    return [*top, *groups, *plan, *tables.PER_LAYER_LISTS]
+
+
+def test_commands_md_describes_every_summary_key() -> None:
+    table = _command_sections()["run"].partition("#### summary.json keys")[2]
+    assert table, "docs/commands.md's run section has no '#### summary.json keys' table"
+    rows = re.findall(r"^\| (.*?) \| .*\|$", table, re.M)
+    named = " ".join(rows)
+    missing = []
+    for key in _summary_keys():
+        head, _, tail = key.rpartition(".") if key.startswith("plan.") else ("", "", key)
+        if key.endswith(".<"):
+            found = f"`{key}" in named
+        elif head.count(".") >= 1:  # plan.placement.dense: `plan.placement` (`.dense`, ...)
+            found = f"`{head}`" in named and f"`.{tail}`" in named
+        else:
+            found = f"`{key}`" in named
+        if not found:
+            missing.append(key)
+    assert not missing, f"docs/commands.md's summary.json keys table lacks rows for: {missing}"
