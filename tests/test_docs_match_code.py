@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from core.trace_check import TRACE_COLUMNS
 from experiments.common import command_options, summary_keys, tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,3 +143,12 @@ def test_commands_md_describes_every_summary_key() -> None:
         if not found:
             missing.append(key)
     assert not missing, f"docs/commands.md's summary.json keys table lacks rows for: {missing}"
+
+
+@pytest.mark.parametrize("page", ["docs/architecture.md", "docs/commands.md"])
+def test_docs_name_every_trace_column(page: str) -> None:
+    """A trace.parquet's columns (core.trace_check.TRACE_COLUMNS), each named where the page
+    lists them."""
+    text = (ROOT / page).read_text()
+    missing = [c for c in TRACE_COLUMNS if f"`{c}`" not in text]
+    assert not missing, f"{page} does not name trace column(s) {missing}"
