@@ -152,3 +152,19 @@ def test_docs_name_every_trace_column(page: str) -> None:
     text = (ROOT / page).read_text()
     missing = [c for c in TRACE_COLUMNS if f"`{c}`" not in text]
     assert not missing, f"{page} does not name trace column(s) {missing}"
+
+
+def test_every_command_is_in_readme_and_commands_md() -> None:
+    """Each command module (experiments/ and experiments/bench/, one module each) has a row in
+    the README's Commands table and is shown run in docs/commands.md."""
+    readme = (ROOT / "README.md").read_text().partition("## Commands")[2].partition("\n## ")[0]
+    commands = COMMANDS.read_text()
+    missing = []
+    for path in [*(ROOT / "experiments").glob("*.py"), *(ROOT / "experiments/bench").glob("*.py")]:
+        if path.name == "__init__.py":
+            continue
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        line = f"`python -m {module}"
+        missing += [f"README.md: {module}"] * (line not in readme)
+        missing += [f"docs/commands.md: {module}"] * (f"python -m {module}" not in commands)
+    assert not missing, f"no row or section names these commands: {missing}"
