@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from core.schedule import Op
 from core.trace_check import TRACE_COLUMNS
+from core.types import OpKind, Resource
 from experiments.common import command_options, summary_keys, tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,3 +170,12 @@ def test_every_command_is_in_readme_and_commands_md() -> None:
         missing += [f"README.md: {module}"] * (line not in readme)
         missing += [f"docs/commands.md: {module}"] * (f"python -m {module}" not in commands)
     assert not missing, f"no row or section names these commands: {missing}"
+
+
+def test_architecture_names_the_ir() -> None:
+    """The schedule IR section names every `Op` field, op kind and resource."""
+    ir = _section(ARCHITECTURE, "## The schedule IR")
+    names = [*Op._fields, *(k.value for k in OpKind)]
+    missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", ir)]
+    missing += [r.value for r in Resource if f"`{r.value}`" not in ir]
+    assert not missing, f"docs/architecture.md's schedule IR section does not name: {missing}"
