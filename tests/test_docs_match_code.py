@@ -179,3 +179,26 @@ def test_architecture_names_the_ir() -> None:
     missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", ir)]
     missing += [r.value for r in Resource if f"`{r.value}`" not in ir]
     assert not missing, f"docs/architecture.md's schedule IR section does not name: {missing}"
+
+
+# experiments.run's groups whose keys are its options beyond conf/'s files (a model's and a
+# hardware's fields are their YAMLs', documented there, each with its source)
+RUN_GROUPS = {
+    "executor": "ExecutorSchema",
+    "workload": "WorkloadSchema",
+    "workload.routing": "RoutingSchema",
+    "replication": "ReplicationSchema",
+}
+
+
+def test_commands_md_documents_every_run_key() -> None:
+    run = _command_sections()["run"]
+    text = COMMANDS.read_text()
+    schema = ROOT / "experiments" / "common" / "schema.py"
+    missing = [
+        f"{group}.{key}"
+        for group, cls in RUN_GROUPS.items()
+        for key in sorted(command_options._fields(schema, cls, set()))
+        if f"{group}.{key}" not in text and f"`{key}`" not in run
+    ]
+    assert not missing, f"docs/commands.md does not name experiments.run's keys: {missing}"
