@@ -202,3 +202,31 @@ def test_commands_md_documents_every_run_key() -> None:
         if f"{group}.{key}" not in text and f"`{key}`" not in run
     ]
     assert not missing, f"docs/commands.md does not name experiments.run's keys: {missing}"
+
+
+# `core.x.name`, `real.x.name`, ...: a dotted name of the code, as the docs cite one
+DOTTED = re.compile(r"`((?:core|sim|real|planners|experiments)(?:\.\w+)+)`")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # not results/: records
+
+
+def _cited_missing(name: str) -> bool:
+    """Whether `name` (`pkg.module.attr...`) names no module, or its first part past the
+    module is not a word of that module's source; a placeholder part (`NAME`) is not checked."""
+    parts = name.split(".")
+    if any(p.isupper() for p in parts):
+        return False
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        source = (
+            base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        )
+        if source.is_file():
+            rest = parts[i:]
+            return bool(rest) and not re.search(rf"\b{rest[0]}\b", source.read_text())
+    return True
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_cited_code_names_exist(page: Path) -> None:
+    gone = sorted({n for n in DOTTED.findall(page.read_text()) if _cited_missing(n)})
+    assert not gone, f"{page.relative_to(ROOT)} cites code that is not there: {gone}"
