@@ -1,4 +1,4 @@
-"""Hugging Face-layout checkpoints for the real executor: tensor names, writing and loading.
+"""Hugging Face-layout checkpoints for the real executor: tensor layout, model specs and loading.
 
 `unit_layout(spec)` is the one table of which tensors (HF name, shape) make up each unit a
 schedule moves (a layer's attention, its gate, one expert, ...). `real.checkpoint_write` writes
