@@ -1,9 +1,17 @@
-"""The docs name what the code has: docs/architecture.md's module map places every package,
-module and conf/ group (and names nothing that is gone), each placed module says what it is in
-a docstring, docs/commands.md documents every option each command's schema takes (read from the
-sources by experiments.common.command_options, as a refused key's line names them), and its
-summary.json table has a row for every key a reader of this version reads. A new module, option
-or key fails here naming what to add, rather than leaving the docs a session behind."""
+"""The docs name what the code has, each check failing with what to add:
+
+- docs/architecture.md's module map places every package, module, conf/ group and test helper
+  (and names nothing gone), each placed module has a docstring, and its schedule IR section
+  names every `Op` field, op kind and resource;
+- docs/commands.md documents every option each command's schema takes (read from the sources
+  by experiments.common.command_options, as a refused key's line names them) and every run key
+  of the executor, workload, routing and replication groups; its summary.json table has a row
+  for every key a reader of this version reads; both pages name every trace column;
+- the README's Commands table has a row for every command module;
+- every `core.*` / `sim.*` / `real.*` / `planners.*` / `experiments.*` name the README and
+  docs/*.md cite is there.
+
+Links and anchors: tests/test_docs_links.py; documented command lines: test_docs_commands.py."""
 
 from __future__ import annotations
 
