@@ -86,7 +86,7 @@ def _schema_name(path: Path, name: str) -> str | None:
 
 def _fields(path: Path, name: str, seen: set[tuple[Path, str]]) -> set[str]:
     """The field names of the dataclass `name` in `path` (or imported there): its annotated
-    names and its bases'; a `make_dataclass(...)` assignment, those of each class it names."""
+    names and its bases'; an assignment's, those `_assigned` reads."""
     if (path, name) in seen:
         return set()
     seen.add((path, name))
@@ -103,11 +103,48 @@ def _fields(path: Path, name: str, seen: set[tuple[Path, str]]) -> set[str]:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):
-            named = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
-            return set().union(*(_fields(path, n, seen) for n in named))
+            return _assigned(path, node.value, seen)
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             real = next((a.name for a in node.names if (a.asname or a.name) == name), None)
             source = ROOT / (node.module.replace(".", "/") + ".py")
             if real is not None:
                 return _fields(source, real, seen) if source.is_file() else set()
     return set()
+
+
+def _assigned(path: Path, value: ast.expr, seen: set[tuple[Path, str]]) -> set[str]:
+    """The fields an assignment's `value` lists: a `make_dataclass(NAME, FIELDS, bases=...)`'s
+    FIELDS and bases; a comprehension's, those of what it iterates less the names its
+    `if not f.name.startswith("disk_")` leaves out; else those of each class it names."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "make_dataclass":
+        bases = [k.value for k in value.keywords if k.arg == "bases"]
+        parts = [*value.args[1:2], *bases]
+        return set().union(*(_assigned(path, part, seen) for part in parts))
+    if isinstance(value, ast.ListComp | ast.GeneratorExp):
+        found = set().union(*(_named(path, g.iter, seen) for g in value.generators))
+        return {f for f in found if not f.startswith(_left_out(value))}
+    return _named(path, value, seen)
+
+
+def _named(path: Path, node: ast.expr, seen: set[tuple[Path, str]]) -> set[str]:
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return set().union(*(_fields(path, n, seen) for n in names))
+
+
+def _left_out(comp: ast.ListComp | ast.GeneratorExp) -> tuple[str, ...]:
+    """The prefixes of `if not X.startswith("P")` conditions of a comprehension."""
+    left: list[str] = []
+    for cond in (c for g in comp.generators for c in g.ifs):
+        call = cond.operand if isinstance(cond, ast.UnaryOp) else None
+        if (
+            isinstance(cond, ast.UnaryOp)
+            and isinstance(cond.op, ast.Not)
+            and isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "startswith"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, str)
+        ):
+            left.append(call.args[0].value)
+    return tuple(left)
