@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import time
 from dataclasses import replace
@@ -15,9 +16,9 @@ import numpy as np
 import torch
 import yaml
 
-from core.errors import MoepipeError, cannot_read
+from core.errors import ConfigError, MoepipeError, cannot_read
 from core.files import not_regular, read_small
-from core.hardware import HardwareSpec
+from core.hardware import PHYSICAL, HardwareSpec
 from core.spec import RoutingConfig, Workload
 from core.trace import link_bandwidth
 from core.types import OpKind, Resource, RoutingSource
@@ -112,10 +113,35 @@ def with_model_on_disk(
     """`hw` with the device pool and host RAM set to fractions of the model, and a disk tier of
     at least the model: the real executor reads that tier from the checkpoint, which is on the
     disk already, so the disk's free space (calibrate records half of it) does not bound it."""
+    for option, frac, tier in (("gpu_frac", gpu_frac, "gpu"), ("cpu_frac", cpu_frac, "cpu")):
+        _share_in_range(option, frac, model_bytes, tier)
     mem = dict(hw["memory_gb"], gpu=gpu_frac * model_bytes / 1e9, cpu=cpu_frac * model_bytes / 1e9)
     if "disk" in mem:
         mem["disk"] = max(float(mem["disk"]), model_bytes / 1e9)
     return dict(hw, memory_gb=mem)
+
+
+def _share_in_range(option: str, frac: float, model_bytes: int, tier: str) -> None:
+    """A ConfigError naming the command's own `option` (the share of the model that sizes
+    memory tier `tier`), not the hardware file, where that share makes a tier no machine has:
+    the file's number is the option's doing."""
+    lo, hi, _ = PHYSICAL[f"memory_gb.{tier}"]
+    gb = frac * model_bytes / 1e9
+    if lo <= gb <= hi:
+        return
+    bound, way = (lo, "at least") if gb < lo else (hi, "at most")
+    raise ConfigError(
+        f"{option}={frac:g}: {gb:.3g} GB of the model's {model_bytes / 1e9:.3g} GB is "
+        f"{'under' if gb < lo else 'over'} what a machine's {tier} memory can be ({bound:g} GB); "
+        f"pass {option} {way} {_rounded_in(bound * 1e9 / model_bytes, up=gb < lo):.3g}"
+    )
+
+
+def _rounded_in(x: float, up: bool) -> float:
+    """`x` rounded to 3 significant digits away from the range's edge it bounds (up for a
+    least value), so the value printed is itself in the range."""
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return (math.ceil(x / step) if up else math.floor(x / step)) * step
 
 
 def _ram_bytes() -> int:

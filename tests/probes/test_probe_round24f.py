@@ -1,0 +1,47 @@
+"""Round 24f of issue 48: rounds 24a, 24b and 24d's leftovers, one class a test group:
+
+- a refusal a command's own option caused named the hardware file it sized (validate's and
+  bench.accelerate's gpu_frac=0.00001: "tiny.yaml: memory_gb.gpu=1.39e-07 ...; check its
+  unit"): it names the option and the value that passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.common.hardware import load_hardware
+from tests.probes.conftest import one_line, raises_one_line
+
+_MODEL_BYTES = 13_914_624  # tiny_ckpt's
+
+
+@pytest.mark.parametrize(
+    ("gpu_frac", "cpu_frac", "option", "fix"),
+    [
+        (1e-5, 0.15, "gpu_frac", "pass gpu_frac at least 7.19e-05"),
+        (0.6, 1e-9, "cpu_frac", "pass cpu_frac at least 7.19e-05"),
+        (64.0, 1e8, "cpu_frac", "pass cpu_frac at most 7.18e+06"),
+    ],
+)
+def test_a_share_option_too_small_for_a_machine_names_the_option(
+    gpu_frac: float, cpu_frac: float, option: str, fix: str
+) -> None:
+    line = raises_one_line(
+        lambda: load_hardware("tiny", _MODEL_BYTES, gpu_frac, cpu_frac), f"{option}=", fix
+    )
+    assert "tiny.yaml" not in line and "check its unit" not in line, line
+    passes = float(fix.rsplit(" ", 1)[1])  # the value it names is itself taken
+    shares = {"gpu_frac": gpu_frac, "cpu_frac": cpu_frac, option: passes}
+    load_hardware("tiny", _MODEL_BYTES, shares["gpu_frac"], shares["cpu_frac"])
+
+
+@pytest.mark.parametrize("command", ["experiments.validate", "experiments.bench.accelerate"])
+def test_validate_and_bench_accelerate_name_their_gpu_frac(
+    tiny_ckpt: Path, tmp_path: Path, cli_here: Any, command: str
+) -> None:
+    r = cli_here(command, f"checkpoint={tiny_ckpt}", "hardware=tiny", "gpu_frac=0.00001")
+    line = one_line(r, "gpu_frac=1e-05", "pass gpu_frac at least")
+    assert "tiny.yaml" not in line, line
