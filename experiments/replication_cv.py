@@ -59,6 +59,19 @@ def fold_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _closed(closed: float, noise: list[bool]) -> str:
+    """The gap closed as a share, or, where none is judged (nan), why: every gap `noise` (under
+    NOISE_GAP), none at all (the oracle not faster), or some of each."""
+    if not np.isnan(closed):
+        return short_of(closed, ".0%", 0, 1)
+    return "noise" if all(noise) else "no gap" if not any(noise) else "noise/none"
+
+
+def _dist(dist: float) -> str:
+    """`pred dist`, or "unknown" for a run from before `prediction_tv` was recorded (nan)."""
+    return "unknown" if np.isnan(dist) else f"{dist:.3f}"
+
+
 def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The per-fold table, a mean row per case (the folds' mean of each column: the estimate over
     every held-out sequence, beside the one split the targets are reported on), and one line
@@ -103,8 +116,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
             lines.append(
                 f"{k:>4} {key:13} {case:12} {pr['batch_size']:>4} {ep['balancedness']:>9.4f} "
                 f"{pr['balancedness']:>9.4f} {diff:>+8.4f} {fixed(1e3 * ep['makespan_s']):>8} "
-                f"{fixed(1e3 * pr['makespan_s']):>8} {short_of(closed, '.0%', 0, 1):>10} "
-                f"{dist:>9.3f}"
+                f"{fixed(1e3 * pr['makespan_s']):>8} {_closed(closed, [noise]):>10} "
+                f"{_dist(dist):>9}"
             )
             cols.setdefault(case, []).append(
                 (
@@ -127,8 +140,8 @@ def cv_lines(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         no_gap = sum(np.isnan(c[5]) for c in per)
         lines.append(
             f"{'mean':>4} {f'{len(per)} {what_runs}':13} {case:12} {'':>4} {eb:>9.4f} {pb:>9.4f} "
-            f"{diff:>+8.4f} {fixed(em):>8} {fixed(pm):>8} {short_of(closed, '.0%', 0, 1):>10} "
-            f"{dist:>9.3f}"
+            f"{diff:>+8.4f} {fixed(em):>8} {fixed(pm):>8} "
+            f"{_closed(closed, [bool(c[7]) for c in per]):>10} {_dist(dist):>9}"
             + (
                 f"  (gap closed over the {len(per) - no_gap} with a gap >= {NOISE_GAP:.0%})"
                 if no_gap

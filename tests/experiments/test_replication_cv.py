@@ -49,11 +49,12 @@ def test_cv_lines_count_the_folds_each_target_meets():
     # gap closed (75 + 44 + 100) / 3
     mean = next(ln for ln in lines if ln.startswith("mean"))
     assert mean.split()[1:4] == ["3", "folds", "esft-g8"] and "+0.0003" in mean and "73%" in mean
-    # predictive's distance from each batch's load: per fold, nan where unrecorded, mean of the rest
+    # predictive's distance from each batch's load: per fold, unknown where unrecorded, mean of
+    # the rest
     assert [ln.split()[-1] for ln in lines if ln.split()[:1] in (["0"], ["1"], ["2"])] == [
         "0.080",
         "0.060",
-        "nan",
+        "unknown",
     ]
     assert mean.split()[-1] == "0.070"
 

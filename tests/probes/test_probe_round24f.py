@@ -2,7 +2,9 @@
 
 - a refusal a command's own option caused named the hardware file it sized (validate's and
   bench.accelerate's gpu_frac=0.00001: "tiny.yaml: memory_gb.gpu=1.39e-07 ...; check its
-  unit"): it names the option and the value that passes.
+  unit"): it names the option and the value that passes;
+- replication_cv printed `nan%` as the gap closed where it judged none (a gap under 1%, noise,
+  or none at all): it prints which.
 """
 
 from __future__ import annotations
@@ -45,3 +47,34 @@ def test_validate_and_bench_accelerate_name_their_gpu_frac(
     r = cli_here(command, f"checkpoint={tiny_ckpt}", "hardware=tiny", "gpu_frac=0.00001")
     line = one_line(r, "gpu_frac=1e-05", "pass gpu_frac at least")
     assert "tiny.yaml" not in line, line
+
+
+def _cv_fold(st_ms: float, orc_ms: float) -> list[dict[str, Any]]:
+    def row(planner: str, ms: float) -> dict[str, Any]:
+        return dict(case="c", planner=planner, batch_size=8, balancedness=0.9, makespan_s=ms / 1e3)
+
+    return [
+        row("ep_static", st_ms),
+        row("eplb", 67.0),
+        row("oracle_replication", orc_ms),
+        row("predictive_replication", 67.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("orc_ms", "fold_says", "mean_says"),
+    [(65.8, "noise", "noise"), (66.0, "no gap", "no gap"), (None, "no gap", "noise/none")],
+)
+def test_replication_cv_says_why_it_judged_no_gap(
+    orc_ms: float | None, fold_says: str, mean_says: str
+) -> None:
+    from experiments.replication_cv import cv_lines
+
+    folds = {"fold1": _cv_fold(66.0, orc_ms or 66.0)}
+    if orc_ms is None:  # one fold of each
+        folds["fold2"] = _cv_fold(66.0, 65.8)
+    lines = cv_lines(folds)
+    assert not any("nan" in line for line in lines), lines
+    fold = next(line for line in lines if line.split()[:2] == ["1", "fold1"])
+    mean = next(line for line in lines if line.startswith("mean"))
+    assert f" {fold_says} " in fold and f" {mean_says} " in mean, (fold, mean)
