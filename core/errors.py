@@ -39,7 +39,40 @@ class PlannerBug(ScheduleBug):
 
 
 class CapacityError(MoepipeError):
-    """Something does not fit in memory (says what it needs and what there is)."""
+    """Something does not fit in memory (says what it needs and what there is). Raised by
+    `capacity_error`, it keeps its parts: `cause`, and the keys whose lowering (`lower`) or
+    raising (`more`) would fit it, so that a caller adding a fix of its own names each once."""
+
+    cause: str = ""
+    lower: tuple[str, ...] = ()
+    more: tuple[str, ...] = ()
+
+
+_C = TypeVar("_C", bound=CapacityError)
+
+
+def with_fixes(e: _C, cause: str, lower: tuple[str, ...], more: tuple[str, ...]) -> _C:
+    """`e` with its cause and fixes (`CapacityError`) kept as data."""
+    e.cause, e.lower, e.more = cause, lower, more
+    return e
+
+
+def capacity_error(cause: str, lower: tuple[str, ...], more: tuple[str, ...]) -> CapacityError:
+    """A CapacityError whose line is `cause`, then `fix_words(lower, more)`."""
+    return with_fixes(CapacityError(f"{cause}; {fix_words(lower, more)}"), cause, lower, more)
+
+
+def fix_words(lower: Iterable[str], more: Iterable[str], *first: str) -> str:
+    """`first` fixes, then "lower A, B or C", then "raise X or Y", joined as one list."""
+    parts = [*first]
+    parts += [f"{verb} {_either(keys)}" for verb, keys in (("lower", lower), ("raise", more))]
+    parts = [p for p in parts if not p.endswith(" ")]
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])}, or {parts[-1]}"
+
+
+def _either(keys: Iterable[str]) -> str:
+    keys = list(keys)
+    return " or ".join(keys) if len(keys) < 3 else f"{', '.join(keys[:-1])} or {keys[-1]}"
 
 
 def cannot_read(path: object, e: OSError) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from core.activations import activation_bytes
 from core.cost import CostModel
-from core.errors import CapacityError
+from core.errors import CapacityError, fix_words
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, Tier
@@ -219,16 +219,30 @@ def placement_for(
         )
         # the GPU's line names the activations already: said once
         acts = "" if "activations" in str(e) else f", activations {act / 1e9:.3g} GB"
+        cause, fixes = _group_fixes(e, wl.n_batches)
         raise CapacityError(
-            f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {e}. "
-            f"KV cache of the group: {kv_gb:.3g} GB{acts}; "
-            + (
-                "pick a smaller n (planner.params.n; where n is -1, the workload's n_batches)"
-                if wl.n_batches > 1
-                else "one batch does not fit: lower workload.batch_size or the context "
-                "(workload.prompt_len, workload.gen_len), or use hardware with more memory"
-            )
+            f"n={wl.n_batches} batches of {wl.batch_size} sequences does not fit: {cause}. "
+            f"KV cache of the group: {kv_gb:.3g} GB{acts}; {fixes}"
         ) from None
+
+
+_SMALLER_N = "pick a smaller n (planner.params.n; where n is -1, the workload's n_batches)"
+_GROUP_LOWER = ("workload.batch_size", "workload.prompt_len", "workload.gen_len")
+
+
+def _group_fixes(e: CapacityError, n_batches: int) -> tuple[str, str]:
+    """`e`'s cause, and the fixes of a group it refuses where the least workload fits: a smaller
+    n (where n > 1) and `e`'s own, each named once (n_batches is n)."""
+    first = (_SMALLER_N,) if n_batches > 1 else ()
+    if e.cause:
+        lower = [k for k in e.lower if k != "workload.n_batches"] or _GROUP_LOWER
+        return e.cause, fix_words(lower, e.more, *first)
+    cause, _, fix = str(e).rpartition("; ")
+    if not cause:  # no fix of its own: a smaller group is what is left
+        return str(e), fix_words(_GROUP_LOWER, (), *first)
+    return cause, fix_words((), (), *first, fix) if "workload" in fix else fix_words(
+        _GROUP_LOWER, (), *first, fix
+    )
 
 
 def _least(wl: Workload) -> Workload:

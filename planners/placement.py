@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import CapacityError, gb_apart
+from core.errors import CapacityError, capacity_error, gb_apart, with_fixes
 from core.hardware import HardwareSpec
 from core.shown import gb
 from core.spec import ModelSpec
 from core.types import Tier
+
+# what shrinks a group's KV cache, and the memory that holds it (KV has no disk path)
+KV_LOWER = ("workload.batch_size", "workload.n_batches", "workload.prompt_len", "workload.gen_len")
+KV_MORE = ("hardware.memory_gb.gpu", "hardware.memory_gb.cpu")
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,11 @@ def greedy_placement(
     for _ in range(model.n_layers):
         tier = _take(free, (Tier.GPU, Tier.CPU), kv_layer)
         if tier is None:
-            raise CapacityError(
+            raise capacity_error(
                 f"KV cache of {kv_sequences} sequences x {kv_tokens} tokens "
-                f"({kv_layer * model.n_layers / 1e9:.3g} GB) cannot fit in GPU + CPU memory; "
-                "lower workload.batch_size, n_batches, prompt_len or gen_len"
+                f"({kv_layer * model.n_layers / 1e9:.3g} GB) cannot fit in GPU + CPU memory",
+                KV_LOWER,
+                KV_MORE,
             )
         kv.append(tier)
         resident[tier] += kv_layer
@@ -121,10 +126,13 @@ class _Working:
             f"GB, activations {self.activation_bytes / 1e9:.3g} GB); "
         )
         only_gpu = said + "raise hardware.memory_gb.gpu (no smaller workload fits)"
+        more = ("hardware.memory_gb.gpu",)
         if self.weight_bytes >= gpu_bytes:
-            return GpuEdgeError(only_gpu, only_gpu)
+            return with_fixes(GpuEdgeError(only_gpu, only_gpu), said[:-2], (), more)
         workload = "lower workload.prompt_len or workload.batch_size (or workload.n_batches)"
-        return GpuEdgeError(f"{said}{workload}, or raise hardware.memory_gb.gpu", only_gpu)
+        line = f"{said}{workload}, or raise hardware.memory_gb.gpu"
+        lower = ("workload.prompt_len", "workload.batch_size", "workload.n_batches")
+        return with_fixes(GpuEdgeError(line, only_gpu), said[:-2], lower, more)
 
 
 class GpuEdgeError(CapacityError):

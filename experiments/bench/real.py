@@ -326,9 +326,9 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
             RunSpec(spec, early, wl, "klotski", {"n": opts.n, "real_activations": True})
         )
     except CapacityError as e:
+        # e names its fixes, as this bench's options (OWN_NAMES): each named once
         raise MoepipeError(
-            f"budget_gb={budget / 1e9:g}: Klotski's plan does not fit it ({e}); raise budget_gb, "
-            "or lower batch_size or prompt_len"
+            f"budget_gb={budget / 1e9:g}: Klotski's plan does not fit it: {e}"
         ) from None
 
 

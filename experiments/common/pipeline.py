@@ -18,7 +18,7 @@ import numpy as np
 from core.balance import phases
 from core.chrome_trace import chrome_parts, write_chrome
 from core.cost import CostModel
-from core.errors import CapacityError, ConfigError, MoepipeError
+from core.errors import CapacityError, ConfigError, MoepipeError, capacity_error
 from core.files import plain_permissions
 from core.hardware import HardwareSpec
 from core.lazy import lazy_module
@@ -30,6 +30,7 @@ from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
 from experiments.common.run_dir import RUN_FILES, TOKENS_FILE, replace_run  # noqa: F401
+from planners.placement import KV_LOWER, KV_MORE
 from planners.registry import expert_parallel_names, make_planner, own_bugs, own_errors
 
 if TYPE_CHECKING:
@@ -218,10 +219,11 @@ def check_kv_fits(spec: RunSpec, warn: bool = True) -> None:
     kv = wl.n_sequences * wl.seq_positions * m.kv_bytes_per_token * m.n_layers
     room = hw.memory_bytes.get(Tier.GPU, 0) * max(1, hw.n_gpus) + hw.memory_bytes.get(Tier.CPU, 0)
     if kv > room:
-        raise CapacityError(
+        raise capacity_error(
             f"KV cache of {wl.n_sequences} sequences x {wl.seq_positions} tokens "
-            f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB); "
-            "lower workload.batch_size, n_batches, prompt_len or gen_len"
+            f"({kv / 1e9:.3g} GB) cannot fit in GPU + CPU memory ({room / 1e9:.3g} GB)",
+            KV_LOWER,
+            KV_MORE,
         )
     check_ram(
         routing_bytes(spec) * ROUTING_PEAK_FACTOR,

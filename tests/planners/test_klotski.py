@@ -245,7 +245,9 @@ def test_a_batch_that_cannot_fit_alone_asks_for_a_smaller_batch(tiny_model, tiny
     from core.spec import Workload
 
     wl = Workload(batch_size=400_000, n_batches=1, prompt_len=8, gen_len=3)
-    with pytest.raises(CapacityError, match=r"n=1 batches .*lower workload.batch_size") as e:
+    with pytest.raises(
+        CapacityError, match=r"n=1 batches .*lower workload.prompt_len or workload.batch_size"
+    ) as e:
         Klotski(KlotskiParams(n=0)).choose_n_batches(tiny_model, tiny_hw, wl, CostModel(tiny_hw))
     assert "smaller n" not in str(e.value)
 

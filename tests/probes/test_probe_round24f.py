@@ -3,19 +3,27 @@
 - a refusal a command's own option caused named the hardware file it sized (validate's and
   bench.accelerate's gpu_frac=0.00001: "tiny.yaml: memory_gb.gpu=1.39e-07 ...; check its
   unit"): it names the option and the value that passes;
+- klotski's n-planner wrapped its placement's refusal, fixes and all, and added its own
+  (bench.real wrapped that again): each capacity line names each helping fix once; the KV
+  cache's refusal did not name more memory, which holds it as well as a smaller group does;
 - replication_cv printed `nan%` as the gap closed where it judged none (a gap under 1%, noise,
   or none at all): it prints which.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.types import Tier
 from experiments.common.hardware import load_hardware
+from experiments.common.pipeline import RunSpec, simulate_run
+from tests.conftest import model_from_conf
 from tests.probes.conftest import one_line, raises_one_line
+from tests.probes.test_probe_round21b import TINY_WL, hardware
 
 _MODEL_BYTES = 13_914_624  # tiny_ckpt's
 
@@ -78,3 +86,48 @@ def test_replication_cv_says_why_it_judged_no_gap(
     fold = next(line for line in lines if line.split()[:2] == ["1", "fold1"])
     mean = next(line for line in lines if line.startswith("mean"))
     assert f" {fold_says} " in fold and f" {mean_says} " in mean, (fold, mean)
+
+
+_FIXES = ("smaller n", "workload.prompt_len", "workload.batch_size", "hardware.memory_gb.gpu")
+
+
+@pytest.mark.parametrize("n_batches", [2, 1])
+def test_klotskis_group_refusal_names_each_fix_once(n_batches: int) -> None:
+    """GPU memory under klotski's working set at prompt_len=4000: the placement's line ("lower
+    workload.prompt_len or workload.batch_size (or workload.n_batches), or raise ...") was
+    followed by the n-planner's ("pick a smaller n", or at n=1 "lower workload.batch_size or
+    the context ..., or use hardware with more memory")."""
+    hw = hardware()
+    hw = replace(hw, memory_bytes={**hw.memory_bytes, Tier.GPU: 600_000, Tier.CPU: 100_000})
+    wl = TINY_WL.with_(prompt_len=4000, n_batches=n_batches)
+    spec = RunSpec(model_from_conf("tiny"), hw, wl, "klotski")
+    line = raises_one_line(lambda: simulate_run(spec), f"n={n_batches} batches")
+    fixes = line[line.index("KV cache of the group") :].replace("the workload's n_batches", "")
+    assert "more memory" not in line and "n_batches" not in fixes, line
+    assert [fixes.count(fix) for fix in _FIXES] == [int(n_batches > 1), 1, 1, 1], line
+
+
+def test_the_kv_caches_refusals_name_more_memory() -> None:
+    """The placement's, and the run's before its routing is built: "lower workload.batch_size,
+    n_batches, prompt_len or gen_len" alone, though GPU or CPU memory holds the cache too."""
+    from experiments.common.pipeline import check_kv_fits
+    from planners.placement import klotski_placement
+
+    tiny, hw = model_from_conf("tiny"), hardware()
+    hw = replace(hw, memory_bytes={**hw.memory_bytes, Tier.DISK: 10**12})
+    more = "raise hardware.memory_gb.gpu or hardware.memory_gb.cpu"
+    raises_one_line(lambda: klotski_placement(tiny, hw, 10**5, 10**3, 0, 0, 2), "KV cache", more)
+    wl = TINY_WL.with_(prompt_len=10**7)
+    line = raises_one_line(lambda: check_kv_fits(RunSpec(tiny, hw, wl, "flexgen")), more)
+    assert line.count("workload.batch_size") == 1, line
+
+
+def test_bench_reals_refusal_names_its_fixes_once(tmp_path: Path, capsys: Any) -> None:
+    """ "Klotski's plan does not fit it (...; raise budget_gb, or lower batch_size, prompt_len
+    or gen_len); raise budget_gb, or lower batch_size or prompt_len"."""
+    from experiments.bench import real as bench_real
+
+    args = ["model=mixtral-tiny", "hardware=tiny", "budget_gb=0.008", f"out_dir={tmp_path}"]
+    assert bench_real.main(args) == 2
+    line = capsys.readouterr().err.strip()
+    assert [line.count(k) for k in ("raise budget_gb", "batch_size", "prompt_len")] == [1, 1, 1]
