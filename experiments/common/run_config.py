@@ -50,7 +50,7 @@ def config_disagrees(config: dict[str, Any], summary: dict[str, Any]) -> str | N
     for key in AS_CONFIGURED:
         if key in summary and REPEATED[key] in cfg and not _same(cfg[REPEATED[key]], summary[key]):
             return _differs(REPEATED[key], cfg[REPEATED[key]], key, summary[key])
-    routing = routing_disagrees(cfg, summary)
+    routing = routing_disagrees(cfg, summary, _auto_source(config, cfg))
     if routing:
         return routing
     params = summary.get("params")
@@ -99,11 +99,14 @@ DRAWN_FROM = {
 }
 
 
-def routing_disagrees(cfg: dict[str, Any], summary: dict[str, Any]) -> str | None:
+def routing_disagrees(
+    cfg: dict[str, Any], summary: dict[str, Any], auto: str | None = None
+) -> str | None:
     """Where a summary's `routing_fields` (the routing it ran, as data) is not what config.yaml
-    (flattened) draws: the first field that differs in words; None where they agree, where the
-    summary has no fields (`tables.summary_lacks` refuses a `routing` without them) or where the
-    run is a replication case's (it draws its own: a fitted skew, a split of the trace)."""
+    (flattened) draws: the first field that differs in words, its source first; None where they
+    agree, where the summary has no fields (`tables.summary_lacks` refuses a `routing` without
+    them) or where the run is a replication case's (it draws its own: a fitted skew, a split of
+    the trace). `auto`: the source `auto` is for config.yaml's model, where it can be read."""
     ran = summary.get("routing_fields")
     if not isinstance(ran, dict) or cfg.get("replication.routing"):
         return None
@@ -111,12 +114,39 @@ def routing_disagrees(cfg: dict[str, Any], summary: dict[str, Any]) -> str | Non
     mode = cfg.get("executor.routing_mode")  # a real run's: live runs its model's own gates
     source = "live" if mode == "live" else source
     key = "executor.routing_mode" if mode and "live" in (source, got) else "workload.routing.source"
-    if source != got and not (source == "auto" and isinstance(got, str) and got in DRAWN_FROM):
+    drawn = isinstance(got, str) and got in DRAWN_FROM
+    if source == "auto" and drawn and auto not in (None, got):
+        said = _differs(key, "auto", "routing_fields.source", got)
+        return said.replace("'auto'", f"'auto' ({auto!r} for its model)", 1)
+    if source != got and not (source == "auto" and drawn):
         return _differs(key, cfg.get(key, _NONE), "routing_fields.source", got)
     for key, given, field in _wanted(cfg, str(got)):
         if not _same(given, ran.get(field, _NONE)):
             return _differs(key, given, f"routing_fields.{field}", ran.get(field, _NONE))
     return _layers_differ(cfg, ran) if got in DRAWN_FROM else None
+
+
+def _auto_source(config: dict[str, Any], cfg: dict[str, Any]) -> str | None:
+    """The source `auto` resolves to for the model config.yaml (`config`, flattened `cfg`)
+    names: a config.json's (a real run's checkpoint, a model.hf_config) as it is now, else its
+    model group's; None where the model cannot be read (a checkpoint moved away)."""
+    from core.routing import resolve_source
+    from core.spec import ModelSpec
+    from core.types import RoutingSource
+
+    real = cfg.get("executor.name") == "real"
+    path = (cfg.get("checkpoint") if real else None) or cfg.get("model.hf_config")
+    model = config.get("model")
+    try:
+        if path:
+            spec = ModelSpec.from_hf_config(str(path))
+        elif real or not isinstance(model, dict):
+            return None
+        else:
+            spec = ModelSpec.from_dict({k: v for k, v in model.items() if v is not None})
+        return str(resolve_source(spec, RoutingSource.AUTO))
+    except (MoepipeError, OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def _wanted(cfg: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:

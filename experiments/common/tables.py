@@ -233,6 +233,11 @@ def summary_lacks(summary: dict[str, Any]) -> str | None:
         missing = [k for k in REQUIRED if k not in summary]
         if missing:
             return f"has no {', '.join(missing)}"
+        if "routing" not in summary and "routing_fields" not in summary:  # a hand-made file's
+            return (
+                "has no routing_fields (the routing it ran, as data, which config.yaml's "
+                "workload.routing is checked against)"
+            )
     return routing_lacks(summary)
 
 

@@ -67,7 +67,13 @@ def _sweep(root: Path, n: int = 2) -> Path:
         (run / "config.yaml").write_text(f"planner:\n  name: p{i}\nworkload:\n  batch_size: 2\n")
         (run / "summary.json").write_text(
             json.dumps(
-                {"planner": f"p{i}", "model": "m", "makespan_s": 1.0, "throughput_tok_s": 1.0 + i}
+                {
+                    "planner": f"p{i}",
+                    "model": "m",
+                    "makespan_s": 1.0,
+                    "throughput_tok_s": 1.0 + i,
+                    "routing_fields": {"source": "synthetic"},
+                }
             )
         )
     return root
