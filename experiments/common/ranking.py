@@ -129,8 +129,9 @@ SHORT = {**AXES, "workload.n_batches": "n", "executor.name": ""}  # label names 
 
 def _splits(s: pd.DataFrame, along: set[str]) -> list[str]:
     """The config keys that tell a system's runs apart, besides `along` and the repeats: each
-    kept only if it splits the runs further than the keys before it (swept axes first), so an
-    executor's own keys do not each repeat what executor.name says."""
+    kept if it splits the runs further than the keys before it (swept axes first), or holds
+    two values of its own (not set and one value: an executor's own keys do not each repeat
+    what executor.name says)."""
     first = [c for c in AXES if c.startswith("workload.")] + ["workload.n_batches", "executor.name"]
     cols = [c for c in s.columns if c.startswith(CONFIG) and c not in along and c not in REPEATS]
     cols = sorted(cols, key=lambda c: (first.index(c) if c in first else len(first), c))
@@ -140,7 +141,9 @@ def _splits(s: pd.DataFrame, along: set[str]) -> list[str]:
         m = s.groupby([*keys, c], dropna=False, sort=False).ngroups
         if m > n:
             keys, n = [*keys, c], m
-    return keys
+    # a key that splits no further but holds two values (model.n_layers, where each gen_len's
+    # runs had their own) is named too: a label by gen_len alone hid that the models differ
+    return keys + [c for c in cols if c not in keys and s[c].dropna().nunique() > 1]
 
 
 def _value(c: str, v: Any) -> str:

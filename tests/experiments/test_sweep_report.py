@@ -74,8 +74,8 @@ def test_report_lines_average_only_repeats_of_one_config() -> None:
         }
     )
     assert [label for label, _ in line_groups(real, "workload.batch_size")][:2] == [
-        "flexgen, real",
-        "flexgen, sim",
+        "flexgen, real, sync False",  # its runs' sync differs from the sim's too: named
+        "flexgen, sim, sync True",
     ]  # executor.device says no more than the executor
     seeds = df.assign(**{"planner.params.sync": True})
     # repeats: one line
