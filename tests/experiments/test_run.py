@@ -404,7 +404,10 @@ def test_run_dirs_and_tables_name_the_model_a_run_runs(tmp_path, monkeypatch):
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("model:\n  name: mixtral-8x7b\n")
     (run_dir / "summary.json").write_text(
-        json.dumps({"planner": "p", "model": "my-ckpt", "makespan_s": 1, "throughput_tok_s": 1})
+        json.dumps(
+            {"planner": "p", "model": "my-ckpt", "makespan_s": 1, "throughput_tok_s": 1}
+            | {"routing_fields": {"source": "synthetic"}}  # (the routing it ran, as data)
+        )
     )
     row, _ = read_run(run_dir)
     assert row is not None and row["model.name"] == "my-ckpt"
