@@ -6,6 +6,12 @@
 - klotski's n-planner wrapped its placement's refusal, fixes and all, and added its own
   (bench.real wrapped that again): each capacity line names each helping fix once; the KV
   cache's refusal did not name more memory, which holds it as well as a smaller group does;
+- collect and report took a summary.json with neither `routing` nor `routing_fields` (a
+  hand-made file) unchecked; and a run of workload.routing.source=auto whose model the trace
+  cannot replay, beside a summary of a trace's routing, was skipped naming exclude_tasks: the
+  source is named first, as what `auto` is for the model;
+- report over runs that differ in two keys, each gen_len's runs of their own model.n_layers,
+  labelled its lines by gen_len alone: every key that holds two values is named;
 - replication_cv printed `nan%` as the gap closed where it judged none (a gap under 1%, noise,
   or none at all): it prints which.
 """
@@ -21,7 +27,7 @@ import pytest
 from core.types import Tier
 from experiments.common.hardware import load_hardware
 from experiments.common.pipeline import RunSpec, simulate_run
-from tests.conftest import model_from_conf
+from tests.conftest import conf, model_from_conf
 from tests.probes.conftest import one_line, raises_one_line
 from tests.probes.test_probe_round21b import TINY_WL, hardware
 
@@ -131,3 +137,57 @@ def test_bench_reals_refusal_names_its_fixes_once(tmp_path: Path, capsys: Any) -
     assert bench_real.main(args) == 2
     line = capsys.readouterr().err.strip()
     assert [line.count(k) for k in ("raise budget_gb", "batch_size", "prompt_len")] == [1, 1, 1]
+
+
+_HAND_MADE = {"planner": "flexgen", "model": "tiny", "makespan_s": 1.0, "throughput_tok_s": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("summary", "lacks"),
+    [
+        (_HAND_MADE, "has no routing_fields"),
+        (_HAND_MADE | {"status": "infeasible"}, None),  # a point too big: it ran no routing
+        (_HAND_MADE | {"routing_fields": {"source": "synthetic"}}, None),
+    ],
+)
+def test_a_summary_that_ran_no_routing_is_skipped_naming_routing_fields(
+    summary: dict[str, Any], lacks: str | None
+) -> None:
+    from experiments.common.tables import summary_lacks
+
+    said = summary_lacks(summary)
+    assert said is None if lacks is None else said is not None and said.startswith(lacks), said
+
+
+@pytest.mark.parametrize(("model", "named"), [("tiny", True), ("deepseek-v2-lite", False)])
+def test_an_auto_source_is_named_before_the_trace_fields(model: str, named: bool) -> None:
+    """tiny's `auto` is synthetic routing: a summary of the trace's was skipped for its
+    exclude_tasks, as if only the tasks were edited."""
+    from experiments.common.run_config import config_disagrees
+
+    routing = {"source": "auto", "exclude_tasks": ["law"]}
+    config = {"model": conf("model", model), "workload": {"seed": 0, "routing": routing}}
+    ran = {"source": "trace", "exclude_tasks": [], "seed": 0}
+    line = config_disagrees(config, {"routing": "trace", "routing_fields": ran}) or ""
+    source = "workload.routing.source is 'auto' ('synthetic' for its model)"
+    assert (source in line and "exclude_tasks" not in line) == named, line
+    assert named or "exclude_tasks" in line, line
+
+
+def test_report_names_every_key_its_lines_differ_in() -> None:
+    import pandas as pd
+
+    from experiments.common.ranking import line_groups
+
+    df = pd.DataFrame(
+        {
+            "system": ["flexgen"] * 4,
+            "workload.batch_size": [2, 4, 2, 4],
+            "workload.gen_len": [3, 3, 8, 8],
+            "model.n_layers": [2, 2, 4, 4],
+            "executor.dtype": [None, None, "bf16", "bf16"],  # one value where set: unnamed
+            "throughput_tok_s": [1.0, 2.0, 3.0, 4.0],
+        }
+    )
+    labels = [label for label, _ in line_groups(df, "workload.batch_size")]
+    assert labels == ["flexgen, gen 3, n_layers 2", "flexgen, gen 8, n_layers 4"]
