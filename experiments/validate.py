@@ -260,7 +260,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
     if sims:
         reals, probed = _real_runs(setup, sims, rows)
     if not sims:  # a table of skipped rows alone is no validation
-        raise MoepipeError(
+        raise CapacityError(  # each planner refused: a refusal, said alone (warnings_held)
             "every planner was skipped, nothing to compare: "
             + "; ".join(f"{r['planner']}: {r['skipped']}" for r in rows)
             + "; fix one planner's refusal as it says, or pass planners=[...] that fit"

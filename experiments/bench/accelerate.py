@@ -19,6 +19,7 @@ The bench runs itself once per system with `role=...` (and `acc_batch=` for acce
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from core.args import (
@@ -34,6 +35,7 @@ from core.errors import MoepipeError, did_you_mean
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import exit_command
+from experiments.common.held_warnings import warnings_held
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.peers import (
     COLD,
@@ -107,13 +109,15 @@ def _check_childs_options(d: dict[str, Any]) -> None:
 
 
 def _main(opts: BenchAccelerateOptions) -> int:
-    with named_as(BENCH_OPTIONS):
-        return _bench(opts)
+    # warnings about the bench held until its plan is accepted, as a run's (warnings_held)
+    with named_as(BENCH_OPTIONS), warnings_held() as said:
+        return _bench(opts, said)
 
 
-def _bench(opts: BenchAccelerateOptions) -> int:
+def _bench(opts: BenchAccelerateOptions, said: Callable[[], None]) -> int:
     d = checked(opts)
     if opts.role:  # a child: one system, its result as the last stdout line
+        said()
         result = child(opts.role, d)
         print(RESULT + json.dumps({**result, "peak_rss_bytes": peak_rss()}), flush=True)
         return 0
@@ -124,6 +128,7 @@ def _bench(opts: BenchAccelerateOptions) -> int:
         room = measure_room(d, budget_hw, opts.cgroup)
         d = room.options(d)
         spec, hw = run_spec(d)  # moepipe's side: its child plans these tiers too
+        said()
         rows, header = compare(d, spec, hw, room)
     print("\n".join([*header, *format_rows(rows)]))
     return 0

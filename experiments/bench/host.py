@@ -24,6 +24,7 @@ from core.errors import MoepipeError
 from experiments.common import pipeline
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import exit_command  # noqa: E402
+from experiments.common.held_warnings import warnings_held
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 
@@ -218,8 +219,14 @@ def buffer_lines(
 
 
 def report(opts: dict[str, Any]) -> list[str]:
-    device = resolve_device(str(opts["device"]), "device", empty_ok=True)
-    repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+    """The measurements (module doc); warnings held until the device and repeats are accepted,
+    as a run's until its plan is (`warnings_held`)."""
+    with warnings_held() as said:
+        device = resolve_device(str(opts["device"]), "device", empty_ok=True)
+        repeats = as_int(
+            "repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY
+        )
+        said()
     slabs = HostSlabs(device if device.type == "cuda" else None)
     try:
         return [

@@ -23,7 +23,6 @@ import errno
 import multiprocessing as mp
 import os
 import pickle
-import re
 import shutil
 import signal
 import sys
@@ -31,6 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -44,7 +44,7 @@ from core.routing import Routing
 from experiments import TERMINAL_SIGNALS
 from experiments.common import rank_stderr
 from experiments.common.deferred import interrupt_deferred
-from experiments.common.launch_line import gone_peers, launched
+from experiments.common.launch_line import gone_peers, launched, refused_at_once
 from experiments.common.pipeline import RunResult, RunSpec, build_schedule, one_device, sized_run
 from experiments.common.rank_server import (
     LOST,
@@ -155,16 +155,19 @@ def run_distributed(
     planner: Planner | None = None,
     dtype: str | None = None,
     files: dict[str, FileState] | None = None,
+    on_planned: Callable[[], None] | None = None,
 ) -> DistOutput | None:
     """Run `spec` on G processes; None on a rank other than 0 of a torchrun launch.
     `routing`: replay this routing (else the workload's, as `real_execute`). `planner`: the
     run's (a simulation's of it), else one made here; the spawned ranks reuse its choices.
     `dtype`: the compute dtype (`real_execute`'s). `files`: the checkpoint's state where the
-    command first read it (`real_execute`'s), else taken here."""
+    command first read it (`real_execute`'s), else taken here. `on_planned`: called once the
+    run's plan is accepted (`real_execute`'s; before the ranks start, where spawned here)."""
     from experiments.common.real_run import check_routing_mode, checkpoint_files, unchanged_since
 
     if launched():
-        out = _rank(ckpt, spec, routing_mode, device, timeout_s, None, routing, planner, dtype)
+        args = (ckpt, spec, routing_mode, device, timeout_s, None, routing, planner, dtype)
+        out = _rank(*args, on_planned=on_planned)
         if files is not None:
             unchanged_since(ckpt, files)
         return out if int(os.environ["RANK"]) == 0 else None
@@ -172,6 +175,8 @@ def run_distributed(
     if files is None:  # the ranks start apart: one may read it before a change
         files = checkpoint_files(ckpt)
     g, _, planner = sized_processes(ckpt, spec, routing_mode, planner, dtype)
+    if on_planned is not None:  # planned here: the ranks reuse its choices
+        on_planned()
     args = (ckpt, spec, routing_mode, device, timeout_s, routing, planner, dtype)
     out = _spawn(g, _child, args)
     unchanged_since(ckpt, files)
@@ -496,9 +501,11 @@ def _rank(
     routing: Routing | None = None,
     planner: Planner | None = None,
     dtype: str | None = None,
+    on_planned: Callable[[], None] | None = None,
 ) -> DistOutput:
     """This process's rank: join the group (`init`: spawned; else torchrun's env), run in
-    `dtype`. `planner`: the run's, whose choices (Klotski's n) this rank's plans reuse."""
+    `dtype`. `planner`: the run's, whose choices (Klotski's n) this rank's plans reuse.
+    `on_planned`: `real_execute`'s."""
     import torch.distributed as dist
 
     from experiments.common.real_run import real_execute
@@ -516,7 +523,7 @@ def _rank(
         dist.init_process_group(**kw)
     except Exception as e:  # noqa: BLE001 - a rendezvous timeout or a bad address, one line
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        at_once = _refused_at_once(rank, first)
+        at_once = refused_at_once(rank, first)
         if at_once is not None:
             raise at_once from None
         lost = gone_peers() if init is None else []
@@ -542,6 +549,7 @@ def _rank(
         if device and device.startswith("cuda"):
             device = f"cuda:{dist.get_rank() % max(1, _cuda_count())}"
         run: dict[str, Any] = dict(routing=routing, device=device, planner=planner, dtype=dtype)
+        run["on_planned"] = on_planned
         try:
             result, out = real_execute(
                 ckpt, spec, routing_mode, distributed=True, on_peers=held.append, **run
@@ -558,38 +566,6 @@ def _rank(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _refused_at_once(rank: int, first: str) -> MoepipeError | None:
-    """What failed the process group at once, not by a timeout (`first`: torch's first line),
-    as one line naming the variable and its fix: gloo's interface, the store's port in use,
-    a rank started by hand without MASTER_ADDR or MASTER_PORT. None for anything else."""
-    if "Unable to find address for" in first:
-        import socket
-
-        names = ", ".join(n for _, n in socket.if_nameindex())
-        return MoepipeError(
-            f"rank {rank}: environment GLOO_SOCKET_IFNAME="
-            f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
-            f"machine (it has {names}); set it to one of them, or unset it"
-        )
-    if "EADDRINUSE" in first:  # rank 0 listens on MASTER_PORT for the group's store
-        port = re.search(r"port: (\d+)", first)
-        return MoepipeError(
-            f"rank {rank}: MASTER_PORT={port.group(1) if port else os.environ.get('MASTER_PORT')}"
-            " is in use by another process, so the process group's store cannot listen there; "
-            "set MASTER_PORT to a free port (torchrun: --master_port=PORT, or --standalone, "
-            "which picks a free one)"
-        )
-    unset = re.search(r"environment variable (MASTER_\w+) expected, but not set", first)
-    if unset:
-        return MoepipeError(
-            f"rank {rank}: RANK and WORLD_SIZE are set, {unset.group(1)} is not: a rank started "
-            "by hand joins its group at MASTER_ADDR:MASTER_PORT (torchrun sets both); set them, "
-            "start the ranks with torchrun, or unset RANK and WORLD_SIZE to let the command "
-            "start them"
-        )
-    return None
 
 
 def _cuda_count() -> int:

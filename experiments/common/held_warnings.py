@@ -1,5 +1,6 @@
 """Warnings a run holds back until its plan is accepted: a run the plan then refuses prints only
-its refusal (a checkpoint's notes, a rerun's reason, said first, read as if the run went on).
+its refusal (a checkpoint's notes, a rerun's reason, said first, read as if the run went on);
+a run that fails otherwise prints them before its error, which they may explain.
 
 Usage:
     with warnings_held() as said:
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from core.errors import CapacityError
 
 
 class _Hold(logging.Filter):
@@ -33,8 +36,9 @@ class _Hold(logging.Filter):
 @contextmanager
 def warnings_held() -> Iterator[Callable[[], None]]:
     """Inside, the warnings that reach the root logger's handlers are held; the callable it
-    yields logs them, in order, and stops holding. Held when the block ends: logged where it
-    ends normally, dropped where it raises (its error is the one line said)."""
+    yields logs them, in order, and stops holding. Held when the block ends: dropped where it
+    raises a refusal (a CapacityError: its one line is all a refused run says), else logged,
+    before any other error (they may explain it) or where it ends normally."""
     hold = _Hold()
     handlers = list(logging.getLogger().handlers)
     for handler in handlers:
@@ -53,7 +57,10 @@ def warnings_held() -> Iterator[Callable[[], None]]:
 
     try:
         yield said
-    except BaseException:
+    except CapacityError:
         stop()
+        raise
+    except BaseException:
+        said()
         raise
     said()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
-from core.errors import ConfigError
+from core.errors import ConfigError, MoepipeError
 
 
 def launched() -> bool:
@@ -279,3 +280,35 @@ def printed_once(flags: Sequence[str]) -> Iterator[None]:
         return
     with open(os.devnull, "w") as nowhere, redirect_stdout(nowhere):
         yield
+
+
+def refused_at_once(rank: int, first: str) -> MoepipeError | None:
+    """What failed the process group at once, not by a timeout (`first`: torch's first line),
+    as one line naming the variable and its fix: gloo's interface, the store's port in use,
+    a rank started by hand without MASTER_ADDR or MASTER_PORT. None for anything else."""
+    if "Unable to find address for" in first:
+        import socket
+
+        names = ", ".join(n for _, n in socket.if_nameindex())
+        return MoepipeError(
+            f"rank {rank}: environment GLOO_SOCKET_IFNAME="
+            f"{os.environ.get('GLOO_SOCKET_IFNAME')!r} names no network interface of this "
+            f"machine (it has {names}); set it to one of them, or unset it"
+        )
+    if "EADDRINUSE" in first:  # rank 0 listens on MASTER_PORT for the group's store
+        port = re.search(r"port: (\d+)", first)
+        return MoepipeError(
+            f"rank {rank}: MASTER_PORT={port.group(1) if port else os.environ.get('MASTER_PORT')}"
+            " is in use by another process, so the process group's store cannot listen there; "
+            "set MASTER_PORT to a free port (torchrun: --master_port=PORT, or --standalone, "
+            "which picks a free one)"
+        )
+    unset = re.search(r"environment variable (MASTER_\w+) expected, but not set", first)
+    if unset:
+        return MoepipeError(
+            f"rank {rank}: RANK and WORLD_SIZE are set, {unset.group(1)} is not: a rank started "
+            "by hand joins its group at MASTER_ADDR:MASTER_PORT (torchrun sets both); set them, "
+            "start the ranks with torchrun, or unset RANK and WORLD_SIZE to let the command "
+            "start them"
+        )
+    return None

@@ -419,7 +419,14 @@ def real_run(
         timeout_s = float(ex.get("rendezvous_timeout_s", 120))
         with own_bugs(spec.planner):  # a researcher's planner's broken schedule: theirs to fix
             out = run_distributed(
-                str(ckpt), spec, mode, device, timeout_s, dtype=dtype, files=files
+                str(ckpt),
+                spec,
+                mode,
+                device,
+                timeout_s,
+                dtype=dtype,
+                files=files,
+                on_planned=on_planned,
             )
         return None if out is None else out.result  # None: a rank other than 0 of a torchrun
     with own_bugs(spec.planner):

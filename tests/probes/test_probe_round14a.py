@@ -361,14 +361,14 @@ def test_a_hand_started_rank_without_the_masters_address_says_which(
     a rendezvous timeout; now it names the variable and the ways to start ranks."""
     import torch.distributed as dist
 
-    from experiments.common.dist_run import _refused_at_once
+    from experiments.common.launch_line import refused_at_once
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "1")
     monkeypatch.delenv(unset)
     with pytest.raises(ValueError) as info:  # noqa: PT011 (torch's type)
         dist.init_process_group("gloo", init_method="env://", rank=0, world_size=2)
-    said = _refused_at_once(0, str(info.value).splitlines()[0])
+    said = refused_at_once(0, str(info.value).splitlines()[0])
     assert said is not None and f"{unset} is not" in str(said), info.value
     assert "unset RANK and WORLD_SIZE" in str(said)
 

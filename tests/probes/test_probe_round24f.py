@@ -3,6 +3,10 @@
 - a refusal a command's own option caused named the hardware file it sized (validate's and
   bench.accelerate's gpu_frac=0.00001: "tiny.yaml: memory_gb.gpu=1.39e-07 ...; check its
   unit"): it names the option and the value that passes;
+- warnings held until a plan is accepted: a distributed real run released them only as it
+  ended, the bench_* commands held none, and a run failing otherwise than by a refusal
+  dropped them (they may explain its error): now a refused run prints only its refusal,
+  any other failure prints them before its error, and every command holds them alike;
 - klotski's n-planner wrapped its placement's refusal, fixes and all, and added its own
   (bench.real wrapped that again): each capacity line names each helping fix once; the KV
   cache's refusal did not name more memory, which holds it as well as a smaller group does;
@@ -24,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import CapacityError, MoepipeError
 from core.types import Tier
 from experiments.common.hardware import load_hardware
 from experiments.common.pipeline import RunSpec, simulate_run
@@ -191,3 +196,83 @@ def test_report_names_every_key_its_lines_differ_in() -> None:
     )
     labels = [label for label, _ in line_groups(df, "workload.batch_size")]
     assert labels == ["flexgen, gen 3, n_layers 2", "flexgen, gen 8, n_layers 4"]
+
+
+_NOTE = "probe: a note about the run"
+
+
+def _noted_then(error: Exception) -> Any:
+    def fail(*args: Any, **kw: Any) -> Any:
+        import logging
+
+        logging.getLogger("probe").warning(_NOTE)
+        raise error
+
+    return fail
+
+
+def _notes(caplog: pytest.LogCaptureFixture) -> int:
+    return sum(r.getMessage() == _NOTE for r in caplog.records)
+
+
+_ERRORS = [(CapacityError("GPU memory too small; raise it"), 0), (MoepipeError("bad"), 1)]
+
+
+@pytest.mark.parametrize(("error", "said"), [*_ERRORS, (ValueError("a bug"), 1)])
+def test_held_warnings_are_said_before_an_error_that_is_no_refusal(
+    error: Exception, said: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    from experiments.common.held_warnings import warnings_held
+
+    with pytest.raises(type(error)), warnings_held():
+        _noted_then(error)()
+    assert _notes(caplog) == said
+
+
+def _bench_call(bench: str, monkeypatch: pytest.MonkeyPatch, error: Exception) -> Any:
+    """The bench's body, its first check (`first`) replaced by one that warns, then fails with
+    `error`."""
+    import importlib
+    from types import SimpleNamespace
+
+    bench, first = bench.split(".")
+    module = importlib.import_module(f"experiments.bench.{bench}")
+    monkeypatch.setattr(module, first, _noted_then(error))
+    if bench == "accelerate":
+        return lambda: module._main(SimpleNamespace(role=None))
+    if bench == "real":
+        return lambda: module.run(SimpleNamespace())
+    return lambda: module.report({"lanes": 2, "repeats": 1, "device": "cpu"})
+
+
+@pytest.mark.parametrize(
+    "bench", ["accelerate.checked", "real._checked", "lanes.as_int", "host.resolve_device"]
+)
+@pytest.mark.parametrize(("error", "said"), _ERRORS)
+def test_the_benches_hold_their_warnings_as_a_run_does(
+    bench: str,
+    error: Exception,
+    said: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with pytest.raises(type(error)):
+        _bench_call(bench, monkeypatch, error)()
+    assert _notes(caplog) == said
+
+
+def test_a_spawned_distributed_run_says_its_warnings_once_planned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """They were said as the run ended, after every rank had run."""
+    from experiments.common import dist_run, real_run
+
+    said: list[str] = []
+    monkeypatch.setattr(dist_run, "launched", lambda: False)
+    monkeypatch.setattr(dist_run, "sized_processes", lambda *a: (2, None, None))
+    monkeypatch.setattr(dist_run, "_spawn", lambda *a: said.append("ranks ran"))
+    monkeypatch.setattr(real_run, "unchanged_since", lambda *a: None)
+    run = dist_run.run_distributed(
+        "ck", None, "replay", None, 1.0, files={}, on_planned=lambda: said.append("planned")
+    )  # type: ignore[arg-type]
+    assert said == ["planned", "ranks ran"], (said, run)
