@@ -335,8 +335,9 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
             RunSpec(spec, early, wl, "klotski", {"n": opts.n, "real_activations": True})
         )
     except CapacityError as e:
-        # e names its fixes, as this bench's options (OWN_NAMES): each named once
-        raise MoepipeError(
+        # e names its fixes, as this bench's options (OWN_NAMES): each named once; a refusal
+        # still, said alone (warnings_held)
+        raise CapacityError(
             f"budget_gb={budget / 1e9:g}: Klotski's plan does not fit it: {e}"
         ) from None
 
