@@ -26,6 +26,7 @@ from core.planner import PlanContext, Planner
 from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.schedule_batches import check_work
+from core.schedule_units import check_units, within_units
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
@@ -67,6 +68,7 @@ def build_schedule(
     """Plan with replayed routing and validate: the IR's rules, and the whole run's work."""
     schedule = plan_schedule(spec, routing, planner)
     with own_bugs(spec.planner):
+        check_units(schedule, spec.model, spec.workload)
         validate(schedule, check_finishes=spec.executor != "sim")
         check_work(schedule, spec.model, spec.workload)
     return schedule
@@ -85,7 +87,9 @@ def plan_schedule(
     cost = CostModel(spec.hardware)
     ctx = PlanContext(spec.model, spec.hardware, spec.workload, causal, cost)
     builder = ScheduleBuilder(spec.hardware.memory_bytes)
-    with gc_paused(), own_errors(spec.planner):
+    builder.meta["planner"] = spec.planner  # named by a refusal as it plans
+    units = within_units(builder, spec.model, spec.workload)
+    with gc_paused(), own_errors(spec.planner), own_bugs(spec.planner), units:
         (planner or run_planner(spec)).plan(ctx, builder)
     builder.meta.update(planner=spec.planner, params=dict(spec.params), oracle=causal.peeked)
     return builder.build()

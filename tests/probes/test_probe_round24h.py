@@ -1,0 +1,90 @@
+"""Round 24h of issue 48: round 24c's leftovers, a researcher's planner and paths. Classes:
+
+- a researcher's planner that loops over more layers, batches or steps than the run has ended
+  in an IndexError located in a shared helper (core/routing.py, reading the routing of a layer
+  that is not there), an internal error to report; an expert or a device past the run's was
+  blamed on another rule, or taken without a word. Now each op's units are checked against the
+  run's (`core.schedule_units`), one line naming the planner, the unit and its valid range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import PlannerBug, ScheduleBug
+from core.spec import Workload
+from core.types import OpKind, Resource
+from experiments.common.cli import any_error_line
+from experiments.common.pipeline import RunSpec, build_schedule
+from planners import registry
+from planners.sequential import Sequential
+from tests.conftest import hardware_from_conf, model_from_conf, random_routing
+
+
+@dataclass(frozen=True)
+class _NoParams:
+    pass
+
+
+class _Past(Sequential):
+    """`sequential`'s plan over one unit more than the run has (`past`)."""
+
+    past = ""
+
+    def plan(self, ctx: Any, out: Any) -> Any:
+        model, workload, more = ctx.model, ctx.workload, {}
+        if self.past == "layer":
+            more = {"n_layers": model.n_layers + 1, "moe_layers": tuple(range(model.n_layers + 1))}
+            model = replace(model, **more)
+        if self.past in ("batch", "step"):
+            key = "n_batches" if self.past == "batch" else "gen_len"
+            workload = replace(workload, **{key: getattr(workload, key) + 1})
+        super().plan(type(ctx)(model, ctx.hardware, workload, ctx.routing, ctx.cost), out)
+        if self.past == "expert":  # tiny's experts are resident: no load names one
+            out.add(OpKind.EXPERT, "compute", step=0, layer=0, batch=0, expert=model.n_experts)
+        if self.past == "device":
+            out.stream("mine", Resource.GPU, 1)
+
+
+PAST = {  # unit -> what the line says (tiny: 2 layers, 4 experts; 2 batches, 3 steps)
+    "layer": "names layer 2, past the run's 2 layers (valid 0..1); plan within ctx.model.n_layers",
+    "batch": "names batch 2, past the run's 2 batches (valid 0..1); plan within ctx.workload.",
+    "step": "names step 3, past the run's 3 steps (valid 0..2); plan within ctx.workload.n_steps",
+    "expert": "names expert 4, past the run's 4 experts (valid 0..3); plan within ctx.model.",
+    "device": "stream mine is on device 1, past the run's 1 device (valid 0..0)",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run() -> tuple[Any, Any, Workload, Any]:
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    return model, hw, wl, random_routing(model, wl)
+
+
+@pytest.mark.parametrize("unit", sorted(PAST))
+def test_a_unit_past_the_runs_is_one_line_naming_it(
+    unit: str, tiny_run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, hw, wl, routing = tiny_run
+    cls = type(f"Past{unit}", (_Past,), {"past": unit})
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    with pytest.raises(PlannerBug) as e:
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)
+    line = any_error_line(e.value)
+    assert line.startswith("planner mine: ") and PAST[unit] in line, line
+    if unit != "layer":
+        return
+    # one of the project's own planners: a bug to report, not the researcher's line
+    monkeypatch.setattr(registry, "PROJECT_PLANNERS", frozenset({"mine"}))
+    monkeypatch.setenv("MOEPIPE_TRACEBACK", "0")
+    with pytest.raises(ScheduleBug) as e:
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)
+    assert not isinstance(e.value, PlannerBug)
+    line = any_error_line(e.value)
+    Path(line.rsplit(" and ", 1)[1].split(" ")[0]).unlink()  # its traceback file
+    assert "internal error (ScheduleBug: planner mine: op " in line, line
