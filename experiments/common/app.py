@@ -455,7 +455,7 @@ def _checked_args(
     user_dirs = [*config_dirs, *(d.absolute() for d in user_conf_dirs(overrides))]
     hydra_errors.USER_DIRS[:] = user_dirs  # where a line about a file of theirs reads it
     check_conf_dirs(user_dirs, overrides, conf_dir)
-    check_planner_files([conf_dir, *user_dirs], overrides)
+    check_planner_files([conf_dir, *user_dirs])
     refuse_group_as_config(flags, [conf_dir, *config_dirs])
     check_plugin_keys(conf_dir, config_name, with_search_path(overrides, config_dirs))
     overrides = [plus_plus(o, conf_dir) for o in overrides]

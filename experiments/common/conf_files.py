@@ -287,17 +287,17 @@ _SCHEMA_LINE = re.compile(r"/planner_params@params:\s*([\w.-]+)")
 _NAME_LINE = re.compile(r"^name:\s*([\w.-]+)\s*$", re.M)
 
 
-def check_planner_files(dirs: Sequence[Path], overrides: Sequence[str]) -> None:
-    """Each planner file the `overrides` choose (`planner=mine`, `planner=a,b`) from `dirs`
-    whose defaults take the params schema of another planner than its `name` (sequential.yaml
-    copied, its name changed, its defaults line not): hydra then refused the params the file
-    sets as unknown keys ("takes none: leave it out"), or added the other planner's own. A
-    MoepipeError naming the line to write. Read as text, not parsed."""
+def check_planner_files(dirs: Sequence[Path]) -> None:
+    """Each planner file of `dirs` whose defaults take the params schema of another planner
+    than its `name` (sequential.yaml copied, its name changed, its defaults line not): hydra
+    then refused the params the file sets as unknown keys ("takes none: leave it out"), or
+    added the other planner's own. Every file, not only those a `planner=` override chooses:
+    an experiment file, a config dir's defaults or conf/config.yaml choose them too, past
+    what a check before composing sees (as `check_conf_dirs` reads every file of a user's
+    config dir). A MoepipeError naming the line to write. Read as text, not parsed."""
     from planners.registry import registered
 
-    chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "planner"]
-    names = {n.strip(" '\"") for value in chosen for n in value.split(",")}
-    paths = [d / "planner" / f"{n}.yaml" for d in dirs for n in sorted(names) if n]
+    paths = sorted(p for d in dirs for p in (d / "planner").glob("*.yaml"))
     entries = registered() if paths else {}
     for path in paths:
         try:

@@ -23,6 +23,7 @@ from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
+from tests.probes.conftest import TINY, one_line
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,37 @@ def test_a_unit_past_the_runs_is_one_line_naming_it(
     line = any_error_line(e.value)
     Path(line.rsplit(" and ", 1)[1].split(" ")[0]).unlink()  # its traceback file
     assert "internal error (ScheduleBug: planner mine: op " in line, line
+
+
+# how a planner file is chosen: on the command line (round 24c's), by a user's experiment file
+PICKED_BY = {
+    "override": ["planner=mine"],
+    "experiment_file": ["experiment=picks"],
+}
+
+
+@pytest.mark.parametrize("how", sorted(PICKED_BY))
+def test_a_planner_file_taking_another_planners_params_is_named_however_chosen(
+    how: str, tmp_path: Path, cli_here: Any
+) -> None:
+    """round 24c's check read only `planner=` overrides: an experiment file choosing the same
+    file gave hydra's "unknown key; planner.params takes none"."""
+    (tmp_path / "planner").mkdir()
+    (tmp_path / "planner" / "mine.yaml").write_text(
+        "defaults:\n  - /planner_params@params: sequential\n  - _self_\n"
+        "name: flexgen\nparams: {sync: false}\n"
+    )
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "picks.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /planner: mine\n"
+    )
+    r = cli_here(
+        "experiments.run",
+        "--config-dir",
+        str(tmp_path),
+        *TINY[:3],
+        *PICKED_BY[how],
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    line = one_line(r, "planner/mine.yaml", "write `- /planner_params@params: flexgen`")
+    assert not (tmp_path / "run" / "summary.json").exists(), line
