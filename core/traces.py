@@ -58,9 +58,37 @@ class EsftTrace:
         return self.task.astype(np.int64) * (1 << 32) + self.seq_id.astype(np.int64)
 
 
-def trace_path(trace_dir: str | Path = "../shared/traces") -> Path:
-    """The npz under `trace_dir`; a relative `trace_dir` is taken relative to the cwd."""
-    return (Path.cwd() / Path(trace_dir)).resolve() / TRACE_NAME / TRACE_FILE
+DEFAULT_TRACE_DIR = "../shared/traces"  # every command's default: the checkout's sibling
+CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout the package is imported from
+
+
+def trace_dirs(trace_dir: str | Path) -> list[Path]:
+    """Where a trace folder is looked for, in order: `trace_dir` from the current folder (a
+    path the user gives stays relative to where they run), then, for the default, from the
+    checkout (`DEFAULT_TRACE_DIR` beside it), so a command run from another folder reads it."""
+    here = (Path.cwd() / Path(trace_dir)).resolve()
+    if str(trace_dir) != DEFAULT_TRACE_DIR:
+        return [here]
+    there = (CHECKOUT / DEFAULT_TRACE_DIR).resolve()
+    return [here] if there == here else [here, there]
+
+
+def found_under(trace_dir: str | Path, holding: str) -> tuple[Path, str]:
+    """`holding` under the first of `trace_dirs` that has it (else under the first), and what
+    a line of it not found says of the places looked: "" where there was one."""
+    places = [d / holding for d in trace_dirs(trace_dir)]
+    path = next((p for p in places if os.path.lexists(p)), places[0])
+    if len(places) == 1:
+        return path, ""
+    return path, f" (looked for {trace_dir} from the current folder and from the checkout: " + (
+        ", ".join(str(p) for p in places) + ")"
+    )
+
+
+def trace_path(trace_dir: str | Path = DEFAULT_TRACE_DIR) -> Path:
+    """The npz under `trace_dir` (`found_under`: relative to the current folder, or for the
+    default, to the checkout where the current folder has none)."""
+    return found_under(trace_dir, f"{TRACE_NAME}/{TRACE_FILE}")[0]
 
 
 def load_esft(
@@ -73,7 +101,7 @@ def load_esft(
     `trace_dir_flag` is how the calling command takes the trace folder (e.g. `trace_dir`), for
     the fix an error suggests."""
     _a_folder(trace_dir, trace_dir_flag, f"{TRACE_NAME}/{TRACE_FILE}")
-    path = trace_path(trace_dir)
+    path, looked = found_under(trace_dir, f"{TRACE_NAME}/{TRACE_FILE}")
     try:
         st = path.stat()
         kind = not_regular(path)  # np.load would block on a FIFO, read a device without end
@@ -81,7 +109,7 @@ def load_esft(
             raise TraceError(f"{path}: {kind}; {_FIX}")
         return _load_cached(str(path), st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; {_fix(trace_dir_flag)}") from None
+        raise TraceError(f"{path}: no such file{looked}; {_fix(trace_dir_flag)}") from None
     except OSError as e:  # e.g. trace_dir names the .npz itself: pass the folder holding it
         raise TraceError(f"{path}: {e.strerror}; {_fix(trace_dir_flag)}") from None
     except TraceError as e:
@@ -287,7 +315,8 @@ def _validate_meta(tr: EsftTrace, meta: dict[str, np.ndarray]) -> None:
 
 
 def counts_path(trace_dir: str | Path) -> Path:
-    return Path(trace_dir) / COUNTS_NAME / COUNTS_FILE
+    """The counts file under `trace_dir` (`found_under`, as `trace_path`)."""
+    return found_under(trace_dir, f"{COUNTS_NAME}/{COUNTS_FILE}")[0]
 
 
 MAX_COUNT = 10**15  # tokens one expert of one (domain, layer) counts: past any trace's
@@ -305,12 +334,12 @@ def load_counts(
     and the array for one that is missing, unreadable, of another dtype or shape, negative,
     non-finite, or a (domain, layer) that counts no tokens."""
     _a_folder(trace_dir, trace_dir_flag, f"{COUNTS_NAME}/{COUNTS_FILE}")
-    path = counts_path(trace_dir)
+    path, looked = found_under(trace_dir, f"{COUNTS_NAME}/{COUNTS_FILE}")
     fix = f"pass {trace_dir_flag}=<a folder holding the shipped {COUNTS_NAME}/{COUNTS_FILE}>"
     try:
         path.stat()
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; {fix}") from None
+        raise TraceError(f"{path}: no such file{looked}; {fix}") from None
     except OSError as e:
         raise TraceError(f"{path}: {e.strerror}; {fix}") from None
     kind = not_regular(path)  # np.load would block on a FIFO, read a device without end

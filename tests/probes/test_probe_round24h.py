@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from core import traces
 from core.errors import PlannerBug, ScheduleBug
 from core.spec import Workload
 from core.types import OpKind, Resource
@@ -23,7 +24,7 @@ from experiments.common.pipeline import RunSpec, build_schedule
 from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import TINY, one_line
+from tests.probes.conftest import TINY, one_line, raises_one_line
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,47 @@ def test_a_planner_file_taking_another_planners_params_is_named_however_chosen(
     )
     line = one_line(r, "planner/mine.yaml", "write `- /planner_params@params: flexgen`")
     assert not (tmp_path / "run" / "summary.json").exists(), line
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkout at tmp/checkout with its sibling tmp/shared/traces (empty), run from
+    tmp/elsewhere/deeper (whose ../shared/traces is not there)."""
+    monkeypatch.setattr(traces, "CHECKOUT", tmp_path / "checkout", raising=False)
+    (tmp_path / "checkout").mkdir()
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "elsewhere" / "deeper")
+    return tmp_path / "shared" / "traces"
+
+
+TRACE_FILES = {  # how a command reads the traces folder -> the file it reads there
+    "esft": (lambda d: traces.load_esft(d, trace_dir_flag="trace_dir"), traces.trace_path),
+    "counts": (
+        lambda d: traces.load_counts(d, "olmoe_counts_top1", 64, trace_dir_flag="trace_dir"),
+        traces.counts_path,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TRACE_FILES))
+def test_the_default_traces_folder_is_the_checkouts_from_another_folder(
+    kind: str, elsewhere: Path
+) -> None:
+    """routing_stats, prefetch_eval, a run: `../shared/traces` read from the current folder
+    alone failed from any folder but the checkout's, though the checkout's sibling has it."""
+    load, path_of = TRACE_FILES[kind]
+    # none in either place: one line naming both
+    line = raises_one_line(lambda: load("../shared/traces"), "no such file", "trace_dir=")
+    assert "from the current folder and from the checkout" in line, line
+    assert str(elsewhere.parent.parent / "elsewhere" / "shared" / "traces") in line, line
+    assert str(elsewhere) in line, line
+    wanted = elsewhere / path_of("x").relative_to(Path.cwd() / "x")
+    wanted.parent.mkdir(parents=True)
+    wanted.write_bytes(b"")
+    assert path_of("../shared/traces") == wanted  # the checkout's, the current folder has none
+    # a folder the user gives stays relative to where they run
+    assert path_of("../shared/./traces") == Path.cwd().parent / "shared" / wanted.relative_to(
+        elsewhere.parent
+    )
+    line = raises_one_line(lambda: load("../shared/./traces"), "no such file", "trace_dir=")
+    assert "from the checkout" not in line, line
