@@ -57,6 +57,7 @@ from experiments.common.overrides import (
 )
 from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
+from experiments.common.run_dir_args import quoted_run_dirs
 
 # The commands' own configs: a folder apart from conf/'s groups, so that a command's option named
 # like a group (validate's hardware=, a name or a file) is a plain option
@@ -447,6 +448,7 @@ def _checked_args(
     hydra would misread, an unknown key, a number for a boolean, a sweep past its bounds)."""
     flags, overrides = split_flags(argv)
     flags = check_flags(flags)
+    overrides = [quoted_run_dirs(o) for o in overrides]  # a sweep's run dirs, as typed
     if "--hydra-help" in flags:  # hydra's help composes hydra's own config alone
         overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     check_hydra_overrides(overrides, conf_dir, file_groups)

@@ -318,7 +318,9 @@ def _parsed(override: str) -> Any:
             return OverridesParser.create().parse_overrides([override])[0]
         if "=" in value and "'" not in value and '"' not in value:
             listed = value.startswith("[") and value.endswith("]")
-            quoted = ",".join(f"'{item}'" for item in _items(value[1:-1] if listed else value))
+            from experiments.common.run_dir_args import path_items
+
+            quoted = ",".join(f"'{i}'" for i in path_items(value[1:-1] if listed else value))
             fix = f"[{quoted}]" if listed else quoted
             raise MoepipeError(
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "

@@ -141,12 +141,15 @@ def a_run(tmp_path: Path, cli_here: Any) -> Path:
 def test_a_run_dirs_bad_trace_or_summary_is_named(a_run: Path, cli_here: Any) -> None:
     """summary.json's processes of Infinity was an internal OverflowError and a count the trace
     does not have was taken; a trace.parquet of 0 rows or every row twice was drawn. A path
-    holding '=' failed in hydra's grammar with no word of how to quote it."""
+    holding '=' failed in hydra's grammar with no word of how to quote it (now one that is
+    there is quoted for the user, round 24h)."""
     import pandas as pd
 
     out = f"out={a_run.parent / 'x.json'}"
-    r = cli_here("experiments.trace_json", f"runs=[{a_run}]", out)
-    one_line(r, "must be quoted", f"runs=\"['{a_run}']\"")
+    r = cli_here("experiments.trace_json", f"runs=[{a_run}]", out)  # quoted for the user
+    assert r.returncode == 0, r.stderr
+    r = cli_here("experiments.trace_json", f"runs=[{a_run}x]", out)  # a folder not there
+    one_line(r, "must be quoted", f"runs=\"['{a_run}x']\"")
     quoted = f"runs='{a_run}'"
     summary = a_run / "summary.json"
     good = summary.read_text()

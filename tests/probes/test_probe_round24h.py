@@ -168,3 +168,27 @@ def test_the_default_traces_folder_is_the_checkouts_from_another_folder(
     )
     line = raises_one_line(lambda: load("../shared/./traces"), "no such file", "trace_dir=")
     assert "from the checkout" not in line, line
+
+
+# a command that takes run dirs -> its key; a sweep's run dir, its overrides joined by commas
+RUN_DIR_KEYS = {
+    "trace_json": ("experiments.trace_json", "runs", "no trace.parquet there"),
+    "collect": ("experiments.collect", "dir", "no finished run under"),
+    "report": ("experiments.report", "dir", "no finished run"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(RUN_DIR_KEYS))
+def test_a_sweeps_run_dir_is_taken_unquoted(command: str, tmp_path: Path, cli_here: Any) -> None:
+    """`.../prompt_len=8,workload=tiny` (a sweep point's folder) was a parse error, and the
+    quoted form shown split it at its comma into two folders."""
+    module, key, said = RUN_DIR_KEYS[command]
+    run = tmp_path / "bs2" / "workload.prompt_len=8,workload=tiny"
+    run.mkdir(parents=True)
+    value = f"[{run}]" if key == "runs" else str(run)
+    line = one_line(cli_here(module, f"{key}={value}"), said)
+    assert "must be quoted" not in line, line
+    gone = f"{run}x"  # not there: the form to paste, one folder
+    fix = f"['{gone}']" if key == "runs" else f"'{gone}'"
+    value = f"[{gone}]" if key == "runs" else gone
+    one_line(cli_here(module, f"{key}={value}"), f'must be quoted: {key}="{fix}"')
