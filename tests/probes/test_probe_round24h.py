@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,7 @@ from planners import registry
 from planners.sequential import Sequential
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
 from tests.probes.conftest import TINY, one_line, raises_one_line
-
-
-@dataclass(frozen=True)
-class _NoParams:
-    pass
+from tests.probes.test_probe_round24c import _NoParams
 
 
 class _Past(Sequential):
