@@ -8,8 +8,9 @@ Causality: nothing here reads routing; callers feed it only what a gate op has r
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,11 @@ from planners.placement import GpuEdgeError, Placement, dense_bytes, greedy_plac
 
 
 def cache_placement(
-    ctx: PlanContext, kv_sequences: int, layers_in_flight: int, cache_share: float = 1.0
+    ctx: PlanContext,
+    kv_sequences: int,
+    layers_in_flight: int,
+    cache_share: float = 1.0,
+    keeps: Callable[[int], Mapping[int, int]] | None = None,
 ) -> tuple[Placement, int]:
     """Placement with all routed experts on CPU/disk, plus the GPU bytes left for an expert cache.
 
@@ -29,7 +34,10 @@ def cache_placement(
     leaves after dense weights and KV (`spare`) becomes the cache (`cache_share` of it). Second
     pass: the same placement with all of `spare` added to the working set, so no expert layer
     lands on the GPU statically (the cache holds them dynamically instead): a `cache_share`
-    below 1 leaves the rest of it unused, not given to an expert layer.
+    below 1 leaves the rest of it unused, not given to an expert layer. `keeps(cache bytes)`:
+    layer -> the experts a planner keeps in the cache for the whole run (`fiddler`'s resident
+    ones), which the second pass places nowhere else (no copy elsewhere is ever read); a layer
+    it keeps whole lives on the GPU.
     """
     m, wl, hw = ctx.model, ctx.workload, ctx.hardware
     layer_max = max(m.layer_bytes(i) for i in range(m.n_layers))
@@ -40,7 +48,7 @@ def cache_placement(
     # streamed dense weights (if dense ends up on CPU) + the head + KV buffers; experts go to cache
     weights = layers_in_flight * min(layer_max, dense_stream) + m.head_bytes
     working = weights + kv_buf
-    kw = dict(
+    kw: dict[str, Any] = dict(
         kv_sequences=kv_sequences,
         kv_tokens=wl.prompt_len + wl.gen_len,
         activation_bytes=act,
@@ -52,10 +60,13 @@ def cache_placement(
     kv_gpu = first.kv.count(Tier.GPU) * first.kv_bytes_per_layer
     spare = hw.memory_bytes[Tier.GPU] - working - act - dense_gpu - kv_gpu
     cache = max(int(spare * cache_share), 0)
-    placement = greedy_placement(m, hw, working_bytes=working + max(spare, 0), **kw)
-    assert Tier.GPU not in [placement.experts[i] for i in m.moe_layers], (
-        "experts must be off the GPU"
+    held = keeps(cache) if keeps else {}
+    placement = greedy_placement(
+        m, hw, working_bytes=working + max(spare, 0), held_experts=held, **kw
     )
+    assert all(
+        placement.experts[i] != Tier.GPU for i in m.moe_layers if held.get(i, 0) < m.n_experts
+    ), "experts must be off the GPU"
     return placement, cache
 
 

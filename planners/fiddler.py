@@ -3,9 +3,10 @@
 Modelled behaviour: one batch at a time (latency-oriented). Dense weights and KV stay on the GPU;
 the spare GPU memory holds as many routed experts as fit, statically, spread evenly over layers
 (Fiddler ranks them by an offline popularity profile; the simulator has no profile, so each
-layer keeps its lowest-id experts). After a gate, every routed expert that is resident runs on
-the GPU. For a missing one, a per-expert latency model (Fiddler's `mixtral.py` chooses the same
-way, with profiled constants) compares
+layer keeps its lowest-id experts). Those need no copy in host memory or on disk, which no op
+would read: the placement puts only the other experts there. After a gate, every routed expert
+that is resident runs on the GPU. For a missing one, a per-expert latency model (Fiddler's
+`mixtral.py` chooses the same way, with profiled constants) compares
   CPU: ship the expert's tokens' activations GPU->CPU, compute on the CPU (the hardware
        profile's CPU peak flop/s and memory bandwidth), ship the results back;
   GPU: copy the expert's weights host->GPU, compute on the GPU, drop them;
@@ -59,7 +60,14 @@ class Fiddler(Planner):
 
     def plan(self, ctx: PlanContext, out: ScheduleBuilder) -> None:
         m, wl, p = ctx.model, ctx.workload, self.params
-        placement, spare = cache_placement(ctx, wl.batch_size, 1)
+        # the resident experts' host copies are never read: the placement holds none of them
+        placement, cache = cache_placement(
+            ctx,
+            wl.batch_size,
+            1,
+            p.resident_share,
+            lambda c: _kept(m.moe_layers, m.n_experts, c // m.expert_bytes),
+        )
         em = Emitter(ctx, out, placement)
         streams = _Streams(
             cpu=out.stream(Stream.CPU_COMPUTE, Resource.CPU),
@@ -67,12 +75,10 @@ class Fiddler(Planner):
             to_gpu=out.stream("act_to_gpu", Resource.H2D),
             on_demand=out.stream(Stream.EXPERTS, Resource.H2D),
         )
-        resident = _resident_experts(
-            m.moe_layers, m.n_experts, int(spare * p.resident_share) // m.expert_bytes
-        )
+        resident = _resident_experts(m.moe_layers, m.n_experts, cache // m.expert_bytes)
         held = sum(len(v) for v in resident.values()) * m.expert_bytes
         out.reserve(Tier.GPU, held)
-        out.meta["placement"] = _held_placement(placement, resident, m.n_experts, held).summary()
+        out.meta["placement"] = _held_placement(placement, held).summary()
         where = {"cpu": 0, "gpu_loaded": 0, "gpu_resident": 0}  # experts run by where they ran
         last: int | None = None
         for batch in range(wl.n_batches):
@@ -222,20 +228,18 @@ class Fiddler(Planner):
         )
 
 
-def _held_placement(
-    placement: Placement, resident: dict[int, set[int]], n_experts: int, held_bytes: int
-) -> Placement:
-    """`placement` as the run holds it: a layer whose experts all stay on the GPU lives there
-    (its host copy is never read), and the GPU's resident bytes count the held experts, which
-    the working set no longer keeps free."""
-    experts = tuple(
-        Tier.GPU if len(resident.get(layer, ())) == n_experts else tier
-        for layer, tier in enumerate(placement.experts)
-    )
+def _held_placement(placement: Placement, held_bytes: int) -> Placement:
+    """`placement` as the run holds it: the GPU's resident bytes count the held experts, which
+    the working set no longer keeps free (a layer held whole is on the GPU already, and no
+    tier holds a copy of a held expert)."""
     on = dict(placement.resident_bytes)
     on[Tier.GPU] = on.get(Tier.GPU, 0) + held_bytes
-    working = placement.working_bytes - held_bytes
-    return replace(placement, experts=experts, resident_bytes=on, working_bytes=working)
+    return replace(placement, resident_bytes=on, working_bytes=placement.working_bytes - held_bytes)
+
+
+def _kept(moe_layers: tuple[int, ...], n_experts: int, budget: int) -> dict[int, int]:
+    """Layer -> how many experts `_resident_experts` keeps on the GPU."""
+    return {layer: len(v) for layer, v in _resident_experts(moe_layers, n_experts, budget).items()}
 
 
 def _resident_experts(

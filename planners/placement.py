@@ -7,7 +7,9 @@ experts layer by layer (GPU, then CPU, then disk). CPU keeps a staging area for 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from core.errors import CapacityError, capacity_error, gb_apart, with_fixes
 from core.hardware import HardwareSpec
@@ -60,13 +62,15 @@ def greedy_placement(
     activation_bytes: int = 0,
     cpu_staging_bytes: int = 0,
     working_weight_bytes: int = 0,
+    held_experts: Mapping[int, int] | None = None,
 ) -> Placement:
     """Place weights and KV for `kv_sequences` sequences of `kv_tokens` tokens each. CPU memory
     goes to the dense weights and the KV cache first; then up to `cpu_staging_bytes` of what is
     left (at least one expert, what a disk read needs to pass through) is kept free for disk
     reads on their way to the GPU, before experts take CPU memory. `working_weight_bytes`: the
     streamed weights' part of `working_bytes`, which no smaller workload shrinks (the rest, KV
-    buffers, scales with it)."""
+    buffers, scales with it). `held_experts`: layer -> how many of its experts the planner keeps
+    on the GPU for the whole run (held beside the placement), which need no copy elsewhere."""
     if not hw.has_disk:  # no disk reads to stage
         cpu_staging_bytes = 0
     least_staging = min(cpu_staging_bytes, model.expert_bytes)
@@ -100,7 +104,7 @@ def greedy_placement(
     # disk reads' staging: what the window asks, as far as the dense weights and KV leave room
     # (the CPU's free memory already holds back `least_staging`)
     free[Tier.CPU] -= min(cpu_staging_bytes - least_staging, free[Tier.CPU])
-    experts = _place_experts(model, free, resident, dense_tier)
+    experts = _place_experts(model, free, resident, dense_tier, held_experts or {})
     return Placement(dense_tier, tuple(kv), tuple(experts), resident, working_bytes, kv_layer)
 
 
@@ -195,18 +199,22 @@ def _take(free: dict[Tier, int], tiers: tuple[Tier, ...], nbytes: int) -> Tier |
 
 
 def _place_experts(
-    model: ModelSpec, free: dict[Tier, int], resident: dict[Tier, int], dense_tier: Tier
+    model: ModelSpec,
+    free: dict[Tier, int],
+    resident: dict[Tier, int],
+    dense_tier: Tier,
+    held: Mapping[int, int],
 ) -> list[Tier]:
-    """Per layer, the first tier with room for all its routed experts (GPU, CPU, disk), added
-    to `resident` (on disk at the bytes the disk holds: FP8's 1 a weight and its scales); a
-    layer without experts gets the dense weights' tier."""
-    layer_experts = model.n_experts * model.expert_bytes
-    on_disk = model.n_experts * model.expert_disk_bytes
+    """Per layer, the first tier with room for its routed experts but the `held` ones (GPU,
+    CPU, disk), added to `resident` (on disk at the bytes the disk holds: FP8's 1 a weight and
+    its scales); a layer without experts gets the dense weights' tier."""
     experts: list[Tier] = []
     for layer in range(model.n_layers):
         if not model.is_moe(layer):
             experts.append(dense_tier)
             continue
+        placed = model.n_experts - held.get(layer, 0)
+        layer_experts, on_disk = placed * model.expert_bytes, placed * model.expert_disk_bytes
         tier = _take(free, (Tier.GPU, Tier.CPU), layer_experts) or _take(
             free, (Tier.DISK,), on_disk
         )
@@ -229,7 +237,7 @@ def staged_placement(
 ) -> Placement:
     """`greedy_placement`; where experts spill to disk, placed again with `staging_bytes` of CPU
     memory reserved for the disk reads to pass through on their way to the GPU."""
-    kw = dict(
+    kw: dict[str, Any] = dict(
         kv_sequences=kv_sequences,
         kv_tokens=kv_tokens,
         working_bytes=working_bytes,

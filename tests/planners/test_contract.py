@@ -77,11 +77,12 @@ def test_planner_contract_when_experts_stream_from_disk(name, tiny_model, tiny_w
     """The same contract where memory binds: loads wait for memory and peaks stay under
         capacity. Every offloading planner runs on one of the two tight GPUs and reads experts from
         disk; a planner that cannot run on one says so with a CapacityError naming the sizes (the
-    expert-parallel ones where their experts do not fit)."""
+    expert-parallel ones where their experts do not fit). A CPU of half the size besides: fiddler
+    holds no host copy of the experts it keeps on the GPU, and the rest fit the larger one."""
     ran = []
-    for gpu_gb in TIGHT_GPU_GB:
+    for gpu_gb, cpu_gb in [(g, TIGHT_CPU_GB) for g in TIGHT_GPU_GB] + [(0.00045, 0.0001)]:
         d = conf("hardware", "tiny")
-        d["memory_gb"] = {"gpu": gpu_gb, "cpu": TIGHT_CPU_GB, "disk": 100.0}
+        d["memory_gb"] = {"gpu": gpu_gb, "cpu": cpu_gb, "disk": 100.0}
         hw = HardwareSpec.from_dict(d)
         try:
             schedule, trace = run(tiny_model, hw, tiny_workload, name)

@@ -45,6 +45,9 @@ def hardware(gpu_gb: float, cpu_gb: float, n_gpus: int = 1) -> HardwareSpec:
 
 OFFLOAD = hardware(0.010, 0.008)  # experts on disk / host: every load path runs
 RESIDENT_2GPU = hardware(0.05, 0.05, n_gpus=2)  # expert-parallel planners keep experts resident
+# fiddler holds no host copy of the experts it keeps on the GPU: the rest fit OFFLOAD's CPU, so
+# a smaller one sends two layers' experts to disk
+FIDDLER = hardware(0.010, 0.003)
 WORKLOAD = Workload(
     batch_size=2,
     n_batches=2,
@@ -61,7 +64,8 @@ REPLAY_ONLY = {"oracle_replication"}
 def spec_for(ckpt: Path, planner: str) -> RunSpec:
     """The offload hardware, or two resident GPUs for planners that keep every expert resident."""
     model, _ = load_checkpoint(ckpt)
-    return RunSpec(model, RESIDENT_2GPU if planner in RESIDENT else OFFLOAD, WORKLOAD, planner)
+    hw = RESIDENT_2GPU if planner in RESIDENT else FIDDLER if planner == "fiddler" else OFFLOAD
+    return RunSpec(model, hw, WORKLOAD, planner)
 
 
 def assert_matches_reference(ckpt: Path, spec: RunSpec, result, out, tol: float = ATOL) -> None:
