@@ -320,7 +320,10 @@ def _parsed(override: str) -> Any:
             listed = value.startswith("[") and value.endswith("]")
             from experiments.common.run_dir_args import path_items
 
-            quoted = ",".join(f"'{i}'" for i in path_items(value[1:-1] if listed else value))
+            items = path_items(value[1:-1] if listed else value)
+            if not listed and not all("=" in i for i in items):  # one path's `a=b,c d`
+                items = [value]
+            quoted = ",".join(f"'{i}'" for i in items)
             fix = f"[{quoted}]" if listed else quoted
             raise MoepipeError(
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
@@ -336,16 +339,22 @@ def _parsed(override: str) -> Any:
 _SWEEP_FUNCTIONS = {"choice", "range", "interval", "sort", "shuffle", "tag", "glob", "extend_list"}
 _SWEEP_FUNCTIONS |= {"int", "float", "str", "bool", "json_str"}
 _UNQUOTABLE = "~\n\r;#&'\"%@`!^"  # what hydra's grammar refuses in an unquoted value
+# what it refuses within an unquoted value, a path's folder name (a list, a dict and a sweep
+# function take them at the value's start)
+_GROUPING = "[]{}()"
 
 
 def _quoted(key: str, value: str) -> str | None:
     """The line for a value hydra's grammar refuses only for a character it takes quoted (`~`,
-    a newline, `;`, `#`): which character, and the override quoted; None where quoting would
-    not parse either (a bracket left open: hydra's own line says where)."""
+    a newline, `;`, `#`, a bracket inside a path: `runs/a[1]`): which character, and the
+    override quoted; None where quoting would not parse either (a bracket left open: hydra's
+    own line says where)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     bad = next((c for c in value if c in _UNQUOTABLE), None)
+    if bad is None and "/" in value and value[:1] not in "[{":  # a path's `a[1]`, `b(2)`
+        bad = next((c for c in value if c in _GROUPING), None)
     if bad is None or ("'" in value and '"' in value):
         return None
     mark = '"' if "'" in value else "'"
