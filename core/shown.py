@@ -14,6 +14,7 @@ import re
 def fixed(x: float, places: int = 2) -> str:
     """`x` to `places` decimals, or to 3 significant digits where the decimals would show fewer
     (a 10 us makespan is 1.04e-05, not 0.00; a 0.4 ms one 0.0004, not 0.00)."""
+    x += 0.0  # -0.0 (a product of 0 and a negative) reads 0.00, not -0.00
     if x != 0 and math.isfinite(x) and abs(x) < 10.0 ** (2 - places):
         return f"{x:.3g}"
     return f"{x:.{places}f}"
@@ -29,15 +30,22 @@ def short_of(x: float, spec: str, *bounds: float) -> str:
     """`format(x, spec)` (`spec` such as ".1f", "+.0%", ".4g"), with up to 3 more digits where
     it would print one of `bounds` that `x` is not: a share of 0.9953 as `.0%` reads 99.5%, not
     100% (all of it); an error of -0.9998 -99.98%, not -100% (a prediction of nothing); an
-    efficiency of 0.9996 as `.3f` 0.9996, not 1.000. `bounds` are values of `x` (1 for 100%)."""
+    efficiency of 0.9996 as `.3f` 0.9996, not 1.000; nearer still, the significant digits that
+    tell it from the bound (an error of 1e-9 is +1e-07%, not +0.0000%). `bounds` are values of
+    `x` (1 for 100%)."""
     parts = re.fullmatch(r"([+ ]?)\.(\d+)([fg%])", spec)
     assert parts, f"{spec!r}: a sign, a precision and f, g or %"
     sign, places, kind = parts.groups()
+    x += 0.0  # -0.0 reads 0%, not -0%
     shown = format(x, spec)
     for more in range(1, 4):
         if x in bounds or _value(shown) not in bounds:
-            break
+            return shown
         shown = format(x, f"{sign}.{int(places) + more}{kind}")
+    for digits in range(3, 18):  # still a bound x is not (1e-9 is not +0.0000%): digits
+        if x in bounds or _value(shown) not in bounds:
+            break
+        shown = f"{x * 100:{sign}.{digits}g}%" if kind == "%" else format(x, f"{sign}.{digits}g")
     return shown
 
 

@@ -7,12 +7,17 @@
 2. a run dir's path holding `=` and a comma whose piece after it is no `key=value`
    (`runs/a=b,c d`) was told to quote itself as two values (`"'runs/a=b','c d'"`), a sweep
    that one run cannot take: following the fix failed again. Now it is quoted whole.
+3. `core.shown` printed -0.0 (a product of 0 and a negative) as -0.00 / -0% / -0.0%, and a
+   number nearer a bound than 3 more digits tell (an error of 1e-9, an efficiency of
+   0.99999999) at that bound (+0.0000%, 1.000): the bound it is not. Now -0.0 reads 0 and
+   such a number is printed to the significant digits that tell it from the bound.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from core.shown import error, fixed, short_of
 from experiments.common.overrides import _parsed
 from tests.probes.conftest import raises_one_line
 
@@ -50,3 +55,29 @@ def test_a_run_dir_holding_a_comma_is_quoted_as_the_value_it_is(value: str, fix:
     quoted = line.rpartition("must be quoted: dir=")[2][1:-1]
     want = [i.strip("'") for i in fix[1:-1].split("','")] if value[0] == "[" else value
     assert _parsed(f"dir={quoted}").value() == want
+
+
+# --- 3. core.shown at -0.0 and nearer a bound than 3 more digits ---
+
+
+@pytest.mark.parametrize(
+    ("shown", "want"),
+    [
+        (lambda: fixed(-0.0), "0.00"),
+        (lambda: fixed(-0.0, 0), "0"),
+        (lambda: error(-0.0), "+0.0%"),
+        (lambda: short_of(-0.0, ".0%", 0, 1), "0%"),
+        (lambda: error(1e-9), "+1e-07%"),
+        (lambda: error(-1e-300), "-1e-298%"),
+        (lambda: short_of(1e-300, ".0%", 0, 1), "1e-298%"),
+        (lambda: short_of(0.99999999, ".0%", 0, 1), "99.999999%"),
+        (lambda: short_of(0.99999999, ".3f", 1), "0.99999999"),
+        (lambda: short_of(1 - 2**-53, ".3f", 1), "0.9999999999999999"),
+        (lambda: error(-1 + 1e-12), "-99.9999999999%"),
+        (lambda: error(0.0), "+0.0%"),  # at a bound: as the spec prints it
+        (lambda: short_of(1.0, ".0%", 0, 1), "100%"),
+        (lambda: error(-0.9998), "-99.98%"),  # 3 more digits tell it: as before
+    ],
+)
+def test_a_number_is_not_shown_at_a_bound_it_is_not(shown: object, want: str) -> None:
+    assert shown() == want  # type: ignore[operator]
