@@ -204,7 +204,9 @@ def _write(opts: Any) -> int:
 
 def check_scale(spec: ModelSpec, scale: float) -> None:
     """Refuse a scale whose weights would overflow the checkpoint's dtype (inf weights, written
-    with exit 0): the largest weight is about scale x a normal draw (the embedding's std)."""
+    with exit 0), or fall below its smallest normal number (every weight 0 or subnormal: a
+    model of zeros, also written with exit 0): the largest weight is about scale x a normal
+    draw (the embedding's std)."""
     import torch
 
     from real.checkpoint import torch_dtype
@@ -215,6 +217,13 @@ def check_scale(spec: ModelSpec, scale: float) -> None:
         raise MoepipeError(
             f"scale={scale:g}: the weights would overflow {dtype} (largest {largest:.3g}) and be "
             f"written as inf; pass scale <= {largest / MAX_SIGMAS:.3g}"
+        )
+    smallest = max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny)
+    if scale * MAX_SIGMAS < smallest:
+        raise MoepipeError(
+            f"scale={scale:g}: every weight would be below {dtype}'s smallest normal number "
+            f"({smallest:.3g}) and be written as 0 or subnormal; pass scale >= "
+            f"{smallest / MAX_SIGMAS:.3g}"
         )
 
 

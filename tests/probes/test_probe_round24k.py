@@ -11,6 +11,9 @@
    number nearer a bound than 3 more digits tell (an error of 1e-9, an efficiency of
    0.99999999) at that bound (+0.0000%, 1.000): the bound it is not. Now -0.0 reads 0 and
    such a number is printed to the significant digits that tell it from the bound.
+4. make_checkpoint's `scale=1e-300` (any scale whose largest weight is below the dtype's
+   smallest normal number) wrote a model of zeros with exit 0, where `scale=1e300`'s overflow
+   is refused. Now both ends are refused in one line naming the scale the dtype takes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import pytest
 
 from core.shown import error, fixed, short_of
 from experiments.common.overrides import _parsed
+from experiments.make_checkpoint import check_scale
+from tests.conftest import model_from_conf
 from tests.probes.conftest import raises_one_line
 
 # --- 1. a bracket, a brace or a parenthesis inside a path ---
@@ -81,3 +86,25 @@ def test_a_run_dir_holding_a_comma_is_quoted_as_the_value_it_is(value: str, fix:
 )
 def test_a_number_is_not_shown_at_a_bound_it_is_not(shown: object, want: str) -> None:
     assert shown() == want  # type: ignore[operator]
+
+
+# --- 4. make_checkpoint's scale too small for its dtype ---
+
+
+@pytest.mark.parametrize(
+    ("model", "scale", "said"),
+    [
+        ("mixtral-tiny", 1e-300, "below torch.float32's smallest normal number"),
+        ("mixtral-tiny", 1e-40, "pass scale >= 1.18e-39"),
+        ("tiny", 1e-300, "below torch.bfloat16's smallest normal number"),
+    ],
+)
+def test_a_scale_that_writes_every_weight_as_zero_is_refused(
+    model: str, scale: float, said: str
+) -> None:
+    raises_one_line(lambda: check_scale(model_from_conf(model), scale), f"scale={scale:g}", said)
+
+
+@pytest.mark.parametrize("scale", [1e-38, 1.0, 1e37])
+def test_a_scale_within_the_dtype_is_taken(scale: float) -> None:
+    check_scale(model_from_conf("mixtral-tiny"), scale)
