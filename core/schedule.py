@@ -200,7 +200,12 @@ def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.n
         assert set(map(len, block)) <= {width}, "an op that is not all of an Op's fields"
         rows = np.fromiter(chain.from_iterable(block), object, m * width).reshape(m, width)
         for name, dt in _NUMERIC.items():
-            out[name][a : a + m] = rows[:, at[name]].astype(dt)
+            try:
+                out[name][a : a + m] = rows[:, at[name]].astype(dt)
+            except (TypeError, ValueError, OverflowError):  # a planner's None, NaN, 10**20
+                from core.schedule_units import not_a_number
+
+                raise ScheduleBug(not_a_number(block, name, dt)) from None
         shape[a : a + m] = np.fromiter(map(shapes.__getitem__, map(shape_of, block)), np.int64, m)
         col = rows[:, at["deps"]]
         n_deps[a : a + m] = np.fromiter(map(len, col), np.int64, m)

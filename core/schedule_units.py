@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -86,3 +87,20 @@ def _past_devices(schedule: Schedule, planner: str) -> str:
                 f"run's {n} device{'s' * (n != 1)} (valid 0..{n - 1}); plan within {field}"
             )
     return ""
+
+
+def not_a_number(ops: list[Any], name: str, dt: type) -> str:
+    """The line for the first of `ops` whose field `name` numpy cannot cast to its column's
+    `dt` (None, NaN, a list, an int past int64: an IndexError or OverflowError otherwise)."""
+    for op in ops:
+        value, one = getattr(op, name), np.empty(1, object)
+        one[0] = value  # (a list as one value, not an array of its items)
+        try:
+            one.astype(dt)
+        except (TypeError, ValueError, OverflowError):
+            kind = "a whole number" if np.issubdtype(dt, np.integer) else "a finite number"
+            return (
+                f"{op.label()}: {name}={value!r:.40} is not {kind} within "
+                f"{np.dtype(dt).name}'s range; give every op's {name} as one"
+            )
+    return f"an op's {name} is not a number its column holds"

@@ -14,17 +14,31 @@
 4. make_checkpoint's `scale=1e-300` (any scale whose largest weight is below the dtype's
    smallest normal number) wrote a model of zeros with exit 0, where `scale=1e300`'s overflow
    is refused. Now both ends are refused in one line naming the scale the dtype takes.
+5. a researcher's planner giving an op's step, layer, batch, expert or byte count a value no
+   column holds (None, NaN, 10**20, a list) ended in numpy's TypeError, ValueError or
+   OverflowError from `Schedule.columns`: a traceback. Now it is the planner's one line
+   naming the op, the field and its value.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from core.errors import PlannerBug
 from core.shown import error, fixed, short_of
+from core.spec import Workload
+from core.types import OpKind
+from experiments.common.cli import any_error_line
 from experiments.common.overrides import _parsed
+from experiments.common.pipeline import RunSpec, build_schedule
 from experiments.make_checkpoint import check_scale
-from tests.conftest import model_from_conf
+from planners import registry
+from planners.sequential import Sequential
+from tests.conftest import hardware_from_conf, model_from_conf, random_routing
 from tests.probes.conftest import raises_one_line
+from tests.probes.test_probe_round24c import _NoParams
 
 # --- 1. a bracket, a brace or a parenthesis inside a path ---
 
@@ -108,3 +122,47 @@ def test_a_scale_that_writes_every_weight_as_zero_is_refused(
 @pytest.mark.parametrize("scale", [1e-38, 1.0, 1e37])
 def test_a_scale_within_the_dtype_is_taken(scale: float) -> None:
     check_scale(model_from_conf("mixtral-tiny"), scale)
+
+
+# --- 5. a researcher's planner giving an op's field a value no column holds ---
+
+
+class _Odd(Sequential):
+    """`sequential`'s plan and one more expert compute whose `field` is `value`."""
+
+    field, value = "layer", None
+
+    def plan(self, ctx: Any, out: Any) -> Any:
+        super().plan(ctx, out)
+        units = {"step": 0, "layer": 0, "batch": 0, "expert": 0, self.field: self.value}
+        out.add(OpKind.EXPERT, "compute", **units)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan() -> tuple[Any, Any, Workload, Any]:
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    return model, hw, wl, random_routing(model, wl)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("layer", None),
+        ("step", float("nan")),
+        ("batch", 10**20),
+        ("expert", [0]),
+        ("nbytes", "many"),
+    ],
+)
+def test_an_op_field_no_column_holds_is_one_line_naming_it(
+    field: str, value: Any, tiny_plan: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, hw, wl, routing = tiny_plan
+    cls = type("Odd", (_Odd,), {"field": field, "value": value})
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    with pytest.raises(PlannerBug) as e:
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)
+    line = any_error_line(e.value)
+    assert line.startswith("planner mine") and "\n" not in line, line
+    assert f"{field}={value!r:.40} is not a " in line and f"every op's {field}" in line, line
