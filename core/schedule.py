@@ -133,8 +133,8 @@ class Schedule:
 
 # ops per block of `_columns`' object array: its pointers bounded (6 MB), not a million ops'
 _BLOCK = 1 << 15
-# the numeric fields as their columns' dtypes (a planner may give a byte count as a float:
-# numpy truncates it, as astype would)
+# the numeric fields as their columns' dtypes: a float byte count is truncated, a unit whole
+_UNITS = {"step", "layer", "batch", "micro", "expert", "batches"}  # (checked: 0.5 is refused)
 _NUMERIC = {
     "id": np.int64,
     "nbytes": np.int64,
@@ -181,9 +181,8 @@ class _Shapes(dict[tuple[Any, ...], int]):
 
 def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.ndarray]:
     """`Schedule.columns`. A block of ops is read into one [ops, fields] object array in one
-    C-level pass, and each numeric column cast from it (numpy's int() and float() of each
-    value, as `fromiter` converts them): a Python-level pass per field took two to three
-    times as long."""
+    C-level pass, and each numeric column cast from it (numpy's int() and float() of each value,
+    as `fromiter` converts them): a Python-level pass per field took two to three times as long."""
     n, width = len(ops), len(Op._fields)
     at = {name: i for i, name in enumerate(Op._fields)}
     out = {name: np.empty(n, dt) for name, dt in _NUMERIC.items()}
@@ -200,9 +199,13 @@ def _columns(ops: list[Op], streams: Mapping[str, StreamSpec]) -> dict[str, np.n
         assert set(map(len, block)) <= {width}, "an op that is not all of an Op's fields"
         rows = np.fromiter(chain.from_iterable(block), object, m * width).reshape(m, width)
         for name, dt in _NUMERIC.items():
-            try:
-                out[name][a : a + m] = rows[:, at[name]].astype(dt)
-            except (TypeError, ValueError, OverflowError):  # a planner's None, NaN, 10**20
+            try:  # a unit via its floats, whose int cast (NaN's warns: invalid) must equal them
+                col = rows[:, at[name]].astype(np.float64 if name in _UNITS else dt)
+                with np.errstate(invalid="ignore"):
+                    out[name][a : a + m] = cast = col.astype(dt)
+                if name in _UNITS and (cast != col).any():
+                    raise ValueError(name)  # a unit of 0.5, NaN or 2**40: not its int
+            except (TypeError, ValueError, OverflowError):  # a planner's None, a list, 10**20
                 from core.schedule_units import not_a_number
 
                 raise ScheduleBug(not_a_number(block, name, dt)) from None

@@ -91,14 +91,19 @@ def _past_devices(schedule: Schedule, planner: str) -> str:
 
 def not_a_number(ops: list[Any], name: str, dt: type) -> str:
     """The line for the first of `ops` whose field `name` numpy cannot cast to its column's
-    `dt` (None, NaN, a list, an int past int64: an IndexError or OverflowError otherwise)."""
-    for op in ops:
-        value, one = getattr(op, name), np.empty(1, object)
-        one[0] = value  # (a list as one value, not an array of its items)
-        try:
-            one.astype(dt)
-        except (TypeError, ValueError, OverflowError):
-            kind = "a whole number" if np.issubdtype(dt, np.integer) else "a finite number"
+    `dt` (None, NaN, a list, an int past int64: a TypeError or OverflowError otherwise), else
+    the first whose unit is not whole (0.5, which the cast would read as 0)."""
+    kind = "a whole number" if np.issubdtype(dt, np.integer) else "a finite number"
+    for whole in (False, True):
+        for op in ops:
+            value, one = getattr(op, name), np.empty(1, object)
+            one[0] = value  # (a list as one value, not an array of its items)
+            try:
+                if not whole or one.astype(dt)[0] == float(value):
+                    one.astype(dt)
+                    continue
+            except (TypeError, ValueError, OverflowError):
+                pass
             return (
                 f"{op.label()}: {name}={value!r:.40} is not {kind} within "
                 f"{np.dtype(dt).name}'s range; give every op's {name} as one"

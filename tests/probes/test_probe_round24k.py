@@ -16,8 +16,8 @@
    is refused. Now both ends are refused in one line naming the scale the dtype takes.
 5. a researcher's planner giving an op's step, layer, batch, expert or byte count a value no
    column holds (None, NaN, 10**20, a list) ended in numpy's TypeError, ValueError or
-   OverflowError from `Schedule.columns`: a traceback. Now it is the planner's one line
-   naming the op, the field and its value.
+   OverflowError from `Schedule.columns`: a traceback; a unit of 0.5 was read as 0 without
+   a word. Now each is the planner's one line naming the op, the field and its value.
 """
 
 from __future__ import annotations
@@ -166,3 +166,26 @@ def test_an_op_field_no_column_holds_is_one_line_naming_it(
     line = any_error_line(e.value)
     assert line.startswith("planner mine") and "\n" not in line, line
     assert f"{field}={value!r:.40} is not a " in line and f"every op's {field}" in line, line
+
+
+class _Half(Sequential):
+    """`sequential`'s plan with its first op's `field` half a unit on."""
+
+    field = "layer"
+
+    def plan(self, ctx: Any, out: Any) -> Any:
+        super().plan(ctx, out)
+        out.ops[0] = out.ops[0]._replace(**{self.field: getattr(out.ops[0], self.field) + 0.5})
+
+
+@pytest.mark.parametrize("field", ["step", "layer", "batch"])
+def test_an_op_unit_that_is_not_whole_is_refused_not_truncated(
+    field: str, tiny_plan: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, hw, wl, routing = tiny_plan
+    cls = type("Half", (_Half,), {"field": field})
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    with pytest.raises(PlannerBug) as e:
+        build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)
+    line = any_error_line(e.value)
+    assert f"{field}=0.5 is not a whole number" in line and "\n" not in line, line
