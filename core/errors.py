@@ -49,12 +49,23 @@ class CapacityError(MoepipeError):
 
 
 _C = TypeVar("_C", bound=CapacityError)
+_E = TypeVar("_E", bound=BaseException)
 
 
 def with_fixes(e: _C, cause: str, lower: tuple[str, ...], more: tuple[str, ...]) -> _C:
     """`e` with its cause and fixes (`CapacityError`) kept as data."""
     e.cause, e.lower, e.more = cause, lower, more
     return e
+
+
+def reworded(e: _E, line: str) -> _E:
+    """`e` saying `line`: its type and its parts (a CapacityError's fixes, a GpuEdgeError's
+    `only_gpu`) kept, so that a wrapper that rewords an error leaves how the CLI handles it
+    (a refusal, the user's mistake, a planner's bug) as it was, whichever command raised it."""
+    new = type(e).__new__(type(e))
+    new.args = (line,)
+    new.__dict__.update(vars(e))
+    return new
 
 
 def capacity_error(cause: str, lower: tuple[str, ...], more: tuple[str, ...]) -> CapacityError:
@@ -96,9 +107,6 @@ def did_you_mean(word: str, valid: Iterable[object]) -> str:
     folded = {str(v).lower(): str(v) for v in valid}
     close = difflib.get_close_matches(str(word).lower(), list(folded), n=1, cutoff=0.5)
     return f"did you mean {folded[close[0]]!r}? " if close else ""
-
-
-_E = TypeVar("_E", bound=BaseException)
 
 
 def in_chain(e: BaseException, kind: type[_E]) -> _E | None:

@@ -136,7 +136,7 @@ def calibrate(
             _add_in_run(out, ckpt, dev, in_run_s, m.overhead_s, dtype)
             _add_processes_in_run(out, ckpt, dtype)  # over the costs measured so far
         except CapacityError as e:  # its fix names a workload and memory calibrate sets itself
-            raise MoepipeError(
+            raise CapacityError(  # a refusal still: its own fix, none of the run's
                 f"checkpoint={ckpt}: calibrate's in-run runs of {spec.name} "
                 f"({spec.total_bytes / 1e6:.3g} MB) do not fit the memory they give it, a share "
                 f"of the model ({str(e).split(';')[0]}); calibrate on a larger checkpoint (e.g. "

@@ -43,6 +43,7 @@ from core.errors import (  # noqa: E402
     MoepipeError,
     ScheduleBug,
     did_you_mean,
+    reworded,
 )
 from core.hardware import HardwareSpec
 from core.planner import Planner
@@ -56,12 +57,7 @@ from experiments.common.cli import as_int, checked_names, exit_command, output_d
 from experiments.common.dist_measure import p2p_seen  # noqa: E402
 from experiments.common.dist_run import run_distributed  # noqa: E402
 from experiments.common.figures import fig_sim_vs_real  # noqa: E402
-from experiments.common.hardware import (  # noqa: E402
-    load_hardware,
-    measure_in_run,  # noqa: E402
-    read_hardware,
-    with_links,
-)
+from experiments.common.hardware import load_hardware, measure_in_run, read_hardware, with_links
 from experiments.common.held_warnings import warnings_held
 from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_names
 from experiments.common.pipeline import (
@@ -328,7 +324,7 @@ def _setup(opts: dict[str, Any]) -> Setup:
         try:
             make_planner(name, params)
         except MoepipeError as e:
-            raise MoepipeError(f"planner_params: {e}") from None
+            raise reworded(e, f"planner_params: {e}") from e
     distributed = bool(opts["executor.distributed"])
     names = expert_parallel_only(names, given) if distributed else names
     dtype = run_dtype(opts["executor.dtype"])

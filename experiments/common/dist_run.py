@@ -37,7 +37,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError, MoepipeError, PlannerBug, ScheduleBug
+from core.errors import ConfigError, MoepipeError, reworded
 from core.files import ulimits
 from core.planner import Planner
 from core.routing import Routing
@@ -557,9 +557,8 @@ def _rank(
         except MoepipeError as e:
             if _peer_gone(e):
                 raise
-            # a bug stays one, a researcher's planner's stays theirs
-            kind = next(k for k in (PlannerBug, ScheduleBug, MoepipeError) if isinstance(e, k))
-            raise kind(f"rank {rank}: {e}") from None
+            # a bug stays one, a researcher's planner's theirs, a refusal one
+            raise reworded(e, f"rank {rank}: {e}") from e
         if watch is not None:  # the last collective is done: a peer that ends now has finished
             watch.needed.clear()
         return DistOutput(result, out.tokens, out.logits, out.routing)

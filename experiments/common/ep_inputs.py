@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from core import traces
 from core.balance import KEYS
 from core.cost import CostModel
-from core.errors import ConfigError, MoepipeError, did_you_mean
+from core.errors import ConfigError, MoepipeError, did_you_mean, reworded
 from core.hardware import HardwareSpec
 from core.routing import Routing
 from core.spec import ModelSpec, RoutingConfig, Workload
@@ -375,7 +375,7 @@ def named_as_written(cfg: DictConfig, planner: str) -> Iterator[None]:
         )
         if said == str(e):
             raise
-        raise type(e)(said) from e
+        raise reworded(e, said) from e
 
 
 def wanted(key: str, params: dict[str, Any]) -> bool:

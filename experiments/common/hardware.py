@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import yaml
 
-from core.errors import ConfigError, MoepipeError, cannot_read
+from core.errors import ConfigError, MoepipeError, cannot_read, reworded
 from core.files import not_regular, read_small
 from core.hardware import PHYSICAL, HardwareSpec
 from core.spec import RoutingConfig, Workload
@@ -99,7 +99,8 @@ def hardware_spec(name: str, d: dict[str, Any]) -> HardwareSpec:
         path = hardware_path(name)
         # a field's line ends in its own fix; one line carries one
         fix = "" if isinstance(e, MoepipeError) and "; " in str(e) else "; " + calibrate_fix(path)
-        raise MoepipeError(f"{path}: {e}{fix}") from None
+        line = f"{path}: {e}{fix}"
+        raise (reworded(e, line) if isinstance(e, MoepipeError) else MoepipeError(line)) from None
 
 
 def calibrate_fix(path: Path) -> str:

@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Iterator
 
-from core.errors import CapacityError, MoepipeError
+from core.errors import MoepipeError, reworded
 
 # the workload's keys and the memory tiers, as the benches and validate name their options
 _WORKLOAD = {f"workload.{k}": k for k in ("batch_size", "n_batches", "prompt_len", "gen_len")}
@@ -105,9 +105,8 @@ def named_as(names: dict[str, str]) -> Iterator[None]:
     _SAID.append(said)
     try:
         yield
-    except MoepipeError as e:  # a refusal stays one (warnings_held says it alone)
-        kind = CapacityError if isinstance(e, CapacityError) else MoepipeError
-        raise kind(own_names(str(e), names)) from None
+    except MoepipeError as e:  # a refusal stays one (warnings_held says it alone), a bug one
+        raise reworded(e, own_names(str(e), names)) from e
     finally:
         _ACTIVE.pop()
         _SAID.pop()
