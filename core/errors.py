@@ -68,6 +68,13 @@ def reworded(e: _E, line: str) -> _E:
     return new
 
 
+def without_fix(e: BaseException) -> str:
+    """What `e` says went wrong, without its fix: for a warning of a run that worked around it
+    (another n, a rerun), where the fix would ask the user to do what the run already did."""
+    cause = getattr(e, "cause", "")
+    return cause if isinstance(e, CapacityError) and cause else str(e).split("; ")[0]
+
+
 def capacity_error(cause: str, lower: tuple[str, ...], more: tuple[str, ...]) -> CapacityError:
     """A CapacityError whose line is `cause`, then `fix_words(lower, more)`."""
     return with_fixes(CapacityError(f"{cause}; {fix_words(lower, more)}"), cause, lower, more)

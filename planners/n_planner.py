@@ -22,7 +22,7 @@ import numpy as np
 
 from core.activations import activation_bytes
 from core.cost import CostModel
-from core.errors import CapacityError, fix_words
+from core.errors import CapacityError, fix_words, without_fix
 from core.hardware import HardwareSpec
 from core.spec import ModelSpec, Workload
 from core.types import OpKind, Resource, Tier
@@ -153,7 +153,8 @@ def smallest_n(
         except CapacityError as e:
             if n == 1:
                 raise
-            log.warning("n-planner: n=%d does not fit memory (%s); using n=%d", n, e, n - 1)
+            why = without_fix(e)  # its fix is what this does: a smaller n
+            log.warning("n-planner: n=%d does not fit memory (%s); using n=%d", n, why, n - 1)
             return NChoice(
                 n - 1, f"memory (n={n} does not fit; {last_failed} fails at n={n - 1})", True, False
             )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.args import not_a_folder
-from core.errors import MoepipeError
+from core.errors import MoepipeError, without_fix
 from core.files import (
     no_file_words,
     not_regular,
@@ -361,7 +361,7 @@ def finished(out_dir: Path, config_yaml: str) -> bool:
     try:  # a metric that no run writes (NaN, a negative rate, a string): not a result to reuse
         check_metrics(got, summary)
     except MoepipeError as e:
-        log.warning("%s; running again", e)
+        log.warning("%s; running again", without_fix(e))  # its fix (run it again) is this
         return False
     lacking = routing_lacks(got)  # an older version's, as collect skips it: no result to reuse
     if lacking:

@@ -6,10 +6,16 @@
   shipped planner's bug (an internal error) and a refusal were all one kind to the CLI; a
   GpuEdgeError reworded by replication's `named_as_written` was a TypeError. Now each keeps its
   type and parts (`core.errors.reworded`).
+- a warning of a run that worked around a failure quoted the failure's fix: the n-planner's
+  "n=2 does not fit memory (...; raise hardware.memory_gb.gpu ...); using n=1", a rerun's
+  "...: delete it and run that point again; running again". Now it quotes only the cause
+  (`core.errors.without_fix`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,3 +124,40 @@ def test_calibrates_in_run_refusal_stays_a_refusal(
     monkeypatch.setattr(cal, "_add_in_run", refused)
     with pytest.raises(CapacityError, match="checkpoint=ck: calibrate's in-run runs of m"):
         cal.calibrate("x", "ck", "cpu", tmp_path, 1)
+
+
+# -- a warning of a run that worked around a failure names no fix -----------------------------
+
+
+def test_the_n_planners_warning_quotes_no_fix(caplog: pytest.LogCaptureFixture) -> None:
+    from planners.n_planner import smallest_n
+
+    def at(n: int) -> Any:
+        if n == 2:
+            raise capacity_error("n=2 batches do not fit", ("workload.batch_size",), ("gpu",))
+        return None, []
+
+    def at_first(n: int) -> Any:  # n=1 fits and hides nothing: n=2 is tried
+        return (None, [[1.0]]) if n == 1 else at(n)
+
+    import planners.n_planner as npl
+
+    with caplog.at_level(logging.WARNING), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(npl, "failed_at", lambda *a: [0])
+        got = smallest_n(at_first, 8, 1, 2, lambda x: x)
+    assert got.n == 1
+    said = caplog.text
+    assert "n=2 does not fit memory (n=2 batches do not fit); using n=1" in said, said
+    assert "lower" not in said and "raise" not in said, said
+
+
+def test_a_reruns_warning_quotes_no_fix(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from experiments.common.run_dir import CODE, code_version, finished
+
+    (tmp_path / "summary.json").write_text(json.dumps({"throughput_tok_s": -1}))
+    (tmp_path / "config.yaml").write_text("a: 1\n")
+    (tmp_path / CODE).write_text(code_version())
+    with caplog.at_level(logging.WARNING):
+        assert not finished(tmp_path, "a: 1\n")
+    assert "throughput_tok_s is" in caplog.text and "running again" in caplog.text
+    assert "delete it" not in caplog.text, caplog.text
