@@ -12,14 +12,17 @@ Usage:
         [routing=synthetic|trace|auto] [trace_dir=../shared/traces] [peer_limit=0] [repeats=3]
         [executor.dtype=auto|float32|bfloat16]
 Each row is the median of `repeats` runs of its system, their spread beside it.
-The bench runs itself once per system with `role=...` (and `acc_batch=` for accelerate,
-`host_room_mb=` for moepipe): each child prints its result as one JSON line.
+The bench runs itself once per system, told its role (and `acc_batch` for accelerate,
+`host_room_mb` for moepipe) in $MOEPIPE_BENCH_CHILD, not on its command line, where a user's
+would be refused: each child prints its result as one JSON line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from core.args import (
@@ -35,9 +38,12 @@ from core.errors import MoepipeError, did_you_mean
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import exit_command
+from experiments.common.conf_files import override_value
 from experiments.common.held_warnings import warnings_held
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.peers import (
+    CHILD_ENV,
+    CHILD_KEYS,
     COLD,
     RESULT,
     ROLES,
@@ -72,11 +78,8 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
             "model, so nothing is offloaded; this bench compares offloading: choose fractions "
             "that sum below 1"
         )
-    if d["role"] is not None and d["role"] not in ROLES:
-        raise MoepipeError(
-            f"role={d['role']!r}: set by the bench for its own child processes "
-            f"({', '.join(ROLES)}); leave it out"
-        )
+    if d["role"] is not None and d["role"] not in ROLES:  # (a child's: from_the_bench)
+        raise MoepipeError(f"role={d['role']!r}: unknown; valid: {', '.join(ROLES)}")
     _check_childs_options(d)
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
@@ -93,16 +96,24 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     return d
 
 
+def from_the_bench(opts: BenchAccelerateOptions) -> BenchAccelerateOptions:
+    """`opts` with what the bench tells a child of its own (CHILD_ENV; taken, so a process the
+    child starts is no child of the bench). The same options from a user's command line are
+    refused: the bench set its own in their place (`acc_batch=8` ran as if unsaid), and
+    `role=moepipe host_room_mb=500` measured one system at tiers no bench gives it."""
+    defaults = BenchAccelerateOptions(checkpoint="")
+    for k in CHILD_KEYS:
+        if getattr(opts, k) != getattr(defaults, k):
+            raise MoepipeError(
+                f"{k}={override_value(getattr(opts, k))}: set by the bench for its own child "
+                "processes, not on a command line; leave it out"
+            )
+    given = os.environ.pop(CHILD_ENV, None)
+    return replace(opts, **json.loads(given)) if given else opts
+
+
 def _check_childs_options(d: dict[str, Any]) -> None:
-    """The options the bench sets for its children alone: refused from a user (the bench set
-    its own in their place, so `acc_batch=8` ran as if unsaid), checked in a child."""
-    defaults = kv(BenchAccelerateOptions(checkpoint=""))
-    if d["role"] is None:
-        for k in ("host_room_mb", "acc_batch", "acc_limit_s"):
-            if d[k] != defaults[k]:
-                raise MoepipeError(
-                    f"{k}={d[k]}: set by the bench for its own child processes; leave it out"
-                )
+    """The options the bench sets for its children alone (`from_the_bench`), checked in one."""
     if d["role"] == "accelerate":
         as_int("acc_batch", d["acc_batch"], at_least=1)
         as_float("acc_limit_s", d["acc_limit_s"], at_least=0.0)
@@ -111,7 +122,7 @@ def _check_childs_options(d: dict[str, Any]) -> None:
 def _main(opts: BenchAccelerateOptions) -> int:
     # warnings about the bench held until its plan is accepted, as a run's (warnings_held)
     with named_as(BENCH_OPTIONS), warnings_held() as said:
-        return _bench(opts, said)
+        return _bench(from_the_bench(opts), said)
 
 
 def _bench(opts: BenchAccelerateOptions, said: Callable[[], None]) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -46,6 +47,9 @@ from experiments.common.pool import leave_stops_to_parent as ignore_ctrl_c  # a 
 COLD = ("pass", "once", "false")
 ROLE = "role"  # the option that makes the bench command run one system (in its own process)
 ROLES = ("probe", "moepipe", "accelerate")  # its values
+# what the bench alone tells a child: in this variable as JSON, not on its command line, where
+# a user's would change what the bench measures without a word (the command refuses them)
+CHILD_ENV, CHILD_KEYS = "MOEPIPE_BENCH_CHILD", (ROLE, "host_room_mb", "acc_batch", "acc_limit_s")
 RESULT = "BENCH-RESULT "  # a child's last stdout line: this prefix and a JSON object
 
 
@@ -292,6 +296,7 @@ def run_side(
     """Run `role` in a child process (inside a memory cgroup of `limit_bytes` where one can be
     made): (its result or None if it failed, the cgroup's peak bytes, why it failed)."""
     args = {**opts, **extra, ROLE: role}
+    mine = {k: args.pop(k) for k in CHILD_KEYS if k in args}
     cmd = [
         sys.executable,
         "-m",
@@ -308,6 +313,7 @@ def run_side(
             stderr=subprocess.PIPE,
             text=True,
             preexec_fn=ignore_ctrl_c,  # Ctrl-C is the bench's: it kills the child, one line
+            env={**os.environ, CHILD_ENV: json.dumps(mine)},
         )
         relaying = threading.Thread(target=relay, args=(proc.stderr, errors), daemon=True)
         relaying.start()

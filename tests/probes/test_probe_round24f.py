@@ -239,7 +239,9 @@ def _bench_call(bench: str, monkeypatch: pytest.MonkeyPatch, error: Exception) -
     module = importlib.import_module(f"experiments.bench.{bench}")
     monkeypatch.setattr(module, first, _noted_then(error))
     if bench == "accelerate":
-        return lambda: module._main(SimpleNamespace(role=None))
+        from experiments.common.schema import BenchAccelerateOptions
+
+        return lambda: module._main(BenchAccelerateOptions(checkpoint=""))
     if bench == "real":
         return lambda: module.run(SimpleNamespace())
     return lambda: module.report({"lanes": 2, "repeats": 1, "device": "cpu"})

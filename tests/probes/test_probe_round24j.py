@@ -10,6 +10,10 @@
   "n=2 does not fit memory (...; raise hardware.memory_gb.gpu ...); using n=1", a rerun's
   "...: delete it and run that point again; running again". Now it quotes only the cause
   (`core.errors.without_fix`).
+- bench_accelerate's options for its own children (`role`, `host_room_mb`, `acc_batch`,
+  `acc_limit_s`) were taken from a user's command line once `role` was given: `role=moepipe
+  host_room_mb=500` measured one system at tiers no bench gives it, without a word. Now the bench
+  hands them to a child in $MOEPIPE_BENCH_CHILD, and a command line's is refused in one line.
 """
 
 from __future__ import annotations
@@ -161,3 +165,45 @@ def test_a_reruns_warning_quotes_no_fix(tmp_path: Path, caplog: pytest.LogCaptur
         assert not finished(tmp_path, "a: 1\n")
     assert "throughput_tok_s is" in caplog.text and "running again" in caplog.text
     assert "delete it" not in caplog.text, caplog.text
+
+
+# -- a bench's options for its own children are not a user's ----------------------------------
+
+
+@pytest.mark.parametrize("arg", ["role=moepipe", "role=accelerate", "host_room_mb=100"])
+def test_a_childs_option_on_a_command_line_is_refused(
+    arg: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from experiments.bench import accelerate
+
+    assert accelerate.main([f"checkpoint={tmp_path}/none", arg]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {arg.split('=')[0]}=") and "\n" not in err, err
+    assert "not on a command line; leave it out" in err, err
+
+
+def test_the_bench_tells_a_child_its_role_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run_side's child: no option of the bench's own on its command line; the same, read back
+    by the child (`from_the_bench`), from the environment."""
+    from experiments.bench.accelerate import from_the_bench
+    from experiments.common import peers
+    from experiments.common.schema import BenchAccelerateOptions
+
+    started: list[Any] = []
+
+    def popen(cmd: list[str], env: dict[str, str], **kw: Any) -> Any:
+        started.append((cmd, env))
+        raise OSError(1, "not started")
+
+    monkeypatch.setattr(peers, "drop_page_cache", lambda *a, **k: None)
+    monkeypatch.setattr(peers.subprocess, "Popen", popen)
+    opts = {"checkpoint": "ck", "role": None, "host_room_mb": 50, "acc_limit_s": 0.0}
+    with pytest.raises(OSError, match="not started"):
+        peers.run_side("accelerate", opts, None, acc_batch=4)
+    cmd, env = started[0]
+    assert cmd[3:] == ["checkpoint='ck'"], cmd
+    monkeypatch.setenv(peers.CHILD_ENV, env[peers.CHILD_ENV])
+    got = from_the_bench(BenchAccelerateOptions(checkpoint="ck"))
+    assert (got.role, got.host_room_mb, got.acc_batch) == ("accelerate", 50, 4)
