@@ -482,14 +482,13 @@ def _say_interrupted(e: KeyboardInterrupt) -> None:
     # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
     # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
     quiet = other_rank() is not None and not claims_lines()
-
-    if isinstance(e, Stopped):
-        if not quiet:
-            say_first(f"stopped by {e.name}; {_ON_INTERRUPT[0]}")
-        sys.exit(128 + e.signum)
     if not quiet:
-        say_first(f"interrupted: {_ON_INTERRUPT[0]}")
-    sys.exit(130)
+        said = f"stopped by {e.name};" if isinstance(e, Stopped) else "interrupted:"
+        say_first(f"{said} {_ON_INTERRUPT[0]}")
+    code = 128 + e.signum if isinstance(e, Stopped) else 130
+    if experiments.AS_COMMAND:  # an interrupt sent again (an import's timer) after the line:
+        finished(code)  # its status, not the teardown's default action (exit -2 after it)
+    sys.exit(code)
 
 
 def finished(code: int = 0) -> None:
