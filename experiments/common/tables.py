@@ -64,8 +64,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"  # conf/planner/<choice>.yam
 
 def run_dirs(sweep_dir: Path) -> list[Path]:
     """Directories that are (or were about to be) runs: hydra's .hydra/, a config or a summary,
-    found in one walk of the sweep. A run dir linked into it (ln -s) is one too: the walk does
-    not follow the link (a loop of links would never end), and it went unsaid. A hidden folder
+    found in one walk of the sweep. A run dir linked into it (ln -s) is one too (the walk does
+    not follow links: a loop would never end), and a link leading nowhere (named). A hidden folder
     is no run, nor is anything under one: hydra's record (.hydra/, with the kept record of a
     run's result inside), a run's staging (`.partial-*`) or its earlier result set aside while
     the new one moves in (`.previous`), which a killed run leaves until the next run there puts
@@ -78,6 +78,8 @@ def run_dirs(sweep_dir: Path) -> list[Path]:
             found.append(here)
         linked = [here / n for n in dirs if not n.startswith(".") and (here / n).is_symlink()]
         found += [d for d in linked if any((d / m).exists() for m in marks)]
+        gone = (here / n for n in files if not n.startswith(".") and n not in marks)
+        found += [p for p in gone if p.is_symlink() and not p.exists()]  # read_run says it
         dirs[:] = [n for n in dirs if not n.startswith(".")]
     for d in found:  # what killed writers left half done goes (as the next writer would)
         clear_leftovers(d)
@@ -89,6 +91,8 @@ def read_run(run: Path) -> tuple[dict[str, Any] | None, str | None]:
     failed.txt beside summary.json is a finished run's folder whose later run (another config,
     in a sweep) failed: that run kept the earlier result, and the point is failed, as the
     sweep's end line said."""
+    if broken_link(run):
+        return None, f"not a run dir{broken_link(run)}; point the link at one, or remove it"
     summary_path = run / "summary.json"
     failed = _failed(run)
     if failed and summary_path.exists():

@@ -18,10 +18,13 @@
    column holds (None, NaN, 10**20, a list) ended in numpy's TypeError, ValueError or
    OverflowError from `Schedule.columns`: a traceback; a unit of 0.5 was read as 0 without
    a word. Now each is the planner's one line naming the op, the field and its value.
+6. a link in a sweep folder that leads nowhere (a run dir linked in, then moved; a loop) was
+   passed over by collect and report without a word; now a skipped point naming the link.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +192,18 @@ def test_an_op_unit_that_is_not_whole_is_refused_not_truncated(
         build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)
     line = any_error_line(e.value)
     assert f"{field}=0.5 is not a whole number" in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("target", ["gone", "self"])
+def test_a_link_in_a_sweep_that_leads_nowhere_is_named(tmp_path: Path, target: str) -> None:
+    """A run dir linked into a sweep and then moved or deleted (or a link that loops): collect
+    and report skipped it without a word; it is now a skipped point naming the link."""
+    from experiments.common.tables import read_run, run_dirs
+
+    link = tmp_path / "b"
+    link.symlink_to(tmp_path / "gone" if target == "gone" else link)
+    (tmp_path / "summary.json.txt").symlink_to(tmp_path / "gone2")  # any name: a link, named
+    assert run_dirs(tmp_path) == [link, tmp_path / "summary.json.txt"]
+    row, why = read_run(link)
+    assert row is None and why is not None and why.startswith("not a run dir (a symbolic link")
+    assert why.endswith("point the link at one, or remove it"), why
