@@ -354,10 +354,14 @@ def run_command(main: Callable[[], Any]) -> Any:
     if TRACEBACK_ENV not in os.environ:  # set here, so a command this one starts inherits it
         os.environ[TRACEBACK_ENV] = "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    command_started()
-    guard_stdout()
+
+    def started() -> Any:  # start-up's signal handlers are until_interrupted's by now
+        command_started()  # (Ctrl-C between the two was a KeyboardInterrupt's traceback)
+        guard_stdout()
+        return main()
+
     try:
-        result = until_interrupted(main)
+        result = until_interrupted(started)
         raise_stdout_failure()  # the work is done and its files written: its output is not
         return result
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would
@@ -392,6 +396,9 @@ def before_line() -> None:
     _BEFORE_LINE.clear()
 
 
+_FROM_TEXT = "<string>"  # the file name of code compiled from text (exec, eval, PyRun_String)
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP (`kill`, `timeout`, a scheduler, a closed terminal), raised where
     Ctrl-C's KeyboardInterrupt is: every path that Ctrl-C takes (a pool stopped, a lock
@@ -409,13 +416,23 @@ class Stopped(KeyboardInterrupt):
 def _raise_stopped(signum: int, frame: Any) -> None:
     """Ctrl-C's KeyboardInterrupt or a stop's `Stopped`, but not inside an import: torch's C++
     modules run Python while they load, and an exception raised there ends the process in
-    C++'s `terminate` (exit 134, "pybind11::error_already_set"), not with the one line. There
-    it is sent again a moment later (`_send_later`), until the import is done."""
+    C++'s `terminate` (exit 134, "pybind11::error_already_set"), not with the one line; nor
+    inside code the command runs from text (`exec` or `eval` of a string: dataclasses' methods,
+    namedtuple's), which marks a KeyboardInterrupt leaving it as the whole process's, however
+    it was handled: the command said its line and then ended by SIGINT (exit -2, in a full CI
+    run). There it is sent again a moment later (`_send_later`), until that code is done."""
+    frames = []
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            _send_later(signum)
-            return
+        frames.append(frame)
         frame = frame.f_back
+    codes = [f.f_code for f in frames]
+    # text run below the command's own call only: `python -c`, or a test worker, runs it all so
+    ours = codes[: codes.index(_UNTIL)] if _UNTIL in codes else []
+    if any(c.co_filename.startswith("<frozen importlib") for c in codes) or any(
+        c.co_filename == _FROM_TEXT for c in ours
+    ):
+        _send_later(signum)
+        return
     raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
 
 
@@ -473,12 +490,16 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
                 signal.signal(signum, handler)
 
 
+_UNTIL = until_interrupted.__code__
+
+
 def _say_interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C's or a stop's one line, and its exit status."""
     before_line()
-    _stop_pool_tracker()
     from experiments.common.launch_line import claims_lines, say_first
+    from experiments.common.pool import stop_pool_tracker
 
+    stop_pool_tracker()
     # Ctrl-C reaches every rank: rank 0 says it, or under torchrun's agent the first rank
     # to say (rank 0, blocked in a transfer, blamed rank 1 for leaving, before its line)
     quiet = other_rank() is not None and not claims_lines()
@@ -568,32 +589,3 @@ def _raise_unsent() -> None:
     if unsent:
         signum = unsent[0][1]
         raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
-
-
-def _stop_pool_tracker() -> None:
-    """Let joblib's worker-pool resource tracker (loky's: a process of its own, which a `-m`
-    sweep starts) finish now, so that what it says comes before Ctrl-C's line, not after it.
-
-    Ctrl-C reaches the pool's workers too, and now and then one of the pool's semaphores is
-    left registered; the tracker, which ends when this process does, then warns of "1 leaked
-    semlock objects" after the line that says how to resume (and after the shell's prompt). The
-    pool is gone by now (joblib kills its workers on the interrupt), so this runs what exit
-    would (the multiprocessing finalizers that unlink and unregister the live semaphores) and
-    then stops the tracker, which cleans up whatever is left before it ends."""
-    from multiprocessing import util
-
-    # Private to loky and multiprocessing (as of joblib 1.6, Python 3.11): where either is missing,
-    # as in a later version, the line is printed as before, the tracker's words after it.
-    module = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
-    stop = getattr(getattr(module, "_resource_tracker", None), "_stop", None)
-    finalizers = getattr(util, "_run_finalizers", None)
-    if stop is None or finalizers is None:
-        return
-    # the tracker ends only once every process holding its pipe is gone: a pool joblib keeps
-    # for reuse (an in-process sweep's, in a test or a notebook) would keep it, and stop() wait
-    # for that pool's idle timeout (300 s), so the pool goes first
-    from experiments.common.pool import close_sweep_pool
-
-    close_sweep_pool(kill_workers=True)
-    finalizers(0)  # exit's first step, run early
-    stop()

@@ -109,7 +109,7 @@ def close_sweep_pool(kill_workers: bool = False) -> None:
     """Close the worker pool joblib keeps for reuse after a sweep (loky's reusable executor,
     in this process) with its memmapping folders, while the resource tracker that registered
     them still runs. Left open, its folders were unregistered only at exit, and where that
-    tracker had been stopped meanwhile (an interrupt, `cli._stop_pool_tracker`) the one loky
+    tracker had been stopped meanwhile (an interrupt, `stop_pool_tracker`) the one loky
     started in its place printed a KeyError traceback per folder after the command's last
     line, in any process that ran a sweep in-process (a test, a notebook)."""
     module = sys.modules.get("joblib.externals.loky.reusable_executor")
@@ -133,3 +133,30 @@ def sweep_pool_closed() -> Iterator[None]:
         close_sweep_pool(kill_workers=True)
         raise
     close_sweep_pool()
+
+
+def stop_pool_tracker() -> None:
+    """Let joblib's worker-pool resource tracker (loky's: a process of its own, which a `-m`
+    sweep starts) finish now, so that what it says comes before Ctrl-C's line, not after it.
+
+    Ctrl-C reaches the pool's workers too, and now and then one of the pool's semaphores is
+    left registered; the tracker, which ends when this process does, then warns of "1 leaked
+    semlock objects" after the line that says how to resume (and after the shell's prompt). The
+    pool is gone by now (joblib kills its workers on the interrupt), so this runs what exit
+    would (the multiprocessing finalizers that unlink and unregister the live semaphores) and
+    then stops the tracker, which cleans up whatever is left before it ends."""
+    from multiprocessing import util
+
+    # Private to loky and multiprocessing (as of joblib 1.6, Python 3.11): where either is missing,
+    # as in a later version, the line is printed as before, the tracker's words after it.
+    module = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
+    stop = getattr(getattr(module, "_resource_tracker", None), "_stop", None)
+    finalizers = getattr(util, "_run_finalizers", None)
+    if stop is None or finalizers is None:
+        return
+    # the tracker ends only once every process holding its pipe is gone: a pool joblib keeps
+    # for reuse (an in-process sweep's, in a test or a notebook) would keep it, and stop() wait
+    # for that pool's idle timeout (300 s), so the pool goes first
+    close_sweep_pool(kill_workers=True)
+    finalizers(0)  # exit's first step, run early
+    stop()

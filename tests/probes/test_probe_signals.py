@@ -537,34 +537,3 @@ def test_sigterm_stops_a_real_run(tmp_path: Path, tiny_ckpt: Path, cli_here: Any
     assert not (run / "summary.json").exists()
     r = cli_here("experiments.run", *TINY, f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr
-
-
-@pytest.mark.parametrize(("stop", "code"), [(KeyboardInterrupt(), 130), (None, 143)])
-def test_an_interrupt_sent_again_after_the_line_keeps_its_status(
-    stop: KeyboardInterrupt | None, code: int, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> None:
-    """Ctrl-C during an import is sent again from a timer a moment later; one that fired as
-    the line was said landed in Python's teardown, where SIGINT's action is the default again,
-    and the command ended by the signal (exit -2, once in a full CI run) after its line. Once
-    the line is said, another signal exits with the line's status."""
-    import experiments
-    from experiments.common import cli as cli_module
-
-    monkeypatch.setattr(experiments, "AS_COMMAND", True)
-    monkeypatch.setattr(experiments, "FINISHED", [])
-    exits: list[int] = []
-    monkeypatch.setattr(cli_module.os, "_exit", exits.append)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli_module._say_interrupted(stop or cli_module.Stopped(signal.SIGTERM))
-        assert e.value.code == code
-        assert list(experiments.FINISHED) == [code]
-        handler = signal.getsignal(signal.SIGINT)
-        assert callable(handler) and handler is not signal.default_int_handler
-        handler(signal.SIGINT, None)  # the signal sent again
-        assert exits == [code]
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    assert capsys.readouterr().err.count("\n") == 1
