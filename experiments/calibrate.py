@@ -52,6 +52,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.hardware import _ram_bytes, measure_in_run  # noqa: E402
+from experiments.common.held_warnings import say_line
 from experiments.common.resolve import long_name_refused  # noqa: E402
 from experiments.common.run_dir import remove_empty, topmost_missing  # noqa: E402
 from experiments.common.schema import DtypeOption  # noqa: E402
@@ -538,7 +539,7 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 tmp.unlink(missing_ok=True)
                 raise MoepipeError(f"out={out}: cannot write it ({e.strerror or e})") from None
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     links = hw["links"]
     print(

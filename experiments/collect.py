@@ -14,7 +14,6 @@ Usage:
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from core.args import not_a_run_folder
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
+from experiments.common.held_warnings import say_line
 from experiments.common.tables import counted, load_sweep, write_results  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def _main(opts: Options) -> int:
             shutil.rmtree(made, ignore_errors=True)
         if not isinstance(err, MoepipeError):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        say_line(err)
         return 2
     print(f"{counted(df, problems)} -> {pq}, {csv}")
     return 0

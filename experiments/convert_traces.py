@@ -11,7 +11,6 @@ Usage:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.dir_lock import output_locked
+from experiments.common.held_warnings import say_line
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _main(args: Options) -> int:
             refuse_theirs(Path(dest), "out", b"PK\x03\x04", b"expert_ids.npy")
             out = convert_esft(args.src, dest, n_layers=N_LAYERS)  # what load_esft reads
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     print(f"wrote {out}")
     return 0

@@ -30,6 +30,7 @@ from experiments.common.cli import (
     output_file,
 )
 from experiments.common.dir_lock import output_locked
+from experiments.common.held_warnings import say_line
 from experiments.common.tables import markdown  # noqa: E402
 from planners.prefetch import ExpertTable, Predictor, top_k
 
@@ -124,7 +125,7 @@ def _main(args: Options) -> int:
         with output_locked(args.out, "out", "prefetch_eval"):  # two at once: the last won
             return _evaluated(args)
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
 
 
@@ -181,7 +182,7 @@ def _evaluated(args: Options) -> int:
                 f"k={args.k}: exceeds the trace's {n_experts} experts; pass k <= {n_experts}"
             )
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     k = args.k or trace.expert_ids.shape[-1]
     res = {
@@ -216,7 +217,7 @@ def _write(df: pd.DataFrame, out: str) -> int:
         with written_whole(out) as tmp:
             df.to_csv(tmp, index=False)
     except OSError as e:
-        print(f"error: out={out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        say_line(f"out={out}: cannot write it ({e.strerror or e})")
         return 2
     return 0
 

@@ -25,6 +25,7 @@ from core.errors import MoepipeError
 from core.files import no_file_there
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
+from experiments.common.held_warnings import say_line
 from experiments.common.ranking import ReportError
 from experiments.common.report_page import write_report
 from experiments.common.tables import counted, load_sweep, shown
@@ -67,11 +68,11 @@ def _main(opts: Options) -> int:
         )
     except (ReportError, MoepipeError) as err:
         _remove_if_made(out, fresh)
-        print(f"error: {err}", file=sys.stderr)
+        say_line(err)
         return 2
     except OSError as err:  # a full disk while the figures are written: the error names no file
         _remove_if_made(out, fresh)
-        print(f"error: out={out}: cannot write the report ({err.strerror or err})", file=sys.stderr)
+        say_line(f"out={out}: cannot write the report ({err.strerror or err})")
         return 2
     except BaseException:
         _remove_if_made(out, fresh)

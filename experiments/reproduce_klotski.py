@@ -41,6 +41,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.deferred import written_together
+from experiments.common.held_warnings import say_line
 from experiments.common.klotski_conf import conf_yaml as _yaml
 from experiments.common.klotski_conf import experiment as _experiment
 from experiments.common.pool import checked_workers, ignore_ctrl_c, stopped_on_error
@@ -563,7 +564,7 @@ def _main(args: Options) -> int:
                     "move that away, or pass out= another folder"
                 )
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     jobs = [j for name in only for j in makers[name](args.quick)]
     jobs.sort(key=lambda j: -j["workload"].n_sequences * j["workload"].gen_len)  # long ones first
@@ -587,8 +588,7 @@ def _main(args: Options) -> int:
             md.write_text(text + "\n")
     except OSError as e:
         print(df.to_csv(index=False))
-        where = e.filename or out  # the file a full disk stopped, not only its folder
-        print(f"error: {where}: cannot write the results ({e.strerror or e})", file=sys.stderr)
+        say_line(f"{e.filename or out}: cannot write the results ({e.strerror or e})")
         return 2
     print(text)
     return 0

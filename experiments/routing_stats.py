@@ -11,7 +11,6 @@ Usage:
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from experiments.common.cli import (
     until_interrupted,
 )
 from experiments.common.dir_lock import output_locked
+from experiments.common.held_warnings import say_line
 
 ROWS = (
     "max_over_mean_median",
@@ -106,7 +106,7 @@ def _main(args: Options) -> int:
         with output_locked(out, "out", "routing_stats"):  # two at once: the last won, unsaid
             return _stats(args, seed, out)
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
 
 
@@ -116,7 +116,7 @@ def _stats(args: Options, seed: int, out: Path) -> int:
         esft = esft_comparison(args.trace_dir, seed)
         mix = mixtral_comparison(counts, seed)
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     real, synth = headline(esft["real"]), headline(esft["synthetic"])
     print(_table(f"ESFT-vanilla-lite (26 x 64, top-6) vs synthetic {esft['params']}", real, synth))
@@ -132,7 +132,7 @@ def _stats(args: Options, seed: int, out: Path) -> int:
         with written_whole(out) as tmp:  # whole or not at all (a full disk cut it short)
             tmp.write_text(json.dumps({"esft": esft, "mixtral": mix}, indent=1))
     except OSError as e:
-        print(f"error: out={out}: cannot write it ({e.strerror or e})", file=sys.stderr)
+        say_line(f"out={out}: cannot write it ({e.strerror or e})")
         return 2
     print(f"\nwrote {out}")
     return 0

@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -58,7 +58,7 @@ from experiments.common.cli import (
 )
 from experiments.common.conf_files import as_typed_path, unquoted
 from experiments.common.dir_lock import LOCK, dir_locked
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import drop_held, plan_accepted, settle
 from experiments.common.hydra_errors import CONF_DIR, with_key
 from experiments.common.launch_line import check_split_over_ranks
 from experiments.common.pipeline import (
@@ -88,7 +88,7 @@ from planners.registry import expert_parallel_names, make_params
 log = logging.getLogger(__name__)
 
 
-def execute(cfg: DictConfig, out_dir: Path, said: Callable[[], None] = lambda: None) -> dict:
+def execute(cfg: DictConfig, out_dir: Path) -> dict:
     check_no_chdir()
     spec = run_spec(cfg)  # bad input fails here, before a finished run's summary is touched
     files = first_read(cfg, spec)
@@ -110,12 +110,12 @@ def execute(cfg: DictConfig, out_dir: Path, said: Callable[[], None] = lambda: N
     else:
         from experiments.common.real_run import real_run  # torch is imported only for real runs
 
-        result = real_run(spec, cfg, files, said)  # said(): once its plan is accepted
+        result = real_run(spec, cfg, files, plan_accepted)
         if result is None:  # a torchrun rank other than 0: rank 0 writes the run
             return {}
         write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
         s = result.summary
-    said()  # the warnings held back (warnings_held), before the run's own
+    plan_accepted()  # the warnings held back (held_warnings), before the run's own
     warn_unused_n_batches(spec, s["n_batches"])
     choice = HydraConfig.get().runtime.choices.get("planner") if HydraConfig.initialized() else None
     choice = s.get("variant") or choice  # a replication row's label, e.g. eplb[interval=8]
@@ -557,14 +557,14 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
     the sweep goes on."""
     (out_dir / FAILED).unlink(missing_ok=True)  # an earlier try's bad input, retried now
     try:
-        with warnings_held() as said:  # a run its plan refuses says only that
-            execute(cfg, out_dir, said)
+        execute(cfg, out_dir)
     except CapacityError as e:
         if not sweep:
             remove_if_no_run(out_dir, [FAILED, LOCK])
             exit_with(e)
         # In a sweep an infeasible point (too big a batch for the GPU) is a finished result,
         # recorded so the sweep goes on, a re-run skips it and reports show it as a gap.
+        drop_held()  # the point's warnings: its refusal is all it says
         log.warning("infeasible: %s", e)
         infeasible = {"status": "infeasible", "error": str(e), "model": run_model_name(_root_=cfg)}
         replace_run(out_dir, infeasible, lambda tmp: write_texts(tmp, stamp(config_text(cfg))))
@@ -579,6 +579,7 @@ def run_point(cfg: DictConfig, out_dir: Path, sweep: bool) -> None:
         # recorded too, with the file holding its traceback.
         line = any_error_line(e)
         said = line.removeprefix(f"{out_dir}: ")  # an OSError's line names the dir already
+        settle(e)  # the point's warnings, before its line
         print(f"error: run {out_dir}: {said}", file=sys.stderr)
         (out_dir / FAILED).write_text(f"{line}\n")
 

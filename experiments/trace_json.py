@@ -11,7 +11,6 @@ stream.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from core.trace import read_trace
 from experiments.common.app import command
 from experiments.common.cli import exit_command, until_interrupted
 from experiments.common.dir_lock import dir_locked
+from experiments.common.held_warnings import say_line
 from experiments.common.run_dir import OUTPUTS_BUSY, edited_since_run
 
 
@@ -95,7 +95,7 @@ def _main(opts: Options) -> int:
             except OSError as e:
                 raise MoepipeError(f"out={out}: cannot write it ({e.strerror})") from None
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     print(out)
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from experiments.common.dist_measure import p2p_seen  # noqa: E402
 from experiments.common.dist_run import run_distributed  # noqa: E402
 from experiments.common.figures import fig_sim_vs_real  # noqa: E402
 from experiments.common.hardware import load_hardware, measure_in_run, read_hardware, with_links
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.option_names import VALIDATE_OPTIONS, named_as, own_names
 from experiments.common.pipeline import (
     RunResult,
@@ -224,18 +223,18 @@ class Setup:
     # the checkpoint's files before its first read here: every planner's real run fails on a
     # change since, not only on one during it (the table would compare two checkpoints' runs)
     files: dict[str, FileState] | None = None
-    said: Callable[[], None] = lambda: None  # warnings_held's: once a real run's plan is accepted
 
 
 def validate(opts: dict[str, Any]) -> pd.DataFrame:
     """The validation (module doc): its table, also written to <out>/validate.csv and .md; they
     and the run dirs and timelines replace an earlier validation's in `out` once all are
     written (a failure or an interrupt leaves that one as it was)."""
-    with warnings_held() as said:  # a validation whose real runs are all refused says only that
-        setup = replace(_setup(opts), said=said)
-        stage = staged_outputs(setup.out, _earlier_outputs, "validate.csv", setup.fresh_out)
-        with stage as tmp:
-            table = _validate(replace(setup, out=tmp))
+    # its warnings print once a real run's plan is accepted (held_warnings): a validation
+    # whose real runs are all refused says only that
+    setup = _setup(opts)
+    stage = staged_outputs(setup.out, _earlier_outputs, "validate.csv", setup.fresh_out)
+    with stage as tmp:
+        table = _validate(replace(setup, out=tmp))
     print(f"wrote {setup.out}/validate.csv, validate.md, timeline_*.png")
     return table
 
@@ -256,7 +255,7 @@ def _validate(setup: Setup) -> pd.DataFrame:
     if sims:
         reals, probed = _real_runs(setup, sims, rows)
     if not sims:  # a table of skipped rows alone is no validation
-        raise CapacityError(  # each planner refused: a refusal, said alone (warnings_held)
+        raise CapacityError(  # each planner refused: a refusal, said alone (held_warnings)
             "every planner was skipped, nothing to compare: "
             + "; ".join(f"{r['planner']}: {r['skipped']}" for r in rows)
             + "; fix one planner's refusal as it says, or pass planners=[...] that fit"
@@ -418,10 +417,10 @@ def _real_runs(
                         files=setup.files,
                     )
                     result = dist.result
-                    setup.said()
+                    plan_accepted()
                 else:
                     run = dict(routing=routing, planner=planner, dtype=setup.dtype)
-                    run |= dict(files=setup.files, on_planned=setup.said)
+                    run |= dict(files=setup.files, on_planned=plan_accepted)
                     result, _ = real_execute(setup.ckpt, real_spec, "replay", **run)
             except (CapacityError, ConfigError) as e:  # e.g. a working set the pool cannot hold
                 # a refusal, not a fault: a rank that died, a checkpoint that changed, NaN

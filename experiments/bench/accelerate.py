@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -39,7 +38,7 @@ from experiments.common.app import command, kv
 from experiments.common.bench_memory import checked_room
 from experiments.common.cli import exit_command
 from experiments.common.conf_files import override_value
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.peers import (
     CHILD_ENV,
@@ -120,15 +119,15 @@ def _check_childs_options(d: dict[str, Any]) -> None:
 
 
 def _main(opts: BenchAccelerateOptions) -> int:
-    # warnings about the bench held until its plan is accepted, as a run's (warnings_held)
-    with named_as(BENCH_OPTIONS), warnings_held() as said:
-        return _bench(from_the_bench(opts), said)
+    # warnings about the bench held until its plan is accepted, as a run's (held_warnings)
+    with named_as(BENCH_OPTIONS):
+        return _bench(from_the_bench(opts))
 
 
-def _bench(opts: BenchAccelerateOptions, said: Callable[[], None]) -> int:
+def _bench(opts: BenchAccelerateOptions) -> int:
     d = checked(opts)
     if opts.role:  # a child: one system, its result as the last stdout line
-        said()
+        plan_accepted()
         result = child(opts.role, d)
         print(RESULT + json.dumps({**result, "peak_rss_bytes": peak_rss()}), flush=True)
         return 0
@@ -139,7 +138,7 @@ def _bench(opts: BenchAccelerateOptions, said: Callable[[], None]) -> int:
         room = measure_room(d, budget_hw, opts.cgroup)
         d = room.options(d)
         spec, hw = run_spec(d)  # moepipe's side: its child plans these tiers too
-        said()
+        plan_accepted()
         rows, header = compare(d, spec, hw, room)
     print("\n".join([*header, *format_rows(rows)]))
     return 0

@@ -24,7 +24,7 @@ from core.errors import MoepipeError
 from experiments.common import pipeline
 from experiments.common.app import kv, timed_command
 from experiments.common.cli import exit_command  # noqa: E402
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import plan_accepted
 from real.store import ALIGN, HostSlabs, aligned_empty, resolve_device, round_up
 
 
@@ -220,13 +220,10 @@ def buffer_lines(
 
 def report(opts: dict[str, Any]) -> list[str]:
     """The measurements (module doc); warnings held until the device and repeats are accepted,
-    as a run's until its plan is (`warnings_held`)."""
-    with warnings_held() as said:
-        device = resolve_device(str(opts["device"]), "device", empty_ok=True)
-        repeats = as_int(
-            "repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY
-        )
-        said()
+    as a run's until its plan is (`held_warnings`)."""
+    device = resolve_device(str(opts["device"]), "device", empty_ok=True)
+    repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
+    plan_accepted()
     slabs = HostSlabs(device if device.type == "cuda" else None)
     try:
         return [

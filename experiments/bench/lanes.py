@@ -30,7 +30,7 @@ from experiments.common.cli import (
     exit_command,
 )
 from experiments.common.hardware import hardware_spec, read_hardware
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import plan_accepted
 from planners.expert_parallel import expert_width
 from real.checkpoint import reduced_spec, torch_dtype
 from real.store import resolve_device
@@ -121,12 +121,7 @@ def measured_s(kernels: list[Callable[[], Any]], repeats: int) -> tuple[float, s
 
 def report(opts: dict[str, Any]) -> list[str]:
     """The table (module doc); warnings about the bench held until its options are accepted,
-    as a run's until its plan is (`warnings_held`)."""
-    with warnings_held() as said:
-        return _report(opts, said)
-
-
-def _report(opts: dict[str, Any], said: Callable[[], None]) -> list[str]:
+    as a run's until its plan is (`held_warnings`)."""
     # one lane runs alone: its overlap is 1 by definition (validate_lanes' bound)
     lanes = as_int("lanes", opts["lanes"], at_least=2, why="one lane has nothing to overlap with")
     repeats = as_int("repeats", opts["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
@@ -145,7 +140,7 @@ def _report(opts: dict[str, Any], said: Callable[[], None]) -> list[str]:
             f"one of them); pass lanes=2 to {model.n_experts}"
         )
     device = resolve_device(str(opts["device"]), "device", empty_ok=True)
-    said()  # the bench is accepted: what was held, then what comes, said at once
+    plan_accepted()  # the bench is accepted: what was held, then what comes, said at once
     cuda = device.type == "cuda"
     gpu = hw.gpu
     sm_bw = gpu.sm_mem_bw_bytes_per_s / 1e9 or gpu.mem_bw_bytes_per_s / 1e9 / max(gpu.sms, 1)

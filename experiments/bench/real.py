@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from experiments.common import peers as pe
 from experiments.common.app import command, kv
 from experiments.common.bench_memory import check_trace_routing, checked_room
 from experiments.common.cli import exit_command, os_error_fix
-from experiments.common.held_warnings import warnings_held
+from experiments.common.held_warnings import plan_accepted
 from experiments.common.option_names import BENCH_OPTIONS, named_as
 from experiments.common.schema import BenchAccelerateOptions, BenchRealOptions
 from real.checkpoint import reduced_spec
@@ -196,12 +195,11 @@ def physical_bound(schedule: Any, hw: Any) -> dict[str, tuple[float, str]]:
 
 def run(opts: BenchRealOptions) -> list[str]:
     """The benchmark's lines (module doc); progress on stderr; warnings about the bench held
-    until its plan is accepted, as a run's (`warnings_held`)."""
-    with warnings_held() as said:
-        return _run(opts, said)
+    until its plan is accepted, as a run's (`held_warnings`)."""
+    return _run(opts)
 
 
-def _run(opts: BenchRealOptions, said: Callable[[], None]) -> list[str]:
+def _run(opts: BenchRealOptions) -> list[str]:
     from experiments.common.pipeline import simulate_run
     from experiments.common.real_run import checkpoint_files, unchanged_since
 
@@ -236,7 +234,7 @@ def _run(opts: BenchRealOptions, said: Callable[[], None]) -> list[str]:
     run_spec, hw = pe.run_spec(bopts)  # moepipe's side: the simulator plans its child's tiers
     _progress("simulating the same run")
     sim = simulate_run(run_spec)
-    said()  # its plan is accepted: the warnings held (warnings_held), then the rest at once
+    plan_accepted()  # the warnings held (held_warnings), then the rest at once
     if peers == "none":
         rows, header = _moepipe_only(bopts, run_spec)
     else:
@@ -336,7 +334,7 @@ def _fits(opts: BenchRealOptions, spec: Any, budget: float) -> None:
         )
     except CapacityError as e:
         # e names its fixes, as this bench's options (OWN_NAMES): each named once; a refusal
-        # still, said alone (warnings_held)
+        # still, said alone (held_warnings)
         raise CapacityError(
             f"budget_gb={budget / 1e9:g}: Klotski's plan does not fit it: {e}"
         ) from None

@@ -31,6 +31,7 @@ from core.args import MAX_REPEATS, REPEATS_WHY, as_int
 from core.errors import MoepipeError
 from experiments.common.app import command
 from experiments.common.cli import exit_command  # noqa: E402
+from experiments.common.held_warnings import say_line  # noqa: E402
 from planners.registry import make_planner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def _main(args: Options) -> int:
         else:
             bench(args.planner, args.repeat)
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return 2
     return 0
 

@@ -39,6 +39,7 @@ from experiments.common.cli import (
 from experiments.common.command_options import taken_by
 from experiments.common.conf_files import check_conf_dirs, check_planner_files, group_files
 from experiments.common.flags import VALUE_FLAGS, check_flags
+from experiments.common.held_warnings import settle, warnings_held
 from experiments.common.hydra_errors import CONF_DIR, nearest, one_line, with_key
 from experiments.common.hydra_hooks import (
     groups_on_demand,
@@ -390,7 +391,8 @@ def _hydra_main(
             from hydra.types import RunMode
 
             try:
-                result.append(task(cfg))
+                with warnings_held():  # each run's, a sweep point's too (held_warnings)
+                    result.append(task(cfg))
             except Exception as e:
                 keyed = with_key(e, cfg)
                 if HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -427,6 +429,7 @@ def _hydra_main(
         if line is None:
             raise
         before_line()
+        settle(e)  # the warnings held: a refusal's dropped, else said before its line
         say_error(f"error: {_users_files(line, files, Path(tmp))}")
         return 2
     finally:

@@ -452,6 +452,11 @@ class SweepProgress(Callback):
         _JOB_SWEEP.clear()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # its points are checked and it starts: what their checks warned of prints now, not as
+        # the sweep ends (each point's own run holds its own, held_warnings)
+        from experiments.common.held_warnings import plan_accepted
+
+        plan_accepted()
         try:
             sweep_dir = Path(str(config.hydra.sweep.dir))
         except OmegaConfBaseException:  # `${nosuch.key}` in it: the launcher fails on it next,

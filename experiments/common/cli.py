@@ -36,6 +36,7 @@ from experiments.common.argv_checks import (
     user_conf_dirs,
 )
 from experiments.common.conf_files import chosen_file
+from experiments.common.held_warnings import say_line, settle, warnings_held
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
 
 __all__ = [
@@ -66,7 +67,7 @@ def print_or_exit(report: Callable[[], list[str]]) -> None:
     try:
         print("\n".join(report()))
     except MoepipeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         sys.exit(2)
 
 
@@ -297,6 +298,7 @@ def exit_with(e: BaseException) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     before_line()
+    settle(e)  # the warnings held: dropped for a refusal, else said before its line
     from experiments.common.launch_line import say_error
 
     # under torchrun's agent the first rank to say prints the line, whichever it is: rank 0,
@@ -360,18 +362,21 @@ def run_command(main: Callable[[], Any]) -> Any:
         guard_stdout()
         return main()
 
-    try:
-        result = until_interrupted(started)
-        raise_stdout_failure()  # the work is done and its files written: its output is not
-        return result
-    except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say, as `cat` would
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again
-        sys.exit(141)  # a shell's status for a process its pipe's reader left (128 + SIGPIPE)
-    except Exception as e:
-        if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
-            raise
-        exit_with(e)
+    with warnings_held():  # until its plan is accepted (held_warnings: the one rule)
+        try:
+            result = until_interrupted(started)
+            raise_stdout_failure()  # the work is done and its files written: its output is not
+            return result
+        except (
+            BrokenPipeError
+        ):  # `... --help | head`: the reader left; nothing to say, as `cat` would
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again
+            sys.exit(141)  # a shell's status for a process its pipe's reader left (128 + SIGPIPE)
+        except Exception as e:
+            if os.environ.get(TRACEBACK_ENV) == "1" and error_line(e) is None:
+                raise
+            exit_with(e)
 
 
 # What `until_interrupted` says after "interrupted: ": a command whose output folder is not the
@@ -496,6 +501,7 @@ _UNTIL = until_interrupted.__code__
 def _say_interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C's or a stop's one line, and its exit status."""
     before_line()
+    settle(e)  # the warnings held, before the line
     from experiments.common.launch_line import claims_lines, say_first
     from experiments.common.pool import stop_pool_tracker
 

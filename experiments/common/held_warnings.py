@@ -1,66 +1,124 @@
-"""Warnings a run holds back until its plan is accepted: a run the plan then refuses prints only
-its refusal (a checkpoint's notes, a rerun's reason, said first, read as if the run went on);
-a run that fails otherwise prints them before its error, which they may explain.
+"""The one rule for a command's warnings: they print once its plan is accepted; a refused run
+prints only its refusal (a checkpoint's notes, a rerun's reason, said first, read as if the run
+went on); any other failure prints them before its error line, which they may explain.
+
+Every command holds them through its shared entry (`cli.run_command`, and each hydra job in
+`app.hydra_main`); a command says where its plan is accepted, and the error path settles them.
 
 Usage:
-    with warnings_held() as said:
-        ...  # read the config and the checkpoint, plan
-        said()  # the plan is accepted: the warnings held are logged, and later ones at once
+    plan_accepted()   # the plan is accepted: the warnings held are logged, later ones at once
+    settle(e)         # just before the one line of `e`: dropped for a refusal, else logged
+    say_line(e)       # a command's own line for `e`, settled first
+    with warnings_held():
+        ...           # (the shared entry's) held while inside, nested holds inside it
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import os
+import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-from core.errors import CapacityError
+from core.errors import CapacityError, MoepipeError
+
+Held = list[tuple[logging.Logger, logging.LogRecord]]
+# the open holds, outermost first; an entry is None once its plan was accepted (it holds no more)
+_OPEN: list[Held | None] = []
+_CALL_HANDLERS = logging.Logger.callHandlers
 
 
-class _Hold(logging.Filter):
-    """A root handler's filter that keeps WARNING records back, once each, while `on`."""
+def _holding(logger: logging.Logger, record: logging.LogRecord) -> None:
+    """`Logger.callHandlers` while a hold is open: a WARNING record is kept by the innermost
+    hold, once (every handler, lastResort included, then sees it on release), if it holds."""
+    held = _OPEN[-1] if _OPEN else None
+    if held is None or record.levelno != logging.WARNING:
+        _CALL_HANDLERS(logger, record)
+        return
+    held.append((logger, record))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.on = True
-        self.held: list[logging.LogRecord] = []
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.on or record.levelno != logging.WARNING:
-            return True
-        if not any(r is record for r in self.held):  # each root handler sees it
-            self.held.append(record)
-        return False
+def _log(held: Held) -> None:
+    for logger, record in held:
+        _CALL_HANDLERS(logger, record)
+
+
+def refused(e: BaseException) -> bool:
+    """`e` is a refusal: its one line is all a refused run says."""
+    return isinstance(e, CapacityError)
+
+
+def plan_accepted() -> None:
+    """The run's plan is accepted: what every open hold keeps is logged, in order, and they
+    hold no more (a hold opened later, a sweep's next point, holds again)."""
+    for i, held in enumerate(_OPEN):
+        if held is not None:
+            _OPEN[i] = None
+            _log(held)
+
+
+def drop_held() -> None:
+    """A refusal said as a result (a sweep's infeasible point): what the innermost hold keeps
+    is dropped, as the refusal's line would drop it."""
+    if _OPEN and _OPEN[-1] is not None:
+        _OPEN[-1].clear()
+
+
+def say_line(e: BaseException | str) -> None:
+    """A command's own one line for `e` (its text, or the text given) on stderr, what is held
+    settled first (`settle`: a refusal's warnings dropped, else said before it)."""
+    settle(e if isinstance(e, BaseException) else MoepipeError(e))
+    print(f"error: {e}", file=sys.stderr)
+
+
+def settle(e: BaseException) -> None:
+    """Just before the one line of `e`: a refusal drops what every hold keeps, any other
+    failure logs it first (it may explain the error); either way they hold no more."""
+    if refused(e):
+        _OPEN[:] = [None] * len(_OPEN)
+    else:
+        plan_accepted()
 
 
 @contextmanager
-def warnings_held() -> Iterator[Callable[[], None]]:
-    """Inside, the warnings that reach the root logger's handlers are held; the callable it
-    yields logs them, in order, and stops holding. Held when the block ends: dropped where it
-    raises a refusal (a CapacityError: its one line is all a refused run says), else logged,
-    before any other error (they may explain it) or where it ends normally."""
-    hold = _Hold()
-    handlers = list(logging.getLogger().handlers)
-    for handler in handlers:
-        handler.addFilter(hold)
-
-    def stop() -> list[logging.LogRecord]:
-        hold.on = False
-        for handler in handlers:
-            handler.removeFilter(hold)
-        return hold.held
-
-    def said() -> None:
-        if hold.on:
-            for record in stop():
-                logging.getLogger(record.name).handle(record)
-
+def warnings_held() -> Iterator[None]:
+    """Inside, WARNING records are held (`plan_accepted`, `settle` end that). Held when the block
+    ends: dropped where it raises a refusal; else passed to the hold around it where that one
+    still holds (logged with it, in order, never twice), logged where none does."""
+    if not _OPEN:
+        logging.Logger.callHandlers = _holding  # type: ignore[method-assign]
+    held: Held = []
+    _OPEN.append(held)
+    depth = len(_OPEN)
     try:
-        yield said
-    except CapacityError:
-        stop()
+        yield
+    except BaseException as e:
+        _close(depth, None if refused(e) else held)
         raise
-    except BaseException:
-        said()
-        raise
-    said()
+    _close(depth, held)
+
+
+def _close(depth: int, held: Held | None) -> None:
+    """Close the hold at `depth` (and any left open inside it): `held` (None: dropped) goes to
+    the hold around it where that one holds, else is logged."""
+    kept = _OPEN[depth - 1] is not None and held is not None
+    del _OPEN[depth - 1 :]
+    outer = _OPEN[-1] if _OPEN else None
+    if kept and held:
+        if outer is not None:
+            outer.extend(held)
+        else:
+            _log(held)
+    if not _OPEN:
+        logging.Logger.callHandlers = _CALL_HANDLERS  # type: ignore[method-assign]
+
+
+def _forget() -> None:
+    """A forked child (a pool's worker) holds nothing of its parent's: the parent says what it
+    held, and the child, which never reaches the parent's `plan_accepted`, logs at once."""
+    _OPEN.clear()
+    logging.Logger.callHandlers = _CALL_HANDLERS  # type: ignore[method-assign]
+
+
+os.register_at_fork(after_in_child=_forget)

@@ -105,7 +105,7 @@ def named_as(names: dict[str, str]) -> Iterator[None]:
     _SAID.append(said)
     try:
         yield
-    except MoepipeError as e:  # a refusal stays one (warnings_held says it alone), a bug one
+    except MoepipeError as e:  # a refusal stays one (held_warnings says it alone), a bug one
         raise reworded(e, own_names(str(e), names)) from e
     finally:
         _ACTIVE.pop()

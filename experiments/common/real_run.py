@@ -126,7 +126,7 @@ def real_execute(
     which the spec's dtype_bytes and so every tier's but the disk's byte sizes follow.
     `files`: the checkpoint's `checkpoint_files` where the command read it first (a run's
     config.json, to record and check its model), so a change since then fails the run too.
-    `on_planned`: called once the run's plan is accepted (`warnings_held`'s `said`)."""
+    `on_planned`: called once the run's plan is accepted (`held_warnings.plan_accepted`)."""
     check_routing_mode(routing_mode)
     check_real_params(spec)
     if files is None:  # a change while the run reads them fails it at the end

@@ -567,27 +567,23 @@ def load_sweep(given: str | Path) -> tuple[pd.DataFrame, list[str]] | None:
     one `error: ` line if `given` is empty (Path("") is the current folder) or no folder, holds
     no finished run (the line names the first skipped one), or holds a summary.json with a
     metric that is not a number."""
+    from experiments.common.held_warnings import say_line
+
     if not str(given).strip():
-        print(
-            f"error: dir={str(given)!r}: an empty path; pass dir=<the sweep folder>",
-            file=sys.stderr,
-        )
+        say_line(f"dir={str(given)!r}: an empty path; pass dir=<the sweep folder>")
         return None
     sweep_dir = Path(given)
     if not sweep_dir.is_dir():
-        print(
-            f"error: dir={sweep_dir}: not a folder{broken_link(sweep_dir)}; pass a sweep's folder",
-            file=sys.stderr,
-        )
+        say_line(f"dir={sweep_dir}: not a folder{broken_link(sweep_dir)}; pass a sweep's folder")
         return None
     try:
         df, problems = collect(sweep_dir)
     except MoepipeError as e:  # a summary.json that no run wrote
-        print(f"error: {e}", file=sys.stderr)
+        say_line(e)
         return None
     if df.empty:
         first = skipped_note(sweep_dir, problems) or "; run a sweep into it first"
-        print(f"error: no finished run under {sweep_dir}{first}", file=sys.stderr)
+        say_line(f"no finished run under {sweep_dir}{first}")
         return None
     say_skipped(sweep_dir, problems)
     return df, problems
