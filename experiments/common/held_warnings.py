@@ -32,7 +32,7 @@ _CALL_HANDLERS = logging.Logger.callHandlers
 def _holding(logger: logging.Logger, record: logging.LogRecord) -> None:
     """`Logger.callHandlers` while a hold is open: a WARNING record is kept by the innermost
     hold, once (every handler, lastResort included, then sees it on release), if it holds."""
-    held = _OPEN[-1] if _OPEN else None
+    held = next(reversed(_OPEN), None)  # (another thread may close the last meanwhile)
     if held is None or record.levelno != logging.WARNING:
         _CALL_HANDLERS(logger, record)
         return
