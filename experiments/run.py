@@ -285,10 +285,10 @@ def simulated(cfg: DictConfig, spec: RunSpec, out_dir: Path, config_yaml: str) -
     if ep_inputs.block(cfg):  # held-out routing, training tables
         with ep_inputs.named_as_written(cfg, spec.planner):
             spec, routing = ep_inputs.prepare(cfg, spec, out_dir)
-            result = simulate_run(spec, routing)
+            result = simulate_run(spec, routing, on_planned=plan_accepted)
         ep_inputs.annotate(result, cfg, spec, routing)
     else:
-        result = simulate_run(spec)
+        result = simulate_run(spec, on_planned=plan_accepted)
     write_run(out_dir, result, stamp(config_yaml), chrome=bool(cfg.get("trace_json", False)))
     kept_to_exit(result)
     return result.summary

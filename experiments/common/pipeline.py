@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -288,11 +288,15 @@ def check_ram(need: int, what: str, fix: str) -> None:
 
 
 def simulate_run(
-    spec: RunSpec, routing: Routing | None = None, planner: Planner | None = None
+    spec: RunSpec,
+    routing: Routing | None = None,
+    planner: Planner | None = None,
+    on_planned: Callable[[], None] | None = None,
 ) -> RunResult:
     """Plan, validate, simulate and summarise `spec`: sized here where no `routing` is given,
     else `spec` is the sized run the routing is of. `planner`: the run's (`sized_run`'s), which
-    keeps its choices; else a new one."""
+    keeps its choices; else a new one. `on_planned`: called once its schedule is built, before
+    the simulation (a run's warnings, held till then, say what it will take up front)."""
     if routing is None:
         spec, planner = sized_run(spec, planner)
         routing = last_routing(spec.model, spec.workload)
@@ -303,6 +307,8 @@ def simulate_run(
     # collection, a twentieth of a 178k-op run's time)
     with gc_paused(), own_bugs(spec.planner):
         schedule = build_schedule(spec, routing, planner)
+        if on_planned is not None:
+            on_planned()
         trace = simulate_trace(schedule, spec.hardware)
         return RunResult(schedule, trace, summary_of(spec, schedule, trace, routing))
 

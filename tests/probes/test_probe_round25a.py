@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from core.errors import CapacityError, MoepipeError
 from experiments.common import held_warnings as hw
 from experiments.common.held_warnings import plan_accepted, warnings_held
+from tests.probes.conftest import TINY
 
 _NOTE = "probe: a note about the run"
 _log = logging.getLogger("experiments.probe")
@@ -175,3 +177,28 @@ def test_a_refused_command_says_only_its_refusal(module: str, noted: Any, cli_he
     assert [line for line in r.stderr.splitlines() if line] == [
         "error: GPU memory too small; raise hardware.memory_gb.gpu"
     ], r.stderr
+
+
+def test_a_long_simulations_warning_comes_before_it_simulates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_here: Any
+) -> None:
+    """'... minutes to simulate; Ctrl-C stops it', said up front, was held until the run had
+    simulated (a sim run's plan was accepted only as it ended)."""
+    from experiments.common import pipeline
+
+    monkeypatch.setattr(pipeline, "OPS_CHECKED", 1)  # the tiny run as if of millions of ops
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    monkeypatch.setattr(logging.getLogger(pipeline.__name__), "handlers", [handler])
+    simulate = pipeline.simulate_trace
+    by_then: list[str] = []
+
+    def simulated(*args: Any) -> Any:
+        by_then.extend(said)
+        return simulate(*args)
+
+    monkeypatch.setattr(pipeline, "simulate_trace", simulated)
+    r = cli_here("experiments.run", *TINY, f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert len(by_then) == 1 and "Ctrl-C stops it" in by_then[0], (by_then, said)
