@@ -36,6 +36,7 @@ from real.checkpoint_write import (
     foreign_checkpoint,
     peak_ram_bytes,
     plan_shards,
+    std_range,
     write_checkpoint,
 )
 
@@ -97,6 +98,10 @@ MAX_SEED = 2**63 - 1
 # No draw of a normal past this many standard deviations turns up in any checkpoint (the odds
 # are 1e-23 a weight): a scale whose weights stay finite this far out stays finite
 MAX_SIGMAS = 10.0
+# A normal draw falls within this many standard deviations of 0 one time in 10: at most that
+# share of the narrowest-drawn tensor's weights may be subnormal (a float16 model's real
+# weights are so near it at scale 1; bfloat16 and float32 are far from it)
+MIN_SIGMAS = 0.125
 
 
 def check_runs(spec: ModelSpec, norm_topk_prob: bool, rope_scaling: Any) -> None:
@@ -204,43 +209,59 @@ def _write(opts: Any) -> int:
 
 def check_scale(spec: ModelSpec, scale: float) -> None:
     """Refuse a scale whose weights would overflow the checkpoint's dtype (inf weights, written
-    with exit 0), or fall below its smallest normal number (every weight 0 or subnormal: a
-    model of zeros, also written with exit 0): the largest weight is about scale x a normal
-    draw (the embedding's std)."""
+    with exit 0), or whose smallest weights would fall below its smallest normal number
+    (subnormal, with fewer bits of precision, or 0: a model of zeros was also written with
+    exit 0), naming the range that works. The largest weight is about MAX_SIGMAS standard
+    deviations of the widest-drawn tensor (the embedding's); the tensor of the narrowest
+    draw keeps all but those within MIN_SIGMAS of 0 (1 in 10) normal."""
     import torch
 
     from real.checkpoint import torch_dtype
 
     dtype = torch_dtype(spec)
+    narrowest, widest = std_range(spec)
     largest = min(torch.finfo(dtype).max, torch.finfo(torch.float32).max)
-    if scale > largest / MAX_SIGMAS:
+    smallest = max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny)
+    low, high = smallest / (MIN_SIGMAS * narrowest), largest / (MAX_SIGMAS * widest)
+    span = f"pass scale in [{_digits(low, up=True)}, {_digits(high, up=False)}]"
+    if scale > high:
         raise MoepipeError(
             f"scale={scale:g}: the weights would overflow {dtype} (largest {largest:.3g}) and be "
-            f"written as inf; pass scale <= {largest / MAX_SIGMAS:.3g}"
+            f"written as inf; {span}"
         )
-    smallest = max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny)
-    if scale * MAX_SIGMAS < smallest:
+    if scale < low:
         raise MoepipeError(
-            f"scale={scale:g}: every weight would be below {dtype}'s smallest normal number "
-            f"({smallest:.3g}) and be written as 0 or subnormal; pass scale >= "
-            f"{smallest / MAX_SIGMAS:.3g}"
+            f"scale={scale:g}: the smallest weights (std {scale * narrowest:.3g}) would be near or "
+            f"below {dtype}'s smallest normal number ({smallest:.3g}), subnormal (fewer bits of "
+            f"precision) or 0; {span}"
         )
+
+
+def _digits(x: float, *, up: bool) -> str:
+    """`x` to 3 significant digits, rounded up (`up`) or down: a bound shown within its range."""
+    shown = f"{x:.3g}"
+    while (float(shown) < x) if up else (float(shown) > x):
+        x = x * (1 + 1e-3) if up else x * (1 - 1e-3)
+        shown = f"{x:.3g}"
+    return shown
 
 
 def check_usable(spec: ModelSpec) -> None:
     """Refuse a value transformers accepts but moepipe's run cannot use: RMSNorm and RoPE's
-    frequencies are computed in float32, where an rms_norm_eps past its largest is inf (every
-    normalised activation 0: the same token every step) and a rope_theta past its range inf
-    or 0 (no rotation, or inf frequencies); a vocabulary of one token generates only it."""
+    frequencies are computed in float32, where an rms_norm_eps past its range is inf (every
+    normalised activation 0: the same token every step) or not the value given (0 or
+    subnormal), and a rope_theta past its range inf or 0 (no rotation, or inf frequencies); a
+    vocabulary of one token generates only it."""
     import torch
 
     f32 = torch.finfo(torch.float32)
     low, high = f"{f32.tiny:.3g}", f"{f32.max:.3g}"  # rounded inwards: each a float32
     ranges = {  # field: (the range's words, whether a value is in it, why not)
         "rms_norm_eps": (
-            f"in (0, {high}]",
-            lambda v: 0 < v <= float(high),
-            "RMSNorm runs in float32, where it is inf and every normalised activation 0",
+            f"in [{low}, {high}]",
+            lambda v: float(low) <= v <= float(high),
+            "RMSNorm runs in float32, where it is 0 or subnormal (not the value given), or inf "
+            "(every normalised activation 0)",
         ),
         "rope_theta": (
             f"in [{low}, {high}]",

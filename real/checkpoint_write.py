@@ -27,21 +27,38 @@ from real.shards import save_shard
 def _init(
     key: str, shape: tuple[int, ...], spec: ModelSpec, g: torch.Generator, scale: float
 ) -> torch.Tensor:
-    """Seeded weights that keep activations O(1): std 1/sqrt(fan_in); residual-stream outputs
-    (o, w2, wo) shrunk by sqrt(2 * n_layers); router logits of std ~1 so routing is spread out.
-    Scaled in place: one float32 copy of the tensor at a time (a vocabulary's embedding is the
-    largest, 0.4 GB for OLMoE's)."""
+    """Seeded weights that keep activations O(1) (`init_std`). Scaled in place: one float32
+    copy of the tensor at a time (a vocabulary's embedding is the largest, 0.4 GB for
+    OLMoE's)."""
+    std = init_std(key, shape, spec, scale)
+    return torch.ones(shape) if std is None else torch.randn(shape, generator=g).mul_(std)
+
+
+def init_std(key: str, shape: tuple[int, ...], spec: ModelSpec, scale: float) -> float | None:
+    """The standard deviation of weight `key` (None: a norm's ones), times `scale`:
+    1/sqrt(fan_in); residual-stream outputs (o, w2, wo) shrunk by sqrt(2 * n_layers); the
+    embedding's 1, and router logits of std ~1, so routing is spread out; a bias's 0.02."""
     if key.endswith("norm"):
-        return torch.ones(shape)
-    x = torch.randn(shape, generator=g)
+        return None
     if key == "embed":
-        return x.mul_(scale)
+        return scale
     if key.endswith("_bias"):
-        return x.mul_(0.02).mul_(scale)
+        return 0.02 * scale
     std = scale / math.sqrt(shape[-1])
     if key in ("o", "w2", "wo"):
         std /= math.sqrt(2 * spec.n_layers)
-    return x.mul_(std)
+    return std
+
+
+def std_range(spec: ModelSpec) -> tuple[float, float]:
+    """The smallest and largest standard deviation of `spec`'s drawn weights at scale 1."""
+    stds = [
+        init_std(key, ts.shape, spec, 1.0)
+        for tensors in unit_layout(spec).values()
+        for key, ts in tensors.items()
+    ]
+    drawn = [s for s in stds if s is not None]
+    return min(drawn), max(drawn)
 
 
 @dataclass(frozen=True)

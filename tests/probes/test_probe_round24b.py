@@ -260,7 +260,7 @@ def test_a_trace_replays_layer_cut_is_checked_against_config_json(
 @pytest.mark.parametrize(
     ("field", "value", "span"),
     [
-        ("rms_norm_eps", 1e308, "in (0, 3.4e+38]"),
+        ("rms_norm_eps", 1e308, "in [1.18e-38, 3.4e+38]"),
         ("rope_theta", 1e-300, "in [1.18e-38, 3.4e+38]"),
         ("rope_theta", 1e39, "in [1.18e-38, 3.4e+38]"),
         ("vocab_size", 1, "at least 2"),
@@ -275,7 +275,8 @@ def test_make_checkpoint_refuses_a_value_its_run_cannot_use(
 
     spec = reduced_spec("mixtral-tiny", **{field: value})
     raises_one_line(lambda: check_usable(spec), f"{field}=", f"pass {field} {span}")
-    check_usable(reduced_spec("mixtral-tiny", rms_norm_eps=3.4e38, rope_theta=1.18e-38))
+    for edge in (3.4e38, 1.18e-38):
+        check_usable(reduced_spec("mixtral-tiny", rms_norm_eps=edge, rope_theta=edge))
 
 
 def test_make_checkpoint_writes_nothing_it_refuses(tmp_path: Path, cli_here: Any) -> None:
