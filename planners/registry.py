@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import numbers
 import pkgutil
 import re
+import subprocess
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from core.args import non_finite
@@ -37,25 +41,6 @@ _REGISTRY: dict[str, Entry] = {}
 # a planner file that did not import (a name taken, a syntax error): raised at the registry's
 # first use, inside a command's one error path, not at the import every command makes
 _BROKEN: list[ConfigError] = []
-
-# the planners the project ships: a broken schedule of one is the project's bug to report; of
-# any other (a researcher's own, registered from its own file) the researcher's to fix
-PROJECT_PLANNERS = frozenset(
-    {
-        "ep_static",
-        "eplb",
-        "fiddler",
-        "flexgen",
-        "klotski",
-        "layer_prefetch",
-        "mixtral_offloading",
-        "moe_infinity",
-        "oracle_replication",
-        "predictive_replication",
-        "sequential",
-        "zero_inference",
-    }
-)
 
 T = TypeVar("T")
 
@@ -235,7 +220,7 @@ def own_bugs(name: str) -> Iterator[None]:
     try:
         yield
     except ScheduleBug as e:
-        if isinstance(e, PlannerBug) or name in PROJECT_PLANNERS:
+        if isinstance(e, PlannerBug) or name in project_planners():
             raise
         if str(e).startswith(f"planner {name}: "):  # a check that names it (the run's work)
             raise PlannerBug(str(e)) from None
@@ -243,6 +228,43 @@ def own_bugs(name: str) -> Iterator[None]:
             f"planner {name}'s schedule breaks the schedule IR: {e}; fix planner {name} "
             "(docs/architecture.md: the schedule IR; core.schedule.validate checks it)"
         ) from None
+
+
+def project_planners() -> frozenset[str]:
+    """The planners the project ships, whose broken schedule is the project's bug to report:
+    those defined in a file of this `planners` package that the project's git tracks (any file
+    of it where the package is not a git checkout's, an installed copy). A researcher's own,
+    registered from a file of its own or added to planners/ and not committed, is theirs."""
+    _load_all()
+    return frozenset(n for n, e in _REGISTRY.items() if _shipped(e.factory))
+
+
+def _shipped(obj: Any) -> bool:
+    """Is class `obj` defined in a file of this package that the project ships?"""
+    file = getattr(sys.modules.get(obj.__module__), "__file__", None)
+    if file is None:
+        return False
+    path = Path(file).resolve()
+    tracked = _tracked_files()
+    here = Path(__file__).resolve().parent
+    return path.is_relative_to(here) and (tracked is None or path in tracked)
+
+
+@functools.cache
+def _tracked_files() -> frozenset[Path] | None:
+    """The files of this package the project's git tracks, resolved; None where the package is
+    not in a git checkout (or git is not there)."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "ls-files", "-z", "--", "."],
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return frozenset((here / p).resolve() for p in out.decode().split("\0") if p)
 
 
 def as_typed(name: str, msg: str) -> str:

@@ -158,7 +158,7 @@ def test_a_schedule_that_leaves_work_out_is_refused(
     assert line.startswith("planner mine: its schedule computes 0 of the 80 attention"), line
     assert "internal error" not in line and "breaks the schedule IR" not in line, line
     # one of the project's own: a bug to report, not located where the check raised
-    monkeypatch.setattr(registry, "PROJECT_PLANNERS", frozenset({"mine"}))
+    monkeypatch.setattr(registry, "project_planners", lambda: frozenset({"mine"}))
     with pytest.raises(ScheduleBug) as e:
         build_schedule(RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl))
     monkeypatch.setenv("MOEPIPE_TRACEBACK", "0")

@@ -78,7 +78,7 @@ def test_a_unit_past_the_runs_is_one_line_naming_it(
     if unit != "layer":
         return
     # one of the project's own planners: a bug to report, not the researcher's line
-    monkeypatch.setattr(registry, "PROJECT_PLANNERS", frozenset({"mine"}))
+    monkeypatch.setattr(registry, "project_planners", lambda: frozenset({"mine"}))
     monkeypatch.setenv("MOEPIPE_TRACEBACK", "0")
     with pytest.raises(ScheduleBug) as e:
         build_schedule(RunSpec(model, hw, wl, "mine", {}), routing)

@@ -5,15 +5,25 @@
    scale leaving more than 1 in 10 of the narrowest-drawn tensor's weights subnormal is
    refused, naming the range that works; `rms_norm_eps` below float32's smallest normal number
    (0 or subnormal where RMSNorm runs) too.
+4. the planners whose schedule bug is the project's were a hand-kept list, which a new shipped
+   planner had to be added to. Now they are derived: those defined in a file of the planners
+   package that git tracks (any file of it in an installed copy).
 """
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import pytest
 
 from experiments.make_checkpoint import check_scale, check_usable
+from planners import registry
+from planners.sequential import Sequential
 from real.checkpoint import reduced_spec
-from tests.probes.conftest import raises_one_line
+from tests.probes.conftest import ROOT, raises_one_line
+from tests.probes.test_probe_round24c import _NoParams
 
 # --- 2. make_checkpoint's numeric options that lose precision ---
 
@@ -46,3 +56,46 @@ def test_the_default_scale_is_taken_by_a_full_size_model(dtype: dict[str, bool])
 def test_an_rms_norm_eps_float32_cannot_hold_is_refused(eps: float) -> None:
     spec = reduced_spec("mixtral-tiny", rms_norm_eps=eps)
     raises_one_line(lambda: check_usable(spec), "rms_norm_eps=", "in [1.18e-38, 3.4e+38]")
+
+
+# --- 4. the project's planners, derived from where each is defined ---
+
+
+def test_every_shipped_planner_is_the_projects() -> None:
+    shipped = {p.stem for p in (ROOT / "planners").glob("*.py")}
+    names = registry.planner_names()
+    assert registry.project_planners() == set(names)
+    assert {registry.entry(n).factory.__module__.rpartition(".")[2] for n in names} <= shipped
+
+
+def _researchers(module: str, file: Path) -> type:
+    """A planner class defined in module `module`, whose file is `file` (not written)."""
+    mod = types.ModuleType(module)
+    mod.__file__ = str(file)
+    sys.modules[module] = mod
+    return type("Mine", (Sequential,), {"__module__": module})
+
+
+@pytest.mark.parametrize("git", [True, False])
+@pytest.mark.parametrize("where", ["own_file", "planners_uncommitted", "test_module"])
+def test_a_researchers_planner_is_not_the_projects(
+    where: str, git: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside the package: theirs; a file added to planners/ and not committed: theirs in a
+    git checkout, the project's in an installed copy (which has no history to tell)."""
+    files = {
+        "own_file": ("mylab.planner", ROOT.parent / "mylab" / "planner.py"),
+        "planners_uncommitted": ("planners.mine_probe", ROOT / "planners" / "mine_probe.py"),
+    }
+    if where == "test_module":
+        cls: type = type("Mine", (Sequential,), {})
+    else:
+        module, file = files[where]
+        monkeypatch.setitem(sys.modules, module, None)  # restored, whatever it was
+        cls = _researchers(module, file)
+    if not git:
+        monkeypatch.setattr(registry, "_tracked_files", lambda: None)
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    ours = where == "planners_uncommitted" and not git
+    assert ("mine" in registry.project_planners()) is ours
+    assert "klotski" in registry.project_planners()
