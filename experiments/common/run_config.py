@@ -4,10 +4,15 @@ together by hand (`collect`, `report` and `replication` skip it, naming the fiel
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.errors import MoepipeError
+
+if TYPE_CHECKING:
+    from core.spec import ModelSpec
 
 # summary.json keys that repeat a config.yaml column (summary key -> that column)
 REPEATED = {
@@ -139,7 +144,7 @@ def _auto_source(config: dict[str, Any], cfg: dict[str, Any]) -> str | None:
     model = config.get("model")
     try:
         if path:
-            spec = ModelSpec.from_hf_config(str(path))
+            spec = hf_spec(str(path))
         elif real or not isinstance(model, dict):
             return None
         else:
@@ -200,14 +205,32 @@ def _moe_layers(cfg: dict[str, Any]) -> tuple[list[Any] | None, str]:
             return None, ""
         return (layers if isinstance(layers, list) else None), "model.moe_layers"
     from core.hf_config import hf_config_file
-    from core.spec import ModelSpec
 
     try:
-        moe = ModelSpec.from_hf_config(str(path)).moe_layers
+        moe = hf_spec(str(path)).moe_layers
         where = str(hf_config_file(str(path)))
     except (MoepipeError, OSError, ValueError):
         return None, ""
     return list(moe), f"{where} (config.yaml's model)"
+
+
+def hf_spec(path: str) -> ModelSpec:
+    """The spec of config.json `path` (a file or its checkpoint's folder), read once for each
+    state of the file (its path, size and modification time): a sweep of many runs on one
+    checkpoint reads it once, and a file edited since is read again."""
+    from core.hf_config import hf_config_file
+
+    file = hf_config_file(path).resolve()
+    st = file.stat()
+    return _hf_spec_of(file, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _hf_spec_of(file: Path, size: int, mtime_ns: int) -> ModelSpec:
+    """`hf_spec`'s read of `file` (`size` and `mtime_ns` its state, the cache's key)."""
+    from core.spec import ModelSpec
+
+    return ModelSpec.from_hf_config(file)
 
 
 def _names(value: Any) -> set[str]:

@@ -8,16 +8,25 @@
 4. the planners whose schedule bug is the project's were a hand-kept list, which a new shipped
    planner had to be added to. Now they are derived: those defined in a file of the planners
    package that git tracks (any file of it in an installed copy).
+5. collect (and report, replication) read a real run's checkpoint config.json twice per run dir
+   that names it (round 24b's read-back of its MoE layers, and the source `auto` is for it): a
+   sweep of many runs on one checkpoint read it as often. Now once per state of the file (its
+   size and modification time): an edited file is read again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.hf_config import spec_to_hf_config
+from experiments.common.run_config import config_disagrees
 from experiments.make_checkpoint import check_scale, check_usable
 from planners import registry
 from planners.sequential import Sequential
@@ -99,3 +108,37 @@ def test_a_researchers_planner_is_not_the_projects(
     ours = where == "planners_uncommitted" and not git
     assert ("mine" in registry.project_planners()) is ours
     assert "klotski" in registry.project_planners()
+
+
+# --- 5. a checkpoint's config.json read once for a sweep's run dirs ---
+
+
+def test_a_sweep_on_one_checkpoint_reads_its_config_json_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five run dirs of a trace replay on one 2-layer checkpoint, whose summaries say 2 MoE
+    layers: read once; config.json then edited to 3 layers (another size and time): read
+    again, and each run dir is then stale."""
+    import core.hf_config.to_spec as to_spec
+
+    reads: list[Path] = []
+    read = to_spec.read_hf_config
+    monkeypatch.setattr(to_spec, "read_hf_config", lambda p: reads.append(p) or read(p))
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    write = (ckpt / "config.json").write_text
+    write(json.dumps(spec_to_hf_config(reduced_spec("mixtral-tiny", n_layers=2))))
+    config = {
+        "model": {"moe_layers": [0]},
+        "workload": {"seed": 0, "routing": {"source": "trace"}},
+        "executor": {"name": "real"},
+        "checkpoint": str(ckpt),
+    }
+    fields = {"source": "trace", "trace": "esft-dsv2lite", "tasks": ["law"], "seed": 0}
+    ran = {"routing": "trace esft-dsv2lite", "routing_fields": fields | {"moe_layers": 2}}
+    assert [config_disagrees(config, ran) for _ in range(5)] == [None] * 5
+    assert len(reads) == 1, reads
+    write(json.dumps(spec_to_hf_config(reduced_spec("mixtral-tiny", n_layers=3))))
+    os.utime(ckpt / "config.json", ns=(1, 1))  # another time, whatever the clock's grain
+    lines: list[Any] = [config_disagrees(config, ran) for _ in range(5)]
+    assert len(reads) == 2 and all(line and "has 3 MoE layers" in line for line in lines)
