@@ -18,6 +18,7 @@ import pkgutil
 import re
 import subprocess
 import sys
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from core.args import non_finite
-from core.errors import ConfigError, PlannerBug, ScheduleBug, did_you_mean
+from core.errors import ConfigError, MoepipeError, PlannerBug, ScheduleBug, did_you_mean
 from core.planner import Planner
 
 
@@ -215,10 +216,16 @@ def own_errors(name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def own_bugs(name: str) -> Iterator[None]:
     """Inside, a ScheduleBug of planner `name` (registered) that the project does not ship is a
-    PlannerBug naming it and the rule its schedule breaks, the researcher's to fix; one of the
+    PlannerBug naming it and the rule its schedule breaks, the researcher's to fix, and so is
+    an IndexError, KeyError or ValueError raised in its own file (`_slip`); one of the
     project's own planners stays a bug to report."""
     try:
         yield
+    except (IndexError, KeyError, ValueError) as e:
+        line = _slip(name, e)
+        if line is None:
+            raise
+        raise PlannerBug(line) from e
     except ScheduleBug as e:
         if isinstance(e, PlannerBug) or name in project_planners():
             raise
@@ -228,6 +235,36 @@ def own_bugs(name: str) -> Iterator[None]:
             f"planner {name}'s schedule breaks the schedule IR: {e}; fix planner {name} "
             "(docs/architecture.md: the schedule IR; core.schedule.validate checks it)"
         ) from None
+
+
+# what a planner may index, each within its run's count
+_WITHIN = (
+    "index layers, experts, batches and steps below ctx.model.n_layers, ctx.model.n_experts, "
+    "ctx.workload.n_batches and ctx.workload.n_steps"
+)
+
+
+def _slip(name: str, e: Exception) -> str | None:
+    """The line for `e`, raised in the file of planner `name` (one the project does not ship)
+    by its own code: an index past its run's (`planned outside`), or its own `raise` (its
+    message, as its author wrote it). None for any other: a project's file's, a check's."""
+    found = _REGISTRY.get(name)
+    if isinstance(e, MoepipeError) or found is None or name in project_planners():
+        return None
+    frames = traceback.extract_tb(e.__traceback__)
+    file = _source(found.factory)
+    if not frames or file is None or Path(frames[-1].filename).resolve() != file:
+        return None
+    frame = frames[-1]
+    shown = file.relative_to(Path.cwd()) if file.is_relative_to(Path.cwd()) else file
+    what = " ".join(str(e).split())[:200]
+    where = f"at {shown}:{frame.lineno} in {frame.name}"
+    if (frame.line or "").startswith("raise"):
+        return f"{as_typed(name, what)} ({type(e).__name__}, {where}); fix planner {name} there"
+    return (
+        f"planner {name} planned outside its run's model or workload ({type(e).__name__}: "
+        f"{what}, {where}): {_WITHIN}, and fix planner {name} there"
+    )
 
 
 def project_planners() -> frozenset[str]:
@@ -241,13 +278,16 @@ def project_planners() -> frozenset[str]:
 
 def _shipped(obj: Any) -> bool:
     """Is class `obj` defined in a file of this package that the project ships?"""
-    file = getattr(sys.modules.get(obj.__module__), "__file__", None)
-    if file is None:
-        return False
-    path = Path(file).resolve()
+    path = _source(obj)
     tracked = _tracked_files()
     here = Path(__file__).resolve().parent
-    return path.is_relative_to(here) and (tracked is None or path in tracked)
+    return path is not None and path.is_relative_to(here) and (tracked is None or path in tracked)
+
+
+def _source(obj: Any) -> Path | None:
+    """The file, resolved, of the module that defines class `obj`; None if it has none."""
+    file = getattr(sys.modules.get(obj.__module__), "__file__", None)
+    return None if file is None else Path(file).resolve()
 
 
 @functools.cache

@@ -136,7 +136,10 @@ def sized_run(spec: RunSpec, planner: Planner | None = None) -> tuple[RunSpec, P
     # million before the check below refused it); any n it chooses holds at least that one
     check_kv_fits(replace(spec, workload=spec.workload.with_(n_batches=1)), warn=False)
     planner = planner or run_planner(spec)
-    n = planner.choose_n_batches(spec.model, spec.hardware, spec.workload, CostModel(spec.hardware))
+    with own_bugs(spec.planner):  # a researcher's choice of n indexing past its run's: theirs
+        n = planner.choose_n_batches(
+            spec.model, spec.hardware, spec.workload, CostModel(spec.hardware)
+        )
     if n != spec.workload.n_batches:
         spec = replace(spec, workload=spec.workload.with_(n_batches=n))
     check_kv_fits(spec, warn=False)

@@ -5,6 +5,11 @@
    scale leaving more than 1 in 10 of the narrowest-drawn tensor's weights subnormal is
    refused, naming the range that works; `rms_norm_eps` below float32's smallest normal number
    (0 or subnormal where RMSNorm runs) too.
+3. a researcher's planner indexing past its run's experts, layers or batches in its own code
+   (an IndexError, KeyError or ValueError raised in its file) was round 24c's internal error
+   naming the file and line, a bug to report. Now it is the planner's one line: it planned
+   outside its run's model or workload, where, and the counts to index within; its own
+   `raise ValueError(...)` is its message, as it wrote it. A shipped planner's stays a bug.
 4. the planners whose schedule bug is the project's were a hand-kept list, which a new shipped
    planner had to be added to. Now they are derived: those defined in a file of the planners
    package that git tracks (any file of it in an installed copy).
@@ -25,12 +30,17 @@ from typing import Any
 
 import pytest
 
+from core.errors import PlannerBug
 from core.hf_config import spec_to_hf_config
+from core.spec import Workload
+from experiments.common.cli import any_error_line
+from experiments.common.pipeline import RunSpec, build_schedule
 from experiments.common.run_config import config_disagrees
 from experiments.make_checkpoint import check_scale, check_usable
 from planners import registry
 from planners.sequential import Sequential
 from real.checkpoint import reduced_spec
+from tests.conftest import hardware_from_conf, model_from_conf, random_routing
 from tests.probes.conftest import ROOT, raises_one_line
 from tests.probes.test_probe_round24c import _NoParams
 
@@ -65,6 +75,93 @@ def test_the_default_scale_is_taken_by_a_full_size_model(dtype: dict[str, bool])
 def test_an_rms_norm_eps_float32_cannot_hold_is_refused(eps: float) -> None:
     spec = reduced_spec("mixtral-tiny", rms_norm_eps=eps)
     raises_one_line(lambda: check_usable(spec), "rms_norm_eps=", "in [1.18e-38, 3.4e+38]")
+
+
+# --- 3. a researcher's planner indexing past its run in its own code ---
+
+
+class _Slips(Sequential):
+    """`sequential`'s plan after a slip of `how`'s, in this file."""
+
+    how = "index"
+
+    def plan(self, ctx: Any, out: Any) -> None:
+        m, wl = ctx.model, ctx.workload
+        if self.how == "index":
+            ([0.0] * m.n_experts)[m.n_experts]
+        elif self.how == "key":
+            {layer: 0 for layer in range(m.n_layers)}[m.n_layers]
+        elif self.how == "value":
+            [[0] * m.n_experts for _ in range(wl.n_batches)][wl.n_batches - 1].index(-1)
+        elif self.how == "raise":
+            raise ValueError("mine: needs 2 GPUs")
+        else:  # another file's slip (json's): not where the planner planned
+            json.loads("{")
+        super().plan(ctx, out)
+
+
+SLIPS = {
+    "index": "planned outside its run's model or workload (IndexError: list index out of range",
+    "key": "planned outside its run's model or workload (KeyError: 2, at ",
+    "value": "planned outside its run's model or workload (ValueError: -1 is not in list, at ",
+    "raise": "planner mine: needs 2 GPUs (ValueError, at ",  # its name once
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_spec() -> tuple[RunSpec, Any]:
+    model, hw = model_from_conf("tiny"), hardware_from_conf("tiny")
+    wl = Workload(batch_size=2, n_batches=2, prompt_len=8, gen_len=3)
+    return RunSpec(model, hw, wl, "mine", {}), random_routing(model, wl)
+
+
+@pytest.mark.parametrize("how", sorted(SLIPS))
+def test_a_researchers_planner_indexing_past_its_run_is_its_line(
+    how: str, tiny_spec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cls = type("Slips", (_Slips,), {"how": how, "__module__": __name__})  # (not abc's)
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    with pytest.raises(PlannerBug) as e:
+        build_schedule(*tiny_spec)
+    line = any_error_line(e.value)
+    assert SLIPS[how] in line and "\n" not in line, line
+    assert "tests/probes/test_probe_round25b.py:" in line and " in plan)" in line, line
+    assert line.endswith("fix planner mine there"), line
+    if how != "raise":
+        assert "below ctx.model.n_layers, ctx.model.n_experts, ctx.workload.n_batches" in line
+
+
+class _ChoosesPast(Sequential):
+    def choose_n_batches(self, model: Any, hardware: Any, workload: Any, cost: Any) -> int:
+        return [1, 2][model.n_layers]  # a table of n by layer, read past its last
+
+
+def test_a_researchers_choice_of_n_indexing_past_its_run_is_its_line(
+    tiny_spec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.common.pipeline import resolve_n_batches
+
+    entry = registry.Entry("mine", _ChoosesPast, _NoParams)
+    monkeypatch.setitem(registry._REGISTRY, "mine", entry)
+    with pytest.raises(PlannerBug) as e:
+        resolve_n_batches(tiny_spec[0])
+    line = any_error_line(e.value)
+    assert "planner mine planned outside" in line and " in choose_n_batches)" in line, line
+
+
+@pytest.mark.parametrize("how", ["key", "elsewhere"])
+def test_a_slip_not_the_researchers_stays_an_internal_error(
+    how: str, tiny_spec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shipped planner's slip is the project's bug to report; one raised in another file
+    (json's, here) is not where the planner planned: both keep round 24c's line."""
+    cls = type("Slips", (_Slips,), {"how": how, "__module__": __name__})
+    monkeypatch.setitem(registry._REGISTRY, "mine", registry.Entry("mine", cls, _NoParams))
+    if how == "key":
+        monkeypatch.setattr(registry, "project_planners", lambda: frozenset({"mine"}))
+    with pytest.raises((KeyError, ValueError)) as e:
+        build_schedule(*tiny_spec)
+    assert not isinstance(e.value, PlannerBug)
 
 
 # --- 4. the project's planners, derived from where each is defined ---
