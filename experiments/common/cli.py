@@ -140,6 +140,7 @@ def error_line(e: BaseException) -> str | None:
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     from core.yaml_size import yaml_place, yaml_problem
+    from experiments.common.path_values import literal_dollar
     from experiments.common.torch_env import env_line
 
     if isinstance(e, MoepipeError):  # a shipped planner's schedule that breaks the IR: a bug
@@ -198,7 +199,10 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, OmegaConfBaseException):
         key = getattr(e, "full_key", None)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _flat(f"{key + ': ' if key else ''}{msg}; fix that value in the config or override")
+        dollar = literal_dollar(key, msg)
+        return _flat(
+            f"{key + ': ' if key else ''}{msg}; fix that value in the config or override{dollar}"
+        )
     if isinstance(e, HydraException):
         lines = [*str(e).splitlines(), *str(e.__cause__ or "").splitlines()]
         return _flat("; ".join(line.strip() for line in lines[:2] if line.strip()) or repr(e))

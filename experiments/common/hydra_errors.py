@@ -23,8 +23,10 @@ from experiments.common.defaults_errors import (
     defaults_list_line,
     override_outside_global,
 )
+from experiments.common.path_values import literal_dollar
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+FIX_VALUE = "fix that value in the config or override"  # a value that does not resolve
 ROOT_SCHEMA: list[type] = []  # the running command's schema (set by `app.hydra_main`)
 USER_DIRS: list[Path] = []  # its command line's config folders (set by `app._checked_args`)
 
@@ -156,7 +158,7 @@ def one_line(e: BaseException, files: dict[str, str] | None = None) -> str | Non
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if key and cause is not None:  # `dir=${oc.env:NOPE}`: omegaconf's lines end `full_key: dir`
         first = next(ln for ln in lines if not ln.startswith("full_key:"))
-        return f"{key}: {first}{at}; fix that value in the config or override"
+        return f"{key}: {first}{at}; {FIX_VALUE}{literal_dollar(key, first)}"
     return "; ".join(dict.fromkeys(lines[:2]))
 
 
@@ -551,7 +553,7 @@ def with_key(e: Exception, cfg: DictConfig) -> Exception:
     if key is None:
         return e
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return MoepipeError(f"{key}: {msg}; fix that value in the config or override")
+    return MoepipeError(f"{key}: {msg}; {FIX_VALUE}{literal_dollar(key, msg)}")
 
 
 def _failing_key(node: Any, prefix: str) -> str | None:

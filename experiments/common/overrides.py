@@ -20,6 +20,7 @@ from experiments.common import hydra_errors
 from experiments.common.argv_checks import refuse_values_twice
 from experiments.common.hydra_errors import CONF_DIR
 from experiments.common.launcher_checks import check_joblib
+from experiments.common.path_values import comma_in_path, quoted_path
 from experiments.common.sweep_points import (
     check_shared,
     check_subdirs,
@@ -52,6 +53,10 @@ def check_sweep(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> N
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         parsed = parser.parse_overrides(list(overrides))
         given = [o for o in parsed if o.is_sweep_override()]
+        for o in given:  # a folder's comma, read as a sweep of its pieces
+            key, _, value = o.input_line.partition("=")
+            if (path := comma_in_path(key, value, sweeping=True)) is not None:
+                raise path
         check_sweep_values(given)
         cfg = composed(config_name, first_point(parsed, given))
         check_joblib(cfg)
@@ -338,7 +343,7 @@ def _parsed(override: str) -> Any:
 # hydra's grammar's functions, whose keyword arguments (`sort(1,2,reverse=true)`) hold '='
 _SWEEP_FUNCTIONS = {"choice", "range", "interval", "sort", "shuffle", "tag", "glob", "extend_list"}
 _SWEEP_FUNCTIONS |= {"int", "float", "str", "bool", "json_str"}
-_UNQUOTABLE = "~\n\r;#&'\"%@`!^"  # what hydra's grammar refuses in an unquoted value
+_UNQUOTABLE = "~\n\r;#&'\"%@`!^<>"  # what hydra's grammar refuses in an unquoted value
 # what it refuses within an unquoted value, a path's folder name (a list, a dict and a sweep
 # function take them at the value's start)
 _GROUPING = "[]{}()"
@@ -355,13 +360,13 @@ def _quoted(key: str, value: str) -> str | None:
     bad = next((c for c in value if c in _UNQUOTABLE), None)
     if bad is None and "/" in value and value[:1] not in "[{":  # a path's `a[1]`, `b(2)`
         bad = next((c for c in value if c in _GROUPING), None)
-    if bad is None or ("'" in value and '"' in value):
+    if bad is None:
         return None
     mark = '"' if "'" in value else "'"
     if value.startswith("[") and value.endswith("]"):  # a list: each item quoted
         fix = f"{key}=[{','.join(f'{mark}{item}{mark}' for item in _items(value[1:-1]))}]"
-    else:
-        fix = f"{key}={mark}{value}{mark}"
+    else:  # (both kinds of quote: its `'` escaped)
+        fix = quoted_path(key, value)
     try:
         OverridesParser.create().parse_override(fix)
     except HydraException:
@@ -504,6 +509,9 @@ def sweep_in_one_run(e: BaseException) -> MoepipeError | None:
     got = re.match(r"Ambiguous value for argument '(.*)'", str(e))
     if got is None:
         return None
+    key, _, value = got.group(1).partition("=")
+    if (path := comma_in_path(key, value, sweeping=False)) is not None:
+        return path
     return MoepipeError(
         f"{got.group(1)}: a comma makes it a sweep of values, which one run cannot take: add "
         "-m to sweep them (--help, --cfg and --info show one run: pass one value), or pass "

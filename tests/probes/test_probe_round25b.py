@@ -1,5 +1,11 @@
 """Round 25b of issue 48: round 24's named leftovers, one class a test group:
 
+1. a comma in a path-valued option's folder (`hydra.run.dir=/x/a,b`, report's `dir=`, a
+   checkpoint, a trace folder, `hydra.sweep.dir` under -m) was told to add -m or pass a list:
+   neither helps. Now the line says to quote the path, and the override shown is one value,
+   the path; `<` and `>` are named as the other characters hydra refuses unquoted are, a path
+   holding both kinds of quote is quoted with its `'` escaped, and a `${` that names nothing
+   says how to write it as itself (or, in hydra's own folders, that it cannot be).
 2. make_checkpoint's `scale` refused only a value that made every weight subnormal or 0: one
    leaving most of them subnormal (fewer bits of precision) was written with exit 0. Now a
    scale leaving more than 1 in 10 of the narrowest-drawn tensor's weights subnormal is
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -30,10 +37,12 @@ from typing import Any
 
 import pytest
 
-from core.errors import PlannerBug
+from core.errors import MoepipeError, PlannerBug
 from core.hf_config import spec_to_hf_config
 from core.spec import Workload
 from experiments.common.cli import any_error_line
+from experiments.common.overrides import _parsed
+from experiments.common.path_values import comma_in_path, literal_dollar
 from experiments.common.pipeline import RunSpec, build_schedule
 from experiments.common.run_config import config_disagrees
 from experiments.make_checkpoint import check_scale, check_usable
@@ -41,8 +50,109 @@ from planners import registry
 from planners.sequential import Sequential
 from real.checkpoint import reduced_spec
 from tests.conftest import hardware_from_conf, model_from_conf, random_routing
-from tests.probes.conftest import ROOT, raises_one_line
+from tests.probes.conftest import ROOT, one_line, raises_one_line
 from tests.probes.test_probe_round24c import _NoParams
+
+# --- 1. a character of hydra's grammar inside a path-valued option ---
+
+# every command's path-valued options: run and sweep dirs, checkpoints, traces, outputs
+PATH_KEYS = [
+    "hydra.run.dir",
+    "hydra.sweep.dir",
+    "dir",
+    "out",
+    "checkpoint",
+    "model.hf_config",
+    "workload.routing.trace_dir",
+    "src",
+]
+
+
+def _fix_of(line: str, key: str) -> str:
+    """The override a line says to pass (a shell's outer quotes off)."""
+    fix = re.split(r"(?:pass|quoted:) ", line)[-1]
+    fix = fix[len(key) + 1 :]
+    return fix[1:-1] if fix.startswith("\"'") and fix.endswith("'\"") else fix
+
+
+@pytest.mark.parametrize("key", PATH_KEYS)
+def test_a_comma_in_one_runs_path_says_to_quote_it(key: str) -> None:
+    from experiments.common.overrides import sweep_in_one_run
+
+    said = sweep_in_one_run(Exception(f"Ambiguous value for argument '{key}=/x/a,b'"))
+    assert said is not None
+    line = str(said)
+    assert "a comma in a path must be quoted" in line and "-m" not in line, line
+    assert _parsed(f"{key}={_fix_of(line, key)}").value() == "/x/a,b"
+
+
+def test_paths_one_run_would_sweep_keep_the_sweeps_line() -> None:
+    from experiments.common.overrides import sweep_in_one_run
+
+    said = sweep_in_one_run(Exception("Ambiguous value for argument 'checkpoint=/c/a,/c/b'"))
+    assert said is not None and "add -m to sweep them" in str(said)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "quote"),
+    [
+        ("hydra.sweep.dir", "/x/a,b", True),  # hydra's own folder: one path, never swept
+        ("hydra.run.dir", "a,b", True),
+        ("checkpoint", "/c/a,b", True),  # its piece `b` is no path
+        ("checkpoint", "/c/a,/c/b", False),  # two checkpoints: a sweep
+        ("hydra.sweep.subdir", "x,y", False),  # hydra's line: its keys are not swept
+        ("workload.seed", "1,2", False),
+    ],
+)
+def test_a_sweeps_comma_in_one_path_says_to_quote_it(key: str, value: str, quote: bool) -> None:
+    line = comma_in_path(key, value, sweeping=True)
+    assert (line is not None) is quote, line
+    if line is not None:
+        assert _parsed(f"{key}={_fix_of(str(line), key)}").value() == value
+
+
+@pytest.mark.parametrize(
+    "char", ["=", " ", "'", '"', "'\"", "[", "]", "{", "}", "<", ">", "\\", "$"]
+)
+@pytest.mark.parametrize("key", ["hydra.run.dir", "dir", "checkpoint"])
+def test_a_path_holding_hydras_characters_is_its_path_or_says_how(key: str, char: str) -> None:
+    """Taken as the path it is (a space, a backslash, a lone `$`), or one line whose fix is."""
+    path = f"/x/a{char}b"
+    try:
+        value = _parsed(f"{key}={path}").value()
+    except MoepipeError as e:
+        line = str(e)
+        assert "\n" not in line and "must be quoted" in line, line
+        value = _parsed(f"{key}={_fix_of(line, key)}").value()
+    assert value == path
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("dir", "writes it '\\${', quoted: dir='.../a\\${x}'"),
+        ("hydra.run.dir", "cannot hold '${' as itself"),
+        ("workload.seed", None),  # not a path
+    ],
+)
+def test_a_paths_dollar_brace_that_names_nothing_says_how_to_write_it(
+    key: str, said: str | None
+) -> None:
+    added = literal_dollar(key, "Interpolation key 'x' not found")
+    assert (said in added) if said else added == "", added
+    assert literal_dollar(key, "Key 'x' is not in struct") == ""
+
+
+def test_a_collects_dir_holding_dollar_brace_is_read_as_written(
+    tmp_path: Path, cli_here: Any
+) -> None:
+    folder = tmp_path / "q${x}"
+    folder.mkdir()
+    line = one_line(cli_here("experiments.collect", f"dir={folder}"), "Interpolation key 'x'")
+    assert "writes it '\\${'" in line, line
+    fixed = str(folder).replace("${", "\\${")  # the fix said: the folder read, as it is
+    one_line(cli_here("experiments.collect", f"dir='{fixed}'"), f"no finished run under {folder}")
+
 
 # --- 2. make_checkpoint's numeric options that lose precision ---
 

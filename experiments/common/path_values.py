@@ -1,0 +1,85 @@
+"""Path-valued options on the command line (run and sweep dirs, checkpoints, traces, output
+files and folders): a folder's name holding what hydra's override grammar reads as its own (a
+comma as a sweep, `${` as an interpolation) is named with the fix that helps, the path quoted.
+
+Usage:
+    line = comma_in_path("hydra.run.dir", "/x/a,b", sweeping=False)  # quote it: one path
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from core.errors import MoepipeError
+
+# the last part of a key whose value is a path: a run's, a sweep's or an output's folder, a
+# checkpoint, a trace folder, a model's config.json, an output file
+_PATH_KEY = re.compile(
+    r"(?:^|_)(?:dir|dirs|subdir|out|ckpt|checkpoint|hf_config|runs|src|file|filename|path|folder)$"
+)
+
+
+def is_path_key(key: str) -> bool:
+    """Is `key` (an override's, dotted) one whose value is a path?"""
+    return _PATH_KEY.search(key.lstrip("+~").rsplit(".", 1)[-1]) is not None
+
+
+def quoted_path(key: str, value: str) -> str:
+    """`key=value` with the value quoted as one string of hydra's grammar: in '...', in "..."
+    where it holds a `'`, its `'` escaped (`\\'`) where it holds both kinds of quote."""
+    if "'" not in value:
+        return f"{key}='{value}'"
+    if '"' not in value:
+        return f'{key}="{value}"'
+    escaped = value.replace("'", "\\'")
+    return f"{key}='{escaped}'"
+
+
+# hydra's keys of a run's and a sweep's folder: one path each, never swept (hydra sets them
+# once per sweep)
+_HYDRAS_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def comma_in_path(key: str, value: str, *, sweeping: bool) -> MoepipeError | None:
+    """The line for `key=value`, which hydra read as a sweep of values at its comma, where the
+    value is one path: quoted, it is. One run's (`sweeping` False): a path key's value, or one
+    holding a '/', unless each piece is a path of its own (`/ck/a,/ck/b`: a sweep meant, for
+    -m). A sweep's: a folder hydra sets once per sweep (`hydra.sweep.dir`), or a path that is
+    there whole and not in pieces, or whose later piece is no path (`/x/a,b`). None otherwise:
+    a list, a sweep function, values that are not paths."""
+    key = key.lstrip("+~")
+    if "," not in value or value.lstrip()[:1] in ("[", "{") or re.match(r"\s*\w+\(", value):
+        return None
+    if not (is_path_key(key) or "/" in value):
+        return None
+    first, *rest = value.split(",")
+    hydras = key in _HYDRAS_DIRS
+    each_a_path = all("/" in p for p in rest) and "/" in first
+    whole = os.path.exists(value) and not all(os.path.exists(p) for p in (first, *rest))
+    if sweeping and not (hydras or whole or ("/" in first and not each_a_path)):
+        return None
+    if not sweeping and each_a_path and not (hydras or whole):
+        return None
+    return MoepipeError(
+        f"{key}={value}: a comma in a path must be quoted, or hydra reads it as a sweep of "
+        f"values: pass {quoted_path(key, value)}"
+    )
+
+
+# an omegaconf line of an interpolation that could not be resolved
+_INTERPOLATION = re.compile(r"Interpolation key '.*' not found|Unsupported interpolation type")
+
+
+def literal_dollar(key: str | None, msg: str) -> str:
+    """What a path key's failed interpolation (`${x}` in a folder's name) adds to its line:
+    how to write the `${` as itself, or for hydra's own paths (which hydra resolves again, in
+    its log file's path) that no folder of a run may hold it; "" for any other key or error."""
+    if not key or not is_path_key(key) or not _INTERPOLATION.search(msg):
+        return ""
+    if key.startswith("hydra."):
+        return (
+            " (a run's or a sweep's folder cannot hold '${' as itself: hydra resolves its "
+            "paths again; pass hydra.run.dir or hydra.sweep.dir a folder without it)"
+        )
+    return f" (a path holding '${{' as itself writes it '\\${{', quoted: {key}='.../a\\${{x}}')"
