@@ -371,7 +371,8 @@ def _quoted(key: str, value: str) -> str | None:
         OverridesParser.create().parse_override(fix)
     except HydraException:
         return None
-    home = " (~ is not expanded to your home folder: write the full path)" if bad == "~" else ""
+    first = value.lstrip("[").startswith("~")  # (not a folder's `a~b`, which no shell expands)
+    home = " (~ is not expanded to your home folder: write the full path)" if first else ""
     shown = f"{key}={value}".replace("\n", "\\n").replace("\r", "\\r")
     fix = fix.replace("\n", "\\n").replace("\r", "\\r")
     return f"{shown}: a value holding {bad!r} must be quoted: {fix}{home}"

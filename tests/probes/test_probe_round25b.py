@@ -112,17 +112,18 @@ def test_a_sweeps_comma_in_one_path_says_to_quote_it(key: str, value: str, quote
 
 
 @pytest.mark.parametrize(
-    "char", ["=", " ", "'", '"', "'\"", "[", "]", "{", "}", "<", ">", "\\", "$"]
+    "char", ["=", " ", "'", '"', "'\"", "[", "]", "{", "}", "<", ">", "\\", "$", "~"]
 )
 @pytest.mark.parametrize("key", ["hydra.run.dir", "dir", "checkpoint"])
 def test_a_path_holding_hydras_characters_is_its_path_or_says_how(key: str, char: str) -> None:
-    """Taken as the path it is (a space, a backslash, a lone `$`), or one line whose fix is."""
+    """Taken as the path it is (a space, a backslash, a lone `$`), or one line whose fix is (a
+    `~` inside a folder's name is no home folder: no word of one)."""
     path = f"/x/a{char}b"
     try:
         value = _parsed(f"{key}={path}").value()
     except MoepipeError as e:
         line = str(e)
-        assert "\n" not in line and "must be quoted" in line, line
+        assert "\n" not in line and "must be quoted" in line and "home" not in line, line
         value = _parsed(f"{key}={_fix_of(line, key)}").value()
     assert value == path
 
