@@ -11,6 +11,9 @@ from core.errors import quoted
 from core.hf_config.coverage import NO_EFFECT, ROPE_COVERAGE
 from core.spec import MLA_FAMILIES
 
+# float32's largest finite number: RoPE's frequencies are computed in float32
+FLOAT32_MAX = 3.4028234663852886e38
+
 if TYPE_CHECKING:
     from core.hf_config.fields import HFConfig
 
@@ -75,6 +78,11 @@ def _check_values(p: HFConfig, key: str) -> None:
     if factor is not None and factor < 1:
         raise p.error(
             f"{key}.factor={factor} must be >= 1 (the context's stretch); set the model's own"
+        )
+    if factor is not None and factor > FLOAT32_MAX:  # inf in float32: every angle 0
+        raise p.error(
+            f"{key}.factor={factor} must be in [1, 3.4e+38]: RoPE's frequencies are float32, "
+            "where it is inf and no position is rotated; set the model's own"
         )
     fast, slow = yarn_betas(p)
     if fast < slow:

@@ -10,7 +10,8 @@
    leaving most of them subnormal (fewer bits of precision) was written with exit 0. Now a
    scale leaving more than 1 in 10 of the narrowest-drawn tensor's weights subnormal is
    refused, naming the range that works; `rms_norm_eps` below float32's smallest normal number
-   (0 or subnormal where RMSNorm runs) too.
+   (0 or subnormal where RMSNorm runs) too, and a RoPE factor past float32's range (inf there:
+   no position rotated), in config.json or make_checkpoint's `rope_scaling`.
 3. a researcher's planner indexing past its run's experts, layers or batches in its own code
    (an IndexError, KeyError or ValueError raised in its file) was round 24c's internal error
    naming the file and line, a bug to report. Now it is the planner's one line: it planned
@@ -186,6 +187,17 @@ def test_the_default_scale_is_taken_by_a_full_size_model(dtype: dict[str, bool])
 def test_an_rms_norm_eps_float32_cannot_hold_is_refused(eps: float) -> None:
     spec = reduced_spec("mixtral-tiny", rms_norm_eps=eps)
     raises_one_line(lambda: check_usable(spec), "rms_norm_eps=", "in [1.18e-38, 3.4e+38]")
+
+
+@pytest.mark.parametrize("factor", [1e39, 1e300])
+def test_a_rope_factor_float32_cannot_hold_is_refused(factor: float) -> None:
+    """A linear factor past float32's range was written (and run): inf in float32, so every
+    position's angle was 0 and no token rotated."""
+    from experiments.make_checkpoint import check_runs
+
+    spec, scaling = reduced_spec("mixtral-tiny"), {"type": "linear", "factor": factor}
+    said = ("rope_scaling.factor=", "must be in [1, 3.4e+38]")
+    raises_one_line(lambda: check_runs(spec, False, scaling), *said)
 
 
 # --- 3. a researcher's planner indexing past its run in its own code ---
