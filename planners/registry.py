@@ -293,7 +293,7 @@ def _source(obj: Any) -> Path | None:
 @functools.cache
 def _tracked_files() -> frozenset[Path] | None:
     """The files of this package the project's git tracks, resolved; None where the package is
-    not in a git checkout (or git is not there)."""
+    not in the project's git checkout (or git is not there)."""
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
@@ -304,7 +304,9 @@ def _tracked_files() -> frozenset[Path] | None:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return frozenset((here / p).resolve() for p in out.decode().split("\0") if p)
+    tracked = frozenset((here / p).resolve() for p in out.decode().split("\0") if p)
+    # a copy inside another project's checkout (a virtual environment's), which tracks none
+    return tracked if Path(__file__).resolve() in tracked else None
 
 
 def as_typed(name: str, msg: str) -> str:

@@ -362,3 +362,15 @@ def test_a_sweep_on_one_checkpoint_reads_its_config_json_once(
     os.utime(ckpt / "config.json", ns=(1, 1))  # another time, whatever the clock's grain
     lines: list[Any] = [config_disagrees(config, ran) for _ in range(5)]
     assert len(reads) == 2 and all(line and "has 3 MoE layers" in line for line in lines)
+
+
+def test_a_copy_in_another_projects_checkout_counts_every_file_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An installed copy inside a checkout that tracks none of it (a virtual environment in a
+    project's folder): git lists nothing, which is no history of this package's files."""
+    import subprocess
+
+    done = subprocess.CompletedProcess([], 0, stdout=b"", stderr=b"")
+    monkeypatch.setattr(registry.subprocess, "run", lambda *a, **k: done)
+    assert registry._tracked_files.__wrapped__() is None
