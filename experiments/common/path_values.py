@@ -46,8 +46,8 @@ def comma_in_path(key: str, value: str, *, sweeping: bool) -> MoepipeError | Non
     value is one path: quoted, it is. One run's (`sweeping` False): a path key's value, or one
     holding a '/', unless each piece is a path of its own (`/ck/a,/ck/b`: a sweep meant, for
     -m). A sweep's: a folder hydra sets once per sweep (`hydra.sweep.dir`), or a path that is
-    there whole and not in pieces, or whose later piece is no path (`/x/a,b`). None otherwise:
-    a list, a sweep function, values that are not paths."""
+    there whole and not in pieces, or whose later piece is no path (`/x/a,b`) where its pieces
+    are not all there. None otherwise: a list, a sweep function, values that are not paths."""
     key = key.lstrip("+~")
     if "," not in value or value.lstrip()[:1] in ("[", "{") or re.match(r"\s*\w+\(", value):
         return None
@@ -56,9 +56,10 @@ def comma_in_path(key: str, value: str, *, sweeping: bool) -> MoepipeError | Non
     first, *rest = value.split(",")
     hydras = key in _HYDRAS_DIRS
     each_a_path = all("/" in p for p in rest) and "/" in first
-    whole = os.path.exists(value) and not all(os.path.exists(p) for p in (first, *rest))
-    if sweeping and not (hydras or whole or ("/" in first and not each_a_path)):
-        return None
+    there = all(os.path.exists(p) for p in (first, *rest))
+    whole = os.path.exists(value) and not there
+    if sweeping and not (hydras or whole or ("/" in first and not each_a_path and not there)):
+        return None  # (`cfgs/a.json,b.json`, both there: a sweep of two files)
     if not sweeping and each_a_path and not (hydras or whole):
         return None
     return MoepipeError(

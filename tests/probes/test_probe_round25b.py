@@ -103,9 +103,13 @@ def test_paths_one_run_would_sweep_keep_the_sweeps_line() -> None:
         ("checkpoint", "/c/a,/c/b", False),  # two checkpoints: a sweep
         ("hydra.sweep.subdir", "x,y", False),  # hydra's line: its keys are not swept
         ("workload.seed", "1,2", False),
+        ("model.hf_config", "conf/model/tiny.yaml,README.md", False),  # both there: a sweep
     ],
 )
-def test_a_sweeps_comma_in_one_path_says_to_quote_it(key: str, value: str, quote: bool) -> None:
+def test_a_sweeps_comma_in_one_path_says_to_quote_it(
+    key: str, value: str, quote: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # where a relative path is read from
     line = comma_in_path(key, value, sweeping=True)
     assert (line is not None) is quote, line
     if line is not None:
