@@ -16,6 +16,7 @@ import numpy as np
 
 from core.errors import CapacityError
 from core.planner import PlanContext
+from core.shown import gb
 from core.types import Tensor, Tier
 from planners.common import Emitter
 from planners.placement import GpuEdgeError, Placement, dense_bytes, greedy_placement
@@ -110,6 +111,16 @@ def cache_fix(ctx: PlanContext, cache_share: float, needs_bytes: int) -> str:
     return ", or ".join([*fixes, "raise hardware.memory_gb.gpu"])
 
 
+def cache_statement(experts: int, expert_bytes: int, where: str = "") -> str:
+    """What a plan block says of its expert cache's GPU memory (`plan.gpu_cache`): which is
+    kept past the experts' last use, by design, and how much of it at most."""
+    held = gb(experts * expert_bytes)
+    return (
+        f"keeps up to {experts} experts ({held} GB){where} on the GPU to the run's end: "
+        "an expert stays after its last use until a miss evicts it"
+    )
+
+
 @dataclass
 class _Slot:
     load: int | None  # op that brought the expert in (its users depend on it)
@@ -123,7 +134,9 @@ class LRUCache:
     `ensure` returns the op a compute must depend on, loading (and first evicting the least
     recently used expert) on a miss. An eviction is a free op that waits for the evicted
     expert's load and last use, emitted before the load that takes its memory, so every wait
-    points to an earlier op and the schedule cannot deadlock.
+    points to an earlier op and the schedule cannot deadlock; the load waits for it, so the
+    cache never holds more than `capacity` experts at once (a load granted before its
+    eviction ran held one expert past the cache's size).
     """
 
     em: Emitter
@@ -153,7 +166,9 @@ class LRUCache:
             self.hits += count
             return slot.load
         self.misses += count
-        self._make_room(step, protect=())
+        evicted = self._make_room(step, protect=())
+        assert evicted is not None, "nothing protected: room is always made"
+        deps = (*deps, *evicted)
         op = self.em.load(Tensor.EXPERT, step, layer, expert, stream=stream, deps=deps)
         self.slots[key] = _Slot(op, op)
         return op
@@ -171,8 +186,10 @@ class LRUCache:
         key = (layer, expert)
         if key in self.slots:
             return False
-        if not self._make_room(step, protect):
+        evicted = self._make_room(step, protect)
+        if evicted is None:
             return False
+        deps = (*deps, *evicted)
         op = self.em.load(Tensor.EXPERT, step, layer, expert, stream=stream, deps=deps)
         self.slots[key] = _Slot(op, op)
         return True
@@ -182,16 +199,24 @@ class LRUCache:
         slot.last_use = op
         self.slots.move_to_end((layer, expert))
 
-    def _make_room(self, step: int, protect: tuple[tuple[int, int], ...]) -> bool:
+    def _make_room(
+        self, step: int, protect: tuple[tuple[int, int], ...]
+    ) -> tuple[int | None, ...] | None:
+        """Evict the least recently used experts not in `protect` until one more fits; the
+        evictions' free ops (the load that takes their memory waits for them), or None where
+        every expert held is protected."""
+        frees: list[int | None] = []
         while len(self.slots) >= self.capacity:
             victim = next((k for k in self.slots if k not in protect), None)
             if victim is None:
-                return False
+                return None
             slot = self.slots.pop(victim)
-            self.em.free(
-                Tensor.EXPERT, step, victim[0], (slot.load, slot.last_use), expert=victim[1]
+            frees.append(
+                self.em.free(
+                    Tensor.EXPERT, step, victim[0], (slot.load, slot.last_use), expert=victim[1]
+                )
             )
-        return True
+        return tuple(frees)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from planners.common import Emitter
 from planners.expert_cache import (
     LRUCache,
     PrefetchStats,
+    cache_statement,
     sized_cache,
     top_experts,
 )
@@ -118,6 +119,9 @@ class MixtralOffloading(Planner):
         out.meta.update(
             n_batches_shared=1,
             cache_slots_per_layer=int(slots),
+            gpu_cache=cache_statement(
+                int(slots) * n_moe, m.expert_bytes, f", {int(slots)} in each MoE layer"
+            ),
             cache_hit_rate=round(hits / max(total, 1), 4),
             **run.stats.summary(),
         )

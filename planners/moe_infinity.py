@@ -28,6 +28,7 @@ from planners.common import Emitter
 from planners.expert_cache import (
     LRUCache,
     PrefetchStats,
+    cache_statement,
     sized_cache,
     top_experts,
 )
@@ -123,9 +124,11 @@ class MoEInfinity(Planner):
                 last = em.head(step, batch, (head_load, last), last_batch=True)
             if p.history:
                 history = [*history, eam / max(float(np.linalg.norm(eam)), 1e-12)][-p.history :]
+        held = min(capacity, len(m.moe_layers) * m.n_experts)  # room past all: idle
         out.meta.update(
             n_batches_shared=1,
-            cache_experts=min(capacity, len(m.moe_layers) * m.n_experts),  # room past all: idle
+            cache_experts=held,
+            gpu_cache=cache_statement(held, m.expert_bytes),
             cache_hit_rate=round(cache.hits / max(cache.hits + cache.misses, 1), 4),
             **stats.summary(),
         )

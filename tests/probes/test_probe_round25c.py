@@ -1,0 +1,70 @@
+"""Round 25c of issue 48: the GPU memory a run reserves against what its ops need there
+(tests/probes/reservations.py, `gpu_problems`). Class found: an expert cache held one expert
+past its size (mixtral_offloading's per-layer slots, 5 of 4 on the tiny model, 33 of 32 on
+Mixtral; moe_infinity's, 6 of 5, 58 of 57): a miss's load was granted before the eviction
+that makes its room ran, from memory the plan does not give the cache. The load now waits
+for its eviction; the plan block says what the cache keeps past its experts' last use
+(`gpu_cache`), and the check allows exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from core.types import Tensor
+from experiments.common.pipeline import RunResult, RunSpec, simulate_run
+from tests.probes.reservations import GpuLedger, gpu_problems, kept_cache_bytes, peak_live
+from tests.probes.test_probe_round24g import tiny_spec
+
+FAST = [("mixtral_offloading", "gpu_tight"), ("moe_infinity", "gpu_tight")]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple[str, str], tuple[RunSpec, RunResult]]:
+    return {c: (s, simulate_run(s)) for c in FAST for s in [tiny_spec(*c)]}
+
+
+@pytest.mark.parametrize("case", FAST)
+def test_gpu_reserves_what_its_ops_need(case: tuple[str, str], runs: Any) -> None:
+    assert not gpu_problems(*runs[case])
+
+
+@pytest.mark.parametrize("case", FAST)
+def test_a_cache_holds_no_more_than_its_size(case: tuple[str, str], runs: Any) -> None:
+    """The experts on the GPU at once are at most the cache's (mixtral_offloading's 4 slots,
+    2 in each of 2 layers; moe_infinity's 5 experts): a miss's load waits for its eviction."""
+    spec, result = runs[case]
+    gpu = GpuLedger(result)
+    held = [(s.granted, s.released, s.nbytes) for s in gpu.spans if s.key[0] == Tensor.EXPERT]
+    kept = kept_cache_bytes(spec, result)
+    assert kept == {"mixtral_offloading": 4, "moe_infinity": 5}[case[0]] * spec.model.expert_bytes
+    assert peak_live(held) == kept
+
+
+def test_a_cache_says_what_it_keeps(runs: Any) -> None:
+    plan = runs[("moe_infinity", "gpu_tight")][1].summary["plan"]
+    assert plan["gpu_cache"] == (
+        "keeps up to 5 experts (0.000246 GB) on the GPU to the run's end: an expert stays "
+        "after its last use until a miss evicts it"
+    )
+    plan = runs[("mixtral_offloading", "gpu_tight")][1].summary["plan"]
+    assert plan["gpu_cache"].startswith("keeps up to 4 experts (0.000197 GB), 2 in each MoE")
+
+
+def test_a_cache_unsaid_is_memory_kept_unsaid(runs: Any) -> None:
+    """Without its words the same cache holds memory past its last use that no one said."""
+    spec, result = runs[("moe_infinity", "gpu_tight")]
+    plan = {k: v for k, v in result.summary["plan"].items() if k != "gpu_cache"}
+    unsaid = replace(result, summary={**result.summary, "plan": plan})
+    said = "held to the run's end past their last use"
+    assert any(said in p for p in gpu_problems(spec, unsaid))
+
+
+def test_a_peak_figure_unlike_the_trace_is_named(runs: Any) -> None:
+    spec, result = runs[("moe_infinity", "gpu_tight")]
+    peak = {**result.summary["peak_bytes"], "gpu": result.summary["peak_bytes"]["gpu"] + 1}
+    said = replace(result, summary={**result.summary, "peak_bytes": peak})
+    assert any("peak_bytes.gpu" in p for p in gpu_problems(spec, said))
