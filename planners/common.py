@@ -483,12 +483,14 @@ class Emitter:
         loads: Mapping[int, int | None],
         last: int | None,
         extra: tuple[int, ...],
+        release: bool = False,
     ) -> range:
         """The routed experts of one batch, one after another in index order: expert e (those
         with tokens, `counts[e]` of them) as `expert(step, layer, batch, e, counts[e],
         (loads[e], <the op before>, *extra), last_use=False)` would emit it, the first after
         `last`. Returns the ops' ids (consecutive). One call per batch, not per expert: the
-        hottest loop of a planner that runs every chosen expert of a batch in turn."""
+        hottest loop of a planner that runs every chosen expert of a batch in turn.
+        `release`: each op is its expert's last use: it frees a streamed expert at its end."""
         m, out = self.ctx.model, self.out
         gates = self.gate_ops[(step, layer)]
         tail = tuple(filter(_is_op, (*extra, *gates[batch : batch + 1])))
@@ -496,6 +498,7 @@ class Emitter:
         kind, stream, tensor = OpKind.EXPERT, self.compute, Tensor.EXPERT
         start = i = len(out.ops)
         ops = []
+        freed = (Tier.GPU, touch) if release and self.streamed(tensor, layer) else (None, 0)
         for e, count in enumerate(counts):
             if count:
                 load = loads[e]
@@ -522,8 +525,7 @@ class Emitter:
                     None,  # dst
                     None,  # alloc_tier
                     0,  # alloc_bytes
-                    None,  # free_tier
-                    0,  # free_bytes
+                    *freed,  # free_tier, free_bytes
                     deps,
                     1,  # batches: its own
                 )

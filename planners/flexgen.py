@@ -25,6 +25,7 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
+from planners.layer_experts import free_unrouted
 from planners.registry import register
 
 
@@ -98,6 +99,7 @@ class FlexGen(Planner):
                 done = last
                 nxt = layer + 1
                 # FFN sub-layer, batch by batch; the next attention (or the head) loads meanwhile
+                used: dict[int, int] = {}  # expert -> its last compute so far
                 for k in range(n):
                     if k == 0:
                         attn_loads = (
@@ -116,11 +118,8 @@ class FlexGen(Planner):
                         s.add(kv)
                     s.add(store)
                     store = None
-                    last = self._ffn_batch(em, s, step, layer, k, moe_loads, last)
+                    last = self._ffn_batch(em, s, step, layer, k, moe_loads, last, used)
                     s.next()
-                if m.is_moe(layer):
-                    for e, load in moe_loads[1].items():
-                        s.add(em.free(Tensor.EXPERT, step, layer, (last, load), expert=e))
                 done = last
             for k in range(n):
                 if k == 0 and step + 1 < wl.n_steps:
@@ -143,20 +142,27 @@ class FlexGen(Planner):
         k: int,
         loads: tuple[int | None, dict[int, int | None], int | None],
         last: int | None,
+        used: dict[int, int],
     ) -> int | None:
         """One batch of the FFN sub-layer: the gate and the experts it chose in index order (MoE),
-        then the shared / dense FFN."""
+        then the shared / dense FFN. At the last batch each expert's GPU copy is released at its
+        last use (`used`: each expert's last compute so far): one the batch does not run right
+        after its gate, one it runs by that compute (held to the layer's end, each was held
+        past its last use for the other batches' and experts' computes)."""
         m, n = em.model, em.ctx.workload.n_batches
         gate_load, expert_loads, ffn_load = loads
         if m.is_moe(layer):
             last, view = em.gate(step, layer, k, s.deps(gate_load, last), last_batch=k == n - 1)
             s.add(last)
+            final = k == n - 1  # later batches' routing is unknown before: freed at the last
+            if final:
+                s.add(*free_unrouted(em, step, layer, view.counts, expert_loads, last, used))
             # s.deps and s.add inlined, the experts emitted in one call: the planner's hottest
-            # loop. Later batches' routing is unknown here, so the experts are freed after the
-            # last batch.
-            ids = em.expert_chain(
-                step, layer, k, view.counts.tolist(), expert_loads, last, s.prev if s.on else ()
-            )
+            # loop
+            counts = view.counts.tolist()
+            prev = s.prev if s.on else ()
+            ids = em.expert_chain(step, layer, k, counts, expert_loads, last, prev, release=final)
+            used.update((em.out.ops[i].expert, i) for i in ids)
             if ids:
                 last = ids[-1]
                 if s.on:

@@ -13,6 +13,7 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
+from planners.layer_experts import free_unrouted
 from planners.registry import register
 
 
@@ -58,6 +59,7 @@ class LayerPrefetch(Planner):
                     em.kv_store(step, layer, batch, last)
                     if m.is_moe(layer):
                         last, view = em.gate(step, layer, batch, (gate_load, last), last_batch=True)
+                        free_unrouted(em, step, layer, view.counts, loads, last)
                         for e in range(m.n_experts):
                             if view.counts[e]:
                                 last = em.expert(
@@ -69,7 +71,5 @@ class LayerPrefetch(Planner):
                                     (loads[e], last),
                                     last_use=True,
                                 )
-                            else:
-                                em.free(Tensor.EXPERT, step, layer, (last, loads[e]), expert=e)
                     last = em.ffn(step, layer, batch, (ffn_load, last), last_batch=True) or last
                     done_layer = [done_layer[1], last]

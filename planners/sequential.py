@@ -13,6 +13,7 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
+from planners.layer_experts import free_unrouted
 from planners.registry import register
 
 
@@ -51,6 +52,7 @@ class Sequential(Planner):
                         last, view = em.gate(
                             step, layer, batch, (gate_load, prev, last), last_batch=True
                         )
+                        free_unrouted(em, step, layer, view.counts, loads, last)
                         for e in range(m.n_experts):
                             if view.counts[e]:
                                 last = em.expert(
@@ -62,8 +64,6 @@ class Sequential(Planner):
                                     (loads[e], last),
                                     last_use=True,
                                 )
-                            else:
-                                em.free(Tensor.EXPERT, step, layer, (last,), expert=e)
                     ffn_load = em.load(Tensor.FFN, step, layer, deps=(last,))
                     last = em.ffn(step, layer, batch, (ffn_load, last), last_batch=True) or last
                 head_load = em.load(Tensor.HEAD, step, -1, deps=(last,))

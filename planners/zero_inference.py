@@ -18,6 +18,7 @@ from core.planner import PlanContext, Planner
 from core.schedule import ScheduleBuilder
 from core.types import Tensor
 from planners.common import Emitter, standard_placement
+from planners.layer_experts import free_unrouted
 from planners.registry import register
 
 
@@ -59,31 +60,46 @@ class ZeroInference(Planner):
                     )
                     store = em.kv_store(step, layer, k, last)
                     last = store or last
+                used: dict[int, int] = {}  # expert -> its last compute so far
                 for k in range(n):
                     if m.is_moe(layer):
-                        last, view = em.gate(
-                            step, layer, k, (gate_load, last), last_batch=k == n - 1
+                        last = self._experts(
+                            em, step, layer, k, k == n - 1, expert_loads, used, (gate_load, last)
                         )
-                        for e in range(m.n_experts):
-                            if view.counts[e]:
-                                last = em.expert(
-                                    step,
-                                    layer,
-                                    k,
-                                    e,
-                                    int(view.counts[e]),
-                                    (expert_loads[e], last),
-                                    last_use=False,
-                                )
                     last = em.ffn(step, layer, k, (ffn_load, last), last_batch=k == n - 1) or last
-                for e, load in expert_loads.items():
-                    em.free(Tensor.EXPERT, step, layer, (last, load), expert=e)
                 done = [done[1], last]
                 loads = nxt  # type: ignore[assignment]
             head_load = em.load(Tensor.HEAD, step, -1, deps=(done[0],))
             for k in range(n):
                 last = em.head(step, k, (head_load, last), last_batch=k == n - 1)
             done = [done[1], last]
+
+    @staticmethod
+    def _experts(
+        em: Emitter,
+        step: int,
+        layer: int,
+        batch: int,
+        last_batch: bool,
+        loads: dict[int, int | None],
+        used: dict[int, int],
+        deps: tuple[int | None, ...],
+    ) -> int:
+        """Batch `batch`'s gate and routed experts of one MoE layer; returns its last op. At
+        the last batch each expert's GPU copy is released at its last use: one no batch runs
+        any more right after the gate (it held the layer's experts to the layer's end, past
+        the shared experts' compute), one the batch runs by that compute."""
+        last, view = em.gate(step, layer, batch, deps, last_batch=last_batch)
+        gate = last
+        if last_batch:
+            free_unrouted(em, step, layer, view.counts, loads, gate, used)
+        for e in range(em.model.n_experts):
+            if view.counts[e]:
+                last = em.expert(
+                    step, layer, batch, e, int(view.counts[e]), (loads[e], last), last_batch
+                )
+                used[e] = last
+        return last
 
     @staticmethod
     def _load_layer(

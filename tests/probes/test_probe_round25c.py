@@ -1,10 +1,15 @@
 """Round 25c of issue 48: the GPU memory a run reserves against what its ops need there
-(tests/probes/reservations.py, `gpu_problems`). Class found: an expert cache held one expert
-past its size (mixtral_offloading's per-layer slots, 5 of 4 on the tiny model, 33 of 32 on
-Mixtral; moe_infinity's, 6 of 5, 58 of 57): a miss's load was granted before the eviction
-that makes its room ran, from memory the plan does not give the cache. The load now waits
-for its eviction; the plan block says what the cache keeps past its experts' last use
-(`gpu_cache`), and the check allows exactly that.
+(tests/probes/reservations.py, `gpu_problems`). Classes found:
+
+- an expert cache held one expert past its size (mixtral_offloading's per-layer slots, 5 of
+  4 on the tiny model, 33 of 32 on Mixtral; moe_infinity's, 6 of 5, 58 of 57): a miss's load
+  was granted before the eviction that makes its room ran, from memory the plan does not
+  give the cache. The load now waits for its eviction; the plan block says what the cache
+  keeps past its experts' last use (`gpu_cache`), and the check allows exactly that;
+- a layer's streamed experts held past their last use for ops that do not read them: to the
+  layer's end (zero_inference, flexgen: past the other batches' experts and the shared
+  experts' compute), or an expert its batch does not run past the experts run before it in
+  index order (sequential, layer_prefetch). Each is now released at its last use.
 """
 
 from __future__ import annotations
@@ -14,12 +19,19 @@ from typing import Any
 
 import pytest
 
-from core.types import Tensor
+from core.types import OpKind, Tensor
 from experiments.common.pipeline import RunResult, RunSpec, simulate_run
 from tests.probes.reservations import GpuLedger, gpu_problems, kept_cache_bytes, peak_live
 from tests.probes.test_probe_round24g import tiny_spec
 
-FAST = [("mixtral_offloading", "gpu_tight"), ("moe_infinity", "gpu_tight")]
+FAST = [
+    ("mixtral_offloading", "gpu_tight"),
+    ("moe_infinity", "gpu_tight"),
+    ("zero_inference", "gpu_edge"),
+    ("flexgen", "gpu_edge"),
+    ("sequential", "gpu_tight"),
+    ("layer_prefetch", "gpu_edge"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +44,7 @@ def test_gpu_reserves_what_its_ops_need(case: tuple[str, str], runs: Any) -> Non
     assert not gpu_problems(*runs[case])
 
 
-@pytest.mark.parametrize("case", FAST)
+@pytest.mark.parametrize("case", FAST[:2])
 def test_a_cache_holds_no_more_than_its_size(case: tuple[str, str], runs: Any) -> None:
     """The experts on the GPU at once are at most the cache's (mixtral_offloading's 4 slots,
     2 in each of 2 layers; moe_infinity's 5 experts): a miss's load waits for its eviction."""
@@ -61,6 +73,28 @@ def test_a_cache_unsaid_is_memory_kept_unsaid(runs: Any) -> None:
     unsaid = replace(result, summary={**result.summary, "plan": plan})
     said = "held to the run's end past their last use"
     assert any(said in p for p in gpu_problems(spec, unsaid))
+
+
+@pytest.mark.parametrize("case", FAST[2:])
+def test_no_free_waits_for_an_op_that_does_not_read_it(case: tuple[str, str], runs: Any) -> None:
+    """Each expert is released at its last use (or at the gate that says no batch left runs
+    it), not after the layer's other experts, batches or shared experts."""
+    assert not GpuLedger(runs[case][1]).late_frees()
+
+
+def test_a_copy_read_after_its_release_is_named(runs: Any) -> None:
+    """The check itself: a free moved before a read of what it frees is named."""
+    spec, result = runs[("flexgen", "gpu_edge")]
+    ops = result.schedule.ops
+    span = next(
+        s
+        for s in GpuLedger(result).spans
+        if s.readers and s.freed_by >= 0 and ops[s.freed_by].kind == OpKind.FREE
+    )
+    trace = result.trace.copy()
+    trace.loc[span.freed_by, ["start_s", "end_s"]] = span.granted
+    early = replace(result, trace=trace)
+    assert any("with no GPU copy reserved" in p for p in gpu_problems(spec, early))
 
 
 def test_a_peak_figure_unlike_the_trace_is_named(runs: Any) -> None:
