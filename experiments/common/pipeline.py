@@ -27,6 +27,7 @@ from core.routing import CausalRouting, Routing, load_routing, peek_label
 from core.schedule import Schedule, ScheduleBuilder, validate
 from core.schedule_batches import check_work
 from core.schedule_units import check_units, within_units
+from core.shown import gb
 from core.spec import ModelSpec, Workload
 from core.trace import make_trace, summarize
 from core.types import Tier
@@ -363,6 +364,9 @@ def summary_of(
     description tables print (behind a real run's `mode: `), `routing_fields` the same as
     data, which collect and report compare with config.yaml (run_config.routing_disagrees)."""
     meta = {k: v for k, v in schedule.meta.items() if k not in ("planner", "params")}
+    if "placement" in meta:  # what the run holds, with what a planner reserves beside it
+        held = {str(t): gb(n) for t, n in schedule.resident_bytes.items()}
+        meta["placement"] = {**meta["placement"], "resident_gb": held}
     if schedule.ep is not None:
         meta["ep"] = schedule.ep.summary()
     planner_label = spec.planner + peek_label(schedule.meta)

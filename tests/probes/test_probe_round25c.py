@@ -9,7 +9,10 @@
 - a layer's streamed experts held past their last use for ops that do not read them: to the
   layer's end (zero_inference, flexgen: past the other batches' experts and the shared
   experts' compute), or an expert its batch does not run past the experts run before it in
-  index order (sequential, layer_prefetch). Each is now released at its last use.
+  index order (sequential, layer_prefetch). Each is now released at its last use;
+- an expert-parallel run's `placement.resident_gb.gpu` said the placement's bytes, not the
+  GPU memory the run holds (its other GPUs' dense copies, replica slots and staging left out:
+  0.000531 GB said, 0.00143 GB held by eplb on the tiny model).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from core.types import OpKind, Tensor
+from core.shown import gb
+from core.types import OpKind, Tensor, Tier
 from experiments.common.pipeline import RunResult, RunSpec, simulate_run
+from tests.planners.ep_common import tiny_spec as ep_tiny_spec
 from tests.probes.reservations import GpuLedger, gpu_problems, kept_cache_bytes, peak_live
 from tests.probes.test_probe_round24g import tiny_spec
 
@@ -102,3 +107,13 @@ def test_a_peak_figure_unlike_the_trace_is_named(runs: Any) -> None:
     peak = {**result.summary["peak_bytes"], "gpu": result.summary["peak_bytes"]["gpu"] + 1}
     said = replace(result, summary={**result.summary, "peak_bytes": peak})
     assert any("peak_bytes.gpu" in p for p in gpu_problems(spec, said))
+
+
+def test_an_ep_plan_says_the_gpu_memory_it_holds() -> None:
+    """eplb's resident_gb.gpu: its placement's 0.000531 GB was said; the run holds its
+    other GPU's dense copy, replica slots and staging too."""
+    spec = ep_tiny_spec("eplb")
+    result = simulate_run(spec)
+    held = result.schedule.resident_bytes[Tier.GPU]
+    assert result.summary["plan"]["placement"]["resident_gb"]["gpu"] == gb(held) == 0.00143
+    assert not gpu_problems(spec, result)
