@@ -104,13 +104,18 @@ _Key = tuple[Tensor, int, int]
 def gpu_problems(spec: RunSpec, result: RunResult) -> list[str]:
     """What the run's GPU tier reserves against what its ops need there: each GPU copy an op
     reads while none is reserved (released before its last use, or never loaded), a free
-    that waits for an op which does not read what it frees, copies held to the run's end past
+    of a copy no allocation holds, a free that waits for an op which does not read what it
+    frees, copies held to the run's end past
     their last use where the plan block states no cache, the peak reserved past the peak
     needed (beyond the cache the plan block says it keeps: `kept_cache_bytes`), a cache that
     holds more than its stated size, and summary.json's GPU peak against the trace's."""
     gpu = GpuLedger(result)
     kept = kept_cache_bytes(spec, result)
     problems = gpu.unreserved_reads() + gpu.late_frees()
+    problems += [
+        f"{o.label()} frees {o.free_bytes} B of gpu that no allocation of its copy holds"
+        for o in gpu.orphan_frees[:3]
+    ]
     kept_end = gpu.kept_to_end()
     if kept_end and not kept:
         s = kept_end[0]

@@ -110,6 +110,17 @@ def test_a_copy_read_after_its_release_is_named(runs: Any) -> None:
     assert any("with no GPU copy reserved" in p for p in gpu_problems(spec, early))
 
 
+def test_a_free_of_another_copy_is_named(runs: Any) -> None:
+    """The check itself: a free that names an expert other than the one loaded is named (the
+    tier's bytes add up, so `validate` lets it pass)."""
+    spec, result = runs[("sequential", "gpu_tight")]
+    ops = list(result.schedule.ops)
+    free = next(o for o in ops if o.kind == OpKind.FREE and o.tensor == Tensor.EXPERT)
+    ops[free.id] = free._replace(layer=free.layer + 100)
+    wrong = replace(result, schedule=replace(result.schedule, ops=ops, _columns=None))
+    assert any("that no allocation of its copy holds" in p for p in gpu_problems(spec, wrong))
+
+
 def test_a_peak_figure_unlike_the_trace_is_named(runs: Any) -> None:
     spec, result = runs[("moe_infinity", "gpu_tight")]
     peak = {**result.summary["peak_bytes"], "gpu": result.summary["peak_bytes"]["gpu"] + 1}
