@@ -93,7 +93,11 @@ def check_subdirs(config_name: str, parsed: Sequence[Any], swept: Sequence[Any])
     # a key the folder's name holds tells its points apart (a value the key reads as another,
     # `2,'2'`, is refused as swept twice); each other is resolved point by point, the keys
     # named at their first value: a config composed per point holds hydra's runtime choices
-    _distinct_subdirs(config_name, lines, swept, unnamed, text, fix)
+    own = [o for o in varied if _own_names(o, lines) and o not in unnamed]
+    if own:  # two configs of one name: the name is what to change
+        key = _key(own[0])
+        fix = f"give each {key} a name of its own (a file's name:, not {key}.name=)"
+    _distinct_subdirs(config_name, lines, swept, [*unnamed, *own], text, fix)
 
 
 def check_sweep_dir(cfg: Any, swept: Sequence[Any]) -> None:
@@ -189,6 +193,23 @@ def expanded(cfg: Any, template: str) -> str:
     return " ".join(out)
 
 
+_SHIPPED = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _own_names(o: Any, lines: Sequence[str]) -> bool:
+    """Whether swept override `o` picks a model or hardware whose name the user set: a config
+    of theirs (a FILE.yaml, a config dir's), whose `name:` two files may share (one copied from
+    the other), or any under a `hardware.name=` override. The folder takes that name, so
+    `${run_hardware:}` does not tell their points apart as it does conf/'s, whose names differ."""
+    key = _key(o)
+    if key not in ("model", "hardware"):
+        return False
+    renamed = any(line.lstrip("+~").startswith(f"{key}.name=") for line in lines)
+    return renamed or any(
+        not (_SHIPPED / key / f"{v}.yaml").is_file() for v in o.sweep_string_iterator()
+    )
+
+
 def _named(key: str, template: str) -> bool:
     """Whether a subdir template names `key`'s value (`${workload.gen_len}`, a group's
     `${hydra:runtime.choices.planner}`, the model's and hardware's `${run_model:}` resolvers)."""
@@ -226,10 +247,20 @@ def _distinct_subdirs(
         if subdir in seen:
             raise MoepipeError(
                 f"hydra.sweep.subdir={text}: points {' '.join(seen[subdir])} and "
-                f"{' '.join(point)} would both write {subdir}, the second replacing the first's "
-                f"result; {fix}, or name a swept key in it"
+                f"{' '.join(map(_as_typed, point))} would both write {subdir}, the second "
+                f"replacing the first's result; {fix}, or name a swept key in it"
             )
-        seen[subdir] = list(point)
+        seen[subdir] = [_as_typed(v) for v in point]
+
+
+def _as_typed(override: str) -> str:
+    """`hardware=file_a` (a FILE.yaml as `group_files` names its copy) as the user typed it,
+    `hardware=a.yaml`; any other override as it is."""
+    from experiments.common.app import USER_FILES
+
+    key, _, value = override.partition("=")
+    ends = f"/{key}/{value}.yaml"
+    return next((f"{key}={v}" for k, v in USER_FILES.items() if k.endswith(ends)), override)
 
 
 # the config roots a point's folder name is read from (`names_fit`): a swept key under another

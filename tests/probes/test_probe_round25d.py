@@ -1,0 +1,38 @@
+"""Round 25d (issue 48): the docs run as written. A newcomer's probe ran every command and
+snippet the README and docs/ show (tests/test_docs_run.py keeps the snippets in step); this
+file holds what the runs found in the code.
+
+Classes:
+1. A sweep of hardware or model files of one `name:` (`-m hardware=a.yaml,b.yaml`, b a copy of
+   a with one number changed) wrote both points into one folder, named by that name: the
+   second replaced the first's result, and the sweep said "1 run(s) finished" of two points.
+   The folder check took `${run_hardware:}` for a name that tells points apart, as it does for
+   conf/'s configs; a config of the user's (a file, a config dir's) is now composed point by
+   point, and two of one folder refused before any point runs, naming the files as typed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.probes.conftest import ROOT, one_line
+
+
+@pytest.mark.parametrize("form", ["files", "renamed"])
+def test_a_sweep_of_two_hardware_of_one_name_is_refused(
+    tmp_path: Path, cli_here: Any, form: str
+) -> None:
+    text = (ROOT / "conf" / "hardware" / "tiny.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yaml").write_text(text.replace("gpu: 1.0,", "gpu: 2.0,"))
+    args = ["-m", "model=tiny", "workload=tiny", "planner=flexgen", f"hydra.sweep.dir={tmp_path}/s"]
+    if form == "files":
+        swept = [f"hardware={tmp_path}/a.yaml,{tmp_path}/b.yaml"]
+        names = f"hardware={tmp_path}/a.yaml and hardware={tmp_path}/b.yaml"
+    else:
+        swept, names = ["hardware=tiny,h200", "hardware.name=same"], "tiny_same_flexgen"
+    one_line(cli_here("experiments.run", *args, *swept), names, "a name of its own")
+    assert not (tmp_path / "s").exists()
