@@ -486,7 +486,9 @@ def run_dirs_made() -> Iterator[list[Made]]:
     that fails in either left an empty folder. Each single run's dir is locked (`dir_lock`)
     before hydra makes it, until the block ends (a command that writes no run dir of hydra's
     own, `app.PLAIN`, takes no lock on the folder it runs in), so a second run into it waits
-    before it writes anything there. Sweeps' points keep theirs (callbacks.remove_if_no_runs)."""
+    before it writes anything there. Sweeps' points keep theirs (callbacks.remove_if_no_runs).
+    A torchrun rank past 0, whose results rank 0 writes, takes away at its end a dir hydra made
+    for it alone (its `${now:}` a second past rank 0's), unless a run holds its lock."""
     import hydra._internal.hydra as hydra_run
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -523,6 +525,8 @@ def run_dirs_made() -> Iterator[list[Made]]:
     finally:
         hydra_run.run_job = run_job  # type: ignore[assignment]
         OPEN_RUN_DIRS.remove(made)
+        if not _writes_run_dir():  # a torchrun rank past 0, which writes into rank 0's dir
+            remove_unused([m for m in made if m[1] is not None and not (m[0] / LOCK).exists()])
 
 
 # the lists of `run_dirs_made` blocks not left yet: what a process that ends at once

@@ -36,3 +36,27 @@ def test_a_sweep_of_two_hardware_of_one_name_is_refused(
         swept, names = ["hardware=tiny,h200", "hardware.name=same"], "tiny_same_flexgen"
     one_line(cli_here("experiments.run", *args, *swept), names, "a name of its own")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_torchrun_rank_past_0_leaves_no_folder_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: str
+) -> None:
+    """Rank 1 of a launch resolved the run dir's `${now:%H-%M-%S}` a second after rank 0 and
+    left that folder, holding its .hydra and an empty run.log, beside rank 0's run. Now it
+    takes it away as it ends; a folder a run holds the lock of (rank 0's, the same second)
+    stays, and so does rank 0's own."""
+    from experiments.common import run_dir
+    from experiments.common.dir_lock import LOCK
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    runs = tmp_path / "runs"
+    own, locked = runs / "16-53-04_ckpt_eplb", runs / "16-53-03_ckpt_eplb"
+    with run_dir.run_dirs_made() as made:
+        for out in (own, locked):
+            made.append((out, runs, frozenset()))  # as hydra's run_job lists it
+            (out / ".hydra").mkdir(parents=True)
+            (out / "run.log").write_text("")
+        (locked / LOCK).write_text("")
+    assert own.exists() == (rank == "0") and locked.exists()
