@@ -9,6 +9,10 @@ Classes:
    The folder check took `${run_hardware:}` for a name that tells points apart, as it does for
    conf/'s configs; a config of the user's (a file, a config dir's) is now composed point by
    point, and two of one folder refused before any point runs, naming the files as typed.
+   So is a sweep of conf/'s hardware under one `hardware.name=` (each point's folder took it).
+2. A torchrun launch of the documented distributed run left, beside rank 0's run dir, a folder
+   of rank 1's own (`runs/<date>/16-53-04_ckpt_eplb/`: .hydra and an empty run.log) where the
+   ranks' `${now:%H-%M-%S}` fell a second apart. A rank past 0 now takes it away as it ends.
 """
 
 from __future__ import annotations
