@@ -235,6 +235,25 @@ def test_a_quoted_error_line_is_the_one_printed(
     one_line(cli_here(module, *args), said)
 
 
+def test_the_documented_dense_layers_example_holds() -> None:
+    """make_checkpoint's `moe_layers=[0,2]`, shown alone, was refused on the page's own
+    mixtral-tiny (a dense layer needs `dense_ffn_size`, and a Mixtral config.json has none):
+    the page gives the whole example and the families that take it."""
+    from core.errors import ConfigError
+    from core.hf_config.from_spec import spec_to_hf_config
+    from real.checkpoint import reduced_spec
+
+    text = (ROOT / "docs" / "commands.md").read_text()
+    shown = "`n_layers=3 moe_layers=[0,2]\ndense_ffn_size=128`"
+    assert shown in text, "commands.md's make_checkpoint no longer shows the example"
+    dense = {"n_layers": 3, "moe_layers": [0, 2], "dense_ffn_size": 128}
+    assert spec_to_hf_config(reduced_spec("qwen1.5-moe-a2.7b", **dense))["num_hidden_layers"] == 3
+    first = reduced_spec("deepseek-v2-lite", **{**dense, "moe_layers": [1, 2]})
+    assert spec_to_hf_config(first)["first_k_dense_replace"] == 1
+    with pytest.raises(ConfigError, match="cannot express dense layers"):
+        spec_to_hf_config(reduced_spec("mixtral-tiny", **dense))
+
+
 @pytest.mark.slow
 def test_the_readme_one_run_then_its_trace_json(tmp_path: Path) -> None:
     """README's one run as written (into a folder of the test's), then the line after it."""
