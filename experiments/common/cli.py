@@ -371,9 +371,7 @@ def run_command(main: Callable[[], Any]) -> Any:
             result = until_interrupted(started)
             raise_stdout_failure()  # the work is done and its files written: its output is not
             return result
-        except (
-            BrokenPipeError
-        ):  # `... --help | head`: the reader left; nothing to say, as `cat` would
+        except BrokenPipeError:  # `... --help | head`: the reader left; nothing to say
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # the flush at exit would fail again
             sys.exit(141)  # a shell's status for a process its pipe's reader left (128 + SIGPIPE)
