@@ -274,7 +274,7 @@ def test_a_bench_fails_where_the_checkpoint_changed_between_its_systems(
     monkeypatch.setattr(acc, "compare", compared)
     opts = BenchAccelerateOptions(checkpoint=str(ckpt), hardware="tiny", cgroup=False)
     with pytest.raises(MoepipeError, match="changed while the run read"):
-        acc._bench(opts, lambda: None)
+        acc._bench(opts)
     assert "header" not in capsys.readouterr().out
 
 
