@@ -49,11 +49,23 @@ def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
                 f"error: rank {lost[0]} failed or died first (killed, or ended without a line); "
                 f"torchrun stopped rank {rank} (SIGTERM) while it started"
             )
-    sys.stderr.write(f"{line}\n")  # one write (launch_line.say_first)
-    sys.stderr.flush()
+    with contextlib.suppress(Exception):  # stderr closed (`2>&-`): not reopened this early
+        sys.stderr.write(f"{line}\n")  # one write (launch_line.say_first)
+        sys.stderr.flush()
     # Not SystemExit: raised inside an import, a library's bare `except:` can swallow it (the
     # command then ran on and exited 0). Nothing is open or written yet, so nothing is lost.
     os._exit(128 + signum)
+
+
+# sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
+# docs): a command starting, not code (a test, a notebook) importing this package.
+AS_COMMAND = sys.argv[:1] == ["-m"]
+if AS_COMMAND:  # first of all: in the start-up below (load_env's imports: 0.05 s, more under
+    # load) Ctrl-C would be an import's traceback, and SIGTERM an end without a line
+    signal.signal(signal.SIGINT, _interrupted_at_startup)
+    for _signum in STOP_SIGNALS:
+        if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
+            signal.signal(_signum, _interrupted_at_startup)
 
 
 def command_started() -> None:
@@ -182,9 +194,6 @@ def _write_as_typed() -> None:
             reconfigure(errors="moepipe.as_typed")
 
 
-# sys.argv[0] is "-m" only while `python -m experiments.<name>` locates the module (Python's
-# docs): a command starting, not code (a test, a notebook) importing this package.
-AS_COMMAND = sys.argv[:1] == ["-m"]
 if AS_COMMAND:
     from experiments.common.load_env import bad_variable, openmp_complaint
 
@@ -199,10 +208,6 @@ if AS_COMMAND:
     # no collections while the command imports (numpy, pandas, hydra): their objects live on,
     # and each pass walked all made so far (0.05 s of CPU); on again once it runs
     gc.disable()
-    signal.signal(signal.SIGINT, _interrupted_at_startup)
-    for _signum in STOP_SIGNALS:
-        if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
-            signal.signal(_signum, _interrupted_at_startup)
     # torch's C++ log goes to stderr beside the one line: c10d's rendezvous retries, each with
     # its stack dump (MASTER_ADDR unreachable: 76 lines), a gloo pair's closed connection. Read
     # once, as torch loads; kept where the user set it or asked for tracebacks.
