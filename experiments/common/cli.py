@@ -312,15 +312,6 @@ def exit_with(e: BaseException) -> None:
     sys.exit(2)
 
 
-def other_rank() -> int | None:
-    """This process's rank where it is a rank other than 0 of a torchrun launch (RANK and
-    WORLD_SIZE > 1 whole numbers), else None."""
-    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
-    if rank.isdigit() and world.isdigit() and int(world) > 1 and 0 < int(rank) < int(world):
-        return int(rank)
-    return None
-
-
 def exit_command(main: Callable[[], Any]) -> NoReturn:
     """A command's `__main__`: `sys.exit(run_command(main))`, with what the process still holds
     frozen out of the cycle collector first (`gc.freeze`). The interpreter's teardown collects
@@ -493,18 +484,28 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         if callbacks is not None and sys.executable != python:
             callbacks.workers_heed_signals(python)
         for signum, handler in previous.items():
-            if signal.getsignal(signum) is _raise_stopped:
+            if signal.getsignal(signum) in (_raise_stopped, _stopping):
                 signal.signal(signum, handler)
 
 
 _UNTIL = until_interrupted.__code__
 
 
+def _stopping(signum: int, frame: Any) -> None:
+    """A stop that comes while the command says an earlier one's line is that stop (Ctrl-C
+    pressed twice): a KeyboardInterrupt raised there (as a progress bar closed, a pool's
+    tracker stopped) was a traceback in place of the line."""
+
+
 def _say_interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C's or a stop's one line, and its exit status."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, *STOP_SIGNALS):  # until `finished` ends it on one at once
+            if signal.getsignal(signum) is _raise_stopped:
+                signal.signal(signum, _stopping)
     before_line()
     settle(e)  # the warnings held, before the line
-    from experiments.common.launch_line import claims_lines, say_first
+    from experiments.common.launch_line import claims_lines, other_rank, say_first
     from experiments.common.pool import stop_pool_tracker
 
     stop_pool_tracker()

@@ -55,6 +55,15 @@ def launch_ranks() -> tuple[int, int] | None:
     return r, w
 
 
+def other_rank() -> int | None:
+    """This process's rank where it is a rank other than 0 of a torchrun launch (RANK and
+    WORLD_SIZE > 1 whole numbers), else None."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world.isdigit() and int(world) > 1 and 0 < int(rank) < int(world):
+        return int(rank)
+    return None
+
+
 # held while this process claims the line and prints it: another thread of it that would say
 # the launch's line (`say_first`) waits until the line is out, then finds the claim taken
 _SAYING = threading.Lock()

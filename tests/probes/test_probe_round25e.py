@@ -7,14 +7,20 @@ start-up handler: Ctrl-C was an import's traceback and SIGTERM an end without a 
 is now set first. (Earlier still, while Python starts and runs its site .pth files, no code of
 the command runs: a stop there is Python's own.)
 
+Class found: Ctrl-C pressed twice, the second while the command said the first's line (closing a
+progress bar, stopping a sweep's pool tracker, which waits for it): a KeyboardInterrupt there
+was a traceback in place of the line. A stop then is the same stop now.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -56,3 +62,36 @@ def test_a_stop_as_the_package_starts_is_one_line(sig: signal.Signals) -> None:
     assert r.returncode == 128 + sig, r.stderr
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and "the command had not started" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("first", "code"), [(KeyboardInterrupt, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_second_ctrl_c_while_the_line_is_said_is_the_same_stop(
+    first: Any, code: int, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Ctrl-C pressed twice: the second came while the command said the first's line (closing
+    its progress bar first, or stopping a sweep's pool tracker, which waits for it) and raised
+    a KeyboardInterrupt there, a traceback in place of the line. It is the same stop now: the
+    line once, the first's status, and the handlers as they were after."""
+    from experiments.common import cli
+
+    def again() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10**5):  # the handler runs here
+            pass
+
+    monkeypatch.setattr(cli, "_ON_INTERRUPT", ["finished runs are kept"])
+    monkeypatch.setattr(cli, "_BEFORE_LINE", [again])
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+
+    def main() -> None:
+        raise first if first is KeyboardInterrupt else cli.Stopped(first)
+
+    try:  # the old code's second KeyboardInterrupt fails the test, not the session
+        cli.until_interrupted(main)
+    except BaseException as e:  # noqa: BLE001
+        stop = e
+    assert isinstance(stop, SystemExit) and stop.code == code, repr(stop)
+    assert capsys.readouterr().err.count("\n") == 1
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
