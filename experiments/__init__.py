@@ -35,20 +35,24 @@ def _interrupted_at_startup(signum: int, frame: FrameType | None) -> None:
     line = f"{said} the command had not started; nothing was written"
     rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
     world = int(size) if size.isdigit() else 1  # malformed: the command says so once it runs
-    if signum == signal.SIGTERM and rank is not None and rank.isdigit() and world > 1:
-        # one rank of torchrun's, whose agent stops them all once one ends: one line for the
-        # launch (as common.dist_run.stop_on_sigterm says once the command runs)
+    if rank is not None and rank.isdigit() and world > 1:
+        # one rank of a launch: one line for the launch, said by the first to say (the launcher
+        # `experiments.torchrun`, which passes its stop on as SIGINT, or a rank): each rank
+        # stopped while it started said its own beside the launcher's
         from experiments.common.launch_line import first_to_say, gone_peers
 
         if not first_to_say():
             os._exit(128 + signum)
-        lost = gone_peers()
-        line = f"error: rank {rank} was stopped (SIGTERM) while it started; nothing was written"
-        if lost:
-            line = (
-                f"error: rank {lost[0]} failed or died first (killed, or ended without a line); "
-                f"torchrun stopped rank {rank} (SIGTERM) while it started"
-            )
+        if signum == signal.SIGTERM:  # torchrun's agent stops them all once one ends (as
+            # common.dist_run.stop_on_sigterm says once the command runs)
+            lost = gone_peers()
+            line = f"error: rank {rank} was stopped (SIGTERM) while it started; nothing was "
+            line += "written"
+            if lost:
+                line = (
+                    f"error: rank {lost[0]} failed or died first (killed, or ended without a "
+                    f"line); torchrun stopped rank {rank} (SIGTERM) while it started"
+                )
     with contextlib.suppress(Exception):  # stderr closed (`2>&-`): not reopened this early
         sys.stderr.write(f"{line}\n")  # one write (launch_line.say_first)
         sys.stderr.flush()

@@ -11,6 +11,10 @@ Class found: Ctrl-C pressed twice, the second while the command said the first's
 progress bar, stopping a sweep's pool tracker, which waits for it): a KeyboardInterrupt there
 was a traceback in place of the line. A stop then is the same stop now.
 
+Class found: `experiments.torchrun` stopped while its ranks started: the launcher's line, and each
+rank's "had not started" beside it. A rank stopped in its start-up says the line only where it
+is the launch's first to say.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
@@ -20,11 +24,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT, default_signals, user_env
+from tests.probes.conftest import said_by_ranks_1_then_0
 
 # a command starting (`-m`), stopped by `sig` as `experiments` imports load_env: the first
 # import of the package's start-up after its own few of the standard library
@@ -95,3 +101,25 @@ def test_a_second_ctrl_c_while_the_line_is_said_is_the_same_stop(
     assert isinstance(stop, SystemExit) and stop.code == code, repr(stop)
     assert capsys.readouterr().err.count("\n") == 1
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGQUIT], ids=["SIGINT", "SIGQUIT"])
+def test_ranks_stopped_as_they_start_say_the_launchs_line_once(
+    sig: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`experiments.torchrun` stopped (SIGQUIT at 8 s) while its 2 ranks still imported: the
+    launcher said its line and passed the stop on as SIGINT, and each rank said "interrupted:
+    the command had not started" beside it, 3 lines. A rank stopped in its start-up now says
+    the line only where it is the launch's first to say (as SIGTERM's was already)."""
+    import experiments
+
+    def exits(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(experiments.os, "_exit", exits)
+    said = said_by_ranks_1_then_0(
+        lambda: experiments._interrupted_at_startup(sig, None), tmp_path, monkeypatch, capsys
+    )
+    assert [code for code, _ in said] == [128 + sig] * 2
+    assert said[0][1].count("\n") == 1 and "had not started" in said[0][1], said
+    assert said[1][1] == "", said
