@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, default_signals, user_env
-from tests.probes.conftest import said_by_ranks_1_then_0
+from tests.probes.conftest import said_by_ranks_1_then_0, tiny_run
 
 # a command starting (`-m`), stopped by `sig` as `experiments` imports load_env: the first
 # import of the package's start-up after its own few of the standard library
@@ -123,3 +123,32 @@ def test_ranks_stopped_as_they_start_say_the_launchs_line_once(
     assert [code for code, _ in said] == [128 + sig] * 2
     assert said[0][1].count("\n") == 1 and "had not started" in said[0][1], said
     assert said[1][1] == "", said
+
+
+def _conforming(stops: list[Any]) -> None:
+    """Every stop conformed (one line and its status, or finished; nothing left; the earlier
+    result whole), where it came once the command ran code of its own."""
+    from tests.probes.random_stops import counts
+
+    wrong = [s for s in stops if s.faults and s.faults != ["in python's start-up"]]
+    assert not wrong, (counts(stops), [(s.case, s.at_s, s.signals, s.faults) for s in wrong])
+
+
+def test_a_run_stopped_at_a_random_moment_conforms(tmp_path: Path) -> None:
+    """The default suite's sample of random_stops: one tiny run stopped at a random moment
+    (fixed seed) over an earlier result."""
+    from tests.probes.random_stops import campaign
+
+    tiny_run(tmp_path / "run")
+    _conforming(campaign(tmp_path, {"run.klotski": 1}, seed=25))
+
+
+@pytest.mark.slow  # a few commands in processes of their own, stopped at random moments
+def test_commands_stopped_at_random_moments_conform(tmp_path: Path) -> None:
+    """A sample of round 25e's campaign (fixed seed): simulated and real runs, a checkpoint
+    written, each stopped once or twice by one of the four signals."""
+    from tests.probes.random_stops import campaign, prepare
+
+    per = {"run.sequential": 2, "run.real": 2, "make_checkpoint": 1, "bench.host": 1}
+    prepare(tmp_path, per)
+    _conforming(campaign(tmp_path, per, seed=2025))
