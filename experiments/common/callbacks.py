@@ -13,6 +13,7 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import MoepipeError
+from experiments import TERMINAL_SIGNALS
 from experiments.common.cli import on_interrupt
 from experiments.common.plugin_keys import check_logging_config
 from experiments.common.reader_left import bar_stream
@@ -222,6 +224,15 @@ def _set_tracker_python(executable: str) -> None:
     spawn = sys.modules.get("joblib.externals.loky.backend.spawn")
     if spawn is not None and hasattr(spawn, "_python_exe"):
         spawn._python_exe = executable
+    # and the signals loky blocks while it starts the tracker (Ctrl-C and SIGTERM) the wrapper's
+    # too: SIGHUP or SIGQUIT to the group as it started, before the wrapper's `trap`, killed it
+    # (the tracker loky started again then printed a KeyError traceback per name)
+    tracker = sys.modules.get("joblib.externals.loky.backend.resource_tracker")
+    if tracker is not None and hasattr(tracker, "_IGNORED_SIGNALS"):
+        ignored = (signal.SIGINT, signal.SIGTERM)
+        tracker._IGNORED_SIGNALS = (
+            (*ignored, *TERMINAL_SIGNALS[1:]) if _wrapped(executable) else ignored
+        )
 
 
 def _wrapped(executable: str) -> bool:

@@ -15,6 +15,11 @@ Class found: `experiments.torchrun` stopped while its ranks started: the launche
 rank's "had not started" beside it. A rank stopped in its start-up says the line only where it
 is the launch's first to say.
 
+Class found: a `-m` sweep stopped by SIGQUIT or SIGHUP as its pool's resource tracker started:
+the wrapper that makes it ignore the terminal's signals had not run its `trap` yet, the tracker
+died, and the one loky started again printed a KeyError traceback per name. It now starts with
+them blocked.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
@@ -152,3 +157,39 @@ def test_commands_stopped_at_random_moments_conform(tmp_path: Path) -> None:
     per = {"run.sequential": 2, "run.real": 2, "make_checkpoint": 1, "bench.host": 1}
     prepare(tmp_path, per)
     _conforming(campaign(tmp_path, per, seed=2025))
+
+
+def test_a_sweeps_pool_tracker_outlives_a_stop_as_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `-m` sweep stopped by SIGQUIT (5 s in, once in 28 random stops of a sweep): loky's
+    resource tracker, started through the sweep's wrapper that ignores the terminal's signals,
+    was killed by one that came before the wrapper's `trap` ran; loky started it again, and
+    the new one printed a KeyError traceback for each name the sweep then let go of, before
+    the line. The tracker now starts with those signals blocked too, and lives to its end."""
+    from joblib.externals.loky.backend import resource_tracker as rt
+
+    from experiments.common.callbacks import workers_heed_signals, workers_ignore_ctrl_c
+
+    started: list[int] = []
+    spawn = rt.spawnv_passfds
+
+    def spawned_then_stopped(path: str, args: list[str], fds: list[int]) -> Any:
+        pid, handle = spawn(path, args, fds)
+        os.kill(pid, signal.SIGQUIT)  # at once: before the wrapper's first line (SIGHUP's alike)
+        started.append(pid)
+        return pid, handle
+
+    monkeypatch.setattr(rt, "spawnv_passfds", spawned_then_stopped)
+    real = workers_ignore_ctrl_c()
+    assert real is not None
+    try:
+        tracker = rt.ResourceTracker()
+        tracker.ensure_running()
+        fd, tracker._fd, tracker._pid = tracker._fd, None, None
+        os.close(fd)  # its end: it cleans up and exits
+        _, status = os.waitpid(started[0], 0)
+    finally:
+        workers_heed_signals(real)
+    assert os.WIFEXITED(status), f"killed by signal {os.WTERMSIG(status)}"
+    assert rt._IGNORED_SIGNALS == (signal.SIGINT, signal.SIGTERM)  # the real python's again
