@@ -302,6 +302,8 @@ def _say_signals_here() -> None:
         return
 
     def said_here(signum: int, frame: Any) -> None:
+        if _SIGNALLED:  # pressed twice: the same stop, said and passed on (raised again as the
+            return  # launcher exited, after its claim on the line went, it was said twice)
         name = signal.Signals(signum).name
         said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
         say_as_agent(f"{said} {STOPPED}")

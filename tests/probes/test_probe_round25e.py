@@ -20,6 +20,9 @@ the wrapper that makes it ignore the terminal's signals had not run its `trap` y
 died, and the one loky started again printed a KeyError traceback per name. It now starts with
 them blocked.
 
+Class found: `experiments.torchrun` sent a stop twice: the second, as the launcher exited, was
+said again and raised as torch's SignalException (an internal error). It is the same stop now.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
@@ -99,6 +102,7 @@ def test_a_second_ctrl_c_while_the_line_is_said_is_the_same_stop(
     def main() -> None:
         raise first if first is KeyboardInterrupt else cli.Stopped(first)
 
+    stop: BaseException | None = None
     try:  # the old code's second KeyboardInterrupt fails the test, not the session
         cli.until_interrupted(main)
     except BaseException as e:  # noqa: BLE001
@@ -193,3 +197,40 @@ def test_a_sweeps_pool_tracker_outlives_a_stop_as_it_starts(
         workers_heed_signals(real)
     assert os.WIFEXITED(status), f"killed by signal {os.WTERMSIG(status)}"
     assert rt._IGNORED_SIGNALS == (signal.SIGINT, signal.SIGTERM)  # the real python's again
+
+
+def test_a_second_stop_to_the_launcher_is_the_same_stop(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
+    """`experiments.torchrun` sent SIGTERM twice (8.6 s in): the second came as the launcher
+    exited, its claim on the launch's line gone, and its handler said the line again and
+    raised torch's SignalException, an internal error (exit 2). The second is the same stop."""
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from experiments import torchrun
+    from experiments.common.cli import until_interrupted
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the launch's claim is made
+    monkeypatch.setenv("LOGLEVEL", "WARNING")  # the test process's logging kept
+    said_under = torchrun.said_under
+
+    def stopped(args: Any) -> None:
+        api._terminate_process_handler(signal.SIGTERM, None)
+
+    def claim_gone_then_stopped_again(agent: int) -> bool:
+        said = said_under(agent)
+        api._terminate_process_handler(signal.SIGTERM, None)
+        return said
+
+    monkeypatch.setattr("torch.distributed.run.run", stopped)
+    monkeypatch.setattr(torchrun, "said_under", claim_gone_then_stopped_again)
+    stop: BaseException | None = None
+    try:
+        until_interrupted(lambda: torchrun.main(["--nproc_per_node=2", "-m", "experiments.run"]))
+    except (SystemExit, SignalException) as e:
+        stop = e
+    assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
+    assert capsys.readouterr().err == f"stopped by SIGTERM; {torchrun.STOPPED}\n"
