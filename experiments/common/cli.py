@@ -309,6 +309,8 @@ def exit_with(e: BaseException) -> None:
     # left to say a line every rank meets, was stopped by torchrun once a faster rank 1 ended,
     # and blamed rank 1 for ending "without a line", the cause said nowhere
     say_error(f"error: {any_error_line(e)}")
+    if experiments.AS_COMMAND:  # a stop after the line: exit 2, not the default action's end
+        finished(2)
     sys.exit(2)
 
 
@@ -475,6 +477,10 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         _say_interrupted(stop)
     except KeyboardInterrupt as e:
         _say_interrupted(e)
+    except SystemExit as e:  # its own exit: a launcher whose rank said the stop's line, 143
+        if experiments.AS_COMMAND and isinstance(e.code, int | None):
+            finished(e.code or 0)  # a stop after it: that status, not the default action's
+        raise
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
         _cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL

@@ -23,6 +23,10 @@ them blocked.
 Class found: `experiments.torchrun` sent a stop twice: the second, as the launcher exited, was
 said again and raised as torch's SignalException (an internal error). It is the same stop now.
 
+Class found: a command that ends by its own exit (experiments.torchrun whose rank said the line,
+143) or an error's line (2) did not mark its work finished: a stop in the teardown after it was
+the default action's end (-15). Both keep their status now, as the interrupt's path does.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
@@ -234,3 +238,41 @@ def test_a_second_stop_to_the_launcher_is_the_same_stop(
         stop = e
     assert isinstance(stop, SystemExit) and stop.code == 143, repr(stop)
     assert capsys.readouterr().err == f"stopped by SIGTERM; {torchrun.STOPPED}\n"
+
+
+def _exits_143() -> None:
+    sys.exit(143)  # experiments.torchrun, whose rank said the stop's line
+
+
+@pytest.mark.parametrize("ends", ["own exit", "error"])
+def test_a_stop_after_a_commands_own_exit_keeps_its_status(
+    ends: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`experiments.torchrun` stopped twice (6.5 s in): its rank said the line and it exited
+    143 itself, not through the interrupt's path; the second signal came as Python tore down,
+    where the default action was back, and ended it by the signal (exit -15) after the line.
+    A command's own exit, and an error's line (exit 2), now keep their status as the
+    interrupt's does."""
+    import experiments
+    from core.errors import ConfigError
+    from experiments.common import cli
+
+    monkeypatch.setattr(experiments, "AS_COMMAND", True)
+    monkeypatch.setattr(experiments, "FINISHED", [])
+    exits: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as e:
+            if ends == "own exit":
+                cli.until_interrupted(_exits_143)
+            else:
+                cli.exit_with(ConfigError("x=1: pass 2"))
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler) and handler not in handlers.values()
+        handler(signal.SIGTERM, None)  # the signal again, in the teardown
+    finally:
+        for signum, h in handlers.items():
+            signal.signal(signum, h)
+    assert exits == [e.value.code] and list(experiments.FINISHED) == exits
+    capsys.readouterr()
