@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from core.errors import MoepipeError, integer_below
 from experiments import TERMINAL_SIGNALS
@@ -158,5 +159,22 @@ def stop_pool_tracker() -> None:
     # for reuse (an in-process sweep's, in a test or a notebook) would keep it, and stop() wait
     # for that pool's idle timeout (300 s), so the pool goes first
     close_sweep_pool(kill_workers=True)
+    _kill_workers_left()
     finalizers(0)  # exit's first step, run early
     stop()
+
+
+def _kill_workers_left() -> None:
+    """SIGKILL this process's loky workers that the pool's kill missed (one it was starting as
+    the sweep was stopped): each holds the tracker's pipe, and the tracker's stop waited for it
+    for good (a sweep stopped by SIGQUIT 5 s in hung, its line never said)."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
+            ours = ppid == me and b"popen_loky_posix" in (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if ours:
+            with contextlib.suppress(OSError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)

@@ -27,6 +27,10 @@ Class found: a command that ends by its own exit (experiments.torchrun whose ran
 143) or an error's line (2) did not mark its work finished: a stop in the teardown after it was
 the default action's end (-15). Both keep their status now, as the interrupt's path does.
 
+Class found: a `-m` sweep stopped as its pool started a worker hung before its line: the worker
+the pool's kill missed held loky's tracker's pipe, and the tracker's stop waited for it. Such
+workers are killed first now.
+
 The deterministic cases run here; a sample of random stops with a fixed seed in the slow suite.
 """
 
@@ -42,7 +46,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, default_signals, user_env
-from tests.probes.conftest import said_by_ranks_1_then_0, tiny_run
+from tests.probes.conftest import deadline, said_by_ranks_1_then_0, tiny_run
 
 # a command starting (`-m`), stopped by `sig` as `experiments` imports load_env: the first
 # import of the package's start-up after its own few of the standard library
@@ -276,3 +280,34 @@ def test_a_stop_after_a_commands_own_exit_keeps_its_status(
             signal.signal(signum, h)
     assert exits == [e.value.code] and list(experiments.FINISHED) == exits
     capsys.readouterr()
+
+
+def test_a_stopped_sweep_kills_a_worker_its_pool_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `-m` sweep stopped by SIGQUIT 5 s in hung before its line: one of its pool's workers
+    (being started as the pool was killed) lived on, holding loky's resource tracker's pipe,
+    and the tracker's stop, which waits for the tracker to end, waited for good. The workers
+    the pool's kill missed are killed before it now (here a stand-in worker, and a tracker
+    whose stop waits for it)."""
+    import types
+    from multiprocessing import util
+
+    from experiments.common import pool
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", "popen_loky_posix"]
+    )
+
+    def stop() -> None:  # the tracker ends once every holder of its pipe is gone
+        worker.wait()
+
+    loky = types.SimpleNamespace(_resource_tracker=types.SimpleNamespace(_stop=stop))
+    monkeypatch.setitem(sys.modules, "joblib.externals.loky.backend.resource_tracker", loky)
+    monkeypatch.setattr(util, "_run_finalizers", lambda minpriority=None: None)
+    monkeypatch.setattr(pool, "close_sweep_pool", lambda kill_workers=False: None)
+    try:
+        with deadline(30):
+            pool.stop_pool_tracker()
+    finally:
+        worker.kill()
+        worker.wait()
+    assert worker.returncode == -signal.SIGKILL
