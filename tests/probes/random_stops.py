@@ -244,24 +244,25 @@ def _earlier_whole(case: Case, here: Path, before: dict[str, dict[str, bytes]], 
     return ""
 
 
-def _left_files(here: Path, shm_before: set[str]) -> list[str]:
+def _left_files(here: Path, shm_before: set[str], ours: set[str]) -> list[str]:
     left = [str(p.relative_to(here)) for p in here.rglob("*") if ".partial-" in p.name]
     for summary in here.rglob("summary.json"):
         if ".partial-" in str(summary):
             continue
         if not (summary.parent / "trace.parquet").exists() and "run" in summary.parts[-2]:
             left.append(f"{summary.relative_to(here)} without its trace.parquet")
-    left += [f"/dev/shm/{n}" for n in sorted(_shm() - shm_before) if _orphaned(n)]
+    left += [f"/dev/shm/{n}" for n in sorted(_shm() - shm_before) if _orphaned(n, ours)]
     return left
 
 
-def _orphaned(name: str) -> bool:
-    """A /dev/shm entry of a pool (loky's semaphores, joblib's memmap folders) whose maker (the
-    pid in its name) is gone: another process's pool, still running, is not this stop's."""
+def _orphaned(name: str, ours: set[str]) -> bool:
+    """A /dev/shm entry of a pool (loky's semaphores, joblib's memmap folders) made by one of
+    `ours` (the pid in its name: the command's, or a process of its session as it was stopped)
+    and left: another process's pool (a command run beside) is not this stop's."""
     digits = [part for part in name.replace("_", "-").split("-") if part.isdigit()]
     if not digits or not ("loky" in name or "joblib" in name or name.startswith("sem.")):
         return False
-    return not Path(f"/proc/{digits[0]}").exists()
+    return digits[0] in ours and not Path(f"/proc/{digits[0]}").exists()
 
 
 def _handles(pid: int) -> bool:
@@ -324,7 +325,7 @@ def stop_once(name: str, home: Path, here: Path, rng: random.Random, twice: floa
         sigs.append(rng.choice((sigs[0], signal.SIGINT)))
     at, gap = rng.uniform(0, case.run_s), rng.uniform(0.0, 0.3)
     stop = Stop(name, round(at, 3), [s.name for s in sigs])
-    shm = _shm()
+    shm, ours = _shm(), set[str]()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.update(OMP_NUM_THREADS="1")
     for key in ("HYDRA_FULL_ERROR", "MOEPIPE_TRACEBACK"):
@@ -340,6 +341,7 @@ def stop_once(name: str, home: Path, here: Path, rng: random.Random, twice: floa
             try:
                 if not i:
                     stop.handled = _handles(p.pid)
+                    ours = {str(p.pid), *(line.split()[0] for line in _session(p.pid))}
                 os.killpg(p.pid, sig)
                 stop.sent += 1
             except ProcessLookupError:
@@ -359,7 +361,7 @@ def stop_once(name: str, home: Path, here: Path, rng: random.Random, twice: floa
         time.sleep(0.1)
     if stop.left_processes:
         _kill_session(p.pid)
-    stop.left_files = _left_files(here, shm)
+    stop.left_files = _left_files(here, shm, ours)
     stop.lost = _earlier_whole(case, here, before, stop.status == 0)
     stop.faults += _classify(stop)
     return stop
