@@ -38,6 +38,7 @@ from experiments.common.argv_checks import (
 from experiments.common.conf_files import chosen_file
 from experiments.common.held_warnings import say_line, settle, warnings_held
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
+from experiments.common.sent_again import cancel_unsent, interrupt_again, send_later
 
 __all__ = [
     "CONF_DIR",
@@ -420,7 +421,7 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     inside code the command runs from text (`exec` or `eval` of a string: dataclasses' methods,
     namedtuple's), which marks a KeyboardInterrupt leaving it as the whole process's, however
     it was handled: the command said its line and then ended by SIGINT (exit -2, in a full CI
-    run). There it is sent again a moment later (`_send_later`), until that code is done."""
+    run). There it is sent again a moment later (`send_later`), until that code is done."""
     frames = []
     while frame is not None:
         frames.append(frame)
@@ -431,7 +432,7 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     if any(c.co_filename.startswith("<frozen importlib") for c in codes) or any(
         c.co_filename == _FROM_TEXT for c in ours
     ):
-        _send_later(signum)
+        send_later(signum)
         return
     raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
 
@@ -462,7 +463,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
                 signal.signal(signum, _raise_stopped)
                 previous[signum] = default  # not start-up's "had not started" after this
     hook = sys.unraisablehook
-    sys.unraisablehook = _interrupt_again(hook)
+    sys.unraisablehook = interrupt_again(hook)
     python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
     try:
         result = main()
@@ -483,7 +484,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         raise
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
-        _cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
+        cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
         # and the python its subprocesses start: a sweep that failed or was stopped never
         # reached the callback that puts it back (a later `sys.executable` would ignore SIGTERM)
         callbacks = sys.modules.get("experiments.common.callbacks")
@@ -547,60 +548,11 @@ def _exit_finished(code: int) -> None:
     os._exit(code)
 
 
-def _interrupt_again(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """An unraisable-exception hook: Ctrl-C's KeyboardInterrupt, when it lands in a callback
-    Python cannot raise from (a weakref callback of the import machinery, a `__del__`), was
-    printed as "Exception ignored" and lost, and the command ran on to exit 0. It is raised
-    again, as a signal sent from another thread a moment later: raised from the hook itself,
-    its handler ran inside the hook, where the KeyboardInterrupt was lost the same way (seen in
-    a full test run); sent later, it reaches the main thread once the hook has returned."""
-
-    def hook(unraisable: Any) -> None:
-        e = unraisable.exc_value
-        if isinstance(e, KeyboardInterrupt):
-            signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-            _send_later(signum)
-            return
-        previous(unraisable)
-
-    return hook
-
-
-def _send_later(signum: int) -> None:
-    """Send `signum` to this process a moment later, from another thread (starting a thread
-    waits for it, where a signal it sent at once would be handled here, again too early)."""
-    later = threading.Timer(0.05, _send_again, (signum,))
-    later.daemon = True
-    with _UNSENT_LOCK:
-        _UNSENT.append((later, signum))
-    later.start()
-
-
-# the unraisable hook's interrupts not sent again yet: (its timer, the signal)
-_UNSENT: list[tuple[threading.Timer, int]] = []
-_UNSENT_LOCK = threading.Lock()
-
-
-def _send_again(signum: int) -> None:
-    with _UNSENT_LOCK:
-        _UNSENT[:] = [(t, s) for t, s in _UNSENT if t is not threading.current_thread()]
-    os.kill(os.getpid(), signum)
-
-
-def _cancel_unsent() -> list[tuple[threading.Timer, int]]:
-    """The unraisable hook's interrupts not sent again yet, their timers cancelled."""
-    with _UNSENT_LOCK:
-        unsent, _UNSENT[:] = list(_UNSENT), []
-    for timer, _ in unsent:
-        timer.cancel()
-    return unsent
-
-
 def _raise_unsent() -> None:
     """Raise, now, an interrupt the unraisable hook is about to send again: a command that
     ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
     lost so was seen in a test run)."""
-    unsent = _cancel_unsent()
+    unsent = cancel_unsent()
     if unsent:
         signum = unsent[0][1]
         raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
