@@ -515,7 +515,8 @@ def task(cfg: DictConfig) -> None:
     if hc.mode != RunMode.MULTIRUN:
         on_interrupt(
             f"the run in {out_dir} did not finish (a run is not resumed: the same "
-            "command runs it whole)"
+            "command runs it whole)",
+            written=f"the run in {out_dir} had finished: its result is whole there",
         )
     elif _in_pool_worker():
         # A launcher's pool worker (joblib's) leaves Ctrl-C to the sweep's process, which stops

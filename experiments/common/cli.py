@@ -377,16 +377,26 @@ def run_command(main: Callable[[], Any]) -> Any:
 
 # What `until_interrupted` says after "interrupted: ": a command whose output folder is not the
 # same on a rerun (a sweep under a timestamped folder, a single run) sets it with `on_interrupt`.
-_ON_INTERRUPT = ["finished runs are kept; run the same command again to resume"]
+_ON_INTERRUPT = ["finished runs are kept; run the same command again to resume"] * 2
 _BEFORE_LINE: list[Callable[[], Any]] = []  # e.g. a progress bar to close first
 
 
-def on_interrupt(text: str, before: Callable[[], Any] | None = None) -> None:
+def on_interrupt(
+    text: str, before: Callable[[], Any] | None = None, written: str | None = None
+) -> None:
     """What Ctrl-C's line says in this process from now on (how to resume, or that nothing is),
-    and what to do before printing it (`before`: close a progress bar, whose line it would
-    otherwise continue)."""
-    _ON_INTERRUPT[0] = text
+    what to do before printing it (`before`: close a progress bar, whose line it would
+    otherwise continue), and what it says once the work's result is written (`written`,
+    from `result_written` on)."""
+    _ON_INTERRUPT[:] = [text, written or text]
     _BEFORE_LINE[:] = [before] if before else []
+
+
+def result_written() -> None:
+    """The work's result is whole on disk (`run_dir.replace_run`): a stop that comes now says so
+    (`on_interrupt`'s `written`). A single run stopped as its files went in said "did not
+    finish" beside its new result."""
+    _ON_INTERRUPT[0] = _ON_INTERRUPT[1]
 
 
 def before_line() -> None:

@@ -28,6 +28,7 @@ from core.files import (
     staging_dir,
     staging_file,
 )
+from experiments.common.cli import result_written
 from experiments.common.deferred import interrupt_deferred
 from experiments.common.dir_lock import LOCK, dir_locked
 
@@ -81,6 +82,7 @@ def replace_run(out_dir: Path, summary: Mapping[str, Any], files: Callable[[Path
         with interrupt_deferred():  # Ctrl-C now would leave neither result
             _swap(out_dir, tmp, text, kept)
             _put_hydra_record(out_dir, record)
+            result_written()  # a stop deferred till now says the result is whole
     except BaseException:  # no folder made for a result that is not there
         shutil.rmtree(tmp, ignore_errors=True)
         if record is not None:

@@ -79,3 +79,42 @@ def test_ctrl_c_in_code_run_from_text_keeps_its_status(tmp_path: Path) -> None:
     )
     assert r.returncode == 130, r.stderr
     assert r.stderr.startswith("interrupted: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_stop_as_the_result_goes_in_says_the_run_had_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A stop that comes while a single run's files replace the old ones waits till the new
+    result is whole (`interrupt_deferred`), then said "the run ... did not finish" beside that
+    new result (round 25e's random stops, a SIGHUP at 0.9 s): it now says the run had
+    finished, with the stop's status."""
+    import json
+    import os
+
+    from experiments.common import cli as cli_module
+    from experiments.common import run_dir
+
+    run = tmp_path / "run"
+    run_dir.replace_run(run, {"planner": "old"}, lambda tmp: (tmp / "a.txt").write_text("old"))
+    monkeypatch.setattr(cli_module, "_ON_INTERRUPT", ["", ""])
+    cli_module.on_interrupt("the run did not finish", written="the run had finished")
+    rename, sent = os.replace, []
+
+    def replace_and_stop(src: Any, dst: Any) -> None:
+        rename(src, dst)
+        if not sent:
+            sent.append(dst)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(run_dir.os, "replace", replace_and_stop)
+    previous = signal.signal(signal.SIGTERM, cli_module._raise_stopped)
+    try:
+        with pytest.raises(cli_module.Stopped) as stop:
+            run_dir.replace_run(run, {"planner": "new"}, lambda t: (t / "a.txt").write_text("new"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with pytest.raises(SystemExit) as code:
+        cli_module._say_interrupted(stop.value)
+    assert code.value.code == 143
+    assert capsys.readouterr().err == "stopped by SIGTERM; the run had finished\n"
+    assert json.loads((run / "summary.json").read_text())["planner"] == "new"
