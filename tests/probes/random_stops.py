@@ -265,7 +265,7 @@ def _orphaned(name: str, ours: set[str]) -> bool:
     return digits[0] in ours and not Path(f"/proc/{digits[0]}").exists()
 
 
-def _handles(pid: int) -> bool:
+def handles_stops(pid: int) -> bool:
     """`pid` catches SIGTERM (/proc's SigCgt): the command's start-up handler is set. Before
     that Python itself starts (its site .pth files) and no code of the command runs."""
     try:
@@ -340,7 +340,7 @@ def stop_once(name: str, home: Path, here: Path, rng: random.Random, twice: floa
                 time.sleep(gap)
             try:
                 if not i:
-                    stop.handled = _handles(p.pid)
+                    stop.handled = handles_stops(p.pid)
                     ours = {str(p.pid), *(line.split()[0] for line in _session(p.pid))}
                 os.killpg(p.pid, sig)
                 stop.sent += 1
@@ -362,7 +362,9 @@ def stop_once(name: str, home: Path, here: Path, rng: random.Random, twice: floa
     if stop.left_processes:
         _kill_session(p.pid)
     stop.left_files = _left_files(here, shm, ours)
-    stop.lost = _earlier_whole(case, here, before, stop.status == 0)
+    # a stop as its result went in: the new result, whole, and a line that says it finished
+    done = stop.status == 0 or " had finished: its result is whole there" in stop.stderr
+    stop.lost = _earlier_whole(case, here, before, done)
     stop.faults += _classify(stop)
     return stop
 

@@ -30,6 +30,7 @@ import pytest
 from experiments.common.dir_lock import LOCK
 from tests.conftest import spawned_ranks, started
 from tests.probes.conftest import TINY, cli
+from tests.probes.random_stops import handles_stops
 
 LONG = [*TINY[:-1], "planner=sequential", "workload.n_batches=400", "workload.gen_len=128"]
 WRITING = [
@@ -53,6 +54,16 @@ def _start(run: Path, *args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def _past_pythons_start(p: subprocess.Popen, after_s: float) -> None:
+    """Wait `after_s` from `p`'s start, and at least till the command's start-up handler is set:
+    before it Python starts itself (its site .pth files), which the command cannot act in and
+    which, on a loaded machine, took longer than 0.3 s (exit -15, no line)."""
+    start = time.monotonic()
+    while not handles_stops(p.pid) and p.poll() is None and time.monotonic() - start < 60:
+        time.sleep(0.01)
+    time.sleep(max(0.0, after_s - (time.monotonic() - start)))
 
 
 def _holds_lock(p: subprocess.Popen, run: Path) -> bool:
@@ -214,7 +225,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(after_s: float, tmp_path: P
     the import's KeyboardInterrupt traceback and exit -2)."""
     run = tmp_path / "run"
     p = _start(run, *LONG)
-    time.sleep(after_s)
+    _past_pythons_start(p, after_s)
     assert p.poll() is None
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
@@ -393,7 +404,7 @@ def test_sigterm_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
     (it ended silently, -15)."""
     run = tmp_path / "run"
     p = _start(run, *LONG)
-    time.sleep(0.3)
+    _past_pythons_start(p, 0.3)
     assert p.poll() is None
     p.terminate()
     _, err = p.communicate(timeout=120)
