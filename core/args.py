@@ -29,6 +29,9 @@ REPEATS_WHY = "each repeat is a whole run; more would take days"
 # length, batches): beyond it the tensors alone outgrow any machine's memory.
 MAX_TOKENS = 1 << 20
 TOKENS_WHY = "beyond it the activations outgrow any machine's memory"
+# The largest size, in MB, any size option of a command takes (a shard, a probe file, a margin,
+# a budget): 1 TiB is past any one machine's memory, where a typo (1e300) is the likely cause.
+MAX_SIZE_MB = 1 << 20
 
 
 def as_int(
@@ -44,7 +47,9 @@ def as_int(
         try:  # "8", or a whole number written as a float: 1e9, 8.0
             n = int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else None
             x = float(value) if n is None else float(n)
-            n = int(x) if n is None and x.is_integer() and abs(x) < 2**63 else n
+            # past 2**63 only where a bound says the range (1e300 is a whole number, too large)
+            big = abs(x) < 2**63 or at_most is not None
+            n = int(x) if n is None and x.is_integer() and big else n
         except ValueError:
             n = None
     example = f"{key}={max(at_least if at_least is not None else 1, 1)}"
@@ -113,6 +118,19 @@ def as_float(
         )
     _check_at_most(key, value, x, at_most, why)
     return x
+
+
+def as_size_mb(
+    key: str, value: Any, *, at_least: float = 0, whole: bool = True, low_why: str = ""
+) -> float:
+    """`value` of size option `key`, in MB, in [`at_least`, MAX_SIZE_MB] (`whole`: an integer);
+    `as_int`'s or `as_float`'s line below the range or for a value not a number, and a line
+    naming the whole range above it (`shard_mb=1e300` was taken, and planned a single shard)."""
+    low = f"{int(at_least)}" if float(at_least).is_integer() else f"{at_least:g}"
+    why = f"a size in MB is in [{low}, {MAX_SIZE_MB}], 1 TiB: past any one machine"
+    if whole:
+        return as_int(key, value, at_least=int(at_least), at_most=MAX_SIZE_MB, why=why)
+    return as_float(key, value, at_least=at_least, low_why=low_why, at_most=MAX_SIZE_MB, why=why)
 
 
 def as_share(key: str, value: Any, at_most: float, why: str) -> float:

@@ -45,7 +45,7 @@ from core.types import OpKind
 from experiments.common.app import command, kv
 from experiments.common.cli import (
     as_float,
-    as_int,
+    as_size_mb,
     exit_command,
     output_dir,
     output_file,
@@ -482,7 +482,9 @@ def _calibrate_main(opts: dict[str, Any]) -> int:
                 "pass out=FILE"
             )
         long_name_refused(name, "hardware.name", "conf/hardware/<name>.yaml")
-        disk_mb = as_int("disk_mb", opts["disk_mb"], at_least=1)  # bounded by the free disk
+        disk_mb = int(
+            as_size_mb("disk_mb", opts["disk_mb"], at_least=1)
+        )  # bounded by the free disk
         in_run_s = as_float(
             "in_run_s", opts["in_run_s"], at_least=0.0, at_most=MAX_IN_RUN_S, why=IN_RUN_WHY
         )

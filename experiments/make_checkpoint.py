@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from core.args import as_float, as_int, not_a_run_folder, output_dir
+from core.args import as_float, as_int, as_size_mb, not_a_run_folder, output_dir
 from core.errors import MoepipeError, did_you_mean
 from core.hf_config import HFConfig, hf_config_to_spec, hf_runtime, spec_to_hf_config
 from core.spec import ModelSpec
@@ -151,7 +151,9 @@ def _main(opts: Any) -> int:
 def _write(opts: Any) -> int:
     seed = as_int("seed", opts.seed, at_least=0, at_most=MAX_SEED, why="a 64-bit seed")
     scale = as_float("scale", opts.scale, positive=True)
-    shard_mb = as_float("shard_mb", opts.shard_mb, at_least=MIN_SHARD_MB, low_why=SHARD_WHY)
+    shard_mb = as_size_mb(
+        "shard_mb", opts.shard_mb, at_least=MIN_SHARD_MB, whole=False, low_why=SHARD_WHY
+    )
     overrides = {k: getattr(opts, k) for k in _SPEC_FIELDS if getattr(opts, k) is not None}
     check_enums(overrides)
     spec = reduced_spec(opts.model, **overrides)

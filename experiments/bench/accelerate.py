@@ -32,6 +32,7 @@ from core.args import (
     as_float,
     as_int,
     as_share,
+    as_size_mb,
 )
 from core.errors import MoepipeError, did_you_mean
 from experiments.common.app import command, kv
@@ -82,12 +83,12 @@ def checked(opts: BenchAccelerateOptions) -> dict[str, object]:
     _check_childs_options(d)
     for k in ("batch_size", "n_batches", "prompt_len", "gen_len"):
         as_int(k, d[k], at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
-    as_int("slack_mb", d["slack_mb"], at_least=0)
+    as_size_mb("slack_mb", d["slack_mb"])
     as_int("repeats", d["repeats"], at_least=1, at_most=MAX_REPEATS, why=REPEATS_WHY)
     as_float("peer_limit", d["peer_limit"], at_least=0.0)
     d["room"] = checked_room(str(d["room"]), d["cold"])
-    as_int("room_margin_mb", d["room_margin_mb"], at_least=0)
-    as_int("host_room_mb", d["host_room_mb"], at_least=0)
+    as_size_mb("room_margin_mb", d["room_margin_mb"])
+    as_size_mb("host_room_mb", d["host_room_mb"])
     as_int("klotski_n", d["klotski_n"], at_least=-1)
     as_int("klotski_attn", d["klotski_attn"], at_least=0)
     d["routing"] = checked_routing(str(d["routing"]))

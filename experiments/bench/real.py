@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.args import MAX_TOKENS, TOKENS_WHY, as_float, as_int
+from core.args import MAX_SIZE_MB, MAX_TOKENS, TOKENS_WHY, as_float, as_int, as_size_mb
 from core.errors import MoepipeError, did_you_mean
 from core.files import staging_file
 from experiments.common import peers as pe
@@ -253,14 +253,22 @@ def _run(opts: BenchRealOptions) -> list[str]:
     return lines + _verdict(rows, sim, physical_bound(sim.schedule, hw), opts.batch_size, peers)
 
 
+BUDGET_WHY = "a budget is in (0, 1024] GB, 1 TiB: past any one machine"
+
+
 def _checked(opts: BenchRealOptions) -> tuple[Any, float, str, str]:
     """(the model's spec, the budget in bytes, peers, cold), the options' ranges checked and the
     budget against one layer's working set and the planner's own fit check (where the hardware
     is calibrated already), before anything is written."""
-    budget = as_float("budget_gb", opts.budget_gb, positive=True) * 1e9
+    budget = (
+        as_float(
+            "budget_gb", opts.budget_gb, positive=True, at_most=MAX_SIZE_MB / 1024, why=BUDGET_WHY
+        )
+        * 1e9
+    )
     for key in ("gen_len", "batch_size", "prompt_len"):
         as_int(key, getattr(opts, key), at_least=1, at_most=MAX_TOKENS, why=TOKENS_WHY)
-    as_int("slack_mb", opts.slack_mb, at_least=0)
+    as_size_mb("slack_mb", opts.slack_mb)
     as_float("peer_limit", opts.peer_limit, at_least=0.0)
     as_int("n", opts.n, at_least=0)
     as_int("calib_layers", opts.calib_layers, at_least=1)

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import yaml
 
 import experiments
-from core.args import as_float, as_int, output_dir, output_file
+from core.args import as_float, as_int, as_size_mb, output_dir, output_file
 from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind, raised_at
 from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started, out_of_memory
@@ -44,6 +44,7 @@ __all__ = [
     "CONF_DIR",
     "as_float",
     "as_int",
+    "as_size_mb",
     "output_dir",
     "output_file",
     "print_or_exit",
