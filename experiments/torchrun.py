@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, quoted
+from experiments.common import stop_again
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.launch_line import said_under, say_as_agent
 
@@ -303,11 +304,13 @@ def _say_signals_here() -> None:
 
     def said_here(signum: int, frame: Any) -> None:
         if _SIGNALLED:  # pressed twice: the same stop, said and passed on (raised again as the
-            return  # launcher exited, after its claim on the line went, it was said twice)
+            stop_again.again()  # launcher exited, after its claim on the line went, it was
+            return  # said twice); a third ends the launcher at once
         name = signal.Signals(signum).name
         said = "interrupted:" if signum == signal.SIGINT else f"stopped by {name};"
         say_as_agent(f"{said} {STOPPED}")
         _SIGNALLED[:] = [signal.Signals(signum)]
+        stop_again.begin(130 if signum == signal.SIGINT else 128 + signum)
         torchs(signal.SIGINT, frame)  # passed on as SIGINT: a rank then takes its run dir away
 
     said_here.says_it = True  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ from core.args import as_float, as_int, as_size_mb, output_dir, output_file
 from core.errors import MoepipeError, ScheduleBug, did_you_mean, interrupt_behind, raised_at
 from core.files import ulimits
 from experiments import STOP_SIGNALS, command_started, out_of_memory
+from experiments.common import stop_again
 from experiments.common.argv_checks import (
     CONF_DIR,
     exit_on_unwritable_dir,
@@ -512,11 +513,14 @@ _UNTIL = until_interrupted.__code__
 def _stopping(signum: int, frame: Any) -> None:
     """A stop that comes while the command says an earlier one's line is that stop (Ctrl-C
     pressed twice): a KeyboardInterrupt raised there (as a progress bar closed, a pool's
-    tracker stopped) was a traceback in place of the line."""
+    tracker stopped) was a traceback in place of the line. A third ends it (`stop_again`)."""
+    stop_again.again()
 
 
 def _say_interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C's or a stop's one line, and its exit status."""
+    code = 128 + e.signum if isinstance(e, Stopped) else 130
+    stop_again.begin(code)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, *STOP_SIGNALS):  # until `finished` ends it on one at once
             if signal.getsignal(signum) is _raise_stopped:
@@ -533,7 +537,6 @@ def _say_interrupted(e: KeyboardInterrupt) -> None:
     if not quiet:
         said = f"stopped by {e.name};" if isinstance(e, Stopped) else "interrupted:"
         say_first(f"{said} {_ON_INTERRUPT[0]}")
-    code = 128 + e.signum if isinstance(e, Stopped) else 130
     if experiments.AS_COMMAND:  # an interrupt sent again (an import's timer) after the line:
         finished(code)  # its status, not the teardown's default action (exit -2 after it)
     sys.exit(code)

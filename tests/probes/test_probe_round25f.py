@@ -29,3 +29,77 @@ def test_size_option_past_its_range_names_the_range(
     line = one_line(cli_here(module, *args), f"{key}=", "must be <=", "1 TiB")
     assert "in [" in line or "in (0," in line
     assert not (tmp_path / "ck").exists()
+
+
+class _Ended(BaseException):
+    """`os._exit`, in a test: the command ended at once with `args[0]`."""
+
+
+@pytest.fixture
+def ends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The statuses `os._exit` was called with; it raises `_Ended` in place of ending pytest."""
+    import os
+
+    ended: list[int] = []
+
+    def exit_now(code: int) -> None:
+        ended.append(code)
+        raise _Ended(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    return ended
+
+
+@pytest.mark.parametrize(("again", "grace_s"), [(1, 3.0), (2, 3.0), (1, -1.0)])
+def test_a_third_stop_while_stopping_ends_at_once(
+    monkeypatch: pytest.MonkeyPatch, capfd: Any, ends: list[int], again: int, grace_s: float
+) -> None:
+    """A stop while the command stopped was ignored: a clean-up that hung left only `kill -9`.
+    The second within the grace is still the same stop; a third, or a second after the grace,
+    ends it at once with the first's status (143) and one line of what is left undone."""
+    import signal
+
+    from experiments.common import cli, stop_again
+
+    monkeypatch.setattr(stop_again, "GRACE_S", grace_s)
+
+    def clean_up_stopped_again() -> None:  # the stops pressed as the clean-up runs
+        for _ in range(again):
+            cli._stopping(signal.SIGINT, None)
+
+    monkeypatch.setattr(cli, "before_line", clean_up_stopped_again)
+    with pytest.raises((SystemExit, _Ended)) as info:
+        cli._say_interrupted(cli.Stopped(signal.SIGTERM))
+    err = capfd.readouterr().err
+    if again == 1 and grace_s > 0:  # the same stop: its line, its status
+        assert isinstance(info.value, SystemExit) and info.value.code == 143 and not ends
+        assert err.startswith("stopped by SIGTERM;") and "stopped again" not in err
+    else:
+        assert ends == [143]
+        assert err == f"{stop_again.UNDONE}\n"
+
+
+def test_a_third_stop_to_the_launcher_ends_it_at_once(
+    monkeypatch: pytest.MonkeyPatch, capfd: Any, ends: list[int], tmp_path: Path
+) -> None:
+    """`experiments.torchrun` took every stop after the first as that one: its ranks' stop
+    that hung was left to `kill -9`. The third ends it with the first's status."""
+    import signal
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    from experiments import torchrun
+    from experiments.common.stop_again import UNDONE
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the launch's claim is made
+    monkeypatch.setattr(api, "_terminate_process_handler", lambda signum, frame: None)
+    monkeypatch.setattr(torchrun, "_SIGNALLED", [])
+    torchrun._say_signals_here()
+    for _ in range(2):
+        api._terminate_process_handler(signal.SIGTERM, None)
+    assert not ends
+    with pytest.raises(_Ended):
+        api._terminate_process_handler(signal.SIGTERM, None)
+    assert ends == [143]
+    assert capfd.readouterr().err.endswith(f"{UNDONE}\n")
