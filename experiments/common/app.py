@@ -56,6 +56,7 @@ from experiments.common.overrides import (
     field_type,
     schema_miss,
 )
+from experiments.common.path_values import comma_in_item
 from experiments.common.plugin_keys import check_plugin_keys
 from experiments.common.run_dir import remove_empty, remove_unused, run_dirs_made, topmost_missing
 from experiments.common.run_dir_args import quoted_run_dirs
@@ -242,6 +243,9 @@ def _check_items(key: str, items: list[Any]) -> None:
     if nested:
         raise MoepipeError(f"{key}={items}: {nested[0]} is not a value; pass {key}=[a,b]")
     given = [str(v) for v in items]
+    comma = comma_in_item(key, given)  # `runs=[/x/a,b]`: one folder's name, split
+    if comma is not None:
+        raise comma
     twice = sorted({v for v in given if given.count(v) > 1})
     if twice:
         raise MoepipeError(

@@ -332,7 +332,7 @@ def _parsed(override: str) -> Any:
             fix = f"[{quoted}]" if listed else quoted
             raise MoepipeError(
                 f"{override}: a value holding '=' (a sweep's run dir) must be quoted: "
-                f'{key}="{fix}"'
+                f"{key}={fix}"  # as every other fix reads: hydra's quotes, not the shell's
             ) from None
         quoted = _quoted(key, value)
         if quoted is not None:

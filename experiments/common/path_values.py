@@ -84,3 +84,21 @@ def literal_dollar(key: str | None, msg: str) -> str:
             "paths again; pass hydra.run.dir or hydra.sweep.dir a folder without it)"
         )
     return f" (a path holding '${{' as itself writes it '\\${{', quoted: {key}='.../a\\${{x}}')"
+
+
+def comma_in_item(key: str, items: list[str]) -> MoepipeError | None:
+    """The line for list option `key`, whose items hydra split at a comma inside one item, a
+    folder's name (`runs=[/x/a,b]` read as `/x/a` and `b`): a run of neighbours that, joined by
+    commas, is there where its pieces are not all there. None where no such run is."""
+    if not (is_path_key(key) or any("/" in i for i in items)):
+        return None
+    for i in range(len(items) - 1):
+        for j in range(len(items), i + 1, -1):  # the longest run first: `/x/a,b,c`
+            joined = ",".join(items[i:j])
+            if os.path.exists(joined) and not all(os.path.exists(p) for p in items[i:j]):
+                fix = [f"'{p}'" if p == joined else p for p in [*items[:i], joined, *items[j:]]]
+                return MoepipeError(
+                    f"{key}=[{','.join(items)}]: {joined} is one path, which hydra splits at "
+                    f"its comma into items; quote it: pass {key}=[{','.join(fix)}]"
+                )
+    return None

@@ -149,7 +149,7 @@ def test_a_run_dirs_bad_trace_or_summary_is_named(a_run: Path, cli_here: Any) ->
     r = cli_here("experiments.trace_json", f"runs=[{a_run}]", out)  # quoted for the user
     assert r.returncode == 0, r.stderr
     r = cli_here("experiments.trace_json", f"runs=[{a_run}x]", out)  # a folder not there
-    one_line(r, "must be quoted", f"runs=\"['{a_run}x']\"")
+    one_line(r, "must be quoted", f"runs=['{a_run}x']")
     quoted = f"runs='{a_run}'"
     summary = a_run / "summary.json"
     good = summary.read_text()

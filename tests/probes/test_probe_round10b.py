@@ -209,7 +209,7 @@ def test_the_quoting_shown_for_a_value_with_brackets_is_an_override(cli_here: An
     stripped, the suggestion was one hydra refuses in turn."""
     line = one_line(cli_here("experiments.replication", "variants=eplb[interval=8]"), "quoted")
     fix = line.rsplit(": ", 1)[1]
-    assert fix == "variants=\"['eplb[interval=8]']\"", fix
+    assert fix == "variants=['eplb[interval=8]']", fix
     again = one_line(cli_here("experiments.replication", "dir=/nonexistent", fix.replace('"', "")))
     assert "quoted" not in again
 

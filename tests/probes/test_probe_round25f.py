@@ -103,3 +103,31 @@ def test_a_third_stop_to_the_launcher_ends_it_at_once(
         api._terminate_process_handler(signal.SIGTERM, None)
     assert ends == [143]
     assert capfd.readouterr().err.endswith(f"{UNDONE}\n")
+
+
+@pytest.mark.parametrize("pieces", [["a,b"], ["a,b,c"], ["a,b", "ok"]])
+def test_a_comma_inside_one_item_of_a_list_option_says_to_quote_it(
+    cli_here: Any, tmp_path: Path, pieces: list[str]
+) -> None:
+    """`runs=[/x/a,b]`, `/x/a,b` one folder, was split into `/x/a` and `b` with no word (the
+    line named `/x/a`, "no trace.parquet there"). The line names the path and the quoted list
+    to pass, in hydra's quotes as every other fix; the quoted list is taken whole."""
+    for name in pieces:
+        (tmp_path / name).mkdir()
+    folders = [str(tmp_path / name) for name in pieces]
+    out = f"out={tmp_path / 'o.json'}"
+    line = one_line(cli_here("experiments.trace_json", f"runs=[{','.join(folders)}]", out))
+    fix = ",".join(f"'{f}'" if "," in f else f for f in folders)
+    assert line.endswith(
+        f"{folders[0]} is one path, which hydra splits at its comma into "
+        f"items; quote it: pass runs=[{fix}]"
+    ), line
+    line = one_line(cli_here("experiments.trace_json", f"runs=[{fix}]", out))
+    assert f"{folders[0]}: no trace.parquet there" in line  # taken whole
+
+
+def test_the_fix_for_an_equals_sign_reads_as_the_others(cli_here: Any) -> None:
+    """A run dir's `=` was told to pass `runs="['/x/w=1','c']"`, in the shell's quotes where
+    every other fix shows hydra's alone."""
+    line = one_line(cli_here("experiments.trace_json", "runs=[/nonexistent/w=1,c]"))
+    assert line.endswith("must be quoted: runs=['/nonexistent/w=1','c']"), line
