@@ -154,6 +154,7 @@ def stop_pool_tracker() -> None:
     stop = getattr(getattr(module, "_resource_tracker", None), "_stop", None)
     finalizers = getattr(util, "_run_finalizers", None)
     if stop is None or finalizers is None:
+        remove_memmap_folders()
         return
     # the tracker ends only once every process holding its pipe is gone: a pool joblib keeps
     # for reuse (an in-process sweep's, in a test or a notebook) would keep it, and stop() wait
@@ -162,6 +163,20 @@ def stop_pool_tracker() -> None:
     _kill_workers_left()
     finalizers(0)  # exit's first step, run early
     stop()
+    remove_memmap_folders()
+
+
+def remove_memmap_folders() -> None:
+    """Remove the memmapping folders this process's sweep made (joblib's, named by its pid, in
+    /dev/shm or the temporary folder): a sweep stopped in its first seconds, before joblib
+    registered its folder with the tracker, left it in /dev/shm (3 stops in 5 at that moment).
+    Its pool is gone by now; nothing of another process's is touched."""
+    import shutil
+    import tempfile
+
+    for root in dict.fromkeys(("/dev/shm", tempfile.gettempdir())):
+        for folder in Path(root).glob(f"joblib_memmapping_folder_{os.getpid()}_*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _kill_workers_left() -> None:

@@ -131,3 +131,37 @@ def test_the_fix_for_an_equals_sign_reads_as_the_others(cli_here: Any) -> None:
     every other fix shows hydra's alone."""
     line = one_line(cli_here("experiments.trace_json", "runs=[/nonexistent/w=1,c]"))
     assert line.endswith("must be quoted: runs=['/nonexistent/w=1','c']"), line
+
+
+@pytest.mark.parametrize("tracker", [False, True], ids=["before-the-tracker", "tracker-running"])
+def test_a_stopped_sweep_leaves_no_memmapping_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tracker: bool
+) -> None:
+    """A `-m` sweep stopped by SIGTERM in its first seconds left joblib's empty memmapping
+    folder in /dev/shm (3 stops in 5 at that moment): the stop's clean-up removes this
+    process's (named by its pid), in /dev/shm or the temporary folder, and no other's."""
+    import os
+    import sys
+    import tempfile
+    import types
+    from multiprocessing import util
+
+    from experiments.common import pool
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ours = tmp_path / f"joblib_memmapping_folder_{os.getpid()}_1_a"
+    others = tmp_path / "joblib_memmapping_folder_1_1_a"  # pid 1's: not this stop's
+    for folder in (ours, others):
+        folder.mkdir()
+    (ours / "x.pkl").write_bytes(b"")
+    name = "joblib.externals.loky.backend.resource_tracker"
+    if tracker:
+        loky = types.SimpleNamespace(_resource_tracker=types.SimpleNamespace(_stop=lambda: None))
+        monkeypatch.setitem(sys.modules, name, loky)
+        monkeypatch.setattr(util, "_run_finalizers", lambda minpriority=None: None)
+        monkeypatch.setattr(pool, "close_sweep_pool", lambda kill_workers=False: None)
+        monkeypatch.setattr(pool, "_kill_workers_left", lambda: None)
+    else:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    pool.stop_pool_tracker()
+    assert not ours.exists() and others.exists()
