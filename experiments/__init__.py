@@ -70,6 +70,9 @@ if AS_COMMAND:  # first of all: in the start-up below (load_env's imports: 0.05 
     for _signum in STOP_SIGNALS:
         if signal.getsignal(_signum) == signal.SIG_DFL:  # `nohup`'s ignored SIGHUP stays so
             signal.signal(_signum, _interrupted_at_startup)
+    # a launcher's rank (`experiments.torchrun`) starts with them blocked, through Python's own
+    # start-up: a stop held there comes now, to the handler above (one line, or none)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *STOP_SIGNALS))
 
 
 def command_started() -> None:

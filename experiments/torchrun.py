@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from core.errors import ConfigError, MoepipeError, did_you_mean, integer_below, quoted
+from experiments import STOP_SIGNALS
 from experiments.common import stop_again
 from experiments.common.cli import TRACEBACK_ENV, Stopped, exit_command, on_interrupt
 from experiments.common.launch_line import said_under, say_as_agent
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     _checked(args)
     _quiet_agent()
     _say_signals_here()
+    _ranks_start_stops_blocked()
     try:
         run(args)
     except SignalException as e:
@@ -315,6 +317,33 @@ def _say_signals_here() -> None:
 
     said_here.says_it = True  # type: ignore[attr-defined]
     api._terminate_process_handler = said_here
+
+
+def _ranks_start_stops_blocked() -> None:
+    """A rank of the project's commands starts with the stops blocked, until its start-up's
+    handler is set (`experiments`' import unblocks them): one still in Python's own start-up
+    when the launcher passed a stop on printed "Fatal Python error: init_import_site" and a
+    traceback after the launch's line (1 of 76 random stops). Another program is started as
+    torch starts it, its stops as they were."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+    if getattr(popen, "blocks_stops", False):  # a launch before this one, in-process
+        return
+
+    def stops_blocked(self: Any, args: tuple[Any, ...], env: dict[str, str]) -> Any:
+        modules = [str(b) for a, b in zip(args, args[1:], strict=False) if a == "-m"]
+        if not any(m.startswith("experiments.") for m in modules):
+            return popen(self, args, env)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, *STOP_SIGNALS))
+        try:  # the child inherits this thread's mask, across exec
+            return popen(self, args, env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    stops_blocked.blocks_stops = True  # type: ignore[attr-defined]
+    handler._popen = stops_blocked  # type: ignore[method-assign]
 
 
 def _interrupted(signum: signal.Signals) -> None:

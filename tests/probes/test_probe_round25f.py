@@ -165,3 +165,61 @@ def test_a_stopped_sweep_leaves_no_memmapping_folder(
         monkeypatch.delitem(sys.modules, name, raising=False)
     pool.stop_pool_tracker()
     assert not ours.exists() and others.exists()
+
+
+def test_a_command_started_with_its_stops_blocked_takes_a_held_stop_at_start_up() -> None:
+    """A rank still in Python's own start-up when the launcher passed a stop on printed "Fatal
+    Python error: init_import_site" and a traceback after the launch's line. Started with
+    the stops blocked (as `experiments.torchrun` starts its ranks), a stop held there comes
+    once the start-up's handler is set: its one line. The old start-up left them blocked:
+    the command ran on, deaf to every stop, and exited 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.probes.conftest import ROOT, user_env
+
+    def blocked_and_stopped() -> None:  # a stop that lands in Python's start-up, held
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    r = subprocess.run(
+        [sys.executable, "-m", "experiments.trace_json", "--help"],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=blocked_and_stopped,  # noqa: PLW1509 (the child's own mask, before exec)
+        timeout=120,
+    )
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == "interrupted: the command had not started; nothing was written\n"
+
+
+@pytest.mark.parametrize(("module", "blocked"), [("experiments.run", True), ("mine", False)])
+def test_the_launcher_starts_its_ranks_with_their_stops_blocked(
+    monkeypatch: pytest.MonkeyPatch, module: str, blocked: bool
+) -> None:
+    """The launcher's ranks of the project's commands start with Ctrl-C and the stops blocked
+    (the command's start-up unblocks them); another program's as torch starts it. The
+    launcher's own mask is as it was after."""
+    import signal
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    from experiments import torchrun
+
+    masks: list[set[int]] = []
+
+    def popen(self: Any, args: tuple[Any, ...], env: dict[str, str]) -> None:
+        masks.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+    monkeypatch.setattr(subprocess_handler.SubprocessHandler, "_popen", popen)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    torchrun._ranks_start_stops_blocked()
+    subprocess_handler.SubprocessHandler._popen(None, (sys.executable, "-u", "-m", module), {})
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+    assert (stops <= masks[0]) is blocked
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
