@@ -565,19 +565,23 @@ def _print_row(
 
 
 def _write_tables(setup: Setup, rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """validate.csv and validate.md (the main columns, then per-op-kind mean durations)."""
+    """validate.csv and validate.md (the main columns, then per-op-kind mean durations of the
+    planners that ran: a skipped one is named under it, its reason in the main table)."""
     model, hw, out = setup.model, setup.hw, setup.out
     table = pd.DataFrame(rows)
     table.to_csv(out / "validate.csv", index=False)
     main_cols = [c for c in table.columns if not c.endswith("_ms")]
+    skipped = table["skipped"].notna() if "skipped" in table else pd.Series(False, table.index)
+    left_out = ", ".join(table.loc[skipped, "planner"])
+    why = f"\n\n{left_out}: skipped, so not timed (why: the table above)" if left_out else ""
     (out / "validate.md").write_text(
         f"# sim vs real: {model.name} ({fixed(model.total_bytes / 1e6, 0)} MB), "
         f"hardware {hw.name}, GPU {fixed(hw.memory_bytes[Tier.GPU] / 1e6, 0)} MB, "
         f"CPU {fixed(hw.memory_bytes[Tier.CPU] / 1e6, 0)} MB\n\n"
         + markdown(table[main_cols])
         + "\n\n## per-op-kind mean duration (ms)\n\n"
-        + markdown(table[["planner", *[c for c in table.columns if c.endswith("_ms")]]])
-        + "\n"
+        + markdown(table.loc[~skipped, ["planner", *[c for c in table if c.endswith("_ms")]]])
+        + f"{why}\n"
     )
     return table
 

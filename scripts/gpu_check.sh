@@ -19,7 +19,7 @@
 # shipped H200 profile. Budget: the stages' limits add up to 545 s, under the device tool's 600 s a
 # command, with time left in a 15-minute lease for the machine's start (about 6 minutes expected).
 # Usage: bash scripts/gpu_check.sh [workdir]      (results also copied to $OUT when it is set)
-# Dry run of the same stages on a machine without CUDA: DEVICE=cpu bash scripts/gpu_check.sh
+# The same stages but the GPU tests on the CPU (up to 425 s): DEVICE=cpu bash scripts/gpu_check.sh
 #
 # The GPU machine's image has torch, numpy, pandas, pyarrow, matplotlib, safetensors, pytest,
 # hypothesis, transformers and accelerate, but not simpy or hydra, and it cannot fetch. Carry them
@@ -58,13 +58,13 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, record its s
 
 case "$DEVICE" in
   cuda | cpu) ;;
-  *) echo "error: DEVICE=$DEVICE: pass DEVICE=cuda (a GPU machine) or DEVICE=cpu (a dry run)" >&2
+  *) echo "error: DEVICE=$DEVICE: pass DEVICE=cuda (a GPU) or DEVICE=cpu (on the CPU: 425 s)" >&2
      exit 2 ;;
 esac
 python3 - "$DEVICE" <<'EOF' || exit 2
 import sys, torch
 if sys.argv[1] == "cuda" and not torch.cuda.is_available():
-    sys.exit("error: no CUDA device here; DEVICE=cpu bash scripts/gpu_check.sh for a dry run")
+    sys.exit("error: no CUDA device here; DEVICE=cpu runs the stages on the CPU")
 print("torch", torch.__version__, "cuda", torch.version.cuda)
 if sys.argv[1] == "cuda":
     p = torch.cuda.get_device_properties(0)

@@ -223,3 +223,25 @@ def test_the_launcher_starts_its_ranks_with_their_stops_blocked(
     stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
     assert (stops <= masks[0]) is blocked
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+def test_validates_per_op_kind_table_names_a_skipped_planner_not_a_row_of_nan(
+    tmp_path: Path,
+) -> None:
+    """validate.md's per-op-kind table printed a row of `nan` for a planner that was skipped;
+    it leaves the row out and names the planner under the table, its reason in the first."""
+    from types import SimpleNamespace
+
+    from core.types import Tier
+    from experiments.validate import _write_tables
+
+    model = SimpleNamespace(name="tiny", total_bytes=1e6)
+    hw = SimpleNamespace(name="hw", memory_bytes={Tier.GPU: 1e9, Tier.CPU: 1e9})
+    rows = [
+        {"planner": "fiddler", "makespan_s": 1.0, "moe_ms": 2.0},
+        {"planner": "klotski", "skipped": "needs more GPU memory"},
+    ]
+    _write_tables(SimpleNamespace(model=model, hw=hw, out=tmp_path), rows)
+    per_kind = (tmp_path / "validate.md").read_text().split("## per-op-kind")[1]
+    assert "nan" not in per_kind and "| fiddler" in per_kind
+    assert per_kind.endswith("klotski: skipped, so not timed (why: the table above)\n")
