@@ -1,6 +1,10 @@
-"""Round 25f's probe classes: a size option's range (`shard_mb=1e300` was taken), a stop pressed
-again while the command stops (a hung shutdown left only `kill -9`), and a comma inside one item
-of a list option."""
+"""Round 25f's probe classes, this afternoon's rounds' leftovers (issue 48):
+- a rank stopped in Python's own start-up printed "Fatal Python error" and a traceback;
+- a stop pressed again while the command stops was ignored: a hung clean-up left `kill -9`;
+- a sweep stopped in its first seconds left joblib's memmapping folder in /dev/shm;
+- a size option past any machine (`shard_mb=1e300`) was taken;
+- a comma inside one item of a list option (`runs=[/x/a,b]`) split it with no word;
+- validate's per-op-kind table printed a row of `nan` for a skipped planner."""
 
 from __future__ import annotations
 
