@@ -39,7 +39,15 @@ from experiments.common.argv_checks import (
 from experiments.common.conf_files import chosen_file
 from experiments.common.held_warnings import say_line, settle, warnings_held
 from experiments.common.reader_left import guard_stdout, raise_stdout_failure
-from experiments.common.sent_again import cancel_unsent, interrupt_again, send_later
+from experiments.common.sent_again import (
+    Interrupt,
+    cancel_unsent,
+    interrupt_again,
+    lost,
+    raised,
+    send_later,
+    watched,
+)
 
 __all__ = [
     "CONF_DIR",
@@ -412,7 +420,7 @@ def before_line() -> None:
 _FROM_TEXT = "<string>"  # the file name of code compiled from text (exec, eval, PyRun_String)
 
 
-class Stopped(KeyboardInterrupt):
+class Stopped(Interrupt):
     """SIGTERM or SIGHUP (`kill`, `timeout`, a scheduler, a closed terminal), raised where
     Ctrl-C's KeyboardInterrupt is: every path that Ctrl-C takes (a pool stopped, a lock
     released, no half-written result, a result going in finished first) serves them too."""
@@ -446,7 +454,7 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     ):
         send_later(signum)
         return
-    raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
+    raise raised(Stopped(signum) if signum in STOP_SIGNALS else Interrupt(), _raise_stopped)
 
 
 def _default_in_child() -> None:
@@ -476,6 +484,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
                 previous[signum] = default  # not start-up's "had not started" after this
     hook = sys.unraisablehook
     sys.unraisablehook = interrupt_again(hook)
+    watched(True)  # the interrupts raised from now on are this command's
     python = sys.executable  # a sweep's workers' wrapper replaces it while the sweep runs
     try:
         result = main()
@@ -496,6 +505,7 @@ def until_interrupted(main: Callable[[], Any]) -> Any:
         raise
     finally:  # called in-process (a test, a notebook), it leaves the handlers as it found them
         sys.unraisablehook = hook
+        watched(False)  # said, or the command's own end: none is lost
         cancel_unsent()  # an interrupt sent again now would land after the line, at SIG_DFL
         # and the python its subprocesses start: a sweep that failed or was stopped never
         # reached the callback that puts it back (a later `sys.executable` would ignore SIGTERM)
@@ -519,6 +529,7 @@ def _stopping(signum: int, frame: Any) -> None:
 
 def _say_interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C's or a stop's one line, and its exit status."""
+    lost()  # this one, and any raised before it that a library dropped: said now, none is lost
     code = 128 + e.signum if isinstance(e, Stopped) else 130
     stop_again.begin(code)
     if threading.current_thread() is threading.main_thread():
@@ -565,8 +576,8 @@ def _exit_finished(code: int) -> None:
 def _raise_unsent() -> None:
     """Raise, now, an interrupt the unraisable hook is about to send again: a command that
     ended within the hook's moment would otherwise exit 0 as if no signal had come (a SIGHUP
-    lost so was seen in a test run)."""
-    unsent = cancel_unsent()
-    if unsent:
-        signum = unsent[0][1]
-        raise Stopped(signum) if signum in STOP_SIGNALS else KeyboardInterrupt
+    lost so was seen in a test run); or one its handler raised that the code it ran swallowed
+    and kept (`sent_again.Interrupt`)."""
+    signals = [signum for _, signum in cancel_unsent()] + lost()
+    if signals:
+        raise Stopped(signals[0]) if signals[0] in STOP_SIGNALS else KeyboardInterrupt
