@@ -363,7 +363,7 @@ def _restore_logging(state: dict[str, tuple[list[logging.Handler], int, bool, bo
         lg.propagate, lg.disabled = propagate, disabled
 
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @pytest.fixture(autouse=True)

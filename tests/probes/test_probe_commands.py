@@ -252,15 +252,16 @@ def test_a_parquet_that_is_not_a_runs_trace_is_one_line(
 def test_calibrate_refuses_a_disk_probe_larger_than_the_free_disk(
     tmp_path: Path, cli_here: Any
 ) -> None:
-    """disk_mb=10^8 wrote until the disk was full, and the 60 GB probe file stayed."""
+    """disk_mb=10^8 wrote until the disk was full, and the 60 GB probe file stayed (a size
+    past 1 TiB is now refused before: the free-disk check is probed at 1 TiB)."""
     r = cli_here(
         "experiments.calibrate",
         "hardware.name=x",
-        "disk_mb=100000000",
+        "disk_mb=1048576",
         f"out={tmp_path / 'x.yaml'}",
         f"disk_dir={tmp_path / 'd'}",
     )
-    one_line(r, "disk_mb=100000000", "free")
+    one_line(r, "disk_mb=1048576", "free")
     assert not (tmp_path / "d").exists() and not (tmp_path / "x.yaml").exists()
 
 

@@ -187,4 +187,4 @@ def test_a_sweeps_run_dir_is_taken_unquoted(command: str, tmp_path: Path, cli_he
     gone = f"{run}x"  # not there: the form to paste, one folder
     fix = f"['{gone}']" if key == "runs" else f"'{gone}'"
     value = f"[{gone}]" if key == "runs" else gone
-    one_line(cli_here(module, f"{key}={value}"), f'must be quoted: {key}="{fix}"')
+    one_line(cli_here(module, f"{key}={value}"), f"must be quoted: {key}={fix}")
