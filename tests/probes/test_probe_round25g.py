@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,21 @@ from tests.probes.test_probe_signals import stop_line
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGQUIT]
 IDS = ["SIGINT", "SIGTERM", "SIGQUIT"]
+
+
+@pytest.fixture(autouse=True)
+def _default_actions() -> Iterator[None]:
+    """Each signal at its default action, as a terminal's command has it: a test run started
+    in the background of a script inherits SIGQUIT (and SIGINT) ignored, which a command leaves
+    so (`nohup`'s way), and the stop never came (a CI run's SIGQUIT case). Put back after."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    before = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in signals:
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
 
 
 def _said(signum: int) -> str:
