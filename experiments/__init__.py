@@ -76,8 +76,9 @@ if AS_COMMAND:  # first of all: in the start-up below (load_env's imports: 0.05 
 
 
 def command_started() -> None:
-    """Ctrl-C raises KeyboardInterrupt again, and SIGTERM and SIGHUP have their default action
-    until `common.cli.until_interrupted` takes them (the command's own handling)."""
+    """The command's imports are done: garbage collection on again, and a start-up handler
+    still set (where `common.cli.until_interrupted`, which `run_command` enters first, could
+    not take the signals: off the main thread) gives way to Python's default action."""
     for signum in (signal.SIGINT, *STOP_SIGNALS):
         if signal.getsignal(signum) is _interrupted_at_startup:
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
